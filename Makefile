@@ -1,0 +1,126 @@
+# kvchat build. `make help` lists the targets.
+# Plain GNU make: one object per source file, automatic header dependencies (-MMD), no generated code.
+
+CC      ?= cc
+CXX     ?= c++
+BUILD   ?= build
+OPT     ?= -O2
+SAN     ?=
+CWARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+CFLAGS_ALL = -std=c11 $(OPT) -g $(CWARN) -D_GNU_SOURCE -pthread -Iengine -Ikernels -Ikernels/cpu -Iapp $(SAN) $(CFLAGS)
+CXXFLAGS_ALL = -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Iengine $(SAN) $(CXXFLAGS)
+# SIMD kernels live in *_avx2.c files and are the only ones compiled for AVX2; the choice between
+# them and the portable kernels is made at run time (kernels/cpu/vec_dot.c).
+AVX2FLAGS = -mavx2 -mfma -mf16c
+LDLIBS_ALL = -lsentencepiece -lstdc++ -lm -pthread $(SAN) $(LDLIBS)
+
+ENGINE_C  := $(wildcard engine/*.c)
+ENGINE_CXX:= $(wildcard engine/*.cpp)
+KERNEL_C  := $(wildcard kernels/cpu/*.c)
+APP_C     := $(wildcard app/*.c)
+UNIT_C    := $(wildcard tests/test_*.c)
+MODEL_T_C := $(wildcard tests/model/test_*.c)
+
+LIB_OBJ  := $(ENGINE_C:%.c=$(BUILD)/%.o) $(ENGINE_CXX:%.cpp=$(BUILD)/%.o) $(KERNEL_C:%.c=$(BUILD)/%.o)
+APP_OBJ  := $(APP_C:%.c=$(BUILD)/%.o)
+UNIT_OBJ := $(UNIT_C:%.c=$(BUILD)/%.o)
+MODEL_T_OBJ := $(MODEL_T_C:%.c=$(BUILD)/%.o)
+
+KVCHAT   := kvchat
+LIB      := $(BUILD)/libkvchat.a
+UNIT_BIN := $(BUILD)/tests/unit_tests
+MODEL_BIN:= $(BUILD)/tests/model_tests
+
+# Where the default model lives (outside the repository) and how it is fetched.
+XDG_CACHE_HOME ?= $(HOME)/.cache
+KVCHAT_CACHE   ?= $(XDG_CACHE_HOME)/kvchat
+DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
+export KVCHAT_CACHE DEFAULT_MODEL
+
+.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench clean
+
+all: $(KVCHAT)
+
+help:
+	@echo "make            build ./kvchat (CC=clang works too)"
+	@echo "make run        install what is missing, fetch the default model, start kvchat"
+	@echo "make test       install what is missing, fetch the default model, run every test"
+	@echo "make unit-tests build and run the unit and tiny-model tests only (no default model)"
+	@echo "make asan       build with AddressSanitizer+UBSan and run the unit tests"
+	@echo "make fuzz       build the GGUF fuzzer (clang libFuzzer) and run it for FUZZ_SECONDS (60)"
+	@echo "make model      fetch and verify the default model (Gemma 3 270M Q4_K_M) into $(KVCHAT_CACHE)"
+	@echo "make bootstrap  install the Debian packages kvchat needs (apt-get when root)"
+	@echo "make bench      kvchat bench on the default model, appended to bench/results.csv"
+	@echo "make clean      remove build outputs"
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+model: bootstrap
+	@scripts/fetch_model.sh
+
+$(KVCHAT): $(APP_OBJ) $(LIB)
+	$(CC) -o $@ $(APP_OBJ) $(LIB) $(LDLIBS_ALL)
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(UNIT_BIN): $(UNIT_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $(UNIT_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
+
+$(MODEL_BIN): $(MODEL_T_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $(MODEL_T_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
+
+run: model $(KVCHAT)
+	./$(KVCHAT) $(ARGS)
+
+# The unit tests (including the tiny-model reference gates) run first, then the tests that need
+# the default model. Criterion prints a synthesis line for each.
+test: model
+	@$(MAKE) --no-print-directory $(KVCHAT) $(UNIT_BIN) $(MODEL_BIN)
+	./$(UNIT_BIN) -j2
+	KVCHAT_MODEL=$(DEFAULT_MODEL) ./$(MODEL_BIN) -j1
+
+unit-tests: $(KVCHAT) $(UNIT_BIN)
+	./$(UNIT_BIN) -j2
+
+asan:
+	@$(MAKE) --no-print-directory BUILD=build-asan KVCHAT=build-asan/kvchat OPT=-O1 \
+		SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+		build-asan/kvchat build-asan/tests/unit_tests
+	ASAN_OPTIONS=detect_leaks=1 KVCHAT_BIN=build-asan/kvchat ./build-asan/tests/unit_tests -j2
+
+FUZZ_SECONDS ?= 60
+FUZZ_BIN := build-fuzz/fuzz_gguf
+$(FUZZ_BIN): fuzz/fuzz_gguf.c engine/gguf.c engine/quant.c engine/gguf.h engine/quant.h
+	@mkdir -p build-fuzz
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -Iengine -fsanitize=fuzzer,address,undefined \
+		fuzz/fuzz_gguf.c engine/gguf.c engine/quant.c -lm -o $@
+
+fuzz: $(FUZZ_BIN)
+	@mkdir -p build-fuzz/corpus
+	cp -n fuzz/corpus/gguf/* build-fuzz/corpus/ 2>/dev/null || true
+	./$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build-fuzz/corpus fuzz/corpus/gguf
+
+bench: model $(KVCHAT)
+	./$(KVCHAT) bench -m $(DEFAULT_MODEL)
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz $(KVCHAT)
+
+-include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(MODEL_T_OBJ:.o=.d)

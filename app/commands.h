@@ -1,0 +1,11 @@
+/* commands.h - the subcommands of the kvchat binary; each returns the process exit status. */
+#ifndef KVCHAT_COMMANDS_H
+#define KVCHAT_COMMANDS_H
+
+int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

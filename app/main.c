@@ -1,0 +1,42 @@
+/* main.c - the kvchat binary: dispatch to a subcommand. With no arguments it starts an interactive
+ * chat on the default model. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+static void usage(FILE *out)
+{
+    fputs("kvchat - chat with a local language model over long documents\n"
+          "\n"
+          "usage: kvchat [COMMAND] [OPTIONS]\n"
+          "\n"
+          "commands:\n"
+          "  chat       interactive chat in the terminal (the default)\n"
+          "  generate   complete a prompt or answer it (--chat), streaming the text\n"
+          "  info       architecture, hyperparameters, tensor types and sizes of a model\n"
+          "  logits     top-5 logits per position and a greedy continuation, in the reference format\n"
+          "  bench      prefill and decode speed at several prompt lengths\n"
+          "\n"
+          "`kvchat COMMAND --help` shows a command's options. Without -m, the default model\n"
+          "(Gemma 3 270M Q4_K_M, fetched by `make model`) is used.\n",
+          out);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) return cmd_chat(argc, argv);
+    const char *c = argv[1];
+    if (!strcmp(c, "-h") || !strcmp(c, "--help") || !strcmp(c, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(c, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(c, "chat")) return cmd_chat(argc - 1, argv + 1);
+    if (!strcmp(c, "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(c, "logits")) return cmd_logits(argc - 1, argv + 1);
+    if (!strcmp(c, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (c[0] == '-') return cmd_chat(argc, argv);
+    fprintf(stderr, "kvchat: unknown command '%s' (see kvchat --help)\n", c);
+    return 1;
+}

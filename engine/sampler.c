@@ -1,0 +1,272 @@
+/* sampler.c - token sampling (see sampler.h).
+ *
+ * Order of operations: repetition penalty, then greedy if temperature <= 0, else top-k, top-p, min-p,
+ * temperature, softmax, one draw. The full vocabulary (262144 for Gemma) is never sorted: candidates
+ * are cut to top-k by partial selection (or, with top-k off, to the tokens that can survive min-p)
+ * before anything is sorted. RNG: xoshiro256** seeded through splitmix64. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cand_pair {
+    float logit;
+    int32_t id;
+} cand_pair;
+
+struct samp {
+    samp_params p;
+    int32_t n_vocab;
+    uint64_t rng[4];
+    int32_t *recent;        /* ring of the last repeat_last_n accepted ids */
+    int32_t n_recent, head;
+    int32_t *cand;          /* candidate ids, n_vocab */
+    float *prob;            /* candidate probabilities */
+    cand_pair *pairs;       /* sort buffer */
+};
+
+samp_params samp_params_default(void)
+{
+    samp_params p = { 0.8f, 40, 0.95f, 0.05f, 1.0f, 64, 0 };
+    return p;
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t next_u64(samp *s)
+{
+    uint64_t *r = s->rng;
+    uint64_t out = rotl(r[1] * 5, 7) * 9;
+    uint64_t t = r[1] << 17;
+    r[2] ^= r[0];
+    r[3] ^= r[1];
+    r[1] ^= r[2];
+    r[0] ^= r[3];
+    r[2] ^= t;
+    r[3] = rotl(r[3], 45);
+    return out;
+}
+
+double samp_uniform(samp *s) { return (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+void samp_reset(samp *s)
+{
+    uint64_t x = s->p.seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    s->n_recent = 0;
+    s->head = 0;
+}
+
+samp *samp_create(const samp_params *p, int32_t n_vocab)
+{
+    if (n_vocab <= 0) return NULL;
+    samp *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->p = *p;
+    if (s->p.repeat_last_n < 0) s->p.repeat_last_n = 0;
+    s->n_vocab = n_vocab;
+    s->recent = malloc(sizeof(int32_t) * (size_t)(s->p.repeat_last_n > 0 ? s->p.repeat_last_n : 1));
+    s->cand = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    s->prob = malloc(sizeof(float) * (size_t)n_vocab);
+    s->pairs = malloc(sizeof *s->pairs * (size_t)n_vocab);
+    if (!s->recent || !s->cand || !s->prob || !s->pairs) {
+        samp_free(s);
+        return NULL;
+    }
+    samp_reset(s);
+    return s;
+}
+
+void samp_free(samp *s)
+{
+    if (!s) return;
+    free(s->recent);
+    free(s->cand);
+    free(s->prob);
+    free(s->pairs);
+    free(s);
+}
+
+void samp_accept(samp *s, int32_t id)
+{
+    int32_t n = s->p.repeat_last_n;
+    if (n <= 0) return;
+    s->recent[s->head] = id;
+    s->head = (s->head + 1) % n;
+    if (s->n_recent < n) s->n_recent++;
+}
+
+int32_t samp_argmax(const float *l, int32_t n)
+{
+    int32_t b = 0;
+    float bv = isnan(l[0]) ? -INFINITY : l[0];
+    for (int32_t i = 1; i < n; i++)
+        if (l[i] > bv) {
+            bv = l[i];
+            b = i;
+        }
+    return b;
+}
+
+static void apply_penalty(samp *s, float *l)
+{
+    float pen = s->p.repeat_penalty;
+    if (pen == 1.0f || s->n_recent == 0) return;
+    /* Each id once, however often it occurs in the window. */
+    for (int32_t i = 0; i < s->n_recent; i++) {
+        int32_t id = s->recent[i];
+        if (id < 0 || id >= s->n_vocab) continue;
+        int seen = 0;
+        for (int32_t j = 0; j < i && !seen; j++) seen = s->recent[j] == id;
+        if (seen) continue;
+        l[id] = l[id] > 0 ? l[id] / pen : l[id] * pen;
+    }
+}
+
+/* Candidates sorted by logit, descending (ties: lower id first). */
+static int cmp_desc(const void *a, const void *b)
+{
+    const cand_pair *x = a, *y = b;
+    if (x->logit > y->logit) return -1;
+    if (x->logit < y->logit) return 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Move the k largest of cand[0..n) to the front (unordered), quickselect on logits. */
+static void select_top(int32_t *cand, int32_t n, int32_t k, const float *l)
+{
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        float pivot = l[cand[lo + (hi - lo) / 2]];
+        int32_t i = lo, j = hi;
+        while (i <= j) {
+            while (l[cand[i]] > pivot) i++;
+            while (l[cand[j]] < pivot) j--;
+            if (i <= j) {
+                int32_t t = cand[i];
+                cand[i] = cand[j];
+                cand[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+int32_t samp_sample(samp *s, float *l)
+{
+    int32_t n = s->n_vocab;
+    for (int32_t i = 0; i < n; i++)
+        if (isnan(l[i])) l[i] = -INFINITY;
+    apply_penalty(s, l);
+    if (s->p.temperature <= 0.0f) return samp_argmax(l, n);
+    float mx = l[samp_argmax(l, n)];
+    if (mx == -INFINITY) return samp_argmax(l, n);
+    float temp = s->p.temperature;
+    /* min-p keeps p >= min_p * p_max, i.e. logit >= max + T ln(min_p); anything below can never be
+     * chosen, so drop it before sorting. */
+    float floor_l = -INFINITY;
+    if (s->p.min_p > 0.0f && s->p.min_p <= 1.0f) floor_l = mx + temp * logf(s->p.min_p);
+    int32_t nc = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (l[i] > -INFINITY && l[i] >= floor_l) s->cand[nc++] = i;
+    if (s->p.top_k > 0 && s->p.top_k < nc) {
+        select_top(s->cand, nc, s->p.top_k, l);
+        nc = s->p.top_k;
+    }
+    for (int32_t i = 0; i < nc; i++) s->pairs[i] = (cand_pair){ l[s->cand[i]], s->cand[i] };
+    qsort(s->pairs, (size_t)nc, sizeof *s->pairs, cmp_desc);
+    for (int32_t i = 0; i < nc; i++) s->cand[i] = s->pairs[i].id;
+    /* Probabilities of the remaining candidates at temperature T. */
+    double sum = 0;
+    for (int32_t i = 0; i < nc; i++) {
+        double p = exp((double)(l[s->cand[i]] - mx) / temp);
+        s->prob[i] = (float)p;
+        sum += p;
+    }
+    if (s->p.top_p < 1.0f) {
+        double acc = 0;
+        int32_t keep = nc;
+        for (int32_t i = 0; i < nc; i++) {
+            acc += s->prob[i] / sum;
+            if (acc >= s->p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        nc = keep;
+        sum = 0;
+        for (int32_t i = 0; i < nc; i++) sum += s->prob[i];
+    }
+    double u = samp_uniform(s) * sum, acc = 0;
+    for (int32_t i = 0; i < nc; i++) {
+        acc += s->prob[i];
+        if (u < acc) return s->cand[i];
+    }
+    return s->cand[nc - 1];
+}
+
+size_t samp_state_size(void) { return sizeof(uint64_t) * 4 + sizeof(int32_t) * 2 + sizeof(int32_t) * 4096; }
+
+void samp_save_state(const samp *s, void *buf)
+{
+    memset(buf, 0, samp_state_size());
+    char *p = buf;
+    memcpy(p, s->rng, sizeof s->rng);
+    p += sizeof s->rng;
+    memcpy(p, &s->n_recent, sizeof s->n_recent);
+    p += sizeof s->n_recent;
+    memcpy(p, &s->head, sizeof s->head);
+    p += sizeof s->head;
+    int32_t n = s->p.repeat_last_n < 4096 ? s->p.repeat_last_n : 4096;
+    if (n > 0) memcpy(p, s->recent, sizeof(int32_t) * (size_t)n);
+}
+
+void samp_load_state(samp *s, const void *buf)
+{
+    const char *p = buf;
+    memcpy(s->rng, p, sizeof s->rng);
+    p += sizeof s->rng;
+    memcpy(&s->n_recent, p, sizeof s->n_recent);
+    p += sizeof s->n_recent;
+    memcpy(&s->head, p, sizeof s->head);
+    p += sizeof s->head;
+    int32_t n = s->p.repeat_last_n < 4096 ? s->p.repeat_last_n : 4096;
+    if (s->n_recent > n) s->n_recent = n;
+    if (s->head >= (n > 0 ? n : 1)) s->head = 0;
+    if (n > 0) memcpy(s->recent, p, sizeof(int32_t) * (size_t)n);
+}
+
+void samp_entropy(const float *l, int32_t n, float temp, double *entropy, double *varentropy)
+{
+    if (temp <= 0) temp = 1;
+    double mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        if (l[i] > mx) mx = l[i];
+    double z = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (l[i] > -INFINITY) z += exp((l[i] - mx) / temp);
+    double lz = log(z), h = 0, h2 = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (!(l[i] > -INFINITY)) continue;
+        double lp = (l[i] - mx) / temp - lz;
+        double p = exp(lp);
+        h -= p * lp;
+        h2 += p * lp * lp;
+    }
+    *entropy = h;
+    double v = h2 - h * h;
+    *varentropy = v > 0 ? v : 0;
+}

@@ -1,0 +1,46 @@
+/* sampler.h - choose the next token from logits: greedy, temperature, top-k, top-p, min-p and a
+ * repetition penalty, with a seeded RNG owned by the sampler (no global state).
+ *
+ * The RNG state can be saved and restored byte-exactly (snapshots resume with the same draws). Also
+ * computes the entropy and varentropy of a distribution for the uncertainty monitor. */
+#ifndef KVCHAT_SAMPLER_H
+#define KVCHAT_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct samp_params {
+    float temperature;      /* <= 0: greedy */
+    int32_t top_k;          /* 0: off */
+    float top_p;            /* 1: off */
+    float min_p;            /* 0: off */
+    float repeat_penalty;   /* 1: off */
+    int32_t repeat_last_n;  /* window of recent tokens the penalty looks at */
+    uint64_t seed;          /* any value, 0 included, is a valid, reproducible seed */
+} samp_params;
+
+typedef struct samp samp;
+
+/* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1.0, repeat_last_n 64, seed 0 */
+samp_params samp_params_default(void);
+samp *samp_create(const samp_params *p, int32_t n_vocab);
+void samp_free(samp *s);
+/* Record a token (prompt or generated) for the repetition penalty. */
+void samp_accept(samp *s, int32_t id);
+/* Forget recorded tokens and reseed the RNG from the parameters. */
+void samp_reset(samp *s);
+/* Next token. Modifies logits in place (penalty, scaling). NaN counts as -inf. */
+int32_t samp_sample(samp *s, float *logits);
+/* Index of the largest logit, the lowest id on ties. */
+int32_t samp_argmax(const float *logits, int32_t n);
+/* Uniform double in [0, 1) from the sampler's RNG. */
+double samp_uniform(samp *s);
+
+size_t samp_state_size(void);
+void samp_save_state(const samp *s, void *buf);
+void samp_load_state(samp *s, const void *buf);
+
+/* Entropy H = -sum p ln p and varentropy sum p (ln p + H)^2 of softmax(logits / temp) (temp <= 0: 1). */
+void samp_entropy(const float *logits, int32_t n, float temp, double *entropy, double *varentropy);
+
+#endif

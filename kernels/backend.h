@@ -1,0 +1,74 @@
+/* backend.h - the op table the forward pass runs on.
+ *
+ * The engine calls these ops and never knows which device executes them. Today there is one
+ * implementation (kernels/cpu/backend_cpu.c: SIMD kernels and a thread pool); the CUDA backend fills
+ * the same table. All activations are f32 row-major [rows][cols]; weights stay in their GGUF
+ * encoding (be_weight points into the mapped file). */
+#ifndef KVCHAT_BACKEND_H
+#define KVCHAT_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A 2-D weight as stored in the file: n_out rows of n_in elements. */
+typedef struct be_weight {
+    const void *data;
+    uint32_t type;
+    int64_t n_in;
+    int64_t n_out;
+    size_t row_bytes;
+} be_weight;
+
+/* One matrix product of a multi-product: y[t][r] = dot(w row r, x[t]). */
+typedef struct be_mm {
+    const be_weight *w;
+    float *y;              /* [n_tok][w->n_out] */
+} be_mm;
+
+/* Attention of a batch of queries against a contiguous cache of keys/values whose index is their
+ * position (key j has position j). Query t at position q_pos[t] sees keys j <= q_pos[t], and on
+ * sliding-window layers only those with q_pos[t] - j < window. */
+typedef struct be_attn {
+    const float *q;        /* [n_q][n_head * head_dim], already scaled */
+    int64_t n_q;
+    const int32_t *q_pos;
+    int n_head, n_head_kv, head_dim;
+    const float *k;        /* [n_kv][n_head_kv * head_dim] */
+    const float *v;        /* [n_kv][n_head_kv * head_dim] */
+    int64_t n_kv;
+    int32_t window;        /* 0: no sliding window */
+    float *out;            /* [n_q][n_head * head_dim] */
+} be_attn;
+
+typedef struct be_backend be_backend;
+
+typedef struct be_ops {
+    const char *name;
+    /* Several products sharing the input x[n_tok][n_in] (e.g. Q, K and V), in one parallel pass. */
+    void (*matmul)(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok);
+    /* y = x / sqrt(mean(x^2) + eps) * w, row by row; y may equal x. */
+    void (*rmsnorm)(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim,
+                    float eps);
+    /* Rotary embedding in place on [n_tok][n_heads][head_dim]; neox: pairs (i, i + d/2), else (2i, 2i+1). */
+    void (*rope)(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
+                 float freq_base, float freq_scale, int neox);
+    /* gate[i] = act(gate[i]) * up[i]; act = gelu (tanh form) or silu. */
+    void (*glu)(be_backend *b, float *gate, const float *up, int64_t n, int gelu);
+    /* out[t] = dequantized row ids[t] of w, times scale. */
+    void (*get_rows)(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *out);
+    void (*attention)(be_backend *b, const be_attn *a);
+} be_ops;
+
+struct be_backend {
+    const be_ops *ops;
+    int n_threads;
+    void *impl;
+};
+
+/* CPU backend with n_threads threads (<= 0: all cores). NULL and a message on failure. */
+be_backend *be_cpu_create(int n_threads, char *err, size_t errlen);
+void be_free(be_backend *b);
+/* 1 if this backend can multiply weights of this type. */
+int be_supports_weight(const be_backend *b, uint32_t type);
+
+#endif

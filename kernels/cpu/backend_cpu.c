@@ -1,0 +1,428 @@
+/* backend_cpu.c - the CPU implementation of the backend op table (kernels/backend.h).
+ *
+ * Matrix products quantize the activations once per call into the weight type's activation format
+ * and run the fused dot kernels of vec_dot.c over row chunks on the thread pool; attention is a
+ * tiled online-softmax loop (flash-attention style: no n x n score matrix), split over keys for
+ * single-token decode. Small element-wise ops run on the calling thread. */
+#include "backend.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant.h"
+#include "threadpool.h"
+#include "vec_dot.h"
+
+#define MAX_MM 4           /* products per matmul call */
+#define ATT_TILE_Q 8       /* queries per attention task */
+#define ATT_BLOCK_K 64     /* keys scored per online-softmax step */
+
+typedef struct cpu_impl {
+    tp_pool *pool;
+    void *act_buf[MAX_MM];       /* quantized activations, one per distinct activation format */
+    size_t act_cap[MAX_MM];
+    float *att_part;             /* decode split partials: m, l, acc */
+    size_t att_part_cap;
+    float *att_scratch;          /* per-thread score rows */
+    size_t att_scratch_cap;
+} cpu_impl;
+
+static cpu_impl *impl_of(be_backend *b) { return b->impl; }
+
+static int grow(void **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap) return 0;
+    void *p = NULL;
+    size_t sz = need + need / 4 + 4096;
+    if (posix_memalign(&p, 64, sz) != 0) return -1;
+    free(*buf);
+    *buf = p;
+    *cap = sz;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+typedef struct mm_job {
+    const be_mm *mms;
+    int n_mm;
+    const void *act[MAX_MM];     /* activation rows for each product */
+    size_t act_row[MAX_MM];      /* bytes per activation row */
+    vd_dot_fn dot[MAX_MM];
+    int64_t n_tok;
+    int64_t rows_per_task;
+    int64_t first_task[MAX_MM + 1];
+} mm_job;
+
+typedef struct quant_job {
+    uint32_t wtype;
+    const float *x;
+    int64_t n_in;
+    void *dst;
+    size_t row_bytes;
+} quant_job;
+
+static void quant_task(void *ctx, int64_t t, int thread)
+{
+    quant_job *q = ctx;
+    vd_quantize_act(q->wtype, q->x + t * q->n_in, (char *)q->dst + (size_t)t * q->row_bytes, q->n_in);
+}
+
+static void mm_task(void *ctx, int64_t task, int thread)
+{
+    mm_job *j = ctx;
+    int m = 0;
+    while (task >= j->first_task[m + 1]) m++;
+    const be_weight *w = j->mms[m].w;
+    float *y = j->mms[m].y;
+    int64_t r0 = (task - j->first_task[m]) * j->rows_per_task;
+    int64_t r1 = r0 + j->rows_per_task;
+    if (r1 > w->n_out) r1 = w->n_out;
+    vd_dot_fn dot = j->dot[m];
+    const char *act = j->act[m];
+    size_t arow = j->act_row[m];
+    /* Token blocks keep a slice of activations hot in L2 while a few weight rows stay in L1. */
+    const int64_t TB = 64;
+    for (int64_t t0 = 0; t0 < j->n_tok; t0 += TB) {
+        int64_t t1 = t0 + TB < j->n_tok ? t0 + TB : j->n_tok;
+        for (int64_t r = r0; r < r1; r++) {
+            const void *wr = (const char *)w->data + (size_t)r * w->row_bytes;
+            for (int64_t t = t0; t < t1; t++)
+                dot(w->n_in, &y[t * w->n_out + r], wr, act + (size_t)t * arow);
+        }
+    }
+}
+
+static void cpu_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
+{
+    cpu_impl *ci = impl_of(b);
+    mm_job j;
+    memset(&j, 0, sizeof j);
+    j.mms = mms;
+    j.n_mm = n_mm;
+    j.n_tok = n_tok;
+    uint32_t fmt_of_slot[MAX_MM];
+    int n_slots = 0;
+    int64_t n_in = mms[0].w->n_in;
+    for (int m = 0; m < n_mm; m++) {
+        uint32_t wt = mms[m].w->type;
+        uint32_t at = vd_act_type(wt);
+        int s = 0;
+        while (s < n_slots && fmt_of_slot[s] != at) s++;
+        size_t row = vd_act_row_size(wt, n_in);
+        if (s == n_slots) {
+            fmt_of_slot[n_slots++] = at;
+            if (grow(&ci->act_buf[s], &ci->act_cap[s], row * (size_t)n_tok) != 0) abort();
+            quant_job q = { wt, x, n_in, ci->act_buf[s], row };
+            if (n_tok >= 8)
+                tp_run(ci->pool, quant_task, &q, n_tok);
+            else
+                for (int64_t t = 0; t < n_tok; t++) quant_task(&q, t, 0);
+        }
+        j.act[m] = ci->act_buf[s];
+        j.act_row[m] = row;
+        j.dot[m] = vd_get_dot(wt);
+    }
+    /* Enough tasks for load balance, few enough that scheduling is noise. */
+    int64_t total_rows = 0;
+    for (int m = 0; m < n_mm; m++) total_rows += mms[m].w->n_out;
+    int64_t rpt = total_rows / (16 * (int64_t)b->n_threads);
+    if (n_tok > 1) rpt = total_rows / (8 * (int64_t)b->n_threads);
+    if (rpt < 4) rpt = 4;
+    if (rpt > 256) rpt = 256;
+    j.rows_per_task = rpt;
+    j.first_task[0] = 0;
+    for (int m = 0; m < n_mm; m++)
+        j.first_task[m + 1] = j.first_task[m] + (mms[m].w->n_out + rpt - 1) / rpt;
+    tp_run(ci->pool, mm_task, &j, j.first_task[n_mm]);
+}
+
+/* ---------------------------------------------------------------- element-wise ops */
+
+static void cpu_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim,
+                        float eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float *yr = y + r * dim;
+        double ss = 0;  /* accumulated in double, as the reference implementation does */
+        for (int64_t i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        float scale = 1.0f / sqrtf((float)(ss / (double)dim) + eps);
+        for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
+    }
+}
+
+static void cpu_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
+                     float freq_base, float freq_scale, int neox)
+{
+    int half = head_dim / 2;
+    float cs[1024], sn[1024];
+    /* theta_i = p * base^(-2i/d), built as a running product like the reference implementation. */
+    float theta_scale = powf(freq_base, -2.0f / (float)head_dim);
+    for (int64_t t = 0; t < n_tok; t++) {
+        float theta = (float)pos[t] * freq_scale;
+        for (int i = 0; i < half; i++) {
+            cs[i] = cosf(theta);
+            sn[i] = sinf(theta);
+            theta *= theta_scale;
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (t * n_heads + h) * (int64_t)head_dim;
+            for (int i = 0; i < half; i++) {
+                int i0 = neox ? i : 2 * i;
+                int i1 = neox ? i + half : 2 * i + 1;
+                float x0 = v[i0], x1 = v[i1];
+                v[i0] = x0 * cs[i] - x1 * sn[i];
+                v[i1] = x0 * sn[i] + x1 * cs[i];
+            }
+        }
+    }
+}
+
+static void cpu_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
+{
+    if (gelu) {
+        const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+        for (int64_t i = 0; i < n; i++) {
+            float g = gate[i];
+            gate[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * up[i];
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            float g = gate[i];
+            gate[i] = g / (1.0f + expf(-g)) * up[i];
+        }
+    }
+}
+
+static void cpu_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale,
+                         float *out)
+{
+    for (int64_t t = 0; t < n; t++) {
+        float *o = out + t * w->n_in;
+        quant_dequant_row(w->type, (const char *)w->data + (size_t)ids[t] * w->row_bytes, o, w->n_in);
+        if (scale != 1.0f)
+            for (int64_t i = 0; i < w->n_in; i++) o[i] *= scale;
+    }
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct att_job {
+    const be_attn *a;
+    int group;             /* query heads per KV head */
+    int64_t n_tiles;       /* query tiles */
+    int n_split;           /* key splits (decode) */
+    float *part;           /* [n_head][n_split][2 + head_dim] when n_split > 1 */
+    float *scratch;        /* per thread: ATT_TILE_Q * group rows of (ATT_BLOCK_K scores + m, l) */
+    size_t scratch_per_thread;
+} att_job;
+
+/* Visible key range [lo, hi) for a query at position p. */
+static void att_range(const be_attn *a, int32_t p, int64_t *lo, int64_t *hi)
+{
+    int64_t h = (int64_t)p + 1;
+    if (h > a->n_kv) h = a->n_kv;
+    int64_t l = 0;
+    if (a->window > 0 && (int64_t)p - a->window + 1 > 0) l = (int64_t)p - a->window + 1;
+    *lo = l;
+    *hi = h;
+}
+
+static void att_task(void *ctx, int64_t task, int thread)
+{
+    att_job *j = ctx;
+    const be_attn *a = j->a;
+    int D = a->head_dim;
+    int64_t kvstride = (int64_t)a->n_head_kv * D;
+    int64_t qstride = (int64_t)a->n_head * D;
+    int split = (int)(task % j->n_split);
+    int64_t rest = task / j->n_split;
+    int64_t tile = rest % j->n_tiles;
+    int g = (int)(rest / j->n_tiles);
+    int64_t q0 = tile * ATT_TILE_Q;
+    int64_t q1 = q0 + ATT_TILE_Q < a->n_q ? q0 + ATT_TILE_Q : a->n_q;
+    int G = j->group;
+    int nrows = (int)(q1 - q0) * G;
+    float *sc = j->scratch + (size_t)thread * j->scratch_per_thread;
+    float *m = sc + (size_t)nrows * ATT_BLOCK_K;
+    float *l = m + nrows;
+    float *acc = l + nrows;   /* nrows * D; when not split, written straight to out instead */
+    int64_t lo_all = INT64_MAX, hi_all = 0;
+    for (int64_t t = q0; t < q1; t++) {
+        int64_t lo, hi;
+        att_range(a, a->q_pos[t], &lo, &hi);
+        if (lo < lo_all) lo_all = lo;
+        if (hi > hi_all) hi_all = hi;
+    }
+    if (j->n_split > 1) {
+        int64_t len = hi_all - lo_all;
+        int64_t per = (len + j->n_split - 1) / j->n_split;
+        int64_t s0 = lo_all + per * split;
+        int64_t s1 = s0 + per < hi_all ? s0 + per : hi_all;
+        lo_all = s0;
+        hi_all = s1;
+    }
+    for (int r = 0; r < nrows; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0;
+        memset(acc + (size_t)r * D, 0, sizeof(float) * (size_t)D);
+    }
+    for (int64_t k0 = lo_all; k0 < hi_all; k0 += ATT_BLOCK_K) {
+        int64_t k1 = k0 + ATT_BLOCK_K < hi_all ? k0 + ATT_BLOCK_K : hi_all;
+        for (int64_t t = q0; t < q1; t++) {
+            int64_t lo, hi;
+            att_range(a, a->q_pos[t], &lo, &hi);
+            int64_t a0 = lo > k0 ? lo : k0, a1 = hi < k1 ? hi : k1;
+            if (a0 >= a1) continue;
+            for (int hh = 0; hh < G; hh++) {
+                int h = g * G + hh;
+                int r = (int)(t - q0) * G + hh;
+                const float *q = a->q + t * qstride + (int64_t)h * D;
+                float *s = sc + (size_t)r * ATT_BLOCK_K;
+                float mx = m[r];
+                for (int64_t k = a0; k < a1; k++) {
+                    float v = vd_dot_f32(D, q, a->k + k * kvstride + (int64_t)g * D);
+                    s[k - a0] = v;
+                    if (v > mx) mx = v;
+                }
+                float corr = expf(m[r] - mx);  /* exp(-inf) = 0 on the first block */
+                float *ac = acc + (size_t)r * D;
+                if (corr != 1.0f) {
+                    l[r] *= corr;
+                    for (int i = 0; i < D; i++) ac[i] *= corr;
+                }
+                m[r] = mx;
+                float lsum = 0;
+                for (int64_t k = a0; k < a1; k++) {
+                    float p = expf(s[k - a0] - mx);
+                    lsum += p;
+                    vd_axpy_f32(D, p, a->v + k * kvstride + (int64_t)g * D, ac);
+                }
+                l[r] += lsum;
+            }
+        }
+    }
+    for (int64_t t = q0; t < q1; t++) {
+        for (int hh = 0; hh < G; hh++) {
+            int h = g * G + hh;
+            int r = (int)(t - q0) * G + hh;
+            const float *ac = acc + (size_t)r * D;
+            if (j->n_split > 1) {
+                float *p = j->part + ((size_t)h * j->n_split + split) * (size_t)(2 + D);
+                p[0] = m[r];
+                p[1] = l[r];
+                memcpy(p + 2, ac, sizeof(float) * (size_t)D);
+            } else {
+                float *o = a->out + t * qstride + (int64_t)h * D;
+                float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+                for (int i = 0; i < D; i++) o[i] = ac[i] * inv;
+            }
+        }
+    }
+}
+
+static void cpu_attention(be_backend *b, const be_attn *a)
+{
+    cpu_impl *ci = impl_of(b);
+    att_job j;
+    memset(&j, 0, sizeof j);
+    j.a = a;
+    j.group = a->n_head / a->n_head_kv;
+    j.n_tiles = (a->n_q + ATT_TILE_Q - 1) / ATT_TILE_Q;
+    j.n_split = 1;
+    if (a->n_q == 1 && a->n_kv >= 512) {
+        j.n_split = 2 * b->n_threads;
+        if (j.n_split > 16) j.n_split = 16;
+    }
+    int D = a->head_dim;
+    int rows = ATT_TILE_Q * j.group;
+    j.scratch_per_thread = (size_t)rows * (ATT_BLOCK_K + 2 + (size_t)D) + 16;
+    if (grow((void **)&ci->att_scratch, &ci->att_scratch_cap,
+             j.scratch_per_thread * sizeof(float) * (size_t)b->n_threads) != 0)
+        abort();
+    j.scratch = ci->att_scratch;
+    if (j.n_split > 1) {
+        size_t need = (size_t)a->n_head * j.n_split * (size_t)(2 + D) * sizeof(float);
+        if (grow((void **)&ci->att_part, &ci->att_part_cap, need) != 0) abort();
+        j.part = ci->att_part;
+    }
+    tp_run(ci->pool, att_task, &j, (int64_t)a->n_head_kv * j.n_tiles * j.n_split);
+    if (j.n_split > 1) {
+        /* Merge the per-split online-softmax states (decode: one query). */
+        for (int h = 0; h < a->n_head; h++) {
+            float mx = -INFINITY;
+            for (int s = 0; s < j.n_split; s++) {
+                float ms = j.part[((size_t)h * j.n_split + s) * (size_t)(2 + D)];
+                if (ms > mx) mx = ms;
+            }
+            float *o = a->out + (int64_t)h * D;
+            memset(o, 0, sizeof(float) * (size_t)D);
+            float lsum = 0;
+            for (int s = 0; s < j.n_split; s++) {
+                const float *p = j.part + ((size_t)h * j.n_split + s) * (size_t)(2 + D);
+                if (p[1] == 0) continue;
+                float c = expf(p[0] - mx);
+                lsum += p[1] * c;
+                vd_axpy_f32(D, c, p + 2, o);
+            }
+            float inv = lsum > 0 ? 1.0f / lsum : 0.0f;
+            for (int i = 0; i < D; i++) o[i] *= inv;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- table */
+
+static const be_ops cpu_ops = {
+    .name = "cpu",
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .glu = cpu_glu,
+    .get_rows = cpu_get_rows,
+    .attention = cpu_attention,
+};
+
+be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)
+{
+    be_backend *b = calloc(1, sizeof *b);
+    cpu_impl *ci = calloc(1, sizeof *ci);
+    if (!b || !ci) {
+        free(b);
+        free(ci);
+        snprintf(err, errlen, "out of memory creating the CPU backend");
+        return NULL;
+    }
+    ci->pool = tp_create(n_threads, err, errlen);
+    if (!ci->pool) {
+        free(b);
+        free(ci);
+        return NULL;
+    }
+    b->ops = &cpu_ops;
+    b->n_threads = tp_n_threads(ci->pool);
+    b->impl = ci;
+    return b;
+}
+
+void be_free(be_backend *b)
+{
+    if (!b) return;
+    cpu_impl *ci = b->impl;
+    if (ci) {
+        tp_free(ci->pool);
+        for (int i = 0; i < MAX_MM; i++) free(ci->act_buf[i]);
+        free(ci->att_part);
+        free(ci->att_scratch);
+        free(ci);
+    }
+    free(b);
+}
+
+int be_supports_weight(const be_backend *b, uint32_t type)
+{
+    return quant_supported(type) && vd_get_dot(type) != NULL;
+}

@@ -1,0 +1,453 @@
+/* vec_dot.c - fused dot products of a quantized weight row with a quantized activation row: the
+ * portable scalar kernels (the oracle), the activation quantizers, and the run-time choice between
+ * them and the AVX2 kernels of vec_dot_avx2.c.
+ *
+ * Every scalar kernel computes the same per-block integer sums as its AVX2 twin, so the two differ
+ * only in the order of the f32 additions. Block layouts: vec_dot_impl.h and model-facts.md 3. */
+#include "vec_dot.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "quant.h"
+#include "vec_dot_impl.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define VD_HAVE_AVX2_BUILD 1
+#include <cpuid.h>
+#else
+#define VD_HAVE_AVX2_BUILD 0
+#endif
+
+/* ------------------------------------------------------------------ dispatch state */
+
+static atomic_int g_force_scalar;
+static atomic_int g_cpu_ok = -1;     /* -1 = not checked yet */
+
+#if VD_HAVE_AVX2_BUILD
+/* F16C is CPUID leaf 1, ECX bit 29. Read directly because clang (14) does not accept "f16c" in
+ * __builtin_cpu_supports; its "avx2" check already covers OS support of the YMM state (XCR0). */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
+static int cpu_has_avx2(void)
+{
+    int ok = atomic_load_explicit(&g_cpu_ok, memory_order_relaxed);
+    if (ok < 0) {
+#if VD_HAVE_AVX2_BUILD
+        __builtin_cpu_init();
+        ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+#else
+        ok = 0;
+#endif
+        atomic_store_explicit(&g_cpu_ok, ok, memory_order_relaxed);
+    }
+    return ok;
+}
+
+static inline int use_simd(void)
+{
+    return !atomic_load_explicit(&g_force_scalar, memory_order_relaxed) && cpu_has_avx2();
+}
+
+int vd_simd_active(void) { return use_simd(); }
+
+void vd_force_scalar(int on) { atomic_store_explicit(&g_force_scalar, on ? 1 : 0, memory_order_relaxed); }
+
+/* ------------------------------------------------------------------ activation formats */
+
+uint32_t vd_act_type(uint32_t wtype)
+{
+    switch (wtype) {
+    case GGML_TYPE_F32: return GGML_TYPE_F32;
+    case GGML_TYPE_F16: return GGML_TYPE_F16;
+    case GGML_TYPE_BF16: return GGML_TYPE_BF16;
+    case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: return GGML_TYPE_Q8_0;
+    case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1: return GGML_TYPE_Q8_1;
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: return GGML_TYPE_Q8_K;
+    default: return GGML_TYPE_F32;   /* unsupported weight types have no kernel anyway */
+    }
+}
+
+size_t vd_act_row_size(uint32_t wtype, int64_t n)
+{
+    return quant_row_size(vd_act_type(wtype), n);
+}
+
+static float block_amax(const float *x, int n)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < n; j++) {
+        float v = fabsf(x[j]);
+        if (v > amax) amax = v;
+    }
+    return amax;
+}
+
+static int8_t q8_clamp(int32_t v) { return (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v); }
+
+static void quantize_q8_0_scalar(const float *x, void *dst, int64_t n)
+{
+    vd_blk_q8_0 *y = dst;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float d = block_amax(x, 32) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) y[i].qs[j] = q8_clamp(vd_nearest_int(x[j] * id));
+        y[i].d = quant_f32_to_fp16(d);
+    }
+}
+
+static void quantize_q8_1_scalar(const float *x, void *dst, int64_t n)
+{
+    vd_blk_q8_1 *y = dst;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        float d = block_amax(x, 32) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            y[i].qs[j] = q8_clamp(vd_nearest_int(x[j] * id));
+            sum += y[i].qs[j];
+        }
+        y[i].d = quant_f32_to_fp16(d);
+        y[i].s = quant_f32_to_fp16(d * (float)sum);
+    }
+}
+
+static void quantize_q8_k_scalar(const float *x, void *dst, int64_t n)
+{
+    vd_blk_q8_k *y = dst;
+    for (int64_t i = 0; i < n / 256; i++, x += 256) {
+        float d = block_amax(x, 256) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 256; j++) y[i].qs[j] = q8_clamp(vd_nearest_int(x[j] * id));
+        for (int g = 0; g < 16; g++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++) sum += y[i].qs[16 * g + j];
+            y[i].bsums[g] = (int16_t)sum;
+        }
+        y[i].d = d;
+    }
+}
+
+static void quantize_f16_scalar(const float *x, void *dst, int64_t n)
+{
+    uint16_t *y = dst;
+    for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_fp16(x[i]);
+}
+
+static void quantize_bf16_scalar(const float *x, void *dst, int64_t n)
+{
+    uint16_t *y = dst;
+    for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_bf16(x[i]);
+}
+
+void vd_quantize_act(uint32_t wtype, const float *x, void *dst, int64_t n)
+{
+    int simd = use_simd();
+    (void)simd;   /* unused when the AVX2 kernels are not built */
+    switch (vd_act_type(wtype)) {
+    case GGML_TYPE_Q8_0:
+#if VD_HAVE_AVX2_BUILD
+        if (simd) { vd_quantize_q8_0_avx2(x, dst, n); return; }
+#endif
+        quantize_q8_0_scalar(x, dst, n);
+        return;
+    case GGML_TYPE_Q8_1:
+#if VD_HAVE_AVX2_BUILD
+        if (simd) { vd_quantize_q8_1_avx2(x, dst, n); return; }
+#endif
+        quantize_q8_1_scalar(x, dst, n);
+        return;
+    case GGML_TYPE_Q8_K:
+#if VD_HAVE_AVX2_BUILD
+        if (simd) { vd_quantize_q8_k_avx2(x, dst, n); return; }
+#endif
+        quantize_q8_k_scalar(x, dst, n);
+        return;
+    case GGML_TYPE_F16:
+#if VD_HAVE_AVX2_BUILD
+        if (simd) { vd_quantize_f16_avx2(x, dst, n); return; }
+#endif
+        quantize_f16_scalar(x, dst, n);
+        return;
+    case GGML_TYPE_BF16:
+#if VD_HAVE_AVX2_BUILD
+        if (simd) { vd_quantize_bf16_avx2(x, dst, n); return; }
+#endif
+        quantize_bf16_scalar(x, dst, n);
+        return;
+    default:
+        memcpy(dst, x, sizeof(float) * (size_t)n);
+        return;
+    }
+}
+
+/* ------------------------------------------------------------------ scalar kernels */
+
+static inline float h2f(uint16_t h) { return quant_fp16_to_f32(h); }
+
+static void dot_f32_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const float *w = vw, *a = va;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)w[i] * (double)a[i];
+    *s = (float)sum;
+}
+
+static void dot_f16_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const uint16_t *w = vw, *a = va;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)h2f(w[i]) * (double)h2f(a[i]);
+    *s = (float)sum;
+}
+
+static void dot_bf16_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const uint16_t *w = vw, *a = va;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        sum += (double)quant_bf16_to_f32(w[i]) * (double)quant_bf16_to_f32(a[i]);
+    *s = (float)sum;
+}
+
+static void dot_q4_0_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const vd_blk_q4_0 *w = vw;
+    const vd_blk_q8_0 *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 32; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 16; j++) {
+            sumi += ((w[i].qs[j] & 0xF) - 8) * a[i].qs[j];
+            sumi += ((w[i].qs[j] >> 4) - 8) * a[i].qs[j + 16];
+        }
+        sum += (float)sumi * (h2f(w[i].d) * h2f(a[i].d));
+    }
+    *s = sum;
+}
+
+static void dot_q4_1_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const vd_blk_q4_1 *w = vw;
+    const vd_blk_q8_1 *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 32; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 16; j++) {
+            sumi += (w[i].qs[j] & 0xF) * a[i].qs[j];
+            sumi += (w[i].qs[j] >> 4) * a[i].qs[j + 16];
+        }
+        sum += (float)sumi * (h2f(w[i].d) * h2f(a[i].d)) + h2f(w[i].m) * h2f(a[i].s);
+    }
+    *s = sum;
+}
+
+static void dot_q5_0_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const vd_blk_q5_0 *w = vw;
+    const vd_blk_q8_0 *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 32; i++) {
+        uint32_t h;
+        memcpy(&h, w[i].qh, 4);
+        int sumi = 0;
+        for (int j = 0; j < 16; j++) {
+            int q0 = ((w[i].qs[j] & 0xF) | (int)(((h >> j) & 1u) << 4)) - 16;
+            int q1 = ((w[i].qs[j] >> 4) | (int)(((h >> (j + 16)) & 1u) << 4)) - 16;
+            sumi += q0 * a[i].qs[j] + q1 * a[i].qs[j + 16];
+        }
+        sum += (float)sumi * (h2f(w[i].d) * h2f(a[i].d));
+    }
+    *s = sum;
+}
+
+static void dot_q5_1_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const vd_blk_q5_1 *w = vw;
+    const vd_blk_q8_1 *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 32; i++) {
+        uint32_t h;
+        memcpy(&h, w[i].qh, 4);
+        int sumi = 0;
+        for (int j = 0; j < 16; j++) {
+            int q0 = (w[i].qs[j] & 0xF) | (int)(((h >> j) & 1u) << 4);
+            int q1 = (w[i].qs[j] >> 4) | (int)(((h >> (j + 16)) & 1u) << 4);
+            sumi += q0 * a[i].qs[j] + q1 * a[i].qs[j + 16];
+        }
+        sum += (float)sumi * (h2f(w[i].d) * h2f(a[i].d)) + h2f(w[i].m) * h2f(a[i].s);
+    }
+    *s = sum;
+}
+
+static void dot_q8_0_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const vd_blk_q8_0 *w = vw, *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 32; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 32; j++) sumi += w[i].qs[j] * a[i].qs[j];
+        sum += (float)sumi * (h2f(w[i].d) * h2f(a[i].d));
+    }
+    *s = sum;
+}
+
+/* Q4_K/Q5_K: sum_s d*sc[s] * sum(q*y) - dmin*mn[s] * sum(y), with sum(y) from the bsums. */
+static void dot_q4_k_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const vd_blk_q4_k *w = vw;
+    const vd_blk_q8_k *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 256; i++) {
+        uint32_t u[4];
+        vd_k_scales(w[i].scales, u);
+        uint8_t sc[8], mn[8];
+        memcpy(sc, u, 8);
+        memcpy(mn, u + 2, 8);
+        int sumi = 0, summ = 0;
+        for (int c = 0; c < 4; c++) {
+            int s0 = 0, s1 = 0;
+            for (int l = 0; l < 32; l++) {
+                s0 += (w[i].qs[32 * c + l] & 0xF) * a[i].qs[64 * c + l];
+                s1 += (w[i].qs[32 * c + l] >> 4) * a[i].qs[64 * c + 32 + l];
+            }
+            sumi += sc[2 * c] * s0 + sc[2 * c + 1] * s1;
+        }
+        for (int j = 0; j < 8; j++) summ += mn[j] * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+        float d = h2f(w[i].d) * a[i].d, dmin = h2f(w[i].dmin) * a[i].d;
+        sum += d * (float)sumi - dmin * (float)summ;
+    }
+    *s = sum;
+}
+
+static void dot_q5_k_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const vd_blk_q5_k *w = vw;
+    const vd_blk_q8_k *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 256; i++) {
+        uint32_t u[4];
+        vd_k_scales(w[i].scales, u);
+        uint8_t sc[8], mn[8];
+        memcpy(sc, u, 8);
+        memcpy(mn, u + 2, 8);
+        int sumi = 0, summ = 0;
+        for (int c = 0; c < 4; c++) {
+            int s0 = 0, s1 = 0;
+            for (int l = 0; l < 32; l++) {
+                int q0 = (w[i].qs[32 * c + l] & 0xF) | (((w[i].qh[l] >> (2 * c)) & 1) << 4);
+                int q1 = (w[i].qs[32 * c + l] >> 4) | (((w[i].qh[l] >> (2 * c + 1)) & 1) << 4);
+                s0 += q0 * a[i].qs[64 * c + l];
+                s1 += q1 * a[i].qs[64 * c + 32 + l];
+            }
+            sumi += sc[2 * c] * s0 + sc[2 * c + 1] * s1;
+        }
+        for (int j = 0; j < 8; j++) summ += mn[j] * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+        float d = h2f(w[i].d) * a[i].d, dmin = h2f(w[i].dmin) * a[i].d;
+        sum += d * (float)sumi - dmin * (float)summ;
+    }
+    *s = sum;
+}
+
+/* Q6_K: sum_k S[k] * sum((q - 32) * y) over the 16 sub-blocks of 16, all in integers. */
+static void dot_q6_k_scalar(int64_t n, float *s, const void *vw, const void *va)
+{
+    const vd_blk_q6_k *w = vw;
+    const vd_blk_q8_k *a = va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 256; i++) {
+        int sumi = 0;
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w[i].ql + 64 * h, *qh = w[i].qh + 32 * h;
+            const int8_t *S = w[i].scales + 8 * h;
+            const int8_t *y = a[i].qs + 128 * h;
+            int part[8] = { 0 };   /* per sub-block of 16: index 2*p + (l >= 16) for group p */
+            for (int l = 0; l < 32; l++) {
+                int k = l / 16;
+                int q0 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q1 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                part[k + 0] += q0 * y[l];
+                part[k + 2] += q1 * y[l + 32];
+                part[k + 4] += q2 * y[l + 64];
+                part[k + 6] += q3 * y[l + 96];
+            }
+            for (int k = 0; k < 8; k++) sumi += S[k] * part[k];
+        }
+        sum += (h2f(w[i].d) * a[i].d) * (float)sumi;
+    }
+    *s = sum;
+}
+
+vd_dot_fn vd_get_dot_scalar(uint32_t wtype)
+{
+    switch (wtype) {
+    case GGML_TYPE_F32: return dot_f32_scalar;
+    case GGML_TYPE_F16: return dot_f16_scalar;
+    case GGML_TYPE_BF16: return dot_bf16_scalar;
+    case GGML_TYPE_Q4_0: return dot_q4_0_scalar;
+    case GGML_TYPE_Q4_1: return dot_q4_1_scalar;
+    case GGML_TYPE_Q5_0: return dot_q5_0_scalar;
+    case GGML_TYPE_Q5_1: return dot_q5_1_scalar;
+    case GGML_TYPE_Q8_0: return dot_q8_0_scalar;
+    case GGML_TYPE_Q4_K: return dot_q4_k_scalar;
+    case GGML_TYPE_Q5_K: return dot_q5_k_scalar;
+    case GGML_TYPE_Q6_K: return dot_q6_k_scalar;
+    default: return NULL;
+    }
+}
+
+#if VD_HAVE_AVX2_BUILD
+static vd_dot_fn get_dot_avx2(uint32_t wtype)
+{
+    switch (wtype) {
+    case GGML_TYPE_F32: return vd_dot_f32_f32_avx2;
+    case GGML_TYPE_F16: return vd_dot_f16_f16_avx2;
+    case GGML_TYPE_BF16: return vd_dot_bf16_bf16_avx2;
+    case GGML_TYPE_Q4_0: return vd_dot_q4_0_q8_0_avx2;
+    case GGML_TYPE_Q4_1: return vd_dot_q4_1_q8_1_avx2;
+    case GGML_TYPE_Q5_0: return vd_dot_q5_0_q8_0_avx2;
+    case GGML_TYPE_Q5_1: return vd_dot_q5_1_q8_1_avx2;
+    case GGML_TYPE_Q8_0: return vd_dot_q8_0_q8_0_avx2;
+    case GGML_TYPE_Q4_K: return vd_dot_q4_k_q8_k_avx2;
+    case GGML_TYPE_Q5_K: return vd_dot_q5_k_q8_k_avx2;
+    case GGML_TYPE_Q6_K: return vd_dot_q6_k_q8_k_avx2;
+    default: return NULL;
+    }
+}
+#endif
+
+vd_dot_fn vd_get_dot(uint32_t wtype)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) return get_dot_avx2(wtype);
+#endif
+    return vd_get_dot_scalar(wtype);
+}
+
+/* ------------------------------------------------------------------ f32 helpers */
+
+float vd_dot_f32(int64_t n, const float *a, const float *b)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) return vd_dot_f32_avx2(n, a, b);
+#endif
+    float s;
+    dot_f32_scalar(n, &s, a, b);
+    return s;
+}
+
+void vd_axpy_f32(int64_t n, float a, const float *x, float *y)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) { vd_axpy_f32_avx2(n, a, x, y); return; }
+#endif
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}

@@ -1,0 +1,35 @@
+/* vec_dot.h - fused dot products of one quantized weight row with one activation row.
+ *
+ * As in ggml, the f32 activation row is first converted once into the weight type's "activation
+ * format" (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F16 for F16, BF16 for
+ * BF16, F32 for F32), so the inner loop is integer multiply-adds on quantized blocks and weights are
+ * never expanded to f32. Every kernel has a scalar version (the oracle) and, where the CPU has them,
+ * AVX2/FMA versions picked at run time. */
+#ifndef KVCHAT_VEC_DOT_H
+#define KVCHAT_VEC_DOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Activation format used for weights of type wtype, and its row size in bytes for n elements. */
+uint32_t vd_act_type(uint32_t wtype);
+size_t vd_act_row_size(uint32_t wtype, int64_t n);
+/* Convert n f32 activations (n a multiple of the weight block size) into the activation format. */
+void vd_quantize_act(uint32_t wtype, const float *x, void *dst, int64_t n);
+
+/* *s = dot(weight row, activation row) over n elements. */
+typedef void (*vd_dot_fn)(int64_t n, float *s, const void *w_row, const void *act_row);
+/* The fastest kernel this CPU supports for wtype (NULL if the type is unsupported). */
+vd_dot_fn vd_get_dot(uint32_t wtype);
+/* The portable scalar kernel (test oracle). */
+vd_dot_fn vd_get_dot_scalar(uint32_t wtype);
+/* 1 when the AVX2+FMA+F16C kernels are in use; vd_force_scalar(1) turns them off (tests, --no-simd). */
+int vd_simd_active(void);
+void vd_force_scalar(int on);
+
+/* Plain f32 helpers used by attention and norms (SIMD where available). */
+float vd_dot_f32(int64_t n, const float *a, const float *b);
+/* y += a * x */
+void vd_axpy_f32(int64_t n, float a, const float *x, float *y);
+
+#endif

@@ -1,0 +1,90 @@
+/* vec_dot_impl.h - private to kernels/cpu/vec_dot.c and vec_dot_avx2.c: block structs of the weight
+ * and activation formats, small helpers both need, and the AVX2 entry points.
+ *
+ * The AVX2 functions live in vec_dot_avx2.c, the only file compiled with -mavx2 -mfma -mf16c; call
+ * them only after vec_dot.c's run-time CPU check. Nothing here is part of the public API. */
+#ifndef KVCHAT_VEC_DOT_IMPL_H
+#define KVCHAT_VEC_DOT_IMPL_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* Weight blocks (model-facts.md section 3). fp16 fields are raw IEEE half bits. */
+typedef struct { uint16_t d; uint8_t qs[16]; } vd_blk_q4_0;
+typedef struct { uint16_t d, m; uint8_t qs[16]; } vd_blk_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } vd_blk_q5_0;
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } vd_blk_q5_1;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } vd_blk_q4_k;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } vd_blk_q5_k;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } vd_blk_q6_k;
+
+/* Activation blocks. Q8_0 is also a weight format.
+ * Q8_0: d = amax/127 (stored fp16), q = nearest(x * (1/d)), q in [-127, 127].
+ * Q8_1: as Q8_0 plus s = fp16(d * sum(q)) (d unrounded, as ggml), for the "+ m" of Q4_1/Q5_1.
+ * Q8_K: d = amax/127 kept in f32, q as above, bsums[j] = sum of q[16j .. 16j+15]. */
+typedef struct { uint16_t d; int8_t qs[32]; } vd_blk_q8_0;
+typedef struct { uint16_t d, s; int8_t qs[32]; } vd_blk_q8_1;
+typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } vd_blk_q8_k;
+
+_Static_assert(sizeof(vd_blk_q4_0) == 18, "q4_0 size");
+_Static_assert(sizeof(vd_blk_q4_1) == 20, "q4_1 size");
+_Static_assert(sizeof(vd_blk_q5_0) == 22, "q5_0 size");
+_Static_assert(sizeof(vd_blk_q5_1) == 24, "q5_1 size");
+_Static_assert(sizeof(vd_blk_q8_0) == 34, "q8_0 size");
+_Static_assert(sizeof(vd_blk_q8_1) == 36, "q8_1 size");
+_Static_assert(sizeof(vd_blk_q4_k) == 144, "q4_k size");
+_Static_assert(sizeof(vd_blk_q5_k) == 176, "q5_k size");
+_Static_assert(sizeof(vd_blk_q6_k) == 210, "q6_k size");
+_Static_assert(sizeof(vd_blk_q8_k) == 292, "q8_k size");
+
+/* Round to nearest, ties to even (the default FP rounding mode, which is also what the AVX2
+ * _mm256_cvtps_epi32 uses), valid for |f| < 2^22: adding 1.5 * 2^23 leaves the rounded integer in
+ * the low mantissa bits. Both quantizer paths use this rule, so scalar and AVX2 blocks are
+ * bit-identical. (ggml's scalar Q8_0 uses roundf, i.e. ties away from zero; only exact .5 ties
+ * differ, a negligible change.) Out-of-range input gives garbage but no undefined behaviour. */
+static inline int32_t vd_nearest_int(float f)
+{
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* The 8 six-bit scales and 8 mins of a Q4_K/Q5_K super-block as four little-endian words:
+ * out[0] = scales 0-3, out[1] = scales 4-7, out[2] = mins 0-3, out[3] = mins 4-7 (one per byte).
+ * Byte k of (w0 >> 2) & 0x30 holds bits 6-7 of scales[k] moved to bits 4-5, and so on (3.7). */
+static inline void vd_k_scales(const uint8_t *scales, uint32_t out[4])
+{
+    uint32_t w0, w1, w2;
+    memcpy(&w0, scales, 4);
+    memcpy(&w1, scales + 4, 4);
+    memcpy(&w2, scales + 8, 4);
+    out[0] = w0 & 0x3f3f3f3fu;
+    out[1] = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+    out[2] = w1 & 0x3f3f3f3fu;
+    out[3] = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+}
+
+/* AVX2 kernels (vec_dot_avx2.c). Same contracts as the vd_dot_fn / public helpers. */
+void vd_dot_f32_f32_avx2(int64_t n, float *s, const void *w, const void *a);
+void vd_dot_f16_f16_avx2(int64_t n, float *s, const void *w, const void *a);
+void vd_dot_bf16_bf16_avx2(int64_t n, float *s, const void *w, const void *a);
+void vd_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *w, const void *a);
+void vd_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *w, const void *a);
+void vd_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *w, const void *a);
+void vd_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *w, const void *a);
+void vd_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *w, const void *a);
+void vd_dot_q4_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
+void vd_dot_q5_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
+void vd_dot_q6_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
+
+float vd_dot_f32_avx2(int64_t n, const float *a, const float *b);
+void vd_axpy_f32_avx2(int64_t n, float a, const float *x, float *y);
+
+void vd_quantize_q8_0_avx2(const float *x, void *dst, int64_t n);
+void vd_quantize_q8_1_avx2(const float *x, void *dst, int64_t n);
+void vd_quantize_q8_k_avx2(const float *x, void *dst, int64_t n);
+void vd_quantize_f16_avx2(const float *x, void *dst, int64_t n);
+void vd_quantize_bf16_avx2(const float *x, void *dst, int64_t n);
+
+#endif

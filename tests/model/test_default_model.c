@@ -1,0 +1,167 @@
+/* test_default_model.c - tests on the default model (Gemma 3 270M Q4_K_M, path in $KVCHAT_MODEL, set
+ * by `make test`): greedy answers to fixed factual prompts, and `kvchat logits` over a 4,000-token
+ * document whose text repeats, so that the model must copy from more than a sliding window back -
+ * only the global-attention layers can see the earlier copy. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "forward.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+static const char *model_path(void)
+{
+    const char *p = getenv("KVCHAT_MODEL");
+    cr_assert(p && *p, "KVCHAT_MODEL must name the default model (make test sets it)");
+    return p;
+}
+
+static model *M;
+static be_backend *B;
+
+static void setup(void)
+{
+    char err[512];
+    cr_assert(model_load(&M, model_path(), NULL, err, sizeof err) == 0, "%s", err);
+    B = be_cpu_create(0, err, sizeof err);
+    cr_assert(B, "%s", err);
+}
+
+static void teardown(void)
+{
+    be_free(B);
+    model_free(M);
+}
+
+/* Greedy continuation of a plain-text prompt (the default model is a base model: completion, not chat). */
+static void greedy(const char *prompt, int n, char *out, size_t cap)
+{
+    char err[512];
+    int32_t *ids;
+    size_t n_ids;
+    cr_assert(tok_encode(M->vocab, prompt, strlen(prompt), 1, 0, &ids, &n_ids, err, sizeof err) == 0, "%s", err);
+    fwd_opts fo = { 256, 0 };
+    fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    float *logits = malloc(sizeof(float) * (size_t)M->hp.n_vocab);
+    cr_assert(fwd_eval(f, ids, (int64_t)n_ids, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    tok_stream ts;
+    tok_stream_init(&ts, M->vocab);
+    size_t len = 0;
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        int32_t id = samp_argmax(logits, M->hp.n_vocab);
+        if (tok_is_eog(M->vocab, id)) break;
+        len += tok_stream_feed(&ts, id, out + len, cap - len);
+        cr_assert(fwd_eval(f, &id, 1, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    }
+    len += tok_stream_flush(&ts, out + len, cap - len);
+    cr_log_info("'%s' -> '%s'", prompt, out);
+    free(logits);
+    free(ids);
+    fwd_free(f);
+}
+
+TestSuite(default_model, .init = setup, .fini = teardown, .timeout = 600);
+
+Test(default_model, capital_of_france)
+{
+    char out[512];
+    greedy("The capital of France is", 8, out, sizeof out);
+    cr_expect(strstr(out, "Paris"), "got '%s'", out);
+}
+
+Test(default_model, largest_planet)
+{
+    char out[512];
+    greedy("The largest planet in our solar system is", 8, out, sizeof out);
+    cr_expect(strstr(out, "Jupiter"), "got '%s'", out);
+}
+
+Test(default_model, water_molecule)
+{
+    char out[512];
+    greedy("A water molecule is made of two hydrogen atoms and one", 8, out, sizeof out);
+    cr_expect(strstr(out, "oxygen"), "got '%s'", out);
+}
+
+/* Build a document of at least 4,000 tokens by repeating a ~850-token text, run `kvchat logits` on it,
+ * and check the format and that, inside the last copy, the top-1 prediction is the next token of the
+ * text at least 90% of the time (a model that cannot attend back ~850 positions copies far worse). */
+Test(default_model, logits_on_a_4000_token_document, .timeout = 1200)
+{
+    FILE *src = fopen("../shared/testdata/prompts/p2.txt", "rb");
+    cr_assert(src);
+    static char text[8192];
+    size_t tl = fread(text, 1, sizeof text - 1, src);
+    fclose(src);
+    text[tl] = 0;
+    char err[512];
+    /* Enough copies for >= 4000 tokens with this tokenizer. */
+    int32_t *one;
+    size_t n_one;
+    cr_assert(tok_encode(M->vocab, text, tl, 0, 0, &one, &n_one, err, sizeof err) == 0, "%s", err);
+    free(one);
+    int copies = (int)(4000 / n_one) + 1;
+    char path[] = "/tmp/kvchat-doc-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    for (int c = 0; c < copies; c++) cr_assert_eq(write(fd, text, tl), (ssize_t)tl);
+    close(fd);
+    char cmd[1024], outp[] = "/tmp/kvchat-doc-out-XXXXXX";
+    int ofd = mkstemp(outp);
+    cr_assert(ofd >= 0);
+    close(ofd);
+    const char *bin = getenv("KVCHAT_BIN") ? getenv("KVCHAT_BIN") : "./kvchat";
+    snprintf(cmd, sizeof cmd, "%s logits -m '%s' -f %s --gen 4 > %s", bin, model_path(), path, outp);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "`%s` failed", cmd);
+    FILE *o = fopen(outp, "r");
+    cr_assert(o);
+    static char line[1 << 16];
+    int n_prompt = 0, n_pos = 0, n_step = 0;
+    int32_t *ids = NULL;
+    int32_t *top1 = NULL;
+    while (fgets(line, sizeof line, o)) {
+        if (!strncmp(line, "prompt_tokens ", 14)) {
+            n_prompt = atoi(line + 14);
+            ids = calloc((size_t)n_prompt, sizeof *ids);
+            top1 = calloc((size_t)n_prompt, sizeof *top1);
+        } else if (!strncmp(line, "ids ", 4)) {
+            char *s = line + 4;
+            for (int i = 0; i < n_prompt; i++) ids[i] = (int32_t)strtol(s, &s, 10);
+        } else if (!strncmp(line, "pos ", 4)) {
+            char *s = line + 4;
+            int i = (int)strtol(s, &s, 10);
+            cr_assert(i == n_pos, "pos lines out of order");
+            s = strstr(s, "top5 ");
+            cr_assert(s);
+            top1[i] = (int32_t)strtol(s + 5, NULL, 10);
+            cr_assert(!strstr(line, "nan") && !strstr(line, "inf"), "non-finite logit: %s", line);
+            n_pos++;
+        } else if (!strncmp(line, "step ", 5)) {
+            n_step++;
+        }
+    }
+    fclose(o);
+    unlink(outp);
+    unlink(path);
+    cr_assert_geq(n_prompt, 4000);
+    cr_assert_eq(n_pos, n_prompt);
+    cr_assert_eq(n_step, 4);
+    int hits = 0, total = 0;
+    for (int i = n_prompt - (int)n_one + 8; i < n_prompt - 1; i++) {
+        total++;
+        hits += top1[i] == ids[i + 1];
+    }
+    cr_log_info("4000-token document: %d prompt tokens, copy accuracy in the last copy %d/%d", n_prompt, hits, total);
+    cr_expect(hits >= total * 9 / 10, "copy accuracy %d/%d", hits, total);
+    free(ids);
+    free(top1);
+}

@@ -1,0 +1,217 @@
+/* test_cli.c - the kvchat binary end to end on the tiny models: the logits command's reference
+ * format, and bad input (missing file, not a GGUF, unknown architecture, unsupported tensor type,
+ * prompt longer than the context, invalid UTF-8, binary prompt) giving one clear line on stderr and
+ * exit status 1. Runs ./kvchat, or $KVCHAT_BIN (the sanitizer build sets it). */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define TD "../shared/testdata/"
+
+static const char *bin(void)
+{
+    const char *b = getenv("KVCHAT_BIN");
+    return b && *b ? b : "./kvchat";
+}
+
+/* Run a shell command line; capture stdout and stderr (each truncated to cap). Returns exit status. */
+static int run(const char *args, char *out, size_t ocap, char *errb, size_t ecap)
+{
+    char dir[] = "/tmp/kvchat-cli-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err", bin(), args, dir, dir);
+    int st = system(cmd);
+    char p[512];
+    snprintf(p, sizeof p, "%s/out", dir);
+    FILE *f = fopen(p, "rb");
+    size_t n = f ? fread(out, 1, ocap - 1, f) : 0;
+    out[n] = 0;
+    if (f) fclose(f);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/err", dir);
+    f = fopen(p, "rb");
+    n = f ? fread(errb, 1, ecap - 1, f) : 0;
+    errb[n] = 0;
+    if (f) fclose(f);
+    unlink(p);
+    rmdir(dir);
+    cr_assert(WIFEXITED(st), "%s did not exit normally (signal?)", cmd);
+    return WEXITSTATUS(st);
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* A failure must be exactly one line on stderr, naming the problem, and exit status 1. */
+static void expect_one_line_error(const char *args, const char *needle)
+{
+    static char out[1 << 16], errb[1 << 16];
+    int st = run(args, out, sizeof out, errb, sizeof errb);
+    cr_expect_eq(st, 1, "`kvchat %s` exited %d, expected 1 (stderr: %s)", args, st, errb);
+    cr_expect_eq(count_lines(errb), 1, "`kvchat %s`: expected one line on stderr, got: %s", args, errb);
+    cr_expect(strstr(errb, needle), "`kvchat %s`: stderr '%s' does not mention '%s'", args, errb, needle);
+    cr_expect(!strstr(errb, "AddressSanitizer") && !strstr(errb, "runtime error"), "sanitizer report: %s", errb);
+}
+
+Test(cli, logits_prints_reference_format)
+{
+    static char out[1 << 20], errb[1 << 16];
+    int st = run("logits -t 1 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "prompts/p1.txt", out, sizeof out, errb,
+                 sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    /* Same header lines and ids as the reference file; one pos line per prompt token; 32 steps. */
+    cr_assert(!strncmp(out, "n_vocab 32000\nprompt_tokens 26\nids 1 450 301 18919 ", 48), "got: %.200s", out);
+    int pos = 0, step = 0, greedy = 0;
+    for (char *l = out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        pos += !strncmp(l, "pos ", 4);
+        step += !strncmp(l, "step ", 5);
+        greedy += !strncmp(l, "greedy ", 7);
+    }
+    cr_expect_eq(pos, 26);
+    cr_expect_eq(step, 32);
+    cr_expect_eq(greedy, 1);
+    cr_expect(strstr(out, "\npos 0 top5 25622:4.1"), "pos 0 should match the reference's top-1 25622:4.11");
+}
+
+Test(cli, logits_feed_uses_the_given_ids)
+{
+    static char out[1 << 20], errb[1 << 16];
+    int st = run("logits -t 1 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "prompts/p1.txt --feed '7 8 9'", out,
+                 sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "\ngreedy 7 8 9\n"), "greedy line should echo the fed ids");
+    cr_expect(strstr(out, "\nstep 2 top5 ") && !strstr(out, "\nstep 3 "), "one step per fed id");
+}
+
+Test(cli, missing_model_file)
+{
+    expect_one_line_error("info -m /nonexistent/model.gguf", "No such file");
+}
+
+Test(cli, not_a_gguf)
+{
+    expect_one_line_error("info -m " TD "prompts/p1.txt", "GGUF");
+}
+
+/* Read a tiny model into memory, let edit() patch it, write it to a temp file; returns the path. */
+static char *patched_copy(const char *src, void (*edit)(unsigned char *buf, size_t n))
+{
+    FILE *f = fopen(src, "rb");
+    cr_assert(f);
+    size_t cap = 64u << 20;
+    unsigned char *buf = malloc(cap);
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    edit(buf, n);
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/kvchat-patched-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, buf, n), (ssize_t)n);
+    close(fd);
+    free(buf);
+    return path;
+}
+
+static void rename_arch(unsigned char *buf, size_t n)
+{
+    const char *key = "general.architecture";
+    size_t kl = strlen(key);
+    for (size_t i = 0; i + kl + 17 < n; i++)
+        if (!memcmp(buf + i, key, kl)) {
+            cr_assert(!memcmp(buf + i + kl + 12, "llama", 5));
+            memcpy(buf + i + kl + 12, "mamba", 5);
+            return;
+        }
+    cr_assert_fail("general.architecture not found");
+}
+
+Test(cli, unknown_architecture)
+{
+    char *path = patched_copy(TD "tiny/tiny-llama-f16.gguf", rename_arch);
+    char args[256];
+    snprintf(args, sizeof args, "info -m %s", path);
+    expect_one_line_error(args, "architecture 'mamba' is not supported");
+    unlink(path);
+}
+
+/* Copy a tiny model and change one tensor's type id in its table to Q2_K (smaller, so the data still
+ * fits and the file stays a valid GGUF): the loader must name the tensor and the type. */
+Test(cli, unsupported_tensor_type_is_named)
+{
+    FILE *f = fopen(TD "tiny/tiny-llama-f16.gguf", "rb");
+    cr_assert(f);
+    size_t cap = 64u << 20;
+    unsigned char *buf = malloc(cap);
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    const char *name = "blk.1.attn_q.weight";
+    size_t nl = strlen(name);
+    unsigned char *hit = NULL;
+    for (size_t i = 8; i + nl + 40 < n && !hit; i++)
+        if (!memcmp(buf + i, name, nl) && buf[i - 8] == nl) hit = buf + i;
+    cr_assert(hit, "tensor name not found in the file");
+    uint32_t nd;
+    memcpy(&nd, hit + nl, 4);
+    cr_assert_eq(nd, 2u);
+    uint32_t ty;
+    memcpy(&ty, hit + nl + 4 + 16, 4);
+    cr_assert_eq(ty, 1u, "expected F16");
+    ty = 10; /* Q2_K */
+    memcpy(hit + nl + 4 + 16, &ty, 4);
+    char path[] = "/tmp/kvchat-q2k-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, buf, n), (ssize_t)n);
+    close(fd);
+    free(buf);
+    char args[256];
+    snprintf(args, sizeof args, "info -m %s", path);
+    expect_one_line_error(args, "blk.1.attn_q.weight has type Q2_K");
+    unlink(path);
+}
+
+Test(cli, prompt_longer_than_context)
+{
+    expect_one_line_error("generate -t 1 --ctx 64 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "prompts/p2.txt -n 4",
+                          "longer than the context");
+}
+
+Test(cli, invalid_utf8_prompt_file)
+{
+    char path[] = "/tmp/kvchat-bad-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    const char bad[] = "hello \xc3\x28 world\n";
+    cr_assert_eq(write(fd, bad, sizeof bad - 1), (ssize_t)(sizeof bad - 1));
+    close(fd);
+    char args[256];
+    snprintf(args, sizeof args, "generate -t 1 -m " TD "tiny/tiny-llama-f16.gguf -f %s -n 2", path);
+    expect_one_line_error(args, "invalid UTF-8 at byte 6");
+    unlink(path);
+}
+
+Test(cli, binary_prompt_file)
+{
+    expect_one_line_error("generate -t 1 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "tiny/ref/tiny-llama-f16.p1.last_logits.f32 -n 2",
+                          "binary");
+}
+
+Test(cli, generate_streams_and_reports_speed)
+{
+    static char out[1 << 16], errb[1 << 16];
+    int st = run("generate -t 1 --temp 0 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -p 'Hello there' -n 8", out, sizeof out,
+                 errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "prompt ") && strstr(errb, "prefill") && strstr(errb, "decode") && strstr(errb, "peak RSS"),
+              "missing figures line: %s", errb);
+}
