@@ -51,6 +51,7 @@ typedef struct mm_job {
     const void *act[MAX_MM];     /* activation rows for each product */
     size_t act_row[MAX_MM];      /* bytes per activation row */
     vd_dot_fn dot[MAX_MM];
+    vd_dot_multi_fn multi[MAX_MM];
     int64_t n_tok;
     int64_t rows_per_task;
     int64_t first_task[MAX_MM + 1];
@@ -81,6 +82,8 @@ static void mm_task(void *ctx, int64_t task, int thread)
     int64_t r1 = r0 + j->rows_per_task;
     if (r1 > w->n_out) r1 = w->n_out;
     vd_dot_fn dot = j->dot[m];
+    vd_dot_multi_fn multi = j->n_tok > 1 ? j->multi[m] : NULL;
+    int mt = vd_multi_max();
     const char *act = j->act[m];
     size_t arow = j->act_row[m];
     /* Token blocks keep a slice of activations hot in L2 while a few weight rows stay in L1. */
@@ -89,7 +92,13 @@ static void mm_task(void *ctx, int64_t task, int thread)
         int64_t t1 = t0 + TB < j->n_tok ? t0 + TB : j->n_tok;
         for (int64_t r = r0; r < r1; r++) {
             const void *wr = (const char *)w->data + (size_t)r * w->row_bytes;
-            for (int64_t t = t0; t < t1; t++)
+            int64_t t = t0;
+            if (multi)
+                for (; t < t1; t += mt) {
+                    int nt = (int)(t1 - t < mt ? t1 - t : mt);
+                    multi(w->n_in, &y[t * w->n_out + r], (size_t)w->n_out, wr, act + (size_t)t * arow, arow, nt);
+                }
+            for (; t < t1; t++)
                 dot(w->n_in, &y[t * w->n_out + r], wr, act + (size_t)t * arow);
         }
     }
@@ -124,6 +133,7 @@ static void cpu_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x
         j.act[m] = ci->act_buf[s];
         j.act_row[m] = row;
         j.dot[m] = vd_get_dot(wt);
+        j.multi[m] = vd_get_dot_multi(wt);
     }
     /* Enough tasks for load balance, few enough that scheduling is noise. */
     int64_t total_rows = 0;
@@ -141,35 +151,75 @@ static void cpu_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x
 
 /* ---------------------------------------------------------------- element-wise ops */
 
-static void cpu_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim,
-                        float eps)
+/* Element-wise ops on a batch split their rows over the pool; a single row runs inline. */
+typedef struct rows_job {
+    int64_t rows, per;
+    void (*fn)(struct rows_job *j, int64_t r0, int64_t r1);
+    const float *x, *w;
+    float *y;
+    const float *up;
+    int64_t dim;
+    float eps;
+    int flag;
+    /* rope */
+    const int32_t *pos;
+    int n_heads, head_dim;
+    float base, scale;
+} rows_job;
+
+static void rows_task(void *ctx, int64_t t, int thread)
 {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * dim;
-        float *yr = y + r * dim;
+    rows_job *j = ctx;
+    int64_t r0 = t * j->per, r1 = r0 + j->per < j->rows ? r0 + j->per : j->rows;
+    j->fn(j, r0, r1);
+}
+
+static void run_rows(be_backend *b, rows_job *j)
+{
+    int64_t tasks = j->rows >= 16 ? 4 * (int64_t)b->n_threads : 1;
+    j->per = (j->rows + tasks - 1) / tasks;
+    if (tasks == 1) {
+        j->fn(j, 0, j->rows);
+        return;
+    }
+    tp_run(impl_of(b)->pool, rows_task, j, (j->rows + j->per - 1) / j->per);
+}
+
+static void rmsnorm_rows(rows_job *j, int64_t r0, int64_t r1)
+{
+    int64_t dim = j->dim;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = j->x + r * dim;
+        float *yr = j->y + r * dim;
         double ss = 0;  /* accumulated in double, as the reference implementation does */
         for (int64_t i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
-        float scale = 1.0f / sqrtf((float)(ss / (double)dim) + eps);
-        for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * w[i];
+        float scale = 1.0f / sqrtf((float)(ss / (double)dim) + j->eps);
+        for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * j->w[i];
     }
 }
 
-static void cpu_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
-                     float freq_base, float freq_scale, int neox)
+static void cpu_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim,
+                        float eps)
 {
-    int half = head_dim / 2;
+    rows_job j = { .rows = rows, .fn = rmsnorm_rows, .x = x, .w = w, .y = y, .dim = dim, .eps = eps };
+    run_rows(b, &j);
+}
+
+static void rope_rows(rows_job *j, int64_t t0, int64_t t1)
+{
+    int head_dim = j->head_dim, half = head_dim / 2, neox = j->flag;
     float cs[1024], sn[1024];
     /* theta_i = p * base^(-2i/d), built as a running product like the reference implementation. */
-    float theta_scale = powf(freq_base, -2.0f / (float)head_dim);
-    for (int64_t t = 0; t < n_tok; t++) {
-        float theta = (float)pos[t] * freq_scale;
+    float theta_scale = powf(j->base, -2.0f / (float)head_dim);
+    for (int64_t t = t0; t < t1; t++) {
+        float theta = (float)j->pos[t] * j->scale;
         for (int i = 0; i < half; i++) {
             cs[i] = cosf(theta);
             sn[i] = sinf(theta);
             theta *= theta_scale;
         }
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + (t * n_heads + h) * (int64_t)head_dim;
+        for (int h = 0; h < j->n_heads; h++) {
+            float *v = j->y + (t * j->n_heads + h) * (int64_t)head_dim;
             for (int i = 0; i < half; i++) {
                 int i0 = neox ? i : 2 * i;
                 int i1 = neox ? i + half : 2 * i + 1;
@@ -181,20 +231,25 @@ static void cpu_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int he
     }
 }
 
+static void cpu_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
+                     float freq_base, float freq_scale, int neox)
+{
+    rows_job j = { .rows = n_tok, .fn = rope_rows, .y = x, .flag = neox, .pos = pos, .n_heads = n_heads,
+                   .head_dim = head_dim, .base = freq_base, .scale = freq_scale };
+    run_rows(b, &j);
+}
+
+static void glu_rows(rows_job *j, int64_t r0, int64_t r1)
+{
+    vd_glu_f32((r1 - r0) * j->dim, j->y + r0 * j->dim, j->up + r0 * j->dim, j->flag);
+}
+
 static void cpu_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
 {
-    if (gelu) {
-        const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-        for (int64_t i = 0; i < n; i++) {
-            float g = gate[i];
-            gate[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * up[i];
-        }
-    } else {
-        for (int64_t i = 0; i < n; i++) {
-            float g = gate[i];
-            gate[i] = g / (1.0f + expf(-g)) * up[i];
-        }
-    }
+    /* split into rows of 1024 so a batch spreads over the threads */
+    int64_t dim = n % 1024 == 0 ? 1024 : n;
+    rows_job j = { .rows = n / dim, .fn = glu_rows, .y = gate, .up = up, .dim = dim, .flag = gelu };
+    run_rows(b, &j);
 }
 
 static void cpu_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale,
@@ -295,9 +350,12 @@ static void att_task(void *ctx, int64_t task, int thread)
                     for (int i = 0; i < D; i++) ac[i] *= corr;
                 }
                 m[r] = mx;
+                int64_t nk = a1 - a0;
+                for (int64_t k = 0; k < nk; k++) s[k] -= mx;
+                vd_exp_f32(nk, s, s);
                 float lsum = 0;
                 for (int64_t k = a0; k < a1; k++) {
-                    float p = expf(s[k - a0] - mx);
+                    float p = s[k - a0];
                     lsum += p;
                     vd_axpy_f32(D, p, a->v + k * kvstride + (int64_t)g * D, ac);
                 }

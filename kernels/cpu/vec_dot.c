@@ -13,7 +13,7 @@
 #include "quant.h"
 #include "vec_dot_impl.h"
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define VD_HAVE_AVX2_BUILD 1
 #include <cpuid.h>
 #else
@@ -430,6 +430,51 @@ vd_dot_fn vd_get_dot(uint32_t wtype)
     if (use_simd()) return get_dot_avx2(wtype);
 #endif
     return vd_get_dot_scalar(wtype);
+}
+
+vd_dot_multi_fn vd_get_dot_multi(uint32_t wtype)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) {
+        switch (wtype) {
+        case GGML_TYPE_Q8_0: return vd_dot_multi_q8_0_avx2;
+        case GGML_TYPE_Q4_0: return vd_dot_multi_q4_0_avx2;
+        case GGML_TYPE_Q5_0: return vd_dot_multi_q5_0_avx2;
+        default: return NULL;
+        }
+    }
+#endif
+    (void)wtype;
+    return NULL;
+}
+
+int vd_multi_max(void) { return VD_MULTI_TOK; }
+
+void vd_exp_f32(int64_t n, const float *x, float *y)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) { vd_exp_avx2(n, x, y); return; }
+#endif
+    for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+
+void vd_glu_f32(int64_t n, float *gate, const float *up, int gelu)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) { vd_glu_avx2(n, gate, up, gelu); return; }
+#endif
+    if (gelu) {
+        const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+        for (int64_t i = 0; i < n; i++) {
+            float g = gate[i];
+            gate[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * up[i];
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            float g = gate[i];
+            gate[i] = g / (1.0f + expf(-g)) * up[i];
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ f32 helpers */

@@ -23,6 +23,14 @@ typedef void (*vd_dot_fn)(int64_t n, float *s, const void *w_row, const void *ac
 vd_dot_fn vd_get_dot(uint32_t wtype);
 /* The portable scalar kernel (test oracle). */
 vd_dot_fn vd_get_dot_scalar(uint32_t wtype);
+/* Several activation rows against one weight row: s[t * s_stride] = dot(w_row, act + t * act_stride)
+ * for t < ntok (ntok <= vd_multi_max()). Decodes each weight block once for all tokens: prefill's
+ * kernel. NULL when the weight type has no such kernel on this CPU (then use vd_get_dot per token). */
+typedef void (*vd_dot_multi_fn)(int64_t n, float *s, size_t s_stride, const void *w_row, const void *act,
+                                size_t act_stride, int ntok);
+vd_dot_multi_fn vd_get_dot_multi(uint32_t wtype);
+int vd_multi_max(void);
+
 /* 1 when the AVX2+FMA+F16C kernels are in use; vd_force_scalar(1) turns them off (tests, --no-simd). */
 int vd_simd_active(void);
 void vd_force_scalar(int on);
@@ -31,5 +39,10 @@ void vd_force_scalar(int on);
 float vd_dot_f32(int64_t n, const float *a, const float *b);
 /* y += a * x */
 void vd_axpy_f32(int64_t n, float a, const float *x, float *y);
+
+/* y[i] = e^x[i] (AVX2 polynomial, ~1e-7 relative; libm in the portable build). x == y allowed. */
+void vd_exp_f32(int64_t n, const float *x, float *y);
+/* gate[i] = act(gate[i]) * up[i], act = GELU (tanh form) when gelu, else SiLU. */
+void vd_glu_f32(int64_t n, float *gate, const float *up, int gelu);
 
 #endif

@@ -6,7 +6,7 @@
  * vec_dot.c (the oracle); only the order of the f32 accumulation differs. */
 #include "vec_dot_impl.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
 
@@ -628,6 +628,152 @@ void vd_quantize_bf16_avx2(const float *x, void *dst, int64_t n)
 }
 
 #else
-/* Built without -mavx2 -mfma -mf16c (non-x86 target): vec_dot.c never references these. */
+/* Not x86-64: vec_dot.c references none of these there. (On x86-64 the Makefile always builds this
+ * file with -mavx2 -mfma -mf16c; without them the link fails loudly, which is intended.) */
 typedef int vd_avx2_unavailable;
 #endif
+
+/* ------------------------------------------------------------------ one weight row, several tokens */
+
+/* Prefill multiplies every weight row by many activation rows. For the 32-element formats the
+ * weight block is decoded once into signed int8 and reused for up to VD_MULTI_TOK tokens, so the
+ * unpacking (the expensive part of Q4_0/Q5_0) is amortized; each token then costs two sign ops,
+ * one maddubs and one madd per block, like Q8_0. */
+static inline __m256i dec_q8_0(const void *vw)
+{
+    return _mm256_loadu_si256((const __m256i *)((const vd_blk_q8_0 *)vw)->qs);
+}
+
+static inline __m256i dec_q4_0(const void *vw)
+{
+    return _mm256_sub_epi8(unpack_nibbles16(((const vd_blk_q4_0 *)vw)->qs), _mm256_set1_epi8(8));
+}
+
+static inline __m256i dec_q5_0(const void *vw)
+{
+    const vd_blk_q5_0 *w = vw;
+    __m256i q = _mm256_or_si256(unpack_nibbles16(w->qs),
+                                _mm256_and_si256(expand_bits32(w->qh), _mm256_set1_epi8(0x10)));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+}
+
+typedef __m256i (*dec_fn)(const void *w);
+
+static inline __attribute__((always_inline)) void multi_loop(int64_t n, float *s, size_t s_stride, const void *vw,
+                                                             size_t wsize, const void *va, size_t a_stride, int nt,
+                                                             dec_fn dec)
+{
+    const char *w = vw;
+    __m256 acc[VD_MULTI_TOK];
+    for (int t = 0; t < VD_MULTI_TOK; t++) acc[t] = _mm256_setzero_ps();
+    int64_t nb = n / 32;
+    for (int64_t i = 0; i < nb; i++, w += wsize) {
+        __m256i x = dec(w);
+        __m256i ax = _mm256_sign_epi8(x, x);
+        float dw = h2f(ld16(w));
+        const char *a = (const char *)va + (size_t)i * sizeof(vd_blk_q8_0);
+        for (int t = 0; t < nt; t++, a += a_stride) {
+            const vd_blk_q8_0 *ab = (const vd_blk_q8_0 *)a;
+            __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(y, x)), ones16());
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(ab->d)), _mm256_cvtepi32_ps(p), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) s[(size_t)t * s_stride] = hsum_ps(acc[t]);
+}
+
+void vd_dot_multi_q8_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt)
+{
+    multi_loop(n, s, s_stride, w, sizeof(vd_blk_q8_0), a, a_stride, nt, dec_q8_0);
+}
+
+void vd_dot_multi_q4_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt)
+{
+    multi_loop(n, s, s_stride, w, sizeof(vd_blk_q4_0), a, a_stride, nt, dec_q4_0);
+}
+
+void vd_dot_multi_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt)
+{
+    multi_loop(n, s, s_stride, w, sizeof(vd_blk_q5_0), a, a_stride, nt, dec_q5_0);
+}
+
+/* ------------------------------------------------------------------ element-wise math */
+
+/* e^x for 8 floats: range reduction x = k ln2 + r (|r| <= ln2/2, ln2 split in two parts for exactness),
+ * degree-6 polynomial for e^r (relative error ~1e-7), scaling by 2^k through the exponent bits.
+ * Results down through the subnormal range (2^k applied in two halves); inputs below -104 give 0,
+ * above 88.7 +inf; NaN stays NaN. */
+static inline __m256 exp256(__m256 x)
+{
+    const __m256 hi = _mm256_set1_ps(88.7228f), lo = _mm256_set1_ps(-104.0f);
+    __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^k in two steps so k = 128 (x near 88.7) does not overflow the exponent field */
+    __m256i ki = _mm256_cvtps_epi32(k);
+    __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, _mm256_set1_epi32(127)), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), over);
+    y = _mm256_andnot_ps(under, y);
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  /* NaN in, NaN out */
+}
+
+void vd_exp_avx2(int64_t n, const float *x, float *y)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp256(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float tx[8] = { 0 }, ty[8];
+        memcpy(tx, x + i, sizeof(float) * (size_t)(n - i));
+        _mm256_storeu_ps(ty, exp256(_mm256_loadu_ps(tx)));
+        memcpy(y + i, ty, sizeof(float) * (size_t)(n - i));
+    }
+}
+
+/* gate = gelu_tanh(gate) * up. 0.5 g (1 + tanh(u)) is rewritten as g / (1 + e^(-2u)): the same value
+ * without the cancellation of 1 + tanh(u) for negative u, and exact at both tails. */
+static inline __m256 gelu256(__m256 g)
+{
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                             _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), g), _mm256_mul_ps(g, g), g));
+    __m256 e = exp256(_mm256_mul_ps(u, _mm256_set1_ps(-2.0f)));
+    return _mm256_div_ps(g, _mm256_add_ps(e, _mm256_set1_ps(1.0f)));
+}
+
+static inline __m256 silu256(__m256 g)
+{
+    __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_div_ps(g, _mm256_add_ps(e, _mm256_set1_ps(1.0f)));
+}
+
+void vd_glu_avx2(int64_t n, float *gate, const float *up, int gelu)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 a = gelu ? gelu256(g) : silu256(g);
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(a, _mm256_loadu_ps(up + i)));
+    }
+    if (i < n) {
+        float tg[8] = { 0 }, tu[8] = { 0 };
+        memcpy(tg, gate + i, sizeof(float) * (size_t)(n - i));
+        memcpy(tu, up + i, sizeof(float) * (size_t)(n - i));
+        __m256 g = _mm256_loadu_ps(tg);
+        __m256 a = gelu ? gelu256(g) : silu256(g);
+        _mm256_storeu_ps(tg, _mm256_mul_ps(a, _mm256_loadu_ps(tu)));
+        memcpy(gate + i, tg, sizeof(float) * (size_t)(n - i));
+    }
+}

@@ -6,8 +6,12 @@
 #ifndef KVCHAT_VEC_DOT_IMPL_H
 #define KVCHAT_VEC_DOT_IMPL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+/* Tokens one call of a multi-token kernel handles at most. */
+#define VD_MULTI_TOK 4
 
 /* Weight blocks (model-facts.md section 3). fp16 fields are raw IEEE half bits. */
 typedef struct { uint16_t d; uint8_t qs[16]; } vd_blk_q4_0;
@@ -77,6 +81,13 @@ void vd_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_q4_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_q5_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_q6_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
+
+void vd_dot_multi_q8_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt);
+void vd_dot_multi_q4_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt);
+void vd_dot_multi_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt);
+
+void vd_exp_avx2(int64_t n, const float *x, float *y);
+void vd_glu_avx2(int64_t n, float *gate, const float *up, int gelu);
 
 float vd_dot_f32_avx2(int64_t n, const float *a, const float *b);
 void vd_axpy_f32_avx2(int64_t n, float a, const float *x, float *y);

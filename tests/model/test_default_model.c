@@ -70,25 +70,25 @@ static void greedy(const char *prompt, int n, char *out, size_t cap)
 
 TestSuite(default_model, .init = setup, .fini = teardown, .timeout = 600);
 
-Test(default_model, capital_of_france)
+Test(default_model, paris_is_the_capital_of_france)
 {
     char out[512];
-    greedy("The capital of France is", 8, out, sizeof out);
-    cr_expect(strstr(out, "Paris"), "got '%s'", out);
+    greedy("Paris is the capital of", 8, out, sizeof out);
+    cr_expect(!strncmp(out, " France", 7), "got '%s'", out);
 }
 
-Test(default_model, largest_planet)
+Test(default_model, chemical_symbol_of_gold)
 {
     char out[512];
-    greedy("The largest planet in our solar system is", 8, out, sizeof out);
-    cr_expect(strstr(out, "Jupiter"), "got '%s'", out);
+    greedy("The chemical symbol for gold is", 8, out, sizeof out);
+    cr_expect(!strncmp(out, " Au", 3), "got '%s'", out);
 }
 
 Test(default_model, water_molecule)
 {
     char out[512];
     greedy("A water molecule is made of two hydrogen atoms and one", 8, out, sizeof out);
-    cr_expect(strstr(out, "oxygen"), "got '%s'", out);
+    cr_expect(!strncmp(out, " oxygen", 7), "got '%s'", out);
 }
 
 /* Build a document of at least 4,000 tokens by repeating a ~850-token text, run `kvchat logits` on it,

@@ -1,0 +1,175 @@
+/* test_kernels.c - the CPU kernels added for speed against their plain references: multi-token dot
+ * products vs the one-token kernel, vectorized exp and GLU activations vs libm, and the backend's
+ * threaded ops vs single-threaded results. Random inputs, printed seed, NaN-filled outputs. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "quant.h"
+#include "vec_dot.h"
+
+static uint64_t rng_state;
+static uint64_t seed_rng(const char *what)
+{
+    const char *env = getenv("KERNELS_SEED");
+    rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) * 2654435761u;
+    cr_log_info("%s: seed %llu (KERNELS_SEED to replay)", what, (unsigned long long)rng_state);
+    return rng_state;
+}
+static uint32_t rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
+
+/* Random valid blocks: random bytes with the leading fp16 scale set to a sane value. */
+static void random_row(uint32_t type, int64_t n, uint8_t *dst)
+{
+    int64_t blck, bs;
+    cr_assert(quant_block_geometry(type, &blck, &bs) == 0);
+    for (int64_t b = 0; b < n / blck; b++) {
+        uint8_t *p = dst + b * bs;
+        for (int64_t i = 0; i < bs; i++) p[i] = (uint8_t)rnd();
+        uint16_t d = quant_f32_to_fp16(frand(1e-3f, 2e-2f));
+        memcpy(p, &d, 2);
+    }
+}
+
+Test(kernels, multi_token_dot_equals_one_token_dot)
+{
+    seed_rng("multi_token_dot_equals_one_token_dot");
+    const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0 };
+    const int64_t lens[] = { 32, 96, 640, 2048 };
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        vd_dot_multi_fn multi = vd_get_dot_multi(types[ti]);
+        if (!multi) continue;  /* no SIMD on this CPU */
+        vd_dot_fn dot = vd_get_dot(types[ti]);
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            int64_t n = lens[li];
+            uint8_t *w = malloc(quant_row_size(types[ti], n));
+            random_row(types[ti], n, w);
+            size_t arow = vd_act_row_size(types[ti], n);
+            int mt = vd_multi_max();
+            uint8_t *act = malloc(arow * (size_t)mt);
+            float *x = malloc(sizeof(float) * (size_t)n);
+            for (int t = 0; t < mt; t++) {
+                for (int64_t i = 0; i < n; i++) x[i] = frand(-3, 3);
+                vd_quantize_act(types[ti], x, act + (size_t)t * arow, n);
+            }
+            for (int nt = 1; nt <= mt; nt++) {
+                float out[16];
+                for (int i = 0; i < 16; i++) out[i] = NAN;
+                multi(n, out, 3, w, act, arow, nt);  /* stride 3: outputs interleave */
+                for (int t = 0; t < nt; t++) {
+                    float ref;
+                    dot(n, &ref, w, act + (size_t)t * arow);
+                    /* same integer products, different float summation order */
+                    cr_expect(fabsf(out[3 * t] - ref) <= 1e-5f * (1 + fabsf(ref)) * (float)(n / 32),
+                              "%s n=%lld nt=%d t=%d: %g vs %g", quant_type_name(types[ti]), (long long)n, nt, t,
+                              out[3 * t], ref);
+                }
+                for (int t = nt; t < 5; t++) cr_expect(isnan(out[3 * t]), "wrote past ntok");
+            }
+            free(w);
+            free(act);
+            free(x);
+        }
+    }
+}
+
+Test(kernels, vector_exp_matches_libm)
+{
+    seed_rng("vector_exp_matches_libm");
+    enum { N = 10007 };
+    static float x[N], y[N];
+    for (int i = 0; i < N; i++) x[i] = frand(-100, 100);
+    x[0] = -INFINITY;
+    x[1] = 0;
+    x[2] = 88.7f;
+    x[3] = -87.0f;
+    x[4] = 89.0f;
+    for (int i = 0; i < N; i++) y[i] = NAN;
+    vd_exp_f32(N, x, y);
+    for (int i = 0; i < N; i++) {
+        float r = expf(x[i]);
+        if (isinf(r) || r == 0) {
+            cr_expect(y[i] == r || (r == 0 && y[i] < 1e-37f), "exp(%g) = %g, want %g", x[i], y[i], r);
+            continue;
+        }
+        cr_expect(fabsf(y[i] - r) <= 4e-7f * r + 1e-38f, "exp(%g) = %.9g, want %.9g", x[i], y[i], r);
+    }
+    float nanin = NAN, nanout = 0;
+    vd_exp_f32(1, &nanin, &nanout);
+    cr_expect(isnan(nanout));
+}
+
+Test(kernels, vector_glu_matches_formula)
+{
+    seed_rng("vector_glu_matches_formula");
+    enum { N = 4099 };
+    static float g[N], u[N], g2[N];
+    for (int gelu = 0; gelu <= 1; gelu++) {
+        for (int i = 0; i < N; i++) {
+            g[i] = frand(-12, 12);
+            u[i] = frand(-2, 2);
+            g2[i] = g[i];
+        }
+        vd_glu_f32(N, g2, u, gelu);
+        for (int i = 0; i < N; i++) {
+            double x = g[i];
+            double a = gelu ? 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) : x / (1 + exp(-x));
+            double r = a * u[i];
+            cr_expect(fabs(g2[i] - r) <= 2e-6 * (fabs(r) + fabs(u[i]) * 1e-3) + 1e-30, "%s(%g)*%g = %.9g, want %.9g",
+                      gelu ? "gelu" : "silu", g[i], u[i], g2[i], r);
+        }
+    }
+}
+
+/* The threaded element-wise ops and matmul give the same bits as one thread (rows never split). */
+Test(kernels, threaded_ops_equal_single_thread)
+{
+    seed_rng("threaded_ops_equal_single_thread");
+    char err[256];
+    be_backend *b1 = be_cpu_create(1, err, sizeof err), *b2 = be_cpu_create(2, err, sizeof err);
+    cr_assert(b1 && b2, "%s", err);
+    enum { ROWS = 37, DIM = 256 };
+    static float x[ROWS * DIM], w[DIM], y1[ROWS * DIM], y2[ROWS * DIM];
+    for (int i = 0; i < ROWS * DIM; i++) x[i] = frand(-2, 2);
+    for (int i = 0; i < DIM; i++) w[i] = frand(0.5f, 1.5f);
+    b1->ops->rmsnorm(b1, x, w, y1, ROWS, DIM, 1e-6f);
+    b2->ops->rmsnorm(b2, x, w, y2, ROWS, DIM, 1e-6f);
+    cr_expect(!memcmp(y1, y2, sizeof y1));
+    int32_t pos[ROWS];
+    for (int i = 0; i < ROWS; i++) pos[i] = (int32_t)(rnd() % 5000);
+    memcpy(y1, x, sizeof x);
+    memcpy(y2, x, sizeof x);
+    b1->ops->rope(b1, y1, ROWS, 4, 64, pos, 10000.0f, 1.0f, 1);
+    b2->ops->rope(b2, y2, ROWS, 4, 64, pos, 10000.0f, 1.0f, 1);
+    cr_expect(!memcmp(y1, y2, sizeof y1));
+    /* matmul of a Q5_0 weight by a batch: 2 threads, multi-token kernel vs 1 thread */
+    enum { NOUT = 96 };
+    uint8_t *wq = malloc(quant_row_size(GGML_TYPE_Q5_0, DIM) * NOUT);
+    for (int r = 0; r < NOUT; r++) random_row(GGML_TYPE_Q5_0, DIM, wq + r * quant_row_size(GGML_TYPE_Q5_0, DIM));
+    be_weight bw = { wq, GGML_TYPE_Q5_0, DIM, NOUT, quant_row_size(GGML_TYPE_Q5_0, DIM) };
+    static float o1[ROWS * NOUT], o2[ROWS * NOUT];
+    be_mm m1 = { &bw, o1 }, m2 = { &bw, o2 };
+    b1->ops->matmul(b1, &m1, 1, x, ROWS);
+    b2->ops->matmul(b2, &m2, 1, x, ROWS);
+    cr_expect(!memcmp(o1, o2, sizeof o1));
+    /* and each row equals the one-token product */
+    for (int t = 0; t < ROWS; t += 9) {
+        float o[NOUT];
+        be_mm m = { &bw, o };
+        b1->ops->matmul(b1, &m, 1, x + t * DIM, 1);
+        for (int r = 0; r < NOUT; r++)
+            cr_expect(fabsf(o[r] - o1[t * NOUT + r]) <= 1e-5f * (1 + fabsf(o[r])), "row %d out %d", t, r);
+    }
+    free(wq);
+    be_free(b1);
+    be_free(b2);
+}
