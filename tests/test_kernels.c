@@ -82,6 +82,43 @@ Test(kernels, multi_token_dot_equals_one_token_dot)
     }
 }
 
+Test(kernels, two_row_multi_token_dot_equals_one_token_dot)
+{
+    seed_rng("two_row_multi_token_dot_equals_one_token_dot");
+    const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0 };
+    const int64_t n = 640;
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        vd_dot_multi2_fn multi2 = vd_get_dot_multi2(types[ti]);
+        if (!multi2) continue;
+        vd_dot_fn dot = vd_get_dot(types[ti]);
+        size_t wrow = quant_row_size(types[ti], n), arow = vd_act_row_size(types[ti], n);
+        int mt = vd_multi_max();
+        uint8_t *w = malloc(2 * wrow), *act = malloc(arow * (size_t)mt);
+        random_row(types[ti], n, w);
+        random_row(types[ti], n, w + wrow);
+        float x[640];
+        for (int t = 0; t < mt; t++) {
+            for (int64_t i = 0; i < n; i++) x[i] = frand(-3, 3);
+            vd_quantize_act(types[ti], x, act + (size_t)t * arow, n);
+        }
+        for (int nt = 1; nt <= mt; nt++) {
+            float out[32];
+            for (int i = 0; i < 32; i++) out[i] = NAN;
+            multi2(n, out, 5, w, wrow, act, arow, nt);
+            for (int t = 0; t < nt; t++)
+                for (int r = 0; r < 2; r++) {
+                    float ref;
+                    dot(n, &ref, w + r * wrow, act + (size_t)t * arow);
+                    cr_expect(fabsf(out[5 * t + r] - ref) <= 1e-5f * (1 + fabsf(ref)) * (float)(n / 32),
+                              "%s nt=%d t=%d row %d: %g vs %g", quant_type_name(types[ti]), nt, t, r, out[5 * t + r], ref);
+                }
+            for (int t = nt; t < 6; t++) cr_expect(isnan(out[5 * t]) && isnan(out[5 * t + 1]), "wrote past ntok");
+        }
+        free(w);
+        free(act);
+    }
+}
+
 Test(kernels, vector_exp_matches_libm)
 {
     seed_rng("vector_exp_matches_libm");

@@ -52,6 +52,7 @@ typedef struct mm_job {
     size_t act_row[MAX_MM];      /* bytes per activation row */
     vd_dot_fn dot[MAX_MM];
     vd_dot_multi_fn multi[MAX_MM];
+    vd_dot_multi2_fn multi2[MAX_MM];
     int64_t n_tok;
     int64_t rows_per_task;
     int64_t first_task[MAX_MM + 1];
@@ -83,6 +84,7 @@ static void mm_task(void *ctx, int64_t task, int thread)
     if (r1 > w->n_out) r1 = w->n_out;
     vd_dot_fn dot = j->dot[m];
     vd_dot_multi_fn multi = j->n_tok > 1 ? j->multi[m] : NULL;
+    vd_dot_multi2_fn multi2 = j->n_tok > 1 ? j->multi2[m] : NULL;
     int mt = vd_multi_max();
     const char *act = j->act[m];
     size_t arow = j->act_row[m];
@@ -90,7 +92,17 @@ static void mm_task(void *ctx, int64_t task, int thread)
     const int64_t TB = 64;
     for (int64_t t0 = 0; t0 < j->n_tok; t0 += TB) {
         int64_t t1 = t0 + TB < j->n_tok ? t0 + TB : j->n_tok;
-        for (int64_t r = r0; r < r1; r++) {
+        int64_t r = r0;
+        if (multi2)
+            for (; r + 2 <= r1; r += 2) {
+                const void *wr = (const char *)w->data + (size_t)r * w->row_bytes;
+                for (int64_t t = t0; t < t1; t += mt) {
+                    int nt = (int)(t1 - t < mt ? t1 - t : mt);
+                    multi2(w->n_in, &y[t * w->n_out + r], (size_t)w->n_out, wr, w->row_bytes, act + (size_t)t * arow,
+                           arow, nt);
+                }
+            }
+        for (; r < r1; r++) {
             const void *wr = (const char *)w->data + (size_t)r * w->row_bytes;
             int64_t t = t0;
             if (multi)
@@ -134,6 +146,7 @@ static void cpu_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x
         j.act_row[m] = row;
         j.dot[m] = vd_get_dot(wt);
         j.multi[m] = vd_get_dot_multi(wt);
+        j.multi2[m] = vd_get_dot_multi2(wt);
     }
     /* Enough tasks for load balance, few enough that scheduling is noise. */
     int64_t total_rows = 0;

@@ -29,6 +29,11 @@ vd_dot_fn vd_get_dot_scalar(uint32_t wtype);
 typedef void (*vd_dot_multi_fn)(int64_t n, float *s, size_t s_stride, const void *w_row, const void *act,
                                 size_t act_stride, int ntok);
 vd_dot_multi_fn vd_get_dot_multi(uint32_t wtype);
+/* Two consecutive weight rows (the second w_stride bytes after the first) against up to
+ * vd_multi_max() activation rows: s[t * s_stride + r] for row r = 0, 1. NULL when unavailable. */
+typedef void (*vd_dot_multi2_fn)(int64_t n, float *s, size_t s_stride, const void *w_row, size_t w_stride,
+                                 const void *act, size_t act_stride, int ntok);
+vd_dot_multi2_fn vd_get_dot_multi2(uint32_t wtype);
 int vd_multi_max(void);
 
 /* 1 when the AVX2+FMA+F16C kernels are in use; vd_force_scalar(1) turns them off (tests, --no-simd). */

@@ -777,3 +777,52 @@ void vd_glu_avx2(int64_t n, float *gate, const float *up, int gelu)
         memcpy(gate + i, tg, sizeof(float) * (size_t)(n - i));
     }
 }
+
+/* Two weight rows at once: each activation block is loaded and its scale converted once for both
+ * rows. s[t * s_stride] receives row 0 and s[t * s_stride + 1] row 1. */
+static inline __attribute__((always_inline)) void multi2_loop(int64_t n, float *s, size_t s_stride, const void *vw,
+                                                              size_t w_stride, size_t wsize, const void *va,
+                                                              size_t a_stride, int nt, dec_fn dec)
+{
+    const char *w0 = vw, *w1 = (const char *)vw + w_stride;
+    __m256 acc0[VD_MULTI_TOK], acc1[VD_MULTI_TOK];
+    for (int t = 0; t < VD_MULTI_TOK; t++) acc0[t] = acc1[t] = _mm256_setzero_ps();
+    int64_t nb = n / 32;
+    for (int64_t i = 0; i < nb; i++, w0 += wsize, w1 += wsize) {
+        __m256i x0 = dec(w0), x1 = dec(w1);
+        __m256i ax0 = _mm256_sign_epi8(x0, x0), ax1 = _mm256_sign_epi8(x1, x1);
+        float d0 = h2f(ld16(w0)), d1 = h2f(ld16(w1));
+        const char *a = (const char *)va + (size_t)i * sizeof(vd_blk_q8_0);
+        for (int t = 0; t < nt; t++, a += a_stride) {
+            const vd_blk_q8_0 *ab = (const vd_blk_q8_0 *)a;
+            __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
+            float da = h2f(ab->d);
+            __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax0, _mm256_sign_epi8(y, x0)), ones16());
+            __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax1, _mm256_sign_epi8(y, x1)), ones16());
+            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * da), _mm256_cvtepi32_ps(p0), acc0[t]);
+            acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * da), _mm256_cvtepi32_ps(p1), acc1[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        s[(size_t)t * s_stride] = hsum_ps(acc0[t]);
+        s[(size_t)t * s_stride + 1] = hsum_ps(acc1[t]);
+    }
+}
+
+void vd_dot_multi2_q8_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
+                             size_t a_stride, int nt)
+{
+    multi2_loop(n, s, s_stride, w, w_stride, sizeof(vd_blk_q8_0), a, a_stride, nt, dec_q8_0);
+}
+
+void vd_dot_multi2_q4_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
+                             size_t a_stride, int nt)
+{
+    multi2_loop(n, s, s_stride, w, w_stride, sizeof(vd_blk_q4_0), a, a_stride, nt, dec_q4_0);
+}
+
+void vd_dot_multi2_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
+                             size_t a_stride, int nt)
+{
+    multi2_loop(n, s, s_stride, w, w_stride, sizeof(vd_blk_q5_0), a, a_stride, nt, dec_q5_0);
+}

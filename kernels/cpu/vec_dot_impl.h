@@ -86,6 +86,13 @@ void vd_dot_multi_q8_0_avx2(int64_t n, float *s, size_t s_stride, const void *w,
 void vd_dot_multi_q4_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt);
 void vd_dot_multi_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt);
 
+void vd_dot_multi2_q8_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
+                             size_t a_stride, int nt);
+void vd_dot_multi2_q4_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
+                             size_t a_stride, int nt);
+void vd_dot_multi2_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
+                             size_t a_stride, int nt);
+
 void vd_exp_avx2(int64_t n, const float *x, float *y);
 void vd_glu_avx2(int64_t n, float *gate, const float *up, int gelu);
 
