@@ -67,6 +67,11 @@ int cmd_generate(int argc, char **argv)
         }
         text = strdup(prompt);
     }
+    if (tlen == 0) {
+        cli_err("generate: the prompt is empty");
+        free(text);
+        return 1;
+    }
     cli_runtime rt;
     if (cli_open(&rt, &o, 1) != 0) {
         free(text);

@@ -145,13 +145,13 @@ static int skip_value(cursor *c, enum gguf_vtype t, int depth, const char *key)
         if (et == GGUF_VT_STRING || et == GGUF_VT_ARRAY) {
             /* each element needs at least 8 bytes (its length or header) */
             if (n > remain(c) / 8)
-                return cfail(c, "corrupt: key '%s' array of %llu elements exceeds the file", key, (unsigned long long)n);
+                return cfail(c, "truncated or corrupt: key '%s' array of %llu elements exceeds the file", key, (unsigned long long)n);
             for (uint64_t i = 0; i < n; i++)
                 if (skip_value(c, (enum gguf_vtype)et, depth + 1, key)) return -1;
             return 0;
         }
         if (n > remain(c) / vt_size[et])
-            return cfail(c, "corrupt: key '%s' array of %llu elements exceeds the file", key, (unsigned long long)n);
+            return cfail(c, "truncated or corrupt: key '%s' array of %llu elements exceeds the file", key, (unsigned long long)n);
         const uint8_t *b = NULL;
         take(c, n * vt_size[et], &b, "array");
         if (et == GGUF_VT_BOOL)
@@ -178,8 +178,8 @@ static int parse(gguf_file *f, cursor *c)
     uint64_t nt, nkv;
     if (rd_u64(c, &nt, "tensor count") || rd_u64(c, &nkv, "metadata count")) return -1;
     /* A key/value record takes at least 8+4+1 bytes; a tensor record at least 8+4+8+4+8. */
-    if (nkv > remain(c) / 13) return cfail(c, "corrupt: %llu metadata entries cannot fit in the file", (unsigned long long)nkv);
-    if (nt > remain(c) / 32) return cfail(c, "corrupt: %llu tensors cannot fit in the file", (unsigned long long)nt);
+    if (nkv > remain(c) / 13) return cfail(c, "truncated or corrupt: %llu metadata entries cannot fit in the file", (unsigned long long)nkv);
+    if (nt > remain(c) / 32) return cfail(c, "truncated or corrupt: %llu tensors cannot fit in the file", (unsigned long long)nt);
     f->n_kv = (int64_t)nkv;
     f->n_tensors = (int64_t)nt;
     f->kv = calloc(nkv ? nkv : 1, sizeof *f->kv);

@@ -200,6 +200,30 @@ Test(cli, invalid_utf8_prompt_file)
     unlink(path);
 }
 
+Test(cli, empty_prompt)
+{
+    expect_one_line_error("generate -t 1 -m " TD "tiny/tiny-llama-f16.gguf -p '' -n 2", "the prompt is empty");
+}
+
+Test(cli, truncated_model_file)
+{
+    /* the first 2 MB of a 36 MB model: the tensor table is whole, the data is not */
+    char path[] = "/tmp/kvchat-trunc-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fopen(TD "tiny/tiny-llama-f16.gguf", "rb");
+    cr_assert(f);
+    static unsigned char buf[2 << 20];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    cr_assert_eq(write(fd, buf, n), (ssize_t)n);
+    close(fd);
+    char args[256];
+    snprintf(args, sizeof args, "info -m %s", path);
+    expect_one_line_error(args, "extends past the end of the file");
+    unlink(path);
+}
+
 Test(cli, binary_prompt_file)
 {
     expect_one_line_error("generate -t 1 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "tiny/ref/tiny-llama-f16.p1.last_logits.f32 -n 2",
