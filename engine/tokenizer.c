@@ -18,6 +18,7 @@ struct tok_vocab {
     char **piece;              /* NUL-terminated copies */
     uint32_t *piece_len;
     uint8_t *type;
+    float *score;
     int32_t bos, eos, unk, eot;
     int add_bos, add_space_prefix;
     spm_proc *spm;
@@ -97,6 +98,43 @@ static size_t varint_len(uint64_t v)
 }
 
 /* ---------------------------------------------------------------- construction */
+
+/* The SentencePiece ModelProto equivalent to the GGUF vocabulary:
+ * 1 pieces {1 piece, 2 score, 3 type}, 2 trainer_spec, 3 normalizer_spec. */
+static int build_proto(const tok_vocab *v, pbuf *pb)
+{
+    int n_byte = 0;
+    for (int32_t i = 0; i < v->n; i++) {
+        size_t body = 1 + varint_len(v->piece_len[i]) + v->piece_len[i] + 5 + 2;
+        pb_key(pb, 1, 2);
+        pb_varint(pb, body);
+        pb_bytes(pb, 1, v->piece[i], v->piece_len[i]);
+        pb_float(pb, 2, v->score[i]);
+        pb_int(pb, 3, v->type[i]);
+        n_byte += v->type[i] == TOK_BYTE;
+    }
+    pbuf ts = { 0 };
+    pb_int(&ts, 3, 2);  /* model_type = BPE: merge by score, as the reference tokenizer does */
+    pb_int(&ts, 4, v->n);
+    pb_int(&ts, 35, n_byte >= 256);  /* byte_fallback */
+    pb_int(&ts, 40, v->unk);
+    pb_int(&ts, 41, v->bos);
+    pb_int(&ts, 42, v->eos);
+    pb_int(&ts, 43, -1);
+    pbuf ns_ = { 0 };
+    pb_bytes(&ns_, 1, "identity", 8);
+    pb_int(&ns_, 3, v->add_space_prefix);
+    pb_int(&ns_, 4, 0);  /* remove_extra_whitespaces defaults to true: must be written */
+    pb_int(&ns_, 5, 1);
+    int oom = ts.oom || ns_.oom;
+    if (!oom) {
+        pb_bytes(pb, 2, ts.p, ts.n);
+        pb_bytes(pb, 3, ns_.p, ns_.n);
+    }
+    free(ts.p);
+    free(ns_.p);
+    return oom || pb->oom ? -1 : 0;
+}
 
 static int fail(char *err, size_t errlen, const char *msg)
 {
@@ -205,8 +243,9 @@ int tok_create(tok_vocab **out, const gguf_file *f, const char *spm_model_path, 
     v->piece = calloc(n, sizeof *v->piece);
     v->piece_len = calloc(n, sizeof *v->piece_len);
     v->type = calloc(n, 1);
+    v->score = calloc(n, sizeof *v->score);
     pbuf pb = { 0 };
-    if (!v->piece || !v->piece_len || !v->type) goto oom;
+    if (!v->piece || !v->piece_len || !v->type || !v->score) goto oom;
     if (read_id(f, "tokenizer.ggml.bos_token_id", 1, v->n, &v->bos) ||
         read_id(f, "tokenizer.ggml.eos_token_id", 2, v->n, &v->eos) ||
         read_id(f, "tokenizer.ggml.unknown_token_id", 0, v->n, &v->unk) ||
@@ -217,7 +256,6 @@ int tok_create(tok_vocab **out, const gguf_file *f, const char *spm_model_path, 
     int b;
     v->add_bos = gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b) == 0 ? b : 1;
     v->add_space_prefix = gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", &b) == 0 ? b : 1;
-    int n_byte = 0;
     for (uint64_t i = 0; i < n; i++) {
         gguf_str s;
         int64_t t;
@@ -236,7 +274,7 @@ int tok_create(tok_vocab **out, const gguf_file *f, const char *spm_model_path, 
         v->piece[i][s.len] = 0;
         v->piece_len[i] = (uint32_t)s.len;
         v->type[i] = (t >= 1 && t <= 6) ? (uint8_t)t : TOK_NORMAL;
-        if (v->type[i] == TOK_BYTE) n_byte++;
+        memcpy(&v->score[i], (const uint8_t *)sdata + i * 4, 4);
     }
     if (v->unk >= 0) v->type[v->unk] = TOK_UNKNOWN;  /* SentencePiece requires an UNKNOWN piece */
     if (v->eot < 0) {
@@ -256,41 +294,7 @@ int tok_create(tok_vocab **out, const gguf_file *f, const char *spm_model_path, 
             return -1;
         }
     } else {
-        /* ModelProto: 1 pieces {1 piece, 2 score, 3 type}, 2 trainer_spec, 3 normalizer_spec. */
-        const uint8_t *scores = sdata;
-        for (int32_t i = 0; i < v->n; i++) {
-            float sc;
-            memcpy(&sc, scores + (size_t)i * 4, 4);
-            size_t body = 1 + varint_len(v->piece_len[i]) + v->piece_len[i] + 5 + 2;
-            pb_key(&pb, 1, 2);
-            pb_varint(&pb, body);
-            pb_bytes(&pb, 1, v->piece[i], v->piece_len[i]);
-            pb_float(&pb, 2, sc);
-            pb_int(&pb, 3, v->type[i]);
-        }
-        pbuf ts = { 0 };
-        pb_int(&ts, 3, 2);  /* model_type = BPE */
-        pb_int(&ts, 4, v->n);
-        pb_int(&ts, 35, n_byte >= 256);  /* byte_fallback */
-        pb_int(&ts, 40, v->unk);
-        pb_int(&ts, 41, v->bos);
-        pb_int(&ts, 42, v->eos);
-        pb_int(&ts, 43, -1);
-        pbuf ns_ = { 0 };
-        pb_bytes(&ns_, 1, "identity", 8);
-        pb_int(&ns_, 3, v->add_space_prefix);
-        pb_int(&ns_, 4, 0);  /* remove_extra_whitespaces defaults to true: must be written */
-        pb_int(&ns_, 5, 1);
-        if (ts.oom || ns_.oom) {
-            free(ts.p);
-            free(ns_.p);
-            goto oom;
-        }
-        pb_bytes(&pb, 2, ts.p, ts.n);
-        pb_bytes(&pb, 3, ns_.p, ns_.n);
-        free(ts.p);
-        free(ns_.p);
-        if (pb.oom) goto oom;
+        if (build_proto(v, &pb) != 0) goto oom;
         v->spm = spm_load_proto(pb.p, pb.n, err, errlen);
         free(pb.p);
         pb.p = NULL;
@@ -317,10 +321,29 @@ void tok_free(tok_vocab *v)
     free(v->piece);
     free(v->piece_len);
     free(v->type);
+    free(v->score);
     free(v->sp_ids);
     free(v->sp_ids_all);
     spm_free(v->spm);
     free(v);
+}
+
+int tok_export_model(const tok_vocab *v, const char *path, char *err, size_t errlen)
+{
+    pbuf pb = { 0 };
+    if (build_proto(v, &pb) != 0) {
+        free(pb.p);
+        return fail(err, errlen, "out of memory");
+    }
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(pb.p, 1, pb.n, f) == pb.n;
+    if (f && fclose(f) != 0) ok = 0;
+    free(pb.p);
+    if (!ok) {
+        snprintf(err, errlen, "%s: cannot write the tokenizer model", path);
+        return -1;
+    }
+    return 0;
 }
 
 int32_t tok_n_vocab(const tok_vocab *v) { return v->n; }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gguf.h"
 #include "tokenizer.h"
@@ -224,6 +225,42 @@ Test(tokenizer, streaming_decode_never_splits_a_character)
     cr_expect_eq(tok_stream_feed(&st, bad[2], chunk, sizeof chunk), 0u, "held back until complete");
     w = tok_stream_flush(&st, chunk, sizeof chunk);
     cr_expect(w == 3 && !memcmp(chunk, "\xef\xbf\xbd", 3));
+    close_vocab(x);
+}
+
+/* A .model file given with --tokenizer replaces the GGUF vocabulary for encoding: exporting the
+ * GGUF's own vocabulary and loading it back must tokenize identically. */
+Test(tokenizer, exported_model_file_tokenizes_identically)
+{
+    vocab_fixture x = open_vocab(TD "tiny/tiny-llama-f16.gguf");
+    char path[] = "/tmp/kvchat-spm-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    char err[512];
+    cr_assert(tok_export_model(x.v, path, err, sizeof err) == 0, "%s", err);
+    tok_vocab *o;
+    cr_assert(tok_create(&o, x.f, path, err, sizeof err) == 0, "%s", err);
+    size_t tl;
+    char *text = slurp(TD "prompts/p3.txt", &tl);
+    int32_t *a, *b;
+    size_t na, nb;
+    cr_assert(tok_encode(x.v, text, tl, 1, 0, &a, &na, err, sizeof err) == 0);
+    cr_assert(tok_encode(o, text, tl, 1, 0, &b, &nb, err, sizeof err) == 0);
+    cr_expect_eq(na, nb);
+    cr_expect(na == nb && !memcmp(a, b, na * sizeof *a));
+    free(a);
+    free(b);
+    free(text);
+    tok_free(o);
+    /* the same file serves another GGUF with the same 32000-piece vocabulary */
+    gguf_file *g;
+    cr_assert(gguf_open(&g, TD "vocab/llama-spm.gguf", err, sizeof err) == 0);
+    tok_vocab *same;
+    cr_expect(tok_create(&same, g, path, err, sizeof err) == 0, "%s", err);
+    tok_free(same);
+    gguf_free(g);
+    unlink(path);
     close_vocab(x);
 }
 
