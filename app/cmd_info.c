@@ -13,14 +13,18 @@ int cmd_info(int argc, char **argv)
     cli_opts o;
     cli_opts_init(&o);
     int list = 0;
+    const char *export_path = NULL;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_common(&o, argc, argv, &i);
         if (r < 0) return 1;
         if (r > 0) continue;
         if (!strcmp(argv[i], "--tensors")) {
             list = 1;
+        } else if (!strcmp(argv[i], "--export-tokenizer")) {
+            if (!(export_path = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs("usage: kvchat info [-m MODEL] [--tensors] [--tokenizer FILE.model]\n", stderr);
+            fputs("usage: kvchat info [-m MODEL] [--tensors] [--tokenizer FILE.model] [--export-tokenizer OUT.model]\n",
+                  stderr);
             return 0;
         } else {
             cli_err("info: unknown option %s", argv[i]);
@@ -81,6 +85,16 @@ int cmd_info(int argc, char **argv)
             printf("] %.2f MiB\n", (double)t->nbytes / 1048576.0);
         }
     }
+    int rc = 0;
+    if (export_path) {
+        char err[512];
+        if (tok_export_model(v, export_path, err, sizeof err) != 0) {
+            cli_err("info: %s", err);
+            rc = 1;
+        } else {
+            printf("tokenizer       written to %s\n", export_path);
+        }
+    }
     cli_close(&rt);
-    return 0;
+    return rc;
 }

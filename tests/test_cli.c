@@ -92,6 +92,33 @@ Test(cli, logits_feed_uses_the_given_ids)
     cr_expect(strstr(out, "\nstep 2 top5 ") && !strstr(out, "\nstep 3 "), "one step per fed id");
 }
 
+/* --tokenizer: a SentencePiece .model exported from the GGUF gives the same prompt ids. */
+Test(cli, tokenizer_override_gives_the_same_ids)
+{
+    static char out[1 << 20], errb[1 << 16];
+    char path[] = "/tmp/kvchat-tok-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    char args[512];
+    snprintf(args, sizeof args, "info -m " TD "tiny/tiny-llama-f16.gguf --export-tokenizer %s", path);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    snprintf(args, sizeof args, "logits -t 1 --gen 1 -m " TD "tiny/tiny-llama-f16.gguf --tokenizer %s -f " TD "prompts/p3.txt",
+             path);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    FILE *f = fopen(TD "tiny/ref/tiny-llama-f16.p3.txt", "r");
+    cr_assert(f);
+    static char ref[1 << 16];
+    size_t n = fread(ref, 1, sizeof ref - 1, f);
+    ref[n] = 0;
+    fclose(f);
+    char *ids = strstr(ref, "\nids "), *mine = strstr(out, "\nids ");
+    cr_assert(ids && mine);
+    size_t len = (size_t)(strchr(ids + 1, '\n') - ids);
+    cr_expect(!strncmp(ids, mine, len), "ids differ with the exported tokenizer");
+    unlink(path);
+}
+
 Test(cli, missing_model_file)
 {
     expect_one_line_error("info -m /nonexistent/model.gguf", "No such file");
