@@ -345,17 +345,22 @@ static void att_task(void *ctx, int64_t task, int thread)
             att_range(a, a->q_pos[t], &lo, &hi);
             int64_t a0 = lo > k0 ? lo : k0, a1 = hi < k1 ? hi : k1;
             if (a0 >= a1) continue;
+            /* The G query heads of this token share the KV head: each key and value row is used
+             * by all of them while it is in L1 (keys outer, heads inner). */
+            int r0 = (int)(t - q0) * G;
+            const float *qt = a->q + t * qstride + (int64_t)g * G * D;
+            for (int64_t k = a0; k < a1; k++) {
+                const float *kr = a->k + k * kvstride + (int64_t)g * D;
+                for (int hh = 0; hh < G; hh++)
+                    sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)(k - a0)] = vd_dot_f32(D, qt + (int64_t)hh * D, kr);
+            }
+            int64_t nk = a1 - a0;
             for (int hh = 0; hh < G; hh++) {
-                int h = g * G + hh;
-                int r = (int)(t - q0) * G + hh;
-                const float *q = a->q + t * qstride + (int64_t)h * D;
+                int r = r0 + hh;
                 float *s = sc + (size_t)r * ATT_BLOCK_K;
                 float mx = m[r];
-                for (int64_t k = a0; k < a1; k++) {
-                    float v = vd_dot_f32(D, q, a->k + k * kvstride + (int64_t)g * D);
-                    s[k - a0] = v;
-                    if (v > mx) mx = v;
-                }
+                for (int64_t k = 0; k < nk; k++)
+                    if (s[k] > mx) mx = s[k];
                 float corr = expf(m[r] - mx);  /* exp(-inf) = 0 on the first block */
                 float *ac = acc + (size_t)r * D;
                 if (corr != 1.0f) {
@@ -363,16 +368,16 @@ static void att_task(void *ctx, int64_t task, int thread)
                     for (int i = 0; i < D; i++) ac[i] *= corr;
                 }
                 m[r] = mx;
-                int64_t nk = a1 - a0;
                 for (int64_t k = 0; k < nk; k++) s[k] -= mx;
                 vd_exp_f32(nk, s, s);
                 float lsum = 0;
-                for (int64_t k = a0; k < a1; k++) {
-                    float p = s[k - a0];
-                    lsum += p;
-                    vd_axpy_f32(D, p, a->v + k * kvstride + (int64_t)g * D, ac);
-                }
+                for (int64_t k = 0; k < nk; k++) lsum += s[k];
                 l[r] += lsum;
+            }
+            for (int64_t k = a0; k < a1; k++) {
+                const float *vr = a->v + k * kvstride + (int64_t)g * D;
+                for (int hh = 0; hh < G; hh++)
+                    vd_axpy_f32(D, sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)(k - a0)], vr, acc + (size_t)(r0 + hh) * D);
             }
         }
     }
