@@ -45,8 +45,8 @@ int cmd_info(int argc, char **argv)
     printf("heads           %d query, %d key/value (head size %d)\n", hp->n_head, hp->n_head_kv, hp->head_dim);
     printf("feed-forward    %d (%s)\n", hp->n_ff, hp->gelu ? "GeGLU" : "SwiGLU");
     printf("context         %d (training)\n", hp->n_ctx_train);
-    printf("rope            base %g%s, %s pairs, scale %g\n", hp->rope_base,
-           hp->n_swa ? "" : "", hp->rope_neox ? "half-split" : "adjacent", 1.0 / hp->rope_freq_scale);
+    printf("rope            base %g, %s pairs, scale %g\n", hp->rope_base, hp->rope_neox ? "half-split" : "adjacent",
+           1.0 / hp->rope_freq_scale);
     if (hp->n_swa) {
         int n_swa_layers = 0;
         for (int il = 0; il < hp->n_layer; il++) n_swa_layers += m->layers[il].is_swa;

@@ -125,7 +125,6 @@ static gb build(spec s)
     u32(&b, s.t1_type);
     u64(&b, (64 + align - 1) / align * align + s.t1_offset_add);
     pad(&b, align);
-    size_t data_start = b.n;
     for (int i = 0; i < 16; i++) {
         float v = (float)i;
         put(&b, &v, 4);
@@ -136,7 +135,6 @@ static gb build(spec s)
         put(&b, &v, 4);
     }
     if (s.truncate_data) b.n -= 4;
-    (void)data_start;
     return b;
 }
 
