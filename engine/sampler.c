@@ -73,6 +73,7 @@ samp *samp_create(const samp_params *p, int32_t n_vocab)
     if (!s) return NULL;
     s->p = *p;
     if (s->p.repeat_last_n < 0) s->p.repeat_last_n = 0;
+    if (s->p.repeat_last_n > 4096) s->p.repeat_last_n = 4096;  /* the saved state holds at most 4096 ids */
     s->n_vocab = n_vocab;
     s->recent = malloc(sizeof(int32_t) * (size_t)(s->p.repeat_last_n > 0 ? s->p.repeat_last_n : 1));
     s->cand = malloc(sizeof(int32_t) * (size_t)n_vocab);

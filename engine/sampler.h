@@ -15,7 +15,7 @@ typedef struct samp_params {
     float top_p;            /* 1: off */
     float min_p;            /* 0: off */
     float repeat_penalty;   /* 1: off */
-    int32_t repeat_last_n;  /* window of recent tokens the penalty looks at */
+    int32_t repeat_last_n;  /* window of recent tokens the penalty looks at (at most 4096) */
     uint64_t seed;          /* any value, 0 included, is a valid, reproducible seed */
 } samp_params;
 
