@@ -132,6 +132,10 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i)
         VAL();
         if (cli_parse_float(a, v, 0.01, 100, &dv)) return -1;
         o->sp.repeat_penalty = (float)dv;
+    } else if (!strcmp(a, "--repeat-last-n")) {
+        VAL();
+        if (cli_parse_int(a, v, 0, 4096, &iv)) return -1;
+        o->sp.repeat_last_n = (int32_t)iv;
     } else if (!strcmp(a, "--seed")) {
         VAL();
         if (cli_parse_int(a, v, 0, INT64_MAX, &iv)) return -1;

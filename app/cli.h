@@ -22,7 +22,7 @@ typedef struct cli_opts {
     int64_t n_ctx;              /* --ctx; 0 = min(model context, 8192) */
     int n_batch;                /* --batch */
     int no_simd;                /* --no-simd */
-    samp_params sp;             /* --temp --top-k --top-p --min-p --repeat-penalty --seed */
+    samp_params sp;             /* --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed */
 } cli_opts;
 
 typedef struct cli_runtime {

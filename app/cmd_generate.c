@@ -12,7 +12,7 @@
 static void usage(void)
 {
     fputs("usage: kvchat generate [-m MODEL] (-p TEXT | -f FILE) [-n N] [--chat] [--system TEXT] [--special]\n"
-          "                       [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
+          "                       [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
           "                       [--seed S] [--threads T] [--ctx N] [--batch N] [--tokenizer FILE.model]\n",
           stderr);
 }
