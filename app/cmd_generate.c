@@ -124,7 +124,8 @@ int cmd_generate(int argc, char **argv)
     cli_install_sigint();
     double t0 = cli_now();
     if (fwd_eval(rt.f, ids, (int64_t)n_ids, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {
-        cli_err("generate: %s", err);
+        cli_err("generate: %s", cli_interrupted ? "interrupted during prefill" : err);
+        if (cli_interrupted) rc = 130;
         goto done;
     }
     double t1 = cli_now();
