@@ -104,8 +104,10 @@ static void add_in_place(float *x, const float *y, size_t n)
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-/* One chunk of n tokens at positions p0 .. p0+n-1; leaves the final hidden states in f->x. */
-static void forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p0)
+/* One chunk of n tokens at positions p0 .. p0+n-1; leaves the final hidden states in f->x.
+ * Returns -1 if *abort_flag was raised (checked before every layer, so Ctrl-C answers within a
+ * layer's time even on long chunks); the caller then rewinds the cache. */
+static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p0, volatile sig_atomic_t *abort_flag)
 {
     const model *m = f->m;
     const model_hparams *hp = &m->hp;
@@ -117,6 +119,7 @@ static void forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t 
 
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
     for (int il = 0; il < hp->n_layer; il++) {
+        if (abort_flag && *abort_flag) return -1;
         const model_layer *ly = &m->layers[il];
         /* attention block */
         op->rmsnorm(b, f->x, ly->attn_norm, f->h, n, E, hp->norm_eps);
@@ -153,6 +156,7 @@ static void forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t 
         if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_ffw_norm, f->o, n, E, hp->norm_eps);
         add_in_place(f->x, f->o, (size_t)(n * E));
     }
+    return 0;
 }
 
 /* Logits for rows [r0, r0+nr) of the chunk's hidden states, into f->logits. */
@@ -191,13 +195,12 @@ int fwd_eval(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, f
         }
     }
     for (int64_t c0 = 0; c0 < n; c0 += f->n_batch) {
-        if (abort_flag && *abort_flag) {
+        int64_t cn = n - c0 < f->n_batch ? n - c0 : f->n_batch;
+        if ((abort_flag && *abort_flag) || forward_chunk(f, tokens + c0, cn, start + c0, abort_flag) != 0) {
             kv_set_len(f->kv, start);
             snprintf(err, errlen, "cancelled");
             return -1;
         }
-        int64_t cn = n - c0 < f->n_batch ? n - c0 : f->n_batch;
-        forward_chunk(f, tokens + c0, cn, start + c0);
         kv_set_len(f->kv, start + c0 + cn);
         if (each) {
             for (int64_t r = 0; r < cn; r += OUT_ROWS) {

@@ -1,0 +1,151 @@
+/* test_forward.c - forward-pass behaviour beyond the reference numbers: a cancelled prefill leaves
+ * the cache as it was, prefill chunk size does not change the result, rewinding and re-evaluating
+ * reproduces the same logits, and a prompt that does not fit is refused before any work. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "forward.h"
+#include "model.h"
+#include "tokenizer.h"
+
+#define TD "../shared/testdata/"
+
+static model *M;
+static be_backend *B;
+
+static void setup(void)
+{
+    char err[512];
+    cr_assert(model_load(&M, TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    B = be_cpu_create(1, err, sizeof err);
+    cr_assert(B, "%s", err);
+}
+
+static void teardown(void)
+{
+    be_free(B);
+    model_free(M);
+}
+
+TestSuite(forward, .init = setup, .fini = teardown);
+
+static int32_t *prompt_ids(size_t *n)
+{
+    FILE *f = fopen(TD "prompts/p2.txt", "rb");
+    cr_assert(f);
+    static char text[8192];
+    size_t tl = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    int32_t *ids;
+    char err[256];
+    cr_assert(tok_encode(M->vocab, text, tl, 1, 0, &ids, n, err, sizeof err) == 0, "%s", err);
+    return ids;
+}
+
+static float *eval_all(int n_batch, const int32_t *ids, size_t n)
+{
+    char err[256];
+    fwd_opts fo = { 2048, n_batch };
+    fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    float *l = malloc(sizeof(float) * (size_t)M->hp.n_vocab);
+    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    fwd_free(f);
+    return l;
+}
+
+static volatile sig_atomic_t stop_flag;
+static void stop_after_two_chunks(void *ud, int64_t done, int64_t total)
+{
+    (void)ud;
+    (void)total;
+    if (done >= 128) stop_flag = 1;
+}
+
+Test(forward, cancelled_prefill_leaves_the_cache_untouched)
+{
+    size_t n;
+    int32_t *ids = prompt_ids(&n);
+    char err[256];
+    fwd_opts fo = { 2048, 64 };
+    fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
+    cr_assert(f);
+    float *l = malloc(sizeof(float) * (size_t)M->hp.n_vocab);
+    cr_assert(fwd_eval(f, ids, 20, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0);
+    stop_flag = 0;
+    cr_expect_eq(fwd_eval(f, ids + 20, (int64_t)n - 20, l, NULL, NULL, stop_after_two_chunks, NULL, &stop_flag, err,
+                          sizeof err),
+                 -1);
+    cr_expect(strstr(err, "cancelled"), "%s", err);
+    cr_expect_eq(fwd_pos(f), 20, "the 20 tokens before the cancelled call stay, nothing else");
+    /* continuing from there gives exactly the uncancelled result */
+    cr_assert(fwd_eval(f, ids + 20, (int64_t)n - 20, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    float *ref = eval_all(64, ids, n);
+    cr_expect(!memcmp(l, ref, sizeof(float) * (size_t)M->hp.n_vocab), "logits differ after a cancel");
+    free(ref);
+    free(l);
+    free(ids);
+    fwd_free(f);
+}
+
+Test(forward, chunk_size_does_not_change_the_logits)
+{
+    size_t n;
+    int32_t *ids = prompt_ids(&n);
+    float *a = eval_all(512, ids, n), *b = eval_all(37, ids, n);
+    double worst = 0;
+    for (int32_t i = 0; i < M->hp.n_vocab; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > worst) worst = d;
+    }
+    /* single-token chunks take the one-token kernels, larger ones the multi-token kernels: the same
+     * integer products summed in another order */
+    cr_expect(worst < 1e-3, "chunks of 512 vs 37: max |diff| %g", worst);
+    free(a);
+    free(b);
+    free(ids);
+}
+
+Test(forward, rewind_and_replay_reproduces_the_logits)
+{
+    size_t n;
+    int32_t *ids = prompt_ids(&n);
+    char err[256];
+    fwd_opts fo = { 2048, 64 };
+    fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
+    float *l1 = malloc(sizeof(float) * (size_t)M->hp.n_vocab), *l2 = malloc(sizeof(float) * (size_t)M->hp.n_vocab);
+    cr_assert(fwd_eval(f, ids, 300, l1, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0);
+    cr_assert(fwd_eval(f, ids + 300, 5, l1, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0);
+    fwd_rewind(f, 300);
+    cr_expect_eq(fwd_pos(f), 300);
+    cr_assert(fwd_eval(f, ids + 300, 5, l2, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0);
+    cr_expect(!memcmp(l1, l2, sizeof(float) * (size_t)M->hp.n_vocab));
+    free(l1);
+    free(l2);
+    free(ids);
+    fwd_free(f);
+}
+
+Test(forward, too_long_for_the_context_is_refused_up_front)
+{
+    size_t n;
+    int32_t *ids = prompt_ids(&n);
+    char err[256];
+    fwd_opts fo = { 256, 64 };
+    fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
+    float *l = malloc(sizeof(float) * (size_t)M->hp.n_vocab);
+    cr_expect_eq(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err), -1);
+    cr_expect(strstr(err, "do not fit in the context"), "%s", err);
+    cr_expect_eq(fwd_pos(f), 0);
+    int32_t bad = 999999;
+    cr_expect_eq(fwd_eval(f, &bad, 1, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err), -1);
+    cr_expect(strstr(err, "out of range"), "%s", err);
+    free(l);
+    free(ids);
+    fwd_free(f);
+}
