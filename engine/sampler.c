@@ -142,16 +142,23 @@ static int cmp_desc(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
-/* Move the k largest of cand[0..n) to the front (unordered), quickselect on logits. */
+/* Order for top-k: larger logit first, and among equal logits the lower id, so that top-k = 1 is
+ * exactly greedy (argmax picks the lowest id on ties). */
+static int before(const float *l, int32_t a, int32_t b)
+{
+    return l[a] > l[b] || (l[a] == l[b] && a < b);
+}
+
+/* Move the k first (in the order above) of cand[0..n) to the front, unordered: quickselect. */
 static void select_top(int32_t *cand, int32_t n, int32_t k, const float *l)
 {
     int32_t lo = 0, hi = n - 1;
     while (lo < hi) {
-        float pivot = l[cand[lo + (hi - lo) / 2]];
+        int32_t pivot = cand[lo + (hi - lo) / 2];
         int32_t i = lo, j = hi;
         while (i <= j) {
-            while (l[cand[i]] > pivot) i++;
-            while (l[cand[j]] < pivot) j--;
+            while (before(l, cand[i], pivot)) i++;
+            while (before(l, pivot, cand[j])) j--;
             if (i <= j) {
                 int32_t t = cand[i];
                 cand[i] = cand[j];

@@ -95,6 +95,27 @@ Test(sampler, top_k_1_and_tiny_top_p_are_greedy)
     samp_free(s);
 }
 
+/* Ties at the top-k boundary keep the lowest ids, so top-k 1 equals greedy even with equal logits. */
+Test(sampler, top_k_1_equals_greedy_with_tied_logits)
+{
+    enum { N = 64 };
+    float l[N];
+    uint64_t x = 2024;
+    for (int round = 0; round < 2000; round++) {
+        for (int i = 0; i < N; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            l[i] = (float)((x >> 40) % 4);  /* few distinct values: many ties */
+        }
+        samp_params p = plain(1.5f, (uint64_t)round);
+        p.top_k = 1;
+        samp *s = samp_create(&p, N);
+        float tmp[N];
+        memcpy(tmp, l, sizeof l);
+        cr_assert_eq(samp_sample(s, tmp), samp_argmax(l, N), "round %d", round);
+        samp_free(s);
+    }
+}
+
 Test(sampler, min_p_excludes_unlikely_tokens)
 {
     /* p_i proportional to e^{l_i}; with min_p 0.2 only tokens with p >= 0.2 p_max survive:
