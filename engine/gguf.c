@@ -56,6 +56,9 @@ static int cfail(cursor *c, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* Names quoted from the file may hold control bytes: keep the message one printable line. */
+    for (char *q = msg; *q; q++)
+        if ((unsigned char)*q < 0x20 || *q == 0x7f) *q = '?';
     snprintf(c->err, c->errlen, "%s: %s", c->label, msg);
     return -1;
 }

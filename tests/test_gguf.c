@@ -229,6 +229,28 @@ Test(gguf, corrupt_headers_are_refused_with_a_reason)
     s = good(); s.bool_value = 2; expect_refused(s, "bool value 2");
 }
 
+/* A name quoted from the file may hold control bytes; the message must stay one printable line. */
+Test(gguf, control_bytes_in_quoted_names_keep_the_message_one_line)
+{
+    gb b = { 0 };
+    put(&b, "GGUF", 4);
+    u32(&b, 3);
+    u64(&b, 0);
+    u64(&b, 2);
+    str(&b, "evil\r\n\x1b[2Jkey");
+    u32(&b, VT_U32);
+    u32(&b, 1);
+    str(&b, "evil\r\n\x1b[2Jkey");
+    u32(&b, VT_U32);
+    u32(&b, 2);
+    gguf_file *f;
+    char err[512];
+    cr_assert_eq(gguf_open_memory(&f, b.p, b.n, "ctl", err, sizeof err), -1);
+    cr_expect(strstr(err, "duplicate"), "%s", err);
+    for (const char *q = err; *q; q++) cr_expect((unsigned char)*q >= 0x20 && *q != 0x7f, "control byte in: %s", err);
+    free(b.p);
+}
+
 Test(gguf, bad_magic_and_alignment_64)
 {
     gb b = build(good());
