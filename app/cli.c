@@ -85,6 +85,23 @@ int cli_parse_float(const char *opt, const char *s, double lo, double hi, double
     return 0;
 }
 
+int cli_finish_common(cli_opts *o)
+{
+    char err[512];
+    if (pol_parse(&o->pspec, o->policy, o->budget, err, sizeof err)) {
+        cli_err("%s", err);
+        return -1;
+    }
+    return 0;
+}
+
+void cli_policy_help(void)
+{
+    char buf[8192];
+    pol_list(buf, sizeof buf);
+    printf("KV-cache policies (--policy NAME[:k=v,...][+NAME...], --budget B):\n%s", buf);
+}
+
 int cli_parse_common(cli_opts *o, int argc, char **argv, int *i)
 {
     const char *a = argv[*i];
@@ -112,6 +129,16 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i)
         o->n_batch = (int)iv;
     } else if (!strcmp(a, "--no-simd")) {
         o->no_simd = 1;
+    } else if (!strcmp(a, "--policy")) {
+        VAL();
+        o->policy = v;
+    } else if (!strcmp(a, "--budget")) {
+        VAL();
+        o->budget = v;
+    } else if (!strcmp(a, "--page-size")) {
+        VAL();
+        if (cli_parse_int(a, v, 1, 4096, &iv)) return -1;
+        o->page_size = (int)iv;
     } else if (!strcmp(a, "--temp")) {
         VAL();
         if (cli_parse_float(a, v, 0, 100, &dv)) return -1;
@@ -194,7 +221,7 @@ int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
         return -1;
     }
     if (with_fwd) {
-        fwd_opts fo = { o->n_ctx, o->n_batch };
+        fwd_opts fo = { o->n_ctx, o->n_batch, o->page_size };
         if (fo.n_ctx <= 0) fo.n_ctx = rt->m->hp.n_ctx_train < 8192 ? rt->m->hp.n_ctx_train : 8192;
         rt->f = fwd_create(rt->m, rt->b, &fo, err, sizeof err);
         if (!rt->f) {
@@ -202,6 +229,21 @@ int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
             cli_close(rt);
             return -1;
         }
+        pol_spec spec = o->pspec;
+        if (spec.n == 0 && pol_parse(&spec, o->policy, o->budget, err, sizeof err)) {
+            cli_err("%s", err);
+            cli_close(rt);
+            return -1;
+        }
+        pol_env env;
+        fwd_policy_env(rt->f, &env);
+        rt->ps = pol_set_create(&spec, &env, err, sizeof err);
+        if (!rt->ps) {
+            cli_err("%s", err);
+            cli_close(rt);
+            return -1;
+        }
+        fwd_set_policy(rt->f, rt->ps);
     }
     return 0;
 }
@@ -209,6 +251,7 @@ int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
 void cli_close(cli_runtime *rt)
 {
     fwd_free(rt->f);
+    pol_set_free(rt->ps);
     be_free(rt->b);
     model_free(rt->m);
     memset(rt, 0, sizeof *rt);

@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "forward.h"
 #include "model.h"
+#include "policy.h"
 #include "sampler.h"
 
 /* Options common to the commands that run a model. */
@@ -22,6 +23,10 @@ typedef struct cli_opts {
     int64_t n_ctx;              /* --ctx; 0 = min(model context, 8192) */
     int n_batch;                /* --batch */
     int no_simd;                /* --no-simd */
+    const char *policy;         /* --policy SPEC (NULL: full) */
+    const char *budget;         /* --budget B (fraction of the context or tokens) */
+    int page_size;              /* --page-size (0: 32) */
+    pol_spec pspec;             /* parsed --policy/--budget (after cli_finish_common) */
     samp_params sp;             /* --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed */
 } cli_opts;
 
@@ -29,6 +34,7 @@ typedef struct cli_runtime {
     model *m;
     be_backend *b;
     fwd_ctx *f;
+    pol_set *ps;                /* the policies attached to f */
 } cli_runtime;
 
 extern volatile sig_atomic_t cli_interrupted;
@@ -38,6 +44,10 @@ void cli_opts_init(cli_opts *o);
 /* If argv[*i] is a common option, consume it (and its value) and return 1; 0 if not ours;
  * -1 on a bad value (message printed). */
 int cli_parse_common(cli_opts *o, int argc, char **argv, int *i);
+/* Validate what the common options combine into (the policy spec). 0, or -1 after printing. */
+int cli_finish_common(cli_opts *o);
+/* Help text for the policy options. */
+void cli_policy_help(void);
 /* Value of an option that takes one: prints an error and returns NULL when missing. */
 const char *cli_need_value(int argc, char **argv, int *i);
 int cli_parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);

@@ -154,7 +154,7 @@ int cmd_bench(int argc, char **argv)
         double t1 = cli_now();
         for (int64_t g = 0; g < n_gen; g++) {
             int32_t id = samp_argmax(logits, nv);
-            if (fwd_eval(rt.f, &id, 1, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err)) {
+            if (fwd_decode(rt.f, id, logits, NULL, err, sizeof err)) {
                 cli_err("bench: %s", err);
                 rc = 1;
                 break;

@@ -122,7 +122,10 @@ int cmd_chat(int argc, char **argv)
         /* Reuse the cached prefix; at least the last token is always evaluated to get logits. */
         int64_t common = 0;
         while (common < n_cached && common < (int64_t)n_ids - 1 && cached[common] == ids[common]) common++;
-        fwd_rewind(rt.f, common);
+        /* sliding-window layers keep what a rewind to this turn's start needs; a rewind further
+         * back than that restarts from an earlier position, and the cached ids replay from there */
+        common = fwd_rewind(rt.f, common);
+        fwd_set_floor(rt.f, common);
         if (fwd_eval(rt.f, ids + common, (int64_t)n_ids - common, logits, NULL, NULL, NULL, NULL, &cli_interrupted,
                      err, sizeof err)) {
             cli_err("chat: %s", err);
@@ -160,7 +163,7 @@ int cmd_chat(int argc, char **argv)
             memcpy(answer + alen, piece, w);
             alen += w;
             if (fwd_pos(rt.f) + 1 >= fwd_n_ctx(rt.f)) break;
-            if (fwd_eval(rt.f, &id, 1, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err)) break;
+            if (fwd_decode(rt.f, id, logits, NULL, err, sizeof err)) break;
             cached[n_cached++] = id;
         }
         size_t w = tok_stream_flush(&ts, piece, sizeof piece);

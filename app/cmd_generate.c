@@ -153,7 +153,7 @@ int cmd_generate(int argc, char **argv)
             stop_note = " (context full)";
             break;
         }
-        if (fwd_eval(rt.f, &id, 1, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err)) {
+        if (fwd_decode(rt.f, id, logits, NULL, err, sizeof err)) {
             cli_err("generate: %s", err);
             goto done;
         }

@@ -177,7 +177,7 @@ int cmd_logits(int argc, char **argv)
     /* Steps are computed before printing because the greedy line comes first in the format. */
     for (int64_t t = 0; t < n_gen; t++) {
         gen[t] = fed ? fed[t] : argmax(logits, nv);
-        if (fwd_eval(rt.f, &gen[t], 1, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {
+        if (fwd_decode(rt.f, gen[t], logits, &cli_interrupted, err, sizeof err)) {
             cli_err("logits: %s", err);
             goto done;
         }

@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "policy.h"
 
 #define OUT_ROWS 16   /* rows of the vocabulary projection computed at once when all logits are wanted */
 
@@ -22,7 +25,26 @@ struct fwd_ctx {
     float *x, *h, *q, *k, *v, *att, *o, *gate, *up, *logits;
     int32_t *pos;
     uint64_t scratch_bytes;
+    int *global;               /* global (not sliding-window) layers */
+    int n_global;
+    pol_set *pol;              /* NULL: attend to everything */
+    be_kv_page *refs;          /* page list handed to attention */
+    int64_t refs_cap;
+    int64_t head_off[65];
+    int decoding;              /* the current eval is one decode step */
+    int64_t eval_start;
+    /* per decode step */
+    int64_t st_pages, st_tokens;
+    double st_sel_ms, st_attn_ms;
+    int64_t st_pages_total;
 };
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 static float *alloc_f(fwd_ctx *f, size_t n)
 {
@@ -44,8 +66,28 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->n_batch = o && o->n_batch > 0 ? o->n_batch : 512;
     if (f->n_batch > n_ctx) f->n_batch = (int)n_ctx;
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim;
-    f->kv = kv_create(hp->n_layer, n_ctx, kvd, err, errlen);
+    if (hp->n_head_kv > 64) {
+        snprintf(err, errlen, "%d KV heads: kvchat supports at most 64", hp->n_head_kv);
+        free(f);
+        return NULL;
+    }
+    int32_t *win = calloc((size_t)hp->n_layer, sizeof *win);
+    f->global = calloc((size_t)hp->n_layer, sizeof *f->global);
+    if (!win || !f->global) {
+        free(win);
+        free(f->global);
+        free(f);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    for (int il = 0; il < hp->n_layer; il++) {
+        win[il] = m->layers[il].is_swa ? hp->n_swa : 0;
+        if (!win[il]) f->global[f->n_global++] = il;
+    }
+    f->kv = kv_create(hp->n_layer, n_ctx, kvd, o && o->page_size > 0 ? o->page_size : 32, win, err, errlen);
+    free(win);
     if (!f->kv) {
+        free(f->global);
         free(f);
         return NULL;
     }
@@ -86,6 +128,8 @@ void fwd_free(fwd_ctx *f)
     free(f->up);
     free(f->logits);
     free(f->pos);
+    free(f->global);
+    free(f->refs);
     free(f);
 }
 
@@ -93,10 +137,116 @@ int64_t fwd_pos(const fwd_ctx *f) { return kv_len(f->kv); }
 int64_t fwd_n_ctx(const fwd_ctx *f) { return kv_n_ctx(f->kv); }
 const kv_cache *fwd_kv(const fwd_ctx *f) { return f->kv; }
 uint64_t fwd_scratch_bytes(const fwd_ctx *f) { return f->scratch_bytes; }
+void fwd_set_floor(fwd_ctx *f, int64_t pos) { kv_set_floor(f->kv, pos); }
+void fwd_set_policy(fwd_ctx *f, pol_set *ps) { f->pol = ps; }
+pol_set *fwd_policy(const fwd_ctx *f) { return f->pol; }
 
-void fwd_rewind(fwd_ctx *f, int64_t pos)
+void fwd_policy_env(fwd_ctx *f, pol_env *env)
 {
-    if (pos < kv_len(f->kv)) kv_set_len(f->kv, pos);
+    const model_hparams *hp = &f->m->hp;
+    env->kv = f->kv;
+    env->b = f->b;
+    env->n_head = hp->n_head;
+    env->n_head_kv = hp->n_head_kv;
+    env->head_dim = hp->head_dim;
+    env->global = f->global;
+    env->n_global = f->n_global;
+}
+
+int64_t fwd_rewind(fwd_ctx *f, int64_t pos)
+{
+    if (pos >= kv_len(f->kv)) return kv_len(f->kv);
+    return kv_rewind(f->kv, pos);
+}
+
+static int grow_refs(fwd_ctx *f, int64_t n)
+{
+    if (n <= f->refs_cap) return 0;
+    int64_t nc = n * 2;
+    be_kv_page *r = realloc(f->refs, sizeof *r * (size_t)nc);
+    if (!r) return -1;
+    f->refs = r;
+    f->refs_cap = nc;
+    return 0;
+}
+
+static void set_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask)
+{
+    r->k = p->k;
+    r->v = p->v;
+    r->pos = p->pos;
+    r->bias = p->merged ? p->logdeg : NULL;
+    r->mask = mask;
+    r->n = p->n;
+}
+
+static int64_t tokens_of(const kv_page *p, const uint64_t *mask)
+{
+    if (!mask) return p->n;
+    int64_t c = 0;
+    for (int32_t w = 0; w < (p->n + 63) / 64; w++) {
+        uint64_t m = mask[w];
+        if (w == (p->n - 1) / 64 && (p->n & 63)) m &= (1ull << (p->n & 63)) - 1;
+        c += __builtin_popcountll(m);
+    }
+    return c;
+}
+
+/* Fill a->pages / head_pages for layer il: the policy's selection on global layers during decode,
+ * else every page the layer holds. Records the step's attention statistics. -1: out of memory. */
+static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int is_global)
+{
+    const model_hparams *hp = &f->m->hp;
+    int np = kv_n_pages(f->kv, il);
+    const pol_sel *sel = NULL;
+    if (f->decoding && is_global && f->pol) {
+        double t0 = now_ms();
+        sel = pol_set_select(f->pol, il, q);
+        f->st_sel_ms += now_ms() - t0;
+    }
+    int first_global = f->n_global > 0 && il == f->global[0];
+    if (f->decoding && first_global && f->pol) pol_set_last_reset(f->pol);
+    a->head_pages = NULL;
+    int64_t tokens = 0;
+    if (!sel) {
+        if (grow_refs(f, np)) return -1;
+        for (int i = 0; i < np; i++) {
+            const kv_page *p = kv_layer_page(f->kv, il, i);
+            set_ref(&f->refs[i], p, NULL);
+            tokens += p->n;
+            if (f->decoding && is_global && f->pol) {
+                pol_set_hit_page(f->pol, p->pos[0]);
+                if (first_global) pol_set_last_add(f->pol, p->pos[0] / kv_page_size(f->kv));
+            }
+        }
+        a->n_pages = np;
+        tokens *= hp->n_head_kv;
+        if (is_global) f->st_pages += (int64_t)np * hp->n_head_kv;
+    } else {
+        if (grow_refs(f, sel->n)) return -1;
+        for (int64_t e = 0; e < sel->n; e++) {
+            const kv_page *p = kv_layer_page(f->kv, il, sel->idx[e]);
+            set_ref(&f->refs[e], p, sel->mask[e]);
+            int64_t t = tokens_of(p, sel->mask[e]);
+            tokens += sel->per_head ? t : t * hp->n_head_kv;
+            pol_set_hit_page(f->pol, p->pos[0]);
+            if (first_global && e < sel->off[1]) pol_set_last_add(f->pol, p->pos[0] / kv_page_size(f->kv));
+        }
+        a->n_pages = sel->n;
+        if (sel->per_head) {
+            for (int g = 0; g <= hp->n_head_kv; g++) f->head_off[g] = sel->off[g];
+            a->head_pages = f->head_off;
+            f->st_pages += sel->n;
+        } else {
+            f->st_pages += sel->n * hp->n_head_kv;
+        }
+    }
+    if (f->decoding) {
+        f->st_tokens += tokens;
+        if (is_global) f->st_pages_total += (int64_t)np * hp->n_head_kv;
+    }
+    a->pages = f->refs;
+    return 0;
 }
 
 static void add_in_place(float *x, const float *y, size_t n)
@@ -106,7 +256,8 @@ static void add_in_place(float *x, const float *y, size_t n)
 
 /* One chunk of n tokens at positions p0 .. p0+n-1; leaves the final hidden states in f->x.
  * Returns -1 if *abort_flag was raised (checked before every layer, so Ctrl-C answers within a
- * layer's time even on long chunks); the caller then rewinds the cache. */
+ * layer's time even on long chunks), -2 when the cache cannot grow (out of memory); the caller
+ * then rewinds the cache. */
 static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p0, volatile sig_atomic_t *abort_flag)
 {
     const model *m = f->m;
@@ -114,7 +265,6 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
     const be_ops *op = f->b->ops;
     be_backend *b = f->b;
     int64_t E = hp->n_embd, D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
-    int64_t kvd = Hkv * D;
     for (int64_t t = 0; t < n; t++) f->pos[t] = (int32_t)(p0 + t);
 
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
@@ -132,16 +282,16 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         op->rope(b, f->q, n, (int)H, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
         op->rope(b, f->k, n, (int)Hkv, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
         for (int64_t i = 0; i < n * H * D; i++) f->q[i] *= hp->attn_scale;
-        for (int64_t t = 0; t < n; t++) {
-            memcpy(kv_k_row(f->kv, il, p0 + t), f->k + t * kvd, sizeof(float) * (size_t)kvd);
-            memcpy(kv_v_row(f->kv, il, p0 + t), f->v + t * kvd, sizeof(float) * (size_t)kvd);
-        }
+        if (kv_append(f->kv, il, f->k, f->v, n, p0) != 0) return -2;
+        kv_trim_window(f->kv, il, p0, f->eval_start);
         be_attn a = {
             .q = f->q, .n_q = n, .q_pos = f->pos, .n_head = (int)H, .n_head_kv = (int)Hkv, .head_dim = (int)D,
-            .k = kv_k_base(f->kv, il), .v = kv_v_base(f->kv, il), .n_kv = p0 + n,
             .window = ly->is_swa ? hp->n_swa : 0, .out = f->att,
         };
+        if (build_page_list(f, il, f->q, &a, !ly->is_swa) != 0) return -2;
+        double t0 = f->decoding ? now_ms() : 0;
         op->attention(b, &a);
+        if (f->decoding) f->st_attn_ms += now_ms() - t0;
         be_mm wo = { &ly->wo, f->o };
         op->matmul(b, &wo, 1, f->att, n);
         if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_attn_norm, f->o, n, E, hp->norm_eps);
@@ -174,8 +324,9 @@ static void output_rows(fwd_ctx *f, int64_t r0, int64_t nr)
     }
 }
 
-int fwd_eval(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, fwd_logits_fn each, void *ud,
-             fwd_progress_fn progress, void *pud, volatile sig_atomic_t *abort_flag, char *err, size_t errlen)
+static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, fwd_logits_fn each,
+                       void *ud, fwd_progress_fn progress, void *pud, volatile sig_atomic_t *abort_flag, char *err,
+                       size_t errlen)
 {
     const model_hparams *hp = &f->m->hp;
     int64_t start = kv_len(f->kv);
@@ -194,14 +345,29 @@ int fwd_eval(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, f
             return -1;
         }
     }
+    f->eval_start = start;
+    if (f->decoding) {
+        f->st_pages = f->st_tokens = f->st_pages_total = 0;
+        f->st_sel_ms = f->st_attn_ms = 0;
+        if (f->pol) {
+            double t0 = now_ms();
+            pol_set_decode_begin(f->pol, start);
+            f->st_sel_ms += now_ms() - t0;
+        }
+    }
     for (int64_t c0 = 0; c0 < n; c0 += f->n_batch) {
         int64_t cn = n - c0 < f->n_batch ? n - c0 : f->n_batch;
-        if ((abort_flag && *abort_flag) || forward_chunk(f, tokens + c0, cn, start + c0, abort_flag) != 0) {
-            kv_set_len(f->kv, start);
-            snprintf(err, errlen, "cancelled");
+        int rc = abort_flag && *abort_flag ? -1 : forward_chunk(f, tokens + c0, cn, start + c0, abort_flag);
+        if (rc != 0) {
+            kv_rewind(f->kv, start);
+            snprintf(err, errlen, rc == -2 ? "out of memory growing the KV cache" : "cancelled");
             return -1;
         }
-        kv_set_len(f->kv, start + c0 + cn);
+        kv_commit(f->kv, start + c0 + cn);
+        if (!f->decoding && f->pol && pol_set_after_chunk(f->pol, start + c0, cn, c0 + cn == n, err, errlen) != 0) {
+            kv_rewind(f->kv, start);
+            return -1;
+        }
         if (each) {
             for (int64_t r = 0; r < cn; r += OUT_ROWS) {
                 int64_t nr = cn - r < OUT_ROWS ? cn - r : OUT_ROWS;
@@ -217,5 +383,24 @@ int fwd_eval(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, f
         }
         if (progress) progress(pud, c0 + cn, n);
     }
+    if (f->decoding && f->pol) {
+        uint64_t bytes = (uint64_t)f->st_tokens * (uint64_t)hp->head_dim * 2u * sizeof(uint16_t);
+        pol_set_record_step(f->pol, f->st_pages, f->st_tokens, bytes, f->st_sel_ms, f->st_attn_ms, f->st_pages_total);
+    }
     return 0;
+}
+
+int fwd_eval(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, fwd_logits_fn each, void *ud,
+             fwd_progress_fn progress, void *pud, volatile sig_atomic_t *abort_flag, char *err, size_t errlen)
+{
+    f->decoding = 0;
+    return eval_tokens(f, tokens, n, logits_last, each, ud, progress, pud, abort_flag, err, errlen);
+}
+
+int fwd_decode(fwd_ctx *f, int32_t token, float *logits, volatile sig_atomic_t *abort_flag, char *err, size_t errlen)
+{
+    f->decoding = 1;
+    int rc = eval_tokens(f, &token, 1, logits, NULL, NULL, NULL, NULL, abort_flag, err, errlen);
+    f->decoding = 0;
+    return rc;
 }

@@ -24,6 +24,7 @@ typedef void (*fwd_progress_fn)(void *ud, int64_t done, int64_t total);
 typedef struct fwd_opts {
     int64_t n_ctx;           /* context limit (<= 0: the model's training context) */
     int n_batch;             /* prefill chunk size (<= 0: 512) */
+    int page_size;           /* KV cache page size in tokens (<= 0: 32) */
 } fwd_opts;
 
 fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err, size_t errlen);
@@ -31,15 +32,33 @@ void fwd_free(fwd_ctx *f);
 
 /* Run n tokens starting at the current position. If logits_last is not NULL it receives the logits of
  * the last token; if each is not NULL it is called for every token. Fails (nothing appended) when the
- * tokens would not fit in the context, or when *abort becomes nonzero between chunks (then the cache
- * is rewound to where it was, so a cancelled prefill leaves no trace). */
+ * tokens would not fit in the context, or when *abort becomes nonzero (checked before every layer;
+ * the cache is then rewound to where it was, so a cancelled prefill leaves no trace). This is
+ * prefill: every layer attends to every page it holds, and the prefill policy (if any) runs at
+ * each chunk boundary. */
 int fwd_eval(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, fwd_logits_fn each, void *ud,
              fwd_progress_fn progress, void *pud, volatile sig_atomic_t *abort_flag, char *err, size_t errlen);
 
-int64_t fwd_pos(const fwd_ctx *f);          /* tokens in the cache */
+/* One decode step: the token at the current position, through the decode policy's selection (if
+ * any). Same failure contract as fwd_eval. */
+int fwd_decode(fwd_ctx *f, int32_t token, float *logits, volatile sig_atomic_t *abort_flag, char *err, size_t errlen);
+
+int64_t fwd_pos(const fwd_ctx *f);          /* tokens seen (the next position) */
 int64_t fwd_n_ctx(const fwd_ctx *f);
-void fwd_rewind(fwd_ctx *f, int64_t pos);   /* forget everything from pos on */
+/* Forget everything from pos on. Returns pos, or an earlier position (0) when sliding-window layers
+ * no longer hold what pos needs: re-evaluate the tokens from the returned position. */
+int64_t fwd_rewind(fwd_ctx *f, int64_t pos);
+/* Keep rewinds to pos exact (see kv_set_floor): chat sets it to the start of the current turn. */
+void fwd_set_floor(fwd_ctx *f, int64_t pos);
 const kv_cache *fwd_kv(const fwd_ctx *f);
 uint64_t fwd_scratch_bytes(const fwd_ctx *f);
+
+/* Policies: fill env to create a pol_set for this sequence, then attach it (NULL: full attention).
+ * The caller owns the pol_set and frees it after the fwd_ctx stops using it. */
+struct pol_env;
+struct pol_set;
+void fwd_policy_env(fwd_ctx *f, struct pol_env *env);
+void fwd_set_policy(fwd_ctx *f, struct pol_set *ps);
+struct pol_set *fwd_policy(const fwd_ctx *f);
 
 #endif

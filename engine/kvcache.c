@@ -1,86 +1,328 @@
-/* kvcache.c - contiguous per-layer K/V slabs (see kvcache.h).
+/* kvcache.c - paged K/V storage with per-page summaries (see kvcache.h).
  *
- * Address space for n_ctx positions is reserved up front with an anonymous mapping; the kernel only
- * backs the pages that are written, so the resident size grows with the conversation, not with the
- * context limit. */
+ * A page is one allocation: K and V rows, positions, log-degrees and the three summary vectors.
+ * Freed pages stay on a short free list for reuse (a decode step that crosses a page boundary would
+ * otherwise call malloc on every layer); the list is capped so eviction gives memory back. */
 #include "kvcache.h"
 
-#include <errno.h>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+
+#include "quant.h"
+#include "vec_dot.h"
+
+#define FREE_LIST_MAX 64
+
+typedef struct kv_layer {
+    kv_page **pages;
+    int n, cap;
+    int32_t window;
+    int64_t tokens;
+} kv_layer;
 
 struct kv_cache {
     int n_layer;
+    int page_size;
     int64_t n_ctx;
     int64_t row_dim;
     int64_t len;
-    int64_t high;          /* highest position count ever held (peak) */
-    float *slab;           /* [n_layer][2][n_ctx][row_dim] */
-    size_t slab_bytes;
+    int64_t floor;
+    kv_layer *layers;
+    kv_page **free_list;
+    int n_free;
+    uint64_t page_bytes;
+    uint64_t bytes;        /* pages allocated (in use or free-listed) + tables */
+    uint64_t peak;
+    float *tmp;            /* [row_dim] scratch for summaries */
 };
 
-kv_cache *kv_create(int n_layer, int64_t n_ctx, int64_t row_dim, char *err, size_t errlen)
+static void account(kv_cache *kv, int64_t delta)
 {
-    kv_cache *kv = calloc(1, sizeof *kv);
-    if (!kv) {
-        snprintf(err, errlen, "out of memory");
+    kv->bytes = (uint64_t)((int64_t)kv->bytes + delta);
+    if (kv->bytes > kv->peak) kv->peak = kv->bytes;
+}
+
+kv_cache *kv_create(int n_layer, int64_t n_ctx, int64_t row_dim, int page_size, const int32_t *window, char *err,
+                    size_t errlen)
+{
+    if (n_layer <= 0 || n_ctx <= 0 || row_dim <= 0 || page_size < 1 || page_size > 4096) {
+        snprintf(err, errlen, "invalid KV cache shape (layers %d, context %lld, row %lld, page %d)", n_layer,
+                 (long long)n_ctx, (long long)row_dim, page_size);
         return NULL;
     }
+    kv_cache *kv = calloc(1, sizeof *kv);
+    if (!kv) goto oom;
     kv->n_layer = n_layer;
+    kv->page_size = page_size;
     kv->n_ctx = n_ctx;
     kv->row_dim = row_dim;
-    size_t bytes;
-    if (__builtin_mul_overflow((size_t)n_layer * 2u, (size_t)n_ctx, &bytes) ||
-        __builtin_mul_overflow(bytes, (size_t)row_dim * sizeof(float), &bytes)) {
-        snprintf(err, errlen, "KV cache size overflows");
-        free(kv);
-        return NULL;
-    }
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) {
-        snprintf(err, errlen, "cannot reserve %zu bytes for the KV cache: %s", bytes, strerror(errno));
-        free(kv);
-        return NULL;
-    }
-    kv->slab = p;
-    kv->slab_bytes = bytes;
+    kv->layers = calloc((size_t)n_layer, sizeof *kv->layers);
+    kv->free_list = calloc(FREE_LIST_MAX, sizeof *kv->free_list);
+    kv->tmp = malloc(sizeof(float) * (size_t)row_dim);
+    if (!kv->layers || !kv->free_list || !kv->tmp) goto oom;
+    for (int il = 0; il < n_layer; il++) kv->layers[il].window = window ? window[il] : 0;
+    size_t P = (size_t)page_size, R = (size_t)row_dim;
+    kv->page_bytes = sizeof(kv_page) + 2 * P * R * sizeof(uint16_t) + P * (sizeof(int32_t) + sizeof(float)) +
+                     3 * R * sizeof(float);
     return kv;
+oom:
+    kv_free(kv);
+    snprintf(err, errlen, "out of memory creating the KV cache");
+    return NULL;
 }
 
 void kv_free(kv_cache *kv)
 {
     if (!kv) return;
-    if (kv->slab) munmap(kv->slab, kv->slab_bytes);
+    if (kv->layers) {
+        for (int il = 0; il < kv->n_layer; il++) {
+            for (int i = 0; i < kv->layers[il].n; i++) free(kv->layers[il].pages[i]);
+            free(kv->layers[il].pages);
+        }
+    }
+    for (int i = 0; i < kv->n_free; i++) free(kv->free_list[i]);
+    free(kv->free_list);
+    free(kv->layers);
+    free(kv->tmp);
     free(kv);
 }
 
+int kv_n_layer(const kv_cache *kv) { return kv->n_layer; }
+int kv_page_size(const kv_cache *kv) { return kv->page_size; }
+int64_t kv_row_dim(const kv_cache *kv) { return kv->row_dim; }
 int64_t kv_n_ctx(const kv_cache *kv) { return kv->n_ctx; }
+int32_t kv_window(const kv_cache *kv, int il) { return kv->layers[il].window; }
 int64_t kv_len(const kv_cache *kv) { return kv->len; }
+int kv_n_pages(const kv_cache *kv, int il) { return kv->layers[il].n; }
+kv_page *kv_layer_page(const kv_cache *kv, int il, int i) { return kv->layers[il].pages[i]; }
+int64_t kv_layer_tokens(const kv_cache *kv, int il) { return kv->layers[il].tokens; }
+uint64_t kv_page_bytes(const kv_cache *kv) { return kv->page_bytes; }
+void kv_set_floor(kv_cache *kv, int64_t pos) { kv->floor = pos; }
 
-void kv_set_len(kv_cache *kv, int64_t n)
+static void page_reset(const kv_cache *kv, kv_page *p)
 {
-    kv->len = n;
-    if (n > kv->high) kv->high = n;
+    p->n = 0;
+    p->merged = 0;
+    for (int64_t i = 0; i < kv->row_dim; i++) {
+        p->ksum[i] = 0;
+        p->kmin[i] = FLT_MAX;
+        p->kmax[i] = -FLT_MAX;
+    }
 }
 
-static float *layer_base(const kv_cache *kv, int il, int which)
+kv_page *kv_page_new(kv_cache *kv)
 {
-    return kv->slab + ((size_t)il * 2 + (size_t)which) * (size_t)kv->n_ctx * (size_t)kv->row_dim;
+    kv_page *p;
+    if (kv->n_free > 0) {
+        p = kv->free_list[--kv->n_free];
+    } else {
+        p = malloc(kv->page_bytes);
+        if (!p) return NULL;
+        account(kv, (int64_t)kv->page_bytes);
+        size_t P = (size_t)kv->page_size, R = (size_t)kv->row_dim;
+        char *c = (char *)(p + 1);
+        /* summaries first: floats stay 4-byte aligned whatever P and R are */
+        p->ksum = (float *)c;
+        p->kmin = p->ksum + R;
+        p->kmax = p->kmin + R;
+        p->logdeg = p->kmax + R;
+        p->pos = (int32_t *)(p->logdeg + P);
+        p->k = (uint16_t *)(p->pos + P);
+        p->v = p->k + P * R;
+    }
+    page_reset(kv, p);
+    return p;
 }
 
-float *kv_k_row(kv_cache *kv, int il, int64_t pos) { return layer_base(kv, il, 0) + pos * kv->row_dim; }
-float *kv_v_row(kv_cache *kv, int il, int64_t pos) { return layer_base(kv, il, 1) + pos * kv->row_dim; }
-const float *kv_k_base(const kv_cache *kv, int il) { return layer_base(kv, il, 0); }
-const float *kv_v_base(const kv_cache *kv, int il) { return layer_base(kv, il, 1); }
-
-uint64_t kv_bytes_used(const kv_cache *kv)
+static void page_release(kv_cache *kv, kv_page *p)
 {
-    return (uint64_t)kv->len * (uint64_t)kv->row_dim * sizeof(float) * 2u * (uint64_t)kv->n_layer;
+    if (kv->n_free < FREE_LIST_MAX) {
+        kv->free_list[kv->n_free++] = p;
+        return;
+    }
+    free(p);
+    account(kv, -(int64_t)kv->page_bytes);
 }
 
-uint64_t kv_bytes_peak(const kv_cache *kv)
+int kv_push_page(kv_cache *kv, int il, kv_page *p)
 {
-    return (uint64_t)kv->high * (uint64_t)kv->row_dim * sizeof(float) * 2u * (uint64_t)kv->n_layer;
+    kv_layer *L = &kv->layers[il];
+    if (L->n == L->cap) {
+        int nc = L->cap ? L->cap * 2 : 64;
+        kv_page **np = realloc(L->pages, sizeof *np * (size_t)nc);
+        if (!np) return -1;
+        account(kv, (int64_t)sizeof *np * (nc - L->cap));
+        L->pages = np;
+        L->cap = nc;
+    }
+    L->pages[L->n++] = p;
+    L->tokens += p->n;
+    return 0;
+}
+
+/* Fold one f16 key row into the page summaries. */
+static void summarize_row(const kv_cache *kv, kv_page *p, const uint16_t *krow)
+{
+    float *t = kv->tmp;
+    for (int64_t i = 0; i < kv->row_dim; i++) t[i] = quant_fp16_to_f32(krow[i]);
+    for (int64_t i = 0; i < kv->row_dim; i++) {
+        p->ksum[i] += t[i];
+        if (t[i] < p->kmin[i]) p->kmin[i] = t[i];
+        if (t[i] > p->kmax[i]) p->kmax[i] = t[i];
+    }
+}
+
+void kv_page_resummarize(const kv_cache *kv, kv_page *p)
+{
+    int32_t n = p->n;
+    int merged = 0;
+    for (int64_t i = 0; i < kv->row_dim; i++) {
+        p->ksum[i] = 0;
+        p->kmin[i] = FLT_MAX;
+        p->kmax[i] = -FLT_MAX;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        summarize_row(kv, p, p->k + (size_t)t * (size_t)kv->row_dim);
+        if (p->logdeg[t] != 0) merged = 1;
+    }
+    p->merged = merged;
+}
+
+int kv_append(kv_cache *kv, int il, const float *k, const float *v, int64_t n, int64_t p0)
+{
+    kv_layer *L = &kv->layers[il];
+    size_t R = (size_t)kv->row_dim;
+    for (int64_t t = 0; t < n; t++) {
+        kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
+        if (!p || p->n == kv->page_size) {
+            p = kv_page_new(kv);
+            if (!p || kv_push_page(kv, il, p) != 0) {
+                if (p) page_release(kv, p);
+                return -1;
+            }
+        }
+        uint16_t *kr = p->k + (size_t)p->n * R, *vr = p->v + (size_t)p->n * R;
+        vd_f32_to_f16((int64_t)R, k + (size_t)t * R, kr);
+        vd_f32_to_f16((int64_t)R, v + (size_t)t * R, vr);
+        p->pos[p->n] = (int32_t)(p0 + t);
+        p->logdeg[p->n] = 0;
+        p->n++;
+        L->tokens++;
+        summarize_row(kv, p, kr);
+    }
+    return 0;
+}
+
+void kv_commit(kv_cache *kv, int64_t len) { kv->len = len; }
+
+/* Remove every token at position >= pos from layer il (tokens are in position order within a
+ * layer's table, so only the tail is touched). */
+static void layer_truncate(kv_cache *kv, int il, int64_t pos)
+{
+    kv_layer *L = &kv->layers[il];
+    while (L->n > 0) {
+        kv_page *p = L->pages[L->n - 1];
+        int32_t keep = p->n;
+        while (keep > 0 && p->pos[keep - 1] >= pos) keep--;
+        if (keep == p->n) break;
+        L->tokens -= p->n - keep;
+        if (keep == 0) {
+            L->n--;
+            page_release(kv, p);
+            continue;
+        }
+        p->n = keep;
+        kv_page_resummarize(kv, p);
+        break;
+    }
+}
+
+/* Tokens of layer il with positions in [lo, hi). */
+static int64_t layer_count_range(const kv_cache *kv, int il, int64_t lo, int64_t hi)
+{
+    const kv_layer *L = &kv->layers[il];
+    int64_t c = 0;
+    for (int i = 0; i < L->n; i++) {
+        const kv_page *p = L->pages[i];
+        if (p->n == 0 || p->pos[p->n - 1] < lo || p->pos[0] >= hi) continue;
+        for (int32_t t = 0; t < p->n; t++) c += p->pos[t] >= lo && p->pos[t] < hi;
+    }
+    return c;
+}
+
+int64_t kv_rewind(kv_cache *kv, int64_t pos)
+{
+    if (pos >= kv->len) return kv->len;
+    if (pos < 0) pos = 0;
+    int exact = 1;
+    for (int il = 0; il < kv->n_layer && exact; il++) {
+        int64_t w = kv->layers[il].window;
+        if (w <= 0 || pos == 0) continue;
+        int64_t lo = pos - w + 1 > 0 ? pos - w + 1 : 0;
+        if (layer_count_range(kv, il, lo, pos) != pos - lo) exact = 0;
+    }
+    if (!exact) pos = 0;
+    for (int il = 0; il < kv->n_layer; il++) layer_truncate(kv, il, pos);
+    kv->len = pos;
+    return pos;
+}
+
+/* Does a page with positions [first, last] hold keys that a query (or a rewind target) at r sees? */
+static int needed_by(int64_t first, int64_t last, int64_t r, int64_t w)
+{
+    return last >= r - w + 1 && first <= r - 1;
+}
+
+void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start)
+{
+    kv_layer *L = &kv->layers[il];
+    int64_t w = L->window;
+    if (w <= 0 || L->n <= 1) return;
+    int out = 0;
+    for (int i = 0; i < L->n; i++) {
+        kv_page *p = L->pages[i];
+        int64_t first = p->pos[0], last = p->pos[p->n - 1];
+        int keep = i == L->n - 1 || last >= q_min - w + 1 || needed_by(first, last, kv->floor, w) ||
+                   needed_by(first, last, eval_start, w);
+        if (keep) {
+            L->pages[out++] = p;
+        } else {
+            L->tokens -= p->n;
+            page_release(kv, p);
+        }
+    }
+    L->n = out;
+}
+
+void kv_keep_pages(kv_cache *kv, int il, const int *keep, int n_keep)
+{
+    kv_layer *L = &kv->layers[il];
+    int j = 0, out = 0;
+    for (int i = 0; i < L->n; i++) {
+        kv_page *p = L->pages[i];
+        if (j < n_keep && keep[j] == i) {
+            L->pages[out++] = p;
+            j++;
+        } else {
+            L->tokens -= p->n;
+            page_release(kv, p);
+        }
+    }
+    L->n = out;
+}
+
+void kv_get_stats(const kv_cache *kv, kv_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->positions = kv->len;
+    for (int il = 0; il < kv->n_layer; il++) {
+        st->tokens_kept += kv->layers[il].tokens;
+        st->pages += kv->layers[il].n;
+    }
+    st->tokens_full = kv->len * kv->n_layer;
+    st->bytes_resident = kv->bytes;
+    st->bytes_full = (uint64_t)st->tokens_full * (uint64_t)kv->row_dim * 2u * sizeof(uint16_t);
+    st->bytes_peak = kv->peak;
 }

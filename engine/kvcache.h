@@ -1,32 +1,86 @@
-/* kvcache.h - the per-layer key/value cache behind a narrow interface.
+/* kvcache.h - the paged key/value cache of one sequence.
  *
- * Today: one contiguous f32 slab per layer, indexed by position, reserved with mmap so untouched
- * context costs no memory. The forward pass only appends rows (kv_k_row/kv_v_row at the next
- * positions), reads the slabs for attention, and commits or rewinds the length; the paged cache
- * replaces these insides without changing that contract. */
+ * Every layer has a page table: an ordered list of pages of P tokens (default 32). A page holds, per
+ * token, the key and value rows of all KV heads in f16 (one row per KV head: GQA is never expanded),
+ * the token's position and its log-degree (0 unless compression merged tokens into it), and per page
+ * the running sum, element-wise min and element-wise max of its keys (the summaries the selection
+ * policies score). Pages come from a pool and go back to it when evicted or rewound, and every byte
+ * is counted where it is allocated, so the memory figures are exact.
+ *
+ * Sliding-window layers (window > 0) keep only the pages their queries can still see, plus what a
+ * rewind to a protected position needs (see kv_trim_window). */
 #ifndef KVCHAT_KVCACHE_H
 #define KVCHAT_KVCACHE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+typedef struct kv_page {
+    uint16_t *k, *v;       /* [page_size][row_dim] f16 */
+    int32_t *pos;          /* [page_size] position of each token */
+    float *logdeg;         /* [page_size] log of the number of tokens merged into it (0: one) */
+    float *ksum;           /* [row_dim] sum of the keys held */
+    float *kmin, *kmax;    /* [row_dim] element-wise min / max of the keys held */
+    int32_t n;             /* tokens held (a prefix of the page) */
+    int32_t merged;        /* 1 when some logdeg is nonzero */
+} kv_page;
+
 typedef struct kv_cache kv_cache;
 
-kv_cache *kv_create(int n_layer, int64_t n_ctx, int64_t row_dim, char *err, size_t errlen);
+/* window[il] > 0 makes layer il a sliding-window layer of that width (NULL: all global). */
+kv_cache *kv_create(int n_layer, int64_t n_ctx, int64_t row_dim, int page_size, const int32_t *window, char *err,
+                    size_t errlen);
 void kv_free(kv_cache *kv);
 
+int kv_n_layer(const kv_cache *kv);
+int kv_page_size(const kv_cache *kv);
+int64_t kv_row_dim(const kv_cache *kv);
 int64_t kv_n_ctx(const kv_cache *kv);
-int64_t kv_len(const kv_cache *kv);            /* committed positions */
-void kv_set_len(kv_cache *kv, int64_t n);      /* commit after a chunk, or rewind (n <= len) */
+int32_t kv_window(const kv_cache *kv, int il);       /* 0 on global layers */
+int64_t kv_len(const kv_cache *kv);                  /* the next position (tokens seen so far) */
 
-/* Row of layer il at position pos (pos < n_ctx): row_dim floats. */
-float *kv_k_row(kv_cache *kv, int il, int64_t pos);
-float *kv_v_row(kv_cache *kv, int il, int64_t pos);
-const float *kv_k_base(const kv_cache *kv, int il);
-const float *kv_v_base(const kv_cache *kv, int il);
+/* Append n rows (f32, converted to f16) at positions p0 .. p0+n-1 to layer il. -1 when out of memory. */
+int kv_append(kv_cache *kv, int il, const float *k, const float *v, int64_t n, int64_t p0);
+/* Declare positions < len committed (after a chunk). */
+void kv_commit(kv_cache *kv, int64_t len);
 
-/* Bytes the committed positions occupy, and the largest that has been touched (the peak). */
-uint64_t kv_bytes_used(const kv_cache *kv);
-uint64_t kv_bytes_peak(const kv_cache *kv);
+/* Forget every token at position >= pos. Returns pos, or 0 (after clearing everything) when a
+ * sliding-window layer no longer holds the keys a query at pos would need; the caller then
+ * re-evaluates from the returned position. */
+int64_t kv_rewind(kv_cache *kv, int64_t pos);
+/* Sliding-window layers keep what a rewind to this position needs (a chat turn's start), so
+ * rewinding there stays exact. */
+void kv_set_floor(kv_cache *kv, int64_t pos);
+/* Drop the pages of sliding-window layer il that no query at position >= q_min can see and that a
+ * rewind to the floor or to eval_start would not need. No-op on global layers. */
+void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start);
+
+/* The page table of layer il. */
+int kv_n_pages(const kv_cache *kv, int il);
+kv_page *kv_layer_page(const kv_cache *kv, int il, int i);
+int64_t kv_layer_tokens(const kv_cache *kv, int il);
+
+/* Replace layer il's page table by the pages whose indices are listed (ascending, a subset of the
+ * current indices); the others return to the pool. What eviction policies call. */
+void kv_keep_pages(kv_cache *kv, int il, const int *keep, int n_keep);
+/* Recompute a page's summaries from its f16 keys (after a policy edited the page in place). */
+void kv_page_resummarize(const kv_cache *kv, kv_page *p);
+/* A fresh empty page from the pool (NULL when out of memory), and adding one to the end of layer
+ * il's table; policies that rebuild pages use these. */
+kv_page *kv_page_new(kv_cache *kv);
+int kv_push_page(kv_cache *kv, int il, kv_page *p);
+
+typedef struct kv_stats {
+    int64_t positions;         /* tokens seen (the context length) */
+    int64_t tokens_kept;       /* token rows held, summed over layers */
+    int64_t tokens_full;       /* token rows a full cache would hold: positions x layers */
+    uint64_t bytes_resident;   /* pages + page tables, as allocated */
+    uint64_t bytes_full;       /* K+V of a full f16 cache of this length, no summaries */
+    uint64_t bytes_peak;       /* largest bytes_resident so far (prefill included) */
+    int64_t pages;             /* pages in use, all layers */
+} kv_stats;
+void kv_get_stats(const kv_cache *kv, kv_stats *st);
+/* Bytes of one page (K, V, positions, log-degrees and summaries). */
+uint64_t kv_page_bytes(const kv_cache *kv);
 
 #endif

@@ -25,17 +25,29 @@ typedef struct be_mm {
     float *y;              /* [n_tok][w->n_out] */
 } be_mm;
 
-/* Attention of a batch of queries against a contiguous cache of keys/values whose index is their
- * position (key j has position j). Query t at position q_pos[t] sees keys j <= q_pos[t], and on
- * sliding-window layers only those with q_pos[t] - j < window. */
+/* One page of the KV cache as attention reads it: n tokens, each with one f16 key row and one f16
+ * value row of n_head_kv * head_dim elements (head g's part at offset g * head_dim). */
+typedef struct be_kv_page {
+    const uint16_t *k, *v;
+    const int32_t *pos;     /* [n] token positions */
+    const float *bias;      /* [n] additive logit bias (log-degree of merged tokens), or NULL */
+    const uint64_t *mask;   /* bit t set: token t is attended; NULL: all n tokens */
+    int32_t n;
+} be_kv_page;
+
+/* Attention of a batch of queries over an explicit list of pages, read in place (never gathered).
+ * Query t at position q_pos[t] sees the listed tokens with position <= q_pos[t], and on
+ * sliding-window layers only those with q_pos[t] - position < window. */
 typedef struct be_attn {
     const float *q;        /* [n_q][n_head * head_dim], already scaled */
     int64_t n_q;
     const int32_t *q_pos;
     int n_head, n_head_kv, head_dim;
-    const float *k;        /* [n_kv][n_head_kv * head_dim] */
-    const float *v;        /* [n_kv][n_head_kv * head_dim] */
-    int64_t n_kv;
+    const be_kv_page *pages;
+    int64_t n_pages;
+    /* NULL: every KV head reads all n_pages pages. Else [n_head_kv + 1] offsets: KV head g (and its
+     * query heads) reads pages[head_pages[g] .. head_pages[g + 1]). */
+    const int64_t *head_pages;
     int32_t window;        /* 0: no sliding window */
     float *out;            /* [n_q][n_head * head_dim] */
 } be_attn;
@@ -57,6 +69,9 @@ typedef struct be_ops {
     /* out[t] = dequantized row ids[t] of w, times scale. */
     void (*get_rows)(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *out);
     void (*attention)(be_backend *b, const be_attn *a);
+    /* y[r] = dot(m row r, x) for rows r < n_rows of an f32 matrix [n_rows][dim]: the selection
+     * policies score every page summary against an anchor or query with one product. */
+    void (*scores)(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y);
 } be_ops;
 
 struct be_backend {

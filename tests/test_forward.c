@@ -50,7 +50,7 @@ static int32_t *prompt_ids(size_t *n)
 static float *eval_all(int n_batch, const int32_t *ids, size_t n)
 {
     char err[256];
-    fwd_opts fo = { 2048, n_batch };
+    fwd_opts fo = { 2048, n_batch, 0 };
     fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
     cr_assert(f, "%s", err);
     float *l = malloc(sizeof(float) * (size_t)M->hp.n_vocab);
@@ -72,7 +72,7 @@ Test(forward, cancelled_prefill_leaves_the_cache_untouched)
     size_t n;
     int32_t *ids = prompt_ids(&n);
     char err[256];
-    fwd_opts fo = { 2048, 64 };
+    fwd_opts fo = { 2048, 64, 0 };
     fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
     cr_assert(f);
     float *l = malloc(sizeof(float) * (size_t)M->hp.n_vocab);
@@ -116,7 +116,7 @@ Test(forward, rewind_and_replay_reproduces_the_logits)
     size_t n;
     int32_t *ids = prompt_ids(&n);
     char err[256];
-    fwd_opts fo = { 2048, 64 };
+    fwd_opts fo = { 2048, 64, 0 };
     fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
     float *l1 = malloc(sizeof(float) * (size_t)M->hp.n_vocab), *l2 = malloc(sizeof(float) * (size_t)M->hp.n_vocab);
     cr_assert(fwd_eval(f, ids, 300, l1, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0);
@@ -136,7 +136,7 @@ Test(forward, too_long_for_the_context_is_refused_up_front)
     size_t n;
     int32_t *ids = prompt_ids(&n);
     char err[256];
-    fwd_opts fo = { 256, 64 };
+    fwd_opts fo = { 256, 64, 0 };
     fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
     float *l = malloc(sizeof(float) * (size_t)M->hp.n_vocab);
     cr_expect_eq(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err), -1);

@@ -155,7 +155,7 @@ static void run_ref(const char *model_name, const char *prompt, float tol, int t
     for (size_t i = 0; i < n; i++) cr_assert_eq(ids[i], rf.ids[i], "prompt id %zu: %d vs reference %d", i, ids[i], rf.ids[i]);
     be_backend *b = be_cpu_create(threads, err, sizeof err);
     cr_assert(b, "%s", err);
-    fwd_opts fo = { 2048, 0 };
+    fwd_opts fo = { 2048, 0, 0 };
     fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
     cr_assert(f, "%s", err);
     char what[128];
@@ -174,7 +174,7 @@ static void run_ref(const char *model_name, const char *prompt, float tol, int t
     double max_abs = 0;
     for (int32_t i = 0; i < rf.n_vocab; i++) max_abs = fmax(max_abs, fabs((double)logits[i] - ref_last[i]));
     for (int t = 0; t < 32; t++) {
-        cr_assert(fwd_eval(f, &rf.greedy[t], 1, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        cr_assert(fwd_decode(f, rf.greedy[t], logits, NULL, err, sizeof err) == 0, "%s", err);
         check_row(&c, &rf.steps[t], logits, rf.n_vocab, "step", t);
     }
     cr_log_info("%s: worst top-logit difference %.2e relative, %d genuine ties, last-logits max |diff| %.2e", what,

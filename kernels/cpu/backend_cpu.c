@@ -2,8 +2,8 @@
  *
  * Matrix products quantize the activations once per call into the weight type's activation format
  * and run the fused dot kernels of vec_dot.c over row chunks on the thread pool; attention is a
- * tiled online-softmax loop (flash-attention style: no n x n score matrix), split over keys for
- * single-token decode. Small element-wise ops run on the calling thread. */
+ * tiled online-softmax loop over the pages of the KV cache, read in place (flash-attention style: no
+ * n x n score matrix), split over pages for single-token decode. Small element-wise ops run on the calling thread. */
 #include "backend.h"
 
 #include <math.h>
@@ -282,21 +282,30 @@ typedef struct att_job {
     const be_attn *a;
     int group;             /* query heads per KV head */
     int64_t n_tiles;       /* query tiles */
-    int n_split;           /* key splits (decode) */
+    int n_split;           /* page-range splits (decode) */
     float *part;           /* [n_head][n_split][2 + head_dim] when n_split > 1 */
-    float *scratch;        /* per thread: ATT_TILE_Q * group rows of (ATT_BLOCK_K scores + m, l) */
+    float *scratch;        /* per thread: rows of ATT_BLOCK_K scores, then m, l, live, acc */
     size_t scratch_per_thread;
 } att_job;
 
-/* Visible key range [lo, hi) for a query at position p. */
-static void att_range(const be_attn *a, int32_t p, int64_t *lo, int64_t *hi)
+static void head_range(const be_attn *a, int g, int64_t *p0, int64_t *p1)
 {
-    int64_t h = (int64_t)p + 1;
-    if (h > a->n_kv) h = a->n_kv;
-    int64_t l = 0;
-    if (a->window > 0 && (int64_t)p - a->window + 1 > 0) l = (int64_t)p - a->window + 1;
-    *lo = l;
-    *hi = h;
+    if (a->head_pages) {
+        *p0 = a->head_pages[g];
+        *p1 = a->head_pages[g + 1];
+    } else {
+        *p0 = 0;
+        *p1 = a->n_pages;
+    }
+}
+
+static inline int att_visible(const be_attn *a, const be_kv_page *pg, int32_t i, int32_t qp)
+{
+    int32_t kp = pg->pos[i];
+    if (kp > qp) return 0;
+    if (a->window > 0 && qp - kp >= a->window) return 0;
+    if (pg->mask && !((pg->mask[i >> 6] >> (i & 63)) & 1u)) return 0;
+    return 1;
 }
 
 static void att_task(void *ctx, int64_t task, int thread)
@@ -304,7 +313,6 @@ static void att_task(void *ctx, int64_t task, int thread)
     att_job *j = ctx;
     const be_attn *a = j->a;
     int D = a->head_dim;
-    int64_t kvstride = (int64_t)a->n_head_kv * D;
     int64_t qstride = (int64_t)a->n_head * D;
     int split = (int)(task % j->n_split);
     int64_t rest = task / j->n_split;
@@ -317,67 +325,79 @@ static void att_task(void *ctx, int64_t task, int thread)
     float *sc = j->scratch + (size_t)thread * j->scratch_per_thread;
     float *m = sc + (size_t)nrows * ATT_BLOCK_K;
     float *l = m + nrows;
-    float *acc = l + nrows;   /* nrows * D; when not split, written straight to out instead */
-    int64_t lo_all = INT64_MAX, hi_all = 0;
-    for (int64_t t = q0; t < q1; t++) {
-        int64_t lo, hi;
-        att_range(a, a->q_pos[t], &lo, &hi);
-        if (lo < lo_all) lo_all = lo;
-        if (hi > hi_all) hi_all = hi;
-    }
+    float *acc = l + nrows;
+    int64_t pg0, pg1;
+    head_range(a, g, &pg0, &pg1);
     if (j->n_split > 1) {
-        int64_t len = hi_all - lo_all;
-        int64_t per = (len + j->n_split - 1) / j->n_split;
-        int64_t s0 = lo_all + per * split;
-        int64_t s1 = s0 + per < hi_all ? s0 + per : hi_all;
-        lo_all = s0;
-        hi_all = s1;
+        int64_t np = pg1 - pg0;
+        int64_t s0 = pg0 + np * split / j->n_split, s1 = pg0 + np * (split + 1) / j->n_split;
+        pg0 = s0;
+        pg1 = s1;
     }
     for (int r = 0; r < nrows; r++) {
         m[r] = -INFINITY;
         l[r] = 0;
         memset(acc + (size_t)r * D, 0, sizeof(float) * (size_t)D);
     }
-    for (int64_t k0 = lo_all; k0 < hi_all; k0 += ATT_BLOCK_K) {
-        int64_t k1 = k0 + ATT_BLOCK_K < hi_all ? k0 + ATT_BLOCK_K : hi_all;
-        for (int64_t t = q0; t < q1; t++) {
-            int64_t lo, hi;
-            att_range(a, a->q_pos[t], &lo, &hi);
-            int64_t a0 = lo > k0 ? lo : k0, a1 = hi < k1 ? hi : k1;
-            if (a0 >= a1) continue;
-            /* The G query heads of this token share the KV head: each key and value row is used
-             * by all of them while it is in L1 (keys outer, heads inner). */
-            int r0 = (int)(t - q0) * G;
-            const float *qt = a->q + t * qstride + (int64_t)g * G * D;
-            for (int64_t k = a0; k < a1; k++) {
-                const float *kr = a->k + k * kvstride + (int64_t)g * D;
-                for (int hh = 0; hh < G; hh++)
-                    sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)(k - a0)] = vd_dot_f32(D, qt + (int64_t)hh * D, kr);
-            }
-            int64_t nk = a1 - a0;
-            for (int hh = 0; hh < G; hh++) {
-                int r = r0 + hh;
-                float *s = sc + (size_t)r * ATT_BLOCK_K;
-                float mx = m[r];
-                for (int64_t k = 0; k < nk; k++)
-                    if (s[k] > mx) mx = s[k];
-                float corr = expf(m[r] - mx);  /* exp(-inf) = 0 on the first block */
-                float *ac = acc + (size_t)r * D;
-                if (corr != 1.0f) {
-                    l[r] *= corr;
-                    for (int i = 0; i < D; i++) ac[i] *= corr;
+    int32_t qmax = INT32_MIN;
+    for (int64_t t = q0; t < q1; t++)
+        if (a->q_pos[t] > qmax) qmax = a->q_pos[t];
+    for (int64_t ip = pg0; ip < pg1; ip++) {
+        const be_kv_page *pg = &a->pages[ip];
+        if (pg->n <= 0 || pg->pos[0] > qmax) continue;   /* positions ascend within a page */
+        for (int32_t k0 = 0; k0 < pg->n; k0 += ATT_BLOCK_K) {
+            int32_t nk = pg->n - k0 < ATT_BLOCK_K ? pg->n - k0 : ATT_BLOCK_K;
+            int any = 0;
+            for (int64_t t = q0; t < q1; t++) {
+                int32_t qp = a->q_pos[t];
+                int r0 = (int)(t - q0) * G;
+                const float *qt = a->q + t * qstride + (int64_t)g * G * D;
+                int live = 0;
+                /* keys outer, heads inner: each key row serves the G query heads while in L1 */
+                for (int32_t k = 0; k < nk; k++) {
+                    int32_t i = k0 + k;
+                    if (!att_visible(a, pg, i, qp)) {
+                        for (int hh = 0; hh < G; hh++) sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)k] = -INFINITY;
+                        continue;
+                    }
+                    live = 1;
+                    const uint16_t *kr = pg->k + (size_t)i * (size_t)a->n_head_kv * (size_t)D + (size_t)g * (size_t)D;
+                    float bias = pg->bias ? pg->bias[i] : 0.0f;
+                    for (int hh = 0; hh < G; hh++)
+                        sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)k] = vd_dot_f32_f16(D, qt + (int64_t)hh * D, kr) + bias;
                 }
-                m[r] = mx;
-                for (int64_t k = 0; k < nk; k++) s[k] -= mx;
-                vd_exp_f32(nk, s, s);
-                float lsum = 0;
-                for (int64_t k = 0; k < nk; k++) lsum += s[k];
-                l[r] += lsum;
+                for (int hh = 0; hh < G; hh++) {
+                    int r = r0 + hh;
+                    float *s = sc + (size_t)r * ATT_BLOCK_K;
+                    if (!live) {
+                        memset(s, 0, sizeof(float) * (size_t)nk);
+                        continue;
+                    }
+                    float mx = m[r];
+                    for (int32_t k = 0; k < nk; k++)
+                        if (s[k] > mx) mx = s[k];
+                    float corr = expf(m[r] - mx);   /* exp(-inf) = 0 on the first live block */
+                    float *ac = acc + (size_t)r * D;
+                    if (corr != 1.0f) {
+                        l[r] *= corr;
+                        for (int i = 0; i < D; i++) ac[i] *= corr;
+                    }
+                    m[r] = mx;
+                    for (int32_t k = 0; k < nk; k++) s[k] -= mx;   /* -inf stays -inf, exp gives 0 */
+                    vd_exp_f32(nk, s, s);
+                    float lsum = 0;
+                    for (int32_t k = 0; k < nk; k++) lsum += s[k];
+                    l[r] += lsum;
+                }
+                any |= live;
             }
-            for (int64_t k = a0; k < a1; k++) {
-                const float *vr = a->v + k * kvstride + (int64_t)g * D;
-                for (int hh = 0; hh < G; hh++)
-                    vd_axpy_f32(D, sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)(k - a0)], vr, acc + (size_t)(r0 + hh) * D);
+            if (!any) continue;
+            for (int32_t k = 0; k < nk; k++) {
+                const uint16_t *vr = pg->v + (size_t)(k0 + k) * (size_t)a->n_head_kv * (size_t)D + (size_t)g * (size_t)D;
+                for (int r = 0; r < nrows; r++) {
+                    float w = sc[(size_t)r * ATT_BLOCK_K + (size_t)k];
+                    if (w != 0.0f) vd_axpy_f16(D, w, vr, acc + (size_t)r * D);
+                }
             }
         }
     }
@@ -409,9 +429,18 @@ static void cpu_attention(be_backend *b, const be_attn *a)
     j.group = a->n_head / a->n_head_kv;
     j.n_tiles = (a->n_q + ATT_TILE_Q - 1) / ATT_TILE_Q;
     j.n_split = 1;
-    if (a->n_q == 1 && a->n_kv >= 512) {
-        j.n_split = 2 * b->n_threads;
-        if (j.n_split > 16) j.n_split = 16;
+    if (a->n_q == 1) {
+        /* decode: one query per head, so split each head's page list to use every thread */
+        int64_t min_pages = INT64_MAX;
+        for (int g = 0; g < a->n_head_kv; g++) {
+            int64_t p0, p1;
+            head_range(a, g, &p0, &p1);
+            if (p1 - p0 < min_pages) min_pages = p1 - p0;
+        }
+        int64_t want = 2 * (int64_t)b->n_threads / a->n_head_kv;
+        if (want > 16) want = 16;
+        if (want > min_pages / 4) want = min_pages / 4;   /* at least 4 pages a split */
+        if (want > 1) j.n_split = (int)want;
     }
     int D = a->head_dim;
     int rows = ATT_TILE_Q * j.group;
@@ -450,6 +479,35 @@ static void cpu_attention(be_backend *b, const be_attn *a)
     }
 }
 
+/* ---------------------------------------------------------------- selection scores */
+
+typedef struct score_job {
+    const float *m, *x;
+    float *y;
+    int64_t n_rows, dim, per;
+} score_job;
+
+static void score_task(void *ctx, int64_t t, int thread)
+{
+    (void)thread;
+    score_job *j = ctx;
+    int64_t r0 = t * j->per, r1 = r0 + j->per < j->n_rows ? r0 + j->per : j->n_rows;
+    for (int64_t r = r0; r < r1; r++) j->y[r] = vd_dot_f32(j->dim, j->m + r * j->dim, j->x);
+}
+
+static void cpu_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
+{
+    score_job j = { m, x, y, n_rows, dim, 0 };
+    int64_t tasks = n_rows * dim >= (1 << 16) ? 4 * (int64_t)b->n_threads : 1;
+    j.per = (n_rows + tasks - 1) / tasks;
+    if (j.per < 1) j.per = 1;
+    if (tasks == 1) {
+        score_task(&j, 0, 0);
+        return;
+    }
+    tp_run(impl_of(b)->pool, score_task, &j, (n_rows + j.per - 1) / j.per);
+}
+
 /* ---------------------------------------------------------------- table */
 
 static const be_ops cpu_ops = {
@@ -460,6 +518,7 @@ static const be_ops cpu_ops = {
     .glu = cpu_glu,
     .get_rows = cpu_get_rows,
     .attention = cpu_attention,
+    .scores = cpu_scores,
 };
 
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)

@@ -512,3 +512,29 @@ void vd_axpy_f32(int64_t n, float a, const float *x, float *y)
 #endif
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
+
+float vd_dot_f32_f16(int64_t n, const float *a, const uint16_t *b)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) return vd_dot_f32_f16_avx2(n, a, b);
+#endif
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * quant_fp16_to_f32(b[i]);
+    return s;
+}
+
+void vd_axpy_f16(int64_t n, float a, const uint16_t *x, float *y)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) { vd_axpy_f16_avx2(n, a, x, y); return; }
+#endif
+    for (int64_t i = 0; i < n; i++) y[i] += a * quant_fp16_to_f32(x[i]);
+}
+
+void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) { vd_f32_to_f16_avx2(n, x, y); return; }
+#endif
+    for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_fp16(x[i]);
+}

@@ -45,6 +45,11 @@ float vd_dot_f32(int64_t n, const float *a, const float *b);
 /* y += a * x */
 void vd_axpy_f32(int64_t n, float a, const float *x, float *y);
 
+/* The same against f16 rows (the KV cache's storage), and f32 -> f16 conversion (nearest even). */
+float vd_dot_f32_f16(int64_t n, const float *a, const uint16_t *b);
+void vd_axpy_f16(int64_t n, float a, const uint16_t *x, float *y);
+void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y);
+
 /* y[i] = e^x[i] (AVX2 polynomial, ~1e-7 relative; libm in the portable build). x == y allowed. */
 void vd_exp_f32(int64_t n, const float *x, float *y);
 /* gate[i] = act(gate[i]) * up[i], act = GELU (tanh form) when gelu, else SiLU. */

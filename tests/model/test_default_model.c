@@ -46,7 +46,7 @@ static void greedy(const char *prompt, int n, char *out, size_t cap)
     int32_t *ids;
     size_t n_ids;
     cr_assert(tok_encode(M->vocab, prompt, strlen(prompt), 1, 0, &ids, &n_ids, err, sizeof err) == 0, "%s", err);
-    fwd_opts fo = { 256, 0 };
+    fwd_opts fo = { 256, 0, 0 };
     fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
     cr_assert(f, "%s", err);
     float *logits = malloc(sizeof(float) * (size_t)M->hp.n_vocab);

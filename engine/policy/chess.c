@@ -1,0 +1,303 @@
+/* chess.c - CHESS: hierarchical page selection, rebuilt when asked to (every N generated pages, or
+ * on an uncertainty event: quality-aware backtracking).
+ *
+ * A page's summary is its mean key, flattened over the global layers and KV heads; a chunk
+ * (chunk= pages) and a grid (grid= chunks) get the mean of their children's summaries. A
+ * reconstruction builds the anchor (mean summary of the recent-window pages), scores every grid,
+ * chunk and page with one matrix-vector product, keeps the top rho_g grids, the top rho_c of the
+ * chunks inside them and the top rho_p of the pages inside those (or, with a budget, as many of
+ * those pages as the budget allows), and from then on every global layer attends to
+ *   sink pages + selected pages + every page from the recent window onwards
+ * by page index, without copying. Between reconstructions the selection stays fixed. Selection
+ * only: every page stays in memory. */
+#include "policy.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pol_util.h"
+
+enum { P_PRESET, P_RHO_G, P_RHO_C, P_RHO_P, P_BUDGET, P_SINK, P_WINDOW, P_CHUNK, P_GRID, P_EVERY };
+
+static const pol_param params[] = {
+    { "preset", POL_ENUM, 1, 0, 0, "conservative|moderate|aggressive", "rho_g,rho_c,rho_p: 0.9,0.9,0.9 / 0.8,0.7,0.7 / 0.5,0.2,0.1" },
+    { "rho_g", POL_FLOAT, 0, 0, 1, NULL, "fraction of grids kept (0: from the preset)" },
+    { "rho_c", POL_FLOAT, 0, 0, 1, NULL, "fraction of chunks kept inside kept grids (0: preset)" },
+    { "rho_p", POL_FLOAT, 0, 0, 1, NULL, "fraction of pages kept inside kept chunks (0: preset)" },
+    { "budget", POL_FLOAT, 0, 0, 1e9, NULL, "tokens attended (fraction or count); sets the page count at the last level" },
+    { "sink", POL_INT, 1, 0, 1 << 20, NULL, "sink pages at the start, always kept" },
+    { "window", POL_INT, 4, 1, 1 << 20, NULL, "recent-window pages, always kept; their mean is the anchor" },
+    { "chunk", POL_INT, 4, 1, 1 << 16, NULL, "pages per chunk" },
+    { "grid", POL_INT, 4, 1, 1 << 16, NULL, "chunks per grid" },
+    { "every", POL_INT, 1, 0, 1 << 20, NULL, "rebuild every N generated pages (0: only on uncertainty events)" },
+};
+
+static const double presets[3][3] = { { 0.9, 0.9, 0.9 }, { 0.8, 0.7, 0.7 }, { 0.5, 0.2, 0.1 } };
+
+typedef struct st_chess {
+    double rho_g, rho_c, rho_p, budget;
+    int sink, window, chunk, grid, every;
+    int64_t cur;
+    int valid;                 /* a selection exists */
+    int dirty;                 /* rebuild at the next step */
+    int64_t built_at;          /* position of the last reconstruction */
+    int tail_from;             /* pages >= this index are attended (window at build time onwards) */
+    int *sel;                  /* selected candidate pages, ascending */
+    int n_sel, n_cand;
+    int64_t rebuilds, events;
+    int64_t n_pages_at_build;
+    /* scratch */
+    float *mat, *anchor, *score;
+    size_t mat_cap;
+    int *idx, *idx2;
+    int idx_cap;
+} st_chess;
+
+static int c_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
+{
+    (void)env;
+    st_chess *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int pr = (int)vals[P_PRESET];
+    s->rho_g = vals[P_RHO_G] > 0 ? vals[P_RHO_G] : presets[pr][0];
+    s->rho_c = vals[P_RHO_C] > 0 ? vals[P_RHO_C] : presets[pr][1];
+    s->rho_p = vals[P_RHO_P] > 0 ? vals[P_RHO_P] : presets[pr][2];
+    s->budget = vals[P_BUDGET];
+    s->sink = (int)vals[P_SINK];
+    s->window = (int)vals[P_WINDOW];
+    s->chunk = (int)vals[P_CHUNK];
+    s->grid = (int)vals[P_GRID];
+    s->every = (int)vals[P_EVERY];
+    s->dirty = 1;
+    *out = s;
+    return 0;
+}
+
+static void c_destroy(void *st)
+{
+    st_chess *s = st;
+    free(s->sel);
+    free(s->mat);
+    free(s->anchor);
+    free(s->score);
+    free(s->idx);
+    free(s->idx2);
+    free(s);
+}
+
+static int c_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen)
+{
+    st_chess *s = st;
+    if (s->budget <= 0) return 0;
+    int64_t b = pol_budget_tokens(s->budget, ctx);
+    int P = kv_page_size(env->kv);
+    if (s->budget >= 1 && b > ctx) {
+        snprintf(err, errlen, "chess: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
+                 (long long)ctx);
+        return -1;
+    }
+    int64_t fixed = (int64_t)(s->sink + s->window) * P;
+    if (b < fixed) {
+        snprintf(err, errlen, "chess: budget %lld tokens is below the %d sink + %d window pages it always keeps "
+                 "(%lld tokens)", (long long)b, s->sink, s->window, (long long)fixed);
+        return -1;
+    }
+    return 0;
+}
+
+/* Pages present in every global layer (prefill policies may leave layers with different counts). */
+static int common_pages(const pol_env *env)
+{
+    int np = -1;
+    for (int i = 0; i < env->n_global; i++) {
+        int n = kv_n_pages(env->kv, env->global[i]);
+        if (np < 0 || n < np) np = n;
+    }
+    return np < 0 ? 0 : np;
+}
+
+/* Row r of the summary matrix: the mean key of page i, over all global layers and KV heads. */
+static void page_row(const pol_env *env, int i, float *row)
+{
+    int64_t R = kv_row_dim(env->kv);
+    for (int gl = 0; gl < env->n_global; gl++) {
+        const kv_page *p = kv_layer_page(env->kv, env->global[gl], i);
+        float inv = p->n > 0 ? 1.0f / (float)p->n : 0.0f;
+        float *o = row + (size_t)gl * (size_t)R;
+        for (int64_t d = 0; d < R; d++) o[d] = p->ksum[d] * inv;
+    }
+}
+
+static void mean_rows(const float *rows, int n, size_t dim, float *out)
+{
+    memset(out, 0, sizeof(float) * dim);
+    for (int r = 0; r < n; r++)
+        for (size_t d = 0; d < dim; d++) out[d] += rows[(size_t)r * dim + d];
+    float inv = n > 0 ? 1.0f / (float)n : 0.0f;
+    for (size_t d = 0; d < dim; d++) out[d] *= inv;
+}
+
+static int ceil_frac(double rho, int n)
+{
+    int k = (int)ceil(rho * (double)n - 1e-9);
+    if (k < 1 && n > 0) k = 1;
+    return k > n ? n : k;
+}
+
+/* The reconstruction: choose s->sel among the candidate pages [sink, np - window). */
+static int rebuild(st_chess *s, const pol_env *env)
+{
+    int np = common_pages(env);
+    int nw = s->window < np ? s->window : np;
+    int first = s->sink, last = np - nw;   /* candidates [first, last) */
+    s->valid = 1;
+    s->dirty = 0;
+    s->built_at = s->cur;
+    s->rebuilds++;
+    s->n_pages_at_build = np;
+    s->tail_from = last > first ? last : first;
+    s->n_sel = 0;
+    s->n_cand = last > first ? last - first : 0;
+    if (s->n_cand == 0 || env->n_global == 0) return 0;
+    int nc = (s->n_cand + s->chunk - 1) / s->chunk;
+    int ng = (nc + s->grid - 1) / s->grid;
+    int rows = s->n_cand + nc + ng;
+    size_t dim = (size_t)env->n_global * (size_t)kv_row_dim(env->kv);
+    size_t need = (size_t)rows * dim;
+    if (need > s->mat_cap) {
+        float *m = realloc(s->mat, need * sizeof(float));
+        if (!m) return -1;
+        s->mat = m;
+        s->mat_cap = need;
+    }
+    int need_idx = rows > np ? rows : np;
+    if (need_idx > s->idx_cap) {
+        int *a = realloc(s->idx, sizeof(int) * (size_t)need_idx);
+        if (a) s->idx = a;
+        int *b = realloc(s->idx2, sizeof(int) * (size_t)need_idx);
+        if (b) s->idx2 = b;
+        int *c = realloc(s->sel, sizeof(int) * (size_t)need_idx);
+        if (c) s->sel = c;
+        float *d = realloc(s->score, sizeof(float) * (size_t)need_idx);
+        if (d) s->score = d;
+        if (!a || !b || !c || !d) return -1;
+        s->idx_cap = need_idx;
+    }
+    float *an = realloc(s->anchor, sizeof(float) * dim);
+    if (!an) return -1;
+    s->anchor = an;
+    float *prow = s->mat, *crow = s->mat + (size_t)s->n_cand * dim, *grow_ = crow + (size_t)nc * dim;
+    for (int i = 0; i < s->n_cand; i++) page_row(env, first + i, prow + (size_t)i * dim);
+    for (int c = 0; c < nc; c++) {
+        int p0 = c * s->chunk, p1 = p0 + s->chunk < s->n_cand ? p0 + s->chunk : s->n_cand;
+        mean_rows(prow + (size_t)p0 * dim, p1 - p0, dim, crow + (size_t)c * dim);
+    }
+    for (int g = 0; g < ng; g++) {
+        int c0 = g * s->grid, c1 = c0 + s->grid < nc ? c0 + s->grid : nc;
+        mean_rows(crow + (size_t)c0 * dim, c1 - c0, dim, grow_ + (size_t)g * dim);
+    }
+    /* anchor: mean summary of the recent-window pages (the score row buffer is free for a moment) */
+    memset(s->anchor, 0, sizeof(float) * dim);
+    float *tmp = malloc(sizeof(float) * dim);
+    if (!tmp) return -1;
+    for (int i = last; i < np; i++) {
+        page_row(env, i, tmp);
+        for (size_t d = 0; d < dim; d++) s->anchor[d] += tmp[d];
+    }
+    free(tmp);
+    for (size_t d = 0; d < dim; d++) s->anchor[d] /= (float)(np - last > 0 ? np - last : 1);
+    /* one product scores every page, chunk and grid */
+    env->b->ops->scores(env->b, s->mat, rows, (int64_t)dim, s->anchor, s->score);
+    const float *ps = s->score, *cs = s->score + s->n_cand, *gs = cs + nc;
+    /* grids */
+    for (int g = 0; g < ng; g++) s->idx[g] = g;
+    int kg = pol_top_k(s->idx, ng, gs, ceil_frac(s->rho_g, ng));
+    /* chunks inside the kept grids */
+    int n2 = 0;
+    for (int i = 0; i < kg; i++) {
+        int g = s->idx[i];
+        for (int c = g * s->grid; c < (g + 1) * s->grid && c < nc; c++) s->idx2[n2++] = c;
+    }
+    int kc = pol_top_k(s->idx2, n2, cs, ceil_frac(s->rho_c, n2));
+    /* pages inside the kept chunks */
+    int n3 = 0;
+    for (int i = 0; i < kc; i++) {
+        int c = s->idx2[i];
+        for (int p = c * s->chunk; p < (c + 1) * s->chunk && p < s->n_cand; p++) s->idx[n3++] = p;
+    }
+    int kp = ceil_frac(s->rho_p, n3);
+    if (s->budget > 0) {
+        int P = kv_page_size(env->kv);
+        int64_t btok = pol_budget_tokens(s->budget, s->cur + 1);
+        int64_t room = (btok + P - 1) / P - s->sink - nw;
+        kp = room < 0 ? 0 : room > n3 ? n3 : (int)room;
+    }
+    kp = pol_top_k(s->idx, n3, ps, kp);
+    for (int i = 0; i < kp; i++) s->sel[i] = first + s->idx[i];
+    s->n_sel = kp;
+    return 0;
+}
+
+static void c_begin(void *st, const pol_env *env, int64_t pos)
+{
+    st_chess *s = st;
+    s->cur = pos;
+    int P = kv_page_size(env->kv);
+    if (pos < s->built_at) s->dirty = 1;   /* rewound past the reconstruction */
+    if (s->every > 0 && pos - s->built_at >= (int64_t)s->every * P) s->dirty = 1;
+    if (!s->valid || s->dirty) {
+        if (rebuild(s, env) != 0) s->valid = 0;   /* out of memory: attend to everything this step */
+    }
+}
+
+static int c_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
+{
+    (void)q;
+    st_chess *s = st;
+    if (!s->valid) return 0;
+    int np = kv_n_pages(env->kv, il);
+    pol_sel_head(sel, 0);
+    int sk = s->sink < np ? s->sink : np;
+    for (int i = 0; i < sk; i++) pol_sel_add(sel, i, NULL);
+    for (int i = 0; i < s->n_sel; i++)
+        if (s->sel[i] >= sk && s->sel[i] < s->tail_from && s->sel[i] < np) pol_sel_add(sel, s->sel[i], NULL);
+    int from = s->tail_from > sk ? s->tail_from : sk;
+    for (int i = from; i < np; i++) pol_sel_add(sel, i, NULL);
+    return 1;
+}
+
+static void c_event(void *st, int event)
+{
+    st_chess *s = st;
+    if (event == POL_EVENT_UNCERTAIN) {
+        s->dirty = 1;
+        s->events++;
+    }
+}
+
+static void c_describe(void *st, char *buf, size_t len)
+{
+    st_chess *s = st;
+    snprintf(buf, len, "chess: %d of %d candidate pages + %d sink + window, %lld rebuilds (%lld on events)", s->n_sel,
+             s->n_cand, s->sink, (long long)s->rebuilds, (long long)s->events);
+}
+
+const pol_ops pol_chess = {
+    .name = "chess",
+    .summary = "CHESS: hierarchical grid/chunk/page selection from an anchor, rebuilt on demand",
+    .stage = POL_STAGE_DECODE,
+    .params = params,
+    .n_params = 10,
+    .create = c_create,
+    .destroy = c_destroy,
+    .decode_begin = c_begin,
+    .select = c_select,
+    .on_event = c_event,
+    .check = c_check,
+    .describe = c_describe,
+};

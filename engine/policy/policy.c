@@ -1,0 +1,456 @@
+/* policy.c - the policy registry, spec parsing, and the per-sequence runtime that binds a prefill
+ * and a decode policy to a KV cache and keeps the attention statistics (see policy.h). */
+#include "policy.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const pol_ops pol_full, pol_streaming, pol_quest, pol_chess;
+
+static const pol_ops *const registry[] = { &pol_full, &pol_streaming, &pol_quest, &pol_chess, NULL };
+
+const pol_ops *const *pol_registry(void) { return registry; }
+
+const pol_ops *pol_find(const char *name)
+{
+    for (int i = 0; registry[i]; i++)
+        if (!strcmp(registry[i]->name, name)) return registry[i];
+    return NULL;
+}
+
+static void names_of(char *buf, size_t len)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; registry[i] && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? ", " : "", registry[i]->name);
+}
+
+static void params_of(const pol_ops *p, char *buf, size_t len)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    if (p->n_params == 0) snprintf(buf, len, "(none)");
+    for (int i = 0; i < p->n_params && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? ", " : "", p->params[i].name);
+}
+
+static int param_index(const pol_ops *p, const char *name)
+{
+    for (int i = 0; i < p->n_params; i++)
+        if (!strcmp(p->params[i].name, name)) return i;
+    return -1;
+}
+
+/* Parse one value for parameter pp into *v. */
+static int parse_value(const pol_ops *p, const pol_param *pp, const char *s, double *v, char *err, size_t errlen)
+{
+    if (pp->type == POL_ENUM) {
+        const char *c = pp->choices;
+        for (int idx = 0; *c; idx++) {
+            const char *e = strchr(c, '|');
+            size_t n = e ? (size_t)(e - c) : strlen(c);
+            if (strlen(s) == n && !strncmp(s, c, n)) {
+                *v = idx;
+                return 0;
+            }
+            if (!e) break;
+            c = e + 1;
+        }
+        snprintf(err, errlen, "policy %s: %s=%s is not one of %s", p->name, pp->name, s, pp->choices);
+        return -1;
+    }
+    char *end;
+    double x = strtod(s, &end);
+    if (end == s || *end || !isfinite(x) || (pp->type == POL_INT && x != floor(x))) {
+        snprintf(err, errlen, "policy %s: %s=%s is not %s", p->name, pp->name, s,
+                 pp->type == POL_INT ? "an integer" : "a number");
+        return -1;
+    }
+    if (x < pp->lo || x > pp->hi) {
+        snprintf(err, errlen, "policy %s: %s=%s is outside [%g, %g]", p->name, pp->name, s, pp->lo, pp->hi);
+        return -1;
+    }
+    *v = x;
+    return 0;
+}
+
+int64_t pol_budget_tokens(double budget, int64_t ctx)
+{
+    if (budget <= 0) return 0;
+    if (budget < 1) {
+        int64_t t = (int64_t)ceil(budget * (double)ctx);
+        return t < 1 ? 1 : t;
+    }
+    return (int64_t)budget;
+}
+
+int pol_parse(pol_spec *out, const char *spec, const char *budget, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    char names[256];
+    names_of(names, sizeof names);
+    if (!spec || !*spec) spec = "full";
+    if (strlen(spec) >= sizeof out->text) {
+        snprintf(err, errlen, "policy spec too long");
+        return -1;
+    }
+    double bval = 0;
+    int have_budget = budget && *budget;
+    if (have_budget) {
+        char *end;
+        bval = strtod(budget, &end);
+        if (end == budget || *end || !isfinite(bval) || bval <= 0 || (bval >= 1 && bval != floor(bval))) {
+            snprintf(err, errlen, "--budget %s: give a fraction of the context (0 < b < 1) or a token count", budget);
+            return -1;
+        }
+    }
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *save = NULL;
+    for (char *part = strtok_r(buf, "+", &save); part; part = strtok_r(NULL, "+", &save)) {
+        char *colon = strchr(part, ':');
+        if (colon) *colon = 0;
+        const pol_ops *p = pol_find(part);
+        if (!p) {
+            snprintf(err, errlen, "unknown policy '%s' (valid: %s)", part, names);
+            return -1;
+        }
+        int slot = p->stage == POL_STAGE_PREFILL ? 0 : 1;
+        for (int i = 0; i < out->n; i++) {
+            if (out->ops[i]->stage == p->stage) {
+                snprintf(err, errlen, "policy spec '%s' names two %s policies (%s and %s); combine one prefill and "
+                         "one decode policy", spec, slot ? "decode" : "prefill", out->ops[i]->name, p->name);
+                return -1;
+            }
+        }
+        int k = out->n++;
+        out->ops[k] = p;
+        for (int i = 0; i < p->n_params; i++) out->vals[k][i] = p->params[i].def;
+        if (colon) {
+            char *save2 = NULL;
+            for (char *kvp = strtok_r(colon + 1, ",", &save2); kvp; kvp = strtok_r(NULL, ",", &save2)) {
+                char *eq = strchr(kvp, '=');
+                char plist[256];
+                params_of(p, plist, sizeof plist);
+                if (!eq) {
+                    snprintf(err, errlen, "policy %s: '%s' is not name=value (parameters: %s)", p->name, kvp, plist);
+                    return -1;
+                }
+                *eq = 0;
+                int pi = param_index(p, kvp);
+                if (pi < 0) {
+                    snprintf(err, errlen, "policy %s has no parameter '%s' (parameters: %s)", p->name, kvp, plist);
+                    return -1;
+                }
+                if (parse_value(p, &p->params[pi], eq + 1, &out->vals[k][pi], err, errlen)) return -1;
+                out->set[k][pi] = 1;
+            }
+        }
+        int bi = param_index(p, "budget");
+        if (have_budget && bi >= 0 && !out->set[k][bi]) {
+            out->vals[k][bi] = bval;
+            out->set[k][bi] = 1;
+        }
+    }
+    if (out->n == 0) {
+        snprintf(err, errlen, "empty policy spec (valid: %s)", names);
+        return -1;
+    }
+    if (have_budget) {
+        int any = 0;
+        for (int i = 0; i < out->n; i++) any |= param_index(out->ops[i], "budget") >= 0;
+        if (!any) {
+            snprintf(err, errlen, "--budget does not apply to policy '%s' (it keeps the whole context)", spec);
+            return -1;
+        }
+    }
+    /* prefill policy first in the canonical text */
+    if (out->n == 2 && out->ops[0]->stage == POL_STAGE_DECODE) {
+        const pol_ops *t = out->ops[0];
+        out->ops[0] = out->ops[1];
+        out->ops[1] = t;
+        double tv[POL_MAX_PARAMS];
+        int ts[POL_MAX_PARAMS];
+        memcpy(tv, out->vals[0], sizeof tv);
+        memcpy(ts, out->set[0], sizeof ts);
+        memcpy(out->vals[0], out->vals[1], sizeof tv);
+        memcpy(out->set[0], out->set[1], sizeof ts);
+        memcpy(out->vals[1], tv, sizeof tv);
+        memcpy(out->set[1], ts, sizeof ts);
+    }
+    size_t o = 0;
+    for (int k = 0; k < out->n; k++) {
+        const pol_ops *p = out->ops[k];
+        o += (size_t)snprintf(out->text + o, sizeof out->text - o, "%s%s", k ? "+" : "", p->name);
+        int first = 1;
+        for (int i = 0; i < p->n_params && o < sizeof out->text; i++) {
+            if (!out->set[k][i]) continue;
+            const pol_param *pp = &p->params[i];
+            char val[64];
+            if (pp->type == POL_ENUM) {
+                const char *c = pp->choices;
+                for (int j = 0; j < (int)out->vals[k][i] && c; j++) {
+                    c = strchr(c, '|');
+                    if (c) c++;
+                }
+                size_t n = c ? strcspn(c, "|") : 0;
+                snprintf(val, sizeof val, "%.*s", (int)n, c ? c : "");
+            } else {
+                snprintf(val, sizeof val, "%g", out->vals[k][i]);
+            }
+            o += (size_t)snprintf(out->text + o, sizeof out->text - o, "%s%s=%s", first ? ":" : ",", pp->name, val);
+            first = 0;
+        }
+        if (o >= sizeof out->text) o = sizeof out->text - 1;
+    }
+    return 0;
+}
+
+double pol_spec_value(const pol_spec *s, int i, const char *name, double def)
+{
+    int pi = param_index(s->ops[i], name);
+    return pi < 0 ? def : s->vals[i][pi];
+}
+
+void pol_list(char *buf, size_t len)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; registry[i] && o < len; i++) {
+        const pol_ops *p = registry[i];
+        o += (size_t)snprintf(buf + o, len - o, "  %-10s %s (%s; %s)\n", p->name, p->summary,
+                              p->stage == POL_STAGE_PREFILL ? "prefill" : "decode",
+                              p->saves_memory ? "saves memory" : "saves bandwidth only");
+        for (int j = 0; j < p->n_params && o < len; j++) {
+            const pol_param *pp = &p->params[j];
+            char def[64];
+            if (pp->type == POL_ENUM) {
+                const char *c = pp->choices;
+                for (int k = 0; k < (int)pp->def && c; k++) {
+                    c = strchr(c, '|');
+                    if (c) c++;
+                }
+                snprintf(def, sizeof def, "%.*s", c ? (int)strcspn(c, "|") : 0, c ? c : "");
+                o += (size_t)snprintf(buf + o, len - o, "      %s=%s (default %s) %s\n", pp->name, pp->choices, def,
+                                      pp->help);
+            } else {
+                o += (size_t)snprintf(buf + o, len - o, "      %s=%g (%g..%g) %s\n", pp->name, pp->def, pp->lo, pp->hi,
+                                      pp->help);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- selections */
+
+void pol_sel_head(pol_sel *s, int h)
+{
+    if (h > 0) s->per_head = 1;
+    for (int j = h; j <= s->n_head_kv; j++) s->off[j] = s->n;
+}
+
+void pol_sel_add(pol_sel *s, int page, const uint64_t *mask)
+{
+    if (s->n >= s->cap) return;   /* sized by the runtime for every page of every head */
+    s->idx[s->n] = page;
+    s->mask[s->n] = mask;
+    s->n++;
+    s->off[s->n_head_kv] = s->n;
+}
+
+/* ---------------------------------------------------------------- runtime */
+
+struct pol_set {
+    pol_spec spec;
+    pol_env env;
+    int *global;
+    void *st[2];
+    pol_sel sel;
+    pol_step_stats stats;
+    int64_t *page_map;
+    int64_t n_map, cap_map;
+    int *last_pages;
+    int n_last, cap_last;
+};
+
+pol_set *pol_set_create(const pol_spec *spec, const pol_env *env, char *err, size_t errlen)
+{
+    pol_set *ps = calloc(1, sizeof *ps);
+    if (!ps) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    ps->spec = *spec;
+    ps->env = *env;
+    ps->global = malloc(sizeof(int) * (size_t)(env->n_global > 0 ? env->n_global : 1));
+    ps->sel.off = calloc((size_t)env->n_head_kv + 1, sizeof(int64_t));
+    if (!ps->global || !ps->sel.off) {
+        pol_set_free(ps);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    memcpy(ps->global, env->global, sizeof(int) * (size_t)env->n_global);
+    ps->env.global = ps->global;
+    ps->sel.n_head_kv = env->n_head_kv;
+    for (int i = 0; i < spec->n; i++) {
+        if (spec->ops[i]->create(&ps->st[i], &ps->env, spec->vals[i], err, errlen)) {
+            pol_set_free(ps);
+            return NULL;
+        }
+    }
+    return ps;
+}
+
+void pol_set_free(pol_set *ps)
+{
+    if (!ps) return;
+    for (int i = 0; i < ps->spec.n; i++)
+        if (ps->st[i]) ps->spec.ops[i]->destroy(ps->st[i]);
+    free(ps->global);
+    free(ps->sel.off);
+    free(ps->sel.idx);
+    free(ps->sel.mask);
+    free(ps->page_map);
+    free(ps->last_pages);
+    free(ps);
+}
+
+const pol_spec *pol_set_spec(const pol_set *ps) { return &ps->spec; }
+const pol_env *pol_set_env(const pol_set *ps) { return &ps->env; }
+const pol_step_stats *pol_set_stats(const pol_set *ps) { return &ps->stats; }
+
+int pol_set_saves_memory(const pol_set *ps)
+{
+    for (int i = 0; i < ps->spec.n; i++)
+        if (ps->spec.ops[i]->saves_memory) return 1;
+    return 0;
+}
+
+int pol_set_check(pol_set *ps, int64_t ctx, char *err, size_t errlen)
+{
+    for (int i = 0; i < ps->spec.n; i++) {
+        const pol_ops *p = ps->spec.ops[i];
+        if (p->check && p->check(ps->st[i], &ps->env, ctx, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+int pol_set_after_chunk(pol_set *ps, int64_t start, int64_t n, int last, char *err, size_t errlen)
+{
+    for (int i = 0; i < ps->spec.n; i++) {
+        const pol_ops *p = ps->spec.ops[i];
+        if (p->after_chunk && p->after_chunk(ps->st[i], &ps->env, start, n, last, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+void pol_set_decode_begin(pol_set *ps, int64_t pos)
+{
+    for (int i = 0; i < ps->spec.n; i++) {
+        const pol_ops *p = ps->spec.ops[i];
+        if (p->decode_begin) p->decode_begin(ps->st[i], &ps->env, pos);
+    }
+}
+
+const pol_sel *pol_set_select(pol_set *ps, int il, const float *q)
+{
+    int k = -1;
+    for (int i = 0; i < ps->spec.n; i++)
+        if (ps->spec.ops[i]->stage == POL_STAGE_DECODE && ps->spec.ops[i]->select) k = i;
+    if (k < 0) return NULL;
+    int64_t need = (int64_t)kv_n_pages(ps->env.kv, il) * ps->env.n_head_kv;
+    if (need > ps->sel.cap) {
+        int64_t nc = need * 2;
+        int *ni = realloc(ps->sel.idx, sizeof(int) * (size_t)nc);
+        if (ni) ps->sel.idx = ni;
+        const uint64_t **nm = realloc(ps->sel.mask, sizeof *nm * (size_t)nc);
+        if (nm) ps->sel.mask = nm;
+        if (!ni || !nm) return NULL;   /* out of memory: attend to everything, which is always correct */
+        ps->sel.cap = nc;
+    }
+    ps->sel.n = 0;
+    ps->sel.per_head = 0;
+    memset(ps->sel.off, 0, sizeof(int64_t) * (size_t)(ps->env.n_head_kv + 1));
+    if (!ps->spec.ops[k]->select(ps->st[k], &ps->env, il, q, &ps->sel)) return NULL;
+    if (!ps->sel.per_head) ps->sel.off[1] = ps->sel.n;
+    return &ps->sel;
+}
+
+void pol_set_event(pol_set *ps, int event)
+{
+    for (int i = 0; i < ps->spec.n; i++)
+        if (ps->spec.ops[i]->on_event) ps->spec.ops[i]->on_event(ps->st[i], event);
+}
+
+void pol_set_record_step(pol_set *ps, int64_t pages, int64_t tokens, uint64_t bytes, double select_ms,
+                         double attn_ms, int64_t pages_total)
+{
+    pol_step_stats *s = &ps->stats;
+    s->steps++;
+    s->pages_last = pages;
+    s->tokens_last = tokens;
+    s->bytes_touched_last = bytes;
+    s->bytes_touched_total += bytes;
+    s->select_ms_last = select_ms;
+    s->select_ms_total += select_ms;
+    s->attn_ms_total += attn_ms;
+    s->pages_total_last = pages_total;
+}
+
+void pol_set_hit_page(pol_set *ps, int64_t first_pos)
+{
+    int64_t i = first_pos / kv_page_size(ps->env.kv);
+    if (i < 0) return;
+    if (i >= ps->cap_map) {
+        int64_t nc = (i + 1) * 2;
+        int64_t *nm = realloc(ps->page_map, sizeof *nm * (size_t)nc);
+        if (!nm) return;
+        memset(nm + ps->cap_map, 0, sizeof *nm * (size_t)(nc - ps->cap_map));
+        ps->page_map = nm;
+        ps->cap_map = nc;
+    }
+    ps->page_map[i]++;
+    if (i + 1 > ps->n_map) ps->n_map = i + 1;
+}
+
+void pol_set_last_reset(pol_set *ps) { ps->n_last = 0; }
+
+void pol_set_last_add(pol_set *ps, int logical_page)
+{
+    if (ps->n_last == ps->cap_last) {
+        int nc = ps->cap_last ? ps->cap_last * 2 : 256;
+        int *n = realloc(ps->last_pages, sizeof *n * (size_t)nc);
+        if (!n) return;
+        ps->last_pages = n;
+        ps->cap_last = nc;
+    }
+    ps->last_pages[ps->n_last++] = logical_page;
+}
+
+const int64_t *pol_set_page_map(const pol_set *ps, int64_t *n_pages)
+{
+    *n_pages = ps->n_map;
+    return ps->page_map;
+}
+
+const int *pol_set_last_pages(const pol_set *ps, int *n)
+{
+    *n = ps->n_last;
+    return ps->last_pages;
+}
+
+void pol_set_describe(const pol_set *ps, char *buf, size_t len)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < ps->spec.n && o < len; i++) {
+        const pol_ops *p = ps->spec.ops[i];
+        if (!p->describe) continue;
+        char one[256];
+        p->describe(ps->st[i], one, sizeof one);
+        if (one[0]) o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? "; " : "", one);
+    }
+}

@@ -1,0 +1,158 @@
+/* policy.h - KV-cache policies: what the model keeps (prefill / storage policies) and what each
+ * decode step attends to (selection policies).
+ *
+ * A policy is a named table of hooks with typed parameters and defaults. The forward pass calls
+ *   - after_chunk  at every prefill chunk boundary, once the chunk's K/V are in every layer
+ *                  (a prefill policy may evict or merge pages there);
+ *   - decode_begin before the layers of a decode step (a selection policy may rebuild its choice);
+ *   - select       per global layer of a decode step, once that layer's query is known: the pages
+ *                  (optionally per KV head, optionally with a token mask) the layer attends to;
+ *   - on_event     when the uncertainty monitor fires (backtracking).
+ * A spec names at most one prefill policy and one decode policy, e.g. "take+chess:preset=aggressive".
+ * Selection policies keep every page (they save bandwidth, not memory); prefill and storage
+ * policies drop or merge tokens (they save memory). Sliding-window layers are never selected on. */
+#ifndef KVCHAT_POLICY_H
+#define KVCHAT_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "kvcache.h"
+
+#define POL_MAX_PARAMS 16
+
+typedef enum { POL_INT, POL_FLOAT, POL_ENUM } pol_param_type;
+
+typedef struct pol_param {
+    const char *name;
+    pol_param_type type;
+    double def;               /* default (for an enum: index into choices) */
+    double lo, hi;            /* valid range of an int or float */
+    const char *choices;      /* enum: "a|b|c" */
+    const char *help;
+} pol_param;
+
+/* What a policy sees of the engine. */
+typedef struct pol_env {
+    kv_cache *kv;
+    be_backend *b;
+    int n_head, n_head_kv, head_dim;
+    const int *global;        /* global (not sliding-window) layers, ascending */
+    int n_global;
+} pol_env;
+
+/* A decode-time selection for one layer: page indices into the layer's page table (ascending),
+ * each with an optional token mask (bit t: token t of the page is attended). Shared by all KV
+ * heads unless per_head. Fill it with pol_sel_add; the engine owns the storage. */
+typedef struct pol_sel {
+    int per_head;
+    int n_head_kv;
+    int64_t *off;             /* [n_head_kv + 1] start of each head's entries */
+    int *idx;                 /* [entries] page index */
+    const uint64_t **mask;    /* [entries] NULL: the whole page */
+    int64_t n, cap;
+} pol_sel;
+
+/* Start head h's list (heads in order 0, 1, ...; only head 0 when shared), then add its pages. */
+void pol_sel_head(pol_sel *s, int h);
+void pol_sel_add(pol_sel *s, int page, const uint64_t *mask);
+
+enum { POL_STAGE_PREFILL = 1, POL_STAGE_DECODE = 2 };
+enum { POL_EVENT_UNCERTAIN = 1 };
+
+typedef struct pol_ops {
+    const char *name;
+    const char *summary;
+    int stage;                /* POL_STAGE_PREFILL or POL_STAGE_DECODE */
+    int saves_memory;         /* 1: drops or merges tokens; 0: selection only */
+    const pol_param *params;
+    int n_params;
+    /* vals[i] is params[i] (enum: the choice's index); budget in tokens (0: none), resolved from
+     * --budget or the policy's own budget= against the context when a step needs it. */
+    int (*create)(void **st, const pol_env *env, const double *vals, char *err, size_t errlen);
+    void (*destroy)(void *st);
+    int (*after_chunk)(void *st, const pol_env *env, int64_t chunk_start, int64_t chunk_len, int last, char *err,
+                       size_t errlen);
+    void (*decode_begin)(void *st, const pol_env *env, int64_t pos);
+    /* Fill sel for global layer il; q is the layer's query [n_head][head_dim], already scaled.
+     * Return 0 to attend to every page instead. */
+    int (*select)(void *st, const pol_env *env, int il, const float *q, pol_sel *sel);
+    void (*on_event)(void *st, int event);
+    /* Refuse a budget that cannot work for a context of ctx tokens (larger than the context, or
+     * smaller than what the policy always keeps). NULL: nothing to check. */
+    int (*check)(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen);
+    /* One line describing the policy's current state (for the UI and ask's metrics). */
+    void (*describe)(void *st, char *buf, size_t len);
+} pol_ops;
+
+/* Every registered policy (NULL-terminated), and one by name. */
+const pol_ops *const *pol_registry(void);
+const pol_ops *pol_find(const char *name);
+
+/* A parsed spec: up to one prefill and one decode policy with their parameter values. */
+typedef struct pol_spec {
+    const pol_ops *ops[2];
+    double vals[2][POL_MAX_PARAMS];
+    int set[2][POL_MAX_PARAMS];  /* given explicitly */
+    int n;
+    char text[256];              /* canonical form for display, e.g. "take+chess:preset=aggressive" */
+} pol_spec;
+
+/* Parse "name[:k=v,...][+name[:k=v,...]]". Errors name the bad policy or parameter and list the
+ * valid ones. budget (NULL or "") applies to every policy with a budget parameter that the spec
+ * does not set itself: a fraction of the context (0 < b < 1) or a token count (b >= 1). */
+int pol_parse(pol_spec *out, const char *spec, const char *budget, char *err, size_t errlen);
+/* Value of parameter name of policy slot i (or def when it has none). */
+double pol_spec_value(const pol_spec *s, int i, const char *name, double def);
+/* Tokens a budget value stands for in a context of ctx tokens (0: no budget). */
+int64_t pol_budget_tokens(double budget, int64_t ctx);
+/* A multi-line description of every policy and its parameters (for --help and error messages). */
+void pol_list(char *buf, size_t len);
+
+/* Per-step facts the engine records about attention (for the UI, ask --show-pages and bench). */
+typedef struct pol_step_stats {
+    int64_t steps;                  /* decode steps so far */
+    int64_t pages_last;             /* pages attended, summed over global layers and KV heads, last step */
+    int64_t tokens_last;            /* tokens attended, summed over all layers and KV heads, last step */
+    uint64_t bytes_touched_last;    /* K+V bytes read by attention, last step */
+    uint64_t bytes_touched_total;
+    double select_ms_last, select_ms_total;
+    double attn_ms_total;           /* decode attention time, all layers */
+    int64_t pages_total_last;       /* pages available in the global layers, last step */
+} pol_step_stats;
+
+/* The policies of one sequence, bound to its cache. */
+typedef struct pol_set pol_set;
+pol_set *pol_set_create(const pol_spec *spec, const pol_env *env, char *err, size_t errlen);
+void pol_set_free(pol_set *ps);
+const pol_spec *pol_set_spec(const pol_set *ps);
+const pol_env *pol_set_env(const pol_set *ps);
+
+/* Validate the budgets against a context of ctx tokens (call before prefill). */
+int pol_set_check(pol_set *ps, int64_t ctx, char *err, size_t errlen);
+
+/* Engine side (called by forward.c). */
+int pol_set_after_chunk(pol_set *ps, int64_t start, int64_t n, int last, char *err, size_t errlen);
+void pol_set_decode_begin(pol_set *ps, int64_t pos);
+/* The selection for global layer il, or NULL: attend to everything. */
+const pol_sel *pol_set_select(pol_set *ps, int il, const float *q);
+void pol_set_event(pol_set *ps, int event);
+void pol_set_record_step(pol_set *ps, int64_t pages, int64_t tokens, uint64_t bytes, double select_ms,
+                         double attn_ms, int64_t pages_total);
+/* The page list of the first global layer at this step (KV head 0), for the UI. */
+void pol_set_last_reset(pol_set *ps);
+void pol_set_last_add(pol_set *ps, int logical_page);
+/* Count one attendance of the page starting at position first_pos (the page map). */
+void pol_set_hit_page(pol_set *ps, int64_t first_pos);
+
+/* Read side (UI, CLI). */
+const pol_step_stats *pol_set_stats(const pol_set *ps);
+/* Attendance counts per document page (page i covers positions [i*P, (i+1)*P)). */
+const int64_t *pol_set_page_map(const pol_set *ps, int64_t *n_pages);
+/* Pages the first global layer attended at the last step (KV head 0), ascending logical indices. */
+const int *pol_set_last_pages(const pol_set *ps, int *n);
+void pol_set_describe(const pol_set *ps, char *buf, size_t len);
+int pol_set_saves_memory(const pol_set *ps);
+
+#endif

@@ -1,0 +1,135 @@
+/* quest.c - Quest: query-aware page selection. For every page and KV head, an upper bound of the
+ * attention logit of the current query from the page's element-wise min/max keys,
+ * sum_i max(q_i * min_i, q_i * max_i) (summed over the query heads sharing the KV head); each KV
+ * head of each global layer attends to its budget/P best pages plus the page being written.
+ * Selection only: every page stays in memory. */
+#include "policy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "pol_util.h"
+
+enum { P_BUDGET };
+
+static const pol_param params[] = {
+    { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens attended per KV head (fraction or count), in whole pages" },
+};
+
+typedef struct st_quest {
+    double budget;
+    int64_t cur;
+    float *score;
+    int *idx;
+    int cap;
+    int64_t pages_last, pages_avail;
+} st_quest;
+
+static int q_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
+{
+    (void)env;
+    st_quest *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->budget = vals[P_BUDGET];
+    *out = s;
+    return 0;
+}
+
+static void q_destroy(void *st)
+{
+    st_quest *s = st;
+    free(s->score);
+    free(s->idx);
+    free(s);
+}
+
+static int q_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen)
+{
+    st_quest *s = st;
+    int64_t b = pol_budget_tokens(s->budget, ctx);
+    if (s->budget >= 1 && b > ctx) {
+        snprintf(err, errlen, "quest: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
+                 (long long)ctx);
+        return -1;
+    }
+    if (b < 2 * kv_page_size(env->kv)) {
+        snprintf(err, errlen, "quest: budget %lld tokens is below two pages (%d tokens): the page being written "
+                 "and one selected page", (long long)b, 2 * kv_page_size(env->kv));
+        return -1;
+    }
+    return 0;
+}
+
+static void q_begin(void *st, const pol_env *env, int64_t pos)
+{
+    (void)env;
+    ((st_quest *)st)->cur = pos;
+}
+
+static int q_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
+{
+    st_quest *s = st;
+    int np = kv_n_pages(env->kv, il);
+    int P = kv_page_size(env->kv);
+    int64_t budget = pol_budget_tokens(s->budget, s->cur + 1);
+    int k = (int)((budget + P - 1) / P);
+    s->pages_avail = np;
+    if (k >= np) {
+        s->pages_last = np;
+        return 0;
+    }
+    if (np > s->cap) {
+        float *ns = realloc(s->score, sizeof(float) * (size_t)np);
+        if (ns) s->score = ns;
+        int *ni = realloc(s->idx, sizeof(int) * (size_t)np);
+        if (ni) s->idx = ni;
+        if (!ns || !ni) return 0;
+        s->cap = np;
+    }
+    int D = env->head_dim, G = env->n_head / env->n_head_kv;
+    for (int g = 0; g < env->n_head_kv; g++) {
+        for (int i = 0; i < np - 1; i++) {
+            const kv_page *p = kv_layer_page(env->kv, il, i);
+            const float *mn = p->kmin + (size_t)g * (size_t)D, *mx = p->kmax + (size_t)g * (size_t)D;
+            float u = 0;
+            for (int hh = 0; hh < G; hh++) {
+                const float *qh = q + (size_t)(g * G + hh) * (size_t)D;
+                for (int d = 0; d < D; d++) {
+                    float a = qh[d] * mn[d], b = qh[d] * mx[d];
+                    u += a > b ? a : b;
+                }
+            }
+            s->score[i] = u;
+            s->idx[i] = i;
+        }
+        int n = pol_top_k(s->idx, np - 1, s->score, k - 1);
+        pol_sel_head(sel, g);
+        for (int i = 0; i < n; i++) pol_sel_add(sel, s->idx[i], NULL);
+        pol_sel_add(sel, np - 1, NULL);   /* the page the current token is in */
+    }
+    s->pages_last = k;
+    return 1;
+}
+
+static void q_describe(void *st, char *buf, size_t len)
+{
+    st_quest *s = st;
+    snprintf(buf, len, "quest: %lld of %lld pages per KV head", (long long)s->pages_last, (long long)s->pages_avail);
+}
+
+const pol_ops pol_quest = {
+    .name = "quest",
+    .summary = "Quest: per-page upper bound from min/max keys, top pages per layer and KV head",
+    .stage = POL_STAGE_DECODE,
+    .params = params,
+    .n_params = 1,
+    .create = q_create,
+    .destroy = q_destroy,
+    .decode_begin = q_begin,
+    .select = q_select,
+    .check = q_check,
+    .describe = q_describe,
+};

@@ -1,0 +1,139 @@
+/* streaming.c - StreamingLLM: attend to the first `sinks` tokens (attention sinks) and the most
+ * recent budget - sinks tokens. Token-exact through page masks; selection only (every page stays
+ * in memory, so switching policy later loses nothing). */
+#include "policy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { P_SINKS, P_BUDGET };
+
+static const pol_param params[] = {
+    { "sinks", POL_INT, 4, 0, 1 << 20, NULL, "attention-sink tokens at the start" },
+    { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens attended: sinks + recent window (fraction or count)" },
+};
+
+typedef struct st_streaming {
+    int64_t sinks;
+    double budget;
+    int64_t cur;              /* position of the token being decoded */
+    uint64_t *masks;          /* scratch masks for partially kept pages */
+    size_t mask_cap;          /* in words */
+    int64_t kept_last, ctx_last;
+} st_streaming;
+
+static int s_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
+{
+    (void)env;
+    st_streaming *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->sinks = (int64_t)vals[P_SINKS];
+    s->budget = vals[P_BUDGET];
+    if (s->budget >= 1 && (int64_t)s->budget <= s->sinks) {
+        snprintf(err, errlen, "streaming: budget %g tokens leaves no recent window after %lld sink tokens", s->budget,
+                 (long long)s->sinks);
+        free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+static void s_destroy(void *st)
+{
+    st_streaming *s = st;
+    free(s->masks);
+    free(s);
+}
+
+static int s_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen)
+{
+    (void)env;
+    st_streaming *s = st;
+    int64_t b = pol_budget_tokens(s->budget, ctx);
+    if (s->budget >= 1 && b > ctx) {
+        snprintf(err, errlen, "streaming: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
+                 (long long)ctx);
+        return -1;
+    }
+    if (b <= s->sinks) {
+        snprintf(err, errlen, "streaming: budget %lld tokens is not above the %lld sink tokens", (long long)b,
+                 (long long)s->sinks);
+        return -1;
+    }
+    return 0;
+}
+
+static void s_begin(void *st, const pol_env *env, int64_t pos)
+{
+    (void)env;
+    ((st_streaming *)st)->cur = pos;
+}
+
+static int s_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
+{
+    (void)q;
+    st_streaming *s = st;
+    int64_t len = s->cur + 1;
+    int64_t budget = pol_budget_tokens(s->budget, len);
+    s->ctx_last = len;
+    if (budget >= len) {
+        s->kept_last = len;
+        return 0;
+    }
+    int64_t recent_from = len - (budget - s->sinks);
+    int np = kv_n_pages(env->kv, il);
+    int P = kv_page_size(env->kv);
+    size_t words = ((size_t)P + 63) / 64;
+    if ((size_t)np * words > s->mask_cap) {
+        size_t nc = (size_t)np * words * 2;
+        uint64_t *m = realloc(s->masks, nc * sizeof *m);
+        if (!m) return 0;   /* attend to everything rather than fail */
+        s->masks = m;
+        s->mask_cap = nc;
+    }
+    int64_t kept = 0;
+    pol_sel_head(sel, 0);
+    for (int i = 0; i < np; i++) {
+        const kv_page *p = kv_layer_page(env->kv, il, i);
+        uint64_t *m = s->masks + (size_t)i * words;
+        memset(m, 0, words * sizeof *m);
+        int32_t on = 0;
+        for (int32_t t = 0; t < p->n; t++) {
+            if (p->pos[t] < s->sinks || p->pos[t] >= recent_from) {
+                m[t >> 6] |= 1ull << (t & 63);
+                on++;
+            }
+        }
+        if (on == 0) continue;
+        pol_sel_add(sel, i, on == p->n ? NULL : m);
+        kept += on;
+    }
+    s->kept_last = kept;
+    return 1;
+}
+
+static void s_describe(void *st, char *buf, size_t len)
+{
+    st_streaming *s = st;
+    snprintf(buf, len, "streaming: %lld sinks + recent window, %lld of %lld tokens", (long long)s->sinks,
+             (long long)s->kept_last, (long long)s->ctx_last);
+}
+
+const pol_ops pol_streaming = {
+    .name = "streaming",
+    .summary = "StreamingLLM: attention sinks + recent window",
+    .stage = POL_STAGE_DECODE,
+    .params = params,
+    .n_params = 2,
+    .create = s_create,
+    .destroy = s_destroy,
+    .decode_begin = s_begin,
+    .select = s_select,
+    .check = s_check,
+    .describe = s_describe,
+};
