@@ -222,7 +222,7 @@ int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
     }
     if (with_fwd) {
         fwd_opts fo = { o->n_ctx, o->n_batch, o->page_size };
-        if (fo.n_ctx <= 0) fo.n_ctx = rt->m->hp.n_ctx_train < 8192 ? rt->m->hp.n_ctx_train : 8192;
+        if (fo.n_ctx <= 0) fo.n_ctx = rt->m->hp.n_ctx_train;   /* pages are allocated as tokens arrive */
         rt->f = fwd_create(rt->m, rt->b, &fo, err, sizeof err);
         if (!rt->f) {
             cli_err("%s", err);

@@ -20,7 +20,7 @@ typedef struct cli_opts {
     const char *model_path;     /* -m; NULL: the default model */
     const char *tokenizer_path; /* --tokenizer */
     int n_threads;              /* --threads; 0 = all cores */
-    int64_t n_ctx;              /* --ctx; 0 = min(model context, 8192) */
+    int64_t n_ctx;              /* --ctx; 0 = the model's training context */
     int n_batch;                /* --batch */
     int no_simd;                /* --no-simd */
     const char *policy;         /* --policy SPEC (NULL: full) */

@@ -13,6 +13,7 @@ static void usage(FILE *out)
           "\n"
           "commands:\n"
           "  chat       interactive chat in the terminal (the default)\n"
+          "  ask        answer a question about a document under a KV-cache policy, with metrics\n"
           "  generate   complete a prompt or answer it (--chat), streaming the text\n"
           "  info       architecture, hyperparameters, tensor types and sizes of a model\n"
           "  logits     top-5 logits per position and a greedy continuation, in the reference format\n"
@@ -32,6 +33,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(c, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(c, "ask")) return cmd_ask(argc - 1, argv + 1);
     if (!strcmp(c, "chat")) return cmd_chat(argc - 1, argv + 1);
     if (!strcmp(c, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(c, "logits")) return cmd_logits(argc - 1, argv + 1);

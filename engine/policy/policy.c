@@ -398,6 +398,8 @@ void pol_set_record_step(pol_set *ps, int64_t pages, int64_t tokens, uint64_t by
     s->select_ms_total += select_ms;
     s->attn_ms_total += attn_ms;
     s->pages_total_last = pages_total;
+    s->pages_sum += pages;
+    s->pages_total_sum += pages_total;
 }
 
 void pol_set_hit_page(pol_set *ps, int64_t first_pos)

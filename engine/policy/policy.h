@@ -120,6 +120,7 @@ typedef struct pol_step_stats {
     double select_ms_last, select_ms_total;
     double attn_ms_total;           /* decode attention time, all layers */
     int64_t pages_total_last;       /* pages available in the global layers, last step */
+    int64_t pages_sum, pages_total_sum;   /* the same two summed over all steps */
 } pol_step_stats;
 
 /* The policies of one sequence, bound to its cache. */

@@ -1,0 +1,316 @@
+/* test_policy.c - the policy framework and the decode-time policies.
+ *
+ * Spec parsing (valid names and parameters, canonical text, clear errors), selections on caches
+ * built with known answers (CHESS: a page whose keys equal the anchor is selected, parent masking
+ * excludes the children of unselected grids, sinks and the window are always present; Quest: the
+ * page holding the key closest to the query wins; StreamingLLM: exactly sinks + window), and end to
+ * end on the tiny models: the full policy reproduces the engine's logits exactly, and CHESS keeping
+ * every page is bit-identical to full. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "forward.h"
+#include "kvcache.h"
+#include "model.h"
+#include "policy.h"
+#include "tokenizer.h"
+
+#define TD "../shared/testdata/"
+
+/* ---------------------------------------------------------------- parsing */
+
+Test(policy, specs_parse_into_canonical_text)
+{
+    pol_spec s;
+    char err[512];
+    cr_assert(pol_parse(&s, "chess:preset=aggressive", NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect_str_eq(s.text, "chess:preset=aggressive");
+    cr_expect_eq(pol_spec_value(&s, 0, "preset", -1), 2);
+    cr_assert(pol_parse(&s, "quest:budget=1024", NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect_eq(pol_spec_value(&s, 0, "budget", 0), 1024);
+    cr_assert(pol_parse(&s, "chess", "0.05", err, sizeof err) == 0, "%s", err);
+    cr_expect_str_eq(s.text, "chess:budget=0.05");
+    cr_assert(pol_parse(&s, NULL, NULL, err, sizeof err) == 0);
+    cr_expect_str_eq(s.text, "full");
+    cr_expect_eq(pol_budget_tokens(0.05, 4000), 200);
+    cr_expect_eq(pol_budget_tokens(512, 4000), 512);
+    cr_expect_eq(pol_budget_tokens(0, 4000), 0);
+}
+
+static void refused(const char *spec, const char *budget, const char *needle)
+{
+    pol_spec s;
+    char err[512] = "";
+    cr_expect_eq(pol_parse(&s, spec, budget, err, sizeof err), -1, "'%s' was accepted", spec);
+    cr_expect(strstr(err, needle) != NULL, "'%s': error '%s' lacks '%s'", spec, err, needle);
+    cr_expect(strchr(err, '\n') == NULL, "one line: '%s'", err);
+}
+
+Test(policy, bad_specs_get_clear_errors)
+{
+    refused("bogus", NULL, "valid: full, streaming, quest, chess");
+    refused("chess:rho=1", NULL, "parameters: preset, rho_g");
+    refused("chess:preset=wild", NULL, "conservative|moderate|aggressive");
+    refused("chess:rho_g=1.5", NULL, "outside [0, 1]");
+    refused("quest:budget", NULL, "not name=value");
+    refused("chess+quest", NULL, "two decode policies");
+    refused("chess", "1.5", "fraction of the context");
+    refused("chess", "-3", "fraction of the context");
+    refused("full", "0.1", "does not apply");
+    refused("streaming:sinks=2.5", NULL, "not an integer");
+}
+
+/* ---------------------------------------------------------------- selections on built caches */
+
+enum { D = 8, P = 4 };
+
+typedef struct fixture {
+    kv_cache *kv;
+    be_backend *b;
+    pol_env env;
+    int global[1];
+} fixture;
+
+/* One global layer, one KV head of D dims; page i's keys all equal dir[i] * e_0 (+ a small
+ * orthogonal component so pages differ elsewhere). */
+static void build(fixture *fx, const float *dir, int n_pages)
+{
+    char err[256];
+    fx->kv = kv_create(1, 4096, D, P, NULL, err, sizeof err);
+    cr_assert(fx->kv, "%s", err);
+    fx->b = be_cpu_create(1, err, sizeof err);
+    cr_assert(fx->b, "%s", err);
+    float k[P * D], v[P * D];
+    for (int i = 0; i < n_pages; i++) {
+        for (int t = 0; t < P; t++) {
+            for (int d = 0; d < D; d++) {
+                k[t * D + d] = d == 0 ? dir[i] : (d == 1 + (i % (D - 1)) ? 0.25f : 0.0f);
+                v[t * D + d] = (float)i;
+            }
+        }
+        cr_assert(kv_append(fx->kv, 0, k, v, P, (int64_t)i * P) == 0);
+    }
+    kv_commit(fx->kv, (int64_t)n_pages * P);
+    fx->global[0] = 0;
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1 };
+}
+
+static void unbuild(fixture *fx)
+{
+    kv_free(fx->kv);
+    be_free(fx->b);
+}
+
+/* Run one decode step's selection and return the page list (shared) as a string "0 5 6 9". */
+static void select_pages(fixture *fx, const char *spec, const float *q, char *out, size_t len)
+{
+    pol_spec s;
+    char err[512];
+    cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps = pol_set_create(&s, &fx->env, err, sizeof err);
+    cr_assert(ps, "%s", err);
+    pol_set_decode_begin(ps, kv_len(fx->kv) - 1);
+    const pol_sel *sel = pol_set_select(ps, 0, q);
+    size_t o = 0;
+    out[0] = 0;
+    if (!sel) {
+        snprintf(out, len, "all");
+    } else {
+        for (int64_t i = 0; i < sel->n; i++) o += (size_t)snprintf(out + o, len - o, "%s%d", i ? " " : "", sel->idx[i]);
+    }
+    pol_set_free(ps);
+}
+
+Test(policy, chess_selects_the_page_that_matches_the_anchor)
+{
+    /* pages: 0 sink, 1..8 candidates (chunks of 2, grids of 2 chunks), 9 the window (the anchor) */
+    float dir[10] = { 0.1f, -0.5f, -0.5f, 1.0f, -0.5f, -0.1f, -0.1f, -0.1f, -0.1f, 1.0f };
+    fixture fx;
+    build(&fx, dir, 10);
+    char got[256];
+    /* keep 3 of 4 chunks, then 1 of their 6 pages: page 3 (keys equal to the anchor) */
+    select_pages(&fx, "chess:sink=1,window=1,chunk=2,grid=2,rho_g=1,rho_c=0.75,rho_p=0.1", NULL, got, sizeof got);
+    cr_expect_str_eq(got, "0 3 9");
+    unbuild(&fx);
+}
+
+Test(policy, chess_parent_masking_excludes_children_of_unselected_grids)
+{
+    /* grid 0 (pages 1-4) holds the best single page (1.0) but a poor mean; grid 1 (pages 5-8) a good
+     * mean: with one grid kept, page 3 cannot be chosen however well it scores */
+    float dir[10] = { 0.1f, -1.0f, -1.0f, 1.0f, -1.0f, 0.5f, 0.5f, 0.4f, 0.4f, 1.0f };
+    fixture fx;
+    build(&fx, dir, 10);
+    char got[256];
+    select_pages(&fx, "chess:sink=1,window=1,chunk=2,grid=2,rho_g=0.5,rho_c=1,rho_p=1", NULL, got, sizeof got);
+    cr_expect_str_eq(got, "0 5 6 7 8 9");
+    select_pages(&fx, "chess:sink=1,window=1,chunk=2,grid=2,rho_g=0.5,rho_c=0.5,rho_p=0.5", NULL, got, sizeof got);
+    cr_expect_str_eq(got, "0 5 9");
+    unbuild(&fx);
+}
+
+Test(policy, chess_always_keeps_sinks_and_window)
+{
+    float dir[24];
+    for (int i = 0; i < 24; i++) dir[i] = -1.0f;
+    dir[23] = dir[22] = 1.0f;
+    fixture fx;
+    build(&fx, dir, 24);
+    char got[256];
+    select_pages(&fx, "chess:sink=2,window=2,preset=aggressive", NULL, got, sizeof got);
+    cr_expect(!strncmp(got, "0 1 ", 4), "sinks missing: %s", got);
+    size_t n = strlen(got);
+    cr_expect(n >= 5 && !strcmp(got + n - 5, "22 23"), "window missing: %s", got);
+    /* a budget of 6 pages (24 tokens) leaves room for 2 selected pages */
+    select_pages(&fx, "chess:sink=2,window=2,budget=24", NULL, got, sizeof got);
+    int count = 1;
+    for (const char *c = got; *c; c++) count += *c == ' ';
+    cr_expect_eq(count, 6, "budget of 6 pages: %s", got);
+    unbuild(&fx);
+}
+
+Test(policy, quest_picks_the_page_with_the_highest_upper_bound)
+{
+    float dir[12];
+    for (int i = 0; i < 12; i++) dir[i] = 0.1f * (float)(i % 3);
+    dir[6] = 2.0f;
+    fixture fx;
+    build(&fx, dir, 12);
+    float q[D] = { 1, 0, 0, 0, 0, 0, 0, 0 };
+    char got[256];
+    select_pages(&fx, "quest:budget=8", q, got, sizeof got);
+    cr_expect_str_eq(got, "6 11", "the best page plus the page being written");
+    q[0] = -1;   /* the bound uses min keys for negative query components */
+    dir[6] = -2.0f;
+    unbuild(&fx);
+    build(&fx, dir, 12);
+    select_pages(&fx, "quest:budget=8", q, got, sizeof got);
+    cr_expect_str_eq(got, "6 11");
+    unbuild(&fx);
+}
+
+Test(policy, streaming_keeps_sinks_and_the_recent_window_token_exactly)
+{
+    float dir[10] = { 0 };
+    fixture fx;
+    build(&fx, dir, 10);   /* 40 tokens, the current one at position 39 */
+    pol_spec s;
+    char err[512];
+    cr_assert(pol_parse(&s, "streaming:sinks=2,budget=8", NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+    cr_assert(ps, "%s", err);
+    pol_set_decode_begin(ps, 39);
+    const pol_sel *sel = pol_set_select(ps, 0, NULL);
+    cr_assert(sel);
+    /* tokens 0, 1 (page 0, masked) and 34..39 (page 8 masked from 34, page 9 whole) */
+    cr_assert_eq(sel->n, 3);
+    cr_expect_eq(sel->idx[0], 0);
+    cr_expect_eq(sel->mask[0][0] & 0xF, 0x3);
+    cr_expect_eq(sel->idx[1], 8);
+    cr_expect_eq(sel->mask[1][0] & 0xF, 0xC);
+    cr_expect_eq(sel->idx[2], 9);
+    cr_expect_null(sel->mask[2]);
+    cr_expect_eq(pol_set_check(ps, 40, err, sizeof err), 0, "%s", err);
+    pol_set_free(ps);
+    cr_assert(pol_parse(&s, "streaming:sinks=4,budget=0.05", NULL, err, sizeof err) == 0);
+    ps = pol_set_create(&s, &fx.env, err, sizeof err);
+    cr_expect_eq(pol_set_check(ps, 40, err, sizeof err), -1, "2 tokens cannot hold 4 sinks");
+    pol_set_free(ps);
+    cr_assert(pol_parse(&s, "quest:budget=4096", NULL, err, sizeof err) == 0);
+    ps = pol_set_create(&s, &fx.env, err, sizeof err);
+    cr_expect_eq(pol_set_check(ps, 40, err, sizeof err), -1);
+    cr_expect(strstr(err, "larger than the context") != NULL, "%s", err);
+    pol_set_free(ps);
+    unbuild(&fx);
+}
+
+/* ---------------------------------------------------------------- end to end on the tiny models */
+
+static int32_t *prompt(const model *m, size_t *n)
+{
+    FILE *f = fopen(TD "prompts/p2.txt", "rb");
+    cr_assert(f);
+    char buf[65536];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    int32_t *ids = NULL;
+    char err[256];
+    cr_assert(tok_encode(m->vocab, buf, len, tok_add_bos(m->vocab), 0, &ids, n, err, sizeof err) == 0, "%s", err);
+    return ids;
+}
+
+/* Prefill the prompt, then decode 12 greedy tokens under spec (NULL: no policy attached); returns
+ * the logits of every decode step. */
+static float *run(const model *m, be_backend *b, const char *spec, int page_size)
+{
+    char err[512];
+    size_t n;
+    int32_t *ids = prompt(m, &n);
+    fwd_opts fo = { 2048, 64, page_size };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    pol_set *ps = NULL;
+    if (spec) {
+        pol_spec s;
+        cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
+        pol_env env;
+        fwd_policy_env(f, &env);
+        ps = pol_set_create(&s, &env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        fwd_set_policy(f, ps);
+    }
+    int nv = m->hp.n_vocab;
+    float *all = malloc(sizeof(float) * (size_t)nv * 13);
+    cr_assert(fwd_eval(f, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    for (int s = 1; s <= 12; s++) {
+        const float *l = all + (size_t)(s - 1) * nv;
+        int32_t best = 0;
+        for (int32_t i = 1; i < nv; i++)
+            if (l[i] > l[best]) best = i;
+        cr_assert(fwd_decode(f, best, all + (size_t)s * nv, NULL, err, sizeof err) == 0, "%s", err);
+    }
+    if (ps) {
+        cr_expect_eq(pol_set_stats(ps)->steps, 12);
+        pol_set_free(ps);
+    }
+    fwd_free(f);
+    free(ids);
+    return all;
+}
+
+static void same(const model *m, const float *a, const float *b, const char *what)
+{
+    cr_expect(!memcmp(a, b, sizeof(float) * (size_t)m->hp.n_vocab * 13), "%s: logits differ", what);
+}
+
+Test(policy, full_and_keep_everything_chess_reproduce_the_engine_on_tiny_models)
+{
+    const char *files[2] = { TD "tiny/tiny-llama-f16.gguf", TD "tiny/tiny-gemma3-f16.gguf" };
+    char err[512];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    for (int i = 0; i < 2; i++) {
+        model *m;
+        cr_assert(model_load(&m, files[i], NULL, err, sizeof err) == 0, "%s", err);
+        float *none = run(m, b, NULL, 32);
+        float *full = run(m, b, "full", 32);
+        float *chess = run(m, b, "chess:rho_g=1,rho_c=1,rho_p=1,every=1", 32);
+        float *quest = run(m, b, "quest:budget=100000", 32);
+        same(m, none, full, "full");
+        same(m, none, chess, "chess keeping every page");
+        same(m, none, quest, "quest with a budget above the context");
+        /* a selective policy really changes what is attended */
+        float *aggr = run(m, b, "chess:preset=aggressive,window=1", 8);
+        cr_expect(memcmp(none, aggr, sizeof(float) * (size_t)m->hp.n_vocab * 13) != 0, "aggressive chess changed nothing");
+        free(none);
+        free(full);
+        free(chess);
+        free(quest);
+        free(aggr);
+        model_free(m);
+    }
+    be_free(b);
+}
