@@ -42,6 +42,132 @@ static void cpu_name(char *buf, size_t cap)
     fclose(f);
 }
 
+/* Split a --policy list on the commas that start a new spec ("full,chess:preset=aggressive,every=2,
+ * quest" is full / chess:preset=aggressive,every=2 / quest): a piece with '=' and no ':' continues
+ * the previous spec's parameters. */
+static int split_policies(const char *list, char specs[][256], int max)
+{
+    int n = 0;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", list);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int cont = strchr(t, '=') && !strchr(t, ':') && n > 0;
+        if (cont) {
+            size_t l = strlen(specs[n - 1]);
+            snprintf(specs[n - 1] + l, 256 - l, ",%s", t);
+        } else {
+            if (n == max) return -1;
+            snprintf(specs[n++], 256, "%s", t);
+        }
+    }
+    return n;
+}
+
+static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256], int n_spec, const int64_t *depths,
+                          int nd, int64_t n_gen, const int32_t *toks, const char *csv, const char *date,
+                          const char *commit, const char *machine, const char *base)
+{
+    pol_spec ps[8];
+    char err[512];
+    int any_prefill = 0;
+    for (int i = 0; i < n_spec; i++) {
+        if (pol_parse(&ps[i], specs[i], o->budget, err, sizeof err)) {
+            cli_err("bench: %s", err);
+            return 1;
+        }
+        for (int k = 0; k < ps[i].n; k++) any_prefill |= ps[i].ops[k]->stage == POL_STAGE_PREFILL;
+    }
+    int32_t nv = rt->m->hp.n_vocab;
+    float *logits = malloc(sizeof(float) * (size_t)nv), *after_prefill = malloc(sizeof(float) * (size_t)nv);
+    if (!logits || !after_prefill) {
+        free(logits);
+        free(after_prefill);
+        cli_err("bench: out of memory");
+        return 1;
+    }
+    FILE *out = NULL;
+    if (csv) {
+        FILE *chk = fopen(csv, "r");
+        int fresh = chk == NULL;
+        if (chk) fclose(chk);
+        out = fopen(csv, "a");
+        if (!out) cli_err("bench: cannot open %s for appending", csv);
+        else if (fresh)
+            fprintf(out, "date,commit,machine,threads,model,ctx,policy,prefill_tok_s,decode_tok_s,attn_ms_per_step,"
+                         "select_ms_per_step,pages_per_step,pages_total,kv_read_mib_per_step,n_gen\n");
+    }
+    printf("%8s %-36s %10s %10s %10s %10s %12s %10s\n", "ctx", "policy", "prefill/s", "decode/s", "attn ms", "select ms",
+           "pages/step", "KV MiB rd");
+    int rc = 0;
+    for (int di = 0; di < nd && !cli_interrupted && rc == 0; di++) {
+        int64_t d = depths[di];
+        double pf = 0;
+        for (int pi = 0; pi < n_spec && !cli_interrupted; pi++) {
+            pol_env env;
+            fwd_policy_env(rt->f, &env);
+            pol_set *set = pol_set_create(&ps[pi], &env, err, sizeof err);
+            if (!set || pol_set_check(set, d, err, sizeof err)) {
+                cli_err("bench: %s", err);
+                pol_set_free(set);
+                rc = 1;
+                break;
+            }
+            /* decode-only policies share one prefill per length: rewind to its end and swap policy */
+            if (pi == 0 || any_prefill) {
+                fwd_set_policy(rt->f, set);
+                fwd_rewind(rt->f, 0);
+                fwd_set_floor(rt->f, d);
+                double t0 = cli_now();
+                if (fwd_eval(rt->f, toks, d, after_prefill, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {
+                    cli_err("bench: %s", err);
+                    fwd_set_policy(rt->f, NULL);
+                    pol_set_free(set);
+                    rc = 1;
+                    break;
+                }
+                pf = (double)d / (cli_now() - t0);
+            } else if (fwd_rewind(rt->f, d) != d) {
+                cli_err("bench: could not rewind to the end of the prefill");
+                pol_set_free(set);
+                rc = 1;
+                break;
+            }
+            fwd_set_policy(rt->f, set);
+            memcpy(logits, after_prefill, sizeof(float) * (size_t)nv);
+            double t1 = cli_now();
+            for (int64_t g = 0; g < n_gen; g++) {
+                int32_t id = samp_argmax(logits, nv);
+                if (fwd_decode(rt->f, id, logits, NULL, err, sizeof err)) {
+                    cli_err("bench: %s", err);
+                    rc = 1;
+                    break;
+                }
+            }
+            double dc = (double)n_gen / (cli_now() - t1);
+            const pol_step_stats *st = pol_set_stats(set);
+            double steps = st->steps > 0 ? (double)st->steps : 1;
+            int denom = env.n_global * env.n_head_kv;
+            double pages = denom ? (double)st->pages_sum / steps / denom : 0;
+            double total = denom ? (double)st->pages_total_sum / steps / denom : 0;
+            double mib = (double)st->bytes_touched_total / steps / (1024.0 * 1024.0);
+            printf("%8lld %-36s %10.1f %10.1f %10.3f %10.3f %7.1f/%-4.0f %10.2f\n", (long long)d, ps[pi].text, pf, dc,
+                   st->attn_ms_total / steps, st->select_ms_total / steps, pages, total, mib);
+            fflush(stdout);
+            if (out)
+                fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%.2f,%.2f,%.4f,%.4f,%.2f,%.1f,%.3f,%lld\n", date, commit,
+                        machine, rt->b->n_threads, base, (long long)d, ps[pi].text, pf, dc, st->attn_ms_total / steps,
+                        st->select_ms_total / steps, pages, total, mib, (long long)n_gen);
+            fwd_set_policy(rt->f, NULL);
+            pol_set_free(set);
+        }
+    }
+    if (out) fclose(out);
+    free(logits);
+    free(after_prefill);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     cli_opts o;
@@ -49,14 +175,22 @@ int cmd_bench(int argc, char **argv)
     const char *depths_arg = "512,2048,8192";
     const char *csv = "bench/results.csv";
     int64_t n_gen = 32;
+    const char *policy_list = NULL;
     for (int i = 1; i < argc; i++) {
+        /* here --ctx is the list of context lengths (an alias of --depths) and --policy a list */
+        if (!strcmp(argv[i], "--ctx") || !strcmp(argv[i], "--depths")) {
+            if (!(depths_arg = cli_need_value(argc, argv, &i))) return 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--policy")) {
+            if (!(policy_list = cli_need_value(argc, argv, &i))) return 1;
+            continue;
+        }
         int r = cli_parse_common(&o, argc, argv, &i);
         if (r < 0) return 1;
         if (r > 0) continue;
         const char *a = argv[i];
-        if (!strcmp(a, "--depths")) {
-            if (!(depths_arg = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--gen")) {
+        if (!strcmp(a, "--gen")) {
             const char *v = cli_need_value(argc, argv, &i);
             if (!v || cli_parse_int(a, v, 1, 4096, &n_gen)) return 1;
         } else if (!strcmp(a, "--csv")) {
@@ -64,9 +198,13 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--no-csv")) {
             csv = NULL;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs("usage: kvchat bench [-m MODEL] [--depths 512,2048,8192] [--gen N] [--threads T] [--batch N]\n"
-                  "                    [--csv FILE | --no-csv]\n",
-                  stderr);
+            fputs("usage: kvchat bench [-m MODEL] [--ctx 512,2048,8192] [--gen N] [--threads T] [--batch N]\n"
+                  "                    [--policy LIST [--budget B]] [--csv FILE | --no-csv]\n"
+                  "  Without --policy: prefill and decode speed at each length (bench/results.csv).\n"
+                  "  With --policy full,chess:preset=aggressive,quest: decode speed, attention and selection\n"
+                  "  time per step, pages attended and KV bytes read, per policy and length\n"
+                  "  (bench/policy_results.csv). --depths is an alias of --ctx.\n",
+                  stdout);
             return 0;
         } else {
             cli_err("bench: unknown option %s", a);
@@ -93,6 +231,16 @@ int cmd_bench(int argc, char **argv)
     for (int i = 0; i < nd; i++)
         if (depths[i] > maxd) maxd = depths[i];
     if (o.n_ctx <= 0) o.n_ctx = maxd + n_gen;
+    char specs[8][256];
+    int n_spec = 0;
+    if (policy_list) {
+        n_spec = split_policies(policy_list, specs, 8);
+        if (n_spec <= 0) {
+            cli_err("bench: --policy: give 1 to 8 policies, e.g. full,chess:preset=aggressive,quest");
+            return 1;
+        }
+        if (csv && !strcmp(csv, "bench/results.csv")) csv = "bench/policy_results.csv";
+    }
     cli_runtime rt;
     if (cli_open(&rt, &o, 1) != 0) return 1;
     if (maxd + n_gen > fwd_n_ctx(rt.f)) {
@@ -126,6 +274,15 @@ int cmd_bench(int argc, char **argv)
     const char *base = strrchr(rt.m->path, '/') ? strrchr(rt.m->path, '/') + 1 : rt.m->path;
     printf("kvchat bench: %s, %d threads, %s kernels, batch %d, commit %s\n", base, rt.b->n_threads,
            vd_simd_active() ? "AVX2" : "scalar", o.n_batch > 0 ? o.n_batch : 512, commit);
+    if (n_spec > 0) {
+        cli_install_sigint();
+        int prc = bench_policies(&rt, &o, specs, n_spec, depths, nd, n_gen, toks, csv, date, commit, machine, base);
+        printf("peak RSS %.1f MiB\n", cli_peak_rss_mib());
+        free(toks);
+        free(logits);
+        cli_close(&rt);
+        return prc;
+    }
     printf("%8s %14s %14s\n", "depth", "prefill tok/s", "decode tok/s");
     FILE *out = NULL;
     if (csv) {
