@@ -4,7 +4,7 @@
  * A page's summary is its mean key, flattened over the global layers and KV heads; a chunk
  * (chunk= pages) and a grid (grid= chunks) get the mean of their children's summaries. A
  * reconstruction builds the anchor (mean summary of the recent-window pages), scores every grid,
- * chunk and page with one matrix-vector product, keeps the top rho_g grids, the top rho_c of the
+ * chunk and page with one matrix-vector product (of unit rows: cosine similarity, by default), keeps the top rho_g grids, the top rho_c of the
  * chunks inside them and the top rho_p of the pages inside those (or, with a budget, as many of
  * those pages as the budget allows), and from then on every global layer attends to
  *   sink pages + selected pages + every page from the recent window onwards
@@ -19,7 +19,7 @@
 
 #include "pol_util.h"
 
-enum { P_PRESET, P_RHO_G, P_RHO_C, P_RHO_P, P_BUDGET, P_SINK, P_WINDOW, P_CHUNK, P_GRID, P_EVERY };
+enum { P_PRESET, P_RHO_G, P_RHO_C, P_RHO_P, P_BUDGET, P_SINK, P_WINDOW, P_CHUNK, P_GRID, P_EVERY, P_SCORE };
 
 static const pol_param params[] = {
     { "preset", POL_ENUM, 1, 0, 0, "conservative|moderate|aggressive", "rho_g,rho_c,rho_p: 0.9,0.9,0.9 / 0.8,0.7,0.7 / 0.5,0.2,0.1" },
@@ -28,17 +28,18 @@ static const pol_param params[] = {
     { "rho_p", POL_FLOAT, 0, 0, 1, NULL, "fraction of pages kept inside kept chunks (0: preset)" },
     { "budget", POL_FLOAT, 0, 0, 1e9, NULL, "tokens attended (fraction or count); sets the page count at the last level" },
     { "sink", POL_INT, 1, 0, 1 << 20, NULL, "sink pages at the start, always kept" },
-    { "window", POL_INT, 4, 1, 1 << 20, NULL, "recent-window pages, always kept; their mean is the anchor" },
+    { "window", POL_INT, 2, 1, 1 << 20, NULL, "recent-window pages, always kept; their mean is the anchor" },
     { "chunk", POL_INT, 4, 1, 1 << 16, NULL, "pages per chunk" },
     { "grid", POL_INT, 4, 1, 1 << 16, NULL, "chunks per grid" },
     { "every", POL_INT, 1, 0, 1 << 20, NULL, "rebuild every N generated pages (0: only on uncertainty events)" },
+    { "score", POL_ENUM, 0, 0, 0, "cos|dot", "similarity of summaries to the anchor: cosine or raw dot product" },
 };
 
 static const double presets[3][3] = { { 0.9, 0.9, 0.9 }, { 0.8, 0.7, 0.7 }, { 0.5, 0.2, 0.1 } };
 
 typedef struct st_chess {
     double rho_g, rho_c, rho_p, budget;
-    int sink, window, chunk, grid, every;
+    int sink, window, chunk, grid, every, cosine;
     int64_t cur;
     int valid;                 /* a selection exists */
     int dirty;                 /* rebuild at the next step */
@@ -73,6 +74,7 @@ static int c_create(void **out, const pol_env *env, const double *vals, char *er
     s->chunk = (int)vals[P_CHUNK];
     s->grid = (int)vals[P_GRID];
     s->every = (int)vals[P_EVERY];
+    s->cosine = vals[P_SCORE] == 0;
     s->dirty = 1;
     *out = s;
     return 0;
@@ -211,6 +213,18 @@ static int rebuild(st_chess *s, const pol_env *env)
     }
     free(tmp);
     for (size_t d = 0; d < dim; d++) s->anchor[d] /= (float)(np - last > 0 ? np - last : 1);
+    if (s->cosine) {
+        /* cosine similarity: unit rows (the anchor's norm does not change the ranking). Raw dot
+         * products rank pages by how strongly they carry the component all keys share (large near
+         * the start of the context), not by what they say. */
+        for (int r = 0; r < rows; r++) {
+            float *row = s->mat + (size_t)r * dim;
+            double n2 = 0;
+            for (size_t d = 0; d < dim; d++) n2 += (double)row[d] * row[d];
+            float inv = n2 > 0 ? (float)(1.0 / sqrt(n2)) : 0.0f;
+            for (size_t d = 0; d < dim; d++) row[d] *= inv;
+        }
+    }
     /* one product scores every page, chunk and grid */
     env->b->ops->scores(env->b, s->mat, rows, (int64_t)dim, s->anchor, s->score);
     const float *ps = s->score, *cs = s->score + s->n_cand, *gs = cs + nc;
@@ -292,7 +306,7 @@ const pol_ops pol_chess = {
     .summary = "CHESS: hierarchical grid/chunk/page selection from an anchor, rebuilt on demand",
     .stage = POL_STAGE_DECODE,
     .params = params,
-    .n_params = 10,
+    .n_params = 11,
     .create = c_create,
     .destroy = c_destroy,
     .decode_begin = c_begin,
