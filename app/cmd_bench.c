@@ -72,7 +72,14 @@ static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256],
     char err[512];
     int any_prefill = 0;
     for (int i = 0; i < n_spec; i++) {
-        if (pol_parse(&ps[i], specs[i], o->budget, err, sizeof err)) {
+        /* --budget applies to the policies of the list that take one (full does not) */
+        if (pol_parse(&ps[i], specs[i], NULL, err, sizeof err)) {
+            cli_err("bench: %s", err);
+            return 1;
+        }
+        int takes_budget = 0;
+        for (int k = 0; k < ps[i].n; k++) takes_budget |= pol_spec_value(&ps[i], k, "budget", -1) != -1;
+        if (takes_budget && o->budget && pol_parse(&ps[i], specs[i], o->budget, err, sizeof err)) {
             cli_err("bench: %s", err);
             return 1;
         }
@@ -241,8 +248,12 @@ int cmd_bench(int argc, char **argv)
         }
         if (csv && !strcmp(csv, "bench/results.csv")) csv = "bench/policy_results.csv";
     }
+    /* the budget belongs to the listed policies, not to the runtime's default (full) one */
+    const char *budget = o.budget;
+    o.budget = NULL;
     cli_runtime rt;
     if (cli_open(&rt, &o, 1) != 0) return 1;
+    o.budget = budget;
     if (maxd + n_gen > fwd_n_ctx(rt.f)) {
         cli_err("bench: depth %lld + %lld generated tokens exceed the context %lld", (long long)maxd, (long long)n_gen,
                 (long long)fwd_n_ctx(rt.f));

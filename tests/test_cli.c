@@ -266,3 +266,40 @@ Test(cli, generate_streams_and_reports_speed)
     cr_expect(strstr(errb, "prompt ") && strstr(errb, "prefill") && strstr(errb, "decode") && strstr(errb, "peak RSS"),
               "missing figures line: %s", errb);
 }
+
+/* ---------------------------------------------------------------- ask and policies */
+
+#define ASK "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p2.txt "
+
+Test(cli, ask_bad_policy_and_budget_are_refused_with_the_valid_choices)
+{
+    expect_one_line_error(ASK "-q 'What?' --policy bogus", "unknown policy 'bogus' (valid: full, streaming, quest, chess)");
+    expect_one_line_error(ASK "-q 'What?' --policy chess:speed=9", "no parameter 'speed'");
+    expect_one_line_error(ASK "-q 'What?' --policy quest --budget 2.5", "fraction of the context");
+    expect_one_line_error(ASK "-q 'What?' --policy quest --budget 100000", "larger than the context");
+    expect_one_line_error(ASK "-q 'What?' --policy chess --budget 40", "below the 1 sink + 2 window pages");
+    expect_one_line_error(ASK "-q 'What?' --policy streaming:sinks=64 --budget 32", "leaves no recent window");
+}
+
+Test(cli, ask_bad_documents_are_refused)
+{
+    expect_one_line_error("ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD
+                          "tiny/ref/tiny-llama-f16.p1.last_logits.f32 -q 'What?'",
+                          "binary");
+    expect_one_line_error("ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d /nonexistent/doc.txt -q 'What?'",
+                          "No such file");
+    expect_one_line_error(ASK, "give both -d DOCUMENT and -q QUESTION");
+    expect_one_line_error(ASK "-q 'What?' --ctx 64", "longer than the context");
+}
+
+Test(cli, ask_answers_with_metrics_and_page_map)
+{
+    static char out[1 << 16], errb[1 << 16];
+    int st = run(ASK "-q 'What is it about?' -n 6 --policy chess:preset=aggressive --page-size 8 --show-pages", out,
+                 sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "policy chess:preset=aggressive | context ") && strstr(errb, "KV held") &&
+                  strstr(errb, "selection keeps every page") && strstr(errb, "pages/step") && strstr(errb, "decode"),
+              "metrics line: %s", errb);
+    cr_expect(strstr(out, "page map: ") && strstr(out, "last step, first global layer: "), "page map: %s", out);
+}
