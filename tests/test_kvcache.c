@@ -254,3 +254,33 @@ Test(kvcache, attention_over_any_page_list_equals_the_reference)
     kv_free(kv);
     be_free(b);
 }
+
+#include "vec_dot.h"
+
+Test(kvcache, quest_bound_and_f16_helpers_match_plain_loops)
+{
+    for (int n = 1; n < 70; n += 3) {
+        float q[70], lo[70], hi[70], x[70], y[70], y2[70];
+        uint16_t hx[70];
+        for (int i = 0; i < n; i++) {
+            q[i] = frand();
+            float a = frand(), b = frand();
+            lo[i] = fminf(a, b);
+            hi[i] = fmaxf(a, b);
+            x[i] = frand();
+            y[i] = y2[i] = frand();
+        }
+        double want = 0, dot = 0;
+        vd_f32_to_f16(n, x, hx);
+        for (int i = 0; i < n; i++) {
+            want += fmax((double)q[i] * lo[i], (double)q[i] * hi[i]);
+            cr_assert_eq(hx[i], quant_f32_to_fp16(x[i]));
+            dot += (double)q[i] * quant_fp16_to_f32(hx[i]);
+            y2[i] += 0.5f * quant_fp16_to_f32(hx[i]);
+        }
+        cr_expect(fabs(vd_bound_f32(n, q, lo, hi) - want) < 1e-5, "bound n=%d", n);
+        cr_expect(fabs(vd_dot_f32_f16(n, q, hx) - dot) < 1e-5, "dot f16 n=%d", n);
+        vd_axpy_f16(n, 0.5f, hx, y);
+        for (int i = 0; i < n; i++) cr_expect(fabsf(y[i] - y2[i]) < 1e-6, "axpy f16 n=%d i=%d", n, i);
+    }
+}

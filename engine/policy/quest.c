@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "pol_util.h"
+#include "vec_dot.h"
 
 enum { P_BUDGET };
 
@@ -95,13 +96,7 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
             const kv_page *p = kv_layer_page(env->kv, il, i);
             const float *mn = p->kmin + (size_t)g * (size_t)D, *mx = p->kmax + (size_t)g * (size_t)D;
             float u = 0;
-            for (int hh = 0; hh < G; hh++) {
-                const float *qh = q + (size_t)(g * G + hh) * (size_t)D;
-                for (int d = 0; d < D; d++) {
-                    float a = qh[d] * mn[d], b = qh[d] * mx[d];
-                    u += a > b ? a : b;
-                }
-            }
+            for (int hh = 0; hh < G; hh++) u += vd_bound_f32(D, q + (size_t)(g * G + hh) * (size_t)D, mn, mx);
             s->score[i] = u;
             s->idx[i] = i;
         }

@@ -538,3 +538,16 @@ void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y)
 #endif
     for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_fp16(x[i]);
 }
+
+float vd_bound_f32(int64_t n, const float *q, const float *lo, const float *hi)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) return vd_bound_f32_avx2(n, q, lo, hi);
+#endif
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float a = q[i] * lo[i], b = q[i] * hi[i];
+        s += a > b ? a : b;
+    }
+    return s;
+}

@@ -50,6 +50,9 @@ float vd_dot_f32_f16(int64_t n, const float *a, const uint16_t *b);
 void vd_axpy_f16(int64_t n, float a, const uint16_t *x, float *y);
 void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y);
 
+/* sum_i max(q[i] * lo[i], q[i] * hi[i]): the largest q.k over keys k with lo <= k <= hi (Quest's bound). */
+float vd_bound_f32(int64_t n, const float *q, const float *lo, const float *hi);
+
 /* y[i] = e^x[i] (AVX2 polynomial, ~1e-7 relative; libm in the portable build). x == y allowed. */
 void vd_exp_f32(int64_t n, const float *x, float *y);
 /* gate[i] = act(gate[i]) * up[i], act = GELU (tanh form) when gelu, else SiLU. */

@@ -130,6 +130,25 @@ void vd_f32_to_f16_avx2(int64_t n, const float *x, uint16_t *y)
     for (; i < n; i++) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+float vd_bound_f32_avx2(int64_t n, const float *q, const float *lo, const float *hi)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
+        s0 = _mm256_add_ps(s0, _mm256_max_ps(_mm256_mul_ps(q0, _mm256_loadu_ps(lo + i)),
+                                             _mm256_mul_ps(q0, _mm256_loadu_ps(hi + i))));
+        s1 = _mm256_add_ps(s1, _mm256_max_ps(_mm256_mul_ps(q1, _mm256_loadu_ps(lo + i + 8)),
+                                             _mm256_mul_ps(q1, _mm256_loadu_ps(hi + i + 8))));
+    }
+    float s = hsum_ps(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) {
+        float a = q[i] * lo[i], b = q[i] * hi[i];
+        s += a > b ? a : b;
+    }
+    return s;
+}
+
 void vd_axpy_f32_avx2(int64_t n, float a, const float *x, float *y)
 {
     const __m256 va = _mm256_set1_ps(a);

@@ -98,6 +98,7 @@ void vd_glu_avx2(int64_t n, float *gate, const float *up, int gelu);
 
 float vd_dot_f32_avx2(int64_t n, const float *a, const float *b);
 void vd_axpy_f32_avx2(int64_t n, float a, const float *x, float *y);
+float vd_bound_f32_avx2(int64_t n, const float *q, const float *lo, const float *hi);
 float vd_dot_f32_f16_avx2(int64_t n, const float *a, const uint16_t *b);
 void vd_axpy_f16_avx2(int64_t n, float a, const uint16_t *x, float *y);
 void vd_f32_to_f16_avx2(int64_t n, const float *x, uint16_t *y);
