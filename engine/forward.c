@@ -84,7 +84,8 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
         win[il] = m->layers[il].is_swa ? hp->n_swa : 0;
         if (!win[il]) f->global[f->n_global++] = il;
     }
-    f->kv = kv_create(hp->n_layer, n_ctx, kvd, o && o->page_size > 0 ? o->page_size : 32, win, err, errlen);
+    f->kv = kv_create(hp->n_layer, n_ctx, hp->n_head_kv, hp->head_dim, o && o->page_size > 0 ? o->page_size : 32, win,
+                      err, errlen);
     free(win);
     if (!f->kv) {
         free(f->global);
@@ -170,7 +171,7 @@ static int grow_refs(fwd_ctx *f, int64_t n)
     return 0;
 }
 
-static void set_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask)
+static void set_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int head_dim)
 {
     r->k = p->k;
     r->v = p->v;
@@ -178,6 +179,8 @@ static void set_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask)
     r->bias = p->merged ? p->logdeg : NULL;
     r->mask = mask;
     r->n = p->n;
+    r->stride = head_dim;
+    r->head_step = 0;
 }
 
 static int64_t tokens_of(const kv_page *p, const uint64_t *mask)
@@ -192,60 +195,63 @@ static int64_t tokens_of(const kv_page *p, const uint64_t *mask)
     return c;
 }
 
-/* Fill a->pages / head_pages for layer il: the policy's selection on global layers during decode,
- * else every page the layer holds. Records the step's attention statistics. -1: out of memory. */
+/* Fill a->pages / head_pages for layer il, one list per KV head (each head has its own page table):
+ * the policy's selection on global layers during decode, else every page the head holds. A shared
+ * selection's indices apply to every head's table. Records the step's attention statistics.
+ * -1: out of memory. */
 static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int is_global)
 {
     const model_hparams *hp = &f->m->hp;
-    int np = kv_n_pages(f->kv, il);
+    int Hkv = hp->n_head_kv, P = kv_page_size(f->kv), D = hp->head_dim;
     const pol_sel *sel = NULL;
-    if (f->decoding && is_global && f->pol) {
+    int observe = f->decoding && is_global && f->pol;
+    if (observe) {
         double t0 = now_ms();
         sel = pol_set_select(f->pol, il, q);
         f->st_sel_ms += now_ms() - t0;
     }
     int first_global = f->n_global > 0 && il == f->global[0];
-    if (f->decoding && first_global && f->pol) pol_set_last_reset(f->pol);
-    a->head_pages = NULL;
-    int64_t tokens = 0;
-    if (!sel) {
-        if (grow_refs(f, np)) return -1;
-        for (int i = 0; i < np; i++) {
-            const kv_page *p = kv_layer_page(f->kv, il, i);
-            set_ref(&f->refs[i], p, NULL);
-            tokens += p->n;
-            if (f->decoding && is_global && f->pol) {
+    if (observe && first_global) pol_set_last_reset(f->pol);
+    int64_t need = 0;
+    for (int h = 0; h < Hkv; h++) {
+        int64_t nh = sel ? (sel->per_head ? sel->off[h + 1] - sel->off[h] : sel->off[1]) : kv_n_pages(f->kv, il, h);
+        need += nh;
+    }
+    if (grow_refs(f, need)) return -1;
+    int64_t e = 0, tokens = 0, pages_total = 0;
+    for (int h = 0; h < Hkv; h++) {
+        f->head_off[h] = e;
+        int np = kv_n_pages(f->kv, il, h);
+        pages_total += np;
+        int64_t s0 = 0, s1 = np;
+        if (sel) {
+            s0 = sel->per_head ? sel->off[h] : 0;
+            s1 = sel->per_head ? sel->off[h + 1] : sel->off[1];
+        }
+        for (int64_t j = s0; j < s1; j++) {
+            int idx = sel ? sel->idx[j] : (int)j;
+            if (idx < 0 || idx >= np) continue;   /* shared indices past a shorter head's table */
+            const kv_page *p = kv_layer_page(f->kv, il, h, idx);
+            const uint64_t *mask = sel ? sel->mask[j] : NULL;
+            set_ref(&f->refs[e++], p, mask, D);
+            if (f->decoding) tokens += tokens_of(p, mask);
+            if (observe) {
                 pol_set_hit_page(f->pol, p->pos[0]);
-                if (first_global) pol_set_last_add(f->pol, p->pos[0] / kv_page_size(f->kv));
+                if (first_global && h == 0) pol_set_last_add(f->pol, p->pos[0] / P);
             }
         }
-        a->n_pages = np;
-        tokens *= hp->n_head_kv;
-        if (is_global) f->st_pages += (int64_t)np * hp->n_head_kv;
-    } else {
-        if (grow_refs(f, sel->n)) return -1;
-        for (int64_t e = 0; e < sel->n; e++) {
-            const kv_page *p = kv_layer_page(f->kv, il, sel->idx[e]);
-            set_ref(&f->refs[e], p, sel->mask[e]);
-            int64_t t = tokens_of(p, sel->mask[e]);
-            tokens += sel->per_head ? t : t * hp->n_head_kv;
-            pol_set_hit_page(f->pol, p->pos[0]);
-            if (first_global && e < sel->off[1]) pol_set_last_add(f->pol, p->pos[0] / kv_page_size(f->kv));
-        }
-        a->n_pages = sel->n;
-        if (sel->per_head) {
-            for (int g = 0; g <= hp->n_head_kv; g++) f->head_off[g] = sel->off[g];
-            a->head_pages = f->head_off;
-            f->st_pages += sel->n;
-        } else {
-            f->st_pages += sel->n * hp->n_head_kv;
-        }
     }
+    f->head_off[Hkv] = e;
+    a->pages = f->refs;
+    a->n_pages = e;
+    a->head_pages = f->head_off;
     if (f->decoding) {
         f->st_tokens += tokens;
-        if (is_global) f->st_pages_total += (int64_t)np * hp->n_head_kv;
+        if (is_global) {
+            f->st_pages += e;
+            f->st_pages_total += pages_total;
+        }
     }
-    a->pages = f->refs;
     return 0;
 }
 

@@ -15,18 +15,24 @@
 
 #define FREE_LIST_MAX 64
 
-typedef struct kv_layer {
+/* The page table of one KV head of one layer. */
+typedef struct kv_stream {
     kv_page **pages;
     int n, cap;
-    int32_t window;
     int64_t tokens;
+} kv_stream;
+
+typedef struct kv_layer {
+    kv_stream *heads;      /* [n_head_kv] */
+    int32_t window;
 } kv_layer;
 
 struct kv_cache {
     int n_layer;
     int page_size;
     int64_t n_ctx;
-    int64_t row_dim;
+    int n_head_kv;
+    int64_t row_dim;       /* head_dim: a page holds one KV head's rows */
     int64_t len;
     int64_t floor;
     kv_layer *layers;
@@ -44,12 +50,13 @@ static void account(kv_cache *kv, int64_t delta)
     if (kv->bytes > kv->peak) kv->peak = kv->bytes;
 }
 
-kv_cache *kv_create(int n_layer, int64_t n_ctx, int64_t row_dim, int page_size, const int32_t *window, char *err,
-                    size_t errlen)
+kv_cache *kv_create(int n_layer, int64_t n_ctx, int n_head_kv, int64_t head_dim, int page_size, const int32_t *window,
+                    char *err, size_t errlen)
 {
-    if (n_layer <= 0 || n_ctx <= 0 || row_dim <= 0 || page_size < 1 || page_size > 4096) {
-        snprintf(err, errlen, "invalid KV cache shape (layers %d, context %lld, row %lld, page %d)", n_layer,
-                 (long long)n_ctx, (long long)row_dim, page_size);
+    int64_t row_dim = head_dim;
+    if (n_layer <= 0 || n_ctx <= 0 || n_head_kv <= 0 || row_dim <= 0 || page_size < 1 || page_size > 4096) {
+        snprintf(err, errlen, "invalid KV cache shape (layers %d, context %lld, KV heads %d, head %lld, page %d)",
+                 n_layer, (long long)n_ctx, n_head_kv, (long long)row_dim, page_size);
         return NULL;
     }
     kv_cache *kv = calloc(1, sizeof *kv);
@@ -58,11 +65,16 @@ kv_cache *kv_create(int n_layer, int64_t n_ctx, int64_t row_dim, int page_size, 
     kv->page_size = page_size;
     kv->n_ctx = n_ctx;
     kv->row_dim = row_dim;
+    kv->n_head_kv = n_head_kv;
     kv->layers = calloc((size_t)n_layer, sizeof *kv->layers);
     kv->free_list = calloc(FREE_LIST_MAX, sizeof *kv->free_list);
     kv->tmp = malloc(sizeof(float) * (size_t)row_dim);
     if (!kv->layers || !kv->free_list || !kv->tmp) goto oom;
-    for (int il = 0; il < n_layer; il++) kv->layers[il].window = window ? window[il] : 0;
+    for (int il = 0; il < n_layer; il++) {
+        kv->layers[il].window = window ? window[il] : 0;
+        kv->layers[il].heads = calloc((size_t)n_head_kv, sizeof(kv_stream));
+        if (!kv->layers[il].heads) goto oom;
+    }
     size_t P = (size_t)page_size, R = (size_t)row_dim;
     kv->page_bytes = sizeof(kv_page) + 2 * P * R * sizeof(uint16_t) + P * (sizeof(int32_t) + sizeof(float)) +
                      3 * R * sizeof(float);
@@ -78,8 +90,13 @@ void kv_free(kv_cache *kv)
     if (!kv) return;
     if (kv->layers) {
         for (int il = 0; il < kv->n_layer; il++) {
-            for (int i = 0; i < kv->layers[il].n; i++) free(kv->layers[il].pages[i]);
-            free(kv->layers[il].pages);
+            if (!kv->layers[il].heads) continue;
+            for (int h = 0; h < kv->n_head_kv; h++) {
+                kv_stream *S = &kv->layers[il].heads[h];
+                for (int i = 0; i < S->n; i++) free(S->pages[i]);
+                free(S->pages);
+            }
+            free(kv->layers[il].heads);
         }
     }
     for (int i = 0; i < kv->n_free; i++) free(kv->free_list[i]);
@@ -91,13 +108,14 @@ void kv_free(kv_cache *kv)
 
 int kv_n_layer(const kv_cache *kv) { return kv->n_layer; }
 int kv_page_size(const kv_cache *kv) { return kv->page_size; }
-int64_t kv_row_dim(const kv_cache *kv) { return kv->row_dim; }
+int kv_n_head_kv(const kv_cache *kv) { return kv->n_head_kv; }
+int64_t kv_head_dim(const kv_cache *kv) { return kv->row_dim; }
 int64_t kv_n_ctx(const kv_cache *kv) { return kv->n_ctx; }
 int32_t kv_window(const kv_cache *kv, int il) { return kv->layers[il].window; }
 int64_t kv_len(const kv_cache *kv) { return kv->len; }
-int kv_n_pages(const kv_cache *kv, int il) { return kv->layers[il].n; }
-kv_page *kv_layer_page(const kv_cache *kv, int il, int i) { return kv->layers[il].pages[i]; }
-int64_t kv_layer_tokens(const kv_cache *kv, int il) { return kv->layers[il].tokens; }
+int kv_n_pages(const kv_cache *kv, int il, int h) { return kv->layers[il].heads[h].n; }
+kv_page *kv_layer_page(const kv_cache *kv, int il, int h, int i) { return kv->layers[il].heads[h].pages[i]; }
+int64_t kv_head_tokens(const kv_cache *kv, int il, int h) { return kv->layers[il].heads[h].tokens; }
 uint64_t kv_page_bytes(const kv_cache *kv) { return kv->page_bytes; }
 void kv_set_floor(kv_cache *kv, int64_t pos) { kv->floor = pos; }
 
@@ -146,9 +164,9 @@ static void page_release(kv_cache *kv, kv_page *p)
     account(kv, -(int64_t)kv->page_bytes);
 }
 
-int kv_push_page(kv_cache *kv, int il, kv_page *p)
+int kv_push_page(kv_cache *kv, int il, int h, kv_page *p)
 {
-    kv_layer *L = &kv->layers[il];
+    kv_stream *L = &kv->layers[il].heads[h];
     if (L->n == L->cap) {
         int nc = L->cap ? L->cap * 2 : 64;
         kv_page **np = realloc(L->pages, sizeof *np * (size_t)nc);
@@ -192,20 +210,29 @@ void kv_page_resummarize(const kv_cache *kv, kv_page *p)
 
 int kv_append(kv_cache *kv, int il, const float *k, const float *v, int64_t n, int64_t p0)
 {
-    kv_layer *L = &kv->layers[il];
+    for (int h = 0; h < kv->n_head_kv; h++)
+        if (kv_append_head(kv, il, h, k + (size_t)h * (size_t)kv->row_dim, v + (size_t)h * (size_t)kv->row_dim,
+                           (int64_t)kv->n_head_kv * kv->row_dim, n, p0) != 0)
+            return -1;
+    return 0;
+}
+
+int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, int64_t stride, int64_t n, int64_t p0)
+{
+    kv_stream *L = &kv->layers[il].heads[h];
     size_t R = (size_t)kv->row_dim;
     for (int64_t t = 0; t < n; t++) {
         kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
         if (!p || p->n == kv->page_size) {
             p = kv_page_new(kv);
-            if (!p || kv_push_page(kv, il, p) != 0) {
+            if (!p || kv_push_page(kv, il, h, p) != 0) {
                 if (p) page_release(kv, p);
                 return -1;
             }
         }
         uint16_t *kr = p->k + (size_t)p->n * R, *vr = p->v + (size_t)p->n * R;
-        vd_f32_to_f16((int64_t)R, k + (size_t)t * R, kr);
-        vd_f32_to_f16((int64_t)R, v + (size_t)t * R, vr);
+        vd_f32_to_f16((int64_t)R, k + (size_t)t * (size_t)stride, kr);
+        vd_f32_to_f16((int64_t)R, v + (size_t)t * (size_t)stride, vr);
         p->pos[p->n] = (int32_t)(p0 + t);
         p->logdeg[p->n] = 0;
         p->n++;
@@ -219,9 +246,8 @@ void kv_commit(kv_cache *kv, int64_t len) { kv->len = len; }
 
 /* Remove every token at position >= pos from layer il (tokens are in position order within a
  * layer's table, so only the tail is touched). */
-static void layer_truncate(kv_cache *kv, int il, int64_t pos)
+static void stream_truncate(kv_cache *kv, kv_stream *L, int64_t pos)
 {
-    kv_layer *L = &kv->layers[il];
     while (L->n > 0) {
         kv_page *p = L->pages[L->n - 1];
         int32_t keep = p->n;
@@ -239,10 +265,9 @@ static void layer_truncate(kv_cache *kv, int il, int64_t pos)
     }
 }
 
-/* Tokens of layer il with positions in [lo, hi). */
-static int64_t layer_count_range(const kv_cache *kv, int il, int64_t lo, int64_t hi)
+/* Tokens of one head's table with positions in [lo, hi). */
+static int64_t stream_count_range(const kv_stream *L, int64_t lo, int64_t hi)
 {
-    const kv_layer *L = &kv->layers[il];
     int64_t c = 0;
     for (int i = 0; i < L->n; i++) {
         const kv_page *p = L->pages[i];
@@ -261,10 +286,12 @@ int64_t kv_rewind(kv_cache *kv, int64_t pos)
         int64_t w = kv->layers[il].window;
         if (w <= 0 || pos == 0) continue;
         int64_t lo = pos - w + 1 > 0 ? pos - w + 1 : 0;
-        if (layer_count_range(kv, il, lo, pos) != pos - lo) exact = 0;
+        for (int h = 0; h < kv->n_head_kv; h++)
+            if (stream_count_range(&kv->layers[il].heads[h], lo, pos) != pos - lo) exact = 0;
     }
     if (!exact) pos = 0;
-    for (int il = 0; il < kv->n_layer; il++) layer_truncate(kv, il, pos);
+    for (int il = 0; il < kv->n_layer; il++)
+        for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, &kv->layers[il].heads[h], pos);
     kv->len = pos;
     return pos;
 }
@@ -277,9 +304,11 @@ static int needed_by(int64_t first, int64_t last, int64_t r, int64_t w)
 
 void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start)
 {
-    kv_layer *L = &kv->layers[il];
-    int64_t w = L->window;
-    if (w <= 0 || L->n <= 1) return;
+    int64_t w = kv->layers[il].window;
+    if (w <= 0) return;
+    for (int h = 0; h < kv->n_head_kv; h++) {
+    kv_stream *L = &kv->layers[il].heads[h];
+    if (L->n <= 1) continue;
     int out = 0;
     for (int i = 0; i < L->n; i++) {
         kv_page *p = L->pages[i];
@@ -294,11 +323,12 @@ void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start)
         }
     }
     L->n = out;
+    }
 }
 
-void kv_keep_pages(kv_cache *kv, int il, const int *keep, int n_keep)
+void kv_keep_pages(kv_cache *kv, int il, int h, const int *keep, int n_keep)
 {
-    kv_layer *L = &kv->layers[il];
+    kv_stream *L = &kv->layers[il].heads[h];
     int j = 0, out = 0;
     for (int i = 0; i < L->n; i++) {
         kv_page *p = L->pages[i];
@@ -313,15 +343,66 @@ void kv_keep_pages(kv_cache *kv, int il, const int *keep, int n_keep)
     L->n = out;
 }
 
+int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep)
+{
+    kv_stream *L = &kv->layers[il].heads[h];
+    size_t R = (size_t)kv->row_dim;
+    int P = kv->page_size;
+    int n_new = (int)((n_keep + P - 1) / P);
+    kv_page **np = malloc(sizeof *np * (size_t)(n_new > 0 ? n_new : 1));
+    if (!np) return -1;
+    for (int i = 0; i < n_new; i++) {
+        np[i] = kv_page_new(kv);
+        if (!np[i]) {
+            for (int j = 0; j < i; j++) page_release(kv, np[j]);
+            free(np);
+            return -1;
+        }
+    }
+    int src_page = 0;
+    int64_t src_base = 0;   /* table index of the first token of pages[src_page] */
+    for (int64_t j = 0; j < n_keep; j++) {
+        int64_t idx = keep[j];
+        while (src_page < L->n && idx >= src_base + L->pages[src_page]->n) src_base += L->pages[src_page++]->n;
+        if (src_page >= L->n) break;   /* index past the end: ignore the rest */
+        const kv_page *sp = L->pages[src_page];
+        int32_t t = (int32_t)(idx - src_base);
+        kv_page *dp = np[j / P];
+        memcpy(dp->k + (size_t)dp->n * R, sp->k + (size_t)t * R, R * sizeof(uint16_t));
+        memcpy(dp->v + (size_t)dp->n * R, sp->v + (size_t)t * R, R * sizeof(uint16_t));
+        dp->pos[dp->n] = sp->pos[t];
+        dp->logdeg[dp->n] = sp->logdeg[t];
+        if (sp->logdeg[t] != 0) dp->merged = 1;
+        summarize_row(kv, dp, dp->k + (size_t)dp->n * R);
+        dp->n++;
+    }
+    for (int i = 0; i < L->n; i++) page_release(kv, L->pages[i]);
+    L->n = 0;
+    L->tokens = 0;
+    for (int i = 0; i < n_new; i++) {
+        if (np[i]->n == 0) {
+            page_release(kv, np[i]);
+            continue;
+        }
+        if (kv_push_page(kv, il, h, np[i]) != 0) {   /* cannot happen: the table only shrank */
+            page_release(kv, np[i]);
+        }
+    }
+    free(np);
+    return 0;
+}
+
 void kv_get_stats(const kv_cache *kv, kv_stats *st)
 {
     memset(st, 0, sizeof *st);
     st->positions = kv->len;
     for (int il = 0; il < kv->n_layer; il++) {
-        st->tokens_kept += kv->layers[il].tokens;
-        st->pages += kv->layers[il].n;
+        for (int h = 0; h < kv->n_head_kv; h++) {
+            st->tokens_kept += kv->layers[il].heads[h].tokens;
+            st->pages += kv->layers[il].heads[h].n;
+        }
     }
-    st->tokens_full = kv->len * kv->n_layer;
+    st->tokens_full = kv->len * kv->n_layer * kv->n_head_kv;
     st->bytes_resident = kv->bytes;
     st->bytes_full = (uint64_t)st->tokens_full * (uint64_t)kv->row_dim * 2u * sizeof(uint16_t);
     st->bytes_peak = kv->peak;

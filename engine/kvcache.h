@@ -1,7 +1,8 @@
 /* kvcache.h - the paged key/value cache of one sequence.
  *
- * Every layer has a page table: an ordered list of pages of P tokens (default 32). A page holds, per
- * token, the key and value rows of all KV heads in f16 (one row per KV head: GQA is never expanded),
+ * Every layer has one page table per KV head: an ordered list of pages of P tokens (default 32). A
+ * page holds, per token, that KV head's key and value rows in f16 (GQA is never expanded, and a
+ * method that evicts per head frees that head's pages),
  * the token's position and its log-degree (0 unless compression merged tokens into it), and per page
  * the running sum, element-wise min and element-wise max of its keys (the summaries the selection
  * policies score). Pages come from a pool and go back to it when evicted or rewound, and every byte
@@ -16,11 +17,11 @@
 #include <stdint.h>
 
 typedef struct kv_page {
-    uint16_t *k, *v;       /* [page_size][row_dim] f16 */
+    uint16_t *k, *v;       /* [page_size][head_dim] f16 */
     int32_t *pos;          /* [page_size] position of each token */
     float *logdeg;         /* [page_size] log of the number of tokens merged into it (0: one) */
-    float *ksum;           /* [row_dim] sum of the keys held */
-    float *kmin, *kmax;    /* [row_dim] element-wise min / max of the keys held */
+    float *ksum;           /* [head_dim] sum of the keys held */
+    float *kmin, *kmax;    /* [head_dim] element-wise min / max of the keys held */
     int32_t n;             /* tokens held (a prefix of the page) */
     int32_t merged;        /* 1 when some logdeg is nonzero */
 } kv_page;
@@ -28,19 +29,23 @@ typedef struct kv_page {
 typedef struct kv_cache kv_cache;
 
 /* window[il] > 0 makes layer il a sliding-window layer of that width (NULL: all global). */
-kv_cache *kv_create(int n_layer, int64_t n_ctx, int64_t row_dim, int page_size, const int32_t *window, char *err,
-                    size_t errlen);
+kv_cache *kv_create(int n_layer, int64_t n_ctx, int n_head_kv, int64_t head_dim, int page_size, const int32_t *window,
+                    char *err, size_t errlen);
 void kv_free(kv_cache *kv);
 
 int kv_n_layer(const kv_cache *kv);
 int kv_page_size(const kv_cache *kv);
-int64_t kv_row_dim(const kv_cache *kv);
+int kv_n_head_kv(const kv_cache *kv);
+int64_t kv_head_dim(const kv_cache *kv);
 int64_t kv_n_ctx(const kv_cache *kv);
 int32_t kv_window(const kv_cache *kv, int il);       /* 0 on global layers */
 int64_t kv_len(const kv_cache *kv);                  /* the next position (tokens seen so far) */
 
-/* Append n rows (f32, converted to f16) at positions p0 .. p0+n-1 to layer il. -1 when out of memory. */
+/* Append n rows (f32 [n][n_head_kv * head_dim], converted to f16) at positions p0 .. p0+n-1 to every
+ * KV head of layer il. -1 when out of memory. */
 int kv_append(kv_cache *kv, int il, const float *k, const float *v, int64_t n, int64_t p0);
+/* The same for one KV head; row t starts stride floats after row t-1. */
+int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, int64_t stride, int64_t n, int64_t p0);
 /* Declare positions < len committed (after a chunk). */
 void kv_commit(kv_cache *kv, int64_t len);
 
@@ -55,29 +60,33 @@ void kv_set_floor(kv_cache *kv, int64_t pos);
  * rewind to the floor or to eval_start would not need. No-op on global layers. */
 void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start);
 
-/* The page table of layer il. */
-int kv_n_pages(const kv_cache *kv, int il);
-kv_page *kv_layer_page(const kv_cache *kv, int il, int i);
-int64_t kv_layer_tokens(const kv_cache *kv, int il);
+/* The page table of KV head h of layer il. */
+int kv_n_pages(const kv_cache *kv, int il, int h);
+kv_page *kv_layer_page(const kv_cache *kv, int il, int h, int i);
+int64_t kv_head_tokens(const kv_cache *kv, int il, int h);
 
-/* Replace layer il's page table by the pages whose indices are listed (ascending, a subset of the
- * current indices); the others return to the pool. What eviction policies call. */
-void kv_keep_pages(kv_cache *kv, int il, const int *keep, int n_keep);
+/* Keep only the pages whose indices are listed (ascending) in head h of layer il; the others
+ * return to the pool. */
+void kv_keep_pages(kv_cache *kv, int il, int h, const int *keep, int n_keep);
+/* Keep only the listed tokens (ascending indices counted across the table's pages), packed densely
+ * into fresh pages with their summaries; the old pages return to the pool, so memory held drops.
+ * What eviction policies call. -1 when out of memory (the table is unchanged). */
+int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep);
 /* Recompute a page's summaries from its f16 keys (after a policy edited the page in place). */
 void kv_page_resummarize(const kv_cache *kv, kv_page *p);
 /* A fresh empty page from the pool (NULL when out of memory), and adding one to the end of layer
  * il's table; policies that rebuild pages use these. */
 kv_page *kv_page_new(kv_cache *kv);
-int kv_push_page(kv_cache *kv, int il, kv_page *p);
+int kv_push_page(kv_cache *kv, int il, int h, kv_page *p);
 
 typedef struct kv_stats {
     int64_t positions;         /* tokens seen (the context length) */
-    int64_t tokens_kept;       /* token rows held, summed over layers */
-    int64_t tokens_full;       /* token rows a full cache would hold: positions x layers */
+    int64_t tokens_kept;       /* token rows held, summed over layers and KV heads */
+    int64_t tokens_full;       /* token rows a full cache would hold: positions x layers x KV heads */
     uint64_t bytes_resident;   /* pages + page tables, as allocated */
     uint64_t bytes_full;       /* K+V of a full f16 cache of this length, no summaries */
     uint64_t bytes_peak;       /* largest bytes_resident so far (prefill included) */
-    int64_t pages;             /* pages in use, all layers */
+    int64_t pages;             /* pages in use, all layers and KV heads */
 } kv_stats;
 void kv_get_stats(const kv_cache *kv, kv_stats *st);
 /* Bytes of one page (K, V, positions, log-degrees and summaries). */

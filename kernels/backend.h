@@ -25,14 +25,17 @@ typedef struct be_mm {
     float *y;              /* [n_tok][w->n_out] */
 } be_mm;
 
-/* One page of the KV cache as attention reads it: n tokens, each with one f16 key row and one f16
- * value row of n_head_kv * head_dim elements (head g's part at offset g * head_dim). */
+/* One page of the KV cache as attention reads it: n tokens whose f16 key and value rows of KV head g
+ * start at k + i * stride + g * head_step (v likewise). The cache keeps one page per KV head
+ * (head_step 0, each head reading its own list); rows of all heads side by side work too. */
 typedef struct be_kv_page {
     const uint16_t *k, *v;
-    const int32_t *pos;     /* [n] token positions */
+    const int32_t *pos;     /* [n] token positions, ascending */
     const float *bias;      /* [n] additive logit bias (log-degree of merged tokens), or NULL */
     const uint64_t *mask;   /* bit t set: token t is attended; NULL: all n tokens */
     int32_t n;
+    int32_t stride;         /* elements from one token's row to the next */
+    int32_t head_step;      /* elements from KV head g's row to head g+1's (0: per-head pages) */
 } be_kv_page;
 
 /* Attention of a batch of queries over an explicit list of pages, read in place (never gathered).

@@ -26,7 +26,7 @@ static float h(float x) { return quant_fp16_to_f32(quant_f32_to_fp16(x)); }
 static kv_cache *make(int n_layer, int R, int P, const int32_t *win, int64_t n_tok, float **keys_out)
 {
     char err[256];
-    kv_cache *kv = kv_create(n_layer, 4096, R, P, win, err, sizeof err);
+    kv_cache *kv = kv_create(n_layer, 4096, 1, R, P, win, err, sizeof err);
     cr_assert(kv, "%s", err);
     float *k = malloc(sizeof(float) * (size_t)(n_tok * R)), *v = malloc(sizeof(float) * (size_t)(n_tok * R));
     for (int64_t i = 0; i < n_tok * R; i++) {
@@ -46,10 +46,10 @@ Test(kvcache, pages_fill_in_order_and_summaries_match_the_keys)
     const int R = 24, P = 8;
     float *k;
     kv_cache *kv = make(1, R, P, NULL, 61, &k);
-    cr_expect_eq(kv_n_pages(kv, 0), 8);
-    cr_expect_eq(kv_layer_tokens(kv, 0), 61);
+    cr_expect_eq(kv_n_pages(kv, 0, 0), 8);
+    cr_expect_eq(kv_head_tokens(kv, 0, 0), 61);
     for (int i = 0; i < 8; i++) {
-        const kv_page *p = kv_layer_page(kv, 0, i);
+        const kv_page *p = kv_layer_page(kv, 0, 0, i);
         cr_expect_eq(p->n, i < 7 ? P : 61 - 7 * P);
         for (int t = 0; t < p->n; t++) cr_expect_eq(p->pos[t], i * P + t);
         for (int d = 0; d < R; d++) {
@@ -78,9 +78,9 @@ Test(kvcache, rewind_truncates_and_resummarizes)
     cr_expect_eq(kv_rewind(kv, 21), 21);
     cr_expect_eq(kv_len(kv), 21);
     for (int il = 0; il < 2; il++) {
-        cr_expect_eq(kv_n_pages(kv, il), 3);
-        cr_expect_eq(kv_layer_tokens(kv, il), 21);
-        const kv_page *p = kv_layer_page(kv, il, 2);
+        cr_expect_eq(kv_n_pages(kv, il, 0), 3);
+        cr_expect_eq(kv_head_tokens(kv, il, 0), 21);
+        const kv_page *p = kv_layer_page(kv, il, 0, 2);
         cr_expect_eq(p->n, 5);
         for (int d = 0; d < R; d++) {
             float mx = -FLT_MAX;
@@ -99,24 +99,24 @@ Test(kvcache, sliding_window_layers_keep_only_what_queries_and_rewinds_need)
     kv_cache *kv = make(2, R, P, win, 64, NULL);
     /* the next query is at 64; protect the floor 0 (nothing before it) and the eval start 64 */
     kv_trim_window(kv, 1, 64, 64);
-    cr_expect_eq(kv_layer_tokens(kv, 0), 64, "global layers are never trimmed");
+    cr_expect_eq(kv_head_tokens(kv, 0, 0), 64, "global layers are never trimmed");
     /* positions >= 64 - 10 + 1 = 55 are needed: pages [52..55] .. [60..63] */
-    cr_expect_eq(kv_n_pages(kv, 1), 3);
-    cr_expect_eq(kv_layer_page(kv, 1, 0)->pos[0], 52);
+    cr_expect_eq(kv_n_pages(kv, 1, 0), 3);
+    cr_expect_eq(kv_layer_page(kv, 1, 0, 0)->pos[0], 52);
     /* a rewind to 60 still finds positions 51..59? 51 is gone: the rewind restarts from 0 */
     kv_free(kv);
     kv = make(2, R, P, win, 64, NULL);
     kv_set_floor(kv, 30);
     kv_trim_window(kv, 1, 64, 64);
     /* the floor keeps positions 21..29 (pages 20.., 24.., 28..) as well */
-    cr_expect_eq(kv_n_pages(kv, 1), 6);
+    cr_expect_eq(kv_n_pages(kv, 1, 0), 6);
     cr_expect_eq(kv_rewind(kv, 30), 30, "a rewind to the floor is exact");
     kv_free(kv);
     kv = make(2, R, P, win, 64, NULL);
     kv_trim_window(kv, 1, 64, 64);
     cr_expect_eq(kv_rewind(kv, 40), 0, "a rewind past what the window kept starts over");
     cr_expect_eq(kv_len(kv), 0);
-    cr_expect_eq(kv_layer_tokens(kv, 0), 0);
+    cr_expect_eq(kv_head_tokens(kv, 0, 0), 0);
     kv_free(kv);
 }
 
@@ -134,9 +134,9 @@ Test(kvcache, memory_figures_follow_the_pages)
     cr_expect_lt(st.bytes_resident, 21 * kv_page_bytes(kv) + 3 * 1024);
     /* dropping pages from the middle of a table gives tokens back (and, past the free list, bytes) */
     int keep[3] = { 0, 5, 6 };
-    kv_keep_pages(kv, 1, keep, 3);
+    kv_keep_pages(kv, 1, 0, keep, 3);
     kv_get_stats(kv, &st);
-    cr_expect_eq(kv_n_pages(kv, 1), 3);
+    cr_expect_eq(kv_n_pages(kv, 1, 0), 3);
     cr_expect_eq(st.tokens_kept, 200 + 16 + 16 + 4);
     cr_expect_geq(st.bytes_peak, st.bytes_resident);
     kv_free(kv);
@@ -160,8 +160,8 @@ static void naive(const be_attn *a, int64_t t, int hq, double *out)
                 int32_t kp = pg->pos[j];
                 if (kp > qp || (a->window > 0 && qp - kp >= a->window)) continue;
                 if (pg->mask && !((pg->mask[j >> 6] >> (j & 63)) & 1)) continue;
-                const uint16_t *kr = pg->k + (size_t)j * a->n_head_kv * D + (size_t)g * D;
-                const uint16_t *vr = pg->v + (size_t)j * a->n_head_kv * D + (size_t)g * D;
+                const uint16_t *kr = pg->k + (size_t)j * pg->stride + (size_t)g * pg->head_step;
+                const uint16_t *vr = pg->v + (size_t)j * pg->stride + (size_t)g * pg->head_step;
                 double s = pg->bias ? pg->bias[j] : 0;
                 for (int i = 0; i < D; i++) s += (double)q[i] * quant_fp16_to_f32(kr[i]);
                 if (pass == 0) {
@@ -201,7 +201,7 @@ Test(kvcache, attention_over_any_page_list_equals_the_reference)
     be_backend *b = be_cpu_create(2, err, sizeof err);
     cr_assert(b, "%s", err);
     kv_cache *kv = make(1, Hkv * D, P, NULL, n_tok, NULL);
-    int np = kv_n_pages(kv, 0);
+    int np = kv_n_pages(kv, 0, 0);
     be_kv_page *pages = calloc((size_t)np * 2, sizeof *pages);
     uint64_t *masks = calloc((size_t)np, sizeof *masks);
     float *bias = malloc(sizeof(float) * P * (size_t)np);
@@ -209,12 +209,14 @@ Test(kvcache, attention_over_any_page_list_equals_the_reference)
     /* head 0: every other page, some masked, some with a bias; head 1: all pages, plain */
     int n0 = 0;
     for (int i = 0; i < np; i += 2) {
-        const kv_page *p = kv_layer_page(kv, 0, i);
+        const kv_page *p = kv_layer_page(kv, 0, 0, i);
         be_kv_page *r = &pages[n0++];
         r->k = p->k;
         r->v = p->v;
         r->pos = p->pos;
         r->n = p->n;
+        r->stride = Hkv * D;
+        r->head_step = D;
         if (i % 4 == 0) {
             masks[i] = 0xA5A5ull;
             r->mask = &masks[i];
@@ -222,12 +224,14 @@ Test(kvcache, attention_over_any_page_list_equals_the_reference)
         if (i % 6 == 0) r->bias = bias + (size_t)i * P;
     }
     for (int i = 0; i < np; i++) {
-        const kv_page *p = kv_layer_page(kv, 0, i);
+        const kv_page *p = kv_layer_page(kv, 0, 0, i);
         be_kv_page *r = &pages[n0 + i];
         r->k = p->k;
         r->v = p->v;
         r->pos = p->pos;
         r->n = p->n;
+        r->stride = Hkv * D;
+        r->head_step = D;
     }
     int64_t head_pages[3] = { 0, n0, n0 + np };
     int n_q = 11;
@@ -283,4 +287,30 @@ Test(kvcache, quest_bound_and_f16_helpers_match_plain_loops)
         vd_axpy_f16(n, 0.5f, hx, y);
         for (int i = 0; i < n; i++) cr_expect(fabsf(y[i] - y2[i]) < 1e-6, "axpy f16 n=%d i=%d", n, i);
     }
+}
+
+Test(kvcache, keep_tokens_packs_the_kept_rows_and_frees_pages)
+{
+    const int R = 8, P = 4;
+    float *k;
+    kv_cache *kv = make(1, R, P, NULL, 40, &k);
+    kv_stats before, after;
+    kv_get_stats(kv, &before);
+    int64_t keep[6] = { 0, 1, 2, 17, 30, 39 };
+    cr_assert(kv_keep_tokens(kv, 0, 0, keep, 6) == 0);
+    cr_expect_eq(kv_n_pages(kv, 0, 0), 2);
+    cr_expect_eq(kv_head_tokens(kv, 0, 0), 6);
+    for (int j = 0; j < 6; j++) {
+        const kv_page *p = kv_layer_page(kv, 0, 0, j / P);
+        cr_expect_eq(p->pos[j % P], keep[j]);
+        for (int d = 0; d < R; d++) cr_expect_eq(quant_fp16_to_f32(p->k[(j % P) * R + d]), h(k[keep[j] * R + d]));
+    }
+    const kv_page *p1 = kv_layer_page(kv, 0, 0, 1);
+    for (int d = 0; d < R; d++)
+        cr_expect(fabsf(p1->ksum[d] - (h(k[30 * R + d]) + h(k[39 * R + d]))) < 1e-5, "summary of the packed page");
+    kv_get_stats(kv, &after);
+    cr_expect_eq(after.tokens_kept, 6);
+    cr_expect_eq(after.pages, 2);
+    free(k);
+    kv_free(kv);
 }

@@ -80,7 +80,7 @@ typedef struct fixture {
 static void build(fixture *fx, const float *dir, int n_pages)
 {
     char err[256];
-    fx->kv = kv_create(1, 4096, D, P, NULL, err, sizeof err);
+    fx->kv = kv_create(1, 4096, 1, D, P, NULL, err, sizeof err);
     cr_assert(fx->kv, "%s", err);
     fx->b = be_cpu_create(1, err, sizeof err);
     cr_assert(fx->b, "%s", err);

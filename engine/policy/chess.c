@@ -112,13 +112,16 @@ static int c_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
     return 0;
 }
 
-/* Pages present in every global layer (prefill policies may leave layers with different counts). */
+/* Pages present in every global layer and KV head (prefill policies may leave tables of different
+ * lengths). */
 static int common_pages(const pol_env *env)
 {
     int np = -1;
     for (int i = 0; i < env->n_global; i++) {
-        int n = kv_n_pages(env->kv, env->global[i]);
-        if (np < 0 || n < np) np = n;
+        for (int h = 0; h < env->n_head_kv; h++) {
+            int n = kv_n_pages(env->kv, env->global[i], h);
+            if (np < 0 || n < np) np = n;
+        }
     }
     return np < 0 ? 0 : np;
 }
@@ -126,12 +129,14 @@ static int common_pages(const pol_env *env)
 /* Row r of the summary matrix: the mean key of page i, over all global layers and KV heads. */
 static void page_row(const pol_env *env, int i, float *row)
 {
-    int64_t R = kv_row_dim(env->kv);
+    int64_t D = kv_head_dim(env->kv);
+    float *o = row;
     for (int gl = 0; gl < env->n_global; gl++) {
-        const kv_page *p = kv_layer_page(env->kv, env->global[gl], i);
-        float inv = p->n > 0 ? 1.0f / (float)p->n : 0.0f;
-        float *o = row + (size_t)gl * (size_t)R;
-        for (int64_t d = 0; d < R; d++) o[d] = p->ksum[d] * inv;
+        for (int h = 0; h < env->n_head_kv; h++, o += D) {
+            const kv_page *p = kv_layer_page(env->kv, env->global[gl], h, i);
+            float inv = p->n > 0 ? 1.0f / (float)p->n : 0.0f;
+            for (int64_t d = 0; d < D; d++) o[d] = p->ksum[d] * inv;
+        }
     }
 }
 
@@ -169,7 +174,7 @@ static int rebuild(st_chess *s, const pol_env *env)
     int nc = (s->n_cand + s->chunk - 1) / s->chunk;
     int ng = (nc + s->grid - 1) / s->grid;
     int rows = s->n_cand + nc + ng;
-    size_t dim = (size_t)env->n_global * (size_t)kv_row_dim(env->kv);
+    size_t dim = (size_t)env->n_global * (size_t)env->n_head_kv * (size_t)kv_head_dim(env->kv);
     size_t need = (size_t)rows * dim;
     if (need > s->mat_cap) {
         float *m = realloc(s->mat, need * sizeof(float));
@@ -274,7 +279,9 @@ static int c_select(void *st, const pol_env *env, int il, const float *q, pol_se
     (void)q;
     st_chess *s = st;
     if (!s->valid) return 0;
-    int np = kv_n_pages(env->kv, il);
+    int np = kv_n_pages(env->kv, il, 0);
+    for (int h = 1; h < env->n_head_kv; h++)
+        if (kv_n_pages(env->kv, il, h) > np) np = kv_n_pages(env->kv, il, h);
     pol_sel_head(sel, 0);
     int sk = s->sink < np ? s->sink : np;
     for (int i = 0; i < sk; i++) pol_sel_add(sel, i, NULL);

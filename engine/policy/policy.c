@@ -361,7 +361,8 @@ const pol_sel *pol_set_select(pol_set *ps, int il, const float *q)
     for (int i = 0; i < ps->spec.n; i++)
         if (ps->spec.ops[i]->stage == POL_STAGE_DECODE && ps->spec.ops[i]->select) k = i;
     if (k < 0) return NULL;
-    int64_t need = (int64_t)kv_n_pages(ps->env.kv, il) * ps->env.n_head_kv;
+    int64_t need = 0;
+    for (int h = 0; h < ps->env.n_head_kv; h++) need += kv_n_pages(ps->env.kv, il, h);
     if (need > ps->sel.cap) {
         int64_t nc = need * 2;
         int *ni = realloc(ps->sel.idx, sizeof(int) * (size_t)nc);

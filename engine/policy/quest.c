@@ -73,39 +73,46 @@ static void q_begin(void *st, const pol_env *env, int64_t pos)
 static int q_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
 {
     st_quest *s = st;
-    int np = kv_n_pages(env->kv, il);
     int P = kv_page_size(env->kv);
     int64_t budget = pol_budget_tokens(s->budget, s->cur + 1);
     int k = (int)((budget + P - 1) / P);
-    s->pages_avail = np;
-    if (k >= np) {
-        s->pages_last = np;
+    int np_max = 0, all = 1;
+    for (int g = 0; g < env->n_head_kv; g++) {
+        int np = kv_n_pages(env->kv, il, g);
+        if (np > np_max) np_max = np;
+        if (k < np) all = 0;
+    }
+    s->pages_avail = np_max;
+    if (all) {
+        s->pages_last = np_max;
         return 0;
     }
-    if (np > s->cap) {
-        float *ns = realloc(s->score, sizeof(float) * (size_t)np);
+    if (np_max > s->cap) {
+        float *ns = realloc(s->score, sizeof(float) * (size_t)np_max);
         if (ns) s->score = ns;
-        int *ni = realloc(s->idx, sizeof(int) * (size_t)np);
+        int *ni = realloc(s->idx, sizeof(int) * (size_t)np_max);
         if (ni) s->idx = ni;
         if (!ns || !ni) return 0;
-        s->cap = np;
+        s->cap = np_max;
     }
     int D = env->head_dim, G = env->n_head / env->n_head_kv;
     for (int g = 0; g < env->n_head_kv; g++) {
+        int np = kv_n_pages(env->kv, il, g);
+        pol_sel_head(sel, g);
+        if (np == 0) continue;
         for (int i = 0; i < np - 1; i++) {
-            const kv_page *p = kv_layer_page(env->kv, il, i);
-            const float *mn = p->kmin + (size_t)g * (size_t)D, *mx = p->kmax + (size_t)g * (size_t)D;
+            const kv_page *p = kv_layer_page(env->kv, il, g, i);
             float u = 0;
-            for (int hh = 0; hh < G; hh++) u += vd_bound_f32(D, q + (size_t)(g * G + hh) * (size_t)D, mn, mx);
+            for (int hh = 0; hh < G; hh++) u += vd_bound_f32(D, q + (size_t)(g * G + hh) * (size_t)D, p->kmin, p->kmax);
             s->score[i] = u;
             s->idx[i] = i;
         }
         int n = pol_top_k(s->idx, np - 1, s->score, k - 1);
-        pol_sel_head(sel, g);
         for (int i = 0; i < n; i++) pol_sel_add(sel, s->idx[i], NULL);
         pol_sel_add(sel, np - 1, NULL);   /* the page the current token is in */
     }
-    s->pages_last = k;
+    if (env->n_head_kv > 1) sel->per_head = 1;
+    s->pages_last = k < np_max ? k : np_max;
     return 1;
 }
 

@@ -86,32 +86,37 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
         return 0;
     }
     int64_t recent_from = len - (budget - s->sinks);
-    int np = kv_n_pages(env->kv, il);
     int P = kv_page_size(env->kv);
     size_t words = ((size_t)P + 63) / 64;
-    if ((size_t)np * words > s->mask_cap) {
-        size_t nc = (size_t)np * words * 2;
+    size_t total = 0;
+    for (int h = 0; h < env->n_head_kv; h++) total += (size_t)kv_n_pages(env->kv, il, h) * words;
+    if (total > s->mask_cap) {
+        size_t nc = total * 2;
         uint64_t *m = realloc(s->masks, nc * sizeof *m);
         if (!m) return 0;   /* attend to everything rather than fail */
         s->masks = m;
         s->mask_cap = nc;
     }
+    /* per KV head: a prefill policy may have left the heads' tables different */
     int64_t kept = 0;
-    pol_sel_head(sel, 0);
-    for (int i = 0; i < np; i++) {
-        const kv_page *p = kv_layer_page(env->kv, il, i);
-        uint64_t *m = s->masks + (size_t)i * words;
-        memset(m, 0, words * sizeof *m);
-        int32_t on = 0;
-        for (int32_t t = 0; t < p->n; t++) {
-            if (p->pos[t] < s->sinks || p->pos[t] >= recent_from) {
-                m[t >> 6] |= 1ull << (t & 63);
-                on++;
+    uint64_t *m = s->masks;
+    for (int h = 0; h < env->n_head_kv; h++) {
+        pol_sel_head(sel, h);
+        int np = kv_n_pages(env->kv, il, h);
+        for (int i = 0; i < np; i++, m += words) {
+            const kv_page *p = kv_layer_page(env->kv, il, h, i);
+            memset(m, 0, words * sizeof *m);
+            int32_t on = 0;
+            for (int32_t t = 0; t < p->n; t++) {
+                if (p->pos[t] < s->sinks || p->pos[t] >= recent_from) {
+                    m[t >> 6] |= 1ull << (t & 63);
+                    on++;
+                }
             }
+            if (on == 0) continue;
+            pol_sel_add(sel, i, on == p->n ? NULL : m);
+            if (h == 0) kept += on;
         }
-        if (on == 0) continue;
-        pol_sel_add(sel, i, on == p->n ? NULL : m);
-        kept += on;
     }
     s->kept_last = kept;
     return 1;

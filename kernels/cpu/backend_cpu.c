@@ -361,7 +361,7 @@ static void att_task(void *ctx, int64_t task, int thread)
                         continue;
                     }
                     live = 1;
-                    const uint16_t *kr = pg->k + (size_t)i * (size_t)a->n_head_kv * (size_t)D + (size_t)g * (size_t)D;
+                    const uint16_t *kr = pg->k + (size_t)i * (size_t)pg->stride + (size_t)g * (size_t)pg->head_step;
                     float bias = pg->bias ? pg->bias[i] : 0.0f;
                     for (int hh = 0; hh < G; hh++)
                         sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)k] = vd_dot_f32_f16(D, qt + (int64_t)hh * D, kr) + bias;
@@ -393,7 +393,7 @@ static void att_task(void *ctx, int64_t task, int thread)
             }
             if (!any) continue;
             for (int32_t k = 0; k < nk; k++) {
-                const uint16_t *vr = pg->v + (size_t)(k0 + k) * (size_t)a->n_head_kv * (size_t)D + (size_t)g * (size_t)D;
+                const uint16_t *vr = pg->v + (size_t)(k0 + k) * (size_t)pg->stride + (size_t)g * (size_t)pg->head_step;
                 for (int r = 0; r < nrows; r++) {
                     float w = sc[(size_t)r * ATT_BLOCK_K + (size_t)k];
                     if (w != 0.0f) vd_axpy_f16(D, w, vr, acc + (size_t)r * D);
