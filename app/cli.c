@@ -88,6 +88,10 @@ int cli_parse_float(const char *opt, const char *s, double lo, double hi, double
 int cli_finish_common(cli_opts *o)
 {
     char err[512];
+    if (o->policy && !strcmp(o->policy, "help")) {
+        cli_policy_help();
+        exit(0);
+    }
     if (pol_parse(&o->pspec, o->policy, o->budget, err, sizeof err)) {
         cli_err("%s", err);
         return -1;

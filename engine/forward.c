@@ -32,6 +32,8 @@ struct fwd_ctx {
     int64_t refs_cap;
     int64_t head_off[65];
     int decoding;              /* the current eval is one decode step */
+    int last_chunk;            /* the chunk being run is the eval's last */
+    char pol_err[256];
     int64_t eval_start;
     /* per decode step */
     int64_t st_pages, st_tokens;
@@ -298,6 +300,9 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         double t0 = f->decoding ? now_ms() : 0;
         op->attention(b, &a);
         if (f->decoding) f->st_attn_ms += now_ms() - t0;
+        if (f->pol && !ly->is_swa &&
+            pol_set_layer_done(f->pol, il, f->q, n, p0, f->last_chunk, f->decoding, f->pol_err, sizeof f->pol_err))
+            return -3;
         be_mm wo = { &ly->wo, f->o };
         op->matmul(b, &wo, 1, f->att, n);
         if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_attn_norm, f->o, n, E, hp->norm_eps);
@@ -363,10 +368,11 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
     }
     for (int64_t c0 = 0; c0 < n; c0 += f->n_batch) {
         int64_t cn = n - c0 < f->n_batch ? n - c0 : f->n_batch;
+        f->last_chunk = c0 + cn == n;
         int rc = abort_flag && *abort_flag ? -1 : forward_chunk(f, tokens + c0, cn, start + c0, abort_flag);
         if (rc != 0) {
             kv_rewind(f->kv, start);
-            snprintf(err, errlen, rc == -2 ? "out of memory growing the KV cache" : "cancelled");
+            snprintf(err, errlen, "%s", rc == -2 ? "out of memory growing the KV cache" : rc == -3 ? f->pol_err : "cancelled");
             return -1;
         }
         kv_commit(f->kv, start + c0 + cn);

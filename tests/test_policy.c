@@ -52,7 +52,7 @@ static void refused(const char *spec, const char *budget, const char *needle)
 
 Test(policy, bad_specs_get_clear_errors)
 {
-    refused("bogus", NULL, "valid: full, streaming, quest, chess");
+    refused("bogus", NULL, "valid: full, streaming, quest, chess, snapkv, h2o");
     refused("chess:rho=1", NULL, "parameters: preset, rho_g");
     refused("chess:preset=wild", NULL, "conservative|moderate|aggressive");
     refused("chess:rho_g=1.5", NULL, "outside [0, 1]");
@@ -312,5 +312,110 @@ Test(policy, full_and_keep_everything_chess_reproduce_the_engine_on_tiny_models)
         free(aggr);
         model_free(m);
     }
+    be_free(b);
+}
+
+/* ---------------------------------------------------------------- eviction policies */
+
+/* 64 tokens in one global layer, one KV head; keys zero except tokens 10 and 50 (5 * e_0). */
+static void build_planted(fixture *fx)
+{
+    char err[256];
+    fx->kv = kv_create(1, 4096, 1, D, P, NULL, err, sizeof err);
+    cr_assert(fx->kv, "%s", err);
+    fx->b = be_cpu_create(1, err, sizeof err);
+    float k[64 * D], v[64 * D];
+    memset(k, 0, sizeof k);
+    for (int t = 0; t < 64; t++)
+        for (int d = 0; d < D; d++) v[t * D + d] = (float)t;
+    k[10 * D] = 5;
+    k[50 * D] = 5;
+    cr_assert(kv_append(fx->kv, 0, k, v, 64, 0) == 0);
+    kv_commit(fx->kv, 64);
+    fx->global[0] = 0;
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1 };
+}
+
+static void kept_positions(fixture *fx, char *out, size_t len)
+{
+    size_t o = 0;
+    out[0] = 0;
+    for (int i = 0; i < kv_n_pages(fx->kv, 0, 0); i++) {
+        const kv_page *p = kv_layer_page(fx->kv, 0, 0, i);
+        for (int t = 0; t < p->n; t++) o += (size_t)snprintf(out + o, len - o, "%s%d", o ? " " : "", p->pos[t]);
+    }
+}
+
+static void run_prefill_hook(fixture *fx, const char *spec, const float *q)
+{
+    pol_spec s;
+    char err[512];
+    cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps = pol_set_create(&s, &fx->env, err, sizeof err);
+    cr_assert(ps, "%s", err);
+    /* the whole prompt as one chunk: 64 query rows at positions 0..63, the last one */
+    cr_assert(pol_set_layer_done(ps, 0, q, 64, 0, 1, 0, err, sizeof err) == 0, "%s", err);
+    pol_set_free(ps);
+}
+
+Test(policy, snapkv_keeps_what_the_observation_window_attends_to)
+{
+    float q[64 * D];
+    memset(q, 0, sizeof q);
+    for (int t = 60; t < 64; t++) q[t * D] = 1;   /* the window's queries look for e_0 */
+    fixture fx;
+    char got[512];
+    build_planted(&fx);
+    kv_stats before, after;
+    kv_get_stats(fx.kv, &before);
+    run_prefill_hook(&fx, "snapkv:window=4,kernel=1,budget=6", q);
+    kept_positions(&fx, got, sizeof got);
+    cr_expect_str_eq(got, "10 50 60 61 62 63");
+    kv_get_stats(fx.kv, &after);
+    cr_expect_eq(after.tokens_kept, 6);
+    cr_expect_lt(after.pages, before.pages, "eviction frees pages");
+    unbuild(&fx);
+    /* max pooling over 3 neighbours keeps the planted token's context (ties: earlier tokens) */
+    build_planted(&fx);
+    run_prefill_hook(&fx, "snapkv:window=4,kernel=3,budget=7", q);
+    kept_positions(&fx, got, sizeof got);
+    cr_expect_str_eq(got, "9 10 11 60 61 62 63");
+    unbuild(&fx);
+}
+
+Test(policy, h2o_keeps_heavy_hitters_and_recent_tokens)
+{
+    float q[64 * D];
+    memset(q, 0, sizeof q);
+    for (int t = 0; t < 64; t++) q[t * D] = 1;
+    fixture fx;
+    char got[512];
+    build_planted(&fx);
+    run_prefill_hook(&fx, "h2o:budget=4,recent=0.5", q);
+    kept_positions(&fx, got, sizeof got);
+    cr_expect_str_eq(got, "10 50 62 63");
+    unbuild(&fx);
+}
+
+Test(policy, eviction_policies_answer_on_tiny_models_and_hold_less)
+{
+    char err[512];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-llama-f16.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    float *none = run(m, b, NULL, 8);
+    float *snap = run(m, b, "snapkv:budget=100000", 8);
+    cr_expect(!memcmp(none, snap, sizeof(float) * (size_t)m->hp.n_vocab * 13), "a budget above the context evicts nothing");
+    float *snap2 = run(m, b, "snapkv:budget=0.3+chess", 8);
+    float *h2 = run(m, b, "h2o:budget=0.3", 8);
+    cr_expect(memcmp(none, snap2, sizeof(float) * (size_t)m->hp.n_vocab * 13) != 0);
+    cr_expect(memcmp(none, h2, sizeof(float) * (size_t)m->hp.n_vocab * 13) != 0);
+    /* the prefill logits are computed before any eviction: identical */
+    cr_expect(!memcmp(none, h2, sizeof(float) * (size_t)m->hp.n_vocab));
+    free(none);
+    free(snap);
+    free(snap2);
+    free(h2);
+    model_free(m);
     be_free(b);
 }

@@ -1,7 +1,10 @@
 /* pol_util.c - top-k selection for the policies (see pol_util.h). */
 #include "pol_util.h"
 
+#include <math.h>
 #include <stdlib.h>
+
+#include "vec_dot.h"
 
 /* qsort has no context argument; the score array of the current call lives here. Policies run on
  * the engine's single control thread, so one static is enough. */
@@ -31,5 +34,86 @@ int pol_top_k(int *idx, int n, const float *score, int k)
         qsort(idx, (size_t)n, sizeof *idx, by_score_desc);
     }
     qsort(idx, (size_t)k, sizeof *idx, by_index);
+    return k;
+}
+
+int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos)
+{
+    int64_t T = 0;
+    int np = kv_n_pages(env->kv, il, g);
+    for (int i = 0; i < np; i++) {
+        const kv_page *p = kv_layer_page(env->kv, il, g, i);
+        if (pos) for (int32_t t = 0; t < p->n; t++) pos[T + t] = p->pos[t];
+        T += p->n;
+    }
+    return T;
+}
+
+int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
+                      float *acc)
+{
+    int64_t T = pol_head_positions(env, il, g, NULL);
+    int D = env->head_dim, G = env->n_head / env->n_head_kv;
+    float *s = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
+    if (!s) return -1;
+    int np = kv_n_pages(env->kv, il, g);
+    for (int64_t t = 0; t < n; t++) {
+        int64_t qp = qpos0 + t;
+        for (int hh = 0; hh < G; hh++) {
+            const float *qh = q + t * q_stride + (int64_t)(g * G + hh) * D;
+            float mx = -INFINITY;
+            int64_t j = 0;
+            for (int i = 0; i < np; i++) {
+                const kv_page *p = kv_layer_page(env->kv, il, g, i);
+                for (int32_t k = 0; k < p->n; k++, j++) {
+                    if (p->pos[k] > qp) {
+                        s[j] = -INFINITY;
+                        continue;
+                    }
+                    s[j] = vd_dot_f32_f16(D, qh, p->k + (size_t)k * (size_t)D) + p->logdeg[k];
+                    if (s[j] > mx) mx = s[j];
+                }
+            }
+            if (mx == -INFINITY) continue;
+            double l = 0;
+            for (j = 0; j < T; j++) {
+                s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - mx);
+                l += s[j];
+            }
+            float inv = (float)(1.0 / l);
+            for (j = 0; j < T; j++) acc[j] += s[j] * inv;
+        }
+    }
+    free(s);
+    return T;
+}
+
+static const float *cmp64_score;
+
+static int by_score_desc64(const void *a, const void *b)
+{
+    int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
+    float si = cmp64_score[i], sj = cmp64_score[j];
+    if (si > sj) return -1;
+    if (si < sj) return 1;
+    return (i > j) - (i < j);
+}
+
+static int by_index64(const void *a, const void *b)
+{
+    int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
+    return (i > j) - (i < j);
+}
+
+int64_t pol_top_k64(const float *score, int64_t n, int64_t k, int64_t *out)
+{
+    if (k > n) k = n;
+    if (k <= 0) return 0;
+    for (int64_t i = 0; i < n; i++) out[i] = i;
+    if (k < n) {
+        cmp64_score = score;
+        qsort(out, (size_t)n, sizeof *out, by_score_desc64);
+    }
+    qsort(out, (size_t)k, sizeof *out, by_index64);
     return k;
 }

@@ -4,8 +4,22 @@
 
 #include <stdint.h>
 
+#include "policy.h"
+
 /* Reorder idx[0..n) so its first k entries are those with the highest score[idx[i]] (ties: lower
  * index first), and sort those k ascending by index. Returns min(k, n). */
 int pol_top_k(int *idx, int n, const float *score, int k);
+
+/* Attention mass: for KV head g of layer il, add to acc[j] (j: token index in the head's table,
+ * counted across its pages) the softmax weight query row t gives token j, summed over the n query
+ * rows and the G = n_head / n_head_kv query heads sharing the KV head. Row t (q + t * q_stride, all
+ * query heads) sits at position qpos0 + t and sees the tokens at positions <= its own; merged tokens
+ * get their log-degree bias. Returns the table's token count, or -1 when out of memory. */
+int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
+                      float *acc);
+/* Tokens in head g of layer il, and their positions in table order into pos (NULL: count only). */
+int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos);
+/* Indices of the k largest values of score[0..n) (ties: lower index), ascending, into out. */
+int64_t pol_top_k64(const float *score, int64_t n, int64_t k, int64_t *out);
 
 #endif

@@ -7,9 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const pol_ops pol_full, pol_streaming, pol_quest, pol_chess;
+extern const pol_ops pol_full, pol_streaming, pol_quest, pol_chess, pol_snapkv, pol_h2o;
 
-static const pol_ops *const registry[] = { &pol_full, &pol_streaming, &pol_quest, &pol_chess, NULL };
+static const pol_ops *const registry[] = { &pol_full, &pol_streaming, &pol_quest, &pol_chess, &pol_snapkv, &pol_h2o,
+                                           NULL };
 
 const pol_ops *const *pol_registry(void) { return registry; }
 
@@ -353,6 +354,16 @@ void pol_set_decode_begin(pol_set *ps, int64_t pos)
         const pol_ops *p = ps->spec.ops[i];
         if (p->decode_begin) p->decode_begin(ps->st[i], &ps->env, pos);
     }
+}
+
+int pol_set_layer_done(pol_set *ps, int il, const float *q, int64_t n, int64_t p0, int last, int decoding, char *err,
+                       size_t errlen)
+{
+    for (int i = 0; i < ps->spec.n; i++) {
+        const pol_ops *p = ps->spec.ops[i];
+        if (p->layer_done && p->layer_done(ps->st[i], &ps->env, il, q, n, p0, last, decoding, err, errlen)) return -1;
+    }
+    return 0;
 }
 
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q)

@@ -75,6 +75,11 @@ typedef struct pol_ops {
     int (*after_chunk)(void *st, const pol_env *env, int64_t chunk_start, int64_t chunk_len, int last, char *err,
                        size_t errlen);
     void (*decode_begin)(void *st, const pol_env *env, int64_t pos);
+    /* After global layer il attended, in prefill (n chunk tokens at p0 .. p0+n-1; last: the final
+     * chunk of this eval) and in decode (n = 1, decoding = 1). q is [n][n_head][head_dim], scaled;
+     * the layer's cache already holds these tokens. A policy may evict from layer il here. */
+    int (*layer_done)(void *st, const pol_env *env, int il, const float *q, int64_t n, int64_t p0, int last,
+                      int decoding, char *err, size_t errlen);
     /* Fill sel for global layer il; q is the layer's query [n_head][head_dim], already scaled.
      * Return 0 to attend to every page instead. */
     int (*select)(void *st, const pol_env *env, int il, const float *q, pol_sel *sel);
@@ -136,6 +141,8 @@ int pol_set_check(pol_set *ps, int64_t ctx, char *err, size_t errlen);
 /* Engine side (called by forward.c). */
 int pol_set_after_chunk(pol_set *ps, int64_t start, int64_t n, int last, char *err, size_t errlen);
 void pol_set_decode_begin(pol_set *ps, int64_t pos);
+int pol_set_layer_done(pol_set *ps, int il, const float *q, int64_t n, int64_t p0, int last, int decoding, char *err,
+                       size_t errlen);
 /* The selection for global layer il, or NULL: attend to everything. */
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q);
 void pol_set_event(pol_set *ps, int event);

@@ -1,0 +1,180 @@
+/* h2o.c - H2O (heavy-hitter oracle): every token accumulates the attention it receives, from every
+ * prompt query and then from every generated token's query; the cache keeps the recent tokens and
+ * the heavy hitters (highest accumulated attention), and evicts the rest, freeing their pages.
+ * Per global layer and KV head (the query heads sharing a KV head add their attention). The prompt
+ * is evicted down to the budget at its end; while decoding, each step that takes a head over the
+ * budget evicts its lowest-scoring tokens outside the recent window. Saves memory. */
+#include "policy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pol_util.h"
+
+enum { P_BUDGET, P_RECENT };
+
+static const pol_param params[] = {
+    { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "tokens kept per layer and KV head (fraction or count)" },
+    { "recent", POL_FLOAT, 0.5, 0, 1, NULL, "share of the budget for the most recent tokens (the rest: heavy hitters)" },
+};
+
+typedef struct st_h2o {
+    double budget, recent;
+    int n_layer, n_head_kv;
+    float **score;           /* [layer * n_head_kv + g]: accumulated attention by position */
+    int64_t *cap;
+    int64_t budget_tokens;   /* fixed at the end of the prompt */
+    int64_t evicted, kept_last;
+} st_h2o;
+
+static int h_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
+{
+    st_h2o *s = calloc(1, sizeof *s);
+    if (!s) goto oom;
+    s->budget = vals[P_BUDGET];
+    s->recent = vals[P_RECENT];
+    s->n_layer = kv_n_layer(env->kv);
+    s->n_head_kv = env->n_head_kv;
+    s->score = calloc((size_t)(s->n_layer * s->n_head_kv), sizeof *s->score);
+    s->cap = calloc((size_t)(s->n_layer * s->n_head_kv), sizeof *s->cap);
+    if (!s->score || !s->cap) goto oom;
+    *out = s;
+    return 0;
+oom:
+    if (s) {
+        free(s->score);
+        free(s->cap);
+        free(s);
+    }
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
+static void h_destroy(void *st)
+{
+    st_h2o *s = st;
+    for (int i = 0; i < s->n_layer * s->n_head_kv; i++) free(s->score[i]);
+    free(s->score);
+    free(s->cap);
+    free(s);
+}
+
+static int h_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen)
+{
+    (void)env;
+    st_h2o *s = st;
+    int64_t b = pol_budget_tokens(s->budget, ctx);
+    if (s->budget >= 1 && b > ctx) {
+        snprintf(err, errlen, "h2o: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
+                 (long long)ctx);
+        return -1;
+    }
+    if (b < 2) {
+        snprintf(err, errlen, "h2o: budget %lld tokens leaves no room for recent tokens and heavy hitters", (long long)b);
+        return -1;
+    }
+    return 0;
+}
+
+/* Make the score array of (il, g) cover positions < n. */
+static float *scores_for(st_h2o *s, int il, int g, int64_t n)
+{
+    int k = il * s->n_head_kv + g;
+    if (n > s->cap[k]) {
+        int64_t nc = n * 2 > 1024 ? n * 2 : 1024;
+        float *ns = realloc(s->score[k], sizeof(float) * (size_t)nc);
+        if (!ns) return NULL;
+        memset(ns + s->cap[k], 0, sizeof(float) * (size_t)(nc - s->cap[k]));
+        s->score[k] = ns;
+        s->cap[k] = nc;
+    }
+    return s->score[k];
+}
+
+/* Evict head g of layer il down to the budget: the recent share by position, the rest by score. */
+static int evict(st_h2o *s, const pol_env *env, int il, int g, const float *sc, char *err, size_t errlen)
+{
+    int64_t T = pol_head_positions(env, il, g, NULL);
+    int64_t B = s->budget_tokens;
+    if (T <= B) return 0;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+    float *heavy = malloc(sizeof(float) * (size_t)T);
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)T), *keep = malloc(sizeof(int64_t) * (size_t)T);
+    int rc = -1;
+    if (!pos || !heavy || !idx || !keep) goto out;
+    pol_head_positions(env, il, g, pos);
+    int64_t n_recent = (int64_t)(s->recent * (double)B);
+    if (n_recent < 1) n_recent = 1;
+    if (n_recent > B) n_recent = B;
+    int64_t cut = T - n_recent;   /* table order is position order: the last n_recent are recent */
+    for (int64_t j = 0; j < cut; j++) heavy[j] = sc[pos[j]];
+    int64_t k = pol_top_k64(heavy, cut, B - n_recent, idx);
+    int64_t nk = 0;
+    for (int64_t i = 0; i < k; i++) keep[nk++] = idx[i];
+    for (int64_t j = cut; j < T; j++) keep[nk++] = j;
+    if (kv_keep_tokens(env->kv, il, g, keep, nk) != 0) goto out;
+    s->evicted += T - nk;
+    s->kept_last = nk;
+    rc = 0;
+out:
+    if (rc) snprintf(err, errlen, "h2o: out of memory evicting");
+    free(pos);
+    free(heavy);
+    free(idx);
+    free(keep);
+    return rc;
+}
+
+static int h_layer_done(void *st, const pol_env *env, int il, const float *q, int64_t n, int64_t p0, int last,
+                        int decoding, char *err, size_t errlen)
+{
+    st_h2o *s = st;
+    int64_t row = (int64_t)env->n_head * env->head_dim;
+    if (!decoding && last) s->budget_tokens = pol_budget_tokens(s->budget, p0 + n);
+    for (int g = 0; g < env->n_head_kv; g++) {
+        float *sc = scores_for(s, il, g, p0 + n);
+        int64_t T = pol_head_positions(env, il, g, NULL);
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
+        float *mass = calloc((size_t)(T > 0 ? T : 1), sizeof(float));
+        if (!sc || !pos || !mass) {
+            free(pos);
+            free(mass);
+            snprintf(err, errlen, "h2o: out of memory");
+            return -1;
+        }
+        pol_head_positions(env, il, g, pos);
+        if (pol_attn_mass(env, il, g, q, n, row, p0, mass) < 0) {
+            free(pos);
+            free(mass);
+            snprintf(err, errlen, "h2o: out of memory");
+            return -1;
+        }
+        for (int64_t j = 0; j < T; j++) sc[pos[j]] += mass[j];
+        free(pos);
+        free(mass);
+        if ((last || decoding) && s->budget_tokens > 0 && evict(s, env, il, g, sc, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+static void h_describe(void *st, char *buf, size_t len)
+{
+    st_h2o *s = st;
+    snprintf(buf, len, "h2o: budget %lld tokens per head (%.0f%% recent), %lld evicted", (long long)s->budget_tokens,
+             s->recent * 100, (long long)s->evicted);
+}
+
+const pol_ops pol_h2o = {
+    .name = "h2o",
+    .summary = "H2O: keep recent tokens and heavy hitters by accumulated attention",
+    .stage = POL_STAGE_PREFILL,
+    .saves_memory = 1,
+    .params = params,
+    .n_params = 2,
+    .create = h_create,
+    .destroy = h_destroy,
+    .layer_done = h_layer_done,
+    .check = h_check,
+    .describe = h_describe,
+};
