@@ -15,6 +15,7 @@
 #include "policy.h"
 
 #define OUT_ROWS 16   /* rows of the vocabulary projection computed at once when all logits are wanted */
+#define MAX_PROBE 64  /* probe rows a prefill policy may append to a chunk (TAKE) */
 
 struct fwd_ctx {
     const model *m;
@@ -24,6 +25,7 @@ struct fwd_ctx {
     /* scratch, [n_batch][...] */
     float *x, *h, *q, *k, *v, *att, *o, *gate, *up, *logits;
     int32_t *pos;
+    int32_t *tok;              /* chunk tokens followed by probe tokens */
     uint64_t scratch_bytes;
     int *global;               /* global (not sliding-window) layers */
     int n_global;
@@ -94,7 +96,7 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
         free(f);
         return NULL;
     }
-    size_t B = (size_t)f->n_batch;
+    size_t B = (size_t)f->n_batch + MAX_PROBE;
     size_t HD = (size_t)hp->n_head * (size_t)hp->head_dim;
     f->x = alloc_f(f, B * (size_t)hp->n_embd);
     f->h = alloc_f(f, B * (size_t)hp->n_embd);
@@ -107,8 +109,9 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->up = alloc_f(f, B * (size_t)hp->n_ff);
     f->logits = alloc_f(f, OUT_ROWS * (size_t)hp->n_vocab);
     f->pos = malloc(B * sizeof(int32_t));
+    f->tok = malloc(B * sizeof(int32_t));
     if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->gate || !f->up || !f->logits ||
-        !f->pos) {
+        !f->pos || !f->tok) {
         fwd_free(f);
         snprintf(err, errlen, "out of memory allocating forward buffers");
         return NULL;
@@ -131,6 +134,7 @@ void fwd_free(fwd_ctx *f)
     free(f->up);
     free(f->logits);
     free(f->pos);
+    free(f->tok);
     free(f->global);
     free(f->refs);
     free(f);
@@ -266,14 +270,24 @@ static void add_in_place(float *x, const float *y, size_t n)
  * Returns -1 if *abort_flag was raised (checked before every layer, so Ctrl-C answers within a
  * layer's time even on long chunks), -2 when the cache cannot grow (out of memory); the caller
  * then rewinds the cache. */
-static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p0, volatile sig_atomic_t *abort_flag)
+static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p0, const int32_t *probe, int64_t n_probe,
+                         int64_t probe_p0, volatile sig_atomic_t *abort_flag)
 {
     const model *m = f->m;
     const model_hparams *hp = &m->hp;
     const be_ops *op = f->b->ops;
     be_backend *b = f->b;
     int64_t E = hp->n_embd, D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
+    int64_t kvd = Hkv * D;
+    /* Probe rows (a prefill policy's question tokens at their own positions) run through every layer
+     * after the chunk's rows and attend like them, but leave no K/V behind. */
     for (int64_t t = 0; t < n; t++) f->pos[t] = (int32_t)(p0 + t);
+    for (int64_t t = 0; t < n_probe; t++) f->pos[n + t] = (int32_t)(probe_p0 + t);
+    memcpy(f->tok, tokens, sizeof(int32_t) * (size_t)n);
+    if (n_probe) memcpy(f->tok + n, probe, sizeof(int32_t) * (size_t)n_probe);
+    tokens = f->tok;
+    int64_t n_chunk = n;
+    n += n_probe;
 
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
     for (int il = 0; il < hp->n_layer; il++) {
@@ -290,7 +304,9 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         op->rope(b, f->q, n, (int)H, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
         op->rope(b, f->k, n, (int)Hkv, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
         for (int64_t i = 0; i < n * H * D; i++) f->q[i] *= hp->attn_scale;
-        if (kv_append(f->kv, il, f->k, f->v, n, p0) != 0) return -2;
+        if (kv_append(f->kv, il, f->k, f->v, n_chunk, p0) != 0) return -2;
+        if (n_probe && kv_append(f->kv, il, f->k + n_chunk * kvd, f->v + n_chunk * kvd, n_probe, probe_p0) != 0)
+            return -2;
         kv_trim_window(f->kv, il, p0, f->eval_start);
         be_attn a = {
             .q = f->q, .n_q = n, .q_pos = f->pos, .n_head = (int)H, .n_head_kv = (int)Hkv, .head_dim = (int)D,
@@ -300,9 +316,11 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         double t0 = f->decoding ? now_ms() : 0;
         op->attention(b, &a);
         if (f->decoding) f->st_attn_ms += now_ms() - t0;
-        if (f->pol && !ly->is_swa &&
-            pol_set_layer_done(f->pol, il, f->q, n, p0, f->last_chunk, f->decoding, f->pol_err, sizeof f->pol_err))
-            return -3;
+        if (n_probe) kv_truncate_layer(f->kv, il, probe_p0);
+        if (f->pol && !ly->is_swa) {
+            pol_chunk c = { f->q, n_chunk, p0, n_probe, probe_p0, f->last_chunk, f->decoding };
+            if (pol_set_layer_done(f->pol, il, &c, f->pol_err, sizeof f->pol_err)) return -3;
+        }
         be_mm wo = { &ly->wo, f->o };
         op->matmul(b, &wo, 1, f->att, n);
         if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_attn_norm, f->o, n, E, hp->norm_eps);
@@ -366,10 +384,24 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
             f->st_sel_ms += now_ms() - t0;
         }
     }
-    for (int64_t c0 = 0; c0 < n; c0 += f->n_batch) {
-        int64_t cn = n - c0 < f->n_batch ? n - c0 : f->n_batch;
+    int chunk = f->n_batch;
+    if (!f->decoding && f->pol) {
+        int want = pol_set_chunk_size(f->pol);
+        if (want > 0 && want < chunk) chunk = want;
+    }
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+        int64_t cn = n - c0 < chunk ? n - c0 : chunk;
         f->last_chunk = c0 + cn == n;
-        int rc = abort_flag && *abort_flag ? -1 : forward_chunk(f, tokens + c0, cn, start + c0, abort_flag);
+        /* a prefill policy's probe: the eval's last tokens (the question), appended to earlier chunks */
+        int64_t n_probe = 0;
+        if (!f->decoding && f->pol && !f->last_chunk) {
+            n_probe = pol_set_probe_tokens(f->pol);
+            if (n_probe > MAX_PROBE) n_probe = MAX_PROBE;
+            if (n_probe > n - (c0 + cn)) n_probe = n - (c0 + cn);
+        }
+        int rc = abort_flag && *abort_flag ? -1
+                                           : forward_chunk(f, tokens + c0, cn, start + c0, tokens + n - n_probe, n_probe,
+                                                           start + n - n_probe, abort_flag);
         if (rc != 0) {
             kv_rewind(f->kv, start);
             snprintf(err, errlen, "%s", rc == -2 ? "out of memory growing the KV cache" : rc == -3 ? f->pol_err : "cancelled");

@@ -265,6 +265,11 @@ static void stream_truncate(kv_cache *kv, kv_stream *L, int64_t pos)
     }
 }
 
+void kv_truncate_layer(kv_cache *kv, int il, int64_t pos)
+{
+    for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, &kv->layers[il].heads[h], pos);
+}
+
 /* Tokens of one head's table with positions in [lo, hi). */
 static int64_t stream_count_range(const kv_stream *L, int64_t lo, int64_t hi)
 {

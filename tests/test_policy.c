@@ -354,7 +354,8 @@ static void run_prefill_hook(fixture *fx, const char *spec, const float *q)
     pol_set *ps = pol_set_create(&s, &fx->env, err, sizeof err);
     cr_assert(ps, "%s", err);
     /* the whole prompt as one chunk: 64 query rows at positions 0..63, the last one */
-    cr_assert(pol_set_layer_done(ps, 0, q, 64, 0, 1, 0, err, sizeof err) == 0, "%s", err);
+    pol_chunk c = { q, 64, 0, 0, 0, 1, 0 };
+    cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
     pol_set_free(ps);
 }
 

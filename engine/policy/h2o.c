@@ -126,9 +126,11 @@ out:
     return rc;
 }
 
-static int h_layer_done(void *st, const pol_env *env, int il, const float *q, int64_t n, int64_t p0, int last,
-                        int decoding, char *err, size_t errlen)
+static int h_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen)
 {
+    const float *q = c->q;
+    int64_t n = c->n, p0 = c->p0;
+    int last = c->last, decoding = c->decoding;
     st_h2o *s = st;
     int64_t row = (int64_t)env->n_head * env->head_dim;
     if (!decoding && last) s->budget_tokens = pol_budget_tokens(s->budget, p0 + n);

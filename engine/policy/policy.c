@@ -356,13 +356,26 @@ void pol_set_decode_begin(pol_set *ps, int64_t pos)
     }
 }
 
-int pol_set_layer_done(pol_set *ps, int il, const float *q, int64_t n, int64_t p0, int last, int decoding, char *err,
-                       size_t errlen)
+int pol_set_layer_done(pol_set *ps, int il, const pol_chunk *c, char *err, size_t errlen)
 {
     for (int i = 0; i < ps->spec.n; i++) {
         const pol_ops *p = ps->spec.ops[i];
-        if (p->layer_done && p->layer_done(ps->st[i], &ps->env, il, q, n, p0, last, decoding, err, errlen)) return -1;
+        if (p->layer_done && p->layer_done(ps->st[i], &ps->env, il, c, err, errlen)) return -1;
     }
+    return 0;
+}
+
+int pol_set_chunk_size(const pol_set *ps)
+{
+    for (int i = 0; i < ps->spec.n; i++)
+        if (ps->spec.ops[i]->chunk_size) return ps->spec.ops[i]->chunk_size(ps->st[i]);
+    return 0;
+}
+
+int pol_set_probe_tokens(const pol_set *ps)
+{
+    for (int i = 0; i < ps->spec.n; i++)
+        if (ps->spec.ops[i]->probe_tokens) return ps->spec.ops[i]->probe_tokens(ps->st[i]);
     return 0;
 }
 

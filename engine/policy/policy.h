@@ -59,6 +59,15 @@ void pol_sel_head(pol_sel *s, int h);
 void pol_sel_add(pol_sel *s, int page, const uint64_t *mask);
 
 enum { POL_STAGE_PREFILL = 1, POL_STAGE_DECODE = 2 };
+
+/* One chunk as layer_done sees it. */
+typedef struct pol_chunk {
+    const float *q;          /* [n + n_probe][n_head * head_dim] */
+    int64_t n, p0;           /* chunk rows and their first position */
+    int64_t n_probe, probe_p0;   /* probe rows after them (0 on the last chunk and in decode) */
+    int last;                /* the eval's last chunk */
+    int decoding;            /* a decode step (n = 1) */
+} pol_chunk;
 enum { POL_EVENT_UNCERTAIN = 1 };
 
 typedef struct pol_ops {
@@ -75,11 +84,14 @@ typedef struct pol_ops {
     int (*after_chunk)(void *st, const pol_env *env, int64_t chunk_start, int64_t chunk_len, int last, char *err,
                        size_t errlen);
     void (*decode_begin)(void *st, const pol_env *env, int64_t pos);
-    /* After global layer il attended, in prefill (n chunk tokens at p0 .. p0+n-1; last: the final
-     * chunk of this eval) and in decode (n = 1, decoding = 1). q is [n][n_head][head_dim], scaled;
-     * the layer's cache already holds these tokens. A policy may evict from layer il here. */
-    int (*layer_done)(void *st, const pol_env *env, int il, const float *q, int64_t n, int64_t p0, int last,
-                      int decoding, char *err, size_t errlen);
+    /* After global layer il attended, in prefill and in decode (c says which, with the chunk's
+     * queries, scaled, [n + n_probe][n_head][head_dim]). The layer's cache already holds the chunk's
+     * tokens (never the probe rows). A policy may evict from layer il here. */
+    int (*layer_done)(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen);
+    /* Prefill shape a policy asks for: chunk size (0: the engine's) and probe rows appended to every
+     * chunk but the last (the eval's last tokens at their own positions; 0: none). */
+    int (*chunk_size)(void *st);
+    int (*probe_tokens)(void *st);
     /* Fill sel for global layer il; q is the layer's query [n_head][head_dim], already scaled.
      * Return 0 to attend to every page instead. */
     int (*select)(void *st, const pol_env *env, int il, const float *q, pol_sel *sel);
@@ -141,8 +153,9 @@ int pol_set_check(pol_set *ps, int64_t ctx, char *err, size_t errlen);
 /* Engine side (called by forward.c). */
 int pol_set_after_chunk(pol_set *ps, int64_t start, int64_t n, int last, char *err, size_t errlen);
 void pol_set_decode_begin(pol_set *ps, int64_t pos);
-int pol_set_layer_done(pol_set *ps, int il, const float *q, int64_t n, int64_t p0, int last, int decoding, char *err,
-                       size_t errlen);
+int pol_set_layer_done(pol_set *ps, int il, const pol_chunk *c, char *err, size_t errlen);
+int pol_set_chunk_size(const pol_set *ps);
+int pol_set_probe_tokens(const pol_set *ps);
 /* The selection for global layer il, or NULL: attend to everything. */
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q);
 void pol_set_event(pol_set *ps, int event);

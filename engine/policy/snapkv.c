@@ -148,9 +148,11 @@ out:
     return rc;
 }
 
-static int sn_layer_done(void *st, const pol_env *env, int il, const float *q, int64_t n, int64_t p0, int last,
-                         int decoding, char *err, size_t errlen)
+static int sn_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen)
 {
+    const float *q = c->q;
+    int64_t n = c->n, p0 = c->p0;
+    int last = c->last, decoding = c->decoding;
     st_snap *s = st;
     if (decoding || !s->ring[il]) return 0;
     /* keep the last `window` query rows of this eval */
@@ -160,17 +162,17 @@ static int sn_layer_done(void *st, const pol_env *env, int il, const float *q, i
         s->ring_n[il]++;
     }
     if (!last) return 0;
-    int64_t c = s->ring_n[il];
-    int64_t nw = c < s->window ? c : s->window;
+    int64_t pushed = s->ring_n[il];
+    int64_t nw = pushed < s->window ? pushed : s->window;
     s->ring_n[il] = 0;   /* the next eval (a new chat turn) collects its own window */
-    /* unroll the ring: rows c-nw .. c-1 are the prompt's last nw positions, in order */
+    /* unroll the ring: rows pushed-nw .. pushed-1 are the prompt's last nw positions, in order */
     float *wq = malloc(sizeof(float) * (size_t)(nw * s->row));
     if (!wq) {
         snprintf(err, errlen, "snapkv: out of memory");
         return -1;
     }
     for (int64_t r = 0; r < nw; r++)
-        memcpy(wq + r * s->row, s->ring[il] + ((c - nw + r) % s->window) * s->row, sizeof(float) * (size_t)s->row);
+        memcpy(wq + r * s->row, s->ring[il] + ((pushed - nw + r) % s->window) * s->row, sizeof(float) * (size_t)s->row);
     int64_t end = p0 + n;
     int64_t budget = pol_budget_tokens(s->budget, end);
     int rc = 0;
