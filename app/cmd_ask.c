@@ -232,12 +232,18 @@ int cmd_ask(int argc, char **argv)
     double denom = (double)steps * (double)n_glob * rt.m->hp.n_head_kv;
     double per = denom > 0 ? (double)st->pages_sum / denom : 0;
     double avail = denom > 0 ? (double)st->pages_total_sum / denom : 0;
+    int64_t peak_layer = 0;
+    for (int i = 0; i < n_glob; i++) {
+        int64_t t = kv_peak_layer_tokens(fwd_kv(rt.f), pol_set_env(rt.ps)->global[i]);
+        if (t > peak_layer) peak_layer = t;
+    }
     fprintf(stderr,
-            "policy %s | context %lld tokens | KV held %.2f MiB vs full %.2f MiB (peak %.2f MiB, %s) | pages/step "
+            "policy %s | context %lld tokens | KV held %.2f MiB vs full %.2f MiB (peak %.2f MiB, %s; peak per global "
+            "layer and KV head %lld tokens) | pages/step "
             "%.1f of %.0f | KV read/step %.2f MiB | prefill %.1f tok/s | decode %.1f tok/s (%lld tokens)%s\n",
             pol_set_spec(rt.ps)->text, (long long)ks.positions, (double)ks.bytes_resident / mib,
             (double)ks.bytes_full / mib, (double)ks.bytes_peak / mib,
-            pol_set_saves_memory(rt.ps) ? "tokens dropped" : "selection keeps every page", per, avail,
+            pol_set_saves_memory(rt.ps) ? "tokens dropped" : "selection keeps every page", (long long)peak_layer, per, avail,
             steps > 0 ? (double)st->bytes_touched_total / (double)steps / mib : 0.0, (double)n_ids / (t1 - t0),
             steps > 0 ? (double)steps / (t2 - t1) : 0.0, (long long)n_gen, stop_note);
     rc = cli_interrupted ? 130 : 0;

@@ -25,6 +25,7 @@ typedef struct kv_stream {
 typedef struct kv_layer {
     kv_stream *heads;      /* [n_head_kv] */
     int32_t window;
+    int64_t peak_tokens;   /* most tokens any of its heads has held */
 } kv_layer;
 
 struct kv_cache {
@@ -237,6 +238,7 @@ int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, 
         p->logdeg[p->n] = 0;
         p->n++;
         L->tokens++;
+        if (L->tokens > kv->layers[il].peak_tokens) kv->layers[il].peak_tokens = L->tokens;
         summarize_row(kv, p, kr);
     }
     return 0;
@@ -264,6 +266,8 @@ static void stream_truncate(kv_cache *kv, kv_stream *L, int64_t pos)
         break;
     }
 }
+
+int64_t kv_peak_layer_tokens(const kv_cache *kv, int il) { return kv->layers[il].peak_tokens; }
 
 void kv_truncate_layer(kv_cache *kv, int il, int64_t pos)
 {

@@ -53,6 +53,8 @@ void kv_commit(kv_cache *kv, int64_t len);
  * sliding-window layer no longer holds the keys a query at pos would need; the caller then
  * re-evaluates from the returned position. */
 int64_t kv_rewind(kv_cache *kv, int64_t pos);
+/* The most tokens one KV head of layer il has held at any time (prefill included). */
+int64_t kv_peak_layer_tokens(const kv_cache *kv, int il);
 /* Forget the tokens of layer il (every KV head) at positions >= pos; other layers are untouched. */
 void kv_truncate_layer(kv_cache *kv, int il, int64_t pos);
 /* Sliding-window layers keep what a rewind to this position needs (a chat turn's start), so

@@ -52,7 +52,7 @@ static void refused(const char *spec, const char *budget, const char *needle)
 
 Test(policy, bad_specs_get_clear_errors)
 {
-    refused("bogus", NULL, "valid: full, streaming, quest, chess, snapkv, h2o");
+    refused("bogus", NULL, "valid: full, streaming, quest, chess, take, snapkv, h2o");
     refused("chess:rho=1", NULL, "parameters: preset, rho_g");
     refused("chess:preset=wild", NULL, "conservative|moderate|aggressive");
     refused("chess:rho_g=1.5", NULL, "outside [0, 1]");
@@ -417,6 +417,77 @@ Test(policy, eviction_policies_answer_on_tiny_models_and_hold_less)
     free(snap);
     free(snap2);
     free(h2);
+    model_free(m);
+    be_free(b);
+}
+
+Test(policy, take_probe_scoring_keeps_the_planted_tokens)
+{
+    /* a chunk of 64 tokens plus 4 probe rows at positions 100..103 looking for e_0 */
+    float q[68 * D];
+    memset(q, 0, sizeof q);
+    for (int t = 64; t < 68; t++) q[t * D] = 1;
+    fixture fx;
+    char got[512], err[512];
+    build_planted(&fx);
+    pol_spec s;
+    cr_assert(pol_parse(&s, "take:budget=4,kernel=1,delay=0,probe=4", NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+    cr_assert(ps, "%s", err);
+    cr_expect_eq(pol_set_probe_tokens(ps), 4);
+    cr_expect_eq(pol_set_chunk_size(ps), 512);
+    pol_chunk c = { q, 64, 0, 4, 100, 0, 0 };
+    cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
+    kept_positions(&fx, got, sizeof got);
+    /* the two planted keys, then the earliest of the equal rest */
+    cr_expect_str_eq(got, "0 1 10 50");
+    pol_set_free(ps);
+    unbuild(&fx);
+}
+
+Test(policy, take_bounds_the_prefill_cache_by_chunk_plus_budget)
+{
+    char err[512];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-llama-f16.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    size_t n;
+    int32_t *ids = prompt(m, &n);
+    cr_assert_gt(n, 100);
+    fwd_opts fo = { 2048, 64, 8 };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    pol_spec s;
+    cr_assert(pol_parse(&s, "take:chunk=16,probe=4,budget=8,delay=0.5", NULL, err, sizeof err) == 0, "%s", err);
+    pol_env env;
+    fwd_policy_env(f, &env);
+    pol_set *ps = pol_set_create(&s, &env, err, sizeof err);
+    cr_assert(ps, "%s", err);
+    fwd_set_policy(f, ps);
+    float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    const kv_cache *kv = fwd_kv(f);
+    for (int i = 0; i < env.n_global; i++) {
+        int il = env.global[i];
+        /* delayed layers (the first half) hold warmup x k = 16 between chunks, the others k = 8;
+         * a chunk adds 16 tokens and 4 probe rows while it runs */
+        int64_t bound = (i < env.n_global / 2 ? 16 : 8) + 16 + 4;
+        cr_expect_leq(kv_peak_layer_tokens(kv, il), bound, "layer %d peaked at %lld tokens", il,
+                      (long long)kv_peak_layer_tokens(kv, il));
+        for (int h = 0; h < env.n_head_kv; h++) {
+            if (i != 0) {
+                cr_expect_eq(kv_head_tokens(kv, il, h), 8, "layer %d head %d keeps k tokens", il, h);
+                continue;
+            }
+            /* delayed layer 0 keeps what layer W-1 = 1 chose and still had, topped up to k by its
+             * own scores (random weights: here the layers agree on nothing, so all 8 are its own) */
+            cr_expect_eq(kv_head_tokens(kv, il, h), 8, "layer 0 head %d keeps k tokens", h);
+        }
+    }
+    cr_assert(fwd_decode(f, 1, l, NULL, err, sizeof err) == 0, "%s", err);
+    free(l);
+    free(ids);
+    fwd_free(f);
+    pol_set_free(ps);
     model_free(m);
     be_free(b);
 }

@@ -117,3 +117,19 @@ int64_t pol_top_k64(const float *score, int64_t n, int64_t k, int64_t *out)
     qsort(out, (size_t)k, sizeof *out, by_index64);
     return k;
 }
+
+void pol_pool(const float *x, int64_t n, int kernel, int avg, float *out)
+{
+    int half = kernel / 2;
+    for (int64_t j = 0; j < n; j++) {
+        float acc = avg ? 0.0f : -INFINITY;
+        int cnt = 0;
+        for (int64_t o = j - half; o <= j + half; o++) {
+            if (o < 0 || o >= n) continue;
+            if (avg) acc += x[o];
+            else if (x[o] > acc) acc = x[o];
+            cnt++;
+        }
+        out[j] = avg ? acc / (float)(cnt ? cnt : 1) : acc;
+    }
+}

@@ -114,18 +114,7 @@ static int compress_head(st_snap *s, const pol_env *env, int il, int g, const fl
     /* prefix: the tokens before the observation window, in table order */
     int64_t prefix = 0;
     while (prefix < T && pos[prefix] < qpos0) prefix++;
-    int half = s->kernel / 2;
-    for (int64_t j = 0; j < prefix; j++) {
-        float acc = s->avg ? 0.0f : -INFINITY;
-        int cnt = 0;
-        for (int64_t o = j - half; o <= j + half; o++) {
-            if (o < 0 || o >= prefix) continue;
-            if (s->avg) acc += votes[o];
-            else if (votes[o] > acc) acc = votes[o];
-            cnt++;
-        }
-        pooled[j] = s->avg ? acc / (float)(cnt ? cnt : 1) : acc;
-    }
+    pol_pool(votes, prefix, s->kernel, s->avg, pooled);
     int64_t room = budget - (T - prefix);
     int64_t k = pol_top_k64(pooled, prefix, room > 0 ? room : 0, idx);
     int64_t nk = 0;

@@ -1,0 +1,293 @@
+/* take.c - TAKE: task-aware eviction during chunked prefill.
+ *
+ * The prompt is prefilled in chunks of Z tokens. The last p tokens of the prompt (the question: the
+ * probe) run with every chunk at their own positions (the engine appends them as probe rows that
+ * leave no K/V behind), so after each chunk every global layer knows what the question attends to
+ * in the cache so far. The probe's query is smoothed across chunks (EMA, weight alpha on the new
+ * chunk); the cached tokens are scored by the probe's softmax attention (summed over probe rows and
+ * the query heads sharing each KV head), pooled along the sequence, and only the top k per layer and
+ * KV head survive into the next chunk, so the KV memory of a layer never exceeds Z + k tokens (plus
+ * the probe rows while a chunk runs). Delayed eviction: the first W global layers (half, by default)
+ * keep a relaxed budget (warmup x k) until the last chunk, then keep the tokens that layer W-1
+ * chose, so the early layers' weaker scores never decide alone. Saves memory. */
+#include "policy.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pol_util.h"
+
+enum { P_CHUNK, P_PROBE, P_ALPHA, P_BUDGET, P_DELAY, P_WARMUP, P_KERNEL };
+
+static const pol_param params[] = {
+    { "chunk", POL_INT, 512, 16, 8192, NULL, "prefill chunk Z (tokens; at most the engine's --batch)" },
+    { "probe", POL_INT, 32, 1, 64, NULL, "probe tokens p: the last p prompt tokens, run with every chunk" },
+    { "alpha", POL_FLOAT, 0.5, 0, 1, NULL, "EMA weight of the newest chunk's probe query" },
+    { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens k kept per layer and KV head after each chunk (fraction or count)" },
+    { "delay", POL_FLOAT, 0.5, 0, 1, NULL, "share W of the global layers with delayed eviction" },
+    { "warmup", POL_FLOAT, 2, 1, 64, NULL, "budget of the delayed layers before the last chunk, times k" },
+    { "kernel", POL_INT, 7, 1, 255, NULL, "max-pooling kernel over the probe scores" },
+};
+
+typedef struct st_take {
+    int chunk, probe, kernel;
+    double alpha, budget, warmup;
+    int n_delay;             /* W: global layers 0 .. W-1 (in global order) are delayed */
+    int64_t row;
+    int n_layer;
+    float **ema;             /* per layer: [probe][row] smoothed probe queries */
+    int *have;               /* per layer: chunks seen in this eval */
+    int *gidx;               /* layer -> index in the global list (-1: not global) */
+    int64_t kept_last, peak_last, probe_rows_last;
+    int64_t **keep_pos;      /* per KV head: positions layer W-1 kept, ascending, for the delayed layers */
+    int64_t *n_keep_pos;
+    int n_head_kv;
+} st_take;
+
+static void t_destroy(void *st)
+{
+    st_take *s = st;
+    if (!s) return;
+    for (int i = 0; s->ema && i < s->n_layer; i++) free(s->ema[i]);
+    free(s->ema);
+    free(s->have);
+    free(s->gidx);
+    for (int g = 0; s->keep_pos && g < s->n_head_kv; g++) free(s->keep_pos[g]);
+    free(s->keep_pos);
+    free(s->n_keep_pos);
+    free(s);
+}
+
+static int t_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
+{
+    st_take *s = calloc(1, sizeof *s);
+    if (!s) goto oom;
+    s->chunk = (int)vals[P_CHUNK];
+    s->probe = (int)vals[P_PROBE];
+    s->alpha = vals[P_ALPHA];
+    s->budget = vals[P_BUDGET];
+    s->warmup = vals[P_WARMUP];
+    s->kernel = (int)vals[P_KERNEL];
+    s->n_delay = (int)floor(vals[P_DELAY] * env->n_global);
+    s->row = (int64_t)env->n_head * env->head_dim;
+    s->n_layer = kv_n_layer(env->kv);
+    s->ema = calloc((size_t)s->n_layer, sizeof *s->ema);
+    s->have = calloc((size_t)s->n_layer, sizeof *s->have);
+    s->gidx = malloc(sizeof(int) * (size_t)s->n_layer);
+    s->n_head_kv = env->n_head_kv;
+    s->n_keep_pos = calloc((size_t)env->n_head_kv, sizeof *s->n_keep_pos);
+    s->keep_pos = calloc((size_t)env->n_head_kv, sizeof *s->keep_pos);
+    if (!s->ema || !s->have || !s->gidx || !s->n_keep_pos || !s->keep_pos) goto oom;
+    for (int i = 0; i < s->n_layer; i++) s->gidx[i] = -1;
+    for (int i = 0; i < env->n_global; i++) {
+        s->gidx[env->global[i]] = i;
+        s->ema[env->global[i]] = malloc(sizeof(float) * (size_t)(s->probe * s->row));
+        if (!s->ema[env->global[i]]) goto oom;
+    }
+    *out = s;
+    return 0;
+oom:
+    t_destroy(s);
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
+static int t_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen)
+{
+    (void)env;
+    st_take *s = st;
+    int64_t b = pol_budget_tokens(s->budget, ctx);
+    if (s->budget >= 1 && b > ctx) {
+        snprintf(err, errlen, "take: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
+                 (long long)ctx);
+        return -1;
+    }
+    if (b < s->probe) {
+        snprintf(err, errlen, "take: budget %lld tokens is below the %d probe tokens", (long long)b, s->probe);
+        return -1;
+    }
+    return 0;
+}
+
+static int t_chunk_size(void *st) { return ((st_take *)st)->chunk; }
+static int t_probe_tokens(void *st) { return ((st_take *)st)->probe; }
+
+/* Scores of head g's cached tokens by the smoothed probe (n_p rows at positions from pp0), pooled,
+ * into pooled[0..T); positions into pos. T, or -1 when out of memory. */
+static int64_t score_head(st_take *s, const pol_env *env, int il, int g, int64_t n_p, int64_t pp0, float **pooled_out,
+                          int32_t **pos_out)
+{
+    int64_t T = pol_head_positions(env, il, g, NULL);
+    float *mass = calloc((size_t)(T > 0 ? T : 1), sizeof(float)), *pooled = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
+    if (!mass || !pooled || !pos || pol_attn_mass(env, il, g, s->ema[il], n_p, s->row, pp0, mass) < 0) {
+        free(mass);
+        free(pooled);
+        free(pos);
+        return -1;
+    }
+    pol_head_positions(env, il, g, pos);
+    pol_pool(mass, T, s->kernel, 0, pooled);
+    free(mass);
+    *pooled_out = pooled;
+    *pos_out = pos;
+    return T;
+}
+
+/* Keep the top k tokens of head g by score (all of them when T <= k). Records the kept positions
+ * when save is set (layer W-1's choice for the delayed layers). */
+static int keep_top(st_take *s, const pol_env *env, int il, int g, const float *score, const int32_t *pos, int64_t T,
+                    int64_t k, int save)
+{
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
+    if (!idx) return -1;
+    int64_t nk = pol_top_k64(score, T, k, idx);
+    if (save) {
+        int64_t *np = realloc(s->keep_pos[g], sizeof(int64_t) * (size_t)(nk > 0 ? nk : 1));
+        if (!np) {
+            free(idx);
+            return -1;
+        }
+        s->keep_pos[g] = np;
+        for (int64_t i = 0; i < nk; i++) np[i] = pos[idx[i]];
+        s->n_keep_pos[g] = nk;
+    }
+    int rc = nk < T ? kv_keep_tokens(env->kv, il, g, idx, nk) : 0;
+    free(idx);
+    return rc;
+}
+
+/* Delayed layer il keeps the positions layer W-1 kept (per KV head) that it still holds, and fills
+ * the rest of its k tokens by its own probe scores (a delayed layer may have dropped some of W-1's
+ * choices during warm-up; it must not end up with fewer than k tokens). */
+static int keep_positions(st_take *s, const pol_env *env, int il, int g, int64_t k, int64_t n_p, int64_t pp0)
+{
+    float *score;
+    int32_t *pos;
+    int64_t T = score_head(s, env, il, g, n_p, pp0, &score, &pos);
+    if (T < 0) return -1;
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
+    char *chosen = calloc((size_t)(T > 0 ? T : 1), 1);
+    if (!idx || !chosen) {
+        free(score);
+        free(pos);
+        free(idx);
+        free(chosen);
+        return -1;
+    }
+    const int64_t *want = s->keep_pos[g];
+    int64_t nw = s->n_keep_pos[g], nk = 0, w = 0;
+    for (int64_t j = 0; j < T && w < nw; j++) {   /* both ascending by position */
+        while (w < nw && want[w] < pos[j]) w++;
+        if (w < nw && want[w] == pos[j]) {
+            chosen[j] = 1;
+            nk++;
+        }
+    }
+    if (nk < k) {
+        for (int64_t j = 0; j < T; j++)
+            if (chosen[j]) score[j] = INFINITY;   /* already in: rank first */
+        int64_t n = pol_top_k64(score, T, k, idx);
+        for (int64_t i = 0; i < n; i++) chosen[idx[i]] = 1;
+    }
+    nk = 0;
+    for (int64_t j = 0; j < T; j++)
+        if (chosen[j]) idx[nk++] = j;
+    int rc = nk < T ? kv_keep_tokens(env->kv, il, g, idx, nk) : 0;
+    free(score);
+    free(pos);
+    free(idx);
+    free(chosen);
+    return rc;
+}
+
+static int t_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen)
+{
+    st_take *s = st;
+    if (c->decoding || s->gidx[il] < 0) return 0;
+    /* the probe rows of this chunk: appended rows, or on the last chunk its own last rows */
+    int64_t n_p, pp0;
+    const float *qp;
+    if (c->n_probe > 0) {
+        n_p = c->n_probe;
+        pp0 = c->probe_p0;
+        qp = c->q + c->n * s->row;
+    } else if (c->last) {
+        n_p = c->n < s->probe ? c->n : s->probe;
+        pp0 = c->p0 + c->n - n_p;
+        qp = c->q + (c->n - n_p) * s->row;
+    } else {
+        return 0;   /* a chunk without probe rows (prompt shorter than a chunk plus its probe) */
+    }
+    float *ema = s->ema[il];
+    if (s->have[il] == 0) {
+        memcpy(ema, qp, sizeof(float) * (size_t)(n_p * s->row));
+    } else {
+        float a = (float)s->alpha;
+        for (int64_t i = 0; i < n_p * s->row; i++) ema[i] = a * qp[i] + (1.0f - a) * ema[i];
+    }
+    s->have[il]++;
+    int64_t end = c->n_probe > 0 ? c->probe_p0 + c->n_probe : c->p0 + c->n;
+    int64_t k = pol_budget_tokens(s->budget, end);
+    int gi = s->gidx[il];
+    int delayed = gi < s->n_delay;
+    int64_t kk = delayed && !c->last ? (int64_t)(s->warmup * (double)k) : k;
+    for (int g = 0; g < env->n_head_kv; g++) {
+        if (delayed && c->last && gi != s->n_delay - 1) continue;   /* decided by layer W-1 below */
+        float *score;
+        int32_t *pos;
+        int64_t T = score_head(s, env, il, g, n_p, pp0, &score, &pos);
+        if (T < 0) {
+            snprintf(err, errlen, "take: out of memory");
+            return -1;
+        }
+        int save = delayed && c->last && gi == s->n_delay - 1;
+        int rc = keep_top(s, env, il, g, score, pos, T, kk, save);
+        free(score);
+        free(pos);
+        if (rc) {
+            snprintf(err, errlen, "take: out of memory evicting");
+            return -1;
+        }
+    }
+    if (delayed && c->last && gi == s->n_delay - 1) {
+        /* the earlier delayed layers keep the positions layer W-1 chose */
+        for (int j = 0; j < s->n_delay - 1; j++)
+            for (int g = 0; g < env->n_head_kv; g++)
+                if (keep_positions(s, env, env->global[j], g, k, n_p, pp0)) {
+                    snprintf(err, errlen, "take: out of memory evicting");
+                    return -1;
+                }
+    }
+    if (c->last) {
+        for (int i = 0; i < s->n_layer; i++) s->have[i] = 0;   /* a new eval starts its own EMA */
+        s->kept_last = pol_head_positions(env, il, 0, NULL);
+        s->peak_last = kv_peak_layer_tokens(env->kv, il);
+    }
+    return 0;
+}
+
+static void t_describe(void *st, char *buf, size_t len)
+{
+    st_take *s = st;
+    snprintf(buf, len, "take: chunk %d, probe = the last %d prompt tokens, %lld tokens kept per head, peak %lld per "
+             "layer", s->chunk, s->probe, (long long)s->kept_last, (long long)s->peak_last);
+}
+
+const pol_ops pol_take = {
+    .name = "take",
+    .summary = "TAKE: chunked prefill keeping the top tokens by a question probe's attention after each chunk",
+    .stage = POL_STAGE_PREFILL,
+    .saves_memory = 1,
+    .params = params,
+    .n_params = 7,
+    .create = t_create,
+    .destroy = t_destroy,
+    .layer_done = t_layer_done,
+    .chunk_size = t_chunk_size,
+    .probe_tokens = t_probe_tokens,
+    .check = t_check,
+    .describe = t_describe,
+};
