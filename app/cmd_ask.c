@@ -246,6 +246,9 @@ int cmd_ask(int argc, char **argv)
             pol_set_saves_memory(rt.ps) ? "tokens dropped" : "selection keeps every page", (long long)peak_layer, per, avail,
             steps > 0 ? (double)st->bytes_touched_total / (double)steps / mib : 0.0, (double)n_ids / (t1 - t0),
             steps > 0 ? (double)steps / (t2 - t1) : 0.0, (long long)n_gen, stop_note);
+    char desc[1024];
+    pol_set_describe(rt.ps, desc, sizeof desc);
+    if (desc[0]) fprintf(stderr, "%s\n", desc);
     rc = cli_interrupted ? 130 : 0;
 done:
     samp_free(s);

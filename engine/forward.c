@@ -28,6 +28,7 @@ struct fwd_ctx {
     int32_t *tok;              /* chunk tokens followed by probe tokens */
     uint64_t scratch_bytes;
     int *global;               /* global (not sliding-window) layers */
+    float *boundary;           /* per token id: sentence-boundary weight (for the policies) */
     int n_global;
     pol_set *pol;              /* NULL: attend to everything */
     be_kv_page *refs;          /* page list handed to attention */
@@ -136,6 +137,7 @@ void fwd_free(fwd_ctx *f)
     free(f->pos);
     free(f->tok);
     free(f->global);
+    free(f->boundary);
     free(f->refs);
     free(f);
 }
@@ -148,9 +150,35 @@ void fwd_set_floor(fwd_ctx *f, int64_t pos) { kv_set_floor(f->kv, pos); }
 void fwd_set_policy(fwd_ctx *f, pol_set *ps) { f->pol = ps; }
 pol_set *fwd_policy(const fwd_ctx *f) { return f->pol; }
 
+/* Sentence-boundary weight of each token from the text it stands for: what ends a sentence, a line
+ * or a clause (its last non-blank character). */
+static float *boundary_weights(const model *m)
+{
+    int32_t n = m->hp.n_vocab;
+    float *w = calloc((size_t)n, sizeof(float));
+    if (!w || !m->vocab) return w;
+    char buf[64];
+    for (int32_t id = 0; id < n; id++) {
+        size_t len = tok_piece_text(m->vocab, id, 0, buf, sizeof buf);
+        if (len >= sizeof buf) len = sizeof buf - 1;
+        while (len > 0 && buf[len - 1] == ' ') len--;
+        if (len == 0) {
+            size_t raw = tok_piece_text(m->vocab, id, 0, buf, sizeof buf);
+            if (raw > 0 && raw < sizeof buf && strchr(buf, '\n')) w[id] = 0.9f;
+            continue;
+        }
+        char c = buf[len - 1];
+        w[id] = c == '.' || c == '!' || c == '?' ? 1.0f : c == '\n' ? 0.9f : c == ';' || c == ':' ? 0.6f : c == ',' ? 0.3f : 0.0f;
+    }
+    return w;
+}
+
 void fwd_policy_env(fwd_ctx *f, pol_env *env)
 {
     const model_hparams *hp = &f->m->hp;
+    if (!f->boundary) f->boundary = boundary_weights(f->m);
+    env->boundary = f->boundary;
+    env->n_vocab = hp->n_vocab;
     env->kv = f->kv;
     env->b = f->b;
     env->n_head = hp->n_head;
@@ -375,6 +403,7 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         }
     }
     f->eval_start = start;
+    if (f->pol) pol_set_on_tokens(f->pol, tokens, n, start);
     if (f->decoding) {
         f->st_pages = f->st_tokens = f->st_pages_total = 0;
         f->st_sel_ms = f->st_attn_ms = 0;

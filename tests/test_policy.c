@@ -52,7 +52,7 @@ static void refused(const char *spec, const char *budget, const char *needle)
 
 Test(policy, bad_specs_get_clear_errors)
 {
-    refused("bogus", NULL, "valid: full, streaming, quest, chess, take, snapkv, h2o");
+    refused("bogus", NULL, "valid: full, streaming, quest, chess, sentkv, take, snapkv, h2o");
     refused("chess:rho=1", NULL, "parameters: preset, rho_g");
     refused("chess:preset=wild", NULL, "conservative|moderate|aggressive");
     refused("chess:rho_g=1.5", NULL, "outside [0, 1]");
@@ -96,7 +96,7 @@ static void build(fixture *fx, const float *dir, int n_pages)
     }
     kv_commit(fx->kv, (int64_t)n_pages * P);
     fx->global[0] = 0;
-    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1 };
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0 };
 }
 
 static void unbuild(fixture *fx)
@@ -333,7 +333,7 @@ static void build_planted(fixture *fx)
     cr_assert(kv_append(fx->kv, 0, k, v, 64, 0) == 0);
     kv_commit(fx->kv, 64);
     fx->global[0] = 0;
-    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1 };
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0 };
 }
 
 static void kept_positions(fixture *fx, char *out, size_t len)
@@ -488,6 +488,47 @@ Test(policy, take_bounds_the_prefill_cache_by_chunk_plus_budget)
     free(ids);
     fwd_free(f);
     pol_set_free(ps);
+    model_free(m);
+    be_free(b);
+}
+
+#include "sentkv.h"
+
+Test(policy, sentkv_split_follows_the_boundary_scores)
+{
+    float w[3] = { 0, 1.0f, 0.3f };   /* token 1 ends a sentence, token 2 is a comma */
+    int32_t tok[60] = { 0 };
+    tok[9] = 1;    /* segment end 10: 0.7 + 0.3 * (1 - 4/8) = 0.85 beats the comma's 0.435 */
+    tok[15] = 2;
+    tok[27] = 1;   /* from 10: ideal end 24, the period ending at 28 (0.85) beats the comma at 16 (0.21) */
+    int64_t ends[16];
+    int64_t n = sentkv_split(w, tok, 60, 0, 14, 8, 0, ends, 16);
+    /* from 28: no boundary within 34..50, cut at the ideal end 42; from 42 the window is incomplete */
+    cr_assert_eq(n, 3);
+    cr_expect_eq(ends[0], 10);
+    cr_expect_eq(ends[1], 28);
+    cr_expect_eq(ends[2], 42);
+    n = sentkv_split(w, tok, 60, 0, 14, 8, 1, ends, 16);
+    cr_assert_eq(n, 5, "flush cuts the rest");
+    cr_expect_eq(ends[3], 56);
+    cr_expect_eq(ends[4], 60);
+}
+
+Test(policy, sentkv_with_room_for_everything_is_full_and_with_less_is_not)
+{
+    char err[512];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-llama-f16.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    float *none = run(m, b, NULL, 8);
+    float *all = run(m, b, "sentkv:budget=100000", 8);
+    float *some = run(m, b, "sentkv:budget=0.2", 8);
+    size_t bytes = sizeof(float) * (size_t)m->hp.n_vocab * 13;
+    cr_expect(!memcmp(none, all, bytes));
+    cr_expect(memcmp(none, some, bytes) != 0);
+    free(none);
+    free(all);
+    free(some);
     model_free(m);
     be_free(b);
 }

@@ -133,3 +133,11 @@ void pol_pool(const float *x, int64_t n, int kernel, int avg, float *out)
         out[j] = avg ? acc / (float)(cnt ? cnt : 1) : acc;
     }
 }
+
+int64_t pol_rank64(const float *score, int64_t n, int64_t *out)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = i;
+    cmp64_score = score;
+    qsort(out, (size_t)n, sizeof *out, by_score_desc64);
+    return n;
+}

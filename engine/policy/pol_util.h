@@ -21,6 +21,8 @@ int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t
 int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos);
 /* out[j] = max (or mean, when avg) of x over [j - kernel/2, j + kernel/2] clipped to [0, n). */
 void pol_pool(const float *x, int64_t n, int kernel, int avg, float *out);
+/* All indices of score[0..n) ranked by score, highest first (ties: lower index), into out. */
+int64_t pol_rank64(const float *score, int64_t n, int64_t *out);
 /* Indices of the k largest values of score[0..n) (ties: lower index), ascending, into out. */
 int64_t pol_top_k64(const float *score, int64_t n, int64_t k, int64_t *out);
 

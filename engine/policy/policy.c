@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const pol_ops pol_full, pol_streaming, pol_quest, pol_chess, pol_take, pol_snapkv, pol_h2o;
+extern const pol_ops pol_full, pol_streaming, pol_quest, pol_chess, pol_sentkv, pol_take, pol_snapkv, pol_h2o;
 
-static const pol_ops *const registry[] = { &pol_full, &pol_streaming, &pol_quest, &pol_chess, &pol_take, &pol_snapkv,
-                                           &pol_h2o, NULL };
+static const pol_ops *const registry[] = { &pol_full,   &pol_streaming, &pol_quest,  &pol_chess,
+                                           &pol_sentkv, &pol_take,      &pol_snapkv, &pol_h2o, NULL };
 
 const pol_ops *const *pol_registry(void) { return registry; }
 
@@ -353,6 +353,14 @@ void pol_set_decode_begin(pol_set *ps, int64_t pos)
     for (int i = 0; i < ps->spec.n; i++) {
         const pol_ops *p = ps->spec.ops[i];
         if (p->decode_begin) p->decode_begin(ps->st[i], &ps->env, pos);
+    }
+}
+
+void pol_set_on_tokens(pol_set *ps, const int32_t *tokens, int64_t n, int64_t p0)
+{
+    for (int i = 0; i < ps->spec.n; i++) {
+        const pol_ops *p = ps->spec.ops[i];
+        if (p->on_tokens) p->on_tokens(ps->st[i], &ps->env, tokens, n, p0);
     }
 }
 

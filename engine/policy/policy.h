@@ -40,6 +40,10 @@ typedef struct pol_env {
     int n_head, n_head_kv, head_dim;
     const int *global;        /* global (not sliding-window) layers, ascending */
     int n_global;
+    /* Per token id: its weight as a sentence boundary S(b) for this model's vocabulary (1 for text
+     * ending in . ! ?, 0.9 for a newline, 0.6 for ; and :, 0.3 for a comma, else 0). */
+    const float *boundary;
+    int32_t n_vocab;
 } pol_env;
 
 /* A decode-time selection for one layer: page indices into the layer's page table (ascending),
@@ -84,6 +88,8 @@ typedef struct pol_ops {
     int (*after_chunk)(void *st, const pol_env *env, int64_t chunk_start, int64_t chunk_len, int last, char *err,
                        size_t errlen);
     void (*decode_begin)(void *st, const pol_env *env, int64_t pos);
+    /* The token ids of an eval (prefill or decode) at positions p0 .. p0+n-1, before it runs. */
+    void (*on_tokens)(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0);
     /* After global layer il attended, in prefill and in decode (c says which, with the chunk's
      * queries, scaled, [n + n_probe][n_head][head_dim]). The layer's cache already holds the chunk's
      * tokens (never the probe rows). A policy may evict from layer il here. */
@@ -153,6 +159,7 @@ int pol_set_check(pol_set *ps, int64_t ctx, char *err, size_t errlen);
 /* Engine side (called by forward.c). */
 int pol_set_after_chunk(pol_set *ps, int64_t start, int64_t n, int last, char *err, size_t errlen);
 void pol_set_decode_begin(pol_set *ps, int64_t pos);
+void pol_set_on_tokens(pol_set *ps, const int32_t *tokens, int64_t n, int64_t p0);
 int pol_set_layer_done(pol_set *ps, int il, const pol_chunk *c, char *err, size_t errlen);
 int pol_set_chunk_size(const pol_set *ps);
 int pol_set_probe_tokens(const pol_set *ps);

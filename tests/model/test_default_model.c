@@ -205,7 +205,7 @@ static int answer_has_key(const char *doc, const char *policy)
     close(ofd);
     const char *bin = getenv("KVCHAT_BIN") ? getenv("KVCHAT_BIN") : "./kvchat";
     /* decode-time selection at 10%, eviction at 20% (as the two issues ask) */
-    const char *budget = strstr(policy, "snapkv") || strstr(policy, "h2o") ? "0.2" : "0.1";
+    const char *budget = strstr(policy, "snapkv") || strstr(policy, "sentkv") ? "0.2" : "0.1";
     snprintf(cmd, sizeof cmd, "%s ask -m '%s' -d %s -q 'What is the pass key?' -n 8 --policy '%s' --budget %s > %s",
              bin, model_path(), doc, policy, budget, outp);
     if (!strcmp(policy, "full"))
@@ -235,5 +235,6 @@ Test(default_model, passkey_in_a_4000_token_document, .timeout = 1200)
     cr_expect(answer_has_key(doc, "chess"), "CHESS at a 10%% budget missed the pass key");
     cr_expect(!answer_has_key(doc, "streaming"), "StreamingLLM at 10%% should not see the middle of the document");
     cr_expect(answer_has_key(doc, "snapkv"), "SnapKV at a 20%% budget evicted the pass key");
+    cr_expect(answer_has_key(doc, "sentkv"), "SentKVCompress at a 20%% budget missed the pass key");
     unlink(doc);
 }

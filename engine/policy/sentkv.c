@@ -1,0 +1,347 @@
+/* sentkv.c - SentKVCompress: sentence-level selection.
+ *
+ * The token stream is cut into sentence-like segments (sentkv_split: target length L, a boundary
+ * searched within +-Delta of the ideal end, scored 0.7 * S(b) + 0.3 * (1 - |ideal - b| / Delta) with the
+ * model's boundary weights S, else a cut at the ideal end). Each finished segment gets, per global
+ * layer and KV head, the element-wise min and max of its keys. At every decode step and global layer,
+ * each KV head scores the segments by the upper bound sum_i max(q_i min_i, q_i max_i) (summed over the
+ * query heads sharing it), and attends to the tokens of the best segments up to the budget, plus the
+ * first `sinks` tokens and the tokens of the unfinished tail, through token masks. Tokens gathered at
+ * the previous step are counted: the reuse rate says how much a fetch-the-difference transfer (the
+ * GPU build's CPU offload) would save. Selection only: every page stays in memory. */
+#include "policy.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pol_util.h"
+#include "quant.h"
+#include "sentkv.h"
+#include "vec_dot.h"
+
+enum { P_LEN, P_DELTA, P_BUDGET, P_SINKS };
+
+static const pol_param params[] = {
+    { "len", POL_INT, 14, 2, 1024, NULL, "target segment length L (tokens)" },
+    { "delta", POL_INT, 8, 1, 512, NULL, "boundary search window +-Delta around the ideal end" },
+    { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens attended per layer and KV head (fraction or count)" },
+    { "sinks", POL_INT, 4, 0, 1 << 20, NULL, "first tokens always attended" },
+};
+
+int64_t sentkv_split(const float *weight, const int32_t *tok, int64_t n, int64_t start, int len, int delta, int flush,
+                     int64_t *ends, int64_t max_ends)
+{
+    int64_t s = start, k = 0;
+    while (s < n && k < max_ends) {
+        int64_t ideal = s + len;                 /* exclusive end of an ideal segment */
+        int64_t lo = ideal - delta, hi = ideal + delta;
+        if (lo < s + 1) lo = s + 1;
+        if (hi > n && !flush) break;             /* the window is not complete yet */
+        int64_t best = -1;
+        float best_score = -FLT_MAX;
+        for (int64_t end = lo; end <= hi && end <= n; end++) {
+            float w = weight[tok[end - 1]];      /* the segment ends after a boundary token */
+            if (w <= 0) continue;
+            float sc = 0.7f * w + 0.3f * (1.0f - (float)llabs(ideal - end) / (float)delta);
+            if (sc > best_score) {
+                best_score = sc;
+                best = end;
+            }
+        }
+        int64_t end = best >= 0 ? best : (ideal < n ? ideal : n);
+        ends[k++] = end;
+        s = end;
+    }
+    return k;
+}
+
+typedef struct st_sent {
+    int len, delta, sinks;
+    double budget;
+    int32_t *tok;            /* token ids by position */
+    int64_t n_tok, cap_tok;
+    int64_t *seg_end;        /* finished segments: [seg_start, seg_end) with seg_start = previous end */
+    int64_t n_seg, cap_seg;
+    float *mm;               /* per segment: [n_global][n_head_kv][2][D] min then max */
+    int64_t n_summ;          /* segments summarized */
+    int64_t cur;
+    /* per global layer x KV head: last step's selection bitmap over positions (reuse rate) */
+    uint64_t **prev;
+    int64_t *prev_words;
+    uint64_t *now;
+    int64_t now_words;
+    uint64_t *masks;
+    size_t mask_cap;
+    float *score;
+    int64_t *idx;
+    int64_t score_cap;
+    double reused, gathered;
+    int64_t tokens_last;
+    int n_slots;
+} st_sent;
+
+static int se_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
+{
+    st_sent *s = calloc(1, sizeof *s);
+    if (!s) goto oom;
+    s->len = (int)vals[P_LEN];
+    s->delta = (int)vals[P_DELTA];
+    s->budget = vals[P_BUDGET];
+    s->sinks = (int)vals[P_SINKS];
+    int slots = env->n_global * env->n_head_kv;
+    s->n_slots = slots;
+    s->prev = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev);
+    s->prev_words = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_words);
+    if (!s->prev || !s->prev_words) goto oom;
+    *out = s;
+    return 0;
+oom:
+    if (s) {
+        free(s->prev);
+        free(s->prev_words);
+        free(s);
+    }
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
+static void se_destroy(void *st)
+{
+    st_sent *s = st;
+    free(s->tok);
+    free(s->seg_end);
+    free(s->mm);
+    for (int i = 0; s->prev && i < s->n_slots; i++) free(s->prev[i]);
+    free(s->prev);
+    free(s->prev_words);
+    free(s->now);
+    free(s->masks);
+    free(s->score);
+    free(s->idx);
+    free(s);
+}
+
+static int se_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen)
+{
+    (void)env;
+    st_sent *s = st;
+    int64_t b = pol_budget_tokens(s->budget, ctx);
+    if (s->budget >= 1 && b > ctx) {
+        snprintf(err, errlen, "sentkv: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
+                 (long long)ctx);
+        return -1;
+    }
+    if (b <= s->sinks + s->len + s->delta) {
+        snprintf(err, errlen, "sentkv: budget %lld tokens does not exceed the %d sinks and one segment's span (%d)",
+                 (long long)b, s->sinks, s->len + s->delta);
+        return -1;
+    }
+    return 0;
+}
+
+static void se_tokens(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0)
+{
+    st_sent *s = st;
+    if (p0 < s->n_tok) {
+        /* rewound: forget the segments that reach past p0 */
+        s->n_tok = p0;
+        while (s->n_seg > 0 && s->seg_end[s->n_seg - 1] > p0) s->n_seg--;
+        if (s->n_summ > s->n_seg) s->n_summ = s->n_seg;
+    }
+    if (p0 + n > s->cap_tok) {
+        int64_t nc = (p0 + n) * 2;
+        int32_t *nt = realloc(s->tok, sizeof(int32_t) * (size_t)nc);
+        if (!nt) return;
+        s->tok = nt;
+        s->cap_tok = nc;
+    }
+    memcpy(s->tok + p0, tokens, sizeof(int32_t) * (size_t)n);
+    s->n_tok = p0 + n;
+    int64_t start = s->n_seg ? s->seg_end[s->n_seg - 1] : 0;
+    int64_t room = (s->n_tok - start) / 1 + 1;
+    if (s->n_seg + room > s->cap_seg) {
+        int64_t nc = (s->n_seg + room) * 2;
+        int64_t *ne = realloc(s->seg_end, sizeof(int64_t) * (size_t)nc);
+        if (!ne) return;
+        s->seg_end = ne;
+        s->cap_seg = nc;
+    }
+    s->n_seg += sentkv_split(env->boundary, s->tok, s->n_tok, start, s->len, s->delta, 0, s->seg_end + s->n_seg,
+                             s->cap_seg - s->n_seg);
+}
+
+/* Min/max keys of the new finished segments (their keys are all in the cache by now). */
+static int summarize(st_sent *s, const pol_env *env)
+{
+    int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
+    if (s->n_summ >= s->n_seg) return 0;
+    float *nm = realloc(s->mm, sizeof(float) * (size_t)(s->n_seg * per));
+    if (!nm) return -1;
+    s->mm = nm;
+    for (int64_t sg = s->n_summ; sg < s->n_seg; sg++) {
+        int64_t a = sg ? s->seg_end[sg - 1] : 0, b = s->seg_end[sg];
+        float *o = s->mm + sg * per;
+        for (int gl = 0; gl < env->n_global; gl++) {
+            for (int g = 0; g < env->n_head_kv; g++, o += 2 * D) {
+                for (int64_t d = 0; d < D; d++) {
+                    o[d] = FLT_MAX;
+                    o[D + d] = -FLT_MAX;
+                }
+                int il = env->global[gl];
+                int np = kv_n_pages(env->kv, il, g);
+                for (int i = 0; i < np; i++) {
+                    const kv_page *p = kv_layer_page(env->kv, il, g, i);
+                    if (p->n == 0 || p->pos[p->n - 1] < a || p->pos[0] >= b) continue;
+                    for (int32_t t = 0; t < p->n; t++) {
+                        if (p->pos[t] < a || p->pos[t] >= b) continue;
+                        for (int64_t d = 0; d < D; d++) {
+                            float x = quant_fp16_to_f32(p->k[(size_t)t * (size_t)D + (size_t)d]);
+                            if (x < o[d]) o[d] = x;
+                            if (x > o[D + d]) o[D + d] = x;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    s->n_summ = s->n_seg;
+    return 0;
+}
+
+static void se_begin(void *st, const pol_env *env, int64_t pos)
+{
+    st_sent *s = st;
+    s->cur = pos;
+    summarize(s, env);
+}
+
+static int se_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
+{
+    st_sent *s = st;
+    int64_t len = s->cur + 1;
+    int64_t budget = pol_budget_tokens(s->budget, len);
+    if (budget >= len || s->n_summ == 0) return 0;
+    int gl = -1;
+    for (int i = 0; i < env->n_global; i++)
+        if (env->global[i] == il) gl = i;
+    if (gl < 0) return 0;
+    int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
+    int G = env->n_head / env->n_head_kv;
+    int64_t tail = s->seg_end[s->n_summ - 1];   /* tokens from here on are always attended */
+    int64_t words = (len + 63) / 64;
+    if (s->score_cap < s->n_summ) {
+        float *ns = realloc(s->score, sizeof(float) * (size_t)s->n_summ);
+        if (ns) s->score = ns;
+        int64_t *ni = realloc(s->idx, sizeof(int64_t) * (size_t)s->n_summ);
+        if (ni) s->idx = ni;
+        if (!ns || !ni) return 0;
+        s->score_cap = s->n_summ;
+    }
+    if (s->now_words < words) {
+        uint64_t *nw = realloc(s->now, sizeof(uint64_t) * (size_t)words);
+        if (!nw) return 0;
+        s->now = nw;
+        s->now_words = words;
+    }
+    int P = kv_page_size(env->kv);
+    size_t pw = ((size_t)P + 63) / 64, need = 0;
+    for (int g = 0; g < env->n_head_kv; g++) need += (size_t)kv_n_pages(env->kv, il, g) * pw;
+    if (need > s->mask_cap) {
+        uint64_t *nm = realloc(s->masks, sizeof(uint64_t) * need * 2);
+        if (!nm) return 0;
+        s->masks = nm;
+        s->mask_cap = need * 2;
+    }
+    uint64_t *m = s->masks;
+    int64_t total_tokens = 0;
+    for (int g = 0; g < env->n_head_kv; g++) {
+        /* segment scores against this head's queries */
+        for (int64_t sg = 0; sg < s->n_summ; sg++) {
+            const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
+            float u = 0;
+            for (int hh = 0; hh < G; hh++) u += vd_bound_f32(D, q + (int64_t)(g * G + hh) * D, mm, mm + D);
+            s->score[sg] = u;
+        }
+        int64_t fixed = (len - tail) + (s->sinks < tail ? s->sinks : tail);
+        int64_t room = budget - fixed;
+        /* best segments first, as many as fit */
+        int64_t n_rank = pol_rank64(s->score, s->n_summ, s->idx);
+        memset(s->now, 0, sizeof(uint64_t) * (size_t)words);
+        for (int64_t p = 0; p < len; p++)
+            if (p < s->sinks || p >= tail) s->now[p >> 6] |= 1ull << (p & 63);
+        int64_t used = 0;
+        for (int64_t i = 0; i < n_rank && used < room; i++) {
+            int64_t sg = s->idx[i];
+            int64_t a = sg ? s->seg_end[sg - 1] : 0, b = s->seg_end[sg];
+            if (used + (b - a) > room) continue;   /* a segment is taken whole or not at all */
+            for (int64_t p = a; p < b; p++) s->now[p >> 6] |= 1ull << (p & 63);
+            used += b - a;
+        }
+        /* reuse against the previous step's selection of this layer and head */
+        int slot = gl * env->n_head_kv + g;
+        int64_t picked = 0, reused = 0;
+        for (int64_t w = 0; w < words; w++) {
+            picked += __builtin_popcountll(s->now[w]);
+            if (w < s->prev_words[slot]) reused += __builtin_popcountll(s->now[w] & s->prev[slot][w]);
+        }
+        s->reused += (double)reused;
+        s->gathered += (double)picked;
+        total_tokens += picked;
+        if (s->prev_words[slot] < words) {
+            uint64_t *np = realloc(s->prev[slot], sizeof(uint64_t) * (size_t)(words * 2));
+            if (np) {
+                s->prev[slot] = np;
+                memset(np + s->prev_words[slot], 0, sizeof(uint64_t) * (size_t)(words * 2 - s->prev_words[slot]));
+                s->prev_words[slot] = words * 2;
+            }
+        }
+        if (s->prev[slot] && s->prev_words[slot] >= words) {
+            memcpy(s->prev[slot], s->now, sizeof(uint64_t) * (size_t)words);
+            memset(s->prev[slot] + words, 0, sizeof(uint64_t) * (size_t)(s->prev_words[slot] - words));
+        }
+        /* token masks for this head's pages */
+        pol_sel_head(sel, g);
+        int np = kv_n_pages(env->kv, il, g);
+        for (int i = 0; i < np; i++, m += pw) {
+            const kv_page *p = kv_layer_page(env->kv, il, g, i);
+            memset(m, 0, pw * sizeof *m);
+            int32_t on = 0;
+            for (int32_t t = 0; t < p->n; t++) {
+                int64_t ps = p->pos[t];
+                if (ps < len && ((s->now[ps >> 6] >> (ps & 63)) & 1)) {
+                    m[t >> 6] |= 1ull << (t & 63);
+                    on++;
+                }
+            }
+            if (on) pol_sel_add(sel, i, on == p->n ? NULL : m);
+        }
+    }
+    if (env->n_head_kv > 1) sel->per_head = 1;
+    s->tokens_last = total_tokens / (env->n_head_kv > 0 ? env->n_head_kv : 1);
+    return 1;
+}
+
+static void se_describe(void *st, char *buf, size_t len)
+{
+    st_sent *s = st;
+    snprintf(buf, len, "sentkv: %lld segments, %lld tokens attended per head, reuse %.0f%% of gathered tokens",
+             (long long)s->n_summ, (long long)s->tokens_last, s->gathered > 0 ? 100.0 * s->reused / s->gathered : 0.0);
+}
+
+const pol_ops pol_sentkv = {
+    .name = "sentkv",
+    .summary = "SentKVCompress: sentence segments scored by min/max key bounds, top segments per head",
+    .stage = POL_STAGE_DECODE,
+    .params = params,
+    .n_params = 4,
+    .create = se_create,
+    .destroy = se_destroy,
+    .decode_begin = se_begin,
+    .on_tokens = se_tokens,
+    .select = se_select,
+    .check = se_check,
+    .describe = se_describe,
+};
