@@ -96,20 +96,21 @@ static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256],
     FILE *out = NULL;
     if (csv) {
         FILE *chk = fopen(csv, "r");
-        int fresh = chk == NULL;
+        int fresh = chk == NULL || fgetc(chk) == EOF;   /* an empty file (an interrupted run) too */
         if (chk) fclose(chk);
         out = fopen(csv, "a");
         if (!out) cli_err("bench: cannot open %s for appending", csv);
         else if (fresh)
             fprintf(out, "date,commit,machine,threads,model,ctx,policy,prefill_tok_s,decode_tok_s,attn_ms_per_step,"
-                         "select_ms_per_step,pages_per_step,pages_total,kv_read_mib_per_step,n_gen\n");
+                         "select_ms_per_step,pages_per_step,pages_total,kv_read_mib_per_step,n_gen,ttft_s,"
+                         "kv_peak_prefill_mib,kv_after_prefill_mib\n");
     }
-    printf("%8s %-36s %10s %10s %10s %10s %12s %10s\n", "ctx", "policy", "prefill/s", "decode/s", "attn ms", "select ms",
-           "pages/step", "KV MiB rd");
+    printf("%8s %-36s %9s %9s %9s %9s %12s %9s %9s %10s %10s\n", "ctx", "policy", "prefill/s", "decode/s", "attn ms",
+           "select ms", "pages/step", "KV MiB rd", "TTFT s", "KV pk MiB", "KV aft MiB");
     int rc = 0;
     for (int di = 0; di < nd && !cli_interrupted && rc == 0; di++) {
         int64_t d = depths[di];
-        double pf = 0;
+        double pf = 0, ttft = 0, kv_peak = 0, kv_after = 0;
         for (int pi = 0; pi < n_spec && !cli_interrupted; pi++) {
             pol_env env;
             fwd_policy_env(rt->f, &env);
@@ -125,6 +126,7 @@ static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256],
                 fwd_set_policy(rt->f, set);
                 fwd_rewind(rt->f, 0);
                 fwd_set_floor(rt->f, d);
+                kv_reset_peak((kv_cache *)fwd_kv(rt->f));
                 double t0 = cli_now();
                 if (fwd_eval(rt->f, toks, d, after_prefill, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {
                     cli_err("bench: %s", err);
@@ -133,7 +135,12 @@ static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256],
                     rc = 1;
                     break;
                 }
-                pf = (double)d / (cli_now() - t0);
+                ttft = cli_now() - t0;   /* the first token's logits are ready when the prefill ends */
+                pf = (double)d / ttft;
+                kv_stats ks;
+                kv_get_stats(fwd_kv(rt->f), &ks);
+                kv_peak = (double)ks.bytes_peak / (1024.0 * 1024.0);
+                kv_after = (double)ks.bytes_resident / (1024.0 * 1024.0);
             } else if (fwd_rewind(rt->f, d) != d) {
                 cli_err("bench: could not rewind to the end of the prefill");
                 pol_set_free(set);
@@ -158,13 +165,16 @@ static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256],
             double pages = denom ? (double)st->pages_sum / steps / denom : 0;
             double total = denom ? (double)st->pages_total_sum / steps / denom : 0;
             double mib = (double)st->bytes_touched_total / steps / (1024.0 * 1024.0);
-            printf("%8lld %-36s %10.1f %10.1f %10.3f %10.3f %7.1f/%-4.0f %10.2f\n", (long long)d, ps[pi].text, pf, dc,
-                   st->attn_ms_total / steps, st->select_ms_total / steps, pages, total, mib);
+            printf("%8lld %-36s %9.1f %9.1f %9.3f %9.3f %7.1f/%-4.0f %9.2f %9.2f %10.2f %10.2f\n", (long long)d,
+                   ps[pi].text, pf, dc, st->attn_ms_total / steps, st->select_ms_total / steps, pages, total, mib, ttft,
+                   kv_peak, kv_after);
             fflush(stdout);
             if (out)
-                fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%.2f,%.2f,%.4f,%.4f,%.2f,%.1f,%.3f,%lld\n", date, commit,
-                        machine, rt->b->n_threads, base, (long long)d, ps[pi].text, pf, dc, st->attn_ms_total / steps,
-                        st->select_ms_total / steps, pages, total, mib, (long long)n_gen);
+                fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%.2f,%.2f,%.4f,%.4f,%.2f,%.1f,%.3f,%lld,%.3f,%.2f,%.2f\n",
+                        date, commit, machine, rt->b->n_threads, base, (long long)d, ps[pi].text, pf, dc,
+                        st->attn_ms_total / steps, st->select_ms_total / steps, pages, total, mib, (long long)n_gen, ttft,
+                        kv_peak, kv_after);
+            if (out) fflush(out);
             fwd_set_policy(rt->f, NULL);
             pol_set_free(set);
         }
@@ -298,7 +308,7 @@ int cmd_bench(int argc, char **argv)
     FILE *out = NULL;
     if (csv) {
         FILE *chk = fopen(csv, "r");
-        int fresh = chk == NULL;
+        int fresh = chk == NULL || fgetc(chk) == EOF;   /* an empty file (an interrupted run) too */
         if (chk) fclose(chk);
         out = fopen(csv, "a");
         if (!out) {

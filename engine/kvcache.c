@@ -40,7 +40,7 @@ struct kv_cache {
     kv_page **free_list;
     int n_free;
     uint64_t page_bytes;
-    uint64_t bytes;        /* pages allocated (in use or free-listed) + tables */
+    uint64_t bytes;        /* pages in use + page tables */
     uint64_t peak;
     float *tmp;            /* [row_dim] scratch for summaries */
 };
@@ -136,6 +136,7 @@ kv_page *kv_page_new(kv_cache *kv)
     kv_page *p;
     if (kv->n_free > 0) {
         p = kv->free_list[--kv->n_free];
+        account(kv, (int64_t)kv->page_bytes);
     } else {
         p = malloc(kv->page_bytes);
         if (!p) return NULL;
@@ -157,12 +158,12 @@ kv_page *kv_page_new(kv_cache *kv)
 
 static void page_release(kv_cache *kv, kv_page *p)
 {
+    account(kv, -(int64_t)kv->page_bytes);
     if (kv->n_free < FREE_LIST_MAX) {
-        kv->free_list[kv->n_free++] = p;
+        kv->free_list[kv->n_free++] = p;   /* kept for reuse: counted in bytes_pooled, not as held */
         return;
     }
     free(p);
-    account(kv, -(int64_t)kv->page_bytes);
 }
 
 int kv_push_page(kv_cache *kv, int il, int h, kv_page *p)
@@ -401,6 +402,17 @@ int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_k
     return 0;
 }
 
+void kv_reset_peak(kv_cache *kv)
+{
+    kv->peak = kv->bytes;
+    for (int il = 0; il < kv->n_layer; il++) {
+        int64_t mx = 0;
+        for (int h = 0; h < kv->n_head_kv; h++)
+            if (kv->layers[il].heads[h].tokens > mx) mx = kv->layers[il].heads[h].tokens;
+        kv->layers[il].peak_tokens = mx;
+    }
+}
+
 void kv_get_stats(const kv_cache *kv, kv_stats *st)
 {
     memset(st, 0, sizeof *st);
@@ -415,4 +427,5 @@ void kv_get_stats(const kv_cache *kv, kv_stats *st)
     st->bytes_resident = kv->bytes;
     st->bytes_full = (uint64_t)st->tokens_full * (uint64_t)kv->row_dim * 2u * sizeof(uint16_t);
     st->bytes_peak = kv->peak;
+    st->bytes_pooled = (uint64_t)kv->n_free * kv->page_bytes;
 }

@@ -5,8 +5,9 @@
  * method that evicts per head frees that head's pages),
  * the token's position and its log-degree (0 unless compression merged tokens into it), and per page
  * the running sum, element-wise min and element-wise max of its keys (the summaries the selection
- * policies score). Pages come from a pool and go back to it when evicted or rewound, and every byte
- * is counted where it is allocated, so the memory figures are exact.
+ * policies score). Pages come from a pool and go back to it when evicted or rewound (up to 64 stay
+ * allocated for reuse, the rest are freed), and every byte is counted where it is allocated or
+ * released, so the memory figures are exact.
  *
  * Sliding-window layers (window > 0) keep only the pages their queries can still see, plus what a
  * rewind to a protected position needs (see kv_trim_window). */
@@ -87,12 +88,15 @@ typedef struct kv_stats {
     int64_t positions;         /* tokens seen (the context length) */
     int64_t tokens_kept;       /* token rows held, summed over layers and KV heads */
     int64_t tokens_full;       /* token rows a full cache would hold: positions x layers x KV heads */
-    uint64_t bytes_resident;   /* pages + page tables, as allocated */
+    uint64_t bytes_resident;   /* pages in use + page tables, counted where they are allocated */
     uint64_t bytes_full;       /* K+V of a full f16 cache of this length, no summaries */
     uint64_t bytes_peak;       /* largest bytes_resident so far (prefill included) */
+    uint64_t bytes_pooled;     /* freed pages kept for reuse (at most 64), not counted as held */
     int64_t pages;             /* pages in use, all layers and KV heads */
 } kv_stats;
 void kv_get_stats(const kv_cache *kv, kv_stats *st);
+/* Start measuring the peak afresh (from what is resident now), e.g. before a benchmark's prefill. */
+void kv_reset_peak(kv_cache *kv);
 /* Bytes of one page (K, V, positions, log-degrees and summaries). */
 uint64_t kv_page_bytes(const kv_cache *kv);
 
