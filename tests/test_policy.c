@@ -52,7 +52,7 @@ static void refused(const char *spec, const char *budget, const char *needle)
 
 Test(policy, bad_specs_get_clear_errors)
 {
-    refused("bogus", NULL, "valid: full, streaming, quest, chess, sentkv, take, snapkv, h2o");
+    refused("bogus", NULL, "valid: full, streaming, quest, chess, sentkv, take, laser, snapkv, h2o");
     refused("chess:rho=1", NULL, "parameters: preset, rho_g");
     refused("chess:preset=wild", NULL, "conservative|moderate|aggressive");
     refused("chess:rho_g=1.5", NULL, "outside [0, 1]");
@@ -531,4 +531,54 @@ Test(policy, sentkv_with_room_for_everything_is_full_and_with_less_is_not)
     free(some);
     model_free(m);
     be_free(b);
+}
+
+#include "laser.h"
+
+Test(policy, laser_budget_formula)
+{
+    /* floor(2 r S T / (S + T)) over ceil(T / S) blocks */
+    cr_expect_eq(laser_block_budget(0.2, 4096, 4096), 819);          /* 2 * 0.2 * 4096 * 4096 / 8192 = 819.2 */
+    cr_expect_eq(laser_block_budget(0.2, 4096, 1000), 321);          /* 2 * 0.2 * 4096000 / 5096 = 321.5 */
+    cr_expect_eq(laser_block_budget(0.2, 1000, 4000), 320 / 4);      /* 1600 * 0.2 = 320 over 4 blocks */
+    cr_expect_eq(laser_block_budget(400, 4096, 1000), laser_block_budget(0.4, 4096, 1000), "a count is r = count / T");
+}
+
+Test(policy, laser_keeps_sinks_recent_and_recalled_tokens_reproducibly)
+{
+    /* 64 tokens, planted keys at 10 and 50, a probe looking for e_0 appended as 4 rows */
+    float q[68 * D];
+    memset(q, 0, sizeof q);
+    for (int t = 64; t < 68; t++) q[t * D] = 1;
+    char got[3][512], err[512];
+    const char *specs[3] = { "laser:block=64,budget=0.25,protect=4,alpha=0.5,seed=1",
+                             "laser:block=64,budget=0.25,protect=4,alpha=0.5,seed=1",
+                             "laser:block=64,budget=0.25,protect=4,alpha=0,seed=2" };
+    for (int r = 0; r < 3; r++) {
+        fixture fx;
+        build_planted(&fx);
+        pol_spec s;
+        cr_assert(pol_parse(&s, specs[r], NULL, err, sizeof err) == 0, "%s", err);
+        pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        pol_chunk c = { q, 64, 0, 4, 64, 1, 0 };
+        cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
+        kept_positions(&fx, got[r], sizeof got[r]);
+        pol_set_free(ps);
+        unbuild(&fx);
+    }
+    /* the prompt is 68 tokens (the probe's 4 are its end): floor(2 * 0.25 * 64 * 68 / 132) = 16 over
+     * 2 blocks = 8 per block: 2 sinks, 2 recent, 2 exact (the planted keys), 2 by LSH */
+    cr_expect(!strncmp(got[0], "0 1 ", 4), "sinks: %s", got[0]);
+    cr_expect(strstr(got[0], " 10 ") && strstr(got[0], " 50 "), "the planted tokens are recalled: %s", got[0]);
+    cr_expect(strstr(got[0], "62 63") != NULL, "recent: %s", got[0]);
+    int n = 1;
+    for (const char *c = got[0]; *c; c++) n += *c == ' ';
+    cr_expect_eq(n, 8, "budget: %s", got[0]);
+    cr_expect_str_eq(got[0], got[1], "same seed, same choice");
+    /* all of the recall by LSH: still sinks + recent + 4 recalled */
+    n = 1;
+    for (const char *c = got[2]; *c; c++) n += *c == ' ';
+    cr_expect_eq(n, 8, "LSH-only budget: %s", got[2]);
+    cr_expect(!strncmp(got[2], "0 1 ", 4) && strstr(got[2], "62 63"), "LSH-only: %s", got[2]);
 }

@@ -1,0 +1,315 @@
+/* laser.c - LASER-KV: accumulative selection over blocks with Exact+LSH recall.
+ *
+ * The prompt is taken in blocks of `block` tokens (S_block). The global budget is
+ * floor(2 r S_block T / (S_block + T)) for a prompt of T tokens and ratio r (the budget as a
+ * fraction of T), split evenly over the blocks. When a block is complete (and at the end of the
+ * prompt) it is compressed to its budget B, the same tokens in every global layer and KV head:
+ *   - B/n sink tokens (the block's first; n = `protect`) and B/n recent tokens (its last),
+ *   - of the rest, `alpha` by exact attention: the question probe's softmax attention (the last
+ *     `probe` prompt tokens, run with every chunk like TAKE's) summed over all global layers and
+ *     heads,
+ *   - the remainder by LSH: the rate at which a token's key and the probe's query fall in the same
+ *     SimHash bucket over `rounds` rounds of `bits` random hyperplanes (seeded), summed likewise.
+ * Selection is append-only: what earlier blocks kept is never revisited, except that the previous
+ * block's recent tokens are looked back at and compete again in the next block. Saves memory. */
+#include "policy.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "laser.h"
+#include "pol_util.h"
+#include "quant.h"
+
+enum { P_BLOCK, P_BUDGET, P_PROTECT, P_ALPHA, P_ROUNDS, P_BITS, P_SEED, P_PROBE };
+
+static const pol_param params[] = {
+    { "block", POL_INT, 4096, 64, 1 << 20, NULL, "block size S_block (tokens)" },
+    { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "ratio r of the prompt kept (fraction; a count is turned into r = count / T)" },
+    { "protect", POL_INT, 4, 2, 64, NULL, "protection divisor n: B/n sinks and B/n recent tokens per block" },
+    { "alpha", POL_FLOAT, 0.5, 0, 1, NULL, "share of the recall chosen by exact attention (the rest by LSH)" },
+    { "rounds", POL_INT, 8, 1, 64, NULL, "SimHash rounds R" },
+    { "bits", POL_INT, 8, 1, 30, NULL, "hyperplanes per round" },
+    { "seed", POL_INT, 42, 0, 1e9, NULL, "seed of the hyperplanes" },
+    { "probe", POL_INT, 32, 1, 64, NULL, "probe tokens: the last prompt tokens, run with every chunk" },
+};
+
+typedef struct st_laser {
+    int block, protect, rounds, bits, probe;
+    double budget, alpha;
+    uint64_t seed;
+    int64_t row;
+    float *planes;           /* [rounds * bits][head_dim] */
+    int64_t done_upto;       /* positions below this are settled memory (append-only) */
+    int64_t block_start;     /* first position of the block being collected (look-back included) */
+    float *exact, *lsh;      /* per position: scores summed over layers and heads for this block */
+    int64_t cap;
+    int last_global;
+    int64_t kept_total, blocks;
+} st_laser;
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void la_destroy(void *st)
+{
+    st_laser *s = st;
+    if (!s) return;
+    free(s->planes);
+    free(s->exact);
+    free(s->lsh);
+    free(s);
+}
+
+static int la_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
+{
+    st_laser *s = calloc(1, sizeof *s);
+    if (!s) goto oom;
+    s->block = (int)vals[P_BLOCK];
+    s->budget = vals[P_BUDGET];
+    s->protect = (int)vals[P_PROTECT];
+    s->alpha = vals[P_ALPHA];
+    s->rounds = (int)vals[P_ROUNDS];
+    s->bits = (int)vals[P_BITS];
+    s->seed = (uint64_t)vals[P_SEED];
+    s->probe = (int)vals[P_PROBE];
+    s->row = (int64_t)env->n_head * env->head_dim;
+    s->last_global = env->n_global > 0 ? env->global[env->n_global - 1] : -1;
+    /* Gaussian hyperplanes (Box-Muller), reproducible for a seed */
+    size_t np = (size_t)s->rounds * (size_t)s->bits * (size_t)env->head_dim;
+    s->planes = malloc(sizeof(float) * np);
+    if (!s->planes) goto oom;
+    uint64_t x = s->seed;
+    for (size_t i = 0; i < np; i++) {
+        double u1 = ((double)(splitmix(&x) >> 11) + 1.0) / 9007199254740993.0;
+        double u2 = (double)(splitmix(&x) >> 11) / 9007199254740992.0;
+        s->planes[i] = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+    }
+    *out = s;
+    return 0;
+oom:
+    la_destroy(s);
+    snprintf(err, errlen, "out of memory");
+    return -1;
+}
+
+static int la_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen)
+{
+    (void)env;
+    st_laser *s = st;
+    if (s->budget >= 1 && s->budget > ctx) {
+        snprintf(err, errlen, "laser: budget %g tokens is larger than the context (%lld tokens)", s->budget,
+                 (long long)ctx);
+        return -1;
+    }
+    return 0;
+}
+
+static int la_probe_tokens(void *st) { return ((st_laser *)st)->probe; }
+
+/* The SimHash code of one vector for round r: bits of sign(plane . v). */
+static uint32_t simhash(const st_laser *s, int r, const float *v, int D)
+{
+    uint32_t code = 0;
+    for (int b = 0; b < s->bits; b++) {
+        const float *pl = s->planes + ((size_t)r * (size_t)s->bits + (size_t)b) * (size_t)D;
+        float d = 0;
+        for (int i = 0; i < D; i++) d += pl[i] * v[i];
+        code |= (uint32_t)(d >= 0) << b;
+    }
+    return code;
+}
+
+/* The LASER global budget for a prompt of T tokens, per block. */
+int64_t laser_block_budget(double budget, int64_t block, int64_t T)
+{
+    double r = budget < 1 ? budget : budget / (double)T;
+    int64_t total = (int64_t)floor(2.0 * r * (double)block * (double)T / (double)(block + T));
+    int64_t n_blocks = (T + block - 1) / block;
+    return total / (n_blocks > 0 ? n_blocks : 1);
+}
+
+static int grow(st_laser *s, int64_t n)
+{
+    if (n <= s->cap) return 0;
+    int64_t nc = n * 2;
+    float *a = realloc(s->exact, sizeof(float) * (size_t)nc);
+    if (a) s->exact = a;
+    float *b = realloc(s->lsh, sizeof(float) * (size_t)nc);
+    if (b) s->lsh = b;
+    if (!a || !b) return -1;
+    memset(s->exact + s->cap, 0, sizeof(float) * (size_t)(nc - s->cap));
+    memset(s->lsh + s->cap, 0, sizeof(float) * (size_t)(nc - s->cap));
+    s->cap = nc;
+    return 0;
+}
+
+/* Add this layer's exact and LSH scores of the block's tokens (positions >= block_start). */
+static int score_layer(st_laser *s, const pol_env *env, int il, const float *qp, int64_t n_p, int64_t pp0)
+{
+    int D = env->head_dim, G = env->n_head / env->n_head_kv;
+    for (int g = 0; g < env->n_head_kv; g++) {
+        int64_t T = pol_head_positions(env, il, g, NULL);
+        float *mass = calloc((size_t)(T > 0 ? T : 1), sizeof(float));
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
+        float *kf = malloc(sizeof(float) * (size_t)D);
+        uint32_t *qcode = malloc(sizeof(uint32_t) * (size_t)(s->rounds * n_p * G));
+        if (!mass || !pos || !kf || !qcode || pol_attn_mass(env, il, g, qp, n_p, s->row, pp0, mass) < 0) {
+            free(mass);
+            free(pos);
+            free(kf);
+            free(qcode);
+            return -1;
+        }
+        pol_head_positions(env, il, g, pos);
+        for (int r = 0; r < s->rounds; r++)
+            for (int64_t t = 0; t < n_p; t++)
+                for (int hh = 0; hh < G; hh++)
+                    qcode[((size_t)r * (size_t)n_p + (size_t)t) * (size_t)G + (size_t)hh] =
+                        simhash(s, r, qp + t * s->row + (int64_t)(g * G + hh) * D, D);
+        int64_t j = 0;
+        int np = kv_n_pages(env->kv, il, g);
+        for (int i = 0; i < np; i++) {
+            const kv_page *p = kv_layer_page(env->kv, il, g, i);
+            for (int32_t t = 0; t < p->n; t++, j++) {
+                int64_t ps = p->pos[t];
+                if (ps < s->block_start) continue;
+                s->exact[ps] += mass[j];
+                for (int64_t d = 0; d < D; d++) kf[d] = quant_fp16_to_f32(p->k[(size_t)t * (size_t)D + (size_t)d]);
+                int hits = 0;
+                for (int r = 0; r < s->rounds; r++) {
+                    uint32_t kc = simhash(s, r, kf, D);
+                    for (int64_t k = 0; k < n_p * G; k++) hits += qcode[(size_t)r * (size_t)(n_p * G) + (size_t)k] == kc;
+                }
+                s->lsh[ps] += (float)hits / (float)(s->rounds * n_p * G);
+            }
+        }
+        free(mass);
+        free(pos);
+        free(kf);
+        free(qcode);
+    }
+    return 0;
+}
+
+/* Choose the block's tokens and keep them (plus the settled memory) in every global layer and head. */
+static int compress_block(st_laser *s, const pol_env *env, int64_t end, int64_t T_prompt, char *err, size_t errlen)
+{
+    int64_t a = s->block_start, n = end - a;
+    int64_t B = laser_block_budget(s->budget, s->block, T_prompt);
+    if (n <= B || B <= 0) {
+        s->done_upto = end;
+        s->block_start = end;
+        return 0;
+    }
+    int64_t prot = B / s->protect;
+    int64_t rest = B - 2 * prot;
+    int64_t n_exact = (int64_t)floor(s->alpha * (double)rest), n_lsh = rest - n_exact;
+    char *keep = calloc((size_t)n, 1);
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)n);
+    float *sc = malloc(sizeof(float) * (size_t)n);
+    if (!keep || !idx || !sc) goto oom;
+    for (int64_t i = 0; i < prot && i < n; i++) keep[i] = 1;            /* sinks */
+    for (int64_t i = n - prot; i < n; i++) if (i >= 0) keep[i] = 1;     /* recent */
+    for (int64_t i = 0; i < n; i++) sc[i] = keep[i] ? -INFINITY : s->exact[a + i];
+    int64_t k = pol_top_k64(sc, n, n_exact, idx);
+    for (int64_t i = 0; i < k; i++) if (sc[idx[i]] > -INFINITY) keep[idx[i]] = 1;
+    for (int64_t i = 0; i < n; i++) sc[i] = keep[i] ? -INFINITY : s->lsh[a + i];
+    k = pol_top_k64(sc, n, n_lsh, idx);
+    for (int64_t i = 0; i < k; i++) if (sc[idx[i]] > -INFINITY) keep[idx[i]] = 1;
+    for (int gl = 0; gl < env->n_global; gl++) {
+        int il = env->global[gl];
+        for (int g = 0; g < env->n_head_kv; g++) {
+            int64_t T = pol_head_positions(env, il, g, NULL);
+            int32_t *pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
+            int64_t *ki = malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
+            if (!pos || !ki) {
+                free(pos);
+                free(ki);
+                goto oom;
+            }
+            pol_head_positions(env, il, g, pos);
+            int64_t nk = 0;
+            for (int64_t j = 0; j < T; j++)
+                if (pos[j] < a || pos[j] >= end || keep[pos[j] - a]) ki[nk++] = j;
+            int rc = nk < T ? kv_keep_tokens(env->kv, il, g, ki, nk) : 0;
+            free(pos);
+            free(ki);
+            if (rc) goto oom;
+        }
+    }
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; i++) kept += keep[i];
+    s->kept_total += kept - prot;   /* the recent tokens are looked back at by the next block */
+    s->blocks++;
+    /* append-only: all but the recent tokens are settled; the next block starts at its look-back */
+    s->done_upto = end - prot;
+    s->block_start = end - prot;
+    for (int64_t i = 0; i < n; i++) s->exact[a + i] = s->lsh[a + i] = 0;
+    free(keep);
+    free(idx);
+    free(sc);
+    return 0;
+oom:
+    free(keep);
+    free(idx);
+    free(sc);
+    snprintf(err, errlen, "laser: out of memory");
+    return -1;
+}
+
+static int la_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen)
+{
+    st_laser *s = st;
+    if (c->decoding) return 0;
+    if (c->p0 == 0) {   /* a new prompt from the start */
+        s->done_upto = s->block_start = 0;
+    }
+    int64_t end = c->p0 + c->n;
+    int64_t T_prompt = c->n_probe > 0 ? c->probe_p0 + c->n_probe : end;
+    int block_full = end - s->block_start >= s->block;
+    if (!block_full && !c->last) return 0;
+    /* the probe: appended rows, or the last chunk's own last rows */
+    int64_t n_p = c->n_probe, pp0 = c->probe_p0;
+    const float *qp = c->q + c->n * s->row;
+    if (n_p == 0) {
+        n_p = c->n < s->probe ? c->n : s->probe;
+        pp0 = end - n_p;
+        qp = c->q + (c->n - n_p) * s->row;
+    }
+    if (grow(s, end) || score_layer(s, env, il, qp, n_p, pp0)) {
+        snprintf(err, errlen, "laser: out of memory");
+        return -1;
+    }
+    if (il != s->last_global) return 0;   /* scores are summed over all global layers first */
+    return compress_block(s, env, end, T_prompt, err, errlen);
+}
+
+static void la_describe(void *st, char *buf, size_t len)
+{
+    st_laser *s = st;
+    snprintf(buf, len, "laser: %lld blocks compressed, %lld tokens recalled (sinks, exact and LSH), probe = the last "
+             "%d prompt tokens", (long long)s->blocks, (long long)s->kept_total, s->probe);
+}
+
+const pol_ops pol_laser = {
+    .name = "laser",
+    .summary = "LASER-KV: per-block sinks + recent + Exact/LSH recall of a question probe, append-only",
+    .stage = POL_STAGE_PREFILL,
+    .saves_memory = 1,
+    .params = params,
+    .n_params = 8,
+    .create = la_create,
+    .destroy = la_destroy,
+    .layer_done = la_layer_done,
+    .probe_tokens = la_probe_tokens,
+    .check = la_check,
+    .describe = la_describe,
+};
