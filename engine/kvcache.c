@@ -353,22 +353,42 @@ void kv_keep_pages(kv_cache *kv, int il, int h, const int *keep, int n_keep)
     L->n = out;
 }
 
+/* n fresh pages, or NULL (nothing allocated) when out of memory. */
+static kv_page **new_pages(kv_cache *kv, int n)
+{
+    kv_page **np = malloc(sizeof *np * (size_t)(n > 0 ? n : 1));
+    if (!np) return NULL;
+    for (int i = 0; i < n; i++) {
+        np[i] = kv_page_new(kv);
+        if (!np[i]) {
+            for (int j = 0; j < i; j++) page_release(kv, np[j]);
+            free(np);
+            return NULL;
+        }
+    }
+    return np;
+}
+
+/* Head h of layer il gets the non-empty pages of np (which is freed) instead of its own. */
+static void replace_table(kv_cache *kv, int il, int h, kv_page **np, int n)
+{
+    kv_stream *L = &kv->layers[il].heads[h];
+    for (int i = 0; i < L->n; i++) page_release(kv, L->pages[i]);
+    L->n = 0;
+    L->tokens = 0;
+    for (int i = 0; i < n; i++)   /* cannot fail: n is at most the pages the table held before */
+        if (np[i]->n == 0 || kv_push_page(kv, il, h, np[i]) != 0) page_release(kv, np[i]);
+    free(np);
+}
+
 int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep)
 {
     kv_stream *L = &kv->layers[il].heads[h];
     size_t R = (size_t)kv->row_dim;
     int P = kv->page_size;
     int n_new = (int)((n_keep + P - 1) / P);
-    kv_page **np = malloc(sizeof *np * (size_t)(n_new > 0 ? n_new : 1));
+    kv_page **np = new_pages(kv, n_new);
     if (!np) return -1;
-    for (int i = 0; i < n_new; i++) {
-        np[i] = kv_page_new(kv);
-        if (!np[i]) {
-            for (int j = 0; j < i; j++) page_release(kv, np[j]);
-            free(np);
-            return -1;
-        }
-    }
     int src_page = 0;
     int64_t src_base = 0;   /* table index of the first token of pages[src_page] */
     for (int64_t j = 0; j < n_keep; j++) {
@@ -386,19 +406,7 @@ int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_k
         summarize_row(kv, dp, dp->k + (size_t)dp->n * R);
         dp->n++;
     }
-    for (int i = 0; i < L->n; i++) page_release(kv, L->pages[i]);
-    L->n = 0;
-    L->tokens = 0;
-    for (int i = 0; i < n_new; i++) {
-        if (np[i]->n == 0) {
-            page_release(kv, np[i]);
-            continue;
-        }
-        if (kv_push_page(kv, il, h, np[i]) != 0) {   /* cannot happen: the table only shrank */
-            page_release(kv, np[i]);
-        }
-    }
-    free(np);
+    replace_table(kv, il, h, np, n_new);
     return 0;
 }
 
@@ -411,6 +419,29 @@ void kv_reset_peak(kv_cache *kv)
             if (kv->layers[il].heads[h].tokens > mx) mx = kv->layers[il].heads[h].tokens;
         kv->layers[il].peak_tokens = mx;
     }
+}
+
+int kv_rebuild_head(kv_cache *kv, int il, int h, const float *k, const float *v, const int32_t *pos,
+                    const float *logdeg, int64_t n)
+{
+    size_t R = (size_t)kv->row_dim;
+    int P = kv->page_size;
+    int n_new = (int)((n + P - 1) / P);
+    kv_page **np = new_pages(kv, n_new);
+    if (!np) return -1;
+    for (int64_t j = 0; j < n; j++) {
+        kv_page *dp = np[j / P];
+        uint16_t *kr = dp->k + (size_t)dp->n * R;
+        vd_f32_to_f16((int64_t)R, k + (size_t)j * R, kr);
+        vd_f32_to_f16((int64_t)R, v + (size_t)j * R, dp->v + (size_t)dp->n * R);
+        dp->pos[dp->n] = pos[j];
+        dp->logdeg[dp->n] = logdeg ? logdeg[j] : 0.0f;
+        if (dp->logdeg[dp->n] != 0) dp->merged = 1;
+        summarize_row(kv, dp, kr);
+        dp->n++;
+    }
+    replace_table(kv, il, h, np, n_new);
+    return 0;
 }
 
 void kv_get_stats(const kv_cache *kv, kv_stats *st)

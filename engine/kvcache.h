@@ -77,6 +77,11 @@ void kv_keep_pages(kv_cache *kv, int il, int h, const int *keep, int n_keep);
  * into fresh pages with their summaries; the old pages return to the pool, so memory held drops.
  * What eviction policies call. -1 when out of memory (the table is unchanged). */
 int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep);
+/* Replace head h of layer il by n rows given explicitly (f32 keys and values [n][head_dim], positions
+ * ascending, log-degrees; NULL logdeg: all 0), packed into fresh pages; the old pages return to the
+ * pool. What merging policies call. -1 when out of memory (the table is unchanged). */
+int kv_rebuild_head(kv_cache *kv, int il, int h, const float *k, const float *v, const int32_t *pos,
+                    const float *logdeg, int64_t n);
 /* Recompute a page's summaries from its f16 keys (after a policy edited the page in place). */
 void kv_page_resummarize(const kv_cache *kv, kv_page *p);
 /* A fresh empty page from the pool (NULL when out of memory), and adding one to the end of layer

@@ -273,7 +273,7 @@ Test(cli, generate_streams_and_reports_speed)
 
 Test(cli, ask_bad_policy_and_budget_are_refused_with_the_valid_choices)
 {
-    expect_one_line_error(ASK "-q 'What?' --policy bogus", "unknown policy 'bogus' (valid: full, streaming, quest, chess, sentkv, take, laser, snapkv, h2o)");
+    expect_one_line_error(ASK "-q 'What?' --policy bogus", "unknown policy 'bogus' (valid: full, streaming, quest, chess, sentkv, take, laser, chelsea, snapkv, h2o)");
     expect_one_line_error(ASK "-q 'What?' --policy chess:speed=9", "no parameter 'speed'");
     expect_one_line_error(ASK "-q 'What?' --policy quest --budget 2.5", "fraction of the context");
     expect_one_line_error(ASK "-q 'What?' --policy quest --budget 100000", "larger than the context");

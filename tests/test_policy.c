@@ -52,7 +52,7 @@ static void refused(const char *spec, const char *budget, const char *needle)
 
 Test(policy, bad_specs_get_clear_errors)
 {
-    refused("bogus", NULL, "valid: full, streaming, quest, chess, sentkv, take, laser, snapkv, h2o");
+    refused("bogus", NULL, "valid: full, streaming, quest, chess, sentkv, take, laser, chelsea, snapkv, h2o");
     refused("chess:rho=1", NULL, "parameters: preset, rho_g");
     refused("chess:preset=wild", NULL, "conservative|moderate|aggressive");
     refused("chess:rho_g=1.5", NULL, "outside [0, 1]");
@@ -581,4 +581,61 @@ Test(policy, laser_keeps_sinks_recent_and_recalled_tokens_reproducibly)
     for (const char *c = got[2]; *c; c++) n += *c == ' ';
     cr_expect_eq(n, 8, "LSH-only budget: %s", got[2]);
     cr_expect(!strncmp(got[2], "0 1 ", 4) && strstr(got[2], "62 63"), "LSH-only: %s", got[2]);
+}
+
+#include "chelsea.h"
+
+Test(policy, chelsea_merges_into_degree_weighted_centroids)
+{
+    /* A = {0, 2}, B = {1, 3} in one chunk of 4: 0 links to 1 (cosine 0.995), 2 links to 1 (0.0995) */
+    float k[8] = { 1, 0, 1, 0.1f, 0, 1, -1, 0 }, v[8] = { 0, 0, 1, 1, 2, 2, 3, 3 }, deg[4] = { 1, 1, 1, 1 };
+    int32_t pos[4] = { 0, 1, 2, 3 };
+    cr_assert_eq(chelsea_merge(k, v, pos, deg, 4, 2, 3, 0, 0, 4), 3);
+    cr_expect_eq(pos[0], 1);
+    cr_expect_float_eq(k[0], 1.0f, 1e-6);
+    cr_expect_float_eq(k[1], 0.05f, 1e-6);
+    cr_expect_float_eq(v[0], 0.5f, 1e-6);
+    cr_expect_float_eq(deg[0], 2.0f, 0);
+    cr_expect(pos[1] == 2 && pos[2] == 3 && deg[1] == 1 && deg[2] == 1);
+
+    float k2[8] = { 1, 0, 1, 0.1f, 0, 1, -1, 0 }, v2[8] = { 0, 0, 1, 1, 2, 2, 3, 3 }, d2[4] = { 1, 1, 1, 1 };
+    int32_t p2[4] = { 0, 1, 2, 3 };
+    /* down to 2: both links merge into token 1: keys ((1,0) + (1,0.1) + (0,1)) / 3, values (0+1+2)/3 */
+    cr_assert_eq(chelsea_merge(k2, v2, p2, d2, 4, 2, 2, 0, 0, 4), 2);
+    cr_expect(p2[0] == 1 && p2[1] == 3);
+    cr_expect_float_eq(k2[0], 2.0f / 3, 1e-6);
+    cr_expect_float_eq(k2[1], 1.1f / 3, 1e-6);
+    cr_expect_float_eq(v2[0], 1.0f, 1e-6);
+    cr_expect_float_eq(d2[0], 3.0f, 0);
+    cr_expect_float_eq(d2[1], 1.0f, 0);
+}
+
+Test(policy, chelsea_writes_log_degrees_the_attention_adds)
+{
+    fixture fx;
+    char err[512];
+    build_planted(&fx);
+    pol_spec s;
+    cr_assert(pol_parse(&s, "chelsea:budget=40,gap=1,sinks=4,recent=8,chunk=16", NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+    float q[64 * D];
+    memset(q, 0, sizeof q);
+    pol_chunk c = { q, 64, 0, 0, 0, 1, 0 };
+    cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
+    cr_expect_eq(kv_head_tokens(fx.kv, 0, 0), 40);
+    double total = 0;
+    int merged = 0;
+    for (int i = 0; i < kv_n_pages(fx.kv, 0, 0); i++) {
+        const kv_page *p = kv_layer_page(fx.kv, 0, 0, i);
+        for (int t = 0; t < p->n; t++) {
+            total += exp(p->logdeg[t]);
+            merged |= p->logdeg[t] != 0;
+            if (t > 0) cr_expect_lt(p->pos[t - 1], p->pos[t], "positions stay ascending");
+        }
+        if (p->merged) cr_expect(merged);
+    }
+    cr_expect(merged, "some tokens merged");
+    cr_expect(fabs(total - 64) < 1e-3, "degrees add up to the 64 original tokens: %g", total);
+    pol_set_free(ps);
+    unbuild(&fx);
 }

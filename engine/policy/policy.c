@@ -7,11 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const pol_ops pol_full, pol_streaming, pol_quest, pol_chess, pol_sentkv, pol_take, pol_laser, pol_snapkv,
-    pol_h2o;
+extern const pol_ops pol_full, pol_streaming, pol_quest, pol_chess, pol_sentkv, pol_take, pol_laser, pol_chelsea,
+    pol_snapkv, pol_h2o;
 
-static const pol_ops *const registry[] = { &pol_full, &pol_streaming, &pol_quest,  &pol_chess, &pol_sentkv,
-                                           &pol_take, &pol_laser,     &pol_snapkv, &pol_h2o,   NULL };
+static const pol_ops *const registry[] = { &pol_full,  &pol_streaming, &pol_quest,   &pol_chess,  &pol_sentkv,
+                                           &pol_take,  &pol_laser,     &pol_chelsea, &pol_snapkv, &pol_h2o,
+                                           NULL };
 
 const pol_ops *const *pol_registry(void) { return registry; }
 
