@@ -31,8 +31,8 @@ static const pol_param params[] = {
     { "window", POL_INT, 2, 1, 1 << 20, NULL, "recent-window pages, always kept; their mean is the anchor" },
     { "chunk", POL_INT, 4, 1, 1 << 16, NULL, "pages per chunk" },
     { "grid", POL_INT, 4, 1, 1 << 16, NULL, "chunks per grid" },
-    { "every", POL_INT, 1, 0, 1 << 20, NULL, "rebuild every N generated pages (0: only on uncertainty events)" },
-    { "score", POL_ENUM, 0, 0, 0, "cos|dot", "similarity of summaries to the anchor: cosine or raw dot product" },
+    { "every", POL_INT, 6, 0, 1 << 20, NULL, "rebuild every N generated pages (0: only on uncertainty events)" },
+    { "score", POL_ENUM, 0, 0, 0, "cos|dot", "similarity to the anchor: cosine, or the paper's raw dot product" },
 };
 
 static const double presets[3][3] = { { 0.9, 0.9, 0.9 }, { 0.8, 0.7, 0.7 }, { 0.5, 0.2, 0.1 } };
@@ -219,9 +219,10 @@ static int rebuild(st_chess *s, const pol_env *env)
     free(tmp);
     for (size_t d = 0; d < dim; d++) s->anchor[d] /= (float)(np - last > 0 ? np - last : 1);
     if (s->cosine) {
-        /* cosine similarity: unit rows (the anchor's norm does not change the ranking). Raw dot
-         * products rank pages by how strongly they carry the component all keys share (large near
-         * the start of the context), not by what they say. */
+        /* cosine similarity: unit rows (the anchor's norm does not change the ranking). The paper
+         * scores with the raw dot product (score=dot); on the default model that ranks pages by how
+         * strongly they carry the component all keys share (large near the start of the context),
+         * not by what they say, and missed every pass key (docs/policies.md). */
         for (int r = 0; r < rows; r++) {
             float *row = s->mat + (size_t)r * dim;
             double n2 = 0;
