@@ -329,3 +329,46 @@ double cli_peak_rss_mib(void)
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_maxrss / 1024.0;
 }
+
+int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int64_t n_predict, int64_t *n_gen,
+                      const char **stop_note, char *err, size_t errlen)
+{
+    tok_stream ts;
+    tok_stream_init(&ts, rt->m->vocab);
+    char piece[512];
+    *n_gen = 0;
+    *stop_note = "";
+    int rc = 0;
+    while (*n_gen < n_predict) {
+        if (cli_interrupted) {
+            *stop_note = " (interrupted)";
+            break;
+        }
+        int32_t id = samp_sample(s, logits);
+        if (tok_is_eog(rt->m->vocab, id)) break;
+        samp_accept(s, id);
+        ++*n_gen;
+        size_t w = tok_stream_feed(&ts, id, piece, sizeof piece);
+        if (w) {
+            fwrite(piece, 1, w, stdout);
+            fflush(stdout);
+        }
+        if (*n_gen == n_predict) break;
+        if (fwd_pos(rt->f) >= fwd_n_ctx(rt->f)) {
+            *stop_note = " (context full)";
+            break;
+        }
+        if (fwd_decode(rt->f, id, logits, &cli_interrupted, err, errlen)) {
+            if (cli_interrupted) {
+                *stop_note = " (interrupted)";
+                break;
+            }
+            rc = -1;
+            break;
+        }
+    }
+    size_t w = tok_stream_flush(&ts, piece, sizeof piece);
+    fwrite(piece, 1, w, stdout);
+    fputc('\n', stdout);
+    return rc;
+}

@@ -59,6 +59,12 @@ const char *cli_default_model_path(char *buf, size_t cap);
 int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd);
 void cli_close(cli_runtime *rt);
 
+/* Sample, stream and decode up to n_predict tokens after a prefill whose logits are in logits,
+ * stopping at end of generation, a full context or Ctrl-C (stop_note says which), then flush the
+ * text and end the line. 0, or -1 with a message in err when a decode step fails. */
+int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int64_t n_predict, int64_t *n_gen,
+                      const char **stop_note, char *err, size_t errlen);
+
 /* Read a whole text file, refusing binary data and invalid UTF-8. malloc'd, NUL-terminated. */
 char *cli_read_text_file(const char *path, size_t *len);
 

@@ -183,43 +183,13 @@ int cmd_ask(int argc, char **argv)
         goto done;
     }
     double t1 = cli_now();
-    tok_stream ts;
-    tok_stream_init(&ts, rt.m->vocab);
-    char piece[512];
-    int64_t n_gen = 0;
-    const char *stop_note = "";
-    while (n_gen < n_predict) {
-        if (cli_interrupted) {
-            stop_note = " (interrupted)";
-            break;
-        }
-        int32_t id = samp_sample(s, logits);
-        if (tok_is_eog(rt.m->vocab, id)) break;
-        samp_accept(s, id);
-        n_gen++;
-        size_t w = tok_stream_feed(&ts, id, piece, sizeof piece);
-        if (w) {
-            fwrite(piece, 1, w, stdout);
-            fflush(stdout);
-        }
-        if (n_gen == n_predict) break;
-        if (fwd_pos(rt.f) >= fwd_n_ctx(rt.f)) {
-            stop_note = " (context full)";
-            break;
-        }
-        if (fwd_decode(rt.f, id, logits, &cli_interrupted, err, sizeof err)) {
-            if (cli_interrupted) {
-                stop_note = " (interrupted)";
-                break;
-            }
-            cli_err("ask: %s", err);
-            goto done;
-        }
+    int64_t n_gen;
+    const char *stop_note;
+    if (cli_stream_answer(&rt, s, logits, n_predict, &n_gen, &stop_note, err, sizeof err)) {
+        cli_err("ask: %s", err);
+        goto done;
     }
     double t2 = cli_now();
-    size_t w = tok_stream_flush(&ts, piece, sizeof piece);
-    fwrite(piece, 1, w, stdout);
-    fputc('\n', stdout);
     if (show_pages) print_page_map(&rt, (int64_t)n_ids);
     fflush(stdout);
     kv_stats ks;

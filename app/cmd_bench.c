@@ -42,6 +42,19 @@ static void cpu_name(char *buf, size_t cap)
     fclose(f);
 }
 
+/* Open csv for appending, writing header first when the file is new or empty (an interrupted run).
+ * NULL (after a message) when it cannot be opened. */
+static FILE *open_csv(const char *csv, const char *header)
+{
+    FILE *chk = fopen(csv, "r");
+    int fresh = chk == NULL || fgetc(chk) == EOF;
+    if (chk) fclose(chk);
+    FILE *out = fopen(csv, "a");
+    if (!out) cli_err("bench: cannot open %s for appending", csv);
+    else if (fresh) fputs(header, out);
+    return out;
+}
+
 /* Split a --policy list on the commas that start a new spec ("full,chess:preset=aggressive,every=2,
  * quest" is full / chess:preset=aggressive,every=2 / quest): a piece with '=' and no ':' continues
  * the previous spec's parameters. */
@@ -93,18 +106,10 @@ static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256],
         cli_err("bench: out of memory");
         return 1;
     }
-    FILE *out = NULL;
-    if (csv) {
-        FILE *chk = fopen(csv, "r");
-        int fresh = chk == NULL || fgetc(chk) == EOF;   /* an empty file (an interrupted run) too */
-        if (chk) fclose(chk);
-        out = fopen(csv, "a");
-        if (!out) cli_err("bench: cannot open %s for appending", csv);
-        else if (fresh)
-            fprintf(out, "date,commit,machine,threads,model,ctx,policy,prefill_tok_s,decode_tok_s,attn_ms_per_step,"
-                         "select_ms_per_step,pages_per_step,pages_total,kv_read_mib_per_step,n_gen,ttft_s,"
-                         "kv_peak_prefill_mib,kv_after_prefill_mib\n");
-    }
+    FILE *out = csv ? open_csv(csv, "date,commit,machine,threads,model,ctx,policy,prefill_tok_s,decode_tok_s,"
+                                    "attn_ms_per_step,select_ms_per_step,pages_per_step,pages_total,"
+                                    "kv_read_mib_per_step,n_gen,ttft_s,kv_peak_prefill_mib,kv_after_prefill_mib\n")
+                    : NULL;
     printf("%8s %-36s %9s %9s %9s %9s %12s %9s %9s %10s %10s\n", "ctx", "policy", "prefill/s", "decode/s", "attn ms",
            "select ms", "pages/step", "KV MiB rd", "TTFT s", "KV pk MiB", "KV aft MiB");
     int rc = 0;
@@ -305,18 +310,7 @@ int cmd_bench(int argc, char **argv)
         return prc;
     }
     printf("%8s %14s %14s\n", "depth", "prefill tok/s", "decode tok/s");
-    FILE *out = NULL;
-    if (csv) {
-        FILE *chk = fopen(csv, "r");
-        int fresh = chk == NULL || fgetc(chk) == EOF;   /* an empty file (an interrupted run) too */
-        if (chk) fclose(chk);
-        out = fopen(csv, "a");
-        if (!out) {
-            cli_err("bench: cannot open %s for appending", csv);
-        } else if (fresh) {
-            fprintf(out, "date,commit,machine,threads,model,depth,prefill_tok_s,decode_tok_s,n_gen\n");
-        }
-    }
+    FILE *out = csv ? open_csv(csv, "date,commit,machine,threads,model,depth,prefill_tok_s,decode_tok_s,n_gen\n") : NULL;
     int rc = 0;
     char err[512];
     cli_install_sigint();
