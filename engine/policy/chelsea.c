@@ -148,11 +148,6 @@ static int ch_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t
     (void)env;
     st_chel *s = st;
     int64_t b = pol_budget_tokens(s->budget, ctx);
-    if (s->budget >= 1 && b > ctx) {
-        snprintf(err, errlen, "chelsea: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
-                 (long long)ctx);
-        return -1;
-    }
     if (b <= s->sinks + s->recent) {
         snprintf(err, errlen, "chelsea: budget %lld tokens is not above the %d sink + %d recent tokens kept aside",
                  (long long)b, s->sinks, s->recent);

@@ -98,11 +98,6 @@ static int c_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
     if (s->budget <= 0) return 0;
     int64_t b = pol_budget_tokens(s->budget, ctx);
     int P = kv_page_size(env->kv);
-    if (s->budget >= 1 && b > ctx) {
-        snprintf(err, errlen, "chess: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
-                 (long long)ctx);
-        return -1;
-    }
     int64_t fixed = (int64_t)(s->sink + s->window) * P;
     if (b < fixed) {
         snprintf(err, errlen, "chess: budget %lld tokens is below the %d sink + %d window pages it always keeps "

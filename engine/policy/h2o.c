@@ -65,11 +65,6 @@ static int h_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
     (void)env;
     st_h2o *s = st;
     int64_t b = pol_budget_tokens(s->budget, ctx);
-    if (s->budget >= 1 && b > ctx) {
-        snprintf(err, errlen, "h2o: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
-                 (long long)ctx);
-        return -1;
-    }
     if (b < 2) {
         snprintf(err, errlen, "h2o: budget %lld tokens leaves no room for recent tokens and heavy hitters", (long long)b);
         return -1;

@@ -100,18 +100,6 @@ oom:
     return -1;
 }
 
-static int la_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen)
-{
-    (void)env;
-    st_laser *s = st;
-    if (s->budget >= 1 && s->budget > ctx) {
-        snprintf(err, errlen, "laser: budget %g tokens is larger than the context (%lld tokens)", s->budget,
-                 (long long)ctx);
-        return -1;
-    }
-    return 0;
-}
-
 static int la_probe_tokens(void *st) { return ((st_laser *)st)->probe; }
 
 /* The SimHash code of one vector for round r: bits of sign(plane . v). */
@@ -310,6 +298,5 @@ const pol_ops pol_laser = {
     .destroy = la_destroy,
     .layer_done = la_layer_done,
     .probe_tokens = la_probe_tokens,
-    .check = la_check,
     .describe = la_describe,
 };

@@ -336,6 +336,13 @@ int pol_set_check(pol_set *ps, int64_t ctx, char *err, size_t errlen)
 {
     for (int i = 0; i < ps->spec.n; i++) {
         const pol_ops *p = ps->spec.ops[i];
+        /* every budget given as a token count must fit in the context; the rest is the policy's */
+        double b = pol_spec_value(&ps->spec, i, "budget", 0);
+        if (b >= 1 && (int64_t)b > ctx) {
+            snprintf(err, errlen, "%s: budget %lld tokens is larger than the context (%lld tokens)", p->name,
+                     (long long)b, (long long)ctx);
+            return -1;
+        }
         if (p->check && p->check(ps->st[i], &ps->env, ctx, err, errlen)) return -1;
     }
     return 0;

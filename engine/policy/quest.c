@@ -51,11 +51,6 @@ static int q_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
 {
     st_quest *s = st;
     int64_t b = pol_budget_tokens(s->budget, ctx);
-    if (s->budget >= 1 && b > ctx) {
-        snprintf(err, errlen, "quest: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
-                 (long long)ctx);
-        return -1;
-    }
     if (b < 2 * kv_page_size(env->kv)) {
         snprintf(err, errlen, "quest: budget %lld tokens is below two pages (%d tokens): the page being written "
                  "and one selected page", (long long)b, 2 * kv_page_size(env->kv));

@@ -129,11 +129,6 @@ static int se_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t
     (void)env;
     st_sent *s = st;
     int64_t b = pol_budget_tokens(s->budget, ctx);
-    if (s->budget >= 1 && b > ctx) {
-        snprintf(err, errlen, "sentkv: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
-                 (long long)ctx);
-        return -1;
-    }
     if (b <= s->sinks + s->len + s->delta) {
         snprintf(err, errlen, "sentkv: budget %lld tokens does not exceed the %d sinks and one segment's span (%d)",
                  (long long)b, s->sinks, s->len + s->delta);

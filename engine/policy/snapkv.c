@@ -84,11 +84,6 @@ static int sn_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t
     (void)env;
     st_snap *s = st;
     int64_t b = pol_budget_tokens(s->budget, ctx);
-    if (s->budget >= 1 && b > ctx) {
-        snprintf(err, errlen, "snapkv: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
-                 (long long)ctx);
-        return -1;
-    }
     if (b <= s->window) {
         snprintf(err, errlen, "snapkv: budget %lld tokens does not exceed the %d-token observation window",
                  (long long)b, s->window);

@@ -55,11 +55,6 @@ static int s_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
     (void)env;
     st_streaming *s = st;
     int64_t b = pol_budget_tokens(s->budget, ctx);
-    if (s->budget >= 1 && b > ctx) {
-        snprintf(err, errlen, "streaming: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
-                 (long long)ctx);
-        return -1;
-    }
     if (b <= s->sinks) {
         snprintf(err, errlen, "streaming: budget %lld tokens is not above the %lld sink tokens", (long long)b,
                  (long long)s->sinks);

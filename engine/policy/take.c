@@ -99,11 +99,6 @@ static int t_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
     (void)env;
     st_take *s = st;
     int64_t b = pol_budget_tokens(s->budget, ctx);
-    if (s->budget >= 1 && b > ctx) {
-        snprintf(err, errlen, "take: budget %lld tokens is larger than the context (%lld tokens)", (long long)b,
-                 (long long)ctx);
-        return -1;
-    }
     if (b < s->probe) {
         snprintf(err, errlen, "take: budget %lld tokens is below the %d probe tokens", (long long)b, s->probe);
         return -1;
