@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chat.h"
 #include "quant.h"
 #include "tokenizer.h"
 #include "vec_dot.h"
@@ -48,6 +49,7 @@ void cli_opts_init(cli_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->sp = samp_params_default();
+    o->backtrack = -1;
 }
 
 const char *cli_need_value(int argc, char **argv, int *i)
@@ -143,6 +145,15 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i)
         VAL();
         if (cli_parse_int(a, v, 1, 4096, &iv)) return -1;
         o->page_size = (int)iv;
+    } else if (!strcmp(a, "--backtrack")) {
+        VAL();
+        if (cli_parse_int(a, v, 0, 1 << 20, &iv)) return -1;
+        o->backtrack = (int)iv;
+    } else if (!strcmp(a, "--thresholds")) {
+        VAL();
+        o->thresholds = v;
+    } else if (!strcmp(a, "--show-events")) {
+        o->show_events = 1;
     } else if (!strcmp(a, "--temp")) {
         VAL();
         if (cli_parse_float(a, v, 0, 100, &dv)) return -1;
@@ -248,6 +259,17 @@ int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
             return -1;
         }
         fwd_set_policy(rt->f, rt->ps);
+        rt->mon = unc_create(kv_page_size(fwd_kv(rt->f)), 0);
+        if (!rt->mon) {
+            cli_err("out of memory");
+            cli_close(rt);
+            return -1;
+        }
+        if (cli_find_thresholds(path, o->thresholds, &rt->thr)) {
+            cli_close(rt);
+            return -1;
+        }
+        rt->backtrack = o->backtrack >= 0 ? o->backtrack : pol_set_can_reselect(rt->ps) ? 2 : 0;
     }
     return 0;
 }
@@ -256,9 +278,58 @@ void cli_close(cli_runtime *rt)
 {
     fwd_free(rt->f);
     pol_set_free(rt->ps);
+    unc_free(rt->mon);
     be_free(rt->b);
     model_free(rt->m);
     memset(rt, 0, sizeof *rt);
+}
+
+int cli_doc_prompt(const cli_runtime *rt, const char *doc, const char *question, int format, int32_t **ids,
+                   size_t *n_ids, char *err, size_t errlen)
+{
+    size_t len = strlen(doc) + strlen(question) + 32;
+    char *text = malloc(len);
+    if (!text) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (format < 0) format = gguf_find_key(rt->m->gguf, "tokenizer.chat_template") >= 0;
+    int rc;
+    if (format) {
+        snprintf(text, len, "%s\n\n%s", doc, question);
+        chat_msg msg = { "user", text };
+        char *rendered = chat_render(chat_family_for(rt->m->gguf), &msg, 1, 1, err, errlen);
+        rc = !rendered || tok_encode(rt->m->vocab, rendered, strlen(rendered), 0, 1, ids, n_ids, err, errlen) ? -1 : 0;
+        free(rendered);
+    } else {
+        snprintf(text, len, "%s\n\nQuestion: %s\nAnswer:", doc, question);
+        rc = tok_encode(rt->m->vocab, text, strlen(text), tok_add_bos(rt->m->vocab), 0, ids, n_ids, err, errlen) ? -1 : 0;
+    }
+    free(text);
+    if (rc == 0 && *n_ids == 0) {
+        snprintf(err, errlen, "the prompt is empty");
+        rc = -1;
+    }
+    return rc;
+}
+
+int cli_split_policies(const char *list, char specs[][256], int max)
+{
+    int n = 0;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", list);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int cont = strchr(t, '=') && !strchr(t, ':') && n > 0;
+        if (cont) {
+            size_t l = strlen(specs[n - 1]);
+            snprintf(specs[n - 1] + l, 256 - l, ",%s", t);
+        } else {
+            if (n == max) return -1;
+            snprintf(specs[n++], 256, "%s", t);
+        }
+    }
+    return n;
 }
 
 char *cli_read_text_file(const char *path, size_t *len)
@@ -330,45 +401,133 @@ double cli_peak_rss_mib(void)
     return (double)ru.ru_maxrss / 1024.0;
 }
 
-int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int64_t n_predict, int64_t *n_gen,
-                      const char **stop_note, char *err, size_t errlen)
-{
+typedef struct stream_ud {
     tok_stream ts;
-    tok_stream_init(&ts, rt->m->vocab);
+    int show_events;
+} stream_ud;
+
+static void on_token(void *ud, int32_t id)
+{
+    stream_ud *u = ud;
     char piece[512];
-    *n_gen = 0;
-    *stop_note = "";
-    int rc = 0;
-    while (*n_gen < n_predict) {
-        if (cli_interrupted) {
-            *stop_note = " (interrupted)";
-            break;
-        }
-        int32_t id = samp_sample(s, logits);
-        if (tok_is_eog(rt->m->vocab, id)) break;
-        samp_accept(s, id);
-        ++*n_gen;
-        size_t w = tok_stream_feed(&ts, id, piece, sizeof piece);
-        if (w) {
-            fwrite(piece, 1, w, stdout);
-            fflush(stdout);
-        }
-        if (*n_gen == n_predict) break;
-        if (fwd_pos(rt->f) >= fwd_n_ctx(rt->f)) {
-            *stop_note = " (context full)";
-            break;
-        }
-        if (fwd_decode(rt->f, id, logits, &cli_interrupted, err, errlen)) {
-            if (cli_interrupted) {
-                *stop_note = " (interrupted)";
-                break;
-            }
-            rc = -1;
-            break;
-        }
+    size_t w = tok_stream_feed(&u->ts, id, piece, sizeof piece);
+    if (w) {
+        fwrite(piece, 1, w, stdout);
+        fflush(stdout);
     }
-    size_t w = tok_stream_flush(&ts, piece, sizeof piece);
+}
+
+static void on_page(void *ud, int64_t page, const unc_stats *st)
+{
+    stream_ud *u = ud;
+    if (u->show_events)
+        fprintf(stderr, "uncertainty: answer page %lld: mean H %.3f, Var(H) %.3f\n", (long long)page, st->mean_h,
+                st->var_h);
+}
+
+static void on_event(void *ud, const unc_event *e)
+{
+    stream_ud *u = ud;
+    if (!u->show_events) return;
+    char line[1024];
+    unc_event_format(e, line, sizeof line);
+    fprintf(stderr, "uncertainty: %s\n", line);
+}
+
+int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int32_t prev_token, int64_t n_predict,
+                      int show_events, gen_result *res, const char **stop_note, char *err, size_t errlen)
+{
+    stream_ud u;
+    tok_stream_init(&u.ts, rt->m->vocab);
+    u.show_events = show_events;
+    if (show_events && rt->thr.valid)
+        fprintf(stderr, "uncertainty: a page of %d tokens crosses at mean H > %.3f or Var(H) > %.3f (%s); at most %d "
+                "regenerations per answer\n", unc_page_size(rt->mon), rt->thr.h_mean, rt->thr.h_var, rt->thr.source,
+                rt->backtrack);
+    else if (show_events)
+        fprintf(stderr, "uncertainty: no thresholds for this model (run kvchat calibrate): statistics only\n");
+    gen_opts go = { n_predict, prev_token, &rt->thr, rt->backtrack, samp_temperature(s) };
+    gen_callbacks cb = { &u, on_token, on_page, on_event };
+    int rc = gen_answer(rt->f, s, rt->m->vocab, rt->mon, logits, rt->m->hp.n_vocab, &go, &cb, &cli_interrupted, res,
+                        err, errlen);
+    char piece[512];
+    size_t w = tok_stream_flush(&u.ts, piece, sizeof piece);
     fwrite(piece, 1, w, stdout);
     fputc('\n', stdout);
+    *stop_note = res->stop == GEN_STOP_INTERRUPT ? " (interrupted)" : res->stop == GEN_STOP_CONTEXT ? " (context full)" : "";
+    if (show_events || res->events)
+        fprintf(stderr, "uncertainty: %d pages crossed a threshold, %d regenerated (%lld tokens generated again)\n",
+                res->events, res->regenerated, (long long)unc_regenerated_tokens(rt->mon));
     return rc;
+}
+
+static int parse_pair(const char *spec, double *a, double *b)
+{
+    char *end;
+    *a = strtod(spec, &end);
+    if (end == spec || *end != ',') return -1;
+    const char *q = end + 1;
+    *b = strtod(q, &end);
+    return end == q || *end || *a < 0 || *b < 0 ? -1 : 0;
+}
+
+int cli_thresholds_path(const char *fingerprint, char *buf, size_t cap, int create_dirs)
+{
+    const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
+    char dir[900];
+    if (xdg && *xdg)
+        snprintf(dir, sizeof dir, "%s/kvchat/thresholds", xdg);
+    else if (home && *home)
+        snprintf(dir, sizeof dir, "%s/.local/share/kvchat/thresholds", home);
+    else
+        return -1;
+    if (create_dirs) {
+        /* mkdir -p */
+        for (char *p = dir + 1; *p; p++) {
+            if (*p != '/') continue;
+            *p = 0;
+            mkdir(dir, 0755);
+            *p = '/';
+        }
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
+    }
+    snprintf(buf, cap, "%s/%s.txt", dir, fingerprint);
+    return 0;
+}
+
+int cli_find_thresholds(const char *model_path, const char *spec, unc_thresholds *t)
+{
+    char err[600], path[1200], fp[17];
+    memset(t, 0, sizeof *t);
+    if (spec) {
+        double h, v;
+        if (parse_pair(spec, &h, &v) == 0) {
+            t->valid = 1;
+            t->h_mean = h;
+            t->h_var = v;
+            snprintf(t->source, sizeof t->source, "--thresholds %s", spec);
+            return 0;
+        }
+        if (unc_thresholds_load(spec, t, err, sizeof err)) {
+            cli_err("--thresholds: %s (give a file from kvchat calibrate, or MEAN_H,VAR_H)", err);
+            return -1;
+        }
+        return 0;
+    }
+    if (model_fingerprint(model_path, fp, err, sizeof err)) return 0;   /* the model loaded, so this is rare */
+    if (cli_thresholds_path(fp, path, sizeof path, 0) == 0 && access(path, R_OK) == 0 &&
+        unc_thresholds_load(path, t, err, sizeof err) == 0)
+        return 0;
+    /* shipped with kvchat: models/thresholds/ next to the executable */
+    char exe[1024];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        snprintf(path, sizeof path, "%s/models/thresholds/%s.txt", exe, fp);
+        if (access(path, R_OK) == 0 && unc_thresholds_load(path, t, err, sizeof err) == 0) return 0;
+    }
+    memset(t, 0, sizeof *t);
+    return 0;
 }

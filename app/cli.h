@@ -13,7 +13,9 @@
 #include "forward.h"
 #include "model.h"
 #include "policy.h"
+#include "generate.h"
 #include "sampler.h"
+#include "uncertainty.h"
 
 /* Options common to the commands that run a model. */
 typedef struct cli_opts {
@@ -28,6 +30,10 @@ typedef struct cli_opts {
     int page_size;              /* --page-size (0: 32) */
     pol_spec pspec;             /* parsed --policy/--budget (after cli_finish_common) */
     samp_params sp;             /* --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed */
+    int backtrack;              /* --backtrack R: regenerations per answer (-1: 2 when the decode policy can
+                                   reselect, else 0) */
+    const char *thresholds;     /* --thresholds FILE or H,V (NULL: the model's calibration, if any) */
+    int show_events;            /* --show-events: page statistics and events on stderr */
 } cli_opts;
 
 typedef struct cli_runtime {
@@ -35,6 +41,9 @@ typedef struct cli_runtime {
     be_backend *b;
     fwd_ctx *f;
     pol_set *ps;                /* the policies attached to f */
+    unc_monitor *mon;           /* uncertainty of the current answer */
+    unc_thresholds thr;         /* when a generated page is uncertain (thr.valid 0: none known) */
+    int backtrack;              /* regenerations per answer, resolved */
 } cli_runtime;
 
 extern volatile sig_atomic_t cli_interrupted;
@@ -59,11 +68,31 @@ const char *cli_default_model_path(char *buf, size_t cap);
 int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd);
 void cli_close(cli_runtime *rt);
 
-/* Sample, stream and decode up to n_predict tokens after a prefill whose logits are in logits,
- * stopping at end of generation, a full context or Ctrl-C (stop_note says which), then flush the
- * text and end the line. 0, or -1 with a message in err when a decode step fails. */
-int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int64_t n_predict, int64_t *n_gen,
-                      const char **stop_note, char *err, size_t errlen);
+/* Sample, stream and decode up to n_predict tokens after a prefill whose logits are in logits
+ * (prev_token: the prompt's last token), with the uncertainty monitor and backtracking, stopping at
+ * end of generation, a full context or Ctrl-C (stop_note says which), then flush the text and end
+ * the line. With show_events, page statistics and events go to stderr as they happen. 0, or -1
+ * with a message in err when a decode step fails. */
+int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int32_t prev_token, int64_t n_predict,
+                      int show_events, gen_result *res, const char **stop_note, char *err, size_t errlen);
+/* Where the thresholds of model file path are looked up: --thresholds, then the calibration
+ * kvchat calibrate wrote (data dir), then the ones shipped for the default model. Fills t (t->valid 0
+ * when none exist). 0, or -1 after printing (a bad --thresholds). */
+int cli_find_thresholds(const char *model_path, const char *spec, unc_thresholds *t);
+/* The data directory's calibration file for a fingerprint: $XDG_DATA_HOME/kvchat/thresholds/FP.txt. */
+int cli_thresholds_path(const char *fingerprint, char *buf, size_t cap, int create_dirs);
+
+/* The tokens of a question about a document: the model's chat template with document and question
+ * in one user turn (format 1), or a "Question: ... Answer:" completion (format 0; a base model was
+ * never trained on turn markers), or (-1) the template when the model file has one. 0, or -1 with
+ * a message. */
+int cli_doc_prompt(const cli_runtime *rt, const char *doc, const char *question, int format, int32_t **ids,
+                   size_t *n_ids, char *err, size_t errlen);
+
+/* Split a --policy list on the commas that start a new spec ("full,chess:preset=aggressive,every=2,
+ * quest" is full / chess:preset=aggressive,every=2 / quest): a piece with '=' and no ':' continues
+ * the previous spec's parameters. The count, or -1 when there are more than max. */
+int cli_split_policies(const char *list, char specs[][256], int max);
 
 /* Read a whole text file, refusing binary data and invalid UTF-8. malloc'd, NUL-terminated. */
 char *cli_read_text_file(const char *path, size_t *len);

@@ -22,6 +22,9 @@ static void usage(void)
            "  --budget B           fraction of the context (0 < B < 1) or a token count\n"
            "  --page-size P        KV cache page size in tokens (default 32)\n"
            "  --show-pages         print the page map: how often each page of the document was attended\n"
+           "  --show-events        print each answer page's entropy statistics and every backtracking event\n"
+           "  --backtrack R        regenerate at most R uncertain pages per answer (default 2 with chess, else 0)\n"
+           "  --thresholds T       a calibration file, or MEAN_H,VAR_H (default: the model's calibration)\n"
            "  -m MODEL  --ctx N  --threads N  --temp T (default 0: greedy)  --seed S  ...\n\n");
     cli_policy_help();
 }
@@ -111,28 +114,9 @@ int cmd_ask(int argc, char **argv)
         free(text);
         return 1;
     }
-    size_t ulen = dlen + strlen(question) + 3;
-    char *user = malloc(ulen);
-    if (!user) {
-        cli_err("ask: out of memory");
-        free(text);
-        return 1;
-    }
-    size_t ulen2 = ulen + 32;
-    char *plain = malloc(ulen2);
-    if (!plain) {
-        cli_err("ask: out of memory");
-        free(text);
-        free(user);
-        return 1;
-    }
-    snprintf(user, ulen, "%s\n\n%s", text, question);
-    snprintf(plain, ulen2, "%s\n\nQuestion: %s\nAnswer:", text, question);
-    free(text);
     cli_runtime rt;
     if (cli_open(&rt, &o, 1) != 0) {
-        free(user);
-        free(plain);
+        free(text);
         return 1;
     }
     int rc = 1;
@@ -141,20 +125,7 @@ int cmd_ask(int argc, char **argv)
     size_t n_ids = 0;
     float *logits = NULL;
     samp *s = NULL;
-    /* A base model (no chat template in the file) was never trained on turn markers: it answers a
-     * "Question: ... Answer:" completion, and just continues the document inside a chat turn. */
-    if (format < 0) format = gguf_find_key(rt.m->gguf, "tokenizer.chat_template") >= 0;
-    if (format) {
-        chat_msg msg = { "user", user };
-        char *rendered = chat_render(chat_family_for(rt.m->gguf), &msg, 1, 1, err, sizeof err);
-        if (!rendered || tok_encode(rt.m->vocab, rendered, strlen(rendered), 0, 1, &ids, &n_ids, err, sizeof err)) {
-            cli_err("ask: %s", err);
-            free(rendered);
-            goto done;
-        }
-        free(rendered);
-    } else if (tok_encode(rt.m->vocab, plain, strlen(plain), tok_add_bos(rt.m->vocab), 0, &ids, &n_ids, err,
-                          sizeof err)) {
+    if (cli_doc_prompt(&rt, text, question, format, &ids, &n_ids, err, sizeof err)) {
         cli_err("ask: %s", err);
         goto done;
     }
@@ -183,9 +154,10 @@ int cmd_ask(int argc, char **argv)
         goto done;
     }
     double t1 = cli_now();
-    int64_t n_gen;
+    gen_result gr;
     const char *stop_note;
-    if (cli_stream_answer(&rt, s, logits, n_predict, &n_gen, &stop_note, err, sizeof err)) {
+    if (cli_stream_answer(&rt, s, logits, ids[n_ids - 1], n_predict, o.show_events, &gr, &stop_note, err,
+                          sizeof err)) {
         cli_err("ask: %s", err);
         goto done;
     }
@@ -215,7 +187,7 @@ int cmd_ask(int argc, char **argv)
             (double)ks.bytes_full / mib, (double)ks.bytes_peak / mib,
             pol_set_saves_memory(rt.ps) ? "tokens dropped" : "selection keeps every page", (long long)peak_layer, per, avail,
             steps > 0 ? (double)st->bytes_touched_total / (double)steps / mib : 0.0, (double)n_ids / (t1 - t0),
-            steps > 0 ? (double)steps / (t2 - t1) : 0.0, (long long)n_gen, stop_note);
+            steps > 0 ? (double)steps / (t2 - t1) : 0.0, (long long)gr.n_gen, stop_note);
     char desc[1024];
     pol_set_describe(rt.ps, desc, sizeof desc);
     if (desc[0]) fprintf(stderr, "%s\n", desc);
@@ -224,8 +196,7 @@ done:
     samp_free(s);
     free(logits);
     free(ids);
-    free(user);
-    free(plain);
+    free(text);
     cli_close(&rt);
     return rc;
 }

@@ -55,28 +55,6 @@ static FILE *open_csv(const char *csv, const char *header)
     return out;
 }
 
-/* Split a --policy list on the commas that start a new spec ("full,chess:preset=aggressive,every=2,
- * quest" is full / chess:preset=aggressive,every=2 / quest): a piece with '=' and no ':' continues
- * the previous spec's parameters. */
-static int split_policies(const char *list, char specs[][256], int max)
-{
-    int n = 0;
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", list);
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        int cont = strchr(t, '=') && !strchr(t, ':') && n > 0;
-        if (cont) {
-            size_t l = strlen(specs[n - 1]);
-            snprintf(specs[n - 1] + l, 256 - l, ",%s", t);
-        } else {
-            if (n == max) return -1;
-            snprintf(specs[n++], 256, "%s", t);
-        }
-    }
-    return n;
-}
-
 static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256], int n_spec, const int64_t *depths,
                           int nd, int64_t n_gen, const int32_t *toks, const char *csv, const char *date,
                           const char *commit, const char *machine, const char *base)
@@ -256,7 +234,7 @@ int cmd_bench(int argc, char **argv)
     char specs[8][256];
     int n_spec = 0;
     if (policy_list) {
-        n_spec = split_policies(policy_list, specs, 8);
+        n_spec = cli_split_policies(policy_list, specs, 8);
         if (n_spec <= 0) {
             cli_err("bench: --policy: give 1 to 8 policies, e.g. full,chess:preset=aggressive,quest");
             return 1;

@@ -129,18 +129,19 @@ int cmd_generate(int argc, char **argv)
         goto done;
     }
     double t1 = cli_now();
-    int64_t n_gen;
+    gen_result gr;
     const char *stop_note;
-    if (cli_stream_answer(&rt, s, logits, n_predict, &n_gen, &stop_note, err, sizeof err)) {
+    if (cli_stream_answer(&rt, s, logits, ids[n_ids - 1], n_predict, o.show_events, &gr, &stop_note, err,
+                          sizeof err)) {
         cli_err("generate: %s", err);
         goto done;
     }
     double t2 = cli_now();
     fflush(stdout);
     /* Decode speed counts the forward passes of generated tokens (the last sampled one is not run). */
-    int64_t n_dec = n_gen > 1 ? n_gen - 1 : 0;
+    int64_t n_dec = gr.n_decoded;
     fprintf(stderr, "prompt %zu tokens | prefill %.1f tok/s | decode %.1f tok/s (%lld tokens)%s | peak RSS %.1f MiB\n",
-            n_ids, (double)n_ids / (t1 - t0), n_dec > 0 ? (double)n_dec / (t2 - t1) : 0.0, (long long)n_gen,
+            n_ids, (double)n_ids / (t1 - t0), n_dec > 0 ? (double)n_dec / (t2 - t1) : 0.0, (long long)gr.n_gen,
             stop_note, cli_peak_rss_mib());
     rc = cli_interrupted ? 130 : 0;
 done:

@@ -119,6 +119,7 @@ kv_page *kv_layer_page(const kv_cache *kv, int il, int h, int i) { return kv->la
 int64_t kv_head_tokens(const kv_cache *kv, int il, int h) { return kv->layers[il].heads[h].tokens; }
 uint64_t kv_page_bytes(const kv_cache *kv) { return kv->page_bytes; }
 void kv_set_floor(kv_cache *kv, int64_t pos) { kv->floor = pos; }
+int64_t kv_floor(const kv_cache *kv) { return kv->floor; }
 
 static void page_reset(const kv_cache *kv, kv_page *p)
 {

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 #include "quant.h"
@@ -297,4 +298,45 @@ void model_free(model *m)
     gguf_free(m->gguf);
     free(m->path);
     free(m);
+}
+
+static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+int model_fingerprint(const char *path, char out[17], char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    enum { SPAN = 1 << 20 };
+    unsigned char *buf = malloc(SPAN);
+    int64_t size = -1;
+    if (buf && fseeko(f, 0, SEEK_END) == 0) size = (int64_t)ftello(f);
+    uint64_t h = 0xcbf29ce484222325ULL;
+    int ok = buf && size >= 0;
+    if (ok) {
+        h = fnv1a(h, (const unsigned char *)&size, sizeof size);
+        int64_t tail = size > SPAN ? size - SPAN : 0;
+        size_t n1 = 0, n2 = 0;
+        ok = fseeko(f, 0, SEEK_SET) == 0 && (n1 = fread(buf, 1, SPAN, f), 1);
+        h = fnv1a(h, buf, n1);
+        ok = ok && fseeko(f, (off_t)tail, SEEK_SET) == 0 && (n2 = fread(buf, 1, SPAN, f), 1) && !ferror(f);
+        h = fnv1a(h, buf, n2);
+    }
+    free(buf);
+    fclose(f);
+    if (!ok) {
+        snprintf(err, errlen, "cannot read %s", path);
+        return -1;
+    }
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+    return 0;
 }

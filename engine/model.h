@@ -70,4 +70,9 @@ typedef struct model_load_opts {
 int model_load(model **out, const char *path, const model_load_opts *opts, char *err, size_t errlen);
 void model_free(model *m);
 
+/* A quick identity of a model file (16 hex digits): FNV-1a over its size and its first and last
+ * MiB, which hold the header, the tokenizer and tensor data. Names calibration files; snapshots
+ * check the full sha256. 0, or -1 with a message. */
+int model_fingerprint(const char *path, char out[17], char *err, size_t errlen);
+
 #endif

@@ -226,6 +226,8 @@ int32_t samp_sample(samp *s, float *l)
     return s->cand[nc - 1];
 }
 
+float samp_temperature(const samp *s) { return s->p.temperature; }
+
 size_t samp_state_size(void) { return sizeof(uint64_t) * 4 + sizeof(int32_t) * 2 + sizeof(int32_t) * 4096; }
 
 void samp_save_state(const samp *s, void *buf)
@@ -259,22 +261,28 @@ void samp_load_state(samp *s, const void *buf)
 
 void samp_entropy(const float *l, int32_t n, float temp, double *entropy, double *varentropy)
 {
+    /* One pass: with a_i = (l_i - max) / temp, w_i = e^a_i and Z = sum w, ln p_i = a_i - ln Z, so
+     * H = ln Z - S1/Z and the variance of ln p is S2/Z - (S1/Z)^2 (S1 = sum w a, S2 = sum w a^2). */
     if (temp <= 0) temp = 1;
-    double mx = -INFINITY;
+    float mx = -INFINITY;
     for (int32_t i = 0; i < n; i++)
         if (l[i] > mx) mx = l[i];
-    double z = 0;
-    for (int32_t i = 0; i < n; i++)
-        if (l[i] > -INFINITY) z += exp((l[i] - mx) / temp);
-    double lz = log(z), h = 0, h2 = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (!(l[i] > -INFINITY)) continue;
-        double lp = (l[i] - mx) / temp - lz;
-        double p = exp(lp);
-        h -= p * lp;
-        h2 += p * lp * lp;
+    if (!(mx > -INFINITY) || !isfinite(mx)) {   /* nothing or +inf: all mass on the top token(s) */
+        *entropy = 0;
+        *varentropy = 0;
+        return;
     }
-    *entropy = h;
-    double v = h2 - h * h;
+    const float inv = 1.0f / temp;
+    double z = 0, s1 = 0, s2 = 0;
+    for (int32_t i = 0; i < n; i++) {
+        float a = (l[i] - mx) * inv;
+        if (!(a > -88.0f)) continue;   /* -inf, NaN, or a weight below float's range */
+        double w = expf(a);
+        z += w;
+        s1 += w * a;
+        s2 += w * (double)a * a;
+    }
+    double m1 = s1 / z, h = log(z) - m1, v = s2 / z - m1 * m1;
+    *entropy = h > 0 ? h : 0;
     *varentropy = v > 0 ? v : 0;
 }

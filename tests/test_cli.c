@@ -303,3 +303,69 @@ Test(cli, ask_answers_with_metrics_and_page_map)
               "metrics line: %s", errb);
     cr_expect(strstr(out, "page map: ") && strstr(out, "last step, first global layer: "), "page map: %s", out);
 }
+
+Test(cli, ask_show_events_logs_a_forced_backtrack)
+{
+    static char out[1 << 16], errb[1 << 16];
+    int st = run(ASK "-q 'What is it about?' -n 24 --policy chess:every=0 --page-size 8 --thresholds 0,0 --backtrack 1 "
+                     "--show-events",
+                 out, sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "uncertainty: a page of 8 tokens crosses at mean H > 0.000"), "header: %s", errb);
+    cr_expect(strstr(errb, "event: answer page 0 (tokens 0-7") && strstr(errb, "; regenerated"), "event: %s", errb);
+    cr_expect(strstr(errb, "not regenerated (regeneration budget spent)"), "later pages are only logged: %s", errb);
+    cr_expect(strstr(errb, "uncertainty: 3 pages crossed a threshold, 1 regenerated (8 tokens generated again)"),
+              "summary: %s", errb);
+}
+
+Test(cli, bad_thresholds_are_refused)
+{
+    expect_one_line_error(ASK "-q 'What?' --thresholds /nonexistent/thr.txt", "--thresholds: cannot read");
+    expect_one_line_error(ASK "-q 'What?' --backtrack -1", "--backtrack");
+}
+
+/* Calibration is deterministic for a seed: two runs write the same thresholds. */
+Test(cli, calibrate_is_deterministic_and_writes_thresholds, .timeout = 300)
+{
+    static char out[1 << 16], errb[1 << 16];
+    char dir[] = "/tmp/kvchat-cal-XXXXXX", args[1024], a[600], b[600];
+    cr_assert(mkdtemp(dir));
+    const char *opts = "calibrate -m " TD "tiny/tiny-llama-f16.gguf --samples 2 -n 24 --page-size 8 --seed 5";
+    snprintf(args, sizeof args, "%s --out %s/a.txt --plot %s/a.png", opts, dir, dir);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "calibrated tiny-llama-f16.gguf") && strstr(out, "-> threshold") && strstr(out, "density plot"),
+              "%s", out);
+    snprintf(args, sizeof args, "%s --out %s/b.txt --plot none", opts, dir);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    snprintf(a, sizeof a, "%s/a.txt", dir);
+    snprintf(b, sizeof b, "%s/b.txt", dir);
+    FILE *fa = fopen(a, "r"), *fb = fopen(b, "r");
+    cr_assert(fa && fb);
+    static char ta[4096], tb[4096];
+    ta[fread(ta, 1, sizeof ta - 1, fa)] = 0;
+    tb[fread(tb, 1, sizeof tb - 1, fb)] = 0;
+    fclose(fa);
+    fclose(fb);
+    cr_expect(strstr(ta, "entropy_mean=") && strstr(ta, "samples=34") && !strcmp(ta, tb),
+              "the two runs differ or the file is incomplete:\n%s\n---\n%s", ta, tb);
+    /* the file is accepted by ask */
+    snprintf(args, sizeof args, ASK "-q 'What?' -n 2 --thresholds %s --show-events", a);
+    cr_expect_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, a), "the thresholds' source is named: %s", errb);
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    cr_expect(system(args) == 0);
+}
+
+Test(cli, eval_passkey_runs_every_configuration)
+{
+    static char out[1 << 16], errb[1 << 16];
+    int st = run("eval -m " TD "tiny/tiny-llama-f16.gguf --task passkey --ctx 400 --samples 2 -n 8 "
+                 "--policy full,chess:every=0 --budget 0.3,0.5 --backtrack 0",
+                 out, sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "passkey, about 400 tokens, 2 samples"), "%s", out);
+    int rows = 0;
+    for (const char *p = out; (p = strstr(p, "/2 ")); p++) rows++;
+    cr_expect_eq(rows, 3, "full once, chess at each budget: %s", out);
+    expect_one_line_error("eval -m " TD "tiny/tiny-llama-f16.gguf --task nope", "--task passkey");
+}

@@ -288,13 +288,40 @@ static int c_select(void *st, const pol_env *env, int il, const float *q, pol_se
     return 1;
 }
 
-static void c_event(void *st, int event)
+/* Uncertainty event: rebuild now, while the uncertain page's keys are in the cache (they move the
+ * anchor), and keep the result for the regeneration that restarts at keep_from. */
+static void c_reselect(void *st, const pol_env *env, int64_t pos, int64_t keep_from, pol_change *chg)
 {
     st_chess *s = st;
-    if (event == POL_EVENT_UNCERTAIN) {
-        s->dirty = 1;
-        s->events++;
+    int n_old = s->valid ? s->n_sel : 0;
+    int *old = malloc(sizeof(int) * (size_t)(n_old > 0 ? n_old : 1));
+    if (!old) return;   /* out of memory: the old selection stays */
+    memcpy(old, s->sel, sizeof(int) * (size_t)n_old);
+    s->cur = pos;
+    if (rebuild(s, env) != 0) {
+        s->valid = 0;
+        free(old);
+        return;
     }
+    s->events++;
+    s->built_at = keep_from;
+    /* both lists ascending: a merge gives the pages that entered and left */
+    int i = 0, j = 0;
+    while (i < n_old || j < s->n_sel) {
+        if (j >= s->n_sel || (i < n_old && old[i] < s->sel[j])) {
+            if (chg->n_removed < POL_CHANGE_MAX) chg->removed[chg->n_removed] = old[i];
+            chg->n_removed++;
+            i++;
+        } else if (i >= n_old || s->sel[j] < old[i]) {
+            if (chg->n_added < POL_CHANGE_MAX) chg->added[chg->n_added] = s->sel[j];
+            chg->n_added++;
+            j++;
+        } else {
+            i++;
+            j++;
+        }
+    }
+    free(old);
 }
 
 static void c_describe(void *st, char *buf, size_t len)
@@ -314,7 +341,7 @@ const pol_ops pol_chess = {
     .destroy = c_destroy,
     .decode_begin = c_begin,
     .select = c_select,
-    .on_event = c_event,
+    .reselect = c_reselect,
     .check = c_check,
     .describe = c_describe,
 };

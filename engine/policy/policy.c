@@ -421,10 +421,22 @@ const pol_sel *pol_set_select(pol_set *ps, int il, const float *q)
     return &ps->sel;
 }
 
-void pol_set_event(pol_set *ps, int event)
+void pol_set_reselect(pol_set *ps, int64_t pos, int64_t keep_from, pol_change *chg)
 {
-    for (int i = 0; i < ps->spec.n; i++)
-        if (ps->spec.ops[i]->on_event) ps->spec.ops[i]->on_event(ps->st[i], event);
+    memset(chg, 0, sizeof *chg);
+    if (!ps) return;
+    for (int i = 0; i < ps->spec.n; i++) {
+        if (!ps->spec.ops[i]->reselect) continue;
+        chg->supported = 1;
+        ps->spec.ops[i]->reselect(ps->st[i], &ps->env, pos, keep_from, chg);
+    }
+}
+
+int pol_set_can_reselect(const pol_set *ps)
+{
+    for (int i = 0; ps && i < ps->spec.n; i++)
+        if (ps->spec.ops[i]->reselect) return 1;
+    return 0;
 }
 
 void pol_set_record_step(pol_set *ps, int64_t pages, int64_t tokens, uint64_t bytes, double select_ms,

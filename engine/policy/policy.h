@@ -7,7 +7,7 @@
  *   - decode_begin before the layers of a decode step (a selection policy may rebuild its choice);
  *   - select       per global layer of a decode step, once that layer's query is known: the pages
  *                  (optionally per KV head, optionally with a token mask) the layer attends to;
- *   - on_event     when the uncertainty monitor fires (backtracking).
+ *   - reselect     when the uncertainty monitor fires (backtracking): rebuild the selection now.
  * A spec names at most one prefill policy and one decode policy, e.g. "take+chess:preset=aggressive".
  * Selection policies keep every page (they save bandwidth, not memory); prefill and storage
  * policies drop or merge tokens (they save memory). Sliding-window layers are never selected on. */
@@ -72,7 +72,14 @@ typedef struct pol_chunk {
     int last;                /* the eval's last chunk */
     int decoding;            /* a decode step (n = 1) */
 } pol_chunk;
-enum { POL_EVENT_UNCERTAIN = 1 };
+/* What a reselection changed: logical pages that entered and left the selection (lists capped at
+ * POL_CHANGE_MAX; the counts are exact). */
+#define POL_CHANGE_MAX 64
+typedef struct pol_change {
+    int n_added, n_removed;
+    int added[POL_CHANGE_MAX], removed[POL_CHANGE_MAX];
+    int supported;           /* the decode policy keeps a selection it could rebuild */
+} pol_change;
 
 typedef struct pol_ops {
     const char *name;
@@ -101,7 +108,10 @@ typedef struct pol_ops {
     /* Fill sel for global layer il; q is the layer's query [n_head][head_dim], already scaled.
      * Return 0 to attend to every page instead. */
     int (*select)(void *st, const pol_env *env, int il, const float *q, pol_sel *sel);
-    void (*on_event)(void *st, int event);
+    /* Rebuild the selection now from the cache as it is (pos: the next position) and keep it for
+     * a regeneration that restarts at keep_from; record what changed in chg. NULL: the policy has no
+     * standing selection (it selects afresh every step). */
+    void (*reselect)(void *st, const pol_env *env, int64_t pos, int64_t keep_from, pol_change *chg);
     /* Refuse a budget that cannot work for a context of ctx tokens (larger than the context, or
      * smaller than what the policy always keeps). NULL: nothing to check. */
     int (*check)(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen);
@@ -165,7 +175,10 @@ int pol_set_chunk_size(const pol_set *ps);
 int pol_set_probe_tokens(const pol_set *ps);
 /* The selection for global layer il, or NULL: attend to everything. */
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q);
-void pol_set_event(pol_set *ps, int event);
+/* An uncertainty event: the decode policy rebuilds its selection (see pol_ops.reselect). */
+void pol_set_reselect(pol_set *ps, int64_t pos, int64_t keep_from, pol_change *chg);
+/* 1 when the decode policy keeps a selection that reselect rebuilds (CHESS). */
+int pol_set_can_reselect(const pol_set *ps);
 void pol_set_record_step(pol_set *ps, int64_t pages, int64_t tokens, uint64_t bytes, double select_ms,
                          double attn_ms, int64_t pages_total);
 /* The page list of the first global layer at this step (KV head 0), for the UI. */

@@ -1,0 +1,401 @@
+/* cmd_calibrate.c - `kvchat calibrate`: the uncertainty thresholds of a model.
+ *
+ * Runs the model with the full cache over a calibration set (generated documents and questions, or
+ * --data DIR), collects the mean entropy and the entropy variance of every window of P consecutive
+ * answer tokens (the statistic the monitor checks at each page end, so both come from the same
+ * distribution), and stores their q-quantiles (0.99) as the model's thresholds. Greedy decoding
+ * and seeded documents: the same seed gives the same thresholds. docs/calibration.md has the
+ * details. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "docgen.h"
+
+static void usage(void)
+{
+    printf("usage: kvchat calibrate [-m MODEL] [options]\n"
+           "\n"
+           "Runs the model with the full cache over a calibration set, collects the (mean entropy, entropy\n"
+           "variance) of every window of P answer tokens, and stores their 99th percentiles as the thresholds\n"
+           "the uncertainty monitor uses for this model (kvchat ask finds them by the model's fingerprint).\n"
+           "\n"
+           "  --data DIR        documents (*.txt) and questions (questions.txt, one per line) to use instead\n"
+           "                    of the generated set; every document is asked every question\n"
+           "  --samples N       (document, question) pairs to run (default 24)\n"
+           "  --seed S          seed of the generated set and of sampling (default 1)\n"
+           "  -n N              answer tokens per sample at most (default 96)\n"
+           "  --quantile Q      the quantile taken as threshold (default 0.99)\n"
+           "  --page-size P     tokens per generated page (default 32)\n"
+           "  --out FILE        where to write the thresholds (default: the data directory, by fingerprint)\n"
+           "  --plot PNG        the density plot (default: the thresholds file with .png; --plot none: no plot)\n"
+           "  --threads N  --ctx N  --temp T (default 0: greedy)\n");
+}
+
+typedef struct calib_set {
+    char **docs;               /* document paths (--data) */
+    int n_docs;
+    char **questions;
+    int n_questions;
+} calib_set;
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static void set_free(calib_set *cs)
+{
+    for (int i = 0; i < cs->n_docs; i++) free(cs->docs[i]);
+    for (int i = 0; i < cs->n_questions; i++) free(cs->questions[i]);
+    free(cs->docs);
+    free(cs->questions);
+}
+
+static int push_str(char ***v, int *n, const char *s)
+{
+    char **nv = realloc(*v, sizeof(char *) * (size_t)(*n + 1));
+    if (!nv) return -1;
+    *v = nv;
+    if (!(nv[*n] = strdup(s))) return -1;
+    ++*n;
+    return 0;
+}
+
+static int load_data_dir(const char *dir, calib_set *cs)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        cli_err("calibrate: cannot open %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        size_t L = strlen(e->d_name);
+        if (L < 5 || strcmp(e->d_name + L - 4, ".txt") || !strcmp(e->d_name, "questions.txt")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (push_str(&cs->docs, &cs->n_docs, path)) {
+            closedir(d);
+            cli_err("calibrate: out of memory");
+            return -1;
+        }
+    }
+    closedir(d);
+    if (cs->n_docs == 0) {
+        cli_err("calibrate: %s holds no *.txt documents", dir);
+        return -1;
+    }
+    qsort(cs->docs, (size_t)cs->n_docs, sizeof *cs->docs, cmp_str);
+    snprintf(path, sizeof path, "%s/questions.txt", dir);
+    size_t len;
+    char *q = cli_read_text_file(path, &len);
+    if (!q) {
+        cli_err("calibrate: %s/questions.txt (one question per line) is needed with --data", dir);
+        return -1;
+    }
+    for (char *line = strtok(q, "\n"); line; line = strtok(NULL, "\n")) {
+        line[strcspn(line, "\r")] = 0;
+        if (*line && push_str(&cs->questions, &cs->n_questions, line)) {
+            free(q);
+            cli_err("calibrate: out of memory");
+            return -1;
+        }
+    }
+    free(q);
+    if (cs->n_questions == 0) {
+        cli_err("calibrate: %s has no questions", path);
+        return -1;
+    }
+    return 0;
+}
+
+static void write_plot_data(FILE *f, const double *mh, const double *vh, int64_t n, double xmax, double ymax)
+{
+    enum { NB = 48 };
+    static int64_t hist[NB][NB];
+    memset(hist, 0, sizeof hist);
+    for (int64_t i = 0; i < n; i++) {
+        int bx = (int)(mh[i] / xmax * NB), by = (int)(vh[i] / ymax * NB);
+        if (bx >= NB) bx = NB - 1;
+        if (by >= NB) by = NB - 1;
+        hist[bx][by]++;
+    }
+    /* gnuplot's `with image` wants x, y, value on a regular grid, rows separated by blank lines */
+    for (int by = 0; by < NB; by++) {
+        for (int bx = 0; bx < NB; bx++)
+            fprintf(f, "%.6g %.6g %lld\n", (bx + 0.5) * xmax / NB, (by + 0.5) * ymax / NB, (long long)hist[bx][by]);
+        fputc('\n', f);
+    }
+}
+
+static int draw_plot(const char *png, const double *mh, const double *vh, int64_t n, const unc_thresholds *t)
+{
+    double xmax = t->h_mean * 1.5, ymax = t->h_var * 1.5;
+    for (int64_t i = 0; i < n; i++) {
+        if (mh[i] * 1.05 > xmax) xmax = mh[i] * 1.05;
+        if (vh[i] * 1.05 > ymax) ymax = vh[i] * 1.05;
+    }
+    if (xmax <= 0) xmax = 1;
+    if (ymax <= 0) ymax = 1;
+    char dat[] = "/tmp/kvchat-calib-XXXXXX";
+    int fd = mkstemp(dat);
+    if (fd < 0) return -1;
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        unlink(dat);
+        return -1;
+    }
+    write_plot_data(f, mh, vh, n, xmax, ymax);
+    fclose(f);
+    FILE *gp = popen("gnuplot 2>&1", "w");
+    if (!gp) {
+        unlink(dat);
+        return -1;
+    }
+    fprintf(gp,
+            "set terminal pngcairo size 900,700 font 'sans,11' noenhanced\n"
+            "set output '%s'\n"
+            "set title 'kvchat calibrate: %s, %lld windows of %d answer tokens'\n"
+            "set xlabel 'mean entropy of the window (nats)'\nset ylabel 'variance of the per-token entropy'\n"
+            "set xrange [0:%g]\nset yrange [0:%g]\n"
+            "set palette defined (0 'white', 1 '#c6dbef', 5 '#4292c6', 20 '#08306b')\n"
+            "set logscale cb\nset cblabel 'windows per cell'\n"
+            "set arrow from %g,0 to %g,%g nohead lw 2 lc rgb '#d62728' front\n"
+            "set arrow from 0,%g to %g,%g nohead lw 2 lc rgb '#d62728' front\n"
+            "set label 'thresholds (q%.0f, red): mean H %.3f, Var(H) %.3f' at graph 0.02, graph 0.95 "
+            "tc rgb '#d62728' front\n"
+            "plot '%s' using 1:2:($3 > 0 ? $3 : 1/0) with image notitle\n",
+            png, t->model, (long long)n, t->page, xmax, ymax, t->h_mean, t->h_mean, ymax, t->h_var, xmax, t->h_var,
+            t->quantile * 100, t->h_mean, t->h_var, dat);
+    int st = pclose(gp);
+    unlink(dat);
+    return st == 0 && access(png, R_OK) == 0 ? 0 : -1;
+}
+
+int cmd_calibrate(int argc, char **argv)
+{
+    cli_opts o;
+    cli_opts_init(&o);
+    o.sp.temperature = 0;
+    o.sp.seed = 1;
+    const char *data = NULL, *out = NULL, *plot = NULL;
+    int64_t n_samples = 24, n_predict = 96;
+    double quantile = 0.99;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_parse_common(&o, argc, argv, &i);
+        if (r < 0) return 1;
+        if (r > 0) continue;
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--data")) {
+            if (!(data = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--samples")) {
+            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 100000, &n_samples)) return 1;
+        } else if (!strcmp(a, "-n")) {
+            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 16, &n_predict)) return 1;
+        } else if (!strcmp(a, "--quantile")) {
+            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_float(a, v, 0.5, 1, &quantile)) return 1;
+        } else if (!strcmp(a, "--out")) {
+            if (!(out = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--plot")) {
+            if (!(plot = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        } else {
+            cli_err("calibrate: unknown option %s (see kvchat calibrate --help)", a);
+            return 1;
+        }
+    }
+    if (o.policy || o.budget) {
+        cli_err("calibrate: the thresholds are taken with the full cache; --policy and --budget do not apply");
+        return 1;
+    }
+    if (cli_finish_common(&o)) return 1;
+    calib_set cs = { 0 };
+    if (data && load_data_dir(data, &cs)) {
+        set_free(&cs);
+        return 1;
+    }
+    cli_runtime rt;
+    if (cli_open(&rt, &o, 1) != 0) {
+        set_free(&cs);
+        return 1;
+    }
+    int rc = 1;
+    char err[600], fp[17], model_path[1024];
+    const char *mpath = o.model_path ? o.model_path : cli_default_model_path(model_path, sizeof model_path);
+    int32_t nv = rt.m->hp.n_vocab;
+    float *logits = malloc(sizeof(float) * (size_t)nv);
+    samp *s = samp_create(&o.sp, nv);
+    double *mh = NULL, *vh = NULL;
+    int64_t n_win = 0, cap = 0;
+    int32_t *ids = NULL;
+    if (!logits || !s) {
+        cli_err("calibrate: out of memory");
+        goto done;
+    }
+    if (model_fingerprint(mpath, fp, err, sizeof err)) {
+        cli_err("calibrate: %s", err);
+        goto done;
+    }
+    if (data) n_samples = n_samples < (int64_t)cs.n_docs * cs.n_questions ? n_samples : (int64_t)cs.n_docs * cs.n_questions;
+    const int P = unc_page_size(rt.mon);
+    unc_thresholds none = { 0 };
+    cli_install_sigint();
+    double t0 = cli_now();
+    int64_t tokens_gen = 0;
+    for (int64_t k = 0; k < n_samples; k++) {
+        const char *question;
+        size_t dlen;
+        char *doc;
+        if (data) {
+            doc = cli_read_text_file(cs.docs[k % cs.n_docs], &dlen);
+            question = cs.questions[(k / cs.n_docs) % cs.n_questions];
+            if (!doc) goto done;
+        } else {
+            doc = docgen_calibration_sample(o.sp.seed, (int)k, &question, &dlen);
+            if (!doc) {
+                cli_err("calibrate: out of memory");
+                goto done;
+            }
+        }
+        size_t n_ids = 0;
+        free(ids);
+        ids = NULL;
+        int bad = cli_doc_prompt(&rt, doc, question, -1, &ids, &n_ids, err, sizeof err);
+        free(doc);
+        if (bad) {
+            cli_err("calibrate: sample %lld: %s", (long long)k + 1, err);
+            goto done;
+        }
+        if ((int64_t)n_ids + n_predict > fwd_n_ctx(rt.f)) {
+            cli_err("calibrate: sample %lld is %zu tokens, too long for the context of %lld with %lld answer tokens",
+                    (long long)k + 1, n_ids, (long long)fwd_n_ctx(rt.f), (long long)n_predict);
+            goto done;
+        }
+        fwd_rewind(rt.f, 0);
+        samp_reset(s);
+        for (size_t i = 0; i < n_ids; i++) samp_accept(s, ids[i]);
+        if (fwd_eval(rt.f, ids, (int64_t)n_ids, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {
+            cli_err("calibrate: %s", cli_interrupted ? "interrupted" : err);
+            if (cli_interrupted) rc = 130;
+            goto done;
+        }
+        gen_opts go = { n_predict, ids[n_ids - 1], &none, 0, samp_temperature(s) };
+        gen_result gr;
+        if (gen_answer(rt.f, s, rt.m->vocab, rt.mon, logits, nv, &go, NULL, &cli_interrupted, &gr, err, sizeof err)) {
+            cli_err("calibrate: %s", err);
+            goto done;
+        }
+        if (gr.stop == GEN_STOP_INTERRUPT) {
+            cli_err("calibrate: interrupted; nothing written");
+            rc = 130;
+            goto done;
+        }
+        int64_t n = unc_count(rt.mon), w0 = n_win;
+        for (int64_t t = P; t <= n; t++) {
+            if (n_win == cap) {
+                int64_t nc = cap ? cap * 2 : 1024;
+                double *a = realloc(mh, sizeof(double) * (size_t)nc), *b = a ? realloc(vh, sizeof(double) * (size_t)nc) : NULL;
+                if (a) mh = a;
+                if (!a || !b) {
+                    cli_err("calibrate: out of memory");
+                    goto done;
+                }
+                vh = b;
+                cap = nc;
+            }
+            unc_stats st;
+            unc_range(rt.mon, t - P, P, &st);
+            mh[n_win] = st.mean_h;
+            vh[n_win] = st.var_h;
+            n_win++;
+        }
+        tokens_gen += n;
+        fprintf(stderr, "\rcalibrate: sample %lld/%lld: %zu prompt tokens, %lld answer tokens, %lld windows   ",
+                (long long)k + 1, (long long)n_samples, n_ids, (long long)n, (long long)(n_win - w0));
+    }
+    fputc('\n', stderr);
+    if (n_win < 10) {
+        cli_err("calibrate: only %lld windows of %d answer tokens were seen; use more samples or a larger -n",
+                (long long)n_win, P);
+        goto done;
+    }
+    unc_thresholds t = { 0 };
+    t.valid = 1;
+    t.page = P;
+    t.quantile = quantile;
+    t.samples = n_win;
+    t.seed = o.sp.seed;
+    const char *base = strrchr(mpath, '/');
+    snprintf(t.model, sizeof t.model, "%s", base ? base + 1 : mpath);
+    snprintf(t.fingerprint, sizeof t.fingerprint, "%s", fp);
+    /* quantiles sort their input: take them on copies so each window keeps its pair for the plot */
+    double *tmp = malloc(sizeof(double) * (size_t)n_win);
+    if (!tmp) {
+        cli_err("calibrate: out of memory");
+        goto done;
+    }
+    double med[2];
+    memcpy(tmp, mh, sizeof(double) * (size_t)n_win);
+    t.h_mean = unc_quantile(tmp, n_win, quantile);
+    med[0] = unc_quantile(tmp, n_win, 0.5);
+    memcpy(tmp, vh, sizeof(double) * (size_t)n_win);
+    t.h_var = unc_quantile(tmp, n_win, quantile);
+    med[1] = unc_quantile(tmp, n_win, 0.5);
+    free(tmp);
+    int64_t over = 0;
+    for (int64_t i = 0; i < n_win; i++) over += mh[i] > t.h_mean || vh[i] > t.h_var;
+    char path[1200];
+    if (out)
+        snprintf(path, sizeof path, "%s", out);
+    else if (cli_thresholds_path(fp, path, sizeof path, 1)) {
+        cli_err("calibrate: no data directory (set HOME or XDG_DATA_HOME, or give --out FILE)");
+        goto done;
+    }
+    if (unc_thresholds_save(path, &t, err, sizeof err)) {
+        cli_err("calibrate: %s", err);
+        goto done;
+    }
+    printf("calibrated %s (fingerprint %s) in %.0f s: %lld samples, %lld answer tokens, %lld windows of %d tokens\n",
+           t.model, fp, cli_now() - t0, (long long)n_samples, (long long)tokens_gen, (long long)n_win, P);
+    printf("  mean entropy:     median %.3f, q%.0f %.3f  -> threshold %.4f\n", med[0], quantile * 100, t.h_mean,
+           t.h_mean);
+    printf("  entropy variance: median %.3f, q%.0f %.3f  -> threshold %.4f\n", med[1], quantile * 100, t.h_var,
+           t.h_var);
+    printf("  %lld of %lld windows (%.1f%%) cross either threshold\n", (long long)over, (long long)n_win,
+           100.0 * (double)over / (double)n_win);
+    printf("  thresholds: %s\n", path);
+    rc = 0;
+    if (!plot || strcmp(plot, "none")) {
+        char png[1300];
+        if (plot) {
+            snprintf(png, sizeof png, "%s", plot);
+        } else {
+            snprintf(png, sizeof png, "%s", path);
+            char *dot = strrchr(png, '.'), *sl = strrchr(png, '/');
+            if (dot && (!sl || dot > sl)) *dot = 0;
+            strncat(png, ".png", sizeof png - strlen(png) - 1);
+        }
+        if (draw_plot(png, mh, vh, n_win, &t)) {
+            cli_err("calibrate: thresholds saved, but the plot %s could not be drawn (needs gnuplot with pngcairo: "
+                    "make bootstrap installs it)", png);
+            rc = 1;
+        } else {
+            printf("  density plot: %s\n", png);
+        }
+    }
+done:
+    free(ids);
+    free(mh);
+    free(vh);
+    free(logits);
+    samp_free(s);
+    cli_close(&rt);
+    set_free(&cs);
+    return rc;
+}

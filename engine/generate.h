@@ -1,0 +1,55 @@
+/* generate.h - the answer loop: sample, decode, watch uncertainty, and backtrack.
+ *
+ * After a prefill, gen_answer samples up to n_predict tokens. Every token's entropy and varentropy
+ * go to the monitor. When a generated page (P tokens) is complete and its statistics cross the
+ * thresholds, the decode policy rebuilds its selection with the current anchor (the uncertain
+ * page's keys are still in the cache), generation rolls back to the start of that page (cache,
+ * sampler state and monitor) and the page is generated again; at most max_regen times per answer,
+ * and each page at most once (the regenerated page is kept whatever its statistics). The event is
+ * logged with the statistics before and after.
+ *
+ * Tokens are handed to the caller only once they are final: immediately when no trigger can fire,
+ * otherwise when their page has passed the check (so output never has to be taken back). */
+#ifndef KVCHAT_GENERATE_H
+#define KVCHAT_GENERATE_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "forward.h"
+#include "sampler.h"
+#include "tokenizer.h"
+#include "uncertainty.h"
+
+typedef struct gen_opts {
+    int64_t n_predict;
+    int32_t prev_token;              /* the last prompt token (re-decoded to regenerate page 0) */
+    const unc_thresholds *thr;       /* NULL or invalid: monitor only, never trigger */
+    int max_regen;                   /* R: regenerations per answer (0: monitor only) */
+    float temperature;               /* of the sampling distribution the entropy is taken from */
+} gen_opts;
+
+typedef struct gen_callbacks {
+    void *ud;
+    void (*token)(void *ud, int32_t id);                     /* a final answer token */
+    void (*page)(void *ud, int64_t page, const unc_stats *s); /* a generated page completed its check */
+    void (*event)(void *ud, const unc_event *e);             /* an event, once its regeneration ended */
+} gen_callbacks;
+
+typedef struct gen_result {
+    int64_t n_gen;                   /* final answer tokens */
+    int64_t n_decoded;               /* decode steps run, regenerations included */
+    int stop;                        /* why it stopped */
+    int events, regenerated;         /* pages that crossed; pages generated again */
+} gen_result;
+
+enum { GEN_STOP_LIMIT, GEN_STOP_EOG, GEN_STOP_CONTEXT, GEN_STOP_INTERRUPT };
+
+/* logits: the prefill's last logits (overwritten). The monitor is reset first. 0, or -1 with a
+ * message when a decode step fails (an interrupt is not a failure: stop says so). */
+int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float *logits, int32_t n_vocab,
+               const gen_opts *o, const gen_callbacks *cb, volatile sig_atomic_t *abort_flag, gen_result *res,
+               char *err, size_t errlen);
+
+#endif
