@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,6 +211,22 @@ const char *cli_default_model_path(char *buf, size_t cap)
     return buf;
 }
 
+int cli_apply_head_similarity(cli_runtime *rt)
+{
+    if (!rt->thr.valid || rt->thr.n_heads == 0) return fwd_set_head_similarity(rt->f, NULL);
+    int nl = rt->m->hp.n_layer, nh = rt->m->hp.n_head_kv;
+    float *sim = malloc(sizeof(float) * (size_t)nl * (size_t)nh);
+    if (!sim) return -1;
+    for (int i = 0; i < nl * nh; i++) sim[i] = NAN;
+    for (int i = 0; i < rt->thr.n_heads; i++) {
+        const unc_head_sim *e = &rt->thr.head_sim[i];
+        if (e->layer < nl && e->head < nh) sim[e->layer * nh + e->head] = e->sim;
+    }
+    int rc = fwd_set_head_similarity(rt->f, sim);
+    free(sim);
+    return rc;
+}
+
 int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
 {
     char err[600], pathbuf[1024];
@@ -244,6 +261,15 @@ int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
             cli_close(rt);
             return -1;
         }
+        if (cli_find_thresholds(path, o->thresholds, &rt->thr)) {
+            cli_close(rt);
+            return -1;
+        }
+        if (cli_apply_head_similarity(rt)) {
+            cli_err("out of memory");
+            cli_close(rt);
+            return -1;
+        }
         pol_spec spec = o->pspec;
         if (spec.n == 0 && pol_parse(&spec, o->policy, o->budget, err, sizeof err)) {
             cli_err("%s", err);
@@ -259,13 +285,11 @@ int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
             return -1;
         }
         fwd_set_policy(rt->f, rt->ps);
-        rt->mon = unc_create(kv_page_size(fwd_kv(rt->f)), 0);
+        /* calibrated thresholds hold for windows of the size they were measured on */
+        int up = rt->thr.valid && rt->thr.page > 0 ? rt->thr.page : kv_page_size(fwd_kv(rt->f));
+        rt->mon = unc_create(up, 0);
         if (!rt->mon) {
             cli_err("out of memory");
-            cli_close(rt);
-            return -1;
-        }
-        if (cli_find_thresholds(path, o->thresholds, &rt->thr)) {
             cli_close(rt);
             return -1;
         }

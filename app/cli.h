@@ -67,6 +67,9 @@ const char *cli_default_model_path(char *buf, size_t cap);
 /* Load the model, create the backend and (if with_fwd) the forward context. 0, or -1 after printing. */
 int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd);
 void cli_close(cli_runtime *rt);
+/* Hand the calibration's per-head key similarity (rt->thr) to the forward context, for policies
+ * created after this. 0, or -1 when out of memory. */
+int cli_apply_head_similarity(cli_runtime *rt);
 
 /* Sample, stream and decode up to n_predict tokens after a prefill whose logits are in logits
  * (prev_token: the prompt's last token), with the uncertainty monitor and backtracking, stopping at

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "chelsea.h"
 #include "cli.h"
 #include "commands.h"
 #include "docgen.h"
@@ -225,16 +226,20 @@ int cmd_calibrate(int argc, char **argv)
         set_free(&cs);
         return 1;
     }
+    /* the windows are the KV page size asked for here, not that of thresholds found earlier */
+    unc_free(rt.mon);
+    rt.mon = unc_create(kv_page_size(fwd_kv(rt.f)), 0);
     int rc = 1;
     char err[600], fp[17], model_path[1024];
     const char *mpath = o.model_path ? o.model_path : cli_default_model_path(model_path, sizeof model_path);
     int32_t nv = rt.m->hp.n_vocab;
     float *logits = malloc(sizeof(float) * (size_t)nv);
     samp *s = samp_create(&o.sp, nv);
-    double *mh = NULL, *vh = NULL;
+    double *mh = NULL, *vh = NULL, *hsum = NULL;
+    int64_t *hcnt = NULL;
     int64_t n_win = 0, cap = 0;
     int32_t *ids = NULL;
-    if (!logits || !s) {
+    if (!logits || !s || !rt.mon) {
         cli_err("calibrate: out of memory");
         goto done;
     }
@@ -248,6 +253,15 @@ int cmd_calibrate(int argc, char **argv)
     cli_install_sigint();
     double t0 = cli_now();
     int64_t tokens_gen = 0;
+    pol_env env;
+    fwd_policy_env(rt.f, &env);
+    int n_hs = env.n_global * env.n_head_kv;
+    hsum = calloc((size_t)(n_hs > 0 ? n_hs : 1), sizeof(double));
+    hcnt = calloc((size_t)(n_hs > 0 ? n_hs : 1), sizeof(int64_t));
+    if (!hsum || !hcnt) {
+        cli_err("calibrate: out of memory");
+        goto done;
+    }
     for (int64_t k = 0; k < n_samples; k++) {
         const char *question;
         size_t dlen;
@@ -285,6 +299,15 @@ int cmd_calibrate(int argc, char **argv)
             if (cli_interrupted) rc = 130;
             goto done;
         }
+        /* Chelsea's outlier heads: how similar each global KV head's prompt keys are (chunks of 256) */
+        for (int gi = 0; gi < env.n_global; gi++)
+            for (int g = 0; g < env.n_head_kv; g++) {
+                double sim;
+                if (chelsea_head_similarity(fwd_kv(rt.f), env.global[gi], g, 256, &sim) == 0) {
+                    hsum[gi * env.n_head_kv + g] += sim;
+                    hcnt[gi * env.n_head_kv + g]++;
+                }
+            }
         gen_opts go = { n_predict, ids[n_ids - 1], &none, 0, samp_temperature(s) };
         gen_result gr;
         if (gen_answer(rt.f, s, rt.m->vocab, rt.mon, logits, nv, &go, NULL, &cli_interrupted, &gr, err, sizeof err)) {
@@ -334,6 +357,14 @@ int cmd_calibrate(int argc, char **argv)
     const char *base = strrchr(mpath, '/');
     snprintf(t.model, sizeof t.model, "%s", base ? base + 1 : mpath);
     snprintf(t.fingerprint, sizeof t.fingerprint, "%s", fp);
+    int lo_i = -1, hi_i = -1;
+    for (int i = 0; i < n_hs && t.n_heads < UNC_MAX_HEADS; i++) {
+        if (hcnt[i] == 0) continue;
+        float sim = (float)(hsum[i] / (double)hcnt[i]);
+        t.head_sim[t.n_heads++] = (unc_head_sim){ (int16_t)env.global[i / env.n_head_kv], (int16_t)(i % env.n_head_kv), sim };
+        if (lo_i < 0 || sim < t.head_sim[lo_i].sim) lo_i = t.n_heads - 1;
+        if (hi_i < 0 || sim > t.head_sim[hi_i].sim) hi_i = t.n_heads - 1;
+    }
     /* quantiles sort their input: take them on copies so each window keeps its pair for the plot */
     double *tmp = malloc(sizeof(double) * (size_t)n_win);
     if (!tmp) {
@@ -369,6 +400,11 @@ int cmd_calibrate(int argc, char **argv)
            t.h_var);
     printf("  %lld of %lld windows (%.1f%%) cross either threshold\n", (long long)over, (long long)n_win,
            100.0 * (double)over / (double)n_win);
+    if (lo_i >= 0)
+        printf("  key similarity of %d global KV heads (Chelsea): least %.3f (layer %d head %d), most %.3f (layer %d "
+               "head %d); Chelsea's default 4%% spares the %d least similar\n",
+               t.n_heads, t.head_sim[lo_i].sim, t.head_sim[lo_i].layer, t.head_sim[lo_i].head, t.head_sim[hi_i].sim,
+               t.head_sim[hi_i].layer, t.head_sim[hi_i].head, (int)(0.04 * t.n_heads + 0.5));
     printf("  thresholds: %s\n", path);
     rc = 0;
     if (!plot || strcmp(plot, "none")) {
@@ -390,6 +426,8 @@ int cmd_calibrate(int argc, char **argv)
         }
     }
 done:
+    free(hsum);
+    free(hcnt);
     free(ids);
     free(mh);
     free(vh);

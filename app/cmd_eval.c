@@ -242,6 +242,10 @@ int cmd_eval(int argc, char **argv)
                 goto done;
             }
             double t0 = cli_now();
+            /* the shared prefill, its last token evaluated again (a previous configuration may have
+             * re-decoded it under its selection while backtracking); a full prefill when the cache
+             * cannot roll back exactly */
+            if (!has_prefill && shared && fwd_rewind(rt.f, (int64_t)n_ids - 1) != (int64_t)n_ids - 1) shared = 0;
             if (has_prefill || !shared) {
                 fwd_rewind(rt.f, 0);
                 if (has_prefill) fwd_set_policy(rt.f, attached);
@@ -250,13 +254,9 @@ int cmd_eval(int argc, char **argv)
                     goto failed;
                 fwd_set_floor(rt.f, (int64_t)n_ids - 1);
                 shared = !has_prefill;
-            } else {
-                /* the shared prefill, its last token evaluated again (a previous configuration may have
-                 * re-decoded it under its selection while backtracking) */
-                if (fwd_rewind(rt.f, (int64_t)n_ids - 1) != (int64_t)n_ids - 1 ||
-                    fwd_eval(rt.f, ids + n_ids - 1, 1, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err,
-                             sizeof err))
-                    goto failed;
+            } else if (fwd_eval(rt.f, ids + n_ids - 1, 1, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err,
+                                sizeof err)) {
+                goto failed;
             }
             fwd_set_policy(rt.f, attached);
             samp_reset(s);

@@ -29,6 +29,7 @@ struct fwd_ctx {
     uint64_t scratch_bytes;
     int *global;               /* global (not sliding-window) layers */
     float *boundary;           /* per token id: sentence-boundary weight (for the policies) */
+    float *head_sim;           /* per layer and KV head: calibrated key similarity, or NULL */
     int n_global;
     pol_set *pol;              /* NULL: attend to everything */
     be_kv_page *refs;          /* page list handed to attention */
@@ -138,6 +139,7 @@ void fwd_free(fwd_ctx *f)
     free(f->tok);
     free(f->global);
     free(f->boundary);
+    free(f->head_sim);
     free(f->refs);
     free(f);
 }
@@ -147,6 +149,7 @@ int64_t fwd_n_ctx(const fwd_ctx *f) { return kv_n_ctx(f->kv); }
 const kv_cache *fwd_kv(const fwd_ctx *f) { return f->kv; }
 uint64_t fwd_scratch_bytes(const fwd_ctx *f) { return f->scratch_bytes; }
 void fwd_set_floor(fwd_ctx *f, int64_t pos) { kv_set_floor(f->kv, pos); }
+void fwd_set_mark(fwd_ctx *f, int64_t pos) { kv_set_mark(f->kv, pos); }
 void fwd_set_policy(fwd_ctx *f, pol_set *ps) { f->pol = ps; }
 pol_set *fwd_policy(const fwd_ctx *f) { return f->pol; }
 
@@ -186,6 +189,18 @@ void fwd_policy_env(fwd_ctx *f, pol_env *env)
     env->head_dim = hp->head_dim;
     env->global = f->global;
     env->n_global = f->n_global;
+    env->head_sim = f->head_sim;
+}
+
+int fwd_set_head_similarity(fwd_ctx *f, const float *sim)
+{
+    size_t n = (size_t)f->m->hp.n_layer * (size_t)f->m->hp.n_head_kv;
+    free(f->head_sim);
+    f->head_sim = NULL;
+    if (!sim) return 0;
+    if (!(f->head_sim = malloc(sizeof(float) * n))) return -1;
+    memcpy(f->head_sim, sim, sizeof(float) * n);
+    return 0;
 }
 
 int64_t fwd_rewind(fwd_ctx *f, int64_t pos)

@@ -50,6 +50,8 @@ int64_t fwd_n_ctx(const fwd_ctx *f);
 int64_t fwd_rewind(fwd_ctx *f, int64_t pos);
 /* Keep rewinds to pos exact (see kv_set_floor): chat sets it to the start of the current turn. */
 void fwd_set_floor(fwd_ctx *f, int64_t pos);
+/* A second protected rewind target (see kv_set_mark; -1: none): the answer loop's page start. */
+void fwd_set_mark(fwd_ctx *f, int64_t pos);
 const kv_cache *fwd_kv(const fwd_ctx *f);
 uint64_t fwd_scratch_bytes(const fwd_ctx *f);
 
@@ -58,6 +60,9 @@ uint64_t fwd_scratch_bytes(const fwd_ctx *f);
 struct pol_env;
 struct pol_set;
 void fwd_policy_env(fwd_ctx *f, struct pol_env *env);
+/* Calibrated key similarity per layer and KV head ([n_layer * n_head_kv], NaN: not measured; NULL:
+ * none), copied, and handed to policies through pol_env.head_sim. 0, or -1 when out of memory. */
+int fwd_set_head_similarity(fwd_ctx *f, const float *sim);
 void fwd_set_policy(fwd_ctx *f, struct pol_set *ps);
 struct pol_set *fwd_policy(const fwd_ctx *f);
 

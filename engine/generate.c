@@ -41,7 +41,6 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
     const int watch = o->thr && o->thr->valid;               /* pages are checked and events logged */
     int can_roll = watch && o->max_regen > 0;                /* ... and rolled back */
     const int64_t pos0 = fwd_pos(f);
-    const int64_t floor0 = kv_floor(fwd_kv(f));
     gen_state g = { 0 };
     g.tokens = malloc(sizeof(int32_t) * (size_t)(o->n_predict > 0 ? o->n_predict : 1));
     g.first_try = malloc(sizeof(int32_t) * (size_t)P);
@@ -54,8 +53,9 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
     }
     if (can_roll && pos0 < 1) can_roll = 0;   /* nothing to re-decode from */
     samp_save_state(s, g.samp_state);
-    /* Rolling back to a page start must be exact: sliding-window layers keep what that needs. */
-    if (can_roll) fwd_set_floor(f, pos0 - 1);
+    /* Rolling back to a page start must be exact: sliding-window layers keep what that needs
+     * (the mark; the caller's floor stays where it is). */
+    if (can_roll) fwd_set_mark(f, pos0 - 1);
     int64_t i = 0, committed = 0, regen_page = -1;
     res->stop = GEN_STOP_LIMIT;
     while (i < o->n_predict) {
@@ -144,7 +144,7 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
             if (cb && cb->page) cb->page(cb->ud, page, &st);
             commit(cb, g.tokens, &committed, i);
             samp_save_state(s, g.samp_state);
-            if (can_roll) fwd_set_floor(f, pos0 + i - 1);
+            if (can_roll) fwd_set_mark(f, pos0 + i - 1);
         }
         if (i == o->n_predict) break;
         if (fwd_pos(f) >= fwd_n_ctx(f)) {
@@ -167,7 +167,7 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
     }
     commit(cb, g.tokens, &committed, i);   /* what was generated stays, also when interrupted */
     res->n_gen = i;
-    fwd_set_floor(f, floor0);
+    fwd_set_mark(f, -1);
 out:
     free(g.tokens);
     free(g.first_try);

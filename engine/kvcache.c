@@ -36,6 +36,7 @@ struct kv_cache {
     int64_t row_dim;       /* head_dim: a page holds one KV head's rows */
     int64_t len;
     int64_t floor;
+    int64_t mark;             /* second protected rewind target (-1: none) */
     kv_layer *layers;
     kv_page **free_list;
     int n_free;
@@ -63,6 +64,7 @@ kv_cache *kv_create(int n_layer, int64_t n_ctx, int n_head_kv, int64_t head_dim,
     kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv) goto oom;
     kv->n_layer = n_layer;
+    kv->mark = -1;
     kv->page_size = page_size;
     kv->n_ctx = n_ctx;
     kv->row_dim = row_dim;
@@ -119,7 +121,7 @@ kv_page *kv_layer_page(const kv_cache *kv, int il, int h, int i) { return kv->la
 int64_t kv_head_tokens(const kv_cache *kv, int il, int h) { return kv->layers[il].heads[h].tokens; }
 uint64_t kv_page_bytes(const kv_cache *kv) { return kv->page_bytes; }
 void kv_set_floor(kv_cache *kv, int64_t pos) { kv->floor = pos; }
-int64_t kv_floor(const kv_cache *kv) { return kv->floor; }
+void kv_set_mark(kv_cache *kv, int64_t pos) { kv->mark = pos; }
 
 static void page_reset(const kv_cache *kv, kv_page *p)
 {
@@ -325,6 +327,7 @@ void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start)
         kv_page *p = L->pages[i];
         int64_t first = p->pos[0], last = p->pos[p->n - 1];
         int keep = i == L->n - 1 || last >= q_min - w + 1 || needed_by(first, last, kv->floor, w) ||
+                   (kv->mark >= 0 && needed_by(first, last, kv->mark, w)) ||
                    needed_by(first, last, eval_start, w);
         if (keep) {
             L->pages[out++] = p;

@@ -61,9 +61,11 @@ void kv_truncate_layer(kv_cache *kv, int il, int64_t pos);
 /* Sliding-window layers keep what a rewind to this position needs (a chat turn's start), so
  * rewinding there stays exact. */
 void kv_set_floor(kv_cache *kv, int64_t pos);
-int64_t kv_floor(const kv_cache *kv);
+/* A second protected rewind target, independent of the floor (the answer loop's page start, so
+ * backtracking never disturbs the caller's floor); -1: none. */
+void kv_set_mark(kv_cache *kv, int64_t pos);
 /* Drop the pages of sliding-window layer il that no query at position >= q_min can see and that a
- * rewind to the floor or to eval_start would not need. No-op on global layers. */
+ * rewind to the floor, the mark or eval_start would not need. No-op on global layers. */
 void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start);
 
 /* The page table of KV head h of layer il. */

@@ -58,6 +58,12 @@ int unc_thresholds_save(const char *path, const unc_thresholds *t, char *err, si
             "entropy_var=%.9g\n",
             t->model, t->fingerprint, t->page, t->quantile, (long long)t->samples, (unsigned long long)t->seed,
             t->h_mean, t->h_var);
+    if (t->n_heads > 0) {
+        fputs("# key similarity of each global layer's KV heads (Chelsea spares the least similar)\nhead_similarity=", f);
+        for (int i = 0; i < t->n_heads; i++)
+            fprintf(f, "%s%d:%d:%.6f", i ? " " : "", t->head_sim[i].layer, t->head_sim[i].head, t->head_sim[i].sim);
+        fputc('\n', f);
+    }
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
         snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno ? errno : EIO));
@@ -80,18 +86,17 @@ int unc_thresholds_load(const char *path, unc_thresholds *t, char *err, size_t e
         snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
         return -1;
     }
-    char line[512];
-    int have_h = 0, have_v = 0, ln = 0;
-    while (fgets(line, sizeof line, f)) {
+    char *line = NULL;
+    size_t lcap = 0;
+    int have_h = 0, have_v = 0, ln = 0, rc = -1;
+    while (getline(&line, &lcap, f) > 0) {
         ln++;
-        size_t L = strcspn(line, "\r\n");
-        line[L] = 0;
+        line[strcspn(line, "\r\n")] = 0;
         if (line[0] == '#' || line[0] == 0) continue;
         char *eq = strchr(line, '=');
         if (!eq) {
             snprintf(err, errlen, "%s:%d: expected key=value", path, ln);
-            fclose(f);
-            return -1;
+            goto out;
         }
         *eq = 0;
         const char *k = line, *v = eq + 1;
@@ -101,20 +106,34 @@ int unc_thresholds_load(const char *path, unc_thresholds *t, char *err, size_t e
         } else if (!strcmp(k, "fingerprint")) {
             snprintf(t->fingerprint, sizeof t->fingerprint, "%s", v);
         } else if (!strcmp(k, "page")) {
-            t->page = (int)strtol(v, &end, 10);
+            long pg = strtol(v, &end, 10);
+            t->page = pg > 0 && pg <= 4096 ? (int)pg : 0;
         } else if (!strcmp(k, "quantile")) {
             t->quantile = strtod(v, &end);
         } else if (!strcmp(k, "samples")) {
             t->samples = strtoll(v, &end, 10);
         } else if (!strcmp(k, "seed")) {
             t->seed = strtoull(v, &end, 10);
+        } else if (!strcmp(k, "head_similarity")) {
+            t->n_heads = 0;
+            for (const char *p = v; *p;) {
+                int la, hd, used = 0;
+                float sim;
+                if (sscanf(p, "%d:%d:%f%n", &la, &hd, &sim, &used) != 3 || la < 0 || la > 32767 || hd < 0 ||
+                    hd > 32767 || !isfinite(sim) || t->n_heads == UNC_MAX_HEADS) {
+                    snprintf(err, errlen, "%s:%d: head_similarity wants LAYER:HEAD:SIMILARITY entries", path, ln);
+                    goto out;
+                }
+                t->head_sim[t->n_heads++] = (unc_head_sim){ (int16_t)la, (int16_t)hd, sim };
+                p += used;
+                while (*p == ' ') p++;
+            }
         } else if (!strcmp(k, "entropy_mean") || !strcmp(k, "entropy_var")) {
             errno = 0;
             double x = strtod(v, &end);
             if (end == v || *end || errno || !isfinite(x) || x < 0) {
                 snprintf(err, errlen, "%s:%d: %s must be a non-negative number", path, ln, k);
-                fclose(f);
-                return -1;
+                goto out;
             }
             if (k[8] == 'm') {
                 t->h_mean = x;
@@ -125,14 +144,17 @@ int unc_thresholds_load(const char *path, unc_thresholds *t, char *err, size_t e
             }
         }   /* unknown keys: written by a newer kvchat, ignored */
     }
-    fclose(f);
     if (!have_h || !have_v) {
         snprintf(err, errlen, "%s: missing entropy_mean or entropy_var", path);
-        return -1;
+        goto out;
     }
     t->valid = 1;
     snprintf(t->source, sizeof t->source, "%s", path);
-    return 0;
+    rc = 0;
+out:
+    free(line);
+    fclose(f);
+    return rc;
 }
 
 struct unc_monitor {

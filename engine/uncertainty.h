@@ -22,7 +22,14 @@ void unc_stats_of(const float *h, int64_t n, unc_stats *out);
 /* The q-quantile (0..1) of v[0..n) by linear interpolation between order statistics (sorts v). */
 double unc_quantile(double *v, int64_t n, double q);
 
-/* Calibrated thresholds of one model. */
+/* A calibrated per-head figure: Chelsea's key similarity of layer `layer`, KV head `head`. */
+#define UNC_MAX_HEADS 2048
+typedef struct unc_head_sim {
+    int16_t layer, head;
+    float sim;
+} unc_head_sim;
+
+/* Calibrated thresholds of one model (and the per-head key similarity the same run measured). */
 typedef struct unc_thresholds {
     int valid;
     double h_mean, h_var;     /* a page is uncertain when mean H > h_mean or Var(H) > h_var */
@@ -33,10 +40,13 @@ typedef struct unc_thresholds {
     char model[256];          /* model file name, for the reader */
     char fingerprint[32];     /* model identity (model_fingerprint) */
     char source[512];         /* where they came from (file path, or "command line") */
+    int n_heads;              /* entries of head_sim (global layers' KV heads) */
+    unc_head_sim head_sim[UNC_MAX_HEADS];
 } unc_thresholds;
 
 int unc_crosses(const unc_thresholds *t, const unc_stats *s);
-/* Text file of key=value lines. 0, or -1 with a one-line message. */
+/* Text file of key=value lines (head_similarity=LAYER:HEAD:SIM ...). 0, or -1 with a one-line
+ * message. */
 int unc_thresholds_save(const char *path, const unc_thresholds *t, char *err, size_t errlen);
 int unc_thresholds_load(const char *path, unc_thresholds *t, char *err, size_t errlen);
 

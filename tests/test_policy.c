@@ -96,7 +96,7 @@ static void build(fixture *fx, const float *dir, int n_pages)
     }
     kv_commit(fx->kv, (int64_t)n_pages * P);
     fx->global[0] = 0;
-    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0 };
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL };
 }
 
 static void unbuild(fixture *fx)
@@ -333,7 +333,7 @@ static void build_planted(fixture *fx)
     cr_assert(kv_append(fx->kv, 0, k, v, 64, 0) == 0);
     kv_commit(fx->kv, 64);
     fx->global[0] = 0;
-    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0 };
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL };
 }
 
 static void kept_positions(fixture *fx, char *out, size_t len)
@@ -638,4 +638,52 @@ Test(policy, chelsea_writes_log_degrees_the_attention_adds)
     cr_expect(fabs(total - 64) < 1e-3, "degrees add up to the 64 original tokens: %g", total);
     pol_set_free(ps);
     unbuild(&fx);
+}
+
+/* Chelsea's outlier heads: with a calibration, the least similar share of the global KV heads keeps
+ * its full cache while the others are merged down to the budget; without one, every head merges. */
+Test(policy, chelsea_spares_the_calibrated_outlier_heads)
+{
+    char err[512];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-llama-f16.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    size_t n;
+    int32_t *ids = prompt(m, &n);
+    int nl = m->hp.n_layer, nh = m->hp.n_head_kv;
+    cr_assert(nl * nh == 8, "the tiny Llama has 4 layers of 2 KV heads");
+    float sim[8];
+    for (int i = 0; i < 8; i++) sim[i] = 0.9f - 0.01f * (float)i;
+    sim[1 * 2 + 1] = 0.2f;   /* layer 1, KV head 1: the least similar keys */
+    for (int calibrated = 0; calibrated < 2; calibrated++) {
+        fwd_opts fo = { 2048, 64, 8 };
+        fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+        cr_assert(fwd_set_head_similarity(f, calibrated ? sim : NULL) == 0);
+        pol_spec s;
+        cr_assert(pol_parse(&s, "chelsea:budget=120,sinks=4,recent=8,outliers=0.125", NULL, err, sizeof err) == 0, "%s",
+                  err);
+        pol_env env;
+        fwd_policy_env(f, &env);
+        pol_set *ps = pol_set_create(&s, &env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        fwd_set_policy(f, ps);
+        cr_assert(fwd_eval(f, ids, (int64_t)n, NULL, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        const kv_cache *kv = fwd_kv(f);
+        for (int il = 0; il < nl; il++)
+            for (int h = 0; h < nh; h++) {
+                int64_t t = kv_head_tokens(kv, il, h);
+                if (calibrated && il == 1 && h == 1)
+                    cr_expect_eq(t, (int64_t)n, "the outlier head keeps all %zu tokens, holds %lld", n, (long long)t);
+                else
+                    cr_expect(t <= 120, "layer %d head %d merged down to the budget: %lld tokens", il, h, (long long)t);
+            }
+        char d[512];
+        pol_set_describe(ps, d, sizeof d);
+        cr_expect(strstr(d, calibrated ? "1 of 8 global KV heads spared" : "not calibrated"), "%s", d);
+        fwd_free(f);
+        pol_set_free(ps);
+    }
+    free(ids);
+    model_free(m);
+    be_free(b);
 }

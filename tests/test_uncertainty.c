@@ -84,11 +84,17 @@ Test(uncertainty, thresholds_file_round_trip_and_bad_files)
     t.seed = 7;
     snprintf(t.model, sizeof t.model, "m.gguf");
     snprintf(t.fingerprint, sizeof t.fingerprint, "0123456789abcdef");
+    t.n_heads = 3;
+    t.head_sim[0] = (unc_head_sim){ 5, 0, 0.75f };
+    t.head_sim[1] = (unc_head_sim){ 11, 0, 0.5f };
+    t.head_sim[2] = (unc_head_sim){ 17, 1, 0.25f };
     char err[256];
     cr_assert(unc_thresholds_save(path, &t, err, sizeof err) == 0, "%s", err);
     cr_assert(unc_thresholds_load(path, &u, err, sizeof err) == 0, "%s", err);
     cr_expect(u.valid && fabs(u.h_mean - 1.2345) < 1e-9 && fabs(u.h_var - 0.678) < 1e-9 && u.page == 32 &&
               u.samples == 1500 && u.seed == 7 && !strcmp(u.fingerprint, t.fingerprint));
+    cr_expect(u.n_heads == 3 && u.head_sim[1].layer == 11 && u.head_sim[2].head == 1 && u.head_sim[2].sim == 0.25f,
+              "per-head similarity survives the round trip");
     FILE *f = fopen(path, "w");
     fputs("entropy_mean=1\n", f);
     fclose(f);
@@ -97,6 +103,10 @@ Test(uncertainty, thresholds_file_round_trip_and_bad_files)
     fputs("entropy_mean=-1\nentropy_var=2\n", f);
     fclose(f);
     cr_expect(unc_thresholds_load(path, &u, err, sizeof err) != 0 && strstr(err, "non-negative"), "%s", err);
+    f = fopen(path, "w");
+    fputs("entropy_mean=1\nentropy_var=2\nhead_similarity=1:0:0.5 2:x\n", f);
+    fclose(f);
+    cr_expect(unc_thresholds_load(path, &u, err, sizeof err) != 0 && strstr(err, "LAYER:HEAD"), "%s", err);
     f = fopen(path, "w");
     fputs("garbage\n", f);
     fclose(f);
@@ -163,6 +173,7 @@ static void answer(const char *file, const char *spec, const unc_thresholds *thr
     samp *s = samp_create(&sp, nv);
     cr_assert(fwd_eval(f, ids, (int64_t)n_ids, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
     memset(out, 0, sizeof *out);
+    fwd_set_floor(f, (int64_t)n_ids - 1);   /* as chat and eval do */
     if (!thr) {
         for (int i = 0; i < n; i++) {
             int32_t id = samp_sample(s, logits);
@@ -180,6 +191,8 @@ static void answer(const char *file, const char *spec, const unc_thresholds *thr
         cr_expect_eq(out->res.n_gen, out->n, "every final token was handed out once");
         if (out->res.stop == GEN_STOP_LIMIT)
             cr_expect_eq(fwd_pos(f), (int64_t)n_ids + out->n - 1, "the cache holds the prompt and the answer");
+        /* backtracking protects its own rewind targets and leaves the caller's floor working */
+        cr_expect_eq(fwd_rewind(f, (int64_t)n_ids - 1), (int64_t)n_ids - 1, "the caller's floor was lost");
         unc_free(mon);
     }
     free(logits);

@@ -9,8 +9,9 @@
  * tokens a token stands for), and the degree adds. One pass removes at most half of the middle, so
  * passes repeat until the budget is met. Attention then adds log(n_t) to a merged token's logit (the
  * cache's log-degree, applied by the attention kernel), so a centroid weighs as much as the tokens it
- * replaced. Saves memory. The paper spares a few outlier heads (about 4%) found by calibration; kvchat
- * has no calibration yet (`kvchat calibrate` comes with the backtracking issue), so every head merges. */
+ * replaced. Saves memory. A few outlier heads (`outliers`, 4%) keep their full cache: those whose
+ * keys are least similar along the sequence (chelsea_head_similarity, measured by kvchat calibrate
+ * and handed in through pol_env.head_sim); without a calibration every head merges. */
 #include "policy.h"
 
 #include <math.h>
@@ -21,7 +22,7 @@
 #include "chelsea.h"
 #include "quant.h"
 
-enum { P_BUDGET, P_GAP, P_SINKS, P_RECENT, P_CHUNK };
+enum { P_BUDGET, P_GAP, P_SINKS, P_RECENT, P_CHUNK, P_OUTLIERS };
 
 static const pol_param params[] = {
     { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "tokens B per layer and KV head after compression (fraction of the prompt or count)" },
@@ -29,6 +30,7 @@ static const pol_param params[] = {
     { "sinks", POL_INT, 16, 0, 1 << 20, NULL, "first tokens kept aside" },
     { "recent", POL_INT, 64, 0, 1 << 20, NULL, "last tokens kept aside" },
     { "chunk", POL_INT, 256, 2, 1 << 20, NULL, "soft-matching chunk size c" },
+    { "outliers", POL_FLOAT, 0.04, 0, 1, NULL, "share of global-layer KV heads kept whole (the least similar keys, by calibration)" },
 };
 
 typedef struct link {
@@ -117,18 +119,101 @@ int64_t chelsea_merge(float *k, float *v, int32_t *pos, float *deg, int64_t T, i
     return T;
 }
 
+/* Head g of layer il as f32 rows (k, v may be NULL), with positions and degrees when asked. */
+static int64_t read_head(const kv_cache *kv, int il, int g, float **k, float **v, int32_t **pos, float **deg)
+{
+    int64_t T = 0, D = kv_head_dim(kv);
+    int np = kv_n_pages(kv, il, g);
+    for (int i = 0; i < np; i++) T += kv_layer_page(kv, il, g, i)->n;
+    size_t rows = (size_t)(T > 0 ? T : 1);
+    *k = malloc(sizeof(float) * rows * (size_t)D);
+    if (v) *v = malloc(sizeof(float) * rows * (size_t)D);
+    if (pos) *pos = malloc(sizeof(int32_t) * rows);
+    if (deg) *deg = malloc(sizeof(float) * rows);
+    if (!*k || (v && !*v) || (pos && !*pos) || (deg && !*deg)) return -1;
+    int64_t j = 0;
+    for (int i = 0; i < np; i++) {
+        const kv_page *p = kv_layer_page(kv, il, g, i);
+        for (int32_t t = 0; t < p->n; t++, j++) {
+            for (int64_t d = 0; d < D; d++) {
+                (*k)[j * D + d] = quant_fp16_to_f32(p->k[(size_t)t * (size_t)D + (size_t)d]);
+                if (v) (*v)[j * D + d] = quant_fp16_to_f32(p->v[(size_t)t * (size_t)D + (size_t)d]);
+            }
+            if (pos) (*pos)[j] = p->pos[t];
+            if (deg) (*deg)[j] = expf(p->logdeg[t]);
+        }
+    }
+    return T;
+}
+
+int chelsea_head_similarity(const kv_cache *kv, int il, int g, int chunk, double *out)
+{
+    float *k = NULL;
+    int64_t T = read_head(kv, il, g, &k, NULL, NULL, NULL), D = kv_head_dim(kv);
+    if (T < 2) {
+        free(k);
+        return -1;
+    }
+    double sum = 0;
+    int64_t n = 0;
+    for (int64_t c0 = 0; c0 < T; c0 += chunk) {
+        int64_t c1 = c0 + chunk < T ? c0 + chunk : T;
+        for (int64_t a = c0; a < c1; a += 2) {
+            float bs = -2;
+            for (int64_t b = c0 + 1; b < c1; b += 2) {
+                float sim = cosine(k + a * D, k + b * D, D);
+                if (sim > bs) bs = sim;
+            }
+            if (bs > -2) {
+                sum += bs;
+                n++;
+            }
+        }
+    }
+    free(k);
+    if (n == 0) return -1;
+    *out = sum / (double)n;
+    return 0;
+}
+
 typedef struct st_chel {
     double budget;
     int gap, sinks, recent, chunk;
     int64_t budget_tokens;
     int64_t merges, passes_last, kept_last;
+    char *spared;            /* [n_layer * n_head_kv]: outlier heads that keep their full cache */
+    int n_spared, n_heads, calibrated;
+    int n_head_kv;
 } st_chel;
+
+typedef struct head_rank {
+    float sim;
+    int idx;
+} head_rank;
+
+static int by_sim_asc(const void *x, const void *y)
+{
+    const head_rank *p = x, *q = y;
+    if (p->sim != q->sim) return p->sim < q->sim ? -1 : 1;
+    return p->idx - q->idx;
+}
+
+static void ch_destroy(void *st)
+{
+    st_chel *s = st;
+    if (!s) return;
+    free(s->spared);
+    free(s);
+}
 
 static int ch_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
 {
-    (void)env;
     st_chel *s = calloc(1, sizeof *s);
-    if (!s) {
+    int nl = kv_n_layer(env->kv);
+    head_rank *r = malloc(sizeof *r * (size_t)(env->n_global * env->n_head_kv + 1));
+    if (!s || !r || !(s->spared = calloc((size_t)nl * (size_t)env->n_head_kv, 1))) {
+        free(r);
+        ch_destroy(s);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -137,11 +222,24 @@ static int ch_create(void **out, const pol_env *env, const double *vals, char *e
     s->sinks = (int)vals[P_SINKS];
     s->recent = (int)vals[P_RECENT];
     s->chunk = (int)vals[P_CHUNK];
+    s->n_head_kv = env->n_head_kv;
+    s->n_heads = env->n_global * env->n_head_kv;
+    /* outlier heads: the least similar share of the calibrated global-layer heads (rounded) */
+    int n = 0;
+    for (int i = 0; env->head_sim && i < env->n_global; i++)
+        for (int g = 0; g < env->n_head_kv; g++) {
+            int idx = env->global[i] * env->n_head_kv + g;
+            if (!isnan(env->head_sim[idx])) r[n++] = (head_rank){ env->head_sim[idx], idx };
+        }
+    s->calibrated = n > 0;
+    qsort(r, (size_t)n, sizeof *r, by_sim_asc);
+    int k = (int)floor(vals[P_OUTLIERS] * n + 0.5);
+    for (int i = 0; i < k && i < n; i++) s->spared[r[i].idx] = 1;
+    s->n_spared = k < n ? k : n;
+    free(r);
     *out = s;
     return 0;
 }
-
-static void ch_destroy(void *st) { free(st); }
 
 static int ch_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen)
 {
@@ -158,26 +256,11 @@ static int ch_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t
 
 static int compress_head(st_chel *s, const pol_env *env, int il, int g)
 {
-    int64_t T = 0, D = kv_head_dim(env->kv);
-    int np = kv_n_pages(env->kv, il, g);
-    for (int i = 0; i < np; i++) T += kv_layer_page(env->kv, il, g, i)->n;
-    float *k = malloc(sizeof(float) * (size_t)(T * D)), *v = malloc(sizeof(float) * (size_t)(T * D));
-    float *deg = malloc(sizeof(float) * (size_t)T), *ld = malloc(sizeof(float) * (size_t)T);
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+    float *k = NULL, *v = NULL, *deg = NULL, *ld = NULL;
+    int32_t *pos = NULL;
+    int64_t T = read_head(env->kv, il, g, &k, &v, &pos, &deg), D = kv_head_dim(env->kv);
     int rc = -1;
-    if (!k || !v || !deg || !ld || !pos) goto out;
-    int64_t j = 0;
-    for (int i = 0; i < np; i++) {
-        const kv_page *p = kv_layer_page(env->kv, il, g, i);
-        for (int32_t t = 0; t < p->n; t++, j++) {
-            for (int64_t d = 0; d < D; d++) {
-                k[j * D + d] = quant_fp16_to_f32(p->k[(size_t)t * (size_t)D + (size_t)d]);
-                v[j * D + d] = quant_fp16_to_f32(p->v[(size_t)t * (size_t)D + (size_t)d]);
-            }
-            pos[j] = p->pos[t];
-            deg[j] = expf(p->logdeg[t]);
-        }
-    }
+    if (T < 0 || !(ld = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1)))) goto out;
     int64_t n = chelsea_merge(k, v, pos, deg, T, D, s->budget_tokens, s->sinks, s->recent, s->chunk);
     if (n < 0) goto out;
     for (int64_t i = 0; i < n; i++) ld[i] = logf(deg[i]);
@@ -201,6 +284,7 @@ static int ch_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
     if (!c->decoding) s->budget_tokens = pol_budget_tokens(s->budget, c->p0 + c->n);
     if (s->budget_tokens <= 0) return 0;
     for (int g = 0; g < env->n_head_kv; g++) {
+        if (s->spared[il * env->n_head_kv + g]) continue;   /* an outlier head keeps its full cache */
         int64_t T = 0;
         int np = kv_n_pages(env->kv, il, g);
         for (int i = 0; i < np; i++) T += kv_layer_page(env->kv, il, g, i)->n;
@@ -216,8 +300,14 @@ static int ch_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
 static void ch_describe(void *st, char *buf, size_t len)
 {
     st_chel *s = st;
-    snprintf(buf, len, "chelsea: budget %lld tokens per head, %lld tokens merged into centroids (no outlier heads "
-             "spared: not calibrated)", (long long)s->budget_tokens, (long long)s->merges);
+    if (s->calibrated)
+        snprintf(buf, len, "chelsea: budget %lld tokens per head, %lld tokens merged into centroids, %d of %d global "
+                 "KV heads spared as outliers (calibrated)", (long long)s->budget_tokens, (long long)s->merges,
+                 s->n_spared, s->n_heads);
+    else
+        snprintf(buf, len, "chelsea: budget %lld tokens per head, %lld tokens merged into centroids (no outlier heads: "
+                 "the model is not calibrated, run kvchat calibrate)", (long long)s->budget_tokens,
+                 (long long)s->merges);
 }
 
 const pol_ops pol_chelsea = {
@@ -226,7 +316,7 @@ const pol_ops pol_chelsea = {
     .stage = POL_STAGE_PREFILL,
     .saves_memory = 1,
     .params = params,
-    .n_params = 5,
+    .n_params = 6,
     .create = ch_create,
     .destroy = ch_destroy,
     .layer_done = ch_layer_done,

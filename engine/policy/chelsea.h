@@ -4,11 +4,19 @@
 
 #include <stdint.h>
 
+#include "kvcache.h"
+
 /* Merge T tokens (keys and values [T][D], positions, degrees) down to target by chunked soft
  * matching, keeping the first `sinks` and last `recent` aside; rows are compacted in place and the
  * new count is returned (-1: out of memory). Merged rows are degree-weighted centroids and their
  * degrees add; each kept row keeps its B token's position. */
 int64_t chelsea_merge(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target, int sinks,
                       int recent, int chunk);
+
+/* How well head g of layer il suits merging: the mean, over its tokens in set A, of the cosine
+ * similarity to the most similar key in set B of the same chunk (the quantity soft matching
+ * ranks links by). kvchat calibrate records it per head; the least similar heads are Chelsea's
+ * outlier heads. 0, or -1 when out of memory or the head holds fewer than 2 tokens. */
+int chelsea_head_similarity(const kv_cache *kv, int il, int g, int chunk, double *out);
 
 #endif

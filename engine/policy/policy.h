@@ -44,6 +44,10 @@ typedef struct pol_env {
      * ending in . ! ?, 0.9 for a newline, 0.6 for ; and :, 0.3 for a comma, else 0). */
     const float *boundary;
     int32_t n_vocab;
+    /* Per layer and KV head [n_layer * n_head_kv]: how similar its keys are along the sequence
+     * (kvchat calibrate; NaN where not measured), or NULL without a calibration. Chelsea spares the
+     * least similar heads. */
+    const float *head_sim;
 } pol_env;
 
 /* A decode-time selection for one layer: page indices into the layer's page table (ascending),

@@ -168,7 +168,8 @@ static void se_tokens(void *st, const pol_env *env, const int32_t *tokens, int64
                              s->cap_seg - s->n_seg);
 }
 
-/* Min/max keys of the new finished segments (their keys are all in the cache by now). */
+/* Min/max keys of the new finished segments (their keys are all in the cache by now). One walk
+ * over each head's pages in position order, moving a segment cursor along: linear in tokens. */
 static int summarize(st_sent *s, const pol_env *env)
 {
     int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
@@ -177,32 +178,52 @@ static int summarize(st_sent *s, const pol_env *env)
     if (!nm) return -1;
     s->mm = nm;
     for (int64_t sg = s->n_summ; sg < s->n_seg; sg++) {
-        int64_t a = sg ? s->seg_end[sg - 1] : 0, b = s->seg_end[sg];
         float *o = s->mm + sg * per;
-        for (int gl = 0; gl < env->n_global; gl++) {
-            for (int g = 0; g < env->n_head_kv; g++, o += 2 * D) {
-                for (int64_t d = 0; d < D; d++) {
-                    o[d] = FLT_MAX;
-                    o[D + d] = -FLT_MAX;
-                }
-                int il = env->global[gl];
-                int np = kv_n_pages(env->kv, il, g);
-                for (int i = 0; i < np; i++) {
-                    const kv_page *p = kv_layer_page(env->kv, il, g, i);
-                    if (p->n == 0 || p->pos[p->n - 1] < a || p->pos[0] >= b) continue;
-                    for (int32_t t = 0; t < p->n; t++) {
-                        if (p->pos[t] < a || p->pos[t] >= b) continue;
-                        for (int64_t d = 0; d < D; d++) {
-                            float x = quant_fp16_to_f32(p->k[(size_t)t * (size_t)D + (size_t)d]);
-                            if (x < o[d]) o[d] = x;
-                            if (x > o[D + d]) o[D + d] = x;
-                        }
+        for (int64_t i = 0; i < per; i += 2 * D)
+            for (int64_t d = 0; d < D; d++) {
+                o[i + d] = FLT_MAX;
+                o[i + D + d] = -FLT_MAX;
+            }
+    }
+    int64_t first = s->n_summ ? s->seg_end[s->n_summ - 1] : 0, last = s->seg_end[s->n_seg - 1];
+    for (int gl = 0; gl < env->n_global; gl++) {
+        int il = env->global[gl];
+        for (int g = 0; g < env->n_head_kv; g++) {
+            int64_t off = ((int64_t)gl * env->n_head_kv + g) * 2 * D, sg = s->n_summ;
+            int np = kv_n_pages(env->kv, il, g);
+            for (int i = 0; i < np; i++) {
+                const kv_page *p = kv_layer_page(env->kv, il, g, i);
+                if (p->n == 0 || p->pos[p->n - 1] < first || p->pos[0] >= last) continue;
+                for (int32_t t = 0; t < p->n; t++) {
+                    int64_t ps = p->pos[t];
+                    if (ps < first || ps >= last) continue;
+                    while (sg < s->n_seg && ps >= s->seg_end[sg]) sg++;
+                    if (sg >= s->n_seg) break;
+                    float *o = s->mm + sg * per + off;
+                    const uint16_t *k = p->k + (size_t)t * (size_t)D;
+                    for (int64_t d = 0; d < D; d++) {
+                        float x = quant_fp16_to_f32(k[d]);
+                        if (x < o[d]) o[d] = x;
+                        if (x > o[D + d]) o[D + d] = x;
                     }
                 }
             }
         }
     }
     s->n_summ = s->n_seg;
+    return 0;
+}
+
+/* The prompt's segments are summarized as the prefill ends, so the first decode step does not pay
+ * for them (it only summarizes what finished since). */
+static int se_after_chunk(void *st, const pol_env *env, int64_t start, int64_t n, int last, char *err, size_t errlen)
+{
+    (void)start;
+    (void)n;
+    if (last && summarize(st, env) != 0) {
+        snprintf(err, errlen, "sentkv: out of memory summarizing segments");
+        return -1;
+    }
     return 0;
 }
 
@@ -334,6 +355,7 @@ const pol_ops pol_sentkv = {
     .n_params = 4,
     .create = se_create,
     .destroy = se_destroy,
+    .after_chunk = se_after_chunk,
     .decode_begin = se_begin,
     .on_tokens = se_tokens,
     .select = se_select,
