@@ -146,6 +146,7 @@ int cmd_ask(int argc, char **argv)
         goto done;
     }
     for (size_t i = 0; i < n_ids; i++) samp_accept(s, ids[i]);
+    pol_set_probe_is_question(rt.ps, 1);   /* document and question are prefilled together */
     cli_install_sigint();
     double t0 = cli_now();
     if (fwd_eval(rt.f, ids, (int64_t)n_ids, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {

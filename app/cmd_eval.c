@@ -237,6 +237,7 @@ int cmd_eval(int argc, char **argv)
             fwd_set_policy(rt.f, NULL);
             pol_set_free(attached);
             attached = pol_set_create(&cfg[c], &env, err, sizeof err);
+            pol_set_probe_is_question(attached, 1);
             if (!attached || pol_set_check(attached, (int64_t)n_ids, err, sizeof err)) {
                 cli_err("eval: %s", err);
                 goto done;
@@ -246,19 +247,22 @@ int cmd_eval(int argc, char **argv)
              * re-decoded it under its selection while backtracking); a full prefill when the cache
              * cannot roll back exactly */
             if (!has_prefill && shared && fwd_rewind(rt.f, (int64_t)n_ids - 1) != (int64_t)n_ids - 1) shared = 0;
+            fwd_set_policy(rt.f, attached);   /* decode policies see the prompt's tokens too (SentKV) */
             if (has_prefill || !shared) {
                 fwd_rewind(rt.f, 0);
-                if (has_prefill) fwd_set_policy(rt.f, attached);
                 if (fwd_eval(rt.f, ids, (int64_t)n_ids, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err,
                              sizeof err))
                     goto failed;
                 fwd_set_floor(rt.f, (int64_t)n_ids - 1);
                 shared = !has_prefill;
-            } else if (fwd_eval(rt.f, ids + n_ids - 1, 1, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err,
-                                sizeof err)) {
-                goto failed;
+            } else {
+                /* a new decode policy meets a prefilled cache: it gets the prompt's tokens as if it had
+                 * run, and the last token's eval ends the prefill for it */
+                pol_set_on_tokens(attached, ids, (int64_t)n_ids - 1, 0);
+                if (fwd_eval(rt.f, ids + n_ids - 1, 1, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err,
+                             sizeof err))
+                    goto failed;
             }
-            fwd_set_policy(rt.f, attached);
             samp_reset(s);
             for (size_t i = 0; i < n_ids; i++) samp_accept(s, ids[i]);
             int R = rows[c].backtrack >= 0 ? rows[c].backtrack : pol_set_can_reselect(attached) ? 2 : 0;

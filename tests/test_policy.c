@@ -512,6 +512,13 @@ Test(policy, sentkv_split_follows_the_boundary_scores)
     cr_assert_eq(n, 5, "flush cuts the rest");
     cr_expect_eq(ends[3], 56);
     cr_expect_eq(ends[4], 60);
+    /* tokens the policy never saw (-1, a cache prefilled before it was attached) are no boundary */
+    for (int i = 0; i < 60; i++) tok[i] = -1;
+    tok[27] = 1;
+    n = sentkv_split(w, tok, 60, 0, 14, 8, 0, ends, 16);
+    cr_assert_eq(n, 3);
+    cr_expect(ends[0] == 14 && ends[1] == 28 && ends[2] == 42, "%lld %lld %lld", (long long)ends[0],
+              (long long)ends[1], (long long)ends[2]);
 }
 
 Test(policy, sentkv_with_room_for_everything_is_full_and_with_less_is_not)
@@ -686,4 +693,27 @@ Test(policy, chelsea_spares_the_calibrated_outlier_heads)
     free(ids);
     model_free(m);
     be_free(b);
+}
+
+/* The task-aware methods say what their probe is: the question, or (a document loaded before any
+ * question) the document's own last tokens. */
+Test(policy, task_aware_methods_report_what_their_probe_is)
+{
+    fixture fx;
+    char err[512], d[1024];
+    build_planted(&fx);
+    const char *specs[2] = { "take:probe=16", "laser:probe=16" };
+    for (int i = 0; i < 2; i++) {
+        pol_spec s;
+        cr_assert(pol_parse(&s, specs[i], NULL, err, sizeof err) == 0, "%s", err);
+        pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        pol_set_describe(ps, d, sizeof d);
+        cr_expect(strstr(d, "no question yet: the probe is the document's last 16 tokens"), "%s", d);
+        pol_set_probe_is_question(ps, 1);
+        pol_set_describe(ps, d, sizeof d);
+        cr_expect(strstr(d, "(the probe is the question)") && !strstr(d, "no question yet"), "%s", d);
+        pol_set_free(ps);
+    }
+    unbuild(&fx);
 }

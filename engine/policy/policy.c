@@ -277,6 +277,7 @@ struct pol_set {
     int64_t n_map, cap_map;
     int *last_pages;
     int n_last, cap_last;
+    int probe_question;       /* the last prefill's tail was a question (1) or a document's end (0) */
 };
 
 pol_set *pol_set_create(const pol_spec *spec, const pol_env *env, char *err, size_t errlen)
@@ -508,5 +509,14 @@ void pol_set_describe(const pol_set *ps, char *buf, size_t len)
         char one[256];
         p->describe(ps->st[i], one, sizeof one);
         if (one[0]) o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? "; " : "", one);
+        if (one[0] && p->probe_tokens && o < len)
+            o += (size_t)snprintf(buf + o, len - o, ps->probe_question ? " (the probe is the question)" :
+                                  " (no question yet: the probe is the document's last %d tokens)",
+                                  p->probe_tokens(ps->st[i]));
     }
+}
+
+void pol_set_probe_is_question(pol_set *ps, int yes)
+{
+    if (ps) ps->probe_question = yes;
 }

@@ -198,6 +198,10 @@ const int64_t *pol_set_page_map(const pol_set *ps, int64_t *n_pages);
 /* Pages the first global layer attended at the last step (KV head 0), ascending logical indices. */
 const int *pol_set_last_pages(const pol_set *ps, int *n);
 void pol_set_describe(const pol_set *ps, char *buf, size_t len);
+/* What the prefill's tail (the task-aware methods' probe) is: a question (kvchat ask prefills the
+ * document and the question together) or, when a document is loaded before any question, the
+ * document's own last tokens. Only changes what describe reports; the default is the latter. */
+void pol_set_probe_is_question(pol_set *ps, int yes);
 int pol_set_saves_memory(const pol_set *ps);
 
 #endif

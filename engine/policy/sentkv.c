@@ -43,7 +43,7 @@ int64_t sentkv_split(const float *weight, const int32_t *tok, int64_t n, int64_t
         int64_t best = -1;
         float best_score = -FLT_MAX;
         for (int64_t end = lo; end <= hi && end <= n; end++) {
-            float w = weight[tok[end - 1]];      /* the segment ends after a boundary token */
+            float w = tok[end - 1] >= 0 ? weight[tok[end - 1]] : 0;   /* ends after a boundary token (-1: unknown) */
             if (w <= 0) continue;
             float sc = 0.7f * w + 0.3f * (1.0f - (float)llabs(ideal - end) / (float)delta);
             if (sc > best_score) {
@@ -153,6 +153,7 @@ static void se_tokens(void *st, const pol_env *env, const int32_t *tokens, int64
         s->tok = nt;
         s->cap_tok = nc;
     }
+    for (int64_t p = s->n_tok; p < p0; p++) s->tok[p] = -1;   /* tokens it never saw: no boundary known */
     memcpy(s->tok + p0, tokens, sizeof(int32_t) * (size_t)n);
     s->n_tok = p0 + n;
     int64_t start = s->n_seg ? s->seg_end[s->n_seg - 1] : 0;

@@ -1,0 +1,811 @@
+/* store.c - the sqlite database behind sessions, messages and snapshots. */
+#include "store.h"
+
+#include <errno.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+struct store {
+    sqlite3 *db;
+    char err[512];
+};
+
+static int fail(store *s, const char *what)
+{
+    const char *m = s->db ? sqlite3_errmsg(s->db) : "out of memory";
+    int code = s->db ? sqlite3_extended_errcode(s->db) : SQLITE_NOMEM;
+    if ((code & 0xff) == SQLITE_FULL)
+        snprintf(s->err, sizeof s->err, "%s: the disk is full (%s)", what, m);
+    else if ((code & 0xff) == SQLITE_READONLY)
+        snprintf(s->err, sizeof s->err, "%s: the database is read-only (%s)", what, m);
+    else if ((code & 0xff) == SQLITE_BUSY)
+        snprintf(s->err, sizeof s->err, "%s: the database is locked by another process (%s)", what, m);
+    else
+        snprintf(s->err, sizeof s->err, "%s: %s", what, m);
+    return -1;
+}
+
+const char *store_error(const store *s) { return s->err; }
+
+static int64_t now_s(void) { return (int64_t)time(NULL); }
+
+/* Prepare sql and bind the arguments described by fmt: i = int64, t = text (NULL binds NULL),
+ * d = double, b = blob (pointer, int length). */
+static sqlite3_stmt *prep(store *s, const char *sql, const char *fmt, ...)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) {
+        fail(s, "database");
+        return NULL;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    for (int i = 0; fmt && fmt[i]; i++) {
+        int rc = SQLITE_OK;
+        switch (fmt[i]) {
+        case 'i':
+            rc = sqlite3_bind_int64(st, i + 1, va_arg(ap, int64_t));
+            break;
+        case 't': {
+            const char *t = va_arg(ap, const char *);
+            rc = t ? sqlite3_bind_text(st, i + 1, t, -1, SQLITE_TRANSIENT) : sqlite3_bind_null(st, i + 1);
+            break;
+        }
+        case 'd':
+            rc = sqlite3_bind_double(st, i + 1, va_arg(ap, double));
+            break;
+        case 'b': {
+            const void *p = va_arg(ap, const void *);
+            int n = va_arg(ap, int);
+            rc = sqlite3_bind_blob(st, i + 1, p, n, SQLITE_TRANSIENT);
+            break;
+        }
+        }
+        if (rc != SQLITE_OK) {
+            va_end(ap);
+            fail(s, "database");
+            sqlite3_finalize(st);
+            return NULL;
+        }
+    }
+    va_end(ap);
+    return st;
+}
+
+/* Run a statement that returns no rows. */
+static int exec_stmt(store *s, sqlite3_stmt *st, const char *what)
+{
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : fail(s, what);
+}
+
+static int exec_sql(store *s, const char *sql, const char *what)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(s->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        snprintf(s->err, sizeof s->err, "%s: %s", what, msg ? msg : sqlite3_errmsg(s->db));
+        sqlite3_free(msg);
+        return -1;
+    }
+    return 0;
+}
+
+static void copy_col(sqlite3_stmt *st, int c, char *dst, size_t cap)
+{
+    const unsigned char *t = sqlite3_column_text(st, c);
+    snprintf(dst, cap, "%s", t ? (const char *)t : "");
+}
+
+/* ------------------------------------------------------------------------------------ schema */
+
+/* Migration i takes the schema from version i to i + 1. */
+static const char *const migrations[] = {
+    "CREATE TABLE models ("
+    "  id INTEGER PRIMARY KEY,"
+    "  path TEXT NOT NULL,"
+    "  size INTEGER NOT NULL,"
+    "  mtime INTEGER NOT NULL,"
+    "  sha256 TEXT NOT NULL UNIQUE,"
+    "  architecture TEXT NOT NULL,"
+    "  tokenizer_hash TEXT NOT NULL,"
+    "  name TEXT,"
+    "  added_at INTEGER NOT NULL);"
+    "CREATE TABLE documents ("
+    "  id INTEGER PRIMARY KEY,"
+    "  model_id INTEGER NOT NULL REFERENCES models(id) ON DELETE CASCADE,"
+    "  path TEXT,"
+    "  sha256 TEXT NOT NULL,"
+    "  title TEXT NOT NULL,"
+    "  n_tokens INTEGER NOT NULL,"
+    "  added_at INTEGER NOT NULL,"
+    "  UNIQUE (model_id, sha256));"
+    "CREATE TABLE sessions ("
+    "  id INTEGER PRIMARY KEY,"
+    "  name TEXT UNIQUE,"
+    "  title TEXT NOT NULL,"
+    "  model_id INTEGER NOT NULL REFERENCES models(id),"
+    "  document_id INTEGER REFERENCES documents(id),"
+    "  policy TEXT NOT NULL,"
+    "  budget TEXT,"
+    "  created_at INTEGER NOT NULL,"
+    "  updated_at INTEGER NOT NULL);"
+    "CREATE TABLE messages ("
+    "  id INTEGER PRIMARY KEY,"
+    "  session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+    "  parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,"
+    "  role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),"
+    "  text TEXT NOT NULL,"
+    "  policy TEXT,"
+    "  metrics TEXT,"
+    "  created_at INTEGER NOT NULL);"
+    "CREATE INDEX messages_session ON messages(session_id, id);"
+    "CREATE INDEX messages_parent ON messages(parent_id);"
+    "CREATE TABLE snapshots ("
+    "  id INTEGER PRIMARY KEY,"
+    "  session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+    "  message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,"
+    "  prefill_policy TEXT NOT NULL,"
+    "  n_tokens INTEGER NOT NULL,"
+    "  bytes INTEGER NOT NULL,"
+    "  data BLOB NOT NULL,"
+    "  created_at INTEGER NOT NULL,"
+    "  UNIQUE (message_id, prefill_policy));"
+    "CREATE INDEX snapshots_session ON snapshots(session_id, id);"
+    "CREATE TABLE thresholds ("
+    "  model_id INTEGER PRIMARY KEY REFERENCES models(id) ON DELETE CASCADE,"
+    "  entropy_mean REAL NOT NULL,"
+    "  entropy_var REAL NOT NULL,"
+    "  quantile REAL,"
+    "  page INTEGER,"
+    "  samples INTEGER,"
+    "  seed INTEGER,"
+    "  head_similarity TEXT,"
+    "  created_at INTEGER NOT NULL);"
+    "CREATE TABLE events ("
+    "  id INTEGER PRIMARY KEY,"
+    "  message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,"
+    "  step INTEGER NOT NULL, pos INTEGER NOT NULL, page INTEGER NOT NULL,"
+    "  mean_h REAL NOT NULL, var_h REAL NOT NULL, thr_h REAL NOT NULL, thr_v REAL NOT NULL,"
+    "  pages_added TEXT, pages_removed TEXT,"
+    "  regenerated INTEGER NOT NULL, recovered INTEGER NOT NULL,"
+    "  after_mean_h REAL, after_var_h REAL);"
+    "CREATE INDEX events_message ON events(message_id);"
+    /* full-text search: external-content FTS5 tables kept in step by triggers */
+    "CREATE VIRTUAL TABLE messages_fts USING fts5(text, content='messages', content_rowid='id');"
+    "CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN"
+    "  INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text); END;"
+    "CREATE TRIGGER messages_ad AFTER DELETE ON messages BEGIN"
+    "  INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text); END;"
+    "CREATE VIRTUAL TABLE sessions_fts USING fts5(title, content='sessions', content_rowid='id');"
+    "CREATE TRIGGER sessions_ai AFTER INSERT ON sessions BEGIN"
+    "  INSERT INTO sessions_fts(rowid, title) VALUES (new.id, new.title); END;"
+    "CREATE TRIGGER sessions_ad AFTER DELETE ON sessions BEGIN"
+    "  INSERT INTO sessions_fts(sessions_fts, rowid, title) VALUES ('delete', old.id, old.title); END;"
+    "CREATE TRIGGER sessions_au AFTER UPDATE OF title ON sessions BEGIN"
+    "  INSERT INTO sessions_fts(sessions_fts, rowid, title) VALUES ('delete', old.id, old.title);"
+    "  INSERT INTO sessions_fts(rowid, title) VALUES (new.id, new.title); END;",
+};
+
+static int migrate(store *s)
+{
+    sqlite3_stmt *st = prep(s, "PRAGMA user_version", NULL);
+    if (!st) return -1;
+    int v = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+    sqlite3_finalize(st);
+    if (v < 0) return fail(s, "reading the schema version");
+    int n = (int)(sizeof migrations / sizeof *migrations);
+    if (v > n) {
+        snprintf(s->err, sizeof s->err, "the database has schema version %d, newer than this kvchat (%d)", v, n);
+        return -1;
+    }
+    for (; v < n; v++) {
+        char ver[64];
+        snprintf(ver, sizeof ver, "PRAGMA user_version = %d", v + 1);
+        if (exec_sql(s, "BEGIN IMMEDIATE", "migrating the database")) return -1;
+        if (exec_sql(s, migrations[v], "migrating the database") || exec_sql(s, ver, "migrating the database")) {
+            sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+            return -1;
+        }
+        if (exec_sql(s, "COMMIT", "migrating the database")) {
+            sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int store_default_path(char *buf, size_t cap)
+{
+    const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
+    char dir[900];
+    if (xdg && *xdg)
+        snprintf(dir, sizeof dir, "%s/kvchat", xdg);
+    else if (home && *home)
+        snprintf(dir, sizeof dir, "%s/.local/share/kvchat", home);
+    else
+        return -1;
+    for (char *p = dir + 1; *p; p++) {   /* mkdir -p */
+        if (*p != '/') continue;
+        *p = 0;
+        mkdir(dir, 0755);
+        *p = '/';
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
+    snprintf(buf, cap, "%s/kvchat.db", dir);
+    return 0;
+}
+
+store *store_open(const char *path, char *err, size_t errlen)
+{
+    store *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK) {
+        snprintf(err, errlen, "cannot open the database %s: %s", path, s->db ? sqlite3_errmsg(s->db) : "out of memory");
+        store_close(s);
+        return NULL;
+    }
+    sqlite3_busy_timeout(s->db, 10000);   /* another kvchat writing: wait, do not fail */
+    sqlite3_extended_result_codes(s->db, 1);
+    /* journal_mode=WAL needs write access; a read-only file keeps its mode and fails on write */
+    if (exec_sql(s, "PRAGMA foreign_keys = ON", "opening the database") ||
+        exec_sql(s, "PRAGMA journal_mode = WAL", "opening the database") ||
+        exec_sql(s, "PRAGMA synchronous = NORMAL", "opening the database") || migrate(s)) {
+        snprintf(err, errlen, "%s: %s", path, s->err);
+        store_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+void store_close(store *s)
+{
+    if (!s) return;
+    sqlite3_close_v2(s->db);
+    free(s);
+}
+
+int store_check(store *s)
+{
+    sqlite3_stmt *st = prep(s, "PRAGMA integrity_check", NULL);
+    if (!st) return -1;
+    int ok = sqlite3_step(st) == SQLITE_ROW && !strcmp((const char *)sqlite3_column_text(st, 0), "ok");
+    if (!ok) snprintf(s->err, sizeof s->err, "integrity check failed: %s", sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+    return ok ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------------------- models, docs */
+
+int store_model_cached_sha(store *s, const char *path, int64_t size, int64_t mtime, char sha[65])
+{
+    sqlite3_stmt *st = prep(s, "SELECT sha256 FROM models WHERE path = ? AND size = ? AND mtime = ?", "tii", path,
+                            size, mtime);
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        copy_col(st, 0, sha, 65);
+        rc = 0;
+    } else {
+        rc = rc == SQLITE_DONE ? 1 : fail(s, "looking up the model");
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static int last_id_or_lookup(store *s, const char *sql, const char *fmt, const char *a, int64_t b, int64_t *id)
+{
+    sqlite3_stmt *st = fmt[0] == 't' && fmt[1] == 0 ? prep(s, sql, "t", a) : prep(s, sql, "it", b, a);
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) *id = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? 0 : fail(s, "looking up a row");
+}
+
+int store_model_put(store *s, const char *path, int64_t size, int64_t mtime, const char *sha256, const char *arch,
+                    const char *tokenizer_hash, const char *name, int64_t *id)
+{
+    sqlite3_stmt *st = prep(s,
+                            "INSERT INTO models (path, size, mtime, sha256, architecture, tokenizer_hash, name, added_at) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sha256) DO UPDATE SET path = excluded.path, "
+                            "size = excluded.size, mtime = excluded.mtime",
+                            "tiitttti", path, size, mtime, sha256, arch, tokenizer_hash, name, now_s());
+    if (exec_stmt(s, st, "saving the model")) return -1;
+    return last_id_or_lookup(s, "SELECT id FROM models WHERE sha256 = ?", "t", sha256, 0, id);
+}
+
+int store_document_put(store *s, int64_t model_id, const char *path, const char *sha256, const char *title,
+                       int64_t n_tokens, int64_t *id)
+{
+    sqlite3_stmt *st = prep(s,
+                            "INSERT INTO documents (model_id, path, sha256, title, n_tokens, added_at) VALUES "
+                            "(?, ?, ?, ?, ?, ?) ON CONFLICT (model_id, sha256) DO UPDATE SET path = excluded.path",
+                            "itttii", model_id, path, sha256, title, n_tokens, now_s());
+    if (exec_stmt(s, st, "saving the document")) return -1;
+    return last_id_or_lookup(s, "SELECT id FROM documents WHERE model_id = ? AND sha256 = ?", "it", sha256, model_id,
+                             id);
+}
+
+/* -------------------------------------------------------------------------------- sessions */
+
+#define SESSION_COLS                                                                                                \
+    "SELECT s.id, s.name, s.title, s.model_id, IFNULL(s.document_id, 0), m.path, m.sha256, IFNULL(d.path, ''), "   \
+    "IFNULL(d.sha256, ''), IFNULL(d.title, ''), s.policy, IFNULL(s.budget, ''), s.created_at, s.updated_at, "       \
+    "(SELECT COUNT(*) FROM messages WHERE session_id = s.id), "                                                     \
+    "IFNULL((SELECT substr(text, 1, 150) FROM messages WHERE session_id = s.id ORDER BY id DESC LIMIT 1), '') "     \
+    "FROM sessions s JOIN models m ON m.id = s.model_id LEFT JOIN documents d ON d.id = s.document_id "
+
+static void read_session(sqlite3_stmt *st, store_session *o)
+{
+    memset(o, 0, sizeof *o);
+    o->id = sqlite3_column_int64(st, 0);
+    copy_col(st, 1, o->name, sizeof o->name);
+    copy_col(st, 2, o->title, sizeof o->title);
+    o->model_id = sqlite3_column_int64(st, 3);
+    o->document_id = sqlite3_column_int64(st, 4);
+    copy_col(st, 5, o->model_path, sizeof o->model_path);
+    copy_col(st, 6, o->model_sha, sizeof o->model_sha);
+    copy_col(st, 7, o->doc_path, sizeof o->doc_path);
+    copy_col(st, 8, o->doc_sha, sizeof o->doc_sha);
+    copy_col(st, 9, o->doc_title, sizeof o->doc_title);
+    copy_col(st, 10, o->policy, sizeof o->policy);
+    copy_col(st, 11, o->budget, sizeof o->budget);
+    o->created = sqlite3_column_int64(st, 12);
+    o->updated = sqlite3_column_int64(st, 13);
+    o->n_messages = sqlite3_column_int64(st, 14);
+    copy_col(st, 15, o->last_message, sizeof o->last_message);
+    for (char *p = o->last_message; *p; p++)
+        if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
+}
+
+static int one_session(store *s, sqlite3_stmt *st, store_session *out)
+{
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) read_session(st, out);
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : fail(s, "reading the session");
+}
+
+int store_session_get(store *s, int64_t id, store_session *out)
+{
+    return one_session(s, prep(s, SESSION_COLS "WHERE s.id = ?", "i", id), out);
+}
+
+int store_session_find(store *s, const char *key, store_session *out)
+{
+    int digits = *key != 0;
+    for (const char *p = key; *p; p++) digits &= *p >= '0' && *p <= '9';
+    int rc = one_session(s, prep(s, SESSION_COLS "WHERE s.name = ?", "t", key), out);
+    if (rc == 1 && digits) rc = store_session_get(s, strtoll(key, NULL, 10), out);
+    return rc;
+}
+
+int store_session_create(store *s, const char *name, const char *title, int64_t model_id, int64_t document_id,
+                         const char *policy, const char *budget, int64_t *id)
+{
+    int64_t t = now_s();
+    sqlite3_stmt *st = prep(s,
+                            "INSERT INTO sessions (name, title, model_id, document_id, policy, budget, created_at, "
+                            "updated_at) VALUES (?, ?, ?, NULLIF(?, 0), ?, ?, ?, ?)",
+                            "ttiittii", name && *name ? name : NULL, title, model_id, document_id, policy, budget, t, t);
+    if (exec_stmt(s, st, "creating the session")) return -1;
+    *id = sqlite3_last_insert_rowid(s->db);
+    return 0;
+}
+
+int store_session_rename(store *s, int64_t id, const char *title)
+{
+    if (exec_stmt(s, prep(s, "UPDATE sessions SET title = ?, updated_at = ? WHERE id = ?", "tii", title, now_s(), id),
+                  "renaming the session"))
+        return -1;
+    if (sqlite3_changes(s->db) == 0) {
+        snprintf(s->err, sizeof s->err, "no session %lld", (long long)id);
+        return -1;
+    }
+    return 0;
+}
+
+int store_session_delete(store *s, int64_t id)
+{
+    if (exec_stmt(s, prep(s, "DELETE FROM sessions WHERE id = ?", "i", id), "deleting the session")) return -1;
+    if (sqlite3_changes(s->db) == 0) {
+        snprintf(s->err, sizeof s->err, "no session %lld", (long long)id);
+        return -1;
+    }
+    return 0;
+}
+
+int store_session_list(store *s, void (*fn)(void *ud, const store_session *ss), void *ud)
+{
+    sqlite3_stmt *st = prep(s, SESSION_COLS "ORDER BY s.updated_at DESC, s.id DESC", NULL);
+    if (!st) return -1;
+    int rc;
+    store_session ss;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        read_session(st, &ss);
+        fn(ud, &ss);
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : fail(s, "listing sessions");
+}
+
+/* -------------------------------------------------------------------------------- messages */
+
+int store_message_add(store *s, int64_t session, int64_t parent, const char *role, const char *text,
+                      const char *policy, const char *metrics, int64_t *id)
+{
+    if (exec_sql(s, "BEGIN IMMEDIATE", "saving the message")) return -1;
+    sqlite3_stmt *st = prep(s,
+                            "INSERT INTO messages (session_id, parent_id, role, text, policy, metrics, created_at) "
+                            "VALUES (?, NULLIF(?, 0), ?, ?, ?, ?, ?)",
+                            "iitttti", session, parent, role, text, policy, metrics, now_s());
+    if (exec_stmt(s, st, "saving the message")) goto rollback;
+    *id = sqlite3_last_insert_rowid(s->db);
+    if (exec_stmt(s, prep(s, "UPDATE sessions SET updated_at = ? WHERE id = ?", "ii", now_s(), session),
+                  "saving the message"))
+        goto rollback;
+    if (exec_sql(s, "COMMIT", "saving the message")) goto rollback;
+    return 0;
+rollback:
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    return -1;
+}
+
+int store_latest_message(store *s, int64_t session, int64_t *id)
+{
+    sqlite3_stmt *st = prep(s, "SELECT IFNULL(MAX(id), 0) FROM messages WHERE session_id = ?", "i", session);
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) *id = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? 0 : fail(s, "reading messages");
+}
+
+static int read_messages(store *s, sqlite3_stmt *st, store_message **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (!st) return -1;
+    int cap = 0, rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            store_message *nm = realloc(*out, sizeof *nm * (size_t)cap);
+            if (!nm) {
+                sqlite3_finalize(st);
+                store_messages_free(*out, *n);
+                *out = NULL;
+                *n = 0;
+                snprintf(s->err, sizeof s->err, "out of memory reading messages");
+                return -1;
+            }
+            *out = nm;
+        }
+        store_message *m = &(*out)[(*n)++];
+        memset(m, 0, sizeof *m);
+        m->id = sqlite3_column_int64(st, 0);
+        m->parent = sqlite3_column_int64(st, 1);
+        copy_col(st, 2, m->role, sizeof m->role);
+        const unsigned char *t = sqlite3_column_text(st, 3);
+        m->text = strdup(t ? (const char *)t : "");
+        copy_col(st, 4, m->policy, sizeof m->policy);
+        copy_col(st, 5, m->metrics, sizeof m->metrics);
+        m->created = sqlite3_column_int64(st, 6);
+        if (!m->text) {
+            sqlite3_finalize(st);
+            store_messages_free(*out, *n);
+            *out = NULL;
+            *n = 0;
+            snprintf(s->err, sizeof s->err, "out of memory reading messages");
+            return -1;
+        }
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) {
+        store_messages_free(*out, *n);
+        *out = NULL;
+        *n = 0;
+        return fail(s, "reading messages");
+    }
+    return 0;
+}
+
+#define MESSAGE_COLS "id, IFNULL(parent_id, 0), role, text, IFNULL(policy, ''), IFNULL(metrics, ''), created_at"
+
+int store_message_path(store *s, int64_t id, store_message **out, int *n)
+{
+    return read_messages(s,
+                         prep(s,
+                              "WITH RECURSIVE up(mid, depth) AS (SELECT ?, 0 UNION ALL SELECT m.parent_id, up.depth + 1 "
+                              "FROM messages m JOIN up ON m.id = up.mid WHERE m.parent_id IS NOT NULL) "
+                              "SELECT " MESSAGE_COLS " FROM messages JOIN up ON id = up.mid ORDER BY up.depth DESC",
+                              "i", id),
+                         out, n);
+}
+
+int store_session_messages(store *s, int64_t session, store_message **out, int *n)
+{
+    return read_messages(s, prep(s, "SELECT " MESSAGE_COLS " FROM messages WHERE session_id = ? ORDER BY id", "i", session),
+                         out, n);
+}
+
+void store_messages_free(store_message *m, int n)
+{
+    for (int i = 0; i < n; i++) free(m[i].text);
+    free(m);
+}
+
+int store_search(store *s, const char *query,
+                 void (*fn)(void *ud, int64_t session, int64_t message, const char *snippet), void *ud)
+{
+    /* the user's words as one FTS5 string literal per word: no query-syntax surprises */
+    size_t L = strlen(query);
+    char *q = malloc(L * 2 + 8);
+    if (!q) {
+        snprintf(s->err, sizeof s->err, "out of memory");
+        return -1;
+    }
+    size_t o = 0;
+    int in_word = 0;
+    for (size_t i = 0; i <= L; i++) {
+        char c = query[i];
+        int space = c == 0 || c == ' ' || c == '\t' || c == '\n';
+        if (!space && !in_word) {
+            if (o) q[o++] = ' ';
+            q[o++] = '"';
+            in_word = 1;
+        }
+        if (space && in_word) {
+            q[o++] = '"';
+            in_word = 0;
+        }
+        if (!space) {
+            if (c == '"') q[o++] = '"';
+            q[o++] = c;
+        }
+    }
+    q[o] = 0;
+    if (o == 0) {
+        free(q);
+        snprintf(s->err, sizeof s->err, "search: give some words to look for");
+        return -1;
+    }
+    sqlite3_stmt *st = prep(s,
+                            "SELECT m.session_id, m.id, snippet(messages_fts, 0, '[', ']', '...', 12) FROM messages_fts "
+                            "JOIN messages m ON m.id = messages_fts.rowid WHERE messages_fts MATCH ?1 "
+                            "UNION ALL SELECT sessions_fts.rowid, 0, snippet(sessions_fts, 0, '[', ']', '...', 12) "
+                            "FROM sessions_fts WHERE sessions_fts MATCH ?1 ORDER BY 1 DESC, 2",
+                            "t", q);
+    free(q);
+    if (!st) return -1;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        fn(ud, sqlite3_column_int64(st, 0), sqlite3_column_int64(st, 1), (const char *)sqlite3_column_text(st, 2));
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : fail(s, "searching");
+}
+
+/* ------------------------------------------------------------------------------- snapshots */
+
+int store_snapshot_put(store *s, int64_t session, int64_t message, const char *prefill_policy, int64_t n_tokens,
+                       const void *data, size_t len, int64_t *id)
+{
+    if (len > 0x7fffffff) {
+        snprintf(s->err, sizeof s->err, "saving the snapshot: %zu bytes is more than sqlite's 2 GiB blob limit", len);
+        return -1;
+    }
+    if (exec_sql(s, "BEGIN IMMEDIATE", "saving the snapshot")) return -1;
+    if (exec_stmt(s, prep(s, "DELETE FROM snapshots WHERE message_id = ? AND prefill_policy = ?", "it", message,
+                          prefill_policy),
+                  "saving the snapshot"))
+        goto rollback;
+    sqlite3_stmt *st = prep(s,
+                            "INSERT INTO snapshots (session_id, message_id, prefill_policy, n_tokens, bytes, data, "
+                            "created_at) VALUES (?, ?, ?, ?, ?, zeroblob(?), ?)",
+                            "iitiiii", session, message, prefill_policy, n_tokens, (int64_t)len, (int64_t)len, now_s());
+    if (exec_stmt(s, st, "saving the snapshot")) goto rollback;
+    *id = sqlite3_last_insert_rowid(s->db);
+    sqlite3_blob *b;
+    if (sqlite3_blob_open(s->db, "main", "snapshots", "data", *id, 1, &b) != SQLITE_OK) {
+        fail(s, "saving the snapshot");
+        goto rollback;
+    }
+    const char *p = data;
+    for (size_t off = 0; off < len;) {
+        int n = len - off > (1u << 20) ? (1 << 20) : (int)(len - off);
+        if (sqlite3_blob_write(b, p + off, n, (int)off) != SQLITE_OK) {
+            fail(s, "saving the snapshot");
+            sqlite3_blob_close(b);
+            goto rollback;
+        }
+        off += (size_t)n;
+    }
+    if (sqlite3_blob_close(b) != SQLITE_OK) {
+        fail(s, "saving the snapshot");
+        goto rollback;
+    }
+    if (exec_sql(s, "COMMIT", "saving the snapshot")) goto rollback;
+    return 0;
+rollback:
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    return -1;
+}
+
+static int read_blob(store *s, int64_t rowid, int64_t bytes, void **data, size_t *len)
+{
+    sqlite3_blob *b;
+    if (sqlite3_blob_open(s->db, "main", "snapshots", "data", rowid, 0, &b) != SQLITE_OK)
+        return fail(s, "reading the snapshot");
+    int n = sqlite3_blob_bytes(b);
+    if (n != bytes) {
+        sqlite3_blob_close(b);
+        snprintf(s->err, sizeof s->err, "the snapshot is %d bytes, its row says %lld", n, (long long)bytes);
+        return -1;
+    }
+    char *p = malloc((size_t)(n > 0 ? n : 1));
+    if (!p) {
+        sqlite3_blob_close(b);
+        snprintf(s->err, sizeof s->err, "out of memory reading the snapshot (%d bytes)", n);
+        return -1;
+    }
+    for (int off = 0; off < n;) {
+        int k = n - off > (1 << 20) ? (1 << 20) : n - off;
+        if (sqlite3_blob_read(b, p + off, k, off) != SQLITE_OK) {
+            free(p);
+            fail(s, "reading the snapshot");
+            sqlite3_blob_close(b);
+            return -1;
+        }
+        off += k;
+    }
+    sqlite3_blob_close(b);
+    *data = p;
+    *len = (size_t)n;
+    return 0;
+}
+
+static int snapshot_query(store *s, sqlite3_stmt *st, int64_t *message, void **data, size_t *len)
+{
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        sqlite3_finalize(st);
+        return rc == SQLITE_DONE ? 1 : fail(s, "reading the snapshot");
+    }
+    int64_t rowid = sqlite3_column_int64(st, 0), bytes = sqlite3_column_int64(st, 1);
+    if (message) *message = sqlite3_column_int64(st, 2);
+    sqlite3_finalize(st);
+    return read_blob(s, rowid, bytes, data, len);
+}
+
+int store_snapshot_get(store *s, int64_t message, const char *prefill_policy, void **data, size_t *len)
+{
+    return snapshot_query(s,
+                          prep(s, "SELECT id, bytes, message_id FROM snapshots WHERE message_id = ? AND prefill_policy = ?",
+                               "it", message, prefill_policy),
+                          NULL, data, len);
+}
+
+int store_snapshot_latest(store *s, int64_t session, const char *prefill_policy, int64_t *message, void **data,
+                          size_t *len)
+{
+    return snapshot_query(s,
+                          prep(s,
+                               "SELECT id, bytes, message_id FROM snapshots WHERE session_id = ? AND prefill_policy = ? "
+                               "ORDER BY message_id DESC, id DESC LIMIT 1",
+                               "it", session, prefill_policy),
+                          message, data, len);
+}
+
+/* ------------------------------------------------------------------------ thresholds, events */
+
+int store_thresholds_put(store *s, int64_t model_id, const unc_thresholds *t)
+{
+    char *hs = malloc((size_t)t->n_heads * 40 + 1);
+    if (!hs) {
+        snprintf(s->err, sizeof s->err, "out of memory");
+        return -1;
+    }
+    size_t o = 0;
+    hs[0] = 0;
+    for (int i = 0; i < t->n_heads; i++)
+        o += (size_t)sprintf(hs + o, "%s%d:%d:%.6f", i ? " " : "", t->head_sim[i].layer, t->head_sim[i].head,
+                             t->head_sim[i].sim);
+    sqlite3_stmt *st = prep(s,
+                            "INSERT OR REPLACE INTO thresholds (model_id, entropy_mean, entropy_var, quantile, page, "
+                            "samples, seed, head_similarity, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            "idddiiiti", model_id, t->h_mean, t->h_var, t->quantile, (int64_t)t->page, t->samples,
+                            (int64_t)t->seed, hs, now_s());
+    free(hs);
+    return exec_stmt(s, st, "saving the thresholds");
+}
+
+int store_thresholds_get(store *s, int64_t model_id, unc_thresholds *t)
+{
+    sqlite3_stmt *st = prep(s,
+                            "SELECT entropy_mean, entropy_var, IFNULL(quantile, 0), IFNULL(page, 0), IFNULL(samples, 0), "
+                            "IFNULL(seed, 0), IFNULL(head_similarity, '') FROM thresholds WHERE model_id = ?",
+                            "i", model_id);
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        sqlite3_finalize(st);
+        return rc == SQLITE_DONE ? 1 : fail(s, "reading the thresholds");
+    }
+    memset(t, 0, sizeof *t);
+    t->valid = 1;
+    t->h_mean = sqlite3_column_double(st, 0);
+    t->h_var = sqlite3_column_double(st, 1);
+    t->quantile = sqlite3_column_double(st, 2);
+    t->page = sqlite3_column_int(st, 3);
+    t->samples = sqlite3_column_int64(st, 4);
+    t->seed = (uint64_t)sqlite3_column_int64(st, 5);
+    const char *p = (const char *)sqlite3_column_text(st, 6);
+    while (p && *p && t->n_heads < UNC_MAX_HEADS) {
+        int la, hd, used = 0;
+        float sim;
+        if (sscanf(p, "%d:%d:%f%n", &la, &hd, &sim, &used) != 3) break;
+        t->head_sim[t->n_heads++] = (unc_head_sim){ (int16_t)la, (int16_t)hd, sim };
+        p += used;
+        while (*p == ' ') p++;
+    }
+    snprintf(t->source, sizeof t->source, "the database");
+    sqlite3_finalize(st);
+    return 0;
+}
+
+static void page_list(char *buf, size_t cap, const int *p, int n)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && i < UNC_EVENT_PAGES && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%d", i ? "," : "", p[i]);
+}
+
+int store_events_put(store *s, int64_t message, const unc_event *e, int n)
+{
+    if (n == 0) return 0;
+    if (exec_sql(s, "BEGIN IMMEDIATE", "saving the events")) return -1;
+    for (int i = 0; i < n; i++) {
+        char add[200], rem[200];
+        page_list(add, sizeof add, e[i].added, e[i].n_added);
+        page_list(rem, sizeof rem, e[i].removed, e[i].n_removed);
+        sqlite3_stmt *st = prep(s,
+                                "INSERT INTO events (message_id, step, pos, page, mean_h, var_h, thr_h, thr_v, "
+                                "pages_added, pages_removed, regenerated, recovered, after_mean_h, after_var_h) VALUES "
+                                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                "iiiiddddttiidd", message, e[i].step, e[i].pos, e[i].page, e[i].stats.mean_h,
+                                e[i].stats.var_h, e[i].thr_h, e[i].thr_v, add, rem, (int64_t)e[i].regenerated,
+                                (int64_t)e[i].recovered, e[i].after.mean_h, e[i].after.var_h);
+        if (exec_stmt(s, st, "saving the events")) {
+            sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+            return -1;
+        }
+    }
+    if (exec_sql(s, "COMMIT", "saving the events")) {
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+int store_event_count(store *s, int64_t message, int64_t *n)
+{
+    sqlite3_stmt *st = prep(s, "SELECT COUNT(*) FROM events WHERE message_id = ?", "i", message);
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) *n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? 0 : fail(s, "counting events");
+}

@@ -1,0 +1,102 @@
+/* store.h - kvchat's sqlite database: models, documents, sessions, messages (a tree: each message
+ * knows its parent, so an edited question branches and both branches persist), KV snapshots,
+ * calibration thresholds and uncertainty events, with full-text search over messages and session
+ * titles. docs/store.md documents the schema.
+ *
+ * One database file (WAL mode, foreign keys on, busy timeout so two kvchat processes wait for each
+ * other instead of failing), schema versioned with PRAGMA user_version and migrated in a
+ * transaction. Every statement is prepared with bound parameters. Every function returns 0 on
+ * success and -1 with a one-line message in the store's error buffer (store_error). */
+#ifndef KVCHAT_STORE_H
+#define KVCHAT_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "uncertainty.h"
+
+typedef struct store store;
+
+#define STORE_SCHEMA_VERSION 1
+
+/* $XDG_DATA_HOME/kvchat/kvchat.db (or ~/.local/share/kvchat/kvchat.db); creates the directory. */
+int store_default_path(char *buf, size_t cap);
+/* Open (creating and migrating) the database at path. NULL with a message in err on failure. */
+store *store_open(const char *path, char *err, size_t errlen);
+void store_close(store *s);
+const char *store_error(const store *s);
+
+/* Models: one row per distinct file content (sha256). The sha256 of a file already seen at the same
+ * path, size and modification time is taken from the table instead of hashing again. */
+int store_model_cached_sha(store *s, const char *path, int64_t size, int64_t mtime, char sha[65]);
+int store_model_put(store *s, const char *path, int64_t size, int64_t mtime, const char *sha256, const char *arch,
+                    const char *tokenizer_hash, const char *name, int64_t *id);
+
+int store_document_put(store *s, int64_t model_id, const char *path, const char *sha256, const char *title,
+                       int64_t n_tokens, int64_t *id);
+
+typedef struct store_session {
+    int64_t id;
+    char name[128];            /* unique, as given with --session (may be empty) */
+    char title[256];
+    int64_t model_id, document_id;
+    char model_path[1024], model_sha[65];
+    char doc_path[1024], doc_sha[65], doc_title[256];
+    char policy[256], budget[32];
+    int64_t created, updated;  /* unix seconds */
+    int64_t n_messages;
+    char last_message[160];    /* the start of the newest message */
+} store_session;
+
+/* Find by name, or by id when key is all digits. 1 when there is none. */
+int store_session_find(store *s, const char *key, store_session *out);
+int store_session_get(store *s, int64_t id, store_session *out);
+int store_session_create(store *s, const char *name, const char *title, int64_t model_id, int64_t document_id,
+                         const char *policy, const char *budget, int64_t *id);
+int store_session_rename(store *s, int64_t id, const char *title);
+int store_session_delete(store *s, int64_t id);
+int store_session_list(store *s, void (*fn)(void *ud, const store_session *ss), void *ud);
+
+typedef struct store_message {
+    int64_t id, parent;        /* parent 0: a root */
+    char role[16];
+    char *text;                /* malloc'd */
+    char policy[256];
+    char metrics[512];
+    int64_t created;
+} store_message;
+
+int store_message_add(store *s, int64_t session, int64_t parent, const char *role, const char *text,
+                      const char *policy, const char *metrics, int64_t *id);
+/* The newest message of the session (the leaf a resumed conversation continues from); 0 if none. */
+int store_latest_message(store *s, int64_t session, int64_t *id);
+/* The messages from the root down to message id, in order (free with store_messages_free). */
+int store_message_path(store *s, int64_t id, store_message **out, int *n);
+/* Every message of the session in creation order (all branches). */
+int store_session_messages(store *s, int64_t session, store_message **out, int *n);
+void store_messages_free(store_message *m, int n);
+
+/* Full-text search over messages and session titles: fn gets each hit (message 0: a title). */
+int store_search(store *s, const char *query,
+                 void (*fn)(void *ud, int64_t session, int64_t message, const char *snippet), void *ud);
+
+/* Snapshots: written in one transaction with incremental blob I/O (a zeroblob of the final size,
+ * then sqlite3_blob_write in 1 MiB pieces), so a crash leaves the previous snapshot intact. One per
+ * (message, prefill policy): a newer one replaces the older. */
+int store_snapshot_put(store *s, int64_t session, int64_t message, const char *prefill_policy, int64_t n_tokens,
+                       const void *data, size_t len, int64_t *id);
+/* The snapshot taken after message for that prefill policy; 1 when there is none. data is malloc'd. */
+int store_snapshot_get(store *s, int64_t message, const char *prefill_policy, void **data, size_t *len);
+/* The newest snapshot of the session for that prefill policy (its message in *message). */
+int store_snapshot_latest(store *s, int64_t session, const char *prefill_policy, int64_t *message, void **data,
+                          size_t *len);
+
+int store_thresholds_put(store *s, int64_t model_id, const unc_thresholds *t);
+int store_thresholds_get(store *s, int64_t model_id, unc_thresholds *t);   /* 1: none */
+int store_events_put(store *s, int64_t message, const unc_event *e, int n);
+int store_event_count(store *s, int64_t message, int64_t *n);
+
+/* PRAGMA integrity_check: 0 when the database is consistent. */
+int store_check(store *s);
+
+#endif
