@@ -147,6 +147,8 @@ void fwd_free(fwd_ctx *f)
 int64_t fwd_pos(const fwd_ctx *f) { return kv_len(f->kv); }
 int64_t fwd_n_ctx(const fwd_ctx *f) { return kv_n_ctx(f->kv); }
 const kv_cache *fwd_kv(const fwd_ctx *f) { return f->kv; }
+kv_cache *fwd_cache(fwd_ctx *f) { return f->kv; }
+const model *fwd_model(const fwd_ctx *f) { return f->m; }
 uint64_t fwd_scratch_bytes(const fwd_ctx *f) { return f->scratch_bytes; }
 void fwd_set_floor(fwd_ctx *f, int64_t pos) { kv_set_floor(f->kv, pos); }
 void fwd_set_mark(fwd_ctx *f, int64_t pos) { kv_set_mark(f->kv, pos); }

@@ -53,6 +53,9 @@ void fwd_set_floor(fwd_ctx *f, int64_t pos);
 /* A second protected rewind target (see kv_set_mark; -1: none): the answer loop's page start. */
 void fwd_set_mark(fwd_ctx *f, int64_t pos);
 const kv_cache *fwd_kv(const fwd_ctx *f);
+/* The cache itself, for snapshot restore (which replaces its contents). */
+kv_cache *fwd_cache(fwd_ctx *f);
+const model *fwd_model(const fwd_ctx *f);
 uint64_t fwd_scratch_bytes(const fwd_ctx *f);
 
 /* Policies: fill env to create a pol_set for this sequence, then attach it (NULL: full attention).

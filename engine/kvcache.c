@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytes.h"
 #include "quant.h"
 #include "vec_dot.h"
 
@@ -463,4 +464,125 @@ void kv_get_stats(const kv_cache *kv, kv_stats *st)
     st->bytes_full = (uint64_t)st->tokens_full * (uint64_t)kv->row_dim * 2u * sizeof(uint16_t);
     st->bytes_peak = kv->peak;
     st->bytes_pooled = (uint64_t)kv->n_free * kv->page_bytes;
+}
+
+/* ------------------------------------------------------------------------------ snapshots */
+
+void kv_save(const kv_cache *kv, bytes_w *w)
+{
+    size_t R = (size_t)kv->row_dim;
+    bw_u32(w, (uint32_t)kv->n_layer);
+    bw_u32(w, (uint32_t)kv->n_head_kv);
+    bw_i64(w, kv->row_dim);
+    bw_u32(w, (uint32_t)kv->page_size);
+    bw_i64(w, kv->len);
+    bw_i64(w, kv->floor);
+    for (int il = 0; il < kv->n_layer; il++) {
+        const kv_layer *L = &kv->layers[il];
+        bw_u32(w, (uint32_t)L->window);
+        bw_i64(w, L->peak_tokens);
+        for (int h = 0; h < kv->n_head_kv; h++) {
+            const kv_stream *S = &L->heads[h];
+            bw_u32(w, (uint32_t)S->n);
+            for (int i = 0; i < S->n; i++) {
+                const kv_page *p = S->pages[i];
+                bw_u32(w, (uint32_t)p->n);
+                bw_put(w, p->pos, sizeof(int32_t) * (size_t)p->n);
+                bw_put(w, p->logdeg, sizeof(float) * (size_t)p->n);
+                bw_put(w, p->k, sizeof(uint16_t) * (size_t)p->n * R);
+                bw_put(w, p->v, sizeof(uint16_t) * (size_t)p->n * R);
+            }
+        }
+    }
+}
+
+int kv_load(kv_cache *kv, bytes_r *r, int apply, char *err, size_t errlen)
+{
+    size_t R = (size_t)kv->row_dim;
+    uint32_t nl = br_u32(r), nh = br_u32(r);
+    int64_t rd = br_i64(r);
+    uint32_t P = br_u32(r);
+    int64_t len = br_i64(r), floor = br_i64(r);
+    if (r->err) goto truncated;
+    if ((int)nl != kv->n_layer || (int)nh != kv->n_head_kv || rd != kv->row_dim || (int)P != kv->page_size) {
+        snprintf(err, errlen, "the snapshot's cache is %u layers x %u KV heads x %lld dims in pages of %u, this one "
+                 "%d x %d x %lld in pages of %d", nl, nh, (long long)rd, P, kv->n_layer, kv->n_head_kv,
+                 (long long)kv->row_dim, kv->page_size);
+        return -1;
+    }
+    if (len < 0 || len > kv->n_ctx) {
+        snprintf(err, errlen, "the snapshot holds %lld positions, more than the context of %lld", (long long)len,
+                 (long long)kv->n_ctx);
+        return -1;
+    }
+    if (apply) {
+        for (int il = 0; il < kv->n_layer; il++)
+            for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, &kv->layers[il].heads[h], 0);
+        kv->len = len;
+        kv->floor = floor;
+        kv->mark = -1;
+    }
+    for (int il = 0; il < kv->n_layer; il++) {
+        int32_t window = (int32_t)br_u32(r);
+        int64_t peak = br_i64(r);
+        if (r->err) goto truncated;
+        if (window != kv->layers[il].window) {
+            snprintf(err, errlen, "the snapshot's layer %d has a window of %d tokens, this model's %d", il, window,
+                     kv->layers[il].window);
+            return -1;
+        }
+        if (apply) kv->layers[il].peak_tokens = peak;
+        for (int h = 0; h < kv->n_head_kv; h++) {
+            uint32_t np = br_u32(r);
+            if (r->err) goto truncated;
+            if ((int64_t)np > len) {
+                snprintf(err, errlen, "the snapshot's layer %d head %d has %u pages for %lld positions", il, h, np,
+                         (long long)len);
+                return -1;
+            }
+            int64_t last = -1;
+            for (uint32_t i = 0; i < np; i++) {
+                uint32_t n = br_u32(r);
+                if (r->err) goto truncated;
+                if (n == 0 || n > P) {
+                    snprintf(err, errlen, "the snapshot has a page of %u tokens (pages hold 1 to %u)", n, P);
+                    return -1;
+                }
+                const int32_t *pos = br_view(r, sizeof(int32_t) * n);
+                const float *ld = br_view(r, sizeof(float) * n);
+                const uint16_t *k = br_view(r, sizeof(uint16_t) * n * R), *v = br_view(r, sizeof(uint16_t) * n * R);
+                if (r->err) goto truncated;
+                for (uint32_t t = 0; t < n; t++) {
+                    int32_t ps;
+                    float d;
+                    memcpy(&ps, pos + t, sizeof ps);   /* the bytes need not be aligned */
+                    memcpy(&d, ld + t, sizeof d);
+                    if (ps <= last || ps >= len || !(d >= 0 && d < 64)) {
+                        snprintf(err, errlen, "the snapshot's layer %d head %d has a bad token (position %d, "
+                                 "log-degree %g)", il, h, ps, (double)d);
+                        return -1;
+                    }
+                    last = ps;
+                }
+                if (!apply) continue;
+                kv_page *p = kv_page_new(kv);
+                if (!p || kv_push_page(kv, il, h, p) != 0) {
+                    if (p) page_release(kv, p);
+                    snprintf(err, errlen, "out of memory restoring the snapshot's cache");
+                    return -1;
+                }
+                memcpy(p->pos, pos, sizeof(int32_t) * n);
+                memcpy(p->logdeg, ld, sizeof(float) * n);
+                memcpy(p->k, k, sizeof(uint16_t) * n * R);
+                memcpy(p->v, v, sizeof(uint16_t) * n * R);
+                p->n = (int32_t)n;
+                kv_page_resummarize(kv, p);
+                kv->layers[il].heads[h].tokens += n;
+            }
+        }
+    }
+    return 0;
+truncated:
+    snprintf(err, errlen, "the snapshot's cache section is truncated");
+    return -1;
 }

@@ -108,4 +108,13 @@ void kv_reset_peak(kv_cache *kv);
 /* Bytes of one page (K, V, positions, log-degrees and summaries). */
 uint64_t kv_page_bytes(const kv_cache *kv);
 
+/* Snapshots: the cache's shape, positions and every page (positions, log-degrees, f16 K and V rows;
+ * the page summaries are recomputed on load). kv_load checks everything against this cache's shape
+ * and the format's invariants with apply = 0 and touches nothing; with apply = 1 it replaces the
+ * contents. -1 with a one-line message. */
+struct bytes_w;
+struct bytes_r;
+void kv_save(const kv_cache *kv, struct bytes_w *w);
+int kv_load(kv_cache *kv, struct bytes_r *r, int apply, char *err, size_t errlen);
+
 #endif

@@ -297,6 +297,26 @@ static int ch_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
     return 0;
 }
 
+static void ch_save(void *st, bytes_w *w)
+{
+    st_chel *s = st;
+    bw_i64(w, s->budget_tokens);
+    bw_i64(w, s->merges);
+    bw_i64(w, s->kept_last);
+}
+
+static int ch_load(void *st, const pol_env *env, bytes_r *r)
+{
+    (void)env;
+    st_chel *s = st;
+    int64_t b = br_i64(r), m = br_i64(r), k = br_i64(r);
+    if (r->err || b < 0) return -1;
+    s->budget_tokens = b;
+    s->merges = m;
+    s->kept_last = k;
+    return 0;
+}
+
 static void ch_describe(void *st, char *buf, size_t len)
 {
     st_chel *s = st;
@@ -322,4 +342,6 @@ const pol_ops pol_chelsea = {
     .layer_done = ch_layer_done,
     .check = ch_check,
     .describe = ch_describe,
+    .save = ch_save,
+    .load = ch_load,
 };

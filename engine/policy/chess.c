@@ -324,6 +324,59 @@ static void c_reselect(void *st, const pol_env *env, int64_t pos, int64_t keep_f
     free(old);
 }
 
+static void c_save(void *st, bytes_w *w)
+{
+    st_chess *s = st;
+    bw_i64(w, s->cur);
+    bw_u32(w, (uint32_t)s->valid);
+    bw_u32(w, (uint32_t)s->dirty);
+    bw_i64(w, s->built_at);
+    bw_u32(w, (uint32_t)s->tail_from);
+    bw_u32(w, (uint32_t)s->n_cand);
+    bw_i64(w, s->rebuilds);
+    bw_i64(w, s->events);
+    bw_i64(w, s->n_pages_at_build);
+    bw_u32(w, (uint32_t)(s->valid ? s->n_sel : 0));
+    if (s->valid) bw_put(w, s->sel, sizeof(int) * (size_t)s->n_sel);
+}
+
+static int c_load(void *st, const pol_env *env, bytes_r *r)
+{
+    (void)env;
+    st_chess *s = st;
+    int64_t cur = br_i64(r);
+    int valid = (int)br_u32(r), dirty = (int)br_u32(r);
+    int64_t built_at = br_i64(r);
+    int tail_from = (int)br_u32(r), n_cand = (int)br_u32(r);
+    int64_t rebuilds = br_i64(r), events = br_i64(r), npb = br_i64(r);
+    uint32_t n_sel = br_u32(r);
+    if (r->err || n_sel > (1u << 24)) return -1;
+    int *sel = malloc(sizeof(int) * (n_sel ? n_sel : 1));
+    if (!sel || br_get(r, sel, sizeof(int) * n_sel)) {
+        free(sel);
+        return -1;
+    }
+    for (uint32_t i = 0; i < n_sel; i++)
+        if (sel[i] < 0 || (i > 0 && sel[i] <= sel[i - 1])) {
+            free(sel);
+            return -1;
+        }
+    free(s->sel);
+    s->sel = sel;
+    s->n_sel = (int)n_sel;
+    s->idx_cap = 0;   /* sel is exactly n_sel long now: the next rebuild grows it with the scratch */
+    s->cur = cur;
+    s->valid = valid;
+    s->dirty = dirty;
+    s->built_at = built_at;
+    s->tail_from = tail_from;
+    s->n_cand = n_cand;
+    s->rebuilds = rebuilds;
+    s->events = events;
+    s->n_pages_at_build = npb;
+    return 0;
+}
+
 static void c_describe(void *st, char *buf, size_t len)
 {
     st_chess *s = st;
@@ -344,4 +397,6 @@ const pol_ops pol_chess = {
     .reselect = c_reselect,
     .check = c_check,
     .describe = c_describe,
+    .save = c_save,
+    .load = c_load,
 };

@@ -155,6 +155,43 @@ static int h_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
     return 0;
 }
 
+static void h_save(void *st, bytes_w *w)
+{
+    st_h2o *s = st;
+    bw_i64(w, s->budget_tokens);
+    bw_i64(w, s->evicted);
+    bw_i64(w, s->kept_last);
+    bw_u32(w, (uint32_t)(s->n_layer * s->n_head_kv));
+    for (int k = 0; k < s->n_layer * s->n_head_kv; k++) {
+        bw_i64(w, s->cap[k]);
+        bw_put(w, s->score[k], sizeof(float) * (size_t)s->cap[k]);
+    }
+}
+
+static int h_load(void *st, const pol_env *env, bytes_r *r)
+{
+    st_h2o *s = st;
+    int64_t bt = br_i64(r), ev = br_i64(r), kl = br_i64(r);
+    uint32_t n = br_u32(r);
+    if (r->err || (int)n != s->n_layer * s->n_head_kv) return -1;
+    for (uint32_t k = 0; k < n; k++) {
+        int64_t cap = br_i64(r);
+        if (r->err || cap < 0 || cap > 4 * kv_n_ctx(env->kv) + 1024) return -1;
+        const void *p = br_view(r, sizeof(float) * (size_t)cap);
+        if (!p) return -1;
+        float *sc = malloc(sizeof(float) * (size_t)(cap > 0 ? cap : 1));
+        if (!sc) return -1;
+        memcpy(sc, p, sizeof(float) * (size_t)cap);
+        free(s->score[k]);
+        s->score[k] = sc;
+        s->cap[k] = cap;
+    }
+    s->budget_tokens = bt;
+    s->evicted = ev;
+    s->kept_last = kl;
+    return 0;
+}
+
 static void h_describe(void *st, char *buf, size_t len)
 {
     st_h2o *s = st;
@@ -174,4 +211,6 @@ const pol_ops pol_h2o = {
     .layer_done = h_layer_done,
     .check = h_check,
     .describe = h_describe,
+    .save = h_save,
+    .load = h_load,
 };

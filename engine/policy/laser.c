@@ -287,6 +287,28 @@ static void la_describe(void *st, char *buf, size_t len)
              "%d prompt tokens", (long long)s->blocks, (long long)s->kept_total, s->probe);
 }
 
+/* Across evals only the settled boundary matters (a block's scores live within one eval). */
+static void la_save(void *st, bytes_w *w)
+{
+    st_laser *s = st;
+    bw_i64(w, s->done_upto);
+    bw_i64(w, s->block_start);
+    bw_i64(w, s->kept_total);
+    bw_i64(w, s->blocks);
+}
+
+static int la_load(void *st, const pol_env *env, bytes_r *r)
+{
+    st_laser *s = st;
+    int64_t d = br_i64(r), b = br_i64(r), k = br_i64(r), n = br_i64(r);
+    if (r->err || d < 0 || b < 0 || d > kv_n_ctx(env->kv) || b > kv_n_ctx(env->kv)) return -1;
+    s->done_upto = d;
+    s->block_start = b;
+    s->kept_total = k;
+    s->blocks = n;
+    return 0;
+}
+
 const pol_ops pol_laser = {
     .name = "laser",
     .summary = "LASER-KV: per-block sinks + recent + Exact/LSH recall of a question probe, append-only",
@@ -299,4 +321,6 @@ const pol_ops pol_laser = {
     .layer_done = la_layer_done,
     .probe_tokens = la_probe_tokens,
     .describe = la_describe,
+    .save = la_save,
+    .load = la_load,
 };

@@ -520,3 +520,46 @@ void pol_set_probe_is_question(pol_set *ps, int yes)
 {
     if (ps) ps->probe_question = yes;
 }
+
+void pol_set_save(const pol_set *ps, bytes_w *w)
+{
+    bw_str(w, ps ? ps->spec.text : "");
+    bw_u32(w, ps ? (uint32_t)ps->spec.n : 0);
+    for (int i = 0; ps && i < ps->spec.n; i++) {
+        bw_str(w, ps->spec.ops[i]->name);
+        bytes_w one = { 0 };
+        if (ps->spec.ops[i]->save) ps->spec.ops[i]->save(ps->st[i], &one);
+        w->err |= one.err;
+        bw_u32(w, (uint32_t)one.n);
+        bw_put(w, one.p, one.n);
+        bw_free(&one);
+    }
+}
+
+int pol_set_load(pol_set *ps, bytes_r *r, int apply, char *err, size_t errlen)
+{
+    char text[256], name[64];
+    br_str(r, text, sizeof text);
+    uint32_t n = br_u32(r);
+    if (r->err || n > 2) goto bad;
+    for (uint32_t i = 0; i < n; i++) {
+        br_str(r, name, sizeof name);
+        uint32_t len = br_u32(r);
+        const void *p = br_view(r, len);
+        if (r->err) goto bad;
+        if (!apply || !ps) continue;
+        for (int k = 0; k < ps->spec.n; k++) {
+            const pol_ops *op = ps->spec.ops[k];
+            if (strcmp(op->name, name) || !op->load) continue;
+            bytes_r one = { p, len, 0, 0 };
+            if (op->load(ps->st[k], &ps->env, &one) != 0 || one.err || one.off != len) {
+                snprintf(err, errlen, "the snapshot's %s state does not fit this session", name);
+                return -1;
+            }
+        }
+    }
+    return 0;
+bad:
+    snprintf(err, errlen, "the snapshot's policy section is malformed");
+    return -1;
+}

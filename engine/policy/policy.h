@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "bytes.h"
 #include "kvcache.h"
 
 #define POL_MAX_PARAMS 16
@@ -121,6 +122,10 @@ typedef struct pol_ops {
     int (*check)(void *st, const pol_env *env, int64_t ctx, char *err, size_t errlen);
     /* One line describing the policy's current state (for the UI and ask's metrics). */
     void (*describe)(void *st, char *buf, size_t len);
+    /* Snapshots: the state later steps depend on (NULL: none). load reads what save wrote, checking
+     * sizes against this sequence (the bytes passed a checksum, but may come from another build). */
+    void (*save)(void *st, struct bytes_w *w);
+    int (*load)(void *st, const pol_env *env, struct bytes_r *r);
 } pol_ops;
 
 /* Every registered policy (NULL-terminated), and one by name. */
@@ -202,6 +207,12 @@ void pol_set_describe(const pol_set *ps, char *buf, size_t len);
  * document and the question together) or, when a document is loaded before any question, the
  * document's own last tokens. Only changes what describe reports; the default is the latter. */
 void pol_set_probe_is_question(pol_set *ps, int yes);
+/* Snapshot of the policies' state: the spec text, then per policy its name and a length-prefixed
+ * state. Loading with apply = 0 only checks the framing; with apply = 1 each policy whose name
+ * matches the one saved in its slot loads its state (a policy switched since keeps a fresh state).
+ * -1 with a message. */
+void pol_set_save(const pol_set *ps, bytes_w *w);
+int pol_set_load(pol_set *ps, bytes_r *r, int apply, char *err, size_t errlen);
 int pol_set_saves_memory(const pol_set *ps);
 
 #endif

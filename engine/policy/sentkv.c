@@ -81,6 +81,7 @@ typedef struct st_sent {
     double reused, gathered;
     int64_t tokens_last;
     int n_slots;
+    int64_t summ_per;        /* floats of one segment's summaries: [n_global][n_head_kv][2][D] */
 } st_sent;
 
 static int se_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
@@ -93,6 +94,7 @@ static int se_create(void **out, const pol_env *env, const double *vals, char *e
     s->sinks = (int)vals[P_SINKS];
     int slots = env->n_global * env->n_head_kv;
     s->n_slots = slots;
+    s->summ_per = (int64_t)slots * 2 * kv_head_dim(env->kv);
     s->prev = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev);
     s->prev_words = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_words);
     if (!s->prev || !s->prev_words) goto oom;
@@ -341,6 +343,75 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     return 1;
 }
 
+/* Tokens, segments and their summaries as taken (the reuse bookkeeping starts afresh after a
+ * restore). */
+static void se_save(void *st, bytes_w *w)
+{
+    st_sent *s = st;
+    bw_i64(w, s->n_tok);
+    bw_put(w, s->tok, sizeof(int32_t) * (size_t)s->n_tok);
+    bw_i64(w, s->n_seg);
+    bw_put(w, s->seg_end, sizeof(int64_t) * (size_t)s->n_seg);
+    bw_i64(w, s->n_summ);
+    bw_i64(w, s->cur);
+    bw_u32(w, (uint32_t)s->n_slots);
+    bw_i64(w, s->summ_per);
+    bw_put(w, s->mm, sizeof(float) * (size_t)(s->n_summ * s->summ_per));
+}
+
+static int se_load(void *st, const pol_env *env, bytes_r *r)
+{
+    st_sent *s = st;
+    int64_t n_tok = br_i64(r);
+    if (r->err || n_tok < 0 || n_tok > kv_n_ctx(env->kv)) return -1;
+    const int32_t *tok = br_view(r, sizeof(int32_t) * (size_t)n_tok);
+    int64_t n_seg = br_i64(r);
+    if (r->err || n_seg < 0 || n_seg > n_tok) return -1;
+    const int64_t *seg = br_view(r, sizeof(int64_t) * (size_t)n_seg);
+    int64_t n_summ = br_i64(r), cur = br_i64(r);
+    br_u32(r);
+    int64_t per = br_i64(r), want = (int64_t)env->n_global * env->n_head_kv * 2 * kv_head_dim(env->kv);
+    if (r->err || n_summ < 0 || n_summ > n_seg || (n_summ > 0 && per != want)) return -1;
+    /* the summaries as they were taken: the keys may have changed since (merged or evicted) */
+    const float *mm = br_view(r, sizeof(float) * (size_t)(n_summ * (n_summ > 0 ? per : 0)));
+    if (r->err) return -1;
+    float *nmm = malloc(sizeof(float) * (size_t)(n_summ > 0 ? n_summ * per : 1));
+    if (!nmm) return -1;
+    memcpy(nmm, mm, sizeof(float) * (size_t)(n_summ > 0 ? n_summ * per : 0));
+    int32_t *nt = malloc(sizeof(int32_t) * (size_t)(n_tok > 0 ? n_tok * 2 : 1));
+    int64_t *ns = malloc(sizeof(int64_t) * (size_t)(n_seg > 0 ? n_seg * 2 : 1));
+    if (!nt || !ns) {
+        free(nt);
+        free(ns);
+        free(nmm);
+        return -1;
+    }
+    memcpy(nt, tok, sizeof(int32_t) * (size_t)n_tok);
+    memcpy(ns, seg, sizeof(int64_t) * (size_t)n_seg);
+    for (int64_t i = 0; i < n_tok; i++)
+        if (nt[i] < -1 || nt[i] >= env->n_vocab) nt[i] = -1;
+    for (int64_t i = 0; i < n_seg; i++)
+        if (ns[i] <= (i ? ns[i - 1] : 0) || ns[i] > n_tok) {
+            free(nt);
+            free(ns);
+            free(nmm);
+            return -1;
+        }
+    free(s->tok);
+    free(s->seg_end);
+    s->tok = nt;
+    s->cap_tok = n_tok > 0 ? n_tok * 2 : 1;
+    s->n_tok = n_tok;
+    s->seg_end = ns;
+    s->cap_seg = n_seg > 0 ? n_seg * 2 : 1;
+    s->n_seg = n_seg;
+    s->cur = cur;
+    free(s->mm);
+    s->mm = nmm;
+    s->n_summ = n_summ;
+    return 0;
+}
+
 static void se_describe(void *st, char *buf, size_t len)
 {
     st_sent *s = st;
@@ -362,4 +433,6 @@ const pol_ops pol_sentkv = {
     .select = se_select,
     .check = se_check,
     .describe = se_describe,
+    .save = se_save,
+    .load = se_load,
 };

@@ -1,0 +1,184 @@
+/* test_snapshot.c - snapshots on the tiny models: after a restore into a fresh sequence the next
+ * tokens and logits are identical to the uninterrupted run's (cache, policy state and sampler RNG
+ * all restored), and a corrupt, truncated, foreign or mismatched snapshot is refused with a clear
+ * message before anything changes. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "forward.h"
+#include "model.h"
+#include "policy.h"
+#include "sampler.h"
+#include "snapshot.h"
+#include "tokenizer.h"
+
+#define TD "../shared/testdata/"
+#define SHA "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+typedef struct seq {
+    fwd_ctx *f;
+    pol_set *ps;
+    samp *s;
+} seq;
+
+static void seq_open(seq *q, const model *m, be_backend *b, const char *spec, int page)
+{
+    char err[512];
+    fwd_opts fo = { 2048, 64, page };
+    q->f = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(q->f, "%s", err);
+    q->ps = NULL;
+    if (spec) {
+        pol_spec s;
+        cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
+        pol_env env;
+        fwd_policy_env(q->f, &env);
+        q->ps = pol_set_create(&s, &env, err, sizeof err);
+        cr_assert(q->ps, "%s", err);
+        fwd_set_policy(q->f, q->ps);
+    }
+    samp_params sp = samp_params_default();
+    sp.temperature = 0.9f;   /* sampling, so the RNG state matters */
+    sp.seed = 42;
+    sp.repeat_penalty = 1.1f;
+    q->s = samp_create(&sp, m->hp.n_vocab);
+}
+
+static void seq_close(seq *q)
+{
+    fwd_free(q->f);
+    pol_set_free(q->ps);
+    samp_free(q->s);
+}
+
+/* Sample and decode n tokens after *last (already sampled, not decoded); logits of every step. */
+static void run_steps(seq *q, const model *m, int32_t *last, int n, int32_t *out_tok, float *out_logits)
+{
+    char err[512];
+    int nv = m->hp.n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)nv);
+    for (int i = 0; i < n; i++) {
+        cr_assert(fwd_decode(q->f, *last, l, NULL, err, sizeof err) == 0, "%s", err);
+        memcpy(out_logits + (size_t)i * nv, l, sizeof(float) * (size_t)nv);
+        *last = samp_sample(q->s, l);
+        samp_accept(q->s, *last);
+        out_tok[i] = *last;
+    }
+    free(l);
+}
+
+static void check_resume(const char *file, const char *spec)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, file, NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    FILE *pf = fopen(TD "prompts/p2.txt", "rb");
+    char buf[65536];
+    size_t len = fread(buf, 1, sizeof buf - 1, pf);
+    fclose(pf);
+    int32_t *ids = NULL;
+    size_t n_ids;
+    cr_assert(tok_encode(m->vocab, buf, len, tok_add_bos(m->vocab), 0, &ids, &n_ids, err, sizeof err) == 0);
+    int nv = m->hp.n_vocab;
+    enum { N1 = 12, N2 = 10 };
+    float *logits = malloc(sizeof(float) * (size_t)nv);
+    float *la = malloc(sizeof(float) * (size_t)nv * N2), *lb = malloc(sizeof(float) * (size_t)nv * N2);
+    int32_t ta[N2], tb[N2], tmp[N1];
+    float *scratch = malloc(sizeof(float) * (size_t)nv * N1);
+
+    /* the uninterrupted run: prefill, N1 steps, snapshot, N2 more steps */
+    seq a;
+    seq_open(&a, m, b, spec, 8);
+    for (size_t i = 0; i < n_ids; i++) samp_accept(a.s, ids[i]);
+    cr_assert(fwd_eval(a.f, ids, (int64_t)n_ids, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    int32_t last = samp_sample(a.s, logits);
+    samp_accept(a.s, last);
+    run_steps(&a, m, &last, N1, tmp, scratch);
+    snap_identity id;
+    snap_identity_of(a.f, SHA, &id);
+    int64_t pos = fwd_pos(a.f);
+    int32_t *seqids = malloc(sizeof(int32_t) * (size_t)(pos + 1));
+    for (int64_t i = 0; i < pos + 1; i++) seqids[i] = (int32_t)i;   /* ids are opaque to the cache: any in range */
+    seqids[pos] = last;
+    void *snap;
+    size_t snap_len;
+    cr_assert(snap_save(a.f, a.s, &id, seqids, pos + 1, &snap, &snap_len, err, sizeof err) == 0, "%s", err);
+    int32_t last_a = last;
+    run_steps(&a, m, &last_a, N2, ta, la);
+
+    /* a fresh sequence restored from the snapshot */
+    seq q;
+    seq_open(&q, m, b, spec, 8);
+    int32_t *back;
+    int64_t nb;
+    cr_assert(snap_restore(q.f, q.s, snap, snap_len, &id, &back, &nb, err, sizeof err) == 0, "%s", err);
+    cr_assert_eq(nb, pos + 1);
+    cr_assert_eq(fwd_pos(q.f), pos, "the restored cache holds the same positions");
+    int32_t last_b = back[nb - 1];
+    run_steps(&q, m, &last_b, N2, tb, lb);
+    cr_expect(!memcmp(ta, tb, sizeof ta), "%s / %s: the tokens after the restore differ", file, spec ? spec : "none");
+    cr_expect(!memcmp(la, lb, sizeof(float) * (size_t)nv * N2), "%s / %s: the logits after the restore differ", file,
+              spec ? spec : "none");
+    free(back);
+
+    /* refusals, each leaving the target untouched */
+    seq z;
+    seq_open(&z, m, b, spec, 8);
+    unsigned char *bad = malloc(snap_len);
+    memcpy(bad, snap, snap_len);
+    bad[snap_len / 2] ^= 0x40;
+    cr_expect(snap_restore(z.f, z.s, bad, snap_len, &id, &back, &nb, err, sizeof err) != 0 && strstr(err, "corrupt"),
+              "%s", err);
+    cr_expect(snap_restore(z.f, z.s, snap, snap_len - 7, &id, &back, &nb, err, sizeof err) != 0 &&
+                  strstr(err, "truncated"),
+              "%s", err);
+    memcpy(bad, snap, snap_len);
+    bad[8] = 99;   /* another format version */
+    cr_expect(snap_restore(z.f, z.s, bad, snap_len, &id, &back, &nb, err, sizeof err) != 0 && strstr(err, "version"),
+              "%s", err);
+    snap_identity other = id;
+    other.model_sha256[0] = other.model_sha256[0] == 'f' ? 'e' : 'f';
+    cr_expect(snap_restore(z.f, z.s, snap, snap_len, &other, &back, &nb, err, sizeof err) != 0 &&
+                  strstr(err, "another model"),
+              "%s", err);
+    cr_expect(snap_restore(z.f, z.s, "not a snapshot at all, just some text bytes here", 48, &id, &back, &nb, err,
+                           sizeof err) != 0 &&
+                  strstr(err, "not a kvchat snapshot"),
+              "%s", err);
+    cr_expect_eq(fwd_pos(z.f), 0, "a refused snapshot changed the cache");
+    seq w;
+    seq_open(&w, m, b, spec, 16);   /* another page size */
+    cr_expect(snap_restore(w.f, w.s, snap, snap_len, &id, &back, &nb, err, sizeof err) != 0 && strstr(err, "shape"),
+              "%s", err);
+    seq_close(&w);
+    seq_close(&z);
+    seq_close(&q);
+    seq_close(&a);
+    free(bad);
+    free(snap);
+    free(seqids);
+    free(scratch);
+    free(la);
+    free(lb);
+    free(logits);
+    free(ids);
+    be_free(b);
+    model_free(m);
+}
+
+Test(snapshot, restore_continues_exactly_on_tiny_llama, .timeout = 120)
+{
+    check_resume(TD "tiny/tiny-llama-f16.gguf", NULL);
+    check_resume(TD "tiny/tiny-llama-f16.gguf", "h2o:budget=0.5+chess:every=1,budget=0.3");
+}
+
+Test(snapshot, restore_continues_exactly_on_tiny_gemma, .timeout = 120)
+{
+    /* sliding-window layers, a merged (log-degree) cache, and SentKV's segments */
+    check_resume(TD "tiny/tiny-gemma3-f16.gguf", "chelsea:budget=0.4,sinks=4,recent=8,gap=8+sentkv:budget=0.5");
+    check_resume(TD "tiny/tiny-gemma3-f16.gguf", "snapkv:budget=0.5+quest:budget=0.3");
+}
