@@ -25,6 +25,8 @@ static int fail(store *s, const char *what)
         snprintf(s->err, sizeof s->err, "%s: the database is read-only (%s)", what, m);
     else if ((code & 0xff) == SQLITE_BUSY)
         snprintf(s->err, sizeof s->err, "%s: the database is locked by another process (%s)", what, m);
+    else if ((code & 0xff) == SQLITE_IOERR && sqlite3_system_errno(s->db))
+        snprintf(s->err, sizeof s->err, "%s: %s (%s)", what, m, strerror(sqlite3_system_errno(s->db)));
     else
         snprintf(s->err, sizeof s->err, "%s: %s", what, m);
     return -1;
@@ -249,7 +251,7 @@ store *store_open(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK) {
+    if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI, NULL) != SQLITE_OK) {
         snprintf(err, errlen, "cannot open the database %s: %s", path, s->db ? sqlite3_errmsg(s->db) : "out of memory");
         store_close(s);
         return NULL;
@@ -257,8 +259,9 @@ store *store_open(const char *path, char *err, size_t errlen)
     sqlite3_busy_timeout(s->db, 10000);   /* another kvchat writing: wait, do not fail */
     sqlite3_extended_result_codes(s->db, 1);
     /* journal_mode=WAL needs write access; a read-only file keeps its mode and fails on write */
+    int ro = sqlite3_db_readonly(s->db, "main") == 1;   /* browsing still works; writes fail clearly */
     if (exec_sql(s, "PRAGMA foreign_keys = ON", "opening the database") ||
-        exec_sql(s, "PRAGMA journal_mode = WAL", "opening the database") ||
+        (!ro && exec_sql(s, "PRAGMA journal_mode = WAL", "opening the database")) ||
         exec_sql(s, "PRAGMA synchronous = NORMAL", "opening the database") || migrate(s)) {
         snprintf(err, errlen, "%s: %s", path, s->err);
         store_close(s);

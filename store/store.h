@@ -21,7 +21,8 @@ typedef struct store store;
 
 /* $XDG_DATA_HOME/kvchat/kvchat.db (or ~/.local/share/kvchat/kvchat.db); creates the directory. */
 int store_default_path(char *buf, size_t cap);
-/* Open (creating and migrating) the database at path. NULL with a message in err on failure. */
+/* Open (creating and migrating) the database at path (a file name or an sqlite URI such as
+ * file:/x/kvchat.db?mode=ro). NULL with a message in err on failure. */
 store *store_open(const char *path, char *err, size_t errlen);
 void store_close(store *s);
 const char *store_error(const store *s);
