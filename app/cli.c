@@ -211,6 +211,27 @@ const char *cli_default_model_path(char *buf, size_t cap)
     return buf;
 }
 
+int cli_set_policy(cli_runtime *rt, const char *spec_text, const char *budget)
+{
+    char err[600];
+    pol_spec spec;
+    if (pol_parse(&spec, spec_text, budget && *budget ? budget : NULL, err, sizeof err)) {
+        cli_err("%s", err);
+        return -1;
+    }
+    pol_env env;
+    fwd_policy_env(rt->f, &env);
+    pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
+    if (!ps) {
+        cli_err("%s", err);
+        return -1;
+    }
+    fwd_set_policy(rt->f, ps);
+    pol_set_free(rt->ps);
+    rt->ps = ps;
+    return 0;
+}
+
 int cli_apply_head_similarity(cli_runtime *rt)
 {
     if (!rt->thr.valid || rt->thr.n_heads == 0) return fwd_set_head_similarity(rt->f, NULL);
@@ -428,7 +449,34 @@ double cli_peak_rss_mib(void)
 typedef struct stream_ud {
     tok_stream ts;
     int show_events;
+    cli_answer *out;
 } stream_ud;
+
+void cli_answer_free(cli_answer *a)
+{
+    if (!a) return;
+    free(a->ids);
+    free(a->text);
+    memset(a, 0, sizeof *a);
+}
+
+static void answer_text(cli_answer *a, const char *p, size_t w)
+{
+    if (!a || a->oom) return;
+    if (a->len + w + 1 > a->text_cap) {
+        size_t nc = (a->len + w + 1) * 2;
+        char *nt = realloc(a->text, nc);
+        if (!nt) {
+            a->oom = 1;
+            return;
+        }
+        a->text = nt;
+        a->text_cap = nc;
+    }
+    memcpy(a->text + a->len, p, w);
+    a->len += w;
+    a->text[a->len] = 0;
+}
 
 static void on_token(void *ud, int32_t id)
 {
@@ -439,6 +487,20 @@ static void on_token(void *ud, int32_t id)
         fwrite(piece, 1, w, stdout);
         fflush(stdout);
     }
+    cli_answer *a = u->out;
+    if (!a || a->oom) return;
+    if (a->n == a->cap) {
+        int64_t nc = a->cap ? a->cap * 2 : 256;
+        int32_t *ni = realloc(a->ids, sizeof(int32_t) * (size_t)nc);
+        if (!ni) {
+            a->oom = 1;
+            return;
+        }
+        a->ids = ni;
+        a->cap = nc;
+    }
+    a->ids[a->n++] = id;
+    answer_text(a, piece, w);
 }
 
 static void on_page(void *ud, int64_t page, const unc_stats *st)
@@ -459,11 +521,14 @@ static void on_event(void *ud, const unc_event *e)
 }
 
 int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int32_t prev_token, int64_t n_predict,
-                      int show_events, gen_result *res, const char **stop_note, char *err, size_t errlen)
+                      int show_events, gen_result *res, const char **stop_note, cli_answer *out, char *err,
+                      size_t errlen)
 {
     stream_ud u;
     tok_stream_init(&u.ts, rt->m->vocab);
     u.show_events = show_events;
+    u.out = out;
+    if (out) memset(out, 0, sizeof *out);
     if (show_events && rt->thr.valid)
         fprintf(stderr, "uncertainty: a page of %d tokens crosses at mean H > %.3f or Var(H) > %.3f (%s); at most %d "
                 "regenerations per answer\n", unc_page_size(rt->mon), rt->thr.h_mean, rt->thr.h_var, rt->thr.source,
@@ -477,6 +542,7 @@ int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int32_t prev_toke
     char piece[512];
     size_t w = tok_stream_flush(&u.ts, piece, sizeof piece);
     fwrite(piece, 1, w, stdout);
+    answer_text(out, piece, w);
     fputc('\n', stdout);
     *stop_note = res->stop == GEN_STOP_INTERRUPT ? " (interrupted)" : res->stop == GEN_STOP_CONTEXT ? " (context full)" : "";
     if (show_events || res->events)

@@ -76,8 +76,19 @@ int cli_apply_head_similarity(cli_runtime *rt);
  * end of generation, a full context or Ctrl-C (stop_note says which), then flush the text and end
  * the line. With show_events, page statistics and events go to stderr as they happen. 0, or -1
  * with a message in err when a decode step fails. */
+typedef struct cli_answer {
+    int32_t *ids;               /* the answer's tokens (an end-of-turn token that stopped it is not one) */
+    int64_t n, cap;
+    char *text;                 /* as printed */
+    size_t len, text_cap;
+    int oom;
+} cli_answer;
+void cli_answer_free(cli_answer *a);
 int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int32_t prev_token, int64_t n_predict,
-                      int show_events, gen_result *res, const char **stop_note, char *err, size_t errlen);
+                      int show_events, gen_result *res, const char **stop_note, cli_answer *out, char *err,
+                      size_t errlen);
+/* Replace the policies of rt with spec/budget (a resumed session's own). 0, or -1 after printing. */
+int cli_set_policy(cli_runtime *rt, const char *spec, const char *budget);
 /* Where the thresholds of model file path are looked up: --thresholds, then the calibration
  * kvchat calibrate wrote (data dir), then the ones shipped for the default model. Fills t (t->valid 0
  * when none exist). 0, or -1 after printing (a bad --thresholds). */

@@ -131,7 +131,7 @@ int cmd_generate(int argc, char **argv)
     double t1 = cli_now();
     gen_result gr;
     const char *stop_note;
-    if (cli_stream_answer(&rt, s, logits, ids[n_ids - 1], n_predict, o.show_events, &gr, &stop_note, err,
+    if (cli_stream_answer(&rt, s, logits, ids[n_ids - 1], n_predict, o.show_events, &gr, &stop_note, NULL, err,
                           sizeof err)) {
         cli_err("generate: %s", err);
         goto done;

@@ -175,3 +175,35 @@ char *chat_render(enum chat_family fam, const chat_msg *msgs, size_t n, int add_
     if (!b.p) sb_cat(&b, "");
     return b.p;
 }
+
+char *chat_continue(enum chat_family fam, const char *question)
+{
+    strb b = { 0 };
+    switch (fam) {
+    case CHAT_GEMMA:
+        sb_cat(&b, "<end_of_turn>\n<start_of_turn>user\n");
+        sb_trimmed(&b, question);
+        sb_cat(&b, "<end_of_turn>\n<start_of_turn>model\n");
+        break;
+    case CHAT_LLAMA2:
+        sb_cat(&b, " </s><s>[INST] ");
+        sb_cat(&b, question);
+        sb_cat(&b, " [/INST]");
+        break;
+    case CHAT_MISTRAL:
+        sb_cat(&b, "</s>[INST] ");
+        sb_cat(&b, question);
+        sb_cat(&b, " [/INST]");
+        break;
+    case CHAT_ZEPHYR:
+        sb_cat(&b, "</s>\n<|user|>\n");
+        sb_cat(&b, question);
+        sb_cat(&b, "</s>\n<|assistant|>\n");
+        break;
+    }
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}

@@ -29,4 +29,9 @@ const char *chat_family_name(enum chat_family fam);
 char *chat_render(enum chat_family fam, const chat_msg *msgs, size_t n, int add_generation_prompt,
                   char *err, size_t errlen);
 
+/* The text that follows an assistant answer to ask the next question: the answer's closing marker
+ * (generation may have stopped before it), the user turn, and the opening of the next assistant
+ * turn. Encode with add_bos = 0 and parse_special = 1. malloc'd, or NULL when out of memory. */
+char *chat_continue(enum chat_family fam, const char *question);
+
 #endif

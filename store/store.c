@@ -136,6 +136,7 @@ static const char *const migrations[] = {
     "  document_id INTEGER REFERENCES documents(id),"
     "  policy TEXT NOT NULL,"
     "  budget TEXT,"
+    "  prompt_format TEXT NOT NULL,"
     "  created_at INTEGER NOT NULL,"
     "  updated_at INTEGER NOT NULL);"
     "CREATE TABLE messages ("
@@ -345,7 +346,8 @@ int store_document_put(store *s, int64_t model_id, const char *path, const char 
     "SELECT s.id, s.name, s.title, s.model_id, IFNULL(s.document_id, 0), m.path, m.sha256, IFNULL(d.path, ''), "   \
     "IFNULL(d.sha256, ''), IFNULL(d.title, ''), s.policy, IFNULL(s.budget, ''), s.created_at, s.updated_at, "       \
     "(SELECT COUNT(*) FROM messages WHERE session_id = s.id), "                                                     \
-    "IFNULL((SELECT substr(text, 1, 150) FROM messages WHERE session_id = s.id ORDER BY id DESC LIMIT 1), '') "     \
+    "IFNULL((SELECT substr(text, 1, 150) FROM messages WHERE session_id = s.id ORDER BY id DESC LIMIT 1), ''), "   \
+    "s.prompt_format "                                                                                              \
     "FROM sessions s JOIN models m ON m.id = s.model_id LEFT JOIN documents d ON d.id = s.document_id "
 
 static void read_session(sqlite3_stmt *st, store_session *o)
@@ -367,6 +369,7 @@ static void read_session(sqlite3_stmt *st, store_session *o)
     o->updated = sqlite3_column_int64(st, 13);
     o->n_messages = sqlite3_column_int64(st, 14);
     copy_col(st, 15, o->last_message, sizeof o->last_message);
+    copy_col(st, 16, o->format, sizeof o->format);
     for (char *p = o->last_message; *p; p++)
         if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
 }
@@ -395,13 +398,14 @@ int store_session_find(store *s, const char *key, store_session *out)
 }
 
 int store_session_create(store *s, const char *name, const char *title, int64_t model_id, int64_t document_id,
-                         const char *policy, const char *budget, int64_t *id)
+                         const char *policy, const char *budget, const char *format, int64_t *id)
 {
     int64_t t = now_s();
     sqlite3_stmt *st = prep(s,
-                            "INSERT INTO sessions (name, title, model_id, document_id, policy, budget, created_at, "
-                            "updated_at) VALUES (?, ?, ?, NULLIF(?, 0), ?, ?, ?, ?)",
-                            "ttiittii", name && *name ? name : NULL, title, model_id, document_id, policy, budget, t, t);
+                            "INSERT INTO sessions (name, title, model_id, document_id, policy, budget, prompt_format, "
+                            "created_at, updated_at) VALUES (?, ?, ?, NULLIF(?, 0), ?, ?, ?, ?, ?)",
+                            "ttiitttii", name && *name ? name : NULL, title, model_id, document_id, policy, budget, format,
+                            t, t);
     if (exec_stmt(s, st, "creating the session")) return -1;
     *id = sqlite3_last_insert_rowid(s->db);
     return 0;

@@ -47,13 +47,14 @@ typedef struct store_session {
     int64_t created, updated;  /* unix seconds */
     int64_t n_messages;
     char last_message[160];    /* the start of the newest message */
+    char format[16];           /* how turns are written: "chat" (the model's template) or "plain" */
 } store_session;
 
 /* Find by name, or by id when key is all digits. 1 when there is none. */
 int store_session_find(store *s, const char *key, store_session *out);
 int store_session_get(store *s, int64_t id, store_session *out);
 int store_session_create(store *s, const char *name, const char *title, int64_t model_id, int64_t document_id,
-                         const char *policy, const char *budget, int64_t *id);
+                         const char *policy, const char *budget, const char *format, int64_t *id);
 int store_session_rename(store *s, int64_t id, const char *title);
 int store_session_delete(store *s, int64_t id);
 int store_session_list(store *s, void (*fn)(void *ud, const store_session *ss), void *ud);

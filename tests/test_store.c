@@ -45,7 +45,7 @@ static int64_t session_fixture(store *s, const char *name)
     cr_assert(store_model_put(s, "/m/model.gguf", 1000, 7, "aa11", "gemma3", "tk1", "tiny", &mid) == 0, "%s",
               store_error(s));
     cr_assert(store_document_put(s, mid, "/d/doc.txt", "dd22", "doc.txt", 1234, &did) == 0, "%s", store_error(s));
-    cr_assert(store_session_create(s, name, "About the harbour", mid, did, "chess", "0.1", &sid) == 0, "%s",
+    cr_assert(store_session_create(s, name, "About the harbour", mid, did, "chess", "0.1", "plain", &sid) == 0, "%s",
               store_error(s));
     return sid;
 }

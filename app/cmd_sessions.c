@@ -1,0 +1,274 @@
+/* cmd_sessions.c - `kvchat sessions`: list, search, show, export, rename and delete the saved
+ * sessions of the store. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "session.h"
+#include "store.h"
+
+static void usage(void)
+{
+    printf("usage: kvchat sessions [--db PATH] COMMAND\n"
+           "\n"
+           "  list                      every session, newest first\n"
+           "  search TEXT               full-text search over messages and session titles\n"
+           "  show ID                   the conversation (every branch, in order)\n"
+           "  export ID [--format md|json]\n"
+           "                            the conversation as Markdown (the newest branch) or JSON (every message)\n"
+           "  rename ID TITLE           give a session a new title\n"
+           "  delete ID                 delete a session with its messages and snapshots\n"
+           "\n"
+           "ID is a session's number or its name (kvchat ask --session NAME).\n");
+}
+
+static void fmt_time(int64_t t, char *buf, size_t cap)
+{
+    time_t tt = (time_t)t;
+    struct tm tm;
+    localtime_r(&tt, &tm);
+    strftime(buf, cap, "%Y-%m-%d %H:%M", &tm);
+}
+
+static const char *base(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static void list_one(void *ud, const store_session *ss)
+{
+    int *n = ud;
+    char when[32];
+    fmt_time(ss->updated, when, sizeof when);
+    if ((*n)++ == 0)
+        printf("%5s  %-16s  %-32s  %-24s  %-20s  %-22s  %4s  %s\n", "id", "name", "title", "document", "model", "policy",
+               "msgs", "updated");
+    printf("%5lld  %-16.16s  %-32.32s  %-24.24s  %-20.20s  %-22.22s  %4lld  %s\n", (long long)ss->id,
+           ss->name[0] ? ss->name : "-", ss->title, ss->doc_title[0] ? ss->doc_title : "-", base(ss->model_path),
+           ss->policy, (long long)ss->n_messages, when);
+    if (ss->last_message[0]) printf("       last: %.100s\n", ss->last_message);
+}
+
+static void search_one(void *ud, int64_t session, int64_t message, const char *snippet)
+{
+    int *n = ud;
+    (*n)++;
+    if (message)
+        printf("session %lld, message %lld: %s\n", (long long)session, (long long)message, snippet);
+    else
+        printf("session %lld (title): %s\n", (long long)session, snippet);
+}
+
+/* JSON string with the escapes RFC 8259 requires. */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\r')
+            fputs("\\r", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static int find(store *db, const char *key, store_session *ss)
+{
+    int f = store_session_find(db, key, ss);
+    if (f < 0) cli_err("sessions: %s", store_error(db));
+    if (f == 1) cli_err("sessions: no session '%s' (kvchat sessions list shows them)", key);
+    return f == 0 ? 0 : -1;
+}
+
+static int show(store *db, const store_session *ss)
+{
+    store_message *m;
+    int n;
+    if (store_session_messages(db, ss->id, &m, &n)) {
+        cli_err("sessions: %s", store_error(db));
+        return -1;
+    }
+    char when[32];
+    fmt_time(ss->created, when, sizeof when);
+    printf("session %lld%s%s%s: %s\nmodel %s\ndocument %s (%s)\npolicy %s%s%s, %s format, created %s, %d messages\n",
+           (long long)ss->id, ss->name[0] ? " (" : "", ss->name, ss->name[0] ? ")" : "", ss->title, ss->model_path,
+           ss->doc_title, ss->doc_path, ss->policy, ss->budget[0] ? ", budget " : "", ss->budget, ss->format, when, n);
+    for (int i = 0; i < n; i++) {
+        /* a message whose parent is not the one printed just before it starts another branch */
+        int branch = i > 0 && m[i].parent != m[i - 1].id;
+        char re[48] = "";
+        if (m[i].parent) snprintf(re, sizeof re, ", reply to %lld", (long long)m[i].parent);
+        printf("\n[%lld%s] %s%s:\n%s\n", (long long)m[i].id, re, m[i].role, branch ? " (another branch)" : "",
+               m[i].text);
+    }
+    store_messages_free(m, n);
+    return 0;
+}
+
+static int export_md(store *db, const store_session *ss)
+{
+    int64_t leaf;
+    store_message *m = NULL;
+    int n = 0;
+    if (store_latest_message(db, ss->id, &leaf) || (leaf && store_message_path(db, leaf, &m, &n))) {
+        cli_err("sessions: %s", store_error(db));
+        return -1;
+    }
+    printf("# %s\n\n- model: `%s`\n- document: %s (`%s`)\n- policy: `%s`%s%s%s\n\n", ss->title, base(ss->model_path),
+           ss->doc_title, ss->doc_path, ss->policy, ss->budget[0] ? ", budget `" : "", ss->budget,
+           ss->budget[0] ? "`" : "");
+    for (int i = 0; i < n; i++)
+        printf("## %s\n\n%s\n\n", !strcmp(m[i].role, "user") ? "Question" : "Answer", m[i].text);
+    store_messages_free(m, n);
+    return 0;
+}
+
+static int export_json(store *db, const store_session *ss)
+{
+    store_message *m;
+    int n;
+    if (store_session_messages(db, ss->id, &m, &n)) {
+        cli_err("sessions: %s", store_error(db));
+        return -1;
+    }
+    printf("{\"id\": %lld, \"name\": ", (long long)ss->id);
+    json_str(stdout, ss->name);
+    printf(", \"title\": ");
+    json_str(stdout, ss->title);
+    printf(", \"model\": ");
+    json_str(stdout, ss->model_path);
+    printf(", \"model_sha256\": ");
+    json_str(stdout, ss->model_sha);
+    printf(", \"document\": ");
+    json_str(stdout, ss->doc_path);
+    printf(", \"document_sha256\": ");
+    json_str(stdout, ss->doc_sha);
+    printf(", \"policy\": ");
+    json_str(stdout, ss->policy);
+    printf(", \"budget\": ");
+    json_str(stdout, ss->budget);
+    printf(", \"created\": %lld, \"updated\": %lld, \"messages\": [", (long long)ss->created, (long long)ss->updated);
+    for (int i = 0; i < n; i++) {
+        printf("%s\n  {\"id\": %lld, \"parent\": ", i ? "," : "", (long long)m[i].id);
+        if (m[i].parent)
+            printf("%lld", (long long)m[i].parent);
+        else
+            printf("null");
+        printf(", \"role\": ");
+        json_str(stdout, m[i].role);
+        printf(", \"text\": ");
+        json_str(stdout, m[i].text);
+        printf(", \"policy\": ");
+        json_str(stdout, m[i].policy);
+        printf(", \"metrics\": %s, \"created\": %lld}", m[i].metrics[0] ? m[i].metrics : "null", (long long)m[i].created);
+    }
+    printf("\n]}\n");
+    store_messages_free(m, n);
+    return 0;
+}
+
+int cmd_sessions(int argc, char **argv)
+{
+    const char *db_path = NULL;
+    int i = 1;
+    while (i < argc && argv[i][0] == '-') {
+        if (!strcmp(argv[i], "--db") && i + 1 < argc) {
+            db_path = argv[i + 1];
+            i += 2;
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage();
+            return 0;
+        } else {
+            cli_err("sessions: unknown option %s (see kvchat sessions --help)", argv[i]);
+            return 1;
+        }
+    }
+    const char *cmd = i < argc ? argv[i++] : "list";
+    int nargs = argc - i;
+    char **args = argv + i;
+    /* --db may also come after the command */
+    for (int k = 0; k + 1 < nargs; k++)
+        if (!strcmp(args[k], "--db")) {
+            db_path = args[k + 1];
+            for (int j = k; j + 2 < nargs; j++) args[j] = args[j + 2];
+            nargs -= 2;
+            break;
+        }
+    store *db = sess_db_open(db_path);
+    if (!db) return 1;
+    int rc = 1;
+    store_session ss;
+    if (!strcmp(cmd, "list")) {
+        int n = 0;
+        if (store_session_list(db, list_one, &n) == 0) {
+            if (n == 0) printf("no sessions yet (kvchat ask -d DOC -q QUESTION --session NAME starts one)\n");
+            rc = 0;
+        } else {
+            cli_err("sessions: %s", store_error(db));
+        }
+    } else if (!strcmp(cmd, "search")) {
+        if (nargs < 1) {
+            cli_err("sessions: search needs the text to look for");
+        } else {
+            char q[1024] = "";
+            for (int k = 0; k < nargs; k++) {
+                strncat(q, args[k], sizeof q - strlen(q) - 2);
+                strncat(q, " ", sizeof q - strlen(q) - 1);
+            }
+            int n = 0;
+            if (store_search(db, q, search_one, &n) == 0) {
+                if (n == 0) printf("no matches\n");
+                rc = 0;
+            } else {
+                cli_err("sessions: %s", store_error(db));
+            }
+        }
+    } else if (!strcmp(cmd, "show") || !strcmp(cmd, "export") || !strcmp(cmd, "delete") || !strcmp(cmd, "rename")) {
+        if (nargs < 1) {
+            cli_err("sessions: %s needs a session id or name", cmd);
+        } else if (find(db, args[0], &ss) == 0) {
+            if (!strcmp(cmd, "show")) {
+                rc = show(db, &ss) ? 1 : 0;
+            } else if (!strcmp(cmd, "export")) {
+                const char *fmt = "md";
+                if (nargs >= 3 && !strcmp(args[1], "--format")) fmt = args[2];
+                if (!strcmp(fmt, "md"))
+                    rc = export_md(db, &ss) ? 1 : 0;
+                else if (!strcmp(fmt, "json"))
+                    rc = export_json(db, &ss) ? 1 : 0;
+                else
+                    cli_err("sessions: --format takes md or json, not '%s'", fmt);
+            } else if (!strcmp(cmd, "delete")) {
+                if (store_session_delete(db, ss.id) == 0) {
+                    printf("deleted session %lld (%s)\n", (long long)ss.id, ss.title);
+                    rc = 0;
+                } else {
+                    cli_err("sessions: %s", store_error(db));
+                }
+            } else if (nargs < 2 || !*args[1]) {
+                cli_err("sessions: rename needs the new title");
+            } else if (store_session_rename(db, ss.id, args[1]) == 0) {
+                printf("session %lld is now '%s'\n", (long long)ss.id, args[1]);
+                rc = 0;
+            } else {
+                cli_err("sessions: %s", store_error(db));
+            }
+        }
+    } else {
+        cli_err("sessions: unknown command '%s' (list, search, show, export, rename, delete)", cmd);
+    }
+    store_close(db);
+    return rc;
+}
