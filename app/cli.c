@@ -211,6 +211,36 @@ const char *cli_default_model_path(char *buf, size_t cap)
     return buf;
 }
 
+int cli_reopen_fwd(cli_runtime *rt, const cli_opts *o, int page_size)
+{
+    char err[600];
+    fwd_opts fo = { o->n_ctx, o->n_batch, page_size };
+    if (fo.n_ctx <= 0) fo.n_ctx = rt->m->hp.n_ctx_train;
+    fwd_ctx *f = fwd_create(rt->m, rt->b, &fo, err, sizeof err);
+    if (!f) {
+        cli_err("%s", err);
+        return -1;
+    }
+    pol_spec spec = *pol_set_spec(rt->ps);
+    fwd_free(rt->f);
+    rt->f = f;
+    if (cli_apply_head_similarity(rt)) {
+        cli_err("out of memory");
+        return -1;
+    }
+    pol_env env;
+    fwd_policy_env(rt->f, &env);
+    pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
+    if (!ps) {
+        cli_err("%s", err);
+        return -1;
+    }
+    pol_set_free(rt->ps);
+    rt->ps = ps;
+    fwd_set_policy(rt->f, ps);
+    return 0;
+}
+
 int cli_set_policy(cli_runtime *rt, const char *spec_text, const char *budget)
 {
     char err[600];

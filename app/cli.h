@@ -87,6 +87,9 @@ void cli_answer_free(cli_answer *a);
 int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int32_t prev_token, int64_t n_predict,
                       int show_events, gen_result *res, const char **stop_note, cli_answer *out, char *err,
                       size_t errlen);
+/* Open rt's forward context again with another KV page size (a resumed session's), keeping the
+ * policies' spec. 0, or -1 after printing. */
+int cli_reopen_fwd(cli_runtime *rt, const cli_opts *o, int page_size);
 /* Replace the policies of rt with spec/budget (a resumed session's own). 0, or -1 after printing. */
 int cli_set_policy(cli_runtime *rt, const char *spec, const char *budget);
 /* Where the thresholds of model file path are looked up: --thresholds, then the calibration

@@ -235,6 +235,11 @@ int cmd_ask(int argc, char **argv)
             cli_err("ask: %s", store_error(db));
             goto done;
         }
+        if (g == 0 && !o.page_size && snap_page_size(data, len) > 0 &&
+            snap_page_size(data, len) != kv_page_size(fwd_kv(rt.f)) && cli_reopen_fwd(&rt, &o, snap_page_size(data, len))) {
+            free(data);
+            goto done;
+        }
         if (g == 0) {
             snap_identity id;
             snap_identity_of(rt.f, msha, &id);

@@ -101,6 +101,15 @@ static void get_identity(bytes_r *r, snap_identity *id)
     id->page_size = (int32_t)br_u32(r);
 }
 
+int snap_page_size(const void *data, size_t len)
+{
+    size_t off = HEADER_BYTES + 64 + 4 * 4;   /* header, model sha256, layers, KV heads, head size, vocabulary */
+    if (len < off + 4 || memcmp(data, MAGIC, sizeof MAGIC) != 0) return -1;
+    uint32_t v;
+    memcpy(&v, (const uint8_t *)data + off, 4);
+    return v >= 1 && v <= 4096 ? (int)v : -1;
+}
+
 int snap_save(const fwd_ctx *f, const samp *s, const snap_identity *id, const int32_t *tokens, int64_t n_tokens,
               void **out, size_t *len, char *err, size_t errlen)
 {

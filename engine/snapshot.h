@@ -38,6 +38,10 @@ int snap_identity_of(const fwd_ctx *f, const char *model_sha256, snap_identity *
 int snap_sha256_file(const char *path, char out[65], char *err, size_t errlen);
 void snap_sha256_bytes(const void *p, size_t n, char out[65]);
 
+/* The KV page size a snapshot was taken with (a resumed session opens its cache with it), or -1
+ * when the bytes are too short to say. Nothing else is checked. */
+int snap_page_size(const void *data, size_t len);
+
 /* Serialize. tokens: the sequence's ids (at least kv_len of them; more when the last sampled tokens
  * were not evaluated yet). *out is malloc'd. 0, or -1 with a message. */
 int snap_save(const fwd_ctx *f, const samp *s, const snap_identity *id, const int32_t *tokens, int64_t n_tokens,

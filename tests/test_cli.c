@@ -3,6 +3,7 @@
  * prompt longer than the context, invalid UTF-8, binary prompt) giving one clear line on stderr and
  * exit status 1. Runs ./kvchat, or $KVCHAT_BIN (the sanitizer build sets it). */
 #include <criterion/criterion.h>
+#include <sqlite3.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,4 +369,100 @@ Test(cli, eval_passkey_runs_every_configuration)
     for (const char *p = out; (p = strstr(p, "/2 ")); p++) rows++;
     cr_expect_eq(rows, 3, "full once, chess at each budget: %s", out);
     expect_one_line_error("eval -m " TD "tiny/tiny-llama-f16.gguf --task nope", "--task passkey");
+}
+
+/* ------------------------------------------------------------------ sessions in the store */
+
+#define TINY_G TD "tiny/tiny-gemma3-q4_k_m.gguf"
+
+static void db_tmp(char *path, size_t cap)
+{
+    char dir[] = "/tmp/kvchat-clidb-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    snprintf(path, cap, "%s/s.db", dir);
+}
+
+Test(cli, session_saves_turns_and_resumes_from_its_snapshot, .timeout = 120)
+{
+    static char out[1 << 16], errb[1 << 16];
+    char db[600], args[2048];
+    db_tmp(db, sizeof db);
+    snprintf(args, sizeof args,
+             "ask -t 1 -m " TINY_G " -d " TD "prompts/p2.txt -q 'What is it about?' -n 6 --page-size 8 "
+             "--policy snapkv:budget=0.5+chess --session harbour --db %s",
+             db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "session 1 (harbour): turn saved (messages 1, 2), snapshot of"), "%s", errb);
+    /* the next question: no document needed, the cache comes from the snapshot */
+    snprintf(args, sizeof args, "ask -t 1 -m " TINY_G " --resume harbour -q 'And then?' -n 6 --page-size 8 --db %s", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "session 1: restored ") && strstr(errb, "(snapkv:budget=0.5) from a"), "%s", errb);
+    cr_expect(strstr(errb, "policy snapkv:budget=0.5+chess |"), "the session's own policy is used: %s", errb);
+    cr_expect(strstr(errb, "turn saved (messages 3, 4)"), "%s", errb);
+    /* continuing by name with the same document works too */
+    snprintf(args, sizeof args,
+             "ask -t 1 -m " TINY_G " -d " TD "prompts/p2.txt --session harbour -q 'Why?' -n 4 --page-size 8 --db %s",
+             db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "restored") && strstr(errb, "messages 5, 6"), "%s", errb);
+
+    snprintf(args, sizeof args, "sessions --db %s list", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "harbour") && strstr(out, "What is it about?") && strstr(out, "p2.txt") &&
+                  strstr(out, "   6  "),
+              "%s", out);
+    snprintf(args, sizeof args, "sessions --db %s search 'then'", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "session 1, message 3: And [then]?"), "%s", out);
+    snprintf(args, sizeof args, "sessions --db %s export harbour --format md", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "# What is it about?") && strstr(out, "## Question\n\nAnd then?") && strstr(out, "## Answer"),
+              "%s", out);
+    snprintf(args, sizeof args, "sessions --db %s export 1 --format json", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "\"role\": \"assistant\"") && strstr(out, "\"resumed_from_snapshot\": true"), "%s", out);
+    snprintf(args, sizeof args, "sessions --db %s rename harbour 'Harbour notes'", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    snprintf(args, sizeof args, "sessions --db %s show 1", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "session 1 (harbour): Harbour notes") && strstr(out, "[4, reply to 3] assistant:"), "%s", out);
+
+    /* refusals: another document, another model, an unknown session, a bad export format */
+    snprintf(args, sizeof args, "ask -t 1 -m " TINY_G " -d " TD "prompts/p1.txt --session harbour -q 'x' --db %s", db);
+    expect_one_line_error(args, "is about p2.txt");
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-llama-q4_k_m.gguf --resume harbour -q 'x' --db %s", db);
+    expect_one_line_error(args, "was made with another model");
+    snprintf(args, sizeof args, "ask -t 1 -m " TINY_G " --resume nosuch -q 'x' --db %s", db);
+    expect_one_line_error(args, "no session 'nosuch'");
+    snprintf(args, sizeof args, "sessions --db %s export 1 --format xml", db);
+    expect_one_line_error(args, "--format takes md or json");
+
+    /* a corrupted snapshot is refused before anything changes, and the session is still there */
+    sqlite3 *sq;
+    cr_assert(sqlite3_open(db, &sq) == SQLITE_OK);
+    sqlite3_stmt *st;
+    cr_assert(sqlite3_prepare_v2(sq, "SELECT id FROM snapshots", -1, &st, NULL) == SQLITE_OK);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        sqlite3_blob *b;
+        cr_assert(sqlite3_blob_open(sq, "main", "snapshots", "data", sqlite3_column_int64(st, 0), 1, &b) == SQLITE_OK);
+        unsigned char c;
+        cr_assert(sqlite3_blob_read(b, &c, 1, 1000) == SQLITE_OK);
+        c ^= 0x10;
+        cr_assert(sqlite3_blob_write(b, &c, 1, 1000) == SQLITE_OK);
+        sqlite3_blob_close(b);
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(sq);
+    snprintf(args, sizeof args, "ask -t 1 -m " TINY_G " --resume harbour -q 'x' --db %s", db);
+    expect_one_line_error(args, "corrupt (checksum mismatch)");
+    snprintf(args, sizeof args, "sessions --db %s show harbour", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "6 messages"), "nothing was lost: %s", out);
+    snprintf(args, sizeof args, "sessions --db %s delete harbour", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    snprintf(args, sizeof args, "sessions --db %s list", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0);
+    cr_expect(strstr(out, "no sessions yet"), "%s", out);
+    snprintf(args, sizeof args, "rm -rf \"$(dirname %s)\"", db);
+    cr_expect(system(args) == 0);
 }
