@@ -6,8 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "snapshot.h"
+#include "store.h"
 #include "commands.h"
 #include "tokenizer.h"
 #include "vec_dot.h"
@@ -168,6 +171,152 @@ static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256],
     return rc;
 }
 
+/* Snapshot size and speed against prefill: per length and policy, prefill (timed), serialize,
+ * write to a scratch database, read back and restore into a fresh sequence (each timed), and check
+ * that the restored sequence's next logits equal the original's. */
+static int bench_snapshots(cli_runtime *rt, const cli_opts *o, char specs[][256], int n_spec, const int64_t *depths,
+                           int nd, const int32_t *toks, const char *csv, const char *date, const char *commit,
+                           const char *machine, const char *base)
+{
+    char err[1024], dbpath[] = "/tmp/kvchat-bench-snap-XXXXXX";
+    int fd = mkstemp(dbpath);
+    if (fd < 0) {
+        cli_err("bench: cannot create a scratch database");
+        return 1;
+    }
+    close(fd);
+    store *db = store_open(dbpath, err, sizeof err);
+    int64_t mid, did, sid, msg;
+    if (!db || store_model_put(db, rt->m->path, 0, 0, "bench", rt->m->arch_name, "bench", NULL, &mid) ||
+        store_document_put(db, mid, "bench", "bench", "bench", 0, &did) ||
+        store_session_create(db, NULL, "bench", mid, did, "full", NULL, "plain", &sid) ||
+        store_message_add(db, sid, 0, "user", "bench", NULL, NULL, &msg)) {
+        cli_err("bench: %s", db ? store_error(db) : err);
+        store_close(db);
+        unlink(dbpath);
+        return 1;
+    }
+    int32_t nv = rt->m->hp.n_vocab;
+    float *la = malloc(sizeof(float) * (size_t)nv), *lb = malloc(sizeof(float) * (size_t)nv);
+    samp_params sp = samp_params_default();
+    sp.temperature = 0;
+    samp *s = samp_create(&sp, nv), *s2 = samp_create(&sp, nv);
+    FILE *out = csv ? open_csv(csv, "date,commit,machine,threads,model,ctx,policy,prefill_s,snapshot_bytes,kv_bytes,"
+                                    "serialize_ms,write_ms,read_ms,restore_ms,prefill_over_resume,identical\n")
+                    : NULL;
+    printf("%7s %-22s %10s %12s %10s %10s %9s %9s %11s %16s %9s\n", "ctx", "policy", "prefill s", "snapshot MiB",
+           "KV MiB", "save ms", "write ms", "read ms", "restore ms", "prefill/resume", "same");
+    int rc = 0;
+    snap_identity id;
+    snap_identity_of(rt->f, "0000000000000000000000000000000000000000000000000000000000000000", &id);
+    for (int di = 0; di < nd && !rc && !cli_interrupted; di++) {
+        for (int pi = 0; pi < n_spec && !rc && !cli_interrupted; pi++) {
+            int64_t d = depths[di];
+            pol_spec spec;
+            pol_env env;
+            if (pol_parse(&spec, specs[pi], o->budget, err, sizeof err)) {
+                cli_err("bench: %s", err);
+                rc = 1;
+                break;
+            }
+            fwd_policy_env(rt->f, &env);
+            pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
+            fwd_opts fo = { fwd_n_ctx(rt->f), o->n_batch, o->page_size };
+            fwd_ctx *f2 = ps ? fwd_create(rt->m, rt->b, &fo, err, sizeof err) : NULL;
+            pol_env env2;
+            pol_set *ps2 = NULL;
+            if (f2) {
+                fwd_policy_env(f2, &env2);
+                ps2 = pol_set_create(&spec, &env2, err, sizeof err);
+            }
+            if (!ps || !f2 || !ps2) {
+                cli_err("bench: %s", err);
+                pol_set_free(ps);
+                pol_set_free(ps2);
+                fwd_free(f2);
+                rc = 1;
+                break;
+            }
+            fwd_set_policy(f2, ps2);
+            fwd_rewind(rt->f, 0);
+            fwd_set_policy(rt->f, ps);
+            double t0 = cli_now();
+            int bad = fwd_eval(rt->f, toks, d, la, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err);
+            double t1 = cli_now();
+            void *data = NULL, *back = NULL;
+            size_t len = 0, blen = 0;
+            int32_t *ids = NULL;
+            int64_t nids;
+            double t2 = 0, t3 = 0, t4 = 0, t5 = 0;
+            int64_t snap_id;
+            if (!bad) {
+                int32_t next = samp_argmax(la, nv);
+                int32_t *seq = malloc(sizeof(int32_t) * (size_t)(d + 1));
+                memcpy(seq, toks, sizeof(int32_t) * (size_t)d);
+                seq[d] = next;
+                bad = !seq || snap_save(rt->f, s, &id, seq, d + 1, &data, &len, err, sizeof err);
+                free(seq);
+                t2 = cli_now();
+                if (!bad && store_snapshot_put(db, sid, msg, specs[pi], d + 1, data, len, &snap_id)) {
+                    snprintf(err, sizeof err, "%s", store_error(db));
+                    bad = 1;
+                }
+                t3 = cli_now();
+                if (!bad && store_snapshot_get(db, msg, specs[pi], &back, &blen) != 0) {
+                    snprintf(err, sizeof err, "%s", store_error(db));
+                    bad = 1;
+                }
+                t4 = cli_now();
+                if (!bad) bad = snap_restore(f2, s2, back, blen, &id, &ids, &nids, err, sizeof err);
+                t5 = cli_now();
+                /* the next step from both sequences must agree exactly */
+                if (!bad) bad = fwd_decode(rt->f, next, la, NULL, err, sizeof err) ||
+                                fwd_decode(f2, ids[nids - 1], lb, NULL, err, sizeof err);
+            }
+            if (bad) {
+                cli_err("bench: %s", err);
+                rc = 1;
+            } else {
+                kv_stats ks;
+                kv_get_stats(fwd_kv(f2), &ks);
+                int same = !memcmp(la, lb, sizeof(float) * (size_t)nv);
+                double resume = (t4 - t3) + (t5 - t4);
+                printf("%7lld %-22.22s %10.2f %12.2f %10.2f %10.1f %9.1f %9.1f %11.1f %15.0fx %9s\n", (long long)d,
+                       specs[pi], t1 - t0, (double)len / (1 << 20), (double)ks.bytes_resident / (1 << 20),
+                       (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3, (t5 - t4) * 1e3, (t1 - t0) / resume,
+                       same ? "yes" : "NO");
+                fflush(stdout);
+                if (out)
+                    fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,%s,%.3f,%zu,%llu,%.1f,%.1f,%.1f,%.1f,%.1f,%d\n", date, commit,
+                            machine, rt->b->n_threads, base, (long long)d, specs[pi], t1 - t0, len,
+                            (unsigned long long)ks.bytes_resident, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3,
+                            (t5 - t4) * 1e3, (t1 - t0) / resume, same);
+                if (!same) rc = 1;
+            }
+            free(data);
+            free(back);
+            free(ids);
+            fwd_set_policy(rt->f, NULL);
+            pol_set_free(ps);
+            fwd_free(f2);
+            pol_set_free(ps2);
+        }
+    }
+    if (out) fclose(out);
+    free(la);
+    free(lb);
+    samp_free(s);
+    samp_free(s2);
+    store_close(db);
+    unlink(dbpath);
+    char side[600];
+    snprintf(side, sizeof side, "%s-wal", dbpath);
+    unlink(side);
+    snprintf(side, sizeof side, "%s-shm", dbpath);
+    unlink(side);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     cli_opts o;
@@ -175,6 +324,7 @@ int cmd_bench(int argc, char **argv)
     const char *depths_arg = "512,2048,8192";
     const char *csv = "bench/results.csv";
     int64_t n_gen = 32;
+    int snapshot = 0;
     const char *policy_list = NULL;
     for (int i = 1; i < argc; i++) {
         /* here --ctx is the list of context lengths (an alias of --depths) and --policy a list */
@@ -197,13 +347,17 @@ int cmd_bench(int argc, char **argv)
             if (!(csv = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--no-csv")) {
             csv = NULL;
+        } else if (!strcmp(a, "--snapshot")) {
+            snapshot = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs("usage: kvchat bench [-m MODEL] [--ctx 512,2048,8192] [--gen N] [--threads T] [--batch N]\n"
                   "                    [--policy LIST [--budget B]] [--csv FILE | --no-csv]\n"
                   "  Without --policy: prefill and decode speed at each length (bench/results.csv).\n"
                   "  With --policy full,chess:preset=aggressive,quest: decode speed, attention and selection\n"
                   "  time per step, pages attended and KV bytes read, per policy and length\n"
-                  "  (bench/policy_results.csv). --depths is an alias of --ctx.\n",
+                  "  (bench/policy_results.csv). --depths is an alias of --ctx.\n"
+                  "  With --snapshot (and --policy, default full): snapshot bytes and save / write / read /\n"
+                  "  restore times against the prefill time, per length (bench/snapshot_results.csv).\n",
                   stdout);
             return 0;
         } else {
@@ -233,13 +387,14 @@ int cmd_bench(int argc, char **argv)
     if (o.n_ctx <= 0) o.n_ctx = maxd + n_gen;
     char specs[8][256];
     int n_spec = 0;
+    if (snapshot && !policy_list) policy_list = "full";
     if (policy_list) {
         n_spec = cli_split_policies(policy_list, specs, 8);
         if (n_spec <= 0) {
             cli_err("bench: --policy: give 1 to 8 policies, e.g. full,chess:preset=aggressive,quest");
             return 1;
         }
-        if (csv && !strcmp(csv, "bench/results.csv")) csv = "bench/policy_results.csv";
+        if (csv && !strcmp(csv, "bench/results.csv")) csv = snapshot ? "bench/snapshot_results.csv" : "bench/policy_results.csv";
     }
     /* the budget belongs to the listed policies, not to the runtime's default (full) one */
     const char *budget = o.budget;
@@ -278,6 +433,15 @@ int cmd_bench(int argc, char **argv)
     const char *base = strrchr(rt.m->path, '/') ? strrchr(rt.m->path, '/') + 1 : rt.m->path;
     printf("kvchat bench: %s, %d threads, %s kernels, batch %d, commit %s\n", base, rt.b->n_threads,
            vd_simd_active() ? "AVX2" : "scalar", o.n_batch > 0 ? o.n_batch : 512, commit);
+    if (snapshot) {
+        cli_install_sigint();
+        int src = bench_snapshots(&rt, &o, specs, n_spec, depths, nd, toks, csv, date, commit, machine, base);
+        printf("peak RSS %.1f MiB\n", cli_peak_rss_mib());
+        free(toks);
+        free(logits);
+        cli_close(&rt);
+        return src;
+    }
     if (n_spec > 0) {
         cli_install_sigint();
         int prc = bench_policies(&rt, &o, specs, n_spec, depths, nd, n_gen, toks, csv, date, commit, machine, base);

@@ -473,6 +473,12 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         }
         if (progress) progress(pud, c0 + cn, n);
     }
+    /* A prefill's last chunk kept every page its own queries needed; from now on only queries at the
+     * eval's last position and later exist (a rollback by one token included), so sliding-window
+     * layers give the rest back now instead of at the next step: memory held after the prompt, and
+     * snapshots taken then, hold only the window. */
+    if (!f->decoding)
+        for (int il = 0; il < hp->n_layer; il++) kv_trim_window(f->kv, il, start + n - 1, start + n - 1);
     if (f->decoding && f->pol) {
         uint64_t bytes = (uint64_t)f->st_tokens * (uint64_t)hp->head_dim * 2u * sizeof(uint16_t);
         pol_set_record_step(f->pol, f->st_pages, f->st_tokens, bytes, f->st_sel_ms, f->st_attn_ms, f->st_pages_total);

@@ -289,7 +289,7 @@ Test(cli, ask_bad_documents_are_refused)
                           "binary");
     expect_one_line_error("ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d /nonexistent/doc.txt -q 'What?'",
                           "No such file");
-    expect_one_line_error(ASK, "give both -d DOCUMENT and -q QUESTION");
+    expect_one_line_error(ASK, "give -d DOCUMENT and -q QUESTION");
     expect_one_line_error(ASK "-q 'What?' --ctx 64", "longer than the context");
 }
 

@@ -242,7 +242,7 @@ Test(store, kill_during_snapshot_writes_leaves_the_previous_snapshot, .timeout =
     size_t n = 2 * (1 << 20) + 777;
     unsigned char *first = pattern(n, 1000);
     int64_t id;
-    cr_assert(store_snapshot_put(s, sid, m1, "full", 1, first, n, &id) == 0);
+    cr_assert(store_snapshot_put(s, sid, m1, "full", 1000, first, n, &id) == 0);   /* n_tokens carries the seed */
     store_close(s);
     free(first);
     srand((unsigned)time(NULL));
