@@ -112,10 +112,23 @@ $(FUZZ_BIN): fuzz/fuzz_gguf.c engine/gguf.c engine/quant.c engine/gguf.h engine/
 	clang -std=c11 -g -O1 -D_GNU_SOURCE -Iengine -fsanitize=fuzzer,address,undefined \
 		fuzz/fuzz_gguf.c engine/gguf.c engine/quant.c -lm -o $@
 
-fuzz: $(FUZZ_BIN)
-	@mkdir -p build-fuzz/corpus
+# The snapshot fuzzer needs the whole engine (the parser restores into a live sequence), built
+# with clang, libFuzzer and the sanitizers.
+FUZZ_SNAP := build-fuzz/fuzz_snapshot
+FUZZ_ENGINE_C := $(ENGINE_C) $(filter-out %_avx2.c,$(KERNEL_C))
+$(FUZZ_SNAP): fuzz/fuzz_snapshot.c $(FUZZ_ENGINE_C) $(ENGINE_CXX) $(wildcard engine/*.h engine/policy/*.h kernels/*.h kernels/cpu/*.h)
+	@mkdir -p build-fuzz
+	clang++ -std=c++17 -g -O1 -Iengine -fsanitize=address,undefined -fno-sanitize=vptr -c engine/spm_shim.cpp -o build-fuzz/spm_shim.o
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -Iengine -Iengine/policy -Ikernels -Ikernels/cpu -Istore \
+		-fsanitize=fuzzer,address,undefined fuzz/fuzz_snapshot.c $(FUZZ_ENGINE_C) kernels/cpu/vec_dot_avx2.c \
+		$(AVX2FLAGS) build-fuzz/spm_shim.o -lsentencepiece -lsqlite3 -lnettle -lstdc++ -lm -pthread -o $@
+
+fuzz: $(FUZZ_BIN) $(FUZZ_SNAP)
+	@mkdir -p build-fuzz/corpus build-fuzz/corpus-snap
 	cp -n fuzz/corpus/gguf/* build-fuzz/corpus/ 2>/dev/null || true
 	./$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build-fuzz/corpus fuzz/corpus/gguf
+	FUZZ_SNAPSHOT_SEED_DIR=build-fuzz/corpus-snap ./$(FUZZ_SNAP) -max_total_time=$(FUZZ_SECONDS) \
+		-max_len=262144 build-fuzz/corpus-snap
 
 bench: model $(KVCHAT)
 	./$(KVCHAT) bench -m $(DEFAULT_MODEL)

@@ -547,12 +547,17 @@ int pol_set_load(pol_set *ps, bytes_r *r, int apply, char *err, size_t errlen)
         uint32_t len = br_u32(r);
         const void *p = br_view(r, len);
         if (r->err) goto bad;
-        if (!apply || !ps) continue;
+        if (!ps) continue;
         for (int k = 0; k < ps->spec.n; k++) {
             const pol_ops *op = ps->spec.ops[k];
             if (strcmp(op->name, name) || !op->load) continue;
+            /* checking loads into a scratch state of the same policy, so a refusal changes nothing */
+            void *target = ps->st[k];
+            if (!apply && op->create(&target, &ps->env, ps->spec.vals[k], err, errlen) != 0) return -1;
             bytes_r one = { p, len, 0, 0 };
-            if (op->load(ps->st[k], &ps->env, &one) != 0 || one.err || one.off != len) {
+            int bad = op->load(target, &ps->env, &one) != 0 || one.err || one.off != len;
+            if (!apply) op->destroy(target);
+            if (bad) {
                 snprintf(err, errlen, "the snapshot's %s state does not fit this session", name);
                 return -1;
             }

@@ -208,7 +208,8 @@ void pol_set_describe(const pol_set *ps, char *buf, size_t len);
  * document's own last tokens. Only changes what describe reports; the default is the latter. */
 void pol_set_probe_is_question(pol_set *ps, int yes);
 /* Snapshot of the policies' state: the spec text, then per policy its name and a length-prefixed
- * state. Loading with apply = 0 only checks the framing; with apply = 1 each policy whose name
+ * state. Loading with apply = 0 checks the framing and loads each state into a scratch copy of the
+ * policy (nothing changes); with apply = 1 each policy whose name
  * matches the one saved in its slot loads its state (a policy switched since keeps a fresh state).
  * -1 with a message. */
 void pol_set_save(const pol_set *ps, bytes_w *w);

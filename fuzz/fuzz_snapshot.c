@@ -1,0 +1,128 @@
+/* fuzz_snapshot.c - libFuzzer harness for the snapshot parser (engine/snapshot.c, with the cache,
+ * policy and sampler sections it reads), the parser of untrusted bytes from the session database.
+ *
+ * Each input is tried twice: as it is (the header, length and checksum checks), and with its
+ * length field and trailing sha256 fixed up, so mutations reach the section parsers behind the
+ * checksum. Whatever snap_check accepts is then restored into a live sequence (tiny Gemma model,
+ * policies with state: H2O and CHESS) and one decode step runs on it. At start-up the harness writes
+ * a valid snapshot of that sequence into $FUZZ_SNAPSHOT_SEED_DIR when set (the seed corpus). */
+#include <nettle/sha2.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "forward.h"
+#include "model.h"
+#include "policy.h"
+#include "sampler.h"
+#include "snapshot.h"
+
+#define MODEL "../shared/testdata/tiny/tiny-gemma3-f16.gguf"
+#define SPEC "h2o:budget=0.5+chess:every=1"
+
+static model *m;
+static be_backend *b;
+static snap_identity id;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static fwd_ctx *fresh(pol_set **ps, samp **s)
+{
+    char err[512];
+    fwd_opts fo = { 4096, 64, 8 };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    pol_spec spec;
+    pol_env env;
+    if (!f || pol_parse(&spec, SPEC, NULL, err, sizeof err)) abort();
+    fwd_policy_env(f, &env);
+    *ps = pol_set_create(&spec, &env, err, sizeof err);
+    if (!*ps) abort();
+    fwd_set_policy(f, *ps);
+    samp_params sp = samp_params_default();
+    *s = samp_create(&sp, m->hp.n_vocab);
+    return f;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    char err[512];
+    if (model_load(&m, MODEL, NULL, err, sizeof err) || !(b = be_cpu_create(1, err, sizeof err))) {
+        fprintf(stderr, "fuzz_snapshot: %s (run from the repository root)\n", err);
+        abort();
+    }
+    pol_set *ps;
+    samp *s;
+    fwd_ctx *f = fresh(&ps, &s);
+    snap_identity_of(f, "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a", &id);
+    const char *dir = getenv("FUZZ_SNAPSHOT_SEED_DIR");
+    if (dir) {
+        int32_t toks[100];
+        for (int i = 0; i < 100; i++) toks[i] = 100 + (i * 37) % 3000;
+        float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+        if (fwd_eval(f, toks, 90, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err)) abort();
+        for (int i = 90; i < 99; i++)
+            if (fwd_decode(f, toks[i], l, NULL, err, sizeof err)) abort();
+        void *d;
+        size_t n;
+        if (snap_save(f, s, &id, toks, 100, &d, &n, err, sizeof err)) abort();
+        char path[1024];
+        snprintf(path, sizeof path, "%s/valid.snap", dir);
+        FILE *o = fopen(path, "wb");
+        if (o) {
+            fwrite(d, 1, n, o);
+            fclose(o);
+        }
+        free(d);
+        free(l);
+    }
+    fwd_free(f);
+    pol_set_free(ps);
+    samp_free(s);
+    return 0;
+}
+
+static void try_one(const uint8_t *data, size_t size)
+{
+    pol_set *ps;
+    samp *s;
+    fwd_ctx *f = fresh(&ps, &s);
+    char err[1024];
+    int32_t *ids = NULL;
+    int64_t n;
+    if (snap_restore(f, s, data, size, &id, &ids, &n, err, sizeof err) == 0) {
+        float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+        /* the restored sequence must work: one step from its last id */
+        if (n > 0 && fwd_pos(f) < 4096 && fwd_decode(f, ids[n - 1], l, NULL, err, sizeof err) != 0 &&
+            !memchr(err, 0, sizeof err))
+            __builtin_trap();
+        free(l);
+        free(ids);
+    } else if (!memchr(err, 0, sizeof err) || fwd_pos(f) != 0) {
+        __builtin_trap();   /* a refusal is a C string and leaves the sequence untouched */
+    }
+    fwd_free(f);
+    pol_set_free(ps);
+    samp_free(s);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    try_one(data, size);
+    if (size < 24 + SHA256_DIGEST_SIZE) return 0;
+    uint8_t *fx = malloc(size);
+    memcpy(fx, data, size);
+    int64_t plen = (int64_t)(size - 24 - SHA256_DIGEST_SIZE);
+    memcpy(fx + 16, &plen, sizeof plen);
+    struct sha256_ctx c;
+    sha256_init(&c);
+    sha256_update(&c, size - SHA256_DIGEST_SIZE, fx);
+    sha256_digest(&c, SHA256_DIGEST_SIZE, fx + size - SHA256_DIGEST_SIZE);
+    try_one(fx, size);
+    free(fx);
+    return 0;
+}
