@@ -14,6 +14,7 @@
 
 #include "chat.h"
 #include "quant.h"
+#include "store.h"
 #include "tokenizer.h"
 #include "vec_dot.h"
 
@@ -155,6 +156,9 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i)
         o->thresholds = v;
     } else if (!strcmp(a, "--show-events")) {
         o->show_events = 1;
+    } else if (!strcmp(a, "--db")) {
+        VAL();
+        o->db = v;
     } else if (!strcmp(a, "--temp")) {
         VAL();
         if (cli_parse_float(a, v, 0, 100, &dv)) return -1;
@@ -312,7 +316,7 @@ int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
             cli_close(rt);
             return -1;
         }
-        if (cli_find_thresholds(path, o->thresholds, &rt->thr)) {
+        if (cli_find_thresholds(path, o->thresholds, o->db, &rt->thr)) {
             cli_close(rt);
             return -1;
         }
@@ -615,7 +619,36 @@ int cli_thresholds_path(const char *fingerprint, char *buf, size_t cap, int crea
     return 0;
 }
 
-int cli_find_thresholds(const char *model_path, const char *spec, unc_thresholds *t)
+/* The thresholds the database holds for this model file, if it knows the file (no hashing here). */
+static int thresholds_from_db(const char *model_path, const char *db_path, unc_thresholds *t)
+{
+    char def[1024], uri[1200], err[1200], sha[65];
+    struct stat st, ms;
+    if (!db_path) {
+        const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
+        if (xdg && *xdg)
+            snprintf(def, sizeof def, "%s/kvchat/kvchat.db", xdg);
+        else if (home && *home)
+            snprintf(def, sizeof def, "%s/.local/share/kvchat/kvchat.db", home);
+        else
+            return -1;
+        db_path = def;
+    }
+    if (stat(db_path, &st) != 0 || stat(model_path, &ms) != 0) return -1;
+    snprintf(uri, sizeof uri, "file:%s?mode=ro", db_path);
+    store *db = store_open(uri, err, sizeof err);
+    if (!db) return -1;
+    int64_t id;
+    int rc = store_model_cached_sha(db, model_path, (int64_t)ms.st_size, (int64_t)ms.st_mtime, sha) == 0 &&
+                     store_model_id(db, sha, &id) == 0 && store_thresholds_get(db, id, t) == 0
+                 ? 0
+                 : -1;
+    if (rc == 0) snprintf(t->source, sizeof t->source, "the session database %.400s", db_path);
+    store_close(db);
+    return rc;
+}
+
+int cli_find_thresholds(const char *model_path, const char *spec, const char *db_path, unc_thresholds *t)
 {
     char err[600], path[1200], fp[17];
     memset(t, 0, sizeof *t);
@@ -634,6 +667,8 @@ int cli_find_thresholds(const char *model_path, const char *spec, unc_thresholds
         }
         return 0;
     }
+    if (thresholds_from_db(model_path, db_path, t) == 0) return 0;
+    memset(t, 0, sizeof *t);
     if (model_fingerprint(model_path, fp, err, sizeof err)) return 0;   /* the model loaded, so this is rare */
     if (cli_thresholds_path(fp, path, sizeof path, 0) == 0 && access(path, R_OK) == 0 &&
         unc_thresholds_load(path, t, err, sizeof err) == 0)

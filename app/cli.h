@@ -34,6 +34,7 @@ typedef struct cli_opts {
                                    reselect, else 0) */
     const char *thresholds;     /* --thresholds FILE or H,V (NULL: the model's calibration, if any) */
     int show_events;            /* --show-events: page statistics and events on stderr */
+    const char *db;             /* --db PATH: the session database (NULL: the default location) */
 } cli_opts;
 
 typedef struct cli_runtime {
@@ -92,10 +93,11 @@ int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int32_t prev_toke
 int cli_reopen_fwd(cli_runtime *rt, const cli_opts *o, int page_size);
 /* Replace the policies of rt with spec/budget (a resumed session's own). 0, or -1 after printing. */
 int cli_set_policy(cli_runtime *rt, const char *spec, const char *budget);
-/* Where the thresholds of model file path are looked up: --thresholds, then the calibration
- * kvchat calibrate wrote (data dir), then the ones shipped for the default model. Fills t (t->valid 0
- * when none exist). 0, or -1 after printing (a bad --thresholds). */
-int cli_find_thresholds(const char *model_path, const char *spec, unc_thresholds *t);
+/* Where the thresholds of model file path are looked up: --thresholds, then the session database
+ * (when it exists and already knows this model file), then the file kvchat calibrate wrote (data
+ * dir), then the ones shipped for the default model. Fills t (t->valid 0 when none exist). 0, or -1
+ * after printing (a bad --thresholds). */
+int cli_find_thresholds(const char *model_path, const char *spec, const char *db_path, unc_thresholds *t);
 /* The data directory's calibration file for a fingerprint: $XDG_DATA_HOME/kvchat/thresholds/FP.txt. */
 int cli_thresholds_path(const char *fingerprint, char *buf, size_t cap, int create_dirs);
 

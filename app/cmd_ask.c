@@ -113,8 +113,6 @@ int cmd_ask(int argc, char **argv)
             if (!(session_name = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--resume")) {
             if (!(resume = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--db")) {
-            if (!(db_path = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             return 0;
@@ -140,6 +138,7 @@ int cmd_ask(int argc, char **argv)
         return 1;
     }
     if (cli_finish_common(&o)) return 1;
+    db_path = o.db;
     size_t dlen = 0;
     char *text = NULL;
     if (doc) {

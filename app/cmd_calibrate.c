@@ -17,6 +17,8 @@
 #include "cli.h"
 #include "commands.h"
 #include "docgen.h"
+#include "session.h"
+#include "store.h"
 
 static void usage(void)
 {
@@ -35,6 +37,7 @@ static void usage(void)
            "  --page-size P     tokens per generated page (default 32)\n"
            "  --out FILE        where to write the thresholds (default: the data directory, by fingerprint)\n"
            "  --plot PNG        the density plot (default: the thresholds file with .png; --plot none: no plot)\n"
+           "  --db PATH         the session database the thresholds are also stored in (default ~/.local/share/kvchat)\n"
            "  --threads N  --ctx N  --temp T (default 0: greedy)\n");
 }
 
@@ -406,7 +409,16 @@ int cmd_calibrate(int argc, char **argv)
                t.n_heads, t.head_sim[lo_i].sim, t.head_sim[lo_i].layer, t.head_sim[lo_i].head, t.head_sim[hi_i].sim,
                t.head_sim[hi_i].layer, t.head_sim[hi_i].head, (int)(0.04 * t.n_heads + 0.5));
     printf("  thresholds: %s\n", path);
-    rc = 0;
+    /* and in the session database, where kvchat looks first (by the model file's sha256) */
+    store *db = sess_db_open(o.db);
+    int64_t model_id;
+    char sha[65];
+    if (db && sess_model(db, mpath, rt.m, &model_id, sha) == 0 && store_thresholds_put(db, model_id, &t) == 0)
+        printf("  stored for model %.12s... in the session database\n", sha);
+    else if (db)
+        cli_err("calibrate: the thresholds file is written, the database was not updated: %s", store_error(db));
+    store_close(db);
+    rc = db ? 0 : 1;
     if (!plot || strcmp(plot, "none")) {
         char png[1300];
         if (plot) {

@@ -328,6 +328,16 @@ int store_model_put(store *s, const char *path, int64_t size, int64_t mtime, con
     return last_id_or_lookup(s, "SELECT id FROM models WHERE sha256 = ?", "t", sha256, 0, id);
 }
 
+int store_model_id(store *s, const char *sha256, int64_t *id)
+{
+    sqlite3_stmt *st = prep(s, "SELECT id FROM models WHERE sha256 = ?", "t", sha256);
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) *id = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : fail(s, "looking up the model");
+}
+
 int store_document_put(store *s, int64_t model_id, const char *path, const char *sha256, const char *title,
                        int64_t n_tokens, int64_t *id)
 {

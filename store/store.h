@@ -33,6 +33,9 @@ int store_model_cached_sha(store *s, const char *path, int64_t size, int64_t mti
 int store_model_put(store *s, const char *path, int64_t size, int64_t mtime, const char *sha256, const char *arch,
                     const char *tokenizer_hash, const char *name, int64_t *id);
 
+/* The id of the model with that sha256; 1 when it is not known. */
+int store_model_id(store *s, const char *sha256, int64_t *id);
+
 int store_document_put(store *s, int64_t model_id, const char *path, const char *sha256, const char *title,
                        int64_t n_tokens, int64_t *id);
 

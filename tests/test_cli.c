@@ -332,11 +332,12 @@ Test(cli, calibrate_is_deterministic_and_writes_thresholds, .timeout = 300)
     char dir[] = "/tmp/kvchat-cal-XXXXXX", args[1024], a[600], b[600];
     cr_assert(mkdtemp(dir));
     const char *opts = "calibrate -m " TD "tiny/tiny-llama-f16.gguf --samples 2 -n 24 --page-size 8 --seed 5";
-    snprintf(args, sizeof args, "%s --out %s/a.txt --plot %s/a.png", opts, dir, dir);
+    snprintf(args, sizeof args, "%s --out %s/a.txt --plot %s/a.png --db %s/cal.db", opts, dir, dir, dir);
     cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
-    cr_expect(strstr(out, "calibrated tiny-llama-f16.gguf") && strstr(out, "-> threshold") && strstr(out, "density plot"),
+    cr_expect(strstr(out, "calibrated tiny-llama-f16.gguf") && strstr(out, "-> threshold") && strstr(out, "density plot") &&
+                  strstr(out, "in the session database"),
               "%s", out);
-    snprintf(args, sizeof args, "%s --out %s/b.txt --plot none", opts, dir);
+    snprintf(args, sizeof args, "%s --out %s/b.txt --plot none --db %s/cal.db", opts, dir, dir);
     cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
     snprintf(a, sizeof a, "%s/a.txt", dir);
     snprintf(b, sizeof b, "%s/b.txt", dir);
@@ -353,6 +354,11 @@ Test(cli, calibrate_is_deterministic_and_writes_thresholds, .timeout = 300)
     snprintf(args, sizeof args, ASK "-q 'What?' -n 2 --thresholds %s --show-events", a);
     cr_expect_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
     cr_expect(strstr(errb, a), "the thresholds' source is named: %s", errb);
+    /* without --thresholds, the database the calibration went into is where they are found */
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-llama-f16.gguf -d " TD "prompts/p1.txt -q 'What?' -n 2 "
+             "--show-events --db %s/cal.db", dir);
+    cr_expect_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "(the session database"), "thresholds from the database: %s", errb);
     snprintf(args, sizeof args, "rm -rf %s", dir);
     cr_expect(system(args) == 0);
 }
