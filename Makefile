@@ -7,17 +7,17 @@ BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
 CWARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS_ALL = -std=c11 $(OPT) -g $(CWARN) -D_GNU_SOURCE -pthread -Iengine -Iengine/policy -Ikernels -Ikernels/cpu -Istore -Iapp $(SAN) $(CFLAGS)
+CFLAGS_ALL = -std=c11 $(OPT) -g $(CWARN) -D_GNU_SOURCE -pthread -Iengine -Iengine/policy -Ikernels -Ikernels/cpu -Istore -Iapp -Iui $(SAN) $(CFLAGS)
 CXXFLAGS_ALL = -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Iengine $(SAN) $(CXXFLAGS)
 # SIMD kernels live in *_avx2.c files and are the only ones compiled for AVX2; the choice between
 # them and the portable kernels is made at run time (kernels/cpu/vec_dot.c).
 AVX2FLAGS = -mavx2 -mfma -mf16c
-LDLIBS_ALL = -lsentencepiece -lsqlite3 -lnettle -lstdc++ -lm -pthread $(SAN) $(LDLIBS)
+LDLIBS_ALL = -lsentencepiece -lsqlite3 -lnettle -lncursesw -lstdc++ -lm -pthread $(SAN) $(LDLIBS)
 
 ENGINE_C  := $(wildcard engine/*.c) $(wildcard engine/policy/*.c) $(wildcard store/*.c)
 ENGINE_CXX:= $(wildcard engine/*.cpp)
 KERNEL_C  := $(wildcard kernels/cpu/*.c)
-APP_C     := $(wildcard app/*.c)
+APP_C     := $(wildcard app/*.c) $(wildcard ui/*.c)
 UNIT_C    := $(wildcard tests/test_*.c)
 MODEL_T_C := $(wildcard tests/model/test_*.c)
 

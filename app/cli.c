@@ -411,16 +411,16 @@ int cli_split_policies(const char *list, char specs[][256], int max)
     return n;
 }
 
-char *cli_read_text_file(const char *path, size_t *len)
+char *cli_load_text(const char *path, size_t *len, char *err, size_t errlen)
 {
     FILE *fp = fopen(path, "rb");
     if (!fp) {
-        cli_err("%s: %s", path, strerror(errno));
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return NULL;
     }
     struct stat st;
     if (fstat(fileno(fp), &st) != 0 || S_ISDIR(st.st_mode)) {
-        cli_err("%s: is a directory", path);
+        snprintf(err, errlen, "%s: is a directory", path);
         fclose(fp);
         return NULL;
     }
@@ -428,7 +428,7 @@ char *cli_read_text_file(const char *path, size_t *len)
     char *buf = malloc(cap + 1);
     for (;;) {
         if (!buf) {
-            cli_err("%s: out of memory", path);
+            snprintf(err, errlen, "%s: out of memory", path);
             fclose(fp);
             return NULL;
         }
@@ -445,25 +445,33 @@ char *cli_read_text_file(const char *path, size_t *len)
     int rerr = ferror(fp);
     fclose(fp);
     if (rerr) {
-        cli_err("%s: read error", path);
+        snprintf(err, errlen, "%s: read error", path);
         free(buf);
         return NULL;
     }
     buf[n] = 0;
     if (memchr(buf, 0, n)) {
-        cli_err("%s: binary file (contains NUL bytes at byte %zu), expected text", path,
+        snprintf(err, errlen, "%s: binary file (contains NUL bytes at byte %zu), expected text", path,
                 (size_t)((char *)memchr(buf, 0, n) - buf));
         free(buf);
         return NULL;
     }
     int64_t bad = tok_utf8_invalid_at(buf, n);
     if (bad >= 0) {
-        cli_err("%s: invalid UTF-8 at byte %lld", path, (long long)bad);
+        snprintf(err, errlen, "%s: invalid UTF-8 at byte %lld", path, (long long)bad);
         free(buf);
         return NULL;
     }
     *len = n;
     return buf;
+}
+
+char *cli_read_text_file(const char *path, size_t *len)
+{
+    char err[1200];
+    char *t = cli_load_text(path, len, err, sizeof err);
+    if (!t) cli_err("%s", err);
+    return t;
 }
 
 double cli_now(void)

@@ -113,7 +113,9 @@ int cli_doc_prompt(const cli_runtime *rt, const char *doc, const char *question,
  * the previous spec's parameters. The count, or -1 when there are more than max. */
 int cli_split_policies(const char *list, char specs[][256], int max);
 
-/* Read a whole text file, refusing binary data and invalid UTF-8. malloc'd, NUL-terminated. */
+/* Read a whole text file, refusing binary data and invalid UTF-8. malloc'd, NUL-terminated.
+ * cli_load_text puts the one-line reason in err instead of printing it. */
+char *cli_load_text(const char *path, size_t *len, char *err, size_t errlen);
 char *cli_read_text_file(const char *path, size_t *len);
 
 double cli_now(void);                 /* monotonic seconds */

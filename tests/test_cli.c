@@ -472,3 +472,18 @@ Test(cli, session_saves_turns_and_resumes_from_its_snapshot, .timeout = 120)
     snprintf(args, sizeof args, "rm -rf \"$(dirname %s)\"", db);
     cr_expect(system(args) == 0);
 }
+
+/* The terminal interface in a real terminal (tmux): open, ask, switch policy, a narrow and a wide
+ * layout, help, quit (tests/tui/basic.sh checks the screen at each step). */
+Test(cli, tui_in_a_real_terminal, .timeout = 120)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "tests/tui/basic.sh %s " TD "tiny/tiny-gemma3-q4_k_m.gguf " TD "prompts/p2.txt", bin());
+    int st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tests/tui/basic.sh failed (its output is above)");
+}
+
+Test(cli, tui_refuses_a_non_terminal)
+{
+    expect_one_line_error("tui -m " TD "tiny/tiny-gemma3-q4_k_m.gguf", "needs a terminal");
+}

@@ -1,0 +1,43 @@
+/* cmd_tui.c - `kvchat tui`: the terminal interface (ui/tui.c). */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "tui.h"
+
+int cmd_tui(int argc, char **argv)
+{
+    cli_opts o;
+    cli_opts_init(&o);
+    o.sp.temperature = 0;   /* answers about a document: reproducible unless --temp says otherwise */
+    const char *doc = NULL;
+    int64_t n_predict = 256;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_parse_common(&o, argc, argv, &i);
+        if (r < 0) return 1;
+        if (r > 0) continue;
+        const char *a = argv[i];
+        if (!strcmp(a, "-d") || !strcmp(a, "--doc")) {
+            if (!(doc = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "-n")) {
+            const char *v = cli_need_value(argc, argv, &i);
+            if (!v || cli_parse_int(a, v, 1, 1 << 20, &n_predict)) return 1;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: kvchat tui [-m MODEL] [-d DOCUMENT] [-n MAX_ANSWER_TOKENS] [--policy SPEC] [--budget B]\n"
+                   "                  [--threads N] [--ctx N] [--temp T] ...\n"
+                   "In the interface: /open PATH, /policy SPEC, /help (F1), /quit; Ctrl-C stops an answer.\n");
+            return 0;
+        } else {
+            cli_err("tui: unknown option %s (see kvchat tui --help)", a);
+            return 1;
+        }
+    }
+    if (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) {
+        cli_err("tui: needs a terminal (use kvchat ask or kvchat chat in scripts)");
+        return 1;
+    }
+    if (cli_finish_common(&o)) return 1;
+    return tui_main(&o, doc, n_predict);
+}

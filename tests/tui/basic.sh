@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# basic.sh - drive `kvchat tui` in a real terminal (tmux): open a document, ask, switch policy,
+# resize narrow and wide, open the help, quit. Checks the screen's content at each step.
+# usage: tests/tui/basic.sh KVCHAT MODEL DOCUMENT
+set -euo pipefail
+bin=$1 model=$2 doc=$3
+sock=kvchat-tui-test-$$
+s=t
+T() { tmux -L "$sock" "$@"; }
+cap() { T capture-pane -p -t "$s"; }
+fail() { echo "tui test: $*"; echo "----- screen -----"; cap || true; T kill-server 2>/dev/null || true; exit 1; }
+wait_for() {   # a regular expression that must appear on the screen within 20 s
+    for _ in $(seq 1 200); do cap | grep -Eq -- "$1" && return 0; sleep 0.1; done
+    fail "timed out waiting for /$1/"
+}
+wait_count() {   # at least $2 lines matching $1 within 20 s
+    for _ in $(seq 1 200); do [ "$(cap | grep -Ec -- "$1")" -ge "$2" ] && return 0; sleep 0.1; done
+    fail "timed out waiting for $2 lines matching /$1/"
+}
+trap 'T kill-server 2>/dev/null || true' EXIT
+
+T new-session -d -s "$s" -x 120 -y 36 "$bin tui -t 1 -m $model -d $doc -n 8 --page-size 8"
+wait_for 'p2\.txt \| full \| ctx [0-9]+/'
+wait_for '\| ready'
+cap | grep -q 'Memory' || fail "no side panel at 120 columns"
+cap | grep -q 'Uncertainty' || fail "no uncertainty view"
+
+T send-keys -t "$s" 'What is it about?' Enter
+wait_for 'you> What is it about\?'
+wait_for '-- 8 tokens, [0-9.]+ tok/s'
+wait_for '\| ready'
+
+T send-keys -t "$s" '/policy chess:preset=aggressive' Enter
+wait_for 'policy chess:preset=aggressive \(a prefill policy'
+wait_for '\| chess:preset=aggressive \|'
+T send-keys -t "$s" 'And then?' Enter
+wait_for 'you> And then\?'
+wait_count '^-- 8 tokens, [0-9.]+ tok/s' 2
+
+T send-keys -t "$s" '/nonsense' Enter
+wait_for 'unknown command /nonsense'
+
+T resize-window -t "$s" -x 60 -y 30
+sleep 0.5
+cap | grep -q 'Memory' && fail "the side panel should collapse at 60 columns"
+wait_for '^>'
+T resize-window -t "$s" -x 200 -y 50
+wait_for 'Memory'
+
+T send-keys -t "$s" F1
+wait_for 'kvchat keys and commands'
+T send-keys -t "$s" x
+sleep 0.3
+cap | grep -q 'kvchat keys and commands' && fail "help did not close"
+
+T send-keys -t "$s" '/quit' Enter
+for _ in $(seq 1 100); do T has-session -t "$s" 2>/dev/null || { echo "tui test: ok"; exit 0; }; sleep 0.1; done
+fail "kvchat did not quit"

@@ -1,0 +1,545 @@
+/* tui.c - the ncurses screen (see tui.h).
+ *
+ * Layout: a status bar on top (model, document, policy, context meter, speed, state); the
+ * conversation on the left (wrapped, scrollable); a side panel on the right when the terminal is
+ * wide enough (memory, the page map, uncertainty); the input line at the bottom. The screen is
+ * redrawn 20 times a second from the worker's published view; keys are read with a 50 ms timeout,
+ * so typing, scrolling and Ctrl-C work while tokens stream. */
+#define _XOPEN_SOURCE_EXTENDED 1
+#include "tui.h"
+
+#include <locale.h>
+#include <ncurses.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <wchar.h>
+
+#include "worker.h"
+
+enum { C_USER = 1, C_ANSWER, C_INFO, C_ERROR, C_BAR, C_HEAD, C_EVENT, C_MAP1, C_MAP2, C_MAP3, C_DIM };
+enum { E_USER, E_ANSWER, E_INFO, E_ERROR, E_EVENT };
+
+typedef struct entry {
+    int kind;
+    char *text;
+    size_t len, cap;
+} entry;
+
+typedef struct tui {
+    ui_worker *w;
+    entry *e;
+    int n, cap;
+    char input[2048];
+    size_t in_len, cursor;
+    char **hist;
+    int n_hist, hist_pos;
+    int scroll;              /* lines scrolled back from the bottom */
+    int help;
+    int quit;
+    int answering;           /* an answer entry is open for text */
+    char progress[160];
+    int color;
+} tui;
+
+static void add_entry(tui *t, int kind, const char *text)
+{
+    if (t->n == t->cap) {
+        int nc = t->cap ? t->cap * 2 : 64;
+        entry *ne = realloc(t->e, sizeof *ne * (size_t)nc);
+        if (!ne) return;
+        t->e = ne;
+        t->cap = nc;
+    }
+    entry *x = &t->e[t->n++];
+    x->kind = kind;
+    x->len = strlen(text);
+    x->cap = x->len + 1;
+    x->text = malloc(x->cap);
+    if (x->text) memcpy(x->text, text, x->cap);
+    else t->n--;
+}
+
+static void append_text(tui *t, const char *s)
+{
+    if (!t->answering || t->n == 0) {
+        add_entry(t, E_ANSWER, "");
+        t->answering = 1;
+    }
+    entry *x = &t->e[t->n - 1];
+    size_t k = strlen(s);
+    if (x->len + k + 1 > x->cap) {
+        size_t nc = (x->len + k + 1) * 2;
+        char *nt = realloc(x->text, nc);
+        if (!nt) return;
+        x->text = nt;
+        x->cap = nc;
+    }
+    memcpy(x->text + x->len, s, k + 1);
+    x->len += k;
+}
+
+/* Bytes of the UTF-8 sequence starting with c. */
+static int u8len(unsigned char c) { return c < 0x80 ? 1 : c >> 5 == 6 ? 2 : c >> 4 == 14 ? 3 : c >> 3 == 30 ? 4 : 1; }
+
+/* Wrap text into lines of at most width cells (one cell per code point); calls fn per line. */
+static int wrap(const char *s, int width, void (*fn)(void *ud, const char *p, int bytes), void *ud)
+{
+    int lines = 0;
+    while (*s) {
+        const char *p = s, *brk = NULL;
+        int cells = 0;
+        while (*p && *p != '\n' && cells < width) {
+            if (*p == ' ') brk = p;
+            p += u8len((unsigned char)*p);
+            cells++;
+        }
+        const char *end = p;
+        if (*p && *p != '\n' && brk && brk > s) end = brk;   /* break at the last space */
+        if (fn) fn(ud, s, (int)(end - s));
+        lines++;
+        s = end;
+        if (*s == '\n' || (*s == ' ' && end == brk)) s++;
+    }
+    return lines;
+}
+
+typedef struct draw_ctx {
+    int y, x, top, bottom, skip;
+    int attr;
+} draw_ctx;
+
+static void draw_line(void *ud, const char *p, int bytes)
+{
+    draw_ctx *d = ud;
+    if (d->skip > 0) {
+        d->skip--;
+        return;
+    }
+    if (d->y > d->bottom) return;
+    if (d->y >= d->top) {
+        attron(d->attr);
+        mvaddnstr(d->y, d->x, p, bytes);
+        attroff(d->attr);
+    }
+    d->y++;
+}
+
+static const char *prefix(int kind)
+{
+    switch (kind) {
+    case E_USER: return "you> ";
+    case E_ANSWER: return "";
+    case E_INFO: return "-- ";
+    case E_ERROR: return "!! ";
+    default: return "~~ ";
+    }
+}
+
+static int kind_attr(const tui *t, int kind)
+{
+    if (!t->color) return kind == E_USER ? A_BOLD : kind == E_ERROR ? A_STANDOUT : 0;
+    switch (kind) {
+    case E_USER: return COLOR_PAIR(C_USER) | A_BOLD;
+    case E_ANSWER: return COLOR_PAIR(C_ANSWER);
+    case E_INFO: return COLOR_PAIR(C_INFO);
+    case E_ERROR: return COLOR_PAIR(C_ERROR) | A_BOLD;
+    default: return COLOR_PAIR(C_EVENT);
+    }
+}
+
+static void draw_conversation(tui *t, int top, int bottom, int width)
+{
+    int h = bottom - top + 1;
+    /* count lines from the end until the screen (plus the scroll-back) is full */
+    int total = 0, first = t->n;
+    char buf[64];
+    for (int i = t->n - 1; i >= 0 && total < h + t->scroll; i--) {
+        size_t L = strlen(prefix(t->e[i].kind)) + t->e[i].len + 1;
+        char *s = malloc(L);
+        if (!s) break;
+        snprintf(s, L, "%s%s", prefix(t->e[i].kind), t->e[i].text);
+        total += wrap(s, width, NULL, NULL) + 1;
+        free(s);
+        first = i;
+    }
+    (void)buf;
+    int max_scroll = total > h ? total - h : 0;
+    if (t->scroll > max_scroll) t->scroll = max_scroll;
+    draw_ctx d = { top, 0, top, bottom, total > h ? total - h - t->scroll : 0, 0 };
+    for (int i = first; i < t->n; i++) {
+        size_t L = strlen(prefix(t->e[i].kind)) + t->e[i].len + 1;
+        char *s = malloc(L);
+        if (!s) break;
+        snprintf(s, L, "%s%s", prefix(t->e[i].kind), t->e[i].text);
+        d.attr = kind_attr(t, t->e[i].kind);
+        wrap(s, width, draw_line, &d);
+        free(s);
+        draw_line(&d, "", 0);   /* a blank line between turns */
+    }
+}
+
+static void bar(int y, int x, int width, double frac, int attr)
+{
+    int n = (int)(frac * width + 0.5);
+    if (n > width) n = width;
+    attron(attr);
+    for (int i = 0; i < width; i++) mvaddstr(y, x + i, i < n ? "\u2588" : "\u2591");
+    attroff(attr);
+}
+
+static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int width)
+{
+    int y = top, head = t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD;
+    double mib = 1024.0 * 1024.0;
+    attron(head);
+    mvprintw(y++, x, "Memory");
+    attroff(head);
+    mvprintw(y++, x, "weights  %7.1f MiB", v->weights_mib);
+    mvprintw(y++, x, "KV held  %7.2f MiB", (double)v->kv_held / mib);
+    mvprintw(y++, x, "KV full  %7.2f MiB", (double)v->kv_full / mib);
+    if (y <= bottom) bar(y++, x, width - 1, v->kv_full ? (double)v->kv_held / (double)v->kv_full : 0,
+                         t->color ? COLOR_PAIR(C_MAP2) : 0);
+    mvprintw(y++, x, "KV peak  %7.2f MiB", (double)v->kv_peak / mib);
+    mvprintw(y++, x, "RSS peak %7.1f MiB", v->rss_mib);
+    y++;
+    if (y > bottom) return;
+    attron(head);
+    mvprintw(y++, x, "Pages: %lld of %d tokens", (long long)v->n_map, v->page_size);
+    attroff(head);
+    int64_t mx = 0;
+    for (int64_t i = 0; i < v->n_map; i++)
+        if (v->map[i] > mx) mx = v->map[i];
+    int cols = width - 1, rows_left = bottom - y - 6;
+    if (rows_left < 1) rows_left = 1;
+    int64_t per_cell = (v->n_map + (int64_t)cols * rows_left - 1) / ((int64_t)cols * rows_left);
+    if (per_cell < 1) per_cell = 1;
+    int64_t cells = (v->n_map + per_cell - 1) / per_cell;
+    for (int64_t c = 0; c < cells && y <= bottom; c++) {
+        int64_t hits = 0;
+        for (int64_t i = c * per_cell; i < (c + 1) * per_cell && i < v->n_map; i++) hits += v->map[i];
+        int lvl = hits == 0 || mx == 0 ? 0 : hits * 3 >= mx * 2 * per_cell ? 3 : hits * 3 >= mx * per_cell ? 2 : 1;
+        static const char *glyph[] = { "\u00b7", "\u2591", "\u2592", "\u2588" };
+        int a = t->color ? COLOR_PAIR(lvl == 0 ? C_DIM : lvl == 1 ? C_MAP1 : lvl == 2 ? C_MAP2 : C_MAP3) : 0;
+        attron(a);
+        mvaddstr(y, x + (int)(c % cols), glyph[lvl]);
+        attroff(a);
+        if (c % cols == cols - 1) y++;
+    }
+    if (cells % cols) y++;
+    y++;
+    if (y > bottom) return;
+    attron(head);
+    mvprintw(y++, x, "Uncertainty");
+    attroff(head);
+    if (v->thr_valid)
+        mvprintw(y++, x, "thresholds H %.2f V %.2f", v->thr_h, v->thr_v);
+    else if (y <= bottom)
+        mvprintw(y++, x, "no thresholds (calibrate)");
+    if (y <= bottom) {
+        static const char *spark[] = { "\u2581", "\u2582", "\u2583", "\u2584", "\u2585", "\u2586", "\u2587", "\u2588" };
+        int n = v->n_hist < width - 3 ? v->n_hist : width - 3;
+        mvprintw(y, x, "H ");
+        for (int i = 0; i < n; i++) {
+            float h = v->entropy[v->n_hist - n + i];
+            int k = (int)(h / 4.0f * 8);
+            if (k > 7) k = 7;
+            if (k < 0) k = 0;
+            mvaddstr(y, x + 2 + i, spark[k]);
+        }
+        y++;
+    }
+    if (y <= bottom) mvprintw(y++, x, "events %d, regenerated %d", v->events, v->regenerated);
+}
+
+static void draw(tui *t)
+{
+    uw_view v;
+    uw_get_view(t->w, &v);
+    erase();
+    int H = LINES, W = COLS;
+    int panel = W >= 100 ? 34 : 0;
+    int conv_w = W - (panel ? panel + 1 : 0);
+    /* status bar */
+    int bar_attr = t->color ? COLOR_PAIR(C_BAR) : A_REVERSE;
+    attron(bar_attr);
+    mvhline(0, 0, ' ', W);
+    char status[1024];
+    snprintf(status, sizeof status, " kvchat | %s | %s | %s | ctx %lld/%lld | %.1f tok/s | %s", v.model,
+             v.doc[0] ? v.doc : "no document", v.policy, (long long)v.ctx_used, (long long)v.ctx_limit, v.tok_s,
+             v.busy ? (t->progress[0] ? t->progress : "working") : "ready");
+    mvaddnstr(0, 0, status, W);
+    attroff(bar_attr);
+    /* conversation */
+    draw_conversation(t, 1, H - 3, conv_w - 1);
+    if (panel) {
+        int a = t->color ? COLOR_PAIR(C_DIM) : 0;
+        attron(a);
+        mvvline(1, conv_w, ACS_VLINE, H - 3);
+        attroff(a);
+        draw_panel(t, &v, 1, H - 3, conv_w + 2, panel - 1);
+    }
+    /* input */
+    mvhline(H - 2, 0, ACS_HLINE, W);
+    mvprintw(H - 1, 0, "> ");
+    int room = W - 3;
+    size_t start = 0;
+    int cells = 0;
+    for (size_t i = 0; i < t->cursor; i += (size_t)u8len((unsigned char)t->input[i])) cells++;
+    while (cells >= room && start < t->cursor) {
+        start += (size_t)u8len((unsigned char)t->input[start]);
+        cells--;
+    }
+    mvaddnstr(H - 1, 2, t->input + start, (int)(t->in_len - start));
+    if (t->help) {
+        static const char *lines[] = { "kvchat keys and commands",
+                                       "",
+                                       "Enter          ask the question typed below",
+                                       "/open PATH     load a text or Markdown document",
+                                       "/policy SPEC   switch policy, e.g. chess:preset=aggressive",
+                                       "/help          this help (F1)",
+                                       "/quit          leave (also Ctrl-C when idle)",
+                                       "Ctrl-C         stop the answer or the prefill",
+                                       "Up / Down      input history",
+                                       "PgUp / PgDn    scroll the conversation (mouse wheel too)",
+                                       "",
+                                       "press any key" };
+        int n = (int)(sizeof lines / sizeof *lines), w = 62, y0 = (H - n) / 2 - 1, x0 = (W - w) / 2;
+        if (x0 < 0) x0 = 0;
+        for (int i = -1; i <= n; i++) {
+            attron(bar_attr);
+            mvhline(y0 + i, x0, ' ', w);
+            if (i >= 0 && i < n) mvaddnstr(y0 + i, x0 + 2, lines[i], w - 4);
+            attroff(bar_attr);
+        }
+    }
+    move(H - 1, 2 + cells);
+    refresh();
+}
+
+static void push_history(tui *t, const char *s)
+{
+    char **nh = realloc(t->hist, sizeof *nh * (size_t)(t->n_hist + 1));
+    if (!nh) return;
+    t->hist = nh;
+    t->hist[t->n_hist++] = strdup(s);
+    t->hist_pos = t->n_hist;
+}
+
+static void set_input(tui *t, const char *s)
+{
+    snprintf(t->input, sizeof t->input, "%s", s ? s : "");
+    t->in_len = t->cursor = strlen(t->input);
+}
+
+static void submit(tui *t)
+{
+    char line[sizeof t->input];
+    snprintf(line, sizeof line, "%s", t->input);
+    set_input(t, "");
+    if (!line[0]) return;
+    push_history(t, line);
+    t->scroll = 0;
+    char err[600];
+    if (!strcmp(line, "/quit") || !strcmp(line, "/q")) {
+        t->quit = 1;
+    } else if (!strcmp(line, "/help")) {
+        t->help = 1;
+    } else if (!strncmp(line, "/open ", 6)) {
+        if (uw_open(t->w, line + 6)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
+        else t->answering = 0;
+    } else if (!strncmp(line, "/policy ", 8)) {
+        if (uw_set_policy(t->w, line + 8, err, sizeof err)) {
+            add_entry(t, E_ERROR, err);
+        } else {
+            snprintf(err, sizeof err, "policy %.400s (a prefill policy applies to the next /open)", line + 8);
+            add_entry(t, E_INFO, err);
+        }
+    } else if (line[0] == '/') {
+        snprintf(err, sizeof err, "unknown command %.100s (F1 for help)", line);
+        add_entry(t, E_ERROR, err);
+    } else if (uw_ask(t->w, line)) {
+        add_entry(t, E_ERROR, "busy: wait for the current answer or press Ctrl-C");
+    } else {
+        add_entry(t, E_USER, line);
+        t->answering = 0;
+    }
+}
+
+static void edit_key(tui *t, wint_t ch, int is_key)
+{
+    if (is_key) {
+        switch (ch) {
+        case KEY_LEFT:
+            while (t->cursor > 0 && ((unsigned char)t->input[--t->cursor] & 0xC0) == 0x80) {}
+            return;
+        case KEY_RIGHT:
+            if (t->cursor < t->in_len) t->cursor += (size_t)u8len((unsigned char)t->input[t->cursor]);
+            return;
+        case KEY_HOME: t->cursor = 0; return;
+        case KEY_END: t->cursor = t->in_len; return;
+        case KEY_BACKSPACE:
+            if (t->cursor > 0) {
+                size_t c = t->cursor;
+                while (c > 0 && ((unsigned char)t->input[--c] & 0xC0) == 0x80) {}
+                memmove(t->input + c, t->input + t->cursor, t->in_len - t->cursor + 1);
+                t->in_len -= t->cursor - c;
+                t->cursor = c;
+            }
+            return;
+        case KEY_DC:
+            if (t->cursor < t->in_len) {
+                size_t k = (size_t)u8len((unsigned char)t->input[t->cursor]);
+                memmove(t->input + t->cursor, t->input + t->cursor + k, t->in_len - t->cursor - k + 1);
+                t->in_len -= k;
+            }
+            return;
+        case KEY_UP:
+            if (t->hist_pos > 0) set_input(t, t->hist[--t->hist_pos]);
+            return;
+        case KEY_DOWN:
+            if (t->hist_pos < t->n_hist - 1) set_input(t, t->hist[++t->hist_pos]);
+            else {
+                t->hist_pos = t->n_hist;
+                set_input(t, "");
+            }
+            return;
+        case KEY_PPAGE: t->scroll += LINES / 2; return;
+        case KEY_NPAGE: t->scroll = t->scroll > LINES / 2 ? t->scroll - LINES / 2 : 0; return;
+        case KEY_F(1): t->help = 1; return;
+        case KEY_ENTER: submit(t); return;
+        case KEY_MOUSE: {
+            MEVENT me;
+            if (getmouse(&me) == OK) {
+                if (me.bstate & BUTTON4_PRESSED) t->scroll += 3;
+#ifdef BUTTON5_PRESSED
+                if (me.bstate & BUTTON5_PRESSED) t->scroll = t->scroll > 3 ? t->scroll - 3 : 0;
+#endif
+            }
+            return;
+        }
+        default: return;
+        }
+    }
+    if (ch == '\n' || ch == '\r') {
+        submit(t);
+        return;
+    }
+    if (ch == 127 || ch == 8) {
+        edit_key(t, KEY_BACKSPACE, 1);
+        return;
+    }
+    if (ch < 32) return;
+    char mb[8];
+    mbstate_t st;
+    memset(&st, 0, sizeof st);
+    size_t k = wcrtomb(mb, (wchar_t)ch, &st);
+    if (k == (size_t)-1 || t->in_len + k >= sizeof t->input) return;
+    memmove(t->input + t->cursor + k, t->input + t->cursor, t->in_len - t->cursor + 1);
+    memcpy(t->input + t->cursor, mb, k);
+    t->cursor += k;
+    t->in_len += k;
+}
+
+static void drain(tui *t)
+{
+    uw_event ev;
+    while (uw_poll(t->w, &ev)) {
+        switch (ev.kind) {
+        case UW_TEXT:
+            append_text(t, ev.text);
+            break;
+        case UW_PROGRESS:
+            snprintf(t->progress, sizeof t->progress, "prefill %lld/%lld tokens (Ctrl-C cancels)", (long long)ev.a,
+                     (long long)ev.b);
+            break;
+        case UW_DONE:
+            t->answering = 0;
+            t->progress[0] = 0;
+            if (ev.text[0]) add_entry(t, E_INFO, ev.text);
+            break;
+        case UW_ERROR:
+            t->answering = 0;
+            t->progress[0] = 0;
+            add_entry(t, E_ERROR, ev.text);
+            break;
+        case UW_INFO:
+            add_entry(t, E_INFO, ev.text);
+            break;
+        case UW_EVENT:
+            t->answering = 0;
+            add_entry(t, E_EVENT, ev.text);
+            break;
+        }
+    }
+}
+
+int tui_main(const cli_opts *o, const char *doc, int64_t n_predict)
+{
+    ui_worker *w = uw_start(o, n_predict);
+    if (!w) return 1;
+    setlocale(LC_ALL, "");
+    if (!initscr()) {
+        uw_stop(w);
+        cli_err("cannot start the terminal interface (is TERM set?)");
+        return 1;
+    }
+    raw();   /* Ctrl-C arrives as a key: it stops generation instead of killing the program */
+    noecho();
+    keypad(stdscr, TRUE);
+    mousemask(BUTTON4_PRESSED
+#ifdef BUTTON5_PRESSED
+                  | BUTTON5_PRESSED
+#endif
+              ,
+              NULL);
+    timeout(50);
+    tui t;
+    memset(&t, 0, sizeof t);
+    t.w = w;
+    t.color = has_colors();
+    if (t.color) {
+        start_color();
+        use_default_colors();
+        init_pair(C_USER, COLOR_CYAN, -1);
+        init_pair(C_ANSWER, -1, -1);
+        init_pair(C_INFO, COLOR_GREEN, -1);
+        init_pair(C_ERROR, COLOR_RED, -1);
+        init_pair(C_BAR, COLOR_BLACK, COLOR_CYAN);
+        init_pair(C_HEAD, COLOR_YELLOW, -1);
+        init_pair(C_EVENT, COLOR_MAGENTA, -1);
+        init_pair(C_MAP1, COLOR_BLUE, -1);
+        init_pair(C_MAP2, COLOR_CYAN, -1);
+        init_pair(C_MAP3, COLOR_YELLOW, -1);
+        init_pair(C_DIM, COLOR_WHITE, -1);
+    }
+    add_entry(&t, E_INFO, "kvchat: open a document with /open PATH, then ask about it. F1 for help.");
+    if (doc) uw_open(w, doc);
+    while (!t.quit) {
+        drain(&t);
+        draw(&t);
+        wint_t ch;
+        int r = get_wch(&ch);
+        if (r == ERR) continue;
+        if (t.help) {
+            t.help = 0;
+            continue;
+        }
+        if (r == OK && ch == 3) {   /* Ctrl-C */
+            uw_view v;
+            uw_get_view(w, &v);
+            if (v.busy) uw_cancel(w);
+            else t.quit = 1;
+            continue;
+        }
+        if (r == OK && ch == 4 && t.in_len == 0) break;   /* Ctrl-D on an empty line */
+        edit_key(&t, ch, r == KEY_CODE_YES);
+    }
+    endwin();
+    uw_stop(w);
+    for (int i = 0; i < t.n; i++) free(t.e[i].text);
+    free(t.e);
+    for (int i = 0; i < t.n_hist; i++) free(t.hist[i]);
+    free(t.hist);
+    return 0;
+}

@@ -1,0 +1,13 @@
+/* tui.h - the ncurses interface: a conversation about a document with live memory, page map and
+ * uncertainty views. The engine runs on ui/worker.c's thread; this file only draws and reads keys. */
+#ifndef KVCHAT_UI_TUI_H
+#define KVCHAT_UI_TUI_H
+
+#include <stdint.h>
+
+#include "cli.h"
+
+/* Run the interface until the user quits. doc may be NULL. Returns the exit status. */
+int tui_main(const cli_opts *o, const char *doc, int64_t n_predict);
+
+#endif

@@ -1,0 +1,464 @@
+/* worker.c - the engine thread of the TUI (see worker.h). */
+#include "worker.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat.h"
+#include "session.h"
+#include "tokenizer.h"
+
+enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_QUIT };
+#define QCAP 4096
+
+struct ui_worker {
+    cli_opts o;
+    cli_runtime rt;
+    samp *s;
+    float *logits;
+    int64_t n_predict;
+    int chat;                    /* the model's chat template (1) or the plain Question/Answer form */
+    int turns;                   /* questions answered about the current document */
+    int pending_tok;             /* the last sampled token is not in the cache yet */
+    int32_t pending;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int job;
+    char *arg;
+    volatile sig_atomic_t cancel;
+    uw_event q[QCAP];
+    int qh, qt;
+    uw_view view;
+    double t_gen;
+    int64_t n_gen;
+};
+
+static void post(ui_worker *w, uw_kind k, const char *text, int64_t a, int64_t b)
+{
+    pthread_mutex_lock(&w->mu);
+    int next = (w->qt + 1) % QCAP;
+    if (next != w->qh) {   /* a full queue drops the event: the screen is behind by 4096 events */
+        uw_event *e = &w->q[w->qt];
+        e->kind = k;
+        size_t len = text ? strlen(text) : 0;
+        if (len >= sizeof e->text) {   /* cut long messages on a character boundary */
+            len = sizeof e->text - 1;
+            while (len > 0 && ((unsigned char)text[len] & 0xC0) == 0x80) len--;
+        }
+        if (len) memcpy(e->text, text, len);
+        e->text[len] = 0;
+        e->a = a;
+        e->b = b;
+        w->qt = next;
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Copy the live figures for the UI (called on the worker thread between steps). */
+static void publish(ui_worker *w)
+{
+    kv_stats ks;
+    kv_get_stats(fwd_kv(w->rt.f), &ks);
+    int64_t n;
+    const int64_t *map = pol_set_page_map(w->rt.ps, &n);
+    const float *h = unc_entropy(w->rt.mon), *v = unc_varentropy(w->rt.mon);
+    int64_t nh = unc_count(w->rt.mon);
+    int ne;
+    const unc_event *ev = unc_events(w->rt.mon, &ne);
+    pthread_mutex_lock(&w->mu);
+    uw_view *o = &w->view;
+    o->ctx_used = ks.positions;
+    o->kv_held = ks.bytes_resident;
+    o->kv_full = ks.bytes_full;
+    o->kv_peak = ks.bytes_peak;
+    o->rss_mib = cli_peak_rss_mib();
+    o->page_size = kv_page_size(fwd_kv(w->rt.f));
+    int64_t total = (ks.positions + o->page_size - 1) / o->page_size;
+    o->n_map = total < UW_MAP_MAX ? total : UW_MAP_MAX;
+    for (int64_t i = 0; i < o->n_map; i++) o->map[i] = i < n ? map[i] : 0;
+    int64_t from = nh > UW_HIST ? nh - UW_HIST : 0;
+    o->n_hist = (int)(nh - from);
+    for (int i = 0; i < o->n_hist; i++) {
+        o->entropy[i] = h[from + i];
+        o->varentropy[i] = v[from + i];
+    }
+    o->events = ne;
+    o->regenerated = 0;
+    for (int i = 0; i < ne; i++) o->regenerated += ev[i].regenerated;
+    snprintf(o->policy, sizeof o->policy, "%s", pol_set_spec(w->rt.ps)->text);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void on_progress(void *ud, int64_t done, int64_t total)
+{
+    ui_worker *w = ud;
+    post(w, UW_PROGRESS, NULL, done, total);
+    publish(w);
+}
+
+typedef struct stream {
+    ui_worker *w;
+    tok_stream ts;
+} stream;
+
+static void on_token(void *ud, int32_t id)
+{
+    stream *st = ud;
+    char piece[512];
+    size_t n = tok_stream_feed(&st->ts, id, piece, sizeof piece - 1);
+    piece[n] = 0;
+    if (n) post(st->w, UW_TEXT, piece, 0, 0);
+    st->w->n_gen++;
+    st->w->pending = id;
+    st->w->pending_tok = 1;
+    publish(st->w);
+}
+
+static void on_event(void *ud, const unc_event *e)
+{
+    stream *st = ud;
+    char line[1024];
+    unc_event_format(e, line, sizeof line);
+    post(st->w, UW_EVENT, line, e->step, e->regenerated);
+}
+
+/* Evaluate ids at the end of the sequence (a prefill: the prefill policy runs). */
+static int eval(ui_worker *w, const int32_t *ids, size_t n, char *err, size_t errlen)
+{
+    if (fwd_pos(w->rt.f) + (int64_t)n + 1 > fwd_n_ctx(w->rt.f)) {
+        snprintf(err, errlen, "%zu more tokens do not fit: %lld of the context's %lld are used", n,
+                 (long long)fwd_pos(w->rt.f), (long long)fwd_n_ctx(w->rt.f));
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) samp_accept(w->s, ids[i]);
+    double t0 = cli_now();
+    if (fwd_eval(w->rt.f, ids, (int64_t)n, w->logits, NULL, NULL, on_progress, w, &w->cancel, err, errlen))
+        return -1;
+    pthread_mutex_lock(&w->mu);
+    w->view.prefill_tok_s = (double)n / (cli_now() - t0 + 1e-9);
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
+static void job_open(ui_worker *w, const char *path)
+{
+    char err[1200];
+    size_t len;
+    char *text = cli_load_text(path, &len, err, sizeof err);
+    if (!text) {
+        post(w, UW_ERROR, err, 0, 0);
+        return;
+    }
+    /* the document alone, the way its turn will continue: the plain form's "Question:" or the
+     * rest of the chat template's user turn follows with the first question */
+    size_t L = len + 64;
+    char *prompt = malloc(L);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int bad = !prompt;
+    if (!bad) {
+        snprintf(prompt, L, w->chat ? "<bos><start_of_turn>user\n%s\n\n" : "%s\n\n", text);
+        if (w->chat && chat_family_for(w->rt.m->gguf) != CHAT_GEMMA)
+            snprintf(prompt, L, "%s\n\n", text);   /* other templates: plain completion form */
+        bad = tok_encode(w->rt.m->vocab, prompt, strlen(prompt), w->chat ? 0 : tok_add_bos(w->rt.m->vocab), w->chat, &ids,
+                         &n, err, sizeof err) != 0;
+    }
+    free(prompt);
+    free(text);
+    if (bad) {
+        post(w, UW_ERROR, err[0] ? err : "out of memory", 0, 0);
+        free(ids);
+        return;
+    }
+    /* say whether it fits before spending time on it: never cut a document silently */
+    int64_t limit = fwd_n_ctx(w->rt.f);
+    if ((int64_t)n + 64 > limit) {
+        snprintf(err, sizeof err, "%s is %zu tokens; the context holds %lld (use --ctx or a shorter document)", path, n,
+                 (long long)limit);
+        post(w, UW_ERROR, err, 0, 0);
+        free(ids);
+        return;
+    }
+    uint64_t full = (uint64_t)n * (uint64_t)w->rt.m->hp.n_layer * (uint64_t)w->rt.m->hp.n_head_kv *
+                    (uint64_t)w->rt.m->hp.head_dim * 4u;
+    snprintf(err, sizeof err, "%s: %zu tokens of %lld, a full cache would need %.1f MiB; prefilling under %s", path, n,
+             (long long)limit, (double)full / (1 << 20), pol_set_spec(w->rt.ps)->text);
+    post(w, UW_INFO, err, 0, 0);
+    fwd_rewind(w->rt.f, 0);
+    samp_reset(w->s);
+    w->turns = 0;
+    w->pending_tok = 0;
+    pthread_mutex_lock(&w->mu);
+    const char *b = strrchr(path, '/');
+    snprintf(w->view.doc, sizeof w->view.doc, "%s", b ? b + 1 : path);
+    w->view.doc_tokens = (int64_t)n;
+    w->view.have_doc = 0;
+    pthread_mutex_unlock(&w->mu);
+    pol_set_probe_is_question(w->rt.ps, 0);   /* no question yet: the probe is the document's end */
+    if (eval(w, ids, n, err, sizeof err)) {
+        post(w, UW_ERROR, w->cancel ? "prefill cancelled; the document is not loaded" : err, 0, 0);
+        fwd_rewind(w->rt.f, 0);
+    } else {
+        pthread_mutex_lock(&w->mu);
+        w->view.have_doc = 1;
+        pthread_mutex_unlock(&w->mu);
+        fwd_set_floor(w->rt.f, fwd_pos(w->rt.f));
+        char d[1024];
+        pol_set_describe(w->rt.ps, d, sizeof d);
+        post(w, UW_INFO, d[0] ? d : "document loaded", 0, 0);
+    }
+    free(ids);
+    publish(w);
+}
+
+static void job_ask(ui_worker *w, const char *question)
+{
+    char err[1200];
+    char *text;
+    if (w->chat && chat_family_for(w->rt.m->gguf) == CHAT_GEMMA) {
+        if (w->turns == 0 && w->view.have_doc) {
+            size_t L = strlen(question) + 64;
+            text = malloc(L);
+            if (text) snprintf(text, L, "%s<end_of_turn>\n<start_of_turn>model\n", question);
+        } else if (w->turns == 0) {
+            size_t L = strlen(question) + 64;
+            text = malloc(L);
+            if (text) snprintf(text, L, "<bos><start_of_turn>user\n%s<end_of_turn>\n<start_of_turn>model\n", question);
+        } else {
+            text = chat_continue(CHAT_GEMMA, question);
+        }
+    } else {
+        size_t L = strlen(question) + 32;
+        text = malloc(L);
+        if (text) snprintf(text, L, w->turns == 0 ? "Question: %s\nAnswer:" : "\nQuestion: %s\nAnswer:", question);
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int chat = w->chat && chat_family_for(w->rt.m->gguf) == CHAT_GEMMA;
+    int add_bos = fwd_pos(w->rt.f) == 0 && !chat ? tok_add_bos(w->rt.m->vocab) : 0;
+    if (!text || tok_encode(w->rt.m->vocab, text, strlen(text), add_bos, chat, &ids, &n, err, sizeof err)) {
+        free(text);
+        post(w, UW_ERROR, text ? err : "out of memory", 0, 0);
+        return;
+    }
+    free(text);
+    /* the last answer's final token was sampled but not evaluated: it goes in first */
+    if (w->pending_tok) {
+        int32_t *all = malloc(sizeof(int32_t) * (n + 1));
+        if (!all) {
+            free(ids);
+            post(w, UW_ERROR, "out of memory", 0, 0);
+            return;
+        }
+        all[0] = w->pending;
+        memcpy(all + 1, ids, sizeof(int32_t) * n);
+        free(ids);
+        ids = all;
+        n++;
+        w->pending_tok = 0;
+    }
+    pol_set_probe_is_question(w->rt.ps, 1);
+    if (eval(w, ids, n, err, sizeof err)) {
+        post(w, UW_ERROR, w->cancel ? "cancelled" : err, 0, 0);
+        free(ids);
+        return;
+    }
+    stream st = { w, { 0 } };
+    tok_stream_init(&st.ts, w->rt.m->vocab);
+    gen_opts go = { w->n_predict, ids[n - 1], &w->rt.thr, w->rt.backtrack, samp_temperature(w->s) };
+    gen_callbacks cb = { &st, on_token, NULL, on_event };
+    gen_result gr;
+    free(ids);
+    w->n_gen = 0;
+    double t0 = cli_now();
+    if (gen_answer(w->rt.f, w->s, w->rt.m->vocab, w->rt.mon, w->logits, w->rt.m->hp.n_vocab, &go, &cb, &w->cancel, &gr,
+                   err, sizeof err)) {
+        post(w, UW_ERROR, err, 0, 0);
+        return;
+    }
+    char piece[512];
+    size_t k = tok_stream_flush(&st.ts, piece, sizeof piece - 1);
+    piece[k] = 0;
+    if (k) post(w, UW_TEXT, piece, 0, 0);
+    if (gr.stop == GEN_STOP_EOG) w->pending_tok = 0;   /* the end-of-turn token closes it in the next turn */
+    w->turns++;
+    double dt = cli_now() - t0;
+    pthread_mutex_lock(&w->mu);
+    w->view.tok_s = gr.n_decoded > 0 ? (double)gr.n_decoded / dt : 0;
+    pthread_mutex_unlock(&w->mu);
+    publish(w);
+    snprintf(err, sizeof err, "%lld tokens, %.1f tok/s%s%s", (long long)gr.n_gen, w->view.tok_s,
+             gr.stop == GEN_STOP_INTERRUPT ? ", stopped" : gr.stop == GEN_STOP_CONTEXT ? ", context full" : "",
+             gr.regenerated ? ", pages regenerated" : "");
+    post(w, UW_DONE, err, gr.stop == GEN_STOP_INTERRUPT, 0);
+}
+
+static void *run(void *arg)
+{
+    ui_worker *w = arg;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (w->job == JOB_NONE) pthread_cond_wait(&w->cv, &w->mu);
+        int job = w->job;
+        char *a = w->arg;
+        w->arg = NULL;
+        w->view.busy = job != JOB_QUIT;
+        pthread_mutex_unlock(&w->mu);
+        if (job == JOB_QUIT) {
+            free(a);
+            break;
+        }
+        w->cancel = 0;
+        if (job == JOB_OPEN) {
+            job_open(w, a);
+            post(w, UW_DONE, "", 0, 1);
+        } else {
+            job_ask(w, a);
+        }
+        free(a);
+        pthread_mutex_lock(&w->mu);
+        w->job = JOB_NONE;
+        w->view.busy = 0;
+        pthread_mutex_unlock(&w->mu);
+    }
+    return NULL;
+}
+
+ui_worker *uw_start(const cli_opts *o, int64_t n_predict)
+{
+    ui_worker *w = calloc(1, sizeof *w);
+    if (!w) {
+        cli_err("out of memory");
+        return NULL;
+    }
+    w->o = *o;
+    w->n_predict = n_predict;
+    if (cli_open(&w->rt, &w->o, 1) != 0) {
+        free(w);
+        return NULL;
+    }
+    w->logits = malloc(sizeof(float) * (size_t)w->rt.m->hp.n_vocab);
+    w->s = samp_create(&w->o.sp, w->rt.m->hp.n_vocab);
+    if (!w->logits || !w->s) {
+        cli_err("out of memory");
+        uw_stop(w);
+        return NULL;
+    }
+    w->chat = gguf_find_key(w->rt.m->gguf, "tokenizer.chat_template") >= 0;
+    const char *b = strrchr(w->rt.m->path, '/');
+    snprintf(w->view.model, sizeof w->view.model, "%s", b ? b + 1 : w->rt.m->path);
+    w->view.ctx_limit = fwd_n_ctx(w->rt.f);
+    w->view.weights_mib = (double)w->rt.m->weight_bytes / (1 << 20);
+    w->view.thr_valid = w->rt.thr.valid;
+    w->view.thr_h = w->rt.thr.h_mean;
+    w->view.thr_v = w->rt.thr.h_var;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    publish(w);
+    if (pthread_create(&w->th, NULL, run, w) != 0) {
+        cli_err("cannot start the engine thread");
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        samp_free(w->s);
+        free(w->logits);
+        cli_close(&w->rt);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+static int submit(ui_worker *w, int job, const char *arg)
+{
+    char *a = arg ? strdup(arg) : NULL;
+    pthread_mutex_lock(&w->mu);
+    if (w->job != JOB_NONE && job != JOB_QUIT) {
+        pthread_mutex_unlock(&w->mu);
+        free(a);
+        return -1;
+    }
+    free(w->arg);
+    w->arg = a;
+    w->job = job;
+    if (job != JOB_QUIT) w->view.busy = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
+void uw_stop(ui_worker *w)
+{
+    if (!w) return;
+    if (w->th) {
+        w->cancel = 1;
+        /* wait for a running job to see the cancel, then ask the thread to leave */
+        for (;;) {
+            pthread_mutex_lock(&w->mu);
+            int idle = w->job == JOB_NONE;
+            if (idle) {
+                w->job = JOB_QUIT;
+                pthread_cond_signal(&w->cv);
+            }
+            pthread_mutex_unlock(&w->mu);
+            if (idle) break;
+            struct timespec ts = { 0, 10 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+        }
+        pthread_join(w->th, NULL);
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+    }
+    samp_free(w->s);
+    free(w->logits);
+    free(w->arg);
+    cli_close(&w->rt);
+    free(w);
+}
+
+int uw_open(ui_worker *w, const char *path) { return submit(w, JOB_OPEN, path); }
+int uw_ask(ui_worker *w, const char *question) { return submit(w, JOB_ASK, question); }
+void uw_cancel(ui_worker *w) { w->cancel = 1; }
+
+int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&w->mu);
+    int busy = w->job != JOB_NONE;
+    pthread_mutex_unlock(&w->mu);
+    if (busy) {
+        snprintf(err, errlen, "wait for the current job (or Ctrl-C) before switching policy");
+        return -1;
+    }
+    pol_spec ps;
+    if (pol_parse(&ps, spec, NULL, err, errlen)) return -1;
+    /* the cache was filled under the old prefill policy: a new one applies to the next document */
+    if (cli_set_policy(&w->rt, spec, NULL)) {
+        snprintf(err, errlen, "could not switch to %s", spec);
+        return -1;
+    }
+    w->rt.backtrack = w->o.backtrack >= 0 ? w->o.backtrack : pol_set_can_reselect(w->rt.ps) ? 2 : 0;
+    publish(w);
+    return 0;
+}
+
+int uw_poll(ui_worker *w, uw_event *ev)
+{
+    pthread_mutex_lock(&w->mu);
+    int have = w->qh != w->qt;
+    if (have) {
+        *ev = w->q[w->qh];
+        w->qh = (w->qh + 1) % QCAP;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return have;
+}
+
+void uw_get_view(ui_worker *w, uw_view *v)
+{
+    pthread_mutex_lock(&w->mu);
+    *v = w->view;
+    pthread_mutex_unlock(&w->mu);
+}

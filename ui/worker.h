@@ -1,0 +1,62 @@
+/* worker.h - the engine thread behind the TUI: the screen never waits on the model.
+ *
+ * The worker owns the model, the forward context, the policies and the sampler. The UI submits one
+ * job at a time (open a document, answer a question) and drains events (text pieces, progress,
+ * the end of a job, errors) without blocking; it reads live figures from a copy the worker
+ * publishes under a mutex after every chunk and token (memory, the page map, entropy history). */
+#ifndef KVCHAT_UI_WORKER_H
+#define KVCHAT_UI_WORKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli.h"
+
+typedef enum { UW_TEXT, UW_PROGRESS, UW_DONE, UW_ERROR, UW_INFO, UW_EVENT } uw_kind;
+
+typedef struct uw_event {
+    uw_kind kind;
+    char text[512];          /* a piece of the answer, or a message */
+    int64_t a, b;            /* progress: done, total */
+} uw_event;
+
+#define UW_MAP_MAX 4096      /* pages drawn in the page map */
+#define UW_HIST 512          /* entropy values kept for the sparkline */
+
+/* What the side panel shows, copied out under the worker's mutex. */
+typedef struct uw_view {
+    char model[128], doc[256], policy[256];
+    int busy;                /* a job is running */
+    int have_doc;
+    int64_t ctx_used, ctx_limit, doc_tokens;
+    uint64_t kv_held, kv_full, kv_peak;
+    double rss_mib, weights_mib;
+    double tok_s, prefill_tok_s;
+    int64_t map[UW_MAP_MAX]; /* attendance per page of the sequence (capped) */
+    int64_t n_map;
+    int page_size;
+    float entropy[UW_HIST], varentropy[UW_HIST];
+    int n_hist;
+    double thr_h, thr_v;
+    int thr_valid;
+    int events, regenerated;
+} uw_view;
+
+typedef struct ui_worker ui_worker;
+
+/* Load the model (on the calling thread, before the screen opens) and start the thread. NULL after
+ * printing a one-line error. */
+ui_worker *uw_start(const cli_opts *o, int64_t n_predict);
+void uw_stop(ui_worker *w);
+/* 0, or -1 when a job is still running. path is copied. */
+int uw_open(ui_worker *w, const char *path);
+int uw_ask(ui_worker *w, const char *question);
+int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen);
+/* Stop the running job as soon as possible (prefill: before the next layer; answer: at the next
+ * token; the partial answer stays). */
+void uw_cancel(ui_worker *w);
+/* Next event, 1; 0 when there is none. */
+int uw_poll(ui_worker *w, uw_event *ev);
+void uw_get_view(ui_worker *w, uw_view *v);
+
+#endif
