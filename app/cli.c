@@ -159,6 +159,8 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i)
     } else if (!strcmp(a, "--db")) {
         VAL();
         o->db = v;
+    } else if (!strcmp(a, "--no-db")) {
+        o->no_db = 1;
     } else if (!strcmp(a, "--temp")) {
         VAL();
         if (cli_parse_float(a, v, 0, 100, &dv)) return -1;

@@ -35,6 +35,7 @@ typedef struct cli_opts {
     const char *thresholds;     /* --thresholds FILE or H,V (NULL: the model's calibration, if any) */
     int show_events;            /* --show-events: page statistics and events on stderr */
     const char *db;             /* --db PATH: the session database (NULL: the default location) */
+    int no_db;                  /* --no-db: the interface saves nothing */
 } cli_opts;
 
 typedef struct cli_runtime {

@@ -9,6 +9,8 @@
 
 #include "chat.h"
 #include "session.h"
+#include "snapshot.h"
+#include "store.h"
 #include "tokenizer.h"
 
 enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_QUIT };
@@ -22,8 +24,6 @@ struct ui_worker {
     int64_t n_predict;
     int chat;                    /* the model's chat template (1) or the plain Question/Answer form */
     int turns;                   /* questions answered about the current document */
-    int pending_tok;             /* the last sampled token is not in the cache yet */
-    int32_t pending;
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -35,7 +35,44 @@ struct ui_worker {
     uw_view view;
     double t_gen;
     int64_t n_gen;
+    /* the sequence's token ids, the last one possibly sampled but not yet in the cache */
+    int32_t *seq;
+    int64_t n_seq, cap_seq;
+    char *answer;            /* the current answer's text */
+    size_t ans_len, ans_cap;
+    /* the session it is saved to (db NULL: not saved) */
+    store *db;
+    int64_t sid, leaf, model_id;
+    char msha[65], doc_path[1024];
 };
+
+static int seq_add(ui_worker *w, const int32_t *ids, int64_t n)
+{
+    if (w->n_seq + n > w->cap_seq) {
+        int64_t nc = (w->n_seq + n) * 2;
+        int32_t *ns = realloc(w->seq, sizeof(int32_t) * (size_t)nc);
+        if (!ns) return -1;
+        w->seq = ns;
+        w->cap_seq = nc;
+    }
+    memcpy(w->seq + w->n_seq, ids, sizeof(int32_t) * (size_t)n);
+    w->n_seq += n;
+    return 0;
+}
+
+static void answer_add(ui_worker *w, const char *p, size_t n)
+{
+    if (w->ans_len + n + 1 > w->ans_cap) {
+        size_t nc = (w->ans_len + n + 1) * 2;
+        char *na = realloc(w->answer, nc);
+        if (!na) return;
+        w->answer = na;
+        w->ans_cap = nc;
+    }
+    memcpy(w->answer + w->ans_len, p, n);
+    w->ans_len += n;
+    w->answer[w->ans_len] = 0;
+}
 
 static void post(ui_worker *w, uw_kind k, const char *text, int64_t a, int64_t b)
 {
@@ -112,9 +149,9 @@ static void on_token(void *ud, int32_t id)
     size_t n = tok_stream_feed(&st->ts, id, piece, sizeof piece - 1);
     piece[n] = 0;
     if (n) post(st->w, UW_TEXT, piece, 0, 0);
+    answer_add(st->w, piece, n);
+    seq_add(st->w, &id, 1);
     st->w->n_gen++;
-    st->w->pending = id;
-    st->w->pending_tok = 1;
     publish(st->w);
 }
 
@@ -144,6 +181,26 @@ static int eval(ui_worker *w, const int32_t *ids, size_t n, char *err, size_t er
     return 0;
 }
 
+/* A new session for the document just loaded (nothing happens without a database). */
+static void start_session(ui_worker *w, const char *path, const char *text, size_t len, int64_t n_tokens)
+{
+    if (!w->db) return;
+    char sha[65], msg[600];
+    snap_sha256_bytes(text, len, sha);
+    const char *b = strrchr(path, '/');
+    int64_t doc_id;
+    w->sid = w->leaf = 0;
+    if (store_document_put(w->db, w->model_id, path, sha, b ? b + 1 : path, n_tokens, &doc_id) ||
+        store_session_create(w->db, NULL, b ? b + 1 : path, w->model_id, doc_id, pol_set_spec(w->rt.ps)->text, NULL,
+                             w->chat ? "chat" : "plain", &w->sid)) {
+        snprintf(msg, sizeof msg, "this conversation is not saved: %s", store_error(w->db));
+        post(w, UW_ERROR, msg, 0, 0);
+        w->sid = 0;
+        return;
+    }
+    snprintf(w->doc_path, sizeof w->doc_path, "%s", path);
+}
+
 static void job_open(ui_worker *w, const char *path)
 {
     char err[1200];
@@ -160,18 +217,20 @@ static void job_open(ui_worker *w, const char *path)
     int32_t *ids = NULL;
     size_t n = 0;
     int bad = !prompt;
+    err[0] = 0;
     if (!bad) {
         snprintf(prompt, L, w->chat ? "<bos><start_of_turn>user\n%s\n\n" : "%s\n\n", text);
         if (w->chat && chat_family_for(w->rt.m->gguf) != CHAT_GEMMA)
             snprintf(prompt, L, "%s\n\n", text);   /* other templates: plain completion form */
-        bad = tok_encode(w->rt.m->vocab, prompt, strlen(prompt), w->chat ? 0 : tok_add_bos(w->rt.m->vocab), w->chat, &ids,
-                         &n, err, sizeof err) != 0;
+        int chat = w->chat && chat_family_for(w->rt.m->gguf) == CHAT_GEMMA;
+        bad = tok_encode(w->rt.m->vocab, prompt, strlen(prompt), chat ? 0 : tok_add_bos(w->rt.m->vocab), chat, &ids, &n,
+                         err, sizeof err) != 0;
     }
     free(prompt);
-    free(text);
     if (bad) {
         post(w, UW_ERROR, err[0] ? err : "out of memory", 0, 0);
         free(ids);
+        free(text);
         return;
     }
     /* say whether it fits before spending time on it: never cut a document silently */
@@ -181,6 +240,7 @@ static void job_open(ui_worker *w, const char *path)
                  (long long)limit);
         post(w, UW_ERROR, err, 0, 0);
         free(ids);
+        free(text);
         return;
     }
     uint64_t full = (uint64_t)n * (uint64_t)w->rt.m->hp.n_layer * (uint64_t)w->rt.m->hp.n_head_kv *
@@ -191,7 +251,7 @@ static void job_open(ui_worker *w, const char *path)
     fwd_rewind(w->rt.f, 0);
     samp_reset(w->s);
     w->turns = 0;
-    w->pending_tok = 0;
+    w->n_seq = 0;
     pthread_mutex_lock(&w->mu);
     const char *b = strrchr(path, '/');
     snprintf(w->view.doc, sizeof w->view.doc, "%s", b ? b + 1 : path);
@@ -199,9 +259,10 @@ static void job_open(ui_worker *w, const char *path)
     w->view.have_doc = 0;
     pthread_mutex_unlock(&w->mu);
     pol_set_probe_is_question(w->rt.ps, 0);   /* no question yet: the probe is the document's end */
-    if (eval(w, ids, n, err, sizeof err)) {
+    if (seq_add(w, ids, (int64_t)n) || eval(w, ids, n, err, sizeof err)) {
         post(w, UW_ERROR, w->cancel ? "prefill cancelled; the document is not loaded" : err, 0, 0);
         fwd_rewind(w->rt.f, 0);
+        w->n_seq = 0;
     } else {
         pthread_mutex_lock(&w->mu);
         w->view.have_doc = 1;
@@ -210,9 +271,52 @@ static void job_open(ui_worker *w, const char *path)
         char d[1024];
         pol_set_describe(w->rt.ps, d, sizeof d);
         post(w, UW_INFO, d[0] ? d : "document loaded", 0, 0);
+        start_session(w, path, text, len, (int64_t)n);
     }
     free(ids);
+    free(text);
     publish(w);
+}
+
+/* The turn goes into the session: both messages, the events, a snapshot of the sequence. */
+static void save_turn(ui_worker *w, const char *question, const gen_result *gr, double dt, char *note, size_t cap)
+{
+    note[0] = 0;
+    if (!w->db || !w->sid) return;
+    char mj[600], key[256], err[1024];
+    kv_stats ks;
+    kv_get_stats(fwd_kv(w->rt.f), &ks);
+    snprintf(mj, sizeof mj,
+             "{\"policy\": \"%s\", \"answer_tokens\": %lld, \"decode_s\": %.3f, \"kv_bytes\": %llu, \"events\": %d, "
+             "\"regenerated\": %d}",
+             pol_set_spec(w->rt.ps)->text, (long long)gr->n_gen, dt, (unsigned long long)ks.bytes_resident, gr->events,
+             gr->regenerated);
+    int64_t um, am, snap_id;
+    int n_ev;
+    const unc_event *ev = unc_events(w->rt.mon, &n_ev);
+    if (store_message_add(w->db, w->sid, w->leaf, "user", question, pol_set_spec(w->rt.ps)->text, NULL, &um) ||
+        store_message_add(w->db, w->sid, um, "assistant", w->answer ? w->answer : "", pol_set_spec(w->rt.ps)->text, mj,
+                          &am) ||
+        store_events_put(w->db, am, ev, n_ev)) {
+        snprintf(note, cap, "; not saved: %s", store_error(w->db));
+        return;
+    }
+    w->leaf = am;
+    snap_identity id;
+    snap_identity_of(w->rt.f, w->msha, &id);
+    void *data;
+    size_t len;
+    sess_prefill_key(pol_set_spec(w->rt.ps), key, sizeof key);
+    if (snap_save(w->rt.f, w->s, &id, w->seq, w->n_seq, &data, &len, err, sizeof err)) {
+        snprintf(note, cap, "; saved without a snapshot: %.300s", err);
+        return;
+    }
+    int bad = store_snapshot_put(w->db, w->sid, am, key, w->n_seq, data, len, &snap_id);
+    free(data);
+    if (bad)
+        snprintf(note, cap, "; saved without a snapshot: %s", store_error(w->db));
+    else
+        snprintf(note, cap, "; saved in session %lld (snapshot %.1f MiB)", (long long)w->sid, (double)len / (1 << 20));
 }
 
 static void job_ask(ui_worker *w, const char *question)
@@ -246,27 +350,31 @@ static void job_ask(ui_worker *w, const char *question)
         return;
     }
     free(text);
-    /* the last answer's final token was sampled but not evaluated: it goes in first */
-    if (w->pending_tok) {
-        int32_t *all = malloc(sizeof(int32_t) * (n + 1));
-        if (!all) {
-            free(ids);
-            post(w, UW_ERROR, "out of memory", 0, 0);
-            return;
-        }
-        all[0] = w->pending;
-        memcpy(all + 1, ids, sizeof(int32_t) * n);
+    /* the turn joins the sequence; what the cache lacks (the last answer's final token, sampled but
+     * never evaluated, then the turn) is evaluated */
+    int64_t from = fwd_pos(w->rt.f);
+    if (seq_add(w, ids, (int64_t)n)) {
         free(ids);
-        ids = all;
-        n++;
-        w->pending_tok = 0;
+        post(w, UW_ERROR, "out of memory", 0, 0);
+        return;
     }
+    free(ids);
+    n = (size_t)(w->n_seq - from);
+    ids = malloc(sizeof(int32_t) * (n > 0 ? n : 1));
+    if (!ids) {
+        post(w, UW_ERROR, "out of memory", 0, 0);
+        return;
+    }
+    memcpy(ids, w->seq + from, sizeof(int32_t) * n);
     pol_set_probe_is_question(w->rt.ps, 1);
     if (eval(w, ids, n, err, sizeof err)) {
         post(w, UW_ERROR, w->cancel ? "cancelled" : err, 0, 0);
         free(ids);
+        w->n_seq = fwd_pos(w->rt.f);   /* the turn did not happen */
         return;
     }
+    w->ans_len = 0;
+    if (w->answer) w->answer[0] = 0;
     stream st = { w, { 0 } };
     tok_stream_init(&st.ts, w->rt.m->vocab);
     gen_opts go = { w->n_predict, ids[n - 1], &w->rt.thr, w->rt.backtrack, samp_temperature(w->s) };
@@ -284,16 +392,17 @@ static void job_ask(ui_worker *w, const char *question)
     size_t k = tok_stream_flush(&st.ts, piece, sizeof piece - 1);
     piece[k] = 0;
     if (k) post(w, UW_TEXT, piece, 0, 0);
-    if (gr.stop == GEN_STOP_EOG) w->pending_tok = 0;   /* the end-of-turn token closes it in the next turn */
     w->turns++;
     double dt = cli_now() - t0;
+    char note[700];
+    save_turn(w, question, &gr, dt, note, sizeof note);
     pthread_mutex_lock(&w->mu);
     w->view.tok_s = gr.n_decoded > 0 ? (double)gr.n_decoded / dt : 0;
     pthread_mutex_unlock(&w->mu);
     publish(w);
-    snprintf(err, sizeof err, "%lld tokens, %.1f tok/s%s%s", (long long)gr.n_gen, w->view.tok_s,
+    snprintf(err, sizeof err, "%lld tokens, %.1f tok/s%s%s%s", (long long)gr.n_gen, w->view.tok_s,
              gr.stop == GEN_STOP_INTERRUPT ? ", stopped" : gr.stop == GEN_STOP_CONTEXT ? ", context full" : "",
-             gr.regenerated ? ", pages regenerated" : "");
+             gr.regenerated ? ", pages regenerated" : "", note);
     post(w, UW_DONE, err, gr.stop == GEN_STOP_INTERRUPT, 0);
 }
 
@@ -349,6 +458,16 @@ ui_worker *uw_start(const cli_opts *o, int64_t n_predict)
         return NULL;
     }
     w->chat = gguf_find_key(w->rt.m->gguf, "tokenizer.chat_template") >= 0;
+    /* the conversation is saved as it goes; without a database it still works, unsaved */
+    if (!w->o.no_db) {
+        char mpath[1024];
+        const char *mp = w->o.model_path ? w->o.model_path : cli_default_model_path(mpath, sizeof mpath);
+        w->db = sess_db_open(w->o.db);
+        if (w->db && sess_model(w->db, mp, w->rt.m, &w->model_id, w->msha)) {
+            store_close(w->db);
+            w->db = NULL;
+        }
+    }
     const char *b = strrchr(w->rt.m->path, '/');
     snprintf(w->view.model, sizeof w->view.model, "%s", b ? b + 1 : w->rt.m->path);
     w->view.ctx_limit = fwd_n_ctx(w->rt.f);
@@ -415,6 +534,9 @@ void uw_stop(ui_worker *w)
     samp_free(w->s);
     free(w->logits);
     free(w->arg);
+    free(w->seq);
+    free(w->answer);
+    store_close(w->db);
     cli_close(&w->rt);
     free(w);
 }

@@ -19,7 +19,8 @@ wait_count() {   # at least $2 lines matching $1 within 20 s
 }
 trap 'T kill-server 2>/dev/null || true' EXIT
 
-T new-session -d -s "$s" -x 120 -y 36 "$bin tui -t 1 -m $model -d $doc -n 8 --page-size 8"
+db=$(mktemp -d)/tui.db
+T new-session -d -s "$s" -x 120 -y 36 "$bin tui -t 1 -m $model -d $doc -n 8 --page-size 8 --db $db"
 wait_for 'p2\.txt \| full \| ctx [0-9]+/'
 wait_for '\| ready'
 cap | grep -q 'Memory' || fail "no side panel at 120 columns"
@@ -28,6 +29,7 @@ cap | grep -q 'Uncertainty' || fail "no uncertainty view"
 T send-keys -t "$s" 'What is it about?' Enter
 wait_for 'you> What is it about\?'
 wait_for '-- 8 tokens, [0-9.]+ tok/s'
+wait_for 'saved in session 1 \(snapshot'
 wait_for '\| ready'
 
 T send-keys -t "$s" '/policy chess:preset=aggressive' Enter
@@ -54,5 +56,16 @@ sleep 0.3
 cap | grep -q 'kvchat keys and commands' && fail "help did not close"
 
 T send-keys -t "$s" '/quit' Enter
-for _ in $(seq 1 100); do T has-session -t "$s" 2>/dev/null || { echo "tui test: ok"; exit 0; }; sleep 0.1; done
-fail "kvchat did not quit"
+quit=0
+for _ in $(seq 1 100); do T has-session -t "$s" 2>/dev/null || { quit=1; break; }; sleep 0.1; done
+[ $quit = 1 ] || fail "kvchat did not quit"
+# the conversation was saved as it went: both turns, with their snapshots
+out=$("$bin" sessions --db "$db" show 1)
+echo "$out" | grep -q '4 messages' || { echo "tui test: the session was not saved:"; echo "$out"; exit 1; }
+echo "$out" | grep -q 'And then?' || { echo "tui test: the second question is missing:"; echo "$out"; exit 1; }
+# and `kvchat ask --resume` continues it from the interface's snapshot
+res=$("$bin" ask -t 1 -m "$model" --resume 1 -q 'More?' -n 4 --db "$db" 2>&1 >/dev/null) ||
+    { echo "tui test: ask --resume failed: $res"; exit 1; }
+echo "$res" | grep -q 'session 1: restored' || { echo "tui test: not resumed from the snapshot: $res"; exit 1; }
+rm -rf "$(dirname "$db")"
+echo "tui test: ok"
