@@ -12,7 +12,7 @@ int cmd_tui(int argc, char **argv)
     cli_opts o;
     cli_opts_init(&o);
     o.sp.temperature = 0;   /* answers about a document: reproducible unless --temp says otherwise */
-    const char *doc = NULL;
+    const char *doc = NULL, *session = NULL;
     int64_t n_predict = 256;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_common(&o, argc, argv, &i);
@@ -21,13 +21,17 @@ int cmd_tui(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "-d") || !strcmp(a, "--doc")) {
             if (!(doc = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--session")) {
+            if (!(session = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "-n")) {
             const char *v = cli_need_value(argc, argv, &i);
             if (!v || cli_parse_int(a, v, 1, 1 << 20, &n_predict)) return 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kvchat tui [-m MODEL] [-d DOCUMENT] [-n MAX_ANSWER_TOKENS] [--policy SPEC] [--budget B]\n"
-                   "                  [--threads N] [--ctx N] [--temp T] ...\n"
-                   "In the interface: /open PATH, /policy SPEC, /help (F1), /quit; Ctrl-C stops an answer.\n");
+            printf("usage: kvchat tui [-m MODEL] [-d DOCUMENT | --session ID] [-n MAX_ANSWER_TOKENS] [--policy SPEC]\n"
+                   "                  [--budget B] [--db PATH | --no-db] [--threads N] [--ctx N] [--temp T] ...\n"
+                   "Without -d or --session it continues the most recent session. The conversation is saved as\n"
+                   "it goes (kvchat sessions lists them). In the interface: /open PATH, /policy SPEC, /help (F1),\n"
+                   "/quit; Ctrl-C stops an answer.\n");
             return 0;
         } else {
             cli_err("tui: unknown option %s (see kvchat tui --help)", a);
@@ -39,5 +43,9 @@ int cmd_tui(int argc, char **argv)
         return 1;
     }
     if (cli_finish_common(&o)) return 1;
-    return tui_main(&o, doc, n_predict);
+    if (doc && session) {
+        cli_err("tui: give -d DOCUMENT (a new session) or --session ID, not both");
+        return 1;
+    }
+    return tui_main(&o, doc, session, n_predict);
 }

@@ -470,11 +470,19 @@ static void drain(tui *t)
             t->answering = 0;
             add_entry(t, E_EVENT, ev.text);
             break;
+        case UW_PAST_USER:
+            t->answering = 0;
+            add_entry(t, E_USER, ev.text);
+            break;
+        case UW_PAST_ANSWER:
+            add_entry(t, E_ANSWER, ev.text);
+            t->answering = 0;
+            break;
         }
     }
 }
 
-int tui_main(const cli_opts *o, const char *doc, int64_t n_predict)
+int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_predict)
 {
     ui_worker *w = uw_start(o, n_predict);
     if (!w) return 1;
@@ -514,7 +522,11 @@ int tui_main(const cli_opts *o, const char *doc, int64_t n_predict)
         init_pair(C_DIM, COLOR_WHITE, -1);
     }
     add_entry(&t, E_INFO, "kvchat: open a document with /open PATH, then ask about it. F1 for help.");
-    if (doc) uw_open(w, doc);
+    /* a document to open, a session to continue, or (neither) the most recent session */
+    if (doc)
+        uw_open(w, doc);
+    else
+        uw_resume(w, session ? session : "");
     while (!t.quit) {
         drain(&t);
         draw(&t);

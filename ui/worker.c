@@ -13,7 +13,7 @@
 #include "store.h"
 #include "tokenizer.h"
 
-enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_QUIT };
+enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_QUIT };
 #define QCAP 4096
 
 struct ui_worker {
@@ -406,6 +406,149 @@ static void job_ask(ui_worker *w, const char *question)
     post(w, UW_DONE, err, gr.stop == GEN_STOP_INTERRUPT, 0);
 }
 
+static void first_session(void *ud, const store_session *ss)
+{
+    store_session *out = ud;
+    if (!out->id) *out = *ss;   /* the list is newest first */
+}
+
+static void job_resume(ui_worker *w, const char *key)
+{
+    char err[1200], k[256];
+    store_session ss;
+    memset(&ss, 0, sizeof ss);
+    if (!w->db) {
+        post(w, UW_ERROR, "no session database: nothing to resume", 0, 0);
+        return;
+    }
+    int f = *key ? store_session_find(w->db, key, &ss) : store_session_list(w->db, first_session, &ss) || !ss.id;
+    if (f != 0) {
+        if (*key) {
+            snprintf(err, sizeof err, "no session '%s' (kvchat sessions list shows them)", key);
+            post(w, UW_ERROR, err, 0, 0);
+        }
+        return;
+    }
+    if (strcmp(ss.model_sha, w->msha) != 0) {
+        snprintf(err, sizeof err, "session %lld was made with another model (%s)", (long long)ss.id, ss.model_path);
+        post(w, UW_ERROR, err, 0, 0);
+        return;
+    }
+    int64_t leaf = 0;
+    store_message *path = NULL;
+    int n_path = 0;
+    if (store_latest_message(w->db, ss.id, &leaf) || (leaf && store_message_path(w->db, leaf, &path, &n_path))) {
+        post(w, UW_ERROR, store_error(w->db), 0, 0);
+        return;
+    }
+    while (n_path > 0 && strcmp(path[n_path - 1].role, "assistant") != 0) {   /* an unanswered question */
+        leaf = path[n_path - 1].parent;
+        n_path--;
+    }
+    for (int i = 0; i < n_path; i++)
+        post(w, !strcmp(path[i].role, "user") ? UW_PAST_USER : UW_PAST_ANSWER, path[i].text, 0, 0);
+    w->chat = !strcmp(ss.format, "chat");
+    sess_prefill_key(pol_set_spec(w->rt.ps), k, sizeof k);
+    void *data = NULL;
+    size_t len = 0;
+    int g = leaf ? store_snapshot_get(w->db, leaf, k, &data, &len) : 1;
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    fwd_rewind(w->rt.f, 0);
+    samp_reset(w->s);
+    w->n_seq = 0;
+    if (g == 0) {
+        snap_identity id;
+        snap_identity_of(w->rt.f, w->msha, &id);
+        if (snap_page_size(data, len) > 0 && snap_page_size(data, len) != kv_page_size(fwd_kv(w->rt.f)) &&
+            cli_reopen_fwd(&w->rt, &w->o, snap_page_size(data, len))) {
+            free(data);
+            store_messages_free(path, n_path);
+            post(w, UW_ERROR, "cannot open a cache with the snapshot's page size", 0, 0);
+            return;
+        }
+        snap_identity_of(w->rt.f, w->msha, &id);
+        double t0 = cli_now();
+        int bad = snap_restore(w->rt.f, w->s, data, len, &id, &ids, &n, err, sizeof err);
+        free(data);
+        if (bad) {
+            char m[1400];
+            snprintf(m, sizeof m, "cannot resume session %lld: %s", (long long)ss.id, err);
+            post(w, UW_ERROR, m, 0, 0);
+            store_messages_free(path, n_path);
+            return;
+        }
+        snprintf(err, sizeof err, "session %lld resumed: %lld tokens restored from a %.1f MiB snapshot in %.0f ms",
+                 (long long)ss.id, (long long)n, (double)len / (1 << 20), (cli_now() - t0) * 1e3);
+        post(w, UW_INFO, err, 0, 0);
+        seq_add(w, ids, n);
+        free(ids);
+    } else {
+        /* no snapshot under this policy: the document and the conversation are prefilled again */
+        size_t dl;
+        char *doc = cli_load_text(ss.doc_path, &dl, err, sizeof err);
+        if (!doc) {
+            post(w, UW_ERROR, err, 0, 0);
+            store_messages_free(path, n_path);
+            return;
+        }
+        size_t nn = 0, na = 0;
+        int32_t *all = NULL, *ans = NULL;
+        if (n_path < 2) {
+            free(doc);
+            post(w, UW_ERROR, "the session has no answer to continue from; /open its document again", 0, 0);
+            store_messages_free(path, n_path);
+            return;
+        }
+        /* the conversation up to the last question, then the last answer's text */
+        const char *last = path[n_path - 1].text;
+        if (sess_full_tokens(&w->rt, w->chat, doc, path, n_path - 2, path[n_path - 2].text, &all, &nn, err,
+                             sizeof err) ||
+            tok_encode(w->rt.m->vocab, last, strlen(last), 0, 0, &ans, &na, err, sizeof err)) {
+            free(doc);
+            free(all);
+            post(w, UW_ERROR, err, 0, 0);
+            store_messages_free(path, n_path);
+            return;
+        }
+        int32_t *joined = realloc(all, sizeof(int32_t) * (nn + na + 1));
+        if (!joined) {
+            free(doc);
+            free(all);
+            free(ans);
+            post(w, UW_ERROR, "out of memory", 0, 0);
+            store_messages_free(path, n_path);
+            return;
+        }
+        all = joined;
+        memcpy(all + nn, ans, sizeof(int32_t) * na);
+        nn += na;
+        free(ans);
+        free(doc);
+        snprintf(err, sizeof err, "session %lld: no snapshot under %s, prefilling %zu tokens", (long long)ss.id, k, nn);
+        post(w, UW_INFO, err, 0, 0);
+        if (seq_add(w, all, (int64_t)nn) || eval(w, all, nn, err, sizeof err)) {
+            post(w, UW_ERROR, w->cancel ? "cancelled" : err, 0, 0);
+            free(all);
+            fwd_rewind(w->rt.f, 0);
+            w->n_seq = 0;
+            store_messages_free(path, n_path);
+            return;
+        }
+        free(all);
+    }
+    w->turns = n_path / 2;
+    w->sid = ss.id;
+    w->leaf = leaf;
+    snprintf(w->doc_path, sizeof w->doc_path, "%s", ss.doc_path);
+    pthread_mutex_lock(&w->mu);
+    snprintf(w->view.doc, sizeof w->view.doc, "%s", ss.doc_title);
+    w->view.have_doc = 1;
+    pthread_mutex_unlock(&w->mu);
+    store_messages_free(path, n_path);
+    publish(w);
+}
+
 static void *run(void *arg)
 {
     ui_worker *w = arg;
@@ -424,6 +567,9 @@ static void *run(void *arg)
         w->cancel = 0;
         if (job == JOB_OPEN) {
             job_open(w, a);
+            post(w, UW_DONE, "", 0, 1);
+        } else if (job == JOB_RESUME) {
+            job_resume(w, a ? a : "");
             post(w, UW_DONE, "", 0, 1);
         } else {
             job_ask(w, a);
@@ -543,6 +689,7 @@ void uw_stop(ui_worker *w)
 
 int uw_open(ui_worker *w, const char *path) { return submit(w, JOB_OPEN, path); }
 int uw_ask(ui_worker *w, const char *question) { return submit(w, JOB_ASK, question); }
+int uw_resume(ui_worker *w, const char *key) { return submit(w, JOB_RESUME, key); }
 void uw_cancel(ui_worker *w) { w->cancel = 1; }
 
 int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen)

@@ -12,7 +12,7 @@
 
 #include "cli.h"
 
-typedef enum { UW_TEXT, UW_PROGRESS, UW_DONE, UW_ERROR, UW_INFO, UW_EVENT } uw_kind;
+typedef enum { UW_TEXT, UW_PROGRESS, UW_DONE, UW_ERROR, UW_INFO, UW_EVENT, UW_PAST_USER, UW_PAST_ANSWER } uw_kind;
 
 typedef struct uw_event {
     uw_kind kind;
@@ -51,6 +51,10 @@ void uw_stop(ui_worker *w);
 /* 0, or -1 when a job is still running. path is copied. */
 int uw_open(ui_worker *w, const char *path);
 int uw_ask(ui_worker *w, const char *question);
+/* Continue a saved session (its name or id; "" for the most recent one): the transcript comes back
+ * as UW_PAST_* events and the cache from its snapshot (or a prefill when it has none for the
+ * current policy). */
+int uw_resume(ui_worker *w, const char *key);
 int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen);
 /* Stop the running job as soon as possible (prefill: before the next layer; answer: at the next
  * token; the partial answer stays). */

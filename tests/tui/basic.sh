@@ -67,5 +67,15 @@ echo "$out" | grep -q 'And then?' || { echo "tui test: the second question is mi
 res=$("$bin" ask -t 1 -m "$model" --resume 1 -q 'More?' -n 4 --db "$db" 2>&1 >/dev/null) ||
     { echo "tui test: ask --resume failed: $res"; exit 1; }
 echo "$res" | grep -q 'session 1: restored' || { echo "tui test: not resumed from the snapshot: $res"; exit 1; }
+# opened again with neither a document nor a session, it continues the most recent one
+T new-session -d -s "$s" -x 120 -y 36 "$bin tui -t 1 -m $model -n 8 --db $db"
+wait_for 'session 1 resumed: [0-9]+ tokens restored from a'
+wait_for 'you> More\?'
+wait_for '\| p2\.txt \|'
+T send-keys -t "$s" 'Last one?' Enter
+wait_for 'saved in session 1 \(snapshot'
+T send-keys -t "$s" '/quit' Enter
+sleep 0.5
+"$bin" sessions --db "$db" show 1 | grep -q '8 messages' || fail "the resumed turn was not saved"
 rm -rf "$(dirname "$db")"
 echo "tui test: ok"
