@@ -38,7 +38,7 @@ typedef struct tui {
     int help;
     int quit;
     int answering;           /* an answer entry is open for text */
-    char progress[160];
+    char progress[512];
     int color;
 } tui;
 
@@ -264,7 +264,7 @@ static void draw(tui *t)
     int bar_attr = t->color ? COLOR_PAIR(C_BAR) : A_REVERSE;
     attron(bar_attr);
     mvhline(0, 0, ' ', W);
-    char status[1024];
+    char status[2048];
     snprintf(status, sizeof status, " kvchat | %s | %s | %s | ctx %lld/%lld | %.1f tok/s | %s", v.model,
              v.doc[0] ? v.doc : "no document", v.policy, (long long)v.ctx_used, (long long)v.ctx_limit, v.tok_s,
              v.busy ? (t->progress[0] ? t->progress : "working") : "ready");
@@ -297,6 +297,7 @@ static void draw(tui *t)
                                        "Enter          ask the question typed below",
                                        "/open PATH     load a text or Markdown document",
                                        "/policy SPEC   switch policy, e.g. chess:preset=aggressive",
+                                       "/sessions      the saved sessions; /resume ID continues one",
                                        "/help          this help (F1)",
                                        "/quit          leave (also Ctrl-C when idle)",
                                        "Ctrl-C         stop the answer or the prefill",
@@ -347,6 +348,11 @@ static void submit(tui *t)
         t->help = 1;
     } else if (!strncmp(line, "/open ", 6)) {
         if (uw_open(t->w, line + 6)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
+        else t->answering = 0;
+    } else if (!strcmp(line, "/sessions")) {
+        if (uw_list_sessions(t->w)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
+    } else if (!strncmp(line, "/resume ", 8)) {
+        if (uw_resume(t->w, line + 8)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
         else t->answering = 0;
     } else if (!strncmp(line, "/policy ", 8)) {
         if (uw_set_policy(t->w, line + 8, err, sizeof err)) {
@@ -450,8 +456,7 @@ static void drain(tui *t)
             append_text(t, ev.text);
             break;
         case UW_PROGRESS:
-            snprintf(t->progress, sizeof t->progress, "prefill %lld/%lld tokens (Ctrl-C cancels)", (long long)ev.a,
-                     (long long)ev.b);
+            snprintf(t->progress, sizeof t->progress, "%s", ev.text);
             break;
         case UW_DONE:
             t->answering = 0;

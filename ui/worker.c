@@ -13,7 +13,7 @@
 #include "store.h"
 #include "tokenizer.h"
 
-enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_QUIT };
+enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_LIST, JOB_QUIT };
 #define QCAP 4096
 
 struct ui_worker {
@@ -133,7 +133,15 @@ static void publish(ui_worker *w)
 static void on_progress(void *ud, int64_t done, int64_t total)
 {
     ui_worker *w = ud;
-    post(w, UW_PROGRESS, NULL, done, total);
+    /* tokens/s, time left and the KV memory so far, for the status bar */
+    double el = cli_now() - w->t_gen, rate = el > 0 ? (double)done / el : 0;
+    kv_stats ks;
+    kv_get_stats(fwd_kv(w->rt.f), &ks);
+    char msg[160];
+    snprintf(msg, sizeof msg, "prefill %lld/%lld tokens, %.0f tok/s, %.0f s left, KV %.1f MiB (Ctrl-C cancels)",
+             (long long)done, (long long)total, rate, rate > 0 ? (double)(total - done) / rate : 0.0,
+             (double)ks.bytes_resident / (1 << 20));
+    post(w, UW_PROGRESS, msg, done, total);
     publish(w);
 }
 
@@ -173,6 +181,7 @@ static int eval(ui_worker *w, const int32_t *ids, size_t n, char *err, size_t er
     }
     for (size_t i = 0; i < n; i++) samp_accept(w->s, ids[i]);
     double t0 = cli_now();
+    w->t_gen = t0;
     if (fwd_eval(w->rt.f, ids, (int64_t)n, w->logits, NULL, NULL, on_progress, w, &w->cancel, err, errlen))
         return -1;
     pthread_mutex_lock(&w->mu);
@@ -549,6 +558,25 @@ static void job_resume(ui_worker *w, const char *key)
     publish(w);
 }
 
+static void list_one(void *ud, const store_session *ss)
+{
+    ui_worker *w = ud;
+    char line[512];
+    snprintf(line, sizeof line, "session %lld: %.60s | %.40s | %.40s | %lld messages", (long long)ss->id, ss->title,
+             ss->doc_title[0] ? ss->doc_title : "-", ss->policy, (long long)ss->n_messages);
+    post(w, UW_INFO, line, 0, 0);
+}
+
+static void job_list(ui_worker *w)
+{
+    if (!w->db) {
+        post(w, UW_ERROR, "no session database", 0, 0);
+        return;
+    }
+    if (store_session_list(w->db, list_one, w)) post(w, UW_ERROR, store_error(w->db), 0, 0);
+    post(w, UW_INFO, "/resume ID continues one; kvchat sessions search/export/rename/delete manage them", 0, 0);
+}
+
 static void *run(void *arg)
 {
     ui_worker *w = arg;
@@ -567,6 +595,9 @@ static void *run(void *arg)
         w->cancel = 0;
         if (job == JOB_OPEN) {
             job_open(w, a);
+            post(w, UW_DONE, "", 0, 1);
+        } else if (job == JOB_LIST) {
+            job_list(w);
             post(w, UW_DONE, "", 0, 1);
         } else if (job == JOB_RESUME) {
             job_resume(w, a ? a : "");
@@ -690,6 +721,7 @@ void uw_stop(ui_worker *w)
 int uw_open(ui_worker *w, const char *path) { return submit(w, JOB_OPEN, path); }
 int uw_ask(ui_worker *w, const char *question) { return submit(w, JOB_ASK, question); }
 int uw_resume(ui_worker *w, const char *key) { return submit(w, JOB_RESUME, key); }
+int uw_list_sessions(ui_worker *w) { return submit(w, JOB_LIST, NULL); }
 void uw_cancel(ui_worker *w) { w->cancel = 1; }
 
 int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen)

@@ -55,6 +55,8 @@ int uw_ask(ui_worker *w, const char *question);
  * as UW_PAST_* events and the cache from its snapshot (or a prefill when it has none for the
  * current policy). */
 int uw_resume(ui_worker *w, const char *key);
+/* The saved sessions, newest first, as UW_INFO lines. */
+int uw_list_sessions(ui_worker *w);
 int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen);
 /* Stop the running job as soon as possible (prefill: before the next layer; answer: at the next
  * token; the partial answer stays). */

@@ -74,6 +74,8 @@ wait_for 'you> More\?'
 wait_for '\| p2\.txt \|'
 T send-keys -t "$s" 'Last one?' Enter
 wait_for 'saved in session 1 \(snapshot'
+T send-keys -t "$s" '/sessions' Enter
+wait_for 'session 1: p2\.txt \| p2\.txt \|.*\| 8 messages'
 T send-keys -t "$s" '/quit' Enter
 sleep 0.5
 "$bin" sessions --db "$db" show 1 | grep -q '8 messages' || fail "the resumed turn was not saved"
