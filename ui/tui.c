@@ -298,6 +298,7 @@ static void draw(tui *t)
                                        "/open PATH     load a text or Markdown document",
                                        "/policy SPEC   switch policy, e.g. chess:preset=aggressive",
                                        "/sessions      the saved sessions; /resume ID continues one",
+                                       "/regen         another answer to the last question (a branch)",
                                        "/help          this help (F1)",
                                        "/quit          leave (also Ctrl-C when idle)",
                                        "Ctrl-C         stop the answer or the prefill",
@@ -348,6 +349,9 @@ static void submit(tui *t)
         t->help = 1;
     } else if (!strncmp(line, "/open ", 6)) {
         if (uw_open(t->w, line + 6)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
+        else t->answering = 0;
+    } else if (!strcmp(line, "/regen")) {
+        if (uw_regenerate(t->w)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
         else t->answering = 0;
     } else if (!strcmp(line, "/sessions")) {
         if (uw_list_sessions(t->w)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");

@@ -13,7 +13,7 @@
 #include "store.h"
 #include "tokenizer.h"
 
-enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_LIST, JOB_QUIT };
+enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_LIST, JOB_REGEN, JOB_QUIT };
 #define QCAP 4096
 
 struct ui_worker {
@@ -43,6 +43,9 @@ struct ui_worker {
     /* the session it is saved to (db NULL: not saved) */
     store *db;
     int64_t sid, leaf, model_id;
+    int64_t last_user;       /* the message the last answer replied to (a regeneration's parent) */
+    char *last_q;            /* its text */
+    int64_t ans_start, seq_ans;   /* where the last answer began: cache position, ids */
     char msha[65], doc_path[1024];
 };
 
@@ -288,7 +291,8 @@ static void job_open(ui_worker *w, const char *path)
 }
 
 /* The turn goes into the session: both messages, the events, a snapshot of the sequence. */
-static void save_turn(ui_worker *w, const char *question, const gen_result *gr, double dt, char *note, size_t cap)
+static void save_turn(ui_worker *w, const char *question, const gen_result *gr, double dt, int regen, char *note,
+                      size_t cap)
 {
     note[0] = 0;
     if (!w->db || !w->sid) return;
@@ -303,7 +307,14 @@ static void save_turn(ui_worker *w, const char *question, const gen_result *gr, 
     int64_t um, am, snap_id;
     int n_ev;
     const unc_event *ev = unc_events(w->rt.mon, &n_ev);
-    if (store_message_add(w->db, w->sid, w->leaf, "user", question, pol_set_spec(w->rt.ps)->text, NULL, &um) ||
+    if (regen) {
+        um = w->last_user;   /* another answer to the same question: a new branch */
+    } else if (store_message_add(w->db, w->sid, w->leaf, "user", question, pol_set_spec(w->rt.ps)->text, NULL, &um)) {
+        snprintf(note, cap, "; not saved: %s", store_error(w->db));
+        return;
+    }
+    w->last_user = um;
+    if (
         store_message_add(w->db, w->sid, um, "assistant", w->answer ? w->answer : "", pol_set_spec(w->rt.ps)->text, mj,
                           &am) ||
         store_events_put(w->db, am, ev, n_ev)) {
@@ -326,6 +337,49 @@ static void save_turn(ui_worker *w, const char *question, const gen_result *gr, 
         snprintf(note, cap, "; saved without a snapshot: %s", store_error(w->db));
     else
         snprintf(note, cap, "; saved in session %lld (snapshot %.1f MiB)", (long long)w->sid, (double)len / (1 << 20));
+}
+
+/* Generate the answer (the prompt is evaluated: logits are ready) and save the turn. */
+static void answer_and_save(ui_worker *w, const char *question, int32_t prev, int regen)
+{
+    char err[1200];
+    w->ans_len = 0;
+    if (w->answer) w->answer[0] = 0;
+    stream st = { w, { 0 } };
+    tok_stream_init(&st.ts, w->rt.m->vocab);
+    gen_opts go = { w->n_predict, prev, &w->rt.thr, w->rt.backtrack, samp_temperature(w->s) };
+    gen_callbacks cb = { &st, on_token, NULL, on_event };
+    gen_result gr;
+    w->n_gen = 0;
+    w->ans_start = fwd_pos(w->rt.f);
+    w->seq_ans = w->n_seq;
+    fwd_set_floor(w->rt.f, w->ans_start - 1);   /* a regeneration rewinds here exactly */
+    double t0 = cli_now();
+    if (gen_answer(w->rt.f, w->s, w->rt.m->vocab, w->rt.mon, w->logits, w->rt.m->hp.n_vocab, &go, &cb, &w->cancel, &gr,
+                   err, sizeof err)) {
+        post(w, UW_ERROR, err, 0, 0);
+        return;
+    }
+    char piece[512];
+    size_t k = tok_stream_flush(&st.ts, piece, sizeof piece - 1);
+    piece[k] = 0;
+    if (k) post(w, UW_TEXT, piece, 0, 0);
+    w->turns++;
+    double dt = cli_now() - t0;
+    char note[700];
+    save_turn(w, question, &gr, dt, regen, note, sizeof note);
+    if (question != w->last_q) {
+        free(w->last_q);
+        w->last_q = strdup(question);
+    }
+    pthread_mutex_lock(&w->mu);
+    w->view.tok_s = gr.n_decoded > 0 ? (double)gr.n_decoded / dt : 0;
+    pthread_mutex_unlock(&w->mu);
+    publish(w);
+    snprintf(err, sizeof err, "%lld tokens, %.1f tok/s%s%s%s", (long long)gr.n_gen, w->view.tok_s,
+             gr.stop == GEN_STOP_INTERRUPT ? ", stopped" : gr.stop == GEN_STOP_CONTEXT ? ", context full" : "",
+             gr.regenerated ? ", pages regenerated" : "", note);
+    post(w, UW_DONE, err, gr.stop == GEN_STOP_INTERRUPT, 0);
 }
 
 static void job_ask(ui_worker *w, const char *question)
@@ -382,37 +436,34 @@ static void job_ask(ui_worker *w, const char *question)
         w->n_seq = fwd_pos(w->rt.f);   /* the turn did not happen */
         return;
     }
-    w->ans_len = 0;
-    if (w->answer) w->answer[0] = 0;
-    stream st = { w, { 0 } };
-    tok_stream_init(&st.ts, w->rt.m->vocab);
-    gen_opts go = { w->n_predict, ids[n - 1], &w->rt.thr, w->rt.backtrack, samp_temperature(w->s) };
-    gen_callbacks cb = { &st, on_token, NULL, on_event };
-    gen_result gr;
+    answer_and_save(w, question, ids[n - 1], 0);
     free(ids);
-    w->n_gen = 0;
-    double t0 = cli_now();
-    if (gen_answer(w->rt.f, w->s, w->rt.m->vocab, w->rt.mon, w->logits, w->rt.m->hp.n_vocab, &go, &cb, &w->cancel, &gr,
-                   err, sizeof err)) {
+}
+
+/* Another answer to the last question: rewind to before the answer, evaluate the question's last
+ * token again, generate, and save it as a sibling branch. */
+static void job_regen(ui_worker *w)
+{
+    char err[1200];
+    if (w->turns == 0 || !w->last_q || w->ans_start < 1) {
+        post(w, UW_ERROR, "nothing to regenerate yet", 0, 0);
+        return;
+    }
+    int64_t target = w->ans_start - 1;
+    int64_t r = fwd_rewind(w->rt.f, target);
+    w->n_seq = w->seq_ans;
+    if (r < target && eval(w, w->seq + r, (size_t)(target - r), err, sizeof err)) {   /* replay what was lost */
         post(w, UW_ERROR, err, 0, 0);
         return;
     }
-    char piece[512];
-    size_t k = tok_stream_flush(&st.ts, piece, sizeof piece - 1);
-    piece[k] = 0;
-    if (k) post(w, UW_TEXT, piece, 0, 0);
-    w->turns++;
-    double dt = cli_now() - t0;
-    char note[700];
-    save_turn(w, question, &gr, dt, note, sizeof note);
-    pthread_mutex_lock(&w->mu);
-    w->view.tok_s = gr.n_decoded > 0 ? (double)gr.n_decoded / dt : 0;
-    pthread_mutex_unlock(&w->mu);
-    publish(w);
-    snprintf(err, sizeof err, "%lld tokens, %.1f tok/s%s%s%s", (long long)gr.n_gen, w->view.tok_s,
-             gr.stop == GEN_STOP_INTERRUPT ? ", stopped" : gr.stop == GEN_STOP_CONTEXT ? ", context full" : "",
-             gr.regenerated ? ", pages regenerated" : "", note);
-    post(w, UW_DONE, err, gr.stop == GEN_STOP_INTERRUPT, 0);
+    int32_t prev = w->seq[target];
+    if (eval(w, &prev, 1, err, sizeof err)) {
+        post(w, UW_ERROR, err, 0, 0);
+        return;
+    }
+    w->turns--;
+    post(w, UW_INFO, "another answer to the same question (a new branch):", 0, 0);
+    answer_and_save(w, w->last_q, prev, 1);
 }
 
 static void first_session(void *ud, const store_session *ss)
@@ -596,6 +647,8 @@ static void *run(void *arg)
         if (job == JOB_OPEN) {
             job_open(w, a);
             post(w, UW_DONE, "", 0, 1);
+        } else if (job == JOB_REGEN) {
+            job_regen(w);
         } else if (job == JOB_LIST) {
             job_list(w);
             post(w, UW_DONE, "", 0, 1);
@@ -713,6 +766,7 @@ void uw_stop(ui_worker *w)
     free(w->arg);
     free(w->seq);
     free(w->answer);
+    free(w->last_q);
     store_close(w->db);
     cli_close(&w->rt);
     free(w);
@@ -722,6 +776,7 @@ int uw_open(ui_worker *w, const char *path) { return submit(w, JOB_OPEN, path); 
 int uw_ask(ui_worker *w, const char *question) { return submit(w, JOB_ASK, question); }
 int uw_resume(ui_worker *w, const char *key) { return submit(w, JOB_RESUME, key); }
 int uw_list_sessions(ui_worker *w) { return submit(w, JOB_LIST, NULL); }
+int uw_regenerate(ui_worker *w) { return submit(w, JOB_REGEN, NULL); }
 void uw_cancel(ui_worker *w) { w->cancel = 1; }
 
 int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen)

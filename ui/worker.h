@@ -57,6 +57,8 @@ int uw_ask(ui_worker *w, const char *question);
 int uw_resume(ui_worker *w, const char *key);
 /* The saved sessions, newest first, as UW_INFO lines. */
 int uw_list_sessions(ui_worker *w);
+/* Another answer to the last question, saved as a new branch beside the first. */
+int uw_regenerate(ui_worker *w);
 int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen);
 /* Stop the running job as soon as possible (prefill: before the next layer; answer: at the next
  * token; the partial answer stays). */

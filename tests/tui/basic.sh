@@ -74,10 +74,14 @@ wait_for 'you> More\?'
 wait_for '\| p2\.txt \|'
 T send-keys -t "$s" 'Last one?' Enter
 wait_for 'saved in session 1 \(snapshot'
+T send-keys -t "$s" '/regen' Enter
+wait_for 'another answer to the same question \(a new branch\)'
+wait_count 'saved in session 1 \(snapshot' 2
 T send-keys -t "$s" '/sessions' Enter
-wait_for 'session 1: p2\.txt \| p2\.txt \|.*\| 8 messages'
+wait_for 'session 1: p2\.txt \| p2\.txt \|.*\| 9 messages'
 T send-keys -t "$s" '/quit' Enter
 sleep 0.5
-"$bin" sessions --db "$db" show 1 | grep -q '8 messages' || fail "the resumed turn was not saved"
+"$bin" sessions --db "$db" show 1 | grep -q '9 messages' || fail "the resumed turn and the regeneration were not saved"
+"$bin" sessions --db "$db" show 1 | grep -q 'assistant (another branch)' || fail "the regenerated answer is not a branch"
 rm -rf "$(dirname "$db")"
 echo "tui test: ok"
