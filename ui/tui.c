@@ -491,7 +491,7 @@ static void drain(tui *t)
     }
 }
 
-int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_predict)
+int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_predict, int color)
 {
     ui_worker *w = uw_start(o, n_predict);
     if (!w) return 1;
@@ -514,7 +514,7 @@ int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_
     tui t;
     memset(&t, 0, sizeof t);
     t.w = w;
-    t.color = has_colors();
+    t.color = color && has_colors();
     if (t.color) {
         start_color();
         use_default_colors();

@@ -8,7 +8,7 @@
 #include "cli.h"
 
 /* Run the interface until the user quits. With doc, open it (a new session); else continue session
- * (a name or id), else the most recent session, if any. Returns the exit status. */
-int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_predict);
+ * (a name or id), else the most recent session, if any. color 0: monochrome. Returns the exit status. */
+int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_predict, int color);
 
 #endif

@@ -20,6 +20,8 @@ wait_count() {   # at least $2 lines matching $1 within 20 s
 trap 'T kill-server 2>/dev/null || true' EXIT
 
 db=$(mktemp -d)/tui.db
+cfg=$(mktemp -d)
+export XDG_CONFIG_HOME=$cfg   # hermetic: no user settings (the config file is tested at the end)
 T new-session -d -s "$s" -x 120 -y 36 "$bin tui -t 1 -m $model -d $doc -n 8 --page-size 8 --db $db"
 wait_for 'p2\.txt \| full \| ctx [0-9]+/'
 wait_for '\| ready'
@@ -83,5 +85,14 @@ T send-keys -t "$s" '/quit' Enter
 sleep 0.5
 "$bin" sessions --db "$db" show 1 | grep -q '9 messages' || fail "the resumed turn and the regeneration were not saved"
 "$bin" sessions --db "$db" show 1 | grep -q 'assistant (another branch)' || fail "the regenerated answer is not a branch"
-rm -rf "$(dirname "$db")"
+# settings from the config file (the command line would override them); a bad one is one line
+mkdir -p "$cfg/kvchat"
+printf '# test settings\npolicy = chess:preset=aggressive\ncolor = off\n' > "$cfg/kvchat/config"
+T new-session -d -s "$s" -x 120 -y 36 "$bin tui -t 1 -m $model -d $doc -n 4 --no-db"
+wait_for '\| chess:preset=aggressive \| ctx'
+T send-keys -t "$s" '/quit' Enter
+printf 'colour = on\n' > "$cfg/kvchat/config"
+err=$("$bin" tui 2>&1 </dev/null) && fail "a bad config was accepted"
+echo "$err" | grep -q "config:1: unknown setting 'colour'" || fail "bad config message: $err"
+rm -rf "$(dirname "$db")" "$cfg"
 echo "tui test: ok"
