@@ -40,6 +40,8 @@ typedef struct tui {
     int answering;           /* an answer entry is open for text */
     char progress[512];
     int color;
+    uw_span *seen;           /* the "what the model sees" view, when open */
+    int n_seen, seen_open, seen_scroll;
 } tui;
 
 static void add_entry(tui *t, int kind, const char *text)
@@ -252,6 +254,42 @@ static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int
     if (y <= bottom) mvprintw(y++, x, "events %d, regenerated %d", v->events, v->regenerated);
 }
 
+/* The sequence as the first global layer holds it: evicted text dim, held text plain, the tokens the
+ * last step attended highlighted. Wrapped per character; seen_scroll lines are skipped. */
+static void draw_seen(tui *t, int top, int bottom, int width)
+{
+    int hl = t->color ? COLOR_PAIR(C_MAP3) | A_BOLD : A_REVERSE;
+    int head = t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD;
+    attron(head);
+    mvaddnstr(top, 0, "What the model sees (first global layer): dim = evicted or merged, plain = held, "
+                      "highlighted = attended at the last step. F2 closes, PgUp/PgDn scroll.", width);
+    attroff(head);
+    int y = top + 1 - t->seen_scroll, x = 0;
+    for (int i = 0; i < t->n_seen; i++) {
+        int a = t->seen[i].state == 0 ? (int)A_DIM : t->seen[i].state == 2 ? hl : 0;
+        const char *p = t->seen[i].text;
+        while (*p) {
+            int k = u8len((unsigned char)*p);
+            if (*p == '\n' || x >= width) {
+                y++;
+                x = 0;
+                if (*p == '\n') {
+                    p++;
+                    continue;
+                }
+            }
+            if (y > bottom) return;
+            if (y > top) {
+                attron(a);
+                mvaddnstr(y, x, p, k);
+                attroff(a);
+            }
+            x++;
+            p += k;
+        }
+    }
+}
+
 static void draw(tui *t)
 {
     uw_view v;
@@ -270,8 +308,11 @@ static void draw(tui *t)
              v.busy ? (t->progress[0] ? t->progress : "working") : "ready");
     mvaddnstr(0, 0, status, W);
     attroff(bar_attr);
-    /* conversation */
-    draw_conversation(t, 1, H - 3, conv_w - 1);
+    /* conversation, or what the model sees */
+    if (t->seen_open)
+        draw_seen(t, 1, H - 3, conv_w - 1);
+    else
+        draw_conversation(t, 1, H - 3, conv_w - 1);
     if (panel) {
         int a = t->color ? COLOR_PAIR(C_DIM) : 0;
         attron(a);
@@ -299,6 +340,7 @@ static void draw(tui *t)
                                        "/policy SPEC   switch policy, e.g. chess:preset=aggressive",
                                        "/sessions      the saved sessions; /resume ID continues one",
                                        "/regen         another answer to the last question (a branch)",
+                                       "F2             what the model sees: held, evicted, attended text",
                                        "/help          this help (F1)",
                                        "/quit          leave (also Ctrl-C when idle)",
                                        "Ctrl-C         stop the answer or the prefill",
@@ -414,8 +456,18 @@ static void edit_key(tui *t, wint_t ch, int is_key)
                 set_input(t, "");
             }
             return;
-        case KEY_PPAGE: t->scroll += LINES / 2; return;
-        case KEY_NPAGE: t->scroll = t->scroll > LINES / 2 ? t->scroll - LINES / 2 : 0; return;
+        case KEY_PPAGE:
+            if (t->seen_open) t->seen_scroll = t->seen_scroll > LINES / 2 ? t->seen_scroll - LINES / 2 : 0;
+            else t->scroll += LINES / 2;
+            return;
+        case KEY_NPAGE:
+            if (t->seen_open) t->seen_scroll += LINES / 2;
+            else t->scroll = t->scroll > LINES / 2 ? t->scroll - LINES / 2 : 0;
+            return;
+        case KEY_F(2):
+            if (t->seen_open) t->seen_open = 0;
+            else if (uw_request_seen(t->w)) add_entry(t, E_ERROR, "busy: the view opens when the current job ends");
+            return;
         case KEY_F(1): t->help = 1; return;
         case KEY_ENTER: submit(t); return;
         case KEY_MOUSE: {
@@ -466,6 +518,13 @@ static void drain(tui *t)
             t->answering = 0;
             t->progress[0] = 0;
             if (ev.text[0]) add_entry(t, E_INFO, ev.text);
+            if (ev.b == 2) {   /* the "what the model sees" spans are ready */
+                for (int i = 0; i < t->n_seen; i++) free(t->seen[i].text);
+                free(t->seen);
+                t->seen = uw_take_seen(t->w, &t->n_seen);
+                t->seen_open = 1;
+                t->seen_scroll = 0;
+            }
             break;
         case UW_ERROR:
             t->answering = 0;
@@ -562,5 +621,7 @@ int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_
     free(t.e);
     for (int i = 0; i < t.n_hist; i++) free(t.hist[i]);
     free(t.hist);
+    for (int i = 0; i < t.n_seen; i++) free(t.seen[i].text);
+    free(t.seen);
     return 0;
 }

@@ -13,7 +13,7 @@
 #include "store.h"
 #include "tokenizer.h"
 
-enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_LIST, JOB_REGEN, JOB_QUIT };
+enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_LIST, JOB_REGEN, JOB_SEEN, JOB_QUIT };
 #define QCAP 4096
 
 struct ui_worker {
@@ -46,6 +46,8 @@ struct ui_worker {
     int64_t last_user;       /* the message the last answer replied to (a regeneration's parent) */
     char *last_q;            /* its text */
     int64_t ans_start, seq_ans;   /* where the last answer began: cache position, ids */
+    uw_span *seen;           /* the last "what the model sees" spans, until taken */
+    int n_seen;
     char msha[65], doc_path[1024];
 };
 
@@ -466,6 +468,70 @@ static void job_regen(ui_worker *w)
     answer_and_save(w, w->last_q, prev, 1);
 }
 
+/* The sequence's text in spans of equal cache state (first global layer, KV head 0). */
+static void job_seen(ui_worker *w)
+{
+    int64_t n = w->n_seq;
+    char *state = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!state) return;
+    pol_env env;
+    fwd_policy_env(w->rt.f, &env);
+    if (env.n_global > 0) {
+        int il = env.global[0];
+        const kv_cache *kv = fwd_kv(w->rt.f);
+        for (int i = 0; i < kv_n_pages(kv, il, 0); i++) {
+            const kv_page *p = kv_layer_page(kv, il, 0, i);
+            for (int32_t t = 0; t < p->n; t++)
+                if (p->pos[t] >= 0 && p->pos[t] < n) state[p->pos[t]] = 1;
+        }
+        int nl;
+        const int *last = pol_set_last_pages(w->rt.ps, &nl);
+        for (int k = 0; k < nl; k++) {
+            if (last[k] >= kv_n_pages(kv, il, 0)) continue;
+            const kv_page *p = kv_layer_page(kv, il, 0, last[k]);
+            for (int32_t t = 0; t < p->n; t++)
+                if (p->pos[t] >= 0 && p->pos[t] < n) state[p->pos[t]] = 2;
+        }
+    } else {
+        memset(state, 1, (size_t)n);
+    }
+    uw_span *sp = NULL;
+    int ns = 0, cap = 0;
+    tok_stream ts;
+    tok_stream_init(&ts, w->rt.m->vocab);
+    char piece[512];
+    for (int64_t i = 0; i < n; i++) {
+        size_t k = tok_stream_feed(&ts, w->seq[i], piece, sizeof piece - 1);
+        if (i == n - 1) k += tok_stream_flush(&ts, piece + k, sizeof piece - 1 - k);
+        if (k == 0) continue;
+        piece[k] = 0;
+        if (ns == 0 || sp[ns - 1].state != state[i]) {
+            if (ns == cap) {
+                cap = cap ? cap * 2 : 64;
+                uw_span *nsp = realloc(sp, sizeof *nsp * (size_t)cap);
+                if (!nsp) break;
+                sp = nsp;
+            }
+            sp[ns].state = state[i];
+            sp[ns].text = strdup(piece);
+            ns++;
+        } else {
+            size_t a = strlen(sp[ns - 1].text);
+            char *nt = realloc(sp[ns - 1].text, a + k + 1);
+            if (!nt) break;
+            memcpy(nt + a, piece, k + 1);
+            sp[ns - 1].text = nt;
+        }
+    }
+    free(state);
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->n_seen; i++) free(w->seen[i].text);
+    free(w->seen);
+    w->seen = sp;
+    w->n_seen = ns;
+    pthread_mutex_unlock(&w->mu);
+}
+
 static void first_session(void *ud, const store_session *ss)
 {
     store_session *out = ud;
@@ -647,6 +713,9 @@ static void *run(void *arg)
         if (job == JOB_OPEN) {
             job_open(w, a);
             post(w, UW_DONE, "", 0, 1);
+        } else if (job == JOB_SEEN) {
+            job_seen(w);
+            post(w, UW_DONE, "", 0, 2);
         } else if (job == JOB_REGEN) {
             job_regen(w);
         } else if (job == JOB_LIST) {
@@ -767,6 +836,8 @@ void uw_stop(ui_worker *w)
     free(w->seq);
     free(w->answer);
     free(w->last_q);
+    for (int i = 0; i < w->n_seen; i++) free(w->seen[i].text);
+    free(w->seen);
     store_close(w->db);
     cli_close(&w->rt);
     free(w);
@@ -777,6 +848,18 @@ int uw_ask(ui_worker *w, const char *question) { return submit(w, JOB_ASK, quest
 int uw_resume(ui_worker *w, const char *key) { return submit(w, JOB_RESUME, key); }
 int uw_list_sessions(ui_worker *w) { return submit(w, JOB_LIST, NULL); }
 int uw_regenerate(ui_worker *w) { return submit(w, JOB_REGEN, NULL); }
+int uw_request_seen(ui_worker *w) { return submit(w, JOB_SEEN, NULL); }
+
+uw_span *uw_take_seen(ui_worker *w, int *n)
+{
+    pthread_mutex_lock(&w->mu);
+    uw_span *s = w->seen;
+    *n = w->n_seen;
+    w->seen = NULL;
+    w->n_seen = 0;
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
 void uw_cancel(ui_worker *w) { w->cancel = 1; }
 
 int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen)

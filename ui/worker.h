@@ -42,6 +42,13 @@ typedef struct uw_view {
     int events, regenerated;
 } uw_view;
 
+/* "What the model sees": the sequence as text spans, each with what the cache does with it in the
+ * first global layer: 0 evicted (or merged away), 1 held, 2 attended at the last decode step. */
+typedef struct uw_span {
+    int state;
+    char *text;
+} uw_span;
+
 typedef struct ui_worker ui_worker;
 
 /* Load the model (on the calling thread, before the screen opens) and start the thread. NULL after
@@ -55,6 +62,11 @@ int uw_ask(ui_worker *w, const char *question);
  * as UW_PAST_* events and the cache from its snapshot (or a prefill when it has none for the
  * current policy). */
 int uw_resume(ui_worker *w, const char *key);
+/* Build the "what the model sees" spans (a job; UW_DONE with b = 2 when they are ready), then take
+ * them (the caller frees each text and the array). */
+int uw_request_seen(ui_worker *w);
+uw_span *uw_take_seen(ui_worker *w, int *n);
+
 /* The saved sessions, newest first, as UW_INFO lines. */
 int uw_list_sessions(ui_worker *w);
 /* Another answer to the last question, saved as a new branch beside the first. */

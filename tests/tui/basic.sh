@@ -34,6 +34,12 @@ wait_for '-- 8 tokens, [0-9.]+ tok/s'
 wait_for 'saved in session 1 \(snapshot'
 wait_for '\| ready'
 
+T send-keys -t "$s" F2
+wait_for 'What the model sees \(first global layer\)'
+T send-keys -t "$s" F2
+sleep 0.3
+cap | grep -q 'What the model sees' && fail "F2 did not close the view"
+
 T send-keys -t "$s" '/policy chess:preset=aggressive' Enter
 wait_for 'policy chess:preset=aggressive \(a prefill policy'
 wait_for '\| chess:preset=aggressive \|'
