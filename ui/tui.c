@@ -18,12 +18,15 @@
 #include "worker.h"
 
 enum { C_USER = 1, C_ANSWER, C_INFO, C_ERROR, C_BAR, C_HEAD, C_EVENT, C_MAP1, C_MAP2, C_MAP3, C_DIM };
-enum { E_USER, E_ANSWER, E_INFO, E_ERROR, E_EVENT };
+enum { E_USER, E_ANSWER, E_INFO, E_ERROR, E_EVENT, E_COMPARE };
 
 typedef struct entry {
     int kind;
     char *text;
     size_t len, cap;
+    /* E_COMPARE: one column per policy */
+    int n_cols;
+    char *head[8], *col[8];
 } entry;
 
 typedef struct tui {
@@ -55,11 +58,49 @@ static void add_entry(tui *t, int kind, const char *text)
     }
     entry *x = &t->e[t->n++];
     x->kind = kind;
+    x->n_cols = 0;
     x->len = strlen(text);
     x->cap = x->len + 1;
     x->text = malloc(x->cap);
     if (x->text) memcpy(x->text, text, x->cap);
     else t->n--;
+}
+
+/* The word (1-based) where b first differs from a, or 0 when they are the same. */
+static int first_difference(const char *a, const char *b)
+{
+    int word = 1;
+    for (;;) {
+        while (*a == ' ' || *a == '\n') a++;
+        while (*b == ' ' || *b == '\n') b++;
+        if (!*a && !*b) return 0;
+        size_t la = strcspn(a, " \n"), lb = strcspn(b, " \n");
+        if (la != lb || memcmp(a, b, la)) return word;
+        a += la;
+        b += lb;
+        word++;
+    }
+}
+
+static void add_compare(tui *t, uw_compared *c, int n)
+{
+    add_entry(t, E_COMPARE, "");
+    entry *x = &t->e[t->n - 1];
+    x->n_cols = n;
+    for (int i = 0; i < n; i++) {
+        char head[700];
+        int d = i ? first_difference(c[0].text, c[i].text) : 0;
+        char diff[64];
+        if (i == 0)
+            snprintf(diff, sizeof diff, "the conversation's policy");
+        else if (d == 0)
+            snprintf(diff, sizeof diff, "same answer as the first");
+        else
+            snprintf(diff, sizeof diff, "differs from the first at word %d", d);
+        snprintf(head, sizeof head, "[%.250s] %.150s; %.60s", c[i].policy, c[i].figures, diff);
+        x->head[i] = strdup(head);
+        x->col[i] = c[i].text;   /* taken over */
+    }
 }
 
 static void append_text(tui *t, const char *s)
@@ -127,6 +168,40 @@ static void draw_line(void *ud, const char *p, int bytes)
     d->y++;
 }
 
+/* The rows a comparison takes: the tallest column (heading lines + wrapped answer). */
+static int compare_rows(const entry *x, int width)
+{
+    int cw = (width - 2 * (x->n_cols - 1)) / (x->n_cols > 0 ? x->n_cols : 1), rows = 0;
+    if (cw < 8) cw = 8;
+    for (int c = 0; c < x->n_cols; c++) {
+        int r = wrap(x->head[c], cw, NULL, NULL) + wrap(x->col[c], cw, NULL, NULL);
+        if (r > rows) rows = r;
+    }
+    return rows + 1;   /* and the title line */
+}
+
+typedef struct col_ctx {
+    char **lines;
+    int n, cap;
+} col_ctx;
+
+static void keep_line(void *ud, const char *p, int bytes)
+{
+    col_ctx *c = ud;
+    if (c->n == c->cap) {
+        int nc = c->cap ? c->cap * 2 : 16;
+        char **nl = realloc(c->lines, sizeof *nl * (size_t)nc);
+        if (!nl) return;
+        c->lines = nl;
+        c->cap = nc;
+    }
+    char *l = malloc((size_t)bytes + 1);
+    if (!l) return;
+    memcpy(l, p, (size_t)bytes);
+    l[bytes] = 0;
+    c->lines[c->n++] = l;
+}
+
 static const char *prefix(int kind)
 {
     switch (kind) {
@@ -150,6 +225,49 @@ static int kind_attr(const tui *t, int kind)
     }
 }
 
+static void draw_compare(tui *t, draw_ctx *d, const entry *x, int width);
+
+/* Columns side by side: heading (policy and figures), then the answer; a column whose answer
+ * differs from the first one's says from which word on. */
+static void draw_compare(tui *t, draw_ctx *d, const entry *x, int width)
+{
+    int n = x->n_cols, cw = (width - 2 * (n - 1)) / (n > 0 ? n : 1);
+    if (cw < 8) cw = 8;
+    col_ctx cols[8];
+    int rows = 0, heads[8];
+    memset(cols, 0, sizeof cols);
+    for (int c = 0; c < n; c++) {
+        wrap(x->head[c], cw, keep_line, &cols[c]);
+        heads[c] = cols[c].n;
+        wrap(x->col[c], cw, keep_line, &cols[c]);
+        if (cols[c].n > rows) rows = cols[c].n;
+    }
+    int save = d->attr;
+    d->attr = t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD;
+    draw_line(d, "== compare: the same question under each policy, from the same cache", 68);
+    for (int r = 0; r < rows; r++) {
+        if (d->skip > 0) {
+            d->skip--;
+            continue;
+        }
+        if (d->y > d->bottom) break;
+        if (d->y >= d->top)
+            for (int c = 0; c < n; c++) {
+                if (r >= cols[c].n) continue;
+                int a = r < heads[c] ? (t->color ? COLOR_PAIR(C_HEAD) : A_BOLD) : 0;
+                attron(a);
+                mvaddstr(d->y, d->x + c * (cw + 2), cols[c].lines[r]);
+                attroff(a);
+            }
+        d->y++;
+    }
+    d->attr = save;
+    for (int c = 0; c < n; c++) {
+        for (int k = 0; k < cols[c].n; k++) free(cols[c].lines[k]);
+        free(cols[c].lines);
+    }
+}
+
 static void draw_conversation(tui *t, int top, int bottom, int width)
 {
     int h = bottom - top + 1;
@@ -157,6 +275,11 @@ static void draw_conversation(tui *t, int top, int bottom, int width)
     int total = 0, first = t->n;
     char buf[64];
     for (int i = t->n - 1; i >= 0 && total < h + t->scroll; i--) {
+        if (t->e[i].kind == E_COMPARE) {
+            total += compare_rows(&t->e[i], width) + 1;
+            first = i;
+            continue;
+        }
         size_t L = strlen(prefix(t->e[i].kind)) + t->e[i].len + 1;
         char *s = malloc(L);
         if (!s) break;
@@ -170,6 +293,11 @@ static void draw_conversation(tui *t, int top, int bottom, int width)
     if (t->scroll > max_scroll) t->scroll = max_scroll;
     draw_ctx d = { top, 0, top, bottom, total > h ? total - h - t->scroll : 0, 0 };
     for (int i = first; i < t->n; i++) {
+        if (t->e[i].kind == E_COMPARE) {
+            draw_compare(t, &d, &t->e[i], width);
+            draw_line(&d, "", 0);
+            continue;
+        }
         size_t L = strlen(prefix(t->e[i].kind)) + t->e[i].len + 1;
         char *s = malloc(L);
         if (!s) break;
@@ -340,6 +468,7 @@ static void draw(tui *t)
                                        "/policy SPEC   switch policy, e.g. chess:preset=aggressive",
                                        "/sessions      the saved sessions; /resume ID continues one",
                                        "/regen         another answer to the last question (a branch)",
+                                       "/compare P1,P2 Q  answer Q under these policies side by side",
                                        "F2             what the model sees: held, evicted, attended text",
                                        "/help          this help (F1)",
                                        "/quit          leave (also Ctrl-C when idle)",
@@ -392,6 +521,9 @@ static void submit(tui *t)
     } else if (!strncmp(line, "/open ", 6)) {
         if (uw_open(t->w, line + 6)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
         else t->answering = 0;
+    } else if (!strncmp(line, "/compare ", 9)) {
+        if (uw_compare(t->w, line + 9)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
+        else add_entry(t, E_INFO, line);
     } else if (!strcmp(line, "/regen")) {
         if (uw_regenerate(t->w)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
         else t->answering = 0;
@@ -518,6 +650,11 @@ static void drain(tui *t)
             t->answering = 0;
             t->progress[0] = 0;
             if (ev.text[0]) add_entry(t, E_INFO, ev.text);
+            if (ev.b == 3) {   /* a comparison is ready */
+                uw_compared c[8];
+                int n = uw_take_compared(t->w, c);
+                if (n > 0) add_compare(t, c, n);
+            }
             if (ev.b == 2) {   /* the "what the model sees" spans are ready */
                 for (int i = 0; i < t->n_seen; i++) free(t->seen[i].text);
                 free(t->seen);
@@ -617,7 +754,13 @@ int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_
     }
     endwin();
     uw_stop(w);
-    for (int i = 0; i < t.n; i++) free(t.e[i].text);
+    for (int i = 0; i < t.n; i++) {
+        free(t.e[i].text);
+        for (int c = 0; c < t.e[i].n_cols; c++) {
+            free(t.e[i].head[c]);
+            free(t.e[i].col[c]);
+        }
+    }
     free(t.e);
     for (int i = 0; i < t.n_hist; i++) free(t.hist[i]);
     free(t.hist);

@@ -13,7 +13,7 @@
 #include "store.h"
 #include "tokenizer.h"
 
-enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_LIST, JOB_REGEN, JOB_SEEN, JOB_QUIT };
+enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_LIST, JOB_REGEN, JOB_SEEN, JOB_COMPARE, JOB_QUIT };
 #define QCAP 4096
 
 struct ui_worker {
@@ -48,6 +48,8 @@ struct ui_worker {
     int64_t ans_start, seq_ans;   /* where the last answer began: cache position, ids */
     uw_span *seen;           /* the last "what the model sees" spans, until taken */
     int n_seen;
+    uw_compared cmp[8];      /* the last comparison, until taken */
+    int n_cmp;
     char msha[65], doc_path[1024];
 };
 
@@ -384,7 +386,9 @@ static void answer_and_save(ui_worker *w, const char *question, int32_t prev, in
     post(w, UW_DONE, err, gr.stop == GEN_STOP_INTERRUPT, 0);
 }
 
-static void job_ask(ui_worker *w, const char *question)
+/* The next turn's tokens join the sequence and what the cache lacks is evaluated; *prev gets the
+ * last evaluated token. 0, or -1 after posting the error. */
+static int prepare_turn(ui_worker *w, const char *question, int32_t *prev)
 {
     char err[1200];
     char *text;
@@ -412,7 +416,7 @@ static void job_ask(ui_worker *w, const char *question)
     if (!text || tok_encode(w->rt.m->vocab, text, strlen(text), add_bos, chat, &ids, &n, err, sizeof err)) {
         free(text);
         post(w, UW_ERROR, text ? err : "out of memory", 0, 0);
-        return;
+        return -1;
     }
     free(text);
     /* the turn joins the sequence; what the cache lacks (the last answer's final token, sampled but
@@ -421,14 +425,14 @@ static void job_ask(ui_worker *w, const char *question)
     if (seq_add(w, ids, (int64_t)n)) {
         free(ids);
         post(w, UW_ERROR, "out of memory", 0, 0);
-        return;
+        return -1;
     }
     free(ids);
     n = (size_t)(w->n_seq - from);
     ids = malloc(sizeof(int32_t) * (n > 0 ? n : 1));
     if (!ids) {
         post(w, UW_ERROR, "out of memory", 0, 0);
-        return;
+        return -1;
     }
     memcpy(ids, w->seq + from, sizeof(int32_t) * n);
     pol_set_probe_is_question(w->rt.ps, 1);
@@ -436,10 +440,161 @@ static void job_ask(ui_worker *w, const char *question)
         post(w, UW_ERROR, w->cancel ? "cancelled" : err, 0, 0);
         free(ids);
         w->n_seq = fwd_pos(w->rt.f);   /* the turn did not happen */
+        return -1;
+    }
+    *prev = ids[n - 1];
+    free(ids);
+    return 0;
+}
+
+static void job_ask(ui_worker *w, const char *question)
+{
+    int32_t prev;
+    if (prepare_turn(w, question, &prev) == 0) answer_and_save(w, question, prev, 0);
+}
+
+/* collects one compared answer's text */
+static void on_cmp_token(void *ud, int32_t id)
+{
+    stream *st = ud;
+    char piece[512];
+    size_t n = tok_stream_feed(&st->ts, id, piece, sizeof piece - 1);
+    answer_add(st->w, piece, n);
+    publish(st->w);
+}
+
+/* The same question under several decode policies, each from the same cache: a side query that
+ * leaves the conversation as it was. arg: "SPEC[,SPEC...] QUESTION". */
+static void job_compare(ui_worker *w, const char *arg)
+{
+    char specs[8][256], list[1024], err[1200], key[256], keep[256];
+    const char *sp = strchr(arg, ' ');
+    if (!sp || !sp[1]) {
+        post(w, UW_ERROR, "usage: /compare SPEC[,SPEC...] QUESTION", 0, 0);
         return;
     }
-    answer_and_save(w, question, ids[n - 1], 0);
-    free(ids);
+    snprintf(list, sizeof list, "%.*s", (int)(sp - arg), arg);
+    const char *question = sp + 1;
+    int n_spec = cli_split_policies(list, specs + 1, 7);
+    if (n_spec < 1) {
+        post(w, UW_ERROR, "compare up to 7 policies with the current one", 0, 0);
+        return;
+    }
+    snprintf(keep, sizeof keep, "%s", pol_set_spec(w->rt.ps)->text);
+    snprintf(specs[0], sizeof specs[0], "%s", keep);
+    n_spec++;
+    /* each compared policy keeps the cache's prefill policy: only the decode-time part varies; a
+     * prefill policy that also acts while decoding would change the cache under the comparison */
+    sess_prefill_key(pol_set_spec(w->rt.ps), key, sizeof key);
+    if (!strncmp(key, "h2o", 3) || !strncmp(key, "chelsea", 7)) {
+        post(w, UW_ERROR, "compare needs a cache that decoding leaves alone: not under h2o or chelsea", 0, 0);
+        return;
+    }
+    for (int i = 1; i < n_spec; i++) {
+        pol_spec ps;
+        if (pol_parse(&ps, specs[i], NULL, err, sizeof err)) {
+            post(w, UW_ERROR, err, 0, 0);
+            return;
+        }
+        for (int k = 0; k < ps.n; k++)
+            if (ps.ops[k]->stage == POL_STAGE_PREFILL) {
+                post(w, UW_ERROR, "compare decode-time policies (chess, quest, sentkv, streaming, full) on the cache as it is",
+                     0, 0);
+                return;
+            }
+        if (strcmp(key, "full") != 0) {
+            char comb[256];
+            snprintf(comb, sizeof comb, "%.120s+%.120s", key, specs[i]);
+            snprintf(specs[i], sizeof specs[i], "%s", comb);
+        }
+    }
+    int64_t turn_start = fwd_pos(w->rt.f), seq0 = w->n_seq;
+    int32_t prev;
+    void *s0 = malloc(samp_state_size());
+    if (!s0) return;
+    samp_save_state(w->s, s0);
+    if (prepare_turn(w, question, &prev)) {
+        free(s0);
+        return;
+    }
+    int64_t p_ans = fwd_pos(w->rt.f);
+    size_t nv = (size_t)w->rt.m->hp.n_vocab;
+    float *l0 = malloc(sizeof(float) * nv);
+    void *s1 = malloc(samp_state_size());
+    if (!l0 || !s1) {
+        free(l0);
+        free(s1);
+        free(s0);
+        return;
+    }
+    memcpy(l0, w->logits, sizeof(float) * nv);
+    samp_save_state(w->s, s1);
+    fwd_set_floor(w->rt.f, p_ans);
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->n_cmp; i++) free(w->cmp[i].text);
+    w->n_cmp = 0;
+    pthread_mutex_unlock(&w->mu);
+    pol_set *orig = w->rt.ps;   /* the conversation's own policies stay untouched */
+    pol_env env;
+    fwd_policy_env(w->rt.f, &env);
+    for (int i = 0; i < n_spec && !w->cancel; i++) {
+        pol_spec spec;
+        pol_set *ps_i = pol_parse(&spec, specs[i], NULL, err, sizeof err) ? NULL : pol_set_create(&spec, &env, err, sizeof err);
+        if (!ps_i) {
+            post(w, UW_ERROR, err, 0, 0);
+            break;
+        }
+        fwd_set_policy(w->rt.f, ps_i);
+        if (fwd_rewind(w->rt.f, p_ans) != p_ans) {
+            fwd_set_policy(w->rt.f, orig);
+            pol_set_free(ps_i);
+            break;
+        }
+        memcpy(w->logits, l0, sizeof(float) * nv);
+        samp_load_state(w->s, s1);
+        w->ans_len = 0;
+        if (w->answer) w->answer[0] = 0;
+        stream st = { w, { 0 } };
+        tok_stream_init(&st.ts, w->rt.m->vocab);
+        gen_opts go = { w->n_predict, prev, &w->rt.thr, 0, samp_temperature(w->s) };
+        gen_callbacks cb = { &st, on_cmp_token, NULL, NULL };
+        gen_result gr;
+        double t0 = cli_now();
+        if (gen_answer(w->rt.f, w->s, w->rt.m->vocab, w->rt.mon, w->logits, (int32_t)nv, &go, &cb, &w->cancel, &gr, err,
+                       sizeof err)) {
+            fwd_set_policy(w->rt.f, orig);
+            pol_set_free(ps_i);
+            break;
+        }
+        char piece[512];
+        size_t k = tok_stream_flush(&st.ts, piece, sizeof piece - 1);
+        answer_add(w, piece, k);
+        double dt = cli_now() - t0;
+        const pol_step_stats *ps = pol_set_stats(ps_i);
+        double denom = (double)ps->steps * env.n_global * env.n_head_kv;
+        pthread_mutex_lock(&w->mu);
+        uw_compared *c = &w->cmp[w->n_cmp++];
+        snprintf(c->policy, sizeof c->policy, "%.250s", specs[i]);
+        snprintf(c->figures, sizeof c->figures, "%lld tokens, %.1f s, %.1f pages/step, KV read %.2f MiB/step",
+                 (long long)gr.n_gen, dt, denom > 0 ? (double)ps->pages_sum / denom : 0.0,
+                 ps->steps ? (double)ps->bytes_touched_total / (double)ps->steps / (1 << 20) : 0.0);
+        c->text = strdup(w->answer ? w->answer : "");
+        pthread_mutex_unlock(&w->mu);
+        fwd_set_policy(w->rt.f, orig);
+        pol_set_free(ps_i);
+    }
+    /* the conversation goes on as before the comparison (replaying the sequence if the
+     * sliding-window layers no longer hold what the turn's start needs) */
+    fwd_set_policy(w->rt.f, orig);
+    int64_t r = fwd_rewind(w->rt.f, turn_start);
+    w->n_seq = seq0;
+    if (r < turn_start && eval(w, w->seq + r, (size_t)(turn_start - r), err, sizeof err)) post(w, UW_ERROR, err, 0, 0);
+    fwd_set_floor(w->rt.f, w->turns > 0 ? w->ans_start - 1 : turn_start);   /* where /regen rewinds to */
+    samp_load_state(w->s, s0);
+    free(l0);
+    free(s0);
+    free(s1);
+    publish(w);
 }
 
 /* Another answer to the last question: rewind to before the answer, evaluate the question's last
@@ -713,6 +868,9 @@ static void *run(void *arg)
         if (job == JOB_OPEN) {
             job_open(w, a);
             post(w, UW_DONE, "", 0, 1);
+        } else if (job == JOB_COMPARE) {
+            job_compare(w, a ? a : "");
+            post(w, UW_DONE, "", 0, 3);
         } else if (job == JOB_SEEN) {
             job_seen(w);
             post(w, UW_DONE, "", 0, 2);
@@ -838,6 +996,7 @@ void uw_stop(ui_worker *w)
     free(w->last_q);
     for (int i = 0; i < w->n_seen; i++) free(w->seen[i].text);
     free(w->seen);
+    for (int i = 0; i < w->n_cmp; i++) free(w->cmp[i].text);
     store_close(w->db);
     cli_close(&w->rt);
     free(w);
@@ -849,6 +1008,17 @@ int uw_resume(ui_worker *w, const char *key) { return submit(w, JOB_RESUME, key)
 int uw_list_sessions(ui_worker *w) { return submit(w, JOB_LIST, NULL); }
 int uw_regenerate(ui_worker *w) { return submit(w, JOB_REGEN, NULL); }
 int uw_request_seen(ui_worker *w) { return submit(w, JOB_SEEN, NULL); }
+int uw_compare(ui_worker *w, const char *arg) { return submit(w, JOB_COMPARE, arg); }
+
+int uw_take_compared(ui_worker *w, uw_compared *out)
+{
+    pthread_mutex_lock(&w->mu);
+    int n = w->n_cmp;
+    memcpy(out, w->cmp, sizeof *out * (size_t)n);
+    w->n_cmp = 0;   /* the texts now belong to the caller */
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
 
 uw_span *uw_take_seen(ui_worker *w, int *n)
 {

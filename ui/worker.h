@@ -49,6 +49,13 @@ typedef struct uw_span {
     char *text;
 } uw_span;
 
+/* One answer of a comparison. */
+typedef struct uw_compared {
+    char policy[256];
+    char figures[160];
+    char *text;
+} uw_compared;
+
 typedef struct ui_worker ui_worker;
 
 /* Load the model (on the calling thread, before the screen opens) and start the thread. NULL after
@@ -66,6 +73,12 @@ int uw_resume(ui_worker *w, const char *key);
  * them (the caller frees each text and the array). */
 int uw_request_seen(ui_worker *w);
 uw_span *uw_take_seen(ui_worker *w, int *n);
+
+/* "SPEC[,SPEC...] QUESTION": the question answered under the current policy and each listed
+ * decode-time policy, from the same cache, without entering the conversation (UW_DONE with b = 3
+ * when done); take the answers (up to 8, texts belong to the caller). */
+int uw_compare(ui_worker *w, const char *arg);
+int uw_take_compared(ui_worker *w, uw_compared *out);
 
 /* The saved sessions, newest first, as UW_INFO lines. */
 int uw_list_sessions(ui_worker *w);

@@ -34,6 +34,12 @@ wait_for '-- 8 tokens, [0-9.]+ tok/s'
 wait_for 'saved in session 1 \(snapshot'
 wait_for '\| ready'
 
+T send-keys -t "$s" '/compare chess:preset=aggressive,quest:budget=0.2 What is it about?' Enter
+wait_for '== compare: the same question under each policy'
+wait_for '\[full\] 8 tokens'
+wait_for '(same answer|differs from)'
+wait_for '\| ready'
+
 T send-keys -t "$s" F2
 wait_for 'What the model sees \(first global layer\)'
 T send-keys -t "$s" F2
