@@ -468,6 +468,7 @@ static void draw(tui *t)
                                        "/policy SPEC   switch policy, e.g. chess:preset=aggressive",
                                        "/sessions      the saved sessions; /resume ID continues one",
                                        "/regen         another answer to the last question (a branch)",
+                                       "/edit N TEXT   ask TEXT instead of question N (a branch)",
                                        "/compare P1,P2 Q  answer Q under these policies side by side",
                                        "F2             what the model sees: held, evicted, attended text",
                                        "/help          this help (F1)",
@@ -524,6 +525,9 @@ static void submit(tui *t)
     } else if (!strncmp(line, "/compare ", 9)) {
         if (uw_compare(t->w, line + 9)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
         else add_entry(t, E_INFO, line);
+    } else if (!strncmp(line, "/edit ", 6)) {
+        if (uw_edit(t->w, line + 6)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
+        else t->answering = 0;
     } else if (!strcmp(line, "/regen")) {
         if (uw_regenerate(t->w)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
         else t->answering = 0;

@@ -13,7 +13,7 @@
 #include "store.h"
 #include "tokenizer.h"
 
-enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_LIST, JOB_REGEN, JOB_SEEN, JOB_COMPARE, JOB_QUIT };
+enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_LIST, JOB_REGEN, JOB_SEEN, JOB_COMPARE, JOB_EDIT, JOB_QUIT };
 #define QCAP 4096
 
 struct ui_worker {
@@ -50,6 +50,14 @@ struct ui_worker {
     int n_seen;
     uw_compared cmp[8];      /* the last comparison, until taken */
     int n_cmp;
+    /* where each turn asked here began, to branch from it (/edit): cache position, ids, sampler
+     * state, the message it replied to */
+#define MAX_TURNS 64
+    int64_t turn_pos[MAX_TURNS], turn_seq[MAX_TURNS], turn_parent[MAX_TURNS];
+    void *turn_samp[MAX_TURNS];
+    int n_turns_here;        /* turns recorded (0 .. MAX_TURNS) */
+    int turn_base;           /* the conversation's turn number of record 0 */
+    int pending_record;      /* the turn being prepared is recorded at this index (-1: none) */
     char msha[65], doc_path[1024];
 };
 
@@ -267,6 +275,8 @@ static void job_open(ui_worker *w, const char *path)
     fwd_rewind(w->rt.f, 0);
     samp_reset(w->s);
     w->turns = 0;
+    w->turn_base = 0;
+    w->n_turns_here = 0;
     w->n_seq = 0;
     pthread_mutex_lock(&w->mu);
     const char *b = strrchr(path, '/');
@@ -371,6 +381,8 @@ static void answer_and_save(ui_worker *w, const char *question, int32_t prev, in
     w->turns++;
     double dt = cli_now() - t0;
     char note[700];
+    if (!regen && w->pending_record == w->n_turns_here && w->pending_record >= 0) w->n_turns_here++;
+    w->pending_record = -1;
     save_turn(w, question, &gr, dt, regen, note, sizeof note);
     if (question != w->last_q) {
         free(w->last_q);
@@ -422,6 +434,16 @@ static int prepare_turn(ui_worker *w, const char *question, int32_t *prev)
     /* the turn joins the sequence; what the cache lacks (the last answer's final token, sampled but
      * never evaluated, then the turn) is evaluated */
     int64_t from = fwd_pos(w->rt.f);
+    /* remember where this turn starts (for /edit); a full record table stops recording */
+    w->pending_record = -1;
+    if (w->n_turns_here < MAX_TURNS && (w->turn_samp[w->n_turns_here] || (w->turn_samp[w->n_turns_here] = malloc(samp_state_size())))) {
+        int r = w->n_turns_here;
+        w->turn_pos[r] = from;
+        w->turn_seq[r] = w->n_seq;
+        w->turn_parent[r] = w->leaf;
+        samp_save_state(w->s, w->turn_samp[r]);
+        w->pending_record = r;
+    }
     if (seq_add(w, ids, (int64_t)n)) {
         free(ids);
         post(w, UW_ERROR, "out of memory", 0, 0);
@@ -687,6 +709,43 @@ static void job_seen(ui_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
+/* "N TEXT": ask TEXT in place of question N of this conversation, as a new branch from where that
+ * question was asked (the old branch stays in the session). */
+static void job_edit(ui_worker *w, const char *arg)
+{
+    char err[1200];
+    char *end;
+    long k = strtol(arg, &end, 10);
+    const char *text = end + (*end == ' ');
+    if (end == arg || !*text) {
+        post(w, UW_ERROR, "usage: /edit N NEW QUESTION (N: the question's number, 1 for the first)", 0, 0);
+        return;
+    }
+    int r = (int)k - 1 - w->turn_base;
+    if (r < 0 || r >= w->n_turns_here) {
+        snprintf(err, sizeof err, "question %ld was not asked in this window (questions %d to %d were)", k,
+                 w->turn_base + 1, w->turn_base + w->n_turns_here);
+        post(w, UW_ERROR, w->n_turns_here ? err : "no question asked in this window yet", 0, 0);
+        return;
+    }
+    int64_t pos = w->turn_pos[r];
+    int64_t got = fwd_rewind(w->rt.f, pos);
+    w->n_seq = w->turn_seq[r];
+    if (got < pos && eval(w, w->seq + got, (size_t)(pos - got), err, sizeof err)) {   /* replay what was lost */
+        post(w, UW_ERROR, err, 0, 0);
+        return;
+    }
+    samp_load_state(w->s, w->turn_samp[r]);
+    w->leaf = w->turn_parent[r];
+    w->turns = w->turn_base + r;
+    w->n_turns_here = r;   /* later records belong to the old branch */
+    snprintf(err, sizeof err, "question %ld edited: a new branch (the old one stays in the session)", k);
+    post(w, UW_INFO, err, 0, 0);
+    post(w, UW_PAST_USER, text, 0, 0);
+    int32_t prev;
+    if (prepare_turn(w, text, &prev) == 0) answer_and_save(w, text, prev, 0);
+}
+
 static void first_session(void *ud, const store_session *ss)
 {
     store_session *out = ud;
@@ -819,6 +878,8 @@ static void job_resume(ui_worker *w, const char *key)
         free(all);
     }
     w->turns = n_path / 2;
+    w->turn_base = w->turns;
+    w->n_turns_here = 0;
     w->sid = ss.id;
     w->leaf = leaf;
     snprintf(w->doc_path, sizeof w->doc_path, "%s", ss.doc_path);
@@ -868,6 +929,8 @@ static void *run(void *arg)
         if (job == JOB_OPEN) {
             job_open(w, a);
             post(w, UW_DONE, "", 0, 1);
+        } else if (job == JOB_EDIT) {
+            job_edit(w, a ? a : "");
         } else if (job == JOB_COMPARE) {
             job_compare(w, a ? a : "");
             post(w, UW_DONE, "", 0, 3);
@@ -997,6 +1060,7 @@ void uw_stop(ui_worker *w)
     for (int i = 0; i < w->n_seen; i++) free(w->seen[i].text);
     free(w->seen);
     for (int i = 0; i < w->n_cmp; i++) free(w->cmp[i].text);
+    for (int i = 0; i < MAX_TURNS; i++) free(w->turn_samp[i]);
     store_close(w->db);
     cli_close(&w->rt);
     free(w);
@@ -1009,6 +1073,7 @@ int uw_list_sessions(ui_worker *w) { return submit(w, JOB_LIST, NULL); }
 int uw_regenerate(ui_worker *w) { return submit(w, JOB_REGEN, NULL); }
 int uw_request_seen(ui_worker *w) { return submit(w, JOB_SEEN, NULL); }
 int uw_compare(ui_worker *w, const char *arg) { return submit(w, JOB_COMPARE, arg); }
+int uw_edit(ui_worker *w, const char *arg) { return submit(w, JOB_EDIT, arg); }
 
 int uw_take_compared(ui_worker *w, uw_compared *out)
 {

@@ -79,6 +79,8 @@ uw_span *uw_take_seen(ui_worker *w, int *n);
  * when done); take the answers (up to 8, texts belong to the caller). */
 int uw_compare(ui_worker *w, const char *arg);
 int uw_take_compared(ui_worker *w, uw_compared *out);
+/* "N TEXT": ask TEXT instead of question N (asked in this window) as a new branch. */
+int uw_edit(ui_worker *w, const char *arg);
 
 /* The saved sessions, newest first, as UW_INFO lines. */
 int uw_list_sessions(ui_worker *w);

@@ -53,6 +53,13 @@ T send-keys -t "$s" 'And then?' Enter
 wait_for 'you> And then\?'
 wait_count '^-- 8 tokens, [0-9.]+ tok/s' 2
 
+T send-keys -t "$s" '/edit 2 And after that?' Enter
+wait_for 'question 2 edited: a new branch'
+wait_for 'you> And after that\?'
+wait_count '^-- 8 tokens, [0-9.]+ tok/s' 3
+T send-keys -t "$s" '/edit 9 x' Enter
+wait_for 'question 9 was not asked in this window'
+
 T send-keys -t "$s" '/nonsense' Enter
 wait_for 'unknown command /nonsense'
 
@@ -75,7 +82,8 @@ for _ in $(seq 1 100); do T has-session -t "$s" 2>/dev/null || { quit=1; break; 
 [ $quit = 1 ] || fail "kvchat did not quit"
 # the conversation was saved as it went: both turns, with their snapshots
 out=$("$bin" sessions --db "$db" show 1)
-echo "$out" | grep -q '4 messages' || { echo "tui test: the session was not saved:"; echo "$out"; exit 1; }
+echo "$out" | grep -q '6 messages' || { echo "tui test: the session was not saved:"; echo "$out"; exit 1; }
+echo "$out" | grep -q 'user (another branch)' || { echo "tui test: the edited question is not a branch:"; echo "$out"; exit 1; }
 echo "$out" | grep -q 'And then?' || { echo "tui test: the second question is missing:"; echo "$out"; exit 1; }
 # and `kvchat ask --resume` continues it from the interface's snapshot
 res=$("$bin" ask -t 1 -m "$model" --resume 1 -q 'More?' -n 4 --db "$db" 2>&1 >/dev/null) ||
@@ -92,10 +100,10 @@ T send-keys -t "$s" '/regen' Enter
 wait_for 'another answer to the same question \(a new branch\)'
 wait_count 'saved in session 1 \(snapshot' 2
 T send-keys -t "$s" '/sessions' Enter
-wait_for 'session 1: p2\.txt \| p2\.txt \|.*\| 9 messages'
+wait_for 'session 1: p2\.txt \| p2\.txt \|.*\| 11 messages'
 T send-keys -t "$s" '/quit' Enter
 sleep 0.5
-"$bin" sessions --db "$db" show 1 | grep -q '9 messages' || fail "the resumed turn and the regeneration were not saved"
+"$bin" sessions --db "$db" show 1 | grep -q '11 messages' || fail "the resumed turn and the regeneration were not saved"
 "$bin" sessions --db "$db" show 1 | grep -q 'assistant (another branch)' || fail "the regenerated answer is not a branch"
 # settings from the config file (the command line would override them); a bad one is one line
 mkdir -p "$cfg/kvchat"
