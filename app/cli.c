@@ -217,6 +217,23 @@ const char *cli_default_model_path(char *buf, size_t cap)
     return buf;
 }
 
+/* A policy set for spec on rt's forward context, replacing the old one. 0, or -1 after printing. */
+static int attach_policy(cli_runtime *rt, const pol_spec *spec)
+{
+    char err[600];
+    pol_env env;
+    fwd_policy_env(rt->f, &env);
+    pol_set *ps = pol_set_create(spec, &env, err, sizeof err);
+    if (!ps) {
+        cli_err("%s", err);
+        return -1;
+    }
+    fwd_set_policy(rt->f, ps);
+    pol_set_free(rt->ps);
+    rt->ps = ps;
+    return 0;
+}
+
 int cli_reopen_fwd(cli_runtime *rt, const cli_opts *o, int page_size)
 {
     char err[600];
@@ -234,17 +251,7 @@ int cli_reopen_fwd(cli_runtime *rt, const cli_opts *o, int page_size)
         cli_err("out of memory");
         return -1;
     }
-    pol_env env;
-    fwd_policy_env(rt->f, &env);
-    pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
-    if (!ps) {
-        cli_err("%s", err);
-        return -1;
-    }
-    pol_set_free(rt->ps);
-    rt->ps = ps;
-    fwd_set_policy(rt->f, ps);
-    return 0;
+    return attach_policy(rt, &spec);
 }
 
 int cli_set_policy(cli_runtime *rt, const char *spec_text, const char *budget)
@@ -255,17 +262,7 @@ int cli_set_policy(cli_runtime *rt, const char *spec_text, const char *budget)
         cli_err("%s", err);
         return -1;
     }
-    pol_env env;
-    fwd_policy_env(rt->f, &env);
-    pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
-    if (!ps) {
-        cli_err("%s", err);
-        return -1;
-    }
-    fwd_set_policy(rt->f, ps);
-    pol_set_free(rt->ps);
-    rt->ps = ps;
-    return 0;
+    return attach_policy(rt, &spec);
 }
 
 int cli_apply_head_similarity(cli_runtime *rt)
@@ -333,15 +330,10 @@ int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
             cli_close(rt);
             return -1;
         }
-        pol_env env;
-        fwd_policy_env(rt->f, &env);
-        rt->ps = pol_set_create(&spec, &env, err, sizeof err);
-        if (!rt->ps) {
-            cli_err("%s", err);
+        if (attach_policy(rt, &spec)) {
             cli_close(rt);
             return -1;
         }
-        fwd_set_policy(rt->f, rt->ps);
         /* calibrated thresholds hold for windows of the size they were measured on */
         int up = rt->thr.valid && rt->thr.page > 0 ? rt->thr.page : kv_page_size(fwd_kv(rt->f));
         rt->mon = unc_create(up, 0);
@@ -579,7 +571,7 @@ int cli_stream_answer(cli_runtime *rt, samp *s, float *logits, int32_t prev_toke
                 rt->backtrack);
     else if (show_events)
         fprintf(stderr, "uncertainty: no thresholds for this model (run kvchat calibrate): statistics only\n");
-    gen_opts go = { n_predict, prev_token, &rt->thr, rt->backtrack, samp_temperature(s) };
+    gen_opts go = { n_predict, prev_token, &rt->thr, rt->backtrack, samp_temperature(s), show_events };
     gen_callbacks cb = { &u, on_token, on_page, on_event };
     int rc = gen_answer(rt->f, s, rt->m->vocab, rt->mon, logits, rt->m->hp.n_vocab, &go, &cb, &cli_interrupted, res,
                         err, errlen);
@@ -607,24 +599,11 @@ static int parse_pair(const char *spec, double *a, double *b)
 
 int cli_thresholds_path(const char *fingerprint, char *buf, size_t cap, int create_dirs)
 {
-    const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
     char dir[900];
-    if (xdg && *xdg)
-        snprintf(dir, sizeof dir, "%s/kvchat/thresholds", xdg);
-    else if (home && *home)
-        snprintf(dir, sizeof dir, "%s/.local/share/kvchat/thresholds", home);
-    else
-        return -1;
-    if (create_dirs) {
-        /* mkdir -p */
-        for (char *p = dir + 1; *p; p++) {
-            if (*p != '/') continue;
-            *p = 0;
-            mkdir(dir, 0755);
-            *p = '/';
-        }
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
-    }
+    if (store_data_dir(dir, sizeof dir, create_dirs)) return -1;
+    size_t L = strlen(dir);
+    snprintf(dir + L, sizeof dir - L, "/thresholds");
+    if (create_dirs && mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
     snprintf(buf, cap, "%s/%s.txt", dir, fingerprint);
     return 0;
 }
@@ -635,13 +614,7 @@ static int thresholds_from_db(const char *model_path, const char *db_path, unc_t
     char def[1024], uri[1200], err[1200], sha[65];
     struct stat st, ms;
     if (!db_path) {
-        const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
-        if (xdg && *xdg)
-            snprintf(def, sizeof def, "%s/kvchat/kvchat.db", xdg);
-        else if (home && *home)
-            snprintf(def, sizeof def, "%s/.local/share/kvchat/kvchat.db", home);
-        else
-            return -1;
+        if (store_default_path(def, sizeof def, 0)) return -1;   /* only looked at: nothing is created */
         db_path = def;
     }
     if (stat(db_path, &st) != 0 || stat(model_path, &ms) != 0) return -1;

@@ -311,7 +311,7 @@ int cmd_calibrate(int argc, char **argv)
                     hcnt[gi * env.n_head_kv + g]++;
                 }
             }
-        gen_opts go = { n_predict, ids[n_ids - 1], &none, 0, samp_temperature(s) };
+        gen_opts go = { n_predict, ids[n_ids - 1], &none, 0, samp_temperature(s), 1 };
         gen_result gr;
         if (gen_answer(rt.f, s, rt.m->vocab, rt.mon, logits, nv, &go, NULL, &cli_interrupted, &gr, err, sizeof err)) {
             cli_err("calibrate: %s", err);

@@ -266,7 +266,7 @@ int cmd_eval(int argc, char **argv)
             samp_reset(s);
             for (size_t i = 0; i < n_ids; i++) samp_accept(s, ids[i]);
             int R = rows[c].backtrack >= 0 ? rows[c].backtrack : pol_set_can_reselect(attached) ? 2 : 0;
-            gen_opts go = { n_predict, ids[n_ids - 1], &rt.thr, R, samp_temperature(s) };
+            gen_opts go = { n_predict, ids[n_ids - 1], &rt.thr, R, samp_temperature(s), 0 };
             answer_buf ab = { 0 };
             tok_stream_init(&ab.ts, rt.m->vocab);
             gen_callbacks cb = { &ab, on_token, NULL, NULL };

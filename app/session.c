@@ -14,7 +14,7 @@ store *sess_db_open(const char *path)
 {
     char def[1024], err[1200];
     if (!path) {
-        if (store_default_path(def, sizeof def)) {
+        if (store_default_path(def, sizeof def, 1)) {
             cli_err("no place for the session database (set HOME or XDG_DATA_HOME, or give --db PATH)");
             return NULL;
         }

@@ -31,6 +31,21 @@ static void finish_event(unc_monitor *mon, const unc_thresholds *thr, const gen_
     if (cb && cb->event) cb->event(cb->ud, e);
 }
 
+/* One decode step; an interrupt is a stop, not a failure. 0 to go on, 1 to stop, -1 on failure. */
+static int step(fwd_ctx *f, int32_t id, float *logits, volatile sig_atomic_t *abort_flag, gen_result *res, char *err,
+                size_t errlen)
+{
+    if (fwd_decode(f, id, logits, abort_flag, err, errlen) == 0) {
+        res->n_decoded++;
+        return 0;
+    }
+    if (abort_flag && *abort_flag) {
+        res->stop = GEN_STOP_INTERRUPT;
+        return 1;
+    }
+    return -1;
+}
+
 int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float *logits, int32_t n_vocab,
                const gen_opts *o, const gen_callbacks *cb, volatile sig_atomic_t *abort_flag, gen_result *res,
                char *err, size_t errlen)
@@ -39,6 +54,7 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
     unc_reset(mon);
     const int P = unc_page_size(mon);
     const int watch = o->thr && o->thr->valid;               /* pages are checked and events logged */
+    const int track = watch || o->monitor;                   /* per-token entropy is computed */
     int can_roll = watch && o->max_regen > 0;                /* ... and rolled back */
     const int64_t pos0 = fwd_pos(f);
     gen_state g = { 0 };
@@ -63,14 +79,14 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
             res->stop = GEN_STOP_INTERRUPT;
             break;
         }
-        double h, vh;
-        samp_entropy(logits, n_vocab, o->temperature, &h, &vh);   /* before sampling changes logits */
+        double h = 0, vh = 0;
+        if (track) samp_entropy(logits, n_vocab, o->temperature, &h, &vh);   /* before sampling changes logits */
         int32_t id = samp_sample(s, logits);
         if (tok_is_eog(v, id)) {
             res->stop = GEN_STOP_EOG;
             break;
         }
-        if (unc_push(mon, h, vh)) {
+        if (track && unc_push(mon, h, vh)) {
             snprintf(err, errlen, "out of memory");
             rc = -1;
             break;
@@ -123,15 +139,11 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
                     res->regenerated++;
                     if (res->regenerated >= o->max_regen) can_roll = 0;   /* from here every token is final */
                     int32_t prev = i > 0 ? g.tokens[i - 1] : o->prev_token;
-                    if (fwd_decode(f, prev, logits, abort_flag, err, errlen)) {
-                        if (abort_flag && *abort_flag) {
-                            res->stop = GEN_STOP_INTERRUPT;
-                        } else {
-                            rc = -1;
-                        }
+                    int r = step(f, prev, logits, abort_flag, res, err, errlen);
+                    if (r) {
+                        rc = r < 0 ? -1 : 0;
                         break;
                     }
-                    res->n_decoded++;
                     continue;
                 }
                 if (unc_add_event(mon, &e)) {
@@ -141,7 +153,7 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
                 }
                 if (cb && cb->event) cb->event(cb->ud, &e);
             }
-            if (cb && cb->page) cb->page(cb->ud, page, &st);
+            if (track && cb && cb->page) cb->page(cb->ud, page, &st);
             commit(cb, g.tokens, &committed, i);
             samp_save_state(s, g.samp_state);
             if (can_roll) fwd_set_mark(f, pos0 + i - 1);
@@ -151,15 +163,11 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
             res->stop = GEN_STOP_CONTEXT;
             break;
         }
-        if (fwd_decode(f, id, logits, abort_flag, err, errlen)) {
-            if (abort_flag && *abort_flag) {
-                res->stop = GEN_STOP_INTERRUPT;
-            } else {
-                rc = -1;
-            }
+        int r = step(f, id, logits, abort_flag, res, err, errlen);
+        if (r) {
+            rc = r < 0 ? -1 : 0;
             break;
         }
-        res->n_decoded++;
     }
     if (regen_page >= 0) {   /* the answer ended inside a regenerated page */
         int64_t from = regen_page * P, n = i - from;

@@ -28,6 +28,9 @@ typedef struct gen_opts {
     const unc_thresholds *thr;       /* NULL or invalid: monitor only, never trigger */
     int max_regen;                   /* R: regenerations per answer (0: monitor only) */
     float temperature;               /* of the sampling distribution the entropy is taken from */
+    int monitor;                     /* keep per-token statistics even without thresholds (a UI shows
+                                        them); without either, no entropy is computed (1 ms a token
+                                        over a 262k vocabulary) */
 } gen_opts;
 
 typedef struct gen_callbacks {

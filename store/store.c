@@ -224,23 +224,29 @@ static int migrate(store *s)
     return 0;
 }
 
-int store_default_path(char *buf, size_t cap)
+int store_data_dir(char *buf, size_t cap, int create)
 {
     const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
-    char dir[900];
     if (xdg && *xdg)
-        snprintf(dir, sizeof dir, "%s/kvchat", xdg);
+        snprintf(buf, cap, "%s/kvchat", xdg);
     else if (home && *home)
-        snprintf(dir, sizeof dir, "%s/.local/share/kvchat", home);
+        snprintf(buf, cap, "%s/.local/share/kvchat", home);
     else
         return -1;
-    for (char *p = dir + 1; *p; p++) {   /* mkdir -p */
+    if (!create) return 0;
+    for (char *p = buf + 1; *p; p++) {   /* mkdir -p */
         if (*p != '/') continue;
         *p = 0;
-        mkdir(dir, 0755);
+        mkdir(buf, 0755);
         *p = '/';
     }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
+    return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+int store_default_path(char *buf, size_t cap, int create)
+{
+    char dir[900];
+    if (store_data_dir(dir, sizeof dir, create)) return -1;
     snprintf(buf, cap, "%s/kvchat.db", dir);
     return 0;
 }

@@ -19,8 +19,11 @@ typedef struct store store;
 
 #define STORE_SCHEMA_VERSION 1
 
-/* $XDG_DATA_HOME/kvchat/kvchat.db (or ~/.local/share/kvchat/kvchat.db); creates the directory. */
-int store_default_path(char *buf, size_t cap);
+/* kvchat's data directory: $XDG_DATA_HOME/kvchat, else ~/.local/share/kvchat (created when asked).
+ * 0, or -1 when neither variable is set or it cannot be created. */
+int store_data_dir(char *buf, size_t cap, int create);
+/* The default database, kvchat.db in the data directory (created when asked). */
+int store_default_path(char *buf, size_t cap, int create);
 /* Open (creating and migrating) the database at path (a file name or an sqlite URI such as
  * file:/x/kvchat.db?mode=ro). NULL with a message in err on failure. */
 store *store_open(const char *path, char *err, size_t errlen);

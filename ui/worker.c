@@ -61,6 +61,10 @@ struct ui_worker {
     char msha[65], doc_path[1024];
 };
 
+/* Turns are written with Gemma's markers when the model's template is Gemma's; every other model
+ * (and a template-less base model) gets the plain Question/Answer form. */
+static int gemma_turns(const ui_worker *w) { return w->chat && chat_family_for(w->rt.m->gguf) == CHAT_GEMMA; }
+
 static int seq_add(ui_worker *w, const int32_t *ids, int64_t n)
 {
     if (w->n_seq + n > w->cap_seq) {
@@ -243,10 +247,8 @@ static void job_open(ui_worker *w, const char *path)
     int bad = !prompt;
     err[0] = 0;
     if (!bad) {
-        snprintf(prompt, L, w->chat ? "<bos><start_of_turn>user\n%s\n\n" : "%s\n\n", text);
-        if (w->chat && chat_family_for(w->rt.m->gguf) != CHAT_GEMMA)
-            snprintf(prompt, L, "%s\n\n", text);   /* other templates: plain completion form */
-        int chat = w->chat && chat_family_for(w->rt.m->gguf) == CHAT_GEMMA;
+        int chat = gemma_turns(w);
+        snprintf(prompt, L, chat ? "<bos><start_of_turn>user\n%s\n\n" : "%s\n\n", text);
         bad = tok_encode(w->rt.m->vocab, prompt, strlen(prompt), chat ? 0 : tok_add_bos(w->rt.m->vocab), chat, &ids, &n,
                          err, sizeof err) != 0;
     }
@@ -361,7 +363,7 @@ static void answer_and_save(ui_worker *w, const char *question, int32_t prev, in
     if (w->answer) w->answer[0] = 0;
     stream st = { w, { 0 } };
     tok_stream_init(&st.ts, w->rt.m->vocab);
-    gen_opts go = { w->n_predict, prev, &w->rt.thr, w->rt.backtrack, samp_temperature(w->s) };
+    gen_opts go = { w->n_predict, prev, &w->rt.thr, w->rt.backtrack, samp_temperature(w->s), 1 };
     gen_callbacks cb = { &st, on_token, NULL, on_event };
     gen_result gr;
     w->n_gen = 0;
@@ -403,34 +405,31 @@ static void answer_and_save(ui_worker *w, const char *question, int32_t prev, in
 static int prepare_turn(ui_worker *w, const char *question, int32_t *prev)
 {
     char err[1200];
-    char *text;
-    if (w->chat && chat_family_for(w->rt.m->gguf) == CHAT_GEMMA) {
-        if (w->turns == 0 && w->view.have_doc) {
-            size_t L = strlen(question) + 64;
-            text = malloc(L);
-            if (text) snprintf(text, L, "%s<end_of_turn>\n<start_of_turn>model\n", question);
-        } else if (w->turns == 0) {
-            size_t L = strlen(question) + 64;
-            text = malloc(L);
-            if (text) snprintf(text, L, "<bos><start_of_turn>user\n%s<end_of_turn>\n<start_of_turn>model\n", question);
-        } else {
-            text = chat_continue(CHAT_GEMMA, question);
-        }
-    } else {
-        size_t L = strlen(question) + 32;
-        text = malloc(L);
-        if (text) snprintf(text, L, w->turns == 0 ? "Question: %s\nAnswer:" : "\nQuestion: %s\nAnswer:", question);
-    }
     int32_t *ids = NULL;
     size_t n = 0;
-    int chat = w->chat && chat_family_for(w->rt.m->gguf) == CHAT_GEMMA;
-    int add_bos = fwd_pos(w->rt.f) == 0 && !chat ? tok_add_bos(w->rt.m->vocab) : 0;
-    if (!text || tok_encode(w->rt.m->vocab, text, strlen(text), add_bos, chat, &ids, &n, err, sizeof err)) {
+    int chat = gemma_turns(w), bad;
+    if (w->turns > 0) {
+        bad = sess_continue_tokens(&w->rt, chat, question, &ids, &n, err, sizeof err);
+    } else {
+        /* the first question completes the document's turn (or, with no document, is the turn) */
+        size_t L = strlen(question) + 64;
+        char *text = malloc(L);
+        if (text && chat)
+            snprintf(text, L, w->view.have_doc ? "%s<end_of_turn>\n<start_of_turn>model\n"
+                                               : "<bos><start_of_turn>user\n%s<end_of_turn>\n<start_of_turn>model\n",
+                     question);
+        else if (text)
+            snprintf(text, L, "Question: %s\nAnswer:", question);
+        int add_bos = fwd_pos(w->rt.f) == 0 && !chat ? tok_add_bos(w->rt.m->vocab) : 0;
+        snprintf(err, sizeof err, "out of memory");
+        bad = !text || tok_encode(w->rt.m->vocab, text, strlen(text), add_bos, chat, &ids, &n, err, sizeof err);
         free(text);
-        post(w, UW_ERROR, text ? err : "out of memory", 0, 0);
+    }
+    if (bad) {
+        free(ids);
+        post(w, UW_ERROR, err, 0, 0);
         return -1;
     }
-    free(text);
     /* the turn joins the sequence; what the cache lacks (the last answer's final token, sampled but
      * never evaluated, then the turn) is evaluated */
     int64_t from = fwd_pos(w->rt.f);
@@ -578,7 +577,7 @@ static void job_compare(ui_worker *w, const char *arg)
         if (w->answer) w->answer[0] = 0;
         stream st = { w, { 0 } };
         tok_stream_init(&st.ts, w->rt.m->vocab);
-        gen_opts go = { w->n_predict, prev, &w->rt.thr, 0, samp_temperature(w->s) };
+        gen_opts go = { w->n_predict, prev, &w->rt.thr, 0, samp_temperature(w->s), 0 };
         gen_callbacks cb = { &st, on_cmp_token, NULL, NULL };
         gen_result gr;
         double t0 = cli_now();
