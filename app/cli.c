@@ -37,10 +37,26 @@ void cli_install_sigint(void)
     sigaction(SIGINT, &sa, NULL);
 }
 
+/* Where this thread's errors go instead of stderr (the terminal interface owns the screen). */
+static _Thread_local char *err_sink;
+static _Thread_local size_t err_sink_cap;
+
+void cli_err_to(char *buf, size_t cap)
+{
+    err_sink = buf;
+    err_sink_cap = cap;
+    if (buf && cap) buf[0] = 0;
+}
+
 void cli_err(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
+    if (err_sink && err_sink_cap) {
+        vsnprintf(err_sink, err_sink_cap, fmt, ap);
+        va_end(ap);
+        return;
+    }
     fputs("kvchat: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);

@@ -122,5 +122,8 @@ char *cli_read_text_file(const char *path, size_t *len);
 double cli_now(void);                 /* monotonic seconds */
 double cli_peak_rss_mib(void);        /* peak resident set size of this process */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* From now on this thread's cli_err writes its message into buf (the last one wins) instead of
+ * stderr; NULL goes back to stderr. The terminal interface uses it, since it owns the screen. */
+void cli_err_to(char *buf, size_t cap);
 
 #endif

@@ -119,19 +119,11 @@ static int show(store *db, const store_session *ss)
 
 static int export_md(store *db, const store_session *ss)
 {
-    int64_t leaf;
-    store_message *m = NULL;
-    int n = 0;
-    if (store_latest_message(db, ss->id, &leaf) || (leaf && store_message_path(db, leaf, &m, &n))) {
-        cli_err("sessions: %s", store_error(db));
+    char err[600];
+    if (sess_export_md(db, ss, stdout, err, sizeof err)) {
+        cli_err("sessions: %s", err);
         return -1;
     }
-    printf("# %s\n\n- model: `%s`\n- document: %s (`%s`)\n- policy: `%s`%s%s%s\n\n", ss->title, base(ss->model_path),
-           ss->doc_title, ss->doc_path, ss->policy, ss->budget[0] ? ", budget `" : "", ss->budget,
-           ss->budget[0] ? "`" : "");
-    for (int i = 0; i < n; i++)
-        printf("## %s\n\n%s\n\n", !strcmp(m[i].role, "user") ? "Question" : "Answer", m[i].text);
-    store_messages_free(m, n);
     return 0;
 }
 

@@ -1,6 +1,7 @@
 /* session.c - sessions in the store, for ask (and the TUI). */
 #include "session.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,4 +164,32 @@ int sess_full_tokens(const cli_runtime *rt, int chat, const char *doc, const sto
 oom:
     snprintf(err, errlen, "out of memory");
     return -1;
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+int sess_export_md(store *db, const store_session *ss, FILE *f, char *err, size_t errlen)
+{
+    int64_t leaf;
+    store_message *m = NULL;
+    int n = 0;
+    if (store_latest_message(db, ss->id, &leaf) || (leaf && store_message_path(db, leaf, &m, &n))) {
+        snprintf(err, errlen, "%s", store_error(db));
+        return -1;
+    }
+    fprintf(f, "# %s\n\n- model: `%s`\n- document: %s (`%s`)\n- policy: `%s`%s%s%s\n\n", ss->title,
+            base_name(ss->model_path), ss->doc_title, ss->doc_path, ss->policy, ss->budget[0] ? ", budget `" : "",
+            ss->budget, ss->budget[0] ? "`" : "");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "## %s\n\n%s\n\n", !strcmp(m[i].role, "user") ? "Question" : "Answer", m[i].text);
+    store_messages_free(m, n);
+    if (fflush(f) || ferror(f)) {
+        snprintf(err, errlen, "writing the export failed: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
 }

@@ -5,6 +5,7 @@
 #define KVCHAT_SESSION_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "cli.h"
@@ -27,5 +28,9 @@ int sess_continue_tokens(const cli_runtime *rt, int chat, const char *question, 
  * questions along path, then question (when there is no snapshot to continue from). */
 int sess_full_tokens(const cli_runtime *rt, int chat, const char *doc, const store_message *path, int n_path,
                      const char *question, int32_t **ids, size_t *n, char *err, size_t errlen);
+
+/* The session's newest branch as Markdown (title, model, document, policy, then each question and
+ * answer). 0, or -1 with a message. */
+int sess_export_md(store *db, const store_session *ss, FILE *f, char *err, size_t errlen);
 
 #endif

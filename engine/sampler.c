@@ -66,6 +66,20 @@ void samp_reset(samp *s)
     s->head = 0;
 }
 
+void samp_set_params(samp *s, const samp_params *p)
+{
+    uint64_t old_seed = s->p.seed;
+    int32_t window = s->p.repeat_last_n;
+    s->p = *p;
+    s->p.repeat_last_n = window;   /* the ring was sized for it */
+    if (p->seed != old_seed) {
+        uint64_t x = p->seed;
+        for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    }
+}
+
+const samp_params *samp_get_params(const samp *s) { return &s->p; }
+
 samp *samp_create(const samp_params *p, int32_t n_vocab)
 {
     if (n_vocab <= 0) return NULL;

@@ -29,6 +29,10 @@ void samp_free(samp *s);
 void samp_accept(samp *s, int32_t id);
 /* Forget recorded tokens and reseed the RNG from the parameters. */
 void samp_reset(samp *s);
+/* Change the sampling settings between answers (the interface edits them live). The recorded
+ * tokens stay; the repetition window keeps its length; a new seed reseeds the RNG. */
+void samp_set_params(samp *s, const samp_params *p);
+const samp_params *samp_get_params(const samp *s);
 /* Next token. Modifies logits in place (penalty, scaling). NaN counts as -inf. */
 int32_t samp_sample(samp *s, float *logits);
 /* Index of the largest logit, the lowest id on ties. */

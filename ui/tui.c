@@ -15,10 +15,20 @@
 #include <string.h>
 #include <wchar.h>
 
+#include "browser.h"
+#include "config.h"
+#include "keymap.h"
+#include "pickers.h"
 #include "worker.h"
 
 enum { C_USER = 1, C_ANSWER, C_INFO, C_ERROR, C_BAR, C_HEAD, C_EVENT, C_MAP1, C_MAP2, C_MAP3, C_DIM };
 enum { E_USER, E_ANSWER, E_INFO, E_ERROR, E_EVENT, E_COMPARE };
+enum { OV_NONE, OV_SESSIONS, OV_POLICY, OV_SETTINGS, OV_FILES };
+/* An uncertainty event inside an answer's text, where it happened: EV_ON ... EV_OFF, drawn in the
+ * event colour (zero-width markers). */
+#define EV_ON '\x1e'
+#define EV_OFF '\x1f'
+
 
 typedef struct entry {
     int kind;
@@ -45,6 +55,13 @@ typedef struct tui {
     int color;
     uw_span *seen;           /* the "what the model sees" view, when open */
     int n_seen, seen_open, seen_scroll;
+    keymap km;
+    int overlay;             /* OV_*: a framed list over the conversation */
+    browser br;
+    policy_picker pp;
+    settings_menu st;
+    file_picker fp;
+    char last_dir[1024];     /* where the file picker opens */
 } tui;
 
 static void add_entry(tui *t, int kind, const char *text)
@@ -134,8 +151,8 @@ static int wrap(const char *s, int width, void (*fn)(void *ud, const char *p, in
         int cells = 0;
         while (*p && *p != '\n' && cells < width) {
             if (*p == ' ') brk = p;
+            if (*p != EV_ON && *p != EV_OFF) cells++;
             p += u8len((unsigned char)*p);
-            cells++;
         }
         const char *end = p;
         if (*p && *p != '\n' && brk && brk > s) end = brk;   /* break at the last space */
@@ -150,22 +167,37 @@ static int wrap(const char *s, int width, void (*fn)(void *ud, const char *p, in
 typedef struct draw_ctx {
     int y, x, top, bottom, skip;
     int attr;
+    int event_attr, in_event;   /* inside an inline event (EV_ON .. EV_OFF) */
 } draw_ctx;
 
 static void draw_line(void *ud, const char *p, int bytes)
 {
     draw_ctx *d = ud;
-    if (d->skip > 0) {
-        d->skip--;
-        return;
+    int show = d->skip <= 0 && d->y <= d->bottom && d->y >= d->top;
+    if (d->skip > 0) d->skip--;
+    else if (d->y <= d->bottom) d->y++;
+    int x = d->x, y = d->y - 1;
+    /* runs between markers, each in its attribute; markers switch it even on lines not shown */
+    for (int i = 0; i < bytes;) {
+        if (p[i] == EV_ON || p[i] == EV_OFF) {
+            d->in_event = p[i] == EV_ON;
+            i++;
+            continue;
+        }
+        int j = i, cells = 0;
+        while (j < bytes && p[j] != EV_ON && p[j] != EV_OFF) {
+            if (((unsigned char)p[j] & 0xC0) != 0x80) cells++;
+            j++;
+        }
+        if (show) {
+            int a = d->in_event ? d->event_attr : d->attr;
+            attron(a);
+            mvaddnstr(y, x, p + i, j - i);
+            attroff(a);
+        }
+        x += cells;
+        i = j;
     }
-    if (d->y > d->bottom) return;
-    if (d->y >= d->top) {
-        attron(d->attr);
-        mvaddnstr(d->y, d->x, p, bytes);
-        attroff(d->attr);
-    }
-    d->y++;
 }
 
 /* The rows a comparison takes: the tallest column (heading lines + wrapped answer). */
@@ -291,7 +323,7 @@ static void draw_conversation(tui *t, int top, int bottom, int width)
     (void)buf;
     int max_scroll = total > h ? total - h : 0;
     if (t->scroll > max_scroll) t->scroll = max_scroll;
-    draw_ctx d = { top, 0, top, bottom, total > h ? total - h - t->scroll : 0, 0 };
+    draw_ctx d = { top, 0, top, bottom, total > h ? total - h - t->scroll : 0, 0, 0, 0 };
     for (int i = first; i < t->n; i++) {
         if (t->e[i].kind == E_COMPARE) {
             draw_compare(t, &d, &t->e[i], width);
@@ -303,6 +335,8 @@ static void draw_conversation(tui *t, int top, int bottom, int width)
         if (!s) break;
         snprintf(s, L, "%s%s", prefix(t->e[i].kind), t->e[i].text);
         d.attr = kind_attr(t, t->e[i].kind);
+        d.event_attr = kind_attr(t, E_EVENT) | A_BOLD;
+        d.in_event = 0;
         wrap(s, width, draw_line, &d);
         free(s);
         draw_line(&d, "", 0);   /* a blank line between turns */
@@ -418,6 +452,45 @@ static void draw_seen(tui *t, int top, int bottom, int width)
     }
 }
 
+/* Every key (as bound now) and command. */
+static void draw_help(tui *t, int H, int W, int attr)
+{
+    char lines[40][96];
+    int n = 0;
+    snprintf(lines[n++], 96, "kvchat keys and commands");
+    lines[n++][0] = 0;
+    for (int a = 0; a < KA_COUNT; a++) {
+        char k[16];
+        keymap_key_name(t->km.key[a], k, sizeof k);
+        snprintf(lines[n++], 96, "%-6s %s", k, keymap_action_help(a));
+    }
+    static const char *fixed[] = { "Ctrl-C stop the answer or the prefill (quit when idle)",
+                                   "Up/Down input history; mouse wheel scrolls",
+                                   "",
+                                   "Enter            ask the question typed below",
+                                   "/open [PATH]     open a document (no PATH: the file picker)",
+                                   "/policy [SPEC]   switch policy (no SPEC: the picker)",
+                                   "/sessions        the session browser; /resume ID continues one",
+                                   "/settings        sampling, answer length and budget",
+                                   "/regen           another answer to the last question (a branch)",
+                                   "/edit N TEXT     ask TEXT instead of question N (a branch)",
+                                   "/compare P1,P2 Q answer Q under these policies side by side",
+                                   "/help  /quit",
+                                   "",
+                                   "keys are remapped in the settings file: key.ACTION = KEY",
+                                   "press any key" };
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed && n < 40; i++) snprintf(lines[n++], 96, "%s", fixed[i]);
+    int w = 66, y0 = (H - n) / 2 - 1, x0 = (W - w) / 2;
+    if (x0 < 0) x0 = 0;
+    if (y0 < 1) y0 = 1;
+    for (int i = -1; i <= n; i++) {
+        attron(attr);
+        mvhline(y0 + i, x0, ' ', w);
+        if (i >= 0 && i < n) mvaddnstr(y0 + i, x0 + 2, lines[i], w - 4);
+        attroff(attr);
+    }
+}
+
 static void draw(tui *t)
 {
     uw_view v;
@@ -460,33 +533,13 @@ static void draw(tui *t)
         cells--;
     }
     mvaddnstr(H - 1, 2, t->input + start, (int)(t->in_len - start));
-    if (t->help) {
-        static const char *lines[] = { "kvchat keys and commands",
-                                       "",
-                                       "Enter          ask the question typed below",
-                                       "/open PATH     load a text or Markdown document",
-                                       "/policy SPEC   switch policy, e.g. chess:preset=aggressive",
-                                       "/sessions      the saved sessions; /resume ID continues one",
-                                       "/regen         another answer to the last question (a branch)",
-                                       "/edit N TEXT   ask TEXT instead of question N (a branch)",
-                                       "/compare P1,P2 Q  answer Q under these policies side by side",
-                                       "F2             what the model sees: held, evicted, attended text",
-                                       "/help          this help (F1)",
-                                       "/quit          leave (also Ctrl-C when idle)",
-                                       "Ctrl-C         stop the answer or the prefill",
-                                       "Up / Down      input history",
-                                       "PgUp / PgDn    scroll the conversation (mouse wheel too)",
-                                       "",
-                                       "press any key" };
-        int n = (int)(sizeof lines / sizeof *lines), w = 62, y0 = (H - n) / 2 - 1, x0 = (W - w) / 2;
-        if (x0 < 0) x0 = 0;
-        for (int i = -1; i <= n; i++) {
-            attron(bar_attr);
-            mvhline(y0 + i, x0, ' ', w);
-            if (i >= 0 && i < n) mvaddnstr(y0 + i, x0 + 2, lines[i], w - 4);
-            attroff(bar_attr);
-        }
-    }
+    if (t->help) draw_help(t, H, W, bar_attr);
+    menu_attrs ma = { t->color ? COLOR_PAIR(C_DIM) : 0, t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD,
+                      t->color ? COLOR_PAIR(C_ERROR) | A_BOLD : A_STANDOUT };
+    if (t->overlay == OV_SESSIONS) browser_draw(&t->br, &ma);
+    if (t->overlay == OV_POLICY) menu_draw(&t->pp.m, &ma);
+    if (t->overlay == OV_SETTINGS) menu_draw(&t->st.m, &ma);
+    if (t->overlay == OV_FILES) menu_draw(&t->fp.m, &ma);
     move(H - 1, 2 + cells);
     refresh();
 }
@@ -506,6 +559,84 @@ static void set_input(tui *t, const char *s)
     t->in_len = t->cursor = strlen(t->input);
 }
 
+static void open_overlay(tui *t, int which)
+{
+    uw_view v;
+    uw_get_view(t->w, &v);
+    if (which == OV_SESSIONS) {
+        browser_open(&t->br, uw_db_path(t->w));
+        menu_select_tag(&t->br.m, v.session_id);
+    } else if (which == OV_POLICY) {
+        policy_picker_open(&t->pp, v.policy);
+    } else if (which == OV_SETTINGS) {
+        settings_open(&t->st, &v);
+    } else if (which == OV_FILES) {
+        file_picker_open(&t->fp, t->last_dir[0] ? t->last_dir : ".");
+    }
+    t->help = 0;
+    t->overlay = which;
+}
+
+static void close_overlay(tui *t)
+{
+    if (t->overlay == OV_SESSIONS) browser_close(&t->br);
+    if (t->overlay == OV_POLICY) menu_free(&t->pp.m);
+    if (t->overlay == OV_SETTINGS) menu_free(&t->st.m);
+    if (t->overlay == OV_FILES) {
+        snprintf(t->last_dir, sizeof t->last_dir, "%s", t->fp.dir);
+        file_picker_close(&t->fp);
+    }
+    t->overlay = OV_NONE;
+    t->answering = 0;   /* whatever it started writes a new entry */
+}
+
+static void overlay_key(tui *t, int ch, int is_key)
+{
+    uw_view v;
+    uw_get_view(t->w, &v);
+    int done = 0;
+    switch (t->overlay) {
+    case OV_SESSIONS: done = browser_key(&t->br, t->w, v.session_id, ch, is_key); break;
+    case OV_POLICY: done = policy_picker_key(&t->pp, t->w, v.policy, ch, is_key); break;
+    case OV_SETTINGS: done = settings_key(&t->st, t->w, v.policy, ch, is_key); break;
+    case OV_FILES: done = file_picker_key(&t->fp, t->w, ch, is_key); break;
+    }
+    if (done) close_overlay(t);
+}
+
+static void toggle_seen(tui *t)
+{
+    if (t->seen_open)
+        t->seen_open = 0;
+    else if (uw_request_seen(t->w))
+        add_entry(t, E_ERROR, "busy: the view opens when the current job ends");
+}
+
+static void action(tui *t, int a)
+{
+    switch (a) {
+    case KA_HELP: t->help = 1; break;
+    case KA_SEEN: toggle_seen(t); break;
+    case KA_SESSIONS: open_overlay(t, OV_SESSIONS); break;
+    case KA_POLICY: open_overlay(t, OV_POLICY); break;
+    case KA_SETTINGS: open_overlay(t, OV_SETTINGS); break;
+    case KA_OPEN: open_overlay(t, OV_FILES); break;
+    case KA_REGEN:
+        if (uw_regenerate(t->w)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
+        else t->answering = 0;
+        break;
+    case KA_SCROLL_UP:
+        if (t->seen_open) t->seen_scroll = t->seen_scroll > LINES / 2 ? t->seen_scroll - LINES / 2 : 0;
+        else t->scroll += LINES / 2;
+        break;
+    case KA_SCROLL_DOWN:
+        if (t->seen_open) t->seen_scroll += LINES / 2;
+        else t->scroll = t->scroll > LINES / 2 ? t->scroll - LINES / 2 : 0;
+        break;
+    case KA_QUIT: t->quit = 1; break;
+    }
+}
+
 static void submit(tui *t)
 {
     char line[sizeof t->input];
@@ -519,6 +650,14 @@ static void submit(tui *t)
         t->quit = 1;
     } else if (!strcmp(line, "/help")) {
         t->help = 1;
+    } else if (!strcmp(line, "/open")) {
+        open_overlay(t, OV_FILES);
+    } else if (!strcmp(line, "/policy")) {
+        open_overlay(t, OV_POLICY);
+    } else if (!strcmp(line, "/settings")) {
+        open_overlay(t, OV_SETTINGS);
+    } else if (!strcmp(line, "/sessions")) {
+        open_overlay(t, OV_SESSIONS);
     } else if (!strncmp(line, "/open ", 6)) {
         if (uw_open(t->w, line + 6)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
         else t->answering = 0;
@@ -529,20 +668,13 @@ static void submit(tui *t)
         if (uw_edit(t->w, line + 6)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
         else t->answering = 0;
     } else if (!strcmp(line, "/regen")) {
-        if (uw_regenerate(t->w)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
-        else t->answering = 0;
-    } else if (!strcmp(line, "/sessions")) {
-        if (uw_list_sessions(t->w)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
+        action(t, KA_REGEN);
     } else if (!strncmp(line, "/resume ", 8)) {
         if (uw_resume(t->w, line + 8)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
         else t->answering = 0;
     } else if (!strncmp(line, "/policy ", 8)) {
-        if (uw_set_policy(t->w, line + 8, err, sizeof err)) {
-            add_entry(t, E_ERROR, err);
-        } else {
-            snprintf(err, sizeof err, "policy %.400s (a prefill policy applies to the next /open)", line + 8);
-            add_entry(t, E_INFO, err);
-        }
+        if (uw_set_policy(t->w, line + 8, NULL, err, sizeof err)) add_entry(t, E_ERROR, err);
+        else t->answering = 0;
     } else if (line[0] == '/') {
         snprintf(err, sizeof err, "unknown command %.100s (F1 for help)", line);
         add_entry(t, E_ERROR, err);
@@ -592,19 +724,6 @@ static void edit_key(tui *t, wint_t ch, int is_key)
                 set_input(t, "");
             }
             return;
-        case KEY_PPAGE:
-            if (t->seen_open) t->seen_scroll = t->seen_scroll > LINES / 2 ? t->seen_scroll - LINES / 2 : 0;
-            else t->scroll += LINES / 2;
-            return;
-        case KEY_NPAGE:
-            if (t->seen_open) t->seen_scroll += LINES / 2;
-            else t->scroll = t->scroll > LINES / 2 ? t->scroll - LINES / 2 : 0;
-            return;
-        case KEY_F(2):
-            if (t->seen_open) t->seen_open = 0;
-            else if (uw_request_seen(t->w)) add_entry(t, E_ERROR, "busy: the view opens when the current job ends");
-            return;
-        case KEY_F(1): t->help = 1; return;
         case KEY_ENTER: submit(t); return;
         case KEY_MOUSE: {
             MEVENT me;
@@ -676,8 +795,11 @@ static void drain(tui *t)
             add_entry(t, E_INFO, ev.text);
             break;
         case UW_EVENT:
-            t->answering = 0;
-            add_entry(t, E_EVENT, ev.text);
+            {   /* events come from answers: inside the answer's text, where it happened */
+                char mark[600];
+                snprintf(mark, sizeof mark, "%c [%s] %c", EV_ON, ev.text, EV_OFF);
+                append_text(t, mark);
+            }
             break;
         case UW_PAST_USER:
             t->answering = 0;
@@ -691,9 +813,9 @@ static void drain(tui *t)
     }
 }
 
-int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_predict, int color)
+int tui_main(const cli_opts *o, const char *doc, const char *session, const tui_config *cfg)
 {
-    ui_worker *w = uw_start(o, n_predict);
+    ui_worker *w = uw_start(o, cfg->n_predict);
     if (!w) return 1;
     setlocale(LC_ALL, "");
     if (!initscr()) {
@@ -701,6 +823,9 @@ int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_
         cli_err("cannot start the terminal interface (is TERM set?)");
         return 1;
     }
+    char err_line[1024];
+    cli_err_to(err_line, sizeof err_line);   /* nothing may write over the screen */
+    set_escdelay(25);
     raw();   /* Ctrl-C arrives as a key: it stops generation instead of killing the program */
     noecho();
     keypad(stdscr, TRUE);
@@ -714,7 +839,8 @@ int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_
     tui t;
     memset(&t, 0, sizeof t);
     t.w = w;
-    t.color = color && has_colors();
+    t.km = cfg->keys;
+    t.color = cfg->color && has_colors();
     if (t.color) {
         start_color();
         use_default_colors();
@@ -746,17 +872,30 @@ int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_
             t.help = 0;
             continue;
         }
-        if (r == OK && ch == 3) {   /* Ctrl-C */
+        int is_key = r == KEY_CODE_YES;
+        if (r == OK && ch == 3) {   /* Ctrl-C: stop the job; else close the overlay; else leave */
             uw_view v;
             uw_get_view(w, &v);
             if (v.busy) uw_cancel(w);
+            else if (t.overlay) close_overlay(&t);
             else t.quit = 1;
             continue;
         }
+        if (t.overlay && !(is_key && ch == KEY_RESIZE)) {
+            overlay_key(&t, (int)ch, is_key);
+            continue;
+        }
+        int a = keymap_lookup(&t.km, (int)ch, is_key);
+        if (a >= 0) {
+            action(&t, a);
+            continue;
+        }
         if (r == OK && ch == 4 && t.in_len == 0) break;   /* Ctrl-D on an empty line */
-        edit_key(&t, ch, r == KEY_CODE_YES);
+        edit_key(&t, ch, is_key);
     }
+    if (t.overlay) close_overlay(&t);
     endwin();
+    cli_err_to(NULL, 0);
     uw_stop(w);
     for (int i = 0; i < t.n; i++) {
         free(t.e[i].text);

@@ -6,9 +6,11 @@
 #include <stdint.h>
 
 #include "cli.h"
+#include "config.h"
 
 /* Run the interface until the user quits. With doc, open it (a new session); else continue session
- * (a name or id), else the most recent session, if any. color 0: monochrome. Returns the exit status. */
-int tui_main(const cli_opts *o, const char *doc, const char *session, int64_t n_predict, int color);
+ * (a name or id), else the most recent session, if any. cfg: answer length, colour (0: monochrome)
+ * and the keymap. Returns the exit status. */
+int tui_main(const cli_opts *o, const char *doc, const char *session, const tui_config *cfg);
 
 #endif

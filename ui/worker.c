@@ -13,7 +13,7 @@
 #include "store.h"
 #include "tokenizer.h"
 
-enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_LIST, JOB_REGEN, JOB_SEEN, JOB_COMPARE, JOB_EDIT, JOB_QUIT };
+enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_REGEN, JOB_SEEN, JOB_COMPARE, JOB_EDIT, JOB_POLICY, JOB_QUIT };
 #define QCAP 4096
 
 struct ui_worker {
@@ -59,6 +59,12 @@ struct ui_worker {
     int turn_base;           /* the conversation's turn number of record 0 */
     int pending_record;      /* the turn being prepared is recorded at this index (-1: none) */
     char msha[65], doc_path[1024];
+    char db_path[1024];      /* "" when nothing is saved */
+    char budget[32];         /* the budget policies are created with ("" : their own) */
+    samp_params pending_sp;  /* settings edited in the interface, applied when the next job starts */
+    int64_t pending_n_predict;
+    int have_pending;
+    char err_sink[1024];     /* what cli_err said on this thread */
 };
 
 /* Turns are written with Gemma's markers when the model's template is Gemma's; every other model
@@ -146,6 +152,12 @@ static void publish(ui_worker *w)
     o->regenerated = 0;
     for (int i = 0; i < ne; i++) o->regenerated += ev[i].regenerated;
     snprintf(o->policy, sizeof o->policy, "%s", pol_set_spec(w->rt.ps)->text);
+    o->session_id = w->sid;
+    if (!w->have_pending) {
+        o->sp = *samp_get_params(w->s);
+        o->n_predict = w->n_predict;
+    }
+    snprintf(o->budget, sizeof o->budget, "%s", w->budget);
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -229,10 +241,15 @@ static void start_session(ui_worker *w, const char *path, const char *text, size
     snprintf(w->doc_path, sizeof w->doc_path, "%s", path);
 }
 
-static void job_open(ui_worker *w, const char *path)
+static void job_open(ui_worker *w, const char *given)
 {
-    char err[1200];
+    char err[1200], abs_path[1000];
     size_t len;
+    /* the session keeps the absolute path, so it resumes from any directory */
+    char *rp = realpath(given, NULL);
+    snprintf(abs_path, sizeof abs_path, "%s", rp && strlen(rp) < sizeof abs_path ? rp : given);
+    free(rp);
+    const char *path = abs_path;
     char *text = cli_load_text(path, &len, err, sizeof err);
     if (!text) {
         post(w, UW_ERROR, err, 0, 0);
@@ -271,8 +288,8 @@ static void job_open(ui_worker *w, const char *path)
     }
     uint64_t full = (uint64_t)n * (uint64_t)w->rt.m->hp.n_layer * (uint64_t)w->rt.m->hp.n_head_kv *
                     (uint64_t)w->rt.m->hp.head_dim * 4u;
-    snprintf(err, sizeof err, "%s: %zu tokens of %lld, a full cache would need %.1f MiB; prefilling under %s", path, n,
-             (long long)limit, (double)full / (1 << 20), pol_set_spec(w->rt.ps)->text);
+    snprintf(err, sizeof err, "%.700s: %zu tokens of %lld, a full cache would need %.1f MiB; prefilling under %.250s",
+             path, n, (long long)limit, (double)full / (1 << 20), pol_set_spec(w->rt.ps)->text);
     post(w, UW_INFO, err, 0, 0);
     fwd_rewind(w->rt.f, 0);
     samp_reset(w->s);
@@ -282,7 +299,7 @@ static void job_open(ui_worker *w, const char *path)
     w->n_seq = 0;
     pthread_mutex_lock(&w->mu);
     const char *b = strrchr(path, '/');
-    snprintf(w->view.doc, sizeof w->view.doc, "%s", b ? b + 1 : path);
+    snprintf(w->view.doc, sizeof w->view.doc, "%.250s", b ? b + 1 : path);
     w->view.doc_tokens = (int64_t)n;
     w->view.have_doc = 0;
     pthread_mutex_unlock(&w->mu);
@@ -306,13 +323,55 @@ static void job_open(ui_worker *w, const char *path)
     publish(w);
 }
 
+/* A snapshot of the sequence as it is, filed under message msg and the current prefill policy.
+ * 0 (*len: its size), or -1 with a message. */
+static int save_snapshot(ui_worker *w, int64_t msg, size_t *len, char *err, size_t errlen)
+{
+    char key[256];
+    snap_identity id;
+    snap_identity_of(w->rt.f, w->msha, &id);
+    void *data;
+    int64_t snap_id;
+    sess_prefill_key(pol_set_spec(w->rt.ps), key, sizeof key);
+    if (snap_save(w->rt.f, w->s, &id, w->seq, w->n_seq, &data, len, err, errlen)) return -1;
+    int bad = store_snapshot_put(w->db, w->sid, msg, key, w->n_seq, data, *len, &snap_id);
+    free(data);
+    if (bad) snprintf(err, errlen, "%s", store_error(w->db));
+    return bad ? -1 : 0;
+}
+
+/* Restore the sequence from snapshot bytes, with a cache of the snapshot's page size. 0, or -1 with
+ * a message (nothing changed then). */
+static int restore_snapshot(ui_worker *w, const void *data, size_t len, int64_t *n_tokens, char *err, size_t errlen)
+{
+    int ps = snap_page_size(data, len);
+    if (ps > 0 && ps != kv_page_size(fwd_kv(w->rt.f)) && cli_reopen_fwd(&w->rt, &w->o, ps)) {
+        snprintf(err, errlen, "cannot open a cache with the snapshot's page size: %s", w->err_sink);
+        return -1;
+    }
+    snap_identity id;
+    snap_identity_of(w->rt.f, w->msha, &id);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (snap_restore(w->rt.f, w->s, data, len, &id, &ids, &n, err, errlen)) return -1;
+    w->n_seq = 0;
+    int bad = seq_add(w, ids, n);
+    free(ids);
+    if (bad) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    *n_tokens = n;
+    return 0;
+}
+
 /* The turn goes into the session: both messages, the events, a snapshot of the sequence. */
 static void save_turn(ui_worker *w, const char *question, const gen_result *gr, double dt, int regen, char *note,
                       size_t cap)
 {
     note[0] = 0;
     if (!w->db || !w->sid) return;
-    char mj[600], key[256], err[1024];
+    char mj[600], err[1024];
     kv_stats ks;
     kv_get_stats(fwd_kv(w->rt.f), &ks);
     snprintf(mj, sizeof mj,
@@ -320,7 +379,7 @@ static void save_turn(ui_worker *w, const char *question, const gen_result *gr, 
              "\"regenerated\": %d}",
              pol_set_spec(w->rt.ps)->text, (long long)gr->n_gen, dt, (unsigned long long)ks.bytes_resident, gr->events,
              gr->regenerated);
-    int64_t um, am, snap_id;
+    int64_t um, am;
     int n_ev;
     const unc_event *ev = unc_events(w->rt.mon, &n_ev);
     if (regen) {
@@ -338,19 +397,9 @@ static void save_turn(ui_worker *w, const char *question, const gen_result *gr, 
         return;
     }
     w->leaf = am;
-    snap_identity id;
-    snap_identity_of(w->rt.f, w->msha, &id);
-    void *data;
     size_t len;
-    sess_prefill_key(pol_set_spec(w->rt.ps), key, sizeof key);
-    if (snap_save(w->rt.f, w->s, &id, w->seq, w->n_seq, &data, &len, err, sizeof err)) {
+    if (save_snapshot(w, am, &len, err, sizeof err))
         snprintf(note, cap, "; saved without a snapshot: %.300s", err);
-        return;
-    }
-    int bad = store_snapshot_put(w->db, w->sid, am, key, w->n_seq, data, len, &snap_id);
-    free(data);
-    if (bad)
-        snprintf(note, cap, "; saved without a snapshot: %s", store_error(w->db));
     else
         snprintf(note, cap, "; saved in session %lld (snapshot %.1f MiB)", (long long)w->sid, (double)len / (1 << 20));
 }
@@ -394,7 +443,8 @@ static void answer_and_save(ui_worker *w, const char *question, int32_t prev, in
     w->view.tok_s = gr.n_decoded > 0 ? (double)gr.n_decoded / dt : 0;
     pthread_mutex_unlock(&w->mu);
     publish(w);
-    snprintf(err, sizeof err, "%lld tokens, %.1f tok/s%s%s%s", (long long)gr.n_gen, w->view.tok_s,
+    snprintf(err, sizeof err, "%lld tokens, %.1f tok/s, context %lld/%lld%s%s%s", (long long)gr.n_gen, w->view.tok_s,
+             (long long)fwd_pos(w->rt.f), (long long)fwd_n_ctx(w->rt.f),
              gr.stop == GEN_STOP_INTERRUPT ? ", stopped" : gr.stop == GEN_STOP_CONTEXT ? ", context full" : "",
              gr.regenerated ? ", pages regenerated" : "", note);
     post(w, UW_DONE, err, gr.stop == GEN_STOP_INTERRUPT, 0);
@@ -577,7 +627,7 @@ static void job_compare(ui_worker *w, const char *arg)
         if (w->answer) w->answer[0] = 0;
         stream st = { w, { 0 } };
         tok_stream_init(&st.ts, w->rt.m->vocab);
-        gen_opts go = { w->n_predict, prev, &w->rt.thr, 0, samp_temperature(w->s), 0 };
+        gen_opts go = { w->n_predict, prev, &w->rt.thr, 0, samp_temperature(w->s), w->rt.thr.valid };
         gen_callbacks cb = { &st, on_cmp_token, NULL, NULL };
         gen_result gr;
         double t0 = cli_now();
@@ -596,9 +646,10 @@ static void job_compare(ui_worker *w, const char *arg)
         pthread_mutex_lock(&w->mu);
         uw_compared *c = &w->cmp[w->n_cmp++];
         snprintf(c->policy, sizeof c->policy, "%.250s", specs[i]);
-        snprintf(c->figures, sizeof c->figures, "%lld tokens, %.1f s, %.1f pages/step, KV read %.2f MiB/step",
+        snprintf(c->figures, sizeof c->figures,
+                 "%lld tokens, %.1f s, %.1f pages/step, KV read %.2f MiB/step, %d uncertainty events",
                  (long long)gr.n_gen, dt, denom > 0 ? (double)ps->pages_sum / denom : 0.0,
-                 ps->steps ? (double)ps->bytes_touched_total / (double)ps->steps / (1 << 20) : 0.0);
+                 ps->steps ? (double)ps->bytes_touched_total / (double)ps->steps / (1 << 20) : 0.0, gr.events);
         c->text = strdup(w->answer ? w->answer : "");
         pthread_mutex_unlock(&w->mu);
         fwd_set_policy(w->rt.f, orig);
@@ -708,6 +759,69 @@ static void job_seen(ui_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
+/* Question k (asked before this window, so its start was not recorded) asked as text instead: the
+ * document and the conversation before it come from the session and are prefilled again. */
+static void edit_from_store(ui_worker *w, int k, const char *text)
+{
+    char err[1200], msg[1400];
+    if (!w->db || !w->sid) {
+        post(w, UW_ERROR, "this conversation is not saved: only questions asked in this window can be edited", 0, 0);
+        return;
+    }
+    store_message *path = NULL;
+    int n_path = 0;
+    if (!w->leaf || store_message_path(w->db, w->leaf, &path, &n_path)) {
+        post(w, UW_ERROR, w->leaf ? store_error(w->db) : "nothing saved yet", 0, 0);
+        return;
+    }
+    int qi = 2 * (k - 1);
+    if (qi >= n_path || strcmp(path[qi].role, "user") != 0) {
+        snprintf(err, sizeof err, "question %d is not in the saved conversation", k);
+        post(w, UW_ERROR, err, 0, 0);
+        store_messages_free(path, n_path);
+        return;
+    }
+    size_t dl, n = 0;
+    int32_t *ids = NULL;
+    char *doc = cli_load_text(w->doc_path, &dl, err, sizeof err);
+    if (!doc || sess_full_tokens(&w->rt, w->chat, doc, path, qi, text, &ids, &n, err, sizeof err)) {
+        free(doc);
+        post(w, UW_ERROR, err, 0, 0);
+        store_messages_free(path, n_path);
+        return;
+    }
+    free(doc);
+    int64_t parent = path[qi].parent;
+    store_messages_free(path, n_path);
+    snprintf(msg, sizeof msg, "question %d edited: a new branch (the old one stays in the session); prefilling the "
+                              "document and the %d turns before it (%zu tokens)",
+             k, k - 1, n);
+    post(w, UW_INFO, msg, 0, 0);
+    post(w, UW_PAST_USER, text, 0, 0);
+    fwd_rewind(w->rt.f, 0);
+    samp_reset(w->s);
+    w->n_seq = 0;
+    pol_set_probe_is_question(w->rt.ps, 1);
+    if (seq_add(w, ids, (int64_t)n) || eval(w, ids, n, err, sizeof err)) {
+        post(w, UW_ERROR, w->cancel ? "cancelled; /resume continues the session" : err, 0, 0);
+        free(ids);
+        fwd_rewind(w->rt.f, 0);
+        w->n_seq = 0;
+        pthread_mutex_lock(&w->mu);
+        w->view.have_doc = 0;
+        pthread_mutex_unlock(&w->mu);
+        return;
+    }
+    int32_t prev = ids[n - 1];
+    free(ids);
+    w->leaf = parent;
+    w->turns = k - 1;
+    w->turn_base = k - 1;
+    w->n_turns_here = 0;
+    w->pending_record = -1;
+    answer_and_save(w, text, prev, 0);
+}
+
 /* "N TEXT": ask TEXT in place of question N of this conversation, as a new branch from where that
  * question was asked (the old branch stays in the session). */
 static void job_edit(ui_worker *w, const char *arg)
@@ -721,10 +835,13 @@ static void job_edit(ui_worker *w, const char *arg)
         return;
     }
     int r = (int)k - 1 - w->turn_base;
+    if (k < 1 || k > w->turns) {
+        snprintf(err, sizeof err, "there is no question %ld (this conversation has %d)", k, w->turns);
+        post(w, UW_ERROR, err, 0, 0);
+        return;
+    }
     if (r < 0 || r >= w->n_turns_here) {
-        snprintf(err, sizeof err, "question %ld was not asked in this window (questions %d to %d were)", k,
-                 w->turn_base + 1, w->turn_base + w->n_turns_here);
-        post(w, UW_ERROR, w->n_turns_here ? err : "no question asked in this window yet", 0, 0);
+        edit_from_store(w, (int)k, text);
         return;
     }
     int64_t pos = w->turn_pos[r];
@@ -743,6 +860,112 @@ static void job_edit(ui_worker *w, const char *arg)
     post(w, UW_PAST_USER, text, 0, 0);
     int32_t prev;
     if (prepare_turn(w, text, &prev) == 0) answer_and_save(w, text, prev, 0);
+}
+
+/* Switch to spec (with the worker's budget). With a document loaded and another prefill policy, the
+ * cache is rebuilt: from the session's snapshot of this point under the new policy when there is
+ * one, else by prefilling the sequence again; a failure or Ctrl-C goes back to the old policy and
+ * its cache. */
+static void job_policy(ui_worker *w, const char *spec)
+{
+    char err[1200], msg[2400], oldkey[256], newkey[256], old[256];
+    pol_spec parsed;
+    if (pol_parse(&parsed, spec, w->budget[0] ? w->budget : NULL, err, sizeof err)) {
+        post(w, UW_ERROR, err, 0, 0);
+        return;
+    }
+    sess_prefill_key(pol_set_spec(w->rt.ps), oldkey, sizeof oldkey);
+    sess_prefill_key(&parsed, newkey, sizeof newkey);
+    snprintf(old, sizeof old, "%s", pol_set_spec(w->rt.ps)->text);
+    int64_t P = fwd_pos(w->rt.f);
+    if (!w->view.have_doc || P == 0 || !strcmp(oldkey, newkey)) {
+        /* the cache stays as it is: a decode-time policy reads it from the next answer on */
+        if (cli_set_policy(&w->rt, spec, w->budget)) {
+            post(w, UW_ERROR, w->err_sink, 0, 0);
+            return;
+        }
+        snprintf(msg, sizeof msg, "policy %s%s%s: from the next answer on%s", pol_set_spec(w->rt.ps)->text,
+                 w->budget[0] ? ", budget " : "", w->budget,
+                 w->view.have_doc ? "" : " (a prefill policy acts when a document is opened)");
+        post(w, UW_INFO, msg, 0, 0);
+        return;
+    }
+    /* keep the current state to come back to */
+    snap_identity id;
+    snap_identity_of(w->rt.f, w->msha, &id);
+    void *keep = NULL, *data = NULL;
+    size_t keep_len = 0, len = 0;
+    if (snap_save(w->rt.f, w->s, &id, w->seq, w->n_seq, &keep, &keep_len, err, sizeof err)) {
+        post(w, UW_ERROR, err, 0, 0);
+        return;
+    }
+    int64_t n_seq = w->n_seq;
+    void *s0 = malloc(samp_state_size());
+    if (!s0 || cli_set_policy(&w->rt, spec, w->budget)) {
+        post(w, UW_ERROR, s0 ? w->err_sink : "out of memory", 0, 0);
+        free(s0);
+        free(keep);
+        return;
+    }
+    samp_save_state(w->s, s0);
+    double t0 = cli_now();
+    int got = w->db && w->leaf ? store_snapshot_get(w->db, w->leaf, newkey, &data, &len) : 1, ok = 0;
+    int64_t n = 0;
+    if (got == 0 && restore_snapshot(w, data, len, &n, err, sizeof err) == 0) {
+        snprintf(msg, sizeof msg, "policy %s: this conversation's snapshot under %s restored (%lld tokens, %.1f MiB) in %.0f ms",
+                 pol_set_spec(w->rt.ps)->text, newkey, (long long)n, (double)len / (1 << 20), (cli_now() - t0) * 1e3);
+        post(w, UW_INFO, msg, 0, 0);
+        ok = 1;
+    } else {
+        if (got == 0) {
+            snprintf(msg, sizeof msg, "the snapshot under %s is not usable (%s); prefilling instead", newkey, err);
+            post(w, UW_INFO, msg, 0, 0);
+        }
+        snprintf(msg, sizeof msg, "policy %s: no snapshot of this conversation under %s; prefilling its %lld tokens again",
+                 pol_set_spec(w->rt.ps)->text, newkey, (long long)P);
+        post(w, UW_INFO, msg, 0, 0);
+        fwd_rewind(w->rt.f, 0);
+        pol_set_probe_is_question(w->rt.ps, w->turns > 0);
+        if (eval(w, w->seq, (size_t)P, err, sizeof err) == 0) {
+            samp_load_state(w->s, s0);   /* eval recorded the tokens again for the penalty */
+            w->n_seq = n_seq;
+            ok = 1;
+            char d[1024];
+            pol_set_describe(w->rt.ps, d, sizeof d);
+            snprintf(msg, sizeof msg, "prefilled under %s in %.1f s%s%s", pol_set_spec(w->rt.ps)->text, cli_now() - t0,
+                     d[0] ? "; " : "", d);
+            post(w, UW_INFO, msg, 0, 0);
+            size_t sl;
+            if (w->db && w->leaf && save_snapshot(w, w->leaf, &sl, err, sizeof err) == 0) {
+                snprintf(msg, sizeof msg, "its snapshot is saved: switching back to %s later is instant", newkey);
+                post(w, UW_INFO, msg, 0, 0);
+            }
+        } else {
+            snprintf(msg, sizeof msg, "%s; back to %s", w->cancel ? "prefill cancelled" : err, old);
+            post(w, UW_ERROR, msg, 0, 0);
+        }
+    }
+    free(data);
+    if (!ok) {
+        /* the old policy and its cache, exactly as they were */
+        int64_t n_old = 0;
+        if (cli_set_policy(&w->rt, old, w->budget) || restore_snapshot(w, keep, keep_len, &n_old, err, sizeof err)) {
+            snprintf(msg, sizeof msg, "could not go back to %s (%s); open the document again", old,
+                     w->err_sink[0] ? w->err_sink : err);
+            post(w, UW_ERROR, msg, 0, 0);
+            pthread_mutex_lock(&w->mu);
+            w->view.have_doc = 0;
+            pthread_mutex_unlock(&w->mu);
+            fwd_rewind(w->rt.f, 0);
+            w->n_seq = 0;
+        }
+    }
+    /* where /regen rewinds to: before the last answer, or the document's end */
+    fwd_set_floor(w->rt.f, w->turns > 0 && w->ans_start > 0 ? w->ans_start - 1 : fwd_pos(w->rt.f));
+    w->rt.backtrack = w->o.backtrack >= 0 ? w->o.backtrack : pol_set_can_reselect(w->rt.ps) ? 2 : 0;
+    free(s0);
+    free(keep);
+    publish(w);
 }
 
 static void first_session(void *ud, const store_session *ss)
@@ -791,24 +1014,13 @@ static void job_resume(ui_worker *w, const char *key)
     void *data = NULL;
     size_t len = 0;
     int g = leaf ? store_snapshot_get(w->db, leaf, k, &data, &len) : 1;
-    int32_t *ids = NULL;
-    int64_t n = 0;
     fwd_rewind(w->rt.f, 0);
     samp_reset(w->s);
     w->n_seq = 0;
     if (g == 0) {
-        snap_identity id;
-        snap_identity_of(w->rt.f, w->msha, &id);
-        if (snap_page_size(data, len) > 0 && snap_page_size(data, len) != kv_page_size(fwd_kv(w->rt.f)) &&
-            cli_reopen_fwd(&w->rt, &w->o, snap_page_size(data, len))) {
-            free(data);
-            store_messages_free(path, n_path);
-            post(w, UW_ERROR, "cannot open a cache with the snapshot's page size", 0, 0);
-            return;
-        }
-        snap_identity_of(w->rt.f, w->msha, &id);
         double t0 = cli_now();
-        int bad = snap_restore(w->rt.f, w->s, data, len, &id, &ids, &n, err, sizeof err);
+        int64_t n = 0;
+        int bad = restore_snapshot(w, data, len, &n, err, sizeof err);
         free(data);
         if (bad) {
             char m[1400];
@@ -820,8 +1032,6 @@ static void job_resume(ui_worker *w, const char *key)
         snprintf(err, sizeof err, "session %lld resumed: %lld tokens restored from a %.1f MiB snapshot in %.0f ms",
                  (long long)ss.id, (long long)n, (double)len / (1 << 20), (cli_now() - t0) * 1e3);
         post(w, UW_INFO, err, 0, 0);
-        seq_add(w, ids, n);
-        free(ids);
     } else {
         /* no snapshot under this policy: the document and the conversation are prefilled again */
         size_t dl;
@@ -890,28 +1100,10 @@ static void job_resume(ui_worker *w, const char *key)
     publish(w);
 }
 
-static void list_one(void *ud, const store_session *ss)
-{
-    ui_worker *w = ud;
-    char line[512];
-    snprintf(line, sizeof line, "session %lld: %.60s | %.40s | %.40s | %lld messages", (long long)ss->id, ss->title,
-             ss->doc_title[0] ? ss->doc_title : "-", ss->policy, (long long)ss->n_messages);
-    post(w, UW_INFO, line, 0, 0);
-}
-
-static void job_list(ui_worker *w)
-{
-    if (!w->db) {
-        post(w, UW_ERROR, "no session database", 0, 0);
-        return;
-    }
-    if (store_session_list(w->db, list_one, w)) post(w, UW_ERROR, store_error(w->db), 0, 0);
-    post(w, UW_INFO, "/resume ID continues one; kvchat sessions search/export/rename/delete manage them", 0, 0);
-}
-
 static void *run(void *arg)
 {
     ui_worker *w = arg;
+    cli_err_to(w->err_sink, sizeof w->err_sink);   /* the screen is the interface's */
     for (;;) {
         pthread_mutex_lock(&w->mu);
         while (w->job == JOB_NONE) pthread_cond_wait(&w->cv, &w->mu);
@@ -925,9 +1117,20 @@ static void *run(void *arg)
             break;
         }
         w->cancel = 0;
+        pthread_mutex_lock(&w->mu);
+        if (w->have_pending) {   /* settings edited since the last job */
+            samp_set_params(w->s, &w->pending_sp);
+            w->n_predict = w->pending_n_predict;
+            w->have_pending = 0;
+        }
+        pthread_mutex_unlock(&w->mu);
+        w->err_sink[0] = 0;
         if (job == JOB_OPEN) {
             job_open(w, a);
             post(w, UW_DONE, "", 0, 1);
+        } else if (job == JOB_POLICY) {
+            job_policy(w, a ? a : "");
+            post(w, UW_DONE, "", 0, 4);
         } else if (job == JOB_EDIT) {
             job_edit(w, a ? a : "");
         } else if (job == JOB_COMPARE) {
@@ -938,9 +1141,6 @@ static void *run(void *arg)
             post(w, UW_DONE, "", 0, 2);
         } else if (job == JOB_REGEN) {
             job_regen(w);
-        } else if (job == JOB_LIST) {
-            job_list(w);
-            post(w, UW_DONE, "", 0, 1);
         } else if (job == JOB_RESUME) {
             job_resume(w, a ? a : "");
             post(w, UW_DONE, "", 0, 1);
@@ -986,7 +1186,12 @@ ui_worker *uw_start(const cli_opts *o, int64_t n_predict)
             store_close(w->db);
             w->db = NULL;
         }
+        if (w->db && w->o.db)
+            snprintf(w->db_path, sizeof w->db_path, "%s", w->o.db);
+        else if (w->db && store_default_path(w->db_path, sizeof w->db_path, 0))
+            w->db_path[0] = 0;
     }
+    snprintf(w->budget, sizeof w->budget, "%s", w->o.budget ? w->o.budget : "");
     const char *b = strrchr(w->rt.m->path, '/');
     snprintf(w->view.model, sizeof w->view.model, "%s", b ? b + 1 : w->rt.m->path);
     w->view.ctx_limit = fwd_n_ctx(w->rt.f);
@@ -1068,7 +1273,6 @@ void uw_stop(ui_worker *w)
 int uw_open(ui_worker *w, const char *path) { return submit(w, JOB_OPEN, path); }
 int uw_ask(ui_worker *w, const char *question) { return submit(w, JOB_ASK, question); }
 int uw_resume(ui_worker *w, const char *key) { return submit(w, JOB_RESUME, key); }
-int uw_list_sessions(ui_worker *w) { return submit(w, JOB_LIST, NULL); }
 int uw_regenerate(ui_worker *w) { return submit(w, JOB_REGEN, NULL); }
 int uw_request_seen(ui_worker *w) { return submit(w, JOB_SEEN, NULL); }
 int uw_compare(ui_worker *w, const char *arg) { return submit(w, JOB_COMPARE, arg); }
@@ -1096,7 +1300,7 @@ uw_span *uw_take_seen(ui_worker *w, int *n)
 }
 void uw_cancel(ui_worker *w) { w->cancel = 1; }
 
-int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen)
+int uw_set_policy(ui_worker *w, const char *spec, const char *budget, char *err, size_t errlen)
 {
     pthread_mutex_lock(&w->mu);
     int busy = w->job != JOB_NONE;
@@ -1106,16 +1310,29 @@ int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen)
         return -1;
     }
     pol_spec ps;
-    if (pol_parse(&ps, spec, NULL, err, errlen)) return -1;
-    /* the cache was filled under the old prefill policy: a new one applies to the next document */
-    if (cli_set_policy(&w->rt, spec, NULL)) {
-        snprintf(err, errlen, "could not switch to %s", spec);
+    const char *b = budget ? budget : w->budget;
+    if (pol_parse(&ps, spec, *b ? b : NULL, err, errlen)) return -1;
+    /* the worker is idle: the budget is its to read when the job starts */
+    if (budget) snprintf(w->budget, sizeof w->budget, "%s", budget);
+    if (submit(w, JOB_POLICY, spec)) {
+        snprintf(err, errlen, "wait for the current job (or Ctrl-C) before switching policy");
         return -1;
     }
-    w->rt.backtrack = w->o.backtrack >= 0 ? w->o.backtrack : pol_set_can_reselect(w->rt.ps) ? 2 : 0;
-    publish(w);
     return 0;
 }
+
+void uw_set_sampling(ui_worker *w, const samp_params *sp, int64_t n_predict)
+{
+    pthread_mutex_lock(&w->mu);
+    w->pending_sp = *sp;
+    w->pending_n_predict = n_predict;
+    w->have_pending = 1;
+    w->view.sp = *sp;   /* what the settings show from now on */
+    w->view.n_predict = n_predict;
+    pthread_mutex_unlock(&w->mu);
+}
+
+const char *uw_db_path(const ui_worker *w) { return w->db_path[0] ? w->db_path : NULL; }
 
 int uw_poll(ui_worker *w, uw_event *ev)
 {

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "cli.h"
+#include "sampler.h"
 
 typedef enum { UW_TEXT, UW_PROGRESS, UW_DONE, UW_ERROR, UW_INFO, UW_EVENT, UW_PAST_USER, UW_PAST_ANSWER } uw_kind;
 
@@ -40,6 +41,10 @@ typedef struct uw_view {
     double thr_h, thr_v;
     int thr_valid;
     int events, regenerated;
+    int64_t session_id;      /* the session the conversation is saved in (0: none) */
+    samp_params sp;          /* the sampling settings the next answer uses */
+    int64_t n_predict;       /* the longest answer, in tokens */
+    char budget[32];         /* --budget, "" when each policy's own applies */
 } uw_view;
 
 /* "What the model sees": the sequence as text spans, each with what the cache does with it in the
@@ -79,14 +84,23 @@ uw_span *uw_take_seen(ui_worker *w, int *n);
  * when done); take the answers (up to 8, texts belong to the caller). */
 int uw_compare(ui_worker *w, const char *arg);
 int uw_take_compared(ui_worker *w, uw_compared *out);
-/* "N TEXT": ask TEXT instead of question N (asked in this window) as a new branch. */
+/* "N TEXT": ask TEXT instead of question N as a new branch: from the turn's recorded start when it
+ * was asked in this window, else by prefilling the document and the conversation before it again
+ * (from the session's messages). */
 int uw_edit(ui_worker *w, const char *arg);
 
-/* The saved sessions, newest first, as UW_INFO lines. */
-int uw_list_sessions(ui_worker *w);
 /* Another answer to the last question, saved as a new branch beside the first. */
 int uw_regenerate(ui_worker *w);
-int uw_set_policy(ui_worker *w, const char *spec, char *err, size_t errlen);
+/* Switch policy (a job: UW_DONE with b = 4 when done). A new decode-time policy applies to the next
+ * answer. A new prefill policy with a document loaded restores the conversation's snapshot under
+ * that policy when the session has one, else prefills the whole sequence again under it (with
+ * progress; Ctrl-C goes back to the old policy). budget NULL keeps the current one. 0, or -1 with a
+ * message (busy, or a spec that does not parse). */
+int uw_set_policy(ui_worker *w, const char *spec, const char *budget, char *err, size_t errlen);
+/* Sampling settings and the answer length, for the next answer on. */
+void uw_set_sampling(ui_worker *w, const samp_params *sp, int64_t n_predict);
+/* The session database's path (NULL with --no-db or when it could not be opened). */
+const char *uw_db_path(const ui_worker *w);
 /* Stop the running job as soon as possible (prefill: before the next layer; answer: at the next
  * token; the partial answer stays). */
 void uw_cancel(ui_worker *w);

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# basic.sh - drive `kvchat tui` in a real terminal (tmux): open a document, ask, switch policy,
-# resize narrow and wide, open the help, quit. Checks the screen's content at each step.
+# basic.sh - drive `kvchat tui` in a real terminal (tmux): open a document, ask, compare, switch
+# the decode and the prefill policy (a re-prefill, then a snapshot restored), edit a question into
+# a branch, change a setting live and save it, browse, search, rename, export and delete sessions,
+# open a document with the file picker, resize narrow and wide, the help, remapped keys, quit,
+# resume (and edit a question asked before the window opened). Checks the screen at each step.
 # usage: tests/tui/basic.sh KVCHAT MODEL DOCUMENT
 set -euo pipefail
-bin=$1 model=$2 doc=$3
+abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+bin=$(abs "$1") model=$(abs "$2") doc=$(abs "$3")   # the interface runs in its own directory
 sock=kvchat-tui-test-$$
 s=t
 T() { tmux -L "$sock" "$@"; }
@@ -19,10 +23,12 @@ wait_count() {   # at least $2 lines matching $1 within 20 s
 }
 trap 'T kill-server 2>/dev/null || true' EXIT
 
-db=$(mktemp -d)/tui.db
+work=$(mktemp -d)   # the interface's working directory: exports land here
+db=$work/tui.db
 cfg=$(mktemp -d)
 export XDG_CONFIG_HOME=$cfg   # hermetic: no user settings (the config file is tested at the end)
-T new-session -d -s "$s" -x 120 -y 36 "$bin tui -t 1 -m $model -d $doc -n 8 --page-size 8 --db $db"
+cp "$doc" "$work/notes.txt"
+T new-session -d -s "$s" -x 120 -y 70 -c "$work" "$bin tui -t 1 -m $model -d $doc -n 8 --page-size 8 --db $db"
 wait_for 'p2\.txt \| full \| ctx [0-9]+/'
 wait_for '\| ready'
 cap | grep -q 'Memory' || fail "no side panel at 120 columns"
@@ -46,19 +52,92 @@ T send-keys -t "$s" F2
 sleep 0.3
 cap | grep -q 'What the model sees' && fail "F2 did not close the view"
 
+# the policy picker: the last row is a prefill policy, so the cache is prefilled again under it
+T send-keys -t "$s" F4
+wait_for 'Decode-time selection: every token stays in memory'
+wait_for '\* full '
+T send-keys -t "$s" End Enter
+wait_for 'no snapshot of this conversation under [a-z0-9]+; prefilling'
+wait_for 'its snapshot is saved: switching back to'
+wait_for '\| ready'
+# back to the full cache: its snapshot of this point is restored, not prefilled
 T send-keys -t "$s" '/policy chess:preset=aggressive' Enter
-wait_for 'policy chess:preset=aggressive \(a prefill policy'
+wait_for "policy chess:preset=aggressive: this conversation's snapshot under full restored"
+wait_for '^\([0-9]+ tokens, [0-9.]+ MiB\) in [0-9]+ ms'
 wait_for '\| chess:preset=aggressive \|'
+T send-keys -t "$s" '/policy quest' Enter
+wait_for 'policy quest: from the next answer on'
+T send-keys -t "$s" '/policy chess:preset=aggressive' Enter
+wait_for 'policy chess:preset=aggressive: from the next answer on'
 T send-keys -t "$s" 'And then?' Enter
 wait_for 'you> And then\?'
-wait_count '^-- 8 tokens, [0-9.]+ tok/s' 2
+wait_count '^-- 8 tokens, [0-9.]+ tok/s, context [0-9]+/[0-9]+' 2
 
 T send-keys -t "$s" '/edit 2 And after that?' Enter
 wait_for 'question 2 edited: a new branch'
 wait_for 'you> And after that\?'
 wait_count '^-- 8 tokens, [0-9.]+ tok/s' 3
 T send-keys -t "$s" '/edit 9 x' Enter
-wait_for 'question 9 was not asked in this window'
+wait_for 'there is no question 9 \(this conversation has 2\)'
+
+# settings, live: a longer answer from the next question on, saved to the settings file
+T send-keys -t "$s" F5
+wait_for 'n_predict +8 '
+T send-keys -t "$s" Down Down Down Down Down Down Right
+wait_for 'n_predict +40 '
+T send-keys -t "$s" s
+wait_for "saved to $cfg/kvchat/config"
+grep -q '^n_predict = 40$' "$cfg/kvchat/config" || fail "the settings file lacks n_predict = 40"
+T send-keys -t "$s" Escape
+T send-keys -t "$s" 'Longer?' Enter
+wait_for '^-- 40 tokens, '
+rm "$cfg/kvchat/config"
+
+# the file picker opens a second document (a second session)
+T send-keys -t "$s" F6
+wait_for "Open a document: $work"
+T send-keys -t "$s" notes
+wait_for 'filter: notes_'
+T send-keys -t "$s" Enter
+wait_for "$work/notes.txt: [0-9]+ tokens of"
+wait_for '\| notes\.txt \|'
+wait_for '\| ready'
+T send-keys -t "$s" 'Is this the copy?' Enter
+wait_for 'saved in session 2 \(snapshot'
+
+# the session browser: both sessions, search, rename, export, delete (not the open one)
+T send-keys -t "$s" F3
+wait_for '│ +1  p2\.txt +p2\.txt'
+wait_for '│ +2  notes\.txt'
+T send-keys -t "$s" 'copy'
+wait_for '1 sessions match'
+T send-keys -t "$s" BSpace BSpace BSpace BSpace
+wait_for 'search: _'
+T send-keys -t "$s" Down
+T send-keys -t "$s" C-r
+wait_for 'new title: p2\.txt_'
+T send-keys -t "$s" BSpace BSpace BSpace BSpace BSpace BSpace 'First talk' Enter
+wait_for 'session 1 renamed'
+wait_for '1  First talk'
+T send-keys -t "$s" C-e
+wait_for 'session 1 exported to kvchat-session-1\.md'
+grep -q '^# First talk' "$work/kvchat-session-1.md" || fail "the export has no title"
+grep -q '^## Question' "$work/kvchat-session-1.md" || fail "the export has no question"
+T send-keys -t "$s" Up DC
+wait_for 'session 2 is the open conversation'
+T send-keys -t "$s" Down DC
+wait_for 'delete session 1 with its messages and snapshots\? y/n'
+T send-keys -t "$s" n Enter
+wait_for 'not deleted'
+T send-keys -t "$s" Escape
+sleep 0.3
+cap | grep -q 'Enter resume' && fail "Esc did not close the session browser"
+# resume the first session from the browser
+T send-keys -t "$s" F3
+wait_for '1  First talk'
+T send-keys -t "$s" Down Enter
+wait_for 'session 1 resumed: [0-9]+ tokens restored from a'
+wait_for '\| ready'
 
 T send-keys -t "$s" '/nonsense' Enter
 wait_for 'unknown command /nonsense'
@@ -76,43 +155,64 @@ T send-keys -t "$s" x
 sleep 0.3
 cap | grep -q 'kvchat keys and commands' && fail "help did not close"
 
-T send-keys -t "$s" '/quit' Enter
+T send-keys -t "$s" F10
 quit=0
 for _ in $(seq 1 100); do T has-session -t "$s" 2>/dev/null || { quit=1; break; }; sleep 0.1; done
 [ $quit = 1 ] || fail "kvchat did not quit"
 # the conversation was saved as it went: both turns, with their snapshots
 out=$("$bin" sessions --db "$db" show 1)
-echo "$out" | grep -q '6 messages' || { echo "tui test: the session was not saved:"; echo "$out"; exit 1; }
+echo "$out" | grep -q '8 messages' || { echo "tui test: the session was not saved:"; echo "$out"; exit 1; }
 echo "$out" | grep -q 'user (another branch)' || { echo "tui test: the edited question is not a branch:"; echo "$out"; exit 1; }
 echo "$out" | grep -q 'And then?' || { echo "tui test: the second question is missing:"; echo "$out"; exit 1; }
+echo "$out" | grep -q 'First talk' || { echo "tui test: the rename was not saved:"; echo "$out"; exit 1; }
 # and `kvchat ask --resume` continues it from the interface's snapshot
 res=$("$bin" ask -t 1 -m "$model" --resume 1 -q 'More?' -n 4 --db "$db" 2>&1 >/dev/null) ||
     { echo "tui test: ask --resume failed: $res"; exit 1; }
 echo "$res" | grep -q 'session 1: restored' || { echo "tui test: not resumed from the snapshot: $res"; exit 1; }
 # opened again with neither a document nor a session, it continues the most recent one
-T new-session -d -s "$s" -x 120 -y 36 "$bin tui -t 1 -m $model -n 8 --db $db"
+T new-session -d -s "$s" -x 120 -y 36 -c "$work" "$bin tui -t 1 -m $model -n 8 --db $db --session 1"
 wait_for 'session 1 resumed: [0-9]+ tokens restored from a'
 wait_for 'you> More\?'
 wait_for '\| p2\.txt \|'
-T send-keys -t "$s" 'Last one?' Enter
+# a question asked before this window: rebuilt from the saved conversation
+T send-keys -t "$s" '/edit 1 What is it really about?' Enter
+wait_for 'question 1 edited: a new branch'
+wait_for 'the document and the 0 turns before it'
 wait_for 'saved in session 1 \(snapshot'
+wait_for '\| ready'
+T send-keys -t "$s" '/resume 1' Enter
+wait_for 'you> What is it really about\?'
+wait_for '\| ready'
+T send-keys -t "$s" 'Last one?' Enter
+wait_count 'saved in session 1 \(snapshot' 2
+wait_for '\| ready'
 T send-keys -t "$s" '/regen' Enter
 wait_for 'another answer to the same question \(a new branch\)'
-wait_count 'saved in session 1 \(snapshot' 2
+wait_count 'saved in session 1 \(snapshot' 3
 T send-keys -t "$s" '/sessions' Enter
-wait_for 'session 1: p2\.txt \| p2\.txt \|.*\| 11 messages'
+wait_for '1  First talk +p2\.txt .* 15 msgs'
+T send-keys -t "$s" Escape
 T send-keys -t "$s" '/quit' Enter
 sleep 0.5
-"$bin" sessions --db "$db" show 1 | grep -q '11 messages' || fail "the resumed turn and the regeneration were not saved"
+"$bin" sessions --db "$db" show 1 | grep -q '15 messages' || fail "the resumed turn and the regeneration were not saved"
 "$bin" sessions --db "$db" show 1 | grep -q 'assistant (another branch)' || fail "the regenerated answer is not a branch"
 # settings from the config file (the command line would override them); a bad one is one line
 mkdir -p "$cfg/kvchat"
-printf '# test settings\npolicy = chess:preset=aggressive\ncolor = off\n' > "$cfg/kvchat/config"
+printf '# test settings\npolicy = chess:preset=aggressive\ncolor = off\nkey.sessions = F9\nkey.help = ^G\n' > "$cfg/kvchat/config"
 T new-session -d -s "$s" -x 120 -y 36 "$bin tui -t 1 -m $model -d $doc -n 4 --no-db"
 wait_for '\| chess:preset=aggressive \| ctx'
+T send-keys -t "$s" F9
+wait_for 'no session database: nothing is saved'
+T send-keys -t "$s" Escape
+T send-keys -t "$s" C-g
+wait_for 'F9 +saved sessions'
+T send-keys -t "$s" x
 T send-keys -t "$s" '/quit' Enter
+printf 'key.sessions = F4\n' > "$cfg/kvchat/config"
+err=$("$bin" tui 2>&1 </dev/null) && fail "a key bound twice was accepted"
+echo "$err" | grep -q "F4 is bound to both sessions and policy" || fail "bad keymap message: $err"
 printf 'colour = on\n' > "$cfg/kvchat/config"
 err=$("$bin" tui 2>&1 </dev/null) && fail "a bad config was accepted"
 echo "$err" | grep -q "config:1: unknown setting 'colour'" || fail "bad config message: $err"
-rm -rf "$(dirname "$db")" "$cfg"
+rm -rf "$work" "$cfg"
 echo "tui test: ok"

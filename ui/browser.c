@@ -1,0 +1,198 @@
+/* browser.c - the session browser (see browser.h). */
+#include "browser.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <ncurses.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "session.h"
+
+static const char *base(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static void add_session(void *ud, const store_session *ss)
+{
+    browser *b = ud;
+    store_session *n = realloc(b->ss, sizeof *n * (size_t)(b->n_ss + 1));
+    if (!n) return;
+    b->ss = n;
+    b->ss[b->n_ss++] = *ss;
+}
+
+/* A search hit: its session, once. */
+static void add_hit(void *ud, int64_t session, int64_t message, const char *snippet)
+{
+    (void)message;
+    (void)snippet;
+    browser *b = ud;
+    for (int i = 0; i < b->n_ss; i++)
+        if (b->ss[i].id == session) return;
+    store_session ss;
+    if (store_session_get(b->db, session, &ss) == 0) add_session(b, &ss);
+}
+
+/* The rows again, for the current search text. */
+static void fill(browser *b)
+{
+    int64_t keep = menu_tag(&b->m);
+    menu_clear(&b->m);
+    free(b->ss);
+    b->ss = NULL;
+    b->n_ss = 0;
+    if (!b->db) return;
+    int rc = b->m.filter[0] ? store_search(b->db, b->m.filter, add_hit, b) : store_session_list(b->db, add_session, b);
+    if (rc) menu_say(&b->m, 1, "%s", store_error(b->db));
+    for (int i = 0; i < b->n_ss; i++) {
+        const store_session *s = &b->ss[i];
+        char when[32];
+        time_t tt = (time_t)s->updated;
+        struct tm tm;
+        localtime_r(&tt, &tm);
+        strftime(when, sizeof when, "%b %d %H:%M", &tm);
+        menu_add(&b->m, s->id, "%5" PRId64 "  %-22.22s  %-16.16s  %-14.14s  %-18.18s %4" PRId64 " msgs  %s", s->id,
+                 s->title, s->doc_title[0] ? s->doc_title : "-", base(s->model_path), s->policy, s->n_messages, when);
+    }
+    menu_select_tag(&b->m, keep);
+    if (b->m.filter[0] && !rc) menu_say(&b->m, 0, "%d sessions match", b->n_ss);
+}
+
+void browser_open(browser *b, const char *db_path)
+{
+    browser_close(b);
+    menu_init(&b->m, "Sessions",
+              "Enter resume   type to search   ^R rename   ^E export Markdown   Del delete   Esc close", 1);
+    if (db_path) {
+        char err[1200];
+        b->db = store_open(db_path, err, sizeof err);
+        if (!b->db) menu_say(&b->m, 1, "%s", err);
+    } else {
+        menu_say(&b->m, 1, "no session database: nothing is saved (--no-db)");
+    }
+    fill(b);
+}
+
+void browser_close(browser *b)
+{
+    menu_free(&b->m);
+    store_close(b->db);
+    free(b->ss);
+    memset(b, 0, sizeof *b);
+}
+
+static const store_session *selected(const browser *b)
+{
+    int64_t id = menu_tag(&b->m);
+    for (int i = 0; i < b->n_ss; i++)
+        if (b->ss[i].id == id) return &b->ss[i];
+    return NULL;
+}
+
+/* The session as Markdown in the current directory (or the data directory when that is not
+ * writable); says where. */
+static void export(browser *b, const store_session *s)
+{
+    char path[1200], dir[1024], err[600];
+    snprintf(path, sizeof path, "kvchat-session-%" PRId64 ".md", s->id);
+    FILE *f = fopen(path, "w");
+    if (!f && store_data_dir(dir, sizeof dir, 1) == 0) {
+        snprintf(path, sizeof path, "%s/kvchat-session-%" PRId64 ".md", dir, s->id);
+        f = fopen(path, "w");
+    }
+    if (!f) {
+        menu_say(&b->m, 1, "cannot write %s: %s", path, strerror(errno));
+        return;
+    }
+    int bad = sess_export_md(b->db, s, f, err, sizeof err);
+    if (fclose(f) && !bad) {
+        snprintf(err, sizeof err, "writing %.300s failed: %s", path, strerror(errno));
+        bad = 1;
+    }
+    if (bad) {
+        remove(path);
+        menu_say(&b->m, 1, "export failed: %s", err);
+    } else {
+        menu_say(&b->m, 0, "session %" PRId64 " exported to %s", s->id, path);
+    }
+}
+
+int browser_key(browser *b, ui_worker *w, int64_t current_session, int ch, int is_key)
+{
+    int r = menu_key(&b->m, ch, is_key);
+    const store_session *s = selected(b);
+    switch (r) {
+    case MENU_CLOSE: return 1;
+    case MENU_FILTER: fill(b); return 0;
+    case MENU_PICK: {
+        if (!s) return 0;
+        char key[32];
+        snprintf(key, sizeof key, "%" PRId64, s->id);
+        if (s->id == current_session) return 1;   /* already the open one */
+        if (uw_resume(w, key)) {
+            menu_say(&b->m, 1, "busy: wait for the current job or press Ctrl-C");
+            return 0;
+        }
+        return 1;
+    }
+    case MENU_EDIT_DONE:
+        if (b->renaming) {
+            if (!b->m.edit[0]) {
+                menu_say(&b->m, 1, "a title cannot be empty");
+            } else if (store_session_rename(b->db, b->renaming, b->m.edit)) {
+                menu_say(&b->m, 1, "%s", store_error(b->db));
+            } else {
+                menu_say(&b->m, 0, "session %" PRId64 " renamed", b->renaming);
+                fill(b);
+            }
+        } else if (b->confirm) {
+            if (strcmp(b->m.edit, "y") != 0) {
+                menu_say(&b->m, 0, "not deleted");
+            } else if (store_session_delete(b->db, b->confirm)) {
+                menu_say(&b->m, 1, "%s", store_error(b->db));
+            } else {
+                menu_say(&b->m, 0, "session %" PRId64 " deleted", b->confirm);
+                fill(b);
+            }
+        }
+        b->renaming = b->confirm = 0;
+        return 0;
+    case MENU_UNHANDLED:
+        if (!s || !b->db) return 0;
+        if (!is_key && ch == 18) {   /* ^R */
+            b->renaming = s->id;
+            menu_prompt(&b->m, "new title", s->title);
+        } else if (!is_key && ch == 5) {   /* ^E */
+            export(b, s);
+        } else if ((is_key && ch == KEY_DC) || (!is_key && ch == 24)) {   /* Del or ^X */
+            if (s->id == current_session) {
+                menu_say(&b->m, 1, "session %" PRId64 " is the open conversation: open another before deleting it",
+                         s->id);
+            } else {
+                b->confirm = s->id;
+                char label[96];
+                snprintf(label, sizeof label, "delete session %" PRId64 " with its messages and snapshots? y/n", s->id);
+                menu_prompt(&b->m, label, "");
+            }
+        }
+        return 0;
+    default: return 0;
+    }
+}
+
+void browser_draw(browser *b, const menu_attrs *a)
+{
+    const store_session *s = selected(b);
+    if (s)
+        snprintf(b->m.detail, sizeof b->m.detail, "%s%.60s%s%.200s | last: %.160s", s->name[0] ? "name " : "",
+                 s->name, s->name[0] ? " | " : "", s->doc_path[0] ? s->doc_path : "(no document)",
+                 s->last_message[0] ? s->last_message : "-");
+    else
+        b->m.detail[0] = 0;
+    menu_draw(&b->m, a);
+}

@@ -1,0 +1,50 @@
+/* pickers.h - the three smaller overlays: the policy picker (every registered policy, decode-time
+ * and prefill, with its one-line summary; picking one replaces that half of the current spec), the
+ * settings (sampling, answer length, budget: edited live, saved to the settings file with s) and the
+ * file picker (directories and files, filtered as you type). */
+#ifndef KVCHAT_UI_PICKERS_H
+#define KVCHAT_UI_PICKERS_H
+
+#include "menu.h"
+#include "worker.h"
+
+typedef struct policy_picker {
+    menu m;
+    char specs[32][128];     /* what each row stands for (tag = index) */
+    int n;
+} policy_picker;
+
+void policy_picker_open(policy_picker *p, const char *current);
+/* 1 when it should close (Esc, or a policy was picked and the switch started). */
+int policy_picker_key(policy_picker *p, ui_worker *w, const char *current, int ch, int is_key);
+/* The spec with the half of pick's kind replaced ("none" removes the prefill half, "full" the
+ * decode half). */
+void policy_combine(const char *current, const char *pick, char *out, size_t cap);
+
+typedef struct settings_menu {
+    menu m;
+    samp_params sp;
+    int64_t n_predict;
+    char budget[32];
+    int editing_row;
+} settings_menu;
+
+void settings_open(settings_menu *s, const uw_view *v);
+/* 1 when it should close. policy: the current spec (a budget change re-applies it). */
+int settings_key(settings_menu *s, ui_worker *w, const char *policy, int ch, int is_key);
+
+typedef struct file_picker {
+    menu m;
+    char dir[1024];
+    char (*names)[256];
+    int *is_dir;
+    long long *size;
+    int n;
+} file_picker;
+
+void file_picker_open(file_picker *f, const char *dir);
+void file_picker_close(file_picker *f);
+/* 1 when it should close (Esc, or a file was opened through w). */
+int file_picker_key(file_picker *f, ui_worker *w, int ch, int is_key);
+
+#endif
