@@ -117,6 +117,23 @@ static void add_compare(tui *t, uw_compared *c, int n)
         snprintf(head, sizeof head, "[%.250s] %.150s; %.60s", c[i].policy, c[i].figures, diff);
         x->head[i] = strdup(head);
         x->col[i] = c[i].text;   /* taken over */
+        if (d > 0) {   /* highlight this answer from its first different word on */
+            const char *p = c[i].text;
+            for (int word = 1;; word++) {
+                while (*p == ' ' || *p == '\n') p++;
+                if (word == d || !*p) break;
+                p += strcspn(p, " \n");
+            }
+            size_t off = (size_t)(p - c[i].text), L = strlen(c[i].text);
+            char *m = malloc(L + 2);
+            if (m) {
+                memcpy(m, c[i].text, off);
+                m[off] = EV_ON;
+                memcpy(m + off + 1, c[i].text + off, L - off + 1);
+                free(c[i].text);
+                x->col[i] = m;
+            }
+        }
     }
 }
 
@@ -170,17 +187,13 @@ typedef struct draw_ctx {
     int event_attr, in_event;   /* inside an inline event (EV_ON .. EV_OFF) */
 } draw_ctx;
 
-static void draw_line(void *ud, const char *p, int bytes)
+/* bytes of p at (y, x) in attr, the runs between EV_ON and EV_OFF in marked; *in_mark carries the
+ * state from line to line (and is updated when show is 0, for lines scrolled off). */
+static void draw_marked(int y, int x, const char *p, int bytes, int attr, int marked, int *in_mark, int show)
 {
-    draw_ctx *d = ud;
-    int show = d->skip <= 0 && d->y <= d->bottom && d->y >= d->top;
-    if (d->skip > 0) d->skip--;
-    else if (d->y <= d->bottom) d->y++;
-    int x = d->x, y = d->y - 1;
-    /* runs between markers, each in its attribute; markers switch it even on lines not shown */
     for (int i = 0; i < bytes;) {
         if (p[i] == EV_ON || p[i] == EV_OFF) {
-            d->in_event = p[i] == EV_ON;
+            *in_mark = p[i] == EV_ON;
             i++;
             continue;
         }
@@ -190,7 +203,7 @@ static void draw_line(void *ud, const char *p, int bytes)
             j++;
         }
         if (show) {
-            int a = d->in_event ? d->event_attr : d->attr;
+            int a = *in_mark ? marked : attr;
             attron(a);
             mvaddnstr(y, x, p + i, j - i);
             attroff(a);
@@ -198,6 +211,15 @@ static void draw_line(void *ud, const char *p, int bytes)
         x += cells;
         i = j;
     }
+}
+
+static void draw_line(void *ud, const char *p, int bytes)
+{
+    draw_ctx *d = ud;
+    int show = d->skip <= 0 && d->y <= d->bottom && d->y >= d->top;
+    if (d->skip > 0) d->skip--;
+    else if (d->y <= d->bottom) d->y++;
+    draw_marked(d->y - 1, d->x, p, bytes, d->attr, d->event_attr, &d->in_event, show);
 }
 
 /* The rows a comparison takes: the tallest column (heading lines + wrapped answer). */
@@ -277,21 +299,17 @@ static void draw_compare(tui *t, draw_ctx *d, const entry *x, int width)
     int save = d->attr;
     d->attr = t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD;
     draw_line(d, "== compare: the same question under each policy, from the same cache", 68);
+    int marked[8] = { 0 }, mark_attr = t->color ? COLOR_PAIR(C_EVENT) | A_BOLD : A_UNDERLINE;
     for (int r = 0; r < rows; r++) {
-        if (d->skip > 0) {
-            d->skip--;
-            continue;
+        int show = d->skip <= 0 && d->y <= d->bottom && d->y >= d->top;
+        for (int c = 0; c < n; c++) {
+            if (r >= cols[c].n) continue;
+            int a = r < heads[c] ? (t->color ? COLOR_PAIR(C_HEAD) : (int)A_BOLD) : 0;
+            draw_marked(d->y, d->x + c * (cw + 2), cols[c].lines[r], (int)strlen(cols[c].lines[r]), a, mark_attr,
+                        &marked[c], show);
         }
-        if (d->y > d->bottom) break;
-        if (d->y >= d->top)
-            for (int c = 0; c < n; c++) {
-                if (r >= cols[c].n) continue;
-                int a = r < heads[c] ? (t->color ? COLOR_PAIR(C_HEAD) : A_BOLD) : 0;
-                attron(a);
-                mvaddstr(d->y, d->x + c * (cw + 2), cols[c].lines[r]);
-                attroff(a);
-            }
-        d->y++;
+        if (d->skip > 0) d->skip--;
+        else if (d->y <= d->bottom) d->y++;
     }
     d->attr = save;
     for (int c = 0; c < n; c++) {
@@ -371,26 +389,33 @@ static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int
     attron(head);
     mvprintw(y++, x, "Pages: %lld of %d tokens", (long long)v->n_map, v->page_size);
     attroff(head);
-    int64_t mx = 0;
-    for (int64_t i = 0; i < v->n_map; i++)
-        if (v->map[i] > mx) mx = v->map[i];
-    int cols = width - 1, rows_left = bottom - y - 6;
+    /* each cell: one page or a run of pages; evicted (x), read at every step of the answer (the
+     * sinks and window a policy always keeps, or everything under the full cache), selected on
+     * some steps (shaded by how often), or not read */
+    int cols = width - 1, rows_left = bottom - y - 8;
     if (rows_left < 1) rows_left = 1;
     int64_t per_cell = (v->n_map + (int64_t)cols * rows_left - 1) / ((int64_t)cols * rows_left);
     if (per_cell < 1) per_cell = 1;
     int64_t cells = (v->n_map + per_cell - 1) / per_cell;
     for (int64_t c = 0; c < cells && y <= bottom; c++) {
-        int64_t hits = 0;
-        for (int64_t i = c * per_cell; i < (c + 1) * per_cell && i < v->n_map; i++) hits += v->map[i];
-        int lvl = hits == 0 || mx == 0 ? 0 : hits * 3 >= mx * 2 * per_cell ? 3 : hits * 3 >= mx * per_cell ? 2 : 1;
-        static const char *glyph[] = { "\u00b7", "\u2591", "\u2592", "\u2588" };
-        int a = t->color ? COLOR_PAIR(lvl == 0 ? C_DIM : lvl == 1 ? C_MAP1 : lvl == 2 ? C_MAP2 : C_MAP3) : 0;
+        int64_t hits = 0, held = 0, n = 0;
+        for (int64_t i = c * per_cell; i < (c + 1) * per_cell && i < v->n_map; i++, n++) {
+            hits += v->map[i] > 0 ? v->map[i] : 0;
+            held += v->held[i];
+        }
+        double frac = v->map_full > 0 && held > 0 ? (double)hits / (double)(v->map_full * held) : 0;
+        static const char *glyph[] = { "\u00d7", "\u00b7", "\u2591", "\u2592", "\u2593", "\u2588" };
+        int lvl = held == 0 ? 0 : hits == 0 ? 1 : frac >= 0.999 ? 5 : frac >= 0.5 ? 4 : frac >= 0.15 ? 3 : 2;
+        static const int pair[] = { C_DIM, C_DIM, C_MAP1, C_MAP2, C_MAP3, C_EVENT };
+        int a = t->color ? COLOR_PAIR(pair[lvl]) : lvl <= 1 ? (int)A_DIM : 0;
         attron(a);
         mvaddstr(y, x + (int)(c % cols), glyph[lvl]);
         attroff(a);
         if (c % cols == cols - 1) y++;
     }
     if (cells % cols) y++;
+    if (y <= bottom) mvaddnstr(y++, x, "\u2588 every step  \u2593\u2592\u2591 selected", width);
+    if (y <= bottom) mvaddnstr(y++, x, "\u00b7 not read    \u00d7 evicted", width);
     y++;
     if (y > bottom) return;
     attron(head);
@@ -504,9 +529,13 @@ static void draw(tui *t)
     attron(bar_attr);
     mvhline(0, 0, ' ', W);
     char status[2048];
-    snprintf(status, sizeof status, " kvchat | %s | %s | %s | ctx %lld/%lld | %.1f tok/s | %s", v.model,
-             v.doc[0] ? v.doc : "no document", v.policy, (long long)v.ctx_used, (long long)v.ctx_limit, v.tok_s,
-             v.busy ? (t->progress[0] ? t->progress : "working") : "ready");
+    /* the context meter: positions used of the limit, then token rows kept and the bytes they hold
+     * against a full cache */
+    snprintf(status, sizeof status, " kvchat | %s | %s | %s | ctx %lld/%lld | kept %.0f%% %.1f/%.1f MiB | %.1f tok/s | %s",
+             v.busy ? (t->progress[0] ? t->progress : "working") : "ready", v.doc[0] ? v.doc : "no document",
+             v.policy, (long long)v.ctx_used, (long long)v.ctx_limit,
+             v.tokens_full ? 100.0 * (double)v.tokens_kept / (double)v.tokens_full : 100.0,
+             (double)v.kv_held / (1 << 20), (double)v.kv_full / (1 << 20), v.tok_s, v.model);
     mvaddnstr(0, 0, status, W);
     attroff(bar_attr);
     /* conversation, or what the model sees */
@@ -856,7 +885,6 @@ int tui_main(const cli_opts *o, const char *doc, const char *session, const tui_
         init_pair(C_MAP3, COLOR_YELLOW, -1);
         init_pair(C_DIM, COLOR_WHITE, -1);
     }
-    add_entry(&t, E_INFO, "kvchat: open a document with /open PATH, then ask about it. F1 for help.");
     /* a document to open, a session to continue, or (neither) the most recent session */
     if (doc)
         uw_open(w, doc);

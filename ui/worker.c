@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "chat.h"
 #include "session.h"
@@ -65,6 +66,9 @@ struct ui_worker {
     int64_t pending_n_predict;
     int have_pending;
     char err_sink[1024];     /* what cli_err said on this thread */
+    /* the page map as the current answer began, to show that answer's attendance alone */
+    int64_t *map_base, n_map_base, steps_base;
+    const pol_set *map_ps;
 };
 
 /* Turns are written with Gemma's markers when the model's template is Gemma's; every other model
@@ -134,6 +138,8 @@ static void publish(ui_worker *w)
     pthread_mutex_lock(&w->mu);
     uw_view *o = &w->view;
     o->ctx_used = ks.positions;
+    o->tokens_kept = ks.tokens_kept;
+    o->tokens_full = ks.tokens_full;
     o->kv_held = ks.bytes_resident;
     o->kv_full = ks.bytes_full;
     o->kv_peak = ks.bytes_peak;
@@ -141,7 +147,24 @@ static void publish(ui_worker *w)
     o->page_size = kv_page_size(fwd_kv(w->rt.f));
     int64_t total = (ks.positions + o->page_size - 1) / o->page_size;
     o->n_map = total < UW_MAP_MAX ? total : UW_MAP_MAX;
-    for (int64_t i = 0; i < o->n_map; i++) o->map[i] = i < n ? map[i] : 0;
+    int same = w->map_ps == w->rt.ps;   /* a new policy set starts its map afresh */
+    for (int64_t i = 0; i < o->n_map; i++)
+        o->map[i] = (i < n ? map[i] : 0) - (same && i < w->n_map_base ? w->map_base[i] : 0);
+    pol_env env;
+    fwd_policy_env(w->rt.f, &env);
+    int64_t steps = pol_set_stats(w->rt.ps)->steps - (same ? w->steps_base : 0);
+    o->map_full = steps * env.n_global * env.n_head_kv;
+    memset(o->held, env.n_global > 0 ? 0 : 1, (size_t)o->n_map);
+    if (env.n_global > 0) {
+        const kv_cache *kv = fwd_kv(w->rt.f);
+        for (int i = 0; i < kv_n_pages(kv, env.global[0], 0); i++) {
+            const kv_page *p = kv_layer_page(kv, env.global[0], 0, i);
+            for (int32_t t = 0; t < p->n; t++) {
+                int64_t lp = p->pos[t] / o->page_size;
+                if (p->pos[t] >= 0 && lp < o->n_map) o->held[lp] = 1;
+            }
+        }
+    }
     int64_t from = nh > UW_HIST ? nh - UW_HIST : 0;
     o->n_hist = (int)(nh - from);
     for (int i = 0; i < o->n_hist; i++) {
@@ -415,6 +438,17 @@ static void answer_and_save(ui_worker *w, const char *question, int32_t prev, in
     gen_opts go = { w->n_predict, prev, &w->rt.thr, w->rt.backtrack, samp_temperature(w->s), 1 };
     gen_callbacks cb = { &st, on_token, NULL, on_event };
     gen_result gr;
+    /* the side panel's page map shows this answer's attendance */
+    int64_t nm;
+    const int64_t *m0 = pol_set_page_map(w->rt.ps, &nm);
+    int64_t *nb = realloc(w->map_base, sizeof *nb * (size_t)(nm > 0 ? nm : 1));
+    if (nb) {
+        if (nm) memcpy(nb, m0, sizeof *nb * (size_t)nm);
+        w->map_base = nb;
+        w->n_map_base = nm;
+        w->steps_base = pol_set_stats(w->rt.ps)->steps;
+        w->map_ps = w->rt.ps;
+    }
     w->n_gen = 0;
     w->ans_start = fwd_pos(w->rt.f);
     w->seq_ans = w->n_seq;
@@ -862,6 +896,12 @@ static void job_edit(ui_worker *w, const char *arg)
     if (prepare_turn(w, text, &prev) == 0) answer_and_save(w, text, prev, 0);
 }
 
+/* Regenerations per answer: --backtrack, else 2 for a policy with a selection it can rebuild. */
+static void set_backtrack(ui_worker *w)
+{
+    w->rt.backtrack = w->o.backtrack >= 0 ? w->o.backtrack : pol_set_can_reselect(w->rt.ps) ? 2 : 0;
+}
+
 /* Switch to spec (with the worker's budget). With a document loaded and another prefill policy, the
  * cache is rebuilt: from the session's snapshot of this point under the new policy when there is
  * one, else by prefilling the sequence again; a failure or Ctrl-C goes back to the old policy and
@@ -870,6 +910,7 @@ static void job_policy(ui_worker *w, const char *spec)
 {
     char err[1200], msg[2400], oldkey[256], newkey[256], old[256];
     pol_spec parsed;
+    w->map_ps = NULL;   /* the page map starts afresh under the new policies */
     if (pol_parse(&parsed, spec, w->budget[0] ? w->budget : NULL, err, sizeof err)) {
         post(w, UW_ERROR, err, 0, 0);
         return;
@@ -884,6 +925,7 @@ static void job_policy(ui_worker *w, const char *spec)
             post(w, UW_ERROR, w->err_sink, 0, 0);
             return;
         }
+        set_backtrack(w);
         snprintf(msg, sizeof msg, "policy %s%s%s: from the next answer on%s", pol_set_spec(w->rt.ps)->text,
                  w->budget[0] ? ", budget " : "", w->budget,
                  w->view.have_doc ? "" : " (a prefill policy acts when a document is opened)");
@@ -962,7 +1004,7 @@ static void job_policy(ui_worker *w, const char *spec)
     }
     /* where /regen rewinds to: before the last answer, or the document's end */
     fwd_set_floor(w->rt.f, w->turns > 0 && w->ans_start > 0 ? w->ans_start - 1 : fwd_pos(w->rt.f));
-    w->rt.backtrack = w->o.backtrack >= 0 ? w->o.backtrack : pol_set_can_reselect(w->rt.ps) ? 2 : 0;
+    set_backtrack(w);
     free(s0);
     free(keep);
     publish(w);
@@ -974,13 +1016,33 @@ static void first_session(void *ud, const store_session *ss)
     if (!out->id) *out = *ss;   /* the list is newest first */
 }
 
+/* No conversation yet: how to start, with a document to try (kvchat's own README, found beside the
+ * program when it runs from its source tree, as `make run` does). */
+static void welcome(ui_worker *w)
+{
+    char exe[1024], msg[1400];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    post(w, UW_INFO, "Welcome to kvchat: chat about a long document with a compressed KV cache. Open one with F6 "
+                     "(the file picker) or /open PATH, then ask about it; F4 picks the compression policy, F1 lists "
+                     "every key.", 0, 0);
+    if (n <= 0) return;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return;
+    snprintf(slash + 1, sizeof exe - (size_t)(slash + 1 - exe), "README.md");
+    if (access(exe, R_OK) != 0) return;
+    snprintf(msg, sizeof msg, "To try it: /open %s (kvchat's own manual), then ask e.g. \"How are snapshots kept?\"", exe);
+    post(w, UW_INFO, msg, 0, 0);
+}
+
 static void job_resume(ui_worker *w, const char *key)
 {
     char err[1200], k[256];
     store_session ss;
     memset(&ss, 0, sizeof ss);
     if (!w->db) {
-        post(w, UW_ERROR, "no session database: nothing to resume", 0, 0);
+        if (*key) post(w, UW_ERROR, "no session database: nothing to resume", 0, 0);
+        else welcome(w);
         return;
     }
     int f = *key ? store_session_find(w->db, key, &ss) : store_session_list(w->db, first_session, &ss) || !ss.id;
@@ -988,6 +1050,8 @@ static void job_resume(ui_worker *w, const char *key)
         if (*key) {
             snprintf(err, sizeof err, "no session '%s' (kvchat sessions list shows them)", key);
             post(w, UW_ERROR, err, 0, 0);
+        } else {
+            welcome(w);
         }
         return;
     }
@@ -1259,6 +1323,7 @@ void uw_stop(ui_worker *w)
     free(w->logits);
     free(w->arg);
     free(w->seq);
+    free(w->map_base);
     free(w->answer);
     free(w->last_q);
     for (int i = 0; i < w->n_seen; i++) free(w->seen[i].text);

@@ -30,11 +30,15 @@ typedef struct uw_view {
     int busy;                /* a job is running */
     int have_doc;
     int64_t ctx_used, ctx_limit, doc_tokens;
+    int64_t tokens_kept, tokens_full;   /* token rows held vs a full cache (all layers and KV heads) */
     uint64_t kv_held, kv_full, kv_peak;
     double rss_mib, weights_mib;
     double tok_s, prefill_tok_s;
-    int64_t map[UW_MAP_MAX]; /* attendance per page of the sequence (capped) */
+    int64_t map[UW_MAP_MAX]; /* how often the current answer attended each page of the sequence
+                                (summed over global layers and KV heads; capped at UW_MAP_MAX pages) */
+    unsigned char held[UW_MAP_MAX];   /* the page still holds tokens (first global layer): 0 evicted */
     int64_t n_map;
+    int64_t map_full;        /* what map[i] is when a page was attended at every step, layer and head */
     int page_size;
     float entropy[UW_HIST], varentropy[UW_HIST];
     int n_hist;

@@ -196,6 +196,17 @@ T send-keys -t "$s" '/quit' Enter
 sleep 0.5
 "$bin" sessions --db "$db" show 1 | grep -q '15 messages' || fail "the resumed turn and the regeneration were not saved"
 "$bin" sessions --db "$db" show 1 | grep -q 'assistant (another branch)' || fail "the regenerated answer is not a branch"
+# backtracking events inline in the answer, where they happened (thresholds of 0: every page is
+# uncertain; chess rebuilds its selection and regenerates the page)
+T new-session -d -s "$s" -x 120 -y 40 "$bin tui -t 1 -m $model -d $doc -n 16 --page-size 8 --no-db --policy chess --thresholds 0,0"
+wait_for '\| ready \| p2\.txt'
+T send-keys -t "$s" 'What is it about?' Enter
+wait_for '\[event: answer page 0 \(tokens 0-7'
+wait_for 'regenerated \(same text\)|regenerated with different text'
+wait_for '^-- 16 tokens, '
+cap | grep -q '^~~ ' && fail "an event was drawn apart from the answer"
+T send-keys -t "$s" '/quit' Enter
+sleep 0.3
 # settings from the config file (the command line would override them); a bad one is one line
 mkdir -p "$cfg/kvchat"
 printf '# test settings\npolicy = chess:preset=aggressive\ncolor = off\nkey.sessions = F9\nkey.help = ^G\n' > "$cfg/kvchat/config"
