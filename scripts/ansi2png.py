@@ -313,7 +313,10 @@ class Coverage:
 
 def gq(s):
     """A gnuplot double-quoted string: backslash and double quote escaped with a backslash. (In a
-    single-quoted string a quote is doubled, but gnuplot 5.4 cannot parse '''' for a lone quote.)"""
+    single-quoted string a quote is doubled, but gnuplot 5.4 cannot parse '''' for a lone quote.)
+    Text with a backquote goes in single quotes: inside double quotes gnuplot runs `...` in a shell."""
+    if "`" in s:
+        return "'" + s.replace("'", "''") + "'"
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

@@ -370,6 +370,9 @@ static void bar(int y, int x, int width, double frac, int attr)
     attroff(attr);
 }
 
+/* The page map's colour per level: evicted, not read, selected rarely .. often, every step. */
+static const int map_pair[] = { C_DIM, C_DIM, C_MAP1, C_MAP2, C_MAP3, C_EVENT };
+
 static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int width)
 {
     int y = top, head = t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD;
@@ -406,16 +409,26 @@ static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int
         double frac = v->map_full > 0 && held > 0 ? (double)hits / (double)(v->map_full * held) : 0;
         static const char *glyph[] = { "\u00d7", "\u00b7", "\u2591", "\u2592", "\u2593", "\u2588" };
         int lvl = held == 0 ? 0 : hits == 0 ? 1 : frac >= 0.999 ? 5 : frac >= 0.5 ? 4 : frac >= 0.15 ? 3 : 2;
-        static const int pair[] = { C_DIM, C_DIM, C_MAP1, C_MAP2, C_MAP3, C_EVENT };
-        int a = t->color ? COLOR_PAIR(pair[lvl]) : lvl <= 1 ? (int)A_DIM : 0;
+        int a = t->color ? COLOR_PAIR(map_pair[lvl]) : lvl <= 1 ? (int)A_DIM : 0;
         attron(a);
         mvaddstr(y, x + (int)(c % cols), glyph[lvl]);
         attroff(a);
         if (c % cols == cols - 1) y++;
     }
     if (cells % cols) y++;
-    if (y <= bottom) mvaddnstr(y++, x, "\u2588 every step  \u2593\u2592\u2591 selected", width);
-    if (y <= bottom) mvaddnstr(y++, x, "\u00b7 not read    \u00d7 evicted", width);
+    /* the legend, each glyph in its colour */
+    static const struct {
+        int lvl, dx, dy;
+        const char *text;
+    } legend[] = { { 5, 0, 0, "\u2588 every step" }, { 4, 14, 0, "\u2593" }, { 3, 15, 0, "\u2592" },
+                   { 2, 16, 0, "\u2591 selected" }, { 1, 0, 1, "\u00b7 not read" }, { 0, 14, 1, "\u00d7 evicted" } };
+    for (size_t i = 0; i < sizeof legend / sizeof *legend && y + legend[i].dy <= bottom; i++) {
+        int a = t->color ? COLOR_PAIR(map_pair[legend[i].lvl]) : legend[i].lvl <= 1 ? (int)A_DIM : 0;
+        attron(a);
+        mvaddstr(y + legend[i].dy, x + legend[i].dx, legend[i].text);
+        attroff(a);
+    }
+    y += 2;
     y++;
     if (y > bottom) return;
     attron(head);
@@ -799,6 +812,11 @@ static void drain(tui *t)
             snprintf(t->progress, sizeof t->progress, "%s", ev.text);
             break;
         case UW_DONE:
+            if (ev.a == 1 && t->answering) {   /* Ctrl-C: the partial answer stays, marked */
+                char mark[32];
+                snprintf(mark, sizeof mark, "%c [stopped]%c", EV_ON, EV_OFF);
+                append_text(t, mark);
+            }
             t->answering = 0;
             t->progress[0] = 0;
             if (ev.text[0]) add_entry(t, E_INFO, ev.text);
