@@ -3,7 +3,13 @@
 
 CC      ?= cc
 CXX     ?= c++
+# CUDA=1: the CUDA backend (kernels/cuda/*.cu through nvcc, cuBLAS) in a build directory of its own.
+CUDA    ?=
+ifeq ($(CUDA),1)
+BUILD   ?= build-cuda
+else
 BUILD   ?= build
+endif
 OPT     ?= -O2
 SAN     ?=
 CWARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
@@ -13,23 +19,42 @@ CXXFLAGS_ALL = -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Iengine $(SAN) $(CXXF
 # them and the portable kernels is made at run time (kernels/cpu/vec_dot.c).
 AVX2FLAGS = -mavx2 -mfma -mf16c
 LDLIBS_ALL = -lsentencepiece -lsqlite3 -lnettle -lncursesw -lstdc++ -lm -pthread $(SAN) $(LDLIBS)
+NVCC      ?= nvcc
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+# sm_80 (A100) and sm_90 (H100/H200) code, and PTX for newer devices
+NVFLAGS   = -std=c++17 -O2 -g -Iengine -Ikernels -gencode arch=compute_80,code=sm_80 \
+            -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+            -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror
+ifeq ($(CUDA),1)
+CFLAGS_ALL += -DKVCHAT_CUDA
+LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+endif
 
 ENGINE_C  := $(wildcard engine/*.c) $(wildcard engine/policy/*.c) $(wildcard store/*.c)
 ENGINE_CXX:= $(wildcard engine/*.cpp)
 KERNEL_C  := $(wildcard kernels/cpu/*.c)
+KERNEL_CU := $(wildcard kernels/cuda/*.cu)
+ifneq ($(CUDA),1)
+KERNEL_C  += kernels/cuda_absent.c
+KERNEL_CU :=
+endif
 APP_C     := $(wildcard app/*.c) $(wildcard ui/*.c)
 UNIT_C    := $(wildcard tests/test_*.c)
 MODEL_T_C := $(wildcard tests/model/test_*.c)
+GPU_T_C   := $(wildcard tests/gpu/test_*.c)
 
-LIB_OBJ  := $(ENGINE_C:%.c=$(BUILD)/%.o) $(ENGINE_CXX:%.cpp=$(BUILD)/%.o) $(KERNEL_C:%.c=$(BUILD)/%.o)
+LIB_OBJ  := $(ENGINE_C:%.c=$(BUILD)/%.o) $(ENGINE_CXX:%.cpp=$(BUILD)/%.o) $(KERNEL_C:%.c=$(BUILD)/%.o) \
+            $(KERNEL_CU:%.cu=$(BUILD)/%.o)
 APP_OBJ  := $(APP_C:%.c=$(BUILD)/%.o)
 UNIT_OBJ := $(UNIT_C:%.c=$(BUILD)/%.o)
 MODEL_T_OBJ := $(MODEL_T_C:%.c=$(BUILD)/%.o)
+GPU_T_OBJ := $(GPU_T_C:%.c=$(BUILD)/%.o)
 
 KVCHAT   := kvchat
 LIB      := $(BUILD)/libkvchat.a
 UNIT_BIN := $(BUILD)/tests/unit_tests
 MODEL_BIN:= $(BUILD)/tests/model_tests
+GPU_BIN  := $(BUILD)/tests/gpu_tests
 
 # Where the default model lives (outside the repository) and how it is fetched.
 XDG_CACHE_HOME ?= $(HOME)/.cache
@@ -37,7 +62,7 @@ KVCHAT_CACHE   ?= $(XDG_CACHE_HOME)/kvchat
 DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
 export KVCHAT_CACHE DEFAULT_MODEL
 
-.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench clean
+.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench clean cuda-build test-gpu
 
 all: $(KVCHAT)
 
@@ -47,6 +72,8 @@ help:
 	@echo "make test       install what is missing, fetch the default model, run every test"
 	@echo "make unit-tests build and run the unit and tiny-model tests only (no default model)"
 	@echo "make asan       build with AddressSanitizer+UBSan and run the unit tests"
+	@echo "make CUDA=1     build ./kvchat with the CUDA backend (nvcc, cuBLAS; sm_80 and sm_90)"
+	@echo "make test-gpu   build the CUDA backend and run its parity tests against the CPU (needs a GPU)"
 	@echo "make fuzz       build the GGUF fuzzer (clang libFuzzer) and run it for FUZZ_SECONDS (60)"
 	@echo "make model      fetch and verify the default model (Gemma 3 270M Q4_K_M) into $(KVCHAT_CACHE)"
 	@echo "make bootstrap  install the Debian packages kvchat needs (apt-get when root)"
@@ -74,6 +101,10 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS_ALL) -MMD -MP -c $< -o $@
@@ -81,6 +112,10 @@ $(BUILD)/%.o: %.cpp
 $(UNIT_BIN): $(UNIT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $(UNIT_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
+
+$(GPU_BIN): $(GPU_T_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $(GPU_T_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
 
 $(MODEL_BIN): $(MODEL_T_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -94,7 +129,18 @@ run: model $(KVCHAT)
 test: model
 	@$(MAKE) --no-print-directory $(KVCHAT) $(UNIT_BIN) $(MODEL_BIN)
 	./$(UNIT_BIN) -j2
+	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory cuda-build; \
+	 else echo "nvcc not found: the CUDA backend was not built (make CUDA=1 needs the CUDA toolkit)"; fi
 	KVCHAT_MODEL=$(DEFAULT_MODEL) ./$(MODEL_BIN) -j1
+
+# The CUDA backend and its GPU tests compile and link (no GPU needed); test-gpu also runs them.
+cuda-build:
+	@$(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda KVCHAT=build-cuda/kvchat build-cuda/kvchat \
+		build-cuda/tests/gpu_tests
+	@echo "CUDA build: build-cuda/kvchat and build-cuda/tests/gpu_tests linked"
+
+test-gpu: cuda-build
+	./build-cuda/tests/gpu_tests -j1
 
 unit-tests: $(KVCHAT) $(UNIT_BIN)
 	./$(UNIT_BIN) -j2
@@ -135,6 +181,6 @@ bench: model $(KVCHAT)
 	./$(KVCHAT) bench -m $(DEFAULT_MODEL)
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz $(KVCHAT)
+	rm -rf $(BUILD) build-asan build-fuzz build-cuda $(KVCHAT)
 
--include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(MODEL_T_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(MODEL_T_OBJ:.o=.d) $(GPU_T_OBJ:.o=.d)

@@ -153,6 +153,16 @@ int cli_parse_common(cli_opts *o, int argc, char **argv, int *i)
         o->n_batch = (int)iv;
     } else if (!strcmp(a, "--no-simd")) {
         o->no_simd = 1;
+    } else if (!strcmp(a, "--device")) {
+        VAL();
+        if (!strcmp(v, "cpu")) {
+            o->device = CLI_DEV_CPU;
+        } else if (!strcmp(v, "cuda")) {
+            o->device = CLI_DEV_CUDA;
+        } else {
+            cli_err("--device is cpu or cuda, not '%s'", v);
+            return -1;
+        }
     } else if (!strcmp(a, "--policy")) {
         VAL();
         o->policy = v;
@@ -297,6 +307,29 @@ int cli_apply_head_similarity(cli_runtime *rt)
     return rc;
 }
 
+/* A device backend copies every weight it will multiply now, so a model too large for the device is
+ * a clear error before anything runs. */
+static int cli_prepare_weights(cli_runtime *rt, char *err, size_t errlen)
+{
+    if (!rt->b->ops->prepare) return 0;
+    const model *m = rt->m;
+    int n = 0;
+    const be_weight **w = malloc(sizeof *w * (size_t)(m->hp.n_layer * 7 + 1));
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const model_layer *L = &m->layers[il];
+        const be_weight *lw[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
+        for (int i = 0; i < 7; i++) w[n++] = lw[i];
+    }
+    w[n++] = &m->output;
+    int rc = rt->b->ops->prepare(rt->b, w, n, err, errlen);
+    free(w);
+    return rc;
+}
+
 int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
 {
     char err[600], pathbuf[1024];
@@ -316,8 +349,10 @@ int cli_open(cli_runtime *rt, const cli_opts *o, int with_fwd)
         cli_err("%s", err);
         return -1;
     }
-    rt->b = be_cpu_create(o->n_threads, err, sizeof err);
-    if (!rt->b) {
+    /* CUDA when asked for, or by default when a device is present */
+    int cuda = o->device == CLI_DEV_CUDA || (o->device == CLI_DEV_AUTO && be_cuda_devices() > 0);
+    rt->b = cuda ? be_cuda_create(o->n_threads, err, sizeof err) : be_cpu_create(o->n_threads, err, sizeof err);
+    if (!rt->b || cli_prepare_weights(rt, err, sizeof err)) {
         cli_err("%s", err);
         cli_close(rt);
         return -1;

@@ -17,6 +17,8 @@
 #include "sampler.h"
 #include "uncertainty.h"
 
+enum { CLI_DEV_AUTO, CLI_DEV_CPU, CLI_DEV_CUDA };
+
 /* Options common to the commands that run a model. */
 typedef struct cli_opts {
     const char *model_path;     /* -m; NULL: the default model */
@@ -25,6 +27,7 @@ typedef struct cli_opts {
     int64_t n_ctx;              /* --ctx; 0 = the model's training context */
     int n_batch;                /* --batch */
     int no_simd;                /* --no-simd */
+    int device;                 /* --device: CLI_DEV_AUTO (cuda when present), CLI_DEV_CPU, CLI_DEV_CUDA */
     const char *policy;         /* --policy SPEC (NULL: full) */
     const char *budget;         /* --budget B (fraction of the context or tokens) */
     int page_size;              /* --page-size (0: 32) */

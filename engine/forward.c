@@ -232,6 +232,7 @@ static void set_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int h
     r->n = p->n;
     r->stride = head_dim;
     r->head_step = 0;
+    r->gen = p->gen;
 }
 
 static int64_t tokens_of(const kv_page *p, const uint64_t *mask)

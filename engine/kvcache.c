@@ -124,9 +124,17 @@ uint64_t kv_page_bytes(const kv_cache *kv) { return kv->page_bytes; }
 void kv_set_floor(kv_cache *kv, int64_t pos) { kv->floor = pos; }
 void kv_set_mark(kv_cache *kv, int64_t pos) { kv->mark = pos; }
 
+/* A new content generation, unique in the process (device copies of pages compare them). */
+static uint64_t next_gen(void)
+{
+    static _Atomic uint64_t counter;
+    return ++counter;
+}
+
 static void page_reset(const kv_cache *kv, kv_page *p)
 {
     p->n = 0;
+    p->gen = next_gen();
     p->merged = 0;
     for (int64_t i = 0; i < kv->row_dim; i++) {
         p->ksum[i] = 0;
@@ -267,6 +275,7 @@ static void stream_truncate(kv_cache *kv, kv_stream *L, int64_t pos)
             continue;
         }
         p->n = keep;
+        p->gen = next_gen();   /* the rows past keep will be written again */
         kv_page_resummarize(kv, p);
         break;
     }

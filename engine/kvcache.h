@@ -25,6 +25,7 @@ typedef struct kv_page {
     float *kmin, *kmax;    /* [head_dim] element-wise min / max of the keys held */
     int32_t n;             /* tokens held (a prefix of the page) */
     int32_t merged;        /* 1 when some logdeg is nonzero */
+    uint64_t gen;          /* content generation (be_kv_page.gen): new when rows below n change */
 } kv_page;
 
 typedef struct kv_cache kv_cache;

@@ -1,9 +1,10 @@
 /* backend.h - the op table the forward pass runs on.
  *
- * The engine calls these ops and never knows which device executes them. Today there is one
- * implementation (kernels/cpu/backend_cpu.c: SIMD kernels and a thread pool); the CUDA backend fills
- * the same table. All activations are f32 row-major [rows][cols]; weights stay in their GGUF
- * encoding (be_weight points into the mapped file). */
+ * The engine calls these ops and never knows which device executes them. Two implementations:
+ * kernels/cpu/backend_cpu.c (SIMD kernels and a thread pool) and kernels/cuda/backend_cuda.cu
+ * (cuBLAS and CUDA kernels, built with `make CUDA=1`). All activations are f32 row-major
+ * [rows][cols] in host memory; weights stay in their GGUF encoding (be_weight points into the
+ * mapped file) and a device backend keeps its own copies. */
 #ifndef KVCHAT_BACKEND_H
 #define KVCHAT_BACKEND_H
 
@@ -36,6 +37,10 @@ typedef struct be_kv_page {
     int32_t n;
     int32_t stride;         /* elements from one token's row to the next */
     int32_t head_step;      /* elements from KV head g's row to head g+1's (0: per-head pages) */
+    /* The page's content generation: while it stays the same, rows below n never change (tokens
+     * are only appended), so a device copy needs only the rows past what it already holds. Any
+     * other change (a reused page, a truncation) comes with a new value, unique in the process. */
+    uint64_t gen;
 } be_kv_page;
 
 /* Attention of a batch of queries over an explicit list of pages, read in place (never gathered).
@@ -75,6 +80,12 @@ typedef struct be_ops {
     /* y[r] = dot(m row r, x) for rows r < n_rows of an f32 matrix [n_rows][dim]: the selection
      * policies score every page summary against an anchor or query with one product. */
     void (*scores)(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y);
+    /* Copy the weights a model will multiply to the device now, so running out of device memory is
+     * an error at load time naming what was needed (NULL: nothing to do). 0, or -1 with a message. */
+    int (*prepare)(be_backend *b, const be_weight *const *w, int n, char *err, size_t errlen);
+    /* Device memory: what this backend holds and the device's total (NULL: host memory only). */
+    void (*memory)(be_backend *b, uint64_t *held, uint64_t *total);
+    void (*destroy)(be_backend *b);
 } be_ops;
 
 struct be_backend {
@@ -85,6 +96,11 @@ struct be_backend {
 
 /* CPU backend with n_threads threads (<= 0: all cores). NULL and a message on failure. */
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen);
+/* CUDA backend on device 0; the small element-wise ops run on a CPU backend of n_threads threads.
+ * NULL and a message when kvchat was built without CUDA, no device is present, or setting up fails. */
+be_backend *be_cuda_create(int n_threads, char *err, size_t errlen);
+/* CUDA devices present (0 as well when kvchat was built without CUDA). */
+int be_cuda_devices(void);
 void be_free(be_backend *b);
 /* 1 if this backend can multiply weights of this type. */
 int be_supports_weight(const be_backend *b, uint32_t type);

@@ -510,6 +510,19 @@ static void cpu_scores(be_backend *b, const float *m, int64_t n_rows, int64_t di
 
 /* ---------------------------------------------------------------- table */
 
+static void cpu_destroy(be_backend *b)
+{
+    cpu_impl *ci = b->impl;
+    if (ci) {
+        tp_free(ci->pool);
+        for (int i = 0; i < MAX_MM; i++) free(ci->act_buf[i]);
+        free(ci->att_part);
+        free(ci->att_scratch);
+        free(ci);
+    }
+    free(b);
+}
+
 static const be_ops cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
@@ -519,6 +532,7 @@ static const be_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .attention = cpu_attention,
     .scores = cpu_scores,
+    .destroy = cpu_destroy,
 };
 
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)
@@ -545,16 +559,7 @@ be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)
 
 void be_free(be_backend *b)
 {
-    if (!b) return;
-    cpu_impl *ci = b->impl;
-    if (ci) {
-        tp_free(ci->pool);
-        for (int i = 0; i < MAX_MM; i++) free(ci->act_buf[i]);
-        free(ci->att_part);
-        free(ci->att_scratch);
-        free(ci);
-    }
-    free(b);
+    if (b) b->ops->destroy(b);
 }
 
 int be_supports_weight(const be_backend *b, uint32_t type)

@@ -1,0 +1,15 @@
+/* cuda_absent.c - what a build without CUDA (plain `make`) says when asked for the GPU: no device,
+ * and how to get a build that has one. `make CUDA=1` compiles kernels/cuda/backend_cuda.cu instead. */
+#include <stdio.h>
+
+#include "backend.h"
+
+int be_cuda_devices(void) { return 0; }
+
+be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
+{
+    (void)n_threads;
+    snprintf(err, errlen, "this kvchat was built without CUDA: build it with `make CUDA=1` (nvcc and cuBLAS), "
+                          "or use --device cpu");
+    return NULL;
+}

@@ -1,0 +1,316 @@
+/* test_cuda.c - the CUDA backend against the CPU backend (`make test-gpu`, on a machine with an
+ * NVIDIA GPU; CI only builds it). Per op on random inputs of awkward sizes: matrix products of every
+ * weight type the tiny models carry (f16 compute: 1e-2 of the row's largest magnitude), attention over
+ * pages of odd lengths with masks, merged-token bias, sliding windows and per-KV-head page lists
+ * (f32 math on both: 2e-3), the device copies of pages kept right through appends, truncation and
+ * reuse; then whole forward passes of both tiny models with a policy that evicts: logits within 1e-2
+ * relative and the same top-1 at every step. The seed is printed (GPU_SEED replays it). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+#include "forward.h"
+#include "model.h"
+#include "policy.h"
+#include "quant.h"
+#include "tokenizer.h"
+
+#define TD "../shared/testdata/"
+
+static uint64_t rng_state;
+static void seed_rng(const char *what)
+{
+    const char *env = getenv("GPU_SEED");
+    rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) * 2654435761u;
+    cr_log_info("%s: seed %llu (GPU_SEED to replay)", what, (unsigned long long)rng_state);
+}
+static uint32_t rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
+
+static be_backend *cpu, *gpu;
+
+static void setup(void)
+{
+    char err[512];
+    cpu = be_cpu_create(2, err, sizeof err);
+    cr_assert(cpu, "%s", err);
+    gpu = be_cuda_create(2, err, sizeof err);
+    cr_assert(gpu, "%s (these tests need an NVIDIA GPU)", err);
+}
+
+static void teardown(void)
+{
+    be_free(gpu);
+    be_free(cpu);
+}
+
+TestSuite(cuda, .init = setup, .fini = teardown);
+
+/* largest |a - b| over n, relative to the largest |b| */
+static double rel_diff(const float *a, const float *b, int64_t n)
+{
+    double worst = 0, scale = 1e-6;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > worst || isnan(d)) worst = isnan(d) ? INFINITY : d;
+        if (fabs(b[i]) > scale) scale = fabs(b[i]);
+    }
+    return worst / scale;
+}
+
+Test(cuda, matmul_of_every_tiny_model_weight_equals_the_cpu)
+{
+    seed_rng("matmul");
+    const char *files[] = { "tiny-gemma3-f16.gguf", "tiny-gemma3-q4_k_m.gguf", "tiny-llama-f16.gguf",
+                            "tiny-llama-q4_k_m.gguf" };
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        char path[256], err[512];
+        snprintf(path, sizeof path, TD "tiny/%s", files[fi]);
+        model *m;
+        cr_assert(model_load(&m, path, NULL, err, sizeof err) == 0, "%s", err);
+        const int64_t toks[] = { 1, 3, 17 };
+        for (int il = 0; il < m->hp.n_layer; il++) {
+            const model_layer *L = &m->layers[il];
+            const be_weight *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
+            for (size_t wi = 0; wi < 7; wi++) {
+                const be_weight *w = ws[wi];
+                for (size_t ti = 0; ti < 3; ti++) {
+                    int64_t nt = toks[ti];
+                    float *x = malloc(sizeof(float) * (size_t)(nt * w->n_in));
+                    float *y0 = malloc(sizeof(float) * (size_t)(nt * w->n_out));
+                    float *y1 = malloc(sizeof(float) * (size_t)(nt * w->n_out));
+                    for (int64_t i = 0; i < nt * w->n_in; i++) x[i] = frand(-1, 1);
+                    for (int64_t i = 0; i < nt * w->n_out; i++) y1[i] = NAN;
+                    be_mm a = { w, y0 }, b = { w, y1 };
+                    cpu->ops->matmul(cpu, &a, 1, x, nt);
+                    gpu->ops->matmul(gpu, &b, 1, x, nt);
+                    double d = rel_diff(y1, y0, nt * w->n_out);
+                    cr_expect(d < 1e-2, "%s layer %d weight %zu (%s) tokens %lld: relative difference %g", files[fi], il,
+                              wi, quant_type_name(w->type), (long long)nt, d);
+                    free(x);
+                    free(y0);
+                    free(y1);
+                }
+            }
+        }
+        model_free(m);
+    }
+}
+
+/* Random pages for n_kv KV heads: page lengths 1..37, positions ascending over each head's pages. */
+typedef struct page_set {
+    be_kv_page *pages;
+    int64_t n_pages, head_pages[9];
+    uint16_t **kv;
+    int32_t **pos;
+    float **bias;
+    uint64_t **mask;
+    int32_t max_pos;
+} page_set;
+
+static uint64_t gen_counter = 1000000;   /* far from the engine's own generations */
+
+static void make_pages(page_set *ps, int n_kv, int pages_per_head, int D, int with_mask, int with_bias)
+{
+    ps->n_pages = (int64_t)n_kv * pages_per_head;
+    ps->pages = calloc((size_t)ps->n_pages, sizeof *ps->pages);
+    ps->kv = calloc((size_t)ps->n_pages, sizeof *ps->kv);
+    ps->pos = calloc((size_t)ps->n_pages, sizeof *ps->pos);
+    ps->bias = calloc((size_t)ps->n_pages, sizeof *ps->bias);
+    ps->mask = calloc((size_t)ps->n_pages, sizeof *ps->mask);
+    ps->max_pos = 0;
+    for (int g = 0; g < n_kv; g++) {
+        ps->head_pages[g] = (int64_t)g * pages_per_head;
+        int32_t p = 0;
+        for (int j = 0; j < pages_per_head; j++) {
+            int64_t i = (int64_t)g * pages_per_head + j;
+            int32_t n = 1 + (int32_t)(rnd() % 37);
+            ps->kv[i] = malloc(sizeof(uint16_t) * 2 * 64 * (size_t)D);   /* room for 64 rows */
+            ps->pos[i] = malloc(sizeof(int32_t) * 64);
+            for (int64_t e = 0; e < 2 * 64 * (int64_t)D; e++) ps->kv[i][e] = quant_f32_to_fp16(frand(-1, 1));
+            for (int32_t t = 0; t < 64; t++) ps->pos[i][t] = (p += 1 + (int32_t)(rnd() % 3));
+            p = ps->pos[i][n - 1];
+            if (with_bias) {
+                ps->bias[i] = malloc(sizeof(float) * 64);
+                for (int32_t t = 0; t < 64; t++) ps->bias[i][t] = rnd() % 3 ? 0.0f : logf(2.0f + (float)(rnd() % 4));
+            }
+            if (with_mask && rnd() % 2) {
+                ps->mask[i] = calloc(1, sizeof(uint64_t));
+                for (int32_t t = 0; t < n; t++)
+                    if (rnd() % 4) ps->mask[i][0] |= 1ull << t;
+            }
+            be_kv_page *pg = &ps->pages[i];
+            pg->k = ps->kv[i];
+            pg->v = ps->kv[i] + 64 * (size_t)D;
+            pg->pos = ps->pos[i];
+            pg->bias = ps->bias[i];
+            pg->mask = ps->mask[i];
+            pg->n = n;
+            pg->stride = D;
+            pg->head_step = 0;
+            pg->gen = ++gen_counter;
+        }
+        if (p > ps->max_pos) ps->max_pos = p;
+    }
+    ps->head_pages[n_kv] = ps->n_pages;
+}
+
+static void free_pages(page_set *ps)
+{
+    for (int64_t i = 0; i < ps->n_pages; i++) {
+        free(ps->kv[i]);
+        free(ps->pos[i]);
+        free(ps->bias[i]);
+        free(ps->mask[i]);
+    }
+    free(ps->kv);
+    free(ps->pos);
+    free(ps->bias);
+    free(ps->mask);
+    free(ps->pages);
+}
+
+/* Attention of n_q queries at the last positions (and some in the middle) on both backends. */
+static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64_t n_q, int32_t window)
+{
+    float *q = malloc(sizeof(float) * (size_t)(n_q * n_head * D));
+    float *o0 = malloc(sizeof(float) * (size_t)(n_q * n_head * D)), *o1 = malloc(sizeof(float) * (size_t)(n_q * n_head * D));
+    int32_t *qp = malloc(sizeof(int32_t) * (size_t)n_q);
+    for (int64_t i = 0; i < n_q * n_head * D; i++) {
+        q[i] = frand(-0.5f, 0.5f);
+        o1[i] = NAN;
+    }
+    for (int64_t t = 0; t < n_q; t++) qp[t] = t == n_q - 1 ? ps->max_pos : (int32_t)(rnd() % (uint32_t)(ps->max_pos + 1));
+    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0 };
+    cpu->ops->attention(cpu, &a);
+    a.out = o1;
+    gpu->ops->attention(gpu, &a);
+    double d = 0;
+    for (int64_t i = 0; i < n_q * n_head * D; i++) {
+        double e = fabs((double)o0[i] - o1[i]);
+        if (e > d || isnan(e)) d = isnan(e) ? INFINITY : e;
+    }
+    free(q);
+    free(o0);
+    free(o1);
+    free(qp);
+    return d;
+}
+
+Test(cuda, paged_attention_equals_the_cpu)
+{
+    seed_rng("attention");
+    const int dims[] = { 64, 80, 128, 256 };
+    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 } };
+    for (size_t di = 0; di < 4; di++)
+        for (size_t hi = 0; hi < 3; hi++)
+            for (int variant = 0; variant < 4; variant++) {
+                int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1];
+                page_set ps;
+                make_pages(&ps, nkv, 1 + (int)(rnd() % 9), D, variant & 1, variant & 2);
+                int64_t nq = variant == 3 ? 7 : 1;
+                int32_t window = variant == 2 ? 40 : 0;
+                double d = compare_attention(&ps, nh, nkv, D, nq, window);
+                cr_expect(d < 2e-3, "D %d, %d heads / %d KV, variant %d: max |diff| %g", D, nh, nkv, variant, d);
+                free_pages(&ps);
+            }
+}
+
+Test(cuda, device_page_copies_follow_appends_truncation_and_reuse)
+{
+    seed_rng("page copies");
+    int D = 64, nh = 4, nkv = 2;
+    page_set ps;
+    make_pages(&ps, nkv, 5, D, 0, 0);
+    cr_expect(compare_attention(&ps, nh, nkv, D, 1, 0) < 2e-3);
+    /* appends: the same generation, more rows */
+    for (int64_t i = 0; i < ps.n_pages; i++)
+        if (ps.pages[i].n < 64 && i % ps.head_pages[1] == ps.head_pages[1] - 1) ps.pages[i].n++;
+    ps.max_pos = 0;
+    for (int64_t i = 0; i < ps.n_pages; i++)
+        if (ps.pages[i].pos[ps.pages[i].n - 1] > ps.max_pos) ps.max_pos = ps.pages[i].pos[ps.pages[i].n - 1];
+    cr_expect(compare_attention(&ps, nh, nkv, D, 1, 0) < 2e-3, "after appends");
+    /* truncation and new rows written over old ones: a new generation */
+    for (int64_t i = 0; i < ps.n_pages; i++) {
+        be_kv_page *pg = &ps.pages[i];
+        for (int64_t e = 0; e < (int64_t)pg->n * D; e++) ps.kv[i][e] = quant_f32_to_fp16(frand(-1, 1));
+        pg->gen = ++gen_counter;
+    }
+    cr_expect(compare_attention(&ps, nh, nkv, D, 1, 0) < 2e-3, "after rewriting rows under new generations");
+    free_pages(&ps);
+}
+
+/* Logits of prompt p2 and 8 greedy steps on one backend, with a policy that evicts (SnapKV at 50%).
+ * feed: the tokens to continue with (the other backend's choices, so a near-tie cannot fork the two
+ * sequences); NULL: its own greedy choices. */
+static float *run_model(model *m, be_backend *b, int32_t *top, int steps, const int32_t *feed)
+{
+    char err[512];
+    FILE *f = fopen(TD "prompts/p2.txt", "rb");
+    cr_assert(f);
+    static char text[8192];
+    size_t tl = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    int32_t *ids;
+    size_t n;
+    cr_assert(tok_encode(m->vocab, text, tl, 1, 0, &ids, &n, err, sizeof err) == 0, "%s", err);
+    fwd_opts fo = { 4096, 128, 16 };
+    fwd_ctx *fw = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(fw, "%s", err);
+    pol_spec spec;
+    cr_assert(pol_parse(&spec, "snapkv:budget=0.5", NULL, err, sizeof err) == 0, "%s", err);
+    pol_env env;
+    fwd_policy_env(fw, &env);
+    pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
+    cr_assert(ps, "%s", err);
+    fwd_set_policy(fw, ps);
+    int64_t nv = m->hp.n_vocab;
+    float *all = malloc(sizeof(float) * (size_t)(nv * (steps + 1)));
+    cr_assert(fwd_eval(fw, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    for (int s = 0; s <= steps; s++) {
+        const float *l = all + s * nv;
+        int32_t best = 0;
+        for (int64_t i = 1; i < nv; i++)
+            if (l[i] > l[best]) best = (int32_t)i;
+        top[s] = best;
+        int32_t next = feed ? feed[s] : best;
+        if (s < steps)
+            cr_assert(fwd_eval(fw, &next, 1, all + (s + 1) * nv, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s",
+                      err);
+    }
+    fwd_set_policy(fw, NULL);
+    pol_set_free(ps);
+    fwd_free(fw);
+    free(ids);
+    return all;
+}
+
+Test(cuda, tiny_model_logits_equal_the_cpu_under_an_evicting_policy)
+{
+    const char *files[] = { "tiny-gemma3-f16.gguf", "tiny-gemma3-q4_k_m.gguf", "tiny-llama-f16.gguf",
+                            "tiny-llama-q4_k_m.gguf" };
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        char path[256], err[512];
+        snprintf(path, sizeof path, TD "tiny/%s", files[fi]);
+        model *m;
+        cr_assert(model_load(&m, path, NULL, err, sizeof err) == 0, "%s", err);
+        int32_t t0[9], t1[9];
+        float *a = run_model(m, cpu, t0, 8, NULL), *b = run_model(m, gpu, t1, 8, t0);
+        for (int s = 0; s <= 8; s++) {
+            double d = rel_diff(b + s * m->hp.n_vocab, a + s * m->hp.n_vocab, m->hp.n_vocab);
+            cr_expect(d < 1e-2, "%s step %d: logits differ by %g of the largest", files[fi], s, d);
+            cr_expect_eq(t0[s], t1[s], "%s step %d: top-1 %d on the CPU, %d on the GPU", files[fi], s, t0[s], t1[s]);
+        }
+        free(a);
+        free(b);
+        model_free(m);
+    }
+}
