@@ -387,6 +387,7 @@ static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int
                          t->color ? COLOR_PAIR(C_MAP2) : 0);
     mvprintw(y++, x, "KV peak  %7.2f MiB", (double)v->kv_peak / mib);
     mvprintw(y++, x, "RSS peak %7.1f MiB", v->rss_mib);
+    if (v->gpu_total) mvprintw(y++, x, "GPU %7.0f/%.0f MiB", (double)v->gpu_held / mib, (double)v->gpu_total / mib);
     y++;
     if (y > bottom) return;
     attron(head);

@@ -144,6 +144,7 @@ static void publish(ui_worker *w)
     o->kv_full = ks.bytes_full;
     o->kv_peak = ks.bytes_peak;
     o->rss_mib = cli_peak_rss_mib();
+    if (w->rt.b->ops->memory) w->rt.b->ops->memory(w->rt.b, &o->gpu_held, &o->gpu_total);
     o->page_size = kv_page_size(fwd_kv(w->rt.f));
     int64_t total = (ks.positions + o->page_size - 1) / o->page_size;
     o->n_map = total < UW_MAP_MAX ? total : UW_MAP_MAX;

@@ -33,6 +33,7 @@ typedef struct uw_view {
     int64_t tokens_kept, tokens_full;   /* token rows held vs a full cache (all layers and KV heads) */
     uint64_t kv_held, kv_full, kv_peak;
     double rss_mib, weights_mib;
+    uint64_t gpu_held, gpu_total;   /* device memory of a GPU backend (gpu_total 0: on the CPU) */
     double tok_s, prefill_tok_s;
     int64_t map[UW_MAP_MAX]; /* how often the current answer attended each page of the sequence
                                 (summed over global layers and KV heads; capped at UW_MAP_MAX pages) */
