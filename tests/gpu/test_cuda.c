@@ -36,6 +36,8 @@ static uint32_t rnd(void)
 static float frand(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
 
 static be_backend *cpu, *gpu;
+static const char *files[] = { "tiny-gemma3-f16.gguf", "tiny-gemma3-q4_k_m.gguf", "tiny-llama-f16.gguf",
+                               "tiny-llama-q4_k_m.gguf" };
 
 static void setup(void)
 {
@@ -69,8 +71,6 @@ static double rel_diff(const float *a, const float *b, int64_t n)
 Test(cuda, matmul_of_every_tiny_model_weight_equals_the_cpu)
 {
     seed_rng("matmul");
-    const char *files[] = { "tiny-gemma3-f16.gguf", "tiny-gemma3-q4_k_m.gguf", "tiny-llama-f16.gguf",
-                            "tiny-llama-q4_k_m.gguf" };
     for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
         char path[256], err[512];
         snprintf(path, sizeof path, TD "tiny/%s", files[fi]);
@@ -295,8 +295,6 @@ static float *run_model(model *m, be_backend *b, int32_t *top, int steps, const 
 
 Test(cuda, tiny_model_logits_equal_the_cpu_under_an_evicting_policy)
 {
-    const char *files[] = { "tiny-gemma3-f16.gguf", "tiny-gemma3-q4_k_m.gguf", "tiny-llama-f16.gguf",
-                            "tiny-llama-q4_k_m.gguf" };
     for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
         char path[256], err[512];
         snprintf(path, sizeof path, TD "tiny/%s", files[fi]);
