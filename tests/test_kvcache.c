@@ -92,6 +92,35 @@ Test(kvcache, rewind_truncates_and_resummarizes)
     kv_free(kv);
 }
 
+/* A device copy of a page trusts its rows while the page's generation stays: appends keep it, while
+ * a truncation (rows to be written again), a reused page and packed pages get new ones. */
+Test(kvcache, content_generations_change_exactly_when_rows_are_rewritten)
+{
+    const int R = 8, P = 8;
+    kv_cache *kv = make(1, R, P, NULL, 20, NULL);
+    const kv_page *p2 = kv_layer_page(kv, 0, 0, 2);
+    uint64_t g0 = kv_layer_page(kv, 0, 0, 0)->gen, g2 = p2->gen;
+    cr_expect_neq(g0, g2, "pages get generations of their own");
+    float k[8 * 3] = { 0 }, v[8 * 3] = { 0 };
+    cr_assert(kv_append(kv, 0, k, v, 3, 20) == 0);   /* rows 4..6 of page 2 */
+    kv_commit(kv, 23);
+    cr_expect_eq(kv_layer_page(kv, 0, 0, 2)->gen, g2, "an append keeps the generation");
+    cr_expect_eq(kv_layer_page(kv, 0, 0, 0)->gen, g0);
+    cr_expect_eq(kv_rewind(kv, 18), 18);   /* page 2 keeps 2 rows; the next append rewrites row 2 */
+    uint64_t g2b = kv_layer_page(kv, 0, 0, 2)->gen;
+    cr_expect_neq(g2b, g2, "a truncation gives a new generation");
+    cr_expect_eq(kv_layer_page(kv, 0, 0, 0)->gen, g0, "untouched pages keep theirs");
+    cr_expect_eq(kv_rewind(kv, 8), 8);       /* pages 1 and 2 go back to the pool */
+    cr_assert(kv_append(kv, 0, k, v, 3, 8) == 0);
+    kv_commit(kv, 11);
+    uint64_t g1 = kv_layer_page(kv, 0, 0, 1)->gen;
+    cr_expect(g1 != g2 && g1 != g2b && g1 > g2b, "a reused page starts a new generation");
+    int64_t keep[] = { 0, 3, 9 };
+    cr_assert(kv_keep_tokens(kv, 0, 0, keep, 3) == 0);
+    cr_expect_gt(kv_layer_page(kv, 0, 0, 0)->gen, g1, "packed pages are new generations");
+    kv_free(kv);
+}
+
 Test(kvcache, sliding_window_layers_keep_only_what_queries_and_rewinds_need)
 {
     const int R = 8, P = 4;
