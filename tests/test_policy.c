@@ -617,6 +617,32 @@ Test(policy, chelsea_merges_into_degree_weighted_centroids)
     cr_expect_float_eq(d2[1], 1.0f, 0);
 }
 
+/* With an odd chunk size every chunk has one more A token than B tokens (chunk=3: two A, one B), so
+ * the links outnumber half the middle; the merge must still hold them all (it once sized its link
+ * buffer for T / 2 + 1 and wrote past it: 400 links into 301 here) and merge down to the target. */
+Test(policy, chelsea_merges_with_an_odd_chunk_size)
+{
+    enum { T = 600, Dk = 2 };
+    static float k[T * Dk], v[T * Dk], deg[T];
+    static int32_t pos[T];
+    for (int t = 0; t < T; t++) {
+        k[t * Dk] = cosf(0.37f * (float)t);
+        k[t * Dk + 1] = sinf(0.37f * (float)t);
+        v[t * Dk] = v[t * Dk + 1] = (float)t;
+        deg[t] = 1;
+        pos[t] = t;
+    }
+    cr_assert_eq(chelsea_merge(k, v, pos, deg, T, Dk, 300, 0, 0, 3), 300);
+    double total = 0, vsum = 0;
+    for (int t = 0; t < 300; t++) {
+        total += deg[t];
+        vsum += (double)deg[t] * v[t * Dk];
+        if (t > 0) cr_expect_lt(pos[t - 1], pos[t], "positions stay ascending");
+    }
+    cr_expect(fabs(total - T) < 1e-3, "degrees add up to the %d original tokens: %g", T, total);
+    cr_expect(fabs(vsum - (double)T * (T - 1) / 2) < 0.01 * T, "degree-weighted values keep their sum: %g", vsum);
+}
+
 Test(policy, chelsea_writes_log_degrees_the_attention_adds)
 {
     fixture fx;

@@ -60,7 +60,9 @@ static float cosine(const float *x, const float *y, int64_t D)
 int64_t chelsea_merge(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target, int sinks,
                       int recent, int chunk)
 {
-    link *links = malloc(sizeof(link) * (size_t)(T / 2 + 1));
+    /* one link per A token: ceil(len / 2) of every chunk, more than half the middle when the chunk
+     * size is odd (chunk=3: two of every three), so size for T */
+    link *links = malloc(sizeof(link) * (size_t)(T > 0 ? T : 1));
     char *gone = malloc((size_t)(T > 0 ? T : 1));
     if (!links || !gone) {
         free(links);
