@@ -1,43 +1,52 @@
-/* cmd_eval.c - `kvchat eval`: how often policies answer a generated retrieval question.
+/* cmd_eval.c - `kvchat eval`: quality and speed of KV-cache policies on generated tasks.
  *
- * Task `passkey`: a seeded filler document of about --ctx tokens with "The pass key is NNNNN." at a
- * random depth, asked "What is the pass key?"; an answer is correct when the key's digits appear in
- * it. Each sample is prefilled once with the full cache when every policy listed is a decode-time
- * selection (they all see the same cache), and each (policy, budget, backtrack) configuration then
- * answers from that prefill: the cache is rolled back to the prompt's last token, which is evaluated
- * again (so every configuration starts from the same logits), and the configuration's policies are
- * attached. Prefill policies get their own prefill per configuration. Per run: one CSV row; at the
- * end a table of accuracy and backtracking rates per configuration. */
+ * For each length, task and sample (tasks.c makes the document, questions and answers), the
+ * questions are first asked without the document (the control: what the model knows anyway), then
+ * by every configuration (policy x budget x backtracking). Decode-time policies share one prefill
+ * with the full cache: the cache is rolled back to the prompt's last token, which is evaluated
+ * again under the configuration (so every one starts from the same logits). Prefill policies get
+ * their own prefill. A multi-turn sample asks its later questions on the cache the earlier ones
+ * left; the ppl task teacher-forces the document's continuation instead of answering.
+ *
+ * Every record is a CSV row written when known; a run given the same CSV skips the rows already
+ * there (evalres.c), so an interrupted run continues. At the end: a Markdown summary and, with
+ * --out, the plots (evalplot.c). docs/eval.md is the reference. */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "commands.h"
-#include "docgen.h"
+#include "evalplot.h"
+#include "evalres.h"
+#include "session.h"
+#include "tasks.h"
 
 static void usage(void)
 {
-    printf("usage: kvchat eval --task passkey [options]\n"
+    printf("usage: kvchat eval --task LIST [options]\n"
            "\n"
-           "  --task passkey     the generated retrieval task (see docs/calibration.md)\n"
-           "  --ctx N            document length in tokens, about (default 4000)\n"
-           "  --samples N        documents (default 8)\n"
+           "  --task LIST        passkey, niah, multikey, multivalue, babi1, babi2, ppl, multiturn, or all\n"
+           "  --ctx LIST         document lengths in tokens, e.g. 2K,4K,8K (default 4000)\n"
+           "  --policy LIST      policies, e.g. full,chess,snapkv, or all (default full)\n"
+           "  --budget LIST      budgets, e.g. 0.01,0.05,0.1,0.2 (each policy with a budget runs at each)\n"
+           "  --samples LIST     samples per length: one value, or one per --ctx length (default 8)\n"
            "  --seed S           seed of the documents (default 1)\n"
-           "  --policy LIST      policies, e.g. chess:every=0,chess:every=6,quest (default full)\n"
-           "  --budget LIST      budgets, e.g. 0.01,0.05,0.1 (each policy runs at each)\n"
+           "  --depths N         points of the needle depth sweep of niah, 0..100%% (default 5)\n"
            "  --backtrack LIST   regenerations per answer, e.g. 0,2 (default: the policy's default)\n"
-           "  -n N               answer tokens (default 64: two generated pages)\n"
-           "  --csv FILE         one row per run\n"
+           "  -n N               answer tokens (default: per task, 12 to 48)\n"
+           "  --filler F         auto (the King James Bible when installed, else generated), kjv, generated\n"
+           "  --out DIR          DIR/samples.csv (resumed when present), DIR/summary.md and the plots\n"
+           "  --csv FILE         the samples CSV (resumed when present) without the rest of --out\n"
+           "  --plot-budget B    the budget of the speed and memory plot (default: the middle one)\n"
+           "  --report           no run: the summary and plots of the CSV that is there\n"
            "  -m MODEL  --threads N  --thresholds T  --page-size P\n");
 }
-
-typedef struct eval_row {
-    char policy[256], budget[32];
-    int backtrack;
-    int64_t runs, correct, tokens, events, regenerated;
-    double seconds;
-} eval_row;
 
 static int split_list(const char *list, char out[][32], int max)
 {
@@ -52,10 +61,85 @@ static int split_list(const char *list, char out[][32], int max)
     return n;
 }
 
+/* "2K" is 2048 tokens */
+static int parse_len(const char *s, int64_t *out)
+{
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (end == s) return -1;
+    if (*end == 'K' || *end == 'k') {
+        v *= 1024;
+        end++;
+    }
+    if (*end || v < 64 || v > (1 << 20)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* ---- progress -------------------------------------------------------------------------------- */
+
+/* Work is counted in prefill-token equivalents (a decoded token costs about six), so the ETA holds
+ * across tasks with and without their own prefills. */
+typedef struct progress {
+    double total, done, t0, last;
+    int tty;
+} progress;
+
+static void progress_show(progress *p, const char *what, int force)
+{
+    double now = cli_now();
+    if (!force && now - p->last < (p->tty ? 0.5 : 30.0)) return;
+    p->last = now;
+    double frac = p->total > 0 ? p->done / p->total : 1;
+    if (frac > 1) frac = 1;
+    char bar[25];
+    for (int i = 0; i < 24; i++) bar[i] = i < (int)(frac * 24) ? '#' : '-';
+    bar[24] = 0;
+    char eta[32] = "--";
+    if (p->done > 0) {
+        double left = (now - p->t0) * (p->total - p->done) / p->done;
+        if (left < 0) left = 0;
+        snprintf(eta, sizeof eta, "%dh%02dm%02ds", (int)(left / 3600), (int)(left / 60) % 60, (int)left % 60);
+    }
+    fprintf(stderr, "%s[%s] %3.0f%%  ETA %s  %-48.48s%s", p->tty ? "\r" : "", bar, 100 * frac, eta, what,
+            p->tty ? "" : "\n");
+    fflush(stderr);
+}
+
+/* ---- one run --------------------------------------------------------------------------------- */
+
+typedef struct eval_cfg {
+    pol_spec spec;
+    char policy[256], budget[32];
+    int backtrack;        /* as asked (-1: the policy's default) */
+    int has_prefill;
+} eval_cfg;
+
+typedef struct ev {
+    cli_opts *o;
+    cli_runtime rt;
+    samp *s;
+    float *logits;
+    int32_t nv;
+    pol_set *attached;
+    pol_env env;
+    int chat;             /* the model has a chat template */
+    int shared;           /* the full-cache prefill of the current prompt is in the cache */
+    FILE *out;
+    eval_recs recs;
+    progress pg;
+    volatile sig_atomic_t stop;   /* an answer line ended (multi-turn) or Ctrl-C */
+    char err[600];
+} ev;
+
 typedef struct answer_buf {
     tok_stream ts;
-    char text[2048];
+    const tok_vocab *v;
+    char text[1024];
     size_t n;
+    int64_t n_tok, line_end;   /* tokens received; index of the token that ended the first line (-1) */
+    int stop_at_line;
+    volatile sig_atomic_t *stop;
 } answer_buf;
 
 static void on_token(void *ud, int32_t id)
@@ -63,20 +147,409 @@ static void on_token(void *ud, int32_t id)
     answer_buf *a = ud;
     char piece[512];
     size_t w = tok_stream_feed(&a->ts, id, piece, sizeof piece);
-    if (w > sizeof a->text - 1 - a->n) w = sizeof a->text - 1 - a->n;
-    memcpy(a->text + a->n, piece, w);
-    a->n += w;
-    a->text[a->n] = 0;
+    if (w > sizeof piece - 1) w = sizeof piece - 1;
+    piece[w] = 0;
+    if (a->stop_at_line && a->line_end < 0) {
+        int content = 0;
+        for (size_t i = 0; i < a->n; i++) content |= a->text[i] != ' ';
+        char *nl = strchr(piece, '\n');
+        for (char *c = piece; nl && c < nl; c++) content |= *c != ' ';
+        if (nl && content) {   /* the answer's line is over: this token is not part of it */
+            a->line_end = a->n_tok;
+            *a->stop = 1;
+            w = (size_t)(nl - piece);
+        }
+    }
+    if (a->line_end < 0 || a->line_end == a->n_tok) {
+        if (w > sizeof a->text - 1 - a->n) w = sizeof a->text - 1 - a->n;
+        memcpy(a->text + a->n, piece, w);
+        a->n += w;
+        a->text[a->n] = 0;
+    }
+    a->n_tok++;
+    if (cli_interrupted) *a->stop = 1;
 }
 
-static void csv_text(FILE *f, const char *s)
+/* Attach configuration cfg (NULL: none) for a prompt of n tokens. 0, 1 when its budget is refused
+ * (why in E->err), -1 on failure. */
+static int attach(ev *E, const eval_cfg *cfg, int64_t n)
 {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"') fputc('"', f);
-        fputc(*s == '\n' ? ' ' : *s, f);
+    fwd_set_policy(E->rt.f, NULL);
+    pol_set_free(E->attached);
+    E->attached = NULL;
+    if (!cfg) return 0;
+    E->attached = pol_set_create(&cfg->spec, &E->env, E->err, sizeof E->err);
+    if (!E->attached) return -1;
+    pol_set_probe_is_question(E->attached, 1);
+    return pol_set_check(E->attached, n, E->err, sizeof E->err) ? 1 : 0;
+}
+
+/* The prompt under the attached configuration: its own prefill, or the shared one rolled back to
+ * the last token (see the file comment). Logits of the last token in E->logits. */
+static int prefill(ev *E, const int32_t *ids, size_t n, int own, double *secs)
+{
+    double t0 = cli_now();
+    fwd_ctx *f = E->rt.f;
+    if (!own && E->shared && fwd_rewind(f, (int64_t)n - 1) != (int64_t)n - 1) E->shared = 0;
+    pol_set *ps = E->attached;
+    fwd_set_policy(f, ps);   /* decode policies see the prompt's tokens too (SentKV) */
+    if (own || !E->shared) {
+        fwd_rewind(f, 0);
+        kv_reset_peak(fwd_cache(f));
+        if (fwd_eval(f, ids, (int64_t)n, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err, sizeof E->err))
+            return -1;
+        fwd_set_floor(f, (int64_t)n - 1);
+        E->shared = !own;   /* a prefill policy's cache is its own */
+    } else {
+        if (ps) pol_set_on_tokens(ps, ids, (int64_t)n - 1, 0);
+        if (fwd_eval(f, ids + n - 1, 1, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err, sizeof E->err))
+            return -1;
     }
-    fputc('"', f);
+    *secs = cli_now() - t0;
+    return 0;
+}
+
+static void kv_figures(ev *E, eval_rec *r)
+{
+    kv_stats ks;
+    kv_get_stats(fwd_kv(E->rt.f), &ks);
+    r->kv_bytes = ks.bytes_resident;
+    r->kv_peak = ks.bytes_peak;
+    r->kv_full = ks.bytes_full;
+}
+
+static int record(ev *E, const eval_rec *r)
+{
+    if (E->out) evalres_write(E->out, r);
+    if (evalres_push(&E->recs, r)) {
+        snprintf(E->err, sizeof E->err, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* Answer up to n_predict tokens from E->logits (prev: the last token in the cache). */
+static int answer(ev *E, int R, int64_t n_predict, int32_t prev, int stop_at_line, answer_buf *ab, gen_result *gr)
+{
+    memset(ab, 0, sizeof *ab);
+    tok_stream_init(&ab->ts, E->rt.m->vocab);
+    ab->line_end = -1;
+    ab->stop_at_line = stop_at_line;
+    ab->stop = &E->stop;
+    E->stop = 0;
+    gen_opts go = { n_predict, prev, &E->rt.thr, R, samp_temperature(E->s), 0 };
+    gen_callbacks cb = { ab, on_token, NULL, NULL };
+    return gen_answer(E->rt.f, E->s, E->rt.m->vocab, E->rt.mon, E->logits, E->nv, &go, &cb, &E->stop, gr, E->err,
+                      sizeof E->err);
+}
+
+static void expected_text(const task_item *it, int q, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    for (int i = 0; i < it->n_expect[q]; i++) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l, "%s%s", i ? " " : "", it->expect[q][i]);
+    }
+}
+
+/* Mean negative log-likelihood of cont under teacher forcing from E->logits (the logits after the
+ * prompt), decoding each token through the attached policies. */
+static int teacher_force(ev *E, const int32_t *cont, size_t n, double *nll)
+{
+    *nll = 0;
+    for (size_t i = 0; i < n; i++) {
+        float mx = E->logits[0];
+        for (int32_t k = 1; k < E->nv; k++) mx = E->logits[k] > mx ? E->logits[k] : mx;
+        double z = 0;
+        for (int32_t k = 0; k < E->nv; k++) z += exp((double)(E->logits[k] - mx));
+        *nll += log(z) + (double)mx - (double)E->logits[cont[i]];
+        if (i + 1 < n && fwd_decode(E->rt.f, cont[i], E->logits, &cli_interrupted, E->err, sizeof E->err)) return -1;
+    }
+    *nll /= (double)(n ? n : 1);
+    return 0;
+}
+
+typedef struct item_ctx {
+    const char *task;
+    int64_t ctx;
+    int sample;
+    const task_item *it;
+    int32_t *ids;          /* the first prompt (document and first question; ppl: the document) */
+    size_t n_ids;
+    int32_t *cont;         /* ppl: the continuation's tokens */
+    size_t n_cont;
+    int control[TASK_MAX_Q];
+    int64_t n_predict;
+} item_ctx;
+
+static void rec_base(const item_ctx *I, int q, eval_rec *r)
+{
+    evalres_init(r);
+    snprintf(r->task, sizeof r->task, "%s", I->task);
+    r->ctx = I->ctx;
+    r->tokens = (int64_t)I->n_ids;
+    r->sample = I->sample;
+    r->turn = q;
+    r->depth = I->it->depth[q];
+    r->control = I->control[q];
+    expected_text(I->it, q, r->expected, sizeof r->expected);
+}
+
+/* The questions without the document (ppl: the continuation after BOS alone). */
+static int run_control(ev *E, item_ctx *I)
+{
+    const task_item *it = I->it;
+    if (attach(E, NULL, 0) < 0) return -1;
+    E->shared = 0;
+    for (int q = 0; q < it->n_q; q++) {
+        long have = evalres_find(&E->recs, I->task, I->ctx, I->sample, q, "nodoc", "-", 0);
+        if (have >= 0) {
+            I->control[q] = E->recs.v[have].correct;
+            continue;
+        }
+        eval_rec r;
+        rec_base(I, q, &r);
+        snprintf(r.policy, sizeof r.policy, "nodoc");
+        double t0 = cli_now();
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (it->kind == TASK_LOGLIK) {
+            /* BOS alone as the prompt (a model without one starts from the continuation's first token) */
+            int has_bos = tok_bos(E->rt.m->vocab) >= 0;
+            int32_t bos = has_bos ? tok_bos(E->rt.m->vocab) : I->cont[0];
+            fwd_rewind(E->rt.f, 0);
+            kv_reset_peak(fwd_cache(E->rt.f));
+            double nll;
+            int32_t *c = has_bos ? I->cont : I->cont + 1;
+            size_t nc = has_bos ? I->n_cont : I->n_cont - 1;
+            if (fwd_eval(E->rt.f, &bos, 1, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err, sizeof E->err) ||
+                teacher_force(E, c, nc, &nll))
+                return -1;
+            r.ppl = exp(nll);
+            r.answer_tokens = (int64_t)nc;
+            r.tokens = 1;
+        } else {
+            int rc;
+            if (E->chat) rc = cli_doc_prompt(&E->rt, "", it->question[q], 1, &ids, &n, E->err, sizeof E->err);
+            else {
+                char text[256];
+                snprintf(text, sizeof text, "Question: %s\nAnswer:", it->question[q]);
+                rc = tok_encode(E->rt.m->vocab, text, strlen(text), tok_add_bos(E->rt.m->vocab), 0, &ids, &n, E->err,
+                                sizeof E->err);
+            }
+            if (rc) return -1;
+            fwd_rewind(E->rt.f, 0);
+            kv_reset_peak(fwd_cache(E->rt.f));
+            if (fwd_eval(E->rt.f, ids, (int64_t)n, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err,
+                         sizeof E->err)) {
+                free(ids);
+                return -1;
+            }
+            samp_reset(E->s);
+            for (size_t i = 0; i < n; i++) samp_accept(E->s, ids[i]);
+            answer_buf ab;
+            gen_result gr;
+            rc = answer(E, 0, I->n_predict, ids[n - 1], it->n_q > 1, &ab, &gr);
+            free(ids);
+            if (rc) return -1;
+            r.tokens = (int64_t)n;
+            r.correct = task_check(it, q, ab.text);
+            r.answer_tokens = gr.n_gen;
+            snprintf(r.answer, sizeof r.answer, "%.255s", ab.text);
+        }
+        r.seconds = cli_now() - t0;
+        r.control = -1;
+        kv_figures(E, &r);
+        I->control[q] = r.correct;
+        if (record(E, &r)) return -1;
+        if (cli_interrupted) return -1;
+    }
+    return 0;
+}
+
+/* One configuration on one sample: every question (turn) of it, or the teacher-forced continuation. */
+static int run_config(ev *E, item_ctx *I, const eval_cfg *cfg)
+{
+    const task_item *it = I->it;
+    int rc = attach(E, cfg, (int64_t)I->n_ids);
+    if (rc < 0) return -1;
+    if (rc > 0) {   /* this budget cannot work at this length: say so in the rows, go on */
+        for (int q = 0; q < it->n_q; q++) {
+            eval_rec r;
+            rec_base(I, q, &r);
+            snprintf(r.policy, sizeof r.policy, "%s", cfg->policy);
+            snprintf(r.budget, sizeof r.budget, "%s", cfg->budget);
+            r.backtrack = cfg->backtrack;
+            snprintf(r.status, sizeof r.status, "refused: %.80s", E->err);
+            if (record(E, &r)) return -1;
+        }
+        return 0;
+    }
+    int R = cfg->backtrack >= 0 ? cfg->backtrack : pol_set_can_reselect(E->attached) ? 2 : 0;
+    double pf_s;
+    if (prefill(E, I->ids, I->n_ids, cfg->has_prefill, &pf_s)) return -1;
+    int64_t pos0 = (int64_t)I->n_ids;
+    int32_t prev = I->ids[I->n_ids - 1];
+    samp_reset(E->s);
+    for (size_t i = 0; i < I->n_ids; i++) samp_accept(E->s, I->ids[i]);
+    for (int q = 0; q < it->n_q; q++) {
+        eval_rec r;
+        rec_base(I, q, &r);
+        snprintf(r.policy, sizeof r.policy, "%s", cfg->policy);
+        snprintf(r.budget, sizeof r.budget, "%s", cfg->budget);
+        r.backtrack = cfg->backtrack;
+        r.prefill_s = q == 0 ? pf_s : 0;
+        double t0 = cli_now();
+        if (q > 0) {
+            /* the next question on the cache the earlier turns left */
+            int32_t *next = NULL;
+            size_t nn = 0;
+            if (sess_continue_tokens(&E->rt, E->chat, it->question[q], &next, &nn, E->err, sizeof E->err)) return -1;
+            double t1 = cli_now();
+            int bad = fwd_eval(E->rt.f, next, (int64_t)nn, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err,
+                               sizeof E->err);
+            r.prefill_s = cli_now() - t1;
+            for (size_t i = 0; i < nn; i++) samp_accept(E->s, next[i]);
+            prev = nn ? next[nn - 1] : prev;
+            free(next);
+            if (bad) return -1;
+            pos0 = fwd_pos(E->rt.f);
+        }
+        if (it->kind == TASK_LOGLIK) {
+            double nll;
+            double t1 = cli_now();
+            if (teacher_force(E, I->cont, I->n_cont, &nll)) return -1;
+            r.decode_s = cli_now() - t1;
+            r.ppl = exp(nll);
+            r.answer_tokens = (int64_t)I->n_cont;
+        } else {
+            answer_buf ab;
+            gen_result gr;
+            double t1 = cli_now();
+            if (answer(E, R, I->n_predict, prev, it->n_q > 1, &ab, &gr)) return -1;
+            r.decode_s = cli_now() - t1;
+            if (cli_interrupted) return -1;
+            r.correct = task_check(it, q, ab.text);
+            r.answer_tokens = gr.n_gen;
+            snprintf(r.answer, sizeof r.answer, "%.255s", ab.text);
+            if (q + 1 < it->n_q) {
+                /* the cache keeps the answer's line, not the token that ended it (nor what a
+                 * backtracking page generated past it) */
+                int64_t keep = pos0 + (ab.line_end >= 0 ? ab.line_end : gr.n_gen);
+                if (fwd_pos(E->rt.f) > keep && fwd_rewind(E->rt.f, keep) != keep) {
+                    snprintf(E->err, sizeof E->err, "the cache could not roll back to the end of answer %d", q + 1);
+                    return -1;
+                }
+            }
+        }
+        r.seconds = cli_now() - t0 + (q == 0 ? pf_s : 0);
+        kv_figures(E, &r);
+        if (record(E, &r)) return -1;
+    }
+    return 0;
+}
+
+/* The ppl task's tokens: the document's, and the continuation's as they come out of tokenizing
+ * both together (so the boundary is tokenized as in running text), else on their own. */
+static int split_continuation(const cli_runtime *rt, const task_item *it, item_ctx *I, char *err, size_t errlen)
+{
+    const tok_vocab *v = rt->m->vocab;
+    size_t ld = strlen(it->doc), lc = strlen(it->cont), n_all = 0;
+    char *all = malloc(ld + lc + 1);
+    int32_t *ids_all = NULL;
+    if (!all) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    memcpy(all, it->doc, ld);
+    memcpy(all + ld, it->cont, lc + 1);
+    int bad = tok_encode(v, it->doc, ld, tok_add_bos(v), 0, &I->ids, &I->n_ids, err, errlen) ||
+              tok_encode(v, all, ld + lc, tok_add_bos(v), 0, &ids_all, &n_all, err, errlen);
+    free(all);
+    if (!bad && n_all > I->n_ids && !memcmp(ids_all, I->ids, sizeof(int32_t) * I->n_ids)) {
+        I->n_cont = n_all - I->n_ids;
+        I->cont = malloc(sizeof(int32_t) * I->n_cont);
+        if (I->cont) memcpy(I->cont, ids_all + I->n_ids, sizeof(int32_t) * I->n_cont);
+        else bad = 1;
+    } else if (!bad) {
+        bad = tok_encode(v, it->cont, lc, 0, 0, &I->cont, &I->n_cont, err, errlen);
+    }
+    free(ids_all);
+    return bad ? -1 : 0;
+}
+
+/* ---- the plan -------------------------------------------------------------------------------- */
+
+static int config_done(const ev *E, const char *task, int64_t ctx, int sample, int n_q, const eval_cfg *c)
+{
+    for (int q = 0; q < n_q; q++)
+        if (evalres_find(&E->recs, task, ctx, sample, q, c->policy, c->budget, c->backtrack) < 0) return 0;
+    return 1;
+}
+
+static int task_turns(const char *task)
+{
+    return !strcmp(task, "multiturn") ? 3 : 1;
+}
+
+/* Estimated work of a configuration on one sample, in prefill-token equivalents. */
+static double cost(const char *task, int64_t ctx, const eval_cfg *c, int64_t n_predict)
+{
+    double dec = 6.0 * (double)(!strcmp(task, "ppl") ? 150 : n_predict * task_turns(task));
+    return (c->has_prefill ? (double)ctx : 0) + dec;
+}
+
+/* The CSV for appending: a new file gets the header; an old one must have this version's columns. */
+static FILE *open_csv(const char *path, char *err, size_t errlen)
+{
+    FILE *chk = fopen(path, "r");
+    if (chk) {
+        char line[1024] = "";
+        int empty = !fgets(line, sizeof line, chk);
+        fclose(chk);
+        if (!empty && strcmp(line, evalres_header)) {
+            snprintf(err, errlen, "%s has other columns (an older kvchat eval): give another --csv or --out", path);
+            return NULL;
+        }
+        FILE *f = fopen(path, "a");
+        if (!f) snprintf(err, errlen, "cannot append to %s: %s", path, strerror(errno));
+        else if (empty) fputs(evalres_header, f);
+        return f;
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    else fputs(evalres_header, f);
+    return f;
+}
+
+static void read_cmd(const char *cmd, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    FILE *p = popen(cmd, "r");
+    if (!p) return;
+    if (fgets(buf, (int)cap, p)) buf[strcspn(buf, "\n")] = 0;
+    pclose(p);
+}
+
+/* summary.md and the plots of everything in the CSV. */
+static int report(const eval_recs *rs, const char *dir, int n_depths, const char *plot_budget, const char *about)
+{
+    char path[1024], err[600], made[1024];
+    snprintf(path, sizeof path, "%s/summary.md", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        cli_err("eval: cannot write %s", path);
+        return -1;
+    }
+    fprintf(f, "# kvchat eval summary\n\n%s\n\n", about);
+    evalres_summary_md(f, rs);
+    fclose(f);
+    if (evalplot_eval(rs, dir, n_depths, plot_budget, made, sizeof made, err, sizeof err)) {
+        cli_err("eval: %s", err);
+        return -1;
+    }
+    fprintf(stderr, "eval: wrote %s/summary.md and %s in %s\n", dir, made, dir);
+    return 0;
 }
 
 int cmd_eval(int argc, char **argv)
@@ -84,8 +557,10 @@ int cmd_eval(int argc, char **argv)
     cli_opts o;
     cli_opts_init(&o);
     o.sp.temperature = 0;
-    const char *task = NULL, *policies = "full", *budgets = NULL, *backtracks = NULL, *csv = NULL;
-    int64_t ctx_tokens = 4000, n_samples = 8, n_predict = 64, seed = 1;
+    const char *tasks_arg = NULL, *policies = "full", *budgets = NULL, *backtracks = NULL, *csv = NULL;
+    const char *ctx_arg = "4000", *samples_arg = "8", *out_dir = NULL, *filler_arg = "auto", *plot_budget = NULL;
+    int64_t n_predict = 0, seed = 1, n_depths = 5;
+    int report_only = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--policy")) {
@@ -95,17 +570,27 @@ int cmd_eval(int argc, char **argv)
         } else if (!strcmp(a, "--backtrack")) {
             if (!(backtracks = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--ctx")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 64, 1 << 20, &ctx_tokens)) return 1;
+            if (!(ctx_arg = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--task")) {
-            if (!(task = cli_need_value(argc, argv, &i))) return 1;
+            if (!(tasks_arg = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--samples")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 100000, &n_samples)) return 1;
+            if (!(samples_arg = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--seed")) {
             if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 0, INT64_MAX, &seed)) return 1;
+        } else if (!strcmp(a, "--depths")) {
+            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 101, &n_depths)) return 1;
         } else if (!strcmp(a, "-n")) {
             if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 4096, &n_predict)) return 1;
         } else if (!strcmp(a, "--csv")) {
             if (!(csv = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--out")) {
+            if (!(out_dir = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--filler")) {
+            if (!(filler_arg = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--plot-budget")) {
+            if (!(plot_budget = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--report")) {
+            report_only = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             return 0;
@@ -118,12 +603,69 @@ int cmd_eval(int argc, char **argv)
             }
         }
     }
-    if (!task || strcmp(task, "passkey")) {
-        cli_err("eval: give --task passkey (the task this version generates)");
+    char csv_path[1024] = "";
+    if (out_dir) {
+        if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
+            cli_err("eval: cannot create %s: %s", out_dir, strerror(errno));
+            return 1;
+        }
+        snprintf(csv_path, sizeof csv_path, "%s/samples.csv", out_dir);
+    }
+    if (csv) snprintf(csv_path, sizeof csv_path, "%s", csv);
+    if (report_only) {
+        if (!out_dir) {
+            cli_err("eval: --report needs --out DIR (where samples.csv is)");
+            return 1;
+        }
+        eval_recs rs = { 0 };
+        char err[600];
+        if (evalres_read(csv_path, &rs, err, sizeof err)) {
+            cli_err("eval: %s", err);
+            return 1;
+        }
+        if (rs.n == 0) {
+            cli_err("eval: %s has no rows", csv_path);
+            return 1;
+        }
+        evalres_summary_md(stdout, &rs);
+        int rc = report(&rs, out_dir, (int)n_depths, plot_budget, "Made by `kvchat eval --report` from samples.csv.");
+        evalres_free(&rs);
+        return rc ? 1 : 0;
+    }
+    if (!tasks_arg) {
+        cli_err("eval: give --task (passkey, niah, multikey, multivalue, babi1, babi2, ppl, multiturn or all)");
         return 1;
     }
+    /* tasks, lengths and samples */
+    char tlist[16][32], clist[16][32], slist[16][32];
+    int n_task = !strcmp(tasks_arg, "all") ? 0 : split_list(tasks_arg, tlist, 16);
+    if (!strcmp(tasks_arg, "all"))
+        for (const char *const *t = task_names(); *t; t++) snprintf(tlist[n_task++], 32, "%s", *t);
+    for (int t = 0; t < n_task; t++)
+        if (!task_known(tlist[t])) {
+            cli_err("eval: unknown task '%s' (passkey, niah, multikey, multivalue, babi1, babi2, ppl, multiturn)",
+                    tlist[t]);
+            return 1;
+        }
+    int n_ctx = split_list(ctx_arg, clist, 16), n_smp = split_list(samples_arg, slist, 16);
+    int64_t ctxs[16], smps[16];
+    if (n_task < 1 || n_ctx < 1 || (n_smp != 1 && n_smp != n_ctx)) {
+        cli_err("eval: --task and --ctx take 1 to 16 values, --samples one value or one per length");
+        return 1;
+    }
+    for (int c = 0; c < n_ctx; c++) {
+        if (parse_len(clist[c], &ctxs[c])) {
+            cli_err("eval: --ctx: '%s' is not a length from 64 to 1048576 tokens (2K = 2048)", clist[c]);
+            return 1;
+        }
+        if (cli_parse_int("--samples", slist[n_smp == 1 ? 0 : c], 1, 100000, &smps[c])) return 1;
+    }
+    /* configurations: a policy without a budget (full) runs once, not once per budget */
     char specs[16][256], blist[8][32], rlist[8][32];
-    int n_spec = cli_split_policies(policies, specs, 16);
+    int n_spec = 0;
+    if (!strcmp(policies, "all"))
+        for (const pol_ops *const *p = pol_registry(); *p; p++) snprintf(specs[n_spec++], 256, "%s", (*p)->name);
+    else n_spec = cli_split_policies(policies, specs, 16);
     int n_bud = budgets ? split_list(budgets, blist, 8) : 1;
     int n_bt = backtracks ? split_list(backtracks, rlist, 8) : 1;
     if (!budgets) blist[0][0] = 0;
@@ -132,15 +674,10 @@ int cmd_eval(int argc, char **argv)
         cli_err("eval: --policy takes 1 to 16 policies, --budget and --backtrack 1 to 8 values");
         return 1;
     }
-    /* parse every configuration up front: a bad spec fails before any work. A policy without a
-     * budget (full) runs once, not once per budget. */
-    int n_cfg = 0, cap_cfg = n_spec * n_bud * n_bt;
-    pol_spec *cfg = calloc((size_t)cap_cfg, sizeof *cfg);
-    eval_row *rows = calloc((size_t)cap_cfg, sizeof *rows);
-    if (!cfg || !rows) {
+    int n_cfg = 0;
+    eval_cfg *cfg = calloc((size_t)(n_spec * n_bud * n_bt), sizeof *cfg);
+    if (!cfg) {
         cli_err("eval: out of memory");
-        free(cfg);
-        free(rows);
         return 1;
     }
     char err[600] = "";
@@ -149,185 +686,203 @@ int cmd_eval(int argc, char **argv)
         if (pol_parse(&plain, specs[p], NULL, err, sizeof err)) {
             cli_err("eval: %s", err);
             free(cfg);
-            free(rows);
             return 1;
         }
-        int has_budget = 0;
-        for (int k = 0; k < plain.n; k++)
+        int has_budget = 0, has_prefill = 0;
+        for (int k = 0; k < plain.n; k++) {
+            has_prefill |= plain.ops[k]->stage == POL_STAGE_PREFILL;
             for (int q = 0; q < plain.ops[k]->n_params; q++) has_budget |= !strcmp(plain.ops[k]->params[q].name, "budget");
+        }
         for (int b = 0; b < (has_budget ? n_bud : 1); b++)
             for (int r = 0; r < n_bt; r++) {
                 int64_t rv;
                 const char *bud = has_budget && blist[b][0] ? blist[b] : NULL;
-                if (pol_parse(&cfg[n_cfg], specs[p], bud, err, sizeof err) ||
+                eval_cfg *c = &cfg[n_cfg];
+                err[0] = 0;
+                if (pol_parse(&c->spec, specs[p], bud, err, sizeof err) ||
                     cli_parse_int("--backtrack", rlist[r], -1, 1 << 20, &rv)) {
                     if (err[0]) cli_err("eval: %s", err);
                     free(cfg);
-                    free(rows);
                     return 1;
                 }
-                snprintf(rows[n_cfg].policy, sizeof rows[n_cfg].policy, "%s", specs[p]);
-                snprintf(rows[n_cfg].budget, sizeof rows[n_cfg].budget, "%.31s", bud ? bud : "-");
-                rows[n_cfg].backtrack = (int)rv;
+                snprintf(c->policy, sizeof c->policy, "%s", specs[p]);
+                snprintf(c->budget, sizeof c->budget, "%.31s", bud ? bud : "-");
+                c->backtrack = (int)rv;
+                c->has_prefill = has_prefill;
                 n_cfg++;
             }
     }
+    /* decode-time configurations first: they share one prefill per sample, which a prefill
+     * policy's own prefill would replace */
+    for (int a = 1; a < n_cfg; a++)
+        for (int b = a; b > 0 && cfg[b].has_prefill < cfg[b - 1].has_prefill; b--) {
+            eval_cfg t = cfg[b];
+            cfg[b] = cfg[b - 1];
+            cfg[b - 1] = t;
+        }
     if (cli_finish_common(&o)) {
         free(cfg);
-        free(rows);
         return 1;
     }
-    cli_runtime rt;
-    if (cli_open(&rt, &o, 1) != 0) {
+    ev E;
+    memset(&E, 0, sizeof E);
+    E.o = &o;
+    filler fl;
+    const char *note = NULL;
+    if (filler_load(&fl, filler_arg, &note, err, sizeof err)) {
+        cli_err("eval: %s", err);
         free(cfg);
-        free(rows);
         return 1;
+    }
+    if (note) fprintf(stderr, "eval: %s\n", note);
+    if (csv_path[0]) {
+        if (evalres_read(csv_path, &E.recs, err, sizeof err) || !(E.out = open_csv(csv_path, err, sizeof err))) {
+            cli_err("eval: %s", err);
+            evalres_free(&E.recs);
+            filler_done(&fl);
+            free(cfg);
+            return 1;
+        }
+        if (E.recs.n) fprintf(stderr, "eval: %s has %zu rows already: those runs are skipped\n", csv_path, E.recs.n);
     }
     int rc = 1;
-    FILE *out = NULL;
-    int32_t nv = rt.m->hp.n_vocab, *ids = NULL;
-    float *logits = malloc(sizeof(float) * (size_t)nv);
-    samp *s = samp_create(&o.sp, nv);
-    pol_set *attached = NULL;
-    if (!logits || !s) {
+    if (cli_open(&E.rt, &o, 1) != 0) {
+        if (E.out) fclose(E.out);
+        evalres_free(&E.recs);
+        filler_done(&fl);
+        free(cfg);
+        return 1;
+    }
+    E.nv = E.rt.m->hp.n_vocab;
+    E.logits = malloc(sizeof(float) * (size_t)E.nv);
+    E.s = samp_create(&o.sp, E.nv);
+    E.chat = gguf_find_key(E.rt.m->gguf, "tokenizer.chat_template") >= 0;
+    item_ctx I;
+    memset(&I, 0, sizeof I);
+    task_item it;
+    memset(&it, 0, sizeof it);
+    if (!E.logits || !E.s) {
         cli_err("eval: out of memory");
         goto done;
     }
-    if (csv && !(out = fopen(csv, "w"))) {
-        cli_err("eval: cannot write %s", csv);
-        goto done;
-    }
-    if (out) fputs("task,ctx,sample,depth,policy,budget,backtrack,correct,answer,answer_tokens,events,regenerated,"
-                   "kv_bytes,seconds\n", out);
-    pol_set_free(rt.ps);   /* each configuration attaches its own */
-    rt.ps = NULL;
-    fwd_set_policy(rt.f, NULL);
+    pol_set_free(E.rt.ps);   /* each configuration attaches its own */
+    E.rt.ps = NULL;
+    fwd_set_policy(E.rt.f, NULL);
+    fwd_policy_env(E.rt.f, &E.env);
     cli_install_sigint();
-    pol_env env;
-    fwd_policy_env(rt.f, &env);
-    for (int64_t k = 0; k < n_samples && !cli_interrupted; k++) {
-        /* about 11 tokens per filler sentence */
-        uint64_t x = (uint64_t)seed * 2654435761ull + (uint64_t)k * 40503ull + 1;
-        docgen_opts d;
-        d.seed = x;
-        d.n_sentences = (int)(ctx_tokens / 11);
-        d.key_at = (int)(((x >> 7) % 1000) * (uint64_t)d.n_sentences / 1000);
-        d.key = 10000 + (int)((x >> 17) % 90000);
-        char key[16];
-        snprintf(key, sizeof key, "%d", d.key);
-        size_t dlen, n_ids = 0;
-        char *doc = docgen_passkey(&d, &dlen);
-        free(ids);
-        ids = NULL;
-        if (!doc || cli_doc_prompt(&rt, doc, "What is the pass key?", -1, &ids, &n_ids, err, sizeof err)) {
-            cli_err("eval: %s", doc ? err : "out of memory");
-            free(doc);
-            goto done;
-        }
-        free(doc);
-        if ((int64_t)n_ids + n_predict > fwd_n_ctx(rt.f)) {
-            cli_err("eval: %zu prompt tokens and %lld answer tokens do not fit the context of %lld", n_ids,
-                    (long long)n_predict, (long long)fwd_n_ctx(rt.f));
-            goto done;
-        }
-        int shared = 0;   /* the full-cache prefill of this sample is in the cache */
-        for (int c = 0; c < n_cfg && !cli_interrupted; c++) {
-            int has_prefill = 0;
-            for (int q = 0; q < cfg[c].n; q++) has_prefill |= cfg[c].ops[q]->stage == POL_STAGE_PREFILL;
-            fwd_set_policy(rt.f, NULL);
-            pol_set_free(attached);
-            attached = pol_set_create(&cfg[c], &env, err, sizeof err);
-            pol_set_probe_is_question(attached, 1);
-            if (!attached || pol_set_check(attached, (int64_t)n_ids, err, sizeof err)) {
-                cli_err("eval: %s", err);
+    /* characters per token of this filler, so documents come out near the asked lengths */
+    double cpt = 4.0;
+    {
+        size_t span = fl.len < 40000 ? fl.len : 40000;
+        int32_t *t = NULL;
+        size_t nt = 0;
+        if (tok_encode(E.rt.m->vocab, fl.text + fl.len / 2 - span / 2, span, 0, 0, &t, &nt, err, sizeof err) == 0 && nt)
+            cpt = (double)span / (double)nt;
+        free(t);
+    }
+    /* the plan's work, for the ETA */
+    E.pg.t0 = E.pg.last = cli_now();
+    E.pg.tty = isatty(2);
+    for (int c = 0; c < n_ctx; c++)
+        for (int t = 0; t < n_task; t++)
+            for (int64_t k = 0; k < smps[c]; k++) {
+                int64_t np = n_predict ? n_predict : task_answer_tokens(tlist[t]);
+                int shared_needed = 0;
+                for (int j = 0; j < n_cfg; j++)
+                    if (!config_done(&E, tlist[t], ctxs[c], (int)k, task_turns(tlist[t]), &cfg[j])) {
+                        E.pg.total += cost(tlist[t], ctxs[c], &cfg[j], np);
+                        shared_needed |= !cfg[j].has_prefill;
+                    }
+                if (shared_needed) E.pg.total += (double)ctxs[c];
+            }
+    fprintf(stderr, "eval: %d tasks x %d lengths, %d configurations, filler %s, %d threads\n", n_task, n_ctx, n_cfg,
+            fl.source, E.rt.b->n_threads);
+    for (int c = 0; c < n_ctx && !cli_interrupted; c++)
+        for (int t = 0; t < n_task && !cli_interrupted; t++)
+            for (int64_t k = 0; k < smps[c] && !cli_interrupted; k++) {
+                const char *task = tlist[t];
+                int turns = task_turns(task), pending = 0;
+                for (int j = 0; j < n_cfg; j++) pending += !config_done(&E, task, ctxs[c], (int)k, turns, &cfg[j]);
+                if (!pending) continue;
+                task_item_free(&it);
+                free(I.ids);
+                free(I.cont);
+                memset(&I, 0, sizeof I);
+                if (task_make(task, &fl, ctxs[c], cpt, (uint64_t)seed, (int)k, (int)n_depths, &it, err, sizeof err)) {
+                    cli_err("eval: %s", err);
+                    goto done;
+                }
+                I.task = task;
+                I.ctx = ctxs[c];
+                I.sample = (int)k;
+                I.it = &it;
+                I.n_predict = n_predict ? n_predict : task_answer_tokens(task);
+                for (int q = 0; q < TASK_MAX_Q; q++) I.control[q] = -1;
+                int bad;
+                if (it.kind == TASK_LOGLIK) {
+                    bad = split_continuation(&E.rt, &it, &I, err, sizeof err);
+                } else {
+                    bad = cli_doc_prompt(&E.rt, it.doc, it.question[0], -1, &I.ids, &I.n_ids, err, sizeof err);
+                }
+                if (bad || I.n_ids == 0 || (it.kind == TASK_LOGLIK && I.n_cont == 0)) {
+                    cli_err("eval: %s", bad ? err : "empty prompt");
+                    goto done;
+                }
+                int64_t need = (int64_t)I.n_ids + (int64_t)I.n_cont + I.n_predict * turns + 64 * (turns - 1);
+                if (need > fwd_n_ctx(E.rt.f)) {
+                    cli_err("eval: %zu prompt tokens and the answers do not fit the context of %lld", I.n_ids,
+                            (long long)fwd_n_ctx(E.rt.f));
+                    goto done;
+                }
+                char what[96];
+                snprintf(what, sizeof what, "%s %lld #%lld no document", task, (long long)ctxs[c], (long long)k);
+                progress_show(&E.pg, what, 1);
+                if (run_control(&E, &I)) goto failed;
+                E.shared = 0;
+                for (int j = 0; j < n_cfg && !cli_interrupted; j++) {
+                    if (config_done(&E, task, ctxs[c], (int)k, turns, &cfg[j])) continue;
+                    snprintf(what, sizeof what, "%s %lld #%lld %s %s", task, (long long)ctxs[c], (long long)k,
+                             cfg[j].policy, cfg[j].budget);
+                    progress_show(&E.pg, what, 0);
+                    if (!cfg[j].has_prefill && !E.shared) E.pg.done += (double)ctxs[c];
+                    if (run_config(&E, &I, &cfg[j])) goto failed;
+                    E.pg.done += cost(task, ctxs[c], &cfg[j], I.n_predict);
+                }
+                continue;
+            failed:
+                cli_err("eval: %s", cli_interrupted ? "interrupted (run the same command again to continue)" : E.err);
                 goto done;
             }
-            double t0 = cli_now();
-            /* the shared prefill, its last token evaluated again (a previous configuration may have
-             * re-decoded it under its selection while backtracking); a full prefill when the cache
-             * cannot roll back exactly */
-            if (!has_prefill && shared && fwd_rewind(rt.f, (int64_t)n_ids - 1) != (int64_t)n_ids - 1) shared = 0;
-            fwd_set_policy(rt.f, attached);   /* decode policies see the prompt's tokens too (SentKV) */
-            if (has_prefill || !shared) {
-                fwd_rewind(rt.f, 0);
-                if (fwd_eval(rt.f, ids, (int64_t)n_ids, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err,
-                             sizeof err))
-                    goto failed;
-                fwd_set_floor(rt.f, (int64_t)n_ids - 1);
-                shared = !has_prefill;
-            } else {
-                /* a new decode policy meets a prefilled cache: it gets the prompt's tokens as if it had
-                 * run, and the last token's eval ends the prefill for it */
-                pol_set_on_tokens(attached, ids, (int64_t)n_ids - 1, 0);
-                if (fwd_eval(rt.f, ids + n_ids - 1, 1, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err,
-                             sizeof err))
-                    goto failed;
-            }
-            samp_reset(s);
-            for (size_t i = 0; i < n_ids; i++) samp_accept(s, ids[i]);
-            int R = rows[c].backtrack >= 0 ? rows[c].backtrack : pol_set_can_reselect(attached) ? 2 : 0;
-            gen_opts go = { n_predict, ids[n_ids - 1], &rt.thr, R, samp_temperature(s), 0 };
-            answer_buf ab = { 0 };
-            tok_stream_init(&ab.ts, rt.m->vocab);
-            gen_callbacks cb = { &ab, on_token, NULL, NULL };
-            gen_result gr;
-            if (gen_answer(rt.f, s, rt.m->vocab, rt.mon, logits, nv, &go, &cb, &cli_interrupted, &gr, err, sizeof err))
-                goto failed;
-            double dt = cli_now() - t0;
-            int ok = strstr(ab.text, key) != NULL;
-            kv_stats ks;
-            kv_get_stats(fwd_kv(rt.f), &ks);
-            eval_row *r = &rows[c];
-            r->runs++;
-            r->correct += ok;
-            r->tokens += gr.n_gen;
-            r->events += gr.events;
-            r->regenerated += gr.regenerated;
-            r->seconds += dt;
-            if (out) {
-                fprintf(out, "passkey,%lld,%lld,%.3f,", (long long)n_ids, (long long)k,
-                        (double)d.key_at / d.n_sentences);
-                csv_text(out, rows[c].policy);
-                fprintf(out, ",%s,%d,%d,", r->budget, R, ok);
-                csv_text(out, ab.text);
-                fprintf(out, ",%lld,%d,%d,%llu,%.2f\n", (long long)gr.n_gen, gr.events, gr.regenerated,
-                        (unsigned long long)ks.bytes_resident, dt);
-                fflush(out);
-            }
-            if (has_prefill) shared = 0;
-            fprintf(stderr, "\reval: sample %lld/%lld, configuration %d/%d   ", (long long)k + 1, (long long)n_samples,
-                    c + 1, n_cfg);
-            continue;
-        failed:
-            cli_err("eval: %s", cli_interrupted ? "interrupted" : err);
-            if (cli_interrupted) break;
-            goto done;
-        }
-    }
+    progress_show(&E.pg, "done", 1);
     fputc('\n', stderr);
-    printf("passkey, about %lld tokens, %lld samples, %lld answer tokens, thresholds %s\n", (long long)ctx_tokens,
-           (long long)n_samples, (long long)n_predict, rt.thr.valid ? rt.thr.source : "none");
-    printf("%-32s %7s %9s %9s %14s %14s %8s\n", "policy", "budget", "backtrack", "accuracy", "events/100 tok",
-           "regen/100 tok", "s/run");
-    for (int c = 0; c < n_cfg; c++) {
-        eval_row *r = &rows[c];
-        double per = r->tokens > 0 ? 100.0 / (double)r->tokens : 0;
-        char bt[16];
-        snprintf(bt, sizeof bt, r->backtrack < 0 ? "default" : "%d", r->backtrack);
-        printf("%-32s %7s %9s %4lld/%-4lld %14.2f %14.2f %8.1f\n", r->policy, r->budget, bt, (long long)r->correct,
-               (long long)r->runs, (double)r->events * per, (double)r->regenerated * per,
-               r->runs ? r->seconds / (double)r->runs : 0.0);
+    printf("eval: %s, filler %s, thresholds %s\n\n", E.rt.m->path, fl.source, E.rt.thr.valid ? E.rt.thr.source : "none");
+    evalres_summary_md(stdout, &E.recs);
+    rc = 0;
+    if (out_dir) {
+        char commit[64], about[1024], date[32];
+        read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
+        time_t now = time(NULL);
+        strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+        snprintf(about, sizeof about,
+                 "Model %s, commit %s, %d threads, filler %s, seed %lld, updated %s. Rows: samples.csv (%zu). "
+                 "\"answered\": right answers; \"retrieved\": right with the document and wrong without it.",
+                 E.rt.m->path, commit[0] ? commit : "unknown", E.rt.b->n_threads, fl.source, (long long)seed, date,
+                 E.recs.n);
+        if (report(&E.recs, out_dir, (int)n_depths, plot_budget, about)) rc = 1;
     }
-    rc = cli_interrupted ? 130 : 0;
 done:
-    fwd_set_policy(rt.f, NULL);
-    pol_set_free(attached);
-    if (out) fclose(out);
-    free(ids);
-    free(logits);
-    samp_free(s);
-    cli_close(&rt);
+    if (cli_interrupted) rc = 130;
+    fwd_set_policy(E.rt.f, NULL);
+    pol_set_free(E.attached);
+    if (E.out) fclose(E.out);
+    task_item_free(&it);
+    free(I.ids);
+    free(I.cont);
+    free(E.logits);
+    samp_free(E.s);
+    cli_close(&E.rt);
+    evalres_free(&E.recs);
+    filler_done(&fl);
     free(cfg);
-    free(rows);
     return rc;
 }

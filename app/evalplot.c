@@ -1,0 +1,383 @@
+/* evalplot.c - gnuplot scripts for the eval and bench plots, with their data inline (datablocks),
+ * piped to one gnuplot process per PNG. */
+#include "evalplot.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* gnuplot strings are single-quoted: a quote inside is doubled */
+static void gp_str(FILE *g, const char *s)
+{
+    fputc('\'', g);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', g);
+        fputc(*s, g);
+    }
+    fputc('\'', g);
+}
+
+static FILE *gp_open(const char *png, int w, int h, char *err, size_t errlen)
+{
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        snprintf(err, errlen, "gnuplot is not installed (apt-get install gnuplot-nox): no plots drawn");
+        return NULL;
+    }
+    FILE *g = popen("gnuplot 2>/dev/null", "w");
+    if (!g) {
+        snprintf(err, errlen, "cannot run gnuplot");
+        return NULL;
+    }
+    fprintf(g, "set terminal pngcairo size %d,%d font 'sans,9'\nset output ", w, h);
+    gp_str(g, png);
+    fputc('\n', g);
+    return g;
+}
+
+static int gp_close(FILE *g, const char *png, char *err, size_t errlen)
+{
+    fputs("unset multiplot\nset output\n", g);
+    int st = pclose(g);
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        snprintf(err, errlen, "%s: gnuplot failed", png);
+        return -1;
+    }
+    return 0;
+}
+
+void evalplot_add(plot_series *s, int *ns, int max, const char *name, double x, double y)
+{
+    int k;
+    for (k = 0; k < *ns; k++)
+        if (!strcmp(s[k].name, name)) break;
+    if (k == *ns) {
+        if (*ns == max) return;
+        memset(&s[k], 0, sizeof s[k]);
+        snprintf(s[k].name, sizeof s[k].name, "%s", name);
+        (*ns)++;
+    }
+    plot_series *p = &s[k];
+    if (p->n == PLOT_MAX_POINTS) return;
+    int i = p->n++;
+    while (i > 0 && p->x[i - 1] > x) {   /* keep x sorted so lines run left to right */
+        p->x[i] = p->x[i - 1];
+        p->y[i] = p->y[i - 1];
+        i--;
+    }
+    p->x[i] = x;
+    p->y[i] = y;
+}
+
+static void panel(FILE *g, const plot_panel *p, int id)
+{
+    for (int k = 0; k < p->ns; k++) {
+        fprintf(g, "$d%d_%d << EOD\n", id, k);
+        for (int i = 0; i < p->s[k].n; i++) fprintf(g, "%.6g %.6g\n", p->s[k].x[i], p->s[k].y[i]);
+        fputs("EOD\n", g);
+    }
+    fputs("set title ", g);
+    gp_str(g, p->title);
+    fputs("\nset xlabel ", g);
+    gp_str(g, p->xlabel);
+    fputs("\nset ylabel ", g);
+    gp_str(g, p->ylabel);
+    fprintf(g, "\n%s\nset key outside right top\nset grid\n", p->logx ? "set logscale x" : "unset logscale x");
+    if (p->ns == 0) {
+        fputs("set label 1 'no data' at graph 0.5, 0.5 center\nplot NaN notitle\nunset label 1\n", g);
+        return;
+    }
+    fputs("plot ", g);
+    for (int k = 0; k < p->ns; k++) {
+        fprintf(g, "%s$d%d_%d using 1:2 with linespoints lw 1.5 pt %d title ", k ? ", " : "", id, k, 1 + k % 12);
+        gp_str(g, p->s[k].name);
+    }
+    fputc('\n', g);
+}
+
+int evalplot_lines(const char *png, const plot_panel *p, int n, int cols, char *err, size_t errlen)
+{
+    if (cols < 1) cols = 1;
+    int rows = (n + cols - 1) / cols;
+    FILE *g = gp_open(png, 560 * (n < cols ? n : cols) + 180, 380 * rows, err, errlen);
+    if (!g) return -1;
+    fprintf(g, "set multiplot layout %d,%d\n", rows, cols);
+    for (int i = 0; i < n; i++) panel(g, &p[i], i);
+    return gp_close(g, png, err, errlen);
+}
+
+static int is_qa(const eval_rec *r)
+{
+    return r->correct >= 0 && !strcmp(r->status, "ok") && strcmp(r->policy, "nodoc");
+}
+
+static int retrieved(const eval_rec *r)
+{
+    return r->correct == 1 && r->control != 1;
+}
+
+/* The distinct lengths of the records, sorted. */
+static int lengths(const eval_recs *rs, int64_t *ctx, int max)
+{
+    int n = 0;
+    for (size_t i = 0; i < rs->n; i++) {
+        int seen = 0;
+        for (int c = 0; c < n; c++) seen |= ctx[c] == rs->v[i].ctx;
+        if (!seen && n < max) ctx[n++] = rs->v[i].ctx;
+    }
+    for (int a = 1; a < n; a++)
+        for (int b = a; b > 0 && ctx[b] < ctx[b - 1]; b--) {
+            int64_t t = ctx[b];
+            ctx[b] = ctx[b - 1];
+            ctx[b - 1] = t;
+        }
+    return n;
+}
+
+/* Mean of the values collected per (series, x) before they become points. */
+typedef struct acc {
+    char name[128];
+    double x, sum;
+    int n;
+} acc;
+
+static void acc_add(acc *a, int *na, int max, const char *name, double x, double v)
+{
+    for (int i = 0; i < *na; i++)
+        if (a[i].x == x && !strcmp(a[i].name, name)) {
+            a[i].sum += v;
+            a[i].n++;
+            return;
+        }
+    if (*na == max) return;
+    snprintf(a[*na].name, sizeof a[*na].name, "%s", name);
+    a[*na].x = x;
+    a[*na].sum = v;
+    a[*na].n = 1;
+    (*na)++;
+}
+
+enum { MAX_SERIES = 24, MAX_ACC = 4096 };
+
+/* Accuracy (or ppl change) against budget, a panel per length. Policies without a budget (full)
+ * appear as a flat line over the budgets measured. */
+static int by_budget(const eval_recs *rs, const char *png, int ppl, char *err, size_t errlen)
+{
+    int64_t ctx[16];
+    int nc = lengths(rs, ctx, 16);
+    plot_series *s = calloc((size_t)nc * MAX_SERIES, sizeof *s);
+    acc *a = malloc(sizeof *a * MAX_ACC);
+    plot_panel p[16];
+    if (!s || !a) {
+        free(s);
+        free(a);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int np = 0;
+    for (int c = 0; c < nc; c++) {
+        int na = 0, ns = 0;
+        double bmin = INFINITY, bmax = -INFINITY;
+        for (size_t i = 0; i < rs->n; i++) {
+            const eval_rec *r = &rs->v[i];
+            if (r->ctx != ctx[c] || strcmp(r->status, "ok") || !strcmp(r->policy, "nodoc")) continue;
+            double b = evalres_budget_value(r->budget), v;
+            if (ppl) {
+                if (isnan(r->ppl) || !strcmp(r->policy, "full")) continue;
+                const eval_rec *f = NULL;
+                for (size_t j = 0; j < rs->n && !f; j++) {
+                    const eval_rec *q = &rs->v[j];
+                    if (q->ctx == r->ctx && q->sample == r->sample && !strcmp(q->task, r->task) &&
+                        !strcmp(q->policy, "full") && !isnan(q->ppl))
+                        f = q;
+                }
+                if (!f) continue;
+                v = r->ppl - f->ppl;
+            } else {
+                if (!is_qa(r)) continue;
+                v = 100.0 * retrieved(r);
+            }
+            if (!isnan(b)) {
+                bmin = b < bmin ? b : bmin;
+                bmax = b > bmax ? b : bmax;
+            }
+            acc_add(a, &na, MAX_ACC, r->policy, b, v);
+        }
+        if (na == 0) continue;
+        plot_series *S = s + (size_t)c * MAX_SERIES;
+        for (int i = 0; i < na; i++) {
+            double y = a[i].sum / a[i].n;
+            if (isnan(a[i].x)) {   /* no budget: a flat reference line */
+                if (bmin > bmax) continue;
+                evalplot_add(S, &ns, MAX_SERIES, a[i].name, bmin, y);
+                evalplot_add(S, &ns, MAX_SERIES, a[i].name, bmax, y);
+            } else {
+                evalplot_add(S, &ns, MAX_SERIES, a[i].name, a[i].x, y);
+            }
+        }
+        plot_panel *P = &p[np++];
+        memset(P, 0, sizeof *P);
+        snprintf(P->title, sizeof P->title, "%s, %lld tokens", ppl ? "perplexity change vs full cache" :
+                                                                      "retrieved (right with, wrong without the document)",
+                 (long long)ctx[c]);
+        snprintf(P->xlabel, sizeof P->xlabel, "budget (fraction of the context)");
+        snprintf(P->ylabel, sizeof P->ylabel, "%s", ppl ? "ppl - ppl(full)" : "% of questions");
+        P->logx = 1;
+        P->s = S;
+        P->ns = ns;
+    }
+    int rc = np ? evalplot_lines(png, p, np, np < 3 ? np : 3, err, errlen) : 1;
+    free(s);
+    free(a);
+    return rc;
+}
+
+/* NIAH accuracy by depth (rows) and length (columns), a panel per policy at this budget (and the
+ * full cache). */
+static int heatmap(const eval_recs *rs, const char *png, const char *budget, int n_depths, char *err, size_t errlen)
+{
+    int64_t ctx[16];
+    int nc = lengths(rs, ctx, 16);
+    const char *pols[32];
+    int npol = 0;
+    for (size_t i = 0; i < rs->n; i++) {
+        const eval_rec *r = &rs->v[i];
+        if (strcmp(r->task, "niah") || !is_qa(r) || (strcmp(r->budget, budget) && strcmp(r->budget, "-"))) continue;
+        int seen = 0;
+        for (int k = 0; k < npol; k++) seen |= !strcmp(pols[k], r->policy);
+        if (!seen && npol < 32) pols[npol++] = r->policy;
+    }
+    if (npol == 0) return 1;
+    if (n_depths < 2) n_depths = 2;
+    int cols = npol < 4 ? npol : 4, rows = (npol + cols - 1) / cols;
+    FILE *g = gp_open(png, 330 * cols, 300 * rows + 40, err, errlen);
+    if (!g) return -1;
+    fprintf(g, "set multiplot layout %d,%d title 'needle in a haystack: retrieved by depth and length, budget %s'\n",
+            rows, cols, budget);
+    fputs("set cbrange [0:100]\nset palette defined (0 '#d7301f', 50 '#fdd49e', 100 '#1a9850')\nunset colorbox\n"
+          "set xlabel 'tokens'\nset ylabel 'needle depth'\n",
+          g);
+    fprintf(g, "set xrange [-0.5:%d.5]\nset yrange [-0.5:%d.5] reverse\n", nc - 1, n_depths - 1);
+    fputs("set xtics (", g);
+    for (int c = 0; c < nc; c++) fprintf(g, "%s'%lld' %d", c ? ", " : "", (long long)ctx[c], c);
+    fputs(")\nset ytics (", g);
+    for (int d = 0; d < n_depths; d++) fprintf(g, "%s'%.0f%%%%' %d", d ? ", " : "", 100.0 * d / (n_depths - 1), d);
+    fputs(")\nset object 1 rectangle from graph 0,0 to graph 1,1 fc rgb '#dddddd' behind\n", g);
+    for (int k = 0; k < npol; k++) {
+        fprintf(g, "$h%d << EOD\n", k);
+        for (int c = 0; c < nc; c++)
+            for (int d = 0; d < n_depths; d++) {
+                int n = 0, ok = 0;
+                for (size_t i = 0; i < rs->n; i++) {
+                    const eval_rec *r = &rs->v[i];
+                    if (r->ctx != ctx[c] || strcmp(r->task, "niah") || !is_qa(r) || strcmp(r->policy, pols[k]) ||
+                        (strcmp(r->budget, budget) && strcmp(r->budget, "-")))
+                        continue;
+                    int bin = (int)lround(r->depth * (n_depths - 1));
+                    if (bin != d) continue;
+                    n++;
+                    ok += retrieved(r);
+                }
+                if (n) fprintf(g, "%d %d %.1f %d/%d\n", c, d, 100.0 * ok / n, ok, n);
+            }
+        fputs("EOD\nset title ", g);
+        gp_str(g, pols[k]);
+        fprintf(g, "\nplot $h%d using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder lc palette notitle, "
+                   "$h%d using 1:2:(stringcolumn(4)) with labels notitle\n",
+                k, k);
+    }
+    return gp_close(g, png, err, errlen);
+}
+
+/* Decode tok/s and peak KV against length, a line per policy (at this budget, and the full cache). */
+static int speed_memory(const eval_recs *rs, const char *png, const char *budget, char *err, size_t errlen)
+{
+    acc *a = malloc(sizeof *a * MAX_ACC), *m = malloc(sizeof *m * MAX_ACC);
+    acc *tok = malloc(sizeof *tok * MAX_ACC);
+    plot_series *s = calloc(2 * MAX_SERIES, sizeof *s);
+    if (!a || !m || !tok || !s) {
+        free(a);
+        free(m);
+        free(tok);
+        free(s);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int na = 0, nm = 0, nt = 0, ns1 = 0, ns2 = 0;
+    for (size_t i = 0; i < rs->n; i++) {
+        const eval_rec *r = &rs->v[i];
+        if (strcmp(r->status, "ok") || !strcmp(r->policy, "nodoc") ||
+            (strcmp(r->budget, budget) && strcmp(r->budget, "-")))
+            continue;
+        acc_add(a, &na, MAX_ACC, r->policy, (double)r->ctx, r->decode_s);
+        acc_add(tok, &nt, MAX_ACC, r->policy, (double)r->ctx, (double)r->answer_tokens);
+        acc_add(m, &nm, MAX_ACC, r->policy, (double)r->ctx, (double)r->kv_peak / 1048576.0);
+    }
+    for (int i = 0; i < na; i++)   /* a and tok were filled in the same order */
+        if (a[i].sum > 0) evalplot_add(s, &ns1, MAX_SERIES, a[i].name, a[i].x, tok[i].sum / a[i].sum);
+    for (int i = 0; i < nm; i++) evalplot_add(s + MAX_SERIES, &ns2, MAX_SERIES, m[i].name, m[i].x, m[i].sum / m[i].n);
+    plot_panel p[2];
+    memset(p, 0, sizeof p);
+    snprintf(p[0].title, sizeof p[0].title, "decode speed (budget %s)", budget);
+    snprintf(p[0].xlabel, sizeof p[0].xlabel, "context tokens");
+    snprintf(p[0].ylabel, sizeof p[0].ylabel, "tokens/s");
+    p[0].s = s;
+    p[0].ns = ns1;
+    snprintf(p[1].title, sizeof p[1].title, "peak KV memory (budget %s)", budget);
+    snprintf(p[1].xlabel, sizeof p[1].xlabel, "context tokens");
+    snprintf(p[1].ylabel, sizeof p[1].ylabel, "MiB");
+    p[1].s = s + MAX_SERIES;
+    p[1].ns = ns2;
+    int rc = evalplot_lines(png, p, 2, 2, err, errlen);
+    free(a);
+    free(m);
+    free(tok);
+    free(s);
+    return rc;
+}
+
+static void note_made(char *made, size_t cap, const char *name)
+{
+    size_t l = strlen(made);
+    snprintf(made + l, cap - l, "%s%s", l ? ", " : "", name);
+}
+
+int evalplot_eval(const eval_recs *rs, const char *dir, int n_depths, const char *speed_budget, char *made,
+                  size_t made_cap, char *err, size_t errlen)
+{
+    char png[1024];
+    made[0] = 0;
+    snprintf(png, sizeof png, "%s/accuracy_vs_budget.png", dir);
+    int r = by_budget(rs, png, 0, err, errlen);
+    if (r < 0) return -1;
+    if (r == 0) note_made(made, made_cap, "accuracy_vs_budget.png");
+    snprintf(png, sizeof png, "%s/ppl_vs_budget.png", dir);
+    if ((r = by_budget(rs, png, 1, err, errlen)) < 0) return -1;
+    if (r == 0) note_made(made, made_cap, "ppl_vs_budget.png");
+    const char *buds[16];
+    int nb = 0;
+    for (size_t i = 0; i < rs->n; i++) {
+        const char *b = rs->v[i].budget;
+        int seen = !strcmp(b, "-");
+        for (int k = 0; k < nb; k++) seen |= !strcmp(buds[k], b);
+        if (!seen && nb < 16) buds[nb++] = b;
+    }
+    for (int k = 0; k < nb; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "niah_heatmap_%s.png", buds[k]);
+        snprintf(png, sizeof png, "%s/%s", dir, name);
+        if ((r = heatmap(rs, png, buds[k], n_depths, err, errlen)) < 0) return -1;
+        if (r == 0) note_made(made, made_cap, name);
+    }
+    if (nb == 0) {   /* only policies without a budget (full) */
+        snprintf(png, sizeof png, "%s/niah_heatmap.png", dir);
+        if ((r = heatmap(rs, png, "-", n_depths, err, errlen)) < 0) return -1;
+        if (r == 0) note_made(made, made_cap, "niah_heatmap.png");
+    }
+    const char *sb = speed_budget ? speed_budget : nb ? buds[nb / 2] : "-";
+    snprintf(png, sizeof png, "%s/speed_memory.png", dir);
+    if (speed_memory(rs, png, sb, err, errlen)) return -1;
+    note_made(made, made_cap, "speed_memory.png");
+    return 0;
+}

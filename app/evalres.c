@@ -1,0 +1,376 @@
+/* evalres.c - eval records: CSV rows out and back in (for resume), and the Markdown summary. */
+#include "evalres.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const evalres_header =
+    "task,ctx,tokens,sample,depth,turn,policy,budget,backtrack,correct,control,ppl,answer,expected,answer_tokens,"
+    "kv_bytes,kv_peak_bytes,kv_full_bytes,prefill_s,decode_s,seconds,status\n";
+
+void evalres_init(eval_rec *r)
+{
+    memset(r, 0, sizeof *r);
+    r->depth = -1;
+    r->correct = -1;
+    r->control = -1;
+    r->ppl = NAN;
+    snprintf(r->budget, sizeof r->budget, "-");
+    snprintf(r->status, sizeof r->status, "ok");
+}
+
+int evalres_push(eval_recs *rs, const eval_rec *r)
+{
+    if (rs->n == rs->cap) {
+        size_t cap = rs->cap ? rs->cap * 2 : 256;
+        eval_rec *v = realloc(rs->v, cap * sizeof *v);
+        if (!v) return -1;
+        rs->v = v;
+        rs->cap = cap;
+    }
+    rs->v[rs->n++] = *r;
+    return 0;
+}
+
+void evalres_free(eval_recs *rs)
+{
+    free(rs->v);
+    memset(rs, 0, sizeof *rs);
+}
+
+static void csv_text(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', f);
+        fputc(*s == '\n' || *s == '\r' ? ' ' : *s, f);
+    }
+    fputc('"', f);
+}
+
+void evalres_write(FILE *f, const eval_rec *r)
+{
+    fprintf(f, "%s,%lld,%lld,%d,%.4f,%d,", r->task, (long long)r->ctx, (long long)r->tokens, r->sample, r->depth,
+            r->turn);
+    csv_text(f, r->policy);
+    fprintf(f, ",%s,%d,", r->budget, r->backtrack);
+    if (r->correct >= 0) fprintf(f, "%d", r->correct);
+    fputc(',', f);
+    if (r->control >= 0) fprintf(f, "%d", r->control);
+    fputc(',', f);
+    if (!isnan(r->ppl)) fprintf(f, "%.4f", r->ppl);
+    fputc(',', f);
+    csv_text(f, r->answer);
+    fputc(',', f);
+    csv_text(f, r->expected);
+    fprintf(f, ",%lld,%llu,%llu,%llu,%.3f,%.3f,%.3f,", (long long)r->answer_tokens, (unsigned long long)r->kv_bytes,
+            (unsigned long long)r->kv_peak, (unsigned long long)r->kv_full, r->prefill_s, r->decode_s, r->seconds);
+    csv_text(f, r->status);
+    fputc('\n', f);
+    fflush(f);
+}
+
+/* Split one CSV line into at most max fields (quotes and doubled quotes handled), in place. */
+static int split_csv(char *line, char **fld, int max)
+{
+    int n = 0;
+    char *s = line;
+    while (n < max) {
+        char *w = s;
+        fld[n++] = s;
+        if (*s == '"') {
+            s++;
+            for (;;) {
+                if (!*s) break;
+                if (*s == '"' && s[1] == '"') {
+                    *w++ = '"';
+                    s += 2;
+                } else if (*s == '"') {
+                    s++;
+                    break;
+                } else {
+                    *w++ = *s++;
+                }
+            }
+            while (*s && *s != ',') s++;
+        } else {
+            while (*s && *s != ',' && *s != '\n' && *s != '\r') *w++ = *s++;
+        }
+        int more = *s == ',';
+        *w = 0;
+        if (!more) break;
+        s++;
+    }
+    return n;
+}
+
+enum { C_TASK, C_CTX, C_TOKENS, C_SAMPLE, C_DEPTH, C_TURN, C_POLICY, C_BUDGET, C_BT, C_CORRECT, C_CONTROL, C_PPL,
+       C_ANSWER, C_EXPECTED, C_ATOK, C_KV, C_KVPEAK, C_KVFULL, C_PREFILL, C_DECODE, C_SECONDS, C_STATUS, C_N };
+static const char *const col_names[C_N] = { "task", "ctx", "tokens", "sample", "depth", "turn", "policy", "budget",
+                                            "backtrack", "correct", "control", "ppl", "answer", "expected",
+                                            "answer_tokens", "kv_bytes", "kv_peak_bytes", "kv_full_bytes",
+                                            "prefill_s", "decode_s", "seconds", "status" };
+
+int evalres_read(const char *path, eval_recs *rs, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[4096], *fld[64];
+    int col[C_N], ok = 0;
+    if (fgets(line, sizeof line, f)) {
+        int n = split_csv(line, fld, 64);
+        for (int c = 0; c < C_N; c++) {
+            col[c] = -1;
+            for (int i = 0; i < n; i++)
+                if (!strcmp(fld[i], col_names[c])) col[c] = i;
+        }
+        ok = col[C_TASK] >= 0 && col[C_CTX] >= 0 && col[C_SAMPLE] >= 0 && col[C_POLICY] >= 0 && col[C_BUDGET] >= 0;
+    } else {
+        fclose(f);
+        return 0;   /* empty: a run that stopped before its first row */
+    }
+    if (!ok) {
+        snprintf(err, errlen, "%s: not a kvchat eval CSV (no task, ctx, sample, policy and budget columns)", path);
+        fclose(f);
+        return -1;
+    }
+    long lineno = 1;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(err, errlen, "%s:%ld: line too long", path, lineno);
+            fclose(f);
+            return -1;
+        }
+        if (line[0] == '\n' || line[0] == 0) continue;
+        if (!strchr(line, '\n')) continue;   /* a last row cut short by an interrupted write: run it again */
+        int n = split_csv(line, fld, 64);
+        const char *v[C_N];
+        for (int c = 0; c < C_N; c++) v[c] = col[c] >= 0 && col[c] < n ? fld[col[c]] : "";
+        eval_rec r;
+        evalres_init(&r);
+        snprintf(r.task, sizeof r.task, "%s", v[C_TASK]);
+        r.ctx = atoll(v[C_CTX]);
+        r.tokens = atoll(v[C_TOKENS]);
+        r.sample = atoi(v[C_SAMPLE]);
+        if (*v[C_DEPTH]) r.depth = atof(v[C_DEPTH]);
+        r.turn = atoi(v[C_TURN]);
+        snprintf(r.policy, sizeof r.policy, "%s", v[C_POLICY]);
+        snprintf(r.budget, sizeof r.budget, "%s", *v[C_BUDGET] ? v[C_BUDGET] : "-");
+        r.backtrack = atoi(v[C_BT]);
+        if (*v[C_CORRECT]) r.correct = atoi(v[C_CORRECT]);
+        if (*v[C_CONTROL]) r.control = atoi(v[C_CONTROL]);
+        if (*v[C_PPL]) r.ppl = atof(v[C_PPL]);
+        snprintf(r.answer, sizeof r.answer, "%s", v[C_ANSWER]);
+        snprintf(r.expected, sizeof r.expected, "%s", v[C_EXPECTED]);
+        r.answer_tokens = atoll(v[C_ATOK]);
+        r.kv_bytes = strtoull(v[C_KV], NULL, 10);
+        r.kv_peak = strtoull(v[C_KVPEAK], NULL, 10);
+        r.kv_full = strtoull(v[C_KVFULL], NULL, 10);
+        r.prefill_s = atof(v[C_PREFILL]);
+        r.decode_s = atof(v[C_DECODE]);
+        r.seconds = atof(v[C_SECONDS]);
+        if (*v[C_STATUS]) snprintf(r.status, sizeof r.status, "%s", v[C_STATUS]);
+        if (evalres_push(rs, &r)) {
+            snprintf(err, errlen, "out of memory");
+            fclose(f);
+            return -1;
+        }
+    }
+    fclose(f);
+    return 0;
+}
+
+long evalres_find(const eval_recs *rs, const char *task, int64_t ctx, int sample, int turn, const char *policy,
+                  const char *budget, int backtrack)
+{
+    for (size_t i = rs->n; i-- > 0;) {
+        const eval_rec *r = &rs->v[i];
+        if (r->ctx == ctx && r->sample == sample && r->turn == turn && r->backtrack == backtrack &&
+            !strcmp(r->task, task) && !strcmp(r->policy, policy) && !strcmp(r->budget, budget))
+            return (long)i;
+    }
+    return -1;
+}
+
+double evalres_budget_value(const char *budget)
+{
+    char *end;
+    double v = strtod(budget, &end);
+    return end == budget ? NAN : v;
+}
+
+/* ---- summary --------------------------------------------------------------------------------- */
+
+typedef struct group {
+    const eval_rec *first;
+    int task_rank, policy_rank;
+    int runs, scored, correct, retrieved, refused, ppl_n, dppl_n;
+    double ppl_sum, dppl_sum, kv_sum, peak_sum, tok, dec_s, sec;
+} group;
+
+/* Index of s in names (adding it): the order things first appeared in, which is the run's order. */
+static int rank_of(const char **names, int *n, int max, const char *s)
+{
+    for (int i = 0; i < *n; i++)
+        if (!strcmp(names[i], s)) return i;
+    if (*n == max) return max;
+    names[*n] = s;
+    return (*n)++;
+}
+
+static int cmp_group(const void *a, const void *b)
+{
+    const group *x = a, *y = b;
+    if (x->task_rank != y->task_rank) return x->task_rank - y->task_rank;
+    if (x->first->ctx != y->first->ctx) return x->first->ctx < y->first->ctx ? -1 : 1;
+    if (x->policy_rank != y->policy_rank) return x->policy_rank - y->policy_rank;
+    double bx = evalres_budget_value(x->first->budget), by = evalres_budget_value(y->first->budget);
+    if (isnan(bx) != isnan(by)) return isnan(bx) ? -1 : 1;
+    if (!isnan(bx) && bx != by) return bx < by ? -1 : 1;
+    return x->first->backtrack - y->first->backtrack;
+}
+
+static int is_retrieved(const eval_rec *r)
+{
+    return r->correct == 1 && r->control != 1;
+}
+
+static const eval_rec *full_of(const eval_recs *rs, const eval_rec *r)
+{
+    for (size_t i = 0; i < rs->n; i++) {
+        const eval_rec *q = &rs->v[i];
+        if (q->ctx == r->ctx && q->sample == r->sample && q->turn == r->turn && !strcmp(q->policy, "full") &&
+            !strcmp(q->task, r->task) && !isnan(q->ppl))
+            return q;
+    }
+    return NULL;
+}
+
+void evalres_summary_md(FILE *f, const eval_recs *rs)
+{
+    const char *tasks[64], *pols[128];
+    int nt = 0, np = 0, ng = 0;
+    group *g = calloc(rs->n ? rs->n : 1, sizeof *g);
+    if (!g) return;
+    for (size_t i = 0; i < rs->n; i++) {
+        const eval_rec *r = &rs->v[i];
+        int k;
+        for (k = 0; k < ng; k++) {
+            const eval_rec *q = g[k].first;
+            if (q->ctx == r->ctx && q->backtrack == r->backtrack && !strcmp(q->task, r->task) &&
+                !strcmp(q->policy, r->policy) && !strcmp(q->budget, r->budget))
+                break;
+        }
+        if (k == ng) {
+            g[ng].first = r;
+            g[ng].task_rank = rank_of(tasks, &nt, 64, r->task);
+            g[ng].policy_rank = strcmp(r->policy, "nodoc") ? rank_of(pols, &np, 128, r->policy) + 1 : 0;
+            ng++;
+        }
+        group *G = &g[k];
+        if (strcmp(r->status, "ok")) {
+            G->refused++;
+            continue;
+        }
+        G->runs++;
+        if (r->correct >= 0) {
+            G->scored++;
+            G->correct += r->correct;
+            G->retrieved += is_retrieved(r);
+        }
+        if (!isnan(r->ppl)) {
+            G->ppl_n++;
+            G->ppl_sum += r->ppl;
+            const eval_rec *fr = strcmp(r->policy, "full") ? full_of(rs, r) : NULL;
+            if (fr) {
+                G->dppl_n++;
+                G->dppl_sum += r->ppl - fr->ppl;
+            }
+        }
+        G->kv_sum += (double)r->kv_bytes;
+        G->peak_sum += (double)r->kv_peak;
+        G->tok += (double)r->answer_tokens;
+        G->dec_s += r->decode_s;
+        G->sec += r->seconds;
+    }
+    qsort(g, (size_t)ng, sizeof *g, cmp_group);
+    fprintf(f, "| task | ctx | policy | budget | bt | runs | answered | retrieved | ppl | ppl - full | KV MiB | "
+               "peak KV MiB | decode tok/s | s/run |\n");
+    fprintf(f, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for (int k = 0; k < ng; k++) {
+        const group *G = &g[k];
+        const eval_rec *r = G->first;
+        fprintf(f, "| %s | %lld | %s | %s | %d | %d | ", r->task, (long long)r->ctx, r->policy, r->budget, r->backtrack,
+                G->runs);
+        if (G->runs == 0) {
+            fprintf(f, "n/a (%s) | | | | | | | |\n", r->status);
+            continue;
+        }
+        if (G->scored) fprintf(f, "%d/%d | %d/%d | ", G->correct, G->scored, G->retrieved, G->scored);
+        else fprintf(f, "- | - | ");
+        if (G->ppl_n) fprintf(f, "%.3f | ", G->ppl_sum / G->ppl_n);
+        else fprintf(f, "- | ");
+        if (G->dppl_n) fprintf(f, "%+.3f | ", G->dppl_sum / G->dppl_n);
+        else fprintf(f, "- | ");
+        fprintf(f, "%.2f | %.2f | %.1f | %.1f |\n", G->kv_sum / G->runs / 1048576.0, G->peak_sum / G->runs / 1048576.0,
+                G->dec_s > 0 ? G->tok / G->dec_s : 0.0, G->sec / G->runs);
+    }
+    /* retrieval over every question task, per length: policy x budget */
+    int64_t ctxs[32];
+    int nc = 0;
+    const char *buds[32];
+    int nb = 0;
+    for (size_t i = 0; i < rs->n; i++) {
+        const eval_rec *r = &rs->v[i];
+        int seen = 0;
+        for (int c = 0; c < nc; c++) seen |= ctxs[c] == r->ctx;
+        if (!seen && nc < 32) ctxs[nc++] = r->ctx;
+        if (strcmp(r->policy, "nodoc")) rank_of(buds, &nb, 32, r->budget);
+    }
+    for (int a = 1; a < nc; a++)
+        for (int b = a; b > 0 && ctxs[b] < ctxs[b - 1]; b--) {
+            int64_t t = ctxs[b];
+            ctxs[b] = ctxs[b - 1];
+            ctxs[b - 1] = t;
+        }
+    for (int a = 1; a < nb; a++)   /* "-" first, then by value */
+        for (int b = a; b > 0; b--) {
+            double x = evalres_budget_value(buds[b]), y = evalres_budget_value(buds[b - 1]);
+            if (!(isnan(x) && !isnan(y)) && !(!isnan(x) && !isnan(y) && x < y)) break;
+            const char *t = buds[b];
+            buds[b] = buds[b - 1];
+            buds[b - 1] = t;
+        }
+    for (int c = 0; c < nc; c++) {
+        int any = 0;
+        for (size_t i = 0; i < rs->n && !any; i++) any = rs->v[i].ctx == ctxs[c] && rs->v[i].correct >= 0;
+        if (!any) continue;
+        fprintf(f, "\nRetrieved (right with the document, wrong without it) over every question task, %lld tokens:\n\n",
+                (long long)ctxs[c]);
+        fprintf(f, "| policy |");
+        for (int b = 0; b < nb; b++) fprintf(f, " %s |", strcmp(buds[b], "-") ? buds[b] : "no budget");
+        fprintf(f, "\n| --- |");
+        for (int b = 0; b < nb; b++) fprintf(f, " ---: |");
+        fputc('\n', f);
+        for (int p = 0; p < np; p++) {
+            fprintf(f, "| %s |", pols[p]);
+            for (int b = 0; b < nb; b++) {
+                int n = 0, ok = 0;
+                for (size_t i = 0; i < rs->n; i++) {
+                    const eval_rec *r = &rs->v[i];
+                    if (r->ctx != ctxs[c] || r->correct < 0 || strcmp(r->status, "ok") || strcmp(r->policy, pols[p]) ||
+                        strcmp(r->budget, buds[b]))
+                        continue;
+                    n++;
+                    ok += is_retrieved(r);
+                }
+                if (n) fprintf(f, " %d/%d (%.0f%%) |", ok, n, 100.0 * ok / n);
+                else fprintf(f, " |");
+            }
+            fputc('\n', f);
+        }
+    }
+    free(g);
+}
