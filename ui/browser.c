@@ -60,7 +60,8 @@ static void fill(browser *b)
                  s->title, s->doc_title[0] ? s->doc_title : "-", base(s->model_path), s->policy, s->n_messages, when);
     }
     menu_select_tag(&b->m, keep);
-    if (b->m.filter[0] && !rc) menu_say(&b->m, 0, "%d sessions match", b->n_ss);
+    if (b->m.filter[0] && !rc)
+        menu_say(&b->m, 0, "%d session%s match%s", b->n_ss, b->n_ss == 1 ? "" : "s", b->n_ss == 1 ? "es" : "");
 }
 
 void browser_open(browser *b, const char *db_path)

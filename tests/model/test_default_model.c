@@ -267,3 +267,16 @@ Test(default_model, take_answers_generated_passkey_documents, .timeout = 1200)
     cr_log_info("%s", out);
     cr_expect(strstr(out, "take ") && strstr(out, " 2/2 "), "TAKE at 20%% missed a generated pass key:\n%s", out);
 }
+
+/* The terminal interface on the default model in a real terminal (tmux): everything
+ * tests/tui/basic.sh drives with a tiny model (open, ask, compare, switch the decode and the prefill
+ * policy, edit into a branch, settings, file picker, session browser, resize to 60 and 200 columns,
+ * help, quit, resume, regenerate, remapped keys, inline backtracking events), on the real model. */
+Test(default_model, tui_in_a_real_terminal, .timeout = 900)
+{
+    char cmd[1024];
+    const char *bin = getenv("KVCHAT_BIN") ? getenv("KVCHAT_BIN") : "./kvchat";
+    snprintf(cmd, sizeof cmd, "tests/tui/basic.sh %s '%s' ../shared/testdata/prompts/p2.txt", bin, model_path());
+    int st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tests/tui/basic.sh on the default model failed (output above)");
+}

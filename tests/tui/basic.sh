@@ -110,7 +110,7 @@ T send-keys -t "$s" F3
 wait_for '│ +1  p2\.txt +p2\.txt'
 wait_for '│ +2  notes\.txt'
 T send-keys -t "$s" 'copy'
-wait_for '1 sessions match'
+wait_for '1 session matches'
 T send-keys -t "$s" BSpace BSpace BSpace BSpace
 wait_for 'search: _'
 T send-keys -t "$s" Down
@@ -123,9 +123,15 @@ T send-keys -t "$s" C-e
 wait_for 'session 1 exported to kvchat-session-1\.md'
 grep -q '^# First talk' "$work/kvchat-session-1.md" || fail "the export has no title"
 grep -q '^## Question' "$work/kvchat-session-1.md" || fail "the export has no question"
-T send-keys -t "$s" Up DC
+# (a rename reorders the list by date: each session is picked by a search that finds only it)
+T send-keys -t "$s" 'copy'
+wait_for '1 session matches'
+T send-keys -t "$s" DC
 wait_for 'session 2 is the open conversation'
-T send-keys -t "$s" Down DC
+T send-keys -t "$s" BSpace BSpace BSpace BSpace 'First'
+wait_for 'search: First_'
+wait_for '1 session matches'
+T send-keys -t "$s" DC
 wait_for 'delete session 1 with its messages and snapshots\? y/n'
 T send-keys -t "$s" n Enter
 wait_for 'not deleted'
@@ -135,7 +141,9 @@ cap | grep -q 'Enter resume' && fail "Esc did not close the session browser"
 # resume the first session from the browser
 T send-keys -t "$s" F3
 wait_for '1  First talk'
-T send-keys -t "$s" Down Enter
+T send-keys -t "$s" 'First'
+wait_for '1 session matches'
+T send-keys -t "$s" Enter
 wait_for 'session 1 resumed: [0-9]+ tokens restored from a'
 wait_for '\| ready'
 
