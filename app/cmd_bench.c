@@ -1,14 +1,20 @@
 /* cmd_bench.c - `kvchat bench`: prefill speed at several prompt lengths and decode speed at those
  * depths, printed as a table and appended to a CSV with the commit, machine and thread count.
  * A benchmark, not a test: it asserts nothing. Token ids are a fixed pseudo-random sequence, since
- * speed does not depend on what the tokens say. */
+ * speed does not depend on what the tokens say. With --out DIR the per-policy figures also go to
+ * DIR/bench.csv and DIR/bench.png (prefill and decode speed, time to first token and peak KV memory
+ * against context length, a line per policy), the form `kvchat eval --out` uses. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "evalplot.h"
+#include "evalres.h"
 #include "snapshot.h"
 #include "store.h"
 #include "commands.h"
@@ -317,6 +323,64 @@ static int bench_snapshots(cli_runtime *rt, const cli_opts *o, char specs[][256]
     return rc;
 }
 
+/* DIR/bench.png from the rows of this run (its date) in DIR/bench.csv. */
+static int bench_plot(const char *csv, const char *date, const char *png)
+{
+    FILE *f = fopen(csv, "r");
+    if (!f) {
+        cli_err("bench: cannot read %s", csv);
+        return 1;
+    }
+    enum { DATE, CTX, POLICY, PREFILL, DECODE, TTFT, PEAK, NCOL };
+    static const char *const want[NCOL] = { "date", "ctx", "policy", "prefill_tok_s", "decode_tok_s", "ttft_s",
+                                            "kv_peak_prefill_mib" };
+    int col[NCOL];
+    char line[4096], *fld[64];
+    int n = fgets(line, sizeof line, f) ? evalres_split_csv(line, fld, 64) : 0;
+    for (int c = 0; c < NCOL; c++) {
+        col[c] = -1;
+        for (int i = 0; i < n; i++)
+            if (!strcmp(fld[i], want[c])) col[c] = i;
+    }
+    enum { MAXS = 16 };
+    plot_series *s = calloc(4 * MAXS, sizeof *s);
+    int ns[4] = { 0 };
+    while (s && col[POLICY] >= 0 && col[PEAK] >= 0 && fgets(line, sizeof line, f)) {
+        n = evalres_split_csv(line, fld, 64);
+        if (n <= col[PEAK] || n <= col[POLICY] || strcmp(fld[col[DATE]], date)) continue;
+        double x = atof(fld[col[CTX]]);
+        const int metric[4] = { PREFILL, DECODE, TTFT, PEAK };
+        for (int m = 0; m < 4; m++)
+            evalplot_add(s + m * MAXS, &ns[m], MAXS, fld[col[POLICY]], x, atof(fld[col[metric[m]]]));
+    }
+    fclose(f);
+    if (!s) {
+        cli_err("bench: out of memory");
+        return 1;
+    }
+    plot_panel p[4];
+    const char *titles[4] = { "prefill speed", "decode speed", "time to first token", "peak KV memory (prefill)" };
+    const char *ylab[4] = { "tokens/s", "tokens/s", "s", "MiB" };
+    for (int m = 0; m < 4; m++) {
+        memset(&p[m], 0, sizeof p[m]);
+        snprintf(p[m].title, sizeof p[m].title, "%s", titles[m]);
+        snprintf(p[m].xlabel, sizeof p[m].xlabel, "context tokens");
+        snprintf(p[m].ylabel, sizeof p[m].ylabel, "%s", ylab[m]);
+        p[m].logx = 1;
+        p[m].s = s + m * MAXS;
+        p[m].ns = ns[m];
+    }
+    char err[600];
+    int rc = evalplot_lines(png, p, 4, 2, err, sizeof err);
+    free(s);
+    if (rc) {
+        cli_err("bench: %s", err);
+        return 1;
+    }
+    fprintf(stderr, "bench: wrote %s\n", png);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     cli_opts o;
@@ -325,7 +389,8 @@ int cmd_bench(int argc, char **argv)
     const char *csv = "bench/results.csv";
     int64_t n_gen = 32;
     int snapshot = 0;
-    const char *policy_list = NULL;
+    const char *policy_list = NULL, *out_dir = NULL;
+    char out_csv[1024], out_png[1024];
     for (int i = 1; i < argc; i++) {
         /* here --ctx is the list of context lengths (an alias of --depths) and --policy a list */
         if (!strcmp(argv[i], "--ctx") || !strcmp(argv[i], "--depths")) {
@@ -347,17 +412,21 @@ int cmd_bench(int argc, char **argv)
             if (!(csv = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--no-csv")) {
             csv = NULL;
+        } else if (!strcmp(a, "--out")) {
+            if (!(out_dir = cli_need_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--snapshot")) {
             snapshot = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs("usage: kvchat bench [-m MODEL] [--ctx 512,2048,8192] [--gen N] [--threads T] [--batch N]\n"
-                  "                    [--policy LIST [--budget B]] [--csv FILE | --no-csv]\n"
+                  "                    [--policy LIST [--budget B]] [--csv FILE | --no-csv | --out DIR]\n"
                   "  Without --policy: prefill and decode speed at each length (bench/results.csv).\n"
                   "  With --policy full,chess:preset=aggressive,quest: decode speed, attention and selection\n"
                   "  time per step, pages attended and KV bytes read, per policy and length\n"
                   "  (bench/policy_results.csv). --depths is an alias of --ctx.\n"
                   "  With --snapshot (and --policy, default full): snapshot bytes and save / write / read /\n"
-                  "  restore times against the prefill time, per length (bench/snapshot_results.csv).\n",
+                  "  restore times against the prefill time, per length (bench/snapshot_results.csv).\n"
+                  "  With --out DIR: the per-policy figures (default --policy full) in DIR/bench.csv and their\n"
+                  "  plots in DIR/bench.png.\n",
                   stdout);
             return 0;
         } else {
@@ -388,6 +457,20 @@ int cmd_bench(int argc, char **argv)
     char specs[8][256];
     int n_spec = 0;
     if (snapshot && !policy_list) policy_list = "full";
+    if (out_dir) {
+        if (snapshot) {
+            cli_err("bench: --out draws the per-policy figures; --snapshot writes its own CSV (--csv)");
+            return 1;
+        }
+        if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
+            cli_err("bench: cannot create %s: %s", out_dir, strerror(errno));
+            return 1;
+        }
+        snprintf(out_csv, sizeof out_csv, "%s/bench.csv", out_dir);
+        snprintf(out_png, sizeof out_png, "%s/bench.png", out_dir);
+        csv = out_csv;
+        if (!policy_list) policy_list = "full";
+    }
     if (policy_list) {
         n_spec = cli_split_policies(policy_list, specs, 8);
         if (n_spec <= 0) {
@@ -428,6 +511,10 @@ int cmd_bench(int argc, char **argv)
     read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
     if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
     cpu_name(machine, sizeof machine);
+    if (strcmp(rt.b->ops->name, "cpu")) {   /* the device that ran the model, beside the host CPU */
+        size_t ml = strlen(machine);
+        snprintf(machine + ml, sizeof machine - ml, " + %s", rt.b->ops->name);
+    }
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     const char *base = strrchr(rt.m->path, '/') ? strrchr(rt.m->path, '/') + 1 : rt.m->path;
@@ -446,6 +533,7 @@ int cmd_bench(int argc, char **argv)
         cli_install_sigint();
         int prc = bench_policies(&rt, &o, specs, n_spec, depths, nd, n_gen, toks, csv, date, commit, machine, base);
         printf("peak RSS %.1f MiB\n", cli_peak_rss_mib());
+        if (prc == 0 && out_dir && !cli_interrupted) prc = bench_plot(out_csv, date, out_png);
         free(toks);
         free(logits);
         cli_close(&rt);

@@ -290,21 +290,23 @@ static int heatmap(const eval_recs *rs, const char *png, const char *budget, int
     return gp_close(g, png, err, errlen);
 }
 
-/* Decode tok/s and peak KV against length, a line per policy (at this budget, and the full cache). */
+/* Decode tok/s, KV held and peak KV against length, a line per policy (at this budget, and the full
+ * cache). */
 static int speed_memory(const eval_recs *rs, const char *png, const char *budget, char *err, size_t errlen)
 {
     acc *a = malloc(sizeof *a * MAX_ACC), *m = malloc(sizeof *m * MAX_ACC);
-    acc *tok = malloc(sizeof *tok * MAX_ACC);
-    plot_series *s = calloc(2 * MAX_SERIES, sizeof *s);
-    if (!a || !m || !tok || !s) {
+    acc *tok = malloc(sizeof *tok * MAX_ACC), *h = malloc(sizeof *h * MAX_ACC);
+    plot_series *s = calloc(3 * MAX_SERIES, sizeof *s);
+    if (!a || !m || !tok || !h || !s) {
         free(a);
         free(m);
         free(tok);
+        free(h);
         free(s);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    int na = 0, nm = 0, nt = 0, ns1 = 0, ns2 = 0;
+    int na = 0, nm = 0, nt = 0, nh = 0, ns1 = 0, ns2 = 0, ns3 = 0;
     for (size_t i = 0; i < rs->n; i++) {
         const eval_rec *r = &rs->v[i];
         if (strcmp(r->status, "ok") || !strcmp(r->policy, "nodoc") ||
@@ -313,26 +315,34 @@ static int speed_memory(const eval_recs *rs, const char *png, const char *budget
         acc_add(a, &na, MAX_ACC, r->policy, (double)r->ctx, r->decode_s);
         acc_add(tok, &nt, MAX_ACC, r->policy, (double)r->ctx, (double)r->answer_tokens);
         acc_add(m, &nm, MAX_ACC, r->policy, (double)r->ctx, (double)r->kv_peak / 1048576.0);
+        acc_add(h, &nh, MAX_ACC, r->policy, (double)r->ctx, (double)r->kv_bytes / 1048576.0);
     }
     for (int i = 0; i < na; i++)   /* a and tok were filled in the same order */
         if (a[i].sum > 0) evalplot_add(s, &ns1, MAX_SERIES, a[i].name, a[i].x, tok[i].sum / a[i].sum);
-    for (int i = 0; i < nm; i++) evalplot_add(s + MAX_SERIES, &ns2, MAX_SERIES, m[i].name, m[i].x, m[i].sum / m[i].n);
-    plot_panel p[2];
+    for (int i = 0; i < nh; i++) evalplot_add(s + MAX_SERIES, &ns2, MAX_SERIES, h[i].name, h[i].x, h[i].sum / h[i].n);
+    for (int i = 0; i < nm; i++)
+        evalplot_add(s + 2 * MAX_SERIES, &ns3, MAX_SERIES, m[i].name, m[i].x, m[i].sum / m[i].n);
+    plot_panel p[3];
     memset(p, 0, sizeof p);
     snprintf(p[0].title, sizeof p[0].title, "decode speed (budget %s)", budget);
     snprintf(p[0].xlabel, sizeof p[0].xlabel, "context tokens");
     snprintf(p[0].ylabel, sizeof p[0].ylabel, "tokens/s");
     p[0].s = s;
     p[0].ns = ns1;
-    snprintf(p[1].title, sizeof p[1].title, "peak KV memory (budget %s)", budget);
-    snprintf(p[1].xlabel, sizeof p[1].xlabel, "context tokens");
-    snprintf(p[1].ylabel, sizeof p[1].ylabel, "MiB");
-    p[1].s = s + MAX_SERIES;
+    snprintf(p[1].title, sizeof p[1].title, "KV held after the answer (budget %s)", budget);
+    snprintf(p[2].title, sizeof p[2].title, "peak KV memory (budget %s)", budget);
+    for (int k = 1; k < 3; k++) {
+        snprintf(p[k].xlabel, sizeof p[k].xlabel, "context tokens");
+        snprintf(p[k].ylabel, sizeof p[k].ylabel, "MiB");
+        p[k].s = s + k * MAX_SERIES;
+    }
     p[1].ns = ns2;
-    int rc = evalplot_lines(png, p, 2, 2, err, errlen);
+    p[2].ns = ns3;
+    int rc = evalplot_lines(png, p, 3, 3, err, errlen);
     free(a);
     free(m);
     free(tok);
+    free(h);
     free(s);
     return rc;
 }

@@ -32,7 +32,7 @@ void evalplot_add(plot_series *s, int *ns, int max, const char *name, double x, 
 /* Every eval plot into dir, from the records: accuracy_vs_budget.png (retrieval over the question
  * tasks, a panel per length), niah_heatmap_<budget>.png (needle depth x length per policy, one file
  * per budget), ppl_vs_budget.png (perplexity change against the full cache), speed_memory.png
- * (decode tok/s and peak KV against length per policy, at speed_budget). n_depths: the sweep's
+ * (decode tok/s, KV held and peak KV against length per policy, at speed_budget). n_depths: the sweep's
  * points. Writes the names of the files made into made (comma-separated). 0, or -1 with a message. */
 int evalplot_eval(const eval_recs *rs, const char *dir, int n_depths, const char *speed_budget, char *made,
                   size_t made_cap, char *err, size_t errlen);

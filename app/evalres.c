@@ -71,8 +71,7 @@ void evalres_write(FILE *f, const eval_rec *r)
     fflush(f);
 }
 
-/* Split one CSV line into at most max fields (quotes and doubled quotes handled), in place. */
-static int split_csv(char *line, char **fld, int max)
+int evalres_split_csv(char *line, char **fld, int max)
 {
     int n = 0;
     char *s = line;
@@ -119,7 +118,7 @@ int evalres_read(const char *path, eval_recs *rs, char *err, size_t errlen)
     char line[4096], *fld[64];
     int col[C_N], ok = 0;
     if (fgets(line, sizeof line, f)) {
-        int n = split_csv(line, fld, 64);
+        int n = evalres_split_csv(line, fld, 64);
         for (int c = 0; c < C_N; c++) {
             col[c] = -1;
             for (int i = 0; i < n; i++)
@@ -145,7 +144,7 @@ int evalres_read(const char *path, eval_recs *rs, char *err, size_t errlen)
         }
         if (line[0] == '\n' || line[0] == 0) continue;
         if (!strchr(line, '\n')) continue;   /* a last row cut short by an interrupted write: run it again */
-        int n = split_csv(line, fld, 64);
+        int n = evalres_split_csv(line, fld, 64);
         const char *v[C_N];
         for (int c = 0; c < C_N; c++) v[c] = col[c] >= 0 && col[c] < n ? fld[col[c]] : "";
         eval_rec r;
@@ -308,7 +307,8 @@ void evalres_summary_md(FILE *f, const eval_recs *rs)
             fprintf(f, "n/a (%s) | | | | | | | |\n", r->status);
             continue;
         }
-        if (G->scored) fprintf(f, "%d/%d | %d/%d | ", G->correct, G->scored, G->retrieved, G->scored);
+        if (G->scored && G->policy_rank == 0) fprintf(f, "%d/%d | - | ", G->correct, G->scored);   /* the control */
+        else if (G->scored) fprintf(f, "%d/%d | %d/%d | ", G->correct, G->scored, G->retrieved, G->scored);
         else fprintf(f, "- | - | ");
         if (G->ppl_n) fprintf(f, "%.3f | ", G->ppl_sum / G->ppl_n);
         else fprintf(f, "- | ");

@@ -57,6 +57,9 @@ long evalres_find(const eval_recs *rs, const char *task, int64_t ctx, int sample
  * each length. */
 void evalres_summary_md(FILE *f, const eval_recs *rs);
 
+/* Split one CSV line into at most max fields, in place (quotes and doubled quotes handled); the count. */
+int evalres_split_csv(char *line, char **fld, int max);
+
 /* Budget as a number (fraction or tokens); NaN for "-". */
 double evalres_budget_value(const char *budget);
 

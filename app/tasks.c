@@ -392,13 +392,13 @@ int task_make(const char *name, const filler *f, int64_t ctx_tokens, double char
             nd[n].q = i == b ? 0 : -1;
             n++;
         }
-        const char *obj = objects[rnd(&x) % COUNT(objects)];
+        const char *thing = objects[rnd(&x) % COUNT(objects)];
         if (two) {
-            snprintf(nd[n].text, sizeof nd[n].text, "%s picked up the %s.", people[who[0]], obj);
+            snprintf(nd[n].text, sizeof nd[n].text, "%s picked up the %s.", people[who[0]], thing);
             nd[n].depth = dep[pick_at];
             nd[n].q = -1;
             n++;
-            snprintf(it->question[0], sizeof it->question[0], "Where is the %s?", obj);
+            snprintf(it->question[0], sizeof it->question[0], "Where is the %s?", thing);
         } else {
             snprintf(it->question[0], sizeof it->question[0], "Where is %s?", people[who[0]]);
         }

@@ -11,7 +11,8 @@ pkgs=(
   pkg-config
   libsentencepiece-dev  # tokenizer library (C++; wrapped by engine/spm_shim.cpp)
   libcriterion-dev      # C test framework
-  gnuplot-nox           # kvchat calibrate draws its density plot (PNG)
+  gnuplot-nox           # kvchat calibrate, eval and bench draw their plots (PNG)
+  bible-kjv             # the King James Bible (bible-kjv-text) as kvchat eval's filler text
   libsqlite3-dev        # the session store (store/)
   nettle-dev            # sha256 of models, documents and snapshots
   libncurses-dev        # the terminal interface (ncursesw)

@@ -1,0 +1,400 @@
+/* test_eval.c - the eval harness without the default model: task generators (deterministic, needles
+ * at the asked depth, answers present in the document), the answer checker, the CSV round trip and
+ * resume lookup, the Markdown summary, a plot, and `kvchat eval` end to end on a tiny model (bad
+ * input, and a second run skipping every row the first one wrote).
+ *
+ * The app/ modules are compiled into this test directly: the unit-test binary links the engine
+ * library only, and these modules need nothing else. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../app/docgen.c"
+#include "../app/evalplot.c"
+#include "../app/evalres.c"
+#include "../app/tasks.c"
+
+#define TD "../shared/testdata/"
+
+static filler gen_filler(void)
+{
+    filler f;
+    cr_assert(filler_generated(&f, 200000, 7) == 0);
+    return f;
+}
+
+Test(eval_tasks, generators_are_deterministic_for_a_seed)
+{
+    filler f = gen_filler();
+    char err[256];
+    for (const char *const *t = task_names(); *t; t++) {
+        task_item a, b, c;
+        cr_assert(task_make(*t, &f, 1000, 4.0, 3, 1, 5, &a, err, sizeof err) == 0, "%s: %s", *t, err);
+        cr_assert(task_make(*t, &f, 1000, 4.0, 3, 1, 5, &b, err, sizeof err) == 0);
+        cr_assert(task_make(*t, &f, 1000, 4.0, 3, 2, 5, &c, err, sizeof err) == 0);
+        cr_expect_str_eq(a.doc, b.doc, "%s: same seed and sample, different documents", *t);
+        cr_expect_str_eq(a.question[0], b.question[0]);
+        cr_expect_str_eq(a.expect[0][0], b.expect[0][0]);
+        cr_expect(strcmp(a.doc, c.doc) != 0, "%s: samples 1 and 2 gave the same document", *t);
+        task_item_free(&a);
+        task_item_free(&b);
+        task_item_free(&c);
+    }
+    filler_done(&f);
+}
+
+Test(eval_tasks, needle_lands_at_the_asked_depth)
+{
+    filler f = gen_filler();
+    char err[256];
+    for (int k = 0; k < 5; k++) {
+        task_item it;
+        cr_assert(task_make("niah", &f, 2000, 4.0, 1, k, 5, &it, err, sizeof err) == 0, "%s", err);
+        double want = k / 4.0;
+        const char *mark = "The special magic number for";
+        const char *at = strstr(it.doc, mark);
+        cr_assert(at, "sample %d: no needle in the document", k);
+        double got = (double)(at - it.doc) / (double)strlen(it.doc);
+        cr_expect(fabs(got - want) < 0.02, "sample %d: needle at %.3f of the document, asked %.2f", k, got, want);
+        cr_expect(fabs(it.depth[0] - got) < 1e-9, "recorded depth %.4f, actual %.4f", it.depth[0], got);
+        cr_expect(strstr(it.doc, it.expect[0][0]), "the value %s is not in the document", it.expect[0][0]);
+        cr_expect(!strstr(at + 1, mark), "more than one needle");
+        /* about 2000 tokens of 4 characters */
+        cr_expect(strlen(it.doc) > 7600 && strlen(it.doc) < 8600, "document of %zu characters", strlen(it.doc));
+        task_item_free(&it);
+    }
+    filler_done(&f);
+}
+
+Test(eval_tasks, every_question_has_its_answer_in_the_document)
+{
+    filler f = gen_filler();
+    char err[256];
+    const char *tasks[] = { "passkey", "multikey", "multivalue", "babi1", "babi2", "multiturn" };
+    for (int t = 0; t < 6; t++)
+        for (int k = 0; k < 6; k++) {
+            task_item it;
+            cr_assert(task_make(tasks[t], &f, 800, 4.0, 9, k, 5, &it, err, sizeof err) == 0);
+            cr_assert(it.n_q >= 1 && it.n_q <= TASK_MAX_Q);
+            for (int q = 0; q < it.n_q; q++) {
+                cr_expect(it.question[q][0] && it.n_expect[q] >= 1, "%s #%d: question %d is empty", tasks[t], k, q);
+                for (int v = 0; v < it.n_expect[q]; v++)
+                    cr_expect(strstr(it.doc, it.expect[q][v]), "%s #%d: %s is not in the document", tasks[t], k,
+                              it.expect[q][v]);
+                cr_expect(it.depth[q] >= 0 && it.depth[q] <= 1, "%s: depth %f", tasks[t], it.depth[q]);
+            }
+            task_item_free(&it);
+        }
+    filler_done(&f);
+}
+
+Test(eval_tasks, multikey_has_distractors_and_multiturn_asks_three_keys)
+{
+    filler f = gen_filler();
+    char err[256];
+    task_item it;
+    cr_assert(task_make("multikey", &f, 1000, 4.0, 1, 0, 5, &it, err, sizeof err) == 0);
+    int n = 0;
+    for (const char *s = it.doc; (s = strstr(s, "The special magic number for")); s++) n++;
+    cr_expect_eq(n, 4, "multikey: %d needles", n);
+    task_item_free(&it);
+    cr_assert(task_make("multiturn", &f, 1000, 4.0, 1, 0, 5, &it, err, sizeof err) == 0);
+    cr_expect_eq(it.n_q, 3);
+    cr_expect(strcmp(it.question[0], it.question[1]) && strcmp(it.question[1], it.question[2]));
+    task_item_free(&it);
+    filler_done(&f);
+}
+
+Test(eval_tasks, babi2_answer_is_where_the_holder_went_after_picking_up)
+{
+    filler f = gen_filler();
+    char err[256];
+    for (int k = 0; k < 10; k++) {
+        task_item it;
+        cr_assert(task_make("babi2", &f, 800, 4.0, 5, k, 5, &it, err, sizeof err) == 0);
+        const char *pick = strstr(it.doc, " picked up the ");
+        cr_assert(pick, "no pick-up fact");
+        const char *name = pick;
+        while (name > it.doc && name[-1] != ' ') name--;
+        char who[32], went[128];
+        snprintf(who, sizeof who, "%.*s", (int)(pick - name), name);
+        snprintf(went, sizeof went, "%s went to the %s.", who, it.expect[0][0]);
+        const char *after = strstr(pick, went);
+        cr_expect(after, "#%d: %s never went to the %s after the pick-up", k, who, it.expect[0][0]);
+        task_item_free(&it);
+    }
+    filler_done(&f);
+}
+
+Test(eval_tasks, ppl_continuation_follows_the_document_in_the_filler)
+{
+    filler f = gen_filler();
+    char err[256];
+    task_item it;
+    cr_assert(task_make("ppl", &f, 500, 4.0, 2, 0, 5, &it, err, sizeof err) == 0);
+    cr_assert(it.kind == TASK_LOGLIK && it.cont && strlen(it.cont) > 400);
+    size_t ld = strlen(it.doc);
+    char *both = malloc(ld + strlen(it.cont) + 1);
+    strcpy(both, it.doc);
+    strcat(both, it.cont);
+    cr_expect(strstr(f.text, both), "document + continuation is not running text of the filler");
+    free(both);
+    task_item_free(&it);
+    filler_done(&f);
+}
+
+Test(eval_tasks, unknown_task_is_an_error)
+{
+    filler f = gen_filler();
+    char err[256] = "";
+    task_item it;
+    cr_expect(task_make("nosuch", &f, 500, 4.0, 2, 0, 5, &it, err, sizeof err) == -1);
+    cr_expect(strstr(err, "nosuch"));
+    filler_done(&f);
+}
+
+Test(eval_check, numbers_must_appear_whole)
+{
+    const char *one[] = { "1234567" };
+    cr_expect(task_numbers_present(" The number is 1234567.", one, 1));
+    cr_expect(task_numbers_present(" 1,234,567", one, 1), "thousands separators are dropped");
+    cr_expect(!task_numbers_present(" 12345678", one, 1), "a longer number is not the value");
+    cr_expect(!task_numbers_present(" 123456", one, 1));
+    cr_expect(!task_numbers_present("", one, 1));
+    const char *two[] = { "1111111", "2222222" };
+    cr_expect(task_numbers_present("2222222 and 1111111", two, 2));
+    cr_expect(!task_numbers_present("1111111 only", two, 2), "every value of a multi-value answer is needed");
+}
+
+Test(eval_check, the_first_place_named_decides)
+{
+    cr_expect(task_first_place_is(" Mary is in the kitchen, not the garden.", "kitchen"));
+    cr_expect(!task_first_place_is(" Mary is in the kitchen, not the garden.", "garden"));
+    cr_expect(task_first_place_is(" The GARDEN", "garden"), "case does not matter");
+    cr_expect(!task_first_place_is(" the kitchens", "kitchen"), "a whole word only");
+    cr_expect(!task_first_place_is(" in the hall", "kitchen"));
+}
+
+static void rec(eval_rec *r, const char *task, int sample, const char *policy, const char *budget, int correct,
+                int control)
+{
+    evalres_init(r);
+    snprintf(r->task, sizeof r->task, "%s", task);
+    r->ctx = 2048;
+    r->tokens = 2060;
+    r->sample = sample;
+    r->depth = 0.5;
+    snprintf(r->policy, sizeof r->policy, "%s", policy);
+    snprintf(r->budget, sizeof r->budget, "%s", budget);
+    r->correct = correct;
+    r->control = control;
+    r->kv_bytes = 1 << 20;
+    r->kv_peak = 2 << 20;
+    r->answer_tokens = 10;
+    r->decode_s = 0.5;
+    r->seconds = 2;
+}
+
+Test(eval_results, csv_round_trip_and_resume_lookup)
+{
+    char path[] = "/tmp/kvchat-evalres-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fputs(evalres_header, f);
+    eval_rec a, b;
+    rec(&a, "niah", 0, "snapkv:window=16,kernel=5", "0.1", 1, 0);
+    snprintf(a.answer, sizeof a.answer, " 1234567, \"quoted\", and more");
+    rec(&b, "ppl", 1, "full", "-", -1, -1);
+    b.ppl = 7.25;
+    evalres_write(f, &a);
+    evalres_write(f, &b);
+    fputs("niah,2048,2060,2,0.5,0,\"full\",-,0,1", f);   /* a row cut short by an interrupted write */
+    fclose(f);
+    eval_recs rs = { 0 };
+    char err[256];
+    cr_assert(evalres_read(path, &rs, err, sizeof err) == 0, "%s", err);
+    cr_assert_eq(rs.n, 2, "%zu rows read (the cut row must be run again)", rs.n);
+    cr_expect_str_eq(rs.v[0].policy, a.policy);
+    cr_expect_str_eq(rs.v[0].answer, a.answer);
+    cr_expect_eq(rs.v[0].correct, 1);
+    cr_expect_eq(rs.v[0].control, 0);
+    cr_expect(isnan(rs.v[0].ppl));
+    cr_expect(fabs(rs.v[1].ppl - 7.25) < 1e-9);
+    cr_expect_eq(rs.v[1].correct, -1);
+    cr_expect(evalres_find(&rs, "niah", 2048, 0, 0, a.policy, "0.1", 0) == 0);
+    cr_expect(evalres_find(&rs, "niah", 2048, 0, 0, a.policy, "0.2", 0) == -1, "another budget is not done");
+    cr_expect(evalres_find(&rs, "niah", 4096, 0, 0, a.policy, "0.1", 0) == -1, "another length is not done");
+    cr_expect(evalres_find(&rs, "niah", 2048, 2, 0, "full", "-", 0) == -1, "the cut row is not done");
+    evalres_free(&rs);
+    unlink(path);
+}
+
+Test(eval_results, a_csv_of_something_else_is_refused)
+{
+    char path[] = "/tmp/kvchat-evalres-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert(write(fd, "a,b,c\n1,2,3\n", 12) == 12);
+    close(fd);
+    eval_recs rs = { 0 };
+    char err[256] = "";
+    cr_expect(evalres_read(path, &rs, err, sizeof err) == -1);
+    cr_expect(strstr(err, "not a kvchat eval CSV"), "%s", err);
+    evalres_free(&rs);
+    unlink(path);
+    cr_expect(evalres_read("/nonexistent/x.csv", &rs, err, sizeof err) == 0 && rs.n == 0, "no file: nothing done");
+}
+
+Test(eval_results, markdown_summary_counts_answers_and_retrievals)
+{
+    eval_recs rs = { 0 };
+    eval_rec r;
+    rec(&r, "niah", 0, "nodoc", "-", 0, -1);
+    evalres_push(&rs, &r);
+    rec(&r, "niah", 1, "nodoc", "-", 1, -1);
+    evalres_push(&rs, &r);
+    rec(&r, "niah", 0, "full", "-", 1, 0);
+    evalres_push(&rs, &r);
+    rec(&r, "niah", 1, "full", "-", 1, 1);   /* known without the document: answered, not retrieved */
+    evalres_push(&rs, &r);
+    rec(&r, "niah", 0, "snapkv", "0.1", 0, 0);
+    evalres_push(&rs, &r);
+    rec(&r, "niah", 1, "snapkv", "0.1", 1, 1);
+    evalres_push(&rs, &r);
+    rec(&r, "niah", 0, "snapkv", "0.01", -1, 0);
+    snprintf(r.status, sizeof r.status, "refused: budget below the window");
+    evalres_push(&rs, &r);
+    rec(&r, "ppl", 0, "full", "-", -1, -1);
+    r.ppl = 8.0;
+    evalres_push(&rs, &r);
+    rec(&r, "ppl", 0, "snapkv", "0.1", -1, -1);
+    r.ppl = 9.5;
+    evalres_push(&rs, &r);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    evalres_summary_md(f, &rs);
+    fclose(f);
+    cr_expect(strstr(buf, "| niah | 2048 | full | - | 0 | 2 | 2/2 | 1/2 |"), "%s", buf);
+    cr_expect(strstr(buf, "| niah | 2048 | snapkv | 0.1 | 0 | 2 | 1/2 | 0/2 |"), "%s", buf);
+    cr_expect(strstr(buf, "| niah | 2048 | snapkv | 0.01 | 0 | 0 | n/a (refused: budget below the window)"), "%s", buf);
+    cr_expect(strstr(buf, "| ppl | 2048 | snapkv | 0.1 | 0 | 1 | - | - | 9.500 | +1.500 |"), "%s", buf);
+    cr_expect(strstr(buf, "| full | 1/2 (50%) |"), "pivot row of full:\n%s", buf);
+    cr_expect(strstr(buf, "| snapkv | | | 0/2 (0%) |"), "pivot row of snapkv (0.01 refused):\n%s", buf);
+    cr_expect(strstr(buf, "| niah | 2048 | nodoc | - | 0 | 2 | 1/2 | - |"), "the control has no retrievals:\n%s", buf);
+    /* nodoc sorts before the policies within a task and length */
+    cr_expect(strstr(buf, "| niah | 2048 | nodoc") < strstr(buf, "| niah | 2048 | full"));
+    free(buf);
+    evalres_free(&rs);
+}
+
+Test(eval_results, plot_is_a_png)
+{
+    char dir[] = "/tmp/kvchat-evalplot-XXXXXX", png[256], err[256];
+    cr_assert(mkdtemp(dir));
+    snprintf(png, sizeof png, "%s/p.png", dir);
+    plot_series s[2];
+    int ns = 0;
+    evalplot_add(s, &ns, 2, "full", 4096, 50);
+    evalplot_add(s, &ns, 2, "full", 2048, 60);
+    evalplot_add(s, &ns, 2, "snap'kv", 2048, 30);
+    cr_expect_eq(ns, 2);
+    cr_expect(s[0].x[0] == 2048 && s[0].x[1] == 4096, "points kept in x order");
+    plot_panel p = { "title", "x", "y", 0, s, ns };
+    cr_assert(evalplot_lines(png, &p, 1, 1, err, sizeof err) == 0, "%s", err);
+    FILE *f = fopen(png, "rb");
+    cr_assert(f, "no PNG written");
+    unsigned char sig[8] = { 0 };
+    cr_expect(fread(sig, 1, 8, f) == 8 && sig[1] == 'P' && sig[2] == 'N' && sig[3] == 'G');
+    fclose(f);
+    unlink(png);
+    rmdir(dir);
+}
+
+/* ---- the command ----------------------------------------------------------------------------- */
+
+static const char *bin(void)
+{
+    const char *b = getenv("KVCHAT_BIN");
+    return b && *b ? b : "./kvchat";
+}
+
+static int run(const char *args, char *errb, size_t ecap)
+{
+    char cmd[2048], ep[] = "/tmp/kvchat-evalcli-XXXXXX";
+    int fd = mkstemp(ep);
+    cr_assert(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s", bin(), args, ep);
+    int st = system(cmd);
+    FILE *f = fopen(ep, "r");
+    size_t n = f ? fread(errb, 1, ecap - 1, f) : 0;
+    errb[n] = 0;
+    if (f) fclose(f);
+    unlink(ep);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int count_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+Test(eval_cli, bad_input_is_one_line_and_status_1)
+{
+    char e[4096];
+    const char *bad[] = { "eval --task nosuch", "eval --task niah --ctx 12", "eval --task niah --samples 1,2,3 --ctx 2K",
+                          "eval --task niah --policy nosuch", "eval --task niah --filler bogus -m " TD
+                          "tiny/tiny-llama-f16.gguf" };
+    for (int i = 0; i < 5; i++) {
+        int st = run(bad[i], e, sizeof e);
+        cr_expect_eq(st, 1, "`%s` exited %d", bad[i], st);
+        char *nl = strchr(e, '\n');
+        cr_expect(nl && nl[1] == 0 && !strncmp(e, "kvchat: ", 8), "`%s` printed:\n%s", bad[i], e);
+    }
+}
+
+Test(eval_cli, a_second_run_skips_the_rows_already_written, .timeout = 300)
+{
+    char dir[] = "/tmp/kvchat-evalrun-XXXXXX", args[1024], csv[300], e[4096];
+    cr_assert(mkdtemp(dir));
+    snprintf(args, sizeof args,
+             "eval -m " TD "tiny/tiny-llama-f16.gguf -t 1 --task niah,ppl,multiturn --ctx 96 --samples 2 "
+             "--filler generated --policy full,streaming,snapkv --budget 0.5 -n 4 --out %s",
+             dir);
+    int st = run(args, e, sizeof e);
+    cr_assert_eq(st, 0, "first run failed:\n%s", e);
+    snprintf(csv, sizeof csv, "%s/samples.csv", dir);
+    int rows = count_lines(csv);
+    /* per sample: niah 1 + 3 configurations, ppl 1 + 3, multiturn 3 x (1 + 3); a header line */
+    cr_expect_eq(rows, 1 + 2 * (4 + 4 + 12), "%d lines in %s", rows, csv);
+    st = run(args, e, sizeof e);
+    cr_assert_eq(st, 0, "second run failed:\n%s", e);
+    cr_expect(strstr(e, "rows already"), "the second run did not see the first one's rows:\n%s", e);
+    cr_expect_eq(count_lines(csv), rows, "the second run wrote rows again");
+    char p[400];
+    snprintf(p, sizeof p, "%s/summary.md", dir);
+    struct stat sb;
+    cr_expect(stat(p, &sb) == 0 && sb.st_size > 100, "no summary.md");
+    const char *pngs[] = { "accuracy_vs_budget.png", "ppl_vs_budget.png", "niah_heatmap_0.5.png", "speed_memory.png" };
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, pngs[i]);
+        cr_expect(stat(p, &sb) == 0 && sb.st_size > 1000, "%s missing", pngs[i]);
+        unlink(p);
+    }
+    snprintf(p, sizeof p, "%s/summary.md", dir);
+    unlink(p);
+    unlink(csv);
+    rmdir(dir);
+}
