@@ -370,11 +370,13 @@ Test(cli, eval_passkey_runs_every_configuration)
                  "--policy full,chess:every=0 --budget 0.3,0.5 --backtrack 0",
                  out, sizeof out, errb, sizeof errb);
     cr_assert_eq(st, 0, "stderr: %s", errb);
-    cr_expect(strstr(out, "passkey, about 400 tokens, 2 samples"), "%s", out);
-    int rows = 0;
-    for (const char *p = out; (p = strstr(p, "/2 ")); p++) rows++;
-    cr_expect_eq(rows, 3, "full once, chess at each budget: %s", out);
-    expect_one_line_error("eval -m " TD "tiny/tiny-llama-f16.gguf --task nope", "--task passkey");
+    /* the summary table: the no-document control, full once, chess at each budget */
+    cr_expect(strstr(out, "| passkey | 400 | nodoc | - | 0 | 2 |"), "%s", out);
+    cr_expect(strstr(out, "| passkey | 400 | full | - | 0 | 2 |"), "%s", out);
+    cr_expect(strstr(out, "| passkey | 400 | chess:every=0 | 0.3 | 0 | 2 |"), "%s", out);
+    cr_expect(strstr(out, "| passkey | 400 | chess:every=0 | 0.5 | 0 | 2 |"), "%s", out);
+    cr_expect(!strstr(out, "| full | 0.3"), "full has no budget and runs once: %s", out);
+    expect_one_line_error("eval -m " TD "tiny/tiny-llama-f16.gguf --task nope", "unknown task 'nope'");
 }
 
 /* ------------------------------------------------------------------ sessions in the store */
