@@ -169,7 +169,7 @@ static float *boundary_weights(const model *m)
         while (len > 0 && buf[len - 1] == ' ') len--;
         if (len == 0) {
             size_t raw = tok_piece_text(m->vocab, id, 0, buf, sizeof buf);
-            if (raw > 0 && raw < sizeof buf && strchr(buf, '\n')) w[id] = 0.9f;
+            if (raw > 0 && raw < sizeof buf && memchr(buf, '\n', raw)) w[id] = 0.9f;   /* buf is not NUL-terminated */
             continue;
         }
         char c = buf[len - 1];
