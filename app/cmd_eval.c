@@ -508,16 +508,16 @@ static FILE *open_csv(const char *path, char *err, size_t errlen)
         int empty = !fgets(line, sizeof line, chk);
         fclose(chk);
         if (!empty && strcmp(line, evalres_header)) {
-            snprintf(err, errlen, "%s has other columns (an older kvchat eval): give another --csv or --out", path);
+            snprintf(err, errlen, "%.400s has other columns (an older kvchat eval): give another --csv or --out", path);
             return NULL;
         }
         FILE *f = fopen(path, "a");
-        if (!f) snprintf(err, errlen, "cannot append to %s: %s", path, strerror(errno));
+        if (!f) snprintf(err, errlen, "cannot append to %.400s: %s", path, strerror(errno));
         else if (empty) fputs(evalres_header, f);
         return f;
     }
     FILE *f = fopen(path, "w");
-    if (!f) snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    if (!f) snprintf(err, errlen, "cannot write %.400s: %s", path, strerror(errno));
     else fputs(evalres_header, f);
     return f;
 }
