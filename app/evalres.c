@@ -304,7 +304,7 @@ void evalres_summary_md(FILE *f, const eval_recs *rs)
         fprintf(f, "| %s | %lld | %s | %s | %d | %d | ", r->task, (long long)r->ctx, r->policy, r->budget, r->backtrack,
                 G->runs);
         if (G->runs == 0) {
-            fprintf(f, "n/a (%s) | | | | | | | |\n", r->status);
+            fprintf(f, "n/a (%s) | | | | | | | |\n", strncmp(r->status, "refused", 7) ? r->status : "budget refused");
             continue;
         }
         if (G->scored && G->policy_rank == 0) fprintf(f, "%d/%d | - | ", G->correct, G->scored);   /* the control */
