@@ -258,7 +258,7 @@ static int heatmap(const eval_recs *rs, const char *png, const char *budget, int
     fputs("set cbrange [0:100]\nset palette defined (0 '#d7301f', 50 '#fdd49e', 100 '#1a9850')\nunset colorbox\n"
           "set xlabel 'tokens'\nset ylabel 'needle depth'\n",
           g);
-    fprintf(g, "set xrange [-0.5:%d.5]\nset yrange [-0.5:%d.5] reverse\n", nc - 1, n_depths - 1);
+    fprintf(g, "set xrange [-0.5:%d.5]\nset yrange [%d.5:-0.5]\n", nc - 1, n_depths - 1);   /* depth 0% on top */
     fputs("set xtics (", g);
     for (int c = 0; c < nc; c++) fprintf(g, "%s'%lld' %d", c ? ", " : "", (long long)ctx[c], c);
     fputs(")\nset ytics (", g);
