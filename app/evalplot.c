@@ -84,13 +84,20 @@ static void panel(FILE *g, const plot_panel *p, int id)
     fputs("\nset ylabel ", g);
     gp_str(g, p->ylabel);
     fprintf(g, "\n%s\nset key outside right top\nset grid\n", p->logx ? "set logscale x" : "unset logscale x");
+    if (p->xmin != 0 || p->xmax != 0) fprintf(g, "set xrange [%g:%g]\n", p->xmin, p->xmax);
+    else fputs("set autoscale x\n", g);
     if (p->ns == 0) {
         fputs("set label 1 'no data' at graph 0.5, 0.5 center\nplot NaN notitle\nunset label 1\n", g);
         return;
     }
+    /* twelve colours that stay apart; the full cache (the reference) black and dashed */
+    static const char *const colour[12] = { "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                                            "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939" };
     fputs("plot ", g);
     for (int k = 0; k < p->ns; k++) {
-        fprintf(g, "%s$d%d_%d using 1:2 with linespoints lw 1.5 pt %d title ", k ? ", " : "", id, k, 1 + k % 12);
+        int ref = !strcmp(p->s[k].name, "full");
+        fprintf(g, "%s$d%d_%d using 1:2 with linespoints lw %s pt %d lc rgb '%s' dt %d title ", k ? ", " : "", id, k,
+                ref ? "2.5" : "1.5", 1 + k % 12, ref ? "#000000" : colour[k % 12], ref ? 2 : 1);
         gp_str(g, p->s[k].name);
     }
     fputc('\n', g);
@@ -224,6 +231,10 @@ static int by_budget(const eval_recs *rs, const char *png, int ppl, char *err, s
         snprintf(P->xlabel, sizeof P->xlabel, "budget (fraction of the context)");
         snprintf(P->ylabel, sizeof P->ylabel, "%s", ppl ? "ppl - ppl(full)" : "% of questions");
         P->logx = 1;
+        if (bmin <= bmax) {
+            P->xmin = bmin / 1.5;
+            P->xmax = bmax * 1.5;
+        }
         P->s = S;
         P->ns = ns;
     }

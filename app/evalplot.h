@@ -19,6 +19,7 @@ typedef struct plot_series {
 typedef struct plot_panel {
     char title[160], xlabel[64], ylabel[64];
     int logx;
+    double xmin, xmax;      /* both 0: gnuplot's own range */
     const plot_series *s;
     int ns;
 } plot_panel;

@@ -306,7 +306,7 @@ Test(eval_results, plot_is_a_png)
     evalplot_add(s, &ns, 2, "snap'kv", 2048, 30);
     cr_expect_eq(ns, 2);
     cr_expect(s[0].x[0] == 2048 && s[0].x[1] == 4096, "points kept in x order");
-    plot_panel p = { "title", "x", "y", 0, s, ns };
+    plot_panel p = { .title = "title", .xlabel = "x", .ylabel = "y", .s = s, .ns = ns };
     cr_assert(evalplot_lines(png, &p, 1, 1, err, sizeof err) == 0, "%s", err);
     FILE *f = fopen(png, "rb");
     cr_assert(f, "no PNG written");
