@@ -222,7 +222,7 @@ static int grow_refs(fwd_ctx *f, int64_t n)
     return 0;
 }
 
-static void set_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int head_dim)
+static void set_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int head_dim, int page_size)
 {
     r->k = p->k;
     r->v = p->v;
@@ -233,6 +233,7 @@ static void set_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int h
     r->stride = head_dim;
     r->head_step = 0;
     r->gen = p->gen;
+    r->cap = page_size;
 }
 
 static int64_t tokens_of(const kv_page *p, const uint64_t *mask)
@@ -285,7 +286,7 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
             if (idx < 0 || idx >= np) continue;   /* shared indices past a shorter head's table */
             const kv_page *p = kv_layer_page(f->kv, il, h, idx);
             const uint64_t *mask = sel ? sel->mask[j] : NULL;
-            set_ref(&f->refs[e++], p, mask, D);
+            set_ref(&f->refs[e++], p, mask, D, P);
             if (f->decoding) tokens += tokens_of(p, mask);
             if (observe) {
                 pol_set_hit_page(f->pol, p->pos[0]);

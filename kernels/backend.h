@@ -41,6 +41,7 @@ typedef struct be_kv_page {
      * are only appended), so a device copy needs only the rows past what it already holds. Any
      * other change (a reused page, a truncation) comes with a new value, unique in the process. */
     uint64_t gen;
+    int32_t cap;            /* rows the page can hold (a device copy is sized for them; 0: n) */
 } be_kv_page;
 
 /* Attention of a batch of queries over an explicit list of pages, read in place (never gathered).

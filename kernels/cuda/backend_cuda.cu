@@ -11,7 +11,8 @@
  * first use. The KV cache stays in host memory, where the policies read and rewrite it; each page has
  * a device copy that is brought up to date before attention reads it: only the rows appended since
  * the last upload move, unless the page's content generation changed (a reused or truncated page),
- * which uploads it whole. Copies of pages that no attention call has touched for a while are freed.
+ * which uploads it whole; kernels/page_copies.c keeps that table (host-tested), this file gives it
+ * the device.
  *
  * Every op synchronizes its stream before returning, since its outputs are host arrays. Stage 2
  * (docs/gpu.md) keeps activations on the device and captures the decode step in a CUDA graph. */
@@ -25,12 +26,13 @@
 
 extern "C" {
 #include "backend.h"
+#include "page_copies.h"
 #include "quant.h"
 }
 
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
-#define MIRROR_IDLE 4096    /* attention calls a page copy may go unused before it is freed */
+#define COPY_IDLE 4096      /* attention calls a page copy may go unused before it is freed */
 
 /* A device copy of one weight matrix, f16 [n_out][n_in]. */
 typedef struct dev_weight {
@@ -38,20 +40,6 @@ typedef struct dev_weight {
     __half *d;
     int64_t n_in, n_out;
 } dev_weight;
-
-/* A device copy of one KV page. */
-typedef struct mirror {
-    const uint16_t *host_k;   /* the key */
-    uint64_t gen;
-    int32_t n_up;             /* rows already on the device */
-    int32_t cap;              /* rows allocated */
-    int32_t stride;
-    uint16_t *k, *v;          /* [cap][stride] */
-    int32_t *pos;             /* [cap] */
-    float *bias;              /* [cap] */
-    uint64_t last_use;
-    int used;                 /* slot in use */
-} mirror;
 
 /* What the attention kernel reads of a page. */
 typedef struct dev_page {
@@ -69,9 +57,7 @@ typedef struct cuda_impl {
     dev_weight *w;
     int n_w, cap_w;
     uint64_t weight_bytes;
-    mirror *m;                /* open addressing by host_k */
-    int cap_m, n_m;
-    uint64_t mirror_bytes, calls;
+    pc_table copies;          /* device copies of the KV pages */
     /* scratch, grown on demand */
     float *x32, *y32, *q, *out;
     __half *x16;
@@ -283,114 +269,23 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
 
 /* ---------------------------------------------------------------- KV page copies */
 
-static uint64_t hash_ptr(const void *p)
+/* The device behind page_copies.c: allocations and copies on this backend's stream. */
+static void *dev_alloc(void *ud, size_t bytes)
 {
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return x;
+    (void)ud;
+    void *p = NULL;
+    return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
 }
 
-static void mirror_free(cuda_impl *ci, mirror *m)
+static void dev_release(void *ud, void *p)
 {
-    cudaFree(m->k);
-    cudaFree(m->v);
-    cudaFree(m->pos);
-    cudaFree(m->bias);
-    ci->mirror_bytes -= (uint64_t)m->cap * ((uint64_t)m->stride * 4 + 8);
-    memset(m, 0, sizeof *m);
+    (void)ud;
+    cudaFree(p);
 }
 
-static void mirror_rehash(cuda_impl *ci, int cap)
+static void dev_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
-    mirror *old = ci->m;
-    int old_cap = ci->cap_m;
-    ci->m = (mirror *)calloc((size_t)cap, sizeof *ci->m);
-    if (!ci->m) {
-        fprintf(stderr, "kvchat: out of memory\n");
-        abort();
-    }
-    ci->cap_m = cap;
-    for (int i = 0; i < old_cap; i++) {
-        if (!old[i].used) continue;
-        uint64_t h = hash_ptr(old[i].host_k) & (uint64_t)(cap - 1);
-        while (ci->m[h].used) h = (h + 1) & (uint64_t)(cap - 1);
-        ci->m[h] = old[i];
-    }
-    free(old);
-}
-
-/* Free the copies no call has used for MIRROR_IDLE calls (their host pages may be long gone). */
-static void mirror_sweep(cuda_impl *ci)
-{
-    int kept = 0;
-    for (int i = 0; i < ci->cap_m; i++)
-        if (ci->m[i].used) {
-            if (ci->calls - ci->m[i].last_use > MIRROR_IDLE)
-                mirror_free(ci, &ci->m[i]);
-            else
-                kept++;
-        }
-    ci->n_m = kept;
-    mirror_rehash(ci, ci->cap_m);   /* close the holes the probe sequences relied on */
-}
-
-/* The device copy of page pg, brought up to date. */
-static mirror *mirror_get(cuda_impl *ci, const be_kv_page *pg)
-{
-    if (ci->n_m * 2 >= ci->cap_m) mirror_rehash(ci, ci->cap_m ? ci->cap_m * 2 : 1024);
-    uint64_t mask = (uint64_t)(ci->cap_m - 1), h = hash_ptr(pg->k) & mask;
-    while (ci->m[h].used && ci->m[h].host_k != pg->k) h = (h + 1) & mask;
-    mirror *m = &ci->m[h];
-    int32_t rows = pg->n, stride = pg->stride;
-    if (!m->used) {
-        m->used = 1;
-        m->host_k = pg->k;
-        ci->n_m++;
-    }
-    if (m->gen != pg->gen || m->stride != stride || rows < m->n_up) m->n_up = 0;   /* upload it whole */
-    m->gen = pg->gen;
-    if (rows > m->cap || m->stride != stride) {
-        int32_t cap = rows > m->cap ? rows : m->cap;
-        if (m->k) {   /* keep the slot, replace the storage */
-            cudaFree(m->k);
-            cudaFree(m->v);
-            cudaFree(m->pos);
-            cudaFree(m->bias);
-            ci->mirror_bytes -= (uint64_t)m->cap * ((uint64_t)m->stride * 4 + 8);
-        }
-        size_t kv = sizeof(uint16_t) * (size_t)cap * (size_t)stride;
-        if (cudaMalloc((void **)&m->k, kv) != cudaSuccess || cudaMalloc((void **)&m->v, kv) != cudaSuccess ||
-            cudaMalloc((void **)&m->pos, sizeof(int32_t) * (size_t)cap) != cudaSuccess ||
-            cudaMalloc((void **)&m->bias, sizeof(float) * (size_t)cap) != cudaSuccess) {
-            fprintf(stderr, "kvchat: out of GPU memory for the KV cache (%.1f MiB held)\n",
-                    (double)ci->mirror_bytes / (1 << 20));
-            abort();
-        }
-        m->cap = cap;
-        m->stride = stride;
-        m->n_up = 0;
-        ci->mirror_bytes += (uint64_t)cap * ((uint64_t)stride * 4 + 8);
-    }
-    if (rows > m->n_up) {
-        size_t r0 = (size_t)m->n_up, nr = (size_t)(rows - m->n_up), st = (size_t)stride;
-        ck(cudaMemcpyAsync(m->k + r0 * st, pg->k + r0 * st, sizeof(uint16_t) * nr * st, cudaMemcpyHostToDevice,
-                           ci->stream),
-           "KV upload");
-        ck(cudaMemcpyAsync(m->v + r0 * st, pg->v + r0 * st, sizeof(uint16_t) * nr * st, cudaMemcpyHostToDevice,
-                           ci->stream),
-           "KV upload");
-        ck(cudaMemcpyAsync(m->pos + r0, pg->pos + r0, sizeof(int32_t) * nr, cudaMemcpyHostToDevice, ci->stream),
-           "KV upload");
-        m->n_up = rows;
-    }
-    /* the bias (merged tokens' log-degrees) is small and may be absent: sent on every use */
-    if (pg->bias && rows > 0)
-        ck(cudaMemcpyAsync(m->bias, pg->bias, sizeof(float) * (size_t)rows, cudaMemcpyHostToDevice, ci->stream),
-           "bias upload");
-    m->last_use = ci->calls;
-    return m;
+    ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ((cuda_impl *)ud)->stream), "KV upload");
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -499,7 +394,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
                 ATT_THREADS * MAX_D_PER_THREAD);
         abort();
     }
-    ci->calls++;
+    pc_begin_call(&ci->copies);
     /* page descriptors and masks, staged on the host and sent in one copy each */
     grow_host((void **)&ci->h_pages, &ci->cap_h_pages, sizeof(dev_page) * (size_t)(a->n_pages > 0 ? a->n_pages : 1));
     size_t n_words = 0;
@@ -516,7 +411,12 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         dp->head_step = pg->head_step;
         dp->mask_off = -1;
         if (pg->n <= 0) continue;
-        mirror *m = mirror_get(ci, pg);
+        const pc_copy *m = pc_get(&ci->copies, pg);
+        if (!m) {
+            fprintf(stderr, "kvchat: out of GPU memory for the KV cache (%.1f MiB of page copies held)\n",
+                    (double)ci->copies.bytes / (1 << 20));
+            abort();
+        }
         dp->k = (const __half *)m->k;
         dp->v = (const __half *)m->v;
         dp->pos = m->pos;
@@ -554,7 +454,6 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     ck(cudaGetLastError(), "attention kernel");
     ck(cudaMemcpyAsync(a->out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download");
     ck(cudaStreamSynchronize(s), "attention");
-    if (ci->calls % MIRROR_IDLE == 0) mirror_sweep(ci);
 }
 
 /* ---------------------------------------------------------------- host-side ops */
@@ -595,7 +494,7 @@ static void cuda_memory(be_backend *b, uint64_t *held, uint64_t *total)
     cuda_impl *ci = impl_of(b);
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
-    *held = ci->weight_bytes + ci->mirror_bytes + ci->scratch_bytes;
+    *held = ci->weight_bytes + ci->copies.bytes + ci->scratch_bytes;
     *total = (uint64_t)tot;
 }
 
@@ -605,9 +504,7 @@ static void cuda_destroy(be_backend *b)
     if (ci) {
         for (int i = 0; i < ci->n_w; i++) cudaFree(ci->w[i].d);
         free(ci->w);
-        for (int i = 0; i < ci->cap_m; i++)
-            if (ci->m[i].used) mirror_free(ci, &ci->m[i]);
-        free(ci->m);
+        pc_free(&ci->copies);
         void *dev[] = { ci->x32, ci->y32, ci->q, ci->out, ci->x16, ci->qpos, ci->pages, ci->masks, ci->head_pages };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
         free(ci->h_pages);
@@ -651,6 +548,8 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     }
     b->ops = &cuda_ops;
     b->impl = ci;
+    pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
+    pc_init(&ci->copies, &dev, COPY_IDLE);
     if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaStreamCreate(&ci->stream)) != cudaSuccess) {
         snprintf(err, errlen, "CUDA device 0: %s", cudaGetErrorString(e));
         cuda_destroy(b);

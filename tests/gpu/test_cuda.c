@@ -157,6 +157,7 @@ static void make_pages(page_set *ps, int n_kv, int pages_per_head, int D, int wi
             pg->stride = D;
             pg->head_step = 0;
             pg->gen = ++gen_counter;
+            pg->cap = 64;
         }
         if (p > ps->max_pos) ps->max_pos = p;
     }

@@ -1,0 +1,56 @@
+/* page_copies.h - device copies of KV pages for a device backend (kernels/cuda/backend_cuda.cu).
+ *
+ * The cache's pages live in host memory, where the policies read, evict and merge them; a device
+ * backend keeps a copy of each page it attends to and brings it up to date before use: while a page's
+ * content generation (be_kv_page.gen) stays the same only the rows appended since the last use are
+ * copied; a new generation copies the page whole. Copies that no call has used for `idle` calls are
+ * freed (their host pages may be gone). The device is reached through three functions, so this
+ * bookkeeping is plain C and is tested on the host (tests/test_page_copies.c) with host memory
+ * standing in for the device. */
+#ifndef KVCHAT_PAGE_COPIES_H
+#define KVCHAT_PAGE_COPIES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+typedef struct pc_device {
+    void *ud;
+    void *(*alloc)(void *ud, size_t bytes);                 /* NULL when out of memory */
+    void (*release)(void *ud, void *p);
+    void (*upload)(void *ud, void *dst, const void *src, size_t bytes);
+} pc_device;
+
+/* One page's device copy: rows [0, n) of keys and values ([cap][stride] f16), positions and bias. */
+typedef struct pc_copy {
+    const uint16_t *host_k;   /* the page it copies (its key rows' address) */
+    uint64_t gen;
+    int32_t n_up, cap, stride;
+    uint16_t *k, *v;
+    int32_t *pos;
+    float *bias;
+    uint64_t last_use;
+    int used;
+} pc_copy;
+
+typedef struct pc_table {
+    pc_device dev;
+    pc_copy *slots;           /* open addressing on host_k, a power of two */
+    int cap, n;
+    uint64_t bytes;           /* device bytes held by the copies */
+    uint64_t calls;           /* pc_begin_call count */
+    uint64_t idle;            /* calls a copy may go unused before it is freed */
+    uint64_t rows_uploaded;   /* rows copied so far (for tests and figures) */
+} pc_table;
+
+void pc_init(pc_table *t, const pc_device *dev, uint64_t idle);
+void pc_free(pc_table *t);
+/* Start an attention call (copies used from now on count as used by it); every `idle` calls the
+ * idle copies are freed. */
+void pc_begin_call(pc_table *t);
+/* The up-to-date copy of page pg (pg->n > 0), or NULL when the device is out of memory (the
+ * table is unchanged then). The pointer is valid until the next pc_get or pc_begin_call. */
+const pc_copy *pc_get(pc_table *t, const be_kv_page *pg);
+
+#endif
