@@ -8,6 +8,47 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static const char *const color_names[COL_COUNT] = { "user", "answer", "info", "error", "bar", "heading",
+                                                     "event", "map_low", "map_mid", "map_high", "frame" };
+
+const char *config_color_name(int element) { return element >= 0 && element < COL_COUNT ? color_names[element] : "?"; }
+
+void config_default_colors(tui_config *c)
+{
+    /* curses colour numbers: black 0, red 1, green 2, yellow 3, blue 4, magenta 5, cyan 6, white 7 */
+    static const short fg[COL_COUNT] = { 6, -1, 2, 1, 0, 3, 5, 4, 6, 3, 7 };
+    static const short bg[COL_COUNT] = { -1, -1, -1, -1, 6, -1, -1, -1, -1, -1, -1 };
+    memcpy(c->fg, fg, sizeof fg);
+    memcpy(c->bg, bg, sizeof bg);
+}
+
+/* A colour by name or number; -2 when it is neither. */
+static short parse_color(const char *s)
+{
+    static const char *const names[] = { "black", "red", "green", "yellow", "blue", "magenta", "cyan", "white" };
+    if (!strcmp(s, "default")) return -1;
+    for (short i = 0; i < 8; i++)
+        if (!strcmp(s, names[i])) return i;
+    char *end;
+    long n = strtol(s, &end, 10);
+    return *s && !*end && n >= 0 && n <= 255 ? (short)n : -2;
+}
+
+/* "FG" or "FG on BG". */
+static int parse_color_pair(const char *v, short *fg, short *bg)
+{
+    char a[64], b[64];
+    int n = sscanf(v, "%63s on %63s", a, b);
+    if (n < 1) return -1;
+    short f = parse_color(a), g = n == 2 ? parse_color(b) : *bg;
+    if (f == -2 || g == -2) return -1;
+    char rest[8];
+    if (n == 1 && sscanf(v, "%63s %7s", a, rest) == 2) return -1;   /* "red blue": say "red on blue" */
+    *fg = f;
+    *bg = g;
+    return 0;
+}
+
 int config_path(char *buf, size_t cap)
 {
     const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
@@ -78,6 +119,21 @@ static int setting(cli_opts *o, tui_config *c, const char *path, int ln, const c
             return -1;
         }
         c->color = !strcmp(v, "on");
+    } else if (!strncmp(k, "color.", 6)) {
+        int e = 0;
+        while (e < COL_COUNT && strcmp(color_names[e], k + 6)) e++;
+        if (e == COL_COUNT) {
+            cli_err("%s:%d: no colour '%s' (user, answer, info, error, bar, heading, event, map_low, map_mid, "
+                    "map_high, frame)",
+                    path, ln, k + 6);
+            return -1;
+        }
+        if (parse_color_pair(v, &c->fg[e], &c->bg[e])) {
+            cli_err("%s:%d: %s: expected a colour (black, red, green, yellow, blue, magenta, cyan, white, default "
+                    "or 0-255), optionally 'on' a background colour",
+                    path, ln, k);
+            return -1;
+        }
     } else if (!strncmp(k, "key.", 4)) {
         int a = keymap_action(k + 4);
         char err[300];
@@ -93,7 +149,7 @@ static int setting(cli_opts *o, tui_config *c, const char *path, int ln, const c
         }
     } else {
         cli_err("%s:%d: unknown setting '%s' (policy, budget, temperature, top_k, top_p, min_p, repeat_penalty, seed, "
-                "n_predict, page_size, color, key.ACTION)",
+                "n_predict, page_size, color, color.ELEMENT, key.ACTION)",
                 path, ln, k);
         return -1;
     }
@@ -104,6 +160,7 @@ int config_read(cli_opts *o, tui_config *c)
 {
     char path[1024];
     keymap_default(&c->keys);
+    config_default_colors(c);
     if (config_path(path, sizeof path)) return 0;
     FILE *f = fopen(path, "r");
     if (!f) return errno == ENOENT ? 0 : (cli_err("%s: %s", path, strerror(errno)), -1);

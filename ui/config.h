@@ -1,7 +1,7 @@
 /* config.h - the interface's settings file, $XDG_CONFIG_HOME/kvchat/config (~/.config/kvchat/config):
  * "key = value" lines and # comments. Keys: policy, budget, temperature, top_k, top_p, min_p,
- * repeat_penalty, seed, n_predict, page_size, color (on/off), and key.ACTION = KEY for the keymap
- * (ui/keymap.h). The command line overrides the file. */
+ * repeat_penalty, seed, n_predict, page_size, color (on/off), color.ELEMENT = FG [on BG] and
+ * key.ACTION = KEY for the keymap (ui/keymap.h). The command line overrides the file. */
 #ifndef KVCHAT_UI_CONFIG_H
 #define KVCHAT_UI_CONFIG_H
 
@@ -11,15 +11,26 @@
 #include "cli.h"
 #include "keymap.h"
 
+/* What the interface colours, each settable as color.NAME = FG [on BG] (names black, red, green,
+ * yellow, blue, magenta, cyan, white, default, or a number 0-255). */
+enum { COL_USER, COL_ANSWER, COL_INFO, COL_ERROR, COL_BAR, COL_HEADING, COL_EVENT, COL_MAP1, COL_MAP2, COL_MAP3,
+       COL_FRAME, COL_COUNT };
+
 typedef struct tui_config {
     int64_t n_predict;
     int color;
     char policy[256], budget[32];
     keymap keys;
+    short fg[COL_COUNT], bg[COL_COUNT];   /* -1: the terminal's default */
 } tui_config;
+
+/* The element's name in the settings file ("user"). */
+const char *config_color_name(int element);
 
 /* The file's path. 0, or -1 when neither XDG_CONFIG_HOME nor HOME is set. */
 int config_path(char *buf, size_t cap);
+/* The interface's own colours (what config_read starts from). */
+void config_default_colors(tui_config *c);
 /* Read the file into o and c (c starts from its defaults). 0 (also when there is no file), or -1
  * after printing one line naming the file, the line and the problem. */
 int config_read(cli_opts *o, tui_config *c);

@@ -892,17 +892,10 @@ int tui_main(const cli_opts *o, const char *doc, const char *session, const tui_
     if (t.color) {
         start_color();
         use_default_colors();
-        init_pair(C_USER, COLOR_CYAN, -1);
-        init_pair(C_ANSWER, -1, -1);
-        init_pair(C_INFO, COLOR_GREEN, -1);
-        init_pair(C_ERROR, COLOR_RED, -1);
-        init_pair(C_BAR, COLOR_BLACK, COLOR_CYAN);
-        init_pair(C_HEAD, COLOR_YELLOW, -1);
-        init_pair(C_EVENT, COLOR_MAGENTA, -1);
-        init_pair(C_MAP1, COLOR_BLUE, -1);
-        init_pair(C_MAP2, COLOR_CYAN, -1);
-        init_pair(C_MAP3, COLOR_YELLOW, -1);
-        init_pair(C_DIM, COLOR_WHITE, -1);
+        /* the screen's colour pairs from the settings (config.h names them) */
+        static const int pair_of[COL_COUNT] = { C_USER, C_ANSWER, C_INFO, C_ERROR, C_BAR, C_HEAD,
+                                                C_EVENT, C_MAP1, C_MAP2, C_MAP3, C_DIM };
+        for (int e = 0; e < COL_COUNT; e++) init_pair((short)pair_of[e], cfg->fg[e], cfg->bg[e]);
     }
     /* a document to open, a session to continue, or (neither) the most recent session */
     if (doc)

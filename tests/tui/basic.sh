@@ -217,7 +217,7 @@ T send-keys -t "$s" '/quit' Enter
 sleep 0.3
 # settings from the config file (the command line would override them); a bad one is one line
 mkdir -p "$cfg/kvchat"
-printf '# test settings\npolicy = chess:preset=aggressive\ncolor = off\nkey.sessions = F9\nkey.help = ^G\n' > "$cfg/kvchat/config"
+printf '# test settings\npolicy = chess:preset=aggressive\ncolor = off\nkey.sessions = F9\nkey.help = ^G\ncolor.bar = white on blue\ncolor.user = 208\n' > "$cfg/kvchat/config"
 T new-session -d -s "$s" -x 120 -y 36 "$bin tui -t 1 -m $model -d $doc -n 4 --no-db"
 wait_for '\| chess:preset=aggressive \| ctx'
 T send-keys -t "$s" F9
@@ -230,6 +230,9 @@ T send-keys -t "$s" '/quit' Enter
 printf 'key.sessions = F4\n' > "$cfg/kvchat/config"
 err=$("$bin" tui 2>&1 </dev/null) && fail "a key bound twice was accepted"
 echo "$err" | grep -q "F4 is bound to both sessions and policy" || fail "bad keymap message: $err"
+printf 'color.bar = purple on cyan\n' > "$cfg/kvchat/config"
+err=$("$bin" tui 2>&1 </dev/null) && fail "an unknown colour was accepted"
+echo "$err" | grep -q "config:1: color.bar: expected a colour" || fail "bad colour message: $err"
 printf 'colour = on\n' > "$cfg/kvchat/config"
 err=$("$bin" tui 2>&1 </dev/null) && fail "a bad config was accepted"
 echo "$err" | grep -q "config:1: unknown setting 'colour'" || fail "bad config message: $err"
