@@ -68,7 +68,7 @@ static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256],
                           int nd, int64_t n_gen, const int32_t *toks, const char *csv, const char *date,
                           const char *commit, const char *machine, const char *base)
 {
-    pol_spec ps[8];
+    pol_spec ps[16];
     char err[512];
     int any_prefill = 0;
     for (int i = 0; i < n_spec; i++) {
@@ -425,8 +425,8 @@ int cmd_bench(int argc, char **argv)
                   "  (bench/policy_results.csv). --depths is an alias of --ctx.\n"
                   "  With --snapshot (and --policy, default full): snapshot bytes and save / write / read /\n"
                   "  restore times against the prefill time, per length (bench/snapshot_results.csv).\n"
-                  "  With --out DIR: the per-policy figures (default --policy full) in DIR/bench.csv and their\n"
-                  "  plots in DIR/bench.png.\n",
+                  "  --policy all: every policy. With --out DIR: the per-policy figures (default --policy full)\n"
+                  "  in DIR/bench.csv and their plots in DIR/bench.png.\n",
                   stdout);
             return 0;
         } else {
@@ -454,7 +454,7 @@ int cmd_bench(int argc, char **argv)
     for (int i = 0; i < nd; i++)
         if (depths[i] > maxd) maxd = depths[i];
     if (o.n_ctx <= 0) o.n_ctx = maxd + n_gen;
-    char specs[8][256];
+    char specs[16][256];   /* every registered policy fits */
     int n_spec = 0;
     if (snapshot && !policy_list) policy_list = "full";
     if (out_dir) {
@@ -472,9 +472,12 @@ int cmd_bench(int argc, char **argv)
         if (!policy_list) policy_list = "full";
     }
     if (policy_list) {
-        n_spec = cli_split_policies(policy_list, specs, 8);
+        if (!strcmp(policy_list, "all"))   /* every registered policy with its defaults */
+            for (const pol_ops *const *p = pol_registry(); *p && n_spec < 16; p++)
+                snprintf(specs[n_spec++], sizeof specs[0], "%s", (*p)->name);
+        else n_spec = cli_split_policies(policy_list, specs, 16);
         if (n_spec <= 0) {
-            cli_err("bench: --policy: give 1 to 8 policies, e.g. full,chess:preset=aggressive,quest");
+            cli_err("bench: --policy: give 1 to 16 policies, e.g. full,chess:preset=aggressive,quest");
             return 1;
         }
         if (csv && !strcmp(csv, "bench/results.csv")) csv = snapshot ? "bench/snapshot_results.csv" : "bench/policy_results.csv";
