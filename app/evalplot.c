@@ -119,6 +119,8 @@ static int is_qa(const eval_rec *r)
     return r->correct >= 0 && !strcmp(r->status, "ok") && strcmp(r->policy, "nodoc");
 }
 
+
+
 static int retrieved(const eval_rec *r)
 {
     return r->correct == 1 && r->control != 1;
@@ -202,7 +204,7 @@ static int by_budget(const eval_recs *rs, const char *png, int ppl, char *err, s
                 if (!f) continue;
                 v = r->ppl - f->ppl;
             } else {
-                if (!is_qa(r)) continue;
+                if (!is_qa(r) || !evalres_compared(rs, r->task, r->ctx)) continue;
                 v = 100.0 * retrieved(r);
             }
             if (!isnan(b)) {

@@ -247,6 +247,16 @@ static const eval_rec *full_of(const eval_recs *rs, const eval_rec *r)
     return NULL;
 }
 
+int evalres_compared(const eval_recs *rs, const char *task, int64_t ctx)
+{
+    for (size_t i = 0; i < rs->n; i++) {
+        const eval_rec *r = &rs->v[i];
+        if (r->ctx == ctx && !strcmp(r->task, task) && strcmp(r->policy, "full") && strcmp(r->policy, "nodoc"))
+            return 1;
+    }
+    return 0;
+}
+
 void evalres_summary_md(FILE *f, const eval_recs *rs)
 {
     const char *tasks[64], *pols[128];
@@ -347,7 +357,8 @@ void evalres_summary_md(FILE *f, const eval_recs *rs)
         int any = 0;
         for (size_t i = 0; i < rs->n && !any; i++) any = rs->v[i].ctx == ctxs[c] && rs->v[i].correct >= 0;
         if (!any) continue;
-        fprintf(f, "\nRetrieved (right with the document, wrong without it) over every question task, %lld tokens:\n\n",
+        fprintf(f, "\nRetrieved (right with the document, wrong without it) over the question tasks that compared "
+                   "policies, %lld tokens:\n\n",
                 (long long)ctxs[c]);
         fprintf(f, "| policy |");
         for (int b = 0; b < nb; b++) fprintf(f, " %s |", strcmp(buds[b], "-") ? buds[b] : "no budget");
@@ -361,7 +372,7 @@ void evalres_summary_md(FILE *f, const eval_recs *rs)
                 for (size_t i = 0; i < rs->n; i++) {
                     const eval_rec *r = &rs->v[i];
                     if (r->ctx != ctxs[c] || r->correct < 0 || strcmp(r->status, "ok") || strcmp(r->policy, pols[p]) ||
-                        strcmp(r->budget, buds[b]))
+                        strcmp(r->budget, buds[b]) || !evalres_compared(rs, r->task, r->ctx))
                         continue;
                     n++;
                     ok += is_retrieved(r);

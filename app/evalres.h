@@ -54,11 +54,16 @@ long evalres_find(const eval_recs *rs, const char *task, int64_t ctx, int sample
 /* Markdown: the per-configuration table (runs, answered, retrieved = right with the document and
  * wrong without it, perplexity and its change against the full cache on the same samples, KV held,
  * decode speed, time), then the retrieval accuracy of the question tasks per policy and budget for
- * each length. */
+ * each length (the tasks evalres_compared). */
 void evalres_summary_md(FILE *f, const eval_recs *rs);
 
 /* Split one CSV line into at most max fields, in place (quotes and doubled quotes handled); the count. */
 int evalres_split_csv(char *line, char **fld, int max);
+
+/* 1 when some policy other than full (and the control) ran task at this length: the pooled
+ * accuracy tables and plots leave out tasks only the full cache ran, so every policy is measured
+ * on the same questions. */
+int evalres_compared(const eval_recs *rs, const char *task, int64_t ctx);
 
 /* Budget as a number (fraction or tokens); NaN for "-". */
 double evalres_budget_value(const char *budget);
