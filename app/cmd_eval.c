@@ -841,7 +841,7 @@ int cmd_eval(int argc, char **argv)
                 E.shared = 0;
                 for (int j = 0; j < n_cfg && !cli_interrupted; j++) {
                     if (config_done(&E, task, ctxs[c], (int)k, turns, &cfg[j])) continue;
-                    snprintf(what, sizeof what, "%s %lld #%lld %s %s", task, (long long)ctxs[c], (long long)k,
+                    snprintf(what, sizeof what, "%s %lld #%lld %.40s %.16s", task, (long long)ctxs[c], (long long)k,
                              cfg[j].policy, cfg[j].budget);
                     progress_show(&E.pg, what, 0);
                     if (!cfg[j].has_prefill && !E.shared) E.pg.done += (double)ctxs[c];

@@ -14,8 +14,8 @@ typedef struct eval_rec {
     int64_t tokens;           /* prompt tokens the model saw */
     int sample, turn;         /* turn: the question's number in a multi-turn conversation (0 first) */
     double depth;             /* the needle's depth, 0..1 (-1: none) */
-    char policy[128];         /* "nodoc": the question asked without the document */
-    char budget[16];          /* as given ("-": the policy has none) */
+    char policy[256];         /* "nodoc": the question asked without the document (as long as a --policy spec) */
+    char budget[32];          /* as given ("-": the policy has none) */
     int backtrack;
     int correct;              /* 1, 0, or -1 (nothing to score: perplexity, a refused budget) */
     int control;              /* whether the no-document answer to this question was right (-1: unknown) */
