@@ -519,6 +519,15 @@ char *cli_read_text_file(const char *path, size_t *len)
     return t;
 }
 
+void cli_read_cmd(const char *cmd, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    FILE *p = popen(cmd, "r");
+    if (!p) return;
+    if (fgets(buf, (int)cap, p)) buf[strcspn(buf, "\n")] = 0;
+    pclose(p);
+}
+
 double cli_now(void)
 {
     struct timespec ts;

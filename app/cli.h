@@ -123,6 +123,9 @@ char *cli_load_text(const char *path, size_t *len, char *err, size_t errlen);
 char *cli_read_text_file(const char *path, size_t *len);
 
 double cli_now(void);                 /* monotonic seconds */
+/* The first line a shell command prints ("" when it prints nothing or cannot run): the commit and
+ * machine that benchmark and eval records name. */
+void cli_read_cmd(const char *cmd, char *buf, size_t cap);
 double cli_peak_rss_mib(void);        /* peak resident set size of this process */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* From now on this thread's cli_err writes its message into buf (the last one wins) instead of

@@ -21,15 +21,6 @@
 #include "tokenizer.h"
 #include "vec_dot.h"
 
-static void read_cmd(const char *cmd, char *buf, size_t cap)
-{
-    buf[0] = 0;
-    FILE *p = popen(cmd, "r");
-    if (!p) return;
-    if (fgets(buf, (int)cap, p)) buf[strcspn(buf, "\n")] = 0;
-    pclose(p);
-}
-
 static void cpu_name(char *buf, size_t cap)
 {
     snprintf(buf, cap, "unknown cpu");
@@ -511,7 +502,7 @@ int cmd_bench(int argc, char **argv)
         toks[i] = (int32_t)(300 + (x >> 33) % (uint64_t)(nv - 600));
     }
     char commit[64], machine[256], date[32];
-    read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
+    cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
     if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
     cpu_name(machine, sizeof machine);
     if (strcmp(rt.b->ops->name, "cpu")) {   /* the device that ran the model, beside the host CPU */

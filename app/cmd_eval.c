@@ -522,15 +522,6 @@ static FILE *open_csv(const char *path, char *err, size_t errlen)
     return f;
 }
 
-static void read_cmd(const char *cmd, char *buf, size_t cap)
-{
-    buf[0] = 0;
-    FILE *p = popen(cmd, "r");
-    if (!p) return;
-    if (fgets(buf, (int)cap, p)) buf[strcspn(buf, "\n")] = 0;
-    pclose(p);
-}
-
 /* summary.md and the plots of everything in the CSV. */
 static int report(const eval_recs *rs, const char *dir, int n_depths, const char *plot_budget, const char *about)
 {
@@ -860,7 +851,7 @@ int cmd_eval(int argc, char **argv)
     rc = 0;
     if (out_dir) {
         char commit[64], about[1024], date[32];
-        read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
+        cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
         time_t now = time(NULL);
         strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
         snprintf(about, sizeof about,
