@@ -794,6 +794,16 @@ static void job_seen(ui_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
+/* The cache is empty again and no document is loaded (a rebuild that failed half way). */
+static void drop_document(ui_worker *w)
+{
+    fwd_rewind(w->rt.f, 0);
+    w->n_seq = 0;
+    pthread_mutex_lock(&w->mu);
+    w->view.have_doc = 0;
+    pthread_mutex_unlock(&w->mu);
+}
+
 /* Question k (asked before this window, so its start was not recorded) asked as text instead: the
  * document and the conversation before it come from the session and are prefilled again. */
 static void edit_from_store(ui_worker *w, int k, const char *text)
@@ -840,11 +850,7 @@ static void edit_from_store(ui_worker *w, int k, const char *text)
     if (seq_add(w, ids, (int64_t)n) || eval(w, ids, n, err, sizeof err)) {
         post(w, UW_ERROR, w->cancel ? "cancelled; /resume continues the session" : err, 0, 0);
         free(ids);
-        fwd_rewind(w->rt.f, 0);
-        w->n_seq = 0;
-        pthread_mutex_lock(&w->mu);
-        w->view.have_doc = 0;
-        pthread_mutex_unlock(&w->mu);
+        drop_document(w);
         return;
     }
     int32_t prev = ids[n - 1];
@@ -996,11 +1002,7 @@ static void job_policy(ui_worker *w, const char *spec)
             snprintf(msg, sizeof msg, "could not go back to %s (%s); open the document again", old,
                      w->err_sink[0] ? w->err_sink : err);
             post(w, UW_ERROR, msg, 0, 0);
-            pthread_mutex_lock(&w->mu);
-            w->view.have_doc = 0;
-            pthread_mutex_unlock(&w->mu);
-            fwd_rewind(w->rt.f, 0);
-            w->n_seq = 0;
+            drop_document(w);
         }
     }
     /* where /regen rewinds to: before the last answer, or the document's end */
