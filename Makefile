@@ -32,16 +32,18 @@ endif
 
 ENGINE_C  := $(wildcard engine/*.c) $(wildcard engine/policy/*.c) $(wildcard store/*.c)
 ENGINE_CXX:= $(wildcard engine/*.cpp)
-KERNEL_C  := $(wildcard kernels/cpu/*.c) kernels/page_copies.c
+KERNEL_C  := $(wildcard kernels/cpu/*.c) kernels/page_copies.c kernels/synthetic_shapes.c
 KERNEL_CU := $(wildcard kernels/cuda/*.cu)
 ifneq ($(CUDA),1)
 KERNEL_C  += kernels/cuda_absent.c
 KERNEL_CU :=
 endif
 APP_C     := $(wildcard app/*.c) $(wildcard ui/*.c)
-UNIT_C    := $(wildcard tests/test_*.c)
+# The tiny-model reference checker, run on the CPU by the unit tests and on the GPU by gpu_tests
+REF_GATE_C:= tests/ref_gate.c
+UNIT_C    := $(wildcard tests/test_*.c) $(REF_GATE_C)
 MODEL_T_C := $(wildcard tests/model/test_*.c)
-GPU_T_C   := $(wildcard tests/gpu/test_*.c)
+GPU_T_C   := $(wildcard tests/gpu/test_*.c) $(REF_GATE_C)
 
 LIB_OBJ  := $(ENGINE_C:%.c=$(BUILD)/%.o) $(ENGINE_CXX:%.cpp=$(BUILD)/%.o) $(KERNEL_C:%.c=$(BUILD)/%.o) \
             $(KERNEL_CU:%.cu=$(BUILD)/%.o)

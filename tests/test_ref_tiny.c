@@ -1,198 +1,32 @@
-/* test_ref_tiny.c - correctness gates of the forward pass against the reference outputs in
- * ../shared/testdata/tiny/ref (every model x prompt), compared the way the testdata README says:
+/* test_ref_tiny.c - correctness gates of the forward pass on the CPU backend against the reference
+ * outputs in ../shared/testdata/tiny/ref (every model x prompt), with the checker of ref_gate.c:
  * prompt ids identical; with the reference's greedy ids fed back, top-1 identical at every position
  * and step except genuine ties, and the top logit within 5e-3 (F16) or 3e-2 (quantized) relative to
  * max(1, |logit|). */
 #include <criterion/criterion.h>
-#include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "backend.h"
-#include "forward.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "ref_gate.h"
 #include "vec_dot.h"
 
-#define TD "../shared/testdata/"
-#define MAXL 4096
-
-typedef struct ref_row {
-    int32_t id[5];
-    float logit[5];
-} ref_row;
-
-typedef struct ref_file {
-    int32_t n_vocab;
-    int32_t *ids;
-    int n_ids;
-    ref_row *pos;
-    int32_t greedy[32];
-    int n_greedy;
-    ref_row steps[32];
-} ref_file;
-
-static void parse_top5(const char *s, ref_row *r)
-{
-    for (int k = 0; k < 5; k++) {
-        while (*s == ' ') s++;
-        char *end;
-        r->id[k] = (int32_t)strtol(s, &end, 10);
-        cr_assert(*end == ':', "bad top5 entry");
-        r->logit[k] = strtof(end + 1, &end);
-        s = end;
-    }
-}
-
-static void load_ref(const char *path, ref_file *rf)
-{
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "cannot open %s", path);
-    memset(rf, 0, sizeof *rf);
-    static char line[1 << 16];
-    while (fgets(line, sizeof line, f)) {
-        if (!strncmp(line, "n_vocab ", 8)) {
-            rf->n_vocab = atoi(line + 8);
-        } else if (!strncmp(line, "prompt_tokens ", 14)) {
-            rf->n_ids = atoi(line + 14);
-            rf->ids = calloc((size_t)rf->n_ids, sizeof *rf->ids);
-            rf->pos = calloc((size_t)rf->n_ids, sizeof *rf->pos);
-        } else if (!strncmp(line, "ids ", 4)) {
-            char *s = line + 4;
-            for (int i = 0; i < rf->n_ids; i++) rf->ids[i] = (int32_t)strtol(s, &s, 10);
-        } else if (!strncmp(line, "pos ", 4)) {
-            char *s = line + 4;
-            int i = (int)strtol(s, &s, 10);
-            cr_assert(i >= 0 && i < rf->n_ids);
-            parse_top5(strstr(s, "top5") + 4, &rf->pos[i]);
-        } else if (!strncmp(line, "greedy ", 7)) {
-            char *s = line + 7, *end;
-            while (rf->n_greedy < 32) {
-                long v = strtol(s, &end, 10);
-                if (end == s) break;
-                rf->greedy[rf->n_greedy++] = (int32_t)v;
-                s = end;
-            }
-        } else if (!strncmp(line, "step ", 5)) {
-            char *s = line + 5;
-            int t = (int)strtol(s, &s, 10);
-            cr_assert(t >= 0 && t < 32);
-            parse_top5(strstr(s, "top5") + 4, &rf->steps[t]);
-        }
-    }
-    fclose(f);
-}
-
-static char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    char *buf = malloc(1 << 20);
-    *n = fread(buf, 1, 1 << 20, f);
-    buf[*n] = 0;
-    fclose(f);
-    return buf;
-}
-
-typedef struct checker {
-    const ref_file *rf;
-    float tol;
-    const char *what;
-    double worst;       /* largest relative top-logit difference seen */
-    int ties_skipped;
-} checker;
-
-static int32_t argmax(const float *l, int32_t n)
-{
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
-}
-
-static void check_row(checker *c, const ref_row *r, const float *l, int32_t nv, const char *kind, int64_t i)
-{
-    int32_t top = argmax(l, nv);
-    float scale = fmaxf(1.0f, fabsf(r->logit[0]));
-    double rel = fabs((double)l[top] - r->logit[0]) / scale;
-    if (rel > c->worst) c->worst = rel;
-    cr_expect(rel <= c->tol, "%s: %s %lld: top logit %f vs reference %f (relative %.2e > %.0e)", c->what, kind,
-              (long long)i, l[top], r->logit[0], rel, c->tol);
-    if (top != r->id[0]) {
-        int tie = (r->logit[0] - r->logit[1]) < c->tol * scale;
-        if (tie) c->ties_skipped++;
-        cr_expect(tie, "%s: %s %lld: top-1 %d (%f) but reference %d (%f), reference top-2 gap %.2e", c->what, kind,
-                  (long long)i, top, l[top], r->id[0], r->logit[0], r->logit[0] - r->logit[1]);
-    }
-}
-
-static void on_pos(void *ud, int64_t pos, const float *l)
-{
-    checker *c = ud;
-    check_row(c, &c->rf->pos[pos], l, c->rf->n_vocab, "pos", pos);
-}
+#define TD "../shared/testdata"
 
 static void run_ref(const char *model_name, const char *prompt, float tol, int threads, int scalar)
 {
-    char mpath[256], rpath[256], ppath[256], err[512];
-    snprintf(mpath, sizeof mpath, TD "tiny/%s.gguf", model_name);
-    snprintf(rpath, sizeof rpath, TD "tiny/ref/%s.%s.txt", model_name, prompt);
-    snprintf(ppath, sizeof ppath, TD "prompts/%s.txt", prompt);
-    ref_file rf;
-    load_ref(rpath, &rf);
-    cr_assert_eq(rf.n_greedy, 32);
+    char err[512];
     vd_force_scalar(scalar);
-    model *m = NULL;
-    cr_assert(model_load(&m, mpath, NULL, err, sizeof err) == 0, "%s", err);
-    cr_assert_eq(m->hp.n_vocab, rf.n_vocab);
-    size_t tlen;
-    char *text = read_all(ppath, &tlen);
-    int32_t *ids = NULL;
-    size_t n = 0;
-    cr_assert(tok_encode(m->vocab, text, tlen, 1, 0, &ids, &n, err, sizeof err) == 0, "%s", err);
-    cr_assert_eq((int)n, rf.n_ids, "prompt token count %zu vs reference %d", n, rf.n_ids);
-    for (size_t i = 0; i < n; i++) cr_assert_eq(ids[i], rf.ids[i], "prompt id %zu: %d vs reference %d", i, ids[i], rf.ids[i]);
     be_backend *b = be_cpu_create(threads, err, sizeof err);
     cr_assert(b, "%s", err);
-    fwd_opts fo = { 2048, 0, 0 };
-    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
-    cr_assert(f, "%s", err);
-    char what[128];
-    snprintf(what, sizeof what, "%s/%s%s", model_name, prompt, scalar ? " (scalar)" : "");
-    checker c = { &rf, tol, what, 0, 0 };
-    float *logits = malloc(sizeof(float) * (size_t)rf.n_vocab);
-    cr_assert(fwd_eval(f, ids, (int64_t)n, logits, on_pos, &c, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
-    /* The full logit vector after the prompt, against the reference file. */
-    char lpath[256];
-    snprintf(lpath, sizeof lpath, TD "tiny/ref/%s.%s.last_logits.f32", model_name, prompt);
-    FILE *lf = fopen(lpath, "rb");
-    cr_assert(lf);
-    float *ref_last = malloc(sizeof(float) * (size_t)rf.n_vocab);
-    cr_assert_eq(fread(ref_last, sizeof(float), (size_t)rf.n_vocab, lf), (size_t)rf.n_vocab);
-    fclose(lf);
-    double max_abs = 0;
-    for (int32_t i = 0; i < rf.n_vocab; i++) max_abs = fmax(max_abs, fabs((double)logits[i] - ref_last[i]));
-    for (int t = 0; t < 32; t++) {
-        cr_assert(fwd_decode(f, rf.greedy[t], logits, NULL, err, sizeof err) == 0, "%s", err);
-        check_row(&c, &rf.steps[t], logits, rf.n_vocab, "step", t);
-    }
-    cr_log_info("%s: worst top-logit difference %.2e relative, %d genuine ties, last-logits max |diff| %.2e", what,
-                c.worst, c.ties_skipped, max_abs);
-    free(ref_last);
-    free(logits);
-    free(ids);
-    free(text);
-    fwd_free(f);
+    char note[64];
+    snprintf(note, sizeof note, "%s%s", scalar ? " (scalar)" : "", threads > 1 ? " (threads)" : "");
+    ref_gate_run(b, TD, model_name, prompt, tol, note, NULL);
     be_free(b);
-    model_free(m);
-    free(rf.ids);
-    free(rf.pos);
     vd_force_scalar(0);
 }
 
-#define F16_TOL 5e-3f
-#define Q_TOL 3e-2f
+#define F16_TOL REF_GATE_F16_TOL
+#define Q_TOL REF_GATE_Q_TOL
 
 Test(ref_tiny, llama_f16_p1) { run_ref("tiny-llama-f16", "p1", F16_TOL, 1, 0); }
 Test(ref_tiny, llama_f16_p2) { run_ref("tiny-llama-f16", "p2", F16_TOL, 1, 0); }
