@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "synthetic.h"
 #include "evalplot.h"
 #include "evalres.h"
 #include "snapshot.h"
@@ -372,6 +373,153 @@ static int bench_plot(const char *csv, const char *date, const char *png)
     return 0;
 }
 
+/* ---------------------------------------------------------------- --synthetic (GPU, no model file) */
+
+typedef struct synth_out {
+    FILE *csv;
+    const char *date, *commit;
+    int header_done;
+} synth_out;
+
+static void synth_print(const synth_row *r, void *ud)
+{
+    synth_out *so = ud;
+    if (!so->header_done) {
+        printf("device %s, measured bandwidth %.0f GB/s (device-to-device copy, bytes read + written); attention "
+               "self-check %.1e of a double-precision reference\n", r->device, r->bw_gbs, r->self_err);
+        printf("products: %s\n", r->gemm_cublas ? "cuBLAS GemmEx" : "kvchat's one-pass kernel up to batch 8, cuBLAS GemmEx above");
+        printf("%-24s %7s %5s %9s %9s %9s %6s %7s %9s %7s\n", "policy", "ctx", "batch", "step ms", "tok/s", "roof ms",
+               "x roof", "KV read", "select ms", "GPU GiB");
+        so->header_done = 1;
+    }
+    if (r->step_ms < 0) {
+        printf("%-24s %7d %5d  skipped: %s\n", synth_policy_name(r->policy), r->ctx, r->batch, r->note);
+        return;
+    }
+    printf("%-24s %7d %5d %9.2f %9.1f %9.2f %6.2f %6.1f%% %9.2f %7.1f\n", synth_policy_name(r->policy), r->ctx, r->batch,
+           r->step_ms, r->tok_s, r->roof_ms, r->step_ms / r->roof_ms, 100 * r->kv_frac, r->select_ms, r->peak_gib);
+    fflush(stdout);
+    if (so->csv) {
+        fprintf(so->csv, "%s,%s,\"%s\",%s,%d,%d,%.4f,%.2f,%.0f,%.4f,%.4f,%.5f,%.4f,%.2f,%.1f,%s\n", so->date, so->commit,
+                r->device, synth_policy_name(r->policy), r->ctx, r->batch, r->step_ms, r->tok_s, r->bytes_step, r->roof_ms,
+                r->step_ms / r->roof_ms, r->kv_frac, r->select_ms, r->peak_gib, r->bw_gbs, r->gemm_cublas ? "cublas" : "own");
+        fflush(so->csv);
+    }
+}
+
+/* parses "A,B,C" of positive ints into v (at most cap); the count, or -1 after a message */
+static int parse_int_list(const char *opt, const char *arg, int *v, int cap, int lo, int hi)
+{
+    int n = 0;
+    for (const char *p = arg; *p;) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < lo || x > hi || (*end && *end != ',') || n == cap) {
+            cli_err("bench: %s: bad list '%s' (up to %d numbers in %d..%d, comma-separated)", opt, arg, cap, lo, hi);
+            return -1;
+        }
+        v[n++] = (int)x;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) cli_err("bench: %s: empty list", opt);
+    return n ? n : -1;
+}
+
+static int bench_synthetic(int argc, char **argv)
+{
+    const char *shape = NULL, *ctx_arg = "4096,8192,16384,32768,65536,131072", *batch_arg = "1,4,8,16,32";
+    const char *pol_arg = "full,chess,quest", *csv = "bench/synthetic_results.csv";
+    int64_t gen = 64, budget = 1024;
+    int device = CLI_DEV_AUTO, gemm_cublas = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--synthetic")) {
+            if (!(shape = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--ctx") || !strcmp(a, "--depths")) {
+            if (!(ctx_arg = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--batch")) {
+            if (!(batch_arg = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--policy")) {
+            if (!(pol_arg = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--gen")) {
+            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 8, 4096, &gen)) return 1;
+        } else if (!strcmp(a, "--budget")) {
+            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 64, 1 << 20, &budget)) return 1;
+        } else if (!strcmp(a, "--csv")) {
+            if (!(csv = cli_need_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--no-csv")) {
+            csv = NULL;
+        } else if (!strcmp(a, "--gemm")) {
+            if (!(v = cli_need_value(argc, argv, &i))) return 1;
+            if (!strcmp(v, "cublas")) gemm_cublas = 1;
+            else if (!strcmp(v, "own")) gemm_cublas = 0;
+            else {
+                cli_err("bench: --gemm: '%s' is not own or cublas", v);
+                return 1;
+            }
+        } else if (!strcmp(a, "--device")) {
+            if (!(v = cli_need_value(argc, argv, &i))) return 1;
+            if (!strcmp(v, "cpu")) device = CLI_DEV_CPU;
+            else if (!strcmp(v, "cuda")) device = CLI_DEV_CUDA;
+            else {
+                cli_err("bench: --device: '%s' is not cpu or cuda", v);
+                return 1;
+            }
+        } else {
+            cli_err("bench: %s is not an option of --synthetic (--ctx, --batch, --policy, --gen, --budget, --gemm, "
+                    "--csv, --no-csv, --device cuda)", a);
+            return 1;
+        }
+    }
+    if (device == CLI_DEV_CPU) {
+        cli_err("bench: --synthetic runs on the GPU only (--device cuda)");
+        return 1;
+    }
+    synth_req rq;
+    memset(&rq, 0, sizeof rq);
+    if (!(rq.shape = synth_shape_find(shape))) {
+        cli_err("bench: --synthetic: unknown shape '%s' (known: %s)", shape, synth_shape_names());
+        return 1;
+    }
+    int ctx[16], batch[16], pol[3];
+    if ((rq.n_ctx = parse_int_list("--ctx", ctx_arg, ctx, 16, 256, 1 << 20)) < 0) return 1;
+    if ((rq.n_batch = parse_int_list("--batch", batch_arg, batch, 16, 1, 256)) < 0) return 1;
+    rq.n_policy = 0;
+    for (const char *p = pol_arg; *p;) {
+        size_t n = strcspn(p, ",");
+        int k = n == 4 && !strncmp(p, "full", 4) ? SYNTH_FULL
+                : (n == 5 && !strncmp(p, "chess", 5)) || (n == 23 && !strncmp(p, "chess:preset=aggressive", 23)) ? SYNTH_CHESS
+                : n == 5 && !strncmp(p, "quest", 5) ? SYNTH_QUEST : -1;
+        if (k < 0 || rq.n_policy == 3) {
+            cli_err("bench: --synthetic --policy: '%.*s' is not one of full, chess (the aggressive preset), quest", (int)n, p);
+            return 1;
+        }
+        pol[rq.n_policy++] = k;
+        p += n + (p[n] == ',');
+    }
+    rq.ctx = ctx, rq.batch = batch, rq.policy = pol, rq.gen = (int)gen, rq.quest_budget = (int)budget;
+    rq.gemm_cublas = gemm_cublas;
+    char commit[64], date[32];
+    cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
+    if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    printf("kvchat bench --synthetic %s: random f16 weights made on the GPU, %d timed decode steps per case "
+           "(the last ending at the context length), commit %s\n", rq.shape->name, rq.gen, commit);
+    synth_out so = { NULL, date, commit, 0 };
+    if (csv && !(so.csv = open_csv(csv, "date,commit,device,policy,ctx,batch,step_ms,tok_s,bytes_step,roof_ms,"
+                                        "x_roof,kv_frac,select_ms,peak_gib,bw_gbs,gemm\n")))
+        return 1;
+    char err[512];
+    int rc = synth_run(&rq, synth_print, &so, err, sizeof err);
+    if (so.csv) fclose(so.csv);
+    if (rc) {
+        cli_err("bench: %s", err);
+        return 1;
+    }
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     cli_opts o;
@@ -382,6 +530,8 @@ int cmd_bench(int argc, char **argv)
     int snapshot = 0;
     const char *policy_list = NULL, *out_dir = NULL;
     char out_csv[1024], out_png[1024];
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--synthetic")) return bench_synthetic(argc, argv);
     for (int i = 1; i < argc; i++) {
         /* here --ctx is the list of context lengths (an alias of --depths) and --policy a list */
         if (!strcmp(argv[i], "--ctx") || !strcmp(argv[i], "--depths")) {
@@ -417,7 +567,16 @@ int cmd_bench(int argc, char **argv)
                   "  With --snapshot (and --policy, default full): snapshot bytes and save / write / read /\n"
                   "  restore times against the prefill time, per length (bench/snapshot_results.csv).\n"
                   "  --policy all: every policy. With --out DIR: the per-policy figures (default --policy full)\n"
-                  "  in DIR/bench.csv and their plots in DIR/bench.png.\n",
+                  "  in DIR/bench.csv and their plots in DIR/bench.png.\n"
+                  "\n"
+                  "       kvchat bench --synthetic llama-8b [--device cuda] [--ctx 4096,...,131072]\n"
+                  "                    [--batch 1,4,8,16,32] [--policy full,chess,quest] [--gen 64] [--budget 1024]\n"
+                  "                    [--gemm own|cublas]\n"
+                  "  A model of that shape with random f16 weights made on the GPU (no file): decode tok/s per\n"
+                  "  policy (chess: the aggressive preset; quest: --budget tokens per KV head), context and\n"
+                  "  batch, each step against the memory-bandwidth roofline; cases that do not fit are skipped\n"
+                  "  (bench/synthetic_results.csv). Batches up to 8 multiply through kvchat's own one-pass\n"
+                  "  kernel; --gemm cublas puts every product through cuBLAS instead, to compare.\n",
                   stdout);
             return 0;
         } else {

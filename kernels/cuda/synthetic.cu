@@ -1,0 +1,1355 @@
+/* synthetic.cu - the device-resident decode step of a Llama-shaped model with random f16 weights, for
+ * `kvchat bench --device cuda --synthetic llama-8b` (kernels/synthetic.h).
+ *
+ * Everything lives on the GPU: weights (f16, made by a hash kernel, no file), the paged KV cache
+ * (f16, pages of 32 tokens as in the engine, reached through a page table), the page summaries the
+ * policies read (CHESS: per-page key sums over all layers and KV heads; Quest: per-page element-wise
+ * key min/max per layer and KV head), the residual stream, the logits and the sampled tokens. One
+ * decode step of a batch is: per layer RMSNorm, the fused QKV product (cuBLAS), RoPE with the K/V
+ * page writes and summary updates, paged split-K attention over each (sequence, KV head)'s page list,
+ * the output product added into the residual, RMSNorm, gate+up product, SwiGLU, down product; then
+ * the final norm, the output product, greedy sampling and the next tokens' embedding rows. Positions
+ * live on the device and advance in the step, so the step is captured once in a CUDA graph and
+ * replayed.
+ *
+ * Policies, as the engine's (engine/policy/chess.c, quest.c) decide:
+ *   full   every page of the sequence;
+ *   chess  sink page + pages selected by the hierarchical grid/chunk/page scoring of the mean key
+ *          rows against the anchor (mean of the recent-window pages; cosine) + every page from the
+ *          window on, rebuilt every `every` (6) generated pages: the rebuild runs outside the graph
+ *          and is timed on its own, then amortised into the step;
+ *   quest  per layer and KV head, the budget/P pages of highest bound sum_i max(q_i min_i, q_i max_i)
+ *          (summed over the query heads of the group) plus the page being written, chosen inside the
+ *          step on the device.
+ * The context's keys and values are random (there is no prefill in this benchmark): the selections are
+ * real computations on real data, their quality is not what is measured here. */
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "synthetic.h"
+}
+
+#define SY_P 32          /* tokens per page (the engine's) */
+#define SY_HD 128        /* head size of the shapes here */
+#define SY_G 4           /* query heads per KV head (32/8) */
+#define SY_THREADS 128
+#define SY_MAX_PAGES 4096 /* per sequence in one selection block: 128K tokens */
+#define CHESS_SINK 1
+#define CHESS_WINDOW 2
+#define CHESS_CHUNK 4
+#define CHESS_GRID 4
+#define CHESS_EVERY 6
+/* the aggressive preset: fractions of grids, chunks, pages kept */
+__device__ __forceinline__ double chess_rho_dev(int level) { return level == 0 ? 0.5 : level == 1 ? 0.2 : 0.1; }
+
+/* ---------------------------------------------------------------- errors */
+
+typedef struct sy_err {
+    char *buf;
+    size_t len;
+    int failed;
+} sy_err;
+
+#define CK(e, what)                                                                                     \
+    do {                                                                                                \
+        cudaError_t e_ = (e);                                                                           \
+        if (e_ != cudaSuccess) {                                                                        \
+            if (!E->failed) snprintf(E->buf, E->len, "%s: %s", what, cudaGetErrorString(e_));           \
+            E->failed = 1;                                                                              \
+            goto fail;                                                                                  \
+        }                                                                                               \
+    } while (0)
+#define CKB(s, what)                                                                                    \
+    do {                                                                                                \
+        cublasStatus_t s_ = (s);                                                                        \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                              \
+            if (!E->failed) snprintf(E->buf, E->len, "%s: cuBLAS status %d", what, (int)s_);            \
+            E->failed = 1;                                                                              \
+            goto fail;                                                                                  \
+        }                                                                                               \
+    } while (0)
+
+/* ---------------------------------------------------------------- kernels */
+
+__device__ __forceinline__ float hash_unit(uint64_t i, uint64_t seed)
+{
+    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 32;
+    return (float)(x >> 40) * (2.0f / 16777216.0f) - 1.0f;   /* uniform in [-1, 1) */
+}
+
+__global__ void k_fill_half(__half *p, size_t n, uint64_t seed, float scale)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __float2half(hash_unit(i, seed) * scale);
+}
+
+__global__ void k_fill_f32(float *p, size_t n, float v)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = v;
+}
+
+__device__ __forceinline__ float block_sum(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[w] = v;
+    __syncthreads();
+    float t = 0;
+    for (int i = 0; i < nw; i++) t += red[i];
+    return t;
+}
+
+/* y = x / rms(x) * w, f32 in, f16 out (the products' input); one block per row */
+__global__ void k_rmsnorm(const float *x, const float *w, __half *y, int d, float eps)
+{
+    __shared__ float red[32];
+    const float *xr = x + (size_t)blockIdx.x * d;
+    float ss = 0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = rsqrtf(block_sum(ss, red) / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) y[(size_t)blockIdx.x * d + i] = __float2half(xr[i] * inv * w[i]);
+}
+
+/* RoPE (adjacent pairs) of the query heads into q (f32), and of the key head into the page being
+ * written, with its value; the page's summaries follow: CHESS's key sums (f32, [page][layer][kv][d]),
+ * Quest's element-wise min/max (f16, [layer][page][kv][d]), reset at a page's first row.
+ * grid (n_head + n_kv, B), block HD/2. */
+__global__ void k_rope_write(const float *qkv, float *q, __half *K, __half *V, float *ksum, __half *kmin,
+                             __half *kmax, const int *pos, const int *ptab, int pt_stride, int n_head, int n_kv,
+                             int n_layer, int layer, size_t n_phys, float base)
+{
+    int h = blockIdx.x, b = blockIdx.y, i = threadIdx.x, hd = SY_HD;
+    int p = pos[b];
+    int qkv_w = (n_head + 2 * n_kv) * hd;
+    float theta = (float)p * powf(base, -2.0f * (float)i / (float)hd);
+    float c, s;
+    sincosf(theta, &s, &c);
+    const float *row = qkv + (size_t)b * qkv_w;
+    if (h < n_head) {
+        float x0 = row[h * hd + 2 * i], x1 = row[h * hd + 2 * i + 1];
+        float *o = q + ((size_t)b * n_head + h) * hd;
+        o[2 * i] = x0 * c - x1 * s;
+        o[2 * i + 1] = x0 * s + x1 * c;
+        return;
+    }
+    int kv = h - n_head;
+    float x0 = row[(n_head + kv) * hd + 2 * i], x1 = row[(n_head + kv) * hd + 2 * i + 1];
+    float k0 = x0 * c - x1 * s, k1 = x0 * s + x1 * c;
+    float v0 = row[(n_head + n_kv + kv) * hd + 2 * i], v1 = row[(n_head + n_kv + kv) * hd + 2 * i + 1];
+    int phys = ptab[b * pt_stride + p / SY_P], slot = p % SY_P;
+    size_t at = (((size_t)phys * n_kv + kv) * SY_P + slot) * hd + 2 * i;
+    __half hk0 = __float2half(k0), hk1 = __float2half(k1);
+    K[at] = hk0;
+    K[at + 1] = hk1;
+    V[at] = __float2half(v0);
+    V[at + 1] = __float2half(v1);
+    float *ks = ksum + (((size_t)phys * n_layer + layer) * n_kv + kv) * hd + 2 * i;
+    size_t mm = (((size_t)layer * n_phys + phys) * n_kv + kv) * hd + 2 * i;
+    if (slot == 0) {
+        ks[0] = __half2float(hk0), ks[1] = __half2float(hk1);
+        kmin[mm] = kmax[mm] = hk0;
+        kmin[mm + 1] = kmax[mm + 1] = hk1;
+    } else {
+        ks[0] += __half2float(hk0), ks[1] += __half2float(hk1);
+        kmin[mm] = __hmin(kmin[mm], hk0), kmax[mm] = __hmax(kmax[mm], hk0);
+        kmin[mm + 1] = __hmin(kmin[mm + 1], hk1), kmax[mm + 1] = __hmax(kmax[mm + 1], hk1);
+    }
+}
+
+/* Split-K paged attention for one (split, KV head, sequence): the SY_G query heads of the group read
+ * each K/V page of their slice of the list once. A list holds logical page indices of the sequence;
+ * rows at or past the sequence's length are not attended. Scores: 4 threads per key row, 32 dims
+ * each (16-byte loads); values: 16 threads per row, 8 dims each (16-byte loads), 8 rows at a time,
+ * the 8 row groups summed at the end. Partial results (max, sum, unnormalised output) go to part_*;
+ * k_attn_combine merges them. */
+__global__ void __launch_bounds__(SY_THREADS) k_attn(const float *q, const __half *K, const __half *V, const int *ptab,
+                                                     int pt_stride, const int *list, const int *nlist, int cap,
+                                                     const int *pos, int n_kv, int n_split, float scale,
+                                                     float *part_o, float *part_ml)
+{
+    __shared__ __align__(16) float qs[SY_G][SY_HD];
+    __shared__ float sc[SY_G][SY_P];
+    __shared__ float ms[SY_G], ls[SY_G], fs[SY_G];
+    __shared__ float red[8][SY_G][SY_HD];
+    int sp = blockIdx.x, kv = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+    int lane = tid & 31, warp = tid >> 5;
+    int n_head = n_kv * SY_G;
+    int n = nlist[b * n_kv + kv], per = (n + n_split - 1) / n_split;
+    int i0 = sp * per, i1 = min(n, i0 + per);
+    int len = pos[b] + 1;
+    for (int j = tid; j < SY_G * SY_HD; j += SY_THREADS)
+        qs[j / SY_HD][j % SY_HD] = q[((size_t)b * n_head + kv * SY_G) * SY_HD + j] * scale;
+    if (tid < SY_G) ms[tid] = -INFINITY, ls[tid] = 0.0f;
+    float acc[SY_G][8];
+#pragma unroll
+    for (int g = 0; g < SY_G; g++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
+    __syncthreads();
+    const int *lst = list + ((size_t)b * n_kv + kv) * cap;
+    int t = tid >> 2, quarter = tid & 3;        /* scores: row t, dims quarter*32.. */
+    int rg = tid >> 4, dg = tid & 15;           /* values: rows rg, rg+8, ..; dims dg*8.. */
+    for (int i = i0; i < i1; i++) {
+        int lp = lst[i];
+        int valid = min(SY_P, len - lp * SY_P);
+        if (valid <= 0) continue;
+        int phys = ptab[b * pt_stride + lp];
+        size_t base = ((size_t)phys * n_kv + kv) * SY_P * SY_HD;
+        const uint4 *kr = (const uint4 *)(K + base + (size_t)t * SY_HD + quarter * 32);
+        uint4 u[4], w[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) u[c] = kr[c];
+        /* the value rows this thread will need, loaded before the scores are reduced */
+#pragma unroll
+        for (int c = 0; c < 4; c++) w[c] = *(const uint4 *)(V + base + (size_t)(rg + 8 * c) * SY_HD + dg * 8);
+        float dot[SY_G];
+#pragma unroll
+        for (int g = 0; g < SY_G; g++) dot[g] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const __half2 *h2 = (const __half2 *)&u[c];
+            float2 f0 = __half22float2(h2[0]), f1 = __half22float2(h2[1]), f2 = __half22float2(h2[2]),
+                   f3 = __half22float2(h2[3]);
+            int d = quarter * 32 + c * 8;
+#pragma unroll
+            for (int g = 0; g < SY_G; g++) {
+                float4 qa = *(const float4 *)&qs[g][d], qb = *(const float4 *)&qs[g][d + 4];
+                dot[g] += qa.x * f0.x + qa.y * f0.y + qa.z * f1.x + qa.w * f1.y + qb.x * f2.x + qb.y * f2.y +
+                          qb.z * f3.x + qb.w * f3.y;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < SY_G; g++) {
+            dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], 1);
+            dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], 2);
+        }
+        if (quarter == 0)
+#pragma unroll
+            for (int g = 0; g < SY_G; g++) sc[g][t] = t < valid ? dot[g] : -INFINITY;
+        __syncthreads();
+        /* online softmax: warp g owns head g */
+        for (int g = warp; g < SY_G; g += SY_THREADS / 32) {
+            float v = sc[g][lane], mx = v;
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float mo = ms[g], mn = fmaxf(mo, mx);
+            float pv = v == -INFINITY ? 0.0f : __expf(v - mn), sum = pv;
+            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            sc[g][lane] = pv;
+            if (lane == 0) {
+                float f = mo == -INFINITY ? 0.0f : __expf(mo - mn);
+                fs[g] = f;
+                ls[g] = ls[g] * f + sum;
+                ms[g] = mn;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < SY_G; g++) {
+            float f = fs[g];
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[g][e] *= f;
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            int r = rg + 8 * c;   /* rows past `valid` have p = 0 (and finite, written values) */
+            const __half2 *h2 = (const __half2 *)&w[c];
+            float2 v0 = __half22float2(h2[0]), v1 = __half22float2(h2[1]), v2 = __half22float2(h2[2]),
+                   v3 = __half22float2(h2[3]);
+#pragma unroll
+            for (int g = 0; g < SY_G; g++) {
+                float p = sc[g][r];
+                acc[g][0] += p * v0.x, acc[g][1] += p * v0.y, acc[g][2] += p * v1.x, acc[g][3] += p * v1.y;
+                acc[g][4] += p * v2.x, acc[g][5] += p * v2.y, acc[g][6] += p * v3.x, acc[g][7] += p * v3.y;
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int g = 0; g < SY_G; g++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) red[rg][g][dg * 8 + e] = acc[g][e];
+    __syncthreads();
+    for (int j = tid; j < SY_G * SY_HD; j += SY_THREADS) {
+        int g = j / SY_HD, d = j % SY_HD;
+        float o = 0;
+#pragma unroll
+        for (int r = 0; r < 8; r++) o += red[r][g][d];
+        size_t row = ((size_t)b * n_head + kv * SY_G + g) * n_split + sp;
+        part_o[row * SY_HD + d] = o;
+        if (d == 0) part_ml[row * 2] = ms[g], part_ml[row * 2 + 1] = ls[g];
+    }
+}
+
+/* y[b][n] (f32) = sum_k W[n][k] x[b][k] (+ y when acc), W f16 [N][K], x f16 [B][K], for the small
+ * batches of decode, where a product is one pass over W: each block takes 4 rows, its 8 warps
+ * interleave over K in chunks of 256 (16-byte loads), partial sums meet in shared memory. */
+template <int NB>
+__global__ void __launch_bounds__(256) k_gemv(const __half *W, const __half *x, float *y, int N, int K, int acc)
+{
+    __shared__ float part[8][4][NB];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n0 = blockIdx.x * 4;
+    float s[4][NB];
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) s[r][b] = 0.0f;
+    for (int k = warp * 256 + lane * 8; k < K; k += 8 * 256) {
+        uint4 wv[4], xv[NB];
+#pragma unroll
+        for (int r = 0; r < 4; r++) wv[r] = n0 + r < N ? *(const uint4 *)(W + (size_t)(n0 + r) * K + k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int b = 0; b < NB; b++) xv[b] = *(const uint4 *)(x + (size_t)b * K + k);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            const __half2 *xh = (const __half2 *)&xv[b];
+            float2 x0 = __half22float2(xh[0]), x1 = __half22float2(xh[1]), x2 = __half22float2(xh[2]),
+                   x3 = __half22float2(xh[3]);
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const __half2 *wh = (const __half2 *)&wv[r];
+                float2 w0 = __half22float2(wh[0]), w1 = __half22float2(wh[1]), w2 = __half22float2(wh[2]),
+                       w3 = __half22float2(wh[3]);
+                s[r][b] += w0.x * x0.x + w0.y * x0.y + w1.x * x1.x + w1.y * x1.y + w2.x * x2.x + w2.y * x2.y +
+                           w3.x * x3.x + w3.y * x3.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float v = s[r][b];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) part[warp][r][b] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < 4 * NB) {
+        int r = threadIdx.x / NB, b = threadIdx.x % NB;
+        float v = 0;
+#pragma unroll
+        for (int w = 0; w < 8; w++) v += part[w][r][b];
+        if (n0 + r < N) {
+            float *o = y + (size_t)b * N + n0 + r;
+            *o = acc ? *o + v : v;
+        }
+    }
+}
+
+/* out[b][h] = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), f16 for the output product.
+ * grid (n_head, B), block HD. */
+__global__ void k_attn_combine(const float *part_o, const float *part_ml, int n_split, __half *out)
+{
+    int h = blockIdx.x, b = blockIdx.y, n_head = gridDim.x, d = threadIdx.x;
+    size_t row0 = ((size_t)b * n_head + h) * n_split;
+    float M = -INFINITY;
+    for (int s = 0; s < n_split; s++) M = fmaxf(M, part_ml[(row0 + s) * 2]);
+    float L = 0, o = 0;
+    for (int s = 0; s < n_split; s++) {
+        float m = part_ml[(row0 + s) * 2];
+        if (m == -INFINITY) continue;
+        float f = __expf(m - M);
+        L += part_ml[(row0 + s) * 2 + 1] * f;
+        o += part_o[(row0 + s) * SY_HD + d] * f;
+    }
+    out[((size_t)b * n_head + h) * SY_HD + d] = __float2half(L > 0 ? o / L : 0.0f);
+}
+
+/* h = silu(gate) * up, f16; gu holds [gate | up] per row */
+__global__ void k_swiglu(const float *gu, __half *h, int n_ff, int rows)
+{
+    size_t n = (size_t)n_ff * rows;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / n_ff, c = i % n_ff;
+        float g = gu[r * 2 * n_ff + c], u = gu[r * 2 * n_ff + n_ff + c];
+        h[i] = __float2half(g / (1.0f + __expf(-g)) * u);
+    }
+}
+
+/* greedy token per row, its embedding row as the next input, and the position advanced */
+__global__ void k_sample_embed(const float *logits, int n_vocab, const __half *emb, int d, float *x, int *tok,
+                               int *pos)
+{
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    const float *l = logits + (size_t)blockIdx.x * n_vocab;
+    float best = -INFINITY;
+    int arg = 0;
+    for (int i = threadIdx.x; i < n_vocab; i += blockDim.x)
+        if (l[i] > best) best = l[i], arg = i;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, arg, o);
+        if (ov > best || (ov == best && oi < arg)) best = ov, arg = oi;
+    }
+    if ((threadIdx.x & 31) == 0) bv[threadIdx.x >> 5] = best, bi[threadIdx.x >> 5] = arg;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (bv[w] > bv[0] || (bv[w] == bv[0] && bi[w] < bi[0])) bv[0] = bv[w], bi[0] = bi[w];
+        tok[blockIdx.x] = bi[0];
+    }
+    __syncthreads();
+    int t = bi[0];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) x[(size_t)blockIdx.x * d + i] = __half2float(emb[(size_t)t * d + i]);
+    __syncthreads();
+    if (threadIdx.x == 0) pos[blockIdx.x]++;
+}
+
+/* The summaries of a cache filled without decoding: key sums and min/max of every full page.
+ * grid (pages, n_kv, n_layer), block HD. */
+__global__ void k_summaries(const __half *K, float *ksum, __half *kmin, __half *kmax, const int *phys_of, int n_kv,
+                            int n_layer, int layer, size_t n_phys, size_t layer_stride)
+{
+    int pg = phys_of[blockIdx.x], kv = blockIdx.y, d = threadIdx.x;
+    const __half *k = K + (((size_t)pg * n_kv + kv) * SY_P) * SY_HD + d;
+    float s = 0;
+    __half lo = k[0], hi = k[0];
+    for (int r = 0; r < SY_P; r++) {
+        __half v = k[(size_t)r * SY_HD];
+        s += __half2float(v);
+        lo = __hmin(lo, v), hi = __hmax(hi, v);
+    }
+    (void)layer_stride;
+    ksum[(((size_t)pg * n_layer + layer) * n_kv + kv) * SY_HD + d] = s;
+    size_t mm = (((size_t)layer * n_phys + pg) * n_kv + kv) * SY_HD + d;
+    kmin[mm] = lo, kmax[mm] = hi;
+}
+
+/* Quest: bounds of every written page of the sequence, the top k-1 other than the page being
+ * written, and that page; a bitonic sort of (bound, page) keys in shared memory.
+ * grid (n_kv, B), block 1024. */
+__device__ __forceinline__ unsigned long long sort_key(float v, int idx)
+{
+    unsigned u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);   /* order-preserving */
+    return ((unsigned long long)u << 32) | (unsigned)(0x7fffffff - idx);
+}
+
+__global__ void __launch_bounds__(1024) k_quest_select(const float *q, const __half *kmin, const __half *kmax,
+                                                       const int *ptab, int pt_stride, const int *pos, int n_kv,
+                                                       size_t n_phys, int layer, int k, int *list, int *nlist,
+                                                       int cap)
+{
+    __shared__ unsigned long long keys[SY_MAX_PAGES];
+    int kv = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int n_head = n_kv * SY_G;
+    int cur = pos[b] / SY_P;      /* the page being written: always attended */
+    int np = cur;                 /* candidates [0, cur) */
+    int *out = list + ((size_t)b * n_kv + kv) * cap;
+    if (np <= k - 1) {
+        for (int i = tid; i <= cur; i += blockDim.x) out[i] = i;
+        if (tid == 0) nlist[b * n_kv + kv] = cur + 1;
+        return;
+    }
+    int n2 = 1;
+    while (n2 < np) n2 <<= 1;
+    const float *qg = q + ((size_t)b * n_head + kv * SY_G) * SY_HD;
+    float qr[SY_G][4];
+#pragma unroll
+    for (int g = 0; g < SY_G; g++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) qr[g][e] = qg[g * SY_HD + lane * 4 + e];
+    for (int i = warp; i < n2; i += blockDim.x / 32) {
+        if (i >= np) {
+            if (lane == 0) keys[i] = 0ull;
+            continue;
+        }
+        size_t mm = (((size_t)layer * n_phys + ptab[b * pt_stride + i]) * n_kv + kv) * SY_HD + lane * 4;
+        const __half2 *lo = (const __half2 *)(kmin + mm), *hi = (const __half2 *)(kmax + mm);
+        float2 l0 = __half22float2(lo[0]), l1 = __half22float2(lo[1]);
+        float2 h0 = __half22float2(hi[0]), h1 = __half22float2(hi[1]);
+        float mn[4] = { l0.x, l0.y, l1.x, l1.y }, mx[4] = { h0.x, h0.y, h1.x, h1.y };
+        float u = 0;
+#pragma unroll
+        for (int g = 0; g < SY_G; g++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) u += fmaxf(qr[g][e] * mn[e], qr[g][e] * mx[e]);
+        for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xffffffffu, u, o);
+        if (lane == 0) keys[i] = sort_key(u, i);
+    }
+    __syncthreads();
+    /* bitonic sort, descending */
+    for (int size = 2; size <= n2; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = tid; i < n2; i += blockDim.x) {
+                int j = i ^ stride;
+                if (j > i) {
+                    bool desc = (i & size) == 0;
+                    unsigned long long a = keys[i], c = keys[j];
+                    if (desc ? a < c : a > c) keys[i] = c, keys[j] = a;
+                }
+            }
+            __syncthreads();
+        }
+    for (int i = tid; i < k - 1; i += blockDim.x) out[i] = 0x7fffffff - (int)(keys[i] & 0xffffffffu);
+    if (tid == 0) {
+        out[k - 1] = cur;
+        nlist[b * n_kv + kv] = k;
+    }
+}
+
+/* CHESS rebuild, step 1: the rows to score (page rows = mean key of each candidate page over all
+ * layers and KV heads; chunk rows = mean of their pages' rows; grid rows = mean of their chunks'),
+ * and the anchor (mean row of the window pages [last, np), the partial page by its own count).
+ * One sequence (b) at a time; rows [n_cand + nc + ng + 1][dim], the anchor last. */
+__global__ void k_chess_rows(const float *ksum, const int *ptab, int pt_stride, const int *pos, int b, int first,
+                             int n_cand, int nc, int ng, int last, int np, int dim, float *R)
+{
+    int n_rows = n_cand + nc + ng + 1;
+    int len = pos[b];
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (size_t)n_rows * dim;
+         e += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(e / dim), d = (int)(e % dim);
+        float v = 0;
+        if (r < n_cand) {
+            v = ksum[(size_t)ptab[b * pt_stride + first + r] * dim + d] / (float)SY_P;
+        } else if (r < n_cand + nc) {
+            int c = r - n_cand, p0 = c * CHESS_CHUNK, p1 = min(p0 + CHESS_CHUNK, n_cand);
+            for (int p = p0; p < p1; p++) v += ksum[(size_t)ptab[b * pt_stride + first + p] * dim + d];
+            v /= (float)((p1 - p0) * SY_P);
+        } else if (r < n_cand + nc + ng) {
+            int g = r - n_cand - nc, c0 = g * CHESS_GRID, c1 = min(c0 + CHESS_GRID, nc);
+            for (int c = c0; c < c1; c++) {
+                int p0 = c * CHESS_CHUNK, p1 = min(p0 + CHESS_CHUNK, n_cand);
+                float s = 0;
+                for (int p = p0; p < p1; p++) s += ksum[(size_t)ptab[b * pt_stride + first + p] * dim + d];
+                v += s / (float)((p1 - p0) * SY_P);
+            }
+            v /= (float)(c1 - c0);
+        } else {
+            for (int p = last; p < np; p++) {
+                int cnt = min(SY_P, len - p * SY_P);
+                if (cnt > 0) v += ksum[(size_t)ptab[b * pt_stride + p] * dim + d] / (float)cnt;
+            }
+            v /= (float)(np - last);
+        }
+        R[e] = v;
+    }
+}
+
+/* step 2: cosine of each row with the anchor (the last row); scores of sequence b.
+ * grid (rows), block 256. */
+__global__ void k_chess_score(const float *R, int n_rows, int dim, int b, float *score)
+{
+    __shared__ float red[32];
+    int r = blockIdx.x;
+    const float *row = R + (size_t)r * dim, *an = R + (size_t)n_rows * dim;
+    float dot = 0, nn = 0;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) dot += row[d] * an[d], nn += row[d] * row[d];
+    dot = block_sum(dot, red);
+    nn = block_sum(nn, red);
+    if (threadIdx.x == 0) score[(size_t)b * (n_rows + 1) + r] = nn > 0 ? dot * rsqrtf(nn) : 0.0f;
+}
+
+/* top `keep` of cand[0..n) by score (ties: lower index first), in place, by rank */
+__device__ int top_by_rank(int *cand, int n, const float *score, int keep, int *tmp)
+{
+    for (int i = threadIdx.x; i < n; i += blockDim.x) tmp[i] = cand[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int ci = tmp[i], rank = 0;
+        float si = score[ci];
+        for (int j = 0; j < n; j++) {
+            float sj = score[tmp[j]];
+            rank += sj > si || (sj == si && tmp[j] < ci);
+        }
+        if (rank < keep) cand[rank] = ci;
+    }
+    __syncthreads();
+    return keep;
+}
+
+__device__ __forceinline__ int ceil_frac(double f, int n)
+{
+    int k = (int)ceil(f * (double)n - 1e-9);   /* as engine/policy/chess.c */
+    if (k < 1 && n > 0) k = 1;
+    return k > n ? n : k;
+}
+
+/* step 3: grids, then chunks inside them, then pages inside those; the list is sink + selected + every
+ * page from the window on (up to the last page the timed steps will write). grid (B), block 1024. */
+__global__ void __launch_bounds__(1024) k_chess_select(const float *score, int n_cand, int nc, int ng, int first,
+                                                       int tail_from, int end_page, int n_kv, int *list, int *nlist,
+                                                       int cap)
+{
+    __shared__ int a[SY_MAX_PAGES], t[SY_MAX_PAGES];
+    __shared__ int n_out;
+    int b = blockIdx.x;
+    const float *S = score + (size_t)b * (n_cand + nc + ng + 1);
+    const float *ps = S, *cs = S + n_cand, *gs = cs + nc;
+    for (int i = threadIdx.x; i < ng; i += blockDim.x) a[i] = i;
+    __syncthreads();
+    int kg = top_by_rank(a, ng, gs, ceil_frac(chess_rho_dev(0), ng), t);
+    /* chunks of the kept grids */
+    __shared__ int n2;
+    if (threadIdx.x == 0) {
+        n2 = 0;
+        for (int i = 0; i < kg; i++)
+            for (int c = a[i] * CHESS_GRID; c < (a[i] + 1) * CHESS_GRID && c < nc; c++) t[n2++] = c;
+    }
+    __syncthreads();
+    int m2 = n2;
+    for (int i = threadIdx.x; i < m2; i += blockDim.x) a[i] = t[i];
+    __syncthreads();
+    int kc = top_by_rank(a, m2, cs, ceil_frac(chess_rho_dev(1), m2), t);
+    __shared__ int n3;
+    if (threadIdx.x == 0) {
+        n3 = 0;
+        for (int i = 0; i < kc; i++)
+            for (int p = a[i] * CHESS_CHUNK; p < (a[i] + 1) * CHESS_CHUNK && p < n_cand; p++) t[n3++] = p;
+    }
+    __syncthreads();
+    int m3 = n3;
+    for (int i = threadIdx.x; i < m3; i += blockDim.x) a[i] = t[i];
+    __syncthreads();
+    int kp = top_by_rank(a, m3, ps, ceil_frac(chess_rho_dev(2), m3), t);
+    if (threadIdx.x == 0) {
+        int *out = list + (size_t)b * n_kv * cap, n = 0;
+        for (int i = 0; i < CHESS_SINK && i < first + n_cand; i++) out[n++] = i;
+        for (int i = 0; i < kp; i++) out[n++] = first + a[i];
+        for (int p = tail_from; p <= end_page; p++) out[n++] = p;
+        n_out = n;
+        for (int h = 0; h < n_kv; h++) nlist[b * n_kv + h] = n;
+    }
+    __syncthreads();
+    for (int h = 1; h < n_kv; h++)
+        for (int i = threadIdx.x; i < n_out; i += blockDim.x) list[((size_t)b * n_kv + h) * cap + i] = list[(size_t)b * n_kv * cap + i];
+}
+
+/* ---------------------------------------------------------------- the model and one case */
+
+typedef struct sy_layer {
+    __half *wqkv, *wo, *wgu, *wdown;   /* [out][in] f16 */
+    float *attn_norm, *ffn_norm;
+    __half *K, *V;                     /* this case's pages: [phys][kv][P][HD] */
+} sy_layer;
+
+typedef struct sy_model {
+    const synth_shape *s;
+    sy_layer *L;
+    __half *emb, *out;                 /* [vocab][d] */
+    float *out_norm;
+    double weight_bytes;               /* read by every step: every product's matrix and the norms */
+    int gemv;                          /* batches up to 8 through k_gemv (else cuBLAS) */
+    cublasHandle_t blas;
+    cudaStream_t st;
+    void *blas_ws;
+} sy_model;
+
+typedef struct sy_case {
+    int B, ctx0, gen, pps;             /* sequences, tokens cached at the start, steps, pages per sequence */
+    size_t n_phys;
+    int *ptab, *pos, *tok, *list, *nlist;
+    float *ksum, *x, *qkv, *q, *gu, *logits, *part_o, *part_ml, *rows, *score;
+    __half *kmin, *kmax, *xn, *att, *h;
+    int n_split, quest_k;
+} sy_case;
+
+static void *dalloc(size_t bytes, sy_err *E, const char *what)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&fr, &tot);
+        if (!E->failed)
+            snprintf(E->buf, E->len, "out of GPU memory: %s needs %.2f GiB, %.2f GiB of %.2f GiB free", what,
+                     bytes / 1073741824.0, fr / 1073741824.0, tot / 1073741824.0);
+        E->failed = 1;
+        return NULL;
+    }
+    return p;
+}
+
+static unsigned grid_for(size_t n) { return (unsigned)(n / 256 + 1 < 65536 ? n / 256 + 1 : 65536); }
+
+static int model_make(sy_model *m, const synth_shape *s, sy_err *E)
+{
+    memset(m, 0, sizeof *m);
+    m->s = s;
+    size_t d = (size_t)s->n_embd, hd = (size_t)s->head_dim;
+    size_t n_qkv = (size_t)(s->n_head + 2 * s->n_head_kv) * hd, ff = (size_t)s->n_ff;
+    size_t ve = (size_t)s->n_vocab * d;
+    m->L = (sy_layer *)calloc((size_t)s->n_layer, sizeof(sy_layer));
+    if (!m->L) {
+        snprintf(E->buf, E->len, "out of memory");
+        return -1;
+    }
+    uint64_t seed = 0x5eed;
+    CK(cudaStreamCreate(&m->st), "stream");
+    CKB(cublasCreate(&m->blas), "cublasCreate");
+    CKB(cublasSetStream(m->blas, m->st), "cublasSetStream");
+    /* a workspace of its own, so that the products can be captured in a graph */
+    if (!(m->blas_ws = dalloc(64u << 20, E, "the cuBLAS workspace"))) goto fail;
+    CKB(cublasSetWorkspace(m->blas, m->blas_ws, 64u << 20), "cublasSetWorkspace");
+    for (int l = 0; l < s->n_layer; l++) {
+        sy_layer *y = &m->L[l];
+        struct { __half **p; size_t n, in; } w[4] = { { &y->wqkv, n_qkv * d, d }, { &y->wo, d * (size_t)s->n_head * hd, (size_t)s->n_head * hd },
+                                                     { &y->wgu, 2 * ff * d, d }, { &y->wdown, d * ff, ff } };
+        for (int i = 0; i < 4; i++) {
+            if (!(*w[i].p = (__half *)dalloc(w[i].n * 2, E, "the synthetic weights"))) goto fail;
+            /* uniform with the variance 1/n_in keeps the activations at unit scale */
+            k_fill_half<<<grid_for(w[i].n), 256, 0, m->st>>>(*w[i].p, w[i].n, seed++, sqrtf(3.0f / (float)w[i].in));
+            CK(cudaGetLastError(), "fill");
+            m->weight_bytes += (double)w[i].n * 2;
+        }
+        if (!(y->attn_norm = (float *)dalloc(d * 4, E, "norms")) || !(y->ffn_norm = (float *)dalloc(d * 4, E, "norms")))
+            goto fail;
+        k_fill_f32<<<grid_for(d), 256, 0, m->st>>>(y->attn_norm, d, 1.0f);
+        k_fill_f32<<<grid_for(d), 256, 0, m->st>>>(y->ffn_norm, d, 1.0f);
+        m->weight_bytes += 2.0 * d * 4;
+    }
+    if (!(m->emb = (__half *)dalloc(ve * 2, E, "the embedding")) || !(m->out = (__half *)dalloc(ve * 2, E, "the output matrix")) ||
+        !(m->out_norm = (float *)dalloc(d * 4, E, "norms")))
+        goto fail;
+    k_fill_half<<<grid_for(ve), 256, 0, m->st>>>(m->emb, ve, seed++, 1.0f);
+    k_fill_half<<<grid_for(ve), 256, 0, m->st>>>(m->out, ve, seed++, sqrtf(3.0f / (float)d));
+    k_fill_f32<<<grid_for(d), 256, 0, m->st>>>(m->out_norm, d, 1.0f);
+    m->weight_bytes += (double)ve * 2 + d * 4;
+    CK(cudaStreamSynchronize(m->st), "making the weights");
+    return 0;
+fail:
+    return -1;
+}
+
+static void model_free(sy_model *m)
+{
+    if (m->L)
+        for (int l = 0; l < m->s->n_layer; l++) {
+            sy_layer *y = &m->L[l];
+            cudaFree(y->wqkv), cudaFree(y->wo), cudaFree(y->wgu), cudaFree(y->wdown);
+            cudaFree(y->attn_norm), cudaFree(y->ffn_norm);
+        }
+    free(m->L);
+    cudaFree(m->emb), cudaFree(m->out), cudaFree(m->out_norm), cudaFree(m->blas_ws);
+    if (m->blas) cublasDestroy(m->blas);
+    if (m->st) cudaStreamDestroy(m->st);
+}
+
+/* bytes a case allocates: the KV pages, their summaries, the CHESS scoring rows, the activations */
+static double case_bytes(const synth_shape *s, int B, int ctx, int n_split)
+{
+    double pps = (ctx + SY_P - 1) / SY_P + 1, phys = pps * B, kvd = (double)s->n_head_kv * s->head_dim;
+    double kv = 2.0 * s->n_layer * phys * SY_P * kvd * 2;
+    double sums = phys * s->n_layer * kvd * 4 + 2.0 * s->n_layer * phys * kvd * 2;
+    double nc = (pps + CHESS_CHUNK - 1) / CHESS_CHUNK, rows = (pps + nc + nc / CHESS_GRID + 2) * s->n_layer * kvd * 4;
+    double act = (double)B * (s->n_embd * 16.0 + s->n_ff * 12.0 + s->n_vocab * 4.0) +
+                 (double)B * s->n_head * n_split * (s->head_dim + 2) * 4.0 + 2.0 * B * s->n_head_kv * pps * 4;
+    return kv + sums + rows + act;
+}
+
+static void case_free(sy_case *c, sy_model *m)
+{
+    for (int l = 0; l < m->s->n_layer; l++) cudaFree(m->L[l].K), cudaFree(m->L[l].V), m->L[l].K = m->L[l].V = NULL;
+    void *p[] = { c->ptab, c->pos, c->tok, c->list, c->nlist, c->ksum, c->x, c->qkv, c->q, c->gu, c->logits,
+                  c->part_o, c->part_ml, c->rows, c->score, c->kmin, c->kmax, c->xn, c->att, c->h };
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) cudaFree(p[i]);
+    memset(c, 0, sizeof *c);
+}
+
+/* Allocates a case and fills its cache: random keys and values in the first ctx0 positions of every
+ * sequence, the summaries made from them, the first tokens' embedding rows as the input. */
+static int case_make(sy_case *c, sy_model *m, int B, int ctx0, int gen, int n_split, sy_err *E)
+{
+    const synth_shape *s = m->s;
+    memset(c, 0, sizeof *c);
+    c->B = B, c->ctx0 = ctx0, c->gen = gen, c->n_split = n_split;
+    c->pps = (ctx0 + gen + SY_P - 1) / SY_P + 1;
+    c->n_phys = (size_t)c->pps * B;
+    size_t kvd = (size_t)s->n_head_kv * SY_HD, page = (size_t)SY_P * kvd, d = (size_t)s->n_embd;
+    size_t dim = (size_t)s->n_layer * kvd;
+    int nc = (c->pps + CHESS_CHUNK - 1) / CHESS_CHUNK, ng = (nc + CHESS_GRID - 1) / CHESS_GRID;
+    size_t n_rows = (size_t)c->pps + nc + ng + 1;
+    int *ptab = NULL, *pos = NULL;
+    for (int l = 0; l < s->n_layer; l++)
+        if (!(m->L[l].K = (__half *)dalloc(c->n_phys * page * 2, E, "the KV pages")) ||
+            !(m->L[l].V = (__half *)dalloc(c->n_phys * page * 2, E, "the KV pages")))
+            goto fail;
+#define A(field, T, n, what) if (!(c->field = (T *)dalloc((size_t)(n) * sizeof(T), E, what))) goto fail
+    A(ptab, int, c->n_phys, "the page table");
+    A(pos, int, B, "positions");
+    A(tok, int, B, "tokens");
+    A(list, int, (size_t)B * s->n_head_kv * c->pps, "page lists");
+    A(nlist, int, (size_t)B * s->n_head_kv, "page lists");
+    A(ksum, float, c->n_phys * dim, "the CHESS summaries");
+    A(kmin, __half, (size_t)s->n_layer * c->n_phys * kvd, "the Quest bounds");
+    A(kmax, __half, (size_t)s->n_layer * c->n_phys * kvd, "the Quest bounds");
+    A(x, float, (size_t)B * d, "activations");
+    A(xn, __half, (size_t)B * (d > (size_t)s->n_head * SY_HD ? d : (size_t)s->n_head * SY_HD), "activations");
+    A(qkv, float, (size_t)B * (s->n_head + 2 * s->n_head_kv) * SY_HD, "activations");
+    A(q, float, (size_t)B * s->n_head * SY_HD, "activations");
+    A(att, __half, (size_t)B * s->n_head * SY_HD, "activations");
+    A(gu, float, (size_t)B * 2 * s->n_ff, "activations");
+    A(h, __half, (size_t)B * s->n_ff, "activations");
+    A(logits, float, (size_t)B * s->n_vocab, "logits");
+    A(part_o, float, (size_t)B * s->n_head * n_split * SY_HD, "attention partials");
+    A(part_ml, float, (size_t)B * s->n_head * n_split * 2, "attention partials");
+    A(rows, float, n_rows * dim, "the CHESS scoring rows");
+    A(score, float, (size_t)B * n_rows, "the CHESS scores");
+#undef A
+    /* pages of the sequences interleaved in the pool, as a shared allocator would leave them */
+    ptab = (int *)malloc(sizeof(int) * c->n_phys);
+    pos = (int *)malloc(sizeof(int) * B);
+    if (!ptab || !pos) {
+        snprintf(E->buf, E->len, "out of memory");
+        E->failed = 1;
+        goto fail;
+    }
+    for (int b = 0; b < B; b++) {
+        pos[b] = ctx0;
+        for (int j = 0; j < c->pps; j++) ptab[b * c->pps + j] = j * B + b;
+    }
+    CK(cudaMemcpy(c->ptab, ptab, sizeof(int) * c->n_phys, cudaMemcpyHostToDevice), "page table");
+    CK(cudaMemcpy(c->pos, pos, sizeof(int) * B, cudaMemcpyHostToDevice), "positions");
+    for (int l = 0; l < s->n_layer; l++) {
+        k_fill_half<<<grid_for(c->n_phys * page), 256, 0, m->st>>>(m->L[l].K, c->n_phys * page, 1000 + l, 1.0f);
+        k_fill_half<<<grid_for(c->n_phys * page), 256, 0, m->st>>>(m->L[l].V, c->n_phys * page, 2000 + l, 1.0f);
+        k_summaries<<<dim3((unsigned)c->n_phys, s->n_head_kv), SY_HD, 0, m->st>>>(m->L[l].K, c->ksum, c->kmin, c->kmax, c->ptab,
+                                                                              s->n_head_kv, s->n_layer, l, c->n_phys, 0);
+        CK(cudaGetLastError(), "filling the cache");
+    }
+    k_fill_half<<<grid_for((size_t)B * d), 256, 0, m->st>>>(c->xn, (size_t)B * d, 7, 1.0f);
+    k_fill_f32<<<grid_for((size_t)B * d), 256, 0, m->st>>>(c->x, (size_t)B * d, 0.5f);
+    CK(cudaStreamSynchronize(m->st), "filling the cache");
+    free(ptab);
+    free(pos);
+    return 0;
+fail:
+    free(ptab);
+    free(pos);
+    return -1;
+}
+
+/* y[B][n_out] (f32) = x[B][n_in] (f16) W^T, added to y when acc */
+static cublasStatus_t gemm(sy_model *m, const __half *W, int n_out, int n_in, const __half *x, int B, float *y, int acc)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (B <= 8 && n_in % 8 == 0 && m->gemv) {   /* decode-sized batches: one pass over W of our own */
+        unsigned g = (unsigned)((n_out + 3) / 4);
+        switch (B) {
+        case 1: k_gemv<1><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
+        case 2: k_gemv<2><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
+        case 3: k_gemv<3><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
+        case 4: k_gemv<4><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
+        case 5: k_gemv<5><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
+        case 6: k_gemv<6><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
+        case 7: k_gemv<7><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
+        default: k_gemv<8><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
+        }
+        return cudaGetLastError() == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    return cublasGemmEx(m->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, B, n_in, &one, W, CUDA_R_16F, n_in, x, CUDA_R_16F, n_in,
+                        acc ? &one : &zero, y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+/* One decode step of the batch, enqueued on the model's stream (captured into a graph by the caller). */
+static int enqueue_step(sy_model *m, sy_case *c, int policy, sy_err *E)
+{
+    const synth_shape *s = m->s;
+    int B = c->B, d = s->n_embd, nh = s->n_head, nkv = s->n_head_kv, ff = s->n_ff;
+    int n_qkv = (nh + 2 * nkv) * SY_HD;
+    float scale = 1.0f / sqrtf((float)SY_HD);
+    for (int l = 0; l < s->n_layer; l++) {
+        sy_layer *y = &m->L[l];
+        k_rmsnorm<<<B, 256, 0, m->st>>>(c->x, y->attn_norm, c->xn, d, 1e-5f);
+        CKB(gemm(m, y->wqkv, n_qkv, d, c->xn, B, c->qkv, 0), "QKV product");
+        k_rope_write<<<dim3(nh + nkv, B), SY_HD / 2, 0, m->st>>>(c->qkv, c->q, y->K, y->V, c->ksum, c->kmin, c->kmax, c->pos,
+                                                              c->ptab, c->pps, nh, nkv, s->n_layer, l, c->n_phys, s->rope_base);
+        if (policy == SYNTH_QUEST)
+            k_quest_select<<<dim3(nkv, B), 1024, 0, m->st>>>(c->q, c->kmin, c->kmax, c->ptab, c->pps, c->pos, nkv, c->n_phys, l,
+                                                             c->quest_k, c->list, c->nlist, c->pps);
+        k_attn<<<dim3(c->n_split, nkv, B), SY_THREADS, 0, m->st>>>(c->q, y->K, y->V, c->ptab, c->pps, c->list, c->nlist, c->pps,
+                                                                   c->pos, nkv, c->n_split, scale, c->part_o, c->part_ml);
+        k_attn_combine<<<dim3(nh, B), SY_HD, 0, m->st>>>(c->part_o, c->part_ml, c->n_split, c->att);
+        CKB(gemm(m, y->wo, d, nh * SY_HD, c->att, B, c->x, 1), "output product");
+        k_rmsnorm<<<B, 256, 0, m->st>>>(c->x, y->ffn_norm, c->xn, d, 1e-5f);
+        CKB(gemm(m, y->wgu, 2 * ff, d, c->xn, B, c->gu, 0), "gate/up product");
+        k_swiglu<<<grid_for((size_t)B * ff), 256, 0, m->st>>>(c->gu, c->h, ff, B);
+        CKB(gemm(m, y->wdown, d, ff, c->h, B, c->x, 1), "down product");
+        CK(cudaGetLastError(), "a decode kernel");
+    }
+    k_rmsnorm<<<B, 256, 0, m->st>>>(c->x, m->out_norm, c->xn, d, 1e-5f);
+    CKB(gemm(m, m->out, s->n_vocab, d, c->xn, B, c->logits, 0), "output matrix");
+    k_sample_embed<<<B, 1024, 0, m->st>>>(c->logits, s->n_vocab, m->emb, d, c->x, c->tok, c->pos);
+    CK(cudaGetLastError(), "sampling");
+    return 0;
+fail:
+    return -1;
+}
+
+/* full: every page of every sequence, for every KV head */
+static int lists_full(sy_model *m, sy_case *c, sy_err *E)
+{
+    int nkv = m->s->n_head_kv, n = c->pps;
+    size_t tot = (size_t)c->B * nkv * n;
+    int *l = (int *)malloc(sizeof(int) * tot), *nl = (int *)malloc(sizeof(int) * (size_t)c->B * nkv);
+    if (!l || !nl) {
+        free(l), free(nl);
+        snprintf(E->buf, E->len, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < tot; i++) l[i] = (int)(i % n);
+    for (int i = 0; i < c->B * nkv; i++) nl[i] = n;
+    CK(cudaMemcpy(c->list, l, sizeof(int) * tot, cudaMemcpyHostToDevice), "page lists");
+    CK(cudaMemcpy(c->nlist, nl, sizeof(int) * (size_t)c->B * nkv, cudaMemcpyHostToDevice), "page lists");
+    free(l), free(nl);
+    return 0;
+fail:
+    free(l), free(nl);
+    return -1;
+}
+
+/* CHESS's reconstruction at the current position (all sequences are at the same one); *n_sel: the
+ * pages the list holds for the first sequence */
+static int chess_rebuild(sy_model *m, sy_case *c, int cur_len, int *n_list, sy_err *E)
+{
+    const synth_shape *s = m->s;
+    int dim = s->n_layer * s->n_head_kv * SY_HD;
+    int np = (cur_len + SY_P - 1) / SY_P;
+    int nw = CHESS_WINDOW < np ? CHESS_WINDOW : np;
+    int first = CHESS_SINK, last = np - nw, n_cand = last > first ? last - first : 0;
+    int tail_from = last > first ? last : first;
+    int nc = (n_cand + CHESS_CHUNK - 1) / CHESS_CHUNK, ng = (nc + CHESS_GRID - 1) / CHESS_GRID;
+    int n_rows = n_cand + nc + ng;
+    int end_page = (c->ctx0 + c->gen) / SY_P;
+    for (int b = 0; b < c->B; b++) {
+        k_chess_rows<<<1024, 256, 0, m->st>>>(c->ksum, c->ptab, c->pps, c->pos, b, first, n_cand, nc, ng, last, np, dim, c->rows);
+        k_chess_score<<<n_rows, 256, 0, m->st>>>(c->rows, n_rows, dim, b, c->score);
+    }
+    k_chess_select<<<c->B, 1024, 0, m->st>>>(c->score, n_cand, nc, ng, first, tail_from, end_page, s->n_head_kv, c->list, c->nlist,
+                                             c->pps);
+    CK(cudaGetLastError(), "CHESS selection");
+    CK(cudaMemcpyAsync(n_list, c->nlist, sizeof(int), cudaMemcpyDeviceToHost, m->st), "CHESS selection");
+    CK(cudaStreamSynchronize(m->st), "CHESS selection");
+    return 0;
+fail:
+    return -1;
+}
+
+/* ---------------------------------------------------------------- measuring */
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* device-to-device copy bandwidth, bytes read + written per second (median of 15) */
+static double measure_bandwidth(sy_model *m, sy_err *E)
+{
+    size_t n = (size_t)2 << 30;
+    void *a = dalloc(n, E, "the bandwidth probe"), *b = a ? dalloc(n, E, "the bandwidth probe") : NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float t[15], med = 0;
+    if (!b) goto fail;
+    k_fill_half<<<grid_for(n / 2), 256, 0, m->st>>>((__half *)a, n / 2, 99, 1.0f);
+    CK(cudaEventCreate(&e0), "event");
+    CK(cudaEventCreate(&e1), "event");
+    for (int i = -3; i < 15; i++) {
+        CK(cudaEventRecord(e0, m->st), "event");
+        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, m->st), "bandwidth probe");
+        CK(cudaEventRecord(e1, m->st), "event");
+        CK(cudaEventSynchronize(e1), "event");
+        if (i >= 0) CK(cudaEventElapsedTime(&t[i], e0, e1), "event");
+    }
+    qsort(t, 15, sizeof *t, cmp_float);
+    med = t[7];
+fail:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a), cudaFree(b);
+    return med > 0 ? 2.0 * (double)n / (med * 1e-3) : -1;
+}
+
+static double used_gib(void)
+{
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    return (double)(tot - fr) / 1073741824.0;
+}
+
+/* the split count: enough blocks to fill the device, at least 2 pages each */
+static int split_for(int B, int nkv, int max_list, int n_sm)
+{
+    int want = (16 * n_sm + B * nkv - 1) / (B * nkv), most = max_list / 2 > 1 ? max_list / 2 : 1;
+    return want < 1 ? 1 : want > most ? most : want;
+}
+
+/* Times one policy on a made case: graph capture, warm-up, `gen` timed replays (median). */
+static int run_policy(sy_model *m, sy_case *c, int policy, double bw, const synth_req *req, synth_row *r, sy_err *E)
+{
+    const synth_shape *s = m->s;
+    int B = c->B, nkv = s->n_head_kv;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float *t = (float *)malloc(sizeof(float) * (size_t)c->gen);
+    int *pos0 = (int *)malloc(sizeof(int) * (size_t)B);
+    int n_list = 0, ok = -1;
+    double len_mid = c->ctx0 + c->gen / 2.0;   /* the mean length over the timed steps */
+    double kvd = (double)nkv * SY_HD, kv_tok_bytes = 2.0 * kvd * 2 * s->n_layer;
+    double attended = 0, extra = 0;
+    if (!t || !pos0) {
+        snprintf(E->buf, E->len, "out of memory");
+        goto fail;
+    }
+    for (int b = 0; b < B; b++) pos0[b] = c->ctx0;
+    CK(cudaMemcpy(c->pos, pos0, sizeof(int) * (size_t)B, cudaMemcpyHostToDevice), "positions");
+    CK(cudaEventCreate(&e0), "event");
+    CK(cudaEventCreate(&e1), "event");
+    r->select_ms = 0;
+    if (policy == SYNTH_FULL) {
+        if (lists_full(m, c, E)) goto fail;
+        attended = len_mid;
+    } else if (policy == SYNTH_CHESS) {
+        /* the rebuild, timed on its own (median of 5), then amortised over its period */
+        float rt[5];
+        for (int i = 0; i < 5; i++) {
+            CK(cudaEventRecord(e0, m->st), "event");
+            if (chess_rebuild(m, c, c->ctx0, &n_list, E)) goto fail;
+            CK(cudaEventRecord(e1, m->st), "event");
+            CK(cudaEventSynchronize(e1), "event");
+            CK(cudaEventElapsedTime(&rt[i], e0, e1), "event");
+        }
+        qsort(rt, 5, sizeof *rt, cmp_float);
+        r->select_ms = rt[2];
+        int np = (c->ctx0 + SY_P - 1) / SY_P, tail_from = np - CHESS_WINDOW;
+        int fixed = n_list - ((c->ctx0 + c->gen) / SY_P - tail_from + 1);   /* sink + selected pages */
+        attended = fixed * (double)SY_P + (len_mid - tail_from * (double)SY_P);
+        /* the rebuild reads every page's key sums once: its floor, amortised */
+        extra = (double)B * np * s->n_layer * kvd * 4 / (CHESS_EVERY * SY_P);
+    } else {
+        c->quest_k = (req->quest_budget + SY_P - 1) / SY_P;
+        double cur = len_mid / SY_P;
+        attended = (c->quest_k - 1 < cur ? c->quest_k - 1 : cur) * SY_P + SY_P / 2.0;
+        extra = (double)B * s->n_layer * cur * 2 * kvd * 2;   /* every page's min and max key */
+    }
+    CK(cudaStreamBeginCapture(m->st, cudaStreamCaptureModeThreadLocal), "graph capture");
+    if (enqueue_step(m, c, policy, E)) {
+        cudaStreamEndCapture(m->st, &graph);
+        goto fail;
+    }
+    CK(cudaStreamEndCapture(m->st, &graph), "graph capture");
+    CK(cudaGraphInstantiate(&exec, graph, 0), "graph instantiation");
+    for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(exec, m->st), "graph launch");   /* warm-up */
+    CK(cudaStreamSynchronize(m->st), "warm-up");
+    CK(cudaMemcpy(c->pos, pos0, sizeof(int) * (size_t)B, cudaMemcpyHostToDevice), "positions");
+    for (int i = 0; i < c->gen; i++) {
+        CK(cudaEventRecord(e0, m->st), "event");
+        CK(cudaGraphLaunch(exec, m->st), "graph launch");
+        CK(cudaEventRecord(e1, m->st), "event");
+        CK(cudaEventSynchronize(e1), "event");
+        CK(cudaEventElapsedTime(&t[i], e0, e1), "event");
+    }
+    qsort(t, (size_t)c->gen, sizeof *t, cmp_float);
+    r->step_ms = t[c->gen / 2] + r->select_ms / (CHESS_EVERY * SY_P);
+    r->tok_s = B / (r->step_ms * 1e-3);
+    r->bytes_step = m->weight_bytes + (double)B * s->n_embd * 2 + 2.0 * B * s->n_vocab * 4 + B * attended * kv_tok_bytes + extra;
+    r->roof_ms = r->bytes_step / bw * 1e3;
+    r->kv_frac = attended / len_mid;
+    r->peak_gib = used_gib();
+    ok = 0;
+fail:
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    free(t), free(pos0);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- self-check */
+
+static double hrand(uint64_t *st)
+{
+    *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(*st >> 11) / 9007199254740992.0 * 2 - 1;
+}
+
+/* The attention and Quest selection kernels against a host reference in double precision on random
+ * data of awkward sizes: 3 sequences, 2 KV heads, page lists with gaps and a partial last page,
+ * several split counts; Quest's choice of pages must be the host's. */
+extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
+{
+    sy_err E_ = { err, errlen, 0 }, *E = &E_;
+    const int B = 3, nkv = 2, nh = nkv * SY_G, pps = 37, L = 2;
+    const size_t n_phys = (size_t)B * pps, page = (size_t)nkv * SY_P * SY_HD;
+    int lens[B] = { 1000, 33, 1184 - 5 };
+    uint64_t st = 12345;
+    int rc = -1;
+    __half *hK = (__half *)malloc(n_phys * page * 2), *hV = (__half *)malloc(n_phys * page * 2);
+    float *hq = (float *)malloc(sizeof(float) * B * nh * SY_HD);
+    int *hptab = (int *)malloc(sizeof(int) * n_phys), *hl = (int *)malloc(sizeof(int) * B * nkv * pps),
+        *hn = (int *)malloc(sizeof(int) * B * nkv), hpos[B];
+    __half *hmin = (__half *)malloc(L * n_phys * nkv * SY_HD * 2), *hmax = (__half *)malloc(L * n_phys * nkv * SY_HD * 2);
+    __half *hatt = (__half *)malloc(sizeof(__half) * B * nh * SY_HD);
+    __half *dK = NULL, *dV = NULL, *dmin = NULL, *dmax = NULL, *datt = NULL;
+    float *dq = NULL, *po = NULL, *pml = NULL;
+    int *dptab = NULL, *dl = NULL, *dn = NULL, *dpos = NULL;
+    double worst = 0;
+    if (!hK || !hV || !hq || !hptab || !hl || !hn || !hmin || !hmax || !hatt) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < n_phys * page; i++) hK[i] = __float2half((float)hrand(&st)), hV[i] = __float2half((float)hrand(&st));
+    for (int i = 0; i < B * nh * SY_HD; i++) hq[i] = (float)hrand(&st) * 3;
+    for (int b = 0; b < B; b++) {
+        hpos[b] = lens[b] - 1;
+        for (int j = 0; j < pps; j++) hptab[b * pps + j] = (int)((j * B + b) * 7 % n_phys);   /* a permutation: 7 and 111 are coprime */
+        int np = (lens[b] + SY_P - 1) / SY_P;
+        for (int h = 0; h < nkv; h++) {
+            int n = 0;
+            for (int j = 0; j < np; j++)
+                if (j == np - 1 || (j * 5 + h + b) % 3 != 0) hl[(b * nkv + h) * pps + n++] = j;   /* gaps; the last page always */
+            hn[b * nkv + h] = n;
+        }
+    }
+    if (!(dK = (__half *)dalloc(n_phys * page * 2, E, "self-check")) || !(dV = (__half *)dalloc(n_phys * page * 2, E, "self-check")) ||
+        !(dq = (float *)dalloc(sizeof(float) * B * nh * SY_HD, E, "self-check")) ||
+        !(dptab = (int *)dalloc(sizeof(int) * n_phys, E, "self-check")) || !(dl = (int *)dalloc(sizeof(int) * B * nkv * pps, E, "self-check")) ||
+        !(dn = (int *)dalloc(sizeof(int) * B * nkv, E, "self-check")) || !(dpos = (int *)dalloc(sizeof(int) * B, E, "self-check")) ||
+        !(datt = (__half *)dalloc(sizeof(__half) * B * nh * SY_HD, E, "self-check")) ||
+        !(po = (float *)dalloc(sizeof(float) * B * nh * 16 * SY_HD, E, "self-check")) ||
+        !(pml = (float *)dalloc(sizeof(float) * B * nh * 16 * 2, E, "self-check")) ||
+        !(dmin = (__half *)dalloc(L * n_phys * nkv * SY_HD * 2, E, "self-check")) ||
+        !(dmax = (__half *)dalloc(L * n_phys * nkv * SY_HD * 2, E, "self-check")))
+        goto fail;
+    CK(cudaMemcpy(dK, hK, n_phys * page * 2, cudaMemcpyHostToDevice), "self-check");
+    CK(cudaMemcpy(dV, hV, n_phys * page * 2, cudaMemcpyHostToDevice), "self-check");
+    CK(cudaMemcpy(dq, hq, sizeof(float) * B * nh * SY_HD, cudaMemcpyHostToDevice), "self-check");
+    CK(cudaMemcpy(dptab, hptab, sizeof(int) * n_phys, cudaMemcpyHostToDevice), "self-check");
+    CK(cudaMemcpy(dl, hl, sizeof(int) * B * nkv * pps, cudaMemcpyHostToDevice), "self-check");
+    CK(cudaMemcpy(dn, hn, sizeof(int) * B * nkv, cudaMemcpyHostToDevice), "self-check");
+    CK(cudaMemcpy(dpos, hpos, sizeof(int) * B, cudaMemcpyHostToDevice), "self-check");
+    for (int n_split = 1; n_split <= 16; n_split += 5) {
+        k_attn<<<dim3(n_split, nkv, B), SY_THREADS>>>(dq, dK, dV, dptab, pps, dl, dn, pps, dpos, nkv, n_split, 0.0883883f, po, pml);
+        k_attn_combine<<<dim3(nh, B), SY_HD>>>(po, pml, n_split, datt);
+        CK(cudaGetLastError(), "self-check attention");
+        CK(cudaMemcpy(hatt, datt, sizeof(__half) * B * nh * SY_HD, cudaMemcpyDeviceToHost), "self-check");
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < nh; h++) {
+                int kv = h / SY_G;
+                const float *qq = hq + ((size_t)b * nh + h) * SY_HD;
+                double mx = -1e300, sum = 0, o[SY_HD] = { 0 };
+                const int *lst = hl + (b * nkv + kv) * pps;
+                for (int pass = 0; pass < 2; pass++)
+                    for (int i = 0; i < hn[b * nkv + kv]; i++)
+                        for (int r = 0; r < SY_P && lst[i] * SY_P + r < lens[b]; r++) {
+                            size_t at = (((size_t)hptab[b * pps + lst[i]] * nkv + kv) * SY_P + r) * SY_HD;
+                            double dot = 0;
+                            for (int d = 0; d < SY_HD; d++) dot += (double)qq[d] * __half2float(hK[at + d]);
+                            dot *= 0.0883883;
+                            if (pass == 0) mx = dot > mx ? dot : mx;
+                            else {
+                                double p = exp(dot - mx);
+                                sum += p;
+                                for (int d = 0; d < SY_HD; d++) o[d] += p * __half2float(hV[at + d]);
+                            }
+                        }
+                double ref_max = 1e-9, dmax_ = 0;
+                for (int d = 0; d < SY_HD; d++) {
+                    double ref = o[d] / sum, got = __half2float(hatt[((size_t)b * nh + h) * SY_HD + d]);
+                    ref_max = fabs(ref) > ref_max ? fabs(ref) : ref_max;
+                    dmax_ = fabs(got - ref) > dmax_ || got != got ? (got != got ? 1e9 : fabs(got - ref)) : dmax_;
+                }
+                if (dmax_ / ref_max > worst) worst = dmax_ / ref_max;
+            }
+    }
+    *attn_err = worst;
+    /* Quest: bounds from min/max made from the pages, then the selection */
+    for (int l = 0; l < L; l++) {
+        for (size_t pg = 0; pg < n_phys; pg++)
+            for (int kv = 0; kv < nkv; kv++)
+                for (int d = 0; d < SY_HD; d++) {
+                    float lo = 1e30f, hi = -1e30f;
+                    for (int r = 0; r < SY_P; r++) {
+                        float v = __half2float(hK[((pg * nkv + kv) * SY_P + r) * SY_HD + d]) * (l ? -0.5f : 1.0f);
+                        lo = v < lo ? v : lo, hi = v > hi ? v : hi;
+                    }
+                    size_t mm = (((size_t)l * n_phys + pg) * nkv + kv) * SY_HD + d;
+                    hmin[mm] = __float2half(lo), hmax[mm] = __float2half(hi);
+                }
+    }
+    CK(cudaMemcpy(dmin, hmin, L * n_phys * nkv * SY_HD * 2, cudaMemcpyHostToDevice), "self-check");
+    CK(cudaMemcpy(dmax, hmax, L * n_phys * nkv * SY_HD * 2, cudaMemcpyHostToDevice), "self-check");
+    for (int l = 0; l < L; l++) {
+        const int k = 9;
+        k_quest_select<<<dim3(nkv, B), 1024>>>(dq, dmin, dmax, dptab, pps, dpos, nkv, n_phys, l, k, dl, dn, pps);
+        CK(cudaGetLastError(), "self-check Quest");
+        CK(cudaMemcpy(hl, dl, sizeof(int) * B * nkv * pps, cudaMemcpyDeviceToHost), "self-check");
+        CK(cudaMemcpy(hn, dn, sizeof(int) * B * nkv, cudaMemcpyDeviceToHost), "self-check");
+        for (int b = 0; b < B; b++)
+            for (int kv = 0; kv < nkv; kv++) {
+                int cur = hpos[b] / SY_P, want = cur + 1 < k ? cur + 1 : k;
+                const int *got = hl + (b * nkv + kv) * pps;
+                if (hn[b * nkv + kv] != want) {
+                    snprintf(err, errlen, "self-check: Quest chose %d pages, not %d", hn[b * nkv + kv], want);
+                    goto fail;
+                }
+                if (cur + 1 <= k) continue;
+                double u[SY_MAX_PAGES];
+                for (int j = 0; j < cur; j++) {
+                    u[j] = 0;
+                    for (int g = 0; g < SY_G; g++)
+                        for (int d = 0; d < SY_HD; d++) {
+                            double qv = hq[((size_t)b * nh + kv * SY_G + g) * SY_HD + d];
+                            size_t mm = (((size_t)l * n_phys + hptab[b * pps + j]) * nkv + kv) * SY_HD + d;
+                            double a = qv * __half2float(hmin[mm]), c = qv * __half2float(hmax[mm]);
+                            u[j] += a > c ? a : c;
+                        }
+                }
+                /* every chosen page's bound is at least every unchosen one's (up to rounding) */
+                char chosen[SY_MAX_PAGES] = { 0 };
+                for (int i = 0; i < k - 1; i++) chosen[got[i]] = 1;
+                if (got[k - 1] != cur) {
+                    snprintf(err, errlen, "self-check: Quest left out the page being written");
+                    goto fail;
+                }
+                double lo = 1e300, hi = -1e300;
+                for (int j = 0; j < cur; j++)
+                    if (chosen[j]) lo = u[j] < lo ? u[j] : lo;
+                    else hi = u[j] > hi ? u[j] : hi;
+                if (hi > lo + 1e-3 * (fabs(lo) + 1)) {
+                    snprintf(err, errlen, "self-check: Quest chose a page of bound %g over one of %g (layer %d)", lo, hi, l);
+                    goto fail;
+                }
+            }
+    }
+    /* the decode products: awkward row counts, K not a multiple of the 256-wide chunk */
+    for (int nb = 1; nb <= 8; nb += 3) {
+        const int N = 37, Kd = 264;
+        __half hw[N * Kd], hx[8 * Kd];
+        float hy[8 * N], *dy = NULL;
+        __half *dw = NULL, *dx = NULL;
+        sy_model mm;
+        memset(&mm, 0, sizeof mm);
+        mm.gemv = 1;
+        for (int i = 0; i < N * Kd; i++) hw[i] = __float2half((float)hrand(&st));
+        for (int i = 0; i < nb * Kd; i++) hx[i] = __float2half((float)hrand(&st));
+        for (int i = 0; i < nb * N; i++) hy[i] = (float)hrand(&st);
+        int ok = (dw = (__half *)dalloc(sizeof hw, E, "self-check")) && (dx = (__half *)dalloc(sizeof hx, E, "self-check")) &&
+                 (dy = (float *)dalloc(sizeof hy, E, "self-check")) &&
+                 cudaMemcpy(dw, hw, sizeof hw, cudaMemcpyHostToDevice) == cudaSuccess &&
+                 cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice) == cudaSuccess &&
+                 cudaMemcpy(dy, hy, sizeof hy, cudaMemcpyHostToDevice) == cudaSuccess &&
+                 gemm(&mm, dw, N, Kd, dx, nb, dy, 1) == CUBLAS_STATUS_SUCCESS;
+        float got[8 * N];
+        ok = ok && cudaMemcpy(got, dy, sizeof(float) * nb * N, cudaMemcpyDeviceToHost) == cudaSuccess;
+        cudaFree(dw), cudaFree(dx), cudaFree(dy);
+        if (!ok) {
+            if (!E->failed) snprintf(err, errlen, "self-check: the decode product failed");
+            goto fail;
+        }
+        for (int b = 0; b < nb; b++)
+            for (int n = 0; n < N; n++) {
+                double ref = hy[b * N + n];
+                for (int k = 0; k < Kd; k++) ref += (double)__half2float(hw[n * Kd + k]) * __half2float(hx[b * Kd + k]);
+                if (!(fabs(got[b * N + n] - ref) <= 1e-4 * (fabs(ref) + 16))) {
+                    snprintf(err, errlen, "self-check: decode product row %d of batch %d: %g, not %g", n, b, got[b * N + n], ref);
+                    goto fail;
+                }
+            }
+    }
+    rc = 0;
+fail:
+    cudaFree(dK), cudaFree(dV), cudaFree(dq), cudaFree(dptab), cudaFree(dl), cudaFree(dn), cudaFree(dpos), cudaFree(datt);
+    cudaFree(po), cudaFree(pml), cudaFree(dmin), cudaFree(dmax);
+    free(hK), free(hV), free(hq), free(hptab), free(hl), free(hn), free(hmin), free(hmax), free(hatt);
+    return rc;
+}
+
+extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char *err, size_t errlen)
+{
+    sy_err E_ = { err, errlen, 0 }, *E = &E_;
+    const synth_shape *s = req->shape;
+    sy_model m;
+    int n_dev = 0, rc = -1;
+    cudaDeviceProp prop;
+    double bw, self_err = 0;
+    memset(&m, 0, sizeof m);
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        snprintf(err, errlen, "no CUDA device: the synthetic benchmark needs an NVIDIA GPU");
+        return -1;
+    }
+    if (s->head_dim != SY_HD || s->n_head != s->n_head_kv * SY_G) {
+        snprintf(err, errlen, "synthetic shape %s: head size %d and %d query heads per KV head are not built in", s->name,
+                 s->head_dim, s->n_head / s->n_head_kv);
+        return -1;
+    }
+    CK(cudaGetDeviceProperties(&prop, 0), "device properties");
+    if (synth_selfcheck(&self_err, err, errlen)) goto fail;
+    if (self_err > 2e-3) {
+        snprintf(err, errlen, "self-check: attention differs from the reference by %.2e (over 2e-3)", self_err);
+        goto fail;
+    }
+    if (model_make(&m, s, E)) goto fail;
+    m.gemv = !req->gemm_cublas;
+    bw = measure_bandwidth(&m, E);
+    if (bw <= 0) goto fail;
+    for (int ic = 0; ic < req->n_ctx; ic++)
+        for (int ib = 0; ib < req->n_batch; ib++) {
+            int B = req->batch[ib], ctx = req->ctx[ic], gen = req->gen;
+            int ctx0 = ctx - gen;   /* the timed steps end at the context length */
+            int n_split = split_for(B, s->n_head_kv, (ctx + SY_P - 1) / SY_P, prop.multiProcessorCount);
+            synth_row r;
+            memset(&r, 0, sizeof r);
+            r.ctx = ctx, r.batch = B, r.bw_gbs = bw / 1e9;
+            snprintf(r.device, sizeof r.device, "%.95s", prop.name);
+            r.self_err = self_err;
+            r.gemm_cublas = req->gemm_cublas;
+            if (ctx0 < (CHESS_SINK + CHESS_WINDOW + 1) * SY_P || ctx > SY_MAX_PAGES * SY_P) {
+                for (int ip = 0; ip < req->n_policy; ip++) {
+                    r.policy = req->policy[ip], r.step_ms = -1;
+                    snprintf(r.note, sizeof r.note, "context %d is outside %d..%d tokens with %d timed steps", ctx,
+                             (CHESS_SINK + CHESS_WINDOW + 1) * SY_P + gen, SY_MAX_PAGES * SY_P, gen);
+                    row(&r, ud);
+                }
+                continue;
+            }
+            size_t fr = 0, tot = 0;
+            cudaMemGetInfo(&fr, &tot);
+            double need = case_bytes(s, B, ctx, n_split);
+            if (need + (512u << 20) > (double)fr) {
+                for (int ip = 0; ip < req->n_policy; ip++) {
+                    r.policy = req->policy[ip], r.step_ms = -1;
+                    snprintf(r.note, sizeof r.note, "does not fit: needs %.1f GiB beside the weights, %.1f GiB free",
+                             need / 1073741824.0, fr / 1073741824.0);
+                    row(&r, ud);
+                }
+                continue;
+            }
+            sy_case c;
+            if (case_make(&c, &m, B, ctx0, gen, n_split, E)) {
+                case_free(&c, &m);
+                goto fail;
+            }
+            for (int ip = 0; ip < req->n_policy; ip++) {
+                r.policy = req->policy[ip];
+                if (run_policy(&m, &c, r.policy, bw, req, &r, E)) {
+                    case_free(&c, &m);
+                    goto fail;
+                }
+                row(&r, ud);
+            }
+            case_free(&c, &m);
+        }
+    rc = 0;
+fail:
+    model_free(&m);
+    return rc;
+}

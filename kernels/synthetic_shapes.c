@@ -1,0 +1,29 @@
+/* synthetic_shapes.c - the model shapes `kvchat bench --synthetic` knows (kernels/synthetic.h);
+ * plain C, so both builds can name them in their messages. */
+#include "synthetic.h"
+
+#include <string.h>
+
+static const synth_shape shapes[] = {
+    /* Llama 3 8B: 32 layers, 4096 dims, 32 query heads and 8 KV heads of 128, SwiGLU FFN 14336 */
+    { "llama-8b", 32, 4096, 32, 8, 128, 14336, 128256, 500000.0f },
+};
+
+const synth_shape *synth_shape_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        if (!strcmp(shapes[i].name, name)) return &shapes[i];
+    return NULL;
+}
+
+const char *synth_shape_names(void) { return "llama-8b"; }
+
+const char *synth_policy_name(int policy)
+{
+    switch (policy) {
+    case SYNTH_FULL: return "full";
+    case SYNTH_CHESS: return "chess:preset=aggressive";
+    case SYNTH_QUEST: return "quest";
+    }
+    return "?";
+}
