@@ -387,7 +387,7 @@ static void synth_print(const synth_row *r, void *ud)
     if (!so->header_done) {
         printf("device %s, measured bandwidth %.0f GB/s (device-to-device copy, bytes read + written); attention "
                "self-check %.1e of a double-precision reference\n", r->device, r->bw_gbs, r->self_err);
-        printf("products: %s\n", r->gemm_cublas ? "cuBLAS GemmEx" : "kvchat's one-pass kernel up to batch 8, cuBLAS GemmEx above");
+        printf("products: %s\n", r->gemm_cublas ? "cuBLAS GemmEx" : "kvchat's one-pass kernel up to batch 4, cuBLAS GemmEx above");
         printf("%-24s %7s %5s %9s %9s %9s %6s %7s %9s %7s\n", "policy", "ctx", "batch", "step ms", "tok/s", "roof ms",
                "x roof", "KV read", "select ms", "GPU GiB");
         so->header_done = 1;
@@ -398,6 +398,9 @@ static void synth_print(const synth_row *r, void *ud)
     }
     printf("%-24s %7d %5d %9.2f %9.1f %9.2f %6.2f %6.1f%% %9.2f %7.1f\n", synth_policy_name(r->policy), r->ctx, r->batch,
            r->step_ms, r->tok_s, r->roof_ms, r->step_ms / r->roof_ms, 100 * r->kv_frac, r->select_ms, r->peak_gib);
+    if (r->prof_kernels)
+        printf("  profiled step (no graph, %d kernels): products %.2f ms, attention %.2f, selection %.2f, other %.2f\n",
+               r->prof_kernels, r->prof_ms[0], r->prof_ms[1], r->prof_ms[2], r->prof_ms[3]);
     fflush(stdout);
     if (so->csv) {
         fprintf(so->csv, "%s,%s,\"%s\",%s,%d,%d,%.4f,%.2f,%.0f,%.4f,%.4f,%.5f,%.4f,%.2f,%.1f,%s\n", so->date, so->commit,
@@ -575,7 +578,7 @@ int cmd_bench(int argc, char **argv)
                   "  A model of that shape with random f16 weights made on the GPU (no file): decode tok/s per\n"
                   "  policy (chess: the aggressive preset; quest: --budget tokens per KV head), context and\n"
                   "  batch, each step against the memory-bandwidth roofline; cases that do not fit are skipped\n"
-                  "  (bench/synthetic_results.csv). Batches up to 8 multiply through kvchat's own one-pass\n"
+                  "  (bench/synthetic_results.csv). Batches up to 4 multiply through kvchat's own one-pass\n"
                   "  kernel; --gemm cublas puts every product through cuBLAS instead, to compare.\n",
                   stdout);
             return 0;

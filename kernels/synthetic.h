@@ -32,7 +32,7 @@ typedef struct synth_req {
     int n_policy;
     int gen;                  /* decode steps timed per case */
     int quest_budget;         /* tokens attended per KV head under Quest (the policy's default 1024) */
-    int gemm_cublas;          /* every product through cuBLAS, also for batches up to 8 (to compare) */
+    int gemm_cublas;          /* every product through cuBLAS, also for batches up to 4 (to compare) */
 } synth_req;
 
 /* One measured case. Figures the case could not produce (it did not fit) are negative, with why. */
@@ -50,7 +50,11 @@ typedef struct synth_row {
     char note[160];           /* why a case did not run */
     char device[96];          /* the GPU's name */
     double self_err;
-    int gemm_cublas;          /* the products went through cuBLAS */          /* attention kernel vs a double-precision host reference (synth_selfcheck) */
+    int gemm_cublas;          /* the products went through cuBLAS */
+    /* with KVCHAT_SYNTH_PROFILE set: one step outside the graph, its time by kind of kernel
+     * (products, attention, selection, other) and its kernel count */
+    double prof_ms[4];
+    int prof_kernels;          /* attention kernel vs a double-precision host reference (synth_selfcheck) */
 } synth_row;
 
 typedef void (*synth_row_fn)(const synth_row *row, void *ud);

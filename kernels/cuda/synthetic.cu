@@ -170,127 +170,194 @@ __global__ void k_rope_write(const float *qkv, float *q, __half *K, __half *V, f
     }
 }
 
-/* Split-K paged attention for one (split, KV head, sequence): the SY_G query heads of the group read
- * each K/V page of their slice of the list once. A list holds logical page indices of the sequence;
- * rows at or past the sequence's length are not attended. Scores: 4 threads per key row, 32 dims
- * each (16-byte loads); values: 16 threads per row, 8 dims each (16-byte loads), 8 rows at a time,
- * the 8 row groups summed at the end. Partial results (max, sum, unnormalised output) go to part_*;
- * k_attn_combine merges them. */
-__global__ void __launch_bounds__(SY_THREADS) k_attn(const float *q, const __half *K, const __half *V, const int *ptab,
-                                                     int pt_stride, const int *list, const int *nlist, int cap,
-                                                     const int *pos, int n_kv, int n_split, float scale,
-                                                     float *part_o, float *part_ml)
+/* Split-K paged attention for one (split, KV head, sequence) on the tensor cores, one warp per block.
+ * A list holds logical page indices of the sequence; rows at or past the sequence's length are not
+ * attended. Pages stream into shared memory through cp.async, TC_STAGES deep, their 16-byte chunks
+ * swizzled by row (chunk ^ row%8) so that ldmatrix reads are free of bank conflicts. Per page of 32
+ * keys: S^T = K Q^T as m16n8k16 products (keys x the group's 4 query heads, padded to 8), the online
+ * softmax per head across the lanes that hold it, then O^T += V^T P^T (dims x heads), P^T passing
+ * through a small shared array to change fragment layout. f16 operands, f32 accumulation. Partial
+ * results (max, sum, unnormalised output) go to part_*; k_attn_combine merges them. */
+#define TC_STAGES 3
+#define TC_PAGE_HALVES (SY_P * SY_HD)
+#define TC_SMEM (TC_STAGES * 2 * TC_PAGE_HALVES * 2)
+
+__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+/* offset (in halves) of the 16-byte chunk `chunk` of row `row` in a swizzled page */
+__device__ __forceinline__ int swz(int row, int chunk) { return row * SY_HD + ((chunk ^ (row & 7)) << 3); }
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src)
 {
-    __shared__ __align__(16) float qs[SY_G][SY_HD];
-    __shared__ float sc[SY_G][SY_P];
-    __shared__ float ms[SY_G], ls[SY_G], fs[SY_G];
-    __shared__ float red[8][SY_G][SY_HD];
-    int sp = blockIdx.x, kv = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
-    int lane = tid & 31, warp = tid >> 5;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(unsigned *)&h;
+}
+
+/* issue the copies of logical page lp of sequence b (K and V, swizzled) into stage st */
+__device__ __forceinline__ void tc_load_page(__half *stg, const __half *K, const __half *V, size_t base, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < (SY_P * SY_HD / 8) / 32; i++) {   /* 16 chunks of K and 16 of V per lane */
+        int c = i * 32 + lane, row = c >> 4, ch = c & 15;
+        cp_async16(stg + swz(row, ch), K + base + (size_t)c * 8);
+        cp_async16(stg + TC_PAGE_HALVES + swz(row, ch), V + base + (size_t)c * 8);
+    }
+}
+
+__global__ void __launch_bounds__(32) k_attn(const float *q, const __half *K, const __half *V, const int *ptab,
+                                             int pt_stride, const int *list, const int *nlist, int cap,
+                                             const int *pos, int n_kv, int n_split, float scale, float *part_o,
+                                             float *part_ml)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    __half *stages = (__half *)smem;
+    __shared__ __align__(16) __half ps[8][SY_P + 8];   /* P^T staging: heads x keys (+8: fewer conflicts) */
+    int sp = blockIdx.x, kv = blockIdx.y, b = blockIdx.z, lane = threadIdx.x;
+    int g = lane >> 2, t = lane & 3;
     int n_head = n_kv * SY_G;
     int n = nlist[b * n_kv + kv], per = (n + n_split - 1) / n_split;
     int i0 = sp * per, i1 = min(n, i0 + per);
     int len = pos[b] + 1;
-    for (int j = tid; j < SY_G * SY_HD; j += SY_THREADS)
-        qs[j / SY_HD][j % SY_HD] = q[((size_t)b * n_head + kv * SY_G) * SY_HD + j] * scale;
-    if (tid < SY_G) ms[tid] = -INFINITY, ls[tid] = 0.0f;
-    float acc[SY_G][8];
-#pragma unroll
-    for (int g = 0; g < SY_G; g++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
-    __syncthreads();
     const int *lst = list + ((size_t)b * n_kv + kv) * cap;
-    int t = tid >> 2, quarter = tid & 3;        /* scores: row t, dims quarter*32.. */
-    int rg = tid >> 4, dg = tid & 15;           /* values: rows rg, rg+8, ..; dims dg*8.. */
-    for (int i = i0; i < i1; i++) {
-        int lp = lst[i];
-        int valid = min(SY_P, len - lp * SY_P);
-        if (valid <= 0) continue;
-        int phys = ptab[b * pt_stride + lp];
-        size_t base = ((size_t)phys * n_kv + kv) * SY_P * SY_HD;
-        const uint4 *kr = (const uint4 *)(K + base + (size_t)t * SY_HD + quarter * 32);
-        uint4 u[4], w[4];
+    /* Q^T as the B operand: lane holds head g (zero beyond the group's 4), dims 2t, 2t+1 (+8) of each 16 */
+    unsigned qf[8][2];
+    {
+        const float *qh = q + ((size_t)b * n_head + kv * SY_G + (g < SY_G ? g : 0)) * SY_HD;
 #pragma unroll
-        for (int c = 0; c < 4; c++) u[c] = kr[c];
-        /* the value rows this thread will need, loaded before the scores are reduced */
-#pragma unroll
-        for (int c = 0; c < 4; c++) w[c] = *(const uint4 *)(V + base + (size_t)(rg + 8 * c) * SY_HD + dg * 8);
-        float dot[SY_G];
-#pragma unroll
-        for (int g = 0; g < SY_G; g++) dot[g] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const __half2 *h2 = (const __half2 *)&u[c];
-            float2 f0 = __half22float2(h2[0]), f1 = __half22float2(h2[1]), f2 = __half22float2(h2[2]),
-                   f3 = __half22float2(h2[3]);
-            int d = quarter * 32 + c * 8;
-#pragma unroll
-            for (int g = 0; g < SY_G; g++) {
-                float4 qa = *(const float4 *)&qs[g][d], qb = *(const float4 *)&qs[g][d + 4];
-                dot[g] += qa.x * f0.x + qa.y * f0.y + qa.z * f1.x + qa.w * f1.y + qb.x * f2.x + qb.y * f2.y +
-                          qb.z * f3.x + qb.w * f3.y;
-            }
+        for (int kk = 0; kk < 8; kk++) {
+            int d = kk * 16 + 2 * t;
+            float m = g < SY_G ? scale : 0.0f;
+            qf[kk][0] = pack_half2(qh[d] * m, qh[d + 1] * m);
+            qf[kk][1] = pack_half2(qh[d + 8] * m, qh[d + 9] * m);
         }
-#pragma unroll
-        for (int g = 0; g < SY_G; g++) {
-            dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], 1);
-            dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], 2);
-        }
-        if (quarter == 0)
-#pragma unroll
-            for (int g = 0; g < SY_G; g++) sc[g][t] = t < valid ? dot[g] : -INFINITY;
-        __syncthreads();
-        /* online softmax: warp g owns head g */
-        for (int g = warp; g < SY_G; g += SY_THREADS / 32) {
-            float v = sc[g][lane], mx = v;
-            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            float mo = ms[g], mn = fmaxf(mo, mx);
-            float pv = v == -INFINITY ? 0.0f : __expf(v - mn), sum = pv;
-            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            sc[g][lane] = pv;
-            if (lane == 0) {
-                float f = mo == -INFINITY ? 0.0f : __expf(mo - mn);
-                fs[g] = f;
-                ls[g] = ls[g] * f + sum;
-                ms[g] = mn;
-            }
-        }
-        __syncthreads();
-#pragma unroll
-        for (int g = 0; g < SY_G; g++) {
-            float f = fs[g];
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[g][e] *= f;
-        }
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            int r = rg + 8 * c;   /* rows past `valid` have p = 0 (and finite, written values) */
-            const __half2 *h2 = (const __half2 *)&w[c];
-            float2 v0 = __half22float2(h2[0]), v1 = __half22float2(h2[1]), v2 = __half22float2(h2[2]),
-                   v3 = __half22float2(h2[3]);
-#pragma unroll
-            for (int g = 0; g < SY_G; g++) {
-                float p = sc[g][r];
-                acc[g][0] += p * v0.x, acc[g][1] += p * v0.y, acc[g][2] += p * v1.x, acc[g][3] += p * v1.y;
-                acc[g][4] += p * v2.x, acc[g][5] += p * v2.y, acc[g][6] += p * v3.x, acc[g][7] += p * v3.y;
-            }
-        }
-        __syncthreads();
     }
+    float o[8][4];   /* O^T: dim tile mt, dims 16mt+g (+8), heads 2t, 2t+1 */
 #pragma unroll
-    for (int g = 0; g < SY_G; g++)
+    for (int mt = 0; mt < 8; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+    float m_run[2] = { -INFINITY, -INFINITY }, l_run[2] = { 0.0f, 0.0f };   /* heads 2t, 2t+1 */
+    /* prologue: the first TC_STAGES-1 pages in flight */
 #pragma unroll
-        for (int e = 0; e < 8; e++) red[rg][g][dg * 8 + e] = acc[g][e];
-    __syncthreads();
-    for (int j = tid; j < SY_G * SY_HD; j += SY_THREADS) {
-        int g = j / SY_HD, d = j % SY_HD;
-        float o = 0;
+    for (int s = 0; s < TC_STAGES - 1; s++) {
+        if (i0 + s < i1) {
+            int lp = lst[i0 + s];
+            size_t base = ((size_t)ptab[b * pt_stride + lp] * n_kv + kv) * TC_PAGE_HALVES;
+            tc_load_page(stages + s * 2 * TC_PAGE_HALVES, K, V, base, lane);
+        }
+        cp_commit();
+    }
+    for (int i = i0; i < i1; i++) {
+        int ahead = i + TC_STAGES - 1;
+        if (ahead < i1) {
+            int lp = lst[ahead];
+            size_t base = ((size_t)ptab[b * pt_stride + lp] * n_kv + kv) * TC_PAGE_HALVES;
+            tc_load_page(stages + ((ahead - i0) % TC_STAGES) * 2 * TC_PAGE_HALVES, K, V, base, lane);
+        }
+        cp_commit();
+        cp_wait<TC_STAGES - 1>();
+        __syncwarp();
+        int valid = min(SY_P, len - lst[i] * SY_P);
+        const __half *kp = stages + ((i - i0) % TC_STAGES) * 2 * TC_PAGE_HALVES, *vp = kp + TC_PAGE_HALVES;
+        if (valid > 0) {
+            /* S^T for keys 16*kt + (g, g+8), heads 2t, 2t+1 */
+            float sc[2][4];
 #pragma unroll
-        for (int r = 0; r < 8; r++) o += red[r][g][d];
-        size_t row = ((size_t)b * n_head + kv * SY_G + g) * n_split + sp;
-        part_o[row * SY_HD + d] = o;
-        if (d == 0) part_ml[row * 2] = ms[g], part_ml[row * 2 + 1] = ls[g];
+            for (int kt = 0; kt < 2; kt++) {
+                sc[kt][0] = sc[kt][1] = sc[kt][2] = sc[kt][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < 8; kk++) {
+                    unsigned a[4];
+                    int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, ch = kk * 2 + (lane >> 4);
+                    ldsm_x4(a, kp + swz(row, ch));
+                    mma16816(sc[kt], a, qf[kk][0], qf[kk][1]);
+                }
+            }
+            /* mask, then the online softmax of heads 2t, 2t+1 over the page's 32 keys */
+            float mx[2] = { -INFINITY, -INFINITY };
+#pragma unroll
+            for (int kt = 0; kt < 2; kt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = kt * 16 + g + (e >> 1) * 8;
+                    if (key >= valid) sc[kt][e] = -INFINITY;
+                    mx[e & 1] = fmaxf(mx[e & 1], sc[kt][e]);
+                }
+            float f[2], sum[2] = { 0.0f, 0.0f };
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                for (int off = 4; off < 32; off <<= 1) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], off));
+                float mn = fmaxf(m_run[h], mx[h]);
+                f[h] = m_run[h] == -INFINITY ? 0.0f : __expf(m_run[h] - mn);
+                m_run[h] = mn;
+            }
+#pragma unroll
+            for (int kt = 0; kt < 2; kt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = sc[kt][e] == -INFINITY ? 0.0f : __expf(sc[kt][e] - m_run[e & 1]);
+                    sum[e & 1] += p;
+                    ps[2 * t + (e & 1)][kt * 16 + g + (e >> 1) * 8] = __float2half(p);
+                }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                for (int off = 4; off < 32; off <<= 1) sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], off);
+                l_run[h] = l_run[h] * f[h] + sum[h];
+            }
+#pragma unroll
+            for (int mt = 0; mt < 8; mt++) o[mt][0] *= f[0], o[mt][1] *= f[1], o[mt][2] *= f[0], o[mt][3] *= f[1];
+            __syncwarp();
+            /* O^T += V^T P^T: P^T as the B operand (keys 2t.. of each 16, head g) */
+#pragma unroll
+            for (int kt = 0; kt < 2; kt++) {
+                unsigned pb0 = *(const unsigned *)&ps[g][kt * 16 + 2 * t], pb1 = *(const unsigned *)&ps[g][kt * 16 + 2 * t + 8];
+#pragma unroll
+                for (int mt = 0; mt < 8; mt++) {
+                    unsigned a[4];
+                    int j = lane >> 3, row = kt * 16 + (lane & 7) + (j >> 1) * 8, ch = mt * 2 + (j & 1);
+                    ldsm_x4_t(a, vp + swz(row, ch));
+                    mma16816(o[mt], a, pb0, pb1);
+                }
+            }
+        }
+        __syncwarp();   /* the stage is overwritten by a later iteration's copies */
+    }
+    cp_wait<0>();
+    if (t < 2) {   /* heads 2t, 2t+1 of the group */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            size_t row = ((size_t)b * n_head + kv * SY_G + 2 * t + h) * n_split + sp;
+#pragma unroll
+            for (int mt = 0; mt < 8; mt++) {
+                part_o[row * SY_HD + mt * 16 + g] = o[mt][h];
+                part_o[row * SY_HD + mt * 16 + g + 8] = o[mt][2 + h];
+            }
+            if (g == 0) part_ml[row * 2] = m_run[h], part_ml[row * 2 + 1] = l_run[h];
+        }
     }
 }
 
@@ -644,7 +711,11 @@ typedef struct sy_model {
     __half *emb, *out;                 /* [vocab][d] */
     float *out_norm;
     double weight_bytes;               /* read by every step: every product's matrix and the norms */
-    int gemv;                          /* batches up to 8 through k_gemv (else cuBLAS) */
+    int gemv;                          /* batches up to 4 through k_gemv (else cuBLAS) */
+    /* a profiled step (KVCHAT_SYNTH_PROFILE): an event after every launch, and its category */
+    int profiling, prof_n;
+    cudaEvent_t prof_ev[1024];
+    int prof_cat[1024];
     cublasHandle_t blas;
     cudaStream_t st;
     void *blas_ws;
@@ -657,6 +728,7 @@ typedef struct sy_case {
     float *ksum, *x, *qkv, *q, *gu, *logits, *part_o, *part_ml, *rows, *score;
     __half *kmin, *kmax, *xn, *att, *h;
     int n_split, quest_k;
+    int max_split, n_sm;               /* the partials are sized for max_split */
 } sy_case;
 
 static void *dalloc(size_t bytes, sy_err *E, const char *what)
@@ -736,6 +808,8 @@ static void model_free(sy_model *m)
             cudaFree(y->attn_norm), cudaFree(y->ffn_norm);
         }
     free(m->L);
+    for (int i = 0; i < 1024; i++)
+        if (m->prof_ev[i]) cudaEventDestroy(m->prof_ev[i]);
     cudaFree(m->emb), cudaFree(m->out), cudaFree(m->out_norm), cudaFree(m->blas_ws);
     if (m->blas) cublasDestroy(m->blas);
     if (m->st) cudaStreamDestroy(m->st);
@@ -768,7 +842,7 @@ static int case_make(sy_case *c, sy_model *m, int B, int ctx0, int gen, int n_sp
 {
     const synth_shape *s = m->s;
     memset(c, 0, sizeof *c);
-    c->B = B, c->ctx0 = ctx0, c->gen = gen, c->n_split = n_split;
+    c->B = B, c->ctx0 = ctx0, c->gen = gen, c->n_split = c->max_split = n_split;
     c->pps = (ctx0 + gen + SY_P - 1) / SY_P + 1;
     c->n_phys = (size_t)c->pps * B;
     size_t kvd = (size_t)s->n_head_kv * SY_HD, page = (size_t)SY_P * kvd, d = (size_t)s->n_embd;
@@ -839,17 +913,15 @@ fail:
 static cublasStatus_t gemm(sy_model *m, const __half *W, int n_out, int n_in, const __half *x, int B, float *y, int acc)
 {
     const float one = 1.0f, zero = 0.0f;
-    if (B <= 8 && n_in % 8 == 0 && m->gemv) {   /* decode-sized batches: one pass over W of our own */
+    /* batches up to 4: one pass over W of our own (measured faster than cuBLAS there on an H100,
+     * slower at 8: docs/gpu.md) */
+    if (B <= 4 && n_in % 8 == 0 && m->gemv) {
         unsigned g = (unsigned)((n_out + 3) / 4);
         switch (B) {
         case 1: k_gemv<1><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
         case 2: k_gemv<2><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
         case 3: k_gemv<3><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
-        case 4: k_gemv<4><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
-        case 5: k_gemv<5><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
-        case 6: k_gemv<6><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
-        case 7: k_gemv<7><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
-        default: k_gemv<8><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
+        default: k_gemv<4><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
         }
         return cudaGetLastError() == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
     }
@@ -857,9 +929,22 @@ static cublasStatus_t gemm(sy_model *m, const __half *W, int n_out, int n_in, co
                         acc ? &one : &zero, y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
+enum { PROF_PRODUCTS, PROF_ATTENTION, PROF_SELECTION, PROF_OTHER };
+
+/* the launch just enqueued ends a profiled segment of category cat */
+static void prof_mark(sy_model *m, int cat)
+{
+    if (!m->profiling || m->prof_n >= 1024) return;
+    if (!m->prof_ev[m->prof_n]) cudaEventCreate(&m->prof_ev[m->prof_n]);
+    cudaEventRecord(m->prof_ev[m->prof_n], m->st);
+    m->prof_cat[m->prof_n++] = cat;
+}
+
 /* One decode step of the batch, enqueued on the model's stream (captured into a graph by the caller). */
 static int enqueue_step(sy_model *m, sy_case *c, int policy, sy_err *E)
 {
+    m->prof_n = 0;
+    prof_mark(m, PROF_OTHER);
     const synth_shape *s = m->s;
     int B = c->B, d = s->n_embd, nh = s->n_head, nkv = s->n_head_kv, ff = s->n_ff;
     int n_qkv = (nh + 2 * nkv) * SY_HD;
@@ -867,25 +952,38 @@ static int enqueue_step(sy_model *m, sy_case *c, int policy, sy_err *E)
     for (int l = 0; l < s->n_layer; l++) {
         sy_layer *y = &m->L[l];
         k_rmsnorm<<<B, 256, 0, m->st>>>(c->x, y->attn_norm, c->xn, d, 1e-5f);
+        prof_mark(m, PROF_OTHER);
         CKB(gemm(m, y->wqkv, n_qkv, d, c->xn, B, c->qkv, 0), "QKV product");
+        prof_mark(m, PROF_PRODUCTS);
         k_rope_write<<<dim3(nh + nkv, B), SY_HD / 2, 0, m->st>>>(c->qkv, c->q, y->K, y->V, c->ksum, c->kmin, c->kmax, c->pos,
                                                               c->ptab, c->pps, nh, nkv, s->n_layer, l, c->n_phys, s->rope_base);
+        prof_mark(m, PROF_OTHER);
         if (policy == SYNTH_QUEST)
             k_quest_select<<<dim3(nkv, B), 1024, 0, m->st>>>(c->q, c->kmin, c->kmax, c->ptab, c->pps, c->pos, nkv, c->n_phys, l,
                                                              c->quest_k, c->list, c->nlist, c->pps);
-        k_attn<<<dim3(c->n_split, nkv, B), SY_THREADS, 0, m->st>>>(c->q, y->K, y->V, c->ptab, c->pps, c->list, c->nlist, c->pps,
-                                                                   c->pos, nkv, c->n_split, scale, c->part_o, c->part_ml);
+        prof_mark(m, PROF_SELECTION);
+        k_attn<<<dim3(c->n_split, nkv, B), 32, TC_SMEM, m->st>>>(c->q, y->K, y->V, c->ptab, c->pps, c->list, c->nlist, c->pps,
+                                                                 c->pos, nkv, c->n_split, scale, c->part_o, c->part_ml);
         k_attn_combine<<<dim3(nh, B), SY_HD, 0, m->st>>>(c->part_o, c->part_ml, c->n_split, c->att);
+        prof_mark(m, PROF_ATTENTION);
         CKB(gemm(m, y->wo, d, nh * SY_HD, c->att, B, c->x, 1), "output product");
+        prof_mark(m, PROF_PRODUCTS);
         k_rmsnorm<<<B, 256, 0, m->st>>>(c->x, y->ffn_norm, c->xn, d, 1e-5f);
+        prof_mark(m, PROF_OTHER);
         CKB(gemm(m, y->wgu, 2 * ff, d, c->xn, B, c->gu, 0), "gate/up product");
+        prof_mark(m, PROF_PRODUCTS);
         k_swiglu<<<grid_for((size_t)B * ff), 256, 0, m->st>>>(c->gu, c->h, ff, B);
+        prof_mark(m, PROF_OTHER);
         CKB(gemm(m, y->wdown, d, ff, c->h, B, c->x, 1), "down product");
+        prof_mark(m, PROF_PRODUCTS);
         CK(cudaGetLastError(), "a decode kernel");
     }
     k_rmsnorm<<<B, 256, 0, m->st>>>(c->x, m->out_norm, c->xn, d, 1e-5f);
+    prof_mark(m, PROF_OTHER);
     CKB(gemm(m, m->out, s->n_vocab, d, c->xn, B, c->logits, 0), "output matrix");
+    prof_mark(m, PROF_PRODUCTS);
     k_sample_embed<<<B, 1024, 0, m->st>>>(c->logits, s->n_vocab, m->emb, d, c->x, c->tok, c->pos);
+    prof_mark(m, PROF_OTHER);
     CK(cudaGetLastError(), "sampling");
     return 0;
 fail:
@@ -983,10 +1081,11 @@ static double used_gib(void)
     return (double)(tot - fr) / 1073741824.0;
 }
 
-/* the split count: enough blocks to fill the device, at least 2 pages each */
+/* the split count: two waves of one-warp blocks (about 4 fit on a multiprocessor beside their
+ * 48 KiB of stages), at least 2 pages each */
 static int split_for(int B, int nkv, int max_list, int n_sm)
 {
-    int want = (16 * n_sm + B * nkv - 1) / (B * nkv), most = max_list / 2 > 1 ? max_list / 2 : 1;
+    int want = (8 * n_sm + B * nkv - 1) / (B * nkv), most = max_list / 2 > 1 ? max_list / 2 : 1;
     return want < 1 ? 1 : want > most ? most : want;
 }
 
@@ -1039,6 +1138,11 @@ static int run_policy(sy_model *m, sy_case *c, int policy, double bw, const synt
         attended = (c->quest_k - 1 < cur ? c->quest_k - 1 : cur) * SY_P + SY_P / 2.0;
         extra = (double)B * s->n_layer * cur * 2 * kvd * 2;   /* every page's min and max key */
     }
+    {   /* the split of this policy's lists */
+        int list_len = policy == SYNTH_FULL ? c->pps : policy == SYNTH_CHESS ? n_list : c->quest_k;
+        c->n_split = split_for(B, nkv, list_len, c->n_sm);
+        if (c->n_split > c->max_split) c->n_split = c->max_split;
+    }
     CK(cudaStreamBeginCapture(m->st, cudaStreamCaptureModeThreadLocal), "graph capture");
     if (enqueue_step(m, c, policy, E)) {
         cudaStreamEndCapture(m->st, &graph);
@@ -1055,6 +1159,20 @@ static int run_policy(sy_model *m, sy_case *c, int policy, double bw, const synt
         CK(cudaEventRecord(e1, m->st), "event");
         CK(cudaEventSynchronize(e1), "event");
         CK(cudaEventElapsedTime(&t[i], e0, e1), "event");
+    }
+    if (getenv("KVCHAT_SYNTH_PROFILE")) {   /* one step outside the graph, an event after every launch */
+        m->profiling = 1;
+        int prc = enqueue_step(m, c, policy, E);
+        m->profiling = 0;
+        if (prc) goto fail;
+        CK(cudaStreamSynchronize(m->st), "profiled step");
+        memset(r->prof_ms, 0, sizeof r->prof_ms);
+        for (int i = 1; i < m->prof_n; i++) {
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, m->prof_ev[i - 1], m->prof_ev[i]), "event");
+            r->prof_ms[m->prof_cat[i]] += ms;
+        }
+        r->prof_kernels = m->prof_n - 1;
     }
     qsort(t, (size_t)c->gen, sizeof *t, cmp_float);
     r->step_ms = t[c->gen / 2] + r->select_ms / (CHESS_EVERY * SY_P);
@@ -1087,6 +1205,11 @@ static double hrand(uint64_t *st)
 extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
 {
     sy_err E_ = { err, errlen, 0 }, *E = &E_;
+    cudaError_t ae = cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM);
+    if (ae != cudaSuccess) {   /* its stages take more than the default 48 KiB */
+        snprintf(err, errlen, "attention kernel: %s", cudaGetErrorString(ae));
+        return -1;
+    }
     const int B = 3, nkv = 2, nh = nkv * SY_G, pps = 37, L = 2;
     const size_t n_phys = (size_t)B * pps, page = (size_t)nkv * SY_P * SY_HD;
     int lens[B] = { 1000, 33, 1184 - 5 };
@@ -1137,7 +1260,7 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
     CK(cudaMemcpy(dn, hn, sizeof(int) * B * nkv, cudaMemcpyHostToDevice), "self-check");
     CK(cudaMemcpy(dpos, hpos, sizeof(int) * B, cudaMemcpyHostToDevice), "self-check");
     for (int n_split = 1; n_split <= 16; n_split += 5) {
-        k_attn<<<dim3(n_split, nkv, B), SY_THREADS>>>(dq, dK, dV, dptab, pps, dl, dn, pps, dpos, nkv, n_split, 0.0883883f, po, pml);
+        k_attn<<<dim3(n_split, nkv, B), 32, TC_SMEM>>>(dq, dK, dV, dptab, pps, dl, dn, pps, dpos, nkv, n_split, 0.0883883f, po, pml);
         k_attn_combine<<<dim3(nh, B), SY_HD>>>(po, pml, n_split, datt);
         CK(cudaGetLastError(), "self-check attention");
         CK(cudaMemcpy(hatt, datt, sizeof(__half) * B * nh * SY_HD, cudaMemcpyDeviceToHost), "self-check");
@@ -1231,7 +1354,7 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
             }
     }
     /* the decode products: awkward row counts, K not a multiple of the 256-wide chunk */
-    for (int nb = 1; nb <= 8; nb += 3) {
+    for (int nb = 1; nb <= 4; nb++) {
         const int N = 37, Kd = 264;
         __half hw[N * Kd], hx[8 * Kd];
         float hy[8 * N], *dy = NULL;
@@ -1338,6 +1461,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
                 case_free(&c, &m);
                 goto fail;
             }
+            c.n_sm = prop.multiProcessorCount;
             for (int ip = 0; ip < req->n_policy; ip++) {
                 r.policy = req->policy[ip];
                 if (run_policy(&m, &c, r.policy, bw, req, &r, E)) {

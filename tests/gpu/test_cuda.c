@@ -19,6 +19,7 @@
 #include "model.h"
 #include "policy.h"
 #include "quant.h"
+#include "synthetic.h"
 #include "tokenizer.h"
 
 #include "../ref_gate.h"
@@ -389,4 +390,15 @@ Test(cuda, tiny_model_reference_gates_hold_on_the_gpu)
         for (size_t pi = 0; pi < sizeof prompts / sizeof *prompts; pi++)
             ref_gate_run(gpu, testdata(), name, prompts[pi], tol, "", NULL);
     }
+}
+
+/* The synthetic benchmark's kernels (kernels/cuda/synthetic.cu: tensor-core paged attention, Quest's
+ * selection, the one-pass decode product) against double-precision host references on random data. */
+Test(cuda, synthetic_decode_kernels_equal_a_host_reference)
+{
+    char err[512];
+    double attn_err = 1;
+    cr_assert(synth_selfcheck(&attn_err, err, sizeof err) == 0, "%s", err);
+    cr_log_info("synthetic attention: %.2e of the reference's largest magnitude", attn_err);
+    cr_expect(attn_err < 2e-3, "synthetic attention differs by %.2e", attn_err);
 }
