@@ -387,7 +387,9 @@ static void synth_print(const synth_row *r, void *ud)
     if (!so->header_done) {
         printf("device %s, measured bandwidth %.0f GB/s (device-to-device copy, bytes read + written); attention "
                "self-check %.1e of a double-precision reference\n", r->device, r->bw_gbs, r->self_err);
-        printf("products: %s\n", r->gemm_cublas ? "cuBLAS GemmEx" : "kvchat's one-pass kernel up to batch 4, cuBLAS GemmEx above");
+        printf("products: %s; programmatic dependent launch %s\n",
+               r->gemm_cublas ? "cuBLAS GemmEx" : "kvchat's one-pass kernel up to batch 4, cuBLAS GemmEx above",
+               r->pdl ? "on" : "off");
         printf("%-24s %7s %5s %9s %9s %9s %6s %7s %9s %7s\n", "policy", "ctx", "batch", "step ms", "tok/s", "roof ms",
                "x roof", "KV read", "select ms", "GPU GiB");
         so->header_done = 1;
@@ -403,9 +405,9 @@ static void synth_print(const synth_row *r, void *ud)
                r->prof_kernels, r->prof_ms[0], r->prof_ms[1], r->prof_ms[2], r->prof_ms[3]);
     fflush(stdout);
     if (so->csv) {
-        fprintf(so->csv, "%s,%s,\"%s\",%s,%d,%d,%.4f,%.2f,%.0f,%.4f,%.4f,%.5f,%.4f,%.2f,%.1f,%s\n", so->date, so->commit,
+        fprintf(so->csv, "%s,%s,\"%s\",%s,%d,%d,%.4f,%.2f,%.0f,%.4f,%.4f,%.5f,%.4f,%.2f,%.1f,%s,%d\n", so->date, so->commit,
                 r->device, synth_policy_name(r->policy), r->ctx, r->batch, r->step_ms, r->tok_s, r->bytes_step, r->roof_ms,
-                r->step_ms / r->roof_ms, r->kv_frac, r->select_ms, r->peak_gib, r->bw_gbs, r->gemm_cublas ? "cublas" : "own");
+                r->step_ms / r->roof_ms, r->kv_frac, r->select_ms, r->peak_gib, r->bw_gbs, r->gemm_cublas ? "cublas" : "own", r->pdl);
         fflush(so->csv);
     }
 }
@@ -433,7 +435,7 @@ static int bench_synthetic(int argc, char **argv)
     const char *shape = NULL, *ctx_arg = "4096,8192,16384,32768,65536,131072", *batch_arg = "1,4,8,16,32";
     const char *pol_arg = "full,chess,quest", *csv = "bench/synthetic_results.csv";
     int64_t gen = 64, budget = 1024;
-    int device = CLI_DEV_AUTO, gemm_cublas = 0;
+    int device = CLI_DEV_AUTO, gemm_cublas = 0, no_pdl = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--synthetic")) {
@@ -460,6 +462,8 @@ static int bench_synthetic(int argc, char **argv)
                 cli_err("bench: --gemm: '%s' is not own or cublas", v);
                 return 1;
             }
+        } else if (!strcmp(a, "--no-pdl")) {
+            no_pdl = 1;
         } else if (!strcmp(a, "--device")) {
             if (!(v = cli_need_value(argc, argv, &i))) return 1;
             if (!strcmp(v, "cpu")) device = CLI_DEV_CPU;
@@ -470,7 +474,7 @@ static int bench_synthetic(int argc, char **argv)
             }
         } else {
             cli_err("bench: %s is not an option of --synthetic (--ctx, --batch, --policy, --gen, --budget, --gemm, "
-                    "--csv, --no-csv, --device cuda)", a);
+                    "--no-pdl, --csv, --no-csv, --device cuda)", a);
             return 1;
         }
     }
@@ -502,6 +506,7 @@ static int bench_synthetic(int argc, char **argv)
     }
     rq.ctx = ctx, rq.batch = batch, rq.policy = pol, rq.gen = (int)gen, rq.quest_budget = (int)budget;
     rq.gemm_cublas = gemm_cublas;
+    rq.no_pdl = no_pdl;
     char commit[64], date[32];
     cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
     if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
@@ -511,7 +516,7 @@ static int bench_synthetic(int argc, char **argv)
            "(the last ending at the context length), commit %s\n", rq.shape->name, rq.gen, commit);
     synth_out so = { NULL, date, commit, 0 };
     if (csv && !(so.csv = open_csv(csv, "date,commit,device,policy,ctx,batch,step_ms,tok_s,bytes_step,roof_ms,"
-                                        "x_roof,kv_frac,select_ms,peak_gib,bw_gbs,gemm\n")))
+                                        "x_roof,kv_frac,select_ms,peak_gib,bw_gbs,gemm,pdl\n")))
         return 1;
     char err[512];
     int rc = synth_run(&rq, synth_print, &so, err, sizeof err);
@@ -574,12 +579,13 @@ int cmd_bench(int argc, char **argv)
                   "\n"
                   "       kvchat bench --synthetic llama-8b [--device cuda] [--ctx 4096,...,131072]\n"
                   "                    [--batch 1,4,8,16,32] [--policy full,chess,quest] [--gen 64] [--budget 1024]\n"
-                  "                    [--gemm own|cublas]\n"
+                  "                    [--gemm own|cublas] [--no-pdl]\n"
                   "  A model of that shape with random f16 weights made on the GPU (no file): decode tok/s per\n"
                   "  policy (chess: the aggressive preset; quest: --budget tokens per KV head), context and\n"
                   "  batch, each step against the memory-bandwidth roofline; cases that do not fit are skipped\n"
                   "  (bench/synthetic_results.csv). Batches up to 4 multiply through kvchat's own one-pass\n"
-                  "  kernel; --gemm cublas puts every product through cuBLAS instead, to compare.\n",
+                  "  kernel; --gemm cublas puts every product through cuBLAS instead, to compare; --no-pdl\n"
+                  "  launches the step's kernels without programmatic dependent launch.\n",
                   stdout);
             return 0;
         } else {

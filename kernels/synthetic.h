@@ -33,6 +33,7 @@ typedef struct synth_req {
     int gen;                  /* decode steps timed per case */
     int quest_budget;         /* tokens attended per KV head under Quest (the policy's default 1024) */
     int gemm_cublas;          /* every product through cuBLAS, also for batches up to 4 (to compare) */
+    int no_pdl;               /* no programmatic dependent launch between the step's kernels (to compare) */
 } synth_req;
 
 /* One measured case. Figures the case could not produce (it did not fit) are negative, with why. */
@@ -51,6 +52,7 @@ typedef struct synth_row {
     char device[96];          /* the GPU's name */
     double self_err;
     int gemm_cublas;          /* the products went through cuBLAS */
+    int pdl;                  /* the step's kernels overlapped their launches (sm_90) */
     /* with KVCHAT_SYNTH_PROFILE set: one step outside the graph, its time by kind of kernel
      * (products, attention, selection, other) and its kernel count */
     double prof_ms[4];

@@ -101,6 +101,17 @@ __global__ void k_fill_f32(float *p, size_t n, float v)
         p[i] = v;
 }
 
+/* Programmatic dependent launch (sm_90): a decode kernel's blocks may be placed while the previous
+ * kernel finishes; each waits here until that kernel's writes are visible, then lets the next one be
+ * placed in turn. Launch gaps between the ~320 kernels of a step are what it saves. */
+__device__ __forceinline__ void pdl_enter()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float block_sum(float v, float *red)
 {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -116,6 +127,7 @@ __device__ __forceinline__ float block_sum(float v, float *red)
 /* y = x / rms(x) * w, f32 in, f16 out (the products' input); one block per row */
 __global__ void k_rmsnorm(const float *x, const float *w, __half *y, int d, float eps)
 {
+    pdl_enter();
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * d;
     float ss = 0;
@@ -132,6 +144,7 @@ __global__ void k_rope_write(const float *qkv, float *q, __half *K, __half *V, f
                              __half *kmax, const int *pos, const int *ptab, int pt_stride, int n_head, int n_kv,
                              int n_layer, int layer, size_t n_phys, float base)
 {
+    pdl_enter();
     int h = blockIdx.x, b = blockIdx.y, i = threadIdx.x, hd = SY_HD;
     int p = pos[b];
     int qkv_w = (n_head + 2 * n_kv) * hd;
@@ -235,6 +248,7 @@ __global__ void __launch_bounds__(32) k_attn(const float *q, const __half *K, co
                                              const int *pos, int n_kv, int n_split, float scale, float *part_o,
                                              float *part_ml)
 {
+    pdl_enter();
     extern __shared__ __align__(128) unsigned char smem[];
     __half *stages = (__half *)smem;
     __shared__ __align__(16) __half ps[8][SY_P + 8];   /* P^T staging: heads x keys (+8: fewer conflicts) */
@@ -367,6 +381,7 @@ __global__ void __launch_bounds__(32) k_attn(const float *q, const __half *K, co
 template <int NB>
 __global__ void __launch_bounds__(256) k_gemv(const __half *W, const __half *x, float *y, int N, int K, int acc)
 {
+    pdl_enter();
     __shared__ float part[8][4][NB];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n0 = blockIdx.x * 4;
     float s[4][NB];
@@ -420,6 +435,7 @@ __global__ void __launch_bounds__(256) k_gemv(const __half *W, const __half *x, 
  * grid (n_head, B), block HD. */
 __global__ void k_attn_combine(const float *part_o, const float *part_ml, int n_split, __half *out)
 {
+    pdl_enter();
     int h = blockIdx.x, b = blockIdx.y, n_head = gridDim.x, d = threadIdx.x;
     size_t row0 = ((size_t)b * n_head + h) * n_split;
     float M = -INFINITY;
@@ -438,6 +454,7 @@ __global__ void k_attn_combine(const float *part_o, const float *part_ml, int n_
 /* h = silu(gate) * up, f16; gu holds [gate | up] per row */
 __global__ void k_swiglu(const float *gu, __half *h, int n_ff, int rows)
 {
+    pdl_enter();
     size_t n = (size_t)n_ff * rows;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / n_ff, c = i % n_ff;
@@ -450,6 +467,7 @@ __global__ void k_swiglu(const float *gu, __half *h, int n_ff, int rows)
 __global__ void k_sample_embed(const float *logits, int n_vocab, const __half *emb, int d, float *x, int *tok,
                                int *pos)
 {
+    pdl_enter();
     __shared__ float bv[32];
     __shared__ int bi[32];
     const float *l = logits + (size_t)blockIdx.x * n_vocab;
@@ -496,49 +514,30 @@ __global__ void k_summaries(const __half *K, float *ksum, __half *kmin, __half *
     kmin[mm] = lo, kmax[mm] = hi;
 }
 
-/* Quest: bounds of every written page of the sequence, the top k-1 other than the page being
- * written, and that page; a bitonic sort of (bound, page) keys in shared memory.
- * grid (n_kv, B), block 1024. */
-__device__ __forceinline__ unsigned long long sort_key(float v, int idx)
+/* Quest, step 1: the bound sum_i max(q_i min_i, q_i max_i) of every written page (summed over the
+ * group's query heads) into bound[b][kv][page]; a warp per page, 8 pages per warp.
+ * grid (ceil(pages / 32), n_kv, B), block 128. */
+__global__ void __launch_bounds__(128) k_quest_bounds(const float *q, const __half *kmin, const __half *kmax,
+                                                      const int *ptab, int pt_stride, const int *pos, int n_kv,
+                                                      size_t n_phys, int layer, float *bound, int cap)
 {
-    unsigned u = __float_as_uint(v);
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);   /* order-preserving */
-    return ((unsigned long long)u << 32) | (unsigned)(0x7fffffff - idx);
-}
-
-__global__ void __launch_bounds__(1024) k_quest_select(const float *q, const __half *kmin, const __half *kmax,
-                                                       const int *ptab, int pt_stride, const int *pos, int n_kv,
-                                                       size_t n_phys, int layer, int k, int *list, int *nlist,
-                                                       int cap)
-{
-    __shared__ unsigned long long keys[SY_MAX_PAGES];
-    int kv = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int n_head = n_kv * SY_G;
-    int cur = pos[b] / SY_P;      /* the page being written: always attended */
-    int np = cur;                 /* candidates [0, cur) */
-    int *out = list + ((size_t)b * n_kv + kv) * cap;
-    if (np <= k - 1) {
-        for (int i = tid; i <= cur; i += blockDim.x) out[i] = i;
-        if (tid == 0) nlist[b * n_kv + kv] = cur + 1;
-        return;
-    }
-    int n2 = 1;
-    while (n2 < np) n2 <<= 1;
+    pdl_enter();
+    int kv = blockIdx.y, b = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int n_head = n_kv * SY_G, np = pos[b] / SY_P;   /* candidates: pages before the one being written */
     const float *qg = q + ((size_t)b * n_head + kv * SY_G) * SY_HD;
     float qr[SY_G][4];
 #pragma unroll
     for (int g = 0; g < SY_G; g++)
 #pragma unroll
         for (int e = 0; e < 4; e++) qr[g][e] = qg[g * SY_HD + lane * 4 + e];
-    for (int i = warp; i < n2; i += blockDim.x / 32) {
-        if (i >= np) {
-            if (lane == 0) keys[i] = 0ull;
-            continue;
-        }
+#pragma unroll 4
+    for (int j = 0; j < 8; j++) {
+        int i = blockIdx.x * 32 + warp * 8 + j;
+        if (i >= np) break;
         size_t mm = (((size_t)layer * n_phys + ptab[b * pt_stride + i]) * n_kv + kv) * SY_HD + lane * 4;
-        const __half2 *lo = (const __half2 *)(kmin + mm), *hi = (const __half2 *)(kmax + mm);
-        float2 l0 = __half22float2(lo[0]), l1 = __half22float2(lo[1]);
-        float2 h0 = __half22float2(hi[0]), h1 = __half22float2(hi[1]);
+        uint2 lo = *(const uint2 *)(kmin + mm), hi = *(const uint2 *)(kmax + mm);
+        float2 l0 = __half22float2(*(const __half2 *)&lo.x), l1 = __half22float2(*(const __half2 *)&lo.y);
+        float2 h0 = __half22float2(*(const __half2 *)&hi.x), h1 = __half22float2(*(const __half2 *)&hi.y);
         float mn[4] = { l0.x, l0.y, l1.x, l1.y }, mx[4] = { h0.x, h0.y, h1.x, h1.y };
         float u = 0;
 #pragma unroll
@@ -546,23 +545,70 @@ __global__ void __launch_bounds__(1024) k_quest_select(const float *q, const __h
 #pragma unroll
             for (int e = 0; e < 4; e++) u += fmaxf(qr[g][e] * mn[e], qr[g][e] * mx[e]);
         for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xffffffffu, u, o);
-        if (lane == 0) keys[i] = sort_key(u, i);
+        if (lane == 0) bound[((size_t)b * n_kv + kv) * cap + i] = u;
     }
-    __syncthreads();
-    /* bitonic sort, descending */
-    for (int size = 2; size <= n2; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = tid; i < n2; i += blockDim.x) {
-                int j = i ^ stride;
-                if (j > i) {
-                    bool desc = (i & size) == 0;
-                    unsigned long long a = keys[i], c = keys[j];
-                    if (desc ? a < c : a > c) keys[i] = c, keys[j] = a;
-                }
-            }
-            __syncthreads();
+}
+
+__device__ __forceinline__ unsigned order_key(float v)
+{
+    unsigned u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);   /* unsigned order = float order */
+}
+
+/* Quest, step 2: the k-1 pages of highest bound (ties: lower page first) and the page being written,
+ * by a radix select over the bounds' order-preserving keys (4 passes of 8 bits), then a gather.
+ * grid (n_kv, B), block 1024. */
+__global__ void __launch_bounds__(1024) k_quest_select(const float *bound, const int *pos, int n_kv, int k, int *list,
+                                                       int *nlist, int cap)
+{
+    pdl_enter();
+    __shared__ unsigned keys[SY_MAX_PAGES];
+    __shared__ int hist[256];
+    __shared__ unsigned prefix;
+    __shared__ int want, n_out;
+    int kv = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+    int cur = pos[b] / SY_P, np = cur;
+    int *out = list + ((size_t)b * n_kv + kv) * cap;
+    if (np <= k - 1) {
+        for (int i = tid; i <= cur; i += blockDim.x) out[i] = i;
+        if (tid == 0) nlist[b * n_kv + kv] = cur + 1;
+        return;
+    }
+    const float *bd = bound + ((size_t)b * n_kv + kv) * cap;
+    for (int i = tid; i < np; i += blockDim.x) keys[i] = order_key(bd[i]);
+    if (tid == 0) prefix = 0, want = k - 1, n_out = 0;
+    /* the (k-1)-th largest key, 8 bits at a time from the top */
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        unsigned pre = prefix, mask = shift == 24 ? 0u : ~0u << (shift + 8);
+        for (int i = tid; i < np; i += blockDim.x)
+            if ((keys[i] & mask) == pre) atomicAdd(&hist[(keys[i] >> shift) & 255], 1);
+        __syncthreads();
+        if (tid == 0) {
+            int w = want, dgt = 255;
+            for (; dgt > 0 && hist[dgt] < w; dgt--) w -= hist[dgt];
+            want = w;
+            prefix = pre | ((unsigned)dgt << shift);
         }
-    for (int i = tid; i < k - 1; i += blockDim.x) out[i] = 0x7fffffff - (int)(keys[i] & 0xffffffffu);
+        __syncthreads();
+    }
+    unsigned T = prefix;
+    int take_eq = want;   /* how many of the keys equal to T to take, lowest pages first */
+    for (int i = tid; i < np; i += blockDim.x)
+        if (keys[i] > T) out[atomicAdd(&n_out, 1)] = i;
+    __syncthreads();
+    if (tid < 32) {   /* one warp walks the ties in page order */
+        int base = n_out, taken = 0;
+        for (int i0 = 0; i0 < np && taken < take_eq; i0 += 32) {
+            int i = i0 + tid;
+            bool eq = i < np && keys[i] == T;
+            unsigned ball = __ballot_sync(0xffffffffu, eq);
+            int before = __popc(ball & ((1u << tid) - 1));
+            if (eq && taken + before < take_eq) out[base + taken + before] = i;
+            taken += __popc(ball);
+        }
+    }
     if (tid == 0) {
         out[k - 1] = cur;
         nlist[b * n_kv + kv] = k;
@@ -712,6 +758,7 @@ typedef struct sy_model {
     float *out_norm;
     double weight_bytes;               /* read by every step: every product's matrix and the norms */
     int gemv;                          /* batches up to 4 through k_gemv (else cuBLAS) */
+    int pdl;                           /* programmatic dependent launch between decode kernels */
     /* a profiled step (KVCHAT_SYNTH_PROFILE): an event after every launch, and its category */
     int profiling, prof_n;
     cudaEvent_t prof_ev[1024];
@@ -725,6 +772,7 @@ typedef struct sy_case {
     int B, ctx0, gen, pps;             /* sequences, tokens cached at the start, steps, pages per sequence */
     size_t n_phys;
     int *ptab, *pos, *tok, *list, *nlist;
+    float *qbound;                     /* Quest: every page's bound, [B][kv][page] */
     float *ksum, *x, *qkv, *q, *gu, *logits, *part_o, *part_ml, *rows, *score;
     __half *kmin, *kmax, *xn, *att, *h;
     int n_split, quest_k;
@@ -831,7 +879,7 @@ static void case_free(sy_case *c, sy_model *m)
 {
     for (int l = 0; l < m->s->n_layer; l++) cudaFree(m->L[l].K), cudaFree(m->L[l].V), m->L[l].K = m->L[l].V = NULL;
     void *p[] = { c->ptab, c->pos, c->tok, c->list, c->nlist, c->ksum, c->x, c->qkv, c->q, c->gu, c->logits,
-                  c->part_o, c->part_ml, c->rows, c->score, c->kmin, c->kmax, c->xn, c->att, c->h };
+                  c->part_o, c->part_ml, c->rows, c->score, c->qbound, c->kmin, c->kmax, c->xn, c->att, c->h };
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) cudaFree(p[i]);
     memset(c, 0, sizeof *c);
 }
@@ -875,6 +923,7 @@ static int case_make(sy_case *c, sy_model *m, int B, int ctx0, int gen, int n_sp
     A(part_ml, float, (size_t)B * s->n_head * n_split * 2, "attention partials");
     A(rows, float, n_rows * dim, "the CHESS scoring rows");
     A(score, float, (size_t)B * n_rows, "the CHESS scores");
+    A(qbound, float, (size_t)B * s->n_head_kv * c->pps, "the Quest bounds");
 #undef A
     /* pages of the sequences interleaved in the pool, as a shared allocator would leave them */
     ptab = (int *)malloc(sizeof(int) * c->n_phys);
@@ -909,6 +958,19 @@ fail:
     return -1;
 }
 
+/* a decode kernel, launched with programmatic stream serialization where the device has it */
+template <typename... P, typename... A>
+static cudaError_t launch(sy_model *m, dim3 grid, dim3 block, size_t smem, void (*kern)(P...), A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1] = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = m->st;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at, cfg.numAttrs = m->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
 /* y[B][n_out] (f32) = x[B][n_in] (f16) W^T, added to y when acc */
 static cublasStatus_t gemm(sy_model *m, const __half *W, int n_out, int n_in, const __half *x, int B, float *y, int acc)
 {
@@ -917,13 +979,14 @@ static cublasStatus_t gemm(sy_model *m, const __half *W, int n_out, int n_in, co
      * slower at 8: docs/gpu.md) */
     if (B <= 4 && n_in % 8 == 0 && m->gemv) {
         unsigned g = (unsigned)((n_out + 3) / 4);
+        cudaError_t e;
         switch (B) {
-        case 1: k_gemv<1><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
-        case 2: k_gemv<2><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
-        case 3: k_gemv<3><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
-        default: k_gemv<4><<<g, 256, 0, m->st>>>(W, x, y, n_out, n_in, acc); break;
+        case 1: e = launch(m, g, 256, 0, k_gemv<1>, W, x, y, n_out, n_in, acc); break;
+        case 2: e = launch(m, g, 256, 0, k_gemv<2>, W, x, y, n_out, n_in, acc); break;
+        case 3: e = launch(m, g, 256, 0, k_gemv<3>, W, x, y, n_out, n_in, acc); break;
+        default: e = launch(m, g, 256, 0, k_gemv<4>, W, x, y, n_out, n_in, acc); break;
         }
-        return cudaGetLastError() == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+        return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
     }
     return cublasGemmEx(m->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, B, n_in, &one, W, CUDA_R_16F, n_in, x, CUDA_R_16F, n_in,
                         acc ? &one : &zero, y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -951,38 +1014,44 @@ static int enqueue_step(sy_model *m, sy_case *c, int policy, sy_err *E)
     float scale = 1.0f / sqrtf((float)SY_HD);
     for (int l = 0; l < s->n_layer; l++) {
         sy_layer *y = &m->L[l];
-        k_rmsnorm<<<B, 256, 0, m->st>>>(c->x, y->attn_norm, c->xn, d, 1e-5f);
+        CK(launch(m, B, 256, 0, k_rmsnorm, c->x, y->attn_norm, c->xn, d, 1e-5f), "norm");
         prof_mark(m, PROF_OTHER);
         CKB(gemm(m, y->wqkv, n_qkv, d, c->xn, B, c->qkv, 0), "QKV product");
         prof_mark(m, PROF_PRODUCTS);
-        k_rope_write<<<dim3(nh + nkv, B), SY_HD / 2, 0, m->st>>>(c->qkv, c->q, y->K, y->V, c->ksum, c->kmin, c->kmax, c->pos,
-                                                              c->ptab, c->pps, nh, nkv, s->n_layer, l, c->n_phys, s->rope_base);
+        CK(launch(m, dim3(nh + nkv, B), SY_HD / 2, 0, k_rope_write, c->qkv, c->q, y->K, y->V, c->ksum, c->kmin, c->kmax, c->pos,
+                  c->ptab, c->pps, nh, nkv, s->n_layer, l, c->n_phys, s->rope_base),
+           "RoPE and the page writes");
         prof_mark(m, PROF_OTHER);
-        if (policy == SYNTH_QUEST)
-            k_quest_select<<<dim3(nkv, B), 1024, 0, m->st>>>(c->q, c->kmin, c->kmax, c->ptab, c->pps, c->pos, nkv, c->n_phys, l,
-                                                             c->quest_k, c->list, c->nlist, c->pps);
+        if (policy == SYNTH_QUEST) {
+            CK(launch(m, dim3((c->pps + 31) / 32, nkv, B), 128, 0, k_quest_bounds, c->q, c->kmin, c->kmax, c->ptab, c->pps, c->pos,
+                      nkv, c->n_phys, l, c->qbound, c->pps),
+               "Quest bounds");
+            CK(launch(m, dim3(nkv, B), 1024, 0, k_quest_select, c->qbound, c->pos, nkv, c->quest_k, c->list, c->nlist, c->pps),
+               "Quest selection");
+        }
         prof_mark(m, PROF_SELECTION);
-        k_attn<<<dim3(c->n_split, nkv, B), 32, TC_SMEM, m->st>>>(c->q, y->K, y->V, c->ptab, c->pps, c->list, c->nlist, c->pps,
-                                                                 c->pos, nkv, c->n_split, scale, c->part_o, c->part_ml);
-        k_attn_combine<<<dim3(nh, B), SY_HD, 0, m->st>>>(c->part_o, c->part_ml, c->n_split, c->att);
+        CK(launch(m, dim3(c->n_split, nkv, B), 32, TC_SMEM, k_attn, c->q, y->K, y->V, c->ptab, c->pps, c->list, c->nlist, c->pps,
+                  c->pos, nkv, c->n_split, scale, c->part_o, c->part_ml),
+           "attention");
+        CK(launch(m, dim3(nh, B), SY_HD, 0, k_attn_combine, c->part_o, c->part_ml, c->n_split, c->att), "attention");
         prof_mark(m, PROF_ATTENTION);
         CKB(gemm(m, y->wo, d, nh * SY_HD, c->att, B, c->x, 1), "output product");
         prof_mark(m, PROF_PRODUCTS);
-        k_rmsnorm<<<B, 256, 0, m->st>>>(c->x, y->ffn_norm, c->xn, d, 1e-5f);
+        CK(launch(m, B, 256, 0, k_rmsnorm, c->x, y->ffn_norm, c->xn, d, 1e-5f), "norm");
         prof_mark(m, PROF_OTHER);
         CKB(gemm(m, y->wgu, 2 * ff, d, c->xn, B, c->gu, 0), "gate/up product");
         prof_mark(m, PROF_PRODUCTS);
-        k_swiglu<<<grid_for((size_t)B * ff), 256, 0, m->st>>>(c->gu, c->h, ff, B);
+        CK(launch(m, grid_for((size_t)B * ff), 256, 0, k_swiglu, c->gu, c->h, ff, B), "SwiGLU");
         prof_mark(m, PROF_OTHER);
         CKB(gemm(m, y->wdown, d, ff, c->h, B, c->x, 1), "down product");
         prof_mark(m, PROF_PRODUCTS);
         CK(cudaGetLastError(), "a decode kernel");
     }
-    k_rmsnorm<<<B, 256, 0, m->st>>>(c->x, m->out_norm, c->xn, d, 1e-5f);
+    CK(launch(m, B, 256, 0, k_rmsnorm, c->x, m->out_norm, c->xn, d, 1e-5f), "norm");
     prof_mark(m, PROF_OTHER);
     CKB(gemm(m, m->out, s->n_vocab, d, c->xn, B, c->logits, 0), "output matrix");
     prof_mark(m, PROF_PRODUCTS);
-    k_sample_embed<<<B, 1024, 0, m->st>>>(c->logits, s->n_vocab, m->emb, d, c->x, c->tok, c->pos);
+    CK(launch(m, B, 1024, 0, k_sample_embed, c->logits, s->n_vocab, m->emb, d, c->x, c->tok, c->pos), "sampling");
     prof_mark(m, PROF_OTHER);
     CK(cudaGetLastError(), "sampling");
     return 0;
@@ -1312,7 +1381,8 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
     CK(cudaMemcpy(dmax, hmax, L * n_phys * nkv * SY_HD * 2, cudaMemcpyHostToDevice), "self-check");
     for (int l = 0; l < L; l++) {
         const int k = 9;
-        k_quest_select<<<dim3(nkv, B), 1024>>>(dq, dmin, dmax, dptab, pps, dpos, nkv, n_phys, l, k, dl, dn, pps);
+        k_quest_bounds<<<dim3((pps + 31) / 32, nkv, B), 128>>>(dq, dmin, dmax, dptab, pps, dpos, nkv, n_phys, l, po, pps);
+        k_quest_select<<<dim3(nkv, B), 1024>>>(po, dpos, nkv, k, dl, dn, pps);
         CK(cudaGetLastError(), "self-check Quest");
         CK(cudaMemcpy(hl, dl, sizeof(int) * B * nkv * pps, cudaMemcpyDeviceToHost), "self-check");
         CK(cudaMemcpy(hn, dn, sizeof(int) * B * nkv, cudaMemcpyDeviceToHost), "self-check");
@@ -1422,6 +1492,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
     }
     if (model_make(&m, s, E)) goto fail;
     m.gemv = !req->gemm_cublas;
+    m.pdl = prop.major >= 9 && !req->no_pdl;
     bw = measure_bandwidth(&m, E);
     if (bw <= 0) goto fail;
     for (int ic = 0; ic < req->n_ctx; ic++)
@@ -1435,6 +1506,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
             snprintf(r.device, sizeof r.device, "%.95s", prop.name);
             r.self_err = self_err;
             r.gemm_cublas = req->gemm_cublas;
+            r.pdl = m.pdl;
             if (ctx0 < (CHESS_SINK + CHESS_WINDOW + 1) * SY_P || ctx > SY_MAX_PAGES * SY_P) {
                 for (int ip = 0; ip < req->n_policy; ip++) {
                     r.policy = req->policy[ip], r.step_ms = -1;
