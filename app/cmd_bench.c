@@ -378,7 +378,7 @@ static int bench_plot(const char *csv, const char *date, const char *png)
 typedef struct synth_out {
     FILE *csv;
     const char *date, *commit;
-    int header_done;
+    int header_done, ttft_header, chunk;
 } synth_out;
 
 static void synth_print(const synth_row *r, void *ud)
@@ -394,8 +394,22 @@ static void synth_print(const synth_row *r, void *ud)
                "x roof", "KV read", "select ms", "GPU GiB");
         so->header_done = 1;
     }
+    if (r->kind == 1 && !so->ttft_header) {
+        printf("time to first token (one sequence, chunks of %d tokens):\n%-24s %7s %10s %12s %7s\n", so->chunk, "policy", "ctx",
+               "TTFT ms", "KV kept GiB", "GPU GiB");
+        so->ttft_header = 1;
+    }
     if (r->step_ms < 0) {
         printf("%-24s %7d %5d  skipped: %s\n", synth_policy_name(r->policy), r->ctx, r->batch, r->note);
+        return;
+    }
+    if (r->kind == 1) {
+        printf("%-24s %7d %10.1f %12.2f %7.1f\n", synth_policy_name(r->policy), r->ctx, r->ttft_ms, r->kv_kept_gib, r->peak_gib);
+        fflush(stdout);
+        if (so->csv)
+            fprintf(so->csv, "%s,%s,\"%s\",ttft:%s,%d,1,%.4f,,,,,,,%.2f,%.1f,%s,%d\n", so->date, so->commit, r->device,
+                    synth_policy_name(r->policy), r->ctx, r->ttft_ms, r->peak_gib, r->bw_gbs, r->gemm_cublas ? "cublas" : "own",
+                    r->pdl);
         return;
     }
     printf("%-24s %7d %5d %9.2f %9.1f %9.2f %6.2f %6.1f%% %9.2f %7.1f\n", synth_policy_name(r->policy), r->ctx, r->batch,
@@ -435,7 +449,8 @@ static int bench_synthetic(int argc, char **argv)
     const char *shape = NULL, *ctx_arg = "4096,8192,16384,32768,65536,131072", *batch_arg = "1,4,8,16,32";
     const char *pol_arg = "full,chess,quest", *csv = "bench/synthetic_results.csv";
     int64_t gen = 64, budget = 1024;
-    int device = CLI_DEV_AUTO, gemm_cublas = 0, no_pdl = 0;
+    int device = CLI_DEV_AUTO, gemm_cublas = 0, no_pdl = 0, ttft = 0;
+    int64_t chunk = 512;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--synthetic")) {
@@ -464,6 +479,14 @@ static int bench_synthetic(int argc, char **argv)
             }
         } else if (!strcmp(a, "--no-pdl")) {
             no_pdl = 1;
+        } else if (!strcmp(a, "--ttft")) {
+            ttft = 1;
+        } else if (!strcmp(a, "--chunk")) {
+            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 64, 8192, &chunk)) return 1;
+            if (chunk % 32) {
+                cli_err("bench: --chunk: %lld is not a multiple of the 32-token page", (long long)chunk);
+                return 1;
+            }
         } else if (!strcmp(a, "--device")) {
             if (!(v = cli_need_value(argc, argv, &i))) return 1;
             if (!strcmp(v, "cpu")) device = CLI_DEV_CPU;
@@ -474,7 +497,7 @@ static int bench_synthetic(int argc, char **argv)
             }
         } else {
             cli_err("bench: %s is not an option of --synthetic (--ctx, --batch, --policy, --gen, --budget, --gemm, "
-                    "--no-pdl, --csv, --no-csv, --device cuda)", a);
+                    "--no-pdl, --ttft, --chunk, --csv, --no-csv, --device cuda)", a);
             return 1;
         }
     }
@@ -507,6 +530,8 @@ static int bench_synthetic(int argc, char **argv)
     rq.ctx = ctx, rq.batch = batch, rq.policy = pol, rq.gen = (int)gen, rq.quest_budget = (int)budget;
     rq.gemm_cublas = gemm_cublas;
     rq.no_pdl = no_pdl;
+    rq.ttft = ttft;
+    rq.chunk = (int)chunk;
     char commit[64], date[32];
     cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
     if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
@@ -514,7 +539,7 @@ static int bench_synthetic(int argc, char **argv)
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     printf("kvchat bench --synthetic %s: random f16 weights made on the GPU, %d timed decode steps per case "
            "(the last ending at the context length), commit %s\n", rq.shape->name, rq.gen, commit);
-    synth_out so = { NULL, date, commit, 0 };
+    synth_out so = { NULL, date, commit, 0, 0, rq.chunk };
     if (csv && !(so.csv = open_csv(csv, "date,commit,device,policy,ctx,batch,step_ms,tok_s,bytes_step,roof_ms,"
                                         "x_roof,kv_frac,select_ms,peak_gib,bw_gbs,gemm,pdl\n")))
         return 1;
@@ -579,13 +604,15 @@ int cmd_bench(int argc, char **argv)
                   "\n"
                   "       kvchat bench --synthetic llama-8b [--device cuda] [--ctx 4096,...,131072]\n"
                   "                    [--batch 1,4,8,16,32] [--policy full,chess,quest] [--gen 64] [--budget 1024]\n"
-                  "                    [--gemm own|cublas] [--no-pdl]\n"
+                  "                    [--gemm own|cublas] [--no-pdl] [--ttft [--chunk 512]]\n"
                   "  A model of that shape with random f16 weights made on the GPU (no file): decode tok/s per\n"
                   "  policy (chess: the aggressive preset; quest: --budget tokens per KV head), context and\n"
                   "  batch, each step against the memory-bandwidth roofline; cases that do not fit are skipped\n"
                   "  (bench/synthetic_results.csv). Batches up to 4 multiply through kvchat's own one-pass\n"
                   "  kernel; --gemm cublas puts every product through cuBLAS instead, to compare; --no-pdl\n"
-                  "  launches the step's kernels without programmatic dependent launch.\n",
+                  "  launches the step's kernels without programmatic dependent launch. --ttft also times the\n"
+                  "  first token of one sequence at each context: chunked prefill under full attention and\n"
+                  "  under TAKE (chunks of --chunk tokens).\n",
                   stdout);
             return 0;
         } else {

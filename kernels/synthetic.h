@@ -20,7 +20,7 @@ const synth_shape *synth_shape_find(const char *name);
 /* The known names, comma-separated, for error messages. */
 const char *synth_shape_names(void);
 
-enum { SYNTH_FULL, SYNTH_CHESS, SYNTH_QUEST };
+enum { SYNTH_FULL, SYNTH_CHESS, SYNTH_QUEST, SYNTH_TAKE };
 
 typedef struct synth_req {
     const synth_shape *shape;
@@ -34,10 +34,13 @@ typedef struct synth_req {
     int quest_budget;         /* tokens attended per KV head under Quest (the policy's default 1024) */
     int gemm_cublas;          /* every product through cuBLAS, also for batches up to 4 (to compare) */
     int no_pdl;               /* no programmatic dependent launch between the step's kernels (to compare) */
+    int ttft;                 /* also time the first token of one sequence at each context, full vs TAKE */
+    int chunk;                /* prefill chunk (tokens): the engine's batch and TAKE's chunk, 512 */
 } synth_req;
 
 /* One measured case. Figures the case could not produce (it did not fit) are negative, with why. */
 typedef struct synth_row {
+    int kind;                 /* 0: decode step; 1: time to first token (ttft_ms, kv_kept_gib) */
     int policy, ctx, batch;
     double step_ms;           /* one decode step of the whole batch, selection included (median) */
     double tok_s;             /* batch / step time */
@@ -48,6 +51,8 @@ typedef struct synth_row {
     double select_ms;         /* CHESS: one rebuild (amortised into step_ms over its period) */
     double peak_gib;          /* GPU memory in use at the case's peak */
     double bw_gbs;            /* the device bandwidth the roofline uses */
+    double ttft_ms;           /* prefill of ctx tokens in chunks, to the first sampled token */
+    double kv_kept_gib;       /* KV the policy needs at most (TAKE: budget + chunk per layer) */
     char note[160];           /* why a case did not run */
     char device[96];          /* the GPU's name */
     double self_err;

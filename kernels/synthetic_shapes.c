@@ -24,6 +24,7 @@ const char *synth_policy_name(int policy)
     case SYNTH_FULL: return "full";
     case SYNTH_CHESS: return "chess:preset=aggressive";
     case SYNTH_QUEST: return "quest";
+    case SYNTH_TAKE: return "take";
     }
     return "?";
 }

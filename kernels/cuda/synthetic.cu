@@ -23,24 +23,12 @@
  *          step on the device.
  * The context's keys and values are random (there is no prefill in this benchmark): the selections are
  * real computations on real data, their quality is not what is measured here. */
-#include <cublas_v2.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #include <math.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-extern "C" {
-#include "synthetic.h"
-}
+#include "synthetic_impl.cuh"
 
-#define SY_P 32          /* tokens per page (the engine's) */
-#define SY_HD 128        /* head size of the shapes here */
-#define SY_G 4           /* query heads per KV head (32/8) */
 #define SY_THREADS 128
-#define SY_MAX_PAGES 4096 /* per sequence in one selection block: 128K tokens */
 #define CHESS_SINK 1
 #define CHESS_WINDOW 2
 #define CHESS_CHUNK 4
@@ -48,33 +36,6 @@ extern "C" {
 #define CHESS_EVERY 6
 /* the aggressive preset: fractions of grids, chunks, pages kept */
 __device__ __forceinline__ double chess_rho_dev(int level) { return level == 0 ? 0.5 : level == 1 ? 0.2 : 0.1; }
-
-/* ---------------------------------------------------------------- errors */
-
-typedef struct sy_err {
-    char *buf;
-    size_t len;
-    int failed;
-} sy_err;
-
-#define CK(e, what)                                                                                     \
-    do {                                                                                                \
-        cudaError_t e_ = (e);                                                                           \
-        if (e_ != cudaSuccess) {                                                                        \
-            if (!E->failed) snprintf(E->buf, E->len, "%s: %s", what, cudaGetErrorString(e_));           \
-            E->failed = 1;                                                                              \
-            goto fail;                                                                                  \
-        }                                                                                               \
-    } while (0)
-#define CKB(s, what)                                                                                    \
-    do {                                                                                                \
-        cublasStatus_t s_ = (s);                                                                        \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                              \
-            if (!E->failed) snprintf(E->buf, E->len, "%s: cuBLAS status %d", what, (int)s_);            \
-            E->failed = 1;                                                                              \
-            goto fail;                                                                                  \
-        }                                                                                               \
-    } while (0)
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -99,29 +60,6 @@ __global__ void k_fill_f32(float *p, size_t n, float v)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         p[i] = v;
-}
-
-/* Programmatic dependent launch (sm_90): a decode kernel's blocks may be placed while the previous
- * kernel finishes; each waits here until that kernel's writes are visible, then lets the next one be
- * placed in turn. Launch gaps between the ~320 kernels of a step are what it saves. */
-__device__ __forceinline__ void pdl_enter()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ float block_sum(float v, float *red)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red[w] = v;
-    __syncthreads();
-    float t = 0;
-    for (int i = 0; i < nw; i++) t += red[i];
-    return t;
 }
 
 /* y = x / rms(x) * w, f32 in, f16 out (the products' input); one block per row */
@@ -191,47 +129,6 @@ __global__ void k_rope_write(const float *qkv, float *q, __half *K, __half *V, f
  * softmax per head across the lanes that hold it, then O^T += V^T P^T (dims x heads), P^T passing
  * through a small shared array to change fragment layout. f16 operands, f32 accumulation. Partial
  * results (max, sum, unnormalised output) go to part_*; k_attn_combine merges them. */
-#define TC_STAGES 3
-#define TC_PAGE_HALVES (SY_P * SY_HD)
-#define TC_SMEM (TC_STAGES * 2 * TC_PAGE_HALVES * 2)
-
-__device__ __forceinline__ unsigned smem_addr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-/* offset (in halves) of the 16-byte chunk `chunk` of row `row` in a swizzled page */
-__device__ __forceinline__ int swz(int row, int chunk) { return row * SY_HD + ((chunk ^ (row & 7)) << 3); }
-
-__device__ __forceinline__ void cp_async16(void *dst, const void *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm_x4(unsigned r[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ unsigned pack_half2(float lo, float hi)
-{
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *(unsigned *)&h;
-}
-
 /* issue the copies of logical page lp of sequence b (K and V, swizzled) into stage st */
 __device__ __forceinline__ void tc_load_page(__half *stg, const __half *K, const __half *V, size_t base, int lane)
 {
@@ -745,29 +642,6 @@ __global__ void __launch_bounds__(1024) k_chess_select(const float *score, int n
 
 /* ---------------------------------------------------------------- the model and one case */
 
-typedef struct sy_layer {
-    __half *wqkv, *wo, *wgu, *wdown;   /* [out][in] f16 */
-    float *attn_norm, *ffn_norm;
-    __half *K, *V;                     /* this case's pages: [phys][kv][P][HD] */
-} sy_layer;
-
-typedef struct sy_model {
-    const synth_shape *s;
-    sy_layer *L;
-    __half *emb, *out;                 /* [vocab][d] */
-    float *out_norm;
-    double weight_bytes;               /* read by every step: every product's matrix and the norms */
-    int gemv;                          /* batches up to 4 through k_gemv (else cuBLAS) */
-    int pdl;                           /* programmatic dependent launch between decode kernels */
-    /* a profiled step (KVCHAT_SYNTH_PROFILE): an event after every launch, and its category */
-    int profiling, prof_n;
-    cudaEvent_t prof_ev[1024];
-    int prof_cat[1024];
-    cublasHandle_t blas;
-    cudaStream_t st;
-    void *blas_ws;
-} sy_model;
-
 typedef struct sy_case {
     int B, ctx0, gen, pps;             /* sequences, tokens cached at the start, steps, pages per sequence */
     size_t n_phys;
@@ -779,7 +653,7 @@ typedef struct sy_case {
     int max_split, n_sm;               /* the partials are sized for max_split */
 } sy_case;
 
-static void *dalloc(size_t bytes, sy_err *E, const char *what)
+void *sy_dalloc(size_t bytes, sy_err *E, const char *what)
 {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes);
@@ -796,7 +670,6 @@ static void *dalloc(size_t bytes, sy_err *E, const char *what)
     return p;
 }
 
-static unsigned grid_for(size_t n) { return (unsigned)(n / 256 + 1 < 65536 ? n / 256 + 1 : 65536); }
 
 static int model_make(sy_model *m, const synth_shape *s, sy_err *E)
 {
@@ -958,21 +831,7 @@ fail:
     return -1;
 }
 
-/* a decode kernel, launched with programmatic stream serialization where the device has it */
-template <typename... P, typename... A>
-static cudaError_t launch(sy_model *m, dim3 grid, dim3 block, size_t smem, void (*kern)(P...), A... args)
-{
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1] = {};
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = m->st;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at, cfg.numAttrs = m->pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kern, args...);
-}
-
-/* y[B][n_out] (f32) = x[B][n_in] (f16) W^T, added to y when acc */
-static cublasStatus_t gemm(sy_model *m, const __half *W, int n_out, int n_in, const __half *x, int B, float *y, int acc)
+cublasStatus_t sy_gemm(sy_model *m, const __half *W, int n_out, int n_in, const __half *x, int B, float *y, int acc)
 {
     const float one = 1.0f, zero = 0.0f;
     /* batches up to 4: one pass over W of our own (measured faster than cuBLAS there on an H100,
@@ -1016,7 +875,7 @@ static int enqueue_step(sy_model *m, sy_case *c, int policy, sy_err *E)
         sy_layer *y = &m->L[l];
         CK(launch(m, B, 256, 0, k_rmsnorm, c->x, y->attn_norm, c->xn, d, 1e-5f), "norm");
         prof_mark(m, PROF_OTHER);
-        CKB(gemm(m, y->wqkv, n_qkv, d, c->xn, B, c->qkv, 0), "QKV product");
+        CKB(sy_gemm(m, y->wqkv, n_qkv, d, c->xn, B, c->qkv, 0), "QKV product");
         prof_mark(m, PROF_PRODUCTS);
         CK(launch(m, dim3(nh + nkv, B), SY_HD / 2, 0, k_rope_write, c->qkv, c->q, y->K, y->V, c->ksum, c->kmin, c->kmax, c->pos,
                   c->ptab, c->pps, nh, nkv, s->n_layer, l, c->n_phys, s->rope_base),
@@ -1035,21 +894,21 @@ static int enqueue_step(sy_model *m, sy_case *c, int policy, sy_err *E)
            "attention");
         CK(launch(m, dim3(nh, B), SY_HD, 0, k_attn_combine, c->part_o, c->part_ml, c->n_split, c->att), "attention");
         prof_mark(m, PROF_ATTENTION);
-        CKB(gemm(m, y->wo, d, nh * SY_HD, c->att, B, c->x, 1), "output product");
+        CKB(sy_gemm(m, y->wo, d, nh * SY_HD, c->att, B, c->x, 1), "output product");
         prof_mark(m, PROF_PRODUCTS);
         CK(launch(m, B, 256, 0, k_rmsnorm, c->x, y->ffn_norm, c->xn, d, 1e-5f), "norm");
         prof_mark(m, PROF_OTHER);
-        CKB(gemm(m, y->wgu, 2 * ff, d, c->xn, B, c->gu, 0), "gate/up product");
+        CKB(sy_gemm(m, y->wgu, 2 * ff, d, c->xn, B, c->gu, 0), "gate/up product");
         prof_mark(m, PROF_PRODUCTS);
         CK(launch(m, grid_for((size_t)B * ff), 256, 0, k_swiglu, c->gu, c->h, ff, B), "SwiGLU");
         prof_mark(m, PROF_OTHER);
-        CKB(gemm(m, y->wdown, d, ff, c->h, B, c->x, 1), "down product");
+        CKB(sy_gemm(m, y->wdown, d, ff, c->h, B, c->x, 1), "down product");
         prof_mark(m, PROF_PRODUCTS);
         CK(cudaGetLastError(), "a decode kernel");
     }
     CK(launch(m, B, 256, 0, k_rmsnorm, c->x, m->out_norm, c->xn, d, 1e-5f), "norm");
     prof_mark(m, PROF_OTHER);
-    CKB(gemm(m, m->out, s->n_vocab, d, c->xn, B, c->logits, 0), "output matrix");
+    CKB(sy_gemm(m, m->out, s->n_vocab, d, c->xn, B, c->logits, 0), "output matrix");
     prof_mark(m, PROF_PRODUCTS);
     CK(launch(m, B, 1024, 0, k_sample_embed, c->logits, s->n_vocab, m->emb, d, c->x, c->tok, c->pos), "sampling");
     prof_mark(m, PROF_OTHER);
@@ -1143,7 +1002,7 @@ fail:
     return med > 0 ? 2.0 * (double)n / (med * 1e-3) : -1;
 }
 
-static double used_gib(void)
+double sy_used_gib(void)
 {
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
@@ -1249,7 +1108,7 @@ static int run_policy(sy_model *m, sy_case *c, int policy, double bw, const synt
     r->bytes_step = m->weight_bytes + (double)B * s->n_embd * 2 + 2.0 * B * s->n_vocab * 4 + B * attended * kv_tok_bytes + extra;
     r->roof_ms = r->bytes_step / bw * 1e3;
     r->kv_frac = attended / len_mid;
-    r->peak_gib = used_gib();
+    r->peak_gib = sy_used_gib();
     ok = 0;
 fail:
     if (exec) cudaGraphExecDestroy(exec);
@@ -1440,7 +1299,7 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
                  cudaMemcpy(dw, hw, sizeof hw, cudaMemcpyHostToDevice) == cudaSuccess &&
                  cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice) == cudaSuccess &&
                  cudaMemcpy(dy, hy, sizeof hy, cudaMemcpyHostToDevice) == cudaSuccess &&
-                 gemm(&mm, dw, N, Kd, dx, nb, dy, 1) == CUBLAS_STATUS_SUCCESS;
+                 sy_gemm(&mm, dw, N, Kd, dx, nb, dy, 1) == CUBLAS_STATUS_SUCCESS;
         float got[8 * N];
         ok = ok && cudaMemcpy(got, dy, sizeof(float) * nb * N, cudaMemcpyDeviceToHost) == cudaSuccess;
         cudaFree(dw), cudaFree(dx), cudaFree(dy);
@@ -1458,6 +1317,11 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
                 }
             }
     }
+    {   /* the prefill's flash attention too */
+        double pf = 0;
+        if (sy_prefill_selfcheck(&pf, E)) goto fail;
+        if (pf > worst) *attn_err = pf;
+    }
     rc = 0;
 fail:
     cudaFree(dK), cudaFree(dV), cudaFree(dq), cudaFree(dptab), cudaFree(dl), cudaFree(dn), cudaFree(dpos), cudaFree(datt);
@@ -1473,7 +1337,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
     sy_model m;
     int n_dev = 0, rc = -1;
     cudaDeviceProp prop;
-    double bw, self_err = 0;
+    double bw, self_err = 0, pf_err = 0;   /* pf_err: inside self_err since synth_selfcheck runs both */
     memset(&m, 0, sizeof m);
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         snprintf(err, errlen, "no CUDA device: the synthetic benchmark needs an NVIDIA GPU");
@@ -1490,6 +1354,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
         snprintf(err, errlen, "self-check: attention differs from the reference by %.2e (over 2e-3)", self_err);
         goto fail;
     }
+
     if (model_make(&m, s, E)) goto fail;
     m.gemv = !req->gemm_cublas;
     m.pdl = prop.major >= 9 && !req->no_pdl;
@@ -1504,7 +1369,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
             memset(&r, 0, sizeof r);
             r.ctx = ctx, r.batch = B, r.bw_gbs = bw / 1e9;
             snprintf(r.device, sizeof r.device, "%.95s", prop.name);
-            r.self_err = self_err;
+            r.self_err = self_err > pf_err ? self_err : pf_err;
             r.gemm_cublas = req->gemm_cublas;
             r.pdl = m.pdl;
             if (ctx0 < (CHESS_SINK + CHESS_WINDOW + 1) * SY_P || ctx > SY_MAX_PAGES * SY_P) {
@@ -1543,6 +1408,34 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
                 row(&r, ud);
             }
             case_free(&c, &m);
+        }
+    /* time to the first token, one sequence, full against TAKE; a short untimed run of each first
+     * (cuBLAS picks its kernels for the chunk's shapes on first use) */
+    for (int take = 0; req->ttft && take <= 1; take++) {
+        sy_ttft t;
+        if (sy_prefill(&m, take, 2 * req->chunk, req->chunk, &t, E)) goto fail;
+    }
+    for (int ic = 0; req->ttft && ic < req->n_ctx; ic++)
+        for (int take = 0; take <= 1; take++) {
+            synth_row r;
+            memset(&r, 0, sizeof r);
+            r.kind = 1, r.policy = take ? SYNTH_TAKE : SYNTH_FULL, r.ctx = req->ctx[ic], r.batch = 1, r.bw_gbs = bw / 1e9;
+            r.gemm_cublas = req->gemm_cublas, r.pdl = m.pdl, r.self_err = self_err > pf_err ? self_err : pf_err;
+            snprintf(r.device, sizeof r.device, "%.95s", prop.name);
+            size_t fr = 0, tot = 0;
+            cudaMemGetInfo(&fr, &tot);
+            double need = (double)r.ctx * s->n_layer * s->n_head_kv * SY_HD * 4 + (double)(req->chunk + 32) * (s->n_ff * 12.0 + s->n_embd * 40.0);
+            if (need + (512u << 20) > (double)fr) {
+                r.step_ms = -1;
+                snprintf(r.note, sizeof r.note, "does not fit: needs %.1f GiB beside the weights, %.1f GiB free", need / 1073741824.0,
+                         fr / 1073741824.0);
+                row(&r, ud);
+                continue;
+            }
+            sy_ttft t;
+            if (sy_prefill(&m, take, r.ctx, req->chunk, &t, E)) goto fail;
+            r.ttft_ms = t.ms, r.kv_kept_gib = t.kv_kept_gib, r.peak_gib = t.peak_gib;
+            row(&r, ud);
         }
     rc = 0;
 fail:
