@@ -377,14 +377,24 @@ static int bench_plot(const char *csv, const char *date, const char *png)
 
 typedef struct synth_out {
     FILE *csv;
+    const char *csv_path;        /* opened at the first row, so a run that fails first leaves no file */
     const char *date, *commit;
-    int header_done, ttft_header, chunk;
+    int header_done, ttft_header, chunk, gen;
+    const char *shape;
 } synth_out;
+
+#define SYNTH_CSV_HEADER "date,commit,device,policy,ctx,batch,step_ms,tok_s,bytes_step,roof_ms,x_roof,kv_frac,select_ms,peak_gib,bw_gbs,gemm,pdl\n"
 
 static void synth_print(const synth_row *r, void *ud)
 {
     synth_out *so = ud;
+    if (so->csv_path && !so->csv) {
+        so->csv = open_csv(so->csv_path, SYNTH_CSV_HEADER);
+        so->csv_path = NULL;   /* one try: a CSV that cannot be opened was said once */
+    }
     if (!so->header_done) {
+        printf("kvchat bench --synthetic %s: random f16 weights made on the GPU, %d timed decode steps per case "
+               "(the last ending at the context length), commit %s\n", so->shape, so->gen, so->commit);
         printf("device %s, measured bandwidth %.0f GB/s (device-to-device copy, bytes read + written); attention "
                "self-check %.1e of a double-precision reference\n", r->device, r->bw_gbs, r->self_err);
         printf("products: %s; programmatic dependent launch %s\n",
@@ -537,12 +547,7 @@ static int bench_synthetic(int argc, char **argv)
     if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    printf("kvchat bench --synthetic %s: random f16 weights made on the GPU, %d timed decode steps per case "
-           "(the last ending at the context length), commit %s\n", rq.shape->name, rq.gen, commit);
-    synth_out so = { NULL, date, commit, 0, 0, rq.chunk };
-    if (csv && !(so.csv = open_csv(csv, "date,commit,device,policy,ctx,batch,step_ms,tok_s,bytes_step,roof_ms,"
-                                        "x_roof,kv_frac,select_ms,peak_gib,bw_gbs,gemm,pdl\n")))
-        return 1;
+    synth_out so = { NULL, csv, date, commit, 0, 0, rq.chunk, rq.gen, rq.shape->name };
     char err[512];
     int rc = synth_run(&rq, synth_print, &so, err, sizeof err);
     if (so.csv) fclose(so.csv);

@@ -489,3 +489,23 @@ Test(cli, tui_refuses_a_non_terminal)
 {
     expect_one_line_error("tui -m " TD "tiny/tiny-gemma3-q4_k_m.gguf", "needs a terminal");
 }
+
+/* The synthetic GPU benchmark refuses cleanly where it cannot run (this build has no CUDA, or the
+ * options are wrong) and leaves no CSV behind. */
+Test(cli, synthetic_bench_refuses_in_one_line)
+{
+    char csv[] = "/tmp/kvchat_synth_XXXXXX";
+    int fd = mkstemp(csv);
+    cr_assert(fd >= 0);
+    close(fd);
+    unlink(csv);
+    char args[256];
+    snprintf(args, sizeof args, "bench --synthetic llama-8b --ctx 4096 --batch 1 --csv %s", csv);
+    expect_one_line_error(args, "CUDA");
+    cr_expect(access(csv, F_OK) != 0, "a failed synthetic run left %s behind", csv);
+    expect_one_line_error("bench --synthetic llama-9b", "unknown shape 'llama-9b'");
+    expect_one_line_error("bench --synthetic llama-8b --batch 0", "--batch");
+    expect_one_line_error("bench --synthetic llama-8b --policy h2o", "'h2o' is not one of full, chess");
+    expect_one_line_error("bench --synthetic llama-8b --device cpu", "GPU only");
+    expect_one_line_error("bench --synthetic llama-8b --chunk 100", "multiple of the 32-token page");
+}
