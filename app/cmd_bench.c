@@ -398,7 +398,9 @@ static void synth_print(const synth_row *r, void *ud)
         printf("device %s, measured bandwidth %.0f GB/s (device-to-device copy, bytes read + written); attention "
                "self-check %.1e of a double-precision reference\n", r->device, r->bw_gbs, r->self_err);
         printf("products: %s; programmatic dependent launch %s\n",
-               r->gemm_cublas ? "cuBLAS GemmEx" : "kvchat's one-pass kernel up to batch 4, cuBLAS GemmEx above",
+               r->gemm == SYNTH_GEMM_CUBLAS ? "cuBLAS GemmEx"
+               : r->gemm == SYNTH_GEMM_TC ? "kvchat's tensor-core kernel up to batch 32, cuBLAS GemmEx above"
+                                          : "kvchat's one-pass kernel up to batch 4, its tensor-core kernel up to 32, cuBLAS GemmEx above",
                r->pdl ? "on" : "off");
         printf("%-24s %7s %5s %9s %9s %9s %6s %7s %9s %7s\n", "policy", "ctx", "batch", "step ms", "tok/s", "roof ms",
                "x roof", "KV read", "select ms", "GPU GiB");
@@ -418,7 +420,7 @@ static void synth_print(const synth_row *r, void *ud)
         fflush(stdout);
         if (so->csv)
             fprintf(so->csv, "%s,%s,\"%s\",ttft:%s,%d,1,%.4f,,,,,,,%.2f,%.1f,%s,%d\n", so->date, so->commit, r->device,
-                    synth_policy_name(r->policy), r->ctx, r->ttft_ms, r->peak_gib, r->bw_gbs, r->gemm_cublas ? "cublas" : "own",
+                    synth_policy_name(r->policy), r->ctx, r->ttft_ms, r->peak_gib, r->bw_gbs, synth_gemm_name(r->gemm),
                     r->pdl);
         return;
     }
@@ -431,7 +433,7 @@ static void synth_print(const synth_row *r, void *ud)
     if (so->csv) {
         fprintf(so->csv, "%s,%s,\"%s\",%s,%d,%d,%.4f,%.2f,%.0f,%.4f,%.4f,%.5f,%.4f,%.2f,%.1f,%s,%d\n", so->date, so->commit,
                 r->device, synth_policy_name(r->policy), r->ctx, r->batch, r->step_ms, r->tok_s, r->bytes_step, r->roof_ms,
-                r->step_ms / r->roof_ms, r->kv_frac, r->select_ms, r->peak_gib, r->bw_gbs, r->gemm_cublas ? "cublas" : "own", r->pdl);
+                r->step_ms / r->roof_ms, r->kv_frac, r->select_ms, r->peak_gib, r->bw_gbs, synth_gemm_name(r->gemm), r->pdl);
         fflush(so->csv);
     }
 }
@@ -459,7 +461,7 @@ static int bench_synthetic(int argc, char **argv)
     const char *shape = NULL, *ctx_arg = "4096,8192,16384,32768,65536,131072", *batch_arg = "1,4,8,16,32";
     const char *pol_arg = "full,chess,quest", *csv = "bench/synthetic_results.csv";
     int64_t gen = 64, budget = 1024;
-    int device = CLI_DEV_AUTO, gemm_cublas = 0, no_pdl = 0, ttft = 0;
+    int device = CLI_DEV_AUTO, gemm = SYNTH_GEMM_OWN, no_pdl = 0, ttft = 0;
     int64_t chunk = 512;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -481,10 +483,11 @@ static int bench_synthetic(int argc, char **argv)
             csv = NULL;
         } else if (!strcmp(a, "--gemm")) {
             if (!(v = cli_need_value(argc, argv, &i))) return 1;
-            if (!strcmp(v, "cublas")) gemm_cublas = 1;
-            else if (!strcmp(v, "own")) gemm_cublas = 0;
+            if (!strcmp(v, "cublas")) gemm = SYNTH_GEMM_CUBLAS;
+            else if (!strcmp(v, "own")) gemm = SYNTH_GEMM_OWN;
+            else if (!strcmp(v, "tc")) gemm = SYNTH_GEMM_TC;
             else {
-                cli_err("bench: --gemm: '%s' is not own or cublas", v);
+                cli_err("bench: --gemm: '%s' is not own, tc or cublas", v);
                 return 1;
             }
         } else if (!strcmp(a, "--no-pdl")) {
@@ -538,12 +541,15 @@ static int bench_synthetic(int argc, char **argv)
         p += n + (p[n] == ',');
     }
     rq.ctx = ctx, rq.batch = batch, rq.policy = pol, rq.gen = (int)gen, rq.quest_budget = (int)budget;
-    rq.gemm_cublas = gemm_cublas;
+    rq.gemm = gemm;
     rq.no_pdl = no_pdl;
     rq.ttft = ttft;
     rq.chunk = (int)chunk;
     char commit[64], date[32];
-    cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
+    /* KVCHAT_COMMIT names the commit where the checkout that runs is not a git work tree of its own
+     * (a copy sent to a GPU machine) */
+    if (getenv("KVCHAT_COMMIT")) snprintf(commit, sizeof commit, "%.63s", getenv("KVCHAT_COMMIT"));
+    else cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
     if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
@@ -609,12 +615,13 @@ int cmd_bench(int argc, char **argv)
                   "\n"
                   "       kvchat bench --synthetic llama-8b [--device cuda] [--ctx 4096,...,131072]\n"
                   "                    [--batch 1,4,8,16,32] [--policy full,chess,quest] [--gen 64] [--budget 1024]\n"
-                  "                    [--gemm own|cublas] [--no-pdl] [--ttft [--chunk 512]]\n"
+                  "                    [--gemm own|tc|cublas] [--no-pdl] [--ttft [--chunk 512]]\n"
                   "  A model of that shape with random f16 weights made on the GPU (no file): decode tok/s per\n"
                   "  policy (chess: the aggressive preset; quest: --budget tokens per KV head), context and\n"
                   "  batch, each step against the memory-bandwidth roofline; cases that do not fit are skipped\n"
-                  "  (bench/synthetic_results.csv). Batches up to 4 multiply through kvchat's own one-pass\n"
-                  "  kernel; --gemm cublas puts every product through cuBLAS instead, to compare; --no-pdl\n"
+                  "  (bench/synthetic_results.csv). Batches up to 4 multiply through kvchat's one-pass kernel,\n"
+                  "  up to 32 through its tensor-core kernel; --gemm tc uses the latter from batch 1, --gemm\n"
+                  "  cublas puts every product through cuBLAS, to compare; --no-pdl\n"
                   "  launches the step's kernels without programmatic dependent launch. --ttft also times the\n"
                   "  first token of one sequence at each context: chunked prefill under full attention and\n"
                   "  under TAKE (chunks of --chunk tokens).\n",

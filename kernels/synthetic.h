@@ -22,6 +22,11 @@ const char *synth_shape_names(void);
 
 enum { SYNTH_FULL, SYNTH_CHESS, SYNTH_QUEST, SYNTH_TAKE };
 
+/* how the decode products run: kvchat's one-pass kernel up to batch 4 and its tensor-core kernel up
+ * to 32 (cuBLAS above); the tensor-core kernel from batch 1; cuBLAS for every batch (to compare) */
+enum { SYNTH_GEMM_OWN, SYNTH_GEMM_TC, SYNTH_GEMM_CUBLAS };
+const char *synth_gemm_name(int gemm);
+
 typedef struct synth_req {
     const synth_shape *shape;
     const int *ctx;           /* context lengths (tokens already in the cache) */
@@ -32,7 +37,7 @@ typedef struct synth_req {
     int n_policy;
     int gen;                  /* decode steps timed per case */
     int quest_budget;         /* tokens attended per KV head under Quest (the policy's default 1024) */
-    int gemm_cublas;          /* every product through cuBLAS, also for batches up to 4 (to compare) */
+    int gemm;                 /* SYNTH_GEMM_* */
     int no_pdl;               /* no programmatic dependent launch between the step's kernels (to compare) */
     int ttft;                 /* also time the first token of one sequence at each context, full vs TAKE */
     int chunk;                /* prefill chunk (tokens): the engine's batch and TAKE's chunk, 512 */
@@ -56,7 +61,7 @@ typedef struct synth_row {
     char note[160];           /* why a case did not run */
     char device[96];          /* the GPU's name */
     double self_err;
-    int gemm_cublas;          /* the products went through cuBLAS */
+    int gemm;                 /* how the products ran (SYNTH_GEMM_*) */
     int pdl;                  /* the step's kernels overlapped their launches (sm_90) */
     /* with KVCHAT_SYNTH_PROFILE set: one step outside the graph, its time by kind of kernel
      * (products, attention, selection, other) and its kernel count */

@@ -28,3 +28,13 @@ const char *synth_policy_name(int policy)
     }
     return "?";
 }
+
+const char *synth_gemm_name(int gemm)
+{
+    switch (gemm) {
+    case SYNTH_GEMM_OWN: return "own";
+    case SYNTH_GEMM_TC: return "tc";
+    case SYNTH_GEMM_CUBLAS: return "cublas";
+    }
+    return "?";
+}

@@ -328,6 +328,67 @@ __global__ void __launch_bounds__(256) k_gemv(const __half *W, const __half *x, 
     }
 }
 
+/* y[b][n] (f32) = sum_k W[n][k] x[b][k] (+ y when acc) for batches of 1..32 on the tensor cores, one
+ * pass over W. Block: 16 rows of W, its 8 warps interleaving over K in tiles of 64. A lane loads 16
+ * consecutive halves of rows g and g+8 of W and of batch row g (+8 per n-tile) of x with 16-byte
+ * loads; since a dot product may sum in any order, the four m16n8k16 products of a tile take those
+ * registers as they are, the same permutation of k on both sides. Partial sums meet in shared memory.
+ * K must be a multiple of 64. */
+template <int NT>
+__global__ void __launch_bounds__(256) k_gemm_tc(const __half *W, const __half *x, float *y, int N, int K, int B, int acc)
+{
+    __shared__ float part[8][NT * 8][17];
+    pdl_enter();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, n0 = blockIdx.x * 16;
+    float c[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    bool ra = n0 + g < N, rb = n0 + g + 8 < N;
+    for (int k0 = warp * 64; k0 < K; k0 += 8 * 64) {
+        int k = k0 + 16 * t;
+        uint4 wa0 = ra ? *(const uint4 *)(W + (size_t)(n0 + g) * K + k) : zero;
+        uint4 wa1 = ra ? *(const uint4 *)(W + (size_t)(n0 + g) * K + k + 8) : zero;
+        uint4 wb0 = rb ? *(const uint4 *)(W + (size_t)(n0 + g + 8) * K + k) : zero;
+        uint4 wb1 = rb ? *(const uint4 *)(W + (size_t)(n0 + g + 8) * K + k + 8) : zero;
+        uint4 xv0[NT], xv1[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            bool in = j * 8 + g < B;
+            xv0[j] = in ? *(const uint4 *)(x + (size_t)(j * 8 + g) * K + k) : zero;
+            xv1[j] = in ? *(const uint4 *)(x + (size_t)(j * 8 + g) * K + k + 8) : zero;
+        }
+        const unsigned aw[8] = { wa0.x, wa0.y, wa0.z, wa0.w, wa1.x, wa1.y, wa1.z, wa1.w };
+        const unsigned bw[8] = { wb0.x, wb0.y, wb0.z, wb0.w, wb1.x, wb1.y, wb1.z, wb1.w };
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            unsigned a[4] = { aw[2 * s], bw[2 * s], aw[2 * s + 1], bw[2 * s + 1] };
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const unsigned xw[8] = { xv0[j].x, xv0[j].y, xv0[j].z, xv0[j].w, xv1[j].x, xv1[j].y, xv1[j].z, xv1[j].w };
+                mma16816(c[j], a, xw[2 * s], xw[2 * s + 1]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        part[warp][j * 8 + 2 * t][g] = c[j][0];
+        part[warp][j * 8 + 2 * t + 1][g] = c[j][1];
+        part[warp][j * 8 + 2 * t][g + 8] = c[j][2];
+        part[warp][j * 8 + 2 * t + 1][g + 8] = c[j][3];
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < NT * 8 * 16; o += 256) {
+        int b = o / 16, r = o % 16;
+        if (b >= B || n0 + r >= N) continue;
+        float v = 0;
+#pragma unroll
+        for (int w = 0; w < 8; w++) v += part[w][b][r];
+        float *dst = y + (size_t)b * N + n0 + r;
+        *dst = acc ? *dst + v : v;
+    }
+}
+
 /* out[b][h] = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), f16 for the output product.
  * grid (n_head, B), block HD. */
 __global__ void k_attn_combine(const float *part_o, const float *part_ml, int n_split, __half *out)
@@ -834,9 +895,20 @@ fail:
 cublasStatus_t sy_gemm(sy_model *m, const __half *W, int n_out, int n_in, const __half *x, int B, float *y, int acc)
 {
     const float one = 1.0f, zero = 0.0f;
-    /* batches up to 4: one pass over W of our own (measured faster than cuBLAS there on an H100,
-     * slower at 8: docs/gpu.md) */
-    if (B <= 4 && n_in % 8 == 0 && m->gemv) {
+    /* batches up to 32 and K a multiple of 64: the tensor-core pass over W (from batch 5, or from 1
+     * with SYNTH_GEMM_TC); below 5 the one-pass kernel (docs/gpu.md has the measurements) */
+    if (m->gemm != SYNTH_GEMM_CUBLAS && B <= 32 && n_in % 64 == 0 && (B > 4 || m->gemm == SYNTH_GEMM_TC)) {
+        unsigned g = (unsigned)((n_out + 15) / 16);
+        cudaError_t e;
+        switch ((B + 7) / 8) {
+        case 1: e = launch(m, g, 256, 0, k_gemm_tc<1>, W, x, y, n_out, n_in, B, acc); break;
+        case 2: e = launch(m, g, 256, 0, k_gemm_tc<2>, W, x, y, n_out, n_in, B, acc); break;
+        case 3: e = launch(m, g, 256, 0, k_gemm_tc<3>, W, x, y, n_out, n_in, B, acc); break;
+        default: e = launch(m, g, 256, 0, k_gemm_tc<4>, W, x, y, n_out, n_in, B, acc); break;
+        }
+        return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    if (B <= 4 && n_in % 8 == 0 && m->gemm == SYNTH_GEMM_OWN) {
         unsigned g = (unsigned)((n_out + 3) / 4);
         cudaError_t e;
         switch (B) {
@@ -1127,6 +1199,11 @@ static double hrand(uint64_t *st)
     return (double)(*st >> 11) / 9007199254740992.0 * 2 - 1;
 }
 
+/* the decode products checked: (batch, SYNTH_GEMM_*) */
+static const int gemm_cases[][2] = { { 1, SYNTH_GEMM_OWN }, { 2, SYNTH_GEMM_OWN },  { 3, SYNTH_GEMM_OWN },  { 4, SYNTH_GEMM_OWN },
+                                     { 1, SYNTH_GEMM_TC },  { 5, SYNTH_GEMM_OWN },  { 8, SYNTH_GEMM_OWN },  { 13, SYNTH_GEMM_OWN },
+                                     { 16, SYNTH_GEMM_OWN }, { 27, SYNTH_GEMM_OWN }, { 32, SYNTH_GEMM_OWN } };
+
 /* The attention and Quest selection kernels against a host reference in double precision on random
  * data of awkward sizes: 3 sequences, 2 KV heads, page lists with gaps and a partial last page,
  * several split counts; Quest's choice of pages must be the host's. */
@@ -1283,14 +1360,15 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
             }
     }
     /* the decode products: awkward row counts, K not a multiple of the 256-wide chunk */
-    for (int nb = 1; nb <= 4; nb++) {
-        const int N = 37, Kd = 264;
-        __half hw[N * Kd], hx[8 * Kd];
-        float hy[8 * N], *dy = NULL;
+    for (size_t ci = 0; ci < sizeof gemm_cases / sizeof *gemm_cases; ci++) {
+        const int nb = gemm_cases[ci][0], N = 37, Kd = gemm_cases[ci][1] == SYNTH_GEMM_TC || nb > 4 ? 192 : 264;
+        static __half hw[37 * 264], hx[32 * 264];
+        static float hy[32 * 37];
+        float *dy = NULL;
         __half *dw = NULL, *dx = NULL;
         sy_model mm;
         memset(&mm, 0, sizeof mm);
-        mm.gemv = 1;
+        mm.gemm = gemm_cases[ci][1];
         for (int i = 0; i < N * Kd; i++) hw[i] = __float2half((float)hrand(&st));
         for (int i = 0; i < nb * Kd; i++) hx[i] = __float2half((float)hrand(&st));
         for (int i = 0; i < nb * N; i++) hy[i] = (float)hrand(&st);
@@ -1300,7 +1378,7 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
                  cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice) == cudaSuccess &&
                  cudaMemcpy(dy, hy, sizeof hy, cudaMemcpyHostToDevice) == cudaSuccess &&
                  sy_gemm(&mm, dw, N, Kd, dx, nb, dy, 1) == CUBLAS_STATUS_SUCCESS;
-        float got[8 * N];
+        static float got[32 * 37];
         ok = ok && cudaMemcpy(got, dy, sizeof(float) * nb * N, cudaMemcpyDeviceToHost) == cudaSuccess;
         cudaFree(dw), cudaFree(dx), cudaFree(dy);
         if (!ok) {
@@ -1312,7 +1390,7 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
                 double ref = hy[b * N + n];
                 for (int k = 0; k < Kd; k++) ref += (double)__half2float(hw[n * Kd + k]) * __half2float(hx[b * Kd + k]);
                 if (!(fabs(got[b * N + n] - ref) <= 1e-4 * (fabs(ref) + 16))) {
-                    snprintf(err, errlen, "self-check: decode product row %d of batch %d: %g, not %g", n, b, got[b * N + n], ref);
+                    snprintf(err, errlen, "self-check: decode product (%s, batch %d) row %d of column %d: %g, not %g", synth_gemm_name(gemm_cases[ci][1]), nb, n, b, got[b * N + n], ref);
                     goto fail;
                 }
             }
@@ -1356,7 +1434,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
     }
 
     if (model_make(&m, s, E)) goto fail;
-    m.gemv = !req->gemm_cublas;
+    m.gemm = req->gemm;
     m.pdl = prop.major >= 9 && !req->no_pdl;
     bw = measure_bandwidth(&m, E);
     if (bw <= 0) goto fail;
@@ -1370,7 +1448,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
             r.ctx = ctx, r.batch = B, r.bw_gbs = bw / 1e9;
             snprintf(r.device, sizeof r.device, "%.95s", prop.name);
             r.self_err = self_err > pf_err ? self_err : pf_err;
-            r.gemm_cublas = req->gemm_cublas;
+            r.gemm = req->gemm;
             r.pdl = m.pdl;
             if (ctx0 < (CHESS_SINK + CHESS_WINDOW + 1) * SY_P || ctx > SY_MAX_PAGES * SY_P) {
                 for (int ip = 0; ip < req->n_policy; ip++) {
@@ -1420,7 +1498,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
             synth_row r;
             memset(&r, 0, sizeof r);
             r.kind = 1, r.policy = take ? SYNTH_TAKE : SYNTH_FULL, r.ctx = req->ctx[ic], r.batch = 1, r.bw_gbs = bw / 1e9;
-            r.gemm_cublas = req->gemm_cublas, r.pdl = m.pdl, r.self_err = self_err > pf_err ? self_err : pf_err;
+            r.gemm = req->gemm, r.pdl = m.pdl, r.self_err = self_err > pf_err ? self_err : pf_err;
             snprintf(r.device, sizeof r.device, "%.95s", prop.name);
             size_t fr = 0, tot = 0;
             cudaMemGetInfo(&fr, &tot);

@@ -125,7 +125,7 @@ typedef struct sy_model {
     __half *emb, *out;                 /* [vocab][d] */
     float *out_norm;
     double weight_bytes;               /* read by every step: every product's matrix and the norms */
-    int gemv;                          /* batches up to 4 through k_gemv (else cuBLAS) */
+    int gemm;                          /* SYNTH_GEMM_*: which kernels multiply (sy_gemm) */
     int pdl;                           /* programmatic dependent launch between decode kernels */
     /* a profiled step (KVCHAT_SYNTH_PROFILE): an event after every launch, and its category */
     int profiling, prof_n;
