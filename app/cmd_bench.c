@@ -400,7 +400,7 @@ static void synth_print(const synth_row *r, void *ud)
         printf("products: %s; programmatic dependent launch %s\n",
                r->gemm == SYNTH_GEMM_CUBLAS ? "cuBLAS GemmEx"
                : r->gemm == SYNTH_GEMM_TC ? "kvchat's tensor-core kernel up to batch 32, cuBLAS GemmEx above"
-                                          : "kvchat's one-pass kernel up to batch 4, its tensor-core kernel up to 32, cuBLAS GemmEx above",
+                                          : "kvchat's one-pass kernel for batches 1-2, its tensor-core kernel for 3-4, cuBLAS GemmEx above",
                r->pdl ? "on" : "off");
         printf("%-24s %7s %5s %9s %9s %9s %6s %7s %9s %7s\n", "policy", "ctx", "batch", "step ms", "tok/s", "roof ms",
                "x roof", "KV read", "select ms", "GPU GiB");
@@ -619,9 +619,9 @@ int cmd_bench(int argc, char **argv)
                   "  A model of that shape with random f16 weights made on the GPU (no file): decode tok/s per\n"
                   "  policy (chess: the aggressive preset; quest: --budget tokens per KV head), context and\n"
                   "  batch, each step against the memory-bandwidth roofline; cases that do not fit are skipped\n"
-                  "  (bench/synthetic_results.csv). Batches up to 4 multiply through kvchat's one-pass kernel,\n"
-                  "  up to 32 through its tensor-core kernel; --gemm tc uses the latter from batch 1, --gemm\n"
-                  "  cublas puts every product through cuBLAS, to compare; --no-pdl\n"
+                  "  (bench/synthetic_results.csv). Batches 1-2 multiply through kvchat's one-pass kernel, 3-4\n"
+                  "  through its tensor-core kernel, larger ones through cuBLAS; --gemm tc takes the tensor-core\n"
+                  "  kernel for 1..32, --gemm cublas cuBLAS for all, to compare; --no-pdl\n"
                   "  launches the step's kernels without programmatic dependent launch. --ttft also times the\n"
                   "  first token of one sequence at each context: chunked prefill under full attention and\n"
                   "  under TAKE (chunks of --chunk tokens).\n",

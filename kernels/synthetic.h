@@ -22,8 +22,9 @@ const char *synth_shape_names(void);
 
 enum { SYNTH_FULL, SYNTH_CHESS, SYNTH_QUEST, SYNTH_TAKE };
 
-/* how the decode products run: kvchat's one-pass kernel up to batch 4 and its tensor-core kernel up
- * to 32 (cuBLAS above); the tensor-core kernel from batch 1; cuBLAS for every batch (to compare) */
+/* how the decode products run: kvchat's one-pass kernel for batches 1-2, its tensor-core kernel for
+ * 3-4, cuBLAS above (the fastest of the three at each batch, measured); the tensor-core kernel for
+ * 1..32; cuBLAS for every batch (both to compare) */
 enum { SYNTH_GEMM_OWN, SYNTH_GEMM_TC, SYNTH_GEMM_CUBLAS };
 const char *synth_gemm_name(int gemm);
 

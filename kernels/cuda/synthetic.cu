@@ -895,9 +895,11 @@ fail:
 cublasStatus_t sy_gemm(sy_model *m, const __half *W, int n_out, int n_in, const __half *x, int B, float *y, int acc)
 {
     const float one = 1.0f, zero = 0.0f;
-    /* batches up to 32 and K a multiple of 64: the tensor-core pass over W (from batch 5, or from 1
-     * with SYNTH_GEMM_TC); below 5 the one-pass kernel (docs/gpu.md has the measurements) */
-    if (m->gemm != SYNTH_GEMM_CUBLAS && B <= 32 && n_in % 64 == 0 && (B > 4 || m->gemm == SYNTH_GEMM_TC)) {
+    /* Measured on an H100 and an H200 (docs/gpu.md): batches 1-2 fastest through the one-pass kernel,
+     * 3-4 through the tensor-core pass, 5 and more through cuBLAS (the tensor-core pass reloads x per
+     * 16 rows, which costs more than it saves from there on). SYNTH_GEMM_TC takes it for 1..32. */
+    if (m->gemm != SYNTH_GEMM_CUBLAS && B <= 32 && n_in % 64 == 0 && (m->gemm == SYNTH_GEMM_TC || B >= 3) &&
+        (m->gemm == SYNTH_GEMM_TC || B <= 4)) {
         unsigned g = (unsigned)((n_out + 15) / 16);
         cudaError_t e;
         switch ((B + 7) / 8) {
@@ -1199,10 +1201,12 @@ static double hrand(uint64_t *st)
     return (double)(*st >> 11) / 9007199254740992.0 * 2 - 1;
 }
 
-/* the decode products checked: (batch, SYNTH_GEMM_*) */
-static const int gemm_cases[][2] = { { 1, SYNTH_GEMM_OWN }, { 2, SYNTH_GEMM_OWN },  { 3, SYNTH_GEMM_OWN },  { 4, SYNTH_GEMM_OWN },
-                                     { 1, SYNTH_GEMM_TC },  { 5, SYNTH_GEMM_OWN },  { 8, SYNTH_GEMM_OWN },  { 13, SYNTH_GEMM_OWN },
-                                     { 16, SYNTH_GEMM_OWN }, { 27, SYNTH_GEMM_OWN }, { 32, SYNTH_GEMM_OWN } };
+/* the decode products checked: (batch, SYNTH_GEMM_*, K): every kernel and template of sy_gemm */
+static const int gemm_cases[][3] = { { 1, SYNTH_GEMM_OWN, 264 },  { 2, SYNTH_GEMM_OWN, 264 },  { 3, SYNTH_GEMM_OWN, 264 },
+                                     { 4, SYNTH_GEMM_OWN, 264 },  { 3, SYNTH_GEMM_OWN, 192 },  { 4, SYNTH_GEMM_OWN, 192 },
+                                     { 1, SYNTH_GEMM_TC, 192 },   { 8, SYNTH_GEMM_TC, 192 },   { 13, SYNTH_GEMM_TC, 192 },
+                                     { 24, SYNTH_GEMM_TC, 192 },  { 32, SYNTH_GEMM_TC, 192 },  { 16, SYNTH_GEMM_OWN, 192 },
+                                     { 2, SYNTH_GEMM_CUBLAS, 192 } };
 
 /* The attention and Quest selection kernels against a host reference in double precision on random
  * data of awkward sizes: 3 sequences, 2 KV heads, page lists with gaps and a partial last page,
@@ -1361,7 +1365,7 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
     }
     /* the decode products: awkward row counts, K not a multiple of the 256-wide chunk */
     for (size_t ci = 0; ci < sizeof gemm_cases / sizeof *gemm_cases; ci++) {
-        const int nb = gemm_cases[ci][0], N = 37, Kd = gemm_cases[ci][1] == SYNTH_GEMM_TC || nb > 4 ? 192 : 264;
+        const int nb = gemm_cases[ci][0], N = 37, Kd = gemm_cases[ci][2];
         static __half hw[37 * 264], hx[32 * 264];
         static float hy[32 * 37];
         float *dy = NULL;
