@@ -1234,6 +1234,7 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
     float *dq = NULL, *po = NULL, *pml = NULL;
     int *dptab = NULL, *dl = NULL, *dn = NULL, *dpos = NULL;
     double worst = 0;
+    cublasHandle_t blas = NULL;
     if (!hK || !hV || !hq || !hptab || !hl || !hn || !hmin || !hmax || !hatt) {
         snprintf(err, errlen, "out of memory");
         goto fail;
@@ -1364,6 +1365,10 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
             }
     }
     /* the decode products: awkward row counts, K not a multiple of the 256-wide chunk */
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+        snprintf(err, errlen, "self-check: cuBLAS could not start");
+        goto fail;
+    }
     for (size_t ci = 0; ci < sizeof gemm_cases / sizeof *gemm_cases; ci++) {
         const int nb = gemm_cases[ci][0], N = 37, Kd = gemm_cases[ci][2];
         static __half hw[37 * 264], hx[32 * 264];
@@ -1373,6 +1378,7 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
         sy_model mm;
         memset(&mm, 0, sizeof mm);
         mm.gemm = gemm_cases[ci][1];
+        mm.blas = blas;   /* batches past 4 and SYNTH_GEMM_CUBLAS go through cuBLAS */
         for (int i = 0; i < N * Kd; i++) hw[i] = __float2half((float)hrand(&st));
         for (int i = 0; i < nb * Kd; i++) hx[i] = __float2half((float)hrand(&st));
         for (int i = 0; i < nb * N; i++) hy[i] = (float)hrand(&st);
@@ -1408,6 +1414,7 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
 fail:
     cudaFree(dK), cudaFree(dV), cudaFree(dq), cudaFree(dptab), cudaFree(dl), cudaFree(dn), cudaFree(dpos), cudaFree(datt);
     cudaFree(po), cudaFree(pml), cudaFree(dmin), cudaFree(dmax);
+    if (blas) cublasDestroy(blas);
     free(hK), free(hV), free(hq), free(hptab), free(hl), free(hn), free(hmin), free(hmax), free(hatt);
     return rc;
 }
