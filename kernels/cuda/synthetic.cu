@@ -328,69 +328,65 @@ __global__ void __launch_bounds__(256) k_gemv(const __half *W, const __half *x, 
     }
 }
 
-/* y[b][n] (f32) += sum_k W[n][k] x[b][k] for batches of 1..32 on the tensor cores, one pass over W.
- * Block: 4 warps, 64 rows of W each (4 tiles of 16), all four over the same 256-wide slice of K, so
- * the slice of x they share stays in L1 and is read once per 64 rows; the slices' partial sums meet
- * in y by atomic adds (y is zeroed first when not accumulating). A lane loads 16 consecutive halves
- * of its rows g and g+8 of W and of batch row g (+8 per n-tile) of x with 16-byte loads; since a dot
- * product may sum in any order, the four m16n8k16 products of a 64-wide tile take those registers as
- * they are, the same permutation of k on both sides. K must be a multiple of 256.
- * grid (ceil(N / 256), K / 256), block 128. */
-#define GT_ROWS 64
-#define GT_KS 256
+/* y[b][n] (f32) = sum_k W[n][k] x[b][k] (+ y when acc) for batches of 1..32 on the tensor cores, one
+ * pass over W. Block: 16 rows of W, its 8 warps interleaving over K in tiles of 64. A lane loads 16
+ * consecutive halves of rows g and g+8 of W and of batch row g (+8 per n-tile) of x with 16-byte
+ * loads; since a dot product may sum in any order, the four m16n8k16 products of a tile take those
+ * registers as they are, the same permutation of k on both sides. Partial sums meet in shared memory.
+ * K must be a multiple of 64. */
 template <int NT>
-__global__ void __launch_bounds__(128) k_gemm_tc(const __half *W, const __half *x, float *y, int N, int K, int B)
+__global__ void __launch_bounds__(256) k_gemm_tc(const __half *W, const __half *x, float *y, int N, int K, int B, int acc)
 {
+    __shared__ float part[8][NT * 8][17];
     pdl_enter();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int n0 = blockIdx.x * 4 * GT_ROWS + warp * GT_ROWS, ks = blockIdx.y * GT_KS;
-    float c[4][NT][4];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, n0 = blockIdx.x * 16;
+    float c[NT][4];
 #pragma unroll
-    for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-        for (int j = 0; j < NT; j++) c[mt][j][0] = c[mt][j][1] = c[mt][j][2] = c[mt][j][3] = 0.0f;
+    for (int j = 0; j < NT; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll 2
-    for (int k0 = ks; k0 < ks + GT_KS; k0 += 64) {
+    bool ra = n0 + g < N, rb = n0 + g + 8 < N;
+    for (int k0 = warp * 64; k0 < K; k0 += 8 * 64) {
         int k = k0 + 16 * t;
-        uint4 wv[4][4];   /* m-tile, (row g lo, row g hi, row g+8 lo, row g+8 hi) */
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++) {
-            int ra = n0 + mt * 16 + g, rb = ra + 8;
-            wv[mt][0] = ra < N ? *(const uint4 *)(W + (size_t)ra * K + k) : zero;
-            wv[mt][1] = ra < N ? *(const uint4 *)(W + (size_t)ra * K + k + 8) : zero;
-            wv[mt][2] = rb < N ? *(const uint4 *)(W + (size_t)rb * K + k) : zero;
-            wv[mt][3] = rb < N ? *(const uint4 *)(W + (size_t)rb * K + k + 8) : zero;
-        }
-        uint4 xv[NT][2];
+        uint4 wa0 = ra ? *(const uint4 *)(W + (size_t)(n0 + g) * K + k) : zero;
+        uint4 wa1 = ra ? *(const uint4 *)(W + (size_t)(n0 + g) * K + k + 8) : zero;
+        uint4 wb0 = rb ? *(const uint4 *)(W + (size_t)(n0 + g + 8) * K + k) : zero;
+        uint4 wb1 = rb ? *(const uint4 *)(W + (size_t)(n0 + g + 8) * K + k + 8) : zero;
+        uint4 xv0[NT], xv1[NT];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             bool in = j * 8 + g < B;
-            xv[j][0] = in ? *(const uint4 *)(x + (size_t)(j * 8 + g) * K + k) : zero;
-            xv[j][1] = in ? *(const uint4 *)(x + (size_t)(j * 8 + g) * K + k + 8) : zero;
+            xv0[j] = in ? *(const uint4 *)(x + (size_t)(j * 8 + g) * K + k) : zero;
+            xv1[j] = in ? *(const uint4 *)(x + (size_t)(j * 8 + g) * K + k + 8) : zero;
         }
+        const unsigned aw[8] = { wa0.x, wa0.y, wa0.z, wa0.w, wa1.x, wa1.y, wa1.z, wa1.w };
+        const unsigned bw[8] = { wb0.x, wb0.y, wb0.z, wb0.w, wb1.x, wb1.y, wb1.z, wb1.w };
 #pragma unroll
-        for (int s = 0; s < 4; s++)
+        for (int s = 0; s < 4; s++) {
+            unsigned a[4] = { aw[2 * s], bw[2 * s], aw[2 * s + 1], bw[2 * s + 1] };
 #pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
-                const unsigned *wa = (const unsigned *)&wv[mt][s >> 1], *wb = (const unsigned *)&wv[mt][2 + (s >> 1)];
-                unsigned a[4] = { wa[2 * (s & 1)], wb[2 * (s & 1)], wa[2 * (s & 1) + 1], wb[2 * (s & 1) + 1] };
-#pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    const unsigned *xw = (const unsigned *)&xv[j][s >> 1];
-                    mma16816(c[mt][j], a, xw[2 * (s & 1)], xw[2 * (s & 1) + 1]);
-                }
+            for (int j = 0; j < NT; j++) {
+                const unsigned xw[8] = { xv0[j].x, xv0[j].y, xv0[j].z, xv0[j].w, xv1[j].x, xv1[j].y, xv1[j].z, xv1[j].w };
+                mma16816(c[j], a, xw[2 * s], xw[2 * s + 1]);
             }
+        }
     }
 #pragma unroll
-    for (int mt = 0; mt < 4; mt++)
+    for (int j = 0; j < NT; j++) {
+        part[warp][j * 8 + 2 * t][g] = c[j][0];
+        part[warp][j * 8 + 2 * t + 1][g] = c[j][1];
+        part[warp][j * 8 + 2 * t][g + 8] = c[j][2];
+        part[warp][j * 8 + 2 * t + 1][g + 8] = c[j][3];
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < NT * 8 * 16; o += 256) {
+        int b = o / 16, r = o % 16;
+        if (b >= B || n0 + r >= N) continue;
+        float v = 0;
 #pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int b = j * 8 + 2 * t + (e & 1), r = n0 + mt * 16 + g + (e >> 1) * 8;
-                if (b < B && r < N) atomicAdd(y + (size_t)b * N + r, c[mt][j][e]);
-            }
+        for (int w = 0; w < 8; w++) v += part[w][b][r];
+        float *dst = y + (size_t)b * N + n0 + r;
+        *dst = acc ? *dst + v : v;
+    }
 }
 
 /* out[b][h] = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), f16 for the output product.
@@ -902,15 +898,16 @@ cublasStatus_t sy_gemm(sy_model *m, const __half *W, int n_out, int n_in, const 
     /* Measured on an H100 and an H200 (docs/gpu.md): batches 1-2 fastest through the one-pass kernel,
      * 3-4 through the tensor-core pass, 5 and more through cuBLAS (the tensor-core pass reloads x per
      * 16 rows, which costs more than it saves from there on). SYNTH_GEMM_TC takes it for 1..32. */
-    if (m->gemm != SYNTH_GEMM_CUBLAS && B <= 32 && n_in % GT_KS == 0 && (m->gemm == SYNTH_GEMM_TC || B >= 3)) {
-        dim3 g((unsigned)((n_out + 4 * GT_ROWS - 1) / (4 * GT_ROWS)), (unsigned)(n_in / GT_KS));
-        cudaError_t e = acc ? cudaSuccess : cudaMemsetAsync(y, 0, sizeof(float) * (size_t)B * n_out, m->st);
-        if (e == cudaSuccess) switch ((B + 7) / 8) {
-            case 1: e = launch(m, g, 128, 0, k_gemm_tc<1>, W, x, y, n_out, n_in, B); break;
-            case 2: e = launch(m, g, 128, 0, k_gemm_tc<2>, W, x, y, n_out, n_in, B); break;
-            case 3: e = launch(m, g, 128, 0, k_gemm_tc<3>, W, x, y, n_out, n_in, B); break;
-            default: e = launch(m, g, 128, 0, k_gemm_tc<4>, W, x, y, n_out, n_in, B); break;
-            }
+    if (m->gemm != SYNTH_GEMM_CUBLAS && B <= 32 && n_in % 64 == 0 && (m->gemm == SYNTH_GEMM_TC || B >= 3) &&
+        (m->gemm == SYNTH_GEMM_TC || B <= 4)) {
+        unsigned g = (unsigned)((n_out + 15) / 16);
+        cudaError_t e;
+        switch ((B + 7) / 8) {
+        case 1: e = launch(m, g, 256, 0, k_gemm_tc<1>, W, x, y, n_out, n_in, B, acc); break;
+        case 2: e = launch(m, g, 256, 0, k_gemm_tc<2>, W, x, y, n_out, n_in, B, acc); break;
+        case 3: e = launch(m, g, 256, 0, k_gemm_tc<3>, W, x, y, n_out, n_in, B, acc); break;
+        default: e = launch(m, g, 256, 0, k_gemm_tc<4>, W, x, y, n_out, n_in, B, acc); break;
+        }
         return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
     }
     if (B <= 4 && n_in % 8 == 0 && m->gemm == SYNTH_GEMM_OWN) {
@@ -1206,10 +1203,10 @@ static double hrand(uint64_t *st)
 
 /* the decode products checked: (batch, SYNTH_GEMM_*, K): every kernel and template of sy_gemm */
 static const int gemm_cases[][3] = { { 1, SYNTH_GEMM_OWN, 264 },  { 2, SYNTH_GEMM_OWN, 264 },  { 3, SYNTH_GEMM_OWN, 264 },
-                                     { 4, SYNTH_GEMM_OWN, 264 },  { 3, SYNTH_GEMM_OWN, 512 },  { 4, SYNTH_GEMM_OWN, 512 },
-                                     { 1, SYNTH_GEMM_TC, 512 },   { 8, SYNTH_GEMM_TC, 768 },   { 13, SYNTH_GEMM_TC, 512 },
-                                     { 24, SYNTH_GEMM_TC, 256 },  { 32, SYNTH_GEMM_TC, 512 },  { 16, SYNTH_GEMM_OWN, 512 },
-                                     { 40, SYNTH_GEMM_OWN, 512 }, { 2, SYNTH_GEMM_CUBLAS, 512 } };
+                                     { 4, SYNTH_GEMM_OWN, 264 },  { 3, SYNTH_GEMM_OWN, 192 },  { 4, SYNTH_GEMM_OWN, 192 },
+                                     { 1, SYNTH_GEMM_TC, 192 },   { 8, SYNTH_GEMM_TC, 192 },   { 13, SYNTH_GEMM_TC, 192 },
+                                     { 24, SYNTH_GEMM_TC, 192 },  { 32, SYNTH_GEMM_TC, 192 },  { 16, SYNTH_GEMM_OWN, 192 },
+                                     { 2, SYNTH_GEMM_CUBLAS, 192 } };
 
 /* The attention and Quest selection kernels against a host reference in double precision on random
  * data of awkward sizes: 3 sequences, 2 KV heads, page lists with gaps and a partial last page,
@@ -1373,9 +1370,9 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
         goto fail;
     }
     for (size_t ci = 0; ci < sizeof gemm_cases / sizeof *gemm_cases; ci++) {
-        const int nb = gemm_cases[ci][0], N = 299, Kd = gemm_cases[ci][2];   /* 299 rows: two blocks, the second partial */
-        static __half hw[299 * 768], hx[40 * 768];
-        static float hy[40 * 299];
+        const int nb = gemm_cases[ci][0], N = 37, Kd = gemm_cases[ci][2];
+        static __half hw[37 * 264], hx[32 * 264];
+        static float hy[32 * 37];
         float *dy = NULL;
         __half *dw = NULL, *dx = NULL;
         sy_model mm;
@@ -1390,9 +1387,8 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
                  cudaMemcpy(dw, hw, sizeof hw, cudaMemcpyHostToDevice) == cudaSuccess &&
                  cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice) == cudaSuccess &&
                  cudaMemcpy(dy, hy, sizeof hy, cudaMemcpyHostToDevice) == cudaSuccess &&
-                 sy_gemm(&mm, dw, N, Kd, dx, nb, dy, (int)(ci & 1)) == CUBLAS_STATUS_SUCCESS &&
-                 cudaDeviceSynchronize() == cudaSuccess;
-        static float got[40 * 299];
+                 sy_gemm(&mm, dw, N, Kd, dx, nb, dy, 1) == CUBLAS_STATUS_SUCCESS;
+        static float got[32 * 37];
         ok = ok && cudaMemcpy(got, dy, sizeof(float) * nb * N, cudaMemcpyDeviceToHost) == cudaSuccess;
         cudaFree(dw), cudaFree(dx), cudaFree(dy);
         if (!ok) {
@@ -1401,7 +1397,7 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
         }
         for (int b = 0; b < nb; b++)
             for (int n = 0; n < N; n++) {
-                double ref = ci & 1 ? hy[b * N + n] : 0.0;   /* odd cases add into y */
+                double ref = hy[b * N + n];
                 for (int k = 0; k < Kd; k++) ref += (double)__half2float(hw[n * Kd + k]) * __half2float(hx[b * Kd + k]);
                 if (!(fabs(got[b * N + n] - ref) <= 1e-4 * (fabs(ref) + 16))) {
                     snprintf(err, errlen, "self-check: decode product (%s, batch %d) row %d of column %d: %g, not %g", synth_gemm_name(gemm_cases[ci][1]), nb, n, b, got[b * N + n], ref);
