@@ -130,6 +130,9 @@ Test(kernels, vector_exp_matches_libm)
     x[2] = 88.7f;
     x[3] = -87.0f;
     x[4] = 89.0f;
+    x[5] = 88.7228317f;   /* the largest float whose e^x is finite: a random draw found the kernel */
+    x[6] = 88.7228088f;   /* overflowing just below it, when its cut-off was 88.7228f */
+    x[7] = 88.7228394f;   /* the next float up: +inf */
     for (int i = 0; i < N; i++) y[i] = NAN;
     vd_exp_f32(N, x, y);
     for (int i = 0; i < N; i++) {

@@ -756,10 +756,11 @@ void vd_dot_multi_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w,
 /* e^x for 8 floats: range reduction x = k ln2 + r (|r| <= ln2/2, ln2 split in two parts for exactness),
  * degree-6 polynomial for e^r (relative error ~1e-7), scaling by 2^k through the exponent bits.
  * Results down through the subnormal range (2^k applied in two halves); inputs below -104 give 0,
- * above 88.7 +inf; NaN stays NaN. */
+ * above 88.7228317 +inf; NaN stays NaN. */
 static inline __m256 exp256(__m256 x)
 {
-    const __m256 hi = _mm256_set1_ps(88.7228f), lo = _mm256_set1_ps(-104.0f);
+    /* hi: the largest float whose e^x is finite (88.7228317f); above it +inf */
+    const __m256 hi = _mm256_set1_ps(88.7228317f), lo = _mm256_set1_ps(-104.0f);
     __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
