@@ -65,7 +65,9 @@ typedef struct cuda_impl {
     dev_page *pages;
     uint64_t *masks;
     int64_t *head_pages;
-    size_t cap_x32, cap_y32, cap_q, cap_out, cap_x16, cap_qpos, cap_pages, cap_masks, cap_hp;
+    float *part_o, *part_ml;   /* attention's per-split partial results */
+    size_t cap_x32, cap_y32, cap_q, cap_out, cap_x16, cap_qpos, cap_pages, cap_masks, cap_hp, cap_po, cap_pml;
+    int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     uint64_t scratch_bytes;
     /* host staging */
     dev_page *h_pages;
@@ -314,12 +316,14 @@ __device__ float block_sum(float v, float *red)
     return r;
 }
 
-/* One block per (query head, query): online softmax over the pages of its KV head, ATT_THREADS keys
- * at a time (one key per thread for the scores, then each thread accumulates its share of the
- * head's dimensions over those keys). */
+/* One block per (query head, query, split of its KV head's pages): online softmax over that slice of
+ * the pages, ATT_THREADS keys at a time (one key per thread for the scores, then each thread
+ * accumulates its share of the head's dimensions over those keys); the unnormalised output, maximum
+ * and sum of each split go to part_*, merged by attn_combine. Splits give a decode step (one query,
+ * a few heads) enough blocks to fill the device. */
 __global__ void attn_kernel(const float *q, const int32_t *q_pos, const dev_page *pages, int64_t n_pages,
                             const int64_t *head_pages, const uint64_t *masks, int n_head, int group, int D,
-                            int32_t window, float *out)
+                            int32_t window, int n_split, float *part_o, float *part_ml)
 {
     extern __shared__ float sh[];
     float *sq = sh;                 /* [D] the query */
@@ -333,7 +337,9 @@ __global__ void attn_kernel(const float *q, const int32_t *q_pos, const dev_page
     float acc[MAX_D_PER_THREAD];
     for (int j = 0; j < MAX_D_PER_THREAD; j++) acc[j] = 0;
     float m = -INFINITY, l = 0;
-    int64_t p0 = head_pages ? head_pages[g] : 0, p1 = head_pages ? head_pages[g + 1] : n_pages;
+    int64_t h0 = head_pages ? head_pages[g] : 0, h1 = head_pages ? head_pages[g + 1] : n_pages;
+    int64_t per = (h1 - h0 + n_split - 1) / n_split, p0 = h0 + blockIdx.z * per;
+    int64_t p1 = p0 + per < h1 ? p0 + per : h1;
     __syncthreads();
     for (int64_t ip = p0; ip < p1; ip++) {
         const dev_page pg = pages[ip];
@@ -377,11 +383,32 @@ __global__ void attn_kernel(const float *q, const int32_t *q_pos, const dev_page
             __syncthreads();   /* sp is rewritten by the next block of keys */
         }
     }
-    float inv = l > 0 ? 1.0f / l : 0.0f;
-    float *o = out + (t * n_head + h) * (int64_t)D;
+    int64_t row = (t * n_head + h) * n_split + blockIdx.z;
     for (int j = 0; j < MAX_D_PER_THREAD; j++) {
         int d = tid + j * ATT_THREADS;
-        if (d < D) o[d] = acc[j] * inv;
+        if (d < D) part_o[row * D + d] = acc[j];
+    }
+    if (tid == 0) part_ml[row * 2] = m, part_ml[row * 2 + 1] = l;
+}
+
+/* out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits of each (query, head); zero
+ * where nothing was visible. grid (n_head, n_q). */
+__global__ void attn_combine(const float *part_o, const float *part_ml, int n_split, int n_head, int D, float *out)
+{
+    int h = blockIdx.x;
+    int64_t t = blockIdx.y, row0 = (t * n_head + h) * n_split;
+    float M = -INFINITY;
+    for (int s = 0; s < n_split; s++) M = fmaxf(M, part_ml[(row0 + s) * 2]);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float L = 0, o = 0;
+        for (int s = 0; s < n_split; s++) {
+            float m = part_ml[(row0 + s) * 2];
+            if (m == -INFINITY) continue;
+            float f = __expf(m - M);
+            L += part_ml[(row0 + s) * 2 + 1] * f;
+            o += part_o[(row0 + s) * D + d] * f;
+        }
+        out[(t * n_head + h) * (int64_t)D + d] = L > 0 ? o / L : 0.0f;
     }
 }
 
@@ -446,12 +473,28 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         ck(cudaMemcpyAsync(ci->head_pages, a->head_pages, sizeof(int64_t) * (size_t)(a->n_head_kv + 1),
                            cudaMemcpyHostToDevice, s),
            "upload");
-    dim3 grid((unsigned)a->n_head, (unsigned)a->n_q);
+    /* splits: about four blocks a multiprocessor in all, at least one page each */
+    int64_t most = a->n_pages;
+    if (a->head_pages) {
+        most = 0;
+        for (int g = 0; g < a->n_head_kv; g++)
+            if (a->head_pages[g + 1] - a->head_pages[g] > most) most = a->head_pages[g + 1] - a->head_pages[g];
+    }
+    int64_t blocks = (int64_t)a->n_head * a->n_q, want = (4 * (int64_t)ci->n_sm + blocks - 1) / blocks;
+    int n_split = (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
+    size_t n_part = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
+    grow_dev(ci, (void **)&ci->part_o, &ci->cap_po, sizeof(float) * n_part * (size_t)D);
+    grow_dev(ci, (void **)&ci->part_ml, &ci->cap_pml, sizeof(float) * n_part * 2);
+    dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);
     size_t shmem = sizeof(float) * ((size_t)D + ATT_THREADS + ATT_THREADS / 32);
     attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(ci->q, ci->qpos, ci->pages, a->n_pages,
                                                  a->head_pages ? ci->head_pages : NULL, ci->masks, a->n_head,
-                                                 a->n_head / a->n_head_kv, D, a->window, ci->out);
+                                                 a->n_head / a->n_head_kv, D, a->window, n_split, ci->part_o,
+                                                 ci->part_ml);
     ck(cudaGetLastError(), "attention kernel");
+    attn_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), ATT_THREADS, 0, s>>>(ci->part_o, ci->part_ml, n_split,
+                                                                                    a->n_head, D, ci->out);
+    ck(cudaGetLastError(), "attention combine");
     ck(cudaMemcpyAsync(a->out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download");
     ck(cudaStreamSynchronize(s), "attention");
 }
@@ -505,7 +548,8 @@ static void cuda_destroy(be_backend *b)
         for (int i = 0; i < ci->n_w; i++) cudaFree(ci->w[i].d);
         free(ci->w);
         pc_free(&ci->copies);
-        void *dev[] = { ci->x32, ci->y32, ci->q, ci->out, ci->x16, ci->qpos, ci->pages, ci->masks, ci->head_pages };
+        void *dev[] = { ci->x32, ci->y32, ci->q, ci->out, ci->x16, ci->qpos, ci->pages, ci->masks, ci->head_pages,
+                        ci->part_o, ci->part_ml };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
         free(ci->h_pages);
         free(ci->h_masks);
@@ -550,7 +594,8 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     b->impl = ci;
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
-    if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaStreamCreate(&ci->stream)) != cudaSuccess) {
+    if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaStreamCreate(&ci->stream)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&ci->n_sm, cudaDevAttrMultiProcessorCount, 0)) != cudaSuccess) {
         snprintf(err, errlen, "CUDA device 0: %s", cudaGetErrorString(e));
         cuda_destroy(b);
         return NULL;
