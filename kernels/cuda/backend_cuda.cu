@@ -72,7 +72,10 @@ typedef struct cuda_impl {
     /* host staging */
     dev_page *h_pages;
     uint64_t *h_masks;
-    size_t cap_h_pages, cap_h_masks;
+    float *h_x, *h_y, *h_q, *h_out;   /* staging of products' and attention's inputs and outputs */
+    int32_t *h_qpos;
+    int64_t *h_hp;
+    size_t cap_h_pages, cap_h_masks, cap_h_x, cap_h_y, cap_h_q, cap_h_out, cap_h_qpos, cap_h_hp;
 } cuda_impl;
 
 static cuda_impl *impl_of(be_backend *b) { return (cuda_impl *)b->impl; }
@@ -115,16 +118,19 @@ static void grow_dev(cuda_impl *ci, void **p, size_t *cap, size_t need)
     ci->scratch_bytes += sz;
 }
 
+/* Grow a page-locked host staging buffer (contents are not kept): copies from pageable memory go
+ * through a driver bounce buffer and cost tens of microseconds each, which a decode step pays about
+ * ten times a layer. */
 static void grow_host(void **p, size_t *cap, size_t need)
 {
     if (need <= *cap) return;
     size_t sz = need + need / 4 + 4096;
-    void *n = realloc(*p, sz);
-    if (!n) {
-        fprintf(stderr, "kvchat: out of memory (%zu bytes)\n", sz);
+    if (*p) cudaFreeHost(*p);
+    *p = NULL;
+    if (cudaHostAlloc(p, sz, cudaHostAllocDefault) != cudaSuccess) {
+        fprintf(stderr, "kvchat: out of page-locked host memory (%zu bytes)\n", sz);
         abort();
     }
-    *p = n;
     *cap = sz;
 }
 
@@ -249,7 +255,10 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
     grow_dev(ci, (void **)&ci->x32, &ci->cap_x32, sizeof(float) * (size_t)n_x);
     grow_dev(ci, (void **)&ci->x16, &ci->cap_x16, sizeof(__half) * (size_t)n_x);
     grow_dev(ci, (void **)&ci->y32, &ci->cap_y32, sizeof(float) * (size_t)n_y);
-    ck(cudaMemcpyAsync(ci->x32, x, sizeof(float) * (size_t)n_x, cudaMemcpyHostToDevice, ci->stream), "upload");
+    grow_host((void **)&ci->h_x, &ci->cap_h_x, sizeof(float) * (size_t)n_x);
+    grow_host((void **)&ci->h_y, &ci->cap_h_y, sizeof(float) * (size_t)n_y);
+    memcpy(ci->h_x, x, sizeof(float) * (size_t)n_x);
+    ck(cudaMemcpyAsync(ci->x32, ci->h_x, sizeof(float) * (size_t)n_x, cudaMemcpyHostToDevice, ci->stream), "upload");
     f32_to_f16<<<(unsigned)((n_x + 255) / 256), 256, 0, ci->stream>>>(ci->x32, ci->x16, n_x);
     ck(cudaGetLastError(), "f32_to_f16");
     const float one = 1.0f, zero = 0.0f;
@@ -261,12 +270,16 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
                          CUDA_R_16F, (int)n_in, ci->x16, CUDA_R_16F, (int)n_in, &zero, ci->y32 + off, CUDA_R_32F,
                          (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "GEMM");
-        ck(cudaMemcpyAsync(mms[m].y, ci->y32 + off, sizeof(float) * (size_t)(n_tok * n_out), cudaMemcpyDeviceToHost,
-                           ci->stream),
-           "download");
         off += n_tok * n_out;
     }
+    ck(cudaMemcpyAsync(ci->h_y, ci->y32, sizeof(float) * (size_t)n_y, cudaMemcpyDeviceToHost, ci->stream), "download");
     ck(cudaStreamSynchronize(ci->stream), "matmul");
+    off = 0;
+    for (int m = 0; m < n_mm; m++) {
+        size_t ny = (size_t)(n_tok * mms[m].w->n_out);
+        memcpy(mms[m].y, ci->h_y + off, sizeof(float) * ny);
+        off += (int64_t)ny;
+    }
 }
 
 /* ---------------------------------------------------------------- KV page copies */
@@ -467,12 +480,20 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         ck(cudaMemcpyAsync(ci->pages, ci->h_pages, sizeof(dev_page) * (size_t)a->n_pages, cudaMemcpyHostToDevice, s),
            "upload");
     if (w) ck(cudaMemcpyAsync(ci->masks, ci->h_masks, sizeof(uint64_t) * w, cudaMemcpyHostToDevice, s), "upload");
-    ck(cudaMemcpyAsync(ci->q, a->q, sizeof(float) * nq, cudaMemcpyHostToDevice, s), "upload");
-    ck(cudaMemcpyAsync(ci->qpos, a->q_pos, sizeof(int32_t) * (size_t)a->n_q, cudaMemcpyHostToDevice, s), "upload");
-    if (a->head_pages)
-        ck(cudaMemcpyAsync(ci->head_pages, a->head_pages, sizeof(int64_t) * (size_t)(a->n_head_kv + 1),
-                           cudaMemcpyHostToDevice, s),
+    grow_host((void **)&ci->h_q, &ci->cap_h_q, sizeof(float) * nq);
+    grow_host((void **)&ci->h_out, &ci->cap_h_out, sizeof(float) * nq);
+    grow_host((void **)&ci->h_qpos, &ci->cap_h_qpos, sizeof(int32_t) * (size_t)a->n_q);
+    grow_host((void **)&ci->h_hp, &ci->cap_h_hp, sizeof(int64_t) * (size_t)(a->n_head_kv + 1));
+    memcpy(ci->h_q, a->q, sizeof(float) * nq);
+    memcpy(ci->h_qpos, a->q_pos, sizeof(int32_t) * (size_t)a->n_q);
+    ck(cudaMemcpyAsync(ci->q, ci->h_q, sizeof(float) * nq, cudaMemcpyHostToDevice, s), "upload");
+    ck(cudaMemcpyAsync(ci->qpos, ci->h_qpos, sizeof(int32_t) * (size_t)a->n_q, cudaMemcpyHostToDevice, s), "upload");
+    if (a->head_pages) {
+        memcpy(ci->h_hp, a->head_pages, sizeof(int64_t) * (size_t)(a->n_head_kv + 1));
+        ck(cudaMemcpyAsync(ci->head_pages, ci->h_hp, sizeof(int64_t) * (size_t)(a->n_head_kv + 1), cudaMemcpyHostToDevice,
+                           s),
            "upload");
+    }
     /* splits: about four blocks a multiprocessor in all, at least one page each */
     int64_t most = a->n_pages;
     if (a->head_pages) {
@@ -495,8 +516,9 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     attn_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), ATT_THREADS, 0, s>>>(ci->part_o, ci->part_ml, n_split,
                                                                                     a->n_head, D, ci->out);
     ck(cudaGetLastError(), "attention combine");
-    ck(cudaMemcpyAsync(a->out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download");
+    ck(cudaMemcpyAsync(ci->h_out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download");
     ck(cudaStreamSynchronize(s), "attention");
+    memcpy(a->out, ci->h_out, sizeof(float) * nq);
 }
 
 /* ---------------------------------------------------------------- host-side ops */
@@ -551,8 +573,9 @@ static void cuda_destroy(be_backend *b)
         void *dev[] = { ci->x32, ci->y32, ci->q, ci->out, ci->x16, ci->qpos, ci->pages, ci->masks, ci->head_pages,
                         ci->part_o, ci->part_ml };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-        free(ci->h_pages);
-        free(ci->h_masks);
+        void *host[] = { ci->h_pages, ci->h_masks, ci->h_x, ci->h_y, ci->h_q, ci->h_out, ci->h_qpos, ci->h_hp };
+        for (size_t i = 0; i < sizeof host / sizeof *host; i++)
+            if (host[i]) cudaFreeHost(host[i]);
         if (ci->blas) cublasDestroy(ci->blas);
         if (ci->stream) cudaStreamDestroy(ci->stream);
         be_free(ci->cpu);
