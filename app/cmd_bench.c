@@ -633,21 +633,9 @@ int cmd_bench(int argc, char **argv)
         }
     }
     int64_t depths[16];
-    int nd = 0;
-    for (const char *p = depths_arg; *p && nd < 16;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > (1 << 22)) {
-            cli_err("bench: --depths: bad list '%s'", depths_arg);
-            return 1;
-        }
-        depths[nd++] = v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') {
-            cli_err("bench: --depths: bad list '%s'", depths_arg);
-            return 1;
-        }
-    }
+    int dl[16], nd = parse_int_list("--depths", depths_arg, dl, 16, 1, 1 << 22);
+    if (nd < 0) return 1;
+    for (int i = 0; i < nd; i++) depths[i] = dl[i];
     int64_t maxd = 0;
     for (int i = 0; i < nd; i++)
         if (depths[i] > maxd) maxd = depths[i];

@@ -30,6 +30,8 @@ extern "C" {
 #include "quant.h"
 }
 
+#include "split_merge.cuh"
+
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
 #define COPY_IDLE 4096      /* attention calls a page copy may go unused before it is freed */
@@ -404,25 +406,14 @@ __global__ void attn_kernel(const float *q, const int32_t *q_pos, const dev_page
     if (tid == 0) part_ml[row * 2] = m, part_ml[row * 2 + 1] = l;
 }
 
-/* out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits of each (query, head); zero
- * where nothing was visible. grid (n_head, n_q). */
+/* the splits of each (query, head) merged (split_merge.cuh). grid (n_head, n_q). */
 __global__ void attn_combine(const float *part_o, const float *part_ml, int n_split, int n_head, int D, float *out)
 {
     int h = blockIdx.x;
     int64_t t = blockIdx.y, row0 = (t * n_head + h) * n_split;
-    float M = -INFINITY;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, part_ml[(row0 + s) * 2]);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float L = 0, o = 0;
-        for (int s = 0; s < n_split; s++) {
-            float m = part_ml[(row0 + s) * 2];
-            if (m == -INFINITY) continue;
-            float f = __expf(m - M);
-            L += part_ml[(row0 + s) * 2 + 1] * f;
-            o += part_o[(row0 + s) * D + d] * f;
-        }
-        out[(t * n_head + h) * (int64_t)D + d] = L > 0 ? o / L : 0.0f;
-    }
+    float M = split_max(part_ml, row0, n_split);
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+        out[(t * n_head + h) * (int64_t)D + d] = split_merge(part_o, part_ml, row0, n_split, D, d, M);
 }
 
 static void cuda_attention(be_backend *b, const be_attn *a)

@@ -26,6 +26,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "split_merge.cuh"
 #include "synthetic_impl.cuh"
 
 #define SY_THREADS 128
@@ -121,15 +122,7 @@ __global__ void k_rope_write(const float *qkv, float *q, __half *K, __half *V, f
     }
 }
 
-/* Split-K paged attention for one (split, KV head, sequence) on the tensor cores, one warp per block.
- * A list holds logical page indices of the sequence; rows at or past the sequence's length are not
- * attended. Pages stream into shared memory through cp.async, TC_STAGES deep, their 16-byte chunks
- * swizzled by row (chunk ^ row%8) so that ldmatrix reads are free of bank conflicts. Per page of 32
- * keys: S^T = K Q^T as m16n8k16 products (keys x the group's 4 query heads, padded to 8), the online
- * softmax per head across the lanes that hold it, then O^T += V^T P^T (dims x heads), P^T passing
- * through a small shared array to change fragment layout. f16 operands, f32 accumulation. Partial
- * results (max, sum, unnormalised output) go to part_*; k_attn_combine merges them. */
-/* issue the copies of logical page lp of sequence b (K and V, swizzled) into stage st */
+/* issue the copies of one page (K and V of one KV head, at base, swizzled) into a stage */
 __device__ __forceinline__ void tc_load_page(__half *stg, const __half *K, const __half *V, size_t base, int lane)
 {
 #pragma unroll
@@ -140,6 +133,14 @@ __device__ __forceinline__ void tc_load_page(__half *stg, const __half *K, const
     }
 }
 
+/* Split-K paged attention for one (split, KV head, sequence) on the tensor cores, one warp per block.
+ * A list holds logical page indices of the sequence; rows at or past the sequence's length are not
+ * attended. Pages stream into shared memory through cp.async, TC_STAGES deep, their 16-byte chunks
+ * swizzled by row (chunk ^ row%8) so that ldmatrix reads are free of bank conflicts. Per page of 32
+ * keys: S^T = K Q^T as m16n8k16 products (keys x the group's 4 query heads, padded to 8), the online
+ * softmax per head across the lanes that hold it, then O^T += V^T P^T (dims x heads), P^T passing
+ * through a small shared array to change fragment layout. f16 operands, f32 accumulation. Partial
+ * results (max, sum, unnormalised output) go to part_*; k_attn_combine merges them. */
 __global__ void __launch_bounds__(32) k_attn(const float *q, const __half *K, const __half *V, const int *ptab,
                                              int pt_stride, const int *list, const int *nlist, int cap,
                                              const int *pos, int n_kv, int n_split, float scale, float *part_o,
@@ -395,18 +396,9 @@ __global__ void k_attn_combine(const float *part_o, const float *part_ml, int n_
 {
     pdl_enter();
     int h = blockIdx.x, b = blockIdx.y, n_head = gridDim.x, d = threadIdx.x;
-    size_t row0 = ((size_t)b * n_head + h) * n_split;
-    float M = -INFINITY;
-    for (int s = 0; s < n_split; s++) M = fmaxf(M, part_ml[(row0 + s) * 2]);
-    float L = 0, o = 0;
-    for (int s = 0; s < n_split; s++) {
-        float m = part_ml[(row0 + s) * 2];
-        if (m == -INFINITY) continue;
-        float f = __expf(m - M);
-        L += part_ml[(row0 + s) * 2 + 1] * f;
-        o += part_o[(row0 + s) * SY_HD + d] * f;
-    }
-    out[((size_t)b * n_head + h) * SY_HD + d] = __float2half(L > 0 ? o / L : 0.0f);
+    int64_t row0 = ((int64_t)b * n_head + h) * n_split;
+    float M = split_max(part_ml, row0, n_split);
+    out[((size_t)b * n_head + h) * SY_HD + d] = __float2half(split_merge(part_o, part_ml, row0, n_split, SY_HD, d, M));
 }
 
 /* h = silu(gate) * up, f16; gu holds [gate | up] per row */
@@ -426,27 +418,8 @@ __global__ void k_sample_embed(const float *logits, int n_vocab, const __half *e
                                int *pos)
 {
     pdl_enter();
-    __shared__ float bv[32];
-    __shared__ int bi[32];
-    const float *l = logits + (size_t)blockIdx.x * n_vocab;
-    float best = -INFINITY;
-    int arg = 0;
-    for (int i = threadIdx.x; i < n_vocab; i += blockDim.x)
-        if (l[i] > best) best = l[i], arg = i;
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, arg, o);
-        if (ov > best || (ov == best && oi < arg)) best = ov, arg = oi;
-    }
-    if ((threadIdx.x & 31) == 0) bv[threadIdx.x >> 5] = best, bi[threadIdx.x >> 5] = arg;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (bv[w] > bv[0] || (bv[w] == bv[0] && bi[w] < bi[0])) bv[0] = bv[w], bi[0] = bi[w];
-        tok[blockIdx.x] = bi[0];
-    }
-    __syncthreads();
-    int t = bi[0];
+    int t = block_argmax(logits + (size_t)blockIdx.x * n_vocab, n_vocab);
+    if (threadIdx.x == 0) tok[blockIdx.x] = t;
     for (int i = threadIdx.x; i < d; i += blockDim.x) x[(size_t)blockIdx.x * d + i] = __half2float(emb[(size_t)t * d + i]);
     __syncthreads();
     if (threadIdx.x == 0) pos[blockIdx.x]++;
@@ -455,7 +428,7 @@ __global__ void k_sample_embed(const float *logits, int n_vocab, const __half *e
 /* The summaries of a cache filled without decoding: key sums and min/max of every full page.
  * grid (pages, n_kv, n_layer), block HD. */
 __global__ void k_summaries(const __half *K, float *ksum, __half *kmin, __half *kmax, const int *phys_of, int n_kv,
-                            int n_layer, int layer, size_t n_phys, size_t layer_stride)
+                            int n_layer, int layer, size_t n_phys)
 {
     int pg = phys_of[blockIdx.x], kv = blockIdx.y, d = threadIdx.x;
     const __half *k = K + (((size_t)pg * n_kv + kv) * SY_P) * SY_HD + d;
@@ -466,7 +439,6 @@ __global__ void k_summaries(const __half *K, float *ksum, __half *kmin, __half *
         s += __half2float(v);
         lo = __hmin(lo, v), hi = __hmax(hi, v);
     }
-    (void)layer_stride;
     ksum[(((size_t)pg * n_layer + layer) * n_kv + kv) * SY_HD + d] = s;
     size_t mm = (((size_t)layer * n_phys + pg) * n_kv + kv) * SY_HD + d;
     kmin[mm] = lo, kmax[mm] = hi;
@@ -749,27 +721,27 @@ static int model_make(sy_model *m, const synth_shape *s, sy_err *E)
     CKB(cublasCreate(&m->blas), "cublasCreate");
     CKB(cublasSetStream(m->blas, m->st), "cublasSetStream");
     /* a workspace of its own, so that the products can be captured in a graph */
-    if (!(m->blas_ws = dalloc(64u << 20, E, "the cuBLAS workspace"))) goto fail;
+    if (!(m->blas_ws = sy_dalloc(64u << 20, E, "the cuBLAS workspace"))) goto fail;
     CKB(cublasSetWorkspace(m->blas, m->blas_ws, 64u << 20), "cublasSetWorkspace");
     for (int l = 0; l < s->n_layer; l++) {
         sy_layer *y = &m->L[l];
         struct { __half **p; size_t n, in; } w[4] = { { &y->wqkv, n_qkv * d, d }, { &y->wo, d * (size_t)s->n_head * hd, (size_t)s->n_head * hd },
                                                      { &y->wgu, 2 * ff * d, d }, { &y->wdown, d * ff, ff } };
         for (int i = 0; i < 4; i++) {
-            if (!(*w[i].p = (__half *)dalloc(w[i].n * 2, E, "the synthetic weights"))) goto fail;
+            if (!(*w[i].p = (__half *)sy_dalloc(w[i].n * 2, E, "the synthetic weights"))) goto fail;
             /* uniform with the variance 1/n_in keeps the activations at unit scale */
             k_fill_half<<<grid_for(w[i].n), 256, 0, m->st>>>(*w[i].p, w[i].n, seed++, sqrtf(3.0f / (float)w[i].in));
             CK(cudaGetLastError(), "fill");
             m->weight_bytes += (double)w[i].n * 2;
         }
-        if (!(y->attn_norm = (float *)dalloc(d * 4, E, "norms")) || !(y->ffn_norm = (float *)dalloc(d * 4, E, "norms")))
+        if (!(y->attn_norm = (float *)sy_dalloc(d * 4, E, "norms")) || !(y->ffn_norm = (float *)sy_dalloc(d * 4, E, "norms")))
             goto fail;
         k_fill_f32<<<grid_for(d), 256, 0, m->st>>>(y->attn_norm, d, 1.0f);
         k_fill_f32<<<grid_for(d), 256, 0, m->st>>>(y->ffn_norm, d, 1.0f);
         m->weight_bytes += 2.0 * d * 4;
     }
-    if (!(m->emb = (__half *)dalloc(ve * 2, E, "the embedding")) || !(m->out = (__half *)dalloc(ve * 2, E, "the output matrix")) ||
-        !(m->out_norm = (float *)dalloc(d * 4, E, "norms")))
+    if (!(m->emb = (__half *)sy_dalloc(ve * 2, E, "the embedding")) || !(m->out = (__half *)sy_dalloc(ve * 2, E, "the output matrix")) ||
+        !(m->out_norm = (float *)sy_dalloc(d * 4, E, "norms")))
         goto fail;
     k_fill_half<<<grid_for(ve), 256, 0, m->st>>>(m->emb, ve, seed++, 1.0f);
     k_fill_half<<<grid_for(ve), 256, 0, m->st>>>(m->out, ve, seed++, sqrtf(3.0f / (float)d));
@@ -833,10 +805,10 @@ static int case_make(sy_case *c, sy_model *m, int B, int ctx0, int gen, int n_sp
     size_t n_rows = (size_t)c->pps + nc + ng + 1;
     int *ptab = NULL, *pos = NULL;
     for (int l = 0; l < s->n_layer; l++)
-        if (!(m->L[l].K = (__half *)dalloc(c->n_phys * page * 2, E, "the KV pages")) ||
-            !(m->L[l].V = (__half *)dalloc(c->n_phys * page * 2, E, "the KV pages")))
+        if (!(m->L[l].K = (__half *)sy_dalloc(c->n_phys * page * 2, E, "the KV pages")) ||
+            !(m->L[l].V = (__half *)sy_dalloc(c->n_phys * page * 2, E, "the KV pages")))
             goto fail;
-#define A(field, T, n, what) if (!(c->field = (T *)dalloc((size_t)(n) * sizeof(T), E, what))) goto fail
+#define A(field, T, n, what) if (!(c->field = (T *)sy_dalloc((size_t)(n) * sizeof(T), E, what))) goto fail
     A(ptab, int, c->n_phys, "the page table");
     A(pos, int, B, "positions");
     A(tok, int, B, "tokens");
@@ -877,7 +849,7 @@ static int case_make(sy_case *c, sy_model *m, int B, int ctx0, int gen, int n_sp
         k_fill_half<<<grid_for(c->n_phys * page), 256, 0, m->st>>>(m->L[l].K, c->n_phys * page, 1000 + l, 1.0f);
         k_fill_half<<<grid_for(c->n_phys * page), 256, 0, m->st>>>(m->L[l].V, c->n_phys * page, 2000 + l, 1.0f);
         k_summaries<<<dim3((unsigned)c->n_phys, s->n_head_kv), SY_HD, 0, m->st>>>(m->L[l].K, c->ksum, c->kmin, c->kmax, c->ptab,
-                                                                              s->n_head_kv, s->n_layer, l, c->n_phys, 0);
+                                                                              s->n_head_kv, s->n_layer, l, c->n_phys);
         CK(cudaGetLastError(), "filling the cache");
     }
     k_fill_half<<<grid_for((size_t)B * d), 256, 0, m->st>>>(c->xn, (size_t)B * d, 7, 1.0f);
@@ -1053,7 +1025,7 @@ static int cmp_float(const void *a, const void *b)
 static double measure_bandwidth(sy_model *m, sy_err *E)
 {
     size_t n = (size_t)2 << 30;
-    void *a = dalloc(n, E, "the bandwidth probe"), *b = a ? dalloc(n, E, "the bandwidth probe") : NULL;
+    void *a = sy_dalloc(n, E, "the bandwidth probe"), *b = a ? sy_dalloc(n, E, "the bandwidth probe") : NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
     float t[15], med = 0;
     if (!b) goto fail;
@@ -1195,12 +1167,6 @@ fail:
 
 /* ---------------------------------------------------------------- self-check */
 
-static double hrand(uint64_t *st)
-{
-    *st = *st * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(*st >> 11) / 9007199254740992.0 * 2 - 1;
-}
-
 /* the decode products checked: (batch, SYNTH_GEMM_*, K): every kernel and template of sy_gemm */
 static const int gemm_cases[][3] = { { 1, SYNTH_GEMM_OWN, 264 },  { 2, SYNTH_GEMM_OWN, 264 },  { 3, SYNTH_GEMM_OWN, 264 },
                                      { 4, SYNTH_GEMM_OWN, 264 },  { 3, SYNTH_GEMM_OWN, 192 },  { 4, SYNTH_GEMM_OWN, 192 },
@@ -1239,8 +1205,8 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    for (size_t i = 0; i < n_phys * page; i++) hK[i] = __float2half((float)hrand(&st)), hV[i] = __float2half((float)hrand(&st));
-    for (int i = 0; i < B * nh * SY_HD; i++) hq[i] = (float)hrand(&st) * 3;
+    for (size_t i = 0; i < n_phys * page; i++) hK[i] = __float2half((float)sy_rand(&st)), hV[i] = __float2half((float)sy_rand(&st));
+    for (int i = 0; i < B * nh * SY_HD; i++) hq[i] = (float)sy_rand(&st) * 3;
     for (int b = 0; b < B; b++) {
         hpos[b] = lens[b] - 1;
         for (int j = 0; j < pps; j++) hptab[b * pps + j] = (int)((j * B + b) * 7 % n_phys);   /* a permutation: 7 and 111 are coprime */
@@ -1252,15 +1218,15 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
             hn[b * nkv + h] = n;
         }
     }
-    if (!(dK = (__half *)dalloc(n_phys * page * 2, E, "self-check")) || !(dV = (__half *)dalloc(n_phys * page * 2, E, "self-check")) ||
-        !(dq = (float *)dalloc(sizeof(float) * B * nh * SY_HD, E, "self-check")) ||
-        !(dptab = (int *)dalloc(sizeof(int) * n_phys, E, "self-check")) || !(dl = (int *)dalloc(sizeof(int) * B * nkv * pps, E, "self-check")) ||
-        !(dn = (int *)dalloc(sizeof(int) * B * nkv, E, "self-check")) || !(dpos = (int *)dalloc(sizeof(int) * B, E, "self-check")) ||
-        !(datt = (__half *)dalloc(sizeof(__half) * B * nh * SY_HD, E, "self-check")) ||
-        !(po = (float *)dalloc(sizeof(float) * B * nh * 16 * SY_HD, E, "self-check")) ||
-        !(pml = (float *)dalloc(sizeof(float) * B * nh * 16 * 2, E, "self-check")) ||
-        !(dmin = (__half *)dalloc(L * n_phys * nkv * SY_HD * 2, E, "self-check")) ||
-        !(dmax = (__half *)dalloc(L * n_phys * nkv * SY_HD * 2, E, "self-check")))
+    if (!(dK = (__half *)sy_dalloc(n_phys * page * 2, E, "self-check")) || !(dV = (__half *)sy_dalloc(n_phys * page * 2, E, "self-check")) ||
+        !(dq = (float *)sy_dalloc(sizeof(float) * B * nh * SY_HD, E, "self-check")) ||
+        !(dptab = (int *)sy_dalloc(sizeof(int) * n_phys, E, "self-check")) || !(dl = (int *)sy_dalloc(sizeof(int) * B * nkv * pps, E, "self-check")) ||
+        !(dn = (int *)sy_dalloc(sizeof(int) * B * nkv, E, "self-check")) || !(dpos = (int *)sy_dalloc(sizeof(int) * B, E, "self-check")) ||
+        !(datt = (__half *)sy_dalloc(sizeof(__half) * B * nh * SY_HD, E, "self-check")) ||
+        !(po = (float *)sy_dalloc(sizeof(float) * B * nh * 16 * SY_HD, E, "self-check")) ||
+        !(pml = (float *)sy_dalloc(sizeof(float) * B * nh * 16 * 2, E, "self-check")) ||
+        !(dmin = (__half *)sy_dalloc(L * n_phys * nkv * SY_HD * 2, E, "self-check")) ||
+        !(dmax = (__half *)sy_dalloc(L * n_phys * nkv * SY_HD * 2, E, "self-check")))
         goto fail;
     CK(cudaMemcpy(dK, hK, n_phys * page * 2, cudaMemcpyHostToDevice), "self-check");
     CK(cudaMemcpy(dV, hV, n_phys * page * 2, cudaMemcpyHostToDevice), "self-check");
@@ -1379,11 +1345,11 @@ extern "C" int synth_selfcheck(double *attn_err, char *err, size_t errlen)
         memset(&mm, 0, sizeof mm);
         mm.gemm = gemm_cases[ci][1];
         mm.blas = blas;   /* batches past 4 and SYNTH_GEMM_CUBLAS go through cuBLAS */
-        for (int i = 0; i < N * Kd; i++) hw[i] = __float2half((float)hrand(&st));
-        for (int i = 0; i < nb * Kd; i++) hx[i] = __float2half((float)hrand(&st));
-        for (int i = 0; i < nb * N; i++) hy[i] = (float)hrand(&st);
-        int ok = (dw = (__half *)dalloc(sizeof hw, E, "self-check")) && (dx = (__half *)dalloc(sizeof hx, E, "self-check")) &&
-                 (dy = (float *)dalloc(sizeof hy, E, "self-check")) &&
+        for (int i = 0; i < N * Kd; i++) hw[i] = __float2half((float)sy_rand(&st));
+        for (int i = 0; i < nb * Kd; i++) hx[i] = __float2half((float)sy_rand(&st));
+        for (int i = 0; i < nb * N; i++) hy[i] = (float)sy_rand(&st);
+        int ok = (dw = (__half *)sy_dalloc(sizeof hw, E, "self-check")) && (dx = (__half *)sy_dalloc(sizeof hx, E, "self-check")) &&
+                 (dy = (float *)sy_dalloc(sizeof hy, E, "self-check")) &&
                  cudaMemcpy(dw, hw, sizeof hw, cudaMemcpyHostToDevice) == cudaSuccess &&
                  cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice) == cudaSuccess &&
                  cudaMemcpy(dy, hy, sizeof hy, cudaMemcpyHostToDevice) == cudaSuccess &&

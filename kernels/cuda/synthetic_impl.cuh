@@ -8,6 +8,7 @@
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -57,6 +58,36 @@ static __device__ __forceinline__ void pdl_enter()
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+/* the index of the largest of l[0..n) (ties: the lowest), in every thread of the block */
+static __device__ __forceinline__ int block_argmax(const float *l, int n)
+{
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    float best = -INFINITY;
+    int arg = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (l[i] > best) best = l[i], arg = i;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, arg, o);
+        if (ov > best || (ov == best && oi < arg)) best = ov, arg = oi;
+    }
+    if ((threadIdx.x & 31) == 0) bv[threadIdx.x >> 5] = best, bi[threadIdx.x >> 5] = arg;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (bv[w] > bv[0] || (bv[w] == bv[0] && bi[w] < bi[0])) bv[0] = bv[w], bi[0] = bi[w];
+    __syncthreads();
+    return bi[0];
+}
+
+/* uniform in [-1, 1): the self-checks' random inputs (an LCG, seeded by the caller) */
+static inline double sy_rand(uint64_t *st)
+{
+    *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(*st >> 11) / 9007199254740992.0 * 2 - 1;
 }
 
 static __device__ __forceinline__ float block_sum(float v, float *red)
@@ -138,7 +169,6 @@ typedef struct sy_model {
 
 void *sy_dalloc(size_t bytes, sy_err *E, const char *what);
 static inline unsigned grid_for(size_t n) { return (unsigned)(n / 256 + 1 < 65536 ? n / 256 + 1 : 65536); }
-#define dalloc sy_dalloc
 
 /* a decode kernel, launched with programmatic stream serialization where the device has it */
 template <typename... P, typename... A>

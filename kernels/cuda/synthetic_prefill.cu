@@ -299,24 +299,8 @@ __global__ void __launch_bounds__(128) k_take_select(const float *score, int *li
 /* greedy token of one row of logits */
 __global__ void k_argmax(const float *l, int n, int *tok)
 {
-    __shared__ float bv[32];
-    __shared__ int bi[32];
-    float best = -INFINITY;
-    int arg = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        if (l[i] > best) best = l[i], arg = i;
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, arg, o);
-        if (ov > best || (ov == best && oi < arg)) best = ov, arg = oi;
-    }
-    if ((threadIdx.x & 31) == 0) bv[threadIdx.x >> 5] = best, bi[threadIdx.x >> 5] = arg;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (bv[w] > bv[0] || (bv[w] == bv[0] && bi[w] < bi[0])) bv[0] = bv[w], bi[0] = bi[w];
-        *tok = bi[0];
-    }
+    int t = block_argmax(l, n);
+    if (threadIdx.x == 0) *tok = t;
 }
 
 /* ---------------------------------------------------------------- the prefill */
@@ -355,10 +339,10 @@ int sy_prefill(sy_model *m, int take, int ctx, int chunk, sy_ttft *out, sy_err *
     }
     if (attn_smem_ready(E)) goto fail;
     for (int l = 0; l < L; l++)
-        if (!(Kl[l] = (__half *)dalloc((size_t)np * page * 2, E, "the prefill's KV pages")) ||
-            !(Vl[l] = (__half *)dalloc((size_t)np * page * 2, E, "the prefill's KV pages")))
+        if (!(Kl[l] = (__half *)sy_dalloc((size_t)np * page * 2, E, "the prefill's KV pages")) ||
+            !(Vl[l] = (__half *)sy_dalloc((size_t)np * page * 2, E, "the prefill's KV pages")))
             goto fail;
-#define A(v, T, n, what) if (!(v = (T *)dalloc((size_t)(n) * sizeof(T), E, what))) goto fail
+#define A(v, T, n, what) if (!(v = (T *)sy_dalloc((size_t)(n) * sizeof(T), E, what))) goto fail
     A(x, float, (size_t)R * d, "prefill activations");
     A(xn, __half, (size_t)R * d, "prefill activations");
     A(qkv, float, (size_t)R * n_qkv, "prefill activations");
@@ -477,12 +461,6 @@ fail:
 
 /* ---------------------------------------------------------------- self-check */
 
-static double prand(uint64_t *st)
-{
-    *st = *st * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(*st >> 11) / 9007199254740992.0 * 2 - 1;
-}
-
 /* 37 rows (29 of a chunk at positions 100.., 8 probe rows at 300..) of 2 KV heads over lists with a
  * gap, against a double-precision host reference; the largest error relative to the output's scale */
 int sy_prefill_selfcheck(double *err_out, sy_err *E)
@@ -502,12 +480,12 @@ int sy_prefill_selfcheck(double *err_out, sy_err *E)
         goto fail;
     }
     if (attn_smem_ready(E)) goto fail;
-    for (size_t i = 0; i < np * page; i++) hK[i] = __float2half((float)prand(&st)), hV[i] = __float2half((float)prand(&st));
-    for (int i = 0; i < rows * nh * SY_HD; i++) hq[i] = __float2half((float)prand(&st) * 0.3f);
+    for (size_t i = 0; i < np * page; i++) hK[i] = __float2half((float)sy_rand(&st)), hV[i] = __float2half((float)sy_rand(&st));
+    for (int i = 0; i < rows * nh * SY_HD; i++) hq[i] = __float2half((float)sy_rand(&st) * 0.3f);
     for (int r = 0; r < rows; r++) hpos[r] = r < 29 ? 100 + r : 300 + r;
     for (int j = 0; j < 5; j++) hlist[j] = j;                    /* KV head 0: every page */
     { int g[4] = { 0, 2, 3, 4 }; for (int j = 0; j < 4; j++) hlist[cap + j] = g[j]; }   /* KV head 1: page 1 evicted */
-#define A(v, T, n) if (!(v = (T *)dalloc((size_t)(n) * sizeof(T), E, "self-check"))) goto fail
+#define A(v, T, n) if (!(v = (T *)sy_dalloc((size_t)(n) * sizeof(T), E, "self-check"))) goto fail
     A(dK, __half, np * page);
     A(dV, __half, np * page);
     A(dq, __half, rows * nh * SY_HD);
@@ -564,10 +542,10 @@ int sy_prefill_selfcheck(double *err_out, sy_err *E)
             snprintf(E->buf, E->len, "out of memory");
             goto fail;
         }
-        for (int i = 0; i < nq; i++) hema[i] = (float)prand(&st) * 0.2f;
-        int ok = (dema = (float *)dalloc(sizeof(float) * nq, E, "self-check")) &&
-                 (dlogit = (float *)dalloc(sizeof(float) * nkv * TAKE_PROBE * SY_G * lstride, E, "self-check")) &&
-                 (dscore = (float *)dalloc(sizeof(float) * nkv * TAKE_CAP, E, "self-check")) &&
+        for (int i = 0; i < nq; i++) hema[i] = (float)sy_rand(&st) * 0.2f;
+        int ok = (dema = (float *)sy_dalloc(sizeof(float) * nq, E, "self-check")) &&
+                 (dlogit = (float *)sy_dalloc(sizeof(float) * nkv * TAKE_PROBE * SY_G * lstride, E, "self-check")) &&
+                 (dscore = (float *)sy_dalloc(sizeof(float) * nkv * TAKE_CAP, E, "self-check")) &&
                  cudaMemcpy(dema, hema, sizeof(float) * nq, cudaMemcpyHostToDevice) == cudaSuccess &&
                  cudaMemset(dscore, 0, sizeof(float) * nkv * TAKE_CAP) == cudaSuccess;
         if (ok) {

@@ -87,15 +87,23 @@ static double rel_diff(const float *a, const float *b, int64_t n)
     return worst / scale;
 }
 
+/* tiny model files[fi], loaded; NULL when absent from a partial KVCHAT_TESTDATA (see model_present) */
+static model *load_tiny(size_t fi)
+{
+    char path[256], err[512];
+    snprintf(path, sizeof path, "%s/tiny/%s", testdata(), files[fi]);
+    if (!model_present(path)) return NULL;
+    model *m;
+    cr_assert(model_load(&m, path, NULL, err, sizeof err) == 0, "%s", err);
+    return m;
+}
+
 Test(cuda, matmul_of_every_tiny_model_weight_equals_the_cpu)
 {
     seed_rng("matmul");
     for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
-        char path[256], err[512];
-        snprintf(path, sizeof path, "%s/tiny/%s", testdata(), files[fi]);
-        if (!model_present(path)) continue;
-        model *m;
-        cr_assert(model_load(&m, path, NULL, err, sizeof err) == 0, "%s", err);
+        model *m = load_tiny(fi);
+        if (!m) continue;
         const int64_t toks[] = { 1, 3, 17 };
         for (int il = 0; il < m->hp.n_layer; il++) {
             const model_layer *L = &m->layers[il];
@@ -332,11 +340,8 @@ static int model_quantized(const model *m)
 Test(cuda, tiny_model_logits_equal_the_cpu_under_an_evicting_policy)
 {
     for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
-        char path[256], err[512];
-        snprintf(path, sizeof path, "%s/tiny/%s", testdata(), files[fi]);
-        if (!model_present(path)) continue;
-        model *m;
-        cr_assert(model_load(&m, path, NULL, err, sizeof err) == 0, "%s", err);
+        model *m = load_tiny(fi);
+        if (!m) continue;
         int quantized = model_quantized(m);
         int64_t nv = m->hp.n_vocab;
         int32_t t0[9], t1[9];
