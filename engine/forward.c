@@ -43,7 +43,19 @@ struct fwd_ctx {
     int64_t st_pages, st_tokens;
     double st_sel_ms, st_attn_ms;
     int64_t st_pages_total;
+    int n_bound;               /* scratch buffers bound to the backend so far */
+    float *bound[9];
 };
+
+#define N_BOUND 9
+
+/* The scratch buffers the backend may keep on a device, in one order for bind and unbind. */
+static float **bound_bufs(fwd_ctx *f)
+{
+    float *l[N_BOUND] = { f->x, f->h, f->o, f->q, f->att, f->k, f->v, f->gate, f->up };
+    memcpy(f->bound, l, sizeof l);
+    return f->bound;
+}
 
 static double now_ms(void)
 {
@@ -118,12 +130,26 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
         snprintf(err, errlen, "out of memory allocating forward buffers");
         return NULL;
     }
+    /* The activations a device backend keeps on the device between ops (the logits come back to
+     * the host every time, so they stay unbound). */
+    size_t sz[N_BOUND] = { B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * HD, B * HD,
+                           B * (size_t)kvd, B * (size_t)kvd, B * (size_t)hp->n_ff, B * (size_t)hp->n_ff };
+    float **bufs = bound_bufs(f);
+    for (int i = 0; i < N_BOUND; i++) {
+        if (be_bind(b, bufs[i], sz[i] * sizeof(float), err, errlen)) {
+            fwd_free(f);
+            return NULL;
+        }
+        f->n_bound = i + 1;
+    }
     return f;
 }
 
 void fwd_free(fwd_ctx *f)
 {
     if (!f) return;
+    float **bufs = bound_bufs(f);
+    for (int i = 0; i < f->n_bound; i++) be_unbind(f->b, bufs[i]);
     kv_free(f->kv);
     free(f->x);
     free(f->h);
@@ -308,11 +334,6 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
     return 0;
 }
 
-static void add_in_place(float *x, const float *y, size_t n)
-{
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
-}
-
 /* One chunk of n tokens at positions p0 .. p0+n-1; leaves the final hidden states in f->x.
  * Returns -1 if *abort_flag was raised (checked before every layer, so Ctrl-C answers within a
  * layer's time even on long chunks), -2 when the cache cannot grow (out of memory); the caller
@@ -350,7 +371,12 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         }
         op->rope(b, f->q, n, (int)H, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
         op->rope(b, f->k, n, (int)Hkv, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
-        for (int64_t i = 0; i < n * H * D; i++) f->q[i] *= hp->attn_scale;
+        op->scale(b, f->q, n * H * D, hp->attn_scale);
+        /* the host's share of the layer: the new K/V rows go into the cache, and a policy reads the
+         * queries on global layers (one wait for a device backend) */
+        be_range rd[3] = { { f->k, sizeof(float) * (size_t)(n * kvd) }, { f->v, sizeof(float) * (size_t)(n * kvd) },
+                           { f->q, sizeof(float) * (size_t)(n * H * D) } };
+        be_host_read(b, rd, f->pol && !ly->is_swa ? 3 : 2);
         if (kv_append(f->kv, il, f->k, f->v, n_chunk, p0) != 0) return -2;
         if (n_probe && kv_append(f->kv, il, f->k + n_chunk * kvd, f->v + n_chunk * kvd, n_probe, probe_p0) != 0)
             return -2;
@@ -371,7 +397,7 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         be_mm wo = { &ly->wo, f->o };
         op->matmul(b, &wo, 1, f->att, n);
         if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_attn_norm, f->o, n, E, hp->norm_eps);
-        add_in_place(f->x, f->o, (size_t)(n * E));
+        op->add(b, f->x, f->o, n * E);
         /* feed-forward block */
         op->rmsnorm(b, f->x, ly->ffn_norm, f->h, n, E, hp->norm_eps);
         be_mm gu[2] = { { &ly->w_gate, f->gate }, { &ly->w_up, f->up } };
@@ -380,7 +406,7 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         be_mm down = { &ly->w_down, f->o };
         op->matmul(b, &down, 1, f->gate, n);
         if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_ffw_norm, f->o, n, E, hp->norm_eps);
-        add_in_place(f->x, f->o, (size_t)(n * E));
+        op->add(b, f->x, f->o, n * E);
     }
     return 0;
 }

@@ -3,8 +3,14 @@
  * The engine calls these ops and never knows which device executes them. Two implementations:
  * kernels/cpu/backend_cpu.c (SIMD kernels and a thread pool) and kernels/cuda/backend_cuda.cu
  * (cuBLAS and CUDA kernels, built with `make CUDA=1`). All activations are f32 row-major
- * [rows][cols] in host memory; weights stay in their GGUF encoding (be_weight points into the
- * mapped file) and a device backend keeps its own copies. */
+ * [rows][cols] named by host addresses; weights stay in their GGUF encoding (be_weight points into
+ * the mapped file) and a device backend keeps its own copies.
+ *
+ * Residency: the forward pass binds its scratch buffers (be_bind). A device backend keeps a twin of
+ * each on the device and leaves op outputs there, so the host copy of a bound buffer is current only
+ * after be_host_read of the range; before the host writes a bound range it calls be_host_write. Ops
+ * given unbound addresses read and write host memory, as their callers expect. On the CPU backend
+ * all of this is a no-op. */
 #ifndef KVCHAT_BACKEND_H
 #define KVCHAT_BACKEND_H
 
@@ -61,6 +67,12 @@ typedef struct be_attn {
     float *out;            /* [n_q][n_head * head_dim] */
 } be_attn;
 
+/* A range of host bytes the host is about to read. */
+typedef struct be_range {
+    const void *p;
+    size_t bytes;
+} be_range;
+
 typedef struct be_backend be_backend;
 
 typedef struct be_ops {
@@ -87,6 +99,16 @@ typedef struct be_ops {
     /* Device memory: what this backend holds and the device's total (NULL: host memory only). */
     void (*memory)(be_backend *b, uint64_t *held, uint64_t *total);
     void (*destroy)(be_backend *b);
+    /* x[i] += y[i] for i < n (the residual connections). */
+    void (*add)(be_backend *b, float *x, const float *y, int64_t n);
+    /* x[i] *= s for i < n. */
+    void (*scale)(be_backend *b, float *x, int64_t n, float s);
+    /* Residency (see the top of this file; NULL: the host copy is the only one). bind: 0, or -1 with
+     * a message naming what was needed. */
+    int (*bind)(be_backend *b, void *host, size_t bytes, char *err, size_t errlen);
+    void (*unbind)(be_backend *b, void *host);
+    void (*host_read)(be_backend *b, const be_range *r, int n);
+    void (*host_write)(be_backend *b, void *p, size_t bytes);
 } be_ops;
 
 struct be_backend {
@@ -103,6 +125,23 @@ be_backend *be_cuda_create(int n_threads, char *err, size_t errlen);
 /* CUDA devices present (0 as well when kvchat was built without CUDA). */
 int be_cuda_devices(void);
 void be_free(be_backend *b);
+/* Residency through the op table, doing nothing where the backend has none. */
+static inline int be_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+{
+    return b->ops->bind ? b->ops->bind(b, host, bytes, err, errlen) : 0;
+}
+static inline void be_unbind(be_backend *b, void *host)
+{
+    if (b->ops->unbind) b->ops->unbind(b, host);
+}
+static inline void be_host_read(be_backend *b, const be_range *r, int n)
+{
+    if (b->ops->host_read) b->ops->host_read(b, r, n);
+}
+static inline void be_host_write(be_backend *b, void *p, size_t bytes)
+{
+    if (b->ops->host_write) b->ops->host_write(b, p, bytes);
+}
 /* 1 if this backend can multiply weights of this type. */
 int be_supports_weight(const be_backend *b, uint32_t type);
 

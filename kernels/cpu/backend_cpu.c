@@ -508,6 +508,20 @@ static void cpu_scores(be_backend *b, const float *m, int64_t n_rows, int64_t di
     tp_run(impl_of(b)->pool, score_task, &j, (n_rows + j.per - 1) / j.per);
 }
 
+/* ---------------------------------------------------------------- element-wise */
+
+static void cpu_add(be_backend *b, float *x, const float *y, int64_t n)
+{
+    (void)b;
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void cpu_scale(be_backend *b, float *x, int64_t n, float s)
+{
+    (void)b;
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
 /* ---------------------------------------------------------------- table */
 
 static void cpu_destroy(be_backend *b)
@@ -533,6 +547,8 @@ static const be_ops cpu_ops = {
     .attention = cpu_attention,
     .scores = cpu_scores,
     .destroy = cpu_destroy,
+    .add = cpu_add,
+    .scale = cpu_scale,
 };
 
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)

@@ -1,0 +1,205 @@
+/* test_act_mirror.c - the bookkeeping of device twins (kernels/act_mirror.c) with host memory standing
+ * in for the device: what moves when, and that the host never reads a stale byte. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "act_mirror.h"
+
+typedef struct fake {
+    int allocs, waits, uploads, downloads;
+    int pins;
+} fake;
+
+static void *f_alloc(void *ud, size_t n)
+{
+    ((fake *)ud)->allocs++;
+    return malloc(n);
+}
+static void f_release(void *ud, void *p)
+{
+    ((fake *)ud)->allocs--;
+    free(p);
+}
+static void f_up(void *ud, void *d, const void *s, size_t n)
+{
+    ((fake *)ud)->uploads++;
+    memcpy(d, s, n);
+}
+static void f_down(void *ud, void *d, const void *s, size_t n)
+{
+    ((fake *)ud)->downloads++;
+    memcpy(d, s, n);
+}
+static void f_wait(void *ud) { ((fake *)ud)->waits++; }
+static void f_pin(void *ud, void *h, size_t n, int pin) { ((fake *)ud)->pins += pin ? 1 : -1; }
+
+static void setup(am_table *t, fake *fk)
+{
+    memset(fk, 0, sizeof *fk);
+    am_device d = { fk, f_alloc, f_release, f_up, f_down, f_wait, f_pin };
+    am_init(t, &d);
+}
+
+Test(act_mirror, first_use_uploads_the_host_content_once)
+{
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float x[64];
+    for (int i = 0; i < 64; i++) x[i] = (float)i;
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    cr_expect_eq(fk.pins, 1);
+    const float *d = am_dev_in(&t, x + 8, 8 * sizeof(float));
+    cr_assert(d);
+    cr_expect_eq(d[0], 8.0f);
+    cr_expect_eq(t.up_bytes, sizeof x);
+    am_dev_in(&t, x, sizeof x);
+    cr_expect_eq(t.up_bytes, sizeof x, "a second read uploaded again");
+    float other[4];
+    cr_expect_null(am_dev_in(&t, other, sizeof other), "an unbound range got a twin");
+    cr_expect_eq(am_bind(&t, x + 4, 4), -1, "a range inside a bound buffer was bound again");
+    am_free(&t);
+    cr_expect_eq(fk.allocs, 0);
+    cr_expect_eq(fk.pins, 0);
+}
+
+Test(act_mirror, host_reads_fetch_only_what_the_device_changed)
+{
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float x[256] = { 0 };
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    /* an op writes rows 0..15 on the device */
+    float *d = am_dev_out(&t, x, 16 * sizeof(float));
+    for (int i = 0; i < 16; i++) d[i] = 100.0f + (float)i;
+    cr_expect_eq(x[3], 0.0f, "the host copy changed before anyone asked");
+    am_range r = { x, 4 * sizeof(float) };
+    am_host_read(&t, &r, 1);
+    cr_expect_eq(x[3], 103.0f);
+    cr_expect_eq(x[4], 0.0f, "bytes outside the read came back");
+    cr_expect_eq(t.down_bytes, 4 * sizeof(float));
+    cr_expect_eq(fk.waits, 1);
+    /* the read covered the low end: only rows 4..15 are still newer on the device */
+    r = (am_range){ x, 16 * sizeof(float) };
+    am_host_read(&t, &r, 1);
+    cr_expect_eq(t.down_bytes, 16 * sizeof(float));
+    cr_expect_eq(x[15], 115.0f);
+    /* nothing is newer on the device now: no copy and no wait */
+    am_host_read(&t, &r, 1);
+    cr_expect_eq(fk.waits, 2);
+    cr_expect_eq(t.down_bytes, 16 * sizeof(float));
+    am_free(&t);
+}
+
+Test(act_mirror, several_ranges_cost_one_wait)
+{
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float k[32], v[32], q[32], u[8];
+    cr_assert(am_bind(&t, k, sizeof k) == 0 && am_bind(&t, v, sizeof v) == 0 && am_bind(&t, q, sizeof q) == 0);
+    am_dev_out(&t, k, 8 * sizeof(float));
+    am_dev_out(&t, v, 8 * sizeof(float));
+    am_range r[4] = { { k, 8 * sizeof(float) }, { v, 8 * sizeof(float) }, { q, 8 * sizeof(float) }, { u, sizeof u } };
+    am_host_read(&t, r, 4);
+    cr_expect_eq(fk.downloads, 2, "q was never written on the device, u is not bound");
+    cr_expect_eq(fk.waits, 1);
+    am_free(&t);
+}
+
+Test(act_mirror, a_host_write_keeps_the_device_bytes_it_does_not_cover)
+{
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float x[64] = { 0 };
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    float *d = am_dev_out(&t, x, 32 * sizeof(float));
+    for (int i = 0; i < 32; i++) d[i] = 1.0f;
+    /* the host rewrites rows 0..7: rows 8..31 must come back first, or they would be lost */
+    am_host_write(&t, x, 8 * sizeof(float));
+    for (int i = 0; i < 8; i++) x[i] = 2.0f;
+    cr_expect_eq(x[20], 1.0f);
+    /* the next op sees the host's rows */
+    const float *di = am_dev_in(&t, x, 32 * sizeof(float));
+    cr_expect_eq(di[0], 2.0f);
+    cr_expect_eq(di[20], 1.0f);
+    am_free(&t);
+}
+
+Test(act_mirror, a_host_write_over_everything_the_device_changed_copies_nothing)
+{
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float x[64] = { 0 };
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    am_dev_in(&t, x, sizeof x);   /* first upload */
+    am_dev_out(&t, x, 8 * sizeof(float));
+    int waits = fk.waits;
+    am_host_write(&t, x, 16 * sizeof(float));
+    cr_expect_eq(fk.downloads, 0);
+    /* the upload of the first use may still be in flight: the write waits for it */
+    cr_expect_eq(fk.waits, waits + 1);
+    /* a second write with nothing in flight waits for nothing */
+    am_host_write(&t, x, 16 * sizeof(float));
+    cr_expect_eq(fk.waits, waits + 1);
+    am_free(&t);
+}
+
+Test(act_mirror, decode_like_traffic_moves_only_the_new_rows)
+{
+    /* a 512-row buffer used one row at a time, as a decode step uses the forward pass's scratch */
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    enum { ROWS = 512, DIM = 64 };
+    float *x = calloc(ROWS * DIM, sizeof(float));
+    cr_assert(am_bind(&t, x, sizeof(float) * ROWS * DIM) == 0);
+    am_host_write(&t, x, sizeof(float) * DIM);   /* the embedding row, written on the host */
+    uint64_t up0 = 0;
+    for (int step = 0; step < 10; step++) {
+        am_host_write(&t, x, sizeof(float) * DIM);
+        x[0] = (float)step;
+        const float *d = am_dev_in(&t, x, sizeof(float) * DIM);
+        cr_expect_eq(d[0], (float)step);
+        if (step == 0) up0 = t.up_bytes;
+        am_dev_out(&t, x, sizeof(float) * DIM);
+        am_range r = { x, sizeof(float) * DIM };
+        am_host_read(&t, &r, 1);
+    }
+    cr_expect_eq(t.up_bytes - up0, 9 * sizeof(float) * DIM, "each later step uploads one row");
+    cr_expect_eq(t.down_bytes, 10 * sizeof(float) * DIM, "each step downloads one row");
+    am_free(&t);
+    free(x);
+}
+
+Test(act_mirror, a_range_straddling_a_buffer_end_is_a_bug, .signal = SIGABRT)
+{
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float x[16];
+    cr_assert(am_bind(&t, x + 4, 8 * sizeof(float)) == 0);
+    am_dev_in(&t, x + 8, 8 * sizeof(float));
+}
+
+Test(act_mirror, unbind_releases_the_twin)
+{
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float a[8], b[8];
+    cr_assert(am_bind(&t, a, sizeof a) == 0 && am_bind(&t, b, sizeof b) == 0);
+    cr_expect_eq(t.bytes, sizeof a + sizeof b);
+    am_unbind(&t, a);
+    cr_expect_eq(fk.allocs, 1);
+    cr_expect_eq(t.bytes, sizeof b);
+    cr_expect_null(am_dev_in(&t, a, sizeof a));
+    cr_expect_not_null(am_dev_in(&t, b, sizeof b));
+    am_free(&t);
+    cr_expect_eq(fk.allocs, 0);
+}

@@ -1,0 +1,307 @@
+/* test_residency.c - the forward pass keeps its side of the residency contract (kernels/backend.h).
+ *
+ * A device backend leaves op outputs on the device, so the forward pass must announce every host
+ * read and write of a bound buffer. This checks that without a GPU: a "shadow" backend runs the CPU
+ * backend's ops on twins of the bound buffers (kernels/act_mirror.c with host memory as the device),
+ * and fills the host copy of everything an op writes with NaN until the host asks for it. A read the
+ * forward pass forgets to announce then sees NaN, a write it forgets never reaches the twins, and
+ * either changes the logits; with every announcement in place they are bit-identical to the CPU
+ * backend's, prefill and decode, with and without the policies that read queries on the host. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "act_mirror.h"
+#include "backend.h"
+#include "forward.h"
+#include "model.h"
+#include "policy.h"
+#include "tokenizer.h"
+
+#define TD "../shared/testdata/"
+
+typedef struct shadow {
+    be_backend *cpu;
+    am_table t;
+    int ignore_reads;   /* drop host_read announcements (the test that this test can fail) */
+} shadow;
+
+static shadow *sh(be_backend *b) { return (shadow *)b->impl; }
+
+static void *d_alloc(void *ud, size_t n) { return malloc(n); }
+static void d_release(void *ud, void *p) { free(p); }
+static void d_copy(void *ud, void *d, const void *s, size_t n) { memcpy(d, s, n); }
+static void d_wait(void *ud) {}
+
+/* The twin of an op's input, or the host array when it is not bound. */
+static const float *in(be_backend *b, const float *p, size_t n)
+{
+    const float *d = am_dev_in(&sh(b)->t, p, n * sizeof(float));
+    return d ? d : p;
+}
+
+/* The twin of an op's output, with the host copy spoiled: it is stale until read back. */
+static float *out(be_backend *b, float *p, size_t n)
+{
+    float *d = am_dev_out(&sh(b)->t, p, n * sizeof(float));
+    if (!d) return p;
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+    return d;
+}
+
+static void s_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
+{
+    be_mm m[8];
+    const float *dx = in(b, x, (size_t)(n_tok * mms[0].w->n_in));
+    for (int i = 0; i < n_mm; i++) {
+        m[i] = mms[i];
+        m[i].y = out(b, mms[i].y, (size_t)(n_tok * mms[i].w->n_out));
+    }
+    sh(b)->cpu->ops->matmul(sh(b)->cpu, m, n_mm, dx, n_tok);
+}
+
+static void s_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps)
+{
+    size_t n = (size_t)(rows * dim);
+    const float *dx = x == y ? NULL : in(b, x, n);
+    float *dy = out(b, y, n);
+    sh(b)->cpu->ops->rmsnorm(sh(b)->cpu, dx ? dx : dy, w, dy, rows, dim, eps);
+}
+
+static void s_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float fb,
+                   float fs, int neox)
+{
+    /* in place: the twin is brought up to date by am_dev_out, the host copy spoiled after */
+    float *dx = am_dev_out(&sh(b)->t, x, sizeof(float) * (size_t)(n_tok * n_heads * head_dim));
+    sh(b)->cpu->ops->rope(sh(b)->cpu, dx ? dx : x, n_tok, n_heads, head_dim, pos, fb, fs, neox);
+    if (dx)
+        for (int64_t i = 0; i < n_tok * n_heads * head_dim; i++) x[i] = NAN;
+}
+
+static void s_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
+{
+    const float *du = in(b, up, (size_t)n);
+    float *dg = am_dev_out(&sh(b)->t, gate, sizeof(float) * (size_t)n);
+    sh(b)->cpu->ops->glu(sh(b)->cpu, dg ? dg : gate, du, n, gelu);
+    if (dg)
+        for (int64_t i = 0; i < n; i++) gate[i] = NAN;
+}
+
+/* Embedding rows are written on the host, as the CUDA backend does. */
+static void s_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *o)
+{
+    am_host_write(&sh(b)->t, o, sizeof(float) * (size_t)(n * w->n_in));
+    sh(b)->cpu->ops->get_rows(sh(b)->cpu, w, ids, n, scale, o);
+}
+
+static void s_attention(be_backend *b, const be_attn *a)
+{
+    be_attn c = *a;
+    size_t nq = (size_t)(a->n_q * a->n_head * a->head_dim);
+    c.q = in(b, a->q, nq);
+    c.out = out(b, a->out, nq);
+    sh(b)->cpu->ops->attention(sh(b)->cpu, &c);
+}
+
+static void s_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
+{
+    sh(b)->cpu->ops->scores(sh(b)->cpu, m, n_rows, dim, x, y);
+}
+
+static void s_add(be_backend *b, float *x, const float *y, int64_t n)
+{
+    const float *dy = in(b, y, (size_t)n);
+    float *dx = am_dev_out(&sh(b)->t, x, sizeof(float) * (size_t)n);
+    sh(b)->cpu->ops->add(sh(b)->cpu, dx ? dx : x, dy, n);
+    if (dx)
+        for (int64_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+static void s_scale(be_backend *b, float *x, int64_t n, float s)
+{
+    float *dx = am_dev_out(&sh(b)->t, x, sizeof(float) * (size_t)n);
+    sh(b)->cpu->ops->scale(sh(b)->cpu, dx ? dx : x, n, s);
+    if (dx)
+        for (int64_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+static int s_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+{
+    if (am_bind(&sh(b)->t, host, bytes) == 0) return 0;
+    snprintf(err, errlen, "binding %zu bytes failed", bytes);
+    return -1;
+}
+
+static void s_unbind(be_backend *b, void *host) { am_unbind(&sh(b)->t, host); }
+
+static void s_host_read(be_backend *b, const be_range *r, int n)
+{
+    if (sh(b)->ignore_reads) return;
+    am_range ar[8];
+    cr_assert(n <= 8);
+    for (int i = 0; i < n; i++) ar[i] = (am_range){ r[i].p, r[i].bytes };
+    am_host_read(&sh(b)->t, ar, n);
+}
+
+static void s_host_write(be_backend *b, void *p, size_t bytes) { am_host_write(&sh(b)->t, p, bytes); }
+
+static void s_destroy(be_backend *b)
+{
+    cr_expect_eq(sh(b)->t.n, 0, "%d buffers still bound", sh(b)->t.n);
+    am_free(&sh(b)->t);
+    be_free(sh(b)->cpu);
+    free(sh(b));
+    free(b);
+}
+
+static const be_ops shadow_ops = {
+    .name = "shadow",
+    .matmul = s_matmul,
+    .rmsnorm = s_rmsnorm,
+    .rope = s_rope,
+    .glu = s_glu,
+    .get_rows = s_get_rows,
+    .attention = s_attention,
+    .scores = s_scores,
+    .destroy = s_destroy,
+    .add = s_add,
+    .scale = s_scale,
+    .bind = s_bind,
+    .unbind = s_unbind,
+    .host_read = s_host_read,
+    .host_write = s_host_write,
+};
+
+static be_backend *shadow_create(void)
+{
+    char err[256];
+    be_backend *b = calloc(1, sizeof *b);
+    shadow *s = calloc(1, sizeof *s);
+    cr_assert(b && s);
+    s->cpu = be_cpu_create(2, err, sizeof err);
+    cr_assert(s->cpu, "%s", err);
+    am_device d = { s, d_alloc, d_release, d_copy, d_copy, d_wait, NULL };
+    am_init(&s->t, &d);
+    b->ops = &shadow_ops;
+    b->impl = s;
+    b->n_threads = 2;
+    return b;
+}
+
+static int32_t *prompt(const model *m, size_t *n)
+{
+    FILE *fp = fopen(TD "prompts/p3.txt", "rb");
+    cr_assert(fp);
+    static char buf[16384];
+    size_t len = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    int32_t *ids = NULL;
+    char err[256];
+    cr_assert(tok_encode(m->vocab, buf, len, tok_add_bos(m->vocab), 0, &ids, n, err, sizeof err) == 0, "%s", err);
+    return ids;
+}
+
+#define STEPS 8
+
+/* Prefill (chunks of 48 tokens) and STEPS greedy decode steps under spec; the logits of each. */
+static float *run(const model *m, be_backend *b, const char *spec)
+{
+    char err[512];
+    size_t n;
+    int32_t *ids = prompt(m, &n);
+    fwd_opts fo = { 2048, 48, 16 };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    pol_set *ps = NULL;
+    if (spec) {
+        pol_spec s;
+        cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
+        pol_env env;
+        fwd_policy_env(f, &env);
+        ps = pol_set_create(&s, &env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        fwd_set_policy(f, ps);
+    }
+    int nv = m->hp.n_vocab;
+    float *all = malloc(sizeof(float) * (size_t)nv * (STEPS + 1));
+    cr_assert(fwd_eval(f, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    for (int s = 1; s <= STEPS; s++) {
+        const float *l = all + (size_t)(s - 1) * nv;
+        int32_t best = 0;
+        for (int32_t i = 1; i < nv; i++)
+            if (l[i] > l[best]) best = i;
+        cr_assert(fwd_decode(f, best, all + (size_t)s * nv, NULL, err, sizeof err) == 0, "%s", err);
+    }
+    pol_set_free(ps);
+    fwd_free(f);
+    free(ids);
+    return all;
+}
+
+static void compare(const char *file, const char *spec)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, file, NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *cpu = be_cpu_create(2, err, sizeof err);
+    be_backend *shd = shadow_create();
+    float *a = run(m, cpu, spec), *s = run(m, shd, spec);
+    size_t n = (size_t)m->hp.n_vocab * (STEPS + 1);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += memcmp(&a[i], &s[i], sizeof(float)) != 0;
+    cr_expect_eq(bad, 0, "%s under %s: %zu of %zu logits differ with activations on the twin", file,
+                 spec ? spec : "no policy", bad, n);
+    free(a);
+    free(s);
+    be_free(cpu);
+    be_free(shd);
+    model_free(m);
+}
+
+Test(residency, gemma3_logits_are_identical_on_twins)
+{
+    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL);
+    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1");
+}
+
+Test(residency, llama_logits_are_identical_on_twins)
+{
+    compare(TD "tiny/tiny-llama-q4_k_m.gguf", NULL);
+    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "quest:budget=64");
+}
+
+Test(residency, policies_that_read_queries_on_the_host_see_them)
+{
+    /* TAKE reads probe rows after each chunk; H2O and SnapKV score queries in layer_done; Chelsea
+     * merges keys and adds log-degree biases */
+    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "take:budget=0.5+chess");
+    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "h2o:budget=0.3");
+    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "snapkv:budget=0.3+quest");
+    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea");
+}
+
+Test(residency, a_forgotten_host_read_is_caught)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-llama-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *shd = shadow_create();
+    sh(shd)->ignore_reads = 1;
+    size_t n;
+    int32_t *ids = prompt(m, &n);
+    fwd_opts fo = { 2048, 48, 16 };
+    fwd_ctx *f = fwd_create(m, shd, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    int nan = 0;
+    for (int32_t i = 0; i < m->hp.n_vocab; i++) nan += isnan(l[i]);
+    cr_expect_gt(nan, 0, "K/V rows read without asking still gave finite logits");
+    free(l);
+    free(ids);
+    fwd_free(f);
+    be_free(shd);
+    model_free(m);
+}
