@@ -1,10 +1,17 @@
-/* backend_cuda.cu - the CUDA implementation of the backend op table (kernels/backend.h), stage 1.
+/* backend_cuda.cu - the CUDA implementation of the backend op table (kernels/backend.h).
  *
  * What runs on the device: the matrix products (cuBLAS GEMM on f16 copies of the weights, f32
- * accumulation) and attention over the KV pages (a paged online-softmax kernel with the per-token
- * bias, the token masks, the per-KV-head page lists and the sliding window of the CPU kernel). The
- * element-wise ops (RMSNorm, RoPE, the gated activation, embedding rows) and the selection scores
- * run on a CPU backend: their inputs are host arrays, and moving them would cost more than the work.
+ * accumulation), attention over the KV pages (a paged online-softmax kernel with the per-token
+ * bias, the token masks, the per-KV-head page lists and the sliding window of the CPU kernel), and
+ * the element-wise ops (RMSNorm, RoPE, the gated activation, residual adds, scaling) when their
+ * buffers are bound. Embedding rows (one dequantized row a token, exact) and the selection scores
+ * run on a CPU backend.
+ *
+ * Activations: the forward pass binds its scratch buffers; each gets a device twin
+ * (kernels/act_mirror.c keeps which side holds the newest bytes) and ops leave their outputs there,
+ * so a decode step waits for the device about once a layer, when the host needs the new K/V rows
+ * (and, under a policy, the queries). Bound host buffers are page-locked for fast copies. Ops given
+ * unbound addresses stage them through a page-locked arena and synchronize before returning.
  *
  * Weights are dequantized on the host with the reference dequantizers of engine/quant.c (the same
  * code the CPU oracle tests use), rounded to f16 and uploaded once, by `prepare` at load time or on
@@ -14,8 +21,8 @@
  * which uploads it whole; kernels/page_copies.c keeps that table (host-tested), this file gives it
  * the device.
  *
- * Every op synchronizes its stream before returning, since its outputs are host arrays. Stage 2
- * (docs/gpu.md) keeps activations on the device and captures the decode step in a CUDA graph. */
+ * What is left for a CUDA-graph decode step (docs/gpu.md): the KV cache itself on the device, so
+ * the host's share of a layer disappears. */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -25,6 +32,7 @@
 #include <string.h>
 
 extern "C" {
+#include "act_mirror.h"
 #include "backend.h"
 #include "page_copies.h"
 #include "quant.h"
@@ -35,6 +43,7 @@ extern "C" {
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
 #define COPY_IDLE 4096      /* attention calls a page copy may go unused before it is freed */
+#define EW_THREADS 256      /* threads of the element-wise kernels' blocks */
 
 /* A device copy of one weight matrix, f16 [n_out][n_in]. */
 typedef struct dev_weight {
@@ -61,23 +70,22 @@ typedef struct cuda_impl {
     uint64_t weight_bytes;
     pc_table copies;          /* device copies of the KV pages */
     /* scratch, grown on demand */
-    float *x32, *y32, *q, *out;
-    __half *x16;
-    int32_t *qpos;
-    dev_page *pages;
-    uint64_t *masks;
-    int64_t *head_pages;
+    float *y32, *out;          /* outputs of products and attention bound for unbound host arrays */
+    __half *x16;               /* the products' input in f16 */
     float *part_o, *part_ml;   /* attention's per-split partial results */
-    size_t cap_x32, cap_y32, cap_q, cap_out, cap_x16, cap_qpos, cap_pages, cap_masks, cap_hp, cap_po, cap_pml;
+    size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     uint64_t scratch_bytes;
-    /* host staging */
+    /* page-locked host buffers: attention's page list and masks as built, outputs on their way back */
     dev_page *h_pages;
     uint64_t *h_masks;
-    float *h_x, *h_y, *h_q, *h_out;   /* staging of products' and attention's inputs and outputs */
-    int32_t *h_qpos;
-    int64_t *h_hp;
-    size_t cap_h_pages, cap_h_masks, cap_h_x, cap_h_y, cap_h_q, cap_h_out, cap_h_qpos, cap_h_hp;
+    float *h_y, *h_out;
+    size_t cap_h_pages, cap_h_masks, cap_h_y, cap_h_out;
+    am_table act;              /* device twins of the bound activation buffers */
+    /* staging arena for small inputs sent without a wait (positions, page lists, norm weights):
+     * page-locked host bytes and their device twin, reused after each wait for the stream */
+    char *h_arena, *d_arena;
+    size_t arena_cap, arena_off;
 } cuda_impl;
 
 static cuda_impl *impl_of(be_backend *b) { return (cuda_impl *)b->impl; }
@@ -135,6 +143,131 @@ static void grow_host(void **p, size_t *cap, size_t need)
     }
     *cap = sz;
 }
+
+/* Wait for everything issued on the stream; the staging arena is free again after. */
+static void sync_stream(cuda_impl *ci, const char *what)
+{
+    ck(cudaStreamSynchronize(ci->stream), what);
+    ci->arena_off = 0;
+}
+
+static size_t stage_size(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+
+/* Room for `total` bytes of staging (the sum of stage_size of each piece) in the arena, so that the
+ * pieces one op stages all stay valid until its kernels run: when the arena is short, wait for the
+ * stream (freeing it) and grow it if needed. */
+static void stage_reserve(cuda_impl *ci, size_t total)
+{
+    if (ci->arena_off + total <= ci->arena_cap) return;
+    sync_stream(ci, "staging");
+    if (total <= ci->arena_cap) return;
+    if (ci->h_arena) cudaFreeHost(ci->h_arena);
+    if (ci->d_arena) cudaFree(ci->d_arena);
+    ci->scratch_bytes -= ci->arena_cap;
+    ci->h_arena = ci->d_arena = NULL;
+    ci->arena_cap = 0;
+    size_t cap = total > ((size_t)1 << 20) ? total * 2 : (size_t)1 << 20;
+    if (cudaHostAlloc((void **)&ci->h_arena, cap, cudaHostAllocDefault) != cudaSuccess) {
+        fprintf(stderr, "kvchat: out of page-locked host memory (%zu bytes)\n", cap);
+        abort();
+    }
+    if (cudaMalloc((void **)&ci->d_arena, cap) != cudaSuccess) {
+        fprintf(stderr, "kvchat: out of GPU memory: %zu bytes of staging needed\n", cap);
+        abort();
+    }
+    ci->arena_cap = cap;
+    ci->scratch_bytes += cap;
+}
+
+/* Send bytes of host memory to the device without waiting; the device address is valid for work
+ * issued on the stream before the next wait. An op staging several pieces reserves their room
+ * first (stage_reserve), since making room here would free what it staged before. */
+static void *stage(cuda_impl *ci, const void *src, size_t bytes)
+{
+    size_t need = stage_size(bytes);
+    stage_reserve(ci, need);
+    size_t off = ci->arena_off;
+    memcpy(ci->h_arena + off, src, bytes);
+    ck(cudaMemcpyAsync(ci->d_arena + off, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "staging");
+    ci->arena_off = off + need;
+    return ci->d_arena + off;
+}
+
+/* ---------------------------------------------------------------- activation twins */
+
+static void *act_alloc(void *ud, size_t bytes)
+{
+    (void)ud;
+    void *p = NULL;
+    return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+}
+
+static void act_release(void *ud, void *p)
+{
+    (void)ud;
+    cudaFree(p);
+}
+
+static void act_upload(void *ud, void *dst, const void *src, size_t bytes)
+{
+    ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ((cuda_impl *)ud)->stream), "activation upload");
+}
+
+static void act_download(void *ud, void *dst, const void *src, size_t bytes)
+{
+    ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ((cuda_impl *)ud)->stream), "activation download");
+}
+
+static void act_wait(void *ud) { sync_stream((cuda_impl *)ud, "activation copy"); }
+
+/* Page-lock a bound buffer so its copies are direct; a buffer that cannot be (it shares a page with
+ * one already locked) still works, through the driver's bounce buffer. */
+static void act_pin(void *ud, void *host, size_t bytes, int pin)
+{
+    (void)ud;
+    if (pin ? cudaHostRegister(host, bytes, cudaHostRegisterDefault) : cudaHostUnregister(host))
+        (void)cudaGetLastError();
+}
+
+static int cuda_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+{
+    cuda_impl *ci = impl_of(b);
+    if (am_bind(&ci->act, host, bytes) == 0) return 0;
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    snprintf(err, errlen, "out of GPU memory: an activation buffer needs %.1f MiB, %.1f MiB of %.1f MiB are free",
+             (double)bytes / (1 << 20), (double)fr / (1 << 20), (double)tot / (1 << 20));
+    return -1;
+}
+
+/* The owner is about to free the buffer: no copy to or from it may still be in flight when it is
+ * unlocked. */
+static void cuda_unbind(be_backend *b, void *host)
+{
+    sync_stream(impl_of(b), "unbind");
+    am_unbind(&impl_of(b)->act, host);
+}
+
+static void cuda_host_read(be_backend *b, const be_range *r, int n)
+{
+    am_range ar[16];
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        int k = n - i0 < 16 ? n - i0 : 16;
+        for (int i = 0; i < k; i++) ar[i] = am_range{ r[i0 + i].p, r[i0 + i].bytes };
+        am_host_read(&impl_of(b)->act, ar, k);
+    }
+}
+
+static void cuda_host_write(be_backend *b, void *p, size_t bytes) { am_host_write(&impl_of(b)->act, p, bytes); }
+
+/* Before a CPU op reads or writes an activation: bring the host copy up to date. */
+static void host_in(cuda_impl *ci, const void *p, size_t bytes)
+{
+    am_range r = { p, bytes };
+    am_host_read(&ci->act, &r, 1);
+}
+
+static int bound(cuda_impl *ci, const void *p, size_t bytes) { return am_bound(&ci->act, p, bytes); }
 
 /* ---------------------------------------------------------------- weights */
 
@@ -252,33 +385,38 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
             fprintf(stderr, "kvchat: %s\n", err);
             abort();
         }
-        n_y += n_tok * mms[m].w->n_out;
+        if (!bound(ci, mms[m].y, sizeof(float) * (size_t)(n_tok * mms[m].w->n_out))) n_y += n_tok * mms[m].w->n_out;
     }
-    grow_dev(ci, (void **)&ci->x32, &ci->cap_x32, sizeof(float) * (size_t)n_x);
     grow_dev(ci, (void **)&ci->x16, &ci->cap_x16, sizeof(__half) * (size_t)n_x);
-    grow_dev(ci, (void **)&ci->y32, &ci->cap_y32, sizeof(float) * (size_t)n_y);
-    grow_host((void **)&ci->h_x, &ci->cap_h_x, sizeof(float) * (size_t)n_x);
-    grow_host((void **)&ci->h_y, &ci->cap_h_y, sizeof(float) * (size_t)n_y);
-    memcpy(ci->h_x, x, sizeof(float) * (size_t)n_x);
-    ck(cudaMemcpyAsync(ci->x32, ci->h_x, sizeof(float) * (size_t)n_x, cudaMemcpyHostToDevice, ci->stream), "upload");
-    f32_to_f16<<<(unsigned)((n_x + 255) / 256), 256, 0, ci->stream>>>(ci->x32, ci->x16, n_x);
+    const float *dx = (const float *)am_dev_in(&ci->act, x, sizeof(float) * (size_t)n_x);
+    if (!dx) dx = (const float *)stage(ci, x, sizeof(float) * (size_t)n_x);
+    f32_to_f16<<<(unsigned)((n_x + 255) / 256), 256, 0, ci->stream>>>(dx, ci->x16, n_x);
     ck(cudaGetLastError(), "f32_to_f16");
+    if (n_y) grow_dev(ci, (void **)&ci->y32, &ci->cap_y32, sizeof(float) * (size_t)n_y);
     const float one = 1.0f, zero = 0.0f;
     int64_t off = 0;
     for (int m = 0; m < n_mm; m++) {
         int64_t n_out = mms[m].w->n_out;
+        /* the output's twin when it is bound, else scratch copied back below */
+        float *dy = (float *)am_dev_out(&ci->act, mms[m].y, sizeof(float) * (size_t)(n_tok * n_out));
+        if (!dy) {
+            dy = ci->y32 + off;
+            off += n_tok * n_out;
+        }
         /* column-major view: Y^T (n_out x n_tok) = W^T (stored as n_in x n_out) ^T * X^T (n_in x n_tok) */
         ckb(cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n_tok, (int)n_in, &one, dw[m]->d,
-                         CUDA_R_16F, (int)n_in, ci->x16, CUDA_R_16F, (int)n_in, &zero, ci->y32 + off, CUDA_R_32F,
-                         (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         CUDA_R_16F, (int)n_in, ci->x16, CUDA_R_16F, (int)n_in, &zero, dy, CUDA_R_32F, (int)n_out,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "GEMM");
-        off += n_tok * n_out;
     }
+    if (!n_y) return;
+    grow_host((void **)&ci->h_y, &ci->cap_h_y, sizeof(float) * (size_t)n_y);
     ck(cudaMemcpyAsync(ci->h_y, ci->y32, sizeof(float) * (size_t)n_y, cudaMemcpyDeviceToHost, ci->stream), "download");
-    ck(cudaStreamSynchronize(ci->stream), "matmul");
+    sync_stream(ci, "matmul");
     off = 0;
     for (int m = 0; m < n_mm; m++) {
         size_t ny = (size_t)(n_tok * mms[m].w->n_out);
+        if (bound(ci, mms[m].y, sizeof(float) * ny)) continue;
         memcpy(mms[m].y, ci->h_y + off, sizeof(float) * ny);
         off += (int64_t)ny;
     }
@@ -426,7 +564,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         abort();
     }
     pc_begin_call(&ci->copies);
-    /* page descriptors and masks, staged on the host and sent in one copy each */
+    /* page descriptors and masks, built on the host and staged in one copy each */
     grow_host((void **)&ci->h_pages, &ci->cap_h_pages, sizeof(dev_page) * (size_t)(a->n_pages > 0 ? a->n_pages : 1));
     size_t n_words = 0;
     for (int64_t i = 0; i < a->n_pages; i++)
@@ -460,31 +598,17 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         }
     }
     size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D;
-    grow_dev(ci, (void **)&ci->pages, &ci->cap_pages, sizeof(dev_page) * (size_t)(a->n_pages > 0 ? a->n_pages : 1));
-    grow_dev(ci, (void **)&ci->masks, &ci->cap_masks, sizeof(uint64_t) * (n_words > 0 ? n_words : 1));
-    grow_dev(ci, (void **)&ci->q, &ci->cap_q, sizeof(float) * nq);
-    grow_dev(ci, (void **)&ci->out, &ci->cap_out, sizeof(float) * nq);
-    grow_dev(ci, (void **)&ci->qpos, &ci->cap_qpos, sizeof(int32_t) * (size_t)a->n_q);
-    grow_dev(ci, (void **)&ci->head_pages, &ci->cap_hp, sizeof(int64_t) * (size_t)(a->n_head_kv + 1));
-    cudaStream_t s = ci->stream;
-    if (a->n_pages > 0)
-        ck(cudaMemcpyAsync(ci->pages, ci->h_pages, sizeof(dev_page) * (size_t)a->n_pages, cudaMemcpyHostToDevice, s),
-           "upload");
-    if (w) ck(cudaMemcpyAsync(ci->masks, ci->h_masks, sizeof(uint64_t) * w, cudaMemcpyHostToDevice, s), "upload");
-    grow_host((void **)&ci->h_q, &ci->cap_h_q, sizeof(float) * nq);
-    grow_host((void **)&ci->h_out, &ci->cap_h_out, sizeof(float) * nq);
-    grow_host((void **)&ci->h_qpos, &ci->cap_h_qpos, sizeof(int32_t) * (size_t)a->n_q);
-    grow_host((void **)&ci->h_hp, &ci->cap_h_hp, sizeof(int64_t) * (size_t)(a->n_head_kv + 1));
-    memcpy(ci->h_q, a->q, sizeof(float) * nq);
-    memcpy(ci->h_qpos, a->q_pos, sizeof(int32_t) * (size_t)a->n_q);
-    ck(cudaMemcpyAsync(ci->q, ci->h_q, sizeof(float) * nq, cudaMemcpyHostToDevice, s), "upload");
-    ck(cudaMemcpyAsync(ci->qpos, ci->h_qpos, sizeof(int32_t) * (size_t)a->n_q, cudaMemcpyHostToDevice, s), "upload");
-    if (a->head_pages) {
-        memcpy(ci->h_hp, a->head_pages, sizeof(int64_t) * (size_t)(a->n_head_kv + 1));
-        ck(cudaMemcpyAsync(ci->head_pages, ci->h_hp, sizeof(int64_t) * (size_t)(a->n_head_kv + 1), cudaMemcpyHostToDevice,
-                           s),
-           "upload");
-    }
+    int q_bound = bound(ci, a->q, sizeof(float) * nq);
+    stage_reserve(ci, stage_size(sizeof(dev_page) * (size_t)a->n_pages) + stage_size(sizeof(uint64_t) * w) +
+                          stage_size(sizeof(int32_t) * (size_t)a->n_q) +
+                          stage_size(sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) +
+                          (q_bound ? 0 : stage_size(sizeof(float) * nq)));
+    const dev_page *d_pages = a->n_pages > 0 ? (const dev_page *)stage(ci, ci->h_pages, sizeof(dev_page) * (size_t)a->n_pages) : NULL;
+    const uint64_t *d_masks = w ? (const uint64_t *)stage(ci, ci->h_masks, sizeof(uint64_t) * w) : NULL;
+    const int32_t *d_qpos = (const int32_t *)stage(ci, a->q_pos, sizeof(int32_t) * (size_t)a->n_q);
+    const int64_t *d_hp = a->head_pages ? (const int64_t *)stage(ci, a->head_pages, sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) : NULL;
+    const float *d_q = q_bound ? (const float *)am_dev_in(&ci->act, a->q, sizeof(float) * nq)
+                               : (const float *)stage(ci, a->q, sizeof(float) * nq);
     /* splits: about four blocks a multiprocessor in all, at least one page each */
     int64_t most = a->n_pages;
     if (a->head_pages) {
@@ -497,52 +621,212 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     size_t n_part = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
     grow_dev(ci, (void **)&ci->part_o, &ci->cap_po, sizeof(float) * n_part * (size_t)D);
     grow_dev(ci, (void **)&ci->part_ml, &ci->cap_pml, sizeof(float) * n_part * 2);
+    float *d_out = (float *)am_dev_out(&ci->act, a->out, sizeof(float) * nq);
+    int out_bound = d_out != NULL;
+    if (!out_bound) {
+        grow_dev(ci, (void **)&ci->out, &ci->cap_out, sizeof(float) * nq);
+        d_out = ci->out;
+    }
+    cudaStream_t s = ci->stream;
     dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);
     size_t shmem = sizeof(float) * ((size_t)D + ATT_THREADS + ATT_THREADS / 32);
-    attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(ci->q, ci->qpos, ci->pages, a->n_pages,
-                                                 a->head_pages ? ci->head_pages : NULL, ci->masks, a->n_head,
+    attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, a->n_pages, d_hp, d_masks, a->n_head,
                                                  a->n_head / a->n_head_kv, D, a->window, n_split, ci->part_o,
                                                  ci->part_ml);
     ck(cudaGetLastError(), "attention kernel");
     attn_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), ATT_THREADS, 0, s>>>(ci->part_o, ci->part_ml, n_split,
-                                                                                    a->n_head, D, ci->out);
+                                                                                    a->n_head, D, d_out);
     ck(cudaGetLastError(), "attention combine");
+    if (out_bound) return;
+    grow_host((void **)&ci->h_out, &ci->cap_h_out, sizeof(float) * nq);
     ck(cudaMemcpyAsync(ci->h_out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download");
-    ck(cudaStreamSynchronize(s), "attention");
+    sync_stream(ci, "attention");
     memcpy(a->out, ci->h_out, sizeof(float) * nq);
 }
 
-/* ---------------------------------------------------------------- host-side ops */
+/* ---------------------------------------------------------------- element-wise ops */
+
+/* One block a row; the sum of squares in double, as the CPU backend accumulates it. */
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t dim, float eps)
+{
+    __shared__ double red[EW_THREADS / 32];
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *yr = y + (int64_t)blockIdx.x * dim;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS) ss += (double)xr[i] * xr[i];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    double tot = 0;
+    for (int i = 0; i < EW_THREADS / 32; i++) tot += red[i];
+    float scale = 1.0f / sqrtf((float)(tot / (double)dim) + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS) yr[i] = xr[i] * scale * w[i];
+}
+
+/* One block a token. The angles are built as the CPU backend builds them, a running product from
+ * theta_0 = pos * freq_scale (one thread, in order, so the floats are the same), then rotated. */
+__global__ void rope_kernel(float *x, const int32_t *pos, int n_heads, int head_dim, float theta_scale,
+                            float freq_scale, int neox)
+{
+    extern __shared__ float cs[];
+    int half = head_dim / 2;
+    float *sn = cs + half;
+    int64_t t = blockIdx.x;
+    if (threadIdx.x == 0) {
+        float theta = (float)pos[t] * freq_scale;
+        for (int i = 0; i < half; i++) {
+            cs[i] = theta;
+            theta *= theta_scale;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float th = cs[i];
+        sn[i] = sinf(th);
+        cs[i] = cosf(th);
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
+        int h = j / half, i = j % half;
+        float *v = x + (t * n_heads + h) * (int64_t)head_dim;
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * cs[i] - x1 * sn[i];
+        v[i1] = x0 * sn[i] + x1 * cs[i];
+    }
+}
+
+__global__ void glu_kernel(float *gate, const float *up, int64_t n, int gelu)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = gate[i];
+    if (gelu) gate[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    else gate[i] = g / (1.0f + expf(-g)) * up[i];
+}
+
+__global__ void add_kernel(float *x, const float *y, int64_t n)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+__global__ void scale_kernel(float *x, int64_t n, float s)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+static unsigned ew_blocks(int64_t n) { return (unsigned)((n + EW_THREADS - 1) / EW_THREADS); }
+
+/* Each op below runs on the device when every activation it touches is bound, and otherwise on the
+ * CPU backend after bringing the bound ones' host copies up to date. */
 
 static void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps)
 {
-    be_backend *c = impl_of(b)->cpu;
-    c->ops->rmsnorm(c, x, w, y, rows, dim, eps);
+    cuda_impl *ci = impl_of(b);
+    size_t bytes = sizeof(float) * (size_t)(rows * dim);
+    if (rows <= 0) return;
+    if (bound(ci, x, bytes) && bound(ci, y, bytes)) {
+        const float *dw = (const float *)stage(ci, w, sizeof(float) * (size_t)dim);
+        const float *dx = x == y ? NULL : (const float *)am_dev_in(&ci->act, x, bytes);
+        float *dy = (float *)am_dev_out(&ci->act, y, bytes);
+        rmsnorm_kernel<<<(unsigned)rows, EW_THREADS, 0, ci->stream>>>(dx ? dx : dy, dw, dy, dim, eps);
+        ck(cudaGetLastError(), "rmsnorm");
+        return;
+    }
+    host_in(ci, x, bytes);
+    am_host_write(&ci->act, y, bytes);
+    ci->cpu->ops->rmsnorm(ci->cpu, x, w, y, rows, dim, eps);
 }
 
 static void cuda_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
                       float freq_base, float freq_scale, int neox)
 {
-    be_backend *c = impl_of(b)->cpu;
-    c->ops->rope(c, x, n_tok, n_heads, head_dim, pos, freq_base, freq_scale, neox);
+    cuda_impl *ci = impl_of(b);
+    size_t bytes = sizeof(float) * (size_t)(n_tok * n_heads * head_dim);
+    if (n_tok <= 0) return;
+    if (bound(ci, x, bytes)) {
+        const int32_t *dp = (const int32_t *)stage(ci, pos, sizeof(int32_t) * (size_t)n_tok);
+        float *dx = (float *)am_dev_out(&ci->act, x, bytes);
+        /* the same powf as the CPU backend, on the host */
+        float theta_scale = powf(freq_base, -2.0f / (float)head_dim);
+        rope_kernel<<<(unsigned)n_tok, 128, sizeof(float) * (size_t)head_dim, ci->stream>>>(
+            dx, dp, n_heads, head_dim, theta_scale, freq_scale, neox);
+        ck(cudaGetLastError(), "rope");
+        return;
+    }
+    host_in(ci, x, bytes);
+    am_host_write(&ci->act, x, bytes);
+    ci->cpu->ops->rope(ci->cpu, x, n_tok, n_heads, head_dim, pos, freq_base, freq_scale, neox);
 }
 
 static void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
 {
-    be_backend *c = impl_of(b)->cpu;
-    c->ops->glu(c, gate, up, n, gelu);
+    cuda_impl *ci = impl_of(b);
+    size_t bytes = sizeof(float) * (size_t)n;
+    if (n <= 0) return;
+    if (bound(ci, gate, bytes) && bound(ci, up, bytes)) {
+        const float *du = (const float *)am_dev_in(&ci->act, up, bytes);
+        float *dg = (float *)am_dev_out(&ci->act, gate, bytes);
+        glu_kernel<<<ew_blocks(n), EW_THREADS, 0, ci->stream>>>(dg, du, n, gelu);
+        ck(cudaGetLastError(), "glu");
+        return;
+    }
+    am_range r[2] = { { gate, bytes }, { up, bytes } };
+    am_host_read(&ci->act, r, 2);
+    am_host_write(&ci->act, gate, bytes);
+    ci->cpu->ops->glu(ci->cpu, gate, up, n, gelu);
 }
 
+static void cuda_add(be_backend *b, float *x, const float *y, int64_t n)
+{
+    cuda_impl *ci = impl_of(b);
+    size_t bytes = sizeof(float) * (size_t)n;
+    if (n <= 0) return;
+    if (bound(ci, x, bytes) && bound(ci, y, bytes)) {
+        const float *dy = (const float *)am_dev_in(&ci->act, y, bytes);
+        float *dx = (float *)am_dev_out(&ci->act, x, bytes);
+        add_kernel<<<ew_blocks(n), EW_THREADS, 0, ci->stream>>>(dx, dy, n);
+        ck(cudaGetLastError(), "add");
+        return;
+    }
+    am_range r[2] = { { x, bytes }, { y, bytes } };
+    am_host_read(&ci->act, r, 2);
+    am_host_write(&ci->act, x, bytes);
+    ci->cpu->ops->add(ci->cpu, x, y, n);
+}
+
+static void cuda_scale(be_backend *b, float *x, int64_t n, float s)
+{
+    cuda_impl *ci = impl_of(b);
+    size_t bytes = sizeof(float) * (size_t)n;
+    if (n <= 0) return;
+    if (bound(ci, x, bytes)) {
+        float *dx = (float *)am_dev_out(&ci->act, x, bytes);
+        scale_kernel<<<ew_blocks(n), EW_THREADS, 0, ci->stream>>>(dx, n, s);
+        ck(cudaGetLastError(), "scale");
+        return;
+    }
+    am_host_write(&ci->act, x, bytes);   /* unbound: does nothing */
+    ci->cpu->ops->scale(ci->cpu, x, n, s);
+}
+
+/* Embedding rows: dequantized exactly on the host (a row a token), uploaded at their first use. */
 static void cuda_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *out)
 {
-    be_backend *c = impl_of(b)->cpu;
-    c->ops->get_rows(c, w, ids, n, scale, out);
+    cuda_impl *ci = impl_of(b);
+    am_host_write(&ci->act, out, sizeof(float) * (size_t)(n * w->n_in));
+    ci->cpu->ops->get_rows(ci->cpu, w, ids, n, scale, out);
 }
 
 static void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
 {
-    be_backend *c = impl_of(b)->cpu;
-    c->ops->scores(c, m, n_rows, dim, x, y);
+    cuda_impl *ci = impl_of(b);
+    am_range r[2] = { { m, sizeof(float) * (size_t)(n_rows * dim) }, { x, sizeof(float) * (size_t)dim } };
+    am_host_read(&ci->act, r, 2);
+    am_host_write(&ci->act, y, sizeof(float) * (size_t)n_rows);
+    ci->cpu->ops->scores(ci->cpu, m, n_rows, dim, x, y);
 }
 
 static void cuda_memory(be_backend *b, uint64_t *held, uint64_t *total)
@@ -550,7 +834,7 @@ static void cuda_memory(be_backend *b, uint64_t *held, uint64_t *total)
     cuda_impl *ci = impl_of(b);
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
-    *held = ci->weight_bytes + ci->copies.bytes + ci->scratch_bytes;
+    *held = ci->weight_bytes + ci->copies.bytes + ci->scratch_bytes + ci->act.bytes;
     *total = (uint64_t)tot;
 }
 
@@ -561,10 +845,10 @@ static void cuda_destroy(be_backend *b)
         for (int i = 0; i < ci->n_w; i++) cudaFree(ci->w[i].d);
         free(ci->w);
         pc_free(&ci->copies);
-        void *dev[] = { ci->x32, ci->y32, ci->q, ci->out, ci->x16, ci->qpos, ci->pages, ci->masks, ci->head_pages,
-                        ci->part_o, ci->part_ml };
+        am_free(&ci->act);
+        void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-        void *host[] = { ci->h_pages, ci->h_masks, ci->h_x, ci->h_y, ci->h_q, ci->h_out, ci->h_qpos, ci->h_hp };
+        void *host[] = { ci->h_pages, ci->h_masks, ci->h_y, ci->h_out, ci->h_arena };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)
             if (host[i]) cudaFreeHost(host[i]);
         if (ci->blas) cublasDestroy(ci->blas);
@@ -577,7 +861,8 @@ static void cuda_destroy(be_backend *b)
 
 static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
-    cuda_prepare, cuda_memory, cuda_destroy,
+    cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind, cuda_host_read,
+    cuda_host_write,
 };
 
 extern "C" int be_cuda_devices(void)
@@ -608,6 +893,8 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     b->impl = ci;
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
+    am_device adev = { ci, act_alloc, act_release, act_upload, act_download, act_wait, act_pin };
+    am_init(&ci->act, &adev);
     if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaStreamCreate(&ci->stream)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&ci->n_sm, cudaDevAttrMultiProcessorCount, 0)) != cudaSuccess) {
         snprintf(err, errlen, "CUDA device 0: %s", cudaGetErrorString(e));

@@ -208,7 +208,7 @@ static void free_pages(page_set *ps)
 }
 
 /* Attention of n_q queries at the last positions (and some in the middle) on both backends. */
-static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64_t n_q, int32_t window)
+static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64_t n_q, int32_t window, int bind)
 {
     float *q = malloc(sizeof(float) * (size_t)(n_q * n_head * D));
     float *o0 = malloc(sizeof(float) * (size_t)(n_q * n_head * D)), *o1 = malloc(sizeof(float) * (size_t)(n_q * n_head * D));
@@ -221,7 +221,17 @@ static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64
     be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
+    size_t bytes = sizeof(float) * (size_t)(n_q * n_head * D);
+    char err[256];
+    /* bound: the query is read from and the output left on the device twins */
+    if (bind) cr_assert(be_bind(gpu, q, bytes, err, sizeof err) == 0 && be_bind(gpu, o1, bytes, err, sizeof err) == 0, "%s", err);
     gpu->ops->attention(gpu, &a);
+    if (bind) {
+        be_range r = { o1, bytes };
+        be_host_read(gpu, &r, 1);
+        be_unbind(gpu, q);
+        be_unbind(gpu, o1);
+    }
     double d = 0;
     for (int64_t i = 0; i < n_q * n_head * D; i++) {
         double e = fabs((double)o0[i] - o1[i]);
@@ -247,10 +257,130 @@ Test(cuda, paged_attention_equals_the_cpu)
                 make_pages(&ps, nkv, 1 + (int)(rnd() % 9), D, variant & 1, variant & 2);
                 int64_t nq = variant == 3 ? 7 : 1;
                 int32_t window = variant == 2 ? 40 : 0;
-                double d = compare_attention(&ps, nh, nkv, D, nq, window);
+                double d = compare_attention(&ps, nh, nkv, D, nq, window, (int)(rnd() & 1));
                 cr_expect(d < 2e-3, "D %d, %d heads / %d KV, variant %d: max |diff| %g", D, nh, nkv, variant, d);
                 free_pages(&ps);
             }
+}
+
+/* One element-wise op on both backends: buffers a (in/out) and b (in) of n floats; the GPU's bound to
+ * device twins or not. Returns the relative difference of a. */
+typedef void (*ew_fn)(be_backend *be, float *a, const float *b, void *arg);
+static double compare_elementwise(ew_fn fn, void *arg, const float *a0, const float *b0, int64_t na, int64_t nb,
+                                  int bind)
+{
+    float *ac = malloc(sizeof(float) * (size_t)na), *ag = malloc(sizeof(float) * (size_t)na);
+    float *bc = malloc(sizeof(float) * (size_t)nb), *bg = malloc(sizeof(float) * (size_t)nb);
+    memcpy(ac, a0, sizeof(float) * (size_t)na);
+    memcpy(ag, a0, sizeof(float) * (size_t)na);
+    memcpy(bc, b0, sizeof(float) * (size_t)nb);
+    memcpy(bg, b0, sizeof(float) * (size_t)nb);
+    char err[256];
+    if (bind)
+        cr_assert(be_bind(gpu, ag, sizeof(float) * (size_t)na, err, sizeof err) == 0 &&
+                      be_bind(gpu, bg, sizeof(float) * (size_t)nb, err, sizeof err) == 0,
+                  "%s", err);
+    fn(cpu, ac, bc, arg);
+    fn(gpu, ag, bg, arg);
+    if (bind) {
+        be_range r = { ag, sizeof(float) * (size_t)na };
+        be_host_read(gpu, &r, 1);
+        be_unbind(gpu, ag);
+        be_unbind(gpu, bg);
+    }
+    double d = rel_diff(ag, ac, na);
+    free(ac);
+    free(ag);
+    free(bc);
+    free(bg);
+    return d;
+}
+
+typedef struct ew_arg {
+    int64_t rows, dim;
+    int heads, head_dim, neox, gelu;
+    const int32_t *pos;
+    const float *w;
+    float base;
+} ew_arg;
+
+/* a = rmsnorm(b) with weights w */
+static void ew_rmsnorm(be_backend *be, float *a, const float *b, void *arg)
+{
+    ew_arg *e = arg;
+    be->ops->rmsnorm(be, b, e->w, a, e->rows, e->dim, 1e-6f);
+}
+static void ew_rmsnorm_inplace(be_backend *be, float *a, const float *b, void *arg)
+{
+    ew_arg *e = arg;
+    be->ops->rmsnorm(be, a, e->w, a, e->rows, e->dim, 1e-6f);
+}
+static void ew_rope(be_backend *be, float *a, const float *b, void *arg)
+{
+    ew_arg *e = arg;
+    be->ops->rope(be, a, e->rows, e->heads, e->head_dim, e->pos, e->base, 1.0f, e->neox);
+}
+static void ew_glu(be_backend *be, float *a, const float *b, void *arg)
+{
+    ew_arg *e = arg;
+    be->ops->glu(be, a, b, e->rows * e->dim, e->gelu);
+}
+static void ew_add(be_backend *be, float *a, const float *b, void *arg)
+{
+    ew_arg *e = arg;
+    be->ops->add(be, a, b, e->rows * e->dim);
+}
+static void ew_scale(be_backend *be, float *a, const float *b, void *arg)
+{
+    ew_arg *e = arg;
+    be->ops->scale(be, a, e->rows * e->dim, 0.0883883f);
+}
+
+Test(cuda, element_wise_ops_equal_the_cpu_on_bound_and_unbound_buffers)
+{
+    seed_rng("element-wise");
+    const int64_t shapes[][2] = { { 1, 640 }, { 7, 37 }, { 3, 2049 }, { 130, 256 } };
+    for (size_t si = 0; si < 4; si++)
+        for (int bind = 0; bind < 2; bind++) {
+            int64_t rows = shapes[si][0], dim = shapes[si][1], n = rows * dim;
+            float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+            float *w = malloc(sizeof(float) * (size_t)dim);
+            for (int64_t i = 0; i < n; i++) a[i] = frand(-4, 4), b[i] = frand(-4, 4);
+            for (int64_t i = 0; i < dim; i++) w[i] = frand(0.5f, 2);
+            ew_arg e = { .rows = rows, .dim = dim, .w = w };
+            double d = compare_elementwise(ew_rmsnorm, &e, a, b, n, n, bind);
+            cr_expect(d < 1e-6, "rmsnorm %lld x %lld (bound %d): %g", (long long)rows, (long long)dim, bind, d);
+            d = compare_elementwise(ew_rmsnorm_inplace, &e, a, b, n, n, bind);
+            cr_expect(d < 1e-6, "rmsnorm in place %lld x %lld (bound %d): %g", (long long)rows, (long long)dim, bind, d);
+            for (e.gelu = 0; e.gelu < 2; e.gelu++) {
+                d = compare_elementwise(ew_glu, &e, a, b, n, n, bind);
+                cr_expect(d < 1e-5, "glu (gelu %d) %lld floats (bound %d): %g", e.gelu, (long long)n, bind, d);
+            }
+            d = compare_elementwise(ew_add, &e, a, b, n, n, bind);
+            cr_expect(d == 0, "add %lld floats (bound %d): %g", (long long)n, bind, d);
+            d = compare_elementwise(ew_scale, &e, a, b, n, n, bind);
+            cr_expect(d == 0, "scale %lld floats (bound %d): %g", (long long)n, bind, d);
+            free(a);
+            free(b);
+            free(w);
+        }
+    /* RoPE: head sizes of the models and odd ones, both pairings, positions up to 100000 */
+    const int hd[][2] = { { 4, 256 }, { 1, 64 }, { 3, 6 }, { 8, 128 } };
+    for (size_t hi = 0; hi < 4; hi++)
+        for (int neox = 0; neox < 2; neox++) {
+            int64_t rows = 5, n = rows * hd[hi][0] * hd[hi][1];
+            float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float));
+            int32_t pos[5];
+            for (int64_t i = 0; i < n; i++) a[i] = frand(-2, 2);
+            for (int t = 0; t < 5; t++) pos[t] = t == 0 ? 0 : (int32_t)(rnd() % 100000);
+            ew_arg e = { .rows = rows, .heads = hd[hi][0], .head_dim = hd[hi][1], .neox = neox, .pos = pos,
+                         .base = hi & 1 ? 10000.0f : 1000000.0f };
+            double d = compare_elementwise(ew_rope, &e, a, b, n, 1, (int)(hi & 1) ^ neox);
+            /* cosf/sinf of angles near 1e5 differ by an ulp or two between libm and the device */
+            cr_expect(d < 1e-5, "rope %d heads x %d neox %d: %g", hd[hi][0], hd[hi][1], neox, d);
+            free(a);
+            free(b);
+        }
 }
 
 Test(cuda, device_page_copies_follow_appends_truncation_and_reuse)
@@ -259,21 +389,21 @@ Test(cuda, device_page_copies_follow_appends_truncation_and_reuse)
     int D = 64, nh = 4, nkv = 2;
     page_set ps;
     make_pages(&ps, nkv, 5, D, 0, 0);
-    cr_expect(compare_attention(&ps, nh, nkv, D, 1, 0) < 2e-3);
+    cr_expect(compare_attention(&ps, nh, nkv, D, 1, 0, 0) < 2e-3);
     /* appends: the same generation, more rows */
     for (int64_t i = 0; i < ps.n_pages; i++)
         if (ps.pages[i].n < 64 && i % ps.head_pages[1] == ps.head_pages[1] - 1) ps.pages[i].n++;
     ps.max_pos = 0;
     for (int64_t i = 0; i < ps.n_pages; i++)
         if (ps.pages[i].pos[ps.pages[i].n - 1] > ps.max_pos) ps.max_pos = ps.pages[i].pos[ps.pages[i].n - 1];
-    cr_expect(compare_attention(&ps, nh, nkv, D, 1, 0) < 2e-3, "after appends");
+    cr_expect(compare_attention(&ps, nh, nkv, D, 1, 0, 0) < 2e-3, "after appends");
     /* truncation and new rows written over old ones: a new generation */
     for (int64_t i = 0; i < ps.n_pages; i++) {
         be_kv_page *pg = &ps.pages[i];
         for (int64_t e = 0; e < (int64_t)pg->n * D; e++) ps.kv[i][e] = quant_f32_to_fp16(frand(-1, 1));
         pg->gen = ++gen_counter;
     }
-    cr_expect(compare_attention(&ps, nh, nkv, D, 1, 0) < 2e-3, "after rewriting rows under new generations");
+    cr_expect(compare_attention(&ps, nh, nkv, D, 1, 0, 0) < 2e-3, "after rewriting rows under new generations");
     free_pages(&ps);
 }
 
