@@ -22,7 +22,7 @@ LDLIBS_ALL = -lsentencepiece -lsqlite3 -lnettle -lncursesw -lstdc++ -lm -pthread
 NVCC      ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 # sm_80 (A100) and sm_90 (H100/H200) code, and PTX for newer devices
-NVFLAGS   = -std=c++17 -O2 -g -Iengine -Ikernels -gencode arch=compute_80,code=sm_80 \
+NVFLAGS   = -std=c++17 -O2 -g -Iengine -Ikernels -Ikernels/cpu -gencode arch=compute_80,code=sm_80 \
             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror
 ifeq ($(CUDA),1)
@@ -32,7 +32,7 @@ endif
 
 ENGINE_C  := $(wildcard engine/*.c) $(wildcard engine/policy/*.c) $(wildcard store/*.c)
 ENGINE_CXX:= $(wildcard engine/*.cpp)
-KERNEL_C  := $(wildcard kernels/cpu/*.c) kernels/page_copies.c kernels/act_mirror.c kernels/synthetic_shapes.c
+KERNEL_C  := $(wildcard kernels/cpu/*.c) kernels/page_copies.c kernels/act_mirror.c kernels/weight_f16.c kernels/synthetic_shapes.c
 KERNEL_CU := $(wildcard kernels/cuda/*.cu)
 ifneq ($(CUDA),1)
 KERNEL_C  += kernels/cuda_absent.c

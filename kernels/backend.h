@@ -119,6 +119,8 @@ struct be_backend {
 
 /* CPU backend with n_threads threads (<= 0: all cores). NULL and a message on failure. */
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen);
+/* The CPU backend's worker threads, for a device backend's host-side work (converting weights). */
+struct tp_pool *be_cpu_pool(be_backend *cpu);
 /* CUDA backend on device 0; the small element-wise ops run on a CPU backend of n_threads threads.
  * NULL and a message when kvchat was built without CUDA, no device is present, or setting up fails. */
 be_backend *be_cuda_create(int n_threads, char *err, size_t errlen);

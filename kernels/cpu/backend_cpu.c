@@ -522,6 +522,8 @@ static void cpu_scale(be_backend *b, float *x, int64_t n, float s)
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
+struct tp_pool *be_cpu_pool(be_backend *cpu) { return impl_of(cpu)->pool; }
+
 /* ---------------------------------------------------------------- table */
 
 static void cpu_destroy(be_backend *b)

@@ -14,8 +14,8 @@
  * unbound addresses stage them through a page-locked arena and synchronize before returning.
  *
  * Weights are dequantized on the host with the reference dequantizers of engine/quant.c (the same
- * code the CPU oracle tests use), rounded to f16 and uploaded once, by `prepare` at load time or on
- * first use. The KV cache stays in host memory, where the policies read and rewrite it; each page has
+ * code the CPU oracle tests use) on the CPU backend's threads (kernels/weight_f16.c), rounded to f16
+ * and uploaded once, by `prepare` at load time or on first use. The KV cache stays in host memory, where the policies read and rewrite it; each page has
  * a device copy that is brought up to date before attention reads it: only the rows appended since
  * the last upload move, unless the page's content generation changed (a reused or truncated page),
  * which uploads it whole; kernels/page_copies.c keeps that table (host-tested), this file gives it
@@ -36,6 +36,7 @@ extern "C" {
 #include "backend.h"
 #include "page_copies.h"
 #include "quant.h"
+#include "weight_f16.h"
 }
 
 #include "split_merge.cuh"
@@ -86,6 +87,8 @@ typedef struct cuda_impl {
      * page-locked host bytes and their device twin, reused after each wait for the stream */
     char *h_arena, *d_arena;
     size_t arena_cap, arena_off;
+    uint16_t *h_wstage;        /* page-locked: weights converted to f16 on their way to the device */
+    size_t cap_wstage;
 } cuda_impl;
 
 static cuda_impl *impl_of(be_backend *b) { return (cuda_impl *)b->impl; }
@@ -303,33 +306,53 @@ static int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, ch
                  (double)tot / (1 << 20), (double)ci->weight_bytes / (1 << 20));
         return -1;
     }
-    const int64_t rows = 256;
-    float *row = (float *)malloc(sizeof(float) * (size_t)w->n_in);
-    uint16_t *blk = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)w->n_in * rows);
-    if (!row || !blk) {
-        free(row);
-        free(blk);
+    /* converted on the CPU backend's threads a block of rows at a time into one half of a
+     * page-locked buffer while the other half is on its way to the device */
+    const size_t half_bytes = (size_t)16 << 20;
+    int64_t rows = (int64_t)(half_bytes / (sizeof(uint16_t) * (size_t)w->n_in));
+    if (rows < 1) rows = 1;
+    if (rows > w->n_out) rows = w->n_out;
+    size_t blk_bytes = sizeof(uint16_t) * (size_t)(rows * w->n_in);
+    if (2 * blk_bytes > ci->cap_wstage) {
+        if (ci->h_wstage) cudaFreeHost(ci->h_wstage);
+        ci->h_wstage = NULL;
+        ci->cap_wstage = 0;
+        if (cudaHostAlloc((void **)&ci->h_wstage, 2 * blk_bytes, cudaHostAllocDefault) != cudaSuccess) {
+            (void)cudaGetLastError();
+            ci->h_wstage = NULL;
+            cudaFree(d);
+            snprintf(err, errlen, "out of page-locked host memory converting weights (%.1f MiB)",
+                     2.0 * (double)blk_bytes / (1 << 20));
+            return -1;
+        }
+        ci->cap_wstage = 2 * blk_bytes;
+    }
+    uint16_t *blk = ci->h_wstage;
+    cudaEvent_t done[2];
+    ck(cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming), "event");
+    ck(cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming), "event");
+    int half = 0, oom = 0;
+    for (int64_t r0 = 0; r0 < w->n_out && e == cudaSuccess; r0 += rows, half ^= 1) {
+        int64_t nr = w->n_out - r0 < rows ? w->n_out - r0 : rows;
+        uint16_t *h = blk + (size_t)half * (size_t)(rows * w->n_in);
+        ck(cudaEventSynchronize(done[half]), "weight upload");   /* this half's previous copy is done */
+        if (wf16_rows(be_cpu_pool(ci->cpu), w, r0, r0 + nr, h)) {
+            oom = 1;
+            break;
+        }
+        e = cudaMemcpyAsync(d + r0 * w->n_in, h, sizeof(uint16_t) * (size_t)(nr * w->n_in), cudaMemcpyHostToDevice,
+                            ci->stream);
+        if (e == cudaSuccess) e = cudaEventRecord(done[half], ci->stream);
+    }
+    cudaError_t se = cudaStreamSynchronize(ci->stream);
+    if (e == cudaSuccess) e = se;
+    cudaEventDestroy(done[0]);
+    cudaEventDestroy(done[1]);
+    if (oom) {
         cudaFree(d);
-        snprintf(err, errlen, "out of memory");
+        snprintf(err, errlen, "out of memory converting weights");
         return -1;
     }
-    for (int64_t r0 = 0; r0 < w->n_out; r0 += rows) {
-        int64_t nr = w->n_out - r0 < rows ? w->n_out - r0 : rows;
-        for (int64_t r = 0; r < nr; r++) {
-            quant_dequant_row(w->type, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes, row, w->n_in);
-            for (int64_t i = 0; i < w->n_in; i++) {
-                float f = row[i];
-                /* f16 saturates where bf16 weights would overflow it */
-                if (f > 65504.0f) f = 65504.0f;
-                if (f < -65504.0f) f = -65504.0f;
-                blk[r * w->n_in + i] = quant_f32_to_fp16(f);
-            }
-        }
-        e = cudaMemcpy(d + r0 * w->n_in, blk, sizeof(uint16_t) * (size_t)(nr * w->n_in), cudaMemcpyHostToDevice);
-        if (e != cudaSuccess) break;
-    }
-    free(row);
-    free(blk);
     if (e != cudaSuccess) {
         cudaFree(d);
         snprintf(err, errlen, "copying weights to the GPU failed: %s", cudaGetErrorString(e));
@@ -848,7 +871,7 @@ static void cuda_destroy(be_backend *b)
         am_free(&ci->act);
         void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-        void *host[] = { ci->h_pages, ci->h_masks, ci->h_y, ci->h_out, ci->h_arena };
+        void *host[] = { ci->h_pages, ci->h_masks, ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)
             if (host[i]) cudaFreeHost(host[i]);
         if (ci->blas) cublasDestroy(ci->blas);
