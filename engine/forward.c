@@ -38,6 +38,7 @@ struct fwd_ctx {
     int decoding;              /* the current eval is one decode step */
     int last_chunk;            /* the chunk being run is the eval's last */
     char pol_err[256];
+    char dev_err[320];         /* a failed backend op's message */
     int64_t eval_start;
     /* per decode step */
     int64_t st_pages, st_tokens;
@@ -336,8 +337,8 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
 
 /* One chunk of n tokens at positions p0 .. p0+n-1; leaves the final hidden states in f->x.
  * Returns -1 if *abort_flag was raised (checked before every layer, so Ctrl-C answers within a
- * layer's time even on long chunks), -2 when the cache cannot grow (out of memory); the caller
- * then rewinds the cache. */
+ * layer's time even on long chunks), -2 when the cache cannot grow (out of memory), -3 when a policy
+ * failed (f->pol_err), -4 when a backend op failed (f->dev_err); the caller then rewinds the cache. */
 static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p0, const int32_t *probe, int64_t n_probe,
                          int64_t probe_p0, volatile sig_atomic_t *abort_flag)
 {
@@ -360,6 +361,7 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
     for (int il = 0; il < hp->n_layer; il++) {
         if (abort_flag && *abort_flag) return -1;
+        if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
         const model_layer *ly = &m->layers[il];
         /* attention block */
         op->rmsnorm(b, f->x, ly->attn_norm, f->h, n, E, hp->norm_eps);
@@ -408,11 +410,12 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_ffw_norm, f->o, n, E, hp->norm_eps);
         op->add(b, f->x, f->o, n * E);
     }
-    return 0;
+    return be_failed(b, f->dev_err, sizeof f->dev_err) ? -4 : 0;
 }
 
-/* Logits for rows [r0, r0+nr) of the chunk's hidden states, into f->logits. */
-static void output_rows(fwd_ctx *f, int64_t r0, int64_t nr)
+/* Logits for rows [r0, r0+nr) of the chunk's hidden states, into f->logits. 0, or -1 when a backend
+ * op failed (f->dev_err). */
+static int output_rows(fwd_ctx *f, int64_t r0, int64_t nr)
 {
     const model *m = f->m;
     const model_hparams *hp = &m->hp;
@@ -420,10 +423,12 @@ static void output_rows(fwd_ctx *f, int64_t r0, int64_t nr)
     f->b->ops->rmsnorm(f->b, f->x + r0 * E, m->output_norm, f->h, nr, E, hp->norm_eps);
     be_mm out = { &m->output, f->logits };
     f->b->ops->matmul(f->b, &out, 1, f->h, nr);
+    if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -1;
     if (hp->final_softcap > 0) {
         float c = hp->final_softcap;
         for (int64_t i = 0; i < nr * hp->n_vocab; i++) f->logits[i] = c * tanhf(f->logits[i] / c);
     }
+    return 0;
 }
 
 static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, fwd_logits_fn each,
@@ -478,7 +483,11 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
                                                            start + n - n_probe, abort_flag);
         if (rc != 0) {
             kv_rewind(f->kv, start);
-            snprintf(err, errlen, "%s", rc == -2 ? "out of memory growing the KV cache" : rc == -3 ? f->pol_err : "cancelled");
+            snprintf(err, errlen, "%s",
+                     rc == -2   ? "out of memory growing the KV cache"
+                     : rc == -3 ? f->pol_err
+                     : rc == -4 ? f->dev_err
+                                : "cancelled");
             return -1;
         }
         kv_commit(f->kv, start + c0 + cn);
@@ -489,16 +498,17 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         if (each) {
             for (int64_t r = 0; r < cn; r += OUT_ROWS) {
                 int64_t nr = cn - r < OUT_ROWS ? cn - r : OUT_ROWS;
-                output_rows(f, r, nr);
+                if (output_rows(f, r, nr)) goto failed;
                 for (int64_t i = 0; i < nr; i++) each(ud, start + c0 + r + i, f->logits + i * hp->n_vocab);
             }
             if (logits_last && c0 + cn == n)
                 memcpy(logits_last, f->logits + ((cn - 1) % OUT_ROWS) * hp->n_vocab,
                        sizeof(float) * (size_t)hp->n_vocab);
         } else if (logits_last && c0 + cn == n) {
-            output_rows(f, cn - 1, 1);
+            if (output_rows(f, cn - 1, 1)) goto failed;
             memcpy(logits_last, f->logits, sizeof(float) * (size_t)hp->n_vocab);
         }
+
         if (progress) progress(pud, c0 + cn, n);
     }
     /* A prefill's last chunk kept every page its own queries needed; from now on only queries at the
@@ -512,6 +522,10 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         pol_set_record_step(f->pol, f->st_pages, f->st_tokens, bytes, f->st_sel_ms, f->st_attn_ms, f->st_pages_total);
     }
     return 0;
+failed:
+    kv_rewind(f->kv, start);
+    snprintf(err, errlen, "%s", f->dev_err);
+    return -1;
 }
 
 int fwd_eval(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, fwd_logits_fn each, void *ud,

@@ -302,7 +302,13 @@ static int64_t stream_count_range(const kv_stream *L, int64_t lo, int64_t hi)
 
 int64_t kv_rewind(kv_cache *kv, int64_t pos)
 {
-    if (pos >= kv->len) return kv->len;
+    if (pos >= kv->len) {
+        /* nothing committed to forget, but a chunk that stopped part-way (cancelled, failed) left
+         * its tokens in the layers it reached */
+        for (int il = 0; il < kv->n_layer; il++)
+            for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, &kv->layers[il].heads[h], pos);
+        return kv->len;
+    }
     if (pos < 0) pos = 0;
     int exact = 1;
     for (int il = 0; il < kv->n_layer && exact; il++) {

@@ -51,9 +51,10 @@ int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, 
 /* Declare positions < len committed (after a chunk). */
 void kv_commit(kv_cache *kv, int64_t len);
 
-/* Forget every token at position >= pos. Returns pos, or 0 (after clearing everything) when a
- * sliding-window layer no longer holds the keys a query at pos would need; the caller then
- * re-evaluates from the returned position. */
+/* Forget every token at position >= pos, committed or not (a chunk that stopped part-way leaves
+ * tokens in the layers it reached). Returns pos (or the committed length, when pos is past it), or 0
+ * (after clearing everything) when a sliding-window layer no longer holds the keys a query at pos
+ * would need; the caller then re-evaluates from the returned position. */
 int64_t kv_rewind(kv_cache *kv, int64_t pos);
 /* The most tokens one KV head of layer il has held at any time (prefill included). */
 int64_t kv_peak_layer_tokens(const kv_cache *kv, int il);

@@ -109,6 +109,11 @@ typedef struct be_ops {
     void (*unbind)(be_backend *b, void *host);
     void (*host_read)(be_backend *b, const be_range *r, int n);
     void (*host_write)(be_backend *b, void *p, size_t bytes);
+    /* The ops have no error return. A device backend whose op fails (out of device memory, a device
+     * error) records the first message, skips work until it is asked, and answers here: 1 with the
+     * message (and the record cleared), or 0. The caller then discards what the ops since its last
+     * question produced. NULL: ops cannot fail. */
+    int (*failed)(be_backend *b, char *err, size_t errlen);
 } be_ops;
 
 struct be_backend {
@@ -143,6 +148,10 @@ static inline void be_host_read(be_backend *b, const be_range *r, int n)
 static inline void be_host_write(be_backend *b, void *p, size_t bytes)
 {
     if (b->ops->host_write) b->ops->host_write(b, p, bytes);
+}
+static inline int be_failed(be_backend *b, char *err, size_t errlen)
+{
+    return b->ops->failed ? b->ops->failed(b, err, errlen) : 0;
 }
 /* 1 if this backend can multiply weights of this type. */
 int be_supports_weight(const be_backend *b, uint32_t type);

@@ -93,6 +93,57 @@ Test(forward, cancelled_prefill_leaves_the_cache_untouched)
     fwd_free(f);
 }
 
+/* The CPU backend with a glu that raises stop_flag at its n-th call: a Ctrl-C arriving in the middle
+ * of a layer stack, where the abort check before the next layer sees it. */
+static be_ops counting_ops;
+static const be_ops *cpu_ops_orig;
+static int glu_calls, glu_stop_at;
+static void glu_then_stop(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
+{
+    cpu_ops_orig->glu(b, gate, up, n, gelu);
+    if (++glu_calls == glu_stop_at) stop_flag = 1;
+}
+
+Test(forward, ctrl_c_in_the_middle_of_a_decode_step_leaves_no_half_token)
+{
+    size_t n;
+    int32_t *ids = prompt_ids(&n);
+    char err[256];
+    fwd_opts fo = { 2048, 64, 0 };
+    fwd_ctx *f = fwd_create(M, B, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    int nv = M->hp.n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)nv), *want = malloc(sizeof(float) * (size_t)nv);
+    cr_assert(fwd_eval(f, ids, 40, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(fwd_decode(f, ids[40], want, NULL, err, sizeof err) == 0, "%s", err);
+    fwd_rewind(f, 40);
+    /* the same step again, stopped after the third layer's feed-forward block */
+    cpu_ops_orig = B->ops;
+    counting_ops = *B->ops;
+    counting_ops.glu = glu_then_stop;
+    B->ops = &counting_ops;
+    glu_calls = 0;
+    glu_stop_at = 3;
+    stop_flag = 0;
+    cr_expect_eq(fwd_decode(f, ids[40], l, &stop_flag, err, sizeof err), -1);
+    B->ops = cpu_ops_orig;
+    cr_expect(strstr(err, "cancelled"), "%s", err);
+    cr_expect_eq(fwd_pos(f), 40);
+    /* every layer holds exactly the 40 tokens: the stopped step left nothing behind */
+    for (int il = 0; il < M->hp.n_layer; il++) {
+        const kv_cache *kv = fwd_kv(f);
+        int np = kv_n_pages(kv, il, 0);
+        const kv_page *last = kv_layer_page(kv, il, 0, np - 1);
+        cr_expect_lt(last->pos[last->n - 1], 40, "layer %d still holds position %d", il, last->pos[last->n - 1]);
+    }
+    cr_assert(fwd_decode(f, ids[40], l, NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect(!memcmp(l, want, sizeof(float) * (size_t)nv), "the step after a cancelled one differs");
+    free(l);
+    free(want);
+    free(ids);
+    fwd_free(f);
+}
+
 Test(forward, chunk_size_does_not_change_the_logits)
 {
     size_t n;

@@ -26,6 +26,8 @@ typedef struct shadow {
     be_backend *cpu;
     am_table t;
     int ignore_reads;   /* drop host_read announcements (the test that this test can fail) */
+    int64_t ops, fail_at;   /* ops run; the op that fails as if the device were out of memory (0: none) */
+    int failed;
 } shadow;
 
 static shadow *sh(be_backend *b) { return (shadow *)b->impl; }
@@ -34,6 +36,23 @@ static void *d_alloc(void *ud, size_t n) { return malloc(n); }
 static void d_release(void *ud, void *p) { free(p); }
 static void d_copy(void *ud, void *d, const void *s, size_t n) { memcpy(d, s, n); }
 static void d_wait(void *ud) {}
+
+/* Count an op; 1 when it must not run: it is the one chosen to fail, or one after it, before the
+ * caller has asked (a device backend skips work once an op failed). */
+static int skip(be_backend *b)
+{
+    shadow *s = sh(b);
+    if (++s->ops == s->fail_at) s->failed = 1;
+    return s->failed;
+}
+
+static int s_failed(be_backend *b, char *err, size_t errlen)
+{
+    if (!sh(b)->failed) return 0;
+    sh(b)->failed = 0;
+    snprintf(err, errlen, "out of shadow device memory at op %lld", (long long)sh(b)->fail_at);
+    return 1;
+}
 
 /* The twin of an op's input, or the host array when it is not bound. */
 static const float *in(be_backend *b, const float *p, size_t n)
@@ -53,6 +72,7 @@ static float *out(be_backend *b, float *p, size_t n)
 
 static void s_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
 {
+    if (skip(b)) return;
     be_mm m[8];
     const float *dx = in(b, x, (size_t)(n_tok * mms[0].w->n_in));
     for (int i = 0; i < n_mm; i++) {
@@ -64,6 +84,7 @@ static void s_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, 
 
 static void s_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps)
 {
+    if (skip(b)) return;
     size_t n = (size_t)(rows * dim);
     const float *dx = x == y ? NULL : in(b, x, n);
     float *dy = out(b, y, n);
@@ -73,6 +94,7 @@ static void s_rmsnorm(be_backend *b, const float *x, const float *w, float *y, i
 static void s_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float fb,
                    float fs, int neox)
 {
+    if (skip(b)) return;
     /* in place: the twin is brought up to date by am_dev_out, the host copy spoiled after */
     float *dx = am_dev_out(&sh(b)->t, x, sizeof(float) * (size_t)(n_tok * n_heads * head_dim));
     sh(b)->cpu->ops->rope(sh(b)->cpu, dx ? dx : x, n_tok, n_heads, head_dim, pos, fb, fs, neox);
@@ -82,6 +104,7 @@ static void s_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head
 
 static void s_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
 {
+    if (skip(b)) return;
     const float *du = in(b, up, (size_t)n);
     float *dg = am_dev_out(&sh(b)->t, gate, sizeof(float) * (size_t)n);
     sh(b)->cpu->ops->glu(sh(b)->cpu, dg ? dg : gate, du, n, gelu);
@@ -92,12 +115,14 @@ static void s_glu(be_backend *b, float *gate, const float *up, int64_t n, int ge
 /* Embedding rows are written on the host, as the CUDA backend does. */
 static void s_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *o)
 {
+    if (skip(b)) return;
     am_host_write(&sh(b)->t, o, sizeof(float) * (size_t)(n * w->n_in));
     sh(b)->cpu->ops->get_rows(sh(b)->cpu, w, ids, n, scale, o);
 }
 
 static void s_attention(be_backend *b, const be_attn *a)
 {
+    if (skip(b)) return;
     be_attn c = *a;
     size_t nq = (size_t)(a->n_q * a->n_head * a->head_dim);
     c.q = in(b, a->q, nq);
@@ -112,6 +137,7 @@ static void s_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim,
 
 static void s_add(be_backend *b, float *x, const float *y, int64_t n)
 {
+    if (skip(b)) return;
     const float *dy = in(b, y, (size_t)n);
     float *dx = am_dev_out(&sh(b)->t, x, sizeof(float) * (size_t)n);
     sh(b)->cpu->ops->add(sh(b)->cpu, dx ? dx : x, dy, n);
@@ -121,6 +147,7 @@ static void s_add(be_backend *b, float *x, const float *y, int64_t n)
 
 static void s_scale(be_backend *b, float *x, int64_t n, float s)
 {
+    if (skip(b)) return;
     float *dx = am_dev_out(&sh(b)->t, x, sizeof(float) * (size_t)n);
     sh(b)->cpu->ops->scale(sh(b)->cpu, dx ? dx : x, n, s);
     if (dx)
@@ -172,6 +199,7 @@ static const be_ops shadow_ops = {
     .unbind = s_unbind,
     .host_read = s_host_read,
     .host_write = s_host_write,
+    .failed = s_failed,
 };
 
 static be_backend *shadow_create(void)
@@ -280,6 +308,45 @@ Test(residency, policies_that_read_queries_on_the_host_see_them)
     compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "h2o:budget=0.3");
     compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "snapkv:budget=0.3+quest");
     compare(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea");
+}
+
+Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *cpu = be_cpu_create(2, err, sizeof err);
+    float *want = run(m, cpu, NULL);
+    be_backend *shd = shadow_create();
+    size_t n;
+    int32_t *ids = prompt(m, &n);
+    fwd_opts fo = { 2048, 48, 16 };
+    fwd_ctx *f = fwd_create(m, shd, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    int nv = m->hp.n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)nv);
+    /* fail in the middle of the prompt's second chunk, then in the last product of a decode step */
+    sh(shd)->fail_at = sh(shd)->ops + 200;
+    cr_expect_eq(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err), -1);
+    cr_expect(strstr(err, "out of shadow device memory") != NULL, "message: %s", err);
+    cr_expect_eq(fwd_pos(f), 0, "the failed prefill left %lld tokens in the cache", (long long)fwd_pos(f));
+    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect(!memcmp(l, want, sizeof(float) * (size_t)nv), "the retried prefill's logits differ");
+    int32_t best = 0;
+    for (int32_t i = 1; i < nv; i++)
+        if (l[i] > l[best]) best = i;
+    sh(shd)->fail_at = sh(shd)->ops + 1 + 11 * m->hp.n_layer + 1;   /* embedding, every layer, the final norm */
+    cr_expect_eq(fwd_decode(f, best, l, NULL, err, sizeof err), -1);
+    cr_expect_eq(fwd_pos(f), (int64_t)n, "the failed step left its token in the cache");
+    cr_assert(fwd_decode(f, best, l, NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect(!memcmp(l, want + nv, sizeof(float) * (size_t)nv), "the retried step's logits differ");
+    free(l);
+    free(ids);
+    free(want);
+    fwd_free(f);
+    be_free(shd);
+    be_free(cpu);
+    model_free(m);
 }
 
 Test(residency, a_forgotten_host_read_is_caught)
