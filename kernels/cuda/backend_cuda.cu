@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,69 +90,89 @@ typedef struct cuda_impl {
     size_t arena_cap, arena_off;
     uint16_t *h_wstage;        /* page-locked: weights converted to f16 on their way to the device */
     size_t cap_wstage;
+    int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
+    char fail_msg[320];
 } cuda_impl;
 
 static cuda_impl *impl_of(be_backend *b) { return (cuda_impl *)b->impl; }
 
-/* The op table has no error path: a failure inside an op is fatal, with the reason. */
-static void die(const char *what, cudaError_t e)
+/* The op table has no error return: the first failure is recorded with its reason, every op after
+ * it does nothing, and the forward pass asks (cuda_failed), abandons the chunk and reports it. */
+static int fail(cuda_impl *ci, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(cuda_impl *ci, const char *fmt, ...)
 {
-    fprintf(stderr, "kvchat: CUDA %s failed: %s\n", what, cudaGetErrorString(e));
-    abort();
-}
-
-static void ck(cudaError_t e, const char *what)
-{
-    if (e != cudaSuccess) die(what, e);
-}
-
-static void ckb(cublasStatus_t s, const char *what)
-{
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "kvchat: cuBLAS %s failed (status %d)\n", what, (int)s);
-        abort();
+    if (!ci->failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(ci->fail_msg, sizeof ci->fail_msg, fmt, ap);
+        va_end(ap);
+        ci->failed = 1;
     }
+    return -1;
 }
 
-/* Grow a device buffer to hold need bytes (contents are not kept). */
-static void grow_dev(cuda_impl *ci, void **p, size_t *cap, size_t need)
+static int ck(cuda_impl *ci, cudaError_t e, const char *what)
 {
-    if (need <= *cap) return;
+    return e == cudaSuccess ? 0 : fail(ci, "CUDA %s failed: %s", what, cudaGetErrorString(e));
+}
+
+static int ckb(cuda_impl *ci, cublasStatus_t s, const char *what)
+{
+    return s == CUBLAS_STATUS_SUCCESS ? 0 : fail(ci, "cuBLAS %s failed (status %d)", what, (int)s);
+}
+
+static double free_mib(void)
+{
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    return (double)fr / (1 << 20);
+}
+
+/* Grow a device buffer to hold need bytes (contents are not kept). 0, or -1 (recorded). */
+static int grow_dev(cuda_impl *ci, void **p, size_t *cap, size_t need)
+{
+    if (need <= *cap) return 0;
     size_t sz = need + need / 4 + 4096;
     if (*p) {
-        ck(cudaFree(*p), "free");
+        cudaFree(*p);
         ci->scratch_bytes -= *cap;
     }
-    cudaError_t e = cudaMalloc(p, sz);
-    if (e != cudaSuccess) {
-        fprintf(stderr, "kvchat: out of GPU memory: %zu bytes of scratch needed\n", sz);
-        abort();
+    *p = NULL;
+    *cap = 0;
+    if (cudaMalloc(p, sz) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *p = NULL;
+        return fail(ci, "out of GPU memory: %.1f MiB of scratch needed, %.1f MiB free", (double)sz / (1 << 20),
+                    free_mib());
     }
     *cap = sz;
     ci->scratch_bytes += sz;
+    return 0;
 }
 
 /* Grow a page-locked host staging buffer (contents are not kept): copies from pageable memory go
- * through a driver bounce buffer and cost tens of microseconds each, which a decode step pays about
- * ten times a layer. */
-static void grow_host(void **p, size_t *cap, size_t need)
+ * through a driver bounce buffer and cost tens of microseconds each. 0, or -1 (recorded). */
+static int grow_host(cuda_impl *ci, void **p, size_t *cap, size_t need)
 {
-    if (need <= *cap) return;
+    if (need <= *cap) return 0;
     size_t sz = need + need / 4 + 4096;
     if (*p) cudaFreeHost(*p);
     *p = NULL;
+    *cap = 0;
     if (cudaHostAlloc(p, sz, cudaHostAllocDefault) != cudaSuccess) {
-        fprintf(stderr, "kvchat: out of page-locked host memory (%zu bytes)\n", sz);
-        abort();
+        (void)cudaGetLastError();
+        *p = NULL;
+        return fail(ci, "out of page-locked host memory: %.1f MiB needed", (double)sz / (1 << 20));
     }
     *cap = sz;
+    return 0;
 }
 
 /* Wait for everything issued on the stream; the staging arena is free again after. */
-static void sync_stream(cuda_impl *ci, const char *what)
+static int sync_stream(cuda_impl *ci, const char *what)
 {
-    ck(cudaStreamSynchronize(ci->stream), what);
     ci->arena_off = 0;
+    return ck(ci, cudaStreamSynchronize(ci->stream), what);
 }
 
 static size_t stage_size(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
@@ -159,11 +180,11 @@ static size_t stage_size(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
 /* Room for `total` bytes of staging (the sum of stage_size of each piece) in the arena, so that the
  * pieces one op stages all stay valid until its kernels run: when the arena is short, wait for the
  * stream (freeing it) and grow it if needed. */
-static void stage_reserve(cuda_impl *ci, size_t total)
+static int stage_reserve(cuda_impl *ci, size_t total)
 {
-    if (ci->arena_off + total <= ci->arena_cap) return;
-    sync_stream(ci, "staging");
-    if (total <= ci->arena_cap) return;
+    if (ci->arena_off + total <= ci->arena_cap) return 0;
+    if (sync_stream(ci, "staging")) return -1;
+    if (total <= ci->arena_cap) return 0;
     if (ci->h_arena) cudaFreeHost(ci->h_arena);
     if (ci->d_arena) cudaFree(ci->d_arena);
     ci->scratch_bytes -= ci->arena_cap;
@@ -171,15 +192,21 @@ static void stage_reserve(cuda_impl *ci, size_t total)
     ci->arena_cap = 0;
     size_t cap = total > ((size_t)1 << 20) ? total * 2 : (size_t)1 << 20;
     if (cudaHostAlloc((void **)&ci->h_arena, cap, cudaHostAllocDefault) != cudaSuccess) {
-        fprintf(stderr, "kvchat: out of page-locked host memory (%zu bytes)\n", cap);
-        abort();
+        (void)cudaGetLastError();
+        ci->h_arena = NULL;
+        return fail(ci, "out of page-locked host memory: %.1f MiB of staging needed", (double)cap / (1 << 20));
     }
     if (cudaMalloc((void **)&ci->d_arena, cap) != cudaSuccess) {
-        fprintf(stderr, "kvchat: out of GPU memory: %zu bytes of staging needed\n", cap);
-        abort();
+        (void)cudaGetLastError();
+        cudaFreeHost(ci->h_arena);
+        ci->h_arena = NULL;
+        ci->d_arena = NULL;
+        return fail(ci, "out of GPU memory: %.1f MiB of staging needed, %.1f MiB free", (double)cap / (1 << 20),
+                    free_mib());
     }
     ci->arena_cap = cap;
     ci->scratch_bytes += cap;
+    return 0;
 }
 
 /* Send bytes of host memory to the device without waiting; the device address is valid for work
@@ -188,10 +215,11 @@ static void stage_reserve(cuda_impl *ci, size_t total)
 static void *stage(cuda_impl *ci, const void *src, size_t bytes)
 {
     size_t need = stage_size(bytes);
-    stage_reserve(ci, need);
+    if (stage_reserve(ci, need)) return NULL;
     size_t off = ci->arena_off;
     memcpy(ci->h_arena + off, src, bytes);
-    ck(cudaMemcpyAsync(ci->d_arena + off, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "staging");
+    if (ck(ci, cudaMemcpyAsync(ci->d_arena + off, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "staging"))
+        return NULL;
     ci->arena_off = off + need;
     return ci->d_arena + off;
 }
@@ -202,7 +230,9 @@ static void *act_alloc(void *ud, size_t bytes)
 {
     (void)ud;
     void *p = NULL;
-    return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+    if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
+    (void)cudaGetLastError();   /* the failure is reported by the caller, not by the next launch */
+    return NULL;
 }
 
 static void act_release(void *ud, void *p)
@@ -213,12 +243,14 @@ static void act_release(void *ud, void *p)
 
 static void act_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
-    ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ((cuda_impl *)ud)->stream), "activation upload");
+    cuda_impl *ci = (cuda_impl *)ud;
+    ck(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ci->stream), "activation upload");
 }
 
 static void act_download(void *ud, void *dst, const void *src, size_t bytes)
 {
-    ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ((cuda_impl *)ud)->stream), "activation download");
+    cuda_impl *ci = (cuda_impl *)ud;
+    ck(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ci->stream), "activation download");
 }
 
 static void act_wait(void *ud) { sync_stream((cuda_impl *)ud, "activation copy"); }
@@ -297,6 +329,7 @@ static int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, ch
     __half *d = NULL;
     cudaError_t e = cudaMalloc((void **)&d, bytes);
     if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
         snprintf(err, errlen,
@@ -329,13 +362,17 @@ static int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, ch
     }
     uint16_t *blk = ci->h_wstage;
     cudaEvent_t done[2];
-    ck(cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming), "event");
-    ck(cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming), "event");
+    if (cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming) != cudaSuccess) {
+        cudaFree(d);
+        snprintf(err, errlen, "CUDA events could not be made: %s", cudaGetErrorString(cudaGetLastError()));
+        return -1;
+    }
     int half = 0, oom = 0;
     for (int64_t r0 = 0; r0 < w->n_out && e == cudaSuccess; r0 += rows, half ^= 1) {
         int64_t nr = w->n_out - r0 < rows ? w->n_out - r0 : rows;
         uint16_t *h = blk + (size_t)half * (size_t)(rows * w->n_in);
-        ck(cudaEventSynchronize(done[half]), "weight upload");   /* this half's previous copy is done */
+        if ((e = cudaEventSynchronize(done[half])) != cudaSuccess) break;   /* this half's previous copy is done */
         if (wf16_rows(be_cpu_pool(ci->cpu), w, r0, r0 + nr, h)) {
             oom = 1;
             break;
@@ -400,22 +437,24 @@ __global__ void f32_to_f16(const float *x, __half *y, int64_t n)
 static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
 {
     cuda_impl *ci = impl_of(b);
+    if (ci->failed || n_tok <= 0) return;
     int64_t n_in = mms[0].w->n_in, n_x = n_tok * n_in, n_y = 0;
     dev_weight *dw[8];
     char err[600];
     for (int m = 0; m < n_mm; m++) {
         if (upload_weight(ci, mms[m].w, &dw[m], err, sizeof err)) {
-            fprintf(stderr, "kvchat: %s\n", err);
-            abort();
+            fail(ci, "%s", err);
+            return;
         }
         if (!bound(ci, mms[m].y, sizeof(float) * (size_t)(n_tok * mms[m].w->n_out))) n_y += n_tok * mms[m].w->n_out;
     }
-    grow_dev(ci, (void **)&ci->x16, &ci->cap_x16, sizeof(__half) * (size_t)n_x);
+    if (grow_dev(ci, (void **)&ci->x16, &ci->cap_x16, sizeof(__half) * (size_t)n_x)) return;
+    if (n_y && grow_dev(ci, (void **)&ci->y32, &ci->cap_y32, sizeof(float) * (size_t)n_y)) return;
+    if (n_y && grow_host(ci, (void **)&ci->h_y, &ci->cap_h_y, sizeof(float) * (size_t)n_y)) return;
     const float *dx = (const float *)am_dev_in(&ci->act, x, sizeof(float) * (size_t)n_x);
-    if (!dx) dx = (const float *)stage(ci, x, sizeof(float) * (size_t)n_x);
+    if (!dx && !(dx = (const float *)stage(ci, x, sizeof(float) * (size_t)n_x))) return;
     f32_to_f16<<<(unsigned)((n_x + 255) / 256), 256, 0, ci->stream>>>(dx, ci->x16, n_x);
-    ck(cudaGetLastError(), "f32_to_f16");
-    if (n_y) grow_dev(ci, (void **)&ci->y32, &ci->cap_y32, sizeof(float) * (size_t)n_y);
+    if (ck(ci, cudaGetLastError(), "f32_to_f16")) return;
     const float one = 1.0f, zero = 0.0f;
     int64_t off = 0;
     for (int m = 0; m < n_mm; m++) {
@@ -427,15 +466,17 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
             off += n_tok * n_out;
         }
         /* column-major view: Y^T (n_out x n_tok) = W^T (stored as n_in x n_out) ^T * X^T (n_in x n_tok) */
-        ckb(cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n_tok, (int)n_in, &one, dw[m]->d,
-                         CUDA_R_16F, (int)n_in, ci->x16, CUDA_R_16F, (int)n_in, &zero, dy, CUDA_R_32F, (int)n_out,
-                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            "GEMM");
+        if (ckb(ci, cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n_tok, (int)n_in, &one, dw[m]->d,
+                                 CUDA_R_16F, (int)n_in, ci->x16, CUDA_R_16F, (int)n_in, &zero, dy, CUDA_R_32F,
+                                 (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "GEMM"))
+            return;
     }
     if (!n_y) return;
-    grow_host((void **)&ci->h_y, &ci->cap_h_y, sizeof(float) * (size_t)n_y);
-    ck(cudaMemcpyAsync(ci->h_y, ci->y32, sizeof(float) * (size_t)n_y, cudaMemcpyDeviceToHost, ci->stream), "download");
-    sync_stream(ci, "matmul");
+    if (ck(ci, cudaMemcpyAsync(ci->h_y, ci->y32, sizeof(float) * (size_t)n_y, cudaMemcpyDeviceToHost, ci->stream),
+           "download") ||
+        sync_stream(ci, "matmul"))
+        return;
     off = 0;
     for (int m = 0; m < n_mm; m++) {
         size_t ny = (size_t)(n_tok * mms[m].w->n_out);
@@ -452,7 +493,9 @@ static void *dev_alloc(void *ud, size_t bytes)
 {
     (void)ud;
     void *p = NULL;
-    return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+    if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
+    (void)cudaGetLastError();   /* the failure is reported by the caller, not by the next launch */
+    return NULL;
 }
 
 static void dev_release(void *ud, void *p)
@@ -463,7 +506,8 @@ static void dev_release(void *ud, void *p)
 
 static void dev_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
-    ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ((cuda_impl *)ud)->stream), "KV upload");
+    cuda_impl *ci = (cuda_impl *)ud;
+    ck(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ci->stream), "KV upload");
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -580,19 +624,20 @@ __global__ void attn_combine(const float *part_o, const float *part_ml, int n_sp
 static void cuda_attention(be_backend *b, const be_attn *a)
 {
     cuda_impl *ci = impl_of(b);
+    if (ci->failed || a->n_q <= 0) return;
     int D = a->head_dim;
     if (D > ATT_THREADS * MAX_D_PER_THREAD) {
-        fprintf(stderr, "kvchat: head_dim %d is more than the CUDA attention kernel's %d\n", D,
-                ATT_THREADS * MAX_D_PER_THREAD);
-        abort();
+        fail(ci, "head_dim %d is more than the CUDA attention kernel's %d", D, ATT_THREADS * MAX_D_PER_THREAD);
+        return;
     }
     pc_begin_call(&ci->copies);
     /* page descriptors and masks, built on the host and staged in one copy each */
-    grow_host((void **)&ci->h_pages, &ci->cap_h_pages, sizeof(dev_page) * (size_t)(a->n_pages > 0 ? a->n_pages : 1));
     size_t n_words = 0;
     for (int64_t i = 0; i < a->n_pages; i++)
         if (a->pages[i].mask) n_words += (size_t)(a->pages[i].n + 63) / 64;
-    grow_host((void **)&ci->h_masks, &ci->cap_h_masks, sizeof(uint64_t) * (n_words > 0 ? n_words : 1));
+    if (grow_host(ci, (void **)&ci->h_pages, &ci->cap_h_pages, sizeof(dev_page) * (size_t)(a->n_pages > 0 ? a->n_pages : 1)) ||
+        grow_host(ci, (void **)&ci->h_masks, &ci->cap_h_masks, sizeof(uint64_t) * (n_words > 0 ? n_words : 1)))
+        return;
     size_t w = 0;
     for (int64_t i = 0; i < a->n_pages; i++) {
         const be_kv_page *pg = &a->pages[i];
@@ -605,9 +650,10 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         if (pg->n <= 0) continue;
         const pc_copy *m = pc_get(&ci->copies, pg);
         if (!m) {
-            fprintf(stderr, "kvchat: out of GPU memory for the KV cache (%.1f MiB of page copies held)\n",
-                    (double)ci->copies.bytes / (1 << 20));
-            abort();
+            fail(ci, "out of GPU memory for the KV cache: %.1f MiB of page copies held, %.1f MiB free (a shorter "
+                     "--ctx or a policy that evicts holds less)",
+                 (double)ci->copies.bytes / (1 << 20), free_mib());
+            return;
         }
         dp->k = (const __half *)m->k;
         dp->v = (const __half *)m->v;
@@ -622,16 +668,18 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     }
     size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D;
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
-    stage_reserve(ci, stage_size(sizeof(dev_page) * (size_t)a->n_pages) + stage_size(sizeof(uint64_t) * w) +
-                          stage_size(sizeof(int32_t) * (size_t)a->n_q) +
-                          stage_size(sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) +
-                          (q_bound ? 0 : stage_size(sizeof(float) * nq)));
+    if (stage_reserve(ci, stage_size(sizeof(dev_page) * (size_t)a->n_pages) + stage_size(sizeof(uint64_t) * w) +
+                              stage_size(sizeof(int32_t) * (size_t)a->n_q) +
+                              stage_size(sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) +
+                              (q_bound ? 0 : stage_size(sizeof(float) * nq))))
+        return;
     const dev_page *d_pages = a->n_pages > 0 ? (const dev_page *)stage(ci, ci->h_pages, sizeof(dev_page) * (size_t)a->n_pages) : NULL;
     const uint64_t *d_masks = w ? (const uint64_t *)stage(ci, ci->h_masks, sizeof(uint64_t) * w) : NULL;
     const int32_t *d_qpos = (const int32_t *)stage(ci, a->q_pos, sizeof(int32_t) * (size_t)a->n_q);
     const int64_t *d_hp = a->head_pages ? (const int64_t *)stage(ci, a->head_pages, sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) : NULL;
     const float *d_q = q_bound ? (const float *)am_dev_in(&ci->act, a->q, sizeof(float) * nq)
                                : (const float *)stage(ci, a->q, sizeof(float) * nq);
+    if ((a->n_pages > 0 && !d_pages) || (w && !d_masks) || !d_qpos || (a->head_pages && !d_hp) || !d_q) return;
     /* splits: about four blocks a multiprocessor in all, at least one page each */
     int64_t most = a->n_pages;
     if (a->head_pages) {
@@ -642,28 +690,27 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     int64_t blocks = (int64_t)a->n_head * a->n_q, want = (4 * (int64_t)ci->n_sm + blocks - 1) / blocks;
     int n_split = (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
     size_t n_part = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
-    grow_dev(ci, (void **)&ci->part_o, &ci->cap_po, sizeof(float) * n_part * (size_t)D);
-    grow_dev(ci, (void **)&ci->part_ml, &ci->cap_pml, sizeof(float) * n_part * 2);
-    float *d_out = (float *)am_dev_out(&ci->act, a->out, sizeof(float) * nq);
-    int out_bound = d_out != NULL;
-    if (!out_bound) {
-        grow_dev(ci, (void **)&ci->out, &ci->cap_out, sizeof(float) * nq);
-        d_out = ci->out;
-    }
+    int out_bound = bound(ci, a->out, sizeof(float) * nq);
+    if (grow_dev(ci, (void **)&ci->part_o, &ci->cap_po, sizeof(float) * n_part * (size_t)D) ||
+        grow_dev(ci, (void **)&ci->part_ml, &ci->cap_pml, sizeof(float) * n_part * 2))
+        return;
+    if (!out_bound && (grow_dev(ci, (void **)&ci->out, &ci->cap_out, sizeof(float) * nq) ||
+                       grow_host(ci, (void **)&ci->h_out, &ci->cap_h_out, sizeof(float) * nq)))
+        return;
+    float *d_out = out_bound ? (float *)am_dev_out(&ci->act, a->out, sizeof(float) * nq) : ci->out;
     cudaStream_t s = ci->stream;
     dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);
     size_t shmem = sizeof(float) * ((size_t)D + ATT_THREADS + ATT_THREADS / 32);
     attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, a->n_pages, d_hp, d_masks, a->n_head,
                                                  a->n_head / a->n_head_kv, D, a->window, n_split, ci->part_o,
                                                  ci->part_ml);
-    ck(cudaGetLastError(), "attention kernel");
+    if (ck(ci, cudaGetLastError(), "attention kernel")) return;
     attn_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), ATT_THREADS, 0, s>>>(ci->part_o, ci->part_ml, n_split,
                                                                                     a->n_head, D, d_out);
-    ck(cudaGetLastError(), "attention combine");
-    if (out_bound) return;
-    grow_host((void **)&ci->h_out, &ci->cap_h_out, sizeof(float) * nq);
-    ck(cudaMemcpyAsync(ci->h_out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download");
-    sync_stream(ci, "attention");
+    if (ck(ci, cudaGetLastError(), "attention combine") || out_bound) return;
+    if (ck(ci, cudaMemcpyAsync(ci->h_out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download") ||
+        sync_stream(ci, "attention"))
+        return;
     memcpy(a->out, ci->h_out, sizeof(float) * nq);
 }
 
@@ -749,13 +796,14 @@ static void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y
 {
     cuda_impl *ci = impl_of(b);
     size_t bytes = sizeof(float) * (size_t)(rows * dim);
-    if (rows <= 0) return;
+    if (ci->failed || rows <= 0) return;
     if (bound(ci, x, bytes) && bound(ci, y, bytes)) {
         const float *dw = (const float *)stage(ci, w, sizeof(float) * (size_t)dim);
+        if (!dw) return;
         const float *dx = x == y ? NULL : (const float *)am_dev_in(&ci->act, x, bytes);
         float *dy = (float *)am_dev_out(&ci->act, y, bytes);
         rmsnorm_kernel<<<(unsigned)rows, EW_THREADS, 0, ci->stream>>>(dx ? dx : dy, dw, dy, dim, eps);
-        ck(cudaGetLastError(), "rmsnorm");
+        ck(ci, cudaGetLastError(), "rmsnorm");
         return;
     }
     host_in(ci, x, bytes);
@@ -768,15 +816,16 @@ static void cuda_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int h
 {
     cuda_impl *ci = impl_of(b);
     size_t bytes = sizeof(float) * (size_t)(n_tok * n_heads * head_dim);
-    if (n_tok <= 0) return;
+    if (ci->failed || n_tok <= 0) return;
     if (bound(ci, x, bytes)) {
         const int32_t *dp = (const int32_t *)stage(ci, pos, sizeof(int32_t) * (size_t)n_tok);
+        if (!dp) return;
         float *dx = (float *)am_dev_out(&ci->act, x, bytes);
         /* the same powf as the CPU backend, on the host */
         float theta_scale = powf(freq_base, -2.0f / (float)head_dim);
         rope_kernel<<<(unsigned)n_tok, 128, sizeof(float) * (size_t)head_dim, ci->stream>>>(
             dx, dp, n_heads, head_dim, theta_scale, freq_scale, neox);
-        ck(cudaGetLastError(), "rope");
+        ck(ci, cudaGetLastError(), "rope");
         return;
     }
     host_in(ci, x, bytes);
@@ -788,12 +837,12 @@ static void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int
 {
     cuda_impl *ci = impl_of(b);
     size_t bytes = sizeof(float) * (size_t)n;
-    if (n <= 0) return;
+    if (ci->failed || n <= 0) return;
     if (bound(ci, gate, bytes) && bound(ci, up, bytes)) {
         const float *du = (const float *)am_dev_in(&ci->act, up, bytes);
         float *dg = (float *)am_dev_out(&ci->act, gate, bytes);
         glu_kernel<<<ew_blocks(n), EW_THREADS, 0, ci->stream>>>(dg, du, n, gelu);
-        ck(cudaGetLastError(), "glu");
+        ck(ci, cudaGetLastError(), "glu");
         return;
     }
     am_range r[2] = { { gate, bytes }, { up, bytes } };
@@ -806,12 +855,12 @@ static void cuda_add(be_backend *b, float *x, const float *y, int64_t n)
 {
     cuda_impl *ci = impl_of(b);
     size_t bytes = sizeof(float) * (size_t)n;
-    if (n <= 0) return;
+    if (ci->failed || n <= 0) return;
     if (bound(ci, x, bytes) && bound(ci, y, bytes)) {
         const float *dy = (const float *)am_dev_in(&ci->act, y, bytes);
         float *dx = (float *)am_dev_out(&ci->act, x, bytes);
         add_kernel<<<ew_blocks(n), EW_THREADS, 0, ci->stream>>>(dx, dy, n);
-        ck(cudaGetLastError(), "add");
+        ck(ci, cudaGetLastError(), "add");
         return;
     }
     am_range r[2] = { { x, bytes }, { y, bytes } };
@@ -824,11 +873,11 @@ static void cuda_scale(be_backend *b, float *x, int64_t n, float s)
 {
     cuda_impl *ci = impl_of(b);
     size_t bytes = sizeof(float) * (size_t)n;
-    if (n <= 0) return;
+    if (ci->failed || n <= 0) return;
     if (bound(ci, x, bytes)) {
         float *dx = (float *)am_dev_out(&ci->act, x, bytes);
         scale_kernel<<<ew_blocks(n), EW_THREADS, 0, ci->stream>>>(dx, n, s);
-        ck(cudaGetLastError(), "scale");
+        ck(ci, cudaGetLastError(), "scale");
         return;
     }
     am_host_write(&ci->act, x, bytes);   /* unbound: does nothing */
@@ -850,6 +899,19 @@ static void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t d
     am_host_read(&ci->act, r, 2);
     am_host_write(&ci->act, y, sizeof(float) * (size_t)n_rows);
     ci->cpu->ops->scores(ci->cpu, m, n_rows, dim, x, y);
+}
+
+static int cuda_failed(be_backend *b, char *err, size_t errlen)
+{
+    cuda_impl *ci = impl_of(b);
+    if (!ci->failed) return 0;
+    snprintf(err, errlen, "%s", ci->fail_msg);
+    ci->failed = 0;
+    /* what the abandoned ops left queued is finished or failed before anything new starts */
+    (void)cudaStreamSynchronize(ci->stream);
+    (void)cudaGetLastError();
+    ci->arena_off = 0;
+    return 1;
 }
 
 static void cuda_memory(be_backend *b, uint64_t *held, uint64_t *total)
@@ -885,7 +947,7 @@ static void cuda_destroy(be_backend *b)
 static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind, cuda_host_read,
-    cuda_host_write,
+    cuda_host_write, cuda_failed,
 };
 
 extern "C" int be_cuda_devices(void)
