@@ -19,10 +19,7 @@ static uint64_t copy_bytes(int32_t cap, int32_t stride)
 static void drop_storage(pc_table *t, pc_copy *c)
 {
     if (!c->k) return;
-    t->dev.release(t->dev.ud, c->k);
-    t->dev.release(t->dev.ud, c->v);
-    t->dev.release(t->dev.ud, c->pos);
-    t->dev.release(t->dev.ud, c->bias);
+    t->dev.release(t->dev.ud, c->k);   /* the one allocation that holds all four */
     t->bytes -= copy_bytes(c->cap, c->stride);
     c->k = c->v = NULL;
     c->pos = NULL;
@@ -85,25 +82,19 @@ void pc_begin_call(pc_table *t)
     rehash(t, t->cap);   /* on failure the holes stay: lookups still end at an empty slot */
 }
 
-/* Give c storage for cap rows of stride elements. -1 when the device is out of memory. */
+/* Give c storage for cap rows of stride elements: one allocation, keys, then values, positions and
+ * biases (every page of a cache asks for the same size, which a device's block pool serves without
+ * a device allocation each). -1 when the device is out of memory. */
 static int make_storage(pc_table *t, pc_copy *c, int32_t cap, int32_t stride)
 {
     size_t kv = sizeof(uint16_t) * (size_t)cap * (size_t)stride;
-    uint16_t *k = t->dev.alloc(t->dev.ud, kv), *v = t->dev.alloc(t->dev.ud, kv);
-    int32_t *pos = t->dev.alloc(t->dev.ud, sizeof(int32_t) * (size_t)cap);
-    float *bias = t->dev.alloc(t->dev.ud, sizeof(float) * (size_t)cap);
-    if (!k || !v || !pos || !bias) {
-        if (k) t->dev.release(t->dev.ud, k);
-        if (v) t->dev.release(t->dev.ud, v);
-        if (pos) t->dev.release(t->dev.ud, pos);
-        if (bias) t->dev.release(t->dev.ud, bias);
-        return -1;
-    }
+    char *base = t->dev.alloc(t->dev.ud, (size_t)copy_bytes(cap, stride));
+    if (!base) return -1;
     drop_storage(t, c);
-    c->k = k;
-    c->v = v;
-    c->pos = pos;
-    c->bias = bias;
+    c->k = (uint16_t *)base;
+    c->v = (uint16_t *)(base + kv);
+    c->pos = (int32_t *)(base + 2 * kv);
+    c->bias = (float *)(base + 2 * kv + sizeof(int32_t) * (size_t)cap);
     c->cap = cap;
     c->stride = stride;
     c->n_up = 0;

@@ -22,7 +22,8 @@ typedef struct pc_device {
     void (*upload)(void *ud, void *dst, const void *src, size_t bytes);
 } pc_device;
 
-/* One page's device copy: rows [0, n) of keys and values ([cap][stride] f16), positions and bias. */
+/* One page's device copy: rows [0, n) of keys and values ([cap][stride] f16), positions and bias, in
+ * one allocation that k points to. */
 typedef struct pc_copy {
     const uint16_t *host_k;   /* the page it copies (its key rows' address) */
     uint64_t gen;

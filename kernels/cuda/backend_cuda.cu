@@ -35,6 +35,7 @@
 extern "C" {
 #include "act_mirror.h"
 #include "backend.h"
+#include "block_pool.h"
 #include "page_copies.h"
 #include "quant.h"
 #include "weight_f16.h"
@@ -71,6 +72,7 @@ typedef struct cuda_impl {
     int n_w, cap_w;
     uint64_t weight_bytes;
     pc_table copies;          /* device copies of the KV pages */
+    bp_pool blocks;           /* where the copies live: blocks carved from 64 MiB device chunks */
     /* scratch, grown on demand */
     float *y32, *out;          /* outputs of products and attention bound for unbound host arrays */
     __half *x16;               /* the products' input in f16 */
@@ -226,16 +228,18 @@ static void *stage(cuda_impl *ci, const void *src, size_t bytes)
 
 /* ---------------------------------------------------------------- activation twins */
 
-static void *act_alloc(void *ud, size_t bytes)
+/* Device memory for the twins and the page copies' chunks: NULL when out of memory (the failure is
+ * reported by the caller, not by the next launch). */
+static void *dev_malloc(void *ud, size_t bytes)
 {
     (void)ud;
     void *p = NULL;
     if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
-    (void)cudaGetLastError();   /* the failure is reported by the caller, not by the next launch */
+    (void)cudaGetLastError();
     return NULL;
 }
 
-static void act_release(void *ud, void *p)
+static void dev_free(void *ud, void *p)
 {
     (void)ud;
     cudaFree(p);
@@ -488,21 +492,12 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
 
 /* ---------------------------------------------------------------- KV page copies */
 
-/* The device behind page_copies.c: allocations and copies on this backend's stream. */
-static void *dev_alloc(void *ud, size_t bytes)
-{
-    (void)ud;
-    void *p = NULL;
-    if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
-    (void)cudaGetLastError();   /* the failure is reported by the caller, not by the next launch */
-    return NULL;
-}
+/* The device behind page_copies.c: blocks from the pool (kernels/block_pool.c; a block given back
+ * may be reused at once, since every later copy into it is ordered after the kernels that read it
+ * on this backend's one stream) and copies on that stream. */
+static void *dev_alloc(void *ud, size_t bytes) { return bp_get(&((cuda_impl *)ud)->blocks, bytes); }
 
-static void dev_release(void *ud, void *p)
-{
-    (void)ud;
-    cudaFree(p);
-}
+static void dev_release(void *ud, void *p) { bp_put(&((cuda_impl *)ud)->blocks, p); }
 
 static void dev_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
@@ -631,6 +626,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         return;
     }
     pc_begin_call(&ci->copies);
+    if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
     /* page descriptors and masks, built on the host and staged in one copy each */
     size_t n_words = 0;
     for (int64_t i = 0; i < a->n_pages; i++)
@@ -650,9 +646,9 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         if (pg->n <= 0) continue;
         const pc_copy *m = pc_get(&ci->copies, pg);
         if (!m) {
-            fail(ci, "out of GPU memory for the KV cache: %.1f MiB of page copies held, %.1f MiB free (a shorter "
-                     "--ctx or a policy that evicts holds less)",
-                 (double)ci->copies.bytes / (1 << 20), free_mib());
+            fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of page "
+                     "copies held (a shorter --ctx or a policy that evicts holds less)",
+                 (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
             return;
         }
         dp->k = (const __half *)m->k;
@@ -919,7 +915,7 @@ static void cuda_memory(be_backend *b, uint64_t *held, uint64_t *total)
     cuda_impl *ci = impl_of(b);
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
-    *held = ci->weight_bytes + ci->copies.bytes + ci->scratch_bytes + ci->act.bytes;
+    *held = ci->weight_bytes + ci->blocks.bytes + ci->scratch_bytes + ci->act.bytes;
     *total = (uint64_t)tot;
 }
 
@@ -930,6 +926,7 @@ static void cuda_destroy(be_backend *b)
         for (int i = 0; i < ci->n_w; i++) cudaFree(ci->w[i].d);
         free(ci->w);
         pc_free(&ci->copies);
+        bp_free(&ci->blocks);
         am_free(&ci->act);
         void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
@@ -978,7 +975,8 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     b->impl = ci;
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
-    am_device adev = { ci, act_alloc, act_release, act_upload, act_download, act_wait, act_pin };
+    bp_init(&ci->blocks, ci, dev_malloc, dev_free, (size_t)64 << 20);
+    am_device adev = { ci, dev_malloc, dev_free, act_upload, act_download, act_wait, act_pin };
     am_init(&ci->act, &adev);
     if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaStreamCreate(&ci->stream)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&ci->n_sm, cudaDevAttrMultiProcessorCount, 0)) != cudaSuccess) {
