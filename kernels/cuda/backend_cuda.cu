@@ -92,6 +92,7 @@ typedef struct cuda_impl {
     size_t arena_cap, arena_off;
     uint16_t *h_wstage;        /* page-locked: weights converted to f16 on their way to the device */
     size_t cap_wstage;
+    int resident;              /* bind activation buffers (KVCHAT_CUDA_RESIDENT=0: no, for comparisons) */
     int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
     char fail_msg[320];
 } cuda_impl;
@@ -271,6 +272,7 @@ static void act_pin(void *ud, void *host, size_t bytes, int pin)
 static int cuda_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
 {
     cuda_impl *ci = impl_of(b);
+    if (!ci->resident) return 0;   /* every op then stages its host arrays and waits (stage 1) */
     if (am_bind(&ci->act, host, bytes) == 0) return 0;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
@@ -973,6 +975,8 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     }
     b->ops = &cuda_ops;
     b->impl = ci;
+    const char *res = getenv("KVCHAT_CUDA_RESIDENT");
+    ci->resident = !(res && !strcmp(res, "0"));
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
     bp_init(&ci->blocks, ci, dev_malloc, dev_free, (size_t)64 << 20);
