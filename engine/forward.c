@@ -65,10 +65,15 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* Scratch in whole pages of their own: a device backend page-locks the buffers it binds, which
+ * fails for a buffer sharing a page with one already locked. */
 static float *alloc_f(fwd_ctx *f, size_t n)
 {
-    f->scratch_bytes += n * sizeof(float);
-    return malloc(n * sizeof(float));
+    size_t bytes = (n * sizeof(float) + 4095) & ~(size_t)4095;
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, bytes)) return NULL;
+    f->scratch_bytes += bytes;
+    return p;
 }
 
 fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err, size_t errlen)
@@ -379,6 +384,9 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         be_range rd[3] = { { f->k, sizeof(float) * (size_t)(n * kvd) }, { f->v, sizeof(float) * (size_t)(n * kvd) },
                            { f->q, sizeof(float) * (size_t)(n * H * D) } };
         be_host_read(b, rd, f->pol && !ly->is_swa ? 3 : 2);
+        /* that waited for the device: a failed op shows now, before the cache or a policy acts on
+         * what it left */
+        if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
         if (kv_append(f->kv, il, f->k, f->v, n_chunk, p0) != 0) return -2;
         if (n_probe && kv_append(f->kv, il, f->k + n_chunk * kvd, f->v + n_chunk * kvd, n_probe, probe_p0) != 0)
             return -2;
@@ -482,6 +490,8 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
                                            : forward_chunk(f, tokens + c0, cn, start + c0, tokens + n - n_probe, n_probe,
                                                            start + n - n_probe, abort_flag);
         if (rc != 0) {
+            /* an op that failed before a cancel or another error is reported (and cleared) now */
+            if (rc != -4 && be_failed(f->b, f->dev_err, sizeof f->dev_err)) rc = -4;
             kv_rewind(f->kv, start);
             snprintf(err, errlen, "%s",
                      rc == -2   ? "out of memory growing the KV cache"

@@ -146,10 +146,18 @@ void am_host_write(am_table *t, void *p, size_t bytes)
     size_t lo = (size_t)((char *)p - b->host), hi = lo + bytes;
     int copied = 0;
     if (b->dlo < b->dhi) {
-        /* bytes newer on the device that the write leaves alone must reach the host first */
-        if (!(lo <= b->dlo && hi >= b->dhi)) {
-            t->dev.download(t->dev.ud, b->host + b->dlo, b->dev + b->dlo, b->dhi - b->dlo);
-            t->down_bytes += b->dhi - b->dlo;
+        /* bytes newer on the device that the write leaves alone must reach the host first: what
+         * lies below and above the written range */
+        if (b->dlo < lo) {
+            size_t e = b->dhi < lo ? b->dhi : lo;
+            t->dev.download(t->dev.ud, b->host + b->dlo, b->dev + b->dlo, e - b->dlo);
+            t->down_bytes += e - b->dlo;
+            copied = 1;
+        }
+        if (b->dhi > hi) {
+            size_t a = b->dlo > hi ? b->dlo : hi;
+            t->dev.download(t->dev.ud, b->host + a, b->dev + a, b->dhi - a);
+            t->down_bytes += b->dhi - a;
             copied = 1;
         }
         b->dlo = b->dhi = 0;

@@ -9,8 +9,9 @@
  *   - an op reading a range first uploads what is newer on the host (am_dev_in);
  *   - an op writing a range marks it newer on the device (am_dev_out);
  *   - a host read downloads what of its range is newer on the device;
- *   - a host write (announced before it happens) first downloads every byte newer on the device
- *     that it will not overwrite, then marks its range newer on the host.
+ *   - a host write (announced before it happens, and writing every byte of its range) first
+ *     downloads the bytes newer on the device that it will not overwrite, then marks its range
+ *     newer on the host; a host that reads the range before writing it announces the read first.
  * The device is reached through function pointers, so this is plain C, tested on the host
  * (tests/test_act_mirror.c) with host memory standing in for the device. */
 #ifndef KVCHAT_ACT_MIRROR_H
@@ -73,7 +74,8 @@ void *am_dev_out(am_table *t, void *p, size_t bytes);
 /* The host is about to read these ranges: their bytes newer on the device are copied back, with one
  * wait for all of them. Unbound ranges are left alone. */
 void am_host_read(am_table *t, const am_range *r, int n);
-/* The host is about to write [p, p + bytes) (and may read it first). */
+/* The host is about to write every byte of [p, p + bytes). It reads none of them unless it announced
+ * that read first (am_host_read): bytes the write covers are not brought back. */
 void am_host_write(am_table *t, void *p, size_t bytes);
 
 #endif

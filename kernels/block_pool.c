@@ -67,6 +67,7 @@ static int add_chunk(bp_pool *p, size_t block)
 void *bp_get(bp_pool *p, size_t bytes)
 {
     if (bytes == 0) bytes = 1;
+    p->failed_bytes = 0;
     size_t block = (bytes + 255) & ~(size_t)255;
     int ci = -1;
     for (int i = 0; i < p->n_chunks; i++)

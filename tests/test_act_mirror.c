@@ -123,10 +123,35 @@ Test(act_mirror, a_host_write_keeps_the_device_bytes_it_does_not_cover)
     am_host_write(&t, x, 8 * sizeof(float));
     for (int i = 0; i < 8; i++) x[i] = 2.0f;
     cr_expect_eq(x[20], 1.0f);
+    cr_expect_eq(t.down_bytes, 24 * sizeof(float), "the rows about to be overwritten came back too");
     /* the next op sees the host's rows */
     const float *di = am_dev_in(&t, x, 32 * sizeof(float));
     cr_expect_eq(di[0], 2.0f);
     cr_expect_eq(di[20], 1.0f);
+    /* a write in the middle of what the device changed brings back both sides */
+    d = am_dev_out(&t, x, 32 * sizeof(float));
+    for (int i = 0; i < 32; i++) d[i] = 3.0f;
+    am_host_write(&t, x + 8, 8 * sizeof(float));
+    cr_expect(x[7] == 3.0f && x[16] == 3.0f && x[31] == 3.0f);
+    cr_expect_eq(t.down_bytes, 48 * sizeof(float));
+    am_free(&t);
+}
+
+Test(act_mirror, a_host_that_reads_before_writing_announces_the_read)
+{
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float x[8] = { 0 };
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    float *d = am_dev_out(&t, x, sizeof x);
+    for (int i = 0; i < 8; i++) d[i] = (float)i;
+    am_range r = { x, sizeof x };
+    am_host_read(&t, &r, 1);
+    am_host_write(&t, x, sizeof x);
+    x[3] += 1;
+    cr_expect_eq(x[3], 4.0f);
+    cr_expect_eq(((const float *)am_dev_in(&t, x, sizeof x))[3], 4.0f);
     am_free(&t);
 }
 

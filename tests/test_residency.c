@@ -9,6 +9,7 @@
  * backend's, prefill and decode, with and without the policies that read queries on the host. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ typedef struct shadow {
     int ignore_reads;   /* drop host_read announcements (the test that this test can fail) */
     int64_t ops, fail_at;   /* ops run; the op that fails as if the device were out of memory (0: none) */
     int failed;
+    volatile sig_atomic_t *cancel_too;   /* raised as the op fails: a Ctrl-C right after a failure */
 } shadow;
 
 static shadow *sh(be_backend *b) { return (shadow *)b->impl; }
@@ -42,7 +44,10 @@ static void d_wait(void *ud) {}
 static int skip(be_backend *b)
 {
     shadow *s = sh(b);
-    if (++s->ops == s->fail_at) s->failed = 1;
+    if (++s->ops == s->fail_at) {
+        s->failed = 1;
+        if (s->cancel_too) *s->cancel_too = 1;
+    }
     return s->failed;
 }
 
@@ -338,6 +343,15 @@ Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
     sh(shd)->fail_at = sh(shd)->ops + 1 + 11 * m->hp.n_layer + 1;   /* embedding, every layer, the final norm */
     cr_expect_eq(fwd_decode(f, best, l, NULL, err, sizeof err), -1);
     cr_expect_eq(fwd_pos(f), (int64_t)n, "the failed step left its token in the cache");
+    /* a Ctrl-C right after a failed op: the failure is what is reported, and it does not linger
+     * into the next call */
+    static volatile sig_atomic_t cancel;
+    cancel = 0;
+    sh(shd)->cancel_too = &cancel;
+    sh(shd)->fail_at = sh(shd)->ops + 30;
+    cr_expect_eq(fwd_decode(f, best, l, &cancel, err, sizeof err), -1);
+    cr_expect(strstr(err, "out of shadow device memory") != NULL, "a cancel hid the failure: %s", err);
+    sh(shd)->cancel_too = NULL;
     cr_assert(fwd_decode(f, best, l, NULL, err, sizeof err) == 0, "%s", err);
     cr_expect(!memcmp(l, want + nv, sizeof(float) * (size_t)nv), "the retried step's logits differ");
     free(l);

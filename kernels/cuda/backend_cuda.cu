@@ -94,6 +94,7 @@ typedef struct cuda_impl {
     size_t cap_wstage;
     int resident;              /* bind activation buffers (KVCHAT_CUDA_RESIDENT=0: no, for comparisons) */
     int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
+    int dead;                  /* the failure was a device error that no wait clears */
     char fail_msg[320];
 } cuda_impl;
 
@@ -273,6 +274,10 @@ static int cuda_bind(be_backend *b, void *host, size_t bytes, char *err, size_t 
 {
     cuda_impl *ci = impl_of(b);
     if (!ci->resident) return 0;   /* every op then stages its host arrays and waits (stage 1) */
+    if (bytes == 0 || am_bound(&ci->act, host, bytes)) {
+        snprintf(err, errlen, "internal error: an activation buffer bound twice or empty");
+        return -1;
+    }
     if (am_bind(&ci->act, host, bytes) == 0) return 0;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
@@ -368,8 +373,10 @@ static int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, ch
     }
     uint16_t *blk = ci->h_wstage;
     cudaEvent_t done[2];
+    done[0] = done[1] = NULL;
     if (cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming) != cudaSuccess) {
+        if (done[0]) cudaEventDestroy(done[0]);
         cudaFree(d);
         snprintf(err, errlen, "CUDA events could not be made: %s", cudaGetErrorString(cudaGetLastError()));
         return -1;
@@ -447,6 +454,10 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
     int64_t n_in = mms[0].w->n_in, n_x = n_tok * n_in, n_y = 0;
     dev_weight *dw[8];
     char err[600];
+    if (n_mm > 8) {
+        fail(ci, "internal error: %d products sharing one input (at most 8)", n_mm);
+        return;
+    }
     for (int m = 0; m < n_mm; m++) {
         if (upload_weight(ci, mms[m].w, &dw[m], err, sizeof err)) {
             fail(ci, "%s", err);
@@ -501,10 +512,16 @@ static void *dev_alloc(void *ud, size_t bytes) { return bp_get(&((cuda_impl *)ud
 
 static void dev_release(void *ud, void *p) { bp_put(&((cuda_impl *)ud)->blocks, p); }
 
+/* KV rows go through the page-locked arena: a copy from the cache's pageable memory would pass
+ * the driver's bounce buffer, tens of microseconds each, a few times a layer in decode. */
 static void dev_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
     cuda_impl *ci = (cuda_impl *)ud;
-    ck(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ci->stream), "KV upload");
+    if (ci->failed || stage_reserve(ci, stage_size(bytes))) return;
+    size_t off = ci->arena_off;
+    memcpy(ci->h_arena + off, src, bytes);
+    if (ck(ci, cudaMemcpyAsync(dst, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "KV upload")) return;
+    ci->arena_off = off + stage_size(bytes);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -648,9 +665,12 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         if (pg->n <= 0) continue;
         const pc_copy *m = pc_get(&ci->copies, pg);
         if (!m) {
-            fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of page "
-                     "copies held (a shorter --ctx or a policy that evicts holds less)",
-                 (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
+            if (ci->failed) return;   /* the copy's upload failed */
+            if (!ci->blocks.failed_bytes) fail(ci, "out of memory for the table of KV page copies");
+            else
+                fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of page "
+                         "copies held (a shorter --ctx or a policy that evicts holds less)",
+                     (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
             return;
         }
         dp->k = (const __half *)m->k;
@@ -664,6 +684,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
             w += nw;
         }
     }
+    if (ci->failed) return;   /* a page copy's upload failed */
     size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D;
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
     if (stage_reserve(ci, stage_size(sizeof(dev_page) * (size_t)a->n_pages) + stage_size(sizeof(uint64_t) * w) +
@@ -903,10 +924,25 @@ static int cuda_failed(be_backend *b, char *err, size_t errlen)
 {
     cuda_impl *ci = impl_of(b);
     if (!ci->failed) return 0;
+    if (ci->dead) {
+        snprintf(err, errlen, "%s", ci->fail_msg);
+        return 1;
+    }
+    /* what the abandoned ops left queued is finished or failed before anything new starts; an error
+     * that outlives the wait (an illegal address, a failed launch) leaves the device unusable for
+     * this process, and every later question gets the same answer */
+    cudaError_t e = cudaStreamSynchronize(ci->stream);
+    if (e != cudaSuccess) {
+        char first[sizeof ci->fail_msg];
+        snprintf(first, sizeof first, "%s", ci->fail_msg);
+        snprintf(ci->fail_msg, sizeof ci->fail_msg, "the GPU cannot go on (%s; first noticed as: %.160s): restart kvchat",
+                 cudaGetErrorString(e), first);
+        ci->dead = 1;
+        snprintf(err, errlen, "%s", ci->fail_msg);
+        return 1;
+    }
     snprintf(err, errlen, "%s", ci->fail_msg);
     ci->failed = 0;
-    /* what the abandoned ops left queued is finished or failed before anything new starts */
-    (void)cudaStreamSynchronize(ci->stream);
     (void)cudaGetLastError();
     ci->arena_off = 0;
     return 1;
