@@ -44,16 +44,17 @@ struct fwd_ctx {
     int64_t st_pages, st_tokens;
     double st_sel_ms, st_attn_ms;
     int64_t st_pages_total;
+    float *kall, *vall;        /* [n_layer][kvd]: a deferred decode step's K/V rows, every layer's */
     int n_bound;               /* scratch buffers bound to the backend so far */
-    float *bound[9];
+    float *bound[11];
 };
 
-#define N_BOUND 9
+#define N_BOUND 11
 
 /* The scratch buffers the backend may keep on a device, in one order for bind and unbind. */
 static float **bound_bufs(fwd_ctx *f)
 {
-    float *l[N_BOUND] = { f->x, f->h, f->o, f->q, f->att, f->k, f->v, f->gate, f->up };
+    float *l[N_BOUND] = { f->x, f->h, f->o, f->q, f->att, f->k, f->v, f->gate, f->up, f->kall, f->vall };
     memcpy(f->bound, l, sizeof l);
     return f->bound;
 }
@@ -125,12 +126,14 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->att = alloc_f(f, B * HD);
     f->k = alloc_f(f, B * (size_t)kvd);
     f->v = alloc_f(f, B * (size_t)kvd);
+    f->kall = alloc_f(f, (size_t)hp->n_layer * (size_t)kvd);
+    f->vall = alloc_f(f, (size_t)hp->n_layer * (size_t)kvd);
     f->gate = alloc_f(f, B * (size_t)hp->n_ff);
     f->up = alloc_f(f, B * (size_t)hp->n_ff);
     f->logits = alloc_f(f, OUT_ROWS * (size_t)hp->n_vocab);
     f->pos = malloc(B * sizeof(int32_t));
     f->tok = malloc(B * sizeof(int32_t));
-    if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->gate || !f->up || !f->logits ||
+    if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall || !f->vall || !f->gate || !f->up || !f->logits ||
         !f->pos || !f->tok) {
         fwd_free(f);
         snprintf(err, errlen, "out of memory allocating forward buffers");
@@ -139,7 +142,8 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     /* The activations a device backend keeps on the device between ops (the logits come back to
      * the host every time, so they stay unbound). */
     size_t sz[N_BOUND] = { B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * HD, B * HD,
-                           B * (size_t)kvd, B * (size_t)kvd, B * (size_t)hp->n_ff, B * (size_t)hp->n_ff };
+                           B * (size_t)kvd, B * (size_t)kvd, B * (size_t)hp->n_ff, B * (size_t)hp->n_ff,
+                           (size_t)hp->n_layer * (size_t)kvd, (size_t)hp->n_layer * (size_t)kvd };
     float **bufs = bound_bufs(f);
     for (int i = 0; i < N_BOUND; i++) {
         if (be_bind(b, bufs[i], sz[i] * sizeof(float), err, errlen)) {
@@ -164,6 +168,8 @@ void fwd_free(fwd_ctx *f)
     free(f->att);
     free(f->k);
     free(f->v);
+    free(f->kall);
+    free(f->vall);
     free(f->gate);
     free(f->up);
     free(f->logits);
@@ -363,44 +369,58 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
     int64_t n_chunk = n;
     n += n_probe;
 
+    /* A decode step on a device backend, with no policy looking between layers: the layers run
+     * without the host (attention takes the step's own K/V rows from the device, beside the
+     * pages), and the cache takes every layer's rows after the last layer, with one wait. */
+    int defer = f->decoding && n == 1 && b->ops->bind && (!f->pol || pol_set_decode_layer_free(f->pol));
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
     for (int il = 0; il < hp->n_layer; il++) {
         if (abort_flag && *abort_flag) return -1;
         if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
         const model_layer *ly = &m->layers[il];
+        float *K = defer ? f->kall + il * kvd : f->k, *V = defer ? f->vall + il * kvd : f->v;
         /* attention block */
         op->rmsnorm(b, f->x, ly->attn_norm, f->h, n, E, hp->norm_eps);
-        be_mm qkv[3] = { { &ly->wq, f->q }, { &ly->wk, f->k }, { &ly->wv, f->v } };
+        be_mm qkv[3] = { { &ly->wq, f->q }, { &ly->wk, K }, { &ly->wv, V } };
         op->matmul(b, qkv, 3, f->h, n);
         if (hp->post_norms) {
             op->rmsnorm(b, f->q, ly->q_norm, f->q, n * H, D, hp->norm_eps);
-            op->rmsnorm(b, f->k, ly->k_norm, f->k, n * Hkv, D, hp->norm_eps);
+            op->rmsnorm(b, K, ly->k_norm, K, n * Hkv, D, hp->norm_eps);
         }
         op->rope(b, f->q, n, (int)H, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
-        op->rope(b, f->k, n, (int)Hkv, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
+        op->rope(b, K, n, (int)Hkv, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
         op->scale(b, f->q, n * H * D, hp->attn_scale);
-        /* the host's share of the layer: the new K/V rows go into the cache, and a policy reads the
-         * queries on global layers (one wait for a device backend) */
-        be_range rd[3] = { { f->k, sizeof(float) * (size_t)(n * kvd) }, { f->v, sizeof(float) * (size_t)(n * kvd) },
-                           { f->q, sizeof(float) * (size_t)(n * H * D) } };
-        be_host_read(b, rd, f->pol && !ly->is_swa ? 3 : 2);
-        /* that waited for the device: a failed op shows now, before the cache or a policy acts on
-         * what it left */
-        if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
-        if (kv_append(f->kv, il, f->k, f->v, n_chunk, p0) != 0) return -2;
-        if (n_probe && kv_append(f->kv, il, f->k + n_chunk * kvd, f->v + n_chunk * kvd, n_probe, probe_p0) != 0)
-            return -2;
+        if (!defer) {
+            /* the host's share of the layer: the new K/V rows go into the cache, and a policy reads
+             * the queries on global layers (one wait for a device backend) */
+            be_range rd[3] = { { K, sizeof(float) * (size_t)(n * kvd) }, { V, sizeof(float) * (size_t)(n * kvd) },
+                               { f->q, sizeof(float) * (size_t)(n * H * D) } };
+            be_host_read(b, rd, f->pol && !ly->is_swa ? 3 : 2);
+            /* that waited for the device: a failed op shows now, before the cache or a policy acts
+             * on what it left */
+            if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
+            if (kv_append(f->kv, il, K, V, n_chunk, p0) != 0) return -2;
+            if (n_probe && kv_append(f->kv, il, K + n_chunk * kvd, V + n_chunk * kvd, n_probe, probe_p0) != 0)
+                return -2;
+        }
         kv_trim_window(f->kv, il, p0, f->eval_start);
         be_attn a = {
             .q = f->q, .n_q = n, .q_pos = f->pos, .n_head = (int)H, .n_head_kv = (int)Hkv, .head_dim = (int)D,
             .window = ly->is_swa ? hp->n_swa : 0, .out = f->att,
         };
+        if (defer) {
+            a.cur_k = K;
+            a.cur_v = V;
+            a.cur_pos = f->pos;
+            a.n_cur = n;
+        }
         if (build_page_list(f, il, f->q, &a, !ly->is_swa) != 0) return -2;
+        if (defer) f->st_tokens += n * Hkv;   /* the step's own rows, beside the pages */
         double t0 = f->decoding ? now_ms() : 0;
         op->attention(b, &a);
         if (f->decoding) f->st_attn_ms += now_ms() - t0;
         if (n_probe) kv_truncate_layer(f->kv, il, probe_p0);
-        if (f->pol && !ly->is_swa) {
+        if (f->pol && !ly->is_swa && !defer) {
             pol_chunk c = { f->q, n_chunk, p0, n_probe, probe_p0, f->last_chunk, f->decoding };
             if (pol_set_layer_done(f->pol, il, &c, f->pol_err, sizeof f->pol_err)) return -3;
         }
@@ -417,6 +437,14 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         op->matmul(b, &down, 1, f->gate, n);
         if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_ffw_norm, f->o, n, E, hp->norm_eps);
         op->add(b, f->x, f->o, n * E);
+    }
+    if (defer) {
+        be_range rd[2] = { { f->kall, sizeof(float) * (size_t)(hp->n_layer * kvd) },
+                           { f->vall, sizeof(float) * (size_t)(hp->n_layer * kvd) } };
+        be_host_read(b, rd, 2);
+        if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
+        for (int il = 0; il < hp->n_layer; il++)
+            if (kv_append(f->kv, il, f->kall + il * kvd, f->vall + il * kvd, n, p0) != 0) return -2;
     }
     return be_failed(b, f->dev_err, sizeof f->dev_err) ? -4 : 0;
 }

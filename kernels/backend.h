@@ -65,6 +65,13 @@ typedef struct be_attn {
     const int64_t *head_pages;
     int32_t window;        /* 0: no sliding window */
     float *out;            /* [n_q][n_head * head_dim] */
+    /* Rows not in the cache yet (a decode step whose K/V the cache takes after the step): n_cur
+     * tokens at positions cur_pos whose keys and values are f32 [n_cur][n_head_kv * head_dim]
+     * (activations, may be bound). Every KV head attends to them after its pages, rounded to f16
+     * as the cache would hold them. 0: none. */
+    const float *cur_k, *cur_v;
+    const int32_t *cur_pos;
+    int64_t n_cur;
 } be_attn;
 
 /* A range of host bytes the host is about to read. */

@@ -270,13 +270,13 @@ Test(kvcache, attention_over_any_page_list_equals_the_reference)
     for (int t = 0; t < n_q; t++) qpos[t] = n_tok - n_q + t;
     for (int window = 0; window <= 100; window += 100) {
         /* prefill-shaped: 11 causal queries */
-        be_attn a = { q, n_q, qpos, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out };
+        be_attn a = { q, n_q, qpos, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out, NULL, NULL, NULL, 0 };
         check_attention(b, &a);
         /* decode-shaped: one query, split over pages */
-        be_attn d = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out };
+        be_attn d = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out, NULL, NULL, NULL, 0 };
         check_attention(b, &d);
         /* one shared list */
-        be_attn s = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages + n0, np, NULL, window, out };
+        be_attn s = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages + n0, np, NULL, window, out, NULL, NULL, NULL, 0 };
         check_attention(b, &s);
     }
     free(q);
@@ -342,4 +342,53 @@ Test(kvcache, keep_tokens_packs_the_kept_rows_and_frees_pages)
     cr_expect_eq(after.pages, 2);
     free(k);
     kv_free(kv);
+}
+
+/* Page list of layer 0's one table, all KV heads side by side in its rows. */
+static be_kv_page *page_list(const kv_cache *kv, int R, int D, int *n)
+{
+    *n = kv_n_pages(kv, 0, 0);
+    be_kv_page *pages = calloc((size_t)*n, sizeof *pages);
+    for (int i = 0; i < *n; i++) {
+        const kv_page *p = kv_layer_page(kv, 0, 0, i);
+        pages[i] = (be_kv_page){ .k = p->k, .v = p->v, .pos = p->pos, .n = p->n, .stride = R, .head_step = D };
+    }
+    return pages;
+}
+
+Test(kvcache, rows_not_in_the_cache_yet_attend_like_cached_rows)
+{
+    /* a decode step that hands attention its own K/V row (the cache takes it after the step) sees
+     * what it would see with the row appended first */
+    char err[256];
+    const int Hkv = 2, G = 2, D = 48, P = 16, n_tok = 150, R = Hkv * D;
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    float *k = malloc(sizeof(float) * (size_t)(n_tok * R)), *v = malloc(sizeof(float) * (size_t)(n_tok * R));
+    for (int i = 0; i < n_tok * R; i++) k[i] = frand(), v[i] = frand();
+    kv_cache *all = kv_create(1, 4096, 1, R, P, NULL, err, sizeof err), *before = kv_create(1, 4096, 1, R, P, NULL, err, sizeof err);
+    cr_assert(all && before, "%s", err);
+    cr_assert(kv_append(all, 0, k, v, n_tok, 0) == 0);
+    cr_assert(kv_append(before, 0, k, v, n_tok - 1, 0) == 0);
+    int na, nb;
+    be_kv_page *pa = page_list(all, R, D, &na), *pb = page_list(before, R, D, &nb);
+    float q[Hkv * G * D], o1[Hkv * G * D], o2[Hkv * G * D];
+    for (int i = 0; i < Hkv * G * D; i++) q[i] = frand() * 0.3f;
+    int32_t qp = n_tok - 1;
+    for (int window = 0; window <= 40; window += 40) {
+        be_attn a = { q, 1, &qp, Hkv * G, Hkv, D, pa, na, NULL, window, o1, NULL, NULL, NULL, 0 };
+        b->ops->attention(b, &a);
+        be_attn c = { q, 1, &qp, Hkv * G, Hkv, D, pb, nb, NULL, window, o2, k + (n_tok - 1) * R, v + (n_tok - 1) * R, &qp, 1 };
+        b->ops->attention(b, &c);
+        double worst = 0;
+        for (int i = 0; i < Hkv * G * D; i++) worst = fmax(worst, fabs((double)o1[i] - o2[i]));
+        cr_expect(worst < 1e-6, "window %d: the step's own row attends differently (%g)", window, worst);
+    }
+    free(pa);
+    free(pb);
+    free(k);
+    free(v);
+    kv_free(all);
+    kv_free(before);
+    be_free(b);
 }

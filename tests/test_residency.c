@@ -30,6 +30,7 @@ typedef struct shadow {
     int64_t ops, fail_at;   /* ops run; the op that fails as if the device were out of memory (0: none) */
     int failed;
     volatile sig_atomic_t *cancel_too;   /* raised as the op fails: a Ctrl-C right after a failure */
+    int reads;          /* host reads announced since the last embedding (in the last step) */
 } shadow;
 
 static shadow *sh(be_backend *b) { return (shadow *)b->impl; }
@@ -121,6 +122,7 @@ static void s_glu(be_backend *b, float *gate, const float *up, int64_t n, int ge
 static void s_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *o)
 {
     if (skip(b)) return;
+    sh(b)->reads = 0;
     am_host_write(&sh(b)->t, o, sizeof(float) * (size_t)(n * w->n_in));
     sh(b)->cpu->ops->get_rows(sh(b)->cpu, w, ids, n, scale, o);
 }
@@ -131,6 +133,11 @@ static void s_attention(be_backend *b, const be_attn *a)
     be_attn c = *a;
     size_t nq = (size_t)(a->n_q * a->n_head * a->head_dim);
     c.q = in(b, a->q, nq);
+    if (a->n_cur > 0) {
+        size_t nc = (size_t)(a->n_cur * a->n_head_kv * a->head_dim);
+        c.cur_k = in(b, a->cur_k, nc);
+        c.cur_v = in(b, a->cur_v, nc);
+    }
     c.out = out(b, a->out, nq);
     sh(b)->cpu->ops->attention(sh(b)->cpu, &c);
 }
@@ -171,6 +178,7 @@ static void s_unbind(be_backend *b, void *host) { am_unbind(&sh(b)->t, host); }
 static void s_host_read(be_backend *b, const be_range *r, int n)
 {
     if (sh(b)->ignore_reads) return;
+    sh(b)->reads++;
     am_range ar[8];
     cr_assert(n <= 8);
     for (int i = 0; i < n; i++) ar[i] = (am_range){ r[i].p, r[i].bytes };
@@ -273,7 +281,11 @@ static float *run(const model *m, be_backend *b, const char *spec)
     return all;
 }
 
-static void compare(const char *file, const char *spec)
+/* The shadow backend against the CPU backend under spec. Exact: logits identical to the bit. A decode
+ * step that defers its K/V rows (no policy looks between its layers) attends to its own row as a
+ * page of its own, which changes the order of the softmax's sums: there every step's top token is
+ * the same and the logits agree within 1e-5 of the largest. */
+static void compare(const char *file, const char *spec, int exact)
 {
     char err[512];
     model *m;
@@ -281,11 +293,35 @@ static void compare(const char *file, const char *spec)
     be_backend *cpu = be_cpu_create(2, err, sizeof err);
     be_backend *shd = shadow_create();
     float *a = run(m, cpu, spec), *s = run(m, shd, spec);
-    size_t n = (size_t)m->hp.n_vocab * (STEPS + 1);
+    int nv = m->hp.n_vocab;
+    size_t n = (size_t)nv * (STEPS + 1);
     size_t bad = 0;
-    for (size_t i = 0; i < n; i++) bad += memcmp(&a[i], &s[i], sizeof(float)) != 0;
-    cr_expect_eq(bad, 0, "%s under %s: %zu of %zu logits differ with activations on the twin", file,
-                 spec ? spec : "no policy", bad, n);
+    double worst = 0, big = 0;
+    for (size_t i = 0; i < n; i++) {
+        bad += memcmp(&a[i], &s[i], sizeof(float)) != 0;
+        double d = fabs((double)a[i] - s[i]);
+        if (d > worst || isnan(d)) worst = isnan(d) ? INFINITY : d;
+        if (fabs(a[i]) > big) big = fabs(a[i]);
+    }
+    if (exact) {
+        cr_expect_eq(bad, 0, "%s under %s: %zu of %zu logits differ with activations on the twin", file,
+                     spec ? spec : "no policy", bad, n);
+    } else {
+        cr_expect(worst <= 1e-5 * big, "%s under %s: logits differ by %g of the largest with the K/V rows deferred",
+                  file, spec ? spec : "no policy", worst / big);
+        for (int st = 0; st <= STEPS; st++) {
+            const float *x = a + (size_t)st * nv, *y = s + (size_t)st * nv;
+            int32_t bx = 0, by = 0;
+            for (int32_t i = 1; i < nv; i++) {
+                if (x[i] > x[bx]) bx = i;
+                if (y[i] > y[by]) by = i;
+            }
+            cr_expect_eq(bx, by, "%s under %s: step %d's top token differs", file, spec ? spec : "no policy", st);
+        }
+    }
+    /* the last decode step waited once a layer, or once in all when its K/V rows were deferred */
+    cr_expect_eq(sh(shd)->reads, exact ? m->hp.n_layer : 1, "%s under %s: %d host reads in the last step", file,
+                 spec ? spec : "no policy", sh(shd)->reads);
     free(a);
     free(s);
     be_free(cpu);
@@ -295,24 +331,26 @@ static void compare(const char *file, const char *spec)
 
 Test(residency, gemma3_logits_are_identical_on_twins)
 {
-    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL);
-    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1");
+    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL, 0);
+    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1", 1);
 }
 
 Test(residency, llama_logits_are_identical_on_twins)
 {
-    compare(TD "tiny/tiny-llama-q4_k_m.gguf", NULL);
-    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "quest:budget=64");
+    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "full", 0);
+    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "quest:budget=64", 1);
 }
 
 Test(residency, policies_that_read_queries_on_the_host_see_them)
 {
     /* TAKE reads probe rows after each chunk; H2O and SnapKV score queries in layer_done; Chelsea
      * merges keys and adds log-degree biases */
-    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "take:budget=0.5+chess");
-    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "h2o:budget=0.3");
-    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "snapkv:budget=0.3+quest");
-    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea");
+    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "take:budget=0.5+chess", 1);
+    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "h2o:budget=0.3", 1);
+    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "snapkv:budget=0.3+quest", 1);
+    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea", 1);
+    /* TAKE evicts in prefill only: its decode steps defer */
+    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "take:budget=0.5", 0);
 }
 
 Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
@@ -320,8 +358,10 @@ Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
     char err[512];
     model *m;
     cr_assert(model_load(&m, TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
-    be_backend *cpu = be_cpu_create(2, err, sizeof err);
-    float *want = run(m, cpu, NULL);
+    /* what an undisturbed run on the same backend gives */
+    be_backend *clean = shadow_create();
+    float *want = run(m, clean, NULL);
+    be_free(clean);
     be_backend *shd = shadow_create();
     size_t n;
     int32_t *ids = prompt(m, &n);
@@ -359,7 +399,6 @@ Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
     free(want);
     fwd_free(f);
     be_free(shd);
-    be_free(cpu);
     model_free(m);
 }
 

@@ -319,6 +319,7 @@ const pol_ops pol_laser = {
     .create = la_create,
     .destroy = la_destroy,
     .layer_done = la_layer_done,
+    .layer_done_prefill_only = 1,
     .probe_tokens = la_probe_tokens,
     .describe = la_describe,
     .save = la_save,

@@ -390,6 +390,16 @@ int pol_set_chunk_size(const pol_set *ps)
     return 0;
 }
 
+int pol_set_decode_layer_free(const pol_set *ps)
+{
+    for (int i = 0; i < ps->spec.n; i++) {
+        const pol_ops *p = ps->spec.ops[i];
+        if (p->stage == POL_STAGE_DECODE && p->select) return 0;
+        if (p->layer_done && !p->layer_done_prefill_only) return 0;
+    }
+    return 1;
+}
+
 int pol_set_probe_tokens(const pol_set *ps)
 {
     for (int i = 0; i < ps->spec.n; i++)

@@ -106,6 +106,9 @@ typedef struct pol_ops {
      * queries, scaled, [n + n_probe][n_head][head_dim]). The layer's cache already holds the chunk's
      * tokens (never the probe rows). A policy may evict from layer il here. */
     int (*layer_done)(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen);
+    /* 1: layer_done does nothing while decoding (a prefill-only method), so a decode step need not
+     * stop after each layer for it. */
+    int layer_done_prefill_only;
     /* Prefill shape a policy asks for: chunk size (0: the engine's) and probe rows appended to every
      * chunk but the last (the eval's last tokens at their own positions; 0: none). */
     int (*chunk_size)(void *st);
@@ -182,6 +185,9 @@ void pol_set_on_tokens(pol_set *ps, const int32_t *tokens, int64_t n, int64_t p0
 int pol_set_layer_done(pol_set *ps, int il, const pol_chunk *c, char *err, size_t errlen);
 int pol_set_chunk_size(const pol_set *ps);
 int pol_set_probe_tokens(const pol_set *ps);
+/* 1 when no policy of the set looks at a decode step between its layers (no decode selection, no
+ * layer_done that acts while decoding): the step may run its layers without the host. */
+int pol_set_decode_layer_free(const pol_set *ps);
 /* The selection for global layer il, or NULL: attend to everything. */
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q);
 /* An uncertainty event: the decode policy rebuilds its selection (see pol_ops.reselect). */

@@ -281,6 +281,7 @@ const pol_ops pol_take = {
     .create = t_create,
     .destroy = t_destroy,
     .layer_done = t_layer_done,
+    .layer_done_prefill_only = 1,
     .chunk_size = t_chunk_size,
     .probe_tokens = t_probe_tokens,
     .check = t_check,

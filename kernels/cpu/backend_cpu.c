@@ -27,6 +27,10 @@ typedef struct cpu_impl {
     size_t att_part_cap;
     float *att_scratch;          /* per-thread score rows */
     size_t att_scratch_cap;
+    uint16_t *cur16;             /* rows not in the cache yet, rounded to f16: keys, then values */
+    size_t cur16_cap;
+    be_kv_page *cur_pages;       /* the page lists with those rows added as one more page per KV head */
+    size_t cur_pages_cap;
 } cpu_impl;
 
 static cpu_impl *impl_of(be_backend *b) { return b->impl; }
@@ -420,7 +424,7 @@ static void att_task(void *ctx, int64_t task, int thread)
     }
 }
 
-static void cpu_attention(be_backend *b, const be_attn *a)
+static void attention_pages(be_backend *b, const be_attn *a)
 {
     cpu_impl *ci = impl_of(b);
     att_job j;
@@ -508,6 +512,47 @@ static void cpu_scores(be_backend *b, const float *m, int64_t n_rows, int64_t di
     tp_run(impl_of(b)->pool, score_task, &j, (n_rows + j.per - 1) / j.per);
 }
 
+/* Rows not in the cache yet become one more page per KV head (f16, all heads side by side), after
+ * that head's pages: the order and the values the cache would give them. */
+static void cpu_attention(be_backend *b, const be_attn *a)
+{
+    if (a->n_cur <= 0) {
+        attention_pages(b, a);
+        return;
+    }
+    cpu_impl *ci = impl_of(b);
+    int64_t kvd = (int64_t)a->n_head_kv * a->head_dim, n = a->n_cur;
+    size_t n_list = 0;
+    for (int g = 0; g < a->n_head_kv; g++) {
+        int64_t p0, p1;
+        head_range(a, g, &p0, &p1);
+        n_list += (size_t)(p1 - p0) + 1;
+    }
+    if (grow((void **)&ci->cur16, &ci->cur16_cap, sizeof(uint16_t) * 2 * (size_t)(n * kvd)) ||
+        grow((void **)&ci->cur_pages, &ci->cur_pages_cap, sizeof(be_kv_page) * n_list))
+        abort();
+    uint16_t *k16 = ci->cur16, *v16 = ci->cur16 + n * kvd;
+    vd_f32_to_f16(n * kvd, a->cur_k, k16);
+    vd_f32_to_f16(n * kvd, a->cur_v, v16);
+    int64_t hp[65], e = 0;
+    for (int g = 0; g < a->n_head_kv; g++) {
+        int64_t p0, p1;
+        head_range(a, g, &p0, &p1);
+        hp[g] = e;
+        memcpy(ci->cur_pages + e, a->pages + p0, sizeof(be_kv_page) * (size_t)(p1 - p0));
+        e += p1 - p0;
+        ci->cur_pages[e++] = (be_kv_page){ .k = k16, .v = v16, .pos = a->cur_pos, .n = (int32_t)n,
+                                           .stride = (int32_t)kvd, .head_step = a->head_dim };
+    }
+    hp[a->n_head_kv] = e;
+    be_attn c = *a;
+    c.pages = ci->cur_pages;
+    c.n_pages = e;
+    c.head_pages = hp;
+    c.n_cur = 0;
+    attention_pages(b, &c);
+}
+
 /* ---------------------------------------------------------------- element-wise */
 
 static void cpu_add(be_backend *b, float *x, const float *y, int64_t n)
@@ -534,6 +579,8 @@ static void cpu_destroy(be_backend *b)
         for (int i = 0; i < MAX_MM; i++) free(ci->act_buf[i]);
         free(ci->att_part);
         free(ci->att_scratch);
+        free(ci->cur16);
+        free(ci->cur_pages);
         free(ci);
     }
     free(b);

@@ -75,6 +75,8 @@ typedef struct cuda_impl {
     bp_pool blocks;           /* where the copies live: blocks carved from 64 MiB device chunks */
     /* scratch, grown on demand */
     float *y32, *out;          /* outputs of products and attention bound for unbound host arrays */
+    __half *cur16;             /* a deferred decode step's own K/V rows in f16, keys then values */
+    size_t cap_cur16;
     __half *x16;               /* the products' input in f16 */
     float *part_o, *part_ml;   /* attention's per-split partial results */
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
@@ -646,65 +648,117 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     }
     pc_begin_call(&ci->copies);
     if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
+    /* Rows not in the cache yet (a deferred decode step) become one more page per KV head, after
+     * the head's pages: the lists are then always per head. */
+    int64_t n_cur = a->n_cur > 0 ? a->n_cur : 0, kvd = (int64_t)a->n_head_kv * D;
+    int expand = n_cur > 0, n_lists = expand ? a->n_head_kv : 1;
+    int64_t n_list = a->n_pages;
+    if (expand) {
+        n_list = 0;
+        for (int g = 0; g < a->n_head_kv; g++)
+            n_list += (a->head_pages ? a->head_pages[g + 1] - a->head_pages[g] : a->n_pages) + 1;
+        if (grow_dev(ci, (void **)&ci->cur16, &ci->cap_cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd))) return;
+    }
     /* page descriptors and masks, built on the host and staged in one copy each */
     size_t n_words = 0;
     for (int64_t i = 0; i < a->n_pages; i++)
         if (a->pages[i].mask) n_words += (size_t)(a->pages[i].n + 63) / 64;
-    if (grow_host(ci, (void **)&ci->h_pages, &ci->cap_h_pages, sizeof(dev_page) * (size_t)(a->n_pages > 0 ? a->n_pages : 1)) ||
+    if (expand && a->head_pages == NULL) n_words *= (size_t)a->n_head_kv;   /* a shared list is repeated per head */
+    if (grow_host(ci, (void **)&ci->h_pages, &ci->cap_h_pages, sizeof(dev_page) * (size_t)(n_list > 0 ? n_list : 1)) ||
         grow_host(ci, (void **)&ci->h_masks, &ci->cap_h_masks, sizeof(uint64_t) * (n_words > 0 ? n_words : 1)))
         return;
     size_t w = 0;
-    for (int64_t i = 0; i < a->n_pages; i++) {
-        const be_kv_page *pg = &a->pages[i];
-        dev_page *dp = &ci->h_pages[i];
-        memset(dp, 0, sizeof *dp);
-        dp->n = pg->n;
-        dp->stride = pg->stride;
-        dp->head_step = pg->head_step;
-        dp->mask_off = -1;
-        if (pg->n <= 0) continue;
-        const pc_copy *m = pc_get(&ci->copies, pg);
-        if (!m) {
-            if (ci->failed) return;   /* the copy's upload failed */
-            if (!ci->blocks.failed_bytes) fail(ci, "out of memory for the table of KV page copies");
-            else
-                fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of page "
-                         "copies held (a shorter --ctx or a policy that evicts holds less)",
-                     (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
-            return;
+    int64_t e = 0, hp_new[65], cur_at[64];
+    for (int l = 0; l < n_lists; l++) {
+        int64_t p0 = 0, p1 = a->n_pages;
+        if (expand && a->head_pages) {
+            p0 = a->head_pages[l];
+            p1 = a->head_pages[l + 1];
         }
-        dp->k = (const __half *)m->k;
-        dp->v = (const __half *)m->v;
-        dp->pos = m->pos;
-        dp->bias = pg->bias ? m->bias : NULL;
-        if (pg->mask) {
-            size_t nw = (size_t)(pg->n + 63) / 64;
-            memcpy(ci->h_masks + w, pg->mask, sizeof(uint64_t) * nw);
-            dp->mask_off = (int64_t)w;
-            w += nw;
+        if (expand) hp_new[l] = e;
+        for (int64_t i = p0; i < p1; i++) {
+            const be_kv_page *pg = &a->pages[i];
+            dev_page *dp = &ci->h_pages[e++];
+            memset(dp, 0, sizeof *dp);
+            dp->n = pg->n;
+            dp->stride = pg->stride;
+            dp->head_step = pg->head_step;
+            dp->mask_off = -1;
+            if (pg->n <= 0) continue;
+            const pc_copy *m = pc_get(&ci->copies, pg);
+            if (!m) {
+                if (ci->failed) return;   /* the copy's upload failed */
+                if (!ci->blocks.failed_bytes) fail(ci, "out of memory for the table of KV page copies");
+                else
+                    fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of "
+                             "page copies held (a shorter --ctx or a policy that evicts holds less)",
+                         (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
+                return;
+            }
+            dp->k = (const __half *)m->k;
+            dp->v = (const __half *)m->v;
+            dp->pos = m->pos;
+            dp->bias = pg->bias ? m->bias : NULL;
+            if (pg->mask) {
+                size_t nw = (size_t)(pg->n + 63) / 64;
+                memcpy(ci->h_masks + w, pg->mask, sizeof(uint64_t) * nw);
+                dp->mask_off = (int64_t)w;
+                w += nw;
+            }
+        }
+        if (expand) {
+            /* the step's rows: all heads side by side, converted to f16 below; positions patched in
+             * once staged */
+            dev_page *dp = &ci->h_pages[e];
+            memset(dp, 0, sizeof *dp);
+            dp->k = ci->cur16;
+            dp->v = ci->cur16 + n_cur * kvd;
+            dp->n = (int32_t)n_cur;
+            dp->stride = (int32_t)kvd;
+            dp->head_step = D;
+            dp->mask_off = -1;
+            cur_at[l] = e++;
         }
     }
+    if (expand) hp_new[a->n_head_kv] = e;
     if (ci->failed) return;   /* a page copy's upload failed */
-    size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D;
+    const int64_t *hp = expand ? hp_new : a->head_pages;
+    size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D, ncur = (size_t)(n_cur * kvd);
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
-    if (stage_reserve(ci, stage_size(sizeof(dev_page) * (size_t)a->n_pages) + stage_size(sizeof(uint64_t) * w) +
+    int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur), cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
+    if (stage_reserve(ci, stage_size(sizeof(dev_page) * (size_t)e) + stage_size(sizeof(uint64_t) * w) +
                               stage_size(sizeof(int32_t) * (size_t)a->n_q) +
                               stage_size(sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) +
-                              (q_bound ? 0 : stage_size(sizeof(float) * nq))))
+                              (q_bound ? 0 : stage_size(sizeof(float) * nq)) +
+                              (expand ? stage_size(sizeof(int32_t) * (size_t)n_cur) : 0) +
+                              (expand && !ck_bound ? stage_size(sizeof(float) * ncur) : 0) +
+                              (expand && !cv_bound ? stage_size(sizeof(float) * ncur) : 0)))
         return;
-    const dev_page *d_pages = a->n_pages > 0 ? (const dev_page *)stage(ci, ci->h_pages, sizeof(dev_page) * (size_t)a->n_pages) : NULL;
+    if (expand) {
+        const int32_t *d_cur_pos = (const int32_t *)stage(ci, a->cur_pos, sizeof(int32_t) * (size_t)n_cur);
+        const float *dk = ck_bound ? (const float *)am_dev_in(&ci->act, a->cur_k, sizeof(float) * ncur)
+                                   : (const float *)stage(ci, a->cur_k, sizeof(float) * ncur);
+        const float *dv = cv_bound ? (const float *)am_dev_in(&ci->act, a->cur_v, sizeof(float) * ncur)
+                                   : (const float *)stage(ci, a->cur_v, sizeof(float) * ncur);
+        if (!d_cur_pos || !dk || !dv) return;
+        for (int l = 0; l < n_lists; l++) ci->h_pages[cur_at[l]].pos = d_cur_pos;
+        f32_to_f16<<<(unsigned)((ncur + 255) / 256), 256, 0, ci->stream>>>(dk, ci->cur16, (int64_t)ncur);
+        f32_to_f16<<<(unsigned)((ncur + 255) / 256), 256, 0, ci->stream>>>(dv, ci->cur16 + ncur, (int64_t)ncur);
+        if (ck(ci, cudaGetLastError(), "f32_to_f16")) return;
+    }
+    const dev_page *d_pages = e > 0 ? (const dev_page *)stage(ci, ci->h_pages, sizeof(dev_page) * (size_t)e) : NULL;
     const uint64_t *d_masks = w ? (const uint64_t *)stage(ci, ci->h_masks, sizeof(uint64_t) * w) : NULL;
     const int32_t *d_qpos = (const int32_t *)stage(ci, a->q_pos, sizeof(int32_t) * (size_t)a->n_q);
-    const int64_t *d_hp = a->head_pages ? (const int64_t *)stage(ci, a->head_pages, sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) : NULL;
+    const int64_t *d_hp = hp ? (const int64_t *)stage(ci, hp, sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) : NULL;
     const float *d_q = q_bound ? (const float *)am_dev_in(&ci->act, a->q, sizeof(float) * nq)
                                : (const float *)stage(ci, a->q, sizeof(float) * nq);
-    if ((a->n_pages > 0 && !d_pages) || (w && !d_masks) || !d_qpos || (a->head_pages && !d_hp) || !d_q) return;
+    if ((e > 0 && !d_pages) || (w && !d_masks) || !d_qpos || (hp && !d_hp) || !d_q) return;
     /* splits: about four blocks a multiprocessor in all, at least one page each */
-    int64_t most = a->n_pages;
-    if (a->head_pages) {
+    int64_t most = e;
+    if (hp) {
         most = 0;
         for (int g = 0; g < a->n_head_kv; g++)
-            if (a->head_pages[g + 1] - a->head_pages[g] > most) most = a->head_pages[g + 1] - a->head_pages[g];
+            if (hp[g + 1] - hp[g] > most) most = hp[g + 1] - hp[g];
     }
     int64_t blocks = (int64_t)a->n_head * a->n_q, want = (4 * (int64_t)ci->n_sm + blocks - 1) / blocks;
     int n_split = (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
@@ -720,7 +774,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     cudaStream_t s = ci->stream;
     dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);
     size_t shmem = sizeof(float) * ((size_t)D + ATT_THREADS + ATT_THREADS / 32);
-    attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, a->n_pages, d_hp, d_masks, a->n_head,
+    attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head,
                                                  a->n_head / a->n_head_kv, D, a->window, n_split, ci->part_o,
                                                  ci->part_ml);
     if (ck(ci, cudaGetLastError(), "attention kernel")) return;
@@ -966,7 +1020,7 @@ static void cuda_destroy(be_backend *b)
         pc_free(&ci->copies);
         bp_free(&ci->blocks);
         am_free(&ci->act);
-        void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena };
+        void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena, ci->cur16 };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
         void *host[] = { ci->h_pages, ci->h_masks, ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)

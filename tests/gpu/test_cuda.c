@@ -218,7 +218,7 @@ static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64
         o1[i] = NAN;
     }
     for (int64_t t = 0; t < n_q; t++) qp[t] = t == n_q - 1 ? ps->max_pos : (int32_t)(rnd() % (uint32_t)(ps->max_pos + 1));
-    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0 };
+    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     size_t bytes = sizeof(float) * (size_t)(n_q * n_head * D);
@@ -380,6 +380,55 @@ Test(cuda, element_wise_ops_equal_the_cpu_on_bound_and_unbound_buffers)
             cr_expect(d < 1e-5, "rope %d heads x %d neox %d: %g", hd[hi][0], hd[hi][1], neox, d);
             free(a);
             free(b);
+        }
+}
+
+Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
+{
+    /* a deferred decode step: its K/V rows (f32, maybe on the device) attend after each head's pages */
+    seed_rng("step rows");
+    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 } };
+    for (size_t hi = 0; hi < 3; hi++)
+        for (int variant = 0; variant < 4; variant++) {
+            int D = variant & 1 ? 128 : 64, nh = heads[hi][0], nkv = heads[hi][1];
+            page_set ps;
+            make_pages(&ps, nkv, 1 + (int)(rnd() % 9), D, variant & 2, 0);
+            int64_t kvd = (int64_t)nkv * D, nq = (int64_t)nh * D;
+            float *q = malloc(sizeof(float) * (size_t)nq), *o0 = malloc(sizeof(float) * (size_t)nq),
+                  *o1 = malloc(sizeof(float) * (size_t)nq), *ck = malloc(sizeof(float) * (size_t)kvd),
+                  *cv = malloc(sizeof(float) * (size_t)kvd);
+            for (int64_t i = 0; i < nq; i++) q[i] = frand(-0.5f, 0.5f), o1[i] = NAN;
+            for (int64_t i = 0; i < kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
+            int32_t qp = ps.max_pos + 1;
+            /* variant 3: one shared list for every head */
+            be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, variant == 3 ? ps.head_pages[1] : ps.n_pages,
+                          variant == 3 ? NULL : ps.head_pages, variant == 2 ? 40 : 0, o0, ck, cv, &qp, 1 };
+            cpu->ops->attention(cpu, &a);
+            a.out = o1;
+            int bind = (int)(rnd() & 1);
+            char err[256];
+            if (bind)
+                cr_assert(be_bind(gpu, ck, sizeof(float) * (size_t)kvd, err, sizeof err) == 0 &&
+                              be_bind(gpu, cv, sizeof(float) * (size_t)kvd, err, sizeof err) == 0,
+                          "%s", err);
+            gpu->ops->attention(gpu, &a);
+            if (bind) {
+                be_unbind(gpu, ck);
+                be_unbind(gpu, cv);
+            }
+            double d = 0;
+            for (int64_t i = 0; i < nq; i++) {
+                double x = fabs((double)o0[i] - o1[i]);
+                if (x > d || isnan(x)) d = isnan(x) ? INFINITY : x;
+            }
+            cr_expect(d < 2e-3, "%d heads / %d KV, D %d, variant %d (bound %d): max |diff| %g", nh, nkv, D, variant,
+                      bind, d);
+            free(q);
+            free(o0);
+            free(o1);
+            free(ck);
+            free(cv);
+            free_pages(&ps);
         }
 }
 
