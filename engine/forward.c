@@ -346,6 +346,27 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
     return 0;
 }
 
+/* A deferred decode step's statistics, as if its token were already in the cache: its row is
+ * attended beside the pages, and where it will open a new page that page counts as attended (and,
+ * on the first global layer, as this step's page for the page map). */
+static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0)
+{
+    int Hkv = f->m->hp.n_head_kv, P = kv_page_size(f->kv);
+    f->st_tokens += Hkv;
+    if (!is_global) return;
+    int observe = f->pol != NULL, first_global = f->n_global > 0 && il == f->global[0];
+    for (int h = 0; h < Hkv; h++) {
+        int np = kv_n_pages(f->kv, il, h);
+        if (np > 0 && kv_layer_page(f->kv, il, h, np - 1)->n < P) continue;
+        f->st_pages++;
+        f->st_pages_total++;
+        if (observe) {
+            pol_set_hit_page(f->pol, p0);
+            if (first_global && h == 0) pol_set_last_add(f->pol, p0 / P);
+        }
+    }
+}
+
 /* One chunk of n tokens at positions p0 .. p0+n-1; leaves the final hidden states in f->x.
  * Returns -1 if *abort_flag was raised (checked before every layer, so Ctrl-C answers within a
  * layer's time even on long chunks), -2 when the cache cannot grow (out of memory), -3 when a policy
@@ -415,7 +436,7 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
             a.n_cur = n;
         }
         if (build_page_list(f, il, f->q, &a, !ly->is_swa) != 0) return -2;
-        if (defer) f->st_tokens += n * Hkv;   /* the step's own rows, beside the pages */
+        if (defer) defer_stats(f, il, !ly->is_swa, p0);
         double t0 = f->decoding ? now_ms() : 0;
         op->attention(b, &a);
         if (f->decoding) f->st_attn_ms += now_ms() - t0;

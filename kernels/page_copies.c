@@ -125,14 +125,17 @@ const pc_copy *pc_get(pc_table *t, const be_kv_page *pg)
     c->gen = pg->gen;
     if (rows > c->n_up) {
         size_t r0 = (size_t)c->n_up, nr = (size_t)(rows - c->n_up), st = (size_t)stride;
-        t->dev.upload(t->dev.ud, c->k + r0 * st, pg->k + r0 * st, sizeof(uint16_t) * nr * st);
-        t->dev.upload(t->dev.ud, c->v + r0 * st, pg->v + r0 * st, sizeof(uint16_t) * nr * st);
-        t->dev.upload(t->dev.ud, c->pos + r0, pg->pos + r0, sizeof(int32_t) * nr);
+        if (t->dev.upload(t->dev.ud, c->k + r0 * st, pg->k + r0 * st, sizeof(uint16_t) * nr * st) ||
+            t->dev.upload(t->dev.ud, c->v + r0 * st, pg->v + r0 * st, sizeof(uint16_t) * nr * st) ||
+            t->dev.upload(t->dev.ud, c->pos + r0, pg->pos + r0, sizeof(int32_t) * nr)) {
+            c->n_up = 0;   /* what arrived is unknown: everything goes again next time */
+            return NULL;
+        }
         t->rows_uploaded += nr;
         c->n_up = rows;
     }
     /* the merged tokens' log-degrees: few pages have them; sent with every use */
-    if (pg->bias) t->dev.upload(t->dev.ud, c->bias, pg->bias, sizeof(float) * (size_t)rows);
+    if (pg->bias && t->dev.upload(t->dev.ud, c->bias, pg->bias, sizeof(float) * (size_t)rows)) return NULL;
     c->last_use = t->calls;
     return c;
 }

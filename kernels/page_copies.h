@@ -19,7 +19,7 @@ typedef struct pc_device {
     void *ud;
     void *(*alloc)(void *ud, size_t bytes);                 /* NULL when out of memory */
     void (*release)(void *ud, void *p);
-    void (*upload)(void *ud, void *dst, const void *src, size_t bytes);
+    int (*upload)(void *ud, void *dst, const void *src, size_t bytes);   /* 0, or -1: not sent */
 } pc_device;
 
 /* One page's device copy: rows [0, n) of keys and values ([cap][stride] f16), positions and bias, in
@@ -50,8 +50,8 @@ void pc_free(pc_table *t);
 /* Start an attention call (copies used from now on count as used by it); every `idle` calls the
  * idle copies are freed. */
 void pc_begin_call(pc_table *t);
-/* The up-to-date copy of page pg (pg->n > 0), or NULL when the device is out of memory (the
- * table is unchanged then). The pointer is valid until the next pc_get or pc_begin_call. */
+/* The up-to-date copy of page pg (pg->n > 0), or NULL when the device is out of memory or an upload
+ * failed (the copy then counts no rows as sent, so the next call sends them again). The pointer is valid until the next pc_get or pc_begin_call. */
 const pc_copy *pc_get(pc_table *t, const be_kv_page *pg);
 
 #endif

@@ -13,6 +13,7 @@ typedef struct fake_dev {
     int64_t allocs, releases, live;
     int64_t fail_after;   /* allocations that succeed before the device is "full" (-1: never) */
     uint64_t uploaded;
+    int fail_uploads;     /* uploads refuse (a full staging buffer) */
 } fake_dev;
 
 static void *f_alloc(void *ud, size_t bytes)
@@ -33,10 +34,13 @@ static void f_release(void *ud, void *p)
     free(p);
 }
 
-static void f_upload(void *ud, void *dst, const void *src, size_t bytes)
+static int f_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
-    ((fake_dev *)ud)->uploaded += bytes;
+    fake_dev *d = ud;
+    if (d->fail_uploads) return -1;
+    d->uploaded += bytes;
     memcpy(dst, src, bytes);
+    return 0;
 }
 
 enum { D = 16, ROWS = 64 };
@@ -191,6 +195,25 @@ Test(page_copies, out_of_device_memory_leaves_the_table_as_it_was)
     a.pg.n = 40;
     cr_expect_null(pc_get(&t, &a.pg));
     d.fail_after = -1;
+    expect_copy(pc_get(&t, &a.pg), &a);
+    pc_free(&t);
+    cr_expect_eq(d.live, 0);
+}
+
+Test(page_copies, a_failed_upload_is_sent_again)
+{
+    fake_dev d;
+    pc_table t = make(&d, 100);
+    static host_page a;
+    fill(&a, 8, 1, 0);
+    pc_begin_call(&t);
+    expect_copy(pc_get(&t, &a.pg), &a);
+    /* three rows appended, but the device refuses the copy: no copy is handed out... */
+    a.pg.n = 11;
+    d.fail_uploads = 1;
+    cr_expect_null(pc_get(&t, &a.pg));
+    /* ...and the rows are not counted as sent: the next call sends them */
+    d.fail_uploads = 0;
     expect_copy(pc_get(&t, &a.pg), &a);
     pc_free(&t);
     cr_expect_eq(d.live, 0);

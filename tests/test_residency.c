@@ -246,6 +246,10 @@ static int32_t *prompt(const model *m, size_t *n)
 
 #define STEPS 8
 
+/* What the last run's policy set recorded (when it had one). */
+static pol_step_stats last_stats;
+static int last_pages[256], n_last_pages;
+
 /* Prefill (chunks of 48 tokens) and STEPS greedy decode steps under spec; the logits of each. */
 static float *run(const model *m, be_backend *b, const char *spec)
 {
@@ -275,6 +279,15 @@ static float *run(const model *m, be_backend *b, const char *spec)
             if (l[i] > l[best]) best = i;
         cr_assert(fwd_decode(f, best, all + (size_t)s * nv, NULL, err, sizeof err) == 0, "%s", err);
     }
+    memset(&last_stats, 0, sizeof last_stats);
+    n_last_pages = 0;
+    if (ps) {
+        last_stats = *pol_set_stats(ps);
+        int np;
+        const int *pg = pol_set_last_pages(ps, &np);
+        n_last_pages = np < 256 ? np : 256;
+        if (n_last_pages) memcpy(last_pages, pg, sizeof(int) * (size_t)n_last_pages);
+    }
     pol_set_free(ps);
     fwd_free(f);
     free(ids);
@@ -292,7 +305,20 @@ static void compare(const char *file, const char *spec, int exact)
     cr_assert(model_load(&m, file, NULL, err, sizeof err) == 0, "%s", err);
     be_backend *cpu = be_cpu_create(2, err, sizeof err);
     be_backend *shd = shadow_create();
-    float *a = run(m, cpu, spec), *s = run(m, shd, spec);
+    float *a = run(m, cpu, spec);
+    pol_step_stats sa = last_stats;
+    int pa[256], npa = n_last_pages;
+    memcpy(pa, last_pages, sizeof pa);
+    float *s = run(m, shd, spec);
+    /* a deferred step reports what the cache would have shown with its token in it */
+    cr_expect(sa.pages_sum == last_stats.pages_sum && sa.pages_total_sum == last_stats.pages_total_sum &&
+                  sa.bytes_touched_total == last_stats.bytes_touched_total && sa.tokens_last == last_stats.tokens_last,
+              "%s under %s: step statistics differ (pages %lld vs %lld of %lld vs %lld, bytes %llu vs %llu)", file,
+              spec ? spec : "no policy", (long long)sa.pages_sum, (long long)last_stats.pages_sum,
+              (long long)sa.pages_total_sum, (long long)last_stats.pages_total_sum,
+              (unsigned long long)sa.bytes_touched_total, (unsigned long long)last_stats.bytes_touched_total);
+    cr_expect(npa == n_last_pages && !memcmp(pa, last_pages, sizeof(int) * (size_t)npa),
+              "%s under %s: the last step's page map differs", file, spec ? spec : "no policy");
     int nv = m->hp.n_vocab;
     size_t n = (size_t)nv * (STEPS + 1);
     size_t bad = 0;

@@ -184,6 +184,7 @@ const pol_ops pol_snapkv = {
     .create = sn_create,
     .destroy = sn_destroy,
     .layer_done = sn_layer_done,
+    .layer_done_prefill_only = 1,
     .check = sn_check,
     .describe = sn_describe,
 };

@@ -522,6 +522,10 @@ static void cpu_attention(be_backend *b, const be_attn *a)
     }
     cpu_impl *ci = impl_of(b);
     int64_t kvd = (int64_t)a->n_head_kv * a->head_dim, n = a->n_cur;
+    if (a->n_head_kv > 64) {
+        fprintf(stderr, "kvchat: internal error: %d KV heads (at most 64)\n", a->n_head_kv);
+        abort();
+    }
     size_t n_list = 0;
     for (int g = 0; g < a->n_head_kv; g++) {
         int64_t p0, p1;
@@ -539,7 +543,7 @@ static void cpu_attention(be_backend *b, const be_attn *a)
         int64_t p0, p1;
         head_range(a, g, &p0, &p1);
         hp[g] = e;
-        memcpy(ci->cur_pages + e, a->pages + p0, sizeof(be_kv_page) * (size_t)(p1 - p0));
+        if (p1 > p0) memcpy(ci->cur_pages + e, a->pages + p0, sizeof(be_kv_page) * (size_t)(p1 - p0));
         e += p1 - p0;
         ci->cur_pages[e++] = (be_kv_page){ .k = k16, .v = v16, .pos = a->cur_pos, .n = (int32_t)n,
                                            .stride = (int32_t)kvd, .head_step = a->head_dim };

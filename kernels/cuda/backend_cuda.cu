@@ -94,7 +94,6 @@ typedef struct cuda_impl {
     size_t arena_cap, arena_off;
     uint16_t *h_wstage;        /* page-locked: weights converted to f16 on their way to the device */
     size_t cap_wstage;
-    int resident;              /* bind activation buffers (KVCHAT_CUDA_RESIDENT=0: no, for comparisons) */
     int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
     int dead;                  /* the failure was a device error that no wait clears */
     char fail_msg[320];
@@ -189,14 +188,20 @@ static size_t stage_size(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
 static int stage_reserve(cuda_impl *ci, size_t total)
 {
     if (ci->arena_off + total <= ci->arena_cap) return 0;
+    /* full: wait for the stream (freeing it), and grow it, so that a step's staging fits without
+     * a wait next time (up to 256 MiB; one piece larger than that gets an arena of its own size) */
+    int was_used = ci->arena_off > 0;
     if (sync_stream(ci, "staging")) return -1;
-    if (total <= ci->arena_cap) return 0;
+    size_t limit = (size_t)256 << 20;
+    if (total <= ci->arena_cap && (!was_used || ci->arena_cap >= limit)) return 0;
+    size_t cap = ci->arena_cap ? ci->arena_cap * 2 : (size_t)1 << 20;
+    if (cap > limit) cap = limit;
+    if (cap < total) cap = total;
     if (ci->h_arena) cudaFreeHost(ci->h_arena);
     if (ci->d_arena) cudaFree(ci->d_arena);
     ci->scratch_bytes -= ci->arena_cap;
     ci->h_arena = ci->d_arena = NULL;
     ci->arena_cap = 0;
-    size_t cap = total > ((size_t)1 << 20) ? total * 2 : (size_t)1 << 20;
     if (cudaHostAlloc((void **)&ci->h_arena, cap, cudaHostAllocDefault) != cudaSuccess) {
         (void)cudaGetLastError();
         ci->h_arena = NULL;
@@ -275,7 +280,6 @@ static void act_pin(void *ud, void *host, size_t bytes, int pin)
 static int cuda_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
 {
     cuda_impl *ci = impl_of(b);
-    if (!ci->resident) return 0;   /* every op then stages its host arrays and waits (stage 1) */
     if (bytes == 0 || am_bound(&ci->act, host, bytes)) {
         snprintf(err, errlen, "internal error: an activation buffer bound twice or empty");
         return -1;
@@ -516,14 +520,16 @@ static void dev_release(void *ud, void *p) { bp_put(&((cuda_impl *)ud)->blocks, 
 
 /* KV rows go through the page-locked arena: a copy from the cache's pageable memory would pass
  * the driver's bounce buffer, tens of microseconds each, a few times a layer in decode. */
-static void dev_upload(void *ud, void *dst, const void *src, size_t bytes)
+static int dev_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
     cuda_impl *ci = (cuda_impl *)ud;
-    if (ci->failed || stage_reserve(ci, stage_size(bytes))) return;
+    if (ci->failed || stage_reserve(ci, stage_size(bytes))) return -1;
     size_t off = ci->arena_off;
     memcpy(ci->h_arena + off, src, bytes);
-    if (ck(ci, cudaMemcpyAsync(dst, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "KV upload")) return;
+    if (ck(ci, cudaMemcpyAsync(dst, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "KV upload"))
+        return -1;
     ci->arena_off = off + stage_size(bytes);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -651,6 +657,10 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     /* Rows not in the cache yet (a deferred decode step) become one more page per KV head, after
      * the head's pages: the lists are then always per head. */
     int64_t n_cur = a->n_cur > 0 ? a->n_cur : 0, kvd = (int64_t)a->n_head_kv * D;
+    if (a->n_head_kv > 64) {
+        fail(ci, "internal error: %d KV heads (at most 64)", a->n_head_kv);
+        return;
+    }
     int expand = n_cur > 0, n_lists = expand ? a->n_head_kv : 1;
     int64_t n_list = a->n_pages;
     if (expand) {
@@ -1039,6 +1049,13 @@ static const be_ops cuda_ops = {
     cuda_host_write, cuda_failed,
 };
 
+/* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
+ * forward pass waits once a layer), to compare with. */
+static const be_ops cuda_ops_staged = {
+    "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
+    cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL, cuda_failed,
+};
+
 extern "C" int be_cuda_devices(void)
 {
     int n = 0;
@@ -1063,10 +1080,9 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory creating the CUDA backend");
         return NULL;
     }
-    b->ops = &cuda_ops;
-    b->impl = ci;
     const char *res = getenv("KVCHAT_CUDA_RESIDENT");
-    ci->resident = !(res && !strcmp(res, "0"));
+    b->ops = res && !strcmp(res, "0") ? &cuda_ops_staged : &cuda_ops;
+    b->impl = ci;
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
     bp_init(&ci->blocks, ci, dev_malloc, dev_free, (size_t)64 << 20);
