@@ -133,8 +133,8 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->logits = alloc_f(f, OUT_ROWS * (size_t)hp->n_vocab);
     f->pos = malloc(B * sizeof(int32_t));
     f->tok = malloc(B * sizeof(int32_t));
-    if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall || !f->vall || !f->gate || !f->up || !f->logits ||
-        !f->pos || !f->tok) {
+    if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall || !f->vall || !f->gate || !f->up ||
+        !f->logits || !f->pos || !f->tok) {
         fwd_free(f);
         snprintf(err, errlen, "out of memory allocating forward buffers");
         return NULL;

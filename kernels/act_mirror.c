@@ -30,7 +30,8 @@ static am_buf *find(const am_table *t, const void *p, size_t bytes)
         am_buf *b = &t->b[i];
         if (c >= b->host && c < b->host + b->bytes) {
             if (bytes > (size_t)(b->host + b->bytes - c)) {
-                fprintf(stderr, "kvchat: internal error: a %zu-byte range runs past the end of a bound buffer\n", bytes);
+                fprintf(stderr, "kvchat: internal error: a %zu-byte range runs past the end of a bound buffer\n",
+                        bytes);
                 abort();
             }
             return b;

@@ -9,20 +9,26 @@
  *
  * Activations: the forward pass binds its scratch buffers; each gets a device twin
  * (kernels/act_mirror.c keeps which side holds the newest bytes) and ops leave their outputs there,
- * so a decode step waits for the device about once a layer, when the host needs the new K/V rows
- * (and, under a policy, the queries). Bound host buffers are page-locked for fast copies. Ops given
- * unbound addresses stage them through a page-locked arena and synchronize before returning.
+ * so a decode step waits for the device once a layer, when the host needs the new K/V rows (and,
+ * under a policy, the queries), or once in all when no policy looks between layers (attention then
+ * takes the step's own rows beside the pages). Bound host buffers are page-locked. Small inputs and
+ * new KV rows go through a page-locked staging arena without waiting; norm weights are kept on the
+ * device while their host bytes stay the same. Ops given unbound addresses stage them and wait.
  *
  * Weights are dequantized on the host with the reference dequantizers of engine/quant.c (the same
  * code the CPU oracle tests use) on the CPU backend's threads (kernels/weight_f16.c), rounded to f16
- * and uploaded once, by `prepare` at load time or on first use. The KV cache stays in host memory, where the policies read and rewrite it; each page has
- * a device copy that is brought up to date before attention reads it: only the rows appended since
- * the last upload move, unless the page's content generation changed (a reused or truncated page),
- * which uploads it whole; kernels/page_copies.c keeps that table (host-tested), this file gives it
- * the device.
+ * and uploaded once, by `prepare` at load time or on first use. The KV cache stays in host memory,
+ * where the policies read and rewrite it; each page has a device copy (one block of
+ * kernels/block_pool.c) that is brought up to date before attention reads it: only the rows
+ * appended since the last upload move, unless the page's content generation changed (a reused or
+ * truncated page), which uploads it whole; kernels/page_copies.c keeps that table (host-tested),
+ * this file gives it the device.
  *
- * What is left for a CUDA-graph decode step (docs/gpu.md): the KV cache itself on the device, so
- * the host's share of a layer disappears. */
+ * A failed op (out of memory, a device error) is recorded, the ops after it do nothing, and the
+ * forward pass asks (be_failed) and abandons the chunk.
+ *
+ * What is left for a CUDA-graph decode step (docs/gpu.md): page lists built without the host (the
+ * cache's structure on the device), so that a step's launches can be recorded once and replayed. */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -92,6 +98,8 @@ typedef struct cuda_impl {
      * page-locked host bytes and their device twin, reused after each wait for the stream */
     char *h_arena, *d_arena;
     size_t arena_cap, arena_off;
+    struct const_copy *consts; /* device copies of small constant inputs (norm weights), open addressing */
+    int n_consts, cap_consts;
     uint16_t *h_wstage;        /* page-locked: weights converted to f16 on their way to the device */
     size_t cap_wstage;
     int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
@@ -229,10 +237,98 @@ static void *stage(cuda_impl *ci, const void *src, size_t bytes)
     if (stage_reserve(ci, need)) return NULL;
     size_t off = ci->arena_off;
     memcpy(ci->h_arena + off, src, bytes);
-    if (ck(ci, cudaMemcpyAsync(ci->d_arena + off, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "staging"))
+    if (ck(ci, cudaMemcpyAsync(ci->d_arena + off, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream),
+           "staging"))
         return NULL;
     ci->arena_off = off + need;
     return ci->d_arena + off;
+}
+
+/* Copy host bytes to a device address without waiting, through the arena (the host bytes may
+ * change as soon as this returns). 0, or -1 (recorded). */
+static int send_to(cuda_impl *ci, void *dst, const void *src, size_t bytes)
+{
+    if (ci->failed || stage_reserve(ci, stage_size(bytes))) return -1;
+    size_t off = ci->arena_off;
+    memcpy(ci->h_arena + off, src, bytes);
+    if (ck(ci, cudaMemcpyAsync(dst, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "upload"))
+        return -1;
+    ci->arena_off = off + stage_size(bytes);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- constant inputs */
+
+/* A small input that stays the same from call to call (a layer's norm weights): a device copy is
+ * kept with a host copy of what it holds, and reused while the host bytes still equal it, so a call
+ * costs a comparison instead of a copy. */
+typedef struct const_copy {
+    const void *host;
+    size_t bytes;
+    void *seen;    /* the host bytes the device copy holds */
+    void *dev;
+} const_copy;
+
+static uint64_t hash_addr(const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    return x ^ (x >> 33);
+}
+
+static void *dev_malloc(void *ud, size_t bytes);
+static void dev_free(void *ud, void *p);
+
+/* The device copy of host[0, bytes), brought up to date; NULL (recorded) when out of memory. */
+static const void *const_get(cuda_impl *ci, const void *host, size_t bytes)
+{
+    if ((ci->n_consts + 1) * 2 > ci->cap_consts) {
+        int nc = ci->cap_consts ? ci->cap_consts * 2 : 256;
+        const_copy *nt = (const_copy *)calloc((size_t)nc, sizeof *nt);
+        if (!nt) {
+            fail(ci, "out of memory");
+            return NULL;
+        }
+        for (int i = 0; i < ci->cap_consts; i++) {
+            if (!ci->consts[i].host) continue;
+            uint64_t h = hash_addr(ci->consts[i].host) & (uint64_t)(nc - 1);
+            while (nt[h].host) h = (h + 1) & (uint64_t)(nc - 1);
+            nt[h] = ci->consts[i];
+        }
+        free(ci->consts);
+        ci->consts = nt;
+        ci->cap_consts = nc;
+    }
+    uint64_t m = (uint64_t)(ci->cap_consts - 1), h = hash_addr(host) & m;
+    while (ci->consts[h].host && ci->consts[h].host != host) h = (h + 1) & m;
+    const_copy *c = &ci->consts[h];
+    if (c->host && c->bytes == bytes && !memcmp(c->seen, host, bytes)) return c->dev;
+    if (!c->host || c->bytes != bytes) {
+        if (c->host) {
+            dev_free(ci, c->dev);
+            free(c->seen);
+            ci->scratch_bytes -= c->bytes;
+        } else {
+            ci->n_consts++;
+        }
+        c->host = host;
+        c->bytes = bytes;
+        c->seen = malloc(bytes);
+        c->dev = dev_malloc(ci, bytes);
+        if (!c->seen || !c->dev) {
+            free(c->seen);
+            if (c->dev) dev_free(ci, c->dev);
+            c->seen = c->dev = NULL;
+            c->bytes = 0;   /* kept as a tombstone: found, and made again next time */
+            fail(ci, "out of GPU memory: %zu bytes of constants needed, %.1f MiB free", bytes, free_mib());
+            return NULL;
+        }
+        ci->scratch_bytes += bytes;
+    }
+    /* new or changed: later kernels see the new bytes, earlier ones the old (one stream) */
+    memcpy(c->seen, host, bytes);
+    return send_to(ci, c->dev, host, bytes) ? NULL : c->dev;
 }
 
 /* ---------------------------------------------------------------- activation twins */
@@ -522,14 +618,7 @@ static void dev_release(void *ud, void *p) { bp_put(&((cuda_impl *)ud)->blocks, 
  * the driver's bounce buffer, tens of microseconds each, a few times a layer in decode. */
 static int dev_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
-    cuda_impl *ci = (cuda_impl *)ud;
-    if (ci->failed || stage_reserve(ci, stage_size(bytes))) return -1;
-    size_t off = ci->arena_off;
-    memcpy(ci->h_arena + off, src, bytes);
-    if (ck(ci, cudaMemcpyAsync(dst, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "KV upload"))
-        return -1;
-    ci->arena_off = off + stage_size(bytes);
-    return 0;
+    return send_to((cuda_impl *)ud, dst, src, bytes);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -735,7 +824,8 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     const int64_t *hp = expand ? hp_new : a->head_pages;
     size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D, ncur = (size_t)(n_cur * kvd);
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
-    int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur), cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
+    int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
+    int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
     if (stage_reserve(ci, stage_size(sizeof(dev_page) * (size_t)e) + stage_size(sizeof(uint64_t) * w) +
                               stage_size(sizeof(int32_t) * (size_t)a->n_q) +
                               stage_size(sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) +
@@ -881,7 +971,7 @@ static void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y
     size_t bytes = sizeof(float) * (size_t)(rows * dim);
     if (ci->failed || rows <= 0) return;
     if (bound(ci, x, bytes) && bound(ci, y, bytes)) {
-        const float *dw = (const float *)stage(ci, w, sizeof(float) * (size_t)dim);
+        const float *dw = (const float *)const_get(ci, w, sizeof(float) * (size_t)dim);
         if (!dw) return;
         const float *dx = x == y ? NULL : (const float *)am_dev_in(&ci->act, x, bytes);
         float *dy = (float *)am_dev_out(&ci->act, y, bytes);
@@ -999,8 +1089,8 @@ static int cuda_failed(be_backend *b, char *err, size_t errlen)
     if (e != cudaSuccess) {
         char first[sizeof ci->fail_msg];
         snprintf(first, sizeof first, "%s", ci->fail_msg);
-        snprintf(ci->fail_msg, sizeof ci->fail_msg, "the GPU cannot go on (%s; first noticed as: %.160s): restart kvchat",
-                 cudaGetErrorString(e), first);
+        snprintf(ci->fail_msg, sizeof ci->fail_msg,
+                 "the GPU cannot go on (%s; first noticed as: %.160s): restart kvchat", cudaGetErrorString(e), first);
         ci->dead = 1;
         snprintf(err, errlen, "%s", ci->fail_msg);
         return 1;
@@ -1029,6 +1119,11 @@ static void cuda_destroy(be_backend *b)
         free(ci->w);
         pc_free(&ci->copies);
         bp_free(&ci->blocks);
+        for (int i = 0; i < ci->cap_consts; i++) {
+            if (ci->consts[i].dev) cudaFree(ci->consts[i].dev);
+            free(ci->consts[i].seen);
+        }
+        free(ci->consts);
         am_free(&ci->act);
         void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena, ci->cur16 };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
