@@ -743,6 +743,8 @@ int cmd_bench(int argc, char **argv)
             break;
         }
         double t1 = cli_now();
+        uint64_t w0 = 0, u0 = 0, n0 = 0, w1 = 0, u1 = 0, n1 = 0;
+        if (rt.b->ops->counters) rt.b->ops->counters(rt.b, &w0, &u0, &n0);
         for (int64_t g = 0; g < n_gen; g++) {
             int32_t id = samp_argmax(logits, nv);
             if (fwd_decode(rt.f, id, logits, NULL, err, sizeof err)) {
@@ -753,7 +755,14 @@ int cmd_bench(int argc, char **argv)
         }
         double t2 = cli_now();
         double pf = (double)d / (t1 - t0), dc = (double)n_gen / (t2 - t1);
-        printf("%8lld %14.1f %14.1f\n", (long long)d, pf, dc);
+        printf("%8lld %14.1f %14.1f", (long long)d, pf, dc);
+        if (rt.b->ops->counters && n_gen > 0) {
+            /* what each decode step asked of the device: waits and copies (the logits included) */
+            rt.b->ops->counters(rt.b, &w1, &u1, &n1);
+            printf("   per step: %.1f waits, %.1f KiB up, %.1f KiB down", (double)(w1 - w0) / (double)n_gen,
+                   (double)(u1 - u0) / 1024.0 / (double)n_gen, (double)(n1 - n0) / 1024.0 / (double)n_gen);
+        }
+        printf("\n");
         fflush(stdout);
         if (out)
             fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,%.2f,%.2f,%lld\n", date, commit, machine, rt.b->n_threads, base,

@@ -121,6 +121,8 @@ typedef struct be_ops {
      * message (and the record cleared), or 0. The caller then discards what the ops since its last
      * question produced. NULL: ops cannot fail. */
     int (*failed)(be_backend *b, char *err, size_t errlen);
+    /* A device backend's traffic so far: waits for the device and bytes copied each way (NULL: none). */
+    void (*counters)(be_backend *b, uint64_t *waits, uint64_t *bytes_up, uint64_t *bytes_down);
 } be_ops;
 
 struct be_backend {

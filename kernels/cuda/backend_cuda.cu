@@ -102,6 +102,7 @@ typedef struct cuda_impl {
     int n_consts, cap_consts;
     uint16_t *h_wstage;        /* page-locked: weights converted to f16 on their way to the device */
     size_t cap_wstage;
+    uint64_t waits, bytes_up, bytes_down;   /* traffic (be_ops.counters) */
     int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
     int dead;                  /* the failure was a device error that no wait clears */
     char fail_msg[320];
@@ -185,6 +186,7 @@ static int grow_host(cuda_impl *ci, void **p, size_t *cap, size_t need)
 static int sync_stream(cuda_impl *ci, const char *what)
 {
     ci->arena_off = 0;
+    ci->waits++;
     return ck(ci, cudaStreamSynchronize(ci->stream), what);
 }
 
@@ -237,6 +239,7 @@ static void *stage(cuda_impl *ci, const void *src, size_t bytes)
     if (stage_reserve(ci, need)) return NULL;
     size_t off = ci->arena_off;
     memcpy(ci->h_arena + off, src, bytes);
+    ci->bytes_up += bytes;
     if (ck(ci, cudaMemcpyAsync(ci->d_arena + off, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream),
            "staging"))
         return NULL;
@@ -251,6 +254,7 @@ static int send_to(cuda_impl *ci, void *dst, const void *src, size_t bytes)
     if (ci->failed || stage_reserve(ci, stage_size(bytes))) return -1;
     size_t off = ci->arena_off;
     memcpy(ci->h_arena + off, src, bytes);
+    ci->bytes_up += bytes;
     if (ck(ci, cudaMemcpyAsync(dst, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "upload"))
         return -1;
     ci->arena_off = off + stage_size(bytes);
@@ -353,12 +357,14 @@ static void dev_free(void *ud, void *p)
 static void act_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
     cuda_impl *ci = (cuda_impl *)ud;
+    ci->bytes_up += bytes;
     ck(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ci->stream), "activation upload");
 }
 
 static void act_download(void *ud, void *dst, const void *src, size_t bytes)
 {
     cuda_impl *ci = (cuda_impl *)ud;
+    ci->bytes_down += bytes;
     ck(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ci->stream), "activation download");
 }
 
@@ -592,6 +598,7 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
             return;
     }
     if (!n_y) return;
+    ci->bytes_down += sizeof(float) * (size_t)n_y;
     if (ck(ci, cudaMemcpyAsync(ci->h_y, ci->y32, sizeof(float) * (size_t)n_y, cudaMemcpyDeviceToHost, ci->stream),
            "download") ||
         sync_stream(ci, "matmul"))
@@ -881,6 +888,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     attn_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), ATT_THREADS, 0, s>>>(ci->part_o, ci->part_ml, n_split,
                                                                                     a->n_head, D, d_out);
     if (ck(ci, cudaGetLastError(), "attention combine") || out_bound) return;
+    ci->bytes_down += sizeof(float) * nq;
     if (ck(ci, cudaMemcpyAsync(ci->h_out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download") ||
         sync_stream(ci, "attention"))
         return;
@@ -1102,6 +1110,14 @@ static int cuda_failed(be_backend *b, char *err, size_t errlen)
     return 1;
 }
 
+static void cuda_counters(be_backend *b, uint64_t *waits, uint64_t *bytes_up, uint64_t *bytes_down)
+{
+    cuda_impl *ci = impl_of(b);
+    *waits = ci->waits;
+    *bytes_up = ci->bytes_up;
+    *bytes_down = ci->bytes_down;
+}
+
 static void cuda_memory(be_backend *b, uint64_t *held, uint64_t *total)
 {
     cuda_impl *ci = impl_of(b);
@@ -1141,7 +1157,7 @@ static void cuda_destroy(be_backend *b)
 static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind, cuda_host_read,
-    cuda_host_write, cuda_failed,
+    cuda_host_write, cuda_failed, cuda_counters,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -1149,6 +1165,7 @@ static const be_ops cuda_ops = {
 static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL, cuda_failed,
+    cuda_counters,
 };
 
 extern "C" int be_cuda_devices(void)
