@@ -100,6 +100,11 @@ typedef struct be_ops {
     /* y[r] = dot(m row r, x) for rows r < n_rows of an f32 matrix [n_rows][dim]: the selection
      * policies score every page summary against an anchor or query with one product. */
     void (*scores)(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y);
+    /* Quest's upper bound of the attention logits of n_q queries q[n_q][dim] over n summaries, each an
+     * element-wise key minimum mn[i] and maximum mx[i] ([dim] each):
+     * u[i] = sum over queries j of sum over d of max(q[j][d] * mn[i][d], q[j][d] * mx[i][d]). */
+    void (*bounds)(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn,
+                   const float *const *mx, int64_t n, float *u);
     /* Copy the weights a model will multiply to the device now, so running out of device memory is
      * an error at load time naming what was needed (NULL: nothing to do). 0, or -1 with a message. */
     int (*prepare)(be_backend *b, const be_weight *const *w, int n, char *err, size_t errlen);

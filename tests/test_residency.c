@@ -166,6 +166,12 @@ static void s_scale(be_backend *b, float *x, int64_t n, float s)
         for (int64_t i = 0; i < n; i++) x[i] = NAN;
 }
 
+static void s_bounds(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn, const float *const *mx,
+                     int64_t n, float *u)
+{
+    sh(b)->cpu->ops->bounds(sh(b)->cpu, q, n_q, dim, mn, mx, n, u);
+}
+
 static int s_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
 {
     if (am_bind(&sh(b)->t, host, bytes) == 0) return 0;
@@ -205,6 +211,7 @@ static const be_ops shadow_ops = {
     .get_rows = s_get_rows,
     .attention = s_attention,
     .scores = s_scores,
+    .bounds = s_bounds,
     .destroy = s_destroy,
     .add = s_add,
     .scale = s_scale,

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 
 #include "pol_util.h"
-#include "vec_dot.h"
 
 enum { P_BUDGET };
 
@@ -22,6 +21,7 @@ typedef struct st_quest {
     int64_t cur;
     float *score;
     int *idx;
+    const float **mn, **mx;   /* the pages' key minima and maxima, for the backend's bounds */
     int cap;
     int64_t pages_last, pages_avail;
 } st_quest;
@@ -44,6 +44,8 @@ static void q_destroy(void *st)
     st_quest *s = st;
     free(s->score);
     free(s->idx);
+    free(s->mn);
+    free(s->mx);
     free(s);
 }
 
@@ -87,7 +89,11 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         if (ns) s->score = ns;
         int *ni = realloc(s->idx, sizeof(int) * (size_t)np_max);
         if (ni) s->idx = ni;
-        if (!ns || !ni) return 0;
+        const float **nmn = realloc(s->mn, sizeof *nmn * (size_t)np_max);
+        if (nmn) s->mn = nmn;
+        const float **nmx = realloc(s->mx, sizeof *nmx * (size_t)np_max);
+        if (nmx) s->mx = nmx;
+        if (!ns || !ni || !nmn || !nmx) return 0;
         s->cap = np_max;
     }
     int D = env->head_dim, G = env->n_head / env->n_head_kv;
@@ -97,11 +103,12 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         if (np == 0) continue;
         for (int i = 0; i < np - 1; i++) {
             const kv_page *p = kv_layer_page(env->kv, il, g, i);
-            float u = 0;
-            for (int hh = 0; hh < G; hh++) u += vd_bound_f32(D, q + (size_t)(g * G + hh) * (size_t)D, p->kmin, p->kmax);
-            s->score[i] = u;
+            s->mn[i] = p->kmin;
+            s->mx[i] = p->kmax;
             s->idx[i] = i;
         }
+        /* the bound of the head's G queries over every page but the current one, on the backend */
+        env->b->ops->bounds(env->b, q + (size_t)g * (size_t)G * (size_t)D, G, D, s->mn, s->mx, np - 1, s->score);
         int n = pol_top_k(s->idx, np - 1, s->score, k - 1);
         for (int i = 0; i < n; i++) pol_sel_add(sel, s->idx[i], NULL);
         pol_sel_add(sel, np - 1, NULL);   /* the page the current token is in */

@@ -20,7 +20,6 @@
 #include "pol_util.h"
 #include "quant.h"
 #include "sentkv.h"
-#include "vec_dot.h"
 
 enum { P_LEN, P_DELTA, P_BUDGET, P_SINKS };
 
@@ -77,6 +76,7 @@ typedef struct st_sent {
     size_t mask_cap;
     float *score;
     int64_t *idx;
+    const float **mn, **mx;   /* each segment's key minima and maxima for the head at hand */
     int64_t score_cap;
     double reused, gathered;
     int64_t tokens_last;
@@ -122,6 +122,8 @@ static void se_destroy(void *st)
     free(s->now);
     free(s->masks);
     free(s->score);
+    free(s->mn);
+    free(s->mx);
     free(s->idx);
     free(s);
 }
@@ -256,7 +258,11 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         if (ns) s->score = ns;
         int64_t *ni = realloc(s->idx, sizeof(int64_t) * (size_t)s->n_summ);
         if (ni) s->idx = ni;
-        if (!ns || !ni) return 0;
+        const float **nmn = realloc(s->mn, sizeof *nmn * (size_t)s->n_summ);
+        if (nmn) s->mn = nmn;
+        const float **nmx = realloc(s->mx, sizeof *nmx * (size_t)s->n_summ);
+        if (nmx) s->mx = nmx;
+        if (!ns || !ni || !nmn || !nmx) return 0;
         s->score_cap = s->n_summ;
     }
     if (s->now_words < words) {
@@ -280,10 +286,10 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         /* segment scores against this head's queries */
         for (int64_t sg = 0; sg < s->n_summ; sg++) {
             const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
-            float u = 0;
-            for (int hh = 0; hh < G; hh++) u += vd_bound_f32(D, q + (int64_t)(g * G + hh) * D, mm, mm + D);
-            s->score[sg] = u;
+            s->mn[sg] = mm;
+            s->mx[sg] = mm + D;
         }
+        env->b->ops->bounds(env->b, q + (int64_t)g * G * D, G, D, s->mn, s->mx, s->n_summ, s->score);
         int64_t fixed = (len - tail) + (s->sinks < tail ? s->sinks : tail);
         int64_t room = budget - fixed;
         /* best segments first, as many as fit */

@@ -512,6 +512,40 @@ static void cpu_scores(be_backend *b, const float *m, int64_t n_rows, int64_t di
     tp_run(impl_of(b)->pool, score_task, &j, (n_rows + j.per - 1) / j.per);
 }
 
+typedef struct bound_job {
+    const float *q;
+    int n_q;
+    int64_t dim, n, per;
+    const float *const *mn, *const *mx;
+    float *u;
+} bound_job;
+
+static void bound_task(void *ctx, int64_t t, int thread)
+{
+    (void)thread;
+    bound_job *j = ctx;
+    int64_t r0 = t * j->per, r1 = r0 + j->per < j->n ? r0 + j->per : j->n;
+    for (int64_t r = r0; r < r1; r++) {
+        float u = 0;   /* the queries in order, as one loop would add them */
+        for (int h = 0; h < j->n_q; h++) u += vd_bound_f32(j->dim, j->q + (int64_t)h * j->dim, j->mn[r], j->mx[r]);
+        j->u[r] = u;
+    }
+}
+
+static void cpu_bounds(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn,
+                       const float *const *mx, int64_t n, float *u)
+{
+    bound_job j = { q, n_q, dim, n, 0, mn, mx, u };
+    int64_t tasks = n * dim * n_q >= (1 << 16) ? 4 * (int64_t)b->n_threads : 1;
+    j.per = (n + tasks - 1) / tasks;
+    if (j.per < 1) j.per = 1;
+    if (tasks == 1) {
+        bound_task(&j, 0, 0);
+        return;
+    }
+    tp_run(impl_of(b)->pool, bound_task, &j, (n + j.per - 1) / j.per);
+}
+
 /* Rows not in the cache yet become one more page per KV head (f16, all heads side by side), after
  * that head's pages: the order and the values the cache would give them. */
 static void cpu_attention(be_backend *b, const be_attn *a)
@@ -599,6 +633,7 @@ static const be_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .attention = cpu_attention,
     .scores = cpu_scores,
+    .bounds = cpu_bounds,
     .destroy = cpu_destroy,
     .add = cpu_add,
     .scale = cpu_scale,

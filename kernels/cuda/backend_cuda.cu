@@ -1082,6 +1082,16 @@ static void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t d
     ci->cpu->ops->scores(ci->cpu, m, n_rows, dim, x, y);
 }
 
+/* The summaries live in the host's cache pages: the CPU backend's threads bound them. */
+static void cuda_bounds(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn,
+                        const float *const *mx, int64_t n, float *u)
+{
+    cuda_impl *ci = impl_of(b);
+    host_in(ci, q, sizeof(float) * (size_t)(n_q * dim));
+    am_host_write(&ci->act, u, sizeof(float) * (size_t)n);
+    ci->cpu->ops->bounds(ci->cpu, q, n_q, dim, mn, mx, n, u);
+}
+
 static int cuda_failed(be_backend *b, char *err, size_t errlen)
 {
     cuda_impl *ci = impl_of(b);
@@ -1156,16 +1166,16 @@ static void cuda_destroy(be_backend *b)
 
 static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
-    cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind, cuda_host_read,
-    cuda_host_write, cuda_failed, cuda_counters,
+    cuda_bounds, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind,
+    cuda_host_read, cuda_host_write, cuda_failed, cuda_counters,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
  * forward pass waits once a layer), to compare with. */
 static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
-    cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL, cuda_failed,
-    cuda_counters,
+    cuda_bounds, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL,
+    cuda_failed, cuda_counters,
 };
 
 extern "C" int be_cuda_devices(void)
