@@ -167,6 +167,13 @@ static inline int be_failed(be_backend *b, char *err, size_t errlen)
 {
     return b->ops->failed ? b->ops->failed(b, err, errlen) : 0;
 }
+/* A deferred step's rows (a->n_cur > 0) as one more page per KV head after that head's pages, the
+ * order and place the cache would give them: out[0 .. be_attn_rows_len(a)) gets per-head lists
+ * (hp[0 .. n_head_kv] their offsets; a shared list is repeated per head) whose extra entries hold
+ * k16/v16 ([n_cur][n_head_kv * head_dim] f16, all heads side by side) and pos. Returns the count. */
+int64_t be_attn_rows_len(const be_attn *a);
+int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
+                          be_kv_page *out, int64_t *hp);
 /* 1 if this backend can multiply weights of this type. */
 int be_supports_weight(const be_backend *b, uint32_t type);
 

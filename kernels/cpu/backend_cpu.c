@@ -560,29 +560,15 @@ static void cpu_attention(be_backend *b, const be_attn *a)
         fprintf(stderr, "kvchat: internal error: %d KV heads (at most 64)\n", a->n_head_kv);
         abort();
     }
-    size_t n_list = 0;
-    for (int g = 0; g < a->n_head_kv; g++) {
-        int64_t p0, p1;
-        head_range(a, g, &p0, &p1);
-        n_list += (size_t)(p1 - p0) + 1;
-    }
+    size_t n_list = (size_t)be_attn_rows_len(a);
     if (grow((void **)&ci->cur16, &ci->cur16_cap, sizeof(uint16_t) * 2 * (size_t)(n * kvd)) ||
         grow((void **)&ci->cur_pages, &ci->cur_pages_cap, sizeof(be_kv_page) * n_list))
         abort();
     uint16_t *k16 = ci->cur16, *v16 = ci->cur16 + n * kvd;
     vd_f32_to_f16(n * kvd, a->cur_k, k16);
     vd_f32_to_f16(n * kvd, a->cur_v, v16);
-    int64_t hp[65], e = 0;
-    for (int g = 0; g < a->n_head_kv; g++) {
-        int64_t p0, p1;
-        head_range(a, g, &p0, &p1);
-        hp[g] = e;
-        if (p1 > p0) memcpy(ci->cur_pages + e, a->pages + p0, sizeof(be_kv_page) * (size_t)(p1 - p0));
-        e += p1 - p0;
-        ci->cur_pages[e++] = (be_kv_page){ .k = k16, .v = v16, .pos = a->cur_pos, .n = (int32_t)n,
-                                           .stride = (int32_t)kvd, .head_step = a->head_dim };
-    }
-    hp[a->n_head_kv] = e;
+    int64_t hp[65];
+    int64_t e = be_attn_rows_list(a, k16, v16, a->cur_pos, ci->cur_pages, hp);
     be_attn c = *a;
     c.pages = ci->cur_pages;
     c.n_pages = e;

@@ -83,6 +83,8 @@ typedef struct cuda_impl {
     float *y32, *out;          /* outputs of products and attention bound for unbound host arrays */
     __half *cur16;             /* a deferred decode step's own K/V rows in f16, keys then values */
     size_t cap_cur16;
+    be_kv_page *rows_list;     /* the page lists with those rows added (be_attn_rows_list) */
+    size_t cap_rows_list;
     __half *x16;               /* the products' input in f16 */
     float *part_o, *part_ml;   /* attention's per-split partial results */
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
@@ -301,6 +303,7 @@ static const void *const_get(cuda_impl *ci, const void *host, size_t bytes)
             nt[h] = ci->consts[i];
         }
         free(ci->consts);
+        free(ci->rows_list);
         ci->consts = nt;
         ci->cap_consts = nc;
     }
@@ -751,86 +754,81 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     pc_begin_call(&ci->copies);
     if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
     /* Rows not in the cache yet (a deferred decode step) become one more page per KV head, after
-     * the head's pages: the lists are then always per head. */
+     * the head's pages (be_attn_rows_list), pointing at their f16 conversion on the device. */
     int64_t n_cur = a->n_cur > 0 ? a->n_cur : 0, kvd = (int64_t)a->n_head_kv * D;
     if (a->n_head_kv > 64) {
         fail(ci, "internal error: %d KV heads (at most 64)", a->n_head_kv);
         return;
     }
-    int expand = n_cur > 0, n_lists = expand ? a->n_head_kv : 1;
-    int64_t n_list = a->n_pages;
-    if (expand) {
-        n_list = 0;
-        for (int g = 0; g < a->n_head_kv; g++)
-            n_list += (a->head_pages ? a->head_pages[g + 1] - a->head_pages[g] : a->n_pages) + 1;
+    const be_kv_page *list = a->pages;
+    const int64_t *hp = a->head_pages;
+    int64_t e = a->n_pages, hp_rows[65];
+    const uint16_t *cur16 = NULL;
+    if (n_cur > 0) {
+        size_t len = (size_t)be_attn_rows_len(a);
         if (grow_dev(ci, (void **)&ci->cur16, &ci->cap_cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd))) return;
+        if (len > ci->cap_rows_list) {
+            be_kv_page *nl = (be_kv_page *)realloc(ci->rows_list, sizeof *nl * len);
+            if (!nl) {
+                fail(ci, "out of memory");
+                return;
+            }
+            ci->rows_list = nl;
+            ci->cap_rows_list = len;
+        }
+        cur16 = (const uint16_t *)ci->cur16;
+        /* their positions are filled in once staged */
+        e = be_attn_rows_list(a, cur16, cur16 + n_cur * kvd, NULL, ci->rows_list, hp_rows);
+        list = ci->rows_list;
+        hp = hp_rows;
     }
     /* page descriptors and masks, built on the host and staged in one copy each */
     size_t n_words = 0;
-    for (int64_t i = 0; i < a->n_pages; i++)
-        if (a->pages[i].mask) n_words += (size_t)(a->pages[i].n + 63) / 64;
-    if (expand && a->head_pages == NULL) n_words *= (size_t)a->n_head_kv;   /* a shared list is repeated per head */
-    if (grow_host(ci, (void **)&ci->h_pages, &ci->cap_h_pages, sizeof(dev_page) * (size_t)(n_list > 0 ? n_list : 1)) ||
+    for (int64_t i = 0; i < e; i++)
+        if (list[i].mask) n_words += (size_t)(list[i].n + 63) / 64;
+    if (grow_host(ci, (void **)&ci->h_pages, &ci->cap_h_pages, sizeof(dev_page) * (size_t)(e > 0 ? e : 1)) ||
         grow_host(ci, (void **)&ci->h_masks, &ci->cap_h_masks, sizeof(uint64_t) * (n_words > 0 ? n_words : 1)))
         return;
     size_t w = 0;
-    int64_t e = 0, hp_new[65], cur_at[64];
-    for (int l = 0; l < n_lists; l++) {
-        int64_t p0 = 0, p1 = a->n_pages;
-        if (expand && a->head_pages) {
-            p0 = a->head_pages[l];
-            p1 = a->head_pages[l + 1];
+    for (int64_t i = 0; i < e; i++) {
+        const be_kv_page *pg = &list[i];
+        dev_page *dp = &ci->h_pages[i];
+        memset(dp, 0, sizeof *dp);
+        dp->n = pg->n;
+        dp->stride = pg->stride;
+        dp->head_step = pg->head_step;
+        dp->mask_off = -1;
+        if (pg->n <= 0) continue;
+        if (cur16 && pg->k == cur16) {   /* the step's own rows, converted on the device below */
+            dp->k = (const __half *)pg->k;
+            dp->v = (const __half *)pg->v;
+            continue;
         }
-        if (expand) hp_new[l] = e;
-        for (int64_t i = p0; i < p1; i++) {
-            const be_kv_page *pg = &a->pages[i];
-            dev_page *dp = &ci->h_pages[e++];
-            memset(dp, 0, sizeof *dp);
-            dp->n = pg->n;
-            dp->stride = pg->stride;
-            dp->head_step = pg->head_step;
-            dp->mask_off = -1;
-            if (pg->n <= 0) continue;
-            const pc_copy *m = pc_get(&ci->copies, pg);
-            if (!m) {
-                if (ci->failed) return;   /* the copy's upload failed */
-                if (!ci->blocks.failed_bytes) fail(ci, "out of memory for the table of KV page copies");
-                else
-                    fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of "
-                             "page copies held (a shorter --ctx or a policy that evicts holds less)",
-                         (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
-                return;
-            }
-            dp->k = (const __half *)m->k;
-            dp->v = (const __half *)m->v;
-            dp->pos = m->pos;
-            dp->bias = pg->bias ? m->bias : NULL;
-            if (pg->mask) {
-                size_t nw = (size_t)(pg->n + 63) / 64;
-                memcpy(ci->h_masks + w, pg->mask, sizeof(uint64_t) * nw);
-                dp->mask_off = (int64_t)w;
-                w += nw;
-            }
+        const pc_copy *m = pc_get(&ci->copies, pg);
+        if (!m) {
+            if (ci->failed) return;   /* the copy's upload failed */
+            if (!ci->blocks.failed_bytes) fail(ci, "out of memory for the table of KV page copies");
+            else
+                fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of "
+                         "page copies held (a shorter --ctx or a policy that evicts holds less)",
+                     (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
+            return;
         }
-        if (expand) {
-            /* the step's rows: all heads side by side, converted to f16 below; positions patched in
-             * once staged */
-            dev_page *dp = &ci->h_pages[e];
-            memset(dp, 0, sizeof *dp);
-            dp->k = ci->cur16;
-            dp->v = ci->cur16 + n_cur * kvd;
-            dp->n = (int32_t)n_cur;
-            dp->stride = (int32_t)kvd;
-            dp->head_step = D;
-            dp->mask_off = -1;
-            cur_at[l] = e++;
+        dp->k = (const __half *)m->k;
+        dp->v = (const __half *)m->v;
+        dp->pos = m->pos;
+        dp->bias = pg->bias ? m->bias : NULL;
+        if (pg->mask) {
+            size_t nw = (size_t)(pg->n + 63) / 64;
+            memcpy(ci->h_masks + w, pg->mask, sizeof(uint64_t) * nw);
+            dp->mask_off = (int64_t)w;
+            w += nw;
         }
     }
-    if (expand) hp_new[a->n_head_kv] = e;
     if (ci->failed) return;   /* a page copy's upload failed */
-    const int64_t *hp = expand ? hp_new : a->head_pages;
     size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D, ncur = (size_t)(n_cur * kvd);
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
+    int expand = n_cur > 0;
     int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
     int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
     if (stage_reserve(ci, stage_size(sizeof(dev_page) * (size_t)e) + stage_size(sizeof(uint64_t) * w) +
@@ -848,7 +846,8 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         const float *dv = cv_bound ? (const float *)am_dev_in(&ci->act, a->cur_v, sizeof(float) * ncur)
                                    : (const float *)stage(ci, a->cur_v, sizeof(float) * ncur);
         if (!d_cur_pos || !dk || !dv) return;
-        for (int l = 0; l < n_lists; l++) ci->h_pages[cur_at[l]].pos = d_cur_pos;
+        for (int64_t i = 0; i < e; i++)
+            if (ci->h_pages[i].k == ci->cur16) ci->h_pages[i].pos = d_cur_pos;
         f32_to_f16<<<(unsigned)((ncur + 255) / 256), 256, 0, ci->stream>>>(dk, ci->cur16, (int64_t)ncur);
         f32_to_f16<<<(unsigned)((ncur + 255) / 256), 256, 0, ci->stream>>>(dv, ci->cur16 + ncur, (int64_t)ncur);
         if (ck(ci, cudaGetLastError(), "f32_to_f16")) return;
@@ -1150,6 +1149,7 @@ static void cuda_destroy(be_backend *b)
             free(ci->consts[i].seen);
         }
         free(ci->consts);
+        free(ci->rows_list);
         am_free(&ci->act);
         void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena, ci->cur16 };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
