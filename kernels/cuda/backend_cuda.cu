@@ -232,35 +232,36 @@ static int stage_reserve(cuda_impl *ci, size_t total)
     return 0;
 }
 
+/* Copy bytes of host memory through the arena to dst, or to the arena's own device bytes when dst
+ * is NULL (*where: the device address written). 0, or -1 (recorded). */
+static int arena_send(cuda_impl *ci, void *dst, const void *src, size_t bytes, void **where)
+{
+    if (stage_reserve(ci, stage_size(bytes))) return -1;
+    size_t off = ci->arena_off;
+    memcpy(ci->h_arena + off, src, bytes);
+    ci->bytes_up += bytes;
+    *where = dst ? dst : ci->d_arena + off;
+    if (ck(ci, cudaMemcpyAsync(*where, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "staging"))
+        return -1;
+    ci->arena_off = off + stage_size(bytes);
+    return 0;
+}
+
 /* Send bytes of host memory to the device without waiting; the device address is valid for work
  * issued on the stream before the next wait. An op staging several pieces reserves their room
  * first (stage_reserve), since making room here would free what it staged before. */
 static void *stage(cuda_impl *ci, const void *src, size_t bytes)
 {
-    size_t need = stage_size(bytes);
-    if (stage_reserve(ci, need)) return NULL;
-    size_t off = ci->arena_off;
-    memcpy(ci->h_arena + off, src, bytes);
-    ci->bytes_up += bytes;
-    if (ck(ci, cudaMemcpyAsync(ci->d_arena + off, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream),
-           "staging"))
-        return NULL;
-    ci->arena_off = off + need;
-    return ci->d_arena + off;
+    void *d = NULL;
+    return arena_send(ci, NULL, src, bytes, &d) ? NULL : d;
 }
 
 /* Copy host bytes to a device address without waiting, through the arena (the host bytes may
  * change as soon as this returns). 0, or -1 (recorded). */
 static int send_to(cuda_impl *ci, void *dst, const void *src, size_t bytes)
 {
-    if (ci->failed || stage_reserve(ci, stage_size(bytes))) return -1;
-    size_t off = ci->arena_off;
-    memcpy(ci->h_arena + off, src, bytes);
-    ci->bytes_up += bytes;
-    if (ck(ci, cudaMemcpyAsync(dst, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "upload"))
-        return -1;
-    ci->arena_off = off + stage_size(bytes);
-    return 0;
+    void *d = NULL;
+    return ci->failed ? -1 : arena_send(ci, dst, src, bytes, &d);
 }
 
 /* ---------------------------------------------------------------- constant inputs */
