@@ -19,6 +19,7 @@
 #include "forward.h"
 #include "model.h"
 #include "policy.h"
+#include "sampler.h"
 #include "tokenizer.h"
 
 #define TD "../shared/testdata/"
@@ -67,12 +68,25 @@ static const float *in(be_backend *b, const float *p, size_t n)
     return d ? d : p;
 }
 
-/* The twin of an op's output, with the host copy spoiled: it is stale until read back. */
-static float *out(be_backend *b, float *p, size_t n)
+/* The twin of a range an op reads and then writes (brought up to date first), or the host array. */
+static float *inout(be_backend *b, float *p, size_t n)
 {
     float *d = am_dev_out(&sh(b)->t, p, n * sizeof(float));
-    if (!d) return p;
+    return d ? d : p;
+}
+
+/* A bound range's host copy after an op wrote its twin: stale until read back, so NaN. */
+static void spoil(be_backend *b, float *p, size_t n)
+{
+    if (!am_bound(&sh(b)->t, p, n * sizeof(float))) return;
     for (size_t i = 0; i < n; i++) p[i] = NAN;
+}
+
+/* The twin of an op's output, with the host copy spoiled (the op writes all of it, reads none). */
+static float *out(be_backend *b, float *p, size_t n)
+{
+    float *d = inout(b, p, n);
+    spoil(b, p, n);
     return d;
 }
 
@@ -93,29 +107,26 @@ static void s_rmsnorm(be_backend *b, const float *x, const float *w, float *y, i
     if (skip(b)) return;
     size_t n = (size_t)(rows * dim);
     const float *dx = x == y ? NULL : in(b, x, n);
-    float *dy = out(b, y, n);
+    float *dy = x == y ? inout(b, y, n) : out(b, y, n);
     sh(b)->cpu->ops->rmsnorm(sh(b)->cpu, dx ? dx : dy, w, dy, rows, dim, eps);
+    if (x == y) spoil(b, y, n);
 }
 
 static void s_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float fb,
                    float fs, int neox)
 {
     if (skip(b)) return;
-    /* in place: the twin is brought up to date by am_dev_out, the host copy spoiled after */
-    float *dx = am_dev_out(&sh(b)->t, x, sizeof(float) * (size_t)(n_tok * n_heads * head_dim));
-    sh(b)->cpu->ops->rope(sh(b)->cpu, dx ? dx : x, n_tok, n_heads, head_dim, pos, fb, fs, neox);
-    if (dx)
-        for (int64_t i = 0; i < n_tok * n_heads * head_dim; i++) x[i] = NAN;
+    size_t n = (size_t)(n_tok * n_heads * head_dim);
+    sh(b)->cpu->ops->rope(sh(b)->cpu, inout(b, x, n), n_tok, n_heads, head_dim, pos, fb, fs, neox);
+    spoil(b, x, n);
 }
 
 static void s_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
 {
     if (skip(b)) return;
     const float *du = in(b, up, (size_t)n);
-    float *dg = am_dev_out(&sh(b)->t, gate, sizeof(float) * (size_t)n);
-    sh(b)->cpu->ops->glu(sh(b)->cpu, dg ? dg : gate, du, n, gelu);
-    if (dg)
-        for (int64_t i = 0; i < n; i++) gate[i] = NAN;
+    sh(b)->cpu->ops->glu(sh(b)->cpu, inout(b, gate, (size_t)n), du, n, gelu);
+    spoil(b, gate, (size_t)n);
 }
 
 /* Embedding rows are written on the host, as the CUDA backend does. */
@@ -151,19 +162,15 @@ static void s_add(be_backend *b, float *x, const float *y, int64_t n)
 {
     if (skip(b)) return;
     const float *dy = in(b, y, (size_t)n);
-    float *dx = am_dev_out(&sh(b)->t, x, sizeof(float) * (size_t)n);
-    sh(b)->cpu->ops->add(sh(b)->cpu, dx ? dx : x, dy, n);
-    if (dx)
-        for (int64_t i = 0; i < n; i++) x[i] = NAN;
+    sh(b)->cpu->ops->add(sh(b)->cpu, inout(b, x, (size_t)n), dy, n);
+    spoil(b, x, (size_t)n);
 }
 
 static void s_scale(be_backend *b, float *x, int64_t n, float s)
 {
     if (skip(b)) return;
-    float *dx = am_dev_out(&sh(b)->t, x, sizeof(float) * (size_t)n);
-    sh(b)->cpu->ops->scale(sh(b)->cpu, dx ? dx : x, n, s);
-    if (dx)
-        for (int64_t i = 0; i < n; i++) x[i] = NAN;
+    sh(b)->cpu->ops->scale(sh(b)->cpu, inout(b, x, (size_t)n), n, s);
+    spoil(b, x, (size_t)n);
 }
 
 static void s_bounds(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn, const float *const *mx,
@@ -281,9 +288,7 @@ static float *run(const model *m, be_backend *b, const char *spec)
     cr_assert(fwd_eval(f, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
     for (int s = 1; s <= STEPS; s++) {
         const float *l = all + (size_t)(s - 1) * nv;
-        int32_t best = 0;
-        for (int32_t i = 1; i < nv; i++)
-            if (l[i] > l[best]) best = i;
+        int32_t best = samp_argmax(l, nv);
         cr_assert(fwd_decode(f, best, all + (size_t)s * nv, NULL, err, sizeof err) == 0, "%s", err);
     }
     memset(&last_stats, 0, sizeof last_stats);
@@ -344,12 +349,8 @@ static void compare(const char *file, const char *spec, int exact)
                   file, spec ? spec : "no policy", worst / big);
         for (int st = 0; st <= STEPS; st++) {
             const float *x = a + (size_t)st * nv, *y = s + (size_t)st * nv;
-            int32_t bx = 0, by = 0;
-            for (int32_t i = 1; i < nv; i++) {
-                if (x[i] > x[bx]) bx = i;
-                if (y[i] > y[by]) by = i;
-            }
-            cr_expect_eq(bx, by, "%s under %s: step %d's top token differs", file, spec ? spec : "no policy", st);
+            cr_expect_eq(samp_argmax(x, nv), samp_argmax(y, nv), "%s under %s: step %d's top token differs", file,
+                         spec ? spec : "no policy", st);
         }
     }
     /* the last decode step waited once a layer, or once in all when its K/V rows were deferred */
@@ -410,9 +411,7 @@ Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
     cr_expect_eq(fwd_pos(f), 0, "the failed prefill left %lld tokens in the cache", (long long)fwd_pos(f));
     cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
     cr_expect(!memcmp(l, want, sizeof(float) * (size_t)nv), "the retried prefill's logits differ");
-    int32_t best = 0;
-    for (int32_t i = 1; i < nv; i++)
-        if (l[i] > l[best]) best = i;
+    int32_t best = samp_argmax(l, nv);
     sh(shd)->fail_at = sh(shd)->ops + 1 + 11 * m->hp.n_layer + 1;   /* embedding, every layer, the final norm */
     cr_expect_eq(fwd_decode(f, best, l, NULL, err, sizeof err), -1);
     cr_expect_eq(fwd_pos(f), (int64_t)n, "the failed step left its token in the cache");
