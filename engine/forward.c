@@ -46,17 +46,15 @@ struct fwd_ctx {
     int64_t st_pages_total;
     float *kall, *vall;        /* [n_layer][kvd]: a deferred decode step's K/V rows, every layer's */
     int n_bound;               /* scratch buffers bound to the backend so far */
-    float *bound[11];
 };
 
 #define N_BOUND 11
 
 /* The scratch buffers the backend may keep on a device, in one order for bind and unbind. */
-static float **bound_bufs(fwd_ctx *f)
+static void bound_bufs(const fwd_ctx *f, float *out[N_BOUND])
 {
     float *l[N_BOUND] = { f->x, f->h, f->o, f->q, f->att, f->k, f->v, f->gate, f->up, f->kall, f->vall };
-    memcpy(f->bound, l, sizeof l);
-    return f->bound;
+    memcpy(out, l, sizeof l);
 }
 
 static double now_ms(void)
@@ -144,7 +142,8 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     size_t sz[N_BOUND] = { B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * HD, B * HD,
                            B * (size_t)kvd, B * (size_t)kvd, B * (size_t)hp->n_ff, B * (size_t)hp->n_ff,
                            (size_t)hp->n_layer * (size_t)kvd, (size_t)hp->n_layer * (size_t)kvd };
-    float **bufs = bound_bufs(f);
+    float *bufs[N_BOUND];
+    bound_bufs(f, bufs);
     for (int i = 0; i < N_BOUND; i++) {
         if (be_bind(b, bufs[i], sz[i] * sizeof(float), err, errlen)) {
             fwd_free(f);
@@ -158,7 +157,8 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
 void fwd_free(fwd_ctx *f)
 {
     if (!f) return;
-    float **bufs = bound_bufs(f);
+    float *bufs[N_BOUND];
+    bound_bufs(f, bufs);
     for (int i = 0; i < f->n_bound; i++) be_unbind(f->b, bufs[i]);
     kv_free(f->kv);
     free(f->x);
