@@ -13,8 +13,8 @@ endif
 OPT     ?= -O2
 SAN     ?=
 CWARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
-CFLAGS_ALL = -std=c11 $(OPT) -g $(CWARN) -D_GNU_SOURCE -pthread -Iengine -Iengine/policy -Ikernels -Ikernels/cpu -Istore -Iapp -Iui $(SAN) $(CFLAGS)
-CXXFLAGS_ALL = -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Iengine $(SAN) $(CXXFLAGS)
+CFLAGS_ALL = -std=c11 $(OPT) -g $(CWARN) -D_GNU_SOURCE -pthread -I. $(SAN) $(CFLAGS)
+CXXFLAGS_ALL = -std=c++17 $(OPT) -g -Wall -Wextra -Werror -I. $(SAN) $(CXXFLAGS)
 # SIMD kernels live in *_avx2.c files and are the only ones compiled for AVX2; the choice between
 # them and the portable kernels is made at run time (kernels/cpu/vec_dot.c). Their functions and
 # loops start on 64-byte boundaries: left to the default, prefill speed moved by 5-10% from one
@@ -24,7 +24,7 @@ LDLIBS_ALL = -lsentencepiece -lsqlite3 -lnettle -lncursesw -lstdc++ -lm -pthread
 NVCC      ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 # sm_80 (A100) and sm_90 (H100/H200) code, and PTX for newer devices
-NVFLAGS   = -std=c++17 -O2 -g -Iengine -Ikernels -Ikernels/cpu -gencode arch=compute_80,code=sm_80 \
+NVFLAGS   = -std=c++17 -O2 -g -I. -gencode arch=compute_80,code=sm_80 \
             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror
 ifeq ($(CUDA),1)
@@ -32,7 +32,7 @@ CFLAGS_ALL += -DKVCHAT_CUDA
 LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
 
-ENGINE_C  := $(wildcard engine/*.c) $(wildcard engine/policy/*.c) $(wildcard store/*.c)
+ENGINE_C  := $(wildcard common/*.c) $(wildcard engine/*.c) $(wildcard engine/policy/*.c) $(wildcard store/*.c)
 ENGINE_CXX:= $(wildcard engine/*.cpp)
 KERNEL_C  := $(wildcard kernels/cpu/*.c) kernels/page_copies.c kernels/act_mirror.c kernels/attn_rows.c kernels/block_pool.c kernels/weight_f16.c kernels/synthetic_shapes.c
 KERNEL_CU := $(wildcard kernels/cuda/*.cu)
@@ -50,6 +50,8 @@ GPU_T_C   := $(wildcard tests/gpu/test_*.c) $(REF_GATE_C)
 LIB_OBJ  := $(ENGINE_C:%.c=$(BUILD)/%.o) $(ENGINE_CXX:%.cpp=$(BUILD)/%.o) $(KERNEL_C:%.c=$(BUILD)/%.o) \
             $(KERNEL_CU:%.cu=$(BUILD)/%.o)
 APP_OBJ  := $(APP_C:%.c=$(BUILD)/%.o)
+# The front ends' objects without main(), linked into the unit tests that test app/ and ui/ modules
+FRONT_OBJ := $(filter-out $(BUILD)/app/main.o,$(APP_OBJ))
 UNIT_OBJ := $(UNIT_C:%.c=$(BUILD)/%.o)
 MODEL_T_OBJ := $(MODEL_T_C:%.c=$(BUILD)/%.o)
 GPU_T_OBJ := $(GPU_T_C:%.c=$(BUILD)/%.o)
@@ -113,9 +115,9 @@ $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(UNIT_BIN): $(UNIT_OBJ) $(LIB)
+$(UNIT_BIN): $(UNIT_OBJ) $(FRONT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) -o $@ $(UNIT_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
+	$(CC) -o $@ $(UNIT_OBJ) $(FRONT_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
 
 $(GPU_BIN): $(GPU_T_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -158,19 +160,19 @@ asan:
 
 FUZZ_SECONDS ?= 60
 FUZZ_BIN := build-fuzz/fuzz_gguf
-$(FUZZ_BIN): fuzz/fuzz_gguf.c engine/gguf.c engine/quant.c engine/gguf.h engine/quant.h
+$(FUZZ_BIN): fuzz/fuzz_gguf.c engine/gguf.c common/quant.c engine/gguf.h common/quant.h
 	@mkdir -p build-fuzz
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -Iengine -fsanitize=fuzzer,address,undefined \
-		fuzz/fuzz_gguf.c engine/gguf.c engine/quant.c -lm -o $@
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
+		fuzz/fuzz_gguf.c engine/gguf.c common/quant.c -lm -o $@
 
 # The snapshot fuzzer needs the whole engine (the parser restores into a live sequence), built
 # with clang, libFuzzer and the sanitizers.
 FUZZ_SNAP := build-fuzz/fuzz_snapshot
 FUZZ_ENGINE_C := $(ENGINE_C) $(filter-out %_avx2.c,$(KERNEL_C))
-$(FUZZ_SNAP): fuzz/fuzz_snapshot.c $(FUZZ_ENGINE_C) $(ENGINE_CXX) $(wildcard engine/*.h engine/policy/*.h kernels/*.h kernels/cpu/*.h)
+$(FUZZ_SNAP): fuzz/fuzz_snapshot.c $(FUZZ_ENGINE_C) $(ENGINE_CXX) $(wildcard common/*.h engine/*.h engine/policy/*.h kernels/*.h kernels/cpu/*.h)
 	@mkdir -p build-fuzz
-	clang++ -std=c++17 -g -O1 -Iengine -fsanitize=address,undefined -fno-sanitize=vptr -c engine/spm_shim.cpp -o build-fuzz/spm_shim.o
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -Iengine -Iengine/policy -Ikernels -Ikernels/cpu -Istore \
+	clang++ -std=c++17 -g -O1 -I. -fsanitize=address,undefined -fno-sanitize=vptr -c engine/spm_shim.cpp -o build-fuzz/spm_shim.o
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. \
 		-fsanitize=fuzzer,address,undefined fuzz/fuzz_snapshot.c $(FUZZ_ENGINE_C) kernels/cpu/vec_dot_avx2.c \
 		$(AVX2FLAGS) build-fuzz/spm_shim.o -lsentencepiece -lsqlite3 -lnettle -lstdc++ -lm -pthread -o $@
 

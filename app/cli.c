@@ -1,5 +1,5 @@
 /* cli.c - helpers shared by the subcommands (see cli.h). */
-#include "cli.h"
+#include "app/cli.h"
 
 #include <errno.h>
 #include <math.h>
@@ -12,11 +12,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "chat.h"
-#include "quant.h"
-#include "store.h"
-#include "tokenizer.h"
-#include "vec_dot.h"
+#include "engine/chat.h"
+#include "common/quant.h"
+#include "store/store.h"
+#include "engine/tokenizer.h"
+#include "kernels/cpu/vec_dot.h"
 
 volatile sig_atomic_t cli_interrupted = 0;
 

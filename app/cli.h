@@ -9,13 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "forward.h"
-#include "model.h"
-#include "policy.h"
-#include "generate.h"
-#include "sampler.h"
-#include "uncertainty.h"
+#include "kernels/backend.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/policy/policy.h"
+#include "engine/generate.h"
+#include "engine/sampler.h"
+#include "engine/uncertainty.h"
 
 enum { CLI_DEV_AUTO, CLI_DEV_CPU, CLI_DEV_CUDA };
 

@@ -4,12 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
-#include "cli.h"
-#include "commands.h"
-#include "session.h"
-#include "snapshot.h"
-#include "tokenizer.h"
+#include "engine/chat.h"
+#include "app/cli.h"
+#include "app/commands.h"
+#include "app/session.h"
+#include "engine/snapshot.h"
+#include "engine/tokenizer.h"
 
 static void usage(void)
 {

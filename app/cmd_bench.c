@@ -12,15 +12,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "synthetic.h"
-#include "evalplot.h"
-#include "evalres.h"
-#include "snapshot.h"
-#include "store.h"
-#include "commands.h"
-#include "tokenizer.h"
-#include "vec_dot.h"
+#include "app/cli.h"
+#include "kernels/synthetic.h"
+#include "app/evalplot.h"
+#include "app/evalres.h"
+#include "engine/snapshot.h"
+#include "store/store.h"
+#include "app/commands.h"
+#include "engine/tokenizer.h"
+#include "kernels/cpu/vec_dot.h"
 
 static void cpu_name(char *buf, size_t cap)
 {

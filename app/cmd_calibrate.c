@@ -13,12 +13,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "chelsea.h"
-#include "cli.h"
-#include "commands.h"
-#include "docgen.h"
-#include "session.h"
-#include "store.h"
+#include "engine/policy/chelsea.h"
+#include "app/cli.h"
+#include "app/commands.h"
+#include "app/docgen.h"
+#include "app/session.h"
+#include "store/store.h"
 
 static void usage(void)
 {

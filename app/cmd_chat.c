@@ -8,10 +8,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "chat.h"
-#include "cli.h"
-#include "commands.h"
-#include "tokenizer.h"
+#include "engine/chat.h"
+#include "app/cli.h"
+#include "app/commands.h"
+#include "engine/tokenizer.h"
 
 typedef struct convo {
     chat_msg *msgs;

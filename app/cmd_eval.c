@@ -20,12 +20,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "commands.h"
-#include "evalplot.h"
-#include "evalres.h"
-#include "session.h"
-#include "tasks.h"
+#include "app/cli.h"
+#include "app/commands.h"
+#include "app/evalplot.h"
+#include "app/evalres.h"
+#include "app/session.h"
+#include "app/tasks.h"
 
 static void usage(void)
 {

@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
-#include "cli.h"
-#include "commands.h"
-#include "tokenizer.h"
+#include "engine/chat.h"
+#include "app/cli.h"
+#include "app/commands.h"
+#include "engine/tokenizer.h"
 
 static void usage(void)
 {

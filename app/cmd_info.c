@@ -3,10 +3,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "chat.h"
-#include "cli.h"
-#include "commands.h"
-#include "quant.h"
+#include "engine/chat.h"
+#include "app/cli.h"
+#include "app/commands.h"
+#include "common/quant.h"
 
 int cmd_info(int argc, char **argv)
 {

@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "commands.h"
-#include "tokenizer.h"
+#include "app/cli.h"
+#include "app/commands.h"
+#include "engine/tokenizer.h"
 
 static void usage(void)
 {

@@ -5,10 +5,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "commands.h"
-#include "session.h"
-#include "store.h"
+#include "app/cli.h"
+#include "app/commands.h"
+#include "app/session.h"
+#include "store/store.h"
 
 static void usage(void)
 {

@@ -5,10 +5,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "commands.h"
-#include "config.h"
-#include "tui.h"
+#include "app/cli.h"
+#include "app/commands.h"
+#include "ui/config.h"
+#include "ui/tui.h"
 
 int cmd_tui(int argc, char **argv)
 {

@@ -1,5 +1,5 @@
 /* docgen.c - seeded filler documents with a planted pass key. */
-#include "docgen.h"
+#include "app/docgen.h"
 
 #include <stdio.h>
 #include <stdlib.h>

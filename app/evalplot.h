@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "evalres.h"
+#include "app/evalres.h"
 
 enum { PLOT_MAX_POINTS = 64 };
 

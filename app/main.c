@@ -4,7 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "commands.h"
+#include "app/commands.h"
 
 static void usage(FILE *out)
 {

@@ -1,5 +1,5 @@
 /* session.c - sessions in the store, for ask (and the TUI). */
-#include "session.h"
+#include "app/session.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -7,9 +7,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "chat.h"
-#include "snapshot.h"
-#include "tokenizer.h"
+#include "engine/chat.h"
+#include "engine/snapshot.h"
+#include "engine/tokenizer.h"
 
 store *sess_db_open(const char *path)
 {

@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <stdint.h>
 
-#include "cli.h"
-#include "store.h"
+#include "app/cli.h"
+#include "store/store.h"
 
 /* --db PATH, else the default location. NULL after printing a one-line error. */
 store *sess_db_open(const char *path);

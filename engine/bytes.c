@@ -1,5 +1,5 @@
 /* bytes.c - serialization buffer and checked reader. */
-#include "bytes.h"
+#include "engine/bytes.h"
 
 #include <stdlib.h>
 #include <string.h>

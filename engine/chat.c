@@ -1,6 +1,6 @@
 /* chat.c - chat templates (see chat.h): the turn formats Gemma, Llama 2, Mistral and Zephyr models were
  * trained on, rendered as text with their special markers. */
-#include "chat.h"
+#include "engine/chat.h"
 
 #include <ctype.h>
 #include <stdarg.h>

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "gguf.h"
+#include "engine/gguf.h"
 
 enum chat_family { CHAT_GEMMA, CHAT_LLAMA2, CHAT_MISTRAL, CHAT_ZEPHYR };
 

@@ -4,7 +4,7 @@
  * against the cache, output projection, Gemma's post-norm, residual), then the gated FFN block (GeGLU
  * for Gemma, SwiGLU for Llama) the same way. Prefill runs in chunks of n_batch tokens; logits are
  * only computed for the positions someone asked for. */
-#include "forward.h"
+#include "engine/forward.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #define OUT_ROWS 16   /* rows of the vocabulary projection computed at once when all logits are wanted */
 #define MAX_PROBE 64  /* probe rows a prefill policy may append to a chunk (TAKE) */

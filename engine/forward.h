@@ -10,9 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "kvcache.h"
-#include "model.h"
+#include "kernels/backend.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
 
 typedef struct fwd_ctx fwd_ctx;
 

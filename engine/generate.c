@@ -1,11 +1,11 @@
 /* generate.c - sampling loop with the uncertainty monitor and page-level backtracking. */
-#include "generate.h"
+#include "engine/generate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 typedef struct gen_state {
     int32_t *tokens;         /* the answer so far */

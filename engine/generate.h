@@ -17,10 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "forward.h"
-#include "sampler.h"
-#include "tokenizer.h"
-#include "uncertainty.h"
+#include "engine/forward.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "engine/uncertainty.h"
 
 typedef struct gen_opts {
     int64_t n_predict;

@@ -3,7 +3,7 @@
  * Parsing is a single forward pass over the mapped bytes through a bounds-checked cursor; every count
  * is compared with the bytes that remain before anything is allocated for it, so a corrupt or hostile
  * file costs at most its own size in memory and ends in a one-line error. */
-#include "gguf.h"
+#include "engine/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "quant.h"
+#include "common/quant.h"
 
 typedef struct gguf_kv {
     gguf_str key;

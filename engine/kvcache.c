@@ -3,16 +3,16 @@
  * A page is one allocation: K and V rows, positions, log-degrees and the three summary vectors.
  * Freed pages stay on a short free list for reuse (a decode step that crosses a page boundary would
  * otherwise call malloc on every layer); the list is capped so eviction gives memory back. */
-#include "kvcache.h"
+#include "engine/kvcache.h"
 
 #include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bytes.h"
-#include "quant.h"
-#include "vec_dot.h"
+#include "engine/bytes.h"
+#include "common/quant.h"
+#include "kernels/backend.h"
 
 #define FREE_LIST_MAX 64
 
@@ -245,8 +245,8 @@ int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, 
             }
         }
         uint16_t *kr = p->k + (size_t)p->n * R, *vr = p->v + (size_t)p->n * R;
-        vd_f32_to_f16((int64_t)R, k + (size_t)t * (size_t)stride, kr);
-        vd_f32_to_f16((int64_t)R, v + (size_t)t * (size_t)stride, vr);
+        be_host_f32_to_f16((int64_t)R, k + (size_t)t * (size_t)stride, kr);
+        be_host_f32_to_f16((int64_t)R, v + (size_t)t * (size_t)stride, vr);
         p->pos[p->n] = (int32_t)(p0 + t);
         p->logdeg[p->n] = 0;
         p->n++;
@@ -452,8 +452,8 @@ int kv_rebuild_head(kv_cache *kv, int il, int h, const float *k, const float *v,
     for (int64_t j = 0; j < n; j++) {
         kv_page *dp = np[j / P];
         uint16_t *kr = dp->k + (size_t)dp->n * R;
-        vd_f32_to_f16((int64_t)R, k + (size_t)j * R, kr);
-        vd_f32_to_f16((int64_t)R, v + (size_t)j * R, dp->v + (size_t)dp->n * R);
+        be_host_f32_to_f16((int64_t)R, k + (size_t)j * R, kr);
+        be_host_f32_to_f16((int64_t)R, v + (size_t)j * R, dp->v + (size_t)dp->n * R);
         dp->pos[dp->n] = pos[j];
         dp->logdeg[dp->n] = logdeg ? logdeg[j] : 0.0f;
         if (dp->logdeg[dp->n] != 0) dp->merged = 1;

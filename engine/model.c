@@ -3,7 +3,7 @@
  * Metadata keys and tensor names follow ../shared/docs/model-facts.md sections 1.5 and 2; defaults for
  * absent keys are the ones the reference implementation uses, so files load the same way there and
  * here. Weights are not copied: be_weight points into the read-only mapping. */
-#include "model.h"
+#include "engine/model.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -12,7 +12,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "quant.h"
+#include "common/quant.h"
 
 typedef struct loader {
     model *m;

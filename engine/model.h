@@ -10,9 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "kernels/backend.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer.h"
 
 enum model_arch { ARCH_LLAMA, ARCH_GEMMA3 };
 

@@ -4,7 +4,7 @@
  * temperature, softmax, one draw. The full vocabulary (262144 for Gemma) is never sorted: candidates
  * are cut to top-k by partial selection (or, with top-k off, to the tokens that can survive min-p)
  * before anything is sorted. RNG: xoshiro256** seeded through splitmix64. */
-#include "sampler.h"
+#include "engine/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>

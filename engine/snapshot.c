@@ -1,5 +1,5 @@
 /* snapshot.c - serialize and restore a sequence (see snapshot.h). */
-#include "snapshot.h"
+#include "engine/snapshot.h"
 
 #include <errno.h>
 #include <nettle/sha2.h>
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bytes.h"
-#include "policy.h"
+#include "engine/bytes.h"
+#include "engine/policy/policy.h"
 
 static const char MAGIC[8] = { 'K', 'V', 'C', 'H', 'A', 'T', 'S', 'N' };
 #define BOM 0x01020304u

@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "forward.h"
-#include "sampler.h"
+#include "engine/forward.h"
+#include "engine/sampler.h"
 
 #define SNAP_VERSION 1
 

@@ -1,7 +1,7 @@
 // spm_shim.cpp - extern "C" wrapper over libsentencepiece (see spm_shim.h). Kept deliberately thin:
 // every tokenization decision lives in tokenizer.c; this file only crosses the language boundary and
 // turns C++ exceptions and Status values into error strings.
-#include "spm_shim.h"
+#include "engine/spm_shim.h"
 
 #include <sentencepiece_processor.h>
 

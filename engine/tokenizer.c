@@ -5,13 +5,13 @@
  * normalizer whose add_dummy_prefix follows tokenizer.ggml.add_space_prefix. Special-token texts are
  * split out here before SentencePiece sees the text, fragment by fragment, which reproduces the
  * reference tokenizer's "space prefix after every special token" rule. */
-#include "tokenizer.h"
+#include "engine/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "spm_shim.h"
+#include "engine/spm_shim.h"
 
 struct tok_vocab {
     int32_t n;

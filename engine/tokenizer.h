@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gguf.h"
+#include "engine/gguf.h"
 
 typedef struct tok_vocab tok_vocab;
 

@@ -1,5 +1,5 @@
 /* uncertainty.c - per-token entropy bookkeeping, page statistics, thresholds and the event log. */
-#include "uncertainty.h"
+#include "engine/uncertainty.h"
 
 #include <errno.h>
 #include <math.h>

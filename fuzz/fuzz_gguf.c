@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "engine/gguf.h"
 
 static volatile uint64_t sink;
 

@@ -12,12 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "forward.h"
-#include "model.h"
-#include "policy.h"
-#include "sampler.h"
-#include "snapshot.h"
+#include "kernels/backend.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/policy/policy.h"
+#include "engine/sampler.h"
+#include "engine/snapshot.h"
 
 #define MODEL "../shared/testdata/tiny/tiny-gemma3-f16.gguf"
 #define SPEC "h2o:budget=0.5+chess:every=1"

@@ -1,5 +1,5 @@
 /* act_mirror.c - device twins of activation buffers and who holds their newest bytes (act_mirror.h). */
-#include "act_mirror.h"
+#include "kernels/act_mirror.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* attn_rows.c - a deferred decode step's own K/V rows as one more page per KV head (backend.h). */
-#include "backend.h"
+#include "kernels/backend.h"
 
 #include <string.h>
 

@@ -174,6 +174,10 @@ static inline int be_failed(be_backend *b, char *err, size_t errlen)
 int64_t be_attn_rows_len(const be_attn *a);
 int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
                           be_kv_page *out, int64_t *hp);
+/* Rows the engine keeps on the host in f16 (its KV cache, a policy's scoring of cached keys): the
+ * CPU's kernels, whichever backend runs the model. f32 -> f16 rounds to nearest even. */
+void be_host_f32_to_f16(int64_t n, const float *x, uint16_t *y);
+float be_host_dot_f32_f16(int64_t n, const float *a, const uint16_t *b);
 /* 1 if this backend can multiply weights of this type. */
 int be_supports_weight(const be_backend *b, uint32_t type);
 

@@ -1,5 +1,5 @@
 /* block_pool.c - fixed-size blocks from large device allocations (block_pool.h). */
-#include "block_pool.h"
+#include "kernels/block_pool.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,8 +2,8 @@
  * and how to get a build that has one. `make CUDA=1` compiles kernels/cuda/backend_cuda.cu instead. */
 #include <stdio.h>
 
-#include "backend.h"
-#include "synthetic.h"
+#include "kernels/backend.h"
+#include "kernels/synthetic.h"
 
 int be_cuda_devices(void) { return 0; }
 

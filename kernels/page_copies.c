@@ -1,5 +1,5 @@
 /* page_copies.c - device copies of KV pages, kept current by content generations (see page_copies.h). */
-#include "page_copies.h"
+#include "kernels/page_copies.h"
 
 #include <stdlib.h>
 #include <string.h>

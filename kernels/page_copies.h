@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 typedef struct pc_device {
     void *ud;

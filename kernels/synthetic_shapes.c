@@ -1,6 +1,6 @@
 /* synthetic_shapes.c - the model shapes `kvchat bench --synthetic` knows (kernels/synthetic.h);
  * plain C, so both builds can name them in their messages. */
-#include "synthetic.h"
+#include "kernels/synthetic.h"
 
 #include <string.h>
 

@@ -1,9 +1,9 @@
 /* weight_f16.c - weight rows dequantized and rounded to f16 in parallel (weight_f16.h). */
-#include "weight_f16.h"
+#include "kernels/weight_f16.h"
 
 #include <stdlib.h>
 
-#include "quant.h"
+#include "common/quant.h"
 
 #define ROWS_PER_TASK 16
 

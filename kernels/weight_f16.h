@@ -10,8 +10,8 @@
 
 #include <stdint.h>
 
-#include "backend.h"
-#include "threadpool.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/threadpool.h"
 
 /* Rows [r0, r1) of w into out[(r1 - r0) * w->n_in], split over pool (NULL: on this thread).
  * 0, or -1 when out of memory. */

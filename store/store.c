@@ -1,5 +1,5 @@
 /* store.c - the sqlite database behind sessions, messages and snapshots. */
-#include "store.h"
+#include "store/store.h"
 
 #include <errno.h>
 #include <sqlite3.h>

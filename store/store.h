@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "uncertainty.h"
+#include "engine/uncertainty.h"
 
 typedef struct store store;
 

@@ -1,7 +1,7 @@
 /* ref_gate.c - the reference checker behind ref_gate.h, compared the way the testdata README says:
  * prompt ids identical; with the reference's greedy ids fed back, top-1 identical at every position
  * and step except genuine ties, and the top logit within tol relative to max(1, |logit|). */
-#include "ref_gate.h"
+#include "tests/ref_gate.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
 
 #define REF_STEPS 32
 

@@ -5,7 +5,7 @@
 #ifndef KVCHAT_REF_GATE_H
 #define KVCHAT_REF_GATE_H
 
-#include "backend.h"
+#include "kernels/backend.h"
 
 /* Top-logit tolerances relative to max(1, |logit|), as the README gives them. */
 #define REF_GATE_F16_TOL 5e-3f

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "act_mirror.h"
+#include "kernels/act_mirror.h"
 
 typedef struct fake {
     int allocs, waits, uploads, downloads;

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "block_pool.h"
+#include "kernels/block_pool.h"
 
 typedef struct dev {
     int live, fail;

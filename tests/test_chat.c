@@ -9,9 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "chat.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "engine/chat.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer.h"
 
 #define TD "../shared/testdata/"
 #define NMSG(a) (sizeof(a) / sizeof((a)[0]))

@@ -3,8 +3,7 @@
  * resume lookup, the Markdown summary, a plot, and `kvchat eval` end to end on a tiny model (bad
  * input, and a second run skipping every row the first one wrote).
  *
- * The app/ modules are compiled into this test directly: the unit-test binary links the engine
- * library only, and these modules need nothing else. */
+ * The unit-test binary links the app/ and ui/ objects (all but main.o). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,10 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../app/docgen.c"
-#include "../app/evalplot.c"
-#include "../app/evalres.c"
-#include "../app/tasks.c"
+#include "app/docgen.h"
+#include "app/evalplot.h"
+#include "app/evalres.h"
+#include "app/tasks.h"
 
 #define TD "../shared/testdata/"
 

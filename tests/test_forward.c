@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "forward.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "kernels/backend.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
 
 #define TD "../shared/testdata/"
 

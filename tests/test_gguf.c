@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "quant.h"
+#include "engine/gguf.h"
+#include "common/quant.h"
 
 #define TD "../shared/testdata/"
 

@@ -8,9 +8,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "quant.h"
-#include "vec_dot.h"
+#include "kernels/backend.h"
+#include "common/quant.h"
+#include "kernels/cpu/vec_dot.h"
 
 static uint64_t rng_state;
 static uint64_t seed_rng(const char *what)

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "kvcache.h"
-#include "quant.h"
+#include "kernels/backend.h"
+#include "engine/kvcache.h"
+#include "common/quant.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float frand(void)
@@ -288,7 +288,7 @@ Test(kvcache, attention_over_any_page_list_equals_the_reference)
     be_free(b);
 }
 
-#include "vec_dot.h"
+#include "kernels/cpu/vec_dot.h"
 
 Test(kvcache, quest_bound_and_f16_helpers_match_plain_loops)
 {

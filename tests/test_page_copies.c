@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "page_copies.h"
+#include "kernels/page_copies.h"
 
 typedef struct fake_dev {
     int64_t allocs, releases, live;

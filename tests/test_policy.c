@@ -12,12 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "forward.h"
-#include "kvcache.h"
-#include "model.h"
-#include "policy.h"
-#include "tokenizer.h"
+#include "kernels/backend.h"
+#include "engine/forward.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/policy/policy.h"
+#include "engine/tokenizer.h"
 
 #define TD "../shared/testdata/"
 
@@ -492,7 +492,7 @@ Test(policy, take_bounds_the_prefill_cache_by_chunk_plus_budget)
     be_free(b);
 }
 
-#include "sentkv.h"
+#include "engine/policy/sentkv.h"
 
 Test(policy, sentkv_split_follows_the_boundary_scores)
 {
@@ -540,7 +540,7 @@ Test(policy, sentkv_with_room_for_everything_is_full_and_with_less_is_not)
     be_free(b);
 }
 
-#include "laser.h"
+#include "engine/policy/laser.h"
 
 Test(policy, laser_budget_formula)
 {
@@ -590,7 +590,7 @@ Test(policy, laser_keeps_sinks_recent_and_recalled_tokens_reproducibly)
     cr_expect(!strncmp(got[2], "0 1 ", 4) && strstr(got[2], "62 63"), "LSH-only: %s", got[2]);
 }
 
-#include "chelsea.h"
+#include "engine/policy/chelsea.h"
 
 Test(policy, chelsea_merges_into_degree_weighted_centroids)
 {

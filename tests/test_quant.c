@@ -15,8 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "quant.h"
-#include "vec_dot.h"
+#include "common/quant.h"
+#include "kernels/cpu/vec_dot.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>

@@ -6,9 +6,9 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 
-#include "backend.h"
-#include "ref_gate.h"
-#include "vec_dot.h"
+#include "kernels/backend.h"
+#include "tests/ref_gate.h"
+#include "kernels/cpu/vec_dot.h"
 
 #define TD "../shared/testdata"
 

@@ -14,13 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "act_mirror.h"
-#include "backend.h"
-#include "forward.h"
-#include "model.h"
-#include "policy.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "kernels/act_mirror.h"
+#include "kernels/backend.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/policy/policy.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
 
 #define TD "../shared/testdata/"
 

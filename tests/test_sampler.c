@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "sampler.h"
+#include "engine/sampler.h"
 
 static samp_params plain(float temp, uint64_t seed)
 {

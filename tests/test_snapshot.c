@@ -7,13 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "forward.h"
-#include "model.h"
-#include "policy.h"
-#include "sampler.h"
-#include "snapshot.h"
-#include "tokenizer.h"
+#include "kernels/backend.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/policy/policy.h"
+#include "engine/sampler.h"
+#include "engine/snapshot.h"
+#include "engine/tokenizer.h"
 
 #define TD "../shared/testdata/"
 #define SHA "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

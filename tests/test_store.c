@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "store.h"
+#include "store/store.h"
 
 /* In a forked child: let go of every descriptor inherited from the test runner (its event pipe),
  * so the child's death says nothing to the runner. */

@@ -14,8 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "tokenizer.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer.h"
 
 #define TD "../shared/testdata/"
 

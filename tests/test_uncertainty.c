@@ -9,14 +9,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "forward.h"
-#include "generate.h"
-#include "model.h"
-#include "policy.h"
-#include "sampler.h"
-#include "tokenizer.h"
-#include "uncertainty.h"
+#include "kernels/backend.h"
+#include "engine/forward.h"
+#include "engine/generate.h"
+#include "engine/model.h"
+#include "engine/policy/policy.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "engine/uncertainty.h"
 
 #define TD "../shared/testdata/"
 

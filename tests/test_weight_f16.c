@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
-#include "quant.h"
-#include "threadpool.h"
-#include "weight_f16.h"
+#include "engine/model.h"
+#include "common/quant.h"
+#include "kernels/cpu/threadpool.h"
+#include "kernels/weight_f16.h"
 
 #define TD "../shared/testdata/"
 

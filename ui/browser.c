@@ -1,5 +1,5 @@
 /* browser.c - the session browser (see browser.h). */
-#include "browser.h"
+#include "ui/browser.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "session.h"
+#include "app/session.h"
 
 static const char *base(const char *p)
 {

@@ -4,9 +4,9 @@
 #ifndef KVCHAT_UI_BROWSER_H
 #define KVCHAT_UI_BROWSER_H
 
-#include "menu.h"
-#include "store.h"
-#include "worker.h"
+#include "ui/menu.h"
+#include "store/store.h"
+#include "ui/worker.h"
 
 typedef struct browser {
     menu m;

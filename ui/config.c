@@ -1,5 +1,5 @@
 /* config.c - the interface's settings file (see config.h). */
-#include "config.h"
+#include "ui/config.h"
 
 #include <errno.h>
 #include <stdio.h>

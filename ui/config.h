@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cli.h"
-#include "keymap.h"
+#include "app/cli.h"
+#include "ui/keymap.h"
 
 /* What the interface colours, each settable as color.NAME = FG [on BG] (names black, red, green,
  * yellow, blue, magenta, cyan, white, default, or a number 0-255). */

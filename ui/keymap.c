@@ -1,7 +1,7 @@
 /* keymap.c - remappable keys of the interface (see keymap.h). Control keys are kept as their
  * character codes (1..26), everything else as ncurses key codes (KEY_F(n), KEY_PPAGE, ...), which
  * never overlap. */
-#include "keymap.h"
+#include "ui/keymap.h"
 
 #include <ncurses.h>
 #include <stdio.h>

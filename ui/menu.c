@@ -1,6 +1,6 @@
 /* menu.c - a framed list with a filter line and a prompt (see menu.h). */
 #define _XOPEN_SOURCE_EXTENDED 1
-#include "menu.h"
+#include "ui/menu.h"
 
 #include <ncurses.h>
 #include <stdarg.h>

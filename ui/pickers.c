@@ -1,5 +1,5 @@
 /* pickers.c - the policy picker, the settings and the file picker (see pickers.h). */
-#include "pickers.h"
+#include "ui/pickers.h"
 
 #include <dirent.h>
 #include <ncurses.h>
@@ -8,8 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "config.h"
-#include "policy.h"
+#include "ui/config.h"
+#include "engine/policy/policy.h"
 
 /* ---- policy picker ---- */
 

@@ -5,8 +5,8 @@
 #ifndef KVCHAT_UI_PICKERS_H
 #define KVCHAT_UI_PICKERS_H
 
-#include "menu.h"
-#include "worker.h"
+#include "ui/menu.h"
+#include "ui/worker.h"
 
 typedef struct policy_picker {
     menu m;

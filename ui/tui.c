@@ -6,7 +6,7 @@
  * redrawn 20 times a second from the worker's published view; keys are read with a 50 ms timeout,
  * so typing, scrolling and Ctrl-C work while tokens stream. */
 #define _XOPEN_SOURCE_EXTENDED 1
-#include "tui.h"
+#include "ui/tui.h"
 
 #include <locale.h>
 #include <ncurses.h>
@@ -15,11 +15,11 @@
 #include <string.h>
 #include <wchar.h>
 
-#include "browser.h"
-#include "config.h"
-#include "keymap.h"
-#include "pickers.h"
-#include "worker.h"
+#include "ui/browser.h"
+#include "ui/config.h"
+#include "ui/keymap.h"
+#include "ui/pickers.h"
+#include "ui/worker.h"
 
 enum { C_USER = 1, C_ANSWER, C_INFO, C_ERROR, C_BAR, C_HEAD, C_EVENT, C_MAP1, C_MAP2, C_MAP3, C_DIM };
 enum { E_USER, E_ANSWER, E_INFO, E_ERROR, E_EVENT, E_COMPARE };

@@ -5,8 +5,8 @@
 
 #include <stdint.h>
 
-#include "cli.h"
-#include "config.h"
+#include "app/cli.h"
+#include "ui/config.h"
 
 /* Run the interface until the user quits. With doc, open it (a new session); else continue session
  * (a name or id), else the most recent session, if any. cfg: answer length, colour (0: monochrome)

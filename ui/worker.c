@@ -1,5 +1,5 @@
 /* worker.c - the engine thread of the TUI (see worker.h). */
-#include "worker.h"
+#include "ui/worker.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -8,11 +8,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "chat.h"
-#include "session.h"
-#include "snapshot.h"
-#include "store.h"
-#include "tokenizer.h"
+#include "engine/chat.h"
+#include "app/session.h"
+#include "engine/snapshot.h"
+#include "store/store.h"
+#include "engine/tokenizer.h"
 
 enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_REGEN, JOB_SEEN, JOB_COMPARE, JOB_EDIT, JOB_POLICY, JOB_QUIT };
 #define QCAP 4096

@@ -10,8 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cli.h"
-#include "sampler.h"
+#include "app/cli.h"
+#include "engine/sampler.h"
 
 typedef enum { UW_TEXT, UW_PROGRESS, UW_DONE, UW_ERROR, UW_INFO, UW_EVENT, UW_PAST_USER, UW_PAST_ANSWER } uw_kind;
 

@@ -12,15 +12,15 @@
  * replaced. Saves memory. A few outlier heads (`outliers`, 4%) keep their full cache: those whose
  * keys are least similar along the sequence (chelsea_head_similarity, measured by kvchat calibrate
  * and handed in through pol_env.head_sim); without a calibration every head merges. */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "chelsea.h"
-#include "quant.h"
+#include "engine/policy/chelsea.h"
+#include "common/quant.h"
 
 enum { P_BUDGET, P_GAP, P_SINKS, P_RECENT, P_CHUNK, P_OUTLIERS };
 

@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "kvcache.h"
+#include "engine/kvcache.h"
 
 /* Merge T tokens (keys and values [T][D], positions, degrees) down to target by chunked soft
  * matching, keeping the first `sinks` and last `recent` aside; rows are compacted in place and the

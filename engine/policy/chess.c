@@ -10,14 +10,14 @@
  *   sink pages + selected pages + every page from the recent window onwards
  * by page index, without copying. Between reconstructions the selection stays fixed. Selection
  * only: every page stays in memory. */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "pol_util.h"
+#include "engine/policy/pol_util.h"
 
 enum { P_PRESET, P_RHO_G, P_RHO_C, P_RHO_P, P_BUDGET, P_SINK, P_WINDOW, P_CHUNK, P_GRID, P_EVERY, P_SCORE };
 

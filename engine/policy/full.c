@@ -1,5 +1,5 @@
 /* full.c - the full cache: every decode step attends to every token (the reference policy). */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <stdio.h>
 

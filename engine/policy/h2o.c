@@ -4,13 +4,13 @@
  * Per global layer and KV head (the query heads sharing a KV head add their attention). The prompt
  * is evicted down to the budget at its end; while decoding, each step that takes a head over the
  * budget evicts its lowest-scoring tokens outside the recent window. Saves memory. */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "pol_util.h"
+#include "engine/policy/pol_util.h"
 
 enum { P_BUDGET, P_RECENT };
 

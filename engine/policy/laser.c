@@ -12,16 +12,16 @@
  *     SimHash bucket over `rounds` rounds of `bits` random hyperplanes (seeded), summed likewise.
  * Selection is append-only: what earlier blocks kept is never revisited, except that the previous
  * block's recent tokens are looked back at and compete again in the next block. Saves memory. */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "laser.h"
-#include "pol_util.h"
-#include "quant.h"
+#include "engine/policy/laser.h"
+#include "engine/policy/pol_util.h"
+#include "common/quant.h"
 
 enum { P_BLOCK, P_BUDGET, P_PROTECT, P_ALPHA, P_ROUNDS, P_BITS, P_SEED, P_PROBE };
 

@@ -1,10 +1,10 @@
 /* pol_util.c - top-k selection for the policies (see pol_util.h). */
-#include "pol_util.h"
+#include "engine/policy/pol_util.h"
 
 #include <math.h>
 #include <stdlib.h>
 
-#include "vec_dot.h"
+#include "kernels/backend.h"
 
 /* qsort has no context argument; the score array of the current call lives here. Policies run on
  * the engine's single control thread, so one static is enough. */
@@ -70,7 +70,7 @@ int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t
                         s[j] = -INFINITY;
                         continue;
                     }
-                    s[j] = vd_dot_f32_f16(D, qh, p->k + (size_t)k * (size_t)D) + p->logdeg[k];
+                    s[j] = be_host_dot_f32_f16(D, qh, p->k + (size_t)k * (size_t)D) + p->logdeg[k];
                     if (s[j] > mx) mx = s[j];
                 }
             }

@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 /* Reorder idx[0..n) so its first k entries are those with the highest score[idx[i]] (ties: lower
  * index first), and sort those k ascending by index. Returns min(k, n). */

@@ -1,6 +1,6 @@
 /* policy.c - the policy registry, spec parsing, and the per-sequence runtime that binds a prefill
  * and a decode policy to a KV cache and keeps the attention statistics (see policy.h). */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <math.h>
 #include <stdio.h>

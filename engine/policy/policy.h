@@ -17,9 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "bytes.h"
-#include "kvcache.h"
+#include "kernels/backend.h"
+#include "engine/bytes.h"
+#include "engine/kvcache.h"
 
 #define POL_MAX_PARAMS 16
 

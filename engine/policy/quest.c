@@ -3,12 +3,12 @@
  * sum_i max(q_i * min_i, q_i * max_i) (summed over the query heads sharing the KV head); each KV
  * head of each global layer attends to its budget/P best pages plus the page being written.
  * Selection only: every page stays in memory. */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "pol_util.h"
+#include "engine/policy/pol_util.h"
 
 enum { P_BUDGET };
 

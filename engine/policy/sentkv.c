@@ -9,7 +9,7 @@
  * first `sinks` tokens and the tokens of the unfinished tail, through token masks. Tokens gathered at
  * the previous step are counted: the reuse rate says how much a fetch-the-difference transfer (the
  * GPU build's CPU offload) would save. Selection only: every page stays in memory. */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <float.h>
 #include <math.h>
@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pol_util.h"
-#include "quant.h"
-#include "sentkv.h"
+#include "engine/policy/pol_util.h"
+#include "common/quant.h"
+#include "engine/policy/sentkv.h"
 
 enum { P_LEN, P_DELTA, P_BUDGET, P_SINKS };
 

@@ -5,14 +5,14 @@
  * chosen token keeps its context), the top budget - window earlier tokens are kept together with the
  * window itself, and every other token is evicted: its pages are freed. Decoding then appends as
  * usual. Saves memory; the prefill itself runs on the whole prompt. */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "pol_util.h"
+#include "engine/policy/pol_util.h"
 
 enum { P_WINDOW, P_KERNEL, P_POOL, P_BUDGET };
 

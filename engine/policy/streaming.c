@@ -1,7 +1,7 @@
 /* streaming.c - StreamingLLM: attend to the first `sinks` tokens (attention sinks) and the most
  * recent budget - sinks tokens. Token-exact through page masks; selection only (every page stays
  * in memory, so switching policy later loses nothing). */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,14 +10,14 @@
  * the probe rows while a chunk runs). Delayed eviction: the first W global layers (half, by default)
  * keep a relaxed budget (warmup x k) until the last chunk, then keep the tokens that layer W-1
  * chose, so the early layers' weaker scores never decide alone. Saves memory. */
-#include "policy.h"
+#include "engine/policy/policy.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "pol_util.h"
+#include "engine/policy/pol_util.h"
 
 enum { P_CHUNK, P_PROBE, P_ALPHA, P_BUDGET, P_DELAY, P_WARMUP, P_KERNEL };
 

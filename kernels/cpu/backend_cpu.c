@@ -4,16 +4,16 @@
  * and run the fused dot kernels of vec_dot.c over row chunks on the thread pool; attention is a
  * tiled online-softmax loop over the pages of the KV cache, read in place (flash-attention style: no
  * n x n score matrix), split over pages for single-token decode. Small element-wise ops run on the calling thread. */
-#include "backend.h"
+#include "kernels/backend.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant.h"
-#include "threadpool.h"
-#include "vec_dot.h"
+#include "common/quant.h"
+#include "kernels/cpu/threadpool.h"
+#include "kernels/cpu/vec_dot.h"
 
 #define MAX_MM 4           /* products per matmul call */
 #define ATT_TILE_Q 8       /* queries per attention task */
@@ -651,6 +651,9 @@ void be_free(be_backend *b)
 {
     if (b) b->ops->destroy(b);
 }
+
+void be_host_f32_to_f16(int64_t n, const float *x, uint16_t *y) { vd_f32_to_f16(n, x, y); }
+float be_host_dot_f32_f16(int64_t n, const float *a, const uint16_t *b) { return vd_dot_f32_f16(n, a, b); }
 
 int be_supports_weight(const be_backend *b, uint32_t type)
 {

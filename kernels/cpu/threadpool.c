@@ -3,7 +3,7 @@
  * One job at a time: the caller publishes (fn, ctx, n_tasks), bumps the generation counter, and all
  * threads (caller included) take task indices from an atomic counter. Workers spin for a short while
  * after each job so back-to-back loops in a forward pass do not pay a futex wake-up each. */
-#include "threadpool.h"
+#include "kernels/cpu/threadpool.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -4,14 +4,14 @@
  *
  * Every scalar kernel computes the same per-block integer sums as its AVX2 twin, so the two differ
  * only in the order of the f32 additions. Block layouts: vec_dot_impl.h and model-facts.md 3. */
-#include "vec_dot.h"
+#include "kernels/cpu/vec_dot.h"
 
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
-#include "quant.h"
-#include "vec_dot_impl.h"
+#include "common/quant.h"
+#include "kernels/cpu/vec_dot_impl.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define VD_HAVE_AVX2_BUILD 1

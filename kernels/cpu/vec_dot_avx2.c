@@ -4,7 +4,7 @@
  * The only file built with -mavx2 -mfma -mf16c. Nothing here may run before vec_dot.c has checked
  * the CPU. Integer kernels compute exactly the same per-block integer sums as the scalar kernels in
  * vec_dot.c (the oracle); only the order of the f32 accumulation differs. */
-#include "vec_dot_impl.h"
+#include "kernels/cpu/vec_dot_impl.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 

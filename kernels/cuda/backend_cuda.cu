@@ -39,15 +39,15 @@
 #include <string.h>
 
 extern "C" {
-#include "act_mirror.h"
-#include "backend.h"
-#include "block_pool.h"
-#include "page_copies.h"
-#include "quant.h"
-#include "weight_f16.h"
+#include "kernels/act_mirror.h"
+#include "kernels/backend.h"
+#include "kernels/block_pool.h"
+#include "kernels/page_copies.h"
+#include "common/quant.h"
+#include "kernels/weight_f16.h"
 }
 
-#include "split_merge.cuh"
+#include "kernels/cuda/split_merge.cuh"
 
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */

@@ -26,8 +26,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "split_merge.cuh"
-#include "synthetic_impl.cuh"
+#include "kernels/cuda/split_merge.cuh"
+#include "kernels/cuda/synthetic_impl.cuh"
 
 #define SY_THREADS 128
 #define CHESS_SINK 1

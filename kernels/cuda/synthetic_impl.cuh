@@ -14,7 +14,7 @@
 #include <string.h>
 
 extern "C" {
-#include "synthetic.h"
+#include "kernels/synthetic.h"
 }
 
 #define SY_P 32          /* tokens per page (the engine's) */

@@ -16,7 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "synthetic_impl.cuh"
+#include "kernels/cuda/synthetic_impl.cuh"
 
 #define PF_ROWS 32          /* queries per attention block: 2 tiles of 16, x the group's 4 heads = 8 warps */
 #define TAKE_PROBE 32

@@ -14,15 +14,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "forward.h"
-#include "model.h"
-#include "policy.h"
-#include "quant.h"
-#include "synthetic.h"
-#include "tokenizer.h"
+#include "kernels/backend.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/policy/policy.h"
+#include "common/quant.h"
+#include "kernels/synthetic.h"
+#include "engine/tokenizer.h"
 
-#include "../ref_gate.h"
+#include "tests/ref_gate.h"
 
 /* KVCHAT_TESTDATA points elsewhere on a GPU machine that has only part of the test data: a tiny
  * model missing there is then skipped, with a warning, instead of failing */

@@ -9,11 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "forward.h"
-#include "model.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "kernels/backend.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
 
 static const char *model_path(void)
 {

@@ -4,7 +4,7 @@
  * Block layouts follow ../shared/docs/model-facts.md section 3. Everything here reads bytes through
  * memcpy-style helpers, so rows need no particular alignment. The fused dot products are not here:
  * see kernels/cpu/vec_dot.c. */
-#include "quant.h"
+#include "common/quant.h"
 
 #include <string.h>
 
