@@ -5,6 +5,7 @@
  * DIR/bench.csv and DIR/bench.png (prefill and decode speed, time to first token and peak KV memory
  * against context length, a line per policy), the form `kvchat eval --out` uses. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +57,14 @@ static FILE *open_csv(const char *csv, const char *header)
     return out;
 }
 
-static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256], int n_spec, const int64_t *depths,
+/* What the benchmarks drive: the session's model, backend and forward context. */
+typedef struct bench_rt {
+    const model *m;
+    be_backend *b;
+    fwd_ctx *f;
+} bench_rt;
+
+static int bench_policies(bench_rt *rt, const char *budget, char specs[][256], int n_spec, const int64_t *depths,
                           int nd, int64_t n_gen, const int32_t *toks, const char *csv, const char *date,
                           const char *commit, const char *machine, const char *base)
 {
@@ -71,7 +79,7 @@ static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256],
         }
         int takes_budget = 0;
         for (int k = 0; k < ps[i].n; k++) takes_budget |= pol_spec_value(&ps[i], k, "budget", -1) != -1;
-        if (takes_budget && o->budget && pol_parse(&ps[i], specs[i], o->budget, err, sizeof err)) {
+        if (takes_budget && budget && pol_parse(&ps[i], specs[i], budget, err, sizeof err)) {
             cli_err("bench: %s", err);
             return 1;
         }
@@ -172,7 +180,7 @@ static int bench_policies(cli_runtime *rt, const cli_opts *o, char specs[][256],
 /* Snapshot size and speed against prefill: per length and policy, prefill (timed), serialize,
  * write to a scratch database, read back and restore into a fresh sequence (each timed), and check
  * that the restored sequence's next logits equal the original's. */
-static int bench_snapshots(cli_runtime *rt, const cli_opts *o, char specs[][256], int n_spec, const int64_t *depths,
+static int bench_snapshots(bench_rt *rt, const char *budget, int n_batch, int page_size, char specs[][256], int n_spec, const int64_t *depths,
                            int nd, const int32_t *toks, const char *csv, const char *date, const char *commit,
                            const char *machine, const char *base)
 {
@@ -212,14 +220,14 @@ static int bench_snapshots(cli_runtime *rt, const cli_opts *o, char specs[][256]
             int64_t d = depths[di];
             pol_spec spec;
             pol_env env;
-            if (pol_parse(&spec, specs[pi], o->budget, err, sizeof err)) {
+            if (pol_parse(&spec, specs[pi], budget, err, sizeof err)) {
                 cli_err("bench: %s", err);
                 rc = 1;
                 break;
             }
             fwd_policy_env(rt->f, &env);
             pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
-            fwd_opts fo = { fwd_n_ctx(rt->f), o->n_batch, o->page_size };
+            fwd_opts fo = { fwd_n_ctx(rt->f), n_batch, page_size };
             fwd_ctx *f2 = ps ? fwd_create(rt->m, rt->b, &fo, err, sizeof err) : NULL;
             pol_env env2;
             pol_set *ps2 = NULL;
@@ -456,63 +464,53 @@ static int parse_int_list(const char *opt, const char *arg, int *v, int cap, int
     return n ? n : -1;
 }
 
+typedef struct synth_opts {
+    const char *shape, *ctx, *batch, *policy, *csv;
+    int64_t gen, budget, chunk;
+    int device, gemm, no_pdl, ttft, no_csv;
+} synth_opts;
+
+#define Y(field) offsetof(synth_opts, field)
+static const opt_def synth_defs[] = {
+    { "--synthetic", NULL, OPT_STR, Y(shape), 0, 0, NULL, 0, "SHAPE", "the model shape (llama-8b)", NULL },
+    { "--ctx", "--depths", OPT_STR, Y(ctx), 0, 0, NULL, 0, "LIST", "context lengths (default 4096,...,131072)", NULL },
+    { "--batch", NULL, OPT_STR, Y(batch), 0, 0, NULL, 0, "LIST", "batch sizes (default 1,4,8,16,32)", NULL },
+    { "--policy", NULL, OPT_STR, Y(policy), 0, 0, NULL, 0, "LIST",
+      "full, chess (the aggressive preset), quest (default all three)", NULL },
+    { "--gen", NULL, OPT_I64, Y(gen), 8, 4096, NULL, 0, "N", "timed decode steps per case (default 64)", NULL },
+    { "--budget", NULL, OPT_I64, Y(budget), 64, 1 << 20, NULL, 0, "TOKENS", "Quest's tokens per KV head (default 1024)",
+      NULL },
+    { "--gemm", NULL, OPT_CHOICE, Y(gemm), 0, 0, "own|tc|cublas", 0, NULL,
+      "the products: kvchat's kernels by batch (own), its tensor-core kernel, or cuBLAS", NULL },
+    { "--no-pdl", NULL, OPT_FLAG, Y(no_pdl), 0, 0, NULL, 0, NULL, "no programmatic dependent launch", NULL },
+    { "--ttft", NULL, OPT_FLAG, Y(ttft), 0, 0, NULL, 0, NULL, "also the time to first token (full and TAKE)", NULL },
+    { "--chunk", NULL, OPT_I64, Y(chunk), 64, 8192, NULL, 0, "N", "prefill chunk of --ttft (default 512)", NULL },
+    { "--csv", NULL, OPT_STR, Y(csv), 0, 0, NULL, 0, "FILE", "rows appended here (default bench/synthetic_results.csv)",
+      NULL },
+    { "--no-csv", NULL, OPT_FLAG, Y(no_csv), 0, 0, NULL, 0, NULL, "no CSV", NULL },
+    { "--device", NULL, OPT_CHOICE, Y(device), 0, 0, "auto|cpu|cuda", 0, NULL, "cuda (the GPU is required)", NULL },
+    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
+    OPT_END
+};
+#undef Y
+
 static int bench_synthetic(int argc, char **argv)
 {
-    const char *shape = NULL, *ctx_arg = "4096,8192,16384,32768,65536,131072", *batch_arg = "1,4,8,16,32";
-    const char *pol_arg = "full,chess,quest", *csv = "bench/synthetic_results.csv";
-    int64_t gen = 64, budget = 1024;
-    int device = CLI_DEV_AUTO, gemm = SYNTH_GEMM_OWN, no_pdl = 0, ttft = 0;
-    int64_t chunk = 512;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--synthetic")) {
-            if (!(shape = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--ctx") || !strcmp(a, "--depths")) {
-            if (!(ctx_arg = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--batch")) {
-            if (!(batch_arg = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--policy")) {
-            if (!(pol_arg = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--gen")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 8, 4096, &gen)) return 1;
-        } else if (!strcmp(a, "--budget")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 64, 1 << 20, &budget)) return 1;
-        } else if (!strcmp(a, "--csv")) {
-            if (!(csv = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--no-csv")) {
-            csv = NULL;
-        } else if (!strcmp(a, "--gemm")) {
-            if (!(v = cli_need_value(argc, argv, &i))) return 1;
-            if (!strcmp(v, "cublas")) gemm = SYNTH_GEMM_CUBLAS;
-            else if (!strcmp(v, "own")) gemm = SYNTH_GEMM_OWN;
-            else if (!strcmp(v, "tc")) gemm = SYNTH_GEMM_TC;
-            else {
-                cli_err("bench: --gemm: '%s' is not own, tc or cublas", v);
-                return 1;
-            }
-        } else if (!strcmp(a, "--no-pdl")) {
-            no_pdl = 1;
-        } else if (!strcmp(a, "--ttft")) {
-            ttft = 1;
-        } else if (!strcmp(a, "--chunk")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 64, 8192, &chunk)) return 1;
-            if (chunk % 32) {
-                cli_err("bench: --chunk: %lld is not a multiple of the 32-token page", (long long)chunk);
-                return 1;
-            }
-        } else if (!strcmp(a, "--device")) {
-            if (!(v = cli_need_value(argc, argv, &i))) return 1;
-            if (!strcmp(v, "cpu")) device = CLI_DEV_CPU;
-            else if (!strcmp(v, "cuda")) device = CLI_DEV_CUDA;
-            else {
-                cli_err("bench: --device: '%s' is not cpu or cuda", v);
-                return 1;
-            }
-        } else {
-            cli_err("bench: %s is not an option of --synthetic (--ctx, --batch, --policy, --gen, --budget, --gemm, "
-                    "--no-pdl, --ttft, --chunk, --csv, --no-csv, --device cuda)", a);
-            return 1;
-        }
+    synth_opts so_ = { NULL, "4096,8192,16384,32768,65536,131072", "1,4,8,16,32", "full,chess,quest",
+                       "bench/synthetic_results.csv", 64, 1024, 512, CLI_DEV_AUTO, 0, 0, 0, 0 };
+    opt_group g[] = { { synth_defs, &so_, NULL } };
+    int r = cli_parse(argc, argv, "kvchat bench --synthetic llama-8b [--device cuda] [options]",
+                      "A model of that shape with random f16 weights made on the GPU (no file): decode tok/s per\n"
+                      "policy, context and batch, each step against the memory-bandwidth roofline.", g, 1, NULL, 0, NULL);
+    if (r) return r > 0 ? 0 : 1;
+    const char *shape = so_.shape, *ctx_arg = so_.ctx, *batch_arg = so_.batch, *pol_arg = so_.policy;
+    const char *csv = so_.no_csv ? NULL : so_.csv;
+    int64_t gen = so_.gen, budget = so_.budget, chunk = so_.chunk;
+    int device = so_.device, no_pdl = so_.no_pdl, ttft = so_.ttft;
+    int gemm = so_.gemm == 1 ? SYNTH_GEMM_TC : so_.gemm == 2 ? SYNTH_GEMM_CUBLAS : SYNTH_GEMM_OWN;
+    if (chunk % 32) {
+        cli_err("bench: --chunk: %lld is not a multiple of the 32-token page", (long long)chunk);
+        return 1;
     }
     if (device == CLI_DEV_CPU) {
         cli_err("bench: --synthetic runs on the GPU only (--device cuda)");
@@ -564,74 +562,52 @@ static int bench_synthetic(int argc, char **argv)
     return 0;
 }
 
+typedef struct bench_opts {
+    const char *depths, *csv, *policy, *budget, *out;
+    int64_t n_gen;
+    int snapshot, no_csv, page_size;
+} bench_opts;
+
+#define B(field) offsetof(bench_opts, field)
+static const opt_def bench_defs[] = {
+    { "--ctx", "--depths", OPT_STR, B(depths), 0, 0, NULL, 0, "LIST", "prompt lengths (default 512,2048,8192)", NULL },
+    { "--gen", NULL, OPT_I64, B(n_gen), 1, 4096, NULL, 0, "N", "decoded tokens at each depth (default 32)", NULL },
+    { "--policy", NULL, OPT_STR, B(policy), 0, 0, NULL, 0, "LIST",
+      "per policy: decode speed, attention and selection time, pages and KV read per step (all: every policy)", NULL },
+    { "--budget", NULL, OPT_STR, B(budget), 0, 0, NULL, 0, "B", "the budget of the listed policies that take one", NULL },
+    { "--page-size", NULL, OPT_INT, B(page_size), 1, 4096, NULL, 0, "P", "KV cache page size (default 32)", NULL },
+    { "--snapshot", NULL, OPT_FLAG, B(snapshot), 0, 0, NULL, 0, NULL,
+      "snapshot bytes and save / write / read / restore times against the prefill time", NULL },
+    { "--csv", NULL, OPT_STR, B(csv), 0, 0, NULL, 0, "FILE", "rows appended here (default bench/results.csv, "
+      "bench/policy_results.csv or bench/snapshot_results.csv)", NULL },
+    { "--no-csv", NULL, OPT_FLAG, B(no_csv), 0, 0, NULL, 0, NULL, "no CSV", NULL },
+    { "--out", NULL, OPT_STR, B(out), 0, 0, NULL, 0, "DIR", "the per-policy figures in DIR/bench.csv and DIR/bench.png",
+      NULL },
+    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help (kvchat bench --synthetic x --help: the GPU's)",
+      NULL },
+    OPT_END
+};
+#undef B
+
 int cmd_bench(int argc, char **argv)
 {
-    cli_opts o;
-    cli_opts_init(&o);
-    const char *depths_arg = "512,2048,8192";
-    const char *csv = "bench/results.csv";
-    int64_t n_gen = 32;
-    int snapshot = 0;
-    const char *policy_list = NULL, *out_dir = NULL;
-    char out_csv[1024], out_png[1024];
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--synthetic")) return bench_synthetic(argc, argv);
-    for (int i = 1; i < argc; i++) {
-        /* here --ctx is the list of context lengths (an alias of --depths) and --policy a list */
-        if (!strcmp(argv[i], "--ctx") || !strcmp(argv[i], "--depths")) {
-            if (!(depths_arg = cli_need_value(argc, argv, &i))) return 1;
-            continue;
-        }
-        if (!strcmp(argv[i], "--policy")) {
-            if (!(policy_list = cli_need_value(argc, argv, &i))) return 1;
-            continue;
-        }
-        int r = cli_parse_common(&o, argc, argv, &i);
-        if (r < 0) return 1;
-        if (r > 0) continue;
-        const char *a = argv[i];
-        if (!strcmp(a, "--gen")) {
-            const char *v = cli_need_value(argc, argv, &i);
-            if (!v || cli_parse_int(a, v, 1, 4096, &n_gen)) return 1;
-        } else if (!strcmp(a, "--csv")) {
-            if (!(csv = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--no-csv")) {
-            csv = NULL;
-        } else if (!strcmp(a, "--out")) {
-            if (!(out_dir = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--snapshot")) {
-            snapshot = 1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs("usage: kvchat bench [-m MODEL] [--ctx 512,2048,8192] [--gen N] [--threads T] [--batch N]\n"
-                  "                    [--policy LIST [--budget B]] [--csv FILE | --no-csv | --out DIR]\n"
-                  "  Without --policy: prefill and decode speed at each length (bench/results.csv).\n"
-                  "  With --policy full,chess:preset=aggressive,quest: decode speed, attention and selection\n"
-                  "  time per step, pages attended and KV bytes read, per policy and length\n"
-                  "  (bench/policy_results.csv). --depths is an alias of --ctx.\n"
-                  "  With --snapshot (and --policy, default full): snapshot bytes and save / write / read /\n"
-                  "  restore times against the prefill time, per length (bench/snapshot_results.csv).\n"
-                  "  --policy all: every policy. With --out DIR: the per-policy figures (default --policy full)\n"
-                  "  in DIR/bench.csv and their plots in DIR/bench.png.\n"
-                  "\n"
-                  "       kvchat bench --synthetic llama-8b [--device cuda] [--ctx 4096,...,131072]\n"
-                  "                    [--batch 1,4,8,16,32] [--policy full,chess,quest] [--gen 64] [--budget 1024]\n"
-                  "                    [--gemm own|tc|cublas] [--no-pdl] [--ttft [--chunk 512]]\n"
-                  "  A model of that shape with random f16 weights made on the GPU (no file): decode tok/s per\n"
-                  "  policy (chess: the aggressive preset; quest: --budget tokens per KV head), context and\n"
-                  "  batch, each step against the memory-bandwidth roofline; cases that do not fit are skipped\n"
-                  "  (bench/synthetic_results.csv). Batches 1-2 multiply through kvchat's one-pass kernel, 3-4\n"
-                  "  through its tensor-core kernel, larger ones through cuBLAS; --gemm tc takes the tensor-core\n"
-                  "  kernel for 1..32, --gemm cublas cuBLAS for all, to compare; --no-pdl\n"
-                  "  launches the step's kernels without programmatic dependent launch. --ttft also times the\n"
-                  "  first token of one sequence at each context: chunked prefill under full attention and\n"
-                  "  under TAKE (chunks of --chunk tokens).\n",
-                  stdout);
-            return 0;
-        } else {
-            cli_err("bench: unknown option %s", a);
-            return 1;
-        }
-    }
+    cli_opts o;
+    cli_opts_init(&o);
+    bench_opts bo = { "512,2048,8192", "bench/results.csv", NULL, NULL, NULL, 32, 0, 0, 0 };
+    opt_group grp[] = { { bench_defs, &bo, NULL }, CLI_MODEL(&o) };
+    int r = cli_parse(argc, argv, "kvchat bench [-m MODEL] [--ctx 512,2048,8192] [--gen N] [--policy LIST [--budget B]] "
+                      "[options]",
+                      "Without --policy: prefill and decode speed at each length (bench/results.csv). A benchmark, not\n"
+                      "a test: it asserts nothing. kvchat bench --synthetic SHAPE measures a random model on the GPU.",
+                      grp, 2, NULL, 0, NULL);
+    if (r) return r > 0 ? 0 : 1;
+    const char *depths_arg = bo.depths, *csv = bo.no_csv ? NULL : bo.csv, *policy_list = bo.policy, *out_dir = bo.out;
+    int64_t n_gen = bo.n_gen;
+    int snapshot = bo.snapshot;
+    o.page_size = bo.page_size;
+    char out_csv[1024], out_png[1024];
     int64_t depths[16];
     int dl[16], nd = parse_int_list("--depths", depths_arg, dl, 16, 1, 1 << 22);
     if (nd < 0) return 1;
@@ -661,23 +637,23 @@ int cmd_bench(int argc, char **argv)
         if (!strcmp(policy_list, "all"))   /* every registered policy with its defaults */
             for (const pol_ops *const *p = pol_registry(); *p && n_spec < 16; p++)
                 snprintf(specs[n_spec++], sizeof specs[0], "%s", (*p)->name);
-        else n_spec = cli_split_policies(policy_list, specs, 16);
+        else n_spec = pol_split_list(policy_list, specs, 16);
         if (n_spec <= 0) {
             cli_err("bench: --policy: give 1 to 16 policies, e.g. full,chess:preset=aggressive,quest");
             return 1;
         }
         if (csv && !strcmp(csv, "bench/results.csv")) csv = snapshot ? "bench/snapshot_results.csv" : "bench/policy_results.csv";
     }
-    /* the budget belongs to the listed policies, not to the runtime's default (full) one */
-    const char *budget = o.budget;
-    o.budget = NULL;
-    cli_runtime rt;
-    if (cli_open(&rt, &o, 1) != 0) return 1;
-    o.budget = budget;
+    /* the budget belongs to the listed policies, not to the session's own (full) one */
+    const char *budget = bo.budget;
+    if (cli_finish_common(&o)) return 1;
+    session *sess = cli_session(&o, 1, SESS_FORMAT_AUTO);
+    if (!sess) return 1;
+    bench_rt rt = { sess_model(sess), sess_backend(sess), sess_fwd_mut(sess) };
     if (maxd + n_gen > fwd_n_ctx(rt.f)) {
         cli_err("bench: depth %lld + %lld generated tokens exceed the context %lld", (long long)maxd, (long long)n_gen,
                 (long long)fwd_n_ctx(rt.f));
-        cli_close(&rt);
+        sess_free(sess);
         return 1;
     }
     int32_t nv = rt.m->hp.n_vocab;
@@ -687,7 +663,7 @@ int cmd_bench(int argc, char **argv)
         cli_err("bench: out of memory");
         free(toks);
         free(logits);
-        cli_close(&rt);
+        sess_free(sess);
         return 1;
     }
     uint64_t x = 0x9E3779B97F4A7C15ull;
@@ -711,21 +687,22 @@ int cmd_bench(int argc, char **argv)
            vd_simd_active() ? "AVX2" : "scalar", o.n_batch > 0 ? o.n_batch : 512, commit);
     if (snapshot) {
         cli_install_sigint();
-        int src = bench_snapshots(&rt, &o, specs, n_spec, depths, nd, toks, csv, date, commit, machine, base);
+        int src = bench_snapshots(&rt, budget, o.n_batch, o.page_size, specs, n_spec, depths, nd, toks, csv, date, commit,
+                                  machine, base);
         printf("peak RSS %.1f MiB\n", cli_peak_rss_mib());
         free(toks);
         free(logits);
-        cli_close(&rt);
+        sess_free(sess);
         return src;
     }
     if (n_spec > 0) {
         cli_install_sigint();
-        int prc = bench_policies(&rt, &o, specs, n_spec, depths, nd, n_gen, toks, csv, date, commit, machine, base);
+        int prc = bench_policies(&rt, budget, specs, n_spec, depths, nd, n_gen, toks, csv, date, commit, machine, base);
         printf("peak RSS %.1f MiB\n", cli_peak_rss_mib());
         if (prc == 0 && out_dir && !cli_interrupted) prc = bench_plot(out_csv, date, out_png);
         free(toks);
         free(logits);
-        cli_close(&rt);
+        sess_free(sess);
         return prc;
     }
     printf("%8s %14s %14s\n", "depth", "prefill tok/s", "decode tok/s");
@@ -772,6 +749,6 @@ int cmd_bench(int argc, char **argv)
     if (out) fclose(out);
     free(toks);
     free(logits);
-    cli_close(&rt);
+    sess_free(sess);
     return rc;
 }

@@ -8,6 +8,7 @@
  * details. */
 #include <dirent.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,29 +18,9 @@
 #include "app/cli.h"
 #include "app/commands.h"
 #include "app/docgen.h"
-#include "app/session.h"
+#include "engine/prompt.h"
+#include "store/persist.h"
 #include "store/store.h"
-
-static void usage(void)
-{
-    printf("usage: kvchat calibrate [-m MODEL] [options]\n"
-           "\n"
-           "Runs the model with the full cache over a calibration set, collects the (mean entropy, entropy\n"
-           "variance) of every window of P answer tokens, and stores their 99th percentiles as the thresholds\n"
-           "the uncertainty monitor uses for this model (kvchat ask finds them by the model's fingerprint).\n"
-           "\n"
-           "  --data DIR        documents (*.txt) and questions (questions.txt, one per line) to use instead\n"
-           "                    of the generated set; every document is asked every question\n"
-           "  --samples N       (document, question) pairs to run (default 24)\n"
-           "  --seed S          seed of the generated set and of sampling (default 1)\n"
-           "  -n N              answer tokens per sample at most (default 96)\n"
-           "  --quantile Q      the quantile taken as threshold (default 0.99)\n"
-           "  --page-size P     tokens per generated page (default 32)\n"
-           "  --out FILE        where to write the thresholds (default: the data directory, by fingerprint)\n"
-           "  --plot PNG        the density plot (default: the thresholds file with .png; --plot none: no plot)\n"
-           "  --db PATH         the session database the thresholds are also stored in (default ~/.local/share/kvchat)\n"
-           "  --threads N  --ctx N  --temp T (default 0: greedy)\n");
-}
 
 typedef struct calib_set {
     char **docs;               /* document paths (--data) */
@@ -180,40 +161,47 @@ static int draw_plot(const char *png, const double *mh, const double *vh, int64_
     return st == 0 && access(png, R_OK) == 0 ? 0 : -1;
 }
 
+typedef struct calib_opts {
+    const char *data, *out, *plot;
+    int64_t n_samples, n_predict;
+    float quantile;
+} calib_opts;
+
+#define C(field) offsetof(calib_opts, field)
+static const opt_def calib_defs[] = {
+    { "--data", NULL, OPT_STR, C(data), 0, 0, NULL, 0, "DIR",
+      "documents (*.txt) and questions (questions.txt, one per line) instead of the generated set", NULL },
+    { "--samples", NULL, OPT_I64, C(n_samples), 1, 100000, NULL, 0, "N", "(document, question) pairs (default 24)", NULL },
+    { "--n-predict", "-n", OPT_I64, C(n_predict), 1, 1 << 16, NULL, 0, "N", "answer tokens per sample at most (default 96)",
+      NULL },
+    { "--quantile", NULL, OPT_FLOAT, C(quantile), 0.5, 1, NULL, 0, "Q", "the quantile taken as threshold (default 0.99)",
+      NULL },
+    { "--out", NULL, OPT_STR, C(out), 0, 0, NULL, 0, "FILE",
+      "where to write the thresholds (default: the data directory, by fingerprint)", NULL },
+    { "--plot", NULL, OPT_STR, C(plot), 0, 0, NULL, 0, "PNG",
+      "the density plot (default: the thresholds file with .png; none: no plot)", NULL },
+    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
+    OPT_END
+};
+#undef C
+
 int cmd_calibrate(int argc, char **argv)
 {
     cli_opts o;
     cli_opts_init(&o);
     o.sp.temperature = 0;
     o.sp.seed = 1;
-    const char *data = NULL, *out = NULL, *plot = NULL;
-    int64_t n_samples = 24, n_predict = 96;
-    double quantile = 0.99;
-    for (int i = 1; i < argc; i++) {
-        int r = cli_parse_common(&o, argc, argv, &i);
-        if (r < 0) return 1;
-        if (r > 0) continue;
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--data")) {
-            if (!(data = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--samples")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 100000, &n_samples)) return 1;
-        } else if (!strcmp(a, "-n")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 16, &n_predict)) return 1;
-        } else if (!strcmp(a, "--quantile")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_float(a, v, 0.5, 1, &quantile)) return 1;
-        } else if (!strcmp(a, "--out")) {
-            if (!(out = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--plot")) {
-            if (!(plot = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        } else {
-            cli_err("calibrate: unknown option %s (see kvchat calibrate --help)", a);
-            return 1;
-        }
-    }
+    calib_opts co = { NULL, NULL, NULL, 24, 96, 0.99f };
+    opt_group grp[] = { { calib_defs, &co, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_SAMPLING(&o), CLI_STORE(&o) };
+    int r = cli_parse(argc, argv, "kvchat calibrate [-m MODEL] [options]",
+                      "Runs the model with the full cache over a calibration set, collects the (mean entropy, entropy\n"
+                      "variance) of every window of P answer tokens, and stores their 99th percentiles as the thresholds\n"
+                      "the uncertainty monitor uses for this model (kvchat ask finds them by the model's fingerprint).",
+                      grp, 5, NULL, 0, NULL);
+    if (r) return r > 0 ? 0 : 1;
+    const char *data = co.data, *out = co.out, *plot = co.plot;
+    int64_t n_samples = co.n_samples, n_predict = co.n_predict;
+    double quantile = co.quantile;
     if (o.policy || o.budget) {
         cli_err("calibrate: the thresholds are taken with the full cache; --policy and --budget do not apply");
         return 1;
@@ -224,14 +212,17 @@ int cmd_calibrate(int argc, char **argv)
         set_free(&cs);
         return 1;
     }
-    cli_runtime rt;
-    if (cli_open(&rt, &o, 1) != 0) {
+    /* the windows are the KV page size asked for here, not that of thresholds found earlier */
+    session *S = cli_session(&o, n_predict, SESS_FORMAT_AUTO);
+    if (!S) {
         set_free(&cs);
         return 1;
     }
-    /* the windows are the KV page size asked for here, not that of thresholds found earlier */
-    unc_free(rt.mon);
-    rt.mon = unc_create(kv_page_size(fwd_kv(rt.f)), 0);
+    struct {
+        const model *m;
+        fwd_ctx *f;
+        unc_monitor *mon;
+    } rt = { sess_model(S), sess_fwd_mut(S), unc_create(kv_page_size(fwd_kv(sess_fwd(S))), 0) };
     int rc = 1;
     char err[600], fp[17], model_path[1024];
     const char *mpath = o.model_path ? o.model_path : cli_default_model_path(model_path, sizeof model_path);
@@ -283,7 +274,8 @@ int cmd_calibrate(int argc, char **argv)
         size_t n_ids = 0;
         free(ids);
         ids = NULL;
-        int bad = cli_doc_prompt(&rt, doc, question, -1, &ids, &n_ids, err, sizeof err);
+        int bad = prompt_conversation(rt.m, prompt_has_template(rt.m), doc, NULL, 0, question, &ids, &n_ids, err,
+                                      sizeof err);
         free(doc);
         if (bad) {
             cli_err("calibrate: sample %lld: %s", (long long)k + 1, err);
@@ -410,13 +402,15 @@ int cmd_calibrate(int argc, char **argv)
                t.head_sim[hi_i].layer, t.head_sim[hi_i].head, (int)(0.04 * t.n_heads + 0.5));
     printf("  thresholds: %s\n", path);
     /* and in the session database, where kvchat looks first (by the model file's sha256) */
-    store *db = sess_db_open(o.db);
-    int64_t model_id;
+    store *db = cli_open_db(o.db);
+    store_persist sp;
     char sha[65];
-    if (db && sess_model(db, mpath, rt.m, &model_id, sha) == 0 && store_thresholds_put(db, model_id, &t) == 0)
+    if (db) store_persist_init(&sp, db);
+    if (db && sp.ops.model(&sp, mpath, rt.m, sha, err, sizeof err) == 0 && store_thresholds_put(db, sp.model_id, &t) == 0)
         printf("  stored for model %.12s... in the session database\n", sha);
     else if (db)
-        cli_err("calibrate: the thresholds file is written, the database was not updated: %s", store_error(db));
+        cli_err("calibrate: the thresholds file is written, the database was not updated: %s",
+                store_error(db)[0] ? store_error(db) : err);
     store_close(db);
     rc = db ? 0 : 1;
     if (!plot || strcmp(plot, "none")) {
@@ -445,7 +439,8 @@ done:
     free(vh);
     free(logits);
     samp_free(s);
-    cli_close(&rt);
+    unc_free(rt.mon);
+    sess_free(S);
     set_free(&cs);
     return rc;
 }

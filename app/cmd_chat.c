@@ -3,6 +3,7 @@
  * Every turn the whole conversation is rendered with the model's chat template and tokenized; the
  * KV cache is reused for the longest prefix it already holds, so only the new turn is prefilled.
  * Ctrl-C stops the current answer; Ctrl-D (end of input) or /quit leaves. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,51 +40,87 @@ static void convo_free(convo *c)
     free(c->msgs);
 }
 
+typedef struct chat_opts {
+    const char *system;
+    int64_t n_predict;
+} chat_opts;
+
+#define C(field) offsetof(chat_opts, field)
+static const opt_def chat_defs[] = {
+    { "--system", NULL, OPT_STR, C(system), 0, 0, NULL, 0, "TEXT", "a system message", NULL },
+    { "--n-predict", "-n", OPT_I64, C(n_predict), 1, 1 << 20, NULL, 0, "N", "answer tokens at most (default 512)",
+      NULL },
+    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
+    OPT_END
+};
+#undef C
+
+/* One turn: the whole conversation rendered, the cached prefix kept, the rest evaluated, the answer
+ * streamed. 0; 1 when the turn did not happen (said on stderr); -1 out of memory. */
+static int turn(session *s, convo *cv, int64_t n_predict)
+{
+    const model *m = sess_model(s);
+    char err[512];
+    char *text = chat_render(chat_family_for(m->gguf), cv->msgs, cv->n, 1, err, sizeof err);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (!text || tok_encode(m->vocab, text, strlen(text), 0, 1, &ids, &n_ids, err, sizeof err)) {
+        cli_err("chat: %s", err);
+        free(text);
+        return 1;
+    }
+    free(text);
+    int64_t n_ctx = fwd_n_ctx(sess_fwd(s));
+    if ((int64_t)n_ids + 16 >= n_ctx) {
+        cli_err("chat: the conversation (%zu tokens) no longer fits in the context of %lld; start a new one", n_ids,
+                (long long)n_ctx);
+        free(ids);
+        return 1;
+    }
+    /* Reuse the cached prefix; at least the last token is always evaluated to get logits. */
+    int64_t n_cached, common = 0, pos = fwd_pos(sess_fwd(s));
+    const int32_t *cached = sess_tokens(s, &n_cached);
+    while (common < pos && common < n_cached && common < (int64_t)n_ids - 1 && cached[common] == ids[common]) common++;
+    if (sess_rewind(s, common) || sess_feed(s, ids + common, (int64_t)n_ids - common, NULL, NULL)) {
+        cli_err("chat: %s", sess_error(s));
+        free(ids);
+        return 1;
+    }
+    free(ids);
+    gen_result g;
+    if (sess_generate(s, n_predict, &g)) {
+        cli_err("chat: %s", sess_error(s));
+        return 1;
+    }
+    fputc('\n', stdout);
+    return convo_add(cv, "assistant", sess_last_answer(s)->text ? sess_last_answer(s)->text : "") ? -1 : 0;
+}
+
 int cmd_chat(int argc, char **argv)
 {
     cli_opts o;
     cli_opts_init(&o);
-    const char *system = NULL;
-    int64_t n_predict = 512;
-    for (int i = 1; i < argc; i++) {
-        int r = cli_parse_common(&o, argc, argv, &i);
-        if (r < 0) return 1;
-        if (r > 0) continue;
-        const char *a = argv[i];
-        if (!strcmp(a, "--system")) {
-            if (!(system = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "-n")) {
-            const char *v = cli_need_value(argc, argv, &i);
-            if (!v || cli_parse_int(a, v, 1, 1 << 20, &n_predict)) return 1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs("usage: kvchat [chat] [-m MODEL] [--system TEXT] [-n MAX_ANSWER_TOKENS] [--temp T] [--top-k K]\n"
-                  "                   [--top-p P] [--min-p P] [--seed S] [--threads T] [--ctx N]\n",
-                  stderr);
-            return 0;
-        } else {
-            cli_err("chat: unknown option %s", a);
-            return 1;
-        }
-    }
-    cli_runtime rt;
-    if (cli_open(&rt, &o, 1) != 0) return 1;
-    int32_t nv = rt.m->hp.n_vocab;
-    enum chat_family fam = chat_family_for(rt.m->gguf);
-    float *logits = malloc(sizeof(float) * (size_t)nv);
-    int32_t *cached = malloc(sizeof(int32_t) * (size_t)fwd_n_ctx(rt.f));
-    samp *s = samp_create(&o.sp, nv);
+    chat_opts c = { NULL, 512 };
+    opt_group g[] = { { chat_defs, &c, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_SAMPLING(&o) };
+    int r = cli_parse(argc, argv, "kvchat [chat] [-m MODEL] [--system TEXT] [-n MAX_ANSWER_TOKENS] [options]",
+                      "A line-oriented chat in the terminal: /quit or Ctrl-D leaves, Ctrl-C stops an answer.", g, 4,
+                      NULL, 0, NULL);
+    if (r) return r > 0 ? 0 : 1;
+    if (cli_finish_common(&o)) return 1;
+    session *s = cli_session(&o, c.n_predict, SESS_FORMAT_CHAT);
+    if (!s) return 1;
+    int show = 0;
+    sess_callbacks cb = cli_print_callbacks(&show);
+    sess_set_callbacks(s, &cb, &cli_interrupted);
+    const model *m = sess_model(s);
     convo cv = { 0 };
     int rc = 1;
-    if (!logits || !cached || !s) {
-        cli_err("chat: out of memory");
-        goto done;
-    }
-    if (system && convo_add(&cv, "system", system)) goto oom;
+    if (c.system && convo_add(&cv, "system", c.system)) goto oom;
     int tty = isatty(STDIN_FILENO);
     if (tty)
         fprintf(stderr, "kvchat: %s (%s template, context %lld). Type a message; /quit or Ctrl-D leaves.\n",
-                rt.m->name[0] ? rt.m->name : rt.m->path, chat_family_name(fam), (long long)fwd_n_ctx(rt.f));
-    int64_t n_cached = 0;
+                m->name[0] ? m->name : m->path, chat_family_name(chat_family_for(m->gguf)),
+                (long long)fwd_n_ctx(sess_fwd(s)));
     char *line = NULL;
     size_t lcap = 0;
     cli_install_sigint();
@@ -101,82 +138,9 @@ int cmd_chat(int argc, char **argv)
             continue;
         }
         if (convo_add(&cv, "user", line)) goto oom;
-        char err[512];
-        char *text = chat_render(fam, cv.msgs, cv.n, 1, err, sizeof err);
-        int32_t *ids = NULL;
-        size_t n_ids = 0;
-        if (!text || tok_encode(rt.m->vocab, text, strlen(text), 0, 1, &ids, &n_ids, err, sizeof err)) {
-            cli_err("chat: %s", err);
-            free(text);
-            free((char *)cv.msgs[--cv.n].content);
-            continue;
-        }
-        free(text);
-        if ((int64_t)n_ids + 16 >= fwd_n_ctx(rt.f)) {
-            cli_err("chat: the conversation (%zu tokens) no longer fits in the context of %lld; start a new one",
-                    n_ids, (long long)fwd_n_ctx(rt.f));
-            free(ids);
-            free((char *)cv.msgs[--cv.n].content);
-            continue;
-        }
-        /* Reuse the cached prefix; at least the last token is always evaluated to get logits. */
-        int64_t common = 0;
-        while (common < n_cached && common < (int64_t)n_ids - 1 && cached[common] == ids[common]) common++;
-        /* sliding-window layers keep what a rewind to this turn's start needs; a rewind further
-         * back than that restarts from an earlier position, and the cached ids replay from there */
-        common = fwd_rewind(rt.f, common);
-        fwd_set_floor(rt.f, common);
-        if (fwd_eval(rt.f, ids + common, (int64_t)n_ids - common, logits, NULL, NULL, NULL, NULL, &cli_interrupted,
-                     err, sizeof err)) {
-            cli_err("chat: %s", err);
-            n_cached = fwd_pos(rt.f);
-            free(ids);
-            free((char *)cv.msgs[--cv.n].content);
-            continue;
-        }
-        memcpy(cached, ids, n_ids * sizeof *ids);
-        n_cached = (int64_t)n_ids;
-        free(ids);
-        /* Generate the answer. */
-        size_t acap = 1024, alen = 0;
-        char *answer = malloc(acap);
-        if (!answer) goto oom;
-        tok_stream ts;
-        tok_stream_init(&ts, rt.m->vocab);
-        char piece[512];
-        for (int64_t g = 0; g < n_predict && !cli_interrupted; g++) {
-            int32_t id = samp_sample(s, logits);
-            if (tok_is_eog(rt.m->vocab, id)) break;
-            samp_accept(s, id);
-            size_t w = tok_stream_feed(&ts, id, piece, sizeof piece);
-            fwrite(piece, 1, w, stdout);
-            fflush(stdout);
-            if (alen + w + 1 > acap) {
-                acap = (alen + w + 1) * 2;
-                char *na = realloc(answer, acap);
-                if (!na) {
-                    free(answer);
-                    goto oom;
-                }
-                answer = na;
-            }
-            memcpy(answer + alen, piece, w);
-            alen += w;
-            if (fwd_pos(rt.f) + 1 >= fwd_n_ctx(rt.f)) break;
-            if (fwd_decode(rt.f, id, logits, NULL, err, sizeof err)) break;
-            cached[n_cached++] = id;
-        }
-        size_t w = tok_stream_flush(&ts, piece, sizeof piece);
-        fwrite(piece, 1, w, stdout);
-        memcpy(answer + alen, piece, w < acap - alen - 1 ? w : 0);
-        alen += w < acap - alen - 1 ? w : 0;
-        answer[alen] = 0;
-        fputc('\n', stdout);
-        if (convo_add(&cv, "assistant", answer)) {
-            free(answer);
-            goto oom;
-        }
-        free(answer);
+        int t = turn(s, &cv, c.n_predict);
+        if (t < 0) goto oom;
+        if (t > 0) free((char *)cv.msgs[--cv.n].content);   /* the turn did not happen */
     }
     free(line);
     rc = 0;
@@ -185,9 +149,6 @@ oom:
     cli_err("chat: out of memory");
 done:
     convo_free(&cv);
-    samp_free(s);
-    free(cached);
-    free(logits);
-    cli_close(&rt);
+    sess_free(s);
     return rc;
 }

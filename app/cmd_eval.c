@@ -12,6 +12,7 @@
  * there (evalres.c), so an interrupted run continues. At the end: a Markdown summary and, with
  * --out, the plots (evalplot.c). docs/eval.md is the reference. */
 #include <errno.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,29 +25,8 @@
 #include "app/commands.h"
 #include "app/evalplot.h"
 #include "app/evalres.h"
-#include "app/session.h"
+#include "engine/prompt.h"
 #include "app/tasks.h"
-
-static void usage(void)
-{
-    printf("usage: kvchat eval --task LIST [options]\n"
-           "\n"
-           "  --task LIST        passkey, niah, multikey, multivalue, babi1, babi2, ppl, multiturn, or all\n"
-           "  --ctx LIST         document lengths in tokens, e.g. 2K,4K,8K (default 4000)\n"
-           "  --policy LIST      policies, e.g. full,chess,snapkv, or all (default full)\n"
-           "  --budget LIST      budgets, e.g. 0.01,0.05,0.1,0.2 (each policy with a budget runs at each)\n"
-           "  --samples LIST     samples per length: one value, or one per --ctx length (default 8)\n"
-           "  --seed S           seed of the documents (default 1)\n"
-           "  --depths N         points of the needle depth sweep of niah, 0..100%% (default 5)\n"
-           "  --backtrack LIST   regenerations per answer, e.g. 0,2 (default: the policy's default)\n"
-           "  -n N               answer tokens (default: per task, 12 to 48)\n"
-           "  --filler F         auto (the King James Bible when installed, else generated), kjv, generated\n"
-           "  --out DIR          DIR/samples.csv (resumed when present), DIR/summary.md and the plots\n"
-           "  --csv FILE         the samples CSV (resumed when present) without the rest of --out\n"
-           "  --plot-budget B    the budget of the speed and memory plot (default: the middle one)\n"
-           "  --report           no run: the summary and plots of the CSV that is there\n"
-           "  -m MODEL  --threads N  --thresholds T  --page-size P\n");
-}
 
 static int split_list(const char *list, char out[][32], int max)
 {
@@ -115,9 +95,20 @@ typedef struct eval_cfg {
     int has_prefill;
 } eval_cfg;
 
+/* The engine parts a run drives: the session's model, forward context and monitor (eval attaches
+ * its own policies to the forward context and shares one prefill between decode-time policies). */
+typedef struct eval_rt {
+    session *s;
+    const model *m;
+    fwd_ctx *f;
+    be_backend *b;
+    unc_monitor *mon;
+    unc_thresholds thr;
+} eval_rt;
+
 typedef struct ev {
     cli_opts *o;
-    cli_runtime rt;
+    eval_rt rt;
     samp *s;
     float *logits;
     int32_t nv;
@@ -330,7 +321,7 @@ static int run_control(ev *E, item_ctx *I)
             r.tokens = 1;
         } else {
             int rc;
-            if (E->chat) rc = cli_doc_prompt(&E->rt, "", it->question[q], 1, &ids, &n, E->err, sizeof E->err);
+            if (E->chat) rc = prompt_conversation(E->rt.m, 1, "", NULL, 0, it->question[q], &ids, &n, E->err, sizeof E->err);
             else {
                 char text[256];
                 snprintf(text, sizeof text, "Question: %s\nAnswer:", it->question[q]);
@@ -404,7 +395,7 @@ static int run_config(ev *E, item_ctx *I, const eval_cfg *cfg)
             /* the next question on the cache the earlier turns left */
             int32_t *next = NULL;
             size_t nn = 0;
-            if (sess_continue_tokens(&E->rt, E->chat, it->question[q], &next, &nn, E->err, sizeof E->err)) return -1;
+            if (prompt_continue(E->rt.m, E->chat, it->question[q], &next, &nn, E->err, sizeof E->err)) return -1;
             double t1 = cli_now();
             int bad = fwd_eval(E->rt.f, next, (int64_t)nn, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err,
                                sizeof E->err);
@@ -451,7 +442,7 @@ static int run_config(ev *E, item_ctx *I, const eval_cfg *cfg)
 
 /* The ppl task's tokens: the document's, and the continuation's as they come out of tokenizing
  * both together (so the boundary is tokenized as in running text), else on their own. */
-static int split_continuation(const cli_runtime *rt, const task_item *it, item_ctx *I, char *err, size_t errlen)
+static int split_continuation(const eval_rt *rt, const task_item *it, item_ctx *I, char *err, size_t errlen)
 {
     const tok_vocab *v = rt->m->vocab;
     size_t ld = strlen(it->doc), lc = strlen(it->cont), n_all = 0;
@@ -543,57 +534,61 @@ static int report(const eval_recs *rs, const char *dir, int n_depths, const char
     return 0;
 }
 
+typedef struct eval_opts {
+    const char *tasks, *policies, *budgets, *backtracks, *csv, *ctx, *samples, *out, *filler, *plot_budget;
+    int64_t n_predict, seed, n_depths;
+    int report;
+} eval_opts;
+
+#define O(field) offsetof(eval_opts, field)
+static const opt_def eval_defs[] = {
+    { "--task", NULL, OPT_STR, O(tasks), 0, 0, NULL, 0, "LIST",
+      "passkey, niah, multikey, multivalue, babi1, babi2, ppl, multiturn, or all", NULL },
+    { "--ctx", NULL, OPT_STR, O(ctx), 0, 0, NULL, 0, "LIST", "document lengths in tokens, e.g. 2K,4K,8K (default 4000)",
+      NULL },
+    { "--policy", NULL, OPT_STR, O(policies), 0, 0, NULL, 0, "LIST", "policies, e.g. full,chess,snapkv, or all (default full)",
+      NULL },
+    { "--budget", NULL, OPT_STR, O(budgets), 0, 0, NULL, 0, "LIST",
+      "budgets, e.g. 0.01,0.05,0.1,0.2 (each policy with a budget runs at each)", NULL },
+    { "--samples", NULL, OPT_STR, O(samples), 0, 0, NULL, 0, "LIST",
+      "samples per length: one value, or one per --ctx length (default 8)", NULL },
+    { "--seed", NULL, OPT_I64, O(seed), 0, (double)INT64_MAX, NULL, 0, "S", "seed of the documents (default 1)", NULL },
+    { "--depths", NULL, OPT_I64, O(n_depths), 1, 101, NULL, 0, "N", "points of niah's needle depth sweep (default 5)",
+      NULL },
+    { "--backtrack", NULL, OPT_STR, O(backtracks), 0, 0, NULL, 0, "LIST",
+      "regenerations per answer, e.g. 0,2 (default: the policy's own)", NULL },
+    { "--n-predict", "-n", OPT_I64, O(n_predict), 1, 4096, NULL, 0, "N", "answer tokens (default: per task, 12 to 48)",
+      NULL },
+    { "--filler", NULL, OPT_STR, O(filler), 0, 0, NULL, 0, "F",
+      "auto (the King James Bible when installed, else generated), kjv, generated", NULL },
+    { "--out", NULL, OPT_STR, O(out), 0, 0, NULL, 0, "DIR", "DIR/samples.csv (resumed when present), DIR/summary.md, plots",
+      NULL },
+    { "--csv", NULL, OPT_STR, O(csv), 0, 0, NULL, 0, "FILE", "the samples CSV (resumed when present) without the rest",
+      NULL },
+    { "--plot-budget", NULL, OPT_STR, O(plot_budget), 0, 0, NULL, 0, "B",
+      "the budget of the speed and memory plot (default: the middle one)", NULL },
+    { "--report", NULL, OPT_FLAG, O(report), 0, 0, NULL, 0, NULL, "no run: the summary and plots of the CSV that is there",
+      NULL },
+    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
+    OPT_END
+};
+#undef O
+
 int cmd_eval(int argc, char **argv)
 {
     cli_opts o;
     cli_opts_init(&o);
     o.sp.temperature = 0;
-    const char *tasks_arg = NULL, *policies = "full", *budgets = NULL, *backtracks = NULL, *csv = NULL;
-    const char *ctx_arg = "4000", *samples_arg = "8", *out_dir = NULL, *filler_arg = "auto", *plot_budget = NULL;
-    int64_t n_predict = 0, seed = 1, n_depths = 5;
-    int report_only = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--policy")) {
-            if (!(policies = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--budget")) {
-            if (!(budgets = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--backtrack")) {
-            if (!(backtracks = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--ctx")) {
-            if (!(ctx_arg = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--task")) {
-            if (!(tasks_arg = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--samples")) {
-            if (!(samples_arg = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--seed")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 0, INT64_MAX, &seed)) return 1;
-        } else if (!strcmp(a, "--depths")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 101, &n_depths)) return 1;
-        } else if (!strcmp(a, "-n")) {
-            if (!(v = cli_need_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 4096, &n_predict)) return 1;
-        } else if (!strcmp(a, "--csv")) {
-            if (!(csv = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--out")) {
-            if (!(out_dir = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--filler")) {
-            if (!(filler_arg = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--plot-budget")) {
-            if (!(plot_budget = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--report")) {
-            report_only = 1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        } else {
-            int r = cli_parse_common(&o, argc, argv, &i);
-            if (r < 0) return 1;
-            if (r == 0) {
-                cli_err("eval: unknown option %s (see kvchat eval --help)", a);
-                return 1;
-            }
-        }
-    }
+    eval_opts eo = { NULL, "full", NULL, NULL, NULL, "4000", "8", NULL, "auto", NULL, 0, 1, 5, 0 };
+    opt_group g[] = { { eval_defs, &eo, NULL }, CLI_MODEL(&o), CLI_POLICY(&o) };
+    int pr = cli_parse(argc, argv, "kvchat eval --task LIST [options]",
+                       "Quality and speed of KV-cache policies on generated tasks (docs/eval.md).", g, 3, NULL, 0, NULL);
+    if (pr) return pr > 0 ? 0 : 1;
+    const char *tasks_arg = eo.tasks, *policies = eo.policies, *budgets = eo.budgets, *backtracks = eo.backtracks;
+    const char *csv = eo.csv, *ctx_arg = eo.ctx, *samples_arg = eo.samples, *out_dir = eo.out;
+    const char *filler_arg = eo.filler, *plot_budget = eo.plot_budget;
+    int64_t n_predict = eo.n_predict, seed = eo.seed, n_depths = eo.n_depths;
+    int report_only = eo.report;
     char csv_path[1024] = "";
     if (out_dir) {
         if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
@@ -649,14 +644,20 @@ int cmd_eval(int argc, char **argv)
             cli_err("eval: --ctx: '%s' is not a length from 64 to 1048576 tokens (2K = 2048)", clist[c]);
             return 1;
         }
-        if (cli_parse_int("--samples", slist[n_smp == 1 ? 0 : c], 1, 100000, &smps[c])) return 1;
+        const char *sv = slist[n_smp == 1 ? 0 : c];
+        char *end;
+        smps[c] = strtoll(sv, &end, 10);
+        if (end == sv || *end || smps[c] < 1 || smps[c] > 100000) {
+            cli_err("eval: --samples: '%s' is not an integer in [1, 100000]", sv);
+            return 1;
+        }
     }
     /* configurations: a policy without a budget (full) runs once, not once per budget */
     char specs[16][256], blist[8][32], rlist[8][32];
     int n_spec = 0;
     if (!strcmp(policies, "all"))
         for (const pol_ops *const *p = pol_registry(); *p; p++) snprintf(specs[n_spec++], 256, "%s", (*p)->name);
-    else n_spec = cli_split_policies(policies, specs, 16);
+    else n_spec = pol_split_list(policies, specs, 16);
     int n_bud = budgets ? split_list(budgets, blist, 8) : 1;
     int n_bt = backtracks ? split_list(backtracks, rlist, 8) : 1;
     if (!budgets) blist[0][0] = 0;
@@ -690,9 +691,15 @@ int cmd_eval(int argc, char **argv)
                 const char *bud = has_budget && blist[b][0] ? blist[b] : NULL;
                 eval_cfg *c = &cfg[n_cfg];
                 err[0] = 0;
-                if (pol_parse(&c->spec, specs[p], bud, err, sizeof err) ||
-                    cli_parse_int("--backtrack", rlist[r], -1, 1 << 20, &rv)) {
-                    if (err[0]) cli_err("eval: %s", err);
+                char *end;
+                rv = strtoll(rlist[r], &end, 10);
+                if (end == rlist[r] || *end || rv < -1 || rv > (1 << 20)) {
+                    cli_err("eval: --backtrack: '%s' is not an integer in [-1, %d]", rlist[r], 1 << 20);
+                    free(cfg);
+                    return 1;
+                }
+                if (pol_parse(&c->spec, specs[p], bud, err, sizeof err)) {
+                    cli_err("eval: %s", err);
                     free(cfg);
                     return 1;
                 }
@@ -737,7 +744,10 @@ int cmd_eval(int argc, char **argv)
         if (E.recs.n) fprintf(stderr, "eval: %s has %zu rows already: those runs are skipped\n", csv_path, E.recs.n);
     }
     int rc = 1;
-    if (cli_open(&E.rt, &o, 1) != 0) {
+    session *S = cli_session(&o, 16, SESS_FORMAT_AUTO);
+    if (S) {
+        E.rt = (eval_rt){ S, sess_model(S), sess_fwd_mut(S), sess_backend(S), sess_monitor_mut(S), *sess_thresholds(S) };
+    } else {
         if (E.out) fclose(E.out);
         evalres_free(&E.recs);
         filler_done(&fl);
@@ -756,8 +766,7 @@ int cmd_eval(int argc, char **argv)
         cli_err("eval: out of memory");
         goto done;
     }
-    pol_set_free(E.rt.ps);   /* each configuration attaches its own */
-    E.rt.ps = NULL;
+    /* each configuration attaches its own policies (the session's own stay unused) */
     fwd_set_policy(E.rt.f, NULL);
     fwd_policy_env(E.rt.f, &E.env);
     cli_install_sigint();
@@ -813,7 +822,8 @@ int cmd_eval(int argc, char **argv)
                 if (it.kind == TASK_LOGLIK) {
                     bad = split_continuation(&E.rt, &it, &I, err, sizeof err);
                 } else {
-                    bad = cli_doc_prompt(&E.rt, it.doc, it.question[0], -1, &I.ids, &I.n_ids, err, sizeof err);
+                    bad = prompt_conversation(E.rt.m, E.chat, it.doc, NULL, 0, it.question[0], &I.ids, &I.n_ids, err,
+                                              sizeof err);
                 }
                 if (bad || I.n_ids == 0 || (it.kind == TASK_LOGLIK && I.n_cont == 0)) {
                     cli_err("eval: %s", bad ? err : "empty prompt");
@@ -871,7 +881,7 @@ done:
     free(I.cont);
     free(E.logits);
     samp_free(E.s);
-    cli_close(&E.rt);
+    sess_free(E.rt.s);
     evalres_free(&E.recs);
     filler_done(&fl);
     free(cfg);

@@ -1,5 +1,6 @@
 /* cmd_info.c - `kvchat info`: what a model file is: architecture, hyperparameters, tokenizer, tensor
  * types with their counts and sizes (and every tensor with --tensors). */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,32 +9,45 @@
 #include "app/commands.h"
 #include "common/quant.h"
 
+typedef struct info_opts {
+    const char *model_path, *tokenizer_path, *export_path;
+    int list;
+} info_opts;
+
+#define I(field) offsetof(info_opts, field)
+static const opt_def info_defs[] = {
+    { "--model", "-m", OPT_STR, I(model_path), 0, 0, NULL, 0, "MODEL", "the GGUF file (default: the default model)", NULL },
+    { "--tokenizer", NULL, OPT_STR, I(tokenizer_path), 0, 0, NULL, 0, "FILE.model",
+      "a SentencePiece model replacing the file's vocabulary", NULL },
+    { "--tensors", NULL, OPT_FLAG, I(list), 0, 0, NULL, 0, NULL, "list every tensor", NULL },
+    { "--export-tokenizer", NULL, OPT_STR, I(export_path), 0, 0, NULL, 0, "OUT.model",
+      "write the vocabulary as a SentencePiece model file", NULL },
+    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
+    OPT_END
+};
+#undef I
+
 int cmd_info(int argc, char **argv)
 {
+    info_opts io = { 0 };
+    opt_group g[] = { { info_defs, &io, NULL } };
+    int r = cli_parse(argc, argv, "kvchat info [-m MODEL] [--tensors] [--tokenizer FILE.model] [--export-tokenizer OUT.model]",
+                      "What a model file is: architecture, hyperparameters, tokenizer, tensor types.", g, 1, NULL, 0, NULL);
+    if (r) return r > 0 ? 0 : 1;
     cli_opts o;
     cli_opts_init(&o);
-    int list = 0;
-    const char *export_path = NULL;
-    for (int i = 1; i < argc; i++) {
-        int r = cli_parse_common(&o, argc, argv, &i);
-        if (r < 0) return 1;
-        if (r > 0) continue;
-        if (!strcmp(argv[i], "--tensors")) {
-            list = 1;
-        } else if (!strcmp(argv[i], "--export-tokenizer")) {
-            if (!(export_path = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs("usage: kvchat info [-m MODEL] [--tensors] [--tokenizer FILE.model] [--export-tokenizer OUT.model]\n",
-                  stderr);
-            return 0;
-        } else {
-            cli_err("info: unknown option %s", argv[i]);
-            return 1;
-        }
+    o.model_path = io.model_path;
+    char pathbuf[1024], err[600];
+    const char *path = cli_model_path(&o, pathbuf, sizeof pathbuf);
+    if (!path) return 1;
+    model *m;
+    model_load_opts lo = { io.tokenizer_path };
+    if (model_load(&m, path, &lo, err, sizeof err) != 0) {
+        cli_err("%s", err);
+        return 1;
     }
-    cli_runtime rt;
-    if (cli_open(&rt, &o, 0) != 0) return 1;
-    const model *m = rt.m;
+    int list = io.list;
+    const char *export_path = io.export_path;
     const model_hparams *hp = &m->hp;
     const tok_vocab *v = m->vocab;
     printf("file            %s (%.1f MiB, GGUF v%u)\n", m->path, (double)gguf_file_size(m->gguf) / 1048576.0,
@@ -87,7 +101,6 @@ int cmd_info(int argc, char **argv)
     }
     int rc = 0;
     if (export_path) {
-        char err[512];
         if (tok_export_model(v, export_path, err, sizeof err) != 0) {
             cli_err("info: %s", err);
             rc = 1;
@@ -95,6 +108,6 @@ int cmd_info(int argc, char **argv)
             printf("tokenizer       written to %s\n", export_path);
         }
     }
-    cli_close(&rt);
+    model_free(m);
     return rc;
 }

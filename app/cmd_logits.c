@@ -2,6 +2,7 @@
  * (n_vocab, prompt ids, top-5 logits after every prompt position, a 32-token greedy continuation and
  * the top-5 after each step) so any reference file can be compared with a script. --feed replaces
  * the engine's own greedy choices by given ids (teacher forcing). */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,13 +10,6 @@
 #include "app/cli.h"
 #include "app/commands.h"
 #include "engine/tokenizer.h"
-
-static void usage(void)
-{
-    fputs("usage: kvchat logits [-m MODEL] -f PROMPT_FILE [--gen N | --feed \"ID ID ...\"] [--threads T] [--ctx N]\n"
-          "                     [--batch N] [--tokenizer FILE.model]\n",
-          stderr);
-}
 
 /* Top-5 ids by logit, ties broken by the lower id. */
 static void top5(const float *l, int32_t n, int32_t *ids)
@@ -60,36 +54,36 @@ static int32_t argmax(const float *l, int32_t n)
     return b;
 }
 
+typedef struct logits_opts {
+    const char *file, *feed;
+    int64_t n_gen;
+} logits_opts;
+
+#define L(field) offsetof(logits_opts, field)
+static const opt_def logits_defs[] = {
+    { "--file", "-f", OPT_STR, L(file), 0, 0, NULL, 0, "PROMPT_FILE", "the prompt (required)", NULL },
+    { "--gen", NULL, OPT_I64, L(n_gen), 0, 1 << 20, NULL, 0, "N", "greedy steps after the prompt (default 32)", NULL },
+    { "--feed", NULL, OPT_STR, L(feed), 0, 0, NULL, 0, "\"ID ID ...\"",
+      "decode these ids one at a time instead of the greedy ones (teacher forcing)", NULL },
+    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
+    OPT_END
+};
+#undef L
+
 int cmd_logits(int argc, char **argv)
 {
     cli_opts o;
     cli_opts_init(&o);
-    const char *file = NULL, *feed = NULL;
-    int64_t n_gen = 32;
-    for (int i = 1; i < argc; i++) {
-        int r = cli_parse_common(&o, argc, argv, &i);
-        if (r < 0) return 1;
-        if (r > 0) continue;
-        const char *a = argv[i];
-        if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            if (!(file = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "--gen")) {
-            const char *v = cli_need_value(argc, argv, &i);
-            if (!v || cli_parse_int(a, v, 0, 1 << 20, &n_gen)) return 1;
-        } else if (!strcmp(a, "--feed")) {
-            if (!(feed = cli_need_value(argc, argv, &i))) return 1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        } else {
-            cli_err("logits: unknown option %s", a);
-            usage();
-            return 1;
-        }
-    }
+    logits_opts lo = { NULL, NULL, 32 };
+    opt_group g[] = { { logits_defs, &lo, NULL }, CLI_MODEL(&o) };
+    int r = cli_parse(argc, argv, "kvchat logits [-m MODEL] -f PROMPT_FILE [--gen N | --feed \"ID ID ...\"]",
+                      "The reference format of the test data: prompt ids, top-5 logits after every position, greedy "
+                      "steps.", g, 2, NULL, 0, NULL);
+    if (r) return r > 0 ? 0 : 1;
+    const char *file = lo.file, *feed = lo.feed;
+    int64_t n_gen = lo.n_gen;
     if (!file) {
-        cli_err("logits: -f PROMPT_FILE is required");
-        usage();
+        cli_err("logits: -f PROMPT_FILE is required (see kvchat logits --help)");
         return 1;
     }
     size_t tlen;
@@ -129,21 +123,23 @@ int cmd_logits(int argc, char **argv)
         }
         n_gen = (int64_t)n_fed;
     }
-    cli_runtime rt;
+    session *s = NULL;
     int rc = 1;
     char err[512];
     int32_t *ids = NULL, *gen = NULL;
     size_t n_ids = 0;
     float *logits = NULL, *top_val = NULL;
     int32_t *top_id = NULL;
-    if (cli_open(&rt, &o, 1) != 0) goto done;
-    int32_t nv = rt.m->hp.n_vocab;
+    if (cli_finish_common(&o) || !(s = cli_session(&o, 1, SESS_FORMAT_AUTO))) goto done;
+    const model *m = sess_model(s);
+    fwd_ctx *f = sess_fwd_mut(s);
+    int32_t nv = m->hp.n_vocab;
     for (size_t i = 0; i < n_fed; i++)
         if (fed[i] >= nv) {
             cli_err("logits: --feed: token id %d out of range (vocabulary has %d)", fed[i], nv);
             goto done;
         }
-    if (tok_encode(rt.m->vocab, text, tlen, tok_add_bos(rt.m->vocab), 0, &ids, &n_ids, err, sizeof err)) {
+    if (tok_encode(m->vocab, text, tlen, tok_add_bos(m->vocab), 0, &ids, &n_ids, err, sizeof err)) {
         cli_err("logits: %s", err);
         goto done;
     }
@@ -151,9 +147,9 @@ int cmd_logits(int argc, char **argv)
         cli_err("logits: %s: the prompt is empty", file);
         goto done;
     }
-    if ((int64_t)(n_ids + (size_t)n_gen) > fwd_n_ctx(rt.f)) {
+    if ((int64_t)(n_ids + (size_t)n_gen) > fwd_n_ctx(f)) {
         cli_err("logits: the prompt (%zu tokens) plus %lld steps does not fit in the context of %lld (raise --ctx)",
-                n_ids, (long long)n_gen, (long long)fwd_n_ctx(rt.f));
+                n_ids, (long long)n_gen, (long long)fwd_n_ctx(f));
         goto done;
     }
     logits = malloc(sizeof(float) * (size_t)nv);
@@ -170,14 +166,16 @@ int cmd_logits(int argc, char **argv)
     for (size_t i = 0; i < n_ids; i++) printf(" %d", ids[i]);
     putchar('\n');
     pos_printer pp = { nv };
-    if (fwd_eval(rt.f, ids, (int64_t)n_ids, logits, on_logits, &pp, NULL, NULL, &cli_interrupted, err, sizeof err)) {
-        cli_err("logits: %s", err);
+    sess_set_callbacks(s, NULL, &cli_interrupted);
+    if (sess_feed(s, ids, (int64_t)n_ids, on_logits, &pp)) {
+        cli_err("logits: %s", sess_error(s));
         goto done;
     }
+    memcpy(logits, sess_logits(s), sizeof(float) * (size_t)nv);
     /* Steps are computed before printing because the greedy line comes first in the format. */
     for (int64_t t = 0; t < n_gen; t++) {
         gen[t] = fed ? fed[t] : argmax(logits, nv);
-        if (fwd_decode(rt.f, gen[t], logits, &cli_interrupted, err, sizeof err)) {
+        if (fwd_decode(f, gen[t], logits, &cli_interrupted, err, sizeof err)) {
             cli_err("logits: %s", err);
             goto done;
         }
@@ -203,6 +201,6 @@ done:
     free(ids);
     free(fed);
     free(text);
-    cli_close(&rt);
+    sess_free(s);
     return rc;
 }

@@ -1,5 +1,6 @@
 /* cmd_sessions.c - `kvchat sessions`: list, search, show, export, rename and delete the saved
  * sessions of the store. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,23 +8,24 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
-#include "app/session.h"
+#include "store/persist.h"
 #include "store/store.h"
 
-static void usage(void)
-{
-    printf("usage: kvchat sessions [--db PATH] COMMAND\n"
-           "\n"
-           "  list                      every session, newest first\n"
-           "  search TEXT               full-text search over messages and session titles\n"
-           "  show ID                   the conversation (every branch, in order)\n"
-           "  export ID [--format md|json]\n"
-           "                            the conversation as Markdown (the newest branch) or JSON (every message)\n"
-           "  rename ID TITLE           give a session a new title\n"
-           "  delete ID                 delete a session with its messages and snapshots\n"
-           "\n"
-           "ID is a session's number or its name (kvchat ask --session NAME).\n");
-}
+typedef struct sessions_opts {
+    const char *db;
+    int format;                  /* export: 0 md, 1 json */
+} sessions_opts;
+
+#define O(field) offsetof(sessions_opts, field)
+static const opt_def sessions_defs[] = {
+    { "--db", NULL, OPT_STR, O(db), 0, 0, NULL, 0, "PATH", "the session database (default ~/.local/share/kvchat/kvchat.db)",
+      NULL },
+    { "--format", NULL, OPT_CHOICE, O(format), 0, 0, "md|json", 0, NULL,
+      "export: Markdown (the newest branch) or JSON (every message)", NULL },
+    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
+    OPT_END
+};
+#undef O
 
 static void fmt_time(int64_t t, char *buf, size_t cap)
 {
@@ -53,14 +55,14 @@ static void list_one(void *ud, const store_session *ss)
     if (ss->last_message[0]) printf("       last: %.100s\n", ss->last_message);
 }
 
-static void search_one(void *ud, int64_t session, int64_t message, const char *snippet)
+static void search_one(void *ud, int64_t sid, int64_t message, const char *snippet)
 {
     int *n = ud;
     (*n)++;
     if (message)
-        printf("session %lld, message %lld: %s\n", (long long)session, (long long)message, snippet);
+        printf("session %lld, message %lld: %s\n", (long long)sid, (long long)message, snippet);
     else
-        printf("session %lld (title): %s\n", (long long)session, snippet);
+        printf("session %lld (title): %s\n", (long long)sid, snippet);
 }
 
 /* JSON string with the escapes RFC 8259 requires. */
@@ -120,7 +122,7 @@ static int show(store *db, const store_session *ss)
 static int export_md(store *db, const store_session *ss)
 {
     char err[600];
-    if (sess_export_md(db, ss, stdout, err, sizeof err)) {
+    if (store_export_md(db, ss, stdout, err, sizeof err)) {
         cli_err("sessions: %s", err);
         return -1;
     }
@@ -173,32 +175,27 @@ static int export_json(store *db, const store_session *ss)
 
 int cmd_sessions(int argc, char **argv)
 {
-    const char *db_path = NULL;
-    int i = 1;
-    while (i < argc && argv[i][0] == '-') {
-        if (!strcmp(argv[i], "--db") && i + 1 < argc) {
-            db_path = argv[i + 1];
-            i += 2;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage();
-            return 0;
-        } else {
-            cli_err("sessions: unknown option %s (see kvchat sessions --help)", argv[i]);
-            return 1;
-        }
-    }
-    const char *cmd = i < argc ? argv[i++] : "list";
-    int nargs = argc - i;
-    char **args = argv + i;
-    /* --db may also come after the command */
-    for (int k = 0; k + 1 < nargs; k++)
-        if (!strcmp(args[k], "--db")) {
-            db_path = args[k + 1];
-            for (int j = k; j + 2 < nargs; j++) args[j] = args[j + 2];
-            nargs -= 2;
-            break;
-        }
-    store *db = sess_db_open(db_path);
+    sessions_opts so = { NULL, 0 };
+    opt_group g[] = { { sessions_defs, &so, NULL } };
+    const char *pos[32];
+    int npos = 0;
+    int r = cli_parse(argc, argv, "kvchat sessions [--db PATH] COMMAND",
+                      "  list                      every session, newest first\n"
+                      "  search TEXT               full-text search over messages and session titles\n"
+                      "  show ID                   the conversation (every branch, in order)\n"
+                      "  export ID [--format md|json]\n"
+                      "                            the conversation as Markdown (the newest branch) or JSON\n"
+                      "  rename ID TITLE           give a session a new title\n"
+                      "  delete ID                 delete a session with its messages and snapshots\n"
+                      "\n"
+                      "ID is a session's number or its name (kvchat ask --session NAME).",
+                      g, 1, pos, 32, &npos);
+    if (r) return r > 0 ? 0 : 1;
+    const char *db_path = so.db;
+    const char *cmd = npos > 0 ? pos[0] : "list";
+    int nargs = npos > 0 ? npos - 1 : 0;
+    const char **args = pos + 1;
+    store *db = cli_open_db(db_path);
     if (!db) return 1;
     int rc = 1;
     store_session ss;
@@ -234,14 +231,7 @@ int cmd_sessions(int argc, char **argv)
             if (!strcmp(cmd, "show")) {
                 rc = show(db, &ss) ? 1 : 0;
             } else if (!strcmp(cmd, "export")) {
-                const char *fmt = "md";
-                if (nargs >= 3 && !strcmp(args[1], "--format")) fmt = args[2];
-                if (!strcmp(fmt, "md"))
-                    rc = export_md(db, &ss) ? 1 : 0;
-                else if (!strcmp(fmt, "json"))
-                    rc = export_json(db, &ss) ? 1 : 0;
-                else
-                    cli_err("sessions: --format takes md or json, not '%s'", fmt);
+                rc = (so.format == 0 ? export_md(db, &ss) : export_json(db, &ss)) ? 1 : 0;
             } else if (!strcmp(cmd, "delete")) {
                 if (store_session_delete(db, ss.id) == 0) {
                     printf("deleted session %lld (%s)\n", (long long)ss.id, ss.title);

@@ -443,7 +443,7 @@ Test(cli, session_saves_turns_and_resumes_from_its_snapshot, .timeout = 120)
     snprintf(args, sizeof args, "ask -t 1 -m " TINY_G " --resume nosuch -q 'x' --db %s", db);
     expect_one_line_error(args, "no session 'nosuch'");
     snprintf(args, sizeof args, "sessions --db %s export 1 --format xml", db);
-    expect_one_line_error(args, "--format takes md or json");
+    expect_one_line_error(args, "--format is one of md|json");
 
     /* a corrupted snapshot is refused before anything changes, and the session is still there */
     sqlite3 *sq;

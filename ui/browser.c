@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "app/session.h"
+#include "store/persist.h"
 
 static const char *base(const char *p)
 {
@@ -27,15 +27,15 @@ static void add_session(void *ud, const store_session *ss)
 }
 
 /* A search hit: its session, once. */
-static void add_hit(void *ud, int64_t session, int64_t message, const char *snippet)
+static void add_hit(void *ud, int64_t sid, int64_t message, const char *snippet)
 {
     (void)message;
     (void)snippet;
     browser *b = ud;
     for (int i = 0; i < b->n_ss; i++)
-        if (b->ss[i].id == session) return;
+        if (b->ss[i].id == sid) return;
     store_session ss;
-    if (store_session_get(b->db, session, &ss) == 0) add_session(b, &ss);
+    if (store_session_get(b->db, sid, &ss) == 0) add_session(b, &ss);
 }
 
 /* The rows again, for the current search text. */
@@ -110,7 +110,7 @@ static void export(browser *b, const store_session *s)
         menu_say(&b->m, 1, "cannot write %s: %s", path, strerror(errno));
         return;
     }
-    int bad = sess_export_md(b->db, s, f, err, sizeof err);
+    int bad = store_export_md(b->db, s, f, err, sizeof err);
     if (fclose(f) && !bad) {
         snprintf(err, sizeof err, "writing %.300s failed: %s", path, strerror(errno));
         bad = 1;

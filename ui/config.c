@@ -79,43 +79,38 @@ static int split(char *line, char **k, char **v)
     return 0;
 }
 
-static int setting(cli_opts *o, tui_config *c, const char *path, int ln, const char *k, const char *v)
+/* Every settings key, for the message about an unknown one. */
+static void list_keys(const opt_group *groups, int n_groups, char *buf, size_t cap)
 {
-    char opt[1200];
-    snprintf(opt, sizeof opt, "%s:%d: %s", path, ln, k);
-    double d;
-    int64_t iv;
-    int rc = 0;
-    if (!strcmp(k, "policy")) {
-        snprintf(c->policy, sizeof c->policy, "%s", v);
-    } else if (!strcmp(k, "budget")) {
-        snprintf(c->budget, sizeof c->budget, "%s", v);
-    } else if (!strcmp(k, "temperature")) {
-        rc = cli_parse_float(opt, v, 0, 100, &d);
-        o->sp.temperature = (float)d;
-    } else if (!strcmp(k, "top_k")) {
-        rc = cli_parse_int(opt, v, 0, 1 << 30, &iv);
-        o->sp.top_k = (int32_t)iv;
-    } else if (!strcmp(k, "top_p")) {
-        rc = cli_parse_float(opt, v, 0, 1, &d);
-        o->sp.top_p = (float)d;
-    } else if (!strcmp(k, "min_p")) {
-        rc = cli_parse_float(opt, v, 0, 1, &d);
-        o->sp.min_p = (float)d;
-    } else if (!strcmp(k, "repeat_penalty")) {
-        rc = cli_parse_float(opt, v, 0.01, 100, &d);
-        o->sp.repeat_penalty = (float)d;
-    } else if (!strcmp(k, "seed")) {
-        rc = cli_parse_int(opt, v, 0, INT64_MAX, &iv);
-        o->sp.seed = (uint64_t)iv;
-    } else if (!strcmp(k, "n_predict")) {
-        rc = cli_parse_int(opt, v, 1, 1 << 20, &c->n_predict);
-    } else if (!strcmp(k, "page_size")) {
-        rc = cli_parse_int(opt, v, 1, 4096, &iv);
-        o->page_size = (int)iv;
-    } else if (!strcmp(k, "color")) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int k = 0; k < n_groups; k++)
+        for (const opt_def *d = groups[k].defs; d->name; d++)
+            if (d->key && o < cap) o += (size_t)snprintf(buf + o, cap - o, "%s, ", d->key);
+    if (o < cap) snprintf(buf + o, cap - o, "color, color.ELEMENT, key.ACTION");
+}
+
+static int setting(const opt_group *groups, int n_groups, tui_config *c, const char *where, const char *k,
+                   const char *v, char *err, size_t errlen)
+{
+    const opt_group *g;
+    const opt_def *d = opt_find_key(groups, n_groups, k, &g);
+    if (d) {
+        char what[1200];
+        snprintf(what, sizeof what, "%s: %s", where, k);
+        if (d->type == OPT_STR) {   /* the line buffer is reused: the value is kept in c */
+            if (c->n_text == (int)(sizeof c->text / sizeof c->text[0])) {
+                snprintf(err, errlen, "%s: too many text settings", where);
+                return -1;
+            }
+            snprintf(c->text[c->n_text], sizeof c->text[0], "%s", v);
+            v = c->text[c->n_text++];
+        }
+        return opt_set(d, g->base, what, v, err, errlen);
+    }
+    if (!strcmp(k, "color")) {
         if (strcmp(v, "on") && strcmp(v, "off")) {
-            cli_err("%s:%d: color is on or off", path, ln);
+            snprintf(err, errlen, "%s: color is on or off", where);
             return -1;
         }
         c->color = !strcmp(v, "on");
@@ -123,63 +118,66 @@ static int setting(cli_opts *o, tui_config *c, const char *path, int ln, const c
         int e = 0;
         while (e < COL_COUNT && strcmp(color_names[e], k + 6)) e++;
         if (e == COL_COUNT) {
-            cli_err("%s:%d: no colour '%s' (user, answer, info, error, bar, heading, event, map_low, map_mid, "
-                    "map_high, frame)",
-                    path, ln, k + 6);
+            snprintf(err, errlen, "%s: no colour '%s' (user, answer, info, error, bar, heading, event, map_low, map_mid, "
+                     "map_high, frame)", where, k + 6);
             return -1;
         }
         if (parse_color_pair(v, &c->fg[e], &c->bg[e])) {
-            cli_err("%s:%d: %s: expected a colour (black, red, green, yellow, blue, magenta, cyan, white, default "
-                    "or 0-255), optionally 'on' a background colour",
-                    path, ln, k);
+            snprintf(err, errlen, "%s: %s: expected a colour (black, red, green, yellow, blue, magenta, cyan, white, "
+                     "default or 0-255), optionally 'on' a background colour", where, k);
             return -1;
         }
     } else if (!strncmp(k, "key.", 4)) {
         int a = keymap_action(k + 4);
-        char err[300];
+        char e[300];
         if (a < 0) {
-            cli_err("%s:%d: no action '%s' (help, seen, sessions, policy, settings, open, regen, scroll_up, "
-                    "scroll_down, quit)",
-                    path, ln, k + 4);
+            snprintf(err, errlen, "%s: no action '%s' (help, seen, sessions, policy, settings, open, regen, scroll_up, "
+                     "scroll_down, quit)", where, k + 4);
             return -1;
         }
-        if (keymap_bind(&c->keys, a, v, err, sizeof err)) {
-            cli_err("%s:%d: %s", path, ln, err);
+        if (keymap_bind(&c->keys, a, v, e, sizeof e)) {
+            snprintf(err, errlen, "%s: %s", where, e);
             return -1;
         }
     } else {
-        cli_err("%s:%d: unknown setting '%s' (policy, budget, temperature, top_k, top_p, min_p, repeat_penalty, seed, "
-                "n_predict, page_size, color, color.ELEMENT, key.ACTION)",
-                path, ln, k);
+        char keys[600];
+        list_keys(groups, n_groups, keys, sizeof keys);
+        snprintf(err, errlen, "%s: unknown setting '%s' (%s)", where, k, keys);
         return -1;
     }
-    return rc;
+    return 0;
 }
 
-int config_read(cli_opts *o, tui_config *c)
+int config_read(const opt_group *groups, int n_groups, tui_config *c, char *err, size_t errlen)
 {
     char path[1024];
     keymap_default(&c->keys);
     config_default_colors(c);
+    c->n_text = 0;
     if (config_path(path, sizeof path)) return 0;
     FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT ? 0 : (cli_err("%s: %s", path, strerror(errno)), -1);
-    char line[1024];
+    if (!f) {
+        if (errno == ENOENT) return 0;
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    char line[1024], where[1100];
     int ln = 0, rc = 0;
     while (rc == 0 && fgets(line, sizeof line, f)) {
         ln++;
         char *k, *v;
+        snprintf(where, sizeof where, "%s:%d", path, ln);
         if (split(line, &k, &v)) {
-            cli_err("%s:%d: expected key = value", path, ln);
+            snprintf(err, errlen, "%s: expected key = value", where);
             rc = -1;
         } else if (k) {
-            rc = setting(o, c, path, ln, k, v);
+            rc = setting(groups, n_groups, c, where, k, v, err, errlen);
         }
     }
     fclose(f);
-    char err[300];
-    if (rc == 0 && keymap_check(&c->keys, err, sizeof err)) {
-        cli_err("%s: %s", path, err);
+    char e[300];
+    if (rc == 0 && keymap_check(&c->keys, e, sizeof e)) {
+        snprintf(err, errlen, "%s: %s", path, e);
         rc = -1;
     }
     return rc;

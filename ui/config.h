@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "app/cli.h"
+#include "common/options.h"
 #include "ui/keymap.h"
 
 /* What the interface colours, each settable as color.NAME = FG [on BG] (names black, red, green,
@@ -17,11 +17,11 @@ enum { COL_USER, COL_ANSWER, COL_INFO, COL_ERROR, COL_BAR, COL_HEADING, COL_EVEN
        COL_FRAME, COL_COUNT };
 
 typedef struct tui_config {
-    int64_t n_predict;
     int color;
-    char policy[256], budget[32];
     keymap keys;
     short fg[COL_COUNT], bg[COL_COUNT];   /* -1: the terminal's default */
+    char text[8][256];           /* the values of text settings (policy, budget): options point here */
+    int n_text;
 } tui_config;
 
 /* The element's name in the settings file ("user"). */
@@ -31,9 +31,11 @@ const char *config_color_name(int element);
 int config_path(char *buf, size_t cap);
 /* The interface's own colours (what config_read starts from). */
 void config_default_colors(tui_config *c);
-/* Read the file into o and c (c starts from its defaults). 0 (also when there is no file), or -1
- * after printing one line naming the file, the line and the problem. */
-int config_read(cli_opts *o, tui_config *c);
+/* Read the file into c (which starts from its defaults) and into the options of groups: color,
+ * color.ELEMENT and key.ACTION are the interface's own; every other key is the option whose
+ * settings key it is (opt_def.key), set and checked through the same table as the command line.
+ * 0 (also when there is no file), or -1 with one line naming the file, the line and the problem. */
+int config_read(const opt_group *groups, int n_groups, tui_config *c, char *err, size_t errlen);
 /* Set keys to values in the file, keeping every other line; written to a temporary file and
  * renamed over the old one. 0, or -1 with a message. */
 int config_update(const char *const *keys, const char *const *values, int n, char *err, size_t errlen);

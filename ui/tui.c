@@ -861,18 +861,14 @@ static void drain(tui *t)
     }
 }
 
-int tui_main(const cli_opts *o, const char *doc, const char *session, const tui_config *cfg)
+int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config *cfg, char *err, size_t errlen)
 {
-    ui_worker *w = uw_start(o, cfg->n_predict);
-    if (!w) return 1;
     setlocale(LC_ALL, "");
     if (!initscr()) {
         uw_stop(w);
-        cli_err("cannot start the terminal interface (is TERM set?)");
-        return 1;
+        snprintf(err, errlen, "cannot start the terminal interface (is TERM set?)");
+        return -1;
     }
-    char err_line[1024];
-    cli_err_to(err_line, sizeof err_line);   /* nothing may write over the screen */
     set_escdelay(25);
     raw();   /* Ctrl-C arrives as a key: it stops generation instead of killing the program */
     noecho();
@@ -901,7 +897,7 @@ int tui_main(const cli_opts *o, const char *doc, const char *session, const tui_
     if (doc)
         uw_open(w, doc);
     else
-        uw_resume(w, session ? session : "");
+        uw_resume(w, resume ? resume : "");
     while (!t.quit) {
         drain(&t);
         draw(&t);
@@ -935,7 +931,6 @@ int tui_main(const cli_opts *o, const char *doc, const char *session, const tui_
     }
     if (t.overlay) close_overlay(&t);
     endwin();
-    cli_err_to(NULL, 0);
     uw_stop(w);
     for (int i = 0; i < t.n; i++) {
         free(t.e[i].text);

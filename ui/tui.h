@@ -5,12 +5,15 @@
 
 #include <stdint.h>
 
-#include "app/cli.h"
-#include "ui/config.h"
+#include <stddef.h>
 
-/* Run the interface until the user quits. With doc, open it (a new session); else continue session
- * (a name or id), else the most recent session, if any. cfg: answer length, colour (0: monochrome)
- * and the keymap. Returns the exit status. */
-int tui_main(const cli_opts *o, const char *doc, const char *session, const tui_config *cfg);
+#include "ui/config.h"
+#include "ui/worker.h"
+
+/* Run the interface on worker w (stopped and freed on return) until the user quits. With doc, open
+ * it (a new session); else continue session (a name or id), else the most recent session, if any.
+ * cfg: colour (0: monochrome) and the keymap. 0, or -1 with a message when the terminal cannot be
+ * set up. */
+int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config *cfg, char *err, size_t errlen);
 
 #endif

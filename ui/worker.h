@@ -1,17 +1,19 @@
 /* worker.h - the engine thread behind the TUI: the screen never waits on the model.
  *
- * The worker owns the model, the forward context, the policies and the sampler. The UI submits one
- * job at a time (open a document, answer a question) and drains events (text pieces, progress,
- * the end of a job, errors) without blocking; it reads live figures from a copy the worker
- * publishes under a mutex after every chunk and token (memory, the page map, entropy history). */
+ * The worker owns the engine session (engine/session.h: the conversation, its model, cache and
+ * policies) and runs one job at a time on it (open a document, answer a question, switch policy,
+ * ...). The UI submits jobs and drains events (text pieces, progress, the end of a job, errors)
+ * without blocking; it reads live figures from a copy the worker publishes under a mutex after
+ * every chunk and token (memory, the page map, entropy history). */
 #ifndef KVCHAT_UI_WORKER_H
 #define KVCHAT_UI_WORKER_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "app/cli.h"
 #include "engine/sampler.h"
+#include "engine/session.h"
+#include "store/store.h"
 
 typedef enum { UW_TEXT, UW_PROGRESS, UW_DONE, UW_ERROR, UW_INFO, UW_EVENT, UW_PAST_USER, UW_PAST_ANSWER } uw_kind;
 
@@ -52,12 +54,8 @@ typedef struct uw_view {
     char budget[32];         /* --budget, "" when each policy's own applies */
 } uw_view;
 
-/* "What the model sees": the sequence as text spans, each with what the cache does with it in the
- * first global layer: 0 evicted (or merged away), 1 held, 2 attended at the last decode step. */
-typedef struct uw_span {
-    int state;
-    char *text;
-} uw_span;
+/* "What the model sees": the sequence as text spans (sess_seen). */
+typedef sess_span uw_span;
 
 /* One answer of a comparison. */
 typedef struct uw_compared {
@@ -68,9 +66,10 @@ typedef struct uw_compared {
 
 typedef struct ui_worker ui_worker;
 
-/* Load the model (on the calling thread, before the screen opens) and start the thread. NULL after
- * printing a one-line error. */
-ui_worker *uw_start(const cli_opts *o, int64_t n_predict);
+/* Start the thread on session s (made on the calling thread before the screen opens), saving into
+ * db (may be NULL; db_path: its file, for the session browser's own connection). The worker owns
+ * both from now on. NULL with a message (nothing is owned then). */
+ui_worker *uw_start(session *s, store *db, const char *db_path, char *err, size_t errlen);
 void uw_stop(ui_worker *w);
 /* 0, or -1 when a job is still running. path is copied. */
 int uw_open(ui_worker *w, const char *path);

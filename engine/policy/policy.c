@@ -578,3 +578,22 @@ bad:
     snprintf(err, errlen, "the snapshot's policy section is malformed");
     return -1;
 }
+
+int pol_split_list(const char *list, char specs[][256], int max)
+{
+    int n = 0;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", list);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int cont = strchr(t, '=') && !strchr(t, ':') && n > 0;
+        if (cont) {
+            size_t l = strlen(specs[n - 1]);
+            snprintf(specs[n - 1] + l, 256 - l, ",%s", t);
+        } else {
+            if (n == max) return -1;
+            snprintf(specs[n++], 256, "%s", t);
+        }
+    }
+    return n;
+}

@@ -144,7 +144,7 @@ wait_for '1  First talk'
 T send-keys -t "$s" 'First'
 wait_for '1 session matches'
 T send-keys -t "$s" Enter
-wait_for 'session 1 resumed: [0-9]+ tokens restored from a'
+wait_for 'session 1: restored [0-9]+ tokens \(full\) from a'
 wait_for '\| ready'
 
 T send-keys -t "$s" '/nonsense' Enter
@@ -179,7 +179,7 @@ res=$("$bin" ask -t 1 -m "$model" --resume 1 -q 'More?' -n 4 --db "$db" 2>&1 >/d
 echo "$res" | grep -q 'session 1: restored' || { echo "tui test: not resumed from the snapshot: $res"; exit 1; }
 # opened again with neither a document nor a session, it continues the most recent one
 T new-session -d -s "$s" -x 120 -y 36 -c "$work" "$bin tui -t 1 -m $model -n 8 --db $db --session 1"
-wait_for 'session 1 resumed: [0-9]+ tokens restored from a'
+wait_for 'session 1: restored [0-9]+ tokens \(full\) from a'
 wait_for 'you> More\?'
 wait_for '\| p2\.txt \|'
 # a question asked before this window: rebuilt from the saved conversation

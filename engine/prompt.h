@@ -1,0 +1,38 @@
+/* prompt.h - the token ids of a conversation about a document.
+ *
+ * Two forms. The model's chat template, with the document and the first question in one user turn
+ * (the template's text carries BOS and the turn markers); or, for a base model that was never
+ * trained on turn markers, the plain completion
+ *     DOCUMENT\n\nQuestion: Q1\nAnswer: A1\nQuestion: Q2\nAnswer:
+ * Every front end builds its prompts here, so a conversation resumed by one continues exactly the
+ * tokens another wrote. */
+#ifndef KVCHAT_PROMPT_H
+#define KVCHAT_PROMPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+
+/* 1 when the model file carries a chat template (the default form then). */
+int prompt_has_template(const model *m);
+
+/* The document, the turns (texts alternating user question and assistant answer, n_turns of them;
+ * an odd last one is ignored) and question. chat: the template (1) or the plain form (0).
+ * ids malloc'd. 0, or -1 with a message. */
+int prompt_conversation(const model *m, int chat, const char *doc, const char *const *turns, int n_turns,
+                        const char *question, int32_t **ids, size_t *n, char *err, size_t errlen);
+/* The tokens that ask the next question after an answer (whose closing marker may be missing). */
+int prompt_continue(const model *m, int chat, const char *question, int32_t **ids, size_t *n, char *err,
+                    size_t errlen);
+
+/* The document alone, the way its turn goes on with the first question (prompt_first_question):
+ * prefilled before any question is asked. gemma: Gemma's turn markers, else the plain form. */
+int prompt_document(const model *m, int gemma, const char *doc, int32_t **ids, size_t *n, char *err,
+                    size_t errlen);
+/* The first question after prompt_document (after_doc 1), or as a turn of its own (after_doc 0, the
+ * sequence empty: BOS first). */
+int prompt_first_question(const model *m, int gemma, int after_doc, const char *question, int32_t **ids, size_t *n,
+                          char *err, size_t errlen);
+
+#endif
