@@ -134,6 +134,7 @@ run: model $(KVCHAT)
 # the default model. Criterion prints a synthesis line for each.
 test: model
 	@$(MAKE) --no-print-directory $(KVCHAT) $(UNIT_BIN) $(MODEL_BIN)
+	scripts/check_layers.sh
 	./$(UNIT_BIN) -j2
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory cuda-build; \
 	 else echo "nvcc not found: the CUDA backend was not built (make CUDA=1 needs the CUDA toolkit)"; fi
@@ -149,6 +150,7 @@ test-gpu: cuda-build
 	./build-cuda/tests/gpu_tests -j1
 
 unit-tests: $(KVCHAT) $(UNIT_BIN)
+	scripts/check_layers.sh
 	./$(UNIT_BIN) -j2
 
 asan:

@@ -6,33 +6,41 @@
 
 #include "app/commands.h"
 
+/* The commands, in the order the help lists them. */
+static const struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    { "tui", cmd_tui, "the terminal interface (the default in a terminal)" },
+    { "chat", cmd_chat, "line-oriented chat (the default when input or output is not a terminal)" },
+    { "ask", cmd_ask, "answer a question about a document under a KV-cache policy, with metrics" },
+    { "generate", cmd_generate, "complete a prompt or answer it (--chat), streaming the text" },
+    { "info", cmd_info, "architecture, hyperparameters, tensor types and sizes of a model" },
+    { "logits", cmd_logits, "top-5 logits per position and a greedy continuation, in the reference format" },
+    { "bench", cmd_bench, "prefill and decode speed at several prompt lengths" },
+    { "calibrate", cmd_calibrate, "the uncertainty thresholds of a model (entropy statistics of its answers)" },
+    { "eval", cmd_eval, "accuracy of policies on generated retrieval tasks (pass key), with backtracking" },
+    { "sessions", cmd_sessions, "list, search, show, export, rename and delete saved sessions" },
+};
+#define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
+
 static void usage(FILE *out)
 {
-    fputs("kvchat - chat with a local language model over long documents\n"
-          "\n"
-          "usage: kvchat [COMMAND] [OPTIONS]\n"
-          "\n"
-          "commands:\n"
-          "  tui        the terminal interface (the default in a terminal)\n"
-          "  chat       line-oriented chat (the default when input or output is not a terminal)\n"
-          "  ask        answer a question about a document under a KV-cache policy, with metrics\n"
-          "  generate   complete a prompt or answer it (--chat), streaming the text\n"
-          "  info       architecture, hyperparameters, tensor types and sizes of a model\n"
-          "  logits     top-5 logits per position and a greedy continuation, in the reference format\n"
-          "  bench      prefill and decode speed at several prompt lengths\n"
-          "  calibrate  the uncertainty thresholds of a model (entropy statistics of its answers)\n"
-          "  eval       accuracy of policies on generated retrieval tasks (pass key), with backtracking\n"
-          "  sessions   list, search, show, export, rename and delete saved sessions\n"
-          "\n"
-          "`kvchat COMMAND --help` shows a command's options. Without -m, the default model\n"
-          "(Gemma 3 270M Q4_K_M, fetched by `make model`) is used.\n",
-          out);
+    fputs("kvchat - chat with a local language model over long documents\n\nusage: kvchat [COMMAND] [OPTIONS]\n\n"
+          "commands:\n", out);
+    for (int i = 0; i < N_COMMANDS; i++) fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fputs("\n`kvchat COMMAND --help` shows a command's options. Without -m, the default model\n"
+          "(Gemma 3 270M Q4_K_M, fetched by `make model`) is used.\n", out);
 }
 
-/* With no command: the terminal interface in a terminal, the line chat when piped. */
+/* With no command: the terminal interface in a terminal, the line chat when piped (argv[0] names
+ * the command in messages). */
 static int default_command(int argc, char **argv)
 {
-    return isatty(STDIN_FILENO) && isatty(STDOUT_FILENO) ? cmd_tui(argc, argv) : cmd_chat(argc, argv);
+    int tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
+    argv[0] = tty ? "tui" : "chat";
+    return tty ? cmd_tui(argc, argv) : cmd_chat(argc, argv);
 }
 
 int main(int argc, char **argv)
@@ -43,16 +51,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    if (!strcmp(c, "generate")) return cmd_generate(argc - 1, argv + 1);
-    if (!strcmp(c, "ask")) return cmd_ask(argc - 1, argv + 1);
-    if (!strcmp(c, "chat")) return cmd_chat(argc - 1, argv + 1);
-    if (!strcmp(c, "info")) return cmd_info(argc - 1, argv + 1);
-    if (!strcmp(c, "logits")) return cmd_logits(argc - 1, argv + 1);
-    if (!strcmp(c, "bench")) return cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(c, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
-    if (!strcmp(c, "eval")) return cmd_eval(argc - 1, argv + 1);
-    if (!strcmp(c, "sessions")) return cmd_sessions(argc - 1, argv + 1);
-    if (!strcmp(c, "tui")) return cmd_tui(argc - 1, argv + 1);
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(c, commands[i].name)) return commands[i].run(argc - 1, argv + 1);
     if (c[0] == '-') return default_command(argc, argv);
     fprintf(stderr, "kvchat: unknown command '%s' (see kvchat --help)\n", c);
     return 1;

@@ -791,6 +791,7 @@ static char *reload_document(session *s, const char *path, const char *want_sha,
              "restore that file, or start a new conversation about it", path, want_sha, sha);
         return NULL;
     }
+    *code = SESS_OK;
     return doc;
 }
 
@@ -1403,6 +1404,9 @@ int sess_generate(session *s, int64_t n_predict, gen_result *res)
     memset(res, 0, sizeof *res);
     int rc = generate(s, prev, n_predict > 0 ? n_predict : s->cfg.n_predict, s->backtrack, 1, res);
     s->last.gen = *res;
+    s->last.text = s->answer ? s->answer : "";
+    s->last.ids = s->ans_ids;
+    s->last.n_ids = s->ans_n;
     return rc;
 }
 

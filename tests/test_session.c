@@ -1,0 +1,382 @@
+/* test_session.c - the engine's conversation object on the tiny models, with a real sqlite store:
+ * a resumed conversation continues exactly as the uninterrupted one, a branch at question N
+ * answers as a fresh conversation with that question would, a regeneration is a sibling branch,
+ * a policy switch that is cancelled or refused leaves the conversation exactly as it was, and a
+ * document changed on disk is refused when the conversation must be prefilled again. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/document.h"
+#include "engine/prompt.h"
+#include "engine/session.h"
+#include "store/persist.h"
+#include "store/store.h"
+
+#define TD "../shared/testdata/"
+#define MODEL TD "tiny/tiny-gemma3-q4_k_m.gguf"
+
+typedef struct fixture {
+    char dir[64], db_path[128], doc[128];
+    store *db;
+    store_persist sp;
+} fixture;
+
+static void fixture_open(fixture *x)
+{
+    snprintf(x->dir, sizeof x->dir, "/tmp/kvchat-sess-XXXXXX");
+    cr_assert(mkdtemp(x->dir));
+    snprintf(x->db_path, sizeof x->db_path, "%s/s.db", x->dir);
+    snprintf(x->doc, sizeof x->doc, "%s/doc.txt", x->dir);
+    /* the document: the long test prompt (about 850 tokens, many sliding windows long) */
+    FILE *in = fopen(TD "prompts/p2.txt", "rb"), *out = fopen(x->doc, "wb");
+    cr_assert(in && out);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) cr_assert_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    fclose(out);
+    char err[600];
+    x->db = store_open(x->db_path, err, sizeof err);
+    cr_assert(x->db, "%s", err);
+    store_persist_init(&x->sp, x->db);
+}
+
+static void fixture_close(fixture *x)
+{
+    store_close(x->db);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", x->dir);
+    cr_expect(system(cmd) == 0);
+}
+
+/* A session on the tiny Gemma model: greedy, 8-token answers, pages of 8, the policy spec given. */
+static session *open_session(const char *spec, const store_persist *sp)
+{
+    sess_config c;
+    memset(&c, 0, sizeof c);
+    c.model_path = MODEL;
+    c.device = SESS_DEVICE_CPU;
+    c.n_threads = 1;
+    c.n_ctx = 4096;
+    c.page_size = 8;
+    char err[600];
+    cr_assert(pol_parse(&c.policy, spec, NULL, err, sizeof err) == 0, "%s", err);
+    c.sp = samp_params_default();
+    c.sp.temperature = 0;
+    c.backtrack = 0;
+    c.n_predict = 8;
+    c.format = SESS_FORMAT_AUTO;
+    session *s = sess_create(&c, err, sizeof err);
+    cr_assert(s, "%s", err);
+    if (sp) cr_assert(sess_attach_store(s, &sp->ops) == 0, "%s", sess_error(s));
+    return s;
+}
+
+static void ask_ok(session *s, const char *q)
+{
+    int rc = sess_ask(s, q);
+    cr_assert(rc == SESS_OK, "ask '%s': %d %s", q, rc, sess_error(s));
+}
+
+/* The last answer's ids, copied. */
+static int64_t answer_ids(const session *s, int32_t *out, int64_t cap)
+{
+    const sess_answer *a = sess_last_answer(s);
+    int64_t n = a->n_ids < cap ? a->n_ids : cap;
+    memcpy(out, a->ids, sizeof(int32_t) * (size_t)n);
+    return n;
+}
+
+static void expect_same_answer(const int32_t *a, int64_t na, const session *s, const char *what)
+{
+    int32_t b[64];
+    int64_t nb = answer_ids(s, b, 64);
+    cr_expect_eq(na, nb, "%s: %lld tokens against %lld", what, (long long)na, (long long)nb);
+    cr_expect(na == nb && !memcmp(a, b, sizeof(int32_t) * (size_t)na), "%s: the answers differ", what);
+}
+
+Test(session, resume_continues_exactly_as_the_uninterrupted_conversation)
+{
+    fixture x;
+    fixture_open(&x);
+    /* uninterrupted, unsaved */
+    session *u = open_session("chess:preset=aggressive", NULL);
+    cr_assert(sess_open_document(u, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(u));
+    ask_ok(u, "What is it about?");
+    ask_ok(u, "And then?");
+    int32_t want[64];
+    int64_t n_want = answer_ids(u, want, 64);
+    int64_t n_tok_u;
+    sess_tokens(u, &n_tok_u);
+    /* the same first turn, saved; a new object resumes it from the snapshot and asks the second */
+    session *a = open_session("chess:preset=aggressive", &x.sp);
+    cr_assert(sess_open_document(a, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(a));
+    ask_ok(a, "What is it about?");
+    int64_t sid = sess_stored_id(a);
+    cr_assert(sid > 0);
+    sess_free(a);
+    session *b = open_session("chess:preset=aggressive", &x.sp);
+    char key[32];
+    snprintf(key, sizeof key, "%lld", (long long)sid);
+    sess_resume_opts ro = { 0, 0, SESS_FORMAT_AUTO, NULL };
+    cr_assert(sess_resume(b, key, &ro) == SESS_OK, "%s", sess_error(b));
+    ask_ok(b, "And then?");
+    cr_expect(sess_last_answer(b)->resumed, "the cache came from the snapshot");
+    expect_same_answer(want, n_want, b, "resumed");
+    int64_t n_tok_b;
+    sess_tokens(b, &n_tok_b);
+    cr_expect_eq(n_tok_b, n_tok_u, "the sequences have the same length");
+    sess_free(b);
+    sess_free(u);
+    fixture_close(&x);
+}
+
+Test(session, resume_without_a_snapshot_prefills_the_conversation_again_with_the_question)
+{
+    fixture x;
+    fixture_open(&x);
+    /* `ask` style (deferred): the first turn is saved under the full cache's key; resumed under snapkv
+     * there is no snapshot, so the document and the conversation are prefilled together with the
+     * next question */
+    session *a = open_session("full", &x.sp);
+    cr_assert(sess_open_document(a, x.doc, "q", "talk", 1) == SESS_OK, "%s", sess_error(a));
+    ask_ok(a, "What is it about?");
+    char a1[1024];
+    snprintf(a1, sizeof a1, "%s", sess_last_answer(a)->text);
+    sess_free(a);
+    session *b = open_session("snapkv:budget=0.5", &x.sp);
+    sess_resume_opts ro = { 1, 0, SESS_FORMAT_AUTO, NULL };
+    int rr = sess_resume(b, "talk", &ro);
+    cr_assert(rr == SESS_OK, "%d %s", rr, sess_error(b));
+    ask_ok(b, "And then?");
+    cr_expect(!sess_last_answer(b)->resumed, "no snapshot under snapkv after the first answer");
+    cr_expect(sess_turns(b) == 2);
+    int32_t got[64];
+    int64_t n_got = answer_ids(b, got, 64);
+    /* the same prompt fed directly under snapkv */
+    session *f = open_session("snapkv:budget=0.5", NULL);
+    size_t dl, n = 0;
+    char err[600];
+    char *doc = doc_load(x.doc, &dl, err, sizeof err);
+    const char *turns[2] = { "What is it about?", a1 };
+    int32_t *ids = NULL;
+    cr_assert(doc && prompt_conversation(sess_model(f), sess_format(b), doc, turns, 2, "And then?", &ids, &n, err,
+                                         sizeof err) == 0, "%s", err);
+    pol_set_probe_is_question((pol_set *)sess_policies(f), 1);
+    cr_assert(sess_feed(f, ids, (int64_t)n, NULL, NULL) == SESS_OK, "%s", sess_error(f));
+    gen_result g;
+    cr_assert(sess_generate(f, 8, &g) == SESS_OK, "%s", sess_error(f));
+    expect_same_answer(got, n_got, f, "prefilled again");
+    free(ids);
+    free(doc);
+    sess_free(f);
+    sess_free(b);
+    fixture_close(&x);
+}
+
+Test(session, a_branch_at_question_n_answers_as_a_fresh_conversation_would)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", &x.sp);
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(s));
+    ask_ok(s, "What is it about?");
+    ask_ok(s, "And then?");
+    ask_ok(s, "Anything else?");
+    cr_assert(sess_branch(s, 2, "Who wrote it?") == SESS_OK, "%s", sess_error(s));
+    cr_expect_eq(sess_turns(s), 2, "the branch replaced question 2 and what came after it");
+    int32_t got[64];
+    int64_t n_got = answer_ids(s, got, 64);
+    /* the fresh conversation */
+    session *f = open_session("full", NULL);
+    cr_assert(sess_open_document(f, x.doc, NULL, NULL, 0) == SESS_OK);
+    ask_ok(f, "What is it about?");
+    ask_ok(f, "Who wrote it?");
+    expect_same_answer(got, n_got, f, "branch");
+    /* both branches are in the store: question 2 has two versions with the same parent */
+    store_message *m = NULL;
+    int n = 0;
+    cr_assert(store_session_messages(x.db, sess_stored_id(s), &m, &n) == 0);
+    cr_expect_eq(n, 8, "3 turns, then the branched turn: 8 messages, got %d", n);
+    int64_t parent_a = -1, parent_b = -1;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(m[i].text, "And then?")) parent_a = m[i].parent;
+        if (!strcmp(m[i].text, "Who wrote it?")) parent_b = m[i].parent;
+    }
+    cr_expect(parent_a > 0 && parent_a == parent_b, "the edited question branches from the same answer");
+    store_messages_free(m, n);
+    sess_free(f);
+    sess_free(s);
+    fixture_close(&x);
+}
+
+Test(session, a_branch_before_this_object_rebuilds_from_the_store)
+{
+    fixture x;
+    fixture_open(&x);
+    session *a = open_session("full", &x.sp);
+    cr_assert(sess_open_document(a, x.doc, NULL, NULL, 0) == SESS_OK);
+    ask_ok(a, "What is it about?");
+    char a1[1024];
+    snprintf(a1, sizeof a1, "%s", sess_last_answer(a)->text);
+    ask_ok(a, "And then?");
+    int64_t sid = sess_stored_id(a);
+    sess_free(a);
+    session *b = open_session("full", &x.sp);
+    char key[32];
+    snprintf(key, sizeof key, "%lld", (long long)sid);
+    cr_assert(sess_resume(b, key, NULL) == SESS_OK, "%s", sess_error(b));
+    cr_assert(sess_branch(b, 2, "Who wrote it?") == SESS_OK, "%s", sess_error(b));
+    cr_expect_eq(sess_turns(b), 2);
+    int32_t got[64];
+    int64_t n_got = answer_ids(b, got, 64);
+    /* what the store's replay must be: the document, turn 1 and the new question in one prompt */
+    session *f = open_session("full", NULL);
+    size_t dl, n = 0;
+    char err[600];
+    char *doc = doc_load(x.doc, &dl, err, sizeof err);
+    cr_assert(doc, "%s", err);
+    const char *turns[2] = { "What is it about?", a1 };
+    int32_t *ids = NULL;
+    cr_assert(prompt_conversation(sess_model(f), sess_format(b), doc, turns, 2, "Who wrote it?", &ids, &n, err,
+                                  sizeof err) == 0, "%s", err);
+    cr_assert(sess_feed(f, ids, (int64_t)n, NULL, NULL) == SESS_OK, "%s", sess_error(f));
+    gen_result g;
+    cr_assert(sess_generate(f, 8, &g) == SESS_OK, "%s", sess_error(f));
+    expect_same_answer(got, n_got, f, "rebuilt branch");
+    free(ids);
+    free(doc);
+    sess_free(f);
+    sess_free(b);
+    fixture_close(&x);
+}
+
+Test(session, regenerate_is_a_sibling_of_the_first_answer)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("chess:preset=aggressive", &x.sp);
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
+    ask_ok(s, "What is it about?");
+    int32_t first[64];
+    int64_t n_first = answer_ids(s, first, 64);
+    int64_t user = sess_last_answer(s)->user_msg;
+    cr_assert(sess_regenerate(s) == SESS_OK, "%s", sess_error(s));
+    /* greedy: the rewind is exact, so the same answer comes again, saved beside the first */
+    expect_same_answer(first, n_first, s, "regenerated");
+    cr_expect_eq(sess_last_answer(s)->user_msg, user, "the regeneration answers the same question message");
+    cr_expect_eq(sess_turns(s), 1);
+    store_message *m = NULL;
+    int n = 0;
+    cr_assert(store_session_messages(x.db, sess_stored_id(s), &m, &n) == 0);
+    int answers = 0;
+    for (int i = 0; i < n; i++) answers += !strcmp(m[i].role, "assistant") && m[i].parent == user;
+    cr_expect_eq(answers, 2, "two answers to one question");
+    store_messages_free(m, n);
+    sess_free(s);
+    fixture_close(&x);
+}
+
+/* Cancel the running prefill once it has begun. */
+static volatile sig_atomic_t stop_flag;
+static void cancel_on_progress(void *ud, int64_t done, int64_t total)
+{
+    (void)ud;
+    (void)total;
+    if (done > 0) stop_flag = 1;
+}
+
+static void expect_state(session *s, const char *policy, int64_t pos, const int32_t *toks, int64_t n_toks,
+                         const char *what)
+{
+    int64_t n;
+    const int32_t *t = sess_tokens(s, &n);
+    cr_expect_str_eq(pol_set_spec(sess_policies(s))->text, policy, "%s: the policy changed", what);
+    cr_expect_eq(fwd_pos(sess_fwd(s)), pos, "%s: the cache moved", what);
+    cr_expect(n == n_toks && !memcmp(t, toks, sizeof(int32_t) * (size_t)n), "%s: the sequence changed", what);
+}
+
+Test(session, a_cancelled_or_refused_policy_switch_leaves_the_conversation_as_it_was)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", &x.sp);
+    session *c = open_session("full", NULL);   /* the control never switches */
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
+    cr_assert(sess_open_document(c, x.doc, NULL, NULL, 0) == SESS_OK);
+    ask_ok(s, "What is it about?");
+    ask_ok(c, "What is it about?");
+    int64_t n0;
+    const int32_t *t0 = sess_tokens(s, &n0);
+    int32_t *keep = malloc(sizeof(int32_t) * (size_t)n0);
+    memcpy(keep, t0, sizeof(int32_t) * (size_t)n0);
+    int64_t pos0 = fwd_pos(sess_fwd(s));
+    /* cancelled part way through the new prefill */
+    sess_callbacks cb = { NULL, cancel_on_progress, NULL, NULL, NULL, NULL, NULL };
+    stop_flag = 0;
+    sess_set_callbacks(s, &cb, &stop_flag);
+    cr_expect_eq(sess_set_policy(s, "snapkv:budget=0.5", NULL), SESS_ECANCELLED, "%s", sess_error(s));
+    sess_set_callbacks(s, NULL, NULL);
+    expect_state(s, "full", pos0, keep, n0, "cancelled");
+    /* refused: a budget larger than the context */
+    cr_expect_eq(sess_set_policy(s, "snapkv:budget=100000", NULL), SESS_EFAIL);
+    cr_expect(strstr(sess_error(s), "budget"), "the refusal names the budget: %s", sess_error(s));
+    expect_state(s, "full", pos0, keep, n0, "refused");
+    /* and the conversation goes on exactly as the control's */
+    ask_ok(s, "And then?");
+    ask_ok(c, "And then?");
+    int32_t want[64];
+    int64_t n_want = answer_ids(c, want, 64);
+    expect_same_answer(want, n_want, s, "after the failed switches");
+    free(keep);
+    sess_free(c);
+    sess_free(s);
+    fixture_close(&x);
+}
+
+Test(session, a_changed_document_is_refused_when_the_conversation_is_prefilled_again)
+{
+    fixture x;
+    fixture_open(&x);
+    session *a = open_session("full", &x.sp);
+    cr_assert(sess_open_document(a, x.doc, NULL, "changing", 0) == SESS_OK);
+    ask_ok(a, "What is it about?");
+    sess_free(a);
+    FILE *f = fopen(x.doc, "ab");
+    cr_assert(f);
+    fputs("\nA sentence added later.\n", f);
+    fclose(f);
+    /* under snapkv there is no snapshot: the document must be read again, and it changed */
+    session *b = open_session("snapkv:budget=0.5", &x.sp);
+    sess_resume_opts ro = { 0, 0, SESS_FORMAT_AUTO, NULL };
+    cr_expect_eq(sess_resume(b, "changing", &ro), SESS_EMISMATCH, "%s", sess_error(b));
+    cr_expect(strstr(sess_error(b), x.doc) && strstr(sess_error(b), "has changed"), "%s", sess_error(b));
+    cr_expect(!sess_have_document(b), "nothing is loaded");
+    sess_free(b);
+    /* the snapshot under the full cache needs no document: that resume works */
+    session *c = open_session("full", &x.sp);
+    cr_expect_eq(sess_resume(c, "changing", &ro), SESS_OK, "%s", sess_error(c));
+    sess_free(c);
+    fixture_close(&x);
+}
+
+Test(session, bad_input_is_one_clear_error)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", &x.sp);
+    cr_expect_eq(sess_ask(s, ""), SESS_EFAIL);
+    cr_expect_str_eq(sess_error(s), "the question is empty");
+    cr_expect_eq(sess_open_document(s, "/nonexistent/doc.txt", NULL, NULL, 0), SESS_EFAIL);
+    cr_expect(strstr(sess_error(s), "/nonexistent/doc.txt"), "%s", sess_error(s));
+    cr_expect_eq(sess_resume(s, "no such session", NULL), SESS_ENOTFOUND);
+    cr_expect_eq(sess_regenerate(s), SESS_ENOTFOUND);
+    cr_expect_eq(sess_set_policy(s, "nosuchpolicy", NULL), SESS_EFAIL);
+    cr_expect(strstr(sess_error(s), "nosuchpolicy"), "%s", sess_error(s));
+    sess_free(s);
+    fixture_close(&x);
+}
