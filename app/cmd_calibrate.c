@@ -185,6 +185,197 @@ static const opt_def calib_defs[] = {
 };
 #undef C
 
+/* One calibration run: the engine, the windows' statistics so far, Chelsea's head similarities. */
+typedef struct calib {
+    session *S;
+    const model *m;
+    fwd_ctx *f;
+    unc_monitor *mon;            /* windows of the page size asked for here, not the thresholds' */
+    samp *s;
+    float *logits;
+    int64_t n_predict, n_samples;
+    double *mh, *vh;             /* each window's mean entropy and entropy variance */
+    int64_t n_win, cap, tokens_gen;
+    pol_env env;
+    double *hsum;                /* per global layer and KV head: summed similarity, samples */
+    int64_t *hcnt;
+} calib;
+
+static int push_window(calib *c, const unc_stats *st)
+{
+    if (c->n_win == c->cap) {
+        int64_t nc = c->cap ? c->cap * 2 : 1024;
+        double *a = realloc(c->mh, sizeof(double) * (size_t)nc);
+        if (a) c->mh = a;
+        double *b = a ? realloc(c->vh, sizeof(double) * (size_t)nc) : NULL;
+        if (!b) return -1;
+        c->vh = b;
+        c->cap = nc;
+    }
+    c->mh[c->n_win] = st->mean_h;
+    c->vh[c->n_win] = st->var_h;
+    c->n_win++;
+    return 0;
+}
+
+/* Sample k: the prompt with the full cache, each global KV head's key similarity, the answer's
+ * windows. 0, 130 when interrupted, or 1 after printing. */
+static int calib_sample(calib *c, int64_t k, char *doc, const char *question)
+{
+    char err[600];
+    size_t n_ids = 0;
+    int32_t *ids = NULL;
+    int bad = prompt_conversation(c->m, prompt_has_template(c->m), doc, NULL, 0, question, &ids, &n_ids, err,
+                                  sizeof err);
+    free(doc);
+    if (bad) {
+        cli_err("calibrate: sample %lld: %s", (long long)k + 1, err);
+        return 1;
+    }
+    if ((int64_t)n_ids + c->n_predict > fwd_n_ctx(c->f)) {
+        cli_err("calibrate: sample %lld is %zu tokens, too long for the context of %lld with %lld answer tokens",
+                (long long)k + 1, n_ids, (long long)fwd_n_ctx(c->f), (long long)c->n_predict);
+        free(ids);
+        return 1;
+    }
+    fwd_rewind(c->f, 0);
+    samp_reset(c->s);
+    for (size_t i = 0; i < n_ids; i++) samp_accept(c->s, ids[i]);
+    if (fwd_eval(c->f, ids, (int64_t)n_ids, c->logits, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {
+        cli_err("calibrate: %s", cli_interrupted ? "interrupted" : err);
+        free(ids);
+        return cli_interrupted ? 130 : 1;
+    }
+    /* Chelsea's outlier heads: how similar each global KV head's prompt keys are (chunks of 256) */
+    for (int gi = 0; gi < c->env.n_global; gi++)
+        for (int g = 0; g < c->env.n_head_kv; g++) {
+            double sim;
+            if (chelsea_head_similarity(fwd_kv(c->f), c->env.global[gi], g, 256, &sim) == 0) {
+                c->hsum[gi * c->env.n_head_kv + g] += sim;
+                c->hcnt[gi * c->env.n_head_kv + g]++;
+            }
+        }
+    unc_thresholds none = { 0 };
+    gen_opts go = { c->n_predict, ids[n_ids - 1], &none, 0, samp_temperature(c->s), 1 };
+    gen_result gr;
+    bad = gen_answer(c->f, c->s, c->m->vocab, c->mon, c->logits, c->m->hp.n_vocab, &go, NULL, &cli_interrupted, &gr,
+                     err, sizeof err);
+    free(ids);
+    if (bad) {
+        cli_err("calibrate: %s", err);
+        return 1;
+    }
+    if (gr.stop == GEN_STOP_INTERRUPT) {
+        cli_err("calibrate: interrupted; nothing written");
+        return 130;
+    }
+    const int P = unc_page_size(c->mon);
+    int64_t n = unc_count(c->mon), w0 = c->n_win;
+    for (int64_t t = P; t <= n; t++) {
+        unc_stats st;
+        unc_range(c->mon, t - P, P, &st);
+        if (push_window(c, &st)) {
+            cli_err("calibrate: out of memory");
+            return 1;
+        }
+    }
+    c->tokens_gen += n;
+    fprintf(stderr, "\rcalibrate: sample %lld/%lld: %zu prompt tokens, %lld answer tokens, %lld windows   ",
+            (long long)k + 1, (long long)c->n_samples, n_ids, (long long)n, (long long)(c->n_win - w0));
+    return 0;
+}
+
+/* The thresholds: quantiles of the windows, the heads' similarity; medians in med[2]. */
+static void calib_thresholds(const calib *c, double quantile, unc_thresholds *t, double med[2], int *lo_i, int *hi_i,
+                             double *tmp)
+{
+    int n_hs = c->env.n_global * c->env.n_head_kv;
+    *lo_i = *hi_i = -1;
+    for (int i = 0; i < n_hs && t->n_heads < UNC_MAX_HEADS; i++) {
+        if (c->hcnt[i] == 0) continue;
+        float sim = (float)(c->hsum[i] / (double)c->hcnt[i]);
+        t->head_sim[t->n_heads++] = (unc_head_sim){ (int16_t)c->env.global[i / c->env.n_head_kv],
+                                                    (int16_t)(i % c->env.n_head_kv), sim };
+        if (*lo_i < 0 || sim < t->head_sim[*lo_i].sim) *lo_i = t->n_heads - 1;
+        if (*hi_i < 0 || sim > t->head_sim[*hi_i].sim) *hi_i = t->n_heads - 1;
+    }
+    /* quantiles sort their input: take them on copies so each window keeps its pair for the plot */
+    memcpy(tmp, c->mh, sizeof(double) * (size_t)c->n_win);
+    t->h_mean = unc_quantile(tmp, c->n_win, quantile);
+    med[0] = unc_quantile(tmp, c->n_win, 0.5);
+    memcpy(tmp, c->vh, sizeof(double) * (size_t)c->n_win);
+    t->h_var = unc_quantile(tmp, c->n_win, quantile);
+    med[1] = unc_quantile(tmp, c->n_win, 0.5);
+}
+
+/* The thresholds also go to the session database, where kvchat looks first (by the model file's
+ * sha256). 0, or 1 after printing. */
+static int calib_store(const char *db_path, const char *mpath, const model *m, const unc_thresholds *t)
+{
+    store *db = cli_open_db(db_path);
+    if (!db) return 1;
+    store_persist sp;
+    char sha[65], err[600] = "";
+    store_persist_init(&sp, db);
+    int rc = 0;
+    if (sp.ops.model(&sp, mpath, m, sha, err, sizeof err) == 0 && store_thresholds_put(db, sp.model_id, t) == 0) {
+        printf("  stored for model %.12s... in the session database\n", sha);
+    } else {
+        cli_err("calibrate: the thresholds file is written, the database was not updated: %s",
+                err[0] ? err : store_error(db));
+        rc = 1;
+    }
+    store_close(db);
+    return rc;
+}
+
+/* The density plot beside the thresholds file (or at plot; "none": no plot). 0, or 1 after printing. */
+static int calib_plot(const char *plot, const char *path, const calib *c, const unc_thresholds *t)
+{
+    if (plot && !strcmp(plot, "none")) return 0;
+    char png[1300];
+    if (plot) {
+        snprintf(png, sizeof png, "%s", plot);
+    } else {
+        snprintf(png, sizeof png, "%s", path);
+        char *dot = strrchr(png, '.'), *sl = strrchr(png, '/');
+        if (dot && (!sl || dot > sl)) *dot = 0;
+        strncat(png, ".png", sizeof png - strlen(png) - 1);
+    }
+    if (draw_plot(png, c->mh, c->vh, c->n_win, t)) {
+        cli_err("calibrate: thresholds saved, but the plot %s could not be drawn (needs gnuplot with pngcairo: "
+                "make bootstrap installs it)", png);
+        return 1;
+    }
+    printf("  density plot: %s\n", png);
+    return 0;
+}
+
+static void calib_free(calib *c)
+{
+    free(c->hsum);
+    free(c->hcnt);
+    free(c->mh);
+    free(c->vh);
+    free(c->logits);
+    samp_free(c->s);
+    unc_free(c->mon);
+    sess_free(c->S);
+}
+
+/* The calibration set's sample k as a document (malloc'd) and its question. NULL after printing. */
+static char *sample_doc(const calib_set *cs, const char *data, uint64_t seed, int64_t k, const char **question)
+{
+    size_t dlen;
+    if (data) {
+        *question = cs->questions[(k / cs->n_docs) % cs->n_questions];
+        return cli_read_text_file(cs->docs[k % cs->n_docs], &dlen);
+    }
+    char *doc = docgen_calibration_sample(seed, (int)k, question, &dlen);
+    if (!doc) cli_err("calibrate: out of memory");
+    return doc;
+}
+
 int cmd_calibrate(int argc, char **argv)
 {
     cli_opts o;
@@ -199,41 +390,33 @@ int cmd_calibrate(int argc, char **argv)
                       "the uncertainty monitor uses for this model (kvchat ask finds them by the model's fingerprint).",
                       grp, 5, NULL, 0, NULL);
     if (r) return r > 0 ? 0 : 1;
-    const char *data = co.data, *out = co.out, *plot = co.plot;
-    int64_t n_samples = co.n_samples, n_predict = co.n_predict;
-    double quantile = co.quantile;
     if (o.policy || o.budget) {
         cli_err("calibrate: the thresholds are taken with the full cache; --policy and --budget do not apply");
         return 1;
     }
     if (cli_finish_common(&o)) return 1;
     calib_set cs = { 0 };
-    if (data && load_data_dir(data, &cs)) {
+    if (co.data && load_data_dir(co.data, &cs)) {
         set_free(&cs);
         return 1;
     }
-    /* the windows are the KV page size asked for here, not that of thresholds found earlier */
-    session *S = cli_session(&o, n_predict, SESS_FORMAT_AUTO);
-    if (!S) {
-        set_free(&cs);
-        return 1;
-    }
-    struct {
-        const model *m;
-        fwd_ctx *f;
-        unc_monitor *mon;
-    } rt = { sess_model(S), sess_fwd_mut(S), unc_create(kv_page_size(fwd_kv(sess_fwd(S))), 0) };
-    int rc = 1;
+    calib c;
+    memset(&c, 0, sizeof c);
     char err[600], fp[17], model_path[1024];
     const char *mpath = o.model_path ? o.model_path : cli_default_model_path(model_path, sizeof model_path);
-    int32_t nv = rt.m->hp.n_vocab;
-    float *logits = malloc(sizeof(float) * (size_t)nv);
-    samp *s = samp_create(&o.sp, nv);
-    double *mh = NULL, *vh = NULL, *hsum = NULL;
-    int64_t *hcnt = NULL;
-    int64_t n_win = 0, cap = 0;
-    int32_t *ids = NULL;
-    if (!logits || !s || !rt.mon) {
+    int rc = 1;
+    if (!(c.S = cli_session(&o, co.n_predict, SESS_FORMAT_AUTO))) goto done;
+    c.m = sess_model(c.S);
+    c.f = sess_fwd_mut(c.S);
+    c.n_predict = co.n_predict;
+    c.mon = unc_create(kv_page_size(fwd_kv(c.f)), 0);
+    c.logits = malloc(sizeof(float) * (size_t)c.m->hp.n_vocab);
+    c.s = samp_create(&o.sp, c.m->hp.n_vocab);
+    fwd_policy_env(c.f, &c.env);
+    int n_hs = c.env.n_global * c.env.n_head_kv;
+    c.hsum = calloc((size_t)(n_hs > 0 ? n_hs : 1), sizeof(double));
+    c.hcnt = calloc((size_t)(n_hs > 0 ? n_hs : 1), sizeof(int64_t));
+    if (!c.logits || !c.s || !c.mon || !c.hsum || !c.hcnt) {
         cli_err("calibrate: out of memory");
         goto done;
     }
@@ -241,144 +424,46 @@ int cmd_calibrate(int argc, char **argv)
         cli_err("calibrate: %s", err);
         goto done;
     }
-    if (data) n_samples = n_samples < (int64_t)cs.n_docs * cs.n_questions ? n_samples : (int64_t)cs.n_docs * cs.n_questions;
-    const int P = unc_page_size(rt.mon);
-    unc_thresholds none = { 0 };
+    int64_t n_samples = co.n_samples;
+    if (co.data && n_samples > (int64_t)cs.n_docs * cs.n_questions) n_samples = (int64_t)cs.n_docs * cs.n_questions;
+    c.n_samples = n_samples;
     cli_install_sigint();
     double t0 = cli_now();
-    int64_t tokens_gen = 0;
-    pol_env env;
-    fwd_policy_env(rt.f, &env);
-    int n_hs = env.n_global * env.n_head_kv;
-    hsum = calloc((size_t)(n_hs > 0 ? n_hs : 1), sizeof(double));
-    hcnt = calloc((size_t)(n_hs > 0 ? n_hs : 1), sizeof(int64_t));
-    if (!hsum || !hcnt) {
-        cli_err("calibrate: out of memory");
-        goto done;
-    }
     for (int64_t k = 0; k < n_samples; k++) {
         const char *question;
-        size_t dlen;
-        char *doc;
-        if (data) {
-            doc = cli_read_text_file(cs.docs[k % cs.n_docs], &dlen);
-            question = cs.questions[(k / cs.n_docs) % cs.n_questions];
-            if (!doc) goto done;
-        } else {
-            doc = docgen_calibration_sample(o.sp.seed, (int)k, &question, &dlen);
-            if (!doc) {
-                cli_err("calibrate: out of memory");
-                goto done;
-            }
-        }
-        size_t n_ids = 0;
-        free(ids);
-        ids = NULL;
-        int bad = prompt_conversation(rt.m, prompt_has_template(rt.m), doc, NULL, 0, question, &ids, &n_ids, err,
-                                      sizeof err);
-        free(doc);
-        if (bad) {
-            cli_err("calibrate: sample %lld: %s", (long long)k + 1, err);
-            goto done;
-        }
-        if ((int64_t)n_ids + n_predict > fwd_n_ctx(rt.f)) {
-            cli_err("calibrate: sample %lld is %zu tokens, too long for the context of %lld with %lld answer tokens",
-                    (long long)k + 1, n_ids, (long long)fwd_n_ctx(rt.f), (long long)n_predict);
-            goto done;
-        }
-        fwd_rewind(rt.f, 0);
-        samp_reset(s);
-        for (size_t i = 0; i < n_ids; i++) samp_accept(s, ids[i]);
-        if (fwd_eval(rt.f, ids, (int64_t)n_ids, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {
-            cli_err("calibrate: %s", cli_interrupted ? "interrupted" : err);
-            if (cli_interrupted) rc = 130;
-            goto done;
-        }
-        /* Chelsea's outlier heads: how similar each global KV head's prompt keys are (chunks of 256) */
-        for (int gi = 0; gi < env.n_global; gi++)
-            for (int g = 0; g < env.n_head_kv; g++) {
-                double sim;
-                if (chelsea_head_similarity(fwd_kv(rt.f), env.global[gi], g, 256, &sim) == 0) {
-                    hsum[gi * env.n_head_kv + g] += sim;
-                    hcnt[gi * env.n_head_kv + g]++;
-                }
-            }
-        gen_opts go = { n_predict, ids[n_ids - 1], &none, 0, samp_temperature(s), 1 };
-        gen_result gr;
-        if (gen_answer(rt.f, s, rt.m->vocab, rt.mon, logits, nv, &go, NULL, &cli_interrupted, &gr, err, sizeof err)) {
-            cli_err("calibrate: %s", err);
-            goto done;
-        }
-        if (gr.stop == GEN_STOP_INTERRUPT) {
-            cli_err("calibrate: interrupted; nothing written");
-            rc = 130;
-            goto done;
-        }
-        int64_t n = unc_count(rt.mon), w0 = n_win;
-        for (int64_t t = P; t <= n; t++) {
-            if (n_win == cap) {
-                int64_t nc = cap ? cap * 2 : 1024;
-                double *a = realloc(mh, sizeof(double) * (size_t)nc), *b = a ? realloc(vh, sizeof(double) * (size_t)nc) : NULL;
-                if (a) mh = a;
-                if (!a || !b) {
-                    cli_err("calibrate: out of memory");
-                    goto done;
-                }
-                vh = b;
-                cap = nc;
-            }
-            unc_stats st;
-            unc_range(rt.mon, t - P, P, &st);
-            mh[n_win] = st.mean_h;
-            vh[n_win] = st.var_h;
-            n_win++;
-        }
-        tokens_gen += n;
-        fprintf(stderr, "\rcalibrate: sample %lld/%lld: %zu prompt tokens, %lld answer tokens, %lld windows   ",
-                (long long)k + 1, (long long)n_samples, n_ids, (long long)n, (long long)(n_win - w0));
+        char *doc = sample_doc(&cs, co.data, o.sp.seed, k, &question);
+        if (!doc || (rc = calib_sample(&c, k, doc, question)) != 0) goto done;
+        rc = 1;
     }
     fputc('\n', stderr);
-    if (n_win < 10) {
+    const int P = unc_page_size(c.mon);
+    if (c.n_win < 10) {
         cli_err("calibrate: only %lld windows of %d answer tokens were seen; use more samples or a larger -n",
-                (long long)n_win, P);
+                (long long)c.n_win, P);
         goto done;
     }
     unc_thresholds t = { 0 };
     t.valid = 1;
     t.page = P;
-    t.quantile = quantile;
-    t.samples = n_win;
+    t.quantile = co.quantile;
+    t.samples = c.n_win;
     t.seed = o.sp.seed;
     const char *base = strrchr(mpath, '/');
     snprintf(t.model, sizeof t.model, "%s", base ? base + 1 : mpath);
     snprintf(t.fingerprint, sizeof t.fingerprint, "%s", fp);
-    int lo_i = -1, hi_i = -1;
-    for (int i = 0; i < n_hs && t.n_heads < UNC_MAX_HEADS; i++) {
-        if (hcnt[i] == 0) continue;
-        float sim = (float)(hsum[i] / (double)hcnt[i]);
-        t.head_sim[t.n_heads++] = (unc_head_sim){ (int16_t)env.global[i / env.n_head_kv], (int16_t)(i % env.n_head_kv), sim };
-        if (lo_i < 0 || sim < t.head_sim[lo_i].sim) lo_i = t.n_heads - 1;
-        if (hi_i < 0 || sim > t.head_sim[hi_i].sim) hi_i = t.n_heads - 1;
-    }
-    /* quantiles sort their input: take them on copies so each window keeps its pair for the plot */
-    double *tmp = malloc(sizeof(double) * (size_t)n_win);
+    double med[2], *tmp = malloc(sizeof(double) * (size_t)c.n_win);
+    int lo_i, hi_i;
     if (!tmp) {
         cli_err("calibrate: out of memory");
         goto done;
     }
-    double med[2];
-    memcpy(tmp, mh, sizeof(double) * (size_t)n_win);
-    t.h_mean = unc_quantile(tmp, n_win, quantile);
-    med[0] = unc_quantile(tmp, n_win, 0.5);
-    memcpy(tmp, vh, sizeof(double) * (size_t)n_win);
-    t.h_var = unc_quantile(tmp, n_win, quantile);
-    med[1] = unc_quantile(tmp, n_win, 0.5);
+    calib_thresholds(&c, co.quantile, &t, med, &lo_i, &hi_i, tmp);
     free(tmp);
     int64_t over = 0;
-    for (int64_t i = 0; i < n_win; i++) over += mh[i] > t.h_mean || vh[i] > t.h_var;
+    for (int64_t i = 0; i < c.n_win; i++) over += c.mh[i] > t.h_mean || c.vh[i] > t.h_var;
     char path[1200];
-    if (out)
-        snprintf(path, sizeof path, "%s", out);
+    if (co.out)
+        snprintf(path, sizeof path, "%s", co.out);
     else if (cli_thresholds_path(fp, path, sizeof path, 1)) {
         cli_err("calibrate: no data directory (set HOME or XDG_DATA_HOME, or give --out FILE)");
         goto done;
@@ -387,60 +472,23 @@ int cmd_calibrate(int argc, char **argv)
         cli_err("calibrate: %s", err);
         goto done;
     }
+    double q = co.quantile;
     printf("calibrated %s (fingerprint %s) in %.0f s: %lld samples, %lld answer tokens, %lld windows of %d tokens\n",
-           t.model, fp, cli_now() - t0, (long long)n_samples, (long long)tokens_gen, (long long)n_win, P);
-    printf("  mean entropy:     median %.3f, q%.0f %.3f  -> threshold %.4f\n", med[0], quantile * 100, t.h_mean,
-           t.h_mean);
-    printf("  entropy variance: median %.3f, q%.0f %.3f  -> threshold %.4f\n", med[1], quantile * 100, t.h_var,
-           t.h_var);
-    printf("  %lld of %lld windows (%.1f%%) cross either threshold\n", (long long)over, (long long)n_win,
-           100.0 * (double)over / (double)n_win);
+           t.model, fp, cli_now() - t0, (long long)n_samples, (long long)c.tokens_gen, (long long)c.n_win, P);
+    printf("  mean entropy:     median %.3f, q%.0f %.3f  -> threshold %.4f\n", med[0], q * 100, t.h_mean, t.h_mean);
+    printf("  entropy variance: median %.3f, q%.0f %.3f  -> threshold %.4f\n", med[1], q * 100, t.h_var, t.h_var);
+    printf("  %lld of %lld windows (%.1f%%) cross either threshold\n", (long long)over, (long long)c.n_win,
+           100.0 * (double)over / (double)c.n_win);
     if (lo_i >= 0)
         printf("  key similarity of %d global KV heads (Chelsea): least %.3f (layer %d head %d), most %.3f (layer %d "
                "head %d); Chelsea's default 4%% spares the %d least similar\n",
                t.n_heads, t.head_sim[lo_i].sim, t.head_sim[lo_i].layer, t.head_sim[lo_i].head, t.head_sim[hi_i].sim,
                t.head_sim[hi_i].layer, t.head_sim[hi_i].head, (int)(0.04 * t.n_heads + 0.5));
     printf("  thresholds: %s\n", path);
-    /* and in the session database, where kvchat looks first (by the model file's sha256) */
-    store *db = cli_open_db(o.db);
-    store_persist sp;
-    char sha[65];
-    if (db) store_persist_init(&sp, db);
-    if (db && sp.ops.model(&sp, mpath, rt.m, sha, err, sizeof err) == 0 && store_thresholds_put(db, sp.model_id, &t) == 0)
-        printf("  stored for model %.12s... in the session database\n", sha);
-    else if (db)
-        cli_err("calibrate: the thresholds file is written, the database was not updated: %s",
-                store_error(db)[0] ? store_error(db) : err);
-    store_close(db);
-    rc = db ? 0 : 1;
-    if (!plot || strcmp(plot, "none")) {
-        char png[1300];
-        if (plot) {
-            snprintf(png, sizeof png, "%s", plot);
-        } else {
-            snprintf(png, sizeof png, "%s", path);
-            char *dot = strrchr(png, '.'), *sl = strrchr(png, '/');
-            if (dot && (!sl || dot > sl)) *dot = 0;
-            strncat(png, ".png", sizeof png - strlen(png) - 1);
-        }
-        if (draw_plot(png, mh, vh, n_win, &t)) {
-            cli_err("calibrate: thresholds saved, but the plot %s could not be drawn (needs gnuplot with pngcairo: "
-                    "make bootstrap installs it)", png);
-            rc = 1;
-        } else {
-            printf("  density plot: %s\n", png);
-        }
-    }
+    rc = calib_store(o.db, mpath, c.m, &t);
+    rc |= calib_plot(co.plot, path, &c, &t);
 done:
-    free(hsum);
-    free(hcnt);
-    free(ids);
-    free(mh);
-    free(vh);
-    free(logits);
-    samp_free(s);
-    unc_free(rt.mon);
-    sess_free(S);
+    calib_free(&c);
     set_free(&cs);
     return rc;
 }

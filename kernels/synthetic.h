@@ -61,7 +61,6 @@ typedef struct synth_row {
     double kv_kept_gib;       /* KV the policy needs at most (TAKE: budget + chunk per layer) */
     char note[160];           /* why a case did not run */
     char device[96];          /* the GPU's name */
-    double self_err;
     int gemm;                 /* how the products ran (SYNTH_GEMM_*) */
     int pdl;                  /* the step's kernels overlapped their launches (sm_90) */
     /* with KVCHAT_SYNTH_PROFILE set: one step outside the graph, its time by kind of kernel

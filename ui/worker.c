@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "store/persist.h"
+#include "ui/view.h"
 
 enum { JOB_NONE, JOB_OPEN, JOB_ASK, JOB_RESUME, JOB_REGEN, JOB_SEEN, JOB_COMPARE, JOB_EDIT, JOB_POLICY, JOB_QUIT };
 #define QCAP 4096
@@ -42,9 +42,7 @@ struct ui_worker {
     samp_params pending_sp;      /* settings edited in the interface, applied when the next job starts */
     int64_t pending_n_predict;
     int have_pending;
-    /* the page map as the current answer began, to show that answer's attendance alone */
-    int64_t *map_base, n_map_base, steps_base;
-    const pol_set *map_ps;
+    view_marks marks;            /* the page map as the current answer began */
 };
 
 static double now_s(void)
@@ -75,78 +73,11 @@ static void post(ui_worker *w, uw_kind k, const char *text, int64_t a, int64_t b
     pthread_mutex_unlock(&w->mu);
 }
 
-static double rss_mib(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_maxrss / 1024.0;
-}
-
-/* Copy the live figures for the UI (called on the worker thread between steps). */
+/* Copy the live figures for the UI (on the worker thread, between steps). */
 static void publish(ui_worker *w)
 {
-    const session *s = w->s;
-    const fwd_ctx *f = sess_fwd(s);
-    const pol_set *ps = sess_policies(s);
-    const unc_monitor *mon = sess_monitor(s);
-    be_backend *b = sess_backend(s);
-    kv_stats ks;
-    kv_get_stats(fwd_kv(f), &ks);
-    int64_t n;
-    const int64_t *map = pol_set_page_map(ps, &n);
-    const float *h = unc_entropy(mon), *v = unc_varentropy(mon);
-    int64_t nh = unc_count(mon);
-    int ne;
-    const unc_event *ev = unc_events(mon, &ne);
     pthread_mutex_lock(&w->mu);
-    uw_view *o = &w->view;
-    o->ctx_used = ks.positions;
-    o->tokens_kept = ks.tokens_kept;
-    o->tokens_full = ks.tokens_full;
-    o->kv_held = ks.bytes_resident;
-    o->kv_full = ks.bytes_full;
-    o->kv_peak = ks.bytes_peak;
-    o->rss_mib = rss_mib();
-    if (b->ops->memory) b->ops->memory(b, &o->gpu_held, &o->gpu_total);
-    o->page_size = kv_page_size(fwd_kv(f));
-    int64_t total = (ks.positions + o->page_size - 1) / o->page_size;
-    o->n_map = total < UW_MAP_MAX ? total : UW_MAP_MAX;
-    int same = w->map_ps == ps;   /* a new policy set starts its map afresh */
-    for (int64_t i = 0; i < o->n_map; i++)
-        o->map[i] = (i < n ? map[i] : 0) - (same && i < w->n_map_base ? w->map_base[i] : 0);
-    const pol_env *env = pol_set_env(ps);
-    int64_t steps = pol_set_stats(ps)->steps - (same ? w->steps_base : 0);
-    o->map_full = steps * env->n_global * env->n_head_kv;
-    memset(o->held, env->n_global > 0 ? 0 : 1, (size_t)o->n_map);
-    if (env->n_global > 0) {
-        const kv_cache *kv = fwd_kv(f);
-        for (int i = 0; i < kv_n_pages(kv, env->global[0], 0); i++) {
-            const kv_page *p = kv_layer_page(kv, env->global[0], 0, i);
-            for (int32_t t = 0; t < p->n; t++) {
-                int64_t lp = p->pos[t] / o->page_size;
-                if (p->pos[t] >= 0 && lp < o->n_map) o->held[lp] = 1;
-            }
-        }
-    }
-    int64_t from = nh > UW_HIST ? nh - UW_HIST : 0;
-    o->n_hist = (int)(nh - from);
-    for (int i = 0; i < o->n_hist; i++) {
-        o->entropy[i] = h[from + i];
-        o->varentropy[i] = v[from + i];
-    }
-    o->events = ne;
-    o->regenerated = 0;
-    for (int i = 0; i < ne; i++) o->regenerated += ev[i].regenerated;
-    snprintf(o->policy, sizeof o->policy, "%s", pol_set_spec(ps)->text);
-    snprintf(o->doc, sizeof o->doc, "%s", sess_document_title(s));
-    o->have_doc = sess_have_document(s);
-    o->doc_tokens = sess_document_tokens(s);
-    o->session_id = sess_stored_id(s);
-    if (!w->have_pending) {
-        o->sp = *samp_get_params(sess_sampler(s));
-        o->n_predict = sess_n_predict(s);
-    }
-    snprintf(o->budget, sizeof o->budget, "%s", sess_budget(s));
+    view_fill(&w->view, w->s, &w->marks, !w->have_pending);
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -221,19 +152,9 @@ static void answered(ui_worker *w, int rc)
     post(w, UW_DONE, msg, a->gen.stop == GEN_STOP_INTERRUPT, 0);
 }
 
-/* The side panel's page map shows the coming answer's attendance alone. */
 static void mark_map(ui_worker *w)
 {
-    const pol_set *ps = sess_policies(w->s);
-    int64_t nm;
-    const int64_t *m0 = pol_set_page_map(ps, &nm);
-    int64_t *nb = realloc(w->map_base, sizeof *nb * (size_t)(nm > 0 ? nm : 1));
-    if (!nb) return;
-    if (nm) memcpy(nb, m0, sizeof *nb * (size_t)nm);
-    w->map_base = nb;
-    w->n_map_base = nm;
-    w->steps_base = pol_set_stats(ps)->steps;
-    w->map_ps = ps;
+    view_mark(&w->marks, sess_policies(w->s));
     w->n_gen = 0;
 }
 
@@ -339,7 +260,7 @@ static void job_seen(ui_worker *w)
 
 static void job_policy(ui_worker *w, const char *spec)
 {
-    w->map_ps = NULL;   /* the page map starts afresh under the new policies */
+    w->marks.ps = NULL;   /* the page map starts afresh under the new policies */
     int rc = sess_set_policy(w->s, spec, w->policy_budget_set ? w->policy_budget : NULL);
     if (rc) post(w, UW_ERROR, sess_error(w->s), 0, 0);
     publish(w);
@@ -530,7 +451,7 @@ void uw_stop(ui_worker *w)
         pthread_cond_destroy(&w->cv);
     }
     free(w->arg);
-    free(w->map_base);
+    view_marks_free(&w->marks);
     sess_spans_free(w->seen, w->n_seen);
     for (int i = 0; i < w->n_cmp; i++) free(w->cmp[i].text);
     sess_free(w->s);

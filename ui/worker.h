@@ -14,6 +14,7 @@
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "store/store.h"
+#include "ui/view.h"
 
 typedef enum { UW_TEXT, UW_PROGRESS, UW_DONE, UW_ERROR, UW_INFO, UW_EVENT, UW_PAST_USER, UW_PAST_ANSWER } uw_kind;
 
@@ -23,36 +24,6 @@ typedef struct uw_event {
     int64_t a, b;            /* progress: done, total */
 } uw_event;
 
-#define UW_MAP_MAX 4096      /* pages drawn in the page map */
-#define UW_HIST 512          /* entropy values kept for the sparkline */
-
-/* What the side panel shows, copied out under the worker's mutex. */
-typedef struct uw_view {
-    char model[128], doc[256], policy[256];
-    int busy;                /* a job is running */
-    int have_doc;
-    int64_t ctx_used, ctx_limit, doc_tokens;
-    int64_t tokens_kept, tokens_full;   /* token rows held vs a full cache (all layers and KV heads) */
-    uint64_t kv_held, kv_full, kv_peak;
-    double rss_mib, weights_mib;
-    uint64_t gpu_held, gpu_total;   /* device memory of a GPU backend (gpu_total 0: on the CPU) */
-    double tok_s, prefill_tok_s;
-    int64_t map[UW_MAP_MAX]; /* how often the current answer attended each page of the sequence
-                                (summed over global layers and KV heads; capped at UW_MAP_MAX pages) */
-    unsigned char held[UW_MAP_MAX];   /* the page still holds tokens (first global layer): 0 evicted */
-    int64_t n_map;
-    int64_t map_full;        /* what map[i] is when a page was attended at every step, layer and head */
-    int page_size;
-    float entropy[UW_HIST], varentropy[UW_HIST];
-    int n_hist;
-    double thr_h, thr_v;
-    int thr_valid;
-    int events, regenerated;
-    int64_t session_id;      /* the session the conversation is saved in (0: none) */
-    samp_params sp;          /* the sampling settings the next answer uses */
-    int64_t n_predict;       /* the longest answer, in tokens */
-    char budget[32];         /* --budget, "" when each policy's own applies */
-} uw_view;
 
 /* "What the model sees": the sequence as text spans (sess_seen). */
 typedef sess_span uw_span;

@@ -1392,7 +1392,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
     sy_model m;
     int n_dev = 0, rc = -1;
     cudaDeviceProp prop;
-    double bw, self_err = 0, pf_err = 0;   /* pf_err: inside self_err since synth_selfcheck runs both */
+    double bw;
     memset(&m, 0, sizeof m);
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         snprintf(err, errlen, "no CUDA device: the synthetic benchmark needs an NVIDIA GPU");
@@ -1403,12 +1403,8 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
                  s->head_dim, s->n_head / s->n_head_kv);
         return -1;
     }
+    /* the kernels' check against host references is tests/gpu's (synth_selfcheck), not the run's */
     CK(cudaGetDeviceProperties(&prop, 0), "device properties");
-    if (synth_selfcheck(&self_err, err, errlen)) goto fail;
-    if (self_err > 2e-3) {
-        snprintf(err, errlen, "self-check: attention differs from the reference by %.2e (over 2e-3)", self_err);
-        goto fail;
-    }
 
     if (model_make(&m, s, E)) goto fail;
     m.gemm = req->gemm;
@@ -1424,7 +1420,6 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
             memset(&r, 0, sizeof r);
             r.ctx = ctx, r.batch = B, r.bw_gbs = bw / 1e9;
             snprintf(r.device, sizeof r.device, "%.95s", prop.name);
-            r.self_err = self_err > pf_err ? self_err : pf_err;
             r.gemm = req->gemm;
             r.pdl = m.pdl;
             if (ctx0 < (CHESS_SINK + CHESS_WINDOW + 1) * SY_P || ctx > SY_MAX_PAGES * SY_P) {
@@ -1475,7 +1470,7 @@ extern "C" int synth_run(const synth_req *req, synth_row_fn row, void *ud, char 
             synth_row r;
             memset(&r, 0, sizeof r);
             r.kind = 1, r.policy = take ? SYNTH_TAKE : SYNTH_FULL, r.ctx = req->ctx[ic], r.batch = 1, r.bw_gbs = bw / 1e9;
-            r.gemm = req->gemm, r.pdl = m.pdl, r.self_err = self_err > pf_err ? self_err : pf_err;
+            r.gemm = req->gemm, r.pdl = m.pdl;
             snprintf(r.device, sizeof r.device, "%.95s", prop.name);
             size_t fr = 0, tot = 0;
             cudaMemGetInfo(&fr, &tot);

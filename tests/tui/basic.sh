@@ -21,6 +21,14 @@ wait_count() {   # at least $2 lines matching $1 within 20 s
     for _ in $(seq 1 200); do [ "$(cap | grep -Ec -- "$1")" -ge "$2" ] && return 0; sleep 0.1; done
     fail "timed out waiting for $2 lines matching /$1/"
 }
+wait_gone() {   # a regular expression that must leave the screen within 20 s ($2: what went wrong)
+    for _ in $(seq 1 200); do cap | grep -Eq -- "$1" || return 0; sleep 0.1; done
+    fail "$2"
+}
+wait_exit() {   # the interface must quit within 20 s
+    for _ in $(seq 1 200); do T has-session -t "$s" 2>/dev/null || return 0; sleep 0.1; done
+    fail "kvchat did not quit"
+}
 trap 'T kill-server 2>/dev/null || true' EXIT
 
 work=$(mktemp -d)   # the interface's working directory: exports land here
@@ -49,8 +57,7 @@ wait_for '\| ready'
 T send-keys -t "$s" F2
 wait_for 'What the model sees \(first global layer\)'
 T send-keys -t "$s" F2
-sleep 0.3
-cap | grep -q 'What the model sees' && fail "F2 did not close the view"
+wait_gone 'What the model sees' "F2 did not close the view"
 
 # the policy picker: the last row is a prefill policy, so the cache is prefilled again under it
 T send-keys -t "$s" F4
@@ -136,8 +143,7 @@ wait_for 'delete session 1 with its messages and snapshots\? y/n'
 T send-keys -t "$s" n Enter
 wait_for 'not deleted'
 T send-keys -t "$s" Escape
-sleep 0.3
-cap | grep -q 'Enter resume' && fail "Esc did not close the session browser"
+wait_gone 'Enter resume' "Esc did not close the session browser"
 # resume the first session from the browser
 T send-keys -t "$s" F3
 wait_for '1  First talk'
@@ -151,8 +157,7 @@ T send-keys -t "$s" '/nonsense' Enter
 wait_for 'unknown command /nonsense'
 
 T resize-window -t "$s" -x 60 -y 30
-sleep 0.5
-cap | grep -q 'Memory' && fail "the side panel should collapse at 60 columns"
+wait_gone 'Memory' "the side panel should collapse at 60 columns"
 wait_for '^>'
 T resize-window -t "$s" -x 200 -y 50
 wait_for 'Memory'
@@ -160,13 +165,10 @@ wait_for 'Memory'
 T send-keys -t "$s" F1
 wait_for 'kvchat keys and commands'
 T send-keys -t "$s" x
-sleep 0.3
-cap | grep -q 'kvchat keys and commands' && fail "help did not close"
+wait_gone 'kvchat keys and commands' "help did not close"
 
 T send-keys -t "$s" F10
-quit=0
-for _ in $(seq 1 100); do T has-session -t "$s" 2>/dev/null || { quit=1; break; }; sleep 0.1; done
-[ $quit = 1 ] || fail "kvchat did not quit"
+wait_exit
 # the conversation was saved as it went: both turns, with their snapshots
 out=$("$bin" sessions --db "$db" show 1)
 echo "$out" | grep -q '8 messages' || { echo "tui test: the session was not saved:"; echo "$out"; exit 1; }
@@ -201,7 +203,7 @@ T send-keys -t "$s" '/sessions' Enter
 wait_for '1  First talk +p2\.txt .* 15 msgs'
 T send-keys -t "$s" Escape
 T send-keys -t "$s" '/quit' Enter
-sleep 0.5
+wait_exit
 "$bin" sessions --db "$db" show 1 | grep -q '15 messages' || fail "the resumed turn and the regeneration were not saved"
 "$bin" sessions --db "$db" show 1 | grep -q 'assistant (another branch)' || fail "the regenerated answer is not a branch"
 # backtracking events inline in the answer, where they happened (thresholds of 0: every page is
@@ -214,7 +216,7 @@ wait_for 'regenerated \(same text\)|regenerated with different text'
 wait_for '^-- 16 tokens, '
 cap | grep -q '^~~ ' && fail "an event was drawn apart from the answer"
 T send-keys -t "$s" '/quit' Enter
-sleep 0.3
+wait_exit
 # settings from the config file (the command line would override them); a bad one is one line
 mkdir -p "$cfg/kvchat"
 printf '# test settings\npolicy = chess:preset=aggressive\ncolor = off\nkey.sessions = F9\nkey.help = ^G\ncolor.bar = white on blue\ncolor.user = 208\n' > "$cfg/kvchat/config"
