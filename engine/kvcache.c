@@ -511,6 +511,19 @@ void kv_save(const kv_cache *kv, bytes_w *w)
     }
 }
 
+/* 1 when none of n f16 values (read unaligned) is an infinity or a NaN: a cache never holds one, and
+ * one in attention would make every logit NaN. */
+static int halves_finite(const uint16_t *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, b + 2 * i, sizeof h);
+        if ((h & 0x7c00u) == 0x7c00u) return 0;
+    }
+    return 1;
+}
+
 int kv_load(kv_cache *kv, bytes_r *r, int apply, char *err, size_t errlen)
 {
     size_t R = (size_t)kv->row_dim;
@@ -530,6 +543,11 @@ int kv_load(kv_cache *kv, bytes_r *r, int apply, char *err, size_t errlen)
                  (long long)kv->n_ctx);
         return -1;
     }
+    if (floor < -1 || floor > len) {
+        snprintf(err, errlen, "the snapshot's rewind floor %lld is outside its %lld positions", (long long)floor,
+                 (long long)len);
+        return -1;
+    }
     if (apply) {
         for (int il = 0; il < kv->n_layer; il++)
             for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, &kv->layers[il].heads[h], 0);
@@ -541,6 +559,10 @@ int kv_load(kv_cache *kv, bytes_r *r, int apply, char *err, size_t errlen)
         int32_t window = (int32_t)br_u32(r);
         int64_t peak = br_i64(r);
         if (r->err) goto truncated;
+        if (peak < 0 || peak > kv->n_ctx + kv->page_size) {
+            snprintf(err, errlen, "the snapshot's layer %d has a peak of %lld tokens", il, (long long)peak);
+            return -1;
+        }
         if (window != kv->layers[il].window) {
             snprintf(err, errlen, "the snapshot's layer %d has a window of %d tokens, this model's %d", il, window,
                      kv->layers[il].window);
@@ -578,6 +600,11 @@ int kv_load(kv_cache *kv, bytes_r *r, int apply, char *err, size_t errlen)
                         return -1;
                     }
                     last = ps;
+                }
+                if (!halves_finite(k, n * R) || !halves_finite(v, n * R)) {
+                    snprintf(err, errlen, "the snapshot's layer %d head %d has a key or value that is not a finite "
+                             "number", il, h);
+                    return -1;
                 }
                 if (!apply) continue;
                 kv_page *p = kv_page_new(kv);

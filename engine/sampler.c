@@ -7,6 +7,7 @@
 #include "engine/sampler.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -256,6 +257,33 @@ void samp_save_state(const samp *s, void *buf)
     p += sizeof s->head;
     int32_t n = s->p.repeat_last_n < 4096 ? s->p.repeat_last_n : 4096;
     if (n > 0) memcpy(p, s->recent, sizeof(int32_t) * (size_t)n);
+}
+
+int samp_check_state(const void *buf, int32_t n_vocab, char *err, size_t errlen)
+{
+    const char *p = buf;
+    int32_t n_recent, head;
+    p += sizeof(uint64_t) * 4;
+    memcpy(&n_recent, p, sizeof n_recent);
+    memcpy(&head, p + sizeof n_recent, sizeof head);
+    p += sizeof n_recent + sizeof head;
+    if (n_recent < 0 || n_recent > 4096) {
+        snprintf(err, errlen, "the sampler's recent-token count is %d (0 to 4096)", n_recent);
+        return -1;
+    }
+    if (head < 0 || head >= 4096) {
+        snprintf(err, errlen, "the sampler's ring position is %d (0 to 4095)", head);
+        return -1;
+    }
+    for (int i = 0; i < 4096; i++) {
+        int32_t id;
+        memcpy(&id, p + sizeof id * (size_t)i, sizeof id);
+        if (id < 0 || id >= n_vocab) {
+            snprintf(err, errlen, "the sampler's recent token %d is %d, outside the vocabulary", i, id);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 void samp_load_state(samp *s, const void *buf)

@@ -44,7 +44,12 @@ float samp_temperature(const samp *s);
 
 size_t samp_state_size(void);
 void samp_save_state(const samp *s, void *buf);
+/* Load a state samp_check_state accepted (the ring is cut to this sampler's repeat_last_n). */
 void samp_load_state(samp *s, const void *buf);
+/* 0 when buf (samp_state_size() bytes from an untrusted source) is a state this sampler can load:
+ * the recent-token count and ring head in range and every ring entry a token id below n_vocab;
+ * else -1 with a message naming the field. */
+int samp_check_state(const void *buf, int32_t n_vocab, char *err, size_t errlen);
 
 /* Entropy H = -sum p ln p and varentropy sum p (ln p + H)^2 of softmax(logits / temp) (temp <= 0: 1). */
 void samp_entropy(const float *logits, int32_t n, float temp, double *entropy, double *varentropy);

@@ -250,6 +250,7 @@ static int parse(fwd_ctx *f, samp *s, const void *data, size_t len, const snap_i
     const void *sst = br_view(&r, ss);
     if (r.err || ss != samp_state_size()) goto malformed;
     if (r.off != r.n) goto malformed;
+    if (samp_check_state(sst, mine.n_vocab, err, errlen)) return -1;
     if (info) *info = in;
     if (!apply) return 0;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(in.n_tokens > 0 ? in.n_tokens : 1));

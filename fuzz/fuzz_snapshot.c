@@ -3,9 +3,10 @@
  *
  * Each input is tried twice: as it is (the header, length and checksum checks), and with its
  * length field and trailing sha256 fixed up, so mutations reach the section parsers behind the
- * checksum. Whatever snap_check accepts is then restored into a live sequence (tiny Gemma model,
- * policies with state: H2O and CHESS) and one decode step runs on it. At start-up the harness writes
- * a valid snapshot of that sequence into $FUZZ_SNAPSHOT_SEED_DIR when set (the seed corpus). */
+ * checksum. Each is restored into a live sequence (tiny Gemma model) under every policy set with
+ * state (H2O + CHESS, LASER-KV + SentKV, Chelsea); whatever is accepted then samples and decodes a
+ * few tokens, where a bad sampler ring, page list or policy state would bite. At start-up the harness
+ * writes a valid snapshot of each set into $FUZZ_SNAPSHOT_SEED_DIR when set (the seed corpus). */
 #include <nettle/sha2.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +21,9 @@
 #include "engine/snapshot.h"
 
 #define MODEL "../shared/testdata/tiny/tiny-gemma3-f16.gguf"
-#define SPEC "h2o:budget=0.5+chess:every=1"
+static const char *const SPECS[] = { "h2o:budget=0.5+chess:every=1", "laser:budget=0.5+sentkv:budget=0.5",
+                                     "chelsea:budget=0.5,sinks=4,recent=8,gap=8" };
+#define N_SPECS (int)(sizeof SPECS / sizeof SPECS[0])
 
 static model *m;
 static be_backend *b;
@@ -29,19 +32,20 @@ static snap_identity id;
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static fwd_ctx *fresh(pol_set **ps, samp **s)
+static fwd_ctx *fresh(const char *spec_text, pol_set **ps, samp **s)
 {
     char err[512];
     fwd_opts fo = { 4096, 64, 8 };
     fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
     pol_spec spec;
     pol_env env;
-    if (!f || pol_parse(&spec, SPEC, NULL, err, sizeof err)) abort();
+    if (!f || pol_parse(&spec, spec_text, NULL, err, sizeof err)) abort();
     fwd_policy_env(f, &env);
     *ps = pol_set_create(&spec, &env, err, sizeof err);
     if (!*ps) abort();
     fwd_set_policy(f, *ps);
     samp_params sp = samp_params_default();
+    sp.repeat_penalty = 1.1f;   /* the penalty reads the restored ring of recent tokens */
     *s = samp_create(&sp, m->hp.n_vocab);
     return f;
 }
@@ -55,51 +59,62 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         fprintf(stderr, "fuzz_snapshot: %s (run from the repository root)\n", err);
         abort();
     }
-    pol_set *ps;
-    samp *s;
-    fwd_ctx *f = fresh(&ps, &s);
-    snap_identity_of(f, "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a", &id);
-    const char *dir = getenv("FUZZ_SNAPSHOT_SEED_DIR");
-    if (dir) {
-        int32_t toks[100];
-        for (int i = 0; i < 100; i++) toks[i] = 100 + (i * 37) % 3000;
-        float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-        if (fwd_eval(f, toks, 90, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err)) abort();
-        for (int i = 90; i < 99; i++)
-            if (fwd_decode(f, toks[i], l, NULL, err, sizeof err)) abort();
-        void *d;
-        size_t n;
-        if (snap_save(f, s, &id, toks, 100, &d, &n, err, sizeof err)) abort();
-        char path[1024];
-        snprintf(path, sizeof path, "%s/valid.snap", dir);
-        FILE *o = fopen(path, "wb");
-        if (o) {
-            fwrite(d, 1, n, o);
-            fclose(o);
+    for (int k = 0; k < N_SPECS; k++) {
+        pol_set *ps;
+        samp *s;
+        fwd_ctx *f = fresh(SPECS[k], &ps, &s);
+        snap_identity_of(f, "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a", &id);
+        const char *dir = getenv("FUZZ_SNAPSHOT_SEED_DIR");
+        if (dir) {
+            int32_t toks[100];
+            for (int i = 0; i < 100; i++) toks[i] = 100 + (i * 37) % 3000;
+            float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+            if (fwd_eval(f, toks, 90, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err)) abort();
+            for (int i = 90; i < 99; i++) {
+                samp_accept(s, toks[i]);
+                if (fwd_decode(f, toks[i], l, NULL, err, sizeof err)) abort();
+            }
+            void *d;
+            size_t n;
+            if (snap_save(f, s, &id, toks, 100, &d, &n, err, sizeof err)) abort();
+            char path[1024];
+            snprintf(path, sizeof path, "%s/valid-%d.snap", dir, k);
+            FILE *o = fopen(path, "wb");
+            if (o) {
+                fwrite(d, 1, n, o);
+                fclose(o);
+            }
+            free(d);
+            free(l);
         }
-        free(d);
-        free(l);
+        fwd_free(f);
+        pol_set_free(ps);
+        samp_free(s);
     }
-    fwd_free(f);
-    pol_set_free(ps);
-    samp_free(s);
     return 0;
 }
 
-static void try_one(const uint8_t *data, size_t size)
+static void try_one(const char *spec, const uint8_t *data, size_t size)
 {
     pol_set *ps;
     samp *s;
-    fwd_ctx *f = fresh(&ps, &s);
+    fwd_ctx *f = fresh(spec, &ps, &s);
     char err[1024];
     int32_t *ids = NULL;
     int64_t n;
     if (snap_restore(f, s, data, size, &id, &ids, &n, err, sizeof err) == 0) {
         float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-        /* the restored sequence must work: one step from its last id */
-        if (n > 0 && fwd_pos(f) < 4096 && fwd_decode(f, ids[n - 1], l, NULL, err, sizeof err) != 0 &&
-            !memchr(err, 0, sizeof err))
-            __builtin_trap();
+        /* the restored sequence must work: a few sampled steps from its last id */
+        int32_t tok = n > 0 ? ids[n - 1] : 1;
+        for (int step = 0; step < 4 && fwd_pos(f) < 4096; step++) {
+            if (fwd_decode(f, tok, l, NULL, err, sizeof err) != 0) {
+                if (!memchr(err, 0, sizeof err)) __builtin_trap();
+                break;
+            }
+            tok = samp_sample(s, l);
+            if (tok < 0 || tok >= m->hp.n_vocab) __builtin_trap();
+            samp_accept(s, tok);
+        }
         free(l);
         free(ids);
     } else if (!memchr(err, 0, sizeof err) || fwd_pos(f) != 0) {
@@ -110,9 +125,14 @@ static void try_one(const uint8_t *data, size_t size)
     samp_free(s);
 }
 
+static void try_all(const uint8_t *data, size_t size)
+{
+    for (int k = 0; k < N_SPECS; k++) try_one(SPECS[k], data, size);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    try_one(data, size);
+    try_all(data, size);
     if (size < 24 + SHA256_DIGEST_SIZE) return 0;
     uint8_t *fx = malloc(size);
     memcpy(fx, data, size);
@@ -122,7 +142,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sha256_init(&c);
     sha256_update(&c, size - SHA256_DIGEST_SIZE, fx);
     sha256_digest(&c, SHA256_DIGEST_SIZE, fx + size - SHA256_DIGEST_SIZE);
-    try_one(fx, size);
+    try_all(fx, size);
     free(fx);
     return 0;
 }

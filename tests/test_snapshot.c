@@ -182,3 +182,86 @@ Test(snapshot, restore_continues_exactly_on_tiny_gemma, .timeout = 120)
     check_resume(TD "tiny/tiny-gemma3-f16.gguf", "chelsea:budget=0.4,sinks=4,recent=8,gap=8+sentkv:budget=0.5");
     check_resume(TD "tiny/tiny-gemma3-f16.gguf", "snapkv:budget=0.5+quest:budget=0.3");
 }
+
+/* sha256 of everything before the trailing digest, written there: a tampered snapshot that passes
+ * the checksum, so only the section checks stand between it and the engine. */
+static void fix_checksum(unsigned char *p, size_t len)
+{
+    char hex[65];
+    snap_sha256_bytes(p, len - 32, hex);
+    for (int i = 0; i < 32; i++) {
+        unsigned v;
+        sscanf(hex + 2 * i, "%2x", &v);
+        p[len - 32 + i] = (unsigned char)v;
+    }
+}
+
+static void put32(unsigned char *p, int32_t v) { memcpy(p, &v, sizeof v); }
+static void put64(unsigned char *p, int64_t v) { memcpy(p, &v, sizeof v); }
+
+Test(snapshot, a_checksummed_snapshot_with_out_of_range_state_is_refused, .timeout = 120)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-gemma3-f16.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *b = be_cpu_create(1, err, sizeof err);
+    const char *spec = "h2o:budget=0.5+chess:every=1";
+    seq a;
+    seq_open(&a, m, b, spec, 8);
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++) ids[i] = 100 + (i * 37) % 3000;
+    float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    for (int i = 0; i < 120; i++) samp_accept(a.s, ids[i]);
+    cr_assert(fwd_eval(a.f, ids, 120, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    snap_identity id;
+    snap_identity_of(a.f, SHA, &id);
+    void *snap;
+    size_t len;
+    cr_assert(snap_save(a.f, a.s, &id, ids, 121, &snap, &len, err, sizeof err) == 0, "%s", err);
+    size_t ss = samp_state_size(), samp_at = len - 32 - ss;
+    size_t kv_at = 24 + 84 + 8 + 4 * 121;   /* header, identity, token count, token ids */
+    size_t page0 = kv_at + 36 + 12 + 4;     /* cache header, layer 0's window and peak, head 0's page count */
+    uint32_t n0;
+    memcpy(&n0, (unsigned char *)snap + page0, sizeof n0);
+    cr_assert(n0 >= 1 && n0 <= 8, "the first page holds %u tokens", n0);
+    struct {
+        const char *what, *needle;
+        size_t off;
+        int wide;
+        int64_t v;
+    } cases[] = {
+        { "sampler ring position -1", "ring position", samp_at + 32 + 4, 0, -1 },
+        { "sampler ring position -100000000", "ring position", samp_at + 32 + 4, 0, -100000000 },
+        { "sampler recent count 5000", "recent-token count", samp_at + 32, 0, 5000 },
+        { "a recent token past the vocabulary", "outside the vocabulary", samp_at + 40 + 4 * 7, 0, 1 << 30 },
+        { "the cache's rewind floor past its end", "rewind floor", kv_at + 28, 1, 100000 },
+        { "a key that is infinite", "not a finite number", page0 + 4 + 8 * n0, 2, 0x7c00 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        unsigned char *bad = malloc(len);
+        memcpy(bad, snap, len);
+        if (cases[c].wide == 1)
+            put64(bad + cases[c].off, cases[c].v);
+        else if (cases[c].wide == 2)
+            memcpy(bad + cases[c].off, &(uint16_t){ (uint16_t)cases[c].v }, 2);
+        else
+            put32(bad + cases[c].off, (int32_t)cases[c].v);
+        fix_checksum(bad, len);
+        seq z;
+        seq_open(&z, m, b, spec, 8);
+        int32_t *back = NULL;
+        int64_t nb;
+        cr_expect(snap_restore(z.f, z.s, bad, len, &id, &back, &nb, err, sizeof err) != 0, "%s was restored",
+                  cases[c].what);
+        cr_expect(strstr(err, cases[c].needle), "%s: the refusal says '%s'", cases[c].what, err);
+        cr_expect_eq(fwd_pos(z.f), 0, "%s: a refused snapshot changed the cache", cases[c].what);
+        free(back);
+        seq_close(&z);
+        free(bad);
+    }
+    free(snap);
+    free(logits);
+    seq_close(&a);
+    be_free(b);
+    model_free(m);
+}

@@ -309,10 +309,9 @@ static void ch_save(void *st, bytes_w *w)
 
 static int ch_load(void *st, const pol_env *env, bytes_r *r)
 {
-    (void)env;
     st_chel *s = st;
-    int64_t b = br_i64(r), m = br_i64(r), k = br_i64(r);
-    if (r->err || b < 0) return -1;
+    int64_t b = br_i64(r), m = br_i64(r), k = br_i64(r), ctx = kv_n_ctx(env->kv);
+    if (r->err || b < 0 || b > ctx || m < 0 || k < 0 || k > ctx) return -1;
     s->budget_tokens = b;
     s->merges = m;
     s->kept_last = k;

@@ -342,7 +342,6 @@ static void c_save(void *st, bytes_w *w)
 
 static int c_load(void *st, const pol_env *env, bytes_r *r)
 {
-    (void)env;
     st_chess *s = st;
     int64_t cur = br_i64(r);
     int valid = (int)br_u32(r), dirty = (int)br_u32(r);
@@ -350,14 +349,19 @@ static int c_load(void *st, const pol_env *env, bytes_r *r)
     int tail_from = (int)br_u32(r), n_cand = (int)br_u32(r);
     int64_t rebuilds = br_i64(r), events = br_i64(r), npb = br_i64(r);
     uint32_t n_sel = br_u32(r);
-    if (r->err || n_sel > (1u << 24)) return -1;
+    /* every field in the range this sequence can produce: pages and positions of its context */
+    int64_t ctx = kv_n_ctx(env->kv), max_pages = ctx / kv_page_size(env->kv) + 1;
+    if (r->err || n_sel > max_pages || cur < 0 || cur > ctx || (valid != 0 && valid != 1) || (dirty != 0 && dirty != 1) ||
+        built_at < 0 || built_at > ctx || tail_from < 0 || tail_from > max_pages || n_cand < 0 || n_cand > max_pages ||
+        rebuilds < 0 || events < 0 || events > rebuilds || npb < 0 || npb > max_pages)
+        return -1;
     int *sel = malloc(sizeof(int) * (n_sel ? n_sel : 1));
     if (!sel || br_get(r, sel, sizeof(int) * n_sel)) {
         free(sel);
         return -1;
     }
     for (uint32_t i = 0; i < n_sel; i++)
-        if (sel[i] < 0 || (i > 0 && sel[i] <= sel[i - 1])) {
+        if (sel[i] < 0 || sel[i] >= max_pages || (i > 0 && sel[i] <= sel[i - 1])) {
             free(sel);
             return -1;
         }

@@ -7,6 +7,7 @@
 #include "engine/policy/policy.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -173,7 +174,8 @@ static int h_load(void *st, const pol_env *env, bytes_r *r)
     st_h2o *s = st;
     int64_t bt = br_i64(r), ev = br_i64(r), kl = br_i64(r);
     uint32_t n = br_u32(r);
-    if (r->err || (int)n != s->n_layer * s->n_head_kv) return -1;
+    int64_t ctx = kv_n_ctx(env->kv);
+    if (r->err || (int)n != s->n_layer * s->n_head_kv || bt < 0 || bt > ctx || ev < 0 || kl < 0 || kl > ctx) return -1;
     for (uint32_t k = 0; k < n; k++) {
         int64_t cap = br_i64(r);
         if (r->err || cap < 0 || cap > 4 * kv_n_ctx(env->kv) + 1024) return -1;
@@ -182,6 +184,11 @@ static int h_load(void *st, const pol_env *env, bytes_r *r)
         float *sc = malloc(sizeof(float) * (size_t)(cap > 0 ? cap : 1));
         if (!sc) return -1;
         memcpy(sc, p, sizeof(float) * (size_t)cap);
+        for (int64_t i = 0; i < cap; i++)
+            if (!isfinite(sc[i]) || sc[i] < 0) {   /* accumulated attention: finite, never negative */
+                free(sc);
+                return -1;
+            }
         free(s->score[k]);
         s->score[k] = sc;
         s->cap[k] = cap;

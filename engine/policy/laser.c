@@ -301,7 +301,9 @@ static int la_load(void *st, const pol_env *env, bytes_r *r)
 {
     st_laser *s = st;
     int64_t d = br_i64(r), b = br_i64(r), k = br_i64(r), n = br_i64(r);
-    if (r->err || d < 0 || b < 0 || d > kv_n_ctx(env->kv) || b > kv_n_ctx(env->kv)) return -1;
+    if (r->err || d < 0 || b < 0 || d > kv_n_ctx(env->kv) || b > kv_n_ctx(env->kv) || k < 0 || n < 0 ||
+        n > kv_n_ctx(env->kv))
+        return -1;
     s->done_upto = d;
     s->block_start = b;
     s->kept_total = k;

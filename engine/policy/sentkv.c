@@ -377,10 +377,16 @@ static int se_load(void *st, const pol_env *env, bytes_r *r)
     int64_t n_summ = br_i64(r), cur = br_i64(r);
     br_u32(r);
     int64_t per = br_i64(r), want = (int64_t)env->n_global * env->n_head_kv * 2 * kv_head_dim(env->kv);
-    if (r->err || n_summ < 0 || n_summ > n_seg || (n_summ > 0 && per != want)) return -1;
+    if (r->err || n_summ < 0 || n_summ > n_seg || (n_summ > 0 && per != want) || cur < 0 || cur > kv_n_ctx(env->kv))
+        return -1;
     /* the summaries as they were taken: the keys may have changed since (merged or evicted) */
     const float *mm = br_view(r, sizeof(float) * (size_t)(n_summ * (n_summ > 0 ? per : 0)));
     if (r->err) return -1;
+    for (int64_t i = 0; i < n_summ * per; i++) {   /* key minima and maxima: finite */
+        float x;
+        memcpy(&x, mm + i, sizeof x);
+        if (!isfinite(x)) return -1;
+    }
     float *nmm = malloc(sizeof(float) * (size_t)(n_summ > 0 ? n_summ * per : 1));
     if (!nmm) return -1;
     memcpy(nmm, mm, sizeof(float) * (size_t)(n_summ > 0 ? n_summ * per : 0));
