@@ -162,10 +162,10 @@ asan:
 
 FUZZ_SECONDS ?= 60
 FUZZ_BIN := build-fuzz/fuzz_gguf
-$(FUZZ_BIN): fuzz/fuzz_gguf.c engine/gguf.c common/quant.c engine/gguf.h common/quant.h
+$(FUZZ_BIN): fuzz/fuzz_gguf.c engine/gguf.c common/quant.c common/files.c engine/gguf.h common/quant.h common/files.h
 	@mkdir -p build-fuzz
 	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
-		fuzz/fuzz_gguf.c engine/gguf.c common/quant.c -lm -o $@
+		fuzz/fuzz_gguf.c engine/gguf.c common/quant.c common/files.c -lm -o $@
 
 # The snapshot fuzzer needs the whole engine (the parser restores into a live sequence), built
 # with clang, libFuzzer and the sanitizers.

@@ -207,7 +207,7 @@ session *cli_session(const cli_opts *o, int64_t n_predict, int format)
 char *cli_read_text_file(const char *path, size_t *len)
 {
     char err[1200];
-    char *t = doc_load(path, len, err, sizeof err);
+    char *t = doc_load(path, DOC_MAX_BYTES, len, err, sizeof err);
     if (!t) cli_err("%s", err);
     return t;
 }

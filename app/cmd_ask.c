@@ -118,6 +118,11 @@ static int start(session *s, const ask_opts *a, int has_policy)
     if (a->session_name || a->resume) {
         sess_resume_opts ro = { 1, !has_policy, a->format, a->doc };
         int rc = sess_resume(s, a->resume ? a->resume : a->session_name, &ro);
+        char err[400];
+        if (rc == SESS_ENOTFOUND && a->session_name && store_session_name_ok(a->session_name, err, sizeof err)) {
+            cli_err("ask: no session %s (%s)", a->session_name, err);
+            return rc;
+        }
         if (rc != SESS_ENOTFOUND || a->resume) {
             if (rc == SESS_EMISMATCH && strstr(sess_error(s), "another model"))
                 cli_err("ask: %s; pass -m with that file", sess_error(s));

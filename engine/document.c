@@ -2,25 +2,46 @@
 #include "engine/document.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "common/files.h"
 #include "engine/tokenizer.h"
 
-char *doc_load(const char *path, size_t *len, char *err, size_t errlen)
+char *doc_load(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
+    /* O_NONBLOCK: opening a FIFO does not wait for a writer; it is refused below */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return NULL;
     }
     struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || S_ISDIR(st.st_mode)) {
-        snprintf(err, errlen, "%s: is a directory", path);
-        fclose(fp);
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s is %s, not a text file", path, files_kind(st.st_mode));
+        close(fd);
+        return NULL;
+    }
+    if ((uint64_t)st.st_size > max_bytes) {
+        snprintf(err, errlen, "%s: %lld bytes, more than the %zu bytes a document may have here", path,
+                 (long long)st.st_size, max_bytes);
+        close(fd);
+        return NULL;
+    }
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
@@ -34,6 +55,12 @@ char *doc_load(const char *path, size_t *len, char *err, size_t errlen)
         size_t got = fread(buf + n, 1, cap - n, fp);
         n += got;
         if (got == 0) break;
+        if (n > max_bytes) {   /* the file grew while it was read */
+            snprintf(err, errlen, "%s: more than the %zu bytes a document may have here", path, max_bytes);
+            free(buf);
+            fclose(fp);
+            return NULL;
+        }
         if (n == cap) {
             cap *= 2;
             char *nb = realloc(buf, cap + 1);

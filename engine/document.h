@@ -7,8 +7,13 @@
 
 #include <stddef.h>
 
+/* What a document may be at most unless a caller knows better (a session knows its context). */
+#define DOC_MAX_BYTES ((size_t)256 << 20)
+
 /* The whole file, NUL-terminated and malloc'd, its length in *len. NULL with a message in err for a
- * file that cannot be read, a directory, binary data (NUL bytes) or invalid UTF-8. */
-char *doc_load(const char *path, size_t *len, char *err, size_t errlen);
+ * file that cannot be read, anything but a regular file (a directory, a FIFO, a device: refused
+ * before any read, so /dev/zero or a pipe never blocks or fills memory), one of more than max_bytes,
+ * binary data (NUL bytes) or invalid UTF-8. */
+char *doc_load(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen);
 
 #endif

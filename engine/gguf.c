@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/quant.h"
+#include "common/files.h"
 
 typedef struct gguf_kv {
     gguf_str key;
@@ -316,7 +317,8 @@ int gguf_open_memory(gguf_file **out, const void *buf, size_t size, const char *
 int gguf_open(gguf_file **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO named as the model is refused below instead of waiting for a writer */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
@@ -327,8 +329,8 @@ int gguf_open(gguf_file **out, const char *path, char *err, size_t errlen)
         close(fd);
         return -1;
     }
-    if (S_ISDIR(st.st_mode)) {
-        snprintf(err, errlen, "%s: is a directory", path);
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s is %s, not a model file", path, files_kind(st.st_mode));
         close(fd);
         return -1;
     }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "engine/chat.h"
@@ -32,6 +33,7 @@ struct session {
     float *logits;
     int backtrack;
     int chat;                    /* turns in the model's chat template (1) or the plain form (0) */
+    int max_piece;               /* the most bytes one token of the vocabulary stands for */
     char err[1200];
     sess_callbacks cb;
     volatile sig_atomic_t *abort_flag;
@@ -279,6 +281,12 @@ session *sess_create(const sess_config *cfg, char *err, size_t errlen)
         goto fail;
     }
     s->chat = cfg->format == SESS_FORMAT_AUTO ? prompt_has_template(s->m) : cfg->format;
+    for (int32_t i = 0; i < tok_n_vocab(s->m->vocab); i++) {
+        const char *p = tok_piece(s->m->vocab, i);
+        int l = p ? (int)strlen(p) : 0;
+        if (l > s->max_piece) s->max_piece = l;
+    }
+    if (s->max_piece < 1) s->max_piece = 1;
     return s;
 fail:
     snprintf(err, errlen, "%s", s->err);
@@ -679,6 +687,27 @@ static const char *base_name(const char *p)
     return b ? b + 1 : p;
 }
 
+/* The most bytes a document that fits the context can have: every token stands for at most
+ * max_piece bytes of text. */
+static size_t doc_cap(const session *s) { return (size_t)fwd_n_ctx(s->f) * (size_t)s->max_piece; }
+
+/* The document at path, refused before it is read when its size alone proves it cannot fit. */
+static char *load_document(session *s, const char *path, size_t *len, int *code)
+{
+    struct stat st;
+    size_t cap = doc_cap(s);
+    *code = SESS_EFAIL;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > cap) {
+        *code = SESS_ENOFIT;
+        fail(s, SESS_ENOFIT, "%s is %lld bytes: a token of this model stands for at most %d bytes, so it is at least "
+             "%lld tokens, more than the context of %lld (use --ctx or a shorter document)", path,
+             (long long)st.st_size, s->max_piece, (long long)(st.st_size / s->max_piece),
+             (long long)fwd_n_ctx(s->f));
+        return NULL;
+    }
+    return doc_load(path, cap, len, s->err, sizeof s->err);
+}
+
 int sess_open_document(session *s, const char *given, const char *title, const char *name, int defer)
 {
     size_t len;
@@ -687,8 +716,9 @@ int sess_open_document(session *s, const char *given, const char *title, const c
     char *rp = realpath(given, NULL);
     snprintf(abs_path, sizeof abs_path, "%s", rp && strlen(rp) < sizeof abs_path ? rp : given);
     free(rp);
-    char *text = doc_load(abs_path, &len, s->err, sizeof s->err);
-    if (!text) return SESS_EFAIL;
+    int code;
+    char *text = load_document(s, abs_path, &len, &code);
+    if (!text) return code;
     if (len == 0) {
         free(text);
         return fail(s, SESS_EFAIL, "%s is empty", given);
@@ -779,8 +809,7 @@ static int restore_snapshot(session *s, const void *data, size_t len, int64_t *n
 /* The document's text from its path, refused when it changed since the conversation began. */
 static char *reload_document(session *s, const char *path, const char *want_sha, size_t *len, int *code)
 {
-    *code = SESS_EFAIL;
-    char *doc = doc_load(path, len, s->err, sizeof s->err);
+    char *doc = load_document(s, path, len, code);
     if (!doc) return NULL;
     char sha[65];
     snap_sha256_bytes(doc, *len, sha);
@@ -860,7 +889,8 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
     size_t given_len = 0;
     if (o->doc_path) {
         char sha[65];
-        if (!(given = doc_load(o->doc_path, &given_len, s->err, sizeof s->err))) return SESS_EFAIL;
+        int code;
+        if (!(given = load_document(s, o->doc_path, &given_len, &code))) return code;
         snap_sha256_bytes(given, given_len, sha);
         if (strcmp(sha, st.doc_sha) != 0) {
             free(given);

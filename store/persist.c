@@ -105,6 +105,14 @@ static int p_create(void *ud, const sess_stored *s, int64_t doc_tokens, int64_t 
         store_session_create(p->db, s->name[0] ? s->name : NULL, s->title, p->model_id, doc_id, s->policy, s->budget,
                              s->format, id))
         return db_fail(p, err, errlen);
+    /* a named session another process made meanwhile must be about the same document and model */
+    store_session got;
+    if (s->name[0] && store_session_get(p->db, *id, &got) == 0 &&
+        (strcmp(got.doc_sha, s->doc_sha) != 0 || got.model_id != p->model_id)) {
+        snprintf(err, errlen, "a session named '%s' about %s exists already", s->name,
+                 strcmp(got.doc_sha, s->doc_sha) ? "another document" : "another model's conversation");
+        return -1;
+    }
     return 0;
 }
 

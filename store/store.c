@@ -196,23 +196,34 @@ static const char *const migrations[] = {
     "  INSERT INTO sessions_fts(rowid, title) VALUES (new.id, new.title); END;",
 };
 
-static int migrate(store *s)
+static int schema_version(store *s)
 {
     sqlite3_stmt *st = prep(s, "PRAGMA user_version", NULL);
     if (!st) return -1;
     int v = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
     sqlite3_finalize(st);
-    if (v < 0) return fail(s, "reading the schema version");
+    return v;
+}
+
+/* One migration step at a time, each in a write transaction that reads the version itself: a
+ * process that waited for another one's migration sees the version it left and goes on from there
+ * (reading it before taking the lock let two processes both migrate a fresh file). */
+static int migrate(store *s)
+{
     int n = (int)(sizeof migrations / sizeof *migrations);
-    if (v > n) {
-        snprintf(s->err, sizeof s->err, "the database has schema version %d, newer than this kvchat (%d)", v, n);
-        return -1;
-    }
-    for (; v < n; v++) {
+    if (schema_version(s) == n) return 0;   /* the common case, without a write lock */
+    for (;;) {
+        if (exec_sql(s, "BEGIN IMMEDIATE", "migrating the database")) return -1;
+        int v = schema_version(s);
         char ver[64];
         snprintf(ver, sizeof ver, "PRAGMA user_version = %d", v + 1);
-        if (exec_sql(s, "BEGIN IMMEDIATE", "migrating the database")) return -1;
-        if (exec_sql(s, migrations[v], "migrating the database") || exec_sql(s, ver, "migrating the database")) {
+        if (v < 0 || v > n) {
+            sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+            if (v < 0) return fail(s, "reading the schema version");
+            snprintf(s->err, sizeof s->err, "the database has schema version %d, newer than this kvchat (%d)", v, n);
+            return -1;
+        }
+        if (v < n && (exec_sql(s, migrations[v], "migrating the database") || exec_sql(s, ver, "migrating the database"))) {
             sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
             return -1;
         }
@@ -220,8 +231,8 @@ static int migrate(store *s)
             sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
             return -1;
         }
+        if (v + 1 >= n) return 0;
     }
-    return 0;
 }
 
 int store_data_dir(char *buf, size_t cap, int create)
@@ -404,27 +415,56 @@ int store_session_get(store *s, int64_t id, store_session *out)
     return one_session(s, prep(s, SESSION_COLS "WHERE s.id = ?", "i", id), out);
 }
 
+/* An id key: "#12", or all digits; *id gets the number. */
+static int id_key(const char *key, int64_t *id)
+{
+    const char *p = key + (*key == '#');
+    if (!*p) return 0;
+    for (const char *c = p; *c; c++)
+        if (*c < '0' || *c > '9') return 0;
+    *id = strtoll(p, NULL, 10);
+    return 1;
+}
+
+int store_session_name_ok(const char *name, char *err, size_t errlen)
+{
+    int64_t id;
+    if (!*name || id_key(name, &id) || *name == '#') {
+        snprintf(err, errlen, "'%s' cannot name a session: a name is not empty, does not start with # and is not all "
+                 "digits (those are ids: #12 or 12)", name);
+        return -1;
+    }
+    return 0;
+}
+
 int store_session_find(store *s, const char *key, store_session *out)
 {
-    int digits = *key != 0;
-    for (const char *p = key; *p; p++) digits &= *p >= '0' && *p <= '9';
-    int rc = one_session(s, prep(s, SESSION_COLS "WHERE s.name = ?", "t", key), out);
-    if (rc == 1 && digits) rc = store_session_get(s, strtoll(key, NULL, 10), out);
-    return rc;
+    int64_t id;
+    if (id_key(key, &id)) return store_session_get(s, id, out);
+    return one_session(s, prep(s, SESSION_COLS "WHERE s.name = ?", "t", key), out);
 }
 
 int store_session_create(store *s, const char *name, const char *title, int64_t model_id, int64_t document_id,
                          const char *policy, const char *budget, const char *format, int64_t *id)
 {
+    if (name && *name && store_session_name_ok(name, s->err, sizeof s->err)) return -1;
     int64_t t = now_s();
+    /* a session of this name made meanwhile by another kvchat process is the one to use */
     sqlite3_stmt *st = prep(s,
                             "INSERT INTO sessions (name, title, model_id, document_id, policy, budget, prompt_format, "
-                            "created_at, updated_at) VALUES (?, ?, ?, NULLIF(?, 0), ?, ?, ?, ?, ?)",
+                            "created_at, updated_at) VALUES (?, ?, ?, NULLIF(?, 0), ?, ?, ?, ?, ?) "
+                            "ON CONFLICT (name) DO NOTHING",
                             "ttiitttii", name && *name ? name : NULL, title, model_id, document_id, policy, budget, format,
                             t, t);
     if (exec_stmt(s, st, "creating the session")) return -1;
-    *id = sqlite3_last_insert_rowid(s->db);
-    return 0;
+    if (sqlite3_changes(s->db) == 1) {
+        *id = sqlite3_last_insert_rowid(s->db);
+        return 0;
+    }
+    store_session ss;
+    int rc = one_session(s, prep(s, SESSION_COLS "WHERE s.name = ?", "t", name), &ss);
+    if (rc == 0) *id = ss.id;
+    return rc == 0 ? 0 : rc < 0 ? -1 : fail(s, "creating the session");
 }
 
 int store_session_rename(store *s, int64_t id, const char *title)

@@ -56,9 +56,13 @@ typedef struct store_session {
     char format[16];           /* how turns are written: "chat" (the model's template) or "plain" */
 } store_session;
 
-/* Find by name, or by id when key is all digits. 1 when there is none. */
+/* Find by id ("#12", or all digits) or by name. 1 when there is none. */
 int store_session_find(store *s, const char *key, store_session *out);
+/* 0 when name can name a session (not empty, not all digits, not starting with '#': those are ids),
+ * else -1 with a message. */
+int store_session_name_ok(const char *name, char *err, size_t errlen);
 int store_session_get(store *s, int64_t id, store_session *out);
+/* A new session; with a name another process created meanwhile, that session (*id names it). */
 int store_session_create(store *s, const char *name, const char *title, int64_t model_id, int64_t document_id,
                          const char *policy, const char *budget, const char *format, int64_t *id);
 int store_session_rename(store *s, int64_t id, const char *title);

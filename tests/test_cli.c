@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define TD "../shared/testdata/"
@@ -293,6 +294,34 @@ Test(cli, ask_bad_documents_are_refused)
     expect_one_line_error(ASK "-q 'What?' --ctx 64", "longer than the context");
 }
 
+/* What is not a regular file is refused before anything is read (a FIFO never blocks, /dev/zero never
+ * fills memory), and a document whose size alone proves it cannot fit is refused without reading it. */
+Test(cli, devices_fifos_and_oversized_documents_are_refused_at_once, .timeout = 60)
+{
+    char dir[] = "/tmp/kvchat-bigdoc-XXXXXX", fifo[128], big[128], args[1024];
+    cr_assert(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/pipe", dir);
+    snprintf(big, sizeof big, "%s/big.txt", dir);
+    cr_assert(mkfifo(fifo, 0600) == 0);
+    FILE *f = fopen(big, "w");
+    cr_assert(f);
+    cr_assert(ftruncate(fileno(f), 100 << 20) == 0);   /* 100 MB, sparse: reading it would take long */
+    fclose(f);
+    expect_one_line_error("ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d /dev/zero -q 'What?'",
+                          "/dev/zero is a character device, not a text file");
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d %s -q 'What?'", fifo);
+    expect_one_line_error(args, "is a FIFO, not a text file");
+    snprintf(args, sizeof args, "info -m %s", fifo);
+    expect_one_line_error(args, "is a FIFO, not a model file");
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d %s -q 'What?' --ctx 4096", big);
+    expect_one_line_error(args, "more than the context of 4096");
+    snprintf(args, sizeof args, "generate -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -f %s", fifo);
+    expect_one_line_error(args, "is a FIFO");
+    unlink(fifo);
+    unlink(big);
+    rmdir(dir);
+}
+
 Test(cli, ask_answers_with_metrics_and_page_map)
 {
     static char out[1 << 16], errb[1 << 16];
@@ -508,4 +537,73 @@ Test(cli, synthetic_bench_refuses_in_one_line)
     expect_one_line_error("bench --synthetic llama-8b --policy h2o", "'h2o' is not one of full, chess");
     expect_one_line_error("bench --synthetic llama-8b --device cpu", "GPU only");
     expect_one_line_error("bench --synthetic llama-8b --chunk 100", "multiple of the 32-token page");
+}
+
+/* Several kvchat processes on one new database at once: the schema is made once (the others wait
+ * for it), and four `ask --session NEW` at once all save their turn into that one session. */
+/* The binary as an absolute path (the commands below run in another directory). */
+static const char *abs_bin(char *buf, size_t cap)
+{
+    const char *b = bin();
+    if (b[0] == '/')
+        snprintf(buf, cap, "%s", b);
+    else
+        snprintf(buf, cap, "%s/%s", getenv("PWD"), b);
+    return buf;
+}
+
+Test(cli, concurrent_processes_on_a_fresh_database_all_succeed, .timeout = 120)
+{
+    char dir[] = "/tmp/kvchat-conc-XXXXXX", cmd[4096], exe[1024];
+    abs_bin(exe, sizeof exe);
+    cr_assert(mkdtemp(dir));
+    for (int round = 0; round < 3; round++) {
+        snprintf(cmd, sizeof cmd,
+                 "cd %s && rm -f a.db* && for i in 1 2 3 4 5 6; do (%s sessions --db a.db list >/dev/null 2>err$i; "
+                 "echo $? >rc$i) & done; wait; cat rc1 rc2 rc3 rc4 rc5 rc6 | tr -d '\\n'",
+                 dir, exe);
+        FILE *p = popen(cmd, "r");
+        char out[64] = "";
+        cr_assert(p && fgets(out, sizeof out, p));
+        pclose(p);
+        cr_expect_str_eq(out, "000000", "round %d: exit statuses %s (stderr in %s/err*)", round, out, dir);
+    }
+    snprintf(cmd, sizeof cmd,
+             "cd %s && rm -f b.db* && for i in 1 2 3 4; do (%s ask -t 1 -m %s/" TD "tiny/tiny-gemma3-q4_k_m.gguf "
+             "-d %s/" TD "prompts/p1.txt -q \"Question $i?\" -n 4 --db b.db --session shared >/dev/null 2>err$i; "
+             "echo $? >rc$i) & done; wait; cat rc1 rc2 rc3 rc4 | tr -d '\\n'",
+             dir, exe, getenv("PWD"), getenv("PWD"));
+    FILE *p = popen(cmd, "r");
+    char out[64] = "";
+    cr_assert(p && fgets(out, sizeof out, p));
+    pclose(p);
+    cr_expect_str_eq(out, "0000", "four asks at once: exit statuses %s (stderr in %s/err*)", out, dir);
+    char args[600], so[1 << 14], se[4096];
+    snprintf(args, sizeof args, "sessions --db %s/b.db show shared", dir);
+    cr_assert_eq(run(args, so, sizeof so, se, sizeof se), 0, "%s", se);
+    cr_expect(strstr(so, "8 messages"), "every turn was saved into the one session: %s", so);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect(system(cmd) == 0);
+}
+
+Test(cli, a_name_never_shadows_an_id)
+{
+    char dir[] = "/tmp/kvchat-names-XXXXXX", args[1024];
+    cr_assert(mkdtemp(dir));
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -q Hi -n 2 "
+             "--db %s/n.db --session 4", dir);
+    expect_one_line_error(args, "cannot name a session");
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -q Hi -n 2 "
+             "--db %s/n.db --session '#x'", dir);
+    expect_one_line_error(args, "cannot name a session");
+    char so[4096], se[4096];
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -q Hi -n 2 "
+             "--db %s/n.db --session first", dir);
+    cr_assert_eq(run(args, so, sizeof so, se, sizeof se), 0, "%s", se);
+    snprintf(args, sizeof args, "sessions --db %s/n.db show '#1'", dir);
+    cr_assert_eq(run(args, so, sizeof so, se, sizeof se), 0, "%s", se);
+    cr_expect(strstr(so, "(first)"), "#1 is the session with id 1: %s", so);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect(system(cmd) == 0);
 }

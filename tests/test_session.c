@@ -161,7 +161,7 @@ Test(session, resume_without_a_snapshot_prefills_the_conversation_again_with_the
     session *f = open_session("snapkv:budget=0.5", NULL);
     size_t dl, n = 0;
     char err[600];
-    char *doc = doc_load(x.doc, &dl, err, sizeof err);
+    char *doc = doc_load(x.doc, DOC_MAX_BYTES, &dl, err, sizeof err);
     const char *turns[2] = { "What is it about?", a1 };
     int32_t *ids = NULL;
     cr_assert(doc && prompt_conversation(sess_model(f), sess_format(b), doc, turns, 2, "And then?", &ids, &n, err,
@@ -238,7 +238,7 @@ Test(session, a_branch_before_this_object_rebuilds_from_the_store)
     session *f = open_session("full", NULL);
     size_t dl, n = 0;
     char err[600];
-    char *doc = doc_load(x.doc, &dl, err, sizeof err);
+    char *doc = doc_load(x.doc, DOC_MAX_BYTES, &dl, err, sizeof err);
     cr_assert(doc, "%s", err);
     const char *turns[2] = { "What is it about?", a1 };
     int32_t *ids = NULL;
