@@ -699,10 +699,9 @@ static char *load_document(session *s, const char *path, size_t *len, int *code)
     *code = SESS_EFAIL;
     if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > cap) {
         *code = SESS_ENOFIT;
-        fail(s, SESS_ENOFIT, "%s is %lld bytes: a token of this model stands for at most %d bytes, so it is at least "
-             "%lld tokens, more than the context of %lld (use --ctx or a shorter document)", path,
-             (long long)st.st_size, s->max_piece, (long long)(st.st_size / s->max_piece),
-             (long long)fwd_n_ctx(s->f));
+        fail(s, SESS_ENOFIT, "%s is %lld bytes, so at least %lld tokens (a token of this model stands for at most %d "
+             "bytes): longer than the context of %lld tokens (use --ctx or a shorter document)", path,
+             (long long)st.st_size, (long long)(st.st_size / s->max_piece), s->max_piece, (long long)fwd_n_ctx(s->f));
         return NULL;
     }
     return doc_load(path, cap, len, s->err, sizeof s->err);

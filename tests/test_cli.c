@@ -314,7 +314,7 @@ Test(cli, devices_fifos_and_oversized_documents_are_refused_at_once, .timeout = 
     snprintf(args, sizeof args, "info -m %s", fifo);
     expect_one_line_error(args, "is a FIFO, not a model file");
     snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d %s -q 'What?' --ctx 4096", big);
-    expect_one_line_error(args, "more than the context of 4096");
+    expect_one_line_error(args, "longer than the context of 4096 tokens");
     snprintf(args, sizeof args, "generate -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -f %s", fifo);
     expect_one_line_error(args, "is a FIFO");
     unlink(fifo);
