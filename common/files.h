@@ -14,4 +14,17 @@ const char *files_kind(mode_t mode);
  * followed): O_CREAT | O_EXCL | O_NOFOLLOW. NULL with a message naming the path. */
 FILE *files_create_new(const char *path, char *err, size_t errlen);
 
+/* Replacing a file whole: written to a new temporary file beside it, then renamed over it, so a
+ * link at path is replaced (never followed) and a failed write leaves the old file as it was. */
+typedef struct files_atomic {
+    FILE *f;                     /* write here */
+    char tmp[1100], path[1024];
+} files_atomic;
+int files_atomic_open(files_atomic *a, const char *path, char *err, size_t errlen);
+/* Flush, sync, close and rename over path. 0, or -1 with a message (the temporary file removed). */
+int files_atomic_commit(files_atomic *a, char *err, size_t errlen);
+void files_atomic_abort(files_atomic *a);
+/* path made absolute against the working directory (for saying where a file was written). */
+void files_absolute(const char *path, char *out, size_t cap);
+
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/files.h"
 #include "store/persist.h"
 
 static const char *base(const char *p)
@@ -96,31 +97,33 @@ static const store_session *selected(const browser *b)
 }
 
 /* The session as Markdown in the current directory (or the data directory when that is not
- * writable); says where. */
+ * writable), replacing an earlier export through a temporary file (a link there is replaced, never
+ * followed); says the full path. */
 static void export(browser *b, const store_session *s)
 {
-    char path[1200], dir[1024], err[600];
+    char path[1024], dir[1024], err[1400], shown[2100];
+    files_atomic fa;
     snprintf(path, sizeof path, "kvchat-session-%" PRId64 ".md", s->id);
-    FILE *f = fopen(path, "w");
-    if (!f && store_data_dir(dir, sizeof dir, 1) == 0) {
-        snprintf(path, sizeof path, "%s/kvchat-session-%" PRId64 ".md", dir, s->id);
-        f = fopen(path, "w");
-    }
-    if (!f) {
-        menu_say(&b->m, 1, "cannot write %s: %s", path, strerror(errno));
-        return;
-    }
-    int bad = store_export_md(b->db, s, f, err, sizeof err);
-    if (fclose(f) && !bad) {
-        snprintf(err, sizeof err, "writing %.300s failed: %s", path, strerror(errno));
-        bad = 1;
+    int bad = files_atomic_open(&fa, path, err, sizeof err);
+    if (bad && store_data_dir(dir, sizeof dir, 1) == 0) {
+        snprintf(path, sizeof path, "%.900s/kvchat-session-%" PRId64 ".md", dir, s->id);
+        bad = files_atomic_open(&fa, path, err, sizeof err);
     }
     if (bad) {
-        remove(path);
-        menu_say(&b->m, 1, "export failed: %s", err);
-    } else {
-        menu_say(&b->m, 0, "session %" PRId64 " exported to %s", s->id, path);
+        menu_say(&b->m, 1, "cannot export: %s", err);
+        return;
     }
+    if (store_export_md(b->db, s, fa.f, err, sizeof err)) {
+        files_atomic_abort(&fa);
+        menu_say(&b->m, 1, "export failed: %s", err);
+        return;
+    }
+    if (files_atomic_commit(&fa, err, sizeof err)) {
+        menu_say(&b->m, 1, "export failed: %s", err);
+        return;
+    }
+    files_absolute(path, shown, sizeof shown);
+    menu_say(&b->m, 0, "session %" PRId64 " exported to %s", s->id, shown);
 }
 
 int browser_key(browser *b, ui_worker *w, int64_t current_session, int ch, int is_key)

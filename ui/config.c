@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/files.h"
+
 static const char *const color_names[COL_COUNT] = { "user", "answer", "info", "error", "bar", "heading",
                                                      "event", "map_low", "map_mid", "map_high", "frame" };
 
@@ -199,22 +201,18 @@ static int make_parent(const char *path)
 
 int config_update(const char *const *keys, const char *const *values, int n, char *err, size_t errlen)
 {
-    char path[1024], tmp[1100];
+    char path[1024];
     if (config_path(path, sizeof path)) {
         snprintf(err, errlen, "no place for the settings file (set HOME or XDG_CONFIG_HOME)");
         return -1;
     }
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
     if (make_parent(path)) {
         snprintf(err, errlen, "cannot create the directory of %s: %s", path, strerror(errno));
         return -1;
     }
-    FILE *in = fopen(path, "r"), *out = fopen(tmp, "w");
-    if (!out) {
-        snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
-        if (in) fclose(in);
-        return -1;
-    }
+    files_atomic fa;   /* a new temporary file renamed over the old one: a link there is never followed */
+    if (files_atomic_open(&fa, path, err, errlen)) return -1;
+    FILE *in = fopen(path, "r"), *out = fa.f;
     int done[32] = { 0 };
     char line[1024], copy[1024];
     while (in && fgets(line, sizeof line, in)) {
@@ -234,12 +232,5 @@ int config_update(const char *const *keys, const char *const *values, int n, cha
     if (in) fclose(in);
     for (int i = 0; i < n && i < 32; i++)
         if (!done[i]) fprintf(out, "%s = %s\n", keys[i], values[i]);
-    int bad = fflush(out) != 0 || ferror(out) != 0 || fsync(fileno(out)) != 0;
-    if (fclose(out) != 0) bad = 1;
-    if (bad || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-        remove(tmp);
-        return -1;
-    }
-    return 0;
+    return files_atomic_commit(&fa, err, errlen);
 }

@@ -126,8 +126,13 @@ wait_for 'new title: p2\.txt_'
 T send-keys -t "$s" BSpace BSpace BSpace BSpace BSpace BSpace 'First talk' Enter
 wait_for 'session 1 renamed'
 wait_for '1  First talk'
+# a link where the export goes is replaced, never followed (its target keeps its content)
+echo "not to be overwritten" > "$work/victim.txt"
+ln -s "$work/victim.txt" "$work/kvchat-session-1.md"
 T send-keys -t "$s" C-e
-wait_for 'session 1 exported to kvchat-session-1\.md'
+wait_for "session 1 exported to $work/kvchat-session-1\\.md"
+grep -qx 'not to be overwritten' "$work/victim.txt" || fail "the export wrote through a link"
+[ -L "$work/kvchat-session-1.md" ] && fail "the export left the link in place"
 grep -q '^# First talk' "$work/kvchat-session-1.md" || fail "the export has no title"
 grep -q '^## Question' "$work/kvchat-session-1.md" || fail "the export has no question"
 # (a rename reorders the list by date: each session is picked by a search that finds only it)
