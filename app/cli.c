@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/text.h"
 #include "engine/document.h"
 #include "engine/model.h"
 #include "kernels/cpu/vec_dot.h"
@@ -38,12 +39,22 @@ void cli_install_sigint(void)
 
 void cli_err(const char *fmt, ...)
 {
+    /* one line, whatever a file name or value in it holds: control characters are shown escaped */
+    char msg[4096];
     va_list ap;
     va_start(ap, fmt);
-    fputs("kvchat: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    fputs("kvchat: ", stderr);
+    text_put(stderr, msg, 0);
+    fputc('\n', stderr);
+}
+
+int cli_stdout_tty(void)
+{
+    static int tty = -1;
+    if (tty < 0) tty = isatty(STDOUT_FILENO);
+    return tty;
 }
 
 void cli_opts_init(cli_opts *o)
@@ -268,7 +279,13 @@ double cli_peak_rss_mib(void)
 static void print_text(void *ud, const char *p, size_t n)
 {
     (void)ud;
-    fwrite(p, 1, n, stdout);
+    if (cli_stdout_tty()) {   /* what a model writes is shown, never executed by the terminal */
+        char piece[1024];
+        snprintf(piece, sizeof piece, "%.*s", (int)(n < sizeof piece ? n : sizeof piece - 1), p);
+        text_put(stdout, piece, TEXT_KEEP_NEWLINE | TEXT_KEEP_TAB);
+    } else {
+        fwrite(p, 1, n, stdout);
+    }
     fflush(stdout);
 }
 
@@ -290,7 +307,8 @@ static void print_event(void *ud, const unc_event *e)
 static void print_note(void *ud, const char *msg)
 {
     (void)ud;
-    fprintf(stderr, "%s\n", msg);
+    text_put(stderr, msg, 0);
+    fputc('\n', stderr);
 }
 
 sess_callbacks cli_print_callbacks(int *show_events)

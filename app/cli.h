@@ -96,6 +96,9 @@ double cli_now(void);                 /* monotonic seconds */
  * machine that benchmark and eval records name. */
 void cli_read_cmd(const char *cmd, char *buf, size_t cap);
 double cli_peak_rss_mib(void);        /* peak resident set size of this process */
+/* "kvchat: MESSAGE" on one line of stderr, control characters in it shown escaped. */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* 1 when stdout is a terminal (what is printed there is escaped). */
+int cli_stdout_tty(void);
 
 #endif

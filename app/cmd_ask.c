@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "app/cli.h"
+#include "common/text.h"
 #include "app/commands.h"
 #include "store/persist.h"
 
@@ -203,9 +204,11 @@ int cmd_ask(int argc, char **argv)
     } else if (db) {
         int64_t n_seq;
         sess_tokens(s, &n_seq);
+        char name[400];
+        text_escape(a.session_name ? a.session_name : "", name, sizeof name, 0);
         fprintf(stderr, "session %lld%s%s%s: turn saved (messages %lld, %lld), snapshot of %lld tokens, %.1f MiB in %.0f ms\n",
-                (long long)sess_stored_id(s), a.session_name ? " (" : "", a.session_name ? a.session_name : "",
-                a.session_name ? ")" : "", (long long)ans->user_msg, (long long)ans->answer_msg, (long long)n_seq,
+                (long long)sess_stored_id(s), a.session_name ? " (" : "", name, a.session_name ? ")" : "",
+                (long long)ans->user_msg, (long long)ans->answer_msg, (long long)n_seq,
                 (double)ans->snapshot_bytes / (1024.0 * 1024.0), ans->save_ms);
     }
 done:

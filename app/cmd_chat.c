@@ -11,6 +11,7 @@
 
 #include "engine/chat.h"
 #include "app/cli.h"
+#include "common/text.h"
 #include "app/commands.h"
 #include "engine/tokenizer.h"
 
@@ -117,10 +118,12 @@ int cmd_chat(int argc, char **argv)
     int rc = 1;
     if (c.system && convo_add(&cv, "system", c.system)) goto oom;
     int tty = isatty(STDIN_FILENO);
-    if (tty)
-        fprintf(stderr, "kvchat: %s (%s template, context %lld). Type a message; /quit or Ctrl-D leaves.\n",
-                m->name[0] ? m->name : m->path, chat_family_name(chat_family_for(m->gguf)),
-                (long long)fwd_n_ctx(sess_fwd(s)));
+    if (tty) {
+        char name[800];
+        text_escape(m->name[0] ? m->name : m->path, name, sizeof name, 0);
+        fprintf(stderr, "kvchat: %s (%s template, context %lld). Type a message; /quit or Ctrl-D leaves.\n", name,
+                chat_family_name(chat_family_for(m->gguf)), (long long)fwd_n_ctx(sess_fwd(s)));
+    }
     char *line = NULL;
     size_t lcap = 0;
     cli_install_sigint();

@@ -6,6 +6,7 @@
 
 #include "engine/chat.h"
 #include "app/cli.h"
+#include "common/text.h"
 #include "app/commands.h"
 #include "common/quant.h"
 
@@ -50,9 +51,13 @@ int cmd_info(int argc, char **argv)
     const char *export_path = io.export_path;
     const model_hparams *hp = &m->hp;
     const tok_vocab *v = m->vocab;
-    printf("file            %s (%.1f MiB, GGUF v%u)\n", m->path, (double)gguf_file_size(m->gguf) / 1048576.0,
+    /* names and strings from the file are shown escaped: a model file is untrusted input */
+    char mpath[3100], name[800];
+    text_escape(m->path, mpath, sizeof mpath, 0);
+    text_escape(m->name[0] ? m->name : "(none)", name, sizeof name, 0);
+    printf("file            %s (%.1f MiB, GGUF v%u)\n", mpath, (double)gguf_file_size(m->gguf) / 1048576.0,
            gguf_version(m->gguf));
-    printf("name            %s\n", m->name[0] ? m->name : "(none)");
+    printf("name            %s\n", name);
     printf("architecture    %s\n", m->arch_name);
     printf("layers          %d\n", hp->n_layer);
     printf("embedding       %d\n", hp->n_embd);
@@ -94,7 +99,10 @@ int cmd_info(int argc, char **argv)
     if (list) {
         for (int64_t i = 0; i < nt; i++) {
             const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
-            printf("  %-32.*s %-5s [", (int)t->name.len, t->name.ptr, quant_type_name(t->type));
+            char tn[600], tfit[700];
+            snprintf(tn, sizeof tn, "%.*s", (int)t->name.len, t->name.ptr);
+            text_fit(tn, 32, tfit, sizeof tfit);
+            printf("  %s %-5s [", tfit, quant_type_name(t->type));
             for (uint32_t d = 0; d < t->n_dims; d++) printf(d ? ", %lld" : "%lld", (long long)t->ne[d]);
             printf("] %.2f MiB\n", (double)t->nbytes / 1048576.0);
         }

@@ -8,6 +8,7 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
+#include "common/text.h"
 #include "store/persist.h"
 #include "store/store.h"
 
@@ -49,10 +50,19 @@ static void list_one(void *ud, const store_session *ss)
     if ((*n)++ == 0)
         printf("%5s  %-16s  %-32s  %-24s  %-20s  %-22s  %4s  %s\n", "id", "name", "title", "document", "model", "policy",
                "msgs", "updated");
-    printf("%5lld  %-16.16s  %-32.32s  %-24.24s  %-20.20s  %-22.22s  %4lld  %s\n", (long long)ss->id,
-           ss->name[0] ? ss->name : "-", ss->title, ss->doc_title[0] ? ss->doc_title : "-", base(ss->model_path),
-           ss->policy, (long long)ss->n_messages, when);
-    if (ss->last_message[0]) printf("       last: %.100s\n", ss->last_message);
+    /* columns by display width, control characters shown escaped */
+    char name[80], title[140], doc[100], mod[90], pol[90], last[400];
+    text_fit(ss->name[0] ? ss->name : "-", 16, name, sizeof name);
+    text_fit(ss->title, 32, title, sizeof title);
+    text_fit(ss->doc_title[0] ? ss->doc_title : "-", 24, doc, sizeof doc);
+    text_fit(base(ss->model_path), 20, mod, sizeof mod);
+    text_fit(ss->policy, 22, pol, sizeof pol);
+    printf("%5lld  %s  %s  %s  %s  %s  %4lld  %s\n", (long long)ss->id, name, title, doc, mod, pol,
+           (long long)ss->n_messages, when);
+    if (ss->last_message[0]) {
+        text_fit(ss->last_message, 100, last, sizeof last);
+        printf("       last: %s\n", last);
+    }
 }
 
 static void search_one(void *ud, int64_t sid, int64_t message, const char *snippet)
@@ -60,9 +70,11 @@ static void search_one(void *ud, int64_t sid, int64_t message, const char *snipp
     int *n = ud;
     (*n)++;
     if (message)
-        printf("session %lld, message %lld: %s\n", (long long)sid, (long long)message, snippet);
+        printf("session %lld, message %lld: ", (long long)sid, (long long)message);
     else
-        printf("session %lld (title): %s\n", (long long)sid, snippet);
+        printf("session %lld (title): ", (long long)sid);
+    text_put(stdout, snippet, 0);
+    putchar('\n');
 }
 
 /* JSON string with the escapes RFC 8259 requires. */
@@ -78,8 +90,10 @@ static void json_str(FILE *f, const char *s)
             fputs("\\r", f);
         else if (*p == '\t')
             fputs("\\t", f);
-        else if (*p < 0x20)
+        else if (*p < 0x20 || *p == 0x7f)
             fprintf(f, "\\u%04x", *p);
+        else if (*p == 0xC2 && p[1] >= 0x80 && p[1] <= 0x9F)   /* a C1 control: escaped, not passed to the terminal */
+            fprintf(f, "\\u%04x", *++p);
         else
             fputc(*p, f);
     }
@@ -104,16 +118,25 @@ static int show(store *db, const store_session *ss)
     }
     char when[32];
     fmt_time(ss->created, when, sizeof when);
+    char name[400], title[800], mpath[3100], dtitle[800], dpath[3100], pol[800], bud[100];
+    text_escape(ss->name, name, sizeof name, 0);
+    text_escape(ss->title, title, sizeof title, 0);
+    text_escape(ss->model_path, mpath, sizeof mpath, 0);
+    text_escape(ss->doc_title, dtitle, sizeof dtitle, 0);
+    text_escape(ss->doc_path, dpath, sizeof dpath, 0);
+    text_escape(ss->policy, pol, sizeof pol, 0);
+    text_escape(ss->budget, bud, sizeof bud, 0);
     printf("session %lld%s%s%s: %s\nmodel %s\ndocument %s (%s)\npolicy %s%s%s, %s format, created %s, %d messages\n",
-           (long long)ss->id, ss->name[0] ? " (" : "", ss->name, ss->name[0] ? ")" : "", ss->title, ss->model_path,
-           ss->doc_title, ss->doc_path, ss->policy, ss->budget[0] ? ", budget " : "", ss->budget, ss->format, when, n);
+           (long long)ss->id, ss->name[0] ? " (" : "", name, ss->name[0] ? ")" : "", title, mpath, dtitle, dpath, pol,
+           ss->budget[0] ? ", budget " : "", bud, ss->format, when, n);
     for (int i = 0; i < n; i++) {
         /* a message whose parent is not the one printed just before it starts another branch */
         int branch = i > 0 && m[i].parent != m[i - 1].id;
         char re[48] = "";
         if (m[i].parent) snprintf(re, sizeof re, ", reply to %lld", (long long)m[i].parent);
-        printf("\n[%lld%s] %s%s:\n%s\n", (long long)m[i].id, re, m[i].role, branch ? " (another branch)" : "",
-               m[i].text);
+        printf("\n[%lld%s] %s%s:\n", (long long)m[i].id, re, m[i].role, branch ? " (another branch)" : "");
+        text_put(stdout, m[i].text, TEXT_KEEP_NEWLINE | TEXT_KEEP_TAB);
+        putchar('\n');
     }
     store_messages_free(m, n);
     return 0;
@@ -234,7 +257,9 @@ int cmd_sessions(int argc, char **argv)
                 rc = (so.format == 0 ? export_md(db, &ss) : export_json(db, &ss)) ? 1 : 0;
             } else if (!strcmp(cmd, "delete")) {
                 if (store_session_delete(db, ss.id) == 0) {
-                    printf("deleted session %lld (%s)\n", (long long)ss.id, ss.title);
+                    printf("deleted session %lld (", (long long)ss.id);
+                    text_put(stdout, ss.title, 0);
+                    printf(")\n");
                     rc = 0;
                 } else {
                     cli_err("sessions: %s", store_error(db));
@@ -242,7 +267,9 @@ int cmd_sessions(int argc, char **argv)
             } else if (nargs < 2 || !*args[1]) {
                 cli_err("sessions: rename needs the new title");
             } else if (store_session_rename(db, ss.id, args[1]) == 0) {
-                printf("session %lld is now '%s'\n", (long long)ss.id, args[1]);
+                printf("session %lld is now '", (long long)ss.id);
+                text_put(stdout, args[1], 0);
+                printf("'\n");
                 rc = 0;
             } else {
                 cli_err("sessions: %s", store_error(db));

@@ -1,6 +1,8 @@
 /* main.c - the kvchat binary: dispatch to a subcommand. With no arguments it opens the terminal
  * interface on the default model (the line chat when input or output is not a terminal). */
+#include <locale.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -45,6 +47,8 @@ static int default_command(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* display widths (wcwidth) of the names and titles laid out in columns need a UTF-8 locale */
+    if (!setlocale(LC_CTYPE, "") || MB_CUR_MAX == 1) setlocale(LC_CTYPE, "C.UTF-8");
     if (argc < 2) return default_command(argc, argv);
     const char *c = argv[1];
     if (!strcmp(c, "-h") || !strcmp(c, "--help") || !strcmp(c, "help")) {

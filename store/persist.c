@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/text.h"
 #include "engine/snapshot.h"
 #include "engine/tokenizer.h"
 
@@ -199,11 +200,29 @@ int store_export_md(store *db, const store_session *ss, FILE *f, char *err, size
         snprintf(err, errlen, "%s", store_error(db));
         return -1;
     }
-    fprintf(f, "# %s\n\n- model: `%s`\n- document: %s (`%s`)\n- policy: `%s`%s%s%s\n\n", ss->title,
-            base_name(ss->model_path), ss->doc_title, ss->doc_path, ss->policy, ss->budget[0] ? ", budget `" : "",
-            ss->budget, ss->budget[0] ? "`" : "");
-    for (int i = 0; i < n; i++)
-        fprintf(f, "## %s\n\n%s\n\n", !strcmp(m[i].role, "user") ? "Question" : "Answer", m[i].text);
+    /* control characters escaped: the file is read in terminals too */
+    fputs("# ", f);
+    text_put(f, ss->title, 0);
+    fputs("\n\n- model: `", f);
+    text_put(f, base_name(ss->model_path), 0);
+    fputs("`\n- document: ", f);
+    text_put(f, ss->doc_title, 0);
+    fputs(" (`", f);
+    text_put(f, ss->doc_path, 0);
+    fputs("`)\n- policy: `", f);
+    text_put(f, ss->policy, 0);
+    fputs("`", f);
+    if (ss->budget[0]) {
+        fputs(", budget `", f);
+        text_put(f, ss->budget, 0);
+        fputs("`", f);
+    }
+    fputs("\n\n", f);
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "## %s\n\n", !strcmp(m[i].role, "user") ? "Question" : "Answer");
+        text_put(f, m[i].text, TEXT_KEEP_NEWLINE | TEXT_KEEP_TAB);
+        fputs("\n\n", f);
+    }
     store_messages_free(m, n);
     if (fflush(f) || ferror(f)) {
         snprintf(err, errlen, "writing the export failed: %s", strerror(errno));

@@ -3,6 +3,7 @@
  * prompt longer than the context, invalid UTF-8, binary prompt) giving one clear line on stderr and
  * exit status 1. Runs ./kvchat, or $KVCHAT_BIN (the sanitizer build sets it). */
 #include <criterion/criterion.h>
+#include <locale.h>
 #include <sqlite3.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +12,8 @@
 #include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "common/text.h"
 
 #define TD "../shared/testdata/"
 
@@ -603,6 +606,59 @@ Test(cli, a_name_never_shadows_an_id)
     snprintf(args, sizeof args, "sessions --db %s/n.db show '#1'", dir);
     cr_assert_eq(run(args, so, sizeof so, se, sizeof se), 0, "%s", se);
     cr_expect(strstr(so, "(first)"), "#1 is the session with id 1: %s", so);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect(system(cmd) == 0);
+}
+
+static void name_with_escapes(unsigned char *buf, size_t n)
+{
+    const char *old = "tiny-llama-random";   /* general.name, 17 bytes: the same length in its place */
+    for (size_t i = 0; i + 17 < n; i++)
+        if (!memcmp(buf + i, old, 17)) {
+            memcpy(buf + i, "tiny\x1b[2Jllama\x07\n\x1b]0", 17);
+            return;
+        }
+    cr_assert_fail("general.name not found");
+}
+
+/* Escape sequences and newlines in what comes from files and users (a model's name, session names,
+ * titles from questions) reach the terminal escaped; columns stay aligned for wide characters. */
+Test(cli, terminal_output_escapes_control_characters_and_aligns_wide_text, .timeout = 60)
+{
+    if (!setlocale(LC_CTYPE, "C.UTF-8")) setlocale(LC_CTYPE, "");   /* display widths, as kvchat counts them */
+    char *path = patched_copy(TD "tiny/tiny-llama-f16.gguf", name_with_escapes);
+    char args[1024], out[1 << 15], errb[1 << 14];
+    snprintf(args, sizeof args, "info -m %s", path);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(!strchr(out, 0x1b) && !strchr(out, 0x07), "info printed a raw control character: %s", out);
+    cr_expect(strstr(out, "tiny\\x1b[2Jllama\\x07\\x0a\\x1b]\n"), "the name escaped: %s", out);
+    unlink(path);
+    char dir[] = "/tmp/kvchat-esc-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -n 2 --db %s/e.db "
+             "--session 'ev\x1bil' -q 'What\x1b]0;pwned\x07 now?'", dir);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(!strchr(errb, 0x1b), "ask's stderr has a raw escape: %s", errb);
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -n 2 --db %s/e.db "
+             "--session wide -q '\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae\xe8\xb3\xaa\xe5\x95\x8f'", dir);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    snprintf(args, sizeof args, "sessions --db %s/e.db list", dir);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(!strchr(out, 0x1b) && !strchr(out, 0x07), "sessions list printed a raw control character: %s", out);
+    cr_expect(strstr(out, "ev\\x1bil") && strstr(out, "What\\x1b]0;pwned\\x07 now?"), "%s", out);
+    /* every row is as wide on the screen (the last column, the date, has a fixed width) */
+    int widths[4], k = 0;
+    for (char *line = strtok(out, "\n"); line && k < 4; line = strtok(NULL, "\n"))
+        if (strncmp(line, "       last:", 12) != 0) widths[k++] = text_width(line);
+    cr_assert_eq(k, 3, "a header and two rows");
+    cr_expect(widths[1] == widths[2], "rows misaligned: %d and %d columns", widths[1], widths[2]);
+    snprintf(args, sizeof args, "sessions --db %s/e.db search pwned", dir);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(!strchr(out, 0x1b), "search printed a raw escape: %s", out);
+    snprintf(args, sizeof args, "sessions --db %s/e.db export '#1'", dir);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(!strchr(out, 0x1b) && strstr(out, "# What\\x1b]0;pwned"), "export: %s", out);
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_expect(system(cmd) == 0);

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "common/files.h"
+#include "common/text.h"
 #include "store/persist.h"
 
 static const char *base(const char *p)
@@ -57,8 +58,14 @@ static void fill(browser *b)
         struct tm tm;
         localtime_r(&tt, &tm);
         strftime(when, sizeof when, "%b %d %H:%M", &tm);
-        menu_add(&b->m, s->id, "%5" PRId64 "  %-22.22s  %-16.16s  %-14.14s  %-18.18s %4" PRId64 " msgs  %s", s->id,
-                 s->title, s->doc_title[0] ? s->doc_title : "-", base(s->model_path), s->policy, s->n_messages, when);
+        /* columns by display width, control characters shown escaped */
+        char title[96], doc[80], mod[64], pol[80];
+        text_fit(s->title, 22, title, sizeof title);
+        text_fit(s->doc_title[0] ? s->doc_title : "-", 16, doc, sizeof doc);
+        text_fit(base(s->model_path), 14, mod, sizeof mod);
+        text_fit(s->policy, 18, pol, sizeof pol);
+        menu_add(&b->m, s->id, "%5" PRId64 "  %s  %s  %s  %s %4" PRId64 " msgs  %s", s->id, title, doc, mod, pol,
+                 s->n_messages, when);
     }
     menu_select_tag(&b->m, keep);
     if (b->m.filter[0] && !rc)
@@ -192,10 +199,14 @@ int browser_key(browser *b, ui_worker *w, int64_t current_session, int ch, int i
 void browser_draw(browser *b, const menu_attrs *a)
 {
     const store_session *s = selected(b);
-    if (s)
-        snprintf(b->m.detail, sizeof b->m.detail, "%s%.60s%s%.200s | last: %.160s", s->name[0] ? "name " : "",
-                 s->name, s->name[0] ? " | " : "", s->doc_path[0] ? s->doc_path : "(no document)",
-                 s->last_message[0] ? s->last_message : "-");
+    if (s) {
+        char name[200], path[400], last[400];
+        text_escape(s->name, name, sizeof name, 0);
+        text_escape(s->doc_path[0] ? s->doc_path : "(no document)", path, sizeof path, 0);
+        text_escape(s->last_message[0] ? s->last_message : "-", last, sizeof last, 0);
+        snprintf(b->m.detail, sizeof b->m.detail, "%s%.60s%s%.200s | last: %.160s", s->name[0] ? "name " : "", name,
+                 s->name[0] ? " | " : "", path, last);
+    }
     else
         b->m.detail[0] = 0;
     menu_draw(&b->m, a);
