@@ -1,5 +1,6 @@
 /* main.c - the kvchat binary: dispatch to a subcommand. With no arguments it opens the terminal
  * interface on the default model (the line chat when input or output is not a terminal). */
+#include <errno.h>
 #include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,17 @@ static void usage(FILE *out)
           "(Gemma 3 270M Q4_K_M, fetched by `make model`) is used.\n", out);
 }
 
+/* A command's status, unless what it printed did not reach stdout (a full disk, a closed pipe): that
+ * is a failure too, said in one line. */
+static int finish(int rc)
+{
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "kvchat: writing the output failed: %s\n", strerror(errno ? errno : EIO));
+        return rc ? rc : 1;
+    }
+    return rc;
+}
+
 /* With no command: the terminal interface in a terminal, the line chat when piped (argv[0] names
  * the command in messages). */
 static int default_command(int argc, char **argv)
@@ -49,15 +61,15 @@ int main(int argc, char **argv)
 {
     /* display widths (wcwidth) of the names and titles laid out in columns need a UTF-8 locale */
     if (!setlocale(LC_CTYPE, "") || MB_CUR_MAX == 1) setlocale(LC_CTYPE, "C.UTF-8");
-    if (argc < 2) return default_command(argc, argv);
+    if (argc < 2) return finish(default_command(argc, argv));
     const char *c = argv[1];
     if (!strcmp(c, "-h") || !strcmp(c, "--help") || !strcmp(c, "help")) {
         usage(stdout);
-        return 0;
+        return finish(0);
     }
     for (int i = 0; i < N_COMMANDS; i++)
-        if (!strcmp(c, commands[i].name)) return commands[i].run(argc - 1, argv + 1);
-    if (c[0] == '-') return default_command(argc, argv);
+        if (!strcmp(c, commands[i].name)) return finish(commands[i].run(argc - 1, argv + 1));
+    if (c[0] == '-') return finish(default_command(argc, argv));
     fprintf(stderr, "kvchat: unknown command '%s' (see kvchat --help)\n", c);
     return 1;
 }

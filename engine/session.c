@@ -458,6 +458,41 @@ static int save_snapshot(session *s, int64_t msg, size_t *len)
     return bad ? -1 : 0;
 }
 
+/* Both messages of the turn (a regeneration: the answer only, beside the first) and its events. */
+static int save_messages(session *s, const char *question, int regen, const char *metrics, int64_t *um, int64_t *am,
+                         char *e, size_t elen)
+{
+    int n_ev;
+    const unc_event *ev = unc_events(s->mon, &n_ev);
+    const char *pol = pol_set_spec(s->ps)->text;
+    if (regen)
+        *um = s->last_user;
+    else if (s->db.add_message(s->db.ud, s->sid, s->leaf, "user", question, pol, NULL, um, e, elen))
+        return -1;
+    s->last_user = *um;
+    if (s->db.add_message(s->db.ud, s->sid, *um, "assistant", s->answer ? s->answer : "", pol, metrics, am, e, elen) ||
+        s->db.add_events(s->db.ud, *am, ev, n_ev, e, elen))
+        return -1;
+    return 0;
+}
+
+/* When the stored conversation was deleted meanwhile (by another kvchat), a new one is made for it
+ * (its earlier messages are gone; the cache, whose snapshot follows, is whole). 1 when it was, 0 when
+ * the row is there, -1 on failure. */
+static int reattach_if_deleted(session *s)
+{
+    char key[32], e[1024];
+    sess_stored st;
+    snprintf(key, sizeof key, "#%lld", (long long)s->sid);
+    if (s->db.find(s->db.ud, key, &st, e, sizeof e) != 1) return 0;
+    int64_t old = s->sid;
+    s->sid = s->leaf = s->last_user = 0;
+    if (ensure_stored(s)) return -1;
+    note(s, "session %lld was deleted meanwhile (by another kvchat): this conversation goes on as session %lld, "
+         "without the earlier messages", (long long)old, (long long)s->sid);
+    return 1;
+}
+
 /* The turn goes into the store: both messages (a regeneration: the answer only, beside the first),
  * the events, a snapshot of the sequence. */
 static int save_turn(session *s, const char *question, int regen)
@@ -480,18 +515,13 @@ static int save_turn(session *s, const char *question, int regen)
              (unsigned long long)ks.bytes_resident, (unsigned long long)ks.bytes_full, a->gen.events,
              a->gen.regenerated, a->resumed ? "true" : "false", a->restore_ms);
     int64_t um, am;
-    int n_ev;
-    const unc_event *ev = unc_events(s->mon, &n_ev);
-    const char *pol = pol_set_spec(s->ps)->text;
-    if (regen) {
-        um = s->last_user;
-    } else if (s->db.add_message(s->db.ud, s->sid, s->leaf, "user", question, pol, NULL, &um, e, sizeof e)) {
-        return fail(s, SESS_ESAVE, "not saved: %s", e);
+    if (save_messages(s, question, regen, mj, &um, &am, e, sizeof e)) {
+        /* the conversation's row may be gone (deleted by another kvchat): it goes on as a new one */
+        int r = reattach_if_deleted(s);
+        if (r < 0) return fail(s, SESS_ESAVE, "not saved: %.900s", s->err);
+        if (r == 0 || save_messages(s, question, 0, mj, &um, &am, e, sizeof e))
+            return fail(s, SESS_ESAVE, "not saved: %s", e);
     }
-    s->last_user = um;
-    if (s->db.add_message(s->db.ud, s->sid, um, "assistant", s->answer ? s->answer : "", pol, mj, &am, e, sizeof e) ||
-        s->db.add_events(s->db.ud, am, ev, n_ev, e, sizeof e))
-        return fail(s, SESS_ESAVE, "not saved: %s", e);
     s->leaf = am;
     a->user_msg = um;
     a->answer_msg = am;

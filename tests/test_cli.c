@@ -663,3 +663,19 @@ Test(cli, terminal_output_escapes_control_characters_and_aligns_wide_text, .time
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_expect(system(cmd) == 0);
 }
+
+/* Output that cannot be written (a full disk) is a failure: one line, exit status 1. */
+Test(cli, an_output_write_error_is_a_failure)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s info -m " TD "tiny/tiny-llama-f16.gguf >/dev/full 2>/tmp/kvchat-full-err", bin());
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st));
+    cr_expect_eq(WEXITSTATUS(st), 1, "exit status %d", WEXITSTATUS(st));
+    FILE *f = fopen("/tmp/kvchat-full-err", "r");
+    char line[512] = "";
+    cr_assert(f && fgets(line, sizeof line, f));
+    fclose(f);
+    cr_expect(strstr(line, "writing the output failed"), "%s", line);
+    unlink("/tmp/kvchat-full-err");
+}

@@ -380,3 +380,50 @@ Test(session, bad_input_is_one_clear_error)
     sess_free(s);
     fixture_close(&x);
 }
+
+static char last_note[1024];
+static void keep_note(void *ud, const char *msg)
+{
+    (void)ud;
+    snprintf(last_note, sizeof last_note, "%s", msg);
+}
+
+Test(session, a_conversation_deleted_meanwhile_goes_on_as_a_new_one)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", &x.sp);
+    sess_callbacks cb = { NULL, NULL, NULL, NULL, NULL, keep_note, NULL };
+    sess_set_callbacks(s, &cb, NULL);
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
+    ask_ok(s, "What is it about?");
+    int64_t first = sess_stored_id(s);
+    /* another process deletes it */
+    char err[600];
+    store *other = store_open(x.db_path, err, sizeof err);
+    cr_assert(other, "%s", err);
+    cr_assert(store_session_delete(other, first) == 0);
+    store_close(other);
+    last_note[0] = 0;
+    ask_ok(s, "And then?");
+    cr_expect_gt(sess_stored_id(s), 0, "a new stored conversation (sqlite may give it the freed id)");
+    cr_expect(strstr(last_note, "was deleted meanwhile"), "said: %s", last_note);
+    /* the new one holds this turn and a snapshot that resumes the whole conversation */
+    store_message *m = NULL;
+    int n = 0;
+    cr_assert(store_session_messages(x.db, sess_stored_id(s), &m, &n) == 0);
+    cr_expect_eq(n, 2, "this turn's two messages");
+    store_messages_free(m, n);
+    int64_t n_tok;
+    sess_tokens(s, &n_tok);
+    session *r = open_session("full", &x.sp);
+    char key[32];
+    snprintf(key, sizeof key, "#%lld", (long long)sess_stored_id(s));
+    cr_assert(sess_resume(r, key, NULL) == SESS_OK, "%s", sess_error(r));
+    int64_t n_r;
+    sess_tokens(r, &n_r);
+    cr_expect_eq(n_r, n_tok, "the snapshot holds the whole conversation");
+    sess_free(r);
+    sess_free(s);
+    fixture_close(&x);
+}

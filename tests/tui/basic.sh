@@ -243,5 +243,12 @@ echo "$err" | grep -q "config:1: color.bar: expected a colour" || fail "bad colo
 printf 'colour = on\n' > "$cfg/kvchat/config"
 err=$("$bin" tui 2>&1 </dev/null) && fail "a bad config was accepted"
 echo "$err" | grep -q "config:1: unknown setting 'colour'" || fail "bad config message: $err"
+rm -f "$cfg/kvchat/config"
+# a --db that is not a database is refused at start, not silently left unsaved
+printf 'this is not a database, just text\n' > "$work/not.db"
+T new-session -d -s "$s" -x 120 -y 20 "$bin tui -t 1 -m $model --db $work/not.db; echo kvchat exited \$?; sleep 30"
+wait_for 'not a database'
+wait_for 'kvchat exited 1'
+T kill-session -t "$s"
 rm -rf "$work" "$cfg"
 echo "tui test: ok"
