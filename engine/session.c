@@ -900,6 +900,45 @@ static int replay_conversation(session *s, const char *doc, const sess_message *
     return rc;
 }
 
+/* The newest usable snapshot on the branch before its last one (which is unusable: why), then the
+ * turns after it evaluated from their texts. SESS_ENOTFOUND when no older snapshot restores. */
+static int resume_from_older(session *s, int64_t sid, const sess_message *path, int n_path, const char *key,
+                             const char *why)
+{
+    char e[1024];
+    s->err[0] = 0;
+    for (int j = n_path - 3; j >= 1; j -= 2) {
+        if (strcmp(path[j].role, "assistant") != 0) continue;
+        void *data = NULL;
+        size_t len = 0;
+        int64_t n = 0;
+        if (s->db.get_snapshot(s->db.ud, path[j].id, key, &data, &len, e, sizeof e) != 0) continue;
+        int bad = restore_snapshot(s, data, len, &n);
+        free(data);
+        if (bad) continue;
+        /* the turns after it, as their texts tokenize: each question's continuation, then its answer */
+        int64_t from = fwd_pos(s->f);
+        int rc = SESS_OK;
+        for (int i = j + 1; rc == SESS_OK && i + 1 < n_path; i += 2) {
+            int32_t *q = NULL, *a = NULL;
+            size_t nq = 0, na = 0;
+            const char *ans = path[i + 1].text;
+            if (prompt_continue(s->m, s->chat, path[i].text, &q, &nq, s->err, sizeof s->err) ||
+                tok_encode(s->m->vocab, ans, strlen(ans), 0, 0, &a, &na, s->err, sizeof s->err) ||
+                seq_add(s, q, (int64_t)nq) || seq_add(s, a, (int64_t)na))
+                rc = s->err[0] ? SESS_EFAIL : fail(s, SESS_EFAIL, "out of memory");
+            free(q);
+            free(a);
+        }
+        note(s, "session %lld: the snapshot after the last answer is unusable (%.300s); restored the one after answer "
+             "%d (%lld tokens) and prefilling the %d turns after it (%lld tokens)", (long long)sid, why, (j + 1) / 2,
+             (long long)n, (n_path - 1 - j) / 2, (long long)(s->n_seq - from));
+        if (rc == SESS_OK) rc = eval(s, s->seq + from, (size_t)(s->n_seq - from));
+        return rc;
+    }
+    return SESS_ENOTFOUND;
+}
+
 int sess_resume(session *s, const char *key, const sess_resume_opts *o)
 {
     static const sess_resume_opts none = { 0, 0, SESS_FORMAT_AUTO, NULL };
@@ -978,15 +1017,24 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
         int64_t n = 0;
         rc = restore_snapshot(s, data, len, &n);
         if (rc) {
+            /* the newest snapshot is unusable (corrupt, truncated): an older one on this branch and the
+             * turns after it prefilled again, or else the whole conversation from its document */
             snprintf(e, sizeof e, "%.1000s", s->err);
-            fail(s, rc, "cannot resume session %lld: %.900s", (long long)st.id, e);
+            rc = resume_from_older(s, st.id, path, n_path, k, e);
+            if (rc == SESS_ENOTFOUND) {
+                note(s, "session %lld: the snapshot after the last answer is unusable (%.300s) and no older one is: "
+                     "prefilling the conversation again", (long long)st.id, e);
+                g = 1;
+                rc = SESS_OK;
+            }
         } else {
             s->resumed = 1;
             s->restore_ms = (now_s() - t0) * 1e3;
             note(s, "session %lld: restored %lld tokens (%s) from a %.1f MiB snapshot in %.0f ms", (long long)st.id,
                  (long long)n, k, (double)len / (1 << 20), s->restore_ms);
         }
-    } else {
+    }
+    if (g != 0) {
         /* no snapshot under this prefill policy: the document and the conversation are prefilled again */
         char *doc = given;
         size_t dl = given_len;

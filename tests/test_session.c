@@ -5,6 +5,7 @@
  * document changed on disk is refused when the conversation must be prefilled again. */
 #include <criterion/criterion.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -425,5 +426,50 @@ Test(session, a_conversation_deleted_meanwhile_goes_on_as_a_new_one)
     cr_expect_eq(n_r, n_tok, "the snapshot holds the whole conversation");
     sess_free(r);
     sess_free(s);
+    fixture_close(&x);
+}
+
+/* Flip a byte in the middle of the snapshot saved after message msg. */
+static void corrupt_snapshot(const char *db_path, int64_t msg)
+{
+    sqlite3 *db;
+    cr_assert(sqlite3_open(db_path, &db) == SQLITE_OK);
+    sqlite3_stmt *st;
+    cr_assert(sqlite3_prepare_v2(db, "SELECT id, bytes FROM snapshots WHERE message_id = ?", -1, &st, NULL) == SQLITE_OK);
+    sqlite3_bind_int64(st, 1, msg);
+    cr_assert(sqlite3_step(st) == SQLITE_ROW, "no snapshot after message %lld", (long long)msg);
+    int64_t id = sqlite3_column_int64(st, 0), bytes = sqlite3_column_int64(st, 1);
+    sqlite3_finalize(st);
+    sqlite3_blob *b;
+    cr_assert(sqlite3_blob_open(db, "main", "snapshots", "data", id, 1, &b) == SQLITE_OK);
+    unsigned char c;
+    cr_assert(sqlite3_blob_read(b, &c, 1, (int)(bytes / 2)) == SQLITE_OK);
+    c ^= 0x5a;
+    cr_assert(sqlite3_blob_write(b, &c, 1, (int)(bytes / 2)) == SQLITE_OK);
+    sqlite3_blob_close(b);
+    sqlite3_close(db);
+}
+
+Test(session, a_corrupt_newest_snapshot_falls_back_to_an_older_one)
+{
+    fixture x;
+    fixture_open(&x);
+    session *a = open_session("full", &x.sp);
+    cr_assert(sess_open_document(a, x.doc, NULL, "fallback", 0) == SESS_OK);
+    ask_ok(a, "What is it about?");
+    ask_ok(a, "And then?");
+    int64_t last = sess_last_answer(a)->answer_msg;
+    sess_free(a);
+    corrupt_snapshot(x.db_path, last);
+    session *b = open_session("full", &x.sp);
+    sess_callbacks cb = { NULL, NULL, NULL, NULL, NULL, keep_note, NULL };
+    sess_set_callbacks(b, &cb, NULL);
+    last_note[0] = 0;
+    cr_assert(sess_resume(b, "fallback", NULL) == SESS_OK, "%s", sess_error(b));
+    cr_expect(strstr(last_note, "unusable") && strstr(last_note, "restored the one after answer 1"), "said: %s",
+              last_note);
+    cr_expect_eq(sess_turns(b), 2);
+    ask_ok(b, "Anything else?");   /* and the conversation goes on */
+    sess_free(b);
     fixture_close(&x);
 }
