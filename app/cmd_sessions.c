@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "app/cli.h"
@@ -42,14 +43,26 @@ static const char *base(const char *p)
     return s ? s + 1 : p;
 }
 
+static void human_bytes(int64_t b, char *buf, size_t cap)
+{
+    if (b < 1024)
+        snprintf(buf, cap, "%lld B", (long long)b);
+    else if (b < (1 << 20))
+        snprintf(buf, cap, "%.1f KiB", (double)b / 1024);
+    else if (b < (1LL << 30))
+        snprintf(buf, cap, "%.1f MiB", (double)b / (1 << 20));
+    else
+        snprintf(buf, cap, "%.2f GiB", (double)b / (1LL << 30));
+}
+
 static void list_one(void *ud, const store_session *ss)
 {
     int *n = ud;
     char when[32];
     fmt_time(ss->updated, when, sizeof when);
     if ((*n)++ == 0)
-        printf("%5s  %-16s  %-32s  %-24s  %-20s  %-22s  %4s  %s\n", "id", "name", "title", "document", "model", "policy",
-               "msgs", "updated");
+        printf("%5s  %-16s  %-32s  %-24s  %-20s  %-22s  %4s  %8s  %s\n", "id", "name", "title", "document", "model",
+               "policy", "msgs", "stored", "updated");
     /* columns by display width, control characters shown escaped */
     char name[80], title[140], doc[100], mod[90], pol[90], last[400];
     text_fit(ss->name[0] ? ss->name : "-", 16, name, sizeof name);
@@ -57,8 +70,10 @@ static void list_one(void *ud, const store_session *ss)
     text_fit(ss->doc_title[0] ? ss->doc_title : "-", 24, doc, sizeof doc);
     text_fit(base(ss->model_path), 20, mod, sizeof mod);
     text_fit(ss->policy, 22, pol, sizeof pol);
-    printf("%5lld  %s  %s  %s  %s  %s  %4lld  %s\n", (long long)ss->id, name, title, doc, mod, pol,
-           (long long)ss->n_messages, when);
+    char size[32];
+    human_bytes(ss->snapshot_bytes, size, sizeof size);
+    printf("%5lld  %s  %s  %s  %s  %s  %4lld  %8s  %s\n", (long long)ss->id, name, title, doc, mod, pol,
+           (long long)ss->n_messages, size, when);
     if (ss->last_message[0]) {
         text_fit(ss->last_message, 100, last, sizeof last);
         printf("       last: %s\n", last);
@@ -210,6 +225,8 @@ int cmd_sessions(int argc, char **argv)
                       "                            the conversation as Markdown (the newest branch) or JSON\n"
                       "  rename ID TITLE           give a session a new title\n"
                       "  delete ID                 delete a session with its messages and snapshots\n"
+                      "  prune [ID]                keep only the snapshots at the end of each branch (of one session)\n"
+                      "  vacuum                    give the space of deleted sessions and pruned snapshots back to the disk\n"
                       "\n"
                       "ID is a session's number or its name (kvchat ask --session NAME).",
                       g, 1, pos, 32, &npos);
@@ -218,6 +235,8 @@ int cmd_sessions(int argc, char **argv)
     const char *cmd = npos > 0 ? pos[0] : "list";
     int nargs = npos > 0 ? npos - 1 : 0;
     const char **args = pos + 1;
+    char default_db[1024] = "";
+    if (!db_path) store_default_path(default_db, sizeof default_db, 0);
     store *db = cli_open_db(db_path);
     if (!db) return 1;
     int rc = 1;
@@ -275,9 +294,32 @@ int cmd_sessions(int argc, char **argv)
                 cli_err("sessions: %s", store_error(db));
             }
         }
+    } else if (!strcmp(cmd, "prune")) {
+        int64_t removed, sid = 0;
+        if (nargs >= 1 && find(db, args[0], &ss)) goto out;
+        if (nargs >= 1) sid = ss.id;
+        if (store_prune(db, sid, &removed) == 0) {
+            printf("pruned %lld snapshot%s (each branch keeps the one after its last answer)\n", (long long)removed,
+                   removed == 1 ? "" : "s");
+            rc = 0;
+        } else {
+            cli_err("sessions: %s", store_error(db));
+        }
+    } else if (!strcmp(cmd, "vacuum")) {
+        struct stat a, b;
+        int have = stat(db_path ? db_path : default_db, &a) == 0;
+        if (store_vacuum(db) == 0) {
+            if (have && stat(db_path ? db_path : default_db, &b) == 0)
+                printf("the database went from %.1f MiB to %.1f MiB\n", (double)a.st_size / (1 << 20),
+                       (double)b.st_size / (1 << 20));
+            rc = 0;
+        } else {
+            cli_err("sessions: %s", store_error(db));
+        }
     } else {
-        cli_err("sessions: unknown command '%s' (list, search, show, export, rename, delete)", cmd);
+        cli_err("sessions: unknown command '%s' (list, search, show, export, rename, delete, prune, vacuum)", cmd);
     }
+out:
     store_close(db);
     return rc;
 }

@@ -162,6 +162,53 @@ int snap_save(const fwd_ctx *f, const samp *s, const snap_identity *id, const in
     return 0;
 }
 
+int snap_page_ranges(const void *data, size_t len, snap_range **out, int64_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    if (len < HEADER_BYTES + SHA256_DIGEST_SIZE) return -1;
+    bytes_r r = { (const uint8_t *)data, len - SHA256_DIGEST_SIZE, HEADER_BYTES + 64 + 5 * 4, 0 };
+    int64_t n_tokens = br_i64(&r);
+    if (r.err || n_tokens < 0 || (uint64_t)n_tokens > len / 4 || !br_view(&r, 4 * (size_t)n_tokens)) return -1;
+    uint32_t nl = br_u32(&r), nh = br_u32(&r);
+    int64_t rd = br_i64(&r);
+    br_u32(&r);
+    br_i64(&r);
+    br_i64(&r);
+    if (r.err || rd <= 0 || rd > (1 << 20) || nl > 4096 || nh > 4096) return -1;
+    size_t cap = 256, n = 0;
+    snap_range *v = malloc(sizeof *v * cap);
+    if (!v) return -1;
+    for (uint32_t il = 0; il < nl && !r.err; il++) {
+        br_u32(&r);
+        br_i64(&r);
+        for (uint32_t h = 0; h < nh && !r.err; h++) {
+            uint32_t np = br_u32(&r);
+            for (uint32_t i = 0; i < np && !r.err; i++) {
+                size_t off = r.off;
+                uint32_t cnt = br_u32(&r);
+                if (r.err || cnt > (1u << 20) || !br_view(&r, (size_t)cnt * (8 + 4 * (size_t)rd))) break;
+                if (n == cap) {
+                    snap_range *nv = realloc(v, sizeof *nv * (cap *= 2));
+                    if (!nv) {
+                        free(v);
+                        return -1;
+                    }
+                    v = nv;
+                }
+                v[n++] = (snap_range){ off, r.off - off };
+            }
+        }
+    }
+    if (r.err) {
+        free(v);
+        return -1;
+    }
+    *out = v;
+    *n_out = (int64_t)n;
+    return 0;
+}
+
 /* Parse everything; with apply also restore into f and s. */
 static int parse(fwd_ctx *f, samp *s, const void *data, size_t len, const snap_identity *want, snap_info *info,
                  int apply, int32_t **tokens, char *err, size_t errlen)

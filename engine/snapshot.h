@@ -42,6 +42,16 @@ void snap_sha256_bytes(const void *p, size_t n, char out[65]);
  * when the bytes are too short to say. Nothing else is checked. */
 int snap_page_size(const void *data, size_t len);
 
+/* A byte range of snapshot bytes. */
+typedef struct snap_range {
+    size_t off, len;
+} snap_range;
+/* The ranges that hold the cache's pages (each page's token count, positions, log-degrees, keys
+ * and values), in order: what consecutive snapshots of one conversation mostly share, so the store
+ * keeps each page once. *out malloc'd. 0, or -1 when the bytes do not parse (nothing is checked
+ * beyond the structure: snap_check does that). */
+int snap_page_ranges(const void *data, size_t len, snap_range **out, int64_t *n);
+
 /* Serialize. tokens: the sequence's ids (at least kv_len of them; more when the last sampled tokens
  * were not evaluated yet). *out is malloc'd. 0, or -1 with a message. */
 int snap_save(const fwd_ctx *f, const samp *s, const snap_identity *id, const int32_t *tokens, int64_t n_tokens,

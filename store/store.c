@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "engine/snapshot.h"
+
 struct store {
     sqlite3 *db;
     char err[512];
@@ -108,6 +110,13 @@ static void copy_col(sqlite3_stmt *st, int c, char *dst, size_t cap)
 /* ------------------------------------------------------------------------------------ schema */
 
 /* Migration i takes the schema from version i to i + 1. */
+/* Chunks no snapshot refers to any more (after snapshots or sessions were deleted). */
+static int drop_orphan_chunks(store *s, const char *what)
+{
+    return exec_sql(s, "DELETE FROM chunks WHERE NOT EXISTS (SELECT 1 FROM snapshot_chunks sc WHERE sc.hash = chunks.hash)",
+                    what);
+}
+
 static const char *const migrations[] = {
     "CREATE TABLE models ("
     "  id INTEGER PRIMARY KEY,"
@@ -194,6 +203,20 @@ static const char *const migrations[] = {
     "CREATE TRIGGER sessions_au AFTER UPDATE OF title ON sessions BEGIN"
     "  INSERT INTO sessions_fts(sessions_fts, rowid, title) VALUES ('delete', old.id, old.title);"
     "  INSERT INTO sessions_fts(rowid, title) VALUES (new.id, new.title); END;",
+    /* 2: a snapshot's KV pages are stored once by content (sha256) and shared by every snapshot that
+     * holds them; snapshots.data keeps the rest (the skeleton) and snapshot_chunks where each page
+     * goes back. A snapshot with no chunk rows is whole in snapshots.data (written before). */
+    "CREATE TABLE chunks ("
+    "  hash TEXT PRIMARY KEY,"
+    "  data BLOB NOT NULL);"
+    "CREATE TABLE snapshot_chunks ("
+    "  snapshot_id INTEGER NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,"
+    "  off INTEGER NOT NULL,"
+    "  bytes INTEGER NOT NULL,"
+    "  hash TEXT NOT NULL REFERENCES chunks(hash),"
+    "  PRIMARY KEY (snapshot_id, off)) WITHOUT ROWID;"
+    "CREATE INDEX snapshot_chunks_hash ON snapshot_chunks(hash);"
+    "ALTER TABLE snapshots ADD COLUMN stored INTEGER;",
 };
 
 static int schema_version(store *s)
@@ -374,7 +397,11 @@ int store_document_put(store *s, int64_t model_id, const char *path, const char 
     "IFNULL(d.sha256, ''), IFNULL(d.title, ''), s.policy, IFNULL(s.budget, ''), s.created_at, s.updated_at, "       \
     "(SELECT COUNT(*) FROM messages WHERE session_id = s.id), "                                                     \
     "IFNULL((SELECT substr(text, 1, 150) FROM messages WHERE session_id = s.id ORDER BY id DESC LIMIT 1), ''), "   \
-    "s.prompt_format "                                                                                              \
+    "s.prompt_format, "                                                                                             \
+    "IFNULL((SELECT SUM(IFNULL(stored, bytes)) FROM snapshots WHERE session_id = s.id), 0) + "                     \
+    "IFNULL((SELECT SUM(length(c.data)) FROM chunks c WHERE c.hash IN (SELECT sc.hash FROM snapshot_chunks sc "      \
+    "JOIN snapshots sn ON sn.id = sc.snapshot_id WHERE sn.session_id = s.id)), 0), "                               \
+    "(SELECT COUNT(*) FROM snapshots WHERE session_id = s.id) "                                                     \
     "FROM sessions s JOIN models m ON m.id = s.model_id LEFT JOIN documents d ON d.id = s.document_id "
 
 static void read_session(sqlite3_stmt *st, store_session *o)
@@ -397,6 +424,8 @@ static void read_session(sqlite3_stmt *st, store_session *o)
     o->n_messages = sqlite3_column_int64(st, 14);
     copy_col(st, 15, o->last_message, sizeof o->last_message);
     copy_col(st, 16, o->format, sizeof o->format);
+    o->snapshot_bytes = sqlite3_column_int64(st, 17);
+    o->n_snapshots = sqlite3_column_int64(st, 18);
     for (char *p = o->last_message; *p; p++)
         if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
 }
@@ -481,12 +510,18 @@ int store_session_rename(store *s, int64_t id, const char *title)
 
 int store_session_delete(store *s, int64_t id)
 {
-    if (exec_stmt(s, prep(s, "DELETE FROM sessions WHERE id = ?", "i", id), "deleting the session")) return -1;
+    if (exec_sql(s, "BEGIN IMMEDIATE", "deleting the session")) return -1;
+    if (exec_stmt(s, prep(s, "DELETE FROM sessions WHERE id = ?", "i", id), "deleting the session")) goto rollback;
     if (sqlite3_changes(s->db) == 0) {
         snprintf(s->err, sizeof s->err, "no session %lld", (long long)id);
-        return -1;
+        goto rollback;
     }
+    /* the pages only this session's snapshots held go too; the file keeps its size until a vacuum */
+    if (drop_orphan_chunks(s, "deleting the session") || exec_sql(s, "COMMIT", "deleting the session")) goto rollback;
     return 0;
+rollback:
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    return -1;
 }
 
 int store_session_list(store *s, void (*fn)(void *ud, const store_session *ss), void *ud)
@@ -661,6 +696,68 @@ int store_search(store *s, const char *query,
 
 /* ------------------------------------------------------------------------------- snapshots */
 
+/* Write len bytes into a zeroblob column of row rowid, in 1 MiB pieces (incremental blob I/O). */
+static int write_blob(store *s, const char *table, int64_t rowid, const void *data, size_t len)
+{
+    sqlite3_blob *b;
+    if (sqlite3_blob_open(s->db, "main", table, "data", rowid, 1, &b) != SQLITE_OK) return fail(s, "saving the snapshot");
+    const char *p = data;
+    for (size_t off = 0; off < len;) {
+        int n = len - off > (1u << 20) ? (1 << 20) : (int)(len - off);
+        if (sqlite3_blob_write(b, p + off, n, (int)off) != SQLITE_OK) {
+            fail(s, "saving the snapshot");
+            sqlite3_blob_close(b);
+            return -1;
+        }
+        off += (size_t)n;
+    }
+    return sqlite3_blob_close(b) != SQLITE_OK ? fail(s, "saving the snapshot") : 0;
+}
+
+/* The snapshot's pages as shared chunks, the rest as its row's data. */
+static int put_chunked(store *s, int64_t id, const char *data, size_t len, const snap_range *r, int64_t nr)
+{
+    size_t skel = len;
+    for (int64_t i = 0; i < nr; i++) skel -= r[i].len;
+    char *sk = malloc(skel > 0 ? skel : 1);
+    if (!sk) {
+        snprintf(s->err, sizeof s->err, "saving the snapshot: out of memory");
+        return -1;
+    }
+    size_t at = 0, o = 0;
+    for (int64_t i = 0; i <= nr; i++) {
+        size_t end = i < nr ? r[i].off : len;
+        memcpy(sk + o, data + at, end - at);
+        o += end - at;
+        if (i < nr) at = r[i].off + r[i].len;
+    }
+    int bad = exec_stmt(s, prep(s, "UPDATE snapshots SET data = zeroblob(?), stored = ? WHERE id = ?", "iii",
+                                (int64_t)skel, (int64_t)skel, id),
+                        "saving the snapshot") ||
+              write_blob(s, "snapshots", id, sk, skel);
+    free(sk);
+    sqlite3_stmt *ins = bad ? NULL : prep(s, "INSERT OR IGNORE INTO chunks (hash, data) VALUES (?, ?)", NULL);
+    sqlite3_stmt *ref = bad ? NULL : prep(s, "INSERT INTO snapshot_chunks (snapshot_id, off, bytes, hash) VALUES (?, ?, ?, ?)",
+                                          NULL);
+    if (!bad && (!ins || !ref)) bad = 1;
+    for (int64_t i = 0; !bad && i < nr; i++) {
+        char hash[65];
+        snap_sha256_bytes(data + r[i].off, r[i].len, hash);
+        sqlite3_bind_text(ins, 1, hash, 64, SQLITE_STATIC);
+        sqlite3_bind_blob(ins, 2, data + r[i].off, (int)r[i].len, SQLITE_STATIC);
+        sqlite3_bind_int64(ref, 1, id);
+        sqlite3_bind_int64(ref, 2, (sqlite3_int64)r[i].off);
+        sqlite3_bind_int64(ref, 3, (sqlite3_int64)r[i].len);
+        sqlite3_bind_text(ref, 4, hash, 64, SQLITE_STATIC);
+        if (sqlite3_step(ins) != SQLITE_DONE || sqlite3_step(ref) != SQLITE_DONE) bad = fail(s, "saving the snapshot");
+        sqlite3_reset(ins);
+        sqlite3_reset(ref);
+    }
+    sqlite3_finalize(ins);
+    sqlite3_finalize(ref);
+    return bad ? -1 : 0;
+}
+
 int store_snapshot_put(store *s, int64_t session, int64_t message, const char *prefill_policy, int64_t n_tokens,
                        const void *data, size_t len, int64_t *id)
 {
@@ -668,64 +765,61 @@ int store_snapshot_put(store *s, int64_t session, int64_t message, const char *p
         snprintf(s->err, sizeof s->err, "saving the snapshot: %zu bytes is more than sqlite's 2 GiB blob limit", len);
         return -1;
     }
-    if (exec_sql(s, "BEGIN IMMEDIATE", "saving the snapshot")) return -1;
+    snap_range *r = NULL;
+    int64_t nr = 0;
+    int chunked = snap_page_ranges(data, len, &r, &nr) == 0 && nr > 0;
+    if (exec_sql(s, "BEGIN IMMEDIATE", "saving the snapshot")) {
+        free(r);
+        return -1;
+    }
     if (exec_stmt(s, prep(s, "DELETE FROM snapshots WHERE message_id = ? AND prefill_policy = ?", "it", message,
                           prefill_policy),
                   "saving the snapshot"))
         goto rollback;
+    int replaced = sqlite3_changes(s->db) > 0;
     sqlite3_stmt *st = prep(s,
                             "INSERT INTO snapshots (session_id, message_id, prefill_policy, n_tokens, bytes, data, "
-                            "created_at) VALUES (?, ?, ?, ?, ?, zeroblob(?), ?)",
-                            "iitiiii", session, message, prefill_policy, n_tokens, (int64_t)len, (int64_t)len, now_s());
+                            "stored, created_at) VALUES (?, ?, ?, ?, ?, zeroblob(?), ?, ?)",
+                            "iitiiiii", session, message, prefill_policy, n_tokens, (int64_t)len,
+                            chunked ? (int64_t)0 : (int64_t)len, (int64_t)len, now_s());
     if (exec_stmt(s, st, "saving the snapshot")) goto rollback;
     *id = sqlite3_last_insert_rowid(s->db);
-    sqlite3_blob *b;
-    if (sqlite3_blob_open(s->db, "main", "snapshots", "data", *id, 1, &b) != SQLITE_OK) {
-        fail(s, "saving the snapshot");
-        goto rollback;
-    }
-    const char *p = data;
-    for (size_t off = 0; off < len;) {
-        int n = len - off > (1u << 20) ? (1 << 20) : (int)(len - off);
-        if (sqlite3_blob_write(b, p + off, n, (int)off) != SQLITE_OK) {
-            fail(s, "saving the snapshot");
-            sqlite3_blob_close(b);
-            goto rollback;
-        }
-        off += (size_t)n;
-    }
-    if (sqlite3_blob_close(b) != SQLITE_OK) {
-        fail(s, "saving the snapshot");
-        goto rollback;
-    }
+    if (chunked ? put_chunked(s, *id, data, len, r, nr) : write_blob(s, "snapshots", *id, data, len)) goto rollback;
+    if (replaced && drop_orphan_chunks(s, "saving the snapshot")) goto rollback;
     if (exec_sql(s, "COMMIT", "saving the snapshot")) goto rollback;
+    free(r);
     return 0;
 rollback:
     sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    free(r);
     return -1;
 }
 
-static int read_blob(store *s, int64_t rowid, int64_t bytes, void **data, size_t *len)
+/* The row's data: the whole snapshot, or its skeleton with the pages put back at their offsets. */
+static int read_snapshot(store *s, int64_t rowid, int64_t bytes, void **data, size_t *len)
 {
     sqlite3_blob *b;
+    if (bytes < 0 || bytes > 0x7fffffff) {
+        snprintf(s->err, sizeof s->err, "the snapshot's row says %lld bytes", (long long)bytes);
+        return -1;
+    }
     if (sqlite3_blob_open(s->db, "main", "snapshots", "data", rowid, 0, &b) != SQLITE_OK)
         return fail(s, "reading the snapshot");
-    int n = sqlite3_blob_bytes(b);
-    if (n != bytes) {
+    int skel = sqlite3_blob_bytes(b);
+    char *p = malloc((size_t)(bytes > 0 ? bytes : 1)), *sk = malloc((size_t)(skel > 0 ? skel : 1));
+    if (!p || !sk || skel > bytes) {
         sqlite3_blob_close(b);
-        snprintf(s->err, sizeof s->err, "the snapshot is %d bytes, its row says %lld", n, (long long)bytes);
+        free(p);
+        free(sk);
+        if (skel > bytes) snprintf(s->err, sizeof s->err, "the snapshot is %d bytes, its row says %lld", skel, (long long)bytes);
+        else snprintf(s->err, sizeof s->err, "out of memory reading the snapshot (%lld bytes)", (long long)bytes);
         return -1;
     }
-    char *p = malloc((size_t)(n > 0 ? n : 1));
-    if (!p) {
-        sqlite3_blob_close(b);
-        snprintf(s->err, sizeof s->err, "out of memory reading the snapshot (%d bytes)", n);
-        return -1;
-    }
-    for (int off = 0; off < n;) {
-        int k = n - off > (1 << 20) ? (1 << 20) : n - off;
-        if (sqlite3_blob_read(b, p + off, k, off) != SQLITE_OK) {
+    for (int off = 0; off < skel;) {
+        int k = skel - off > (1 << 20) ? (1 << 20) : skel - off;
+        if (sqlite3_blob_read(b, sk + off, k, off) != SQLITE_OK) {
             free(p);
+            free(sk);
             fail(s, "reading the snapshot");
             sqlite3_blob_close(b);
             return -1;
@@ -733,8 +827,41 @@ static int read_blob(store *s, int64_t rowid, int64_t bytes, void **data, size_t
         off += k;
     }
     sqlite3_blob_close(b);
+    sqlite3_stmt *st = prep(s,
+                            "SELECT sc.off, sc.bytes, c.data FROM snapshot_chunks sc JOIN chunks c ON c.hash = sc.hash "
+                            "WHERE sc.snapshot_id = ? ORDER BY sc.off",
+                            "i", rowid);
+    int64_t at = 0, k = 0;   /* bytes of the snapshot put together, of the skeleton used */
+    int rc = st ? 0 : -1, step;
+    while (rc == 0 && (step = sqlite3_step(st)) == SQLITE_ROW) {
+        int64_t off = sqlite3_column_int64(st, 0), n = sqlite3_column_int64(st, 1);
+        const void *c = sqlite3_column_blob(st, 2);
+        int cn = sqlite3_column_bytes(st, 2);
+        if (off < at || n != cn || off + n > bytes || k + (off - at) > skel) {
+            snprintf(s->err, sizeof s->err, "the snapshot's pages do not fit together (a page at byte %lld)", (long long)off);
+            rc = -1;
+            break;
+        }
+        memcpy(p + at, sk + k, (size_t)(off - at));
+        k += off - at;
+        memcpy(p + off, c, (size_t)n);
+        at = off + n;
+    }
+    if (rc == 0 && st && step != SQLITE_DONE) rc = fail(s, "reading the snapshot");
+    sqlite3_finalize(st);
+    if (rc == 0 && (bytes - at != skel - k)) {
+        snprintf(s->err, sizeof s->err, "the snapshot is %lld bytes, its row says %lld", (long long)(at + skel - k),
+                 (long long)bytes);
+        rc = -1;
+    }
+    if (rc == 0) memcpy(p + at, sk + k, (size_t)(bytes - at));
+    free(sk);
+    if (rc) {
+        free(p);
+        return -1;
+    }
     *data = p;
-    *len = (size_t)n;
+    *len = (size_t)bytes;
     return 0;
 }
 
@@ -749,7 +876,7 @@ static int snapshot_query(store *s, sqlite3_stmt *st, int64_t *message, void **d
     int64_t rowid = sqlite3_column_int64(st, 0), bytes = sqlite3_column_int64(st, 1);
     if (message) *message = sqlite3_column_int64(st, 2);
     sqlite3_finalize(st);
-    return read_blob(s, rowid, bytes, data, len);
+    return read_snapshot(s, rowid, bytes, data, len);
 }
 
 int store_snapshot_get(store *s, int64_t message, const char *prefill_policy, void **data, size_t *len)
@@ -769,6 +896,28 @@ int store_snapshot_latest(store *s, int64_t session, const char *prefill_policy,
                                "ORDER BY message_id DESC, id DESC LIMIT 1",
                                "it", session, prefill_policy),
                           message, data, len);
+}
+
+int store_prune(store *s, int64_t session, int64_t *removed)
+{
+    /* a snapshot is kept when its message has no reply (the end of a branch, where resuming starts) */
+    const char *keep = "message_id IN (SELECT m.id FROM messages m WHERE NOT EXISTS "
+                       "(SELECT 1 FROM messages c WHERE c.parent_id = m.id))";
+    char sql[512];
+    snprintf(sql, sizeof sql, "DELETE FROM snapshots WHERE NOT (%s)%s", keep, session ? " AND session_id = ?" : "");
+    if (exec_sql(s, "BEGIN IMMEDIATE", "pruning snapshots")) return -1;
+    if (exec_stmt(s, session ? prep(s, sql, "i", session) : prep(s, sql, NULL), "pruning snapshots")) goto rollback;
+    *removed = sqlite3_changes(s->db);
+    if (drop_orphan_chunks(s, "pruning snapshots") || exec_sql(s, "COMMIT", "pruning snapshots")) goto rollback;
+    return 0;
+rollback:
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    return -1;
+}
+
+int store_vacuum(store *s)
+{
+    return drop_orphan_chunks(s, "vacuuming the database") || exec_sql(s, "VACUUM", "vacuuming the database") ? -1 : 0;
 }
 
 /* ------------------------------------------------------------------------ thresholds, events */

@@ -17,7 +17,7 @@
 
 typedef struct store store;
 
-#define STORE_SCHEMA_VERSION 1
+#define STORE_SCHEMA_VERSION 2
 
 /* kvchat's data directory: $XDG_DATA_HOME/kvchat, else ~/.local/share/kvchat (created when asked).
  * 0, or -1 when neither variable is set or it cannot be created. */
@@ -54,6 +54,9 @@ typedef struct store_session {
     int64_t n_messages;
     char last_message[160];    /* the start of the newest message */
     char format[16];           /* how turns are written: "chat" (the model's template) or "plain" */
+    int64_t snapshot_bytes;    /* what its snapshots take in the file (a page shared with another
+                                  session's snapshot counts for both) */
+    int64_t n_snapshots;
 } store_session;
 
 /* Find by id ("#12", or all digits) or by name. 1 when there is none. */
@@ -92,9 +95,11 @@ void store_messages_free(store_message *m, int n);
 int store_search(store *s, const char *query,
                  void (*fn)(void *ud, int64_t session, int64_t message, const char *snippet), void *ud);
 
-/* Snapshots: written in one transaction with incremental blob I/O (a zeroblob of the final size,
- * then sqlite3_blob_write in 1 MiB pieces), so a crash leaves the previous snapshot intact. One per
- * (message, prefill policy): a newer one replaces the older. */
+/* Snapshots: written in one transaction, so a crash leaves the previous snapshot intact. The cache's
+ * pages (engine/snapshot.h: snap_page_ranges) are stored once by content (sha256) and shared by every
+ * snapshot that holds them (a conversation's consecutive snapshots share most pages); the rest is
+ * the snapshot's row. Reading puts the bytes back together; the snapshot's own checksum then
+ * verifies the whole. One per (message, prefill policy): a newer one replaces the older. */
 int store_snapshot_put(store *s, int64_t session, int64_t message, const char *prefill_policy, int64_t n_tokens,
                        const void *data, size_t len, int64_t *id);
 /* The snapshot taken after message for that prefill policy; 1 when there is none. data is malloc'd. */
@@ -102,6 +107,12 @@ int store_snapshot_get(store *s, int64_t message, const char *prefill_policy, vo
 /* The newest snapshot of the session for that prefill policy (its message in *message). */
 int store_snapshot_latest(store *s, int64_t session, const char *prefill_policy, int64_t *message, void **data,
                           size_t *len);
+
+/* Delete the snapshots that are not at the end of a branch (of one session, or 0: of all), and the
+ * pages nothing refers to any more; *removed gets the count. */
+int store_prune(store *s, int64_t session, int64_t *removed);
+/* Drop pages nothing refers to and rebuild the file at its smallest (VACUUM). */
+int store_vacuum(store *s);
 
 int store_thresholds_put(store *s, int64_t model_id, const unc_thresholds *t);
 int store_thresholds_get(store *s, int64_t model_id, unc_thresholds *t);   /* 1: none */

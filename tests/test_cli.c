@@ -477,7 +477,8 @@ Test(cli, session_saves_turns_and_resumes_from_its_snapshot, .timeout = 120)
     snprintf(args, sizeof args, "sessions --db %s export 1 --format xml", db);
     expect_one_line_error(args, "--format is one of md|json");
 
-    /* a corrupted snapshot is refused before anything changes, and the session is still there */
+    /* corrupted snapshots are not used: the conversation is prefilled again from its document, said on
+     * stderr, and goes on (nothing lost, the new turn saved) */
     sqlite3 *sq;
     cr_assert(sqlite3_open(db, &sq) == SQLITE_OK);
     sqlite3_stmt *st;
@@ -494,10 +495,13 @@ Test(cli, session_saves_turns_and_resumes_from_its_snapshot, .timeout = 120)
     sqlite3_finalize(st);
     sqlite3_close(sq);
     snprintf(args, sizeof args, "ask -t 1 -m " TINY_G " --resume harbour -q 'x' --db %s", db);
-    expect_one_line_error(args, "corrupt (checksum mismatch)");
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "unusable (the snapshot is corrupt (checksum mismatch))") &&
+                  strstr(errb, "prefilling the conversation again"),
+              "%s", errb);
     snprintf(args, sizeof args, "sessions --db %s show harbour", db);
     cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
-    cr_expect(strstr(out, "6 messages"), "nothing was lost: %s", out);
+    cr_expect(strstr(out, "8 messages"), "nothing was lost and the new turn is saved: %s", out);
     snprintf(args, sizeof args, "sessions --db %s delete harbour", db);
     cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
     snprintf(args, sizeof args, "sessions --db %s list", db);
@@ -678,4 +682,40 @@ Test(cli, an_output_write_error_is_a_failure)
     fclose(f);
     cr_expect(strstr(line, "writing the output failed"), "%s", line);
     unlink("/tmp/kvchat-full-err");
+}
+
+/* Deleting a session frees its pages; prune keeps the snapshot at the end of each branch; vacuum gives
+ * the space back: the file shrinks. */
+Test(cli, sessions_prune_and_vacuum_shrink_the_database, .timeout = 120)
+{
+    char dir[] = "/tmp/kvchat-prune-XXXXXX", args[1024], out[1 << 14], errb[4096], db[128];
+    cr_assert(mkdtemp(dir));
+    snprintf(db, sizeof db, "%s/p.db", dir);
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p2.txt -n 4 --db %s "
+                 "--session %s -q 'Question %d?'", db, i < 2 ? "kept" : "gone", i);
+        cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    }
+    snprintf(args, sizeof args, "sessions --db %s list", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(strstr(out, "stored") && strstr(out, " KiB") , "sizes are listed: %s", out);
+    snprintf(args, sizeof args, "sessions --db %s delete gone", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    snprintf(args, sizeof args, "sessions --db %s prune", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(strstr(out, "pruned 1 snapshot "), "the first turn's snapshot of 'kept' goes: %s", out);
+    struct stat before, after;
+    cr_assert(stat(db, &before) == 0);
+    snprintf(args, sizeof args, "sessions --db %s vacuum", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_assert(stat(db, &after) == 0);
+    cr_expect_lt(after.st_size, before.st_size, "vacuum shrank %lld to %lld bytes", (long long)before.st_size,
+                 (long long)after.st_size);
+    /* what is left still resumes */
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -n 4 --db %s --resume kept -q 'More?'", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(strstr(errb, "restored"), "%s", errb);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect(system(cmd) == 0);
 }

@@ -14,6 +14,7 @@
 #include "engine/document.h"
 #include "engine/prompt.h"
 #include "engine/session.h"
+#include "engine/snapshot.h"
 #include "store/persist.h"
 #include "store/store.h"
 
@@ -429,13 +430,14 @@ Test(session, a_conversation_deleted_meanwhile_goes_on_as_a_new_one)
     fixture_close(&x);
 }
 
-/* Flip a byte in the middle of the snapshot saved after message msg. */
+/* Flip a byte in the middle of the snapshot saved after message msg (in its own part, not in a page
+ * it shares with other snapshots). */
 static void corrupt_snapshot(const char *db_path, int64_t msg)
 {
     sqlite3 *db;
     cr_assert(sqlite3_open(db_path, &db) == SQLITE_OK);
     sqlite3_stmt *st;
-    cr_assert(sqlite3_prepare_v2(db, "SELECT id, bytes FROM snapshots WHERE message_id = ?", -1, &st, NULL) == SQLITE_OK);
+    cr_assert(sqlite3_prepare_v2(db, "SELECT id, IFNULL(stored, bytes) FROM snapshots WHERE message_id = ?", -1, &st, NULL) == SQLITE_OK);
     sqlite3_bind_int64(st, 1, msg);
     cr_assert(sqlite3_step(st) == SQLITE_ROW, "no snapshot after message %lld", (long long)msg);
     int64_t id = sqlite3_column_int64(st, 0), bytes = sqlite3_column_int64(st, 1);
@@ -471,5 +473,61 @@ Test(session, a_corrupt_newest_snapshot_falls_back_to_an_older_one)
     cr_expect_eq(sess_turns(b), 2);
     ask_ok(b, "Anything else?");   /* and the conversation goes on */
     sess_free(b);
+    fixture_close(&x);
+}
+
+/* Consecutive snapshots of one conversation share their unchanged pages: three turns take far less
+ * than three whole snapshots, each reads back whole, and deleting the session frees its pages. */
+Test(session, snapshots_share_the_pages_that_did_not_change)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", &x.sp);
+    cr_assert(sess_open_document(s, x.doc, NULL, "shared", 0) == SESS_OK);
+    const char *qs[3] = { "What is it about?", "And then?", "Anything else?" };
+    int64_t logical = 0;
+    for (int i = 0; i < 3; i++) {
+        ask_ok(s, qs[i]);
+        logical += (int64_t)sess_last_answer(s)->snapshot_bytes;
+    }
+    store_session ss;
+    cr_assert(store_session_find(x.db, "shared", &ss) == 0);
+    cr_expect_eq(ss.n_snapshots, 3);
+    int64_t one = (int64_t)sess_last_answer(s)->snapshot_bytes;
+    cr_expect_lt(ss.snapshot_bytes, one * 3 / 2, "three snapshots take %lld bytes, one whole snapshot %lld",
+                 (long long)ss.snapshot_bytes, (long long)one);
+    cr_expect_gt(ss.snapshot_bytes, one / 2, "the pages are stored (%lld bytes)", (long long)ss.snapshot_bytes);
+    cr_log_info("3 snapshots: %lld bytes logical, %lld stored, one snapshot %lld", (long long)logical,
+                (long long)ss.snapshot_bytes, (long long)one);
+    /* every one of them reads back whole: its checksum (verified by the restore) covers the pages */
+    store_message *m = NULL;
+    int n = 0;
+    cr_assert(store_session_messages(x.db, ss.id, &m, &n) == 0);
+    int restored = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(m[i].role, "assistant")) continue;
+        void *data;
+        size_t len;
+        cr_assert(store_snapshot_get(x.db, m[i].id, "full", &data, &len) == 0, "%s", store_error(x.db));
+        snap_identity id;
+        snap_identity_of(sess_fwd(s), sess_model_sha(s), &id);
+        char err[512];
+        cr_expect(snap_check(sess_fwd(s), data, len, &id, NULL, err, sizeof err) == 0, "message %lld: %s",
+                  (long long)m[i].id, err);
+        free(data);
+        restored++;
+    }
+    cr_expect_eq(restored, 3);
+    store_messages_free(m, n);
+    cr_assert(store_session_delete(x.db, ss.id) == 0);
+    sqlite3 *db;
+    cr_assert(sqlite3_open(x.db_path, &db) == SQLITE_OK);
+    sqlite3_stmt *st;
+    cr_assert(sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM chunks", -1, &st, NULL) == SQLITE_OK);
+    cr_assert(sqlite3_step(st) == SQLITE_ROW);
+    cr_expect_eq(sqlite3_column_int(st, 0), 0, "a deleted session's pages are freed");
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    sess_free(s);
     fixture_close(&x);
 }

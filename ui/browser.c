@@ -64,8 +64,8 @@ static void fill(browser *b)
         text_fit(s->doc_title[0] ? s->doc_title : "-", 16, doc, sizeof doc);
         text_fit(base(s->model_path), 14, mod, sizeof mod);
         text_fit(s->policy, 18, pol, sizeof pol);
-        menu_add(&b->m, s->id, "%5" PRId64 "  %s  %s  %s  %s %4" PRId64 " msgs  %s", s->id, title, doc, mod, pol,
-                 s->n_messages, when);
+        menu_add(&b->m, s->id, "%5" PRId64 "  %s  %s  %s  %s %4" PRId64 " msgs %6.1f MiB  %s", s->id, title, doc, mod,
+                 pol, s->n_messages, (double)s->snapshot_bytes / (1 << 20), when);
     }
     menu_select_tag(&b->m, keep);
     if (b->m.filter[0] && !rc)
