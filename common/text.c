@@ -42,12 +42,12 @@ static void each(const char *s, int flags, void (*fn)(void *ud, const char *p, s
     while (left > 0) {
         int32_t cp;
         int len = utf8_next(p, left, &cp);
-        char esc[8];
+        char esc[12];
         if (cp < 0 || (is_control(cp) && !(cp == '\n' && (flags & TEXT_KEEP_NEWLINE)) &&
                        !(cp == '\t' && (flags & TEXT_KEEP_TAB)))) {
             /* a control character is shown as \xNN of its code point (a C1 control's, not its bytes) */
             unsigned v = cp < 0 ? p[0] : (unsigned)cp;
-            snprintf(esc, sizeof esc, "\\x%02x", v);
+            snprintf(esc, sizeof esc, "\\x%02x", v & 0xffu);
             fn(ud, esc, 4, 4);
         } else {
             int w = cp == '\n' || cp == '\t' ? 1 : wcwidth((wchar_t)cp);

@@ -1,0 +1,331 @@
+/* test_faults.c - fault injection as sqlite tests itself: the Nth allocation (kvchat's own, through the
+ * linker's --wrap of malloc/calloc/realloc, and sqlite's, through SQLITE_CONFIG_MALLOC) or the Nth
+ * file write (a VFS that wraps the default one) fails, for N = 1, 2, ... until the operation no
+ * longer reaches a fault. Every failure must come back as an error with a message (never a crash),
+ * the database must pass its integrity check, and the snapshot saved before must still load and
+ * verify. `make asan` runs the same loops under AddressSanitizer, whose leak check at exit covers
+ * what every failure path freed. */
+#include <criterion/criterion.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/model.h"
+#include "engine/snapshot.h"
+#include "kernels/backend.h"
+#include "store/store.h"
+
+#define TD "../shared/testdata/"
+
+/* ---- the faults */
+
+static long fault_at;       /* 0: off; else the allocation (or write) that fails */
+static long n_calls;
+static int fail_writes;     /* which the counter counts: 0 allocations, 1 file writes */
+
+static int should_fail(void)
+{
+    if (!fault_at) return 0;
+    return ++n_calls == fault_at;
+}
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t a, size_t b);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t a, size_t b);
+void *__wrap_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n) { return !fail_writes && should_fail() ? NULL : __real_malloc(n); }
+void *__wrap_calloc(size_t a, size_t b) { return !fail_writes && should_fail() ? NULL : __real_calloc(a, b); }
+void *__wrap_realloc(void *p, size_t n) { return !fail_writes && should_fail() ? NULL : __real_realloc(p, n); }
+
+static sqlite3_mem_methods real_mem;
+static void *sq_malloc(int n) { return !fail_writes && should_fail() ? NULL : real_mem.xMalloc(n); }
+static void *sq_realloc(void *p, int n) { return !fail_writes && should_fail() ? NULL : real_mem.xRealloc(p, n); }
+
+/* The default VFS with xWrite failing on the Nth write. */
+static sqlite3_vfs *real_vfs;
+static sqlite3_vfs shim_vfs;
+static int (*real_open)(sqlite3_vfs *, const char *, sqlite3_file *, int, int *);
+typedef struct shim_file {
+    sqlite3_file base;       /* methods: shim_io */
+    sqlite3_file *real;      /* the default VFS's file, after this struct */
+} shim_file;
+static sqlite3_io_methods shim_io;
+static const sqlite3_io_methods *real_io;
+
+#define REAL(f) (((shim_file *)(f))->real)
+static int s_close(sqlite3_file *f) { return REAL(f)->pMethods ? REAL(f)->pMethods->xClose(REAL(f)) : SQLITE_OK; }
+static int s_read(sqlite3_file *f, void *b, int n, sqlite3_int64 o) { return REAL(f)->pMethods->xRead(REAL(f), b, n, o); }
+static int s_write(sqlite3_file *f, const void *b, int n, sqlite3_int64 o)
+{
+    if (fail_writes && should_fail()) return SQLITE_IOERR_WRITE;
+    return REAL(f)->pMethods->xWrite(REAL(f), b, n, o);
+}
+static int s_truncate(sqlite3_file *f, sqlite3_int64 n) { return REAL(f)->pMethods->xTruncate(REAL(f), n); }
+static int s_sync(sqlite3_file *f, int fl) { return REAL(f)->pMethods->xSync(REAL(f), fl); }
+static int s_size(sqlite3_file *f, sqlite3_int64 *n) { return REAL(f)->pMethods->xFileSize(REAL(f), n); }
+static int s_lock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xLock(REAL(f), l); }
+static int s_unlock(sqlite3_file *f, int l) { return REAL(f)->pMethods->xUnlock(REAL(f), l); }
+static int s_check(sqlite3_file *f, int *o) { return REAL(f)->pMethods->xCheckReservedLock(REAL(f), o); }
+static int s_fctl(sqlite3_file *f, int op, void *a) { return REAL(f)->pMethods->xFileControl(REAL(f), op, a); }
+static int s_sector(sqlite3_file *f) { return REAL(f)->pMethods->xSectorSize(REAL(f)); }
+static int s_dev(sqlite3_file *f) { return REAL(f)->pMethods->xDeviceCharacteristics(REAL(f)); }
+static int s_shmmap(sqlite3_file *f, int i, int sz, int e, void volatile **pp)
+{
+    return REAL(f)->pMethods->xShmMap(REAL(f), i, sz, e, pp);
+}
+static int s_shmlock(sqlite3_file *f, int o, int n, int fl) { return REAL(f)->pMethods->xShmLock(REAL(f), o, n, fl); }
+static void s_shmbarrier(sqlite3_file *f) { REAL(f)->pMethods->xShmBarrier(REAL(f)); }
+static int s_shmunmap(sqlite3_file *f, int d) { return REAL(f)->pMethods->xShmUnmap(REAL(f), d); }
+static int s_fetch(sqlite3_file *f, sqlite3_int64 o, int n, void **pp) { return REAL(f)->pMethods->xFetch(REAL(f), o, n, pp); }
+static int s_unfetch(sqlite3_file *f, sqlite3_int64 o, void *p) { return REAL(f)->pMethods->xUnfetch(REAL(f), o, p); }
+
+static int s_open(sqlite3_vfs *v, const char *name, sqlite3_file *f, int flags, int *out)
+{
+    (void)v;
+    shim_file *sf = (shim_file *)f;
+    sf->real = (sqlite3_file *)(sf + 1);
+    int rc = real_open(real_vfs, name, sf->real, flags, out);
+    real_io = sf->real->pMethods;
+    sf->base.pMethods = rc == SQLITE_OK && sf->real->pMethods ? &shim_io : NULL;
+    return rc;
+}
+
+static void faults_setup(void)
+{
+    sqlite3_config(SQLITE_CONFIG_GETMALLOC, &real_mem);
+    sqlite3_mem_methods m = real_mem;
+    m.xMalloc = sq_malloc;
+    m.xRealloc = sq_realloc;
+    cr_assert(sqlite3_config(SQLITE_CONFIG_MALLOC, &m) == SQLITE_OK);
+    cr_assert(sqlite3_initialize() == SQLITE_OK);
+    real_vfs = sqlite3_vfs_find(NULL);
+    shim_vfs = *real_vfs;
+    shim_vfs.zName = "kvchat-faults";
+    shim_vfs.szOsFile = (int)sizeof(shim_file) + real_vfs->szOsFile;
+    real_open = real_vfs->xOpen;
+    shim_vfs.xOpen = s_open;
+    shim_io = (sqlite3_io_methods){ 3, s_close, s_read, s_write, s_truncate, s_sync, s_size, s_lock, s_unlock, s_check,
+                                    s_fctl, s_sector, s_dev, s_shmmap, s_shmlock, s_shmbarrier, s_shmunmap, s_fetch,
+                                    s_unfetch };
+    cr_assert(sqlite3_vfs_register(&shim_vfs, 1) == SQLITE_OK);
+}
+
+/* ---- what is saved: two real snapshots of one sequence on a tiny model */
+
+typedef struct fx {
+    char dir[64], db[128];
+    void *snap[2];
+    size_t len[2];
+    int64_t sid, msg[2];
+} fx;
+
+static void make_snapshots(fx *x)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *b = be_cpu_create(1, err, sizeof err);
+    fwd_opts fo = { 1024, 64, 8 };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    samp_params sp = samp_params_default();
+    samp *s = samp_create(&sp, m->hp.n_vocab);
+    cr_assert(f && s);
+    int32_t toks[300];
+    for (int i = 0; i < 300; i++) toks[i] = 100 + (i * 37) % 3000;
+    float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    snap_identity id;
+    snap_identity_of(f, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", &id);
+    for (int k = 0; k < 2; k++) {
+        int64_t from = k ? 200 : 0, to = k ? 240 : 200;
+        cr_assert(fwd_eval(f, toks + from, to - from, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        cr_assert(snap_save(f, s, &id, toks, to, &x->snap[k], &x->len[k], err, sizeof err) == 0, "%s", err);
+    }
+    free(l);
+    samp_free(s);
+    fwd_free(f);
+    be_free(b);
+    model_free(m);
+}
+
+static store *open_db(fx *x)
+{
+    char err[600];
+    store *d = store_open(x->db, err, sizeof err);
+    cr_assert(d, "%s", err);
+    return d;
+}
+
+static void fx_open(fx *x)
+{
+    snprintf(x->dir, sizeof x->dir, "/tmp/kvchat-faults-XXXXXX");
+    cr_assert(mkdtemp(x->dir));
+    snprintf(x->db, sizeof x->db, "%s/f.db", x->dir);
+    make_snapshots(x);
+    store *d = open_db(x);
+    int64_t mid, did, um;
+    cr_assert(store_model_put(d, "m.gguf", 1, 1, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "gemma3",
+                              "t", "m", &mid) == 0);
+    cr_assert(store_document_put(d, mid, "/d.txt", "dsha", "d.txt", 200, &did) == 0);
+    cr_assert(store_session_create(d, "f", "faults", mid, did, "full", "", "plain", &x->sid) == 0);
+    for (int k = 0; k < 2; k++) {
+        cr_assert(store_message_add(d, x->sid, k ? x->msg[0] : 0, "user", "q", "full", NULL, &um) == 0);
+        cr_assert(store_message_add(d, x->sid, um, "assistant", "a", "full", NULL, &x->msg[k]) == 0);
+    }
+    int64_t snap_id;
+    cr_assert(store_snapshot_put(d, x->sid, x->msg[0], "full", 200, x->snap[0], x->len[0], &snap_id) == 0);
+    store_close(d);
+}
+
+static void fx_close(fx *x)
+{
+    free(x->snap[0]);
+    free(x->snap[1]);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", x->dir);
+    cr_expect(system(cmd) == 0);
+}
+
+/* After a failure: the file is consistent and the first snapshot reads back byte for byte. */
+static void expect_intact(fx *x, long n, const char *what)
+{
+    store *d = open_db(x);
+    cr_expect(store_check(d) == 0, "%s %ld: %s", what, n, store_error(d));
+    void *data = NULL;
+    size_t len = 0;
+    cr_expect(store_snapshot_get(d, x->msg[0], "full", &data, &len) == 0, "%s %ld: %s", what, n, store_error(d));
+    cr_expect(len == x->len[0] && data && !memcmp(data, x->snap[0], len), "%s %ld: the earlier snapshot changed", what, n);
+    free(data);
+    store_close(d);
+}
+
+/* Save the second snapshot with fault N; 1 when the fault was reached (and the save failed cleanly). */
+static int save_with_fault(fx *x, long n, int writes)
+{
+    store *d = open_db(x);
+    int64_t snap_id;
+    fail_writes = writes;
+    n_calls = 0;
+    fault_at = n;
+    int rc = store_snapshot_put(d, x->sid, x->msg[1], "full", 240, x->snap[1], x->len[1], &snap_id);
+    int reached = n_calls >= n;
+    fault_at = 0;
+    if (rc) {
+        cr_expect(store_error(d)[0] != 0, "%s %ld: a failure without a message", writes ? "write" : "allocation", n);
+    } else {
+        /* a fault some part absorbs (sqlite's benign allocation failures, pages stored whole when their
+         * list could not be made) must still leave the snapshot whole */
+        void *data = NULL;
+        size_t len = 0;
+        cr_expect(store_snapshot_get(d, x->msg[1], "full", &data, &len) == 0 && len == x->len[1] &&
+                      !memcmp(data, x->snap[1], len),
+                  "%s %ld: saved without an error, but it does not read back", writes ? "write" : "allocation", n);
+        free(data);
+    }
+    store_close(d);
+    return reached;
+}
+
+Test(faults, every_allocation_and_write_failure_in_saving_a_snapshot_is_an_error_and_loses_nothing,
+     .init = faults_setup, .timeout = 600)
+{
+    fx x;
+    fx_open(&x);
+    long n;
+    for (n = 1; n < 100000 && save_with_fault(&x, n, 0); n++) expect_intact(&x, n, "allocation");
+    cr_log_info("saving a snapshot: %ld allocations, each failed once", n - 1);
+    cr_expect_gt(n, 10, "the loop reached the allocations");
+    for (n = 1; n < 100000 && save_with_fault(&x, n, 1); n++) expect_intact(&x, n, "write");
+    cr_log_info("saving a snapshot: %ld file writes, each failed once", n - 1);
+    cr_expect_gt(n, 2, "the loop reached the writes");
+    /* without faults the second snapshot saves and both read back */
+    store *d = open_db(&x);
+    int64_t snap_id;
+    cr_assert(store_snapshot_put(d, x.sid, x.msg[1], "full", 240, x.snap[1], x.len[1], &snap_id) == 0, "%s",
+              store_error(d));
+    void *data;
+    size_t len;
+    cr_assert(store_snapshot_get(d, x.msg[1], "full", &data, &len) == 0);
+    cr_expect(len == x.len[1] && !memcmp(data, x.snap[1], len));
+    free(data);
+    store_close(d);
+    expect_intact(&x, 0, "after");
+    fx_close(&x);
+}
+
+Test(faults, every_allocation_failure_in_reading_a_snapshot_is_an_error, .init = faults_setup, .timeout = 600)
+{
+    fx x;
+    fx_open(&x);
+    long n;
+    for (n = 1; n < 100000; n++) {
+        store *d = open_db(&x);
+        void *data = NULL;
+        size_t len;
+        fail_writes = 0;
+        n_calls = 0;
+        fault_at = n;
+        int rc = store_snapshot_get(d, x.msg[0], "full", &data, &len);
+        int reached = n_calls >= n;
+        fault_at = 0;
+        if (reached) {
+            cr_expect(rc != 0 && store_error(d)[0], "allocation %ld: a read that failed said nothing", n);
+        } else {
+            cr_expect(rc == 0 && len == x.len[0] && !memcmp(data, x.snap[0], len));
+        }
+        free(data);
+        store_close(d);
+        if (!reached) break;
+    }
+    cr_log_info("reading a snapshot: %ld allocations, each failed once", n - 1);
+    cr_expect_gt(n, 3);
+    fx_close(&x);
+}
+
+Test(faults, every_allocation_failure_in_serializing_a_sequence_is_an_error, .init = faults_setup, .timeout = 600)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *b = be_cpu_create(1, err, sizeof err);
+    fwd_opts fo = { 1024, 64, 8 };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    samp_params sp = samp_params_default();
+    samp *s = samp_create(&sp, m->hp.n_vocab);
+    int32_t toks[240];
+    for (int i = 0; i < 240; i++) toks[i] = 100 + (i * 37) % 3000;
+    float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    cr_assert(fwd_eval(f, toks, 240, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    snap_identity id;
+    snap_identity_of(f, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", &id);
+    void *want;
+    size_t want_len;
+    cr_assert(snap_save(f, s, &id, toks, 240, &want, &want_len, err, sizeof err) == 0, "%s", err);
+    long n;
+    for (n = 1; n < 100000; n++) {
+        void *got = NULL;
+        size_t len = 0;
+        err[0] = 0;
+        fail_writes = 0;
+        n_calls = 0;
+        fault_at = n;
+        int rc = snap_save(f, s, &id, toks, 240, &got, &len, err, sizeof err);
+        int reached = n_calls >= n;
+        fault_at = 0;
+        if (rc) cr_expect(err[0], "allocation %ld: a failure without a message", n);
+        else cr_expect(len == want_len && !memcmp(got, want, len), "allocation %ld: saved different bytes", n);
+        free(got);
+        if (!reached) break;
+    }
+    cr_log_info("serializing a sequence: %ld allocations, each failed once", n - 1);
+    cr_expect_gt(n, 1);
+    free(want);
+    free(l);
+    samp_free(s);
+    fwd_free(f);
+    be_free(b);
+    model_free(m);
+}
