@@ -255,7 +255,8 @@ void samp_save_state(const samp *s, void *buf)
     p += sizeof s->n_recent;
     memcpy(p, &s->head, sizeof s->head);
     p += sizeof s->head;
-    int32_t n = s->p.repeat_last_n < 4096 ? s->p.repeat_last_n : 4096;
+    /* the ring fills from 0: only its first n_recent entries were ever written */
+    int32_t n = s->n_recent < 4096 ? s->n_recent : 4096;
     if (n > 0) memcpy(p, s->recent, sizeof(int32_t) * (size_t)n);
 }
 
@@ -275,7 +276,7 @@ int samp_check_state(const void *buf, int32_t n_vocab, char *err, size_t errlen)
         snprintf(err, errlen, "the sampler's ring position is %d (0 to 4095)", head);
         return -1;
     }
-    for (int i = 0; i < 4096; i++) {
+    for (int i = 0; i < n_recent; i++) {   /* the entries past them are never read */
         int32_t id;
         memcpy(&id, p + sizeof id * (size_t)i, sizeof id);
         if (id < 0 || id >= n_vocab) {
@@ -297,6 +298,7 @@ void samp_load_state(samp *s, const void *buf)
     p += sizeof s->head;
     int32_t n = s->p.repeat_last_n < 4096 ? s->p.repeat_last_n : 4096;
     if (s->n_recent > n) s->n_recent = n;
+    if (s->n_recent < 0) s->n_recent = 0;
     if (s->head >= (n > 0 ? n : 1)) s->head = 0;
     if (n > 0) memcpy(s->recent, p, sizeof(int32_t) * (size_t)n);
 }

@@ -265,3 +265,35 @@ Test(snapshot, a_checksummed_snapshot_with_out_of_range_state_is_refused, .timeo
     be_free(b);
     model_free(m);
 }
+
+/* A sampler that has seen fewer tokens than its repetition window saves and restores (the ring's
+ * unwritten entries are neither saved nor checked). */
+Test(snapshot, a_short_sequence_restores)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-gemma3-f16.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *b = be_cpu_create(1, err, sizeof err);
+    seq a, q;
+    seq_open(&a, m, b, NULL, 8);
+    seq_open(&q, m, b, NULL, 8);
+    int32_t ids[3] = { 2, 100, 200 };
+    float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    for (int i = 0; i < 3; i++) samp_accept(a.s, ids[i]);
+    cr_assert(fwd_eval(a.f, ids, 3, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    snap_identity id;
+    snap_identity_of(a.f, SHA, &id);
+    void *snap;
+    size_t len;
+    cr_assert(snap_save(a.f, a.s, &id, ids, 3, &snap, &len, err, sizeof err) == 0, "%s", err);
+    int32_t *back = NULL;
+    int64_t nb;
+    cr_expect(snap_restore(q.f, q.s, snap, len, &id, &back, &nb, err, sizeof err) == 0, "%s", err);
+    free(back);
+    free(snap);
+    free(logits);
+    seq_close(&a);
+    seq_close(&q);
+    be_free(b);
+    model_free(m);
+}
