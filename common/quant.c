@@ -6,6 +6,7 @@
  * see kernels/cpu/vec_dot.c. */
 #include "common/quant.h"
 
+#include <math.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------ type table */
@@ -323,4 +324,383 @@ void quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
     }
     const type_info *t = info_of(type);
     for (int64_t i = 0; i < n / t->blck; i++) blk(p + i * t->size, dst + i * t->blck);
+}
+
+/* ------------------------------------------------------------------ quantizers
+ *
+ * The reference implementation's scalar quantizers (what it uses to write model files when no
+ * importance matrix is given), rewritten from the published algorithm. Reproducing its files byte
+ * for byte needs its float operations in its order, so every expression below keeps that order,
+ * e.g. the weighted sums accumulate w*l*x as ((w*l)*x); tests/test_quant.c checks the result
+ * against the tiny reference models' quantized tensors. Integer rounding goes through round_near:
+ * adding 1.5 * 2^23 makes the float unit round to nearest even at the integer position. */
+
+static void wr16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v & 0xff);
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static int round_near(float f)
+{
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static int imin(int a, int b) { return a < b ? a : b; }
+static int imax(int a, int b) { return a > b ? a : b; }
+
+/* Q4_0 / Q5_0: one scale d = (value of largest magnitude) / -(2^(bits-1)), codes truncated from
+ * x/d + 2^(bits-1) + 0.5 (the reference's rounding), the top code clamped. */
+static void qz_q4_0(const float *x, uint8_t *b)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    wr16(b, quant_f32_to_fp16(d));
+    for (int j = 0; j < 16; j++) {
+        int lo = imin(15, (int8_t)(x[j] * id + 8.5f));
+        int hi = imin(15, (int8_t)(x[j + 16] * id + 8.5f));
+        b[2 + j] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
+static void qz_q5_0(const float *x, uint8_t *b)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    float d = max / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    wr16(b, quant_f32_to_fp16(d));
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        int lo = imin(31, (int8_t)(x[j] * id + 16.5f));
+        int hi = imin(31, (int8_t)(x[j + 16] * id + 16.5f));
+        b[6 + j] = (uint8_t)((lo & 0xF) | ((hi & 0xF) << 4));
+        qh |= (uint32_t)((lo >> 4) & 1) << j;
+        qh |= (uint32_t)((hi >> 4) & 1) << (j + 16);
+    }
+    for (int k = 0; k < 4; k++) b[2 + k] = (uint8_t)(qh >> (8 * k));
+}
+
+/* Q4_1 / Q5_1: the block's minimum and range, codes (x - min)/d + 0.5 truncated. */
+static void qz_q4_1(const float *x, uint8_t *b)
+{
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < 32; j++) {
+        if (x[j] < mn) mn = x[j];
+        if (x[j] > mx) mx = x[j];
+    }
+    float d = (mx - mn) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    wr16(b, quant_f32_to_fp16(d));
+    wr16(b + 2, quant_f32_to_fp16(mn));
+    for (int j = 0; j < 16; j++) {
+        int lo = imin(15, (int8_t)((x[j] - mn) * id + 0.5f));
+        int hi = imin(15, (int8_t)((x[j + 16] - mn) * id + 0.5f));
+        b[4 + j] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
+static void qz_q5_1(const float *x, uint8_t *b)
+{
+    float mn = x[0], mx = x[0];
+    for (int j = 1; j < 32; j++) {
+        if (x[j] < mn) mn = x[j];
+        if (x[j] > mx) mx = x[j];
+    }
+    float d = (mx - mn) / 31.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    wr16(b, quant_f32_to_fp16(d));
+    wr16(b + 2, quant_f32_to_fp16(mn));
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        int lo = (uint8_t)((x[j] - mn) * id + 0.5f);
+        int hi = (uint8_t)((x[j + 16] - mn) * id + 0.5f);
+        b[8 + j] = (uint8_t)((lo & 0xF) | ((hi & 0xF) << 4));
+        qh |= (uint32_t)((lo >> 4) & 1) << j;
+        qh |= (uint32_t)((hi >> 4) & 1) << (j + 16);
+    }
+    for (int k = 0; k < 4; k++) b[4 + k] = (uint8_t)(qh >> (8 * k));
+}
+
+/* Q8_0: d = max |x| / 127, codes rounded half away from zero. */
+static void qz_q8_0(const float *x, uint8_t *b)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    wr16(b, quant_f32_to_fp16(d));
+    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+}
+
+/* The scale and minimum of one K-quant sub-block of n values with codes 0..nmax: start from the
+ * range [min(x, 0), max(x)], then try nstep + 1 other code spacings around it, each followed by the
+ * weighted least-squares scale and minimum for the codes it gives, and keep the one with the
+ * smallest weighted squared error. Returns the scale; *neg_min gets -minimum (>= 0). */
+static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
+                           uint8_t *Ltry, float rmin, float rdelta, int nstep)
+{
+    float mn = x[0], mx = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < mn) mn = x[i];
+        if (x[i] > mx) mx = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (mn > 0) mn = 0;
+    if (mx == mn) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        *neg_min = -mn;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / (mx - mn), scale = 1.0f / iscale, best = 0.0f;
+    for (int i = 0; i < n; i++) {
+        int l = imax(0, imin(nmax, round_near(iscale * (x[i] - mn))));
+        L[i] = (uint8_t)l;
+        float diff = scale * (float)l + mn - x[i];
+        best += w[i] * (diff * diff);
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * (float)is + (float)nmax) / (mx - mn);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = imax(0, imin(nmax, round_near(iscale * (x[i] - mn))));
+            Ltry[i] = (uint8_t)l;
+            float fl = (float)l;
+            sum_l += w[i] * fl;
+            sum_l2 += w[i] * fl * fl;
+            sum_xl += w[i] * fl * x[i];
+        }
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D <= 0) continue;
+        float s = (sum_w * sum_xl - sum_x * sum_l) / D;
+        float m = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        if (m > 0) {
+            m = 0;
+            s = sum_xl / sum_l2;
+        }
+        float err = 0;
+        for (int i = 0; i < n; i++) {
+            float diff = s * (float)Ltry[i] + m - x[i];
+            err += w[i] * (diff * diff);
+        }
+        if (err < best) {
+            memcpy(L, Ltry, (size_t)n);
+            best = err;
+            scale = s;
+            mn = m;
+        }
+    }
+    *neg_min = -mn;
+    return scale;
+}
+
+/* Pack the 6-bit scale and minimum of sub-block j of a Q4_K/Q5_K super-block (model-facts 3.7);
+ * the 12 bytes must start zeroed. */
+static void put_scale_min(uint8_t *q, int j, int sc, int mn)
+{
+    if (j < 4) {
+        q[j] = (uint8_t)sc;
+        q[j + 4] = (uint8_t)mn;
+    } else {
+        q[j + 4] = (uint8_t)((sc & 0xF) | ((mn & 0xF) << 4));
+        q[j - 4] |= (uint8_t)((sc >> 4) << 6);
+        q[j] |= (uint8_t)((mn >> 4) << 6);
+    }
+}
+
+/* Q4_K (bits 4) and Q5_K (bits 5): each sub-block of 32 fitted with weights sqrt(mean x^2) + |x|,
+ * the 8 scales and minimums quantized to 6 bits against the largest of each, then every value
+ * coded again against the quantized scale and minimum. Writes codes into L[256]. */
+static void qz_k_scales(const float *x, uint8_t *b, int bits, uint8_t *L)
+{
+    const int nmax = (1 << bits) - 1;
+    float scales[8], mins[8], w[32];
+    uint8_t Ltry[32];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        const float *xs = x + 32 * j;
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
+        float av_x = sqrtf(sum_x2 / 32.0f);
+        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
+        scales[j] = bits == 4 ? fit_scale_min(32, nmax, xs, w, L + 32 * j, &mins[j], Ltry, -1.0f, 0.1f, 20)
+                              : fit_scale_min(32, nmax, xs, w, L + 32 * j, &mins[j], Ltry, -0.5f, 0.1f, 15);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    uint8_t *q = b + 4;
+    memset(q, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        int ls = imin(63, (uint8_t)round_near(inv_scale * scales[j]));
+        int lm = imin(63, (uint8_t)round_near(inv_min * mins[j]));
+        put_scale_min(q, j, ls, lm);
+    }
+    wr16(b, quant_f32_to_fp16(max_scale / 63.0f));
+    wr16(b + 2, quant_f32_to_fp16(max_min / 63.0f));
+    float d_all = rdh(b), dmin_all = rdh(b + 2);
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        k_scale_min(q, j, &sc, &mn);
+        float d = d_all * (float)sc;
+        if (d == 0.0f) continue;   /* the codes of the first fit stay */
+        float dm = dmin_all * (float)mn;
+        for (int i = 0; i < 32; i++) L[32 * j + i] = (uint8_t)imax(0, imin(nmax, round_near((x[32 * j + i] + dm) / d)));
+    }
+}
+
+static void qz_q4_k(const float *x, uint8_t *b)
+{
+    uint8_t L[256];
+    qz_k_scales(x, b, 4, L);
+    uint8_t *qs = b + 16;
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) qs[32 * c + l] = (uint8_t)(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
+}
+
+static void qz_q5_k(const float *x, uint8_t *b)
+{
+    uint8_t L[256];
+    qz_k_scales(x, b, 5, L);
+    uint8_t *qh = b + 16, *qs = b + 48;
+    memset(qh, 0, 32);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            int lo = L[64 * c + l], hi = L[64 * c + 32 + l];
+            if (lo > 15) qh[l] |= (uint8_t)(1u << (2 * c));
+            if (hi > 15) qh[l] |= (uint8_t)(1u << (2 * c + 1));
+            qs[32 * c + l] = (uint8_t)((lo & 0xF) | ((hi & 0xF) << 4));
+        }
+}
+
+/* The signed scale of one Q6_K sub-block of 16 with codes -32..31: the spacing of the largest
+ * magnitude, then 18 spacings around it, keeping the one whose x^2-weighted least-squares fit
+ * explains the most; L gets the codes + 32. */
+static float fit_signed_scale(const float *x, int8_t *L)
+{
+    const int n = 16, nmax = 32;
+    float amax = 0, max = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            max = x[i];
+        }
+    if (amax < 1e-15f) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.0f;
+    }
+    float iscale = (float)-nmax / max, sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = imax(-nmax, imin(nmax - 1, round_near(iscale * x[i])));
+        L[i] = (int8_t)(l + nmax);
+        float w = x[i] * x[i], fl = (float)l;
+        sumlx += w * x[i] * fl;
+        suml2 += w * fl * fl;
+    }
+    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -((float)nmax + 0.1f * (float)is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = imax(-nmax, imin(nmax - 1, round_near(iscale * x[i])));
+            float w = x[i] * x[i], fl = (float)l;
+            sumlx += w * x[i] * fl;
+            suml2 += w * fl * fl;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++) L[i] = (int8_t)(nmax + imax(-nmax, imin(nmax - 1, round_near(iscale * x[i]))));
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* Q6_K: 16 sub-blocks of 16 with signed 8-bit scales against the one of largest magnitude
+ * (mapped to -128), every value coded again against its quantized scale. */
+static void qz_q6_k(const float *x, uint8_t *b)
+{
+    int8_t L[256];
+    float scales[16], max_scale = 0, max_abs = 0;
+    for (int ib = 0; ib < 16; ib++) {
+        scales[ib] = fit_signed_scale(x + 16 * ib, L + 16 * ib);
+        if (fabsf(scales[ib]) > max_abs) {
+            max_abs = fabsf(scales[ib]);
+            max_scale = scales[ib];
+        }
+    }
+    memset(b, 0, 210);
+    if (max_abs < 1e-15f) return;   /* all zero: d = 0 */
+    float iscale = -128.0f / max_scale;
+    wr16(b + 208, quant_f32_to_fp16(1.0f / iscale));
+    int8_t *S = (int8_t *)(b + 192);
+    for (int ib = 0; ib < 16; ib++) S[ib] = (int8_t)imin(127, round_near(iscale * scales[ib]));
+    float d_all = rdh(b + 208);
+    for (int j = 0; j < 16; j++) {
+        float d = d_all * (float)S[j];
+        if (d == 0.0f) continue;
+        for (int i = 0; i < 16; i++) L[16 * j + i] = (int8_t)(imax(-32, imin(31, round_near(x[16 * j + i] / d))) + 32);
+    }
+    for (int h = 0; h < 2; h++) {
+        uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        const int8_t *Lh = L + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            int q0 = Lh[l], q1 = Lh[l + 32], q2 = Lh[l + 64], q3 = Lh[l + 96];
+            ql[l] = (uint8_t)((q0 & 0xF) | ((q2 & 0xF) << 4));
+            ql[l + 32] = (uint8_t)((q1 & 0xF) | ((q3 & 0xF) << 4));
+            qh[l] = (uint8_t)((q0 >> 4) | ((q1 >> 4) << 2) | ((q2 >> 4) << 4) | ((q3 >> 4) << 6));
+        }
+    }
+}
+
+int quant_can_quantize(uint32_t type)
+{
+    switch (type) {
+    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n)
+{
+    const type_info *t = info_of(type);
+    if (!t || !quant_can_quantize(type) || n < 0 || n % t->blck != 0) return -1;
+    uint8_t *p = dst;
+    void (*blk)(const float *, uint8_t *) = NULL;
+    switch (type) {
+    case GGML_TYPE_F32:
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+        return 0;
+    case GGML_TYPE_F16:
+        for (int64_t i = 0; i < n; i++) wr16(p + 2 * i, quant_f32_to_fp16(src[i]));
+        return 0;
+    case GGML_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) wr16(p + 2 * i, quant_f32_to_bf16(src[i]));
+        return 0;
+    case GGML_TYPE_Q4_0: blk = qz_q4_0; break;
+    case GGML_TYPE_Q4_1: blk = qz_q4_1; break;
+    case GGML_TYPE_Q5_0: blk = qz_q5_0; break;
+    case GGML_TYPE_Q5_1: blk = qz_q5_1; break;
+    case GGML_TYPE_Q8_0: blk = qz_q8_0; break;
+    case GGML_TYPE_Q4_K: blk = qz_q4_k; break;
+    case GGML_TYPE_Q5_K: blk = qz_q5_k; break;
+    default: blk = qz_q6_k; break;
+    }
+    for (int64_t i = 0; i < n / t->blck; i++) blk(src + i * t->blck, p + i * t->size);
+    return 0;
 }

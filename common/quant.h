@@ -40,4 +40,14 @@ uint16_t quant_f32_to_bf16(float f);     /* round to nearest even; NaN stays NaN
 /* Scalar reference dequantization of n elements (a multiple of the block size) starting at src. */
 void quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
 
+/* 1 if quant_quantize_row can write this type (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+ * Q5_K, Q6_K). */
+int quant_can_quantize(uint32_t type);
+/* Scalar reference quantization of n f32 elements (a multiple of the block size) into dst
+ * (quant_row_size(type, n) bytes), as the reference implementation makes model files without an
+ * importance matrix: nearest rounding for the 32-element formats, the weighted scale-and-minimum
+ * search for Q4_K/Q5_K and the signed scale search for Q6_K. Deterministic: the same floats give
+ * the same bytes. 0, or -1 for a type it cannot write or n not a multiple of the block size. */
+int quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
+
 #endif
