@@ -25,6 +25,8 @@ typedef struct gguf_kv {
     enum gguf_vtype elem;      /* arrays */
     uint64_t n;                /* arrays: element count */
     gguf_str *strs;            /* arrays of strings: index */
+    const uint8_t *raw;        /* the value as stored (for arrays: from the element type on) */
+    uint64_t raw_len;
 } gguf_kv;
 
 struct gguf_file {
@@ -203,6 +205,7 @@ static int parse(gguf_file *f, cursor *c)
         if (t >= GGUF_VT_COUNT) return cfail(c, "key '%s' has unknown value type %u", key, t);
         kv->type = (enum gguf_vtype)t;
         kv->val = c->p + c->pos;
+        kv->raw = kv->val;
         if (t == GGUF_VT_ARRAY) {
             uint64_t save = c->pos;
             uint32_t et;
@@ -223,6 +226,7 @@ static int parse(gguf_file *f, cursor *c)
         } else if (skip_value(c, kv->type, 0, key)) {
             return -1;
         }
+        kv->raw_len = (uint64_t)(c->p + c->pos - kv->raw);
         if (gguf_str_eq(kv->key, "general.alignment")) {
             if (kv->type != GGUF_VT_UINT32) return cfail(c, "general.alignment must be uint32");
             uint32_t a;
@@ -520,6 +524,14 @@ int gguf_arr_f64(const gguf_file *f, const char *key, uint64_t i, double *out)
         return 0;
     }
     return -2;
+}
+
+int gguf_kv_raw(const gguf_file *f, int64_t i, const void **bytes, uint64_t *len)
+{
+    if (i < 0 || i >= f->n_kv) return -1;
+    *bytes = f->kv[i].raw;
+    *len = f->kv[i].raw_len;
+    return 0;
 }
 
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, int64_t i)

@@ -2,7 +2,8 @@
  *
  * gguf_open() maps the file and checks the whole header, metadata and tensor table against the file
  * size before returning; afterwards every accessor is a plain lookup that cannot read out of bounds.
- * Not a writer, and it knows nothing about architectures: engine/model.c interprets the keys. */
+ * It knows nothing about architectures (engine/model.c interprets the keys); engine/gguf_write.c
+ * writes files. */
 #ifndef KVCHAT_GGUF_H
 #define KVCHAT_GGUF_H
 
@@ -55,6 +56,10 @@ int64_t gguf_n_kv(const gguf_file *f);
 int64_t gguf_find_key(const gguf_file *f, const char *key);
 gguf_str gguf_key_name(const gguf_file *f, int64_t i);
 enum gguf_vtype gguf_kv_type(const gguf_file *f, int64_t i);
+
+/* The i-th value exactly as the file stores it after its type (for an array: its element type,
+ * count and elements), validated at open: what a writer copies verbatim. 0, or -1 for a bad i. */
+int gguf_kv_raw(const gguf_file *f, int64_t i, const void **bytes, uint64_t *len);
 
 /* Typed getters: 0 on success; -1 when the key is absent; -2 when its type does not convert
  * (integers of any width widen to the requested type if the value fits; floats read F32 or F64). */
