@@ -12,5 +12,6 @@ int cmd_calibrate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_sessions(int argc, char **argv);
 int cmd_tui(int argc, char **argv);
+int cmd_genmodel(int argc, char **argv);
 
 #endif

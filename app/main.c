@@ -25,6 +25,7 @@ static const struct command {
     { "calibrate", cmd_calibrate, "the uncertainty thresholds of a model (entropy statistics of its answers)" },
     { "eval", cmd_eval, "accuracy of policies on generated retrieval tasks (pass key), with backtracking" },
     { "sessions", cmd_sessions, "list, search, show, export, rename and delete saved sessions" },
+    { "gen-model", cmd_genmodel, "write a random-weight model of a real model's shape as a GGUF file" },
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

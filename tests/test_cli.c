@@ -719,3 +719,54 @@ Test(cli, sessions_prune_and_vacuum_shrink_the_database, .timeout = 120)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_expect(system(cmd) == 0);
 }
+
+/* ---------------------------------------------------------------- gen-model */
+
+Test(cli, gen_model_writes_a_file_kvchat_runs)
+{
+    char d[] = "/tmp/kvchat-genm-XXXXXX";
+    cr_assert(mkdtemp(d));
+    static char out[1 << 16], errb[1 << 16];
+    char args[1024], file[300];
+    snprintf(file, sizeof file, "%s/m.gguf", d);
+    snprintf(args, sizeof args, "gen-model --shape tiny-gemma3 --type q4_k_m -o %s --vocab " TD "tiny/tiny-llama-f16.gguf --seed 3",
+             file);
+    int st = run(args, out, sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "wrote ") && strstr(out, "tiny-gemma3 shape, q4_k_m") && strstr(out, "seed 3"), "%s", out);
+    snprintf(args, sizeof args, "info --tensors -m %s", file);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "architecture    gemma3") && strstr(out, "Q8_0") && strstr(out, "Q5_0") && strstr(out, "Q6_K") &&
+              strstr(out, "Q4_K"), "%s", out);
+    snprintf(args, sizeof args, "generate -t 1 --temp 0 -m %s -p 'Hello there' -n 4", file);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "decode"), "%s", errb);
+    /* the same seed again gives the same bytes; an existing file is refused without --force */
+    snprintf(args, sizeof args, "gen-model --shape tiny-gemma3 --type q4_k_m -o %s --vocab " TD "tiny/tiny-llama-f16.gguf --seed 3",
+             file);
+    expect_one_line_error(args, "exists (--force replaces it)");
+    char again[300];
+    snprintf(again, sizeof again, "%s/again.gguf", d);
+    snprintf(args, sizeof args,
+             "gen-model --shape tiny-gemma3 --type q4_k_m -o %s --vocab " TD "tiny/tiny-llama-f16.gguf --seed 3 --threads 1",
+             again);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    char cmp[700];
+    snprintf(cmp, sizeof cmp, "cmp -s %s %s", file, again);
+    cr_expect_eq(system(cmp), 0, "the same seed wrote different files");
+    snprintf(cmp, sizeof cmp, "rm -rf %s", d);
+    cr_assert_eq(system(cmp), 0);
+}
+
+Test(cli, gen_model_bad_options_are_refused_in_one_line)
+{
+    expect_one_line_error("gen-model --shape tiny-llama --type q4_k_m", "--shape, --type and -o are required");
+    expect_one_line_error("gen-model --shape gpt-5 --type f16 -o /tmp/x.gguf", "unknown shape 'gpt-5'");
+    expect_one_line_error("gen-model --shape tiny-llama --type q3_k -o /tmp/x.gguf", "unknown type 'q3_k'");
+    expect_one_line_error("gen-model --shape tiny-llama --type f16 -o /tmp/kvchat-never.gguf --vocab " TD "prompts/p1.txt",
+                          "not a GGUF");
+    expect_one_line_error("gen-model --shape tiny-llama --type f16 -o /nonexistent-dir/x.gguf --vocab " TD
+                          "tiny/tiny-llama-f16.gguf",
+                          "cannot create");
+    cr_expect(access("/tmp/kvchat-never.gguf", F_OK) != 0);
+}

@@ -1,7 +1,8 @@
 /* test_default_model.c - tests on the default model (Gemma 3 270M Q4_K_M, path in $KVCHAT_MODEL, set
  * by `make test`): greedy answers to fixed factual prompts, and `kvchat logits` over a 4,000-token
  * document whose text repeats, so that the model must copy from more than a sliding window back -
- * only the global-attention layers can see the earlier copy. */
+ * only the global-attention layers can see the earlier copy; and `kvchat gen-model`'s gemma3-270m
+ * shape against the default model's own file. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,8 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/quant.h"
 #include "kernels/backend.h"
 #include "engine/forward.h"
+#include "engine/genmodel.h"
+#include "engine/gguf.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
@@ -279,4 +283,46 @@ Test(default_model, tui_in_a_real_terminal, .timeout = 900)
     snprintf(cmd, sizeof cmd, "tests/tui/basic.sh %s '%s' ../shared/testdata/prompts/p2.txt", bin, model_path());
     int st = system(cmd);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tests/tui/basic.sh on the default model failed (output above)");
+}
+
+/* gen-model's gemma3-270m shape in the q4_k_m mix is the default model's file but for the weights:
+ * the same tensors with the same shapes and types, the same hyperparameters, the same vocabulary. */
+Test(default_model, gen_model_gemma3_270m_has_the_default_models_layout, .timeout = 600)
+{
+    char dir[] = "/tmp/kvchat-gen270-XXXXXX", path[300], err[600];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/g.gguf", dir);
+    gen_request r = { gen_find_shape("gemma3-270m"), GEN_Q4_K_M, model_path(), path, 1, 0, 0 };
+    cr_assert_eq(gen_model_write(&r, NULL, NULL, err, sizeof err), 0, "%s", err);
+    gguf_file *a, *b = M->gguf;
+    cr_assert(gguf_open(&a, path, err, sizeof err) == 0, "%s", err);
+    cr_assert_eq(gguf_n_tensors(a), gguf_n_tensors(b));
+    for (int64_t i = 0; i < gguf_n_tensors(b); i++) {
+        const gguf_tensor *t = gguf_tensor_at(b, i);
+        char name[96];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        const gguf_tensor *u = gguf_find_tensor(a, name);
+        cr_assert(u, "no %s", name);
+        cr_expect(u->type == t->type && u->ne[0] == t->ne[0] && u->ne[1] == t->ne[1] && u->nbytes == t->nbytes,
+                  "%s: %s, the default model's is %s", name, quant_type_name(u->type), quant_type_name(t->type));
+    }
+    for (int64_t i = 0; i < gguf_n_kv(b); i++) {
+        gguf_str k = gguf_key_name(b, i);
+        char key[128];
+        snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
+        if (!strncmp(key, "general.", 8)) continue;   /* name, license, tags: about the real model */
+        int64_t j = gguf_find_key(a, key);
+        const void *r1, *r2;
+        uint64_t l1, l2;
+        cr_assert(j >= 0, "%s missing", key);
+        cr_assert(gguf_kv_raw(b, i, &r1, &l1) == 0 && gguf_kv_raw(a, j, &r2, &l2) == 0);
+        cr_expect(l1 == l2 && !memcmp(r1, r2, (size_t)l1) && gguf_kv_type(a, j) == gguf_kv_type(b, i), "%s differs", key);
+    }
+    gguf_free(a);
+    model *g;
+    cr_assert(model_load(&g, path, NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect_eq(g->weight_bytes, M->weight_bytes);
+    model_free(g);
+    snprintf(path, sizeof path, "rm -rf %s", dir);
+    cr_assert_eq(system(path), 0);
 }

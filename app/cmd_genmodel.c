@@ -1,0 +1,96 @@
+/* cmd_genmodel.c - `kvchat gen-model`: write a random-weight model of a real model's shape as a GGUF
+ * file that kvchat and a peer engine both read (engine/genmodel.c does the work; this file parses
+ * the options and reports progress). */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "app/cli.h"
+#include "app/commands.h"
+#include "engine/genmodel.h"
+
+typedef struct gm_opts {
+    const char *shape, *type, *out, *vocab;
+    uint64_t seed;
+    int threads, force;
+} gm_opts;
+
+#define G(field) offsetof(gm_opts, field)
+static const opt_def gm_defs[] = {
+    { "--shape", NULL, OPT_STR, G(shape), 0, 0, NULL, 0, "SHAPE",
+      "gemma3-270m, mistral-7b, llama-8b, tiny-llama or tiny-gemma3 (required)", NULL },
+    { "--type", NULL, OPT_STR, G(type), 0, 0, NULL, 0, "TYPE", "f16, q8_0 or q4_k_m (required)", NULL },
+    { "--out", "-o", OPT_STR, G(out), 0, 0, NULL, 0, "FILE", "the GGUF file to write (required)", NULL },
+    { "--vocab", NULL, OPT_STR, G(vocab), 0, 0, NULL, 0, "GGUF",
+      "copy the vocabulary (every tokenizer.* entry) from this file (default: the default model)", NULL },
+    { "--seed", NULL, OPT_U64, G(seed), 0, (double)INT64_MAX, NULL, 0, "S", "random seed of the weights (default 0)",
+      NULL },
+    { "--threads", "-t", OPT_INT, G(threads), 1, 256, NULL, 0, "N", "threads (default: all cores)", NULL },
+    { "--force", NULL, OPT_FLAG, G(force), 0, 0, NULL, 0, NULL, "replace FILE if it exists", NULL },
+    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
+    OPT_END
+};
+#undef G
+
+static void show_progress(void *ud, uint64_t done, uint64_t total)
+{
+    int *last = ud;
+    int pct = total ? (int)(100.0 * (double)done / (double)total) : 100;
+    if (pct == *last) return;
+    *last = pct;
+    fprintf(stderr, "\rgen-model: %3d%% (%.2f of %.2f GB)", pct, (double)done / 1e9, (double)total / 1e9);
+    fflush(stderr);
+}
+
+int cmd_genmodel(int argc, char **argv)
+{
+    gm_opts o = { 0 };
+    opt_group g[] = { { gm_defs, &o, NULL } };
+    int r = cli_parse(argc, argv, "kvchat gen-model --shape SHAPE --type f16|q8_0|q4_k_m -o FILE [--vocab GGUF] [--seed S]",
+                      "A random-weight model of a real model's shape, as a GGUF file kvchat and llama.cpp both read.",
+                      g, 1, NULL, 0, NULL);
+    if (r) return r > 0 ? 0 : 1;
+    if (!o.shape || !o.type || !o.out) {
+        cli_err("gen-model: --shape, --type and -o are required (see kvchat gen-model --help)");
+        return 1;
+    }
+    const gen_shape *shape = gen_find_shape(o.shape);
+    enum gen_mix mix;
+    if (!shape) {
+        cli_err("gen-model: unknown shape '%s' (see kvchat gen-model --help)", o.shape);
+        return 1;
+    }
+    if (gen_parse_mix(o.type, &mix)) {
+        cli_err("gen-model: unknown type '%s' (f16, q8_0 or q4_k_m)", o.type);
+        return 1;
+    }
+    char vocab_buf[1024];
+    const char *vocab = o.vocab ? o.vocab : cli_default_model_path(vocab_buf, sizeof vocab_buf);
+    struct stat st;
+    if (!o.vocab && stat(vocab, &st) != 0) {
+        cli_err("gen-model: the default model, whose vocabulary is used, is not at %s (run `make model`, or pass "
+                "--vocab GGUF)", vocab);
+        return 1;
+    }
+    gen_request req = { shape, mix, vocab, o.out, o.seed, o.force, o.threads };
+    char err[600];
+    int last = -1;
+    double t0 = cli_now();
+    int rc = gen_model_write(&req, isatty(STDERR_FILENO) ? show_progress : NULL, &last, err, sizeof err);
+    if (last >= 0) fputc('\n', stderr);
+    if (rc == -2) {
+        cli_err("gen-model: %s exists (--force replaces it)", o.out);
+        return 1;
+    }
+    if (rc) {
+        cli_err("gen-model: %s", err);
+        return 1;
+    }
+    double mib = stat(o.out, &st) == 0 ? (double)st.st_size / 1048576.0 : 0;
+    printf("wrote %s: %s shape, %s, %.1f MiB, vocabulary of %s, seed %llu, %.1f s\n", o.out, shape->name,
+           gen_mix_name(mix), mib, vocab, (unsigned long long)o.seed, cli_now() - t0);
+    return 0;
+}
