@@ -180,5 +180,12 @@ void be_host_f32_to_f16(int64_t n, const float *x, uint16_t *y);
 float be_host_dot_f32_f16(int64_t n, const float *a, const uint16_t *b);
 /* 1 if this backend can multiply weights of this type. */
 int be_supports_weight(const be_backend *b, uint32_t type);
+/* How the CUDA backend holds a weight type, in either build (kernels/gpu_weights.c): 1 when its
+ * kernels read the file's bytes as they are (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16), 0 when
+ * it converts the weight to f16 at load. The bytes a row takes on the device (padded to 16) and
+ * the bytes of a weight of n_out rows of n_in values. */
+int be_gpu_reads_as_stored(uint32_t type);
+uint64_t be_gpu_weight_stride(uint32_t type, int64_t n_in);
+uint64_t be_gpu_weight_bytes(uint32_t type, int64_t n_in, int64_t n_out);
 
 #endif

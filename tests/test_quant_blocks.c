@@ -1,0 +1,199 @@
+/* test_quant_blocks.c - the block decoders the CUDA kernels run (kernels/quant_blocks.h), on the host.
+ *
+ * Every native type: random blocks (random bytes, scales that are finite halves) decoded 32 values at
+ * a time must equal common/quant.c's reference dequantizer bit for bit; the decode product's lane
+ * loop, run for all 32 lanes over rows cut into the kernel's chunks, must give the double-precision
+ * dot products of the dequantized rows; the chunk geometry keeps 16-byte alignment; and the sizes
+ * the backend allocates (kernels/gpu_weights.c). QB_SEED replays a run. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/quant.h"
+#include "kernels/backend.h"
+#include "kernels/quant_blocks.h"
+
+static const uint32_t NATIVE[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
+                                   GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16 };
+#define N_NATIVE (sizeof NATIVE / sizeof NATIVE[0])
+
+static uint64_t rng;
+static void seed_rng(const char *what)
+{
+    const char *env = getenv("QB_SEED");
+    rng = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + 7;
+    cr_log_info("%s: seed %llu (QB_SEED to replay)", what, (unsigned long long)rng);
+}
+static uint32_t rnd(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng >> 33);
+}
+
+/* A finite half in about [-2^e, 2^e] (random mantissa, sign and a small exponent range). */
+static uint16_t rand_half(int e_lo, int e_hi)
+{
+    int e = e_lo + (int)(rnd() % (uint32_t)(e_hi - e_lo + 1));
+    return (uint16_t)((rnd() & 1u) << 15 | (uint32_t)(e + 15) << 10 | (rnd() & 0x3ffu));
+}
+
+/* n random blocks of type: random bytes, with every scale field a finite half (F16 values all
+ * finite, BF16 values finite too). */
+static void random_blocks(uint32_t type, uint8_t *b, int n)
+{
+    int bb = qb_block_bytes(type);
+    for (int i = 0; i < n * bb; i++) b[i] = (uint8_t)rnd();
+    for (int k = 0; k < n; k++) {
+        uint8_t *p = b + k * bb;
+        uint16_t h;
+        switch (type) {
+        case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q5_K:
+            h = rand_half(-14, -2);
+            memcpy(p, &h, 2);       /* d */
+            h = rand_half(-14, -4);
+            memcpy(p + 2, &h, 2);   /* dmin */
+            break;
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q8_0:
+            h = rand_half(-14, -2);
+            memcpy(p, &h, 2);
+            break;
+        case GGML_TYPE_Q6_K:
+            h = rand_half(-14, -4);
+            memcpy(p + 208, &h, 2);
+            break;
+        case GGML_TYPE_F16:
+            for (int j = 0; j < 32; j++) {
+                h = rand_half(-14, 15);             /* every normal exponent */
+                if (rnd() % 8 == 0) h &= 0x83ffu;   /* or a subnormal, or a signed zero */
+                memcpy(p + 2 * j, &h, 2);
+            }
+            break;
+        default:   /* BF16: exponents 2^-30 .. 2^30, random mantissas and signs */
+            for (int j = 0; j < 32; j++) {
+                uint32_t e = 127 - 30 + rnd() % 61;
+                uint16_t v = (uint16_t)((rnd() & 1u) << 15 | e << 7 | (rnd() & 0x7fu));
+                memcpy(p + 2 * j, &v, 2);
+            }
+            break;
+        }
+    }
+}
+
+Test(quant_blocks, every_group_decodes_like_the_reference_bit_for_bit)
+{
+    seed_rng("decode");
+    enum { NB = 64 };
+    uint8_t *blocks = malloc(NB * 256);
+    float ref[NB * 256], got[256];
+    for (size_t ti = 0; ti < N_NATIVE; ti++) {
+        uint32_t type = NATIVE[ti];
+        int bv = qb_block_values(type), bb = qb_block_bytes(type);
+        int64_t blck, tsize;
+        cr_assert(quant_block_geometry(type, &blck, &tsize) == 0);
+        /* F16/BF16 "blocks" are 32 values */
+        cr_assert_eq(bb, bv == (int)blck ? (int)tsize : 32 * (int)tsize, "%s", quant_type_name(type));
+        for (int round = 0; round < 20; round++) {
+            random_blocks(type, blocks, NB);
+            quant_dequant_row(type, blocks, ref, (int64_t)NB * bv);
+            for (int k = 0; k < NB; k++) {
+                for (int g = 0; g < bv / 32; g++) qb_decode32(type, blocks + k * bb, g, got + 32 * g);
+                for (int i = 0; i < bv; i++) {
+                    uint32_t a, b;
+                    memcpy(&a, &got[i], 4);
+                    memcpy(&b, &ref[k * bv + i], 4);
+                    cr_assert_eq(a, b, "%s block %d value %d: %.9g, the reference %.9g", quant_type_name(type), k, i,
+                                 got[i], ref[k * bv + i]);
+                }
+            }
+        }
+    }
+    free(blocks);
+}
+
+/* What the decode product computes for rows of n_in values and n_tok tokens: per chunk of QB_CHUNK
+ * values, the activations laid out as in shared memory, all 32 lanes' qb_lane_dot summed. */
+static void simulated_product(uint32_t type, const uint8_t *row, int64_t n_in, const float *x, int n_tok, float *y)
+{
+    float acc_total[QB_MAX_TOK] = { 0 };
+    const int ldx = QB_CHUNK / 32 * QB_XSTRIDE;
+    float *xs = malloc(sizeof(float) * (size_t)(ldx * n_tok));
+    float acc[32][QB_MAX_TOK];
+    memset(acc, 0, sizeof acc);
+    const int bv = qb_block_values(type), bb = qb_block_bytes(type);
+    for (int64_t k0 = 0; k0 < n_in; k0 += QB_CHUNK) {
+        int kc = (int)(n_in - k0 < QB_CHUNK ? n_in - k0 : QB_CHUNK);
+        for (int i = 0; i < ldx * n_tok; i++) xs[i] = NAN;   /* the padding is never read */
+        for (int t = 0; t < n_tok; t++)
+            for (int e = 0; e < kc; e++) xs[t * ldx + (e / 32) * QB_XSTRIDE + e % 32] = x[t * n_in + k0 + e];
+        const uint8_t *chunk = row + k0 / bv * bb;
+        for (int lane = 0; lane < 32; lane++) qb_lane_dot(type, chunk, kc / 32, xs, ldx, n_tok, lane, acc[lane]);
+    }
+    for (int lane = 0; lane < 32; lane++)
+        for (int t = 0; t < n_tok; t++) acc_total[t] += acc[lane][t];
+    for (int t = 0; t < n_tok; t++) y[t] = acc_total[t];
+    free(xs);
+}
+
+Test(quant_blocks, the_lanes_of_the_decode_product_give_the_rows_dot_products)
+{
+    seed_rng("lane dot");
+    const int64_t lens[] = { 256, 640, 2048, 2304, 4096 + 768, 14336 };
+    for (size_t ti = 0; ti < N_NATIVE; ti++) {
+        uint32_t type = NATIVE[ti];
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            int64_t n = lens[li];
+            int bv = qb_block_values(type);
+            if (n % bv) continue;
+            int nb = (int)(n / bv), n_tok = 1 + (int)(rnd() % QB_MAX_TOK);
+            uint8_t *row = malloc((size_t)nb * (size_t)qb_block_bytes(type));
+            float *w = malloc(sizeof(float) * (size_t)n), *x = malloc(sizeof(float) * (size_t)(n * n_tok));
+            random_blocks(type, row, nb);
+            quant_dequant_row(type, row, w, n);
+            for (int64_t i = 0; i < n * n_tok; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+            float y[QB_MAX_TOK];
+            simulated_product(type, row, n, x, n_tok, y);
+            for (int t = 0; t < n_tok; t++) {
+                double ref = 0, mag = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    ref += (double)w[i] * x[t * n + i];
+                    mag += fabs((double)w[i] * x[t * n + i]);
+                }
+                /* f32 sums of n terms: a few units of 2^-24 of the sum of magnitudes */
+                cr_assert(fabs(y[t] - ref) <= 1e-5 * mag + 1e-30, "%s n_in %lld token %d of %d: %.9g, double %.9g",
+                          quant_type_name(type), (long long)n, t, n_tok, y[t], ref);
+            }
+            free(row);
+            free(w);
+            free(x);
+        }
+    }
+}
+
+Test(quant_blocks, chunks_stay_16_byte_aligned_and_device_sizes_follow)
+{
+    for (size_t ti = 0; ti < N_NATIVE; ti++) {
+        uint32_t type = NATIVE[ti];
+        cr_assert(qb_native(type) && be_gpu_reads_as_stored(type));
+        cr_assert_eq(QB_CHUNK % qb_block_values(type), 0);
+        cr_assert_eq(qb_chunk_bytes(type) % 16, 0, "%s: a chunk of %d bytes", quant_type_name(type), qb_chunk_bytes(type));
+        /* rows padded to 16 bytes */
+        for (int64_t n = 256; n <= 4096; n += 256) {
+            uint64_t s = be_gpu_weight_stride(type, n);
+            cr_assert(s % 16 == 0 && s >= quant_row_size(type, n) && s < quant_row_size(type, n) + 16);
+        }
+    }
+    const uint32_t converted[] = { GGML_TYPE_F32, GGML_TYPE_Q4_1, GGML_TYPE_Q5_1 };
+    for (int i = 0; i < 3; i++) {
+        cr_assert(!be_gpu_reads_as_stored(converted[i]));
+        cr_assert_eq(be_gpu_weight_bytes(converted[i], 640, 3), 3 * 1280);
+    }
+    /* the default model's largest matrix: 262144 rows of 640 Q8_0 values take their file size */
+    cr_assert_eq(be_gpu_weight_bytes(GGML_TYPE_Q8_0, 640, 262144), (uint64_t)262144 * 680 + 262144 * 8);
+}
