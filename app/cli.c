@@ -212,6 +212,7 @@ session *cli_session(const cli_opts *o, int64_t n_predict, int format)
     if (cli_find_thresholds(path, o->thresholds, o->db, &c.thr)) return NULL;
     session *s = sess_create(&c, err, sizeof err);
     if (!s) cli_err("%s", err);
+    else if (sess_load_note(s)[0]) fprintf(stderr, "kvchat: note: %s\n", sess_load_note(s));
     return s;
 }
 

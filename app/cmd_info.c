@@ -81,6 +81,22 @@ int cmd_info(int argc, char **argv)
            gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl) == 0 ? "from the file" : "none in the file: by architecture");
     printf("output          %s\n", m->output.data == m->tok_embd.data ? "tied to token_embd" : "separate matrix");
     printf("weights         %.1f MiB\n", (double)m->weight_bytes / 1048576.0);
+    /* what the CUDA backend holds of the products' weights (docs/gpu.md), in either build */
+    {
+        const be_weight *w[4096];
+        int n = model_matmul_weights(m, w, 4096);
+        uint64_t gpu = 0;
+        char kept[160] = "", conv[160] = "";
+        for (int i = 0; i < n && i < 4096; i++) {
+            uint32_t t = w[i]->type;
+            char *names = be_gpu_weight_type(t, w[i]->n_in) == t ? kept : conv;
+            gpu += be_gpu_weight_bytes(t, w[i]->n_in, w[i]->n_out);
+            if (!strstr(names, quant_type_name(t)))
+                snprintf(names + strlen(names), 160 - strlen(names), "%s%s", names[0] ? ", " : "", quant_type_name(t));
+        }
+        printf("on a GPU        %.1f MiB of weights (%s%s%s%s%s)\n", (double)gpu / 1048576.0, kept,
+               kept[0] ? " as stored" : "", kept[0] && conv[0] ? "; " : "", conv, conv[0] ? " converted to f16 at load" : "");
+    }
     /* Tensor types: count and bytes. */
     uint64_t cnt[GGML_TYPE_MAX_ID] = { 0 }, bytes[GGML_TYPE_MAX_ID] = { 0 };
     int64_t nt = gguf_n_tensors(m->gguf);

@@ -278,6 +278,19 @@ fail:
     return -1;
 }
 
+int model_matmul_weights(const model *m, const be_weight **out, int cap)
+{
+    int n = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const model_layer *L = &m->layers[il];
+        const be_weight *lw[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
+        for (int i = 0; i < 7; i++, n++)
+            if (n < cap) out[n] = lw[i];
+    }
+    if (n < cap) out[n] = &m->output;
+    return n + 1;
+}
+
 void model_free(model *m)
 {
     if (!m) return;

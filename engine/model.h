@@ -70,6 +70,10 @@ typedef struct model_load_opts {
 int model_load(model **out, const char *path, const model_load_opts *opts, char *err, size_t errlen);
 void model_free(model *m);
 
+/* The weights the forward pass multiplies (seven a layer and the output), what a device backend
+ * copies at load: up to cap of them into out; returns how many there are (7 * n_layer + 1). */
+int model_matmul_weights(const model *m, const be_weight **out, int cap);
+
 /* A quick identity of a model file (16 hex digits): FNV-1a over its size and its first and last
  * MiB, which hold the header, the tokenizer and tensor data. Names calibration files; snapshots
  * check the full sha256. 0, or -1 with a message. */

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/quant.h"
 #include "engine/chat.h"
 #include "engine/document.h"
 #include "engine/prompt.h"
@@ -35,6 +36,7 @@ struct session {
     int chat;                    /* turns in the model's chat template (1) or the plain form (0) */
     int max_piece;               /* the most bytes one token of the vocabulary stands for */
     char err[1200];
+    char load_note[256];         /* what loading did that a front end should say once ("" none) */
     sess_callbacks cb;
     volatile sig_atomic_t *abort_flag;
     volatile sig_atomic_t never;   /* what abort_flag points at until a caller gives one */
@@ -225,24 +227,32 @@ static int reopen_fwd(session *s, int page_size)
 }
 
 /* A device backend copies every weight it will multiply now, so a model too large for the device is
- * a clear error before anything runs. */
+ * a clear error before anything runs. The CUDA backend keeps most types as stored and converts the
+ * others to f16 (docs/gpu.md): the load note names them. */
 static int prepare_weights(session *s)
 {
     if (!s->b->ops->prepare) return 0;
-    const model *m = s->m;
-    int n = 0;
-    const be_weight **w = malloc(sizeof *w * (size_t)(m->hp.n_layer * 7 + 1));
+    int n = model_matmul_weights(s->m, NULL, 0);
+    const be_weight **w = malloc(sizeof *w * (size_t)n);
     if (!w) return fail(s, -1, "out of memory");
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        const model_layer *L = &m->layers[il];
-        const be_weight *lw[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
-        for (int i = 0; i < 7; i++) w[n++] = lw[i];
-    }
-    w[n++] = &m->output;
+    model_matmul_weights(s->m, w, n);
     int rc = s->b->ops->prepare(s->b, w, n, s->err, sizeof s->err);
+    if (rc == 0 && !strcmp(s->b->ops->name, "cuda")) {
+        char conv[160] = "";
+        for (int i = 0; i < n; i++) {
+            const char *name = quant_type_name(w[i]->type);
+            if (be_gpu_weight_type(w[i]->type, w[i]->n_in) != w[i]->type && !strstr(conv, name))
+                snprintf(conv + strlen(conv), sizeof conv - strlen(conv), "%s%s", conv[0] ? ", " : "", name);
+        }
+        if (conv[0])
+            snprintf(s->load_note, sizeof s->load_note, "%s weights are converted to f16 on the GPU (2 bytes a value)",
+                     conv);
+    }
     free(w);
     return rc;
 }
+
+const char *sess_load_note(const session *s) { return s->load_note; }
 
 session *sess_create(const sess_config *cfg, char *err, size_t errlen)
 {

@@ -116,6 +116,9 @@ void sess_messages_free(sess_message *m, int n);
 session *sess_create(const sess_config *cfg, char *err, size_t errlen);
 void sess_free(session *s);
 const char *sess_error(const session *s);
+/* What loading did that a front end should say once, e.g. which weight types the GPU converts to
+ * f16 ("" when nothing). */
+const char *sess_load_note(const session *s);
 
 /* Where the session reports, and the flag that stops the running operation (checked before every
  * layer and token); both stay until changed. */

@@ -182,9 +182,11 @@ float be_host_dot_f32_f16(int64_t n, const float *a, const uint16_t *b);
 int be_supports_weight(const be_backend *b, uint32_t type);
 /* How the CUDA backend holds a weight type, in either build (kernels/gpu_weights.c): 1 when its
  * kernels read the file's bytes as they are (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16), 0 when
- * it converts the weight to f16 at load. The bytes a row takes on the device (padded to 16) and
- * the bytes of a weight of n_out rows of n_in values. */
+ * it converts the weight to f16 at load. For a weight of rows of n_in values: the type its device
+ * copy has (the file's, or F16 when converted; BF16 rows that are not whole groups of 32 are
+ * converted too), the bytes a row takes on the device (padded to 16), and the bytes of n_out rows. */
 int be_gpu_reads_as_stored(uint32_t type);
+uint32_t be_gpu_weight_type(uint32_t type, int64_t n_in);
 uint64_t be_gpu_weight_stride(uint32_t type, int64_t n_in);
 uint64_t be_gpu_weight_bytes(uint32_t type, int64_t n_in, int64_t n_out);
 

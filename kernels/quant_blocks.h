@@ -29,6 +29,11 @@ extern "C" {
 #else
 #define QB_HD static inline
 #endif
+#ifdef __CUDA_ARCH__   /* the device pass only: the host compiler does not know the pragma */
+#define QB_UNROLL _Pragma("unroll")
+#else
+#define QB_UNROLL
+#endif
 
 #ifdef __CUDA_ARCH__
 #define QB_MUL(a, b) __fmul_rn((a), (b))
@@ -125,6 +130,7 @@ QB_HD void qb_scale_min(const uint8_t *q, int s, int *sc, int *mn)
 QB_HD void qb_dec_q4_0(const uint8_t *b, float *y)
 {
     float d = qb_half(qb_u16(b));
+    QB_UNROLL
     for (int j = 0; j < 16; j++) {
         y[j] = QB_MUL((float)((b[2 + j] & 0xF) - 8), d);
         y[j + 16] = QB_MUL((float)((b[2 + j] >> 4) - 8), d);
@@ -135,6 +141,7 @@ QB_HD void qb_dec_q5_0(const uint8_t *b, float *y)
 {
     float d = qb_half(qb_u16(b));
     uint32_t h = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
+    QB_UNROLL
     for (int j = 0; j < 16; j++) {
         int q0 = (b[6 + j] & 0xF) | (int)(((h >> j) & 1u) << 4);
         int q1 = (b[6 + j] >> 4) | (int)(((h >> (j + 16)) & 1u) << 4);
@@ -146,6 +153,7 @@ QB_HD void qb_dec_q5_0(const uint8_t *b, float *y)
 QB_HD void qb_dec_q8_0(const uint8_t *b, float *y)
 {
     float d = qb_half(qb_u16(b));
+    QB_UNROLL
     for (int j = 0; j < 32; j++) y[j] = QB_MUL((float)(int8_t)b[2 + j], d);
 }
 
@@ -158,6 +166,7 @@ QB_HD void qb_dec_k45(const uint8_t *b, int g, float *y, int five)
     const float dg = QB_MUL(d, (float)sc), og = QB_MUL(dmin, (float)mn);
     const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16) + 32 * (g >> 1);
     const int shift = 4 * (g & 1);
+    QB_UNROLL
     for (int l = 0; l < 32; l++) {
         int q = (qs[l] >> shift) & 0xF;
         if (five) q |= ((qh[l] >> g) & 1) << 4;
@@ -174,6 +183,7 @@ QB_HD void qb_dec_q6_k(const uint8_t *b, int g, float *y)
     const int8_t *S = (const int8_t *)(b + 192 + 8 * h + 2 * p);
     const int lshift = 4 * (p >> 1), hshift = 2 * p;
     const float d0 = QB_MUL(d, (float)S[0]), d1 = QB_MUL(d, (float)S[1]);
+    QB_UNROLL
     for (int l = 0; l < 32; l++) {
         int q = (((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
         y[l] = QB_MUL(l < 16 ? d0 : d1, (float)q);
@@ -182,11 +192,13 @@ QB_HD void qb_dec_q6_k(const uint8_t *b, int g, float *y)
 
 QB_HD void qb_dec_f16(const uint8_t *b, float *y)
 {
+    QB_UNROLL
     for (int j = 0; j < 32; j++) y[j] = qb_half(qb_u16(b + 2 * j));
 }
 
 QB_HD void qb_dec_bf16(const uint8_t *b, float *y)
 {
+    QB_UNROLL
     for (int j = 0; j < 32; j++) y[j] = qb_bf16(qb_u16(b + 2 * j));
 }
 
@@ -205,9 +217,33 @@ QB_HD void qb_decode32(uint32_t type, const uint8_t *b, int g, float *y)
     }
 }
 
+/* The dot product of 32 decoded values with 32 activations, summed in order. On the device the
+ * activations (16-byte aligned in shared memory) are read 4 at a time: with QB_XSTRIDE 36, the 8
+ * lanes of a quarter warp then touch 8 different groups of banks. */
+QB_HD float qb_dot32(const float *v, const float *xg)
+{
+    float a = 0;
+#ifdef __CUDA_ARCH__
+    const float4 *x4 = (const float4 *)xg;
+    QB_UNROLL
+    for (int i = 0; i < 8; i++) {
+        const float4 q = x4[i];
+        a += v[4 * i] * q.x;
+        a += v[4 * i + 1] * q.y;
+        a += v[4 * i + 2] * q.z;
+        a += v[4 * i + 3] * q.w;
+    }
+#else
+    for (int i = 0; i < 32; i++) a += v[i] * xg[i];
+#endif
+    return a;
+}
+
 /* One lane's share of a chunk of a row: groups lane, lane + 32, ... of the n_groups in the chunk's
- * bytes w, each dotted with the n_tok activation rows xs (t's group j at xs[t * ldx + j * QB_XSTRIDE])
- * and added to acc[t]. The decode product runs this on every lane of a warp and sums the lanes. */
+ * bytes w, each dotted with the n_tok (<= QB_MAX_TOK) activation rows xs (t's group j at
+ * xs[t * ldx + j * QB_XSTRIDE]) and added to acc[t]. The decode product runs this on every lane of a
+ * warp and sums the lanes. The token loop runs to the constant QB_MAX_TOK so that acc stays in
+ * registers on the device. */
 QB_HD void qb_lane_dot(uint32_t type, const uint8_t *w, int n_groups, const float *xs, int ldx, int n_tok, int lane,
                        float *acc)
 {
@@ -215,11 +251,11 @@ QB_HD void qb_lane_dot(uint32_t type, const uint8_t *w, int n_groups, const floa
     for (int g = lane; g < n_groups; g += 32) {
         float v[32];
         qb_decode32(type, w + (g / gpb) * bb, g % gpb, v);
-        for (int t = 0; t < n_tok; t++) {
-            const float *xg = xs + t * ldx + g * QB_XSTRIDE;
-            float a = 0;
-            for (int i = 0; i < 32; i++) a += v[i] * xg[i];
-            acc[t] += a;
+        QB_UNROLL
+        for (int t = 0; t < QB_MAX_TOK; t++) {
+            if (t < n_tok) {
+                acc[t] += qb_dot32(v, xs + t * ldx + g * QB_XSTRIDE);
+            }
         }
     }
 }

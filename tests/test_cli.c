@@ -13,7 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/quant.h"
 #include "common/text.h"
+#include "engine/gguf.h"
+#include "engine/gguf_write.h"
 
 #define TD "../shared/testdata/"
 
@@ -769,4 +772,58 @@ Test(cli, gen_model_bad_options_are_refused_in_one_line)
                           "tiny/tiny-llama-f16.gguf",
                           "cannot create");
     cr_expect(access("/tmp/kvchat-never.gguf", F_OK) != 0);
+}
+
+/* tiny-llama-f16 with its 2-D weights rewritten as Q4_1 (a type the GPU converts to f16 at load) */
+static void write_q4_1_model(const char *path)
+{
+    char err[512];
+    gguf_file *src;
+    cr_assert(gguf_open(&src, TD "tiny/tiny-llama-f16.gguf", err, sizeof err) == 0, "%s", err);
+    gguf_writer *w = gguf_writer_create(0);
+    for (int64_t i = 0; i < gguf_n_kv(src); i++) cr_assert_eq(gguf_w_copy_kv(w, src, i), 0);
+    for (int64_t i = 0; i < gguf_n_tensors(src); i++) {
+        const gguf_tensor *t = gguf_tensor_at(src, i);
+        char name[96];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        cr_assert_eq(gguf_w_tensor(w, name, (int)t->n_dims, t->ne, t->n_dims == 2 ? GGML_TYPE_Q4_1 : t->type), 0);
+    }
+    cr_assert_eq(gguf_w_begin(w, path, 1, err, sizeof err), 0, "%s", err);
+    for (int64_t i = 0; i < gguf_n_tensors(src); i++) {
+        const gguf_tensor *t = gguf_tensor_at(src, i);
+        if (t->n_dims != 2) {
+            cr_assert_eq(gguf_w_data(w, t->data, t->nbytes, err, sizeof err), 0, "%s", err);
+            continue;
+        }
+        float *row = malloc(sizeof(float) * (size_t)t->ne[0]);
+        uint8_t *q = malloc(quant_row_size(GGML_TYPE_Q4_1, t->ne[0]));
+        for (int64_t r = 0; r < t->ne[1]; r++) {
+            quant_dequant_row(t->type, (const uint8_t *)t->data + (size_t)r * quant_row_size(t->type, t->ne[0]), row, t->ne[0]);
+            quant_quantize_row(GGML_TYPE_Q4_1, row, q, t->ne[0]);
+            cr_assert_eq(gguf_w_data(w, q, quant_row_size(GGML_TYPE_Q4_1, t->ne[0]), err, sizeof err), 0, "%s", err);
+        }
+        free(row);
+        free(q);
+    }
+    cr_assert_eq(gguf_w_finish(w, err, sizeof err), 0, "%s", err);
+    gguf_writer_free(w);
+    gguf_free(src);
+}
+
+Test(cli, info_names_what_a_gpu_keeps_as_stored_and_what_it_converts)
+{
+    static char out[1 << 16], errb[1 << 16];
+    cr_assert_eq(run("info -m " TD "tiny/tiny-gemma3-q4_k_m.gguf", out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(strstr(out, "on a GPU") && strstr(out, "Q5_0, Q4_K, Q8_0, Q6_K as stored)"), "%s", out);
+    char d[] = "/tmp/kvchat-q41-XXXXXX", path[300], args[400];
+    cr_assert(mkdtemp(d));
+    snprintf(path, sizeof path, "%s/q41.gguf", d);
+    write_q4_1_model(path);
+    snprintf(args, sizeof args, "info -m %s", path);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(strstr(out, "(Q4_1 converted to f16 at load)"), "%s", out);
+    snprintf(args, sizeof args, "generate -t 1 --temp 0 -m %s -p 'Hello' -n 2", path);
+    cr_expect_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "a Q4_1 model runs on the CPU: %s", errb);
+    unlink(path);
+    rmdir(d);
 }

@@ -192,8 +192,13 @@ Test(quant_blocks, chunks_stay_16_byte_aligned_and_device_sizes_follow)
     const uint32_t converted[] = { GGML_TYPE_F32, GGML_TYPE_Q4_1, GGML_TYPE_Q5_1 };
     for (int i = 0; i < 3; i++) {
         cr_assert(!be_gpu_reads_as_stored(converted[i]));
+        cr_assert_eq(be_gpu_weight_type(converted[i], 640), GGML_TYPE_F16);
         cr_assert_eq(be_gpu_weight_bytes(converted[i], 640, 3), 3 * 1280);
     }
+    /* BF16 rows must be whole groups of 32 for the kernels; F16 rows of any length stay F16 */
+    cr_assert_eq(be_gpu_weight_type(GGML_TYPE_BF16, 96), GGML_TYPE_BF16);
+    cr_assert_eq(be_gpu_weight_type(GGML_TYPE_BF16, 100), GGML_TYPE_F16);
+    cr_assert_eq(be_gpu_weight_stride(GGML_TYPE_F16, 100), 208);
     /* the default model's largest matrix: 262144 rows of 640 Q8_0 values take their file size */
     cr_assert_eq(be_gpu_weight_bytes(GGML_TYPE_Q8_0, 640, 262144), (uint64_t)262144 * 680 + 262144 * 8);
 }

@@ -1,7 +1,7 @@
 /* backend_cuda.cu - the CUDA implementation of the backend op table (kernels/backend.h).
  *
- * What runs on the device: the matrix products (cuBLAS GEMM on f16 copies of the weights, f32
- * accumulation), attention over the KV pages (a paged online-softmax kernel with the per-token
+ * What runs on the device: the matrix products (decode: a kernel reading the weights as the file
+ * stores them; prefill: cuBLAS GEMM on f16 tiles; f32 accumulation), attention over the KV pages (a paged online-softmax kernel with the per-token
  * bias, the token masks, the per-KV-head page lists and the sliding window of the CPU kernel), and
  * the element-wise ops (RMSNorm, RoPE, the gated activation, residual adds, scaling) when their
  * buffers are bound. Embedding rows (one dequantized row a token, exact) and the selection scores
@@ -15,10 +15,14 @@
  * new KV rows go through a page-locked staging arena without waiting; norm weights are kept on the
  * device while their host bytes stay the same. Ops given unbound addresses stage them and wait.
  *
- * Weights are dequantized on the host with the reference dequantizers of engine/quant.c (the same
- * code the CPU oracle tests use) on the CPU backend's threads (kernels/weight_f16.c), rounded to f16
- * and uploaded once, by `prepare` at load time or on first use. The KV cache stays in host memory,
- * where the policies read and rewrite it; each page has a device copy (one block of
+ * Weights go to the device once, by `prepare` at load time or on first use: Q4_0, Q5_0, Q8_0, Q4_K,
+ * Q5_K, Q6_K, F16 and BF16 as the file stores them (rows padded to 16 bytes), the other types
+ * dequantized by the reference dequantizers on the CPU backend's threads and rounded to f16
+ * (kernels/weight_f16.c). Products of at most QB_MAX_TOK tokens (decode) read the stored bytes
+ * directly (mmv_kernel, decoding with kernels/quant_blocks.h); larger ones (prefill) run on cuBLAS:
+ * F16 weights as they are, the others dequantized a tile of rows at a time into f16 scratch.
+ *
+ * The KV cache stays in host memory, where the policies read and rewrite it; each page has a device copy (one block of
  * kernels/block_pool.c) that is brought up to date before attention reads it: only the rows
  * appended since the last upload move, unless the page's content generation changed (a reused or
  * truncated page), which uploads it whole; kernels/page_copies.c keeps that table (host-tested),
@@ -46,6 +50,7 @@ extern "C" {
 #include "common/quant.h"
 #include "kernels/weight_f16.h"
 }
+#include "kernels/quant_blocks.h"
 
 #include "kernels/cuda/split_merge.cuh"
 
@@ -54,10 +59,13 @@ extern "C" {
 #define COPY_IDLE 4096      /* attention calls a page copy may go unused before it is freed */
 #define EW_THREADS 256      /* threads of the element-wise kernels' blocks */
 
-/* A device copy of one weight matrix, f16 [n_out][n_in]. */
+/* A device copy of one weight matrix: n_out rows `stride` bytes apart (padded to 16), holding the
+ * file's bytes for the types the kernels decode and f16 values for the others. */
 typedef struct dev_weight {
     const void *host;   /* the be_weight's data: the key */
-    __half *d;
+    uint8_t *d;
+    uint32_t type;      /* of the device bytes: the file's type, or F16 when converted */
+    size_t stride;
     int64_t n_in, n_out;
 } dev_weight;
 
@@ -86,6 +94,12 @@ typedef struct cuda_impl {
     be_kv_page *rows_list;     /* the page lists with those rows added (be_attn_rows_list) */
     size_t cap_rows_list;
     __half *x16;               /* the products' input in f16 */
+    __half *wtile;             /* a tile of a weight's rows dequantized to f16 for cuBLAS */
+    size_t cap_wtile;
+    float *xal;                /* a decode product's input copied to 16-byte alignment when it is not */
+    size_t cap_xal;
+    int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
+    unsigned mmv_smem_set;     /* bit per type slot: the decode kernel's shared memory limit raised */
     float *part_o, *part_ml;   /* attention's per-split partial results */
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
@@ -102,7 +116,7 @@ typedef struct cuda_impl {
     size_t arena_cap, arena_off;
     struct const_copy *consts; /* device copies of small constant inputs (norm weights), open addressing */
     int n_consts, cap_consts;
-    uint16_t *h_wstage;        /* page-locked: weights converted to f16 on their way to the device */
+    uint8_t *h_wstage;         /* page-locked: weight rows on their way to the device */
     size_t cap_wstage;
     uint64_t waits, bytes_up, bytes_down;   /* traffic (be_ops.counters) */
     int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
@@ -436,7 +450,10 @@ static dev_weight *find_weight(cuda_impl *ci, const void *host)
     return NULL;
 }
 
-/* Dequantize w on the host in blocks of rows, round to f16 and upload. 0, or -1 with a message. */
+/* Copy w to the device a block of rows at a time through one half of a page-locked buffer while
+ * the other half is on its way: the file's bytes for the types the kernels decode, else rows
+ * dequantized and rounded to f16 on the CPU backend's threads. Each row lands `stride` bytes after
+ * the previous one (padded to 16, for the kernels' aligned loads). 0, or -1 with a message. */
 static int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, char *err, size_t errlen)
 {
     dev_weight *have = find_weight(ci, w->data);
@@ -448,27 +465,29 @@ static int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, ch
         snprintf(err, errlen, "weights of type %s cannot go to the GPU", quant_type_name(w->type));
         return -1;
     }
-    size_t bytes = (size_t)w->n_in * (size_t)w->n_out * sizeof(__half);
-    __half *d = NULL;
+    const uint32_t dtype = be_gpu_weight_type(w->type, w->n_in);
+    const int native = dtype == w->type;
+    const size_t row_bytes = native ? w->row_bytes : sizeof(uint16_t) * (size_t)w->n_in;
+    const size_t stride = (size_t)be_gpu_weight_stride(w->type, w->n_in);
+    const size_t bytes = (size_t)be_gpu_weight_bytes(w->type, w->n_in, w->n_out);
+    uint8_t *d = NULL;
     cudaError_t e = cudaMalloc((void **)&d, bytes);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
         snprintf(err, errlen,
-                 "out of GPU memory: a %lld x %lld weight needs %.1f MiB, %.1f MiB of %.1f MiB are free "
+                 "out of GPU memory: a %lld x %lld %s weight needs %.1f MiB, %.1f MiB of %.1f MiB are free "
                  "(%.1f MiB of weights already there)",
-                 (long long)w->n_out, (long long)w->n_in, (double)bytes / (1 << 20), (double)fr / (1 << 20),
-                 (double)tot / (1 << 20), (double)ci->weight_bytes / (1 << 20));
+                 (long long)w->n_out, (long long)w->n_in, quant_type_name(w->type), (double)bytes / (1 << 20),
+                 (double)fr / (1 << 20), (double)tot / (1 << 20), (double)ci->weight_bytes / (1 << 20));
         return -1;
     }
-    /* converted on the CPU backend's threads a block of rows at a time into one half of a
-     * page-locked buffer while the other half is on its way to the device */
     const size_t half_bytes = (size_t)16 << 20;
-    int64_t rows = (int64_t)(half_bytes / (sizeof(uint16_t) * (size_t)w->n_in));
+    int64_t rows = (int64_t)(half_bytes / row_bytes);
     if (rows < 1) rows = 1;
     if (rows > w->n_out) rows = w->n_out;
-    size_t blk_bytes = sizeof(uint16_t) * (size_t)(rows * w->n_in);
+    size_t blk_bytes = row_bytes * (size_t)rows;
     if (2 * blk_bytes > ci->cap_wstage) {
         if (ci->h_wstage) cudaFreeHost(ci->h_wstage);
         ci->h_wstage = NULL;
@@ -477,13 +496,12 @@ static int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, ch
             (void)cudaGetLastError();
             ci->h_wstage = NULL;
             cudaFree(d);
-            snprintf(err, errlen, "out of page-locked host memory converting weights (%.1f MiB)",
+            snprintf(err, errlen, "out of page-locked host memory copying weights (%.1f MiB)",
                      2.0 * (double)blk_bytes / (1 << 20));
             return -1;
         }
         ci->cap_wstage = 2 * blk_bytes;
     }
-    uint16_t *blk = ci->h_wstage;
     cudaEvent_t done[2];
     done[0] = done[1] = NULL;
     if (cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming) != cudaSuccess ||
@@ -496,14 +514,16 @@ static int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, ch
     int half = 0, oom = 0;
     for (int64_t r0 = 0; r0 < w->n_out && e == cudaSuccess; r0 += rows, half ^= 1) {
         int64_t nr = w->n_out - r0 < rows ? w->n_out - r0 : rows;
-        uint16_t *h = blk + (size_t)half * (size_t)(rows * w->n_in);
+        uint8_t *h = ci->h_wstage + (size_t)half * blk_bytes;
         if ((e = cudaEventSynchronize(done[half])) != cudaSuccess) break;   /* this half's previous copy is done */
-        if (wf16_rows(be_cpu_pool(ci->cpu), w, r0, r0 + nr, h)) {
+        if (native) {
+            memcpy(h, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, (size_t)nr * w->row_bytes);
+        } else if (wf16_rows(be_cpu_pool(ci->cpu), w, r0, r0 + nr, (uint16_t *)h)) {
             oom = 1;
             break;
         }
-        e = cudaMemcpyAsync(d + r0 * w->n_in, h, sizeof(uint16_t) * (size_t)(nr * w->n_in), cudaMemcpyHostToDevice,
-                            ci->stream);
+        e = cudaMemcpy2DAsync(d + (size_t)r0 * stride, stride, h, row_bytes, row_bytes, (size_t)nr,
+                              cudaMemcpyHostToDevice, ci->stream);
         if (e == cudaSuccess) e = cudaEventRecord(done[half], ci->stream);
     }
     cudaError_t se = cudaStreamSynchronize(ci->stream);
@@ -534,6 +554,8 @@ static int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, ch
     dev_weight *dw = &ci->w[ci->n_w++];
     dw->host = w->data;
     dw->d = d;
+    dw->type = dtype;
+    dw->stride = stride;
     dw->n_in = w->n_in;
     dw->n_out = w->n_out;
     ci->weight_bytes += bytes;
@@ -551,12 +573,197 @@ static int cuda_prepare(be_backend *b, const be_weight *const *w, int n, char *e
     return 0;
 }
 
-/* ---------------------------------------------------------------- matmul */
+/* ---------------------------------------------------------------- matmul
+ *
+ * Decode (at most QB_MAX_TOK tokens): mmv_kernel. A block of MMV_WARPS warps computes MMV_ROWS rows
+ * a warp; the row is read in chunks of QB_CHUNK values: the block puts the tokens' activations of
+ * the chunk in shared memory (f32, padded per group of 32), each warp copies its row's chunk of
+ * stored bytes into its own shared buffer with 16-byte loads, then every lane decodes groups of 32
+ * (qb_lane_dot) and accumulates in f32; the lanes' sums are added by shuffles. Prefill: cuBLAS
+ * GemmEx with f16 operands and f32 accumulation, on the F16 weight itself or on tiles of rows
+ * dequantized into f16 scratch (dequant_tile). */
+
+#define MMV_WARPS 8
+#define MMV_ROWS 2
+#define WTILE_BYTES ((size_t)32 << 20)   /* the f16 scratch a prefill product's weight tiles use */
 
 __global__ void f32_to_f16(const float *x, __half *y, int64_t n)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __float2half(x[i]);
+}
+
+/* y[t][row] = dot(row of W, x[t]) for rows of n_in values (a multiple of 32), t < n_tok <= QB_MAX_TOK.
+ * Dynamic shared memory: mmv_smem(TYPE, n_tok) bytes. x must be 16-byte aligned. */
+template <uint32_t TYPE>
+__global__ void __launch_bounds__(MMV_WARPS * 32)
+    mmv_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out, const float *__restrict__ x,
+               int n_tok, float *__restrict__ y)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int ldx = QB_CHUNK / 32 * QB_XSTRIDE;
+    float *xs = (float *)smem;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint8_t *wb = smem + sizeof(float) * (size_t)(ldx * n_tok) + (size_t)warp * qb_chunk_bytes(TYPE);
+    const int64_t row0 = ((int64_t)blockIdx.x * MMV_WARPS + warp) * MMV_ROWS;
+    const int bv = qb_block_values(TYPE), bb = qb_block_bytes(TYPE);
+    float acc[MMV_ROWS][QB_MAX_TOK];
+#pragma unroll
+    for (int r = 0; r < MMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < QB_MAX_TOK; t++) acc[r][t] = 0.0f;
+    for (int64_t k0 = 0; k0 < n_in; k0 += QB_CHUNK) {
+        const int kc = (int)(n_in - k0 < QB_CHUNK ? n_in - k0 : QB_CHUNK);
+        const int q4 = kc / 4;
+        __syncthreads();   /* every warp is done with the previous chunk's activations */
+        for (int i = threadIdx.x; i < n_tok * q4; i += blockDim.x) {
+            const int t = i / q4, e = (i - t * q4) * 4;
+            const float4 v = *(const float4 *)(x + (int64_t)t * n_in + k0 + e);
+            *(float4 *)(xs + t * ldx + (e >> 5) * QB_XSTRIDE + (e & 31)) = v;
+        }
+        __syncthreads();
+        /* the chunk's bytes: a multiple of 16 but for the row's last chunk, whose 16-byte reads run
+         * into the row's padding */
+        const int n16 = (kc / bv * bb + 15) >> 4;
+#pragma unroll
+        for (int r = 0; r < MMV_ROWS; r++) {
+            const int64_t row = row0 + r;
+            if (row < n_out) {   /* the same for the whole warp */
+                const uint4 *src = (const uint4 *)(W + (size_t)row * stride + (size_t)(k0 / bv) * bb);
+                for (int i = lane; i < n16; i += 32) ((uint4 *)wb)[i] = __ldg(src + i);
+                __syncwarp();
+                qb_lane_dot(TYPE, wb, kc / 32, xs, ldx, n_tok, lane, acc[r]);
+                __syncwarp();   /* the buffer is refilled by the next row */
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MMV_ROWS; r++) {
+        const int64_t row = row0 + r;
+        if (row >= n_out) continue;
+#pragma unroll
+        for (int t = 0; t < QB_MAX_TOK; t++) {
+            if (t >= n_tok) continue;
+            float v = acc[r][t];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) y[(int64_t)t * n_out + row] = v;
+        }
+    }
+}
+
+static size_t mmv_smem(uint32_t type, int n_tok)
+{
+    return sizeof(float) * (size_t)(QB_CHUNK / 32 * QB_XSTRIDE) * (size_t)n_tok +
+           (size_t)MMV_WARPS * (size_t)qb_chunk_bytes(type);
+}
+
+/* Rows [r0, r0 + n_rows) of W dequantized to f16 into out[n_rows][n_in]: a thread a group of 32,
+ * values beyond f16's range saturating at +-65504 (as kernels/weight_f16.c converts). */
+template <uint32_t TYPE>
+__global__ void dequant_tile(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t r0, int64_t n_rows,
+                             __half *__restrict__ out)
+{
+    const int64_t gpr = n_in / 32, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_rows * gpr) return;
+    const int64_t r = i / gpr, g = i - r * gpr;
+    const int gpb = qb_block_values(TYPE) / 32;
+    float v[32];
+    qb_decode32(TYPE, W + (size_t)(r0 + r) * stride + (size_t)(g / gpb) * qb_block_bytes(TYPE), (int)(g % gpb), v);
+    __align__(16) __half h[32];
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        float f = v[j];
+        if (f > 65504.0f) f = 65504.0f;
+        if (f < -65504.0f) f = -65504.0f;
+        h[j] = __float2half_rn(f);
+    }
+    uint4 *o = (uint4 *)(out + r * n_in + g * 32);
+#pragma unroll
+    for (int k = 0; k < 4; k++) o[k] = ((const uint4 *)h)[k];
+}
+
+/* The type's slot in ci->mmv_smem_set. */
+static int type_slot(uint32_t t)
+{
+    switch (t) {
+    case GGML_TYPE_Q4_0: return 0;
+    case GGML_TYPE_Q5_0: return 1;
+    case GGML_TYPE_Q8_0: return 2;
+    case GGML_TYPE_Q4_K: return 3;
+    case GGML_TYPE_Q5_K: return 4;
+    case GGML_TYPE_Q6_K: return 5;
+    case GGML_TYPE_F16: return 6;
+    default: return 7;
+    }
+}
+
+/* Launch the template instance of a device type: F(TYPE) expands to a launch. */
+#define FOR_DEVICE_TYPE(t, F)                      \
+    switch (t) {                                   \
+    case GGML_TYPE_Q4_0: F(GGML_TYPE_Q4_0); break; \
+    case GGML_TYPE_Q5_0: F(GGML_TYPE_Q5_0); break; \
+    case GGML_TYPE_Q8_0: F(GGML_TYPE_Q8_0); break; \
+    case GGML_TYPE_Q4_K: F(GGML_TYPE_Q4_K); break; \
+    case GGML_TYPE_Q5_K: F(GGML_TYPE_Q5_K); break; \
+    case GGML_TYPE_Q6_K: F(GGML_TYPE_Q6_K); break; \
+    case GGML_TYPE_F16: F(GGML_TYPE_F16); break;   \
+    default: F(GGML_TYPE_BF16); break;             \
+    }
+
+/* y = W x for n_tok <= QB_MAX_TOK tokens of 16-byte aligned device activations. 0, or -1 (recorded). */
+static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, int n_tok, float *dy)
+{
+    const size_t smem = mmv_smem(dw->type, n_tok);
+    const unsigned bit = 1u << type_slot(dw->type);
+    if (!(ci->mmv_smem_set & bit)) {
+        /* the most any token count needs, once per type (beyond the default 48 KiB) */
+        const int most = (int)mmv_smem(dw->type, QB_MAX_TOK);
+        cudaError_t e = cudaSuccess;
+#define SET_SMEM(T) e = cudaFuncSetAttribute(mmv_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, most)
+        FOR_DEVICE_TYPE(dw->type, SET_SMEM)
+#undef SET_SMEM
+        if (ck(ci, e, "decode product setup")) return -1;
+        ci->mmv_smem_set |= bit;
+    }
+    const unsigned grid = (unsigned)((dw->n_out + MMV_WARPS * MMV_ROWS - 1) / (MMV_WARPS * MMV_ROWS));
+#define LAUNCH_MMV(T) \
+    mmv_kernel<T><<<grid, MMV_WARPS * 32, smem, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, n_tok, dy)
+    FOR_DEVICE_TYPE(dw->type, LAUNCH_MMV)
+#undef LAUNCH_MMV
+    return ck(ci, cudaGetLastError(), "decode product");
+}
+
+/* y = W x for any number of tokens through cuBLAS: x16 is the input in f16 [n_tok][n_in]. F16
+ * weights are multiplied as they are; the others a tile of rows at a time, dequantized into f16
+ * scratch. 0, or -1 (recorded). */
+static int gemm(cuda_impl *ci, const dev_weight *dw, const __half *x16, int64_t n_tok, float *dy)
+{
+    const float one = 1.0f, zero = 0.0f;
+    const int64_t n_in = dw->n_in, n_out = dw->n_out;
+    /* column-major view: Y^T (n_out x n_tok) = W^T (stored as n_in x n_out) ^T * X^T (n_in x n_tok) */
+    if (dw->type == GGML_TYPE_F16)
+        return ckb(ci, cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n_tok, (int)n_in, &one, dw->d,
+                                    CUDA_R_16F, (int)(dw->stride / 2), x16, CUDA_R_16F, (int)n_in, &zero, dy, CUDA_R_32F,
+                                    (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "GEMM");
+    int64_t tile = (int64_t)(WTILE_BYTES / (sizeof(__half) * (size_t)n_in));
+    if (tile < 1) tile = 1;
+    if (tile > n_out) tile = n_out;
+    if (grow_dev(ci, (void **)&ci->wtile, &ci->cap_wtile, sizeof(__half) * (size_t)(tile * n_in))) return -1;
+    for (int64_t r0 = 0; r0 < n_out; r0 += tile) {
+        const int64_t nr = n_out - r0 < tile ? n_out - r0 : tile, n_groups = nr * (n_in / 32);
+        const unsigned blocks = (unsigned)((n_groups + 255) / 256);
+#define LAUNCH_DQ(T) dequant_tile<T><<<blocks, 256, 0, ci->stream>>>(dw->d, dw->stride, n_in, r0, nr, ci->wtile)
+        FOR_DEVICE_TYPE(dw->type, LAUNCH_DQ)
+#undef LAUNCH_DQ
+        if (ck(ci, cudaGetLastError(), "weight tile") ||
+            ckb(ci, cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n_tok, (int)n_in, &one, ci->wtile,
+                                 CUDA_R_16F, (int)n_in, x16, CUDA_R_16F, (int)n_in, &zero, dy + r0, CUDA_R_32F,
+                                 (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "GEMM"))
+            return -1;
+    }
+    return 0;
 }
 
 static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
@@ -577,14 +784,24 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
         }
         if (!bound(ci, mms[m].y, sizeof(float) * (size_t)(n_tok * mms[m].w->n_out))) n_y += n_tok * mms[m].w->n_out;
     }
-    if (grow_dev(ci, (void **)&ci->x16, &ci->cap_x16, sizeof(__half) * (size_t)n_x)) return;
+    const int decode = n_tok <= QB_MAX_TOK && !ci->no_mmv && n_in % 32 == 0;
+    if (!decode && grow_dev(ci, (void **)&ci->x16, &ci->cap_x16, sizeof(__half) * (size_t)n_x)) return;
     if (n_y && grow_dev(ci, (void **)&ci->y32, &ci->cap_y32, sizeof(float) * (size_t)n_y)) return;
     if (n_y && grow_host(ci, (void **)&ci->h_y, &ci->cap_h_y, sizeof(float) * (size_t)n_y)) return;
     const float *dx = (const float *)am_dev_in(&ci->act, x, sizeof(float) * (size_t)n_x);
     if (!dx && !(dx = (const float *)stage(ci, x, sizeof(float) * (size_t)n_x))) return;
-    f32_to_f16<<<(unsigned)((n_x + 255) / 256), 256, 0, ci->stream>>>(dx, ci->x16, n_x);
-    if (ck(ci, cudaGetLastError(), "f32_to_f16")) return;
-    const float one = 1.0f, zero = 0.0f;
+    if (decode && ((uintptr_t)dx & 15)) {
+        /* the kernel reads the activations 16 bytes at a time */
+        if (grow_dev(ci, (void **)&ci->xal, &ci->cap_xal, sizeof(float) * (size_t)n_x) ||
+            ck(ci, cudaMemcpyAsync(ci->xal, dx, sizeof(float) * (size_t)n_x, cudaMemcpyDeviceToDevice, ci->stream),
+               "aligning the input"))
+            return;
+        dx = ci->xal;
+    }
+    if (!decode) {
+        f32_to_f16<<<(unsigned)((n_x + 255) / 256), 256, 0, ci->stream>>>(dx, ci->x16, n_x);
+        if (ck(ci, cudaGetLastError(), "f32_to_f16")) return;
+    }
     int64_t off = 0;
     for (int m = 0; m < n_mm; m++) {
         int64_t n_out = mms[m].w->n_out;
@@ -594,12 +811,7 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
             dy = ci->y32 + off;
             off += n_tok * n_out;
         }
-        /* column-major view: Y^T (n_out x n_tok) = W^T (stored as n_in x n_out) ^T * X^T (n_in x n_tok) */
-        if (ckb(ci, cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n_tok, (int)n_in, &one, dw[m]->d,
-                                 CUDA_R_16F, (int)n_in, ci->x16, CUDA_R_16F, (int)n_in, &zero, dy, CUDA_R_32F,
-                                 (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                "GEMM"))
-            return;
+        if (decode ? mmv(ci, dw[m], dx, (int)n_tok, dy) : gemm(ci, dw[m], ci->x16, n_tok, dy)) return;
     }
     if (!n_y) return;
     ci->bytes_down += sizeof(float) * (size_t)n_y;
@@ -1152,7 +1364,7 @@ static void cuda_destroy(be_backend *b)
         free(ci->consts);
         free(ci->rows_list);
         am_free(&ci->act);
-        void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena, ci->cur16 };
+        void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena, ci->cur16, ci->wtile, ci->xal };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
         void *host[] = { ci->h_pages, ci->h_masks, ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)
@@ -1206,6 +1418,8 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     const char *res = getenv("KVCHAT_CUDA_RESIDENT");
     b->ops = res && !strcmp(res, "0") ? &cuda_ops_staged : &cuda_ops;
     b->impl = ci;
+    const char *mmv_env = getenv("KVCHAT_CUDA_MMV");
+    ci->no_mmv = mmv_env && !strcmp(mmv_env, "0");
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
     bp_init(&ci->blocks, ci, dev_malloc, dev_free, (size_t)64 << 20);

@@ -1,6 +1,9 @@
 /* test_cuda.c - the CUDA backend against the CPU backend (`make test-gpu`, on a machine with an
  * NVIDIA GPU; CI only builds it). Per op on random inputs of awkward sizes: matrix products of every
- * weight type the tiny models carry (f16 compute: 1e-2 of the row's largest magnitude), attention over
+ * weight type the tiny models carry and of every type on random weights (decode products of up to 8
+ * tokens read the stored bytes and are also held to 1e-4 of an exact product; larger ones and the
+ * cuBLAS-only path: 1e-2 of the row's largest magnitude), the device holding quantized weights at
+ * their file size, attention over
  * pages of odd lengths with masks, merged-token bias, sliding windows and per-KV-head page lists
  * (f32 math on both: 2e-3), the device copies of pages kept right through appends, truncation and
  * reuse; then whole forward passes: the tiny-model reference gates of the CPU unit tests (ref_gate.c,
@@ -129,6 +132,145 @@ Test(cuda, matmul_of_every_tiny_model_weight_equals_the_cpu)
                 }
             }
         }
+        model_free(m);
+    }
+}
+
+/* A random weight of type `type`: rows of N(0, 1)-ish values quantized by the reference quantizer. */
+static be_weight random_weight(uint32_t type, int64_t n_in, int64_t n_out, void **data)
+{
+    size_t rb = quant_row_size(type, n_in);
+    uint8_t *d = malloc(rb * (size_t)n_out);
+    float *row = malloc(sizeof(float) * (size_t)n_in);
+    for (int64_t r = 0; r < n_out; r++) {
+        float scale = frand(0.01f, 2.0f);
+        for (int64_t i = 0; i < n_in; i++) row[i] = scale * (frand(-1, 1) + frand(-1, 1) + frand(-1, 1));
+        cr_assert(quant_quantize_row(type, row, d + rb * (size_t)r, n_in) == 0);
+    }
+    free(row);
+    *data = d;
+    be_weight w = { d, type, n_in, n_out, rb };
+    return w;
+}
+
+/* largest |y - exact| relative to the largest |exact|, exact = the dequantized weight times x in double */
+static double exact_diff(const be_weight *w, const float *x, int64_t nt, const float *y)
+{
+    float *row = malloc(sizeof(float) * (size_t)w->n_in);
+    double worst = 0, scale = 1e-30;
+    for (int64_t r = 0; r < w->n_out; r++) {
+        quant_dequant_row(w->type, (const uint8_t *)w->data + w->row_bytes * (size_t)r, row, w->n_in);
+        for (int64_t t = 0; t < nt; t++) {
+            double e = 0;
+            for (int64_t i = 0; i < w->n_in; i++) e += (double)row[i] * x[t * w->n_in + i];
+            double d = fabs(y[t * w->n_out + r] - e);
+            if (d > worst || isnan(d)) worst = isnan(d) ? INFINITY : d;
+            if (fabs(e) > scale) scale = fabs(e);
+        }
+    }
+    free(row);
+    return worst / scale;
+}
+
+/* Every weight type, kept as stored (Q4_0 ... Q6_K, F16, BF16) or converted at load (F32, Q4_1, Q5_1),
+ * at token counts on both sides of the decode kernel's limit: against the CPU backend (today's
+ * tolerance), and the decode kernel, which multiplies the exact weights by f32 activations, against
+ * a double-precision product (1e-4: f32 sums). Then the same through cuBLAS alone (KVCHAT_CUDA_MMV=0)
+ * and with activations 4 bytes off 16-byte alignment. */
+Test(cuda, matmul_of_every_weight_type_equals_the_cpu)
+{
+    seed_rng("weight types");
+    char err[512];
+    setenv("KVCHAT_CUDA_MMV", "0", 1);
+    be_backend *gemm_only = be_cuda_create(2, err, sizeof err);
+    unsetenv("KVCHAT_CUDA_MMV");
+    cr_assert(gemm_only, "%s", err);
+    const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,
+                               GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_F32,  GGML_TYPE_Q4_1,
+                               GGML_TYPE_Q5_1 };
+    const int64_t shapes[][2] = { { 256, 17 }, { 640, 300 }, { 2304, 33 }, { 4096, 64 }, { 14336, 5 } };
+    const int64_t toks[] = { 1, 2, 3, 5, 8, 9, 33 };
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            uint32_t type = types[ti];
+            int64_t n_in = shapes[si][0], n_out = shapes[si][1];
+            int64_t blck;
+            quant_block_geometry(type, &blck, NULL);
+            if (n_in % blck) continue;
+            void *data;
+            be_weight w = random_weight(type, n_in, n_out, &data);
+            for (size_t k = 0; k < sizeof toks / sizeof *toks; k++) {
+                int64_t nt = toks[k];
+                float *x = malloc(sizeof(float) * (size_t)(nt * n_in + 1));
+                float *y0 = malloc(sizeof(float) * (size_t)(nt * n_out)), *y1 = malloc(sizeof(float) * (size_t)(nt * n_out));
+                float *y2 = malloc(sizeof(float) * (size_t)(nt * n_out));
+                for (int64_t i = 0; i < nt * n_in + 1; i++) x[i] = frand(-1, 1);
+                for (int64_t i = 0; i < nt * n_out; i++) y1[i] = y2[i] = NAN;
+                be_mm a = { &w, y0 }, b = { &w, y1 }, c = { &w, y2 };
+                cpu->ops->matmul(cpu, &a, 1, x, nt);
+                gpu->ops->matmul(gpu, &b, 1, x, nt);
+                gemm_only->ops->matmul(gemm_only, &c, 1, x, nt);
+                cr_assert(!be_failed(gpu, err, sizeof err) && !be_failed(gemm_only, err, sizeof err), "%s", err);
+                const char *tn = quant_type_name(type);
+                double d = rel_diff(y1, y0, nt * n_out);
+                cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens: GPU %g from the CPU", tn, (long long)n_out,
+                          (long long)n_in, (long long)nt, d);
+                d = rel_diff(y2, y0, nt * n_out);
+                cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens, cuBLAS only: %g from the CPU", tn, (long long)n_out,
+                          (long long)n_in, (long long)nt, d);
+                if (nt <= 8 && be_gpu_weight_type(type, n_in) == type) {
+                    d = exact_diff(&w, x, nt, y1);
+                    cr_expect(d < 1e-4, "%s %lld x %lld, %lld tokens: the decode kernel is %g from exact", tn,
+                              (long long)n_out, (long long)n_in, (long long)nt, d);
+                    /* activations that are not 16-byte aligned on the device (a bound buffer read 4
+                     * bytes in) */
+                    float *xb = malloc(sizeof(float) * (size_t)(nt * n_in + 1));
+                    memcpy(xb, x, sizeof(float) * (size_t)(nt * n_in + 1));
+                    cr_assert(be_bind(gpu, xb, sizeof(float) * (size_t)(nt * n_in + 1), err, sizeof err) == 0, "%s", err);
+                    be_host_write(gpu, xb, sizeof(float) * (size_t)(nt * n_in + 1));
+                    for (int64_t i = 0; i < nt * n_out; i++) y1[i] = NAN;
+                    gpu->ops->matmul(gpu, &b, 1, xb + 1, nt);
+                    be_unbind(gpu, xb);
+                    free(xb);
+                    cr_expect(exact_diff(&w, x + 1, nt, y1) < 1e-4, "%s: misaligned activations", tn);
+                }
+                free(x);
+                free(y0);
+                free(y1);
+                free(y2);
+            }
+            free(data);
+        }
+    be_free(gemm_only);
+}
+
+/* The default model's mix on the tiny models: a fresh backend given every weight holds exactly what
+ * kernels/gpu_weights.c says (the file's bytes, rows padded to 16): about the file's size. */
+Test(cuda, quantized_weights_stay_quantized_on_the_device)
+{
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        model *m = load_tiny(fi);
+        if (!m) continue;
+        char err[512];
+        be_backend *g = be_cuda_create(2, err, sizeof err);
+        cr_assert(g, "%s", err);
+        const be_weight *w[512];
+        int n = model_matmul_weights(m, w, 512);
+        cr_assert(n <= 512);
+        cr_assert(g->ops->prepare(g, w, n, err, sizeof err) == 0, "%s", err);
+        uint64_t want = 0, file = 0, held = 0, total = 0;
+        for (int i = 0; i < n; i++) {
+            want += be_gpu_weight_bytes(w[i]->type, w[i]->n_in, w[i]->n_out);
+            file += w[i]->row_bytes * (uint64_t)w[i]->n_out;
+        }
+        g->ops->memory(g, &held, &total);
+        cr_expect_eq(held, want, "%s: the device holds %llu bytes, expected %llu", files[fi], (unsigned long long)held,
+                     (unsigned long long)want);
+        cr_expect(held < file + file / 50, "%s: %llu bytes on the device for %llu in the file", files[fi],
+                  (unsigned long long)held, (unsigned long long)file);
+        cr_log_info("%s: %.2f MiB of weights on the device, %.2f MiB in the file", files[fi], held / 1048576.0,
+                    file / 1048576.0);
+        be_free(g);
         model_free(m);
     }
 }
