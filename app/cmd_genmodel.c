@@ -75,12 +75,17 @@ int cmd_genmodel(int argc, char **argv)
                 "--vocab GGUF)", vocab);
         return 1;
     }
-    gen_request req = { shape, mix, vocab, o.out, o.seed, o.force, o.threads };
+    gen_request req = { shape, mix, vocab, o.out, o.seed, o.force, o.threads, &cli_interrupted };
+    cli_install_sigint();
     char err[600];
     int last = -1;
     double t0 = cli_now();
     int rc = gen_model_write(&req, isatty(STDERR_FILENO) ? show_progress : NULL, &last, err, sizeof err);
     if (last >= 0) fputc('\n', stderr);
+    if (rc == -3) {
+        cli_err("gen-model: interrupted; nothing was written");
+        return 130;
+    }
     if (rc == -2) {
         cli_err("gen-model: %s exists (--force replaces it)", o.out);
         return 1;

@@ -360,6 +360,11 @@ int gen_model_write(const gen_request *r, gen_progress_fn progress, void *ud, ch
         int64_t br = block_values / t->ne[0];
         if (br < 1) br = 1;
         for (int64_t r0 = 0; r0 < t->ne[1]; r0 += br) {
+            if (r->abort_flag && *r->abort_flag) {
+                snprintf(err, errlen, "interrupted");
+                rc = -3;
+                goto done;
+            }
             block_job j = { t, r->seed, name_hash(t->name), rb, r0, r0 + br < t->ne[1] ? r0 + br : t->ne[1], out,
                             n_threads };
             if ((j.r1 - j.r0) < n_threads) j.n_workers = (int)(j.r1 - j.r0);
