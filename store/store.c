@@ -101,6 +101,22 @@ static int exec_sql(store *s, const char *sql, const char *what)
     return 0;
 }
 
+/* Switching a new file to WAL needs a moment of exclusive access, and sqlite answers SQLITE_BUSY
+ * there without calling the busy handler when another process is opening the same new file; so
+ * this waits itself, as long as the busy timeout would (10 s), then fails like any other busy. */
+static int set_wal_mode(store *s)
+{
+    for (int waited_ms = 0;; waited_ms += 5) {
+        int rc = sqlite3_exec(s->db, "PRAGMA journal_mode = WAL", NULL, NULL, NULL);
+        if (rc == SQLITE_OK) return 0;
+        if ((rc & 0xff) != SQLITE_BUSY || waited_ms >= 10000) {
+            snprintf(s->err, sizeof s->err, "opening the database: %s", sqlite3_errmsg(s->db));
+            return -1;
+        }
+        sqlite3_sleep(5);
+    }
+}
+
 static void copy_col(sqlite3_stmt *st, int c, char *dst, size_t cap)
 {
     const unsigned char *t = sqlite3_column_text(st, c);
@@ -302,7 +318,7 @@ store *store_open(const char *path, char *err, size_t errlen)
     /* journal_mode=WAL needs write access; a read-only file keeps its mode and fails on write */
     int ro = sqlite3_db_readonly(s->db, "main") == 1;   /* browsing still works; writes fail clearly */
     if (exec_sql(s, "PRAGMA foreign_keys = ON", "opening the database") ||
-        (!ro && exec_sql(s, "PRAGMA journal_mode = WAL", "opening the database")) ||
+        (!ro && set_wal_mode(s)) ||
         exec_sql(s, "PRAGMA synchronous = NORMAL", "opening the database") || migrate(s)) {
         snprintf(err, errlen, "%s: %s", path, s->err);
         store_close(s);
