@@ -71,7 +71,7 @@ const opt_def cli_model_opts[] = {
     { "--tokenizer", NULL, OPT_STR, F(tokenizer_path), 0, 0, NULL, 0, "FILE.model",
       "a SentencePiece model replacing the file's vocabulary for encoding", NULL },
     { "--threads", "-t", OPT_INT, F(n_threads), 1, 256, NULL, 0, "N", "CPU threads (default: all cores)", NULL },
-    { "--ctx", "-c", OPT_I64, F(n_ctx), 16, 1 << 22, NULL, 0, "N", "context limit in tokens (default: the model's)",
+    { "--ctx", NULL, OPT_I64, F(n_ctx), 16, 1 << 22, NULL, 0, "N", "context limit in tokens (default: the model's)",
       NULL },
     { "--batch", NULL, OPT_INT, F(n_batch), 1, 8192, NULL, 0, "N", "prefill chunk in tokens (default 512)", NULL },
     { "--no-simd", NULL, OPT_FLAG, F(no_simd), 0, 0, NULL, 0, NULL, "the portable kernels only", NULL },
@@ -92,6 +92,9 @@ const opt_def cli_policy_opts[] = {
       "a calibration file, or MEAN_H,VAR_H (default: the model's calibration)", NULL },
     { "--show-events", NULL, OPT_FLAG, F(show_events), 0, 0, NULL, 0, NULL,
       "print each answer page's entropy statistics and every backtracking event", NULL },
+    { "--stop", NULL, OPT_STRS, F(stop), 0, 0, NULL, 0, "TEXT",
+      "end answers where TEXT begins (\\n for a newline); the plain form always stops at its next \\nQuestion:",
+      "stop" },
     OPT_END
 };
 const opt_def cli_sampling_opts[] = {
@@ -209,10 +212,30 @@ session *cli_session(const cli_opts *o, int64_t n_predict, int format)
     c.backtrack = o->backtrack;
     c.n_predict = n_predict;
     c.format = format;
+    for (int i = 0; i < o->stop.n && i < SESS_MAX_STOP; i++) {
+        /* \n, \t and \\ as the characters they name, so a stop sequence can span lines */
+        char *d = c.stop[c.n_stop];
+        size_t k = 0;
+        for (const char *p = o->stop.v[i]; *p && k + 1 < sizeof c.stop[0]; p++) {
+            if (*p == '\\' && (p[1] == 'n' || p[1] == 't' || p[1] == '\\')) {
+                p++;
+                d[k++] = *p == 'n' ? '\n' : *p == 't' ? '\t' : '\\';
+            } else {
+                d[k++] = *p;
+            }
+        }
+        d[k] = 0;
+        if (k == 0) {
+            cli_err("--stop: an empty stop sequence would end every answer at once");
+            return NULL;
+        }
+        c.n_stop++;
+    }
     if (cli_find_thresholds(path, o->thresholds, o->db, &c.thr)) return NULL;
     session *s = sess_create(&c, err, sizeof err);
     if (!s) cli_err("%s", err);
-    else if (sess_load_note(s)[0]) fprintf(stderr, "kvchat: note: %s\n", sess_load_note(s));
+    if (s && sess_load_note(s)[0]) fprintf(stderr, "kvchat: note: %s\n", sess_load_note(s));
+    if (s && sess_warning(s)[0]) fprintf(stderr, "kvchat: warning: %s\n", sess_warning(s));
     return s;
 }
 
@@ -312,10 +335,32 @@ static void print_note(void *ud, const char *msg)
     fputc('\n', stderr);
 }
 
+/* A prefill's progress on one terminal line of stderr, rewritten in place and cleared at the end. */
+static void print_progress(void *ud, int64_t done, int64_t total)
+{
+    (void)ud;
+    static double t0, last;
+    static int64_t prev = -1;
+    double now = cli_now();
+    if (done <= prev || prev < 0) t0 = now;   /* a new prefill */
+    prev = done >= total ? -1 : done;
+    if (done >= total) {
+        fputs("\r\033[K", stderr);
+        return;
+    }
+    if (now - last < 0.1 && done > 0) return;
+    last = now;
+    double el = now - t0, rate = el > 0 ? (double)done / el : 0;
+    fprintf(stderr, "\r\033[Kprefill %lld/%lld tokens (%.0f%%), %.0f tok/s, %.0f s left (Ctrl-C stops)", (long long)done,
+            (long long)total, 100.0 * (double)done / (double)(total > 0 ? total : 1), rate,
+            rate > 0 ? (double)(total - done) / rate : 0.0);
+    fflush(stderr);
+}
+
 sess_callbacks cli_print_callbacks(int *show_events)
 {
-    sess_callbacks cb = { show_events, NULL, print_text, *show_events ? print_page : NULL, print_event, print_note,
-                          NULL };
+    sess_callbacks cb = { show_events, isatty(STDERR_FILENO) ? print_progress : NULL, print_text,
+                          *show_events ? print_page : NULL, print_event, print_note, NULL, NULL };
     return cb;
 }
 

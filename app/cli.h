@@ -33,12 +33,13 @@ typedef struct cli_opts {
                                    reselect, else 0) */
     const char *thresholds;     /* --thresholds FILE or H,V (NULL: the model's calibration, if any) */
     int show_events;            /* --show-events: page statistics and events on stderr */
+    opt_strs stop;              /* --stop TEXT (repeatable; \n, \t and \\ escapes): answers end there */
     const char *db;             /* --db PATH: the session database (NULL: the default location) */
     int no_db;                  /* --no-db: nothing is saved */
 } cli_opts;
 
 extern const opt_def cli_model_opts[];     /* -m --tokenizer --threads --ctx --batch --no-simd --device */
-extern const opt_def cli_policy_opts[];    /* --policy --budget --page-size --backtrack --thresholds --show-events */
+extern const opt_def cli_policy_opts[];    /* --policy --budget --page-size --backtrack --thresholds --show-events --stop */
 extern const opt_def cli_sampling_opts[];  /* --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed */
 extern const opt_def cli_store_opts[];     /* --db --no-db */
 #define CLI_MODEL(o) { cli_model_opts, (o), "model and engine" }

@@ -14,6 +14,7 @@
 
 typedef struct ask_opts {
     const char *doc, *question, *session_name, *resume;
+    int cont;                    /* -c: continue the most recent session */
     int64_t n_predict;
     int format;                  /* SESS_FORMAT_* */
     int show_pages;
@@ -35,6 +36,8 @@ static const opt_def ask_defs[] = {
       "keep the conversation in the store: create it, or continue it from its snapshot", NULL },
     { "--resume", NULL, OPT_STR, A(resume), 0, 0, NULL, 0, "SESSION",
       "continue a saved session (name or id; -d not needed) with the next question", NULL },
+    { "--continue", "-c", OPT_FLAG, A(cont), 0, 0, NULL, 0, NULL,
+      "continue the most recent session (as --resume with its id)", NULL },
     { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
     OPT_END
 };
@@ -100,7 +103,7 @@ static void print_metrics(const session *s)
     fprintf(stderr,
             "policy %s | context %lld tokens | KV held %.2f MiB vs full %.2f MiB (peak %.2f MiB, %s; peak per global "
             "layer and KV head %lld tokens) | pages/step "
-            "%.1f of %.0f | KV read/step %.2f MiB | prefill %.1f tok/s | decode %.1f tok/s (%lld tokens)%s\n",
+            "%.1f of %.1f | KV read/step %.2f MiB | prefill %.1f tok/s | decode %.1f tok/s (%lld tokens)%s\n",
             pol_set_spec(ps)->text, (long long)ks.positions, (double)ks.bytes_resident / mib, (double)ks.bytes_full / mib,
             (double)ks.bytes_peak / mib, pol_set_saves_memory(ps) ? "tokens dropped" : "selection keeps every page",
             (long long)peak_layer, per, avail, steps > 0 ? (double)st->bytes_touched_total / (double)steps / mib : 0.0,
@@ -119,6 +122,10 @@ static int start(session *s, const ask_opts *a, int has_policy)
     if (a->session_name || a->resume) {
         sess_resume_opts ro = { 1, !has_policy, a->format, a->doc };
         int rc = sess_resume(s, a->resume ? a->resume : a->session_name, &ro);
+        if (rc == SESS_ENOTFOUND && a->resume && !*a->resume) {
+            cli_err("ask: -c: no saved session to continue yet (ask with --session NAME to keep one)");
+            return rc;
+        }
         char err[400];
         if (rc == SESS_ENOTFOUND && a->session_name && store_session_name_ok(a->session_name, err, sizeof err)) {
             cli_err("ask: no session %s (%s)", a->session_name, err);
@@ -142,18 +149,24 @@ int cmd_ask(int argc, char **argv)
     cli_opts o;
     cli_opts_init(&o);
     o.sp.temperature = 0;   /* answers are reproducible unless --temp asks otherwise */
-    ask_opts a = { NULL, NULL, NULL, NULL, 128, SESS_FORMAT_AUTO, 0 };
+    ask_opts a = { NULL, NULL, NULL, NULL, 0, 128, SESS_FORMAT_AUTO, 0 };
     opt_group g[] = { { ask_defs, &a, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_SAMPLING(&o), CLI_STORE(&o) };
-    int r = cli_parse(argc, argv, "kvchat ask -d DOCUMENT -q QUESTION [options]",
-                      "Answer a question about a document under a KV-cache policy, then print one line of metrics.",
+    int r = cli_parse(argc, argv, "kvchat ask -d DOCUMENT|- -q QUESTION [options]",
+                      "Answer a question about a document (- reads it from the standard input) under a KV-cache\n"
+                      "policy, then print one line of metrics. -c continues the most recent session.",
                       g, 5, NULL, 0, NULL);
     if (r) return r > 0 ? 0 : 1;
-    if (!a.question || (!a.doc && !a.resume)) {
-        cli_err("ask: give -d DOCUMENT and -q QUESTION (or --resume SESSION -q QUESTION)");
+    if (o.policy && !strcmp(o.policy, "help")) {   /* needs no document or question */
+        cli_policy_help();
+        return 0;
+    }
+    if ((a.session_name != NULL) + (a.resume != NULL) + a.cont > 1) {
+        cli_err("ask: give one of --session NAME (create or continue), --resume SESSION and -c/--continue");
         return 1;
     }
-    if (a.session_name && a.resume) {
-        cli_err("ask: give --session NAME (create or continue) or --resume SESSION, not both");
+    if (a.cont) a.resume = "";   /* the most recent session */
+    if (!a.question || (!a.doc && !a.resume)) {
+        cli_err("ask: give -d DOCUMENT and -q QUESTION (or --resume SESSION -q QUESTION, or -c -q QUESTION)");
         return 1;
     }
     if (a.session_name && !*a.session_name) {

@@ -256,7 +256,7 @@ static int calib_sample(calib *c, int64_t k, char *doc, const char *question)
             }
         }
     unc_thresholds none = { 0 };
-    gen_opts go = { c->n_predict, ids[n_ids - 1], &none, 0, samp_temperature(c->s), 1 };
+    gen_opts go = { c->n_predict, ids[n_ids - 1], &none, 0, samp_temperature(c->s), 1, NULL, 0 };
     gen_result gr;
     bad = gen_answer(c->f, c->s, c->m->vocab, c->mon, c->logits, c->m->hp.n_vocab, &go, NULL, &cli_interrupted, &gr,
                      err, sizeof err);

@@ -228,7 +228,7 @@ static int answer(ev *E, int R, int64_t n_predict, int32_t prev, int stop_at_lin
     ab->stop_at_line = stop_at_line;
     ab->stop = &E->stop;
     E->stop = 0;
-    gen_opts go = { n_predict, prev, &E->rt.thr, R, samp_temperature(E->s), 0 };
+    gen_opts go = { n_predict, prev, &E->rt.thr, R, samp_temperature(E->s), 0, NULL, 0 };
     gen_callbacks cb = { ab, on_token, NULL, NULL };
     return gen_answer(E->rt.f, E->s, E->rt.m->vocab, E->rt.mon, E->logits, E->nv, &go, &cb, &E->stop, gr, E->err,
                       sizeof E->err);

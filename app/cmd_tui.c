@@ -42,17 +42,23 @@ int cmd_tui(int argc, char **argv)
         cli_err("%s", err);
         return 1;
     }
+    const char *file_policy = o.policy;
     int r = cli_parse(argc, argv, "kvchat tui [-m MODEL] [-d DOCUMENT | --session ID] [options]",
                       "The terminal interface. Without -d or --session it continues the most recent session. The\n"
                       "conversation is saved as it goes (kvchat sessions lists them). In the interface F1 lists every\n"
                       "key and command. Settings: $XDG_CONFIG_HOME/kvchat/config (key = value; see README).",
                       g, 5, NULL, 0, NULL);
     if (r) return r > 0 ? 0 : 1;
+    if (cli_finish_common(&o)) return 1;
     if (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) {
         cli_err("tui: needs a terminal (use kvchat ask or kvchat chat in scripts)");
         return 1;
     }
-    if (cli_finish_common(&o)) return 1;
+    /* a policy from the command line holds for the session it continues; the settings file's is the
+     * default for new documents, and a resumed session keeps its own */
+    cfg.keep_policy = o.policy != file_policy;
+    cfg.groups = g;
+    cfg.n_groups = 5;
     if (to.doc && to.session) {
         cli_err("tui: give -d DOCUMENT (a new session) or --session ID, not both");
         return 1;

@@ -78,6 +78,15 @@ int opt_set(const opt_def *d, void *base, const char *what, const char *text, ch
     case OPT_STR:
         *(const char **)p = text;
         return 0;
+    case OPT_STRS: {
+        opt_strs *l = p;
+        if (l->n == OPT_STRS_MAX) {
+            snprintf(err, errlen, "%s: at most %d of them", what, OPT_STRS_MAX);
+            return -1;
+        }
+        l->v[l->n++] = text;
+        return 0;
+    }
     case OPT_CHOICE: {
         int i = choice_index(d->choices, text);
         if (i < 0) {
@@ -89,6 +98,33 @@ int opt_set(const opt_def *d, void *base, const char *what, const char *text, ch
     }
     case OPT_HELP:
         return 0;
+    }
+    return 0;
+}
+
+int opt_value(const opt_def *d, const char *what, const char *text, double *out, char *err, size_t errlen)
+{
+    /* parse into a scratch field of the option's type, so nothing is set */
+    union {
+        int i;
+        int64_t l;
+        uint64_t u;
+        float f;
+        const char *s;
+    } v;
+    opt_def scratch = *d;
+    scratch.off = 0;
+    if (d->type == OPT_STRS) scratch.type = OPT_STR;
+    if (opt_set(&scratch, &v, what, text, err, errlen)) return -1;
+    switch (d->type) {
+    case OPT_INT:
+    case OPT_CHOICE:
+    case OPT_FLAG:
+    case OPT_SET: *out = v.i; break;
+    case OPT_I64: *out = (double)v.l; break;
+    case OPT_U64: *out = (double)v.u; break;
+    case OPT_FLOAT: *out = v.f; break;
+    default: *out = 0; break;
     }
     return 0;
 }
@@ -184,6 +220,7 @@ void opt_help(FILE *f, const char *usage, const char *about, const opt_group *gr
                 snprintf(left + n, sizeof left - (size_t)n, " %s",
                          d->metavar ? d->metavar : d->type == OPT_CHOICE ? d->choices : "X");
             fprintf(f, "%-30s%s%s", left, strlen(left) >= 30 ? "\n                              " : "", d->help);
+            if (d->type == OPT_STRS) fprintf(f, " (repeatable)");
             if (d->type == OPT_INT || d->type == OPT_I64 || d->type == OPT_U64)
                 fprintf(f, " [%.0f..%.0f]", d->lo, d->hi);
             else if (d->type == OPT_FLOAT)

@@ -20,9 +20,16 @@ typedef enum {
     OPT_U64,        /* uint64_t, in [lo, hi] */
     OPT_FLOAT,      /* float, in [lo, hi] */
     OPT_STR,        /* const char * (points into argv) */
+    OPT_STRS,       /* opt_strs: each use adds one (points into argv), at most OPT_STRS_MAX */
     OPT_CHOICE,     /* int: the index of the value in choices ("cpu|cuda") */
     OPT_HELP,       /* -h/--help: opt_parse returns OPT_WANT_HELP */
 } opt_type;
+
+#define OPT_STRS_MAX 8
+typedef struct opt_strs {
+    const char *v[OPT_STRS_MAX];
+    int n;
+} opt_strs;
 
 typedef struct opt_def {
     const char *name;        /* "--threads" */
@@ -55,6 +62,9 @@ int opt_parse(int argc, char **argv, const opt_group *groups, int n_groups, cons
 /* Set the option def in base from text (a command-line value or a settings-file value); flags take
  * "on|off|1|0|true|false". 0, or -1 with a message naming what (e.g. "--temp"). */
 int opt_set(const opt_def *def, void *base, const char *what, const char *text, char *err, size_t errlen);
+/* Check text as a value of def the way opt_set would, setting nothing; a number's value goes to
+ * *out (0 for text). 0, or -1 with the message opt_set gives. */
+int opt_value(const opt_def *def, const char *what, const char *text, double *out, char *err, size_t errlen);
 /* The option with this settings-file key, or NULL (*group gets its group). */
 const opt_def *opt_find_key(const opt_group *groups, int n_groups, const char *key, const opt_group **group);
 /* The help: usage line, description, then every option of every group. */

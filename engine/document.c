@@ -13,7 +13,8 @@
 #include "common/files.h"
 #include "engine/tokenizer.h"
 
-char *doc_load(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
+/* A regular file of at most max_bytes, open for reading; NULL with a message. */
+static FILE *open_regular(const char *path, size_t max_bytes, char *err, size_t errlen)
 {
     /* O_NONBLOCK: opening a FIFO does not wait for a writer; it is refused below */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -42,14 +43,24 @@ char *doc_load(const char *path, size_t max_bytes, size_t *len, char *err, size_
     if (!fp) {
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         close(fd);
-        return NULL;
     }
+    return fp;
+}
+
+char *doc_load(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
+{
+    /* "-": the standard input, asked for by name (a pipe is what it should be), read to its end
+     * with the same bound as it is read */
+    int std_in = !strcmp(path, "-");
+    if (std_in) path = "the standard input";
+    FILE *fp = std_in ? stdin : open_regular(path, max_bytes, err, errlen);
+    if (!fp) return NULL;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);
     for (;;) {
         if (!buf) {
             snprintf(err, errlen, "%s: out of memory", path);
-            fclose(fp);
+            if (!std_in) fclose(fp);
             return NULL;
         }
         size_t got = fread(buf + n, 1, cap - n, fp);
@@ -58,7 +69,7 @@ char *doc_load(const char *path, size_t max_bytes, size_t *len, char *err, size_
         if (n > max_bytes) {   /* the file grew while it was read */
             snprintf(err, errlen, "%s: more than the %zu bytes a document may have here", path, max_bytes);
             free(buf);
-            fclose(fp);
+            if (!std_in) fclose(fp);
             return NULL;
         }
         if (n == cap) {
@@ -69,7 +80,7 @@ char *doc_load(const char *path, size_t max_bytes, size_t *len, char *err, size_
         }
     }
     int rerr = ferror(fp);
-    fclose(fp);
+    if (!std_in) fclose(fp);
     if (rerr) {
         snprintf(err, errlen, "%s: read error", path);
         free(buf);

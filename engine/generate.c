@@ -11,7 +11,58 @@ typedef struct gen_state {
     int32_t *tokens;         /* the answer so far */
     int32_t *first_try;      /* the tokens of the page being regenerated, as first generated */
     void *samp_state;        /* sampler state at the start of the current page */
+    char *text;              /* stop sequences: the answer's text (each token's piece), */
+    size_t *ends;            /* where each token's text ends in it */
+    size_t text_cap;
 } gen_state;
+
+/* Token i-1 just joined the answer: its text goes after token i-2's. With a stop sequence complete
+ * in the text, *keep gets the tokens wholly before it and 1 is returned; else *safe gets the tokens
+ * that cannot be part of a stop sequence (the text may end with the start of one). -1: no memory. */
+static int check_stops(gen_state *g, const gen_opts *o, const tok_vocab *v, int64_t i, int64_t *keep, int64_t *safe)
+{
+    size_t before = i > 1 ? g->ends[i - 2] : 0;
+    char piece[256];
+    size_t n = tok_piece_text(v, g->tokens[i - 1], 0, piece, sizeof piece);
+    if (n > sizeof piece) n = sizeof piece;
+    if (before + n + 1 > g->text_cap) {
+        size_t nc = (before + n + 1) * 2;
+        char *nt = realloc(g->text, nc);
+        if (!nt) return -1;
+        g->text = nt;
+        g->text_cap = nc;
+    }
+    memcpy(g->text + before, piece, n);
+    size_t len = before + n;
+    g->ends[i - 1] = len;
+    /* a match can only end inside the new piece; the earliest one wins */
+    size_t cut = len + 1, hold = 0;
+    for (int k = 0; k < o->n_stop; k++) {
+        size_t L = strlen(o->stop[k]);
+        if (L == 0) continue;
+        size_t from = before + 1 > L ? before + 1 - L : 0;
+        for (size_t at = from; at + L <= len; at++)
+            if (!memcmp(g->text + at, o->stop[k], L)) {
+                if (at < cut) cut = at;
+                break;
+            }
+        /* the longest end of the text that begins this stop sequence */
+        for (size_t l = L - 1 < len ? L - 1 : len; l > hold; l--)
+            if (!memcmp(g->text + len - l, o->stop[k], l)) {
+                hold = l;
+                break;
+            }
+    }
+    int64_t k = 0;
+    if (cut <= len) {
+        while (k < i && g->ends[k] <= cut) k++;
+        *keep = k;
+        return 1;
+    }
+    while (k < i && g->ends[k] <= len - hold) k++;
+    *safe = k;
+    return 0;
+}
 
 static void commit(const gen_callbacks *cb, const int32_t *tokens, int64_t *committed, int64_t upto)
 {
@@ -61,8 +112,10 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
     g.tokens = malloc(sizeof(int32_t) * (size_t)(o->n_predict > 0 ? o->n_predict : 1));
     g.first_try = malloc(sizeof(int32_t) * (size_t)P);
     g.samp_state = malloc(samp_state_size());
+    const int stops = o->stop && o->n_stop > 0;
+    if (stops) g.ends = malloc(sizeof(size_t) * (size_t)(o->n_predict > 0 ? o->n_predict : 1));
     int rc = 0;
-    if (!g.tokens || !g.first_try || !g.samp_state) {
+    if (!g.tokens || !g.first_try || !g.samp_state || (stops && !g.ends)) {
         snprintf(err, errlen, "out of memory");
         rc = -1;
         goto out;
@@ -73,6 +126,7 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
      * (the mark; the caller's floor stays where it is). */
     if (can_roll) fwd_set_mark(f, pos0 - 1);
     int64_t i = 0, committed = 0, regen_page = -1;
+    int64_t safe = 0;            /* tokens no stop sequence can take back */
     res->stop = GEN_STOP_LIMIT;
     while (i < o->n_predict) {
         if (abort_flag && *abort_flag) {
@@ -93,7 +147,23 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
         }
         samp_accept(s, id);
         g.tokens[i++] = id;
-        if (!can_roll) commit(cb, g.tokens, &committed, i);
+        safe = i;
+        if (stops) {
+            int64_t keep;
+            int r = check_stops(&g, o, v, i, &keep, &safe);
+            if (r < 0) {
+                snprintf(err, errlen, "out of memory");
+                rc = -1;
+                break;
+            }
+            if (r > 0) {
+                if (track) unc_drop(mon, i - keep);
+                i = keep;
+                res->stop = GEN_STOP_SEQUENCE;
+                break;
+            }
+        }
+        if (!can_roll) commit(cb, g.tokens, &committed, safe);
         if (i % P == 0) {
             int64_t page = i / P - 1;
             unc_stats st;
@@ -154,7 +224,7 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
                 if (cb && cb->event) cb->event(cb->ud, &e);
             }
             if (track && cb && cb->page) cb->page(cb->ud, page, &st);
-            commit(cb, g.tokens, &committed, i);
+            commit(cb, g.tokens, &committed, safe < i ? safe : i);
             samp_save_state(s, g.samp_state);
             if (can_roll) fwd_set_mark(f, pos0 + i - 1);
         }
@@ -180,5 +250,7 @@ out:
     free(g.tokens);
     free(g.first_try);
     free(g.samp_state);
+    free(g.text);
+    free(g.ends);
     return rc;
 }

@@ -9,7 +9,11 @@
  * logged with the statistics before and after.
  *
  * Tokens are handed to the caller only once they are final: immediately when no trigger can fire,
- * otherwise when their page has passed the check (so output never has to be taken back). */
+ * otherwise when their page has passed the check (so output never has to be taken back).
+ *
+ * Stop sequences end the answer where one of them begins in its text (a base model's next
+ * "\nQuestion:"); the answer keeps the tokens wholly before it. Tokens whose text may be the start
+ * of a stop sequence are held back until that is decided, so the stop text is never shown. */
 #ifndef KVCHAT_GENERATE_H
 #define KVCHAT_GENERATE_H
 
@@ -31,6 +35,8 @@ typedef struct gen_opts {
     int monitor;                     /* keep per-token statistics even without thresholds (a UI shows
                                         them); without either, no entropy is computed (1 ms a token
                                         over a 262k vocabulary) */
+    const char *const *stop;         /* stop sequences (n_stop of them, non-empty), or NULL */
+    int n_stop;
 } gen_opts;
 
 typedef struct gen_callbacks {
@@ -47,10 +53,12 @@ typedef struct gen_result {
     int events, regenerated;         /* pages that crossed; pages generated again */
 } gen_result;
 
-enum { GEN_STOP_LIMIT, GEN_STOP_EOG, GEN_STOP_CONTEXT, GEN_STOP_INTERRUPT };
+enum { GEN_STOP_LIMIT, GEN_STOP_EOG, GEN_STOP_CONTEXT, GEN_STOP_INTERRUPT, GEN_STOP_SEQUENCE };
 
 /* logits: the prefill's last logits (overwritten). The monitor is reset first. 0, or -1 with a
- * message when a decode step fails (an interrupt is not a failure: stop says so). */
+ * message when a decode step fails (an interrupt is not a failure: stop says so). After a stop
+ * sequence (GEN_STOP_SEQUENCE) the cache holds more than the n_gen tokens kept (up to the stop's
+ * last token but one): the caller rewinds it. */
 int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float *logits, int32_t n_vocab,
                const gen_opts *o, const gen_callbacks *cb, volatile sig_atomic_t *abort_flag, gen_result *res,
                char *err, size_t errlen);

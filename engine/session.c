@@ -37,6 +37,10 @@ struct session {
     int max_piece;               /* the most bytes one token of the vocabulary stands for */
     char err[1200];
     char load_note[256];         /* what loading did that a front end should say once ("" none) */
+    char warn[300];              /* about the configuration, for the front end to show once */
+    int policy_pending;          /* switched since the last answer without a rebuild: acts from the next */
+    int column, n_columns;       /* sess_compare's column being generated (-1: none) */
+    const char *column_policy;
     sess_callbacks cb;
     volatile sig_atomic_t *abort_flag;
     volatile sig_atomic_t never;   /* what abort_flag points at until a caller gives one */
@@ -106,6 +110,12 @@ static void note(session *s, const char *fmt, ...)
 
 static int cancelled(const session *s) { return *s->abort_flag != 0; }
 
+static const char *base_name(const char *p)
+{
+    const char *b = strrchr(p, '/');
+    return b ? b + 1 : p;
+}
+
 static int seq_add(session *s, const int32_t *ids, int64_t n)
 {
     if (s->n_seq + n > s->cap_seq) {
@@ -160,6 +170,7 @@ void sess_prefill_key(const pol_spec *spec, char *buf, size_t cap)
 }
 
 static void prefill_key(const session *s, char *buf, size_t cap) { sess_prefill_key(pol_set_spec(s->ps), buf, cap); }
+static int restore_snapshot(session *s, const void *data, size_t len, int64_t *n_tokens);
 
 /* ---- policies and the forward context */
 
@@ -265,6 +276,7 @@ session *sess_create(const sess_config *cfg, char *err, size_t errlen)
     if (s->cfg.n_predict <= 0) s->cfg.n_predict = 128;
     s->abort_flag = &s->never;
     s->pending_record = -1;
+    s->column = -1;
     model_load_opts lo = { cfg->tokenizer_path };
     if (model_load(&s->m, cfg->model_path, &lo, s->err, sizeof s->err) != 0) goto fail;
     /* CUDA when asked for, or by default when a device is present */
@@ -297,6 +309,9 @@ session *sess_create(const sess_config *cfg, char *err, size_t errlen)
         if (l > s->max_piece) s->max_piece = l;
     }
     if (s->max_piece < 1) s->max_piece = 1;
+    if (cfg->n_ctx > s->m->hp.n_ctx_train)
+        snprintf(s->warn, sizeof s->warn, "--ctx %lld is above the %lld tokens %s was trained on: past that length "
+                 "its answers degrade", (long long)cfg->n_ctx, (long long)s->m->hp.n_ctx_train, base_name(s->m->path));
     return s;
 fail:
     snprintf(err, errlen, "%s", s->err);
@@ -334,6 +349,7 @@ void sess_free(session *s)
 }
 
 const char *sess_error(const session *s) { return s->err; }
+const char *sess_warning(const session *s) { return s->warn; }
 
 void sess_set_callbacks(session *s, const sess_callbacks *cb, volatile sig_atomic_t *abort_flag)
 {
@@ -395,6 +411,7 @@ static void on_token(void *ud, int32_t id)
     if (s->ans_n < s->ans_cap_ids) s->ans_ids[s->ans_n++] = id;
     if (st->keep) seq_add(s, &id, 1);
     if (n && s->cb.text) s->cb.text(s->cb.ud, piece, n);
+    if (s->column >= 0 && s->cb.column) s->cb.column(s->cb.ud, s->column, s->n_columns, s->column_policy, s->ans_n);
 }
 
 static void on_page(void *ud, int64_t page, const unc_stats *us)
@@ -409,15 +426,33 @@ static void on_event(void *ud, const unc_event *e)
     if (st->s->cb.event) st->s->cb.event(st->s->cb.ud, e);
 }
 
+/* The plain completion form's own next turn: a base model that goes on writing questions and
+ * answers stops where its next question would begin. */
+#define PLAIN_NEXT_TURN "\nQuestion:"
+
+int sess_stops(const session *s, int answering, const char **out, int max)
+{
+    int n = 0;
+    if (answering && !s->chat && n < max) out[n++] = PLAIN_NEXT_TURN;
+    for (int i = 0; i < s->cfg.n_stop && n < max; i++)
+        if (s->cfg.stop[i][0]) out[n++] = s->cfg.stop[i];
+    return n;
+}
+
 /* Generate after the evaluated prompt (its last token prev): the text through the callbacks, the ids
- * into the answer (and into seq when keep). */
-static int generate(session *s, int32_t prev, int64_t n_predict, int max_regen, int keep, gen_result *gr)
+ * into the answer (and into seq when keep). answering: a turn of the conversation (the format's
+ * next-turn marker stops it), not a raw continuation. */
+static int generate(session *s, int32_t prev, int64_t n_predict, int max_regen, int keep, int answering,
+                    gen_result *gr)
 {
     answer_reset(s);
     stream st = { s, { 0 }, keep };
     tok_stream_init(&st.ts, s->m->vocab);
+    const char *stops[SESS_MAX_STOP + 1];
+    int n_stop = sess_stops(s, answering, stops, SESS_MAX_STOP + 1);
+    int64_t seq0 = s->n_seq;
     gen_opts go = { n_predict, prev, &s->cfg.thr, max_regen, samp_temperature(s->s),
-                    s->cfg.monitor || s->cb.page != NULL };
+                    s->cfg.monitor || s->cb.page != NULL, stops, n_stop };
     gen_callbacks cb = { &st, on_token, on_page, on_event };
     if (gen_answer(s->f, s->s, s->m->vocab, s->mon, s->logits, s->m->hp.n_vocab, &go, &cb, s->abort_flag, gr, s->err,
                    sizeof s->err))
@@ -426,6 +461,15 @@ static int generate(session *s, int32_t prev, int64_t n_predict, int max_regen, 
     size_t k = tok_stream_flush(&st.ts, piece, sizeof piece - 1);
     answer_add(s, piece, k);
     if (k && s->cb.text) s->cb.text(s->cb.ud, piece, k);
+    if (gr->stop == GEN_STOP_SEQUENCE && keep) {
+        /* the cache went past the kept tokens: back to them (the last one sampled, not evaluated,
+         * as after any answer), replaying what sliding-window layers no longer hold */
+        int64_t target = s->n_seq > seq0 ? s->n_seq - 1 : s->n_seq;
+        int64_t r = fwd_rewind(s->f, target);
+        if (r < target && fwd_eval(s->f, s->seq + r, target - r, s->logits, NULL, NULL, NULL, NULL, s->abort_flag, s->err,
+                                   sizeof s->err))
+            return cancelled(s) ? fail(s, SESS_ECANCELLED, "cancelled") : SESS_EFAIL;
+    }
     return SESS_OK;
 }
 
@@ -558,8 +602,9 @@ static int answer(session *s, const char *question, int32_t prev, int regen, int
     s->ans_start = a->prompt_end = fwd_pos(s->f);
     s->seq_ans = s->n_seq;
     fwd_set_floor(s->f, s->ans_start - 1);   /* a regeneration rewinds here exactly */
+    s->policy_pending = 0;
     double t0 = now_s();
-    int rc = generate(s, prev, s->cfg.n_predict, s->backtrack, 1, &a->gen);
+    int rc = generate(s, prev, s->cfg.n_predict, s->backtrack, 1, 1, &a->gen);
     if (rc) {
         s->pending_record = -1;
         return rc;
@@ -708,6 +753,7 @@ static void reset_conversation(session *s)
     s->sid = s->leaf = s->last_user = 0;
     s->ans_start = s->seq_ans = 0;
     s->resumed = 0;
+    s->policy_pending = 0;   /* a new conversation is built under the policy as it is */
     free(s->last_q);
     s->last_q = NULL;
     answer_reset(s);
@@ -721,10 +767,75 @@ static void drop_document(session *s)
     s->have_doc = 0;
 }
 
-static const char *base_name(const char *p)
+/* The loaded conversation, kept while another document is prefilled, so a cancel or a failure goes
+ * back to it exactly (its cache from a snapshot in memory, the rest as it was). */
+typedef struct kept_conv {
+    void *snap;
+    size_t snap_len;
+    char doc_path[1024], doc_title[256], doc_sha[65], title[256], name[128];
+    int64_t doc_tokens, turns, turn_base, sid, leaf, last_user, ans_start, seq_ans;
+    int n_turns_here;
+    char *last_q;
+} kept_conv;
+
+static int keep_conversation(session *s, kept_conv *k)
 {
-    const char *b = strrchr(p, '/');
-    return b ? b + 1 : p;
+    memset(k, 0, sizeof *k);
+    if (!s->have_doc || s->pending_doc || s->n_seq == 0) return 0;
+    snap_identity id;
+    snap_identity_of(s->f, s->msha, &id);
+    if (snap_save(s->f, s->s, &id, s->seq, s->n_seq, &k->snap, &k->snap_len, s->err, sizeof s->err)) return -1;
+    memcpy(k->doc_path, s->doc_path, sizeof k->doc_path);
+    memcpy(k->doc_title, s->doc_title, sizeof k->doc_title);
+    memcpy(k->doc_sha, s->doc_sha, sizeof k->doc_sha);
+    memcpy(k->title, s->title, sizeof k->title);
+    memcpy(k->name, s->name, sizeof k->name);
+    k->doc_tokens = s->doc_tokens;
+    k->turns = s->turns;
+    k->turn_base = s->turn_base;
+    k->sid = s->sid;
+    k->leaf = s->leaf;
+    k->last_user = s->last_user;
+    k->ans_start = s->ans_start;
+    k->seq_ans = s->seq_ans;
+    k->n_turns_here = s->n_turns_here;
+    k->last_q = s->last_q;   /* reset_conversation must not free it now */
+    s->last_q = NULL;
+    return 0;
+}
+
+/* Back to the kept conversation; 0, or -1 when its cache could not be restored (none is loaded). */
+static int restore_conversation(session *s, kept_conv *k)
+{
+    int64_t n;
+    if (!k->snap || restore_snapshot(s, k->snap, k->snap_len, &n)) return -1;
+    memcpy(s->doc_path, k->doc_path, sizeof k->doc_path);
+    memcpy(s->doc_title, k->doc_title, sizeof k->doc_title);
+    memcpy(s->doc_sha, k->doc_sha, sizeof k->doc_sha);
+    memcpy(s->title, k->title, sizeof k->title);
+    memcpy(s->name, k->name, sizeof k->name);
+    s->doc_tokens = k->doc_tokens;
+    s->turns = k->turns;
+    s->turn_base = k->turn_base;
+    s->sid = k->sid;
+    s->leaf = k->leaf;
+    s->last_user = k->last_user;
+    s->ans_start = k->ans_start;
+    s->seq_ans = k->seq_ans;
+    s->n_turns_here = k->n_turns_here;
+    free(s->last_q);
+    s->last_q = k->last_q;
+    k->last_q = NULL;
+    s->have_doc = 1;
+    fwd_set_floor(s->f, s->turns > 0 && s->ans_start > 0 ? s->ans_start - 1 : fwd_pos(s->f));
+    return 0;
+}
+
+static void kept_free(kept_conv *k)
+{
+    free(k->snap);
+    free(k->last_q);
+    memset(k, 0, sizeof *k);
 }
 
 /* The most bytes a document that fits the context can have: every token stands for at most
@@ -751,16 +862,18 @@ int sess_open_document(session *s, const char *given, const char *title, const c
 {
     size_t len;
     char abs_path[1024];
+    int from_stdin = !strcmp(given, "-");
     /* the conversation keeps the absolute path, so it resumes from any directory */
-    char *rp = realpath(given, NULL);
+    char *rp = from_stdin ? NULL : realpath(given, NULL);
     snprintf(abs_path, sizeof abs_path, "%s", rp && strlen(rp) < sizeof abs_path ? rp : given);
     free(rp);
     int code;
     char *text = load_document(s, abs_path, &len, &code);
     if (!text) return code;
-    if (len == 0) {
+    if (strspn(text, " \t\r\n\f\v") == len) {
         free(text);
-        return fail(s, SESS_EFAIL, "%s is empty", given);
+        return fail(s, SESS_EFAIL, "%s is empty%s: nothing to ask about", from_stdin ? "the standard input" : given,
+                    len ? " (only white space)" : "");
     }
     char sha[65];
     snap_sha256_bytes(text, len, sha);
@@ -781,11 +894,18 @@ int sess_open_document(session *s, const char *given, const char *title, const c
                         abs_path, n, (long long)limit);
         }
     }
+    kept_conv kept;
+    if (!defer && keep_conversation(s, &kept)) {
+        free(ids);
+        free(text);
+        return SESS_EFAIL;
+    }
     reset_conversation(s);
     s->have_doc = 0;
+    const char *label = from_stdin ? "stdin" : base_name(abs_path);
     snprintf(s->doc_path, sizeof s->doc_path, "%s", abs_path);
-    snprintf(s->doc_title, sizeof s->doc_title, "%.250s", base_name(abs_path));
-    snprintf(s->title, sizeof s->title, "%.200s", title ? title : base_name(abs_path));
+    snprintf(s->doc_title, sizeof s->doc_title, "%.250s", label);
+    snprintf(s->title, sizeof s->title, "%.200s", title ? title : label);
     snprintf(s->name, sizeof s->name, "%s", name ? name : "");
     snprintf(s->doc_sha, sizeof s->doc_sha, "%s", sha);
     s->doc_tokens = (int64_t)n;
@@ -803,10 +923,20 @@ int sess_open_document(session *s, const char *given, const char *title, const c
     int rc = seq_add(s, ids, (int64_t)n) ? fail(s, SESS_EFAIL, "out of memory") : eval(s, ids, n);
     free(ids);
     if (rc) {
-        if (rc == SESS_ECANCELLED) snprintf(s->err, sizeof s->err, "prefill cancelled; the document is not loaded");
+        char e[1100];
+        snprintf(e, sizeof e, "%.1000s", rc == SESS_ECANCELLED ? "prefill cancelled" : s->err);
         drop_document(s);
+        if (!kept.snap)
+            fail(s, rc, "%s; no document is loaded", e);
+        else if (restore_conversation(s, &kept) == 0)
+            fail(s, rc, "%s; back to %.250s as it was", e, s->doc_title);
+        else
+            fail(s, rc, "%s; the conversation before it could not be restored (%.300s): no document is loaded", e,
+                 s->err);
+        kept_free(&kept);
         return rc;
     }
+    kept_free(&kept);
     s->have_doc = 1;
     fwd_set_floor(s->f, fwd_pos(s->f));
     char d[1024];
@@ -981,11 +1111,6 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
         free(given);
         return fail(s, SESS_EMISMATCH, "session %lld writes its turns in the %s format", (long long)st.id, st.format);
     }
-    if (o->take_policy && set_policy_text(s, st.policy, st.budget)) {
-        free(given);
-        return SESS_EFAIL;
-    }
-    if (o->take_policy) snprintf(s->cfg.budget, sizeof s->cfg.budget, "%s", st.budget);
     int64_t leaf = 0;
     sess_message *path = NULL;
     int n_path = 0;
@@ -999,6 +1124,18 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
         leaf = path[n_path - 1].parent;
         free(path[n_path - 1].text);
         n_path--;
+    }
+    if (o->take_policy) {
+        /* the policy the conversation last answered under (its text carries its budget), else the
+         * one it began with */
+        const char *pol = n_path > 0 && path[n_path - 1].policy[0] ? path[n_path - 1].policy : st.policy;
+        const char *bud = pol == st.policy ? st.budget : "";
+        if (set_policy_text(s, pol, bud)) {
+            free(given);
+            sess_messages_free(path, n_path);
+            return SESS_EFAIL;
+        }
+        snprintf(s->cfg.budget, sizeof s->cfg.budget, "%s", bud);
     }
     char k[256];
     prefill_key(s, k, sizeof k);
@@ -1040,8 +1177,9 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
         } else {
             s->resumed = 1;
             s->restore_ms = (now_s() - t0) * 1e3;
+            /* the positions the cache holds, as the status bar counts the context */
             note(s, "session %lld: restored %lld tokens (%s) from a %.1f MiB snapshot in %.0f ms", (long long)st.id,
-                 (long long)n, k, (double)len / (1 << 20), s->restore_ms);
+                 (long long)fwd_pos(s->f), k, (double)len / (1 << 20), s->restore_ms);
         }
     }
     if (g != 0) {
@@ -1064,6 +1202,14 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
             }
         } else {
             rc = replay_conversation(s, doc, path, n_path);
+            /* filed under the last answer, so the next resume under this policy is instant */
+            size_t sl;
+            if (rc == SESS_OK && leaf) {
+                if (save_snapshot(s, leaf, &sl) == 0)
+                    note(s, "session %lld: its snapshot under %s is saved: the next resume is instant", (long long)st.id, k);
+                else
+                    note(s, "session %lld: the snapshot could not be saved (%.600s)", (long long)st.id, s->err);
+            }
         }
         free(doc);
     }
@@ -1185,12 +1331,48 @@ int sess_branch(session *s, int k, const char *question)
 
 /* ---- policies */
 
-int sess_set_policy(session *s, const char *spec, const char *budget)
+/* What a switch to spec with budget is checked against: the conversation as it is (the length a
+ * prefill policy would rebuild, the cache a decode-time policy reads from the next answer), or the
+ * whole context before a document is loaded; ask checks each turn the same way (prepare_turn). */
+static int check_policy(session *s, const pol_spec *parsed)
 {
-    char oldkey[256], newkey[256], old[256], oldbudget[32], e[1024];
+    int64_t P = fwd_pos(s->f);
+    int64_t len = s->have_doc && !s->pending_doc && P > 0 ? P : fwd_n_ctx(s->f);
+    pol_env env;
+    fwd_policy_env(s->f, &env);
+    pol_set *probe = pol_set_create(parsed, &env, s->err, sizeof s->err);
+    int bad = !probe || pol_set_check(probe, len, s->err, sizeof s->err);
+    pol_set_free(probe);
+    return bad ? SESS_EFAIL : SESS_OK;
+}
+
+/* spec as it is switched to: a budget given with it replaces the spec's own (buf holds the result). */
+static const char *policy_text(const char *spec, const char *budget, char *buf, size_t cap)
+{
+    if (!budget) return spec;
+    pol_strip_budget(spec, buf, cap);
+    return buf;
+}
+
+int sess_check_policy(session *s, const char *spec, const char *budget)
+{
+    char buf[256];
     pol_spec parsed;
     const char *b = budget ? budget : s->cfg.budget;
+    if (pol_parse(&parsed, policy_text(spec, budget, buf, sizeof buf), *b ? b : NULL, s->err, sizeof s->err))
+        return SESS_EFAIL;
+    return check_policy(s, &parsed);
+}
+
+int sess_set_policy(session *s, const char *spec_in, const char *budget)
+{
+    char oldkey[256], newkey[256], old[256], oldbudget[32], e[1024], buf[256];
+    pol_spec parsed;
+    const char *b = budget ? budget : s->cfg.budget;
+    const char *spec = policy_text(spec_in, budget, buf, sizeof buf);
     if (pol_parse(&parsed, spec, *b ? b : NULL, s->err, sizeof s->err)) return SESS_EFAIL;
+    /* every front end refuses the same specs and budgets, before anything changes */
+    if (check_policy(s, &parsed)) return SESS_EFAIL;
     prefill_key(s, oldkey, sizeof oldkey);
     sess_prefill_key(&parsed, newkey, sizeof newkey);
     snprintf(old, sizeof old, "%s", pol_set_spec(s->ps)->text);
@@ -1200,17 +1382,10 @@ int sess_set_policy(session *s, const char *spec, const char *budget)
         /* the cache stays as it is: a decode-time policy reads it from the next answer on */
         if (set_policy_text(s, spec, b)) return SESS_EFAIL;
         snprintf(s->cfg.budget, sizeof s->cfg.budget, "%s", b);
+        s->policy_pending = strcmp(old, pol_set_spec(s->ps)->text) != 0;
         note(s, "policy %s%s%s: from the next answer on%s", pol_set_spec(s->ps)->text, s->cfg.budget[0] ? ", budget " : "",
              s->cfg.budget, s->have_doc ? "" : " (a prefill policy acts when a document is opened)");
         return SESS_OK;
-    }
-    {   /* the new policies must accept this context before anything is rebuilt */
-        pol_env env;
-        fwd_policy_env(s->f, &env);
-        pol_set *probe = pol_set_create(&parsed, &env, s->err, sizeof s->err);
-        int bad = !probe || pol_set_check(probe, P, s->err, sizeof s->err);
-        pol_set_free(probe);
-        if (bad) return SESS_EFAIL;
     }
     /* keep the current state to come back to */
     snap_identity id;
@@ -1237,7 +1412,7 @@ int sess_set_policy(session *s, const char *spec, const char *budget)
     int64_t n = 0;
     if (got == 0 && restore_snapshot(s, data, len, &n) == 0) {
         note(s, "policy %s: this conversation's snapshot under %s restored (%lld tokens, %.1f MiB) in %.0f ms",
-             pol_set_spec(s->ps)->text, newkey, (long long)n, (double)len / (1 << 20), (now_s() - t0) * 1e3);
+             pol_set_spec(s->ps)->text, newkey, (long long)fwd_pos(s->f), (double)len / (1 << 20), (now_s() - t0) * 1e3);
     } else {
         if (got == 0) note(s, "the snapshot under %s is not usable (%s); prefilling instead", newkey, s->err);
         note(s, "policy %s: no snapshot of this conversation under %s; prefilling its %lld tokens again",
@@ -1309,11 +1484,21 @@ int sess_compare(session *s, const char *const *specs_in, int n_in, const char *
             if (ps.ops[k]->stage == POL_STAGE_PREFILL)
                 return fail(s, SESS_EFAIL,
                             "compare decode-time policies (chess, quest, sentkv, streaming, full) on the cache as it is");
+        char joined[256];
         if (strcmp(key, "full") != 0)
-            snprintf(specs[n_spec++], sizeof specs[0], "%.120s+%.120s", key, specs_in[i]);
+            snprintf(joined, sizeof joined, "%.120s+%.120s", key, specs_in[i]);
         else
-            snprintf(specs[n_spec++], sizeof specs[0], "%s", specs_in[i]);
+            snprintf(joined, sizeof joined, "%s", specs_in[i]);
+        /* by the canonical text: "quest" and the current "quest" (or "full" under full) run once */
+        pol_spec canon;
+        if (pol_parse(&canon, joined, NULL, s->err, sizeof s->err)) return SESS_EFAIL;
+        int dup = 0;
+        for (int j = 0; j < n_spec; j++) dup |= !strcmp(specs[j], canon.text);
+        if (!dup) snprintf(specs[n_spec++], sizeof specs[0], "%s", canon.text);
     }
+    if (n_spec == 1)
+        return fail(s, SESS_EFAIL, "nothing to compare: %s is the current policy (name another decode-time policy)",
+                    specs[0]);
     int64_t turn_start = fwd_pos(s->f), seq0 = s->n_seq, turns0 = s->turns;
     int32_t prev;
     size_t ss = samp_state_size();
@@ -1365,11 +1550,16 @@ int sess_compare(session *s, const char *const *specs_in, int n_in, const char *
         gen_result gr;
         double t0 = now_s();
         sess_callbacks keepcb = s->cb;
-        s->cb.text = NULL;   /* a compared answer is collected, not streamed */
+        s->cb.text = NULL;   /* a compared answer is collected, not streamed: its progress is counted */
         s->cb.event = NULL;
         s->cb.page = NULL;
-        rc = generate(s, prev, s->cfg.n_predict, 0, 0, &gr);
+        s->column = i;
+        s->n_columns = n_spec;
+        s->column_policy = specs[i];
+        if (keepcb.column) keepcb.column(keepcb.ud, i, n_spec, specs[i], 0);
+        rc = generate(s, prev, s->cfg.n_predict, 0, 0, 1, &gr);
         s->cb = keepcb;
+        s->column = -1;
         fwd_set_policy(s->f, orig);
         if (rc) {
             pol_set_free(ps_i);
@@ -1519,7 +1709,7 @@ int sess_generate(session *s, int64_t n_predict, gen_result *res)
     if (s->n_seq == 0) return fail(s, SESS_EFAIL, "nothing was fed to continue from");
     int32_t prev = s->seq[s->n_seq - 1];
     memset(res, 0, sizeof *res);
-    int rc = generate(s, prev, n_predict > 0 ? n_predict : s->cfg.n_predict, s->backtrack, 1, res);
+    int rc = generate(s, prev, n_predict > 0 ? n_predict : s->cfg.n_predict, s->backtrack, 1, 0, res);
     s->last.gen = *res;
     s->last.text = s->answer ? s->answer : "";
     s->last.ids = s->ans_ids;
@@ -1550,8 +1740,11 @@ int sess_format(const session *s) { return s->chat; }
 int64_t sess_turns(const session *s) { return s->turns; }
 int sess_have_document(const session *s) { return s->have_doc; }
 const char *sess_document_title(const session *s) { return s->doc_title; }
+const char *sess_title(const session *s) { return s->title; }
 int64_t sess_document_tokens(const session *s) { return s->doc_tokens; }
 int64_t sess_stored_id(const session *s) { return s->sid; }
 const char *sess_budget(const session *s) { return s->cfg.budget; }
 int64_t sess_n_predict(const session *s) { return s->cfg.n_predict; }
+int64_t sess_answer_tokens(const session *s) { return s->ans_n; }
+int sess_policy_pending(const session *s) { return s->policy_pending; }
 const char *sess_model_sha(const session *s) { return s->msha; }

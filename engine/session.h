@@ -39,6 +39,7 @@ enum sess_status {
 };
 
 enum { SESS_DEVICE_AUTO, SESS_DEVICE_CPU, SESS_DEVICE_CUDA };
+#define SESS_MAX_STOP 8
 enum { SESS_FORMAT_AUTO = -1, SESS_FORMAT_PLAIN = 0, SESS_FORMAT_CHAT = 1 };
 
 typedef struct sess_config {
@@ -57,6 +58,9 @@ typedef struct sess_config {
     int64_t n_predict;           /* the longest answer (0: 128) */
     int format;                  /* SESS_FORMAT_*: AUTO is the chat template when the file has one */
     int monitor;                 /* keep each answer token's entropy even without thresholds (a UI draws it) */
+    char stop[SESS_MAX_STOP][128];   /* stop sequences of every answer, besides the plain form's own
+                                        next turn ("\nQuestion:"), which always stops an answer */
+    int n_stop;
 } sess_config;
 
 /* What a session reports while it works; any member may be NULL. */
@@ -68,6 +72,8 @@ typedef struct sess_callbacks {
     void (*event)(void *ud, const unc_event *e);                   /* an uncertainty event */
     void (*note)(void *ud, const char *msg);                       /* what the session did ("restored ...") */
     void (*past)(void *ud, const char *role, const char *text);    /* a resumed conversation's messages */
+    /* sess_compare: column i of n (policy) has generated tokens so far (0 as it begins) */
+    void (*column)(void *ud, int i, int n, const char *policy, int64_t tokens);
 } sess_callbacks;
 
 /* ---- persistence: what store/ implements (store/persist.c) */
@@ -84,6 +90,7 @@ typedef struct sess_stored {     /* a stored conversation */
 typedef struct sess_message {
     int64_t id, parent;
     char role[16];               /* "user" or "assistant" */
+    char policy[256];            /* the policy it was asked or answered under ("" unknown) */
     char *text;                  /* malloc'd */
 } sess_message;
 
@@ -119,6 +126,8 @@ const char *sess_error(const session *s);
 /* What loading did that a front end should say once, e.g. which weight types the GPU converts to
  * f16 ("" when nothing). */
 const char *sess_load_note(const session *s);
+/* A warning about the configuration ("" when none), e.g. a context above the model's training. */
+const char *sess_warning(const session *s);
 
 /* Where the session reports, and the flag that stops the running operation (checked before every
  * layer and token); both stay until changed. */
@@ -146,7 +155,8 @@ int sess_branch(session *s, int k, const char *question);
  * prefilled again (now, or with the next question when defer). Options: */
 typedef struct sess_resume_opts {
     int defer;                   /* prefill with the next question (ask) instead of now (the TUI) */
-    int take_policy;             /* take the stored conversation's own policy and budget */
+    int take_policy;             /* take the stored conversation's own policy: its last answer's (else
+                                    the one it began with, and its budget) */
     int format;                  /* SESS_FORMAT_*: a format asked for (AUTO: the stored one) */
     const char *doc_path;        /* the document as given again (its content must match), or NULL */
 } sess_resume_opts;
@@ -157,6 +167,10 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o);
  * of this point under it, else by prefilling again; on cancel or failure the old policies and cache
  * come back exactly. */
 int sess_set_policy(session *s, const char *spec, const char *budget);
+/* Would sess_set_policy accept spec with budget here? The checks every front end shares: the spec
+ * parses, and its budgets fit this conversation (or, before a document, the context) and are not
+ * below what each policy always keeps. A budget given (non-NULL) replaces the spec's own budget=. */
+int sess_check_policy(session *s, const char *spec, const char *budget);
 /* Sampling settings and the answer length from the next answer on. */
 void sess_set_sampling(session *s, const samp_params *sp, int64_t n_predict);
 
@@ -169,8 +183,9 @@ typedef struct sess_compared {
     int events;
 } sess_compared;
 /* question answered under the current policy and each of specs (decode-time policies) from the
- * same cache, as a side query: the conversation goes on as before it. out gets n_specs + 1 answers
- * (fewer when cancelled: *n_out says how many). */
+ * same cache, as a side query: the conversation goes on as before it. out gets the current policy's
+ * answer and one per listed spec that differs from it (a spec naming the current policy is not run
+ * twice); fewer when cancelled: *n_out says how many. */
 int sess_compare(session *s, const char *const *specs, int n_specs, const char *question, sess_compared *out,
                  int *n_out);
 
@@ -229,11 +244,20 @@ int sess_format(const session *s);                 /* SESS_FORMAT_CHAT or _PLAIN
 int64_t sess_turns(const session *s);              /* questions answered in this conversation */
 int sess_have_document(const session *s);
 const char *sess_document_title(const session *s);
+const char *sess_title(const session *s);          /* the conversation's title */
 int64_t sess_document_tokens(const session *s);
 int64_t sess_stored_id(const session *s);          /* the stored conversation (0: none yet) */
 const char *sess_budget(const session *s);
 int64_t sess_n_predict(const session *s);
+int64_t sess_answer_tokens(const session *s);      /* the answer being generated: its tokens so far */
+/* 1 after a switch that rebuilt nothing (a decode-time policy, or before a document) until the next
+ * answer, which is the first to use it. */
+int sess_policy_pending(const session *s);
 const char *sess_model_sha(const session *s);      /* "" when no store is attached */
+
+/* The stop sequences an answer (answering 1) or a raw continuation (0) ends at: the plain form's
+ * next-turn marker, then the configured ones. Their count (at most max). */
+int sess_stops(const session *s, int answering, const char **out, int max);
 
 /* The prefill policy of a spec as snapshots are filed ("full" when there is none). */
 void sess_prefill_key(const pol_spec *spec, char *buf, size_t cap);

@@ -139,6 +139,7 @@ static int p_path(void *ud, int64_t message, sess_message **out, int *n, char *e
         r[i].id = m[i].id;
         r[i].parent = m[i].parent;
         snprintf(r[i].role, sizeof r[i].role, "%s", m[i].role);
+        snprintf(r[i].policy, sizeof r[i].policy, "%s", m[i].policy);
         r[i].text = m[i].text;   /* the text moves */
         m[i].text = NULL;
     }

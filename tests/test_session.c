@@ -318,7 +318,7 @@ Test(session, a_cancelled_or_refused_policy_switch_leaves_the_conversation_as_it
     memcpy(keep, t0, sizeof(int32_t) * (size_t)n0);
     int64_t pos0 = fwd_pos(sess_fwd(s));
     /* cancelled part way through the new prefill */
-    sess_callbacks cb = { NULL, cancel_on_progress, NULL, NULL, NULL, NULL, NULL };
+    sess_callbacks cb = { NULL, cancel_on_progress, NULL, NULL, NULL, NULL, NULL, NULL };
     stop_flag = 0;
     sess_set_callbacks(s, &cb, &stop_flag);
     cr_expect_eq(sess_set_policy(s, "snapkv:budget=0.5", NULL), SESS_ECANCELLED, "%s", sess_error(s));

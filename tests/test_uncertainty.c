@@ -184,7 +184,7 @@ static void answer(const char *file, const char *spec, const unc_thresholds *thr
         }
     } else {
         unc_monitor *mon = unc_create(P, 0);
-        gen_opts go = { n, ids[n_ids - 1], thr, R, 0, 0 };
+        gen_opts go = { n, ids[n_ids - 1], thr, R, 0, 0, NULL, 0 };
         gen_callbacks cb = { out, keep_token, NULL, keep_event };
         cr_assert(gen_answer(f, s, m->vocab, mon, logits, nv, &go, &cb, NULL, &out->res, err, sizeof err) == 0, "%s",
                   err);

@@ -100,7 +100,7 @@ static int setting(const opt_group *groups, int n_groups, tui_config *c, const c
     if (d) {
         char what[1200];
         snprintf(what, sizeof what, "%s: %s", where, k);
-        if (d->type == OPT_STR) {   /* the line buffer is reused: the value is kept in c */
+        if (d->type == OPT_STR || d->type == OPT_STRS) {   /* the line buffer is reused: the value is kept in c */
             if (c->n_text == (int)(sizeof c->text / sizeof c->text[0])) {
                 snprintf(err, errlen, "%s: too many text settings", where);
                 return -1;
@@ -134,7 +134,7 @@ static int setting(const opt_group *groups, int n_groups, tui_config *c, const c
         char e[300];
         if (a < 0) {
             snprintf(err, errlen, "%s: no action '%s' (help, seen, sessions, policy, settings, open, regen, scroll_up, "
-                     "scroll_down, quit)", where, k + 4);
+                     "scroll_down, top, bottom, find, mouse, quit)", where, k + 4);
             return -1;
         }
         if (keymap_bind(&c->keys, a, v, e, sizeof e)) {

@@ -20,8 +20,11 @@ typedef struct tui_config {
     int color;
     keymap keys;
     short fg[COL_COUNT], bg[COL_COUNT];   /* -1: the terminal's default */
-    char text[8][256];           /* the values of text settings (policy, budget): options point here */
+    char text[16][256];          /* the values of text settings (policy, budget, stop): options point here */
     int n_text;
+    const opt_group *groups;     /* the option tables the file was read with: the settings view checks */
+    int n_groups;                /* what is typed in it through them */
+    int keep_policy;             /* the command line named a policy: it holds for the first session too */
 } tui_config;
 
 /* The element's name in the settings file ("user"). */

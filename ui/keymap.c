@@ -21,6 +21,10 @@ static const struct {
     [KA_REGEN] = { "regen", "another answer to the last question (a branch)" },
     [KA_SCROLL_UP] = { "scroll_up", "scroll the conversation back" },
     [KA_SCROLL_DOWN] = { "scroll_down", "scroll the conversation forward" },
+    [KA_TOP] = { "top", "the conversation's start" },
+    [KA_BOTTOM] = { "bottom", "the conversation's end (the newest)" },
+    [KA_FIND] = { "find", "search the conversation (again: an older match)" },
+    [KA_MOUSE] = { "mouse", "mouse capture on/off (off: the terminal selects text)" },
     [KA_QUIT] = { "quit", "leave kvchat" },
 };
 
@@ -35,6 +39,10 @@ void keymap_default(keymap *km)
     km->key[KA_REGEN] = KEY_F(7);
     km->key[KA_SCROLL_UP] = KEY_PPAGE;
     km->key[KA_SCROLL_DOWN] = KEY_NPAGE;
+    km->key[KA_TOP] = KEY_HOME;
+    km->key[KA_BOTTOM] = KEY_END;
+    km->key[KA_FIND] = 6;   /* ^F */
+    km->key[KA_MOUSE] = KEY_F(8);
     km->key[KA_QUIT] = KEY_F(10);
 }
 
@@ -65,6 +73,8 @@ static int parse_key(const char *s)
     if (!strcasecmp(s, "PgUp")) return KEY_PPAGE;
     if (!strcasecmp(s, "PgDn")) return KEY_NPAGE;
     if (!strcasecmp(s, "Ins")) return KEY_IC;
+    if (!strcasecmp(s, "Home")) return KEY_HOME;
+    if (!strcasecmp(s, "End")) return KEY_END;
     return 0;
 }
 
@@ -72,12 +82,16 @@ int keymap_bind(keymap *km, int action, const char *key_name, char *err, size_t 
 {
     int code = parse_key(key_name);
     if (!code) {
-        snprintf(err, errlen, "'%s' is not a key kvchat can bind (F1..F12, ^A..^Z, PgUp, PgDn, Ins)", key_name);
+        snprintf(err, errlen, "'%s' is not a key kvchat can bind (F1..F12, ^A..^Z, PgUp, PgDn, Home, End, Ins)",
+                 key_name);
         return -1;
     }
-    /* ^C stops, ^D leaves, ^H is Backspace, ^I Tab, ^J and ^M Enter */
-    if (code == 3 || code == 4 || code == 8 || code == 9 || code == 10 || code == 13) {
-        snprintf(err, errlen, "%s is reserved (Ctrl-C stops, Ctrl-D leaves, the others edit the input)", key_name);
+    /* ^C stops, ^D and ^Q leave, ^H is Backspace, ^I Tab, ^J a newline, ^M Enter, and the readline
+     * keys ^A ^E ^K ^R ^U ^W ^Y edit the input */
+    static const char reserved[] = { 1, 3, 4, 5, 8, 9, 10, 11, 13, 17, 18, 21, 23, 25 };
+    if (code < 32 && memchr(reserved, code, sizeof reserved)) {
+        snprintf(err, errlen, "%s is reserved (Ctrl-C stops, Ctrl-D and Ctrl-Q leave, the others edit the input)",
+                 key_name);
         return -1;
     }
     km->key[action] = code;
@@ -118,6 +132,10 @@ void keymap_key_name(int code, char *buf, size_t cap)
         snprintf(buf, cap, "PgDn");
     else if (code == KEY_IC)
         snprintf(buf, cap, "Ins");
+    else if (code == KEY_HOME)
+        snprintf(buf, cap, "Home");
+    else if (code == KEY_END)
+        snprintf(buf, cap, "End");
     else
         snprintf(buf, cap, "?");
 }

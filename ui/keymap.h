@@ -1,6 +1,7 @@
 /* keymap.h - the interface's remappable keys: each action has a default key, and the settings file
  * may bind another ("key.sessions = F9", "key.policy = ^P"). Keys are function keys F1..F12,
- * control keys ^A..^Z (except ^C, ^D, ^H, ^I, ^J, ^M, which edit or stop), PgUp, PgDn, Ins. */
+ * control keys ^A..^Z (except those that edit, stop or quit: ^A ^C ^D ^E ^H ^I ^J ^K ^M ^Q ^R ^U
+ * ^W ^Y), PgUp, PgDn, Home, End, Ins. */
 #ifndef KVCHAT_UI_KEYMAP_H
 #define KVCHAT_UI_KEYMAP_H
 
@@ -16,6 +17,10 @@ typedef enum {
     KA_REGEN,
     KA_SCROLL_UP,
     KA_SCROLL_DOWN,
+    KA_TOP,
+    KA_BOTTOM,
+    KA_FIND,
+    KA_MOUSE,
     KA_QUIT,
     KA_COUNT
 } key_action;

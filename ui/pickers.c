@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "ui/config.h"
@@ -124,8 +125,10 @@ static void settings_fill(settings_menu *s)
     s->m.sel = keep;
 }
 
-void settings_open(settings_menu *s, const uw_view *v)
+void settings_open(settings_menu *s, const uw_view *v, const opt_group *groups, int n_groups)
 {
+    s->groups = groups;
+    s->n_groups = n_groups;
     menu_free(&s->m);
     menu_init(&s->m, "Settings",
               "Left/Right change   Enter type a value   s save to the settings file   Esc close", 0);
@@ -138,10 +141,19 @@ void settings_open(settings_menu *s, const uw_view *v)
 
 static double clampd(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
 
+/* Each row's settings key: the option of that name checks what is typed as the command line does. */
+static const char *const row_key[S_COUNT] = { "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
+                                              "n_predict", "budget" };
+
+static const opt_def *row_def(const settings_menu *s, int row)
+{
+    return s->groups ? opt_find_key(s->groups, s->n_groups, row_key[row], NULL) : NULL;
+}
+
 static void step(settings_menu *s, int row, int dir)
 {
     static const char *budgets[] = { "", "0.01", "0.05", "0.1", "0.2", "0.5" };
-    switch (row) {
+    switch (row) {   /* (each range lies inside the option's own) */
     case S_TEMP: s->sp.temperature = (float)clampd(s->sp.temperature + 0.1 * dir, 0, 2); break;
     case S_TOPK: s->sp.top_k = (int32_t)clampd(s->sp.top_k + 5 * dir, 0, 1000); break;
     case S_TOPP: s->sp.top_p = (float)clampd(s->sp.top_p + 0.05 * dir, 0.05, 1); break;
@@ -159,16 +171,11 @@ static void step(settings_menu *s, int row, int dir)
     }
 }
 
-/* A typed value for row; 0, or -1 with a message in the menu. */
+/* A typed value for row, checked by the row's option (the command line's range and type); the
+ * budget is checked by the engine when it is applied. 0, or -1 with a message in the menu. */
 static int set_typed(settings_menu *s, int row, const char *v)
 {
-    char *end;
     if (row == S_BUDGET) {
-        double b = strtod(v, &end);
-        if (*v && (*end || b <= 0)) {
-            menu_say(&s->m, 1, "a budget is a fraction (0 < B < 1) or a token count");
-            return -1;
-        }
         if (strlen(v) >= sizeof s->budget) {
             menu_say(&s->m, 1, "that budget is too long");
             return -1;
@@ -176,14 +183,16 @@ static int set_typed(settings_menu *s, int row, const char *v)
         memcpy(s->budget, v, strlen(v) + 1);
         return 0;
     }
-    double d = strtod(v, &end);
-    if (!*v || *end) {
-        menu_say(&s->m, 1, "'%s' is not a number", v);
+    const opt_def *def = row_def(s, row);
+    char what[64], err[300];
+    double d;
+    snprintf(what, sizeof what, "%s", row_key[row]);
+    if (!def) {
+        menu_say(&s->m, 1, "%s: no such setting", row_key[row]);
         return -1;
     }
-    static const double lo[S_COUNT] = { 0, 0, 0, 0, 0.01, 0, 1, 0 }, hi[S_COUNT] = { 100, 1 << 30, 1, 1, 100, 1e18, 1 << 20, 0 };
-    if (d < lo[row] || d > hi[row]) {
-        menu_say(&s->m, 1, "%s is out of range (%g to %g)", v, lo[row], hi[row]);
+    if (opt_value(def, what, v, &d, err, sizeof err)) {
+        menu_say(&s->m, 1, "%s", err);
         return -1;
     }
     switch (row) {
@@ -192,21 +201,24 @@ static int set_typed(settings_menu *s, int row, const char *v)
     case S_TOPP: s->sp.top_p = (float)d; break;
     case S_MINP: s->sp.min_p = (float)d; break;
     case S_REPEAT: s->sp.repeat_penalty = (float)d; break;
-    case S_SEED: s->sp.seed = (uint64_t)d; break;
+    case S_SEED: s->sp.seed = (uint64_t)strtoull(v, NULL, 10); break;
     case S_NPRED: s->n_predict = (int64_t)d; break;
     }
     return 0;
 }
 
-/* Hand the edited values to the worker; a changed budget re-applies the policy. */
-static void apply(settings_menu *s, ui_worker *w, const char *policy, const char *old_budget)
+/* Hand the edited values to the worker; a changed budget re-applies the policy (the engine checks
+ * it against this conversation first: a refusal shows here and changes nothing). */
+static void apply(settings_menu *s, ui_worker *w, const char *policy, int row, const char *old_budget)
 {
     uw_set_sampling(w, &s->sp, s->n_predict);
+    if (row >= 0 && row < S_COUNT) s->dirty[row] = 1;
     if (strcmp(old_budget, s->budget) != 0) {
         char err[600];
         if (uw_set_policy(w, policy, s->budget, err, sizeof err)) {
             menu_say(&s->m, 1, "%s", err);
             snprintf(s->budget, sizeof s->budget, "%s", old_budget);
+            s->dirty[S_BUDGET] = 0;
         } else {
             menu_say(&s->m, 0, "budget %s: applying %s", s->budget[0] ? s->budget : "(each policy's own)", policy);
         }
@@ -233,14 +245,16 @@ int settings_key(settings_menu *s, ui_worker *w, const char *policy, int ch, int
         return 0;
     }
     if (r == MENU_EDIT_DONE) {
-        if (set_typed(s, s->editing_row, s->m.edit) == 0) apply(s, w, policy, old_budget);
+        if (set_typed(s, s->editing_row, s->m.edit) == 0) apply(s, w, policy, s->editing_row, old_budget);
         return 0;
     }
     if (r != MENU_UNHANDLED || row < 0) return 0;
     if (is_key && (ch == KEY_LEFT || ch == KEY_RIGHT)) {
         step(s, row, ch == KEY_RIGHT ? 1 : -1);
-        apply(s, w, policy, old_budget);
+        apply(s, w, policy, row, old_budget);
     } else if (!is_key && ch == 's') {
+        /* only what was changed here: a value set on the command line, and the policy (a session
+         * keeps its own), stay out of the file */
         char v[S_COUNT][64], err[600];
         snprintf(v[S_TEMP], 64, "%g", s->sp.temperature);
         snprintf(v[S_TOPK], 64, "%d", s->sp.top_k);
@@ -250,24 +264,79 @@ int settings_key(settings_menu *s, ui_worker *w, const char *policy, int ch, int
         snprintf(v[S_SEED], 64, "%llu", (unsigned long long)s->sp.seed);
         snprintf(v[S_NPRED], 64, "%lld", (long long)s->n_predict);
         snprintf(v[S_BUDGET], 64, "%s", s->budget);
-        const char *keys[S_COUNT + 1] = { "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed",
-                                          "n_predict", "budget", "policy" };
-        const char *vals[S_COUNT + 1] = { v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], policy };
+        const char *keys[S_COUNT], *vals[S_COUNT];
+        char names[300] = "";
+        int n = 0;
+        for (int i = 0; i < S_COUNT; i++) {
+            if (!s->dirty[i]) continue;
+            keys[n] = row_key[i];
+            vals[n++] = v[i];
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, "%s%s", l ? ", " : "", row_key[i]);
+        }
         char path[1024];
-        if (config_update(keys, vals, S_COUNT + 1, err, sizeof err))
+        if (n == 0)
+            menu_say(&s->m, 0, "nothing changed here to save");
+        else if (config_update(keys, vals, n, err, sizeof err))
             menu_say(&s->m, 1, "%s", err);
         else
-            menu_say(&s->m, 0, "saved to %s", config_path(path, sizeof path) ? "the settings file" : path);
+            menu_say(&s->m, 0, "saved %s to %s", names, config_path(path, sizeof path) ? "the settings file" : path);
     }
     return 0;
 }
 
 /* ---- file picker ---- */
 
-static int by_kind_then_name(const void *a, const void *b, void *ud)
+void human_size(long long bytes, char *buf, size_t cap)
+{
+    static const char *unit[] = { "KiB", "MiB", "GiB", "TiB" };
+    if (bytes < 1024) {
+        snprintf(buf, cap, "%lld B", bytes);
+        return;
+    }
+    double v = (double)bytes / 1024.0;
+    int u = 0;
+    while (v >= 1024.0 && u < 3) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, cap, v < 10 ? "%.1f %s" : "%.0f %s", v, unit[u]);
+}
+
+void path_expand(const char *arg, char *out, size_t cap)
+{
+    char raw[1024];
+    size_t k = 0;
+    const char *p = arg + strspn(arg, " ");
+    char q = (*p == '"' || *p == '\'') ? *p++ : 0;
+    for (; *p && k + 1 < sizeof raw; p++) {
+        if (q && *p == q) break;                       /* the closing quote */
+        if (*p == '\\' && p[1] && q != '\'') p++;       /* "\ " and "\"" stand for the character */
+        raw[k++] = *p;
+    }
+    while (!q && k > 0 && raw[k - 1] == ' ') k--;       /* trailing blanks of an unquoted path */
+    raw[k] = 0;
+    const char *home = getenv("HOME");
+    if (raw[0] == '~' && (raw[1] == '/' || raw[1] == 0) && home && *home)
+        snprintf(out, cap, "%s%s", home, raw + 1);
+    else
+        snprintf(out, cap, "%s", raw);
+}
+
+/* How a name ranks under the filter: 0 begins with it, 1 contains it, -1 neither (case ignored). */
+static int match_rank(const char *name, const char *filter)
+{
+    if (!*filter) return 0;
+    if (!strncasecmp(name, filter, strlen(filter))) return 0;
+    return strcasestr(name, filter) ? 1 : -1;
+}
+
+static int by_rank_kind_name(const void *a, const void *b, void *ud)
 {
     const file_picker *f = ud;
     int i = *(const int *)a, j = *(const int *)b;
+    int ri = match_rank(f->names[i], f->m.filter), rj = match_rank(f->names[j], f->m.filter);
+    if (ri != rj) return ri - rj;
     if (f->is_dir[i] != f->is_dir[j]) return f->is_dir[j] - f->is_dir[i];
     return strcmp(f->names[i], f->names[j]);
 }
@@ -282,6 +351,7 @@ static void files_fill(file_picker *f)
     f->is_dir = NULL;
     f->size = NULL;
     f->n = 0;
+    f->m.msg[0] = 0;
     DIR *d = opendir(f->dir);
     if (!d) {
         menu_say(&f->m, 1, "cannot read %s", f->dir);
@@ -292,7 +362,7 @@ static void files_fill(file_picker *f)
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         if (e->d_name[0] == '.' && f->m.filter[0] != '.') continue;   /* hidden unless asked for */
-        if (f->m.filter[0] && !strstr(e->d_name, f->m.filter)) continue;
+        if (match_rank(e->d_name, f->m.filter) < 0) continue;
         if (f->n == cap) {
             cap = cap ? cap * 2 : 64;
             void *a = realloc(f->names, sizeof *f->names * (size_t)cap), *b = realloc(f->is_dir, sizeof(int) * (size_t)cap),
@@ -315,25 +385,55 @@ static void files_fill(file_picker *f)
     int *order = malloc(sizeof(int) * (size_t)(f->n > 0 ? f->n : 1));
     if (!order) return;
     for (int i = 0; i < f->n; i++) order[i] = i;
-    qsort_r(order, (size_t)f->n, sizeof *order, by_kind_then_name, f);
-    menu_add(&f->m, 1000000, "../");
+    qsort_r(order, (size_t)f->n, sizeof *order, by_rank_kind_name, f);
+    /* "../" while nothing is typed; with a filter, only what matches (Enter on nothing does nothing) */
+    if (!f->m.filter[0]) menu_add(&f->m, 1000000, "../");
     int64_t first = f->n > 0 ? order[0] : 1000000;
     for (int k = 0; k < f->n; k++) {
         int i = order[k];
+        char size[32];
+        human_size(f->size[i], size, sizeof size);
         if (f->is_dir[i])
             menu_add(&f->m, i, "%s/", f->names[i]);
         else
-            menu_add(&f->m, i, "%-56s %10.1f KiB", f->names[i], (double)f->size[i] / 1024.0);
+            menu_add(&f->m, i, "%-56s %10s", f->names[i], size);
     }
     free(order);
+    if (f->m.filter[0] && f->n == 0) menu_say(&f->m, 1, "nothing here matches '%s'", f->m.filter);
     snprintf(f->m.title, sizeof f->m.title, "Open a document: %.130s", f->dir);
     menu_select_tag(&f->m, first);
+}
+
+/* A filter holding a path: go to its directory, and filter by what follows the last '/'. */
+static void follow_typed_path(file_picker *f)
+{
+    char *slash = strrchr(f->m.filter, '/');
+    if (!slash && strcmp(f->m.filter, "~")) return;
+    char head[1024], exp[1100], where[2200], tail[128];
+    if (slash) {
+        snprintf(head, sizeof head, "%.*s", (int)(slash - f->m.filter + 1), f->m.filter);
+        snprintf(tail, sizeof tail, "%s", slash + 1);
+    } else {
+        snprintf(head, sizeof head, "~/");
+        tail[0] = 0;
+    }
+    path_expand(head, exp, sizeof exp);
+    if (exp[0] == '/')
+        snprintf(where, sizeof where, "%s", exp);
+    else
+        snprintf(where, sizeof where, "%s/%s", f->dir, exp);
+    char real[1024];
+    struct stat st;
+    if (!realpath(where, real) || stat(real, &st) != 0 || !S_ISDIR(st.st_mode)) return;   /* not there (yet) */
+    snprintf(f->dir, sizeof f->dir, "%s", real);
+    snprintf(f->m.filter, sizeof f->m.filter, "%s", tail);
 }
 
 void file_picker_open(file_picker *f, const char *dir)
 {
     file_picker_close(f);
-    menu_init(&f->m, "Open a document", "Enter open / enter directory   type to filter   Backspace up   Esc close", 1);
+    menu_init(&f->m, "Open a document",
+              "Enter open / enter directory   type to filter (or a path: / ~/)   Backspace up   Esc close", 1);
     f->m.filter_label = "filter";
     if (!realpath(dir && *dir ? dir : ".", f->dir)) snprintf(f->dir, sizeof f->dir, "%s", dir && *dir ? dir : ".");
     snprintf(f->m.detail, sizeof f->m.detail, "text or Markdown (UTF-8); kvchat says whether it fits before prefilling");
@@ -364,10 +464,14 @@ int file_picker_key(file_picker *f, ui_worker *w, int ch, int is_key)
 {
     int r = menu_key(&f->m, ch, is_key);
     if (r == MENU_CLOSE) return 1;
-    if (r == MENU_FILTER) files_fill(f);
+    if (r == MENU_FILTER) {
+        follow_typed_path(f);
+        files_fill(f);
+    }
     if (r == MENU_BACK) go_up(f);
     if (r != MENU_PICK) return 0;
     int64_t i = menu_tag(&f->m);
+    if (i < 0) return 0;
     if (i == 1000000) {
         go_up(f);
         return 0;

@@ -5,6 +5,7 @@
 #ifndef KVCHAT_UI_PICKERS_H
 #define KVCHAT_UI_PICKERS_H
 
+#include "common/options.h"
 #include "ui/menu.h"
 #include "ui/worker.h"
 
@@ -27,9 +28,13 @@ typedef struct settings_menu {
     int64_t n_predict;
     char budget[32];
     int editing_row;
+    int dirty[8];                /* rows changed in this interface: what s writes (never the policy) */
+    const opt_group *groups;     /* the option tables: a typed value is checked as on the command line */
+    int n_groups;
 } settings_menu;
 
-void settings_open(settings_menu *s, const uw_view *v);
+/* groups: the option tables whose settings keys name the rows (tui_config). */
+void settings_open(settings_menu *s, const uw_view *v, const opt_group *groups, int n_groups);
 /* 1 when it should close. policy: the current spec (a budget change re-applies it). */
 int settings_key(settings_menu *s, ui_worker *w, const char *policy, int ch, int is_key);
 
@@ -44,7 +49,14 @@ typedef struct file_picker {
 
 void file_picker_open(file_picker *f, const char *dir);
 void file_picker_close(file_picker *f);
-/* 1 when it should close (Esc, or a file was opened through w). */
+/* 1 when it should close (Esc, or a file was opened through w). Typing filters the directory, names
+ * that begin with the filter first; a typed path ("/", "~/", "dir/") goes to that directory. */
 int file_picker_key(file_picker *f, ui_worker *w, int ch, int is_key);
+
+/* A path argument as typed: quotes ('...' or "...") and backslash escapes removed, a leading ~ or ~/
+ * made $HOME. */
+void path_expand(const char *arg, char *out, size_t cap);
+/* A byte count as people read it: "812 B", "3.6 KiB", "1.2 MiB". */
+void human_size(long long bytes, char *buf, size_t cap);
 
 #endif

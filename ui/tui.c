@@ -1,364 +1,92 @@
 /* tui.c - the ncurses screen (see tui.h).
  *
- * Layout: a status bar on top (model, document, policy, context meter, speed, state); the
- * conversation on the left (wrapped, scrollable); a side panel on the right when the terminal is
- * wide enough (memory, the page map, uncertainty); the input line at the bottom. The screen is
- * redrawn 20 times a second from the worker's published view; keys are read with a 50 ms timeout,
- * so typing, scrolling and Ctrl-C work while tokens stream. */
+ * Layout: a status bar on top (state and live progress, conversation, policy, context, speed,
+ * model); the conversation on the left (ui/conv.c); a side panel on the right when the terminal is
+ * wide enough (memory, the page map, uncertainty); the input (ui/editor.c, as many rows as its text
+ * takes) at the bottom. The screen is redrawn 20 times a second from the worker's published view;
+ * keys are read with a 50 ms timeout, so typing, scrolling and Ctrl-C work while tokens stream. */
 #define _XOPEN_SOURCE_EXTENDED 1
 #include "ui/tui.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <locale.h>
 #include <ncurses.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #include <wchar.h>
 
 #include "ui/browser.h"
 #include "ui/config.h"
+#include "ui/conv.h"
+#include "ui/editor.h"
 #include "ui/keymap.h"
 #include "ui/pickers.h"
 #include "ui/worker.h"
 
 enum { C_USER = 1, C_ANSWER, C_INFO, C_ERROR, C_BAR, C_HEAD, C_EVENT, C_MAP1, C_MAP2, C_MAP3, C_DIM };
-enum { E_USER, E_ANSWER, E_INFO, E_ERROR, E_EVENT, E_COMPARE };
 enum { OV_NONE, OV_SESSIONS, OV_POLICY, OV_SETTINGS, OV_FILES };
-/* An uncertainty event inside an answer's text, where it happened: EV_ON ... EV_OFF, drawn in the
- * event colour (zero-width markers). */
-#define EV_ON '\x1e'
-#define EV_OFF '\x1f'
-
-
-typedef struct entry {
-    int kind;
-    char *text;
-    size_t len, cap;
-    /* E_COMPARE: one column per policy */
-    int n_cols;
-    char *head[8], *col[8];
-} entry;
+/* Bracketed paste (the terminal wraps pasted text in these when asked to): codes of our own. */
+enum { KEY_PASTE_BEGIN = KEY_MAX + 1, KEY_PASTE_END };
+#define MAX_QUEUE 8
+#define INPUT_ROWS 8         /* the input grows to this many rows, then scrolls */
 
 typedef struct tui {
     ui_worker *w;
-    entry *e;
-    int n, cap;
-    char input[2048];
-    size_t in_len, cursor;
-    char **hist;
-    int n_hist, hist_pos;
-    int scroll;              /* lines scrolled back from the bottom */
-    int help;
-    int quit;
-    int answering;           /* an answer entry is open for text */
-    char progress[512];
+    conv cv;
+    editor ed;
+    int help, help_top;
+    int quit, confirm_quit;
     int color;
     uw_span *seen;           /* the "what the model sees" view, when open */
     int n_seen, seen_open, seen_scroll;
     keymap km;
+    const tui_config *cfg;
     int overlay;             /* OV_*: a framed list over the conversation */
     browser br;
     policy_picker pp;
     settings_menu st;
     file_picker fp;
     char last_dir[1024];     /* where the file picker opens */
+    int pasting;             /* inside a bracketed paste: Enter is a newline */
+    char *queue[MAX_QUEUE];  /* questions typed while a job ran, asked when it ends */
+    int n_queue;
+    int job_failed;          /* the running job reported an error */
+    int mouse;               /* mouse capture (the wheel scrolls; off: the terminal selects text) */
+    int finding;             /* typing a search of the conversation */
+    char find[256];
+    int find_k, find_n, find_scroll;
 } tui;
 
-static void add_entry(tui *t, int kind, const char *text)
+static double now_s(void)
 {
-    if (t->n == t->cap) {
-        int nc = t->cap ? t->cap * 2 : 64;
-        entry *ne = realloc(t->e, sizeof *ne * (size_t)nc);
-        if (!ne) return;
-        t->e = ne;
-        t->cap = nc;
-    }
-    entry *x = &t->e[t->n++];
-    x->kind = kind;
-    x->n_cols = 0;
-    x->len = strlen(text);
-    x->cap = x->len + 1;
-    x->text = malloc(x->cap);
-    if (x->text) memcpy(x->text, text, x->cap);
-    else t->n--;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* The word (1-based) where b first differs from a, or 0 when they are the same. */
-static int first_difference(const char *a, const char *b)
+static void say(tui *t, int kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(tui *t, int kind, const char *fmt, ...)
 {
-    int word = 1;
-    for (;;) {
-        while (*a == ' ' || *a == '\n') a++;
-        while (*b == ' ' || *b == '\n') b++;
-        if (!*a && !*b) return 0;
-        size_t la = strcspn(a, " \n"), lb = strcspn(b, " \n");
-        if (la != lb || memcmp(a, b, la)) return word;
-        a += la;
-        b += lb;
-        word++;
-    }
+    char buf[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    conv_add(&t->cv, kind, buf);
+    t->cv.answering = 0;
 }
 
-static void add_compare(tui *t, uw_compared *c, int n)
+/* The share of a full cache's token rows the cache holds, at most 1. */
+static double kept_share(const uw_view *v)
 {
-    add_entry(t, E_COMPARE, "");
-    entry *x = &t->e[t->n - 1];
-    x->n_cols = n;
-    for (int i = 0; i < n; i++) {
-        char head[700];
-        int d = i ? first_difference(c[0].text, c[i].text) : 0;
-        char diff[64];
-        if (i == 0)
-            snprintf(diff, sizeof diff, "the conversation's policy");
-        else if (d == 0)
-            snprintf(diff, sizeof diff, "same answer as the first");
-        else
-            snprintf(diff, sizeof diff, "differs from the first at word %d", d);
-        snprintf(head, sizeof head, "[%.250s] %.150s; %.60s", c[i].policy, c[i].figures, diff);
-        x->head[i] = strdup(head);
-        x->col[i] = c[i].text;   /* taken over */
-        if (d > 0) {   /* highlight this answer from its first different word on */
-            const char *p = c[i].text;
-            for (int word = 1;; word++) {
-                while (*p == ' ' || *p == '\n') p++;
-                if (word == d || !*p) break;
-                p += strcspn(p, " \n");
-            }
-            size_t off = (size_t)(p - c[i].text), L = strlen(c[i].text);
-            char *m = malloc(L + 2);
-            if (m) {
-                memcpy(m, c[i].text, off);
-                m[off] = EV_ON;
-                memcpy(m + off + 1, c[i].text + off, L - off + 1);
-                free(c[i].text);
-                x->col[i] = m;
-            }
-        }
-    }
-}
-
-static void append_text(tui *t, const char *s)
-{
-    if (!t->answering || t->n == 0) {
-        add_entry(t, E_ANSWER, "");
-        t->answering = 1;
-    }
-    entry *x = &t->e[t->n - 1];
-    size_t k = strlen(s);
-    if (x->len + k + 1 > x->cap) {
-        size_t nc = (x->len + k + 1) * 2;
-        char *nt = realloc(x->text, nc);
-        if (!nt) return;
-        x->text = nt;
-        x->cap = nc;
-    }
-    memcpy(x->text + x->len, s, k + 1);
-    x->len += k;
-}
-
-/* Bytes of the UTF-8 sequence starting with c. */
-static int u8len(unsigned char c) { return c < 0x80 ? 1 : c >> 5 == 6 ? 2 : c >> 4 == 14 ? 3 : c >> 3 == 30 ? 4 : 1; }
-
-/* Wrap text into lines of at most width cells (one cell per code point); calls fn per line. */
-static int wrap(const char *s, int width, void (*fn)(void *ud, const char *p, int bytes), void *ud)
-{
-    int lines = 0;
-    while (*s) {
-        const char *p = s, *brk = NULL;
-        int cells = 0;
-        while (*p && *p != '\n' && cells < width) {
-            if (*p == ' ') brk = p;
-            if (*p != EV_ON && *p != EV_OFF) cells++;
-            p += u8len((unsigned char)*p);
-        }
-        const char *end = p;
-        if (*p && *p != '\n' && brk && brk > s) end = brk;   /* break at the last space */
-        if (fn) fn(ud, s, (int)(end - s));
-        lines++;
-        s = end;
-        if (*s == '\n' || (*s == ' ' && end == brk)) s++;
-    }
-    return lines;
-}
-
-typedef struct draw_ctx {
-    int y, x, top, bottom, skip;
-    int attr;
-    int event_attr, in_event;   /* inside an inline event (EV_ON .. EV_OFF) */
-} draw_ctx;
-
-/* bytes of p at (y, x) in attr, the runs between EV_ON and EV_OFF in marked; *in_mark carries the
- * state from line to line (and is updated when show is 0, for lines scrolled off). */
-static void draw_marked(int y, int x, const char *p, int bytes, int attr, int marked, int *in_mark, int show)
-{
-    for (int i = 0; i < bytes;) {
-        if (p[i] == EV_ON || p[i] == EV_OFF) {
-            *in_mark = p[i] == EV_ON;
-            i++;
-            continue;
-        }
-        int j = i, cells = 0;
-        while (j < bytes && p[j] != EV_ON && p[j] != EV_OFF) {
-            if (((unsigned char)p[j] & 0xC0) != 0x80) cells++;
-            j++;
-        }
-        if (show) {
-            int a = *in_mark ? marked : attr;
-            attron(a);
-            mvaddnstr(y, x, p + i, j - i);
-            attroff(a);
-        }
-        x += cells;
-        i = j;
-    }
-}
-
-static void draw_line(void *ud, const char *p, int bytes)
-{
-    draw_ctx *d = ud;
-    int show = d->skip <= 0 && d->y <= d->bottom && d->y >= d->top;
-    if (d->skip > 0) d->skip--;
-    else if (d->y <= d->bottom) d->y++;
-    draw_marked(d->y - 1, d->x, p, bytes, d->attr, d->event_attr, &d->in_event, show);
-}
-
-/* The rows a comparison takes: the tallest column (heading lines + wrapped answer). */
-static int compare_rows(const entry *x, int width)
-{
-    int cw = (width - 2 * (x->n_cols - 1)) / (x->n_cols > 0 ? x->n_cols : 1), rows = 0;
-    if (cw < 8) cw = 8;
-    for (int c = 0; c < x->n_cols; c++) {
-        int r = wrap(x->head[c], cw, NULL, NULL) + wrap(x->col[c], cw, NULL, NULL);
-        if (r > rows) rows = r;
-    }
-    return rows + 1;   /* and the title line */
-}
-
-typedef struct col_ctx {
-    char **lines;
-    int n, cap;
-} col_ctx;
-
-static void keep_line(void *ud, const char *p, int bytes)
-{
-    col_ctx *c = ud;
-    if (c->n == c->cap) {
-        int nc = c->cap ? c->cap * 2 : 16;
-        char **nl = realloc(c->lines, sizeof *nl * (size_t)nc);
-        if (!nl) return;
-        c->lines = nl;
-        c->cap = nc;
-    }
-    char *l = malloc((size_t)bytes + 1);
-    if (!l) return;
-    memcpy(l, p, (size_t)bytes);
-    l[bytes] = 0;
-    c->lines[c->n++] = l;
-}
-
-static const char *prefix(int kind)
-{
-    switch (kind) {
-    case E_USER: return "you> ";
-    case E_ANSWER: return "";
-    case E_INFO: return "-- ";
-    case E_ERROR: return "!! ";
-    default: return "~~ ";
-    }
-}
-
-static int kind_attr(const tui *t, int kind)
-{
-    if (!t->color) return kind == E_USER ? A_BOLD : kind == E_ERROR ? A_STANDOUT : 0;
-    switch (kind) {
-    case E_USER: return COLOR_PAIR(C_USER) | A_BOLD;
-    case E_ANSWER: return COLOR_PAIR(C_ANSWER);
-    case E_INFO: return COLOR_PAIR(C_INFO);
-    case E_ERROR: return COLOR_PAIR(C_ERROR) | A_BOLD;
-    default: return COLOR_PAIR(C_EVENT);
-    }
-}
-
-static void draw_compare(tui *t, draw_ctx *d, const entry *x, int width);
-
-/* Columns side by side: heading (policy and figures), then the answer; a column whose answer
- * differs from the first one's says from which word on. */
-static void draw_compare(tui *t, draw_ctx *d, const entry *x, int width)
-{
-    int n = x->n_cols, cw = (width - 2 * (n - 1)) / (n > 0 ? n : 1);
-    if (cw < 8) cw = 8;
-    col_ctx cols[8];
-    int rows = 0, heads[8];
-    memset(cols, 0, sizeof cols);
-    for (int c = 0; c < n; c++) {
-        wrap(x->head[c], cw, keep_line, &cols[c]);
-        heads[c] = cols[c].n;
-        wrap(x->col[c], cw, keep_line, &cols[c]);
-        if (cols[c].n > rows) rows = cols[c].n;
-    }
-    int save = d->attr;
-    d->attr = t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD;
-    draw_line(d, "== compare: the same question under each policy, from the same cache", 68);
-    int marked[8] = { 0 }, mark_attr = t->color ? COLOR_PAIR(C_EVENT) | A_BOLD : A_UNDERLINE;
-    for (int r = 0; r < rows; r++) {
-        int show = d->skip <= 0 && d->y <= d->bottom && d->y >= d->top;
-        for (int c = 0; c < n; c++) {
-            if (r >= cols[c].n) continue;
-            int a = r < heads[c] ? (t->color ? COLOR_PAIR(C_HEAD) : (int)A_BOLD) : 0;
-            draw_marked(d->y, d->x + c * (cw + 2), cols[c].lines[r], (int)strlen(cols[c].lines[r]), a, mark_attr,
-                        &marked[c], show);
-        }
-        if (d->skip > 0) d->skip--;
-        else if (d->y <= d->bottom) d->y++;
-    }
-    d->attr = save;
-    for (int c = 0; c < n; c++) {
-        for (int k = 0; k < cols[c].n; k++) free(cols[c].lines[k]);
-        free(cols[c].lines);
-    }
-}
-
-static void draw_conversation(tui *t, int top, int bottom, int width)
-{
-    int h = bottom - top + 1;
-    /* count lines from the end until the screen (plus the scroll-back) is full */
-    int total = 0, first = t->n;
-    char buf[64];
-    for (int i = t->n - 1; i >= 0 && total < h + t->scroll; i--) {
-        if (t->e[i].kind == E_COMPARE) {
-            total += compare_rows(&t->e[i], width) + 1;
-            first = i;
-            continue;
-        }
-        size_t L = strlen(prefix(t->e[i].kind)) + t->e[i].len + 1;
-        char *s = malloc(L);
-        if (!s) break;
-        snprintf(s, L, "%s%s", prefix(t->e[i].kind), t->e[i].text);
-        total += wrap(s, width, NULL, NULL) + 1;
-        free(s);
-        first = i;
-    }
-    (void)buf;
-    int max_scroll = total > h ? total - h : 0;
-    if (t->scroll > max_scroll) t->scroll = max_scroll;
-    draw_ctx d = { top, 0, top, bottom, total > h ? total - h - t->scroll : 0, 0, 0, 0 };
-    for (int i = first; i < t->n; i++) {
-        if (t->e[i].kind == E_COMPARE) {
-            draw_compare(t, &d, &t->e[i], width);
-            draw_line(&d, "", 0);
-            continue;
-        }
-        size_t L = strlen(prefix(t->e[i].kind)) + t->e[i].len + 1;
-        char *s = malloc(L);
-        if (!s) break;
-        snprintf(s, L, "%s%s", prefix(t->e[i].kind), t->e[i].text);
-        d.attr = kind_attr(t, t->e[i].kind);
-        d.event_attr = kind_attr(t, E_EVENT) | A_BOLD;
-        d.in_event = 0;
-        wrap(s, width, draw_line, &d);
-        free(s);
-        draw_line(&d, "", 0);   /* a blank line between turns */
-    }
+    if (v->tokens_full <= 0) return 1.0;
+    double r = (double)v->tokens_kept / (double)v->tokens_full;
+    return r > 1.0 ? 1.0 : r;
 }
 
 static void bar(int y, int x, int width, double frac, int attr)
@@ -383,15 +111,15 @@ static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int
     mvprintw(y++, x, "weights  %7.1f MiB", v->weights_mib);
     mvprintw(y++, x, "KV held  %7.2f MiB", (double)v->kv_held / mib);
     mvprintw(y++, x, "KV full  %7.2f MiB", (double)v->kv_full / mib);
-    if (y <= bottom) bar(y++, x, width - 1, v->kv_full ? (double)v->kv_held / (double)v->kv_full : 0,
-                         t->color ? COLOR_PAIR(C_MAP2) : 0);
+    /* the share of a full cache's token rows the cache holds (bytes include the last page's room) */
+    if (y <= bottom) bar(y++, x, width - 1, kept_share(v), t->color ? COLOR_PAIR(C_MAP2) : 0);
     mvprintw(y++, x, "KV peak  %7.2f MiB", (double)v->kv_peak / mib);
     mvprintw(y++, x, "RSS peak %7.1f MiB", v->rss_mib);
     if (v->gpu_total) mvprintw(y++, x, "GPU %7.0f/%.0f MiB", (double)v->gpu_held / mib, (double)v->gpu_total / mib);
     y++;
     if (y > bottom) return;
     attron(head);
-    mvprintw(y++, x, "Pages: %lld of %d tokens", (long long)v->n_map, v->page_size);
+    mvprintw(y++, x, "Pages: %lld (%d tokens each)", (long long)v->n_map, v->page_size);
     attroff(head);
     /* each cell: one page or a run of pages; evicted (x), read at every step of the answer (the
      * sinks and window a policy always keeps, or everything under the full cache), selected on
@@ -455,79 +183,276 @@ static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int
     if (y <= bottom) mvprintw(y++, x, "events %d, regenerated %d", v->events, v->regenerated);
 }
 
-/* The sequence as the first global layer holds it: evicted text dim, held text plain, the tokens the
- * last step attended highlighted. Wrapped per character; seen_scroll lines are skipped. */
-static void draw_seen(tui *t, int top, int bottom, int width)
+/* ---- what the model sees */
+
+typedef struct seen_ctx {
+    const char *base;
+    const unsigned char *state;   /* per byte of base */
+    int y, top, bottom, skip, hl;
+} seen_ctx;
+
+static void seen_line(void *ud, const char *p, int bytes)
 {
-    int hl = t->color ? COLOR_PAIR(C_MAP3) | A_BOLD : A_REVERSE;
-    int head = t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD;
-    attron(head);
-    mvaddnstr(top, 0, "What the model sees (first global layer): dim = evicted or merged, plain = held, "
-                      "highlighted = attended at the last step. F2 closes, PgUp/PgDn scroll.", width);
-    attroff(head);
-    int y = top + 1 - t->seen_scroll, x = 0;
-    for (int i = 0; i < t->n_seen; i++) {
-        int a = t->seen[i].state == 0 ? (int)A_DIM : t->seen[i].state == 2 ? hl : 0;
-        const char *p = t->seen[i].text;
-        while (*p) {
-            int k = u8len((unsigned char)*p);
-            if (*p == '\n' || x >= width) {
-                y++;
-                x = 0;
-                if (*p == '\n') {
-                    p++;
-                    continue;
-                }
-            }
-            if (y > bottom) return;
-            if (y > top) {
-                attron(a);
-                mvaddnstr(y, x, p, k);
-                attroff(a);
-            }
-            x++;
-            p += k;
-        }
+    seen_ctx *c = ud;
+    if (c->skip > 0) {
+        c->skip--;
+        return;
     }
+    if (c->y > c->bottom) return;
+    int x = 0;
+    for (int i = 0; i < bytes;) {
+        int st = c->state[p + i - c->base], j = i, cells = 0;
+        while (j < bytes && c->state[p + j - c->base] == st) {
+            int b;
+            cells += ed_cells(p + j, &b);
+            j += b;
+        }
+        if (j > bytes) j = bytes;
+        int a = st == 0 ? (int)A_DIM : st == 2 ? c->hl : 0;
+        attron(a);
+        mvaddnstr(c->y, x, p + i, j - i);
+        attroff(a);
+        x += cells;
+        i = j;
+    }
+    c->y++;
 }
 
-/* Every key (as bound now) and command. */
+typedef struct row_ctx {
+    int y, x;
+} row_ctx;
+
+static void plain_line(void *ud, const char *p, int bytes)
+{
+    row_ctx *r = ud;
+    mvaddnstr(r->y++, r->x, p, bytes);
+}
+
+/* The sequence as the first global layer holds it: evicted text dim, held text plain, the tokens the
+ * last step attended highlighted; wrapped at word boundaries, seen_scroll rows skipped. Kept fresh
+ * by the worker while it is open (uw_seen_live). */
+static void draw_seen(tui *t, int top, int bottom, int width)
+{
+    const char *title = "What the model sees (first global layer): dim = evicted or merged, plain = held, "
+                        "highlighted = attended at the last step. F2 or Esc closes, PgUp/PgDn scroll.";
+    int head = t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD;
+    row_ctx r = { top, 0 };
+    attron(head);
+    conv_wrap(title, width, plain_line, &r);
+    attroff(head);
+    size_t total = 0;
+    for (int i = 0; i < t->n_seen; i++) total += strlen(t->seen[i].text);
+    char *all = malloc(total + 1);
+    unsigned char *state = malloc(total + 1);
+    if (all && state) {
+        size_t o = 0;
+        for (int i = 0; i < t->n_seen; i++) {
+            size_t l = strlen(t->seen[i].text);
+            memcpy(all + o, t->seen[i].text, l);
+            memset(state + o, t->seen[i].state, l);
+            o += l;
+        }
+        all[o] = 0;
+        int rows = conv_wrap(all, width, NULL, NULL), h = bottom - r.y + 1;
+        if (t->seen_scroll > rows - h) t->seen_scroll = rows - h > 0 ? rows - h : 0;
+        seen_ctx c = { all, state, r.y, r.y, bottom, t->seen_scroll,
+                       t->color ? COLOR_PAIR(C_MAP3) | A_BOLD : A_REVERSE };
+        conv_wrap(all, width, seen_line, &c);
+    }
+    free(all);
+    free(state);
+}
+
+/* ---- help */
+
+typedef struct box_ctx {
+    char (*lines)[160];
+    int n, max;
+} box_ctx;
+
+static void box_line(void *ud, const char *p, int bytes)
+{
+    box_ctx *b = ud;
+    if (b->n < b->max) snprintf(b->lines[b->n++], 160, "%.*s", bytes, p);
+}
+
+/* Every key (as bound now) and command, wrapped to the screen's width; arrows scroll it. */
 static void draw_help(tui *t, int H, int W, int attr)
 {
-    char lines[40][96];
-    int n = 0;
-    snprintf(lines[n++], 96, "kvchat keys and commands");
-    lines[n++][0] = 0;
+    static char lines[200][160];
+    char text[400];
+    box_ctx b = { lines, 0, 200 };
+    int w = W - 2 < 78 ? W - 2 : 78, iw = w - 4;
+    if (iw < 10) return;
+    conv_wrap("kvchat keys and commands", iw, box_line, &b);
+    box_line(&b, "", 0);
     for (int a = 0; a < KA_COUNT; a++) {
         char k[16];
         keymap_key_name(t->km.key[a], k, sizeof k);
-        snprintf(lines[n++], 96, "%-6s %s", k, keymap_action_help(a));
+        snprintf(text, sizeof text, "%-6s %s", k, keymap_action_help(a));
+        conv_wrap(text, iw, box_line, &b);
     }
-    static const char *fixed[] = { "Ctrl-C stop the answer or the prefill (quit when idle)",
-                                   "Up/Down input history; mouse wheel scrolls",
-                                   "",
-                                   "Enter            ask the question typed below",
-                                   "/open [PATH]     open a document (no PATH: the file picker)",
-                                   "/policy [SPEC]   switch policy (no SPEC: the picker)",
-                                   "/sessions        the session browser; /resume ID continues one",
-                                   "/settings        sampling, answer length and budget",
-                                   "/regen           another answer to the last question (a branch)",
-                                   "/edit N TEXT     ask TEXT instead of question N (a branch)",
-                                   "/compare P1,P2 Q answer Q under these policies side by side",
-                                   "/help  /quit",
-                                   "",
-                                   "keys are remapped in the settings file: key.ACTION = KEY",
-                                   "press any key" };
-    for (size_t i = 0; i < sizeof fixed / sizeof *fixed && n < 40; i++) snprintf(lines[n++], 96, "%s", fixed[i]);
-    int w = 66, y0 = (H - n) / 2 - 1, x0 = (W - w) / 2;
+    static const char *fixed[] = {
+        "Ctrl-C stop the answer or the prefill; idle: clear the input, then quit (asks)",
+        "Ctrl-Q quit at once",
+        "Esc    close a view or a list",
+        "Enter sends; Alt-Enter or Ctrl-J a new line; a paste is inserted as it is",
+        "Ctrl-A/E line start/end, Ctrl-K/U kill to end/start, Ctrl-W word back, Ctrl-Y yank, Alt-B/F word back/forward, "
+        "Up/Down lines and history, Ctrl-R search the history",
+        "A question typed while a document loads waits and is asked when it is in",
+        "",
+        "/open [PATH]      open a document (no PATH: the file picker; ~ and quotes work)",
+        "/policy [SPEC]    switch policy (no SPEC: the picker); one half keeps the other",
+        "/sessions         the session browser; /resume ID continues one",
+        "/settings         sampling, answer length and budget",
+        "/regen            another answer to the last question (a branch)",
+        "/edit N TEXT      ask TEXT instead of question N (a branch)",
+        "/compare P1,P2 Q  answer Q under these policies side by side",
+        "/find TEXT        search the conversation (^F again: older)",
+        "/copy [N] [FILE]  answer N (default the last) to the clipboard (OSC 52) and FILE",
+        "/mouse            mouse capture on/off",
+        "/help  /quit",
+        "",
+        "keys are remapped in the settings file: key.ACTION = KEY",
+        "any key closes this",
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
+        if (!fixed[i][0]) box_line(&b, "", 0);
+        else conv_wrap(fixed[i], iw, box_line, &b);
+    }
+    int room = H - 2, n = b.n;
+    if (n > room - 2) n = room - 2;
+    if (t->help_top > b.n - n) t->help_top = b.n - n;
+    if (t->help_top < 0) t->help_top = 0;
+    int y0 = (H - n) / 2 - 1, x0 = (W - w) / 2;
     if (x0 < 0) x0 = 0;
     if (y0 < 1) y0 = 1;
     for (int i = -1; i <= n; i++) {
         attron(attr);
         mvhline(y0 + i, x0, ' ', w);
-        if (i >= 0 && i < n) mvaddnstr(y0 + i, x0 + 2, lines[i], w - 4);
+        if (i >= 0 && i < n) mvaddnstr(y0 + i, x0 + 2, lines[t->help_top + i], iw);
         attroff(attr);
     }
+}
+
+/* ---- the status bar */
+
+/* What is happening now: ready, a prefill's progress, the answer's tokens, speed and time, a
+ * comparison's column. */
+static void state_text(const uw_view *v, char *buf, size_t cap)
+{
+    double el = v->phase_start > 0 ? now_s() - v->phase_start : 0;
+    if (!v->busy) {
+        snprintf(buf, cap, "ready");
+    } else if (v->phase == VIEW_PREFILL) {
+        double rate = el > 0 ? (double)v->done / el : 0;
+        snprintf(buf, cap, "prefill %lld/%lld tokens (%.0f%%), %.0f tok/s, %.0f s left (Ctrl-C cancels)",
+                 (long long)v->done, (long long)v->total, 100.0 * (double)v->done / (double)(v->total ? v->total : 1),
+                 rate, rate > 0 ? (double)(v->total - v->done) / rate : 0.0);
+    } else if (v->phase == VIEW_ANSWER) {
+        snprintf(buf, cap, "answering: %lld tokens, %.1f tok/s, %.1f s (Ctrl-C stops)", (long long)v->answer_tokens,
+                 el > 0 ? (double)v->answer_tokens / el : 0.0, el);
+    } else if (v->phase == VIEW_COMPARE) {
+        snprintf(buf, cap, "compare %d/%d %.60s: %lld tokens, %.1f s (Ctrl-C stops)", v->column + 1, v->n_columns,
+                 v->column_policy, (long long)v->answer_tokens, el);
+    } else {
+        snprintf(buf, cap, "working");
+    }
+}
+
+static void draw_status(const uw_view *v, int W, int attr)
+{
+    char state[300], conv_name[400], policy[320], speed[48];
+    state_text(v, state, sizeof state);
+    /* the conversation: its session id and title (the document's name when the title is another) */
+    if (!v->doc[0])
+        snprintf(conv_name, sizeof conv_name, "no document");
+    else if (v->session_id && v->title[0] && strcmp(v->title, v->doc))
+        snprintf(conv_name, sizeof conv_name, "#%lld %.120s: %.200s", (long long)v->session_id, v->title, v->doc);
+    else if (v->session_id)
+        snprintf(conv_name, sizeof conv_name, "#%lld %.250s", (long long)v->session_id, v->doc);
+    else
+        snprintf(conv_name, sizeof conv_name, "%.250s", v->doc);
+    snprintf(policy, sizeof policy, "%.250s%s", v->policy,
+             !v->policy_pending ? "" : v->have_doc ? " (next answer)" : " (next document)");
+    double live = v->busy && v->phase == VIEW_ANSWER && v->phase_start > 0 ? now_s() - v->phase_start : 0;
+    if (live > 0)
+        snprintf(speed, sizeof speed, "%.1f tok/s", (double)v->answer_tokens / live);
+    else
+        snprintf(speed, sizeof speed, "%.1f tok/s", v->tok_s);
+    char status[2048];
+    /* the context meter: positions used of the limit; the KV cache: what it holds of a full one */
+    snprintf(status, sizeof status,
+             " kvchat | %s | %s | %s | ctx %lld/%lld | KV %.0f%% of full, %.1f/%.1f MiB | %s | %s%s", state,
+             conv_name, policy, (long long)v->ctx_used, (long long)v->ctx_limit, 100.0 * kept_share(v),
+             (double)v->kv_held / (1 << 20), (double)v->kv_full / (1 << 20), speed, v->model,
+             v->base_model ? " (base model)" : "");
+    attron(attr);
+    mvhline(0, 0, ' ', W);
+    mvaddnstr(0, 0, status, W);
+    attroff(attr);
+}
+
+/* ---- the input */
+
+/* Rows below the conversation: the pending questions' line, the rule, the input's rows. */
+static int input_rows(tui *t, int W)
+{
+    if (t->finding || t->confirm_quit) return 1;
+    int r, c;
+    int rows = ed_layout(t->ed.buf, t->ed.len, t->ed.cur, W - 2, NULL, 0, &r, &c);
+    if (t->ed.searching) rows = 1;
+    return rows > INPUT_ROWS ? INPUT_ROWS : rows;
+}
+
+static void draw_input(tui *t, int H, int W, int rows, int *cy, int *cx)
+{
+    int y0 = H - rows;
+    if (t->confirm_quit) {
+        attron(A_BOLD);
+        mvaddnstr(y0, 0, "Quit kvchat? y quits, any other key stays (F10 and Ctrl-Q quit at once)", W);
+        attroff(A_BOLD);
+        *cy = y0;
+        *cx = W - 1 < 72 ? W - 1 : 72;
+        return;
+    }
+    if (t->finding) {
+        char line[400];
+        if (!t->find[0])
+            snprintf(line, sizeof line, "find: ");
+        else if (t->find_n == 0)
+            snprintf(line, sizeof line, "find (no match): %s", t->find);
+        else
+            snprintf(line, sizeof line, "find (%d of %d; ^F/Up older, Down newer, Enter stays, Esc back): %s",
+                     t->find_n - t->find_k, t->find_n, t->find);
+        mvaddnstr(y0, 0, line, W);
+        *cy = y0;
+        *cx = (int)strlen(line) < W - 1 ? (int)strlen(line) : W - 1;
+        return;
+    }
+    if (t->ed.searching) {
+        char line[600];
+        snprintf(line, sizeof line, "(history search)'%.100s': %.400s", t->ed.pat, t->ed.match >= 0 ? t->ed.buf : "");
+        for (char *p = line; *p; p++)
+            if (*p == '\n') *p = ' ';
+        mvaddnstr(y0, 0, line, W);
+        *cy = y0;
+        *cx = 17 + (int)strlen(t->ed.pat) < W - 1 ? 17 + (int)strlen(t->ed.pat) : W - 1;
+        return;
+    }
+    size_t starts[256];
+    int cr, cc;
+    int n = ed_layout(t->ed.buf, t->ed.len, t->ed.cur, W - 2, starts, 256, &cr, &cc);
+    /* the rows shown keep the cursor's row in view */
+    int first = cr >= rows ? cr - rows + 1 : 0;
+    for (int r = 0; r < rows && first + r < n && first + r < 256; r++) {
+        size_t a = starts[first + r], b = first + r + 1 < n && first + r + 1 < 256 ? starts[first + r + 1] : t->ed.len;
+        while (b > a && (t->ed.buf[b - 1] == '\n')) b--;
+        mvaddstr(y0 + r, 0, first + r == 0 ? "> " : "  ");
+        mvaddnstr(y0 + r, 2, t->ed.buf + a, (int)(b - a));
+    }
+    *cy = y0 + cr - first;
+    *cx = 2 + cc;
 }
 
 static void draw(tui *t)
@@ -538,44 +463,51 @@ static void draw(tui *t)
     int H = LINES, W = COLS;
     int panel = W >= 100 ? 34 : 0;
     int conv_w = W - (panel ? panel + 1 : 0);
-    /* status bar */
     int bar_attr = t->color ? COLOR_PAIR(C_BAR) : A_REVERSE;
-    attron(bar_attr);
-    mvhline(0, 0, ' ', W);
-    char status[2048];
-    /* the context meter: positions used of the limit, then token rows kept and the bytes they hold
-     * against a full cache */
-    snprintf(status, sizeof status, " kvchat | %s | %s | %s | ctx %lld/%lld | kept %.0f%% %.1f/%.1f MiB | %.1f tok/s | %s",
-             v.busy ? (t->progress[0] ? t->progress : "working") : "ready", v.doc[0] ? v.doc : "no document",
-             v.policy, (long long)v.ctx_used, (long long)v.ctx_limit,
-             v.tokens_full ? 100.0 * (double)v.tokens_kept / (double)v.tokens_full : 100.0,
-             (double)v.kv_held / (1 << 20), (double)v.kv_full / (1 << 20), v.tok_s, v.model);
-    mvaddnstr(0, 0, status, W);
-    attroff(bar_attr);
-    /* conversation, or what the model sees */
+    draw_status(&v, W, bar_attr);
+    int rows = input_rows(t, W), pending = t->n_queue > 0;
+    int bottom = H - rows - 2 - pending;   /* the conversation's last row */
     if (t->seen_open)
-        draw_seen(t, 1, H - 3, conv_w - 1);
-    else
-        draw_conversation(t, 1, H - 3, conv_w - 1);
+        draw_seen(t, 1, bottom, conv_w - 1);
+    else {
+        conv_attrs ca;
+        for (int k = 0; k <= E_SEP; k++) {
+            static const int pair[] = { C_USER, C_ANSWER, C_INFO, C_ERROR, C_EVENT, C_HEAD, C_HEAD };
+            ca.kind[k] = t->color ? COLOR_PAIR(pair[k]) : 0;
+        }
+        if (t->color) {
+            ca.kind[E_USER] |= A_BOLD;
+            ca.kind[E_ERROR] |= A_BOLD;
+        } else {
+            ca.kind[E_USER] = A_BOLD;
+            ca.kind[E_ERROR] = A_STANDOUT;
+        }
+        ca.event = t->color ? COLOR_PAIR(C_EVENT) | A_BOLD : A_UNDERLINE;
+        ca.heading = t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD;
+        ca.more = bar_attr;
+        ca.match = A_REVERSE;
+        conv_draw(&t->cv, 1, bottom, conv_w - 1, &ca);
+    }
     if (panel) {
         int a = t->color ? COLOR_PAIR(C_DIM) : 0;
         attron(a);
-        mvvline(1, conv_w, ACS_VLINE, H - 3);
+        mvvline(1, conv_w, ACS_VLINE, bottom);
         attroff(a);
-        draw_panel(t, &v, 1, H - 3, conv_w + 2, panel - 1);
+        draw_panel(t, &v, 1, bottom, conv_w + 2, panel - 1);
     }
-    /* input */
-    mvhline(H - 2, 0, ACS_HLINE, W);
-    mvprintw(H - 1, 0, "> ");
-    int room = W - 3;
-    size_t start = 0;
-    int cells = 0;
-    for (size_t i = 0; i < t->cursor; i += (size_t)u8len((unsigned char)t->input[i])) cells++;
-    while (cells >= room && start < t->cursor) {
-        start += (size_t)u8len((unsigned char)t->input[start]);
-        cells--;
+    if (pending) {
+        char line[600];
+        snprintf(line, sizeof line, "pending (asked when the current job ends; Ctrl-C cancels it): %s%s", t->queue[0],
+                 t->n_queue > 1 ? " ..." : "");
+        for (char *p = line; *p; p++)
+            if (*p == '\n') *p = ' ';
+        attron(A_BOLD);
+        mvaddnstr(bottom + 1, 0, line, W);
+        attroff(A_BOLD);
     }
-    mvaddnstr(H - 1, 2, t->input + start, (int)(t->in_len - start));
+    mvhline(H - rows - 1, 0, ACS_HLINE, W);
+    int cy, cx;
+    draw_input(t, H, W, rows, &cy, &cx);
     if (t->help) draw_help(t, H, W, bar_attr);
     menu_attrs ma = { t->color ? COLOR_PAIR(C_DIM) : 0, t->color ? COLOR_PAIR(C_HEAD) | A_BOLD : A_BOLD,
                       t->color ? COLOR_PAIR(C_ERROR) | A_BOLD : A_STANDOUT };
@@ -583,24 +515,11 @@ static void draw(tui *t)
     if (t->overlay == OV_POLICY) menu_draw(&t->pp.m, &ma);
     if (t->overlay == OV_SETTINGS) menu_draw(&t->st.m, &ma);
     if (t->overlay == OV_FILES) menu_draw(&t->fp.m, &ma);
-    move(H - 1, 2 + cells);
+    move(cy, cx);
     refresh();
 }
 
-static void push_history(tui *t, const char *s)
-{
-    char **nh = realloc(t->hist, sizeof *nh * (size_t)(t->n_hist + 1));
-    if (!nh) return;
-    t->hist = nh;
-    t->hist[t->n_hist++] = strdup(s);
-    t->hist_pos = t->n_hist;
-}
-
-static void set_input(tui *t, const char *s)
-{
-    snprintf(t->input, sizeof t->input, "%s", s ? s : "");
-    t->in_len = t->cursor = strlen(t->input);
-}
+/* ---- overlays, views and actions */
 
 static void open_overlay(tui *t, int which)
 {
@@ -612,7 +531,7 @@ static void open_overlay(tui *t, int which)
     } else if (which == OV_POLICY) {
         policy_picker_open(&t->pp, v.policy);
     } else if (which == OV_SETTINGS) {
-        settings_open(&t->st, &v);
+        settings_open(&t->st, &v, t->cfg->groups, t->cfg->n_groups);
     } else if (which == OV_FILES) {
         file_picker_open(&t->fp, t->last_dir[0] ? t->last_dir : ".");
     }
@@ -630,7 +549,7 @@ static void close_overlay(tui *t)
         file_picker_close(&t->fp);
     }
     t->overlay = OV_NONE;
-    t->answering = 0;   /* whatever it started writes a new entry */
+    t->cv.answering = 0;   /* whatever it started writes a new entry */
 }
 
 static void overlay_key(tui *t, int ch, int is_key)
@@ -647,159 +566,513 @@ static void overlay_key(tui *t, int ch, int is_key)
     if (done) close_overlay(t);
 }
 
+static void close_seen(tui *t)
+{
+    t->seen_open = 0;
+    uw_seen_live(t->w, 0);
+}
+
 static void toggle_seen(tui *t)
 {
     if (t->seen_open)
-        t->seen_open = 0;
+        close_seen(t);
     else if (uw_request_seen(t->w))
-        add_entry(t, E_ERROR, "busy: the view opens when the current job ends");
+        say(t, E_ERROR, "busy: the view opens when the current job ends");
+}
+
+static void set_mouse(tui *t, int on)
+{
+    t->mouse = on;
+    mousemask(on ? BUTTON4_PRESSED
+#ifdef BUTTON5_PRESSED
+                       | BUTTON5_PRESSED
+#endif
+                 : 0,
+              NULL);
+}
+
+static void start_find(tui *t)
+{
+    if (t->finding) {   /* again: an older match */
+        if (t->find_n && t->find_k + 1 < t->find_n) conv_find(&t->cv, t->find, ++t->find_k);
+        return;
+    }
+    t->finding = 1;
+    t->find[0] = 0;
+    t->find_k = t->find_n = 0;
+    t->find_scroll = t->cv.scroll;
 }
 
 static void action(tui *t, int a)
 {
+    int page = LINES / 2;
     switch (a) {
-    case KA_HELP: t->help = 1; break;
+    case KA_HELP: t->help = 1; t->help_top = 0; break;
     case KA_SEEN: toggle_seen(t); break;
     case KA_SESSIONS: open_overlay(t, OV_SESSIONS); break;
     case KA_POLICY: open_overlay(t, OV_POLICY); break;
     case KA_SETTINGS: open_overlay(t, OV_SETTINGS); break;
     case KA_OPEN: open_overlay(t, OV_FILES); break;
     case KA_REGEN:
-        if (uw_regenerate(t->w)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
-        else t->answering = 0;
+        if (uw_regenerate(t->w)) say(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
+        else t->cv.answering = 0;
         break;
     case KA_SCROLL_UP:
-        if (t->seen_open) t->seen_scroll = t->seen_scroll > LINES / 2 ? t->seen_scroll - LINES / 2 : 0;
-        else t->scroll += LINES / 2;
+        if (t->seen_open) t->seen_scroll = t->seen_scroll > page ? t->seen_scroll - page : 0;
+        else conv_scroll(&t->cv, page);
         break;
     case KA_SCROLL_DOWN:
-        if (t->seen_open) t->seen_scroll += LINES / 2;
-        else t->scroll = t->scroll > LINES / 2 ? t->scroll - LINES / 2 : 0;
+        if (t->seen_open) t->seen_scroll += page;
+        else conv_scroll(&t->cv, -page);
+        break;
+    case KA_TOP:
+        if (t->seen_open) t->seen_scroll = 0;
+        else conv_scroll_to(&t->cv, 0);
+        break;
+    case KA_BOTTOM:
+        if (t->seen_open) t->seen_scroll = 1 << 30;
+        else conv_scroll_to(&t->cv, 1);
+        break;
+    case KA_FIND: start_find(t); break;
+    case KA_MOUSE:
+        set_mouse(t, !t->mouse);
+        say(t, E_INFO, t->mouse ? "mouse capture on: the wheel scrolls (%s turns it off)"
+                                : "mouse capture off: the terminal selects and copies text (%s turns it back on)",
+            "the mouse key or /mouse");
         break;
     case KA_QUIT: t->quit = 1; break;
     }
 }
 
+/* ---- copying */
+
+static void base64(const unsigned char *in, size_t n, char *out)
+{
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)in[i] << 16 | (i + 1 < n ? (unsigned)in[i + 1] << 8 : 0) | (i + 2 < n ? in[i + 2] : 0);
+        out[o++] = tab[v >> 18 & 63];
+        out[o++] = tab[v >> 12 & 63];
+        out[o++] = i + 1 < n ? tab[v >> 6 & 63] : '=';
+        out[o++] = i + 2 < n ? tab[v & 63] : '=';
+    }
+    out[o] = 0;
+}
+
+/* An answer's text without the event markers (malloc'd). */
+static char *plain_text(const char *s)
+{
+    char *o = malloc(strlen(s) + 1), *d = o;
+    if (!o) return NULL;
+    for (int in = 0; *s; s++) {
+        if (*s == MARK_ON) in = 1;
+        else if (*s == MARK_OFF) in = 0;
+        else if (!in) *d++ = *s;
+    }
+    *d = 0;
+    return o;
+}
+
+/* "/copy [N] [FILE]": answer N (the last when no N) to the terminal's clipboard (OSC 52: the
+ * terminal decides whether to allow it) and, with FILE, into that new file. */
+static void copy_answer(tui *t, const char *arg)
+{
+    char *end;
+    long n = strtol(arg, &end, 10);
+    if (end == arg || (*end && *end != ' ')) {
+        n = 0;
+        end = (char *)arg;
+    }
+    char file[1024];
+    path_expand(end, file, sizeof file);
+    const char *src = conv_answer(&t->cv, (int)n);
+    if (!src) {
+        if (n)
+            say(t, E_ERROR, "there is no answer %ld here (/copy N counts the answers shown, 1 the first)", n);
+        else
+            say(t, E_ERROR, "no answer to copy yet");
+        return;
+    }
+    char *text = plain_text(src);
+    if (!text) return;
+    size_t len = strlen(text);
+    char *b64 = malloc(len / 3 * 4 + 8);
+    if (b64) {
+        base64((const unsigned char *)text, len, b64);
+        fputs("\033]52;c;", stdout);
+        fputs(b64, stdout);
+        fputs("\a", stdout);
+        fflush(stdout);
+        free(b64);
+    }
+    if (file[0]) {
+        /* a new file only: nothing is overwritten, and no link is followed */
+        int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        int bad = fd < 0;
+        if (!bad) {
+            bad = write(fd, text, len) != (ssize_t)len || write(fd, "\n", 1) != 1;
+            if (close(fd)) bad = 1;
+        }
+        if (bad)
+            say(t, E_ERROR, "cannot write %s: %s", file, errno == EEXIST ? "it exists (give a new name)" : strerror(errno));
+        else
+            say(t, E_INFO, "answer copied to the clipboard (OSC 52) and written to %s (%zu bytes)", file, len);
+    } else {
+        say(t, E_INFO, "answer copied to the clipboard through the terminal (OSC 52; %zu bytes); /copy N FILE also "
+                       "writes a file", len);
+    }
+    free(text);
+}
+
+/* ---- commands */
+
+static const struct {
+    const char *name, *usage;
+} usages[] = {
+    { "/compare", "usage: /compare P1[,P2...] QUESTION (decode-time policies, e.g. /compare chess,quest What is it about?)" },
+    { "/edit", "usage: /edit N NEW QUESTION (N: the question's number, 1 for the first)" },
+    { "/resume", "usage: /resume ID (a session's id or name; F3 lists them)" },
+    { "/find", "usage: /find TEXT (or ^F and type)" },
+};
+
+static void busy_error(tui *t) { say(t, E_ERROR, "busy: wait for the current job or press Ctrl-C (your text stays below)"); }
+
+/* "/policy SPEC": a spec naming one stage replaces that half of the current spec and keeps the
+ * other (said in a note); "full" alone is full attention everywhere. */
+static void policy_command(tui *t, const char *spec)
+{
+    uw_view v;
+    uw_get_view(t->w, &v);
+    char combined[512], err[700];
+    const char *use = spec;
+    if (!strchr(spec, '+') && strcmp(spec, "full") != 0) {
+        policy_combine(v.policy, spec, combined, sizeof combined);
+        if (strcmp(combined, spec) != 0) use = combined;
+    }
+    if (uw_set_policy(t->w, use, NULL, err, sizeof err)) {
+        say(t, E_ERROR, "%s", err);
+        return;
+    }
+    if (use == combined) {
+        char kept[512];
+        const char *plus = strchr(combined, '+');
+        int first_kept = strncmp(combined, spec, strcspn(spec, ":")) != 0;
+        snprintf(kept, sizeof kept, "%.*s", first_kept ? (int)(plus ? plus - combined : (long)strlen(combined)) : 500,
+                 first_kept ? combined : plus ? plus + 1 : "");
+        say(t, E_INFO, "%s replaces its half of %s; the other half (%s) stays: %s (a spec with + sets both)", spec,
+            v.policy, kept, combined);
+    }
+    t->cv.answering = 0;
+}
+
+/* Returns 1 when the input is done with (cleared), 0 when it stays (busy: nothing is lost). */
+static int command(tui *t, const char *line)
+{
+    char name[32], arg[ED_MAX];
+    size_t nl = strcspn(line, " \n");
+    snprintf(name, sizeof name, "%.*s", (int)(nl < sizeof name ? nl : sizeof name - 1), line);
+    const char *a = line + nl;
+    a += strspn(a, " \n");
+    snprintf(arg, sizeof arg, "%s", a);
+    for (size_t i = strlen(arg); i > 0 && (arg[i - 1] == ' ' || arg[i - 1] == '\n'); i--) arg[i - 1] = 0;
+    for (size_t i = 0; i < sizeof usages / sizeof *usages; i++)
+        if (!strcmp(name, usages[i].name) && !arg[0]) {
+            say(t, E_ERROR, "%s", usages[i].usage);
+            return 1;
+        }
+    if (!strcmp(name, "/quit") || !strcmp(name, "/q")) {
+        t->quit = 1;
+    } else if (!strcmp(name, "/help")) {
+        t->help = 1;
+        t->help_top = 0;
+    } else if (!strcmp(name, "/settings")) {
+        open_overlay(t, OV_SETTINGS);
+    } else if (!strcmp(name, "/sessions")) {
+        open_overlay(t, OV_SESSIONS);
+    } else if (!strcmp(name, "/mouse")) {
+        action(t, KA_MOUSE);
+    } else if (!strcmp(name, "/open")) {
+        char path[1024];
+        path_expand(arg, path, sizeof path);
+        if (!path[0]) open_overlay(t, OV_FILES);
+        else if (uw_open(t->w, path)) return busy_error(t), 0;
+        else t->cv.answering = 0;
+    } else if (!strcmp(name, "/policy")) {
+        if (!arg[0]) open_overlay(t, OV_POLICY);
+        else policy_command(t, arg);
+    } else if (!strcmp(name, "/compare")) {
+        if (uw_compare(t->w, arg)) return busy_error(t), 0;
+        say(t, E_INFO, "%s", line);
+    } else if (!strcmp(name, "/edit")) {
+        if (uw_edit(t->w, arg)) return busy_error(t), 0;
+        t->cv.answering = 0;
+    } else if (!strcmp(name, "/regen")) {
+        if (uw_regenerate(t->w)) return busy_error(t), 0;
+        t->cv.answering = 0;
+    } else if (!strcmp(name, "/resume")) {
+        if (uw_resume(t->w, arg)) return busy_error(t), 0;
+        t->cv.answering = 0;
+    } else if (!strcmp(name, "/find")) {
+        t->finding = 1;
+        t->find_scroll = t->cv.scroll;
+        snprintf(t->find, sizeof t->find, "%s", arg);
+        t->find_k = 0;
+        t->find_n = conv_find(&t->cv, t->find, 0);
+    } else if (!strcmp(name, "/copy")) {
+        copy_answer(t, arg);
+    } else {
+        say(t, E_ERROR, "unknown command %.100s (F1 lists the commands)", name);
+    }
+    return 1;
+}
+
+static void ask_now(tui *t, const char *q)
+{
+    conv_add(&t->cv, E_USER, q);
+    t->cv.answering = 0;
+}
+
 static void submit(tui *t)
 {
-    char line[sizeof t->input];
-    snprintf(line, sizeof line, "%s", t->input);
-    set_input(t, "");
-    if (!line[0]) return;
-    push_history(t, line);
-    t->scroll = 0;
-    char err[600];
-    if (!strcmp(line, "/quit") || !strcmp(line, "/q")) {
-        t->quit = 1;
-    } else if (!strcmp(line, "/help")) {
-        t->help = 1;
-    } else if (!strcmp(line, "/open")) {
-        open_overlay(t, OV_FILES);
-    } else if (!strcmp(line, "/policy")) {
-        open_overlay(t, OV_POLICY);
-    } else if (!strcmp(line, "/settings")) {
-        open_overlay(t, OV_SETTINGS);
-    } else if (!strcmp(line, "/sessions")) {
-        open_overlay(t, OV_SESSIONS);
-    } else if (!strncmp(line, "/open ", 6)) {
-        if (uw_open(t->w, line + 6)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
-        else t->answering = 0;
-    } else if (!strncmp(line, "/compare ", 9)) {
-        if (uw_compare(t->w, line + 9)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
-        else add_entry(t, E_INFO, line);
-    } else if (!strncmp(line, "/edit ", 6)) {
-        if (uw_edit(t->w, line + 6)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
-        else t->answering = 0;
-    } else if (!strcmp(line, "/regen")) {
-        action(t, KA_REGEN);
-    } else if (!strncmp(line, "/resume ", 8)) {
-        if (uw_resume(t->w, line + 8)) add_entry(t, E_ERROR, "busy: wait for the current job or press Ctrl-C");
-        else t->answering = 0;
-    } else if (!strncmp(line, "/policy ", 8)) {
-        if (uw_set_policy(t->w, line + 8, NULL, err, sizeof err)) add_entry(t, E_ERROR, err);
-        else t->answering = 0;
-    } else if (line[0] == '/') {
-        snprintf(err, sizeof err, "unknown command %.100s (F1 for help)", line);
-        add_entry(t, E_ERROR, err);
-    } else if (uw_ask(t->w, line)) {
-        add_entry(t, E_ERROR, "busy: wait for the current answer or press Ctrl-C");
+    char line[ED_MAX];
+    snprintf(line, sizeof line, "%s", t->ed.buf);
+    if (!line[strspn(line, " \n")]) return;
+    conv_scroll_to(&t->cv, 1);
+    if (line[0] == '/') {
+        if (command(t, line)) {
+            ed_history_add(&t->ed, line);
+            ed_clear(&t->ed);
+        }
+        return;
+    }
+    ed_history_add(&t->ed, line);
+    ed_clear(&t->ed);
+    if (t->n_queue == 0 && uw_ask(t->w, line) == 0) {
+        ask_now(t, line);
+        return;
+    }
+    /* a job runs (a document loading): the question waits and is asked when it ends */
+    if (t->n_queue == MAX_QUEUE) {
+        say(t, E_ERROR, "%d questions are waiting already; this one stays in the input", MAX_QUEUE);
+        ed_set(&t->ed, line);
+        return;
+    }
+    t->queue[t->n_queue++] = strdup(line);
+}
+
+/* The job ended: ask the next waiting question, or (the job failed) give them back to the input. */
+static void run_queue(tui *t, int failed)
+{
+    if (t->n_queue == 0) return;
+    if (failed) {
+        char all[ED_MAX] = "";
+        for (int i = 0; i < t->n_queue; i++) {
+            size_t l = strlen(all);
+            snprintf(all + l, sizeof all - l, "%s%s", l ? "\n" : "", t->queue[i]);
+            free(t->queue[i]);
+        }
+        t->n_queue = 0;
+        if (t->ed.len) {
+            size_t l = strlen(all);
+            snprintf(all + l, sizeof all - l, "\n%.*s", (int)(sizeof all - l - 2), t->ed.buf);
+        }
+        ed_set(&t->ed, all);
+        say(t, E_INFO, "the question waiting for that job is back in the input line");
+        return;
+    }
+    if (uw_ask(t->w, t->queue[0]) != 0) return;
+    ask_now(t, t->queue[0]);
+    free(t->queue[0]);
+    memmove(t->queue, t->queue + 1, sizeof *t->queue * (size_t)(--t->n_queue));
+}
+
+/* ---- keys */
+
+/* Keys while a search of the conversation is typed. */
+static void find_key(tui *t, int ch, int is_key)
+{
+    if ((!is_key && (ch == '\r' || ch == '\n')) || (is_key && ch == KEY_ENTER)) {
+        t->finding = 0;   /* the view stays where the match is; the highlight goes */
+        t->cv.find[0] = 0;
+        return;
+    }
+    if (!is_key && (ch == 27 || ch == 7)) {
+        t->finding = 0;
+        t->cv.find[0] = 0;
+        t->cv.scroll = t->find_scroll;
+        return;
+    }
+    if ((is_key && ch == KEY_UP) || (!is_key && ch == 6)) {
+        if (t->find_k + 1 < t->find_n) conv_find(&t->cv, t->find, ++t->find_k);
+        return;
+    }
+    if (is_key && ch == KEY_DOWN) {
+        if (t->find_k > 0) conv_find(&t->cv, t->find, --t->find_k);
+        return;
+    }
+    size_t n = strlen(t->find);
+    if ((is_key && ch == KEY_BACKSPACE) || (!is_key && (ch == 127 || ch == 8))) {
+        while (n > 0 && ((unsigned char)t->find[--n] & 0xC0) == 0x80) {}
+        t->find[n] = 0;
+    } else if (!is_key && ch >= 32) {
+        char mb[8];
+        mbstate_t st;
+        memset(&st, 0, sizeof st);
+        size_t k = wcrtomb(mb, (wchar_t)ch, &st);
+        if (k == (size_t)-1 || n + k >= sizeof t->find) return;
+        memcpy(t->find + n, mb, k);
+        t->find[n + k] = 0;
     } else {
-        add_entry(t, E_USER, line);
-        t->answering = 0;
+        return;
+    }
+    t->find_k = 0;
+    t->find_n = t->find[0] ? conv_find(&t->cv, t->find, 0) : 0;
+    if (!t->find[0]) {
+        t->cv.find[0] = 0;
+        t->cv.scroll = t->find_scroll;
     }
 }
 
-static void edit_key(tui *t, wint_t ch, int is_key)
+/* Ctrl-C: stop the job (a waiting question goes back to the input); else close what is open; else
+ * clear the input (Up brings it back); else ask before quitting. */
+static void ctrl_c(tui *t)
 {
-    if (is_key) {
-        switch (ch) {
-        case KEY_LEFT:
-            while (t->cursor > 0 && ((unsigned char)t->input[--t->cursor] & 0xC0) == 0x80) {}
-            return;
-        case KEY_RIGHT:
-            if (t->cursor < t->in_len) t->cursor += (size_t)u8len((unsigned char)t->input[t->cursor]);
-            return;
-        case KEY_HOME: t->cursor = 0; return;
-        case KEY_END: t->cursor = t->in_len; return;
-        case KEY_BACKSPACE:
-            if (t->cursor > 0) {
-                size_t c = t->cursor;
-                while (c > 0 && ((unsigned char)t->input[--c] & 0xC0) == 0x80) {}
-                memmove(t->input + c, t->input + t->cursor, t->in_len - t->cursor + 1);
-                t->in_len -= t->cursor - c;
-                t->cursor = c;
-            }
-            return;
-        case KEY_DC:
-            if (t->cursor < t->in_len) {
-                size_t k = (size_t)u8len((unsigned char)t->input[t->cursor]);
-                memmove(t->input + t->cursor, t->input + t->cursor + k, t->in_len - t->cursor - k + 1);
-                t->in_len -= k;
-            }
-            return;
-        case KEY_UP:
-            if (t->hist_pos > 0) set_input(t, t->hist[--t->hist_pos]);
-            return;
-        case KEY_DOWN:
-            if (t->hist_pos < t->n_hist - 1) set_input(t, t->hist[++t->hist_pos]);
-            else {
-                t->hist_pos = t->n_hist;
-                set_input(t, "");
-            }
-            return;
-        case KEY_ENTER: submit(t); return;
-        case KEY_MOUSE: {
-            MEVENT me;
-            if (getmouse(&me) == OK) {
-                if (me.bstate & BUTTON4_PRESSED) t->scroll += 3;
-#ifdef BUTTON5_PRESSED
-                if (me.bstate & BUTTON5_PRESSED) t->scroll = t->scroll > 3 ? t->scroll - 3 : 0;
-#endif
-            }
-            return;
-        }
-        default: return;
-        }
+    uw_view v;
+    uw_get_view(t->w, &v);
+    if (v.busy) {
+        uw_cancel(t->w);
+        run_queue(t, 1);
+    } else if (t->overlay) {
+        close_overlay(t);
+    } else if (t->seen_open) {
+        close_seen(t);
+    } else if (t->finding) {
+        find_key(t, 27, 0);
+    } else if (t->ed.searching) {
+        ed_key(&t->ed, 7, 0, 0);
+    } else if (t->ed.len) {
+        ed_history_add(&t->ed, t->ed.buf);
+        ed_clear(&t->ed);
+    } else {
+        t->confirm_quit = 1;
     }
-    if (ch == '\n' || ch == '\r') {
-        submit(t);
-        return;
-    }
-    if (ch == 127 || ch == 8) {
-        edit_key(t, KEY_BACKSPACE, 1);
-        return;
-    }
-    if (ch < 32) return;
-    char mb[8];
-    mbstate_t st;
-    memset(&st, 0, sizeof st);
-    size_t k = wcrtomb(mb, (wchar_t)ch, &st);
-    if (k == (size_t)-1 || t->in_len + k >= sizeof t->input) return;
-    memmove(t->input + t->cursor + k, t->input + t->cursor, t->in_len - t->cursor + 1);
-    memcpy(t->input + t->cursor, mb, k);
-    t->cursor += k;
-    t->in_len += k;
 }
+
+static void key(tui *t, wint_t ch, int is_key, int alt)
+{
+    if (t->help) {   /* arrows scroll the help; any other key closes it */
+        if (is_key && (ch == KEY_DOWN || ch == KEY_NPAGE)) t->help_top += ch == KEY_DOWN ? 1 : LINES / 2;
+        else if (is_key && (ch == KEY_UP || ch == KEY_PPAGE)) t->help_top -= ch == KEY_UP ? 1 : LINES / 2;
+        else if (!(is_key && ch == KEY_RESIZE)) t->help = 0;
+        return;
+    }
+    if (t->confirm_quit) {
+        t->confirm_quit = 0;
+        if (!is_key && (ch == 'y' || ch == 'Y' || ch == 3)) t->quit = 1;
+        return;
+    }
+    if (!is_key && !alt && ch == 3) {
+        ctrl_c(t);
+        return;
+    }
+    if (!is_key && !alt && ch == 17) {   /* Ctrl-Q */
+        t->quit = 1;
+        return;
+    }
+    if (is_key && ch == KEY_RESIZE) return;
+    if (t->overlay) {
+        overlay_key(t, (int)ch, is_key);
+        return;
+    }
+    if (t->seen_open && !is_key && !alt && ch == 27) {
+        close_seen(t);
+        return;
+    }
+    if (t->finding) {
+        int a = keymap_lookup(&t->km, (int)ch, is_key);
+        if (a != KA_FIND || !is_key) {
+            if (!(a == KA_FIND && ch == 6)) {
+                find_key(t, (int)ch, is_key);
+                return;
+            }
+        }
+    }
+    if (!t->ed.searching && !alt) {
+        int a = keymap_lookup(&t->km, (int)ch, is_key);
+        if (a >= 0) {
+            action(t, a);
+            return;
+        }
+    }
+    if (is_key && ch == KEY_MOUSE) {
+        MEVENT me;
+        if (getmouse(&me) == OK) {
+            if (me.bstate & BUTTON4_PRESSED) conv_scroll(&t->cv, 3);
+#ifdef BUTTON5_PRESSED
+            if (me.bstate & BUTTON5_PRESSED) conv_scroll(&t->cv, -3);
+#endif
+        }
+        return;
+    }
+    if (!is_key && !alt && ch == 4 && t->ed.len == 0) {   /* Ctrl-D on an empty line */
+        t->quit = 1;
+        return;
+    }
+    if (ed_key(&t->ed, (int)ch, is_key, alt) == ED_SUBMIT) submit(t);
+}
+
+/* One key as typed: Escape and the key after it are Alt and that key; a bracketed paste is text. */
+static void read_key(tui *t, int r, wint_t ch)
+{
+    int is_key = r == KEY_CODE_YES;
+    if (is_key && ch == KEY_PASTE_BEGIN) {
+        t->pasting = 1;
+        return;
+    }
+    if (is_key && ch == KEY_PASTE_END) {
+        t->pasting = 0;
+        return;
+    }
+    if (t->pasting) {
+        if (is_key) return;
+        if (t->overlay) {   /* into the list's filter or prompt; a newline ends nothing there */
+            if (ch != '\r' && ch != '\n') overlay_key(t, (int)ch, 0);
+            return;
+        }
+        if (t->finding || t->ed.searching) return;
+        char mb[8];
+        mbstate_t st;
+        memset(&st, 0, sizeof st);
+        size_t k = ch == '\r' || ch == '\n' ? (mb[0] = '\n', 1) : wcrtomb(mb, (wchar_t)ch, &st);
+        if (k != (size_t)-1 && (ch >= 32 || ch == '\r' || ch == '\n' || ch == '\t')) ed_insert(&t->ed, mb, k);
+        return;
+    }
+    int alt = 0;
+    /* Escape with a key right behind it is Alt and that key, where the input has a use for it (a
+     * view or a list closes on Escape, and the key after it is a key of its own) */
+    int plain = !t->overlay && !t->seen_open && !t->finding && !t->help && !t->confirm_quit;
+    if (!is_key && ch == 27 && plain) {
+        wint_t c2;
+        timeout(0);
+        int r2 = get_wch(&c2);
+        timeout(50);
+        int pair = r2 == OK && (c2 == 'b' || c2 == 'f' || c2 == 'd' || c2 == '\r' || c2 == '\n' || c2 == 127 || c2 == 8);
+        if (pair) {
+            alt = 1;
+            ch = c2;
+        } else if (r2 == OK) {
+            unget_wch(c2);   /* handled on its own next time round */
+        } else if (r2 == KEY_CODE_YES) {   /* a key code cannot be pushed back: both now */
+            key(t, ch, is_key, 0);
+            key(t, c2, 1, 0);
+            return;
+        }
+    }
+    key(t, ch, is_key, alt);
+}
+
+/* ---- what the worker says */
 
 static void drain(tui *t)
 {
@@ -807,24 +1080,22 @@ static void drain(tui *t)
     while (uw_poll(t->w, &ev)) {
         switch (ev.kind) {
         case UW_TEXT:
-            append_text(t, ev.text);
+            conv_append(&t->cv, ev.text);
             break;
         case UW_PROGRESS:
-            snprintf(t->progress, sizeof t->progress, "%s", ev.text);
-            break;
+            break;   /* the status bar reads the view */
         case UW_DONE:
-            if (ev.a == 1 && t->answering) {   /* Ctrl-C: the partial answer stays, marked */
+            if (ev.a == 1 && t->cv.answering) {   /* Ctrl-C: the partial answer stays, marked */
                 char mark[32];
-                snprintf(mark, sizeof mark, "%c [stopped]%c", EV_ON, EV_OFF);
-                append_text(t, mark);
+                snprintf(mark, sizeof mark, "%c [stopped]%c", MARK_ON, MARK_OFF);
+                conv_append(&t->cv, mark);
             }
-            t->answering = 0;
-            t->progress[0] = 0;
-            if (ev.text[0]) add_entry(t, E_INFO, ev.text);
+            t->cv.answering = 0;
+            if (ev.text[0]) say(t, E_INFO, "%s", ev.text);
             if (ev.b == 3) {   /* a comparison is ready */
                 uw_compared c[8];
                 int n = uw_take_compared(t->w, c);
-                if (n > 0) add_compare(t, c, n);
+                if (n > 0) conv_add_compare(&t->cv, c, n);
             }
             if (ev.b == 2) {   /* the "what the model sees" spans are ready */
                 for (int i = 0; i < t->n_seen; i++) free(t->seen[i].text);
@@ -832,30 +1103,46 @@ static void drain(tui *t)
                 t->seen = uw_take_seen(t->w, &t->n_seen);
                 t->seen_open = 1;
                 t->seen_scroll = 0;
+                uw_seen_live(t->w, 1);
             }
+            run_queue(t, t->job_failed);
+            t->job_failed = 0;
             break;
         case UW_ERROR:
-            t->answering = 0;
-            t->progress[0] = 0;
-            add_entry(t, E_ERROR, ev.text);
+            t->job_failed = 1;
+            say(t, E_ERROR, "%s", ev.text);
             break;
         case UW_INFO:
-            add_entry(t, E_INFO, ev.text);
+            say(t, E_INFO, "%s", ev.text);
             break;
-        case UW_EVENT:
-            {   /* events come from answers: inside the answer's text, where it happened */
-                char mark[600];
-                snprintf(mark, sizeof mark, "%c [%s] %c", EV_ON, ev.text, EV_OFF);
-                append_text(t, mark);
-            }
+        case UW_EVENT: {   /* events come from answers: inside the answer's text, where it happened */
+            char mark[600];
+            snprintf(mark, sizeof mark, "%c [%s] %c", MARK_ON, ev.text, MARK_OFF);
+            conv_append(&t->cv, mark);
             break;
+        }
         case UW_PAST_USER:
-            t->answering = 0;
-            add_entry(t, E_USER, ev.text);
+            t->cv.answering = 0;
+            conv_add(&t->cv, E_USER, ev.text);
             break;
         case UW_PAST_ANSWER:
-            add_entry(t, E_ANSWER, ev.text);
-            t->answering = 0;
+            conv_add(&t->cv, E_ANSWER, ev.text);
+            t->cv.answering = 0;
+            break;
+        case UW_SEEN:
+            if (t->seen_open) {
+                int n;
+                uw_span *sp = uw_take_seen(t->w, &n);
+                if (sp) {
+                    for (int i = 0; i < t->n_seen; i++) free(t->seen[i].text);
+                    free(t->seen);
+                    t->seen = sp;
+                    t->n_seen = n;
+                }
+            }
+            break;
+        case UW_SEPARATOR:
+            if (t->cv.n > 0) say(t, E_SEP, "%s", ev.text);   /* the first conversation needs none */
             break;
         }
     }
@@ -871,19 +1158,21 @@ int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config
     }
     set_escdelay(25);
     raw();   /* Ctrl-C arrives as a key: it stops generation instead of killing the program */
+    nonl();  /* Enter is \r, Ctrl-J \n: a newline in the input */
     noecho();
     keypad(stdscr, TRUE);
-    mousemask(BUTTON4_PRESSED
-#ifdef BUTTON5_PRESSED
-                  | BUTTON5_PRESSED
-#endif
-              ,
-              NULL);
+    /* bracketed paste: a pasted text arrives between these, and is inserted, not sent */
+    define_key("\033[200~", KEY_PASTE_BEGIN);
+    define_key("\033[201~", KEY_PASTE_END);
+    fputs("\033[?2004h", stdout);
+    fflush(stdout);
     timeout(50);
     tui t;
     memset(&t, 0, sizeof t);
     t.w = w;
     t.km = cfg->keys;
+    t.cfg = cfg;
+    set_mouse(&t, 1);
     t.color = cfg->color && has_colors();
     if (t.color) {
         start_color();
@@ -894,6 +1183,7 @@ int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config
         for (int e = 0; e < COL_COUNT; e++) init_pair((short)pair_of[e], cfg->fg[e], cfg->bg[e]);
     }
     /* a document to open, a session to continue, or (neither) the most recent session */
+    if (cfg->keep_policy) uw_keep_policy_once(w);
     if (doc)
         uw_open(w, doc);
     else
@@ -903,45 +1193,15 @@ int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config
         draw(&t);
         wint_t ch;
         int r = get_wch(&ch);
-        if (r == ERR) continue;
-        if (t.help) {
-            t.help = 0;
-            continue;
-        }
-        int is_key = r == KEY_CODE_YES;
-        if (r == OK && ch == 3) {   /* Ctrl-C: stop the job; else close the overlay; else leave */
-            uw_view v;
-            uw_get_view(w, &v);
-            if (v.busy) uw_cancel(w);
-            else if (t.overlay) close_overlay(&t);
-            else t.quit = 1;
-            continue;
-        }
-        if (t.overlay && !(is_key && ch == KEY_RESIZE)) {
-            overlay_key(&t, (int)ch, is_key);
-            continue;
-        }
-        int a = keymap_lookup(&t.km, (int)ch, is_key);
-        if (a >= 0) {
-            action(&t, a);
-            continue;
-        }
-        if (r == OK && ch == 4 && t.in_len == 0) break;   /* Ctrl-D on an empty line */
-        edit_key(&t, ch, is_key);
+        if (r != ERR) read_key(&t, r, ch);
     }
     if (t.overlay) close_overlay(&t);
+    fputs("\033[?2004l", stdout);
     endwin();
     uw_stop(w);
-    for (int i = 0; i < t.n; i++) {
-        free(t.e[i].text);
-        for (int c = 0; c < t.e[i].n_cols; c++) {
-            free(t.e[i].head[c]);
-            free(t.e[i].col[c]);
-        }
-    }
-    free(t.e);
-    for (int i = 0; i < t.n_hist; i++) free(t.hist[i]);
-    free(t.hist);
+    conv_free(&t.cv);
+    ed_free(&t.ed);
+    for (int i = 0; i < t.n_queue; i++) free(t.queue[i]);
     for (int i = 0; i < t.n_seen; i++) free(t.seen[i].text);
     free(t.seen);
     return 0;

@@ -85,6 +85,9 @@ void view_fill(uw_view *o, const session *s, const view_marks *m, int with_setti
     for (int i = 0; i < ne; i++) o->regenerated += ev[i].regenerated;
     snprintf(o->policy, sizeof o->policy, "%s", pol_set_spec(ps)->text);
     snprintf(o->doc, sizeof o->doc, "%s", sess_document_title(s));
+    snprintf(o->title, sizeof o->title, "%s", sess_title(s));
+    o->policy_pending = sess_policy_pending(s);
+    o->base_model = sess_format(s) == SESS_FORMAT_PLAIN;
     o->have_doc = sess_have_document(s);
     o->doc_tokens = sess_document_tokens(s);
     o->session_id = sess_stored_id(s);

@@ -11,10 +11,22 @@
 #define UW_MAP_MAX 4096      /* pages drawn in the page map */
 #define UW_HIST 512          /* entropy values kept for the sparkline */
 
+/* What the running job is doing, for the status bar. */
+enum { VIEW_IDLE, VIEW_PREFILL, VIEW_ANSWER, VIEW_COMPARE, VIEW_OTHER };
+
 /* What the side panel shows, copied out under the worker's mutex. */
 typedef struct uw_view {
     char model[128], doc[256], policy[256];
+    char title[256];         /* the conversation's title (the session's) */
     int busy;                /* a job is running */
+    int phase;               /* VIEW_*: what it is doing now */
+    double phase_start;      /* when that began (CLOCK_MONOTONIC seconds) */
+    int64_t done, total;     /* VIEW_PREFILL: tokens evaluated of total */
+    int64_t answer_tokens;   /* VIEW_ANSWER, VIEW_COMPARE: the answer's final tokens so far */
+    int column, n_columns;   /* VIEW_COMPARE: the column being answered */
+    char column_policy[128];
+    int policy_pending;      /* the policy acts from the next answer (or document) */
+    int base_model;          /* no chat template: answers complete "Question: ... Answer:" */
     int have_doc;
     int64_t ctx_used, ctx_limit, doc_tokens;
     int64_t tokens_kept, tokens_full;   /* token rows held vs a full cache (all layers and KV heads) */

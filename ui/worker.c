@@ -43,6 +43,10 @@ struct ui_worker {
     int64_t pending_n_predict;
     int have_pending;
     view_marks marks;            /* the page map as the current answer began */
+    int running;                 /* the job being run (JOB_*) */
+    volatile sig_atomic_t seen_live;   /* the "what the model sees" view is open: keep its spans fresh */
+    double seen_at;              /* when they were last built */
+    int keep_policy_once;        /* the next resume keeps the interface's policy */
 };
 
 static double now_s(void)
@@ -78,7 +82,38 @@ static void publish(ui_worker *w)
 {
     pthread_mutex_lock(&w->mu);
     view_fill(&w->view, w->s, &w->marks, !w->have_pending);
+    if (w->view.phase == VIEW_ANSWER || w->view.phase == VIEW_COMPARE) w->view.answer_tokens = sess_answer_tokens(w->s);
     pthread_mutex_unlock(&w->mu);
+}
+
+/* The status bar's phase (under the mutex). */
+static void set_phase(ui_worker *w, int phase)
+{
+    pthread_mutex_lock(&w->mu);
+    if (w->view.phase != phase) {
+        w->view.phase = phase;
+        w->view.phase_start = now_s();
+        w->view.answer_tokens = 0;
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int answering_job(int job) { return job == JOB_ASK || job == JOB_REGEN || job == JOB_EDIT; }
+
+/* The "what the model sees" spans built again for the open view (throttled while streaming). */
+static void refresh_seen(ui_worker *w, int force)
+{
+    if (!w->seen_live || (!force && now_s() - w->seen_at < 0.5)) return;
+    sess_span *sp;
+    int n;
+    if (sess_seen(w->s, &sp, &n)) return;
+    w->seen_at = now_s();
+    pthread_mutex_lock(&w->mu);
+    sess_spans_free(w->seen, w->n_seen);
+    w->seen = sp;
+    w->n_seen = n;
+    pthread_mutex_unlock(&w->mu);
+    post(w, UW_SEEN, "", 0, 0);
 }
 
 /* ---- what the session reports */
@@ -86,6 +121,16 @@ static void publish(ui_worker *w)
 static void on_progress(void *ud, int64_t done, int64_t total)
 {
     ui_worker *w = ud;
+    if (done >= total && answering_job(w->running)) {
+        set_phase(w, VIEW_ANSWER);   /* the question is in: the answer begins */
+    } else if (w->view.phase != VIEW_PREFILL || done < w->view.done) {
+        set_phase(w, VIEW_PREFILL);
+        w->t_job = now_s();
+    }
+    pthread_mutex_lock(&w->mu);
+    w->view.done = done;
+    w->view.total = total;
+    pthread_mutex_unlock(&w->mu);
     /* tokens/s, time left and the KV memory so far, for the status bar */
     double el = now_s() - w->t_job, rate = el > 0 ? (double)done / el : 0;
     kv_stats ks;
@@ -105,7 +150,22 @@ static void on_text(void *ud, const char *piece, size_t n)
     snprintf(buf, sizeof buf, "%.*s", (int)(n < sizeof buf ? n : sizeof buf - 1), piece);
     post(w, UW_TEXT, buf, 0, 0);
     w->n_gen++;
+    if (w->view.phase != VIEW_ANSWER) set_phase(w, VIEW_ANSWER);
     publish(w);
+    refresh_seen(w, 0);
+}
+
+static void on_column(void *ud, int i, int n, const char *policy, int64_t tokens)
+{
+    ui_worker *w = ud;
+    if (tokens == 0) set_phase(w, VIEW_OTHER);   /* a new column: its clock starts again */
+    set_phase(w, VIEW_COMPARE);
+    pthread_mutex_lock(&w->mu);
+    w->view.column = i;
+    w->view.n_columns = n;
+    w->view.answer_tokens = tokens;
+    snprintf(w->view.column_policy, sizeof w->view.column_policy, "%.120s", policy);
+    pthread_mutex_unlock(&w->mu);
 }
 
 static void on_event(void *ud, const unc_event *e)
@@ -160,6 +220,10 @@ static void mark_map(ui_worker *w)
 
 static void job_open(ui_worker *w, const char *path)
 {
+    const char *b = strrchr(path, '/');
+    char sep[600];
+    snprintf(sep, sizeof sep, "a new conversation: %.500s", b ? b + 1 : path);
+    post(w, UW_SEPARATOR, sep, 0, 0);
     int rc = sess_open_document(w->s, path, NULL, NULL, 0);
     if (rc != SESS_OK) post(w, UW_ERROR, sess_error(w->s), 0, 0);
     publish(w);
@@ -266,6 +330,14 @@ static void job_policy(ui_worker *w, const char *spec)
     publish(w);
 }
 
+/* A base model has no chat template: say what that means for its answers, and what to use for chat. */
+static void base_model_note(ui_worker *w)
+{
+    post(w, UW_INFO, "This is a base model (no chat template): questions are asked as \"Question: ... Answer:\" "
+                     "completions and an answer stops where the model begins its next \"Question:\". For chat, "
+                     "pass an instruction-tuned GGUF with -m.", 0, 0);
+}
+
 /* No conversation yet: how to start, with a document to try (kvchat's own README, found beside the
  * program when it runs from its source tree, as `make run` does). */
 static void welcome(ui_worker *w)
@@ -275,6 +347,7 @@ static void welcome(ui_worker *w)
     post(w, UW_INFO, "Welcome to kvchat: chat about a long document with a compressed KV cache. Open one with F6 "
                      "(the file picker) or /open PATH, then ask about it; F4 picks the compression policy, F1 lists "
                      "every key.", 0, 0);
+    if (sess_format(w->s) == SESS_FORMAT_PLAIN) base_model_note(w);
     if (n <= 0) return;
     exe[n] = 0;
     char *slash = strrchr(exe, '/');
@@ -294,7 +367,14 @@ static void job_resume(ui_worker *w, const char *key)
             welcome(w);
         return;
     }
-    sess_resume_opts ro = { 0, 0, SESS_FORMAT_AUTO, NULL };
+    /* a session resumes under its own last policy, unless the command line named one for this launch */
+    sess_resume_opts ro = { 0, !w->keep_policy_once, SESS_FORMAT_AUTO, NULL };
+    w->keep_policy_once = 0;
+    if (*key) {
+        char sep[300];
+        snprintf(sep, sizeof sep, "session %.200s", key);
+        post(w, UW_SEPARATOR, sep, 0, 0);
+    }
     int rc = sess_resume(w->s, key, &ro);
     if (rc == SESS_ENOTFOUND && !*key)
         welcome(w);
@@ -313,6 +393,9 @@ static void *run(void *arg)
         char *a = w->arg;
         w->arg = NULL;
         w->view.busy = job != JOB_QUIT;
+        w->view.phase = VIEW_OTHER;
+        w->view.phase_start = now_s();
+        w->running = job;
         pthread_mutex_unlock(&w->mu);
         if (job == JOB_QUIT) {
             free(a);
@@ -357,9 +440,11 @@ static void *run(void *arg)
             job_ask(w, a);
         }
         free(a);
+        refresh_seen(w, 1);
         pthread_mutex_lock(&w->mu);
         w->job = JOB_NONE;
         w->view.busy = 0;
+        w->view.phase = VIEW_IDLE;
         pthread_mutex_unlock(&w->mu);
     }
     return NULL;
@@ -385,8 +470,13 @@ ui_worker *uw_start(session *s, store *db, const char *db_path, char *err, size_
             return NULL;
         }
     }
-    sess_callbacks cb = { w, on_progress, on_text, NULL, on_event, on_note, on_past };
+    sess_callbacks cb = { w, on_progress, on_text, NULL, on_event, on_note, on_past, on_column };
     sess_set_callbacks(s, &cb, &w->cancel);
+    if (sess_warning(s)[0]) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "warning: %s", sess_warning(s));
+        post(w, UW_INFO, msg, 0, 0);
+    }
     const model *m = sess_model(s);
     const char *b = strrchr(m->path, '/');
     snprintf(w->view.model, sizeof w->view.model, "%s", b ? b + 1 : m->path);
@@ -490,20 +580,33 @@ uw_span *uw_take_seen(ui_worker *w, int *n)
 
 void uw_cancel(ui_worker *w) { w->cancel = 1; }
 
-int uw_set_policy(ui_worker *w, const char *spec, const char *budget, char *err, size_t errlen)
+void uw_seen_live(ui_worker *w, int live)
+{
+    w->seen_live = live;   /* read by the worker between steps: a late flip costs one refresh */
+}
+
+void uw_keep_policy_once(ui_worker *w) { w->keep_policy_once = 1; }
+
+int uw_check_policy(ui_worker *w, const char *spec, const char *budget, char *err, size_t errlen)
 {
     pthread_mutex_lock(&w->mu);
     int busy = w->job != JOB_NONE;
-    char cur[32];
-    snprintf(cur, sizeof cur, "%s", w->view.budget);
     pthread_mutex_unlock(&w->mu);
     if (busy) {
         snprintf(err, errlen, "wait for the current job (or Ctrl-C) before switching policy");
         return -1;
     }
-    pol_spec ps;
-    const char *b = budget ? budget : cur;
-    if (pol_parse(&ps, spec, *b ? b : NULL, err, errlen)) return -1;
+    /* the worker is idle and only this thread starts jobs: the session is this thread's to read */
+    if (sess_check_policy(w->s, spec, budget)) {
+        snprintf(err, errlen, "%s", sess_error(w->s));
+        return -1;
+    }
+    return 0;
+}
+
+int uw_set_policy(ui_worker *w, const char *spec, const char *budget, char *err, size_t errlen)
+{
+    if (uw_check_policy(w, spec, budget, err, errlen)) return -1;
     /* the worker is idle: the budget is its to read when the job starts */
     w->policy_budget_set = budget != NULL;
     if (budget) snprintf(w->policy_budget, sizeof w->policy_budget, "%s", budget);

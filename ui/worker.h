@@ -16,7 +16,18 @@
 #include "store/store.h"
 #include "ui/view.h"
 
-typedef enum { UW_TEXT, UW_PROGRESS, UW_DONE, UW_ERROR, UW_INFO, UW_EVENT, UW_PAST_USER, UW_PAST_ANSWER } uw_kind;
+typedef enum {
+    UW_TEXT,
+    UW_PROGRESS,
+    UW_DONE,
+    UW_ERROR,
+    UW_INFO,
+    UW_EVENT,
+    UW_PAST_USER,
+    UW_PAST_ANSWER,
+    UW_SEEN,          /* new "what the model sees" spans while the view is open (uw_take_seen) */
+    UW_SEPARATOR,     /* another conversation begins here (text: what it is) */
+} uw_kind;
 
 typedef struct uw_event {
     uw_kind kind;
@@ -50,9 +61,14 @@ int uw_ask(ui_worker *w, const char *question);
  * current policy). */
 int uw_resume(ui_worker *w, const char *key);
 /* Build the "what the model sees" spans (a job; UW_DONE with b = 2 when they are ready), then take
- * them (the caller frees each text and the array). */
+ * them (the caller frees each text and the array). While live is on, the worker builds them again
+ * as an answer streams (at most twice a second) and after every job, and posts UW_SEEN. */
 int uw_request_seen(ui_worker *w);
 uw_span *uw_take_seen(ui_worker *w, int *n);
+void uw_seen_live(ui_worker *w, int live);
+/* The next resume keeps the interface's policy instead of taking the session's own (a --policy on
+ * the command line); later ones take the session's own. */
+void uw_keep_policy_once(ui_worker *w);
 
 /* "SPEC[,SPEC...] QUESTION": the question answered under the current policy and each listed
  * decode-time policy, from the same cache, without entering the conversation (UW_DONE with b = 3
@@ -72,6 +88,9 @@ int uw_regenerate(ui_worker *w);
  * progress; Ctrl-C goes back to the old policy). budget NULL keeps the current one. 0, or -1 with a
  * message (busy, or a spec that does not parse). */
 int uw_set_policy(ui_worker *w, const char *spec, const char *budget, char *err, size_t errlen);
+/* The checks uw_set_policy makes (the engine's, shared by every front end), without switching: 0, or
+ * -1 with a message (also when busy). */
+int uw_check_policy(ui_worker *w, const char *spec, const char *budget, char *err, size_t errlen);
 /* Sampling settings and the answer length, for the next answer on. */
 void uw_set_sampling(ui_worker *w, const samp_params *sp, int64_t n_predict);
 /* The session database's path (NULL with --no-db or when it could not be opened). */

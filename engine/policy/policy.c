@@ -597,3 +597,25 @@ int pol_split_list(const char *list, char specs[][256], int max)
     }
     return n;
 }
+
+void pol_strip_budget(const char *spec, char *out, size_t cap)
+{
+    char buf[256];
+    size_t o = 0;
+    snprintf(buf, sizeof buf, "%s", spec ? spec : "");
+    out[0] = 0;
+    char *save = NULL;
+    for (char *part = strtok_r(buf, "+", &save); part; part = strtok_r(NULL, "+", &save)) {
+        char *colon = strchr(part, ':');
+        if (colon) *colon = 0;
+        o += (size_t)snprintf(out + o, o < cap ? cap - o : 0, "%s%s", o ? "+" : "", part);
+        if (!colon) continue;
+        int first = 1;
+        char *save2 = NULL;
+        for (char *kv = strtok_r(colon + 1, ",", &save2); kv; kv = strtok_r(NULL, ",", &save2)) {
+            if (!strncmp(kv, "budget=", 7)) continue;
+            o += (size_t)snprintf(out + o, o < cap ? cap - o : 0, "%s%s", first ? ":" : ",", kv);
+            first = 0;
+        }
+    }
+}

@@ -150,6 +150,9 @@ typedef struct pol_spec {
 int pol_parse(pol_spec *out, const char *spec, const char *budget, char *err, size_t errlen);
 /* Value of parameter name of policy slot i (or def when it has none). */
 double pol_spec_value(const pol_spec *s, int i, const char *name, double def);
+/* spec without its budget= parameters ("quest:budget=0.1,x=2+take" -> "quest:x=2+take"), so a
+ * budget given apart from it applies. */
+void pol_strip_budget(const char *spec, char *out, size_t cap);
 /* Tokens a budget value stands for in a context of ctx tokens (0: no budget). */
 int64_t pol_budget_tokens(double budget, int64_t ctx);
 /* A multi-line description of every policy and its parameters (for --help and error messages). */

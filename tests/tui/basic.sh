@@ -68,12 +68,14 @@ wait_for 'no snapshot of this conversation under [a-z0-9]+; prefilling'
 wait_for 'its snapshot is saved: switching back to'
 wait_for '\| ready'
 # back to the full cache: its snapshot of this point is restored, not prefilled
+T send-keys -t "$s" '/policy full' Enter
+wait_for "policy full: this conversation's snapshot under full restored \\([0-9]+ tokens, "
+wait_for '\| full \|'
+# a decode-time policy alone keeps the prefill half (none here)
 T send-keys -t "$s" '/policy chess:preset=aggressive' Enter
-wait_for "policy chess:preset=aggressive: this conversation's snapshot under full restored"
-wait_for '^\([0-9]+ tokens, [0-9.]+ MiB\) in [0-9]+ ms'
-wait_for '\| chess:preset=aggressive \|'
-T send-keys -t "$s" '/policy quest' Enter
-wait_for 'policy quest: from the next answer on'
+wait_for '\| chess:preset=aggressive \(next answer\) \|'
+T send-keys -t "$s" '/policy quest:budget=0.2' Enter
+wait_for 'policy quest:budget=0.2: from the next answer on'
 T send-keys -t "$s" '/policy chess:preset=aggressive' Enter
 wait_for 'policy chess:preset=aggressive: from the next answer on'
 T send-keys -t "$s" 'And then?' Enter
@@ -93,7 +95,7 @@ wait_for 'n_predict +8 '
 T send-keys -t "$s" Down Down Down Down Down Down Right
 wait_for 'n_predict +40 '
 T send-keys -t "$s" s
-wait_for "saved to $cfg/kvchat/config"
+wait_for "saved n_predict to $cfg/kvchat/config"
 grep -q '^n_predict = 40$' "$cfg/kvchat/config" || fail "the settings file lacks n_predict = 40"
 T send-keys -t "$s" Escape
 T send-keys -t "$s" 'Longer?' Enter
@@ -188,7 +190,7 @@ echo "$res" | grep -q 'session 1: restored' || { echo "tui test: not resumed fro
 T new-session -d -s "$s" -x 120 -y 36 -c "$work" "$bin tui -t 1 -m $model -n 8 --db $db --session 1"
 wait_for 'session 1: restored [0-9]+ tokens \(full\) from a'
 wait_for 'you> More\?'
-wait_for '\| p2\.txt \|'
+wait_for '\| #1 First talk: p2\.txt \|'
 # a question asked before this window: rebuilt from the saved conversation
 T send-keys -t "$s" '/edit 1 What is it really about?' Enter
 wait_for 'question 1 edited: a new branch'
