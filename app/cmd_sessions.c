@@ -149,7 +149,11 @@ static int show(store *db, const store_session *ss)
         int branch = i > 0 && m[i].parent != m[i - 1].id;
         char re[48] = "";
         if (m[i].parent) snprintf(re, sizeof re, ", reply to %lld", (long long)m[i].parent);
-        printf("\n[%lld%s] %s%s:\n", (long long)m[i].id, re, m[i].role, branch ? " (another branch)" : "");
+        char pol[300] = "";
+        if (!strcmp(m[i].role, "assistant") && m[i].policy[0]) snprintf(pol, sizeof pol, ", policy %.256s", m[i].policy);
+        printf("\n[%lld%s", (long long)m[i].id, re);
+        text_put(stdout, pol, 0);
+        printf("] %s%s:\n", m[i].role, branch ? " (another branch)" : "");
         text_put(stdout, m[i].text, TEXT_KEEP_NEWLINE | TEXT_KEEP_TAB);
         putchar('\n');
     }
@@ -237,6 +241,17 @@ int cmd_sessions(int argc, char **argv)
     const char **args = pos + 1;
     char default_db[1024] = "";
     if (!db_path) store_default_path(default_db, sizeof default_db, 0);
+    /* looking at sessions never creates a database: a missing one has none */
+    const char *look = db_path ? db_path : default_db[0] ? default_db : NULL;
+    struct stat st;
+    if (look && stat(look, &st) != 0) {
+        if (strcmp(cmd, "list") != 0 && strcmp(cmd, "search") != 0) {
+            cli_err("sessions: no session database at %s (kvchat ask --session NAME or kvchat tui makes one)", look);
+            return 1;
+        }
+        printf("no sessions yet: there is no session database at %s\n", look);
+        return 0;
+    }
     store *db = cli_open_db(db_path);
     if (!db) return 1;
     int rc = 1;

@@ -81,8 +81,10 @@ static void cut(editor *e, size_t a, size_t b, int kill)
 
 void ed_insert(editor *e, const char *s, size_t n)
 {
-    if (e->len + n >= sizeof e->buf) n = sizeof e->buf - 1 - e->len;
-    while (n > 0 && cont((unsigned char)s[n]) && e->len + n < sizeof e->buf) n--;   /* whole characters */
+    if (e->len + n >= sizeof e->buf) {   /* what fits, in whole characters */
+        n = sizeof e->buf - 1 - e->len;
+        while (n > 0 && cont((unsigned char)s[n])) n--;
+    }
     memmove(e->buf + e->cur + n, e->buf + e->cur, e->len - e->cur + 1);
     memcpy(e->buf + e->cur, s, n);
     e->cur += n;

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <wchar.h>
 
+#include "ui/conv.h"
+
 void menu_init(menu *m, const char *title, const char *hint, int filterable)
 {
     menu_free(m);
@@ -170,6 +172,25 @@ int menu_key(menu *m, int ch, int is_key)
     return MENU_UNHANDLED;
 }
 
+/* Rows of text at width cells, wrapped at word boundaries (a row of the list that does not fit goes
+ * on under itself). */
+typedef struct text_rows {
+    int y, x, max_y, attr;
+} text_rows;
+
+static void put_row(void *ud, const char *p, int bytes)
+{
+    text_rows *r = ud;
+    if (r->y <= r->max_y) {
+        attron(r->attr);
+        mvaddnstr(r->y, r->x, p, bytes);
+        attroff(r->attr);
+    }
+    r->y++;
+}
+
+static int rows_of(const char *s, int width) { return *s ? conv_wrap(s, width, NULL, NULL) : 1; }
+
 void menu_draw(menu *m, const menu_attrs *at)
 {
     int frame_attr = at->frame, heading_attr = at->heading, error_attr = at->error;
@@ -202,32 +223,41 @@ void menu_draw(menu *m, const menu_attrs *at)
     } else if (m->filterable) {
         mvprintw(y++, x, "%s: %.*s_", m->filter_label ? m->filter_label : "search", iw - 9, m->filter);
     }
-    /* the list, scrolled to keep the selection visible */
-    int list_h = y0 + h - 1 - y - 3;
-    if (list_h < 1) list_h = 1;
-    int top = m->top;
-    if (m->sel < top) top = m->sel;
-    if (m->sel >= top + list_h) top = m->sel - list_h + 1;
-    if (top < 0) top = 0;
-    m->top = top;
-    for (int i = top; i < m->n && i < top + list_h; i++, y++) {
+    /* below the list: the detail, the last outcome and the keys, each wrapped */
+    int below = rows_of(m->detail, iw) + (m->msg[0] ? rows_of(m->msg, iw) : 0) + rows_of(m->hint, iw);
+    int list_end = y0 + h - 2 - below;   /* the list's last row */
+    if (list_end < y) list_end = y;
+    /* the list, scrolled to keep the selection (all of its rows) visible */
+    int room = list_end - y + 1;
+    if (m->sel < m->top) m->top = m->sel;
+    for (;;) {
+        int used = 0;
+        for (int i = m->top; i <= m->sel && i < m->n; i++) used += rows_of(m->rows[i], iw);
+        if (used <= room || m->top >= m->sel) break;
+        m->top++;
+    }
+    if (m->top < 0) m->top = 0;
+    for (int i = m->top; i < m->n && y <= list_end; i++) {
         int a = m->tag[i] < 0 ? heading_attr : i == m->sel ? (int)A_REVERSE : 0;
-        attron(a);
-        if (i == m->sel && m->tag[i] >= 0) mvhline(y, x, ' ', iw);
-        mvaddnstr(y, x, m->rows[i], iw);
-        attroff(a);
+        int r = rows_of(m->rows[i], iw);
+        if (i == m->sel && m->tag[i] >= 0) {
+            attron(a);
+            for (int k = 0; k < r && y + k <= list_end; k++) mvhline(y + k, x, ' ', iw);
+            attroff(a);
+        }
+        text_rows tr = { y, x, list_end, a };
+        if (m->rows[i][0]) conv_wrap(m->rows[i], iw, put_row, &tr);
+        y += r;
     }
     if (m->n == 0) mvaddnstr(y, x, "(nothing here)", iw);
-    y = y0 + h - 4;
-    mvaddnstr(y++, x, m->detail, iw);
+    y = list_end + 1;
+    text_rows tr = { y, x, y0 + h - 2, 0 };
+    conv_wrap(m->detail, iw, put_row, &tr);
+    if (!m->detail[0]) tr.y++;
     if (m->msg[0]) {
-        int a = m->msg_error ? error_attr : (int)A_BOLD;
-        attron(a);
-        mvaddnstr(y, x, m->msg, iw);
-        attroff(a);
+        tr.attr = m->msg_error ? error_attr : (int)A_BOLD;
+        conv_wrap(m->msg, iw, put_row, &tr);
     }
-    y++;
-    attron(A_DIM);
-    mvaddnstr(y, x, m->hint, iw);
-    attroff(A_DIM);
+    tr.attr = A_DIM;
+    conv_wrap(m->hint, iw, put_row, &tr);
 }

@@ -443,6 +443,7 @@ static void draw_input(tui *t, int H, int W, int rows, int *cy, int *cx)
     size_t starts[256];
     int cr, cc;
     int n = ed_layout(t->ed.buf, t->ed.len, t->ed.cur, W - 2, starts, 256, &cr, &cc);
+
     /* the rows shown keep the cursor's row in view */
     int first = cr >= rows ? cr - rows + 1 : 0;
     for (int r = 0; r < rows && first + r < n && first + r < 256; r++) {
