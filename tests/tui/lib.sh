@@ -13,6 +13,10 @@ wait_for() {   # a regular expression that must appear on the screen
     for _ in $(seq 1 "$tries"); do cap | grep -Eq -- "$1" && return 0; sleep 0.1; done
     fail "timed out waiting for /$1/"
 }
+wait_text() {   # a fixed text that must appear on the screen
+    for _ in $(seq 1 "$tries"); do cap | grep -Fq -- "$1" && return 0; sleep 0.1; done
+    fail "timed out waiting for the text '$1'"
+}
 wait_count() {   # at least $2 lines matching $1
     for _ in $(seq 1 "$tries"); do [ "$(cap | grep -Ec -- "$1")" -ge "$2" ] && return 0; sleep 0.1; done
     fail "timed out waiting for $2 lines matching /$1/"
