@@ -17,12 +17,15 @@ wait_for '^-- 600 tokens, '
 wait_for '\| ready \|'
 T send-keys -t "$s" '/compare chess:preset=aggressive,full,quest:budget=0.2 What is it about?' Enter
 wait_for '\| compare [123]/3 [a-z:.=0-9]+: [0-9]+ tokens, [0-9.]+ s'
-wait_for '== compare: the same question under each policy'
 wait_for '\| ready \|'
+T send-keys -t "$s" '/find /compare chess' Enter   # (the columns are long: back to their headings)
+wait_for '== compare: the same question under each policy'
 n=$(cap | grep -o '\[full\] 600 tokens' | wc -l)
 [ "$n" = 1 ] || fail "the current policy ran $n times"
 cap | grep -q '\[chess:preset=aggressive\] 600 tokens' || fail "no chess column"
 cap | grep -q '\[quest:budget=0.2\] 600 tokens' || fail "no quest column"
+T send-keys -t "$s" Enter   # leaves the search, where it is
+wait_gone '^find \(' "Enter did not leave the search"
 T send-keys -t "$s" '/compare full What?' Enter
 wait_for '^!! nothing to compare: full is the current policy'
 T send-keys -t "$s" F10
