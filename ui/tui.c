@@ -44,6 +44,7 @@ typedef struct tui {
     int color;
     uw_span *seen;           /* the "what the model sees" view, when open */
     int n_seen, seen_open, seen_scroll;
+    int seen_follow;         /* at its end: it stays there as the sequence grows (End; PgUp leaves it) */
     keymap km;
     const tui_config *cfg;
     int overlay;             /* OV_*: a framed list over the conversation */
@@ -254,7 +255,7 @@ static void draw_seen(tui *t, int top, int bottom, int width)
         }
         all[o] = 0;
         int rows = conv_wrap(all, width, NULL, NULL), h = bottom - r.y + 1;
-        if (t->seen_scroll > rows - h) t->seen_scroll = rows - h > 0 ? rows - h : 0;
+        if (t->seen_follow || t->seen_scroll > rows - h) t->seen_scroll = rows - h > 0 ? rows - h : 0;
         seen_ctx c = { all, state, r.y, r.y, bottom, t->seen_scroll,
                        t->color ? COLOR_PAIR(C_MAP3) | A_BOLD : A_REVERSE };
         conv_wrap(all, width, seen_line, &c);
@@ -314,7 +315,7 @@ static void draw_help(tui *t, int H, int W, int attr)
         "/help  /quit",
         "",
         "keys are remapped in the settings file: key.ACTION = KEY",
-        "any key closes this",
+        "Up, Down, PgUp, PgDn scroll this; any other key closes it",
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
         if (!fixed[i][0]) box_line(&b, "", 0);
@@ -619,6 +620,7 @@ static void action(tui *t, int a)
         else t->cv.answering = 0;
         break;
     case KA_SCROLL_UP:
+        t->seen_follow = 0;
         if (t->seen_open) t->seen_scroll = t->seen_scroll > page ? t->seen_scroll - page : 0;
         else conv_scroll(&t->cv, page);
         break;
@@ -627,11 +629,12 @@ static void action(tui *t, int a)
         else conv_scroll(&t->cv, -page);
         break;
     case KA_TOP:
+        t->seen_follow = 0;
         if (t->seen_open) t->seen_scroll = 0;
         else conv_scroll_to(&t->cv, 0);
         break;
     case KA_BOTTOM:
-        if (t->seen_open) t->seen_scroll = 1 << 30;
+        if (t->seen_open) t->seen_follow = 1;
         else conv_scroll_to(&t->cv, 1);
         break;
     case KA_FIND: start_find(t); break;
@@ -1104,6 +1107,7 @@ static void drain(tui *t)
                 t->seen = uw_take_seen(t->w, &t->n_seen);
                 t->seen_open = 1;
                 t->seen_scroll = 0;
+                t->seen_follow = 0;
                 uw_seen_live(t->w, 1);
             }
             run_queue(t, t->job_failed);

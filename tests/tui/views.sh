@@ -31,7 +31,9 @@ wait_for '^you> What is it about\?'
 # the help and a list wrap at 60 columns
 T send-keys -t "$s" F1
 wait_for 'kvchat keys and commands'
-wait_for 'side by side'
+T send-keys -t "$s" PgDn PgDn PgDn
+wait_for 'by side'
+wait_for 'any other key closes'
 T send-keys -t "$s" x
 wait_gone 'kvchat keys and commands' "the help did not close"
 T send-keys -t "$s" F4
