@@ -382,11 +382,12 @@ static void draw_status(const uw_view *v, int W, int attr)
     else
         snprintf(speed, sizeof speed, "%.1f tok/s", v->tok_s);
     char status[2048];
-    /* the context meter: positions used of the limit; the KV cache: what it holds of a full one */
+    /* the context meter: positions used of the limit; the KV cache: the share of a full cache's token
+     * rows it holds, and its memory (the side panel has the full cache's) */
     snprintf(status, sizeof status,
-             " kvchat | %s | %s | %s | ctx %lld/%lld | KV %.0f%% of full, %.1f/%.1f MiB | %s | %s%s", state,
-             conv_name, policy, (long long)v->ctx_used, (long long)v->ctx_limit, 100.0 * kept_share(v),
-             (double)v->kv_held / (1 << 20), (double)v->kv_full / (1 << 20), speed, v->model,
+             " kvchat | %s | %s | %s | ctx %lld/%lld | KV %.0f%% of full (%.2f MiB) | %s | %s%s", state, conv_name,
+             policy, (long long)v->ctx_used, (long long)v->ctx_limit, 100.0 * kept_share(v),
+             (double)v->kv_held / (1 << 20), speed, v->model,
              v->base_model ? " (base model)" : "");
     attron(attr);
     mvhline(0, 0, ' ', W);

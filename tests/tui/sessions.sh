@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# sessions.sh - conversations: a new document starts a visibly new one (a separator, its session
+# id in the status bar); /policy with one half keeps the other and says so; the status bar shows a
+# policy waiting for the next answer; the file picker (F6) goes to typed ~ and absolute paths,
+# lists names that begin with the filter first, shows sizes as people read them and does nothing
+# on Enter when nothing matches.
+# usage: tests/tui/sessions.sh KVCHAT MODEL DOCUMENT
+set -euo pipefail
+name=sessions
+. "$(dirname "$0")/lib.sh"
+bin=$(abs "$1") model=$(abs "$2") doc=$(abs "$3")
+work=$(mktemp -d)
+home=$work/home
+mkdir -p "$home/sub" "$work/elsewhere"
+cp "$doc" "$home/notes.txt"
+cp "$doc" "$home/anotes.txt"
+cp "$doc" "$work/elsewhere/other.txt"
+T new-session -d -s "$s" -x 120 -y 40 -c "$work" "HOME=$home $bin tui -t 1 -m $model -d $doc -n 4 --db $work/s.db"
+wait_for '^-- full: '
+T send-keys -t "$s" 'What is it about?' Enter
+wait_for 'saved in session 1'
+wait_for '\| ready \|'
+
+# a decode-time policy waits for the next answer, and says so
+T send-keys -t "$s" '/policy chess:preset=aggressive' Enter
+wait_for '\| chess:preset=aggressive \(next answer\) \|'
+T send-keys -t "$s" 'And then?' Enter
+wait_count '^-- 4 tokens' 2
+wait_for '\| chess:preset=aggressive \|'
+# one half given: the other stays
+T send-keys -t "$s" '/policy snapkv:budget=0.5' Enter
+wait_for 'the other half \(chess:preset=aggressive\) stays'
+wait_for '\| snapkv:budget=0\.5\+chess:preset=aggressive \|'
+
+# a new document: a separator, and its own session in the status bar
+T send-keys -t "$s" "/open ~/notes.txt" Enter
+wait_for '─ a new conversation: notes\.txt ─'
+wait_for '\| ready \| #2 notes\.txt \|'
+
+# the file picker: ~ and absolute paths typed, prefixes first, human sizes, Enter on nothing
+T send-keys -t "$s" F6
+wait_for "Open a document: $work"
+T send-keys -t "$s" '~/'
+wait_for "Open a document: $home"
+T send-keys -t "$s" 'notes'
+wait_for 'filter: notes_'
+wait_for 'notes\.txt +3\.[0-9] KiB'
+first=$(cap | grep -Eo '(a?notes)\.txt +3' | head -1)
+[ "$first" = "notes.txt    3" ] || [ "${first%% *}" = "notes.txt" ] || fail "the prefix match is not first: $first"
+T send-keys -t "$s" 'zzz'
+wait_for "nothing here matches 'noteszzz'"
+T send-keys -t "$s" Enter
+wait_for 'Open a document'
+T send-keys -t "$s" BSpace BSpace BSpace BSpace BSpace BSpace BSpace BSpace "$work/elsewhere/"
+wait_for "Open a document: $work/elsewhere"
+wait_for 'other\.txt'
+T send-keys -t "$s" Enter
+wait_for '─ a new conversation: other\.txt ─'
+wait_for '\| ready \| #3 other\.txt \|'
+T send-keys -t "$s" F10
+wait_exit
+rm -rf "$work" "$cfg"
+echo "tui test sessions: ok"
