@@ -408,15 +408,10 @@ static void files_fill(file_picker *f)
 static void follow_typed_path(file_picker *f)
 {
     char *slash = strrchr(f->m.filter, '/');
-    if (!slash && strcmp(f->m.filter, "~")) return;
+    if (!slash) return;
     char head[1024], exp[1100], where[2200], tail[128];
-    if (slash) {
-        snprintf(head, sizeof head, "%.*s", (int)(slash - f->m.filter + 1), f->m.filter);
-        snprintf(tail, sizeof tail, "%s", slash + 1);
-    } else {
-        snprintf(head, sizeof head, "~/");
-        tail[0] = 0;
-    }
+    snprintf(head, sizeof head, "%.*s", (int)(slash - f->m.filter + 1), f->m.filter);
+    snprintf(tail, sizeof tail, "%s", slash + 1);
     path_expand(head, exp, sizeof exp);
     if (exp[0] == '/')
         snprintf(where, sizeof where, "%s", exp);
