@@ -149,10 +149,11 @@ static int show(store *db, const store_session *ss)
         int branch = i > 0 && m[i].parent != m[i - 1].id;
         char re[48] = "";
         if (m[i].parent) snprintf(re, sizeof re, ", reply to %lld", (long long)m[i].parent);
-        char pol[300] = "";
-        if (!strcmp(m[i].role, "assistant") && m[i].policy[0]) snprintf(pol, sizeof pol, ", policy %.256s", m[i].policy);
+        char under[300] = "";
+        if (!strcmp(m[i].role, "assistant") && m[i].policy[0])
+            snprintf(under, sizeof under, ", policy %.256s", m[i].policy);
         printf("\n[%lld%s", (long long)m[i].id, re);
-        text_put(stdout, pol, 0);
+        text_put(stdout, under, 0);
         printf("] %s%s:\n", m[i].role, branch ? " (another branch)" : "");
         text_put(stdout, m[i].text, TEXT_KEEP_NEWLINE | TEXT_KEEP_TAB);
         putchar('\n');

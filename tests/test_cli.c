@@ -468,7 +468,7 @@ Test(cli, session_saves_turns_and_resumes_from_its_snapshot, .timeout = 120)
     cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
     snprintf(args, sizeof args, "sessions --db %s show 1", db);
     cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
-    cr_expect(strstr(out, "session 1 (harbour): Harbour notes") && strstr(out, "[4, reply to 3] assistant:"), "%s", out);
+    cr_expect(strstr(out, "session 1 (harbour): Harbour notes") && strstr(out, "[4, reply to 3, policy snapkv:budget=0.5+chess] assistant:"), "%s", out);
 
     /* refusals: another document, another model, an unknown session, a bad export format */
     snprintf(args, sizeof args, "ask -t 1 -m " TINY_G " -d " TD "prompts/p1.txt --session harbour -q 'x' --db %s", db);
@@ -523,6 +523,28 @@ Test(cli, tui_in_a_real_terminal, .timeout = 120)
     int st = system(cmd);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tests/tui/basic.sh failed (its output is above)");
 }
+
+/* One of the scripts in tests/tui on the tiny model and p2.txt; it prints what it saw when it fails. */
+static void tui_script(const char *script)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "tests/tui/%s %s " TD "tiny/tiny-gemma3-q4_k_m.gguf " TD "prompts/p2.txt", script, bin());
+    int st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tests/tui/%s failed (its output is above)", script);
+}
+
+/* Issue 20, the interface at the level of oterm, elia and llm: each script checks one group of
+ * behaviours on the screen (its header says which). */
+Test(cli, tui_input_paste_multiline_readline_paths_usage, .timeout = 120) { tui_script("input.sh"); }
+Test(cli, tui_loses_no_work_ctrl_c_and_questions_during_prefill, .timeout = 120) { tui_script("nolost.sh"); }
+Test(cli, tui_validates_like_the_cli, .timeout = 120) { tui_script("validate.sh"); }
+Test(cli, tui_saves_changed_settings_and_resumes_under_the_sessions_policy, .timeout = 120) { tui_script("settings.sh"); }
+Test(cli, tui_status_bar_is_live_while_answering_and_comparing, .timeout = 120) { tui_script("status.sh"); }
+Test(cli, tui_scrollback_holds_still_jumps_searches_copies, .timeout = 120) { tui_script("scroll.sh"); }
+Test(cli, tui_views_wrap_at_60_columns_and_follow, .timeout = 120) { tui_script("views.sh"); }
+Test(cli, tui_numbers_read_right, .timeout = 120) { tui_script("numbers.sh"); }
+Test(cli, tui_sessions_separator_policy_halves_file_picker, .timeout = 120) { tui_script("sessions.sh"); }
+Test(cli, cli_progress_stdin_policy_help_ctx_warning_sessions_continue, .timeout = 120) { tui_script("cli.sh"); }
 
 Test(cli, tui_refuses_a_non_terminal)
 {

@@ -55,8 +55,12 @@ static void fixture_close(fixture *x)
     cr_expect(system(cmd) == 0);
 }
 
-/* A session on the tiny Gemma model: greedy, 8-token answers, pages of 8, the policy spec given. */
-static session *open_session(const char *spec, const store_persist *sp)
+/* A session on the tiny Gemma model: greedy, 8-token answers, pages of 8, the policy spec given;
+ * stop: a stop sequence (NULL: none) and then n_predict tokens at most. */
+static session *open_session_stop(const char *spec, const store_persist *sp, const char *stop, int64_t n_predict);
+static session *open_session(const char *spec, const store_persist *sp) { return open_session_stop(spec, sp, NULL, 8); }
+
+static session *open_session_stop(const char *spec, const store_persist *sp, const char *stop, int64_t n_predict)
 {
     sess_config c;
     memset(&c, 0, sizeof c);
@@ -70,8 +74,9 @@ static session *open_session(const char *spec, const store_persist *sp)
     c.sp = samp_params_default();
     c.sp.temperature = 0;
     c.backtrack = 0;
-    c.n_predict = 8;
+    c.n_predict = n_predict;
     c.format = SESS_FORMAT_AUTO;
+    if (stop) snprintf(c.stop[c.n_stop++], sizeof c.stop[0], "%s", stop);
     session *s = sess_create(&c, err, sizeof err);
     cr_assert(s, "%s", err);
     if (sp) cr_assert(sess_attach_store(s, &sp->ops) == 0, "%s", sess_error(s));
@@ -395,7 +400,7 @@ Test(session, a_conversation_deleted_meanwhile_goes_on_as_a_new_one)
     fixture x;
     fixture_open(&x);
     session *s = open_session("full", &x.sp);
-    sess_callbacks cb = { NULL, NULL, NULL, NULL, NULL, keep_note, NULL };
+    sess_callbacks cb = { NULL, NULL, NULL, NULL, NULL, keep_note, NULL, NULL };
     sess_set_callbacks(s, &cb, NULL);
     cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
     ask_ok(s, "What is it about?");
@@ -464,7 +469,7 @@ Test(session, a_corrupt_newest_snapshot_falls_back_to_an_older_one)
     sess_free(a);
     corrupt_snapshot(x.db_path, last);
     session *b = open_session("full", &x.sp);
-    sess_callbacks cb = { NULL, NULL, NULL, NULL, NULL, keep_note, NULL };
+    sess_callbacks cb = { NULL, NULL, NULL, NULL, NULL, keep_note, NULL, NULL };
     sess_set_callbacks(b, &cb, NULL);
     last_note[0] = 0;
     cr_assert(sess_resume(b, "fallback", NULL) == SESS_OK, "%s", sess_error(b));
@@ -528,6 +533,129 @@ Test(session, snapshots_share_the_pages_that_did_not_change)
     cr_expect_eq(sqlite3_column_int(st, 0), 0, "a deleted session's pages are freed");
     sqlite3_finalize(st);
     sqlite3_close(db);
+    sess_free(s);
+    fixture_close(&x);
+}
+
+/* What the text callback streamed. */
+static char streamed[4096];
+static void collect_text(void *ud, const char *p, size_t n)
+{
+    (void)ud;
+    size_t l = strlen(streamed);
+    if (l + n < sizeof streamed) {
+        memcpy(streamed + l, p, n);
+        streamed[l + n] = 0;
+    }
+}
+
+Test(session, a_stop_sequence_ends_the_answer_before_it_and_is_never_streamed)
+{
+    fixture x;
+    fixture_open(&x);
+    /* the answer without a stop, then a stop sequence taken from its middle */
+    session *u = open_session_stop("full", NULL, NULL, 24);
+    cr_assert(sess_open_document(u, x.doc, NULL, NULL, 0) == SESS_OK);
+    ask_ok(u, "What is it about?");
+    const sess_answer *ua = sess_last_answer(u);
+    size_t L = strlen(ua->text);
+    cr_assert(L > 20, "a long enough answer: '%s'", ua->text);
+    char stop[16];
+    size_t at = L / 2;
+    snprintf(stop, sizeof stop, "%.6s", ua->text + at);
+    const char *first = strstr(ua->text, stop);
+    cr_assert(first);
+    size_t cut = (size_t)(first - ua->text);
+    int32_t uid[32];
+    int64_t un = answer_ids(u, uid, 32);
+    /* with it: the text ends where the stop begins (or earlier, at the token it begins in) */
+    session *s = open_session_stop("full", NULL, stop, 24);
+    sess_callbacks cb = { NULL, NULL, collect_text, NULL, NULL, NULL, NULL, NULL };
+    sess_set_callbacks(s, &cb, NULL);
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
+    streamed[0] = 0;
+    ask_ok(s, "What is it about?");
+    const sess_answer *sa = sess_last_answer(s);
+    cr_expect_eq(sa->gen.stop, GEN_STOP_SEQUENCE, "stopped by the sequence");
+    cr_expect(strstr(sa->text, stop) == NULL, "the stop sequence is not in the answer: '%s'", sa->text);
+    cr_expect(strstr(streamed, stop) == NULL, "the stop sequence was never streamed: '%s'", streamed);
+    cr_expect_str_eq(streamed, sa->text, "what was streamed is the answer");
+    cr_expect(strlen(sa->text) <= cut && !strncmp(sa->text, ua->text, strlen(sa->text)),
+              "the answer is the first one's text before the stop: '%s' / '%s'", sa->text, ua->text);
+    int32_t sid_[32];
+    int64_t sn = answer_ids(s, sid_, 32);
+    cr_expect(sn < un && !memcmp(sid_, uid, sizeof(int32_t) * (size_t)sn), "the kept tokens are a prefix");
+    /* the cache holds the sequence but its last sampled token, as after any answer */
+    int64_t n_seq;
+    sess_tokens(s, &n_seq);
+    cr_expect_eq(fwd_pos(sess_fwd(s)), sn > 0 ? n_seq - 1 : n_seq, "the cache went back to the kept tokens");
+    /* and the conversation goes on from there */
+    ask_ok(s, "And then?");
+    sess_free(s);
+    sess_free(u);
+    fixture_close(&x);
+}
+
+Test(session, a_cancelled_document_open_goes_back_to_the_conversation_before_it)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", &x.sp);
+    session *c = open_session("full", NULL);   /* the control opens nothing else */
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
+    cr_assert(sess_open_document(c, x.doc, NULL, NULL, 0) == SESS_OK);
+    ask_ok(s, "What is it about?");
+    ask_ok(c, "What is it about?");
+    int64_t sid = sess_stored_id(s), n0;
+    const int32_t *t0 = sess_tokens(s, &n0);
+    int32_t *keep = malloc(sizeof(int32_t) * (size_t)n0);
+    memcpy(keep, t0, sizeof(int32_t) * (size_t)n0);
+    int64_t pos0 = fwd_pos(sess_fwd(s));
+    sess_callbacks cb = { NULL, cancel_on_progress, NULL, NULL, NULL, NULL, NULL, NULL };
+    stop_flag = 0;
+    sess_set_callbacks(s, &cb, &stop_flag);
+    cr_expect_eq(sess_open_document(s, TD "prompts/p2.txt", NULL, NULL, 0), SESS_ECANCELLED);
+    cr_expect(strstr(sess_error(s), "back to doc.txt as it was"), "%s", sess_error(s));
+    sess_set_callbacks(s, NULL, NULL);
+    expect_state(s, "full", pos0, keep, n0, "cancelled open");
+    cr_expect_str_eq(sess_document_title(s), "doc.txt");
+    cr_expect_eq(sess_stored_id(s), sid, "the same stored conversation");
+    ask_ok(s, "And then?");
+    ask_ok(c, "And then?");
+    int32_t want[64];
+    int64_t n_want = answer_ids(c, want, 64);
+    expect_same_answer(want, n_want, s, "after the cancelled open");
+    free(keep);
+    sess_free(c);
+    sess_free(s);
+    fixture_close(&x);
+}
+
+Test(session, policy_checks_are_the_same_before_and_after_a_document)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", NULL);
+    /* before a document: against the whole context */
+    cr_expect_eq(sess_check_policy(s, "quest:budget=0", NULL), SESS_EFAIL);
+    cr_expect(strstr(sess_error(s), "below two pages"), "%s", sess_error(s));
+    cr_expect_eq(sess_set_policy(s, "snapkv:budget=999999", NULL), SESS_EFAIL);
+    cr_expect(strstr(sess_error(s), "larger than the context"), "%s", sess_error(s));
+    cr_expect_str_eq(pol_set_spec(sess_policies(s))->text, "full");
+    /* with one: a decode-time switch is checked against it too, and nothing changes */
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
+    cr_expect_eq(sess_set_policy(s, "quest:budget=0", NULL), SESS_EFAIL);
+    cr_expect_str_eq(pol_set_spec(sess_policies(s))->text, "full");
+    cr_expect_eq(sess_policy_pending(s), 0);
+    /* a budget given apart replaces the spec's own */
+    cr_expect_eq(sess_set_policy(s, "quest:budget=0.5", NULL), SESS_OK, "%s", sess_error(s));
+    cr_expect_eq(sess_policy_pending(s), 1, "a decode-time policy waits for the next answer");
+    cr_expect_eq(sess_set_policy(s, "quest:budget=0.5", "0.25"), SESS_OK, "%s", sess_error(s));
+    cr_expect_str_eq(pol_set_spec(sess_policies(s))->text, "quest:budget=0.25");
+    cr_expect_eq(sess_check_policy(s, "take:budget=0.5", "0.001"), SESS_EFAIL);
+    cr_expect(strstr(sess_error(s), "probe tokens"), "%s", sess_error(s));
+    ask_ok(s, "What is it about?");
+    cr_expect_eq(sess_policy_pending(s), 0, "the answer used it");
     sess_free(s);
     fixture_close(&x);
 }
