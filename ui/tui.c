@@ -381,14 +381,17 @@ static void draw_status(const uw_view *v, int W, int attr)
         snprintf(speed, sizeof speed, "%.1f tok/s", (double)v->answer_tokens / live);
     else
         snprintf(speed, sizeof speed, "%.1f tok/s", v->tok_s);
-    char status[2048];
-    /* the context meter: positions used of the limit; the KV cache: the share of a full cache's token
-     * rows it holds, and its memory (the side panel has the full cache's) */
-    snprintf(status, sizeof status,
-             " kvchat | %s | %s | %s | ctx %lld/%lld | KV %.0f%% of full (%.2f MiB) | %s | %s%s", state, conv_name,
-             policy, (long long)v->ctx_used, (long long)v->ctx_limit, 100.0 * kept_share(v),
-             (double)v->kv_held / (1 << 20), speed, v->model,
-             v->base_model ? " (base model)" : "");
+    char status[2048], kv[64];
+    /* the KV cache: the share of a full cache's token rows it holds, and its memory (the side panel
+     * has the full cache's) */
+    if (v->tokens_full > 0)
+        snprintf(kv, sizeof kv, "KV %.0f%% of full (%.2f MiB)", 100.0 * kept_share(v), (double)v->kv_held / (1 << 20));
+    else
+        snprintf(kv, sizeof kv, "KV empty");
+    /* the context meter: positions used of the limit */
+    snprintf(status, sizeof status, " kvchat%s | %s | %s | %s | ctx %lld/%lld | %s | %s | %s",
+             v->base_model ? " (base model)" : "", state, conv_name, policy, (long long)v->ctx_used,
+             (long long)v->ctx_limit, kv, speed, v->model);
     attron(attr);
     mvhline(0, 0, ' ', W);
     mvaddnstr(0, 0, status, W);

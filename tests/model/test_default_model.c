@@ -326,3 +326,15 @@ Test(default_model, gen_model_gemma3_270m_has_the_default_models_layout, .timeou
     snprintf(path, sizeof path, "rm -rf %s", dir);
     cr_assert_eq(system(path), 0);
 }
+
+/* A base model (issue 20, item 9): the welcome and the status bar say so, and an answer, in the
+ * interface and from `ask`, stops where the model begins its next "Question:" instead of running
+ * to the answer length (tests/tui/base.sh). */
+Test(default_model, base_model_answers_stop_at_the_next_question, .timeout = 600)
+{
+    char cmd[1024];
+    const char *bin = getenv("KVCHAT_BIN") ? getenv("KVCHAT_BIN") : "./kvchat";
+    snprintf(cmd, sizeof cmd, "tests/tui/base.sh %s '%s' ../shared/testdata/prompts/p2.txt", bin, model_path());
+    int st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tests/tui/base.sh on the default model failed (output above)");
+}
