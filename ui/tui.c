@@ -747,11 +747,12 @@ static const struct {
 static void busy_error(tui *t) { say(t, E_ERROR, "busy: wait for the current job or press Ctrl-C (your text stays below)"); }
 
 /* "/policy SPEC": a spec naming one stage replaces that half of the current spec and keeps the
- * other (said in a note); "full" alone is full attention everywhere. */
-static void policy_command(tui *t, const char *spec)
+ * other (said in a note); "full" alone is full attention everywhere. 0 when busy (the input stays). */
+static int policy_command(tui *t, const char *spec)
 {
     uw_view v;
     uw_get_view(t->w, &v);
+    if (v.busy) return busy_error(t), 0;
     char combined[512], err[700];
     const char *use = spec;
     if (!strchr(spec, '+') && strcmp(spec, "full") != 0) {
@@ -760,7 +761,7 @@ static void policy_command(tui *t, const char *spec)
     }
     if (uw_set_policy(t->w, use, NULL, err, sizeof err)) {
         say(t, E_ERROR, "%s", err);
-        return;
+        return 1;
     }
     if (use == combined) {
         char kept[512];
@@ -772,6 +773,7 @@ static void policy_command(tui *t, const char *spec)
             v.policy, kept, combined);
     }
     t->cv.answering = 0;
+    return 1;
 }
 
 /* Returns 1 when the input is done with (cleared), 0 when it stays (busy: nothing is lost). */
@@ -808,7 +810,7 @@ static int command(tui *t, const char *line)
         else t->cv.answering = 0;
     } else if (!strcmp(name, "/policy")) {
         if (!arg[0]) open_overlay(t, OV_POLICY);
-        else policy_command(t, arg);
+        else if (!policy_command(t, arg)) return 0;
     } else if (!strcmp(name, "/compare")) {
         if (uw_compare(t->w, arg)) return busy_error(t), 0;
         say(t, E_INFO, "%s", line);
@@ -997,14 +999,10 @@ static void key(tui *t, wint_t ch, int is_key, int alt)
         close_seen(t);
         return;
     }
-    if (t->finding) {
-        int a = keymap_lookup(&t->km, (int)ch, is_key);
-        if (a != KA_FIND || !is_key) {
-            if (!(a == KA_FIND && ch == 6)) {
-                find_key(t, (int)ch, is_key);
-                return;
-            }
-        }
+    if (t->finding) {   /* the find key again: an older match; anything else edits the search */
+        if (keymap_lookup(&t->km, (int)ch, is_key) == KA_FIND) start_find(t);
+        else find_key(t, (int)ch, is_key);
+        return;
     }
     if (!t->ed.searching && !alt) {
         int a = keymap_lookup(&t->km, (int)ch, is_key);

@@ -47,6 +47,7 @@ struct ui_worker {
     volatile sig_atomic_t seen_live;   /* the "what the model sees" view is open: keep its spans fresh */
     double seen_at;              /* when they were last built */
     int keep_policy_once;        /* the next resume keeps the interface's policy */
+    int done_posted;             /* the running job has posted its UW_DONE */
 };
 
 static double now_s(void)
@@ -73,6 +74,7 @@ static void post(ui_worker *w, uw_kind k, const char *text, int64_t a, int64_t b
         e->a = a;
         e->b = b;
         w->qt = next;
+        if (k == UW_DONE) w->done_posted = 1;
     }
     pthread_mutex_unlock(&w->mu);
 }
@@ -396,6 +398,7 @@ static void *run(void *arg)
         w->view.phase = VIEW_OTHER;
         w->view.phase_start = now_s();
         w->running = job;
+        w->done_posted = 0;
         pthread_mutex_unlock(&w->mu);
         if (job == JOB_QUIT) {
             free(a);
@@ -441,6 +444,8 @@ static void *run(void *arg)
         }
         free(a);
         refresh_seen(w, 1);
+        /* every job ends with a UW_DONE, also one that failed (what waits for it goes on) */
+        if (!w->done_posted) post(w, UW_DONE, "", 0, 0);
         pthread_mutex_lock(&w->mu);
         w->job = JOB_NONE;
         w->view.busy = 0;
