@@ -1158,7 +1158,7 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
     snprintf(s->doc_sha, sizeof s->doc_sha, "%s", st.doc_sha);
     snprintf(s->title, sizeof s->title, "%s", st.title);
     snprintf(s->name, sizeof s->name, "%s", st.name);
-    int rc = SESS_OK;
+    int rc = SESS_OK, replayed = 0;   /* replayed: prefilled now, in whole or in part */
     if (g == 0) {
         double t0 = now_s();
         int64_t n = 0;
@@ -1168,6 +1168,7 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
              * turns after it prefilled again, or else the whole conversation from its document */
             snprintf(e, sizeof e, "%.1000s", s->err);
             rc = resume_from_older(s, st.id, path, n_path, k, e);
+            replayed = rc == SESS_OK;
             if (rc == SESS_ENOTFOUND) {
                 note(s, "session %lld: the snapshot after the last answer is unusable (%.300s) and no older one is: "
                      "prefilling the conversation again", (long long)st.id, e);
@@ -1202,16 +1203,16 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
             }
         } else {
             rc = replay_conversation(s, doc, path, n_path);
-            /* filed under the last answer, so the next resume under this policy is instant */
-            size_t sl;
-            if (rc == SESS_OK && leaf) {
-                if (save_snapshot(s, leaf, &sl) == 0)
-                    note(s, "session %lld: its snapshot under %s is saved: the next resume is instant", (long long)st.id, k);
-                else
-                    note(s, "session %lld: the snapshot could not be saved (%.600s)", (long long)st.id, s->err);
-            }
+            replayed = rc == SESS_OK;
         }
         free(doc);
+    }
+    if (replayed && leaf) {   /* filed under the last answer, so the next resume under this policy is instant */
+        size_t sl;
+        if (save_snapshot(s, leaf, &sl) == 0)
+            note(s, "session %lld: its snapshot under %s is saved: the next resume is instant", (long long)st.id, k);
+        else
+            note(s, "session %lld: the snapshot could not be saved (%.600s)", (long long)st.id, s->err);
     }
     free(given);
     free(data);

@@ -388,11 +388,12 @@ Test(session, bad_input_is_one_clear_error)
     fixture_close(&x);
 }
 
-static char last_note[1024];
+static char last_note[4096];   /* the notes since it was last cleared, one a line */
 static void keep_note(void *ud, const char *msg)
 {
     (void)ud;
-    snprintf(last_note, sizeof last_note, "%s", msg);
+    size_t l = strlen(last_note);
+    snprintf(last_note + l, sizeof last_note - l, "%s%s", l ? "\n" : "", msg);
 }
 
 Test(session, a_conversation_deleted_meanwhile_goes_on_as_a_new_one)

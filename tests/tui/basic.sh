@@ -236,6 +236,7 @@ T send-keys -t "$s" C-g
 wait_for 'F9 +saved sessions'
 T send-keys -t "$s" x
 T send-keys -t "$s" '/quit' Enter
+wait_exit
 printf 'key.sessions = F4\n' > "$cfg/kvchat/config"
 err=$("$bin" tui 2>&1 </dev/null) && fail "a key bound twice was accepted"
 echo "$err" | grep -q "F4 is bound to both sessions and policy" || fail "bad keymap message: $err"
