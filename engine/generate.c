@@ -239,6 +239,12 @@ int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float 
             break;
         }
     }
+    if (stops && safe < i && res->stop != GEN_STOP_EOG && res->stop != GEN_STOP_SEQUENCE) {
+        /* cut short (length, context, interrupt) while holding back what may begin a stop sequence
+         * (a base model's "\nQuestion"): it is left out, as the stop it probably was */
+        if (track) unc_drop(mon, i - safe);
+        i = safe;
+    }
     if (regen_page >= 0) {   /* the answer ended inside a regenerated page */
         int64_t from = regen_page * P, n = i - from;
         finish_event(mon, o->thr, cb, g.tokens + from, g.first_try, n < 0 ? 0 : n, P, from);

@@ -13,7 +13,8 @@
  *
  * Stop sequences end the answer where one of them begins in its text (a base model's next
  * "\nQuestion:"); the answer keeps the tokens wholly before it. Tokens whose text may be the start
- * of a stop sequence are held back until that is decided, so the stop text is never shown. */
+ * of a stop sequence are held back until that is decided, so the stop text is never shown; an
+ * answer that reaches its length (or is stopped) while holding some back leaves them out. */
 #ifndef KVCHAT_GENERATE_H
 #define KVCHAT_GENERATE_H
 
@@ -56,9 +57,10 @@ typedef struct gen_result {
 enum { GEN_STOP_LIMIT, GEN_STOP_EOG, GEN_STOP_CONTEXT, GEN_STOP_INTERRUPT, GEN_STOP_SEQUENCE };
 
 /* logits: the prefill's last logits (overwritten). The monitor is reset first. 0, or -1 with a
- * message when a decode step fails (an interrupt is not a failure: stop says so). After a stop
- * sequence (GEN_STOP_SEQUENCE) the cache holds more than the n_gen tokens kept (up to the stop's
- * last token but one): the caller rewinds it. */
+ * message when a decode step fails (an interrupt is not a failure: stop says so). With stop
+ * sequences the cache may hold more than the n_gen tokens kept (after GEN_STOP_SEQUENCE, or when the
+ * answer was cut short while text that may begin one was held back, which is then left out): the
+ * caller rewinds it. */
 int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float *logits, int32_t n_vocab,
                const gen_opts *o, const gen_callbacks *cb, volatile sig_atomic_t *abort_flag, gen_result *res,
                char *err, size_t errlen);

@@ -461,10 +461,10 @@ static int generate(session *s, int32_t prev, int64_t n_predict, int max_regen, 
     size_t k = tok_stream_flush(&st.ts, piece, sizeof piece - 1);
     answer_add(s, piece, k);
     if (k && s->cb.text) s->cb.text(s->cb.ud, piece, k);
-    if (gr->stop == GEN_STOP_SEQUENCE && keep) {
-        /* the cache went past the kept tokens: back to them (the last one sampled, not evaluated,
-         * as after any answer), replaying what sliding-window layers no longer hold */
-        int64_t target = s->n_seq > seq0 ? s->n_seq - 1 : s->n_seq;
+    int64_t target = s->n_seq > seq0 ? s->n_seq - 1 : s->n_seq;
+    if (keep && fwd_pos(s->f) > target) {
+        /* a stop sequence: the cache went past the kept tokens; back to them (the last one sampled,
+         * not evaluated, as after any answer), replaying what sliding-window layers no longer hold */
         int64_t r = fwd_rewind(s->f, target);
         if (r < target && fwd_eval(s->f, s->seq + r, target - r, s->logits, NULL, NULL, NULL, NULL, s->abort_flag, s->err,
                                    sizeof s->err))

@@ -88,11 +88,12 @@ static void publish(ui_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
-/* The status bar's phase (under the mutex). */
-static void set_phase(ui_worker *w, int phase)
+/* The status bar's phase (under the mutex); its clock and count start again when it changes, or
+ * when restart says so (the next column of a comparison). */
+static void set_phase(ui_worker *w, int phase, int restart)
 {
     pthread_mutex_lock(&w->mu);
-    if (w->view.phase != phase) {
+    if (w->view.phase != phase || restart) {
         w->view.phase = phase;
         w->view.phase_start = now_s();
         w->view.answer_tokens = 0;
@@ -124,9 +125,9 @@ static void on_progress(void *ud, int64_t done, int64_t total)
 {
     ui_worker *w = ud;
     if (done >= total && answering_job(w->running)) {
-        set_phase(w, VIEW_ANSWER);   /* the question is in: the answer begins */
+        set_phase(w, VIEW_ANSWER, 0);   /* the question is in: the answer begins */
     } else if (w->view.phase != VIEW_PREFILL || done < w->view.done) {
-        set_phase(w, VIEW_PREFILL);
+        set_phase(w, VIEW_PREFILL, 1);
         w->t_job = now_s();
     }
     pthread_mutex_lock(&w->mu);
@@ -152,7 +153,7 @@ static void on_text(void *ud, const char *piece, size_t n)
     snprintf(buf, sizeof buf, "%.*s", (int)(n < sizeof buf ? n : sizeof buf - 1), piece);
     post(w, UW_TEXT, buf, 0, 0);
     w->n_gen++;
-    if (w->view.phase != VIEW_ANSWER) set_phase(w, VIEW_ANSWER);
+    if (w->view.phase != VIEW_ANSWER) set_phase(w, VIEW_ANSWER, 0);
     publish(w);
     refresh_seen(w, 0);
 }
@@ -160,8 +161,7 @@ static void on_text(void *ud, const char *piece, size_t n)
 static void on_column(void *ud, int i, int n, const char *policy, int64_t tokens)
 {
     ui_worker *w = ud;
-    if (tokens == 0) set_phase(w, VIEW_OTHER);   /* a new column: its clock starts again */
-    set_phase(w, VIEW_COMPARE);
+    set_phase(w, VIEW_COMPARE, tokens == 0);   /* a new column: its clock starts again */
     pthread_mutex_lock(&w->mu);
     w->view.column = i;
     w->view.n_columns = n;
