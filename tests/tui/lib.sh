@@ -7,7 +7,7 @@ sock=kvchat-tui-${name:-test}-$$
 s=t
 T() { tmux -L "$sock" "$@"; }
 cap() { T capture-pane -p -t "$s"; }
-fail() { echo "tui test $name: $*"; echo "----- screen -----"; cap || true; [ -n "${KVCHAT_TUI_DEBUG:-}" ] && { sleep 1; T send-keys -t "$s" X; sleep 0.5; echo "----- again -----"; cap | tail -5; }; T kill-server 2>/dev/null || true; exit 1; }
+fail() { echo "tui test $name: $*"; echo "----- screen -----"; cap || true; T kill-server 2>/dev/null || true; exit 1; }
 tries=$((${KVCHAT_TUI_WAIT:-20} * 10))
 wait_for() {   # a regular expression that must appear on the screen
     for _ in $(seq 1 "$tries"); do cap | grep -Eq -- "$1" && return 0; sleep 0.1; done
