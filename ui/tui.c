@@ -269,71 +269,107 @@ static void draw_seen(tui *t, int top, int bottom, int width)
 typedef struct box_ctx {
     char (*lines)[160];
     int n, max;
+    int indent, rows;        /* a hanging indent for the rows after an item's first */
 } box_ctx;
 
 static void box_line(void *ud, const char *p, int bytes)
 {
     box_ctx *b = ud;
-    if (b->n < b->max) snprintf(b->lines[b->n++], 160, "%.*s", bytes, p);
+    int ind = b->rows++ ? b->indent : 0;
+    if (b->n < b->max) snprintf(b->lines[b->n++], 160, "%*s%.*s", ind, "", bytes, p);
+}
+
+/* One item of the help: a key or command in a column of width col, then its text; a text that does
+ * not fit goes on under itself (col 0: a paragraph). */
+static void box_item(box_ctx *b, const char *key, int col, const char *text, int iw)
+{
+    char first[400];
+    snprintf(first, sizeof first, "%-*s%s", col, key, text);
+    b->indent = col;
+    b->rows = 0;
+    if (!first[0]) {   /* a blank row between groups */
+        box_line(b, "", 0);
+        return;
+    }
+    if (col == 0 || conv_wrap(first, iw, NULL, NULL) == 1) {
+        b->indent = 0;
+        conv_wrap(first, iw, box_line, b);
+        return;
+    }
+    /* the text wrapped in its own column, the key before its first row */
+    box_ctx c = *b;
+    c.indent = col;
+    c.rows = 0;
+    int before = b->n;
+    conv_wrap(text, iw - col, box_line, &c);
+    if (c.n > before) {
+        char row[160];
+        snprintf(row, sizeof row, "%-*s%s", col, key, b->lines[before]);
+        snprintf(b->lines[before], 160, "%s", row);
+    }
+    b->n = c.n;
 }
 
 /* Every key (as bound now) and command, wrapped to the screen's width; arrows scroll it. */
 static void draw_help(tui *t, int H, int W, int attr)
 {
     static char lines[200][160];
-    char text[400];
-    box_ctx b = { lines, 0, 200 };
+    box_ctx b = { lines, 0, 200, 0, 0 };
     int w = W - 2 < 78 ? W - 2 : 78, iw = w - 4;
-    if (iw < 10) return;
-    conv_wrap("kvchat keys and commands", iw, box_line, &b);
-    box_line(&b, "", 0);
+    if (iw < 24) return;
+    box_item(&b, "", 0, "kvchat keys and commands", iw);
+    box_item(&b, "", 0, "", iw);
     for (int a = 0; a < KA_COUNT; a++) {
         char k[16];
         keymap_key_name(t->km.key[a], k, sizeof k);
-        snprintf(text, sizeof text, "%-6s %s", k, keymap_action_help(a));
-        conv_wrap(text, iw, box_line, &b);
+        box_item(&b, k, 9, keymap_action_help(a), iw);
     }
-    static const char *fixed[] = {
-        "Ctrl-C stop the answer or the prefill; idle: clear the input, then quit (asks)",
-        "Ctrl-Q quit at once",
-        "Esc    close a view or a list",
-        "Enter sends; Alt-Enter or Ctrl-J a new line; a paste is inserted as it is",
-        "Ctrl-A/E line start/end, Ctrl-K/U kill to end/start, Ctrl-W word back, Ctrl-Y yank, Alt-B/F word back/forward, "
-        "Up/Down lines and history, Ctrl-R search the history",
-        "A question typed while a document loads waits and is asked when it is in",
-        "",
-        "/open [PATH]      open a document (no PATH: the file picker; ~ and quotes work)",
-        "/policy [SPEC]    switch policy (no SPEC: the picker); one half keeps the other",
-        "/sessions         the session browser; /resume ID continues one",
-        "/settings         sampling, answer length and budget",
-        "/regen            another answer to the last question (a branch)",
-        "/edit N TEXT      ask TEXT instead of question N (a branch)",
-        "/compare P1,P2 Q  answer Q under these policies side by side",
-        "/find TEXT        search the conversation (^F again: older)",
-        "/copy [N] [FILE]  answer N (default the last) to the clipboard (OSC 52) and FILE",
-        "/mouse            mouse capture on/off",
-        "/help  /quit",
-        "",
-        "keys are remapped in the settings file: key.ACTION = KEY",
-        "Up, Down, PgUp, PgDn scroll this; any other key closes it",
+    static const char *keys[][2] = {
+        { "Ctrl-C", "stop the answer or the prefill; idle: close what is open, clear the input, then quit (asks)" },
+        { "Ctrl-Q", "quit at once" },
+        { "Esc", "close a view or a list" },
+        { "Enter", "send; Alt-Enter or Ctrl-J: a new line; a paste is inserted as it is" },
+        { "Ctrl-A/E", "the line's start, end; Ctrl-K/U kill to its end, start; Ctrl-W, Alt-Backspace the word "
+                      "before; Ctrl-Y yank; Alt-B/F a word back, forward; Up/Down lines, then the history; "
+                      "Ctrl-R search the history" },
+        { "", "" },
+        { "", "A question typed while a document loads or an answer streams waits, and is asked when that "
+              "ends." },
+        { "", "" },
+        { "/open [PATH]", "open a document (no PATH: the file picker; ~ and quotes work)" },
+        { "/policy [SPEC]", "switch policy (no SPEC: the picker); a spec of one half keeps the other" },
+        { "/sessions", "the session browser; /resume ID continues one" },
+        { "/settings", "sampling, answer length and budget" },
+        { "/regen", "another answer to the last question (a branch)" },
+        { "/edit N TEXT", "ask TEXT instead of question N (a branch)" },
+        { "/compare P1,P2 Q", "answer Q under these policies side by side" },
+        { "/find TEXT", "search the conversation (^F again: older)" },
+        { "/copy [N] [FILE]", "answer N (the last) to the clipboard (OSC 52), and to FILE" },
+        { "/mouse", "mouse capture on/off" },
+        { "/help  /quit", "" },
+        { "", "" },
+        { "", "Keys are remapped in the settings file: key.ACTION = KEY." },
     };
-    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
-        if (!fixed[i][0]) box_line(&b, "", 0);
-        else conv_wrap(fixed[i], iw, box_line, &b);
-    }
-    int room = H - 2, n = b.n;
-    if (n > room - 2) n = room - 2;
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        box_item(&b, keys[i][0], keys[i][0][0] == '/' ? 18 : keys[i][0][0] ? 9 : 0, keys[i][1], iw);
+    if (b.n + 1 <= H - 4) box_item(&b, "", 0, "Any key closes this.", iw);
+    /* taller than the screen: the rows that fit, scrolled by the arrows, and a last row saying so */
+    int more = b.n > H - 4, n = more ? H - 5 : b.n;
+    if (n < 1) return;
     if (t->help_top > b.n - n) t->help_top = b.n - n;
     if (t->help_top < 0) t->help_top = 0;
-    int y0 = (H - n) / 2 - 1, x0 = (W - w) / 2;
+    int rows = n + more, y0 = (H - rows) / 2 - 1, x0 = (W - w) / 2;
     if (x0 < 0) x0 = 0;
     if (y0 < 1) y0 = 1;
-    for (int i = -1; i <= n; i++) {
-        attron(attr);
+    attron(attr);
+    for (int i = -1; i <= rows; i++) {
         mvhline(y0 + i, x0, ' ', w);
         if (i >= 0 && i < n) mvaddnstr(y0 + i, x0 + 2, lines[t->help_top + i], iw);
-        attroff(attr);
     }
+    if (more)
+        mvaddnstr(y0 + n, x0 + 2, t->help_top + n < b.n ? "-- more: Down, PgDn (any other key closes this) --"
+                                                         : "-- the end: Up, PgUp back (any other key closes this) --", iw);
+    attroff(attr);
 }
 
 /* ---- the status bar */
