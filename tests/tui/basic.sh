@@ -113,7 +113,7 @@ T send-keys -t "$s" notes
 wait_for 'filter: notes_'
 T send-keys -t "$s" Enter
 wait_for "$work/notes.txt: [0-9]+ tokens of"
-wait_for '\| notes\.txt \|'
+wait_for '\| #2 notes\.txt \|'
 wait_for '\| ready'
 T send-keys -t "$s" 'Is this the copy?' Enter
 wait_for 'saved in session 2 \(snapshot'
