@@ -18,6 +18,7 @@ typedef struct ask_opts {
     int64_t n_predict;
     int format;                  /* SESS_FORMAT_* */
     int show_pages;
+    const char *trace;
 } ask_opts;
 
 #define A(field) offsetof(ask_opts, field)
@@ -32,6 +33,9 @@ static const opt_def ask_defs[] = {
       "the plain completion form DOCUMENT / Question: / Answer:", NULL },
     { "--show-pages", NULL, OPT_FLAG, A(show_pages), 0, 0, NULL, 0, NULL,
       "print the page map: how often each page of the document was attended", NULL },
+    { "--trace", NULL, OPT_STR, A(trace), 0, 0, NULL, 0, "TEXT",
+      "print what the policies decided about the tokens of TEXT (its first place in the prompt): scores, ranks and "
+      "the kept threshold (docs/policies.md)", NULL },
     { "--session", NULL, OPT_STR, A(session_name), 0, 0, NULL, 0, "NAME",
       "keep the conversation in the store: create it, or continue it from its snapshot", NULL },
     { "--resume", NULL, OPT_STR, A(resume), 0, 0, NULL, 0, "SESSION",
@@ -149,7 +153,7 @@ int cmd_ask(int argc, char **argv)
     cli_opts o;
     cli_opts_init(&o);
     o.sp.temperature = 0;   /* answers are reproducible unless --temp asks otherwise */
-    ask_opts a = { NULL, NULL, NULL, NULL, 0, 128, SESS_FORMAT_AUTO, 0 };
+    ask_opts a = { NULL, NULL, NULL, NULL, 0, 128, SESS_FORMAT_AUTO, 0, NULL };
     opt_group g[] = { { ask_defs, &a, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_SAMPLING(&o), CLI_STORE(&o) };
     int r = cli_parse(argc, argv, "kvchat ask -d DOCUMENT|- -q QUESTION [options]",
                       "Answer a question about a document (- reads it from the standard input) under a KV-cache\n"
@@ -193,6 +197,10 @@ int cmd_ask(int argc, char **argv)
         }
     }
     if (start(s, &a, o.policy != NULL)) goto done;
+    if (sess_trace(s, a.trace)) {
+        cli_err("ask: %s", sess_error(s));
+        goto done;
+    }
     if (o.show_events) cli_print_event_header(s);
     cli_install_sigint();
     int st = sess_ask(s, a.question);
@@ -208,6 +216,13 @@ int cmd_ask(int argc, char **argv)
     cli_print_answer_end(s, o.show_events);
     const sess_answer *ans = sess_last_answer(s);
     if (a.show_pages) print_page_map(s, ans->prompt_end);
+    if (a.trace) {
+        int64_t lo, hi;
+        const char *tr = sess_trace_text(s, &lo, &hi);
+        char shown[400];
+        text_escape(a.trace, shown, sizeof shown, 0);
+        printf("trace of positions %lld..%lld ('%s'):\n%s", (long long)lo, (long long)(hi - 1), shown, tr);
+    }
     fflush(stdout);
     print_metrics(s);
     rc = cli_interrupted ? 130 : 0;

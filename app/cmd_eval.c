@@ -471,6 +471,34 @@ static int split_continuation(const eval_rt *rt, const task_item *it, item_ctx *
 
 /* ---- the plan -------------------------------------------------------------------------------- */
 
+/* Characters per token of len bytes of text (4 when it cannot be measured). */
+static double chars_per_token(const tok_vocab *v, const char *text, size_t len)
+{
+    int32_t *t = NULL;
+    size_t nt = 0;
+    char err[200];
+    double cpt = 4.0;
+    if (tok_encode(v, text, len, 0, 0, &t, &nt, err, sizeof err) == 0 && nt) cpt = (double)len / (double)nt;
+    free(t);
+    return cpt;
+}
+
+/* The same for a task that repeats its own filler: measured on 64 repetitions, as documents run. */
+static double own_chars_per_token(const ev *E, const char *task)
+{
+    const char *f = task_own_filler(task);
+    size_t l = strlen(f), n = 64 * (l + 1);
+    char *text = malloc(n + 1);
+    if (!text) return 4.0;
+    for (int r = 0; r < 64; r++) {
+        memcpy(text + (size_t)r * (l + 1), f, l);
+        text[(size_t)r * (l + 1) + l] = ' ';
+    }
+    double cpt = chars_per_token(E->rt.m->vocab, text, n - 1);
+    free(text);
+    return cpt;
+}
+
 static int config_done(const ev *E, const char *task, int64_t ctx, int sample, int n_q, const eval_cfg *c)
 {
     for (int q = 0; q < n_q; q++)
@@ -543,7 +571,7 @@ typedef struct eval_opts {
 #define O(field) offsetof(eval_opts, field)
 static const opt_def eval_defs[] = {
     { "--task", NULL, OPT_STR, O(tasks), 0, 0, NULL, 0, "LIST",
-      "passkey, niah, multikey, multivalue, babi1, babi2, ppl, multiturn, or all", NULL },
+      "passkey, passkey-std, niah, multikey, multivalue, babi1, babi2, ppl, multiturn, or all", NULL },
     { "--ctx", NULL, OPT_STR, O(ctx), 0, 0, NULL, 0, "LIST", "document lengths in tokens, e.g. 2K,4K,8K (default 4000)",
       NULL },
     { "--policy", NULL, OPT_STR, O(policies), 0, 0, NULL, 0, "LIST", "policies, e.g. full,chess,snapkv, or all (default full)",
@@ -553,7 +581,7 @@ static const opt_def eval_defs[] = {
     { "--samples", NULL, OPT_STR, O(samples), 0, 0, NULL, 0, "LIST",
       "samples per length: one value, or one per --ctx length (default 8)", NULL },
     { "--seed", NULL, OPT_I64, O(seed), 0, (double)INT64_MAX, NULL, 0, "S", "seed of the documents (default 1)", NULL },
-    { "--depths", NULL, OPT_I64, O(n_depths), 1, 101, NULL, 0, "N", "points of niah's needle depth sweep (default 5)",
+    { "--depths", NULL, OPT_I64, O(n_depths), 1, 101, NULL, 0, "N", "points of the needle depth sweep of niah and passkey-std (default 5)",
       NULL },
     { "--backtrack", NULL, OPT_STR, O(backtracks), 0, 0, NULL, 0, "LIST",
       "regenerations per answer, e.g. 0,2 (default: the policy's own)", NULL },
@@ -619,7 +647,8 @@ int cmd_eval(int argc, char **argv)
         return rc ? 1 : 0;
     }
     if (!tasks_arg) {
-        cli_err("eval: give --task (passkey, niah, multikey, multivalue, babi1, babi2, ppl, multiturn or all)");
+        cli_err("eval: give --task (passkey, passkey-std, niah, multikey, multivalue, babi1, babi2, ppl, multiturn or "
+                "all)");
         return 1;
     }
     /* tasks, lengths and samples */
@@ -629,7 +658,8 @@ int cmd_eval(int argc, char **argv)
         for (const char *const *t = task_names(); *t; t++) snprintf(tlist[n_task++], 32, "%s", *t);
     for (int t = 0; t < n_task; t++)
         if (!task_known(tlist[t])) {
-            cli_err("eval: unknown task '%s' (passkey, niah, multikey, multivalue, babi1, babi2, ppl, multiturn)",
+            cli_err("eval: unknown task '%s' (passkey, passkey-std, niah, multikey, multivalue, babi1, babi2, ppl, "
+                    "multiturn)",
                     tlist[t]);
             return 1;
         }
@@ -770,16 +800,11 @@ int cmd_eval(int argc, char **argv)
     fwd_set_policy(E.rt.f, NULL);
     fwd_policy_env(E.rt.f, &E.env);
     cli_install_sigint();
-    /* characters per token of this filler, so documents come out near the asked lengths */
-    double cpt = 4.0;
-    {
-        size_t span = fl.len < 40000 ? fl.len : 40000;
-        int32_t *t = NULL;
-        size_t nt = 0;
-        if (tok_encode(E.rt.m->vocab, fl.text + fl.len / 2 - span / 2, span, 0, 0, &t, &nt, err, sizeof err) == 0 && nt)
-            cpt = (double)span / (double)nt;
-        free(t);
-    }
+    /* characters per token of this filler (and of a task's own), so documents come out near the
+     * asked lengths */
+    size_t span = fl.len < 40000 ? fl.len : 40000;
+    double cpt = chars_per_token(E.rt.m->vocab, fl.text + fl.len / 2 - span / 2, span), cpt_own[16];
+    for (int t = 0; t < n_task; t++) cpt_own[t] = task_own_filler(tlist[t]) ? own_chars_per_token(&E, tlist[t]) : cpt;
     /* the plan's work, for the ETA */
     E.pg.t0 = E.pg.last = cli_now();
     E.pg.tty = isatty(2);
@@ -808,7 +833,8 @@ int cmd_eval(int argc, char **argv)
                 free(I.ids);
                 free(I.cont);
                 memset(&I, 0, sizeof I);
-                if (task_make(task, &fl, ctxs[c], cpt, (uint64_t)seed, (int)k, (int)n_depths, &it, err, sizeof err)) {
+                if (task_make(task, &fl, ctxs[c], cpt_own[t], (uint64_t)seed, (int)k, (int)n_depths, &it, err,
+                              sizeof err)) {
                     cli_err("eval: %s", err);
                     goto done;
                 }

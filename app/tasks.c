@@ -118,8 +118,17 @@ void filler_done(filler *f)
 
 /* ---- tasks ----------------------------------------------------------------------------------- */
 
-static const char *const names[] = { "passkey", "niah", "multikey", "multivalue", "babi1", "babi2", "ppl",
-                                     "multiturn", NULL };
+static const char *const names[] = { "passkey", "passkey-std", "niah", "multikey", "multivalue", "babi1", "babi2",
+                                     "ppl", "multiturn", NULL };
+
+/* The standard pass-key test's filler (the Landmark-attention one the papers and their baselines use),
+ * repeated; its needle names the key twice. */
+static const char std_filler[] = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+
+const char *task_own_filler(const char *name)
+{
+    return !strcmp(name, "passkey-std") ? std_filler : NULL;
+}
 
 const char *const *task_names(void)
 {
@@ -144,6 +153,12 @@ double task_sweep_depth(int sample, int n_depths)
 {
     if (n_depths < 2) return 0.5;
     return (double)(sample % n_depths) / (n_depths - 1);
+}
+
+double task_inner_depth(int sample, int n_depths)
+{
+    if (n_depths < 1) n_depths = 1;
+    return ((double)(sample % n_depths) + 0.5) / n_depths;
 }
 
 static const char *const keys[] = { "apple", "river", "candle", "mountain", "violin", "lantern", "harbor",
@@ -289,6 +304,40 @@ int task_make(const char *name, const filler *f, int64_t ctx_tokens, double char
     uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ hash_str(name) ^ (uint64_t)ctx_tokens * 0x100000001B3ull;
     x += (uint64_t)sample * 7919ull;
     for (int i = 0; i < 4; i++) rnd(&x);
+    if (!strcmp(name, "passkey-std")) {
+        /* the filler repeated to about ctx_tokens (chars_per_token measured on this filler), the needle
+         * between two repetitions nearest the sweep's depth, a fresh random five-digit key */
+        int key = 10000 + (int)(rnd(&x) % 90000);
+        size_t fl = strlen(std_filler);
+        int64_t reps = (int64_t)((double)ctx_tokens * chars_per_token / (double)(fl + 1) + 0.5);
+        if (reps < 1) reps = 1;
+        char nd[96];
+        int nl = snprintf(nd, sizeof nd, "The pass key is %d. Remember it. %d is the pass key.", key, key);
+        int64_t at = (int64_t)(task_inner_depth(sample, n_depths) * (double)reps + 0.5);
+        if (at > reps) at = reps;
+        it->doc = malloc((size_t)reps * (fl + 1) + (size_t)nl + 2);
+        if (!it->doc) goto oom;
+        size_t w = 0, needle_at = 0;
+        for (int64_t r = 0; r <= reps; r++) {   /* the pieces, joined by single spaces */
+            if (r == at) {
+                if (w) it->doc[w++] = ' ';
+                needle_at = w;
+                memcpy(it->doc + w, nd, (size_t)nl);
+                w += (size_t)nl;
+            }
+            if (r < reps) {
+                if (w) it->doc[w++] = ' ';
+                memcpy(it->doc + w, std_filler, fl);
+                w += fl;
+            }
+        }
+        it->doc[w] = 0;
+        snprintf(it->question[0], sizeof it->question[0], "What is the pass key?");
+        snprintf(it->expect[0][0], sizeof it->expect[0][0], "%d", key);
+        it->n_expect[0] = 1;
+        it->depth[0] = (double)needle_at / (double)w;
+        return 0;
+    }
     size_t n_chars = (size_t)((double)ctx_tokens * chars_per_token), plen, next;
     char *p = passage(f, n_chars, &x, &plen, &next);
     if (!p) goto oom;

@@ -54,9 +54,17 @@ int task_answer_tokens(const char *name);
  * k mod n_depths / (n_depths - 1). */
 double task_sweep_depth(int sample, int n_depths);
 
+/* The sweep of passkey-std, which stays inside the document: sample k sits in the middle of slice
+ * k mod n_depths of n_depths equal slices (10%, 30%, .. 90% for 5). */
+double task_inner_depth(int sample, int n_depths);
+/* The text a task repeats as its own filler (passkey-std: the standard pass-key filler), for measuring
+ * its characters per token; NULL when the task cuts its documents from the loaded filler. */
+const char *task_own_filler(const char *name);
+
 /* Sample `sample` of task `name` with a document of about ctx_tokens tokens: ctx_tokens x
  * chars_per_token characters of filler f (the passkey task keeps its own generator, ctx_tokens / 11
- * sentences, so its documents are the same as before this harness). 0, or -1 with a message
+ * sentences, so its documents are the same as before this harness; passkey-std repeats its own filler,
+ * so chars_per_token must be measured on task_own_filler). 0, or -1 with a message
  * (unknown task, out of memory). task_item_free releases it. */
 int task_make(const char *name, const filler *f, int64_t ctx_tokens, double chars_per_token, uint64_t seed,
               int sample, int n_depths, task_item *it, char *err, size_t errlen);

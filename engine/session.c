@@ -76,6 +76,9 @@ struct session {
     int have_db;
     int64_t sid, leaf;
     char msha[65];
+    /* the decision trace (sess_trace): the text followed and its positions once found */
+    char *trace_text;
+    int64_t trace_lo, trace_hi;
 };
 
 static double now_s(void)
@@ -344,8 +347,38 @@ void sess_free(session *s)
     free(s->answer);
     free(s->ans_ids);
     free(s->last_q);
+    free(s->trace_text);
     for (int i = 0; i < MAX_TURNS; i++) free(s->turn_samp[i]);
     free(s);
+}
+
+int sess_trace(session *s, const char *text)
+{
+    free(s->trace_text);
+    s->trace_text = NULL;
+    s->trace_lo = s->trace_hi = 0;
+    if (text && !(s->trace_text = strdup(text))) return fail(s, SESS_EFAIL, "out of memory");
+    return SESS_OK;
+}
+
+const char *sess_trace_text(const session *s, int64_t *lo, int64_t *hi)
+{
+    *lo = s->trace_lo;
+    *hi = s->trace_hi;
+    return pol_set_trace_text(s->ps);
+}
+
+/* The trace of the next evaluation follows the traced text's first place in the sequence. */
+static int start_trace(session *s)
+{
+    if (!s->trace_text) return SESS_OK;
+    int64_t lo, hi;
+    if (tok_find_text(s->m->vocab, s->seq, (size_t)s->n_seq, s->trace_text, &lo, &hi))
+        return fail(s, SESS_EFAIL, "the traced text '%.200s' is not in the prompt", s->trace_text);
+    if (pol_set_trace(s->ps, lo, hi)) return fail(s, SESS_EFAIL, "out of memory");
+    s->trace_lo = lo;
+    s->trace_hi = hi;
+    return SESS_OK;
 }
 
 const char *sess_error(const session *s) { return s->err; }
@@ -671,6 +704,11 @@ static int prepare_turn(session *s, const char *question, int32_t *prev, int64_t
     }
     free(ids);
     n = (size_t)(s->n_seq - from);
+    if (start_trace(s)) {
+        s->n_seq = n_seq0;
+        s->pending_record = -1;
+        return SESS_EFAIL;
+    }
     pol_set_probe_is_question(s->ps, 1);
     double t0 = now_s();
     int rc = eval(s, s->seq + from, n);
@@ -711,6 +749,10 @@ static int prepare_pending(session *s, const char *question, int32_t *prev, int6
         return fail(s, SESS_EFAIL, "out of memory");
     }
     free(ids);
+    if (start_trace(s)) {
+        s->n_seq = 0;
+        return SESS_EFAIL;
+    }
     pol_set_probe_is_question(s->ps, 1);
     double t0 = now_s();
     int rc = eval(s, s->seq, n);

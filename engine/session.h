@@ -171,6 +171,12 @@ int sess_set_policy(session *s, const char *spec, const char *budget);
  * parses, and its budgets fit this conversation (or, before a document, the context) and are not
  * below what each policy always keeps. A budget given (non-NULL) replaces the spec's own budget=. */
 int sess_check_policy(session *s, const char *spec, const char *budget);
+/* Trace what the policies decide about the tokens of text (its first place in the sequence) from the
+ * next question on (kvchat ask --trace; NULL: none): that question fails when the text is not in the
+ * sequence by then. sess_trace_text: the trace so far ("" when none) and the positions [lo, hi) it
+ * follows (engine/policy/trace.h). */
+int sess_trace(session *s, const char *text);
+const char *sess_trace_text(const session *s, int64_t *lo, int64_t *hi);
 /* Sampling settings and the answer length from the next answer on. */
 void sess_set_sampling(session *s, const samp_params *sp, int64_t n_predict);
 

@@ -480,6 +480,49 @@ static int hexval(char c)
     return -1;
 }
 
+int tok_find_text(const tok_vocab *v, const int32_t *ids, size_t n, const char *text, int64_t *lo, int64_t *hi)
+{
+    size_t tl = strlen(text), len = 0, cap = 0;
+    if (tl == 0) return -1;
+    char *all = NULL;
+    size_t *start = malloc(sizeof(size_t) * (n + 1));   /* each token's first byte in all */
+    if (!start) return -1;
+    for (size_t i = 0; i < n; i++) {
+        char piece[256];
+        size_t w = tok_piece_text(v, ids[i], 0, piece, sizeof piece);
+        if (w > sizeof piece) w = sizeof piece;
+        if (len + w + 1 > cap) {
+            cap = (len + w + 1) * 2;
+            char *na = realloc(all, cap);
+            if (!na) {
+                free(all);
+                free(start);
+                return -1;
+            }
+            all = na;
+        }
+        start[i] = len;
+        memcpy(all + len, piece, w);
+        len += w;
+    }
+    start[n] = len;
+    int rc = -1;
+    const char *at = all ? memmem(all, len, text, tl) : NULL;
+    if (at) {
+        size_t a = (size_t)(at - all), b = a + tl;
+        size_t i = 0;
+        while (i + 1 < n && start[i + 1] <= a) i++;
+        size_t j = i;
+        while (j < n && start[j] < b) j++;
+        *lo = (int64_t)i;
+        *hi = (int64_t)j;
+        rc = 0;
+    }
+    free(all);
+    free(start);
+    return rc;
+}
+
 size_t tok_piece_text(const tok_vocab *v, int32_t id, int render_special, char *buf, size_t cap)
 {
     if (id < 0 || id >= v->n) return 0;

@@ -47,6 +47,9 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, int add_bos, in
  * pieces as their single raw byte, CONTROL/UNKNOWN/UNUSED as nothing unless render_special.
  * Writes at most cap bytes, returns the full length. */
 size_t tok_piece_text(const tok_vocab *v, int32_t id, int render_special, char *buf, size_t cap);
+/* The tokens of ids[0..n) whose texts (tok_piece_text) hold the first occurrence of text: [*lo, *hi).
+ * 0, or -1 when text does not occur (or is empty) or out of memory. */
+int tok_find_text(const tok_vocab *v, const int32_t *ids, size_t n, const char *text, int64_t *lo, int64_t *hi);
 /* Raw piece string of a token (as stored in the vocabulary). */
 const char *tok_piece(const tok_vocab *v, int32_t id);
 

@@ -70,12 +70,57 @@ Test(eval_tasks, needle_lands_at_the_asked_depth)
     filler_done(&f);
 }
 
+/* The standard pass-key documents: the Landmark filler repeated to the asked length, the needle once at
+ * the inner sweep's depth, and keys that really differ from sample to sample (the passkey task's keys
+ * move by a unit every few samples: its generator is kept as it was for older results). */
+Test(eval_tasks, passkey_std_has_one_needle_at_the_sweep_depth_and_random_keys)
+{
+    filler f = gen_filler();
+    char err[256], keys[20][24];
+    const char *fill = task_own_filler("passkey-std");
+    cr_assert(fill && strstr(fill, "The grass is green.") && !task_own_filler("niah"));
+    int distinct_first_digits = 0, seen[10] = { 0 };
+    for (int k = 0; k < 20; k++) {
+        task_item it;
+        cr_assert(task_make("passkey-std", &f, 2048, 3.7, 1, k, 5, &it, err, sizeof err) == 0, "%s", err);
+        const char *key = it.expect[0][0];
+        cr_assert(strlen(key) == 5, "key '%s' is not five digits", key);
+        snprintf(keys[k], sizeof keys[k], "%s", key);
+        if (!seen[key[0] - '0']++) distinct_first_digits++;
+        char needle[96];
+        snprintf(needle, sizeof needle, "The pass key is %s. Remember it. %s is the pass key.", key, key);
+        const char *at = strstr(it.doc, needle);
+        cr_assert(at, "sample %d: no needle", k);
+        cr_expect(strstr(it.doc, "pass key") == at + 4 && !strstr(at + strlen(needle), "pass key"),
+                  "sample %d: more than one needle", k);
+        cr_expect(at == it.doc || at[-1] == ' ', "the needle starts a sentence");
+        double got = (double)(at - it.doc) / (double)strlen(it.doc);
+        cr_expect(fabs(got - task_inner_depth(k, 5)) < 0.02, "sample %d: needle at %.3f, asked %.2f", k, got,
+                  task_inner_depth(k, 5));
+        cr_expect(fabs(it.depth[0] - got) < 1e-9);
+        cr_expect_str_eq(it.question[0], "What is the pass key?");
+        /* about 2048 tokens of 3.7 characters, every other sentence the filler's */
+        size_t len = strlen(it.doc);
+        cr_expect(len > 7200 && len < 8000, "document of %zu characters", len);
+        cr_expect(!strncmp(it.doc, at == it.doc ? needle : fill, strlen(at == it.doc ? needle : fill)));
+        cr_expect(it.doc[len - 1] == '.' && !strstr(it.doc, "  "), "pieces joined by single spaces");
+        task_item_free(&it);
+    }
+    int same = 0;
+    for (int a = 0; a < 20; a++)
+        for (int b = a + 1; b < 20; b++) same += !strcmp(keys[a], keys[b]);
+    cr_expect(same <= 1, "%d pairs of the 20 samples share a key", same);
+    cr_expect(distinct_first_digits >= 5, "keys start with only %d different digits", distinct_first_digits);
+    cr_expect(fabs(task_inner_depth(0, 5) - 0.1) < 1e-12 && fabs(task_inner_depth(4, 5) - 0.9) < 1e-12);
+    filler_done(&f);
+}
+
 Test(eval_tasks, every_question_has_its_answer_in_the_document)
 {
     filler f = gen_filler();
     char err[256];
-    const char *tasks[] = { "passkey", "multikey", "multivalue", "babi1", "babi2", "multiturn" };
-    for (int t = 0; t < 6; t++)
+    const char *tasks[] = { "passkey", "passkey-std", "multikey", "multivalue", "babi1", "babi2", "multiturn" };
+    for (int t = 0; t < 7; t++)
         for (int k = 0; k < 6; k++) {
             task_item it;
             cr_assert(task_make(tasks[t], &f, 800, 4.0, 9, k, 5, &it, err, sizeof err) == 0);

@@ -96,7 +96,7 @@ static void build(fixture *fx, const float *dir, int n_pages)
     }
     kv_commit(fx->kv, (int64_t)n_pages * P);
     fx->global[0] = 0;
-    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL };
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL };
 }
 
 static void unbuild(fixture *fx)
@@ -333,7 +333,7 @@ static void build_planted(fixture *fx)
     cr_assert(kv_append(fx->kv, 0, k, v, 64, 0) == 0);
     kv_commit(fx->kv, 64);
     fx->global[0] = 0;
-    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL };
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL };
 }
 
 static void kept_positions(fixture *fx, char *out, size_t len)

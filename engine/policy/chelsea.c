@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "engine/policy/chelsea.h"
+#include "engine/policy/trace.h"
 #include "common/quant.h"
 
 enum { P_BUDGET, P_GAP, P_SINKS, P_RECENT, P_CHUNK, P_OUTLIERS };
@@ -57,9 +58,35 @@ static float cosine(const float *x, const float *y, int64_t D)
     return nx > 0 && ny > 0 ? (float)(d / sqrt(nx * ny)) : 0.0f;
 }
 
-int64_t chelsea_merge(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target, int sinks,
-                      int recent, int chunk)
+/* The trace of one pass: every A token's best-link similarity (tokens without a link: -inf), what
+ * stayed, and each merge that touches a traced position. */
+static void trace_pass(pol_trace *t, int il, int g, int pass, const link *links, int64_t nl, int64_t r,
+                       const char *gone, const int32_t *pos, int64_t T)
 {
+    float *sc = malloc(sizeof(float) * (size_t)T);
+    unsigned char *kept = malloc((size_t)T);
+    if (sc && kept) {
+        for (int64_t j = 0; j < T; j++) {
+            sc[j] = -INFINITY;
+            kept[j] = !gone[j];
+        }
+        for (int64_t i = 0; i < nl; i++) sc[links[i].a] = links[i].sim;
+        char what[96];
+        snprintf(what, sizeof what, "chelsea pass %d (A tokens by link similarity; DROP = merged)", pass);
+        pol_trace_tokens(t, what, il, g, T, sc, kept, pos);
+        for (int64_t i = 0; i < r; i++)
+            if (pol_trace_covers(t, pos[links[i].a], pos[links[i].a]) || pol_trace_covers(t, pos[links[i].b], pos[links[i].b]))
+                pol_trace_note(t, "chelsea pass %d L%d h%d: position %d merged into %d (cosine %.4f)", pass, il, g,
+                               pos[links[i].a], pos[links[i].b], (double)links[i].sim);
+    }
+    free(sc);
+    free(kept);
+}
+
+static int64_t merge_traced(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target,
+                            int sinks, int recent, int chunk, pol_trace *trace, int il, int g)
+{
+    int pass = 0;
     /* one link per A token: ceil(len / 2) of every chunk, more than half the middle when the chunk
      * size is odd (chunk=3: two of every three), so size for T */
     link *links = malloc(sizeof(link) * (size_t)(T > 0 ? T : 1));
@@ -103,6 +130,7 @@ int64_t chelsea_merge(float *k, float *v, int32_t *pos, float *deg, int64_t T, i
             deg[b] = n;
             gone[a] = 1;
         }
+        if (trace) trace_pass(trace, il, g, ++pass, links, nl, r, gone, pos, T);
         int64_t o = 0;
         for (int64_t j = 0; j < T; j++) {
             if (gone[j]) continue;
@@ -119,6 +147,12 @@ int64_t chelsea_merge(float *k, float *v, int32_t *pos, float *deg, int64_t T, i
     free(links);
     free(gone);
     return T;
+}
+
+int64_t chelsea_merge(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target, int sinks,
+                      int recent, int chunk)
+{
+    return merge_traced(k, v, pos, deg, T, D, target, sinks, recent, chunk, NULL, -1, -1);
 }
 
 /* Head g of layer il as f32 rows (k, v may be NULL), with positions and degrees when asked. */
@@ -263,8 +297,11 @@ static int compress_head(st_chel *s, const pol_env *env, int il, int g)
     int64_t T = read_head(env->kv, il, g, &k, &v, &pos, &deg), D = kv_head_dim(env->kv);
     int rc = -1;
     if (T < 0 || !(ld = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1)))) goto out;
-    int64_t n = chelsea_merge(k, v, pos, deg, T, D, s->budget_tokens, s->sinks, s->recent, s->chunk);
+    int64_t n = merge_traced(k, v, pos, deg, T, D, s->budget_tokens, s->sinks, s->recent, s->chunk, env->trace, il, g);
     if (n < 0) goto out;
+    for (int64_t i = 0; i < n && env->trace; i++)
+        if (pol_trace_covers(env->trace, pos[i], pos[i]))
+            pol_trace_note(env->trace, "chelsea L%d h%d: position %d stands for %.0f tokens", il, g, pos[i], (double)deg[i]);
     for (int64_t i = 0; i < n; i++) ld[i] = logf(deg[i]);
     if (kv_rebuild_head(env->kv, il, g, k, v, pos, ld, n) != 0) goto out;
     s->merges += T - n;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "engine/policy/pol_util.h"
+#include "engine/policy/trace.h"
 
 enum { P_PRESET, P_RHO_G, P_RHO_C, P_RHO_P, P_BUDGET, P_SINK, P_WINDOW, P_CHUNK, P_GRID, P_EVERY, P_SCORE };
 
@@ -151,6 +152,26 @@ static int ceil_frac(double rho, int n)
     return k > n ? n : k;
 }
 
+/* The trace of one level: n units of `per` candidate pages each (1 for pages), scores sc, kept
+ * flags; positions from the first global layer's pages. */
+static void trace_level(const st_chess *s, const pol_env *env, const char *what, int n, int per, const float *sc,
+                        const unsigned char *kept)
+{
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1)), *last = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    if (first && last) {
+        for (int u = 0; u < n; u++) {
+            int p0 = s->sink + u * per, p1 = s->sink + (u + 1) * per - 1;
+            if (p1 > s->sink + s->n_cand - 1) p1 = s->sink + s->n_cand - 1;
+            const kv_page *a = kv_layer_page(env->kv, env->global[0], 0, p0), *b = kv_layer_page(env->kv, env->global[0], 0, p1);
+            first[u] = a->n ? a->pos[0] : 0;
+            last[u] = b->n ? b->pos[b->n - 1] : first[u];
+        }
+        pol_trace_units(env->trace, what, -1, -1, n, sc, kept, first, last);
+    }
+    free(first);
+    free(last);
+}
+
 /* The reconstruction: choose s->sel among the candidate pages [sink, np - window). */
 static int rebuild(st_chess *s, const pol_env *env)
 {
@@ -252,9 +273,30 @@ static int rebuild(st_chess *s, const pol_env *env)
         int64_t room = (btok + P - 1) / P - s->sink - nw;
         kp = room < 0 ? 0 : room > n3 ? n3 : (int)room;
     }
+    if (env->trace) {   /* which grids and chunks survived, before idx is reused for the pages */
+        unsigned char *kept = calloc((size_t)(nc > 0 ? nc : 1), 1);
+        if (kept) {
+            for (int i = 0; i < n2; i++) kept[s->idx2[i] / s->grid] = 1;
+            trace_level(s, env, "chess grids (cosine to the anchor)", ng, s->grid * s->chunk, gs, kept);
+            memset(kept, 0, (size_t)nc);
+            for (int i = 0; i < kc; i++) kept[s->idx2[i]] = 1;
+            trace_level(s, env, "chess chunks", nc, s->chunk, cs, kept);
+            free(kept);
+        }
+    }
     kp = pol_top_k(s->idx, n3, ps, kp);
     for (int i = 0; i < kp; i++) s->sel[i] = first + s->idx[i];
     s->n_sel = kp;
+    if (env->trace) {   /* pages outside the kept chunks count as dropped */
+        unsigned char *kept = calloc((size_t)s->n_cand, 1);
+        if (kept) {
+            for (int i = 0; i < kp; i++) kept[s->idx[i]] = 1;
+            trace_level(s, env, "chess pages", s->n_cand, 1, ps, kept);
+            pol_trace_note(env->trace, "chess anchor: pages %d..%d (positions %d..%lld)", last, np - 1,
+                           kv_layer_page(env->kv, env->global[0], 0, last)->pos[0], (long long)s->cur - 1);
+            free(kept);
+        }
+    }
     return 0;
 }
 

@@ -6,12 +6,14 @@
  * budget evicts its lowest-scoring tokens outside the recent window. Saves memory. */
 #include "engine/policy/policy.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/policy/pol_util.h"
+#include "engine/policy/trace.h"
 
 enum { P_BUDGET, P_RECENT };
 
@@ -109,6 +111,15 @@ static int evict(st_h2o *s, const pol_env *env, int il, int g, const float *sc, 
     int64_t nk = 0;
     for (int64_t i = 0; i < k; i++) keep[nk++] = idx[i];
     for (int64_t j = cut; j < T; j++) keep[nk++] = j;
+    if (env->trace) {   /* the recent tokens show as kept with an infinite score */
+        unsigned char *kept = calloc((size_t)T, 1);
+        if (kept) {
+            for (int64_t i = 0; i < nk; i++) kept[keep[i]] = 1;
+            for (int64_t j = cut; j < T; j++) heavy[j] = INFINITY;
+            pol_trace_tokens(env->trace, "h2o accumulated attention", il, g, T, heavy, kept, pos);
+            free(kept);
+        }
+    }
     if (kv_keep_tokens(env->kv, il, g, keep, nk) != 0) goto out;
     s->evicted += T - nk;
     s->kept_last = nk;

@@ -21,6 +21,7 @@
 
 #include "engine/policy/laser.h"
 #include "engine/policy/pol_util.h"
+#include "engine/policy/trace.h"
 #include "common/quant.h"
 
 enum { P_BLOCK, P_BUDGET, P_PROTECT, P_ALPHA, P_ROUNDS, P_BITS, P_SEED, P_PROBE };
@@ -187,6 +188,17 @@ static int score_layer(st_laser *s, const pol_env *env, int il, const float *qp,
     return 0;
 }
 
+/* The trace of a block's choice: its exact and its LSH scores, with what was kept in the end. */
+static void trace_block(const st_laser *s, const pol_env *env, int64_t a, int64_t n, const unsigned char *keep)
+{
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    if (!pos) return;
+    for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)(a + i);
+    pol_trace_tokens(env->trace, "laser exact (probe attention, all layers)", -1, -1, n, s->exact + a, keep, pos);
+    pol_trace_tokens(env->trace, "laser LSH collision rate", -1, -1, n, s->lsh + a, keep, pos);
+    free(pos);
+}
+
 /* Choose the block's tokens and keep them (plus the settled memory) in every global layer and head. */
 static int compress_block(st_laser *s, const pol_env *env, int64_t end, int64_t T_prompt, char *err, size_t errlen)
 {
@@ -212,6 +224,7 @@ static int compress_block(st_laser *s, const pol_env *env, int64_t end, int64_t 
     for (int64_t i = 0; i < n; i++) sc[i] = keep[i] ? -INFINITY : s->lsh[a + i];
     k = pol_top_k64(sc, n, n_lsh, idx);
     for (int64_t i = 0; i < k; i++) if (sc[idx[i]] > -INFINITY) keep[idx[i]] = 1;
+    if (env->trace) trace_block(s, env, a, n, (const unsigned char *)keep);
     for (int gl = 0; gl < env->n_global; gl++) {
         int il = env->global[gl];
         for (int g = 0; g < env->n_head_kv; g++) {

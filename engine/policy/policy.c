@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/policy/trace.h"
+
 extern const pol_ops pol_full, pol_streaming, pol_quest, pol_chess, pol_sentkv, pol_take, pol_laser, pol_chelsea,
     pol_snapkv, pol_h2o;
 
@@ -289,6 +291,7 @@ pol_set *pol_set_create(const pol_spec *spec, const pol_env *env, char *err, siz
     }
     ps->spec = *spec;
     ps->env = *env;
+    ps->env.trace = NULL;   /* each set owns its own (pol_set_trace) */
     ps->global = malloc(sizeof(int) * (size_t)(env->n_global > 0 ? env->n_global : 1));
     ps->sel.off = calloc((size_t)env->n_head_kv + 1, sizeof(int64_t));
     if (!ps->global || !ps->sel.off) {
@@ -319,8 +322,20 @@ void pol_set_free(pol_set *ps)
     free(ps->sel.mask);
     free(ps->page_map);
     free(ps->last_pages);
+    pol_trace_free(ps->env.trace);
     free(ps);
 }
+
+int pol_set_trace(pol_set *ps, int64_t lo, int64_t hi)
+{
+    pol_trace *t = pol_trace_create(lo, hi);
+    if (!t) return -1;
+    pol_trace_free(ps->env.trace);
+    ps->env.trace = t;
+    return 0;
+}
+
+const char *pol_set_trace_text(const pol_set *ps) { return pol_trace_text(ps->env.trace); }
 
 const pol_spec *pol_set_spec(const pol_set *ps) { return &ps->spec; }
 const pol_env *pol_set_env(const pol_set *ps) { return &ps->env; }
@@ -360,6 +375,7 @@ int pol_set_after_chunk(pol_set *ps, int64_t start, int64_t n, int last, char *e
 
 void pol_set_decode_begin(pol_set *ps, int64_t pos)
 {
+    pol_trace_at(ps->env.trace, "decode pos %lld", (long long)pos);
     for (int i = 0; i < ps->spec.n; i++) {
         const pol_ops *p = ps->spec.ops[i];
         if (p->decode_begin) p->decode_begin(ps->st[i], &ps->env, pos);
@@ -376,6 +392,8 @@ void pol_set_on_tokens(pol_set *ps, const int32_t *tokens, int64_t n, int64_t p0
 
 int pol_set_layer_done(pol_set *ps, int il, const pol_chunk *c, char *err, size_t errlen)
 {
+    if (!c->decoding)
+        pol_trace_at(ps->env.trace, "prefill %lld+%lld%s", (long long)c->p0, (long long)c->n, c->last ? " last" : "");
     for (int i = 0; i < ps->spec.n; i++) {
         const pol_ops *p = ps->spec.ops[i];
         if (p->layer_done && p->layer_done(ps->st[i], &ps->env, il, c, err, errlen)) return -1;
@@ -439,6 +457,7 @@ void pol_set_reselect(pol_set *ps, int64_t pos, int64_t keep_from, pol_change *c
     for (int i = 0; i < ps->spec.n; i++) {
         if (!ps->spec.ops[i]->reselect) continue;
         chg->supported = 1;
+        pol_trace_at(ps->env.trace, "reselect pos %lld", (long long)pos);
         ps->spec.ops[i]->reselect(ps->st[i], &ps->env, pos, keep_from, chg);
     }
 }

@@ -49,6 +49,9 @@ typedef struct pol_env {
      * (kvchat calibrate; NaN where not measured), or NULL without a calibration. Chelsea spares the
      * least similar heads. */
     const float *head_sim;
+    /* NULL unless a trace of chosen positions is on (pol_set_trace): policies then report their
+     * decisions there (engine/policy/trace.h). */
+    struct pol_trace *trace;
 } pol_env;
 
 /* A decode-time selection for one layer: page indices into the layer's page table (ascending),
@@ -226,6 +229,11 @@ void pol_set_probe_is_question(pol_set *ps, int yes);
  * matches the one saved in its slot loads its state (a policy switched since keeps a fresh state).
  * -1 with a message. */
 void pol_set_save(const pol_set *ps, bytes_w *w);
+/* Trace what the policies decide about positions [lo, hi) from now on (kvchat ask --trace): each
+ * decision that touches them, with the scores, ranks and the kept threshold (engine/policy/trace.h).
+ * 0, or -1 when out of memory. pol_set_trace_text: the trace so far ("" when off). */
+int pol_set_trace(pol_set *ps, int64_t lo, int64_t hi);
+const char *pol_set_trace_text(const pol_set *ps);
 int pol_set_load(pol_set *ps, bytes_r *r, int apply, char *err, size_t errlen);
 int pol_set_saves_memory(const pol_set *ps);
 

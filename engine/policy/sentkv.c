@@ -20,6 +20,7 @@
 #include "engine/policy/pol_util.h"
 #include "common/quant.h"
 #include "engine/policy/sentkv.h"
+#include "engine/policy/trace.h"
 
 enum { P_LEN, P_DELTA, P_BUDGET, P_SINKS };
 
@@ -239,6 +240,25 @@ static void se_begin(void *st, const pol_env *env, int64_t pos)
     summarize(s, env);
 }
 
+/* The trace of one head's choice: every finished segment with its score and whether it is in. */
+static void trace_segments(const st_sent *s, const pol_env *env, int il, int g)
+{
+    int64_t n = s->n_summ;
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)n), *last = malloc(sizeof(int64_t) * (size_t)n);
+    unsigned char *kept = malloc((size_t)n);
+    if (first && last && kept) {
+        for (int64_t sg = 0; sg < n; sg++) {
+            first[sg] = sg ? s->seg_end[sg - 1] : 0;
+            last[sg] = s->seg_end[sg] - 1;
+            kept[sg] = (s->now[first[sg] >> 6] >> (first[sg] & 63)) & 1;
+        }
+        pol_trace_units(env->trace, "sentkv segments", il, g, n, s->score, kept, first, last);
+    }
+    free(first);
+    free(last);
+    free(kept);
+}
+
 static int se_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
 {
     st_sent *s = st;
@@ -305,6 +325,7 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
             for (int64_t p = a; p < b; p++) s->now[p >> 6] |= 1ull << (p & 63);
             used += b - a;
         }
+        if (env->trace) trace_segments(s, env, il, g);
         /* reuse against the previous step's selection of this layer and head */
         int slot = gl * env->n_head_kv + g;
         int64_t picked = 0, reused = 0;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine/policy/pol_util.h"
+#include "engine/policy/trace.h"
 
 enum { P_WINDOW, P_KERNEL, P_POOL, P_BUDGET };
 
@@ -112,6 +113,14 @@ static int compress_head(st_snap *s, const pol_env *env, int il, int g, const fl
     pol_pool(votes, prefix, s->kernel, s->avg, pooled);
     int64_t room = budget - (T - prefix);
     int64_t k = pol_top_k64(pooled, prefix, room > 0 ? room : 0, idx);
+    if (env->trace) {
+        unsigned char *kept = calloc((size_t)(prefix > 0 ? prefix : 1), 1);
+        if (kept) {
+            for (int64_t i = 0; i < k; i++) kept[idx[i]] = 1;
+            pol_trace_tokens(env->trace, "snapkv pooled window votes", il, g, prefix, pooled, kept, pos);
+            free(kept);
+        }
+    }
     int64_t nk = 0;
     for (int64_t i = 0; i < k; i++) keep[nk++] = idx[i];
     for (int64_t j = prefix; j < T; j++) keep[nk++] = j;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "engine/policy/pol_util.h"
+#include "engine/policy/trace.h"
 
 enum { P_CHUNK, P_PROBE, P_ALPHA, P_BUDGET, P_DELAY, P_WARMUP, P_KERNEL };
 
@@ -131,6 +132,17 @@ static int64_t score_head(st_take *s, const pol_env *env, int il, int g, int64_t
     return T;
 }
 
+/* The trace of a choice: the kept tokens are idx[0..nk) of T. */
+static void trace_keep(const pol_env *env, const char *what, int il, int g, const float *score, const int32_t *pos,
+                       int64_t T, const int64_t *idx, int64_t nk)
+{
+    unsigned char *kept = calloc((size_t)(T > 0 ? T : 1), 1);
+    if (!kept) return;
+    for (int64_t i = 0; i < nk; i++) kept[idx[i]] = 1;
+    pol_trace_tokens(env->trace, what, il, g, T, score, kept, pos);
+    free(kept);
+}
+
 /* Keep the top k tokens of head g by score (all of them when T <= k). Records the kept positions
  * when save is set (layer W-1's choice for the delayed layers). */
 static int keep_top(st_take *s, const pol_env *env, int il, int g, const float *score, const int32_t *pos, int64_t T,
@@ -139,6 +151,7 @@ static int keep_top(st_take *s, const pol_env *env, int il, int g, const float *
     int64_t *idx = malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
     if (!idx) return -1;
     int64_t nk = pol_top_k64(score, T, k, idx);
+    if (env->trace) trace_keep(env, "take pooled probe attention", il, g, score, pos, T, idx, nk);
     if (save) {
         int64_t *np = realloc(s->keep_pos[g], sizeof(int64_t) * (size_t)(nk > 0 ? nk : 1));
         if (!np) {
@@ -190,6 +203,7 @@ static int keep_positions(st_take *s, const pol_env *env, int il, int g, int64_t
     nk = 0;
     for (int64_t j = 0; j < T; j++)
         if (chosen[j]) idx[nk++] = j;
+    if (env->trace) trace_keep(env, "take delayed layer (layer W-1's choice first)", il, g, score, pos, T, idx, nk);
     int rc = nk < T ? kv_keep_tokens(env->kv, il, g, idx, nk) : 0;
     free(score);
     free(pos);
