@@ -4,8 +4,12 @@
 
 #include <stdint.h>
 
-/* Tokens one block keeps: floor(2 r S_block T / (S_block + T)) over ceil(T / S_block) blocks, with r the
- * budget as a fraction of T (a budget >= 1 is a token count: r = budget / T). */
-int64_t laser_block_budget(double budget, int64_t block, int64_t T);
+/* The global budget of a prompt of T tokens: floor(2 r S_block T / (S_block + T)), with r the budget
+ * as a fraction of T (a budget >= 1 is a token count: r = budget / T). */
+int64_t laser_global_budget(double budget, int64_t block, int64_t T);
+/* Tokens one block keeps: the largest B for which the ceil(T / S_block) blocks together hold at most
+ * the global budget at the end of the prompt (each block hands its B / protect recent tokens on to the
+ * next, and a short last block keeps only what it has). */
+int64_t laser_block_budget(double budget, int64_t block, int64_t T, int protect);
 
 #endif
