@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/backend.h"
 #include "engine/forward.h"
@@ -712,6 +713,67 @@ Test(policy, chelsea_writes_log_degrees_the_attention_adds)
     }
     cr_expect(merged, "some tokens merged");
     cr_expect(fabs(total - 64) < 1e-3, "degrees add up to the 64 original tokens: %g", total);
+    pol_set_free(ps);
+    unbuild(&fx);
+}
+
+/* Repetitive filler (keys that repeat with a period of 4, near-duplicates of each other) with a needle of
+ * four keys unlike anything else, prefilled in the chunks the policy asks for, merged to a 25% budget.
+ * Chelsea compresses whenever a head passes budget + gap, so each compression merges the most similar
+ * links (filler into filler) and the needle stays as it was. Compressing only once the whole prompt
+ * was in (before issue 22) had to merge every A token, the needle's too, whatever its similarity. */
+Test(policy, chelsea_merges_filler_before_a_dissimilar_needle)
+{
+    enum { T = 200, NEEDLE = 100 };
+    unsigned seed = (unsigned)time(NULL);
+    cr_log_info("seed %u", seed);
+    srand(seed);
+    static float k[T * D], v[T * D];
+    for (int t = 0; t < T; t++) {
+        for (int d = 0; d < D; d++) {
+            k[t * D + d] = 0;
+            v[t * D + d] = (float)t;
+        }
+        if (t >= NEEDLE && t < NEEDLE + 4) {
+            k[t * D + 4 + (t - NEEDLE)] = 1;   /* orthogonal to the filler and to each other */
+        } else {
+            k[t * D + t % 4] = 1;
+            for (int d = 0; d < 4; d++) k[t * D + d] += 0.05f * ((float)rand() / (float)RAND_MAX - 0.5f);
+        }
+    }
+    char err[512];
+    fixture fx;
+    fx.kv = kv_create(1, 4096, 1, D, P, NULL, err, sizeof err);
+    cr_assert(fx.kv, "%s", err);
+    fx.b = be_cpu_create(1, err, sizeof err);
+    fx.global[0] = 0;
+    fx.env = (pol_env){ fx.kv, fx.b, 1, 1, D, fx.global, 1, NULL, 0, NULL, NULL };
+    pol_spec s;
+    cr_assert(pol_parse(&s, "chelsea:budget=0.25,gap=8,sinks=4,recent=8,chunk=16", NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+    cr_assert(ps, "%s", err);
+    int32_t tok[T] = { 0 };
+    pol_set_on_tokens(ps, tok, T, 0);
+    int chunk = pol_set_chunk_size(ps) > 0 ? pol_set_chunk_size(ps) : T;
+    cr_expect_eq(chunk, 8, "prefill chunks of the gap");
+    static float q[T * D];
+    for (int p0 = 0; p0 < T; p0 += chunk) {
+        int n = T - p0 < chunk ? T - p0 : chunk;
+        cr_assert(kv_append(fx.kv, 0, k + p0 * D, v + p0 * D, n, p0) == 0);
+        kv_commit(fx.kv, p0 + n);
+        pol_chunk c = { q, n, p0, 0, 0, p0 + n == T, 0 };
+        cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
+        cr_expect(kv_head_tokens(fx.kv, 0, 0) <= 50 + 8, "at %d the head holds %lld tokens", p0 + n,
+                  (long long)kv_head_tokens(fx.kv, 0, 0));
+    }
+    cr_expect(kv_head_tokens(fx.kv, 0, 0) <= 50, "merged back to the budget: %lld", (long long)kv_head_tokens(fx.kv, 0, 0));
+    int whole = 0;
+    for (int i = 0; i < kv_n_pages(fx.kv, 0, 0); i++) {
+        const kv_page *p = kv_layer_page(fx.kv, 0, 0, i);
+        for (int t = 0; t < p->n; t++)
+            if (p->pos[t] >= NEEDLE && p->pos[t] < NEEDLE + 4) whole += p->logdeg[t] == 0;
+    }
+    cr_expect_eq(whole, 4, "%d of the needle's 4 tokens are still themselves (seed %u)", whole, seed);
     pol_set_free(ps);
     unbuild(&fx);
 }

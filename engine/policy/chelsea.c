@@ -1,7 +1,7 @@
 /* chelsea.c - Chelsea: KV clustering by chunked soft matching.
  *
- * When a global layer's KV head holds more than budget + gap tokens (at the end of the prompt, or
- * while decoding), it is compressed back to the budget: the first `sinks` and last `recent` tokens
+ * When a global layer's KV head holds more than budget + gap tokens (after any prefill chunk, which
+ * is gap tokens long, or decode step), it is compressed back to the budget: the first `sinks` and last `recent` tokens
  * are kept aside; the rest is cut into chunks of `chunk` tokens; inside a chunk, alternate tokens
  * form sets A and B and every A token is linked to its most cosine-similar B key; over all chunks the
  * most similar links are kept, as many as tokens must go, and each linked A token is merged into its
@@ -216,6 +216,7 @@ typedef struct st_chel {
     double budget;
     int gap, sinks, recent, chunk;
     int64_t budget_tokens;
+    int64_t eval_end;        /* the running eval's end (on_tokens): a fractional budget is of this prompt */
     int64_t merges, passes_last, kept_last;
     char *spared;            /* [n_layer * n_head_kv]: outlier heads that keep their full cache */
     int n_spared, n_heads, calibrated;
@@ -316,18 +317,35 @@ out:
     return rc;
 }
 
+static void ch_tokens(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0)
+{
+    (void)env;
+    (void)tokens;
+    ((st_chel *)st)->eval_end = p0 + n;
+}
+
+/* Prefill in chunks of g tokens, so a head is merged back to B whenever it grows past B + g, as while
+ * decoding: each compression then merges the most similar of many links. Compressing only once the
+ * whole prompt was in (kvchat did until issue 22) had to merge every A token whatever its similarity
+ * (at 20% a pass removes at most half the middle, and three passes are needed), which folded the
+ * pass key's digits into filler. */
+static int ch_chunk_size(void *st) { return ((st_chel *)st)->gap; }
+
 static int ch_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen)
 {
     st_chel *s = st;
-    if (!c->decoding && !c->last) return 0;
-    if (!c->decoding) s->budget_tokens = pol_budget_tokens(s->budget, c->p0 + c->n);
+    if (!c->decoding) {
+        int64_t end = s->eval_end > c->p0 + c->n ? s->eval_end : c->p0 + c->n;
+        s->budget_tokens = pol_budget_tokens(s->budget, end);
+    }
     if (s->budget_tokens <= 0) return 0;
     for (int g = 0; g < env->n_head_kv; g++) {
         if (s->spared[il * env->n_head_kv + g]) continue;   /* an outlier head keeps its full cache */
         int64_t T = 0;
         int np = kv_n_pages(env->kv, il, g);
         for (int i = 0; i < np; i++) T += kv_layer_page(env->kv, il, g, i)->n;
-        if (T <= s->budget_tokens + s->gap) continue;
+        /* the prompt ends at the budget, as every policy's does; otherwise the trigger is B + g */
+        if (T <= s->budget_tokens + (c->last && !c->decoding ? 0 : s->gap)) continue;
         if (compress_head(s, env, il, g) != 0) {
             snprintf(err, errlen, "chelsea: out of memory merging");
             return -1;
@@ -378,6 +396,8 @@ const pol_ops pol_chelsea = {
     .create = ch_create,
     .destroy = ch_destroy,
     .layer_done = ch_layer_done,
+    .on_tokens = ch_tokens,
+    .chunk_size = ch_chunk_size,
     .check = ch_check,
     .describe = ch_describe,
     .save = ch_save,
