@@ -340,6 +340,20 @@ Test(cli, ask_answers_with_metrics_and_page_map)
     cr_expect(strstr(out, "page map: ") && strstr(out, "last step, first global layer: "), "page map: %s", out);
 }
 
+/* --trace TEXT: what the policy decided about the tokens of TEXT; a text not in the prompt is refused. */
+Test(cli, ask_trace_reports_the_decisions_about_a_text)
+{
+    static char out[1 << 16], errb[1 << 16];
+    int st = run(ASK "-q 'What is it about?' -n 4 --policy sentkv:budget=40 --page-size 8 --trace 'the mill'", out,
+                 sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "trace of positions ") && strstr(out, "('the mill'):") &&
+                  strstr(out, "] sentkv segments L") && strstr(out, " units, "),
+              "trace: %s", out);
+    expect_one_line_error(ASK "-q 'What?' --policy sentkv:budget=40 --trace 'no such words'",
+                          "--trace: 'no such words' is not in the prompt");
+}
+
 Test(cli, ask_show_events_logs_a_forced_backtrack)
 {
     static char out[1 << 16], errb[1 << 16];

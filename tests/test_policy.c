@@ -385,6 +385,48 @@ Test(policy, snapkv_keeps_what_the_observation_window_attends_to)
     unbuild(&fx);
 }
 
+#include "engine/policy/trace.h"
+
+/* The decision trace: a line per decision that touches the traced positions, with the kept count, the
+ * lowest kept and best dropped scores, and each traced unit's score, rank (ties marked) and fate. */
+Test(policy, trace_reports_rank_ties_and_the_kept_threshold)
+{
+    pol_trace *t = pol_trace_create(20, 30);
+    cr_assert(t);
+    pol_trace_at(t, "step %d", 7);
+    float sc[5] = { 3, 1, 2, 2, 0 };
+    unsigned char kept[5] = { 1, 0, 1, 1, 0 };
+    int64_t first[5] = { 0, 10, 20, 30, 40 }, last[5] = { 9, 19, 29, 39, 49 };
+    pol_trace_units(t, "segments", 5, 0, 5, sc, kept, first, last);
+    cr_expect_str_eq(pol_trace_text(t),
+                     "[step 7] segments L5 h0: 5 units, 3 kept; lowest kept 2, best dropped 1 | 20-29 2 #2= kept;\n");
+    /* decisions that do not touch positions 20..29 leave no line */
+    int32_t pos[3] = { 1, 2, 3 };
+    pol_trace_tokens(t, "tokens", -1, -1, 3, sc, kept, pos);
+    cr_expect(!strstr(pol_trace_text(t), "tokens"));
+    pol_trace_free(t);
+    /* through a policy set: SnapKV keeps the planted token 50 (the window votes for it) */
+    float q[64 * D];
+    memset(q, 0, sizeof q);
+    for (int i = 60; i < 64; i++) q[i * D] = 1;
+    fixture fx;
+    char err[512];
+    build_planted(&fx);
+    pol_spec s;
+    cr_assert(pol_parse(&s, "snapkv:window=4,kernel=1,budget=6", NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+    cr_assert(ps);
+    cr_expect_str_eq(pol_set_trace_text(ps), "", "off until asked");
+    cr_assert(pol_set_trace(ps, 50, 51) == 0);
+    pol_chunk c = { q, 64, 0, 0, 0, 1, 0 };
+    cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
+    const char *tr = pol_set_trace_text(ps);
+    cr_expect(strstr(tr, "[prefill 0+64 last] snapkv pooled window votes L0 h0: 60 units, 2 kept;") != NULL, "%s", tr);
+    cr_expect(strstr(tr, "| 50 ") && strstr(tr, " #1= kept;"), "token 50 ties token 10 for the top: %s", tr);
+    pol_set_free(ps);
+    unbuild(&fx);
+}
+
 Test(policy, h2o_keeps_heavy_hitters_and_recent_tokens)
 {
     float q[64 * D];

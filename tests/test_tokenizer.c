@@ -416,6 +416,37 @@ Test(tokenizer, piece_text_gives_raw_bytes_and_hides_controls_unless_rendered)
     close_tok(o);
 }
 
+/* kvchat ask --trace finds the tokens that spell a text: the first occurrence, every token it touches
+ * (a text that starts or ends inside a token takes the whole token), nothing for an absent text. */
+Test(tokenizer, find_text_gives_the_tokens_of_its_first_occurrence)
+{
+    opened o = open_tok(TD "vocab/llama-spm.gguf");
+    const char *text = "The sky is blue. The pass key is 4821. The pass key is 9.";
+    size_t n;
+    int32_t *ids = encode(o.v, text, strlen(text), 1, 0, &n);
+    int64_t lo = -1, hi = -1;
+    cr_assert(tok_find_text(o.v, ids, n, "pass key is 4821", &lo, &hi) == 0);
+    char *got = tok_decode(o.v, ids + lo, (size_t)(hi - lo));
+    cr_expect(strstr(got, "pass key is 4821") != NULL, "tokens %lld..%lld spell '%s'", (long long)lo, (long long)hi, got);
+    free(got);
+    /* the tokens just inside the span are needed: dropping either end loses part of the text */
+    got = tok_decode(o.v, ids + lo + 1, (size_t)(hi - lo - 1));
+    cr_expect(!strstr(got, "pass key is 4821"), "'%s'", got);
+    free(got);
+    got = tok_decode(o.v, ids + lo, (size_t)(hi - lo - 1));
+    cr_expect(!strstr(got, "pass key is 4821"), "'%s'", got);
+    free(got);
+    /* the first of two occurrences; a text that starts inside a token */
+    int64_t lo2, hi2;
+    cr_assert(tok_find_text(o.v, ids, n, "ass key", &lo2, &hi2) == 0);
+    cr_expect(lo2 == lo && hi2 <= hi, "the first occurrence: %lld..%lld in %lld..%lld", (long long)lo2, (long long)hi2,
+              (long long)lo, (long long)hi);
+    cr_expect(tok_find_text(o.v, ids, n, "pass key is 5", &lo2, &hi2) == -1, "an absent text");
+    cr_expect(tok_find_text(o.v, ids, n, "", &lo2, &hi2) == -1, "an empty text");
+    free(ids);
+    close_tok(o);
+}
+
 /* ------------------------------------------------------------------ streaming */
 
 /* Characters outside the Llama vocabulary fall back to <0xXX> pieces; streaming must hold back the
