@@ -277,7 +277,8 @@ static int rebuild(st_chess *s, const pol_env *env)
         unsigned char *kept = calloc((size_t)(nc > 0 ? nc : 1), 1);
         if (kept) {
             for (int i = 0; i < n2; i++) kept[s->idx2[i] / s->grid] = 1;
-            trace_level(s, env, "chess grids (cosine to the anchor)", ng, s->grid * s->chunk, gs, kept);
+            trace_level(s, env, s->cosine ? "chess grids (cosine to the anchor)" : "chess grids (dot with the anchor)", ng,
+                        s->grid * s->chunk, gs, kept);
             memset(kept, 0, (size_t)nc);
             for (int i = 0; i < kc; i++) kept[s->idx2[i]] = 1;
             trace_level(s, env, "chess chunks", nc, s->chunk, cs, kept);
