@@ -230,6 +230,7 @@ void fwd_policy_env(fwd_ctx *f, pol_env *env)
     env->global = f->global;
     env->n_global = f->n_global;
     env->head_sim = f->head_sim;
+    env->trace = NULL;   /* a policy set turns its own on (pol_set_trace) */
 }
 
 int fwd_set_head_similarity(fwd_ctx *f, const float *sim)
