@@ -351,7 +351,7 @@ Test(cli, ask_trace_reports_the_decisions_about_a_text)
                   strstr(out, "] sentkv segments L") && strstr(out, " units, "),
               "trace: %s", out);
     expect_one_line_error(ASK "-q 'What?' --policy sentkv:budget=40 --trace 'no such words'",
-                          "--trace: 'no such words' is not in the prompt");
+                          "the traced text 'no such words' is not in the prompt");
 }
 
 Test(cli, ask_show_events_logs_a_forced_backtrack)
