@@ -388,6 +388,42 @@ Test(session, bad_input_is_one_clear_error)
     fixture_close(&x);
 }
 
+/* A decision trace over a text of the prompt: the answer is the same as without it, the trace follows
+ * the text's tokens, and a text that is not in the prompt fails the question with one clear line. */
+Test(session, a_trace_follows_a_text_of_the_prompt_and_changes_nothing)
+{
+    fixture x;
+    fixture_open(&x);
+    int32_t plain[64];
+    int64_t n_plain;
+    {
+        session *s = open_session("sentkv:budget=200", NULL);
+        cr_assert(sess_open_document(s, x.doc, NULL, NULL, 1) == SESS_OK, "%s", sess_error(s));
+        ask_ok(s, "What happened at the mill?");
+        n_plain = answer_ids(s, plain, 64);
+        int64_t lo, hi;
+        cr_expect_str_eq(sess_trace_text(s, &lo, &hi), "", "no trace unless asked");
+        sess_free(s);
+    }
+    session *s = open_session("sentkv:budget=200", NULL);
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 1) == SESS_OK, "%s", sess_error(s));
+    cr_assert(sess_trace(s, "the mill") == SESS_OK);
+    ask_ok(s, "What happened at the mill?");
+    expect_same_answer(plain, n_plain, s, "with a trace");
+    int64_t lo, hi;
+    const char *tr = sess_trace_text(s, &lo, &hi);
+    cr_expect(lo > 0 && hi > lo && hi - lo <= 4, "the trace follows positions %lld..%lld", (long long)lo, (long long)hi);
+    cr_expect(strstr(tr, "] sentkv segments L") != NULL, "%s", tr);
+    sess_free(s);
+    s = open_session("sentkv:budget=200", NULL);
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 1) == SESS_OK, "%s", sess_error(s));
+    cr_assert(sess_trace(s, "words not in it") == SESS_OK);
+    cr_expect_eq(sess_ask(s, "What happened at the mill?"), SESS_EFAIL);
+    cr_expect_str_eq(sess_error(s), "the traced text 'words not in it' is not in the prompt");
+    sess_free(s);
+    fixture_close(&x);
+}
+
 static char last_note[4096];   /* the notes since it was last cleared, one a line */
 static void keep_note(void *ud, const char *msg)
 {
