@@ -3,9 +3,9 @@
  * For each length, task and sample (tasks.c makes the document, questions and answers), the
  * questions are first asked without the document (the control: what the model knows anyway), then
  * by every configuration (policy x budget x backtracking). Decode-time policies share one prefill
- * with the full cache: the cache is rolled back to the prompt's last token, which is evaluated
- * again under the configuration (so every one starts from the same logits). Prefill policies get
- * their own prefill. A multi-turn sample asks its later questions on the cache the earlier ones
+ * with the full cache: the cache goes back to the prompt's end and each configuration adopts the
+ * prompt (so every one starts from the same cache and logits). Prefill policies get their own
+ * prefill. A multi-turn sample asks its later questions on the cache the earlier ones
  * left; the ppl task teacher-forces the document's continuation instead of answering.
  *
  * Every record is a CSV row written when known; a run given the same CSV skips the rows already
@@ -111,6 +111,7 @@ typedef struct ev {
     eval_rt rt;
     samp *s;
     float *logits;
+    float *shared_logits; /* the shared prefill's last logits */
     int32_t nv;
     pol_set *attached;
     pol_env env;
@@ -175,26 +176,32 @@ static int attach(ev *E, const eval_cfg *cfg, int64_t n)
     return pol_set_check(E->attached, n, E->err, sizeof E->err) ? 1 : 0;
 }
 
-/* The prompt under the attached configuration: its own prefill, or the shared one rolled back to
- * the last token (see the file comment). Logits of the last token in E->logits. */
+/* The prompt under the attached configuration. A prefill policy prefills it itself. A decode-time
+ * configuration takes the shared full-cache prefill (made once per sample, with no policy): the cache
+ * goes back to the prompt's end, the policy adopts the prompt (fwd_adopt_policy) and the prompt's last
+ * logits are the saved ones. So every decode-time configuration, whichever runs first, starts from the
+ * same cache and logits, those `kvchat ask` computes. (Until issue 22 the first one did and the others
+ * evaluated the prompt's last token again after a rollback: equal in exact arithmetic, a few ulps apart
+ * in floating point, which flipped answers the 270M model wins by a hair.) Logits in E->logits. */
 static int prefill(ev *E, const int32_t *ids, size_t n, int own, double *secs)
 {
     double t0 = cli_now();
     fwd_ctx *f = E->rt.f;
-    if (!own && E->shared && fwd_rewind(f, (int64_t)n - 1) != (int64_t)n - 1) E->shared = 0;
-    pol_set *ps = E->attached;
-    fwd_set_policy(f, ps);   /* decode policies see the prompt's tokens too (SentKV) */
+    int64_t end = (int64_t)n;
+    if (!own && E->shared && fwd_pos(f) > end && fwd_rewind(f, end) != end) E->shared = 0;
     if (own || !E->shared) {
+        fwd_set_policy(f, own ? E->attached : NULL);
         fwd_rewind(f, 0);
         kv_reset_peak(fwd_cache(f));
-        if (fwd_eval(f, ids, (int64_t)n, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err, sizeof E->err))
+        if (fwd_eval(f, ids, end, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err, sizeof E->err))
             return -1;
-        fwd_set_floor(f, (int64_t)n - 1);
+        fwd_set_floor(f, end);
         E->shared = !own;   /* a prefill policy's cache is its own */
-    } else {
-        if (ps) pol_set_on_tokens(ps, ids, (int64_t)n - 1, 0);
-        if (fwd_eval(f, ids + n - 1, 1, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err, sizeof E->err))
-            return -1;
+        if (!own) memcpy(E->shared_logits, E->logits, sizeof(float) * (size_t)E->nv);
+    }
+    if (!own) {
+        if (fwd_adopt_policy(f, E->attached, ids, end, E->err, sizeof E->err)) return -1;
+        memcpy(E->logits, E->shared_logits, sizeof(float) * (size_t)E->nv);
     }
     *secs = cli_now() - t0;
     return 0;
@@ -786,13 +793,14 @@ int cmd_eval(int argc, char **argv)
     }
     E.nv = E.rt.m->hp.n_vocab;
     E.logits = malloc(sizeof(float) * (size_t)E.nv);
+    E.shared_logits = malloc(sizeof(float) * (size_t)E.nv);
     E.s = samp_create(&o.sp, E.nv);
     E.chat = gguf_find_key(E.rt.m->gguf, "tokenizer.chat_template") >= 0;
     item_ctx I;
     memset(&I, 0, sizeof I);
     task_item it;
     memset(&it, 0, sizeof it);
-    if (!E.logits || !E.s) {
+    if (!E.logits || !E.shared_logits || !E.s) {
         cli_err("eval: out of memory");
         goto done;
     }
@@ -906,6 +914,7 @@ done:
     free(I.ids);
     free(I.cont);
     free(E.logits);
+    free(E.shared_logits);
     samp_free(E.s);
     sess_free(E.rt.s);
     evalres_free(&E.recs);

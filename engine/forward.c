@@ -193,6 +193,15 @@ void fwd_set_mark(fwd_ctx *f, int64_t pos) { kv_set_mark(f->kv, pos); }
 void fwd_set_policy(fwd_ctx *f, pol_set *ps) { f->pol = ps; }
 pol_set *fwd_policy(const fwd_ctx *f) { return f->pol; }
 
+int fwd_adopt_policy(fwd_ctx *f, pol_set *ps, const int32_t *ids, int64_t n, char *err, size_t errlen)
+{
+    f->pol = ps;
+    if (!ps || n <= 0) return 0;
+    /* what eval_tokens tells a policy around a prefill: the ids first, the end of the last chunk after */
+    pol_set_on_tokens(ps, ids, n, 0);
+    return pol_set_after_chunk(ps, 0, n, 1, err, errlen);
+}
+
 /* Sentence-boundary weight of each token from the text it stands for: what ends a sentence, a line
  * or a clause (its last non-blank character). */
 static float *boundary_weights(const model *m)

@@ -68,5 +68,10 @@ void fwd_policy_env(fwd_ctx *f, struct pol_env *env);
 int fwd_set_head_similarity(fwd_ctx *f, const float *sim);
 void fwd_set_policy(fwd_ctx *f, struct pol_set *ps);
 struct pol_set *fwd_policy(const fwd_ctx *f);
+/* Attach a decode-time policy set to a sequence whose first n tokens (ids) are in the cache already:
+ * it sees their ids and the end of their prefill as if it had been attached during it (a decode-time
+ * policy does not change the cache while a prompt is prefilled, so one prefill serves several;
+ * kvchat eval shares it). 0, or -1 with a message when a policy fails. */
+int fwd_adopt_policy(fwd_ctx *f, struct pol_set *ps, const int32_t *ids, int64_t n, char *err, size_t errlen);
 
 #endif

@@ -583,6 +583,66 @@ Test(policy, sentkv_with_room_for_everything_is_full_and_with_less_is_not)
     be_free(b);
 }
 
+/* run(), but the prompt is prefilled with no policy and spec's set adopts it (fwd_adopt_policy), as
+ * kvchat eval shares one prefill between decode-time configurations. */
+static float *run_adopted(const model *m, be_backend *b, const char *spec, int page_size)
+{
+    char err[512];
+    size_t n;
+    int32_t *ids = prompt(m, &n);
+    fwd_opts fo = { 2048, 64, page_size };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    pol_spec s;
+    cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
+    pol_env env;
+    fwd_policy_env(f, &env);
+    pol_set *ps = pol_set_create(&s, &env, err, sizeof err);
+    cr_assert(ps, "%s", err);
+    int nv = m->hp.n_vocab;
+    float *all = malloc(sizeof(float) * (size_t)nv * 13);
+    cr_assert(fwd_eval(f, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(fwd_adopt_policy(f, ps, ids, (int64_t)n, err, sizeof err) == 0, "%s", err);
+    for (int st = 1; st <= 12; st++) {
+        const float *l = all + (size_t)(st - 1) * nv;
+        int32_t best = 0;
+        for (int32_t i = 1; i < nv; i++)
+            if (l[i] > l[best]) best = i;
+        cr_assert(fwd_decode(f, best, all + (size_t)st * nv, NULL, err, sizeof err) == 0, "%s", err);
+    }
+    pol_set_free(ps);
+    fwd_free(f);
+    free(ids);
+    return all;
+}
+
+/* A decode-time policy that adopts a prompt prefilled without it decodes exactly (bit for bit) as one
+ * attached during the prefill: so kvchat eval's decode-time configurations, which share one prefill,
+ * answer as kvchat ask does whichever runs first. What eval did before (roll back to the prompt's last
+ * token and evaluate it again under the policy) is not exact: on the tiny Gemma 3 every one of these
+ * four policies decoded other logits that way. */
+Test(policy, decode_policies_adopt_a_prompt_prefilled_without_them)
+{
+    const char *files[2] = { TD "tiny/tiny-llama-f16.gguf", TD "tiny/tiny-gemma3-f16.gguf" };
+    const char *specs[4] = { "sentkv:budget=0.2", "quest:budget=0.2", "chess:budget=0.3", "streaming:budget=0.2" };
+    char err[512];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    for (int fi = 0; fi < 2; fi++) {
+        model *m;
+        cr_assert(model_load(&m, files[fi], NULL, err, sizeof err) == 0, "%s", err);
+        for (int k = 0; k < 4; k++) {
+            float *direct = run(m, b, specs[k], 8), *adopted = run_adopted(m, b, specs[k], 8);
+            char what[128];
+            snprintf(what, sizeof what, "%s on %s", specs[k], files[fi]);
+            same(m, direct, adopted, what);
+            free(direct);
+            free(adopted);
+        }
+        model_free(m);
+    }
+    be_free(b);
+}
+
 #include "engine/policy/laser.h"
 
 Test(policy, laser_budget_formula)
