@@ -10,6 +10,7 @@ name=nolost
 bin=$(abs "$1") model=$(abs "$2") doc=$(abs "$3")
 work=$(mktemp -d)
 for _ in 1 2 3 4 5 6 7 8 9; do cat "$doc"; done > "$work/big.txt"   # seconds of prefill on one thread
+{ echo "Another copy."; cat "$work/big.txt"; } > "$work/big2.txt"     # long enough to stop part-way
 T new-session -d -s "$s" -x 120 -y 40 -c "$work" "$bin tui -t 1 -m $model -d $doc -n 4 --no-db"
 wait_for '\| ready \|'
 
@@ -38,7 +39,7 @@ wait_for '^-- 4 tokens'
 wait_gone '^pending' "the question stayed pending"
 
 # Ctrl-C during a prefill: the waiting question back in the input, the loaded document kept
-T send-keys -t "$s" "/open $doc" Enter
+T send-keys -t "$s" "/open $work/big2.txt" Enter
 wait_for '\| prefill [0-9]+/[0-9]+ tokens'
 T send-keys -t "$s" 'Second question?' Enter
 wait_for '^pending'
