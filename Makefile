@@ -15,11 +15,15 @@ SAN     ?=
 CWARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CFLAGS_ALL = -std=c11 $(OPT) -g $(CWARN) -D_GNU_SOURCE -pthread -I. $(SAN) $(CFLAGS)
 CXXFLAGS_ALL = -std=c++17 $(OPT) -g -Wall -Wextra -Werror -I. $(SAN) $(CXXFLAGS)
-# SIMD kernels live in *_avx2.c files and are the only ones compiled for AVX2; the choice between
-# them and the portable kernels is made at run time (kernels/cpu/vec_dot.c). Their functions and
-# loops start on 64-byte boundaries: left to the default, prefill speed moved by 5-10% from one
-# commit to the next with where unrelated code pushed the hot loops (bench/README.md).
-AVX2FLAGS = -mavx2 -mfma -mf16c -falign-functions=64 -falign-loops=64
+# SIMD kernels live in *_avx2.c, *_avxvnni.c and *_avx512.c files, the only ones compiled for those
+# instruction sets; the choice between them and the portable kernels is made at run time from
+# cpuid and xgetbv (kernels/cpu/vec_dot.c). Their functions and loops start on 64-byte boundaries:
+# left to the default, prefill speed moved by 5-10% from one commit to the next with where
+# unrelated code pushed the hot loops (bench/README.md).
+SIMDALIGN    = -falign-functions=64 -falign-loops=64
+AVX2FLAGS    = -mavx2 -mfma -mf16c $(SIMDALIGN)
+AVXVNNIFLAGS = -mavx2 -mfma -mf16c -mavxvnni $(SIMDALIGN)
+AVX512FLAGS  = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni $(SIMDALIGN)
 LDLIBS_ALL = -lsentencepiece -lsqlite3 -lnettle -lncursesw -lstdc++ -lm -pthread $(SAN) $(LDLIBS)
 NVCC      ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
@@ -103,6 +107,14 @@ $(BUILD)/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -MMD -MP -c $< -o $@
 
+$(BUILD)/%_avxvnni.o: %_avxvnni.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(AVXVNNIFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(AVX512FLAGS) -MMD -MP -c $< -o $@
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
@@ -173,13 +185,23 @@ $(FUZZ_BIN): fuzz/fuzz_gguf.c engine/gguf.c common/quant.c common/files.c engine
 # The snapshot fuzzer needs the whole engine (the parser restores into a live sequence), built
 # with clang, libFuzzer and the sanitizers.
 FUZZ_SNAP := build-fuzz/fuzz_snapshot
-FUZZ_ENGINE_C := $(ENGINE_C) $(filter-out %_avx2.c,$(KERNEL_C))
-$(FUZZ_SNAP): fuzz/fuzz_snapshot.c $(FUZZ_ENGINE_C) $(ENGINE_CXX) $(wildcard common/*.h engine/*.h engine/policy/*.h kernels/*.h kernels/cpu/*.h)
+FUZZ_ENGINE_C := $(ENGINE_C) $(filter-out %_avx2.c %_avxvnni.c %_avx512.c,$(KERNEL_C))
+FUZZ_SIMD_O := build-fuzz/vec_dot_avx2.o build-fuzz/vec_dot_avxvnni.o build-fuzz/vec_dot_avx512.o
+build-fuzz/vec_dot_avx2.o: kernels/cpu/vec_dot_avx2.c kernels/cpu/vec_dot_impl.h
+	@mkdir -p build-fuzz
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined $(AVX2FLAGS) -c $< -o $@
+build-fuzz/vec_dot_avxvnni.o: kernels/cpu/vec_dot_avxvnni.c kernels/cpu/vec_dot_impl.h
+	@mkdir -p build-fuzz
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined $(AVXVNNIFLAGS) -c $< -o $@
+build-fuzz/vec_dot_avx512.o: kernels/cpu/vec_dot_avx512.c kernels/cpu/vec_dot_impl.h
+	@mkdir -p build-fuzz
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined $(AVX512FLAGS) -c $< -o $@
+$(FUZZ_SNAP): fuzz/fuzz_snapshot.c $(FUZZ_ENGINE_C) $(FUZZ_SIMD_O) $(ENGINE_CXX) $(wildcard common/*.h engine/*.h engine/policy/*.h kernels/*.h kernels/cpu/*.h)
 	@mkdir -p build-fuzz
 	clang++ -std=c++17 -g -O1 -I. -fsanitize=address,undefined -fno-sanitize=vptr -c engine/spm_shim.cpp -o build-fuzz/spm_shim.o
 	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. \
-		-fsanitize=fuzzer,address,undefined fuzz/fuzz_snapshot.c $(FUZZ_ENGINE_C) kernels/cpu/vec_dot_avx2.c \
-		$(AVX2FLAGS) build-fuzz/spm_shim.o -lsentencepiece -lsqlite3 -lnettle -lstdc++ -lm -pthread -o $@
+		-fsanitize=fuzzer,address,undefined fuzz/fuzz_snapshot.c $(FUZZ_ENGINE_C) $(FUZZ_SIMD_O) \
+		build-fuzz/spm_shim.o -lsentencepiece -lsqlite3 -lnettle -lstdc++ -lm -pthread -o $@
 
 fuzz: $(FUZZ_BIN) $(FUZZ_SNAP)
 	@mkdir -p build-fuzz/corpus build-fuzz/corpus-snap

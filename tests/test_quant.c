@@ -329,19 +329,56 @@ Test(quant, type_table_for_every_id)
 
 Test(quant, force_scalar_switches_dispatch)
 {
+    cr_assert_null(vd_isa_env_error(), "%s", vd_isa_env_error());
     int before = vd_simd_active();
+    vd_isa isa = vd_isa_active();
     vd_force_scalar(1);
     cr_expect_eq(vd_simd_active(), 0);
-    for (int i = 0; i < N_SUPPORTED; i++)
+    cr_expect_eq(vd_isa_active(), VD_ISA_SCALAR);
+    for (int i = 0; i < N_SUPPORTED; i++) {
         cr_expect(vd_get_dot(SUPPORTED[i].type) == vd_get_dot_scalar(SUPPORTED[i].type), "%s", SUPPORTED[i].name);
+        cr_expect_null(vd_get_gemm(SUPPORTED[i].type), "%s: no panel kernel when scalar", SUPPORTED[i].name);
+    }
     vd_force_scalar(0);
     cr_expect_eq(vd_simd_active(), before);
+    cr_expect_eq(vd_isa_active(), isa, "forcing scalar off returns to the chosen level");
 #if HAVE_X86
     __builtin_cpu_init();
     int hw = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && have_f16c();
-    cr_expect_eq(vd_simd_active(), hw, "SIMD must be on exactly when the CPU has AVX2+FMA+F16C");
+    cr_expect_eq(vd_isa_supported(VD_ISA_AVX2), hw, "AVX2 level exactly when the CPU has AVX2+FMA+F16C");
+    const char *env = getenv("KVCHAT_ISA");
+    if (!env || !*env) cr_expect_eq(vd_isa_active(), vd_isa_best(), "the best level by default");
+    if (vd_isa_supported(VD_ISA_AVX512))
+        cr_expect(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"),
+                  "AVX-512 level only with F, BW, VL and VNNI");
 #endif
     if (!vd_simd_active()) fprintf(stderr, "[quant] SKIP AVX2 kernels: CPU lacks AVX2/FMA/F16C\n");
+}
+
+Test(quant, isa_choice_by_name_and_its_errors)
+{
+    char err[256];
+    vd_isa was = vd_isa_active();
+    for (int i = 0; i < VD_ISA_COUNT; i++) {
+        vd_isa isa = (vd_isa)i;
+        err[0] = 0;
+        int rc = vd_set_isa_name(vd_isa_name(isa), err, sizeof err);
+        if (vd_isa_supported(isa)) {
+            cr_expect_eq(rc, 0, "%s: %s", vd_isa_name(isa), err);
+            cr_expect_eq(vd_isa_active(), isa);
+            cr_expect_eq(vd_simd_active(), isa != VD_ISA_SCALAR);
+        } else {
+            cr_expect_eq(rc, -1);
+            cr_expect(strstr(err, "does not support") && strstr(err, vd_isa_name(isa)), "message: %s", err);
+            fprintf(stderr, "[quant] SKIP %s: this CPU lacks %s\n", vd_isa_name(isa), vd_isa_describe(isa));
+        }
+    }
+    cr_expect_eq(vd_isa_supported(VD_ISA_SCALAR), 1);
+    cr_expect_eq(vd_set_isa_name("sse9", err, sizeof err), -1);
+    cr_expect(strstr(err, "unknown instruction set 'sse9'"), "message: %s", err);
+    cr_expect_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(vd_isa_active(), was, "a failed choice leaves the level as it was");
 }
 
 Test(quant, dequant_of_unsupported_type_writes_nan)
@@ -891,4 +928,214 @@ Test(quant, dot_f32_and_axpy_f32_match_double_loops)
         }
     }
     vd_force_scalar(0);
+}
+
+/* ------------------------------------------------------------------ 7. panel kernels (prefill products) */
+
+static const uint32_t GEMM_TYPES[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0,
+                                       GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K };
+#define N_GEMM_TYPES ((int)(sizeof GEMM_TYPES / sizeof GEMM_TYPES[0]))
+
+/* The SIMD levels this CPU has, above scalar; one SKIP line for each it lacks. */
+static int simd_levels(vd_isa out[VD_ISA_COUNT], const char *test)
+{
+    int k = 0;
+    for (int i = VD_ISA_AVX2; i < VD_ISA_COUNT; i++) {
+        if (vd_isa_supported((vd_isa)i))
+            out[k++] = (vd_isa)i;
+        else
+            fprintf(stderr, "[quant] %s: SKIP %s kernels: this CPU lacks %s\n", test, vd_isa_name((vd_isa)i),
+                    vd_isa_describe((vd_isa)i));
+    }
+    return k;
+}
+
+static void set_level(vd_isa isa)
+{
+    char err[256];
+    cr_assert_eq(vd_set_isa(isa, err, sizeof err), 0, "%s", err);
+}
+
+/* Pack the rows into panels and multiply: y[t * ldy + r] for all rows and tokens. */
+static void run_panels(const vd_gemm *g, uint32_t type, int64_t n, const uint8_t *w, int rows, const uint8_t *act,
+                       size_t astride, int64_t ntok, float *y, size_t ldy)
+{
+    size_t wrow = quant_row_size(type, n);
+    void *panel = malloc(g->panel_bytes(n));
+    cr_assert(panel);
+    for (int r0 = 0; r0 < rows; r0 += g->rows) {
+        int nr = rows - r0 < g->rows ? rows - r0 : g->rows;
+        memset(panel, 0xA5, g->panel_bytes(n));   /* pack must write every byte it reads back */
+        g->pack(n, w + (size_t)r0 * wrow, wrow, nr, panel);
+        g->mul(n, panel, nr, act, astride, ntok, y + r0, ldy);
+    }
+    free(panel);
+}
+
+/* Random rows and activations of awkward shapes (row lengths, rows not a multiple of a panel, token
+ * counts around the tile size): every result against the scalar kernel on the vd_quantize_act row,
+ * within the two kernels' f32 rounding slack (both sum the same integer block sums), and nothing
+ * written outside the nrows x ntok results. */
+Test(quant, panel_kernels_agree_with_scalar_on_awkward_shapes)
+{
+    seed_rng("panel_kernels_agree_with_scalar_on_awkward_shapes");
+    vd_isa was = vd_isa_active(), lv[VD_ISA_COUNT];
+    int nlv = simd_levels(lv, "panel_kernels_agree_with_scalar_on_awkward_shapes");
+    static const int64_t len32[] = { 32, 96, 640, 1056 };
+    static const int64_t len256[] = { 256, 768, 2048 };
+    static const int row_counts[] = { 1, 7, 16, 21, 40 };
+    static const int64_t tok_counts[] = { 1, 3, 8, 13, 37 };
+    for (int li = 0; li < nlv; li++) {
+        set_level(lv[li]);
+        for (int ti = 0; ti < N_GEMM_TYPES; ti++) {
+            uint32_t type = GEMM_TYPES[ti];
+            const vd_gemm *g = vd_get_gemm(type);
+            if (!g) {
+                fprintf(stderr, "[quant] %s has no panel kernel for %s\n", vd_isa_name(lv[li]), quant_type_name(type));
+                continue;
+            }
+            const tinfo *t = tinfo_of(type);
+            const int64_t *lens = t->blck == 32 ? len32 : len256;
+            int nl = t->blck == 32 ? 4 : 3;
+            for (int lj = 0; lj < nl; lj++) {
+                int64_t n = lens[lj];
+                int rows = row_counts[(lj + ti) % 5];
+                int64_t ntok = tok_counts[(lj * 2 + ti + li) % 5];
+                if (lj == 0) rows = 40, ntok = 37;   /* every length sees a multi-panel, multi-tile case */
+                size_t wrow = quant_row_size(type, n), arow = vd_act_row_size(type, n);
+                size_t grow = vd_gemm_act_row_size(type, n);
+                cr_assert(grow % 64 == 0 && grow > 0);
+                uint8_t *w = malloc(wrow * (size_t)rows), *a = malloc(arow * (size_t)ntok);
+                uint8_t *ga = malloc(grow * (size_t)ntok), *ga2 = malloc(grow);
+                float *x = malloc(sizeof(float) * (size_t)n), *wf = malloc(sizeof(float) * (size_t)n * rows);
+                double *xh = malloc(sizeof(double) * (size_t)n * ntok), *off = malloc(sizeof(double) * (size_t)n);
+                for (int r = 0; r < rows; r++) {
+                    random_row(type, w + (size_t)r * wrow, n);
+                    quant_dequant_row(type, w + (size_t)r * wrow, wf + (size_t)r * n, n);
+                }
+                for (int64_t tk = 0; tk < ntok; tk++) {
+                    double xscale = ldexp(1.0, (int)(rnd() % 12) - 6);
+                    for (int64_t i = 0; i < n; i++) x[i] = (float)(rnd_normal() * xscale);
+                    vd_quantize_act(type, x, a + (size_t)tk * arow, n);
+                    vd_gemm_quantize_act(type, x, ga + (size_t)tk * grow, n);
+                    vd_gemm_act_from_dot_act(type, a + (size_t)tk * arow, ga2, n);
+                    cr_assert(memcmp(ga + (size_t)tk * grow, ga2, grow) == 0,
+                              "%s n=%" PRId64 ": panel activations differ from the repacked dot activations",
+                              quant_type_name(type), n);
+                    decode_act(type, a + (size_t)tk * arow, n, xh + (size_t)tk * n);
+                }
+                size_t ldy = (size_t)rows + 3;
+                float *y = malloc(sizeof(float) * ldy * (size_t)(ntok + 1));
+                fill_nan(y, (int64_t)(ldy * (size_t)(ntok + 1)));
+                run_panels(g, type, n, w, rows, ga, grow, ntok, y, ldy);
+                for (int64_t tk = 0; tk < ntok; tk++)
+                    for (int r = 0; r < rows; r++) {
+                        float ref = NAN;
+                        vd_get_dot_scalar(type)(n, &ref, w + (size_t)r * wrow, a + (size_t)tk * arow);
+                        elem_offsets(type, w + (size_t)r * wrow, n, off);
+                        double M = 0;
+                        for (int64_t i = 0; i < n; i++)
+                            M += fabs(xh[(size_t)tk * n + i]) * (fabs((double)wf[(size_t)r * n + i]) + 2.0 * off[i]);
+                        double slack = float_slack(type, n, M) + (double)n * 0x1p-52 * M;
+                        float got = y[(size_t)tk * ldy + r];
+                        cr_assert(fabs((double)got - (double)ref) <= 2.0 * slack,
+                                  "%s %s n=%" PRId64 " row %d/%d token %" PRId64 "/%" PRId64 ": %.9g vs scalar %.9g (bound %.3g)",
+                                  vd_isa_name(lv[li]), quant_type_name(type), n, r, rows, tk, ntok, got, ref, 2.0 * slack);
+                    }
+                for (int64_t tk = 0; tk <= ntok; tk++)
+                    for (size_t r = tk < ntok ? (size_t)rows : 0; r < ldy; r++)
+                        cr_assert(isnan(y[(size_t)tk * ldy + r]), "%s %s: wrote outside the results (token %" PRId64 ", col %zu)",
+                                  vd_isa_name(lv[li]), quant_type_name(type), tk, r);
+                free(w); free(a); free(ga); free(ga2); free(x); free(wf); free(xh); free(off); free(y);
+            }
+        }
+    }
+    set_level(was);
+}
+
+/* Exactness of the integer block sums, which unsigned-by-signed byte products make delicate (codes
+ * carry offsets; the AVX2 kernels sum int16 pairs): with every scale 1, one block per row, each
+ * result is the integer sum itself (or its f32 rounding, the same in both kernels), so the panel
+ * kernels must equal the scalar kernel bit for bit, and the exact int64 sum. Extreme codes (all
+ * 0x00, 0xFF, 0x80, 0x7F bytes: Q8_0 weights of -128, all-max nibbles and high bits) against
+ * activations of all +127, all -127, alternating, and random. Rows of 20 blocks (Q4_0/Q5_0/Q8_0) also
+ * sum exactly in f32 (every partial sum < 2^24). */
+Test(quant, panel_integer_sums_are_exact_at_extremes)
+{
+    seed_rng("panel_integer_sums_are_exact_at_extremes");
+    vd_isa was = vd_isa_active(), lv[VD_ISA_COUNT];
+    int nlv = simd_levels(lv, "panel_integer_sums_are_exact_at_extremes");
+    const uint16_t one = quant_f32_to_fp16(1.0f);
+    for (int li = 0; li < nlv; li++) {
+        set_level(lv[li]);
+        for (int ti = 0; ti < N_GEMM_TYPES; ti++) {
+            uint32_t type = GEMM_TYPES[ti];
+            const vd_gemm *g = vd_get_gemm(type);
+            if (!g) continue;
+            const tinfo *t = tinfo_of(type);
+            for (int64_t n = t->blck; n <= (t->blck == 32 ? 640 : 256); n += t->blck == 32 ? 608 : 256) {
+                const int rows = 6 * 4, ntok = 5;   /* 4 weight patterns + 2 random, 4 rows each */
+                size_t wrow = quant_row_size(type, n), arow = vd_act_row_size(type, n), grow = vd_gemm_act_row_size(type, n);
+                uint8_t *w = malloc(wrow * rows), *a = malloc(arow * ntok), *ga = malloc(grow * ntok);
+                float *wf = malloc(sizeof(float) * (size_t)n);
+                for (int r = 0; r < rows; r++) {
+                    uint8_t *row = w + (size_t)r * wrow;
+                    int pat = r / 4;
+                    static const uint8_t fill[4] = { 0x00, 0xFF, 0x80, 0x7F };
+                    if (pat < 4)
+                        memset(row, fill[pat], wrow);
+                    else
+                        for (size_t i = 0; i < wrow; i++) row[i] = (uint8_t)rnd();
+                    for (int64_t b = 0; b < n / t->blck; b++)
+                        for (int k = 0; k < 2; k++)
+                            if (t->scale_off[k] >= 0) memcpy(row + b * t->size + t->scale_off[k], &one, 2);
+                }
+                for (int tk = 0; tk < ntok; tk++) {
+                    int8_t q[256];
+                    uint8_t *ar = a + (size_t)tk * arow;
+                    for (int64_t b = 0; b < n / t->blck; b++) {
+                        for (int j = 0; j < t->blck; j++)
+                            q[j] = (int8_t)(tk == 0 ? 127 : tk == 1 ? -127 : tk == 2 ? (j % 2 ? 127 : -127)
+                                                                                   : (int)(rnd() % 255) - 127);
+                        if (t->blck == 32) {   /* Q8_0 activation block, d = 1 */
+                            memcpy(ar + 34 * b, &one, 2);
+                            memcpy(ar + 34 * b + 2, q, 32);
+                        } else {               /* Q8_K block, d = 1, with its 16-element sums */
+                            float d1 = 1.0f;
+                            memcpy(ar + 292 * b, &d1, 4);
+                            memcpy(ar + 292 * b + 4, q, 256);
+                            for (int gi = 0; gi < 16; gi++) {
+                                int16_t sum = 0;
+                                for (int j = 0; j < 16; j++) sum = (int16_t)(sum + q[16 * gi + j]);
+                                memcpy(ar + 292 * b + 260 + 2 * gi, &sum, 2);
+                            }
+                        }
+                    }
+                    vd_gemm_act_from_dot_act(type, ar, ga + (size_t)tk * grow, n);
+                }
+                float y[24 * 5];
+                fill_nan(y, 24 * 5);
+                run_panels(g, type, n, w, rows, ga, grow, ntok, y, rows);
+                for (int r = 0; r < rows; r++) {
+                    quant_dequant_row(type, w + (size_t)r * wrow, wf, n);
+                    for (int tk = 0; tk < ntok; tk++) {
+                        double xh[640];
+                        decode_act(type, a + (size_t)tk * arow, n, xh);
+                        double exact = 0;   /* integers times exactly representable values */
+                        for (int64_t i = 0; i < n; i++) exact += (double)wf[i] * xh[i];
+                        float ref = NAN;
+                        vd_get_dot_scalar(type)(n, &ref, w + (size_t)r * wrow, a + (size_t)tk * arow);
+                        float got = y[tk * rows + r];
+                        cr_assert_eq(f2u(got), f2u(ref), "%s %s n=%" PRId64 " row %d (pattern %d) token %d: %.9g vs scalar %.9g",
+                                     vd_isa_name(lv[li]), quant_type_name(type), n, r, r / 4, tk, got, ref);
+                        cr_assert(fabs((double)got - exact) <= fabs(exact) * 0x1p-24,
+                                  "%s %s row %d token %d: %.9g vs exact %.17g", vd_isa_name(lv[li]), quant_type_name(type),
+                                  r, tk, got, exact);
+                    }
+                }
+                free(w); free(a); free(ga); free(wf);
+            }
+        }
+    }
+    set_level(was);
 }

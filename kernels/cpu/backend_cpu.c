@@ -23,6 +23,8 @@ typedef struct cpu_impl {
     tp_pool *pool;
     void *act_buf[MAX_MM];       /* quantized activations, one per distinct activation format */
     size_t act_cap[MAX_MM];
+    uint8_t *panel_buf;          /* per thread: one packed weight panel (prefill products) */
+    size_t panel_per_thread, panel_cap;
     float *att_part;             /* decode split partials: m, l, acc */
     size_t att_part_cap;
     float *att_scratch;          /* per-thread score rows */
@@ -57,13 +59,21 @@ typedef struct mm_job {
     vd_dot_fn dot[MAX_MM];
     vd_dot_multi_fn multi[MAX_MM];
     vd_dot_multi2_fn multi2[MAX_MM];
+    const vd_gemm *gemm[MAX_MM]; /* panel kernels (a task is one panel) or NULL (a task is a row range) */
     int64_t n_tok;
-    int64_t rows_per_task;
+    int64_t rows_per_task[MAX_MM];
     int64_t first_task[MAX_MM + 1];
+    uint8_t *panels;             /* per-thread panel scratch */
+    size_t panel_stride;
 } mm_job;
+
+/* Batches at least this long take the panel kernels: packing a panel costs about what multiplying
+ * it by a few tokens does. */
+#define GEMM_MIN_TOK 8
 
 typedef struct quant_job {
     uint32_t wtype;
+    int gemm;              /* the panel kernels' rows (vd_gemm_quantize_act), else vd_quantize_act's */
     const float *x;
     int64_t n_in;
     void *dst;
@@ -73,7 +83,11 @@ typedef struct quant_job {
 static void quant_task(void *ctx, int64_t t, int thread)
 {
     quant_job *q = ctx;
-    vd_quantize_act(q->wtype, q->x + t * q->n_in, (char *)q->dst + (size_t)t * q->row_bytes, q->n_in);
+    char *dst = (char *)q->dst + (size_t)t * q->row_bytes;
+    if (q->gemm)
+        vd_gemm_quantize_act(q->wtype, q->x + t * q->n_in, dst, q->n_in);
+    else
+        vd_quantize_act(q->wtype, q->x + t * q->n_in, dst, q->n_in);
 }
 
 static void mm_task(void *ctx, int64_t task, int thread)
@@ -83,9 +97,17 @@ static void mm_task(void *ctx, int64_t task, int thread)
     while (task >= j->first_task[m + 1]) m++;
     const be_weight *w = j->mms[m].w;
     float *y = j->mms[m].y;
-    int64_t r0 = (task - j->first_task[m]) * j->rows_per_task;
-    int64_t r1 = r0 + j->rows_per_task;
+    int64_t r0 = (task - j->first_task[m]) * j->rows_per_task[m];
+    int64_t r1 = r0 + j->rows_per_task[m];
     if (r1 > w->n_out) r1 = w->n_out;
+    const vd_gemm *g = j->gemm[m];
+    if (g) {
+        /* one panel: pack its rows once, then multiply it by every token of the batch */
+        void *panel = j->panels + (size_t)thread * j->panel_stride;
+        g->pack(w->n_in, (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, (int)(r1 - r0), panel);
+        g->mul(w->n_in, panel, (int)(r1 - r0), j->act[m], j->act_row[m], j->n_tok, y + r0, (size_t)w->n_out);
+        return;
+    }
     vd_dot_fn dot = j->dot[m];
     vd_dot_multi_fn multi = j->n_tok > 1 ? j->multi[m] : NULL;
     vd_dot_multi2_fn multi2 = j->n_tok > 1 ? j->multi2[m] : NULL;
@@ -131,16 +153,19 @@ static void cpu_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x
     uint32_t fmt_of_slot[MAX_MM];
     int n_slots = 0;
     int64_t n_in = mms[0].w->n_in;
+    size_t panel_bytes = 0;
     for (int m = 0; m < n_mm; m++) {
         uint32_t wt = mms[m].w->type;
-        uint32_t at = vd_act_type(wt);
+        const vd_gemm *g = n_tok >= GEMM_MIN_TOK ? vd_get_gemm(wt) : NULL;
+        /* the panel kernels' activation rows are a format of their own */
+        uint32_t at = vd_act_type(wt) | (g ? 0x10000u : 0u);
         int s = 0;
         while (s < n_slots && fmt_of_slot[s] != at) s++;
-        size_t row = vd_act_row_size(wt, n_in);
+        size_t row = g ? vd_gemm_act_row_size(wt, n_in) : vd_act_row_size(wt, n_in);
         if (s == n_slots) {
             fmt_of_slot[n_slots++] = at;
             if (grow(&ci->act_buf[s], &ci->act_cap[s], row * (size_t)n_tok) != 0) abort();
-            quant_job q = { wt, x, n_in, ci->act_buf[s], row };
+            quant_job q = { wt, g != NULL, x, n_in, ci->act_buf[s], row };
             if (n_tok >= 8)
                 tp_run(ci->pool, quant_task, &q, n_tok);
             else
@@ -151,6 +176,14 @@ static void cpu_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x
         j.dot[m] = vd_get_dot(wt);
         j.multi[m] = vd_get_dot_multi(wt);
         j.multi2[m] = vd_get_dot_multi2(wt);
+        j.gemm[m] = g;
+        if (g && g->panel_bytes(n_in) > panel_bytes) panel_bytes = g->panel_bytes(n_in);
+    }
+    if (panel_bytes) {
+        size_t per = (panel_bytes + 63) & ~(size_t)63;
+        if (grow((void **)&ci->panel_buf, &ci->panel_cap, per * (size_t)b->n_threads) != 0) abort();
+        j.panels = ci->panel_buf;
+        j.panel_stride = per;
     }
     /* Enough tasks for load balance, few enough that scheduling is noise. */
     int64_t total_rows = 0;
@@ -159,10 +192,11 @@ static void cpu_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x
     if (n_tok > 1) rpt = total_rows / (8 * (int64_t)b->n_threads);
     if (rpt < 4) rpt = 4;
     if (rpt > 256) rpt = 256;
-    j.rows_per_task = rpt;
     j.first_task[0] = 0;
-    for (int m = 0; m < n_mm; m++)
-        j.first_task[m + 1] = j.first_task[m] + (mms[m].w->n_out + rpt - 1) / rpt;
+    for (int m = 0; m < n_mm; m++) {
+        j.rows_per_task[m] = j.gemm[m] ? j.gemm[m]->rows : rpt;
+        j.first_task[m + 1] = j.first_task[m] + (mms[m].w->n_out + j.rows_per_task[m] - 1) / j.rows_per_task[m];
+    }
     tp_run(ci->pool, mm_task, &j, j.first_task[n_mm]);
 }
 
@@ -601,6 +635,7 @@ static void cpu_destroy(be_backend *b)
     if (ci) {
         tp_free(ci->pool);
         for (int i = 0; i < MAX_MM; i++) free(ci->act_buf[i]);
+        free(ci->panel_buf);
         free(ci->att_part);
         free(ci->att_scratch);
         free(ci->cur16);

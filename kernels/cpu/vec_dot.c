@@ -1,6 +1,7 @@
 /* vec_dot.c - fused dot products of a quantized weight row with a quantized activation row: the
- * portable scalar kernels (the oracle), the activation quantizers, and the run-time choice between
- * them and the AVX2 kernels of vec_dot_avx2.c.
+ * portable scalar kernels (the oracle), the activation quantizers, and the run-time choice of
+ * instruction set (cpuid and xgetbv) between them and the kernels of vec_dot_avx2.c,
+ * vec_dot_avxvnni.c and vec_dot_avx512.c.
  *
  * Every scalar kernel computes the same per-block integer sums as its AVX2 twin, so the two differ
  * only in the order of the f32 additions. Block layouts: vec_dot_impl.h and model-facts.md 3. */
@@ -8,6 +9,8 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/quant.h"
@@ -20,40 +23,157 @@
 #define VD_HAVE_AVX2_BUILD 0
 #endif
 
-/* ------------------------------------------------------------------ dispatch state */
+/* ------------------------------------------------------------------ instruction set */
 
 static atomic_int g_force_scalar;
-static atomic_int g_cpu_ok = -1;     /* -1 = not checked yet */
+static atomic_int g_supported = -1;   /* bit mask of supported vd_isa levels; -1 = not probed yet */
+static atomic_int g_isa = -1;         /* the chosen level; -1 = not chosen yet */
+static char g_env_error[200];         /* written once, before g_isa is published */
+
+static const char *const ISA_NAME[VD_ISA_COUNT] = { "scalar", "avx2", "avxvnni", "avx512" };
+static const char *const ISA_DESC[VD_ISA_COUNT] = {
+    "portable C", "AVX2 + FMA + F16C", "AVX2 + AVX-VNNI", "AVX-512 F/BW/VL/DQ + VNNI",
+};
 
 #if VD_HAVE_AVX2_BUILD
-/* F16C is CPUID leaf 1, ECX bit 29. Read directly because clang (14) does not accept "f16c" in
- * __builtin_cpu_supports; its "avx2" check already covers OS support of the YMM state (XCR0). */
-static int cpu_has_f16c(void)
+static uint64_t read_xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* What the CPU reports (cpuid) and the OS saves on a context switch (XCR0): AVX needs the SSE and
+ * YMM state (bits 1-2), AVX-512 also the opmask, ZMM_Hi256 and Hi16_ZMM state (bits 5-7). */
+static int probe_isas(void)
 {
     unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    int mask = 1 << VD_ISA_SCALAR;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return mask;
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx || !fma || !f16c) return mask;
+    uint64_t xcr0 = read_xcr0();
+    if ((xcr0 & 0x6) != 0x6) return mask;
+    unsigned max_leaf = __get_cpuid_max(0, NULL);
+    if (max_leaf < 7) return mask;
+    __cpuid_count(7, 0, a, b, c, d);
+    int avx2 = (b >> 5) & 1;
+    int avx512 = ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1) &&  /* F DQ BW VL */
+                 ((c >> 11) & 1) &&                                                          /* VNNI */
+                 (xcr0 & 0xe6) == 0xe6;
+    unsigned a1 = 0, b1, c1, d1;
+    if (a >= 1) __cpuid_count(7, 1, a1, b1, c1, d1);
+    int avxvnni = (a1 >> 4) & 1;
+    if (!avx2) return mask;
+    mask |= 1 << VD_ISA_AVX2;
+    if (avxvnni) mask |= 1 << VD_ISA_AVXVNNI;
+    if (avx512) mask |= 1 << VD_ISA_AVX512;
+    return mask;
 }
-#endif
-
-static int cpu_has_avx2(void)
-{
-    int ok = atomic_load_explicit(&g_cpu_ok, memory_order_relaxed);
-    if (ok < 0) {
-#if VD_HAVE_AVX2_BUILD
-        __builtin_cpu_init();
-        ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
 #else
-        ok = 0;
+static int probe_isas(void) { return 1 << VD_ISA_SCALAR; }
 #endif
-        atomic_store_explicit(&g_cpu_ok, ok, memory_order_relaxed);
+
+static int supported_mask(void)
+{
+    int m = atomic_load_explicit(&g_supported, memory_order_acquire);
+    if (m < 0) {
+        m = probe_isas();
+        atomic_store_explicit(&g_supported, m, memory_order_release);
     }
-    return ok;
+    return m;
 }
 
-static inline int use_simd(void)
+int vd_isa_supported(vd_isa isa) { return isa >= 0 && isa < VD_ISA_COUNT && ((supported_mask() >> isa) & 1); }
+
+vd_isa vd_isa_best(void)
 {
-    return !atomic_load_explicit(&g_force_scalar, memory_order_relaxed) && cpu_has_avx2();
+    int m = supported_mask();
+    for (int i = VD_ISA_COUNT - 1; i > 0; i--)
+        if ((m >> i) & 1) return (vd_isa)i;
+    return VD_ISA_SCALAR;
 }
+
+const char *vd_isa_name(vd_isa isa) { return isa >= 0 && isa < VD_ISA_COUNT ? ISA_NAME[isa] : "?"; }
+const char *vd_isa_describe(vd_isa isa) { return isa >= 0 && isa < VD_ISA_COUNT ? ISA_DESC[isa] : "?"; }
+
+static int parse_isa(const char *name, vd_isa *out)
+{
+    for (int i = 0; i < VD_ISA_COUNT; i++)
+        if (!strcmp(name, ISA_NAME[i])) {
+            *out = (vd_isa)i;
+            return 0;
+        }
+    return -1;
+}
+
+static int check_isa(const char *name, vd_isa *out, char *err, size_t errlen)
+{
+    if (parse_isa(name, out) != 0) {
+        snprintf(err, errlen, "unknown instruction set '%s' (scalar, avx2, avxvnni or avx512)", name);
+        return -1;
+    }
+    if (!vd_isa_supported(*out)) {
+        snprintf(err, errlen, "this CPU (or OS) does not support %s (%s); the best here is %s", name,
+                 ISA_DESC[*out], ISA_NAME[vd_isa_best()]);
+        return -1;
+    }
+    return 0;
+}
+
+/* The level in use unless forced scalar: chosen on first use, from $KVCHAT_ISA or the best. */
+static vd_isa chosen_isa(void)
+{
+    int v = atomic_load_explicit(&g_isa, memory_order_acquire);
+    if (v >= 0) return (vd_isa)v;
+    vd_isa isa = vd_isa_best();
+    const char *env = getenv("KVCHAT_ISA");
+    if (env && *env) {
+        vd_isa want;
+        char msg[150];
+        if (check_isa(env, &want, msg, sizeof msg) == 0)
+            isa = want;
+        else
+            snprintf(g_env_error, sizeof g_env_error, "KVCHAT_ISA: %s", msg);
+    }
+    int expect = -1;
+    if (!atomic_compare_exchange_strong(&g_isa, &expect, (int)isa)) return (vd_isa)expect;
+    return isa;
+}
+
+const char *vd_isa_env_error(void)
+{
+    (void)chosen_isa();
+    return g_env_error[0] ? g_env_error : NULL;
+}
+
+int vd_set_isa(vd_isa isa, char *err, size_t errlen)
+{
+    if (isa < 0 || isa >= VD_ISA_COUNT) {
+        snprintf(err, errlen, "unknown instruction set %d", (int)isa);
+        return -1;
+    }
+    vd_isa tmp;
+    if (check_isa(ISA_NAME[isa], &tmp, err, errlen) != 0) return -1;
+    (void)chosen_isa();   /* the environment is read once, before any explicit choice */
+    atomic_store_explicit(&g_isa, (int)isa, memory_order_release);
+    return 0;
+}
+
+int vd_set_isa_name(const char *name, char *err, size_t errlen)
+{
+    vd_isa isa;
+    if (check_isa(name, &isa, err, errlen) != 0) return -1;
+    return vd_set_isa(isa, err, errlen);
+}
+
+vd_isa vd_isa_active(void)
+{
+    if (atomic_load_explicit(&g_force_scalar, memory_order_relaxed)) return VD_ISA_SCALAR;
+    return chosen_isa();
+}
+
+static inline int use_simd(void) { return vd_isa_active() >= VD_ISA_AVX2; }
 
 int vd_simd_active(void) { return use_simd(); }
 

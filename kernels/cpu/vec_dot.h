@@ -1,10 +1,11 @@
-/* vec_dot.h - fused dot products of one quantized weight row with one activation row.
+/* vec_dot.h - fused dot products of quantized weight rows with activation rows, and the run-time
+ * choice of instruction set behind them.
  *
  * As in ggml, the f32 activation row is first converted once into the weight type's "activation
  * format" (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F16 for F16, BF16 for
  * BF16, F32 for F32), so the inner loop is integer multiply-adds on quantized blocks and weights are
- * never expanded to f32. Every kernel has a scalar version (the oracle) and, where the CPU has them,
- * AVX2/FMA versions picked at run time. */
+ * never expanded to f32. Every kernel has a scalar version (the oracle); AVX2, AVX-VNNI and AVX-512
+ * versions are picked at run time from what the CPU and the OS support (vd_isa_*). */
 #ifndef KVCHAT_VEC_DOT_H
 #define KVCHAT_VEC_DOT_H
 
@@ -36,9 +37,59 @@ typedef void (*vd_dot_multi2_fn)(int64_t n, float *s, size_t s_stride, const voi
 vd_dot_multi2_fn vd_get_dot_multi2(uint32_t wtype);
 int vd_multi_max(void);
 
-/* 1 when the AVX2+FMA+F16C kernels are in use; vd_force_scalar(1) turns them off (tests, --no-simd). */
+/* Instruction sets the kernels come in, in order of preference. A level without its own version of
+ * a kernel runs the AVX2 one (every level above scalar includes AVX2, FMA and F16C). */
+typedef enum vd_isa {
+    VD_ISA_SCALAR = 0,   /* portable C */
+    VD_ISA_AVX2,         /* AVX2 + FMA + F16C */
+    VD_ISA_AVXVNNI,      /* AVX2 + AVX-VNNI (the VEX-encoded vpdpbusd/vpdpwssd on 256-bit vectors) */
+    VD_ISA_AVX512,       /* AVX-512 F/BW/VL/DQ + AVX512-VNNI, with the ZMM and mask state enabled */
+    VD_ISA_COUNT
+} vd_isa;
+/* 1 when this CPU has isa and the OS saves its registers (cpuid and xgetbv; never the build flags). */
+int vd_isa_supported(vd_isa isa);
+/* The best supported level, and the one the kernels use now: the best, or $KVCHAT_ISA when it names
+ * a supported level, or what vd_set_isa chose; scalar while vd_force_scalar(1) is in effect. */
+vd_isa vd_isa_best(void);
+vd_isa vd_isa_active(void);
+/* "scalar", "avx2", "avxvnni", "avx512"; and a description ("AVX-512 F/BW/VL/DQ + VNNI"). */
+const char *vd_isa_name(vd_isa isa);
+const char *vd_isa_describe(vd_isa isa);
+/* Use isa's kernels from now on (by name: one of vd_isa_name's). 0, or -1 with a message when the
+ * name is unknown or the CPU lacks it; the choice is then unchanged. */
+int vd_set_isa(vd_isa isa, char *err, size_t errlen);
+int vd_set_isa_name(const char *name, char *err, size_t errlen);
+/* When $KVCHAT_ISA is set but unknown or unsupported (the best level is used instead): the message
+ * saying so; else NULL. */
+const char *vd_isa_env_error(void);
+
+/* 1 when a SIMD level is in use; vd_force_scalar(1) turns SIMD off until vd_force_scalar(0) (tests,
+ * --no-simd), which returns to the chosen level. */
 int vd_simd_active(void);
 void vd_force_scalar(int on);
+
+/* Prefill products: a panel of weight rows times many tokens. A panel is vd_gemm.rows consecutive
+ * weight rows rearranged so that one vector holds 4 consecutive elements of every row (lanes =
+ * rows), the layout integer dot-product instructions with a broadcast activation operand want. The
+ * caller packs a panel into scratch once and multiplies it by every token of the batch, whose
+ * activations are quantized once with vd_gemm_quantize_act. Results equal vd_get_dot's up to the
+ * order of the f32 additions: the integer block sums are the same. */
+typedef struct vd_gemm {
+    int rows;                                   /* weight rows per panel */
+    size_t (*panel_bytes)(int64_t n);           /* scratch for one panel of n-element rows */
+    /* Pack rows [0, nrows) of w (rows w_stride bytes apart; nrows <= rows, the rest are zero). */
+    void (*pack)(int64_t n, const void *w, size_t w_stride, int nrows, void *panel);
+    /* y[t * ldy + r] = dot(row r, activation row t) for r < nrows, t < ntok. */
+    void (*mul)(int64_t n, const void *panel, int nrows, const void *act, size_t act_stride, int64_t ntok,
+                float *y, size_t ldy);
+} vd_gemm;
+/* The panel kernels of the active level for wtype, or NULL (no SIMD, or no panel kernel for it). */
+const vd_gemm *vd_get_gemm(uint32_t wtype);
+/* The activation rows the panel kernels read: bytes per row (a multiple of 64), quantization of
+ * an f32 row, and the same built from a row already in vd_quantize_act's format (tests). */
+size_t vd_gemm_act_row_size(uint32_t wtype, int64_t n);
+void vd_gemm_quantize_act(uint32_t wtype, const float *x, void *dst, int64_t n);
+void vd_gemm_act_from_dot_act(uint32_t wtype, const void *act, void *dst, int64_t n);
 
 /* Plain f32 helpers used by attention and norms (SIMD where available). */
 float vd_dot_f32(int64_t n, const float *a, const float *b);

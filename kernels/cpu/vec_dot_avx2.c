@@ -881,3 +881,9 @@ void vd_dot_multi2_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w
 {
     multi2_loop(n, s, s_stride, w, w_stride, sizeof(vd_blk_q5_0), a, a_stride, nt, dec_q5_0);
 }
+
+const vd_gemm *vd_gemm_avx2(uint32_t wtype)
+{
+    (void)wtype;
+    return NULL;
+}

@@ -1,14 +1,17 @@
-/* vec_dot_impl.h - private to kernels/cpu/vec_dot.c and vec_dot_avx2.c: block structs of the weight
- * and activation formats, small helpers both need, and the AVX2 entry points.
+/* vec_dot_impl.h - private to kernels/cpu/vec_dot*.c and vec_gemm.c: block structs of the weight and
+ * activation formats, the layouts of the panel kernels, small helpers, and the ISA entry points.
  *
- * The AVX2 functions live in vec_dot_avx2.c, the only file compiled with -mavx2 -mfma -mf16c; call
- * them only after vec_dot.c's run-time CPU check. Nothing here is part of the public API. */
+ * The SIMD functions live in vec_dot_avx2.c, vec_dot_avxvnni.c and vec_dot_avx512.c, each the only
+ * file compiled with its instruction set's flags; call them only after vec_dot.c's run-time CPU
+ * check (vd_isa_active). Nothing here is part of the public API. */
 #ifndef KVCHAT_VEC_DOT_IMPL_H
 #define KVCHAT_VEC_DOT_IMPL_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "kernels/cpu/vec_dot.h"
 
 /* Tokens one call of a multi-token kernel handles at most. */
 #define VD_MULTI_TOK 4
@@ -68,6 +71,44 @@ static inline void vd_k_scales(const uint8_t *scales, uint32_t out[4])
     out[2] = w1 & 0x3f3f3f3fu;
     out[3] = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
 }
+
+/* ------------------------------------------------------------------ panel kernels (vd_gemm)
+ *
+ * Activation rows of the panel kernels (vd_gemm_quantize_act), padded to 64 bytes:
+ *   Q8_0 family (Q4_0, Q5_0, Q8_0 weights): the Q8_0 quantization of the row as int8 q[n], then
+ *     float d[n/32] (each block's fp16 scale, as f32), then float s[n/32] (each block's sum of q).
+ *   K-quants: one vd_blk_q8_kx per 256 elements: the Q8_K block plus its 32-element sums.
+ * A panel holds P rows (16 for AVX-512, 8 for AVX2 and AVX-VNNI) block by block, each block as its
+ * codes q[k-groups][P][4] (k-group j = elements 4j..4j+3 of a block, one 32-bit lane per row) and
+ * then its scales, P of each (the layouts below). Codes are unsigned: the value plus an offset
+ * (Q4_0 8, Q5_0 16, Q8_0 128, Q6_K 32; Q4_K/Q5_K have none: their mins are separate) that the
+ * kernels take back out exactly with the activation block sums. Rows past nrows are zero. */
+typedef struct { int8_t qs[256]; int16_t bsums[16]; int16_t bs32[8]; float d; } vd_blk_q8_kx;
+_Static_assert(sizeof(vd_blk_q8_kx) == 308, "q8_kx size");
+
+static inline size_t vd_gact_q8_bytes(int64_t n) { return ((size_t)n + 8 * (size_t)(n / 32) + 63) & ~(size_t)63; }
+static inline size_t vd_gact_k_bytes(int64_t n) { return ((size_t)(n / 256) * sizeof(vd_blk_q8_kx) + 63) & ~(size_t)63; }
+
+/* Panel block sizes for P rows: 32-element formats: codes 32P, then float d[P].
+ * Q4_K/Q5_K: codes 256P, int32 sc[8][P] (sub-block scales), int32 mn[4][P] (the mins of sub-blocks
+ * 2p and 2p+1 as two int16), float d[P], float dmin[P].
+ * Q6_K: codes 256P, int32 sc[16][P], int32 off[8][P] (-32 * the scales of sub-blocks 2p and 2p+1 as
+ * two int16, taking the offset out against the activation's 16-element sums), float d[P].
+ * sc is encoded per ISA: VD_SC_I32 the scale as an int32 (for vpmulld), VD_SC_PAIR16 the scale in
+ * both int16 halves (for vpmaddwd over int16 pair sums). */
+#define VD_PANEL_Q8F_BLOCK(P) (36 * (size_t)(P))
+#define VD_PANEL_Q4K_BLOCK(P) (312 * (size_t)(P))
+#define VD_PANEL_Q6K_BLOCK(P) (356 * (size_t)(P))
+enum { VD_SC_I32 = 0, VD_SC_PAIR16 = 1 };
+
+/* Bytes of a panel of P rows of n elements (vec_gemm.c); the packers are in vec_pack_impl.h. Q8_0
+ * codes may also be the raw int8 (for kernels that take the sign trick instead of the offset). */
+size_t vd_panel_bytes(uint32_t wtype, int P, int64_t n);
+
+/* The panel kernels of each ISA file (NULL entries: none for that type). */
+const vd_gemm *vd_gemm_avx2(uint32_t wtype);
+const vd_gemm *vd_gemm_avxvnni(uint32_t wtype);
+const vd_gemm *vd_gemm_avx512(uint32_t wtype);
 
 /* AVX2 kernels (vec_dot_avx2.c). Same contracts as the vd_dot_fn / public helpers. */
 void vd_dot_f32_f32_avx2(int64_t n, float *s, const void *w, const void *a);
