@@ -75,6 +75,8 @@ const opt_def cli_model_opts[] = {
       NULL },
     { "--batch", NULL, OPT_INT, F(n_batch), 1, 8192, NULL, 0, "N", "prefill chunk in tokens (default 512)", NULL },
     { "--no-simd", NULL, OPT_FLAG, F(no_simd), 0, 0, NULL, 0, NULL, "the portable kernels only", NULL },
+    { "--isa", NULL, OPT_STR, F(isa), 0, 0, NULL, 0, "NAME",
+      "the kernels' instruction set: scalar, avx2, avxvnni or avx512 (default: the best this CPU has)", NULL },
     { "--device", NULL, OPT_CHOICE, F(device), 0, 0, "auto|cpu|cuda", 0, NULL,
       "the backend (auto: cuda when a GPU is present in a CUDA build)", NULL },
     OPT_END
@@ -191,12 +193,23 @@ const char *cli_model_path(const cli_opts *o, char *buf, size_t cap)
     return path;
 }
 
+int cli_set_kernels(const char *isa, int no_simd)
+{
+    char err[300];
+    if (vd_isa_env_error() || (isa && vd_set_isa_name(isa, err, sizeof err))) {
+        cli_err("%s", vd_isa_env_error() ? vd_isa_env_error() : err);
+        return -1;
+    }
+    if (no_simd) vd_force_scalar(1);
+    return 0;
+}
+
 session *cli_session(const cli_opts *o, int64_t n_predict, int format)
 {
     char err[1200], pathbuf[1024];
     const char *path = cli_model_path(o, pathbuf, sizeof pathbuf);
     if (!path) return NULL;
-    if (o->no_simd) vd_force_scalar(1);
+    if (cli_set_kernels(o->isa, o->no_simd) != 0) return NULL;
     sess_config c;
     memset(&c, 0, sizeof c);
     c.model_path = path;

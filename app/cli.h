@@ -23,6 +23,7 @@ typedef struct cli_opts {
     int64_t n_ctx;              /* --ctx; 0 = the model's training context */
     int n_batch;                /* --batch */
     int no_simd;                /* --no-simd */
+    const char *isa;            /* --isa scalar|avx2|avxvnni|avx512 (default: the best this CPU has) */
     int device;                 /* --device: CLI_DEV_* */
     const char *policy;         /* --policy SPEC (NULL: full) */
     const char *budget;         /* --budget B (fraction of the context or tokens) */
@@ -38,7 +39,7 @@ typedef struct cli_opts {
     int no_db;                  /* --no-db: nothing is saved */
 } cli_opts;
 
-extern const opt_def cli_model_opts[];     /* -m --tokenizer --threads --ctx --batch --no-simd --device */
+extern const opt_def cli_model_opts[];     /* -m --tokenizer --threads --ctx --batch --no-simd --isa --device */
 extern const opt_def cli_policy_opts[];    /* --policy --budget --page-size --backtrack --thresholds --show-events --stop */
 extern const opt_def cli_sampling_opts[];  /* --temp --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed */
 extern const opt_def cli_store_opts[];     /* --db --no-db */
@@ -67,6 +68,9 @@ const char *cli_model_path(const cli_opts *o, char *buf, size_t cap);
 /* An engine session from the options: the model, the backend, the policies, sampling, and the
  * model's calibrated thresholds (found as cli_find_thresholds says). NULL after printing. */
 session *cli_session(const cli_opts *o, int64_t n_predict, int format);
+/* The kernels' instruction set: --isa NAME (or $KVCHAT_ISA), and --no-simd for the portable ones.
+ * 0, or -1 after one line on stderr when the name is unknown or the CPU lacks it. */
+int cli_set_kernels(const char *isa, int no_simd);
 
 /* Where the thresholds of model file path are looked up: --thresholds, then the session database
  * (when it exists and already knows this model file), then the file kvchat calibrate wrote (data

@@ -728,12 +728,15 @@ int cmd_bench(int argc, char **argv)
     if (strcmp(rt.b->ops->name, "cpu")) {   /* the device that ran the model, beside the host CPU */
         size_t ml = strlen(machine);
         snprintf(machine + ml, sizeof machine - ml, " + %s", rt.b->ops->name);
+    } else {                                 /* the kernels that ran on it */
+        size_t ml = strlen(machine);
+        snprintf(machine + ml, sizeof machine - ml, " [%s]", vd_isa_name(vd_isa_active()));
     }
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     const char *base = strrchr(rt.m->path, '/') ? strrchr(rt.m->path, '/') + 1 : rt.m->path;
     printf("kvchat bench: %s, %d threads, %s kernels, batch %d, commit %s\n", base, rt.b->n_threads,
-           vd_simd_active() ? "AVX2" : "scalar", o.n_batch > 0 ? o.n_batch : 512, commit);
+           vd_isa_name(vd_isa_active()), o.n_batch > 0 ? o.n_batch : 512, commit);
     if (snapshot) {
         cli_install_sigint();
         int src = bench_snapshots(&rt, budget, o.n_batch, o.page_size, specs, n_spec, depths, nd, toks, csv, date, commit,

@@ -9,10 +9,11 @@
 #include "common/text.h"
 #include "app/commands.h"
 #include "common/quant.h"
+#include "kernels/cpu/vec_dot.h"
 
 typedef struct info_opts {
-    const char *model_path, *tokenizer_path, *export_path;
-    int list;
+    const char *model_path, *tokenizer_path, *export_path, *isa;
+    int list, no_simd;
 } info_opts;
 
 #define I(field) offsetof(info_opts, field)
@@ -21,6 +22,8 @@ static const opt_def info_defs[] = {
     { "--tokenizer", NULL, OPT_STR, I(tokenizer_path), 0, 0, NULL, 0, "FILE.model",
       "a SentencePiece model replacing the file's vocabulary", NULL },
     { "--tensors", NULL, OPT_FLAG, I(list), 0, 0, NULL, 0, NULL, "list every tensor", NULL },
+    { "--isa", NULL, OPT_STR, I(isa), 0, 0, NULL, 0, "NAME", "the kernels to report: scalar, avx2, avxvnni or avx512", NULL },
+    { "--no-simd", NULL, OPT_FLAG, I(no_simd), 0, 0, NULL, 0, NULL, "the portable kernels", NULL },
     { "--export-tokenizer", NULL, OPT_STR, I(export_path), 0, 0, NULL, 0, "OUT.model",
       "write the vocabulary as a SentencePiece model file", NULL },
     { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
@@ -35,6 +38,7 @@ int cmd_info(int argc, char **argv)
     int r = cli_parse(argc, argv, "kvchat info [-m MODEL] [--tensors] [--tokenizer FILE.model] [--export-tokenizer OUT.model]",
                       "What a model file is: architecture, hyperparameters, tokenizer, tensor types.", g, 1, NULL, 0, NULL);
     if (r) return r > 0 ? 0 : 1;
+    if (cli_set_kernels(io.isa, io.no_simd) != 0) return 1;
     cli_opts o;
     cli_opts_init(&o);
     o.model_path = io.model_path;
@@ -97,6 +101,9 @@ int cmd_info(int argc, char **argv)
         printf("on a GPU        %.1f MiB of weights (%s%s%s%s%s)\n", (double)gpu / 1048576.0, kept,
                kept[0] ? " as stored" : "", kept[0] && conv[0] ? "; " : "", conv, conv[0] ? " converted to f16 at load" : "");
     }
+    char kern[200];
+    vd_isa_summary(kern, sizeof kern);
+    printf("kernels         %s\n", kern);
     /* Tensor types: count and bytes. */
     uint64_t cnt[GGML_TYPE_MAX_ID] = { 0 }, bytes[GGML_TYPE_MAX_ID] = { 0 };
     int64_t nt = gguf_n_tensors(m->gguf);

@@ -167,6 +167,14 @@ int vd_set_isa_name(const char *name, char *err, size_t errlen)
     return vd_set_isa(isa, err, errlen);
 }
 
+void vd_isa_summary(char *buf, size_t cap)
+{
+    vd_isa a = vd_isa_active();
+    int k = snprintf(buf, cap, "%s (%s); this CPU:", ISA_NAME[a], ISA_DESC[a]);
+    for (int i = 0; i < VD_ISA_COUNT && k >= 0 && (size_t)k < cap; i++)
+        if (vd_isa_supported((vd_isa)i)) k += snprintf(buf + k, cap - (size_t)k, " %s", ISA_NAME[i]);
+}
+
 vd_isa vd_isa_active(void)
 {
     if (atomic_load_explicit(&g_force_scalar, memory_order_relaxed)) return VD_ISA_SCALAR;

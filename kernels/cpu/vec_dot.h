@@ -59,6 +59,9 @@ const char *vd_isa_describe(vd_isa isa);
  * name is unknown or the CPU lacks it; the choice is then unchanged. */
 int vd_set_isa(vd_isa isa, char *err, size_t errlen);
 int vd_set_isa_name(const char *name, char *err, size_t errlen);
+/* One line for `kvchat info`: the active level, its description and the levels this CPU supports,
+ * e.g. "avx512 (AVX-512 F/BW/VL/DQ + VNNI); this CPU: scalar avx2 avx512". */
+void vd_isa_summary(char *buf, size_t cap);
 /* When $KVCHAT_ISA is set but unknown or unsupported (the best level is used instead): the message
  * saying so; else NULL. */
 const char *vd_isa_env_error(void);
