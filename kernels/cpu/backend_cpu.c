@@ -458,8 +458,178 @@ static void att_task(void *ctx, int64_t task, int thread)
     }
 }
 
+/* ---- Blocked attention for a batch of queries (prefill): a task is one KV head and a tile of
+ * queries whose ATT_ROWS rows (query x grouped head) share every key and value row: keys are
+ * gathered from the page list into blocks of ATT_BK (converted to f32 once), scored for all rows at
+ * once with the rows in the vector lanes, and the values accumulated likewise; an online softmax
+ * per row carries the running maximum and sum across blocks, as in flash attention. */
+
+#define ATT_ROWS 32
+#define ATT_BK 64
+
+typedef struct attb_job {
+    const be_attn *a;
+    int group, tq, rp;     /* grouped heads, queries per tile, rows padded to 16 */
+    int64_t n_tiles;
+    float *scratch;
+    size_t per_thread;     /* floats */
+} attb_job;
+
+typedef struct attb_tile {
+    const be_attn *a;
+    int D, nr, rp;
+    int32_t qmin, qmax;
+    const int32_t *rowpos;
+    float *qt, *kb, *vb, *s, *o, *m, *l, *corr, *msub;
+    int32_t *kpos;
+    float *kbias;
+} attb_tile;
+
+static void attb_block(attb_tile *T, int nk)
+{
+    const be_attn *a = T->a;
+    int nr = T->nr, rp = T->rp, D = T->D;
+    vd_attn_scores(D, nk, rp, T->qt, T->kb, T->s);
+    /* every row sees every key of the block: causally before all queries and inside every window */
+    int full = T->kpos[nk - 1] <= T->qmin && (a->window <= 0 || T->kpos[0] > T->qmax - a->window);
+    for (int k = 0; k < nk; k++) {
+        float *sk = T->s + (size_t)k * rp, bias = T->kbias[k];
+        int32_t kp = T->kpos[k];
+        if (bias != 0.0f)
+            for (int r = 0; r < nr; r++) sk[r] += bias;
+        if (!full)
+            for (int r = 0; r < nr; r++) {
+                int32_t qp = T->rowpos[r];
+                if (kp > qp || (a->window > 0 && qp - kp >= a->window)) sk[r] = -INFINITY;
+            }
+    }
+    float *mnew = T->msub;
+    for (int r = 0; r < nr; r++) mnew[r] = T->m[r];
+    for (int k = 0; k < nk; k++) {
+        const float *sk = T->s + (size_t)k * rp;
+        for (int r = 0; r < nr; r++) mnew[r] = sk[r] > mnew[r] ? sk[r] : mnew[r];
+    }
+    for (int r = 0; r < nr; r++) {
+        if (mnew[r] == -INFINITY) {   /* nothing visible yet: weights exp(-inf) = 0, state unchanged */
+            T->corr[r] = 1.0f;
+            mnew[r] = 0.0f;
+        } else {
+            T->corr[r] = expf(T->m[r] - mnew[r]);   /* exp(-inf) = 0 on the first visible block */
+            T->m[r] = mnew[r];
+        }
+    }
+    for (int k = 0; k < nk; k++) {
+        float *sk = T->s + (size_t)k * rp;
+        for (int r = 0; r < nr; r++) sk[r] -= mnew[r];
+    }
+    vd_exp_f32((int64_t)nk * rp, T->s, T->s);
+    for (int r = 0; r < nr; r++) T->l[r] *= T->corr[r];
+    for (int k = 0; k < nk; k++) {
+        const float *sk = T->s + (size_t)k * rp;
+        for (int r = 0; r < nr; r++) T->l[r] += sk[r];
+    }
+    vd_attn_accum(D, nk, nr, rp, T->s, T->vb, T->corr, T->o);
+}
+
+static void attb_task(void *ctx, int64_t task, int thread)
+{
+    attb_job *j = ctx;
+    const be_attn *a = j->a;
+    const int D = a->head_dim, G = j->group, rp = j->rp;
+    const int64_t qstride = (int64_t)a->n_head * D;
+    int64_t tile = task % j->n_tiles;
+    int g = (int)(task / j->n_tiles);
+    int64_t q0 = tile * j->tq, q1 = q0 + j->tq < a->n_q ? q0 + j->tq : a->n_q;
+    attb_tile T = { .a = a, .D = D, .nr = (int)(q1 - q0) * G, .rp = rp, .qmin = INT32_MAX, .qmax = INT32_MIN };
+    float *f = j->scratch + (size_t)thread * j->per_thread;
+    T.qt = f;
+    T.kb = T.qt + (size_t)D * rp;
+    T.vb = T.kb + (size_t)ATT_BK * D;
+    T.s = T.vb + (size_t)ATT_BK * D;
+    T.o = T.s + (size_t)ATT_BK * rp;
+    T.m = T.o + (size_t)rp * D;
+    T.l = T.m + rp;
+    T.corr = T.l + rp;
+    T.msub = T.corr + rp;
+    T.kbias = T.msub + rp;
+    T.kpos = (int32_t *)(T.kbias + ATT_BK);
+    int32_t *rowpos = T.kpos + ATT_BK;
+    T.rowpos = rowpos;
+    /* the tile's queries transposed, padding rows zero */
+    memset(T.qt, 0, sizeof(float) * (size_t)D * rp);
+    for (int64_t t = q0; t < q1; t++) {
+        int32_t qp = a->q_pos[t];
+        if (qp < T.qmin) T.qmin = qp;
+        if (qp > T.qmax) T.qmax = qp;
+        for (int hh = 0; hh < G; hh++) {
+            int r = (int)(t - q0) * G + hh;
+            const float *q = a->q + t * qstride + (int64_t)(g * G + hh) * D;
+            for (int d = 0; d < D; d++) T.qt[(size_t)d * rp + r] = q[d];
+            rowpos[r] = qp;
+        }
+    }
+    for (int r = 0; r < T.nr; r++) {
+        T.m[r] = -INFINITY;
+        T.l[r] = 0.0f;
+    }
+    memset(T.o, 0, sizeof(float) * (size_t)T.nr * D);
+    int64_t pg0, pg1;
+    head_range(a, g, &pg0, &pg1);
+    int nk = 0;
+    for (int64_t ip = pg0; ip < pg1; ip++) {
+        const be_kv_page *pg = &a->pages[ip];
+        if (pg->n <= 0 || pg->pos[0] > T.qmax) continue;   /* positions ascend within a page */
+        if (a->window > 0 && pg->pos[pg->n - 1] <= T.qmin - a->window) continue;   /* all too old */
+        for (int32_t i = 0; i < pg->n; i++) {
+            int32_t kp = pg->pos[i];
+            if (kp > T.qmax) break;
+            if (a->window > 0 && kp <= T.qmin - a->window) continue;
+            if (pg->mask && !((pg->mask[i >> 6] >> (i & 63)) & 1u)) continue;
+            size_t off = (size_t)i * (size_t)pg->stride + (size_t)g * (size_t)pg->head_step;
+            vd_f16_to_f32(D, pg->k + off, T.kb + (size_t)nk * D);
+            vd_f16_to_f32(D, pg->v + off, T.vb + (size_t)nk * D);
+            T.kpos[nk] = kp;
+            T.kbias[nk] = pg->bias ? pg->bias[i] : 0.0f;
+            if (++nk == ATT_BK) {
+                attb_block(&T, nk);
+                nk = 0;
+            }
+        }
+    }
+    if (nk) attb_block(&T, nk);
+    for (int64_t t = q0; t < q1; t++)
+        for (int hh = 0; hh < G; hh++) {
+            int r = (int)(t - q0) * G + hh;
+            float *o = a->out + t * qstride + (int64_t)(g * G + hh) * D;
+            float inv = T.l[r] > 0 ? 1.0f / T.l[r] : 0.0f;
+            for (int d = 0; d < D; d++) o[d] = T.o[(size_t)r * D + d] * inv;
+        }
+}
+
+static void attention_blocked(be_backend *b, const be_attn *a)
+{
+    cpu_impl *ci = impl_of(b);
+    attb_job j;
+    memset(&j, 0, sizeof j);
+    j.a = a;
+    j.group = a->n_head / a->n_head_kv;
+    j.tq = ATT_ROWS / j.group > 0 ? ATT_ROWS / j.group : 1;
+    j.rp = (j.tq * j.group + 15) / 16 * 16;
+    j.n_tiles = (a->n_q + j.tq - 1) / j.tq;
+    size_t D = (size_t)a->head_dim, rp = (size_t)j.rp;
+    j.per_thread = (D * rp + 2 * ATT_BK * D + ATT_BK * rp + rp * D + 4 * rp + 2 * ATT_BK + rp + 16 + 15) & ~(size_t)15;
+    if (grow((void **)&ci->att_scratch, &ci->att_scratch_cap, j.per_thread * sizeof(float) * (size_t)b->n_threads) != 0)
+        abort();
+    j.scratch = ci->att_scratch;
+    tp_run(ci->pool, attb_task, &j, (int64_t)a->n_head_kv * j.n_tiles);
+}
+
 static void attention_pages(be_backend *b, const be_attn *a)
 {
+    if (a->n_q > 1) {
+        attention_blocked(b, a);
+        return;
+    }
     cpu_impl *ci = impl_of(b);
     att_job j;
     memset(&j, 0, sizeof j);

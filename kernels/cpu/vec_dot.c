@@ -667,6 +667,63 @@ void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y)
     for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_fp16(x[i]);
 }
 
+/* ------------------------------------------------------------------ attention blocks */
+
+static void attn_scores_scalar(int D, int nk, int rp, const float *qt, const float *kb, float *s)
+{
+    for (int k = 0; k < nk; k++) {
+        float *sk = s + (size_t)k * rp;
+        for (int r = 0; r < rp; r++) sk[r] = 0;
+        for (int d = 0; d < D; d++) {
+            float kv = kb[(size_t)k * D + d];
+            const float *q = qt + (size_t)d * rp;
+            for (int r = 0; r < rp; r++) sk[r] += kv * q[r];
+        }
+    }
+}
+
+static void attn_accum_scalar(int D, int nk, int nr, int rp, const float *p, const float *vb, const float *corr,
+                              float *o)
+{
+    for (int r = 0; r < nr; r++) {
+        float *or_ = o + (size_t)r * D;
+        for (int d = 0; d < D; d++) or_[d] *= corr[r];
+        for (int k = 0; k < nk; k++) {
+            float w = p[(size_t)k * rp + r];
+            const float *v = vb + (size_t)k * D;
+            for (int d = 0; d < D; d++) or_[d] += w * v[d];
+        }
+    }
+}
+
+void vd_attn_scores(int d_head, int nk, int rp, const float *qt, const float *kb, float *s)
+{
+#if VD_HAVE_AVX2_BUILD
+    vd_isa isa = vd_isa_active();
+    if (isa == VD_ISA_AVX512) { vd_attn_scores_avx512(d_head, nk, rp, qt, kb, s); return; }
+    if (isa >= VD_ISA_AVX2) { vd_attn_scores_avx2(d_head, nk, rp, qt, kb, s); return; }
+#endif
+    attn_scores_scalar(d_head, nk, rp, qt, kb, s);
+}
+
+void vd_attn_accum(int d_head, int nk, int nr, int rp, const float *p, const float *vb, const float *corr, float *o)
+{
+#if VD_HAVE_AVX2_BUILD
+    vd_isa isa = vd_isa_active();
+    if (isa == VD_ISA_AVX512) { vd_attn_accum_avx512(d_head, nk, nr, rp, p, vb, corr, o); return; }
+    if (isa >= VD_ISA_AVX2) { vd_attn_accum_avx2(d_head, nk, nr, rp, p, vb, corr, o); return; }
+#endif
+    attn_accum_scalar(d_head, nk, nr, rp, p, vb, corr, o);
+}
+
+void vd_f16_to_f32(int64_t n, const uint16_t *x, float *y)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) { vd_f16_to_f32_avx2(n, x, y); return; }
+#endif
+    for (int64_t i = 0; i < n; i++) y[i] = quant_fp16_to_f32(x[i]);
+}
+
 float vd_bound_f32(int64_t n, const float *q, const float *lo, const float *hi)
 {
 #if VD_HAVE_AVX2_BUILD

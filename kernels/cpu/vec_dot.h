@@ -107,6 +107,17 @@ void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y);
 /* sum_i max(q[i] * lo[i], q[i] * hi[i]): the largest q.k over keys k with lo <= k <= hi (Quest's bound). */
 float vd_bound_f32(int64_t n, const float *q, const float *lo, const float *hi);
 
+/* Blocked (flash-style) attention over a block of nk keys for a tile of query rows, rows in the
+ * vector lanes. rp is the row count padded to a multiple of 16 (padding rows are zero in qt).
+ * Scores: s[k * rp + r] = sum_d qt[d * rp + r] * kb[k * d_head + d]  (qt: the queries transposed,
+ * kb: the keys as f32 rows), for r < rp, k < nk.
+ * Accumulation: o[r * d_head + d] = o[r * d_head + d] * corr[r] + sum_k p[k * rp + r] * vb[k * d_head + d]
+ * for r < nr (vb: the values as f32 rows; p laid out like s). */
+void vd_attn_scores(int d_head, int nk, int rp, const float *qt, const float *kb, float *s);
+void vd_attn_accum(int d_head, int nk, int nr, int rp, const float *p, const float *vb, const float *corr, float *o);
+/* f16 -> f32 (exact). */
+void vd_f16_to_f32(int64_t n, const uint16_t *x, float *y);
+
 /* y[i] = e^x[i] (AVX2 polynomial, ~1e-7 relative; libm in the portable build). x == y allowed. */
 void vd_exp_f32(int64_t n, const float *x, float *y);
 /* gate[i] = act(gate[i]) * up[i], act = GELU (tanh form) when gelu, else SiLU. */

@@ -882,8 +882,387 @@ void vd_dot_multi2_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w
     multi2_loop(n, s, s_stride, w, w_stride, sizeof(vd_blk_q5_0), a, a_stride, nt, dec_q5_0);
 }
 
+/* ------------------------------------------------------------------ panel products (prefill) */
+
+/* Panels of 8 weight rows (one 32-bit lane per row, vec_dot_impl.h) times T tokens at a time.
+ * vpmaddubsw multiplies the unsigned codes by a broadcast group of 4 activations into int16 pair
+ * sums; those are added in int16 for as many groups as cannot overflow (G16: a pair is at most
+ * 2 * max_code * 127, so 8 groups for codes <= 15, 4 for <= 31, 2 for <= 63), then widened by
+ * vpmaddwd (by 1, or by the K-quants' sub-block scales). Every sum is exact, as in the scalar kernels. */
+#define GP 8
+#define GT 4
+#define VD_PACK_P GP
+#include "kernels/cpu/vec_pack_impl.h"
+
+static inline __m256i bcast4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline void store_rows8(float *y, __m256 v, int nrows)
+{
+    if (nrows == GP) {
+        _mm256_storeu_ps(y, v);
+    } else {
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(nrows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(y, m, v);
+    }
+}
+
+/* Q4_0 / Q5_0 (codes q + 8 <= 15, q + 16 <= 31): G16 groups in int16, the block's offset taken out
+ * with its activation sum s (exact: integers below 2^24), then d_w * d_a into the accumulator. */
+static inline __attribute__((always_inline)) void q8f_tile8(const int T, const int G16, int64_t n, const uint8_t *panel,
+                                                            int nrows, const uint8_t *act, size_t astride, float off,
+                                                            float *y, size_t ldy)
+{
+    const int64_t nb = n / 32;
+    const int8_t *q[GT];
+    const float *da[GT], *sa[GT];
+    __m256 c[GT];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const uint8_t *row = act + (size_t)t * astride;
+        q[t] = (const int8_t *)row;
+        da[t] = (const float *)(row + n);
+        sa[t] = da[t] + nb;
+        c[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = panel + (size_t)b * VD_PANEL_Q8F_BLOCK(GP);
+        __m256i acc[GT];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+        for (int j0 = 0; j0 < 8; j0 += G16) {
+            __m256i a16[GT];
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) a16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int j = j0; j < j0 + G16; j++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 32 * j));
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++)
+                    a16[t] = _mm256_add_epi16(a16[t], _mm256_maddubs_epi16(w, bcast4(q[t] + 32 * b + 4 * j)));
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(a16[t], ones16()));
+        }
+        __m256 dw = _mm256_loadu_ps((const float *)(blk + 32 * GP));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            __m256 f = _mm256_fmadd_ps(_mm256_set1_ps(sa[t][b]), _mm256_set1_ps(-off), _mm256_cvtepi32_ps(acc[t]));
+            c[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(da[t][b])), f, c[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) store_rows8(y + (size_t)t * ldy, c[t], nrows);
+}
+
+/* Q8_0 with signed codes: |w| times the activation with w's sign (the activation is never -128), one
+ * group per vpmaddubsw (pairs up to 2 * 128 * 127 < 2^15). */
+static inline __attribute__((always_inline)) void q80_tile8(const int T, int64_t n, const uint8_t *panel, int nrows,
+                                                            const uint8_t *act, size_t astride, float *y, size_t ldy)
+{
+    const int64_t nb = n / 32;
+    const int8_t *q[GT];
+    const float *da[GT];
+    __m256 c[GT];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const uint8_t *row = act + (size_t)t * astride;
+        q[t] = (const int8_t *)row;
+        da[t] = (const float *)(row + n);
+        c[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = panel + (size_t)b * VD_PANEL_Q8F_BLOCK(GP);
+        __m256i acc[GT];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 32 * j));
+            __m256i aw = _mm256_sign_epi8(w, w);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(q[t] + 32 * b + 4 * j), w));
+                acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, ones16()));
+            }
+        }
+        __m256 dw = _mm256_loadu_ps((const float *)(blk + 32 * GP));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            c[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(da[t][b])), _mm256_cvtepi32_ps(acc[t]), c[t]);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) store_rows8(y + (size_t)t * ldy, c[t], nrows);
+}
+
+/* Q4_K / Q5_K: each sub-block of 32 (8 groups) in int16 (G16 groups at a time), widened with its
+ * scale by vpmaddwd into the super-block's int32 sum; the mins against the 32-element activation
+ * sums likewise. Q6_K: sub-blocks of 16 (4 groups, 2 at a time: codes up to 63), the offset of 32
+ * taken out with -32 * scale against the 16-element sums. */
+static inline __attribute__((always_inline)) void k_tile8(const int T, const int q6, const int G16, int64_t n,
+                                                          const uint8_t *panel, int nrows, const uint8_t *act,
+                                                          size_t astride, float *y, size_t ldy)
+{
+    const int64_t nsb = n / 256;
+    const size_t pb = q6 ? VD_PANEL_Q6K_BLOCK(GP) : VD_PANEL_Q4K_BLOCK(GP);
+    const int n_sub = q6 ? 16 : 8, gps = q6 ? 4 : 8, n_pair = q6 ? 8 : 4;
+    const vd_blk_q8_kx *a[GT];
+    __m256 c[GT];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        a[t] = (const vd_blk_q8_kx *)(act + (size_t)t * astride);
+        c[t] = _mm256_setzero_ps();
+    }
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *blk = panel + (size_t)sb * pb;
+        const __m256i *sc = (const __m256i *)(blk + 256 * GP);
+        const __m256i *pr = sc + n_sub;
+        const float *dv = (const float *)(pr + n_pair);
+        __m256i acc[GT];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+        for (int s = 0; s < n_sub; s++) {
+            __m256i scv = _mm256_loadu_si256(sc + s);
+#pragma GCC unroll 8
+            for (int j0 = 0; j0 < gps; j0 += G16) {
+                __m256i a16[GT];
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) a16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int j = j0; j < j0 + G16; j++) {
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 32 * (gps * s + j)));
+#pragma GCC unroll 8
+                    for (int t = 0; t < T; t++)
+                        a16[t] = _mm256_add_epi16(a16[t],
+                                                  _mm256_maddubs_epi16(w, bcast4(a[t][sb].qs + 4 * (gps * s + j))));
+                }
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(a16[t], scv));
+            }
+        }
+        __m256i m[GT];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) m[t] = _mm256_setzero_si256();
+        for (int p = 0; p < n_pair; p++) {
+            __m256i pv = _mm256_loadu_si256(pr + p);
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++)
+                m[t] = _mm256_add_epi32(m[t], _mm256_madd_epi16(pv, bcast4(q6 ? &a[t][sb].bsums[2 * p] : &a[t][sb].bs32[2 * p])));
+        }
+        __m256 d = _mm256_loadu_ps(dv);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            __m256 ad = _mm256_set1_ps(a[t][sb].d);
+            if (q6) {
+                c[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, ad), _mm256_cvtepi32_ps(_mm256_add_epi32(acc[t], m[t])), c[t]);
+            } else {
+                c[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, ad), _mm256_cvtepi32_ps(acc[t]), c[t]);
+                c[t] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dv + GP), ad), _mm256_cvtepi32_ps(m[t]), c[t]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) store_rows8(y + (size_t)t * ldy, c[t], nrows);
+}
+
+#define TILES8(call)                                                                                   \
+    do {                                                                                               \
+        const uint8_t *a_ = act;                                                                       \
+        int64_t t_ = 0;                                                                                \
+        for (; t_ + GT <= ntok; t_ += GT) call(GT, a_ + (size_t)t_ * astride, y + (size_t)t_ * ldy);   \
+        switch (ntok - t_) {                                                                           \
+        case 3: call(3, a_ + (size_t)t_ * astride, y + (size_t)t_ * ldy); break;                       \
+        case 2: call(2, a_ + (size_t)t_ * astride, y + (size_t)t_ * ldy); break;                       \
+        case 1: call(1, a_ + (size_t)t_ * astride, y + (size_t)t_ * ldy); break;                       \
+        default: break;                                                                                \
+        }                                                                                              \
+    } while (0)
+
+static void mul8_q4_0(int64_t n, const void *panel, int nrows, const void *act, size_t astride, int64_t ntok, float *y,
+                      size_t ldy)
+{
+#define CALL(T, A, Y) q8f_tile8(T, 8, n, panel, nrows, A, astride, 8.0f, Y, ldy)
+    TILES8(CALL);
+#undef CALL
+}
+
+static void mul8_q5_0(int64_t n, const void *panel, int nrows, const void *act, size_t astride, int64_t ntok, float *y,
+                      size_t ldy)
+{
+#define CALL(T, A, Y) q8f_tile8(T, 4, n, panel, nrows, A, astride, 16.0f, Y, ldy)
+    TILES8(CALL);
+#undef CALL
+}
+
+static void mul8_q8_0(int64_t n, const void *panel, int nrows, const void *act, size_t astride, int64_t ntok, float *y,
+                      size_t ldy)
+{
+#define CALL(T, A, Y) q80_tile8(T, n, panel, nrows, A, astride, Y, ldy)
+    TILES8(CALL);
+#undef CALL
+}
+
+static void mul8_q4_k(int64_t n, const void *panel, int nrows, const void *act, size_t astride, int64_t ntok, float *y,
+                      size_t ldy)
+{
+#define CALL(T, A, Y) k_tile8(T, 0, 8, n, panel, nrows, A, astride, Y, ldy)
+    TILES8(CALL);
+#undef CALL
+}
+
+static void mul8_q5_k(int64_t n, const void *panel, int nrows, const void *act, size_t astride, int64_t ntok, float *y,
+                      size_t ldy)
+{
+#define CALL(T, A, Y) k_tile8(T, 0, 4, n, panel, nrows, A, astride, Y, ldy)
+    TILES8(CALL);
+#undef CALL
+}
+
+static void mul8_q6_k(int64_t n, const void *panel, int nrows, const void *act, size_t astride, int64_t ntok, float *y,
+                      size_t ldy)
+{
+#define CALL(T, A, Y) k_tile8(T, 1, 2, n, panel, nrows, A, astride, Y, ldy)
+    TILES8(CALL);
+#undef CALL
+}
+
+static size_t bytes8_q4_0(int64_t n) { return vd_panel_bytes(GGML_TYPE_Q4_0, GP, n); }
+static size_t bytes8_q5_0(int64_t n) { return vd_panel_bytes(GGML_TYPE_Q5_0, GP, n); }
+static size_t bytes8_q8_0(int64_t n) { return vd_panel_bytes(GGML_TYPE_Q8_0, GP, n); }
+static size_t bytes8_q4_k(int64_t n) { return vd_panel_bytes(GGML_TYPE_Q4_K, GP, n); }
+static size_t bytes8_q5_k(int64_t n) { return vd_panel_bytes(GGML_TYPE_Q5_K, GP, n); }
+static size_t bytes8_q6_k(int64_t n) { return vd_panel_bytes(GGML_TYPE_Q6_K, GP, n); }
+
+static void pack8_q4_0(int64_t n, const void *w, size_t ws, int nr, void *p) { vd_pack_q8f(GGML_TYPE_Q4_0, 0, n, w, ws, nr, p); }
+static void pack8_q5_0(int64_t n, const void *w, size_t ws, int nr, void *p) { vd_pack_q8f(GGML_TYPE_Q5_0, 0, n, w, ws, nr, p); }
+static void pack8_q8_0(int64_t n, const void *w, size_t ws, int nr, void *p) { vd_pack_q8f(GGML_TYPE_Q8_0, 1, n, w, ws, nr, p); }
+static void pack8_q4_k(int64_t n, const void *w, size_t ws, int nr, void *p) { vd_pack_q45k(0, VD_SC_PAIR16, n, w, ws, nr, p); }
+static void pack8_q5_k(int64_t n, const void *w, size_t ws, int nr, void *p) { vd_pack_q45k(1, VD_SC_PAIR16, n, w, ws, nr, p); }
+static void pack8_q6_k(int64_t n, const void *w, size_t ws, int nr, void *p) { vd_pack_q6k(VD_SC_PAIR16, n, w, ws, nr, p); }
+
+static const vd_gemm G8_Q4_0 = { GP, bytes8_q4_0, pack8_q4_0, mul8_q4_0 };
+static const vd_gemm G8_Q5_0 = { GP, bytes8_q5_0, pack8_q5_0, mul8_q5_0 };
+static const vd_gemm G8_Q8_0 = { GP, bytes8_q8_0, pack8_q8_0, mul8_q8_0 };
+static const vd_gemm G8_Q4_K = { GP, bytes8_q4_k, pack8_q4_k, mul8_q4_k };
+static const vd_gemm G8_Q5_K = { GP, bytes8_q5_k, pack8_q5_k, mul8_q5_k };
+static const vd_gemm G8_Q6_K = { GP, bytes8_q6_k, pack8_q6_k, mul8_q6_k };
+
 const vd_gemm *vd_gemm_avx2(uint32_t wtype)
 {
-    (void)wtype;
-    return NULL;
+    switch (wtype) {
+    case GGML_TYPE_Q4_0: return &G8_Q4_0;
+    case GGML_TYPE_Q5_0: return &G8_Q5_0;
+    case GGML_TYPE_Q8_0: return &G8_Q8_0;
+    case GGML_TYPE_Q4_K: return &G8_Q4_K;
+    case GGML_TYPE_Q5_K: return &G8_Q5_K;
+    case GGML_TYPE_Q6_K: return &G8_Q6_K;
+    default: return NULL;
+    }
+}
+
+/* ------------------------------------------------------------------ attention blocks */
+
+void vd_f16_to_f32_avx2(int64_t n, const uint16_t *x, float *y)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = _cvtsh_ss(x[i]);
+}
+
+/* Scores of KK keys for 16 rows (two vectors of 8): each key element broadcast against the queries'
+ * column d, so every product lands in its row's lane and nothing is summed across lanes. */
+static inline __attribute__((always_inline)) void scores_tile8(const int KK, int D, int rp, const float *qt,
+                                                               const float *kb, float *s)
+{
+    __m256 acc[6][2];
+#pragma GCC unroll 8
+    for (int k = 0; k < KK; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        __m256 q0 = _mm256_loadu_ps(qt + (size_t)d * rp), q1 = _mm256_loadu_ps(qt + (size_t)d * rp + 8);
+#pragma GCC unroll 8
+        for (int k = 0; k < KK; k++) {
+            __m256 kv = _mm256_broadcast_ss(kb + (size_t)k * D + d);
+            acc[k][0] = _mm256_fmadd_ps(kv, q0, acc[k][0]);
+            acc[k][1] = _mm256_fmadd_ps(kv, q1, acc[k][1]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < KK; k++) {
+        _mm256_storeu_ps(s + (size_t)k * rp, acc[k][0]);
+        _mm256_storeu_ps(s + (size_t)k * rp + 8, acc[k][1]);
+    }
+}
+
+void vd_attn_scores_avx2(int D, int nk, int rp, const float *qt, const float *kb, float *s)
+{
+    for (int r0 = 0; r0 < rp; r0 += 16) {
+        int k = 0;
+        for (; k + 6 <= nk; k += 6) scores_tile8(6, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0);
+        switch (nk - k) {
+        case 5: scores_tile8(5, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break;
+        case 4: scores_tile8(4, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break;
+        case 3: scores_tile8(3, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break;
+        case 2: scores_tile8(2, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break;
+        case 1: scores_tile8(1, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break;
+        default: break;
+        }
+    }
+}
+
+/* RR rows x 16 dimensions of the output: rescaled by corr, then each value row's two vectors
+ * times the RR broadcast weights. */
+static inline __attribute__((always_inline)) void accum_tile8(const int RR, int D, int nk, int rp, const float *p,
+                                                              const float *vb, const float *corr, float *o)
+{
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; r++) {
+        __m256 c = _mm256_broadcast_ss(corr + r);
+        acc[r][0] = _mm256_mul_ps(_mm256_loadu_ps(o + (size_t)r * D), c);
+        acc[r][1] = _mm256_mul_ps(_mm256_loadu_ps(o + (size_t)r * D + 8), c);
+    }
+    for (int k = 0; k < nk; k++) {
+        __m256 v0 = _mm256_loadu_ps(vb + (size_t)k * D), v1 = _mm256_loadu_ps(vb + (size_t)k * D + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < RR; r++) {
+            __m256 w = _mm256_broadcast_ss(p + (size_t)k * rp + r);
+            acc[r][0] = _mm256_fmadd_ps(w, v0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(w, v1, acc[r][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; r++) {
+        _mm256_storeu_ps(o + (size_t)r * D, acc[r][0]);
+        _mm256_storeu_ps(o + (size_t)r * D + 8, acc[r][1]);
+    }
+}
+
+void vd_attn_accum_avx2(int D, int nk, int nr, int rp, const float *p, const float *vb, const float *corr, float *o)
+{
+    int d16 = D / 16 * 16;
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        int rr = nr - r0 < 4 ? nr - r0 : 4;
+        for (int d0 = 0; d0 < d16; d0 += 16) {
+            const float *pr = p + r0, *v = vb + d0, *c = corr + r0;
+            float *or_ = o + (size_t)r0 * D + d0;
+            switch (rr) {
+            case 4: accum_tile8(4, D, nk, rp, pr, v, c, or_); break;
+            case 3: accum_tile8(3, D, nk, rp, pr, v, c, or_); break;
+            case 2: accum_tile8(2, D, nk, rp, pr, v, c, or_); break;
+            default: accum_tile8(1, D, nk, rp, pr, v, c, or_); break;
+            }
+        }
+        for (int r = r0; r < r0 + rr; r++) {   /* the last D % 16 dimensions */
+            float *or_ = o + (size_t)r * D;
+            for (int d = d16; d < D; d++) or_[d] *= corr[r];
+            for (int k = 0; k < nk; k++) {
+                float w = p[(size_t)k * rp + r];
+                for (int d = d16; d < D; d++) or_[d] += w * vb[(size_t)k * D + d];
+            }
+        }
+    }
 }

@@ -1,5 +1,6 @@
 /* vec_dot_avx512.c - AVX-512 (F/BW/VL/DQ) + AVX512-VNNI kernels: the prefill panel products of 16
- * weight rows (one 32-bit lane per row) times many tokens, for Q4_0/Q5_0/Q8_0 and Q4_K/Q5_K/Q6_K.
+ * weight rows (one 32-bit lane per row) times many tokens, for Q4_0/Q5_0/Q8_0 and Q4_K/Q5_K/Q6_K,
+ * and the blocked attention's score and value-accumulation kernels.
  *
  * The only file built with the AVX-512 flags; nothing here may run before vec_dot.c has found the
  * CPU and OS support (vd_isa_active() == VD_ISA_AVX512). vpdpbusd multiplies unsigned by signed
@@ -292,11 +293,132 @@ const vd_gemm *vd_gemm_avx512(uint32_t wtype)
     }
 }
 
+/* ------------------------------------------------------------------ attention blocks */
+
+/* Scores of KK keys for RV vectors of 16 rows: each key element broadcast against the queries'
+ * column d (rows in lanes), so nothing is summed across lanes. */
+static inline __attribute__((always_inline)) void scores_tile16(const int KK, const int RV, int D, int rp,
+                                                                const float *qt, const float *kb, float *s)
+{
+    __m512 acc[8][2];
+#pragma GCC unroll 8
+    for (int k = 0; k < KK; k++) acc[k][0] = acc[k][1] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        __m512 q0 = _mm512_loadu_ps(qt + (size_t)d * rp);
+        __m512 q1 = RV > 1 ? _mm512_loadu_ps(qt + (size_t)d * rp + 16) : q0;
+#pragma GCC unroll 8
+        for (int k = 0; k < KK; k++) {
+            __m512 kv = _mm512_set1_ps(kb[(size_t)k * D + d]);
+            acc[k][0] = _mm512_fmadd_ps(kv, q0, acc[k][0]);
+            if (RV > 1) acc[k][1] = _mm512_fmadd_ps(kv, q1, acc[k][1]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < KK; k++) {
+        _mm512_storeu_ps(s + (size_t)k * rp, acc[k][0]);
+        if (RV > 1) _mm512_storeu_ps(s + (size_t)k * rp + 16, acc[k][1]);
+    }
+}
+
+#define SCORE_KEYS(RV)                                                                                    \
+    do {                                                                                                  \
+        int k = 0;                                                                                        \
+        for (; k + 8 <= nk; k += 8) scores_tile16(8, RV, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); \
+        switch (nk - k) {                                                                                 \
+        case 7: scores_tile16(7, RV, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break; \
+        case 6: scores_tile16(6, RV, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break; \
+        case 5: scores_tile16(5, RV, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break; \
+        case 4: scores_tile16(4, RV, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break; \
+        case 3: scores_tile16(3, RV, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break; \
+        case 2: scores_tile16(2, RV, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break; \
+        case 1: scores_tile16(1, RV, D, rp, qt + r0, kb + (size_t)k * D, s + (size_t)k * rp + r0); break; \
+        default: break;                                                                                   \
+        }                                                                                                 \
+    } while (0)
+
+void vd_attn_scores_avx512(int D, int nk, int rp, const float *qt, const float *kb, float *s)
+{
+    int r0 = 0;
+    for (; r0 + 32 <= rp; r0 += 32) SCORE_KEYS(2);
+    if (r0 < rp) SCORE_KEYS(1);
+}
+
+/* RR rows x DV vectors of 16 output dimensions (the last one masked to m): rescaled by corr, then
+ * each value row's vectors times the RR broadcast weights. */
+static inline __attribute__((always_inline)) void accum_tile16(const int RR, const int DV, __mmask16 m, int D, int nk,
+                                                               int rp, const float *p, const float *vb,
+                                                               const float *corr, float *o)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; r++) {
+        __m512 c = _mm512_set1_ps(corr[r]);
+#pragma GCC unroll 4
+        for (int i = 0; i < DV; i++)
+            acc[r][i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(i == DV - 1 ? m : 0xffff, o + (size_t)r * D + 16 * i), c);
+    }
+    for (int k = 0; k < nk; k++) {
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < DV; i++) v[i] = _mm512_maskz_loadu_ps(i == DV - 1 ? m : 0xffff, vb + (size_t)k * D + 16 * i);
+#pragma GCC unroll 4
+        for (int r = 0; r < RR; r++) {
+            __m512 w = _mm512_set1_ps(p[(size_t)k * rp + r]);
+#pragma GCC unroll 4
+            for (int i = 0; i < DV; i++) acc[r][i] = _mm512_fmadd_ps(w, v[i], acc[r][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RR; r++)
+#pragma GCC unroll 4
+        for (int i = 0; i < DV; i++)
+            _mm512_mask_storeu_ps(o + (size_t)r * D + 16 * i, i == DV - 1 ? m : 0xffff, acc[r][i]);
+}
+
+#define ACCUM_ROWS(DV, M)                                                                                 \
+    do {                                                                                                  \
+        switch (rr) {                                                                                     \
+        case 4: accum_tile16(4, DV, M, D, nk, rp, pr, v, c, or_); break;                                   \
+        case 3: accum_tile16(3, DV, M, D, nk, rp, pr, v, c, or_); break;                                   \
+        case 2: accum_tile16(2, DV, M, D, nk, rp, pr, v, c, or_); break;                                   \
+        default: accum_tile16(1, DV, M, D, nk, rp, pr, v, c, or_); break;                                  \
+        }                                                                                                 \
+    } while (0)
+
+void vd_attn_accum_avx512(int D, int nk, int nr, int rp, const float *p, const float *vb, const float *corr, float *o)
+{
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        int rr = nr - r0 < 4 ? nr - r0 : 4;
+        const float *pr = p + r0, *c = corr + r0;
+        int d0 = 0;
+        for (; d0 + 64 <= D; d0 += 64) {
+            const float *v = vb + d0;
+            float *or_ = o + (size_t)r0 * D + d0;
+            ACCUM_ROWS(4, 0xffff);
+        }
+        for (; d0 < D; d0 += 16) {   /* 16 at a time, the last masked */
+            const float *v = vb + d0;
+            float *or_ = o + (size_t)r0 * D + d0;
+            __mmask16 m = D - d0 >= 16 ? 0xffff : (__mmask16)((1u << (D - d0)) - 1);
+            ACCUM_ROWS(1, m);
+        }
+    }
+}
+
 #else
 /* Not x86-64 (the Makefile builds this file with the AVX-512 flags there): nothing to offer. */
 const vd_gemm *vd_gemm_avx512(uint32_t wtype)
 {
     (void)wtype;
     return NULL;
+}
+void vd_attn_scores_avx512(int d_head, int nk, int rp, const float *qt, const float *kb, float *s)
+{
+    (void)d_head, (void)nk, (void)rp, (void)qt, (void)kb, (void)s;
+}
+void vd_attn_accum_avx512(int d_head, int nk, int nr, int rp, const float *p, const float *vb, const float *corr,
+                          float *o)
+{
+    (void)d_head, (void)nk, (void)nr, (void)rp, (void)p, (void)vb, (void)corr, (void)o;
 }
 #endif

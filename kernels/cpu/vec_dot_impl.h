@@ -134,6 +134,13 @@ void vd_dot_multi2_q4_0_avx2(int64_t n, float *s, size_t s_stride, const void *w
 void vd_dot_multi2_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
                              size_t a_stride, int nt);
 
+void vd_attn_scores_avx2(int d_head, int nk, int rp, const float *qt, const float *kb, float *s);
+void vd_attn_accum_avx2(int d_head, int nk, int nr, int rp, const float *p, const float *vb, const float *corr, float *o);
+void vd_attn_scores_avx512(int d_head, int nk, int rp, const float *qt, const float *kb, float *s);
+void vd_attn_accum_avx512(int d_head, int nk, int nr, int rp, const float *p, const float *vb, const float *corr,
+                          float *o);
+void vd_f16_to_f32_avx2(int64_t n, const uint16_t *x, float *y);
+
 void vd_exp_avx2(int64_t n, const float *x, float *y);
 void vd_glu_avx2(int64_t n, float *gate, const float *up, int gelu);
 
