@@ -245,3 +245,69 @@ Test(kernels, threaded_bounds_equal_the_plain_sum)
     cr_expect_eq(bad, 0, "%d of %d bounds differ from the plain sum", bad, N);
     be_free(b);
 }
+
+/* The blocked attention's kernels on every instruction set this CPU has, against double loops:
+ * scores with the rows in the lanes (padded rows included) and the rescaled value accumulation, on
+ * head sizes and key counts that leave tails, NaN sentinels past the outputs. */
+Test(kernels, attention_block_kernels_match_double_loops)
+{
+    seed_rng("attention_block_kernels_match_double_loops");
+    char err[256];
+    vd_isa was = vd_isa_active();
+    static const int dims[] = { 8, 40, 72, 256 }, nks[] = { 1, 7, 64 }, rps[] = { 16, 32, 48 };
+    for (int isa = 0; isa < VD_ISA_COUNT; isa++) {
+        if (!vd_isa_supported((vd_isa)isa)) {
+            cr_log_info("SKIP attention kernels on %s: this CPU lacks %s", vd_isa_name((vd_isa)isa), vd_isa_describe((vd_isa)isa));
+            continue;
+        }
+        cr_assert_eq(vd_set_isa((vd_isa)isa, err, sizeof err), 0, "%s", err);
+        for (int di = 0; di < 4; di++)
+            for (int ki = 0; ki < 3; ki++) {
+                int D = dims[di], nk = nks[ki], rp = rps[(di + ki) % 3], nr = rp - (int)(rnd() % 16);
+                float *qt = malloc(sizeof(float) * (size_t)D * rp), *kb = malloc(sizeof(float) * (size_t)nk * D);
+                float *vb = malloc(sizeof(float) * (size_t)nk * D), *s = malloc(sizeof(float) * ((size_t)nk * rp + 8));
+                float *o = malloc(sizeof(float) * ((size_t)rp * D + 8)), *o0 = malloc(sizeof(float) * (size_t)rp * D);
+                float corr[48];
+                for (int i = 0; i < D * rp; i++) qt[i] = frand(-1, 1);
+                for (int i = 0; i < nk * D; i++) kb[i] = frand(-1, 1), vb[i] = frand(-1, 1);
+                for (int r = 0; r < rp; r++) corr[r] = frand(0, 1);
+                for (int i = 0; i < nk * rp + 8; i++) s[i] = NAN;
+                vd_attn_scores(D, nk, rp, qt, kb, s);
+                for (int k = 0; k < nk; k++)
+                    for (int r = 0; r < rp; r++) {
+                        double ref = 0, mag = 0;
+                        for (int d = 0; d < D; d++) {
+                            ref += (double)qt[d * rp + r] * kb[k * D + d];
+                            mag += fabs((double)qt[d * rp + r] * kb[k * D + d]);
+                        }
+                        cr_assert(fabs(s[k * rp + r] - ref) <= 1.01 * (D + 2) * 0x1p-24 * mag + 1e-30,
+                                  "%s scores D=%d nk=%d key %d row %d: %.9g vs %.9g", vd_isa_name((vd_isa)isa), D, nk, k,
+                                  r, s[k * rp + r], ref);
+                    }
+                for (int i = nk * rp; i < nk * rp + 8; i++) cr_assert(isnan(s[i]), "scores wrote past nk x rp");
+                for (int i = 0; i < nk * rp; i++) s[i] = frand(0, 1);
+                for (int i = 0; i < rp * D; i++) o[i] = o0[i] = frand(-1, 1);
+                for (int i = rp * D; i < rp * D + 8; i++) o[i] = NAN;
+                vd_attn_accum(D, nk, nr, rp, s, vb, corr, o);
+                for (int r = 0; r < rp; r++)
+                    for (int d = 0; d < D; d++) {
+                        float got = o[r * D + d];
+                        if (r >= nr) {
+                            cr_assert_eq(got, o0[r * D + d], "accum touched row %d >= nr %d", r, nr);
+                            continue;
+                        }
+                        double ref = (double)o0[r * D + d] * corr[r], mag = fabs(ref);
+                        for (int k = 0; k < nk; k++) {
+                            ref += (double)s[k * rp + r] * vb[k * D + d];
+                            mag += fabs((double)s[k * rp + r] * vb[k * D + d]);
+                        }
+                        cr_assert(fabs(got - ref) <= 1.01 * (nk + 3) * 0x1p-24 * mag + 1e-30,
+                                  "%s accum D=%d nk=%d row %d dim %d: %.9g vs %.9g", vd_isa_name((vd_isa)isa), D, nk, r, d,
+                                  got, ref);
+                    }
+                for (int i = rp * D; i < rp * D + 8; i++) cr_assert(isnan(o[i]), "accum wrote past the rows");
+                free(qt); free(kb); free(vb); free(s); free(o); free(o0);
+            }
+    }
+    cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
+}

@@ -490,8 +490,14 @@ static void attb_block(attb_tile *T, int nk)
     const be_attn *a = T->a;
     int nr = T->nr, rp = T->rp, D = T->D;
     vd_attn_scores(D, nk, rp, T->qt, T->kb, T->s);
-    /* every row sees every key of the block: causally before all queries and inside every window */
-    int full = T->kpos[nk - 1] <= T->qmin && (a->window <= 0 || T->kpos[0] > T->qmax - a->window);
+    /* every row sees every key of the block: causally before all queries and inside every window
+     * (pages need not come in position order, so the block's extremes are looked up) */
+    int32_t kmin = INT32_MAX, kmax = INT32_MIN;
+    for (int k = 0; k < nk; k++) {
+        kmin = T->kpos[k] < kmin ? T->kpos[k] : kmin;
+        kmax = T->kpos[k] > kmax ? T->kpos[k] : kmax;
+    }
+    int full = kmax <= T->qmin && (a->window <= 0 || kmin > T->qmax - a->window);
     for (int k = 0; k < nk; k++) {
         float *sk = T->s + (size_t)k * rp, bias = T->kbias[k];
         int32_t kp = T->kpos[k];
