@@ -311,3 +311,39 @@ Test(kernels, attention_block_kernels_match_double_loops)
     }
     cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
 }
+
+/* RMS norm of a row on every instruction set: against double arithmetic (the mean of squares is
+ * summed in double, so only the f32 scale and the two products round), in place and not. */
+Test(kernels, rmsnorm_row_matches_double_on_every_isa)
+{
+    seed_rng("rmsnorm_row_matches_double_on_every_isa");
+    char err[256];
+    vd_isa was = vd_isa_active();
+    static const int64_t lens[] = { 1, 7, 15, 16, 17, 256, 640, 1001 };
+    for (int isa = 0; isa < VD_ISA_COUNT; isa++) {
+        if (!vd_isa_supported((vd_isa)isa)) continue;
+        cr_assert_eq(vd_set_isa((vd_isa)isa, err, sizeof err), 0, "%s", err);
+        for (int li = 0; li < 8; li++) {
+            int64_t n = lens[li];
+            float *x = malloc(sizeof(float) * (size_t)n), *w = malloc(sizeof(float) * (size_t)n);
+            float *y = malloc(sizeof(float) * (size_t)(n + 4)), *z = malloc(sizeof(float) * (size_t)n);
+            float scale = ldexpf(1.0f, (int)(rnd() % 20) - 10);
+            for (int64_t i = 0; i < n; i++) x[i] = frand(-1, 1) * scale, w[i] = frand(0.5f, 1.5f), z[i] = x[i];
+            for (int64_t i = 0; i < n + 4; i++) y[i] = NAN;
+            vd_rmsnorm_f32(n, x, w, y, 1e-6f);
+            vd_rmsnorm_f32(n, z, w, z, 1e-6f);
+            double ss = 0;
+            for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+            double inv = 1.0 / sqrt(ss / (double)n + 1e-6);
+            for (int64_t i = 0; i < n; i++) {
+                double ref = (double)x[i] * inv * w[i];
+                cr_assert(fabs(y[i] - ref) <= 4 * 0x1p-24 * fabs(ref) + 1e-37, "%s n=%lld i=%lld: %.9g vs %.9g",
+                          vd_isa_name((vd_isa)isa), (long long)n, (long long)i, y[i], ref);
+                cr_assert_eq(y[i], z[i], "in place differs at %lld", (long long)i);
+            }
+            for (int64_t i = n; i < n + 4; i++) cr_assert(isnan(y[i]), "wrote past n");
+            free(x); free(w); free(y); free(z);
+        }
+    }
+    cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
+}

@@ -238,15 +238,7 @@ static void run_rows(be_backend *b, rows_job *j)
 
 static void rmsnorm_rows(rows_job *j, int64_t r0, int64_t r1)
 {
-    int64_t dim = j->dim;
-    for (int64_t r = r0; r < r1; r++) {
-        const float *xr = j->x + r * dim;
-        float *yr = j->y + r * dim;
-        double ss = 0;  /* accumulated in double, as the reference implementation does */
-        for (int64_t i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
-        float scale = 1.0f / sqrtf((float)(ss / (double)dim) + j->eps);
-        for (int64_t i = 0; i < dim; i++) yr[i] = xr[i] * scale * j->w[i];
-    }
+    for (int64_t r = r0; r < r1; r++) vd_rmsnorm_f32(j->dim, j->x + r * j->dim, j->w, j->y + r * j->dim, j->eps);
 }
 
 static void cpu_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim,

@@ -670,6 +670,25 @@ void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y)
     for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_fp16(x[i]);
 }
 
+void vd_rmsnorm_f32(int64_t n, const float *x, const float *w, float *y, float eps)
+{
+    double ss = 0;
+#if VD_HAVE_AVX2_BUILD
+    int simd = use_simd();
+    if (simd) ss = vd_sumsq_f64_avx2(n, x);
+    else
+#endif
+        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+#if VD_HAVE_AVX2_BUILD
+    if (simd) {
+        vd_scale_mul_avx2(n, x, scale, w, y);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+}
+
 /* ------------------------------------------------------------------ attention blocks */
 
 static void attn_scores_scalar(int D, int nk, int rp, const float *qt, const float *kb, float *s)

@@ -118,6 +118,10 @@ void vd_attn_accum(int d_head, int nk, int nr, int rp, const float *p, const flo
 /* f16 -> f32 (exact). */
 void vd_f16_to_f32(int64_t n, const uint16_t *x, float *y);
 
+/* RMS norm of one row: y[i] = x[i] * (1 / sqrt(mean(x^2) + eps)) * w[i], the mean of squares
+ * accumulated in double (as the reference implementation does). y may equal x. */
+void vd_rmsnorm_f32(int64_t n, const float *x, const float *w, float *y, float eps);
+
 /* y[i] = e^x[i] (AVX2 polynomial, ~1e-7 relative; libm in the portable build). x == y allowed. */
 void vd_exp_f32(int64_t n, const float *x, float *y);
 /* gate[i] = act(gate[i]) * up[i], act = GELU (tanh form) when gelu, else SiLU. */

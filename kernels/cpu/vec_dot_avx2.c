@@ -1266,3 +1266,35 @@ void vd_attn_accum_avx2(int D, int nk, int nr, int rp, const float *p, const flo
         }
     }
 }
+
+/* ------------------------------------------------------------------ RMS norm */
+
+/* sum x^2 in double, four lanes x four accumulators (the products are exact in double). */
+double vd_sumsq_f64_avx2(int64_t n, const float *x)
+{
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd(), a2 = _mm256_setzero_pd(), a3 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), x1 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        __m256d x2 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)), x3 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12));
+        a0 = _mm256_fmadd_pd(x0, x0, a0);
+        a1 = _mm256_fmadd_pd(x1, x1, a1);
+        a2 = _mm256_fmadd_pd(x2, x2, a2);
+        a3 = _mm256_fmadd_pd(x3, x3, a3);
+    }
+    __m256d a = _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3));
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    double s = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    for (; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+/* y[i] = x[i] * s * w[i], in that order (as the portable loop rounds it). */
+void vd_scale_mul_avx2(int64_t n, const float *x, float s, const float *w, float *y)
+{
+    const __m256 vs = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) y[i] = x[i] * s * w[i];
+}

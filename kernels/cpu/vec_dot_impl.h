@@ -142,6 +142,8 @@ void vd_attn_accum_avx512(int d_head, int nk, int nr, int rp, const float *p, co
 void vd_f16_to_f32_avx2(int64_t n, const uint16_t *x, float *y);
 
 void vd_exp_avx2(int64_t n, const float *x, float *y);
+double vd_sumsq_f64_avx2(int64_t n, const float *x);
+void vd_scale_mul_avx2(int64_t n, const float *x, float s, const float *w, float *y);
 void vd_glu_avx2(int64_t n, float *gate, const float *up, int gelu);
 
 float vd_dot_f32_avx2(int64_t n, const float *a, const float *b);
