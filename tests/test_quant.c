@@ -17,6 +17,7 @@
 
 #include "common/quant.h"
 #include "kernels/cpu/vec_dot.h"
+#include "kernels/cpu/vec_dot_impl.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -936,18 +937,34 @@ static const uint32_t GEMM_TYPES[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE
                                        GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K };
 #define N_GEMM_TYPES ((int)(sizeof GEMM_TYPES / sizeof GEMM_TYPES[0]))
 
-/* The SIMD levels this CPU has, above scalar; one SKIP line for each it lacks. */
-static int simd_levels(vd_isa out[VD_ISA_COUNT], const char *test)
+/* The panel kernels to test: those of each SIMD level this CPU has (one SKIP line for each it lacks),
+ * and where AVX-512 is there, the AVX-VNNI kernels' algorithm in its EVEX build (so a CPU without
+ * AVX-VNNI still checks their layout and sums; vec_vnni8_avx512.c). */
+typedef struct gemm_level {
+    const char *name;
+    vd_isa isa;          /* the level to set while it runs */
+    int evex8;           /* 1: vd_gemm_avx512_8 instead of vd_get_gemm */
+} gemm_level;
+
+static int simd_levels(gemm_level out[VD_ISA_COUNT + 1], const char *test)
 {
     int k = 0;
     for (int i = VD_ISA_AVX2; i < VD_ISA_COUNT; i++) {
         if (vd_isa_supported((vd_isa)i))
-            out[k++] = (vd_isa)i;
+            out[k++] = (gemm_level){ vd_isa_name((vd_isa)i), (vd_isa)i, 0 };
         else
             fprintf(stderr, "[quant] %s: SKIP %s kernels: this CPU lacks %s\n", test, vd_isa_name((vd_isa)i),
                     vd_isa_describe((vd_isa)i));
     }
+    if (vd_isa_supported(VD_ISA_AVX512)) out[k++] = (gemm_level){ "avxvnni (EVEX build)", VD_ISA_AVX512, 1 };
     return k;
+}
+
+static const vd_gemm *level_gemm(const gemm_level *lv, uint32_t type)
+{
+    char err[256];
+    cr_assert_eq(vd_set_isa(lv->isa, err, sizeof err), 0, "%s", err);
+    return lv->evex8 ? vd_gemm_avx512_8(type) : vd_get_gemm(type);
 }
 
 static void set_level(vd_isa isa)
@@ -979,19 +996,19 @@ static void run_panels(const vd_gemm *g, uint32_t type, int64_t n, const uint8_t
 Test(quant, panel_kernels_agree_with_scalar_on_awkward_shapes)
 {
     seed_rng("panel_kernels_agree_with_scalar_on_awkward_shapes");
-    vd_isa was = vd_isa_active(), lv[VD_ISA_COUNT];
+    vd_isa was = vd_isa_active();
+    gemm_level lv[VD_ISA_COUNT + 1];
     int nlv = simd_levels(lv, "panel_kernels_agree_with_scalar_on_awkward_shapes");
     static const int64_t len32[] = { 32, 96, 640, 1056 };
     static const int64_t len256[] = { 256, 768, 2048 };
     static const int row_counts[] = { 1, 7, 16, 21, 40 };
     static const int64_t tok_counts[] = { 1, 3, 8, 13, 37 };
     for (int li = 0; li < nlv; li++) {
-        set_level(lv[li]);
         for (int ti = 0; ti < N_GEMM_TYPES; ti++) {
             uint32_t type = GEMM_TYPES[ti];
-            const vd_gemm *g = vd_get_gemm(type);
+            const vd_gemm *g = level_gemm(&lv[li], type);
             if (!g) {
-                fprintf(stderr, "[quant] %s has no panel kernel for %s\n", vd_isa_name(lv[li]), quant_type_name(type));
+                fprintf(stderr, "[quant] %s has no panel kernel for %s\n", lv[li].name, quant_type_name(type));
                 continue;
             }
             const tinfo *t = tinfo_of(type);
@@ -1040,12 +1057,12 @@ Test(quant, panel_kernels_agree_with_scalar_on_awkward_shapes)
                         float got = y[(size_t)tk * ldy + r];
                         cr_assert(fabs((double)got - (double)ref) <= 2.0 * slack,
                                   "%s %s n=%" PRId64 " row %d/%d token %" PRId64 "/%" PRId64 ": %.9g vs scalar %.9g (bound %.3g)",
-                                  vd_isa_name(lv[li]), quant_type_name(type), n, r, rows, tk, ntok, got, ref, 2.0 * slack);
+                                  lv[li].name, quant_type_name(type), n, r, rows, tk, ntok, got, ref, 2.0 * slack);
                     }
                 for (int64_t tk = 0; tk <= ntok; tk++)
                     for (size_t r = tk < ntok ? (size_t)rows : 0; r < ldy; r++)
                         cr_assert(isnan(y[(size_t)tk * ldy + r]), "%s %s: wrote outside the results (token %" PRId64 ", col %zu)",
-                                  vd_isa_name(lv[li]), quant_type_name(type), tk, r);
+                                  lv[li].name, quant_type_name(type), tk, r);
                 free(w); free(a); free(ga); free(ga2); free(x); free(wf); free(xh); free(off); free(y);
             }
         }
@@ -1063,14 +1080,14 @@ Test(quant, panel_kernels_agree_with_scalar_on_awkward_shapes)
 Test(quant, panel_integer_sums_are_exact_at_extremes)
 {
     seed_rng("panel_integer_sums_are_exact_at_extremes");
-    vd_isa was = vd_isa_active(), lv[VD_ISA_COUNT];
+    vd_isa was = vd_isa_active();
+    gemm_level lv[VD_ISA_COUNT + 1];
     int nlv = simd_levels(lv, "panel_integer_sums_are_exact_at_extremes");
     const uint16_t one = quant_f32_to_fp16(1.0f);
     for (int li = 0; li < nlv; li++) {
-        set_level(lv[li]);
         for (int ti = 0; ti < N_GEMM_TYPES; ti++) {
             uint32_t type = GEMM_TYPES[ti];
-            const vd_gemm *g = vd_get_gemm(type);
+            const vd_gemm *g = level_gemm(&lv[li], type);
             if (!g) continue;
             const tinfo *t = tinfo_of(type);
             for (int64_t n = t->blck; n <= (t->blck == 32 ? 640 : 256); n += t->blck == 32 ? 608 : 256) {
@@ -1127,9 +1144,9 @@ Test(quant, panel_integer_sums_are_exact_at_extremes)
                         vd_get_dot_scalar(type)(n, &ref, w + (size_t)r * wrow, a + (size_t)tk * arow);
                         float got = y[tk * rows + r];
                         cr_assert_eq(f2u(got), f2u(ref), "%s %s n=%" PRId64 " row %d (pattern %d) token %d: %.9g vs scalar %.9g",
-                                     vd_isa_name(lv[li]), quant_type_name(type), n, r, r / 4, tk, got, ref);
+                                     lv[li].name, quant_type_name(type), n, r, r / 4, tk, got, ref);
                         cr_assert(fabs((double)got - exact) <= fabs(exact) * 0x1p-24,
-                                  "%s %s row %d token %d: %.9g vs exact %.17g", vd_isa_name(lv[li]), quant_type_name(type),
+                                  "%s %s row %d token %d: %.9g vs exact %.17g", lv[li].name, quant_type_name(type),
                                   r, tk, got, exact);
                     }
                 }

@@ -109,6 +109,9 @@ size_t vd_panel_bytes(uint32_t wtype, int P, int64_t n);
 const vd_gemm *vd_gemm_avx2(uint32_t wtype);
 const vd_gemm *vd_gemm_avxvnni(uint32_t wtype);
 const vd_gemm *vd_gemm_avx512(uint32_t wtype);
+/* The AVX-VNNI kernels' algorithm built with the EVEX encodings (vec_vnni8_avx512.c): for the tests,
+ * on CPUs with AVX-512 VNNI but no AVX-VNNI. Call only when the AVX-512 level is supported. */
+const vd_gemm *vd_gemm_avx512_8(uint32_t wtype);
 
 /* AVX2 kernels (vec_dot_avx2.c). Same contracts as the vd_dot_fn / public helpers. */
 void vd_dot_f32_f32_avx2(int64_t n, float *s, const void *w, const void *a);
