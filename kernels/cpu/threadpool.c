@@ -2,7 +2,8 @@
  *
  * One job at a time: the caller publishes (fn, ctx, n_tasks), bumps the generation counter, and all
  * threads (caller included) take task indices from an atomic counter. Workers spin for a short while
- * after each job so back-to-back loops in a forward pass do not pay a futex wake-up each. */
+ * after each job so back-to-back loops in a forward pass do not pay a futex wake-up each; spinning
+ * threads yield the CPU now and then, for when the machine has more runnable threads than cores. */
 #include "kernels/cpu/threadpool.h"
 
 #include <errno.h>
@@ -23,6 +24,9 @@
 
 /* Spin iterations before sleeping (~tens of microseconds). */
 #define SPIN_LIMIT 20000
+/* While spinning, give the CPU away every this many iterations: on a machine with more runnable
+ * threads than cores, the thread being waited for may be the one waiting for this CPU. */
+#define SPIN_YIELD 256
 
 struct tp_pool {
     int n_threads;
@@ -65,7 +69,10 @@ static void *worker_main(void *arg)
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
             if (++spins < SPIN_LIMIT) {
-                cpu_relax();
+                if (spins % SPIN_YIELD == 0)
+                    sched_yield();
+                else
+                    cpu_relax();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -152,5 +159,10 @@ void tp_run(tp_pool *p, tp_fn fn, void *ctx, int64_t n_tasks)
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     run_tasks(p, 0);
-    while (atomic_load_explicit(&p->active, memory_order_acquire) > 0) cpu_relax();
+    for (unsigned spins = 1; atomic_load_explicit(&p->active, memory_order_acquire) > 0; spins++) {
+        if (spins % SPIN_YIELD == 0)
+            sched_yield();
+        else
+            cpu_relax();
+    }
 }
