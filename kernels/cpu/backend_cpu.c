@@ -338,6 +338,66 @@ static inline int att_visible(const be_attn *a, const be_kv_page *pg, int32_t i,
     return 1;
 }
 
+/* One decode tile's keys, gathered across pages (see att_task). */
+typedef struct att_keys {
+    const uint16_t *k[ATT_BLOCK_K], *v[ATT_BLOCK_K];
+    int32_t pos[ATT_BLOCK_K];
+    float bias[ATT_BLOCK_K];
+    int n;
+} att_keys;
+
+/* Scores, online-softmax update and value accumulation of one block of keys for the tile's rows. */
+static void att_block(const be_attn *a, int g, int G, int64_t q0, int64_t q1, const att_keys *kb, float *sc, float *m,
+                      float *l, float *acc)
+{
+    const int D = a->head_dim, nk = kb->n, nrows = (int)(q1 - q0) * G;
+    const int64_t qstride = (int64_t)a->n_head * D;
+    for (int64_t t = q0; t < q1; t++) {
+        int32_t qp = a->q_pos[t];
+        int r0 = (int)(t - q0) * G;
+        const float *qt = a->q + t * qstride + (int64_t)g * G * D;
+        int live = 0;
+        /* keys outer, heads inner: each key row serves the G query heads while in L1 */
+        for (int k = 0; k < nk; k++) {
+            if (kb->pos[k] > qp || (a->window > 0 && qp - kb->pos[k] >= a->window)) {
+                for (int hh = 0; hh < G; hh++) sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)k] = -INFINITY;
+                continue;
+            }
+            live = 1;
+            for (int hh = 0; hh < G; hh++)
+                sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)k] = vd_dot_f32_f16(D, qt + (int64_t)hh * D, kb->k[k]) + kb->bias[k];
+        }
+        for (int hh = 0; hh < G; hh++) {
+            int r = r0 + hh;
+            float *s = sc + (size_t)r * ATT_BLOCK_K;
+            if (!live) {
+                memset(s, 0, sizeof(float) * (size_t)nk);
+                continue;
+            }
+            float mx = m[r];
+            for (int k = 0; k < nk; k++)
+                if (s[k] > mx) mx = s[k];
+            float corr = expf(m[r] - mx);   /* exp(-inf) = 0 on the first live block */
+            float *ac = acc + (size_t)r * D;
+            if (corr != 1.0f) {
+                l[r] *= corr;
+                for (int i = 0; i < D; i++) ac[i] *= corr;
+            }
+            m[r] = mx;
+            for (int k = 0; k < nk; k++) s[k] -= mx;   /* -inf stays -inf, exp gives 0 */
+            vd_exp_f32(nk, s, s);
+            float lsum = 0;
+            for (int k = 0; k < nk; k++) lsum += s[k];
+            l[r] += lsum;
+        }
+    }
+    for (int k = 0; k < nk; k++)
+        for (int r = 0; r < nrows; r++) {
+            float w = sc[(size_t)r * ATT_BLOCK_K + (size_t)k];
+            if (w != 0.0f) vd_axpy_f16(D, w, kb->v[k], acc + (size_t)r * D);
+        }
+}
+
 static void att_task(void *ctx, int64_t task, int thread)
 {
     att_job *j = ctx;
@@ -369,68 +429,36 @@ static void att_task(void *ctx, int64_t task, int thread)
         l[r] = 0;
         memset(acc + (size_t)r * D, 0, sizeof(float) * (size_t)D);
     }
-    int32_t qmax = INT32_MIN;
-    for (int64_t t = q0; t < q1; t++)
+    int32_t qmax = INT32_MIN, qmin = INT32_MAX;
+    for (int64_t t = q0; t < q1; t++) {
         if (a->q_pos[t] > qmax) qmax = a->q_pos[t];
+        if (a->q_pos[t] < qmin) qmin = a->q_pos[t];
+    }
+    /* The keys some query of the tile can see, gathered across pages into blocks of ATT_BLOCK_K: the
+     * blocks (and so the softmax's sums) do not depend on where pages begin and end, and a step's
+     * own row attended as a page of its own (a deferred step) gives the bits of the row in its page. */
+    att_keys kb;
+    kb.n = 0;
     for (int64_t ip = pg0; ip < pg1; ip++) {
         const be_kv_page *pg = &a->pages[ip];
         if (pg->n <= 0 || pg->pos[0] > qmax) continue;   /* positions ascend within a page */
-        for (int32_t k0 = 0; k0 < pg->n; k0 += ATT_BLOCK_K) {
-            int32_t nk = pg->n - k0 < ATT_BLOCK_K ? pg->n - k0 : ATT_BLOCK_K;
-            int any = 0;
-            for (int64_t t = q0; t < q1; t++) {
-                int32_t qp = a->q_pos[t];
-                int r0 = (int)(t - q0) * G;
-                const float *qt = a->q + t * qstride + (int64_t)g * G * D;
-                int live = 0;
-                /* keys outer, heads inner: each key row serves the G query heads while in L1 */
-                for (int32_t k = 0; k < nk; k++) {
-                    int32_t i = k0 + k;
-                    if (!att_visible(a, pg, i, qp)) {
-                        for (int hh = 0; hh < G; hh++) sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)k] = -INFINITY;
-                        continue;
-                    }
-                    live = 1;
-                    const uint16_t *kr = pg->k + (size_t)i * (size_t)pg->stride + (size_t)g * (size_t)pg->head_step;
-                    float bias = pg->bias ? pg->bias[i] : 0.0f;
-                    for (int hh = 0; hh < G; hh++)
-                        sc[(size_t)(r0 + hh) * ATT_BLOCK_K + (size_t)k] = vd_dot_f32_f16(D, qt + (int64_t)hh * D, kr) + bias;
-                }
-                for (int hh = 0; hh < G; hh++) {
-                    int r = r0 + hh;
-                    float *s = sc + (size_t)r * ATT_BLOCK_K;
-                    if (!live) {
-                        memset(s, 0, sizeof(float) * (size_t)nk);
-                        continue;
-                    }
-                    float mx = m[r];
-                    for (int32_t k = 0; k < nk; k++)
-                        if (s[k] > mx) mx = s[k];
-                    float corr = expf(m[r] - mx);   /* exp(-inf) = 0 on the first live block */
-                    float *ac = acc + (size_t)r * D;
-                    if (corr != 1.0f) {
-                        l[r] *= corr;
-                        for (int i = 0; i < D; i++) ac[i] *= corr;
-                    }
-                    m[r] = mx;
-                    for (int32_t k = 0; k < nk; k++) s[k] -= mx;   /* -inf stays -inf, exp gives 0 */
-                    vd_exp_f32(nk, s, s);
-                    float lsum = 0;
-                    for (int32_t k = 0; k < nk; k++) lsum += s[k];
-                    l[r] += lsum;
-                }
-                any |= live;
-            }
-            if (!any) continue;
-            for (int32_t k = 0; k < nk; k++) {
-                const uint16_t *vr = pg->v + (size_t)(k0 + k) * (size_t)pg->stride + (size_t)g * (size_t)pg->head_step;
-                for (int r = 0; r < nrows; r++) {
-                    float w = sc[(size_t)r * ATT_BLOCK_K + (size_t)k];
-                    if (w != 0.0f) vd_axpy_f16(D, w, vr, acc + (size_t)r * D);
-                }
+        for (int32_t i = 0; i < pg->n; i++) {
+            int32_t kp = pg->pos[i];
+            if (kp > qmax) break;
+            if (a->window > 0 && kp <= qmin - a->window) continue;
+            if (pg->mask && !((pg->mask[i >> 6] >> (i & 63)) & 1u)) continue;
+            size_t off = (size_t)i * (size_t)pg->stride + (size_t)g * (size_t)pg->head_step;
+            kb.k[kb.n] = pg->k + off;
+            kb.v[kb.n] = pg->v + off;
+            kb.pos[kb.n] = kp;
+            kb.bias[kb.n] = pg->bias ? pg->bias[i] : 0.0f;
+            if (++kb.n == ATT_BLOCK_K) {
+                att_block(a, g, G, q0, q1, &kb, sc, m, l, acc);
+                kb.n = 0;
             }
         }
     }
+    if (kb.n) att_block(a, g, G, q0, q1, &kb, sc, m, l, acc);
     for (int64_t t = q0; t < q1; t++) {
         for (int hh = 0; hh < G; hh++) {
             int h = g * G + hh;

@@ -207,12 +207,15 @@ size_t vd_act_row_size(uint32_t wtype, int64_t n)
     return quant_row_size(vd_act_type(wtype), n);
 }
 
+/* The largest |x|, or NaN when the block holds a NaN: then the scale d is NaN too and the products
+ * against the block are NaN, as the AVX2 quantizer's are for a NaN row (a bad activation must not
+ * turn into plausible numbers). */
 static float block_amax(const float *x, int n)
 {
     float amax = 0.0f;
     for (int j = 0; j < n; j++) {
         float v = fabsf(x[j]);
-        if (v > amax) amax = v;
+        if (v > amax || isnan(v)) amax = isnan(amax) ? amax : v;
     }
     return amax;
 }
