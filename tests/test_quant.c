@@ -1165,3 +1165,64 @@ Test(quant, panel_integer_sums_are_exact_at_extremes)
     }
     set_level(was);
 }
+
+/* Decode (one token) must give the bits of prefill (a batch): the rows kernel against every level's
+ * panel kernels, bit for bit, on random rows of awkward lengths, row counts that leave a partial
+ * group of 8, and extreme codes; and nothing stored past nrows. */
+Test(quant, decode_rows_kernels_give_the_panel_bits)
+{
+    seed_rng("decode_rows_kernels_give_the_panel_bits");
+    vd_isa was = vd_isa_active();
+    gemm_level lv[VD_ISA_COUNT + 1];
+    int nlv = simd_levels(lv, "decode_rows_kernels_give_the_panel_bits");
+    static const int64_t len32[] = { 32, 96, 640, 1056 };
+    static const int64_t len256[] = { 256, 768, 2048 };
+    for (int li = 0; li < nlv; li++) {
+        for (int ti = 0; ti < N_GEMM_TYPES; ti++) {
+            uint32_t type = GEMM_TYPES[ti];
+            const vd_gemm *g = level_gemm(&lv[li], type);
+            vd_dot_rows_fn rows = vd_get_dot_rows(type);
+            if (!g) continue;
+            cr_assert(rows, "%s: a panel kernel but no decode rows kernel for %s", lv[li].name, quant_type_name(type));
+            const tinfo *t = tinfo_of(type);
+            const int64_t *lens = t->blck == 32 ? len32 : len256;
+            int nl = t->blck == 32 ? 4 : 3;
+            for (int lj = 0; lj < nl; lj++) {
+                int64_t n = lens[lj];
+                const int nrow = 21, ntok = 3;
+                size_t wrow = quant_row_size(type, n), arow = vd_act_row_size(type, n), grow = vd_gemm_act_row_size(type, n);
+                uint8_t *w = malloc(wrow * nrow), *a = malloc(arow * ntok), *ga = malloc(grow * ntok);
+                for (int r = 0; r < nrow; r++) {
+                    random_row(type, w + (size_t)r * wrow, n);
+                    if (r == 3) memset(w + (size_t)r * wrow + 4, 0xFF, wrow - 8);   /* extreme codes, scales kept */
+                }
+                float *x = malloc(sizeof(float) * (size_t)n);
+                for (int tk = 0; tk < ntok; tk++) {
+                    double xscale = ldexp(1.0, (int)(rnd() % 12) - 6);
+                    for (int64_t i = 0; i < n; i++) x[i] = (float)(rnd_normal() * xscale);
+                    vd_quantize_act(type, x, a + (size_t)tk * arow, n);
+                    vd_gemm_act_from_dot_act(type, a + (size_t)tk * arow, ga + (size_t)tk * grow, n);
+                }
+                float yp[21 * 3], yr[24];
+                run_panels(g, type, n, w, nrow, ga, grow, ntok, yp, nrow);
+                for (int tk = 0; tk < ntok; tk++)
+                    for (int r0 = 0; r0 < nrow; r0 += 8) {
+                        int nr = nrow - r0 < 8 ? nrow - r0 : 8;
+                        fill_nan(yr, 24);
+                        rows(n, yr, w + (size_t)r0 * wrow, wrow, nr, a + (size_t)tk * arow);
+                        for (int r = 0; r < 8; r++) {
+                            if (r >= nr) {
+                                cr_assert(isnan(yr[r]), "rows kernel stored row %d of %d", r, nr);
+                                continue;
+                            }
+                            float want = yp[tk * nrow + r0 + r];
+                            cr_assert_eq(f2u(yr[r]), f2u(want), "%s %s n=%" PRId64 " row %d token %d: decode %.9g, panel %.9g",
+                                         lv[li].name, quant_type_name(type), n, r0 + r, tk, yr[r], want);
+                        }
+                    }
+                free(w); free(a); free(ga); free(x);
+            }
+        }
+    }
+    set_level(was);
+}

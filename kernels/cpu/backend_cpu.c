@@ -57,8 +57,7 @@ typedef struct mm_job {
     const void *act[MAX_MM];     /* activation rows for each product */
     size_t act_row[MAX_MM];      /* bytes per activation row */
     vd_dot_fn dot[MAX_MM];
-    vd_dot_multi_fn multi[MAX_MM];
-    vd_dot_multi2_fn multi2[MAX_MM];
+    vd_dot_rows_fn rows[MAX_MM]; /* 8 rows x one token with the panel kernels' bits, or NULL */
     const vd_gemm *gemm[MAX_MM]; /* panel kernels (a task is one panel) or NULL (a task is a row range) */
     int64_t n_tok;
     int64_t rows_per_task[MAX_MM];
@@ -108,36 +107,27 @@ static void mm_task(void *ctx, int64_t task, int thread)
         g->mul(w->n_in, panel, (int)(r1 - r0), j->act[m], j->act_row[m], j->n_tok, y + r0, (size_t)w->n_out);
         return;
     }
-    vd_dot_fn dot = j->dot[m];
-    vd_dot_multi_fn multi = j->n_tok > 1 ? j->multi[m] : NULL;
-    vd_dot_multi2_fn multi2 = j->n_tok > 1 ? j->multi2[m] : NULL;
-    int mt = vd_multi_max();
     const char *act = j->act[m];
     size_t arow = j->act_row[m];
-    /* Token blocks keep a slice of activations hot in L2 while a few weight rows stay in L1. */
+    vd_dot_rows_fn rows = j->rows[m];
+    if (rows) {
+        /* groups of 8 rows, each token on its own: the panel kernels' bits (decode equals prefill) */
+        for (int64_t r = r0; r < r1; r += 8) {
+            int nr = (int)(r1 - r < 8 ? r1 - r : 8);
+            const void *wr = (const char *)w->data + (size_t)r * w->row_bytes;
+            for (int64_t t = 0; t < j->n_tok; t++)
+                rows(w->n_in, &y[t * w->n_out + r], wr, w->row_bytes, nr, act + (size_t)t * arow);
+        }
+        return;
+    }
+    vd_dot_fn dot = j->dot[m];
+    /* Token blocks keep a slice of activations hot in L2 while a weight row stays in L1. */
     const int64_t TB = 64;
     for (int64_t t0 = 0; t0 < j->n_tok; t0 += TB) {
         int64_t t1 = t0 + TB < j->n_tok ? t0 + TB : j->n_tok;
-        int64_t r = r0;
-        if (multi2)
-            for (; r + 2 <= r1; r += 2) {
-                const void *wr = (const char *)w->data + (size_t)r * w->row_bytes;
-                for (int64_t t = t0; t < t1; t += mt) {
-                    int nt = (int)(t1 - t < mt ? t1 - t : mt);
-                    multi2(w->n_in, &y[t * w->n_out + r], (size_t)w->n_out, wr, w->row_bytes, act + (size_t)t * arow,
-                           arow, nt);
-                }
-            }
-        for (; r < r1; r++) {
+        for (int64_t r = r0; r < r1; r++) {
             const void *wr = (const char *)w->data + (size_t)r * w->row_bytes;
-            int64_t t = t0;
-            if (multi)
-                for (; t < t1; t += mt) {
-                    int nt = (int)(t1 - t < mt ? t1 - t : mt);
-                    multi(w->n_in, &y[t * w->n_out + r], (size_t)w->n_out, wr, act + (size_t)t * arow, arow, nt);
-                }
-            for (; t < t1; t++)
-                dot(w->n_in, &y[t * w->n_out + r], wr, act + (size_t)t * arow);
+            for (int64_t t = t0; t < t1; t++) dot(w->n_in, &y[t * w->n_out + r], wr, act + (size_t)t * arow);
         }
     }
 }
@@ -174,8 +164,7 @@ static void cpu_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x
         j.act[m] = ci->act_buf[s];
         j.act_row[m] = row;
         j.dot[m] = vd_get_dot(wt);
-        j.multi[m] = vd_get_dot_multi(wt);
-        j.multi2[m] = vd_get_dot_multi2(wt);
+        j.rows[m] = vd_get_dot_rows(wt);
         j.gemm[m] = g;
         if (g && g->panel_bytes(n_in) > panel_bytes) panel_bytes = g->panel_bytes(n_in);
     }
@@ -190,8 +179,9 @@ static void cpu_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x
     for (int m = 0; m < n_mm; m++) total_rows += mms[m].w->n_out;
     int64_t rpt = total_rows / (16 * (int64_t)b->n_threads);
     if (n_tok > 1) rpt = total_rows / (8 * (int64_t)b->n_threads);
-    if (rpt < 4) rpt = 4;
+    if (rpt < 8) rpt = 8;
     if (rpt > 256) rpt = 256;
+    rpt = rpt / 8 * 8;   /* whole groups of 8 rows for the rows kernels */
     j.first_task[0] = 0;
     for (int m = 0; m < n_mm; m++) {
         j.rows_per_task[m] = j.gemm[m] ? j.gemm[m]->rows : rpt;
@@ -601,7 +591,12 @@ static void attb_task(void *ctx, int64_t task, int thread)
     memset(T.o, 0, sizeof(float) * (size_t)T.nr * D);
     int64_t pg0, pg1;
     head_range(a, g, &pg0, &pg1);
+    /* Blocks hold the keys of one aligned range of ATT_BK positions: a query's sums then go the same
+     * way whatever tile it is in and whatever the page list begins with (a decode step gives the
+     * bits of the same token in a prefill batch). Keys no row of the tile can see are left out: for
+     * every row they would add exact zeros. */
     int nk = 0;
+    int32_t blk = INT32_MIN;
     for (int64_t ip = pg0; ip < pg1; ip++) {
         const be_kv_page *pg = &a->pages[ip];
         if (pg->n <= 0 || pg->pos[0] > T.qmax) continue;   /* positions ascend within a page */
@@ -611,6 +606,11 @@ static void attb_task(void *ctx, int64_t task, int thread)
             if (kp > T.qmax) break;
             if (a->window > 0 && kp <= T.qmin - a->window) continue;
             if (pg->mask && !((pg->mask[i >> 6] >> (i & 63)) & 1u)) continue;
+            if (nk && kp / ATT_BK != blk) {
+                attb_block(&T, nk);
+                nk = 0;
+            }
+            blk = kp / ATT_BK;
             size_t off = (size_t)i * (size_t)pg->stride + (size_t)g * (size_t)pg->head_step;
             vd_f16_to_f32(D, pg->k + off, T.kb + (size_t)nk * D);
             vd_f16_to_f32(D, pg->v + off, T.vb + (size_t)nk * D);
@@ -652,10 +652,6 @@ static void attention_blocked(be_backend *b, const be_attn *a)
 
 static void attention_pages(be_backend *b, const be_attn *a)
 {
-    if (a->n_q > 1) {
-        attention_blocked(b, a);
-        return;
-    }
     cpu_impl *ci = impl_of(b);
     att_job j;
     memset(&j, 0, sizeof j);
@@ -675,6 +671,12 @@ static void attention_pages(be_backend *b, const be_attn *a)
         if (want > 16) want = 16;
         if (want > min_pages / 4) want = min_pages / 4;   /* at least 4 pages a split */
         if (want > 1) j.n_split = (int)want;
+    }
+    if (j.n_split == 1) {
+        /* a batch, or a step whose list is not split: the blocked kernels (a step then gives the
+         * bits the same token would get in a prefill batch) */
+        attention_blocked(b, a);
+        return;
     }
     int D = a->head_dim;
     int rows = ATT_TILE_Q * j.group;

@@ -563,39 +563,6 @@ vd_dot_fn vd_get_dot(uint32_t wtype)
     return vd_get_dot_scalar(wtype);
 }
 
-vd_dot_multi_fn vd_get_dot_multi(uint32_t wtype)
-{
-#if VD_HAVE_AVX2_BUILD
-    if (use_simd()) {
-        switch (wtype) {
-        case GGML_TYPE_Q8_0: return vd_dot_multi_q8_0_avx2;
-        case GGML_TYPE_Q4_0: return vd_dot_multi_q4_0_avx2;
-        case GGML_TYPE_Q5_0: return vd_dot_multi_q5_0_avx2;
-        default: return NULL;
-        }
-    }
-#endif
-    (void)wtype;
-    return NULL;
-}
-
-vd_dot_multi2_fn vd_get_dot_multi2(uint32_t wtype)
-{
-#if VD_HAVE_AVX2_BUILD
-    if (use_simd()) {
-        switch (wtype) {
-        case GGML_TYPE_Q8_0: return vd_dot_multi2_q8_0_avx2;
-        case GGML_TYPE_Q4_0: return vd_dot_multi2_q4_0_avx2;
-        case GGML_TYPE_Q5_0: return vd_dot_multi2_q5_0_avx2;
-        default: return NULL;
-        }
-    }
-#endif
-    (void)wtype;
-    return NULL;
-}
-
-int vd_multi_max(void) { return VD_MULTI_TOK; }
 
 void vd_exp_f32(int64_t n, const float *x, float *y)
 {

@@ -24,18 +24,6 @@ typedef void (*vd_dot_fn)(int64_t n, float *s, const void *w_row, const void *ac
 vd_dot_fn vd_get_dot(uint32_t wtype);
 /* The portable scalar kernel (test oracle). */
 vd_dot_fn vd_get_dot_scalar(uint32_t wtype);
-/* Several activation rows against one weight row: s[t * s_stride] = dot(w_row, act + t * act_stride)
- * for t < ntok (ntok <= vd_multi_max()). Decodes each weight block once for all tokens: prefill's
- * kernel. NULL when the weight type has no such kernel on this CPU (then use vd_get_dot per token). */
-typedef void (*vd_dot_multi_fn)(int64_t n, float *s, size_t s_stride, const void *w_row, const void *act,
-                                size_t act_stride, int ntok);
-vd_dot_multi_fn vd_get_dot_multi(uint32_t wtype);
-/* Two consecutive weight rows (the second w_stride bytes after the first) against up to
- * vd_multi_max() activation rows: s[t * s_stride + r] for row r = 0, 1. NULL when unavailable. */
-typedef void (*vd_dot_multi2_fn)(int64_t n, float *s, size_t s_stride, const void *w_row, size_t w_stride,
-                                 const void *act, size_t act_stride, int ntok);
-vd_dot_multi2_fn vd_get_dot_multi2(uint32_t wtype);
-int vd_multi_max(void);
 
 /* Instruction sets the kernels come in, in order of preference. A level without its own version of
  * a kernel runs the AVX2 one (every level above scalar includes AVX2, FMA and F16C). */
@@ -88,6 +76,11 @@ typedef struct vd_gemm {
 } vd_gemm;
 /* The panel kernels of the active level for wtype, or NULL (no SIMD, or no panel kernel for it). */
 const vd_gemm *vd_get_gemm(uint32_t wtype);
+/* One activation row (vd_quantize_act's format) against nrows <= 8 weight rows w_stride bytes
+ * apart: y[r] = dot(row r, act), bit for bit what the panel kernels give that row and token (decode
+ * then equals prefill). NULL where vd_get_gemm is NULL. */
+typedef void (*vd_dot_rows_fn)(int64_t n, float *y, const void *w, size_t w_stride, int nrows, const void *act);
+vd_dot_rows_fn vd_get_dot_rows(uint32_t wtype);
 /* The activation rows the panel kernels read: bytes per row (a multiple of 64), quantization of
  * an f32 row, and the same built from a row already in vd_quantize_act's format (tests). */
 size_t vd_gemm_act_row_size(uint32_t wtype, int64_t n);

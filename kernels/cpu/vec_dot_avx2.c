@@ -687,70 +687,6 @@ void vd_quantize_bf16_avx2(const float *x, void *dst, int64_t n)
 typedef int vd_avx2_unavailable;
 #endif
 
-/* ------------------------------------------------------------------ one weight row, several tokens */
-
-/* Prefill multiplies every weight row by many activation rows. For the 32-element formats the
- * weight block is decoded once into signed int8 and reused for up to VD_MULTI_TOK tokens, so the
- * unpacking (the expensive part of Q4_0/Q5_0) is amortized; each token then costs two sign ops,
- * one maddubs and one madd per block, like Q8_0. */
-static inline __m256i dec_q8_0(const void *vw)
-{
-    return _mm256_loadu_si256((const __m256i *)((const vd_blk_q8_0 *)vw)->qs);
-}
-
-static inline __m256i dec_q4_0(const void *vw)
-{
-    return _mm256_sub_epi8(unpack_nibbles16(((const vd_blk_q4_0 *)vw)->qs), _mm256_set1_epi8(8));
-}
-
-static inline __m256i dec_q5_0(const void *vw)
-{
-    const vd_blk_q5_0 *w = vw;
-    __m256i q = _mm256_or_si256(unpack_nibbles16(w->qs),
-                                _mm256_and_si256(expand_bits32(w->qh), _mm256_set1_epi8(0x10)));
-    return _mm256_sub_epi8(q, _mm256_set1_epi8(16));
-}
-
-typedef __m256i (*dec_fn)(const void *w);
-
-static inline __attribute__((always_inline)) void multi_loop(int64_t n, float *s, size_t s_stride, const void *vw,
-                                                             size_t wsize, const void *va, size_t a_stride, int nt,
-                                                             dec_fn dec)
-{
-    const char *w = vw;
-    __m256 acc[VD_MULTI_TOK];
-    for (int t = 0; t < VD_MULTI_TOK; t++) acc[t] = _mm256_setzero_ps();
-    int64_t nb = n / 32;
-    for (int64_t i = 0; i < nb; i++, w += wsize) {
-        __m256i x = dec(w);
-        __m256i ax = _mm256_sign_epi8(x, x);
-        float dw = h2f(ld16(w));
-        const char *a = (const char *)va + (size_t)i * sizeof(vd_blk_q8_0);
-        for (int t = 0; t < nt; t++, a += a_stride) {
-            const vd_blk_q8_0 *ab = (const vd_blk_q8_0 *)a;
-            __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(y, x)), ones16());
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(ab->d)), _mm256_cvtepi32_ps(p), acc[t]);
-        }
-    }
-    for (int t = 0; t < nt; t++) s[(size_t)t * s_stride] = hsum_ps(acc[t]);
-}
-
-void vd_dot_multi_q8_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt)
-{
-    multi_loop(n, s, s_stride, w, sizeof(vd_blk_q8_0), a, a_stride, nt, dec_q8_0);
-}
-
-void vd_dot_multi_q4_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt)
-{
-    multi_loop(n, s, s_stride, w, sizeof(vd_blk_q4_0), a, a_stride, nt, dec_q4_0);
-}
-
-void vd_dot_multi_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt)
-{
-    multi_loop(n, s, s_stride, w, sizeof(vd_blk_q5_0), a, a_stride, nt, dec_q5_0);
-}
-
 /* ------------------------------------------------------------------ element-wise math */
 
 /* e^x for 8 floats: range reduction x = k ln2 + r (|r| <= ln2/2, ln2 split in two parts for exactness),
@@ -831,55 +767,6 @@ void vd_glu_avx2(int64_t n, float *gate, const float *up, int gelu)
         _mm256_storeu_ps(tg, _mm256_mul_ps(a, _mm256_loadu_ps(tu)));
         memcpy(gate + i, tg, sizeof(float) * (size_t)(n - i));
     }
-}
-
-/* Two weight rows at once: each activation block is loaded and its scale converted once for both
- * rows. s[t * s_stride] receives row 0 and s[t * s_stride + 1] row 1. */
-static inline __attribute__((always_inline)) void multi2_loop(int64_t n, float *s, size_t s_stride, const void *vw,
-                                                              size_t w_stride, size_t wsize, const void *va,
-                                                              size_t a_stride, int nt, dec_fn dec)
-{
-    const char *w0 = vw, *w1 = (const char *)vw + w_stride;
-    __m256 acc0[VD_MULTI_TOK], acc1[VD_MULTI_TOK];
-    for (int t = 0; t < VD_MULTI_TOK; t++) acc0[t] = acc1[t] = _mm256_setzero_ps();
-    int64_t nb = n / 32;
-    for (int64_t i = 0; i < nb; i++, w0 += wsize, w1 += wsize) {
-        __m256i x0 = dec(w0), x1 = dec(w1);
-        __m256i ax0 = _mm256_sign_epi8(x0, x0), ax1 = _mm256_sign_epi8(x1, x1);
-        float d0 = h2f(ld16(w0)), d1 = h2f(ld16(w1));
-        const char *a = (const char *)va + (size_t)i * sizeof(vd_blk_q8_0);
-        for (int t = 0; t < nt; t++, a += a_stride) {
-            const vd_blk_q8_0 *ab = (const vd_blk_q8_0 *)a;
-            __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
-            float da = h2f(ab->d);
-            __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax0, _mm256_sign_epi8(y, x0)), ones16());
-            __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(ax1, _mm256_sign_epi8(y, x1)), ones16());
-            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * da), _mm256_cvtepi32_ps(p0), acc0[t]);
-            acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * da), _mm256_cvtepi32_ps(p1), acc1[t]);
-        }
-    }
-    for (int t = 0; t < nt; t++) {
-        s[(size_t)t * s_stride] = hsum_ps(acc0[t]);
-        s[(size_t)t * s_stride + 1] = hsum_ps(acc1[t]);
-    }
-}
-
-void vd_dot_multi2_q8_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
-                             size_t a_stride, int nt)
-{
-    multi2_loop(n, s, s_stride, w, w_stride, sizeof(vd_blk_q8_0), a, a_stride, nt, dec_q8_0);
-}
-
-void vd_dot_multi2_q4_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
-                             size_t a_stride, int nt)
-{
-    multi2_loop(n, s, s_stride, w, w_stride, sizeof(vd_blk_q4_0), a, a_stride, nt, dec_q4_0);
-}
-
-void vd_dot_multi2_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
-                             size_t a_stride, int nt)
-{
-    multi2_loop(n, s, s_stride, w, w_stride, sizeof(vd_blk_q5_0), a, a_stride, nt, dec_q5_0);
 }
 
 /* ------------------------------------------------------------------ panel products (prefill) */
@@ -1297,4 +1184,170 @@ void vd_scale_mul_avx2(int64_t n, const float *x, float s, const float *w, float
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(w + i)));
     for (; i < n; i++) y[i] = x[i] * s * w[i];
+}
+
+/* ------------------------------------------------------------------ decode: 8 rows, one token */
+
+/* One token against up to 8 weight rows with exactly the panel kernels' arithmetic per row, so a
+ * token gives the same bits alone (decode) as in a batch (prefill): each block's (or super-block's)
+ * integer sums are reduced exactly across the lanes of its vector into one lane per row, and the
+ * scales are applied in the panel kernels' order, d_w * d_a then one fma per block. Rows past nr
+ * repeat row 0 and are not stored. */
+
+/* Each row is read front to back like the one-row kernels (the matrix streams, prefetched ahead),
+ * its blocks' exact integer sums and fp16 scales set down lane-wise for 8 rows, RB blocks at a time;
+ * then the blocks are applied in order over the 8 lanes at once. */
+#define RB 64
+
+static inline int hsum4(__m128i x)
+{
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+    return _mm_cvtsi128_si32(x);
+}
+
+/* Q4_0/Q5_0/Q8_0: each block's exact sum (the lanes added) and scale set down in the row's lane. */
+static inline __attribute__((always_inline)) void rows_q8f(int64_t n, float *y, const void *w, size_t ws, int nr,
+                                                           const void *act, size_t wsize, block_fn block)
+{
+    const vd_blk_q8_0 *a = act;
+    const int64_t nb = n / 32;
+    int32_t is[RB * 8] __attribute__((aligned(32)));   /* [block of the chunk][row] */
+    float dw[RB * 8] __attribute__((aligned(32)));
+    __m256 c = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += RB) {
+        int64_t b1 = b0 + RB < nb ? b0 + RB : nb;
+        for (int r = 0; r < 8; r++) {
+            const char *row = (const char *)w + (size_t)(r < nr ? r : 0) * ws;
+            for (int64_t b = b0; b < b1; b++) {
+                const char *blk = row + (size_t)b * wsize;
+                prefetch_line(blk, 0);
+                is[(b - b0) * 8 + r] = hsum_epi32(block(blk, &a[b]));
+                dw[(b - b0) * 8 + r] = h2f(ld16(blk));
+            }
+        }
+        for (int64_t b = b0; b < b1; b++) {
+            __m256 dd = _mm256_mul_ps(_mm256_load_ps(dw + (b - b0) * 8), _mm256_set1_ps(h2f(a[b].d)));
+            c = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(is + (b - b0) * 8))), c);
+        }
+    }
+    store_rows8(y, c, nr);
+}
+
+static void rows_q4_0(int64_t n, float *y, const void *w, size_t ws, int nr, const void *act)
+{
+    rows_q8f(n, y, w, ws, nr, act, sizeof(vd_blk_q4_0), q4_0_block);
+}
+
+static void rows_q5_0(int64_t n, float *y, const void *w, size_t ws, int nr, const void *act)
+{
+    rows_q8f(n, y, w, ws, nr, act, sizeof(vd_blk_q5_0), q5_0_block);
+}
+
+static void rows_q8_0(int64_t n, float *y, const void *w, size_t ws, int nr, const void *act)
+{
+    rows_q8f(n, y, w, ws, nr, act, sizeof(vd_blk_q8_0), q8_0_block);
+}
+
+/* Q4_K / Q5_K: per super-block the exact sumi (scales applied in int32) and summ of each row, then
+ * d * sumi and dmin * summ as the panel kernels apply them. */
+static inline __attribute__((always_inline)) void rows_q45k(int q5, int64_t n, float *y, const void *w, size_t ws,
+                                                            int nr, const void *act)
+{
+    const vd_blk_q8_k *a = act;
+    const size_t bsz = q5 ? sizeof(vd_blk_q5_k) : sizeof(vd_blk_q4_k);
+    const int64_t nb = n / 256;
+    int32_t si[RB * 8] __attribute__((aligned(32))), sm[RB * 8] __attribute__((aligned(32)));
+    float dv[RB * 8] __attribute__((aligned(32))), mv[RB * 8] __attribute__((aligned(32)));
+    __m256 c = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += RB) {
+        int64_t b1 = b0 + RB < nb ? b0 + RB : nb;
+        for (int r = 0; r < 8; r++) {
+            const char *row = (const char *)w + (size_t)(r < nr ? r : 0) * ws;
+            for (int64_t b = b0; b < b1; b++) {
+                const char *blk = row + (size_t)b * bsz;
+                prefetch_line(blk, 0);
+                prefetch_line(blk, 1);
+                prefetch_line(blk, 2);
+                __m256i sc;
+                __m128i mins = k_mins_dot((const uint8_t *)blk + 4, a[b].bsums, &sc);
+                __m256i v;
+                if (q5) {
+                    const vd_blk_q5_k *wb = (const vd_blk_q5_k *)blk;
+                    __m256i qh = _mm256_loadu_si256((const __m256i *)wb->qh);
+                    v = _mm256_add_epi32(_mm256_add_epi32(q5k_chunk(wb, &a[b], sc, qh, 0), q5k_chunk(wb, &a[b], sc, qh, 1)),
+                                         _mm256_add_epi32(q5k_chunk(wb, &a[b], sc, qh, 2), q5k_chunk(wb, &a[b], sc, qh, 3)));
+                } else {
+                    const vd_blk_q4_k *wb = (const vd_blk_q4_k *)blk;
+                    v = _mm256_add_epi32(_mm256_add_epi32(q4k_chunk(wb, &a[b], sc, 0), q4k_chunk(wb, &a[b], sc, 1)),
+                                         _mm256_add_epi32(q4k_chunk(wb, &a[b], sc, 2), q4k_chunk(wb, &a[b], sc, 3)));
+                }
+                si[(b - b0) * 8 + r] = hsum_epi32(v);
+                sm[(b - b0) * 8 + r] = hsum4(mins);
+                dv[(b - b0) * 8 + r] = h2f(ld16(blk));
+                mv[(b - b0) * 8 + r] = h2f(ld16(blk + 2));
+            }
+        }
+        for (int64_t b = b0; b < b1; b++) {
+            __m256 ad = _mm256_set1_ps(a[b].d);
+            __m256i vi = _mm256_load_si256((const __m256i *)(si + (b - b0) * 8));
+            __m256i vm = _mm256_load_si256((const __m256i *)(sm + (b - b0) * 8));
+            c = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(dv + (b - b0) * 8), ad), _mm256_cvtepi32_ps(vi), c);
+            c = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_load_ps(mv + (b - b0) * 8), ad), _mm256_cvtepi32_ps(vm), c);
+        }
+    }
+    store_rows8(y, c, nr);
+}
+
+static void rows_q4_k(int64_t n, float *y, const void *w, size_t ws, int nr, const void *act)
+{
+    rows_q45k(0, n, y, w, ws, nr, act);
+}
+
+static void rows_q5_k(int64_t n, float *y, const void *w, size_t ws, int nr, const void *act)
+{
+    rows_q45k(1, n, y, w, ws, nr, act);
+}
+
+/* Q6_K: the exact sumi with the codes' offset of 32 taken out, then d * sumi. */
+static void rows_q6_k(int64_t n, float *y, const void *w, size_t ws, int nr, const void *act)
+{
+    const vd_blk_q8_k *a = act;
+    const int64_t nb = n / 256;
+    int32_t si[RB * 8] __attribute__((aligned(32)));
+    float dv[RB * 8] __attribute__((aligned(32)));
+    __m256 c = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += RB) {
+        int64_t b1 = b0 + RB < nb ? b0 + RB : nb;
+        for (int r = 0; r < 8; r++) {
+            const vd_blk_q6_k *row = (const vd_blk_q6_k *)((const char *)w + (size_t)(r < nr ? r : 0) * ws);
+            for (int64_t b = b0; b < b1; b++) {
+                const vd_blk_q6_k *wb = &row[b];
+                for (int l = 0; l < 4; l++) prefetch_line(wb, l);
+                __m128i sc8 = _mm_loadu_si128((const __m128i *)wb->scales);
+                __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), _mm256_loadu_si256((const __m256i *)a[b].bsums));
+                __m256i sumi = _mm256_add_epi32(q6k_half(wb, &a[b], sc8, 0), q6k_half(wb, &a[b], sc8, 1));
+                si[(b - b0) * 8 + r] = hsum_epi32(_mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5)));
+                dv[(b - b0) * 8 + r] = h2f(wb->d);
+            }
+        }
+        for (int64_t b = b0; b < b1; b++) {
+            __m256 dd = _mm256_mul_ps(_mm256_load_ps(dv + (b - b0) * 8), _mm256_set1_ps(a[b].d));
+            c = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(si + (b - b0) * 8))), c);
+        }
+    }
+    store_rows8(y, c, nr);
+}
+
+vd_dot_rows_fn vd_dot_rows_avx2(uint32_t wtype)
+{
+    switch (wtype) {
+    case GGML_TYPE_Q4_0: return rows_q4_0;
+    case GGML_TYPE_Q5_0: return rows_q5_0;
+    case GGML_TYPE_Q8_0: return rows_q8_0;
+    case GGML_TYPE_Q4_K: return rows_q4_k;
+    case GGML_TYPE_Q5_K: return rows_q5_k;
+    case GGML_TYPE_Q6_K: return rows_q6_k;
+    default: return NULL;
+    }
 }

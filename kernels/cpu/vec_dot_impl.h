@@ -13,9 +13,6 @@
 
 #include "kernels/cpu/vec_dot.h"
 
-/* Tokens one call of a multi-token kernel handles at most. */
-#define VD_MULTI_TOK 4
-
 /* Weight blocks (model-facts.md section 3). fp16 fields are raw IEEE half bits. */
 typedef struct { uint16_t d; uint8_t qs[16]; } vd_blk_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[16]; } vd_blk_q4_1;
@@ -113,6 +110,10 @@ const vd_gemm *vd_gemm_avx512(uint32_t wtype);
  * on CPUs with AVX-512 VNNI but no AVX-VNNI. Call only when the AVX-512 level is supported. */
 const vd_gemm *vd_gemm_avx512_8(uint32_t wtype);
 
+/* The decode rows kernels (vec_dot_avx2.c), used by every SIMD level: per row the same arithmetic
+ * as any level's panel kernels. */
+vd_dot_rows_fn vd_dot_rows_avx2(uint32_t wtype);
+
 /* AVX2 kernels (vec_dot_avx2.c). Same contracts as the vd_dot_fn / public helpers. */
 void vd_dot_f32_f32_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_f16_f16_avx2(int64_t n, float *s, const void *w, const void *a);
@@ -125,17 +126,6 @@ void vd_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_q4_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_q5_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_q6_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
-
-void vd_dot_multi_q8_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt);
-void vd_dot_multi_q4_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt);
-void vd_dot_multi_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, const void *a, size_t a_stride, int nt);
-
-void vd_dot_multi2_q8_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
-                             size_t a_stride, int nt);
-void vd_dot_multi2_q4_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
-                             size_t a_stride, int nt);
-void vd_dot_multi2_q5_0_avx2(int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *a,
-                             size_t a_stride, int nt);
 
 void vd_attn_scores_avx2(int d_head, int nk, int rp, const float *qt, const float *kb, float *s);
 void vd_attn_accum_avx2(int d_head, int nk, int nr, int rp, const float *p, const float *vb, const float *corr, float *o);

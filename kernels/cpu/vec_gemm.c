@@ -116,3 +116,13 @@ const vd_gemm *vd_get_gemm(uint32_t wtype)
     return NULL;
 #endif
 }
+
+vd_dot_rows_fn vd_get_dot_rows(uint32_t wtype)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    return vd_get_gemm(wtype) ? vd_dot_rows_avx2(wtype) : NULL;
+#else
+    (void)wtype;
+    return NULL;
+#endif
+}
