@@ -1,5 +1,7 @@
 /* vec_dot_avx2.c - AVX2/FMA/F16C kernels: fused weight x activation dot products for every
- * supported weight type, the activation quantizers, and the f32 dot/axpy helpers.
+ * supported weight type, the activation quantizers, the f32 dot/axpy helpers, the prefill panel
+ * products (8 rows a panel), the decode rows kernels with the panel kernels' bits, the blocked
+ * attention's score and accumulation kernels, exp, GELU/SiLU and the RMS norm's sums.
  *
  * The only file built with -mavx2 -mfma -mf16c. Nothing here may run before vec_dot.c has checked
  * the CPU. Integer kernels compute exactly the same per-block integer sums as the scalar kernels in
