@@ -24,7 +24,7 @@ typedef struct cpu_impl {
     void *act_buf[MAX_MM];       /* quantized activations, one per distinct activation format */
     size_t act_cap[MAX_MM];
     uint8_t *panel_buf;          /* per thread: one packed weight panel (prefill products) */
-    size_t panel_per_thread, panel_cap;
+    size_t panel_cap;
     float *att_part;             /* decode split partials: m, l, acc */
     size_t att_part_cap;
     float *att_scratch;          /* per-thread score rows */
