@@ -3,6 +3,7 @@
  * document whose text repeats, so that the model must copy from more than a sliding window back -
  * only the global-attention layers can see the earlier copy; and `kvchat gen-model`'s gemma3-270m
  * shape against the default model's own file. */
+#include <ctype.h>
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -300,9 +301,25 @@ Test(default_model, chelsea_keeps_a_standard_pass_key_at_20_percent, .timeout = 
     unlink(doc);
 }
 
-/* TAKE misses the test document above by a hair on this model (docs/policies.md) but answers every
- * one of the eight generated documents of `kvchat eval`; the first two, at a 20% budget, guard the
- * method end to end. The eval also runs the backtracking loop with the shipped thresholds. */
+/* The K/N of policy's row in eval's "Retrieved" table (| take | | 5/6 (83%) |); -1 when absent. */
+static void retrieved_count(const char *out, const char *policy, int *k, int *n)
+{
+    char row[64];
+    snprintf(row, sizeof row, "\n| %s |", policy);
+    const char *tab = strstr(out, "Retrieved");
+    const char *r = tab ? strstr(tab, row) : NULL;
+    if (!r) return;
+    r += strlen(row);
+    while (*r && *r != '\n' && !isdigit((unsigned char)*r)) r++;
+    if (sscanf(r, "%d/%d", k, n) != 2) *k = *n = -1;
+}
+
+/* TAKE misses the test document above by a hair on this model (docs/policies.md) but answers the
+ * generated documents of `kvchat eval`: at a 20% budget, five of the first six at least, the full
+ * cache all six. Sample 0 is a knife edge: TAKE keeps the same bytes under every kernel set, and its
+ * first digit comes out 3 under the scalar kernels, 1 under the AVX2 and AVX-512 panel and rows
+ * kernels (the kernel families' logits differ from the scalar ones by 0.2 on average on this model,
+ * bench/README.md). The eval also runs the backtracking loop with the shipped thresholds. */
 Test(default_model, take_answers_generated_passkey_documents, .timeout = 1200)
 {
     char cmd[1024], outp[] = "/tmp/kvchat-eval-out-XXXXXX";
@@ -311,7 +328,7 @@ Test(default_model, take_answers_generated_passkey_documents, .timeout = 1200)
     close(ofd);
     const char *bin = getenv("KVCHAT_BIN") ? getenv("KVCHAT_BIN") : "./kvchat";
     snprintf(cmd, sizeof cmd,
-             "%s eval -m '%s' --task passkey --ctx 4000 --samples 2 --seed 1 -n 16 --policy take --budget 0.2 > %s",
+             "%s eval -m '%s' --task passkey --ctx 4000 --samples 6 --seed 1 -n 16 --policy full,take --budget 0.2 > %s",
              bin, model_path(), outp);
     int st = system(cmd);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "`%s` failed", cmd);
@@ -323,7 +340,11 @@ Test(default_model, take_answers_generated_passkey_documents, .timeout = 1200)
     fclose(o);
     unlink(outp);
     cr_log_info("%s", out);
-    cr_expect(strstr(out, "take ") && strstr(out, " 2/2 "), "TAKE at 20%% missed a generated pass key:\n%s", out);
+    int full_k = -1, full_n = -1, take_k = -1, take_n = -1;
+    retrieved_count(out, "full", &full_k, &full_n);
+    retrieved_count(out, "take", &take_k, &take_n);
+    cr_expect(full_k == 6 && full_n == 6, "the full cache missed a generated pass key:\n%s", out);
+    cr_expect(take_k >= 5 && take_n == 6, "TAKE at 20%% missed more than one generated pass key:\n%s", out);
 }
 
 /* The terminal interface on the default model in a real terminal (tmux): everything
