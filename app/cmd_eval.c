@@ -120,6 +120,7 @@ typedef struct ev {
     FILE *out;
     eval_recs recs;
     progress pg;
+    const filler *filler;         /* the documents' filler text */
     volatile sig_atomic_t stop;   /* an answer line ended (multi-turn) or Ctrl-C */
     char err[600];
 } ev;
@@ -609,6 +610,287 @@ static const opt_def eval_defs[] = {
 };
 #undef O
 
+/* What a run does: the tasks, lengths, samples per length and configurations, in run order. */
+typedef struct eval_plan {
+    char tasks[16][32];
+    int n_task;
+    int64_t ctxs[16], samples[16];
+    int n_ctx;
+    eval_cfg *cfg;
+    int n_cfg;
+} eval_plan;
+
+/* --report: the summary and plots of the CSV that is there, no run. */
+static int report_only(const char *out_dir, const char *csv_path, int n_depths, const char *plot_budget)
+{
+    if (!out_dir) {
+        cli_err("eval: --report needs --out DIR (where samples.csv is)");
+        return 1;
+    }
+    eval_recs rs = { 0 };
+    char err[600];
+    if (evalres_read(csv_path, &rs, err, sizeof err)) {
+        cli_err("eval: %s", err);
+        return 1;
+    }
+    if (rs.n == 0) {
+        cli_err("eval: %s has no rows", csv_path);
+        return 1;
+    }
+    evalres_summary_md(stdout, &rs);
+    int rc = report(&rs, out_dir, n_depths, plot_budget, "Made by `kvchat eval --report` from samples.csv.");
+    evalres_free(&rs);
+    return rc ? 1 : 0;
+}
+
+/* --task, --ctx and --samples into P. 0, or 1 after printing why not. */
+static int plan_items(const eval_opts *eo, eval_plan *P)
+{
+    if (!eo->tasks) {
+        cli_err("eval: give --task (passkey, passkey-std, niah, multikey, multivalue, babi1, babi2, ppl, multiturn or "
+                "all)");
+        return 1;
+    }
+    if (!strcmp(eo->tasks, "all"))
+        for (const char *const *t = task_names(); *t; t++) snprintf(P->tasks[P->n_task++], 32, "%s", *t);
+    else P->n_task = split_list(eo->tasks, P->tasks, 16);
+    for (int t = 0; t < P->n_task; t++)
+        if (!task_known(P->tasks[t])) {
+            cli_err("eval: unknown task '%s' (passkey, passkey-std, niah, multikey, multivalue, babi1, babi2, ppl, "
+                    "multiturn)",
+                    P->tasks[t]);
+            return 1;
+        }
+    char clist[16][32], slist[16][32];
+    P->n_ctx = split_list(eo->ctx, clist, 16);
+    int n_smp = split_list(eo->samples, slist, 16);
+    if (P->n_task < 1 || P->n_ctx < 1 || (n_smp != 1 && n_smp != P->n_ctx)) {
+        cli_err("eval: --task and --ctx take 1 to 16 values, --samples one value or one per length");
+        return 1;
+    }
+    for (int c = 0; c < P->n_ctx; c++) {
+        if (parse_len(clist[c], &P->ctxs[c])) {
+            cli_err("eval: --ctx: '%s' is not a length from 64 to 1048576 tokens (2K = 2048)", clist[c]);
+            return 1;
+        }
+        const char *sv = slist[n_smp == 1 ? 0 : c];
+        char *end;
+        P->samples[c] = strtoll(sv, &end, 10);
+        if (end == sv || *end || P->samples[c] < 1 || P->samples[c] > 100000) {
+            cli_err("eval: --samples: '%s' is not an integer in [1, 100000]", sv);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* One configuration per policy x budget x backtracking (a policy without a budget, such as full,
+ * once, not once per budget), decode-time ones first: they share one prefill per sample, which a
+ * prefill policy's own prefill would replace. 0, or 1 after printing why not. */
+static int plan_configs(const eval_opts *eo, eval_plan *P)
+{
+    char specs[16][256], blist[8][32], rlist[8][32];
+    int n_spec = 0;
+    if (!strcmp(eo->policies, "all"))
+        for (const pol_ops *const *p = pol_registry(); *p; p++) snprintf(specs[n_spec++], 256, "%s", (*p)->name);
+    else n_spec = pol_split_list(eo->policies, specs, 16);
+    int n_bud = eo->budgets ? split_list(eo->budgets, blist, 8) : 1;
+    int n_bt = eo->backtracks ? split_list(eo->backtracks, rlist, 8) : 1;
+    if (!eo->budgets) blist[0][0] = 0;
+    if (!eo->backtracks) snprintf(rlist[0], 32, "-1");
+    if (n_spec < 1 || n_bud < 1 || n_bt < 1) {
+        cli_err("eval: --policy takes 1 to 16 policies, --budget and --backtrack 1 to 8 values");
+        return 1;
+    }
+    int64_t bt[8];
+    for (int r = 0; r < n_bt; r++) {
+        char *end;
+        bt[r] = strtoll(rlist[r], &end, 10);
+        if (end == rlist[r] || *end || bt[r] < -1 || bt[r] > (1 << 20)) {
+            cli_err("eval: --backtrack: '%s' is not an integer in [-1, %d]", rlist[r], 1 << 20);
+            return 1;
+        }
+    }
+    P->cfg = calloc((size_t)(n_spec * n_bud * n_bt), sizeof *P->cfg);
+    if (!P->cfg) {
+        cli_err("eval: out of memory");
+        return 1;
+    }
+    char err[600] = "";
+    for (int p = 0; p < n_spec; p++) {
+        pol_spec plain;
+        if (pol_parse(&plain, specs[p], NULL, err, sizeof err)) {
+            cli_err("eval: %s", err);
+            return 1;
+        }
+        int has_budget = 0, has_prefill = 0;
+        for (int k = 0; k < plain.n; k++) {
+            has_prefill |= plain.ops[k]->stage == POL_STAGE_PREFILL;
+            for (int q = 0; q < plain.ops[k]->n_params; q++) has_budget |= !strcmp(plain.ops[k]->params[q].name, "budget");
+        }
+        for (int b = 0; b < (has_budget ? n_bud : 1); b++)
+            for (int r = 0; r < n_bt; r++) {
+                const char *bud = has_budget && blist[b][0] ? blist[b] : NULL;
+                eval_cfg *c = &P->cfg[P->n_cfg];
+                if (pol_parse(&c->spec, specs[p], bud, err, sizeof err)) {
+                    cli_err("eval: %s", err);
+                    return 1;
+                }
+                snprintf(c->policy, sizeof c->policy, "%.255s", specs[p]);
+                snprintf(c->budget, sizeof c->budget, "%.31s", bud ? bud : "-");
+                c->backtrack = (int)bt[r];
+                c->has_prefill = has_prefill;
+                P->n_cfg++;
+            }
+    }
+    for (int a = 1; a < P->n_cfg; a++)   /* stable: decode-time configurations first */
+        for (int b = a; b > 0 && P->cfg[b].has_prefill < P->cfg[b - 1].has_prefill; b--) {
+            eval_cfg t = P->cfg[b];
+            P->cfg[b] = P->cfg[b - 1];
+            P->cfg[b - 1] = t;
+        }
+    return 0;
+}
+
+/* The plan's work still to do (tokens prefilled and decoded), for the ETA. */
+static double plan_cost(const ev *E, const eval_plan *P, int64_t n_predict)
+{
+    double total = 0;
+    for (int c = 0; c < P->n_ctx; c++)
+        for (int t = 0; t < P->n_task; t++)
+            for (int64_t k = 0; k < P->samples[c]; k++) {
+                int64_t np = n_predict ? n_predict : task_answer_tokens(P->tasks[t]);
+                int shared_needed = 0;
+                for (int j = 0; j < P->n_cfg; j++)
+                    if (!config_done(E, P->tasks[t], P->ctxs[c], (int)k, task_turns(P->tasks[t]), &P->cfg[j])) {
+                        total += cost(P->tasks[t], P->ctxs[c], &P->cfg[j], np);
+                        shared_needed |= !P->cfg[j].has_prefill;
+                    }
+                if (shared_needed) total += (double)P->ctxs[c];
+            }
+    return total;
+}
+
+/* The prompt of item it into I (the document and question, or the document and the continuation
+ * the ppl task scores). 0, or -1 with the reason in err. */
+static int item_prompt(ev *E, const task_item *it, item_ctx *I, int turns, char *err, size_t errlen)
+{
+    int bad;
+    if (it->kind == TASK_LOGLIK)
+        bad = split_continuation(&E->rt, it, I, err, errlen);
+    else
+        bad = prompt_conversation(E->rt.m, E->chat, it->doc, NULL, 0, it->question[0], &I->ids, &I->n_ids, err, errlen);
+    if (bad) return -1;
+    if (I->n_ids == 0 || (it->kind == TASK_LOGLIK && I->n_cont == 0)) {
+        snprintf(err, errlen, "empty prompt");
+        return -1;
+    }
+    int64_t need = (int64_t)I->n_ids + (int64_t)I->n_cont + I->n_predict * turns + 64 * (turns - 1);
+    if (need > fwd_n_ctx(E->rt.f)) {
+        snprintf(err, errlen, "%zu prompt tokens and the answers do not fit the context of %lld", I->n_ids,
+                 (long long)fwd_n_ctx(E->rt.f));
+        return -1;
+    }
+    return 0;
+}
+
+/* Sample k of task at length ctx: the control, then every configuration not in the CSV yet.
+ * 0, or 1 after printing why it stopped (a failure, or Ctrl-C). */
+static int run_sample(ev *E, const eval_plan *P, const char *task, int64_t ctx, int64_t k, double cpt,
+                      const eval_opts *eo, item_ctx *I, task_item *it)
+{
+    int turns = task_turns(task), pending = 0;
+    for (int j = 0; j < P->n_cfg; j++) pending += !config_done(E, task, ctx, (int)k, turns, &P->cfg[j]);
+    if (!pending) return 0;
+    task_item_free(it);
+    free(I->ids);
+    free(I->cont);
+    memset(I, 0, sizeof *I);
+    char err[600];
+    if (task_make(task, E->filler, ctx, cpt, (uint64_t)eo->seed, (int)k, (int)eo->n_depths, it, err, sizeof err)) {
+        cli_err("eval: %s", err);
+        return 1;
+    }
+    I->task = task;
+    I->ctx = ctx;
+    I->sample = (int)k;
+    I->it = it;
+    I->n_predict = eo->n_predict ? eo->n_predict : task_answer_tokens(task);
+    for (int q = 0; q < TASK_MAX_Q; q++) I->control[q] = -1;
+    if (item_prompt(E, it, I, turns, err, sizeof err)) {
+        cli_err("eval: %s", err);
+        return 1;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s %lld #%lld no document", task, (long long)ctx, (long long)k);
+    progress_show(&E->pg, what, 1);
+    int failed = run_control(E, I) != 0;
+    E->shared = 0;
+    for (int j = 0; j < P->n_cfg && !failed && !cli_interrupted; j++) {
+        const eval_cfg *c = &P->cfg[j];
+        if (config_done(E, task, ctx, (int)k, turns, c)) continue;
+        snprintf(what, sizeof what, "%s %lld #%lld %.40s %.16s", task, (long long)ctx, (long long)k, c->policy,
+                 c->budget);
+        progress_show(&E->pg, what, 0);
+        if (!c->has_prefill && !E->shared) E->pg.done += (double)ctx;
+        failed = run_config(E, I, c) != 0;
+        if (!failed) E->pg.done += cost(task, ctx, c, I->n_predict);
+    }
+    if (!failed && !cli_interrupted) return 0;
+    cli_err("eval: %s", cli_interrupted ? "interrupted (run the same command again to continue)" : E->err);
+    return 1;
+}
+
+/* With --out: the summary, the plots and what they came from. 0, or 1 when they could not be
+ * written. */
+static int write_report(ev *E, const char *out_dir, const eval_opts *eo, const char *filler_source)
+{
+    char commit[64], about[1024], date[32];
+    cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+    snprintf(about, sizeof about,
+             "Model %s, commit %s, %d threads, filler %s, seed %lld, updated %s. Rows: samples.csv (%zu). "
+             "\"answered\": right answers; \"retrieved\": right with the document and wrong without it.",
+             E->rt.m->path, commit[0] ? commit : "unknown", E->rt.b->n_threads, filler_source, (long long)eo->seed, date,
+             E->recs.n);
+    return report(&E->recs, out_dir, (int)eo->n_depths, eo->plot_budget, about) ? 1 : 0;
+}
+
+/* The engine parts of a run (the session, the sampler, the logits buffers): 0, or 1 after printing
+ * why not. */
+static int open_runtime(ev *E, cli_opts *o)
+{
+    session *S = cli_session(o, 16, SESS_FORMAT_AUTO);
+    if (!S) return 1;
+    E->rt = (eval_rt){ S, sess_model(S), sess_fwd_mut(S), sess_backend(S), sess_monitor_mut(S), *sess_thresholds(S) };
+    E->nv = E->rt.m->hp.n_vocab;
+    E->logits = malloc(sizeof(float) * (size_t)E->nv);
+    E->shared_logits = malloc(sizeof(float) * (size_t)E->nv);
+    E->s = samp_create(&o->sp, E->nv);
+    E->chat = gguf_find_key(E->rt.m->gguf, "tokenizer.chat_template") >= 0;
+    if (!E->logits || !E->shared_logits || !E->s) {
+        cli_err("eval: out of memory");
+        return 1;
+    }
+    /* each configuration attaches its own policies (the session's own stay unused) */
+    fwd_set_policy(E->rt.f, NULL);
+    fwd_policy_env(E->rt.f, &E->env);
+    return 0;
+}
+
+static void close_runtime(ev *E)
+{
+    if (E->rt.f) fwd_set_policy(E->rt.f, NULL);
+    pol_set_free(E->attached);
+    if (E->out) fclose(E->out);
+    free(E->logits);
+    free(E->shared_logits);
+    samp_free(E->s);
+    sess_free(E->rt.s);
+    evalres_free(&E->recs);
+}
+
 int cmd_eval(int argc, char **argv)
 {
     cli_opts o;
@@ -619,144 +901,20 @@ int cmd_eval(int argc, char **argv)
     int pr = cli_parse(argc, argv, "kvchat eval --task LIST [options]",
                        "Quality and speed of KV-cache policies on generated tasks (docs/eval.md).", g, 3, NULL, 0, NULL);
     if (pr) return pr > 0 ? 0 : 1;
-    const char *tasks_arg = eo.tasks, *policies = eo.policies, *budgets = eo.budgets, *backtracks = eo.backtracks;
-    const char *csv = eo.csv, *ctx_arg = eo.ctx, *samples_arg = eo.samples, *out_dir = eo.out;
-    const char *filler_arg = eo.filler, *plot_budget = eo.plot_budget;
-    int64_t n_predict = eo.n_predict, seed = eo.seed, n_depths = eo.n_depths;
-    int report_only = eo.report;
     char csv_path[1024] = "";
-    if (out_dir) {
-        if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
-            cli_err("eval: cannot create %s: %s", out_dir, strerror(errno));
+    if (eo.out) {
+        if (mkdir(eo.out, 0777) != 0 && errno != EEXIST) {
+            cli_err("eval: cannot create %s: %s", eo.out, strerror(errno));
             return 1;
         }
-        snprintf(csv_path, sizeof csv_path, "%s/samples.csv", out_dir);
+        snprintf(csv_path, sizeof csv_path, "%s/samples.csv", eo.out);
     }
-    if (csv) snprintf(csv_path, sizeof csv_path, "%s", csv);
-    if (report_only) {
-        if (!out_dir) {
-            cli_err("eval: --report needs --out DIR (where samples.csv is)");
-            return 1;
-        }
-        eval_recs rs = { 0 };
-        char err[600];
-        if (evalres_read(csv_path, &rs, err, sizeof err)) {
-            cli_err("eval: %s", err);
-            return 1;
-        }
-        if (rs.n == 0) {
-            cli_err("eval: %s has no rows", csv_path);
-            return 1;
-        }
-        evalres_summary_md(stdout, &rs);
-        int rc = report(&rs, out_dir, (int)n_depths, plot_budget, "Made by `kvchat eval --report` from samples.csv.");
-        evalres_free(&rs);
-        return rc ? 1 : 0;
-    }
-    if (!tasks_arg) {
-        cli_err("eval: give --task (passkey, passkey-std, niah, multikey, multivalue, babi1, babi2, ppl, multiturn or "
-                "all)");
-        return 1;
-    }
-    /* tasks, lengths and samples */
-    char tlist[16][32], clist[16][32], slist[16][32];
-    int n_task = !strcmp(tasks_arg, "all") ? 0 : split_list(tasks_arg, tlist, 16);
-    if (!strcmp(tasks_arg, "all"))
-        for (const char *const *t = task_names(); *t; t++) snprintf(tlist[n_task++], 32, "%s", *t);
-    for (int t = 0; t < n_task; t++)
-        if (!task_known(tlist[t])) {
-            cli_err("eval: unknown task '%s' (passkey, passkey-std, niah, multikey, multivalue, babi1, babi2, ppl, "
-                    "multiturn)",
-                    tlist[t]);
-            return 1;
-        }
-    int n_ctx = split_list(ctx_arg, clist, 16), n_smp = split_list(samples_arg, slist, 16);
-    int64_t ctxs[16], smps[16];
-    if (n_task < 1 || n_ctx < 1 || (n_smp != 1 && n_smp != n_ctx)) {
-        cli_err("eval: --task and --ctx take 1 to 16 values, --samples one value or one per length");
-        return 1;
-    }
-    for (int c = 0; c < n_ctx; c++) {
-        if (parse_len(clist[c], &ctxs[c])) {
-            cli_err("eval: --ctx: '%s' is not a length from 64 to 1048576 tokens (2K = 2048)", clist[c]);
-            return 1;
-        }
-        const char *sv = slist[n_smp == 1 ? 0 : c];
-        char *end;
-        smps[c] = strtoll(sv, &end, 10);
-        if (end == sv || *end || smps[c] < 1 || smps[c] > 100000) {
-            cli_err("eval: --samples: '%s' is not an integer in [1, 100000]", sv);
-            return 1;
-        }
-    }
-    /* configurations: a policy without a budget (full) runs once, not once per budget */
-    char specs[16][256], blist[8][32], rlist[8][32];
-    int n_spec = 0;
-    if (!strcmp(policies, "all"))
-        for (const pol_ops *const *p = pol_registry(); *p; p++) snprintf(specs[n_spec++], 256, "%s", (*p)->name);
-    else n_spec = pol_split_list(policies, specs, 16);
-    int n_bud = budgets ? split_list(budgets, blist, 8) : 1;
-    int n_bt = backtracks ? split_list(backtracks, rlist, 8) : 1;
-    if (!budgets) blist[0][0] = 0;
-    if (!backtracks) snprintf(rlist[0], 32, "-1");
-    if (n_spec < 1 || n_bud < 1 || n_bt < 1) {
-        cli_err("eval: --policy takes 1 to 16 policies, --budget and --backtrack 1 to 8 values");
-        return 1;
-    }
-    int n_cfg = 0;
-    eval_cfg *cfg = calloc((size_t)(n_spec * n_bud * n_bt), sizeof *cfg);
-    if (!cfg) {
-        cli_err("eval: out of memory");
-        return 1;
-    }
-    char err[600] = "";
-    for (int p = 0; p < n_spec; p++) {
-        pol_spec plain;
-        if (pol_parse(&plain, specs[p], NULL, err, sizeof err)) {
-            cli_err("eval: %s", err);
-            free(cfg);
-            return 1;
-        }
-        int has_budget = 0, has_prefill = 0;
-        for (int k = 0; k < plain.n; k++) {
-            has_prefill |= plain.ops[k]->stage == POL_STAGE_PREFILL;
-            for (int q = 0; q < plain.ops[k]->n_params; q++) has_budget |= !strcmp(plain.ops[k]->params[q].name, "budget");
-        }
-        for (int b = 0; b < (has_budget ? n_bud : 1); b++)
-            for (int r = 0; r < n_bt; r++) {
-                int64_t rv;
-                const char *bud = has_budget && blist[b][0] ? blist[b] : NULL;
-                eval_cfg *c = &cfg[n_cfg];
-                err[0] = 0;
-                char *end;
-                rv = strtoll(rlist[r], &end, 10);
-                if (end == rlist[r] || *end || rv < -1 || rv > (1 << 20)) {
-                    cli_err("eval: --backtrack: '%s' is not an integer in [-1, %d]", rlist[r], 1 << 20);
-                    free(cfg);
-                    return 1;
-                }
-                if (pol_parse(&c->spec, specs[p], bud, err, sizeof err)) {
-                    cli_err("eval: %s", err);
-                    free(cfg);
-                    return 1;
-                }
-                snprintf(c->policy, sizeof c->policy, "%s", specs[p]);
-                snprintf(c->budget, sizeof c->budget, "%.31s", bud ? bud : "-");
-                c->backtrack = (int)rv;
-                c->has_prefill = has_prefill;
-                n_cfg++;
-            }
-    }
-    /* decode-time configurations first: they share one prefill per sample, which a prefill
-     * policy's own prefill would replace */
-    for (int a = 1; a < n_cfg; a++)
-        for (int b = a; b > 0 && cfg[b].has_prefill < cfg[b - 1].has_prefill; b--) {
-            eval_cfg t = cfg[b];
-            cfg[b] = cfg[b - 1];
-            cfg[b - 1] = t;
-        }
-    if (cli_finish_common(&o)) {
-        free(cfg);
+    if (eo.csv) snprintf(csv_path, sizeof csv_path, "%s", eo.csv);
+    if (eo.report) return report_only(eo.out, csv_path, (int)eo.n_depths, eo.plot_budget);
+    eval_plan P;
+    memset(&P, 0, sizeof P);
+    if (plan_items(&eo, &P) || plan_configs(&eo, &P) || cli_finish_common(&o)) {
+        free(P.cfg);
         return 1;
     }
     ev E;
@@ -764,161 +922,54 @@ int cmd_eval(int argc, char **argv)
     E.o = &o;
     filler fl;
     const char *note = NULL;
-    if (filler_load(&fl, filler_arg, &note, err, sizeof err)) {
+    char err[600] = "";
+    if (filler_load(&fl, eo.filler, &note, err, sizeof err)) {
         cli_err("eval: %s", err);
-        free(cfg);
+        free(P.cfg);
         return 1;
     }
+    E.filler = &fl;
     if (note) fprintf(stderr, "eval: %s\n", note);
-    if (csv_path[0]) {
-        if (evalres_read(csv_path, &E.recs, err, sizeof err) || !(E.out = open_csv(csv_path, err, sizeof err))) {
-            cli_err("eval: %s", err);
-            evalres_free(&E.recs);
-            filler_done(&fl);
-            free(cfg);
-            return 1;
-        }
-        if (E.recs.n) fprintf(stderr, "eval: %s has %zu rows already: those runs are skipped\n", csv_path, E.recs.n);
-    }
-    int rc = 1;
-    session *S = cli_session(&o, 16, SESS_FORMAT_AUTO);
-    if (S) {
-        E.rt = (eval_rt){ S, sess_model(S), sess_fwd_mut(S), sess_backend(S), sess_monitor_mut(S), *sess_thresholds(S) };
-    } else {
-        if (E.out) fclose(E.out);
-        evalres_free(&E.recs);
-        filler_done(&fl);
-        free(cfg);
-        return 1;
-    }
-    E.nv = E.rt.m->hp.n_vocab;
-    E.logits = malloc(sizeof(float) * (size_t)E.nv);
-    E.shared_logits = malloc(sizeof(float) * (size_t)E.nv);
-    E.s = samp_create(&o.sp, E.nv);
-    E.chat = gguf_find_key(E.rt.m->gguf, "tokenizer.chat_template") >= 0;
     item_ctx I;
     memset(&I, 0, sizeof I);
     task_item it;
     memset(&it, 0, sizeof it);
-    if (!E.logits || !E.shared_logits || !E.s) {
-        cli_err("eval: out of memory");
-        goto done;
+    int rc = 1;
+    if (csv_path[0]) {
+        if (evalres_read(csv_path, &E.recs, err, sizeof err) || !(E.out = open_csv(csv_path, err, sizeof err))) {
+            cli_err("eval: %s", err);
+            goto done;
+        }
+        if (E.recs.n) fprintf(stderr, "eval: %s has %zu rows already: those runs are skipped\n", csv_path, E.recs.n);
     }
-    /* each configuration attaches its own policies (the session's own stay unused) */
-    fwd_set_policy(E.rt.f, NULL);
-    fwd_policy_env(E.rt.f, &E.env);
+    if (open_runtime(&E, &o)) goto done;
     cli_install_sigint();
     /* characters per token of this filler (and of a task's own), so documents come out near the
      * asked lengths */
     size_t span = fl.len < 40000 ? fl.len : 40000;
     double cpt = chars_per_token(E.rt.m->vocab, fl.text + fl.len / 2 - span / 2, span), cpt_own[16];
-    for (int t = 0; t < n_task; t++) cpt_own[t] = task_own_filler(tlist[t]) ? own_chars_per_token(&E, tlist[t]) : cpt;
-    /* the plan's work, for the ETA */
+    for (int t = 0; t < P.n_task; t++) cpt_own[t] = task_own_filler(P.tasks[t]) ? own_chars_per_token(&E, P.tasks[t]) : cpt;
     E.pg.t0 = E.pg.last = cli_now();
     E.pg.tty = isatty(2);
-    for (int c = 0; c < n_ctx; c++)
-        for (int t = 0; t < n_task; t++)
-            for (int64_t k = 0; k < smps[c]; k++) {
-                int64_t np = n_predict ? n_predict : task_answer_tokens(tlist[t]);
-                int shared_needed = 0;
-                for (int j = 0; j < n_cfg; j++)
-                    if (!config_done(&E, tlist[t], ctxs[c], (int)k, task_turns(tlist[t]), &cfg[j])) {
-                        E.pg.total += cost(tlist[t], ctxs[c], &cfg[j], np);
-                        shared_needed |= !cfg[j].has_prefill;
-                    }
-                if (shared_needed) E.pg.total += (double)ctxs[c];
-            }
-    fprintf(stderr, "eval: %d tasks x %d lengths, %d configurations, filler %s, %d threads\n", n_task, n_ctx, n_cfg,
-            fl.source, E.rt.b->n_threads);
-    for (int c = 0; c < n_ctx && !cli_interrupted; c++)
-        for (int t = 0; t < n_task && !cli_interrupted; t++)
-            for (int64_t k = 0; k < smps[c] && !cli_interrupted; k++) {
-                const char *task = tlist[t];
-                int turns = task_turns(task), pending = 0;
-                for (int j = 0; j < n_cfg; j++) pending += !config_done(&E, task, ctxs[c], (int)k, turns, &cfg[j]);
-                if (!pending) continue;
-                task_item_free(&it);
-                free(I.ids);
-                free(I.cont);
-                memset(&I, 0, sizeof I);
-                if (task_make(task, &fl, ctxs[c], cpt_own[t], (uint64_t)seed, (int)k, (int)n_depths, &it, err,
-                              sizeof err)) {
-                    cli_err("eval: %s", err);
-                    goto done;
-                }
-                I.task = task;
-                I.ctx = ctxs[c];
-                I.sample = (int)k;
-                I.it = &it;
-                I.n_predict = n_predict ? n_predict : task_answer_tokens(task);
-                for (int q = 0; q < TASK_MAX_Q; q++) I.control[q] = -1;
-                int bad;
-                if (it.kind == TASK_LOGLIK) {
-                    bad = split_continuation(&E.rt, &it, &I, err, sizeof err);
-                } else {
-                    bad = prompt_conversation(E.rt.m, E.chat, it.doc, NULL, 0, it.question[0], &I.ids, &I.n_ids, err,
-                                              sizeof err);
-                }
-                if (bad || I.n_ids == 0 || (it.kind == TASK_LOGLIK && I.n_cont == 0)) {
-                    cli_err("eval: %s", bad ? err : "empty prompt");
-                    goto done;
-                }
-                int64_t need = (int64_t)I.n_ids + (int64_t)I.n_cont + I.n_predict * turns + 64 * (turns - 1);
-                if (need > fwd_n_ctx(E.rt.f)) {
-                    cli_err("eval: %zu prompt tokens and the answers do not fit the context of %lld", I.n_ids,
-                            (long long)fwd_n_ctx(E.rt.f));
-                    goto done;
-                }
-                char what[96];
-                snprintf(what, sizeof what, "%s %lld #%lld no document", task, (long long)ctxs[c], (long long)k);
-                progress_show(&E.pg, what, 1);
-                if (run_control(&E, &I)) goto failed;
-                E.shared = 0;
-                for (int j = 0; j < n_cfg && !cli_interrupted; j++) {
-                    if (config_done(&E, task, ctxs[c], (int)k, turns, &cfg[j])) continue;
-                    snprintf(what, sizeof what, "%s %lld #%lld %.40s %.16s", task, (long long)ctxs[c], (long long)k,
-                             cfg[j].policy, cfg[j].budget);
-                    progress_show(&E.pg, what, 0);
-                    if (!cfg[j].has_prefill && !E.shared) E.pg.done += (double)ctxs[c];
-                    if (run_config(&E, &I, &cfg[j])) goto failed;
-                    E.pg.done += cost(task, ctxs[c], &cfg[j], I.n_predict);
-                }
-                continue;
-            failed:
-                cli_err("eval: %s", cli_interrupted ? "interrupted (run the same command again to continue)" : E.err);
-                goto done;
-            }
+    E.pg.total = plan_cost(&E, &P, eo.n_predict);
+    fprintf(stderr, "eval: %d tasks x %d lengths, %d configurations, filler %s, %d threads\n", P.n_task, P.n_ctx,
+            P.n_cfg, fl.source, E.rt.b->n_threads);
+    for (int c = 0; c < P.n_ctx && !cli_interrupted; c++)
+        for (int t = 0; t < P.n_task && !cli_interrupted; t++)
+            for (int64_t k = 0; k < P.samples[c] && !cli_interrupted; k++)
+                if (run_sample(&E, &P, P.tasks[t], P.ctxs[c], k, cpt_own[t], &eo, &I, &it)) goto done;
     progress_show(&E.pg, "done", 1);
     fputc('\n', stderr);
     printf("eval: %s, filler %s, thresholds %s\n\n", E.rt.m->path, fl.source, E.rt.thr.valid ? E.rt.thr.source : "none");
     evalres_summary_md(stdout, &E.recs);
-    rc = 0;
-    if (out_dir) {
-        char commit[64], about[1024], date[32];
-        cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
-        time_t now = time(NULL);
-        strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
-        snprintf(about, sizeof about,
-                 "Model %s, commit %s, %d threads, filler %s, seed %lld, updated %s. Rows: samples.csv (%zu). "
-                 "\"answered\": right answers; \"retrieved\": right with the document and wrong without it.",
-                 E.rt.m->path, commit[0] ? commit : "unknown", E.rt.b->n_threads, fl.source, (long long)seed, date,
-                 E.recs.n);
-        if (report(&E.recs, out_dir, (int)n_depths, plot_budget, about)) rc = 1;
-    }
+    rc = eo.out ? write_report(&E, eo.out, &eo, fl.source) : 0;
 done:
     if (cli_interrupted) rc = 130;
-    fwd_set_policy(E.rt.f, NULL);
-    pol_set_free(E.attached);
-    if (E.out) fclose(E.out);
+    close_runtime(&E);
     task_item_free(&it);
     free(I.ids);
     free(I.cont);
-    free(E.logits);
-    free(E.shared_logits);
-    samp_free(E.s);
-    sess_free(E.rt.s);
-    evalres_free(&E.recs);
     filler_done(&fl);
-    free(cfg);
+    free(P.cfg);
     return rc;
 }

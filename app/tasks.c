@@ -274,6 +274,198 @@ static double uniform(uint64_t *x)
     return (double)(rnd(x) % 1000001) / 1000000.0;
 }
 
+/* passkey: kvchat's first pass-key generator (docgen.c), seeded as it always was. 0, or -1 when out
+ * of memory. */
+static int make_passkey(int64_t ctx_tokens, uint64_t seed, int sample, task_item *it)
+{
+    /* the seeding and generator of the first kvchat eval, unchanged */
+    uint64_t x = seed * 2654435761ull + (uint64_t)sample * 40503ull + 1;
+    docgen_opts d;
+    d.seed = x;
+    d.n_sentences = (int)(ctx_tokens / 11);
+    d.key_at = (int)(((x >> 7) % 1000) * (uint64_t)d.n_sentences / 1000);
+    d.key = 10000 + (int)((x >> 17) % 90000);
+    it->doc = docgen_passkey(&d, NULL);
+    if (!it->doc) return -1;
+    snprintf(it->question[0], sizeof it->question[0], "What is the pass key?");
+    snprintf(it->expect[0][0], sizeof it->expect[0][0], "%d", d.key);
+    it->n_expect[0] = 1;
+    it->depth[0] = d.n_sentences ? (double)d.key_at / d.n_sentences : 0;
+    return 0;
+}
+
+/* passkey-std: the standard filler repeated to about ctx_tokens (chars_per_token measured on it),
+ * the needle between the two repetitions nearest the sweep's depth. 0, or -1 when out of memory. */
+static int make_passkey_std(int64_t ctx_tokens, double chars_per_token, int sample, int n_depths, uint64_t *xp,
+                            task_item *it)
+{
+    uint64_t x = *xp;
+    /* the filler repeated to about ctx_tokens (chars_per_token measured on this filler), the needle
+     * between two repetitions nearest the sweep's depth, a fresh random five-digit key */
+    int key = 10000 + (int)(rnd(&x) % 90000);
+    size_t fl = strlen(std_filler);
+    int64_t reps = (int64_t)((double)ctx_tokens * chars_per_token / (double)(fl + 1) + 0.5);
+    if (reps < 1) reps = 1;
+    char nd[96];
+    int nl = snprintf(nd, sizeof nd, "The pass key is %d. Remember it. %d is the pass key.", key, key);
+    int64_t at = (int64_t)(task_inner_depth(sample, n_depths) * (double)reps + 0.5);
+    if (at > reps) at = reps;
+    it->doc = malloc((size_t)reps * (fl + 1) + (size_t)nl + 2);
+    if (!it->doc) return -1;
+    size_t w = 0, needle_at = 0;
+    for (int64_t r = 0; r <= reps; r++) {   /* the pieces, joined by single spaces */
+        if (r == at) {
+            if (w) it->doc[w++] = ' ';
+            needle_at = w;
+            memcpy(it->doc + w, nd, (size_t)nl);
+            w += (size_t)nl;
+        }
+        if (r < reps) {
+            if (w) it->doc[w++] = ' ';
+            memcpy(it->doc + w, std_filler, fl);
+            w += fl;
+        }
+    }
+    it->doc[w] = 0;
+    snprintf(it->question[0], sizeof it->question[0], "What is the pass key?");
+    snprintf(it->expect[0][0], sizeof it->expect[0][0], "%d", key);
+    it->n_expect[0] = 1;
+    it->depth[0] = (double)needle_at / (double)w;
+    *xp = x;
+    return 0;
+}
+
+/* ppl: the passage p (it becomes the document) and the text that follows it in the source, to
+ * score. 0, or -1 when out of memory. */
+static int make_ppl(const filler *f, char *p, size_t next, task_item *it)
+{
+    /* teacher forcing over the text that follows the passage in the source */
+    it->kind = TASK_LOGLIK;
+    it->doc = p;
+    size_t e = next + 600;
+    if (e > f->len) e = f->len;
+    while (e < f->len && !is_sentence_end(f->text, e)) e++;
+    it->cont = malloc(e - next + 2);
+    if (!it->cont) return -1;
+    it->cont[0] = ' ';
+    memcpy(it->cont + 1, f->text + next, e - next);
+    it->cont[e - next + 1] = 0;
+    it->question[0][0] = 0;
+    it->n_expect[0] = 0;
+    return 0;
+}
+
+/* niah, multikey, multivalue, multiturn: the magic-number needles into nd (their count returned)
+ * and the questions and answers into it. */
+static int make_number_needles(const char *name, int sample, int n_depths, uint64_t *xp, needle *nd, task_item *it)
+{
+    uint64_t x = *xp;
+    int n = 0;
+    int nk = !strcmp(name, "niah") ? 1 : !strcmp(name, "multivalue") ? 1 : 4;
+    int nv = !strcmp(name, "multivalue") ? 4 : 1;
+    int ki[4];
+    pick(&x, COUNT(keys), nk, ki);
+    char vals[4][4][24];
+    for (int k = 0; k < nk; k++)
+        for (int v = 0; v < nv; v++) number(&x, vals[k][v]);
+    for (int k = 0; k < nk; k++)
+        for (int v = 0; v < nv; v++, n++) {
+            snprintf(nd[n].text, sizeof nd[n].text,
+                     nv > 1 ? "One of the special magic numbers for %s is %s."
+                            : "The special magic number for %s is %s.",
+                     keys[ki[k]], vals[k][v]);
+            nd[n].q = -1;
+            /* multi-turn needles spread over thirds, so the questions reach across the document */
+            nd[n].depth = !strcmp(name, "multiturn") ? (k + uniform(&x)) / nk : uniform(&x);
+        }
+    if (!strcmp(name, "niah")) nd[0].depth = task_sweep_depth(sample, n_depths);
+    if (!strcmp(name, "multiturn")) {
+        /* three of the four needles are asked, in a shuffled order */
+        int order[4];
+        pick(&x, 4, 3, order);
+        it->n_q = 3;
+        for (int q = 0; q < 3; q++) {
+            int k = order[q];
+            nd[k].q = q;
+            snprintf(it->question[q], sizeof it->question[q], "What is the special magic number for %s?",
+                     keys[ki[k]]);
+            snprintf(it->expect[q][0], sizeof it->expect[q][0], "%s", vals[k][0]);
+            it->n_expect[q] = 1;
+        }
+    } else {
+        int ask = nk > 1 ? (int)(rnd(&x) % (uint64_t)nk) : 0;
+        if (nv > 1) {
+            snprintf(it->question[0], sizeof it->question[0], "What are all the special magic numbers for %s?",
+                     keys[ki[0]]);
+            for (int v = 0; v < nv; v++) snprintf(it->expect[0][v], sizeof it->expect[0][v], "%.23s", vals[0][v]);
+            it->n_expect[0] = nv;
+            for (int v = 0; v < nv; v++) nd[v].q = 0;   /* the depth of the earliest value */
+        } else {
+            snprintf(it->question[0], sizeof it->question[0], "What is the special magic number for %s?",
+                     keys[ki[ask]]);
+            snprintf(it->expect[0][0], sizeof it->expect[0][0], "%.23s", vals[ask][0]);
+            it->n_expect[0] = 1;
+            nd[ask].q = 0;
+        }
+    }
+    *xp = x;
+    return n;
+}
+
+/* babi1, babi2: eight facts about people (and an object) into nd (their count returned), the
+ * question and its place into it. */
+static int make_babi(const char *name, uint64_t *xp, needle *nd, task_item *it)
+{
+    uint64_t x = *xp;
+    int n = 0;
+    /* bAbI-style: eight facts about people (and an object) in time order, spread through the
+     * filler; the answer needs the person's last move (babi1) or who holds the object and where
+     * they went after picking it up (babi2) */
+    it->kind = TASK_PLACE;
+    int who[3], where[8], n_f = 8, two = !strcmp(name, "babi2");
+    pick(&x, COUNT(people), 3, who);
+    double dep[8];
+    for (int i = 0; i < n_f; i++) dep[i] = uniform(&x);
+    for (int i = 1; i < n_f; i++)   /* sorted: facts appear in the order they happened */
+        for (int j = i; j > 0 && dep[j] < dep[j - 1]; j--) {
+            double t = dep[j];
+            dep[j] = dep[j - 1];
+            dep[j - 1] = t;
+        }
+    int actor[8];
+    for (int i = 0; i < n_f; i++) {
+        actor[i] = 1 + (int)(rnd(&x) % 2);   /* the others */
+        where[i] = (int)(rnd(&x) % COUNT(places));
+    }
+    /* person 0's two facts: a first place and a different last one */
+    int a = (int)(rnd(&x) % 3), b = a + 2 + (int)(rnd(&x) % (uint64_t)(n_f - a - 2));
+    int pick_at = two ? a + 1 : -1;
+    actor[a] = 0;
+    actor[b] = 0;
+    while (where[b] == where[a]) where[b] = (int)(rnd(&x) % COUNT(places));
+    for (int i = 0; i < n_f; i++) {
+        if (i == pick_at) continue;
+        snprintf(nd[n].text, sizeof nd[n].text, "%s went to the %s.", people[who[actor[i]]], places[where[i]]);
+        nd[n].depth = dep[i];
+        nd[n].q = i == b ? 0 : -1;
+        n++;
+    }
+    const char *thing = objects[rnd(&x) % COUNT(objects)];
+    if (two) {
+        snprintf(nd[n].text, sizeof nd[n].text, "%s picked up the %s.", people[who[0]], thing);
+        nd[n].depth = dep[pick_at];
+        nd[n].q = -1;
+        n++;
+        snprintf(it->question[0], sizeof it->question[0], "Where is the %s?", thing);
+    } else {
+        snprintf(it->question[0], sizeof it->question[0], "Where is %s?", people[who[0]]);
+    }
+    snprintf(it->expect[0][0], sizeof it->expect[0][0], "%s", places[where[b]]);
+    it->n_expect[0] = 1;
+    *xp = x;
+    return n;
+}
+
 int task_make(const char *name, const filler *f, int64_t ctx_tokens, double chars_per_token, uint64_t seed,
               int sample, int n_depths, task_item *it, char *err, size_t errlen)
 {
@@ -285,183 +477,37 @@ int task_make(const char *name, const filler *f, int64_t ctx_tokens, double char
         snprintf(err, errlen, "unknown task '%s'", name);
         return -1;
     }
+    int rc = 0;
     if (!strcmp(name, "passkey")) {
-        /* the seeding and generator of the first kvchat eval, unchanged */
-        uint64_t x = seed * 2654435761ull + (uint64_t)sample * 40503ull + 1;
-        docgen_opts d;
-        d.seed = x;
-        d.n_sentences = (int)(ctx_tokens / 11);
-        d.key_at = (int)(((x >> 7) % 1000) * (uint64_t)d.n_sentences / 1000);
-        d.key = 10000 + (int)((x >> 17) % 90000);
-        it->doc = docgen_passkey(&d, NULL);
-        if (!it->doc) goto oom;
-        snprintf(it->question[0], sizeof it->question[0], "What is the pass key?");
-        snprintf(it->expect[0][0], sizeof it->expect[0][0], "%d", d.key);
-        it->n_expect[0] = 1;
-        it->depth[0] = d.n_sentences ? (double)d.key_at / d.n_sentences : 0;
-        return 0;
-    }
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ hash_str(name) ^ (uint64_t)ctx_tokens * 0x100000001B3ull;
-    x += (uint64_t)sample * 7919ull;
-    for (int i = 0; i < 4; i++) rnd(&x);
-    if (!strcmp(name, "passkey-std")) {
-        /* the filler repeated to about ctx_tokens (chars_per_token measured on this filler), the needle
-         * between two repetitions nearest the sweep's depth, a fresh random five-digit key */
-        int key = 10000 + (int)(rnd(&x) % 90000);
-        size_t fl = strlen(std_filler);
-        int64_t reps = (int64_t)((double)ctx_tokens * chars_per_token / (double)(fl + 1) + 0.5);
-        if (reps < 1) reps = 1;
-        char nd[96];
-        int nl = snprintf(nd, sizeof nd, "The pass key is %d. Remember it. %d is the pass key.", key, key);
-        int64_t at = (int64_t)(task_inner_depth(sample, n_depths) * (double)reps + 0.5);
-        if (at > reps) at = reps;
-        it->doc = malloc((size_t)reps * (fl + 1) + (size_t)nl + 2);
-        if (!it->doc) goto oom;
-        size_t w = 0, needle_at = 0;
-        for (int64_t r = 0; r <= reps; r++) {   /* the pieces, joined by single spaces */
-            if (r == at) {
-                if (w) it->doc[w++] = ' ';
-                needle_at = w;
-                memcpy(it->doc + w, nd, (size_t)nl);
-                w += (size_t)nl;
-            }
-            if (r < reps) {
-                if (w) it->doc[w++] = ' ';
-                memcpy(it->doc + w, std_filler, fl);
-                w += fl;
-            }
-        }
-        it->doc[w] = 0;
-        snprintf(it->question[0], sizeof it->question[0], "What is the pass key?");
-        snprintf(it->expect[0][0], sizeof it->expect[0][0], "%d", key);
-        it->n_expect[0] = 1;
-        it->depth[0] = (double)needle_at / (double)w;
-        return 0;
-    }
-    size_t n_chars = (size_t)((double)ctx_tokens * chars_per_token), plen, next;
-    char *p = passage(f, n_chars, &x, &plen, &next);
-    if (!p) goto oom;
-    needle nd[12];
-    int n = 0;
-    if (!strcmp(name, "ppl")) {
-        /* teacher forcing over the text that follows the passage in the source */
-        it->kind = TASK_LOGLIK;
-        it->doc = p;
-        size_t e = next + 600;
-        if (e > f->len) e = f->len;
-        while (e < f->len && !is_sentence_end(f->text, e)) e++;
-        it->cont = malloc(e - next + 2);
-        if (!it->cont) goto oom;
-        it->cont[0] = ' ';
-        memcpy(it->cont + 1, f->text + next, e - next);
-        it->cont[e - next + 1] = 0;
-        it->question[0][0] = 0;
-        it->n_expect[0] = 0;
-        return 0;
-    }
-    if (!strcmp(name, "niah") || !strcmp(name, "multikey") || !strcmp(name, "multivalue") ||
-        !strcmp(name, "multiturn")) {
-        int nk = !strcmp(name, "niah") ? 1 : !strcmp(name, "multivalue") ? 1 : 4;
-        int nv = !strcmp(name, "multivalue") ? 4 : 1;
-        int ki[4];
-        pick(&x, COUNT(keys), nk, ki);
-        char vals[4][4][24];
-        for (int k = 0; k < nk; k++)
-            for (int v = 0; v < nv; v++) number(&x, vals[k][v]);
-        for (int k = 0; k < nk; k++)
-            for (int v = 0; v < nv; v++, n++) {
-                snprintf(nd[n].text, sizeof nd[n].text,
-                         nv > 1 ? "One of the special magic numbers for %s is %s."
-                                : "The special magic number for %s is %s.",
-                         keys[ki[k]], vals[k][v]);
-                nd[n].q = -1;
-                /* multi-turn needles spread over thirds, so the questions reach across the document */
-                nd[n].depth = !strcmp(name, "multiturn") ? (k + uniform(&x)) / nk : uniform(&x);
-            }
-        if (!strcmp(name, "niah")) nd[0].depth = task_sweep_depth(sample, n_depths);
-        if (!strcmp(name, "multiturn")) {
-            /* three of the four needles are asked, in a shuffled order */
-            int order[4];
-            pick(&x, 4, 3, order);
-            it->n_q = 3;
-            for (int q = 0; q < 3; q++) {
-                int k = order[q];
-                nd[k].q = q;
-                snprintf(it->question[q], sizeof it->question[q], "What is the special magic number for %s?",
-                         keys[ki[k]]);
-                snprintf(it->expect[q][0], sizeof it->expect[q][0], "%s", vals[k][0]);
-                it->n_expect[q] = 1;
-            }
-        } else {
-            int ask = nk > 1 ? (int)(rnd(&x) % (uint64_t)nk) : 0;
-            if (nv > 1) {
-                snprintf(it->question[0], sizeof it->question[0], "What are all the special magic numbers for %s?",
-                         keys[ki[0]]);
-                for (int v = 0; v < nv; v++) snprintf(it->expect[0][v], sizeof it->expect[0][v], "%.23s", vals[0][v]);
-                it->n_expect[0] = nv;
-                for (int v = 0; v < nv; v++) nd[v].q = 0;   /* the depth of the earliest value */
-            } else {
-                snprintf(it->question[0], sizeof it->question[0], "What is the special magic number for %s?",
-                         keys[ki[ask]]);
-                snprintf(it->expect[0][0], sizeof it->expect[0][0], "%.23s", vals[ask][0]);
-                it->n_expect[0] = 1;
-                nd[ask].q = 0;
-            }
-        }
+        rc = make_passkey(ctx_tokens, seed, sample, it);
     } else {
-        /* bAbI-style: eight facts about people (and an object) in time order, spread through the
-         * filler; the answer needs the person's last move (babi1) or who holds the object and where
-         * they went after picking it up (babi2) */
-        it->kind = TASK_PLACE;
-        int who[3], where[8], n_f = 8, two = !strcmp(name, "babi2");
-        pick(&x, COUNT(people), 3, who);
-        double dep[8];
-        for (int i = 0; i < n_f; i++) dep[i] = uniform(&x);
-        for (int i = 1; i < n_f; i++)   /* sorted: facts appear in the order they happened */
-            for (int j = i; j > 0 && dep[j] < dep[j - 1]; j--) {
-                double t = dep[j];
-                dep[j] = dep[j - 1];
-                dep[j - 1] = t;
-            }
-        int actor[8];
-        for (int i = 0; i < n_f; i++) {
-            actor[i] = 1 + (int)(rnd(&x) % 2);   /* the others */
-            where[i] = (int)(rnd(&x) % COUNT(places));
-        }
-        /* person 0's two facts: a first place and a different last one */
-        int a = (int)(rnd(&x) % 3), b = a + 2 + (int)(rnd(&x) % (uint64_t)(n_f - a - 2));
-        int pick_at = two ? a + 1 : -1;
-        actor[a] = 0;
-        actor[b] = 0;
-        while (where[b] == where[a]) where[b] = (int)(rnd(&x) % COUNT(places));
-        for (int i = 0; i < n_f; i++) {
-            if (i == pick_at) continue;
-            snprintf(nd[n].text, sizeof nd[n].text, "%s went to the %s.", people[who[actor[i]]], places[where[i]]);
-            nd[n].depth = dep[i];
-            nd[n].q = i == b ? 0 : -1;
-            n++;
-        }
-        const char *thing = objects[rnd(&x) % COUNT(objects)];
-        if (two) {
-            snprintf(nd[n].text, sizeof nd[n].text, "%s picked up the %s.", people[who[0]], thing);
-            nd[n].depth = dep[pick_at];
-            nd[n].q = -1;
-            n++;
-            snprintf(it->question[0], sizeof it->question[0], "Where is the %s?", thing);
+        uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ hash_str(name) ^ (uint64_t)ctx_tokens * 0x100000001B3ull;
+        x += (uint64_t)sample * 7919ull;
+        for (int i = 0; i < 4; i++) rnd(&x);
+        if (!strcmp(name, "passkey-std")) {
+            rc = make_passkey_std(ctx_tokens, chars_per_token, sample, n_depths, &x, it);
         } else {
-            snprintf(it->question[0], sizeof it->question[0], "Where is %s?", people[who[0]]);
+            size_t n_chars = (size_t)((double)ctx_tokens * chars_per_token), plen, next;
+            char *p = passage(f, n_chars, &x, &plen, &next);
+            if (!p) {
+                rc = -1;
+            } else if (!strcmp(name, "ppl")) {
+                rc = make_ppl(f, p, next, it);
+            } else {
+                needle nd[12];
+                int babi = !strcmp(name, "babi1") || !strcmp(name, "babi2");
+                int n = babi ? make_babi(name, &x, nd, it) : make_number_needles(name, sample, n_depths, &x, nd, it);
+                it->doc = insert_needles(p, plen, nd, n, it);
+                free(p);
+                rc = it->doc ? 0 : -1;
+            }
         }
-        snprintf(it->expect[0][0], sizeof it->expect[0][0], "%s", places[where[b]]);
-        it->n_expect[0] = 1;
     }
-    it->doc = insert_needles(p, plen, nd, n, it);
-    free(p);
-    if (!it->doc) goto oom;
-    return 0;
-oom:
-    task_item_free(it);
-    snprintf(err, errlen, "out of memory");
-    return -1;
+    if (rc) {
+        task_item_free(it);
+        snprintf(err, errlen, "out of memory");
+    }
+    return rc;
 }
 
 void task_item_free(task_item *it)
