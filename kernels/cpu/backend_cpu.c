@@ -319,15 +319,6 @@ static void head_range(const be_attn *a, int g, int64_t *p0, int64_t *p1)
     }
 }
 
-static inline int att_visible(const be_attn *a, const be_kv_page *pg, int32_t i, int32_t qp)
-{
-    int32_t kp = pg->pos[i];
-    if (kp > qp) return 0;
-    if (a->window > 0 && qp - kp >= a->window) return 0;
-    if (pg->mask && !((pg->mask[i >> 6] >> (i & 63)) & 1u)) return 0;
-    return 1;
-}
-
 /* One decode tile's keys, gathered across pages (see att_task). */
 typedef struct att_keys {
     const uint16_t *k[ATT_BLOCK_K], *v[ATT_BLOCK_K];
