@@ -862,7 +862,7 @@ static int command(tui *t, const char *line)
     } else if (!strcmp(name, "/find")) {
         t->finding = 1;
         t->find_scroll = t->cv.scroll;
-        snprintf(t->find, sizeof t->find, "%s", arg);
+        snprintf(t->find, sizeof t->find, "%.*s", (int)sizeof t->find - 1, arg);
         t->find_k = 0;
         t->find_n = conv_find(&t->cv, t->find, 0);
     } else if (!strcmp(name, "/copy")) {
