@@ -12,6 +12,7 @@
 
 #include "common/quant.h"
 #include "kernels/cpu/vec_dot_impl.h"
+#include "kernels/cpu/vec_bits_avx2.h"
 
 /* Groups j0 .. j0+7 of row r from the 8 dwords of v. */
 static inline void vd_pk_put(uint8_t *codes, int r, __m256i v, int j0)
@@ -22,24 +23,10 @@ static inline void vd_pk_put(uint8_t *codes, int r, __m256i v, int j0)
     for (int j = 0; j < 8; j++) dst[(size_t)j * VD_PACK_P] = g[j];
 }
 
-/* 16 packed nibble bytes -> 32 codes: the low nibbles (elements 0-15), then the high ones (16-31). */
-static inline __m256i vd_pk_nibbles16(const uint8_t *qs)
-{
-    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
-    __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-
 /* The 32 bits at qh -> 32 bytes, byte j = 0x10 if bit j is set, else 0. */
 static inline __m256i vd_pk_bit4(const uint8_t *qh)
 {
-    uint32_t h;
-    memcpy(&h, qh, 4);
-    const __m256i pick = _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL,
-                                            0x0202020202020202LL, 0x0303030303030303LL);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), pick);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+    return _mm256_and_si256(expand_bits32(qh), _mm256_set1_epi8(0x10));
 }
 
 static inline int32_t vd_pk_scale(int sc, int enc)
@@ -72,10 +59,10 @@ static inline __attribute__((always_inline)) void vd_pack_q8f(uint32_t wtype, in
                 c = _mm256_loadu_si256((const __m256i *)((const vd_blk_q8_0 *)blk)->qs);
                 if (!signed_q8) c = _mm256_xor_si256(c, _mm256_set1_epi8((char)0x80));
             } else if (wtype == GGML_TYPE_Q4_0) {
-                c = vd_pk_nibbles16(((const vd_blk_q4_0 *)blk)->qs);
+                c = unpack_nibbles16(((const vd_blk_q4_0 *)blk)->qs);
             } else {
                 const vd_blk_q5_0 *b5 = (const vd_blk_q5_0 *)blk;
-                c = _mm256_or_si256(vd_pk_nibbles16(b5->qs), vd_pk_bit4(b5->qh));
+                c = _mm256_or_si256(unpack_nibbles16(b5->qs), vd_pk_bit4(b5->qh));
             }
             vd_pk_put(ob, r, c, 0);
             uint16_t d;
