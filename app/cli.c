@@ -15,7 +15,6 @@
 #include "common/text.h"
 #include "engine/document.h"
 #include "engine/model.h"
-#include "kernels/cpu/vec_dot.h"
 #include "store/store.h"
 
 volatile sig_atomic_t cli_interrupted = 0;
@@ -196,32 +195,45 @@ const char *cli_model_path(const cli_opts *o, char *buf, size_t cap)
 int cli_set_kernels(const char *isa, int no_simd)
 {
     char err[300];
-    if (vd_isa_env_error() || (isa && vd_set_isa_name(isa, err, sizeof err))) {
-        cli_err("%s", vd_isa_env_error() ? vd_isa_env_error() : err);
+    if (be_cpu_set_kernels(isa, no_simd, err, sizeof err)) {
+        cli_err("%s", err);
         return -1;
     }
-    if (no_simd) vd_force_scalar(1);
     return 0;
 }
 
-session *cli_session(const cli_opts *o, int64_t n_predict, int format)
+run *cli_run(const cli_opts *o)
 {
     char err[1200], pathbuf[1024];
     const char *path = cli_model_path(o, pathbuf, sizeof pathbuf);
     if (!path) return NULL;
     if (cli_set_kernels(o->isa, o->no_simd) != 0) return NULL;
-    sess_config c;
+    run_config c;
     memset(&c, 0, sizeof c);
     c.model_path = path;
     c.tokenizer_path = o->tokenizer_path;
-    c.device = o->device == CLI_DEV_CUDA ? SESS_DEVICE_CUDA : o->device == CLI_DEV_CPU ? SESS_DEVICE_CPU : SESS_DEVICE_AUTO;
+    c.device = o->device == CLI_DEV_CUDA ? BE_DEVICE_CUDA : o->device == CLI_DEV_CPU ? BE_DEVICE_CPU : BE_DEVICE_AUTO;
     c.n_threads = o->n_threads;
     c.n_ctx = o->n_ctx;
     c.n_batch = o->n_batch;
     c.page_size = o->page_size;
     c.policy = o->pspec;
-    snprintf(c.budget, sizeof c.budget, "%s", o->budget ? o->budget : "");
+    c.budget = o->budget;
     c.sp = o->sp;
+    if (!o->no_calibration && cli_find_thresholds(path, o->thresholds, o->db, &c.thr)) return NULL;
+    run *r = run_create(&c, err, sizeof err);
+    if (!r) cli_err("%s", err);
+    if (r && run_load_note(r)[0]) fprintf(stderr, "kvchat: note: %s\n", run_load_note(r));
+    if (r && run_warning(r)[0]) fprintf(stderr, "kvchat: warning: %s\n", run_warning(r));
+    return r;
+}
+
+session *cli_session(const cli_opts *o, int64_t n_predict, int format)
+{
+    char err[1200];
+    sess_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.budget, sizeof c.budget, "%s", o->budget ? o->budget : "");
     c.backtrack = o->backtrack;
     c.n_predict = n_predict;
     c.format = format;
@@ -244,11 +256,10 @@ session *cli_session(const cli_opts *o, int64_t n_predict, int format)
         }
         c.n_stop++;
     }
-    if (cli_find_thresholds(path, o->thresholds, o->db, &c.thr)) return NULL;
-    session *s = sess_create(&c, err, sizeof err);
+    run *r = cli_run(o);
+    if (!r) return NULL;
+    session *s = sess_create(r, &c, err, sizeof err);
     if (!s) cli_err("%s", err);
-    if (s && sess_load_note(s)[0]) fprintf(stderr, "kvchat: note: %s\n", sess_load_note(s));
-    if (s && sess_warning(s)[0]) fprintf(stderr, "kvchat: warning: %s\n", sess_warning(s));
     return s;
 }
 
@@ -276,7 +287,7 @@ void cli_print_answer_end(const session *s, int show_events)
     fflush(stdout);
     if (show_events || a->gen.events)
         fprintf(stderr, "uncertainty: %d pages crossed a threshold, %d regenerated (%lld tokens generated again)\n",
-                a->gen.events, a->gen.regenerated, (long long)unc_regenerated_tokens(sess_monitor(s)));
+                a->gen.events, a->gen.regenerated, (long long)unc_regenerated_tokens(run_monitor(sess_run(s))));
 }
 
 const char *cli_stop_note(const gen_result *g)
@@ -379,10 +390,10 @@ sess_callbacks cli_print_callbacks(int *show_events)
 
 void cli_print_event_header(const session *s)
 {
-    const unc_thresholds *t = sess_thresholds(s);
+    const unc_thresholds *t = run_thresholds(sess_run(s));
     if (t->valid)
         fprintf(stderr, "uncertainty: a page of %d tokens crosses at mean H > %.3f or Var(H) > %.3f (%s); at most %d "
-                "regenerations per answer\n", unc_page_size(sess_monitor(s)), t->h_mean, t->h_var, t->source,
+                "regenerations per answer\n", unc_page_size(run_monitor(sess_run(s))), t->h_mean, t->h_var, t->source,
                 sess_backtrack(s));
     else
         fprintf(stderr, "uncertainty: no thresholds for this model (run kvchat calibrate): statistics only\n");

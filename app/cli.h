@@ -36,6 +36,7 @@ typedef struct cli_opts {
     int show_events;            /* --show-events: page statistics and events on stderr */
     opt_strs stop;              /* --stop TEXT (repeatable; \n, \t and \\ escapes): answers end there */
     const char *db;             /* --db PATH: the session database (NULL: the default location) */
+    int no_calibration;         /* the run takes no calibrated thresholds (kvchat calibrate measures them) */
     int no_db;                  /* --no-db: nothing is saved */
 } cli_opts;
 
@@ -68,6 +69,9 @@ const char *cli_model_path(const cli_opts *o, char *buf, size_t cap);
 /* An engine session from the options: the model, the backend, the policies, sampling, and the
  * model's calibrated thresholds (found as cli_find_thresholds says). NULL after printing. */
 session *cli_session(const cli_opts *o, int64_t n_predict, int format);
+/* The runtime alone from the same options (what bench, eval, calibrate and logits drive). NULL after
+ * printing. */
+run *cli_run(const cli_opts *o);
 /* The kernels' instruction set: --isa NAME (or $KVCHAT_ISA), and --no-simd for the portable ones.
  * 0, or -1 after one line on stderr when the name is unknown or the CPU lacks it. */
 int cli_set_kernels(const char *isa, int no_simd);

@@ -50,14 +50,15 @@ static const opt_def ask_defs[] = {
 /* One character per document page: how often decode steps attended it, relative to the maximum. */
 static void print_page_map(const session *s, int64_t doc_tokens)
 {
-    const pol_set *ps = sess_policies(s);
-    const fwd_ctx *f = sess_fwd(s);
+    const run *r = sess_run(s);
+    const pol_set *ps = run_policies(r);
+    run_figures fg;
+    run_get_figures(r, &fg);
     int64_t n;
     const int64_t *map = pol_set_page_map(ps, &n);
-    const pol_step_stats *st = pol_set_stats(ps);
-    int P = kv_page_size(fwd_kv(f));
+    int P = fg.page_size;
     int64_t doc_pages = (doc_tokens + P - 1) / P;
-    int64_t total = (fwd_pos(f) + P - 1) / P;
+    int64_t total = (fg.positions + P - 1) / P;
     int64_t mx = 0, attended = 0;
     for (int64_t i = 0; i < n; i++) {
         if (map[i] > mx) mx = map[i];
@@ -66,7 +67,7 @@ static void print_page_map(const session *s, int64_t doc_tokens)
     static const char ramp[] = " .:-=+*#%@";
     printf("page map: %lld pages of %d tokens (%lld hold the prompt), %lld attended at least once over %lld steps; "
            "one character per page, ' ' never .. '@' most\n",
-           (long long)total, P, (long long)doc_pages, (long long)attended, (long long)st->steps);
+           (long long)total, P, (long long)doc_pages, (long long)attended, (long long)fg.steps);
     for (int64_t i = 0; i < total; i += 64) {
         printf("%6lld |", (long long)i);
         for (int64_t j = i; j < i + 64 && j < total; j++) {
@@ -87,33 +88,18 @@ static void print_page_map(const session *s, int64_t doc_tokens)
 static void print_metrics(const session *s)
 {
     const sess_answer *a = sess_last_answer(s);
-    const pol_set *ps = sess_policies(s);
-    const fwd_ctx *f = sess_fwd(s);
-    kv_stats ks;
-    kv_get_stats(fwd_kv(f), &ks);
-    const pol_step_stats *st = pol_set_stats(ps);
-    int64_t steps = st->steps;
+    const pol_set *ps = run_policies(sess_run(s));
+    run_figures fg;
+    run_get_figures(sess_run(s), &fg);
     double mib = 1024.0 * 1024.0;
-    const pol_env *env = pol_set_env(ps);
-    /* pages a step attends, per global layer and KV head, averaged over the steps */
-    double denom = (double)steps * (double)env->n_global * sess_model(s)->hp.n_head_kv;
-    double per = denom > 0 ? (double)st->pages_sum / denom : 0;
-    double avail = denom > 0 ? (double)st->pages_total_sum / denom : 0;
-    int64_t peak_layer = 0;
-    for (int i = 0; i < env->n_global; i++) {
-        int64_t t = kv_peak_layer_tokens(fwd_kv(f), env->global[i]);
-        if (t > peak_layer) peak_layer = t;
-    }
     fprintf(stderr,
             "policy %s | context %lld tokens | KV held %.2f MiB vs full %.2f MiB (peak %.2f MiB, %s; peak per global "
             "layer and KV head %lld tokens) | pages/step "
             "%.1f of %.1f | KV read/step %.2f MiB | prefill %.1f tok/s | decode %.1f tok/s (%lld tokens)%s\n",
-            pol_set_spec(ps)->text, (long long)ks.positions, (double)ks.bytes_resident / mib, (double)ks.bytes_full / mib,
-            (double)ks.bytes_peak / mib, pol_set_saves_memory(ps) ? "tokens dropped" : "selection keeps every page",
-            (long long)peak_layer, per, avail, steps > 0 ? (double)st->bytes_touched_total / (double)steps / mib : 0.0,
-            a->prefill_s > 0 ? (double)a->prompt_tokens / a->prefill_s : 0.0,
-            steps > 0 && a->decode_s > 0 ? (double)steps / a->decode_s : 0.0, (long long)a->gen.n_gen,
-            cli_stop_note(&a->gen));
+            pol_set_spec(ps)->text, (long long)fg.positions, (double)fg.kv_held / mib, (double)fg.kv_full / mib,
+            (double)fg.kv_peak / mib, fg.saves_memory ? "tokens dropped" : "selection keeps every page",
+            (long long)fg.peak_layer_tokens, fg.pages_per_step, fg.pages_avail_per_step, fg.kv_read_per_step / mib,
+            fg.prefill_tok_s, fg.decode_tok_s, (long long)a->gen.n_gen, cli_stop_note(&a->gen));
     char desc[1024];
     pol_set_describe(ps, desc, sizeof desc);
     if (desc[0]) fprintf(stderr, "%s\n", desc);
@@ -231,7 +217,7 @@ int cmd_ask(int argc, char **argv)
         rc = 1;
     } else if (db) {
         int64_t n_seq;
-        sess_tokens(s, &n_seq);
+        run_tokens(sess_run(s), &n_seq);
         char name[400];
         text_escape(a.session_name ? a.session_name : "", name, sizeof name, 0);
         fprintf(stderr, "session %lld%s%s%s: turn saved (messages %lld, %lld), snapshot of %lld tokens, %.1f MiB in %.0f ms\n",

@@ -21,7 +21,6 @@
 #include "store/store.h"
 #include "app/commands.h"
 #include "engine/tokenizer.h"
-#include "kernels/cpu/vec_dot.h"
 
 static void cpu_name(char *buf, size_t cap)
 {
@@ -57,16 +56,21 @@ static FILE *open_csv(const char *csv, const char *header)
     return out;
 }
 
-/* What the benchmarks drive: the session's model, backend and forward context. */
-typedef struct bench_rt {
-    const model *m;
-    be_backend *b;
-    fwd_ctx *f;
-} bench_rt;
+/* Greedy decode steps from the logits there are: n of them, every one through the attached policies
+ * (Ctrl-C stops the benchmark after them, not half way). */
+static int decode_greedy(run *r, int64_t n, char *err, size_t errlen)
+{
+    int32_t nv = run_model(r)->hp.n_vocab;
+    int rc = 0;
+    run_set_abort(r, NULL);
+    for (int64_t g = 0; g < n && !rc; g++) rc = run_decode(r, samp_argmax(run_logits(r), nv), err, errlen);
+    run_set_abort(r, &cli_interrupted);
+    return rc ? -1 : 0;
+}
 
-static int bench_policies(bench_rt *rt, const char *budget, char specs[][256], int n_spec, const int64_t *depths,
-                          int nd, int64_t n_gen, const int32_t *toks, const char *csv, const char *date,
-                          const char *commit, const char *machine, const char *base)
+static int bench_policies(run *r, const char *budget, char specs[][256], int n_spec, const int64_t *depths, int nd,
+                          int64_t n_gen, const int32_t *toks, const char *csv, const char *date, const char *commit,
+                          const char *machine, const char *base)
 {
     pol_spec ps[16];
     char err[512];
@@ -85,11 +89,9 @@ static int bench_policies(bench_rt *rt, const char *budget, char specs[][256], i
         }
         for (int k = 0; k < ps[i].n; k++) any_prefill |= ps[i].ops[k]->stage == POL_STAGE_PREFILL;
     }
-    int32_t nv = rt->m->hp.n_vocab;
-    float *logits = malloc(sizeof(float) * (size_t)nv), *after_prefill = malloc(sizeof(float) * (size_t)nv);
-    if (!logits || !after_prefill) {
-        free(logits);
-        free(after_prefill);
+    int32_t nv = run_model(r)->hp.n_vocab;
+    float *after_prefill = malloc(sizeof(float) * (size_t)nv);
+    if (!after_prefill) {
         cli_err("bench: out of memory");
         return 1;
     }
@@ -100,79 +102,61 @@ static int bench_policies(bench_rt *rt, const char *budget, char specs[][256], i
     printf("%8s %-36s %9s %9s %9s %9s %12s %9s %9s %10s %10s\n", "ctx", "policy", "prefill/s", "decode/s", "attn ms",
            "select ms", "pages/step", "KV MiB rd", "TTFT s", "KV pk MiB", "KV aft MiB");
     int rc = 0;
+    double mib = 1024.0 * 1024.0;
     for (int di = 0; di < nd && !cli_interrupted && rc == 0; di++) {
         int64_t d = depths[di];
-        double pf = 0, ttft = 0, kv_peak = 0, kv_after = 0;
+        run_figures pre = { 0 };
         for (int pi = 0; pi < n_spec && !cli_interrupted; pi++) {
-            pol_env env;
-            fwd_policy_env(rt->f, &env);
-            pol_set *set = pol_set_create(&ps[pi], &env, err, sizeof err);
-            if (!set || pol_set_check(set, d, err, sizeof err)) {
+            if (run_check_policy(r, &ps[pi], d, err, sizeof err)) {
                 cli_err("bench: %s", err);
-                pol_set_free(set);
                 rc = 1;
                 break;
             }
             /* decode-only policies share one prefill per length: rewind to its end and swap policy */
             if (pi == 0 || any_prefill) {
-                fwd_set_policy(rt->f, set);
-                fwd_rewind(rt->f, 0);
-                fwd_set_floor(rt->f, d);
-                kv_reset_peak((kv_cache *)fwd_kv(rt->f));
-                double t0 = cli_now();
-                if (fwd_eval(rt->f, toks, d, after_prefill, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {
+                if (run_set_policy(r, &ps[pi], err, sizeof err) || run_rewind(r, 0, 0, err, sizeof err)) {
                     cli_err("bench: %s", err);
-                    fwd_set_policy(rt->f, NULL);
-                    pol_set_free(set);
                     rc = 1;
                     break;
                 }
-                ttft = cli_now() - t0;   /* the first token's logits are ready when the prefill ends */
-                pf = (double)d / ttft;
-                kv_stats ks;
-                kv_get_stats(fwd_kv(rt->f), &ks);
-                kv_peak = (double)ks.bytes_peak / (1024.0 * 1024.0);
-                kv_after = (double)ks.bytes_resident / (1024.0 * 1024.0);
-            } else if (fwd_rewind(rt->f, d) != d) {
-                cli_err("bench: could not rewind to the end of the prefill");
-                pol_set_free(set);
+                run_set_floor(r, d);
+                run_reset_peak(r);
+                if (run_feed(r, toks, d, NULL, NULL, err, sizeof err)) {
+                    cli_err("bench: %s", err);
+                    rc = 1;
+                    break;
+                }
+                /* the first token's logits are ready when the prefill ends */
+                run_get_figures(r, &pre);
+                memcpy(after_prefill, run_logits(r), sizeof(float) * (size_t)nv);
+            } else if (run_rewind(r, d, d, err, sizeof err) || run_set_policy(r, &ps[pi], err, sizeof err)) {
+                cli_err("bench: %s", err);
                 rc = 1;
                 break;
             }
-            fwd_set_policy(rt->f, set);
-            memcpy(logits, after_prefill, sizeof(float) * (size_t)nv);
-            double t1 = cli_now();
-            for (int64_t g = 0; g < n_gen; g++) {
-                int32_t id = samp_argmax(logits, nv);
-                if (fwd_decode(rt->f, id, logits, NULL, err, sizeof err)) {
-                    cli_err("bench: %s", err);
-                    rc = 1;
-                    break;
-                }
+            run_set_logits(r, after_prefill);
+            if (decode_greedy(r, n_gen, err, sizeof err)) {
+                cli_err("bench: %s", err);
+                rc = 1;
+                break;
             }
-            double dc = (double)n_gen / (cli_now() - t1);
-            const pol_step_stats *st = pol_set_stats(set);
-            double steps = st->steps > 0 ? (double)st->steps : 1;
-            int denom = env.n_global * env.n_head_kv;
-            double pages = denom ? (double)st->pages_sum / steps / denom : 0;
-            double total = denom ? (double)st->pages_total_sum / steps / denom : 0;
-            double mib = (double)st->bytes_touched_total / steps / (1024.0 * 1024.0);
+            run_figures fg;
+            run_get_figures(r, &fg);
+            double ttft = pre.prefill_s, kv_peak = (double)pre.kv_peak / mib, kv_after = (double)pre.kv_held / mib;
+            double rd = fg.kv_read_per_step / mib;
             printf("%8lld %-36s %9.1f %9.1f %9.3f %9.3f %7.1f/%-4.0f %9.2f %9.2f %10.2f %10.2f\n", (long long)d,
-                   ps[pi].text, pf, dc, st->attn_ms_total / steps, st->select_ms_total / steps, pages, total, mib, ttft,
-                   kv_peak, kv_after);
+                   ps[pi].text, pre.prefill_tok_s, fg.decode_tok_s, fg.attn_ms_per_step, fg.select_ms_per_step,
+                   fg.pages_per_step, fg.pages_avail_per_step, rd, ttft, kv_peak, kv_after);
             fflush(stdout);
             if (out)
                 fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%.2f,%.2f,%.4f,%.4f,%.2f,%.1f,%.3f,%lld,%.3f,%.2f,%.2f\n",
-                        date, commit, machine, rt->b->n_threads, base, (long long)d, ps[pi].text, pf, dc,
-                        st->attn_ms_total / steps, st->select_ms_total / steps, pages, total, mib, (long long)n_gen, ttft,
-                        kv_peak, kv_after);
+                        date, commit, machine, run_threads(r), base, (long long)d, ps[pi].text, pre.prefill_tok_s,
+                        fg.decode_tok_s, fg.attn_ms_per_step, fg.select_ms_per_step, fg.pages_per_step,
+                        fg.pages_avail_per_step, rd, (long long)n_gen, ttft, kv_peak, kv_after);
             if (out) fflush(out);
-            fwd_set_policy(rt->f, NULL);
-            pol_set_free(set);
         }
     }
     if (out) fclose(out);
-    free(logits);
     free(after_prefill);
     return rc;
 }
@@ -180,10 +164,11 @@ static int bench_policies(bench_rt *rt, const char *budget, char specs[][256], i
 /* Snapshot size and speed against prefill: per length and policy, prefill (timed), serialize,
  * write to a scratch database, read back and restore into a fresh sequence (each timed), and check
  * that the restored sequence's next logits equal the original's. */
-static int bench_snapshots(bench_rt *rt, const char *budget, int n_batch, int page_size, char specs[][256], int n_spec, const int64_t *depths,
-                           int nd, const int32_t *toks, const char *csv, const char *date, const char *commit,
+static int bench_snapshots(run *r, const char *budget, char specs[][256], int n_spec, const int64_t *depths, int nd,
+                           const int32_t *toks, const char *csv, const char *date, const char *commit,
                            const char *machine, const char *base)
 {
+    static const char sha[] = "0000000000000000000000000000000000000000000000000000000000000000";
     char err[1024], dbpath[] = "/tmp/kvchat-bench-snap-XXXXXX";
     int fd = mkstemp(dbpath);
     if (fd < 0) {
@@ -191,9 +176,10 @@ static int bench_snapshots(bench_rt *rt, const char *budget, int n_batch, int pa
         return 1;
     }
     close(fd);
+    const model *m = run_model(r);
     store *db = store_open(dbpath, err, sizeof err);
     int64_t mid, did, sid, msg;
-    if (!db || store_model_put(db, rt->m->path, 0, 0, "bench", rt->m->arch_name, "bench", NULL, &mid) ||
+    if (!db || store_model_put(db, m->path, 0, 0, "bench", m->arch_name, "bench", NULL, &mid) ||
         store_document_put(db, mid, "bench", "bench", "bench", 0, &did) ||
         store_session_create(db, NULL, "bench", mid, did, "full", NULL, "plain", &sid) ||
         store_message_add(db, sid, 0, "user", "bench", NULL, NULL, &msg)) {
@@ -202,66 +188,38 @@ static int bench_snapshots(bench_rt *rt, const char *budget, int n_batch, int pa
         unlink(dbpath);
         return 1;
     }
-    int32_t nv = rt->m->hp.n_vocab;
-    float *la = malloc(sizeof(float) * (size_t)nv), *lb = malloc(sizeof(float) * (size_t)nv);
-    samp_params sp = samp_params_default();
-    sp.temperature = 0;
-    samp *s = samp_create(&sp, nv), *s2 = samp_create(&sp, nv);
+    int32_t nv = m->hp.n_vocab;
     FILE *out = csv ? open_csv(csv, "date,commit,machine,threads,model,ctx,policy,prefill_s,snapshot_bytes,kv_bytes,"
                                     "serialize_ms,write_ms,read_ms,restore_ms,prefill_over_resume,identical\n")
                     : NULL;
     printf("%7s %-22s %10s %12s %10s %10s %9s %9s %11s %16s %9s\n", "ctx", "policy", "prefill s", "snapshot MiB",
            "KV MiB", "save ms", "write ms", "read ms", "restore ms", "prefill/resume", "same");
     int rc = 0;
-    snap_identity id;
-    snap_identity_of(rt->f, "0000000000000000000000000000000000000000000000000000000000000000", &id);
     for (int di = 0; di < nd && !rc && !cli_interrupted; di++) {
         for (int pi = 0; pi < n_spec && !rc && !cli_interrupted; pi++) {
             int64_t d = depths[di];
             pol_spec spec;
-            pol_env env;
-            if (pol_parse(&spec, specs[pi], budget, err, sizeof err)) {
+            /* the snapshot is restored into a second sequence over the same model and backend */
+            run *r2 = NULL;
+            if (pol_parse(&spec, specs[pi], budget, err, sizeof err) || run_set_policy(r, &spec, err, sizeof err) ||
+                !(r2 = run_sibling(r, err, sizeof err)) || run_set_policy(r2, &spec, err, sizeof err) ||
+                run_rewind(r, 0, 0, err, sizeof err)) {
                 cli_err("bench: %s", err);
+                run_free(r2);
                 rc = 1;
                 break;
             }
-            fwd_policy_env(rt->f, &env);
-            pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
-            fwd_opts fo = { fwd_n_ctx(rt->f), n_batch, page_size };
-            fwd_ctx *f2 = ps ? fwd_create(rt->m, rt->b, &fo, err, sizeof err) : NULL;
-            pol_env env2;
-            pol_set *ps2 = NULL;
-            if (f2) {
-                fwd_policy_env(f2, &env2);
-                ps2 = pol_set_create(&spec, &env2, err, sizeof err);
-            }
-            if (!ps || !f2 || !ps2) {
-                cli_err("bench: %s", err);
-                pol_set_free(ps);
-                pol_set_free(ps2);
-                fwd_free(f2);
-                rc = 1;
-                break;
-            }
-            fwd_set_policy(f2, ps2);
-            fwd_rewind(rt->f, 0);
-            fwd_set_policy(rt->f, ps);
             double t0 = cli_now();
-            int bad = fwd_eval(rt->f, toks, d, la, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err);
+            int bad = run_feed(r, toks, d, NULL, NULL, err, sizeof err);
             double t1 = cli_now();
             void *data = NULL, *back = NULL;
             size_t len = 0, blen = 0;
-            int32_t *ids = NULL;
-            int64_t nids;
             double t2 = 0, t3 = 0, t4 = 0, t5 = 0;
-            int64_t snap_id;
+            int64_t snap_id, n2 = 0;
             if (!bad) {
-                int32_t next = samp_argmax(la, nv);
-                int32_t *seq = malloc(sizeof(int32_t) * (size_t)(d + 1));
-                memcpy(seq, toks, sizeof(int32_t) * (size_t)d);
-                seq[d] = next;
-                bad = !seq || snap_save(rt->f, s, &id, seq, d + 1, &data, &len, err, sizeof err);
-                free(seq);
+                /* the next token, sampled and not evaluated, is in the snapshot as after an answer */
+                int32_t next = samp_argmax(run_logits(r), nv);
+                bad = run_append(r, &next, 1, err, sizeof err) || run_snapshot(r, sha, &data, &len, err, sizeof err);
                 t2 = cli_now();
                 if (!bad && store_snapshot_put(db, sid, msg, specs[pi], d + 1, data, len, &snap_id)) {
                     snprintf(err, sizeof err, "%s", store_error(db));
@@ -273,46 +231,40 @@ static int bench_snapshots(bench_rt *rt, const char *budget, int n_batch, int pa
                     bad = 1;
                 }
                 t4 = cli_now();
-                if (!bad) bad = snap_restore(f2, s2, back, blen, &id, &ids, &nids, err, sizeof err);
+                if (!bad) bad = run_restore(r2, back, blen, sha, err, sizeof err);
                 t5 = cli_now();
-                /* the next step from both sequences must agree exactly */
-                if (!bad) bad = fwd_decode(rt->f, next, la, NULL, err, sizeof err) ||
-                                fwd_decode(f2, ids[nids - 1], lb, NULL, err, sizeof err);
+                /* the next step from both sequences must agree exactly: the waiting token evaluated */
+                if (!bad) {
+                    const int32_t *ids2 = run_tokens(r2, &n2);
+                    bad = run_rewind(r, d, d, err, sizeof err) || run_decode(r, next, err, sizeof err) ||
+                          run_rewind(r2, d, d, err, sizeof err) || run_decode(r2, ids2[n2 - 1], err, sizeof err);
+                }
             }
             if (bad) {
                 cli_err("bench: %s", err);
                 rc = 1;
             } else {
-                kv_stats ks;
-                kv_get_stats(fwd_kv(f2), &ks);
-                int same = !memcmp(la, lb, sizeof(float) * (size_t)nv);
+                run_figures fg;
+                run_get_figures(r2, &fg);
+                int same = !memcmp(run_logits(r), run_logits(r2), sizeof(float) * (size_t)nv);
                 double resume = (t4 - t3) + (t5 - t4);
                 printf("%7lld %-22.22s %10.2f %12.2f %10.2f %10.1f %9.1f %9.1f %11.1f %15.0fx %9s\n", (long long)d,
-                       specs[pi], t1 - t0, (double)len / (1 << 20), (double)ks.bytes_resident / (1 << 20),
-                       (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3, (t5 - t4) * 1e3, (t1 - t0) / resume,
-                       same ? "yes" : "NO");
+                       specs[pi], t1 - t0, (double)len / (1 << 20), (double)fg.kv_held / (1 << 20), (t2 - t1) * 1e3,
+                       (t3 - t2) * 1e3, (t4 - t3) * 1e3, (t5 - t4) * 1e3, (t1 - t0) / resume, same ? "yes" : "NO");
                 fflush(stdout);
                 if (out)
                     fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,%s,%.3f,%zu,%llu,%.1f,%.1f,%.1f,%.1f,%.1f,%d\n", date, commit,
-                            machine, rt->b->n_threads, base, (long long)d, specs[pi], t1 - t0, len,
-                            (unsigned long long)ks.bytes_resident, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3,
+                            machine, run_threads(r), base, (long long)d, specs[pi], t1 - t0, len,
+                            (unsigned long long)fg.kv_held, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t4 - t3) * 1e3,
                             (t5 - t4) * 1e3, (t1 - t0) / resume, same);
                 if (!same) rc = 1;
             }
             free(data);
             free(back);
-            free(ids);
-            fwd_set_policy(rt->f, NULL);
-            pol_set_free(ps);
-            fwd_free(f2);
-            pol_set_free(ps2);
+            run_free(r2);
         }
     }
     if (out) fclose(out);
-    free(la);
-    free(lb);
-    samp_free(s);
-    samp_free(s2);
     store_close(db);
     unlink(dbpath);
     char side[600];
@@ -528,9 +480,7 @@ static int bench_synthetic(int argc, char **argv)
     rq.n_policy = 0;
     for (const char *p = pol_arg; *p;) {
         size_t n = strcspn(p, ",");
-        int k = n == 4 && !strncmp(p, "full", 4) ? SYNTH_FULL
-                : (n == 5 && !strncmp(p, "chess", 5)) || (n == 23 && !strncmp(p, "chess:preset=aggressive", 23)) ? SYNTH_CHESS
-                : n == 5 && !strncmp(p, "quest", 5) ? SYNTH_QUEST : -1;
+        int k = synth_policy_find(p, n);
         if (k < 0 || rq.n_policy == 3) {
             cli_err("bench: --synthetic --policy: '%.*s' is not one of full, chess (the aggressive preset), quest", (int)n, p);
             return 1;
@@ -563,49 +513,39 @@ static int bench_synthetic(int argc, char **argv)
 }
 
 /* Prefill speed at each depth, then decode speed there (greedy steps through the full cache). */
-static int bench_speed(bench_rt *rt, const int64_t *depths, int nd, int64_t n_gen, const int32_t *toks, float *logits,
-                       const char *csv, const char *date, const char *commit, const char *machine, const char *base)
+static int bench_speed(run *r, const int64_t *depths, int nd, int64_t n_gen, const int32_t *toks, const char *csv,
+                       const char *date, const char *commit, const char *machine, const char *base)
 {
-    int32_t nv = rt->m->hp.n_vocab;
     printf("%8s %14s %14s\n", "depth", "prefill tok/s", "decode tok/s");
     FILE *out = csv ? open_csv(csv, "date,commit,machine,threads,model,depth,prefill_tok_s,decode_tok_s,n_gen\n") : NULL;
     int rc = 0;
     char err[512];
-    cli_install_sigint();
     for (int di = 0; di < nd && !cli_interrupted; di++) {
         int64_t d = depths[di];
-        fwd_rewind(rt->f, 0);
-        double t0 = cli_now();
-        if (fwd_eval(rt->f, toks, d, logits, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {
+        run_figures before, fg;
+        if (run_rewind(r, 0, 0, err, sizeof err) || run_feed(r, toks, d, NULL, NULL, err, sizeof err)) {
             cli_err("bench: %s", err);
             rc = 1;
             break;
         }
-        double t1 = cli_now();
-        uint64_t w0 = 0, u0 = 0, n0 = 0, w1 = 0, u1 = 0, n1 = 0;
-        if (rt->b->ops->counters) rt->b->ops->counters(rt->b, &w0, &u0, &n0);
-        for (int64_t g = 0; g < n_gen; g++) {
-            int32_t id = samp_argmax(logits, nv);
-            if (fwd_decode(rt->f, id, logits, NULL, err, sizeof err)) {
-                cli_err("bench: %s", err);
-                rc = 1;
-                break;
-            }
+        run_get_figures(r, &before);
+        if (decode_greedy(r, n_gen, err, sizeof err)) {
+            cli_err("bench: %s", err);
+            rc = 1;
+            break;
         }
-        double t2 = cli_now();
-        double pf = (double)d / (t1 - t0), dc = (double)n_gen / (t2 - t1);
-        printf("%8lld %14.1f %14.1f", (long long)d, pf, dc);
-        if (rt->b->ops->counters && n_gen > 0) {
-            /* what each decode step asked of the device: waits and copies (the logits included) */
-            rt->b->ops->counters(rt->b, &w1, &u1, &n1);
-            printf("   per step: %.1f waits, %.1f KiB up, %.1f KiB down", (double)(w1 - w0) / (double)n_gen,
-                   (double)(u1 - u0) / 1024.0 / (double)n_gen, (double)(n1 - n0) / 1024.0 / (double)n_gen);
-        }
+        run_get_figures(r, &fg);
+        printf("%8lld %14.1f %14.1f", (long long)d, fg.prefill_tok_s, fg.decode_tok_s);
+        if (fg.has_counters && n_gen > 0)   /* what each decode step asked of the device: waits and copies */
+            printf("   per step: %.1f waits, %.1f KiB up, %.1f KiB down",
+                   (double)(fg.dev_waits - before.dev_waits) / (double)n_gen,
+                   (double)(fg.dev_bytes_up - before.dev_bytes_up) / 1024.0 / (double)n_gen,
+                   (double)(fg.dev_bytes_down - before.dev_bytes_down) / 1024.0 / (double)n_gen);
         printf("\n");
         fflush(stdout);
         if (out)
-            fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,%.2f,%.2f,%lld\n", date, commit, machine, rt->b->n_threads, base,
-                    (long long)d, pf, dc, (long long)n_gen);
+            fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,%.2f,%.2f,%lld\n", date, commit, machine, run_threads(r), base,
+                    (long long)d, fg.prefill_tok_s, fg.decode_tok_s, (long long)n_gen);
     }
     if (out) fclose(out);
     return rc;
@@ -646,12 +586,12 @@ int cmd_bench(int argc, char **argv)
     cli_opts_init(&o);
     bench_opts bo = { "512,2048,8192", "bench/results.csv", NULL, NULL, NULL, 32, 0, 0, 0 };
     opt_group grp[] = { { bench_defs, &bo, NULL }, CLI_MODEL(&o) };
-    int r = cli_parse(argc, argv, "kvchat bench [-m MODEL] [--ctx 512,2048,8192] [--gen N] [--policy LIST [--budget B]] "
+    int pr = cli_parse(argc, argv, "kvchat bench [-m MODEL] [--ctx 512,2048,8192] [--gen N] [--policy LIST [--budget B]] "
                       "[options]",
                       "Without --policy: prefill and decode speed at each length (bench/results.csv). A benchmark, not\n"
                       "a test: it asserts nothing. kvchat bench --synthetic SHAPE measures a random model on the GPU.",
                       grp, 2, NULL, 0, NULL);
-    if (r) return r > 0 ? 0 : 1;
+    if (pr) return pr > 0 ? 0 : 1;
     const char *depths_arg = bo.depths, *csv = bo.no_csv ? NULL : bo.csv, *policy_list = bo.policy, *out_dir = bo.out;
     int64_t n_gen = bo.n_gen;
     int snapshot = bo.snapshot;
@@ -696,27 +636,24 @@ int cmd_bench(int argc, char **argv)
     /* the budget belongs to the listed policies, not to the session's own (full) one */
     const char *budget = bo.budget;
     if (cli_finish_common(&o)) return 1;
-    session *sess = cli_session(&o, 1, SESS_FORMAT_AUTO);
-    if (!sess) return 1;
-    bench_rt rt = { sess_model(sess), sess_backend(sess), sess_fwd_mut(sess) };
-    if (maxd + n_gen > fwd_n_ctx(rt.f)) {
+    run *r = cli_run(&o);
+    if (!r) return 1;
+    if (maxd + n_gen > run_n_ctx(r)) {
         cli_err("bench: depth %lld + %lld generated tokens exceed the context %lld", (long long)maxd, (long long)n_gen,
-                (long long)fwd_n_ctx(rt.f));
-        sess_free(sess);
+                (long long)run_n_ctx(r));
+        run_free(r);
         return 1;
     }
-    int32_t nv = rt.m->hp.n_vocab;
+    const model *m = run_model(r);
+    int32_t nv = m->hp.n_vocab;
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)maxd);
-    float *logits = malloc(sizeof(float) * (size_t)nv);
-    if (!toks || !logits) {
+    if (!toks) {
         cli_err("bench: out of memory");
-        free(toks);
-        free(logits);
-        sess_free(sess);
+        run_free(r);
         return 1;
     }
     uint64_t x = 0x9E3779B97F4A7C15ull;
-    toks[0] = tok_bos(rt.m->vocab) >= 0 ? tok_bos(rt.m->vocab) : 1;
+    toks[0] = tok_bos(m->vocab) >= 0 ? tok_bos(m->vocab) : 1;
     for (int64_t i = 1; i < maxd; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)(300 + (x >> 33) % (uint64_t)(nv - 600));
@@ -725,42 +662,29 @@ int cmd_bench(int argc, char **argv)
     cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
     if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
     cpu_name(machine, sizeof machine);
-    if (strcmp(rt.b->ops->name, "cpu")) {   /* the device that ran the model, beside the host CPU */
-        size_t ml = strlen(machine);
-        snprintf(machine + ml, sizeof machine - ml, " + %s", rt.b->ops->name);
-    } else {                                 /* the kernels that ran on it */
-        size_t ml = strlen(machine);
-        snprintf(machine + ml, sizeof machine - ml, " [%s]", vd_isa_name(vd_isa_active()));
-    }
+    size_t ml = strlen(machine);
+    if (run_on_device(r))   /* the device that ran the model, beside the host CPU */
+        snprintf(machine + ml, sizeof machine - ml, " + %s", run_device_name(r));
+    else                                     /* the kernels that ran on it */
+        snprintf(machine + ml, sizeof machine - ml, " [%s]", be_cpu_kernels());
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    const char *base = strrchr(rt.m->path, '/') ? strrchr(rt.m->path, '/') + 1 : rt.m->path;
-    printf("kvchat bench: %s, %d threads, %s kernels, batch %d, commit %s\n", base, rt.b->n_threads,
-           vd_isa_name(vd_isa_active()), o.n_batch > 0 ? o.n_batch : 512, commit);
+    const char *base = strrchr(m->path, '/') ? strrchr(m->path, '/') + 1 : m->path;
+    printf("kvchat bench: %s, %d threads, %s kernels, batch %d, commit %s\n", base, run_threads(r), be_cpu_kernels(),
+           o.n_batch > 0 ? o.n_batch : 512, commit);
+    cli_install_sigint();
+    run_set_abort(r, &cli_interrupted);
+    int rc;
     if (snapshot) {
-        cli_install_sigint();
-        int src = bench_snapshots(&rt, budget, o.n_batch, o.page_size, specs, n_spec, depths, nd, toks, csv, date, commit,
-                                  machine, base);
-        printf("peak RSS %.1f MiB\n", cli_peak_rss_mib());
-        free(toks);
-        free(logits);
-        sess_free(sess);
-        return src;
+        rc = bench_snapshots(r, budget, specs, n_spec, depths, nd, toks, csv, date, commit, machine, base);
+    } else if (n_spec > 0) {
+        rc = bench_policies(r, budget, specs, n_spec, depths, nd, n_gen, toks, csv, date, commit, machine, base);
+    } else {
+        rc = bench_speed(r, depths, nd, n_gen, toks, csv, date, commit, machine, base);
     }
-    if (n_spec > 0) {
-        cli_install_sigint();
-        int prc = bench_policies(&rt, budget, specs, n_spec, depths, nd, n_gen, toks, csv, date, commit, machine, base);
-        printf("peak RSS %.1f MiB\n", cli_peak_rss_mib());
-        if (prc == 0 && out_dir && !cli_interrupted) prc = bench_plot(out_csv, date, out_png);
-        free(toks);
-        free(logits);
-        sess_free(sess);
-        return prc;
-    }
-    int rc = bench_speed(&rt, depths, nd, n_gen, toks, logits, csv, date, commit, machine, base);
     printf("peak RSS %.1f MiB\n", cli_peak_rss_mib());
+    if (rc == 0 && n_spec > 0 && !snapshot && out_dir && !cli_interrupted) rc = bench_plot(out_csv, date, out_png);
     free(toks);
-    free(logits);
-    sess_free(sess);
+    run_free(r);
     return rc;
 }

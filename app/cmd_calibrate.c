@@ -8,13 +8,13 @@
  * details. */
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/policy/chelsea.h"
 #include "app/cli.h"
 #include "app/commands.h"
 #include "app/docgen.h"
@@ -185,18 +185,16 @@ static const opt_def calib_defs[] = {
 };
 #undef C
 
-/* One calibration run: the engine, the windows' statistics so far, Chelsea's head similarities. */
+/* One calibration run: the engine, the windows' statistics so far, the heads' key similarities. */
 typedef struct calib {
-    session *S;
+    run *r;                      /* full cache, no thresholds: its monitor's windows are the cache's pages */
     const model *m;
-    fwd_ctx *f;
-    unc_monitor *mon;            /* windows of the page size asked for here, not the thresholds' */
-    samp *s;
-    float *logits;
     int64_t n_predict, n_samples;
     double *mh, *vh;             /* each window's mean entropy and entropy variance */
     int64_t n_win, cap, tokens_gen;
-    pol_env env;
+    int n_hs;                    /* global layers' KV heads */
+    int *layers;                 /* the global layers */
+    double *sim;                 /* one sample's similarities */
     double *hsum;                /* per global layer and KV head: summed similarity, samples */
     int64_t *hcnt;
 } calib;
@@ -232,36 +230,30 @@ static int calib_sample(calib *c, int64_t k, char *doc, const char *question)
         cli_err("calibrate: sample %lld: %s", (long long)k + 1, err);
         return 1;
     }
-    if ((int64_t)n_ids + c->n_predict > fwd_n_ctx(c->f)) {
+    if ((int64_t)n_ids + c->n_predict > run_n_ctx(c->r)) {
         cli_err("calibrate: sample %lld is %zu tokens, too long for the context of %lld with %lld answer tokens",
-                (long long)k + 1, n_ids, (long long)fwd_n_ctx(c->f), (long long)c->n_predict);
+                (long long)k + 1, n_ids, (long long)run_n_ctx(c->r), (long long)c->n_predict);
         free(ids);
         return 1;
     }
-    fwd_rewind(c->f, 0);
-    samp_reset(c->s);
-    for (size_t i = 0; i < n_ids; i++) samp_accept(c->s, ids[i]);
-    if (fwd_eval(c->f, ids, (int64_t)n_ids, c->logits, NULL, NULL, NULL, NULL, &cli_interrupted, err, sizeof err)) {
+    bad = run_rewind(c->r, 0, 0, err, sizeof err);
+    run_reset_sampler(c->r);
+    if (bad || run_feed(c->r, ids, (int64_t)n_ids, NULL, NULL, err, sizeof err)) {
         cli_err("calibrate: %s", cli_interrupted ? "interrupted" : err);
         free(ids);
         return cli_interrupted ? 130 : 1;
     }
-    /* Chelsea's outlier heads: how similar each global KV head's prompt keys are (chunks of 256) */
-    for (int gi = 0; gi < c->env.n_global; gi++)
-        for (int g = 0; g < c->env.n_head_kv; g++) {
-            double sim;
-            if (chelsea_head_similarity(fwd_kv(c->f), c->env.global[gi], g, 256, &sim) == 0) {
-                c->hsum[gi * c->env.n_head_kv + g] += sim;
-                c->hcnt[gi * c->env.n_head_kv + g]++;
-            }
-        }
-    unc_thresholds none = { 0 };
-    gen_opts go = { c->n_predict, ids[n_ids - 1], &none, 0, samp_temperature(c->s), 1, NULL, 0 };
-    gen_result gr;
-    bad = gen_answer(c->f, c->s, c->m->vocab, c->mon, c->logits, c->m->hp.n_vocab, &go, NULL, &cli_interrupted, &gr,
-                     err, sizeof err);
     free(ids);
-    if (bad) {
+    /* how similar each global KV head's prompt keys are (what Chelsea's outlier heads are chosen by) */
+    run_head_similarity(c->r, c->sim, c->layers, c->n_hs);
+    for (int i = 0; i < c->n_hs; i++)
+        if (!isnan(c->sim[i])) {
+            c->hsum[i] += c->sim[i];
+            c->hcnt[i]++;
+        }
+    run_answer_opts ao = { c->n_predict, 1, 0, 0, 1, NULL, 0 };
+    gen_result gr;
+    if (run_answer(c->r, &ao, NULL, &gr, err, sizeof err)) {
         cli_err("calibrate: %s", err);
         return 1;
     }
@@ -269,11 +261,12 @@ static int calib_sample(calib *c, int64_t k, char *doc, const char *question)
         cli_err("calibrate: interrupted; nothing written");
         return 130;
     }
-    const int P = unc_page_size(c->mon);
-    int64_t n = unc_count(c->mon), w0 = c->n_win;
+    const unc_monitor *mon = run_monitor(c->r);
+    const int P = unc_page_size(mon);
+    int64_t n = unc_count(mon), w0 = c->n_win;
     for (int64_t t = P; t <= n; t++) {
         unc_stats st;
-        unc_range(c->mon, t - P, P, &st);
+        unc_range(mon, t - P, P, &st);
         if (push_window(c, &st)) {
             cli_err("calibrate: out of memory");
             return 1;
@@ -289,13 +282,12 @@ static int calib_sample(calib *c, int64_t k, char *doc, const char *question)
 static void calib_thresholds(const calib *c, double quantile, unc_thresholds *t, double med[2], int *lo_i, int *hi_i,
                              double *tmp)
 {
-    int n_hs = c->env.n_global * c->env.n_head_kv;
     *lo_i = *hi_i = -1;
-    for (int i = 0; i < n_hs && t->n_heads < UNC_MAX_HEADS; i++) {
+    int n_kv = run_model(c->r)->hp.n_head_kv;
+    for (int i = 0; i < c->n_hs && t->n_heads < UNC_MAX_HEADS; i++) {
         if (c->hcnt[i] == 0) continue;
         float sim = (float)(c->hsum[i] / (double)c->hcnt[i]);
-        t->head_sim[t->n_heads++] = (unc_head_sim){ (int16_t)c->env.global[i / c->env.n_head_kv],
-                                                    (int16_t)(i % c->env.n_head_kv), sim };
+        t->head_sim[t->n_heads++] = (unc_head_sim){ (int16_t)c->layers[i / n_kv], (int16_t)(i % n_kv), sim };
         if (*lo_i < 0 || sim < t->head_sim[*lo_i].sim) *lo_i = t->n_heads - 1;
         if (*hi_i < 0 || sim > t->head_sim[*hi_i].sim) *hi_i = t->n_heads - 1;
     }
@@ -357,10 +349,9 @@ static void calib_free(calib *c)
     free(c->hcnt);
     free(c->mh);
     free(c->vh);
-    free(c->logits);
-    samp_free(c->s);
-    unc_free(c->mon);
-    sess_free(c->S);
+    free(c->sim);
+    free(c->layers);
+    run_free(c->r);
 }
 
 /* The calibration set's sample k as a document (malloc'd) and its question. NULL after printing. */
@@ -405,21 +396,21 @@ int cmd_calibrate(int argc, char **argv)
     char err[600], fp[17], model_path[1024];
     const char *mpath = o.model_path ? o.model_path : cli_default_model_path(model_path, sizeof model_path);
     int rc = 1;
-    if (!(c.S = cli_session(&o, co.n_predict, SESS_FORMAT_AUTO))) goto done;
-    c.m = sess_model(c.S);
-    c.f = sess_fwd_mut(c.S);
+    o.no_calibration = 1;
+    if (!(c.r = cli_run(&o))) goto done;
+    run_set_abort(c.r, &cli_interrupted);
+    c.m = run_model(c.r);
     c.n_predict = co.n_predict;
-    c.mon = unc_create(kv_page_size(fwd_kv(c.f)), 0);
-    c.logits = malloc(sizeof(float) * (size_t)c.m->hp.n_vocab);
-    c.s = samp_create(&o.sp, c.m->hp.n_vocab);
-    fwd_policy_env(c.f, &c.env);
-    int n_hs = c.env.n_global * c.env.n_head_kv;
+    int n_layer = c.m->hp.n_layer, n_hs = n_layer * c.m->hp.n_head_kv;
+    c.sim = malloc(sizeof(double) * (size_t)(n_hs > 0 ? n_hs : 1));
+    c.layers = malloc(sizeof(int) * (size_t)(n_layer > 0 ? n_layer : 1));
     c.hsum = calloc((size_t)(n_hs > 0 ? n_hs : 1), sizeof(double));
     c.hcnt = calloc((size_t)(n_hs > 0 ? n_hs : 1), sizeof(int64_t));
-    if (!c.logits || !c.s || !c.mon || !c.hsum || !c.hcnt) {
+    if (!c.sim || !c.layers || !c.hsum || !c.hcnt) {
         cli_err("calibrate: out of memory");
         goto done;
     }
+    c.n_hs = run_head_similarity(c.r, c.sim, c.layers, n_hs);
     if (model_fingerprint(mpath, fp, err, sizeof err)) {
         cli_err("calibrate: %s", err);
         goto done;
@@ -436,7 +427,7 @@ int cmd_calibrate(int argc, char **argv)
         rc = 1;
     }
     fputc('\n', stderr);
-    const int P = unc_page_size(c.mon);
+    const int P = unc_page_size(run_monitor(c.r));
     if (c.n_win < 10) {
         cli_err("calibrate: only %lld windows of %d answer tokens were seen; use more samples or a larger -n",
                 (long long)c.n_win, P);

@@ -60,7 +60,7 @@ static const opt_def chat_defs[] = {
  * streamed. 0; 1 when the turn did not happen (said on stderr); -1 out of memory. */
 static int turn(session *s, convo *cv, int64_t n_predict)
 {
-    const model *m = sess_model(s);
+    const model *m = run_model(sess_run(s));
     char err[512];
     char *text = chat_render(chat_family_for(m->gguf), cv->msgs, cv->n, 1, err, sizeof err);
     int32_t *ids = NULL;
@@ -71,7 +71,7 @@ static int turn(session *s, convo *cv, int64_t n_predict)
         return 1;
     }
     free(text);
-    int64_t n_ctx = fwd_n_ctx(sess_fwd(s));
+    int64_t n_ctx = run_n_ctx(sess_run(s));
     if ((int64_t)n_ids + 16 >= n_ctx) {
         cli_err("chat: the conversation (%zu tokens) no longer fits in the context of %lld; start a new one", n_ids,
                 (long long)n_ctx);
@@ -79,8 +79,8 @@ static int turn(session *s, convo *cv, int64_t n_predict)
         return 1;
     }
     /* Reuse the cached prefix; at least the last token is always evaluated to get logits. */
-    int64_t n_cached, common = 0, pos = fwd_pos(sess_fwd(s));
-    const int32_t *cached = sess_tokens(s, &n_cached);
+    int64_t n_cached, common = 0, pos = run_pos(sess_run(s));
+    const int32_t *cached = run_tokens(sess_run(s), &n_cached);
     while (common < pos && common < n_cached && common < (int64_t)n_ids - 1 && cached[common] == ids[common]) common++;
     if (sess_rewind(s, common) || sess_feed(s, ids + common, (int64_t)n_ids - common, NULL, NULL)) {
         cli_err("chat: %s", sess_error(s));
@@ -113,7 +113,7 @@ int cmd_chat(int argc, char **argv)
     int show = 0;
     sess_callbacks cb = cli_print_callbacks(&show);
     sess_set_callbacks(s, &cb, &cli_interrupted);
-    const model *m = sess_model(s);
+    const model *m = run_model(sess_run(s));
     convo cv = { 0 };
     int rc = 1;
     if (c.system && convo_add(&cv, "system", c.system)) goto oom;
@@ -122,7 +122,7 @@ int cmd_chat(int argc, char **argv)
         char name[800];
         text_escape(m->name[0] ? m->name : m->path, name, sizeof name, 0);
         fprintf(stderr, "kvchat: %s (%s template, context %lld). Type a message; /quit or Ctrl-D leaves.\n", name,
-                chat_family_name(chat_family_for(m->gguf)), (long long)fwd_n_ctx(sess_fwd(s)));
+                chat_family_name(chat_family_for(m->gguf)), (long long)run_n_ctx(sess_run(s)));
     }
     char *line = NULL;
     size_t lcap = 0;

@@ -95,26 +95,13 @@ typedef struct eval_cfg {
     int has_prefill;
 } eval_cfg;
 
-/* The engine parts a run drives: the session's model, forward context and monitor (eval attaches
- * its own policies to the forward context and shares one prefill between decode-time policies). */
-typedef struct eval_rt {
-    session *s;
-    const model *m;
-    fwd_ctx *f;
-    be_backend *b;
-    unc_monitor *mon;
-    unc_thresholds thr;
-} eval_rt;
-
 typedef struct ev {
     cli_opts *o;
-    eval_rt rt;
-    samp *s;
-    float *logits;
+    run *r;               /* each configuration attaches its own policies to it */
+    const model *m;
     float *shared_logits; /* the shared prefill's last logits */
     int32_t nv;
-    pol_set *attached;
-    pol_env env;
+    const eval_cfg *attached;   /* the configuration of the run (NULL: none, full attention) */
     int chat;             /* the model has a chat template */
     int shared;           /* the full-cache prefill of the current prompt is in the cache */
     FILE *out;
@@ -163,58 +150,54 @@ static void on_token(void *ud, int32_t id)
     if (cli_interrupted) *a->stop = 1;
 }
 
-/* Attach configuration cfg (NULL: none) for a prompt of n tokens. 0, 1 when its budget is refused
- * (why in E->err), -1 on failure. */
+/* Attach configuration cfg (NULL: none) for a prompt of n tokens. 0, or 1 when its budget is
+ * refused (why in E->err). */
 static int attach(ev *E, const eval_cfg *cfg, int64_t n)
 {
-    fwd_set_policy(E->rt.f, NULL);
-    pol_set_free(E->attached);
-    E->attached = NULL;
+    E->attached = cfg;
+    if (run_set_policy(E->r, NULL, E->err, sizeof E->err)) return -1;   /* the last configuration's go */
     if (!cfg) return 0;
-    E->attached = pol_set_create(&cfg->spec, &E->env, E->err, sizeof E->err);
-    if (!E->attached) return -1;
-    pol_set_probe_is_question(E->attached, 1);
-    return pol_set_check(E->attached, n, E->err, sizeof E->err) ? 1 : 0;
+    return run_check_policy(E->r, &cfg->spec, n, E->err, sizeof E->err) ? 1 : 0;
 }
 
 /* The prompt under the attached configuration. A prefill policy prefills it itself. A decode-time
  * configuration takes the shared full-cache prefill (made once per sample, with no policy): the cache
- * goes back to the prompt's end, the policy adopts the prompt (fwd_adopt_policy) and the prompt's last
+ * goes back to the prompt's end, the policy adopts the prompt (run_adopt_policy) and the prompt's last
  * logits are the saved ones. So every decode-time configuration, whichever runs first, starts from the
  * same cache and logits, those `kvchat ask` computes. (Until issue 22 the first one did and the others
  * evaluated the prompt's last token again after a rollback: equal in exact arithmetic, a few ulps apart
- * in floating point, which flipped answers the 270M model wins by a hair.) Logits in E->logits. */
+ * in floating point, which flipped answers the 270M model wins by a hair.) */
 static int prefill(ev *E, const int32_t *ids, size_t n, int own, double *secs)
 {
     double t0 = cli_now();
-    fwd_ctx *f = E->rt.f;
+    run *r = E->r;
     int64_t end = (int64_t)n;
-    if (!own && E->shared && fwd_pos(f) > end && fwd_rewind(f, end) != end) E->shared = 0;
+    if (!own && E->shared && run_pos(r) > end && run_rewind(r, end, end, E->err, sizeof E->err)) E->shared = 0;
     if (own || !E->shared) {
-        fwd_set_policy(f, own ? E->attached : NULL);
-        fwd_rewind(f, 0);
-        kv_reset_peak(fwd_cache(f));
-        if (fwd_eval(f, ids, end, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err, sizeof E->err))
+        if (run_set_policy(r, own ? &E->attached->spec : NULL, E->err, sizeof E->err) ||
+            run_rewind(r, 0, 0, E->err, sizeof E->err))
             return -1;
-        fwd_set_floor(f, end);
+        run_reset_peak(r);
+        if (run_feed(r, ids, end, NULL, NULL, E->err, sizeof E->err)) return -1;
+        run_set_floor(r, end);
         E->shared = !own;   /* a prefill policy's cache is its own */
-        if (!own) memcpy(E->shared_logits, E->logits, sizeof(float) * (size_t)E->nv);
+        if (!own) memcpy(E->shared_logits, run_logits(r), sizeof(float) * (size_t)E->nv);
     }
     if (!own) {
-        if (fwd_adopt_policy(f, E->attached, ids, end, E->err, sizeof E->err)) return -1;
-        memcpy(E->logits, E->shared_logits, sizeof(float) * (size_t)E->nv);
+        if (run_adopt_policy(r, &E->attached->spec, E->err, sizeof E->err)) return -1;
+        run_set_logits(r, E->shared_logits);
     }
     *secs = cli_now() - t0;
     return 0;
 }
 
-static void kv_figures(ev *E, eval_rec *r)
+static void kv_figures(ev *E, eval_rec *rec)
 {
-    kv_stats ks;
-    kv_get_stats(fwd_kv(E->rt.f), &ks);
-    r->kv_bytes = ks.bytes_resident;
-    r->kv_peak = ks.bytes_peak;
-    r->kv_full = ks.bytes_full;
+    run_figures fg;
+    run_get_figures(E->r, &fg);
+    rec->kv_bytes = fg.kv_held;
+    rec->kv_peak = fg.kv_peak;
+    rec->kv_full = fg.kv_full;
 }
 
 static int record(ev *E, const eval_rec *r)
@@ -227,19 +210,22 @@ static int record(ev *E, const eval_rec *r)
     return 0;
 }
 
-/* Answer up to n_predict tokens from E->logits (prev: the last token in the cache). */
-static int answer(ev *E, int R, int64_t n_predict, int32_t prev, int stop_at_line, answer_buf *ab, gen_result *gr)
+/* Answer up to n_predict tokens after the prompt in the cache (R regenerations per answer; -1: the
+ * policy's own); E->stop ends it (a line's end, Ctrl-C). */
+static int answer(ev *E, int R, int64_t n_predict, int stop_at_line, answer_buf *ab, gen_result *gr)
 {
     memset(ab, 0, sizeof *ab);
-    tok_stream_init(&ab->ts, E->rt.m->vocab);
+    tok_stream_init(&ab->ts, E->m->vocab);
     ab->line_end = -1;
     ab->stop_at_line = stop_at_line;
     ab->stop = &E->stop;
     E->stop = 0;
-    gen_opts go = { n_predict, prev, &E->rt.thr, R, samp_temperature(E->s), 0, NULL, 0 };
+    run_answer_opts ao = { n_predict, 1, R, 1, 0, NULL, 0 };
     gen_callbacks cb = { ab, on_token, NULL, NULL };
-    return gen_answer(E->rt.f, E->s, E->rt.m->vocab, E->rt.mon, E->logits, E->nv, &go, &cb, &E->stop, gr, E->err,
-                      sizeof E->err);
+    run_set_abort(E->r, &E->stop);
+    int rc = run_answer(E->r, &ao, &cb, gr, E->err, sizeof E->err);
+    run_set_abort(E->r, &cli_interrupted);
+    return rc;
 }
 
 static void expected_text(const task_item *it, int q, char *buf, size_t cap)
@@ -251,18 +237,19 @@ static void expected_text(const task_item *it, int q, char *buf, size_t cap)
     }
 }
 
-/* Mean negative log-likelihood of cont under teacher forcing from E->logits (the logits after the
- * prompt), decoding each token through the attached policies. */
+/* Mean negative log-likelihood of cont under teacher forcing from the logits after the prompt,
+ * decoding each token through the attached policies. */
 static int teacher_force(ev *E, const int32_t *cont, size_t n, double *nll)
 {
     *nll = 0;
     for (size_t i = 0; i < n; i++) {
-        float mx = E->logits[0];
-        for (int32_t k = 1; k < E->nv; k++) mx = E->logits[k] > mx ? E->logits[k] : mx;
+        const float *l = run_logits(E->r);
+        float mx = l[0];
+        for (int32_t k = 1; k < E->nv; k++) mx = l[k] > mx ? l[k] : mx;
         double z = 0;
-        for (int32_t k = 0; k < E->nv; k++) z += exp((double)(E->logits[k] - mx));
-        *nll += log(z) + (double)mx - (double)E->logits[cont[i]];
-        if (i + 1 < n && fwd_decode(E->rt.f, cont[i], E->logits, &cli_interrupted, E->err, sizeof E->err)) return -1;
+        for (int32_t k = 0; k < E->nv; k++) z += exp((double)(l[k] - mx));
+        *nll += log(z) + (double)mx - (double)l[cont[i]];
+        if (i + 1 < n && run_decode(E->r, cont[i], E->err, sizeof E->err)) return -1;
     }
     *nll /= (double)(n ? n : 1);
     return 0;
@@ -295,7 +282,7 @@ static void rec_base(const item_ctx *I, int q, eval_rec *r)
 }
 
 /* The questions without the document (ppl: the continuation after BOS alone). */
-static int run_control(ev *E, item_ctx *I)
+static int eval_control(ev *E, item_ctx *I)
 {
     const task_item *it = I->it;
     if (attach(E, NULL, 0) < 0) return -1;
@@ -314,41 +301,39 @@ static int run_control(ev *E, item_ctx *I)
         size_t n = 0;
         if (it->kind == TASK_LOGLIK) {
             /* BOS alone as the prompt (a model without one starts from the continuation's first token) */
-            int has_bos = tok_bos(E->rt.m->vocab) >= 0;
-            int32_t bos = has_bos ? tok_bos(E->rt.m->vocab) : I->cont[0];
-            fwd_rewind(E->rt.f, 0);
-            kv_reset_peak(fwd_cache(E->rt.f));
+            int has_bos = tok_bos(E->m->vocab) >= 0;
+            int32_t bos = has_bos ? tok_bos(E->m->vocab) : I->cont[0];
             double nll;
             int32_t *c = has_bos ? I->cont : I->cont + 1;
             size_t nc = has_bos ? I->n_cont : I->n_cont - 1;
-            if (fwd_eval(E->rt.f, &bos, 1, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err, sizeof E->err) ||
-                teacher_force(E, c, nc, &nll))
-                return -1;
+            if (run_rewind(E->r, 0, 0, E->err, sizeof E->err)) return -1;
+            run_reset_peak(E->r);
+            if (run_feed(E->r, &bos, 1, NULL, NULL, E->err, sizeof E->err) || teacher_force(E, c, nc, &nll)) return -1;
             r.ppl = exp(nll);
             r.answer_tokens = (int64_t)nc;
             r.tokens = 1;
         } else {
             int rc;
-            if (E->chat) rc = prompt_conversation(E->rt.m, 1, "", NULL, 0, it->question[q], &ids, &n, E->err, sizeof E->err);
+            if (E->chat) rc = prompt_conversation(E->m, 1, "", NULL, 0, it->question[q], &ids, &n, E->err, sizeof E->err);
             else {
                 char text[256];
                 snprintf(text, sizeof text, "Question: %s\nAnswer:", it->question[q]);
-                rc = tok_encode(E->rt.m->vocab, text, strlen(text), tok_add_bos(E->rt.m->vocab), 0, &ids, &n, E->err,
+                rc = tok_encode(E->m->vocab, text, strlen(text), tok_add_bos(E->m->vocab), 0, &ids, &n, E->err,
                                 sizeof E->err);
             }
-            if (rc) return -1;
-            fwd_rewind(E->rt.f, 0);
-            kv_reset_peak(fwd_cache(E->rt.f));
-            if (fwd_eval(E->rt.f, ids, (int64_t)n, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err,
-                         sizeof E->err)) {
+            if (rc || run_rewind(E->r, 0, 0, E->err, sizeof E->err)) {
                 free(ids);
                 return -1;
             }
-            samp_reset(E->s);
-            for (size_t i = 0; i < n; i++) samp_accept(E->s, ids[i]);
+            run_reset_peak(E->r);
+            if (run_feed(E->r, ids, (int64_t)n, NULL, NULL, E->err, sizeof E->err)) {
+                free(ids);
+                return -1;
+            }
+            run_reset_sampler(E->r);
             answer_buf ab;
             gen_result gr;
-            rc = answer(E, 0, I->n_predict, ids[n - 1], it->n_q > 1, &ab, &gr);
+            rc = answer(E, 0, I->n_predict, it->n_q > 1, &ab, &gr);
             free(ids);
             if (rc) return -1;
             r.tokens = (int64_t)n;
@@ -367,7 +352,7 @@ static int run_control(ev *E, item_ctx *I)
 }
 
 /* One configuration on one sample: every question (turn) of it, or the teacher-forced continuation. */
-static int run_config(ev *E, item_ctx *I, const eval_cfg *cfg)
+static int eval_config(ev *E, item_ctx *I, const eval_cfg *cfg)
 {
     const task_item *it = I->it;
     int rc = attach(E, cfg, (int64_t)I->n_ids);
@@ -384,13 +369,10 @@ static int run_config(ev *E, item_ctx *I, const eval_cfg *cfg)
         }
         return 0;
     }
-    int R = cfg->backtrack >= 0 ? cfg->backtrack : pol_set_can_reselect(E->attached) ? 2 : 0;
     double pf_s;
     if (prefill(E, I->ids, I->n_ids, cfg->has_prefill, &pf_s)) return -1;
     int64_t pos0 = (int64_t)I->n_ids;
-    int32_t prev = I->ids[I->n_ids - 1];
-    samp_reset(E->s);
-    for (size_t i = 0; i < I->n_ids; i++) samp_accept(E->s, I->ids[i]);
+    run_reset_sampler(E->r);
     for (int q = 0; q < it->n_q; q++) {
         eval_rec r;
         rec_base(I, q, &r);
@@ -403,16 +385,13 @@ static int run_config(ev *E, item_ctx *I, const eval_cfg *cfg)
             /* the next question on the cache the earlier turns left */
             int32_t *next = NULL;
             size_t nn = 0;
-            if (prompt_continue(E->rt.m, E->chat, it->question[q], &next, &nn, E->err, sizeof E->err)) return -1;
+            if (prompt_continue(E->m, E->chat, it->question[q], &next, &nn, E->err, sizeof E->err)) return -1;
             double t1 = cli_now();
-            int bad = fwd_eval(E->rt.f, next, (int64_t)nn, E->logits, NULL, NULL, NULL, NULL, &cli_interrupted, E->err,
-                               sizeof E->err);
+            int bad = run_feed(E->r, next, (int64_t)nn, NULL, NULL, E->err, sizeof E->err);
             r.prefill_s = cli_now() - t1;
-            for (size_t i = 0; i < nn; i++) samp_accept(E->s, next[i]);
-            prev = nn ? next[nn - 1] : prev;
             free(next);
             if (bad) return -1;
-            pos0 = fwd_pos(E->rt.f);
+            pos0 = run_pos(E->r);
         }
         if (it->kind == TASK_LOGLIK) {
             double nll;
@@ -425,7 +404,7 @@ static int run_config(ev *E, item_ctx *I, const eval_cfg *cfg)
             answer_buf ab;
             gen_result gr;
             double t1 = cli_now();
-            if (answer(E, R, I->n_predict, prev, it->n_q > 1, &ab, &gr)) return -1;
+            if (answer(E, cfg->backtrack, I->n_predict, it->n_q > 1, &ab, &gr)) return -1;
             r.decode_s = cli_now() - t1;
             if (cli_interrupted) return -1;
             r.correct = task_check(it, q, ab.text);
@@ -433,12 +412,11 @@ static int run_config(ev *E, item_ctx *I, const eval_cfg *cfg)
             snprintf(r.answer, sizeof r.answer, "%.255s", ab.text);
             if (q + 1 < it->n_q) {
                 /* the cache keeps the answer's line, not the token that ended it (nor what a
-                 * backtracking page generated past it) */
+                 * backtracking page generated past it); the next question follows what the cache
+                 * holds (an answer cut at its length leaves its last token out) */
                 int64_t keep = pos0 + (ab.line_end >= 0 ? ab.line_end : gr.n_gen);
-                if (fwd_pos(E->rt.f) > keep && fwd_rewind(E->rt.f, keep) != keep) {
-                    snprintf(E->err, sizeof E->err, "the cache could not roll back to the end of answer %d", q + 1);
-                    return -1;
-                }
+                if (keep > run_pos(E->r)) keep = run_pos(E->r);
+                if (run_rewind(E->r, keep, keep, E->err, sizeof E->err)) return -1;
             }
         }
         r.seconds = cli_now() - t0 + (q == 0 ? pf_s : 0);
@@ -450,9 +428,9 @@ static int run_config(ev *E, item_ctx *I, const eval_cfg *cfg)
 
 /* The ppl task's tokens: the document's, and the continuation's as they come out of tokenizing
  * both together (so the boundary is tokenized as in running text), else on their own. */
-static int split_continuation(const eval_rt *rt, const task_item *it, item_ctx *I, char *err, size_t errlen)
+static int split_continuation(const model *m, const task_item *it, item_ctx *I, char *err, size_t errlen)
 {
-    const tok_vocab *v = rt->m->vocab;
+    const tok_vocab *v = m->vocab;
     size_t ld = strlen(it->doc), lc = strlen(it->cont), n_all = 0;
     char *all = malloc(ld + lc + 1);
     int32_t *ids_all = NULL;
@@ -502,7 +480,7 @@ static double own_chars_per_token(const ev *E, const char *task)
         memcpy(text + (size_t)r * (l + 1), f, l);
         text[(size_t)r * (l + 1) + l] = ' ';
     }
-    double cpt = chars_per_token(E->rt.m->vocab, text, n - 1);
+    double cpt = chars_per_token(E->m->vocab, text, n - 1);
     free(text);
     return cpt;
 }
@@ -777,18 +755,18 @@ static int item_prompt(ev *E, const task_item *it, item_ctx *I, int turns, char 
 {
     int bad;
     if (it->kind == TASK_LOGLIK)
-        bad = split_continuation(&E->rt, it, I, err, errlen);
+        bad = split_continuation(E->m, it, I, err, errlen);
     else
-        bad = prompt_conversation(E->rt.m, E->chat, it->doc, NULL, 0, it->question[0], &I->ids, &I->n_ids, err, errlen);
+        bad = prompt_conversation(E->m, E->chat, it->doc, NULL, 0, it->question[0], &I->ids, &I->n_ids, err, errlen);
     if (bad) return -1;
     if (I->n_ids == 0 || (it->kind == TASK_LOGLIK && I->n_cont == 0)) {
         snprintf(err, errlen, "empty prompt");
         return -1;
     }
     int64_t need = (int64_t)I->n_ids + (int64_t)I->n_cont + I->n_predict * turns + 64 * (turns - 1);
-    if (need > fwd_n_ctx(E->rt.f)) {
+    if (need > run_n_ctx(E->r)) {
         snprintf(err, errlen, "%zu prompt tokens and the answers do not fit the context of %lld", I->n_ids,
-                 (long long)fwd_n_ctx(E->rt.f));
+                 (long long)run_n_ctx(E->r));
         return -1;
     }
     return 0;
@@ -796,7 +774,7 @@ static int item_prompt(ev *E, const task_item *it, item_ctx *I, int turns, char 
 
 /* Sample k of task at length ctx: the control, then every configuration not in the CSV yet.
  * 0, or 1 after printing why it stopped (a failure, or Ctrl-C). */
-static int run_sample(ev *E, const eval_plan *P, const char *task, int64_t ctx, int64_t k, double cpt,
+static int eval_sample(ev *E, const eval_plan *P, const char *task, int64_t ctx, int64_t k, double cpt,
                       const eval_opts *eo, item_ctx *I, task_item *it)
 {
     int turns = task_turns(task), pending = 0;
@@ -824,7 +802,7 @@ static int run_sample(ev *E, const eval_plan *P, const char *task, int64_t ctx, 
     char what[96];
     snprintf(what, sizeof what, "%s %lld #%lld no document", task, (long long)ctx, (long long)k);
     progress_show(&E->pg, what, 1);
-    int failed = run_control(E, I) != 0;
+    int failed = eval_control(E, I) != 0;
     E->shared = 0;
     for (int j = 0; j < P->n_cfg && !failed && !cli_interrupted; j++) {
         const eval_cfg *c = &P->cfg[j];
@@ -833,7 +811,7 @@ static int run_sample(ev *E, const eval_plan *P, const char *task, int64_t ctx, 
                  c->budget);
         progress_show(&E->pg, what, 0);
         if (!c->has_prefill && !E->shared) E->pg.done += (double)ctx;
-        failed = run_config(E, I, c) != 0;
+        failed = eval_config(E, I, c) != 0;
         if (!failed) E->pg.done += cost(task, ctx, c, I->n_predict);
     }
     if (!failed && !cli_interrupted) return 0;
@@ -852,42 +830,33 @@ static int write_report(ev *E, const char *out_dir, const eval_opts *eo, const c
     snprintf(about, sizeof about,
              "Model %s, commit %s, %d threads, filler %s, seed %lld, updated %s. Rows: samples.csv (%zu). "
              "\"answered\": right answers; \"retrieved\": right with the document and wrong without it.",
-             E->rt.m->path, commit[0] ? commit : "unknown", E->rt.b->n_threads, filler_source, (long long)eo->seed, date,
+             E->m->path, commit[0] ? commit : "unknown", run_threads(E->r), filler_source, (long long)eo->seed, date,
              E->recs.n);
     return report(&E->recs, out_dir, (int)eo->n_depths, eo->plot_budget, about) ? 1 : 0;
 }
 
-/* The engine parts of a run (the session, the sampler, the logits buffers): 0, or 1 after printing
- * why not. */
+/* The engine a run drives (the runtime, the shared prefill's logits): 0, or 1 after printing why not. */
 static int open_runtime(ev *E, cli_opts *o)
 {
-    session *S = cli_session(o, 16, SESS_FORMAT_AUTO);
-    if (!S) return 1;
-    E->rt = (eval_rt){ S, sess_model(S), sess_fwd_mut(S), sess_backend(S), sess_monitor_mut(S), *sess_thresholds(S) };
-    E->nv = E->rt.m->hp.n_vocab;
-    E->logits = malloc(sizeof(float) * (size_t)E->nv);
+    if (!(E->r = cli_run(o))) return 1;
+    E->m = run_model(E->r);
+    E->nv = E->m->hp.n_vocab;
     E->shared_logits = malloc(sizeof(float) * (size_t)E->nv);
-    E->s = samp_create(&o->sp, E->nv);
-    E->chat = gguf_find_key(E->rt.m->gguf, "tokenizer.chat_template") >= 0;
-    if (!E->logits || !E->shared_logits || !E->s) {
+    E->chat = gguf_find_key(E->m->gguf, "tokenizer.chat_template") >= 0;
+    if (!E->shared_logits) {
         cli_err("eval: out of memory");
         return 1;
     }
-    /* each configuration attaches its own policies (the session's own stay unused) */
-    fwd_set_policy(E->rt.f, NULL);
-    fwd_policy_env(E->rt.f, &E->env);
-    return 0;
+    run_set_abort(E->r, &cli_interrupted);
+    /* each configuration attaches its own policies */
+    return run_set_policy(E->r, NULL, E->err, sizeof E->err) ? 1 : 0;
 }
 
 static void close_runtime(ev *E)
 {
-    if (E->rt.f) fwd_set_policy(E->rt.f, NULL);
-    pol_set_free(E->attached);
     if (E->out) fclose(E->out);
-    free(E->logits);
     free(E->shared_logits);
-    samp_free(E->s);
-    sess_free(E->rt.s);
+    run_free(E->r);
     evalres_free(&E->recs);
 }
 
@@ -947,20 +916,21 @@ int cmd_eval(int argc, char **argv)
     /* characters per token of this filler (and of a task's own), so documents come out near the
      * asked lengths */
     size_t span = fl.len < 40000 ? fl.len : 40000;
-    double cpt = chars_per_token(E.rt.m->vocab, fl.text + fl.len / 2 - span / 2, span), cpt_own[16];
+    double cpt = chars_per_token(E.m->vocab, fl.text + fl.len / 2 - span / 2, span), cpt_own[16];
     for (int t = 0; t < P.n_task; t++) cpt_own[t] = task_own_filler(P.tasks[t]) ? own_chars_per_token(&E, P.tasks[t]) : cpt;
     E.pg.t0 = E.pg.last = cli_now();
     E.pg.tty = isatty(2);
     E.pg.total = plan_cost(&E, &P, eo.n_predict);
     fprintf(stderr, "eval: %d tasks x %d lengths, %d configurations, filler %s, %d threads\n", P.n_task, P.n_ctx,
-            P.n_cfg, fl.source, E.rt.b->n_threads);
+            P.n_cfg, fl.source, run_threads(E.r));
     for (int c = 0; c < P.n_ctx && !cli_interrupted; c++)
         for (int t = 0; t < P.n_task && !cli_interrupted; t++)
             for (int64_t k = 0; k < P.samples[c] && !cli_interrupted; k++)
-                if (run_sample(&E, &P, P.tasks[t], P.ctxs[c], k, cpt_own[t], &eo, &I, &it)) goto done;
+                if (eval_sample(&E, &P, P.tasks[t], P.ctxs[c], k, cpt_own[t], &eo, &I, &it)) goto done;
     progress_show(&E.pg, "done", 1);
     fputc('\n', stderr);
-    printf("eval: %s, filler %s, thresholds %s\n\n", E.rt.m->path, fl.source, E.rt.thr.valid ? E.rt.thr.source : "none");
+    const unc_thresholds *thr = run_thresholds(E.r);
+    printf("eval: %s, filler %s, thresholds %s\n\n", E.m->path, fl.source, thr->valid ? thr->source : "none");
     evalres_summary_md(stdout, &E.recs);
     rc = eo.out ? write_report(&E, eo.out, &eo, fl.source) : 0;
 done:

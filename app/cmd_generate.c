@@ -91,40 +91,38 @@ int cmd_generate(int argc, char **argv)
     int rc = 1;
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    const model *m = sess_model(s);
+    const model *m = run_model(sess_run(s));
     if (prompt_ids(m, &g, text, tlen, &ids, &n_ids)) goto done;
     if (n_ids == 0) {
         cli_err("generate: the prompt is empty");
         goto done;
     }
-    if ((int64_t)n_ids >= fwd_n_ctx(sess_fwd(s))) {
+    if ((int64_t)n_ids >= run_n_ctx(sess_run(s))) {
         cli_err("generate: the prompt is %zu tokens, longer than the context of %lld (raise --ctx, up to %d)", n_ids,
-                (long long)fwd_n_ctx(sess_fwd(s)), m->hp.n_ctx_train);
+                (long long)run_n_ctx(sess_run(s)), m->hp.n_ctx_train);
         goto done;
     }
     sess_callbacks cb = cli_print_callbacks(&o.show_events);
     sess_set_callbacks(s, &cb, &cli_interrupted);
     cli_install_sigint();
-    double t0 = cli_now();
     int st = sess_feed(s, ids, (int64_t)n_ids, NULL, NULL);
     if (st) {
         cli_err("generate: %s", st == SESS_ECANCELLED ? "interrupted during prefill" : sess_error(s));
         if (st == SESS_ECANCELLED) rc = 130;
         goto done;
     }
-    double t1 = cli_now();
     if (o.show_events) cli_print_event_header(s);
     gen_result gres = { 0 };
     if (g.n_predict > 0 && sess_generate(s, g.n_predict, &gres)) {
         cli_err("generate: %s", sess_error(s));
         goto done;
     }
-    double t2 = cli_now();
     cli_print_answer_end(s, o.show_events);
     /* Decode speed counts the forward passes of generated tokens (the last sampled one is not run). */
+    run_figures fg;
+    run_get_figures(sess_run(s), &fg);
     fprintf(stderr, "prompt %zu tokens | prefill %.1f tok/s | decode %.1f tok/s (%lld tokens)%s | peak RSS %.1f MiB\n",
-            n_ids, (double)n_ids / (t1 - t0), gres.n_decoded > 0 ? (double)gres.n_decoded / (t2 - t1) : 0.0,
-            (long long)gres.n_gen, cli_stop_note(&gres), cli_peak_rss_mib());
+            n_ids, fg.prefill_tok_s, fg.decode_tok_s, (long long)gres.n_gen, cli_stop_note(&gres), fg.rss_peak_mib);
     rc = cli_interrupted ? 130 : 0;
 done:
     free(ids);

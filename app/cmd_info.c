@@ -9,7 +9,7 @@
 #include "common/text.h"
 #include "app/commands.h"
 #include "common/quant.h"
-#include "kernels/cpu/vec_dot.h"
+#include "kernels/backend.h"
 
 typedef struct info_opts {
     const char *model_path, *tokenizer_path, *export_path, *isa;
@@ -102,7 +102,7 @@ int cmd_info(int argc, char **argv)
                kept[0] ? " as stored" : "", kept[0] && conv[0] ? "; " : "", conv, conv[0] ? " converted to f16 at load" : "");
     }
     char kern[200];
-    vd_isa_summary(kern, sizeof kern);
+    be_cpu_kernels_summary(kern, sizeof kern);
     printf("kernels         %s\n", kern);
     /* Tensor types: count and bytes. */
     uint64_t cnt[GGML_TYPE_MAX_ID] = { 0 }, bytes[GGML_TYPE_MAX_ID] = { 0 };

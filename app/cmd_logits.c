@@ -76,10 +76,10 @@ int cmd_logits(int argc, char **argv)
     cli_opts_init(&o);
     logits_opts lo = { NULL, NULL, 32 };
     opt_group g[] = { { logits_defs, &lo, NULL }, CLI_MODEL(&o) };
-    int r = cli_parse(argc, argv, "kvchat logits [-m MODEL] -f PROMPT_FILE [--gen N | --feed \"ID ID ...\"]",
+    int pr = cli_parse(argc, argv, "kvchat logits [-m MODEL] -f PROMPT_FILE [--gen N | --feed \"ID ID ...\"]",
                       "The reference format of the test data: prompt ids, top-5 logits after every position, greedy "
                       "steps.", g, 2, NULL, 0, NULL);
-    if (r) return r > 0 ? 0 : 1;
+    if (pr) return pr > 0 ? 0 : 1;
     const char *file = lo.file, *feed = lo.feed;
     int64_t n_gen = lo.n_gen;
     if (!file) {
@@ -123,16 +123,15 @@ int cmd_logits(int argc, char **argv)
         }
         n_gen = (int64_t)n_fed;
     }
-    session *s = NULL;
+    run *r = NULL;
     int rc = 1;
     char err[512];
     int32_t *ids = NULL, *gen = NULL;
     size_t n_ids = 0;
     float *logits = NULL, *top_val = NULL;
     int32_t *top_id = NULL;
-    if (cli_finish_common(&o) || !(s = cli_session(&o, 1, SESS_FORMAT_AUTO))) goto done;
-    const model *m = sess_model(s);
-    fwd_ctx *f = sess_fwd_mut(s);
+    if (cli_finish_common(&o) || !(r = cli_run(&o))) goto done;
+    const model *m = run_model(r);
     int32_t nv = m->hp.n_vocab;
     for (size_t i = 0; i < n_fed; i++)
         if (fed[i] >= nv) {
@@ -147,9 +146,9 @@ int cmd_logits(int argc, char **argv)
         cli_err("logits: %s: the prompt is empty", file);
         goto done;
     }
-    if ((int64_t)(n_ids + (size_t)n_gen) > fwd_n_ctx(f)) {
+    if ((int64_t)(n_ids + (size_t)n_gen) > run_n_ctx(r)) {
         cli_err("logits: the prompt (%zu tokens) plus %lld steps does not fit in the context of %lld (raise --ctx)",
-                n_ids, (long long)n_gen, (long long)fwd_n_ctx(f));
+                n_ids, (long long)n_gen, (long long)run_n_ctx(r));
         goto done;
     }
     logits = malloc(sizeof(float) * (size_t)nv);
@@ -166,19 +165,20 @@ int cmd_logits(int argc, char **argv)
     for (size_t i = 0; i < n_ids; i++) printf(" %d", ids[i]);
     putchar('\n');
     pos_printer pp = { nv };
-    sess_set_callbacks(s, NULL, &cli_interrupted);
-    if (sess_feed(s, ids, (int64_t)n_ids, on_logits, &pp)) {
-        cli_err("logits: %s", sess_error(s));
+    run_set_abort(r, &cli_interrupted);
+    if (run_feed(r, ids, (int64_t)n_ids, on_logits, &pp, err, sizeof err)) {
+        cli_err("logits: %s", err);
         goto done;
     }
-    memcpy(logits, sess_logits(s), sizeof(float) * (size_t)nv);
+    memcpy(logits, run_logits(r), sizeof(float) * (size_t)nv);
     /* Steps are computed before printing because the greedy line comes first in the format. */
     for (int64_t t = 0; t < n_gen; t++) {
         gen[t] = fed ? fed[t] : argmax(logits, nv);
-        if (fwd_decode(f, gen[t], logits, &cli_interrupted, err, sizeof err)) {
+        if (run_decode(r, gen[t], err, sizeof err)) {
             cli_err("logits: %s", err);
             goto done;
         }
+        memcpy(logits, run_logits(r), sizeof(float) * (size_t)nv);
         top5(logits, nv, top_id + 5 * t);
         for (int k = 0; k < 5; k++) top_val[5 * t + k] = top_id[5 * t + k] >= 0 ? logits[top_id[5 * t + k]] : 0;
     }
@@ -201,6 +201,6 @@ done:
     free(ids);
     free(fed);
     free(text);
-    sess_free(s);
+    run_free(r);
     return rc;
 }

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "engine/policy/policy.h"
+
 /* gnuplot strings are single-quoted: a quote inside is doubled */
 static void gp_str(FILE *g, const char *s)
 {
@@ -95,7 +97,7 @@ static void panel(FILE *g, const plot_panel *p, int id)
                                             "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939" };
     fputs("plot ", g);
     for (int k = 0; k < p->ns; k++) {
-        int ref = !strcmp(p->s[k].name, "full");
+        int ref = !strcmp(p->s[k].name, POL_FULL);
         fprintf(g, "%s$d%d_%d using 1:2 with linespoints lw %s pt %d lc rgb '%s' dt %d title ", k ? ", " : "", id, k,
                 ref ? "2.5" : "1.5", 1 + k % 12, ref ? "#000000" : colour[k % 12], ref ? 2 : 1);
         gp_str(g, p->s[k].name);
@@ -193,12 +195,12 @@ static int by_budget(const eval_recs *rs, const char *png, int ppl, char *err, s
             if (r->ctx != ctx[c] || strcmp(r->status, "ok") || !strcmp(r->policy, "nodoc")) continue;
             double b = evalres_budget_value(r->budget), v;
             if (ppl) {
-                if (isnan(r->ppl) || !strcmp(r->policy, "full")) continue;
+                if (isnan(r->ppl) || !strcmp(r->policy, POL_FULL)) continue;
                 const eval_rec *f = NULL;
                 for (size_t j = 0; j < rs->n && !f; j++) {
                     const eval_rec *q = &rs->v[j];
                     if (q->ctx == r->ctx && q->sample == r->sample && !strcmp(q->task, r->task) &&
-                        !strcmp(q->policy, "full") && !isnan(q->ppl))
+                        !strcmp(q->policy, POL_FULL) && !isnan(q->ppl))
                         f = q;
                 }
                 if (!f) continue;

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/policy/policy.h"
+
 const char *const evalres_header =
     "task,ctx,tokens,sample,depth,turn,policy,budget,backtrack,correct,control,ppl,answer,expected,answer_tokens,"
     "kv_bytes,kv_peak_bytes,kv_full_bytes,prefill_s,decode_s,seconds,status\n";
@@ -240,7 +242,7 @@ static const eval_rec *full_of(const eval_recs *rs, const eval_rec *r)
 {
     for (size_t i = 0; i < rs->n; i++) {
         const eval_rec *q = &rs->v[i];
-        if (q->ctx == r->ctx && q->sample == r->sample && q->turn == r->turn && !strcmp(q->policy, "full") &&
+        if (q->ctx == r->ctx && q->sample == r->sample && q->turn == r->turn && !strcmp(q->policy, POL_FULL) &&
             !strcmp(q->task, r->task) && !isnan(q->ppl))
             return q;
     }
@@ -251,7 +253,7 @@ int evalres_compared(const eval_recs *rs, const char *task, int64_t ctx)
 {
     for (size_t i = 0; i < rs->n; i++) {
         const eval_rec *r = &rs->v[i];
-        if (r->ctx == ctx && !strcmp(r->task, task) && strcmp(r->policy, "full") && strcmp(r->policy, "nodoc"))
+        if (r->ctx == ctx && !strcmp(r->task, task) && strcmp(r->policy, POL_FULL) && strcmp(r->policy, "nodoc"))
             return 1;
     }
     return 0;
@@ -292,7 +294,7 @@ void evalres_summary_md(FILE *f, const eval_recs *rs)
         if (!isnan(r->ppl)) {
             G->ppl_n++;
             G->ppl_sum += r->ppl;
-            const eval_rec *fr = strcmp(r->policy, "full") ? full_of(rs, r) : NULL;
+            const eval_rec *fr = strcmp(r->policy, POL_FULL) ? full_of(rs, r) : NULL;
             if (fr) {
                 G->dppl_n++;
                 G->dppl_sum += r->ppl - fr->ppl;

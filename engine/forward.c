@@ -29,7 +29,6 @@ struct fwd_ctx {
     uint64_t scratch_bytes;
     int *global;               /* global (not sliding-window) layers */
     float *boundary;           /* per token id: sentence-boundary weight (for the policies) */
-    float *head_sim;           /* per layer and KV head: calibrated key similarity, or NULL */
     int n_global;
     pol_set *pol;              /* NULL: attend to everything */
     be_kv_page *refs;          /* page list handed to attention */
@@ -177,7 +176,6 @@ void fwd_free(fwd_ctx *f)
     free(f->tok);
     free(f->global);
     free(f->boundary);
-    free(f->head_sim);
     free(f->refs);
     free(f);
 }
@@ -238,19 +236,8 @@ void fwd_policy_env(fwd_ctx *f, pol_env *env)
     env->head_dim = hp->head_dim;
     env->global = f->global;
     env->n_global = f->n_global;
-    env->head_sim = f->head_sim;
+    env->head_sim = NULL;   /* the run hands policies the model's calibration */
     env->trace = NULL;   /* a policy set turns its own on (pol_set_trace) */
-}
-
-int fwd_set_head_similarity(fwd_ctx *f, const float *sim)
-{
-    size_t n = (size_t)f->m->hp.n_layer * (size_t)f->m->hp.n_head_kv;
-    free(f->head_sim);
-    f->head_sim = NULL;
-    if (!sim) return 0;
-    if (!(f->head_sim = malloc(sizeof(float) * n))) return -1;
-    memcpy(f->head_sim, sim, sizeof(float) * n);
-    return 0;
 }
 
 int64_t fwd_rewind(fwd_ctx *f, int64_t pos)

@@ -63,9 +63,6 @@ uint64_t fwd_scratch_bytes(const fwd_ctx *f);
 struct pol_env;
 struct pol_set;
 void fwd_policy_env(fwd_ctx *f, struct pol_env *env);
-/* Calibrated key similarity per layer and KV head ([n_layer * n_head_kv], NaN: not measured; NULL:
- * none), copied, and handed to policies through pol_env.head_sim. 0, or -1 when out of memory. */
-int fwd_set_head_similarity(fwd_ctx *f, const float *sim);
 void fwd_set_policy(fwd_ctx *f, struct pol_set *ps);
 struct pol_set *fwd_policy(const fwd_ctx *f);
 /* Attach a decode-time policy set to a sequence whose first n tokens (ids) are in the cache already:

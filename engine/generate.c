@@ -7,7 +7,21 @@
 
 #include "engine/policy/policy.h"
 
+/* One answer being generated: what it drives, its options, and where the loop stands. */
 typedef struct gen_state {
+    const gen_ctx *c;
+    const gen_opts *o;
+    const gen_callbacks *cb;
+    gen_result *res;
+    char *err;
+    size_t errlen;
+    int P;                   /* the monitor's page */
+    int watch, track;        /* pages are checked and events logged; per-token entropy is computed */
+    int can_roll;            /* ... and rolled back */
+    int64_t pos0;            /* the cache's length when the answer began */
+    int64_t i, committed;    /* tokens so far; handed to the caller */
+    int64_t safe;            /* tokens no stop sequence can take back */
+    int64_t regen_page;      /* the page being generated again (-1: none) */
     int32_t *tokens;         /* the answer so far */
     int32_t *first_try;      /* the tokens of the page being regenerated, as first generated */
     void *samp_state;        /* sampler state at the start of the current page */
@@ -83,175 +97,198 @@ static void finish_event(unc_monitor *mon, const unc_thresholds *thr, const gen_
 }
 
 /* One decode step; an interrupt is a stop, not a failure. 0 to go on, 1 to stop, -1 on failure. */
-static int step(fwd_ctx *f, int32_t id, float *logits, volatile sig_atomic_t *abort_flag, gen_result *res, char *err,
-                size_t errlen)
+static int step(gen_state *g, int32_t id)
 {
-    if (fwd_decode(f, id, logits, abort_flag, err, errlen) == 0) {
-        res->n_decoded++;
+    const gen_ctx *c = g->c;
+    if (fwd_decode(c->f, id, c->logits, c->abort_flag, g->err, g->errlen) == 0) {
+        g->res->n_decoded++;
         return 0;
     }
-    if (abort_flag && *abort_flag) {
-        res->stop = GEN_STOP_INTERRUPT;
+    if (c->abort_flag && *c->abort_flag) {
+        g->res->stop = GEN_STOP_INTERRUPT;
         return 1;
     }
     return -1;
 }
 
-int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float *logits, int32_t n_vocab,
-               const gen_opts *o, const gen_callbacks *cb, volatile sig_atomic_t *abort_flag, gen_result *res,
-               char *err, size_t errlen)
+static int out_of_memory(gen_state *g)
+{
+    snprintf(g->err, g->errlen, "out of memory");
+    return -1;
+}
+
+/* Sample the next token into the answer. 0 to go on, 1 when the answer ends here (the end of
+ * generation, a stop sequence), -1 on failure. */
+static int next_token(gen_state *g, int32_t *out)
+{
+    const gen_ctx *c = g->c;
+    double h = 0, vh = 0;
+    if (g->track) samp_entropy(c->logits, c->n_vocab, g->o->temperature, &h, &vh);   /* before sampling changes logits */
+    int32_t id = samp_sample(c->s, c->logits);
+    if (tok_is_eog(c->v, id)) {
+        g->res->stop = GEN_STOP_EOG;
+        return 1;
+    }
+    if (g->track && unc_push(c->mon, h, vh)) return out_of_memory(g);
+    samp_accept(c->s, id);
+    g->tokens[g->i++] = id;
+    g->safe = g->i;
+    *out = id;
+    if (!g->ends) return 0;
+    int64_t keep;
+    int r = check_stops(g, g->o, c->v, g->i, &keep, &g->safe);
+    if (r < 0) return out_of_memory(g);
+    if (r > 0) {
+        if (g->track) unc_drop(c->mon, g->i - keep);
+        g->i = keep;
+        g->res->stop = GEN_STOP_SEQUENCE;
+        return 1;
+    }
+    return 0;
+}
+
+/* Page `page` crossed the thresholds (event e): the decode policy reselects, the cache, sampler and
+ * monitor roll back to the page's start, and its first token's logits are computed again. 0 to
+ * generate the page again, 1 to stop, -1 on failure. */
+static int backtrack(gen_state *g, unc_event *e, int64_t page)
+{
+    const gen_ctx *c = g->c;
+    const int P = g->P;
+    int64_t target = g->pos0 + (g->i - P) - 1;   /* re-decode the token before the page */
+    pol_change chg;
+    pol_set_reselect(fwd_policy(c->f), fwd_pos(c->f), target, &chg);
+    e->n_added = chg.n_added;
+    e->n_removed = chg.n_removed;
+    for (int k = 0; k < chg.n_added && k < UNC_EVENT_PAGES; k++) e->added[k] = chg.added[k];
+    for (int k = 0; k < chg.n_removed && k < UNC_EVENT_PAGES; k++) e->removed[k] = chg.removed[k];
+    if (fwd_rewind(c->f, target) != target) {
+        snprintf(g->err, g->errlen, "backtracking: the cache could not roll back to position %lld", (long long)target);
+        return -1;
+    }
+    memcpy(g->first_try, g->tokens + g->i - P, sizeof(int32_t) * (size_t)P);
+    samp_load_state(c->s, g->samp_state);
+    unc_drop(c->mon, P);
+    unc_note_regenerated(c->mon, P);
+    g->i -= P;
+    e->regenerated = 1;
+    if (unc_add_event(c->mon, e)) return out_of_memory(g);
+    g->regen_page = page;
+    g->res->regenerated++;
+    if (g->res->regenerated >= g->o->max_regen) g->can_roll = 0;   /* from here every token is final */
+    return step(g, g->i > 0 ? g->tokens[g->i - 1] : g->o->prev_token);
+}
+
+/* A page of the answer is complete: its check (and a rollback when it crosses), then its tokens
+ * are final. 0 to go on, 2 when the page is generated again, 1 to stop, -1 on failure. */
+static int page_end(gen_state *g)
+{
+    const gen_ctx *c = g->c;
+    const gen_opts *o = g->o;
+    const int P = g->P;
+    int64_t page = g->i / P - 1;
+    unc_stats st;
+    unc_range(c->mon, g->i - P, P, &st);
+    if (page == g->regen_page) {
+        finish_event(c->mon, o->thr, g->cb, g->tokens + g->i - P, g->first_try, P, P, g->i - P);
+        g->regen_page = -1;
+    } else if (g->watch && unc_crosses(o->thr, &st)) {
+        unc_event e = { 0 };
+        e.step = g->i - 1;
+        e.pos = g->pos0 + g->i - 1;
+        e.page = page;
+        e.stats = st;
+        e.thr_h = o->thr->h_mean;
+        e.thr_v = o->thr->h_var;
+        g->res->events++;
+        if (g->can_roll && g->res->regenerated < o->max_regen) {
+            int r = backtrack(g, &e, page);
+            return r == 0 ? 2 : r;
+        }
+        if (unc_add_event(c->mon, &e)) return out_of_memory(g);
+        if (g->cb && g->cb->event) g->cb->event(g->cb->ud, &e);
+    }
+    if (g->track && g->cb && g->cb->page) g->cb->page(g->cb->ud, page, &st);
+    commit(g->cb, g->tokens, &g->committed, g->safe < g->i ? g->safe : g->i);
+    samp_save_state(c->s, g->samp_state);
+    if (g->can_roll) fwd_set_mark(c->f, g->pos0 + g->i - 1);
+    return 0;
+}
+
+/* The answer's end: what stop sequences may still take back is left out, an event whose page was
+ * being regenerated is closed, and every kept token reaches the caller. */
+static void finish(gen_state *g)
+{
+    const gen_ctx *c = g->c;
+    gen_result *res = g->res;
+    if (g->ends && g->safe < g->i && res->stop != GEN_STOP_EOG && res->stop != GEN_STOP_SEQUENCE) {
+        /* cut short (length, context, interrupt) while holding back what may begin a stop sequence
+         * (a base model's "\nQuestion"): it is left out, as the stop it probably was */
+        if (g->track) unc_drop(c->mon, g->i - g->safe);
+        g->i = g->safe;
+    }
+    if (g->regen_page >= 0) {   /* the answer ended inside a regenerated page */
+        int64_t from = g->regen_page * g->P, n = g->i - from;
+        finish_event(c->mon, g->o->thr, g->cb, g->tokens + from, g->first_try, n < 0 ? 0 : n, g->P, from);
+    }
+    commit(g->cb, g->tokens, &g->committed, g->i);   /* what was generated stays, also when interrupted */
+    res->n_gen = g->i;
+    fwd_set_mark(c->f, -1);
+}
+
+int gen_answer(const gen_ctx *c, const gen_opts *o, const gen_callbacks *cb, gen_result *res, char *err, size_t errlen)
 {
     memset(res, 0, sizeof *res);
-    unc_reset(mon);
-    const int P = unc_page_size(mon);
-    const int watch = o->thr && o->thr->valid;               /* pages are checked and events logged */
-    const int track = watch || o->monitor;                   /* per-token entropy is computed */
-    int can_roll = watch && o->max_regen > 0;                /* ... and rolled back */
-    const int64_t pos0 = fwd_pos(f);
-    gen_state g = { 0 };
-    g.tokens = malloc(sizeof(int32_t) * (size_t)(o->n_predict > 0 ? o->n_predict : 1));
-    g.first_try = malloc(sizeof(int32_t) * (size_t)P);
+    unc_reset(c->mon);
+    gen_state g = { .c = c, .o = o, .cb = cb, .res = res, .err = err, .errlen = errlen, .regen_page = -1 };
+    g.P = unc_page_size(c->mon);
+    g.watch = o->thr && o->thr->valid;
+    g.track = g.watch || o->monitor;
+    g.can_roll = g.watch && o->max_regen > 0;
+    g.pos0 = fwd_pos(c->f);
+    size_t n_max = (size_t)(o->n_predict > 0 ? o->n_predict : 1);
+    g.tokens = malloc(sizeof(int32_t) * n_max);
+    g.first_try = malloc(sizeof(int32_t) * (size_t)g.P);
     g.samp_state = malloc(samp_state_size());
-    const int stops = o->stop && o->n_stop > 0;
-    if (stops) g.ends = malloc(sizeof(size_t) * (size_t)(o->n_predict > 0 ? o->n_predict : 1));
+    if (o->stop && o->n_stop > 0) g.ends = malloc(sizeof(size_t) * n_max);
     int rc = 0;
-    if (!g.tokens || !g.first_try || !g.samp_state || (stops && !g.ends)) {
-        snprintf(err, errlen, "out of memory");
-        rc = -1;
+    if (!g.tokens || !g.first_try || !g.samp_state || (o->stop && o->n_stop > 0 && !g.ends)) {
+        rc = out_of_memory(&g);
         goto out;
     }
-    if (can_roll && pos0 < 1) can_roll = 0;   /* nothing to re-decode from */
-    samp_save_state(s, g.samp_state);
+    if (g.can_roll && g.pos0 < 1) g.can_roll = 0;   /* nothing to re-decode from */
+    samp_save_state(c->s, g.samp_state);
     /* Rolling back to a page start must be exact: sliding-window layers keep what that needs
      * (the mark; the caller's floor stays where it is). */
-    if (can_roll) fwd_set_mark(f, pos0 - 1);
-    int64_t i = 0, committed = 0, regen_page = -1;
-    int64_t safe = 0;            /* tokens no stop sequence can take back */
+    if (g.can_roll) fwd_set_mark(c->f, g.pos0 - 1);
     res->stop = GEN_STOP_LIMIT;
-    while (i < o->n_predict) {
-        if (abort_flag && *abort_flag) {
+    while (g.i < o->n_predict) {
+        if (c->abort_flag && *c->abort_flag) {
             res->stop = GEN_STOP_INTERRUPT;
             break;
         }
-        double h = 0, vh = 0;
-        if (track) samp_entropy(logits, n_vocab, o->temperature, &h, &vh);   /* before sampling changes logits */
-        int32_t id = samp_sample(s, logits);
-        if (tok_is_eog(v, id)) {
-            res->stop = GEN_STOP_EOG;
-            break;
-        }
-        if (track && unc_push(mon, h, vh)) {
-            snprintf(err, errlen, "out of memory");
-            rc = -1;
-            break;
-        }
-        samp_accept(s, id);
-        g.tokens[i++] = id;
-        safe = i;
-        if (stops) {
-            int64_t keep;
-            int r = check_stops(&g, o, v, i, &keep, &safe);
-            if (r < 0) {
-                snprintf(err, errlen, "out of memory");
-                rc = -1;
-                break;
-            }
-            if (r > 0) {
-                if (track) unc_drop(mon, i - keep);
-                i = keep;
-                res->stop = GEN_STOP_SEQUENCE;
-                break;
-            }
-        }
-        if (!can_roll) commit(cb, g.tokens, &committed, safe);
-        if (i % P == 0) {
-            int64_t page = i / P - 1;
-            unc_stats st;
-            unc_range(mon, i - P, P, &st);
-            if (page == regen_page) {
-                finish_event(mon, o->thr, cb, g.tokens + i - P, g.first_try, P, P, i - P);
-                regen_page = -1;
-            } else if (watch && unc_crosses(o->thr, &st)) {
-                unc_event e = { 0 };
-                e.step = i - 1;
-                e.pos = pos0 + i - 1;
-                e.page = page;
-                e.stats = st;
-                e.thr_h = o->thr->h_mean;
-                e.thr_v = o->thr->h_var;
-                res->events++;
-                if (can_roll && res->regenerated < o->max_regen) {
-                    int64_t target = pos0 + (i - P) - 1;   /* re-decode the token before the page */
-                    pol_change chg;
-                    pol_set_reselect(fwd_policy(f), fwd_pos(f), target, &chg);
-                    e.n_added = chg.n_added;
-                    e.n_removed = chg.n_removed;
-                    for (int k = 0; k < chg.n_added && k < UNC_EVENT_PAGES; k++) e.added[k] = chg.added[k];
-                    for (int k = 0; k < chg.n_removed && k < UNC_EVENT_PAGES; k++) e.removed[k] = chg.removed[k];
-                    if (fwd_rewind(f, target) != target) {
-                        snprintf(err, errlen, "backtracking: the cache could not roll back to position %lld",
-                                 (long long)target);
-                        rc = -1;
-                        break;
-                    }
-                    memcpy(g.first_try, g.tokens + i - P, sizeof(int32_t) * (size_t)P);
-                    samp_load_state(s, g.samp_state);
-                    unc_drop(mon, P);
-                    unc_note_regenerated(mon, P);
-                    i -= P;
-                    e.regenerated = 1;
-                    if (unc_add_event(mon, &e)) {
-                        snprintf(err, errlen, "out of memory");
-                        rc = -1;
-                        break;
-                    }
-                    regen_page = page;
-                    res->regenerated++;
-                    if (res->regenerated >= o->max_regen) can_roll = 0;   /* from here every token is final */
-                    int32_t prev = i > 0 ? g.tokens[i - 1] : o->prev_token;
-                    int r = step(f, prev, logits, abort_flag, res, err, errlen);
-                    if (r) {
-                        rc = r < 0 ? -1 : 0;
-                        break;
-                    }
-                    continue;
-                }
-                if (unc_add_event(mon, &e)) {
-                    snprintf(err, errlen, "out of memory");
-                    rc = -1;
-                    break;
-                }
-                if (cb && cb->event) cb->event(cb->ud, &e);
-            }
-            if (track && cb && cb->page) cb->page(cb->ud, page, &st);
-            commit(cb, g.tokens, &committed, safe < i ? safe : i);
-            samp_save_state(s, g.samp_state);
-            if (can_roll) fwd_set_mark(f, pos0 + i - 1);
-        }
-        if (i == o->n_predict) break;
-        if (fwd_pos(f) >= fwd_n_ctx(f)) {
-            res->stop = GEN_STOP_CONTEXT;
-            break;
-        }
-        int r = step(f, id, logits, abort_flag, res, err, errlen);
+        int32_t id;
+        int r = next_token(&g, &id);
         if (r) {
             rc = r < 0 ? -1 : 0;
             break;
         }
+        if (!g.can_roll) commit(cb, g.tokens, &g.committed, g.safe);
+        if (g.i % g.P == 0 && (r = page_end(&g)) != 0) {
+            if (r == 2) continue;   /* the page again, from its first token's logits */
+            rc = r < 0 ? -1 : 0;
+            break;
+        }
+        if (g.i == o->n_predict) break;
+        if (fwd_pos(c->f) >= fwd_n_ctx(c->f)) {
+            res->stop = GEN_STOP_CONTEXT;
+            break;
+        }
+        if ((r = step(&g, id)) != 0) {
+            rc = r < 0 ? -1 : 0;
+            break;
+        }
     }
-    if (stops && safe < i && res->stop != GEN_STOP_EOG && res->stop != GEN_STOP_SEQUENCE) {
-        /* cut short (length, context, interrupt) while holding back what may begin a stop sequence
-         * (a base model's "\nQuestion"): it is left out, as the stop it probably was */
-        if (track) unc_drop(mon, i - safe);
-        i = safe;
-    }
-    if (regen_page >= 0) {   /* the answer ended inside a regenerated page */
-        int64_t from = regen_page * P, n = i - from;
-        finish_event(mon, o->thr, cb, g.tokens + from, g.first_try, n < 0 ? 0 : n, P, from);
-    }
-    commit(cb, g.tokens, &committed, i);   /* what was generated stays, also when interrupted */
-    res->n_gen = i;
-    fwd_set_mark(f, -1);
+    finish(&g);
 out:
     free(g.tokens);
     free(g.first_try);

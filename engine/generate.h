@@ -27,6 +27,18 @@
 #include "engine/tokenizer.h"
 #include "engine/uncertainty.h"
 
+/* What the loop drives: the sequence, its sampler, the vocabulary (end of generation, stop text),
+ * the monitor, the logits of the last evaluated token (n_vocab, overwritten), the abort flag. */
+typedef struct gen_ctx {
+    fwd_ctx *f;
+    samp *s;
+    const tok_vocab *v;
+    unc_monitor *mon;
+    float *logits;
+    int32_t n_vocab;
+    volatile sig_atomic_t *abort_flag;
+} gen_ctx;
+
 typedef struct gen_opts {
     int64_t n_predict;
     int32_t prev_token;              /* the last prompt token (re-decoded to regenerate page 0) */
@@ -56,13 +68,11 @@ typedef struct gen_result {
 
 enum { GEN_STOP_LIMIT, GEN_STOP_EOG, GEN_STOP_CONTEXT, GEN_STOP_INTERRUPT, GEN_STOP_SEQUENCE };
 
-/* logits: the prefill's last logits (overwritten). The monitor is reset first. 0, or -1 with a
+/* c->logits: the prefill's last logits (overwritten). The monitor is reset first. 0, or -1 with a
  * message when a decode step fails (an interrupt is not a failure: stop says so). With stop
  * sequences the cache may hold more than the n_gen tokens kept (after GEN_STOP_SEQUENCE, or when the
  * answer was cut short while text that may begin one was held back, which is then left out): the
  * caller rewinds it. */
-int gen_answer(fwd_ctx *f, samp *s, const tok_vocab *v, unc_monitor *mon, float *logits, int32_t n_vocab,
-               const gen_opts *o, const gen_callbacks *cb, volatile sig_atomic_t *abort_flag, gen_result *res,
-               char *err, size_t errlen);
+int gen_answer(const gen_ctx *c, const gen_opts *o, const gen_callbacks *cb, gen_result *res, char *err, size_t errlen);
 
 #endif

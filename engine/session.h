@@ -1,14 +1,15 @@
 /* session.h - one conversation about a document: the engine object every front end drives.
  *
- * A session owns the model, the backend, the forward context (one sequence and its paged KV cache),
- * the policies, the sampler, the uncertainty monitor, the sequence's token ids and where each turn
- * began. It opens a document (fit check, chunked prefill with progress and an abort flag), answers
- * questions (final text and uncertainty events through callbacks, backtracking included),
- * regenerates the last answer, branches at question N, switches policy (restoring a stored state
- * when one exists, else prefilling again; exactly as before on cancel or failure), compares
- * decode-time policies on one cache, and saves and resumes through sess_persist, a table of
- * functions that store/ implements, so the engine never sees sqlite. Nothing here prints: an
- * operation returns a status and leaves its message in sess_error(). One thread drives a session. */
+ * A session is a conversation over a run (engine/run.h, which holds the model, backend, cache,
+ * policies, sampler and monitor): the document, the turns and where each began, the last answer,
+ * the stored conversation. It opens a document (fit check, chunked prefill with progress and an
+ * abort flag), answers questions (final text and uncertainty events through callbacks,
+ * backtracking included), regenerates the last answer, branches at question N, switches policy
+ * (restoring a stored state when one exists, else prefilling again; exactly as before on cancel or
+ * failure), compares decode-time policies on one cache, and saves and resumes through
+ * sess_persist, a table of functions that store/ implements, so the engine never sees sqlite.
+ * Nothing here prints: an operation returns a status and leaves its message in sess_error(). One
+ * thread drives a session. */
 #ifndef KVCHAT_SESSION_H
 #define KVCHAT_SESSION_H
 
@@ -16,12 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/forward.h"
-#include "engine/generate.h"
-#include "engine/model.h"
-#include "engine/policy/policy.h"
-#include "engine/sampler.h"
-#include "engine/uncertainty.h"
+#include "engine/run.h"
 
 typedef struct session session;
 
@@ -38,23 +34,13 @@ enum sess_status {
     SESS_ESAVE = -6,       /* answered, but saving the turn failed (the answer stands, unsaved) */
 };
 
-enum { SESS_DEVICE_AUTO, SESS_DEVICE_CPU, SESS_DEVICE_CUDA };
 #define SESS_MAX_STOP 8
 enum { SESS_FORMAT_AUTO = -1, SESS_FORMAT_PLAIN = 0, SESS_FORMAT_CHAT = 1 };
 
+/* How the conversation answers (the run has the model, the device, the policies, the sampling). */
 typedef struct sess_config {
-    const char *model_path;      /* required */
-    const char *tokenizer_path;  /* a SentencePiece .model replacing the file's vocabulary, or NULL */
-    int device;                  /* SESS_DEVICE_*: AUTO is CUDA when a device is present */
-    int n_threads;               /* 0: all cores */
-    int64_t n_ctx;               /* 0: the model's training context */
-    int n_batch;                 /* prefill chunk (0: 512) */
-    int page_size;               /* KV page size (0: 32, and a restored snapshot's own size is taken) */
-    pol_spec policy;             /* parsed (pol_parse); n == 0: full attention */
     char budget[32];             /* the --budget text policies switched to later are parsed with ("" none) */
-    samp_params sp;
     int backtrack;               /* regenerations per answer (-1: 2 when the decode policy can reselect) */
-    unc_thresholds thr;          /* when a generated page is uncertain (valid 0: monitor only) */
     int64_t n_predict;           /* the longest answer (0: 128) */
     int format;                  /* SESS_FORMAT_*: AUTO is the chat template when the file has one */
     int monitor;                 /* keep each answer token's entropy even without thresholds (a UI draws it) */
@@ -119,8 +105,9 @@ void sess_messages_free(sess_message *m, int n);
 
 /* ---- the object */
 
-/* Load the model, create the backend, the forward context and the policies. NULL with a message. */
-session *sess_create(const sess_config *cfg, char *err, size_t errlen);
+/* A conversation over r, which the session owns from now on (also when this fails: NULL with a
+ * message). */
+session *sess_create(run *r, const sess_config *cfg, char *err, size_t errlen);
 void sess_free(session *s);
 const char *sess_error(const session *s);
 /* What loading did that a front end should say once, e.g. which weight types the GPU converts to
@@ -207,7 +194,7 @@ void sess_spans_free(sess_span *sp, int n);
 /* ---- lower level: feeding tokens directly (bench, eval, calibrate, generate, logits) */
 
 /* Evaluate ids at the end of the sequence (a prefill: the prefill policy runs); logits of the last
- * go to sess_logits. each: every position's logits, or NULL. */
+ * go to run_logits(sess_run(s)). each: every position's logits, or NULL. */
 int sess_feed(session *s, const int32_t *ids, int64_t n, fwd_logits_fn each, void *ud);
 /* Forget the sequence from pos on (replaying what sliding-window layers lost). */
 int sess_rewind(session *s, int64_t pos);
@@ -234,18 +221,9 @@ typedef struct sess_answer {
 } sess_answer;
 const sess_answer *sess_last_answer(const session *s);
 
-const model *sess_model(const session *s);
-const fwd_ctx *sess_fwd(const session *s);
-fwd_ctx *sess_fwd_mut(session *s);
-const pol_set *sess_policies(const session *s);
-const unc_monitor *sess_monitor(const session *s);
-unc_monitor *sess_monitor_mut(session *s);
-const samp *sess_sampler(const session *s);
-be_backend *sess_backend(const session *s);
-float *sess_logits(session *s);
-const int32_t *sess_tokens(const session *s, int64_t *n);
+/* The runtime the conversation runs on: the model, the cache, the policies, the figures. */
+const run *sess_run(const session *s);
 int sess_backtrack(const session *s);
-const unc_thresholds *sess_thresholds(const session *s);
 int sess_format(const session *s);                 /* SESS_FORMAT_CHAT or _PLAIN */
 int64_t sess_turns(const session *s);              /* questions answered in this conversation */
 int sess_have_document(const session *s);

@@ -146,6 +146,18 @@ be_backend *be_cuda_create(int n_threads, char *err, size_t errlen);
 /* CUDA devices present (0 as well when kvchat was built without CUDA). */
 int be_cuda_devices(void);
 void be_free(be_backend *b);
+/* The device a run asks for: AUTO is the GPU when one is present (kernels/backend.c). */
+enum { BE_DEVICE_AUTO, BE_DEVICE_CPU, BE_DEVICE_CUDA };
+be_backend *be_create(int device, int n_threads, char *err, size_t errlen);
+/* The weights a model multiplies, prepared on b (a device copies them now); note gets what a front
+ * end should say once (the types a GPU converts to f16, "" none). 0, or -1 with a message. */
+int be_prepare_weights(be_backend *b, const be_weight *const *w, int n, char *note, size_t note_cap, char *err,
+                       size_t errlen);
+/* The CPU kernels' instruction set: by name (NULL: the best this CPU has; $KVCHAT_ISA is checked
+ * too) or none (no_simd); the name of the one in use; what is in use and what the CPU supports. */
+int be_cpu_set_kernels(const char *isa, int no_simd, char *err, size_t errlen);
+const char *be_cpu_kernels(void);
+void be_cpu_kernels_summary(char *buf, size_t cap);
 /* Residency through the op table, doing nothing where the backend has none. */
 static inline int be_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
 {

@@ -76,6 +76,8 @@ typedef void (*synth_row_fn)(const synth_row *row, void *ud);
 int synth_run(const synth_req *req, synth_row_fn row, void *ud, char *err, size_t errlen);
 
 const char *synth_policy_name(int policy);
+/* The decode policy named by the n bytes at name (full, chess or its aggressive preset, quest), or -1. */
+int synth_policy_find(const char *name, size_t n);
 
 /* The decode attention and Quest selection kernels against a host reference on random data of
  * awkward sizes; 0 with *attn_err (largest error relative to the output's magnitude), or -1 with err

@@ -38,3 +38,13 @@ const char *synth_gemm_name(int gemm)
     }
     return "?";
 }
+
+int synth_policy_find(const char *name, size_t n)
+{
+    for (int k = SYNTH_FULL; k <= SYNTH_QUEST; k++) {
+        const char *s = synth_policy_name(k);
+        size_t bare = strcspn(s, ":");   /* a policy's name alone stands for the preset the model runs */
+        if ((strlen(s) == n || bare == n) && !strncmp(name, s, n)) return k;
+    }
+    return -1;
+}

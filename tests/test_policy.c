@@ -898,12 +898,12 @@ Test(policy, chelsea_spares_the_calibrated_outlier_heads)
     for (int calibrated = 0; calibrated < 2; calibrated++) {
         fwd_opts fo = { 2048, 64, 8 };
         fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
-        cr_assert(fwd_set_head_similarity(f, calibrated ? sim : NULL) == 0);
         pol_spec s;
         cr_assert(pol_parse(&s, "chelsea:budget=120,sinks=4,recent=8,outliers=0.125", NULL, err, sizeof err) == 0, "%s",
                   err);
         pol_env env;
         fwd_policy_env(f, &env);
+        env.head_sim = calibrated ? sim : NULL;   /* the run hands policies the model's calibration */
         pol_set *ps = pol_set_create(&s, &env, err, sizeof err);
         cr_assert(ps, "%s", err);
         fwd_set_policy(f, ps);

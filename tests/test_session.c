@@ -62,22 +62,26 @@ static session *open_session(const char *spec, const store_persist *sp) { return
 
 static session *open_session_stop(const char *spec, const store_persist *sp, const char *stop, int64_t n_predict)
 {
+    run_config rc;
+    memset(&rc, 0, sizeof rc);
+    rc.model_path = MODEL;
+    rc.device = BE_DEVICE_CPU;
+    rc.n_threads = 1;
+    rc.n_ctx = 4096;
+    rc.page_size = 8;
+    char err[600];
+    cr_assert(pol_parse(&rc.policy, spec, NULL, err, sizeof err) == 0, "%s", err);
+    rc.sp = samp_params_default();
+    rc.sp.temperature = 0;
+    run *r = run_create(&rc, err, sizeof err);
+    cr_assert(r, "%s", err);
     sess_config c;
     memset(&c, 0, sizeof c);
-    c.model_path = MODEL;
-    c.device = SESS_DEVICE_CPU;
-    c.n_threads = 1;
-    c.n_ctx = 4096;
-    c.page_size = 8;
-    char err[600];
-    cr_assert(pol_parse(&c.policy, spec, NULL, err, sizeof err) == 0, "%s", err);
-    c.sp = samp_params_default();
-    c.sp.temperature = 0;
     c.backtrack = 0;
     c.n_predict = n_predict;
     c.format = SESS_FORMAT_AUTO;
     if (stop) snprintf(c.stop[c.n_stop++], sizeof c.stop[0], "%s", stop);
-    session *s = sess_create(&c, err, sizeof err);
+    session *s = sess_create(r, &c, err, sizeof err);
     cr_assert(s, "%s", err);
     if (sp) cr_assert(sess_attach_store(s, &sp->ops) == 0, "%s", sess_error(s));
     return s;
@@ -118,7 +122,7 @@ Test(session, resume_continues_exactly_as_the_uninterrupted_conversation)
     int32_t want[64];
     int64_t n_want = answer_ids(u, want, 64);
     int64_t n_tok_u;
-    sess_tokens(u, &n_tok_u);
+    run_tokens(sess_run(u), &n_tok_u);
     /* the same first turn, saved; a new object resumes it from the snapshot and asks the second */
     session *a = open_session("chess:preset=aggressive", &x.sp);
     cr_assert(sess_open_document(a, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(a));
@@ -135,7 +139,7 @@ Test(session, resume_continues_exactly_as_the_uninterrupted_conversation)
     cr_expect(sess_last_answer(b)->resumed, "the cache came from the snapshot");
     expect_same_answer(want, n_want, b, "resumed");
     int64_t n_tok_b;
-    sess_tokens(b, &n_tok_b);
+    run_tokens(sess_run(b), &n_tok_b);
     cr_expect_eq(n_tok_b, n_tok_u, "the sequences have the same length");
     sess_free(b);
     sess_free(u);
@@ -171,9 +175,9 @@ Test(session, resume_without_a_snapshot_prefills_the_conversation_again_with_the
     char *doc = doc_load(x.doc, DOC_MAX_BYTES, &dl, err, sizeof err);
     const char *turns[2] = { "What is it about?", a1 };
     int32_t *ids = NULL;
-    cr_assert(doc && prompt_conversation(sess_model(f), sess_format(b), doc, turns, 2, "And then?", &ids, &n, err,
+    cr_assert(doc && prompt_conversation(run_model(sess_run(f)), sess_format(b), doc, turns, 2, "And then?", &ids, &n, err,
                                          sizeof err) == 0, "%s", err);
-    pol_set_probe_is_question((pol_set *)sess_policies(f), 1);
+    pol_set_probe_is_question((pol_set *)run_policies(sess_run(f)), 1);
     cr_assert(sess_feed(f, ids, (int64_t)n, NULL, NULL) == SESS_OK, "%s", sess_error(f));
     gen_result g;
     cr_assert(sess_generate(f, 8, &g) == SESS_OK, "%s", sess_error(f));
@@ -249,7 +253,7 @@ Test(session, a_branch_before_this_object_rebuilds_from_the_store)
     cr_assert(doc, "%s", err);
     const char *turns[2] = { "What is it about?", a1 };
     int32_t *ids = NULL;
-    cr_assert(prompt_conversation(sess_model(f), sess_format(b), doc, turns, 2, "Who wrote it?", &ids, &n, err,
+    cr_assert(prompt_conversation(run_model(sess_run(f)), sess_format(b), doc, turns, 2, "Who wrote it?", &ids, &n, err,
                                   sizeof err) == 0, "%s", err);
     cr_assert(sess_feed(f, ids, (int64_t)n, NULL, NULL) == SESS_OK, "%s", sess_error(f));
     gen_result g;
@@ -301,9 +305,9 @@ static void expect_state(session *s, const char *policy, int64_t pos, const int3
                          const char *what)
 {
     int64_t n;
-    const int32_t *t = sess_tokens(s, &n);
-    cr_expect_str_eq(pol_set_spec(sess_policies(s))->text, policy, "%s: the policy changed", what);
-    cr_expect_eq(fwd_pos(sess_fwd(s)), pos, "%s: the cache moved", what);
+    const int32_t *t = run_tokens(sess_run(s), &n);
+    cr_expect_str_eq(pol_set_spec(run_policies(sess_run(s)))->text, policy, "%s: the policy changed", what);
+    cr_expect_eq(run_pos(sess_run(s)), pos, "%s: the cache moved", what);
     cr_expect(n == n_toks && !memcmp(t, toks, sizeof(int32_t) * (size_t)n), "%s: the sequence changed", what);
 }
 
@@ -318,10 +322,10 @@ Test(session, a_cancelled_or_refused_policy_switch_leaves_the_conversation_as_it
     ask_ok(s, "What is it about?");
     ask_ok(c, "What is it about?");
     int64_t n0;
-    const int32_t *t0 = sess_tokens(s, &n0);
+    const int32_t *t0 = run_tokens(sess_run(s), &n0);
     int32_t *keep = malloc(sizeof(int32_t) * (size_t)n0);
     memcpy(keep, t0, sizeof(int32_t) * (size_t)n0);
-    int64_t pos0 = fwd_pos(sess_fwd(s));
+    int64_t pos0 = run_pos(sess_run(s));
     /* cancelled part way through the new prefill */
     sess_callbacks cb = { NULL, cancel_on_progress, NULL, NULL, NULL, NULL, NULL, NULL };
     stop_flag = 0;
@@ -459,13 +463,13 @@ Test(session, a_conversation_deleted_meanwhile_goes_on_as_a_new_one)
     cr_expect_eq(n, 2, "this turn's two messages");
     store_messages_free(m, n);
     int64_t n_tok;
-    sess_tokens(s, &n_tok);
+    run_tokens(sess_run(s), &n_tok);
     session *r = open_session("full", &x.sp);
     char key[32];
     snprintf(key, sizeof key, "#%lld", (long long)sess_stored_id(s));
     cr_assert(sess_resume(r, key, NULL) == SESS_OK, "%s", sess_error(r));
     int64_t n_r;
-    sess_tokens(r, &n_r);
+    run_tokens(sess_run(r), &n_r);
     cr_expect_eq(n_r, n_tok, "the snapshot holds the whole conversation");
     sess_free(r);
     sess_free(s);
@@ -551,11 +555,9 @@ Test(session, snapshots_share_the_pages_that_did_not_change)
         void *data;
         size_t len;
         cr_assert(store_snapshot_get(x.db, m[i].id, "full", &data, &len) == 0, "%s", store_error(x.db));
-        snap_identity id;
-        snap_identity_of(sess_fwd(s), sess_model_sha(s), &id);
         char err[512];
-        cr_expect(snap_check(sess_fwd(s), data, len, &id, NULL, err, sizeof err) == 0, "message %lld: %s",
-                  (long long)m[i].id, err);
+        cr_expect(run_check_snapshot(sess_run(s), data, len, sess_model_sha(s), err, sizeof err) == 0,
+                  "message %lld: %s", (long long)m[i].id, err);
         free(data);
         restored++;
     }
@@ -624,8 +626,8 @@ Test(session, a_stop_sequence_ends_the_answer_before_it_and_is_never_streamed)
     cr_expect(sn < un && !memcmp(sid_, uid, sizeof(int32_t) * (size_t)sn), "the kept tokens are a prefix");
     /* the cache holds the sequence but its last sampled token, as after any answer */
     int64_t n_seq;
-    sess_tokens(s, &n_seq);
-    cr_expect_eq(fwd_pos(sess_fwd(s)), sn > 0 ? n_seq - 1 : n_seq, "the cache went back to the kept tokens");
+    run_tokens(sess_run(s), &n_seq);
+    cr_expect_eq(run_pos(sess_run(s)), sn > 0 ? n_seq - 1 : n_seq, "the cache went back to the kept tokens");
     /* and the conversation goes on from there */
     ask_ok(s, "And then?");
     sess_free(s);
@@ -644,10 +646,10 @@ Test(session, a_cancelled_document_open_goes_back_to_the_conversation_before_it)
     ask_ok(s, "What is it about?");
     ask_ok(c, "What is it about?");
     int64_t sid = sess_stored_id(s), n0;
-    const int32_t *t0 = sess_tokens(s, &n0);
+    const int32_t *t0 = run_tokens(sess_run(s), &n0);
     int32_t *keep = malloc(sizeof(int32_t) * (size_t)n0);
     memcpy(keep, t0, sizeof(int32_t) * (size_t)n0);
-    int64_t pos0 = fwd_pos(sess_fwd(s));
+    int64_t pos0 = run_pos(sess_run(s));
     sess_callbacks cb = { NULL, cancel_on_progress, NULL, NULL, NULL, NULL, NULL, NULL };
     stop_flag = 0;
     sess_set_callbacks(s, &cb, &stop_flag);
@@ -678,17 +680,17 @@ Test(session, policy_checks_are_the_same_before_and_after_a_document)
     cr_expect(strstr(sess_error(s), "below two pages"), "%s", sess_error(s));
     cr_expect_eq(sess_set_policy(s, "snapkv:budget=999999", NULL), SESS_EFAIL);
     cr_expect(strstr(sess_error(s), "larger than the context"), "%s", sess_error(s));
-    cr_expect_str_eq(pol_set_spec(sess_policies(s))->text, "full");
+    cr_expect_str_eq(pol_set_spec(run_policies(sess_run(s)))->text, "full");
     /* with one: a decode-time switch is checked against it too, and nothing changes */
     cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
     cr_expect_eq(sess_set_policy(s, "quest:budget=0", NULL), SESS_EFAIL);
-    cr_expect_str_eq(pol_set_spec(sess_policies(s))->text, "full");
+    cr_expect_str_eq(pol_set_spec(run_policies(sess_run(s)))->text, "full");
     cr_expect_eq(sess_policy_pending(s), 0);
     /* a budget given apart replaces the spec's own */
     cr_expect_eq(sess_set_policy(s, "quest:budget=0.5", NULL), SESS_OK, "%s", sess_error(s));
     cr_expect_eq(sess_policy_pending(s), 1, "a decode-time policy waits for the next answer");
     cr_expect_eq(sess_set_policy(s, "quest:budget=0.5", "0.25"), SESS_OK, "%s", sess_error(s));
-    cr_expect_str_eq(pol_set_spec(sess_policies(s))->text, "quest:budget=0.25");
+    cr_expect_str_eq(pol_set_spec(run_policies(sess_run(s)))->text, "quest:budget=0.25");
     cr_expect_eq(sess_check_policy(s, "take:budget=0.5", "0.001"), SESS_EFAIL);
     cr_expect(strstr(sess_error(s), "probe tokens"), "%s", sess_error(s));
     ask_ok(s, "What is it about?");

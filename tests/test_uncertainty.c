@@ -186,8 +186,8 @@ static void answer(const char *file, const char *spec, const unc_thresholds *thr
         unc_monitor *mon = unc_create(P, 0);
         gen_opts go = { n, ids[n_ids - 1], thr, R, 0, 0, NULL, 0 };
         gen_callbacks cb = { out, keep_token, NULL, keep_event };
-        cr_assert(gen_answer(f, s, m->vocab, mon, logits, nv, &go, &cb, NULL, &out->res, err, sizeof err) == 0, "%s",
-                  err);
+        gen_ctx gc = { f, s, m->vocab, mon, logits, nv, NULL };
+        cr_assert(gen_answer(&gc, &go, &cb, &out->res, err, sizeof err) == 0, "%s", err);
         cr_expect_eq(out->res.n_gen, out->n, "every final token was handed out once");
         if (out->res.stop == GEN_STOP_LIMIT)
             cr_expect_eq(fwd_pos(f), (int64_t)n_ids + out->n - 1, "the cache holds the prompt and the answer");

@@ -791,7 +791,7 @@ static int policy_command(tui *t, const char *spec)
     if (v.busy) return busy_error(t), 0;
     char combined[512], err[700];
     const char *use = spec;
-    if (!strchr(spec, '+') && strcmp(spec, "full") != 0) {
+    if (!strchr(spec, '+') && strcmp(spec, POL_FULL) != 0) {
         policy_combine(v.policy, spec, combined, sizeof combined);
         if (strcmp(combined, spec) != 0) use = combined;
     }

@@ -136,12 +136,12 @@ static void on_progress(void *ud, int64_t done, int64_t total)
     pthread_mutex_unlock(&w->mu);
     /* tokens/s, time left and the KV memory so far, for the status bar */
     double el = now_s() - w->t_job, rate = el > 0 ? (double)done / el : 0;
-    kv_stats ks;
-    kv_get_stats(fwd_kv(sess_fwd(w->s)), &ks);
+    run_figures fg;
+    run_get_figures(sess_run(w->s), &fg);
     char msg[160];
     snprintf(msg, sizeof msg, "prefill %lld/%lld tokens, %.0f tok/s, %.0f s left, KV %.1f MiB (Ctrl-C cancels)",
              (long long)done, (long long)total, rate, rate > 0 ? (double)(total - done) / rate : 0.0,
-             (double)ks.bytes_resident / (1 << 20));
+             (double)fg.kv_held / (1 << 20));
     post(w, UW_PROGRESS, msg, done, total);
     publish(w);
 }
@@ -194,10 +194,11 @@ static void answered(ui_worker *w, int rc)
         return;
     }
     const sess_answer *a = sess_last_answer(w->s);
-    const fwd_ctx *f = sess_fwd(w->s);
+    run_figures fg;
+    run_get_figures(sess_run(w->s), &fg);
     pthread_mutex_lock(&w->mu);
-    w->view.tok_s = a->gen.n_decoded > 0 && a->decode_s > 0 ? (double)a->gen.n_decoded / a->decode_s : 0;
-    if (a->prefill_s > 0) w->view.prefill_tok_s = (double)a->prompt_tokens / a->prefill_s;
+    w->view.tok_s = fg.decode_tok_s;
+    if (fg.prefill_tok_s > 0) w->view.prefill_tok_s = fg.prefill_tok_s;
     pthread_mutex_unlock(&w->mu);
     publish(w);
     char note[700], msg[1200];
@@ -208,7 +209,7 @@ static void answered(ui_worker *w, int rc)
     else
         note[0] = 0;
     snprintf(msg, sizeof msg, "%lld tokens, %.1f tok/s, context %lld/%lld%s%s%s", (long long)a->gen.n_gen,
-             w->view.tok_s, (long long)fwd_pos(f), (long long)fwd_n_ctx(f),
+             w->view.tok_s, (long long)fg.positions, (long long)fg.n_ctx,
              a->gen.stop == GEN_STOP_INTERRUPT ? ", stopped" : a->gen.stop == GEN_STOP_CONTEXT ? ", context full" : "",
              a->gen.regenerated ? ", pages regenerated" : "", note);
     post(w, UW_DONE, msg, a->gen.stop == GEN_STOP_INTERRUPT, 0);
@@ -216,7 +217,7 @@ static void answered(ui_worker *w, int rc)
 
 static void mark_map(ui_worker *w)
 {
-    view_mark(&w->marks, sess_policies(w->s));
+    view_mark(&w->marks, run_policies(sess_run(w->s)));
     w->n_gen = 0;
 }
 
@@ -385,7 +386,7 @@ static void job_resume(ui_worker *w, const char *key)
     publish(w);
 }
 
-static void *run(void *arg)
+static void *engine_thread(void *arg)
 {
     ui_worker *w = arg;
     for (;;) {
@@ -482,19 +483,19 @@ ui_worker *uw_start(session *s, store *db, const char *db_path, char *err, size_
         snprintf(msg, sizeof msg, "warning: %s", sess_warning(s));
         post(w, UW_INFO, msg, 0, 0);
     }
-    const model *m = sess_model(s);
+    const model *m = run_model(sess_run(s));
     const char *b = strrchr(m->path, '/');
     snprintf(w->view.model, sizeof w->view.model, "%s", b ? b + 1 : m->path);
-    w->view.ctx_limit = fwd_n_ctx(sess_fwd(s));
+    w->view.ctx_limit = run_n_ctx(sess_run(s));
     w->view.weights_mib = (double)m->weight_bytes / (1 << 20);
-    const unc_thresholds *thr = sess_thresholds(s);
+    const unc_thresholds *thr = run_thresholds(sess_run(s));
     w->view.thr_valid = thr->valid;
     w->view.thr_h = thr->h_mean;
     w->view.thr_v = thr->h_var;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     publish(w);
-    if (pthread_create(&w->th, NULL, run, w) != 0) {
+    if (pthread_create(&w->th, NULL, engine_thread, w) != 0) {
         snprintf(err, errlen, "cannot start the engine thread");
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);

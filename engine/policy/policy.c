@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/policy/chelsea.h"
 #include "engine/policy/trace.h"
 
 extern const pol_ops pol_full, pol_streaming, pol_quest, pol_chess, pol_sentkv, pol_take, pol_laser, pol_chelsea,
@@ -615,6 +616,19 @@ int pol_split_list(const char *list, char specs[][256], int max)
         }
     }
     return n;
+}
+
+int pol_spec_decode_keeps_cache(const pol_spec *s)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->ops[i]->layer_done && !s->ops[i]->layer_done_prefill_only) return 0;
+    return 1;
+}
+
+/* Chunks of 256 tokens: the soft matching's own chunk, within which links are made. */
+int pol_head_similarity(const kv_cache *kv, int il, int g, double *out)
+{
+    return chelsea_head_similarity(kv, il, g, 256, out);
 }
 
 void pol_strip_budget(const char *spec, char *out, size_t cap)

@@ -134,6 +134,10 @@ typedef struct pol_ops {
     int (*load)(void *st, const pol_env *env, struct bytes_r *r);
 } pol_ops;
 
+/* The name of full attention (every token kept and attended): the reference the others are
+ * measured against, and the key of snapshots taken without a prefill policy. */
+#define POL_FULL "full"
+
 /* Every registered policy (NULL-terminated), and one by name. */
 const pol_ops *const *pol_registry(void);
 const pol_ops *pol_find(const char *name);
@@ -164,6 +168,15 @@ void pol_list(char *buf, size_t len);
  * quest" is full / chess:preset=aggressive,every=2 / quest): a piece with '=' and no ':' continues
  * the previous spec's parameters. The count, or -1 when there are more than max. */
 int pol_split_list(const char *list, char specs[][256], int max);
+
+/* 1 when decoding leaves the cache under spec alone: no policy of it drops or merges tokens while
+ * decoding (H2O and Chelsea do), so decode-time policies can be compared on one cache. */
+int pol_spec_decode_keeps_cache(const pol_spec *s);
+/* How similar the keys of KV head g of layer il are along the sequence: the measure that storage
+ * policies merging tokens are calibrated with (kvchat calibrate records it per head; Chelsea spares
+ * the least similar heads, given through pol_env.head_sim). 0, or -1 when the head holds fewer than
+ * 2 tokens or memory runs out. */
+int pol_head_similarity(const kv_cache *kv, int il, int g, double *out);
 
 /* Per-step facts the engine records about attention (for the UI, ask --show-pages and bench). */
 typedef struct pol_step_stats {

@@ -1,0 +1,634 @@
+/* run.c - the runtime of one sequence (see run.h): loading, the sequence's ids beside its cache,
+ * feeding, answering, policies, snapshots and the figures. */
+#include "engine/run.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "engine/snapshot.h"
+#include "engine/tokenizer.h"
+
+struct run {
+    run_config cfg;
+    model *m;
+    be_backend *b;
+    int owns;                    /* the model and backend are this run's (0: a sibling's borrowed) */
+    fwd_ctx *f;
+    pol_set *ps;                 /* NULL: full attention, nothing recorded */
+    samp *s;
+    unc_monitor *mon;
+    float *logits;
+    float *head_sim;             /* [n_layer * n_head_kv] calibrated key similarity, or NULL */
+    int32_t *ids;                /* the sequence; [0, fwd_pos) are in the cache */
+    int64_t n_ids, cap_ids;
+    fwd_progress_fn progress;
+    void *progress_ud;
+    volatile sig_atomic_t *abort_flag;
+    volatile sig_atomic_t never;   /* what abort_flag points at until a caller gives one */
+    char load_note[256], warn[300];
+    /* the last prefill and the decoding since it */
+    int64_t prefill_tokens, decoded;
+    double prefill_s, decode_s;
+};
+
+double run_clock_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cancelled(const run *r) { return *r->abort_flag != 0; }
+
+/* A failed evaluation: cancelled when the abort flag was raised (the message says so), else a failure
+ * whose message the forward pass left. */
+static int eval_failed(const run *r, char *err, size_t errlen)
+{
+    if (!cancelled(r)) return RUN_EFAIL;
+    snprintf(err, errlen, "cancelled");
+    return RUN_ECANCELLED;
+}
+
+static int oom(char *err, size_t errlen)
+{
+    snprintf(err, errlen, "out of memory");
+    return RUN_EFAIL;
+}
+
+static int ids_reserve(run *r, int64_t n)
+{
+    if (n <= r->cap_ids) return 0;
+    int64_t nc = n * 2;
+    int32_t *ni = realloc(r->ids, sizeof(int32_t) * (size_t)nc);
+    if (!ni) return -1;
+    r->ids = ni;
+    r->cap_ids = nc;
+    return 0;
+}
+
+/* ---- creating */
+
+static void policy_env(run *r, pol_env *env)
+{
+    fwd_policy_env(r->f, env);
+    env->head_sim = r->head_sim;
+}
+
+static fwd_ctx *new_fwd(run *r, int page_size, char *err, size_t errlen)
+{
+    fwd_opts fo = { r->cfg.n_ctx, r->cfg.n_batch, page_size };
+    if (fo.n_ctx <= 0) fo.n_ctx = r->m->hp.n_ctx_train;   /* pages are allocated as tokens arrive */
+    return fwd_create(r->m, r->b, &fo, err, errlen);
+}
+
+/* The calibrated key similarity of each layer's KV heads (NaN where not measured), for the policies
+ * that spare the least similar heads. */
+static int load_head_similarity(run *r)
+{
+    const unc_thresholds *t = &r->cfg.thr;
+    if (!t->valid || t->n_heads == 0) return 0;
+    int nl = r->m->hp.n_layer, nh = r->m->hp.n_head_kv;
+    if (!(r->head_sim = malloc(sizeof(float) * (size_t)nl * (size_t)nh))) return -1;
+    for (int i = 0; i < nl * nh; i++) r->head_sim[i] = (float)NAN;
+    for (int i = 0; i < t->n_heads; i++) {
+        const unc_head_sim *e = &t->head_sim[i];
+        if (e->layer < nl && e->head < nh) r->head_sim[e->layer * nh + e->head] = e->sim;
+    }
+    return 0;
+}
+
+static int prepare_weights(run *r, char *err, size_t errlen)
+{
+    int n = model_matmul_weights(r->m, NULL, 0);
+    const be_weight **w = malloc(sizeof *w * (size_t)(n > 0 ? n : 1));
+    if (!w) return oom(err, errlen);
+    model_matmul_weights(r->m, w, n);
+    int rc = be_prepare_weights(r->b, w, n, r->load_note, sizeof r->load_note, err, errlen);
+    free(w);
+    return rc ? RUN_EFAIL : RUN_OK;
+}
+
+static const char *base_name(const char *p)
+{
+    const char *b = strrchr(p, '/');
+    return b ? b + 1 : p;
+}
+
+/* What a run and its siblings make for themselves: the cache, the policies, the sampler, the
+ * monitor and the logits. */
+static int open_sequence(run *r, char *err, size_t errlen)
+{
+    r->abort_flag = &r->never;
+    if (!(r->f = new_fwd(r, r->cfg.page_size, err, errlen))) return RUN_EFAIL;
+    pol_spec spec = r->cfg.policy;
+    if (spec.n == 0 &&
+        pol_parse(&spec, NULL, r->cfg.budget && *r->cfg.budget ? r->cfg.budget : NULL, err, errlen))
+        return RUN_EFAIL;
+    if (run_set_policy(r, &spec, err, errlen)) return RUN_EFAIL;
+    /* calibrated thresholds hold for windows of the size they were measured on */
+    const unc_thresholds *t = &r->cfg.thr;
+    r->mon = unc_create(t->valid && t->page > 0 ? t->page : kv_page_size(fwd_kv(r->f)), 0);
+    r->logits = malloc(sizeof(float) * (size_t)r->m->hp.n_vocab);
+    r->s = samp_create(&r->cfg.sp, r->m->hp.n_vocab);
+    if (!r->mon || !r->logits || !r->s) return oom(err, errlen);
+    return RUN_OK;
+}
+
+run *run_create(const run_config *c, char *err, size_t errlen)
+{
+    run *r = calloc(1, sizeof *r);
+    if (!r) {
+        oom(err, errlen);
+        return NULL;
+    }
+    r->cfg = *c;
+    r->owns = 1;
+    model_load_opts lo = { c->tokenizer_path };
+    if (model_load(&r->m, c->model_path, &lo, err, errlen) != 0 || !(r->b = be_create(c->device, c->n_threads, err, errlen)) ||
+        prepare_weights(r, err, errlen))
+        goto fail;
+    if (load_head_similarity(r)) {
+        oom(err, errlen);
+        goto fail;
+    }
+    if (open_sequence(r, err, errlen)) goto fail;
+    if (c->n_ctx > r->m->hp.n_ctx_train)
+        snprintf(r->warn, sizeof r->warn, "--ctx %lld is above the %lld tokens %s was trained on: past that length "
+                 "its answers degrade", (long long)c->n_ctx, (long long)r->m->hp.n_ctx_train, base_name(r->m->path));
+    return r;
+fail:
+    run_free(r);
+    return NULL;
+}
+
+run *run_sibling(run *o, char *err, size_t errlen)
+{
+    run *r = calloc(1, sizeof *r);
+    if (!r) {
+        oom(err, errlen);
+        return NULL;
+    }
+    r->cfg = o->cfg;
+    r->m = o->m;
+    r->b = o->b;
+    int bad = o->head_sim && load_head_similarity(r) ? oom(err, errlen) : open_sequence(r, err, errlen);
+    if (bad) {
+        run_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void run_free(run *r)
+{
+    if (!r) return;
+    fwd_free(r->f);
+    pol_set_free(r->ps);
+    unc_free(r->mon);
+    samp_free(r->s);
+    if (r->owns) {
+        be_free(r->b);
+        model_free(r->m);
+    }
+    free(r->logits);
+    free(r->head_sim);
+    free(r->ids);
+    free(r);
+}
+
+const char *run_load_note(const run *r) { return r->load_note; }
+const char *run_warning(const run *r) { return r->warn; }
+
+void run_set_progress(run *r, fwd_progress_fn fn, void *ud)
+{
+    r->progress = fn;
+    r->progress_ud = ud;
+}
+
+void run_set_abort(run *r, volatile sig_atomic_t *abort_flag) { r->abort_flag = abort_flag ? abort_flag : &r->never; }
+
+/* ---- the sequence */
+
+int run_append(run *r, const int32_t *ids, int64_t n, char *err, size_t errlen)
+{
+    if (n <= 0) return RUN_OK;
+    if (ids_reserve(r, r->n_ids + n)) return oom(err, errlen);
+    memcpy(r->ids + r->n_ids, ids, sizeof(int32_t) * (size_t)n);
+    r->n_ids += n;
+    return RUN_OK;
+}
+
+/* Evaluate the waiting ids as a prefill (accept: the sampler records them; timed: they are the
+ * figures' last prefill). */
+static int eval_waiting(run *r, int accept, int timed, fwd_logits_fn each, void *ud, char *err, size_t errlen)
+{
+    int64_t from = fwd_pos(r->f), n = r->n_ids - from;
+    if (n <= 0) {
+        snprintf(err, errlen, "nothing to evaluate");
+        return RUN_EFAIL;
+    }
+    if (from + n + 1 > fwd_n_ctx(r->f)) {
+        snprintf(err, errlen, "%lld more tokens do not fit: %lld of the context's %lld are used", (long long)n,
+                 (long long)from, (long long)fwd_n_ctx(r->f));
+        return RUN_ENOFIT;
+    }
+    for (int64_t i = 0; accept && i < n; i++) samp_accept(r->s, r->ids[from + i]);
+    double t0 = run_clock_s();
+    if (fwd_eval(r->f, r->ids + from, n, r->logits, each, ud, r->progress, r->progress_ud, r->abort_flag, err, errlen))
+        return eval_failed(r, err, errlen);
+    if (timed) {
+        r->prefill_tokens = n;
+        r->prefill_s = run_clock_s() - t0;
+        r->decoded = 0;
+        r->decode_s = 0;
+    }
+    return RUN_OK;
+}
+
+int run_feed(run *r, const int32_t *ids, int64_t n, fwd_logits_fn each, void *ud, char *err, size_t errlen)
+{
+    int64_t n0 = r->n_ids;
+    if (run_append(r, ids, n, err, errlen)) return RUN_EFAIL;
+    int rc = eval_waiting(r, 1, 1, each, ud, err, errlen);
+    if (rc) r->n_ids = n0;
+    return rc;
+}
+
+int run_redo_last(run *r, char *err, size_t errlen)
+{
+    if (r->n_ids < 1 || fwd_pos(r->f) < r->n_ids - 1) {
+        snprintf(err, errlen, "no evaluated token to evaluate again");
+        return RUN_EFAIL;
+    }
+    int rc = run_rewind(r, r->n_ids - 1, r->n_ids, err, errlen);
+    return rc ? rc : eval_waiting(r, 1, 0, NULL, NULL, err, errlen);
+}
+
+int run_prefill_again(run *r, char *err, size_t errlen)
+{
+    int64_t P = fwd_pos(r->f);
+    if (P == 0) return RUN_OK;
+    fwd_rewind(r->f, 0);
+    double t0 = run_clock_s();
+    if (fwd_eval(r->f, r->ids, P, r->logits, NULL, NULL, r->progress, r->progress_ud, r->abort_flag, err, errlen))
+        return eval_failed(r, err, errlen);
+    r->prefill_tokens = P;
+    r->prefill_s = run_clock_s() - t0;
+    r->decoded = 0;
+    r->decode_s = 0;
+    return RUN_OK;
+}
+
+int run_decode(run *r, int32_t id, char *err, size_t errlen)
+{
+    if (r->n_ids != fwd_pos(r->f)) {
+        snprintf(err, errlen, "%lld tokens wait to be evaluated before a decode step",
+                 (long long)(r->n_ids - fwd_pos(r->f)));
+        return RUN_EFAIL;
+    }
+    if (run_append(r, &id, 1, err, errlen)) return RUN_EFAIL;
+    double t0 = run_clock_s();
+    if (fwd_decode(r->f, id, r->logits, r->abort_flag, err, errlen)) {
+        r->n_ids--;
+        return eval_failed(r, err, errlen);
+    }
+    r->decoded++;
+    r->decode_s += run_clock_s() - t0;
+    return RUN_OK;
+}
+
+int run_rewind(run *r, int64_t pos, int64_t n_ids, char *err, size_t errlen)
+{
+    int64_t len = fwd_pos(r->f);
+    if (pos > len) pos = len;
+    if (pos < 0 || n_ids < pos || n_ids > r->n_ids) {
+        snprintf(err, errlen, "cannot rewind to %lld", (long long)pos);
+        return RUN_EFAIL;
+    }
+    int64_t got = fwd_rewind(r->f, pos);
+    r->n_ids = n_ids;
+    /* what sliding-window layers no longer held is evaluated again (not recorded by the sampler) */
+    if (got < pos && fwd_eval(r->f, r->ids + got, pos - got, r->logits, NULL, NULL, NULL, NULL, r->abort_flag, err,
+                              errlen))
+        return eval_failed(r, err, errlen);
+    return RUN_OK;
+}
+
+void run_set_floor(run *r, int64_t pos) { fwd_set_floor(r->f, pos); }
+void run_reset_peak(run *r) { kv_reset_peak(fwd_cache(r->f)); }
+
+/* ---- answering */
+
+typedef struct answer_ctx {
+    run *r;
+    const gen_callbacks *cb;
+    int keep, oom;
+} answer_ctx;
+
+static void on_token(void *ud, int32_t id)
+{
+    answer_ctx *a = ud;
+    if (a->keep && !a->oom) {
+        char e[32];
+        a->oom = run_append(a->r, &id, 1, e, sizeof e) != 0;
+    }
+    if (a->cb && a->cb->token) a->cb->token(a->cb->ud, id);
+}
+
+static void on_page(void *ud, int64_t page, const unc_stats *s)
+{
+    answer_ctx *a = ud;
+    if (a->cb && a->cb->page) a->cb->page(a->cb->ud, page, s);
+}
+
+static void on_event(void *ud, const unc_event *e)
+{
+    answer_ctx *a = ud;
+    if (a->cb && a->cb->event) a->cb->event(a->cb->ud, e);
+}
+
+int run_answer(run *r, const run_answer_opts *o, const gen_callbacks *cb, gen_result *res, char *err, size_t errlen)
+{
+    memset(res, 0, sizeof *res);
+    int64_t start = fwd_pos(r->f), n0 = r->n_ids;
+    if (n0 < 1 || start != n0) {
+        snprintf(err, errlen, n0 < 1 ? "nothing was fed to continue from" : "tokens wait to be evaluated");
+        return RUN_EFAIL;
+    }
+    static const unc_thresholds none;
+    gen_opts go = { o->n_predict, r->ids[n0 - 1], o->watch ? &r->cfg.thr : &none,
+                    o->max_regen >= 0 ? o->max_regen : run_default_backtrack(r), samp_temperature(r->s), o->monitor,
+                    o->stop, o->n_stop };
+    answer_ctx a = { r, cb, o->keep, 0 };
+    gen_callbacks wrap = { &a, on_token, on_page, on_event };
+    gen_ctx g = { r->f, r->s, r->m->vocab, r->mon, r->logits, r->m->hp.n_vocab, r->abort_flag };
+    double t0 = run_clock_s();
+    int bad = gen_answer(&g, &go, &wrap, res, err, errlen);
+    r->decoded = res->n_decoded;
+    r->decode_s = run_clock_s() - t0;
+    if (bad) return RUN_EFAIL;
+    if (a.oom) return oom(err, errlen);
+    if (!o->keep) return run_rewind(r, start, n0, err, errlen);   /* a side answer leaves no trace */
+    /* a stop sequence: the cache went past the kept tokens; back to them (the last one sampled, not
+     * evaluated, as after any answer) */
+    int64_t target = r->n_ids > n0 ? r->n_ids - 1 : r->n_ids;
+    return fwd_pos(r->f) > target ? run_rewind(r, target, r->n_ids, err, errlen) : RUN_OK;
+}
+
+int run_default_backtrack(const run *r) { return r->ps && pol_set_can_reselect(r->ps) ? 2 : 0; }
+
+void run_set_logits(run *r, const float *logits)
+{
+    memcpy(r->logits, logits, sizeof(float) * (size_t)r->m->hp.n_vocab);
+}
+
+size_t run_sampler_state_size(const run *r)
+{
+    (void)r;
+    return samp_state_size();
+}
+
+void run_save_sampler(const run *r, void *state) { samp_save_state(r->s, state); }
+void run_load_sampler(run *r, const void *state) { samp_load_state(r->s, state); }
+
+void run_reset_sampler(run *r)
+{
+    samp_reset(r->s);
+    for (int64_t i = 0; i < r->n_ids; i++) samp_accept(r->s, r->ids[i]);
+}
+
+void run_set_sampling(run *r, const samp_params *sp)
+{
+    samp_set_params(r->s, sp);
+    r->cfg.sp = *sp;
+}
+
+/* ---- policies */
+
+pol_set *run_new_policies(run *r, const pol_spec *spec, char *err, size_t errlen)
+{
+    pol_env env;
+    policy_env(r, &env);
+    return pol_set_create(spec, &env, err, errlen);
+}
+
+pol_set *run_swap_policies(run *r, pol_set *ps)
+{
+    pol_set *old = r->ps;
+    fwd_set_policy(r->f, ps);
+    r->ps = ps;
+    r->decoded = 0;   /* the decoding figures follow the policies attached */
+    r->decode_s = 0;
+    return old;
+}
+
+int run_set_policy(run *r, const pol_spec *spec, char *err, size_t errlen)
+{
+    pol_set *ps = NULL;
+    if (spec && !(ps = run_new_policies(r, spec, err, errlen))) return RUN_EFAIL;
+    pol_set_free(run_swap_policies(r, ps));
+    return RUN_OK;
+}
+
+int run_adopt_policy(run *r, const pol_spec *spec, char *err, size_t errlen)
+{
+    pol_set *ps = run_new_policies(r, spec, err, errlen);
+    if (!ps) return RUN_EFAIL;
+    if (fwd_adopt_policy(r->f, ps, r->ids, fwd_pos(r->f), err, errlen)) {
+        fwd_set_policy(r->f, r->ps);
+        pol_set_free(ps);
+        return RUN_EFAIL;
+    }
+    pol_set_free(run_swap_policies(r, ps));
+    return RUN_OK;
+}
+
+int run_check_budget(run *r, int64_t len, char *err, size_t errlen)
+{
+    return r->ps && pol_set_check(r->ps, len, err, errlen) ? RUN_EFAIL : RUN_OK;
+}
+
+int run_check_policy(run *r, const pol_spec *spec, int64_t len, char *err, size_t errlen)
+{
+    pol_set *probe = run_new_policies(r, spec, err, errlen);
+    int bad = !probe || pol_set_check(probe, len, err, errlen);
+    pol_set_free(probe);
+    return bad ? RUN_EFAIL : RUN_OK;
+}
+
+void run_probe_is_question(run *r, int yes)
+{
+    if (r->ps) pol_set_probe_is_question(r->ps, yes);
+}
+
+int run_trace(run *r, int64_t lo, int64_t hi, char *err, size_t errlen)
+{
+    if (r->ps && pol_set_trace(r->ps, lo, hi)) return oom(err, errlen);
+    return RUN_OK;
+}
+
+/* ---- snapshots */
+
+int run_snapshot(const run *r, const char *model_sha, void **data, size_t *len, char *err, size_t errlen)
+{
+    snap_identity id;
+    snap_identity_of(r->f, model_sha, &id);
+    return snap_save(r->f, r->s, &id, r->ids, r->n_ids, data, len, err, errlen) ? RUN_EFAIL : RUN_OK;
+}
+
+int run_check_snapshot(const run *r, const void *data, size_t len, const char *model_sha, char *err, size_t errlen)
+{
+    snap_identity id;
+    snap_identity_of(r->f, model_sha, &id);
+    return snap_check(r->f, data, len, &id, NULL, err, errlen) ? RUN_EFAIL : RUN_OK;
+}
+
+/* The forward context again with another KV page size (a snapshot's), under the same policies; the
+ * sequence is empty. */
+static int reopen_fwd(run *r, int page_size, char *err, size_t errlen)
+{
+    fwd_ctx *f = new_fwd(r, page_size, err, errlen);
+    if (!f) return RUN_EFAIL;
+    pol_spec spec;
+    if (r->ps) spec = *pol_set_spec(r->ps);
+    fwd_free(r->f);
+    r->f = f;
+    r->n_ids = 0;
+    return run_set_policy(r, r->ps ? &spec : NULL, err, errlen);
+}
+
+int run_restore(run *r, const void *data, size_t len, const char *model_sha, char *err, size_t errlen)
+{
+    int ps = snap_page_size(data, len);
+    if (ps > 0 && ps != kv_page_size(fwd_kv(r->f)) && !r->cfg.page_size && reopen_fwd(r, ps, err, errlen)) {
+        char e[1000];
+        snprintf(e, sizeof e, "%.990s", err);
+        snprintf(err, errlen, "cannot open a cache with the snapshot's page size: %s", e);
+        return RUN_EFAIL;
+    }
+    snap_identity id;
+    snap_identity_of(r->f, model_sha, &id);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (snap_restore(r->f, r->s, data, len, &id, &ids, &n, err, errlen)) return RUN_EFAIL;
+    free(r->ids);
+    r->ids = ids;
+    r->n_ids = r->cap_ids = n;
+    return RUN_OK;
+}
+
+/* ---- reading */
+
+const model *run_model(const run *r) { return r->m; }
+const pol_set *run_policies(const run *r) { return r->ps; }
+const unc_monitor *run_monitor(const run *r) { return r->mon; }
+const samp *run_sampler(const run *r) { return r->s; }
+const unc_thresholds *run_thresholds(const run *r) { return &r->cfg.thr; }
+const float *run_logits(const run *r) { return r->logits; }
+const int32_t *run_tokens(const run *r, int64_t *n)
+{
+    *n = r->n_ids;
+    return r->ids;
+}
+int64_t run_pos(const run *r) { return fwd_pos(r->f); }
+int64_t run_n_ctx(const run *r) { return fwd_n_ctx(r->f); }
+int run_page_size(const run *r) { return kv_page_size(fwd_kv(r->f)); }
+int run_threads(const run *r) { return r->b->n_threads; }
+const char *run_device_name(const run *r) { return r->b->ops->name; }
+int run_on_device(const run *r) { return r->b->ops->memory != NULL; }   /* device memory: a device backend */
+
+int run_head_similarity(const run *r, double *sim, int *layers, int cap)
+{
+    pol_env env;
+    fwd_policy_env(r->f, &env);
+    int n = 0;
+    for (int gi = 0; gi < env.n_global; gi++) {
+        if (layers) layers[gi] = env.global[gi];
+        for (int g = 0; g < env.n_head_kv && n < cap; g++, n++)
+            if (pol_head_similarity(fwd_kv(r->f), env.global[gi], g, &sim[n]) != 0) sim[n] = NAN;
+    }
+    return n;
+}
+
+int run_position_states(const run *r, uint8_t *state, int64_t n)
+{
+    pol_env env;
+    fwd_policy_env(r->f, &env);
+    if (env.n_global == 0) {
+        memset(state, 1, (size_t)n);
+        return 0;
+    }
+    memset(state, 0, (size_t)n);
+    int il = env.global[0];
+    const kv_cache *kv = fwd_kv(r->f);
+    int np = kv_n_pages(kv, il, 0);
+    for (int i = 0; i < np; i++) {
+        const kv_page *p = kv_layer_page(kv, il, 0, i);
+        for (int32_t t = 0; t < p->n; t++)
+            if (p->pos[t] >= 0 && p->pos[t] < n) state[p->pos[t]] = 1;
+    }
+    int nl = 0;
+    const int *last = r->ps ? pol_set_last_pages(r->ps, &nl) : NULL;
+    for (int k = 0; k < nl; k++) {
+        if (last[k] >= np) continue;
+        const kv_page *p = kv_layer_page(kv, il, 0, last[k]);
+        for (int32_t t = 0; t < p->n; t++)
+            if (p->pos[t] >= 0 && p->pos[t] < n) state[p->pos[t]] = 2;
+    }
+    return 0;
+}
+
+void run_get_figures(const run *r, run_figures *o)
+{
+    memset(o, 0, sizeof *o);
+    const kv_cache *kv = fwd_kv(r->f);
+    kv_stats ks;
+    kv_get_stats(kv, &ks);
+    o->positions = ks.positions;
+    o->n_ctx = fwd_n_ctx(r->f);
+    o->page_size = kv_page_size(kv);
+    o->tokens_kept = ks.tokens_kept;
+    o->tokens_full = ks.tokens_full;
+    o->kv_held = ks.bytes_resident;
+    o->kv_full = ks.bytes_full;
+    o->kv_peak = ks.bytes_peak;
+    pol_env env;
+    fwd_policy_env(r->f, &env);
+    for (int i = 0; i < env.n_global; i++) {
+        int64_t t = kv_peak_layer_tokens(kv, env.global[i]);
+        if (t > o->peak_layer_tokens) o->peak_layer_tokens = t;
+    }
+    o->saves_memory = r->ps && pol_set_saves_memory(r->ps);
+    if (r->b->ops->memory) r->b->ops->memory(r->b, &o->gpu_held, &o->gpu_total);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    o->rss_peak_mib = (double)ru.ru_maxrss / 1024.0;
+    if (r->ps) {
+        const pol_step_stats *st = pol_set_stats(r->ps);
+        o->steps = st->steps;
+        double steps = (double)st->steps, heads = (double)env.n_global * env.n_head_kv;
+        if (steps > 0 && heads > 0) {
+            o->pages_per_step = (double)st->pages_sum / steps / heads;
+            o->pages_avail_per_step = (double)st->pages_total_sum / steps / heads;
+        }
+        if (steps > 0) {
+            o->kv_read_per_step = (double)st->bytes_touched_total / steps;
+            o->attn_ms_per_step = st->attn_ms_total / steps;
+            o->select_ms_per_step = st->select_ms_total / steps;
+        }
+    }
+    o->prefill_tokens = r->prefill_tokens;
+    o->prefill_s = r->prefill_s;
+    o->prefill_tok_s = r->prefill_s > 0 ? (double)r->prefill_tokens / r->prefill_s : 0;
+    o->decoded = r->decoded;
+    o->decode_s = r->decode_s;
+    o->decode_tok_s = r->decode_s > 0 ? (double)r->decoded / r->decode_s : 0;
+    if (r->b->ops->counters) {
+        o->has_counters = 1;
+        r->b->ops->counters(r->b, &o->dev_waits, &o->dev_bytes_up, &o->dev_bytes_down);
+    }
+}

@@ -1,0 +1,194 @@
+/* sess_compare.c - side queries over the conversation's cache (sess_compare and sess_seen in
+ * session.h): the next question answered under several decode-time policies from one cache, the
+ * conversation going on as before; and "what the model sees", the sequence's text by whether the
+ * first global layer holds and attended it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/sess_store.h"
+#include "engine/sess_turns.h"
+#include "engine/tokenizer.h"
+
+/* The policies to compare: the current one first, then each of specs_in that differs from it, each
+ * on the cache's prefill policy. The count, or -1 with the message in s->err. */
+static int compare_specs(session *s, const char *const *specs_in, int n_in, char specs[8][256])
+{
+    char key[256];
+    snprintf(specs[0], 256, "%s", pol_set_spec(run_policies(s->r))->text);
+    int n_spec = 1;
+    /* each compared policy keeps the cache's prefill policy: only the decode-time part varies; a
+     * prefill policy that also acts while decoding would change the cache under the comparison */
+    sess_current_prefill_key(s, key, sizeof key);
+    if (!pol_spec_decode_keeps_cache(pol_set_spec(run_policies(s->r))))
+        return sess_fail(s, -1, "compare needs a cache that decoding leaves alone: not under %s", key);
+    for (int i = 0; i < n_in; i++) {
+        pol_spec ps;
+        if (pol_parse(&ps, specs_in[i], NULL, s->err, sizeof s->err)) return -1;
+        for (int k = 0; k < ps.n; k++)
+            if (ps.ops[k]->stage == POL_STAGE_PREFILL)
+                return sess_fail(s, -1,
+                                 "compare decode-time policies (chess, quest, sentkv, streaming, full) on the cache as it is");
+        char joined[256];
+        if (strcmp(key, POL_FULL) != 0)
+            snprintf(joined, sizeof joined, "%.120s+%.120s", key, specs_in[i]);
+        else
+            snprintf(joined, sizeof joined, "%s", specs_in[i]);
+        /* by the canonical text: "quest" and the current "quest" (or "full" under full) run once */
+        pol_spec canon;
+        if (pol_parse(&canon, joined, NULL, s->err, sizeof s->err)) return -1;
+        int dup = 0;
+        for (int j = 0; j < n_spec; j++) dup |= !strcmp(specs[j], canon.text);
+        if (!dup) snprintf(specs[n_spec++], 256, "%s", canon.text);
+    }
+    if (n_spec == 1)
+        return sess_fail(s, -1, "nothing to compare: %s is the current policy (name another decode-time policy)",
+                         specs[0]);
+    return n_spec;
+}
+
+/* Column i: the question's answer under spec from the cache at the question's end (logits l0,
+ * sampler state s1), collected into c rather than streamed. */
+static int compare_column(session *s, int i, int n_spec, const char *spec_text, const float *l0, const void *s1,
+                          sess_compared *c)
+{
+    pol_spec spec;
+    pol_set *ps = pol_parse(&spec, spec_text, NULL, s->err, sizeof s->err)
+                      ? NULL
+                      : run_new_policies(s->r, &spec, s->err, sizeof s->err);
+    if (!ps) return SESS_EFAIL;
+    pol_set *orig = run_swap_policies(s->r, ps);   /* the conversation's own policies stay untouched */
+    run_set_logits(s->r, l0);
+    run_load_sampler(s->r, s1);
+    gen_result gr;
+    double t0 = run_clock_s();
+    sess_callbacks keepcb = s->cb;
+    s->cb.text = NULL;   /* a compared answer is collected, not streamed: its progress is counted */
+    s->cb.event = NULL;
+    s->cb.page = NULL;
+    s->column = i;
+    s->n_columns = n_spec;
+    s->column_policy = spec_text;
+    if (keepcb.column) keepcb.column(keepcb.ud, i, n_spec, spec_text, 0);
+    int rc = sess_generate_into(s, s->cfg.n_predict, 0, 0, 1, &gr);
+    s->cb = keepcb;
+    s->column = -1;
+    run_figures fg;
+    run_get_figures(s->r, &fg);
+    pol_set_free(run_swap_policies(s->r, orig));
+    if (rc) return rc;
+    snprintf(c->policy, sizeof c->policy, "%.250s", spec_text);
+    c->text = strdup(s->answer ? s->answer : "");
+    c->n_tokens = gr.n_gen;
+    c->seconds = run_clock_s() - t0;
+    c->pages_per_step = fg.pages_per_step;
+    c->kv_read_per_step = fg.kv_read_per_step;
+    c->events = gr.events;
+    return SESS_OK;
+}
+
+int sess_compare(session *s, const char *const *specs_in, int n_in, const char *question, sess_compared *out,
+                 int *n_out)
+{
+    char specs[8][256];
+    *n_out = 0;
+    if (n_in < 1 || n_in > 7) return sess_fail(s, SESS_EFAIL, "compare up to 7 policies with the current one");
+    if (s->pending_doc) return sess_fail(s, SESS_EFAIL, "ask a first question before comparing policies");
+    int n_spec = compare_specs(s, specs_in, n_in, specs);
+    if (n_spec < 0) return SESS_EFAIL;
+    int64_t turn_start = run_pos(s->r), seq0 = sess_seq_len(s), turns0 = s->turns;
+    size_t ss = run_sampler_state_size(s->r), nv = (size_t)run_model(s->r)->hp.n_vocab;
+    void *s0 = malloc(ss), *s1 = malloc(ss);
+    float *l0 = malloc(sizeof(float) * nv);
+    int rc = SESS_OK;
+    if (!s0 || !s1 || !l0) {
+        rc = sess_fail(s, SESS_EFAIL, "out of memory");
+        goto out;
+    }
+    run_save_sampler(s->r, s0);
+    int64_t n_eval;
+    double secs;
+    rc = sess_prepare_turn(s, question, &n_eval, &secs);
+    s->pending_record = -1;   /* a side query is no turn of the conversation */
+    if (rc) goto out;
+    memcpy(l0, run_logits(s->r), sizeof(float) * nv);
+    run_save_sampler(s->r, s1);
+    run_set_floor(s->r, run_pos(s->r));   /* each column begins at the question's end, exactly */
+    for (int i = 0; i < n_spec && !rc && !sess_cancelled(s); i++)
+        if ((rc = compare_column(s, i, n_spec, specs[i], l0, s1, &out[*n_out])) == SESS_OK) (*n_out)++;
+    /* the conversation goes on as before the comparison (replaying the sequence if the
+     * sliding-window layers no longer hold what the turn's start needs) */
+    int rr = run_rewind(s->r, turn_start, seq0, s->err, sizeof s->err);
+    s->turns = turns0;
+    run_set_floor(s->r, s->turns > 0 ? s->ans_start - 1 : turn_start);   /* where a regeneration rewinds to */
+    run_load_sampler(s->r, s0);
+    sess_answer_reset(s);
+    if (!rc && rr) rc = rr;
+out:
+    free(l0);
+    free(s0);
+    free(s1);
+    return rc;
+}
+
+/* ---- what the model sees */
+
+void sess_spans_free(sess_span *sp, int n)
+{
+    for (int i = 0; sp && i < n; i++) free(sp[i].text);
+    free(sp);
+}
+
+/* Piece (k bytes) of state st after the spans so far: the last span grows, or a new one begins. */
+static int span_add(sess_span **sp, int *ns, int *cap, int st, const char *piece, size_t k)
+{
+    if (*ns > 0 && (*sp)[*ns - 1].state == st) {
+        size_t a = strlen((*sp)[*ns - 1].text);
+        char *nt = realloc((*sp)[*ns - 1].text, a + k + 1);
+        if (!nt) return -1;
+        memcpy(nt + a, piece, k + 1);
+        (*sp)[*ns - 1].text = nt;
+        return 0;
+    }
+    if (*ns == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        sess_span *nsp = realloc(*sp, sizeof *nsp * (size_t)nc);
+        if (!nsp) return -1;
+        *sp = nsp;
+        *cap = nc;
+    }
+    (*sp)[*ns].state = st;
+    if (!((*sp)[*ns].text = strdup(piece))) return -1;
+    (*ns)++;
+    return 0;
+}
+
+int sess_seen(session *s, sess_span **out, int *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    int64_t n;
+    const int32_t *seq = run_tokens(s->r, &n);
+    uint8_t *state = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!state) return sess_fail(s, SESS_EFAIL, "out of memory");
+    run_position_states(s->r, state, n);
+    sess_span *sp = NULL;
+    int ns = 0, cap = 0, rc = SESS_OK;
+    tok_stream ts;
+    tok_stream_init(&ts, run_model(s->r)->vocab);
+    char piece[512];
+    for (int64_t i = 0; i < n && rc == SESS_OK; i++) {
+        size_t k = tok_stream_feed(&ts, seq[i], piece, sizeof piece - 1);
+        if (i == n - 1) k += tok_stream_flush(&ts, piece + k, sizeof piece - 1 - k);
+        if (k == 0) continue;
+        piece[k] = 0;
+        if (span_add(&sp, &ns, &cap, state[i], piece, k)) rc = sess_fail(s, SESS_EFAIL, "out of memory");
+    }
+    free(state);
+    if (rc) {
+        sess_spans_free(sp, ns);
+        return rc;
+    }
+    *out = sp;
+    *n_out = ns;
+    return SESS_OK;
+}

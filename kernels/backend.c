@@ -1,0 +1,52 @@
+/* backend.c - what the engine asks of kernels/ besides the op table: a backend for the device
+ * chosen, the weights prepared on it with a note of what a device converts, and the CPU kernels'
+ * instruction set, so that nothing above kernels/ names a backend or includes a kernel header. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/quant.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/vec_dot.h"
+
+be_backend *be_create(int device, int n_threads, char *err, size_t errlen)
+{
+    int gpu = device == BE_DEVICE_CUDA || (device == BE_DEVICE_AUTO && be_cuda_devices() > 0);
+    return gpu ? be_cuda_create(n_threads, err, errlen) : be_cpu_create(n_threads, err, errlen);
+}
+
+/* A device backend copies every weight it will multiply now (prepare), so a model too large for
+ * the device is a clear error before anything runs; the GPU keeps most types as stored and converts
+ * the others to f16 (docs/gpu.md): the note names them. The CPU reads the mapping in place. */
+int be_prepare_weights(be_backend *b, const be_weight *const *w, int n, char *note, size_t note_cap, char *err,
+                       size_t errlen)
+{
+    if (note_cap) note[0] = 0;
+    if (!b->ops->prepare) return 0;
+    if (b->ops->prepare(b, w, n, err, errlen)) return -1;
+    char conv[160] = "";
+    for (int i = 0; i < n; i++) {
+        const char *name = quant_type_name(w[i]->type);
+        if (be_gpu_weight_type(w[i]->type, w[i]->n_in) != w[i]->type && !strstr(conv, name))
+            snprintf(conv + strlen(conv), sizeof conv - strlen(conv), "%s%s", conv[0] ? ", " : "", name);
+    }
+    if (conv[0] && note_cap)
+        snprintf(note, note_cap, "%s weights are converted to f16 on the GPU (2 bytes a value)", conv);
+    return 0;
+}
+
+int be_cpu_set_kernels(const char *isa, int no_simd, char *err, size_t errlen)
+{
+    const char *env = vd_isa_env_error();
+    if (env) {
+        snprintf(err, errlen, "%s", env);
+        return -1;
+    }
+    if (isa && vd_set_isa_name(isa, err, errlen)) return -1;
+    if (no_simd) vd_force_scalar(1);
+    return 0;
+}
+
+const char *be_cpu_kernels(void) { return vd_isa_name(vd_isa_active()); }
+
+void be_cpu_kernels_summary(char *buf, size_t cap) { vd_isa_summary(buf, cap); }
