@@ -44,7 +44,7 @@ ifneq ($(CUDA),1)
 KERNEL_C  += kernels/cuda_absent.c
 KERNEL_CU :=
 endif
-APP_C     := $(wildcard app/*.c) $(wildcard ui/*.c)
+APP_C     := $(wildcard app/*.c) $(wildcard app/eval/*.c) $(wildcard ui/*.c)
 # The tiny-model reference checker, run on the CPU by the unit tests and on the GPU by gpu_tests
 REF_GATE_C:= tests/ref_gate.c
 UNIT_C    := $(wildcard tests/test_*.c) $(REF_GATE_C)

@@ -15,8 +15,8 @@
 
 #include "app/cli.h"
 #include "kernels/synthetic.h"
-#include "app/evalplot.h"
-#include "app/evalres.h"
+#include "app/eval/evalplot.h"
+#include "app/eval/evalres.h"
 #include "engine/snapshot.h"
 #include "store/store.h"
 #include "app/commands.h"

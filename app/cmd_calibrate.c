@@ -17,7 +17,7 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
-#include "app/docgen.h"
+#include "app/eval/docgen.h"
 #include "engine/prompt.h"
 #include "store/persist.h"
 #include "store/store.h"

@@ -13,10 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "app/docgen.h"
-#include "app/evalplot.h"
-#include "app/evalres.h"
-#include "app/tasks.h"
+#include "app/eval/docgen.h"
+#include "app/eval/evalplot.h"
+#include "app/eval/evalres.h"
+#include "app/eval/tasks.h"
 
 #define TD "../shared/testdata/"
 

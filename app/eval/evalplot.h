@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "app/evalres.h"
+#include "app/eval/evalres.h"
 
 enum { PLOT_MAX_POINTS = 64 };
 

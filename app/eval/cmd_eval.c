@@ -23,10 +23,10 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
-#include "app/evalplot.h"
-#include "app/evalres.h"
+#include "app/eval/evalplot.h"
+#include "app/eval/evalres.h"
 #include "engine/prompt.h"
-#include "app/tasks.h"
+#include "app/eval/tasks.h"
 
 static int split_list(const char *list, char out[][32], int max)
 {

@@ -1,5 +1,5 @@
 /* docgen.c - seeded filler documents with a planted pass key. */
-#include "app/docgen.h"
+#include "app/eval/docgen.h"
 
 #include <stdio.h>
 #include <stdlib.h>

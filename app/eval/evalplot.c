@@ -1,6 +1,6 @@
 /* evalplot.c - gnuplot scripts for the eval and bench plots, with their data inline (datablocks),
  * piped to one gnuplot process per PNG. */
-#include "app/evalplot.h"
+#include "app/eval/evalplot.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* evalres.c - eval records: CSV rows out and back in (for resume), and the Markdown summary. */
-#include "app/evalres.h"
+#include "app/eval/evalres.h"
 
 #include <math.h>
 #include <stdlib.h>

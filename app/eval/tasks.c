@@ -4,7 +4,7 @@
  * sentence boundaries nearest the asked depths. Values are random (seven-digit numbers, shuffled
  * names and places), so no model knows them beforehand; eval also asks every question without the
  * document to show that. docs/eval.md describes each task. */
-#include "app/tasks.h"
+#include "app/eval/tasks.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "app/docgen.h"
+#include "app/eval/docgen.h"
 
 static uint64_t rnd(uint64_t *x)
 {
