@@ -65,6 +65,72 @@ Test(policy, bad_specs_get_clear_errors)
     refused("streaming:sinks=2.5", NULL, "not an integer");
 }
 
+/* Every policy's parameter table is whole: the enum and the static assertion beside it catch a
+ * missing last entry, this a hole in the middle (an entry with no name) and the other slips the
+ * parser would only meet at run time. */
+Test(policy, every_parameter_table_is_complete)
+{
+    for (const pol_ops *const *r = pol_registry(); *r; r++) {
+        const pol_ops *p = *r;
+        cr_assert(p->n_params >= 0 && p->n_params <= POL_MAX_PARAMS, "%s: %d parameters", p->name, p->n_params);
+        cr_expect(p->n_params == 0 || p->params, "%s: no table", p->name);
+        cr_expect(p->create && p->destroy && p->describe, "%s: a required hook is missing", p->name);
+        cr_expect(p->stage == POL_STAGE_PREFILL || p->stage == POL_STAGE_DECODE, "%s: stage %d", p->name, p->stage);
+        for (int i = 0; i < p->n_params; i++) {
+            const pol_param *pp = &p->params[i];
+            cr_assert(pp->name && pp->help, "%s: parameter %d has no name or help", p->name, i);
+            for (int j = 0; j < i; j++) cr_expect(strcmp(pp->name, p->params[j].name), "%s: two '%s'", p->name, pp->name);
+            if (pp->type == POL_ENUM) {
+                cr_assert(pp->choices && pp->choices[0].name, "%s: %s has no choices", p->name, pp->name);
+                int n = 0;
+                while (pp->choices[n].name) n++;
+                cr_expect(pp->def >= 0 && pp->def < n && pp->def == floor(pp->def), "%s: %s default %g", p->name, pp->name,
+                          pp->def);
+            } else {
+                cr_expect(pp->lo <= pp->def && pp->def <= pp->hi, "%s: %s default %g outside [%g, %g]", p->name,
+                          pp->name, pp->def, pp->lo, pp->hi);
+                cr_expect(pp->type != POL_INT || pp->def == floor(pp->def), "%s: %s default %g", p->name, pp->name, pp->def);
+                cr_expect(!pp->choices, "%s: %s has choices but is no enum", p->name, pp->name);
+            }
+        }
+        /* every preset parses (the parser applies it), and the policy is created with it */
+        const pol_choice *pr = pol_presets(p);
+        for (int k = 0; pr && pr[k].name; k++) {
+            char spec[128], err[512];
+            pol_spec s;
+            cr_expect(pr[k].sets, "%s: preset %s sets nothing", p->name, pr[k].name);
+            snprintf(spec, sizeof spec, "%s:preset=%s", p->name, pr[k].name);
+            cr_expect(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s: %s", spec, err);
+        }
+    }
+}
+
+Test(policy, presets_are_written_once_in_the_policy_and_the_spec_wins)
+{
+    const pol_choice *pr = pol_presets(pol_find("chess"));
+    cr_assert(pr);
+    cr_expect_str_eq(pr[0].name, "conservative");
+    cr_expect_str_eq(pr[1].name, "moderate");
+    cr_expect_str_eq(pr[2].name, "aggressive");
+    cr_expect_null(pr[3].name);
+    cr_expect_str_eq(pr[1].sets, "rho_g=0.8,rho_c=0.7,rho_p=0.7");
+    cr_expect_null(pol_presets(pol_find("quest")), "quest has no presets");
+    pol_spec s;
+    char err[512];
+    /* the default preset (moderate) when none is named */
+    cr_assert(pol_parse(&s, "chess", NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect_eq(pol_spec_value(&s, 0, "rho_g", -1), 0.8);
+    cr_expect_eq(pol_spec_value(&s, 0, "rho_c", -1), 0.7);
+    cr_expect_eq(pol_spec_value(&s, 0, "rho_p", -1), 0.7);
+    cr_expect_str_eq(s.text, "chess");
+    /* a parameter the spec sets wins over the preset; one it leaves at its default (0) takes the preset's */
+    cr_assert(pol_parse(&s, "chess:rho_c=0.3,preset=aggressive,rho_g=0", NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect_eq(pol_spec_value(&s, 0, "rho_g", -1), 0.5);
+    cr_expect_eq(pol_spec_value(&s, 0, "rho_c", -1), 0.3);
+    cr_expect_eq(pol_spec_value(&s, 0, "rho_p", -1), 0.1);
+    cr_expect_str_eq(s.text, "chess:preset=aggressive,rho_g=0,rho_c=0.3", "the canonical text holds what the spec said");
+}
+
 /* ---------------------------------------------------------------- selections on built caches */
 
 enum { D = 8, P = 4 };

@@ -72,12 +72,14 @@ void policy_picker_open(policy_picker *p, const char *current)
     menu_add(&p->m, -1, "Decode-time selection: every token stays in memory, each step reads fewer");
     for (int i = 0; reg[i]; i++) {
         if (reg[i]->stage != POL_STAGE_DECODE) continue;
-        if (!strcmp(reg[i]->name, "chess")) {
-            add_policy(p, current, "chess:preset=conservative", reg[i]->summary);
-            add_policy(p, current, "chess:preset=moderate", "CHESS, moderate preset (rho 0.8/0.7/0.7)");
-            add_policy(p, current, "chess:preset=aggressive", "CHESS, aggressive preset (rho 0.5/0.2/0.1)");
-        } else {
-            add_policy(p, current, reg[i]->name, reg[i]->summary);
+        const pol_choice *pr = pol_presets(reg[i]);
+        if (!pr) add_policy(p, current, reg[i]->name, reg[i]->summary);
+        /* a policy with presets: one entry each, the first with the policy's summary */
+        for (int k = 0; pr && pr[k].name; k++) {
+            char spec[128], what[256];
+            snprintf(spec, sizeof spec, "%s:preset=%s", reg[i]->name, pr[k].name);
+            snprintf(what, sizeof what, "%s, %s preset (%s)", reg[i]->name, pr[k].name, pr[k].sets ? pr[k].sets : "");
+            add_policy(p, current, spec, k == 0 ? reg[i]->summary : what);
         }
     }
     menu_add(&p->m, -1, "%s", "");

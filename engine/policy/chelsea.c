@@ -23,16 +23,17 @@
 #include "engine/policy/trace.h"
 #include "common/quant.h"
 
-enum { P_BUDGET, P_GAP, P_SINKS, P_RECENT, P_CHUNK, P_OUTLIERS };
+enum { P_BUDGET, P_GAP, P_SINKS, P_RECENT, P_CHUNK, P_OUTLIERS, P_COUNT };
 
 static const pol_param params[] = {
-    { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "tokens B per layer and KV head after compression (fraction of the prompt or count)" },
-    { "gap", POL_INT, 64, 1, 1 << 20, NULL, "compress when a head holds more than budget + gap tokens" },
-    { "sinks", POL_INT, 16, 0, 1 << 20, NULL, "first tokens kept aside" },
-    { "recent", POL_INT, 64, 0, 1 << 20, NULL, "last tokens kept aside" },
-    { "chunk", POL_INT, 256, 2, 1 << 20, NULL, "soft-matching chunk size c" },
-    { "outliers", POL_FLOAT, 0.04, 0, 1, NULL, "share of global-layer KV heads kept whole (the least similar keys, by calibration)" },
+    [P_BUDGET] = { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "tokens B per layer and KV head after compression (fraction of the prompt or count)" },
+    [P_GAP] = { "gap", POL_INT, 64, 1, 1 << 20, NULL, "compress when a head holds more than budget + gap tokens" },
+    [P_SINKS] = { "sinks", POL_INT, 16, 0, 1 << 20, NULL, "first tokens kept aside" },
+    [P_RECENT] = { "recent", POL_INT, 64, 0, 1 << 20, NULL, "last tokens kept aside" },
+    [P_CHUNK] = { "chunk", POL_INT, 256, 2, 1 << 20, NULL, "soft-matching chunk size c" },
+    [P_OUTLIERS] = { "outliers", POL_FLOAT, 0.04, 0, 1, NULL, "share of global-layer KV heads kept whole (the least similar keys, by calibration)" },
 };
+_Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "chelsea: one entry per parameter");
 
 typedef struct link {
     int64_t a, b;
@@ -392,7 +393,7 @@ const pol_ops pol_chelsea = {
     .stage = POL_STAGE_PREFILL,
     .saves_memory = 1,
     .params = params,
-    .n_params = 6,
+    .n_params = P_COUNT,
     .create = ch_create,
     .destroy = ch_destroy,
     .layer_done = ch_layer_done,

@@ -20,23 +20,32 @@
 #include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
 
-enum { P_PRESET, P_RHO_G, P_RHO_C, P_RHO_P, P_BUDGET, P_SINK, P_WINDOW, P_CHUNK, P_GRID, P_EVERY, P_SCORE };
+enum { P_PRESET, P_RHO_G, P_RHO_C, P_RHO_P, P_BUDGET, P_SINK, P_WINDOW, P_CHUNK, P_GRID, P_EVERY, P_SCORE, P_COUNT };
+
+/* The presets, the only place they are written: the parser applies them (to the rho_* the spec
+ * leaves at 0), and --help and the TUI's policy picker list them. */
+static const pol_choice presets[] = {
+    { "conservative", "rho_g=0.9,rho_c=0.9,rho_p=0.9" },
+    { "moderate", "rho_g=0.8,rho_c=0.7,rho_p=0.7" },
+    { "aggressive", "rho_g=0.5,rho_c=0.2,rho_p=0.1" },
+    { NULL, NULL },
+};
+static const pol_choice scores[] = { { "cos", NULL }, { "dot", NULL }, { NULL, NULL } };
 
 static const pol_param params[] = {
-    { "preset", POL_ENUM, 1, 0, 0, "conservative|moderate|aggressive", "rho_g,rho_c,rho_p: 0.9,0.9,0.9 / 0.8,0.7,0.7 / 0.5,0.2,0.1" },
-    { "rho_g", POL_FLOAT, 0, 0, 1, NULL, "fraction of grids kept (0: from the preset)" },
-    { "rho_c", POL_FLOAT, 0, 0, 1, NULL, "fraction of chunks kept inside kept grids (0: preset)" },
-    { "rho_p", POL_FLOAT, 0, 0, 1, NULL, "fraction of pages kept inside kept chunks (0: preset)" },
-    { "budget", POL_FLOAT, 0, 0, 1e9, NULL, "tokens attended (fraction or count); sets the page count at the last level" },
-    { "sink", POL_INT, 1, 0, 1 << 20, NULL, "sink pages at the start, always kept" },
-    { "window", POL_INT, 2, 1, 1 << 20, NULL, "recent-window pages, always kept; their mean is the anchor" },
-    { "chunk", POL_INT, 4, 1, 1 << 16, NULL, "pages per chunk" },
-    { "grid", POL_INT, 4, 1, 1 << 16, NULL, "chunks per grid" },
-    { "every", POL_INT, 6, 0, 1 << 20, NULL, "rebuild every N generated pages (0: only on uncertainty events)" },
-    { "score", POL_ENUM, 0, 0, 0, "cos|dot", "similarity to the anchor: cosine, or the paper's raw dot product" },
+    [P_PRESET] = { "preset", POL_ENUM, 1, 0, 0, presets, "rho_g, rho_c and rho_p together:" },
+    [P_RHO_G] = { "rho_g", POL_FLOAT, 0, 0, 1, NULL, "fraction of grids kept (0: from the preset)" },
+    [P_RHO_C] = { "rho_c", POL_FLOAT, 0, 0, 1, NULL, "fraction of chunks kept inside kept grids (0: preset)" },
+    [P_RHO_P] = { "rho_p", POL_FLOAT, 0, 0, 1, NULL, "fraction of pages kept inside kept chunks (0: preset)" },
+    [P_BUDGET] = { "budget", POL_FLOAT, 0, 0, 1e9, NULL, "tokens attended (fraction or count); sets the page count at the last level" },
+    [P_SINK] = { "sink", POL_INT, 1, 0, 1 << 20, NULL, "sink pages at the start, always kept" },
+    [P_WINDOW] = { "window", POL_INT, 2, 1, 1 << 20, NULL, "recent-window pages, always kept; their mean is the anchor" },
+    [P_CHUNK] = { "chunk", POL_INT, 4, 1, 1 << 16, NULL, "pages per chunk" },
+    [P_GRID] = { "grid", POL_INT, 4, 1, 1 << 16, NULL, "chunks per grid" },
+    [P_EVERY] = { "every", POL_INT, 6, 0, 1 << 20, NULL, "rebuild every N generated pages (0: only on uncertainty events)" },
+    [P_SCORE] = { "score", POL_ENUM, 0, 0, 0, scores, "similarity to the anchor: cosine, or the paper's raw dot product" },
 };
-
-static const double presets[3][3] = { { 0.9, 0.9, 0.9 }, { 0.8, 0.7, 0.7 }, { 0.5, 0.2, 0.1 } };
+_Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "chess: one entry per parameter");
 
 typedef struct st_chess {
     double rho_g, rho_c, rho_p, budget;
@@ -65,10 +74,9 @@ static int c_create(void **out, const pol_env *env, const double *vals, char *er
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    int pr = (int)vals[P_PRESET];
-    s->rho_g = vals[P_RHO_G] > 0 ? vals[P_RHO_G] : presets[pr][0];
-    s->rho_c = vals[P_RHO_C] > 0 ? vals[P_RHO_C] : presets[pr][1];
-    s->rho_p = vals[P_RHO_P] > 0 ? vals[P_RHO_P] : presets[pr][2];
+    s->rho_g = vals[P_RHO_G];   /* the preset's, unless the spec set its own */
+    s->rho_c = vals[P_RHO_C];
+    s->rho_p = vals[P_RHO_P];
     s->budget = vals[P_BUDGET];
     s->sink = (int)vals[P_SINK];
     s->window = (int)vals[P_WINDOW];
@@ -436,7 +444,7 @@ const pol_ops pol_chess = {
     .summary = "CHESS: hierarchical grid/chunk/page selection from an anchor, rebuilt on demand",
     .stage = POL_STAGE_DECODE,
     .params = params,
-    .n_params = 11,
+    .n_params = P_COUNT,
     .create = c_create,
     .destroy = c_destroy,
     .decode_begin = c_begin,

@@ -15,12 +15,13 @@
 #include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
 
-enum { P_BUDGET, P_RECENT };
+enum { P_BUDGET, P_RECENT, P_COUNT };
 
 static const pol_param params[] = {
-    { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "tokens kept per layer and KV head (fraction or count)" },
-    { "recent", POL_FLOAT, 0.5, 0, 1, NULL, "share of the budget for the most recent tokens (the rest: heavy hitters)" },
+    [P_BUDGET] = { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "tokens kept per layer and KV head (fraction or count)" },
+    [P_RECENT] = { "recent", POL_FLOAT, 0.5, 0, 1, NULL, "share of the budget for the most recent tokens (the rest: heavy hitters)" },
 };
+_Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "h2o: one entry per parameter");
 
 typedef struct st_h2o {
     double budget, recent;
@@ -223,7 +224,7 @@ const pol_ops pol_h2o = {
     .stage = POL_STAGE_PREFILL,
     .saves_memory = 1,
     .params = params,
-    .n_params = 2,
+    .n_params = P_COUNT,
     .create = h_create,
     .destroy = h_destroy,
     .layer_done = h_layer_done,

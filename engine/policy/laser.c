@@ -24,18 +24,19 @@
 #include "engine/policy/trace.h"
 #include "common/quant.h"
 
-enum { P_BLOCK, P_BUDGET, P_PROTECT, P_ALPHA, P_ROUNDS, P_BITS, P_SEED, P_PROBE };
+enum { P_BLOCK, P_BUDGET, P_PROTECT, P_ALPHA, P_ROUNDS, P_BITS, P_SEED, P_PROBE, P_COUNT };
 
 static const pol_param params[] = {
-    { "block", POL_INT, 4096, 64, 1 << 20, NULL, "block size S_block (tokens)" },
-    { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "ratio r of the prompt kept (fraction; a count is turned into r = count / T)" },
-    { "protect", POL_INT, 4, 2, 64, NULL, "protection divisor n: B/n sinks and B/n recent tokens per block" },
-    { "alpha", POL_FLOAT, 0.5, 0, 1, NULL, "share of the recall chosen by exact attention (the rest by LSH)" },
-    { "rounds", POL_INT, 8, 1, 64, NULL, "SimHash rounds R" },
-    { "bits", POL_INT, 8, 1, 30, NULL, "hyperplanes per round" },
-    { "seed", POL_INT, 42, 0, 1e9, NULL, "seed of the hyperplanes" },
-    { "probe", POL_INT, 32, 1, 64, NULL, "probe tokens: the last prompt tokens, run with every chunk" },
+    [P_BLOCK] = { "block", POL_INT, 4096, 64, 1 << 20, NULL, "block size S_block (tokens)" },
+    [P_BUDGET] = { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "ratio r of the prompt kept (fraction; a count is turned into r = count / T)" },
+    [P_PROTECT] = { "protect", POL_INT, 4, 2, 64, NULL, "protection divisor n: B/n sinks and B/n recent tokens per block" },
+    [P_ALPHA] = { "alpha", POL_FLOAT, 0.5, 0, 1, NULL, "share of the recall chosen by exact attention (the rest by LSH)" },
+    [P_ROUNDS] = { "rounds", POL_INT, 8, 1, 64, NULL, "SimHash rounds R" },
+    [P_BITS] = { "bits", POL_INT, 8, 1, 30, NULL, "hyperplanes per round" },
+    [P_SEED] = { "seed", POL_INT, 42, 0, 1e9, NULL, "seed of the hyperplanes" },
+    [P_PROBE] = { "probe", POL_INT, 32, 1, 64, NULL, "probe tokens: the last prompt tokens, run with every chunk" },
 };
+_Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "laser: one entry per parameter");
 
 typedef struct st_laser {
     int block, protect, rounds, bits, probe;
@@ -352,7 +353,7 @@ const pol_ops pol_laser = {
     .stage = POL_STAGE_PREFILL,
     .saves_memory = 1,
     .params = params,
-    .n_params = 8,
+    .n_params = P_COUNT,
     .create = la_create,
     .destroy = la_destroy,
     .layer_done = la_layer_done,

@@ -50,22 +50,28 @@ static int param_index(const pol_ops *p, const char *name)
     return -1;
 }
 
+/* An enum parameter's values as "a|b|c". */
+static void choices_of(const pol_param *pp, char *buf, size_t len)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; pp->choices[i].name && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? "|" : "", pp->choices[i].name);
+}
+
 /* Parse one value for parameter pp into *v. */
 static int parse_value(const pol_ops *p, const pol_param *pp, const char *s, double *v, char *err, size_t errlen)
 {
     if (pp->type == POL_ENUM) {
-        const char *c = pp->choices;
-        for (int idx = 0; *c; idx++) {
-            const char *e = strchr(c, '|');
-            size_t n = e ? (size_t)(e - c) : strlen(c);
-            if (strlen(s) == n && !strncmp(s, c, n)) {
+        for (int idx = 0; pp->choices[idx].name; idx++) {
+            if (!strcmp(s, pp->choices[idx].name)) {
                 *v = idx;
                 return 0;
             }
-            if (!e) break;
-            c = e + 1;
         }
-        snprintf(err, errlen, "policy %s: %s=%s is not one of %s", p->name, pp->name, s, pp->choices);
+        char all[256];
+        choices_of(pp, all, sizeof all);
+        snprintf(err, errlen, "policy %s: %s=%s is not one of %s", p->name, pp->name, s, all);
         return -1;
     }
     char *end;
@@ -81,6 +87,42 @@ static int parse_value(const pol_ops *p, const pol_param *pp, const char *s, dou
     }
     *v = x;
     return 0;
+}
+
+/* The presets chosen in slot k: each parameter a chosen preset sets takes its value there, unless the
+ * spec gave it another value than its default. */
+static int apply_presets(pol_spec *out, int k, char *err, size_t errlen)
+{
+    const pol_ops *p = out->ops[k];
+    for (int i = 0; i < p->n_params; i++) {
+        const pol_param *pp = &p->params[i];
+        const pol_choice *c = pp->type == POL_ENUM ? &pp->choices[(int)out->vals[k][i]] : NULL;
+        if (!c || !c->sets) continue;
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", c->sets);
+        char *save = NULL;
+        for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+            char *eq = strchr(kv, '=');
+            if (eq) *eq = 0;
+            int pi = eq ? param_index(p, kv) : -1;
+            double v;
+            /* a mistake in the policy's table, which the tests would have caught (they parse every preset) */
+            if (pi < 0 || pi == i) {
+                snprintf(err, errlen, "policy %s: %s=%s sets '%s', which is not another parameter of it", p->name,
+                         pp->name, c->name, kv);
+                return -1;
+            }
+            if (parse_value(p, &p->params[pi], eq + 1, &v, err, errlen)) return -1;
+            if (out->vals[k][pi] == p->params[pi].def) out->vals[k][pi] = v;
+        }
+    }
+    return 0;
+}
+
+const pol_choice *pol_presets(const pol_ops *p)
+{
+    int i = param_index(p, "preset");
+    return i >= 0 && p->params[i].type == POL_ENUM ? p->params[i].choices : NULL;
 }
 
 int64_t pol_budget_tokens(double budget, int64_t ctx)
@@ -197,13 +239,7 @@ int pol_parse(pol_spec *out, const char *spec, const char *budget, char *err, si
             const pol_param *pp = &p->params[i];
             char val[64];
             if (pp->type == POL_ENUM) {
-                const char *c = pp->choices;
-                for (int j = 0; j < (int)out->vals[k][i] && c; j++) {
-                    c = strchr(c, '|');
-                    if (c) c++;
-                }
-                size_t n = c ? strcspn(c, "|") : 0;
-                snprintf(val, sizeof val, "%.*s", (int)n, c ? c : "");
+                snprintf(val, sizeof val, "%s", pp->choices[(int)out->vals[k][i]].name);
             } else {
                 snprintf(val, sizeof val, "%g", out->vals[k][i]);
             }
@@ -212,6 +248,9 @@ int pol_parse(pol_spec *out, const char *spec, const char *budget, char *err, si
         }
         if (o >= sizeof out->text) o = sizeof out->text - 1;
     }
+    /* after the text, which says what the spec said ("rho_g=0" stays so, and means the preset's) */
+    for (int k = 0; k < out->n; k++)
+        if (apply_presets(out, k, err, errlen)) return -1;
     return 0;
 }
 
@@ -232,16 +271,13 @@ void pol_list(char *buf, size_t len)
                               p->saves_memory ? "saves memory" : "saves bandwidth only");
         for (int j = 0; j < p->n_params && o < len; j++) {
             const pol_param *pp = &p->params[j];
-            char def[64];
             if (pp->type == POL_ENUM) {
-                const char *c = pp->choices;
-                for (int k = 0; k < (int)pp->def && c; k++) {
-                    c = strchr(c, '|');
-                    if (c) c++;
-                }
-                snprintf(def, sizeof def, "%.*s", c ? (int)strcspn(c, "|") : 0, c ? c : "");
-                o += (size_t)snprintf(buf + o, len - o, "      %s=%s (default %s) %s\n", pp->name, pp->choices, def,
-                                      pp->help);
+                char all[256];
+                choices_of(pp, all, sizeof all);
+                o += (size_t)snprintf(buf + o, len - o, "      %s=%s (default %s) %s\n", pp->name, all,
+                                      pp->choices[(int)pp->def].name, pp->help);
+                for (const pol_choice *c = pp->choices; c->name && o < len; c++)
+                    if (c->sets) o += (size_t)snprintf(buf + o, len - o, "          %s: %s\n", c->name, c->sets);
             } else {
                 o += (size_t)snprintf(buf + o, len - o, "      %s=%g (%g..%g) %s\n", pp->name, pp->def, pp->lo, pp->hi,
                                       pp->help);

@@ -10,7 +10,21 @@
  *   - reselect     when the uncertainty monitor fires (backtracking): rebuild the selection now.
  * A spec names at most one prefill policy and one decode policy, e.g. "take+chess:preset=aggressive".
  * Selection policies keep every page (they save bandwidth, not memory); prefill and storage
- * policies drop or merge tokens (they save memory). Sliding-window layers are never selected on. */
+ * policies drop or merge tokens (they save memory). Sliding-window layers are never selected on.
+ *
+ * Parameters are declared once per policy, in a static table indexed by an enum beside it:
+ *     enum { P_SINKS, P_BUDGET, P_COUNT };
+ *     static const pol_param params[] = { [P_SINKS] = { "sinks", POL_INT, 4, 0, 1 << 20, NULL, "..." }, ... };
+ *     _Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "...");
+ * and .params = params, .n_params = P_COUNT in its pol_ops. The enum names the slots create reads
+ * (vals[P_SINKS]); the table alone drives parsing, range checks, the canonical text and --help. A
+ * designated initializer per entry ties it to its enum value, and the assertion catches a missing
+ * last entry (a hole in the middle has no name: tests/test_policy.c checks every table). Plain
+ * tables, not an X-macro: they read as data, with nothing to expand. An enum parameter's values
+ * are a pol_choice list ending in { NULL }. A choice that sets other parameters (sets =
+ * "rho_g=0.8,...") is a preset: a policy's presets, the choices of its "preset" parameter, are
+ * written once, in its own file; the parser applies them, and --help and the TUI list them from
+ * there (pol_presets). */
 #ifndef KVCHAT_POLICY_H
 #define KVCHAT_POLICY_H
 
@@ -22,15 +36,25 @@
 #include "engine/kvcache.h"
 
 #define POL_MAX_PARAMS 16
+/* Entries of a static array (a parameter table, checked against its enum). */
+#define POL_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 typedef enum { POL_INT, POL_FLOAT, POL_ENUM } pol_param_type;
+
+/* One value of an enum parameter. A preset (CHESS's conservative, moderate, aggressive) also sets
+ * other parameters of its policy: each one the spec leaves at its default takes the preset's value
+ * (so rho_g=0, the default, means "from the preset"), and the spec's own values win. */
+typedef struct pol_choice {
+    const char *name;
+    const char *sets;         /* NULL, or "name=value,..." of other parameters (a preset) */
+} pol_choice;
 
 typedef struct pol_param {
     const char *name;
     pol_param_type type;
     double def;               /* default (for an enum: index into choices) */
     double lo, hi;            /* valid range of an int or float */
-    const char *choices;      /* enum: "a|b|c" */
+    const pol_choice *choices;   /* enum: its values, ending with { NULL } */
     const char *help;
 } pol_param;
 
@@ -96,8 +120,9 @@ typedef struct pol_ops {
     int saves_memory;         /* 1: drops or merges tokens; 0: selection only */
     const pol_param *params;
     int n_params;
-    /* vals[i] is params[i] (enum: the choice's index); budget in tokens (0: none), resolved from
-     * --budget or the policy's own budget= against the context when a step needs it. */
+    /* vals[i] is params[i] (enum: the choice's index; a preset's parameters already applied);
+     * budget in tokens (0: none), resolved from --budget or the policy's own budget= against the
+     * context when a step needs it. */
     int (*create)(void **st, const pol_env *env, const double *vals, char *err, size_t errlen);
     void (*destroy)(void *st);
     int (*after_chunk)(void *st, const pol_env *env, int64_t chunk_start, int64_t chunk_len, int last, char *err,
@@ -141,6 +166,9 @@ typedef struct pol_ops {
 /* Every registered policy (NULL-terminated), and one by name. */
 const pol_ops *const *pol_registry(void);
 const pol_ops *pol_find(const char *name);
+/* The named presets of policy p: the choices of its parameter "preset" (name, and the parameters
+ * it sets, which serve as its description), ending with { NULL }; NULL when it has none. */
+const pol_choice *pol_presets(const pol_ops *p);
 
 /* A parsed spec: up to one prefill and one decode policy with their parameter values. */
 typedef struct pol_spec {

@@ -10,11 +10,12 @@
 
 #include "engine/policy/pol_util.h"
 
-enum { P_BUDGET };
+enum { P_BUDGET, P_COUNT };
 
 static const pol_param params[] = {
-    { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens attended per KV head (fraction or count), in whole pages" },
+    [P_BUDGET] = { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens attended per KV head (fraction or count), in whole pages" },
 };
+_Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "quest: one entry per parameter");
 
 typedef struct st_quest {
     double budget;
@@ -129,7 +130,7 @@ const pol_ops pol_quest = {
     .summary = "Quest: per-page upper bound from min/max keys, top pages per layer and KV head",
     .stage = POL_STAGE_DECODE,
     .params = params,
-    .n_params = 1,
+    .n_params = P_COUNT,
     .create = q_create,
     .destroy = q_destroy,
     .decode_begin = q_begin,

@@ -22,14 +22,15 @@
 #include "engine/policy/sentkv.h"
 #include "engine/policy/trace.h"
 
-enum { P_LEN, P_DELTA, P_BUDGET, P_SINKS };
+enum { P_LEN, P_DELTA, P_BUDGET, P_SINKS, P_COUNT };
 
 static const pol_param params[] = {
-    { "len", POL_INT, 14, 2, 1024, NULL, "target segment length L (tokens)" },
-    { "delta", POL_INT, 8, 1, 512, NULL, "boundary search window +-Delta around the ideal end" },
-    { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens attended per layer and KV head (fraction or count)" },
-    { "sinks", POL_INT, 4, 0, 1 << 20, NULL, "first tokens always attended" },
+    [P_LEN] = { "len", POL_INT, 14, 2, 1024, NULL, "target segment length L (tokens)" },
+    [P_DELTA] = { "delta", POL_INT, 8, 1, 512, NULL, "boundary search window +-Delta around the ideal end" },
+    [P_BUDGET] = { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens attended per layer and KV head (fraction or count)" },
+    [P_SINKS] = { "sinks", POL_INT, 4, 0, 1 << 20, NULL, "first tokens always attended" },
 };
+_Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "sentkv: one entry per parameter");
 
 int64_t sentkv_split(const float *weight, const int32_t *tok, int64_t n, int64_t start, int len, int delta, int flush,
                      int64_t *ends, int64_t max_ends)
@@ -457,7 +458,7 @@ const pol_ops pol_sentkv = {
     .summary = "SentKVCompress: sentence segments scored by min/max key bounds, top segments per head",
     .stage = POL_STAGE_DECODE,
     .params = params,
-    .n_params = 4,
+    .n_params = P_COUNT,
     .create = se_create,
     .destroy = se_destroy,
     .after_chunk = se_after_chunk,

@@ -15,14 +15,17 @@
 #include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
 
-enum { P_WINDOW, P_KERNEL, P_POOL, P_BUDGET };
+enum { P_WINDOW, P_KERNEL, P_POOL, P_BUDGET, P_COUNT };
+
+static const pol_choice pools[] = { { "max", NULL }, { "avg", NULL }, { NULL, NULL } };
 
 static const pol_param params[] = {
-    { "window", POL_INT, 32, 1, 4096, NULL, "observation window: the last prompt tokens whose attention votes" },
-    { "kernel", POL_INT, 7, 1, 255, NULL, "pooling kernel (tokens) over the votes" },
-    { "pool", POL_ENUM, 0, 0, 0, "max|avg", "pooling of the votes" },
-    { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens kept per layer and KV head, window included (fraction or count)" },
+    [P_WINDOW] = { "window", POL_INT, 32, 1, 4096, NULL, "observation window: the last prompt tokens whose attention votes" },
+    [P_KERNEL] = { "kernel", POL_INT, 7, 1, 255, NULL, "pooling kernel (tokens) over the votes" },
+    [P_POOL] = { "pool", POL_ENUM, 0, 0, 0, pools, "pooling of the votes" },
+    [P_BUDGET] = { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens kept per layer and KV head, window included (fraction or count)" },
 };
+_Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "snapkv: one entry per parameter");
 
 typedef struct st_snap {
     int window, kernel, avg;
@@ -189,7 +192,7 @@ const pol_ops pol_snapkv = {
     .stage = POL_STAGE_PREFILL,
     .saves_memory = 1,
     .params = params,
-    .n_params = 4,
+    .n_params = P_COUNT,
     .create = sn_create,
     .destroy = sn_destroy,
     .layer_done = sn_layer_done,

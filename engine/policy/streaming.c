@@ -7,12 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { P_SINKS, P_BUDGET };
+enum { P_SINKS, P_BUDGET, P_COUNT };
 
 static const pol_param params[] = {
-    { "sinks", POL_INT, 4, 0, 1 << 20, NULL, "attention-sink tokens at the start" },
-    { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens attended: sinks + recent window (fraction or count)" },
+    [P_SINKS] = { "sinks", POL_INT, 4, 0, 1 << 20, NULL, "attention-sink tokens at the start" },
+    [P_BUDGET] = { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens attended: sinks + recent window (fraction or count)" },
 };
+_Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "streaming: one entry per parameter");
 
 typedef struct st_streaming {
     int64_t sinks;
@@ -129,7 +130,7 @@ const pol_ops pol_streaming = {
     .summary = "StreamingLLM: attention sinks + recent window",
     .stage = POL_STAGE_DECODE,
     .params = params,
-    .n_params = 2,
+    .n_params = P_COUNT,
     .create = s_create,
     .destroy = s_destroy,
     .decode_begin = s_begin,

@@ -20,17 +20,18 @@
 #include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
 
-enum { P_CHUNK, P_PROBE, P_ALPHA, P_BUDGET, P_DELAY, P_WARMUP, P_KERNEL };
+enum { P_CHUNK, P_PROBE, P_ALPHA, P_BUDGET, P_DELAY, P_WARMUP, P_KERNEL, P_COUNT };
 
 static const pol_param params[] = {
-    { "chunk", POL_INT, 512, 16, 8192, NULL, "prefill chunk Z (tokens; at most the engine's --batch)" },
-    { "probe", POL_INT, 32, 1, 64, NULL, "probe tokens p: the last p prompt tokens, run with every chunk" },
-    { "alpha", POL_FLOAT, 0.5, 0, 1, NULL, "EMA weight of the newest chunk's probe query" },
-    { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens k kept per layer and KV head after each chunk (fraction or count)" },
-    { "delay", POL_FLOAT, 0.5, 0, 1, NULL, "share W of the global layers with delayed eviction" },
-    { "warmup", POL_FLOAT, 2, 1, 64, NULL, "budget of the delayed layers before the last chunk, times k" },
-    { "kernel", POL_INT, 7, 1, 255, NULL, "max-pooling kernel over the probe scores" },
+    [P_CHUNK] = { "chunk", POL_INT, 512, 16, 8192, NULL, "prefill chunk Z (tokens; at most the engine's --batch)" },
+    [P_PROBE] = { "probe", POL_INT, 32, 1, 64, NULL, "probe tokens p: the last p prompt tokens, run with every chunk" },
+    [P_ALPHA] = { "alpha", POL_FLOAT, 0.5, 0, 1, NULL, "EMA weight of the newest chunk's probe query" },
+    [P_BUDGET] = { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens k kept per layer and KV head after each chunk (fraction or count)" },
+    [P_DELAY] = { "delay", POL_FLOAT, 0.5, 0, 1, NULL, "share W of the global layers with delayed eviction" },
+    [P_WARMUP] = { "warmup", POL_FLOAT, 2, 1, 64, NULL, "budget of the delayed layers before the last chunk, times k" },
+    [P_KERNEL] = { "kernel", POL_INT, 7, 1, 255, NULL, "max-pooling kernel over the probe scores" },
 };
+_Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "take: one entry per parameter");
 
 typedef struct st_take {
     int chunk, probe, kernel;
@@ -291,7 +292,7 @@ const pol_ops pol_take = {
     .stage = POL_STAGE_PREFILL,
     .saves_memory = 1,
     .params = params,
-    .n_params = 7,
+    .n_params = P_COUNT,
     .create = t_create,
     .destroy = t_destroy,
     .layer_done = t_layer_done,
