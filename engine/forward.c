@@ -195,9 +195,11 @@ int fwd_adopt_policy(fwd_ctx *f, pol_set *ps, const int32_t *ids, int64_t n, cha
 {
     f->pol = ps;
     if (!ps || n <= 0) return 0;
-    /* what eval_tokens tells a policy around a prefill: the ids first, the end of the last chunk after */
-    pol_set_on_tokens(ps, ids, n, 0);
-    return pol_set_after_chunk(ps, 0, n, 1, err, errlen);
+    /* what fwd_eval tells a policy before a prefill: the ids. What a policy does at a prompt's end
+     * happens in layer_done, which an adopted prompt skips: SentKV takes its segment summaries in
+     * its begin at the first decode step instead. */
+    pol_set_begin(ps, ids, n, 0, 0);
+    return 0;
 }
 
 /* Sentence-boundary weight of each token from the text it stands for: what ends a sentence, a line
@@ -507,15 +509,14 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         }
     }
     f->eval_start = start;
-    if (f->pol) pol_set_on_tokens(f->pol, tokens, n, start);
     if (f->decoding) {
         f->st_pages = f->st_tokens = f->st_pages_total = 0;
         f->st_sel_ms = f->st_attn_ms = 0;
-        if (f->pol) {
-            double t0 = now_ms();
-            pol_set_decode_begin(f->pol, start);
-            f->st_sel_ms += now_ms() - t0;
-        }
+    }
+    if (f->pol) {
+        double t0 = now_ms();
+        pol_set_begin(f->pol, tokens, n, start, f->decoding);
+        if (f->decoding) f->st_sel_ms += now_ms() - t0;
     }
     int chunk = f->n_batch;
     if (!f->decoding && f->pol) {
@@ -547,10 +548,6 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
             return -1;
         }
         kv_commit(f->kv, start + c0 + cn);
-        if (!f->decoding && f->pol && pol_set_after_chunk(f->pol, start + c0, cn, c0 + cn == n, err, errlen) != 0) {
-            kv_rewind(f->kv, start);
-            return -1;
-        }
         if (each) {
             for (int64_t r = 0; r < cn; r += OUT_ROWS) {
                 int64_t nr = cn - r < OUT_ROWS ? cn - r : OUT_ROWS;

@@ -180,7 +180,8 @@ static void select_pages(fixture *fx, const char *spec, const float *q, char *ou
     cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
     pol_set *ps = pol_set_create(&s, &fx->env, err, sizeof err);
     cr_assert(ps, "%s", err);
-    pol_set_decode_begin(ps, kv_len(fx->kv) - 1);
+    int32_t tok = 0;   /* the step's token (these policies do not look at it) */
+    pol_set_begin(ps, &tok, 1, kv_len(fx->kv) - 1, 1);
     const pol_sel *sel = pol_set_select(ps, 0, q);
     size_t o = 0;
     out[0] = 0;
@@ -270,7 +271,8 @@ Test(policy, streaming_keeps_sinks_and_the_recent_window_token_exactly)
     cr_assert(pol_parse(&s, "streaming:sinks=2,budget=8", NULL, err, sizeof err) == 0, "%s", err);
     pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
     cr_assert(ps, "%s", err);
-    pol_set_decode_begin(ps, 39);
+    int32_t tok = 0;
+    pol_set_begin(ps, &tok, 1, 39, 1);
     const pol_sel *sel = pol_set_select(ps, 0, NULL);
     cr_assert(sel);
     /* tokens 0, 1 (page 0, masked) and 34..39 (page 8 masked from 34, page 9 whole) */
@@ -921,7 +923,7 @@ Test(policy, chelsea_merges_filler_before_a_dissimilar_needle)
     pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
     cr_assert(ps, "%s", err);
     int32_t tok[T] = { 0 };
-    pol_set_on_tokens(ps, tok, T, 0);
+    pol_set_begin(ps, tok, T, 0, 0);
     int chunk = pol_set_chunk_size(ps) > 0 ? pol_set_chunk_size(ps) : T;
     cr_expect_eq(chunk, 8, "prefill chunks of the gap");
     static float q[T * D];

@@ -217,7 +217,7 @@ typedef struct st_chel {
     double budget;
     int gap, sinks, recent, chunk;
     int64_t budget_tokens;
-    int64_t eval_end;        /* the running eval's end (on_tokens): a fractional budget is of this prompt */
+    int64_t eval_end;        /* the running eval's end (begin): a fractional budget is of this prompt */
     int64_t merges, passes_last, kept_last;
     char *spared;            /* [n_layer * n_head_kv]: outlier heads that keep their full cache */
     int n_spared, n_heads, calibrated;
@@ -318,10 +318,8 @@ out:
     return rc;
 }
 
-static void ch_tokens(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0)
+static void ch_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0, int decoding)
 {
-    (void)env;
-    (void)tokens;
     ((st_chel *)st)->eval_end = p0 + n;
 }
 
@@ -330,7 +328,7 @@ static void ch_tokens(void *st, const pol_env *env, const int32_t *tokens, int64
  * whole prompt was in (kvchat did until issue 22) had to merge every A token whatever its similarity
  * (at 20% a pass removes at most half the middle, and three passes are needed), which folded the
  * pass key's digits into filler. */
-static int ch_chunk_size(void *st) { return ((st_chel *)st)->gap; }
+static pol_shape ch_prefill_shape(void *st) { return (pol_shape){ ((st_chel *)st)->gap, 0 }; }
 
 static int ch_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen)
 {
@@ -391,14 +389,14 @@ const pol_ops pol_chelsea = {
     .name = "chelsea",
     .summary = "Chelsea: merge similar tokens into degree-weighted centroids (chunked soft matching)",
     .stage = POL_STAGE_PREFILL,
-    .saves_memory = 1,
+    .prefill_only = 0,        /* it merges while decoding too */
     .params = params,
     .n_params = P_COUNT,
     .create = ch_create,
     .destroy = ch_destroy,
+    .begin = ch_begin,
+    .prefill_shape = ch_prefill_shape,
     .layer_done = ch_layer_done,
-    .on_tokens = ch_tokens,
-    .chunk_size = ch_chunk_size,
     .check = ch_check,
     .describe = ch_describe,
     .save = ch_save,

@@ -309,9 +309,10 @@ static int rebuild(st_chess *s, const pol_env *env)
     return 0;
 }
 
-static void c_begin(void *st, const pol_env *env, int64_t pos)
+static void c_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t pos, int decoding)
 {
     st_chess *s = st;
+    if (!decoding) return;
     s->cur = pos;
     int P = kv_page_size(env->kv);
     if (pos < s->built_at) s->dirty = 1;   /* rewound past the reconstruction */
@@ -447,7 +448,7 @@ const pol_ops pol_chess = {
     .n_params = P_COUNT,
     .create = c_create,
     .destroy = c_destroy,
-    .decode_begin = c_begin,
+    .begin = c_begin,
     .select = c_select,
     .reselect = c_reselect,
     .check = c_check,

@@ -102,7 +102,8 @@ oom:
     return -1;
 }
 
-static int la_probe_tokens(void *st) { return ((st_laser *)st)->probe; }
+/* The engine's chunks, with the probe appended to every one but the last. */
+static pol_shape la_prefill_shape(void *st) { return (pol_shape){ 0, ((st_laser *)st)->probe }; }
 
 /* The SimHash code of one vector for round r: bits of sign(plane . v). */
 static uint32_t simhash(const st_laser *s, int r, const float *v, int D)
@@ -351,14 +352,13 @@ const pol_ops pol_laser = {
     .name = "laser",
     .summary = "LASER-KV: per-block sinks + recent + Exact/LSH recall of a question probe, append-only",
     .stage = POL_STAGE_PREFILL,
-    .saves_memory = 1,
+    .prefill_only = 1,
     .params = params,
     .n_params = P_COUNT,
     .create = la_create,
     .destroy = la_destroy,
+    .prefill_shape = la_prefill_shape,
     .layer_done = la_layer_done,
-    .layer_done_prefill_only = 1,
-    .probe_tokens = la_probe_tokens,
     .describe = la_describe,
     .save = la_save,
     .load = la_load,

@@ -266,9 +266,8 @@ void pol_list(char *buf, size_t len)
     buf[0] = 0;
     for (int i = 0; registry[i] && o < len; i++) {
         const pol_ops *p = registry[i];
-        o += (size_t)snprintf(buf + o, len - o, "  %-10s %s (%s; %s)\n", p->name, p->summary,
-                              p->stage == POL_STAGE_PREFILL ? "prefill" : "decode",
-                              p->saves_memory ? "saves memory" : "saves bandwidth only");
+        o += (size_t)snprintf(buf + o, len - o, "  %-10s %s (%s)\n", p->name, p->summary,
+                              p->stage == POL_STAGE_PREFILL ? "prefill; saves memory" : "decode; saves bandwidth only");
         for (int j = 0; j < p->n_params && o < len; j++) {
             const pol_param *pp = &p->params[j];
             if (pp->type == POL_ENUM) {
@@ -381,7 +380,7 @@ const pol_step_stats *pol_set_stats(const pol_set *ps) { return &ps->stats; }
 int pol_set_saves_memory(const pol_set *ps)
 {
     for (int i = 0; i < ps->spec.n; i++)
-        if (ps->spec.ops[i]->saves_memory) return 1;
+        if (ps->spec.ops[i]->stage == POL_STAGE_PREFILL) return 1;
     return 0;
 }
 
@@ -401,29 +400,12 @@ int pol_set_check(pol_set *ps, int64_t ctx, char *err, size_t errlen)
     return 0;
 }
 
-int pol_set_after_chunk(pol_set *ps, int64_t start, int64_t n, int last, char *err, size_t errlen)
+void pol_set_begin(pol_set *ps, const int32_t *tokens, int64_t n, int64_t p0, int decoding)
 {
+    if (decoding) pol_trace_at(ps->env.trace, "decode pos %lld", (long long)p0);
     for (int i = 0; i < ps->spec.n; i++) {
         const pol_ops *p = ps->spec.ops[i];
-        if (p->after_chunk && p->after_chunk(ps->st[i], &ps->env, start, n, last, err, errlen)) return -1;
-    }
-    return 0;
-}
-
-void pol_set_decode_begin(pol_set *ps, int64_t pos)
-{
-    pol_trace_at(ps->env.trace, "decode pos %lld", (long long)pos);
-    for (int i = 0; i < ps->spec.n; i++) {
-        const pol_ops *p = ps->spec.ops[i];
-        if (p->decode_begin) p->decode_begin(ps->st[i], &ps->env, pos);
-    }
-}
-
-void pol_set_on_tokens(pol_set *ps, const int32_t *tokens, int64_t n, int64_t p0)
-{
-    for (int i = 0; i < ps->spec.n; i++) {
-        const pol_ops *p = ps->spec.ops[i];
-        if (p->on_tokens) p->on_tokens(ps->st[i], &ps->env, tokens, n, p0);
+        if (p->begin) p->begin(ps->st[i], &ps->env, tokens, n, p0, decoding);
     }
 }
 
@@ -438,28 +420,25 @@ int pol_set_layer_done(pol_set *ps, int il, const pol_chunk *c, char *err, size_
     return 0;
 }
 
-int pol_set_chunk_size(const pol_set *ps)
+/* The shape the first policy that asks for one wants (only a prefill policy does). */
+static pol_shape prefill_shape(const pol_set *ps)
 {
     for (int i = 0; i < ps->spec.n; i++)
-        if (ps->spec.ops[i]->chunk_size) return ps->spec.ops[i]->chunk_size(ps->st[i]);
-    return 0;
+        if (ps->spec.ops[i]->prefill_shape) return ps->spec.ops[i]->prefill_shape(ps->st[i]);
+    return (pol_shape){ 0, 0 };
 }
+
+int pol_set_chunk_size(const pol_set *ps) { return prefill_shape(ps).chunk; }
+int pol_set_probe_tokens(const pol_set *ps) { return prefill_shape(ps).probe; }
 
 int pol_set_decode_layer_free(const pol_set *ps)
 {
     for (int i = 0; i < ps->spec.n; i++) {
         const pol_ops *p = ps->spec.ops[i];
         if (p->stage == POL_STAGE_DECODE && p->select) return 0;
-        if (p->layer_done && !p->layer_done_prefill_only) return 0;
+        if (p->layer_done && !p->prefill_only) return 0;
     }
     return 1;
-}
-
-int pol_set_probe_tokens(const pol_set *ps)
-{
-    for (int i = 0; i < ps->spec.n; i++)
-        if (ps->spec.ops[i]->probe_tokens) return ps->spec.ops[i]->probe_tokens(ps->st[i]);
-    return 0;
 }
 
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q)
@@ -575,10 +554,10 @@ void pol_set_describe(const pol_set *ps, char *buf, size_t len)
         char one[256];
         p->describe(ps->st[i], one, sizeof one);
         if (one[0]) o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? "; " : "", one);
-        if (one[0] && p->probe_tokens && o < len)
+        int probe = p->prefill_shape ? p->prefill_shape(ps->st[i]).probe : 0;
+        if (one[0] && probe > 0 && o < len)
             o += (size_t)snprintf(buf + o, len - o, ps->probe_question ? " (the probe is the question)" :
-                                  " (no question yet: the probe is the document's last %d tokens)",
-                                  p->probe_tokens(ps->st[i]));
+                                  " (no question yet: the probe is the document's last %d tokens)", probe);
     }
 }
 
@@ -657,7 +636,7 @@ int pol_split_list(const char *list, char specs[][256], int max)
 int pol_spec_decode_keeps_cache(const pol_spec *s)
 {
     for (int i = 0; i < s->n; i++)
-        if (s->ops[i]->layer_done && !s->ops[i]->layer_done_prefill_only) return 0;
+        if (s->ops[i]->layer_done && !s->ops[i]->prefill_only) return 0;
     return 1;
 }
 

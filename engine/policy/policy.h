@@ -1,16 +1,19 @@
 /* policy.h - KV-cache policies: what the model keeps (prefill / storage policies) and what each
  * decode step attends to (selection policies).
  *
- * A policy is a named table of hooks with typed parameters and defaults. The forward pass calls
- *   - after_chunk  at every prefill chunk boundary, once the chunk's K/V are in every layer
- *                  (a prefill policy may evict or merge pages there);
- *   - decode_begin before the layers of a decode step (a selection policy may rebuild its choice);
+ * A policy is a named table of hooks (pol_ops) with typed parameters and defaults. The forward
+ * pass calls
+ *   - begin        before an eval (a prefill, or a decode step) with its token ids; when decoding,
+ *                  a selection policy prepares the step's choice (CHESS rebuilds it there);
+ *   - layer_done   after each global layer's attention, in prefill and in decode (a prefill policy
+ *                  evicts or merges there; prefill_only says it does nothing while decoding);
  *   - select       per global layer of a decode step, once that layer's query is known: the pages
  *                  (optionally per KV head, optionally with a token mask) the layer attends to;
- *   - reselect     when the uncertainty monitor fires (backtracking): rebuild the selection now.
+ *   - reselect     when the uncertainty monitor fires (backtracking): rebuild the selection now;
+ * and asks prefill_shape for the chunk size and probe rows a prefill policy wants.
  * A spec names at most one prefill policy and one decode policy, e.g. "take+chess:preset=aggressive".
- * Selection policies keep every page (they save bandwidth, not memory); prefill and storage
- * policies drop or merge tokens (they save memory). Sliding-window layers are never selected on.
+ * Selection (decode) policies keep every page: they save bandwidth, not memory. Prefill and storage
+ * policies drop or merge tokens: they save memory. Sliding-window layers are never selected on.
  *
  * Parameters are declared once per policy, in a static table indexed by an enum beside it:
  *     enum { P_SINKS, P_BUDGET, P_COUNT };
@@ -113,11 +116,19 @@ typedef struct pol_change {
     int supported;           /* the decode policy keeps a selection it could rebuild */
 } pol_change;
 
+/* The prefill shape a policy asks for: chunk size (0: the engine's) and probe rows appended to every
+ * chunk but the last (the eval's last tokens at their own positions; 0: none). */
+typedef struct pol_shape {
+    int chunk, probe;
+} pol_shape;
+
 typedef struct pol_ops {
     const char *name;
     const char *summary;
-    int stage;                /* POL_STAGE_PREFILL or POL_STAGE_DECODE */
-    int saves_memory;         /* 1: drops or merges tokens; 0: selection only */
+    int stage;                /* POL_STAGE_PREFILL (drops or merges tokens) or POL_STAGE_DECODE (selects) */
+    /* 1: layer_done does nothing while decoding (the method acts on the prompt only), so decoding
+     * leaves the cache alone and a decode step need not stop after each layer for it. */
+    int prefill_only;
     const pol_param *params;
     int n_params;
     /* vals[i] is params[i] (enum: the choice's index; a preset's parameters already applied);
@@ -125,22 +136,16 @@ typedef struct pol_ops {
      * context when a step needs it. */
     int (*create)(void **st, const pol_env *env, const double *vals, char *err, size_t errlen);
     void (*destroy)(void *st);
-    int (*after_chunk)(void *st, const pol_env *env, int64_t chunk_start, int64_t chunk_len, int last, char *err,
-                       size_t errlen);
-    void (*decode_begin)(void *st, const pol_env *env, int64_t pos);
-    /* The token ids of an eval (prefill or decode) at positions p0 .. p0+n-1, before it runs. */
-    void (*on_tokens)(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0);
+    /* Before an eval runs: its token ids at positions p0 .. p0+n-1; decoding: a decode step (n = 1),
+     * where a selection policy prepares the step's choice before any layer runs. */
+    void (*begin)(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0, int decoding);
+    /* What the policy asks of a prefill (NULL: the engine's chunks, no probe). */
+    pol_shape (*prefill_shape)(void *st);
     /* After global layer il attended, in prefill and in decode (c says which, with the chunk's
      * queries, scaled, [n + n_probe][n_head][head_dim]). The layer's cache already holds the chunk's
-     * tokens (never the probe rows). A policy may evict from layer il here. */
+     * tokens (never the probe rows); after the last global layer of a chunk every global layer
+     * does. A policy may evict from layer il here. */
     int (*layer_done)(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen);
-    /* 1: layer_done does nothing while decoding (a prefill-only method), so a decode step need not
-     * stop after each layer for it. */
-    int layer_done_prefill_only;
-    /* Prefill shape a policy asks for: chunk size (0: the engine's) and probe rows appended to every
-     * chunk but the last (the eval's last tokens at their own positions; 0: none). */
-    int (*chunk_size)(void *st);
-    int (*probe_tokens)(void *st);
     /* Fill sel for global layer il; q is the layer's query [n_head][head_dim], already scaled.
      * Return 0 to attend to every page instead. */
     int (*select)(void *st, const pol_env *env, int il, const float *q, pol_sel *sel);
@@ -229,11 +234,10 @@ const pol_env *pol_set_env(const pol_set *ps);
 /* Validate the budgets against a context of ctx tokens (call before prefill). */
 int pol_set_check(pol_set *ps, int64_t ctx, char *err, size_t errlen);
 
-/* Engine side (called by forward.c). */
-int pol_set_after_chunk(pol_set *ps, int64_t start, int64_t n, int last, char *err, size_t errlen);
-void pol_set_decode_begin(pol_set *ps, int64_t pos);
-void pol_set_on_tokens(pol_set *ps, const int32_t *tokens, int64_t n, int64_t p0);
+/* Engine side (called by forward.c). begin: see pol_ops.begin. */
+void pol_set_begin(pol_set *ps, const int32_t *tokens, int64_t n, int64_t p0, int decoding);
 int pol_set_layer_done(pol_set *ps, int il, const pol_chunk *c, char *err, size_t errlen);
+/* The prefill shape the set's prefill policy asks for (pol_shape). */
 int pol_set_chunk_size(const pol_set *ps);
 int pol_set_probe_tokens(const pol_set *ps);
 /* 1 when no policy of the set looks at a decode step between its layers (no decode selection, no

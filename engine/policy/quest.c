@@ -62,10 +62,9 @@ static int q_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
     return 0;
 }
 
-static void q_begin(void *st, const pol_env *env, int64_t pos)
+static void q_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0, int decoding)
 {
-    (void)env;
-    ((st_quest *)st)->cur = pos;
+    if (decoding) ((st_quest *)st)->cur = p0;
 }
 
 static int q_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
@@ -133,7 +132,7 @@ const pol_ops pol_quest = {
     .n_params = P_COUNT,
     .create = q_create,
     .destroy = q_destroy,
-    .decode_begin = q_begin,
+    .begin = q_begin,
     .select = q_select,
     .check = q_check,
     .describe = q_describe,

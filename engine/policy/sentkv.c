@@ -143,9 +143,9 @@ static int se_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t
     return 0;
 }
 
-static void se_tokens(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0)
+/* The eval's token ids extend the token stream (after a rewind, from p0) and cut it into more segments. */
+static void take_tokens(st_sent *s, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0)
 {
-    st_sent *s = st;
     if (p0 < s->n_tok) {
         /* rewound: forget the segments that reach past p0 */
         s->n_tok = p0;
@@ -221,23 +221,25 @@ static int summarize(st_sent *s, const pol_env *env)
     return 0;
 }
 
-/* The prompt's segments are summarized as the prefill ends, so the first decode step does not pay
- * for them (it only summarizes what finished since). */
-static int se_after_chunk(void *st, const pol_env *env, int64_t start, int64_t n, int last, char *err, size_t errlen)
+/* The prompt's segments are summarized as the prefill ends (after the last global layer of its last
+ * chunk, when every global layer holds its keys), so the first decode step does not pay for them
+ * (it only summarizes what finished since). */
+static int se_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen)
 {
-    (void)start;
-    (void)n;
-    if (last && summarize(st, env) != 0) {
+    if (c->decoding || !c->last || il != env->global[env->n_global - 1]) return 0;
+    if (summarize(st, env) != 0) {
         snprintf(err, errlen, "sentkv: out of memory summarizing segments");
         return -1;
     }
     return 0;
 }
 
-static void se_begin(void *st, const pol_env *env, int64_t pos)
+static void se_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0, int decoding)
 {
     st_sent *s = st;
-    s->cur = pos;
+    take_tokens(s, env, tokens, n, p0);
+    if (!decoding) return;
+    s->cur = p0;
     summarize(s, env);
 }
 
@@ -457,13 +459,13 @@ const pol_ops pol_sentkv = {
     .name = "sentkv",
     .summary = "SentKVCompress: sentence segments scored by min/max key bounds, top segments per head",
     .stage = POL_STAGE_DECODE,
+    .prefill_only = 1,
     .params = params,
     .n_params = P_COUNT,
     .create = se_create,
     .destroy = se_destroy,
-    .after_chunk = se_after_chunk,
-    .decode_begin = se_begin,
-    .on_tokens = se_tokens,
+    .begin = se_begin,
+    .layer_done = se_layer_done,
     .select = se_select,
     .check = se_check,
     .describe = se_describe,

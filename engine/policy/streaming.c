@@ -64,10 +64,9 @@ static int s_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
     return 0;
 }
 
-static void s_begin(void *st, const pol_env *env, int64_t pos)
+static void s_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0, int decoding)
 {
-    (void)env;
-    ((st_streaming *)st)->cur = pos;
+    if (decoding) ((st_streaming *)st)->cur = p0;
 }
 
 static int s_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
@@ -133,7 +132,7 @@ const pol_ops pol_streaming = {
     .n_params = P_COUNT,
     .create = s_create,
     .destroy = s_destroy,
-    .decode_begin = s_begin,
+    .begin = s_begin,
     .select = s_select,
     .check = s_check,
     .describe = s_describe,

@@ -108,8 +108,7 @@ static int t_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
     return 0;
 }
 
-static int t_chunk_size(void *st) { return ((st_take *)st)->chunk; }
-static int t_probe_tokens(void *st) { return ((st_take *)st)->probe; }
+static pol_shape t_prefill_shape(void *st) { return (pol_shape){ ((st_take *)st)->chunk, ((st_take *)st)->probe }; }
 
 /* Scores of head g's cached tokens by the smoothed probe (n_p rows at positions from pp0), pooled,
  * into pooled[0..T); positions into pos. T, or -1 when out of memory. */
@@ -290,15 +289,13 @@ const pol_ops pol_take = {
     .name = "take",
     .summary = "TAKE: chunked prefill keeping the top tokens by a question probe's attention after each chunk",
     .stage = POL_STAGE_PREFILL,
-    .saves_memory = 1,
+    .prefill_only = 1,
     .params = params,
     .n_params = P_COUNT,
     .create = t_create,
     .destroy = t_destroy,
+    .prefill_shape = t_prefill_shape,
     .layer_done = t_layer_done,
-    .layer_done_prefill_only = 1,
-    .chunk_size = t_chunk_size,
-    .probe_tokens = t_probe_tokens,
     .check = t_check,
     .describe = t_describe,
 };
