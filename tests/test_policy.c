@@ -131,6 +131,24 @@ Test(policy, presets_are_written_once_in_the_policy_and_the_spec_wins)
     cr_expect_str_eq(s.text, "chess:preset=aggressive,rho_g=0,rho_c=0.3", "the canonical text holds what the spec said");
 }
 
+/* session.c asks this before comparing decode-time policies on one cache. */
+Test(policy, decode_keeps_cache_unless_a_prefill_policy_acts_while_decoding)
+{
+    const char *keeps[] = { "full", "streaming", "quest", "chess", "sentkv", "take", "laser", "snapkv",
+                            "take+chess", "snapkv+sentkv", "laser+quest" };
+    const char *changes[] = { "h2o", "chelsea", "h2o+quest", "chelsea+chess" };
+    pol_spec s;
+    char err[512];
+    for (size_t i = 0; i < sizeof keeps / sizeof *keeps; i++) {
+        cr_assert(pol_parse(&s, keeps[i], NULL, err, sizeof err) == 0, "%s", err);
+        cr_expect(pol_spec_decode_keeps_cache(&s), "%s changes the cache while decoding", keeps[i]);
+    }
+    for (size_t i = 0; i < sizeof changes / sizeof *changes; i++) {
+        cr_assert(pol_parse(&s, changes[i], NULL, err, sizeof err) == 0, "%s", err);
+        cr_expect(!pol_spec_decode_keeps_cache(&s), "%s leaves the cache alone while decoding", changes[i]);
+    }
+}
+
 /* ---------------------------------------------------------------- selections on built caches */
 
 enum { D = 8, P = 4 };

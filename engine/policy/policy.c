@@ -433,12 +433,9 @@ int pol_set_probe_tokens(const pol_set *ps) { return prefill_shape(ps).probe; }
 
 int pol_set_decode_layer_free(const pol_set *ps)
 {
-    for (int i = 0; i < ps->spec.n; i++) {
-        const pol_ops *p = ps->spec.ops[i];
-        if (p->stage == POL_STAGE_DECODE && p->select) return 0;
-        if (p->layer_done && !p->prefill_only) return 0;
-    }
-    return 1;
+    for (int i = 0; i < ps->spec.n; i++)
+        if (ps->spec.ops[i]->stage == POL_STAGE_DECODE && ps->spec.ops[i]->select) return 0;
+    return pol_spec_decode_keeps_cache(&ps->spec);
 }
 
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q)

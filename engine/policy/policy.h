@@ -203,7 +203,8 @@ void pol_list(char *buf, size_t len);
 int pol_split_list(const char *list, char specs[][256], int max);
 
 /* 1 when decoding leaves the cache under spec alone: no policy of it drops or merges tokens while
- * decoding (H2O and Chelsea do), so decode-time policies can be compared on one cache. */
+ * decoding (H2O and Chelsea do), so decode-time policies can be compared on one cache. From the
+ * hooks: every policy with a layer_done is prefill_only (a selection policy only reads the cache). */
 int pol_spec_decode_keeps_cache(const pol_spec *s);
 /* How similar the keys of KV head g of layer il are along the sequence: the measure that storage
  * policies merging tokens are calibrated with (kvchat calibrate records it per head; Chelsea spares
