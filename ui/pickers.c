@@ -30,12 +30,12 @@ void policy_combine(const char *current, const char *pick, char *out, size_t cap
     for (char *part = strtok(buf, "+"); part; part = strtok(NULL, "+")) {
         if (part_stage(part) == POL_STAGE_PREFILL)
             snprintf(pre, sizeof pre, "%s", part);
-        else if (strcmp(part, "full") != 0)
+        else if (strcmp(part, POL_FULL) != 0)
             snprintf(dec, sizeof dec, "%s", part);
     }
     if (!strcmp(pick, "none"))
         pre[0] = 0;
-    else if (!strcmp(pick, "full"))
+    else if (!strcmp(pick, POL_FULL))
         dec[0] = 0;
     else if (part_stage(pick) == POL_STAGE_PREFILL)
         snprintf(pre, sizeof pre, "%s", pick);
@@ -44,7 +44,7 @@ void policy_combine(const char *current, const char *pick, char *out, size_t cap
     if (pre[0] && dec[0])
         snprintf(out, cap, "%s+%s", pre, dec);
     else
-        snprintf(out, cap, "%s", pre[0] ? pre : dec[0] ? dec : "full");
+        snprintf(out, cap, "%s", pre[0] ? pre : dec[0] ? dec : POL_FULL);
 }
 
 /* Is pick the half of current it would replace? */
