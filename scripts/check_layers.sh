@@ -75,7 +75,7 @@ done < <(git ls-files 'common/*' 'kernels/*' 'engine/*' 'store/*' 'ui/*' 'app/*'
 
 # Calls: a front end never takes a mutable part of the session; a backend's name ("cpu", "cuda") is
 # compared only in kernels/, a policy's only in engine/policy/ (the modules ask them instead:
-# run_on_device, pol_spec_decode_keeps_cache, POL_FULL, pol_presets...).
+# run_on_device, pol_spec_decode_keeps_cache, POL_FULL, pol_presets).
 backends=$(git grep -hoE '^[[:space:]]*\.name = "[a-z0-9]+"' -- 'kernels/*.c' 'kernels/*.cu' | sed -E 's/.*"(.*)"/\1/' | sort -u)
 policies=$(git grep -hoE '^[[:space:]]*\.name = "[a-z0-9]+"' -- 'engine/policy/*.c' | sed -E 's/.*"(.*)"/\1/' | sort -u)
 names_re() { echo "$*" | tr ' \n' '||' | sed -E 's/\|+$//; s/\|+/|/g'; }
