@@ -10,6 +10,13 @@ BUILD   ?= build-cuda
 else
 BUILD   ?= build
 endif
+# Where the C and C++ objects go: $(BUILD), except in cuda-build (run by make test and make test-gpu),
+# which links the CPU build's objects from build/ and compiles only kernels/cuda/*.cu and the GPU
+# tests into build-cuda/. The objects are the same in both builds: they differ in kernels/cuda/*.cu
+# against kernels/cuda_absent.c and in the libraries linked, and no C source reads KVCHAT_CUDA
+# (cuda-build refuses one that names it; only the GPU tests' objects get -DKVCHAT_CUDA). A plain
+# `make CUDA=1` still compiles everything into build-cuda/.
+OBJ     ?= $(BUILD)
 OPT     ?= -O2
 SAN     ?=
 CWARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
@@ -32,7 +39,6 @@ NVFLAGS   = -std=c++17 -O2 -g -I. -gencode arch=compute_80,code=sm_80 \
             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror
 ifeq ($(CUDA),1)
-CFLAGS_ALL += -DKVCHAT_CUDA
 LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
 
@@ -51,13 +57,13 @@ UNIT_C    := $(wildcard tests/test_*.c) $(REF_GATE_C)
 MODEL_T_C := $(wildcard tests/model/test_*.c)
 GPU_T_C   := $(wildcard tests/gpu/test_*.c) $(REF_GATE_C)
 
-LIB_OBJ  := $(ENGINE_C:%.c=$(BUILD)/%.o) $(ENGINE_CXX:%.cpp=$(BUILD)/%.o) $(KERNEL_C:%.c=$(BUILD)/%.o) \
+LIB_OBJ  := $(ENGINE_C:%.c=$(OBJ)/%.o) $(ENGINE_CXX:%.cpp=$(OBJ)/%.o) $(KERNEL_C:%.c=$(OBJ)/%.o) \
             $(KERNEL_CU:%.cu=$(BUILD)/%.o)
-APP_OBJ  := $(APP_C:%.c=$(BUILD)/%.o)
+APP_OBJ  := $(APP_C:%.c=$(OBJ)/%.o)
 # The front ends' objects without main(), linked into the unit tests that test app/ and ui/ modules
-FRONT_OBJ := $(filter-out $(BUILD)/app/main.o,$(APP_OBJ))
-UNIT_OBJ := $(UNIT_C:%.c=$(BUILD)/%.o)
-MODEL_T_OBJ := $(MODEL_T_C:%.c=$(BUILD)/%.o)
+FRONT_OBJ := $(filter-out $(OBJ)/app/main.o,$(APP_OBJ))
+UNIT_OBJ := $(UNIT_C:%.c=$(OBJ)/%.o)
+MODEL_T_OBJ := $(MODEL_T_C:%.c=$(OBJ)/%.o)
 GPU_T_OBJ := $(GPU_T_C:%.c=$(BUILD)/%.o)
 
 KVCHAT   := kvchat
@@ -103,29 +109,37 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/%_avx2.o: %_avx2.c
+$(OBJ)/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%_avxvnni.o: %_avxvnni.c
+$(OBJ)/%_avxvnni.o: %_avxvnni.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVXVNNIFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%_avx512.o: %_avx512.c
+$(OBJ)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX512FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.o: %.c
+$(OBJ)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(OBJ)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.o: %.cpp
+# The GPU tests' objects stay in the CUDA build's own directory, compiled with -DKVCHAT_CUDA.
+ifeq ($(CUDA),1)
+$(GPU_T_OBJ): CFLAGS_ALL += -DKVCHAT_CUDA
+endif
+$(GPU_T_OBJ): $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 # tests/test_faults.c fails the Nth allocation of kvchat's own code through these wrappers (off
 # unless a test arms them); sqlite's allocations and writes it fails through sqlite's own hooks
@@ -155,9 +169,16 @@ test: model
 	 else echo "nvcc not found: the CUDA backend was not built (make CUDA=1 needs the CUDA toolkit)"; fi
 	KVCHAT_MODEL=$(DEFAULT_MODEL) ./$(MODEL_BIN) -j1
 
-# The CUDA backend and its GPU tests compile and link (no GPU needed); test-gpu also runs them.
+# The CUDA backend and its GPU tests compile and link (no GPU needed); test-gpu also runs them. The
+# C and C++ objects are the CPU build's (see OBJ): only kernels/cuda/*.cu and the GPU tests compile
+# here, and a C source that reads KVCHAT_CUDA (outside tests/gpu/) is refused, since the shared
+# objects are compiled without it.
 cuda-build:
-	@$(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda KVCHAT=build-cuda/kvchat build-cuda/kvchat \
+	@if grep -rlw KVCHAT_CUDA --include='*.c' --include='*.h' --include='*.cpp' app common engine kernels store \
+		ui tests | grep -v '^tests/gpu/'; then \
+		echo "cuda-build: the files above name KVCHAT_CUDA; the objects shared with the CPU build lack it (see OBJ)"; \
+		exit 1; fi
+	@$(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda OBJ=$(OBJ) KVCHAT=build-cuda/kvchat build-cuda/kvchat \
 		build-cuda/tests/gpu_tests
 	@echo "CUDA build: build-cuda/kvchat and build-cuda/tests/gpu_tests linked"
 
