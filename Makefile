@@ -10,6 +10,13 @@ BUILD   ?= build-cuda
 else
 BUILD   ?= build
 endif
+# Where the C and C++ objects go: $(BUILD), except in cuda-build (run by make test and make test-gpu),
+# which links the CPU build's objects from build/ and compiles only kernels/cuda/*.cu and the GPU
+# tests into build-cuda/. The objects are the same in both builds: they differ in kernels/cuda/*.cu
+# against kernels/cuda_absent.c and in the libraries linked, and no C source reads KVCHAT_CUDA
+# (cuda-build refuses one that names it; only the GPU tests' objects get -DKVCHAT_CUDA). A plain
+# `make CUDA=1` still compiles everything into build-cuda/.
+OBJ     ?= $(BUILD)
 OPT     ?= -O2
 SAN     ?=
 CWARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
@@ -32,7 +39,6 @@ NVFLAGS   = -std=c++17 -O2 -g -I. -gencode arch=compute_80,code=sm_80 \
             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror
 ifeq ($(CUDA),1)
-CFLAGS_ALL += -DKVCHAT_CUDA
 LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
 
@@ -51,13 +57,13 @@ UNIT_C    := $(wildcard tests/test_*.c) $(REF_GATE_C)
 MODEL_T_C := $(wildcard tests/model/test_*.c)
 GPU_T_C   := $(wildcard tests/gpu/test_*.c) $(REF_GATE_C)
 
-LIB_OBJ  := $(ENGINE_C:%.c=$(BUILD)/%.o) $(ENGINE_CXX:%.cpp=$(BUILD)/%.o) $(KERNEL_C:%.c=$(BUILD)/%.o) \
+LIB_OBJ  := $(ENGINE_C:%.c=$(OBJ)/%.o) $(ENGINE_CXX:%.cpp=$(OBJ)/%.o) $(KERNEL_C:%.c=$(OBJ)/%.o) \
             $(KERNEL_CU:%.cu=$(BUILD)/%.o)
-APP_OBJ  := $(APP_C:%.c=$(BUILD)/%.o)
+APP_OBJ  := $(APP_C:%.c=$(OBJ)/%.o)
 # The front ends' objects without main(), linked into the unit tests that test app/ and ui/ modules
-FRONT_OBJ := $(filter-out $(BUILD)/app/main.o,$(APP_OBJ))
-UNIT_OBJ := $(UNIT_C:%.c=$(BUILD)/%.o)
-MODEL_T_OBJ := $(MODEL_T_C:%.c=$(BUILD)/%.o)
+FRONT_OBJ := $(filter-out $(OBJ)/app/main.o,$(APP_OBJ))
+UNIT_OBJ := $(UNIT_C:%.c=$(OBJ)/%.o)
+MODEL_T_OBJ := $(MODEL_T_C:%.c=$(OBJ)/%.o)
 GPU_T_OBJ := $(GPU_T_C:%.c=$(BUILD)/%.o)
 
 KVCHAT   := kvchat
@@ -72,7 +78,8 @@ KVCHAT_CACHE   ?= $(XDG_CACHE_HOME)/kvchat
 DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
 export KVCHAT_CACHE DEFAULT_MODEL
 
-.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench clean cuda-build test-gpu
+.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench clean cuda-build test-gpu \
+        test-model-first test-model-rest test-cuda-build
 
 all: $(KVCHAT)
 
@@ -103,29 +110,37 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/%_avx2.o: %_avx2.c
+$(OBJ)/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX2FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%_avxvnni.o: %_avxvnni.c
+$(OBJ)/%_avxvnni.o: %_avxvnni.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVXVNNIFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%_avx512.o: %_avx512.c
+$(OBJ)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(AVX512FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.o: %.c
+$(OBJ)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(OBJ)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.o: %.cpp
+# The GPU tests' objects stay in the CUDA build's own directory, compiled with -DKVCHAT_CUDA.
+ifeq ($(CUDA),1)
+$(GPU_T_OBJ): CFLAGS_ALL += -DKVCHAT_CUDA
+endif
+$(GPU_T_OBJ): $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS_ALL) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 # tests/test_faults.c fails the Nth allocation of kvchat's own code through these wrappers (off
 # unless a test arms them); sqlite's allocations and writes it fails through sqlite's own hooks
@@ -145,19 +160,49 @@ $(MODEL_BIN): $(MODEL_T_OBJ) $(LIB)
 run: model $(KVCHAT)
 	./$(KVCHAT) $(ARGS)
 
+# make test builds with one job per core unless make was given -j.
+JOBS      ?= $(shell nproc 2>/dev/null || echo 1)
+TEST_JOBS  = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS))
+
 # The unit tests (including the tiny-model reference gates) run first, then the tests that need
-# the default model. Criterion prints a synthesis line for each.
+# the default model in two runners beside the CUDA build whenever nvcc is installed (MODEL_FIRST).
+# Criterion prints a synthesis line for each runner.
 test: model
-	@$(MAKE) --no-print-directory $(KVCHAT) $(UNIT_BIN) $(MODEL_BIN)
+	@$(MAKE) --no-print-directory $(TEST_JOBS) $(KVCHAT) $(UNIT_BIN) $(MODEL_BIN)
 	scripts/check_layers.sh
 	./$(UNIT_BIN) -j2
+	@$(MAKE) --no-print-directory $(TEST_JOBS) test-model-first test-model-rest test-cuda-build
+
+# make test's last step: jobs that make runs side by side and that use the build above without
+# redoing it. The model tests in two runners, each one test at a time: MODEL_FIRST (TAKE's eval,
+# nearly as long as the nine others together) in one, from the start, and every other test in the
+# other (criterion -j2 would start it eighth, in name order, and leave it running alone at the end);
+# then the CUDA build, mostly one nvcc at a time, beside whichever is still running. Each model test
+# runs exactly once: the second runner takes every test that the first one's pattern does not match.
+# Two at a time is safe: the tests share no file (mkstemp, mkdtemp, a tmux server per script),
+# none measures speed, and the longest wait on the screen in tests/tui/basic.sh on the default
+# model took 3 s of its 20 under a load of 5.
+MODEL_FIRST := default_model/take_answers_generated_passkey_documents
+test-model-first:
+	KVCHAT_MODEL=$(DEFAULT_MODEL) ./$(MODEL_BIN) -j1 --filter '$(MODEL_FIRST)'
+
+test-model-rest:
+	KVCHAT_MODEL=$(DEFAULT_MODEL) ./$(MODEL_BIN) -j1 --filter '!($(MODEL_FIRST))'
+
+test-cuda-build:
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory cuda-build; \
 	 else echo "nvcc not found: the CUDA backend was not built (make CUDA=1 needs the CUDA toolkit)"; fi
-	KVCHAT_MODEL=$(DEFAULT_MODEL) ./$(MODEL_BIN) -j1
 
-# The CUDA backend and its GPU tests compile and link (no GPU needed); test-gpu also runs them.
+# The CUDA backend and its GPU tests compile and link (no GPU needed); test-gpu also runs them. The
+# C and C++ objects are the CPU build's (see OBJ): only kernels/cuda/*.cu and the GPU tests compile
+# here, and a C source that reads KVCHAT_CUDA (outside tests/gpu/) is refused, since the shared
+# objects are compiled without it.
 cuda-build:
-	@$(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda KVCHAT=build-cuda/kvchat build-cuda/kvchat \
+	@if grep -rlw KVCHAT_CUDA --include='*.c' --include='*.h' --include='*.cpp' app common engine kernels store \
+		ui tests | grep -v '^tests/gpu/'; then \
+		echo "cuda-build: the files above name KVCHAT_CUDA; the objects shared with the CPU build lack it (see OBJ)"; \
+		exit 1; fi
+	@$(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda OBJ=$(OBJ) KVCHAT=build-cuda/kvchat build-cuda/kvchat \
 		build-cuda/tests/gpu_tests
 	@echo "CUDA build: build-cuda/kvchat and build-cuda/tests/gpu_tests linked"
 
