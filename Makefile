@@ -91,7 +91,7 @@ help:
 	@echo "make asan       build with AddressSanitizer+UBSan and run the unit tests"
 	@echo "make CUDA=1     build ./kvchat with the CUDA backend (nvcc, cuBLAS; sm_80 and sm_90)"
 	@echo "make test-gpu   build the CUDA backend and run its parity tests against the CPU (needs a GPU)"
-	@echo "make fuzz       build the GGUF fuzzer (clang libFuzzer) and run it for FUZZ_SECONDS (60)"
+	@echo "make fuzz       build the GGUF and snapshot fuzzers (clang libFuzzer) and run each for FUZZ_SECONDS (60)"
 	@echo "make model      fetch and verify the default model (Gemma 3 270M Q4_K_M) into $(KVCHAT_CACHE)"
 	@echo "make bootstrap  install the Debian packages kvchat needs (apt-get when root)"
 	@echo "make bench      kvchat bench on the default model, appended to bench/results.csv"

@@ -25,9 +25,14 @@ static int compare_specs(session *s, const char *const *specs_in, int n_in, char
         pol_spec ps;
         if (pol_parse(&ps, specs_in[i], NULL, s->err, sizeof s->err)) return -1;
         for (int k = 0; k < ps.n; k++)
-            if (ps.ops[k]->stage == POL_STAGE_PREFILL)
-                return sess_fail(s, -1,
-                                 "compare decode-time policies (chess, quest, sentkv, streaming, full) on the cache as it is");
+            if (ps.ops[k]->stage == POL_STAGE_PREFILL) {
+                char names[256] = "";
+                for (const pol_ops *const *p = pol_registry(); *p; p++)
+                    if ((*p)->stage == POL_STAGE_DECODE)
+                        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", names[0] ? ", " : "",
+                                 (*p)->name);
+                return sess_fail(s, -1, "compare decode-time policies (%s) on the cache as it is", names);
+            }
         char joined[256];
         if (strcmp(key, POL_FULL) != 0)
             snprintf(joined, sizeof joined, "%.120s+%.120s", key, specs_in[i]);
