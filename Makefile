@@ -88,6 +88,7 @@ help:
 	@echo "make run        install what is missing, fetch the default model, start kvchat"
 	@echo "make test       install what is missing, fetch the default model, run every test"
 	@echo "make unit-tests build and run the unit and tiny-model tests only (no default model)"
+	@echo "make model-tests build and run the default-model tests only"
 	@echo "make asan       build with AddressSanitizer+UBSan and run the unit tests"
 	@echo "make CUDA=1     build ./kvchat with the CUDA backend (nvcc, cuBLAS; sm_80 and sm_90)"
 	@echo "make test-gpu   build the CUDA backend and run its parity tests against the CPU (needs a GPU)"
@@ -188,6 +189,10 @@ test-model-first:
 
 test-model-rest:
 	KVCHAT_MODEL=$(DEFAULT_MODEL) ./$(MODEL_BIN) -j1 --filter '!($(MODEL_FIRST))'
+
+# The default-model tests alone, the same two runners as make test.
+model-tests: model $(MODEL_BIN)
+	@$(MAKE) --no-print-directory $(TEST_JOBS) test-model-first test-model-rest
 
 test-cuda-build:
 	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory cuda-build; \
