@@ -222,8 +222,24 @@ int run_append(run *r, const int32_t *ids, int64_t n, char *err, size_t errlen)
     return RUN_OK;
 }
 
-/* Evaluate the waiting ids as a prefill (accept: the sampler records them; timed: they are the
- * figures' last prefill). */
+/* Evaluate n of the sequence's ids from the cache's end on as a prefill (timed: they are the
+ * figures' last prefill, and the decoding counts again from here). */
+static int prefill_ids(run *r, int64_t n, int timed, fwd_logits_fn each, void *ud, char *err, size_t errlen)
+{
+    double t0 = run_clock_s();
+    if (fwd_eval(r->f, r->ids + fwd_pos(r->f), n, r->logits, each, ud, r->progress, r->progress_ud, r->abort_flag, err,
+                 errlen))
+        return eval_failed(r, err, errlen);
+    if (timed) {
+        r->prefill_tokens = n;
+        r->prefill_s = run_clock_s() - t0;
+        r->decoded = 0;
+        r->decode_s = 0;
+    }
+    return RUN_OK;
+}
+
+/* Evaluate the waiting ids, which must fit the context (accept: the sampler records them). */
 static int eval_waiting(run *r, int accept, int timed, fwd_logits_fn each, void *ud, char *err, size_t errlen)
 {
     int64_t from = fwd_pos(r->f), n = r->n_ids - from;
@@ -237,16 +253,7 @@ static int eval_waiting(run *r, int accept, int timed, fwd_logits_fn each, void 
         return RUN_ENOFIT;
     }
     for (int64_t i = 0; accept && i < n; i++) samp_accept(r->s, r->ids[from + i]);
-    double t0 = run_clock_s();
-    if (fwd_eval(r->f, r->ids + from, n, r->logits, each, ud, r->progress, r->progress_ud, r->abort_flag, err, errlen))
-        return eval_failed(r, err, errlen);
-    if (timed) {
-        r->prefill_tokens = n;
-        r->prefill_s = run_clock_s() - t0;
-        r->decoded = 0;
-        r->decode_s = 0;
-    }
-    return RUN_OK;
+    return prefill_ids(r, n, timed, each, ud, err, errlen);
 }
 
 int run_feed(run *r, const int32_t *ids, int64_t n, fwd_logits_fn each, void *ud, char *err, size_t errlen)
@@ -273,14 +280,7 @@ int run_prefill_again(run *r, char *err, size_t errlen)
     int64_t P = fwd_pos(r->f);
     if (P == 0) return RUN_OK;
     fwd_rewind(r->f, 0);
-    double t0 = run_clock_s();
-    if (fwd_eval(r->f, r->ids, P, r->logits, NULL, NULL, r->progress, r->progress_ud, r->abort_flag, err, errlen))
-        return eval_failed(r, err, errlen);
-    r->prefill_tokens = P;
-    r->prefill_s = run_clock_s() - t0;
-    r->decoded = 0;
-    r->decode_s = 0;
-    return RUN_OK;
+    return prefill_ids(r, P, 1, NULL, NULL, err, errlen);
 }
 
 int run_decode(run *r, int32_t id, char *err, size_t errlen)
@@ -536,7 +536,6 @@ const int32_t *run_tokens(const run *r, int64_t *n)
 }
 int64_t run_pos(const run *r) { return fwd_pos(r->f); }
 int64_t run_n_ctx(const run *r) { return fwd_n_ctx(r->f); }
-int run_page_size(const run *r) { return kv_page_size(fwd_kv(r->f)); }
 int run_threads(const run *r) { return r->b->n_threads; }
 const char *run_device_name(const run *r) { return r->b->ops->name; }
 int run_on_device(const run *r) { return r->b->ops->memory != NULL; }   /* device memory: a device backend */

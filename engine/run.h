@@ -160,7 +160,6 @@ const float *run_logits(const run *r);
 const int32_t *run_tokens(const run *r, int64_t *n);
 int64_t run_pos(const run *r);
 int64_t run_n_ctx(const run *r);
-int run_page_size(const run *r);
 int run_threads(const run *r);
 /* The backend's name ("cpu", "cuda"), for reports; 1 when the model runs on a device (a GPU). */
 const char *run_device_name(const run *r);
