@@ -4,11 +4,26 @@
 #define KVCHAT_FILES_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
 
 /* "a directory", "a FIFO", "a character device", "a block device", "a socket", "a regular file". */
 const char *files_kind(mode_t mode);
+
+/* The one way kvchat opens a file it reads: path must be a regular file (a directory, FIFO, device
+ * or socket is refused before any read, a FIFO without waiting for a writer, so /dev/zero or a
+ * pipe never blocks or fills memory) of at most max_bytes. what names the file in the refusal ("a
+ * settings file": "X is a FIFO, not a settings file"). The descriptor, or -1 with a one-line
+ * message naming path (errno ENOENT when there is nothing at path); *size gets the file's size when
+ * size is not NULL. */
+int files_open_read_fd(const char *path, uint64_t max_bytes, const char *what, uint64_t *size, char *err,
+                       size_t errlen);
+/* The same as a stream ("rb"). */
+FILE *files_open_read(const char *path, uint64_t max_bytes, const char *what, char *err, size_t errlen);
+/* The whole file through files_open_read, NUL-terminated and malloc'd, its length in *len (a file
+ * that grows past max_bytes while it is read is refused too). */
+char *files_read_all(const char *path, size_t max_bytes, const char *what, size_t *len, char *err, size_t errlen);
 
 /* Create path for writing, failing when anything exists there (a file, or a link, which is never
  * followed): O_CREAT | O_EXCL | O_NOFOLLOW. NULL with a message naming the path. */

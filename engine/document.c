@@ -13,47 +13,13 @@
 #include "common/files.h"
 #include "engine/tokenizer.h"
 
-/* A regular file of at most max_bytes, open for reading; NULL with a message. */
-static FILE *open_regular(const char *path, size_t max_bytes, char *err, size_t errlen)
-{
-    /* O_NONBLOCK: opening a FIFO does not wait for a writer; it is refused below */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s is %s, not a text file", path, files_kind(st.st_mode));
-        close(fd);
-        return NULL;
-    }
-    if ((uint64_t)st.st_size > max_bytes) {
-        snprintf(err, errlen, "%s: %lld bytes, more than the %zu bytes a document may have here", path,
-                 (long long)st.st_size, max_bytes);
-        close(fd);
-        return NULL;
-    }
-    FILE *fp = fdopen(fd, "rb");
-    if (!fp) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        close(fd);
-    }
-    return fp;
-}
-
 char *doc_load(const char *path, size_t max_bytes, size_t *len, char *err, size_t errlen)
 {
     /* "-": the standard input, asked for by name (a pipe is what it should be), read to its end
      * with the same bound as it is read */
     int std_in = !strcmp(path, "-");
     if (std_in) path = "the standard input";
-    FILE *fp = std_in ? stdin : open_regular(path, max_bytes, err, errlen);
+    FILE *fp = std_in ? stdin : files_open_read(path, max_bytes, "a text file", err, errlen);
     if (!fp) return NULL;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);

@@ -321,37 +321,23 @@ int gguf_open_memory(gguf_file **out, const void *buf, size_t size, const char *
 int gguf_open(gguf_file **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
-    /* O_NONBLOCK: a FIFO named as the model is refused below instead of waiting for a writer */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    uint64_t size;
+    int fd = files_open_read_fd(path, UINT64_MAX, "a model file", &size, err, errlen);
+    if (fd < 0) return -1;
+    if (size < 4) {
+        snprintf(err, errlen, "%s: not a GGUF file (%lld bytes)", path, (long long)size);
         close(fd);
         return -1;
     }
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s is %s, not a model file", path, files_kind(st.st_mode));
-        close(fd);
-        return -1;
-    }
-    if (st.st_size < 4) {
-        snprintf(err, errlen, "%s: not a GGUF file (%lld bytes)", path, (long long)st.st_size);
-        close(fd);
-        return -1;
-    }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     int merr = errno;
     close(fd);
     if (p == MAP_FAILED) {
         snprintf(err, errlen, "%s: cannot map the file: %s", path, strerror(merr));
         return -1;
     }
-    if (gguf_open_memory(out, p, (size_t)st.st_size, path, err, errlen) != 0) {
-        munmap(p, (size_t)st.st_size);
+    if (gguf_open_memory(out, p, (size_t)size, path, err, errlen) != 0) {
+        munmap(p, (size_t)size);
         return -1;
     }
     (*out)->mapped = 1;

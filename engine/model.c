@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "common/files.h"
 #include "common/quant.h"
 
 typedef struct loader {
@@ -324,11 +325,8 @@ static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n)
 
 int model_fingerprint(const char *path, char out[17], char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
-        return -1;
-    }
+    FILE *f = files_open_read(path, UINT64_MAX, "a model file", err, errlen);
+    if (!f) return -1;
     enum { SPAN = 1 << 20 };
     unsigned char *buf = malloc(SPAN);
     int64_t size = -1;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/files.h"
 #include "engine/bytes.h"
 #include "engine/policy/policy.h"
 
@@ -36,11 +37,8 @@ void snap_sha256_bytes(const void *p, size_t n, char out[65])
 
 int snap_sha256_file(const char *path, char out[65], char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
-        return -1;
-    }
+    FILE *f = files_open_read(path, UINT64_MAX, "a regular file", err, errlen);
+    if (!f) return -1;
     enum { BUF = 1 << 20 };
     uint8_t *buf = malloc(BUF);
     if (!buf) {

@@ -38,23 +38,6 @@ extern "C" spm_proc *spm_load_proto(const void *data, size_t len, char *err, siz
     }
 }
 
-extern "C" spm_proc *spm_load_file(const char *path, char *err, size_t errlen)
-{
-    try {
-        spm_proc *p = new spm_proc();
-        auto st = p->sp.Load(path);
-        if (!st.ok()) {
-            set_err(err, errlen, std::string(path) + ": " + st.ToString());
-            delete p;
-            return nullptr;
-        }
-        return p;
-    } catch (const std::exception &e) {
-        set_err(err, errlen, std::string(path) + ": " + e.what());
-        return nullptr;
-    }
-}
-
 extern "C" void spm_free(spm_proc *p) { delete p; }
 
 extern "C" int spm_piece_size(const spm_proc *p) { return p->sp.GetPieceSize(); }

@@ -1,5 +1,5 @@
-/* spm_shim.h - C view of the SentencePiece C++ library: load a model (serialized ModelProto bytes or
- * a .model file), encode text to ids. The only C++ in kvchat is the implementation of this header. */
+/* spm_shim.h - C view of the SentencePiece C++ library: load a model (serialized ModelProto bytes:
+ * a .model file's contents), encode text to ids. The only C++ in kvchat is the implementation of this header. */
 #ifndef KVCHAT_SPM_SHIM_H
 #define KVCHAT_SPM_SHIM_H
 
@@ -13,7 +13,6 @@ extern "C" {
 typedef struct spm_proc spm_proc;
 
 spm_proc *spm_load_proto(const void *data, size_t len, char *err, size_t errlen);
-spm_proc *spm_load_file(const char *path, char *err, size_t errlen);
 void spm_free(spm_proc *p);
 int spm_piece_size(const spm_proc *p);
 /* Encode len bytes; appends ids to *ids (realloc'd, capacity *cap) after *n existing ones. 0 or -1. */

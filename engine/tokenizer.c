@@ -11,7 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/files.h"
 #include "engine/spm_shim.h"
+
+/* A SentencePiece model file is a few MB (a 262K vocabulary: 4.5 MB); this bounds what --tokenizer reads. */
+#define TOK_MODEL_MAX_BYTES ((size_t)256 << 20)
 
 struct tok_vocab {
     int32_t n;
@@ -282,8 +286,19 @@ int tok_create(tok_vocab **out, const gguf_file *f, const char *spm_model_path, 
         for (int k = 0; k < 3 && v->eot < 0; k++) v->eot = tok_find(v, names[k]);
     }
     if (spm_model_path) {
-        v->spm = spm_load_file(spm_model_path, err, errlen);
+        /* through the checked open: a FIFO or a device named as the tokenizer is refused at once */
+        size_t nb;
+        char *bytes = files_read_all(spm_model_path, TOK_MODEL_MAX_BYTES, "a SentencePiece model file", &nb, err,
+                                     errlen);
+        if (!bytes) {
+            tok_free(v);
+            return -1;
+        }
+        char e[400];
+        v->spm = spm_load_proto(bytes, nb, e, sizeof e);
+        free(bytes);
         if (!v->spm) {
+            snprintf(err, errlen, "%s: %s", spm_model_path, e);
             tok_free(v);
             return -1;
         }

@@ -7,6 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/files.h"
+
+/* A thresholds file is a few hundred bytes (with head similarities, a few KB). */
+#define UNC_THRESHOLDS_MAX_BYTES ((size_t)1 << 20)
+
 void unc_stats_of(const float *h, int64_t n, unc_stats *out)
 {
     double s = 0, s2 = 0;
@@ -43,13 +48,11 @@ int unc_crosses(const unc_thresholds *t, const unc_stats *s)
 
 int unc_thresholds_save(const char *path, const unc_thresholds *t, char *err, size_t errlen)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
-        return -1;
-    }
+    /* a new file renamed over path: a reader never sees half a file, a link at path is replaced,
+     * never followed */
+    files_atomic fa;
+    if (files_atomic_open(&fa, path, err, errlen)) return -1;
+    FILE *f = fa.f;
     fprintf(f,
             "# kvchat uncertainty thresholds (kvchat calibrate): a generated page of `page` tokens is uncertain\n"
             "# when its mean entropy exceeds entropy_mean or the variance of its per-token entropy exceeds\n"
@@ -64,26 +67,20 @@ int unc_thresholds_save(const char *path, const unc_thresholds *t, char *err, si
             fprintf(f, "%s%d:%d:%.6f", i ? " " : "", t->head_sim[i].layer, t->head_sim[i].head, t->head_sim[i].sim);
         fputc('\n', f);
     }
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) {
-        snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno ? errno : EIO));
-        remove(tmp);
-        return -1;
-    }
-    if (rename(tmp, path) != 0) {   /* atomic: a reader never sees half a file */
-        snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-        remove(tmp);
-        return -1;
-    }
-    return 0;
+    return files_atomic_commit(&fa, err, errlen);
 }
 
 int unc_thresholds_load(const char *path, unc_thresholds *t, char *err, size_t errlen)
 {
     memset(t, 0, sizeof *t);
-    FILE *f = fopen(path, "r");
+    /* read whole through the checked open (a FIFO, /dev/zero or a huge file refused at once) */
+    size_t n;
+    char *text = files_read_all(path, UNC_THRESHOLDS_MAX_BYTES, "a thresholds file", &n, err, errlen);
+    if (!text) return -1;
+    FILE *f = n > 0 ? fmemopen(text, n, "r") : NULL;
     if (!f) {
-        snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
+        snprintf(err, errlen, "%s: %s", path, n > 0 ? strerror(errno) : "empty, expected a thresholds file");
+        free(text);
         return -1;
     }
     char *line = NULL;
@@ -154,6 +151,7 @@ int unc_thresholds_load(const char *path, unc_thresholds *t, char *err, size_t e
 out:
     free(line);
     fclose(f);
+    free(text);
     return rc;
 }
 

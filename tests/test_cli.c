@@ -328,6 +328,49 @@ Test(cli, devices_fifos_and_oversized_documents_are_refused_at_once, .timeout = 
     rmdir(dir);
 }
 
+/* Every other file kvchat reads goes through the same checked open: the thresholds, a SentencePiece
+ * model, the settings file. A device, a FIFO (never waited on) or an oversized file is one line at once. */
+Test(cli, thresholds_tokenizer_and_settings_files_go_through_the_checked_open, .timeout = 60)
+{
+    char dir[] = "/tmp/kvchat-checked-XXXXXX", fifo[128], big[128], cfgdir[160], cfg[192], args[1024];
+    cr_assert(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/pipe", dir);
+    snprintf(big, sizeof big, "%s/big.txt", dir);
+    cr_assert(mkfifo(fifo, 0600) == 0);
+    FILE *f = fopen(big, "w");
+    cr_assert(f);
+    cr_assert(ftruncate(fileno(f), 2 << 20) == 0);
+    fclose(f);
+#define ASKQ "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -q 'What?' --no-db "
+    expect_one_line_error(ASKQ "--thresholds /dev/zero", "/dev/zero is a character device, not a thresholds file");
+    snprintf(args, sizeof args, ASKQ "--thresholds %s", fifo);
+    expect_one_line_error(args, "is a FIFO, not a thresholds file");
+    snprintf(args, sizeof args, ASKQ "--thresholds %s", big);
+    expect_one_line_error(args, "more than the 1048576 bytes a thresholds file may have");
+#undef ASKQ
+    expect_one_line_error("generate -t 1 -n 1 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "prompts/p1.txt "
+                          "--tokenizer /dev/zero",
+                          "/dev/zero is a character device, not a SentencePiece model file");
+    snprintf(args, sizeof args, "generate -t 1 -n 1 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "prompts/p1.txt "
+             "--tokenizer %s", fifo);
+    expect_one_line_error(args, "is a FIFO, not a SentencePiece model file");
+    /* the settings file, read before the interface needs a terminal */
+    snprintf(cfgdir, sizeof cfgdir, "%s/kvchat", dir);
+    snprintf(cfg, sizeof cfg, "%s/config", cfgdir);
+    cr_assert(mkdir(cfgdir, 0700) == 0);
+    cr_assert(setenv("XDG_CONFIG_HOME", dir, 1) == 0);
+    cr_assert(mkfifo(cfg, 0600) == 0);
+    expect_one_line_error("tui --no-db </dev/null", "config is a FIFO, not a settings file");
+    unlink(cfg);
+    cr_assert(symlink("/dev/zero", cfg) == 0);
+    expect_one_line_error("tui --no-db </dev/null", "config is a character device, not a settings file");
+    unlink(cfg);
+    rmdir(cfgdir);
+    unlink(fifo);
+    unlink(big);
+    rmdir(dir);
+}
+
 Test(cli, ask_answers_with_metrics_and_page_map)
 {
     static char out[1 << 16], errb[1 << 16];
@@ -370,7 +413,7 @@ Test(cli, ask_show_events_logs_a_forced_backtrack)
 
 Test(cli, bad_thresholds_are_refused)
 {
-    expect_one_line_error(ASK "-q 'What?' --thresholds /nonexistent/thr.txt", "--thresholds: cannot read");
+    expect_one_line_error(ASK "-q 'What?' --thresholds /nonexistent/thr.txt", "--thresholds: /nonexistent/thr.txt: No such file");
     expect_one_line_error(ASK "-q 'What?' --backtrack -1", "--backtrack");
 }
 

@@ -10,6 +10,9 @@
 
 #include "common/files.h"
 
+/* A settings file is a few dozen lines; this bounds what is read at start. */
+#define CONFIG_MAX_BYTES ((size_t)1 << 20)
+
 static const char *const color_names[COL_COUNT] = { "user", "answer", "info", "error", "bar", "heading",
                                                      "event", "map_low", "map_mid", "map_high", "frame" };
 
@@ -157,12 +160,9 @@ int config_read(const opt_group *groups, int n_groups, tui_config *c, char *err,
     config_default_colors(c);
     c->n_text = 0;
     if (config_path(path, sizeof path)) return 0;
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        if (errno == ENOENT) return 0;
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
+    /* the checked open: a FIFO or a link to /dev/zero there is refused at once, never waited on or read */
+    FILE *f = files_open_read(path, CONFIG_MAX_BYTES, "a settings file", err, errlen);
+    if (!f) return errno == ENOENT ? 0 : -1;
     char line[1024], where[1100];
     int ln = 0, rc = 0;
     while (rc == 0 && fgets(line, sizeof line, f)) {
@@ -212,7 +212,13 @@ int config_update(const char *const *keys, const char *const *values, int n, cha
     }
     files_atomic fa;   /* a new temporary file renamed over the old one: a link there is never followed */
     if (files_atomic_open(&fa, path, err, errlen)) return -1;
-    FILE *in = fopen(path, "r"), *out = fa.f;
+    char e[1200];
+    FILE *in = files_open_read(path, CONFIG_MAX_BYTES, "a settings file", e, sizeof e), *out = fa.f;
+    if (!in && errno != ENOENT) {   /* the settings there are kept, not replaced by a file without them */
+        files_atomic_abort(&fa);
+        snprintf(err, errlen, "%s", e);
+        return -1;
+    }
     int done[32] = { 0 };
     char line[1024], copy[1024];
     while (in && fgets(line, sizeof line, in)) {

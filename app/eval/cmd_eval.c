@@ -27,6 +27,7 @@
 #include "app/eval/evalres.h"
 #include "engine/prompt.h"
 #include "app/eval/tasks.h"
+#include "common/files.h"
 
 static int split_list(const char *list, char out[][32], int max)
 {
@@ -507,7 +508,8 @@ static double cost(const char *task, int64_t ctx, const eval_cfg *c, int64_t n_p
 /* The CSV for appending: a new file gets the header; an old one must have this version's columns. */
 static FILE *open_csv(const char *path, char *err, size_t errlen)
 {
-    FILE *chk = fopen(path, "r");
+    FILE *chk = files_open_read(path, EVALRES_MAX_BYTES, "an eval CSV", err, errlen);
+    if (!chk && errno != ENOENT) return NULL;
     if (chk) {
         char line[1024] = "";
         int empty = !fgets(line, sizeof line, chk);

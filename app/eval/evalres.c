@@ -1,10 +1,12 @@
 /* evalres.c - eval records: CSV rows out and back in (for resume), and the Markdown summary. */
 #include "app/eval/evalres.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/files.h"
 #include "engine/policy/policy.h"
 
 const char *const evalres_header =
@@ -115,8 +117,8 @@ static const char *const col_names[C_N] = { "task", "ctx", "tokens", "sample", "
 
 int evalres_read(const char *path, eval_recs *rs, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
+    FILE *f = files_open_read(path, EVALRES_MAX_BYTES, "an eval CSV", err, errlen);
+    if (!f) return errno == ENOENT ? 0 : -1;   /* none yet: a new run */
     char line[4096], *fld[64];
     int col[C_N], ok = 0;
     if (fgets(line, sizeof line, f)) {

@@ -41,6 +41,9 @@ void evalres_init(eval_rec *r);
 int evalres_push(eval_recs *rs, const eval_rec *r);   /* 0, or -1 when out of memory */
 void evalres_free(eval_recs *rs);
 
+/* What an eval CSV may be at most (a row is ~300 bytes: millions of rows). */
+#define EVALRES_MAX_BYTES ((uint64_t)1 << 30)
+
 /* One CSV row (no header), flushed. */
 void evalres_write(FILE *f, const eval_rec *r);
 /* Read every row of a CSV that evalres_write wrote (columns found by the header's names, so older
