@@ -213,7 +213,7 @@ int cmd_ask(int argc, char **argv)
     print_metrics(s);
     rc = cli_interrupted ? 130 : 0;
     if (st == SESS_ESAVE) {
-        cli_err("ask: session %s", sess_error(s));
+        cli_err("ask: %s", sess_error(s));
         rc = 1;
     } else if (db) {
         int64_t n_seq;

@@ -85,6 +85,19 @@ static int get_f32(loader *L, const char *suffix, int required, float dflt, floa
     return 0;
 }
 
+/* A float hyperparameter that must lie in (lo, hi] (lo_closed: [lo, hi]): out of range, the model
+ * would load and compute NaN logits (a RoPE base of 0 or -1, a negative norm epsilon), so it is
+ * refused by name. */
+static int get_f32_in(loader *L, const char *suffix, int required, float dflt, double lo, int lo_closed, double hi,
+                      float *out)
+{
+    if (get_f32(L, suffix, required, dflt, out)) return -1;
+    if ((lo_closed ? *out >= lo : *out > lo) && *out <= hi) return 0;
+    char k[160];
+    return fail(L, "metadata key %s is %g, out of range (%s %g, at most %g)", akey(L, suffix, k, sizeof k),
+                (double)*out, lo_closed ? "at least" : "more than", lo, hi);
+}
+
 static const gguf_tensor *find(loader *L, const char *name)
 {
     return gguf_find_tensor(L->m->gguf, name);
@@ -136,6 +149,7 @@ static int read_hparams(loader *L)
     if (get_u32(L, "feed_forward_length", 1, 0, &hp->n_ff)) return -1;
     if (get_u32(L, "attention.head_count", 1, 0, &hp->n_head)) return -1;
     if (get_u32(L, "context_length", 0, 4096, &hp->n_ctx_train)) return -1;
+    if (hp->n_ctx_train <= 0) return fail(L, "context_length 0: the model names no context it was trained for");
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_ff <= 0 || hp->n_head <= 0)
         return fail(L, "invalid hyperparameters (embedding %d, layers %d, ffn %d, heads %d)", hp->n_embd,
                     hp->n_layer, hp->n_ff, hp->n_head);
@@ -153,11 +167,13 @@ static int read_hparams(loader *L)
     hp->head_dim = kl;
     if (get_u32(L, "rope.dimension_count", 0, (uint32_t)kl, &rot)) return -1;
     if (rot != kl) return fail(L, "partial rotary embeddings (%d of %d dims) are not supported", rot, kl);
-    if (get_f32(L, "rope.freq_base", 0, 10000.0f, &hp->rope_base)) return -1;
-    if (get_f32(L, "rope.freq_base_swa", 0, 10000.0f, &hp->rope_base_swa)) return -1;
-    float factor;
-    if (get_f32(L, "rope.scaling.factor", 0, 0.0f, &factor)) return -1;
-    if (factor == 0.0f && get_f32(L, "rope.scale_linear", 0, 0.0f, &factor)) return -1;
+    /* a RoPE base at or below 1 gives no rotation that falls with the dimension (0 or less: NaN);
+     * real models use 1e4 to 1e7 */
+    if (get_f32_in(L, "rope.freq_base", 0, 10000.0f, 1.0, 0, 1e12, &hp->rope_base)) return -1;
+    if (get_f32_in(L, "rope.freq_base_swa", 0, 10000.0f, 1.0, 0, 1e12, &hp->rope_base_swa)) return -1;
+    float factor;   /* 0: no scaling */
+    if (get_f32_in(L, "rope.scaling.factor", 0, 0.0f, 0.0, 1, 1e6, &factor)) return -1;
+    if (factor == 0.0f && get_f32_in(L, "rope.scale_linear", 0, 0.0f, 0.0, 1, 1e6, &factor)) return -1;
     hp->rope_freq_scale = factor > 0.0f ? 1.0f / factor : 1.0f;
     {
         char k[160];
@@ -166,8 +182,10 @@ static int read_hparams(loader *L)
             !gguf_str_eq(st, "none"))
             return fail(L, "RoPE scaling type '%.*s' is not supported", (int)st.len, st.ptr);
     }
-    if (get_f32(L, "attention.layer_norm_rms_epsilon", 1, 0, &hp->norm_eps)) return -1;
-    if (get_f32(L, "final_logit_softcapping", 0, 0.0f, &hp->final_softcap)) return -1;
+    /* epsilon: 1e-6 or 1e-5 in real models; 0 or less divides by zero on a zero row or takes a root of
+     * a negative number */
+    if (get_f32_in(L, "attention.layer_norm_rms_epsilon", 1, 0, 0.0, 0, 1.0, &hp->norm_eps)) return -1;
+    if (get_f32_in(L, "final_logit_softcapping", 0, 0.0f, 0.0, 1, 1e6, &hp->final_softcap)) return -1;   /* 0: none */
     hp->n_vocab = tok_n_vocab(m->vocab);
     if (hp->arch == ARCH_GEMMA3) {
         if (get_u32(L, "attention.sliding_window", 0, 0, &hp->n_swa)) return -1;

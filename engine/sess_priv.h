@@ -9,6 +9,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "engine/run.h"
 #include "engine/session.h"
@@ -64,14 +65,18 @@ struct session {
     int64_t trace_lo, trace_hi;
 };
 
-/* Set the message and return code (a printf-style helper keeps call sites one line). */
+/* Set the message and return code (a printf-style helper keeps call sites one line). The message
+ * is formatted apart and then copied: an argument may be s->err itself ("not saved: %s", s->err),
+ * which formatting into s->err would read while writing it. */
 static inline int sess_fail(session *s, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static inline int sess_fail(session *s, int code, const char *fmt, ...)
 {
+    char msg[sizeof s->err];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(s->err, sizeof s->err, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(s->err, msg, sizeof msg);
     return code;
 }
 

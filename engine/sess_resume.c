@@ -170,13 +170,15 @@ static int take_stored_policy(session *s, const sess_stored *st, const sess_mess
     return SESS_OK;
 }
 
-/* The cache from the snapshot data under key; when it is unusable, from an older one and the turns
- * after it. *replayed: something was prefilled; *none: nothing restored, prefill it all. */
-static int restore_stored(session *s, const sess_stored *st, const void *data, size_t len, const char *key,
-                          const sess_message *path, int n_path, int *replayed, int *none)
+/* The cache from the snapshot data under key; when it is unusable (or could not be read: data NULL,
+ * read_err why), from an older one and the turns after it. *replayed: something was prefilled;
+ * *none: nothing restored, prefill it all. */
+static int restore_stored(session *s, const sess_stored *st, const void *data, size_t len, const char *read_err,
+                          const char *key, const sess_message *path, int n_path, int *replayed, int *none)
 {
     double t0 = run_clock_s();
-    if (run_restore(s->r, data, len, s->msha, s->err, sizeof s->err) == 0) {
+    if (!data) snprintf(s->err, sizeof s->err, "%s", read_err);
+    else if (run_restore(s->r, data, len, s->msha, s->err, sizeof s->err) == 0) {
         s->resumed = 1;
         s->restore_ms = (run_clock_s() - t0) * 1e3;
         /* the positions the cache holds, as the status bar counts the context */
@@ -242,16 +244,13 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
         sess_messages_free(path, n_path);
         return rc;
     }
-    char k[256], e[1024];
+    char k[256], e[1024] = "";
     sess_current_prefill_key(s, k, sizeof k);
     void *data = NULL;
     size_t len = 0;
+    /* g < 0: the store could not put the snapshot together (a page missing or changed, a row that
+     * disagrees with its data): like a corrupt snapshot, an older one or a prefill takes its place */
     int g = leaf ? s->db.get_snapshot(s->db.ud, leaf, k, &data, &len, e, sizeof e) : 1;
-    if (g < 0) {
-        free(given);
-        sess_messages_free(path, n_path);
-        return sess_fail(s, SESS_EFAIL, "%s", e);
-    }
     for (int i = 0; s->cb.past && i < n_path; i++) s->cb.past(s->cb.ud, path[i].role, path[i].text);
     sess_reset_conversation(s);
     s->have_doc = 0;
@@ -263,8 +262,8 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
     snprintf(s->doc_sha, sizeof s->doc_sha, "%s", st.doc_sha);
     snprintf(s->title, sizeof s->title, "%s", st.title);
     snprintf(s->name, sizeof s->name, "%s", st.name);
-    int replayed = 0, none = g != 0;   /* replayed: prefilled now, in whole or in part */
-    if (g == 0) rc = restore_stored(s, &st, data, len, k, path, n_path, &replayed, &none);
+    int replayed = 0, none = g > 0;   /* replayed: prefilled now, in whole or in part */
+    if (g <= 0) rc = restore_stored(s, &st, g == 0 ? data : NULL, len, e, k, path, n_path, &replayed, &none);
     if (none) {
         rc = prefill_stored(s, &st, given, given_len, path, n_path, o->defer, &replayed);
         given = NULL;

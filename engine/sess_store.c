@@ -121,16 +121,18 @@ int sess_save_turn(session *s, const char *question, int regen)
     if (save_messages(s, question, regen, mj, &um, &am, e, sizeof e)) {
         /* the conversation's row may be gone (deleted by another kvchat): it goes on as a new one */
         int r = reattach_if_deleted(s);
-        if (r < 0) return sess_fail(s, SESS_ESAVE, "not saved: %.900s", s->err);
+        if (r < 0) return sess_fail(s, SESS_ESAVE, "the turn is not saved (%.900s)", s->err);
         if (r == 0 || save_messages(s, question, 0, mj, &um, &am, e, sizeof e))
-            return sess_fail(s, SESS_ESAVE, "not saved: %s", e);
+            return sess_fail(s, SESS_ESAVE, "the turn is not saved (%s)", e);
     }
     s->leaf = am;
     a->user_msg = um;
     a->answer_msg = am;
     double t0 = run_clock_s();
     size_t len;
-    if (sess_save_snapshot(s, am, &len)) return sess_fail(s, SESS_ESAVE, "saved without a snapshot: %.900s", s->err);
+    if (sess_save_snapshot(s, am, &len))
+        return sess_fail(s, SESS_ESAVE, "the turn is saved in session %lld, its snapshot is not (%.900s)",
+                         (long long)s->sid, s->err);
     a->save_ms = (run_clock_s() - t0) * 1e3;
     a->snapshot_bytes = len;
     snprintf(a->saved, sizeof a->saved, "session %lld (snapshot %.1f MiB)", (long long)s->sid,

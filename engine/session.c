@@ -159,6 +159,7 @@ static int rebuild_cache(session *s, const char *newkey, const void *s0)
     }
     free(data);
     if (got == 0) sess_note(s, "the snapshot under %s is not usable (%s); prefilling instead", newkey, s->err);
+    if (got < 0) sess_note(s, "the snapshot under %s cannot be read (%s); prefilling instead", newkey, e);
     sess_note(s, "policy %s: no snapshot of this conversation under %s; prefilling its %lld tokens again", now, newkey,
               (long long)P);
     run_probe_is_question(s->r, s->turns > 0);

@@ -752,7 +752,12 @@ static int put_chunked(store *s, int64_t id, const char *data, size_t len, const
                         "saving the snapshot") ||
               write_blob(s, "snapshots", id, sk, skel);
     free(sk);
-    sqlite3_stmt *ins = bad ? NULL : prep(s, "INSERT OR IGNORE INTO chunks (hash, data) VALUES (?, ?)", NULL);
+    /* a page already stored under this hash is compared and, when its bytes differ (damaged on disk,
+     * or written over by hand), replaced: a corrupt page never outlives the next snapshot that holds
+     * it (INSERT OR IGNORE kept the bad bytes under the right hash, so every resume failed again) */
+    sqlite3_stmt *ins = bad ? NULL : prep(s, "INSERT INTO chunks (hash, data) VALUES (?, ?) ON CONFLICT(hash) DO "
+                                             "UPDATE SET data = excluded.data WHERE chunks.data IS NOT excluded.data",
+                                          NULL);
     sqlite3_stmt *ref = bad ? NULL : prep(s, "INSERT INTO snapshot_chunks (snapshot_id, off, bytes, hash) VALUES (?, ?, ?, ?)",
                                           NULL);
     if (!bad && (!ins || !ref)) bad = 1;

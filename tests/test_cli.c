@@ -4,6 +4,7 @@
  * exit status 1. Runs ./kvchat, or $KVCHAT_BIN (the sanitizer build sets it). */
 #include <criterion/criterion.h>
 #include <locale.h>
+#include <math.h>
 #include <sqlite3.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -213,6 +214,48 @@ Test(cli, unsupported_tensor_type_is_named)
     snprintf(args, sizeof args, "info -m %s", path);
     expect_one_line_error(args, "blk.1.attn_q.weight has type Q2_K");
     unlink(path);
+}
+
+/* The tiny Gemma model with one float hyperparameter set to v (found by its key in the metadata:
+ * length, key, type F32, value). */
+static void expect_hparam_refused(const char *key, float v, const char *needle)
+{
+    FILE *f = fopen(TD "tiny/tiny-gemma3-f16.gguf", "rb");
+    cr_assert(f);
+    size_t cap = 64u << 20;
+    unsigned char *buf = malloc(cap);
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    size_t kl = strlen(key);
+    unsigned char *hit = NULL;
+    for (size_t i = 8; i + kl + 8 < n && !hit; i++)
+        if (!memcmp(buf + i, key, kl) && buf[i - 8] == kl) hit = buf + i + kl;
+    cr_assert(hit, "%s not found in the file", key);
+    uint32_t ty;
+    memcpy(&ty, hit, 4);
+    cr_assert_eq(ty, 6u, "%s is not an F32", key);
+    memcpy(hit + 4, &v, 4);
+    char path[] = "/tmp/kvchat-hparam-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, buf, n), (ssize_t)n);
+    close(fd);
+    free(buf);
+    char args[256];
+    snprintf(args, sizeof args, "generate -t 1 -n 2 -m %s -f " TD "prompts/p1.txt", path);
+    expect_one_line_error(args, needle);
+    unlink(path);
+}
+
+/* Hyperparameters out of range load today as NaN logits and empty answers: refused by name. */
+Test(cli, out_of_range_hyperparameters_are_refused_by_name)
+{
+    expect_hparam_refused("gemma3.rope.freq_base", 0.0f, "gemma3.rope.freq_base is 0, out of range (more than 1");
+    expect_hparam_refused("gemma3.rope.freq_base", -1.0f, "gemma3.rope.freq_base is -1, out of range");
+    expect_hparam_refused("gemma3.attention.layer_norm_rms_epsilon", -1.0f,
+                          "gemma3.attention.layer_norm_rms_epsilon is -1, out of range (more than 0");
+    expect_hparam_refused("gemma3.attention.layer_norm_rms_epsilon", 0.0f, "layer_norm_rms_epsilon is 0, out of range");
+    expect_hparam_refused("gemma3.rope.freq_base", NAN, "gemma3.rope.freq_base is not finite");
 }
 
 Test(cli, prompt_longer_than_context)

@@ -23,7 +23,7 @@
 
 static long fault_at;       /* 0: off; else the allocation (or write) that fails */
 static long n_calls;
-static int fail_writes;     /* which the counter counts: 0 allocations, 1 file writes */
+static int fail_writes;     /* which the counter counts: 0 allocations, 1 file writes, 2 file reads */
 
 static int should_fail(void)
 {
@@ -58,10 +58,14 @@ static const sqlite3_io_methods *real_io;
 
 #define REAL(f) (((shim_file *)(f))->real)
 static int s_close(sqlite3_file *f) { return REAL(f)->pMethods ? REAL(f)->pMethods->xClose(REAL(f)) : SQLITE_OK; }
-static int s_read(sqlite3_file *f, void *b, int n, sqlite3_int64 o) { return REAL(f)->pMethods->xRead(REAL(f), b, n, o); }
+static int s_read(sqlite3_file *f, void *b, int n, sqlite3_int64 o)
+{
+    if (fail_writes == 2 && should_fail()) return SQLITE_IOERR_READ;
+    return REAL(f)->pMethods->xRead(REAL(f), b, n, o);
+}
 static int s_write(sqlite3_file *f, const void *b, int n, sqlite3_int64 o)
 {
-    if (fail_writes && should_fail()) return SQLITE_IOERR_WRITE;
+    if (fail_writes == 1 && should_fail()) return SQLITE_IOERR_WRITE;
     return REAL(f)->pMethods->xWrite(REAL(f), b, n, o);
 }
 static int s_truncate(sqlite3_file *f, sqlite3_int64 n) { return REAL(f)->pMethods->xTruncate(REAL(f), n); }
@@ -283,6 +287,85 @@ Test(faults, every_allocation_failure_in_reading_a_snapshot_is_an_error, .init =
     cr_log_info("reading a snapshot: %ld allocations, each failed once", n - 1);
     cr_expect_gt(n, 3);
     fx_close(&x);
+}
+
+/* A file read that fails while a snapshot is read (its row, its pages) is an error with a message,
+ * never a crash or a snapshot put together wrong; without the fault it reads back whole. */
+Test(faults, every_read_failure_in_reading_a_snapshot_is_an_error, .init = faults_setup, .timeout = 600)
+{
+    fx x;
+    fx_open(&x);
+    long n;
+    for (n = 1; n < 100000; n++) {
+        fail_writes = 0;
+        store *d = open_db(&x);   /* opened without faults: the failures fall in the read itself */
+        void *data = NULL;
+        size_t len = 0;
+        fail_writes = 2;
+        n_calls = 0;
+        fault_at = n;
+        int rc = store_snapshot_get(d, x.msg[0], "full", &data, &len);
+        int reached = n_calls >= n;
+        fault_at = 0;
+        if (rc) cr_expect(store_error(d)[0], "read %ld: a read that failed said nothing", n);
+        else cr_expect(len == x.len[0] && !memcmp(data, x.snap[0], len), "read %ld: read back different bytes", n);
+        free(data);
+        store_close(d);
+        if (!reached) break;
+    }
+    fail_writes = 0;
+    cr_log_info("reading a snapshot: %ld file reads, each failed once", n - 1);
+    cr_expect_gt(n, 2, "the loop reached the reads");
+    fx_close(&x);
+}
+
+/* The store damaged under a snapshot (a page deleted or written over, its row's size or data
+ * changed, a page's place lost): reading it is an error or bytes that differ (which the snapshot's
+ * checksum refuses), never a crash; saving the same snapshot again makes it whole, the damaged page
+ * replaced rather than kept under its hash. */
+Test(faults, a_damaged_snapshot_reads_as_an_error_and_saving_it_again_repairs_it, .init = faults_setup,
+     .timeout = 600)
+{
+#define PAGE "(SELECT hash FROM snapshot_chunks ORDER BY snapshot_id, off LIMIT 1 OFFSET 1)"
+    static const char *const damage[] = {
+        "DELETE FROM chunks WHERE hash = " PAGE,
+        "UPDATE chunks SET data = zeroblob(length(data)) WHERE hash = " PAGE,
+        "UPDATE chunks SET data = substr(data, 1, length(data) - 1) WHERE hash = " PAGE,
+        "UPDATE snapshots SET bytes = bytes + 4356",
+        "UPDATE snapshots SET bytes = bytes - 100",
+        "UPDATE snapshots SET data = zeroblob(length(data))",
+        "DELETE FROM snapshot_chunks WHERE off = (SELECT MIN(off) FROM snapshot_chunks)",
+        "UPDATE snapshot_chunks SET off = off + 1 WHERE off = (SELECT MAX(off) FROM snapshot_chunks)",
+    };
+#undef PAGE
+    for (int k = 0; k < (int)(sizeof damage / sizeof damage[0]); k++) {
+        fx x;
+        fx_open(&x);
+        sqlite3 *db;
+        cr_assert(sqlite3_open(x.db, &db) == SQLITE_OK);
+        char *e = NULL;
+        cr_assert(sqlite3_exec(db, damage[k], NULL, NULL, &e) == SQLITE_OK, "%s: %s", damage[k], e);
+        cr_assert(sqlite3_changes(db) > 0, "%s changed nothing", damage[k]);
+        sqlite3_close(db);
+        store *d = open_db(&x);
+        void *data = NULL;
+        size_t len = 0;
+        int rc = store_snapshot_get(d, x.msg[0], "full", &data, &len);
+        if (rc) cr_expect(rc < 0 && store_error(d)[0], "damage %d: an error without a message", k);
+        else cr_expect(len != x.len[0] || memcmp(data, x.snap[0], len), "damage %d: read back as if whole", k);
+        free(data);
+        int64_t snap_id;
+        cr_assert(store_snapshot_put(d, x.sid, x.msg[0], "full", 200, x.snap[0], x.len[0], &snap_id) == 0,
+                  "damage %d: %s", k, store_error(d));
+        data = NULL;
+        cr_expect(store_snapshot_get(d, x.msg[0], "full", &data, &len) == 0 && len == x.len[0] &&
+                      !memcmp(data, x.snap[0], len),
+                  "damage %d: saving the snapshot again did not make it whole (%s)", k, store_error(d));
+        free(data);
+        cr_expect(store_check(d) == 0, "damage %d: %s", k, store_error(d));
+        store_close(d);
+        fx_close(&x);
+    }
 }
 
 Test(faults, every_allocation_failure_in_serializing_a_sequence_is_an_error, .init = faults_setup, .timeout = 600)

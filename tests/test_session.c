@@ -522,6 +522,98 @@ Test(session, a_corrupt_newest_snapshot_falls_back_to_an_older_one)
     fixture_close(&x);
 }
 
+/* Damage the store under a conversation's snapshots as a failing disk or a hand edit could (foreign
+ * keys off, as in the sqlite shell). */
+static void damage_store(const char *db_path, const char *sql)
+{
+    sqlite3 *db;
+    cr_assert(sqlite3_open(db_path, &db) == SQLITE_OK);
+    char *e = NULL;
+    cr_assert(sqlite3_exec(db, sql, NULL, NULL, &e) == SQLITE_OK, "%s: %s", sql, e);
+    cr_assert(sqlite3_changes(db) > 0, "%s changed nothing", sql);
+    sqlite3_close(db);
+}
+
+/* A store that cannot put a snapshot back together (a page deleted or written over, a row whose
+ * size or data changed) is a snapshot that cannot be used: the conversation is prefilled again and
+ * says so, and the snapshot saved then repairs the store, so the next resume restores again. */
+Test(session, a_damaged_store_under_the_snapshots_falls_back_to_prefill_and_is_repaired, .timeout = 240)
+{
+#define SHARED "(SELECT hash FROM snapshot_chunks GROUP BY hash HAVING COUNT(DISTINCT snapshot_id) = 3 ORDER BY hash LIMIT 1)"
+    static const char *const damage[] = {
+        "DELETE FROM chunks WHERE hash = " SHARED,                          /* a page all three share, gone */
+        "UPDATE chunks SET data = zeroblob(length(data)) WHERE hash = " SHARED, /* ... written over */
+        "UPDATE snapshots SET bytes = bytes + 4356",                        /* rows that disagree with their data */
+        "UPDATE snapshots SET data = zeroblob(length(data))",
+    };
+#undef SHARED
+    for (int k = 0; k < (int)(sizeof damage / sizeof damage[0]); k++) {
+        fixture x;
+        fixture_open(&x);
+        session *a = open_session("full", &x.sp);
+        cr_assert(sess_open_document(a, x.doc, NULL, "damaged", 0) == SESS_OK);
+        ask_ok(a, "What is it about?");
+        ask_ok(a, "And then?");
+        ask_ok(a, "Why?");
+        int64_t n_a;
+        run_tokens(sess_run(a), &n_a);
+        sess_free(a);
+        damage_store(x.db_path, damage[k]);
+        sess_callbacks cb = { NULL, NULL, NULL, NULL, NULL, keep_note, NULL, NULL };
+        session *b = open_session("full", &x.sp);
+        sess_set_callbacks(b, &cb, NULL);
+        last_note[0] = 0;
+        cr_assert(sess_resume(b, "damaged", NULL) == SESS_OK, "damage %d: %s", k, sess_error(b));
+        cr_expect(strstr(last_note, "unusable"), "damage %d: said: %s", k, last_note);
+        cr_expect_eq(sess_turns(b), 3, "damage %d", k);
+        int64_t n_b;
+        run_tokens(sess_run(b), &n_b);
+        cr_expect_eq(n_b, n_a, "damage %d: the whole conversation is back", k);
+        sess_free(b);
+        session *c = open_session("full", &x.sp);
+        sess_set_callbacks(c, &cb, NULL);
+        last_note[0] = 0;
+        cr_assert(sess_resume(c, "damaged", NULL) == SESS_OK, "damage %d: %s", k, sess_error(c));
+        cr_expect(strstr(last_note, "restored") && !strstr(last_note, "unusable"),
+                  "damage %d: the store was not repaired by the snapshot saved after the prefill: %s", k, last_note);
+        ask_ok(c, "Anything else?");
+        sess_free(c);
+        fixture_close(&x);
+    }
+}
+
+static int disk_full(void *ud, int64_t sid, int64_t message, const char *key, int64_t n_tokens, const void *data,
+                     size_t len, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "saving the snapshot: database or disk is full");
+    return -1;
+}
+
+/* A turn saved without its snapshot says so once, with the store's reason whole. */
+Test(session, a_snapshot_that_cannot_be_saved_is_said_once_with_its_reason)
+{
+    fixture x;
+    fixture_open(&x);
+    sess_persist full = x.sp.ops;
+    full.put_snapshot = disk_full;
+    session *s = open_session("full", NULL);
+    cr_assert(sess_attach_store(s, &full) == 0, "%s", sess_error(s));
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
+    cr_assert_eq(sess_ask(s, "What is it about?"), SESS_ESAVE, "%s", sess_error(s));
+    char want[256];
+    snprintf(want, sizeof want,
+             "the turn is saved in session %lld, its snapshot is not (saving the snapshot: database or disk is full)",
+             (long long)sess_stored_id(s));
+    cr_expect_str_eq(sess_error(s), want);
+    store_message *m = NULL;
+    int n = 0;
+    cr_assert(store_session_messages(x.db, sess_stored_id(s), &m, &n) == 0);
+    cr_expect_eq(n, 2, "the question and the answer are saved");
+    store_messages_free(m, n);
+    sess_free(s);
+    fixture_close(&x);
+}
+
 /* Consecutive snapshots of one conversation share their unchanged pages: three turns take far less
  * than three whole snapshots, each reads back whole, and deleting the session frees its pages. */
 Test(session, snapshots_share_the_pages_that_did_not_change)
