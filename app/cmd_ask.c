@@ -11,6 +11,7 @@
 #include "common/text.h"
 #include "app/commands.h"
 #include "store/persist.h"
+#include "ui/config.h"
 
 typedef struct ask_opts {
     const char *doc, *question, *session_name, *resume;
@@ -141,6 +142,11 @@ int cmd_ask(int argc, char **argv)
     o.sp.temperature = 0;   /* answers are reproducible unless --temp asks otherwise */
     ask_opts a = { NULL, NULL, NULL, NULL, 0, 128, SESS_FORMAT_AUTO, 0, NULL };
     opt_group g[] = { { ask_defs, &a, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_SAMPLING(&o), CLI_STORE(&o) };
+    char err[1400];
+    if (config_read_answer_settings(g, 5, err, sizeof err)) {   /* the settings file's, then the command line's */
+        cli_err("%s", err);
+        return 1;
+    }
     int r = cli_parse(argc, argv, "kvchat ask -d DOCUMENT|- -q QUESTION [options]",
                       "Answer a question about a document (- reads it from the standard input) under a KV-cache\n"
                       "policy, then print one line of metrics. -c continues the most recent session.",

@@ -14,6 +14,7 @@
 #include "common/text.h"
 #include "app/commands.h"
 #include "engine/tokenizer.h"
+#include "ui/config.h"
 
 typedef struct convo {
     chat_msg *msgs;
@@ -103,6 +104,11 @@ int cmd_chat(int argc, char **argv)
     cli_opts_init(&o);
     chat_opts c = { NULL, 512 };
     opt_group g[] = { { chat_defs, &c, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_SAMPLING(&o) };
+    char err[1400];
+    if (config_read_answer_settings(g, 4, err, sizeof err)) {   /* the settings file's, then the command line's */
+        cli_err("%s", err);
+        return 1;
+    }
     int r = cli_parse(argc, argv, "kvchat [chat] [-m MODEL] [--system TEXT] [-n MAX_ANSWER_TOKENS] [options]",
                       "A line-oriented chat in the terminal: /quit or Ctrl-D leaves, Ctrl-C stops an answer.", g, 4,
                       NULL, 0, NULL);

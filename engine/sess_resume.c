@@ -124,8 +124,24 @@ static int find_stored(session *s, const char *key, const sess_resume_opts *o, s
         if (strcmp(sha, st->doc_sha) != 0) {
             free(*given);
             *given = NULL;
-            return sess_fail(s, SESS_EMISMATCH, "session %lld is about %.250s, not %.500s (start another session for "
-                             "this document)", (long long)st->id, st->doc_title, o->doc_path);
+            /* named so the two can be told apart: the same file changed, or two files whose names are
+             * the same ("doc.txt, not doc.txt" said nothing), or two names */
+            char *rp = realpath(o->doc_path, NULL);
+            const char *abs = rp ? rp : o->doc_path;
+            const char *base = strrchr(abs, '/') ? strrchr(abs, '/') + 1 : abs;
+            const char *sbase = strrchr(st->doc_path, '/') ? strrchr(st->doc_path, '/') + 1 : st->doc_path;
+            if (!strcmp(abs, st->doc_path))
+                sess_fail(s, SESS_EMISMATCH, "%.500s has changed since session %lld began (sha256 %.12s..., now "
+                          "%.12s...): restore that file, or start another session for it", abs, (long long)st->id,
+                          st->doc_sha, sha);
+            else if (!strcmp(base, sbase))
+                sess_fail(s, SESS_EMISMATCH, "session %lld is about %.400s, not %.400s (start another session for "
+                          "this document)", (long long)st->id, st->doc_path, abs);
+            else
+                sess_fail(s, SESS_EMISMATCH, "session %lld is about %.250s, not %.500s (start another session for "
+                          "this document)", (long long)st->id, st->doc_title, o->doc_path);
+            free(rp);
+            return SESS_EMISMATCH;
         }
     }
     if (o->format != SESS_FORMAT_AUTO && o->format != !strcmp(st->format, "chat")) {

@@ -471,15 +471,31 @@ static int id_key(const char *key, int64_t *id)
     return 1;
 }
 
+/* Text a session's name or title may be: not blank, at most max bytes (what store_session holds,
+ * so it reads back whole). Control characters are kept: every place that shows them escapes them. */
+static int label_ok(const char *what, const char *text, size_t max, char *err, size_t errlen)
+{
+    size_t n = strlen(text);
+    const char *why = n > max ? "is too long" : strspn(text, " \t\r\n\f\v") == n ? "is blank" : NULL;
+    if (!why) return 0;
+    snprintf(err, errlen, "a session %s %s (%zu bytes): it is 1 to %zu bytes, not all spaces", what, why, n, max);
+    return -1;
+}
+
 int store_session_name_ok(const char *name, char *err, size_t errlen)
 {
     int64_t id;
     if (!*name || id_key(name, &id) || *name == '#') {
-        snprintf(err, errlen, "'%s' cannot name a session: a name is not empty, does not start with # and is not all "
-                 "digits (those are ids: #12 or 12)", name);
+        snprintf(err, errlen, "'%.200s' cannot name a session: a name is not empty, does not start with # and is not "
+                 "all digits (those are ids: #12 or 12)", name);
         return -1;
     }
-    return 0;
+    return label_ok("name", name, sizeof ((store_session *)0)->name - 1, err, errlen);
+}
+
+int store_session_title_ok(const char *title, char *err, size_t errlen)
+{
+    return label_ok("title", title, sizeof ((store_session *)0)->title - 1, err, errlen);
 }
 
 int store_session_find(store *s, const char *key, store_session *out)
@@ -514,6 +530,7 @@ int store_session_create(store *s, const char *name, const char *title, int64_t 
 
 int store_session_rename(store *s, int64_t id, const char *title)
 {
+    if (store_session_title_ok(title, s->err, sizeof s->err)) return -1;
     if (exec_stmt(s, prep(s, "UPDATE sessions SET title = ?, updated_at = ? WHERE id = ?", "tii", title, now_s(), id),
                   "renaming the session"))
         return -1;

@@ -64,6 +64,9 @@ int store_session_find(store *s, const char *key, store_session *out);
 /* 0 when name can name a session (not empty, not all digits, not starting with '#': those are ids),
  * else -1 with a message. */
 int store_session_name_ok(const char *name, char *err, size_t errlen);
+/* 0 when title can be a session's title (1 to 255 bytes, not blank; a name is held to the same, at
+ * most 127 bytes), else -1 with a message. */
+int store_session_title_ok(const char *title, char *err, size_t errlen);
 int store_session_get(store *s, int64_t id, store_session *out);
 /* A new session; with a name another process created meanwhile, that session (*id names it). */
 int store_session_create(store *s, const char *name, const char *title, int64_t model_id, int64_t document_id,

@@ -33,7 +33,10 @@ static int run(const char *args, char *out, size_t ocap, char *errb, size_t ecap
     char dir[] = "/tmp/kvchat-cli-XXXXXX";
     cr_assert(mkdtemp(dir));
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err", bin(), args, dir, dir);
+    /* hermetic: no settings file of the user's (the run's own folder has none), unless the test
+     * names the folder that holds one */
+    const char *cfg = getenv("KVCHAT_TEST_CONFIG_HOME");
+    snprintf(cmd, sizeof cmd, "XDG_CONFIG_HOME='%s' %s %s >%s/out 2>%s/err", cfg ? cfg : dir, bin(), args, dir, dir);
     int st = system(cmd);
     char p[512];
     snprintf(p, sizeof p, "%s/out", dir);
@@ -247,6 +250,54 @@ static void expect_hparam_refused(const char *key, float v, const char *needle)
     unlink(path);
 }
 
+/* ask (and chat) take the settings file's stop sequences and sampling settings, the command line
+ * after them; the interface's own keys there are left alone. */
+Test(cli, ask_reads_the_settings_files_stop_and_sampling_keys, .timeout = 60)
+{
+    static char out[1 << 16], errb[1 << 16], plain[1 << 16];
+    char dir[] = "/tmp/kvchat-askcfg-XXXXXX", cfgdir[64], cfg[80];
+    cr_assert(mkdtemp(dir));
+    snprintf(cfgdir, sizeof cfgdir, "%s/kvchat", dir);
+    snprintf(cfg, sizeof cfg, "%s/config", cfgdir);
+    cr_assert(mkdir(cfgdir, 0700) == 0);
+    cr_assert(setenv("KVCHAT_TEST_CONFIG_HOME", dir, 1) == 0);
+#define ASKS "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -q 'What?' --no-db -n 16"
+    cr_assert_eq(run(ASKS, plain, sizeof plain, errb, sizeof errb), 0, "%s", errb);
+    /* a stop sequence from the middle of the answer: the answer ends where it begins */
+    const char *w = plain + strlen(plain) / 2;
+    while (*w && !((*w >= 'a' && *w <= 'z') || (*w >= 'A' && *w <= 'Z'))) w++;
+    cr_assert(*w, "no word in the answer: %s", plain);
+    char word[8] = "";
+    size_t wl = 0;
+    while (wl < 4 && ((w[wl] >= 'a' && w[wl] <= 'z') || (w[wl] >= 'A' && w[wl] <= 'Z'))) word[wl] = w[wl], wl++;
+    const char *first = strstr(plain, word);
+    FILE *f = fopen(cfg, "w");
+    cr_assert(f);
+    fprintf(f, "# the interface's keys are not ask's\ncolor = off\nkey.help = ^G\npolicy = chess\nbudget = 0.2\n"
+               "stop = %s\n", word);
+    fclose(f);
+    cr_assert_eq(run(ASKS, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(!strstr(out, word) && !strncmp(out, plain, (size_t)(first - plain)),
+              "stop = %s: the answer went on: '%s' (without the setting: '%s')", word, out, plain);
+    cr_expect(strstr(errb, "policy full"), "policy is the interface's setting for new documents: %s", errb);
+    /* a bad sampling value is one line naming the file and line; the command line overrides the file */
+    f = fopen(cfg, "w");
+    cr_assert(f);
+    fputs("temperature = banana\n", f);
+    fclose(f);
+    expect_one_line_error(ASKS, "config:1: temperature");
+    f = fopen(cfg, "w");
+    cr_assert(f);
+    fputs("temperature = 1.5\nseed = 7\n", f);
+    fclose(f);
+    cr_assert_eq(run(ASKS " --temp 0", out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect_str_eq(out, plain, "--temp 0 on the command line overrides the file's temperature");
+#undef ASKS
+    unlink(cfg);
+    rmdir(cfgdir);
+    rmdir(dir);
+}
+
 /* Hyperparameters out of range load today as NaN logits and empty answers: refused by name. */
 Test(cli, out_of_range_hyperparameters_are_refused_by_name)
 {
@@ -401,7 +452,7 @@ Test(cli, thresholds_tokenizer_and_settings_files_go_through_the_checked_open, .
     snprintf(cfgdir, sizeof cfgdir, "%s/kvchat", dir);
     snprintf(cfg, sizeof cfg, "%s/config", cfgdir);
     cr_assert(mkdir(cfgdir, 0700) == 0);
-    cr_assert(setenv("XDG_CONFIG_HOME", dir, 1) == 0);
+    cr_assert(setenv("KVCHAT_TEST_CONFIG_HOME", dir, 1) == 0);
     cr_assert(mkfifo(cfg, 0600) == 0);
     expect_one_line_error("tui --no-db </dev/null", "config is a FIFO, not a settings file");
     unlink(cfg);
@@ -728,6 +779,16 @@ Test(cli, a_name_never_shadows_an_id)
     snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -q Hi -n 2 "
              "--db %s/n.db --session '#x'", dir);
     expect_one_line_error(args, "cannot name a session");
+    /* a blank name, a name or a title longer than a session row keeps */
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -q Hi -n 2 "
+             "--db %s/n.db --session ' '", dir);
+    expect_one_line_error(args, "a session name is blank");
+    char big[300];
+    memset(big, 'x', 200);
+    big[200] = 0;
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -q Hi -n 2 "
+             "--db %s/n.db --session %s", dir, big);
+    expect_one_line_error(args, "a session name is too long (200 bytes): it is 1 to 127 bytes");
     char so[4096], se[4096];
     snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -q Hi -n 2 "
              "--db %s/n.db --session first", dir);
@@ -735,6 +796,43 @@ Test(cli, a_name_never_shadows_an_id)
     snprintf(args, sizeof args, "sessions --db %s/n.db show '#1'", dir);
     cr_assert_eq(run(args, so, sizeof so, se, sizeof se), 0, "%s", se);
     cr_expect(strstr(so, "(first)"), "#1 is the session with id 1: %s", so);
+    snprintf(args, sizeof args, "sessions --db %s/n.db rename first '  '", dir);
+    expect_one_line_error(args, "a session title is blank");
+    memset(big, 'y', 299);
+    big[299] = 0;
+    snprintf(args, sizeof args, "sessions --db %s/n.db rename first %s", dir, big);
+    expect_one_line_error(args, "a session title is too long (299 bytes): it is 1 to 255 bytes");
+    /* another file of the same name is told apart from it by its whole path; the same file changed
+     * is said to have changed */
+    char sub[128], doc[160], other[160];
+    snprintf(sub, sizeof sub, "%s/b", dir);
+    snprintf(doc, sizeof doc, "%s/doc2.txt", dir);
+    snprintf(other, sizeof other, "%s/doc2.txt", sub);
+    cr_assert(mkdir(sub, 0700) == 0);
+    FILE *f = fopen(doc, "w");
+    cr_assert(f);
+    fputs("The quay was quiet that morning.\n", f);
+    fclose(f);
+    f = fopen(other, "w");
+    cr_assert(f);
+    fputs("Another text altogether.\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d %s -q Hi -n 2 --db %s/n.db "
+             "--session two", doc, dir);
+    cr_assert_eq(run(args, so, sizeof so, se, sizeof se), 0, "%s", se);
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d %s -q Hi -n 2 --db %s/n.db "
+             "--session two", other, dir);
+    char want[400];
+    snprintf(want, sizeof want, "is about %s, not %s", doc, other);
+    expect_one_line_error(args, want);
+    f = fopen(doc, "a");
+    cr_assert(f);
+    fputs("It rained later.\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d %s -q Hi -n 2 --db %s/n.db "
+             "--session two", doc, dir);
+    snprintf(want, sizeof want, "%s has changed since session 2 began", doc);
+    expect_one_line_error(args, want);
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_expect(system(cmd) == 0);

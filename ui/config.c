@@ -153,12 +153,12 @@ static int setting(const opt_group *groups, int n_groups, tui_config *c, const c
     return 0;
 }
 
-int config_read(const opt_group *groups, int n_groups, tui_config *c, char *err, size_t errlen)
+/* The file's lines into c and the options of groups; with only, the keys listed there alone (the
+ * others are another command's and left alone). */
+static int read_file(const opt_group *groups, int n_groups, tui_config *c, const char *const *only, char *err,
+                     size_t errlen)
 {
     char path[1024];
-    keymap_default(&c->keys);
-    config_default_colors(c);
-    c->n_text = 0;
     if (config_path(path, sizeof path)) return 0;
     /* the checked open: a FIFO or a link to /dev/zero there is refused at once, never waited on or read */
     FILE *f = files_open_read(path, CONFIG_MAX_BYTES, "a settings file", err, errlen);
@@ -173,16 +173,38 @@ int config_read(const opt_group *groups, int n_groups, tui_config *c, char *err,
             snprintf(err, errlen, "%s: expected key = value", where);
             rc = -1;
         } else if (k) {
-            rc = setting(groups, n_groups, c, where, k, v, err, errlen);
+            int take = !only;
+            for (int i = 0; only && only[i] && !take; i++) take = !strcmp(only[i], k);
+            if (take) rc = setting(groups, n_groups, c, where, k, v, err, errlen);
         }
     }
     fclose(f);
+    return rc;
+}
+
+int config_read(const opt_group *groups, int n_groups, tui_config *c, char *err, size_t errlen)
+{
+    char path[1024];
+    keymap_default(&c->keys);
+    config_default_colors(c);
+    c->n_text = 0;
+    int rc = read_file(groups, n_groups, c, NULL, err, errlen);
     char e[300];
     if (rc == 0 && keymap_check(&c->keys, e, sizeof e)) {
+        config_path(path, sizeof path);
         snprintf(err, errlen, "%s: %s", path, e);
         rc = -1;
     }
     return rc;
+}
+
+int config_read_answer_settings(const opt_group *groups, int n_groups, char *err, size_t errlen)
+{
+    static const char *const answer_keys[] = { "stop", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                                               "seed", NULL };
+    static tui_config texts;   /* holds the text values (stop sequences) for the rest of the run */
+    texts.n_text = 0;
+    return read_file(groups, n_groups, &texts, answer_keys, err, errlen);
 }
 
 /* mkdir -p for the directory holding path */

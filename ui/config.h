@@ -39,6 +39,12 @@ void config_default_colors(tui_config *c);
  * settings key it is (opt_def.key), set and checked through the same table as the command line.
  * 0 (also when there is no file), or -1 with one line naming the file, the line and the problem. */
 int config_read(const opt_group *groups, int n_groups, tui_config *c, char *err, size_t errlen);
+/* For the commands that answer beside the interface (ask, chat): the file's stop sequences and
+ * sampling settings (stop, temperature, top_k, top_p, min_p, repeat_penalty, seed) into the options
+ * of groups, before the command line (which overrides them). Every other key is the interface's
+ * (policy and budget for new documents, answer length, colours, keys) and left alone. 0, or -1 with
+ * one line naming the file, the line and the problem. */
+int config_read_answer_settings(const opt_group *groups, int n_groups, char *err, size_t errlen);
 /* Set keys to values in the file, keeping every other line; written to a temporary file and
  * renamed over the old one. 0, or -1 with a message. */
 int config_update(const char *const *keys, const char *const *values, int n, char *err, size_t errlen);
