@@ -7,10 +7,64 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/text.h"
 #include "ui/editor.h"
 
-void conv_add(conv *c, int kind, const char *text)
+/* s (n bytes) as the pane shows it, malloc'd: a control character (which the terminal would draw as
+ * ^X, in two cells the wrapping did not count, or act on, or take for an event mark) and a byte of
+ * no valid UTF-8 as \xNN, like every other text kvchat prints; a tab as four spaces; newlines kept. */
+static char *shown(const char *s, size_t n)
 {
+    char *t = malloc(4 * n + 1), *out = malloc(16 * n + 1);
+    if (!t || !out) {
+        free(t);
+        free(out);
+        return NULL;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '\t') {
+            memcpy(t + k, "    ", 4);
+            k += 4;
+        } else {
+            t[k++] = s[i];
+        }
+    }
+    t[k] = 0;
+    text_escape(t, out, 16 * n + 1, TEXT_KEEP_NEWLINE);
+    free(t);
+    return out;
+}
+
+/* Text onto entry x as it is shown (marks: s holds MARK_ON/MARK_OFF of its own, kept). */
+static void put(conv_entry *x, const char *s, size_t k)
+{
+    if (x->len + k + 1 > x->cap) {
+        size_t nc = (x->len + k + 1) * 2;
+        char *nt = realloc(x->text, nc);
+        if (!nt) return;
+        x->text = nt;
+        x->cap = nc;
+    }
+    memcpy(x->text + x->len, s, k);
+    x->len += k;
+    x->text[x->len] = 0;
+}
+
+/* The bytes an answer entry holds back (the start of a character the next piece completes) go
+ * onto it escaped: nothing will complete them. */
+static void flush_pending(conv *c)
+{
+    if (c->n_pend == 0 || c->n == 0) return;
+    char *e = shown(c->pend, (size_t)c->n_pend);
+    if (e) put(&c->e[c->n - 1], e, strlen(e));
+    free(e);
+    c->n_pend = 0;
+}
+
+static void add_shown(conv *c, int kind, const char *text, int raw)
+{
+    flush_pending(c);
     if (c->n == c->cap) {
         int nc = c->cap ? c->cap * 2 : 64;
         conv_entry *ne = realloc(c->e, sizeof *ne * (size_t)nc);
@@ -21,30 +75,69 @@ void conv_add(conv *c, int kind, const char *text)
     conv_entry *x = &c->e[c->n];
     memset(x, 0, sizeof *x);
     x->kind = kind;
-    x->len = strlen(text);
+    if (!(x->text = raw ? strdup(text) : shown(text, strlen(text)))) return;
+    x->len = strlen(x->text);
     x->cap = x->len + 1;
-    if (!(x->text = malloc(x->cap))) return;
-    memcpy(x->text, text, x->cap);
     c->n++;
+}
+
+void conv_add(conv *c, int kind, const char *text) { add_shown(c, kind, text, 0); }
+
+/* The length of s's last bytes that begin a UTF-8 character they do not finish (0 to 3). */
+static size_t unfinished_tail(const char *s, size_t n)
+{
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char b = (unsigned char)s[n - back];
+        if ((b & 0xC0) == 0x80) continue;   /* a continuation byte: look further back */
+        size_t need = (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
+        return need > back ? back : 0;
+    }
+    return 0;
+}
+
+static void open_answer(conv *c)
+{
+    if (!c->answering || c->n == 0) {
+        add_shown(c, E_ANSWER, "", 1);
+        c->answering = 1;
+    }
 }
 
 void conv_append(conv *c, const char *s)
 {
-    if (!c->answering || c->n == 0) {
-        conv_add(c, E_ANSWER, "");
-        c->answering = 1;
+    open_answer(c);
+    /* a character may come in two pieces (a token of its first bytes): held back until it is whole */
+    size_t k = strlen(s), n = (size_t)c->n_pend + k;
+    char *all = malloc(n + 1);
+    if (!all) return;
+    memcpy(all, c->pend, (size_t)c->n_pend);
+    memcpy(all + c->n_pend, s, k + 1);
+    size_t tail = unfinished_tail(all, n);
+    memcpy(c->pend, all + n - tail, tail);
+    c->n_pend = (int)tail;
+    char *e = shown(all, n - tail);
+    free(all);
+    if (e) put(&c->e[c->n - 1], e, strlen(e));
+    free(e);
+}
+
+void conv_append_mark(conv *c, const char *s)
+{
+    open_answer(c);
+    flush_pending(c);
+    char *e = shown(s, strlen(s));
+    if (!e) return;
+    size_t k = strlen(e);
+    char *m = malloc(k + 3);
+    if (m) {
+        m[0] = MARK_ON;
+        memcpy(m + 1, e, k);
+        m[k + 1] = MARK_OFF;
+        m[k + 2] = 0;
+        put(&c->e[c->n - 1], m, k + 2);
     }
-    conv_entry *x = &c->e[c->n - 1];
-    size_t k = strlen(s);
-    if (x->len + k + 1 > x->cap) {
-        size_t nc = (x->len + k + 1) * 2;
-        char *nt = realloc(x->text, nc);
-        if (!nt) return;
-        x->text = nt;
-        x->cap = nc;
-    }
-    memcpy(x->text + x->len, s, k + 1);
-    x->len += k;
+    free(m);
+    free(e);
 }
 
 /* The word (1-based) where b first differs from a, or 0 when they are the same. */
@@ -79,7 +172,12 @@ void conv_add_compare(conv *c, uw_compared *cmp, int n)
         else
             snprintf(diff, sizeof diff, "differs from the first at word %d", d);
         snprintf(head, sizeof head, "[%.250s] %.150s; %.60s", cmp[i].policy, cmp[i].figures, diff);
-        x->head[i] = strdup(head);
+        x->head[i] = shown(head, strlen(head));
+        char *t = shown(cmp[i].text, strlen(cmp[i].text));
+        if (t) {   /* shown as every answer is */
+            free(cmp[i].text);
+            cmp[i].text = t;
+        }
         x->col[i] = cmp[i].text;   /* taken over */
         if (d > 0) {   /* mark this answer from its first different word on */
             const char *p = cmp[i].text;

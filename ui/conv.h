@@ -30,6 +30,8 @@ typedef struct conv {
     conv_entry *e;
     int n, cap;
     int answering;           /* an answer entry is open for text */
+    char pend[4];            /* the start of a character the next piece of the answer finishes */
+    int n_pend;
     int scroll;              /* lines scrolled back from the bottom */
     int last_total, last_width;   /* the layout of the last frame (to hold still while scrolled) */
     char find[256];          /* the search, "" when none */
@@ -42,9 +44,13 @@ typedef struct conv_attrs {
     int event, heading, more, match;
 } conv_attrs;
 
+/* Every text is kept as it is shown: control characters and bytes of no valid UTF-8 as \xNN (as
+ * everywhere kvchat prints), tabs as four spaces, so what is wrapped is what is drawn. */
 void conv_add(conv *c, int kind, const char *text);
 /* Text to the answer being streamed (one is opened when none is). */
 void conv_append(conv *c, const char *s);
+/* An event note inside the answer being streamed, between MARK_ON and MARK_OFF. */
+void conv_append_mark(conv *c, const char *s);
 /* The answers of a comparison side by side (texts taken over). */
 void conv_add_compare(conv *c, uw_compared *cmp, int n);
 void conv_free(conv *c);

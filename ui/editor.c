@@ -20,6 +20,7 @@ int ed_cells(const char *s, int *bytes)
         return 1;
     }
     *bytes = (int)k;
+    if (wc < 0x20 || wc == 0x7f) return 2;   /* the terminal draws a C0 control or DEL as ^X: two cells */
     int w = wcwidth(wc);
     return w < 0 ? 1 : w;
 }

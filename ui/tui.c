@@ -1127,11 +1127,7 @@ static void drain(tui *t)
         case UW_PROGRESS:
             break;   /* the status bar reads the view */
         case UW_DONE:
-            if (ev.a == 1 && t->cv.answering) {   /* Ctrl-C: the partial answer stays, marked */
-                char mark[32];
-                snprintf(mark, sizeof mark, "%c [stopped]%c", MARK_ON, MARK_OFF);
-                conv_append(&t->cv, mark);
-            }
+            if (ev.a == 1 && t->cv.answering) conv_append_mark(&t->cv, " [stopped]");   /* Ctrl-C: the partial answer stays, marked */
             t->cv.answering = 0;
             if (ev.text[0]) say(t, E_INFO, "%s", ev.text);
             if (ev.b == 3) {   /* a comparison is ready */
@@ -1160,8 +1156,8 @@ static void drain(tui *t)
             break;
         case UW_EVENT: {   /* events come from answers: inside the answer's text, where it happened */
             char mark[600];
-            snprintf(mark, sizeof mark, "%c [%s] %c", MARK_ON, ev.text, MARK_OFF);
-            conv_append(&t->cv, mark);
+            snprintf(mark, sizeof mark, " [%s] ", ev.text);
+            conv_append_mark(&t->cv, mark);
             break;
         }
         case UW_PAST_USER:
