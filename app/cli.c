@@ -1,6 +1,7 @@
 /* cli.c - helpers shared by the subcommands (see cli.h). */
 #include "app/cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/files.h"
 #include "common/text.h"
 #include "engine/document.h"
 #include "engine/model.h"
@@ -19,21 +21,31 @@
 
 volatile sig_atomic_t cli_interrupted = 0;
 
-static void on_sigint(int sig)
+static void on_stop_signal(int sig)
 {
-    (void)sig;
-    /* A second Ctrl-C while the first is being honoured exits at once. */
-    if (cli_interrupted) _exit(130);
-    cli_interrupted = 1;
+    /* A second Ctrl-C while the first is being honoured exits at once; a repeated SIGTERM or SIGHUP
+     * (a closing terminal sends several) waits for the clean stop, which removes temporary files. */
+    if (cli_interrupted && sig == SIGINT) _exit(128 + SIGINT);
+    cli_interrupted = sig;
 }
 
-void cli_install_sigint(void)
+void cli_catch_stop_signals(void)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
+    static const int sigs[] = { SIGINT, SIGTERM, SIGHUP };
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction sa, old;
+        /* one ignored when kvchat started (nohup, a background job) stays ignored */
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_stop_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(sigs[i], &sa, NULL);
+    }
+}
+
+int cli_interrupt_status(void)
+{
+    return 128 + (cli_interrupted ? (int)cli_interrupted : SIGINT);
 }
 
 void cli_err(const char *fmt, ...)
@@ -149,6 +161,7 @@ int cli_finish_common(cli_opts *o)
         cli_err("%s", err);
         return -1;
     }
+    if (o->db && !o->no_db && cli_check_db_path(o->db)) return -1;
     return 0;
 }
 
@@ -295,6 +308,57 @@ const char *cli_stop_note(const gen_result *g)
     return g->stop == GEN_STOP_INTERRUPT ? " (interrupted)" : g->stop == GEN_STOP_CONTEXT ? " (context full)" : "";
 }
 
+/* The file an sqlite URI (file:PATH?query) names, %XX decoded; *memory when its mode is memory. */
+static void db_uri_file(const char *uri, char *out, size_t cap, int *memory)
+{
+    const char *p = uri + 5;
+    if (p[0] == '/' && p[1] == '/') {   /* file://localhost/x or file:///x: the authority is skipped */
+        const char *slash = strchr(p + 2, '/');
+        p = slash ? slash : p + strlen(p);
+    }
+    size_t n = 0;
+    for (; *p && *p != '?' && *p != '#' && n + 1 < cap; p++) {
+        if (*p == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2])) {
+            char hex[3] = { p[1], p[2], 0 };
+            out[n++] = (char)strtol(hex, NULL, 16);
+            p += 2;
+        } else {
+            out[n++] = *p;
+        }
+    }
+    out[n] = 0;
+    const char *q = *p == '?' ? p : "";
+    const char *m = strstr(q, "mode=memory");
+    *memory = m && (m[-1] == '?' || m[-1] == '&');
+}
+
+int cli_check_db_path(const char *path)
+{
+    char file[1024];
+    int memory = 0;
+    if (!strncmp(path, "file:", 5))
+        db_uri_file(path, file, sizeof file, &memory);
+    else
+        snprintf(file, sizeof file, "%s", path);
+    /* sqlite would take these as a private temporary or in-memory database: a session "saved" there
+     * is gone when kvchat exits */
+    if (!file[0]) {
+        cli_err("--db '%s': the path is empty; give the session database's file name", path);
+        return -1;
+    }
+    if (memory || !strcmp(file, ":memory:")) {
+        cli_err("--db '%s' is an in-memory database, which keeps nothing after kvchat exits; give a file name", path);
+        return -1;
+    }
+    /* sqlite makes its journal beside the database: /dev/null-journal, FIFOs that block */
+    struct stat st;
+    if (stat(file, &st) == 0 && !S_ISREG(st.st_mode)) {
+        cli_err("%s is %s, not a session database", file, files_kind(st.st_mode));
+        return -1;
+    }
+    return 0;
+}
+
 store *cli_open_db(const char *path)
 {
     char def[1024], err[1200];
@@ -305,6 +369,7 @@ store *cli_open_db(const char *path)
         }
         path = def;
     }
+    if (cli_check_db_path(path)) return NULL;
     store *db = store_open(path, err, sizeof err);
     if (!db) cli_err("%s", err);
     return db;
@@ -429,7 +494,8 @@ static int thresholds_from_db(const char *model_path, const char *db_path, unc_t
         if (store_default_path(def, sizeof def, 0)) return -1;   /* only looked at: nothing is created */
         db_path = def;
     }
-    if (stat(db_path, &st) != 0 || stat(model_path, &ms) != 0) return -1;
+    /* only a regular file is looked in (cli_check_db_path refuses the rest where --db is used) */
+    if (stat(db_path, &st) != 0 || !S_ISREG(st.st_mode) || stat(model_path, &ms) != 0) return -1;
     snprintf(uri, sizeof uri, "file:%s?mode=ro", db_path);
     store *db = store_open(uri, err, sizeof err);
     if (!db) return -1;

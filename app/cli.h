@@ -1,6 +1,6 @@
 /* cli.h - what the subcommands share: the option tables every command that runs a model takes,
  * parsing and help through them (common/options.h), opening an engine session from the options,
- * the Ctrl-C flag, timing and memory figures.
+ * the stop flag (Ctrl-C, SIGTERM, SIGHUP), timing and memory figures.
  *
  * Only app/ prints and chooses exit statuses; these helpers print one-line errors prefixed "kvchat: ". */
 #ifndef KVCHAT_CLI_H
@@ -49,8 +49,13 @@ extern const opt_def cli_store_opts[];     /* --db --no-db */
 #define CLI_SAMPLING(o) { cli_sampling_opts, &(o)->sp, "sampling" }
 #define CLI_STORE(o) { cli_store_opts, (o), "sessions" }
 
+/* Ctrl-C, SIGTERM and SIGHUP stop a command the same way: cli_interrupted is set to the signal's
+ * number (long work checks it as its abort flag), so the command stops at the next check, removes
+ * its temporary files and exits with cli_interrupt_status(), 128 + the signal's number. A second
+ * Ctrl-C exits at once. Signals ignored at start (nohup) stay ignored. */
 extern volatile sig_atomic_t cli_interrupted;
-void cli_install_sigint(void);
+void cli_catch_stop_signals(void);
+int cli_interrupt_status(void);
 
 void cli_opts_init(cli_opts *o);
 /* Parse a command's options (argv[0] is the command's name). 0 to go on; 1 when the help was asked
@@ -97,8 +102,13 @@ void cli_print_event_header(const session *s);
 void cli_print_answer_end(const session *s, int show_events);
 /* " (interrupted)", " (context full)" or "": why an answer stopped before its length. */
 const char *cli_stop_note(const gen_result *g);
-/* The session database: --db PATH, else the default location. NULL after printing. */
+/* The session database: --db PATH, else the default location, checked by cli_check_db_path first.
+ * NULL after printing. */
 struct store *cli_open_db(const char *path);
+/* What --db may name (a file name or an sqlite file: URI): not empty, not sqlite's in-memory
+ * database (nothing would be kept), and, when it exists, a regular file (sqlite would put a journal
+ * beside /dev/null, or block on a FIFO). 0, or -1 after one line on stderr. */
+int cli_check_db_path(const char *path);
 
 double cli_now(void);                 /* monotonic seconds */
 /* The first line a shell command prints ("" when it prints nothing or cannot run): the commit and

@@ -194,12 +194,12 @@ int cmd_ask(int argc, char **argv)
         goto done;
     }
     if (o.show_events) cli_print_event_header(s);
-    cli_install_sigint();
+    cli_catch_stop_signals();
     int st = sess_ask(s, a.question);
     if (st != SESS_OK && st != SESS_ESAVE) {
         if (st == SESS_ECANCELLED) {
             cli_err("ask: interrupted during prefill");
-            rc = 130;
+            rc = cli_interrupt_status();
         } else {
             cli_err("ask: %s", sess_error(s));
         }
@@ -217,7 +217,7 @@ int cmd_ask(int argc, char **argv)
     }
     fflush(stdout);
     print_metrics(s);
-    rc = cli_interrupted ? 130 : 0;
+    rc = cli_interrupted ? cli_interrupt_status() : 0;
     if (st == SESS_ESAVE) {
         cli_err("ask: %s", sess_error(s));
         rc = 1;

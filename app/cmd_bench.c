@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "app/cli.h"
+#include "common/files.h"
 #include "kernels/synthetic.h"
 #include "app/eval/evalplot.h"
 #include "app/eval/evalres.h"
@@ -43,17 +44,26 @@ static void cpu_name(char *buf, size_t cap)
     fclose(f);
 }
 
-/* Open csv for appending, writing header first when the file is new or empty (an interrupted run).
- * NULL (after a message) when it cannot be opened. */
+/* Open csv for appending, writing header first when the file is new or empty (an interrupted run);
+ * never through a link, never a FIFO or device (common/files.h). NULL after a message: the caller
+ * measures nothing (a benchmark whose rows cannot be kept is not run). */
 static FILE *open_csv(const char *csv, const char *header)
 {
-    FILE *chk = fopen(csv, "r");
-    int fresh = chk == NULL || fgetc(chk) == EOF;
-    if (chk) fclose(chk);
-    FILE *out = fopen(csv, "a");
-    if (!out) cli_err("bench: cannot open %s for appending", csv);
+    char err[1200];
+    int fresh;
+    FILE *out = files_append(csv, &fresh, err, sizeof err);
+    if (!out) cli_err("bench: %s (--no-csv measures without it)", err);
     else if (fresh) fputs(header, out);
     return out;
+}
+
+/* Close the CSV, seeing a write error (a full disk): rc, or 1 after a message. */
+static int close_csv(FILE *out, const char *csv, int rc)
+{
+    char err[1200];
+    if (!out || files_close(out, csv, err, sizeof err) == 0) return rc;
+    cli_err("bench: %s", err);
+    return 1;
 }
 
 /* Greedy decode steps from the logits there are: n of them, every one through the attached policies
@@ -99,6 +109,10 @@ static int bench_policies(run *r, const char *budget, char specs[][256], int n_s
                                     "attn_ms_per_step,select_ms_per_step,pages_per_step,pages_total,"
                                     "kv_read_mib_per_step,n_gen,ttft_s,kv_peak_prefill_mib,kv_after_prefill_mib\n")
                     : NULL;
+    if (csv && !out) {
+        free(after_prefill);
+        return 1;
+    }
     printf("%8s %-36s %9s %9s %9s %9s %12s %9s %9s %10s %10s\n", "ctx", "policy", "prefill/s", "decode/s", "attn ms",
            "select ms", "pages/step", "KV MiB rd", "TTFT s", "KV pk MiB", "KV aft MiB");
     int rc = 0;
@@ -156,7 +170,7 @@ static int bench_policies(run *r, const char *budget, char specs[][256], int n_s
             if (out) fflush(out);
         }
     }
-    if (out) fclose(out);
+    rc = close_csv(out, csv, rc);
     free(after_prefill);
     return rc;
 }
@@ -264,7 +278,7 @@ static int bench_snapshots(run *r, const char *budget, char specs[][256], int n_
             run_free(r2);
         }
     }
-    if (out) fclose(out);
+    rc = close_csv(out, csv, rc);
     store_close(db);
     unlink(dbpath);
     char side[600];
@@ -338,6 +352,8 @@ static int bench_plot(const char *csv, const char *date, const char *png)
 typedef struct synth_out {
     FILE *csv;
     const char *csv_path;        /* opened at the first row, so a run that fails first leaves no file */
+    const char *csv_name;        /* the open CSV's path */
+    int csv_failed;              /* it could not be opened: the exit status is 1 */
     const char *date, *commit;
     int header_done, ttft_header, chunk, gen;
     const char *shape;
@@ -350,7 +366,9 @@ static void synth_print(const synth_row *r, void *ud)
     synth_out *so = ud;
     if (so->csv_path && !so->csv) {
         so->csv = open_csv(so->csv_path, SYNTH_CSV_HEADER);
-        so->csv_path = NULL;   /* one try: a CSV that cannot be opened was said once */
+        so->csv_failed = !so->csv;   /* said once; the exit status says it again */
+        if (so->csv) so->csv_name = so->csv_path;
+        so->csv_path = NULL;
     }
     if (!so->header_done) {
         printf("kvchat bench --synthetic %s: random f16 weights made on the GPU, %d timed decode steps per case "
@@ -501,15 +519,15 @@ static int bench_synthetic(int argc, char **argv)
     if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    synth_out so = { NULL, csv, date, commit, 0, 0, rq.chunk, rq.gen, rq.shape->name };
+    synth_out so = { NULL, csv, NULL, 0, date, commit, 0, 0, rq.chunk, rq.gen, rq.shape->name };
     char err[512];
     int rc = synth_run(&rq, synth_print, &so, err, sizeof err);
-    if (so.csv) fclose(so.csv);
+    int csv_rc = close_csv(so.csv, so.csv_name, so.csv_failed);
     if (rc) {
         cli_err("bench: %s", err);
         return 1;
     }
-    return 0;
+    return csv_rc;
 }
 
 /* Prefill speed at each depth, then decode speed there (greedy steps through the full cache). */
@@ -518,6 +536,7 @@ static int bench_speed(run *r, const int64_t *depths, int nd, int64_t n_gen, con
 {
     printf("%8s %14s %14s\n", "depth", "prefill tok/s", "decode tok/s");
     FILE *out = csv ? open_csv(csv, "date,commit,machine,threads,model,depth,prefill_tok_s,decode_tok_s,n_gen\n") : NULL;
+    if (csv && !out) return 1;
     int rc = 0;
     char err[512];
     for (int di = 0; di < nd && !cli_interrupted; di++) {
@@ -547,8 +566,7 @@ static int bench_speed(run *r, const int64_t *depths, int nd, int64_t n_gen, con
             fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,%.2f,%.2f,%lld\n", date, commit, machine, run_threads(r), base,
                     (long long)d, fg.prefill_tok_s, fg.decode_tok_s, (long long)n_gen);
     }
-    if (out) fclose(out);
-    return rc;
+    return close_csv(out, csv, rc);
 }
 
 typedef struct bench_opts {
@@ -636,6 +654,14 @@ int cmd_bench(int argc, char **argv)
     /* the budget belongs to the listed policies, not to the session's own (full) one */
     const char *budget = bo.budget;
     if (cli_finish_common(&o)) return 1;
+    if (csv) {   /* checked before the model loads: a benchmark whose rows cannot be kept is not run */
+        struct stat st;
+        int existed = lstat(csv, &st) == 0;
+        FILE *probe = open_csv(csv, "");
+        if (!probe) return 1;
+        fclose(probe);
+        if (!existed) unlink(csv);   /* made again with its header when the first row is there */
+    }
     run *r = cli_run(&o);
     if (!r) return 1;
     if (maxd + n_gen > run_n_ctx(r)) {
@@ -672,7 +698,7 @@ int cmd_bench(int argc, char **argv)
     const char *base = strrchr(m->path, '/') ? strrchr(m->path, '/') + 1 : m->path;
     printf("kvchat bench: %s, %d threads, %s kernels, batch %d, commit %s\n", base, run_threads(r), be_cpu_kernels(),
            o.n_batch > 0 ? o.n_batch : 512, commit);
-    cli_install_sigint();
+    cli_catch_stop_signals();
     run_set_abort(r, &cli_interrupted);
     int rc;
     if (snapshot) {
@@ -684,6 +710,7 @@ int cmd_bench(int argc, char **argv)
     }
     printf("peak RSS %.1f MiB\n", cli_peak_rss_mib());
     if (rc == 0 && n_spec > 0 && !snapshot && out_dir && !cli_interrupted) rc = bench_plot(out_csv, date, out_png);
+    if (rc == 0 && cli_interrupted) rc = cli_interrupt_status();   /* a benchmark cut short is not a success */
     free(toks);
     run_free(r);
     return rc;

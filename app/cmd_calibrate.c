@@ -18,6 +18,8 @@
 #include "app/cli.h"
 #include "app/commands.h"
 #include "app/eval/docgen.h"
+#include "common/files.h"
+#include "common/text.h"
 #include "engine/prompt.h"
 #include "store/persist.h"
 #include "store/store.h"
@@ -116,8 +118,26 @@ static void write_plot_data(FILE *f, const double *mh, const double *vh, int64_t
     }
 }
 
-static int draw_plot(const char *png, const double *mh, const double *vh, int64_t n, const unc_thresholds *t)
+/* t as a gnuplot single-quoted string's contents: quotes doubled, control characters as '?' (a
+ * model file's name is not a gnuplot command). */
+static void gp_quote(const char *t, char *out, size_t cap)
 {
+    size_t n = 0;
+    for (; *t && n + 3 < cap; t++) {
+        if (*t == '\'') out[n++] = '\'';
+        out[n++] = (unsigned char)*t < 0x20 || *t == 0x7f ? '?' : *t;
+    }
+    out[n] = 0;
+}
+
+/* The plot, drawn by gnuplot into a private directory of ours (gnuplot never opens the user's path,
+ * which may be a link, and no path goes into its script), then copied to png as files are written
+ * (common/files.h: a link there is replaced, not followed; a FIFO or device is refused). 0, or -1
+ * with a message in err ("" when gnuplot failed). */
+static int draw_plot(const char *png, const double *mh, const double *vh, int64_t n, const unc_thresholds *t, char *err,
+                     size_t errlen)
+{
+    err[0] = 0;
     double xmax = t->h_mean * 1.5, ymax = t->h_var * 1.5;
     for (int64_t i = 0; i < n; i++) {
         if (mh[i] * 1.05 > xmax) xmax = mh[i] * 1.05;
@@ -125,22 +145,16 @@ static int draw_plot(const char *png, const double *mh, const double *vh, int64_
     }
     if (xmax <= 0) xmax = 1;
     if (ymax <= 0) ymax = 1;
-    char dat[] = "/tmp/kvchat-calib-XXXXXX";
-    int fd = mkstemp(dat);
-    if (fd < 0) return -1;
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        close(fd);
-        unlink(dat);
-        return -1;
-    }
+    char dir[] = "/tmp/kvchat-calib-XXXXXX", dat[64], out[64], title[600];
+    if (!mkdtemp(dir)) return -1;
+    snprintf(dat, sizeof dat, "%s/windows.dat", dir);
+    snprintf(out, sizeof out, "%s/plot.png", dir);
+    int rc = -1;
+    FILE *f = fopen(dat, "w"), *gp = NULL;
+    if (!f) goto done;
     write_plot_data(f, mh, vh, n, xmax, ymax);
-    fclose(f);
-    FILE *gp = popen("gnuplot 2>&1", "w");
-    if (!gp) {
-        unlink(dat);
-        return -1;
-    }
+    if (fclose(f) != 0 || !(gp = popen("gnuplot 2>&1", "w"))) goto done;
+    gp_quote(t->model, title, sizeof title);
     fprintf(gp,
             "set terminal pngcairo size 900,700 font 'sans,11' noenhanced\n"
             "set output '%s'\n"
@@ -153,12 +167,28 @@ static int draw_plot(const char *png, const double *mh, const double *vh, int64_
             "set arrow from 0,%g to %g,%g nohead lw 2 lc rgb '#d62728' front\n"
             "set label 'thresholds (q%.0f, red): mean H %.3f, Var(H) %.3f' at graph 0.02, graph 0.95 "
             "tc rgb '#d62728' front\n"
-            "plot '%s' using 1:2:($3 > 0 ? $3 : 1/0) with image notitle\n",
-            png, t->model, (long long)n, t->page, xmax, ymax, t->h_mean, t->h_mean, ymax, t->h_var, xmax, t->h_var,
+            "plot '%s' using 1:2:($3 > 0 ? $3 : 1/0) with image notitle\nset output\n",
+            out, title, (long long)n, t->page, xmax, ymax, t->h_mean, t->h_mean, ymax, t->h_var, xmax, t->h_var,
             t->quantile * 100, t->h_mean, t->h_var, dat);
-    int st = pclose(gp);
+    if (pclose(gp) != 0 || !(f = fopen(out, "rb"))) goto done;
+    files_atomic fa;
+    if (files_atomic_open(&fa, png, err, errlen) == 0) {
+        char buf[1 << 16];
+        size_t k;
+        while ((k = fread(buf, 1, sizeof buf, f)) > 0 && fwrite(buf, 1, k, fa.f) == k) {}
+        if (ferror(f)) {
+            snprintf(err, errlen, "%s: cannot read gnuplot's output", png);
+            files_atomic_abort(&fa);
+        } else {
+            rc = files_atomic_commit(&fa, err, errlen);
+        }
+    }
+    fclose(f);
+done:
     unlink(dat);
-    return st == 0 && access(png, R_OK) == 0 ? 0 : -1;
+    unlink(out);
+    rmdir(dir);
+    return rc;
 }
 
 typedef struct calib_opts {
@@ -217,7 +247,7 @@ static int push_window(calib *c, const unc_stats *st)
 }
 
 /* Sample k: the prompt with the full cache, each global KV head's key similarity, the answer's
- * windows. 0, 130 when interrupted, or 1 after printing. */
+ * windows. 0, 128 + the signal when interrupted, or 1 after printing. */
 static int calib_sample(calib *c, int64_t k, char *doc, const char *question)
 {
     char err[600];
@@ -241,7 +271,7 @@ static int calib_sample(calib *c, int64_t k, char *doc, const char *question)
     if (bad || run_feed(c->r, ids, (int64_t)n_ids, NULL, NULL, err, sizeof err)) {
         cli_err("calibrate: %s", cli_interrupted ? "interrupted" : err);
         free(ids);
-        return cli_interrupted ? 130 : 1;
+        return cli_interrupted ? cli_interrupt_status() : 1;
     }
     free(ids);
     /* how similar each global KV head's prompt keys are (what Chelsea's outlier heads are chosen by) */
@@ -259,7 +289,7 @@ static int calib_sample(calib *c, int64_t k, char *doc, const char *question)
     }
     if (gr.stop == GEN_STOP_INTERRUPT) {
         cli_err("calibrate: interrupted; nothing written");
-        return 130;
+        return cli_interrupt_status();
     }
     const unc_monitor *mon = run_monitor(c->r);
     const int P = unc_page_size(mon);
@@ -321,26 +351,57 @@ static int calib_store(const char *db_path, const char *mpath, const model *m, c
     return rc;
 }
 
-/* The density plot beside the thresholds file (or at plot; "none": no plot). 0, or 1 after printing. */
-static int calib_plot(const char *plot, const char *path, const calib *c, const unc_thresholds *t)
+/* Where the density plot goes: --plot PNG, else the thresholds file with .png; "" for --plot none. */
+static void plot_path(const char *plot, const char *path, char *png, size_t cap)
 {
-    if (plot && !strcmp(plot, "none")) return 0;
-    char png[1300];
-    if (plot) {
-        snprintf(png, sizeof png, "%s", plot);
+    if (plot && !strcmp(plot, "none")) {
+        png[0] = 0;
+    } else if (plot) {
+        snprintf(png, cap, "%s", plot);
     } else {
-        snprintf(png, sizeof png, "%s", path);
+        snprintf(png, cap, "%s", path);
         char *dot = strrchr(png, '.'), *sl = strrchr(png, '/');
         if (dot && (!sl || dot > sl)) *dot = 0;
-        strncat(png, ".png", sizeof png - strlen(png) - 1);
+        strncat(png, ".png", cap - strlen(png) - 1);
     }
-    if (draw_plot(png, c->mh, c->vh, c->n_win, t)) {
-        cli_err("calibrate: thresholds saved, but the plot %s could not be drawn (needs gnuplot with pngcairo: "
-                "make bootstrap installs it)", png);
+}
+
+/* The density plot at png ("": none). 0, or 1 after printing. */
+static int calib_plot(const char *png, const calib *c, const unc_thresholds *t)
+{
+    if (!png[0]) return 0;
+    char err[1400], shown[1400];
+    if (draw_plot(png, c->mh, c->vh, c->n_win, t, err, sizeof err)) {
+        if (err[0])
+            cli_err("calibrate: thresholds saved, but not the plot: %s", err);
+        else
+            cli_err("calibrate: thresholds saved, but the plot %s could not be drawn (needs gnuplot with pngcairo: "
+                    "make bootstrap installs it)", png);
         return 1;
     }
-    printf("  density plot: %s\n", png);
+    text_escape(png, shown, sizeof shown, 0);
+    printf("  density plot: %s\n", shown);
     return 0;
+}
+
+/* The thresholds to path. unc_thresholds_save writes NAME.tmp, then renames it over NAME, and would
+ * follow a link planted at path.tmp: it writes inside a new private directory beside path instead,
+ * and the file is moved over path as every file kvchat writes (common/files.h). 0, or -1 with a
+ * message. */
+static int save_thresholds(const char *path, const unc_thresholds *t, char *err, size_t errlen)
+{
+    char dir[1300], file[1400];
+    snprintf(dir, sizeof dir, "%s.XXXXXX", path);
+    if (!mkdtemp(dir)) {
+        snprintf(err, errlen, "%s: cannot create a file beside it: %s", path, strerror(errno));
+        return -1;
+    }
+    snprintf(file, sizeof file, "%s/thresholds.txt", dir);
+    int rc = unc_thresholds_save(file, t, err, errlen);
+    if (rc == 0) rc = files_move_over(file, path, err, errlen);
+    unlink(file);
+    rmdir(dir);
+    return rc;
 }
 
 static void calib_free(calib *c)
@@ -393,7 +454,7 @@ int cmd_calibrate(int argc, char **argv)
     }
     calib c;
     memset(&c, 0, sizeof c);
-    char err[600], fp[17], model_path[1024];
+    char err[1600], fp[17], model_path[1024];
     const char *mpath = o.model_path ? o.model_path : cli_default_model_path(model_path, sizeof model_path);
     int rc = 1;
     o.no_calibration = 1;
@@ -418,7 +479,21 @@ int cmd_calibrate(int argc, char **argv)
     int64_t n_samples = co.n_samples;
     if (co.data && n_samples > (int64_t)cs.n_docs * cs.n_questions) n_samples = (int64_t)cs.n_docs * cs.n_questions;
     c.n_samples = n_samples;
-    cli_install_sigint();
+    /* where the results go, checked before the minutes of calibration: a directory, FIFO or device
+     * there is refused now rather than after */
+    char path[1200], png[1300];
+    if (co.out)
+        snprintf(path, sizeof path, "%s", co.out);
+    else if (cli_thresholds_path(fp, path, sizeof path, 1)) {
+        cli_err("calibrate: no data directory (set HOME or XDG_DATA_HOME, or give --out FILE)");
+        goto done;
+    }
+    plot_path(co.plot, path, png, sizeof png);
+    if (files_replaceable(path, err, sizeof err) || (png[0] && files_replaceable(png, err, sizeof err))) {
+        cli_err("calibrate: %s", err);
+        goto done;
+    }
+    cli_catch_stop_signals();
     double t0 = cli_now();
     for (int64_t k = 0; k < n_samples; k++) {
         const char *question;
@@ -452,14 +527,7 @@ int cmd_calibrate(int argc, char **argv)
     free(tmp);
     int64_t over = 0;
     for (int64_t i = 0; i < c.n_win; i++) over += c.mh[i] > t.h_mean || c.vh[i] > t.h_var;
-    char path[1200];
-    if (co.out)
-        snprintf(path, sizeof path, "%s", co.out);
-    else if (cli_thresholds_path(fp, path, sizeof path, 1)) {
-        cli_err("calibrate: no data directory (set HOME or XDG_DATA_HOME, or give --out FILE)");
-        goto done;
-    }
-    if (unc_thresholds_save(path, &t, err, sizeof err)) {
+    if (save_thresholds(path, &t, err, sizeof err)) {
         cli_err("calibrate: %s", err);
         goto done;
     }
@@ -475,9 +543,11 @@ int cmd_calibrate(int argc, char **argv)
                "head %d); Chelsea's default 4%% spares the %d least similar\n",
                t.n_heads, t.head_sim[lo_i].sim, t.head_sim[lo_i].layer, t.head_sim[lo_i].head, t.head_sim[hi_i].sim,
                t.head_sim[hi_i].layer, t.head_sim[hi_i].head, (int)(0.04 * t.n_heads + 0.5));
-    printf("  thresholds: %s\n", path);
+    char shown[1400];
+    text_escape(path, shown, sizeof shown, 0);
+    printf("  thresholds: %s\n", shown);
     rc = calib_store(o.db, mpath, c.m, &t);
-    rc |= calib_plot(co.plot, path, &c, &t);
+    rc |= calib_plot(png, &c, &t);
 done:
     calib_free(&c);
     set_free(&cs);

@@ -132,7 +132,7 @@ int cmd_chat(int argc, char **argv)
     }
     char *line = NULL;
     size_t lcap = 0;
-    cli_install_sigint();
+    cli_catch_stop_signals();
     for (;;) {
         if (tty) fputs("\n> ", stdout);
         fflush(stdout);
@@ -150,9 +150,10 @@ int cmd_chat(int argc, char **argv)
         int t = turn(s, &cv, c.n_predict);
         if (t < 0) goto oom;
         if (t > 0) free((char *)cv.msgs[--cv.n].content);   /* the turn did not happen */
+        if (cli_interrupted && cli_interrupted != SIGINT) break;   /* SIGTERM, SIGHUP: leave, not just stop */
     }
     free(line);
-    rc = 0;
+    rc = cli_interrupted && cli_interrupted != SIGINT ? cli_interrupt_status() : 0;
     goto done;
 oom:
     cli_err("chat: out of memory");

@@ -104,11 +104,11 @@ int cmd_generate(int argc, char **argv)
     }
     sess_callbacks cb = cli_print_callbacks(&o.show_events);
     sess_set_callbacks(s, &cb, &cli_interrupted);
-    cli_install_sigint();
+    cli_catch_stop_signals();
     int st = sess_feed(s, ids, (int64_t)n_ids, NULL, NULL);
     if (st) {
         cli_err("generate: %s", st == SESS_ECANCELLED ? "interrupted during prefill" : sess_error(s));
-        if (st == SESS_ECANCELLED) rc = 130;
+        if (st == SESS_ECANCELLED) rc = cli_interrupt_status();
         goto done;
     }
     if (o.show_events) cli_print_event_header(s);
@@ -123,7 +123,7 @@ int cmd_generate(int argc, char **argv)
     run_get_figures(sess_run(s), &fg);
     fprintf(stderr, "prompt %zu tokens | prefill %.1f tok/s | decode %.1f tok/s (%lld tokens)%s | peak RSS %.1f MiB\n",
             n_ids, fg.prefill_tok_s, fg.decode_tok_s, (long long)gres.n_gen, cli_stop_note(&gres), fg.rss_peak_mib);
-    rc = cli_interrupted ? 130 : 0;
+    rc = cli_interrupted ? cli_interrupt_status() : 0;
 done:
     free(ids);
     free(text);

@@ -10,6 +10,8 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
+#include "common/files.h"
+#include "common/text.h"
 #include "engine/genmodel.h"
 
 typedef struct gm_opts {
@@ -23,13 +25,17 @@ static const opt_def gm_defs[] = {
     { "--shape", NULL, OPT_STR, G(shape), 0, 0, NULL, 0, "SHAPE",
       "gemma3-270m, mistral-7b, llama-8b, tiny-llama or tiny-gemma3 (required)", NULL },
     { "--type", NULL, OPT_STR, G(type), 0, 0, NULL, 0, "TYPE", "f16, q8_0 or q4_k_m (required)", NULL },
-    { "--out", "-o", OPT_STR, G(out), 0, 0, NULL, 0, "FILE", "the GGUF file to write (required)", NULL },
+    { "--out", "-o", OPT_STR, G(out), 0, 0, NULL, 0, "FILE",
+      "the GGUF file to write (required); - writes it to standard output when that is a pipe or a file "
+      "(never a terminal; ./- names a file called -)", NULL },
     { "--vocab", NULL, OPT_STR, G(vocab), 0, 0, NULL, 0, "GGUF",
       "copy the vocabulary (every tokenizer.* entry) from this file (default: the default model)", NULL },
     { "--seed", NULL, OPT_U64, G(seed), 0, (double)INT64_MAX, NULL, 0, "S", "random seed of the weights (default 0)",
       NULL },
     { "--threads", "-t", OPT_INT, G(threads), 1, 256, NULL, 0, "N", "threads (default: all cores)", NULL },
-    { "--force", NULL, OPT_FLAG, G(force), 0, 0, NULL, 0, NULL, "replace FILE if it exists", NULL },
+    { "--force", NULL, OPT_FLAG, G(force), 0, 0, NULL, 0, NULL,
+      "replace FILE if it exists (a regular file, or a link, which is replaced, not followed; a directory, "
+      "FIFO, device or socket is refused)", NULL },
     { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
     OPT_END
 };
@@ -75,16 +81,27 @@ int cmd_genmodel(int argc, char **argv)
                 "--vocab GGUF)", vocab);
         return 1;
     }
-    gen_request req = { shape, mix, vocab, o.out, o.seed, o.force, o.threads, &cli_interrupted };
-    cli_install_sigint();
+    /* -o -: the writer never seeks, so a pipe works; a terminal would get binary garbage, and a
+     * device is no place for a model file */
+    int to_stdout = !strcmp(o.out, "-");
+    if (to_stdout && (isatty(STDOUT_FILENO) || fstat(STDOUT_FILENO, &st) != 0 ||
+                      !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))) {
+        cli_err("gen-model: -o - writes the model to standard output, which is %s; redirect it to a file or a pipe",
+                isatty(STDOUT_FILENO) ? "a terminal" : fstat(STDOUT_FILENO, &st) != 0 ? "closed" : files_kind(st.st_mode));
+        return 1;
+    }
+    gen_request req = { shape, mix, vocab, to_stdout ? "standard output" : o.out, o.seed, o.force, o.threads,
+                        &cli_interrupted, to_stdout ? stdout : NULL };
+    cli_catch_stop_signals();
     char err[600];
     int last = -1;
     double t0 = cli_now();
     int rc = gen_model_write(&req, isatty(STDERR_FILENO) ? show_progress : NULL, &last, err, sizeof err);
     if (last >= 0) fputc('\n', stderr);
     if (rc == -3) {
-        cli_err("gen-model: interrupted; nothing was written");
-        return 130;
+        cli_err(to_stdout ? "gen-model: interrupted; standard output holds part of a model"
+                          : "gen-model: interrupted; nothing was written");
+        return cli_interrupt_status();
     }
     if (rc == -2) {
         cli_err("gen-model: %s exists (--force replaces it)", o.out);
@@ -94,8 +111,16 @@ int cmd_genmodel(int argc, char **argv)
         cli_err("gen-model: %s", err);
         return 1;
     }
+    char out_shown[1100], vocab_shown[1100];   /* file names are shown, never executed by a terminal */
+    text_escape(o.out, out_shown, sizeof out_shown, 0);
+    text_escape(vocab, vocab_shown, sizeof vocab_shown, 0);
+    if (to_stdout) {   /* standard output holds the model: the report goes to stderr */
+        fprintf(stderr, "gen-model: wrote the model to standard output: %s shape, %s, vocabulary of %s, seed %llu, "
+                "%.1f s\n", shape->name, gen_mix_name(mix), vocab_shown, (unsigned long long)o.seed, cli_now() - t0);
+        return 0;
+    }
     double mib = stat(o.out, &st) == 0 ? (double)st.st_size / 1048576.0 : 0;
-    printf("wrote %s: %s shape, %s, %.1f MiB, vocabulary of %s, seed %llu, %.1f s\n", o.out, shape->name,
-           gen_mix_name(mix), mib, vocab, (unsigned long long)o.seed, cli_now() - t0);
+    printf("wrote %s: %s shape, %s, %.1f MiB, vocabulary of %s, seed %llu, %.1f s\n", out_shown, shape->name,
+           gen_mix_name(mix), mib, vocab_shown, (unsigned long long)o.seed, cli_now() - t0);
     return 0;
 }

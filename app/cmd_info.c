@@ -136,7 +136,9 @@ int cmd_info(int argc, char **argv)
             cli_err("info: %s", err);
             rc = 1;
         } else {
-            printf("tokenizer       written to %s\n", export_path);
+            char shown[1100];
+            text_escape(export_path, shown, sizeof shown, 0);
+            printf("tokenizer       written to %s\n", shown);
         }
     }
     model_free(m);

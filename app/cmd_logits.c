@@ -160,7 +160,7 @@ int cmd_logits(int argc, char **argv)
         cli_err("logits: out of memory");
         goto done;
     }
-    cli_install_sigint();
+    cli_catch_stop_signals();
     printf("n_vocab %d\nprompt_tokens %zu\nids", nv, n_ids);
     for (size_t i = 0; i < n_ids; i++) printf(" %d", ids[i]);
     putchar('\n');

@@ -241,6 +241,7 @@ int cmd_sessions(int argc, char **argv)
     int nargs = npos > 0 ? npos - 1 : 0;
     const char **args = pos + 1;
     char default_db[1024] = "";
+    if (db_path && cli_check_db_path(db_path)) return 1;
     if (!db_path) store_default_path(default_db, sizeof default_db, 0);
     /* looking at sessions never creates a database: a missing one has none */
     const char *look = db_path ? db_path : default_db[0] ? default_db : NULL;

@@ -125,18 +125,41 @@ FILE *files_create_new(const char *path, char *err, size_t errlen)
     return f;
 }
 
-int files_atomic_open(files_atomic *a, const char *path, char *err, size_t errlen)
+int files_replaceable(const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT) return 0;
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) return 0;
+    /* a rename would put a regular file where a device, FIFO or socket was (or fail on a directory) */
+    snprintf(err, errlen, "%s is %s, not a file kvchat replaces", path, files_kind(st.st_mode));
+    return -1;
+}
+
+static int atomic_open(files_atomic *a, const char *path, int replace, char *err, size_t errlen)
 {
     memset(a, 0, sizeof *a);
+    a->replace = replace;
     if (strlen(path) >= sizeof a->path) {
         snprintf(err, errlen, "%.200s...: the path is too long", path);
         return -1;
     }
     snprintf(a->path, sizeof a->path, "%s", path);
+    /* refused now, before any work is spent on the contents */
+    if (files_replaceable(path, err, errlen)) return -1;
+    struct stat st;
+    if (!replace && lstat(path, &st) == 0) {
+        snprintf(err, errlen, "%s: already exists", path);
+        return -2;
+    }
     snprintf(a->tmp, sizeof a->tmp, "%s.XXXXXX", path);
-    int fd = mkstemp(a->tmp);   /* O_CREAT | O_EXCL: never an existing file or link */
+    int fd = mkostemp(a->tmp, O_CLOEXEC);   /* O_CREAT | O_EXCL: never an existing file or link */
     if (fd < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        snprintf(err, errlen, "%s: cannot create a file beside it: %s", path, strerror(errno));
+        a->tmp[0] = 0;   /* nothing of ours to remove */
         return -1;
     }
     fchmod(fd, 0644);
@@ -144,9 +167,92 @@ int files_atomic_open(files_atomic *a, const char *path, char *err, size_t errle
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         close(fd);
         unlink(a->tmp);
+        a->tmp[0] = 0;
         return -1;
     }
     return 0;
+}
+
+FILE *files_append(const char *path, int *fresh, char *err, size_t errlen)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s is %s, not a file kvchat appends to", path,
+                 S_ISLNK(st.st_mode) ? "a symbolic link" : files_kind(st.st_mode));
+        return NULL;
+    }
+    /* O_NOFOLLOW and O_NONBLOCK: a link or FIFO put there since fails here instead of being
+     * followed or blocking */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot append to %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s is %s, not a file kvchat appends to", path, files_kind(st.st_mode));
+        close(fd);
+        return NULL;
+    }
+    fcntl(fd, F_SETFL, O_WRONLY | O_APPEND);
+    FILE *f = fdopen(fd, "a");
+    if (!f) {
+        snprintf(err, errlen, "cannot append to %s: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    *fresh = st.st_size == 0;
+    return f;
+}
+
+int files_close(FILE *f, const char *path, char *err, size_t errlen)
+{
+    int bad = fflush(f) != 0 || ferror(f);
+    int e = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    if (bad) snprintf(err, errlen, "writing %s failed: %s", path, strerror(e ? e : EIO));
+    return bad ? -1 : 0;
+}
+
+int files_atomic_open(files_atomic *a, const char *path, char *err, size_t errlen)
+{
+    return atomic_open(a, path, 1, err, errlen);
+}
+
+int files_atomic_open_new(files_atomic *a, const char *path, char *err, size_t errlen)
+{
+    return atomic_open(a, path, 0, err, errlen);
+}
+
+int files_move_over(const char *from, const char *path, char *err, size_t errlen)
+{
+    /* checked just before: something else may have been put there while the file was written */
+    if (files_replaceable(path, err, errlen) == 0) {
+        if (rename(from, path) == 0) return 0;
+        snprintf(err, errlen, "%s: cannot move the file into place: %s", path, strerror(errno));
+    }
+    unlink(from);
+    return -1;
+}
+
+/* The written temporary file to its name, which must still be free: link never replaces. A file
+ * system without hard links gets a check and a rename instead. */
+static int move_new(files_atomic *a, char *err, size_t errlen)
+{
+    int rc = link(a->tmp, a->path) == 0 ? 0 : -1, e = errno;
+    struct stat st;
+    if (rc && (e == EEXIST || lstat(a->path, &st) == 0)) {
+        snprintf(err, errlen, "%s: already exists", a->path);
+        rc = -2;
+    } else if (rc && (e == EPERM || e == EOPNOTSUPP || e == EMLINK || e == ENOSYS)) {
+        if (rename(a->tmp, a->path) == 0) return 0;
+        e = errno;
+    }
+    if (rc == -1) snprintf(err, errlen, "%s: cannot move the file into place: %s", a->path, strerror(e));
+    unlink(a->tmp);
+    return rc;
 }
 
 int files_atomic_commit(files_atomic *a, char *err, size_t errlen)
@@ -158,23 +264,20 @@ int files_atomic_commit(files_atomic *a, char *err, size_t errlen)
         e = errno;
     }
     a->f = NULL;
-    if (!bad && rename(a->tmp, a->path) != 0) {
-        bad = 1;
-        e = errno;
-    }
     if (bad) {
-        snprintf(err, errlen, "writing %s failed: %s", a->path, strerror(e));
+        snprintf(err, errlen, "writing %s failed: %s", a->path, strerror(e ? e : EIO));
         unlink(a->tmp);
         return -1;
     }
-    return 0;
+    return a->replace ? files_move_over(a->tmp, a->path, err, errlen) : move_new(a, err, errlen);
 }
 
 void files_atomic_abort(files_atomic *a)
 {
     if (a->f) fclose(a->f);
     a->f = NULL;
-    unlink(a->tmp);
+    if (a->tmp[0]) unlink(a->tmp);
+    a->tmp[0] = 0;
 }
 
 void files_absolute(const char *path, char *out, size_t cap)

@@ -320,7 +320,9 @@ int gen_model_write(const gen_request *r, gen_progress_fn progress, void *ud, ch
     /* a failure here is kept by the writer and reported by gguf_w_begin */
     (void)put_metadata(w, s, r->mix, vocab, n_vocab, r->seed);
     for (int i = 0; i < tl.n; i++) gguf_w_tensor(w, tl.t[i].name, tl.t[i].n_dims, tl.t[i].ne, tl.t[i].type);
-    if ((rc = gguf_w_begin(w, r->out_path, r->overwrite, err, errlen)) != 0) goto done;
+    rc = r->out_stream ? gguf_w_begin_stream(w, r->out_stream, r->out_path, err, errlen)
+                       : gguf_w_begin(w, r->out_path, r->overwrite, err, errlen);
+    if (rc) goto done;
     rc = -1;
     int n_threads = r->n_threads > 0 ? r->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (n_threads < 1) n_threads = 1;

@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct gen_shape {
     const char *name;       /* as --shape names it: "mistral-7b" */
@@ -52,13 +53,15 @@ typedef struct gen_request {
     int overwrite;           /* replace an existing out_path */
     int n_threads;           /* <= 0: every core */
     volatile sig_atomic_t *abort_flag;   /* set (Ctrl-C): stop before the next block of rows; NULL: never */
+    FILE *out_stream;        /* not NULL: the file goes here (out_path names it in messages; overwrite unused) */
 } gen_request;
 
 /* Called after each block of rows with the tensor bytes written so far and the total. */
 typedef void (*gen_progress_fn)(void *ud, uint64_t done, uint64_t total);
 
 /* Write the model. 0; -1 with a one-line message; -2 when out_path exists and overwrite is 0; -3 when
- * stopped by the abort flag. Whatever stops it, nothing is left behind at out_path or beside it. */
+ * stopped by the abort flag. Whatever stops it, nothing is left behind at out_path or beside it (a
+ * stream holds what was written before). */
 int gen_model_write(const gen_request *r, gen_progress_fn progress, void *ud, char *err, size_t errlen);
 
 #endif

@@ -7,13 +7,11 @@
 #include "engine/gguf_write.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "common/files.h"
 #include "common/quant.h"
 #include "engine/bytes.h"
 
@@ -36,9 +34,10 @@ struct gguf_writer {
     int failed;
     char fail_msg[256];
     /* while writing */
-    FILE *f;
-    char *path, *tmp;
-    int overwrite;
+    FILE *f;                 /* fa.f, or the caller's stream */
+    files_atomic fa;         /* the temporary file beside path (not used for a stream) */
+    int stream;
+    char *path;
     int cur;                 /* tensor being written */
     uint64_t cur_done;       /* its bytes so far */
 };
@@ -66,17 +65,13 @@ gguf_writer *gguf_writer_create(uint32_t alignment)
 void gguf_writer_free(gguf_writer *w)
 {
     if (!w) return;
-    if (w->f) {
-        fclose(w->f);
-        unlink(w->tmp);
-    }
+    if (w->f && !w->stream) files_atomic_abort(&w->fa);
     for (int64_t i = 0; i < w->n_kv; i++) free(w->keys[i]);
     free(w->keys);
     for (int i = 0; i < w->n_t; i++) free(w->t[i].name);
     free(w->t);
     bw_free(&w->kv);
     free(w->path);
-    free(w->tmp);
     free(w);
 }
 
@@ -262,49 +257,9 @@ static int pad_to(gguf_writer *w, uint64_t n, char *err, size_t errlen)
     return 0;
 }
 
-int gguf_w_begin(gguf_writer *w, const char *path, int overwrite, char *err, size_t errlen)
+/* The header (everything before the tensors' bytes) to w->f, and the padding after it. */
+static int write_header(gguf_writer *w, char *err, size_t errlen)
 {
-    if (w->failed) {
-        snprintf(err, errlen, "%s: %s", path, w->fail_msg);
-        return -1;
-    }
-    if (w->f || w->path) {
-        snprintf(err, errlen, "%s: the header was already written", path);
-        return -1;
-    }
-    struct stat st;
-    if (!overwrite && lstat(path, &st) == 0) {
-        snprintf(err, errlen, "%s: already exists", path);
-        return -2;
-    }
-    size_t plen = strlen(path);
-    w->path = strdup(path);
-    w->tmp = malloc(plen + 32);
-    if (!w->path || !w->tmp) {
-        snprintf(err, errlen, "%s: out of memory", path);
-        return -1;
-    }
-    w->overwrite = overwrite;
-    /* a fresh name of our own beside the destination: O_EXCL never opens what is already there,
-     * a link included */
-    int fd = -1;
-    for (unsigned i = 0; i < 1000 && fd < 0; i++) {
-        snprintf(w->tmp, plen + 32, "%s.tmp-%ld-%u", path, (long)getpid(), i);
-        fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: cannot create a file beside it: %s", path, strerror(errno));
-        return -1;
-    }
-    if (!(w->f = fdopen(fd, "wb"))) {
-        int e = errno;
-        close(fd);
-        unlink(w->tmp);
-        snprintf(err, errlen, "%s: %s", path, strerror(e));
-        return -1;
-    }
-    setvbuf(w->f, NULL, _IOFBF, (size_t)1 << 20);
     bytes_w h = { 0 };
     bw_put(&h, "GGUF", 4);
     put_u32(&h, 3);
@@ -321,7 +276,7 @@ int gguf_w_begin(gguf_writer *w, const char *path, int overwrite, char *err, siz
     }
     int rc = 0;
     if (h.err) {
-        snprintf(err, errlen, "%s: out of memory", path);
+        snprintf(err, errlen, "%s: out of memory", w->path);
         rc = -1;
     } else if (fwrite(h.p, 1, h.n, w->f) != h.n) {
         rc = io_fail(w, "write failed", err, errlen);
@@ -331,11 +286,49 @@ int gguf_w_begin(gguf_writer *w, const char *path, int overwrite, char *err, siz
     bw_free(&h);
     w->cur = 0;
     w->cur_done = 0;
-    if (rc) {
-        fclose(w->f);
-        w->f = NULL;
-        unlink(w->tmp);
+    return rc;
+}
+
+static int begin_check(gguf_writer *w, const char *path, char *err, size_t errlen)
+{
+    if (w->failed) {
+        snprintf(err, errlen, "%s: %s", path, w->fail_msg);
+        return -1;
     }
+    if (w->f || w->path) {
+        snprintf(err, errlen, "%s: the header was already written", path);
+        return -1;
+    }
+    if (!(w->path = strdup(path))) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+    return 0;
+}
+
+int gguf_w_begin(gguf_writer *w, const char *path, int overwrite, char *err, size_t errlen)
+{
+    if (begin_check(w, path, err, errlen)) return -1;
+    /* a fresh file of our own beside the destination (files_atomic: O_EXCL, so never what is
+     * already there, a link included); only a regular file or a link is ever replaced */
+    int rc = overwrite ? files_atomic_open(&w->fa, path, err, errlen) : files_atomic_open_new(&w->fa, path, err, errlen);
+    if (rc) return rc;
+    w->f = w->fa.f;
+    setvbuf(w->f, NULL, _IOFBF, (size_t)1 << 20);
+    if ((rc = write_header(w, err, errlen)) != 0) {
+        files_atomic_abort(&w->fa);
+        w->f = NULL;
+    }
+    return rc;
+}
+
+int gguf_w_begin_stream(gguf_writer *w, FILE *f, const char *name, char *err, size_t errlen)
+{
+    if (begin_check(w, name, err, errlen)) return -1;
+    w->f = f;
+    w->stream = 1;
+    int rc = write_header(w, err, errlen);
+    if (rc) w->f = NULL;
     return rc;
 }
 
@@ -380,32 +373,16 @@ int gguf_w_finish(gguf_writer *w, char *err, size_t errlen)
         snprintf(err, errlen, "%s: tensor %s has %llu of its %llu bytes", w->path, w->t[w->cur].name,
                  (unsigned long long)w->cur_done, (unsigned long long)w->t[w->cur].nbytes);
         rc = -1;
-    } else if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) {
-        rc = io_fail(w, "write failed", err, errlen);
     }
-    if (fclose(w->f) != 0 && rc == 0) rc = io_fail(w, "write failed", err, errlen);
+    FILE *f = w->f;
     w->f = NULL;
-    if (rc == 0) {
-        if (w->overwrite) {
-            /* rename replaces the name itself: a link at path is replaced, never followed */
-            if (rename(w->tmp, w->path) != 0) rc = io_fail(w, "cannot move the file into place", err, errlen);
-        } else if (link(w->tmp, w->path) != 0) {
-            /* link never replaces: a file that appeared meanwhile is kept. A file system without
-             * hard links gets a check and a rename instead. */
-            int e = errno;
-            struct stat st;
-            int exists = e == EEXIST || lstat(w->path, &st) == 0;
-            if (exists) {
-                snprintf(err, errlen, "%s: already exists", w->path);
-                rc = -2;
-            } else if (e == EPERM || e == EOPNOTSUPP || e == EMLINK) {
-                if (rename(w->tmp, w->path) != 0) rc = io_fail(w, "cannot move the file into place", err, errlen);
-            } else {
-                errno = e;
-                rc = io_fail(w, "cannot move the file into place", err, errlen);
-            }
-        }
+    if (w->stream) {   /* the caller's: flushed, not closed */
+        if (rc == 0 && (fflush(f) != 0 || ferror(f))) rc = io_fail(w, "write failed", err, errlen);
+        return rc;
     }
-    unlink(w->tmp);
-    return rc;
+    if (rc) {
+        files_atomic_abort(&w->fa);
+        return rc;
+    }
+    return files_atomic_commit(&w->fa, err, errlen);
 }

@@ -4,13 +4,16 @@
  * given: a vocabulary of 262144 pieces is a few MiB); gguf_w_begin writes the header to a
  * temporary file beside the destination, then the tensors' bytes are streamed in table order
  * (gguf_w_data, any piece size), so a file larger than memory never is held whole; gguf_w_finish
- * renames it into place. The destination is never followed if it is a symbolic link (it is
- * replaced, with overwrite), and an existing file is refused unless overwrite is set. */
+ * renames it into place (common/files.h's files_atomic). The destination is never followed if it
+ * is a symbolic link (it is replaced, with overwrite), an existing file is refused unless overwrite
+ * is set, and a directory, FIFO, device or socket there is always refused. The writer never seeks,
+ * so gguf_w_begin_stream can write to a pipe. */
 #ifndef KVCHAT_GGUF_WRITE_H
 #define KVCHAT_GGUF_WRITE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "engine/gguf.h"
 
@@ -50,9 +53,13 @@ int gguf_w_tensor(gguf_writer *w, const char *name, int n_dims, const int64_t *n
 uint64_t gguf_w_tensor_bytes(const gguf_writer *w, int i);
 uint64_t gguf_w_data_bytes(const gguf_writer *w);
 
-/* Create PATH.tmp-* beside path and write the header. 0; -1 with a message; -2 when path exists and
- * overwrite is 0 (nothing is created). */
+/* Create PATH.XXXXXX beside path and write the header. 0; -1 with a message (path is a directory,
+ * FIFO, device or socket, or cannot be written); -2 when path exists and overwrite is 0 (nothing is
+ * created). */
 int gguf_w_begin(gguf_writer *w, const char *path, int overwrite, char *err, size_t errlen);
+/* The same to an open stream (standard output, a pipe), name standing for it in messages. The
+ * stream is flushed by gguf_w_finish, never closed; an unfinished stream holds part of a file. */
+int gguf_w_begin_stream(gguf_writer *w, FILE *f, const char *name, char *err, size_t errlen);
 /* The next n bytes of tensor data, in the order the tensors were added (padding between tensors is
  * written here). 0, or -1 with a message (a write error, more bytes than the tensors hold). */
 int gguf_w_data(gguf_writer *w, const void *bytes, size_t n, char *err, size_t errlen);

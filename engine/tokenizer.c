@@ -7,6 +7,7 @@
  * reference tokenizer's "space prefix after every special token" rule. */
 #include "engine/tokenizer.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -350,15 +351,21 @@ int tok_export_model(const tok_vocab *v, const char *path, char *err, size_t err
         free(pb.p);
         return fail(err, errlen, "out of memory");
     }
-    FILE *f = fopen(path, "wb");
-    int ok = f && fwrite(pb.p, 1, pb.n, f) == pb.n;
-    if (f && fclose(f) != 0) ok = 0;
-    free(pb.p);
-    if (!ok) {
-        snprintf(err, errlen, "%s: cannot write the tokenizer model", path);
-        return -1;
+    /* replaced whole through a new file (a link at path is replaced, never followed; a device or
+     * FIFO there is refused) */
+    files_atomic fa;
+    int rc = files_atomic_open(&fa, path, err, errlen);
+    if (rc == 0) {
+        if (fwrite(pb.p, 1, pb.n, fa.f) == pb.n) {
+            rc = files_atomic_commit(&fa, err, errlen);
+        } else {
+            snprintf(err, errlen, "%s: cannot write the tokenizer model: %s", path, strerror(errno ? errno : EIO));
+            files_atomic_abort(&fa);
+            rc = -1;
+        }
     }
-    return 0;
+    free(pb.p);
+    return rc ? -1 : 0;
 }
 
 int32_t tok_n_vocab(const tok_vocab *v) { return v->n; }

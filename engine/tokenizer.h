@@ -23,7 +23,9 @@ enum tok_type { TOK_NORMAL = 1, TOK_UNKNOWN = 2, TOK_CONTROL = 3, TOK_USER_DEFIN
 int tok_create(tok_vocab **out, const gguf_file *f, const char *spm_model_path, char *err, size_t errlen);
 void tok_free(tok_vocab *v);
 /* Write the vocabulary as a SentencePiece .model file (the same ModelProto tok_create builds), usable
- * with --tokenizer and by other SentencePiece tools. 0, or -1 with a message. */
+ * with --tokenizer and by other SentencePiece tools. The file is replaced whole (common/files.h:
+ * a link at path is replaced, not followed; a directory, FIFO or device is refused). 0, or -1 with
+ * a message. */
 int tok_export_model(const tok_vocab *v, const char *path, char *err, size_t errlen);
 
 int32_t tok_n_vocab(const tok_vocab *v);

@@ -117,7 +117,7 @@ static void gen(const char *shape, enum gen_mix mix, uint64_t seed, int threads,
                 char *path, size_t cap)
 {
     snprintf(path, cap, "%s/%s", dir, name);
-    gen_request r = { gen_find_shape(shape), mix, vocab, path, seed, 1, threads, NULL };
+    gen_request r = { gen_find_shape(shape), mix, vocab, path, seed, 1, threads, NULL, NULL };
     char err[600];
     cr_assert_eq(gen_model_write(&r, NULL, NULL, err, sizeof err), 0, "%s", err);
 }
@@ -289,7 +289,7 @@ Test(genmodel, refuses_a_vocabulary_that_is_not_sentencepiece_and_an_existing_fi
     cr_assert_eq(gguf_w_finish(w, err, sizeof err), 0, "%s", err);
     gguf_writer_free(w);
     snprintf(out, sizeof out, "%s/never.gguf", dir);
-    gen_request r = { gen_find_shape("tiny-llama"), GEN_F16, vocab, out, 0, 0, 1, NULL };
+    gen_request r = { gen_find_shape("tiny-llama"), GEN_F16, vocab, out, 0, 0, 1, NULL, NULL };
     cr_assert_eq(gen_model_write(&r, NULL, NULL, err, sizeof err), -1);
     cr_expect(strstr(err, "not SentencePiece"), "%s", err);
     cr_expect(access(out, F_OK) != 0);
@@ -317,7 +317,7 @@ Test(genmodel, an_abort_flag_stops_it_and_leaves_nothing)
     char out[300], err[600];
     snprintf(out, sizeof out, "%s/stopped.gguf", dir);
     stop_flag = 0;
-    gen_request r = { gen_find_shape("tiny-llama"), GEN_Q4_K_M, TINY "tiny-llama-f16.gguf", out, 0, 0, 2, &stop_flag };
+    gen_request r = { gen_find_shape("tiny-llama"), GEN_Q4_K_M, TINY "tiny-llama-f16.gguf", out, 0, 0, 2, &stop_flag, NULL };
     cr_assert_eq(gen_model_write(&r, stop_after_a_while, NULL, err, sizeof err), -3);
     cr_expect(strstr(err, "interrupted"), "%s", err);
     char cmd[400];

@@ -300,3 +300,57 @@ Test(gguf_write, unfinished_and_short_writes_leave_nothing_behind)
     cr_assert(strstr(err, "cannot create a file beside it"), "%s", err);
     gguf_writer_free(w);
 }
+
+/* Only a regular file or a link is ever replaced: a FIFO or a directory at the destination is refused
+ * before anything is written, with overwrite too, and stays what it was. */
+Test(gguf_write, a_fifo_or_directory_at_the_destination_is_refused_even_with_overwrite)
+{
+    char path[300], err[512];
+    const int64_t ne[1] = { 4 };
+    for (int kind = 0; kind < 2; kind++) {
+        snprintf(path, sizeof path, "%s/%s", dir, kind ? "adir.gguf" : "fifo.gguf");
+        cr_assert_eq(kind ? mkdir(path, 0700) : mkfifo(path, 0600), 0);
+        for (int overwrite = 0; overwrite < 2; overwrite++) {
+            gguf_writer *w = gguf_writer_create(0);
+            gguf_w_tensor(w, "x", 1, ne, GGML_TYPE_F32);
+            cr_expect_eq(gguf_w_begin(w, path, overwrite, err, sizeof err), -1);
+            cr_expect(strstr(err, path) && strstr(err, kind ? "is a directory" : "is a FIFO"), "%s", err);
+            gguf_writer_free(w);
+        }
+        struct stat st;
+        cr_assert(lstat(path, &st) == 0 && (kind ? S_ISDIR(st.st_mode) : S_ISFIFO(st.st_mode)));
+    }
+    cr_expect_eq(entries_in_dir(), 2, "no temporary file is left");
+}
+
+/* A stream (a pipe, standard output) gets the same bytes as a file: the writer never seeks. */
+Test(gguf_write, a_pipe_gets_the_bytes_a_file_gets)
+{
+    char path[300], spath[300], err[512], cmd[700];
+    snprintf(path, sizeof path, "%s/file.gguf", dir);
+    snprintf(spath, sizeof spath, "%s/piped.gguf", dir);
+    const int64_t ne[1] = { 40 };
+    float x[40];
+    for (int i = 0; i < 40; i++) x[i] = (float)i;
+    for (int s = 0; s < 2; s++) {
+        gguf_writer *w = gguf_writer_create(64);
+        gguf_w_str(w, "general.name", "s");
+        gguf_w_tensor(w, "x", 1, ne, GGML_TYPE_F32);
+        gguf_w_tensor(w, "y", 1, ne, GGML_TYPE_F32);
+        FILE *f = NULL;
+        if (s) {
+            snprintf(cmd, sizeof cmd, "cat > '%s'", spath);
+            cr_assert(f = popen(cmd, "w"));
+            cr_assert_eq(gguf_w_begin_stream(w, f, "a pipe", err, sizeof err), 0, "%s", err);
+        } else {
+            cr_assert_eq(gguf_w_begin(w, path, 0, err, sizeof err), 0, "%s", err);
+        }
+        cr_assert_eq(gguf_w_data(w, x, sizeof x, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(gguf_w_data(w, x, sizeof x, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(gguf_w_finish(w, err, sizeof err), 0, "%s", err);
+        gguf_writer_free(w);
+        if (s) cr_assert_eq(pclose(f), 0, "the stream is left open for its owner to close");
+    }
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", path, spath);
+    cr_expect_eq(system(cmd), 0, "the pipe's bytes differ from the file's");
+}

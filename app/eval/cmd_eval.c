@@ -25,9 +25,9 @@
 #include "app/commands.h"
 #include "app/eval/evalplot.h"
 #include "app/eval/evalres.h"
+#include "common/files.h"
 #include "engine/prompt.h"
 #include "app/eval/tasks.h"
-#include "common/files.h"
 
 static int split_list(const char *list, char out[][32], int max)
 {
@@ -505,27 +505,29 @@ static double cost(const char *task, int64_t ctx, const eval_cfg *c, int64_t n_p
     return (c->has_prefill ? (double)ctx : 0) + dec;
 }
 
-/* The CSV for appending: a new file gets the header; an old one must have this version's columns. */
+/* The CSV for appending: a new file gets the header; an old one must have this version's columns.
+ * Never through a link, never a FIFO or device (common/files.h). */
 static FILE *open_csv(const char *path, char *err, size_t errlen)
 {
-    FILE *chk = files_open_read(path, EVALRES_MAX_BYTES, "an eval CSV", err, errlen);
-    if (!chk && errno != ENOENT) return NULL;
-    if (chk) {
-        char line[1024] = "";
-        int empty = !fgets(line, sizeof line, chk);
-        fclose(chk);
-        if (!empty && strcmp(line, evalres_header)) {
-            snprintf(err, errlen, "%.400s has other columns (an older kvchat eval): give another --csv or --out", path);
-            return NULL;
-        }
-        FILE *f = fopen(path, "a");
-        if (!f) snprintf(err, errlen, "cannot append to %.400s: %s", path, strerror(errno));
-        else if (empty) fputs(evalres_header, f);
+    int fresh;
+    FILE *f = files_append(path, &fresh, err, errlen);
+    if (!f) return NULL;
+    if (fresh) {
+        fputs(evalres_header, f);
         return f;
     }
-    FILE *f = fopen(path, "w");
-    if (!f) snprintf(err, errlen, "cannot write %.400s: %s", path, strerror(errno));
-    else fputs(evalres_header, f);
+    FILE *chk = files_open_read(path, EVALRES_MAX_BYTES, "an eval CSV", err, errlen);
+    if (!chk) {
+        fclose(f);
+        return NULL;
+    }
+    char line[1024] = "";
+    if (!fgets(line, sizeof line, chk) || strcmp(line, evalres_header)) {
+        snprintf(err, errlen, "%.400s has other columns (an older kvchat eval): give another --csv or --out", path);
+        fclose(f);
+        f = NULL;
+    }
+    fclose(chk);
     return f;
 }
 
@@ -534,14 +536,17 @@ static int report(const eval_recs *rs, const char *dir, int n_depths, const char
 {
     char path[1024], err[600], made[1024];
     snprintf(path, sizeof path, "%s/summary.md", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        cli_err("eval: cannot write %s", path);
+    files_atomic fa;   /* replaced whole: a link there is replaced, not followed */
+    if (files_atomic_open(&fa, path, err, sizeof err)) {
+        cli_err("eval: %s", err);
         return -1;
     }
-    fprintf(f, "# kvchat eval summary\n\n%s\n\n", about);
-    evalres_summary_md(f, rs);
-    fclose(f);
+    fprintf(fa.f, "# kvchat eval summary\n\n%s\n\n", about);
+    evalres_summary_md(fa.f, rs);
+    if (files_atomic_commit(&fa, err, sizeof err)) {
+        cli_err("eval: %s", err);
+        return -1;
+    }
     if (evalplot_eval(rs, dir, n_depths, plot_budget, made, sizeof made, err, sizeof err)) {
         cli_err("eval: %s", err);
         return -1;
@@ -907,14 +912,15 @@ int cmd_eval(int argc, char **argv)
     memset(&it, 0, sizeof it);
     int rc = 1;
     if (csv_path[0]) {
-        if (evalres_read(csv_path, &E.recs, err, sizeof err) || !(E.out = open_csv(csv_path, err, sizeof err))) {
+        /* opened first: a FIFO or device there is refused before anything reads it */
+        if (!(E.out = open_csv(csv_path, err, sizeof err)) || evalres_read(csv_path, &E.recs, err, sizeof err)) {
             cli_err("eval: %s", err);
             goto done;
         }
         if (E.recs.n) fprintf(stderr, "eval: %s has %zu rows already: those runs are skipped\n", csv_path, E.recs.n);
     }
     if (open_runtime(&E, &o)) goto done;
-    cli_install_sigint();
+    cli_catch_stop_signals();
     /* characters per token of this filler (and of a task's own), so documents come out near the
      * asked lengths */
     size_t span = fl.len < 40000 ? fl.len : 40000;
@@ -936,7 +942,12 @@ int cmd_eval(int argc, char **argv)
     evalres_summary_md(stdout, &E.recs);
     rc = eo.out ? write_report(&E, eo.out, &eo, fl.source) : 0;
 done:
-    if (cli_interrupted) rc = 130;
+    if (cli_interrupted) rc = cli_interrupt_status();
+    if (E.out && files_close(E.out, csv_path, err, sizeof err)) {   /* rows lost to a full disk are a failure */
+        cli_err("eval: %s", err);
+        if (!rc) rc = 1;
+    }
+    E.out = NULL;
     close_runtime(&E);
     task_item_free(&it);
     free(I.ids);

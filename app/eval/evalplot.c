@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "common/files.h"
 #include "engine/policy/policy.h"
 
 /* gnuplot strings are single-quoted: a quote inside is doubled */
@@ -21,32 +22,42 @@ static void gp_str(FILE *g, const char *s)
     fputc('\'', g);
 }
 
-static FILE *gp_open(const char *png, int w, int h, char *err, size_t errlen)
+/* gnuplot draws into a new temporary file beside png, moved over png when it succeeds (common/files.h:
+ * a link at png is replaced, never followed; a FIFO or device is refused). */
+static FILE *gp_open(const char *png, files_atomic *fa, int w, int h, char *err, size_t errlen)
 {
+    for (const char *c = png; *c; c++)
+        if ((unsigned char)*c < 0x20) {   /* a newline would end gnuplot's command */
+            snprintf(err, errlen, "%s: gnuplot cannot write to a path holding control characters", png);
+            return NULL;
+        }
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
         snprintf(err, errlen, "gnuplot is not installed (apt-get install gnuplot-nox): no plots drawn");
         return NULL;
     }
+    if (files_atomic_open(fa, png, err, errlen)) return NULL;
     FILE *g = popen("gnuplot 2>/dev/null", "w");
     if (!g) {
         snprintf(err, errlen, "cannot run gnuplot");
+        files_atomic_abort(fa);
         return NULL;
     }
     fprintf(g, "set terminal pngcairo size %d,%d font 'sans,9'\nset output ", w, h);
-    gp_str(g, png);
+    gp_str(g, fa->tmp);
     fputc('\n', g);
     return g;
 }
 
-static int gp_close(FILE *g, const char *png, char *err, size_t errlen)
+static int gp_close(FILE *g, files_atomic *fa, const char *png, char *err, size_t errlen)
 {
     fputs("unset multiplot\nset output\n", g);
     int st = pclose(g);
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         snprintf(err, errlen, "%s: gnuplot failed", png);
+        files_atomic_abort(fa);
         return -1;
     }
-    return 0;
+    return files_atomic_commit(fa, err, errlen);
 }
 
 void evalplot_add(plot_series *s, int *ns, int max, const char *name, double x, double y)
@@ -109,11 +120,12 @@ int evalplot_lines(const char *png, const plot_panel *p, int n, int cols, char *
 {
     if (cols < 1) cols = 1;
     int rows = (n + cols - 1) / cols;
-    FILE *g = gp_open(png, 560 * (n < cols ? n : cols) + 180, 380 * rows, err, errlen);
+    files_atomic fa;
+    FILE *g = gp_open(png, &fa, 560 * (n < cols ? n : cols) + 180, 380 * rows, err, errlen);
     if (!g) return -1;
     fprintf(g, "set multiplot layout %d,%d\n", rows, cols);
     for (int i = 0; i < n; i++) panel(g, &p[i], i);
-    return gp_close(g, png, err, errlen);
+    return gp_close(g, &fa, png, err, errlen);
 }
 
 static int is_qa(const eval_rec *r)
@@ -266,7 +278,8 @@ static int heatmap(const eval_recs *rs, const char *png, const char *budget, int
     if (npol == 0) return 1;
     if (n_depths < 2) n_depths = 2;
     int cols = npol < 4 ? npol : 4, rows = (npol + cols - 1) / cols;
-    FILE *g = gp_open(png, 330 * cols, 300 * rows + 40, err, errlen);
+    files_atomic fa;
+    FILE *g = gp_open(png, &fa, 330 * cols, 300 * rows + 40, err, errlen);
     if (!g) return -1;
     fprintf(g, "set multiplot layout %d,%d title 'needle in a haystack: retrieved by depth and length, budget %s'\n",
             rows, cols, budget);
@@ -302,7 +315,7 @@ static int heatmap(const eval_recs *rs, const char *png, const char *budget, int
                    "$h%d using 1:2:(stringcolumn(4)) with labels notitle\n",
                 k, k);
     }
-    return gp_close(g, png, err, errlen);
+    return gp_close(g, &fa, png, err, errlen);
 }
 
 /* Decode tok/s, KV held and peak KV against length, a line per policy (at this budget, and the full

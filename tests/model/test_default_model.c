@@ -367,7 +367,7 @@ Test(default_model, gen_model_gemma3_270m_has_the_default_models_layout, .timeou
     char dir[] = "/tmp/kvchat-gen270-XXXXXX", path[300], err[600];
     cr_assert(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/g.gguf", dir);
-    gen_request r = { gen_find_shape("gemma3-270m"), GEN_Q4_K_M, model_path(), path, 1, 0, 0, NULL };
+    gen_request r = { gen_find_shape("gemma3-270m"), GEN_Q4_K_M, model_path(), path, 1, 0, 0, NULL, NULL };
     cr_assert_eq(gen_model_write(&r, NULL, NULL, err, sizeof err), 0, "%s", err);
     gguf_file *a, *b = M->gguf;
     cr_assert(gguf_open(&a, path, err, sizeof err) == 0, "%s", err);
