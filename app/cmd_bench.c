@@ -26,7 +26,8 @@
 static void cpu_name(char *buf, size_t cap)
 {
     snprintf(buf, cap, "unknown cpu");
-    FILE *f = fopen("/proc/cpuinfo", "r");
+    char e[300];
+    FILE *f = files_open_read("/proc/cpuinfo", (uint64_t)1 << 20, "a CPU description", e, sizeof e);
     if (!f) return;
     char line[512];
     while (fgets(line, sizeof line, f)) {
@@ -292,9 +293,10 @@ static int bench_snapshots(run *r, const char *budget, char specs[][256], int n_
 /* DIR/bench.png from the rows of this run (its date) in DIR/bench.csv. */
 static int bench_plot(const char *csv, const char *date, const char *png)
 {
-    FILE *f = fopen(csv, "r");
+    char e[1200];
+    FILE *f = files_open_read(csv, (uint64_t)1 << 30, "a bench CSV", e, sizeof e);
     if (!f) {
-        cli_err("bench: cannot read %s", csv);
+        cli_err("bench: %s", e);
         return 1;
     }
     enum { DATE, CTX, POLICY, PREFILL, DECODE, TTFT, PEAK, NCOL };

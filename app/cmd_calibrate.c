@@ -170,7 +170,7 @@ static int draw_plot(const char *png, const double *mh, const double *vh, int64_
             "plot '%s' using 1:2:($3 > 0 ? $3 : 1/0) with image notitle\nset output\n",
             out, title, (long long)n, t->page, xmax, ymax, t->h_mean, t->h_mean, ymax, t->h_var, xmax, t->h_var,
             t->quantile * 100, t->h_mean, t->h_var, dat);
-    if (pclose(gp) != 0 || !(f = fopen(out, "rb"))) goto done;
+    if (pclose(gp) != 0 || !(f = files_open_read(out, (uint64_t)256 << 20, "a plot", err, errlen))) goto done;
     files_atomic fa;
     if (files_atomic_open(&fa, png, err, errlen) == 0) {
         char buf[1 << 16];

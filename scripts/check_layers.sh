@@ -2,7 +2,7 @@
 # check_layers.sh - fail on an #include that goes up a layer (docs/ARCHITECTURE.md, "Layers"), on a
 # session file that reaches a concept above its own, and on the calls a grep can see that break the
 # layering: a front end reaching inside the session, a backend's or a policy's name compared outside
-# its own module.
+# its own module, or on a file read without the checked open.
 #
 # Every project include names its layer ("engine/kvcache.h"). From the bottom up:
 #   common/   block formats and half-precision conversion: includes only common/
@@ -101,6 +101,15 @@ while IFS= read -r hit; do
     echo "$hit: reaches inside the session (a sess_*_mut accessor)"
     bad=1
 done < <(git grep -nE '\bsess_[a-z_]*_mut\b' -- 'engine/*.[ch]' 'store/*.[ch]' 'ui/*.[ch]' 'app/*.[ch]' 'app/**/*.[ch]' || true)
+# Every file kvchat reads is opened through common/files.c (files_open_read: a regular file, a size
+# limit, a FIFO never waited on): no fopen for reading and no open(O_RDONLY) anywhere else.
+while IFS= read -r hit; do
+    [[ -z $hit ]] && continue
+    echo "$hit: reads a file without the checked open (common/files.h files_open_read)"
+    bad=1
+done < <(git grep -nE 'fopen\([^;]*"r|open\([^;]*O_RDONLY' -- 'common/*.[ch]' 'engine/*.[ch]' 'engine/*.cpp' \
+         'engine/policy/*.[ch]' 'store/*.[ch]' 'ui/*.[ch]' 'app/*.[ch]' 'app/**/*.[ch]' 'kernels/*.[ch]' \
+         'kernels/cpu/*.[ch]' ':!common/files.c' || true)
 
 [[ $bad -eq 0 ]] && echo "layers: every include names its layer and none goes up; no call reaches past a module"
 exit $bad
