@@ -35,8 +35,9 @@
 #include "kernels/backend.h"
 
 /* Small budgets, so the seeds' prefill and the decode steps after a restore evict (H2O), merge
- * (Chelsea) and compress (LASER-KV), and CHESS rebuilds its selection every page. */
-static const char *const SPECS[] = { "h2o:budget=0.4+chess:every=1",
+ * (Chelsea) and compress (LASER-KV); H2O keeps 4 pages and CHESS keeps 1 sink and 1 window page,
+ * so CHESS has candidates and saves a selection (with 3 pages or fewer it saves none). */
+static const char *const SPECS[] = { "h2o:budget=0.6+chess:every=1,window=1,chunk=2,grid=2",
                                      "laser:budget=0.5,block=64,probe=8+sentkv:budget=24,len=8,delta=4",
                                      "chelsea:budget=24,sinks=4,recent=8,gap=8,chunk=16" };
 #define N_SPECS (int)(sizeof SPECS / sizeof SPECS[0])
@@ -291,7 +292,7 @@ static int seq_untouched(seq *q)
 static void write_seed(seq *q, int k, const char *dir)
 {
     char err[512];
-    enum { N = 64, PREFILL = 56 };
+    enum { N = 64, PREFILL = 48 };
     int32_t toks[N];
     int32_t nv = m->hp.n_vocab;
     for (int i = 0; i < N; i++)
