@@ -219,83 +219,34 @@ Test(cli, unsupported_tensor_type_is_named)
     unlink(path);
 }
 
-/* The tiny Gemma model with one float hyperparameter set to v (found by its key in the metadata:
- * length, key, type F32, value). */
-static void expect_hparam_refused(const char *key, float v, const char *needle)
+/* The key and value set_hparam writes (patched_copy's edit takes no context). */
+static const char *hp_key;
+static float hp_value;
+
+/* One float hyperparameter set to hp_value, found by its key in the metadata: length, key, type
+ * F32, value. */
+static void set_hparam(unsigned char *buf, size_t n)
 {
-    FILE *f = fopen(TD "tiny/tiny-gemma3-f16.gguf", "rb");
-    cr_assert(f);
-    size_t cap = 64u << 20;
-    unsigned char *buf = malloc(cap);
-    size_t n = fread(buf, 1, cap, f);
-    fclose(f);
-    size_t kl = strlen(key);
+    size_t kl = strlen(hp_key);
     unsigned char *hit = NULL;
     for (size_t i = 8; i + kl + 8 < n && !hit; i++)
-        if (!memcmp(buf + i, key, kl) && buf[i - 8] == kl) hit = buf + i + kl;
-    cr_assert(hit, "%s not found in the file", key);
+        if (!memcmp(buf + i, hp_key, kl) && buf[i - 8] == kl) hit = buf + i + kl;
+    cr_assert(hit, "%s not found in the file", hp_key);
     uint32_t ty;
     memcpy(&ty, hit, 4);
-    cr_assert_eq(ty, 6u, "%s is not an F32", key);
-    memcpy(hit + 4, &v, 4);
-    char path[] = "/tmp/kvchat-hparam-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    cr_assert_eq(write(fd, buf, n), (ssize_t)n);
-    close(fd);
-    free(buf);
+    cr_assert_eq(ty, 6u, "%s is not an F32", hp_key);
+    memcpy(hit + 4, &hp_value, 4);
+}
+
+static void expect_hparam_refused(const char *key, float v, const char *needle)
+{
+    hp_key = key;
+    hp_value = v;
+    char *path = patched_copy(TD "tiny/tiny-gemma3-f16.gguf", set_hparam);
     char args[256];
     snprintf(args, sizeof args, "generate -t 1 -n 2 -m %s -f " TD "prompts/p1.txt", path);
     expect_one_line_error(args, needle);
     unlink(path);
-}
-
-/* ask (and chat) take the settings file's stop sequences and sampling settings, the command line
- * after them; the interface's own keys there are left alone. */
-Test(cli, ask_reads_the_settings_files_stop_and_sampling_keys, .timeout = 60)
-{
-    static char out[1 << 16], errb[1 << 16], plain[1 << 16];
-    char dir[] = "/tmp/kvchat-askcfg-XXXXXX", cfgdir[64], cfg[80];
-    cr_assert(mkdtemp(dir));
-    snprintf(cfgdir, sizeof cfgdir, "%s/kvchat", dir);
-    snprintf(cfg, sizeof cfg, "%s/config", cfgdir);
-    cr_assert(mkdir(cfgdir, 0700) == 0);
-    cr_assert(setenv("KVCHAT_TEST_CONFIG_HOME", dir, 1) == 0);
-#define ASKS "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p1.txt -q 'What?' --no-db -n 16"
-    cr_assert_eq(run(ASKS, plain, sizeof plain, errb, sizeof errb), 0, "%s", errb);
-    /* a stop sequence from the middle of the answer: the answer ends where it begins */
-    const char *w = plain + strlen(plain) / 2;
-    while (*w && !((*w >= 'a' && *w <= 'z') || (*w >= 'A' && *w <= 'Z'))) w++;
-    cr_assert(*w, "no word in the answer: %s", plain);
-    char word[8] = "";
-    size_t wl = 0;
-    while (wl < 4 && ((w[wl] >= 'a' && w[wl] <= 'z') || (w[wl] >= 'A' && w[wl] <= 'Z'))) word[wl] = w[wl], wl++;
-    const char *first = strstr(plain, word);
-    FILE *f = fopen(cfg, "w");
-    cr_assert(f);
-    fprintf(f, "# the interface's keys are not ask's\ncolor = off\nkey.help = ^G\npolicy = chess\nbudget = 0.2\n"
-               "stop = %s\n", word);
-    fclose(f);
-    cr_assert_eq(run(ASKS, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
-    cr_expect(!strstr(out, word) && !strncmp(out, plain, (size_t)(first - plain)),
-              "stop = %s: the answer went on: '%s' (without the setting: '%s')", word, out, plain);
-    cr_expect(strstr(errb, "policy full"), "policy is the interface's setting for new documents: %s", errb);
-    /* a bad sampling value is one line naming the file and line; the command line overrides the file */
-    f = fopen(cfg, "w");
-    cr_assert(f);
-    fputs("temperature = banana\n", f);
-    fclose(f);
-    expect_one_line_error(ASKS, "config:1: temperature");
-    f = fopen(cfg, "w");
-    cr_assert(f);
-    fputs("temperature = 1.5\nseed = 7\n", f);
-    fclose(f);
-    cr_assert_eq(run(ASKS " --temp 0", out, sizeof out, errb, sizeof errb), 0, "%s", errb);
-    cr_expect_str_eq(out, plain, "--temp 0 on the command line overrides the file's temperature");
-#undef ASKS
-    unlink(cfg);
-    rmdir(cfgdir);
-    rmdir(dir);
 }
 
 /* Hyperparameters out of range load today as NaN logits and empty answers: refused by name. */
