@@ -32,6 +32,7 @@ struct run {
     char load_note[256], warn[300];
     /* the last prefill and the decoding since it */
     int64_t prefill_tokens, decoded;
+    int64_t replayed;            /* positions rewinds evaluated again (sliding-window layers) */
     double prefill_s, decode_s;
 };
 
@@ -311,6 +312,7 @@ int run_rewind(run *r, int64_t pos, int64_t n_ids, char *err, size_t errlen)
     }
     int64_t got = fwd_rewind(r->f, pos);
     r->n_ids = n_ids;
+    if (got < pos) r->replayed += pos - got;
     /* what sliding-window layers no longer held is evaluated again (not recorded by the sampler) */
     if (got < pos && fwd_eval(r->f, r->ids + got, pos - got, r->logits, NULL, NULL, NULL, NULL, r->abort_flag, err,
                               errlen))
@@ -621,6 +623,7 @@ void run_get_figures(const run *r, run_figures *o)
         }
     }
     o->prefill_tokens = r->prefill_tokens;
+    o->replayed = r->replayed;
     o->prefill_s = r->prefill_s;
     o->prefill_tok_s = r->prefill_s > 0 ? (double)r->prefill_tokens / r->prefill_s : 0;
     o->decoded = r->decoded;

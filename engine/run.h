@@ -191,6 +191,7 @@ typedef struct run_figures {
     double attn_ms_per_step, select_ms_per_step;
     /* the last prefill, and the decoding since it (or since the last answer began) */
     int64_t prefill_tokens, decoded;
+    int64_t replayed;            /* positions rewinds had to evaluate again, since the run began */
     double prefill_s, decode_s, prefill_tok_s, decode_tok_s;
     /* the device backend's traffic so far (has_counters 0: none) */
     int has_counters;

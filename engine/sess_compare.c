@@ -117,11 +117,13 @@ int sess_compare(session *s, const char *const *specs_in, int n_in, const char *
     if (rc) goto out;
     memcpy(l0, run_logits(s->r), sizeof(float) * nv);
     run_save_sampler(s->r, s1);
-    run_set_floor(s->r, run_pos(s->r));   /* each column begins at the question's end, exactly */
+    /* each column begins at the question's end exactly, and the conversation goes back to before the
+     * question exactly too: the floor stays where it was (at or before turn_start), so the
+     * sliding-window layers keep what both rewinds need and nothing is evaluated again, which a
+     * Ctrl-C (the abort flag raised) could not have finished */
     for (int i = 0; i < n_spec && !rc && !sess_cancelled(s); i++)
         if ((rc = compare_column(s, i, n_spec, specs[i], l0, s1, &out[*n_out])) == SESS_OK) (*n_out)++;
-    /* the conversation goes on as before the comparison (replaying the sequence if the
-     * sliding-window layers no longer hold what the turn's start needs) */
+    /* the conversation goes on as before the comparison */
     int rr = run_rewind(s->r, turn_start, seq0, s->err, sizeof s->err);
     s->turns = turns0;
     run_set_floor(s->r, s->turns > 0 ? s->ans_start - 1 : turn_start);   /* where a regeneration rewinds to */

@@ -1,0 +1,166 @@
+/* test_sess_reuse.c - a conversation never reads text twice where it already has it: a comparison
+ * (finished or cancelled) leaves the cache where it was without evaluating anything again, a
+ * document read once is restored from its snapshot when it is opened again (same content, any
+ * path), and a switch back to a policy restores its older snapshot and reads only what came after.
+ * On the tiny Gemma model (sliding window 32), whose sliding-window layers drop what a later query
+ * no longer sees, with a real sqlite store. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/session.h"
+#include "store/persist.h"
+#include "store/store.h"
+
+#define TD "../shared/testdata/"
+#define MODEL TD "tiny/tiny-gemma3-q4_k_m.gguf"
+
+typedef struct fixture {
+    char dir[64], db_path[128], doc[128], copy[128];
+    store *db;
+    store_persist sp;
+} fixture;
+
+static void copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    cr_assert(in && out);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) cr_assert_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    cr_assert(fclose(out) == 0);
+}
+
+static void fixture_open(fixture *x)
+{
+    snprintf(x->dir, sizeof x->dir, "/tmp/kvchat-reuse-XXXXXX");
+    cr_assert(mkdtemp(x->dir));
+    snprintf(x->db_path, sizeof x->db_path, "%s/s.db", x->dir);
+    snprintf(x->doc, sizeof x->doc, "%s/doc.txt", x->dir);
+    snprintf(x->copy, sizeof x->copy, "%s/same-text.txt", x->dir);
+    copy_file(TD "prompts/p2.txt", x->doc);   /* about 850 tokens: many sliding windows long */
+    copy_file(TD "prompts/p2.txt", x->copy);
+    char err[600];
+    x->db = store_open(x->db_path, err, sizeof err);
+    cr_assert(x->db, "%s", err);
+    store_persist_init(&x->sp, x->db);
+}
+
+static void fixture_close(fixture *x)
+{
+    store_close(x->db);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", x->dir);
+    cr_expect(system(cmd) == 0);
+}
+
+/* A session on the tiny Gemma model: greedy, 8-token answers, pages of 8. */
+static session *open_session(const char *spec, const store_persist *sp)
+{
+    run_config rc;
+    memset(&rc, 0, sizeof rc);
+    rc.model_path = MODEL;
+    rc.device = BE_DEVICE_CPU;
+    rc.n_threads = 1;
+    rc.n_ctx = 4096;
+    rc.page_size = 8;
+    char err[600];
+    cr_assert(pol_parse(&rc.policy, spec, NULL, err, sizeof err) == 0, "%s", err);
+    rc.sp = samp_params_default();
+    rc.sp.temperature = 0;
+    run *r = run_create(&rc, err, sizeof err);
+    cr_assert(r, "%s", err);
+    sess_config c;
+    memset(&c, 0, sizeof c);
+    c.backtrack = 0;
+    c.n_predict = 8;
+    c.format = SESS_FORMAT_AUTO;
+    session *s = sess_create(r, &c, err, sizeof err);
+    cr_assert(s, "%s", err);
+    if (sp) cr_assert(sess_attach_store(s, &sp->ops) == 0, "%s", sess_error(s));
+    return s;
+}
+
+static void ask_ok(session *s, const char *q)
+{
+    int rc = sess_ask(s, q);
+    cr_assert(rc == SESS_OK, "ask '%s': %d %s", q, rc, sess_error(s));
+}
+
+static void expect_same_answer(const session *want, const session *s, const char *what)
+{
+    const sess_answer *a = sess_last_answer(want), *b = sess_last_answer(s);
+    cr_expect(a->n_ids == b->n_ids && !memcmp(a->ids, b->ids, sizeof(int32_t) * (size_t)a->n_ids),
+              "%s: the answers differ ('%s' against '%s')", what, b->text, a->text);
+}
+
+static int64_t replayed(const session *s)
+{
+    run_figures f;
+    run_get_figures(sess_run(s), &f);
+    return f.replayed;
+}
+
+static inline int64_t prefilled(const session *s)
+{
+    run_figures f;
+    run_get_figures(sess_run(s), &f);
+    return f.prefill_tokens;
+}
+
+static volatile sig_atomic_t stop_flag;
+static int stop_at_column = -1;
+static void stop_in_column(void *ud, int i, int n, const char *policy, int64_t tokens)
+{
+    (void)ud;
+    (void)n;
+    (void)policy;
+    if (i == stop_at_column && tokens >= 0) stop_flag = 1;
+}
+
+Test(reuse, a_comparison_finished_or_cancelled_leaves_the_cache_without_reading_it_again)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", &x.sp);
+    session *c = open_session("full", NULL);   /* the control never compares */
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
+    cr_assert(sess_open_document(c, x.doc, NULL, NULL, 0) == SESS_OK);
+    ask_ok(s, "What is it about?");
+    ask_ok(c, "What is it about?");
+    int64_t pos0 = run_pos(sess_run(s)), r0 = replayed(s);
+    const char *specs[] = { "quest", "chess" };
+    sess_compared out[8];
+    int n_out = 0;
+    cr_assert_eq(sess_compare(s, specs, 2, "Who wrote it?", out, &n_out), SESS_OK, "%s", sess_error(s));
+    cr_expect_eq(n_out, 3);
+    for (int i = 0; i < n_out; i++) free(out[i].text);
+    cr_expect_eq(run_pos(sess_run(s)), pos0, "the cache is back where the comparison began");
+    cr_expect_eq(replayed(s), r0, "%lld positions were evaluated again", (long long)(replayed(s) - r0));
+    /* Ctrl-C in the second column: the flag stays raised while the comparison unwinds */
+    sess_callbacks cb = { 0 };
+    cb.column = stop_in_column;
+    stop_flag = 0;
+    stop_at_column = 1;
+    sess_set_callbacks(s, &cb, &stop_flag);
+    cr_expect_eq(sess_compare(s, specs, 2, "Who wrote it?", out, &n_out), SESS_ECANCELLED, "%s", sess_error(s));
+    for (int i = 0; i < n_out; i++) free(out[i].text);
+    cr_expect(n_out >= 1 && n_out <= 2, "the third column never began (%d answers)", n_out);
+    cr_expect_eq(run_pos(sess_run(s)), pos0, "a cancelled comparison leaves the cache as it was");
+    cr_expect_eq(replayed(s), r0, "%lld positions were evaluated again", (long long)(replayed(s) - r0));
+    stop_flag = 0;
+    sess_set_callbacks(s, NULL, NULL);
+    /* and the conversation goes on exactly as the control's */
+    ask_ok(s, "Who wrote it?");
+    ask_ok(c, "Who wrote it?");
+    expect_same_answer(c, s, "after the comparisons");
+    cr_expect_eq(sess_last_answer(s)->prompt_tokens, sess_last_answer(c)->prompt_tokens,
+                 "only the question is read after the comparisons");
+    sess_free(c);
+    sess_free(s);
+    fixture_close(&x);
+}
