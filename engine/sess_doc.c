@@ -220,20 +220,19 @@ int sess_open_document(session *s, const char *given, const char *title, const c
     snap_sha256_bytes(text, len, sha);
     int32_t *ids = NULL;
     size_t n = 0;
-    if (!defer) {
-        /* the document alone, the way its turn continues with the first question; say whether it
-         * fits before spending time on it: a document is never cut */
-        if (prompt_document(run_model(s->r), sess_gemma_turns(s), text, &ids, &n, s->err, sizeof s->err)) {
-            free(text);
-            return SESS_EFAIL;
-        }
-        int64_t limit = run_n_ctx(s->r);
-        if ((int64_t)n + 64 > limit) {
-            free(ids);
-            free(text);
-            return sess_fail(s, SESS_ENOFIT, "%s is %zu tokens; the context holds %lld (use --ctx or a shorter document)",
-                             abs_path, n, (long long)limit);
-        }
+    /* the document alone, the way its turn continues with the first question; say whether it fits
+     * before spending time on it (a deferred one too: the interface says so at once, not at the
+     * first question): a document is never cut */
+    if (prompt_document(run_model(s->r), sess_gemma_turns(s), text, &ids, &n, s->err, sizeof s->err)) {
+        free(text);
+        return SESS_EFAIL;
+    }
+    int64_t limit = run_n_ctx(s->r);
+    if ((int64_t)n + (defer ? 0 : 64) > limit) {   /* deferred: the question's own check counts the rest */
+        free(ids);
+        free(text);
+        return sess_fail(s, SESS_ENOFIT, "%s is %zu tokens, longer than the context of %lld tokens%s (use --ctx or a "
+                         "shorter document)", abs_path, n, (long long)limit, defer ? "" : " with room to answer");
     }
     kept_conv kept;
     if (!defer && keep_conversation(s, &kept)) {
@@ -251,6 +250,7 @@ int sess_open_document(session *s, const char *given, const char *title, const c
     snprintf(s->doc_sha, sizeof s->doc_sha, "%s", sha);
     s->doc_tokens = (int64_t)n;
     if (defer) {
+        free(ids);
         s->pending_doc = text;
         s->have_doc = 1;
         return SESS_OK;

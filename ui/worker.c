@@ -48,6 +48,8 @@ struct ui_worker {
     double seen_at;              /* when they were last built */
     int keep_policy_once;        /* the next resume keeps the interface's policy */
     int done_posted;             /* the running job has posted its UW_DONE */
+    char sep[600];               /* the separator an open draws once it is under way */
+    int sep_pending;
 };
 
 static double now_s(void)
@@ -177,7 +179,20 @@ static void on_event(void *ud, const unc_event *e)
     post(ud, UW_EVENT, line, e->step, e->regenerated);
 }
 
-static void on_note(void *ud, const char *msg) { post(ud, UW_INFO, msg, 0, 0); }
+/* The separator a document's open draws, posted with the open's first note (or its end): a refused
+ * open draws none and leaves the conversation on the screen as it is. */
+static void post_pending_separator(ui_worker *w)
+{
+    if (!w->sep_pending) return;
+    w->sep_pending = 0;
+    post(w, UW_SEPARATOR, w->sep, 0, 0);
+}
+
+static void on_note(void *ud, const char *msg)
+{
+    post_pending_separator(ud);
+    post(ud, UW_INFO, msg, 0, 0);
+}
 
 static void on_past(void *ud, const char *role, const char *text)
 {
@@ -224,11 +239,24 @@ static void mark_map(ui_worker *w)
 static void job_open(ui_worker *w, const char *path)
 {
     const char *b = strrchr(path, '/');
-    char sep[600];
-    snprintf(sep, sizeof sep, "a new conversation: %.500s", b ? b + 1 : path);
-    post(w, UW_SEPARATOR, sep, 0, 0);
-    int rc = sess_open_document(w->s, path, NULL, NULL, 0);
+    snprintf(w->sep, sizeof w->sep, "a new conversation: %.500s", b ? b + 1 : path);
+    w->sep_pending = 1;
+    /* A prefill policy compresses what the prompt's end asks about: as in `ask`, the document waits
+     * for the first question and is prefilled with it, so the first answer is the one ask gives. */
+    char key[256];
+    sess_prefill_key(pol_set_spec(run_policies(sess_run(w->s))), key, sizeof key);
+    int defer = strcmp(key, POL_FULL) != 0;
+    int rc = sess_open_document(w->s, path, NULL, NULL, defer);
+    if (rc == SESS_OK) post_pending_separator(w);
+    w->sep_pending = 0;
     if (rc != SESS_OK) post(w, UW_ERROR, sess_error(w->s), 0, 0);
+    else if (defer) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%lld tokens; %.200s compresses with the question in view, so the document is "
+                 "read with your first question (follow-ups read what it kept for that one)",
+                 (long long)sess_document_tokens(w->s), key);
+        post(w, UW_INFO, msg, 0, 0);
+    }
     publish(w);
 }
 
