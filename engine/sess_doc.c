@@ -11,7 +11,7 @@
 #include "engine/document.h"
 #include "engine/prompt.h"
 #include "engine/snapshot.h"
-#include "engine/sess_store.h"
+#include "engine/sess_reuse.h"
 
 static const char *base_name(const char *p)
 {
@@ -164,15 +164,25 @@ char *sess_reload_document(session *s, const char *path, const char *want_sha, s
     return doc;
 }
 
-/* Prefill the document's tokens now (after the conversation it replaces was kept aside). */
+/* Prefill the document's tokens now (after the conversation it replaces was kept aside), or restore
+ * them from the snapshot of the same text read before under this policy. */
 static int prefill_document(session *s, const char *path, const int32_t *ids, size_t n, kept_conv *kept)
 {
     const model_hparams *hp = &run_model(s->r)->hp;
     uint64_t full = (uint64_t)n * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * 4u;
-    sess_note(s, "%.700s: %zu tokens of %lld, a full cache would need %.1f MiB; prefilling under %.250s", path, n,
-              (long long)run_n_ctx(s->r), (double)full / (1 << 20), pol_set_spec(run_policies(s->r))->text);
-    run_probe_is_question(s->r, 0);   /* no question yet: the probe is the document's end */
-    int rc = run_feed(s->r, ids, (int64_t)n, NULL, NULL, s->err, sizeof s->err);
+    double ms;
+    int restored = sess_restore_doc_snapshot(s, ids, (int64_t)n, &ms) == 0, rc = SESS_OK;
+    if (restored) {
+        char key[256];
+        sess_current_prefill_key(s, key, sizeof key);
+        sess_note(s, "%.700s: %zu tokens of %lld, read before: restored from its snapshot under %.200s in %.0f ms", path,
+                  n, (long long)run_n_ctx(s->r), key, ms);
+    } else {
+        sess_note(s, "%.700s: %zu tokens of %lld, a full cache would need %.1f MiB; prefilling under %.250s", path, n,
+                  (long long)run_n_ctx(s->r), (double)full / (1 << 20), pol_set_spec(run_policies(s->r))->text);
+        run_probe_is_question(s->r, 0);   /* no question yet: the probe is the document's end */
+        rc = run_feed(s->r, ids, (int64_t)n, NULL, NULL, s->err, sizeof s->err);
+    }
     if (rc) {
         char e[1100];
         snprintf(e, sizeof e, "%.1000s", rc == SESS_ECANCELLED ? "prefill cancelled" : s->err);
@@ -196,6 +206,7 @@ static int prefill_document(session *s, const char *path, const int32_t *ids, si
         snprintf(e, sizeof e, "%.1000s", s->err);
         return sess_fail(s, SESS_ESAVE, "this conversation is %.1100s", e);
     }
+    if (!restored) sess_save_doc_snapshot(s);   /* the next open of this text, here or in any session, restores it */
     return SESS_OK;
 }
 

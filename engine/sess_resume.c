@@ -7,6 +7,7 @@
 
 #include "engine/prompt.h"
 #include "engine/sess_doc.h"
+#include "engine/sess_reuse.h"
 #include "engine/sess_store.h"
 #include "engine/snapshot.h"
 #include "engine/tokenizer.h"
@@ -54,7 +55,7 @@ static int replay_conversation(session *s, const char *doc, const sess_message *
 }
 
 /* The turns of path from index first on (question, answer, ...) appended as their texts tokenize:
- * each question's continuation, then its answer. */
+ * each question's continuation (the first one's, after the document alone), then its answer. */
 static int append_turns(session *s, const sess_message *path, int first, int n_path)
 {
     const model *m = run_model(s->r);
@@ -64,7 +65,8 @@ static int append_turns(session *s, const sess_message *path, int first, int n_p
         size_t nq = 0, na = 0;
         const char *ans = path[i + 1].text;
         s->err[0] = 0;
-        if (prompt_continue(m, s->chat, path[i].text, &q, &nq, s->err, sizeof s->err) ||
+        if ((i == 0 ? prompt_first_question(m, sess_gemma_turns(s), 1, path[i].text, &q, &nq, s->err, sizeof s->err)
+                    : prompt_continue(m, s->chat, path[i].text, &q, &nq, s->err, sizeof s->err)) ||
             tok_encode(m->vocab, ans, strlen(ans), 0, 0, &a, &na, s->err, sizeof s->err) ||
             run_append(s->r, q, (int64_t)nq, s->err, sizeof s->err) ||
             run_append(s->r, a, (int64_t)na, s->err, sizeof s->err))
@@ -99,6 +101,30 @@ static int resume_from_older(session *s, int64_t sid, const sess_message *path, 
         return rc;
     }
     return SESS_ENOTFOUND;
+}
+
+/* The document's snapshot (the same text read before under this prefill policy, in any session) and
+ * the turns of path after it. SESS_ENOTFOUND when there is none; doc: the document's text. */
+static int resume_from_document(session *s, int64_t sid, const char *doc, const sess_message *path, int n_path)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (prompt_document(run_model(s->r), sess_gemma_turns(s), doc, &ids, &n, s->err, sizeof s->err)) return SESS_EFAIL;
+    double ms;
+    int got = sess_restore_doc_snapshot(s, ids, (int64_t)n, &ms);
+    free(ids);
+    if (got) return SESS_ENOTFOUND;
+    s->doc_tokens = (int64_t)n;
+    int64_t from = run_pos(s->r);
+    int rc = append_turns(s, path, 0, n_path);
+    sess_note(s, "session %lld: the document's snapshot restored (%lld tokens) in %.0f ms%s", (long long)sid,
+              (long long)from, ms, n_path >= 2 ? "; prefilling the turns after it" : "");
+    if (rc == SESS_OK && sess_seq_len(s) > run_pos(s->r)) rc = run_feed(s->r, NULL, 0, NULL, NULL, s->err, sizeof s->err);
+    if (rc) {
+        char e[64];
+        run_rewind(s->r, 0, 0, e, sizeof e);
+    }
+    return rc;
 }
 
 /* The stored conversation key, checked against this model, the document given and the format
@@ -280,6 +306,28 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
     snprintf(s->name, sizeof s->name, "%s", st.name);
     int replayed = 0, none = g > 0;   /* replayed: prefilled now, in whole or in part */
     if (g <= 0) rc = restore_stored(s, &st, g == 0 ? data : NULL, len, e, k, path, n_path, &replayed, &none);
+    else {   /* none after the last answer: an older one and the turns after it */
+        char why[300];
+        snprintf(why, sizeof why, "there is none under %.200s", k);
+        int r2 = resume_from_older(s, st.id, path, n_path, k, why);
+        if (r2 != SESS_ENOTFOUND) {
+            none = 0;
+            replayed = r2 == SESS_OK;
+            rc = r2;
+        }
+    }
+    if (none) {   /* else the document's snapshot, read before in any session, and the turns */
+        size_t dl = given_len;
+        char *doc = given ? given : sess_reload_document(s, st.doc_path, st.doc_sha, &dl, &rc);
+        int r2 = doc ? resume_from_document(s, st.id, doc, path, n_path) : SESS_ENOTFOUND;
+        if (doc && r2 != SESS_ENOTFOUND) {
+            none = 0;
+            replayed = r2 == SESS_OK && n_path >= 2;
+            rc = r2;
+        }
+        if (doc != given) free(doc);
+        rc = none ? SESS_OK : rc;
+    }
     if (none) {
         rc = prefill_stored(s, &st, given, given_len, path, n_path, o->defer, &replayed);
         given = NULL;

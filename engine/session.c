@@ -7,6 +7,7 @@
 
 #include "engine/prompt.h"
 #include "engine/sess_doc.h"
+#include "engine/sess_reuse.h"
 #include "engine/sess_store.h"
 #include "engine/sess_turns.h"
 #include "engine/tokenizer.h"
@@ -160,10 +161,38 @@ static int rebuild_cache(session *s, const char *newkey, const void *s0)
     free(data);
     if (got == 0) sess_note(s, "the snapshot under %s is not usable (%s); prefilling instead", newkey, s->err);
     if (got < 0) sess_note(s, "the snapshot under %s cannot be read (%s); prefilling instead", newkey, e);
+    /* an older state under this policy (an earlier answer's snapshot, or the document's) and the
+     * tokens after it: what the conversation read under it before is not read again */
+    int64_t n_ids;
+    const int32_t *ids = run_tokens(s->r, &n_ids);
+    int32_t *want = malloc(sizeof(int32_t) * (size_t)(n_ids > 0 ? n_ids : 1));
+    if (!want) return sess_fail(s, SESS_EFAIL, "out of memory");
+    memcpy(want, ids, sizeof(int32_t) * (size_t)n_ids);
+    int64_t from = 0;
+    char what[128];
+    int rc = sess_rebuild_from_stored(s, s->leaf, want, n_ids, P, &from, what, sizeof what);
+    if (rc == SESS_OK) {
+        free(want);
+        run_load_sampler(s->r, s0);
+        sess_note(s, "policy %s: %s under %s restored (%lld tokens) and the %lld after it read, in %.1f s", now, what,
+                  newkey, (long long)from, (long long)(P - from), run_clock_s() - t0);
+        size_t sl;
+        if (s->have_db && s->leaf && sess_save_snapshot(s, s->leaf, &sl) == 0)
+            sess_note(s, "its snapshot is saved: switching back to %s later is instant", newkey);
+        return SESS_OK;
+    }
+    if (rc != 1) {   /* the caller puts the old policy and cache back */
+        free(want);
+        return rc;
+    }
+    /* nothing stored: the whole sequence read again, its waiting ids waiting as before */
     sess_note(s, "policy %s: no snapshot of this conversation under %s; prefilling its %lld tokens again", now, newkey,
               (long long)P);
     run_probe_is_question(s->r, s->turns > 0);
-    int rc = run_prefill_again(s->r, s->err, sizeof s->err);
+    rc = run_append(s->r, want, P, s->err, sizeof s->err) ? SESS_EFAIL : run_feed(s->r, NULL, 0, NULL, NULL, s->err,
+                                                                                 sizeof s->err);
+    if (!rc && n_ids > P && run_append(s->r, want + P, n_ids - P, s->err, sizeof s->err)) rc = SESS_EFAIL;
+    free(want);
     if (rc) return rc;
     run_load_sampler(s->r, s0);
     char d[1024];

@@ -99,6 +99,13 @@ typedef struct sess_persist {
                         size_t errlen);
     int (*put_snapshot)(void *ud, int64_t session, int64_t message, const char *key, int64_t n_tokens,
                         const void *data, size_t len, char *err, size_t errlen);
+    /* A document's cache right after it was read, filed by its content (doc_sha) and key (prefill
+     * policy and prompt form), so every conversation about the same text starts from it. Either may
+     * be NULL (the store keeps none); put needs the conversation about it stored first. */
+    int (*get_doc_snapshot)(void *ud, const char *doc_sha, const char *key, void **data, size_t *len, char *err,
+                            size_t errlen);
+    int (*put_doc_snapshot)(void *ud, const char *doc_sha, const char *key, int64_t n_tokens, const void *data,
+                            size_t len, char *err, size_t errlen);
 } sess_persist;
 
 void sess_messages_free(sess_message *m, int n);

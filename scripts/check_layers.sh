@@ -15,7 +15,7 @@
 #             synthetic.h (the synthetic benchmark's request)
 # tests/, fuzz/ and bench/ may include anything. Prints each offending line; exit 1 if any.
 #
-# The session's files (engine/sess_priv.h) depend one way: sess_store.c, then sess_doc.c, then
+# The session's files (engine/sess_priv.h) depend one way: sess_store.c, then sess_reuse.c, then sess_doc.c, then
 # sess_turns.c, then sess_resume.c, sess_compare.c and session.c; each includes only the private
 # headers of the files before it, and nothing outside them includes those headers.
 set -euo pipefail
@@ -37,12 +37,12 @@ allowed() { # layer of the including file, included path
 }
 
 # The session's private headers in the order its files depend on them.
-SESS_ORDER=(engine/sess_priv.h engine/sess_store.h engine/sess_doc.h engine/sess_turns.h)
-sess_rank() { # rank of a private header or of a session file (4: the files on top), -1 for others
+SESS_ORDER=(engine/sess_priv.h engine/sess_store.h engine/sess_reuse.h engine/sess_doc.h engine/sess_turns.h)
+sess_rank() { # rank of a private header or of a session file (5: the files on top), -1 for others
     local x=$1
     [[ $x == *.c ]] && x=${x%.c}.h
     for i in "${!SESS_ORDER[@]}"; do [[ ${SESS_ORDER[$i]} == "$x" ]] && { echo "$i"; return; }; done
-    case "$1" in engine/sess_resume.c | engine/sess_compare.c | engine/session.c) echo 4 ;; *) echo -1 ;; esac
+    case "$1" in engine/sess_resume.c | engine/sess_compare.c | engine/session.c) echo 5 ;; *) echo -1 ;; esac
 }
 
 bad=0

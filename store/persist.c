@@ -178,12 +178,27 @@ static int p_put_snapshot(void *ud, int64_t sid, int64_t message, const char *ke
     return store_snapshot_put(p->db, sid, message, key, n_tokens, data, len, &id) ? db_fail(p, err, errlen) : 0;
 }
 
+static int p_get_doc_snapshot(void *ud, const char *doc_sha, const char *key, void **data, size_t *len, char *err,
+                              size_t errlen)
+{
+    store_persist *p = ud;
+    int g = store_doc_snapshot_get(p->db, p->model_id, doc_sha, key, data, len);
+    return g < 0 ? db_fail(p, err, errlen) : g;
+}
+
+static int p_put_doc_snapshot(void *ud, const char *doc_sha, const char *key, int64_t n_tokens, const void *data,
+                              size_t len, char *err, size_t errlen)
+{
+    store_persist *p = ud;
+    return store_doc_snapshot_put(p->db, p->model_id, doc_sha, key, n_tokens, data, len) ? db_fail(p, err, errlen) : 0;
+}
+
 void store_persist_init(store_persist *p, store *db)
 {
     memset(p, 0, sizeof *p);
     p->db = db;
     p->ops = (sess_persist){ p, p_model, p_find, p_create, p_latest, p_path, p_add_message, p_add_events,
-                             p_get_snapshot, p_put_snapshot };
+                             p_get_snapshot, p_put_snapshot, p_get_doc_snapshot, p_put_doc_snapshot };
 }
 
 static const char *base_name(const char *s)

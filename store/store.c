@@ -129,7 +129,8 @@ static void copy_col(sqlite3_stmt *st, int c, char *dst, size_t cap)
 /* Chunks no snapshot refers to any more (after snapshots or sessions were deleted). */
 static int drop_orphan_chunks(store *s, const char *what)
 {
-    return exec_sql(s, "DELETE FROM chunks WHERE NOT EXISTS (SELECT 1 FROM snapshot_chunks sc WHERE sc.hash = chunks.hash)",
+    return exec_sql(s, "DELETE FROM chunks WHERE NOT EXISTS (SELECT 1 FROM snapshot_chunks sc WHERE sc.hash = chunks.hash) "
+                    "AND NOT EXISTS (SELECT 1 FROM document_snapshot_chunks dc WHERE dc.hash = chunks.hash)",
                     what);
 }
 
@@ -233,6 +234,27 @@ static const char *const migrations[] = {
     "  PRIMARY KEY (snapshot_id, off)) WITHOUT ROWID;"
     "CREATE INDEX snapshot_chunks_hash ON snapshot_chunks(hash);"
     "ALTER TABLE snapshots ADD COLUMN stored INTEGER;",
+    /* 3: a document's cache right after it was read, shared by content: any conversation about the
+     * same text (any path, any session) under the same prefill policy and prompt form starts from it
+     * instead of reading the document again. Its pages are chunks like a snapshot's. */
+    "CREATE TABLE document_snapshots ("
+    "  id INTEGER PRIMARY KEY,"
+    "  document_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,"
+    "  prefill_policy TEXT NOT NULL,"
+    "  n_tokens INTEGER NOT NULL,"
+    "  bytes INTEGER NOT NULL,"
+    "  data BLOB NOT NULL,"
+    "  stored INTEGER,"
+    "  created_at INTEGER NOT NULL,"
+    "  used_at INTEGER NOT NULL,"
+    "  UNIQUE (document_id, prefill_policy));"
+    "CREATE TABLE document_snapshot_chunks ("
+    "  snapshot_id INTEGER NOT NULL REFERENCES document_snapshots(id) ON DELETE CASCADE,"
+    "  off INTEGER NOT NULL,"
+    "  bytes INTEGER NOT NULL,"
+    "  hash TEXT NOT NULL REFERENCES chunks(hash),"
+    "  PRIMARY KEY (snapshot_id, off)) WITHOUT ROWID;"
+    "CREATE INDEX document_snapshot_chunks_hash ON document_snapshot_chunks(hash);",
 };
 
 static int schema_version(store *s)
@@ -747,9 +769,20 @@ static int write_blob(store *s, const char *table, int64_t rowid, const void *da
     return sqlite3_blob_close(b) != SQLITE_OK ? fail(s, "saving the snapshot") : 0;
 }
 
+/* Where a kind of snapshot lives: its rows, and where each of its pages goes back. */
+typedef struct snap_tables {
+    const char *rows, *refs;
+} snap_tables;
+static const snap_tables CONV_SNAPS = { "snapshots", "snapshot_chunks" };
+static const snap_tables DOC_SNAPS = { "document_snapshots", "document_snapshot_chunks" };
+
 /* The snapshot's pages as shared chunks, the rest as its row's data. */
-static int put_chunked(store *s, int64_t id, const char *data, size_t len, const snap_range *r, int64_t nr)
+static int put_chunked(store *s, const snap_tables *t, int64_t id, const char *data, size_t len, const snap_range *r,
+                       int64_t nr)
 {
+    char sql_skel[128], sql_ref[160];
+    snprintf(sql_skel, sizeof sql_skel, "UPDATE %s SET data = zeroblob(?), stored = ? WHERE id = ?", t->rows);
+    snprintf(sql_ref, sizeof sql_ref, "INSERT INTO %s (snapshot_id, off, bytes, hash) VALUES (?, ?, ?, ?)", t->refs);
     size_t skel = len;
     for (int64_t i = 0; i < nr; i++) skel -= r[i].len;
     char *sk = malloc(skel > 0 ? skel : 1);
@@ -764,10 +797,8 @@ static int put_chunked(store *s, int64_t id, const char *data, size_t len, const
         o += end - at;
         if (i < nr) at = r[i].off + r[i].len;
     }
-    int bad = exec_stmt(s, prep(s, "UPDATE snapshots SET data = zeroblob(?), stored = ? WHERE id = ?", "iii",
-                                (int64_t)skel, (int64_t)skel, id),
-                        "saving the snapshot") ||
-              write_blob(s, "snapshots", id, sk, skel);
+    int bad = exec_stmt(s, prep(s, sql_skel, "iii", (int64_t)skel, (int64_t)skel, id), "saving the snapshot") ||
+              write_blob(s, t->rows, id, sk, skel);
     free(sk);
     /* a page already stored under this hash is compared and, when its bytes differ (damaged on disk,
      * or written over by hand), replaced: a corrupt page never outlives the next snapshot that holds
@@ -775,8 +806,7 @@ static int put_chunked(store *s, int64_t id, const char *data, size_t len, const
     sqlite3_stmt *ins = bad ? NULL : prep(s, "INSERT INTO chunks (hash, data) VALUES (?, ?) ON CONFLICT(hash) DO "
                                              "UPDATE SET data = excluded.data WHERE chunks.data IS NOT excluded.data",
                                           NULL);
-    sqlite3_stmt *ref = bad ? NULL : prep(s, "INSERT INTO snapshot_chunks (snapshot_id, off, bytes, hash) VALUES (?, ?, ?, ?)",
-                                          NULL);
+    sqlite3_stmt *ref = bad ? NULL : prep(s, sql_ref, NULL);
     if (!bad && (!ins || !ref)) bad = 1;
     for (int64_t i = 0; !bad && i < nr; i++) {
         char hash[65];
@@ -822,7 +852,8 @@ int store_snapshot_put(store *s, int64_t session, int64_t message, const char *p
                             chunked ? (int64_t)0 : (int64_t)len, (int64_t)len, now_s());
     if (exec_stmt(s, st, "saving the snapshot")) goto rollback;
     *id = sqlite3_last_insert_rowid(s->db);
-    if (chunked ? put_chunked(s, *id, data, len, r, nr) : write_blob(s, "snapshots", *id, data, len)) goto rollback;
+    if (chunked ? put_chunked(s, &CONV_SNAPS, *id, data, len, r, nr) : write_blob(s, "snapshots", *id, data, len))
+        goto rollback;
     if (replaced && drop_orphan_chunks(s, "saving the snapshot")) goto rollback;
     if (exec_sql(s, "COMMIT", "saving the snapshot")) goto rollback;
     free(r);
@@ -834,14 +865,18 @@ rollback:
 }
 
 /* The row's data: the whole snapshot, or its skeleton with the pages put back at their offsets. */
-static int read_snapshot(store *s, int64_t rowid, int64_t bytes, void **data, size_t *len)
+static int read_snapshot(store *s, const snap_tables *t, int64_t rowid, int64_t bytes, void **data, size_t *len)
 {
+    char sql_refs[200];
+    snprintf(sql_refs, sizeof sql_refs,
+             "SELECT sc.off, sc.bytes, c.data FROM %s sc JOIN chunks c ON c.hash = sc.hash WHERE sc.snapshot_id = ? "
+             "ORDER BY sc.off", t->refs);
     sqlite3_blob *b;
     if (bytes < 0 || bytes > 0x7fffffff) {
         snprintf(s->err, sizeof s->err, "the snapshot's row says %lld bytes", (long long)bytes);
         return -1;
     }
-    if (sqlite3_blob_open(s->db, "main", "snapshots", "data", rowid, 0, &b) != SQLITE_OK)
+    if (sqlite3_blob_open(s->db, "main", t->rows, "data", rowid, 0, &b) != SQLITE_OK)
         return fail(s, "reading the snapshot");
     int skel = sqlite3_blob_bytes(b);
     char *p = malloc((size_t)(bytes > 0 ? bytes : 1)), *sk = malloc((size_t)(skel > 0 ? skel : 1));
@@ -865,10 +900,7 @@ static int read_snapshot(store *s, int64_t rowid, int64_t bytes, void **data, si
         off += k;
     }
     sqlite3_blob_close(b);
-    sqlite3_stmt *st = prep(s,
-                            "SELECT sc.off, sc.bytes, c.data FROM snapshot_chunks sc JOIN chunks c ON c.hash = sc.hash "
-                            "WHERE sc.snapshot_id = ? ORDER BY sc.off",
-                            "i", rowid);
+    sqlite3_stmt *st = prep(s, sql_refs, "i", rowid);
     int64_t at = 0, k = 0;   /* bytes of the snapshot put together, of the skeleton used */
     int rc = st ? 0 : -1, step;
     while (rc == 0 && (step = sqlite3_step(st)) == SQLITE_ROW) {
@@ -914,7 +946,7 @@ static int snapshot_query(store *s, sqlite3_stmt *st, int64_t *message, void **d
     int64_t rowid = sqlite3_column_int64(st, 0), bytes = sqlite3_column_int64(st, 1);
     if (message) *message = sqlite3_column_int64(st, 2);
     sqlite3_finalize(st);
-    return read_snapshot(s, rowid, bytes, data, len);
+    return read_snapshot(s, &CONV_SNAPS, rowid, bytes, data, len);
 }
 
 int store_snapshot_get(store *s, int64_t message, const char *prefill_policy, void **data, size_t *len)
@@ -934,6 +966,88 @@ int store_snapshot_latest(store *s, int64_t session, const char *prefill_policy,
                                "ORDER BY message_id DESC, id DESC LIMIT 1",
                                "it", session, prefill_policy),
                           message, data, len);
+}
+
+/* The document's row for this model (its id; 1 when the model never read that text). */
+static int document_id(store *s, int64_t model_id, const char *doc_sha, int64_t *id)
+{
+    sqlite3_stmt *st = prep(s, "SELECT id FROM documents WHERE model_id = ? AND sha256 = ?", "it", model_id, doc_sha);
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) *id = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? 1 : fail(s, "reading the documents");
+}
+
+int store_doc_snapshot_put(store *s, int64_t model_id, const char *doc_sha, const char *key, int64_t n_tokens,
+                           const void *data, size_t len)
+{
+    if (len > 0x7fffffff) {
+        snprintf(s->err, sizeof s->err, "saving the snapshot: %zu bytes is more than sqlite's 2 GiB blob limit", len);
+        return -1;
+    }
+    int64_t doc = 0;
+    int d = document_id(s, model_id, doc_sha, &doc);
+    if (d) {
+        if (d > 0) snprintf(s->err, sizeof s->err, "saving the snapshot: the document is not in the database");
+        return -1;
+    }
+    snap_range *r = NULL;
+    int64_t nr = 0;
+    int chunked = snap_page_ranges(data, len, &r, &nr) == 0 && nr > 0;
+    if (exec_sql(s, "BEGIN IMMEDIATE", "saving the snapshot")) {
+        free(r);
+        return -1;
+    }
+    if (exec_stmt(s, prep(s, "DELETE FROM document_snapshots WHERE document_id = ? AND prefill_policy = ?", "it", doc,
+                          key),
+                  "saving the snapshot"))
+        goto rollback;
+    int replaced = sqlite3_changes(s->db) > 0;
+    int64_t now = now_s();
+    if (exec_stmt(s,
+                  prep(s,
+                       "INSERT INTO document_snapshots (document_id, prefill_policy, n_tokens, bytes, data, stored, "
+                       "created_at, used_at) VALUES (?, ?, ?, ?, zeroblob(?), ?, ?, ?)",
+                       "itiiiiii", doc, key, n_tokens, (int64_t)len, chunked ? (int64_t)0 : (int64_t)len, (int64_t)len,
+                       now, now),
+                  "saving the snapshot"))
+        goto rollback;
+    int64_t id = sqlite3_last_insert_rowid(s->db);
+    if (chunked ? put_chunked(s, &DOC_SNAPS, id, data, len, r, nr) : write_blob(s, DOC_SNAPS.rows, id, data, len))
+        goto rollback;
+    if (replaced && drop_orphan_chunks(s, "saving the snapshot")) goto rollback;
+    if (exec_sql(s, "COMMIT", "saving the snapshot")) goto rollback;
+    free(r);
+    return 0;
+rollback:
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    free(r);
+    return -1;
+}
+
+int store_doc_snapshot_get(store *s, int64_t model_id, const char *doc_sha, const char *key, void **data, size_t *len)
+{
+    sqlite3_stmt *st = prep(s,
+                            "SELECT ds.id, ds.bytes FROM document_snapshots ds JOIN documents d ON d.id = ds.document_id "
+                            "WHERE d.model_id = ? AND d.sha256 = ? AND ds.prefill_policy = ?",
+                            "itt", model_id, doc_sha, key);
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        sqlite3_finalize(st);
+        return rc == SQLITE_DONE ? 1 : fail(s, "reading the snapshot");
+    }
+    int64_t rowid = sqlite3_column_int64(st, 0), bytes = sqlite3_column_int64(st, 1);
+    sqlite3_finalize(st);
+    if (read_snapshot(s, &DOC_SNAPS, rowid, bytes, data, len)) return -1;
+    /* when it was last used: what a size limit keeps longest (a read-only database keeps the old time) */
+    sqlite3_stmt *u = prep(s, "UPDATE document_snapshots SET used_at = ? WHERE id = ?", "ii", now_s(), rowid);
+    if (u) {
+        sqlite3_step(u);
+        sqlite3_finalize(u);
+    }
+    return 0;
 }
 
 int store_prune(store *s, int64_t session, int64_t *removed)

@@ -107,6 +107,12 @@ int store_snapshot_put(store *s, int64_t session, int64_t message, const char *p
                        const void *data, size_t len, int64_t *id);
 /* The snapshot taken after message for that prefill policy; 1 when there is none. data is malloc'd. */
 int store_snapshot_get(store *s, int64_t message, const char *prefill_policy, void **data, size_t *len);
+/* A document's cache right after it was read (documents: one per model and text), under key (the
+ * prefill policy and prompt form): shared by every conversation about the same text. put needs the
+ * document's row (a conversation about it was stored); get: 1 when there is none. */
+int store_doc_snapshot_put(store *s, int64_t model_id, const char *doc_sha, const char *key, int64_t n_tokens,
+                           const void *data, size_t len);
+int store_doc_snapshot_get(store *s, int64_t model_id, const char *doc_sha, const char *key, void **data, size_t *len);
 /* The newest snapshot of the session for that prefill policy (its message in *message). */
 int store_snapshot_latest(store *s, int64_t session, const char *prefill_policy, int64_t *message, void **data,
                           size_t *len);

@@ -105,7 +105,7 @@ static int64_t replayed(const session *s)
     return f.replayed;
 }
 
-static inline int64_t prefilled(const session *s)
+static int64_t prefilled(const session *s)
 {
     run_figures f;
     run_get_figures(sess_run(s), &f);
@@ -161,6 +161,84 @@ Test(reuse, a_comparison_finished_or_cancelled_leaves_the_cache_without_reading_
     cr_expect_eq(sess_last_answer(s)->prompt_tokens, sess_last_answer(c)->prompt_tokens,
                  "only the question is read after the comparisons");
     sess_free(c);
+    sess_free(s);
+    fixture_close(&x);
+}
+
+static char notes[8192];   /* the notes since they were last cleared, one a line */
+static void keep_note(void *ud, const char *msg)
+{
+    (void)ud;
+    size_t n = strlen(notes);
+    snprintf(notes + n, sizeof notes - n, "%s\n", msg);
+}
+
+static void listen(session *s)
+{
+    static sess_callbacks cb;
+    memset(&cb, 0, sizeof cb);
+    cb.note = keep_note;
+    notes[0] = 0;
+    sess_set_callbacks(s, &cb, NULL);
+}
+
+Test(reuse, a_document_read_once_is_restored_when_the_same_text_is_opened_again)
+{
+    fixture x;
+    fixture_open(&x);
+    session *a = open_session("full", &x.sp);
+    cr_assert(sess_open_document(a, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(a));
+    cr_expect_gt(prefilled(a), 800, "the first open reads the document");
+    ask_ok(a, "What is it about?");
+    /* another file with the same text, in another session object: nothing is read */
+    session *b = open_session("full", &x.sp);
+    listen(b);
+    cr_assert(sess_open_document(b, x.copy, NULL, NULL, 0) == SESS_OK, "%s", sess_error(b));
+    cr_expect_eq(prefilled(b), 0, "the same text was read again (%lld tokens)", (long long)prefilled(b));
+    cr_expect(strstr(notes, "read before: restored from its snapshot under full"), "notes: %s", notes);
+    cr_expect_eq(run_pos(sess_run(b)), sess_document_tokens(b));
+    ask_ok(b, "What is it about?");
+    expect_same_answer(a, b, "from the document's snapshot");
+    /* a session opened and left without a question resumes from it too */
+    session *c = open_session("full", &x.sp);
+    cr_assert(sess_open_document(c, x.doc, NULL, "left-alone", 0) == SESS_OK, "%s", sess_error(c));
+    sess_free(c);
+    c = open_session("full", &x.sp);
+    listen(c);
+    sess_resume_opts o = { 0, 0, SESS_FORMAT_AUTO, NULL };
+    cr_assert(sess_resume(c, "left-alone", &o) == SESS_OK, "%s", sess_error(c));
+    cr_expect_eq(prefilled(c), 0, "the resumed document was read again (%lld tokens)", (long long)prefilled(c));
+    cr_expect(strstr(notes, "the document's snapshot restored"), "notes: %s", notes);
+    ask_ok(c, "What is it about?");
+    expect_same_answer(a, c, "resumed from the document's snapshot");
+    /* under another prefill policy the document is read (its cache differs) */
+    session *d = open_session("snapkv:budget=0.5", &x.sp);
+    cr_assert(sess_open_document(d, x.copy, NULL, NULL, 0) == SESS_OK, "%s", sess_error(d));
+    cr_expect_gt(prefilled(d), 800, "snapkv's cache is not full's");
+    sess_free(d);
+    sess_free(c);
+    sess_free(b);
+    sess_free(a);
+    fixture_close(&x);
+}
+
+Test(reuse, switching_back_to_a_policy_reads_only_what_came_after_its_last_snapshot)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", &x.sp);
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(s));
+    ask_ok(s, "What is it about?");
+    cr_assert(sess_set_policy(s, "snapkv:budget=0.5", NULL) == SESS_OK, "%s", sess_error(s));
+    ask_ok(s, "Who wrote it?");
+    int64_t total = run_pos(sess_run(s));
+    listen(s);
+    cr_assert(sess_set_policy(s, "full", NULL) == SESS_OK, "%s", sess_error(s));
+    cr_expect(strstr(notes, "the snapshot after answer 1 under full restored"), "notes: %s", notes);
+    cr_expect_eq(run_pos(sess_run(s)), total, "the cache holds the whole conversation");
+    cr_expect_gt(prefilled(s), 0);
+    cr_expect_lt(prefilled(s), 100, "%lld of %lld tokens read again", (long long)prefilled(s), (long long)total);
+    ask_ok(s, "And then?");
     sess_free(s);
     fixture_close(&x);
 }
