@@ -571,8 +571,12 @@ int store_session_delete(store *s, int64_t id)
         snprintf(s->err, sizeof s->err, "no session %lld", (long long)id);
         goto rollback;
     }
-    /* the pages only this session's snapshots held go too; the file keeps its size until a vacuum */
-    if (drop_orphan_chunks(s, "deleting the session") || exec_sql(s, "COMMIT", "deleting the session")) goto rollback;
+    /* a document no session is about any more takes its snapshots along; then the pages only this
+     * session's snapshots held go too; the file keeps its size until a vacuum */
+    if (exec_sql(s, "DELETE FROM document_snapshots WHERE NOT EXISTS (SELECT 1 FROM sessions ss WHERE ss.document_id "
+                    "= document_snapshots.document_id)", "deleting the session") ||
+        drop_orphan_chunks(s, "deleting the session") || exec_sql(s, "COMMIT", "deleting the session"))
+        goto rollback;
     return 0;
 rollback:
     sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);

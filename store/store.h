@@ -17,7 +17,7 @@
 
 typedef struct store store;
 
-#define STORE_SCHEMA_VERSION 2
+#define STORE_SCHEMA_VERSION 3
 
 /* kvchat's data directory: $XDG_DATA_HOME/kvchat, else ~/.local/share/kvchat (created when asked).
  * 0, or -1 when neither variable is set or it cannot be created. */
