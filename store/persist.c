@@ -101,6 +101,16 @@ static int p_find(void *ud, const char *key, sess_stored *out, char *err, size_t
 static int p_create(void *ud, const sess_stored *s, int64_t doc_tokens, int64_t *id, char *err, size_t errlen)
 {
     store_persist *p = ud;
+    /* the same document opened again while the newest session about it has no question yet: that
+     * one goes on, rather than a second empty session beside it */
+    store_session last;
+    memset(&last, 0, sizeof last);
+    if (!s->name[0] && store_session_list(p->db, first_session, &last) == 0 && last.id && !last.n_messages &&
+        !last.name[0] && last.model_id == p->model_id && !strcmp(last.doc_sha, s->doc_sha) &&
+        !strcmp(last.policy, s->policy) && !strcmp(last.budget, s->budget) && !strcmp(last.format, s->format)) {
+        *id = last.id;
+        return 0;
+    }
     int64_t doc_id;
     if (store_document_put(p->db, p->model_id, s->doc_path, s->doc_sha, s->doc_title, doc_tokens, &doc_id) ||
         store_session_create(p->db, s->name[0] ? s->name : NULL, s->title, p->model_id, doc_id, s->policy, s->budget,

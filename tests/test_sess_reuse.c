@@ -211,6 +211,16 @@ Test(reuse, a_document_read_once_is_restored_when_the_same_text_is_opened_again)
     cr_expect(strstr(notes, "the document's snapshot restored"), "notes: %s", notes);
     ask_ok(c, "What is it about?");
     expect_same_answer(a, c, "resumed from the document's snapshot");
+    /* opened again before any question: the same stored session goes on, no second empty one */
+    session *e = open_session("full", &x.sp);
+    cr_assert(sess_open_document(e, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(e));
+    int64_t first = sess_stored_id(e);
+    cr_assert(sess_open_document(e, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(e));
+    cr_expect_eq(sess_stored_id(e), first, "a second empty session about the same document");
+    ask_ok(e, "What is it about?");
+    cr_assert(sess_open_document(e, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(e));
+    cr_expect_neq(sess_stored_id(e), first, "a conversation with a question is never reused");
+    sess_free(e);
     /* under another prefill policy the document is read (its cache differs) */
     session *d = open_session("snapkv:budget=0.5", &x.sp);
     cr_assert(sess_open_document(d, x.copy, NULL, NULL, 0) == SESS_OK, "%s", sess_error(d));
