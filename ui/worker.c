@@ -251,10 +251,10 @@ static void job_open(ui_worker *w, const char *path)
     w->sep_pending = 0;
     if (rc != SESS_OK) post(w, UW_ERROR, sess_error(w->s), 0, 0);
     else if (defer) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%lld tokens; %.200s compresses with the question in view, so the document is "
-                 "read with your first question (follow-ups read what it kept for that one)",
-                 (long long)sess_document_tokens(w->s), key);
+        char msg[800];
+        snprintf(msg, sizeof msg, "%.200s: %lld tokens; %.200s compresses with the question in view, so the "
+                 "document is read with your first question (follow-ups read what it kept for that one)",
+                 sess_document_title(w->s), (long long)sess_document_tokens(w->s), key);
         post(w, UW_INFO, msg, 0, 0);
     }
     publish(w);

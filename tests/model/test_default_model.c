@@ -413,3 +413,15 @@ Test(default_model, base_model_answers_stop_at_the_next_question, .timeout = 600
     int st = system(cmd);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tests/tui/base.sh on the default model failed (output above)");
 }
+
+/* Issue 27, items 2 and 7: under a prefill policy the interface's first answer is ask's (the
+ * document waits for the question); a refused open draws nothing; a document opened and left, or the
+ * same text under another name, is restored from its snapshot (tests/tui/reuse.sh). */
+Test(default_model, the_interface_answers_as_ask_and_never_reads_a_text_twice, .timeout = 600)
+{
+    char cmd[1024];
+    const char *bin = getenv("KVCHAT_BIN") ? getenv("KVCHAT_BIN") : "./kvchat";
+    snprintf(cmd, sizeof cmd, "tests/tui/reuse.sh %s '%s' tests/fixtures/docs/memo.txt", bin, model_path());
+    int st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tests/tui/reuse.sh on the default model failed (output above)");
+}
