@@ -227,6 +227,27 @@ int sess_set_policy(session *s, const char *spec_in, const char *budget)
                   s->have_doc ? "" : " (a prefill policy acts when a document is opened)");
         return SESS_OK;
     }
+    if (s->turns == 0 && !s->leaf && strcmp(newkey, POL_FULL) != 0 && strcmp(s->doc_path, "-") != 0) {
+        /* no question yet: like a document opened under this policy, it waits for the first question
+         * and is compressed with it in view (as `ask` does), rather than for the document's end */
+        size_t dl;
+        int code;
+        char *doc = sess_reload_document(s, s->doc_path, s->doc_sha, &dl, &code);
+        if (!doc) return code;
+        if (set_policy_text(s, spec, b)) {
+            free(doc);
+            return SESS_EFAIL;
+        }
+        snprintf(s->cfg.budget, sizeof s->cfg.budget, "%s", b);
+        char e2[64];
+        run_rewind(s->r, 0, 0, e2, sizeof e2);
+        run_reset_sampler(s->r);
+        s->pending_doc = doc;
+        s->policy_pending = 0;
+        sess_note(s, "policy %s: %s compresses with the question in view, so the document is read with your first "
+                  "question", pol_set_spec(run_policies(s->r))->text, newkey);
+        return SESS_OK;
+    }
     /* keep the current state to come back to */
     void *keep = NULL, *s0 = malloc(run_sampler_state_size(s->r));
     size_t keep_len = 0;

@@ -252,3 +252,24 @@ Test(reuse, switching_back_to_a_policy_reads_only_what_came_after_its_last_snaps
     sess_free(s);
     fixture_close(&x);
 }
+
+/* A prefill policy chosen before the first question compresses with that question in view, as a
+ * document opened under it does (and as `ask` does): the first answer is ask's. */
+Test(reuse, a_prefill_policy_chosen_before_the_first_question_waits_for_it)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", &x.sp);
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(s));
+    cr_assert(sess_set_policy(s, "snapkv:budget=0.3", NULL) == SESS_OK, "%s", sess_error(s));
+    cr_expect_eq(run_pos(sess_run(s)), 0, "the document waits for the question");
+    ask_ok(s, "Who wrote it?");
+    session *a = open_session("snapkv:budget=0.3", NULL);   /* ask: the document deferred */
+    cr_assert(sess_open_document(a, x.doc, NULL, NULL, 1) == SESS_OK, "%s", sess_error(a));
+    ask_ok(a, "Who wrote it?");
+    expect_same_answer(a, s, "the first answer after the switch");
+    cr_expect_eq(sess_last_answer(s)->prompt_tokens, sess_last_answer(a)->prompt_tokens);
+    sess_free(a);
+    sess_free(s);
+    fixture_close(&x);
+}
