@@ -118,7 +118,12 @@ static int set_policy_text(session *s, const char *spec_text, const char *budget
 static int check_policy(session *s, const pol_spec *parsed)
 {
     int64_t P = run_pos(s->r);
-    int64_t len = s->have_doc && !s->pending_doc && P > 0 ? P : run_n_ctx(s->r);
+    /* the conversation as it is, else a document waiting for its question (at least its tokens),
+     * else the context */
+    int64_t len = !s->have_doc                ? run_n_ctx(s->r)
+                  : !s->pending_doc && P > 0  ? P
+                  : s->doc_tokens > 0         ? s->doc_tokens
+                                              : run_n_ctx(s->r);
     return run_check_policy(s->r, parsed, len, s->err, sizeof s->err);
 }
 

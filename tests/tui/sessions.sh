@@ -32,9 +32,13 @@ T send-keys -t "$s" '/policy snapkv:budget=0.5' Enter
 wait_for 'snapkv:budget=0\.5 replaces its half of chess:preset=aggressive; the other half'
 wait_for '\| snapkv:budget=0\.5\+chess:preset=aggressive \|'
 
-# a new document: a separator, and its own session in the status bar
+# a new document: a separator; under SnapKV it waits for the first question (read with it, as ask
+# does), and its session is made then, with its number in the status bar
 T send-keys -t "$s" "/open ~/notes.txt" Enter
 wait_for '─ a new conversation: notes\.txt ─'
+wait_for 'compresses with the question in view'
+wait_for '\| ready \| notes\.txt \|'
+T send-keys -t "$s" 'What is it about?' Enter
 wait_for '\| ready \| #2 notes\.txt \|'
 
 # the file picker: ~ and absolute paths typed, prefixes first, human sizes, Enter on nothing
@@ -56,7 +60,7 @@ wait_for "Open a document: $work/elsewhere"
 wait_for 'other\.txt'
 T send-keys -t "$s" Enter
 wait_for '─ a new conversation: other\.txt ─'
-wait_for '\| ready \| #3 other\.txt \|'
+wait_for '\| ready \| other\.txt \|'
 T send-keys -t "$s" F10
 wait_exit
 rm -rf "$work" "$cfg"
