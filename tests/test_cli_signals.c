@@ -4,7 +4,8 @@
  * before the answer began), shown as unanswered, and the next question goes on from the answer
  * before it. The tiny Gemma model answers for many seconds with a long -n, so every signal lands
  * mid-answer: each test waits for the first answer bytes (polled), never a fixed time. Runs ./kvchat,
- * or $KVCHAT_BIN (the old binary shows what the issue reported). */
+ * or $KVCHAT_BIN (the old binary shows what the issue reported). `kvchat chat` whose output closes
+ * exits with 141 itself, not killed by SIGPIPE. */
 #include <criterion/criterion.h>
 
 #include <fcntl.h>
@@ -210,5 +211,51 @@ Test(cli_signals, ask_session_keeps_the_question_through_kill_9, .timeout = 120)
     cr_expect(strstr(show, "3 messages") && strstr(show, "[1] user:\n" QUESTION "\n(no answer: interrupted)\n") &&
                   strstr(show, "[2] user (another branch):\nAnd then?\n") && strstr(show, "[3, reply to 2, policy full] assistant:"),
               "%s", show);
+    rm_rf(dir);
+}
+
+/* `kvchat chat` whose output closes mid-answer: it stops and exits with 141 itself (no store to save
+ * to; not killed by SIGPIPE), with one line on stderr. */
+Test(cli_signals, chat_stops_cleanly_when_its_output_pipe_closes, .timeout = 120)
+{
+    char dir[] = "/tmp/kvchat-sig-XXXXXX", inp[600], errp[600], err[8192];
+    cr_assert(mkdtemp(dir));
+    snprintf(inp, sizeof inp, "%s/in", dir);
+    snprintf(errp, sizeof errp, "%s/err", dir);
+    FILE *f = fopen(inp, "w");
+    cr_assert(f);
+    fputs("Tell me everything.\nAnd more.\n", f);
+    fclose(f);
+    int fds[2];
+    cr_assert(pipe2(fds, O_CLOEXEC) == 0);
+    const char *exe = bin();
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int in = open(inp, O_RDONLY), e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(in, 0);
+        dup2(fds[1], 1);
+        dup2(e, 2);
+        setenv("XDG_CONFIG_HOME", dir, 1);
+        signal(SIGPIPE, SIG_DFL);
+        execl(exe, exe, "chat", "-t", "1", "-m", TINY_G, "-n", "100000", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char got[10];
+    size_t n = 0;
+    while (n < sizeof got) {
+        ssize_t r = read(fds[0], got + n, sizeof got - n);
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    close(fds[0]);
+    cr_assert_eq(n, sizeof got, "the answer ended before 10 bytes");
+    int st = wait_end(pid);
+    read_file(errp, err, sizeof err);
+    cr_expect(st != -1, "a closed pipe did not stop chat within 60 s");
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGPIPE, "%s %d (stderr: %s)",
+              WIFEXITED(st) ? "exit status" : "killed by signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), err);
+    cr_expect(!strchr(err, '\n') || strchr(err, '\n') == err + strlen(err) - 1, "one line on stderr: %s", err);
     rm_rf(dir);
 }
