@@ -135,13 +135,13 @@ int sess_save_turn(session *s, const char *question, int regen)
     run_figures fg;
     run_get_figures(s->r, &fg);
     snprintf(mj, sizeof mj,
-             "{\"policy\": \"%s\", \"prompt_tokens\": %lld, \"answer_tokens\": %lld, \"prefill_s\": %.3f, "
-             "\"decode_s\": %.3f, \"kv_bytes\": %llu, \"kv_full_bytes\": %llu, \"events\": %d, \"regenerated\": %d, "
-             "\"resumed_from_snapshot\": %s, \"restore_ms\": %.1f, \"interrupted\": %s}",
-             pol_set_spec(run_policies(s->r))->text, (long long)a->prompt_tokens, (long long)a->gen.n_gen, a->prefill_s,
-             a->decode_s, (unsigned long long)fg.kv_held, (unsigned long long)fg.kv_full, a->gen.events,
-             a->gen.regenerated, a->resumed ? "true" : "false", a->restore_ms,
-             a->gen.stop == GEN_STOP_INTERRUPT ? "true" : "false");
+             "{\"interrupted\": %s, \"policy\": \"%s\", \"prompt_tokens\": %lld, \"answer_tokens\": %lld, "
+             "\"prefill_s\": %.3f, \"decode_s\": %.3f, \"kv_bytes\": %llu, \"kv_full_bytes\": %llu, \"events\": %d, "
+             "\"regenerated\": %d, \"resumed_from_snapshot\": %s, \"restore_ms\": %.1f}",
+             a->gen.stop == GEN_STOP_INTERRUPT ? "true" : "false", pol_set_spec(run_policies(s->r))->text,
+             (long long)a->prompt_tokens, (long long)a->gen.n_gen, a->prefill_s, a->decode_s,
+             (unsigned long long)fg.kv_held, (unsigned long long)fg.kv_full, a->gen.events,
+             a->gen.regenerated, a->resumed ? "true" : "false", a->restore_ms);
     int64_t um, am;
     if (save_messages(s, question, regen, saved_user, mj, &um, &am, e, sizeof e)) {
         /* the conversation's row may be gone (deleted by another kvchat): it goes on as a new one,

@@ -209,7 +209,8 @@ Test(cli_signals, ask_session_keeps_the_question_through_kill_9, .timeout = 120)
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the next question failed: %s", err);
     sessions(dir, "show s", show, sizeof show);
     cr_expect(strstr(show, "3 messages") && strstr(show, "[1] user:\n" QUESTION "\n(no answer: interrupted)\n") &&
-                  strstr(show, "[2] user (another branch):\nAnd then?\n") && strstr(show, "[3, reply to 2, policy full] assistant:"),
+                  strstr(show, "[2] user (another branch):\nAnd then?\n") &&
+                  strstr(show, "[3, reply to 2, policy full] assistant:"),
               "%s", show);
     rm_rf(dir);
 }
