@@ -314,7 +314,8 @@ static void stop_at_first_piece(void *ud, const char *p, size_t n)
     store_message *m = NULL;
     int k = 0;
     if (f->sid && store_session_messages(f->db, f->sid, &m, &k) == 0)
-        for (int i = 0; i < k; i++) f->questions += !strcmp(m[i].role, "user") && !strcmp(m[i].text, "What is it about?");
+        for (int i = 0; i < k; i++)
+            f->questions += !strcmp(m[i].role, "user") && !strcmp(m[i].text, "What is it about?");
     store_messages_free(m, k);
     f->stop = 1;
 }
