@@ -43,6 +43,15 @@ void cli_catch_stop_signals(void)
     }
 }
 
+void cli_stop_on_closed_output(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_IGN;   /* a closed pipe is then an EPIPE write error, which print_text turns into a stop */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGPIPE, &sa, NULL);
+}
+
 int cli_interrupt_status(void)
 {
     return 128 + (cli_interrupted ? (int)cli_interrupted : SIGINT);
@@ -399,7 +408,8 @@ static void print_text(void *ud, const char *p, size_t n)
     } else {
         fwrite(p, 1, n, stdout);
     }
-    fflush(stdout);
+    /* nobody reads the answer any more (SIGPIPE ignored: cli_stop_on_closed_output): it stops there */
+    if ((fflush(stdout) != 0 || ferror(stdout)) && errno == EPIPE && !cli_interrupted) cli_interrupted = SIGPIPE;
 }
 
 static void print_page(void *ud, int64_t page, const unc_stats *st)

@@ -55,6 +55,10 @@ extern const opt_def cli_store_opts[];     /* --db --no-db */
  * Ctrl-C exits at once. Signals ignored at start (nohup) stay ignored. */
 extern volatile sig_atomic_t cli_interrupted;
 void cli_catch_stop_signals(void);
+/* For the commands that stream an answer to stdout (ask, chat): SIGPIPE is ignored, and an answer
+ * whose output was closed (`kvchat ask ... | head -c 10`: a write fails with EPIPE) stops as if
+ * SIGPIPE had been caught: cli_interrupted is SIGPIPE, so the turn is saved and the status is 141. */
+void cli_stop_on_closed_output(void);
 int cli_interrupt_status(void);
 
 void cli_opts_init(cli_opts *o);

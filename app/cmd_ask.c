@@ -195,6 +195,7 @@ int cmd_ask(int argc, char **argv)
     }
     if (o.show_events) cli_print_event_header(s);
     cli_catch_stop_signals();
+    cli_stop_on_closed_output();
     int st = sess_ask(s, a.question);
     if (st != SESS_OK && st != SESS_ESAVE) {
         if (st == SESS_ECANCELLED) {

@@ -133,6 +133,7 @@ int cmd_chat(int argc, char **argv)
     char *line = NULL;
     size_t lcap = 0;
     cli_catch_stop_signals();
+    cli_stop_on_closed_output();
     for (;;) {
         if (tty) fputs("\n> ", stdout);
         fflush(stdout);

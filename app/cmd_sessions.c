@@ -123,6 +123,15 @@ static int find(store *db, const char *key, store_session *ss)
     return f == 0 ? 0 : -1;
 }
 
+/* Whether a message replies to message id: a question without one was asked by a process that died
+ * (kill -9, a crash) before its answer could be saved. */
+static int has_reply(const store_message *m, int n, int64_t id)
+{
+    for (int i = 0; i < n; i++)
+        if (m[i].parent == id) return 1;
+    return 0;
+}
+
 static int show(store *db, const store_session *ss)
 {
     store_message *m;
@@ -154,9 +163,12 @@ static int show(store *db, const store_session *ss)
             snprintf(under, sizeof under, ", policy %.256s", m[i].policy);
         printf("\n[%lld%s", (long long)m[i].id, re);
         text_put(stdout, under, 0);
-        printf("] %s%s:\n", m[i].role, branch ? " (another branch)" : "");
+        /* an answer stopped part way (Ctrl-C, SIGTERM, SIGHUP, a closed pipe) says so in its metrics */
+        int cut = !strcmp(m[i].role, "assistant") && strstr(m[i].metrics, "\"interrupted\": true");
+        printf("] %s%s%s:\n", m[i].role, cut ? " (interrupted)" : "", branch ? " (another branch)" : "");
         text_put(stdout, m[i].text, TEXT_KEEP_NEWLINE | TEXT_KEEP_TAB);
         putchar('\n');
+        if (!strcmp(m[i].role, "user") && !has_reply(m, n, m[i].id)) printf("(no answer: interrupted)\n");
     }
     store_messages_free(m, n);
     return 0;

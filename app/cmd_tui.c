@@ -84,9 +84,14 @@ int cmd_tui(int argc, char **argv)
         store_close(db);
         return 1;
     }
+    /* SIGTERM and SIGHUP (a closed terminal, tmux kill-session) leave the interface the way Ctrl-Q
+     * does: the answer is stopped and saved, the terminal restored; caught before initscr, so that
+     * ncurses, which would exit at once, leaves them to us */
+    cli_catch_stop_signals();
+    cfg.stop_signal = &cli_interrupted;
     if (tui_main(w, to.doc, to.session, &cfg, err, sizeof err)) {
         cli_err("%s", err);
         return 1;
     }
-    return 0;
+    return cli_interrupted ? cli_interrupt_status() : 0;
 }

@@ -63,15 +63,18 @@ int sess_save_snapshot(session *s, int64_t msg, size_t *len)
     return bad ? -1 : 0;
 }
 
-/* Both messages of the turn (a regeneration: the answer only, beside the first) and its events. */
-static int save_messages(session *s, const char *question, int regen, const char *metrics, int64_t *um, int64_t *am,
-                         char *e, size_t elen)
+/* The answer of the turn, after its question (saved before the answer began, or now: a regeneration
+ * replies to the first question's row) and its events. */
+static int save_messages(session *s, const char *question, int regen, int64_t saved_user, const char *metrics,
+                         int64_t *um, int64_t *am, char *e, size_t elen)
 {
     int n_ev;
     const unc_event *ev = unc_events(run_monitor(s->r), &n_ev);
     const char *pol = pol_set_spec(run_policies(s->r))->text;
     if (regen)
         *um = s->last_user;
+    else if (saved_user)
+        *um = saved_user;
     else if (s->db.add_message(s->db.ud, s->sid, s->leaf, "user", question, pol, NULL, um, e, elen))
         return -1;
     s->last_user = *um;
@@ -98,9 +101,30 @@ static int reattach_if_deleted(session *s)
     return 1;
 }
 
+int sess_save_question(session *s, const char *question)
+{
+    s->last.user_msg = 0;
+    if (!s->have_db || !s->have_doc) return SESS_OK;
+    int rc = sess_ensure_stored(s);
+    if (rc) return rc;
+    char e[1024];
+    const char *pol = pol_set_spec(run_policies(s->r))->text;
+    int64_t um;
+    if (s->db.add_message(s->db.ud, s->sid, s->leaf, "user", question, pol, NULL, &um, e, sizeof e)) {
+        /* the conversation's row may be gone (deleted by another kvchat): it goes on as a new one */
+        int r = reattach_if_deleted(s);
+        if (r < 0) return sess_fail(s, SESS_ESAVE, "the question is not saved (%.900s)", s->err);
+        if (r == 0 || s->db.add_message(s->db.ud, s->sid, s->leaf, "user", question, pol, NULL, &um, e, sizeof e))
+            return sess_fail(s, SESS_ESAVE, "the question is not saved (%s)", e);
+    }
+    s->last.user_msg = um;
+    return SESS_OK;
+}
+
 int sess_save_turn(session *s, const char *question, int regen)
 {
     sess_answer *a = &s->last;
+    int64_t saved_user = regen ? 0 : a->user_msg;   /* the question's row, saved as the answer began */
     a->saved[0] = 0;
     a->user_msg = a->answer_msg = 0;
     a->snapshot_bytes = 0;
@@ -111,18 +135,20 @@ int sess_save_turn(session *s, const char *question, int regen)
     run_figures fg;
     run_get_figures(s->r, &fg);
     snprintf(mj, sizeof mj,
-             "{\"policy\": \"%s\", \"prompt_tokens\": %lld, \"answer_tokens\": %lld, \"prefill_s\": %.3f, "
-             "\"decode_s\": %.3f, \"kv_bytes\": %llu, \"kv_full_bytes\": %llu, \"events\": %d, \"regenerated\": %d, "
-             "\"resumed_from_snapshot\": %s, \"restore_ms\": %.1f}",
-             pol_set_spec(run_policies(s->r))->text, (long long)a->prompt_tokens, (long long)a->gen.n_gen, a->prefill_s,
-             a->decode_s, (unsigned long long)fg.kv_held, (unsigned long long)fg.kv_full, a->gen.events,
+             "{\"interrupted\": %s, \"policy\": \"%s\", \"prompt_tokens\": %lld, \"answer_tokens\": %lld, "
+             "\"prefill_s\": %.3f, \"decode_s\": %.3f, \"kv_bytes\": %llu, \"kv_full_bytes\": %llu, \"events\": %d, "
+             "\"regenerated\": %d, \"resumed_from_snapshot\": %s, \"restore_ms\": %.1f}",
+             a->gen.stop == GEN_STOP_INTERRUPT ? "true" : "false", pol_set_spec(run_policies(s->r))->text,
+             (long long)a->prompt_tokens, (long long)a->gen.n_gen, a->prefill_s, a->decode_s,
+             (unsigned long long)fg.kv_held, (unsigned long long)fg.kv_full, a->gen.events,
              a->gen.regenerated, a->resumed ? "true" : "false", a->restore_ms);
     int64_t um, am;
-    if (save_messages(s, question, regen, mj, &um, &am, e, sizeof e)) {
-        /* the conversation's row may be gone (deleted by another kvchat): it goes on as a new one */
+    if (save_messages(s, question, regen, saved_user, mj, &um, &am, e, sizeof e)) {
+        /* the conversation's row may be gone (deleted by another kvchat): it goes on as a new one,
+         * the question saved again into it */
         int r = reattach_if_deleted(s);
         if (r < 0) return sess_fail(s, SESS_ESAVE, "the turn is not saved (%.900s)", s->err);
-        if (r == 0 || save_messages(s, question, 0, mj, &um, &am, e, sizeof e))
+        if (r == 0 || save_messages(s, question, 0, 0, mj, &um, &am, e, sizeof e))
             return sess_fail(s, SESS_ESAVE, "the turn is not saved (%s)", e);
     }
     s->leaf = am;

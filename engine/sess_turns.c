@@ -118,6 +118,9 @@ static int answer(session *s, const char *question, int regen, int64_t prompt_to
     s->seq_ans = sess_seq_len(s);
     run_set_floor(s->r, s->ans_start - 1);   /* a regeneration rewinds here exactly */
     s->policy_pending = 0;
+    /* the question is in the store before a token is generated: a process killed mid-answer keeps it
+     * (a failure here is tried again with the answer, by sess_save_turn) */
+    if (!regen) sess_save_question(s, question);
     double t0 = run_clock_s();
     int rc = sess_generate_into(s, s->cfg.n_predict, s->backtrack, 1, 1, &a->gen);
     if (rc) {

@@ -647,6 +647,9 @@ Test(cli, tui_views_wrap_at_60_columns_and_follow, .timeout = 120) { tui_script(
 Test(cli, tui_numbers_read_right, .timeout = 120) { tui_script("numbers.sh"); }
 Test(cli, tui_sessions_separator_policy_halves_file_picker, .timeout = 120) { tui_script("sessions.sh"); }
 Test(cli, cli_progress_stdin_policy_help_ctx_warning_sessions_continue, .timeout = 120) { tui_script("cli.sh"); }
+/* Issue 27: tmux kill-session (SIGHUP), a terminal that hung up without one, and SIGTERM, each
+ * mid-answer: the question and the partial answer are saved, the terminal restored, 128 + signal. */
+Test(cli, tui_signals_save_the_partial_turn_and_restore_the_terminal, .timeout = 120) { tui_script("signals.sh"); }
 
 Test(cli, tui_refuses_a_non_terminal)
 {

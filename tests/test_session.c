@@ -2,7 +2,8 @@
  * a resumed conversation continues exactly as the uninterrupted one, a branch at question N
  * answers as a fresh conversation with that question would, a regeneration is a sibling branch,
  * a policy switch that is cancelled or refused leaves the conversation exactly as it was, and a
- * document changed on disk is refused when the conversation must be prefilled again. */
+ * document changed on disk is refused when the conversation must be prefilled again, and a turn's
+ * question is saved before its answer begins, a stopped answer saved marked interrupted. */
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -288,6 +289,75 @@ Test(session, regenerate_is_a_sibling_of_the_first_answer)
     for (int i = 0; i < n; i++) answers += !strcmp(m[i].role, "assistant") && m[i].parent == user;
     cr_expect_eq(answers, 2, "two answers to one question");
     store_messages_free(m, n);
+    sess_free(s);
+    fixture_close(&x);
+}
+
+/* Issue 27: the question is in the store before the first answer token (a process killed mid-answer
+ * keeps it), and an answer stopped part way by the abort flag is saved as it stands, marked
+ * "interrupted" in its metrics, after that question; the conversation resumes from it. */
+typedef struct first_piece {
+    store *db;
+    session *s;
+    volatile sig_atomic_t stop;
+    int pieces;
+    int64_t sid;                 /* the stored conversation when the first piece came (0: none) */
+    int questions;               /* its user messages then */
+} first_piece;
+
+static void stop_at_first_piece(void *ud, const char *p, size_t n)
+{
+    first_piece *f = ud;
+    (void)p;
+    if (!n || f->pieces++) return;
+    f->sid = sess_stored_id(f->s);
+    store_message *m = NULL;
+    int k = 0;
+    if (f->sid && store_session_messages(f->db, f->sid, &m, &k) == 0)
+        for (int i = 0; i < k; i++)
+            f->questions += !strcmp(m[i].role, "user") && !strcmp(m[i].text, "What is it about?");
+    store_messages_free(m, k);
+    f->stop = 1;
+}
+
+Test(session, the_question_is_saved_before_the_answer_and_a_stopped_answer_is_marked_interrupted)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session_stop("full", &x.sp, NULL, 4000);
+    first_piece f = { x.db, s, 0, 0, 0, 0 };
+    sess_callbacks cb = { &f, NULL, stop_at_first_piece, NULL, NULL, NULL, NULL, NULL };
+    sess_set_callbacks(s, &cb, &f.stop);
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
+    ask_ok(s, "What is it about?");
+    cr_expect(f.sid > 0 && f.questions == 1, "the question was not in the store as the answer began (session %lld, "
+              "%d questions)", (long long)f.sid, f.questions);
+    const sess_answer *a = sess_last_answer(s);
+    cr_expect_eq(a->gen.stop, GEN_STOP_INTERRUPT);
+    cr_expect(a->gen.n_gen > 0 && a->gen.n_gen < 4000, "a partial answer: %lld tokens", (long long)a->gen.n_gen);
+    store_message *m = NULL;
+    int n = 0;
+    cr_assert(store_session_messages(x.db, sess_stored_id(s), &m, &n) == 0);
+    cr_assert_eq(n, 2, "the question once and the partial answer");
+    cr_expect(!strcmp(m[0].role, "user") && m[0].id == a->user_msg);
+    cr_expect(!strcmp(m[1].role, "assistant") && m[1].parent == m[0].id && m[1].text[0], "the answer as it stands");
+    cr_expect(strstr(m[1].metrics, "\"interrupted\": true"), "metrics: %s", m[1].metrics);
+    store_messages_free(m, n);
+    /* the next answer, not stopped, says so too; a resumed object continues after both */
+    f.pieces = 1;
+    f.stop = 0;
+    samp_params sp = samp_params_default();
+    sp.temperature = 0;
+    sess_set_sampling(s, &sp, 8);
+    ask_ok(s, "And then?");
+    cr_assert(store_session_messages(x.db, sess_stored_id(s), &m, &n) == 0);
+    cr_expect(n == 4 && strstr(m[3].metrics, "\"interrupted\": false"), "%d messages; metrics: %s", n,
+              n == 4 ? m[3].metrics : "");
+    store_messages_free(m, n);
+    session *r = open_session("full", &x.sp);
+    cr_assert(sess_resume(r, "", NULL) == SESS_OK, "%s", sess_error(r));
+    cr_expect_eq(sess_turns(r), 2);
+    sess_free(r);
     sess_free(s);
     fixture_close(&x);
 }

@@ -5,6 +5,7 @@
 #ifndef KVCHAT_UI_CONFIG_H
 #define KVCHAT_UI_CONFIG_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +26,10 @@ typedef struct tui_config {
     const opt_group *groups;     /* the option tables the file was read with: the settings view checks */
     int n_groups;                /* what is typed in it through them */
     int keep_policy;             /* the command line named a policy: it holds for the first session too */
+    /* raised (to the signal's number) by SIGTERM or SIGHUP (the terminal closed): the interface leaves as
+     * on Ctrl-Q, the answer stopped and saved, the terminal restored; the interface raises it to SIGHUP
+     * itself when the terminal hung up without one (NULL: none) */
+    volatile sig_atomic_t *stop_signal;
 } tui_config;
 
 /* The element's name in the settings file ("user"). */

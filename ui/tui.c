@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <locale.h>
 #include <ncurses.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1187,6 +1188,14 @@ static void drain(tui *t)
     }
 }
 
+/* The terminal hung up (closed) though no SIGHUP came (the shell that owned it caught it and lives
+ * on): every read fails at once, so the loop would spin instead of waiting for keys. */
+static int terminal_gone(void)
+{
+    struct pollfd p = { STDIN_FILENO, POLLIN, 0 };
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
 int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config *cfg, char *err, size_t errlen)
 {
     setlocale(LC_ALL, "");
@@ -1227,12 +1236,16 @@ int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config
         uw_open(w, doc);
     else
         uw_resume(w, resume ? resume : "");
-    while (!t.quit) {
+    /* a stop signal leaves like Ctrl-Q: uw_stop below stops the answer, which the worker saves */
+    while (!t.quit && !(cfg->stop_signal && *cfg->stop_signal)) {
         drain(&t);
         draw(&t);
         wint_t ch;
         int r = get_wch(&ch);
-        if (r != ERR) read_key(&t, r, ch);
+        if (r != ERR)
+            read_key(&t, r, ch);
+        else if (cfg->stop_signal && terminal_gone())
+            *cfg->stop_signal = SIGHUP;   /* what closing it would have sent */
     }
     if (t.overlay) close_overlay(&t);
     fputs("\033[?2004l", stdout);
