@@ -181,7 +181,8 @@ static int find_stored(session *s, const char *key, const sess_resume_opts *o, s
 
 /* The messages along the conversation's newest branch, a question left without an answer (an
  * interrupted turn) left out: it is superseded by the next one. */
-static int newest_branch(session *s, const sess_stored *st, int64_t *leaf, sess_message **path, int *n_path)
+static int newest_branch(session *s, const sess_stored *st, int64_t *leaf, sess_message **path, int *n_path,
+                         char **unanswered)
 {
     char e[1024];
     *leaf = 0;
@@ -191,7 +192,8 @@ static int newest_branch(session *s, const sess_stored *st, int64_t *leaf, sess_
         return sess_fail(s, SESS_EFAIL, "%s", e);
     while (*n_path > 0 && strcmp((*path)[*n_path - 1].role, "assistant") != 0) {
         *leaf = (*path)[*n_path - 1].parent;
-        free((*path)[*n_path - 1].text);
+        if (!*unanswered) *unanswered = (*path)[*n_path - 1].text;   /* shown, marked, after the rest */
+        else free((*path)[*n_path - 1].text);
         (*n_path)--;
     }
     return SESS_OK;
@@ -281,8 +283,10 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
     int64_t leaf = 0;
     sess_message *path = NULL;
     int n_path = 0;
-    if ((rc = newest_branch(s, &st, &leaf, &path, &n_path)) || (o->take_policy && (rc = take_stored_policy(s, &st, path, n_path)))) {
+    char *unanswered = NULL;   /* a question the process was killed before answering */
+    if ((rc = newest_branch(s, &st, &leaf, &path, &n_path, &unanswered)) || (o->take_policy && (rc = take_stored_policy(s, &st, path, n_path)))) {
         free(given);
+        free(unanswered);
         sess_messages_free(path, n_path);
         return rc;
     }
@@ -294,6 +298,11 @@ int sess_resume(session *s, const char *key, const sess_resume_opts *o)
      * disagrees with its data): like a corrupt snapshot, an older one or a prefill takes its place */
     int g = leaf ? s->db.get_snapshot(s->db.ud, leaf, k, &data, &len, e, sizeof e) : 1;
     for (int i = 0; s->cb.past && i < n_path; i++) s->cb.past(s->cb.ud, path[i].role, path[i].text);
+    if (unanswered && s->cb.past) {
+        s->cb.past(s->cb.ud, "user", unanswered);
+        sess_note(s, "(no answer: interrupted; ask it again to answer it)");
+    }
+    free(unanswered);
     sess_reset_conversation(s);
     s->have_doc = 0;
     s->chat = !strcmp(st.format, "chat");

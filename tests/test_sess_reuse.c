@@ -273,3 +273,39 @@ Test(reuse, a_prefill_policy_chosen_before_the_first_question_waits_for_it)
     sess_free(s);
     fixture_close(&x);
 }
+
+static char past_log[4096];
+static void keep_past(void *ud, const char *role, const char *text)
+{
+    (void)ud;
+    size_t n = strlen(past_log);
+    snprintf(past_log + n, sizeof past_log - n, "%s: %s\n", role, text);
+}
+
+/* A question whose process was killed before its answer (kill -9) is in the store; a resume shows
+ * it, last, marked as not answered, and the conversation goes on from the answer before it. */
+Test(reuse, a_question_left_without_an_answer_is_shown_when_resumed)
+{
+    fixture x;
+    fixture_open(&x);
+    session *s = open_session("full", &x.sp);
+    cr_assert(sess_open_document(s, x.doc, NULL, "killed", 0) == SESS_OK, "%s", sess_error(s));
+    ask_ok(s, "What is it about?");
+    int64_t id;
+    cr_assert(store_message_add(x.db, sess_stored_id(s), sess_last_answer(s)->answer_msg, "user",
+                                "Which question was cut off?", "full", NULL, &id) == 0, "%s", store_error(x.db));
+    sess_free(s);
+    s = open_session("full", &x.sp);
+    sess_callbacks cb = { 0 };
+    cb.note = keep_note;
+    cb.past = keep_past;
+    notes[0] = past_log[0] = 0;
+    sess_set_callbacks(s, &cb, NULL);
+    cr_assert(sess_resume(s, "killed", NULL) == SESS_OK, "%s", sess_error(s));
+    const char *q = strstr(past_log, "user: Which question was cut off?");
+    cr_expect(q && !strchr(q, '\n')[1], "the unanswered question is shown last: %s", past_log);
+    cr_expect(strstr(notes, "no answer: interrupted"), "notes: %s", notes);
+    cr_expect_eq(sess_turns(s), 1, "the conversation goes on from the answer before it");
+    sess_free(s);
+    fixture_close(&x);
+}
