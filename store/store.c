@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/files.h"
 #include "engine/snapshot.h"
 
 struct store {
@@ -1131,9 +1132,9 @@ rollback:
  * 0 where /proc cannot say. */
 static int64_t process_start(long pid)
 {
-    char path[64], buf[1024];
+    char path[64], buf[1024], err[200];
     snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-    FILE *f = fopen(path, "r");
+    FILE *f = files_open_read(path, 1 << 16, "a process's status", err, sizeof err);
     if (!f) return 0;
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);

@@ -998,3 +998,42 @@ Test(cli, info_names_what_a_gpu_keeps_as_stored_and_what_it_converts)
     unlink(path);
     rmdir(d);
 }
+
+/* Issue 27, item 8: the database's size limit prunes the oldest snapshots after a save (never
+ * messages), `sessions list` shows the size against the limit and what was pruned, `sessions limit`
+ * sets it (a bad size is one line), and a session whose snapshot was pruned resumes by prefilling. */
+Test(cli, size_limit_prunes_old_snapshots_shown_in_list_and_a_pruned_session_resumes, .timeout = 120)
+{
+    static char out[1 << 16], errb[1 << 16];
+    char dir[] = "/tmp/kvchat-limit-XXXXXX", args[1400], db[300];
+    cr_assert(mkdtemp(dir));
+    snprintf(db, sizeof db, "%s/k.db", dir);
+    snprintf(args, sizeof args, "ask -t 1 -m " TINY_G " -d " TD "prompts/p2.txt -q 'First?' -n 4 --session first --db %s",
+             db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    snprintf(args, sizeof args, "sessions --db %s list", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "\ndb ") && strstr(out, " of 1.00 GiB limit, 1 snapshot, 0 pruned by the limit"), "%s", out);
+    snprintf(args, sizeof args, "sessions --db %s limit 1K", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "the size limit is now 1.0 KiB"), "%s", out);
+    snprintf(args, sizeof args, "sessions --db %s limit 12Q", db);
+    expect_one_line_error(args, "'12Q' is not a size");
+    /* a second session's snapshot puts the database over 1 KiB: the first session's goes */
+    snprintf(args, sizeof args,
+             "ask -t 1 -m " TINY_G " -d " TD "prompts/p2.txt -q 'Second?' -n 4 --session second --db %s", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    snprintf(args, sizeof args, "sessions --db %s list", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, " of 1.0 KiB limit, 1 snapshot, 1 pruned by the limit"), "%s", out);
+    cr_expect(strstr(out, "first") && strstr(out, "second"), "both sessions are listed: %s", out);
+    snprintf(args, sizeof args, "ask -t 1 -m " TINY_G " --resume first -q 'Again?' -n 4 --db %s", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    /* ask prefills the conversation with the question (no snapshot to restore), answers and saves */
+    cr_expect(strstr(errb, "session 1: turn saved (messages 5, 6), snapshot of"), "%s", errb);
+    snprintf(args, sizeof args, "sessions --db %s show first", db);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "4 messages"), "the messages were kept and the new turn saved: %s", out);
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    cr_expect(system(args) == 0);
+}

@@ -533,6 +533,15 @@ Test(store, holds_name_a_live_process_and_stale_ones_are_ignored, .timeout = 60)
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     cr_expect_eq(count_rows(path, "SELECT COUNT(*) FROM holds"), 1);
     cr_expect_eq(store_hold_other(s, sid, &pid), 0, "a dead process's hold is stale");
+    cr_expect_eq(count_rows(path, "SELECT COUNT(*) FROM holds WHERE started > 0"), 1, "a hold names the start time");
+    /* a pid the system has given to another process since (pid 1 did not start at tick 7) */
+    sqlite3 *raw;
+    cr_assert(sqlite3_open(path, &raw) == SQLITE_OK);
+    char ins[200];
+    snprintf(ins, sizeof ins, "INSERT INTO holds VALUES (%lld, 1, 7, 0)", (long long)sid);
+    cr_assert(sqlite3_exec(raw, ins, NULL, NULL, NULL) == SQLITE_OK, "%s", sqlite3_errmsg(raw));
+    sqlite3_close(raw);
+    cr_expect_eq(store_hold_other(s, sid, &pid), 0, "a reused pid does not hold");
     /* its own hold is not another's; closing lets go */
     cr_assert(store_hold(s, sid) == 0, "%s", store_error(s));
     cr_expect_eq(store_hold_other(s, sid, &pid), 0);
