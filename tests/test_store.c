@@ -587,3 +587,30 @@ Test(store, vacuum_with_another_connection_open_shrinks_the_file)
     store_close(s);
     rm_db(path);
 }
+
+/* Issue 27: pruning and deleting write little: a freed page is not overwritten with zeros first
+ * (secure_delete = FAST; Debian's sqlite zeroes by default, which wrote a deleted 8 MiB snapshot
+ * into the write-ahead log again, 8 MiB of zeros, on every prune). */
+Test(store, deleting_a_snapshot_does_not_rewrite_its_pages)
+{
+    char path[600], wal[700];
+    tmp_db(path, sizeof path);
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    store *s = open_ok(path);
+    int64_t sid = session_fixture(s, "big"), m, id;
+    cr_assert(store_message_add(s, sid, 0, "user", "q", NULL, NULL, &m) == 0);
+    size_t n = 8u << 20;
+    unsigned char *p = pattern(n, 6);
+    cr_assert(store_snapshot_put(s, sid, m, "full", 100, p, n, &id) == 0, "%s", store_error(s));
+    free(p);
+    sqlite3 *raw;
+    cr_assert(sqlite3_open(path, &raw) == SQLITE_OK);
+    cr_assert(sqlite3_exec(raw, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL) == SQLITE_OK);
+    cr_expect_eq(file_size(wal), 0);
+    cr_assert(store_session_delete(s, sid) == 0, "%s", store_error(s));
+    cr_expect(file_size(wal) < (1 << 20), "deleting an 8 MiB snapshot wrote %lld bytes to the log",
+              (long long)file_size(wal));
+    sqlite3_close(raw);
+    store_close(s);
+    rm_db(path);
+}
