@@ -1158,7 +1158,8 @@ static int process_alive(long pid, int64_t started)
 
 int store_hold(store *s, int64_t session)
 {
-    if (s->held == session) return 0;
+    /* a read-only database cannot take a hold, and cannot be forked either: nothing is saved */
+    if (s->held == session || sqlite3_db_readonly(s->db, "main") == 1) return 0;
     long pid = (long)getpid();
     if (s->held && exec_stmt(s, prep(s, "DELETE FROM holds WHERE session_id = ? AND pid = ?", "ii", s->held,
                                      (int64_t)pid),

@@ -542,6 +542,12 @@ Test(store, holds_name_a_live_process_and_stale_ones_are_ignored, .timeout = 60)
     cr_assert(sqlite3_exec(raw, ins, NULL, NULL, NULL) == SQLITE_OK, "%s", sqlite3_errmsg(raw));
     sqlite3_close(raw);
     cr_expect_eq(store_hold_other(s, sid, &pid), 0, "a reused pid does not hold");
+    /* a read-only connection resumes without a hold (it saves nothing, so it forks nothing) */
+    char uri[700];
+    snprintf(uri, sizeof uri, "file:%s?mode=ro", path);
+    store *ro = open_ok(uri);
+    cr_expect_eq(store_hold(ro, sid), 0, "%s", store_error(ro));
+    store_close(ro);
     /* its own hold is not another's; closing lets go */
     cr_assert(store_hold(s, sid) == 0, "%s", store_error(s));
     cr_expect_eq(store_hold_other(s, sid, &pid), 0);
