@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "common/text.h"
 #include "store/persist.h"
+#include "ui/pickers.h"
 
 static const char *base(const char *p)
 {
@@ -60,12 +61,11 @@ static void set_title(browser *b, int total)
     }
     store_usage u;
     if (b->db && store_usage_get(b->db, &u) == 0) {
-        if (u.limit)
-            snprintf(usage, sizeof usage, " | db %.1f MiB of %.1f MiB limit, %" PRId64 " pruned", (double)u.used / (1 << 20),
-                     (double)u.limit / (1 << 20), u.pruned);
-        else
-            snprintf(usage, sizeof usage, " | db %.1f MiB, no limit, %" PRId64 " pruned", (double)u.used / (1 << 20),
-                     u.pruned);
+        char used[32], lim[32];
+        human_size(u.used, used, sizeof used);
+        human_size(u.limit, lim, sizeof lim);
+        snprintf(usage, sizeof usage, " | db %s of %s%s, %" PRId64 " pruned", used, u.limit ? lim : "no",
+                 " limit", u.pruned);
     }
     snprintf(b->m.title, sizeof b->m.title, "Sessions: %.100s%s", count, usage);
 }

@@ -72,7 +72,7 @@ grep -q 'session 3 is open in another kvchat (pid [0-9]*)' "$work/ask.err" || fa
 # the session browser: the count tells the truth, column headings, the database against its
 # limit, and y/n act at once
 T send-keys -t "$s" F3
-wait_for 'Sessions: 3 sessions \| db [0-9.]+ MiB of 1024\.0 MiB limit, 0 pruned'
+wait_for 'Sessions: 3 sessions \| db [0-9.]+ [KM]iB of 1\.0 GiB limit, 0 pruned'
 wait_for 'id +title +document +model +policy +msgs +stored +updated'
 T send-keys -t "$s" 'zzzq'
 wait_for "Sessions: 0 of 3 sessions match 'zzzq'"
