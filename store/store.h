@@ -1,7 +1,8 @@
 /* store.h - kvchat's sqlite database: models, documents, sessions, messages (a tree: each message
  * knows its parent, so an edited question branches and both branches persist), KV snapshots,
  * calibration thresholds and uncertainty events, with full-text search over messages and session
- * titles. docs/store.md documents the schema.
+ * titles; a size limit that prunes the oldest snapshots, and holds on the sessions a kvchat has open.
+ * docs/store.md documents the schema.
  *
  * One database file (WAL mode, foreign keys on, busy timeout so two kvchat processes wait for each
  * other instead of failing), schema versioned with PRAGMA user_version and migrated in a
