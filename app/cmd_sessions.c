@@ -80,6 +80,24 @@ static void list_one(void *ud, const store_session *ss)
     }
 }
 
+/* The database's size against its limit, and what the limit pruned: one line under the list. */
+static void usage_line(store *db)
+{
+    store_usage u;
+    if (store_usage_get(db, &u)) {
+        cli_err("sessions: %s", store_error(db));
+        return;
+    }
+    char used[32], lim[32], file[32];
+    human_bytes(u.used, used, sizeof used);
+    human_bytes(u.limit, lim, sizeof lim);
+    human_bytes(u.file, file, sizeof file);
+    printf("db %s of %s%s, %lld snapshot%s, %lld pruned by the limit", used, u.limit ? lim : "no", " limit",
+           (long long)u.n_snapshots, u.n_snapshots == 1 ? "" : "s", (long long)u.pruned);
+    if (u.file > u.used) printf(" (file %s: the free pages are reused)", file);
+    printf("\n");
+}
+
 static void search_one(void *ud, int64_t sid, int64_t message, const char *snippet)
 {
     int *n = ud;
@@ -244,6 +262,8 @@ int cmd_sessions(int argc, char **argv)
                       "  delete ID                 delete a session with its messages and snapshots\n"
                       "  prune [ID]                keep only the snapshots at the end of each branch (of one session)\n"
                       "  vacuum                    give the space of deleted sessions and pruned snapshots back to the disk\n"
+                      "  limit [SIZE]              the database's size limit (1G by default; 800M, 2G, off): after each\n"
+                      "                            snapshot saved, the oldest snapshots go until it fits (never messages)\n"
                       "\n"
                       "ID is a session's number or its name (kvchat ask --session NAME).",
                       g, 1, pos, 32, &npos);
@@ -274,6 +294,7 @@ int cmd_sessions(int argc, char **argv)
         int n = 0;
         if (store_session_list(db, list_one, &n) == 0) {
             if (n == 0) printf("no sessions yet (kvchat ask -d DOC -q QUESTION --session NAME starts one)\n");
+            usage_line(db);
             rc = 0;
         } else {
             cli_err("sessions: %s", store_error(db));
@@ -334,6 +355,24 @@ int cmd_sessions(int argc, char **argv)
         } else {
             cli_err("sessions: %s", store_error(db));
         }
+    } else if (!strcmp(cmd, "limit")) {
+        int64_t bytes;
+        char err[300];
+        if (nargs < 1) {
+            usage_line(db);
+            rc = 0;
+        } else if (store_size_parse(args[0], &bytes, err, sizeof err)) {
+            cli_err("sessions: limit: %s", err);
+        } else if (store_limit_set(db, bytes)) {
+            cli_err("sessions: %s", store_error(db));
+        } else {
+            char lim[32];
+            human_bytes(bytes, lim, sizeof lim);
+            printf("the size limit is now %s%s\n", bytes ? lim : "off",
+                   bytes ? " (the oldest snapshots go first after each save; messages are kept)" : "");
+            usage_line(db);
+            rc = 0;
+        }
     } else if (!strcmp(cmd, "vacuum")) {
         struct stat a, b;
         int have = stat(db_path ? db_path : default_db, &a) == 0;
@@ -346,7 +385,7 @@ int cmd_sessions(int argc, char **argv)
             cli_err("sessions: %s", store_error(db));
         }
     } else {
-        cli_err("sessions: unknown command '%s' (list, search, show, export, rename, delete, prune, vacuum)", cmd);
+        cli_err("sessions: unknown command '%s' (list, search, show, export, rename, delete, prune, vacuum, limit)", cmd);
     }
 out:
     store_close(db);

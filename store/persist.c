@@ -83,6 +83,18 @@ static int p_find(void *ud, const char *key, sess_stored *out, char *err, size_t
     }
     if (f < 0) return db_fail(p, err, errlen);
     if (f == 1) return 1;
+    /* continuing a conversation another kvchat has open would fork it unseen (two answers to one
+     * question, each its own branch): refused until that one closes it */
+    int64_t pid;
+    int h = store_hold_other(p->db, ss.id, &pid);
+    if (h < 0) return db_fail(p, err, errlen);
+    if (h == 1) {
+        snprintf(err, errlen, "session %lld%s%.128s%s is open in another kvchat (pid %lld): close it there first, or "
+                 "start another session", (long long)ss.id, ss.name[0] ? " (" : "", ss.name, ss.name[0] ? ")" : "",
+                 (long long)pid);
+        return -1;
+    }
+    if (p->hold && store_hold(p->db, ss.id)) return db_fail(p, err, errlen);
     memset(out, 0, sizeof *out);
     out->id = ss.id;
     snprintf(out->name, sizeof out->name, "%s", ss.name);
@@ -109,7 +121,7 @@ static int p_create(void *ud, const sess_stored *s, int64_t doc_tokens, int64_t 
         !last.name[0] && last.model_id == p->model_id && !strcmp(last.doc_sha, s->doc_sha) &&
         !strcmp(last.policy, s->policy) && !strcmp(last.budget, s->budget) && !strcmp(last.format, s->format)) {
         *id = last.id;
-        return 0;
+        return p->hold && store_hold(p->db, *id) ? db_fail(p, err, errlen) : 0;
     }
     int64_t doc_id;
     if (store_document_put(p->db, p->model_id, s->doc_path, s->doc_sha, s->doc_title, doc_tokens, &doc_id) ||
@@ -124,6 +136,7 @@ static int p_create(void *ud, const sess_stored *s, int64_t doc_tokens, int64_t 
                  strcmp(got.doc_sha, s->doc_sha) ? "another document" : "another model's conversation");
         return -1;
     }
+    if (p->hold && store_hold(p->db, *id)) return db_fail(p, err, errlen);
     return 0;
 }
 

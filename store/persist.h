@@ -14,9 +14,12 @@ typedef struct store_persist {
     sess_persist ops;            /* what sess_attach_store takes; ops.ud points back here */
     store *db;
     int64_t model_id;            /* the model registered by ops.model */
+    int hold;                    /* 1: hold the session found or created (store_hold), as the
+                                    terminal interface does, so another kvchat does not fork it */
 } store_persist;
 
-/* Bind the interface to db (which must outlive it). */
+/* Bind the interface to db (which must outlive it). Finding a session another live kvchat holds
+ * is refused with a message naming it and that process. */
 void store_persist_init(store_persist *p, store *db);
 
 /* The conversation's newest branch as Markdown (title, model, document, policy, then each question

@@ -8,12 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <signal.h>
+#include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "common/files.h"
 #include "engine/snapshot.h"
 
 struct store {
     sqlite3 *db;
+    int64_t held;            /* the session this connection holds (store_hold), 0: none */
     char err[512];
 };
 
@@ -254,7 +259,18 @@ static const char *const migrations[] = {
     "  bytes INTEGER NOT NULL,"
     "  hash TEXT NOT NULL REFERENCES chunks(hash),"
     "  PRIMARY KEY (snapshot_id, off)) WITHOUT ROWID;"
-    "CREATE INDEX document_snapshot_chunks_hash ON document_snapshot_chunks(hash);",
+    "CREATE INDEX document_snapshot_chunks_hash ON document_snapshot_chunks(hash);"
+    /* also 3: the database's own settings (its size limit, how many snapshots the limit pruned) and
+     * the holds: which kvchat process has which session open, so another one does not fork it unseen */
+    "CREATE TABLE meta ("
+    "  key TEXT PRIMARY KEY,"
+    "  value INTEGER NOT NULL);"
+    "CREATE TABLE holds ("
+    "  session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+    "  pid INTEGER NOT NULL,"
+    "  started INTEGER NOT NULL,"
+    "  created_at INTEGER NOT NULL,"
+    "  PRIMARY KEY (session_id, pid));",
 };
 
 static int schema_version(store *s)
@@ -341,7 +357,10 @@ store *store_open(const char *path, char *err, size_t errlen)
     int ro = sqlite3_db_readonly(s->db, "main") == 1;   /* browsing still works; writes fail clearly */
     if (exec_sql(s, "PRAGMA foreign_keys = ON", "opening the database") ||
         (!ro && set_wal_mode(s)) ||
-        exec_sql(s, "PRAGMA synchronous = NORMAL", "opening the database") || migrate(s)) {
+        exec_sql(s, "PRAGMA synchronous = NORMAL", "opening the database") ||
+        /* a freed page is not zeroed first where that costs a write: pruning an 8 MiB snapshot
+         * wrote 8 MiB of zeros through the log (Debian's sqlite is built with secure_delete on) */
+        exec_sql(s, "PRAGMA secure_delete = FAST", "opening the database") || migrate(s)) {
         snprintf(err, errlen, "%s: %s", path, s->err);
         store_close(s);
         return NULL;
@@ -352,6 +371,7 @@ store *store_open(const char *path, char *err, size_t errlen)
 void store_close(store *s)
 {
     if (!s) return;
+    if (s->held) store_hold(s, 0);   /* best effort: a hold left behind names a dead pid, ignored */
     sqlite3_close_v2(s->db);
     free(s);
 }
@@ -861,6 +881,14 @@ int store_snapshot_put(store *s, int64_t session, int64_t message, const char *p
     if (replaced && drop_orphan_chunks(s, "saving the snapshot")) goto rollback;
     if (exec_sql(s, "COMMIT", "saving the snapshot")) goto rollback;
     free(r);
+    /* the snapshot is in; now the oldest others go while the database is over its limit */
+    int64_t removed;
+    if (store_enforce_limit(s, *id, &removed)) {
+        char why[sizeof s->err];
+        snprintf(why, sizeof why, "%s", s->err);
+        snprintf(s->err, sizeof s->err, "the snapshot is saved, but pruning to the size limit failed: %.400s", why);
+        return -1;
+    }
     return 0;
 rollback:
     sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
@@ -972,6 +1000,10 @@ int store_snapshot_latest(store *s, int64_t session, const char *prefill_policy,
                           message, data, len);
 }
 
+/* The limit kept after a save: keep_conv (a conversation snapshot) or keep_doc (a document
+ * snapshot) is the one just saved, which stays; 0 for none. */
+static int enforce_limit(store *s, int64_t keep_conv, int64_t keep_doc, int64_t *removed);
+
 /* The document's row for this model (its id; 1 when the model never read that text). */
 static int document_id(store *s, int64_t model_id, const char *doc_sha, int64_t *id)
 {
@@ -1023,6 +1055,13 @@ int store_doc_snapshot_put(store *s, int64_t model_id, const char *doc_sha, cons
     if (replaced && drop_orphan_chunks(s, "saving the snapshot")) goto rollback;
     if (exec_sql(s, "COMMIT", "saving the snapshot")) goto rollback;
     free(r);
+    int64_t removed;
+    if (enforce_limit(s, 0, id, &removed)) {
+        char why[sizeof s->err];
+        snprintf(why, sizeof why, "%s", s->err);
+        snprintf(s->err, sizeof s->err, "the snapshot is saved, but pruning to the size limit failed: %.400s", why);
+        return -1;
+    }
     return 0;
 rollback:
     sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
@@ -1073,7 +1112,229 @@ rollback:
 
 int store_vacuum(store *s)
 {
-    return drop_orphan_chunks(s, "vacuuming the database") || exec_sql(s, "VACUUM", "vacuuming the database") ? -1 : 0;
+    /* with another connection open, VACUUM's copy of the database stays in the WAL beside the old
+     * file (the issue: the WAL grew instead of the file shrinking): refuse while a kvchat holds a session,
+     * and hand the copy to the file at once (a TRUNCATE checkpoint) */
+    int64_t pid;
+    int h = store_hold_other(s, 0, &pid);
+    if (h < 0) return -1;
+    if (h == 1) {
+        snprintf(s->err, sizeof s->err, "vacuuming the database: another kvchat (pid %lld) has a session open; close "
+                 "it first (a vacuum now would grow the write-ahead log instead of shrinking the file)", (long long)pid);
+        return -1;
+    }
+    if (drop_orphan_chunks(s, "vacuuming the database") || exec_sql(s, "VACUUM", "vacuuming the database")) return -1;
+    sqlite3_stmt *st = prep(s, "PRAGMA wal_checkpoint(TRUNCATE)", NULL);
+    if (!st) return -1;
+    int rc = sqlite3_step(st), busy = rc == SQLITE_ROW && sqlite3_column_int(st, 0) != 0;
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW) return fail(s, "vacuuming the database");
+    if (busy) {
+        snprintf(s->err, sizeof s->err, "vacuuming the database: another process is reading it, so the smaller copy "
+                 "waits in the write-ahead log until it closes");
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ size limit */
+
+static int meta_get(store *s, const char *key, int64_t dflt, int64_t *v)
+{
+    sqlite3_stmt *st = prep(s, "SELECT value FROM meta WHERE key = ?", "t", key);
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    *v = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : dflt;
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : fail(s, "reading the database's settings");
+}
+
+static int pragma_int(store *s, const char *sql, int64_t *v)
+{
+    sqlite3_stmt *st = prep(s, sql, NULL);
+    if (!st) return -1;
+    int rc = sqlite3_step(st);
+    *v = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? 0 : fail(s, "measuring the database");
+}
+
+/* Pages in use (the free ones sqlite reuses before growing the file do not count) and the file's
+ * pages, in bytes. Inside a transaction this sees the transaction's own changes. */
+static int db_bytes(store *s, int64_t *used, int64_t *file)
+{
+    int64_t pages, free_pages, page_size;
+    if (pragma_int(s, "PRAGMA page_count", &pages) || pragma_int(s, "PRAGMA freelist_count", &free_pages) ||
+        pragma_int(s, "PRAGMA page_size", &page_size))
+        return -1;
+    *used = (pages - free_pages) * page_size;
+    if (file) *file = pages * page_size;
+    return 0;
+}
+
+int store_usage_get(store *s, store_usage *u)
+{
+    memset(u, 0, sizeof *u);
+    if (db_bytes(s, &u->used, &u->file) || meta_get(s, "size_limit", STORE_DEFAULT_LIMIT, &u->limit) ||
+        meta_get(s, "pruned_snapshots", 0, &u->pruned))
+        return -1;
+    return pragma_int(s, "SELECT COUNT(*) FROM snapshots", &u->n_snapshots);
+}
+
+int store_limit_set(store *s, int64_t bytes)
+{
+    if (bytes < 0) {
+        snprintf(s->err, sizeof s->err, "a size limit is not negative");
+        return -1;
+    }
+    return exec_stmt(s, prep(s, "INSERT INTO meta (key, value) VALUES ('size_limit', ?) ON CONFLICT (key) DO UPDATE "
+                                "SET value = excluded.value", "i", bytes),
+                     "setting the size limit");
+}
+
+int store_size_parse(const char *text, int64_t *bytes, char *err, size_t errlen)
+{
+    if (!strcmp(text, "off") || !strcmp(text, "none")) {
+        *bytes = 0;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    const char *unit = end;
+    double scale = 1;
+    if (!strcasecmp(unit, "k") || !strcasecmp(unit, "kib") || !strcasecmp(unit, "kb")) scale = 1024.0;
+    else if (!strcasecmp(unit, "m") || !strcasecmp(unit, "mib") || !strcasecmp(unit, "mb")) scale = 1024.0 * 1024;
+    else if (!strcasecmp(unit, "g") || !strcasecmp(unit, "gib") || !strcasecmp(unit, "gb")) scale = 1024.0 * 1024 * 1024;
+    else if (!strcasecmp(unit, "t") || !strcasecmp(unit, "tib") || !strcasecmp(unit, "tb")) scale = 1024.0 * 1024 * 1024 * 1024;
+    else if (*unit && strcasecmp(unit, "b")) scale = -1;
+    if (end == text || errno || scale < 0 || !(v >= 0) || v * scale > 9e18) {
+        snprintf(err, errlen, "'%.100s' is not a size: give bytes or a number with K, M, G or T (1.5G, 800M), or off",
+                 text);
+        return -1;
+    }
+    *bytes = (int64_t)(v * scale);
+    return 0;
+}
+
+int store_enforce_limit(store *s, int64_t keep_snapshot, int64_t *removed)
+{
+    return enforce_limit(s, keep_snapshot, 0, removed);
+}
+
+static int enforce_limit(store *s, int64_t keep_conv, int64_t keep_doc, int64_t *removed)
+{
+    *removed = 0;
+    int64_t limit, used;
+    if (meta_get(s, "size_limit", STORE_DEFAULT_LIMIT, &limit)) return -1;
+    if (limit <= 0 || db_bytes(s, &used, NULL)) return limit <= 0 ? 0 : -1;
+    if (used <= limit) return 0;
+    if (exec_sql(s, "BEGIN IMMEDIATE", "keeping the database under its size limit")) return -1;
+    /* the oldest snapshot first (ids grow with each save); the messages stay, so a session whose
+     * snapshots went is resumed by prefilling its conversation again */
+    for (;;) {
+        /* a document snapshot counts by when it was last used (opening its text again refreshes it),
+         * a conversation's by when it was saved; in the same second, in the order they were saved */
+        sqlite3_stmt *st = prep(s,
+                                "SELECT kind, id FROM (SELECT 0 AS kind, id, created_at AS t FROM snapshots WHERE id != ? "
+                                "UNION ALL SELECT 1, id, used_at FROM document_snapshots WHERE id != ?) "
+                                "ORDER BY t, kind, id LIMIT 1",
+                                "ii", keep_conv, keep_doc);
+        if (!st) goto rollback;
+        int rc = sqlite3_step(st);
+        int kind = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
+        int64_t id = rc == SQLITE_ROW ? sqlite3_column_int64(st, 1) : 0;
+        sqlite3_finalize(st);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+            fail(s, "keeping the database under its size limit");
+            goto rollback;
+        }
+        if (!id) break;   /* only the snapshot just saved is left: it stays, over the limit */
+        if (exec_stmt(s, prep(s, kind ? "DELETE FROM document_snapshots WHERE id = ?" : "DELETE FROM snapshots WHERE id = ?",
+                              "i", id),
+                      "pruning a snapshot") ||
+            drop_orphan_chunks(s, "pruning a snapshot"))
+            goto rollback;
+        (*removed)++;
+        if (db_bytes(s, &used, NULL)) goto rollback;
+        if (used <= limit) break;
+    }
+    if (exec_stmt(s, prep(s, "INSERT INTO meta (key, value) VALUES ('pruned_snapshots', ?) ON CONFLICT (key) DO "
+                             "UPDATE SET value = value + excluded.value", "i", *removed),
+                  "keeping the database under its size limit") ||
+        exec_sql(s, "COMMIT", "keeping the database under its size limit"))
+        goto rollback;
+    return 0;
+rollback:
+    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    *removed = 0;
+    return -1;
+}
+
+/* ----------------------------------------------------------------------------------- holds */
+
+/* A process's start time (clock ticks since boot, /proc/PID/stat's 22nd field): with the pid it
+ * names one process, so a pid the system gave to another process since does not count as holding.
+ * 0 where /proc cannot say. */
+static int64_t process_start(long pid)
+{
+    char path[64], buf[1024], err[200];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = files_open_read(path, 1 << 16, "a process's status", err, sizeof err);
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');   /* the command name may hold spaces and parentheses */
+    if (!p) return 0;
+    p++;
+    for (int field = 3; field < 22 && p; field++) p = strchr(p + 1, ' ');
+    return p ? strtoll(p + 1, NULL, 10) : 0;
+}
+
+static int process_alive(long pid, int64_t started)
+{
+    if (kill((pid_t)pid, 0) != 0 && errno != EPERM) return 0;
+    int64_t now = process_start(pid);
+    return !started || !now || now == started;
+}
+
+int store_hold(store *s, int64_t session)
+{
+    /* a read-only database cannot take a hold, and cannot be forked either: nothing is saved */
+    if (s->held == session || sqlite3_db_readonly(s->db, "main") == 1) return 0;
+    long pid = (long)getpid();
+    if (s->held && exec_stmt(s, prep(s, "DELETE FROM holds WHERE session_id = ? AND pid = ?", "ii", s->held,
+                                     (int64_t)pid),
+                             "letting go of the session"))
+        return -1;
+    s->held = 0;
+    if (!session) return 0;
+    if (exec_stmt(s, prep(s, "INSERT OR REPLACE INTO holds (session_id, pid, started, created_at) VALUES (?, ?, ?, ?)",
+                          "iiii", session, (int64_t)pid, process_start(pid), now_s()),
+                  "holding the session"))
+        return -1;
+    s->held = session;
+    return 0;
+}
+
+int store_hold_other(store *s, int64_t session, int64_t *pid)
+{
+    char sql[200];
+    snprintf(sql, sizeof sql, "SELECT pid, started FROM holds WHERE pid != ?%s", session ? " AND session_id = ?" : "");
+    sqlite3_stmt *st = session ? prep(s, sql, "ii", (int64_t)getpid(), session) : prep(s, sql, "i", (int64_t)getpid());
+    if (!st) return -1;
+    int rc, found = 0;
+    while (!found && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        int64_t p = sqlite3_column_int64(st, 0), started = sqlite3_column_int64(st, 1);
+        if (process_alive((long)p, started)) {   /* a dead holder's row is stale: ignored */
+            *pid = p;
+            found = 1;
+        }
+    }
+    sqlite3_finalize(st);
+    if (found) return 1;
+    return rc == SQLITE_DONE ? 0 : fail(s, "reading the holds");
 }
 
 /* ------------------------------------------------------------------------ thresholds, events */

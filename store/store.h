@@ -1,7 +1,8 @@
 /* store.h - kvchat's sqlite database: models, documents, sessions, messages (a tree: each message
  * knows its parent, so an edited question branches and both branches persist), KV snapshots,
  * calibration thresholds and uncertainty events, with full-text search over messages and session
- * titles. docs/store.md documents the schema.
+ * titles; a size limit that prunes the oldest snapshots, and holds on the sessions a kvchat has open.
+ * docs/store.md documents the schema.
  *
  * One database file (WAL mode, foreign keys on, busy timeout so two kvchat processes wait for each
  * other instead of failing), schema versioned with PRAGMA user_version and migrated in a
@@ -120,8 +121,41 @@ int store_snapshot_latest(store *s, int64_t session, const char *prefill_policy,
 /* Delete the snapshots that are not at the end of a branch (of one session, or 0: of all), and the
  * pages nothing refers to any more; *removed gets the count. */
 int store_prune(store *s, int64_t session, int64_t *removed);
-/* Drop pages nothing refers to and rebuild the file at its smallest (VACUUM). */
+/* Drop pages nothing refers to and rebuild the file at its smallest (VACUUM), then checkpoint the
+ * write-ahead log into the file and empty it. Refused while another live kvchat holds a session (the
+ * copy would wait in the log); an error too when another reader kept the checkpoint from finishing. */
 int store_vacuum(store *s);
+
+/* The size limit. The database holds it (table meta), so every front end keeps the same one; 1 GiB
+ * unless set: about 30 to 200 snapshots of the default model (5 to 34 MiB each, less where pages are
+ * shared), far more than the conversations a resume uses, yet small beside any disk it runs on. */
+#define STORE_DEFAULT_LIMIT (1LL << 30)
+
+typedef struct store_usage {
+    int64_t used;            /* bytes of pages in use ((page_count - freelist_count) * page_size) */
+    int64_t file;            /* bytes of the main file's pages (the free ones are reused before it grows) */
+    int64_t limit;           /* 0: no limit */
+    int64_t pruned;          /* snapshots the limit has deleted, ever */
+    int64_t n_snapshots;
+} store_usage;
+
+int store_usage_get(store *s, store_usage *u);
+/* Set the limit in bytes (0: none); it applies from the next snapshot saved. */
+int store_limit_set(store *s, int64_t bytes);
+/* "1G", "800M", "1.5GiB", "1048576", "off": 0, or -1 with a message. */
+int store_size_parse(const char *text, int64_t *bytes, char *err, size_t errlen);
+/* While the pages in use exceed the limit, delete the oldest snapshot (a conversation's by when it
+ * was saved, a document's by when it was last used; never keep_snapshot, never a message) and the
+ * pages no other snapshot holds (store_doc_snapshot_put does the same, keeping the one it saved); *removed gets the count. Free pages are reused
+ * by the next snapshot, so the file stays near the limit. store_snapshot_put calls this. */
+int store_enforce_limit(store *s, int64_t keep_snapshot, int64_t *removed);
+
+/* Holds: a kvchat with a session open (the terminal interface) holds it: a row with its pid and
+ * process start time, removed when it lets go or closes the store. A hold whose process is gone
+ * (or whose pid now names another process) is ignored. store_hold(s, 0) lets go. */
+int store_hold(store *s, int64_t session);
+/* 1 with *pid when another live process holds session (0: any session), 0 when none does. */
+int store_hold_other(store *s, int64_t session, int64_t *pid);
 
 int store_thresholds_put(store *s, int64_t model_id, const unc_thresholds *t);
 int store_thresholds_get(store *s, int64_t model_id, unc_thresholds *t);   /* 1: none */

@@ -309,3 +309,28 @@ Test(reuse, a_question_left_without_an_answer_is_shown_when_resumed)
     sess_free(s);
     fixture_close(&x);
 }
+
+/* The database's size limit counts document snapshots and prunes them with the rest, oldest first
+ * (a document's by when it was last used), never the one just saved. */
+Test(reuse, the_size_limit_prunes_document_snapshots_too)
+{
+    fixture x;
+    fixture_open(&x);
+    cr_assert(store_limit_set(x.db, 1) == 0, "%s", store_error(x.db));   /* every save prunes the rest */
+    session *s = open_session("full", &x.sp);
+    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(s));
+    session *b = open_session("full", &x.sp);
+    cr_assert(sess_open_document(b, x.copy, NULL, NULL, 0) == SESS_OK, "%s", sess_error(b));
+    cr_expect_eq(prefilled(b), 0, "the document snapshot just saved stays");
+    ask_ok(s, "What is it about?");   /* its snapshot is the newest: the document's goes */
+    session *c = open_session("full", &x.sp);
+    cr_assert(sess_open_document(c, x.copy, NULL, NULL, 0) == SESS_OK, "%s", sess_error(c));
+    cr_expect_gt(prefilled(c), 800, "the pruned document snapshot was still restored");
+    store_usage u;
+    cr_assert(store_usage_get(x.db, &u) == 0, "%s", store_error(x.db));
+    cr_expect_gt(u.pruned, 0);
+    sess_free(c);
+    sess_free(b);
+    sess_free(s);
+    fixture_close(&x);
+}

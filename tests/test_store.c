@@ -399,3 +399,224 @@ Test(store, two_processes_writing_at_once_do_not_corrupt_it, .timeout = 120)
     store_close(s);
     rm_db(path);
 }
+
+static int64_t count_rows(const char *path, const char *sql)
+{
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    cr_assert(sqlite3_open(path, &db) == SQLITE_OK);
+    cr_assert(sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK, "%s", sqlite3_errmsg(db));
+    cr_assert(sqlite3_step(st) == SQLITE_ROW);
+    int64_t n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return n;
+}
+
+/* Issue 27, item 8: over the size limit, the oldest snapshots go first after each save (never the
+ * one just saved, never a message), until the pages in use fit; the count of pruned snapshots is
+ * kept, and the free pages are reused, so the file stays near the limit. */
+Test(store, size_limit_prunes_the_oldest_snapshots_first_and_keeps_messages)
+{
+    char path[600];
+    tmp_db(path, sizeof path);
+    store *s = open_ok(path);
+    store_usage u;
+    cr_assert(store_usage_get(s, &u) == 0, "%s", store_error(s));
+    cr_expect_eq(u.limit, STORE_DEFAULT_LIMIT, "1 GiB unless set");
+    int64_t limit = 3 * (1 << 20);
+    cr_assert(store_limit_set(s, limit) == 0, "%s", store_error(s));
+    int64_t sid = session_fixture(s, "big"), other = session_fixture(s, "other"), parent = 0, snap[12];
+    size_t n = (1 << 20) + 4321;   /* about a third of the limit: the fourth save is over it */
+    for (int i = 0; i < 12; i++) {
+        int64_t q, a;
+        int64_t in = i % 3 == 2 ? other : sid;   /* two sessions: the oldest goes, whichever it is */
+        cr_assert(store_message_add(s, in, in == sid ? parent : 0, "user", "q", NULL, NULL, &q) == 0);
+        cr_assert(store_message_add(s, in, q, "assistant", "a", NULL, NULL, &a) == 0);
+        if (in == sid) parent = a;
+        unsigned char *p = pattern(n, (uint32_t)i + 1);
+        cr_assert(store_snapshot_put(s, in, a, "full", 100, p, n, &snap[i]) == 0, "%s", store_error(s));
+        free(p);
+        cr_assert(store_usage_get(s, &u) == 0);
+        cr_expect(u.used <= limit, "save %d: %lld bytes in use over the %lld limit", i, (long long)u.used,
+                  (long long)limit);
+        /* the snapshots left are the newest ones, the one just saved among them */
+        int64_t left = u.n_snapshots, oldest_left = snap[i - left + 1];
+        char sql[200];
+        snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM snapshots WHERE id >= %lld", (long long)oldest_left);
+        cr_expect_eq(count_rows(path, sql), left, "save %d: a newer snapshot went before an older one", i);
+        cr_expect_eq(u.pruned, i + 1 - left, "save %d: the pruned count", i);
+    }
+    cr_expect(u.pruned >= 8, "12 snapshots of a third of the limit: at most 3 stay (%lld pruned)", (long long)u.pruned);
+    cr_expect_eq(count_rows(path, "SELECT COUNT(*) FROM messages"), 24, "every message is kept");
+    cr_expect_eq(count_rows(path, "SELECT COUNT(*) FROM chunks WHERE NOT EXISTS (SELECT 1 FROM snapshot_chunks sc "
+                                  "WHERE sc.hash = chunks.hash)"),
+                 0, "no page is left that no snapshot holds");
+    cr_expect(u.file <= limit + 2 * (int64_t)n, "the file reuses free pages: %lld bytes", (long long)u.file);
+    /* one snapshot bigger than the limit stays (it is the one just saved), alone */
+    cr_assert(store_limit_set(s, 100 * 1024) == 0);
+    int64_t q, a, id;
+    cr_assert(store_message_add(s, sid, parent, "user", "q", NULL, NULL, &q) == 0);
+    cr_assert(store_message_add(s, sid, q, "assistant", "a", NULL, NULL, &a) == 0);
+    unsigned char *p = pattern(n, 99);
+    cr_assert(store_snapshot_put(s, sid, a, "full", 100, p, n, &id) == 0, "%s", store_error(s));
+    void *got;
+    size_t len;
+    cr_assert(store_snapshot_get(s, a, "full", &got, &len) == 0);
+    cr_expect(len == n && !memcmp(got, p, n));
+    free(got);
+    free(p);
+    cr_assert(store_usage_get(s, &u) == 0);
+    cr_expect_eq(u.n_snapshots, 1);
+    /* off: nothing is pruned */
+    cr_assert(store_limit_set(s, 0) == 0);
+    cr_assert(store_message_add(s, sid, a, "user", "q", NULL, NULL, &q) == 0);
+    cr_assert(store_message_add(s, sid, q, "assistant", "a", NULL, NULL, &a) == 0);
+    p = pattern(n, 100);
+    cr_assert(store_snapshot_put(s, sid, a, "full", 100, p, n, &id) == 0, "%s", store_error(s));
+    free(p);
+    cr_assert(store_usage_get(s, &u) == 0);
+    cr_expect_eq(u.n_snapshots, 2);
+    cr_expect_eq(store_check(s), 0);
+    store_close(s);
+    rm_db(path);
+}
+
+Test(store, sizes_parse_with_units_and_refuse_the_rest)
+{
+    int64_t b;
+    char err[300];
+    cr_expect(store_size_parse("1G", &b, err, sizeof err) == 0 && b == (1LL << 30));
+    cr_expect(store_size_parse("800M", &b, err, sizeof err) == 0 && b == 800LL << 20);
+    cr_expect(store_size_parse("1.5GiB", &b, err, sizeof err) == 0 && b == 3LL << 29);
+    cr_expect(store_size_parse("4096", &b, err, sizeof err) == 0 && b == 4096);
+    cr_expect(store_size_parse("off", &b, err, sizeof err) == 0 && b == 0);
+    const char *bad[] = { "", "-1G", "12Q", "G", "1G2", "nan", "1e30" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_expect(store_size_parse(bad[i], &b, err, sizeof err) == -1, "'%s' was taken", bad[i]);
+        cr_expect(strstr(err, "is not a size"), "%s", err);
+    }
+}
+
+/* Issue 27: a session a live kvchat holds is seen by another process; a hold of a process that has
+ * exited is ignored; closing the store lets go. */
+Test(store, holds_name_a_live_process_and_stale_ones_are_ignored, .timeout = 60)
+{
+    char path[600];
+    tmp_db(path, sizeof path);
+    store *s = open_ok(path);
+    int64_t sid = session_fixture(s, "held"), pid = 0;
+    int go[2], ready[2];
+    cr_assert(pipe(go) == 0 && pipe(ready) == 0);
+    pid_t c = fork();
+    if (c == 0) {
+        char err[600], ch = 1;
+        store *cs = store_open(path, err, sizeof err);
+        int ok = cs && store_hold(cs, sid) == 0;
+        if (write(ready[1], &ch, 1) != 1) _exit(3);
+        if (read(go[0], &ch, 1) != 1) _exit(3);
+        if (ch == 'c') store_close(cs);   /* 'c': let go; else die holding it */
+        _exit(ok ? 0 : 2);
+    }
+    char ch;
+    cr_assert(read(ready[0], &ch, 1) == 1);
+    cr_expect_eq(store_hold_other(s, sid, &pid), 1, "%s", store_error(s));
+    cr_expect_eq(pid, c);
+    cr_expect_eq(store_hold_other(s, 0, &pid), 1, "any session");
+    cr_expect_eq(store_vacuum(s), -1, "a vacuum is refused while another kvchat holds a session");
+    cr_expect(strstr(store_error(s), "another kvchat (pid"), "%s", store_error(s));
+    /* the holder dies without letting go: its row stays, and is ignored */
+    ch = 'k';
+    cr_assert(write(go[1], &ch, 1) == 1);
+    int st;
+    waitpid(c, &st, 0);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    cr_expect_eq(count_rows(path, "SELECT COUNT(*) FROM holds"), 1);
+    cr_expect_eq(store_hold_other(s, sid, &pid), 0, "a dead process's hold is stale");
+    cr_expect_eq(count_rows(path, "SELECT COUNT(*) FROM holds WHERE started > 0"), 1, "a hold names the start time");
+    /* a pid the system has given to another process since (pid 1 did not start at tick 7) */
+    sqlite3 *raw;
+    cr_assert(sqlite3_open(path, &raw) == SQLITE_OK);
+    char ins[200];
+    snprintf(ins, sizeof ins, "INSERT INTO holds VALUES (%lld, 1, 7, 0)", (long long)sid);
+    cr_assert(sqlite3_exec(raw, ins, NULL, NULL, NULL) == SQLITE_OK, "%s", sqlite3_errmsg(raw));
+    sqlite3_close(raw);
+    cr_expect_eq(store_hold_other(s, sid, &pid), 0, "a reused pid does not hold");
+    /* a read-only connection resumes without a hold (it saves nothing, so it forks nothing) */
+    char uri[700];
+    snprintf(uri, sizeof uri, "file:%s?mode=ro", path);
+    store *ro = open_ok(uri);
+    cr_expect_eq(store_hold(ro, sid), 0, "%s", store_error(ro));
+    store_close(ro);
+    /* its own hold is not another's; closing lets go */
+    cr_assert(store_hold(s, sid) == 0, "%s", store_error(s));
+    cr_expect_eq(store_hold_other(s, sid, &pid), 0);
+    store_close(s);
+    char sql[120];
+    snprintf(sql, sizeof sql, "SELECT COUNT(*) FROM holds WHERE pid = %lld", (long long)getpid());
+    cr_expect_eq(count_rows(path, sql), 0, "closing the store removes its hold");
+    close(go[0]);
+    close(go[1]);
+    close(ready[0]);
+    close(ready[1]);
+    rm_db(path);
+}
+
+static int64_t file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (int64_t)st.st_size : 0;
+}
+
+/* Issue 27: vacuum while another connection has the database open shrinks the file and leaves no
+ * write-ahead log behind (the copy used to wait in the log, which grew instead). */
+Test(store, vacuum_with_another_connection_open_shrinks_the_file)
+{
+    char path[600], wal[700];
+    tmp_db(path, sizeof path);
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    store *s = open_ok(path), *other = open_ok(path);
+    int64_t sid = session_fixture(s, "big"), m, id;
+    cr_assert(store_message_add(s, sid, 0, "user", "q", NULL, NULL, &m) == 0);
+    size_t n = 8u << 20;
+    unsigned char *p = pattern(n, 5);
+    cr_assert(store_snapshot_put(s, sid, m, "full", 100, p, n, &id) == 0, "%s", store_error(s));
+    free(p);
+    store_session ss;
+    cr_assert(store_session_get(other, sid, &ss) == 0, "the other connection reads");
+    cr_assert(store_session_delete(s, sid) == 0);
+    cr_assert(store_vacuum(s) == 0, "%s", store_error(s));
+    cr_expect(file_size(path) < (1 << 20), "the file is %lld bytes after the vacuum", (long long)file_size(path));
+    cr_expect(file_size(wal) == 0, "the log is %lld bytes after the vacuum", (long long)file_size(wal));
+    cr_expect_eq(store_check(other), 0);
+    store_close(other);
+    store_close(s);
+    rm_db(path);
+}
+
+/* Issue 27: pruning and deleting write little: a freed page is not overwritten with zeros first
+ * (secure_delete = FAST; Debian's sqlite zeroes by default, which wrote a deleted 8 MiB snapshot
+ * into the write-ahead log again, 8 MiB of zeros, on every prune). */
+Test(store, deleting_a_snapshot_does_not_rewrite_its_pages)
+{
+    char path[600], wal[700];
+    tmp_db(path, sizeof path);
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    store *s = open_ok(path);
+    int64_t sid = session_fixture(s, "big"), m, id;
+    cr_assert(store_message_add(s, sid, 0, "user", "q", NULL, NULL, &m) == 0);
+    size_t n = 8u << 20;
+    unsigned char *p = pattern(n, 6);
+    cr_assert(store_snapshot_put(s, sid, m, "full", 100, p, n, &id) == 0, "%s", store_error(s));
+    free(p);
+    sqlite3 *raw;
+    cr_assert(sqlite3_open(path, &raw) == SQLITE_OK);
+    cr_assert(sqlite3_exec(raw, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL) == SQLITE_OK);
+    cr_expect_eq(file_size(wal), 0);
+    cr_assert(store_session_delete(s, sid) == 0, "%s", store_error(s));
+    cr_expect(file_size(wal) < (1 << 20), "deleting an 8 MiB snapshot wrote %lld bytes to the log",
+              (long long)file_size(wal));
+    sqlite3_close(raw);
+    store_close(s);
+    rm_db(path);
+}

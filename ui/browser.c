@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "common/text.h"
 #include "store/persist.h"
+#include "ui/pickers.h"
 
 static const char *base(const char *p)
 {
@@ -40,6 +41,35 @@ static void add_hit(void *ud, int64_t sid, int64_t message, const char *snippet)
     if (store_session_get(b->db, sid, &ss) == 0) add_session(b, &ss);
 }
 
+static void count_session(void *ud, const store_session *ss)
+{
+    (void)ss;
+    (*(int *)ud)++;
+}
+
+/* The title: how many sessions the list shows (of how many, under a search), and the database's
+ * size against its limit with what the limit pruned. */
+static void set_title(browser *b, int total)
+{
+    char count[300], usage[200] = "";
+    if (b->m.filter[0]) {
+        char q[200];
+        text_escape(b->m.filter, q, sizeof q, 0);
+        snprintf(count, sizeof count, "%d of %d session%s match '%s'", b->n_ss, total, total == 1 ? "" : "s", q);
+    } else {
+        snprintf(count, sizeof count, "%d session%s", b->n_ss, b->n_ss == 1 ? "" : "s");
+    }
+    store_usage u;
+    if (b->db && store_usage_get(b->db, &u) == 0) {
+        char used[32], lim[32];
+        human_size(u.used, used, sizeof used);
+        human_size(u.limit, lim, sizeof lim);
+        snprintf(usage, sizeof usage, " | db %s of %s%s, %" PRId64 " pruned", used, u.limit ? lim : "no",
+                 " limit", u.pruned);
+    }
+    snprintf(b->m.title, sizeof b->m.title, "Sessions: %.100s%s", count, usage);
+}
+
 /* The rows again, for the current search text. */
 static void fill(browser *b)
 {
@@ -49,8 +79,13 @@ static void fill(browser *b)
     b->ss = NULL;
     b->n_ss = 0;
     if (!b->db) return;
-    int rc = b->m.filter[0] ? store_search(b->db, b->m.filter, add_hit, b) : store_session_list(b->db, add_session, b);
+    int total = 0;
+    int rc = store_session_list(b->db, b->m.filter[0] ? count_session : add_session, b->m.filter[0] ? (void *)&total : b);
+    if (!rc && b->m.filter[0]) rc = store_search(b->db, b->m.filter, add_hit, b);
     if (rc) menu_say(&b->m, 1, "%s", store_error(b->db));
+    if (b->n_ss > 0)   /* a heading (tag < 0: never selected) over the columns below */
+        menu_add(&b->m, -1, "%5s  %-20s  %-16s  %-14s  %-18s %4s %10s  %s", "id", "title", "document", "model",
+                 "policy", "msgs", "stored", "updated");
     for (int i = 0; i < b->n_ss; i++) {
         const store_session *s = &b->ss[i];
         char when[32];
@@ -60,22 +95,21 @@ static void fill(browser *b)
         strftime(when, sizeof when, "%b %d %H:%M", &tm);
         /* columns by display width, control characters shown escaped */
         char title[96], doc[80], mod[64], pol[80];
-        text_fit(s->title, 22, title, sizeof title);
+        text_fit(s->title, 20, title, sizeof title);
         text_fit(s->doc_title[0] ? s->doc_title : "-", 16, doc, sizeof doc);
         text_fit(base(s->model_path), 14, mod, sizeof mod);
         text_fit(s->policy, 18, pol, sizeof pol);
-        menu_add(&b->m, s->id, "%5" PRId64 "  %s  %s  %s  %s %4" PRId64 " msgs %6.1f MiB  %s", s->id, title, doc, mod,
+        menu_add(&b->m, s->id, "%5" PRId64 "  %s  %s  %s  %s %4" PRId64 " %6.1f MiB  %s", s->id, title, doc, mod,
                  pol, s->n_messages, (double)s->snapshot_bytes / (1 << 20), when);
     }
-    menu_select_tag(&b->m, keep);
-    if (b->m.filter[0] && !rc)
-        menu_say(&b->m, 0, "%d session%s match%s", b->n_ss, b->n_ss == 1 ? "" : "s", b->n_ss == 1 ? "es" : "");
+    menu_select_tag(&b->m, keep >= 0 ? keep : -2);   /* -2: no row's tag, so the first session */
+    set_title(b, b->m.filter[0] ? total : b->n_ss);
 }
 
 void browser_open(browser *b, const char *db_path)
 {
     browser_close(b);
-    menu_init(&b->m, "Sessions",
+    menu_init(&b->m, "Sessions",   /* set_title says how many, and the database's size */
               "Enter resume   type to search   ^R rename   ^E export Markdown   Del delete   Esc close", 1);
     if (db_path) {
         char err[1200];
@@ -133,8 +167,30 @@ static void export(browser *b, const store_session *s)
     menu_say(&b->m, 0, "session %" PRId64 " exported to %s", s->id, shown);
 }
 
+/* A delete waiting for its answer: y deletes, n or Esc keeps, each at once (no Enter); other keys
+ * wait. */
+static void confirm_key(browser *b, int ch, int is_key)
+{
+    if (is_key || ch <= 0 || ch > 127 || !strchr("yYnN\033", ch)) return;
+    int64_t id = b->confirm;
+    b->confirm = 0;
+    b->m.editing = 0;
+    if (ch != 'y' && ch != 'Y') {
+        menu_say(&b->m, 0, "not deleted");
+    } else if (store_session_delete(b->db, id)) {
+        menu_say(&b->m, 1, "%s", store_error(b->db));
+    } else {
+        menu_say(&b->m, 0, "session %" PRId64 " deleted", id);
+        fill(b);
+    }
+}
+
 int browser_key(browser *b, ui_worker *w, int64_t current_session, int ch, int is_key)
 {
+    if (b->confirm) {
+        confirm_key(b, ch, is_key);
+        return 0;
+    }
     int r = menu_key(&b->m, ch, is_key);
     const store_session *s = selected(b);
     switch (r) {
@@ -161,17 +217,8 @@ int browser_key(browser *b, ui_worker *w, int64_t current_session, int ch, int i
                 menu_say(&b->m, 0, "session %" PRId64 " renamed", b->renaming);
                 fill(b);
             }
-        } else if (b->confirm) {
-            if (strcmp(b->m.edit, "y") != 0) {
-                menu_say(&b->m, 0, "not deleted");
-            } else if (store_session_delete(b->db, b->confirm)) {
-                menu_say(&b->m, 1, "%s", store_error(b->db));
-            } else {
-                menu_say(&b->m, 0, "session %" PRId64 " deleted", b->confirm);
-                fill(b);
-            }
         }
-        b->renaming = b->confirm = 0;
+        b->renaming = 0;
         return 0;
     case MENU_UNHANDLED:
         if (!s || !b->db) return 0;
@@ -188,7 +235,7 @@ int browser_key(browser *b, ui_worker *w, int64_t current_session, int ch, int i
                 b->confirm = s->id;
                 char label[96];
                 snprintf(label, sizeof label, "delete session %" PRId64 " with its messages and snapshots? y/n", s->id);
-                menu_prompt(&b->m, label, "");
+                menu_prompt(&b->m, label, "");   /* answered by one key: confirm_key */
             }
         }
         return 0;

@@ -495,6 +495,7 @@ ui_worker *uw_start(session *s, store *db, const char *db_path, char *err, size_
     /* the conversation is saved as it goes; without a database it still works, unsaved */
     if (db) {
         store_persist_init(&w->persist, db);
+        w->persist.hold = 1;   /* the open session is held: ask -c refuses it meanwhile (docs/store.md) */
         if (sess_attach_store(s, &w->persist.ops) == 0) {
             w->db = db;
             snprintf(w->db_path, sizeof w->db_path, "%s", db_path ? db_path : "");

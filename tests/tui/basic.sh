@@ -123,7 +123,7 @@ T send-keys -t "$s" F3
 wait_for '│ +1  p2\.txt +p2\.txt'
 wait_for '│ +2  notes\.txt'
 T send-keys -t "$s" 'copy'
-wait_for '1 session matches'
+wait_for 'Sessions: 1 of 2 sessions match'
 T send-keys -t "$s" BSpace BSpace BSpace BSpace
 wait_for 'search: _'
 T send-keys -t "$s" Down
@@ -143,15 +143,15 @@ grep -q '^# First talk' "$work/kvchat-session-1.md" || fail "the export has no t
 grep -q '^## Question' "$work/kvchat-session-1.md" || fail "the export has no question"
 # (a rename reorders the list by date: each session is picked by a search that finds only it)
 T send-keys -t "$s" 'copy'
-wait_for '1 session matches'
+wait_for 'Sessions: 1 of 2 sessions match'
 T send-keys -t "$s" DC
 wait_for 'session 2 is the open conversation'
 T send-keys -t "$s" BSpace BSpace BSpace BSpace 'First'
 wait_for 'search: First_'
-wait_for '1 session matches'
+wait_for 'Sessions: 1 of 2 sessions match'
 T send-keys -t "$s" DC
 wait_for 'delete session 1 with its messages and snapshots\? y/n'
-T send-keys -t "$s" n Enter
+T send-keys -t "$s" n
 wait_for 'not deleted'
 T send-keys -t "$s" Escape
 wait_gone 'Enter resume' "Esc did not close the session browser"
@@ -159,7 +159,7 @@ wait_gone 'Enter resume' "Esc did not close the session browser"
 T send-keys -t "$s" F3
 wait_for '1  First talk'
 T send-keys -t "$s" 'First'
-wait_for '1 session matches'
+wait_for 'Sessions: 1 of 2 sessions match'
 T send-keys -t "$s" Enter
 wait_for 'session 1: restored [0-9]+ tokens \(full\) from a'
 wait_for '\| ready'
@@ -211,7 +211,7 @@ T send-keys -t "$s" '/regen' Enter
 wait_for 'another answer to the same question \(a new branch\)'
 wait_count 'saved in session 1 \(snapshot' 3
 T send-keys -t "$s" '/sessions' Enter
-wait_for '1  First talk +p2\.txt .* 15 msgs'
+wait_for '1  First talk +p2\.txt .* 15 +[0-9.]+ MiB'
 T send-keys -t "$s" Escape
 T send-keys -t "$s" '/quit' Enter
 wait_exit

@@ -3,7 +3,9 @@
 # id in the status bar); /policy with one half keeps the other and says so; the status bar shows a
 # policy waiting for the next answer; the file picker (F6) goes to typed ~ and absolute paths,
 # lists names that begin with the filter first, shows sizes as people read them and does nothing
-# on Enter when nothing matches.
+# on Enter when nothing matches; while the interface has a session open, ask -c refuses it; the
+# session browser (F3) counts truly, has column headings, shows the database's size against its
+# limit, and takes y/n without Enter.
 # usage: tests/tui/sessions.sh KVCHAT MODEL DOCUMENT
 set -euo pipefail
 name=sessions
@@ -61,7 +63,44 @@ wait_for 'other\.txt'
 T send-keys -t "$s" Enter
 wait_for '─ a new conversation: other\.txt ─'
 wait_for '\| ready \| other\.txt \|'
+T send-keys -t "$s" 'What is it about?' Enter
+wait_for '\| ready \| #3 other\.txt \|'
+
+# the open session is held: ask -c (the most recent session, #3) refuses it in one line, naming it
+set +e
+HOME=$home "$bin" ask -t 1 -m "$model" -c -q 'Fork it?' -n 4 --db "$work/s.db" >"$work/ask.out" 2>"$work/ask.err"
+st=$?
+set -e
+[ "$st" = 1 ] || fail "ask -c on the session the interface holds exited $st: $(cat "$work/ask.err")"
+[ "$(wc -l <"$work/ask.err")" = 1 ] || fail "ask -c said more than one line: $(cat "$work/ask.err")"
+grep -q 'session 3 is open in another kvchat (pid [0-9]*)' "$work/ask.err" || fail "ask -c: $(cat "$work/ask.err")"
+
+# the session browser: the count tells the truth, column headings, the database against its
+# limit, and y/n act at once
+T send-keys -t "$s" F3
+wait_for 'Sessions: 3 sessions \| db [0-9.]+ [KM]iB of 1\.0 GiB limit, 0 pruned'
+wait_for 'id +title +document +model +policy +msgs +stored +updated'
+T send-keys -t "$s" 'zzzq'
+wait_for "Sessions: 0 of 3 sessions match 'zzzq'"
+T send-keys -t "$s" BSpace BSpace BSpace BSpace
+wait_for 'search: _'
+wait_for 'Sessions: 3 sessions \|'
+absent 'match' "an emptied search still says what matched"
+T send-keys -t "$s" Down DC
+wait_for 'delete session [12] with its messages and snapshots\? y/n'
+T send-keys -t "$s" n
+wait_for 'not deleted'
+T send-keys -t "$s" DC
+wait_for 'delete session [12] with its messages and snapshots\? y/n'
+T send-keys -t "$s" y
+wait_for 'session [12] deleted'
+wait_for 'Sessions: 2 sessions \|'
+T send-keys -t "$s" Escape
+wait_gone 'Enter resume' "Esc did not close the session browser"
 T send-keys -t "$s" F10
 wait_exit
+# the interface let go of its session when it closed: ask -c continues it
+HOME=$home "$bin" ask -t 1 -m "$model" -c -q 'And now?' -n 4 --db "$work/s.db" >"$work/ask.out" 2>"$work/ask.err" ||
+    fail "ask -c after the interface closed: $(cat "$work/ask.err")"
 rm -rf "$work" "$cfg"
 echo "tui test sessions: ok"
