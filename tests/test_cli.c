@@ -647,6 +647,9 @@ Test(cli, tui_views_wrap_at_60_columns_and_follow, .timeout = 120) { tui_script(
 Test(cli, tui_numbers_read_right, .timeout = 120) { tui_script("numbers.sh"); }
 Test(cli, tui_sessions_separator_policy_halves_file_picker, .timeout = 120) { tui_script("sessions.sh"); }
 Test(cli, cli_progress_stdin_policy_help_ctx_warning_sessions_continue, .timeout = 120) { tui_script("cli.sh"); }
+/* Issue 27: a setting that cannot apply never stops a start; a budget is saved with its policy;
+ * /policy full drops a budget instead of refusing. */
+Test(cli, tui_starts_past_a_settings_budget_that_cannot_apply, .timeout = 120) { tui_script("startup.sh"); }
 
 Test(cli, tui_refuses_a_non_terminal)
 {

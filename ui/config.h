@@ -25,6 +25,10 @@ typedef struct tui_config {
     const opt_group *groups;     /* the option tables the file was read with: the settings view checks */
     int n_groups;                /* what is typed in it through them */
     int keep_policy;             /* the command line named a policy: it holds for the first session too */
+    char policy_at[1100];        /* "FILE:LINE" of the file's policy and budget lines ("": none) */
+    char budget_at[1100];
+    char notes[4][2048];         /* settings that could not apply, said in the conversation at start */
+    int n_notes;
 } tui_config;
 
 /* The element's name in the settings file ("user"). */

@@ -601,7 +601,11 @@ static void overlay_key(tui *t, int ch, int is_key)
     int done = 0;
     switch (t->overlay) {
     case OV_SESSIONS: done = browser_key(&t->br, t->w, v.session_id, ch, is_key); break;
-    case OV_POLICY: done = policy_picker_key(&t->pp, t->w, v.policy, ch, is_key); break;
+    case OV_POLICY:
+        done = policy_picker_key(&t->pp, t->w, v.policy, v.budget, ch, is_key);
+        if (done && t->pp.note[0]) say(t, E_INFO, "%s", t->pp.note);
+        t->pp.note[0] = 0;
+        break;
     case OV_SETTINGS: done = settings_key(&t->st, t->w, v.policy, ch, is_key); break;
     case OV_FILES: done = file_picker_key(&t->fp, t->w, ch, is_key); break;
     }
@@ -795,10 +799,12 @@ static int policy_command(tui *t, const char *spec)
         policy_combine(v.policy, spec, combined, sizeof combined);
         if (strcmp(combined, spec) != 0) use = combined;
     }
-    if (uw_set_policy(t->w, use, NULL, err, sizeof err)) {
+    char note[400];
+    if (policy_switch(t->w, use, v.budget, note, sizeof note, err, sizeof err)) {
         say(t, E_ERROR, "%s", err);
         return 1;
     }
+    if (note[0]) say(t, E_INFO, "%s", note);
     if (use == combined) {
         char kept[512];
         const char *plus = strchr(combined, '+');
@@ -1221,6 +1227,7 @@ int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config
                                                 C_EVENT, C_MAP1, C_MAP2, C_MAP3, C_DIM };
         for (int e = 0; e < COL_COUNT; e++) init_pair((short)pair_of[e], cfg->fg[e], cfg->bg[e]);
     }
+    for (int i = 0; i < cfg->n_notes; i++) say(&t, E_ERROR, "%s", cfg->notes[i]);
     /* a document to open, a session to continue, or (neither) the most recent session */
     if (cfg->keep_policy) uw_keep_policy_once(w);
     if (doc)
