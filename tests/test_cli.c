@@ -650,6 +650,8 @@ Test(cli, cli_progress_stdin_policy_help_ctx_warning_sessions_continue, .timeout
 /* Issue 27: a setting that cannot apply never stops a start; a budget is saved with its policy;
  * /policy full drops a budget instead of refusing. */
 Test(cli, tui_starts_past_a_settings_budget_that_cannot_apply, .timeout = 120) { tui_script("startup.sh"); }
+/* Issue 27: value prompts replace the old value, Ctrl-U everywhere, invalid UTF-8, the history file. */
+Test(cli, tui_editors_replace_clear_decode_and_remember, .timeout = 120) { tui_script("editors.sh"); }
 
 Test(cli, tui_refuses_a_non_terminal)
 {

@@ -61,6 +61,8 @@ typedef struct tui {
     int finding;             /* typing a search of the conversation */
     char find[256];
     int find_k, find_n, find_scroll;
+    ed_utf8 u8;              /* typed bytes into characters */
+    char hist_path[1024];    /* the input history's file ("": none) */
 } tui;
 
 static double now_s(void)
@@ -885,6 +887,16 @@ static void ask_now(tui *t, const char *q)
     t->cv.answering = 0;
 }
 
+/* The input history to its file, after each entry: a crash or a kill loses nothing typed. A
+ * failure is said once, and the history is not written again this session. */
+static void save_history(tui *t)
+{
+    char err[1200];
+    if (!t->hist_path[0] || ed_history_save(&t->ed, t->hist_path, err, sizeof err) == 0) return;
+    say(t, E_ERROR, "input history: %s (not saved this session)", err);
+    t->hist_path[0] = 0;
+}
+
 static void submit(tui *t)
 {
     char line[ED_MAX];
@@ -895,11 +907,13 @@ static void submit(tui *t)
         if (command(t, line)) {
             ed_history_add(&t->ed, line);
             ed_clear(&t->ed);
+            save_history(t);
         }
         return;
     }
     ed_history_add(&t->ed, line);
     ed_clear(&t->ed);
+    save_history(t);
     if (t->n_queue == 0 && uw_ask(t->w, line) == 0) {
         ask_now(t, line);
         return;
@@ -964,7 +978,9 @@ static void find_key(tui *t, int ch, int is_key)
         return;
     }
     size_t n = strlen(t->find);
-    if ((is_key && ch == KEY_BACKSPACE) || (!is_key && (ch == 127 || ch == 8))) {
+    if (!is_key && ch == 21) {   /* Ctrl-U: the search from its start */
+        t->find[0] = 0;
+    } else if ((is_key && ch == KEY_BACKSPACE) || (!is_key && (ch == 127 || ch == 8))) {
         while (n > 0 && ((unsigned char)t->find[--n] & 0xC0) == 0x80) {}
         t->find[n] = 0;
     } else if (!is_key && ch >= 32) {
@@ -1101,19 +1117,18 @@ static void read_key(tui *t, int r, wint_t ch)
      * view or a list closes on Escape, and the key after it is a key of its own) */
     int plain = !t->overlay && !t->seen_open && !t->finding && !t->help && !t->confirm_quit;
     if (!is_key && ch == 27 && plain) {
-        wint_t c2;
         timeout(0);
-        int r2 = get_wch(&c2);
+        int c2 = getch();
         timeout(50);
-        int pair = r2 == OK && (c2 == 'b' || c2 == 'f' || c2 == 'd' || c2 == '\r' || c2 == '\n' || c2 == 127 || c2 == 8);
+        int pair = c2 == 'b' || c2 == 'f' || c2 == 'd' || c2 == '\r' || c2 == '\n' || c2 == 127 || c2 == 8;
         if (pair) {
             alt = 1;
-            ch = c2;
-        } else if (r2 == OK) {
-            unget_wch(c2);   /* handled on its own next time round */
-        } else if (r2 == KEY_CODE_YES) {   /* a key code cannot be pushed back: both now */
+            ch = (wint_t)c2;
+        } else if (c2 != ERR && c2 < KEY_MIN) {
+            ungetch(c2);   /* a byte: handled on its own next time round */
+        } else if (c2 != ERR) {   /* a key code cannot be pushed back: both now */
             key(t, ch, is_key, 0);
-            key(t, c2, 1, 0);
+            key(t, (wint_t)c2, 1, 0);
             return;
         }
     }
@@ -1234,12 +1249,24 @@ int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config
         uw_open(w, doc);
     else
         uw_resume(w, resume ? resume : "");
+    if (ed_history_path(t.hist_path, sizeof t.hist_path) == 0 && ed_history_load(&t.ed, t.hist_path, err, errlen)) {
+        say(&t, E_ERROR, "input history: %s", err);
+        t.hist_path[0] = 0;   /* what is there is kept, not replaced */
+    }
     while (!t.quit) {
         drain(&t);
         draw(&t);
-        wint_t ch;
-        int r = get_wch(&ch);
-        if (r != ERR) read_key(&t, r, ch);
+        /* bytes, decoded here: ncurses' get_wch waits for more after an invalid byte and drops the
+         * characters typed behind it */
+        int c = getch();
+        if (c == ERR) continue;
+        if (c >= KEY_MIN) {
+            read_key(&t, KEY_CODE_YES, (wint_t)c);
+            continue;
+        }
+        unsigned out[2];
+        int n = ed_utf8_feed(&t.u8, c, out);
+        for (int i = 0; i < n && !t.quit; i++) read_key(&t, OK, (wint_t)out[i]);
     }
     if (t.overlay) close_overlay(&t);
     fputs("\033[?2004l", stdout);
