@@ -74,7 +74,7 @@ int cmd_tui(int argc, char **argv)
     o.sp.temperature = 0;   /* answers about a document: reproducible unless --temp says otherwise */
     tui_opts to = { NULL, NULL, 256 };
     static tui_config cfg = { .color = 1 };
-    opt_group g[] = { { tui_defs, &to, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_SAMPLING(&o), CLI_STORE(&o) };
+    opt_group g[] = { { tui_defs, &to, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_GREEDY_SAMPLING(&o), CLI_STORE(&o) };
     char err[1400];
     if (config_read(g, 5, &cfg, err, sizeof err)) {
         cli_err("%s", err);

@@ -428,6 +428,34 @@ Test(cli, ask_answers_with_metrics_and_page_map)
     cr_expect(strstr(out, "page map: ") && strstr(out, "last step, first global layer: "), "page map: %s", out);
 }
 
+/* The --temp line of a command's help. */
+static void temp_help(const char *cmd, char *line, size_t cap)
+{
+    static char out[1 << 16], errb[1 << 12];
+    char args[64];
+    snprintf(args, sizeof args, "%s --help", cmd);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    const char *t = strstr(out, "--temp ");
+    cr_assert(t, "`kvchat %s` lists no --temp: %s", args, out);
+    snprintf(line, cap, "%.*s", (int)strcspn(t, "\n"), t);
+}
+
+/* ask, tui and calibrate answer greedily unless --temp says otherwise (their code sets 0); chat
+ * and generate sample at 0.8: each help says its own command's default. */
+Test(cli, temp_help_says_each_commands_own_default)
+{
+    char line[400];
+    const char *greedy[] = { "ask", "tui", "calibrate" }, *sampling[] = { "chat", "generate" };
+    for (int i = 0; i < 3; i++) {
+        temp_help(greedy[i], line, sizeof line);
+        cr_expect(strstr(line, "(default 0:") && !strstr(line, "0.8"), "kvchat %s --help: %s", greedy[i], line);
+    }
+    for (int i = 0; i < 2; i++) {
+        temp_help(sampling[i], line, sizeof line);
+        cr_expect(strstr(line, "(default 0.8)"), "kvchat %s --help: %s", sampling[i], line);
+    }
+}
+
 /* --trace TEXT: what the policy decided about the tokens of TEXT; a text not in the prompt is refused. */
 Test(cli, ask_trace_reports_the_decisions_about_a_text)
 {
