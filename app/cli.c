@@ -462,10 +462,14 @@ sess_callbacks cli_print_callbacks(int *show_events)
 void cli_print_event_header(const session *s)
 {
     const unc_thresholds *t = run_thresholds(sess_run(s));
+    char regen[64];
+    if (sess_backtrack(s) > 0)
+        snprintf(regen, sizeof regen, "at most %d regenerations per answer", sess_backtrack(s));
+    else
+        snprintf(regen, sizeof regen, "backtracking off (events are only logged)");
     if (t->valid)
-        fprintf(stderr, "uncertainty: a page of %d tokens crosses at mean H > %.3f or Var(H) > %.3f (%s); at most %d "
-                "regenerations per answer\n", unc_page_size(run_monitor(sess_run(s))), t->h_mean, t->h_var, t->source,
-                sess_backtrack(s));
+        fprintf(stderr, "uncertainty: a page of %d tokens crosses at mean H > %.3f or Var(H) > %.3f (%s); %s\n",
+                unc_page_size(run_monitor(sess_run(s))), t->h_mean, t->h_var, t->source, regen);
     else
         fprintf(stderr, "uncertainty: no thresholds for this model (run kvchat calibrate): statistics only\n");
 }

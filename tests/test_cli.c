@@ -522,6 +522,16 @@ Test(cli, ask_show_events_logs_a_forced_backtrack)
     cr_expect(strstr(errb, "not regenerated (regeneration budget spent)"), "later pages are only logged: %s", errb);
     cr_expect(strstr(errb, "uncertainty: 3 pages crossed a threshold, 1 regenerated (8 tokens generated again)"),
               "summary: %s", errb);
+    /* no regeneration allowed: the events say backtracking is off, not that a budget was spent */
+    st = run(ASK "-q 'What is it about?' -n 24 --policy chess:every=0 --page-size 8 --thresholds 0,0 --backtrack 0 "
+                 "--show-events",
+             out, sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "event: answer page 0 (tokens 0-7") && strstr(errb, "; not regenerated (backtracking off)"),
+              "event with --backtrack 0: %s", errb);
+    cr_expect(!strstr(errb, "budget spent") && !strstr(errb, "at most 0 regenerations"),
+              "--backtrack 0 said a budget was spent: %s", errb);
+    cr_expect(strstr(errb, "(--thresholds 0,0); backtracking off"), "header with --backtrack 0: %s", errb);
 }
 
 Test(cli, bad_thresholds_are_refused)
