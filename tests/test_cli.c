@@ -730,6 +730,8 @@ Test(cli, cli_progress_stdin_policy_help_ctx_warning_sessions_continue, .timeout
 Test(cli, tui_starts_past_a_settings_budget_that_cannot_apply, .timeout = 120) { tui_script("startup.sh"); }
 /* Issue 27: value prompts replace the old value, Ctrl-U everywhere, invalid UTF-8, the history file. */
 Test(cli, tui_editors_replace_clear_decode_and_remember, .timeout = 120) { tui_script("editors.sh"); }
+/* Issue 27: separators stay in their row and pane; the memory figure explains sliding-window layers. */
+Test(cli, tui_separator_stays_in_its_pane_and_memory_reads_right, .timeout = 120) { tui_script("layout.sh"); }
 
 Test(cli, tui_refuses_a_non_terminal)
 {

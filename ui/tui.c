@@ -112,10 +112,14 @@ static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int
     mvprintw(y++, x, "Memory");
     attroff(head);
     mvprintw(y++, x, "weights  %7.1f MiB", v->weights_mib);
-    mvprintw(y++, x, "KV held  %7.2f MiB", (double)v->kv_held / mib);
-    mvprintw(y++, x, "KV full  %7.2f MiB", (double)v->kv_full / mib);
+    /* held can pass full while a prefill chunk is in: its rows are appended to every layer before
+     * the sliding-window layers let the rows behind their window go */
+    int in_chunk = v->busy && v->phase == VIEW_PREFILL && v->kv_held > v->kv_full;
+    mvprintw(y++, x, "KV held  %7.2f MiB%s", (double)v->kv_held / mib, in_chunk ? " +chunk" : "");
+    mvprintw(y++, x, "KV full  %7.2f MiB", (double)v->kv_full / mib);   /* every layer, the whole context */
     /* the share of a full cache's token rows the cache holds (bytes include the last page's room) */
     if (y <= bottom) bar(y++, x, width - 1, kept_share(v), t->color ? COLOR_PAIR(C_MAP2) : 0);
+    if (v->swa_window > 0 && y <= bottom) mvprintw(y++, x, "window layers hold %d tokens", v->swa_window);
     mvprintw(y++, x, "KV peak  %7.2f MiB", (double)v->kv_peak / mib);
     mvprintw(y++, x, "RSS peak %7.1f MiB", v->rss_mib);
     if (v->gpu_total) mvprintw(y++, x, "GPU %7.0f/%.0f MiB", (double)v->gpu_held / mib, (double)v->gpu_total / mib);
@@ -419,13 +423,19 @@ static void draw_status(const uw_view *v, int W, int attr)
         snprintf(speed, sizeof speed, "%.1f tok/s", (double)v->answer_tokens / live);
     else
         snprintf(speed, sizeof speed, "%.1f tok/s", v->tok_s);
-    char status[2048], kv[64];
-    /* the KV cache: the share of a full cache's token rows it holds, and its memory (the side panel
-     * has the full cache's) */
-    if (v->tokens_full > 0)
-        snprintf(kv, sizeof kv, "KV %.0f%% of full (%.2f MiB)", 100.0 * kept_share(v), (double)v->kv_held / (1 << 20));
-    else
+    char status[2048], kv[128];
+    /* the KV cache: the share of the token rows it holds of a cache where every layer holds the
+     * whole context, and its memory (the side panel has that cache's). Under any policy, full
+     * included, a model's sliding-window layers hold only their window: said, so that "full" at
+     * under 100% reads right. */
+    double mib = (double)v->kv_held / (1 << 20);
+    if (v->tokens_full <= 0)
         snprintf(kv, sizeof kv, "KV empty");
+    else if (v->swa_window > 0 && v->swa_window < v->ctx_used)
+        snprintf(kv, sizeof kv, "KV %.0f%% of context (sliding-window layers hold %d; %.2f MiB)",
+                 100.0 * kept_share(v), v->swa_window, mib);
+    else
+        snprintf(kv, sizeof kv, "KV %.0f%% of context (%.2f MiB)", 100.0 * kept_share(v), mib);
     /* the context meter: positions used of the limit */
     snprintf(status, sizeof status, " kvchat%s | %s | %s | %s | ctx %lld/%lld | %s | %s | %s",
              v->base_model ? " (base model)" : "", state, conv_name, policy, (long long)v->ctx_used,
