@@ -62,6 +62,7 @@ typedef struct tui {
     char find[256];
     int find_k, find_n, find_scroll;
     ed_utf8 u8;              /* typed bytes into characters */
+    char *events;            /* the answer's uncertainty events so far, one a line: shown after it */
     char hist_path[1024];    /* the input history's file ("": none) */
 } tui;
 
@@ -1160,6 +1161,12 @@ static void drain(tui *t)
         case UW_DONE:
             if (ev.a == 1 && t->cv.answering) conv_append_mark(&t->cv, " [stopped]");   /* Ctrl-C: the partial answer stays, marked */
             t->cv.answering = 0;
+            if (t->events) {   /* the answer's events, after it rather than inside its sentences */
+                for (char *line = strtok(t->events, "\n"); line; line = strtok(NULL, "\n"))
+                    conv_add(&t->cv, E_EVENT, line);
+                free(t->events);
+                t->events = NULL;
+            }
             if (ev.text[0]) say(t, E_INFO, "%s", ev.text);
             if (ev.b == 3) {   /* a comparison is ready */
                 uw_compared c[8];
@@ -1185,10 +1192,13 @@ static void drain(tui *t)
         case UW_INFO:
             say(t, E_INFO, "%s", ev.text);
             break;
-        case UW_EVENT: {   /* events come from answers: inside the answer's text, where it happened */
-            char mark[600];
-            snprintf(mark, sizeof mark, " [%s] ", ev.text);
-            conv_append_mark(&t->cv, mark);
+        case UW_EVENT: {   /* kept until the answer ends, and shown after it (answer page N says where) */
+            size_t had = t->events ? strlen(t->events) : 0, add = strlen(ev.text);
+            char *grown = realloc(t->events, had + add + 2);
+            if (!grown) break;
+            memcpy(grown + had, ev.text, add);
+            memcpy(grown + had + add, "\n", 2);
+            t->events = grown;
             break;
         }
         case UW_PAST_USER:
@@ -1283,6 +1293,7 @@ int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config
     endwin();
     uw_stop(w);
     conv_free(&t.cv);
+    free(t.events);
     ed_free(&t.ed);
     for (int i = 0; i < t.n_queue; i++) free(t.queue[i]);
     for (int i = 0; i < t.n_seen; i++) free(t.seen[i].text);
