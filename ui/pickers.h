@@ -35,7 +35,7 @@ typedef struct settings_menu {
     int64_t n_predict;
     char budget[32];
     int editing_row;
-    int dirty[8];                /* rows changed in this interface: what s writes (never the policy) */
+    int dirty[8];                /* rows changed in this interface: what s writes (the policy only with a budget) */
     const opt_group *groups;     /* the option tables: a typed value is checked as on the command line */
     int n_groups;
 } settings_menu;
