@@ -38,6 +38,7 @@ work=$(mktemp -d)   # the interface's working directory: exports land here
 db=$work/tui.db
 cfg=$(mktemp -d)
 export XDG_CONFIG_HOME=$cfg   # hermetic: no user settings (the config file is tested at the end)
+export XDG_STATE_HOME=$cfg/state   # nor the user's input history
 cp "$doc" "$work/notes.txt"
 T new-session -d -s "$s" -x 120 -y 70 -c "$work" "$bin tui -t 1 -m $model -d $doc -n 8 --page-size 8 --db $db"
 wait_for 'p2\.txt \| full \| ctx [0-9]+/'
