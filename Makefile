@@ -75,6 +75,11 @@ GPU_BIN  := $(BUILD)/tests/gpu_tests
 # Where the default model lives (outside the repository) and how it is fetched.
 XDG_CACHE_HOME ?= $(HOME)/.cache
 KVCHAT_CACHE   ?= $(XDG_CACHE_HOME)/kvchat
+# KVCHAT_MODEL (a model file of one's own, which kvchat runs by default) is the one the model tests
+# use, and then nothing is fetched (scripts/fetch_model.sh).
+ifneq ($(KVCHAT_MODEL),)
+DEFAULT_MODEL  ?= $(KVCHAT_MODEL)
+endif
 DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
 export KVCHAT_CACHE DEFAULT_MODEL
 

@@ -119,21 +119,27 @@ const opt_def cli_policy_opts[] = {
       "stop" },
     OPT_END
 };
-const opt_def cli_sampling_opts[] = {
-    { "--temp", NULL, OPT_FLOAT, S(temperature), 0, 100, NULL, 0, "T", "temperature; 0 is greedy (default 0.8)",
-      "temperature" },
-    { "--top-k", NULL, OPT_INT, S(top_k), 0, INT32_MAX, NULL, 0, "K", "keep the K most likely tokens; 0 off (default 40)",
-      "top_k" },
-    { "--top-p", NULL, OPT_FLOAT, S(top_p), 0, 1, NULL, 0, "P", "nucleus sampling; 1 off (default 0.95)", "top_p" },
-    { "--min-p", NULL, OPT_FLOAT, S(min_p), 0, 1, NULL, 0, "P", "drop tokens below P x the top probability (default 0.05)",
-      "min_p" },
-    { "--repeat-penalty", NULL, OPT_FLOAT, S(repeat_penalty), 0.01, 100, NULL, 0, "R",
-      "divide recent tokens' logits by R; 1 off (default 1)", "repeat_penalty" },
-    { "--repeat-last-n", NULL, OPT_INT, S(repeat_last_n), 0, 4096, NULL, 0, "N",
-      "the recent tokens the penalty looks at (default 64)", NULL },
-    { "--seed", NULL, OPT_U64, S(seed), 0, (double)INT64_MAX, NULL, 0, "S", "random seed (default 0)", "seed" },
+/* The sampling options, in two tables that differ only in what --temp says its default is: the
+ * commands that answer about a document answer greedily (ask, tui, calibrate), chat and generate
+ * sample. */
+#define SAMPLING_DEFS(TEMP_HELP) \
+    { "--temp", NULL, OPT_FLOAT, S(temperature), 0, 100, NULL, 0, "T", TEMP_HELP, \
+      "temperature" }, \
+    { "--top-k", NULL, OPT_INT, S(top_k), 0, INT32_MAX, NULL, 0, "K", "keep the K most likely tokens; 0 off (default 40)", \
+      "top_k" }, \
+    { "--top-p", NULL, OPT_FLOAT, S(top_p), 0, 1, NULL, 0, "P", "nucleus sampling; 1 off (default 0.95)", "top_p" }, \
+    { "--min-p", NULL, OPT_FLOAT, S(min_p), 0, 1, NULL, 0, "P", "drop tokens below P x the top probability (default 0.05)", \
+      "min_p" }, \
+    { "--repeat-penalty", NULL, OPT_FLOAT, S(repeat_penalty), 0.01, 100, NULL, 0, "R", \
+      "divide recent tokens' logits by R; 1 off (default 1)", "repeat_penalty" }, \
+    { "--repeat-last-n", NULL, OPT_INT, S(repeat_last_n), 0, 4096, NULL, 0, "N", \
+      "the recent tokens the penalty looks at (default 64)", NULL }, \
+    { "--seed", NULL, OPT_U64, S(seed), 0, (double)INT64_MAX, NULL, 0, "S", "random seed (default 0)", "seed" }, \
     OPT_END
-};
+const opt_def cli_sampling_opts[] = { SAMPLING_DEFS("temperature; 0 is greedy (default 0.8)") };
+const opt_def cli_greedy_sampling_opts[] = { SAMPLING_DEFS("temperature; 0 is greedy (default 0: greedy, the same "
+                                                            "answer every time)") };
+#undef SAMPLING_DEFS
 const opt_def cli_store_opts[] = {
     { "--db", NULL, OPT_STR, F(db), 0, 0, NULL, 0, "PATH", "the session database (default ~/.local/share/kvchat/kvchat.db)",
       NULL },
@@ -466,10 +472,14 @@ sess_callbacks cli_print_callbacks(int *show_events)
 void cli_print_event_header(const session *s)
 {
     const unc_thresholds *t = run_thresholds(sess_run(s));
+    char regen[64];
+    if (sess_backtrack(s) > 0)
+        snprintf(regen, sizeof regen, "at most %d regenerations per answer", sess_backtrack(s));
+    else
+        snprintf(regen, sizeof regen, "backtracking off (events are only logged)");
     if (t->valid)
-        fprintf(stderr, "uncertainty: a page of %d tokens crosses at mean H > %.3f or Var(H) > %.3f (%s); at most %d "
-                "regenerations per answer\n", unc_page_size(run_monitor(sess_run(s))), t->h_mean, t->h_var, t->source,
-                sess_backtrack(s));
+        fprintf(stderr, "uncertainty: a page of %d tokens crosses at mean H > %.3f or Var(H) > %.3f (%s); %s\n",
+                unc_page_size(run_monitor(sess_run(s))), t->h_mean, t->h_var, t->source, regen);
     else
         fprintf(stderr, "uncertainty: no thresholds for this model (run kvchat calibrate): statistics only\n");
 }

@@ -47,6 +47,9 @@ extern const opt_def cli_store_opts[];     /* --db --no-db */
 #define CLI_MODEL(o) { cli_model_opts, (o), "model and engine" }
 #define CLI_POLICY(o) { cli_policy_opts, (o), "KV-cache policy (--policy help lists them)" }
 #define CLI_SAMPLING(o) { cli_sampling_opts, &(o)->sp, "sampling" }
+/* The same for the commands whose answers are greedy unless --temp says otherwise (ask, tui). */
+extern const opt_def cli_greedy_sampling_opts[];
+#define CLI_GREEDY_SAMPLING(o) { cli_greedy_sampling_opts, &(o)->sp, "sampling" }
 #define CLI_STORE(o) { cli_store_opts, (o), "sessions" }
 
 /* Ctrl-C, SIGTERM and SIGHUP stop a command the same way: cli_interrupted is set to the signal's

@@ -141,7 +141,7 @@ int cmd_ask(int argc, char **argv)
     cli_opts_init(&o);
     o.sp.temperature = 0;   /* answers are reproducible unless --temp asks otherwise */
     ask_opts a = { NULL, NULL, NULL, NULL, 0, 128, SESS_FORMAT_AUTO, 0, NULL };
-    opt_group g[] = { { ask_defs, &a, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_SAMPLING(&o), CLI_STORE(&o) };
+    opt_group g[] = { { ask_defs, &a, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_GREEDY_SAMPLING(&o), CLI_STORE(&o) };
     char err[1400];
     if (config_read_answer_settings(g, 5, err, sizeof err)) {   /* the settings file's, then the command line's */
         cli_err("%s", err);

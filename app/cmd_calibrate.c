@@ -435,7 +435,7 @@ int cmd_calibrate(int argc, char **argv)
     o.sp.temperature = 0;
     o.sp.seed = 1;
     calib_opts co = { NULL, NULL, NULL, 24, 96, 0.99f };
-    opt_group grp[] = { { calib_defs, &co, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_SAMPLING(&o), CLI_STORE(&o) };
+    opt_group grp[] = { { calib_defs, &co, NULL }, CLI_MODEL(&o), CLI_POLICY(&o), CLI_GREEDY_SAMPLING(&o), CLI_STORE(&o) };
     int r = cli_parse(argc, argv, "kvchat calibrate [-m MODEL] [options]",
                       "Runs the model with the full cache over a calibration set, collects the (mean entropy, entropy\n"
                       "variance) of every window of P answer tokens, and stores their 99th percentiles as the thresholds\n"

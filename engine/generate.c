@@ -204,6 +204,7 @@ static int page_end(gen_state *g)
             int r = backtrack(g, &e, page);
             return r == 0 ? 2 : r;
         }
+        e.regen_spent = o->max_regen > 0 && g->res->regenerated >= o->max_regen;
         if (unc_add_event(c->mon, &e)) return out_of_memory(g);
         if (g->cb && g->cb->event) g->cb->event(g->cb->ud, &e);
     }

@@ -273,7 +273,8 @@ void unc_event_format(const unc_event *e, char *buf, size_t len)
                      e->stats.mean_h, e->thr_h, e->stats.var_h, e->thr_v, e->n_added, add, e->n_removed, rem);
     if (o < 0 || (size_t)o >= len) return;
     if (!e->regenerated)
-        snprintf(buf + o, len - (size_t)o, "; not regenerated (regeneration budget spent)");
+        snprintf(buf + o, len - (size_t)o, "; not regenerated (%s)",
+                 e->regen_spent ? "regeneration budget spent" : "backtracking off");
     else
         snprintf(buf + o, len - (size_t)o, "; regenerated%s: mean H %.3f, Var(H) %.3f over %lld tokens, %s",
                  e->changed_text ? " with different text" : " (same text)", e->after.mean_h, e->after.var_h,

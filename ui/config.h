@@ -30,6 +30,10 @@ typedef struct tui_config {
      * on Ctrl-Q, the answer stopped and saved, the terminal restored; the interface raises it to SIGHUP
      * itself when the terminal hung up without one (NULL: none) */
     volatile sig_atomic_t *stop_signal;
+    char policy_at[1100];        /* "FILE:LINE" of the file's policy and budget lines ("": none) */
+    char budget_at[1100];
+    char notes[4][2048];         /* settings that could not apply, said in the conversation at start */
+    int n_notes;
 } tui_config;
 
 /* The element's name in the settings file ("user"). */

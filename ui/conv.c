@@ -325,6 +325,30 @@ static int cells_of(const char *p, int bytes)
     return n;
 }
 
+/* A separator: a rule across the pane with its text on it, cut by the cells the pane has (a
+ * newline shown as a space), so it never runs on past the pane (into the side panel) or onto the
+ * next row. */
+static void draw_separator(int y, int width, const char *text, int attr)
+{
+    attron(attr);
+    mvhline(y, 0, ACS_HLINE, width);
+    int x = 3, end = width - 3;   /* "── TEXT ──": two cells of rule each side, a space each side */
+    if (end > x) {
+        mvaddch(y, 2, ' ');
+        for (const char *p = text; *p;) {
+            int b, w = *p == '\n' ? 1 : ed_cells(p, &b);
+            if (*p == '\n') b = 1;
+            if (x + w > end) break;
+            if (*p == '\n') mvaddch(y, x, ' ');
+            else mvaddnstr(y, x, p, b);
+            x += w;
+            p += b;
+        }
+        mvaddch(y, x, ' ');
+    }
+    attroff(attr);
+}
+
 static void draw_line(void *ud, const char *p, int bytes)
 {
     draw_ctx *d = ud;
@@ -533,12 +557,7 @@ void conv_draw(conv *c, int top, int bottom, int width, const conv_attrs *a)
             draw_compare(&d, x, width, a);
         } else if (x->kind == E_SEP) {
             int y = top + d.line - first;
-            if (y >= top && y <= d.bottom) {
-                attron(a->heading);
-                mvhline(y, 0, ACS_HLINE, width);
-                mvprintw(y, 2, " %.*s ", width > 8 ? width - 6 : 1, x->text);
-                attroff(a->heading);
-            }
+            if (y >= top && y <= d.bottom) draw_separator(y, width, x->text, a->heading);
             d.line++;
         } else {
             char *s = composed(x);

@@ -2,10 +2,16 @@
 #define _XOPEN_SOURCE_EXTENDED 1
 #include "ui/editor.h"
 
+#include <errno.h>
 #include <ncurses.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <wchar.h>
+
+#include "common/files.h"
+#include "common/text.h"
 
 static int cont(unsigned char c) { return (c & 0xC0) == 0x80; }
 
@@ -121,7 +127,129 @@ void ed_history_add(editor *e, const char *s)
     }
     e->hist = nh;
     e->hist[e->n_hist++] = d;
+    if (e->n_hist > ED_HISTORY_MAX) {   /* the oldest goes */
+        free(e->hist[0]);
+        memmove(e->hist, e->hist + 1, sizeof *e->hist * (size_t)--e->n_hist);
+    }
     e->hist_pos = e->n_hist;
+}
+
+int ed_history_path(char *buf, size_t cap)
+{
+    const char *xdg = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg)
+        snprintf(buf, cap, "%s/kvchat/history", xdg);
+    else if (home && *home)
+        snprintf(buf, cap, "%s/.local/state/kvchat/history", home);
+    else
+        return -1;
+    return 0;
+}
+
+/* A history file holds at most ED_HISTORY_MAX entries of at most ED_MAX bytes (escaped: twice). */
+#define HISTORY_MAX_BYTES ((size_t)ED_HISTORY_MAX * ED_MAX * 2)
+
+int ed_history_load(editor *e, const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) return 0;   /* nothing yet */
+    if (S_ISLNK(st.st_mode)) {
+        snprintf(err, errlen, "%s is a link: the input history is not read through it", path);
+        return -1;
+    }
+    size_t len;
+    char *all = files_read_all(path, HISTORY_MAX_BYTES, "a history file", &len, err, errlen);
+    if (!all) return errno == ENOENT ? 0 : -1;
+    /* the entries typed in this session stay the newest */
+    char **mine = e->hist;
+    int n_mine = e->n_hist;
+    e->hist = NULL;
+    e->n_hist = 0;
+    static char entry[ED_MAX], shown[ED_MAX];
+    for (char *line = all, *next; line < all + len; line = next) {
+        char *nl = memchr(line, '\n', (size_t)(all + len - line));
+        next = nl ? nl + 1 : all + len;
+        size_t k = 0;
+        for (char *p = line; p < (nl ? nl : all + len) && k + 1 < sizeof entry; p++) {
+            if (*p == '\\' && p + 1 < next && (p[1] == 'n' || p[1] == '\\')) {
+                entry[k++] = *++p == 'n' ? '\n' : '\\';
+            } else {
+                entry[k++] = *p;
+            }
+        }
+        entry[k] = 0;
+        text_escape(entry, shown, sizeof shown, TEXT_KEEP_NEWLINE | TEXT_KEEP_TAB);
+        ed_history_add(e, shown);
+    }
+    free(all);
+    for (int i = 0; i < n_mine; i++) {
+        ed_history_add(e, mine[i]);
+        free(mine[i]);
+    }
+    free(mine);
+    e->hist_pos = e->n_hist;
+    return 0;
+}
+
+/* mkdir -p for the directory holding path */
+static int make_parent(const char *path)
+{
+    char d[1024];
+    snprintf(d, sizeof d, "%s", path);
+    for (char *p = d + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(d, 0700) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return 0;
+}
+
+int ed_history_save(const editor *e, const char *path, char *err, size_t errlen)
+{
+    if (make_parent(path)) {
+        snprintf(err, errlen, "cannot create the directory of %s: %s", path, strerror(errno));
+        return -1;
+    }
+    files_atomic fa;
+    if (files_atomic_open(&fa, path, err, errlen)) return -1;
+    int from = e->n_hist > ED_HISTORY_MAX ? e->n_hist - ED_HISTORY_MAX : 0;
+    for (int i = from; i < e->n_hist; i++) {
+        for (const char *p = e->hist[i]; *p; p++) {
+            if (*p == '\n') fputs("\\n", fa.f);
+            else if (*p == '\\') fputs("\\\\", fa.f);
+            else fputc(*p, fa.f);
+        }
+        fputc('\n', fa.f);
+    }
+    return files_atomic_commit(&fa, err, errlen);
+}
+
+int ed_utf8_feed(ed_utf8 *d, int byte, unsigned out[2])
+{
+    int n = 0;
+    unsigned b = (unsigned)byte & 0xFF;
+    if (d->need > 0) {
+        if ((b & 0xC0) == 0x80) {
+            d->cp = d->cp << 6 | (b & 0x3F);
+            if (--d->need > 0) return 0;
+            int bad = d->cp < d->min || d->cp > 0x10FFFF || (d->cp >= 0xD800 && d->cp <= 0xDFFF);
+            out[0] = bad ? 0xFFFD : d->cp;
+            return 1;
+        }
+        d->need = 0;   /* cut short: the sequence so far is one invalid character, b starts afresh */
+        out[n++] = 0xFFFD;
+    }
+    if (b < 0x80) {
+        out[n++] = b;
+    } else if (b >= 0xC2 && b <= 0xF4) {
+        d->need = b < 0xE0 ? 1 : b < 0xF0 ? 2 : 3;
+        d->cp = b & (b < 0xE0 ? 0x1F : b < 0xF0 ? 0x0F : 0x07);
+        d->min = d->need == 1 ? 0x80 : d->need == 2 ? 0x800 : 0x10000;
+    } else {
+        out[n++] = 0xFFFD;   /* a stray continuation byte, C0, C1 or F5..FF */
+    }
+    return n;
 }
 
 void ed_free(editor *e)
@@ -170,6 +298,11 @@ static int search_key(editor *e, int ch, int is_key, int alt)
     if (!is_key && !alt && (ch == 27 || ch == 7)) {
         e->searching = 0;
         ed_set(e, e->before_search);
+        return ED_NONE;
+    }
+    if (!is_key && !alt && ch == 21) {   /* Ctrl-U: the pattern from its start */
+        e->pat[0] = 0;
+        search_show(e);
         return ED_NONE;
     }
     if ((!is_key && (ch == 127 || ch == 8)) || (is_key && ch == KEY_BACKSPACE)) {

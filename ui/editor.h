@@ -12,6 +12,7 @@
 #include <stddef.h>
 
 #define ED_MAX 8192
+#define ED_HISTORY_MAX 1000      /* entries kept, in memory and in the history file */
 
 typedef struct editor {
     char buf[ED_MAX];
@@ -36,6 +37,29 @@ void ed_set(editor *e, const char *s);
 void ed_clear(editor *e);
 void ed_history_add(editor *e, const char *s);
 void ed_free(editor *e);
+
+/* The history file: $XDG_STATE_HOME/kvchat/history (~/.local/state/kvchat/history), one entry a
+ * line, a newline in an entry written \n and a backslash \\. 0, or -1 when neither XDG_STATE_HOME
+ * nor HOME is set. */
+int ed_history_path(char *buf, size_t cap);
+/* Add the file's entries (the newest ED_HISTORY_MAX) before this session's, escaped as everywhere
+ * kvchat prints (a control character in the file is shown as \xNN, never sent to the terminal). A
+ * missing file is no error; a link, FIFO or device there is refused unread. 0, or -1 with a message. */
+int ed_history_load(editor *e, const char *path, char *err, size_t errlen);
+/* Write the newest ED_HISTORY_MAX entries to path whole (a temporary file renamed over it: a link
+ * there is replaced, never followed), making its directory. 0, or -1 with a message. */
+int ed_history_save(const editor *e, const char *path, char *err, size_t errlen);
+
+/* Typed bytes into characters. The terminal sends UTF-8; an invalid byte becomes U+FFFD on its
+ * own and never takes the bytes after it with it (a broken sequence ends where a byte cannot
+ * continue it, and that byte starts afresh). */
+typedef struct ed_utf8 {
+    unsigned cp;                 /* the character so far */
+    int need;                    /* continuation bytes still to come */
+    unsigned min;                /* the smallest character of this length (longer forms are invalid) */
+} ed_utf8;
+/* Feed one byte (0..255): the characters it completes go to out (0, 1 or 2 of them). */
+int ed_utf8_feed(ed_utf8 *d, int byte, unsigned out[2]);
 
 /* The rows text takes at width cells (a row holds width - 1, its last cell is the cursor's), and
  * the row and column of the cursor. row_start (may be NULL) gets each row's first byte, up to

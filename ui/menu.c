@@ -94,6 +94,7 @@ void menu_prompt(menu *m, const char *label, const char *initial)
     m->editing = 1;
     snprintf(m->edit_label, sizeof m->edit_label, "%s", label);
     snprintf(m->edit, sizeof m->edit, "%s", initial ? initial : "");
+    m->edit_selected = m->edit[0] != 0;
 }
 
 void menu_say(menu *m, int error, const char *fmt, ...)
@@ -110,6 +111,15 @@ static void drop_last(char *s)
 {
     size_t n = strlen(s);
     while (n > 0 && ((unsigned char)s[--n] & 0xC0) == 0x80) {}
+    s[n] = 0;
+}
+
+/* Ctrl-W: remove the last word of s and the blanks after it. */
+static void drop_word(char *s)
+{
+    size_t n = strlen(s);
+    while (n > 0 && s[n - 1] == ' ') n--;
+    while (n > 0 && s[n - 1] != ' ') n--;
     s[n] = 0;
 }
 
@@ -137,11 +147,24 @@ int menu_key(menu *m, int ch, int is_key)
             m->editing = 0;
             return MENU_EDIT_DONE;
         }
+        int was_selected = m->edit_selected;
+        m->edit_selected = 0;   /* any key but a typed character keeps the text, now to edit */
         if ((is_key && ch == KEY_BACKSPACE) || (!is_key && (ch == 127 || ch == 8))) {
             drop_last(m->edit);
             return MENU_NONE;
         }
-        if (!is_key && ch >= 32) add_char(m->edit, sizeof m->edit, ch);
+        if (!is_key && ch == 21) {   /* Ctrl-U: the line's start is the prompt's start */
+            m->edit[0] = 0;
+            return MENU_NONE;
+        }
+        if (!is_key && ch == 23) {
+            drop_word(m->edit);
+            return MENU_NONE;
+        }
+        if (!is_key && ch >= 32) {
+            if (was_selected) m->edit[0] = 0;
+            add_char(m->edit, sizeof m->edit, ch);
+        }
         return MENU_NONE;
     }
     if (is_key) {
@@ -165,6 +188,11 @@ int menu_key(menu *m, int ch, int is_key)
     if (ch == 27) return MENU_CLOSE;
     if (ch == '\n' || ch == '\r') return menu_tag(m) >= 0 ? MENU_PICK : MENU_NONE;
     if (ch == 127 || ch == 8) return menu_key(m, KEY_BACKSPACE, 1);
+    if (m->filterable && (ch == 21 || ch == 23)) {   /* Ctrl-U, Ctrl-W */
+        if (ch == 21) m->filter[0] = 0;
+        else drop_word(m->filter);
+        return MENU_FILTER;
+    }
     if (m->filterable && ch >= 32) {
         add_char(m->filter, sizeof m->filter, ch);
         return MENU_FILTER;
@@ -217,7 +245,9 @@ void menu_draw(menu *m, const menu_attrs *at)
         attron(A_BOLD);
         mvprintw(y, x, "%.*s: ", iw / 2, m->edit_label);
         attroff(A_BOLD);
+        if (m->edit_selected) attron(A_REVERSE);   /* selected: what is typed replaces it */
         addnstr(m->edit, iw - (int)strlen(m->edit_label) - 2);
+        if (m->edit_selected) attroff(A_REVERSE);
         addstr("_");
         y++;
     } else if (m->filterable) {

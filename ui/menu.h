@@ -21,6 +21,7 @@ typedef struct menu {
     const char *filter_label;   /* "search" unless set */
     char filter[128];
     int editing;             /* typed characters go to edit (a prompt) */
+    int edit_selected;       /* the initial value is selected: a typed character replaces it */
     char edit[256], edit_label[96];
 } menu;
 
@@ -38,10 +39,13 @@ void menu_add(menu *m, int64_t tag, const char *fmt, ...) __attribute__((format(
 int64_t menu_tag(const menu *m);
 /* Keep the selection on the row with this tag, if there is one. */
 void menu_select_tag(menu *m, int64_t tag);
-/* Start a prompt with a label and an initial text. */
+/* Start a prompt with a label and an initial text, selected as in a dialog: typing replaces it,
+ * Backspace edits it from its end (Right or End keep it), Ctrl-U clears the line, Ctrl-W the word
+ * before, Esc cancels, Enter takes it. */
 void menu_prompt(menu *m, const char *label, const char *initial);
 void menu_say(menu *m, int error, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* One key (is_key: an ncurses key code). Returns what happened (MENU_*). */
+/* One key (is_key: an ncurses key code). Returns what happened (MENU_*). In a filter line too,
+ * Ctrl-U clears it and Ctrl-W drops its last word. */
 int menu_key(menu *m, int ch, int is_key);
 /* Draw the frame over the screen. */
 void menu_draw(menu *m, const menu_attrs *a);

@@ -91,7 +91,22 @@ void policy_picker_open(policy_picker *p, const char *current)
     menu_select_tag(&p->m, 0);
 }
 
-int policy_picker_key(policy_picker *p, ui_worker *w, const char *current, int ch, int is_key)
+int policy_switch(ui_worker *w, const char *spec, const char *budget, char *note, size_t notecap, char *err,
+                  size_t errlen)
+{
+    note[0] = 0;
+    if (uw_set_policy(w, spec, NULL, err, errlen) == 0) return 0;
+    char again[600];
+    /* refused with the budget kept: without it (each policy's own)? then that is what the user meant */
+    if (!budget || !budget[0] || uw_set_policy(w, spec, "", again, sizeof again)) return -1;
+    if (!strcmp(spec, POL_FULL))
+        snprintf(note, notecap, "full keeps everything: the budget %s is dropped", budget);
+    else
+        snprintf(note, notecap, "%s has no budget: the budget %s is dropped", spec, budget);
+    return 0;
+}
+
+int policy_picker_key(policy_picker *p, ui_worker *w, const char *current, const char *budget, int ch, int is_key)
 {
     int r = menu_key(&p->m, ch, is_key);
     if (r == MENU_CLOSE) return 1;
@@ -99,7 +114,7 @@ int policy_picker_key(policy_picker *p, ui_worker *w, const char *current, int c
     char spec[512], err[600];
     policy_combine(current, p->specs[menu_tag(&p->m)], spec, sizeof spec);
     if (!strcmp(spec, current)) return 1;
-    if (uw_set_policy(w, spec, NULL, err, sizeof err)) {
+    if (policy_switch(w, spec, budget, p->note, sizeof p->note, err, sizeof err)) {
         menu_say(&p->m, 1, "%s", err);
         return 0;
     }
@@ -133,7 +148,7 @@ void settings_open(settings_menu *s, const uw_view *v, const opt_group *groups, 
     s->n_groups = n_groups;
     menu_free(&s->m);
     menu_init(&s->m, "Settings",
-              "Left/Right change   Enter type a value   s save to the settings file   Esc close", 0);
+              "Left/Right change   Enter type a new value (Backspace edits the old)   s save to the settings file   Esc close", 0);
     s->sp = v->sp;
     s->n_predict = v->n_predict;
     snprintf(s->budget, sizeof s->budget, "%s", v->budget);
@@ -255,9 +270,10 @@ int settings_key(settings_menu *s, ui_worker *w, const char *policy, int ch, int
         step(s, row, ch == KEY_RIGHT ? 1 : -1);
         apply(s, w, policy, row, old_budget);
     } else if (!is_key && ch == 's') {
-        /* only what was changed here: a value set on the command line, and the policy (a session
-         * keeps its own), stay out of the file */
-        char v[S_COUNT][64], err[600];
+        /* only what was changed here: a value set on the command line stays out of the file. The
+         * policy goes in only with a budget, which means nothing without it (a budget alone would
+         * meet the default policy, full, at the next start); a resumed session keeps its own. */
+        char v[S_COUNT][64], err[600], pol[256];
         snprintf(v[S_TEMP], 64, "%g", s->sp.temperature);
         snprintf(v[S_TOPK], 64, "%d", s->sp.top_k);
         snprintf(v[S_TOPP], 64, "%g", s->sp.top_p);
@@ -266,7 +282,7 @@ int settings_key(settings_menu *s, ui_worker *w, const char *policy, int ch, int
         snprintf(v[S_SEED], 64, "%llu", (unsigned long long)s->sp.seed);
         snprintf(v[S_NPRED], 64, "%lld", (long long)s->n_predict);
         snprintf(v[S_BUDGET], 64, "%s", s->budget);
-        const char *keys[S_COUNT], *vals[S_COUNT];
+        const char *keys[S_COUNT + 1], *vals[S_COUNT + 1];
         char names[300] = "";
         int n = 0;
         for (int i = 0; i < S_COUNT; i++) {
@@ -275,6 +291,13 @@ int settings_key(settings_menu *s, ui_worker *w, const char *policy, int ch, int
             vals[n++] = v[i];
             size_t l = strlen(names);
             snprintf(names + l, sizeof names - l, "%s%s", l ? ", " : "", row_key[i]);
+        }
+        if (s->dirty[S_BUDGET] && s->budget[0]) {
+            pol_strip_budget(policy, pol, sizeof pol);   /* the budget is its own line */
+            keys[n] = "policy";
+            vals[n++] = pol;
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, " with policy %s", pol);
         }
         char path[1024];
         if (n == 0)

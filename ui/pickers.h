@@ -13,11 +13,18 @@ typedef struct policy_picker {
     menu m;
     char specs[32][128];     /* what each row stands for (tag = index) */
     int n;
+    char note[400];          /* what the last switch dropped (a budget full has no use for), or "" */
 } policy_picker;
 
 void policy_picker_open(policy_picker *p, const char *current);
-/* 1 when it should close (Esc, or a policy was picked and the switch started). */
-int policy_picker_key(policy_picker *p, ui_worker *w, const char *current, int ch, int is_key);
+/* 1 when it should close (Esc, or a policy was picked and the switch started). budget: the one in
+ * force ("" when each policy's own); a switch to a policy without one drops it (said in p->note). */
+int policy_picker_key(policy_picker *p, ui_worker *w, const char *current, const char *budget, int ch, int is_key);
+/* Switch to spec through w. A budget in force that spec cannot take (full keeps everything) is
+ * dropped with the switch rather than refusing it, and note says so ("" otherwise). 0, or -1 with
+ * the engine's reason in err. */
+int policy_switch(ui_worker *w, const char *spec, const char *budget, char *note, size_t notecap, char *err,
+                  size_t errlen);
 /* The spec with the half of pick's kind replaced ("none" removes the prefill half, "full" the
  * decode half). */
 void policy_combine(const char *current, const char *pick, char *out, size_t cap);
@@ -28,7 +35,7 @@ typedef struct settings_menu {
     int64_t n_predict;
     char budget[32];
     int editing_row;
-    int dirty[8];                /* rows changed in this interface: what s writes (never the policy) */
+    int dirty[8];                /* rows changed in this interface: what s writes (the policy only with a budget) */
     const opt_group *groups;     /* the option tables: a typed value is checked as on the command line */
     int n_groups;
 } settings_menu;

@@ -62,6 +62,9 @@ typedef struct tui {
     int finding;             /* typing a search of the conversation */
     char find[256];
     int find_k, find_n, find_scroll;
+    ed_utf8 u8;              /* typed bytes into characters */
+    char *events;            /* the answer's uncertainty events so far, one a line: shown after it */
+    char hist_path[1024];    /* the input history's file ("": none) */
 } tui;
 
 static double now_s(void)
@@ -111,10 +114,14 @@ static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int
     mvprintw(y++, x, "Memory");
     attroff(head);
     mvprintw(y++, x, "weights  %7.1f MiB", v->weights_mib);
-    mvprintw(y++, x, "KV held  %7.2f MiB", (double)v->kv_held / mib);
-    mvprintw(y++, x, "KV full  %7.2f MiB", (double)v->kv_full / mib);
+    /* held can pass full while a prefill chunk is in: its rows are appended to every layer before
+     * the sliding-window layers let the rows behind their window go */
+    int in_chunk = v->busy && v->phase == VIEW_PREFILL && v->kv_held > v->kv_full;
+    mvprintw(y++, x, "KV held  %7.2f MiB%s", (double)v->kv_held / mib, in_chunk ? " +chunk" : "");
+    mvprintw(y++, x, "KV full  %7.2f MiB", (double)v->kv_full / mib);   /* every layer, the whole context */
     /* the share of a full cache's token rows the cache holds (bytes include the last page's room) */
     if (y <= bottom) bar(y++, x, width - 1, kept_share(v), t->color ? COLOR_PAIR(C_MAP2) : 0);
+    if (v->swa_window > 0 && y <= bottom) mvprintw(y++, x, "window layers hold %d tokens", v->swa_window);
     mvprintw(y++, x, "KV peak  %7.2f MiB", (double)v->kv_peak / mib);
     mvprintw(y++, x, "RSS peak %7.1f MiB", v->rss_mib);
     if (v->gpu_total) mvprintw(y++, x, "GPU %7.0f/%.0f MiB", (double)v->gpu_held / mib, (double)v->gpu_total / mib);
@@ -418,13 +425,19 @@ static void draw_status(const uw_view *v, int W, int attr)
         snprintf(speed, sizeof speed, "%.1f tok/s", (double)v->answer_tokens / live);
     else
         snprintf(speed, sizeof speed, "%.1f tok/s", v->tok_s);
-    char status[2048], kv[64];
-    /* the KV cache: the share of a full cache's token rows it holds, and its memory (the side panel
-     * has the full cache's) */
-    if (v->tokens_full > 0)
-        snprintf(kv, sizeof kv, "KV %.0f%% of full (%.2f MiB)", 100.0 * kept_share(v), (double)v->kv_held / (1 << 20));
-    else
+    char status[2048], kv[128];
+    /* the KV cache: the share of the token rows it holds of a cache where every layer holds the
+     * whole context, and its memory (the side panel has that cache's). Under any policy, full
+     * included, a model's sliding-window layers hold only their window: said, so that "full" at
+     * under 100% reads right. */
+    double mib = (double)v->kv_held / (1 << 20);
+    if (v->tokens_full <= 0)
         snprintf(kv, sizeof kv, "KV empty");
+    else if (v->swa_window > 0 && v->swa_window < v->ctx_used)
+        snprintf(kv, sizeof kv, "KV %.0f%% of context (sliding-window layers hold %d; %.2f MiB)",
+                 100.0 * kept_share(v), v->swa_window, mib);
+    else
+        snprintf(kv, sizeof kv, "KV %.0f%% of context (%.2f MiB)", 100.0 * kept_share(v), mib);
     /* the context meter: positions used of the limit */
     snprintf(status, sizeof status, " kvchat%s | %s | %s | %s | ctx %lld/%lld | %s | %s | %s",
              v->base_model ? " (base model)" : "", state, conv_name, policy, (long long)v->ctx_used,
@@ -602,7 +615,11 @@ static void overlay_key(tui *t, int ch, int is_key)
     int done = 0;
     switch (t->overlay) {
     case OV_SESSIONS: done = browser_key(&t->br, t->w, v.session_id, ch, is_key); break;
-    case OV_POLICY: done = policy_picker_key(&t->pp, t->w, v.policy, ch, is_key); break;
+    case OV_POLICY:
+        done = policy_picker_key(&t->pp, t->w, v.policy, v.budget, ch, is_key);
+        if (done && t->pp.note[0]) say(t, E_INFO, "%s", t->pp.note);
+        t->pp.note[0] = 0;
+        break;
     case OV_SETTINGS: done = settings_key(&t->st, t->w, v.policy, ch, is_key); break;
     case OV_FILES: done = file_picker_key(&t->fp, t->w, ch, is_key); break;
     }
@@ -796,10 +813,12 @@ static int policy_command(tui *t, const char *spec)
         policy_combine(v.policy, spec, combined, sizeof combined);
         if (strcmp(combined, spec) != 0) use = combined;
     }
-    if (uw_set_policy(t->w, use, NULL, err, sizeof err)) {
+    char note[400];
+    if (policy_switch(t->w, use, v.budget, note, sizeof note, err, sizeof err)) {
         say(t, E_ERROR, "%s", err);
         return 1;
     }
+    if (note[0]) say(t, E_INFO, "%s", note);
     if (use == combined) {
         char kept[512];
         const char *plus = strchr(combined, '+');
@@ -880,6 +899,16 @@ static void ask_now(tui *t, const char *q)
     t->cv.answering = 0;
 }
 
+/* The input history to its file, after each entry: a crash or a kill loses nothing typed. A
+ * failure is said once, and the history is not written again this session. */
+static void save_history(tui *t)
+{
+    char err[1200];
+    if (!t->hist_path[0] || ed_history_save(&t->ed, t->hist_path, err, sizeof err) == 0) return;
+    say(t, E_ERROR, "input history: %s (not saved this session)", err);
+    t->hist_path[0] = 0;
+}
+
 static void submit(tui *t)
 {
     char line[ED_MAX];
@@ -890,11 +919,13 @@ static void submit(tui *t)
         if (command(t, line)) {
             ed_history_add(&t->ed, line);
             ed_clear(&t->ed);
+            save_history(t);
         }
         return;
     }
     ed_history_add(&t->ed, line);
     ed_clear(&t->ed);
+    save_history(t);
     if (t->n_queue == 0 && uw_ask(t->w, line) == 0) {
         ask_now(t, line);
         return;
@@ -959,7 +990,9 @@ static void find_key(tui *t, int ch, int is_key)
         return;
     }
     size_t n = strlen(t->find);
-    if ((is_key && ch == KEY_BACKSPACE) || (!is_key && (ch == 127 || ch == 8))) {
+    if (!is_key && ch == 21) {   /* Ctrl-U: the search from its start */
+        t->find[0] = 0;
+    } else if ((is_key && ch == KEY_BACKSPACE) || (!is_key && (ch == 127 || ch == 8))) {
         while (n > 0 && ((unsigned char)t->find[--n] & 0xC0) == 0x80) {}
         t->find[n] = 0;
     } else if (!is_key && ch >= 32) {
@@ -1096,19 +1129,18 @@ static void read_key(tui *t, int r, wint_t ch)
      * view or a list closes on Escape, and the key after it is a key of its own) */
     int plain = !t->overlay && !t->seen_open && !t->finding && !t->help && !t->confirm_quit;
     if (!is_key && ch == 27 && plain) {
-        wint_t c2;
         timeout(0);
-        int r2 = get_wch(&c2);
+        int c2 = getch();
         timeout(50);
-        int pair = r2 == OK && (c2 == 'b' || c2 == 'f' || c2 == 'd' || c2 == '\r' || c2 == '\n' || c2 == 127 || c2 == 8);
+        int pair = c2 == 'b' || c2 == 'f' || c2 == 'd' || c2 == '\r' || c2 == '\n' || c2 == 127 || c2 == 8;
         if (pair) {
             alt = 1;
-            ch = c2;
-        } else if (r2 == OK) {
-            unget_wch(c2);   /* handled on its own next time round */
-        } else if (r2 == KEY_CODE_YES) {   /* a key code cannot be pushed back: both now */
+            ch = (wint_t)c2;
+        } else if (c2 != ERR && c2 < KEY_MIN) {
+            ungetch(c2);   /* a byte: handled on its own next time round */
+        } else if (c2 != ERR) {   /* a key code cannot be pushed back: both now */
             key(t, ch, is_key, 0);
-            key(t, c2, 1, 0);
+            key(t, (wint_t)c2, 1, 0);
             return;
         }
     }
@@ -1130,6 +1162,12 @@ static void drain(tui *t)
         case UW_DONE:
             if (ev.a == 1 && t->cv.answering) conv_append_mark(&t->cv, " [stopped]");   /* Ctrl-C: the partial answer stays, marked */
             t->cv.answering = 0;
+            if (t->events) {   /* the answer's events, after it rather than inside its sentences */
+                for (char *line = strtok(t->events, "\n"); line; line = strtok(NULL, "\n"))
+                    conv_add(&t->cv, E_EVENT, line);
+                free(t->events);
+                t->events = NULL;
+            }
             if (ev.text[0]) say(t, E_INFO, "%s", ev.text);
             if (ev.b == 3) {   /* a comparison is ready */
                 uw_compared c[8];
@@ -1155,10 +1193,13 @@ static void drain(tui *t)
         case UW_INFO:
             say(t, E_INFO, "%s", ev.text);
             break;
-        case UW_EVENT: {   /* events come from answers: inside the answer's text, where it happened */
-            char mark[600];
-            snprintf(mark, sizeof mark, " [%s] ", ev.text);
-            conv_append_mark(&t->cv, mark);
+        case UW_EVENT: {   /* kept until the answer ends, and shown after it (answer page N says where) */
+            size_t had = t->events ? strlen(t->events) : 0, add = strlen(ev.text);
+            char *grown = realloc(t->events, had + add + 2);
+            if (!grown) break;
+            memcpy(grown + had, ev.text, add);
+            memcpy(grown + had + add, "\n", 2);
+            t->events = grown;
             break;
         }
         case UW_PAST_USER:
@@ -1230,28 +1271,42 @@ int tui_main(ui_worker *w, const char *doc, const char *resume, const tui_config
                                                 C_EVENT, C_MAP1, C_MAP2, C_MAP3, C_DIM };
         for (int e = 0; e < COL_COUNT; e++) init_pair((short)pair_of[e], cfg->fg[e], cfg->bg[e]);
     }
+    for (int i = 0; i < cfg->n_notes; i++) say(&t, E_ERROR, "%s", cfg->notes[i]);
     /* a document to open, a session to continue, or (neither) the most recent session */
     if (cfg->keep_policy) uw_keep_policy_once(w);
     if (doc)
         uw_open(w, doc);
     else
         uw_resume(w, resume ? resume : "");
+    if (ed_history_path(t.hist_path, sizeof t.hist_path) == 0 && ed_history_load(&t.ed, t.hist_path, err, errlen)) {
+        say(&t, E_ERROR, "input history: %s", err);
+        t.hist_path[0] = 0;   /* what is there is kept, not replaced */
+    }
     /* a stop signal leaves like Ctrl-Q: uw_stop below stops the answer, which the worker saves */
     while (!t.quit && !(cfg->stop_signal && *cfg->stop_signal)) {
         drain(&t);
         draw(&t);
-        wint_t ch;
-        int r = get_wch(&ch);
-        if (r != ERR)
-            read_key(&t, r, ch);
-        else if (cfg->stop_signal && terminal_gone())
-            *cfg->stop_signal = SIGHUP;   /* what closing it would have sent */
+        /* bytes, decoded here: ncurses' get_wch waits for more after an invalid byte and drops the
+         * characters typed behind it */
+        int c = getch();
+        if (c == ERR) {
+            if (cfg->stop_signal && terminal_gone()) *cfg->stop_signal = SIGHUP;   /* what closing it would have sent */
+            continue;
+        }
+        if (c >= KEY_MIN) {
+            read_key(&t, KEY_CODE_YES, (wint_t)c);
+            continue;
+        }
+        unsigned out[2];
+        int n = ed_utf8_feed(&t.u8, c, out);
+        for (int i = 0; i < n && !t.quit; i++) read_key(&t, OK, (wint_t)out[i]);
     }
     if (t.overlay) close_overlay(&t);
     fputs("\033[?2004l", stdout);
     endwin();
     uw_stop(w);
     conv_free(&t.cv);
+    free(t.events);
     ed_free(&t.ed);
     for (int i = 0; i < t.n_queue; i++) free(t.queue[i]);
     for (int i = 0; i < t.n_seen; i++) free(t.seen[i].text);

@@ -1,6 +1,9 @@
 /* view.c - the screen's figures copied from the session (see view.h). */
 #include "ui/view.h"
 
+#include "engine/model.h"
+#include "engine/run.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +63,7 @@ void view_fill(uw_view *o, const session *s, const view_marks *m, int with_setti
     o->kv_held = fg.kv_held;
     o->kv_full = fg.kv_full;
     o->kv_peak = fg.kv_peak;
+    o->swa_window = run_model(r)->hp.n_swa;
     o->rss_mib = fg.rss_peak_mib;
     o->gpu_held = fg.gpu_held;
     o->gpu_total = fg.gpu_total;

@@ -31,6 +31,7 @@ typedef struct uw_view {
     int64_t ctx_used, ctx_limit, doc_tokens;
     int64_t tokens_kept, tokens_full;   /* token rows held vs a full cache (all layers and KV heads) */
     uint64_t kv_held, kv_full, kv_peak;
+    int swa_window;          /* the model's sliding-window layers hold this many tokens (0: it has none) */
     double rss_mib, weights_mib;
     uint64_t gpu_held, gpu_total;   /* device memory of a GPU backend (gpu_total 0: on the CPU) */
     double tok_s, prefill_tok_s;

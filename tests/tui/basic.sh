@@ -38,6 +38,7 @@ work=$(mktemp -d)   # the interface's working directory: exports land here
 db=$work/tui.db
 cfg=$(mktemp -d)
 export XDG_CONFIG_HOME=$cfg   # hermetic: no user settings (the config file is tested at the end)
+export XDG_STATE_HOME=$cfg/state   # nor the user's input history
 cp "$doc" "$work/notes.txt"
 T new-session -d -s "$s" -x 120 -y 70 -c "$work" "$bin tui -t 1 -m $model -d $doc -n 8 --page-size 8 --db $db"
 wait_for 'p2\.txt \| full \| ctx [0-9]+/'
@@ -217,15 +218,17 @@ T send-keys -t "$s" '/quit' Enter
 wait_exit
 "$bin" sessions --db "$db" show 1 | grep '15 messages' >/dev/null || fail "the resumed turn and the regeneration were not saved"
 "$bin" sessions --db "$db" show 1 | grep 'assistant (another branch)' >/dev/null || fail "the regenerated answer is not a branch"
-# backtracking events inline in the answer, where they happened (thresholds of 0: every page is
-# uncertain; chess rebuilds its selection and regenerates the page)
+# backtracking events after the answer, a line each, never inside its sentences (thresholds of 0:
+# every page is uncertain; chess rebuilds its selection and regenerates the page)
 T new-session -d -s "$s" -x 120 -y 40 "$bin tui -t 1 -m $model -d $doc -n 16 --page-size 8 --no-db --policy chess --thresholds 0,0"
 wait_for '\| ready \| p2\.txt'
 T send-keys -t "$s" 'What is it about?' Enter
-wait_for '\[event: answer page 0 \(tokens 0-7'
-wait_for 'regenerated \(same text\)|regenerated with different text'
 wait_for "^-- $(tok 16) tokens, "
-cap | grep -q '^~~ ' && fail "an event was drawn apart from the answer"
+wait_for '^~~ event: answer page 0 \(tokens 0-7'
+wait_for 'regenerated \(same text\)|regenerated with different text'
+cap | grep -q '\[event' && fail "an event was drawn inside the answer"
+[ "$(cap | grep -n '^~~ event: answer page 0' | cut -d: -f1)" -gt "$(cap | grep -n '^you> What is it about' | tail -1 | cut -d: -f1)" ] ||
+    fail "the event is not after the answer"
 T send-keys -t "$s" '/quit' Enter
 wait_exit
 # settings from the config file (the command line would override them); a bad one is one line

@@ -38,3 +38,4 @@ trap 'T kill-server 2>/dev/null || true' EXIT
 # hermetic: no user settings, data or history
 cfg=$(mktemp -d)
 export XDG_CONFIG_HOME=$cfg
+export XDG_STATE_HOME=$cfg/state   # the input history

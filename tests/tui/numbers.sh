@@ -13,9 +13,9 @@ db=$work/n.db
 for _ in 1 2 3 4 5 6 7 8 9; do cat "$doc"; done > "$work/big.txt"
 T new-session -d -s "$s" -x 140 -y 40 -c "$work" "$bin tui -t 1 -m $model -d $doc -n 4 --db $db"
 wait_for '^-- full: '
-wait_for '\| KV [0-9]+% of full \([0-9.]+ MiB\) \|'
+wait_for '\| KV [0-9]+% of context \((sliding-window layers hold [0-9]+; )?[0-9.]+ MiB\) \|'
 absent 'kept [0-9]+%' "a share without saying of what"
-pct=$(status_bar | sed -n 's/.*| KV \([0-9]*\)% of full.*/\1/p')
+pct=$(status_bar | sed -n 's/.*| KV \([0-9]*\)% of context.*/\1/p')
 [ "$pct" -le 100 ] || fail "a share over 100%: $pct"
 wait_for 'Pages: [0-9]+ \(32 tokens each\)'
 T send-keys -t "$s" 'What is it about?' Enter

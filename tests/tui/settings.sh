@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# settings.sh - settings and resume: F5 `s` writes only what was changed (never the policy); a
-# session resumes under its own last policy, not the settings file's; a policy named on the
+# settings.sh - settings and resume: F5 `s` writes only what was changed (the policy only with a
+# budget); a session resumes under its own last policy, not the settings file's; a policy named on the
 # command line holds for the session it continues, and the re-prefill that takes saves its
 # snapshot, so the next launch restores it at once.
 # usage: tests/tui/settings.sh KVCHAT MODEL DOCUMENT
