@@ -13,7 +13,7 @@ sock=kvchat-shots-$$
 # blanks by erasing, and tmux leaves erased cells past a line's last character out of a capture
 # (a popup or bar would lose its right edge); tmux-256color has neither, so they are written.
 cfg=$(mktemp -d)
-export XDG_CONFIG_HOME=$cfg TERM=xterm-256color
+export XDG_CONFIG_HOME=$cfg XDG_STATE_HOME=$cfg TERM=xterm-256color
 T() { tmux -L "$sock" -f /dev/null "$@"; }
 cap() { T capture-pane -p -t s; }                            # plain text, for waiting
 shot() { T capture-pane -e -p -N -t s | "$here/scripts/ansi2png.py" "$here/docs/$1" "$2" "$3"; }
