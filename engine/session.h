@@ -47,6 +47,8 @@ typedef struct sess_config {
     char stop[SESS_MAX_STOP][128];   /* stop sequences of every answer, besides the plain form's own
                                         next turn ("\nQuestion:"), which always stops an answer */
     int n_stop;
+    int answer_end;              /* PROMPT_END_* (engine/prompt.h): where a plain-form answer ends
+                                    (0: at its first line break) */
 } sess_config;
 
 /* What a session reports while it works; any member may be NULL. */
