@@ -998,3 +998,14 @@ Test(cli, info_names_what_a_gpu_keeps_as_stored_and_what_it_converts)
     unlink(path);
     rmdir(d);
 }
+
+/* `kvchat info` says which form ask and the interface write a conversation in: the plain form for
+ * a file without a chat template, such as the tiny Gemma model's (issue 27: say what the model is). */
+Test(cli, info_names_the_prompt_form)
+{
+    static char out[1 << 16], errb[1 << 16];
+    cr_assert_eq(run("info -m " TD "tiny/tiny-gemma3-q4_k_m.gguf", out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(strstr(out, "\nprompt form     plain, DOCUMENT / Question: Q / Answer: (no template in the file: a base "
+                          "model)\n"),
+              "got: %s", out);
+}
