@@ -109,8 +109,8 @@ const opt_def cli_policy_opts[] = {
     { "--stop", NULL, OPT_STRS, F(stop), 0, 0, NULL, 0, "TEXT",
       "end answers where TEXT begins (\\n for a newline); the plain form always stops at its next \\nQuestion:",
       "stop" },
-    { "--answer-end", NULL, OPT_CHOICE, F(answer_end), 0, 0, "line|turn", 0, NULL,
-      "where a plain-form (base model) answer ends: its first line break (default), or its next \\nQuestion: as before",
+    { "--answer-end", NULL, OPT_CHOICE, F(answer_end), 0, 0, "paragraph|line|turn", 0, NULL,
+      "where a plain-form (base model) answer ends: its first blank line (default), line break, or next \\nQuestion:",
       "answer_end" },
     OPT_END
 };
@@ -254,7 +254,8 @@ session *cli_session(const cli_opts *o, int64_t n_predict, int format)
     c.backtrack = o->backtrack;
     c.n_predict = n_predict;
     c.format = format;
-    _Static_assert(PROMPT_END_LINE == 0 && PROMPT_END_TURN == 1, "--answer-end's choices are line|turn");
+    _Static_assert(PROMPT_END_PARAGRAPH == 0 && PROMPT_END_LINE == 1 && PROMPT_END_TURN == 2,
+                   "--answer-end's choices are paragraph|line|turn");
     c.answer_end = o->answer_end;
     for (int i = 0; i < o->stop.n && i < SESS_MAX_STOP; i++) {
         /* \n, \t and \\ as the characters they name, so a stop sequence can span lines */

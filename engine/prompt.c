@@ -12,8 +12,8 @@ int prompt_plain_stops(int answer_end, const char **out, int max)
 {
     int n = 0;
     if (n < max) out[n++] = "\nQuestion:";
-    /* "\n" also ends the answer at "\nQuestion:", which stays listed for PROMPT_END_TURN's sake */
     if (answer_end == PROMPT_END_LINE && n < max) out[n++] = "\n";
+    if (answer_end == PROMPT_END_PARAGRAPH && n < max) out[n++] = "\n\n";
     return n;
 }
 

@@ -48,7 +48,7 @@ typedef struct sess_config {
                                         next turn ("\nQuestion:"), which always stops an answer */
     int n_stop;
     int answer_end;              /* PROMPT_END_* (engine/prompt.h): where a plain-form answer ends
-                                    (0: at its first line break) */
+                                    (0: at its first blank line) */
 } sess_config;
 
 /* What a session reports while it works; any member may be NULL. */

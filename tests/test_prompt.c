@@ -17,12 +17,15 @@ static int has(const char *const *v, int n, const char *want)
     return 0;
 }
 
-Test(prompt, a_plain_answer_ends_at_its_line_unless_asked_to_run_to_the_next_question)
+Test(prompt, a_plain_answer_ends_at_its_paragraph_or_line_or_the_next_question)
 {
     const char *v[4];
     int n = prompt_plain_stops(PROMPT_END_LINE, v, 4);
     cr_expect_eq(n, 2);
     cr_expect(has(v, n, "\nQuestion:") && has(v, n, "\n"), "the line form stops at a line break and the next question");
+    n = prompt_plain_stops(PROMPT_END_PARAGRAPH, v, 4);
+    cr_expect(n == 2 && has(v, n, "\nQuestion:") && has(v, n, "\n\n") && !has(v, n, "\n"),
+              "the paragraph form stops at a blank line and the next question");
     n = prompt_plain_stops(PROMPT_END_TURN, v, 4);
     cr_expect_eq(n, 1);
     cr_expect_str_eq(v[0], "\nQuestion:", "the turn form stops at the next question only");
@@ -58,12 +61,13 @@ static session *open_session(int format, int answer_end, const char *stop)
 Test(prompt, a_sessions_answers_stop_as_its_answer_end_says)
 {
     const char *v[SESS_MAX_STOP + 2];
-    /* the default configuration (zeroed): a plain answer ends at its line */
+    /* the default configuration (zeroed): a plain answer ends at its paragraph */
     session *s = open_session(SESS_FORMAT_AUTO, 0, "END");
     cr_assert_eq(sess_format(s), SESS_FORMAT_PLAIN, "the tiny Gemma model has no chat template");
     int n = sess_stops(s, 1, v, SESS_MAX_STOP + 2);
     cr_expect_eq(n, 3);
-    cr_expect(has(v, n, "\n") && has(v, n, "\nQuestion:") && has(v, n, "END"), "the line, the next question, --stop");
+    cr_expect(has(v, n, "\n\n") && has(v, n, "\nQuestion:") && has(v, n, "END"),
+              "the blank line, the next question, --stop");
     cr_expect_eq(sess_stops(s, 0, v, SESS_MAX_STOP + 2), 1, "a raw continuation has the configured stops only");
     sess_free(s);
     s = open_session(SESS_FORMAT_PLAIN, PROMPT_END_TURN, NULL);
@@ -71,7 +75,11 @@ Test(prompt, a_sessions_answers_stop_as_its_answer_end_says)
     cr_expect(n == 1 && !strcmp(v[0], "\nQuestion:"), "--answer-end turn: the next question only");
     sess_free(s);
     /* the chat template ends its turns itself */
-    s = open_session(SESS_FORMAT_CHAT, PROMPT_END_LINE, NULL);
+    s = open_session(SESS_FORMAT_PLAIN, PROMPT_END_LINE, NULL);
+    n = sess_stops(s, 1, v, SESS_MAX_STOP + 2);
+    cr_expect(n == 2 && has(v, n, "\n"), "--answer-end line: the line break");
+    sess_free(s);
+    s = open_session(SESS_FORMAT_CHAT, PROMPT_END_PARAGRAPH, NULL);
     cr_expect_eq(sess_stops(s, 1, v, SESS_MAX_STOP + 2), 0);
     sess_free(s);
 }

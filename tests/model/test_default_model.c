@@ -435,7 +435,7 @@ static void ask_in_session(const char *db, const char *doc, const char *question
 /* Four different follow-up questions about one memo in one conversation (issue 27, item 1): the
  * memo is memo 0 of `bench/followups.py --seed 1` (tests/fixtures/followup_memo.txt), the questions
  * and the facts they ask for are its own. Each answer holds its fact and none repeats an earlier
- * one. Answers of 256 tokens, the interface's default: before a plain-form answer ended at its line,
+ * one. Answers of 256 tokens, the interface's default: before a plain-form answer ended at its paragraph,
  * the first answer ran on with more of the memo, the conversation carried that text into the next
  * prompt, and the second question got "1000 units" (the memo says 978). */
 Test(default_model, follow_up_questions_get_their_own_answers, .timeout = 600)
