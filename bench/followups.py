@@ -85,6 +85,7 @@ def ask(kvchat, db, session, doc, question, extra, n_predict):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--memos", type=int, default=10)
+    ap.add_argument("--first", type=int, default=0, help="the first memo's number")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--kvchat", default="./kvchat")
     ap.add_argument("--form", action="append", default=[])
@@ -108,7 +109,7 @@ def main():
         for name, args in forms:
             extra = shlex.split(args)
             n_right = n_copy = n = 0
-            for k in range(a.memos):
+            for k in range(a.first, a.first + a.memos):
                 text, qs = memo(a.seed, k)
                 doc = os.path.join(tmp, f"memo{k}.txt")
                 with open(doc, "w") as f:

@@ -461,3 +461,25 @@ Test(default_model, follow_up_questions_get_their_own_answers, .timeout = 600)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_expect(system(cmd) == 0);
 }
+
+/* Memo 15 of `bench/followups.py --seed 1` (tests/fixtures/followup_memo15.txt): the model begins
+ * its first answer with a blank line. The blank line that ends a plain answer must not end it there,
+ * empty: an empty first answer taught every later turn of the conversation to answer empty too. */
+Test(default_model, an_answer_that_begins_with_a_blank_line_is_not_empty, .timeout = 600)
+{
+    char dir[] = "/tmp/kvchat-followups-XXXXXX", db[128];
+    cr_assert(mkdtemp(dir));
+    snprintf(db, sizeof db, "%s/s.db", dir);
+    char ans[2][2048];
+    const char *q[2] = { "Which company delivers the new sensor?", "What is Ezekiel's extension?" };
+    for (int i = 0; i < 2; i++) {
+        ask_in_session(db, "tests/fixtures/followup_memo15.txt", q[i], ans[i], sizeof ans[i]);
+        cr_log_info("%s -> '%s'", q[i], ans[i]);
+        const char *p = ans[i];
+        while (*p && isspace((unsigned char)*p)) p++;
+        cr_expect(*p, "question %d '%s': the answer is empty", i + 1, q[i]);
+    }
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect(system(cmd) == 0);
+}
