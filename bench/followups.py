@@ -5,8 +5,8 @@ Generates seeded memos (about 1.2K tokens of office text around six planted fact
 her extension, a supplier, a unit count, a review date, a room), then asks four different
 questions about each memo in one kvchat conversation (`kvchat ask --session`, so every question
 goes through the session code the terminal interface uses: sess_resume, sess_ask) with greedy
-decoding, and counts right answers and copies (an answer identical to an earlier answer of the
-same conversation). Deterministic for a seed: the memos come from Python's seeded Random, the
+decoding, and counts right answers and copies (an answer identical to an earlier answer about the
+same memo). Deterministic for a seed: the memos come from Python's seeded Random, the
 answers from greedy decoding.
 
 usage: bench/followups.py [--memos 10] [--seed 1] [--form NAME=ARGS ...] [--kvchat ./kvchat]
