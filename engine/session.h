@@ -242,7 +242,8 @@ int sess_policy_pending(const session *s);
 const char *sess_model_sha(const session *s);      /* "" when no store is attached */
 
 /* The stop sequences an answer (answering 1) or a raw continuation (0) ends at: the plain form's
- * next-turn marker, then the configured ones. Their count (at most max). */
+ * own (its next-turn marker, and the blank line or line break sess_config.answer_end asks for),
+ * then the configured ones. Their count (at most max). */
 int sess_stops(const session *s, int answering, const char **out, int max);
 
 /* The prefill policy of a spec as snapshots are filed ("full" when there is none). */
