@@ -17,6 +17,7 @@
 #include "common/text.h"
 #include "engine/document.h"
 #include "engine/model.h"
+#include "engine/prompt.h"
 #include "store/store.h"
 
 volatile sig_atomic_t cli_interrupted = 0;
@@ -117,6 +118,9 @@ const opt_def cli_policy_opts[] = {
     { "--stop", NULL, OPT_STRS, F(stop), 0, 0, NULL, 0, "TEXT",
       "end answers where TEXT begins (\\n for a newline); the plain form always stops at its next \\nQuestion:",
       "stop" },
+    { "--answer-end", NULL, OPT_CHOICE, F(answer_end), 0, 0, "paragraph|line|turn", 0, NULL,
+      "where a plain-form (base model) answer ends: its first blank line (default), line break, or next \\nQuestion:",
+      "answer_end" },
     OPT_END
 };
 /* The sampling options, in two tables that differ only in what --temp says its default is: the
@@ -265,6 +269,9 @@ session *cli_session(const cli_opts *o, int64_t n_predict, int format)
     c.backtrack = o->backtrack;
     c.n_predict = n_predict;
     c.format = format;
+    _Static_assert(PROMPT_END_PARAGRAPH == 0 && PROMPT_END_LINE == 1 && PROMPT_END_TURN == 2,
+                   "--answer-end's choices are paragraph|line|turn");
+    c.answer_end = o->answer_end;
     for (int i = 0; i < o->stop.n && i < SESS_MAX_STOP; i++) {
         /* \n, \t and \\ as the characters they name, so a stop sequence can span lines */
         char *d = c.stop[c.n_stop];

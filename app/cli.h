@@ -34,6 +34,7 @@ typedef struct cli_opts {
                                    reselect, else 0) */
     const char *thresholds;     /* --thresholds FILE or H,V (NULL: the model's calibration, if any) */
     int show_events;            /* --show-events: page statistics and events on stderr */
+    int answer_end;             /* --answer-end paragraph|line|turn: PROMPT_END_* (engine/prompt.h) */
     opt_strs stop;              /* --stop TEXT (repeatable; \n, \t and \\ escapes): answers end there */
     const char *db;             /* --db PATH: the session database (NULL: the default location) */
     int no_calibration;         /* the run takes no calibrated thresholds (kvchat calibrate measures them) */

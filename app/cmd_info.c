@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/chat.h"
+#include "engine/prompt.h"
 #include "app/cli.h"
 #include "common/text.h"
 #include "app/commands.h"
@@ -83,6 +84,10 @@ int cmd_info(int argc, char **argv)
     gguf_str tmpl;
     printf("chat template   %s (%s)\n", chat_family_name(chat_family_for(m->gguf)),
            gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl) == 0 ? "from the file" : "none in the file: by architecture");
+    /* what ask and the interface write a conversation in (README "The default model") */
+    printf("prompt form     %s\n", prompt_has_template(m)
+                                        ? "the chat template (the file has one)"
+                                        : "plain, DOCUMENT / Question: Q / Answer: (no template in the file: a base model)");
     printf("output          %s\n", m->output.data == m->tok_embd.data ? "tied to token_embd" : "separate matrix");
     printf("weights         %.1f MiB\n", (double)m->weight_bytes / 1048576.0);
     /* what the CUDA backend holds of the products' weights (docs/gpu.md), in either build */

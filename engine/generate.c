@@ -1,6 +1,7 @@
 /* generate.c - sampling loop with the uncertainty monitor and page-level backtracking. */
 #include "engine/generate.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,13 @@ typedef struct gen_state {
     size_t text_cap;
 } gen_state;
 
+static int all_space(const char *t)
+{
+    for (; *t; t++)
+        if (!isspace((unsigned char)*t)) return 0;
+    return 1;
+}
+
 /* Token i-1 just joined the answer: its text goes after token i-2's. With a stop sequence complete
  * in the text, *keep gets the tokens wholly before it and 1 is returned; else *safe gets the tokens
  * that cannot be part of a stop sequence (the text may end with the start of one). -1: no memory. */
@@ -49,12 +57,16 @@ static int check_stops(gen_state *g, const gen_opts *o, const tok_vocab *v, int6
     memcpy(g->text + before, piece, n);
     size_t len = before + n;
     g->ends[i - 1] = len;
-    /* a match can only end inside the new piece; the earliest one wins */
-    size_t cut = len + 1, hold = 0;
+    /* a match can only end inside the new piece; the earliest one wins. A stop made of whitespace
+     * alone (a base model's blank line) does not end an answer before its first other character:
+     * an answer that begins on a new line is not empty (and the next turn does not learn to be). */
+    size_t cut = len + 1, hold = 0, lead = 0;
+    while (lead < len && isspace((unsigned char)g->text[lead])) lead++;
     for (int k = 0; k < o->n_stop; k++) {
         size_t L = strlen(o->stop[k]);
         if (L == 0) continue;
         size_t from = before + 1 > L ? before + 1 - L : 0;
+        if (all_space(o->stop[k]) && from < lead) from = lead;
         for (size_t at = from; at + L <= len; at++)
             if (!memcmp(g->text + at, o->stop[k], L)) {
                 if (at < cut) cut = at;

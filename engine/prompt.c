@@ -8,6 +8,15 @@
 #include "engine/chat.h"
 #include "engine/tokenizer.h"
 
+int prompt_plain_stops(int answer_end, const char **out, int max)
+{
+    int n = 0;
+    if (n < max) out[n++] = "\nQuestion:";
+    if (answer_end == PROMPT_END_LINE && n < max) out[n++] = "\n";
+    if (answer_end == PROMPT_END_PARAGRAPH && n < max) out[n++] = "\n\n";
+    return n;
+}
+
 int prompt_has_template(const model *m) { return gguf_find_key(m->gguf, "tokenizer.chat_template") >= 0; }
 
 static int encode(const model *m, const char *text, int add_bos, int special, int32_t **ids, size_t *n, char *err,

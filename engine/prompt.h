@@ -5,7 +5,9 @@
  * trained on turn markers, the plain completion
  *     DOCUMENT\n\nQuestion: Q1\nAnswer: A1\nQuestion: Q2\nAnswer:
  * Every front end builds its prompts here, so a conversation resumed by one continues exactly the
- * tokens another wrote. */
+ * tokens another wrote. A plain-form answer ends at its first blank line (PROMPT_END_PARAGRAPH): a
+ * base model writes on past its answer (more of the document, text it saw), and what it wrote stays
+ * in the turns the next question sees; docs/eval.md measures the forms. */
 #ifndef KVCHAT_PROMPT_H
 #define KVCHAT_PROMPT_H
 
@@ -13,6 +15,15 @@
 #include <stdint.h>
 
 #include "engine/model.h"
+
+/* Where a plain-form answer ends: at its first blank line (a paragraph: the default), at its first
+ * line break (an answer that begins with one then comes out empty), or only where the model begins
+ * its next "\nQuestion:" (the turn: kvchat's form before docs/eval.md's follow-up measurement). */
+enum { PROMPT_END_PARAGRAPH = 0, PROMPT_END_LINE = 1, PROMPT_END_TURN = 2 };
+
+/* The plain form's own stop sequences for an answer ending as answer_end says (PROMPT_END_*): the
+ * next "\nQuestion:" always, and "\n" or "\n\n" for a line or a paragraph. How many went into out. */
+int prompt_plain_stops(int answer_end, const char **out, int max);
 
 /* 1 when the model file carries a chat template (the default form then). */
 int prompt_has_template(const model *m);

@@ -71,14 +71,10 @@ static void on_event(void *ud, const unc_event *e)
     if (st->s->cb.event) st->s->cb.event(st->s->cb.ud, e);
 }
 
-/* The plain completion form's own next turn: a base model that goes on writing questions and
- * answers stops where its next question would begin. */
-#define PLAIN_NEXT_TURN "\nQuestion:"
-
 int sess_stops(const session *s, int answering, const char **out, int max)
 {
-    int n = 0;
-    if (answering && !s->chat && n < max) out[n++] = PLAIN_NEXT_TURN;
+    /* the plain form's own ends (prompt.c): a base model goes on writing past its answer */
+    int n = answering && !s->chat ? prompt_plain_stops(s->cfg.answer_end, out, max) : 0;
     for (int i = 0; i < s->cfg.n_stop && n < max; i++)
         if (s->cfg.stop[i][0]) out[n++] = s->cfg.stop[i];
     return n;
@@ -89,8 +85,8 @@ int sess_generate_into(session *s, int64_t n_predict, int max_regen, int keep, i
     sess_answer_reset(s);
     stream st = { s, { 0 } };
     tok_stream_init(&st.ts, run_model(s->r)->vocab);
-    const char *stops[SESS_MAX_STOP + 1];
-    int n_stop = sess_stops(s, answering, stops, SESS_MAX_STOP + 1);
+    const char *stops[SESS_MAX_STOP + 2];
+    int n_stop = sess_stops(s, answering, stops, SESS_MAX_STOP + 2);
     run_answer_opts ao = { n_predict, keep, max_regen, 1, s->cfg.monitor || s->cb.page != NULL, stops, n_stop };
     gen_callbacks cb = { &st, on_token, on_page, on_event };
     int rc = run_answer(s->r, &ao, &cb, gr, s->err, sizeof s->err);

@@ -47,6 +47,8 @@ typedef struct sess_config {
     char stop[SESS_MAX_STOP][128];   /* stop sequences of every answer, besides the plain form's own
                                         next turn ("\nQuestion:"), which always stops an answer */
     int n_stop;
+    int answer_end;              /* PROMPT_END_* (engine/prompt.h): where a plain-form answer ends
+                                    (0: at its first blank line) */
 } sess_config;
 
 /* What a session reports while it works; any member may be NULL. */
@@ -247,7 +249,8 @@ int sess_policy_pending(const session *s);
 const char *sess_model_sha(const session *s);      /* "" when no store is attached */
 
 /* The stop sequences an answer (answering 1) or a raw continuation (0) ends at: the plain form's
- * next-turn marker, then the configured ones. Their count (at most max). */
+ * own (its next-turn marker, and the blank line or line break sess_config.answer_end asks for),
+ * then the configured ones. Their count (at most max). */
 int sess_stops(const session *s, int answering, const char **out, int max);
 
 /* The prefill policy of a spec as snapshots are filed ("full" when there is none). */

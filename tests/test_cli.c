@@ -1165,3 +1165,14 @@ Test(cli, ask_continue_refuses_a_session_another_kvchat_holds, .timeout = 120)
     snprintf(args, sizeof args, "rm -rf %s", dir);
     cr_expect(system(args) == 0);
 }
+
+/* `kvchat info` says which form ask and the interface write a conversation in: the plain form for
+ * a file without a chat template, such as the tiny Gemma model's (issue 27: say what the model is). */
+Test(cli, info_names_the_prompt_form)
+{
+    static char out[1 << 16], errb[1 << 16];
+    cr_assert_eq(run("info -m " TD "tiny/tiny-gemma3-q4_k_m.gguf", out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(strstr(out, "\nprompt form     plain, DOCUMENT / Question: Q / Answer: (no template in the file: a base "
+                          "model)\n"),
+              "got: %s", out);
+}

@@ -425,3 +425,73 @@ Test(default_model, the_interface_answers_as_ask_and_never_reads_a_text_twice, .
     int st = system(cmd);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tests/tui/reuse.sh on the default model failed (output above)");
 }
+
+/* `kvchat ask` in conversation name of the database db, greedy: the answer's text into out. */
+static void ask_in_session(const char *db, const char *doc, const char *question, char *out, size_t cap)
+{
+    char cmd[2048], outp[256];
+    snprintf(outp, sizeof outp, "%s.out", db);
+    const char *bin = getenv("KVCHAT_BIN") ? getenv("KVCHAT_BIN") : "./kvchat";
+    snprintf(cmd, sizeof cmd, "%s ask -m '%s' -d %s -q \"%s\" -n 256 --temp 0 --session memo --db %s > %s", bin,
+             model_path(), doc, question, db, outp);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "`%s` failed", cmd);
+    FILE *o = fopen(outp, "r");
+    cr_assert(o);
+    size_t n = fread(out, 1, cap - 1, o);
+    out[n] = 0;
+    fclose(o);
+    unlink(outp);
+}
+
+/* Four different follow-up questions about one memo in one conversation (issue 27, item 1): the
+ * memo is memo 0 of `bench/followups.py --seed 1` (tests/fixtures/followup_memo.txt), the questions
+ * and the facts they ask for are its own. Each answer holds its fact and none repeats an earlier
+ * one. Answers of 256 tokens, the interface's default: before a plain-form answer ended at its paragraph,
+ * the first answer ran on with more of the memo, the conversation carried that text into the next
+ * prompt, and the second question got "1000 units" (the memo says 978). */
+Test(default_model, follow_up_questions_get_their_own_answers, .timeout = 600)
+{
+    static const char *const q[4][2] = { { "On what date is the design review?", "March 20" },
+                                         { "How many units of the new sensor will be delivered?", "978" },
+                                         { "In which room is the design review?", "276" },
+                                         { "What is Ingrid's extension?", "9410" } };
+    char dir[] = "/tmp/kvchat-followups-XXXXXX", db[128];
+    cr_assert(mkdtemp(dir));
+    snprintf(db, sizeof db, "%s/s.db", dir);
+    char ans[4][2048];
+    for (int i = 0; i < 4; i++) {
+        ask_in_session(db, "tests/fixtures/followup_memo.txt", q[i][0], ans[i], sizeof ans[i]);
+        cr_log_info("%s -> '%s'", q[i][0], ans[i]);
+        cr_expect(strstr(ans[i], q[i][1]) != NULL, "question %d '%s': the answer '%s' lacks %s", i + 1, q[i][0],
+                  ans[i], q[i][1]);
+        for (int j = 0; j < i; j++)
+            cr_expect(strcmp(ans[i], ans[j]) != 0, "question %d got question %d's answer back: '%s'", i + 1, j + 1,
+                      ans[i]);
+    }
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect(system(cmd) == 0);
+}
+
+/* Memo 15 of `bench/followups.py --seed 1` (tests/fixtures/followup_memo15.txt): the model begins
+ * its first answer with a blank line. The blank line that ends a plain answer must not end it there,
+ * empty: an empty first answer taught every later turn of the conversation to answer empty too. */
+Test(default_model, an_answer_that_begins_with_a_blank_line_is_not_empty, .timeout = 600)
+{
+    char dir[] = "/tmp/kvchat-followups-XXXXXX", db[128];
+    cr_assert(mkdtemp(dir));
+    snprintf(db, sizeof db, "%s/s.db", dir);
+    char ans[2][2048];
+    const char *q[2] = { "Which company delivers the new sensor?", "What is Ezekiel's extension?" };
+    for (int i = 0; i < 2; i++) {
+        ask_in_session(db, "tests/fixtures/followup_memo15.txt", q[i], ans[i], sizeof ans[i]);
+        cr_log_info("%s -> '%s'", q[i], ans[i]);
+        const char *p = ans[i];
+        while (*p && isspace((unsigned char)*p)) p++;
+        cr_expect(*p, "question %d '%s': the answer is empty", i + 1, q[i]);
+    }
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect(system(cmd) == 0);
+}
