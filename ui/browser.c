@@ -67,7 +67,7 @@ static void set_title(browser *b, int total)
         snprintf(usage, sizeof usage, " | db %s of %s%s, %" PRId64 " pruned", used, u.limit ? lim : "no",
                  " limit", u.pruned);
     }
-    snprintf(b->m.title, sizeof b->m.title, "Sessions: %.100s%s", count, usage);
+    snprintf(b->m.title, sizeof b->m.title, "Sessions: %.90s%.58s", count, usage);   /* 160 bytes at most */
 }
 
 /* The rows again, for the current search text. */
