@@ -850,40 +850,42 @@ static int put_chunked(store *s, const snap_tables *t, int64_t id, const char *d
     return bad ? -1 : 0;
 }
 
-int store_snapshot_put(store *s, int64_t session, int64_t message, const char *prefill_policy, int64_t n_tokens,
-                       const void *data, size_t len, int64_t *id)
+static int enforce_limit(store *s, int64_t keep_conv, int64_t keep_doc, int64_t *removed);
+
+/* A snapshot of kind t saved in one transaction: del (prepared: the row it replaces) and ins
+ * (prepared: the new row, its data zeroblob(:blob) after every positional parameter) run, its pages go to chunks; then the oldest
+ * others go while the database is over its limit, this one spared. Both statements are finalized. */
+static int save_snapshot(store *s, const snap_tables *t, sqlite3_stmt *del, sqlite3_stmt *ins, const void *data,
+                         size_t len, int64_t *id)
 {
-    if (len > 0x7fffffff) {
-        snprintf(s->err, sizeof s->err, "saving the snapshot: %zu bytes is more than sqlite's 2 GiB blob limit", len);
-        return -1;
-    }
     snap_range *r = NULL;
     int64_t nr = 0;
-    int chunked = snap_page_ranges(data, len, &r, &nr) == 0 && nr > 0;
-    if (exec_sql(s, "BEGIN IMMEDIATE", "saving the snapshot")) {
-        free(r);
-        return -1;
+    if (!del || !ins || len > 0x7fffffff) {
+        if (len > 0x7fffffff)
+            snprintf(s->err, sizeof s->err, "saving the snapshot: %zu bytes is more than sqlite's 2 GiB blob limit", len);
+        goto fail;
     }
-    if (exec_stmt(s, prep(s, "DELETE FROM snapshots WHERE message_id = ? AND prefill_policy = ?", "it", message,
-                          prefill_policy),
-                  "saving the snapshot"))
-        goto rollback;
+    int chunked = snap_page_ranges(data, len, &r, &nr) == 0 && nr > 0;
+    if (sqlite3_bind_int64(ins, sqlite3_bind_parameter_index(ins, ":blob"), chunked ? 0 : (int64_t)len) != SQLITE_OK) {
+        fail(s, "saving the snapshot");
+        goto fail;
+    }
+    if (exec_sql(s, "BEGIN IMMEDIATE", "saving the snapshot")) goto fail;
+    int bad = exec_stmt(s, del, "saving the snapshot");   /* exec_stmt finalizes */
+    del = NULL;
+    if (bad) goto rollback;
     int replaced = sqlite3_changes(s->db) > 0;
-    sqlite3_stmt *st = prep(s,
-                            "INSERT INTO snapshots (session_id, message_id, prefill_policy, n_tokens, bytes, data, "
-                            "stored, created_at) VALUES (?, ?, ?, ?, ?, zeroblob(?), ?, ?)",
-                            "iitiiiii", session, message, prefill_policy, n_tokens, (int64_t)len,
-                            chunked ? (int64_t)0 : (int64_t)len, (int64_t)len, now_s());
-    if (exec_stmt(s, st, "saving the snapshot")) goto rollback;
+    bad = exec_stmt(s, ins, "saving the snapshot");
+    ins = NULL;
+    if (bad) goto rollback;
     *id = sqlite3_last_insert_rowid(s->db);
-    if (chunked ? put_chunked(s, &CONV_SNAPS, *id, data, len, r, nr) : write_blob(s, "snapshots", *id, data, len))
-        goto rollback;
+    if (chunked ? put_chunked(s, t, *id, data, len, r, nr) : write_blob(s, t->rows, *id, data, len)) goto rollback;
     if (replaced && drop_orphan_chunks(s, "saving the snapshot")) goto rollback;
     if (exec_sql(s, "COMMIT", "saving the snapshot")) goto rollback;
     free(r);
-    /* the snapshot is in; now the oldest others go while the database is over its limit */
     int64_t removed;
-    if (store_enforce_limit(s, *id, &removed)) {
+    int is_doc = t == &DOC_SNAPS;
+    if (enforce_limit(s, is_doc ? 0 : *id, is_doc ? *id : 0, &removed)) {
         char why[sizeof s->err];
         snprintf(why, sizeof why, "%s", s->err);
         snprintf(s->err, sizeof s->err, "the snapshot is saved, but pruning to the size limit failed: %.400s", why);
@@ -892,8 +894,24 @@ int store_snapshot_put(store *s, int64_t session, int64_t message, const char *p
     return 0;
 rollback:
     sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+fail:
+    sqlite3_finalize(del);
+    sqlite3_finalize(ins);
     free(r);
     return -1;
+}
+
+int store_snapshot_put(store *s, int64_t session, int64_t message, const char *prefill_policy, int64_t n_tokens,
+                       const void *data, size_t len, int64_t *id)
+{
+    return save_snapshot(s, &CONV_SNAPS,
+                         prep(s, "DELETE FROM snapshots WHERE message_id = ? AND prefill_policy = ?", "it", message,
+                              prefill_policy),
+                         prep(s,
+                              "INSERT INTO snapshots (session_id, message_id, prefill_policy, n_tokens, bytes, stored, "
+                              "created_at, data) VALUES (?, ?, ?, ?, ?, ?, ?, zeroblob(:blob))",
+                              "iitiiii", session, message, prefill_policy, n_tokens, (int64_t)len, (int64_t)len, now_s()),
+                         data, len, id);
 }
 
 /* The row's data: the whole snapshot, or its skeleton with the pages put back at their offsets. */
@@ -1000,10 +1018,6 @@ int store_snapshot_latest(store *s, int64_t session, const char *prefill_policy,
                           message, data, len);
 }
 
-/* The limit kept after a save: keep_conv (a conversation snapshot) or keep_doc (a document
- * snapshot) is the one just saved, which stays; 0 for none. */
-static int enforce_limit(store *s, int64_t keep_conv, int64_t keep_doc, int64_t *removed);
-
 /* The document's row for this model (its id; 1 when the model never read that text). */
 static int document_id(store *s, int64_t model_id, const char *doc_sha, int64_t *id)
 {
@@ -1018,55 +1032,21 @@ static int document_id(store *s, int64_t model_id, const char *doc_sha, int64_t 
 int store_doc_snapshot_put(store *s, int64_t model_id, const char *doc_sha, const char *key, int64_t n_tokens,
                            const void *data, size_t len)
 {
-    if (len > 0x7fffffff) {
-        snprintf(s->err, sizeof s->err, "saving the snapshot: %zu bytes is more than sqlite's 2 GiB blob limit", len);
-        return -1;
-    }
-    int64_t doc = 0;
+    int64_t doc = 0, id;
     int d = document_id(s, model_id, doc_sha, &doc);
     if (d) {
         if (d > 0) snprintf(s->err, sizeof s->err, "saving the snapshot: the document is not in the database");
         return -1;
     }
-    snap_range *r = NULL;
-    int64_t nr = 0;
-    int chunked = snap_page_ranges(data, len, &r, &nr) == 0 && nr > 0;
-    if (exec_sql(s, "BEGIN IMMEDIATE", "saving the snapshot")) {
-        free(r);
-        return -1;
-    }
-    if (exec_stmt(s, prep(s, "DELETE FROM document_snapshots WHERE document_id = ? AND prefill_policy = ?", "it", doc,
-                          key),
-                  "saving the snapshot"))
-        goto rollback;
-    int replaced = sqlite3_changes(s->db) > 0;
     int64_t now = now_s();
-    if (exec_stmt(s,
-                  prep(s,
-                       "INSERT INTO document_snapshots (document_id, prefill_policy, n_tokens, bytes, data, stored, "
-                       "created_at, used_at) VALUES (?, ?, ?, ?, zeroblob(?), ?, ?, ?)",
-                       "itiiiiii", doc, key, n_tokens, (int64_t)len, chunked ? (int64_t)0 : (int64_t)len, (int64_t)len,
-                       now, now),
-                  "saving the snapshot"))
-        goto rollback;
-    int64_t id = sqlite3_last_insert_rowid(s->db);
-    if (chunked ? put_chunked(s, &DOC_SNAPS, id, data, len, r, nr) : write_blob(s, DOC_SNAPS.rows, id, data, len))
-        goto rollback;
-    if (replaced && drop_orphan_chunks(s, "saving the snapshot")) goto rollback;
-    if (exec_sql(s, "COMMIT", "saving the snapshot")) goto rollback;
-    free(r);
-    int64_t removed;
-    if (enforce_limit(s, 0, id, &removed)) {
-        char why[sizeof s->err];
-        snprintf(why, sizeof why, "%s", s->err);
-        snprintf(s->err, sizeof s->err, "the snapshot is saved, but pruning to the size limit failed: %.400s", why);
-        return -1;
-    }
-    return 0;
-rollback:
-    sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
-    free(r);
-    return -1;
+    return save_snapshot(s, &DOC_SNAPS,
+                         prep(s, "DELETE FROM document_snapshots WHERE document_id = ? AND prefill_policy = ?", "it",
+                              doc, key),
+                         prep(s,
+                              "INSERT INTO document_snapshots (document_id, prefill_policy, n_tokens, bytes, stored, "
+                              "created_at, used_at, data) VALUES (?, ?, ?, ?, ?, ?, ?, zeroblob(:blob))",
+                              "itiiiii", doc, key, n_tokens, (int64_t)len, (int64_t)len, now, now),
+                         data, len, &id);
 }
 
 int store_doc_snapshot_get(store *s, int64_t model_id, const char *doc_sha, const char *key, void **data, size_t *len)
@@ -1217,11 +1197,10 @@ int store_size_parse(const char *text, int64_t *bytes, char *err, size_t errlen)
     return 0;
 }
 
-int store_enforce_limit(store *s, int64_t keep_snapshot, int64_t *removed)
-{
-    return enforce_limit(s, keep_snapshot, 0, removed);
-}
-
+/* While the pages in use exceed the limit, delete the oldest snapshot (a conversation's by when it
+ * was saved, a document's by when it was last used; never keep_conv or keep_doc, the one just saved,
+ * never a message) and the pages no other snapshot holds; *removed gets the count. Free pages are
+ * reused by the next snapshot, so the file stays near the limit. */
 static int enforce_limit(store *s, int64_t keep_conv, int64_t keep_doc, int64_t *removed)
 {
     *removed = 0;

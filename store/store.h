@@ -103,7 +103,10 @@ int store_search(store *s, const char *query,
  * pages (engine/snapshot.h: snap_page_ranges) are stored once by content (sha256) and shared by every
  * snapshot that holds them (a conversation's consecutive snapshots share most pages); the rest is
  * the snapshot's row. Reading puts the bytes back together; the snapshot's own checksum then
- * verifies the whole. One per (message, prefill policy): a newer one replaces the older. */
+ * verifies the whole. One per (message, prefill policy): a newer one replaces the older. After the
+ * save, while the pages in use exceed the size limit, the oldest other snapshots (conversations' by
+ * when they were saved, documents' by when they were last used) go with the pages no other snapshot
+ * holds; never a message (store_doc_snapshot_put does the same). */
 int store_snapshot_put(store *s, int64_t session, int64_t message, const char *prefill_policy, int64_t n_tokens,
                        const void *data, size_t len, int64_t *id);
 /* The snapshot taken after message for that prefill policy; 1 when there is none. data is malloc'd. */
@@ -144,11 +147,6 @@ int store_usage_get(store *s, store_usage *u);
 int store_limit_set(store *s, int64_t bytes);
 /* "1G", "800M", "1.5GiB", "1048576", "off": 0, or -1 with a message. */
 int store_size_parse(const char *text, int64_t *bytes, char *err, size_t errlen);
-/* While the pages in use exceed the limit, delete the oldest snapshot (a conversation's by when it
- * was saved, a document's by when it was last used; never keep_snapshot, never a message) and the
- * pages no other snapshot holds (store_doc_snapshot_put does the same, keeping the one it saved); *removed gets the count. Free pages are reused
- * by the next snapshot, so the file stays near the limit. store_snapshot_put calls this. */
-int store_enforce_limit(store *s, int64_t keep_snapshot, int64_t *removed);
 
 /* Holds: a kvchat with a session open (the terminal interface) holds it: a row with its pid and
  * process start time, removed when it lets go or closes the store. A hold whose process is gone
