@@ -53,7 +53,7 @@ endif
 APP_C     := $(wildcard app/*.c) $(wildcard app/eval/*.c) $(wildcard ui/*.c)
 # The tiny-model reference checker, run on the CPU by the unit tests and on the GPU by gpu_tests
 REF_GATE_C:= tests/ref_gate.c
-UNIT_C    := $(wildcard tests/test_*.c) $(REF_GATE_C)
+UNIT_C    := $(wildcard tests/test_*.c) $(REF_GATE_C) tests/sess_fixture.c
 MODEL_T_C := $(wildcard tests/model/test_*.c)
 GPU_T_C   := $(wildcard tests/gpu/test_*.c) $(REF_GATE_C)
 

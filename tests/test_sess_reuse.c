@@ -14,82 +14,23 @@
 #include "engine/session.h"
 #include "store/persist.h"
 #include "store/store.h"
+#include "tests/sess_fixture.h"
 
-#define TD "../shared/testdata/"
-#define MODEL TD "tiny/tiny-gemma3-q4_k_m.gguf"
 
 typedef struct fixture {
-    char dir[64], db_path[128], doc[128], copy[128];
-    store *db;
-    store_persist sp;
+    sess_fixture f;
+    char copy[128];   /* the same text as f.doc under another name */
 } fixture;
-
-static void copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    cr_assert(in && out);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0) cr_assert_eq(fwrite(buf, 1, n, out), n);
-    fclose(in);
-    cr_assert(fclose(out) == 0);
-}
 
 static void fixture_open(fixture *x)
 {
-    snprintf(x->dir, sizeof x->dir, "/tmp/kvchat-reuse-XXXXXX");
-    cr_assert(mkdtemp(x->dir));
-    snprintf(x->db_path, sizeof x->db_path, "%s/s.db", x->dir);
-    snprintf(x->doc, sizeof x->doc, "%s/doc.txt", x->dir);
-    snprintf(x->copy, sizeof x->copy, "%s/same-text.txt", x->dir);
-    copy_file(TD "prompts/p2.txt", x->doc);   /* about 850 tokens: many sliding windows long */
-    copy_file(TD "prompts/p2.txt", x->copy);
-    char err[600];
-    x->db = store_open(x->db_path, err, sizeof err);
-    cr_assert(x->db, "%s", err);
-    store_persist_init(&x->sp, x->db);
+    sess_fixture_open(&x->f);
+    snprintf(x->copy, sizeof x->copy, "%s/same-text.txt", x->f.dir);
+    sess_fixture_copy(x->f.doc, x->copy);
 }
 
-static void fixture_close(fixture *x)
-{
-    store_close(x->db);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", x->dir);
-    cr_expect(system(cmd) == 0);
-}
-
-/* A session on the tiny Gemma model: greedy, 8-token answers, pages of 8. */
-static session *open_session(const char *spec, const store_persist *sp)
-{
-    run_config rc;
-    memset(&rc, 0, sizeof rc);
-    rc.model_path = MODEL;
-    rc.device = BE_DEVICE_CPU;
-    rc.n_threads = 1;
-    rc.n_ctx = 4096;
-    rc.page_size = 8;
-    char err[600];
-    cr_assert(pol_parse(&rc.policy, spec, NULL, err, sizeof err) == 0, "%s", err);
-    rc.sp = samp_params_default();
-    rc.sp.temperature = 0;
-    run *r = run_create(&rc, err, sizeof err);
-    cr_assert(r, "%s", err);
-    sess_config c;
-    memset(&c, 0, sizeof c);
-    c.backtrack = 0;
-    c.n_predict = 8;
-    c.format = SESS_FORMAT_AUTO;
-    session *s = sess_create(r, &c, err, sizeof err);
-    cr_assert(s, "%s", err);
-    if (sp) cr_assert(sess_attach_store(s, &sp->ops) == 0, "%s", sess_error(s));
-    return s;
-}
-
-static void ask_ok(session *s, const char *q)
-{
-    int rc = sess_ask(s, q);
-    cr_assert(rc == SESS_OK, "ask '%s': %d %s", q, rc, sess_error(s));
-}
+static session *open_session(const char *spec, const store_persist *sp) { return sess_fixture_session(spec, sp, NULL, 8); }
+#define ask_ok sess_fixture_ask
 
 static void expect_same_answer(const session *want, const session *s, const char *what)
 {
@@ -126,10 +67,10 @@ Test(reuse, a_comparison_finished_or_cancelled_leaves_the_cache_without_reading_
 {
     fixture x;
     fixture_open(&x);
-    session *s = open_session("full", &x.sp);
+    session *s = open_session("full", &x.f.sp);
     session *c = open_session("full", NULL);   /* the control never compares */
-    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK);
-    cr_assert(sess_open_document(c, x.doc, NULL, NULL, 0) == SESS_OK);
+    cr_assert(sess_open_document(s, x.f.doc, NULL, NULL, 0) == SESS_OK);
+    cr_assert(sess_open_document(c, x.f.doc, NULL, NULL, 0) == SESS_OK);
     ask_ok(s, "What is it about?");
     ask_ok(c, "What is it about?");
     int64_t pos0 = run_pos(sess_run(s)), r0 = replayed(s);
@@ -162,7 +103,7 @@ Test(reuse, a_comparison_finished_or_cancelled_leaves_the_cache_without_reading_
                  "only the question is read after the comparisons");
     sess_free(c);
     sess_free(s);
-    fixture_close(&x);
+    sess_fixture_close(&x.f);
 }
 
 static char notes[8192];   /* the notes since they were last cleared, one a line */
@@ -186,12 +127,12 @@ Test(reuse, a_document_read_once_is_restored_when_the_same_text_is_opened_again)
 {
     fixture x;
     fixture_open(&x);
-    session *a = open_session("full", &x.sp);
-    cr_assert(sess_open_document(a, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(a));
+    session *a = open_session("full", &x.f.sp);
+    cr_assert(sess_open_document(a, x.f.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(a));
     cr_expect_gt(prefilled(a), 800, "the first open reads the document");
     ask_ok(a, "What is it about?");
     /* another file with the same text, in another session object: nothing is read */
-    session *b = open_session("full", &x.sp);
+    session *b = open_session("full", &x.f.sp);
     listen(b);
     cr_assert(sess_open_document(b, x.copy, NULL, NULL, 0) == SESS_OK, "%s", sess_error(b));
     cr_expect_eq(prefilled(b), 0, "the same text was read again (%lld tokens)", (long long)prefilled(b));
@@ -200,10 +141,10 @@ Test(reuse, a_document_read_once_is_restored_when_the_same_text_is_opened_again)
     ask_ok(b, "What is it about?");
     expect_same_answer(a, b, "from the document's snapshot");
     /* a session opened and left without a question resumes from it too */
-    session *c = open_session("full", &x.sp);
-    cr_assert(sess_open_document(c, x.doc, NULL, "left-alone", 0) == SESS_OK, "%s", sess_error(c));
+    session *c = open_session("full", &x.f.sp);
+    cr_assert(sess_open_document(c, x.f.doc, NULL, "left-alone", 0) == SESS_OK, "%s", sess_error(c));
     sess_free(c);
-    c = open_session("full", &x.sp);
+    c = open_session("full", &x.f.sp);
     listen(c);
     sess_resume_opts o = { 0, 0, SESS_FORMAT_AUTO, NULL };
     cr_assert(sess_resume(c, "left-alone", &o) == SESS_OK, "%s", sess_error(c));
@@ -212,32 +153,32 @@ Test(reuse, a_document_read_once_is_restored_when_the_same_text_is_opened_again)
     ask_ok(c, "What is it about?");
     expect_same_answer(a, c, "resumed from the document's snapshot");
     /* opened again before any question: the same stored session goes on, no second empty one */
-    session *e = open_session("full", &x.sp);
-    cr_assert(sess_open_document(e, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(e));
+    session *e = open_session("full", &x.f.sp);
+    cr_assert(sess_open_document(e, x.f.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(e));
     int64_t first = sess_stored_id(e);
-    cr_assert(sess_open_document(e, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(e));
+    cr_assert(sess_open_document(e, x.f.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(e));
     cr_expect_eq(sess_stored_id(e), first, "a second empty session about the same document");
     ask_ok(e, "What is it about?");
-    cr_assert(sess_open_document(e, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(e));
+    cr_assert(sess_open_document(e, x.f.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(e));
     cr_expect_neq(sess_stored_id(e), first, "a conversation with a question is never reused");
     sess_free(e);
     /* under another prefill policy the document is read (its cache differs) */
-    session *d = open_session("snapkv:budget=0.5", &x.sp);
+    session *d = open_session("snapkv:budget=0.5", &x.f.sp);
     cr_assert(sess_open_document(d, x.copy, NULL, NULL, 0) == SESS_OK, "%s", sess_error(d));
     cr_expect_gt(prefilled(d), 800, "snapkv's cache is not full's");
     sess_free(d);
     sess_free(c);
     sess_free(b);
     sess_free(a);
-    fixture_close(&x);
+    sess_fixture_close(&x.f);
 }
 
 Test(reuse, switching_back_to_a_policy_reads_only_what_came_after_its_last_snapshot)
 {
     fixture x;
     fixture_open(&x);
-    session *s = open_session("full", &x.sp);
-    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(s));
+    session *s = open_session("full", &x.f.sp);
+    cr_assert(sess_open_document(s, x.f.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(s));
     ask_ok(s, "What is it about?");
     cr_assert(sess_set_policy(s, "snapkv:budget=0.5", NULL) == SESS_OK, "%s", sess_error(s));
     ask_ok(s, "Who wrote it?");
@@ -250,7 +191,7 @@ Test(reuse, switching_back_to_a_policy_reads_only_what_came_after_its_last_snaps
     cr_expect_lt(prefilled(s), 100, "%lld of %lld tokens read again", (long long)prefilled(s), (long long)total);
     ask_ok(s, "And then?");
     sess_free(s);
-    fixture_close(&x);
+    sess_fixture_close(&x.f);
 }
 
 /* A prefill policy chosen before the first question compresses with that question in view, as a
@@ -259,19 +200,19 @@ Test(reuse, a_prefill_policy_chosen_before_the_first_question_waits_for_it)
 {
     fixture x;
     fixture_open(&x);
-    session *s = open_session("full", &x.sp);
-    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(s));
+    session *s = open_session("full", &x.f.sp);
+    cr_assert(sess_open_document(s, x.f.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(s));
     cr_assert(sess_set_policy(s, "snapkv:budget=0.3", NULL) == SESS_OK, "%s", sess_error(s));
     cr_expect_eq(run_pos(sess_run(s)), 0, "the document waits for the question");
     ask_ok(s, "Who wrote it?");
     session *a = open_session("snapkv:budget=0.3", NULL);   /* ask: the document deferred */
-    cr_assert(sess_open_document(a, x.doc, NULL, NULL, 1) == SESS_OK, "%s", sess_error(a));
+    cr_assert(sess_open_document(a, x.f.doc, NULL, NULL, 1) == SESS_OK, "%s", sess_error(a));
     ask_ok(a, "Who wrote it?");
     expect_same_answer(a, s, "the first answer after the switch");
     cr_expect_eq(sess_last_answer(s)->prompt_tokens, sess_last_answer(a)->prompt_tokens);
     sess_free(a);
     sess_free(s);
-    fixture_close(&x);
+    sess_fixture_close(&x.f);
 }
 
 static char past_log[4096];
@@ -288,14 +229,14 @@ Test(reuse, a_question_left_without_an_answer_is_shown_when_resumed)
 {
     fixture x;
     fixture_open(&x);
-    session *s = open_session("full", &x.sp);
-    cr_assert(sess_open_document(s, x.doc, NULL, "killed", 0) == SESS_OK, "%s", sess_error(s));
+    session *s = open_session("full", &x.f.sp);
+    cr_assert(sess_open_document(s, x.f.doc, NULL, "killed", 0) == SESS_OK, "%s", sess_error(s));
     ask_ok(s, "What is it about?");
     int64_t id;
-    cr_assert(store_message_add(x.db, sess_stored_id(s), sess_last_answer(s)->answer_msg, "user",
-                                "Which question was cut off?", "full", NULL, &id) == 0, "%s", store_error(x.db));
+    cr_assert(store_message_add(x.f.db, sess_stored_id(s), sess_last_answer(s)->answer_msg, "user",
+                                "Which question was cut off?", "full", NULL, &id) == 0, "%s", store_error(x.f.db));
     sess_free(s);
-    s = open_session("full", &x.sp);
+    s = open_session("full", &x.f.sp);
     sess_callbacks cb = { 0 };
     cb.note = keep_note;
     cb.past = keep_past;
@@ -307,7 +248,7 @@ Test(reuse, a_question_left_without_an_answer_is_shown_when_resumed)
     cr_expect(strstr(notes, "no answer: interrupted"), "notes: %s", notes);
     cr_expect_eq(sess_turns(s), 1, "the conversation goes on from the answer before it");
     sess_free(s);
-    fixture_close(&x);
+    sess_fixture_close(&x.f);
 }
 
 /* The database's size limit counts document snapshots and prunes them with the rest, oldest first
@@ -316,21 +257,21 @@ Test(reuse, the_size_limit_prunes_document_snapshots_too)
 {
     fixture x;
     fixture_open(&x);
-    cr_assert(store_limit_set(x.db, 1) == 0, "%s", store_error(x.db));   /* every save prunes the rest */
-    session *s = open_session("full", &x.sp);
-    cr_assert(sess_open_document(s, x.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(s));
-    session *b = open_session("full", &x.sp);
+    cr_assert(store_limit_set(x.f.db, 1) == 0, "%s", store_error(x.f.db));   /* every save prunes the rest */
+    session *s = open_session("full", &x.f.sp);
+    cr_assert(sess_open_document(s, x.f.doc, NULL, NULL, 0) == SESS_OK, "%s", sess_error(s));
+    session *b = open_session("full", &x.f.sp);
     cr_assert(sess_open_document(b, x.copy, NULL, NULL, 0) == SESS_OK, "%s", sess_error(b));
     cr_expect_eq(prefilled(b), 0, "the document snapshot just saved stays");
     ask_ok(s, "What is it about?");   /* its snapshot is the newest: the document's goes */
-    session *c = open_session("full", &x.sp);
+    session *c = open_session("full", &x.f.sp);
     cr_assert(sess_open_document(c, x.copy, NULL, NULL, 0) == SESS_OK, "%s", sess_error(c));
     cr_expect_gt(prefilled(c), 800, "the pruned document snapshot was still restored");
     store_usage u;
-    cr_assert(store_usage_get(x.db, &u) == 0, "%s", store_error(x.db));
+    cr_assert(store_usage_get(x.f.db, &u) == 0, "%s", store_error(x.f.db));
     cr_expect_gt(u.pruned, 0);
     sess_free(c);
     sess_free(b);
     sess_free(s);
-    fixture_close(&x);
+    sess_fixture_close(&x.f);
 }

@@ -18,81 +18,16 @@
 #include "engine/snapshot.h"
 #include "store/persist.h"
 #include "store/store.h"
+#include "tests/sess_fixture.h"
 
 #define TD "../shared/testdata/"
-#define MODEL TD "tiny/tiny-gemma3-q4_k_m.gguf"
 
-typedef struct fixture {
-    char dir[64], db_path[128], doc[128];
-    store *db;
-    store_persist sp;
-} fixture;
-
-static void fixture_open(fixture *x)
-{
-    snprintf(x->dir, sizeof x->dir, "/tmp/kvchat-sess-XXXXXX");
-    cr_assert(mkdtemp(x->dir));
-    snprintf(x->db_path, sizeof x->db_path, "%s/s.db", x->dir);
-    snprintf(x->doc, sizeof x->doc, "%s/doc.txt", x->dir);
-    /* the document: the long test prompt (about 850 tokens, many sliding windows long) */
-    FILE *in = fopen(TD "prompts/p2.txt", "rb"), *out = fopen(x->doc, "wb");
-    cr_assert(in && out);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0) cr_assert_eq(fwrite(buf, 1, n, out), n);
-    fclose(in);
-    fclose(out);
-    char err[600];
-    x->db = store_open(x->db_path, err, sizeof err);
-    cr_assert(x->db, "%s", err);
-    store_persist_init(&x->sp, x->db);
-}
-
-static void fixture_close(fixture *x)
-{
-    store_close(x->db);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", x->dir);
-    cr_expect(system(cmd) == 0);
-}
-
-/* A session on the tiny Gemma model: greedy, 8-token answers, pages of 8, the policy spec given;
- * stop: a stop sequence (NULL: none) and then n_predict tokens at most. */
-static session *open_session_stop(const char *spec, const store_persist *sp, const char *stop, int64_t n_predict);
-static session *open_session(const char *spec, const store_persist *sp) { return open_session_stop(spec, sp, NULL, 8); }
-
-static session *open_session_stop(const char *spec, const store_persist *sp, const char *stop, int64_t n_predict)
-{
-    run_config rc;
-    memset(&rc, 0, sizeof rc);
-    rc.model_path = MODEL;
-    rc.device = BE_DEVICE_CPU;
-    rc.n_threads = 1;
-    rc.n_ctx = 4096;
-    rc.page_size = 8;
-    char err[600];
-    cr_assert(pol_parse(&rc.policy, spec, NULL, err, sizeof err) == 0, "%s", err);
-    rc.sp = samp_params_default();
-    rc.sp.temperature = 0;
-    run *r = run_create(&rc, err, sizeof err);
-    cr_assert(r, "%s", err);
-    sess_config c;
-    memset(&c, 0, sizeof c);
-    c.backtrack = 0;
-    c.n_predict = n_predict;
-    c.format = SESS_FORMAT_AUTO;
-    if (stop) snprintf(c.stop[c.n_stop++], sizeof c.stop[0], "%s", stop);
-    session *s = sess_create(r, &c, err, sizeof err);
-    cr_assert(s, "%s", err);
-    if (sp) cr_assert(sess_attach_store(s, &sp->ops) == 0, "%s", sess_error(s));
-    return s;
-}
-
-static void ask_ok(session *s, const char *q)
-{
-    int rc = sess_ask(s, q);
-    cr_assert(rc == SESS_OK, "ask '%s': %d %s", q, rc, sess_error(s));
-}
+typedef sess_fixture fixture;
+#define fixture_open sess_fixture_open
+#define fixture_close sess_fixture_close
+#define ask_ok sess_fixture_ask
+#define open_session_stop sess_fixture_session
+static session *open_session(const char *spec, const store_persist *sp) { return sess_fixture_session(spec, sp, NULL, 8); }
 
 /* The last answer's ids, copied. */
 static int64_t answer_ids(const session *s, int32_t *out, int64_t cap)
