@@ -146,6 +146,28 @@ Test(cli_signals, ask_session_saves_the_partial_turn_on_sigterm_and_sighup, .tim
     }
 }
 
+/* What head -c 10 does: read 10 bytes of the answer, then close the pipe. */
+static void read_10_and_close(int fd)
+{
+    char got[10];
+    size_t n = 0;
+    while (n < sizeof got) {
+        ssize_t r = read(fd, got + n, sizeof got - n);
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    cr_assert_eq(n, sizeof got, "the answer ended before 10 bytes");
+}
+
+/* st (wait_end's) is an exit with 141 (128 + SIGPIPE) of its own, not a death by the signal. */
+static void expect_closed_pipe_exit(int st, const char *cmd, const char *err)
+{
+    cr_expect(st != -1, "a closed pipe did not stop %s within 60 s", cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGPIPE, "%s %d (stderr: %s)",
+              WIFEXITED(st) ? "exit status" : "killed by signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), err);
+}
+
 /* `kvchat ask --session s ... | head -c 10`: the reader leaves, the answer stops there, and the turn
  * is saved; the status is 141 (128 + SIGPIPE), no crash. */
 Test(cli_signals, ask_session_saves_the_partial_turn_when_its_output_pipe_closes, .timeout = 120)
@@ -157,20 +179,10 @@ Test(cli_signals, ask_session_saves_the_partial_turn_when_its_output_pipe_closes
     cr_assert(pipe2(fds, O_CLOEXEC) == 0);   /* the child holds only the write end (as stdout) */
     pid_t pid = start_ask(dir, fds[1]);
     close(fds[1]);
-    char got[10];
-    size_t n = 0;
-    while (n < sizeof got) {   /* what head -c 10 does: read 10 bytes, then close */
-        ssize_t r = read(fds[0], got + n, sizeof got - n);
-        if (r <= 0) break;
-        n += (size_t)r;
-    }
-    close(fds[0]);
-    cr_assert_eq(n, sizeof got, "the answer ended before 10 bytes");
+    read_10_and_close(fds[0]);
     int st = wait_end(pid);
     read_file(errp, err, sizeof err);
-    cr_expect(st != -1, "a closed pipe did not stop ask within 60 s");
-    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGPIPE, "%s %d (stderr: %s)",
-              WIFEXITED(st) ? "exit status" : "killed by signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), err);
+    expect_closed_pipe_exit(st, "ask", err);
     cr_expect(strstr(err, "turn saved (messages 1, 2)"), "%s", err);
     expect_partial_turn_saved(dir, "closed pipe");
     rm_rf(dir);
@@ -243,20 +255,10 @@ Test(cli_signals, chat_stops_cleanly_when_its_output_pipe_closes, .timeout = 120
         _exit(127);
     }
     close(fds[1]);
-    char got[10];
-    size_t n = 0;
-    while (n < sizeof got) {
-        ssize_t r = read(fds[0], got + n, sizeof got - n);
-        if (r <= 0) break;
-        n += (size_t)r;
-    }
-    close(fds[0]);
-    cr_assert_eq(n, sizeof got, "the answer ended before 10 bytes");
+    read_10_and_close(fds[0]);
     int st = wait_end(pid);
     read_file(errp, err, sizeof err);
-    cr_expect(st != -1, "a closed pipe did not stop chat within 60 s");
-    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGPIPE, "%s %d (stderr: %s)",
-              WIFEXITED(st) ? "exit status" : "killed by signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), err);
+    expect_closed_pipe_exit(st, "chat", err);
     cr_expect(!strchr(err, '\n') || strchr(err, '\n') == err + strlen(err) - 1, "one line on stderr: %s", err);
     rm_rf(dir);
 }
