@@ -288,3 +288,19 @@ void files_absolute(const char *path, char *out, size_t cap)
     else
         snprintf(out, cap, "%s/%s", cwd, path);
 }
+
+int files_make_parents(const char *path)
+{
+    char d[4096];
+    if (snprintf(d, sizeof d, "%s", path) >= (int)sizeof d) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = d + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(d, 0700) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return 0;
+}

@@ -62,6 +62,9 @@ void files_atomic_abort(files_atomic *a);
 /* The file at from (written whole, on the same file system) renamed over path under
  * files_replaceable's rule, checked just before the rename. 0, or -1 with a message (from removed). */
 int files_move_over(const char *from, const char *path, char *err, size_t errlen);
+/* The folders that hold path made where missing (mkdir -p of its directory, mode 0700): 0, or -1
+ * with errno. */
+int files_make_parents(const char *path);
 /* path made absolute against the working directory (for saying where a file was written). */
 void files_absolute(const char *path, char *out, size_t cap);
 

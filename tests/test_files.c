@@ -158,3 +158,21 @@ Test(files, appending_never_goes_through_a_link_or_into_a_fifo)
     fclose(r);
     cr_expect_str_eq(buf, "a\nb\n");
 }
+
+Test(files, the_folders_above_a_path_are_made_and_a_file_in_the_way_is_an_error)
+{
+    mkdir_tmp();
+    char path[512], mid[512];
+    snprintf(path, sizeof path, "%s/a/b/c/history", dir);
+    cr_assert_eq(files_make_parents(path), 0);
+    snprintf(mid, sizeof mid, "%s/a/b/c", dir);
+    struct stat st;
+    cr_expect(stat(mid, &st) == 0 && S_ISDIR(st.st_mode), "%s was not made", mid);
+    cr_expect(stat(path, &st) != 0, "the path itself is not made");
+    cr_expect_eq(files_make_parents(path), 0, "folders already there are fine");
+    snprintf(path, sizeof path, "%s/plain", dir);
+    put(path, "x");
+    snprintf(path, sizeof path, "%s/plain/d/history", dir);
+    cr_expect_eq(files_make_parents(path), -1, "a file where a folder must be");
+    rm_dir();
+}

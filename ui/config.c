@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/files.h"
@@ -212,20 +211,6 @@ int config_read_answer_settings(const opt_group *groups, int n_groups, char *err
     return read_file(groups, n_groups, &texts, answer_keys, err, errlen);
 }
 
-/* mkdir -p for the directory holding path */
-static int make_parent(const char *path)
-{
-    char d[1024];
-    snprintf(d, sizeof d, "%s", path);
-    for (char *p = d + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(d, 0700) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return 0;
-}
-
 int config_update(const char *const *keys, const char *const *values, int n, char *err, size_t errlen)
 {
     char path[1024];
@@ -233,7 +218,7 @@ int config_update(const char *const *keys, const char *const *values, int n, cha
         snprintf(err, errlen, "no place for the settings file (set HOME or XDG_CONFIG_HOME)");
         return -1;
     }
-    if (make_parent(path)) {
+    if (files_make_parents(path)) {
         snprintf(err, errlen, "cannot create the directory of %s: %s", path, strerror(errno));
         return -1;
     }

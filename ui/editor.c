@@ -191,23 +191,9 @@ int ed_history_load(editor *e, const char *path, char *err, size_t errlen)
     return 0;
 }
 
-/* mkdir -p for the directory holding path */
-static int make_parent(const char *path)
-{
-    char d[1024];
-    snprintf(d, sizeof d, "%s", path);
-    for (char *p = d + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(d, 0700) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return 0;
-}
-
 int ed_history_save(const editor *e, const char *path, char *err, size_t errlen)
 {
-    if (make_parent(path)) {
+    if (files_make_parents(path)) {
         snprintf(err, errlen, "cannot create the directory of %s: %s", path, strerror(errno));
         return -1;
     }
