@@ -76,40 +76,43 @@ static int read_the_rest(session *s, const int32_t *want, int64_t n_want, int64_
 }
 
 int sess_rebuild_from_stored(session *s, int64_t leaf, const int32_t *want, int64_t n_want, int64_t pos,
-                             int64_t *from, char *what, size_t whatcap)
+                             sess_rebuilt *rb)
 {
     char key[256], e[1024];
-    *from = 0;
-    what[0] = 0;
+    memset(rb, 0, sizeof *rb);
     if (!s->have_db) return 1;
     sess_current_prefill_key(s, key, sizeof key);
     sess_message *path = NULL;
     int n_path = 0, rc = 1;
     if (leaf && s->db.path(s->db.ud, leaf, &path, &n_path, e, sizeof e)) n_path = 0;
-    /* the answers on the path, newest first: each one's snapshot is a state the sequence began with */
+    /* the answers on the path, newest first (leaf's own first): each one's snapshot is a state the
+     * sequence began with */
     for (int j = n_path - 1; j >= 0 && rc == 1; j--) {
         if (strcmp(path[j].role, "assistant") != 0) continue;
         void *data = NULL;
         size_t len = 0;
-        if (s->db.get_snapshot(s->db.ud, path[j].id, key, &data, &len, e, sizeof e) != 0) continue;
+        int g = s->db.get_snapshot(s->db.ud, path[j].id, key, &data, &len, e, sizeof e);
+        if (g < 0) sess_note(s, "the snapshot after answer %d under %s cannot be read (%.600s)", (j + 1) / 2, key, e);
+        if (g) continue;
         int bad = run_restore(s->r, data, len, s->msha, e, sizeof e);
         free(data);
+        if (bad) sess_note(s, "the snapshot after answer %d under %s is not usable (%.600s)", (j + 1) / 2, key, e);
         if (bad || !holds_prefix(s, want, n_want, pos)) continue;
-        snprintf(what, whatcap, "the snapshot after answer %d", (j + 1) / 2);
+        rb->answer = (j + 1) / 2;
+        rb->bytes = len;
+        rb->at_leaf = path[j].id == leaf;
         rc = 0;
     }
     sess_messages_free(path, n_path);
     double ms;
     if (rc == 1 && s->doc_tokens > 0 && s->doc_tokens <= n_want &&
-        sess_restore_doc_snapshot(s, want, s->doc_tokens, &ms) == 0) {
-        snprintf(what, whatcap, "the document's snapshot");
+        sess_restore_doc_snapshot(s, want, s->doc_tokens, &ms) == 0)
         rc = 0;
-    }
     if (rc == 1) {
         run_rewind(s->r, 0, 0, e, sizeof e);
         return 1;
     }
-    run_tokens(s->r, from);
+    run_tokens(s->r, &rb->from);
     rc = read_the_rest(s, want, n_want, pos);
     if (rc) run_rewind(s->r, 0, 0, e, sizeof e);
     return rc;

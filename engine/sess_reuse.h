@@ -16,12 +16,20 @@ void sess_save_doc_snapshot(session *s);
 /* The document's snapshot restored when its tokens are exactly ids[0..n) (1: none, or not usable:
  * the run is then empty; 0: restored, *ms how long it took). */
 int sess_restore_doc_snapshot(session *s, const int32_t *ids, int64_t n, double *ms);
+/* What sess_rebuild_from_stored restored. */
+typedef struct sess_rebuilt {
+    int64_t from;                /* the tokens the stored state held (the rest was read) */
+    size_t bytes;                /* its snapshot's size (0: the document's snapshot) */
+    int answer;                  /* the answer it was saved after (0: the document's snapshot) */
+    int at_leaf;                 /* it is the snapshot after leaf itself */
+} sess_rebuilt;
 /* The sequence want[0..n_want), of which the first pos were in the cache, rebuilt under the current
  * policies from the longest stored state that begins it: the snapshot after an answer on the path
- * to message leaf (newest first), else the document's; only the tokens after it are evaluated, up to
- * pos (the rest wait, as they did). 0 done (*from: the tokens restored, what: which snapshot), 1 no
- * usable state (the run is empty), else a failure (the run is empty) with the message in s->err. */
+ * to message leaf (newest first: leaf's own first), else the document's; only the tokens after it
+ * are evaluated, up to pos (the rest wait, as they did). A snapshot that cannot be read or used is
+ * said in a note and passed over. 0 done, 1 no usable state (the run is empty), else a failure (the
+ * run is empty) with the message in s->err. */
 int sess_rebuild_from_stored(session *s, int64_t leaf, const int32_t *want, int64_t n_want, int64_t pos,
-                             int64_t *from, char *what, size_t whatcap);
+                             sess_rebuilt *rb);
 
 #endif

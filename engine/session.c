@@ -150,37 +150,31 @@ int sess_check_policy(session *s, const char *spec, const char *budget)
  * s0 kept). */
 static int rebuild_cache(session *s, const char *newkey, const void *s0)
 {
-    char e[1024];
-    void *data = NULL;
-    size_t len = 0;
-    int64_t P = run_pos(s->r);
+    int64_t P = run_pos(s->r), n_ids;
     double t0 = run_clock_s();
-    int got = s->have_db && s->leaf ? s->db.get_snapshot(s->db.ud, s->leaf, newkey, &data, &len, e, sizeof e) : 1;
     const char *now = pol_set_spec(run_policies(s->r))->text;
-    if (got == 0 && run_restore(s->r, data, len, s->msha, s->err, sizeof s->err) == 0) {
-        sess_note(s, "policy %s: this conversation's snapshot under %s restored (%lld tokens, %.1f MiB) in %.0f ms", now,
-                  newkey, (long long)run_pos(s->r), (double)len / (1 << 20), (run_clock_s() - t0) * 1e3);
-        free(data);
-        return SESS_OK;
-    }
-    free(data);
-    if (got == 0) sess_note(s, "the snapshot under %s is not usable (%s); prefilling instead", newkey, s->err);
-    if (got < 0) sess_note(s, "the snapshot under %s cannot be read (%s); prefilling instead", newkey, e);
-    /* an older state under this policy (an earlier answer's snapshot, or the document's) and the
-     * tokens after it: what the conversation read under it before is not read again */
-    int64_t n_ids;
+    /* this point's snapshot under the new policy, else an older state under it (an earlier answer's
+     * snapshot, or the document's) and the tokens after it: what the conversation read under it
+     * before is not read again */
     const int32_t *ids = run_tokens(s->r, &n_ids);
     int32_t *want = malloc(sizeof(int32_t) * (size_t)(n_ids > 0 ? n_ids : 1));
     if (!want) return sess_fail(s, SESS_EFAIL, "out of memory");
     memcpy(want, ids, sizeof(int32_t) * (size_t)n_ids);
-    int64_t from = 0;
-    char what[128];
-    int rc = sess_rebuild_from_stored(s, s->leaf, want, n_ids, P, &from, what, sizeof what);
+    sess_rebuilt rb;
+    int rc = sess_rebuild_from_stored(s, s->leaf, want, n_ids, P, &rb);
+    if (rc == SESS_OK && rb.at_leaf && rb.from == n_ids) {   /* this very point: nothing to read or save */
+        free(want);
+        sess_note(s, "policy %s: this conversation's snapshot under %s restored (%lld tokens, %.1f MiB) in %.0f ms", now,
+                  newkey, (long long)run_pos(s->r), (double)rb.bytes / (1 << 20), (run_clock_s() - t0) * 1e3);
+        return SESS_OK;
+    }
     if (rc == SESS_OK) {
         free(want);
         run_load_sampler(s->r, s0);
+        char what[64] = "the document's snapshot";
+        if (rb.answer) snprintf(what, sizeof what, "the snapshot after answer %d", rb.answer);
         sess_note(s, "policy %s: %s under %s restored (%lld tokens) and the %lld after it read, in %.1f s", now, what,
-                  newkey, (long long)from, (long long)(P - from), run_clock_s() - t0);
+                  newkey, (long long)rb.from, (long long)(P - rb.from), run_clock_s() - t0);
         size_t sl;
         if (s->have_db && s->leaf && sess_save_snapshot(s, s->leaf, &sl) == 0)
             sess_note(s, "its snapshot is saved: switching back to %s later is instant", newkey);
