@@ -210,6 +210,15 @@ static int prefill_document(session *s, const char *path, const int32_t *ids, si
     return SESS_OK;
 }
 
+int sess_prefill_waits_for_question(const char *prefill_key) { return strcmp(prefill_key, POL_FULL) != 0; }
+
+void sess_note_waiting(session *s, const char *prefill_key)
+{
+    sess_note(s, "%.200s: %lld tokens; %.200s compresses with the question in view, so the document is read with "
+              "your first question (follow-ups read what it kept for that one)",
+              s->doc_title, (long long)s->doc_tokens, prefill_key);
+}
+
 int sess_open_document(session *s, const char *given, const char *title, const char *name, int defer)
 {
     size_t len;
@@ -219,6 +228,10 @@ int sess_open_document(session *s, const char *given, const char *title, const c
     char *rp = from_stdin ? NULL : realpath(given, NULL);
     snprintf(abs_path, sizeof abs_path, "%s", rp && strlen(rp) < sizeof abs_path ? rp : given);
     free(rp);
+    char key[256];
+    sess_current_prefill_key(s, key, sizeof key);
+    int auto_defer = defer == SESS_DEFER_PREFILL_POLICY;
+    if (auto_defer) defer = sess_prefill_waits_for_question(key);
     int code;
     char *text = sess_load_document(s, abs_path, &len, &code);
     if (!text) return code;
@@ -264,6 +277,7 @@ int sess_open_document(session *s, const char *given, const char *title, const c
         free(ids);
         s->pending_doc = text;
         s->have_doc = 1;
+        if (auto_defer) sess_note_waiting(s, key);
         return SESS_OK;
     }
     free(text);

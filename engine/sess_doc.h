@@ -18,5 +18,10 @@ void sess_drop_document(session *s);
 /* The tokens of a turn in the Gemma form that puts the document in the first user turn. */
 int sess_gemma_turns(const session *s);
 void sess_clear_pending(session *s);
+/* Under the prefill policy prefill_key, a document read before its first question waits for that
+ * question instead (a prefill policy compresses with what the prompt's end asks in view, as in
+ * `ask`): 1 when it waits. sess_note_waiting says so. */
+int sess_prefill_waits_for_question(const char *prefill_key);
+void sess_note_waiting(session *s, const char *prefill_key);
 
 #endif

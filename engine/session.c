@@ -226,7 +226,7 @@ int sess_set_policy(session *s, const char *spec_in, const char *budget)
                   s->have_doc ? "" : " (a prefill policy acts when a document is opened)");
         return SESS_OK;
     }
-    if (s->turns == 0 && !s->leaf && strcmp(newkey, POL_FULL) != 0 && strcmp(s->doc_path, "-") != 0) {
+    if (s->turns == 0 && !s->leaf && sess_prefill_waits_for_question(newkey) && strcmp(s->doc_path, "-") != 0) {
         /* no question yet: like a document opened under this policy, it waits for the first question
          * and is compressed with it in view (as `ask` does), rather than for the document's end */
         size_t dl;
@@ -243,8 +243,7 @@ int sess_set_policy(session *s, const char *spec_in, const char *budget)
         run_reset_sampler(s->r);
         s->pending_doc = doc;
         s->policy_pending = 0;
-        sess_note(s, "policy %s: %s compresses with the question in view, so the document is read with your first "
-                  "question", pol_set_spec(run_policies(s->r))->text, newkey);
+        sess_note_waiting(s, newkey);
         return SESS_OK;
     }
     /* keep the current state to come back to */

@@ -132,9 +132,12 @@ void sess_set_callbacks(session *s, const sess_callbacks *cb, volatile sig_atomi
 int sess_attach_store(session *s, const sess_persist *db);
 
 /* Open a document as a new conversation (title NULL: the file's name; name: a unique name to find it
- * by, or NULL). The text is read and checked (document.h). With defer, nothing is evaluated now: the
- * document is prefilled together with the first question (whose tokens the prefill policies then
- * see), as `ask` does; else it is prefilled now, with progress. */
+ * by, or NULL). The text is read and checked (document.h). With defer (1), nothing is evaluated now:
+ * the document is prefilled together with the first question (whose tokens the prefill policies then
+ * see), as `ask` does; with 0 it is prefilled now, with progress; with SESS_DEFER_PREFILL_POLICY the
+ * former under a prefill policy (said in a note), the latter under full attention or a decode-time
+ * policy (the interface). */
+#define SESS_DEFER_PREFILL_POLICY (-1)
 int sess_open_document(session *s, const char *path, const char *title, const char *name, int defer);
 /* The next question and its answer; the turn is saved when a store is attached. */
 int sess_ask(session *s, const char *question);

@@ -241,22 +241,11 @@ static void job_open(ui_worker *w, const char *path)
     const char *b = strrchr(path, '/');
     snprintf(w->sep, sizeof w->sep, "a new conversation: %.500s", b ? b + 1 : path);
     w->sep_pending = 1;
-    /* A prefill policy compresses what the prompt's end asks about: as in `ask`, the document waits
-     * for the first question and is prefilled with it, so the first answer is the one ask gives. */
-    char key[256];
-    sess_prefill_key(pol_set_spec(run_policies(sess_run(w->s))), key, sizeof key);
-    int defer = strcmp(key, POL_FULL) != 0;
-    int rc = sess_open_document(w->s, path, NULL, NULL, defer);
+    /* under a prefill policy the document waits for the first question, as in `ask` (a note says so) */
+    int rc = sess_open_document(w->s, path, NULL, NULL, SESS_DEFER_PREFILL_POLICY);
     if (rc == SESS_OK) post_pending_separator(w);
     w->sep_pending = 0;
     if (rc != SESS_OK) post(w, UW_ERROR, sess_error(w->s), 0, 0);
-    else if (defer) {
-        char msg[800];
-        snprintf(msg, sizeof msg, "%.200s: %lld tokens; %.200s compresses with the question in view, so the "
-                 "document is read with your first question (follow-ups read what it kept for that one)",
-                 sess_document_title(w->s), (long long)sess_document_tokens(w->s), key);
-        post(w, UW_INFO, msg, 0, 0);
-    }
     publish(w);
 }
 
