@@ -63,24 +63,12 @@ static int p_model(void *ud, const char *path, const model *m, char sha[65], cha
     return 0;
 }
 
-static void first_session(void *ud, const store_session *ss)
-{
-    store_session *out = ud;
-    if (!out->id) *out = *ss;   /* the list is newest first */
-}
-
 static int p_find(void *ud, const char *key, sess_stored *out, char *err, size_t errlen)
 {
     store_persist *p = ud;
     store_session ss;
     memset(&ss, 0, sizeof ss);
-    int f;
-    if (*key) {
-        f = store_session_find(p->db, key, &ss);
-    } else {
-        f = store_session_list(p->db, first_session, &ss);
-        if (f == 0 && !ss.id) f = 1;
-    }
+    int f = *key ? store_session_find(p->db, key, &ss) : store_session_latest(p->db, &ss);
     if (f < 0) return db_fail(p, err, errlen);
     if (f == 1) return 1;
     /* continuing a conversation another kvchat has open would fork it unseen (two answers to one
@@ -117,7 +105,7 @@ static int p_create(void *ud, const sess_stored *s, int64_t doc_tokens, int64_t 
      * one goes on, rather than a second empty session beside it */
     store_session last;
     memset(&last, 0, sizeof last);
-    if (!s->name[0] && store_session_list(p->db, first_session, &last) == 0 && last.id && !last.n_messages &&
+    if (!s->name[0] && store_session_latest(p->db, &last) == 0 && !last.n_messages &&
         !last.name[0] && last.model_id == p->model_id && !strcmp(last.doc_sha, s->doc_sha) &&
         !strcmp(last.policy, s->policy) && !strcmp(last.budget, s->budget) && !strcmp(last.format, s->format)) {
         *id = last.id;

@@ -540,6 +540,11 @@ int store_session_title_ok(const char *title, char *err, size_t errlen)
     return label_ok("title", title, sizeof ((store_session *)0)->title - 1, err, errlen);
 }
 
+int store_session_latest(store *s, store_session *out)
+{
+    return one_session(s, prep(s, SESSION_COLS "ORDER BY s.updated_at DESC, s.id DESC LIMIT 1", NULL), out);
+}
+
 int store_session_find(store *s, const char *key, store_session *out)
 {
     int64_t id;

@@ -60,6 +60,8 @@ typedef struct store_session {
     int64_t n_snapshots;
 } store_session;
 
+/* The most recently updated session (what store_session_list gives first); 1 when there is none. */
+int store_session_latest(store *s, store_session *out);
 /* Find by id ("#12", or all digits) or by name. 1 when there is none. */
 int store_session_find(store *s, const char *key, store_session *out);
 /* 0 when name can name a session (not empty, not all digits, not starting with '#': those are ids),
