@@ -25,6 +25,10 @@ extern "C" {
 #endif
 
 #ifdef __CUDACC__
+#include <cuda_fp16.h>
+#endif
+
+#ifdef __CUDACC__
 #define QB_HD static __host__ __device__ inline
 #else
 #define QB_HD static inline
@@ -85,9 +89,14 @@ QB_HD int qb_chunk_bytes(uint32_t type) { return QB_CHUNK / qb_block_values(type
 
 QB_HD uint32_t qb_u16(const uint8_t *p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8); }
 
-/* IEEE half to float, exact (subnormals included). */
+/* IEEE half to float, exact (subnormals included): one conversion instruction on the device, the
+ * same values by bit arithmetic on the host (tests/test_quant_blocks.c checks the host side against
+ * the reference conversion; tests/gpu/test_cuda.c has the device read every finite half). */
 QB_HD float qb_half(uint32_t h)
 {
+#ifdef __CUDA_ARCH__
+    return __half2float(__ushort_as_half((unsigned short)h));
+#else
     uint32_t sign = (h & 0x8000u) << 16, em = h & 0x7fffu, bits;
     if (em >= 0x7c00u)
         bits = sign | 0x7f800000u | ((em & 0x3ffu) << 13) | (em > 0x7c00u ? 0x400000u : 0u);
@@ -103,6 +112,15 @@ QB_HD float qb_half(uint32_t h)
     } c;
     c.u = bits;
     return c.f;
+#endif
+}
+
+/* x brought into f16's range before rounding to f16 (+-65504; NaN stays NaN): a product's inputs
+ * and weights rounded to f16 for cuBLAS saturate as kernels/weight_f16.c converts, instead of
+ * becoming infinities that turn a whole output row into NaN. */
+QB_HD float qb_f16_range(float x)
+{
+    return x > 65504.0f ? 65504.0f : x < -65504.0f ? -65504.0f : x;
 }
 
 QB_HD float qb_bf16(uint32_t b)

@@ -202,3 +202,31 @@ Test(quant_blocks, chunks_stay_16_byte_aligned_and_device_sizes_follow)
     /* the default model's largest matrix: 262144 rows of 640 Q8_0 values take their file size */
     cr_assert_eq(be_gpu_weight_bytes(GGML_TYPE_Q8_0, 640, 262144), (uint64_t)262144 * 680 + 262144 * 8);
 }
+
+/* Inputs rounded to f16 for cuBLAS saturate at f16's largest value instead of becoming infinities
+ * (the device rounds qb_f16_range(x) to nearest even, as quant_f32_to_fp16 does here). */
+Test(quant_blocks, values_past_f16s_range_saturate)
+{
+    const float big[] = { 65504.0f, 65519.0f, 65520.0f, 1e5f, 3.4e38f, INFINITY };
+    for (size_t i = 0; i < sizeof big / sizeof *big; i++) {
+        cr_expect_eq(quant_f32_to_fp16(qb_f16_range(big[i])), 0x7bff, "%g", big[i]);
+        cr_expect_eq(quant_f32_to_fp16(qb_f16_range(-big[i])), 0xfbff, "%g", -big[i]);
+    }
+    const float kept[] = { 0.0f, -0.0f, 1.0f, -2.5f, 65503.0f, 6e-8f, -65472.0f };
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
+        float v = qb_f16_range(kept[i]);
+        cr_expect(!memcmp(&v, &kept[i], sizeof v), "%g changed", kept[i]);
+    }
+    cr_expect(isnan(qb_f16_range(NAN)), "NaN stays NaN");
+}
+
+/* The host side of qb_half equals the reference conversion on every half (the device side is one
+ * conversion instruction; tests/gpu/test_cuda.c reads every finite half through the decode kernel). */
+Test(quant_blocks, every_half_converts_like_the_reference)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = qb_half(h), b = quant_fp16_to_f32((uint16_t)h);
+        if (isnan(b)) cr_expect(isnan(a), "half 0x%04x", h);
+        else cr_expect(!memcmp(&a, &b, sizeof a), "half 0x%04x: %g, the reference %g", h, a, b);
+    }
+}

@@ -46,6 +46,7 @@ extern "C" {
 #include "kernels/act_mirror.h"
 #include "kernels/backend.h"
 #include "kernels/block_pool.h"
+#include "kernels/cuda/const_copies.h"
 #include "kernels/page_copies.h"
 #include "common/quant.h"
 #include "kernels/weight_f16.h"
@@ -99,6 +100,7 @@ typedef struct cuda_impl {
     float *xal;                /* a decode product's input copied to 16-byte alignment when it is not */
     size_t cap_xal;
     int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
+    int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
     unsigned mmv_smem_set;     /* bit per type slot: the decode kernel's shared memory limit raised */
     float *part_o, *part_ml;   /* attention's per-split partial results */
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
@@ -114,8 +116,7 @@ typedef struct cuda_impl {
      * page-locked host bytes and their device twin, reused after each wait for the stream */
     char *h_arena, *d_arena;
     size_t arena_cap, arena_off;
-    struct const_copy *consts; /* device copies of small constant inputs (norm weights), open addressing */
-    int n_consts, cap_consts;
+    cc_table consts;           /* device copies of small constant inputs (norm weights) */
     uint8_t *h_wstage;         /* page-locked: weight rows on their way to the device */
     size_t cap_wstage;
     uint64_t waits, bytes_up, bytes_down;   /* traffic (be_ops.counters) */
@@ -280,77 +281,24 @@ static int send_to(cuda_impl *ci, void *dst, const void *src, size_t bytes)
 
 /* ---------------------------------------------------------------- constant inputs */
 
-/* A small input that stays the same from call to call (a layer's norm weights): a device copy is
- * kept with a host copy of what it holds, and reused while the host bytes still equal it, so a call
- * costs a comparison instead of a copy. */
-typedef struct const_copy {
-    const void *host;
-    size_t bytes;
-    void *seen;    /* the host bytes the device copy holds */
-    void *dev;
-} const_copy;
-
-static uint64_t hash_addr(const void *p)
-{
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    return x ^ (x >> 33);
-}
-
 static void *dev_malloc(void *ud, size_t bytes);
 static void dev_free(void *ud, void *p);
 
-/* The device copy of host[0, bytes), brought up to date; NULL (recorded) when out of memory. */
+static int const_upload(void *ud, void *dst, const void *src, size_t bytes)
+{
+    return send_to((cuda_impl *)ud, dst, src, bytes);
+}
+
+/* The device copy of host[0, bytes) (kernels/cuda/const_copies.c), brought up to date; NULL
+ * (recorded) when out of memory or not sent. */
 static const void *const_get(cuda_impl *ci, const void *host, size_t bytes)
 {
-    if ((ci->n_consts + 1) * 2 > ci->cap_consts) {
-        int nc = ci->cap_consts ? ci->cap_consts * 2 : 256;
-        const_copy *nt = (const_copy *)calloc((size_t)nc, sizeof *nt);
-        if (!nt) {
-            fail(ci, "out of memory");
-            return NULL;
-        }
-        for (int i = 0; i < ci->cap_consts; i++) {
-            if (!ci->consts[i].host) continue;
-            uint64_t h = hash_addr(ci->consts[i].host) & (uint64_t)(nc - 1);
-            while (nt[h].host) h = (h + 1) & (uint64_t)(nc - 1);
-            nt[h] = ci->consts[i];
-        }
-        free(ci->consts);
-        free(ci->rows_list);
-        ci->consts = nt;
-        ci->cap_consts = nc;
-    }
-    uint64_t m = (uint64_t)(ci->cap_consts - 1), h = hash_addr(host) & m;
-    while (ci->consts[h].host && ci->consts[h].host != host) h = (h + 1) & m;
-    const_copy *c = &ci->consts[h];
-    if (c->host && c->bytes == bytes && !memcmp(c->seen, host, bytes)) return c->dev;
-    if (!c->host || c->bytes != bytes) {
-        if (c->host) {
-            dev_free(ci, c->dev);
-            free(c->seen);
-            ci->scratch_bytes -= c->bytes;
-        } else {
-            ci->n_consts++;
-        }
-        c->host = host;
-        c->bytes = bytes;
-        c->seen = malloc(bytes);
-        c->dev = dev_malloc(ci, bytes);
-        if (!c->seen || !c->dev) {
-            free(c->seen);
-            if (c->dev) dev_free(ci, c->dev);
-            c->seen = c->dev = NULL;
-            c->bytes = 0;   /* kept as a tombstone: found, and made again next time */
-            fail(ci, "out of GPU memory: %zu bytes of constants needed, %.1f MiB free", bytes, free_mib());
-            return NULL;
-        }
-        ci->scratch_bytes += bytes;
-    }
-    /* new or changed: later kernels see the new bytes, earlier ones the old (one stream) */
-    memcpy(c->seen, host, bytes);
-    return send_to(ci, c->dev, host, bytes) ? NULL : c->dev;
+    enum cc_status st;
+    const void *d = cc_get(&ci->consts, host, bytes, &st);
+    if (st == CC_NO_HOST_MEMORY) fail(ci, "out of memory");
+    if (st == CC_NO_DEVICE_MEMORY)
+        fail(ci, "out of GPU memory: %zu bytes of constants needed, %.1f MiB free", bytes, free_mib());
+    return d;
 }
 
 /* ---------------------------------------------------------------- activation twins */
@@ -587,10 +535,11 @@ static int cuda_prepare(be_backend *b, const be_weight *const *w, int n, char *e
 #define MMV_ROWS 2
 #define WTILE_BYTES ((size_t)32 << 20)   /* the f16 scratch a prefill product's weight tiles use */
 
+/* A product's input rounded to f16 for cuBLAS, saturating at +-65504 (qb_f16_range). */
 __global__ void f32_to_f16(const float *x, __half *y, int64_t n)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __float2half(x[i]);
+    if (i < n) y[i] = __float2half_rn(qb_f16_range(x[i]));
 }
 
 /* y[t][row] = dot(row of W, x[t]) for rows of n_in values (a multiple of 32), t < n_tok <= QB_MAX_TOK.
@@ -671,12 +620,7 @@ __global__ void dequant_tile(const uint8_t *__restrict__ W, size_t stride, int64
     qb_decode32(TYPE, W + (size_t)(r0 + r) * stride + (size_t)(g / gpb) * qb_block_bytes(TYPE), (int)(g % gpb), v);
     __align__(16) __half h[32];
 #pragma unroll
-    for (int j = 0; j < 32; j++) {
-        float f = v[j];
-        if (f > 65504.0f) f = 65504.0f;
-        if (f < -65504.0f) f = -65504.0f;
-        h[j] = __float2half_rn(f);
-    }
+    for (int j = 0; j < 32; j++) h[j] = __float2half_rn(qb_f16_range(v[j]));
     uint4 *o = (uint4 *)(out + r * n_in + g * 32);
 #pragma unroll
     for (int k = 0; k < 4; k++) o[k] = ((const uint4 *)h)[k];
@@ -733,6 +677,28 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, int n_tok, 
     return ck(ci, cudaGetLastError(), "decode product");
 }
 
+/* The most tokens a product of this type runs through the decode kernel (in passes of QB_MAX_TOK,
+ * each reading the stored weight once) rather than through cuBLAS, which first writes the weight as
+ * f16 and reads it back (4 bytes a value on top of the stored ones; nothing for F16, multiplied as it
+ * is): passes while they move fewer bytes, so a short follow-up question never dequantizes a
+ * whole model (a 9-token product of a 7B Q4_K_M model moved ~29 GB). KVCHAT_CUDA_MMV_MAX=N overrides
+ * it for every type, to measure either side. */
+static int64_t mmv_most_tokens(const cuda_impl *ci, uint32_t type)
+{
+    if (ci->mmv_max >= 0) return ci->mmv_max;
+    const double stored = (double)qb_block_bytes(type) / qb_block_values(type);
+    const double via_f16 = type == GGML_TYPE_F16 ? 0.0 : 4.0;
+    int64_t passes = (int64_t)((stored + via_f16) / stored);
+    if (passes < 1) passes = 1;
+    return passes * QB_MAX_TOK;
+}
+
+static int mmv_takes(const cuda_impl *ci, const dev_weight *dw, int64_t n_tok)
+{
+    if (ci->no_mmv || dw->n_in % 32) return 0;
+    return n_tok <= QB_MAX_TOK || n_tok <= mmv_most_tokens(ci, dw->type);
+}
+
 /* y = W x for any number of tokens through cuBLAS: x16 is the input in f16 [n_tok][n_in]. F16
  * weights are multiplied as they are; the others a tile of rows at a time, dequantized into f16
  * scratch. 0, or -1 (recorded). */
@@ -784,13 +750,19 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
         }
         if (!bound(ci, mms[m].y, sizeof(float) * (size_t)(n_tok * mms[m].w->n_out))) n_y += n_tok * mms[m].w->n_out;
     }
-    const int decode = n_tok <= QB_MAX_TOK && !ci->no_mmv && n_in % 32 == 0;
-    if (!decode && grow_dev(ci, (void **)&ci->x16, &ci->cap_x16, sizeof(__half) * (size_t)n_x)) return;
+    /* each product by the decode kernel (in groups of QB_MAX_TOK tokens) or by cuBLAS on f16 */
+    int by_mmv[8], any_mmv = 0, any_gemm = 0;
+    for (int m = 0; m < n_mm; m++) {
+        by_mmv[m] = mmv_takes(ci, dw[m], n_tok);
+        any_mmv |= by_mmv[m];
+        any_gemm |= !by_mmv[m];
+    }
+    if (any_gemm && grow_dev(ci, (void **)&ci->x16, &ci->cap_x16, sizeof(__half) * (size_t)n_x)) return;
     if (n_y && grow_dev(ci, (void **)&ci->y32, &ci->cap_y32, sizeof(float) * (size_t)n_y)) return;
     if (n_y && grow_host(ci, (void **)&ci->h_y, &ci->cap_h_y, sizeof(float) * (size_t)n_y)) return;
     const float *dx = (const float *)am_dev_in(&ci->act, x, sizeof(float) * (size_t)n_x);
     if (!dx && !(dx = (const float *)stage(ci, x, sizeof(float) * (size_t)n_x))) return;
-    if (decode && ((uintptr_t)dx & 15)) {
+    if (any_mmv && ((uintptr_t)dx & 15)) {
         /* the kernel reads the activations 16 bytes at a time */
         if (grow_dev(ci, (void **)&ci->xal, &ci->cap_xal, sizeof(float) * (size_t)n_x) ||
             ck(ci, cudaMemcpyAsync(ci->xal, dx, sizeof(float) * (size_t)n_x, cudaMemcpyDeviceToDevice, ci->stream),
@@ -798,7 +770,7 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
             return;
         dx = ci->xal;
     }
-    if (!decode) {
+    if (any_gemm) {
         f32_to_f16<<<(unsigned)((n_x + 255) / 256), 256, 0, ci->stream>>>(dx, ci->x16, n_x);
         if (ck(ci, cudaGetLastError(), "f32_to_f16")) return;
     }
@@ -811,7 +783,14 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
             dy = ci->y32 + off;
             off += n_tok * n_out;
         }
-        if (decode ? mmv(ci, dw[m], dx, (int)n_tok, dy) : gemm(ci, dw[m], ci->x16, n_tok, dy)) return;
+        if (!by_mmv[m]) {
+            if (gemm(ci, dw[m], ci->x16, n_tok, dy)) return;
+            continue;
+        }
+        for (int64_t t0 = 0; t0 < n_tok; t0 += QB_MAX_TOK) {   /* rows of n_in % 32 == 0 floats: aligned */
+            const int nt = (int)(n_tok - t0 < QB_MAX_TOK ? n_tok - t0 : QB_MAX_TOK);
+            if (mmv(ci, dw[m], dx + t0 * n_in, nt, dy + t0 * n_out)) return;
+        }
     }
     if (!n_y) return;
     ci->bytes_down += sizeof(float) * (size_t)n_y;
@@ -1345,7 +1324,7 @@ static void cuda_memory(be_backend *b, uint64_t *held, uint64_t *total)
     cuda_impl *ci = impl_of(b);
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
-    *held = ci->weight_bytes + ci->blocks.bytes + ci->scratch_bytes + ci->act.bytes;
+    *held = ci->weight_bytes + ci->blocks.bytes + ci->scratch_bytes + ci->act.bytes + ci->consts.bytes;
     *total = (uint64_t)tot;
 }
 
@@ -1357,11 +1336,7 @@ static void cuda_destroy(be_backend *b)
         free(ci->w);
         pc_free(&ci->copies);
         bp_free(&ci->blocks);
-        for (int i = 0; i < ci->cap_consts; i++) {
-            if (ci->consts[i].dev) cudaFree(ci->consts[i].dev);
-            free(ci->consts[i].seen);
-        }
-        free(ci->consts);
+        cc_free(&ci->consts);
         free(ci->rows_list);
         am_free(&ci->act);
         void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena, ci->cur16, ci->wtile, ci->xal };
@@ -1420,9 +1395,15 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     b->impl = ci;
     const char *mmv_env = getenv("KVCHAT_CUDA_MMV");
     ci->no_mmv = mmv_env && !strcmp(mmv_env, "0");
+    const char *max_env = getenv("KVCHAT_CUDA_MMV_MAX");
+    char *end = NULL;
+    long long mx = max_env ? strtoll(max_env, &end, 10) : -1;
+    ci->mmv_max = max_env && end != max_env && !*end && mx >= 0 ? (int64_t)mx : -1;
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
     bp_init(&ci->blocks, ci, dev_malloc, dev_free, (size_t)64 << 20);
+    cc_device cdev = { ci, dev_malloc, dev_free, const_upload };
+    cc_init(&ci->consts, &cdev);
     am_device adev = { ci, dev_malloc, dev_free, act_upload, act_download, act_wait, act_pin };
     am_init(&ci->act, &adev);
     if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaStreamCreate(&ci->stream)) != cudaSuccess ||

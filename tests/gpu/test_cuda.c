@@ -185,11 +185,15 @@ Test(cuda, matmul_of_every_weight_type_equals_the_cpu)
     be_backend *gemm_only = be_cuda_create(2, err, sizeof err);
     unsetenv("KVCHAT_CUDA_MMV");
     cr_assert(gemm_only, "%s", err);
+    setenv("KVCHAT_CUDA_MMV_MAX", "64", 1);   /* up to 64 tokens in passes of the decode kernel */
+    be_backend *grouped = be_cuda_create(2, err, sizeof err);
+    unsetenv("KVCHAT_CUDA_MMV_MAX");
+    cr_assert(grouped, "%s", err);
     const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,
                                GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_F32,  GGML_TYPE_Q4_1,
                                GGML_TYPE_Q5_1 };
     const int64_t shapes[][2] = { { 256, 17 }, { 640, 300 }, { 2304, 33 }, { 4096, 64 }, { 14336, 5 } };
-    const int64_t toks[] = { 1, 2, 3, 5, 8, 9, 33 };
+    const int64_t toks[] = { 1, 2, 3, 5, 8, 9, 33, 64, 65 };
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             uint32_t type = types[ti];
@@ -203,14 +207,17 @@ Test(cuda, matmul_of_every_weight_type_equals_the_cpu)
                 int64_t nt = toks[k];
                 float *x = malloc(sizeof(float) * (size_t)(nt * n_in + 1));
                 float *y0 = malloc(sizeof(float) * (size_t)(nt * n_out)), *y1 = malloc(sizeof(float) * (size_t)(nt * n_out));
-                float *y2 = malloc(sizeof(float) * (size_t)(nt * n_out));
+                float *y2 = malloc(sizeof(float) * (size_t)(nt * n_out)), *y3 = malloc(sizeof(float) * (size_t)(nt * n_out));
                 for (int64_t i = 0; i < nt * n_in + 1; i++) x[i] = frand(-1, 1);
-                for (int64_t i = 0; i < nt * n_out; i++) y1[i] = y2[i] = NAN;
-                be_mm a = { &w, y0 }, b = { &w, y1 }, c = { &w, y2 };
+                for (int64_t i = 0; i < nt * n_out; i++) y1[i] = y2[i] = y3[i] = NAN;
+                be_mm a = { &w, y0 }, b = { &w, y1 }, c = { &w, y2 }, g = { &w, y3 };
                 cpu->ops->matmul(cpu, &a, 1, x, nt);
                 gpu->ops->matmul(gpu, &b, 1, x, nt);
                 gemm_only->ops->matmul(gemm_only, &c, 1, x, nt);
-                cr_assert(!be_failed(gpu, err, sizeof err) && !be_failed(gemm_only, err, sizeof err), "%s", err);
+                grouped->ops->matmul(grouped, &g, 1, x, nt);
+                cr_assert(!be_failed(gpu, err, sizeof err) && !be_failed(gemm_only, err, sizeof err) &&
+                              !be_failed(grouped, err, sizeof err),
+                          "%s", err);
                 const char *tn = quant_type_name(type);
                 double d = rel_diff(y1, y0, nt * n_out);
                 cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens: GPU %g from the CPU", tn, (long long)n_out,
@@ -218,6 +225,16 @@ Test(cuda, matmul_of_every_weight_type_equals_the_cpu)
                 d = rel_diff(y2, y0, nt * n_out);
                 cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens, cuBLAS only: %g from the CPU", tn, (long long)n_out,
                           (long long)n_in, (long long)nt, d);
+                if (nt > 8 && nt <= 64 && be_gpu_weight_type(type, n_in) == type) {
+                    /* passes of 8 tokens: each as exact as one */
+                    d = exact_diff(&w, x, nt, y3);
+                    cr_expect(d < 1e-4, "%s %lld x %lld, %lld tokens: the decode kernel's passes are %g from exact",
+                              tn, (long long)n_out, (long long)n_in, (long long)nt, d);
+                } else {
+                    d = rel_diff(y3, y0, nt * n_out);
+                    cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens, passes up to 64: %g from the CPU", tn,
+                              (long long)n_out, (long long)n_in, (long long)nt, d);
+                }
                 if (nt <= 8 && be_gpu_weight_type(type, n_in) == type) {
                     d = exact_diff(&w, x, nt, y1);
                     cr_expect(d < 1e-4, "%s %lld x %lld, %lld tokens: the decode kernel is %g from exact", tn,
@@ -238,9 +255,71 @@ Test(cuda, matmul_of_every_weight_type_equals_the_cpu)
                 free(y0);
                 free(y1);
                 free(y2);
+                free(y3);
             }
             free(data);
         }
+    be_free(gemm_only);
+    be_free(grouped);
+}
+
+/* Every finite half, as the value of an F16 weight, read exactly by the decode kernel (the device's
+ * conversion instruction against the reference): 2048 rows of 32 halves, each column picked out by a
+ * one-hot token, so every product is one weight times 1. */
+Test(cuda, the_decode_kernel_reads_every_finite_half_exactly)
+{
+    enum { N_IN = 32, N_OUT = 2048 };
+    uint16_t *wd = malloc(sizeof(uint16_t) * N_IN * N_OUT);
+    for (uint32_t i = 0; i < N_IN * N_OUT; i++) wd[i] = (i & 0x7c00u) == 0x7c00u ? 0 : (uint16_t)i;   /* no inf/NaN */
+    be_weight w = { wd, GGML_TYPE_F16, N_IN, N_OUT, sizeof(uint16_t) * N_IN };
+    float x[8 * N_IN], *y = malloc(sizeof(float) * 8 * N_OUT);
+    int bad = 0;
+    for (int c0 = 0; c0 < N_IN; c0 += 8) {
+        memset(x, 0, sizeof x);
+        for (int t = 0; t < 8; t++) x[t * N_IN + c0 + t] = 1.0f;
+        be_mm m = { &w, y };
+        gpu->ops->matmul(gpu, &m, 1, x, 8);
+        char err[256];
+        cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
+        for (int t = 0; t < 8; t++)
+            for (int r = 0; r < N_OUT; r++) {
+                float want = quant_fp16_to_f32(wd[r * N_IN + c0 + t]);
+                if (y[t * N_OUT + r] != want && bad++ < 5)
+                    cr_log_error("half 0x%04x: %g, the reference %g", wd[r * N_IN + c0 + t], y[t * N_OUT + r], want);
+            }
+    }
+    cr_expect_eq(bad, 0, "%d halves read wrong", bad);
+    free(wd);
+    free(y);
+}
+
+/* Activations past f16's range (a product of more tokens than the decode kernel takes, through
+ * cuBLAS on f16 inputs) saturate at 65504 instead of becoming infinities that make the row NaN. */
+Test(cuda, activations_past_f16s_range_saturate_in_cublas_products)
+{
+    seed_rng("f16 range");
+    char err[256];
+    setenv("KVCHAT_CUDA_MMV", "0", 1);
+    be_backend *gemm_only = be_cuda_create(2, err, sizeof err);
+    unsetenv("KVCHAT_CUDA_MMV");
+    cr_assert(gemm_only, "%s", err);
+    const uint32_t types[] = { GGML_TYPE_F16, GGML_TYPE_Q4_K, GGML_TYPE_Q8_0 };
+    enum { N_IN = 256, N_OUT = 64, NT = 33 };
+    float *x = malloc(sizeof(float) * NT * N_IN), *y = malloc(sizeof(float) * NT * N_OUT);
+    for (int i = 0; i < NT * N_IN; i++) x[i] = i % 7 == 0 ? (i % 2 ? 1e6f : -3e5f) : frand(-1, 1);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        void *data;
+        be_weight w = random_weight(types[ti], N_IN, N_OUT, &data);
+        be_mm m = { &w, y };
+        gemm_only->ops->matmul(gemm_only, &m, 1, x, NT);
+        cr_assert(!be_failed(gemm_only, err, sizeof err), "%s", err);
+        int nonfinite = 0;
+        for (int i = 0; i < NT * N_OUT; i++) nonfinite += !isfinite(y[i]);
+        cr_expect_eq(nonfinite, 0, "%s: %d of %d outputs not finite", quant_type_name(types[ti]), nonfinite, NT * N_OUT);
+        free(data);
+    }
+    free(x);
+    free(y);
     be_free(gemm_only);
 }
 
@@ -572,6 +651,72 @@ Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
             free(cv);
             free_pages(&ps);
         }
+}
+
+/* More distinct norm weights than the backend's table of constant copies first holds (it grows at
+ * 128 and 256), with deferred decode steps (the step's own K/V rows, whose page list the backend
+ * keeps in a buffer) before, between and after: the table's growth used to free that buffer, so the
+ * next step wrote freed memory and destroying the backend freed it twice. A backend of its own, freed
+ * here, so that a failure lands in this test. */
+Test(cuda, norm_weights_past_the_constant_tables_growth_leave_the_steps_page_list_alone)
+{
+    seed_rng("constant table");
+    char err[256];
+    be_backend *g = be_cuda_create(2, err, sizeof err);
+    cr_assert(g, "%s", err);
+    enum { ROWS = 2, DIM = 96, N_W = 300 };
+    static float w[N_W][DIM];
+    float *x = malloc(sizeof(float) * ROWS * DIM), *y = malloc(sizeof(float) * ROWS * DIM);
+    float y0[ROWS * DIM];
+    for (int i = 0; i < ROWS * DIM; i++) x[i] = frand(-3, 3);
+    cr_assert(be_bind(g, x, sizeof(float) * ROWS * DIM, err, sizeof err) == 0 &&
+                  be_bind(g, y, sizeof(float) * ROWS * DIM, err, sizeof err) == 0,
+              "%s", err);
+    be_host_write(g, x, sizeof(float) * ROWS * DIM);
+    int D = 64, nh = 4, nkv = 2;
+    page_set ps;
+    make_pages(&ps, nkv, 3, D, 0, 0);
+    int64_t kvd = (int64_t)nkv * D, nq = (int64_t)nh * D;
+    float *q = malloc(sizeof(float) * (size_t)nq), *o0 = malloc(sizeof(float) * (size_t)nq),
+          *o1 = malloc(sizeof(float) * (size_t)nq), *ck = malloc(sizeof(float) * (size_t)kvd),
+          *cv = malloc(sizeof(float) * (size_t)kvd);
+    for (int64_t i = 0; i < nq; i++) q[i] = frand(-0.5f, 0.5f);
+    for (int64_t i = 0; i < kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
+    int32_t qp = ps.max_pos + 1;
+    be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o0, ck, cv, &qp, 1 };
+    cpu->ops->attention(cpu, &a);
+    a.out = o1;
+    for (int i = 0; i <= N_W; i++) {
+        if (i % 50 == 0) {   /* a deferred step */
+            for (int64_t j = 0; j < nq; j++) o1[j] = NAN;
+            g->ops->attention(g, &a);
+            cr_assert(!be_failed(g, err, sizeof err), "%s", err);
+            double d = 0;
+            for (int64_t j = 0; j < nq; j++) {
+                double e = fabs((double)o0[j] - o1[j]);
+                if (e > d || isnan(e)) d = isnan(e) ? INFINITY : e;
+            }
+            cr_expect(d < 2e-3, "step after %d norm weights: max |diff| %g", i, d);
+        }
+        if (i == N_W) break;
+        for (int j = 0; j < DIM; j++) w[i][j] = frand(0.5f, 2);
+        g->ops->rmsnorm(g, x, w[i], y, ROWS, DIM, 1e-6f);
+        be_range r = { y, sizeof(float) * ROWS * DIM };
+        be_host_read(g, &r, 1);
+        cpu->ops->rmsnorm(cpu, x, w[i], y0, ROWS, DIM, 1e-6f);
+        cr_expect(rel_diff(y, y0, ROWS * DIM) < 1e-6, "norm weight %d", i);
+    }
+    be_unbind(g, x);
+    be_unbind(g, y);
+    be_free(g);
+    free(x);
+    free(y);
+    free(q);
+    free(o0);
+    free(o1);
+    free(ck);
+    free(cv);
+    free_pages(&ps);
 }
 
 Test(cuda, device_page_copies_follow_appends_truncation_and_reuse)

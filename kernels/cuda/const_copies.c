@@ -1,0 +1,93 @@
+/* const_copies.c - device copies of small constant inputs (see const_copies.h). */
+#include "kernels/cuda/const_copies.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void cc_init(cc_table *t, const cc_device *dev)
+{
+    memset(t, 0, sizeof *t);
+    t->dev = *dev;
+}
+
+void cc_free(cc_table *t)
+{
+    for (int i = 0; i < t->cap; i++) {
+        if (t->slots[i].dev) t->dev.release(t->dev.ud, t->slots[i].dev);
+        free(t->slots[i].seen);
+    }
+    free(t->slots);
+    t->slots = NULL;
+    t->cap = t->n = 0;
+    t->bytes = 0;
+}
+
+static uint64_t hash_addr(const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    return x ^ (x >> 33);
+}
+
+/* Twice the slots, every entry moved by its key; the table itself is all that changes. */
+static int grow(cc_table *t)
+{
+    int nc = t->cap ? t->cap * 2 : 256;
+    cc_copy *ns = calloc((size_t)nc, sizeof *ns);
+    if (!ns) return -1;
+    for (int i = 0; i < t->cap; i++) {
+        if (!t->slots[i].host) continue;
+        uint64_t h = hash_addr(t->slots[i].host) & (uint64_t)(nc - 1);
+        while (ns[h].host) h = (h + 1) & (uint64_t)(nc - 1);
+        ns[h] = t->slots[i];
+    }
+    free(t->slots);
+    t->slots = ns;
+    t->cap = nc;
+    return 0;
+}
+
+const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *status)
+{
+    *status = CC_OK;
+    if ((t->n + 1) * 2 > t->cap && grow(t)) {
+        *status = CC_NO_HOST_MEMORY;
+        return NULL;
+    }
+    uint64_t m = (uint64_t)(t->cap - 1), h = hash_addr(host) & m;
+    while (t->slots[h].host && t->slots[h].host != host) h = (h + 1) & m;
+    cc_copy *c = &t->slots[h];
+    if (c->host && c->bytes == bytes && c->seen && !c->stale && !memcmp(c->seen, host, bytes)) return c->dev;
+    if (!c->host || c->bytes != bytes) {
+        if (c->host) {
+            if (c->dev) t->dev.release(t->dev.ud, c->dev);
+            free(c->seen);
+            t->bytes -= c->bytes;
+        } else {
+            t->n++;
+        }
+        c->host = host;
+        c->bytes = bytes;
+        c->seen = malloc(bytes);
+        c->dev = c->seen ? t->dev.alloc(t->dev.ud, bytes) : NULL;
+        if (!c->dev) {
+            *status = c->seen ? CC_NO_DEVICE_MEMORY : CC_NO_HOST_MEMORY;
+            free(c->seen);
+            c->seen = c->dev = NULL;
+            c->bytes = 0;
+            return NULL;
+        }
+        t->bytes += bytes;
+    }
+    /* new or changed: later device work sees the new bytes, earlier work the old (one stream) */
+    if (t->dev.upload(t->dev.ud, c->dev, host, bytes)) {
+        c->stale = 1;   /* the device may hold neither the old bytes nor the new: send them next time */
+        *status = CC_NOT_SENT;
+        return NULL;
+    }
+    memcpy(c->seen, host, bytes);
+    c->stale = 0;
+    t->uploads++;
+    return c->dev;
+}

@@ -1,0 +1,46 @@
+/* const_copies.h - device copies of small inputs that stay the same from call to call (a layer's
+ * norm weights) for the CUDA backend (kernels/cuda/backend_cuda.cu).
+ *
+ * A copy is keyed by the host address and kept with the host bytes it holds, so a call costs a
+ * comparison instead of a copy while those bytes stay the same; new or changed bytes are sent again.
+ * The device is reached through three functions, so the table is plain C and is tested on the host
+ * (tests/test_const_copies.c) with host memory standing in for the device. */
+#ifndef KVCHAT_CONST_COPIES_H
+#define KVCHAT_CONST_COPIES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cc_device {
+    void *ud;
+    void *(*alloc)(void *ud, size_t bytes);                              /* NULL when out of memory */
+    void (*release)(void *ud, void *p);
+    int (*upload)(void *ud, void *dst, const void *src, size_t bytes);   /* 0, or -1: not sent */
+} cc_device;
+
+typedef struct cc_copy {
+    const void *host;   /* the key; NULL: an empty slot */
+    size_t bytes;       /* 0: a tombstone (its allocation failed): found, and made again next time */
+    void *seen;         /* the host bytes the device copy holds */
+    void *dev;
+    int stale;          /* the last upload failed: the device may hold neither bytes */
+} cc_copy;
+
+typedef struct cc_table {
+    cc_device dev;
+    cc_copy *slots;     /* open addressing on host, a power of two, at most half full */
+    int cap, n;
+    uint64_t bytes;     /* device bytes held */
+    uint64_t uploads;   /* copies sent so far (for tests and figures) */
+} cc_table;
+
+enum cc_status { CC_OK, CC_NO_HOST_MEMORY, CC_NO_DEVICE_MEMORY, CC_NOT_SENT };
+
+void cc_init(cc_table *t, const cc_device *dev);
+/* Releases every device copy once. */
+void cc_free(cc_table *t);
+/* The device copy of host[0, bytes) (bytes > 0), brought up to date; NULL with *status saying why. A copy sent
+ * now is ordered before later device work by the upload function (one stream). */
+const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *status);
+
+#endif

@@ -1,0 +1,149 @@
+/* test_const_copies.c - the CUDA backend's device copies of small constant inputs (norm weights,
+ * kernels/cuda/const_copies.c), with host memory standing in for the device: a few hundred inputs
+ * (the table grows twice) keep their copies, unchanged bytes are not sent again, changed bytes are,
+ * a new size takes a new copy, running out of device memory or a refused upload is reported and
+ * mended by the next call, and freeing releases every copy exactly once. Before this table was its
+ * own module, its growth in backend_cuda.cu also freed an unrelated buffer of the backend (the
+ * deferred decode step's page list), which the next step wrote and cuda_destroy freed again. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/const_copies.h"
+
+enum { MAX_LIVE = 4096 };
+
+typedef struct fake_dev {
+    void *live[MAX_LIVE];   /* the allocations not yet released */
+    int n_live;
+    int64_t fail_after;     /* allocations that succeed before the device is "full" (-1: never) */
+    int64_t allocs;
+    int fail_uploads;
+} fake_dev;
+
+static void *f_alloc(void *ud, size_t bytes)
+{
+    fake_dev *d = ud;
+    if (d->fail_after >= 0 && d->allocs >= d->fail_after) return NULL;
+    cr_assert_lt(d->n_live, MAX_LIVE);
+    void *p = malloc(bytes);
+    cr_assert(p);
+    d->allocs++;
+    d->live[d->n_live++] = p;
+    return p;
+}
+
+/* A release of something not allocated, or released twice, fails the test. */
+static void f_release(void *ud, void *p)
+{
+    fake_dev *d = ud;
+    for (int i = 0; i < d->n_live; i++)
+        if (d->live[i] == p) {
+            d->live[i] = d->live[--d->n_live];
+            free(p);
+            return;
+        }
+    cr_assert_fail("released %p, which is not a live device allocation", p);
+}
+
+static int f_upload(void *ud, void *dst, const void *src, size_t bytes)
+{
+    fake_dev *d = ud;
+    if (d->fail_uploads) return -1;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static cc_table table_on(fake_dev *d)
+{
+    cc_table t;
+    cc_device dev = { d, f_alloc, f_release, f_upload };
+    cc_init(&t, &dev);
+    return t;
+}
+
+enum { N_INPUTS = 300, DIM = 40 };
+
+Test(const_copies, every_copy_survives_the_table_growing)
+{
+    static fake_dev d = { .fail_after = -1 };
+    static float w[N_INPUTS][DIM];
+    const void *dev[N_INPUTS];
+    cc_table t = table_on(&d);
+    enum cc_status st;
+    for (int i = 0; i < N_INPUTS; i++) {
+        for (int j = 0; j < DIM; j++) w[i][j] = (float)(i * DIM + j) * 0.25f;
+        dev[i] = cc_get(&t, w[i], sizeof w[i], &st);
+        cr_assert(dev[i] && st == CC_OK, "input %d", i);
+        cr_assert(!memcmp(dev[i], w[i], sizeof w[i]), "input %d: the copy differs", i);
+    }
+    cr_expect_geq(t.cap, 2 * N_INPUTS, "the table grew past %d inputs (%d slots)", N_INPUTS, t.cap);
+    cr_expect_eq(t.uploads, N_INPUTS);
+    cr_expect_eq(t.bytes, (uint64_t)N_INPUTS * sizeof w[0]);
+    /* every input again: the same copies, nothing sent */
+    for (int i = 0; i < N_INPUTS; i++) {
+        cr_expect_eq(cc_get(&t, w[i], sizeof w[i], &st), dev[i], "input %d moved", i);
+        cr_expect(!memcmp(dev[i], w[i], sizeof w[i]), "input %d: the copy changed", i);
+    }
+    cr_expect_eq(t.uploads, N_INPUTS, "unchanged inputs were sent again");
+    cr_expect_eq(d.n_live, N_INPUTS);
+    cc_free(&t);
+    cr_expect_eq(d.n_live, 0, "%d copies not released", d.n_live);
+}
+
+Test(const_copies, changed_bytes_are_sent_and_a_new_size_takes_a_new_copy)
+{
+    fake_dev d = { .fail_after = -1 };
+    float w[DIM];
+    for (int j = 0; j < DIM; j++) w[j] = (float)j;
+    cc_table t = table_on(&d);
+    enum cc_status st;
+    const float *c = cc_get(&t, w, sizeof w, &st);
+    cr_assert(c);
+    w[7] = -3.5f;
+    cr_expect_eq(cc_get(&t, w, sizeof w, &st), c, "changed bytes move the copy");
+    cr_expect_eq(c[7], -3.5f);
+    cr_expect_eq(t.uploads, 2);
+    const float *c2 = cc_get(&t, w, sizeof w / 2, &st);
+    cr_assert(c2 && st == CC_OK);
+    cr_expect(!memcmp(c2, w, sizeof w / 2));
+    cr_expect_eq(d.n_live, 1, "the old size's copy was kept");
+    cr_expect_eq(t.bytes, sizeof w / 2);
+    cc_free(&t);
+    cr_expect_eq(d.n_live, 0);
+}
+
+Test(const_copies, out_of_device_memory_and_refused_uploads_are_mended_next_time)
+{
+    fake_dev d = { .fail_after = 0 };
+    float w[DIM], u[DIM];
+    for (int j = 0; j < DIM; j++) w[j] = u[j] = (float)j + 0.5f;
+    cc_table t = table_on(&d);
+    enum cc_status st;
+    cr_expect_null(cc_get(&t, w, sizeof w, &st));
+    cr_expect_eq(st, CC_NO_DEVICE_MEMORY);
+    cr_expect_eq(t.bytes, 0);
+    d.fail_after = -1;
+    const float *c = cc_get(&t, w, sizeof w, &st);
+    cr_assert(c && st == CC_OK, "the next call after memory came back");
+    cr_expect(!memcmp(c, w, sizeof w));
+    /* an upload the device refused: the next call with the same bytes sends them */
+    w[0] = 99.0f;
+    d.fail_uploads = 1;
+    cr_expect_null(cc_get(&t, w, sizeof w, &st));
+    cr_expect_eq(st, CC_NOT_SENT);
+    d.fail_uploads = 0;
+    cr_expect_eq(cc_get(&t, w, sizeof w, &st), c);
+    cr_expect_eq(c[0], 99.0f, "the refused bytes were not sent again");
+    /* an input whose first allocation failed, then many others (growth moves the tombstone too) */
+    d.fail_after = d.allocs;
+    cr_expect_null(cc_get(&t, u, sizeof u, &st));
+    d.fail_after = -1;
+    static float more[N_INPUTS][4];
+    for (int i = 0; i < N_INPUTS; i++) cr_assert(cc_get(&t, more[i], sizeof more[i], &st));
+    const float *cu = cc_get(&t, u, sizeof u, &st);
+    cr_assert(cu && st == CC_OK);
+    cr_expect(!memcmp(cu, u, sizeof u));
+    cc_free(&t);
+    cr_expect_eq(d.n_live, 0);
+}
