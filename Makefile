@@ -136,9 +136,11 @@ $(OBJ)/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS_ALL) -MMD -MP -c $< -o $@
 
+# ptxas's register and spill report is kept beside each object (checked by scripts/check_ptxas.sh)
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVFLAGS) -Xptxas -v -MMD -MP -c $< -o $@ 2>$@.ptxas || { cat $@.ptxas; rm -f $@; exit 1; }
+	@grep -v '^ptxas info\|^    [0-9]* bytes stack frame' $@.ptxas >&2 || true
 
 # The GPU tests' objects stay in the CUDA build's own directory, compiled with -DKVCHAT_CUDA.
 ifeq ($(CUDA),1)
@@ -214,7 +216,8 @@ cuda-build:
 		exit 1; fi
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda OBJ=$(OBJ) KVCHAT=build-cuda/kvchat build-cuda/kvchat \
 		build-cuda/tests/gpu_tests
-	@echo "CUDA build: build-cuda/kvchat and build-cuda/tests/gpu_tests linked"
+	@bash scripts/check_ptxas.sh kernels/cuda/ptxas_limits.txt $(patsubst %.cu,build-cuda/%.o.ptxas,$(wildcard kernels/cuda/*.cu))
+	@echo "CUDA build: build-cuda/kvchat and build-cuda/tests/gpu_tests linked; kernels within kernels/cuda/ptxas_limits.txt"
 
 test-gpu: cuda-build
 	./build-cuda/tests/gpu_tests -j1
