@@ -17,7 +17,7 @@
 typedef struct gm_opts {
     const char *shape, *type, *out, *vocab;
     uint64_t seed;
-    int threads, force;
+    int threads, force, vocab_only;
 } gm_opts;
 
 #define G(field) offsetof(gm_opts, field)
@@ -30,6 +30,9 @@ static const opt_def gm_defs[] = {
       "(never a terminal; ./- names a file called -)", NULL },
     { "--vocab", NULL, OPT_STR, G(vocab), 0, 0, NULL, 0, "GGUF",
       "copy the vocabulary (every tokenizer.* entry) from this file (default: the default model)", NULL },
+    { "--vocab-only", NULL, OPT_FLAG, G(vocab_only), 0, 0, NULL, 0, NULL,
+      "write only the vocabulary of --vocab (no --shape or --type): a small file that serves as --vocab "
+      "where the model itself is too large to carry", NULL },
     { "--seed", NULL, OPT_U64, G(seed), 0, (double)INT64_MAX, NULL, 0, "S", "random seed of the weights (default 0)",
       NULL },
     { "--threads", "-t", OPT_INT, G(threads), 1, 256, NULL, 0, "N", "threads (default: all cores)", NULL },
@@ -51,25 +54,63 @@ static void show_progress(void *ud, uint64_t done, uint64_t total)
     fflush(stderr);
 }
 
+/* --vocab-only: the vocabulary of `vocab` to o->out (or standard output, checked by the caller). */
+static int write_vocab(const gm_opts *o, const char *vocab, int to_stdout)
+{
+    char err[600];
+    int64_t n = 0;
+    int rc = gen_vocab_write(vocab, to_stdout ? "standard output" : o->out, o->force, to_stdout ? stdout : NULL, &n, err,
+                             sizeof err);
+    if (rc == -2) {
+        cli_err("gen-model: %s exists (--force replaces it)", o->out);
+        return 1;
+    }
+    if (rc) {
+        cli_err("gen-model: %s", err);
+        return 1;
+    }
+    char out_shown[1100], vocab_shown[1100];
+    text_escape(o->out, out_shown, sizeof out_shown, 0);
+    text_escape(vocab, vocab_shown, sizeof vocab_shown, 0);
+    struct stat st;
+    FILE *report = to_stdout ? stderr : stdout;
+    if (to_stdout)
+        fprintf(report, "gen-model: wrote the vocabulary to standard output: %lld pieces from %s\n", (long long)n,
+                vocab_shown);
+    else
+        fprintf(report, "wrote %s: vocabulary of %lld pieces from %s, %.1f MiB\n", out_shown, (long long)n, vocab_shown,
+                stat(o->out, &st) == 0 ? (double)st.st_size / 1048576.0 : 0.0);
+    return 0;
+}
+
 int cmd_genmodel(int argc, char **argv)
 {
     gm_opts o = { 0 };
     opt_group g[] = { { gm_defs, &o, NULL } };
-    int r = cli_parse(argc, argv, "kvchat gen-model --shape SHAPE --type f16|q8_0|q4_k_m -o FILE [--vocab GGUF] [--seed S]",
+    int r = cli_parse(argc, argv, "kvchat gen-model --shape SHAPE --type f16|q8_0|q4_k_m -o FILE [--vocab GGUF] [--seed S]\n"
+                      "       kvchat gen-model --vocab-only -o FILE [--vocab GGUF]",
                       "A random-weight model of a real model's shape, as a GGUF file kvchat and llama.cpp both read.",
                       g, 1, NULL, 0, NULL);
     if (r) return r > 0 ? 0 : 1;
-    if (!o.shape || !o.type || !o.out) {
+    if (o.vocab_only && (o.shape || o.type)) {
+        cli_err("gen-model: --vocab-only writes a vocabulary, not a model: drop --shape and --type");
+        return 1;
+    }
+    if (o.vocab_only && !o.out) {
+        cli_err("gen-model: --vocab-only needs -o FILE");
+        return 1;
+    }
+    if (!o.vocab_only && (!o.shape || !o.type || !o.out)) {
         cli_err("gen-model: --shape, --type and -o are required (see kvchat gen-model --help)");
         return 1;
     }
-    const gen_shape *shape = gen_find_shape(o.shape);
-    enum gen_mix mix;
-    if (!shape) {
+    const gen_shape *shape = o.vocab_only ? NULL : gen_find_shape(o.shape);
+    enum gen_mix mix = GEN_F16;
+    if (!o.vocab_only && !shape) {
         cli_err("gen-model: unknown shape '%s' (see kvchat gen-model --help)", o.shape);
         return 1;
     }
-    if (gen_parse_mix(o.type, &mix)) {
+    if (!o.vocab_only && gen_parse_mix(o.type, &mix)) {
         cli_err("gen-model: unknown type '%s' (f16, q8_0 or q4_k_m)", o.type);
         return 1;
     }
@@ -90,6 +131,7 @@ int cmd_genmodel(int argc, char **argv)
                 isatty(STDOUT_FILENO) ? "a terminal" : fstat(STDOUT_FILENO, &st) != 0 ? "closed" : files_kind(st.st_mode));
         return 1;
     }
+    if (o.vocab_only) return write_vocab(&o, vocab, to_stdout);
     gen_request req = { shape, mix, vocab, to_stdout ? "standard output" : o.out, o.seed, o.force, o.threads,
                         &cli_interrupted, to_stdout ? stdout : NULL };
     cli_catch_stop_signals();

@@ -391,3 +391,36 @@ done:
     free(th);
     return rc;
 }
+
+/* A vocabulary-only file: general.architecture (when the source has one), a name saying what it is,
+ * and every tokenizer.* entry, no tensors. gen-model reads nothing else from --vocab, so a model
+ * written with this file as its vocabulary is the one written with the source's. */
+int gen_vocab_write(const char *vocab_path, const char *out_path, int overwrite, FILE *out_stream, int64_t *n_pieces,
+                    char *err, size_t errlen)
+{
+    gguf_file *vocab = NULL;
+    int64_t n_vocab = 0;
+    if (open_vocab(vocab_path, &vocab, &n_vocab, err, errlen)) return -1;
+    gguf_writer *w = gguf_writer_create(0);
+    if (!w) {
+        gguf_free(vocab);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    /* a failure here is kept by the writer and reported by gguf_w_begin */
+    int64_t arch = gguf_find_key(vocab, "general.architecture");
+    if (arch >= 0) (void)gguf_w_copy_kv(w, vocab, arch);
+    (void)gguf_w_str(w, "general.type", "vocab");
+    (void)gguf_w_str(w, "general.name", "vocabulary");
+    for (int64_t i = 0; i < gguf_n_kv(vocab); i++) {
+        gguf_str k = gguf_key_name(vocab, i);
+        if (k.len > 10 && !memcmp(k.ptr, "tokenizer.", 10)) (void)gguf_w_copy_kv(w, vocab, i);
+    }
+    int rc = out_stream ? gguf_w_begin_stream(w, out_stream, out_path, err, errlen)
+                        : gguf_w_begin(w, out_path, overwrite, err, errlen);
+    if (!rc) rc = gguf_w_finish(w, err, errlen);
+    gguf_writer_free(w);
+    gguf_free(vocab);
+    if (!rc) *n_pieces = n_vocab;
+    return rc;
+}

@@ -64,4 +64,11 @@ typedef void (*gen_progress_fn)(void *ud, uint64_t done, uint64_t total);
  * stream holds what was written before). */
 int gen_model_write(const gen_request *r, gen_progress_fn progress, void *ud, char *err, size_t errlen);
 
+/* Write only the vocabulary of vocab_path (every tokenizer.* entry and general.architecture, no
+ * tensors) to out_path, or to out_stream when not NULL; a few MB where the model may be hundreds,
+ * and as good a --vocab as the model itself. *n_pieces gets the vocabulary's size. 0; -1 with a
+ * one-line message; -2 when out_path exists and overwrite is 0. */
+int gen_vocab_write(const char *vocab_path, const char *out_path, int overwrite, FILE *out_stream, int64_t *n_pieces,
+                    char *err, size_t errlen);
+
 #endif

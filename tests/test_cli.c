@@ -1022,6 +1022,64 @@ Test(cli, gen_model_writes_a_file_kvchat_runs)
     cr_assert_eq(system(cmp), 0);
 }
 
+/* --vocab-only: a file of the vocabulary alone (every tokenizer.* entry byte for byte, no tensors)
+ * that serves as --vocab exactly as the model does: the models written from either are the same
+ * bytes. For both tiny vocabularies (Llama 2's pieces and Gemma 3's). */
+Test(cli, gen_model_vocab_only_writes_a_vocabulary_as_good_as_the_model)
+{
+    char d[] = "/tmp/kvchat-genv-XXXXXX";
+    cr_assert(mkdtemp(d));
+    static char out[1 << 16], errb[1 << 16];
+    const char *srcs[] = { TD "tiny/tiny-llama-f16.gguf", TD "tiny/tiny-gemma3-f16.gguf" };
+    for (int i = 0; i < 2; i++) {
+        char args[1200], voc[300], m1[300], m2[300];
+        snprintf(voc, sizeof voc, "%s/v%d.gguf", d, i);
+        snprintf(m1, sizeof m1, "%s/from-vocab%d.gguf", d, i);
+        snprintf(m2, sizeof m2, "%s/from-model%d.gguf", d, i);
+        snprintf(args, sizeof args, "gen-model --vocab-only -o %s --vocab %s", voc, srcs[i]);
+        cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+        cr_expect(strstr(out, "wrote ") && strstr(out, "vocabulary of "), "%s", out);
+        gguf_file *src = NULL, *v = NULL;
+        char err[300];
+        cr_assert(gguf_open(&src, srcs[i], err, sizeof err) == 0, "%s", err);
+        cr_assert(gguf_open(&v, voc, err, sizeof err) == 0, "%s", err);
+        cr_expect_eq(gguf_n_tensors(v), 0);
+        int n_tok = 0;
+        for (int64_t k = 0; k < gguf_n_kv(src); k++) {
+            gguf_str name = gguf_key_name(src, k);
+            if (name.len <= 10 || memcmp(name.ptr, "tokenizer.", 10)) continue;
+            char key[200];
+            snprintf(key, sizeof key, "%.*s", (int)name.len, name.ptr);
+            int64_t j = gguf_find_key(v, key);
+            cr_assert_geq(j, 0, "%s missing", key);
+            const void *a, *b;
+            uint64_t la, lb;
+            cr_assert(gguf_kv_raw(src, k, &a, &la) == 0 && gguf_kv_raw(v, j, &b, &lb) == 0);
+            cr_expect(la == lb && !memcmp(a, b, la), "%s differs", key);
+            n_tok++;
+        }
+        cr_expect_geq(n_tok, 3, "only %d tokenizer entries", n_tok);
+        gguf_free(src);
+        gguf_free(v);
+        snprintf(args, sizeof args, "gen-model --shape tiny-gemma3 --type q4_k_m -o %s --vocab %s -t 1", m1, voc);
+        cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+        snprintf(args, sizeof args, "gen-model --shape tiny-gemma3 --type q4_k_m -o %s --vocab %s -t 1", m2, srcs[i]);
+        cr_assert_eq(run(args, out, sizeof out, errb, sizeof errb), 0, "stderr: %s", errb);
+        char cmp[700];
+        snprintf(cmp, sizeof cmp, "cmp -s %s %s", m1, m2);
+        cr_expect_eq(system(cmp), 0, "%s: the model made from the vocabulary file differs", srcs[i]);
+        snprintf(args, sizeof args, "gen-model --vocab-only -o %s --vocab %s", voc, srcs[i]);
+        expect_one_line_error(args, "exists (--force replaces it)");
+    }
+    expect_one_line_error("gen-model --vocab-only --shape tiny-llama -o /tmp/kvchat-never.gguf", "drop --shape and --type");
+    expect_one_line_error("gen-model --vocab-only --vocab " TD "tiny/tiny-llama-f16.gguf", "--vocab-only needs -o FILE");
+    expect_one_line_error("gen-model --vocab-only -o /tmp/kvchat-never.gguf --vocab " TD "prompts/p1.txt", "not a GGUF");
+    cr_expect(access("/tmp/kvchat-never.gguf", F_OK) != 0);
+    char rm[300];
+    snprintf(rm, sizeof rm, "rm -rf %s", d);
+    cr_assert_eq(system(rm), 0);
+}
+
 Test(cli, gen_model_bad_options_are_refused_in_one_line)
 {
     expect_one_line_error("gen-model --shape tiny-llama --type q4_k_m", "--shape, --type and -o are required");
