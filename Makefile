@@ -161,6 +161,17 @@ $(GPU_BIN): $(GPU_T_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $(GPU_T_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
 
+# The kernel micro-benchmark (scripts/gpu-check.sh runs it on a GPU): times through the op table and
+# a copy through the CUDA runtime
+GPU_BENCH := $(BUILD)/tests/gpu_bench
+$(BUILD)/tests/gpu/bench_kernels.o: tests/gpu/bench_kernels.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -I$(CUDA_HOME)/include -MMD -MP -c $< -o $@
+
+$(GPU_BENCH): $(BUILD)/tests/gpu/bench_kernels.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
 $(MODEL_BIN): $(MODEL_T_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $(MODEL_T_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
@@ -215,9 +226,9 @@ cuda-build:
 		echo "cuda-build: the files above name KVCHAT_CUDA; the objects shared with the CPU build lack it (see OBJ)"; \
 		exit 1; fi
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda OBJ=$(OBJ) KVCHAT=build-cuda/kvchat build-cuda/kvchat \
-		build-cuda/tests/gpu_tests
+		build-cuda/tests/gpu_tests build-cuda/tests/gpu_bench
 	@bash scripts/check_ptxas.sh kernels/cuda/ptxas_limits.txt $(patsubst %.cu,build-cuda/%.o.ptxas,$(wildcard kernels/cuda/*.cu))
-	@echo "CUDA build: build-cuda/kvchat and build-cuda/tests/gpu_tests linked; kernels within kernels/cuda/ptxas_limits.txt"
+	@echo "CUDA build: build-cuda/kvchat, build-cuda/tests/gpu_tests and gpu_bench linked; kernels within kernels/cuda/ptxas_limits.txt"
 
 test-gpu: cuda-build
 	./build-cuda/tests/gpu_tests -j1
@@ -279,4 +290,4 @@ bench: model $(KVCHAT)
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz build-cuda $(KVCHAT)
 
--include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(MODEL_T_OBJ:.o=.d) $(GPU_T_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(MODEL_T_OBJ:.o=.d) $(GPU_T_OBJ:.o=.d) $(BUILD)/tests/gpu/bench_kernels.d

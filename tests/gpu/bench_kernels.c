@@ -1,0 +1,333 @@
+/* bench_kernels.c - `gpu_bench`: the CUDA backend's kernels timed through the op table, on the
+ * shapes of a 7B model, against the device's own copy bandwidth (scripts/gpu-check.sh runs it on a
+ * lent GPU; docs/gpu.md has the results).
+ *
+ *   gpu_bench [--csv FILE] [--quick]
+ *
+ * - copy: a device-to-device copy of 1 GiB (bytes read plus written): the ceiling for what follows;
+ * - products of every weight type the device reads as stored, at the 7B shapes (4096 x 4096,
+ *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernel), 9, 16, 32, 64 tokens
+ *   (the default choice, and the tile + cuBLAS path with KVCHAT_CUDA_MMV_MAX=8 beside it) and 512
+ *   tokens (prefill); bytes = the weight's device bytes plus the activations in and out;
+ * - decode attention (one query) at Mistral 7B's shape (32 query heads, 8 KV heads of 128) over
+ *   512, 8192 and 32768 tokens in pages of 32 per KV head, and the default model's (4 query heads,
+ *   1 KV head of 256) at 8192; bytes = the keys and values read.
+ * Each case: warm-up calls (the first uploads the weight or the pages), then as many calls as take
+ * at least 30 ms, timed on the host around the calls and the final wait (launch costs included, as
+ * the engine pays them). The weights are a few distinct quantized rows repeated: the speed of a
+ * product does not depend on the values, and quantizing 60M values per matrix on the host would
+ * take longer than the benchmark. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/quant.h"
+#include "kernels/backend.h"
+
+static FILE *csv;
+static double copy_gbps;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static void row(const char *what, const char *type, int64_t n_out, int64_t n_in, int64_t tok, const char *config,
+                double ms, double bytes)
+{
+    double gbps = bytes / (ms * 1e-3) / 1e9;
+    printf("| %s | %s | %lld x %lld | %lld | %s | %.4f | %.0f | %.2f |\n", what, type, (long long)n_out, (long long)n_in,
+           (long long)tok, config, ms, gbps, copy_gbps > 0 ? gbps / copy_gbps : 0.0);
+    fflush(stdout);
+    if (csv) {
+        fprintf(csv, "%s,%s,%lld,%lld,%lld,%s,%.5f,%.1f,%.3f\n", what, type, (long long)n_out, (long long)n_in,
+                (long long)tok, config, ms, gbps, copy_gbps > 0 ? gbps / copy_gbps : 0.0);
+        fflush(csv);
+    }
+}
+
+static int measure_copy(void)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *a = NULL, *b = NULL;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+        fprintf(stderr, "gpu_bench: cannot allocate 2 GiB for the copy\n");
+        return -1;
+    }
+    cudaMemset(a, 1, bytes);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e0, 0);
+    const int reps = 10;
+    for (int i = 0; i < reps; i++) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    ms /= reps;
+    copy_gbps = 2.0 * (double)bytes / (ms * 1e-3) / 1e9;
+    row("copy", "-", 0, 0, 0, "device-to-device", ms, 2.0 * (double)bytes);
+    cudaFree(a);
+    cudaFree(b);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 0;
+}
+
+/* Wait for everything the backend queued (a host read of one bound float). */
+static void wait_for(be_backend *b, float *y)
+{
+    be_range r = { y, sizeof(float) };
+    be_host_read(b, &r, 1);
+}
+
+typedef void (*call_fn)(be_backend *b, void *arg);
+
+/* ms per call: 2 warm-up calls, then doublings until at least 30 ms */
+static double time_calls(be_backend *b, call_fn fn, void *arg, float *y)
+{
+    fn(b, arg);
+    fn(b, arg);
+    wait_for(b, y);
+    for (int n = 4;; n *= 2) {
+        double t0 = now();
+        for (int i = 0; i < n; i++) fn(b, arg);
+        wait_for(b, y);
+        double t = now() - t0;
+        if (t >= 0.03 || n >= 1 << 16) return t * 1e3 / n;
+    }
+}
+
+typedef struct mm_arg {
+    be_mm mm;
+    const float *x;
+    int64_t n_tok;
+} mm_arg;
+
+static void call_mm(be_backend *b, void *arg)
+{
+    mm_arg *a = arg;
+    b->ops->matmul(b, &a->mm, 1, a->x, a->n_tok);
+}
+
+static void call_attn(be_backend *b, void *arg) { b->ops->attention(b, (const be_attn *)arg); }
+
+static int failed(be_backend *b, const char *what)
+{
+    char err[512];
+    if (!be_failed(b, err, sizeof err)) return 0;
+    fprintf(stderr, "gpu_bench: %s: %s\n", what, err);
+    return 1;
+}
+
+/* A weight of n_out rows: 64 distinct quantized rows repeated. */
+static void *make_weight(uint32_t type, int64_t n_in, int64_t n_out, be_weight *w)
+{
+    size_t rb = quant_row_size(type, n_in);
+    uint8_t *d = malloc(rb * (size_t)n_out);
+    float *r = malloc(sizeof(float) * (size_t)n_in);
+    if (!d || !r) {
+        free(d);
+        free(r);
+        return NULL;
+    }
+    const int distinct = 64;
+    for (int i = 0; i < distinct && i < n_out; i++) {
+        for (int64_t k = 0; k < n_in; k++) r[k] = 0.02f * frand();
+        if (quant_quantize_row(type, r, d + rb * (size_t)i, n_in)) {
+            free(d);
+            free(r);
+            return NULL;
+        }
+    }
+    for (int64_t i = distinct; i < n_out; i++) memcpy(d + rb * (size_t)i, d + rb * (size_t)(i % distinct), rb);
+    free(r);
+    *w = (be_weight){ d, type, n_in, n_out, rb };
+    return d;
+}
+
+int main(int argc, char **argv)
+{
+    int quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--csv") && i + 1 < argc) {
+            csv = fopen(argv[++i], "w");
+            if (!csv) {
+                fprintf(stderr, "gpu_bench: cannot write %s\n", argv[i]);
+                return 1;
+            }
+        } else if (!strcmp(argv[i], "--quick")) {
+            quick = 1;
+        } else {
+            fprintf(stderr, "usage: gpu_bench [--csv FILE] [--quick]\n");
+            return 1;
+        }
+    }
+    char err[512];
+    be_backend *dflt = be_cuda_create(4, err, sizeof err);
+    if (!dflt) {
+        fprintf(stderr, "gpu_bench: %s\n", err);
+        return 1;
+    }
+    setenv("KVCHAT_CUDA_MMV_MAX", "8", 1);
+    be_backend *tiles = be_cuda_create(4, err, sizeof err);
+    unsetenv("KVCHAT_CUDA_MMV_MAX");
+    if (!tiles) {
+        fprintf(stderr, "gpu_bench: %s\n", err);
+        return 1;
+    }
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        printf("device: %s, %d multiprocessors, %.0f MiB, L2 %d MiB\n\n", prop.name, prop.multiProcessorCount,
+               (double)prop.totalGlobalMem / 1048576.0, prop.l2CacheSize >> 20);
+    if (csv) fprintf(csv, "what,type,n_out,n_in,tokens,config,ms,GBps,of_copy\n");
+    printf("| what | type | rows x cols | tokens | config | ms | GB/s | of copy |\n| --- | --- | --- | ---: | --- | ---: | ---: | ---: |\n");
+    if (measure_copy()) return 1;
+
+    /* activations: [512][14336] in, [512][14336] out, bound on both backends */
+    const int64_t max_tok = 512, max_dim = 14336;
+    size_t xbytes = sizeof(float) * (size_t)(max_tok * max_dim);
+    float *x = malloc(xbytes), *y = malloc(xbytes), *y2 = malloc(xbytes);
+    if (!x || !y || !y2) return 1;
+    for (int64_t i = 0; i < max_tok * max_dim; i++) x[i] = frand();
+    memset(y, 0, xbytes);
+    memset(y2, 0, xbytes);
+    be_backend *bes[2] = { dflt, tiles };
+    float *ys[2] = { y, y2 };
+    for (int k = 0; k < 2; k++) {
+        if (be_bind(bes[k], x, xbytes, err, sizeof err) || be_bind(bes[k], ys[k], xbytes, err, sizeof err)) {
+            fprintf(stderr, "gpu_bench: %s\n", err);
+            return 1;
+        }
+        be_host_write(bes[k], x, xbytes);
+    }
+
+    const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
+                               GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16 };
+    const int64_t shapes[][2] = { { 4096, 4096 }, { 14336, 4096 }, { 4096, 14336 } };   /* n_out, n_in */
+    const int64_t decode_toks[] = { 1, 2, 4, 8 }, mid_toks[] = { 9, 16, 32, 64 };
+    size_t n_types = quick ? 2 : sizeof types / sizeof *types, n_shapes = quick ? 1 : 3;
+    void **keep = calloc(n_types * n_shapes, sizeof *keep);   /* the backends key weights by address */
+    for (size_t ti = 0; ti < n_types; ti++)
+        for (size_t si = 0; si < n_shapes; si++) {
+            be_weight w;
+            int64_t n_out = shapes[si][0], n_in = shapes[si][1];
+            if (!(keep[ti * n_shapes + si] = make_weight(types[ti], n_in, n_out, &w))) {
+                fprintf(stderr, "gpu_bench: cannot make a %s weight\n", quant_type_name(types[ti]));
+                return 1;
+            }
+            const be_weight *wp = &w;
+            for (int k = 0; k < 2; k++)
+                if (bes[k]->ops->prepare && bes[k]->ops->prepare(bes[k], &wp, 1, err, sizeof err)) {
+                    fprintf(stderr, "gpu_bench: %s\n", err);
+                    return 1;
+                }
+            const char *tn = quant_type_name(types[ti]);
+            double wbytes = (double)be_gpu_weight_bytes(types[ti], n_in, n_out);
+            mm_arg a = { { &w, y }, x, 0 };
+            for (size_t k = 0; k < 4; k++) {
+                a.n_tok = decode_toks[k];
+                double ms = time_calls(dflt, call_mm, &a, y);
+                if (failed(dflt, "product")) return 1;
+                row("product", tn, n_out, n_in, a.n_tok, "decode kernel", ms,
+                    wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
+            }
+            for (size_t k = 0; k < (quick ? 1u : 4u); k++) {
+                a.n_tok = mid_toks[k];
+                a.mm.y = y;
+                double ms = time_calls(dflt, call_mm, &a, y);
+                mm_arg b = { { &w, y2 }, x, a.n_tok };
+                double ms2 = time_calls(tiles, call_mm, &b, y2);
+                if (failed(dflt, "product") || failed(tiles, "product")) return 1;
+                double bytes = wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out));
+                row("product", tn, n_out, n_in, a.n_tok, "default", ms, bytes);
+                row("product", tn, n_out, n_in, a.n_tok, "tiles+cuBLAS", ms2, bytes);
+            }
+            a.n_tok = max_tok;
+            a.mm.y = y;
+            double ms = time_calls(dflt, call_mm, &a, y);
+            if (failed(dflt, "product")) return 1;
+            row("product", tn, n_out, n_in, a.n_tok, "prefill", ms, wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
+        }
+
+    /* decode attention over per-KV-head page lists of 32 tokens */
+    const struct {
+        const char *name;
+        int n_head, n_kv, D;
+        int64_t ctx;
+    } att[] = { { "7B", 32, 8, 128, 512 }, { "7B", 32, 8, 128, 8192 }, { "7B", 32, 8, 128, 32768 },
+                { "gemma3-270m", 4, 1, 256, 8192 } };
+    for (size_t ai = 0; ai < (quick ? 1u : sizeof att / sizeof *att); ai++) {
+        int nh = att[ai].n_head, nkv = att[ai].n_kv, D = att[ai].D;
+        int64_t ctx = att[ai].ctx, per_head = ctx / 32, n_pages = per_head * nkv;
+        be_kv_page *pages = calloc((size_t)n_pages, sizeof *pages);
+        uint16_t *kv = malloc(sizeof(uint16_t) * 2 * (size_t)(ctx * nkv * D));
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)ctx);
+        int64_t *hp = malloc(sizeof(int64_t) * (size_t)(nkv + 1));
+        if (!pages || !kv || !pos || !hp) return 1;
+        for (int64_t i = 0; i < 2 * ctx * nkv * D; i++) kv[i] = quant_f32_to_fp16(frand());
+        for (int64_t i = 0; i < ctx; i++) pos[i] = (int32_t)i;
+        static uint64_t gen = 1u << 30;
+        for (int g = 0; g < nkv; g++) {
+            hp[g] = (int64_t)g * per_head;
+            for (int64_t p = 0; p < per_head; p++) {
+                be_kv_page *pg = &pages[g * per_head + p];
+                uint16_t *k = kv + ((size_t)g * (size_t)ctx + (size_t)p * 32) * (size_t)D;
+                *pg = (be_kv_page){ k, k + (size_t)(ctx * nkv * D), pos + p * 32, NULL, NULL, 32, D, 0, ++gen, 32 };
+            }
+        }
+        hp[nkv] = n_pages;
+        float *q = malloc(sizeof(float) * (size_t)(nh * D)), *o = malloc(sizeof(float) * (size_t)(nh * D));
+        for (int i = 0; i < nh * D; i++) q[i] = 0.1f * frand(), o[i] = 0;
+        if (be_bind(dflt, q, sizeof(float) * (size_t)(nh * D), err, sizeof err) ||
+            be_bind(dflt, o, sizeof(float) * (size_t)(nh * D), err, sizeof err)) {
+            fprintf(stderr, "gpu_bench: %s\n", err);
+            return 1;
+        }
+        be_host_write(dflt, q, sizeof(float) * (size_t)(nh * D));
+        int32_t qp = (int32_t)ctx;
+        be_attn a = { q, 1, &qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0 };
+        double ms = time_calls(dflt, call_attn, &a, o);
+        if (failed(dflt, "attention")) return 1;
+        char shape[64];
+        snprintf(shape, sizeof shape, "attention %s", att[ai].name);
+        row(shape, "f16", nh, D, ctx, "decode, 1 query", ms, 4.0 * (double)(ctx * nkv * D));
+        be_unbind(dflt, q);
+        be_unbind(dflt, o);
+        free(q);
+        free(o);
+        free(pages);
+        free(kv);
+        free(pos);
+        free(hp);
+    }
+    for (int k = 0; k < 2; k++) {
+        be_unbind(bes[k], x);
+        be_unbind(bes[k], ys[k]);
+    }
+    be_free(dflt);
+    be_free(tiles);
+    for (size_t i = 0; i < n_types * n_shapes; i++) free(keep[i]);
+    free(keep);
+    free(x);
+    free(y);
+    free(y2);
+    if (csv) fclose(csv);
+    return 0;
+}
