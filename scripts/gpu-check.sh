@@ -95,7 +95,8 @@ else
 fi
 say ""
 say "## Checks"
-step "kvchat starts" 20 "$kv" info -m "$pack/testdata/tiny/$(ls "$pack/testdata/tiny" | grep -m1 '\.gguf$')"
+tiny=("$pack"/testdata/tiny/*.gguf)
+step "kvchat starts" 20 "$kv" info -m "${tiny[0]}"
 
 # 2. the GPU tests
 step "gpu_tests" 240 "$pack/gpu_tests" -j1

@@ -64,7 +64,9 @@ for m in tiny-gemma3-q4_k_m tiny-llama-q4_k_m tiny-llama-f16 tiny-gemma3-f16; do
     cp "$td"/tiny/ref/"$m"* "$dir/testdata/tiny/ref/" 2>/dev/null || true
 done
 total=$(size_mib "$dir")
-echo "gpu-pack.sh: $dir: $total MiB ($(ls "$dir/testdata/tiny" | grep -c '\.gguf$') tiny models: $(ls "$dir/testdata/tiny" | grep '\.gguf$' | tr '\n' ' '))"
+models=()
+for m in "$dir"/testdata/tiny/*.gguf; do [ -f "$m" ] && models+=("$(basename "$m")"); done
+echo "gpu-pack.sh: $dir: $total MiB (${#models[@]} tiny models: ${models[*]})"
 if [ "$total" -gt "$limit_mib" ]; then
     echo "gpu-pack.sh: $dir is $total MiB, over the $limit_mib MiB limit" >&2
     exit 1
