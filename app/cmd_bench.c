@@ -23,6 +23,15 @@
 #include "app/commands.h"
 #include "engine/tokenizer.h"
 
+/* The commit the figures belong to: KVCHAT_COMMIT where the checkout that runs is not a git work
+ * tree of its own (a pack sent to a GPU machine, scripts/gpu-pack.sh), else the work tree's HEAD. */
+static void bench_commit(char *commit, size_t cap)
+{
+    if (getenv("KVCHAT_COMMIT")) snprintf(commit, cap, "%.63s", getenv("KVCHAT_COMMIT"));
+    else cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, cap);
+    if (!commit[0]) snprintf(commit, cap, "unknown");
+}
+
 static void cpu_name(char *buf, size_t cap)
 {
     snprintf(buf, cap, "unknown cpu");
@@ -514,11 +523,7 @@ static int bench_synthetic(int argc, char **argv)
     rq.ttft = ttft;
     rq.chunk = (int)chunk;
     char commit[64], date[32];
-    /* KVCHAT_COMMIT names the commit where the checkout that runs is not a git work tree of its own
-     * (a copy sent to a GPU machine) */
-    if (getenv("KVCHAT_COMMIT")) snprintf(commit, sizeof commit, "%.63s", getenv("KVCHAT_COMMIT"));
-    else cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
-    if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
+    bench_commit(commit, sizeof commit);
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     synth_out so = { NULL, csv, NULL, 0, date, commit, 0, 0, rq.chunk, rq.gen, rq.shape->name };
@@ -687,8 +692,7 @@ int cmd_bench(int argc, char **argv)
         toks[i] = (int32_t)(300 + (x >> 33) % (uint64_t)(nv - 600));
     }
     char commit[64], machine[256], date[32];
-    cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
-    if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
+    bench_commit(commit, sizeof commit);
     cpu_name(machine, sizeof machine);
     size_t ml = strlen(machine);
     if (run_on_device(r))   /* the device that ran the model, beside the host CPU */

@@ -17,7 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A 2-D weight as stored in the file: n_out rows of n_in elements. */
+/* A 2-D weight as stored in the file: n_out rows of n_in elements. Its bytes stay at data, unchanged,
+ * for the life of every backend that multiplied it (a device backend keys its copy by the address). */
 typedef struct be_weight {
     const void *data;
     uint32_t type;

@@ -26,6 +26,8 @@ pack=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out" || exit 2
 export LD_LIBRARY_PATH="$pack/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KVCHAT_TESTDATA="$pack/testdata"
+KVCHAT_COMMIT=$(cut -c1-40 "$pack/COMMIT" 2>/dev/null || echo unknown)
+export KVCHAT_COMMIT   # kvchat bench's rows name the pack's commit, not the copy's git state
 kv="$pack/kvchat"
 summary="$out/summary.md"
 log="$out/log.txt"

@@ -406,6 +406,16 @@ static int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, ch
 {
     dev_weight *have = find_weight(ci, w->data);
     if (have) {
+        /* copies are keyed by address: a weight must stay where it is for the backend's life (as
+         * a model's mapped file does); another weight at a freed one's address would be multiplied
+         * as the old one */
+        if (have->n_in != w->n_in || have->n_out != w->n_out ||
+            have->type != be_gpu_weight_type(w->type, w->n_in)) {
+            snprintf(err, errlen, "internal error: a %lld x %lld %s weight at the address of a %lld x %lld one freed "
+                     "before the backend", (long long)w->n_out, (long long)w->n_in, quant_type_name(w->type),
+                     (long long)have->n_out, (long long)have->n_in);
+            return -1;
+        }
         *out = have;
         return 0;
     }
@@ -677,26 +687,19 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, int n_tok, 
     return ck(ci, cudaGetLastError(), "decode product");
 }
 
-/* The most tokens a product of this type runs through the decode kernel (in passes of QB_MAX_TOK,
- * each reading the stored weight once) rather than through cuBLAS, which first writes the weight as
- * f16 and reads it back (4 bytes a value on top of the stored ones; nothing for F16, multiplied as it
- * is): passes while they move fewer bytes, so a short follow-up question never dequantizes a
- * whole model (a 9-token product of a 7B Q4_K_M model moved ~29 GB). KVCHAT_CUDA_MMV_MAX=N overrides
- * it for every type, to measure either side. */
-static int64_t mmv_most_tokens(const cuda_impl *ci, uint32_t type)
-{
-    if (ci->mmv_max >= 0) return ci->mmv_max;
-    const double stored = (double)qb_block_bytes(type) / qb_block_values(type);
-    const double via_f16 = type == GGML_TYPE_F16 ? 0.0 : 4.0;
-    int64_t passes = (int64_t)((stored + via_f16) / stored);
-    if (passes < 1) passes = 1;
-    return passes * QB_MAX_TOK;
-}
+/* The most tokens a product runs through the decode kernel, in passes of QB_MAX_TOK that each read
+ * the stored weight once, rather than through cuBLAS, which first writes the weight as f16 in tiles
+ * and reads it back. By bytes the passes would win up to 32-64 tokens on the quantized types, but
+ * measured on an H200 (docs/gpu.md, stage 0) the decode kernel's time grows with its tokens (8
+ * tokens cost 3-4x one) and the tile path is 1.3-8x faster from 9 to 64 tokens at 7B shapes (equal
+ * only on 4096 x 14336 at 9 tokens): so QB_MAX_TOK, until the decode kernel runs at memory speed
+ * for every token count. KVCHAT_CUDA_MMV_MAX=N sets it, to measure either side. */
+static int64_t mmv_most_tokens(const cuda_impl *ci) { return ci->mmv_max >= 0 ? ci->mmv_max : QB_MAX_TOK; }
 
 static int mmv_takes(const cuda_impl *ci, const dev_weight *dw, int64_t n_tok)
 {
     if (ci->no_mmv || dw->n_in % 32) return 0;
-    return n_tok <= QB_MAX_TOK || n_tok <= mmv_most_tokens(ci, dw->type);
+    return n_tok <= QB_MAX_TOK || n_tok <= mmv_most_tokens(ci);
 }
 
 /* y = W x for any number of tokens through cuBLAS: x16 is the input in f16 [n_tok][n_in]. F16
