@@ -173,11 +173,15 @@ static double exact_diff(const be_weight *w, const float *x, int64_t nt, const f
 }
 
 /* Every weight type, kept as stored (Q4_0 ... Q6_K, F16, BF16) or converted at load (F32, Q4_1, Q5_1),
- * at token counts on both sides of the decode kernel's limit: against the CPU backend (today's
- * tolerance), and the decode kernel, which multiplies the exact weights by f32 activations, against
- * a double-precision product (1e-4: f32 sums). Then the same through cuBLAS alone (KVCHAT_CUDA_MMV=0)
- * and with activations 4 bytes off 16-byte alignment. */
-Test(cuda, matmul_of_every_weight_type_equals_the_cpu)
+ * at token counts on both sides of the decode kernel's limit, against a double-precision product of
+ * the reference dequantizer's weights: the decode kernel (exact weights times f32 activations, also
+ * in passes of 8 up to 64 tokens) within 1e-4 (f32 sums), the cuBLAS path (weights and activations
+ * rounded to f16) within 1e-2 of the largest output. (Not against the CPU backend: it rounds the
+ * activations to 8-bit blocks as the reference implementation does, and is itself up to about 1e-2
+ * from the exact product on long rows; measured on an H200 it, not the GPU, made a 14336-long Q5_0
+ * row miss that bound.) Then the same through cuBLAS alone (KVCHAT_CUDA_MMV=0) and with activations
+ * 4 bytes off 16-byte alignment. */
+Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
 {
     seed_rng("weight types");
     char err[512];
@@ -209,12 +213,11 @@ Test(cuda, matmul_of_every_weight_type_equals_the_cpu)
             for (size_t k = 0; k < sizeof toks / sizeof *toks; k++) {
                 int64_t nt = toks[k];
                 float *x = malloc(sizeof(float) * (size_t)(nt * n_in + 1));
-                float *y0 = malloc(sizeof(float) * (size_t)(nt * n_out)), *y1 = malloc(sizeof(float) * (size_t)(nt * n_out));
+                float *y1 = malloc(sizeof(float) * (size_t)(nt * n_out));
                 float *y2 = malloc(sizeof(float) * (size_t)(nt * n_out)), *y3 = malloc(sizeof(float) * (size_t)(nt * n_out));
                 for (int64_t i = 0; i < nt * n_in + 1; i++) x[i] = frand(-1, 1);
                 for (int64_t i = 0; i < nt * n_out; i++) y1[i] = y2[i] = y3[i] = NAN;
-                be_mm a = { &w, y0 }, b = { &w, y1 }, c = { &w, y2 }, g = { &w, y3 };
-                cpu->ops->matmul(cpu, &a, 1, x, nt);
+                be_mm b = { &w, y1 }, c = { &w, y2 }, g = { &w, y3 };
                 gpu->ops->matmul(gpu, &b, 1, x, nt);
                 gemm_only->ops->matmul(gemm_only, &c, 1, x, nt);
                 grouped->ops->matmul(grouped, &g, 1, x, nt);
@@ -222,11 +225,11 @@ Test(cuda, matmul_of_every_weight_type_equals_the_cpu)
                               !be_failed(grouped, err, sizeof err),
                           "%s", err);
                 const char *tn = quant_type_name(type);
-                double d = rel_diff(y1, y0, nt * n_out);
-                cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens: GPU %g from the CPU", tn, (long long)n_out,
+                double d = exact_diff(&w, x, nt, y1);
+                cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens: GPU %g from exact", tn, (long long)n_out,
                           (long long)n_in, (long long)nt, d);
-                d = rel_diff(y2, y0, nt * n_out);
-                cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens, cuBLAS only: %g from the CPU", tn, (long long)n_out,
+                d = exact_diff(&w, x, nt, y2);
+                cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens, cuBLAS only: %g from exact", tn, (long long)n_out,
                           (long long)n_in, (long long)nt, d);
                 if (nt > 8 && nt <= 64 && be_gpu_weight_type(type, n_in) == type) {
                     /* passes of 8 tokens: each as exact as one */
@@ -234,8 +237,8 @@ Test(cuda, matmul_of_every_weight_type_equals_the_cpu)
                     cr_expect(d < 1e-4, "%s %lld x %lld, %lld tokens: the decode kernel's passes are %g from exact",
                               tn, (long long)n_out, (long long)n_in, (long long)nt, d);
                 } else {
-                    d = rel_diff(y3, y0, nt * n_out);
-                    cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens, passes up to 64: %g from the CPU", tn,
+                    d = exact_diff(&w, x, nt, y3);
+                    cr_expect(d < 1e-2, "%s %lld x %lld, %lld tokens, passes up to 64: %g from exact", tn,
                               (long long)n_out, (long long)n_in, (long long)nt, d);
                 }
                 if (nt <= 8 && be_gpu_weight_type(type, n_in) == type) {
@@ -255,7 +258,6 @@ Test(cuda, matmul_of_every_weight_type_equals_the_cpu)
                     cr_expect(exact_diff(&w, x + 1, nt, y1) < 1e-4, "%s: misaligned activations", tn);
                 }
                 free(x);
-                free(y0);
                 free(y1);
                 free(y2);
                 free(y3);
