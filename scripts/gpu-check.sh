@@ -101,13 +101,15 @@ tiny=("$pack"/testdata/tiny/*.gguf)
 step "kvchat starts" 20 "$kv" info -m "${tiny[0]}"
 
 # 2. the GPU tests
-step "gpu_tests" 240 "$pack/gpu_tests" -j1
+# (a tiny model the pack lacks is skipped with a warning, listed below; criterion would make any
+# warning a non-zero exit)
+step "gpu_tests" 240 "$pack/gpu_tests" -j1 --ignore-warnings
 grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' >>"$summary"
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (attention, element-wise, decode products)" 120 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$pack/gpu_tests" -j1 \
+        compute-sanitizer --tool memcheck --error-exitcode 3 "$pack/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(paged_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else

@@ -318,6 +318,7 @@ Test(cuda, activations_past_f16s_range_saturate_in_cublas_products)
     enum { N_IN = 256, N_OUT = 64, NT = 33 };
     float *x = malloc(sizeof(float) * NT * N_IN), *y = malloc(sizeof(float) * NT * N_OUT);
     for (int i = 0; i < NT * N_IN; i++) x[i] = i % 7 == 0 ? (i % 2 ? 1e6f : -3e5f) : frand(-1, 1);
+    void *kept[3];
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
         void *data;
         be_weight w = random_weight(types[ti], N_IN, N_OUT, &data);
@@ -327,11 +328,12 @@ Test(cuda, activations_past_f16s_range_saturate_in_cublas_products)
         int nonfinite = 0;
         for (int i = 0; i < NT * N_OUT; i++) nonfinite += !isfinite(y[i]);
         cr_expect_eq(nonfinite, 0, "%s: %d of %d outputs not finite", quant_type_name(types[ti]), nonfinite, NT * N_OUT);
-        free(data);
+        kept[ti] = data;   /* until the backend is gone: it keys its copies by address */
     }
+    be_free(gemm_only);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) free(kept[ti]);
     free(x);
     free(y);
-    be_free(gemm_only);
 }
 
 /* The default model's mix on the tiny models: a fresh backend given every weight holds exactly what
