@@ -7,8 +7,9 @@
  * - copy: a device-to-device copy of 1 GiB (bytes read plus written): the ceiling for what follows;
  * - products of every weight type the device reads as stored, at the 7B shapes (4096 x 4096,
  *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernel), 9, 16, 32, 64 tokens
- *   (the default choice, and the tile + cuBLAS path with KVCHAT_CUDA_MMV_MAX=8 beside it) and 512
- *   tokens (prefill); bytes = the weight's device bytes plus the activations in and out;
+ *   (the decode kernel in passes of 8, KVCHAT_CUDA_MMV_MAX=64, beside the tile + cuBLAS path,
+ *   KVCHAT_CUDA_MMV_MAX=8, the default) and 512 tokens (prefill); bytes = the weight's device bytes
+ *   plus the activations in and out;
  * - decode attention (one query) at Mistral 7B's shape (32 query heads, 8 KV heads of 128) over
  *   512, 8192 and 32768 tokens in pages of 32 per KV head, and the default model's (4 query heads,
  *   1 KV head of 256) at 8192; bytes = the keys and values read.
@@ -187,8 +188,10 @@ int main(int argc, char **argv)
     }
     setenv("KVCHAT_CUDA_MMV_MAX", "8", 1);
     be_backend *tiles = be_cuda_create(4, err, sizeof err);
+    setenv("KVCHAT_CUDA_MMV_MAX", "64", 1);
+    be_backend *passes = tiles ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV_MAX");
-    if (!tiles) {
+    if (!tiles || !passes) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
@@ -203,14 +206,15 @@ int main(int argc, char **argv)
     /* activations: [512][14336] in, [512][14336] out, bound on both backends */
     const int64_t max_tok = 512, max_dim = 14336;
     size_t xbytes = sizeof(float) * (size_t)(max_tok * max_dim);
-    float *x = malloc(xbytes), *y = malloc(xbytes), *y2 = malloc(xbytes);
-    if (!x || !y || !y2) return 1;
+    float *x = malloc(xbytes), *y = malloc(xbytes), *y2 = malloc(xbytes), *y3 = malloc(xbytes);
+    if (!x || !y || !y2 || !y3) return 1;
     for (int64_t i = 0; i < max_tok * max_dim; i++) x[i] = frand();
     memset(y, 0, xbytes);
     memset(y2, 0, xbytes);
-    be_backend *bes[2] = { dflt, tiles };
-    float *ys[2] = { y, y2 };
-    for (int k = 0; k < 2; k++) {
+    memset(y3, 0, xbytes);
+    be_backend *bes[3] = { dflt, tiles, passes };
+    float *ys[3] = { y, y2, y3 };
+    for (int k = 0; k < 3; k++) {
         if (be_bind(bes[k], x, xbytes, err, sizeof err) || be_bind(bes[k], ys[k], xbytes, err, sizeof err)) {
             fprintf(stderr, "gpu_bench: %s\n", err);
             return 1;
@@ -233,7 +237,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             const be_weight *wp = &w;
-            for (int k = 0; k < 2; k++)
+            for (int k = 0; k < 3; k++)
                 if (bes[k]->ops->prepare && bes[k]->ops->prepare(bes[k], &wp, 1, err, sizeof err)) {
                     fprintf(stderr, "gpu_bench: %s\n", err);
                     return 1;
@@ -249,15 +253,14 @@ int main(int argc, char **argv)
                     wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
             }
             for (size_t k = 0; k < (quick ? 1u : 4u); k++) {
-                a.n_tok = mid_toks[k];
-                a.mm.y = y;
-                double ms = time_calls(dflt, call_mm, &a, y);
-                mm_arg b = { { &w, y2 }, x, a.n_tok };
+                mm_arg p = { { &w, y3 }, x, mid_toks[k] };
+                double ms = time_calls(passes, call_mm, &p, y3);
+                mm_arg b = { { &w, y2 }, x, mid_toks[k] };
                 double ms2 = time_calls(tiles, call_mm, &b, y2);
-                if (failed(dflt, "product") || failed(tiles, "product")) return 1;
-                double bytes = wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out));
-                row("product", tn, n_out, n_in, a.n_tok, "default", ms, bytes);
-                row("product", tn, n_out, n_in, a.n_tok, "tiles+cuBLAS", ms2, bytes);
+                if (failed(passes, "product") || failed(tiles, "product")) return 1;
+                double bytes = wbytes + 4.0 * (double)(p.n_tok * (n_in + n_out));
+                row("product", tn, n_out, n_in, p.n_tok, "decode kernel passes", ms, bytes);
+                row("product", tn, n_out, n_in, p.n_tok, "tiles+cuBLAS", ms2, bytes);
             }
             a.n_tok = max_tok;
             a.mm.y = y;
@@ -317,17 +320,19 @@ int main(int argc, char **argv)
         free(pos);
         free(hp);
     }
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         be_unbind(bes[k], x);
         be_unbind(bes[k], ys[k]);
     }
     be_free(dflt);
     be_free(tiles);
+    be_free(passes);
     for (size_t i = 0; i < n_types * n_shapes; i++) free(keep[i]);
     free(keep);
     free(x);
     free(y);
     free(y2);
+    free(y3);
     if (csv) fclose(csv);
     return 0;
 }
