@@ -78,7 +78,30 @@ static void teardown(void)
 
 TestSuite(cuda, .init = setup, .fini = teardown);
 
+/* A CUDA backend created with one environment setting (KVCHAT_CUDA_MMV=0: every product through
+ * cuBLAS; KVCHAT_CUDA_MMV_MAX=N: the decode kernel's token limit), which the backend reads once. */
+static be_backend *gpu_with(const char *var, const char *value)
+{
+    char err[512];
+    setenv(var, value, 1);
+    be_backend *b = be_cuda_create(2, err, sizeof err);
+    unsetenv(var);
+    cr_assert(b, "%s", err);
+    return b;
+}
+
 /* largest |a - b| over n, relative to the largest |b| */
+/* largest |a - b| (infinite when either is NaN) */
+static double max_abs_diff(const float *a, const float *b, int64_t n)
+{
+    double d = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        if (e > d || isnan(e)) d = isnan(e) ? INFINITY : e;
+    }
+    return d;
+}
+
 static double rel_diff(const float *a, const float *b, int64_t n)
 {
     double worst = 0, scale = 1e-6;
@@ -185,14 +208,8 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
 {
     seed_rng("weight types");
     char err[512];
-    setenv("KVCHAT_CUDA_MMV", "0", 1);
-    be_backend *gemm_only = be_cuda_create(2, err, sizeof err);
-    unsetenv("KVCHAT_CUDA_MMV");
-    cr_assert(gemm_only, "%s", err);
-    setenv("KVCHAT_CUDA_MMV_MAX", "64", 1);   /* up to 64 tokens in passes of the decode kernel */
-    be_backend *grouped = be_cuda_create(2, err, sizeof err);
-    unsetenv("KVCHAT_CUDA_MMV_MAX");
-    cr_assert(grouped, "%s", err);
+    be_backend *gemm_only = gpu_with("KVCHAT_CUDA_MMV", "0");
+    be_backend *grouped = gpu_with("KVCHAT_CUDA_MMV_MAX", "64");   /* up to 64 tokens in passes of 8 */
     const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,
                                GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_F32,  GGML_TYPE_Q4_1,
                                GGML_TYPE_Q5_1 };
@@ -310,10 +327,7 @@ Test(cuda, activations_past_f16s_range_saturate_in_cublas_products)
 {
     seed_rng("f16 range");
     char err[256];
-    setenv("KVCHAT_CUDA_MMV", "0", 1);
-    be_backend *gemm_only = be_cuda_create(2, err, sizeof err);
-    unsetenv("KVCHAT_CUDA_MMV");
-    cr_assert(gemm_only, "%s", err);
+    be_backend *gemm_only = gpu_with("KVCHAT_CUDA_MMV", "0");
     const uint32_t types[] = { GGML_TYPE_F16, GGML_TYPE_Q4_K, GGML_TYPE_Q8_0 };
     enum { N_IN = 256, N_OUT = 64, NT = 33 };
     float *x = malloc(sizeof(float) * NT * N_IN), *y = malloc(sizeof(float) * NT * N_OUT);
@@ -468,11 +482,7 @@ static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64
         be_unbind(gpu, q);
         be_unbind(gpu, o1);
     }
-    double d = 0;
-    for (int64_t i = 0; i < n_q * n_head * D; i++) {
-        double e = fabs((double)o0[i] - o1[i]);
-        if (e > d || isnan(e)) d = isnan(e) ? INFINITY : e;
-    }
+    double d = max_abs_diff(o0, o1, n_q * n_head * D);
     free(q);
     free(o0);
     free(o1);
@@ -652,11 +662,7 @@ Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
                 be_unbind(gpu, ck);
                 be_unbind(gpu, cv);
             }
-            double d = 0;
-            for (int64_t i = 0; i < nq; i++) {
-                double x = fabs((double)o0[i] - o1[i]);
-                if (x > d || isnan(x)) d = isnan(x) ? INFINITY : x;
-            }
+            double d = max_abs_diff(o0, o1, nq);
             cr_expect(d < 2e-3, "%d heads / %d KV, D %d, variant %d (bound %d): max |diff| %g", nh, nkv, D, variant,
                       bind, d);
             free(q);
@@ -706,11 +712,7 @@ Test(cuda, norm_weights_past_the_constant_tables_growth_leave_the_steps_page_lis
             for (int64_t j = 0; j < nq; j++) o1[j] = NAN;
             g->ops->attention(g, &a);
             cr_assert(!be_failed(g, err, sizeof err), "%s", err);
-            double d = 0;
-            for (int64_t j = 0; j < nq; j++) {
-                double e = fabs((double)o0[j] - o1[j]);
-                if (e > d || isnan(e)) d = isnan(e) ? INFINITY : e;
-            }
+            double d = max_abs_diff(o0, o1, nq);
             cr_expect(d < 2e-3, "step after %d norm weights: max |diff| %g", i, d);
         }
         if (i == N_W) break;
