@@ -5,7 +5,8 @@
  * read back: the same tensors (names, shapes, types) and hyperparameters as the tiny reference
  * models, the copied vocabulary, N(0, 0.02) weights and unit norms, the same weights in every mix,
  * the same bytes for a seed whatever the thread count, and refusals (a vocabulary that is not
- * SentencePiece, an existing file). Files go to a fresh directory under /tmp. */
+ * SentencePiece, an existing file); the vocabulary-only file tokenizing as its model. Files go to a
+ * fresh directory under /tmp. */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -19,6 +20,7 @@
 #include "engine/gguf.h"
 #include "engine/gguf_write.h"
 #include "engine/model.h"
+#include "engine/tokenizer.h"
 
 #define TINY "../shared/testdata/tiny/"
 
@@ -323,4 +325,74 @@ Test(genmodel, an_abort_flag_stops_it_and_leaves_nothing)
     char cmd[400];
     snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", dir);
     cr_expect_eq(system(cmd), 0, "the directory is empty after the stop");
+}
+
+/* The vocabulary-only file (gen_vocab_write) tokenizes as the model it came from: the same size and
+ * special tokens, the same ids for plain, accented, spaced and special-token text; it holds no
+ * tensors, says what it is, and the same bytes go to a stream as to a file. For both tiny
+ * vocabularies (Llama 2's pieces and Gemma 3's). */
+Test(genmodel, a_vocabulary_file_tokenizes_as_its_model)
+{
+    const char *srcs[] = { TINY "tiny-llama-f16.gguf", TINY "tiny-gemma3-f16.gguf" };
+    const char *texts[] = { "Hello, world!", "  two  spaces\tand a tab\n", "caf\xc3\xa9 na\xc3\xafve \xe2\x82\xac 42",
+                            "<start_of_turn>user\nhi<end_of_turn>", "<s>[INST] x [/INST]</s>" };
+    for (int i = 0; i < 2; i++) {
+        char path[300], err[600];
+        int64_t n_pieces = 0;
+        snprintf(path, sizeof path, "%s/vocab%d.gguf", dir, i);
+        cr_assert_eq(gen_vocab_write(srcs[i], path, 0, NULL, &n_pieces, err, sizeof err), 0, "%s", err);
+        gguf_file *src = NULL, *v = NULL;
+        cr_assert(gguf_open(&src, srcs[i], err, sizeof err) == 0, "%s", err);
+        cr_assert(gguf_open(&v, path, err, sizeof err) == 0, "%s", err);
+        cr_expect_eq(gguf_n_tensors(v), 0);
+        gguf_str name, arch_a, arch_b;
+        cr_expect(gguf_get_str(v, "general.name", &name) == 0 && gguf_str_eq(name, "vocabulary"));
+        cr_expect(gguf_get_str(v, "general.architecture", &arch_a) == 0 &&
+                  gguf_get_str(src, "general.architecture", &arch_b) == 0 && arch_a.len == arch_b.len &&
+                  !memcmp(arch_a.ptr, arch_b.ptr, arch_a.len));
+        tok_vocab *ta = NULL, *tb = NULL;
+        cr_assert(tok_create(&ta, src, NULL, err, sizeof err) == 0, "%s", err);
+        cr_assert(tok_create(&tb, v, NULL, err, sizeof err) == 0, "%s: %s", path, err);
+        cr_expect_eq(n_pieces, tok_n_vocab(ta));
+        cr_expect_eq(tok_n_vocab(tb), tok_n_vocab(ta));
+        cr_expect(tok_bos(tb) == tok_bos(ta) && tok_eos(tb) == tok_eos(ta) && tok_eot(tb) == tok_eot(ta) &&
+                  tok_add_bos(tb) == tok_add_bos(ta));
+        for (size_t t = 0; t < sizeof texts / sizeof *texts; t++) {
+            int32_t *ia = NULL, *ib = NULL;
+            size_t na = 0, nb = 0;
+            cr_assert(tok_encode(ta, texts[t], strlen(texts[t]), 1, 1, &ia, &na, err, sizeof err) == 0, "%s", err);
+            cr_assert(tok_encode(tb, texts[t], strlen(texts[t]), 1, 1, &ib, &nb, err, sizeof err) == 0, "%s", err);
+            cr_expect(na == nb && na > 1 && !memcmp(ia, ib, na * sizeof *ia), "%s: '%s' tokenizes differently", srcs[i],
+                      texts[t]);
+            free(ia);
+            free(ib);
+        }
+        tok_free(ta);
+        tok_free(tb);
+        gguf_free(src);
+        gguf_free(v);
+        /* a stream gets the file's bytes */
+        FILE *s = tmpfile(), *f = fopen(path, "rb");
+        cr_assert(s && f);
+        cr_assert_eq(gen_vocab_write(srcs[i], "a stream", 0, s, &n_pieces, err, sizeof err), 0, "%s", err);
+        rewind(s);
+        int a, b;
+        long at = 0;
+        do {
+            a = fgetc(f);
+            b = fgetc(s);
+            at++;
+        } while (a == b && a != EOF);
+        cr_expect(a == EOF && b == EOF, "the streamed vocabulary differs from the file at byte %ld", at - 1);
+        fclose(s);
+        fclose(f);
+        /* an existing file: -2, and the file stays */
+        cr_expect_eq(gen_vocab_write(srcs[i], path, 0, NULL, &n_pieces, err, sizeof err), -2);
+    }
+    char err[600], out[300];
+    int64_t n_pieces = 0;
+    snprintf(out, sizeof out, "%s/never.gguf", dir);
+    cr_expect_eq(gen_vocab_write("/nonexistent.gguf", out, 0, NULL, &n_pieces, err, sizeof err), -1);
+    cr_expect(strstr(err, "/nonexistent.gguf"), "%s", err);
+    cr_expect(access(out, F_OK) != 0);
 }
