@@ -123,11 +123,12 @@ int cmd_genmodel(int argc, char **argv)
         return 1;
     }
     /* -o -: the writer never seeks, so a pipe works; a terminal would get binary garbage, and a
-     * device is no place for a model file */
+     * device is no place for a model or vocabulary file */
     int to_stdout = !strcmp(o.out, "-");
     if (to_stdout && (isatty(STDOUT_FILENO) || fstat(STDOUT_FILENO, &st) != 0 ||
                       !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))) {
-        cli_err("gen-model: -o - writes the model to standard output, which is %s; redirect it to a file or a pipe",
+        cli_err("gen-model: -o - writes the %s to standard output, which is %s; redirect it to a file or a pipe",
+                o.vocab_only ? "vocabulary" : "model",
                 isatty(STDOUT_FILENO) ? "a terminal" : fstat(STDOUT_FILENO, &st) != 0 ? "closed" : files_kind(st.st_mode));
         return 1;
     }

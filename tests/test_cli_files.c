@@ -1,8 +1,8 @@
 /* test_cli_files.c - the kvchat binary writing files, end to end: what it may replace (a regular file,
  * or a link, which is replaced and never followed) and what it refuses (a directory, FIFO, device or
- * socket at the path), gen-model -o - to a pipe, SIGTERM and SIGHUP stopping a long write cleanly,
- * --db paths that are no database file, and bench's CSV that cannot be written. Every command works
- * in a fresh directory under /tmp. Runs ./kvchat, or $KVCHAT_BIN. */
+ * socket at the path), gen-model -o - to a pipe (a model's or a vocabulary's), SIGTERM and SIGHUP
+ * stopping a long write cleanly, --db paths that are no database file, and bench's CSV that cannot be
+ * written. Every command works in a fresh directory under /tmp. Runs ./kvchat, or $KVCHAT_BIN. */
 #include <criterion/criterion.h>
 
 #include <dirent.h>
@@ -192,6 +192,51 @@ Test(cli_files, gen_model_dash_writes_standard_output, .timeout = 120)
     expect_dev_null_untouched();
     cr_expect_eq(kv("gen-model --help", out, sizeof out, errb, sizeof errb), 0);
     cr_expect(strstr(out, "- writes it to standard output"), "the help says what -o - does: %s", out);
+    rm_rf(d);
+}
+
+/* gen-model --vocab-only writes through the model's writer, under the same rules: an existing file
+ * refused unless --force, a link replaced (never followed), a FIFO or directory refused and left as
+ * it was, -o - to a pipe (the same bytes as the file) and never to a device, no temporary file left. */
+Test(cli_files, gen_model_vocab_only_keeps_the_writers_file_rules, .timeout = 120)
+{
+    static char cmd[3 * PATH_MAX], out[1 << 16], errb[1 << 16];
+    char d[] = "/tmp/kvchat-genvf-XXXXXX", fifo[300], adir[300], link[300], file[300], args[1024];
+    cr_assert(mkdtemp(d));
+    snprintf(fifo, sizeof fifo, "%s/fifo.gguf", d);
+    snprintf(adir, sizeof adir, "%s/adir.gguf", d);
+    snprintf(link, sizeof link, "%s/null.gguf", d);
+    snprintf(file, sizeof file, "%s/v.gguf", d);
+    cr_assert(mkfifo(fifo, 0600) == 0 && mkdir(adir, 0700) == 0 && symlink("/dev/null", link) == 0);
+#define VOC "gen-model --vocab-only --vocab " TINY
+    snprintf(args, sizeof args, VOC " -o %s --force", fifo);
+    expect_refused(args, fifo, "is a FIFO, not a file kvchat replaces");
+    snprintf(args, sizeof args, VOC " -o %s --force", adir);
+    expect_refused(args, adir, "is a directory");
+    cr_expect_eq(kind_of(fifo), S_IFIFO, "the FIFO was replaced");
+    cr_expect_eq(entries(adir), 0);
+    snprintf(args, sizeof args, VOC " -o %s", link);
+    expect_refused(args, link, "exists (--force replaces it)");
+    snprintf(args, sizeof args, VOC " -o %s --force", link);
+    cr_expect_eq(kv(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect_eq(kind_of(link), S_IFREG, "the link itself is replaced by the vocabulary");
+    expect_dev_null_untouched();
+    snprintf(args, sizeof args, VOC " -o %s", file);
+    cr_expect_eq(kv(args, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    char vocab[PATH_MAX];
+    cr_assert(realpath(TINY, vocab));
+    snprintf(cmd, sizeof cmd, "cd %s && '%s' gen-model --vocab-only --vocab %s -o - | cat > piped.gguf", d, bin(), vocab);
+    cr_assert_eq(sh(cmd, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(strstr(errb, "wrote the vocabulary to standard output") && !out[0], "stderr: %s stdout: %s", errb, out);
+    snprintf(cmd, sizeof cmd, "cmp -s %s/piped.gguf %s", d, file);
+    cr_expect_eq(system(cmd), 0, "the piped vocabulary differs from the file");
+    snprintf(cmd, sizeof cmd, "cd %s && '%s' gen-model --vocab-only --vocab %s -o - >/dev/null", d, bin(), vocab);
+    cr_expect_eq(sh(cmd, out, sizeof out, errb, sizeof errb), 1);
+    cr_expect(count_lines(errb) == 1 && strstr(errb, "writes the vocabulary to standard output, which is a character device"),
+              "%s", errb);
+    expect_dev_null_untouched();
+    cr_expect_eq(entries(d), 5, "no temporary file is left");
+#undef VOC
     rm_rf(d);
 }
 
