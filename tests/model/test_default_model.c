@@ -2,12 +2,14 @@
  * by `make test`): greedy answers to fixed factual prompts, and `kvchat logits` over a 4,000-token
  * document whose text repeats, so that the model must copy from more than a sliding window back -
  * only the global-attention layers can see the earlier copy; and `kvchat gen-model`'s gemma3-270m
- * shape against the default model's own file. */
+ * shape against the default model's own file, from the model's vocabulary and from a vocabulary-only
+ * file of it. */
 #include <ctype.h>
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -361,7 +363,8 @@ Test(default_model, tui_in_a_real_terminal, .timeout = 900)
 }
 
 /* gen-model's gemma3-270m shape in the q4_k_m mix is the default model's file but for the weights:
- * the same tensors with the same shapes and types, the same hyperparameters, the same vocabulary. */
+ * the same tensors with the same shapes and types, the same hyperparameters, the same vocabulary;
+ * and the same bytes when the vocabulary comes from a vocabulary-only file. */
 Test(default_model, gen_model_gemma3_270m_has_the_default_models_layout, .timeout = 600)
 {
     char dir[] = "/tmp/kvchat-gen270-XXXXXX", path[300], err[600];
@@ -398,6 +401,22 @@ Test(default_model, gen_model_gemma3_270m_has_the_default_models_layout, .timeou
     cr_assert(model_load(&g, path, NULL, err, sizeof err) == 0, "%s", err);
     cr_expect_eq(g->weight_bytes, M->weight_bytes);
     model_free(g);
+    /* The vocabulary alone (gen-model --vocab-only), what a GPU machine the model cannot reach gets:
+     * a few MiB, and the same model file, byte for byte, written from it. */
+    char voc[300], from_voc[300], cmp[700];
+    int64_t n_pieces = 0;
+    snprintf(voc, sizeof voc, "%s/vocab.gguf", dir);
+    snprintf(from_voc, sizeof from_voc, "%s/from-vocab.gguf", dir);
+    cr_assert_eq(gen_vocab_write(model_path(), voc, 0, NULL, &n_pieces, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(n_pieces, M->hp.n_vocab);
+    struct stat st;
+    cr_assert(stat(voc, &st) == 0);
+    cr_expect_lt(st.st_size, 16 << 20, "the vocabulary takes %lld bytes", (long long)st.st_size);
+    r.vocab_path = voc;
+    r.out_path = from_voc;
+    cr_assert_eq(gen_model_write(&r, NULL, NULL, err, sizeof err), 0, "%s", err);
+    snprintf(cmp, sizeof cmp, "cmp -s %s %s", path, from_voc);
+    cr_expect_eq(system(cmp), 0, "the model written from the vocabulary-only file differs from the model's");
     snprintf(path, sizeof path, "rm -rf %s", dir);
     cr_assert_eq(system(path), 0);
 }
