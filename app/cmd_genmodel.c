@@ -23,8 +23,8 @@ typedef struct gm_opts {
 #define G(field) offsetof(gm_opts, field)
 static const opt_def gm_defs[] = {
     { "--shape", NULL, OPT_STR, G(shape), 0, 0, NULL, 0, "SHAPE",
-      "gemma3-270m, mistral-7b, llama-8b, tiny-llama or tiny-gemma3 (required)", NULL },
-    { "--type", NULL, OPT_STR, G(type), 0, 0, NULL, 0, "TYPE", "f16, q8_0 or q4_k_m (required)", NULL },
+      "gemma3-270m, mistral-7b, llama-8b, tiny-llama or tiny-gemma3 (required, except with --vocab-only)", NULL },
+    { "--type", NULL, OPT_STR, G(type), 0, 0, NULL, 0, "TYPE", "f16, q8_0 or q4_k_m (required, except with --vocab-only)", NULL },
     { "--out", "-o", OPT_STR, G(out), 0, 0, NULL, 0, "FILE",
       "the GGUF file to write (required); - writes it to standard output when that is a pipe or a file "
       "(never a terminal; ./- names a file called -)", NULL },
@@ -88,7 +88,7 @@ int cmd_genmodel(int argc, char **argv)
     gm_opts o = { 0 };
     opt_group g[] = { { gm_defs, &o, NULL } };
     int r = cli_parse(argc, argv, "kvchat gen-model --shape SHAPE --type f16|q8_0|q4_k_m -o FILE [--vocab GGUF] [--seed S]\n"
-                      "       kvchat gen-model --vocab-only -o FILE [--vocab GGUF]",
+                      "       kvchat gen-model --vocab-only -o FILE [--vocab GGUF] [--force]",
                       "A random-weight model of a real model's shape, as a GGUF file kvchat and llama.cpp both read.",
                       g, 1, NULL, 0, NULL);
     if (r) return r > 0 ? 0 : 1;

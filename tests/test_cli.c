@@ -1071,6 +1071,10 @@ Test(cli, gen_model_vocab_only_writes_a_vocabulary_as_good_as_the_model)
         snprintf(args, sizeof args, "gen-model --vocab-only -o %s --vocab %s", voc, srcs[i]);
         expect_one_line_error(args, "exists (--force replaces it)");
     }
+    cr_assert_eq(run("gen-model --help", out, sizeof out, errb, sizeof errb), 0);
+    cr_expect(strstr(out, "gen-model --vocab-only -o FILE [--vocab GGUF] [--force]") &&
+                  strstr(out, "(required, except with --vocab-only)"),
+              "the help shows the --vocab-only form and what it leaves out: %s", out);
     expect_one_line_error("gen-model --vocab-only --shape tiny-llama -o /tmp/kvchat-never.gguf", "drop --shape and --type");
     expect_one_line_error("gen-model --vocab-only --vocab " TD "tiny/tiny-llama-f16.gguf", "--vocab-only needs -o FILE");
     expect_one_line_error("gen-model --vocab-only -o /tmp/kvchat-never.gguf --vocab " TD "prompts/p1.txt", "not a GGUF");
