@@ -5,7 +5,7 @@
 # gpu_bench without their debug sections, the shared libraries they load that such a machine lacks
 # (everything outside the C and C++ runtimes and CUDA's own), the tiny test models that fit, the
 # Llama vocabulary, the default model's vocabulary (gen-model --vocab-only, 6.2 MiB: the model
-# itself is too large to travel) and gpu-check.sh. Run `make cuda-build` first. Refuses a DIR that
+# itself is too large to travel), gpu-check.sh and gpu-figures.sh. Run `make cuda-build` first. Refuses a DIR that
 # exists and is not an earlier pack; fails when the pack would pass LIMIT_MIB (default 56: a call
 # carries at most 64 MiB with the repository's own files).
 set -euo pipefail
@@ -39,7 +39,7 @@ grep -qxF "/$dir/" "$exclude" 2>/dev/null || echo "/$dir/" >>"$exclude"
 for f in build-cuda/kvchat build-cuda/tests/gpu_tests build-cuda/tests/gpu_bench; do
     strip --strip-debug -o "$dir/$(basename "$f")" "$f"
 done
-cp scripts/gpu-check.sh "$dir/"
+cp scripts/gpu-check.sh scripts/gpu-figures.sh "$dir/"
 # the libraries a bare CUDA machine lacks: not the C and C++ runtimes, not CUDA's own
 ldd build-cuda/kvchat build-cuda/tests/gpu_tests build-cuda/tests/gpu_bench | awk '/=> \// { print $3 }' | sort -u |
     while read -r lib; do
