@@ -28,19 +28,28 @@ fi
 out=$1
 pack=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out" || exit 2
-export LD_LIBRARY_PATH="$pack/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+tmp=$(mktemp -d /tmp/gpu-check.XXXXXX) || exit 2
+trap 'rm -rf "$tmp"' EXIT
+# the binaries, their libraries and the default model's vocabulary travel compressed
+# (payload.tar.gz, made by gpu-pack.sh): unpacked into the check's own temporary folder
+bin=$pack
+unpack_error=
+if [ -f "$pack/payload.tar.gz" ]; then
+    bin="$tmp/bin"
+    mkdir -p "$bin"
+    unpack_error=$(tar -xzf "$pack/payload.tar.gz" -C "$bin" 2>&1) || unpack_error="payload.tar.gz: ${unpack_error:-tar failed}"
+fi
+export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KVCHAT_TESTDATA="$pack/testdata"
 KVCHAT_COMMIT=$(cut -c1-40 "$pack/COMMIT" 2>/dev/null || echo unknown)
 export KVCHAT_COMMIT   # kvchat bench's rows name the pack's commit, not the copy's git state
-kv="$pack/kvchat"
+kv="$bin/kvchat"
 summary="$out/summary.md"
 figures="$out/figures.csv"
 fig_tool="$pack/gpu-figures.sh"
 log="$out/log.txt"
 budget=${GPU_CHECK_BUDGET:-480}
 start=$(date +%s)
-tmp=$(mktemp -d /tmp/gpu-check.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
 threads=$(nproc)
 failures=0
 
@@ -124,6 +133,11 @@ fi
 
 # 1. the machine
 say "## Machine"
+if [ -n "$unpack_error" ]; then
+    say "- the pack's payload did not unpack: $(printf '%s' "$unpack_error" | head -c 300 | tr -d '\000-\010\013-\037')"
+    fig payload result - failed -
+    failures=$((failures + 1))
+fi
 gpu=0
 if nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$tmp/smi" 2>&1 && [ -s "$tmp/smi" ]; then
     gpu=1
@@ -142,13 +156,13 @@ step "kvchat starts" 20 "$kv" info -m "${tiny[0]}"
 # 2. the GPU tests
 # (a tiny model the pack lacks is skipped with a warning, listed below; criterion would make any
 # warning a non-zero exit)
-step "gpu_tests" 240 "$pack/gpu_tests" -j1 --ignore-warnings
+step "gpu_tests" 240 "$bin/gpu_tests" -j1 --ignore-warnings
 grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' >>"$summary"
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (attention, element-wise, decode products)" 120 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$pack/gpu_tests" -j1 --ignore-warnings \
+        compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(paged_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
@@ -159,7 +173,7 @@ fi
 say ""
 say "## Kernels (gpu_bench)"
 say ""
-step "gpu_bench" 180 "$pack/gpu_bench" --csv "$out/kernels.csv" && grep '^|\|^device' "$tmp/last" >>"$summary"
+step "gpu_bench" 180 "$bin/gpu_bench" --csv "$out/kernels.csv" && grep '^|\|^device' "$tmp/last" >>"$summary"
 [ -s "$out/kernels.csv" ] && bash "$fig_tool" kernels "$out/kernels.csv" >>"$figures"
 
 # 5. the default model's shape
@@ -169,9 +183,9 @@ say ""
 gm="$tmp/gemma3-270m-q4_k_m.gguf"
 if [ $gpu -eq 0 ]; then
     say "- no GPU: skipped"
-elif [ ! -f "$pack/gemma-vocab.gguf" ]; then
+elif [ ! -f "$bin/gemma-vocab.gguf" ]; then
     say "- no gemma-vocab.gguf in the pack: skipped"
-elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m --type q4_k_m --vocab "$pack/gemma-vocab.gguf" \
+elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m --type q4_k_m --vocab "$bin/gemma-vocab.gguf" \
         -o "$gm" -t "$threads"; then
     for run in cuda cuda-cublas cpu; do
         case $run in

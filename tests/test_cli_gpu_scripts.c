@@ -2,7 +2,8 @@
  * one: scripts/gpu-figures.sh turns kvchat bench's rows into figures.csv and divides each by the
  * peer's figure of the same name; scripts/gpu-check.sh on a machine without a GPU records every step
  * (figures.csv, summary.md), skips the model steps that would only spend its budget on the CPU, and
- * exits 1. Runs from the repository root, with ./kvchat or $KVCHAT_BIN. */
+ * exits 1; a payload (gpu-pack.sh's compressed binaries) that does not unpack is recorded. Runs
+ * from the repository root, with ./kvchat or $KVCHAT_BIN. */
 #include <criterion/criterion.h>
 #include <limits.h>
 #include <math.h>
@@ -176,34 +177,52 @@ Test(gpu_scripts, figures_refuses_a_missing_file_in_one_line)
     sh(cmd);
 }
 
+/* A pack as gpu-pack.sh lays it out in DIR/pack: the scripts, the tiny models, the vocabularies,
+ * and the CPU build's kvchat with the default model's vocabulary (any vocabulary serves) in
+ * payload.tar.gz (without the CUDA test binaries), or, when !good, a payload that is not a tar.gz.
+ * The vocabularies are there, so only the missing GPU keeps the model steps away. */
+static void make_pack(const char *dir, int good)
+{
+    char kv[PATH_MAX], td[PATH_MAX], cmd[32768];
+    cr_assert(realpath(bin(), kv), "no %s", bin());
+    cr_assert(realpath(TD, td));
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s/pack/testdata/vocab %s/stage && cp scripts/gpu-check.sh scripts/gpu-figures.sh %s/pack/ && "
+             "ln -s %s/tiny %s/pack/testdata/tiny && ln -s %s/vocab/llama-spm.gguf %s/pack/testdata/vocab/ && "
+             "cp %s %s/stage/kvchat && cp %s/vocab/llama-spm.gguf %s/stage/gemma-vocab.gguf && "
+             "tar -C %s/stage -czf %s/pack/payload.tar.gz . && rm -r %s/stage && echo abc1234 >%s/pack/COMMIT",
+             dir, dir, dir, td, dir, td, dir, kv, dir, td, dir, dir, dir, dir, dir);
+    cr_assert_eq(sh(cmd), 0);
+    if (!good) {
+        snprintf(cmd, sizeof cmd, "echo not a tar >%s/pack/payload.tar.gz", dir);
+        cr_assert_eq(sh(cmd), 0);
+    }
+}
+
+static int run_check(const char *dir)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "GPU_CHECK_BUDGET=120 bash %s/pack/gpu-check.sh %s/out >%s/stdout 2>%s/stderr", dir, dir,
+             dir, dir);
+    return sh(cmd);
+}
+
 Test(gpu_scripts, check_without_a_gpu_records_each_step_skips_the_models_and_fails)
 {
     if (system("nvidia-smi -L >/dev/null 2>&1") == 0) cr_skip("a GPU is here: gpu-check.sh would run for minutes");
     char dir[] = "/tmp/kvchat-gpucheck-XXXXXX";
     cr_assert(mkdtemp(dir));
-    char kv[PATH_MAX], cmd[32768], path[256];
-    cr_assert(realpath(bin(), kv), "no %s", bin());
-    char td[PATH_MAX];
-    cr_assert(realpath(TD, td));
-    /* a pack as gpu-pack.sh lays it out, with the CPU build's kvchat and without the CUDA test
-     * binaries; the vocabularies are there, so only the missing GPU keeps the model steps away */
-    snprintf(cmd, sizeof cmd,
-             "mkdir -p %s/pack/testdata/vocab && cp scripts/gpu-check.sh scripts/gpu-figures.sh %s/pack/ && "
-             "ln -s %s %s/pack/kvchat && ln -s %s/tiny %s/pack/testdata/tiny && "
-             "ln -s %s/vocab/llama-spm.gguf %s/pack/testdata/vocab/ && ln -s %s/vocab/llama-spm.gguf %s/pack/gemma-vocab.gguf && "
-             "echo abc1234 >%s/pack/COMMIT",
-             dir, dir, kv, dir, td, dir, td, dir, td, dir, dir);
-    cr_assert_eq(sh(cmd), 0);
-    snprintf(cmd, sizeof cmd, "GPU_CHECK_BUDGET=120 bash %s/pack/gpu-check.sh %s/out >%s/stdout 2>%s/stderr", dir, dir,
-             dir, dir);
-    cr_expect_eq(sh(cmd), 1, "a check without a GPU must fail");
+    char cmd[512], path[256];
+    make_pack(dir, 1);
+    cr_expect_eq(run_check(dir), 1, "a check without a GPU must fail");
 
     static fig_row rows[256];
     snprintf(path, sizeof path, "%s/out/figures.csv", dir);
     int n = read_figures(path, rows, 256);
     const fig_row *r = find(rows, n, "nvidia-smi", "GPU", NULL);
     cr_expect(r && !strcmp(r->value, "none"), "nvidia-smi's row: %s", r ? r->value : "(none)");
-    r = find(rows, n, "kvchat starts", "result", NULL);
+    cr_expect(!find(rows, n, "payload", "result", NULL), "the payload did unpack");
+    r = find(rows, n, "kvchat starts", "result", NULL);   /* the payload's kvchat */
     cr_expect(r && !strcmp(r->value, "passed"), "kvchat starts: %s", r ? r->value : "(no row)");
     const char *gpu_steps[] = { "gpu_tests", "gpu_bench" };
     for (int i = 0; i < 2; i++) {
@@ -225,6 +244,29 @@ Test(gpu_scripts, check_without_a_gpu_records_each_step_skips_the_models_and_fai
     free(summary);
     snprintf(cmd, sizeof cmd, "test -s %s/out/log.txt", dir);
     cr_expect_eq(sh(cmd), 0, "log.txt is empty");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    sh(cmd);
+}
+
+Test(gpu_scripts, check_records_a_payload_that_does_not_unpack)
+{
+    if (system("nvidia-smi -L >/dev/null 2>&1") == 0) cr_skip("a GPU is here: gpu-check.sh would run for minutes");
+    char dir[] = "/tmp/kvchat-gpucheck-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char cmd[512], path[256];
+    make_pack(dir, 0);
+    cr_expect_eq(run_check(dir), 1);
+    static fig_row rows[256];
+    snprintf(path, sizeof path, "%s/out/figures.csv", dir);
+    int n = read_figures(path, rows, 256);
+    const fig_row *r = find(rows, n, "payload", "result", NULL);
+    cr_expect(r && !strcmp(r->value, "failed"), "payload: %s", r ? r->value : "(no row)");
+    r = find(rows, n, "kvchat starts", "result", NULL);
+    cr_expect(r && strcmp(r->value, "passed"), "kvchat started from a payload that did not unpack");
+    snprintf(path, sizeof path, "%s/out/summary.md", dir);
+    char *summary = slurp(path);
+    cr_expect(strstr(summary, "- the pack's payload did not unpack: "), "%s", summary);
+    free(summary);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     sh(cmd);
 }
