@@ -13,9 +13,13 @@
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there.
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
-# OUTDIR/results.csv (kvchat bench's rows), OUTDIR/kernels.csv (gpu_bench's rows), OUTDIR/log.txt
-# (every step's whole output). A step that fails or runs out of time is recorded and the next one
-# runs. Exit status: 0 when every step passed, 1 otherwise.
+# OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
+# seconds, gpu_bench's and kvchat bench's figures, the peer's and kvchat / peer; written by
+# gpu-figures.sh beside this script), OUTDIR/results.csv (kvchat bench's own rows, for
+# bench/results.csv), OUTDIR/kernels.csv (gpu_bench's own rows), OUTDIR/log.txt (every step's whole
+# output). A step that fails or runs out of time is recorded and the next one runs. Without a GPU
+# (nvidia-smi finds none) the steps that write and time models are skipped: on the CPU they would
+# only spend the budget. Exit status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
 if [ $# -ne 1 ]; then
     echo "usage: gpu-check.sh OUTDIR" >&2
@@ -24,22 +28,35 @@ fi
 out=$1
 pack=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out" || exit 2
-export LD_LIBRARY_PATH="$pack/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+tmp=$(mktemp -d /tmp/gpu-check.XXXXXX) || exit 2
+trap 'rm -rf "$tmp"' EXIT
+# the binaries, their libraries and the default model's vocabulary travel compressed
+# (payload.tar.gz, made by gpu-pack.sh): unpacked into the check's own temporary folder
+bin=$pack
+unpack_error=
+if [ -f "$pack/payload.tar.gz" ]; then
+    bin="$tmp/bin"
+    mkdir -p "$bin"
+    unpack_error=$(tar -xzf "$pack/payload.tar.gz" -C "$bin" 2>&1) || unpack_error="payload.tar.gz: ${unpack_error:-tar failed}"
+fi
+export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KVCHAT_TESTDATA="$pack/testdata"
 KVCHAT_COMMIT=$(cut -c1-40 "$pack/COMMIT" 2>/dev/null || echo unknown)
 export KVCHAT_COMMIT   # kvchat bench's rows name the pack's commit, not the copy's git state
-kv="$pack/kvchat"
+kv="$bin/kvchat"
 summary="$out/summary.md"
+figures="$out/figures.csv"
+fig_tool="$pack/gpu-figures.sh"
 log="$out/log.txt"
 budget=${GPU_CHECK_BUDGET:-480}
 start=$(date +%s)
-tmp=$(mktemp -d /tmp/gpu-check.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
 threads=$(nproc)
 failures=0
 
 say() { printf '%s\n' "$*" >>"$summary"; }
 left() { echo $((budget - ($(date +%s) - start))); }
+# fig STEP WHAT CONFIG VALUE UNIT: one row of figures.csv
+fig() { bash "$fig_tool" row "$@" >>"$figures"; }
 
 # step NAME TIMEOUT CMD...: run CMD with its output in log.txt and in $tmp/last; records the result
 step() {
@@ -50,6 +67,7 @@ step() {
     [ "$limit" -gt "$rem" ] && limit=$rem
     if [ "$limit" -lt 5 ]; then
         say "- **$name**: skipped (the check's ${budget} s were spent)"
+        fig "$name" result - skipped -
         failures=$((failures + 1))
         return 1
     fi
@@ -60,17 +78,36 @@ step() {
     rc=$?
     cat "$tmp/last" >>"$log"
     local took=$(($(date +%s) - t0))
+    fig "$name" seconds - "$took" s
     if [ $rc -eq 0 ]; then
         say "- **$name**: passed in ${took} s"
+        fig "$name" result - passed -
     elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
         say "- **$name**: TIMED OUT after ${took} s (limit ${limit} s)"
+        fig "$name" result - "timed out" -
         failures=$((failures + 1))
     else
         say "- **$name**: FAILED (exit $rc) in ${took} s; last lines:"
+        fig "$name" result - "failed (exit $rc)" -
         say '```'
         tail -n 15 "$tmp/last" >>"$summary"
         say '```'
         failures=$((failures + 1))
+    fi
+    return $rc
+}
+
+# bench_step NAME CONFIG TIMEOUT CMD...: a kvchat bench step whose CMD writes its rows to
+# $tmp/bench.csv: they join results.csv and figures.csv
+bench_step() {
+    local name=$1 config=$2 limit=$3 rc
+    shift 3
+    rm -f "$tmp/bench.csv"
+    step "$name" "$limit" "$@"
+    rc=$?
+    if [ -s "$tmp/bench.csv" ]; then
+        if [ -s "$out/results.csv" ]; then tail -n +2 "$tmp/bench.csv" >>"$out/results.csv"; else cp "$tmp/bench.csv" "$out/results.csv"; fi
+        bash "$fig_tool" bench "$name" "$config" "$tmp/bench.csv" >>"$figures"
     fi
     return $rc
 }
@@ -81,6 +118,12 @@ bench_table() {
 }
 
 : >"$log"
+if [ -f "$fig_tool" ]; then
+    bash "$fig_tool" header >"$figures"
+else
+    echo "gpu-check.sh: gpu-figures.sh is missing beside this script; figures.csv will not be written" >&2
+    fig_tool=/dev/null
+fi
 {
     echo "# GPU check, $(date -u +%Y-%m-%dT%H:%MZ)"
     echo
@@ -90,10 +133,20 @@ bench_table() {
 
 # 1. the machine
 say "## Machine"
-if nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$tmp/smi" 2>&1; then
+if [ -n "$unpack_error" ]; then
+    say "- the pack's payload did not unpack: $(printf '%s' "$unpack_error" | head -c 300 | tr -d '\000-\010\013-\037')"
+    fig payload result - failed -
+    failures=$((failures + 1))
+fi
+gpu=0
+if nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$tmp/smi" 2>&1 && [ -s "$tmp/smi" ]; then
+    gpu=1
     say "- GPU: $(cat "$tmp/smi")"
+    fig nvidia-smi GPU - "$(head -n 1 "$tmp/smi" | tr -d ',')" -
 else
-    say "- nvidia-smi failed: $(head -c 300 "$tmp/smi")"
+    say "- nvidia-smi failed: $(head -c 300 "$tmp/smi" | tr -d '\000-\010\013-\037')"
+    fig nvidia-smi GPU - none -
+    failures=$((failures + 1))
 fi
 say ""
 say "## Checks"
@@ -103,13 +156,13 @@ step "kvchat starts" 20 "$kv" info -m "${tiny[0]}"
 # 2. the GPU tests
 # (a tiny model the pack lacks is skipped with a warning, listed below; criterion would make any
 # warning a non-zero exit)
-step "gpu_tests" 240 "$pack/gpu_tests" -j1 --ignore-warnings
+step "gpu_tests" 240 "$bin/gpu_tests" -j1 --ignore-warnings
 grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' >>"$summary"
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (attention, element-wise, decode products)" 120 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$pack/gpu_tests" -j1 --ignore-warnings \
+        compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(paged_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
@@ -120,31 +173,33 @@ fi
 say ""
 say "## Kernels (gpu_bench)"
 say ""
-step "gpu_bench" 180 "$pack/gpu_bench" --csv "$out/kernels.csv" && grep '^|\|^device' "$tmp/last" >>"$summary"
+step "gpu_bench" 180 "$bin/gpu_bench" --csv "$out/kernels.csv" && grep '^|\|^device' "$tmp/last" >>"$summary"
+[ -s "$out/kernels.csv" ] && bash "$fig_tool" kernels "$out/kernels.csv" >>"$figures"
 
 # 5. the default model's shape
 say ""
 say "## kvchat bench, the default model's shape (Gemma 3 270M, Q4_K_M, random weights)"
 say ""
 gm="$tmp/gemma3-270m-q4_k_m.gguf"
-if [ -f "$pack/gemma-vocab.gguf" ] &&
-    step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m --type q4_k_m --vocab "$pack/gemma-vocab.gguf" \
+if [ $gpu -eq 0 ]; then
+    say "- no GPU: skipped"
+elif [ ! -f "$bin/gemma-vocab.gguf" ]; then
+    say "- no gemma-vocab.gguf in the pack: skipped"
+elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m --type q4_k_m --vocab "$bin/gemma-vocab.gguf" \
         -o "$gm" -t "$threads"; then
     for run in cuda cuda-cublas cpu; do
         case $run in
-        cuda) env=() dev=(--device cuda) ;;
-        cuda-cublas) env=(KVCHAT_CUDA_MMV=0) dev=(--device cuda) ;;
-        cpu) env=() dev=(--device cpu -t "$threads") ;;
+        cuda) env=() dev=(--device cuda) config=cuda ;;
+        cuda-cublas) env=(KVCHAT_CUDA_MMV=0) dev=(--device cuda) config="cuda KVCHAT_CUDA_MMV=0" ;;
+        cpu) env=() dev=(--device cpu -t "$threads") config="cpu $threads threads" ;;
         esac
-        if step "bench $run" 120 env "${env[@]}" "$kv" bench -m "$gm" "${dev[@]}" --ctx 512,2048,8192 --gen 32 \
-            --csv "$out/results.csv"; then
+        if bench_step "bench $run" "$config" 120 env "${env[@]}" "$kv" bench -m "$gm" "${dev[@]}" --ctx 512,2048,8192 \
+            --gen 32 --csv "$tmp/bench.csv"; then
             say "  $run:"
             bench_table
         fi
     done
     rm -f "$gm"
-else
-    say "- no gemma-vocab.gguf in the pack: skipped"
 fi
 
 # 6. Mistral 7B's shape, f16 and Q4_K_M
@@ -153,6 +208,10 @@ for type in q4_k_m f16; do
     say "## kvchat bench, Mistral-7B shape, $type (random weights)"
     say ""
     m="$tmp/mistral-7b-$type.gguf"
+    if [ $gpu -eq 0 ]; then
+        say "- no GPU: skipped"
+        continue
+    fi
     need=$([ $type = f16 ] && echo 16 || echo 6)
     free_gb=$(df -BG --output=avail /tmp | tail -1 | tr -dc 0-9)
     if [ "${free_gb:-0}" -lt "$need" ]; then
@@ -161,23 +220,18 @@ for type in q4_k_m f16; do
     fi
     if step "gen-model mistral-7b $type" 150 "$kv" gen-model --shape mistral-7b --type $type \
         --vocab "$pack/testdata/vocab/llama-spm.gguf" -o "$m" -t "$threads"; then
-        step "bench mistral-7b $type" 150 "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
-            --csv "$out/results.csv" && bench_table
+        bench_step "bench mistral-7b $type" cuda 150 "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
+            --csv "$tmp/bench.csv" && bench_table
     fi
     rm -f "$m"
 done
 
 say ""
-say "## Peer (llama.cpp CUDA, flash attention; measured on another H100 80GB HBM3 on 2026-11-24, commit d32676d)"
+say "## kvchat beside the peer (llama.cpp CUDA, flash attention; peer measured on another H100 80GB HBM3 on 2026-11-24)"
 say ""
-say "| model | figure | llama.cpp tok/s |"
-say "| --- | --- | --- |"
-say "| default Gemma 3 270M Q4_K_M | prefill 512 / 2048 / 8192 | 56087 / 58765 / 50464 |"
-say "| default | decode at depth 0 / 2048 / 8192 | 957 / 866 / 879 |"
-say "| Mistral-7B-shaped f16 | prefill 512 / 2048 / 8192 | 15448 / 20896 / 18636 |"
-say "| same | decode at depth 512 / 2048 / 8192 / 32768 | 171.7 / 166.8 / 159.5 / 126.3 |"
-say "| same, Q4_K_M | prefill 512 / 8192 | 9506 / 9360 |"
-say "| same, Q4_K_M | decode at depth 0 / 8192 | 267 / 228 |"
+if [ "$fig_tool" != /dev/null ]; then
+    bash "$fig_tool" compare "$figures" >>"$summary"
+fi
 say ""
 say "Done in $(($(date +%s) - start)) s; $failures step(s) failed, timed out or skipped."
 [ $failures -eq 0 ]

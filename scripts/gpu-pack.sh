@@ -5,9 +5,11 @@
 # gpu_bench without their debug sections, the shared libraries they load that such a machine lacks
 # (everything outside the C and C++ runtimes and CUDA's own), the tiny test models that fit, the
 # Llama vocabulary, the default model's vocabulary (gen-model --vocab-only, 6.2 MiB: the model
-# itself is too large to travel) and gpu-check.sh. Run `make cuda-build` first. Refuses a DIR that
-# exists and is not an earlier pack; fails when the pack would pass LIMIT_MIB (default 56: a call
-# carries at most 64 MiB with the repository's own files).
+# itself is too large to travel), gpu-check.sh and gpu-figures.sh. The binaries, the libraries and
+# the vocabulary travel as DIR/payload.tar.gz (gzip, which every image has: 26 MiB become 10, room
+# for both tiny q4_k_m models), which gpu-check.sh unpacks into its temporary folder. Run `make
+# cuda-build` first. Refuses a DIR that exists and is not an earlier pack; fails when the pack would
+# pass LIMIT_MIB (default 56: a call carries at most 64 MiB with the repository's own files).
 set -euo pipefail
 if [ $# -ne 1 ]; then
     echo "usage: scripts/gpu-pack.sh DIR" >&2
@@ -31,28 +33,31 @@ if [ -e "$dir" ] || [ -L "$dir" ]; then
     fi
     rm -rf "$dir"
 fi
-mkdir -p "$dir/lib" "$dir/testdata/tiny/ref" "$dir/testdata/vocab" "$dir/testdata/prompts"
+stage="$dir/payload"
+mkdir -p "$stage/lib" "$dir/testdata/tiny/ref" "$dir/testdata/vocab" "$dir/testdata/prompts"
 exclude="$(git rev-parse --git-common-dir)/info/exclude"
 mkdir -p "$(dirname "$exclude")"
 grep -qxF "/$dir/" "$exclude" 2>/dev/null || echo "/$dir/" >>"$exclude"
 
 for f in build-cuda/kvchat build-cuda/tests/gpu_tests build-cuda/tests/gpu_bench; do
-    strip --strip-debug -o "$dir/$(basename "$f")" "$f"
+    strip --strip-debug -o "$stage/$(basename "$f")" "$f"
 done
-cp scripts/gpu-check.sh "$dir/"
+cp scripts/gpu-check.sh scripts/gpu-figures.sh "$dir/"
 # the libraries a bare CUDA machine lacks: not the C and C++ runtimes, not CUDA's own
 ldd build-cuda/kvchat build-cuda/tests/gpu_tests build-cuda/tests/gpu_bench | awk '/=> \// { print $3 }' | sort -u |
     while read -r lib; do
         case $(basename "$lib") in
         libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux* | libgcc_s.so* | libstdc++.so* | \
             libcuda.so* | libcudart.so* | libcublas.so* | libcublasLt.so*) ;;
-        *) cp -L "$lib" "$dir/lib/" ;;
+        *) cp -L "$lib" "$stage/lib/" ;;
         esac
     done
 cp "$td"/prompts/* "$dir/testdata/prompts/"
 cp "$td"/vocab/llama-spm.gguf "$dir/testdata/vocab/"
-build-cuda/kvchat gen-model --vocab-only -o "$dir/gemma-vocab.gguf" >/dev/null ||
+build-cuda/kvchat gen-model --vocab-only -o "$stage/gemma-vocab.gguf" >/dev/null ||
     echo "gpu-pack.sh: no default model here: the pack has no gemma-vocab.gguf (gpu-check skips that step)" >&2
+tar -C "$stage" -czf "$dir/payload.tar.gz" .
+rm -rf "$stage"
 git describe --always --dirty >"$dir/COMMIT"
 # tiny models in order of use until the budget: the GPU tests skip the absent ones
 size_mib() { du -sm "$1" | cut -f1; }

@@ -1,0 +1,272 @@
+/* test_cli_gpu_scripts.c - the scripts that prove the CUDA backend on a lent GPU, run here without
+ * one: scripts/gpu-figures.sh turns kvchat bench's rows into figures.csv and divides each by the
+ * peer's figure of the same name; scripts/gpu-check.sh on a machine without a GPU records every step
+ * (figures.csv, summary.md), skips the model steps that would only spend its budget on the CPU, and
+ * exits 1; a payload (gpu-pack.sh's compressed binaries) that does not unpack is recorded. Runs
+ * from the repository root, with ./kvchat or $KVCHAT_BIN. */
+#include <criterion/criterion.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define TD "../shared/testdata/"
+
+static const char *bin(void)
+{
+    const char *b = getenv("KVCHAT_BIN");
+    return b && *b ? b : "./kvchat";
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    cr_assert(s);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = 0;
+    fclose(f);
+    return s;
+}
+
+static int sh(const char *cmd)
+{
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st), "%s did not exit normally", cmd);
+    return WEXITSTATUS(st);
+}
+
+/* One row of figures.csv: "step","what","config",value,"unit" (value bare or quoted). */
+typedef struct fig_row {
+    char step[128], what[128], config[128], value[128], unit[32];
+} fig_row;
+
+static int parse_row(const char *line, fig_row *r)
+{
+    char *fields[5] = { r->step, r->what, r->config, r->value, r->unit };
+    size_t caps[5] = { sizeof r->step, sizeof r->what, sizeof r->config, sizeof r->value, sizeof r->unit };
+    const char *p = line;
+    for (int i = 0; i < 5; i++) {
+        size_t n = 0;
+        if (*p == '"') {
+            for (p++; *p && !(*p == '"' && p[1] != '"'); p++) {
+                if (*p == '"') p++;   /* a doubled quote */
+                if (n + 1 < caps[i]) fields[i][n++] = *p;
+            }
+            if (*p != '"') return -1;
+            p++;
+        } else {
+            for (; *p && *p != ',' && *p != '\n'; p++)
+                if (n + 1 < caps[i]) fields[i][n++] = *p;
+        }
+        fields[i][n] = 0;
+        if (i < 4 && *p++ != ',') return -1;
+    }
+    return *p == '\n' || *p == 0 ? 0 : -1;
+}
+
+/* Every line of a figures.csv after its header, parsed; asserts each has the five fields. */
+static int read_figures(const char *path, fig_row *rows, int cap)
+{
+    char *s = slurp(path);
+    cr_assert(!strncmp(s, "step,what,config,value,unit\n", 28), "%s: header is %.60s", path, s);
+    int n = 0;
+    for (char *l = strchr(s, '\n') + 1; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        cr_assert(n < cap);
+        cr_assert(!parse_row(l, &rows[n]), "%s: not five CSV fields: %.200s", path, l);
+        n++;
+    }
+    free(s);
+    return n;
+}
+
+static const fig_row *find(const fig_row *rows, int n, const char *step, const char *what, const char *config)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(rows[i].step, step) && !strcmp(rows[i].what, what) && (!config || !strcmp(rows[i].config, config)))
+            return &rows[i];
+    return NULL;
+}
+
+Test(gpu_scripts, figures_divide_kvchat_by_the_peers_figure_of_the_same_name)
+{
+    char dir[] = "/tmp/kvchat-gpufig-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char path[256], cmd[2048];
+    /* kvchat bench rows at depths the peer measured and one it did not (1024); the machine field is
+     * quoted and holds a comma */
+    const int depths[] = { 512, 1024, 2048, 8192 };
+    double prefill[4], decode[4];
+    srand((unsigned)getpid());
+    snprintf(path, sizeof path, "%s/bench.csv", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f, "date,commit,machine,threads,model,depth,prefill_tok_s,decode_tok_s,n_gen\n");
+    for (int i = 0; i < 4; i++) {
+        prefill[i] = 1000.0 + rand() % 50000 + 0.25;
+        decode[i] = 10.0 + rand() % 900 + 0.5;
+        fprintf(f, "2026-11-27T01:00:07Z,abc1234,\"Xeon, 16 cores + cuda\",16,gemma3-270m-q4_k_m.gguf,%d,%.2f,%.2f,32\n",
+                depths[i], prefill[i], decode[i]);
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "bash scripts/gpu-figures.sh header >%s/f.csv && "
+             "bash scripts/gpu-figures.sh bench 'bench cuda' 'cuda KVCHAT_CUDA_MMV=0' %s >>%s/f.csv && "
+             "bash scripts/gpu-figures.sh compare %s/f.csv >%s/t.md",
+             dir, path, dir, dir, dir);
+    cr_assert_eq(sh(cmd), 0);
+
+    static fig_row rows[256];
+    snprintf(path, sizeof path, "%s/f.csv", dir);
+    int n = read_figures(path, rows, 256);
+    snprintf(path, sizeof path, "%s/t.md", dir);
+    char *table = slurp(path);
+    int ratios = 0, expected = 0;
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 2; k++) {
+            char what[128];
+            snprintf(what, sizeof what, "gemma3-270m-q4_k_m %s %d", k ? "decode at" : "prefill", depths[i]);
+            double mine = k ? decode[i] : prefill[i];
+            const fig_row *own = find(rows, n, "bench cuda", what, "cuda KVCHAT_CUDA_MMV=0");
+            cr_assert(own, "no figure for %s", what);
+            cr_expect(fabs(atof(own->value) - mine) < 0.01, "%s: %s, wrote %.2f", what, own->value, mine);
+            cr_expect_str_eq(own->unit, "tok/s");
+            const fig_row *peer = find(rows, n, "peer", what, NULL);
+            const fig_row *ratio = find(rows, n, "kvchat / peer", what, "cuda KVCHAT_CUDA_MMV=0");
+            if (!peer) {   /* a figure the peer did not measure gets no ratio */
+                cr_expect(!ratio, "%s: a ratio without a peer figure", what);
+                continue;
+            }
+            expected++;
+            cr_assert(ratio, "%s: no kvchat / peer row", what);
+            ratios++;
+            double want = mine / atof(peer->value);
+            cr_expect(fabs(atof(ratio->value) - want) <= 6e-4, "%s: ratio %s, want %.4f", what, ratio->value, want);
+            char line[1024];
+            snprintf(line, sizeof line, "| %s | cuda KVCHAT_CUDA_MMV=0 | %.2f | %s | %s |", what, mine, peer->value,
+                     ratio->value);
+            cr_expect(strstr(table, line), "the table lacks: %s\n%s", line, table);
+        }
+    cr_expect(expected > 0 && ratios == expected, "%d ratios for %d figures the peer has", ratios, expected);
+    cr_expect(!find(rows, n, "peer", "gemma3-270m-q4_k_m prefill 1024", NULL), "the peer never measured depth 1024");
+    free(table);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    sh(cmd);
+}
+
+Test(gpu_scripts, figures_refuses_a_missing_file_in_one_line)
+{
+    char dir[] = "/tmp/kvchat-gpufig-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char cmd[512], path[256];
+    snprintf(cmd, sizeof cmd, "bash scripts/gpu-figures.sh bench s c %s/none.csv >%s/out 2>%s/err", dir, dir, dir);
+    cr_expect_eq(sh(cmd), 1);
+    snprintf(path, sizeof path, "%s/err", dir);
+    char *err = slurp(path);
+    cr_expect(strstr(err, "cannot read") && strstr(err, "none.csv") && strchr(err, '\n') == err + strlen(err) - 1,
+              "stderr: %s", err);
+    free(err);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    sh(cmd);
+}
+
+/* A pack as gpu-pack.sh lays it out in DIR/pack: the scripts, the tiny models, the vocabularies,
+ * and the CPU build's kvchat with the default model's vocabulary (any vocabulary serves) in
+ * payload.tar.gz (without the CUDA test binaries), or, when !good, a payload that is not a tar.gz.
+ * The vocabularies are there, so only the missing GPU keeps the model steps away. */
+static void make_pack(const char *dir, int good)
+{
+    char kv[PATH_MAX], td[PATH_MAX], cmd[32768];
+    cr_assert(realpath(bin(), kv), "no %s", bin());
+    cr_assert(realpath(TD, td));
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s/pack/testdata/vocab %s/stage && cp scripts/gpu-check.sh scripts/gpu-figures.sh %s/pack/ && "
+             "ln -s %s/tiny %s/pack/testdata/tiny && ln -s %s/vocab/llama-spm.gguf %s/pack/testdata/vocab/ && "
+             "cp %s %s/stage/kvchat && cp %s/vocab/llama-spm.gguf %s/stage/gemma-vocab.gguf && "
+             "tar -C %s/stage -czf %s/pack/payload.tar.gz . && rm -r %s/stage && echo abc1234 >%s/pack/COMMIT",
+             dir, dir, dir, td, dir, td, dir, kv, dir, td, dir, dir, dir, dir, dir);
+    cr_assert_eq(sh(cmd), 0);
+    if (!good) {
+        snprintf(cmd, sizeof cmd, "echo not a tar >%s/pack/payload.tar.gz", dir);
+        cr_assert_eq(sh(cmd), 0);
+    }
+}
+
+static int run_check(const char *dir)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "GPU_CHECK_BUDGET=120 bash %s/pack/gpu-check.sh %s/out >%s/stdout 2>%s/stderr", dir, dir,
+             dir, dir);
+    return sh(cmd);
+}
+
+Test(gpu_scripts, check_without_a_gpu_records_each_step_skips_the_models_and_fails)
+{
+    if (system("nvidia-smi -L >/dev/null 2>&1") == 0) cr_skip("a GPU is here: gpu-check.sh would run for minutes");
+    char dir[] = "/tmp/kvchat-gpucheck-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char cmd[512], path[256];
+    make_pack(dir, 1);
+    cr_expect_eq(run_check(dir), 1, "a check without a GPU must fail");
+
+    static fig_row rows[256];
+    snprintf(path, sizeof path, "%s/out/figures.csv", dir);
+    int n = read_figures(path, rows, 256);
+    const fig_row *r = find(rows, n, "nvidia-smi", "GPU", NULL);
+    cr_expect(r && !strcmp(r->value, "none"), "nvidia-smi's row: %s", r ? r->value : "(none)");
+    cr_expect(!find(rows, n, "payload", "result", NULL), "the payload did unpack");
+    r = find(rows, n, "kvchat starts", "result", NULL);   /* the payload's kvchat */
+    cr_expect(r && !strcmp(r->value, "passed"), "kvchat starts: %s", r ? r->value : "(no row)");
+    const char *gpu_steps[] = { "gpu_tests", "gpu_bench" };
+    for (int i = 0; i < 2; i++) {
+        r = find(rows, n, gpu_steps[i], "result", NULL);
+        cr_expect(r && !strncmp(r->value, "failed", 6), "%s: %s", gpu_steps[i], r ? r->value : "(no row)");
+        cr_expect(find(rows, n, gpu_steps[i], "seconds", NULL), "%s: no seconds", gpu_steps[i]);
+    }
+    for (int i = 0; i < n; i++) cr_expect(!strstr(rows[i].step, "gen-model") && !strstr(rows[i].step, "bench "),
+                                          "a model step ran without a GPU: %s", rows[i].step);
+    cr_expect(find(rows, n, "peer", "mistral-7b-f16 decode at 512", NULL), "the peer's figures are missing");
+
+    snprintf(path, sizeof path, "%s/out/summary.md", dir);
+    char *summary = slurp(path);
+    cr_expect(strstr(summary, "Pack: abc1234"), "%s", summary);
+    cr_expect(strstr(summary, "- no GPU: skipped"), "%s", summary);
+    cr_expect(strstr(summary, "**gpu_tests**: FAILED"), "%s", summary);
+    cr_expect(strstr(summary, "| figure | kvchat config |"), "%s", summary);
+    cr_expect(strstr(summary, "step(s) failed, timed out or skipped."), "%s", summary);
+    free(summary);
+    snprintf(cmd, sizeof cmd, "test -s %s/out/log.txt", dir);
+    cr_expect_eq(sh(cmd), 0, "log.txt is empty");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    sh(cmd);
+}
+
+Test(gpu_scripts, check_records_a_payload_that_does_not_unpack)
+{
+    if (system("nvidia-smi -L >/dev/null 2>&1") == 0) cr_skip("a GPU is here: gpu-check.sh would run for minutes");
+    char dir[] = "/tmp/kvchat-gpucheck-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char cmd[512], path[256];
+    make_pack(dir, 0);
+    cr_expect_eq(run_check(dir), 1);
+    static fig_row rows[256];
+    snprintf(path, sizeof path, "%s/out/figures.csv", dir);
+    int n = read_figures(path, rows, 256);
+    const fig_row *r = find(rows, n, "payload", "result", NULL);
+    cr_expect(r && !strcmp(r->value, "failed"), "payload: %s", r ? r->value : "(no row)");
+    r = find(rows, n, "kvchat starts", "result", NULL);
+    cr_expect(r && strcmp(r->value, "passed"), "kvchat started from a payload that did not unpack");
+    snprintf(path, sizeof path, "%s/out/summary.md", dir);
+    char *summary = slurp(path);
+    cr_expect(strstr(summary, "- the pack's payload did not unpack: "), "%s", summary);
+    free(summary);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    sh(cmd);
+}
