@@ -1,5 +1,6 @@
 /* page_copies.c - device copies of KV pages, kept current by content generations (see page_copies.h). */
 #include "kernels/page_copies.h"
+#include "kernels/addr_hash.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -36,15 +37,6 @@ void pc_free(pc_table *t)
     t->cap = t->n = 0;
 }
 
-static uint64_t hash_ptr(const void *p)
-{
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return x;
-}
-
 /* Rebuild the table with cap slots (also closes the holes freed slots leave in probe sequences).
  * -1 when the host is out of memory (the table is unchanged). */
 static int rehash(pc_table *t, int cap)
@@ -53,7 +45,7 @@ static int rehash(pc_table *t, int cap)
     if (!ns) return -1;
     for (int i = 0; i < t->cap; i++) {
         if (!t->slots[i].used) continue;
-        uint64_t h = hash_ptr(t->slots[i].host_k) & (uint64_t)(cap - 1);
+        uint64_t h = addr_hash(t->slots[i].host_k) & (uint64_t)(cap - 1);
         while (ns[h].used) h = (h + 1) & (uint64_t)(cap - 1);
         ns[h] = t->slots[i];
     }
@@ -105,7 +97,7 @@ static int make_storage(pc_table *t, pc_copy *c, int32_t cap, int32_t stride)
 const pc_copy *pc_get(pc_table *t, const be_kv_page *pg)
 {
     if ((t->n + 1) * 2 > t->cap && rehash(t, t->cap ? t->cap * 2 : 1024)) return NULL;
-    uint64_t mask = (uint64_t)(t->cap - 1), h = hash_ptr(pg->k) & mask;
+    uint64_t mask = (uint64_t)(t->cap - 1), h = addr_hash(pg->k) & mask;
     while (t->slots[h].used && t->slots[h].host_k != pg->k) h = (h + 1) & mask;
     pc_copy *c = &t->slots[h];
     int fresh = !c->used;

@@ -990,7 +990,10 @@ static int read_snapshot(store *s, const snap_tables *t, int64_t rowid, int64_t 
     return 0;
 }
 
-static int snapshot_query(store *s, sqlite3_stmt *st, int64_t *message, void **data, size_t *len)
+/* The snapshot the query st (id, bytes[, message_id]) finds in table t, read whole; its row id to
+ * *rowid and its message to *message where not NULL. 0, 1 when there is none, -1 (recorded). */
+static int snapshot_query(store *s, const snap_tables *t, sqlite3_stmt *st, int64_t *rowid, int64_t *message,
+                          void **data, size_t *len)
 {
     if (!st) return -1;
     int rc = sqlite3_step(st);
@@ -998,29 +1001,30 @@ static int snapshot_query(store *s, sqlite3_stmt *st, int64_t *message, void **d
         sqlite3_finalize(st);
         return rc == SQLITE_DONE ? 1 : fail(s, "reading the snapshot");
     }
-    int64_t rowid = sqlite3_column_int64(st, 0), bytes = sqlite3_column_int64(st, 1);
+    int64_t id = sqlite3_column_int64(st, 0), bytes = sqlite3_column_int64(st, 1);
     if (message) *message = sqlite3_column_int64(st, 2);
+    if (rowid) *rowid = id;
     sqlite3_finalize(st);
-    return read_snapshot(s, &CONV_SNAPS, rowid, bytes, data, len);
+    return read_snapshot(s, t, id, bytes, data, len);
 }
 
 int store_snapshot_get(store *s, int64_t message, const char *prefill_policy, void **data, size_t *len)
 {
-    return snapshot_query(s,
+    return snapshot_query(s, &CONV_SNAPS,
                           prep(s, "SELECT id, bytes, message_id FROM snapshots WHERE message_id = ? AND prefill_policy = ?",
                                "it", message, prefill_policy),
-                          NULL, data, len);
+                          NULL, NULL, data, len);
 }
 
 int store_snapshot_latest(store *s, int64_t session, const char *prefill_policy, int64_t *message, void **data,
                           size_t *len)
 {
-    return snapshot_query(s,
+    return snapshot_query(s, &CONV_SNAPS,
                           prep(s,
                                "SELECT id, bytes, message_id FROM snapshots WHERE session_id = ? AND prefill_policy = ? "
                                "ORDER BY message_id DESC, id DESC LIMIT 1",
                                "it", session, prefill_policy),
-                          message, data, len);
+                          NULL, message, data, len);
 }
 
 /* The document's row for this model (its id; 1 when the model never read that text). */
@@ -1056,19 +1060,14 @@ int store_doc_snapshot_put(store *s, int64_t model_id, const char *doc_sha, cons
 
 int store_doc_snapshot_get(store *s, int64_t model_id, const char *doc_sha, const char *key, void **data, size_t *len)
 {
-    sqlite3_stmt *st = prep(s,
-                            "SELECT ds.id, ds.bytes FROM document_snapshots ds JOIN documents d ON d.id = ds.document_id "
-                            "WHERE d.model_id = ? AND d.sha256 = ? AND ds.prefill_policy = ?",
-                            "itt", model_id, doc_sha, key);
-    if (!st) return -1;
-    int rc = sqlite3_step(st);
-    if (rc != SQLITE_ROW) {
-        sqlite3_finalize(st);
-        return rc == SQLITE_DONE ? 1 : fail(s, "reading the snapshot");
-    }
-    int64_t rowid = sqlite3_column_int64(st, 0), bytes = sqlite3_column_int64(st, 1);
-    sqlite3_finalize(st);
-    if (read_snapshot(s, &DOC_SNAPS, rowid, bytes, data, len)) return -1;
+    int64_t rowid = 0;
+    int rc = snapshot_query(s, &DOC_SNAPS,
+                            prep(s,
+                                 "SELECT ds.id, ds.bytes FROM document_snapshots ds JOIN documents d ON "
+                                 "d.id = ds.document_id WHERE d.model_id = ? AND d.sha256 = ? AND ds.prefill_policy = ?",
+                                 "itt", model_id, doc_sha, key),
+                            &rowid, NULL, data, len);
+    if (rc) return rc;
     /* when it was last used: what a size limit keeps longest (a read-only database keeps the old time) */
     sqlite3_stmt *u = prep(s, "UPDATE document_snapshots SET used_at = ? WHERE id = ?", "ii", now_s(), rowid);
     if (u) {

@@ -1,5 +1,6 @@
 /* const_copies.c - device copies of small constant inputs (see const_copies.h). */
 #include "kernels/cuda/const_copies.h"
+#include "kernels/addr_hash.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -22,14 +23,6 @@ void cc_free(cc_table *t)
     t->bytes = 0;
 }
 
-static uint64_t hash_addr(const void *p)
-{
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    return x ^ (x >> 33);
-}
-
 /* Twice the slots, every entry moved by its key; the table itself is all that changes. */
 static int grow(cc_table *t)
 {
@@ -38,7 +31,7 @@ static int grow(cc_table *t)
     if (!ns) return -1;
     for (int i = 0; i < t->cap; i++) {
         if (!t->slots[i].host) continue;
-        uint64_t h = hash_addr(t->slots[i].host) & (uint64_t)(nc - 1);
+        uint64_t h = addr_hash(t->slots[i].host) & (uint64_t)(nc - 1);
         while (ns[h].host) h = (h + 1) & (uint64_t)(nc - 1);
         ns[h] = t->slots[i];
     }
@@ -55,7 +48,7 @@ const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *
         *status = CC_NO_HOST_MEMORY;
         return NULL;
     }
-    uint64_t m = (uint64_t)(t->cap - 1), h = hash_addr(host) & m;
+    uint64_t m = (uint64_t)(t->cap - 1), h = addr_hash(host) & m;
     while (t->slots[h].host && t->slots[h].host != host) h = (h + 1) & m;
     cc_copy *c = &t->slots[h];
     if (c->host && c->bytes == bytes && c->seen && !c->stale && !memcmp(c->seen, host, bytes)) return c->dev;
