@@ -8,6 +8,10 @@
 
 #include "engine/policy/policy.h"
 
+/* An answer's last partial page is checked when it holds at least this many tokens (fewer say
+ * little about the entropy's variance). */
+enum { GEN_MIN_CHECKED = 4 };
+
 /* One answer being generated: what it drives, its options, and where the loop stands. */
 typedef struct gen_state {
     const gen_ctx *c;
@@ -25,6 +29,7 @@ typedef struct gen_state {
     int64_t regen_page;      /* the page being generated again (-1: none) */
     int32_t *tokens;         /* the answer so far */
     int32_t *first_try;      /* the tokens of the page being regenerated, as first generated */
+    int64_t first_n;         /* how many (P, or fewer for an answer's last partial page) */
     void *samp_state;        /* sampler state at the start of the current page */
     char *text;              /* stop sequences: the answer's text (each token's piece), */
     size_t *ends;            /* where each token's text ends in it */
@@ -98,13 +103,13 @@ static void commit(const gen_callbacks *cb, const int32_t *tokens, int64_t *comm
 }
 
 static void finish_event(unc_monitor *mon, const unc_thresholds *thr, const gen_callbacks *cb, const int32_t *now,
-                         const int32_t *before, int64_t n, int P, int64_t from)
+                         int64_t n, const int32_t *before, int64_t n_before, int64_t from)
 {
     unc_event *e = unc_last_event(mon);
     if (!e) return;
     unc_range(mon, from, n, &e->after);
     e->recovered = !unc_crosses(thr, &e->after);
-    e->changed_text = n < P || memcmp(now, before, sizeof(int32_t) * (size_t)n) != 0;
+    e->changed_text = n != n_before || memcmp(now, before, sizeof(int32_t) * (size_t)n) != 0;
     if (cb && cb->event) cb->event(cb->ud, e);
 }
 
@@ -159,13 +164,12 @@ static int next_token(gen_state *g, int32_t *out)
     return 0;
 }
 
-/* Page `page` crossed the thresholds (event e): the decode policy reselects, the cache, sampler and
- * monitor roll back to the page's start, and its first token's logits are computed again. 0 to
- * generate the page again, 1 to stop, -1 on failure. */
-static int backtrack(gen_state *g, unc_event *e, int64_t page)
+/* Page `page`, its last n tokens, crossed the thresholds (event e): the decode policy reselects,
+ * the cache, sampler and monitor roll back to the page's start, and its first token's logits are
+ * computed again. 0 to generate the page again, 1 to stop, -1 on failure. */
+static int backtrack(gen_state *g, unc_event *e, int64_t page, int64_t P)
 {
     const gen_ctx *c = g->c;
-    const int P = g->P;
     int64_t target = g->pos0 + (g->i - P) - 1;   /* re-decode the token before the page */
     pol_change chg;
     pol_set_reselect(fwd_policy(c->f), fwd_pos(c->f), target, &chg);
@@ -178,6 +182,7 @@ static int backtrack(gen_state *g, unc_event *e, int64_t page)
         return -1;
     }
     memcpy(g->first_try, g->tokens + g->i - P, sizeof(int32_t) * (size_t)P);
+    g->first_n = P;
     samp_load_state(c->s, g->samp_state);
     unc_drop(c->mon, P);
     unc_note_regenerated(c->mon, P);
@@ -188,6 +193,45 @@ static int backtrack(gen_state *g, unc_event *e, int64_t page)
     g->res->regenerated++;
     if (g->res->regenerated >= g->o->max_regen) g->can_roll = 0;   /* from here every token is final */
     return step(g, g->i > 0 ? g->tokens[g->i - 1] : g->o->prev_token);
+}
+
+/* The check of the answer's last n tokens, page `page` (statistics st): an event when they cross
+ * the thresholds, and the page generated again while regenerations are left. 0 to go on, 2 when
+ * the page is generated again, 1 to stop, -1 on failure. */
+static int check_page(gen_state *g, int64_t page, int64_t n, const unc_stats *st)
+{
+    const gen_opts *o = g->o;
+    if (!g->watch || !unc_crosses(o->thr, st)) return 0;
+    unc_event e = { 0 };
+    e.step = g->i - 1;
+    e.pos = g->pos0 + g->i - 1;
+    e.page = page;
+    e.stats = *st;
+    e.thr_h = o->thr->h_mean;
+    e.thr_v = o->thr->h_var;
+    g->res->events++;
+    if (g->can_roll && g->res->regenerated < o->max_regen) {
+        int r = backtrack(g, &e, page, n);
+        return r == 0 ? 2 : r;
+    }
+    e.regen_spent = o->max_regen > 0 && g->res->regenerated >= o->max_regen;
+    if (unc_add_event(g->c->mon, &e)) return out_of_memory(g);
+    if (g->cb && g->cb->event) g->cb->event(g->cb->ud, &e);
+    return 0;
+}
+
+/* The answer ended inside a page: its last GEN_MIN_CHECKED or more tokens are checked as a page
+ * would be, so an answer shorter than a page is checked at all. 0 when the answer stands, 2 when
+ * the partial page is generated again, -1 on failure. */
+static int answer_end(gen_state *g)
+{
+    int64_t n = g->i % g->P, page = g->i / g->P;
+    if (!g->watch || n < GEN_MIN_CHECKED || page == g->regen_page) return 0;
+    unc_stats st;
+    unc_range(g->c->mon, g->i - n, n, &st);
+    int r = check_page(g, page, n, &st);
+    if (r == 2) g->res->stop = GEN_STOP_LIMIT;   /* decided again by the regenerated tokens */
+    return r;
 }
 
 /* A page of the answer is complete: its check (and a rollback when it crosses), then its tokens
@@ -201,24 +245,11 @@ static int page_end(gen_state *g)
     unc_stats st;
     unc_range(c->mon, g->i - P, P, &st);
     if (page == g->regen_page) {
-        finish_event(c->mon, o->thr, g->cb, g->tokens + g->i - P, g->first_try, P, P, g->i - P);
+        finish_event(c->mon, o->thr, g->cb, g->tokens + g->i - P, P, g->first_try, g->first_n, g->i - P);
         g->regen_page = -1;
-    } else if (g->watch && unc_crosses(o->thr, &st)) {
-        unc_event e = { 0 };
-        e.step = g->i - 1;
-        e.pos = g->pos0 + g->i - 1;
-        e.page = page;
-        e.stats = st;
-        e.thr_h = o->thr->h_mean;
-        e.thr_v = o->thr->h_var;
-        g->res->events++;
-        if (g->can_roll && g->res->regenerated < o->max_regen) {
-            int r = backtrack(g, &e, page);
-            return r == 0 ? 2 : r;
-        }
-        e.regen_spent = o->max_regen > 0 && g->res->regenerated >= o->max_regen;
-        if (unc_add_event(c->mon, &e)) return out_of_memory(g);
-        if (g->cb && g->cb->event) g->cb->event(g->cb->ud, &e);
+    } else {
+        int r = check_page(g, page, P, &st);
+        if (r) return r;
     }
     if (g->track && g->cb && g->cb->page) g->cb->page(g->cb->ud, page, &st);
     commit(g->cb, g->tokens, &g->committed, g->safe < g->i ? g->safe : g->i);
@@ -241,7 +272,7 @@ static void finish(gen_state *g)
     }
     if (g->regen_page >= 0) {   /* the answer ended inside a regenerated page */
         int64_t from = g->regen_page * g->P, n = g->i - from;
-        finish_event(c->mon, g->o->thr, g->cb, g->tokens + from, g->first_try, n < 0 ? 0 : n, g->P, from);
+        finish_event(c->mon, g->o->thr, g->cb, g->tokens + from, n < 0 ? 0 : n, g->first_try, g->first_n, from);
     }
     commit(g->cb, g->tokens, &g->committed, g->i);   /* what was generated stays, also when interrupted */
     res->n_gen = g->i;
@@ -281,19 +312,23 @@ int gen_answer(const gen_ctx *c, const gen_opts *o, const gen_callbacks *cb, gen
         }
         int32_t id;
         int r = next_token(&g, &id);
-        if (r) {
-            rc = r < 0 ? -1 : 0;
+        if (r < 0) {
+            rc = -1;
             break;
         }
-        if (!g.can_roll) commit(cb, g.tokens, &g.committed, g.safe);
-        if (g.i % g.P == 0 && (r = page_end(&g)) != 0) {
-            if (r == 2) continue;   /* the page again, from its first token's logits */
-            rc = r < 0 ? -1 : 0;
-            break;
+        if (r == 0) {
+            if (!g.can_roll) commit(cb, g.tokens, &g.committed, g.safe);
+            if (g.i % g.P == 0 && (r = page_end(&g)) != 0) {
+                if (r == 2) continue;   /* the page again, from its first token's logits */
+                rc = r < 0 ? -1 : 0;
+                break;
+            }
+            if (fwd_pos(c->f) >= fwd_n_ctx(c->f) && g.i < o->n_predict) res->stop = GEN_STOP_CONTEXT;
         }
-        if (g.i == o->n_predict) break;
-        if (fwd_pos(c->f) >= fwd_n_ctx(c->f)) {
-            res->stop = GEN_STOP_CONTEXT;
+        if (r == 1 || g.i == o->n_predict || res->stop == GEN_STOP_CONTEXT) {   /* the answer ends here */
+            r = answer_end(&g);
+            if (r == 2) continue;   /* its last partial page again */
+            rc = r < 0 ? -1 : 0;
             break;
         }
         if ((r = step(&g, id)) != 0) {

@@ -43,7 +43,8 @@ double unc_quantile(double *v, int64_t n, double q)
 
 int unc_crosses(const unc_thresholds *t, const unc_stats *s)
 {
-    return t && t->valid && (s->mean_h > t->h_mean || s->var_h > t->h_var);
+    /* both high: the upper-right region of the paper's Fig. 4 (uncertain and erratic at once) */
+    return t && t->valid && s->mean_h > t->h_mean && s->var_h > t->h_var;
 }
 
 int unc_thresholds_save(const char *path, const unc_thresholds *t, char *err, size_t errlen)
@@ -55,7 +56,7 @@ int unc_thresholds_save(const char *path, const unc_thresholds *t, char *err, si
     FILE *f = fa.f;
     fprintf(f,
             "# kvchat uncertainty thresholds (kvchat calibrate): a generated page of `page` tokens is uncertain\n"
-            "# when its mean entropy exceeds entropy_mean or the variance of its per-token entropy exceeds\n"
+            "# when its mean entropy exceeds entropy_mean and the variance of its per-token entropy exceeds\n"
             "# entropy_var; both are the `quantile` of the pages seen with the full cache.\n"
             "model=%s\nfingerprint=%s\npage=%d\nquantile=%.4f\nsamples=%lld\nseed=%llu\nentropy_mean=%.9g\n"
             "entropy_var=%.9g\n",

@@ -4,7 +4,7 @@
  *
  * Per token t: H_t = -sum p ln p and V_t = sum p (ln p + H_t)^2 of the sampling distribution.
  * Per page (or window) of tokens: mean H and the variance of the per-token H (the CHESS paper's
- * Var(H)_p). A page crosses the thresholds when either statistic exceeds its threshold. The
+ * Var(H)_p). A page crosses the thresholds when both statistics exceed theirs (the paper's Fig. 4). The
  * monitor keeps every token of the current answer so the UI can draw sparklines. */
 #ifndef KVCHAT_UNCERTAINTY_H
 #define KVCHAT_UNCERTAINTY_H

@@ -513,7 +513,7 @@ Test(cli, ask_trace_reports_the_decisions_about_a_text)
 Test(cli, ask_show_events_logs_a_forced_backtrack)
 {
     static char out[1 << 16], errb[1 << 16];
-    int st = run(ASK "-q 'What is it about?' -n 24 --policy chess:every=0 --page-size 8 --thresholds 0,0 --backtrack 1 "
+    int st = run(ASK "-q 'What is it about?' -n 24 --policy chess:rebuild=event --page-size 8 --thresholds 0,0 --backtrack 1 "
                      "--show-events",
                  out, sizeof out, errb, sizeof errb);
     cr_assert_eq(st, 0, "stderr: %s", errb);
@@ -523,7 +523,7 @@ Test(cli, ask_show_events_logs_a_forced_backtrack)
     cr_expect(strstr(errb, "uncertainty: 3 pages crossed a threshold, 1 regenerated (8 tokens generated again)"),
               "summary: %s", errb);
     /* no regeneration allowed: the events say backtracking is off, not that a budget was spent */
-    st = run(ASK "-q 'What is it about?' -n 24 --policy chess:every=0 --page-size 8 --thresholds 0,0 --backtrack 0 "
+    st = run(ASK "-q 'What is it about?' -n 24 --policy chess:rebuild=event --page-size 8 --thresholds 0,0 --backtrack 0 "
                  "--show-events",
              out, sizeof out, errb, sizeof errb);
     cr_assert_eq(st, 0, "stderr: %s", errb);
@@ -582,14 +582,14 @@ Test(cli, eval_passkey_runs_every_configuration)
 {
     static char out[1 << 16], errb[1 << 16];
     int st = run("eval -m " TD "tiny/tiny-llama-f16.gguf --task passkey --ctx 400 --samples 2 -n 8 "
-                 "--policy full,chess:every=0 --budget 0.3,0.5 --backtrack 0",
+                 "--policy full,chess:rebuild=event --budget 0.3,0.5 --backtrack 0",
                  out, sizeof out, errb, sizeof errb);
     cr_assert_eq(st, 0, "stderr: %s", errb);
     /* the summary table: the no-document control, full once, chess at each budget */
     cr_expect(strstr(out, "| passkey | 400 | nodoc | - | 0 | 2 |"), "%s", out);
     cr_expect(strstr(out, "| passkey | 400 | full | - | 0 | 2 |"), "%s", out);
-    cr_expect(strstr(out, "| passkey | 400 | chess:every=0 | 0.3 | 0 | 2 |"), "%s", out);
-    cr_expect(strstr(out, "| passkey | 400 | chess:every=0 | 0.5 | 0 | 2 |"), "%s", out);
+    cr_expect(strstr(out, "| passkey | 400 | chess:rebuild=event | 0.3 | 0 | 2 |"), "%s", out);
+    cr_expect(strstr(out, "| passkey | 400 | chess:rebuild=event | 0.5 | 0 | 2 |"), "%s", out);
     cr_expect(!strstr(out, "| full | 0.3"), "full has no budget and runs once: %s", out);
     expect_one_line_error("eval -m " TD "tiny/tiny-llama-f16.gguf --task nope", "unknown task 'nope'");
 }

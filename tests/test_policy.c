@@ -219,7 +219,7 @@ Test(policy, chess_selects_the_page_that_matches_the_anchor)
     build(&fx, dir, 10);
     char got[256];
     /* keep 3 of 4 chunks, then 1 of their 6 pages: page 3 (keys equal to the anchor) */
-    select_pages(&fx, "chess:sink=1,window=1,chunk=2,grid=2,rho_g=1,rho_c=0.75,rho_p=0.1", NULL, got, sizeof got);
+    select_pages(&fx, "chess:sink=1,window=1,anchor=0,chunk=2,grid=2,rho_g=1,rho_c=0.75,rho_p=0.1", NULL, got, sizeof got);
     cr_expect_str_eq(got, "0 3 9");
     unbuild(&fx);
 }
@@ -232,11 +232,67 @@ Test(policy, chess_parent_masking_excludes_children_of_unselected_grids)
     fixture fx;
     build(&fx, dir, 10);
     char got[256];
-    select_pages(&fx, "chess:sink=1,window=1,chunk=2,grid=2,rho_g=0.5,rho_c=1,rho_p=1", NULL, got, sizeof got);
+    select_pages(&fx, "chess:sink=1,window=1,anchor=0,chunk=2,grid=2,rho_g=0.5,rho_c=1,rho_p=1", NULL, got, sizeof got);
     cr_expect_str_eq(got, "0 5 6 7 8 9");
-    select_pages(&fx, "chess:sink=1,window=1,chunk=2,grid=2,rho_g=0.5,rho_c=0.5,rho_p=0.5", NULL, got, sizeof got);
+    select_pages(&fx, "chess:sink=1,window=1,anchor=0,chunk=2,grid=2,rho_g=0.5,rho_c=0.5,rho_p=0.5", NULL, got, sizeof got);
     cr_expect_str_eq(got, "0 5 9");
     unbuild(&fx);
+}
+
+/* The decode step at position pos after appending n tokens whose keys all equal 0.1 e_0 + e_axis:
+ * the selected pages of chess policy set ps as a string. */
+static void chess_step(fixture *fx, pol_set *ps, int axis, int n, char *out, size_t len)
+{
+    float k[D], v[D] = { 0 };
+    int64_t pos = kv_len(fx->kv);
+    for (int t = 0; t < n; t++, pos++) {
+        for (int d = 0; d < D; d++) k[d] = d == 0 ? 0.1f : d == axis ? 1.0f : 0.0f;
+        cr_assert(kv_append(fx->kv, 0, k, v, 1, pos) == 0);
+        kv_commit(fx->kv, pos + 1);
+    }
+    int32_t tok = 0;
+    pol_set_begin(ps, &tok, 1, pos, 1);
+    const pol_sel *sel = pol_set_select(ps, 0, NULL);
+    cr_assert(sel);
+    size_t o = 0;
+    out[0] = 0;
+    for (int64_t i = 0; i < sel->n; i++) o += (size_t)snprintf(out + o, len - o, "%s%d", i ? " " : "", sel->idx[i]);
+}
+
+Test(policy, chess_anchor_is_the_last_tokens_keys_and_is_rebuilt_per_step_page_or_event)
+{
+    /* ten pages of 4 tokens, page i's keys 0.1 e_0 + 0.25 e_(1 + i mod 7): page 3 lies along e_4,
+     * page 5 along e_6. With a one-token anchor, a token along e_4 (position 40) selects page 3;
+     * the next along e_6 (41) selects page 5 when the selection is rebuilt at every step, not yet
+     * when it is rebuilt at each new page (positions 41 and 42 share page 10) nor when only
+     * uncertainty events rebuild it; two more (page 11 begins at 44) move the per-page one too. */
+    float dir[10];
+    for (int i = 0; i < 10; i++) dir[i] = 0.1f;
+    const char *modes[3] = { "step", "page", "event" };
+    const char *second[3] = { "0 5 10", "0 3 10", "0 3 10" }, *third[3] = { "0 5 10", "0 5 10", "0 3 10" };
+    const char *rebuilds[3] = { "3 rebuilds", "2 rebuilds", "1 rebuilds" };
+    for (int i = 0; i < 3; i++) {
+        fixture fx;
+        build(&fx, dir, 10);
+        pol_spec s;
+        char spec[128], err[512], got[256];
+        snprintf(spec, sizeof spec, "chess:sink=1,window=1,anchor=1,chunk=2,grid=2,rho_g=1,rho_c=1,rho_p=0.1,rebuild=%s",
+                 modes[i]);
+        cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
+        pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        chess_step(&fx, ps, 4, 1, got, sizeof got);
+        cr_expect_str_eq(got, "0 3 10", "%s: the first step's anchor lies along e_4", spec);
+        chess_step(&fx, ps, 6, 1, got, sizeof got);
+        cr_expect_str_eq(got, second[i], "%s: the second step", spec);
+        chess_step(&fx, ps, 6, 2, got, sizeof got);
+        cr_expect_str_eq(got, third[i], "%s: the step that begins a page", spec);
+        char desc[256];
+        pol_set_describe(ps, desc, sizeof desc);
+        cr_expect(strstr(desc, rebuilds[i]), "%s: %s", spec, desc);
+        pol_set_free(ps);
+        unbuild(&fx);
+    }
 }
 
 Test(policy, chess_always_keeps_sinks_and_window)
@@ -384,7 +440,7 @@ Test(policy, full_and_keep_everything_chess_reproduce_the_engine_on_tiny_models)
         cr_assert(model_load(&m, files[i], NULL, err, sizeof err) == 0, "%s", err);
         float *none = run(m, b, NULL, 32);
         float *full = run(m, b, "full", 32);
-        float *chess = run(m, b, "chess:rho_g=1,rho_c=1,rho_p=1,every=1", 32);
+        float *chess = run(m, b, "chess:rho_g=1,rho_c=1,rho_p=1", 32);
         float *quest = run(m, b, "quest:budget=100000", 32);
         same(m, none, full, "full");
         same(m, none, chess, "chess keeping every page");

@@ -173,7 +173,7 @@ static void check_resume(const char *file, const char *spec)
 Test(snapshot, restore_continues_exactly_on_tiny_llama, .timeout = 120)
 {
     check_resume(TD "tiny/tiny-llama-f16.gguf", NULL);
-    check_resume(TD "tiny/tiny-llama-f16.gguf", "h2o:budget=0.5+chess:every=1,budget=0.3");
+    check_resume(TD "tiny/tiny-llama-f16.gguf", "h2o:budget=0.5+chess:rebuild=page,budget=0.3");
 }
 
 Test(snapshot, restore_continues_exactly_on_tiny_gemma, .timeout = 120)
@@ -205,7 +205,7 @@ Test(snapshot, a_checksummed_snapshot_with_out_of_range_state_is_refused, .timeo
     model *m;
     cr_assert(model_load(&m, TD "tiny/tiny-gemma3-f16.gguf", NULL, err, sizeof err) == 0, "%s", err);
     be_backend *b = be_cpu_create(1, err, sizeof err);
-    const char *spec = "h2o:budget=0.5+chess:every=1";
+    const char *spec = "h2o:budget=0.5+chess";
     seq a;
     seq_open(&a, m, b, spec, 8);
     int32_t ids[200];

@@ -52,7 +52,7 @@ Test(uncertainty, quantiles_of_a_known_sample)
     cr_expect(unc_quantile(&one, 1, 0.99) == 7);
 }
 
-Test(uncertainty, crossing_means_either_statistic_above_its_threshold)
+Test(uncertainty, crossing_means_both_statistics_above_their_thresholds)
 {
     unc_thresholds t = { 0 };
     unc_stats s = { 1.0, 0.5, 32 };
@@ -62,10 +62,12 @@ Test(uncertainty, crossing_means_either_statistic_above_its_threshold)
     t.h_var = 0.5;
     cr_expect(!unc_crosses(&t, &s), "equal is not above");
     s.mean_h = 1.01;
-    cr_expect(unc_crosses(&t, &s));
+    cr_expect(!unc_crosses(&t, &s), "a high mean entropy alone is not Fig. 4's region");
     s.mean_h = 0.2;
     s.var_h = 0.6;
-    cr_expect(unc_crosses(&t, &s));
+    cr_expect(!unc_crosses(&t, &s), "a high variance alone is not Fig. 4's region");
+    s.mean_h = 1.01;
+    cr_expect(unc_crosses(&t, &s), "both above");
 }
 
 Test(uncertainty, thresholds_file_round_trip_and_bad_files)
@@ -209,12 +211,12 @@ Test(uncertainty, without_triggers_the_answer_is_plain_decoding, .timeout = 120)
     const char *files[2] = { TD "tiny/tiny-llama-f16.gguf", TD "tiny/tiny-gemma3-f16.gguf" };
     for (int i = 0; i < 2; i++) {
         run_out plain, off, high;
-        answer(files[i], "chess:every=0", NULL, 0, 8, 40, &plain);
+        answer(files[i], "chess:rebuild=event", NULL, 0, 8, 40, &plain);
         cr_assert(plain.n >= 16, "the tiny model answered only %d tokens", plain.n);
         unc_thresholds none = { 0 };
-        answer(files[i], "chess:every=0", &none, 2, 8, 40, &off);
+        answer(files[i], "chess:rebuild=event", &none, 2, 8, 40, &off);
         unc_thresholds never = { .valid = 1, .h_mean = 1e9, .h_var = 1e9 };
-        answer(files[i], "chess:every=0", &never, 2, 8, 40, &high);
+        answer(files[i], "chess:rebuild=event", &never, 2, 8, 40, &high);
         cr_expect(off.n == plain.n && !memcmp(off.tok, plain.tok, sizeof(int32_t) * (size_t)plain.n),
                   "%s: triggers off changed the answer", files[i]);
         cr_expect(high.n == plain.n && !memcmp(high.tok, plain.tok, sizeof(int32_t) * (size_t)plain.n),
@@ -261,13 +263,43 @@ Test(uncertainty, forced_trigger_regenerates_exactly_one_page_and_logs_it, .time
     }
 }
 
+Test(uncertainty, an_answer_shorter_than_a_page_is_checked_and_regenerated, .timeout = 120)
+{
+    /* a 6-token answer with pages of 8 never completes a page: its last partial page is checked
+     * when the answer ends (at least GEN_MIN_CHECKED = 4 tokens), as a page would be */
+    const char *files[2] = { TD "tiny/tiny-llama-f16.gguf", TD "tiny/tiny-gemma3-f16.gguf" };
+    const int P = 8, n = 6;
+    for (int i = 0; i < 2; i++) {
+        run_out plain, forced, tiny;
+        answer(files[i], "full", NULL, 0, P, n, &plain);
+        cr_assert(plain.n == n, "the tiny model stopped after %d tokens", plain.n);
+        unc_thresholds zero = { .valid = 1, .h_mean = 0, .h_var = 0 };
+        answer(files[i], "full", &zero, 1, P, n, &forced);
+        cr_expect_eq(forced.res.events, 1, "%s: the partial page crossed thresholds of 0", files[i]);
+        cr_expect_eq(forced.res.regenerated, 1, "%s", files[i]);
+        cr_expect_eq(forced.res.n_decoded, (int64_t)(n - 1 + n), "%s: the partial page (n steps) decoded again",
+                     files[i]);
+        cr_expect_eq(forced.res.stop, GEN_STOP_LIMIT, "%s", files[i]);
+        cr_expect(forced.n == plain.n && !memcmp(forced.tok, plain.tok, sizeof(int32_t) * (size_t)n),
+                  "%s: full attention regenerated other tokens", files[i]);
+        cr_assert(forced.n_ev == 1);
+        const unc_event *e = &forced.ev[0];
+        cr_expect(e->regenerated && e->page == 0 && e->step == n - 1 && e->stats.n == n && e->after.n == n &&
+                      !e->changed_text,
+                  "%s: the event is the regenerated partial page 0", files[i]);
+        /* 3 tokens are too few to judge: no check, plain decoding */
+        answer(files[i], "full", &zero, 1, P, 3, &tiny);
+        cr_expect(tiny.res.events == 0 && tiny.res.regenerated == 0 && tiny.n == 3, "%s", files[i]);
+    }
+}
+
 Test(uncertainty, chess_reselection_reports_the_pages_it_changed, .timeout = 120)
 {
     /* the anchor moves with the generated keys, so a reselection at a page end may pick other pages;
      * whatever it picks, the event's lists must match the selection before and after */
     run_out forced;
     unc_thresholds zero = { .valid = 1, .h_mean = 0, .h_var = 0 };
-    answer(TD "tiny/tiny-llama-f16.gguf", "chess:every=0,budget=64,sink=1,window=1", &zero, 2, 8, 32, &forced);
+    answer(TD "tiny/tiny-llama-f16.gguf", "chess:rebuild=event,budget=64,sink=1,window=1", &zero, 2, 8, 32, &forced);
     cr_expect_eq(forced.res.regenerated, 2);
     cr_assert(forced.n_ev >= 2);
     for (int k = 0; k < 2; k++) {

@@ -1,15 +1,15 @@
-/* chess.c - CHESS: hierarchical page selection, rebuilt when asked to (every N generated pages, or
- * on an uncertainty event: quality-aware backtracking).
+/* chess.c - CHESS: hierarchical page selection, rebuilt at every decode step (the paper's main
+ * text; rebuild=N spaces them out) and on an uncertainty event (quality-aware backtracking).
  *
  * A page's summary is its mean key, flattened over the global layers and KV heads; a chunk
  * (chunk= pages) and a grid (grid= chunks) get the mean of their children's summaries. A
- * reconstruction builds the anchor (mean summary of the recent-window pages), scores every grid,
- * chunk and page with one matrix-vector product (of unit rows: cosine similarity, by default), keeps the top rho_g grids, the top rho_c of the
- * chunks inside them and the top rho_p of the pages inside those (or, with a budget, as many of
- * those pages as the budget allows), and from then on every global layer attends to
+ * reconstruction builds the anchor (the mean key of the last `anchor` tokens, or with anchor=0 the
+ * mean summary of the recent-window pages), scores every grid, chunk and page with one
+ * matrix-vector product (raw dot products, or of unit rows: cosine similarity), keeps the top rho_g
+ * grids, the top rho_c of the chunks inside them and the top rho_p of the pages inside those (or,
+ * with a budget, as many of those pages as the budget allows), and every global layer attends to
  *   sink pages + selected pages + every page from the recent window onwards
- * by page index, without copying. Between reconstructions the selection stays fixed. Selection
- * only: every page stays in memory. */
+ * by page index, without copying. Selection only: every page stays in memory. */
 #include "engine/policy/policy.h"
 
 #include <math.h>
@@ -17,10 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/quant.h"
 #include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
 
-enum { P_PRESET, P_RHO_G, P_RHO_C, P_RHO_P, P_BUDGET, P_SINK, P_WINDOW, P_CHUNK, P_GRID, P_EVERY, P_SCORE, P_COUNT };
+enum { P_PRESET, P_RHO_G, P_RHO_C, P_RHO_P, P_BUDGET, P_SINK, P_WINDOW, P_ANCHOR, P_CHUNK, P_GRID, P_REBUILD, P_SCORE, P_COUNT };
 
 /* The presets, the only place they are written: the parser applies them (to the rho_* the spec
  * leaves at 0), and --help and the TUI's policy picker list them. */
@@ -31,6 +32,8 @@ static const pol_choice presets[] = {
     { NULL, NULL },
 };
 static const pol_choice scores[] = { { "cos", NULL }, { "dot", NULL }, { NULL, NULL } };
+enum { REBUILD_STEP, REBUILD_PAGE, REBUILD_EVENT };
+static const pol_choice rebuild_modes[] = { { "step", NULL }, { "page", NULL }, { "event", NULL }, { NULL, NULL } };
 
 static const pol_param params[] = {
     [P_PRESET] = { "preset", POL_ENUM, 1, 0, 0, presets, "rho_g, rho_c and rho_p together:" },
@@ -39,28 +42,30 @@ static const pol_param params[] = {
     [P_RHO_P] = { "rho_p", POL_FLOAT, 0, 0, 1, NULL, "fraction of pages kept inside kept chunks (0: preset)" },
     [P_BUDGET] = { "budget", POL_FLOAT, 0, 0, 1e9, NULL, "tokens attended (fraction or count); sets the page count at the last level" },
     [P_SINK] = { "sink", POL_INT, 1, 0, 1 << 20, NULL, "sink pages at the start, always kept" },
-    [P_WINDOW] = { "window", POL_INT, 2, 1, 1 << 20, NULL, "recent-window pages, always kept; their mean is the anchor" },
+    [P_WINDOW] = { "window", POL_INT, 2, 1, 1 << 20, NULL, "recent-window pages, always kept" },
+    [P_ANCHOR] = { "anchor", POL_INT, 16, 0, 1 << 20, NULL, "the anchor is the mean key of the last N tokens (0: of the window pages)" },
     [P_CHUNK] = { "chunk", POL_INT, 4, 1, 1 << 16, NULL, "pages per chunk" },
     [P_GRID] = { "grid", POL_INT, 4, 1, 1 << 16, NULL, "chunks per grid" },
-    [P_EVERY] = { "every", POL_INT, 6, 0, 1 << 20, NULL, "rebuild every N generated pages (0: only on uncertainty events)" },
+    [P_REBUILD] = { "rebuild", POL_ENUM, REBUILD_STEP, 0, 0, rebuild_modes, "reconstruct at every decode step, at each new page, or only on uncertainty events:" },
     [P_SCORE] = { "score", POL_ENUM, 0, 0, 0, scores, "similarity to the anchor: cosine, or the paper's raw dot product" },
 };
 _Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "chess: one entry per parameter");
 
 typedef struct st_chess {
     double rho_g, rho_c, rho_p, budget;
-    int sink, window, chunk, grid, every, cosine;
+    int sink, window, anchor, chunk, grid, rebuild, cosine;
     int64_t cur;
     int valid;                 /* a selection exists */
     int dirty;                 /* rebuild at the next step */
     int64_t built_at;          /* position of the last reconstruction */
+    int64_t hold_until;        /* an event's selection stands until this position (its page regenerated) */
     int tail_from;             /* pages >= this index are attended (window at build time onwards) */
     int *sel;                  /* selected candidate pages, ascending */
     int n_sel, n_cand;
     int64_t rebuilds, events;
     int64_t n_pages_at_build;
     /* scratch */
-    float *mat, *anchor, *score;
+    float *mat, *anchor_rows, *score;
     size_t mat_cap;
     int *idx, *idx2;
     int idx_cap;
@@ -82,7 +87,8 @@ static int c_create(void **out, const pol_env *env, const double *vals, char *er
     s->window = (int)vals[P_WINDOW];
     s->chunk = (int)vals[P_CHUNK];
     s->grid = (int)vals[P_GRID];
-    s->every = (int)vals[P_EVERY];
+    s->anchor = (int)vals[P_ANCHOR];
+    s->rebuild = (int)vals[P_REBUILD];
     s->cosine = vals[P_SCORE] == 0;
     s->dirty = 1;
     *out = s;
@@ -94,7 +100,7 @@ static void c_destroy(void *st)
     st_chess *s = st;
     free(s->sel);
     free(s->mat);
-    free(s->anchor);
+    free(s->anchor_rows);
     free(s->score);
     free(s->idx);
     free(s->idx2);
@@ -151,6 +157,31 @@ static void mean_rows(const float *rows, int n, size_t dim, float *out)
         for (size_t d = 0; d < dim; d++) out[d] += rows[(size_t)r * dim + d];
     float inv = n > 0 ? 1.0f / (float)n : 0.0f;
     for (size_t d = 0; d < dim; d++) out[d] *= inv;
+}
+
+/* The mean key of the last n tokens each global layer and KV head holds (fewer where it holds
+ * fewer), flattened as page_row flattens. The paper's anchor is built
+ * from the recent window's keys; taken by tokens it follows the generation step by step instead of
+ * jumping when a page fills. */
+static void anchor_of_tokens(const pol_env *env, int n, float *out)
+{
+    int64_t D = kv_head_dim(env->kv);
+    float *o = out;
+    for (int gl = 0; gl < env->n_global; gl++) {
+        for (int h = 0; h < env->n_head_kv; h++, o += D) {
+            memset(o, 0, sizeof(float) * (size_t)D);
+            int got = 0;
+            for (int i = kv_n_pages(env->kv, env->global[gl], h) - 1; i >= 0 && got < n; i--) {
+                const kv_page *p = kv_layer_page(env->kv, env->global[gl], h, i);
+                for (int t = p->n - 1; t >= 0 && got < n; t--, got++) {
+                    const uint16_t *k = p->k + (size_t)t * (size_t)D;
+                    for (int64_t d = 0; d < D; d++) o[d] += quant_fp16_to_f32(k[d]);
+                }
+            }
+            float inv = got > 0 ? 1.0f / (float)got : 0.0f;
+            for (int64_t d = 0; d < D; d++) o[d] *= inv;
+        }
+    }
 }
 
 static int ceil_frac(double rho, int n)
@@ -219,9 +250,9 @@ static int rebuild(st_chess *s, const pol_env *env)
         if (!a || !b || !c || !d) return -1;
         s->idx_cap = need_idx;
     }
-    float *an = realloc(s->anchor, sizeof(float) * dim);
+    float *an = realloc(s->anchor_rows, sizeof(float) * dim * 2);   /* the anchor and a row of scratch */
     if (!an) return -1;
-    s->anchor = an;
+    s->anchor_rows = an;
     float *prow = s->mat, *crow = s->mat + (size_t)s->n_cand * dim, *grow_ = crow + (size_t)nc * dim;
     for (int i = 0; i < s->n_cand; i++) page_row(env, first + i, prow + (size_t)i * dim);
     for (int c = 0; c < nc; c++) {
@@ -232,16 +263,17 @@ static int rebuild(st_chess *s, const pol_env *env)
         int c0 = g * s->grid, c1 = c0 + s->grid < nc ? c0 + s->grid : nc;
         mean_rows(crow + (size_t)c0 * dim, c1 - c0, dim, grow_ + (size_t)g * dim);
     }
-    /* anchor: mean summary of the recent-window pages (the score row buffer is free for a moment) */
-    memset(s->anchor, 0, sizeof(float) * dim);
-    float *tmp = malloc(sizeof(float) * dim);
-    if (!tmp) return -1;
-    for (int i = last; i < np; i++) {
-        page_row(env, i, tmp);
-        for (size_t d = 0; d < dim; d++) s->anchor[d] += tmp[d];
+    if (s->anchor > 0) {
+        anchor_of_tokens(env, s->anchor, s->anchor_rows);
+    } else {   /* the mean summary of the recent-window pages (the score buffer is free for a moment) */
+        memset(s->anchor_rows, 0, sizeof(float) * dim);
+        float *tmp = s->anchor_rows + dim;
+        for (int i = last; i < np; i++) {
+            page_row(env, i, tmp);
+            for (size_t d = 0; d < dim; d++) s->anchor_rows[d] += tmp[d];
+        }
+        for (size_t d = 0; d < dim; d++) s->anchor_rows[d] /= (float)(np - last > 0 ? np - last : 1);
     }
-    free(tmp);
-    for (size_t d = 0; d < dim; d++) s->anchor[d] /= (float)(np - last > 0 ? np - last : 1);
     if (s->cosine) {
         /* cosine similarity: unit rows (the anchor's norm does not change the ranking). The paper
          * scores with the raw dot product (score=dot); on the default model that ranks pages by how
@@ -256,7 +288,7 @@ static int rebuild(st_chess *s, const pol_env *env)
         }
     }
     /* one product scores every page, chunk and grid */
-    env->b->ops->scores(env->b, s->mat, rows, (int64_t)dim, s->anchor, s->score);
+    env->b->ops->scores(env->b, s->mat, rows, (int64_t)dim, s->anchor_rows, s->score);
     const float *ps = s->score, *cs = s->score + s->n_cand, *gs = cs + nc;
     /* grids */
     for (int g = 0; g < ng; g++) s->idx[g] = g;
@@ -301,8 +333,12 @@ static int rebuild(st_chess *s, const pol_env *env)
         if (kept) {
             for (int i = 0; i < kp; i++) kept[s->idx[i]] = 1;
             trace_level(s, env, "chess pages", s->n_cand, 1, ps, kept);
-            pol_trace_note(env->trace, "chess anchor: pages %d..%d (positions %d..%lld)", last, np - 1,
-                           kv_layer_page(env->kv, env->global[0], 0, last)->pos[0], (long long)s->cur - 1);
+            if (s->anchor > 0)
+                pol_trace_note(env->trace, "chess anchor: mean key of the last %d tokens (positions up to %lld)",
+                               s->anchor, (long long)s->cur - 1);
+            else
+                pol_trace_note(env->trace, "chess anchor: pages %d..%d (positions %d..%lld)", last, np - 1,
+                               kv_layer_page(env->kv, env->global[0], 0, last)->pos[0], (long long)s->cur - 1);
             free(kept);
         }
     }
@@ -314,9 +350,13 @@ static void c_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t
     st_chess *s = st;
     if (!decoding) return;
     s->cur = pos;
+    if (pos < s->built_at) {   /* rewound past the reconstruction */
+        s->dirty = 1;
+        s->hold_until = 0;
+    }
     int P = kv_page_size(env->kv);
-    if (pos < s->built_at) s->dirty = 1;   /* rewound past the reconstruction */
-    if (s->every > 0 && pos - s->built_at >= (int64_t)s->every * P) s->dirty = 1;
+    int due = s->rebuild == REBUILD_STEP ? pos != s->built_at : s->rebuild == REBUILD_PAGE ? pos / P != s->built_at / P : 0;
+    if (due && pos >= s->hold_until) s->dirty = 1;
     if (!s->valid || s->dirty) {
         if (rebuild(s, env) != 0) s->valid = 0;   /* out of memory: attend to everything this step */
     }
@@ -357,6 +397,7 @@ static void c_reselect(void *st, const pol_env *env, int64_t pos, int64_t keep_f
     }
     s->events++;
     s->built_at = keep_from;
+    s->hold_until = pos;   /* per-step rebuilds resume once the page is generated again */
     /* both lists ascending: a merge gives the pages that entered and left */
     int i = 0, j = 0;
     while (i < n_old || j < s->n_sel) {

@@ -197,8 +197,8 @@ void pol_strip_budget(const char *spec, char *out, size_t cap);
 int64_t pol_budget_tokens(double budget, int64_t ctx);
 /* A multi-line description of every policy and its parameters (for --help and error messages). */
 void pol_list(char *buf, size_t len);
-/* Split a list of specs on the commas that start a new spec ("full,chess:preset=aggressive,every=2,
- * quest" is full / chess:preset=aggressive,every=2 / quest): a piece with '=' and no ':' continues
+/* Split a list of specs on the commas that start a new spec ("full,chess:preset=aggressive,rebuild=2,
+ * quest" is full / chess:preset=aggressive,rebuild=2 / quest): a piece with '=' and no ':' continues
  * the previous spec's parameters. The count, or -1 when there are more than max. */
 int pol_split_list(const char *list, char specs[][256], int max);
 

@@ -322,31 +322,55 @@ static void retrieved_count(const char *out, const char *policy, int *k, int *n)
  * first digit comes out 3 under the scalar kernels, 1 under the AVX2 and AVX-512 panel and rows
  * kernels (the kernel families' logits differ from the scalar ones by 0.2 on average on this model,
  * bench/README.md). The eval also runs the backtracking loop with the shipped thresholds. */
-Test(default_model, take_answers_generated_passkey_documents, .timeout = 1200)
+/* `kvchat eval ARGS` on the default model: its output into out. */
+static void eval_out(const char *args, char *out, size_t cap)
 {
     char cmd[1024], outp[] = "/tmp/kvchat-eval-out-XXXXXX";
     int ofd = mkstemp(outp);
     cr_assert(ofd >= 0);
     close(ofd);
     const char *bin = getenv("KVCHAT_BIN") ? getenv("KVCHAT_BIN") : "./kvchat";
-    snprintf(cmd, sizeof cmd,
-             "%s eval -m '%s' --task passkey --ctx 4000 --samples 6 --seed 1 -n 16 --policy full,take --budget 0.2 > %s",
-             bin, model_path(), outp);
+    snprintf(cmd, sizeof cmd, "%s eval -m '%s' %s > %s", bin, model_path(), args, outp);
     int st = system(cmd);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "`%s` failed", cmd);
     FILE *o = fopen(outp, "r");
     cr_assert(o);
-    char out[4096];
-    size_t n = fread(out, 1, sizeof out - 1, o);
+    size_t n = fread(out, 1, cap - 1, o);
     out[n] = 0;
     fclose(o);
     unlink(outp);
     cr_log_info("%s", out);
+}
+
+Test(default_model, take_answers_generated_passkey_documents, .timeout = 1200)
+{
+    char out[4096];
+    eval_out("--task passkey --ctx 4000 --samples 6 --seed 1 -n 16 --policy full,take --budget 0.2", out, sizeof out);
     int full_k = -1, full_n = -1, take_k = -1, take_n = -1;
     retrieved_count(out, "full", &full_k, &full_n);
     retrieved_count(out, "take", &take_k, &take_n);
     cr_expect(full_k == 6 && full_n == 6, "the full cache missed a generated pass key:\n%s", out);
     cr_expect(take_k >= 5 && take_n == 6, "TAKE at 20%% missed more than one generated pass key:\n%s", out);
+}
+
+/* CHESS on the standard pass-key test (issue 29): the first SAMPLES documents of `kvchat eval --task
+ * passkey-std --ctx 2K --seed 1` (needles at 10% to 90% depth). With the selection built once from
+ * the mean of the last two pages' mean keys (three quarters filler at 2K) CHESS at 10% answered
+ * none; with the anchor made of the last 16 tokens' keys (the question) it answers MIN or more. */
+#define CHESS_STD_SAMPLES 10
+#define CHESS_STD_MIN 5
+Test(default_model, chess_answers_standard_pass_keys_at_10_percent, .timeout = 1200)
+{
+    char out[4096], args[256];
+    snprintf(args, sizeof args, "--task passkey-std --ctx 2K --samples %d --seed 1 --policy full,chess --budget 0.1",
+             CHESS_STD_SAMPLES);
+    eval_out(args, out, sizeof out);
+    int full_k = -1, full_n = -1, chess_k = -1, chess_n = -1;
+    retrieved_count(out, "full", &full_k, &full_n);
+    retrieved_count(out, "chess", &chess_k, &chess_n);
+    cr_expect(full_n == CHESS_STD_SAMPLES && full_k >= CHESS_STD_MIN, "the full cache:\n%s", out);
+    cr_expect(chess_n == CHESS_STD_SAMPLES && chess_k >= CHESS_STD_MIN,
+              "CHESS at 10%% answered fewer than %d standard pass keys:\n%s", CHESS_STD_MIN, out);
 }
 
 /* The terminal interface on the default model in a real terminal (tmux): everything
