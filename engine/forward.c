@@ -441,7 +441,8 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         if (f->decoding) f->st_attn_ms += now_ms() - t0;
         if (n_probe) kv_truncate_layer(f->kv, il, probe_p0);
         if (f->pol && !ly->is_swa && !defer) {
-            pol_chunk c = { f->q, n_chunk, p0, n_probe, probe_p0, f->last_chunk, f->decoding };
+            pol_chunk c = { f->q, n_chunk, p0, n_probe, probe_p0, pol_set_probe_tokens(f->pol), f->last_chunk,
+                            f->decoding };
             if (pol_set_layer_done(f->pol, il, &c, f->pol_err, sizeof f->pol_err)) return -3;
         }
         be_mm wo = { &ly->wo, f->o };

@@ -93,6 +93,16 @@ int prompt_continue(const model *m, int chat, const char *question, int32_t **id
     return rc;
 }
 
+int64_t prompt_question_tokens(const model *m, int chat, const char *question)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[128];
+    if (prompt_continue(m, chat, question, &ids, &n, err, sizeof err)) return 0;
+    free(ids);
+    return (int64_t)n;
+}
+
 int prompt_document(const model *m, int gemma, const char *doc, int32_t **ids, size_t *n, char *err, size_t errlen)
 {
     size_t L = strlen(doc) + 64;

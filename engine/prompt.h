@@ -37,6 +37,10 @@ int prompt_conversation(const model *m, int chat, const char *doc, const char *c
 int prompt_continue(const model *m, int chat, const char *question, int32_t **ids, size_t *n, char *err,
                     size_t errlen);
 
+/* How many tokens the question takes at a prompt's end (prompt_continue's: the question with its
+ * markers), what the task-aware prefill policies probe with (run_set_question); 0 on failure. */
+int64_t prompt_question_tokens(const model *m, int chat, const char *question);
+
 /* The document alone, the way its turn goes on with the first question (prompt_first_question):
  * prefilled before any question is asked. gemma: Gemma's turn markers, else the plain form. */
 int prompt_document(const model *m, int gemma, const char *doc, int32_t **ids, size_t *n, char *err,

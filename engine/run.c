@@ -17,6 +17,7 @@ struct run {
     model *m;
     be_backend *b;
     int owns;                    /* the model and backend are this run's (0: a sibling's borrowed) */
+    int64_t question;            /* the next feed ends with a question of this many tokens (0: none) */
     fwd_ctx *f;
     pol_set *ps;                 /* NULL: full attention, nothing recorded */
     samp *s;
@@ -423,6 +424,7 @@ pol_set *run_swap_policies(run *r, pol_set *ps)
     pol_set *old = r->ps;
     fwd_set_policy(r->f, ps);
     r->ps = ps;
+    if (ps) pol_set_question(ps, r->question);
     r->decoded = 0;   /* the decoding figures follow the policies attached */
     r->decode_s = 0;
     return old;
@@ -462,9 +464,10 @@ int run_check_policy(run *r, const pol_spec *spec, int64_t len, char *err, size_
     return bad ? RUN_EFAIL : RUN_OK;
 }
 
-void run_probe_is_question(run *r, int yes)
+void run_set_question(run *r, int64_t n_tokens)
 {
-    if (r->ps) pol_set_probe_is_question(r->ps, yes);
+    r->question = n_tokens > 0 ? n_tokens : 0;
+    if (r->ps) pol_set_question(r->ps, r->question);
 }
 
 int run_trace(run *r, int64_t lo, int64_t hi, char *err, size_t errlen)

@@ -133,8 +133,9 @@ int run_adopt_policy(run *r, const pol_spec *spec, char *err, size_t errlen);
 int run_check_budget(run *r, int64_t len, char *err, size_t errlen);
 /* The same for spec's policies, not attached. */
 int run_check_policy(run *r, const pol_spec *spec, int64_t len, char *err, size_t errlen);
-/* Whether the prefill's tail is a question (only what describe says; policy.h). */
-void run_probe_is_question(run *r, int yes);
+/* The next feeds end with a question of n_tokens tokens (0: no question; pol_set_question): the
+ * task-aware prefill policies probe with it. Stays until changed, across policy swaps. */
+void run_set_question(run *r, int64_t n_tokens);
 /* Trace the policies' decisions about positions [lo, hi) (kvchat ask --trace). */
 int run_trace(run *r, int64_t lo, int64_t hi, char *err, size_t errlen);
 

@@ -180,7 +180,7 @@ static int prefill_document(session *s, const char *path, const int32_t *ids, si
     } else {
         sess_note(s, "%.700s: %zu tokens of %lld, a full cache would need %.1f MiB; prefilling under %.250s", path, n,
                   (long long)run_n_ctx(s->r), (double)full / (1 << 20), pol_set_spec(run_policies(s->r))->text);
-        run_probe_is_question(s->r, 0);   /* no question yet: the probe is the document's end */
+        run_set_question(s->r, 0);   /* no question yet: the probe is the document's end */
         rc = run_feed(s->r, ids, (int64_t)n, NULL, NULL, s->err, sizeof s->err);
     }
     if (rc) {

@@ -47,7 +47,7 @@ static int replay_conversation(session *s, const char *doc, const sess_message *
     sess_note(s, "session %lld: no snapshot under %s, prefilling %zu tokens", (long long)s->sid, key, nn);
     run_rewind(s->r, 0, 0, e, sizeof e);
     run_reset_sampler(s->r);
-    run_probe_is_question(s->r, n_path >= 2);
+    run_set_question(s->r, 0);   /* the conversation ends with an answer */
     int rc = run_feed(s->r, all, (int64_t)nn, NULL, NULL, s->err, sizeof s->err);
     free(all);
     if (rc) run_rewind(s->r, 0, 0, e, sizeof e);

@@ -169,13 +169,14 @@ static int start_trace(session *s)
 
 /* ids join the sequence after its first keep ids and everything the cache lacks is evaluated, with
  * the trace started and the probe being a question. On failure the sequence keeps its first keep. */
-static int evaluate_prompt(session *s, int64_t keep, const int32_t *ids, size_t n, int64_t *n_eval, double *secs)
+static int evaluate_prompt(session *s, int64_t keep, const int32_t *ids, size_t n, int64_t n_question, int64_t *n_eval,
+                           double *secs)
 {
     int64_t from = run_pos(s->r);
     if (run_append(s->r, ids, (int64_t)n, s->err, sizeof s->err)) return SESS_EFAIL;
     int rc = start_trace(s);
     if (!rc) {
-        run_probe_is_question(s->r, 1);
+        run_set_question(s->r, n_question);
         double t0 = run_clock_s();
         rc = run_feed(s->r, NULL, 0, NULL, NULL, s->err, sizeof s->err);
         *secs = run_clock_s() - t0;
@@ -209,7 +210,7 @@ int sess_prepare_turn(session *s, const char *question, int64_t *n_eval, double 
         return SESS_EFAIL;
     }
     record_turn_start(s);
-    int rc = evaluate_prompt(s, n_seq0, ids, n, n_eval, secs);
+    int rc = evaluate_prompt(s, n_seq0, ids, n, (int64_t)n, n_eval, secs);   /* the turn's ids ask the question */
     free(ids);
     if (rc) s->pending_record = -1;
     return rc;
@@ -236,7 +237,7 @@ static int prepare_pending(session *s, const char *question, int64_t *n_eval, do
     char e[64];
     run_rewind(s->r, 0, 0, e, sizeof e);
     run_reset_sampler(s->r);
-    int rc = evaluate_prompt(s, 0, ids, n, n_eval, secs);
+    int rc = evaluate_prompt(s, 0, ids, n, prompt_question_tokens(run_model(s->r), s->chat, question), n_eval, secs);
     free(ids);
     if (rc) return rc;
     if (!s->doc_tokens) s->doc_tokens = (int64_t)n;
@@ -314,7 +315,7 @@ static int branch_from_store(session *s, int k, const char *text)
               "the %d turns before it (%zu tokens)", k, k - 1, n);
     run_rewind(s->r, 0, 0, e, sizeof e);
     run_reset_sampler(s->r);
-    run_probe_is_question(s->r, 1);
+    run_set_question(s->r, prompt_question_tokens(run_model(s->r), s->chat, text));
     double t0 = run_clock_s();
     rc = run_feed(s->r, ids, (int64_t)n, NULL, NULL, s->err, sizeof s->err);
     free(ids);

@@ -187,7 +187,7 @@ static int rebuild_cache(session *s, const char *newkey, const void *s0)
     /* nothing stored: the whole sequence read again, its waiting ids waiting as before */
     sess_note(s, "policy %s: no snapshot of this conversation under %s; prefilling its %lld tokens again", now, newkey,
               (long long)P);
-    run_probe_is_question(s->r, s->turns > 0);
+    run_set_question(s->r, 0);   /* the sequence read again: whatever it ends with */
     rc = run_append(s->r, want, P, s->err, sizeof s->err) ? SESS_EFAIL : run_feed(s->r, NULL, 0, NULL, NULL, s->err,
                                                                                  sizeof s->err);
     if (!rc && n_ids > P && run_append(s->r, want + P, n_ids - P, s->err, sizeof s->err)) rc = SESS_EFAIL;

@@ -461,7 +461,8 @@ Test(policy, full_and_keep_everything_chess_reproduce_the_engine_on_tiny_models)
 /* ---------------------------------------------------------------- eviction policies */
 
 /* 64 tokens in one global layer, one KV head; keys zero except tokens 10 and 50 (5 * e_0). */
-static void build_planted(fixture *fx)
+/* 64 tokens whose keys are 0 but for e0[t] * e_0 (e0 NULL: 5 at tokens 10 and 50). */
+static void build_keyed(fixture *fx, const float *e0)
 {
     char err[256];
     fx->kv = kv_create(1, 4096, 1, D, P, NULL, err, sizeof err);
@@ -469,15 +470,17 @@ static void build_planted(fixture *fx)
     fx->b = be_cpu_create(1, err, sizeof err);
     float k[64 * D], v[64 * D];
     memset(k, 0, sizeof k);
-    for (int t = 0; t < 64; t++)
+    for (int t = 0; t < 64; t++) {
         for (int d = 0; d < D; d++) v[t * D + d] = (float)t;
-    k[10 * D] = 5;
-    k[50 * D] = 5;
+        k[t * D] = e0 ? e0[t] : t == 10 || t == 50 ? 5.0f : 0.0f;
+    }
     cr_assert(kv_append(fx->kv, 0, k, v, 64, 0) == 0);
     kv_commit(fx->kv, 64);
     fx->global[0] = 0;
     fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL };
 }
+
+static void build_planted(fixture *fx) { build_keyed(fx, NULL); }
 
 static void kept_positions(fixture *fx, char *out, size_t len)
 {
@@ -497,7 +500,7 @@ static void run_prefill_hook(fixture *fx, const char *spec, const float *q)
     pol_set *ps = pol_set_create(&s, &fx->env, err, sizeof err);
     cr_assert(ps, "%s", err);
     /* the whole prompt as one chunk: 64 query rows at positions 0..63, the last one */
-    pol_chunk c = { q, 64, 0, 0, 0, 1, 0 };
+    pol_chunk c = { q, 64, 0, 0, 0, pol_set_probe_tokens(ps), 1, 0 };
     cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
     pol_set_free(ps);
 }
@@ -560,7 +563,7 @@ Test(policy, trace_reports_rank_ties_and_the_kept_threshold)
     cr_assert(ps);
     cr_expect_str_eq(pol_set_trace_text(ps), "", "off until asked");
     cr_assert(pol_set_trace(ps, 50, 51) == 0);
-    pol_chunk c = { q, 64, 0, 0, 0, 1, 0 };
+    pol_chunk c = { q, 64, 0, 0, 0, pol_set_probe_tokens(ps), 1, 0 };
     cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
     const char *tr = pol_set_trace_text(ps);
     cr_expect(strstr(tr, "[prefill 0+64 last] snapkv pooled window votes L0 h0: 60 units, 2 kept;") != NULL, "%s", tr);
@@ -621,13 +624,42 @@ Test(policy, take_probe_scoring_keeps_the_planted_tokens)
     cr_assert(ps, "%s", err);
     cr_expect_eq(pol_set_probe_tokens(ps), 4);
     cr_expect_eq(pol_set_chunk_size(ps), 512);
-    pol_chunk c = { q, 64, 0, 4, 100, 0, 0 };
+    pol_chunk c = { q, 64, 0, 4, 100, pol_set_probe_tokens(ps), 0, 0 };
     cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
     kept_positions(&fx, got, sizeof got);
     /* the two planted keys, then the earliest of the equal rest */
     cr_expect_str_eq(got, "0 1 10 50");
     pol_set_free(ps);
     unbuild(&fx);
+}
+
+Test(policy, take_average_pools_the_probe_scores_as_eq_11_does)
+{
+    /* one key at 10 (logit 5) against two neighbours at 30 and 31 (4.5 each): pooled over 3 tokens,
+     * the average (eq. 11) favours the pair (2 e^4.5 > e^5), the maximum the single spike */
+    float e0[64] = { 0 };
+    e0[10] = 5.0f;
+    e0[30] = e0[31] = 4.5f;
+    float q[68 * D];
+    memset(q, 0, sizeof q);
+    for (int t = 64; t < 68; t++) q[t * D] = 1;
+    const char *specs[2] = { "take:budget=1,kernel=3,delay=0,probe=4", "take:budget=1,kernel=3,delay=0,probe=4,pool=max" };
+    const char *want[2] = { "30", "9" };   /* ties go to the earliest: 30 of 30-31, 9 of 9-11 */
+    for (int i = 0; i < 2; i++) {
+        fixture fx;
+        char got[512], err[512];
+        build_keyed(&fx, e0);
+        pol_spec s;
+        cr_assert(pol_parse(&s, specs[i], NULL, err, sizeof err) == 0, "%s", err);
+        pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        pol_chunk c = { q, 64, 0, 4, 100, pol_set_probe_tokens(ps), 0, 0 };
+        cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
+        kept_positions(&fx, got, sizeof got);
+        cr_expect_str_eq(got, want[i], "%s", specs[i]);
+        pol_set_free(ps);
+        unbuild(&fx);
+    }
 }
 
 Test(policy, take_bounds_the_prefill_cache_by_chunk_plus_budget)
@@ -639,6 +671,7 @@ Test(policy, take_bounds_the_prefill_cache_by_chunk_plus_budget)
     size_t n;
     int32_t *ids = prompt(m, &n);
     cr_assert_gt(n, 100);
+    n = n / 16 * 16;   /* a whole last chunk: 16 new tokens for each layer to choose among */
     fwd_opts fo = { 2048, 64, 8 };
     fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
     pol_spec s;
@@ -663,9 +696,33 @@ Test(policy, take_bounds_the_prefill_cache_by_chunk_plus_budget)
                 cr_expect_eq(kv_head_tokens(kv, il, h), 8, "layer %d head %d keeps k tokens", il, h);
                 continue;
             }
-            /* delayed layer 0 keeps what layer W-1 = 1 chose and still had, topped up to k by its
-             * own scores (random weights: here the layers agree on nothing, so all 8 are its own) */
+            /* delayed layer 0 keeps what the source layer chose and still had, topped up to k by
+             * its own scores */
             cr_expect_eq(kv_head_tokens(kv, il, h), 8, "layer 0 head %d keeps k tokens", h);
+        }
+    }
+    /* the delayed layers (global 0 .. W-1) take the choice of the first layer after them (§4.3):
+     * every position of the last chunk (which every layer holds before its eviction) that layer W
+     * kept, each delayed layer keeps too */
+    int W = env.n_global / 2;
+    cr_assert(W >= 1 && W < env.n_global, "the tiny model has %d global layers", env.n_global);
+    int64_t last0 = ((int64_t)n - 1) / 16 * 16;
+    for (int h = 0; h < env.n_head_kv; h++) {
+        int src = env.global[W];
+        for (int i = 0; i < kv_n_pages(kv, src, h); i++) {
+            const kv_page *p = kv_layer_page(kv, src, h, i);
+            for (int t = 0; t < p->n; t++) {
+                if (p->pos[t] < last0) continue;
+                for (int j = 0; j < W; j++) {
+                    int found = 0, il = env.global[j];
+                    for (int pi = 0; pi < kv_n_pages(kv, il, h) && !found; pi++) {
+                        const kv_page *q = kv_layer_page(kv, il, h, pi);
+                        for (int u = 0; u < q->n; u++) found |= q->pos[u] == p->pos[t];
+                    }
+                    cr_expect(found, "delayed layer %d head %d lacks position %d that layer %d kept", il, h, p->pos[t],
+                              src);
+                }
+            }
         }
     }
     cr_assert(fwd_decode(f, 1, l, NULL, err, sizeof err) == 0, "%s", err);
@@ -821,14 +878,14 @@ Test(policy, laser_blocks_together_hold_the_global_budget)
     cr_assert(pol_parse(&s, "laser:block=64,budget=0.25,protect=4,alpha=0.5,seed=1", NULL, err, sizeof err) == 0, "%s", err);
     pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
     cr_assert(ps, "%s", err);
-    pol_chunk c1 = { q, 64, 0, 4, 64, 0, 0 };
+    pol_chunk c1 = { q, 64, 0, 4, 64, pol_set_probe_tokens(ps), 0, 0 };
     cr_assert(pol_set_layer_done(ps, 0, &c1, err, sizeof err) == 0, "%s", err);
     float k4[4 * D], v4[4 * D];
     memset(k4, 0, sizeof k4);
     memset(v4, 0, sizeof v4);
     cr_assert(kv_append(fx.kv, 0, k4, v4, 4, 64) == 0);
     kv_commit(fx.kv, 68);
-    pol_chunk c2 = { q + 64 * D, 4, 64, 0, 0, 1, 0 };
+    pol_chunk c2 = { q + 64 * D, 4, 64, 0, 0, pol_set_probe_tokens(ps), 1, 0 };
     cr_assert(pol_set_layer_done(ps, 0, &c2, err, sizeof err) == 0, "%s", err);
     int64_t total = laser_global_budget(0.25, 64, 68);
     cr_expect_eq(total, 16);
@@ -855,7 +912,7 @@ Test(policy, laser_keeps_sinks_recent_and_recalled_tokens_reproducibly)
         cr_assert(pol_parse(&s, specs[r], NULL, err, sizeof err) == 0, "%s", err);
         pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
         cr_assert(ps, "%s", err);
-        pol_chunk c = { q, 64, 0, 4, 64, 1, 0 };
+        pol_chunk c = { q, 64, 0, 4, 64, pol_set_probe_tokens(ps), 1, 0 };
         cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
         kept_positions(&fx, got[r], sizeof got[r]);
         pol_set_free(ps);
@@ -937,11 +994,11 @@ Test(policy, chelsea_writes_log_degrees_the_attention_adds)
     char err[512];
     build_planted(&fx);
     pol_spec s;
-    cr_assert(pol_parse(&s, "chelsea:budget=40,gap=1,sinks=4,recent=8,chunk=16", NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(pol_parse(&s, "chelsea:budget=40,gap=1,sinks=4,recent=8,chunk=16,first=0", NULL, err, sizeof err) == 0, "%s", err);
     pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
     float q[64 * D];
     memset(q, 0, sizeof q);
-    pol_chunk c = { q, 64, 0, 0, 0, 1, 0 };
+    pol_chunk c = { q, 64, 0, 0, 0, pol_set_probe_tokens(ps), 1, 0 };
     cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
     cr_expect_eq(kv_head_tokens(fx.kv, 0, 0), 40);
     double total = 0;
@@ -993,22 +1050,22 @@ Test(policy, chelsea_merges_filler_before_a_dissimilar_needle)
     fx.global[0] = 0;
     fx.env = (pol_env){ fx.kv, fx.b, 1, 1, D, fx.global, 1, NULL, 0, NULL, NULL };
     pol_spec s;
-    cr_assert(pol_parse(&s, "chelsea:budget=0.25,gap=8,sinks=4,recent=8,chunk=16", NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(pol_parse(&s, "chelsea:budget=0.25,gap=8,sinks=4,recent=8,chunk=16,first=0", NULL, err, sizeof err) == 0, "%s", err);
     pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
     cr_assert(ps, "%s", err);
     int32_t tok[T] = { 0 };
     pol_set_begin(ps, tok, T, 0, 0);
-    int chunk = pol_set_chunk_size(ps) > 0 ? pol_set_chunk_size(ps) : T;
-    cr_expect_eq(chunk, 8, "prefill chunks of the gap");
+    cr_expect_eq(pol_set_chunk_size(ps), 0, "the engine's own prefill chunks");
     static float q[T * D];
+    const int chunk = 32;
     for (int p0 = 0; p0 < T; p0 += chunk) {
         int n = T - p0 < chunk ? T - p0 : chunk;
         cr_assert(kv_append(fx.kv, 0, k + p0 * D, v + p0 * D, n, p0) == 0);
         kv_commit(fx.kv, p0 + n);
-        pol_chunk c = { q, n, p0, 0, 0, p0 + n == T, 0 };
+        pol_chunk c = { q, n, p0, 0, 0, pol_set_probe_tokens(ps), p0 + n == T, 0 };
         cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
-        cr_expect(kv_head_tokens(fx.kv, 0, 0) <= 50 + 8, "at %d the head holds %lld tokens", p0 + n,
-                  (long long)kv_head_tokens(fx.kv, 0, 0));
+        if (p0 + n < T)   /* the prompt's tokens (its question last) are encoded against all of it */
+            cr_expect_eq(kv_head_tokens(fx.kv, 0, 0), p0 + n, "nothing merged before the prompt's end");
     }
     cr_expect(kv_head_tokens(fx.kv, 0, 0) <= 50, "merged back to the budget: %lld", (long long)kv_head_tokens(fx.kv, 0, 0));
     int whole = 0;
@@ -1020,6 +1077,45 @@ Test(policy, chelsea_merges_filler_before_a_dissimilar_needle)
     cr_expect_eq(whole, 4, "%d of the needle's 4 tokens are still themselves (seed %u)", whole, seed);
     pol_set_free(ps);
     unbuild(&fx);
+}
+
+/* The replay merges the rows as the B + g trigger would have while they arrived one by one. */
+Test(policy, chelsea_replay_is_the_trigger_on_arriving_rows)
+{
+    enum { T = 300, Dk = 4, B = 60, G = 16 };
+    srand(7);
+    static float k[T * Dk], v[T * Dk], k2[T * Dk], v2[T * Dk];
+    int32_t pos[T], pos2[T];
+    float deg[T], deg2[T];
+    for (int t = 0; t < T; t++) {
+        for (int d = 0; d < Dk; d++) k[t * Dk + d] = (float)rand() / (float)RAND_MAX - 0.5f, v[t * Dk + d] = (float)t;
+        pos[t] = t;
+        deg[t] = 1;
+    }
+    memcpy(k2, k, sizeof k);
+    memcpy(v2, v, sizeof v);
+    memcpy(pos2, pos, sizeof pos);
+    memcpy(deg2, deg, sizeof deg);
+    int64_t n = chelsea_replay(k, v, pos, deg, T, Dk, B, G, 4, 8, 16);
+    /* by hand: rows appended to a held set that is merged to B when it passes B + G, then at the end */
+    static float hk[T * Dk], hv[T * Dk];
+    int32_t hp[T];
+    float hd[T];
+    int64_t held = 0;
+    for (int t = 0; t < T; t++) {
+        memcpy(hk + held * Dk, k2 + t * Dk, sizeof(float) * Dk);
+        memcpy(hv + held * Dk, v2 + t * Dk, sizeof(float) * Dk);
+        hp[held] = pos2[t];
+        hd[held++] = deg2[t];
+        if (held > B + G || (t == T - 1 && held > B)) held = chelsea_merge(hk, hv, hp, hd, held, Dk, B, 4, 8, 16);
+    }
+    cr_assert_eq(n, B);
+    cr_assert_eq(held, n);
+    cr_expect(!memcmp(k, hk, sizeof(float) * (size_t)(n * Dk)) && !memcmp(v, hv, sizeof(float) * (size_t)(n * Dk)) &&
+              !memcmp(pos, hp, sizeof(int32_t) * (size_t)n) && !memcmp(deg, hd, sizeof(float) * (size_t)n));
+    double total = 0;
+    for (int64_t i = 0; i < n; i++) total += deg[i];
+    cr_expect_eq(total, (double)T, "every row is in some centroid");
 }
 
 /* Chelsea's outlier heads: with a calibration, the least similar share of the global KV heads keeps
@@ -1037,12 +1133,15 @@ Test(policy, chelsea_spares_the_calibrated_outlier_heads)
     float sim[8];
     for (int i = 0; i < 8; i++) sim[i] = 0.9f - 0.01f * (float)i;
     sim[1 * 2 + 1] = 0.2f;   /* layer 1, KV head 1: the least similar keys */
-    for (int calibrated = 0; calibrated < 2; calibrated++) {
+    for (int run = 0; run < 3; run++) {
+        /* uncalibrated, calibrated, and uncalibrated with the first layer kept whole (App. C) */
+        int calibrated = run == 1, first = run == 2;
         fwd_opts fo = { 2048, 64, 8 };
         fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
         pol_spec s;
-        cr_assert(pol_parse(&s, "chelsea:budget=120,sinks=4,recent=8,outliers=0.125", NULL, err, sizeof err) == 0, "%s",
-                  err);
+        cr_assert(pol_parse(&s, first ? "chelsea:budget=120,sinks=4,recent=8,outliers=0.125"
+                                      : "chelsea:budget=120,sinks=4,recent=8,outliers=0.125,first=0",
+                            NULL, err, sizeof err) == 0, "%s", err);
         pol_env env;
         fwd_policy_env(f, &env);
         env.head_sim = calibrated ? sim : NULL;   /* the run hands policies the model's calibration */
@@ -1054,14 +1153,16 @@ Test(policy, chelsea_spares_the_calibrated_outlier_heads)
         for (int il = 0; il < nl; il++)
             for (int h = 0; h < nh; h++) {
                 int64_t t = kv_head_tokens(kv, il, h);
-                if (calibrated && il == 1 && h == 1)
-                    cr_expect_eq(t, (int64_t)n, "the outlier head keeps all %zu tokens, holds %lld", n, (long long)t);
+                if ((calibrated && il == 1 && h == 1) || (first && il == 0))
+                    cr_expect_eq(t, (int64_t)n, "layer %d head %d keeps all %zu tokens, holds %lld", il, h, n,
+                                 (long long)t);
                 else
                     cr_expect(t <= 120, "layer %d head %d merged down to the budget: %lld tokens", il, h, (long long)t);
             }
         char d[512];
         pol_set_describe(ps, d, sizeof d);
         cr_expect(strstr(d, calibrated ? "1 of 8 global KV heads spared" : "not calibrated"), "%s", d);
+        cr_expect(!strstr(d, "layer 0 kept whole") == !first, "%s", d);
         fwd_free(f);
         pol_set_free(ps);
     }
@@ -1084,10 +1185,16 @@ Test(policy, task_aware_methods_report_what_their_probe_is)
         pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
         cr_assert(ps, "%s", err);
         pol_set_describe(ps, d, sizeof d);
-        cr_expect(strstr(d, "no question yet: the probe is the document's last 16 tokens"), "%s", d);
-        pol_set_probe_is_question(ps, 1);
+        cr_expect(strstr(d, "no question yet: the probe is the prompt's last 16 tokens"), "%s", d);
+        cr_expect_eq(pol_set_probe_tokens(ps), 16);
+        pol_set_question(ps, 9);   /* a short question is the whole probe */
         pol_set_describe(ps, d, sizeof d);
-        cr_expect(strstr(d, "(the probe is the question)") && !strstr(d, "no question yet"), "%s", d);
+        cr_expect(strstr(d, "(the probe is the question, 9 tokens)") && !strstr(d, "no question yet"), "%s", d);
+        cr_expect_eq(pol_set_probe_tokens(ps), 9);
+        pol_set_question(ps, 40);   /* a long one: its last p tokens */
+        pol_set_describe(ps, d, sizeof d);
+        cr_expect(strstr(d, "(the probe is the question's last 16 tokens)"), "%s", d);
+        cr_expect_eq(pol_set_probe_tokens(ps), 16);
         pol_set_free(ps);
     }
     unbuild(&fx);

@@ -113,7 +113,7 @@ Test(session, resume_without_a_snapshot_prefills_the_conversation_again_with_the
     int32_t *ids = NULL;
     cr_assert(doc && prompt_conversation(run_model(sess_run(f)), sess_format(b), doc, turns, 2, "And then?", &ids, &n, err,
                                          sizeof err) == 0, "%s", err);
-    pol_set_probe_is_question((pol_set *)run_policies(sess_run(f)), 1);
+    run_set_question((run *)sess_run(f), prompt_question_tokens(run_model(sess_run(f)), sess_format(b), "And then?"));
     cr_assert(sess_feed(f, ids, (int64_t)n, NULL, NULL) == SESS_OK, "%s", sess_error(f));
     gen_result g;
     cr_assert(sess_generate(f, 8, &g) == SESS_OK, "%s", sess_error(f));

@@ -263,6 +263,7 @@ typedef struct item_ctx {
     const task_item *it;
     int32_t *ids;          /* the first prompt (document and first question; ppl: the document) */
     size_t n_ids;
+    int64_t n_question;    /* the first question's tokens at the prompt's end (ppl: 0) */
     int32_t *cont;         /* ppl: the continuation's tokens */
     size_t n_cont;
     int control[TASK_MAX_Q];
@@ -371,6 +372,7 @@ static int eval_config(ev *E, item_ctx *I, const eval_cfg *cfg)
         return 0;
     }
     double pf_s;
+    run_set_question(E->r, I->n_question);   /* the task-aware policies probe with the question */
     if (prefill(E, I->ids, I->n_ids, cfg->has_prefill, &pf_s)) return -1;
     int64_t pos0 = (int64_t)I->n_ids;
     run_reset_sampler(E->r);
@@ -388,6 +390,7 @@ static int eval_config(ev *E, item_ctx *I, const eval_cfg *cfg)
             size_t nn = 0;
             if (prompt_continue(E->m, E->chat, it->question[q], &next, &nn, E->err, sizeof E->err)) return -1;
             double t1 = cli_now();
+            run_set_question(E->r, (int64_t)nn);
             int bad = run_feed(E->r, next, (int64_t)nn, NULL, NULL, E->err, sizeof E->err);
             r.prefill_s = cli_now() - t1;
             free(next);
@@ -766,6 +769,7 @@ static int item_prompt(ev *E, const task_item *it, item_ctx *I, int turns, char 
     else
         bad = prompt_conversation(E->m, E->chat, it->doc, NULL, 0, it->question[0], &I->ids, &I->n_ids, err, errlen);
     if (bad) return -1;
+    I->n_question = it->kind == TASK_LOGLIK ? 0 : prompt_question_tokens(E->m, E->chat, it->question[0]);
     if (I->n_ids == 0 || (it->kind == TASK_LOGLIK && I->n_cont == 0)) {
         snprintf(err, errlen, "empty prompt");
         return -1;

@@ -11,7 +11,8 @@
  * cache's log-degree, applied by the attention kernel), so a centroid weighs as much as the tokens it
  * replaced. Saves memory. A few outlier heads (`outliers`, 4%) keep their full cache: those whose
  * keys are least similar along the sequence (chelsea_head_similarity, measured by kvchat calibrate
- * and handed in through pol_env.head_sim); without a calibration every head merges. */
+ * and handed in through pol_env.head_sim); without a calibration every head merges. The model's
+ * first layer, when it is a global layer, keeps its full cache too (the paper's App. C). */
 #include "engine/policy/policy.h"
 
 #include <math.h>
@@ -23,7 +24,7 @@
 #include "engine/policy/trace.h"
 #include "common/quant.h"
 
-enum { P_BUDGET, P_GAP, P_SINKS, P_RECENT, P_CHUNK, P_OUTLIERS, P_COUNT };
+enum { P_BUDGET, P_GAP, P_SINKS, P_RECENT, P_CHUNK, P_OUTLIERS, P_FIRST, P_COUNT };
 
 static const pol_param params[] = {
     [P_BUDGET] = { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "tokens B per layer and KV head after compression (fraction of the prompt or count)" },
@@ -32,6 +33,7 @@ static const pol_param params[] = {
     [P_RECENT] = { "recent", POL_INT, 64, 0, 1 << 20, NULL, "last tokens kept aside" },
     [P_CHUNK] = { "chunk", POL_INT, 256, 2, 1 << 20, NULL, "soft-matching chunk size c" },
     [P_OUTLIERS] = { "outliers", POL_FLOAT, 0.04, 0, 1, NULL, "share of global-layer KV heads kept whole (the least similar keys, by calibration)" },
+    [P_FIRST] = { "first", POL_INT, 1, 0, 1, NULL, "keep the model's first layer whole when it is a global layer (the paper's App. C)" },
 };
 _Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "chelsea: one entry per parameter");
 
@@ -156,6 +158,35 @@ int64_t chelsea_merge(float *k, float *v, int32_t *pos, float *deg, int64_t T, i
     return merge_traced(k, v, pos, deg, T, D, target, sinks, recent, chunk, NULL, -1, -1);
 }
 
+/* The T rows taken in arrival order, merged back to target each time more than target + gap have
+ * arrived, then to target: what the trigger does while the cache grows, replayed on rows encoded
+ * with nothing merged. Rows are compacted in place; the new count, or -1 when out of memory. */
+static int64_t replay_traced(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target,
+                             int64_t gap, int sinks, int recent, int chunk, pol_trace *trace, int il, int g)
+{
+    int64_t held = 0;
+    for (int64_t next = 0; next < T; next++) {
+        if (held != next) {   /* arrived rows stay in [0, held), held <= next: no overlap */
+            memcpy(k + held * D, k + next * D, sizeof(float) * (size_t)D);
+            memcpy(v + held * D, v + next * D, sizeof(float) * (size_t)D);
+            pos[held] = pos[next];
+            deg[held] = deg[next];
+        }
+        held++;
+        if (held > target + gap || (next == T - 1 && held > target)) {
+            held = merge_traced(k, v, pos, deg, held, D, target, sinks, recent, chunk, trace, il, g);
+            if (held < 0) return -1;
+        }
+    }
+    return held;
+}
+
+int64_t chelsea_replay(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target, int64_t gap,
+                       int sinks, int recent, int chunk)
+{
+    return replay_traced(k, v, pos, deg, T, D, target, gap, sinks, recent, chunk, NULL, -1, -1);
+}
+
 /* Head g of layer il as f32 rows (k, v may be NULL), with positions and degrees when asked. */
 static int64_t read_head(const kv_cache *kv, int il, int g, float **k, float **v, int32_t **pos, float **deg)
 {
@@ -221,6 +252,7 @@ typedef struct st_chel {
     int64_t merges, passes_last, kept_last;
     char *spared;            /* [n_layer * n_head_kv]: outlier heads that keep their full cache */
     int n_spared, n_heads, calibrated;
+    int first_spared;        /* layer 0 is global and kept whole */
     int n_head_kv;
 } st_chel;
 
@@ -274,6 +306,10 @@ static int ch_create(void **out, const pol_env *env, const double *vals, char *e
     int k = (int)floor(vals[P_OUTLIERS] * n + 0.5);
     for (int i = 0; i < k && i < n; i++) s->spared[r[i].idx] = 1;
     s->n_spared = k < n ? k : n;
+    if (vals[P_FIRST] != 0 && env->n_global > 0 && env->global[0] == 0) {   /* Gemma's layer 0 is sliding-window */
+        s->first_spared = 1;
+        for (int g = 0; g < env->n_head_kv; g++) s->spared[g] = 1;
+    }
     free(r);
     *out = s;
     return 0;
@@ -292,14 +328,19 @@ static int ch_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t
     return 0;
 }
 
-static int compress_head(st_chel *s, const pol_env *env, int il, int g)
+/* Merge head g of layer il to the budget: at once (decoding, past budget + gap), or with replay
+ * the whole prompt as the trigger would have taken it (the prompt's end). */
+static int compress_head(st_chel *s, const pol_env *env, int il, int g, int replay)
 {
     float *k = NULL, *v = NULL, *deg = NULL, *ld = NULL;
     int32_t *pos = NULL;
     int64_t T = read_head(env->kv, il, g, &k, &v, &pos, &deg), D = kv_head_dim(env->kv);
     int rc = -1;
     if (T < 0 || !(ld = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1)))) goto out;
-    int64_t n = merge_traced(k, v, pos, deg, T, D, s->budget_tokens, s->sinks, s->recent, s->chunk, env->trace, il, g);
+    int64_t n = replay ? replay_traced(k, v, pos, deg, T, D, s->budget_tokens, s->gap, s->sinks, s->recent, s->chunk,
+                                       env->trace, il, g)
+                       : merge_traced(k, v, pos, deg, T, D, s->budget_tokens, s->sinks, s->recent, s->chunk, env->trace,
+                                      il, g);
     if (n < 0) goto out;
     for (int64_t i = 0; i < n && env->trace; i++)
         if (pol_trace_covers(env->trace, pos[i], pos[i]))
@@ -323,17 +364,18 @@ static void ch_begin(void *st, const pol_env *env, const int32_t *tokens, int64_
     ((st_chel *)st)->eval_end = p0 + n;
 }
 
-/* Prefill in chunks of g tokens, so a head is merged back to B whenever it grows past B + g, as while
- * decoding: each compression then merges the most similar of many links. Compressing only once the
- * whole prompt was in (kvchat did until issue 22) had to merge every A token whatever its similarity
- * (at 20% a pass removes at most half the middle, and three passes are needed), which folded the
- * pass key's digits into filler. */
-static pol_shape ch_prefill_shape(void *st) { return (pol_shape){ ((st_chel *)st)->gap, 0 }; }
-
+/* The prompt is encoded whole, the question against every token of the document (merging during
+ * the prefill, as kvchat did from issue 22 to 29, encoded the question against centroids); at its
+ * last chunk each layer's heads are merged as the trigger would have merged them while the cache
+ * grew, each time it passed B + g, so each compression merges the most similar of many links.
+ * Compressing the whole prompt in one go (kvchat until issue 22) had to merge every A token whatever
+ * its similarity (at 20% a pass removes at most half the middle, and three passes are needed), which
+ * folded the pass key's digits into filler. While decoding the trigger acts as it comes. */
 static int ch_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen)
 {
     st_chel *s = st;
     if (!c->decoding) {
+        if (!c->last) return 0;   /* the prompt is merged once it is all in, below */
         int64_t end = s->eval_end > c->p0 + c->n ? s->eval_end : c->p0 + c->n;
         s->budget_tokens = pol_budget_tokens(s->budget, end);
     }
@@ -345,7 +387,7 @@ static int ch_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
         for (int i = 0; i < np; i++) T += kv_layer_page(env->kv, il, g, i)->n;
         /* the prompt ends at the budget, as every policy's does; otherwise the trigger is B + g */
         if (T <= s->budget_tokens + (c->last && !c->decoding ? 0 : s->gap)) continue;
-        if (compress_head(s, env, il, g) != 0) {
+        if (compress_head(s, env, il, g, !c->decoding) != 0) {
             snprintf(err, errlen, "chelsea: out of memory merging");
             return -1;
         }
@@ -375,14 +417,15 @@ static int ch_load(void *st, const pol_env *env, bytes_r *r)
 static void ch_describe(void *st, char *buf, size_t len)
 {
     st_chel *s = st;
+    const char *first = s->first_spared ? ", layer 0 kept whole" : "";
     if (s->calibrated)
         snprintf(buf, len, "chelsea: budget %lld tokens per head, %lld tokens merged into centroids, %d of %d global "
-                 "KV heads spared as outliers (calibrated)", (long long)s->budget_tokens, (long long)s->merges,
-                 s->n_spared, s->n_heads);
+                 "KV heads spared as outliers (calibrated)%s", (long long)s->budget_tokens, (long long)s->merges,
+                 s->n_spared, s->n_heads, first);
     else
         snprintf(buf, len, "chelsea: budget %lld tokens per head, %lld tokens merged into centroids (no outlier heads: "
-                 "the model is not calibrated, run kvchat calibrate)", (long long)s->budget_tokens,
-                 (long long)s->merges);
+                 "the model is not calibrated, run kvchat calibrate)%s", (long long)s->budget_tokens,
+                 (long long)s->merges, first);
 }
 
 const pol_ops pol_chelsea = {
@@ -395,7 +438,6 @@ const pol_ops pol_chelsea = {
     .create = ch_create,
     .destroy = ch_destroy,
     .begin = ch_begin,
-    .prefill_shape = ch_prefill_shape,
     .layer_done = ch_layer_done,
     .check = ch_check,
     .describe = ch_describe,

@@ -13,6 +13,12 @@
 int64_t chelsea_merge(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target, int sinks,
                       int recent, int chunk);
 
+/* The T rows in arrival order, merged back to target each time more than target + gap have arrived,
+ * and at the end to target (the trigger replayed on a prompt encoded whole); compacted in place, the
+ * new count returned (-1: out of memory). */
+int64_t chelsea_replay(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target, int64_t gap,
+                       int sinks, int recent, int chunk);
+
 /* How well head g of layer il suits merging: the mean, over its tokens in set A, of the cosine
  * similarity to the most similar key in set B of the same chunk (the quantity soft matching
  * ranks links by). kvchat calibrate records it per head; the least similar heads are Chelsea's

@@ -5,8 +5,9 @@
  * fraction of T), split evenly over the blocks. When a block is complete (and at the end of the
  * prompt) it is compressed to its budget B, the same tokens in every global layer and KV head:
  *   - B/n sink tokens (the block's first; n = `protect`) and B/n recent tokens (its last),
- *   - of the rest, `alpha` by exact attention: the question probe's softmax attention (the last
- *     `probe` prompt tokens, run with every chunk like TAKE's) summed over all global layers and
+ *   - of the rest, `alpha` (the paper's 0.75) by exact attention: the question probe's softmax
+ *     attention (the question's tokens, at most its last `probe`, run with every chunk like TAKE's;
+ *     the prompt's last `probe` tokens when no question is known) summed over all global layers and
  *     heads,
  *   - the remainder by LSH: the rate at which a token's key and the probe's query fall in the same
  *     SimHash bucket over `rounds` rounds of `bits` random hyperplanes (seeded), summed likewise.
@@ -30,11 +31,11 @@ static const pol_param params[] = {
     [P_BLOCK] = { "block", POL_INT, 4096, 64, 1 << 20, NULL, "block size S_block (tokens)" },
     [P_BUDGET] = { "budget", POL_FLOAT, 0.2, 0, 1e9, NULL, "ratio r of the prompt kept (fraction; a count is turned into r = count / T)" },
     [P_PROTECT] = { "protect", POL_INT, 4, 2, 64, NULL, "protection divisor n: B/n sinks and B/n recent tokens per block" },
-    [P_ALPHA] = { "alpha", POL_FLOAT, 0.5, 0, 1, NULL, "share of the recall chosen by exact attention (the rest by LSH)" },
+    [P_ALPHA] = { "alpha", POL_FLOAT, 0.75, 0, 1, NULL, "share of the recall chosen by exact attention (the rest by LSH; the paper's 0.75)" },
     [P_ROUNDS] = { "rounds", POL_INT, 8, 1, 64, NULL, "SimHash rounds R" },
     [P_BITS] = { "bits", POL_INT, 8, 1, 30, NULL, "hyperplanes per round" },
     [P_SEED] = { "seed", POL_INT, 42, 0, 1e9, NULL, "seed of the hyperplanes" },
-    [P_PROBE] = { "probe", POL_INT, 32, 1, 64, NULL, "probe tokens: the last prompt tokens, run with every chunk" },
+    [P_PROBE] = { "probe", POL_INT, 32, 1, 64, NULL, "probe tokens: the question (at most this many of its last tokens), run with every chunk" },
 };
 _Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "laser: one entry per parameter");
 
@@ -305,7 +306,7 @@ static int la_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
     int64_t n_p = c->n_probe, pp0 = c->probe_p0;
     const float *qp = c->q + c->n * s->row;
     if (n_p == 0) {
-        n_p = c->n < s->probe ? c->n : s->probe;
+        n_p = c->n < c->probe_len ? c->n : c->probe_len;
         pp0 = end - n_p;
         qp = c->q + (c->n - n_p) * s->row;
     }
@@ -320,8 +321,8 @@ static int la_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
 static void la_describe(void *st, char *buf, size_t len)
 {
     st_laser *s = st;
-    snprintf(buf, len, "laser: %lld blocks compressed, %lld tokens recalled (sinks, exact and LSH), probe = the last "
-             "%d prompt tokens", (long long)s->blocks, (long long)s->kept_total, s->probe);
+    snprintf(buf, len, "laser: %lld blocks compressed, %lld tokens recalled (sinks, exact and LSH), probe of at most "
+             "%d tokens", (long long)s->blocks, (long long)s->kept_total, s->probe);
 }
 
 /* Across evals only the settled boundary matters (a block's scores live within one eval). */

@@ -315,7 +315,7 @@ struct pol_set {
     int64_t n_map, cap_map;
     int *last_pages;
     int n_last, cap_last;
-    int probe_question;       /* the last prefill's tail was a question (1) or a document's end (0) */
+    int64_t question;         /* the next prefill ends with a question of this many tokens (0: none known) */
 };
 
 pol_set *pol_set_create(const pol_spec *spec, const pol_env *env, char *err, size_t errlen)
@@ -429,7 +429,13 @@ static pol_shape prefill_shape(const pol_set *ps)
 }
 
 int pol_set_chunk_size(const pol_set *ps) { return prefill_shape(ps).chunk; }
-int pol_set_probe_tokens(const pol_set *ps) { return prefill_shape(ps).probe; }
+/* The probe is the question (the task's own tokens, as TAKE and LASER-KV mean it), at most the
+ * policy's p of them; without a known question, the prompt's last p tokens. */
+int pol_set_probe_tokens(const pol_set *ps)
+{
+    int p = prefill_shape(ps).probe;
+    return ps->question > 0 && ps->question < p ? (int)ps->question : p;
+}
 
 int pol_set_decode_layer_free(const pol_set *ps)
 {
@@ -552,15 +558,21 @@ void pol_set_describe(const pol_set *ps, char *buf, size_t len)
         p->describe(ps->st[i], one, sizeof one);
         if (one[0]) o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? "; " : "", one);
         int probe = p->prefill_shape ? p->prefill_shape(ps->st[i]).probe : 0;
-        if (one[0] && probe > 0 && o < len)
-            o += (size_t)snprintf(buf + o, len - o, ps->probe_question ? " (the probe is the question)" :
-                                  " (no question yet: the probe is the document's last %d tokens)", probe);
+        if (!one[0] || probe <= 0 || o >= len) continue;
+        if (ps->question <= 0)
+            o += (size_t)snprintf(buf + o, len - o, " (no question yet: the probe is the prompt's last %d tokens)",
+                                  probe);
+        else if (ps->question <= probe)
+            o += (size_t)snprintf(buf + o, len - o, " (the probe is the question, %lld tokens)",
+                                  (long long)ps->question);
+        else
+            o += (size_t)snprintf(buf + o, len - o, " (the probe is the question's last %d tokens)", probe);
     }
 }
 
-void pol_set_probe_is_question(pol_set *ps, int yes)
+void pol_set_question(pol_set *ps, int64_t n_tokens)
 {
-    if (ps) ps->probe_question = yes;
+    if (ps) ps->question = n_tokens > 0 ? n_tokens : 0;
 }
 
 void pol_set_save(const pol_set *ps, bytes_w *w)

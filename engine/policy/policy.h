@@ -104,6 +104,7 @@ typedef struct pol_chunk {
     const float *q;          /* [n + n_probe][n_head * head_dim] */
     int64_t n, p0;           /* chunk rows and their first position */
     int64_t n_probe, probe_p0;   /* probe rows after them (0 on the last chunk and in decode) */
+    int64_t probe_len;       /* the probe's length (pol_set_probe_tokens): the last chunk's own last rows */
     int last;                /* the eval's last chunk */
     int decoding;            /* a decode step (n = 1) */
 } pol_chunk;
@@ -265,10 +266,11 @@ const int64_t *pol_set_page_map(const pol_set *ps, int64_t *n_pages);
 /* Pages the first global layer attended at the last step (KV head 0), ascending logical indices. */
 const int *pol_set_last_pages(const pol_set *ps, int *n);
 void pol_set_describe(const pol_set *ps, char *buf, size_t len);
-/* What the prefill's tail (the task-aware methods' probe) is: a question (kvchat ask prefills the
- * document and the question together) or, when a document is loaded before any question, the
- * document's own last tokens. Only changes what describe reports; the default is the latter. */
-void pol_set_probe_is_question(pol_set *ps, int yes);
+/* The next prefill ends with a question of n_tokens tokens (kvchat ask prefills the document and
+ * the question together): the task-aware methods' probe is then the question (at most their probe
+ * size p of its last tokens); 0 (the default: a document loaded before any question, a conversation
+ * read again) leaves it the prompt's last p tokens. */
+void pol_set_question(pol_set *ps, int64_t n_tokens);
 /* Snapshot of the policies' state: the spec text, then per policy its name and a length-prefixed
  * state. Loading with apply = 0 checks the framing and loads each state into a scratch copy of the
  * policy (nothing changes); with apply = 1 each policy whose name

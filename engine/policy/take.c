@@ -1,15 +1,16 @@
 /* take.c - TAKE: task-aware eviction during chunked prefill.
  *
- * The prompt is prefilled in chunks of Z tokens. The last p tokens of the prompt (the question: the
- * probe) run with every chunk at their own positions (the engine appends them as probe rows that
+ * The prompt is prefilled in chunks of Z tokens. The question's tokens (at most its last p; the
+ * prompt's last p when no question is known: the probe) run with every chunk at their own positions (the engine appends them as probe rows that
  * leave no K/V behind), so after each chunk every global layer knows what the question attends to
  * in the cache so far. The probe's query is smoothed across chunks (EMA, weight alpha on the new
  * chunk); the cached tokens are scored by the probe's softmax attention (summed over probe rows and
- * the query heads sharing each KV head), pooled along the sequence, and only the top k per layer and
+ * the query heads sharing each KV head), average-pooled along the sequence (eq. 11), and only the top k per layer and
  * KV head survive into the next chunk, so the KV memory of a layer never exceeds Z + k tokens (plus
  * the probe rows while a chunk runs). Delayed eviction: the first W global layers (half, by default)
- * keep a relaxed budget (warmup x k) until the last chunk, then keep the tokens that layer W-1
- * chose, so the early layers' weaker scores never decide alone. Saves memory. */
+ * keep a relaxed budget (warmup x k) until the last chunk, then keep the tokens the first layer
+ * after them (W; the deepest delayed one when every layer is delayed) chose, so the early layers'
+ * weaker scores never decide alone (§4.3). Saves memory. */
 #include "engine/policy/policy.h"
 
 #include <math.h>
@@ -20,23 +21,27 @@
 #include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
 
-enum { P_CHUNK, P_PROBE, P_ALPHA, P_BUDGET, P_DELAY, P_WARMUP, P_KERNEL, P_COUNT };
+enum { P_CHUNK, P_PROBE, P_ALPHA, P_BUDGET, P_DELAY, P_WARMUP, P_KERNEL, P_POOL, P_COUNT };
+
+static const pol_choice pools[] = { { "avg", NULL }, { "max", NULL }, { NULL, NULL } };
 
 static const pol_param params[] = {
     [P_CHUNK] = { "chunk", POL_INT, 512, 16, 8192, NULL, "prefill chunk Z (tokens; at most the engine's --batch)" },
-    [P_PROBE] = { "probe", POL_INT, 32, 1, 64, NULL, "probe tokens p: the last p prompt tokens, run with every chunk" },
+    [P_PROBE] = { "probe", POL_INT, 32, 1, 64, NULL, "probe tokens p: the question (at most its last p tokens), run with every chunk" },
     [P_ALPHA] = { "alpha", POL_FLOAT, 0.5, 0, 1, NULL, "EMA weight of the newest chunk's probe query" },
     [P_BUDGET] = { "budget", POL_FLOAT, 1024, 0, 1e9, NULL, "tokens k kept per layer and KV head after each chunk (fraction or count)" },
     [P_DELAY] = { "delay", POL_FLOAT, 0.5, 0, 1, NULL, "share W of the global layers with delayed eviction" },
     [P_WARMUP] = { "warmup", POL_FLOAT, 2, 1, 64, NULL, "budget of the delayed layers before the last chunk, times k" },
-    [P_KERNEL] = { "kernel", POL_INT, 7, 1, 255, NULL, "max-pooling kernel over the probe scores" },
+    [P_KERNEL] = { "kernel", POL_INT, 7, 1, 255, NULL, "pooling kernel over the probe scores" },
+    [P_POOL] = { "pool", POL_ENUM, 0, 0, 0, pools, "pooling: the paper's average (eq. 11), or max" },
 };
 _Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "take: one entry per parameter");
 
 typedef struct st_take {
-    int chunk, probe, kernel;
+    int chunk, probe, kernel, avg;
     double alpha, budget, warmup;
     int n_delay;             /* W: global layers 0 .. W-1 (in global order) are delayed */
+    int src;                 /* the global layer whose last choice they take: W, or W-1 when W is all */
     int64_t row;
     int n_layer;
     float **ema;             /* per layer: [probe][row] smoothed probe queries */
@@ -72,7 +77,9 @@ static int t_create(void **out, const pol_env *env, const double *vals, char *er
     s->budget = vals[P_BUDGET];
     s->warmup = vals[P_WARMUP];
     s->kernel = (int)vals[P_KERNEL];
+    s->avg = vals[P_POOL] == 0;
     s->n_delay = (int)floor(vals[P_DELAY] * env->n_global);
+    s->src = s->n_delay < env->n_global ? s->n_delay : s->n_delay - 1;
     s->row = (int64_t)env->n_head * env->head_dim;
     s->n_layer = kv_n_layer(env->kv);
     s->ema = calloc((size_t)s->n_layer, sizeof *s->ema);
@@ -125,7 +132,7 @@ static int64_t score_head(st_take *s, const pol_env *env, int il, int g, int64_t
         return -1;
     }
     pol_head_positions(env, il, g, pos);
-    pol_pool(mass, T, s->kernel, 0, pooled);
+    pol_pool(mass, T, s->kernel, s->avg, pooled);
     free(mass);
     *pooled_out = pooled;
     *pos_out = pos;
@@ -144,7 +151,7 @@ static void trace_keep(const pol_env *env, const char *what, int il, int g, cons
 }
 
 /* Keep the top k tokens of head g by score (all of them when T <= k). Records the kept positions
- * when save is set (layer W-1's choice for the delayed layers). */
+ * when save is set (the source layer's choice for the delayed layers). */
 static int keep_top(st_take *s, const pol_env *env, int il, int g, const float *score, const int32_t *pos, int64_t T,
                     int64_t k, int save)
 {
@@ -167,9 +174,9 @@ static int keep_top(st_take *s, const pol_env *env, int il, int g, const float *
     return rc;
 }
 
-/* Delayed layer il keeps the positions layer W-1 kept (per KV head) that it still holds, and fills
- * the rest of its k tokens by its own probe scores (a delayed layer may have dropped some of W-1's
- * choices during warm-up; it must not end up with fewer than k tokens). */
+/* Delayed layer il keeps the positions the source layer kept (per KV head) that it still holds, and
+ * fills the rest of its k tokens by its own probe scores (a delayed layer may have dropped some of
+ * those during warm-up; it must not end up with fewer than k tokens). */
 static int keep_positions(st_take *s, const pol_env *env, int il, int g, int64_t k, int64_t n_p, int64_t pp0)
 {
     float *score;
@@ -203,7 +210,7 @@ static int keep_positions(st_take *s, const pol_env *env, int il, int g, int64_t
     nk = 0;
     for (int64_t j = 0; j < T; j++)
         if (chosen[j]) idx[nk++] = j;
-    if (env->trace) trace_keep(env, "take delayed layer (layer W-1's choice first)", il, g, score, pos, T, idx, nk);
+    if (env->trace) trace_keep(env, "take delayed layer (the source layer's choice first)", il, g, score, pos, T, idx, nk);
     int rc = nk < T ? kv_keep_tokens(env->kv, il, g, idx, nk) : 0;
     free(score);
     free(pos);
@@ -224,7 +231,7 @@ static int t_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
         pp0 = c->probe_p0;
         qp = c->q + c->n * s->row;
     } else if (c->last) {
-        n_p = c->n < s->probe ? c->n : s->probe;
+        n_p = c->n < c->probe_len ? c->n : c->probe_len;
         pp0 = c->p0 + c->n - n_p;
         qp = c->q + (c->n - n_p) * s->row;
     } else {
@@ -243,8 +250,9 @@ static int t_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
     int gi = s->gidx[il];
     int delayed = gi < s->n_delay;
     int64_t kk = delayed && !c->last ? (int64_t)(s->warmup * (double)k) : k;
+    int src = c->last && gi == s->src && s->n_delay > 0;   /* the delayed layers take this layer's choice */
     for (int g = 0; g < env->n_head_kv; g++) {
-        if (delayed && c->last && gi != s->n_delay - 1) continue;   /* decided by layer W-1 below */
+        if (delayed && c->last && !src) continue;   /* decided by the source layer below */
         float *score;
         int32_t *pos;
         int64_t T = score_head(s, env, il, g, n_p, pp0, &score, &pos);
@@ -252,8 +260,7 @@ static int t_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
             snprintf(err, errlen, "take: out of memory");
             return -1;
         }
-        int save = delayed && c->last && gi == s->n_delay - 1;
-        int rc = keep_top(s, env, il, g, score, pos, T, kk, save);
+        int rc = keep_top(s, env, il, g, score, pos, T, kk, src);
         free(score);
         free(pos);
         if (rc) {
@@ -261,17 +268,17 @@ static int t_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
             return -1;
         }
     }
-    if (delayed && c->last && gi == s->n_delay - 1) {
-        /* the earlier delayed layers keep the positions layer W-1 chose */
-        for (int j = 0; j < s->n_delay - 1; j++)
-            for (int g = 0; g < env->n_head_kv; g++)
+    if (src) {
+        /* the delayed layers keep the positions the source layer chose */
+        for (int j = 0; j < s->n_delay; j++)
+            for (int g = 0; g < env->n_head_kv && j != s->src; g++)
                 if (keep_positions(s, env, env->global[j], g, k, n_p, pp0)) {
                     snprintf(err, errlen, "take: out of memory evicting");
                     return -1;
                 }
     }
     if (c->last) {
-        for (int i = 0; i < s->n_layer; i++) s->have[i] = 0;   /* a new eval starts its own EMA */
+        s->have[il] = 0;   /* this layer's next eval starts its own EMA (the later layers' last chunks still blend) */
         s->kept_last = pol_head_positions(env, il, 0, NULL);
         s->peak_last = kv_peak_layer_tokens(env->kv, il);
     }
@@ -281,7 +288,7 @@ static int t_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
 static void t_describe(void *st, char *buf, size_t len)
 {
     st_take *s = st;
-    snprintf(buf, len, "take: chunk %d, probe = the last %d prompt tokens, %lld tokens kept per head, peak %lld per "
+    snprintf(buf, len, "take: chunk %d, probe of at most %d tokens, %lld tokens kept per head, peak %lld per "
              "layer", s->chunk, s->probe, (long long)s->kept_last, (long long)s->peak_last);
 }
 
