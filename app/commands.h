@@ -7,6 +7,7 @@ int cmd_chat(int argc, char **argv);
 int cmd_ask(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);

@@ -21,6 +21,7 @@ static const struct command {
     { "generate", cmd_generate, "complete a prompt or answer it (--chat), streaming the text" },
     { "info", cmd_info, "architecture, hyperparameters, tensor types and sizes of a model" },
     { "logits", cmd_logits, "top-5 logits per position and a greedy continuation, in the reference format" },
+    { "perplexity", cmd_perplexity, "perplexity of the model on a text (chunks from BOS, as llama.cpp measures it)" },
     { "bench", cmd_bench, "prefill and decode speed at several prompt lengths" },
     { "calibrate", cmd_calibrate, "the uncertainty thresholds of a model (entropy statistics of its answers)" },
     { "eval", cmd_eval, "accuracy of policies on generated retrieval tasks (pass key), with backtracking" },

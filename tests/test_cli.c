@@ -94,6 +94,37 @@ Test(cli, logits_prints_reference_format)
     cr_expect(strstr(out, "\npos 0 top5 25622:4.1"), "pos 0 should match the reference's top-1 25622:4.11");
 }
 
+/* The perplexity in llama.cpp's form: chunks from BOS, the second half of each scored. */
+Test(cli, perplexity_scores_the_second_half_of_each_chunk)
+{
+    static char out[1 << 14], out1[1 << 14], outs[1 << 14], errb[1 << 14];
+#define PPL "perplexity -t 1 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "prompts/p2.txt --chunk 64"
+    cr_assert_eq(run(PPL, out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(strstr(out, "13 chunks of 64, the last 32 of each scored"), "%s", out);
+    cr_expect(strstr(out, "over 416 tokens"), "13 x 32 predictions: %s", out);
+    double running = 0, final = 0;
+    const char *last = strstr(out, "[13]"), *fin = strstr(out, "perplexity ");
+    cr_assert(last && fin && sscanf(last, "[13]%lf", &running) == 1 && sscanf(fin, "perplexity %lf", &final) == 1, "%s",
+              out);
+    cr_expect(final == running && isfinite(final) && final > 1, "the final figure is the running one: %s", out);
+    /* the first chunk alone scores as it did among the others (each chunk starts afresh) */
+    cr_assert_eq(run(PPL " --chunks 1", out1, sizeof out1, errb, sizeof errb), 0, "%s", errb);
+    double first = 0, first_alone = 0;
+    cr_assert(sscanf(strstr(out, "[1]"), "[1]%lf", &first) == 1 && sscanf(strstr(out1, "[1]"), "[1]%lf", &first_alone) == 1);
+    cr_expect_eq(first, first_alone, "%s / %s", out, out1);
+    /* the portable kernels within 0.1% */
+    cr_assert_eq(run(PPL " --isa scalar", outs, sizeof outs, errb, sizeof errb), 0, "%s", errb);
+    double scalar = 0;
+    cr_assert(sscanf(strstr(outs, "perplexity "), "perplexity %lf", &scalar) == 1, "%s", outs);
+    cr_expect(fabs(scalar / final - 1) < 1e-3, "scalar %f against %f", scalar, final);
+#undef PPL
+    expect_one_line_error("perplexity -t 1 -m " TD "tiny/tiny-llama-f16.gguf", "-f TEXT_FILE is required");
+    expect_one_line_error("perplexity -t 1 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "prompts/p1.txt",
+                          "fewer than one chunk of 512");
+    expect_one_line_error("perplexity -t 1 --ctx 64 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "prompts/p2.txt --chunk 128",
+                          "longer than the context of 64");
+}
+
 Test(cli, logits_feed_uses_the_given_ids)
 {
     static char out[1 << 20], errb[1 << 16];
