@@ -574,3 +574,11 @@ int cli_find_thresholds(const char *model_path, const char *spec, const char *db
     memset(t, 0, sizeof *t);
     return 0;
 }
+
+int cli_stdout_done(const char *cmd)
+{
+    fflush(stdout);
+    if (!ferror(stdout)) return 0;
+    cli_err("%s: error writing the output", cmd);
+    return 1;
+}

@@ -99,6 +99,9 @@ int cli_thresholds_path(const char *fingerprint, char *buf, size_t cap, int crea
 
 /* A document or prompt file as checked text (engine/document.h); NULL after printing. */
 char *cli_read_text_file(const char *path, size_t *len);
+/* Standard output flushed: 0, or 1 after saying "CMD: error writing the output" (a full disk, a
+ * closed pipe). */
+int cli_stdout_done(const char *cmd);
 
 /* Callbacks that print a session's answer text on stdout and, with show_events, each page's
  * statistics and every uncertainty event (and the session's notes) on stderr. */

@@ -190,9 +190,7 @@ int cmd_logits(int argc, char **argv)
         for (int k = 0; k < 5 && top_id[5 * t + k] >= 0; k++) printf(" %d:%.6f", top_id[5 * t + k], top_val[5 * t + k]);
         putchar('\n');
     }
-    fflush(stdout);
-    rc = ferror(stdout) ? 1 : 0;
-    if (rc) cli_err("logits: error writing the output");
+    rc = cli_stdout_done("logits");
 done:
     free(gen);
     free(top_id);

@@ -119,9 +119,7 @@ int cmd_perplexity(int argc, char **argv)
     double se = var > 0 && a.count > 1 ? sqrt(var / (double)(a.count - 1)) : 0;
     printf("perplexity %.4f +/- %.4f over %lld tokens (mean -log p %.6f)\n", exp(mean), exp(mean) * se,
            (long long)a.count, mean);
-    fflush(stdout);
-    rc = ferror(stdout) ? 1 : 0;
-    if (rc) cli_err("perplexity: error writing the output");
+    rc = cli_stdout_done("perplexity");
 done:
     free(chunk);
     free(ids);
