@@ -49,7 +49,7 @@ cap | grep -q 'Uncertainty' || fail "no uncertainty view"
 T send-keys -t "$s" 'What is it about?' Enter
 wait_for 'you> What is it about\?'
 wait_for "-- $(tok 8) tokens, [0-9.]+ tok/s"
-wait_for 'saved in session 1 \(snapshot'
+wait_for 'saved in session 1( \(snapshot| *(│|$))'
 wait_for '\| ready'
 
 T send-keys -t "$s" '/compare chess:preset=aggressive,quest:budget=0.2 What is it about?' Enter
@@ -117,7 +117,7 @@ wait_for "$work/notes.txt: [0-9]+ tokens of"
 wait_for '\| #2 notes\.txt \|'
 wait_for '\| ready'
 T send-keys -t "$s" 'Is this the copy?' Enter
-wait_for 'saved in session 2 \(snapshot'
+wait_for 'saved in session 2( \(snapshot| *(│|$))'
 
 # the session browser: both sessions, search, rename, export, delete (not the open one)
 T send-keys -t "$s" F3
@@ -200,17 +200,17 @@ wait_for '\| #1 First talk: p2\.txt \|'
 T send-keys -t "$s" '/edit 1 What is it really about?' Enter
 wait_for 'question 1 edited: a new branch'
 wait_for 'the document and the 0 turns before it'
-wait_for 'saved in session 1 \(snapshot'
+wait_for 'saved in session 1( \(snapshot| *(│|$))'
 wait_for '\| ready'
 T send-keys -t "$s" '/resume 1' Enter
 wait_for 'you> What is it really about\?'
 wait_for '\| ready'
 T send-keys -t "$s" 'Last one?' Enter
-wait_count 'saved in session 1 \(snapshot' 2
+wait_count 'saved in session 1( \(snapshot| *(│|$))' 2
 wait_for '\| ready'
 T send-keys -t "$s" '/regen' Enter
 wait_for 'another answer to the same question \(a new branch\)'
-wait_count 'saved in session 1 \(snapshot' 3
+wait_count 'saved in session 1( \(snapshot| *(│|$))' 3
 T send-keys -t "$s" '/sessions' Enter
 wait_for '1  First talk +p2\.txt .* 15 +[0-9.]+ MiB'
 T send-keys -t "$s" Escape

@@ -15,7 +15,7 @@ T new-session -d -s "$s" -x 120 -y 40 -c "$work" \
 wait_for 'p2\.txt \| chess:preset=aggressive \|'
 wait_for '^-- chess: '
 T send-keys -t "$s" 'What is it about?' Enter
-wait_for 'saved in session 1 \(snapshot'
+wait_for 'saved in session 1( \(snapshot| *(│|$))'
 T send-keys -t "$s" F5
 wait_for 'n_predict +4 '
 T send-keys -t "$s" Down Down Down Down Down Down Right
