@@ -207,18 +207,24 @@ static int run_check(const char *dir)
     return sh(cmd);
 }
 
+/* gpu-check.sh without a GPU on a fresh pack in a new folder dir (a payload that unpacks or not):
+ * it must fail; the figures it wrote go to rows, their count is returned. */
+static int check_without_gpu(char *dir, int good_payload, fig_row *rows, int cap)
+{
+    cr_assert(mkdtemp(dir));
+    make_pack(dir, good_payload);
+    cr_expect_eq(run_check(dir), 1, "a check without a GPU must fail");
+    char path[256];
+    snprintf(path, sizeof path, "%s/out/figures.csv", dir);
+    return read_figures(path, rows, cap);
+}
+
 Test(gpu_scripts, check_without_a_gpu_records_each_step_skips_the_models_and_fails)
 {
     if (system("nvidia-smi -L >/dev/null 2>&1") == 0) cr_skip("a GPU is here: gpu-check.sh would run for minutes");
-    char dir[] = "/tmp/kvchat-gpucheck-XXXXXX";
-    cr_assert(mkdtemp(dir));
-    char cmd[512], path[256];
-    make_pack(dir, 1);
-    cr_expect_eq(run_check(dir), 1, "a check without a GPU must fail");
-
+    char dir[] = "/tmp/kvchat-gpucheck-XXXXXX", cmd[512], path[256];
     static fig_row rows[256];
-    snprintf(path, sizeof path, "%s/out/figures.csv", dir);
-    int n = read_figures(path, rows, 256);
+    int n = check_without_gpu(dir, 1, rows, 256);
     const fig_row *r = find(rows, n, "nvidia-smi", "GPU", NULL);
     cr_expect(r && !strcmp(r->value, "none"), "nvidia-smi's row: %s", r ? r->value : "(none)");
     cr_expect(!find(rows, n, "payload", "result", NULL), "the payload did unpack");
@@ -251,14 +257,9 @@ Test(gpu_scripts, check_without_a_gpu_records_each_step_skips_the_models_and_fai
 Test(gpu_scripts, check_records_a_payload_that_does_not_unpack)
 {
     if (system("nvidia-smi -L >/dev/null 2>&1") == 0) cr_skip("a GPU is here: gpu-check.sh would run for minutes");
-    char dir[] = "/tmp/kvchat-gpucheck-XXXXXX";
-    cr_assert(mkdtemp(dir));
-    char cmd[512], path[256];
-    make_pack(dir, 0);
-    cr_expect_eq(run_check(dir), 1);
+    char dir[] = "/tmp/kvchat-gpucheck-XXXXXX", cmd[512], path[256];
     static fig_row rows[256];
-    snprintf(path, sizeof path, "%s/out/figures.csv", dir);
-    int n = read_figures(path, rows, 256);
+    int n = check_without_gpu(dir, 0, rows, 256);
     const fig_row *r = find(rows, n, "payload", "result", NULL);
     cr_expect(r && !strcmp(r->value, "failed"), "payload: %s", r ? r->value : "(no row)");
     r = find(rows, n, "kvchat starts", "result", NULL);
