@@ -108,7 +108,11 @@ int cmd_perplexity(int argc, char **argv)
     for (int64_t c = 0; c < n_chunks; c++) {
         memcpy(chunk, ids + c * C, sizeof(int32_t) * (size_t)C);
         if (tok_add_bos(m->vocab)) chunk[0] = tok_bos(m->vocab);
-        if (run_rewind(r, 0, 0, err, sizeof err) || run_feed(r, chunk, C, on_logits, &a, err, sizeof err)) {
+        /* the first half only as context (no logits: the vocabulary product is most of a token's
+         * cost on a small model), the rest with every position's logits; prefill chunking leaves
+         * the bits unchanged */
+        if (run_rewind(r, 0, 0, err, sizeof err) || run_feed(r, chunk, a.first - 1, NULL, NULL, err, sizeof err) ||
+            run_feed(r, chunk + a.first - 1, C - a.first + 1, on_logits, &a, err, sizeof err)) {
             cli_err("perplexity: %s", err);
             goto done;
         }
