@@ -1,5 +1,6 @@
 /* chess.c - CHESS: hierarchical page selection, rebuilt at every decode step (the paper's main
- * text; rebuild=N spaces them out) and on an uncertainty event (quality-aware backtracking).
+ * text; rebuild=page or rebuild=event for fewer) and on an uncertainty event (quality-aware
+ * backtracking).
  *
  * A page's summary is its mean key, flattened over the global layers and KV heads; a chunk
  * (chunk= pages) and a grid (grid= chunks) get the mean of their children's summaries. A

@@ -1,12 +1,13 @@
 /* take.c - TAKE: task-aware eviction during chunked prefill.
  *
  * The prompt is prefilled in chunks of Z tokens. The question's tokens (at most its last p; the
- * prompt's last p when no question is known: the probe) run with every chunk at their own positions (the engine appends them as probe rows that
- * leave no K/V behind), so after each chunk every global layer knows what the question attends to
- * in the cache so far. The probe's query is smoothed across chunks (EMA, weight alpha on the new
- * chunk); the cached tokens are scored by the probe's softmax attention (summed over probe rows and
- * the query heads sharing each KV head), average-pooled along the sequence (eq. 11), and only the top k per layer and
- * KV head survive into the next chunk, so the KV memory of a layer never exceeds Z + k tokens (plus
+ * prompt's last p when no question is known: the probe) run with every chunk at their own
+ * positions (the engine appends them as probe rows that leave no K/V behind), so after each chunk
+ * every global layer knows what the question attends to in the cache so far. The probe's query is
+ * smoothed across chunks (EMA, weight alpha on the new chunk); the cached tokens are scored by the
+ * probe's softmax attention (summed over probe rows and the query heads sharing each KV head),
+ * average-pooled along the sequence (eq. 11), and only the top k per layer and KV head survive
+ * into the next chunk, so the KV memory of a layer never exceeds Z + k tokens (plus
  * the probe rows while a chunk runs). Delayed eviction: the first W global layers (half, by default)
  * keep a relaxed budget (warmup x k) until the last chunk, then keep the tokens the first layer
  * after them (W; the deepest delayed one when every layer is delayed) chose, so the early layers'
