@@ -12,6 +12,7 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
+#include "common/text.h"
 #include "engine/tokenizer.h"
 
 typedef struct ppl_opts {
@@ -102,8 +103,9 @@ int cmd_perplexity(int argc, char **argv)
     }
     cli_catch_stop_signals();
     run_set_abort(r, &cli_interrupted);
-    printf("%s: %zu tokens, %lld chunks of %lld, the last %lld of each scored\n", po.file, n_ids, (long long)n_chunks,
-           (long long)C, (long long)(C - C / 2));
+    text_put(stdout, po.file, 0);   /* a path may hold control characters */
+    printf(": %zu tokens, %lld chunks of %lld, the last %lld of each scored\n", n_ids, (long long)n_chunks, (long long)C,
+           (long long)(C - C / 2));
     ppl_acc a = { chunk, C, C / 2, m->hp.n_vocab, 0, 0, 0 };
     for (int64_t c = 0; c < n_chunks; c++) {
         memcpy(chunk, ids + c * C, sizeof(int32_t) * (size_t)C);

@@ -118,6 +118,17 @@ Test(cli, perplexity_scores_the_second_half_of_each_chunk)
     cr_assert(sscanf(strstr(outs, "perplexity "), "perplexity %lf", &scalar) == 1, "%s", outs);
     cr_expect(fabs(scalar / final - 1) < 1e-3, "scalar %f against %f", scalar, final);
 #undef PPL
+    /* a file name with an escape sequence is shown, not executed */
+    char dir[] = "/tmp/kvchat-ppl-XXXXXX", name[128], args[512];
+    cr_assert(mkdtemp(dir));
+    snprintf(name, sizeof name, "%s/a\x1b[2Jb.txt", dir);
+    snprintf(args, sizeof args, "cp " TD "prompts/p2.txt '%s'", name);
+    cr_assert_eq(system(args), 0);
+    snprintf(args, sizeof args, "perplexity -t 1 -m " TD "tiny/tiny-llama-f16.gguf --chunk 64 --chunks 1 -f '%s'", name);
+    cr_assert_eq(run(args, out1, sizeof out1, errb, sizeof errb), 0, "%s", errb);
+    cr_expect(strstr(out1, "a\\x1b[2Jb.txt: ") && !strchr(out1, 0x1b), "%s", out1);
+    unlink(name);
+    rmdir(dir);
     expect_one_line_error("perplexity -t 1 -m " TD "tiny/tiny-llama-f16.gguf", "-f TEXT_FILE is required");
     expect_one_line_error("perplexity -t 1 -m " TD "tiny/tiny-llama-f16.gguf -f " TD "prompts/p1.txt",
                           "fewer than one chunk of 512");
