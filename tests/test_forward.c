@@ -1,7 +1,7 @@
 /* test_forward.c - forward-pass behaviour beyond the reference numbers: a cancelled prefill leaves
  * the cache as it was, prefill chunk size does not change the result, a decode step gives the bits of
- * prefill, rewinding and re-evaluating reproduces the same logits, and a prompt that does not fit is
- * refused before any work. */
+ * prefill, every instruction set gives the portable kernels' bits, rewinding and re-evaluating
+ * reproduces the same logits, and a prompt that does not fit is refused before any work. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <signal.h>
@@ -212,6 +212,55 @@ Test(forward, a_decode_step_gives_the_bits_of_prefill_on_every_isa)
             be_free(b);
             model_free(m);
         }
+    }
+    cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
+    free(ids);
+}
+
+/* Every instruction set gives the portable kernels' bits (the kernels keep one order of f32
+ * operations), so an answer never depends on the CPU that computed it: a prefill in batches of 48
+ * and 4 (panel and rows kernels, blocked attention) and 4 decode steps after it, on all four tiny
+ * models (Q4_K_M with Q5_0/Q8_0/Q6_K, and f16 weights; GELU and SiLU). */
+Test(forward, every_isa_gives_the_portable_logits)
+{
+    char err[512];
+    vd_isa was = vd_isa_active();
+    static const char *files[] = { TD "tiny/tiny-gemma3-q4_k_m.gguf", TD "tiny/tiny-llama-q4_k_m.gguf",
+                                   TD "tiny/tiny-gemma3-f16.gguf", TD "tiny/tiny-llama-f16.gguf" };
+    size_t n;
+    int32_t *ids = prompt_ids(&n);
+    cr_assert(n >= 104);
+    for (int fi = 0; fi < 4; fi++) {
+        model *m;
+        cr_assert(model_load(&m, files[fi], NULL, err, sizeof err) == 0, "%s", err);
+        be_backend *b = be_cpu_create(2, err, sizeof err);
+        cr_assert(b, "%s", err);
+        int nv = m->hp.n_vocab;
+        float *ref = malloc(sizeof(float) * (size_t)nv * 5), *got = malloc(sizeof(float) * (size_t)nv * 5);
+        for (int isa = 0; isa < VD_ISA_COUNT; isa++) {
+            if (!vd_isa_supported((vd_isa)isa)) continue;
+            cr_assert_eq(vd_set_isa((vd_isa)isa, err, sizeof err), 0, "%s", err);
+            float *out = isa == VD_ISA_SCALAR ? ref : got;
+            fwd_opts fo = { 2048, 48, 16 };
+            fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+            cr_assert(f, "%s", err);
+            cr_assert(fwd_eval(f, ids, 100, out, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+            for (int t = 0; t < 4; t++)
+                cr_assert(fwd_decode(f, ids[100 + t], out + (size_t)(t + 1) * nv, NULL, err, sizeof err) == 0, "%s", err);
+            fwd_free(f);
+            if (isa == VD_ISA_SCALAR) continue;
+            for (int step = 0; step < 5; step++) {
+                int bad = 0;
+                for (int i = 0; i < nv; i++)
+                    bad += memcmp(&out[(size_t)step * nv + i], &ref[(size_t)step * nv + i], sizeof(float)) != 0;
+                cr_expect_eq(bad, 0, "%s on %s: %d of %d logits differ from the portable kernels' at step %d", files[fi],
+                             vd_isa_name((vd_isa)isa), bad, nv, step);
+            }
+        }
+        free(ref);
+        free(got);
+        be_free(b);
+        model_free(m);
     }
     cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
     free(ids);

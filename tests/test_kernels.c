@@ -268,3 +268,114 @@ Test(kernels, rmsnorm_row_matches_double_on_every_isa)
     }
     cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
 }
+
+/* Every SIMD level against the portable loops, bit for bit: exp (specials included), GELU and SiLU
+ * gates, the f32 and f16 dot products and axpys, Quest's bound, RMS norm and the blocked
+ * attention's scores and accumulation, on lengths that leave every tail. The portable loops keep the
+ * vector kernels' lanes and fused multiply-adds, so nothing computed depends on the CPU. */
+static int same_bits(const float *a, const float *b, int64_t n) { return !memcmp(a, b, sizeof(float) * (size_t)n); }
+
+Test(kernels, every_isa_gives_the_portable_bits)
+{
+    seed_rng("every_isa_gives_the_portable_bits");
+    char err[256];
+    vd_isa was = vd_isa_active();
+    enum { N = 1037 };
+    static float x[N], w[N], lo[N], hi[N], g[N], u[N], y0[N], y1[N];
+    static uint16_t h[N];
+    static const int64_t lens[] = { 1, 7, 8, 15, 16, 17, 31, 32, 33, 100, 256, 640, 1001, N };
+    for (int isa = VD_ISA_AVX2; isa < VD_ISA_COUNT; isa++) {
+        if (!vd_isa_supported((vd_isa)isa)) {
+            cr_log_info("SKIP %s: this CPU lacks %s", vd_isa_name((vd_isa)isa), vd_isa_describe((vd_isa)isa));
+            continue;
+        }
+        cr_assert_eq(vd_set_isa((vd_isa)isa, err, sizeof err), 0, "%s", err);
+        const char *name = vd_isa_name((vd_isa)isa);
+        for (int i = 0; i < N; i++) {
+            x[i] = frand(-110, 95);
+            w[i] = frand(-2, 2);
+            lo[i] = frand(-1, 0);
+            hi[i] = lo[i] + frand(0, 2);
+            g[i] = frand(-12, 12);
+            u[i] = frand(-2, 2);
+            h[i] = quant_f32_to_fp16(frand(-3, 3));
+        }
+        x[0] = -INFINITY, x[1] = INFINITY, x[2] = NAN, x[3] = 88.7228317f, x[4] = 88.7228394f, x[5] = -104.0f;
+        x[6] = -103.99f, x[7] = 0.0f, x[8] = -0.0f, x[9] = -87.3f;
+        vd_force_scalar(1);
+        vd_exp_f32(N, x, y0);
+        vd_force_scalar(0);
+        vd_exp_f32(N, x, y1);
+        for (int i = 0; i < N; i++)
+            cr_assert(!memcmp(&y0[i], &y1[i], 4), "%s exp(%.9g) = %.9g, portable %.9g", name, x[i], y1[i], y0[i]);
+        for (int gelu = 0; gelu <= 1; gelu++) {
+            memcpy(y0, g, sizeof g);
+            memcpy(y1, g, sizeof g);
+            vd_force_scalar(1);
+            vd_glu_f32(N, y0, u, gelu);
+            vd_force_scalar(0);
+            vd_glu_f32(N, y1, u, gelu);
+            cr_assert(same_bits(y0, y1, N), "%s %s differs from the portable loop", name, gelu ? "GELU" : "SiLU");
+        }
+        for (int li = 0; li < (int)(sizeof lens / sizeof lens[0]); li++) {
+            int64_t n = lens[li];
+            float a = frand(-1, 1), s0, s1;
+            vd_force_scalar(1);
+            s0 = vd_dot_f32(n, w, g);
+            vd_force_scalar(0);
+            s1 = vd_dot_f32(n, w, g);
+            cr_assert(!memcmp(&s0, &s1, 4), "%s dot_f32 n=%lld: %.9g vs %.9g", name, (long long)n, s1, s0);
+            vd_force_scalar(1);
+            s0 = vd_dot_f32_f16(n, w, h);
+            vd_force_scalar(0);
+            s1 = vd_dot_f32_f16(n, w, h);
+            cr_assert(!memcmp(&s0, &s1, 4), "%s dot_f32_f16 n=%lld: %.9g vs %.9g", name, (long long)n, s1, s0);
+            vd_force_scalar(1);
+            s0 = vd_bound_f32(n, w, lo, hi);
+            vd_force_scalar(0);
+            s1 = vd_bound_f32(n, w, lo, hi);
+            cr_assert(!memcmp(&s0, &s1, 4), "%s bound n=%lld: %.9g vs %.9g", name, (long long)n, s1, s0);
+            for (int half = 0; half <= 1; half++) {
+                memcpy(y0, u, sizeof u);
+                memcpy(y1, u, sizeof u);
+                vd_force_scalar(1);
+                if (half) vd_axpy_f16(n, a, h, y0); else vd_axpy_f32(n, a, g, y0);
+                vd_force_scalar(0);
+                if (half) vd_axpy_f16(n, a, h, y1); else vd_axpy_f32(n, a, g, y1);
+                cr_assert(same_bits(y0, y1, N), "%s axpy_%s n=%lld differs", name, half ? "f16" : "f32", (long long)n);
+            }
+            vd_force_scalar(1);
+            vd_rmsnorm_f32(n, g, w, y0, 1e-6f);
+            vd_force_scalar(0);
+            vd_rmsnorm_f32(n, g, w, y1, 1e-6f);
+            cr_assert(same_bits(y0, y1, n), "%s rmsnorm n=%lld differs", name, (long long)n);
+        }
+        static const int dims[] = { 8, 40, 72, 256 }, nks[] = { 1, 7, 64 }, rps[] = { 16, 32, 48 };
+        for (int di = 0; di < 4; di++)
+            for (int ki = 0; ki < 3; ki++) {
+                int D = dims[di], nk = nks[ki], rp = rps[(di + ki) % 3], nr = rp - (int)(rnd() % 16);
+                size_t ns = (size_t)nk * rp, no = (size_t)rp * D;
+                float *qt = malloc(sizeof(float) * (size_t)D * rp), *kb = malloc(sizeof(float) * (size_t)nk * D);
+                float *vb = malloc(sizeof(float) * (size_t)nk * D), *sa = malloc(sizeof(float) * ns);
+                float *sb = malloc(sizeof(float) * ns), *oa = malloc(sizeof(float) * no), *ob = malloc(sizeof(float) * no);
+                float corr[48];
+                for (int i = 0; i < D * rp; i++) qt[i] = frand(-1, 1);
+                for (int i = 0; i < nk * D; i++) kb[i] = frand(-1, 1), vb[i] = frand(-1, 1);
+                for (int r = 0; r < rp; r++) corr[r] = frand(0, 1);
+                vd_force_scalar(1);
+                vd_attn_scores(D, nk, rp, qt, kb, sa);
+                vd_force_scalar(0);
+                vd_attn_scores(D, nk, rp, qt, kb, sb);
+                cr_assert(same_bits(sa, sb, (int64_t)ns), "%s attention scores D=%d nk=%d rp=%d differ", name, D, nk, rp);
+                for (size_t i = 0; i < ns; i++) sa[i] = frand(0, 1);
+                for (size_t i = 0; i < no; i++) oa[i] = ob[i] = frand(-1, 1);
+                vd_force_scalar(1);
+                vd_attn_accum(D, nk, nr, rp, sa, vb, corr, oa);
+                vd_force_scalar(0);
+                vd_attn_accum(D, nk, nr, rp, sa, vb, corr, ob);
+                cr_assert(same_bits(oa, ob, (int64_t)no), "%s attention accumulation D=%d nk=%d nr=%d differs", name, D, nk, nr);
+                free(qt); free(kb); free(vb); free(sa); free(sb); free(oa); free(ob);
+            }
+    }
+    cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
+}

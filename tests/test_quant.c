@@ -537,8 +537,8 @@ Test(quant, dot_Q6_K_matches_fixture) { check_fixture_dots(GGML_TYPE_Q6_K); }
 
 /* Random rows of awkward lengths: both kernels against sum(w_i * xh_i) over the decoded
  * activation (so the activation error drops out and only f32 rounding + the Q8_1 s-field remain),
- * and the AVX2 kernel against the scalar one. Both compute the same integer block sums, so they
- * may differ only by the two f32 rounding slacks (2 * float_slack), plus nothing else. */
+ * and the SIMD kernel against the scalar one bit for bit: the same integer block sums, and the
+ * scalar kernel keeps the vector kernel's lanes and order of f32 operations. */
 Test(quant, simd_and_scalar_kernels_agree_on_awkward_lengths)
 {
     seed_rng("simd_and_scalar_kernels_agree_on_awkward_lengths");
@@ -586,8 +586,8 @@ Test(quant, simd_and_scalar_kernels_agree_on_awkward_lengths)
                     vd_get_dot(t->type)(n, &sv, w, a_v);
                     cr_assert(fabs((double)sv - exact) <= tol, "simd %s n=%" PRId64 ": %.9g vs %.9g (bound %.3g)",
                               t->name, n, sv, exact, tol);
-                    cr_assert(fabs((double)sv - (double)ss) <= 2.0 * slack,
-                              "simd vs scalar %s n=%" PRId64 ": %.9g vs %.9g (bound %.3g)", t->name, n, sv, ss, 2.0 * slack);
+                    cr_assert(f2u(sv) == f2u(ss), "simd vs scalar %s n=%" PRId64 ": %.9g vs %.9g (not the same bits)",
+                              t->name, n, sv, ss);
                 }
                 free(w); free(wf); free(x); free(xh); free(off); free(a_s); free(a_v);
             }
@@ -991,8 +991,9 @@ static void run_panels(const vd_gemm *g, uint32_t type, int64_t n, const uint8_t
 
 /* Random rows and activations of awkward shapes (row lengths, rows not a multiple of a panel, token
  * counts around the tile size): every result against the scalar kernel on the vd_quantize_act row,
- * within the two kernels' f32 rounding slack (both sum the same integer block sums), and nothing
- * written outside the nrows x ntok results. */
+ * within the two kernels' f32 rounding slack of the exact sum and with the same bits (the same
+ * integer block sums, scaled and added in the same order), and nothing written outside the
+ * nrows x ntok results. */
 Test(quant, panel_kernels_agree_with_scalar_on_awkward_shapes)
 {
     seed_rng("panel_kernels_agree_with_scalar_on_awkward_shapes");
@@ -1058,6 +1059,8 @@ Test(quant, panel_kernels_agree_with_scalar_on_awkward_shapes)
                         cr_assert(fabs((double)got - (double)ref) <= 2.0 * slack,
                                   "%s %s n=%" PRId64 " row %d/%d token %" PRId64 "/%" PRId64 ": %.9g vs scalar %.9g (bound %.3g)",
                                   lv[li].name, quant_type_name(type), n, r, rows, tk, ntok, got, ref, 2.0 * slack);
+                        cr_assert_eq(f2u(got), f2u(ref), "%s %s n=%" PRId64 " row %d token %" PRId64 ": %.9g, scalar %.9g (not the same bits)",
+                                     lv[li].name, quant_type_name(type), n, r, tk, got, ref);
                     }
                 for (int64_t tk = 0; tk <= ntok; tk++)
                     for (size_t r = tk < ntok ? (size_t)rows : 0; r < ldy; r++)
@@ -1216,6 +1219,12 @@ Test(quant, decode_rows_kernels_give_the_panel_bits)
                                 continue;
                             }
                             float want = yp[tk * nrow + r0 + r];
+                            if (isnan(want)) {   /* row 3's 0xFF bytes reach later blocks' fp16 scales: NaN, whose
+                                                  * sign the compiler's operand order decides (clang) */
+                                cr_assert(isnan(yr[r]), "%s %s n=%" PRId64 " row %d token %d: decode %.9g, panel NaN",
+                                          lv[li].name, quant_type_name(type), n, r0 + r, tk, yr[r]);
+                                continue;
+                            }
                             cr_assert_eq(f2u(yr[r]), f2u(want), "%s %s n=%" PRId64 " row %d token %d: decode %.9g, panel %.9g",
                                          lv[li].name, quant_type_name(type), n, r0 + r, tk, yr[r], want);
                         }

@@ -3,8 +3,11 @@
  * instruction set (cpuid and xgetbv) between them and the kernels of vec_dot_avx2.c,
  * vec_dot_avxvnni.c and vec_dot_avx512.c.
  *
- * Every scalar kernel computes the same per-block integer sums as its AVX2 twin, so the two differ
- * only in the order of the f32 additions. Block layouts: vec_dot_impl.h and model-facts.md 3. */
+ * Every portable kernel gives the bits of its SIMD twins: the same per-block integer sums, and the
+ * same f32 operations in the same order (the vector kernels' lanes kept as arrays, their fused
+ * multiply-adds as fmaf), so an answer does not depend on the CPU it was computed on. Why: 8-bit
+ * activations make the forward pass chaotic at the level of single roundings (docs/numerics.md).
+ * Block layouts: vec_dot_impl.h and model-facts.md 3. */
 #include "kernels/cpu/vec_dot.h"
 
 #include <math.h>
@@ -322,30 +325,140 @@ void vd_quantize_act(uint32_t wtype, const float *x, void *dst, int64_t n)
 
 static inline float h2f(uint16_t h) { return quant_fp16_to_f32(h); }
 
-static void dot_f32_scalar(int64_t n, float *s, const void *vw, const void *va)
+/* The horizontal sum of an 8-lane vector in the AVX2 kernels' order (hsum_ps): lanes l and l+4,
+ * then the pairs (0,2) and (1,3), then those two. */
+static float hsum8(const float v[8])
 {
-    const float *w = vw, *a = va;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += (double)w[i] * (double)a[i];
-    *s = (float)sum;
+    float x0 = v[0] + v[4], x1 = v[1] + v[5], x2 = v[2] + v[6], x3 = v[3] + v[7];
+    return (x0 + x2) + (x1 + x3);
 }
 
-static void dot_f16_scalar(int64_t n, float *s, const void *vw, const void *va)
+/* Element i of an f32 (kind 0), f16 (1) or bf16 (2) row; the conversions are exact. */
+static inline float elem(int kind, const void *p, int64_t i)
 {
-    const uint16_t *w = vw, *a = va;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += (double)h2f(w[i]) * (double)h2f(a[i]);
-    *s = (float)sum;
+    if (kind == 0) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return kind == 1 ? h2f(h) : quant_bf16_to_f32(h);
 }
 
-static void dot_bf16_scalar(int64_t n, float *s, const void *vw, const void *va)
+/* The float dot products of the AVX2 kernels one lane at a time: four 8-lane accumulators over
+ * 32 elements a step, then 8 at a time into the first, then (s0 + s1) + (s2 + s3) summed across;
+ * the last n % 8 go one by one after the sum (f16, bf16) or as a masked step into s1 (f32). */
+static inline float dot_lanes(int kind, int64_t n, const void *w, const void *a)
 {
-    const uint16_t *w = vw, *a = va;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        sum += (double)quant_bf16_to_f32(w[i]) * (double)quant_bf16_to_f32(a[i]);
-    *s = (float)sum;
+    float s[4][8] = { { 0 } };
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int v = 0; v < 4; v++)
+            for (int l = 0; l < 8; l++)
+                s[v][l] = fmaf(elem(kind, w, i + 8 * v + l), elem(kind, a, i + 8 * v + l), s[v][l]);
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) s[0][l] = fmaf(elem(kind, w, i + l), elem(kind, a, i + l), s[0][l]);
+    if (kind == 0 && i < n)   /* the kernel's masked load: lanes past the end add 0 * 0 */
+        for (int l = 0; l < 8; l++)
+            s[1][l] = i + l < n ? fmaf(elem(0, w, i + l), elem(0, a, i + l), s[1][l]) : s[1][l] + 0.0f;
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = (s[0][l] + s[1][l]) + (s[2][l] + s[3][l]);
+    float r = hsum8(t);
+    if (kind != 0)
+        for (; i < n; i++) r = fmaf(elem(kind, w, i), elem(kind, a, i), r);
+    return r;
 }
+
+static void dot_f32_scalar(int64_t n, float *s, const void *vw, const void *va) { *s = dot_lanes(0, n, vw, va); }
+static void dot_f16_scalar(int64_t n, float *s, const void *vw, const void *va) { *s = dot_lanes(1, n, vw, va); }
+static void dot_bf16_scalar(int64_t n, float *s, const void *vw, const void *va) { *s = dot_lanes(2, n, vw, va); }
+
+/* Q4_1 / Q5_1 as the AVX2 kernel adds them (block_loop, ms_sum): each block's integer sums in 8
+ * lanes of 4 elements, times d_w * d_a into one of two accumulators (blocks alternate within
+ * groups of 4; a tail of 1-3 goes to the first), and the m_w * s_a terms in 4 lanes over groups of
+ * 4 blocks, the rest one by one; then the lanes summed across, plus the m * s sum. Blocks arrive
+ * in chunks whose sizes are multiples of 4 (but the last). */
+typedef struct q1_acc {
+    float acc[2][8], m4[4];
+} q1_acc;
+
+/* nb a multiple of 4 */
+static void q1_add(q1_acc *q, int64_t nb, const int32_t (*lane)[8], const float *dd, const float *ms)
+{
+    for (int64_t i = 0; i + 4 <= nb; i += 4)
+        for (int k = 0; k < 4; k++) {
+            for (int l = 0; l < 8; l++) q->acc[k & 1][l] = fmaf(dd[i + k], (float)lane[i + k][l], q->acc[k & 1][l]);
+            q->m4[k] += ms[i + k];
+        }
+}
+
+static float q1_total(const q1_acc *q, int has_tail, int64_t n_tail, const float *ms_tail)
+{
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = q->acc[0][l] + q->acc[1][l];
+    float msum = (q->m4[0] + q->m4[2]) + (q->m4[1] + q->m4[3]);
+    if (has_tail)
+        for (int64_t j = 0; j < n_tail; j++) msum += ms_tail[j];
+    return hsum8(t) + msum;
+}
+
+#define Q1_CHUNK 64   /* blocks per chunk: a multiple of 4 */
+
+/* Lane l of a Q4_1 / Q5_1 block against its Q8_1 block: elements 4l..4l+3. */
+static int32_t q1_lane(const uint8_t *qs, uint32_t qh, int five, const int8_t *y, int l)
+{
+    int v = 0;
+    for (int e = 4 * l; e < 4 * l + 4; e++) {
+        int q = e < 16 ? qs[e] & 0xF : qs[e - 16] >> 4;
+        if (five) q |= (int)(((qh >> e) & 1u) << 4);
+        v += q * y[e];
+    }
+    return v;
+}
+
+static void dot_q1_scalar(int five, int64_t n, float *s, const void *vw, const void *va)
+{
+    const vd_blk_q8_1 *a = va;
+    int64_t nb = n / 32;
+    int32_t lane[Q1_CHUNK][8];
+    float dd[Q1_CHUNK], ms[Q1_CHUNK];
+    q1_acc q;
+    memset(&q, 0, sizeof q);
+    int64_t m = 0;
+    for (int64_t b0 = 0; b0 < nb; b0 += Q1_CHUNK) {
+        m = nb - b0 < Q1_CHUNK ? nb - b0 : Q1_CHUNK;
+        for (int64_t k = 0; k < m; k++) {
+            const vd_blk_q8_1 *y = &a[b0 + k];
+            const uint8_t *qs;
+            uint32_t qh = 0;
+            uint16_t d, mm;
+            if (five) {
+                const vd_blk_q5_1 *x = (const vd_blk_q5_1 *)vw + b0 + k;
+                qs = x->qs;
+                memcpy(&qh, x->qh, 4);
+                d = x->d;
+                mm = x->m;
+            } else {
+                const vd_blk_q4_1 *x = (const vd_blk_q4_1 *)vw + b0 + k;
+                qs = x->qs;
+                d = x->d;
+                mm = x->m;
+            }
+            for (int l = 0; l < 8; l++) lane[k][l] = q1_lane(qs, qh, five, y->qs, l);
+            dd[k] = h2f(d) * h2f(y->d);
+            ms[k] = h2f(mm) * h2f(y->s);
+        }
+        /* the last chunk's 1-3 trailing blocks: m * s terms after the groups' sum */
+        int64_t groups = b0 + m == nb ? m / 4 * 4 : m;
+        q1_add(&q, groups, (const int32_t(*)[8])lane, dd, ms);
+        if (groups < m) {
+            for (int64_t i = groups; i < m; i++)
+                for (int l = 0; l < 8; l++) q.acc[0][l] = fmaf(dd[i], (float)lane[i][l], q.acc[0][l]);
+            *s = q1_total(&q, 1, m - groups, ms + groups);
+            return;
+        }
+    }
+    *s = q1_total(&q, 0, 0, NULL);
+}
+
+static void dot_q4_1_scalar(int64_t n, float *s, const void *vw, const void *va) { dot_q1_scalar(0, n, s, vw, va); }
+static void dot_q5_1_scalar(int64_t n, float *s, const void *vw, const void *va) { dot_q1_scalar(1, n, s, vw, va); }
 
 static void dot_q4_0_scalar(int64_t n, float *s, const void *vw, const void *va)
 {
@@ -358,23 +471,7 @@ static void dot_q4_0_scalar(int64_t n, float *s, const void *vw, const void *va)
             sumi += ((w[i].qs[j] & 0xF) - 8) * a[i].qs[j];
             sumi += ((w[i].qs[j] >> 4) - 8) * a[i].qs[j + 16];
         }
-        sum += (float)sumi * (h2f(w[i].d) * h2f(a[i].d));
-    }
-    *s = sum;
-}
-
-static void dot_q4_1_scalar(int64_t n, float *s, const void *vw, const void *va)
-{
-    const vd_blk_q4_1 *w = vw;
-    const vd_blk_q8_1 *a = va;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / 32; i++) {
-        int sumi = 0;
-        for (int j = 0; j < 16; j++) {
-            sumi += (w[i].qs[j] & 0xF) * a[i].qs[j];
-            sumi += (w[i].qs[j] >> 4) * a[i].qs[j + 16];
-        }
-        sum += (float)sumi * (h2f(w[i].d) * h2f(a[i].d)) + h2f(w[i].m) * h2f(a[i].s);
+        sum = fmaf(h2f(w[i].d) * h2f(a[i].d), (float)sumi, sum);   /* the panel kernels' one fma */
     }
     *s = sum;
 }
@@ -393,26 +490,7 @@ static void dot_q5_0_scalar(int64_t n, float *s, const void *vw, const void *va)
             int q1 = ((w[i].qs[j] >> 4) | (int)(((h >> (j + 16)) & 1u) << 4)) - 16;
             sumi += q0 * a[i].qs[j] + q1 * a[i].qs[j + 16];
         }
-        sum += (float)sumi * (h2f(w[i].d) * h2f(a[i].d));
-    }
-    *s = sum;
-}
-
-static void dot_q5_1_scalar(int64_t n, float *s, const void *vw, const void *va)
-{
-    const vd_blk_q5_1 *w = vw;
-    const vd_blk_q8_1 *a = va;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / 32; i++) {
-        uint32_t h;
-        memcpy(&h, w[i].qh, 4);
-        int sumi = 0;
-        for (int j = 0; j < 16; j++) {
-            int q0 = (w[i].qs[j] & 0xF) | (int)(((h >> j) & 1u) << 4);
-            int q1 = (w[i].qs[j] >> 4) | (int)(((h >> (j + 16)) & 1u) << 4);
-            sumi += q0 * a[i].qs[j] + q1 * a[i].qs[j + 16];
-        }
-        sum += (float)sumi * (h2f(w[i].d) * h2f(a[i].d)) + h2f(w[i].m) * h2f(a[i].s);
+        sum = fmaf(h2f(w[i].d) * h2f(a[i].d), (float)sumi, sum);   /* the panel kernels' one fma */
     }
     *s = sum;
 }
@@ -424,7 +502,7 @@ static void dot_q8_0_scalar(int64_t n, float *s, const void *vw, const void *va)
     for (int64_t i = 0; i < n / 32; i++) {
         int sumi = 0;
         for (int j = 0; j < 32; j++) sumi += w[i].qs[j] * a[i].qs[j];
-        sum += (float)sumi * (h2f(w[i].d) * h2f(a[i].d));
+        sum = fmaf(h2f(w[i].d) * h2f(a[i].d), (float)sumi, sum);   /* the panel kernels' one fma */
     }
     *s = sum;
 }
@@ -452,7 +530,8 @@ static void dot_q4_k_scalar(int64_t n, float *s, const void *vw, const void *va)
         }
         for (int j = 0; j < 8; j++) summ += mn[j] * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
         float d = h2f(w[i].d) * a[i].d, dmin = h2f(w[i].dmin) * a[i].d;
-        sum += d * (float)sumi - dmin * (float)summ;
+        sum = fmaf(d, (float)sumi, sum);   /* the panel kernels' fma, then fnmadd */
+        sum = fmaf(-dmin, (float)summ, sum);
     }
     *s = sum;
 }
@@ -481,7 +560,8 @@ static void dot_q5_k_scalar(int64_t n, float *s, const void *vw, const void *va)
         }
         for (int j = 0; j < 8; j++) summ += mn[j] * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
         float d = h2f(w[i].d) * a[i].d, dmin = h2f(w[i].dmin) * a[i].d;
-        sum += d * (float)sumi - dmin * (float)summ;
+        sum = fmaf(d, (float)sumi, sum);   /* the panel kernels' fma, then fnmadd */
+        sum = fmaf(-dmin, (float)summ, sum);
     }
     *s = sum;
 }
@@ -512,7 +592,7 @@ static void dot_q6_k_scalar(int64_t n, float *s, const void *vw, const void *va)
             }
             for (int k = 0; k < 8; k++) sumi += S[k] * part[k];
         }
-        sum += (h2f(w[i].d) * a[i].d) * (float)sumi;
+        sum = fmaf(h2f(w[i].d) * a[i].d, (float)sumi, sum);
     }
     *s = sum;
 }
@@ -542,34 +622,58 @@ static vd_dot_fn get_dot_avx2(uint32_t wtype)
     case GGML_TYPE_F32: return vd_dot_f32_f32_avx2;
     case GGML_TYPE_F16: return vd_dot_f16_f16_avx2;
     case GGML_TYPE_BF16: return vd_dot_bf16_bf16_avx2;
-    case GGML_TYPE_Q4_0: return vd_dot_q4_0_q8_0_avx2;
     case GGML_TYPE_Q4_1: return vd_dot_q4_1_q8_1_avx2;
-    case GGML_TYPE_Q5_0: return vd_dot_q5_0_q8_0_avx2;
     case GGML_TYPE_Q5_1: return vd_dot_q5_1_q8_1_avx2;
-    case GGML_TYPE_Q8_0: return vd_dot_q8_0_q8_0_avx2;
-    case GGML_TYPE_Q4_K: return vd_dot_q4_k_q8_k_avx2;
-    case GGML_TYPE_Q5_K: return vd_dot_q5_k_q8_k_avx2;
-    case GGML_TYPE_Q6_K: return vd_dot_q6_k_q8_k_avx2;
     default: return NULL;
     }
 }
 #endif
 
+/* The types with panel kernels (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) have no one-row SIMD kernel:
+ * the backend multiplies them with the panel and rows kernels (vd_get_gemm, vd_get_dot_rows),
+ * whose bits the portable kernel gives. */
 vd_dot_fn vd_get_dot(uint32_t wtype)
 {
 #if VD_HAVE_AVX2_BUILD
-    if (use_simd()) return get_dot_avx2(wtype);
+    vd_dot_fn f = use_simd() ? get_dot_avx2(wtype) : NULL;
+    if (f) return f;
 #endif
     return vd_get_dot_scalar(wtype);
 }
 
+
+/* e^x with the AVX2 kernel's operations one lane at a time (vec_dot_avx2.c exp256): range
+ * reduction by k = round(x log2 e) in two parts, a degree-7 polynomial, 2^k in two halves. */
+static float exp_lane(float x)
+{
+    const float hi = 88.7228317f, lo = -104.0f;
+    if (isnan(x)) return x;
+    if (x > hi) return INFINITY;
+    if (x < lo) return 0.0f;
+    float k = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(-k, 0.693359375f, x);
+    r = fmaf(-k, -2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r + 1.0f);
+    int32_t ki = (int32_t)k, k1 = ki >> 1, k2 = ki - k1;
+    uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, 4);
+    memcpy(&s2, &b2, 4);
+    return p * s1 * s2;
+}
 
 void vd_exp_f32(int64_t n, const float *x, float *y)
 {
 #if VD_HAVE_AVX2_BUILD
     if (use_simd()) { vd_exp_avx2(n, x, y); return; }
 #endif
-    for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = exp_lane(x[i]);
 }
 
 void vd_glu_f32(int64_t n, float *gate, const float *up, int gelu)
@@ -577,33 +681,43 @@ void vd_glu_f32(int64_t n, float *gate, const float *up, int gelu)
 #if VD_HAVE_AVX2_BUILD
     if (use_simd()) { vd_glu_avx2(n, gate, up, gelu); return; }
 #endif
-    if (gelu) {
-        /* 0.5 g (1 + tanh(u)) as g / (1 + e^(-2u)), like the AVX2 kernel: the same value without the
-         * cancellation of 1 + tanh(u) for negative u */
-        const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-        for (int64_t i = 0; i < n; i++) {
-            float g = gate[i];
-            float u = c * (g + 0.044715f * g * g * g);
-            gate[i] = g / (1.0f + expf(-2.0f * u)) * up[i];
+    /* the AVX2 kernel's operations (vd_glu_avx2), so both give the same bits; GELU's
+     * 0.5 g (1 + tanh(u)) as g / (1 + e^(-2u)): the same value without the cancellation of
+     * 1 + tanh(u) for negative u */
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i], e;
+        if (gelu) {
+            float u = c * fmaf(0.044715f * g, g * g, g);
+            e = exp_lane(u * -2.0f);
+        } else {
+            e = exp_lane(0.0f - g);
         }
-    } else {
-        for (int64_t i = 0; i < n; i++) {
-            float g = gate[i];
-            gate[i] = g / (1.0f + expf(-g)) * up[i];
-        }
+        gate[i] = g / (e + 1.0f) * up[i];
     }
 }
 
 /* ------------------------------------------------------------------ f32 helpers */
 
+/* The f32 helpers below keep the AVX2 kernels' lanes and order (an 8-lane accumulator is 8
+ * floats), so SIMD and portable builds give the same bits. */
 float vd_dot_f32(int64_t n, const float *a, const float *b)
 {
 #if VD_HAVE_AVX2_BUILD
     if (use_simd()) return vd_dot_f32_avx2(n, a, b);
 #endif
-    float s;
-    dot_f32_scalar(n, &s, a, b);
-    return s;
+    float s[4][8] = { { 0 } };
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int v = 0; v < 4; v++)
+            for (int l = 0; l < 8; l++) s[v][l] = fmaf(a[i + 8 * v + l], b[i + 8 * v + l], s[v][l]);
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) s[0][l] = fmaf(a[i + l], b[i + l], s[0][l]);
+    if (i < n)   /* the kernel's masked load: lanes past the end add 0 * 0 */
+        for (int l = 0; l < 8; l++) s[1][l] = i + l < n ? fmaf(a[i + l], b[i + l], s[1][l]) : s[1][l] + 0.0f;
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = (s[0][l] + s[1][l]) + (s[2][l] + s[3][l]);
+    return hsum8(t);
 }
 
 void vd_axpy_f32(int64_t n, float a, const float *x, float *y)
@@ -611,7 +725,7 @@ void vd_axpy_f32(int64_t n, float a, const float *x, float *y)
 #if VD_HAVE_AVX2_BUILD
     if (use_simd()) { vd_axpy_f32_avx2(n, a, x, y); return; }
 #endif
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+    for (int64_t i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
 float vd_dot_f32_f16(int64_t n, const float *a, const uint16_t *b)
@@ -619,9 +733,18 @@ float vd_dot_f32_f16(int64_t n, const float *a, const uint16_t *b)
 #if VD_HAVE_AVX2_BUILD
     if (use_simd()) return vd_dot_f32_f16_avx2(n, a, b);
 #endif
-    float s = 0;
-    for (int64_t i = 0; i < n; i++) s += a[i] * quant_fp16_to_f32(b[i]);
-    return s;
+    float s[2][8] = { { 0 } };
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int v = 0; v < 2; v++)
+            for (int l = 0; l < 8; l++) s[v][l] = fmaf(a[i + 8 * v + l], h2f(b[i + 8 * v + l]), s[v][l]);
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) s[0][l] = fmaf(a[i + l], h2f(b[i + l]), s[0][l]);
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = s[0][l] + s[1][l];
+    float r = hsum8(t);
+    for (; i < n; i++) r = fmaf(a[i], h2f(b[i]), r);
+    return r;
 }
 
 void vd_axpy_f16(int64_t n, float a, const uint16_t *x, float *y)
@@ -629,7 +752,7 @@ void vd_axpy_f16(int64_t n, float a, const uint16_t *x, float *y)
 #if VD_HAVE_AVX2_BUILD
     if (use_simd()) { vd_axpy_f16_avx2(n, a, x, y); return; }
 #endif
-    for (int64_t i = 0; i < n; i++) y[i] += a * quant_fp16_to_f32(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = fmaf(a, h2f(x[i]), y[i]);
 }
 
 void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y)
@@ -640,6 +763,20 @@ void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y)
     for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_fp16(x[i]);
 }
 
+/* sum x^2 in double over the AVX2 kernel's 16 lanes (vd_sumsq_f64_avx2; the products are exact). */
+static double sumsq_f64(int64_t n, const float *x)
+{
+    double a[16] = { 0 };
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) a[l] += (double)x[i + l] * x[i + l];
+    double v[4];
+    for (int l = 0; l < 4; l++) v[l] = (a[l] + a[4 + l]) + (a[8 + l] + a[12 + l]);
+    double s = (v[0] + v[2]) + (v[1] + v[3]);
+    for (; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
 void vd_rmsnorm_f32(int64_t n, const float *x, const float *w, float *y, float eps)
 {
     double ss = 0;
@@ -648,7 +785,7 @@ void vd_rmsnorm_f32(int64_t n, const float *x, const float *w, float *y, float e
     if (simd) ss = vd_sumsq_f64_avx2(n, x);
     else
 #endif
-        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        ss = sumsq_f64(n, x);
     float scale = 1.0f / sqrtf((float)(ss / (double)n) + eps);
 #if VD_HAVE_AVX2_BUILD
     if (simd) {
@@ -669,7 +806,7 @@ static void attn_scores_scalar(int D, int nk, int rp, const float *qt, const flo
         for (int d = 0; d < D; d++) {
             float kv = kb[(size_t)k * D + d];
             const float *q = qt + (size_t)d * rp;
-            for (int r = 0; r < rp; r++) sk[r] += kv * q[r];
+            for (int r = 0; r < rp; r++) sk[r] = fmaf(kv, q[r], sk[r]);
         }
     }
 }
@@ -683,7 +820,7 @@ static void attn_accum_scalar(int D, int nk, int nr, int rp, const float *p, con
         for (int k = 0; k < nk; k++) {
             float w = p[(size_t)k * rp + r];
             const float *v = vb + (size_t)k * D;
-            for (int d = 0; d < D; d++) or_[d] += w * v[d];
+            for (int d = 0; d < D; d++) or_[d] = fmaf(w, v[d], or_[d]);
         }
     }
 }
@@ -721,10 +858,19 @@ float vd_bound_f32(int64_t n, const float *q, const float *lo, const float *hi)
 #if VD_HAVE_AVX2_BUILD
     if (use_simd()) return vd_bound_f32_avx2(n, q, lo, hi);
 #endif
-    float s = 0;
-    for (int64_t i = 0; i < n; i++) {
+    float s[2][8] = { { 0 } };
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) {
+            float a = q[i + l] * lo[i + l], b = q[i + l] * hi[i + l];
+            s[l / 8][l % 8] += a > b ? a : b;
+        }
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = s[0][l] + s[1][l];
+    float r = hsum8(t);
+    for (; i < n; i++) {
         float a = q[i] * lo[i], b = q[i] * hi[i];
-        s += a > b ? a : b;
+        r += a > b ? a : b;
     }
-    return s;
+    return r;
 }

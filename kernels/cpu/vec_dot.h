@@ -4,8 +4,9 @@
  * As in ggml, the f32 activation row is first converted once into the weight type's "activation
  * format" (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F16 for F16, BF16 for
  * BF16, F32 for F32), so the inner loop is integer multiply-adds on quantized blocks and weights are
- * never expanded to f32. Every kernel has a scalar version (the oracle); AVX2, AVX-VNNI and AVX-512
- * versions are picked at run time from what the CPU and the OS support (vd_isa_*). */
+ * never expanded to f32. Every kernel has a portable version that gives its bits (docs/numerics.md);
+ * AVX2, AVX-VNNI and AVX-512 versions are picked at run time from what the CPU and the OS support
+ * (vd_isa_*). */
 #ifndef KVCHAT_VEC_DOT_H
 #define KVCHAT_VEC_DOT_H
 
@@ -20,9 +21,11 @@ void vd_quantize_act(uint32_t wtype, const float *x, void *dst, int64_t n);
 
 /* *s = dot(weight row, activation row) over n elements. */
 typedef void (*vd_dot_fn)(int64_t n, float *s, const void *w_row, const void *act_row);
-/* The fastest kernel this CPU supports for wtype (NULL if the type is unsupported). */
+/* The fastest one-row kernel this CPU supports for wtype (NULL if the type is unsupported); for the
+ * types with panel kernels that is the portable one (the backend multiplies those by panels and
+ * rows kernels, which give its bits). */
 vd_dot_fn vd_get_dot(uint32_t wtype);
-/* The portable scalar kernel (test oracle). */
+/* The portable kernel: every SIMD kernel's bits, on any CPU. */
 vd_dot_fn vd_get_dot_scalar(uint32_t wtype);
 
 /* Instruction sets the kernels come in, in order of preference. A level without its own version of

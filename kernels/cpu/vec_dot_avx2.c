@@ -1,16 +1,21 @@
-/* vec_dot_avx2.c - AVX2/FMA/F16C kernels: fused weight x activation dot products for every
- * supported weight type, the activation quantizers, the f32 dot/axpy helpers, the prefill panel
- * products (8 rows a panel), the decode rows kernels with the panel kernels' bits, the blocked
- * attention's score and accumulation kernels, exp, GELU/SiLU and the RMS norm's sums.
+/* vec_dot_avx2.c - AVX2/FMA/F16C kernels: fused weight x activation dot products for the weight
+ * types without panel kernels (F32, F16, BF16, Q4_1, Q5_1), the activation quantizers, the f32
+ * dot/axpy helpers, the prefill panel products (8 rows a panel), the decode rows kernels with the
+ * panel kernels' bits, the blocked attention's score and accumulation kernels, exp, GELU/SiLU and
+ * the RMS norm's sums.
  *
  * The only file built with -mavx2 -mfma -mf16c. Nothing here may run before vec_dot.c has checked
- * the CPU. Integer kernels compute exactly the same per-block integer sums as the scalar kernels in
- * vec_dot.c (the oracle); only the order of the f32 accumulation differs. */
+ * the CPU. Every kernel here gives the bits of its portable twin in vec_dot.c: the same integer
+ * block sums, and the same f32 operations in the same order (the twins keep these lanes and fused
+ * multiply-adds), so a result never depends on the instruction set. A change to the order of
+ * operations here is a change to the twin too (tests: kernels/every_isa_gives_the_portable_bits,
+ * forward/every_isa_gives_the_portable_logits). */
 #include "kernels/cpu/vec_dot_impl.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include <immintrin.h>
+#include <math.h>
 
 #include "kernels/cpu/vec_bits_avx2.h"
 
@@ -89,7 +94,7 @@ float vd_dot_f32_f16_avx2(int64_t n, const float *a, const uint16_t *b)
     for (; i + 8 <= n; i += 8)
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i))), s0);
     float s = hsum_ps(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * h2f(b[i]);
+    for (; i < n; i++) s = fmaf(a[i], h2f(b[i]), s);   /* fused like the vector part (and the portable loop) */
     return s;
 }
 
@@ -101,7 +106,7 @@ void vd_axpy_f16_avx2(int64_t n, float a, const uint16_t *x, float *y)
         __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(y + i)));
     }
-    for (; i < n; i++) y[i] += a * h2f(x[i]);
+    for (; i < n; i++) y[i] = fmaf(a, h2f(x[i]), y[i]);
 }
 
 void vd_f32_to_f16_avx2(int64_t n, const float *x, uint16_t *y)
@@ -175,7 +180,7 @@ void vd_dot_f16_f16_avx2(int64_t n, float *s, const void *vw, const void *va)
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_f16x8(w + i), load_f16x8(a + i), s0);
     float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; i++) sum += h2f(w[i]) * h2f(a[i]);
+    for (; i < n; i++) sum = fmaf(h2f(w[i]), h2f(a[i]), sum);
     *s = sum;
 }
 
@@ -205,7 +210,7 @@ void vd_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vw, const void *va)
         float wf, af;
         memcpy(&wf, &wb, 4);
         memcpy(&af, &ab, 4);
-        sum += wf * af;
+        sum = fmaf(wf, af, sum);
     }
     *s = sum;
 }
@@ -248,7 +253,7 @@ static inline __m256 splat4(__m256 dd, int k)
 /* One block's 8 int32 partial sums of q_w * q_a. */
 typedef __m256i (*block_fn)(const void *w, const void *a);
 
-/* The loop shared by the five 32-element formats: sum over blocks of d_w * d_a * block(w_i, a_i),
+/* The loop of the 32-element formats' one-row kernels (Q4_1, Q5_1): sum over blocks of d_w * d_a * block(w_i, a_i),
  * d being the fp16 at offset 0 of both block types, in two f32 accumulators. Four blocks per step
  * share one scale conversion; a tail of 1-3 blocks converts its scales one by one. Always inlined
  * with a constant `block`, so each kernel compiles to straight-line code (no indirect calls). */
@@ -284,11 +289,6 @@ static inline __m256i q8_0_block(const void *vw, const void *va)
     return _mm256_madd_epi16(p, ones16());
 }
 
-void vd_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vw, const void *va)
-{
-    *s = hsum_ps(block_loop(n / 32, vw, sizeof(vd_blk_q8_0), va, sizeof(vd_blk_q8_0), q8_0_block));
-}
-
 /* Q4_0: sum (q - 8) * y = sum q*y - 8 * sum y, both as unsigned-by-signed maddubs (pair sums at
  * most 2*15*128 and 2*8*128). */
 static inline __m256i q4_0_block(const void *vw, const void *va)
@@ -301,11 +301,6 @@ static inline __m256i q4_0_block(const void *vw, const void *va)
     return _mm256_madd_epi16(p, ones16());
 }
 
-void vd_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vw, const void *va)
-{
-    *s = hsum_ps(block_loop(n / 32, vw, sizeof(vd_blk_q4_0), va, sizeof(vd_blk_q8_0), q4_0_block));
-}
-
 /* Q5_0: q = nibble | (bit << 4), value q - 16; same offset trick with 16 (pairs <= 2*31*128). */
 static inline __m256i q5_0_block(const void *vw, const void *va)
 {
@@ -316,11 +311,6 @@ static inline __m256i q5_0_block(const void *vw, const void *va)
     __m256i y = _mm256_loadu_si256((const __m256i *)a->qs);
     __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(_mm256_set1_epi8(16), y));
     return _mm256_madd_epi16(p, ones16());
-}
-
-void vd_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *vw, const void *va)
-{
-    *s = hsum_ps(block_loop(n / 32, vw, sizeof(vd_blk_q5_0), va, sizeof(vd_blk_q8_0), q5_0_block));
 }
 
 /* Q4_1 / Q5_1 against Q8_1: d_w*d_a * sum(q*y) + m_w * s_a with q unsigned (pairs <= 2*31*128);
@@ -353,7 +343,10 @@ static inline float ms_sum(int64_t nb, const void *vw, size_t wsize, const void 
     for (; i + 4 <= nb; i += 4, w += 4 * wsize, a += 4 * asize)
         acc = _mm256_add_ps(acc, scale_products4(w, wsize, a, asize));
     float sum = hsum_ps128(_mm256_castps256_ps128(acc));   /* both lanes hold the same products */
-    for (; i < nb; i++, w += wsize, a += asize) sum += h2f(ld16(w)) * h2f(ld16(a));
+    for (; i < nb; i++, w += wsize, a += asize) {
+        float p = h2f(ld16(w)) * h2f(ld16(a));   /* rounded, then added (never fused): the portable twin's order */
+        sum += p;
+    }
     return sum;
 }
 
@@ -425,29 +418,6 @@ static inline __m256i q4k_chunk(const vd_blk_q4_k *w, const vd_blk_q8_k *a, __m2
     return k_chunk(_mm256_and_si256(qb, m4), _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4), a->qs + 64 * c, sc, c);
 }
 
-void vd_dot_q4_k_q8_k_avx2(int64_t n, float *s, const void *vw, const void *va)
-{
-    const vd_blk_q4_k *w = vw;
-    const vd_blk_q8_k *a = va;
-    const int64_t nb = n / 256;
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        __m256i sc;
-        prefetch_line(&w[i], 0);
-        prefetch_line(&w[i], 1);
-        prefetch_line(&w[i], 2);
-        __m128i mins = k_mins_dot(w[i].scales, a[i].bsums, &sc);
-        const float d = h2f(w[i].d) * a[i].d;
-        const float dmin = h2f(w[i].dmin) * a[i].d;
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), accm);
-        __m256i s01 = _mm256_add_epi32(q4k_chunk(&w[i], &a[i], sc, 0), q4k_chunk(&w[i], &a[i], sc, 1));
-        __m256i s23 = _mm256_add_epi32(q4k_chunk(&w[i], &a[i], sc, 2), q4k_chunk(&w[i], &a[i], sc, 3));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(s01, s23)), acc);
-    }
-    *s = hsum_ps(acc) - hsum_ps128(accm);
-}
-
 /* Q5_K chunk c: bit 2c of qh[l] is the fifth bit of the low-nibble element, bit 2c+1 of the
  * high-nibble one. 16-bit shifts move them to bit 4 of the same byte (no bit crosses a byte). */
 static inline __m256i q5k_chunk(const vd_blk_q5_k *w, const vd_blk_q8_k *a, __m256i sc, __m256i qh, int c)
@@ -464,30 +434,6 @@ static inline __m256i q5k_chunk(const vd_blk_q5_k *w, const vd_blk_q8_k *a, __m2
     __m256i lo = _mm256_or_si256(_mm256_and_si256(qb, m4), _mm256_and_si256(h0, b4));
     __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4), _mm256_and_si256(h1, b4));
     return k_chunk(lo, hi, a->qs + 64 * c, sc, c);
-}
-
-void vd_dot_q5_k_q8_k_avx2(int64_t n, float *s, const void *vw, const void *va)
-{
-    const vd_blk_q5_k *w = vw;
-    const vd_blk_q8_k *a = va;
-    const int64_t nb = n / 256;
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        __m256i sc;
-        prefetch_line(&w[i], 0);
-        prefetch_line(&w[i], 1);
-        prefetch_line(&w[i], 2);
-        __m128i mins = k_mins_dot(w[i].scales, a[i].bsums, &sc);
-        const float d = h2f(w[i].d) * a[i].d;
-        const float dmin = h2f(w[i].dmin) * a[i].d;
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), accm);
-        __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh);
-        __m256i s01 = _mm256_add_epi32(q5k_chunk(&w[i], &a[i], sc, qh, 0), q5k_chunk(&w[i], &a[i], sc, qh, 1));
-        __m256i s23 = _mm256_add_epi32(q5k_chunk(&w[i], &a[i], sc, qh, 2), q5k_chunk(&w[i], &a[i], sc, qh, 3));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_add_epi32(s01, s23)), acc);
-    }
-    *s = hsum_ps(acc) - hsum_ps128(accm);
 }
 
 /* Q6_K: sum_k S[k] * sum(q*y) over sub-blocks of 16 with q unsigned (0..63), minus the offset
@@ -516,27 +462,6 @@ static inline __m256i q6k_half(const vd_blk_q6_k *w, const vd_blk_q8_k *a, __m12
     __m256i s23 = _mm256_add_epi32(_mm256_madd_epi16(p2, bcast_scale(sc, BCAST16_PAIR[2])),
                                    _mm256_madd_epi16(p3, bcast_scale(sc, BCAST16_PAIR[3])));
     return _mm256_add_epi32(s01, s23);
-}
-
-void vd_dot_q6_k_q8_k_avx2(int64_t n, float *s, const void *vw, const void *va)
-{
-    const vd_blk_q6_k *w = vw;
-    const vd_blk_q8_k *a = va;
-    const int64_t nb = n / 256;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        prefetch_line(&w[i], 0);
-        prefetch_line(&w[i], 1);
-        prefetch_line(&w[i], 2);
-        prefetch_line(&w[i], 3);
-        const float d = h2f(w[i].d) * a[i].d;
-        __m128i sc8 = _mm_loadu_si128((const __m128i *)w[i].scales);
-        __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), _mm256_loadu_si256((const __m256i *)a[i].bsums));
-        __m256i sumi = _mm256_add_epi32(q6k_half(&w[i], &a[i], sc8, 0), q6k_half(&w[i], &a[i], sc8, 1));
-        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    *s = hsum_ps(acc);
 }
 
 /* ------------------------------------------------------------------ activation quantizers */
@@ -1130,7 +1055,7 @@ void vd_attn_accum_avx2(int D, int nk, int nr, int rp, const float *p, const flo
             for (int d = d16; d < D; d++) or_[d] *= corr[r];
             for (int k = 0; k < nk; k++) {
                 float w = p[(size_t)k * rp + r];
-                for (int d = d16; d < D; d++) or_[d] += w * vb[(size_t)k * D + d];
+                for (int d = d16; d < D; d++) or_[d] = fmaf(w, vb[(size_t)k * D + d], or_[d]);   /* fused, as the vectors */
             }
         }
     }
@@ -1176,7 +1101,7 @@ void vd_scale_mul_avx2(int64_t n, const float *x, float s, const float *w, float
  * scales are applied in the panel kernels' order, d_w * d_a then one fma per block. Rows past nr
  * repeat row 0 and are not stored. */
 
-/* Each row is read front to back like the one-row kernels (the matrix streams, prefetched ahead),
+/* Each row is read front to back (the matrix streams, prefetched ahead),
  * its blocks' exact integer sums and fp16 scales set down lane-wise for 8 rows, RB blocks at a time;
  * then the blocks are applied in order over the 8 lanes at once. */
 #define RB 64

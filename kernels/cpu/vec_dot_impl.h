@@ -118,14 +118,8 @@ vd_dot_rows_fn vd_dot_rows_avx2(uint32_t wtype);
 void vd_dot_f32_f32_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_f16_f16_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_bf16_bf16_avx2(int64_t n, float *s, const void *w, const void *a);
-void vd_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *w, const void *a);
-void vd_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *w, const void *a);
 void vd_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *w, const void *a);
-void vd_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *w, const void *a);
-void vd_dot_q4_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
-void vd_dot_q5_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
-void vd_dot_q6_k_q8_k_avx2(int64_t n, float *s, const void *w, const void *a);
 
 void vd_attn_scores_avx2(int d_head, int nk, int rp, const float *qt, const float *kb, float *s);
 void vd_attn_accum_avx2(int d_head, int nk, int nr, int rp, const float *p, const float *vb, const float *corr, float *o);
