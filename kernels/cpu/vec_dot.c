@@ -369,37 +369,6 @@ static void dot_f32_scalar(int64_t n, float *s, const void *vw, const void *va) 
 static void dot_f16_scalar(int64_t n, float *s, const void *vw, const void *va) { *s = dot_lanes(1, n, vw, va); }
 static void dot_bf16_scalar(int64_t n, float *s, const void *vw, const void *va) { *s = dot_lanes(2, n, vw, va); }
 
-/* Q4_1 / Q5_1 as the AVX2 kernel adds them (block_loop, ms_sum): each block's integer sums in 8
- * lanes of 4 elements, times d_w * d_a into one of two accumulators (blocks alternate within
- * groups of 4; a tail of 1-3 goes to the first), and the m_w * s_a terms in 4 lanes over groups of
- * 4 blocks, the rest one by one; then the lanes summed across, plus the m * s sum. Blocks arrive
- * in chunks whose sizes are multiples of 4 (but the last). */
-typedef struct q1_acc {
-    float acc[2][8], m4[4];
-} q1_acc;
-
-/* nb a multiple of 4 */
-static void q1_add(q1_acc *q, int64_t nb, const int32_t (*lane)[8], const float *dd, const float *ms)
-{
-    for (int64_t i = 0; i + 4 <= nb; i += 4)
-        for (int k = 0; k < 4; k++) {
-            for (int l = 0; l < 8; l++) q->acc[k & 1][l] = fmaf(dd[i + k], (float)lane[i + k][l], q->acc[k & 1][l]);
-            q->m4[k] += ms[i + k];
-        }
-}
-
-static float q1_total(const q1_acc *q, int has_tail, int64_t n_tail, const float *ms_tail)
-{
-    float t[8];
-    for (int l = 0; l < 8; l++) t[l] = q->acc[0][l] + q->acc[1][l];
-    float msum = (q->m4[0] + q->m4[2]) + (q->m4[1] + q->m4[3]);
-    if (has_tail)
-        for (int64_t j = 0; j < n_tail; j++) msum += ms_tail[j];
-    return hsum8(t) + msum;
-}
-
-#define Q1_CHUNK 64   /* blocks per chunk: a multiple of 4 */
-
 /* Lane l of a Q4_1 / Q5_1 block against its Q8_1 block: elements 4l..4l+3. */
 static int32_t q1_lane(const uint8_t *qs, uint32_t qh, int five, const int8_t *y, int l)
 {
@@ -412,49 +381,55 @@ static int32_t q1_lane(const uint8_t *qs, uint32_t qh, int five, const int8_t *y
     return v;
 }
 
+/* Block i's fields: codes, high bits (Q5_1), d_w * d_a and m_w * s_a. */
+static const uint8_t *q1_block(int five, const void *vw, const vd_blk_q8_1 *a, int64_t i, uint32_t *qh, float *dd,
+                               float *ms)
+{
+    const uint8_t *qs;
+    uint16_t d, m;
+    *qh = 0;
+    if (five) {
+        const vd_blk_q5_1 *x = (const vd_blk_q5_1 *)vw + i;
+        qs = x->qs;
+        memcpy(qh, x->qh, 4);
+        d = x->d;
+        m = x->m;
+    } else {
+        const vd_blk_q4_1 *x = (const vd_blk_q4_1 *)vw + i;
+        qs = x->qs;
+        d = x->d;
+        m = x->m;
+    }
+    *dd = h2f(d) * h2f(a[i].d);
+    *ms = h2f(m) * h2f(a[i].s);
+    return qs;
+}
+
+/* Q4_1 / Q5_1 as the AVX2 kernel adds them (block_loop, ms_sum): each block's integer sums in 8
+ * lanes of 4 elements, times d_w * d_a into one of two accumulators (blocks alternate within
+ * groups of 4; the last 1-3 blocks go to the first), and the m_w * s_a terms in 4 lanes over the
+ * groups of 4, summed across, then the last blocks' one by one; the result is the lanes summed
+ * across plus that sum. */
 static void dot_q1_scalar(int five, int64_t n, float *s, const void *vw, const void *va)
 {
     const vd_blk_q8_1 *a = va;
-    int64_t nb = n / 32;
-    int32_t lane[Q1_CHUNK][8];
-    float dd[Q1_CHUNK], ms[Q1_CHUNK];
-    q1_acc q;
-    memset(&q, 0, sizeof q);
-    int64_t m = 0;
-    for (int64_t b0 = 0; b0 < nb; b0 += Q1_CHUNK) {
-        m = nb - b0 < Q1_CHUNK ? nb - b0 : Q1_CHUNK;
-        for (int64_t k = 0; k < m; k++) {
-            const vd_blk_q8_1 *y = &a[b0 + k];
-            const uint8_t *qs;
-            uint32_t qh = 0;
-            uint16_t d, mm;
-            if (five) {
-                const vd_blk_q5_1 *x = (const vd_blk_q5_1 *)vw + b0 + k;
-                qs = x->qs;
-                memcpy(&qh, x->qh, 4);
-                d = x->d;
-                mm = x->m;
-            } else {
-                const vd_blk_q4_1 *x = (const vd_blk_q4_1 *)vw + b0 + k;
-                qs = x->qs;
-                d = x->d;
-                mm = x->m;
-            }
-            for (int l = 0; l < 8; l++) lane[k][l] = q1_lane(qs, qh, five, y->qs, l);
-            dd[k] = h2f(d) * h2f(y->d);
-            ms[k] = h2f(mm) * h2f(y->s);
-        }
-        /* the last chunk's 1-3 trailing blocks: m * s terms after the groups' sum */
-        int64_t groups = b0 + m == nb ? m / 4 * 4 : m;
-        q1_add(&q, groups, (const int32_t(*)[8])lane, dd, ms);
-        if (groups < m) {
-            for (int64_t i = groups; i < m; i++)
-                for (int l = 0; l < 8; l++) q.acc[0][l] = fmaf(dd[i], (float)lane[i][l], q.acc[0][l]);
-            *s = q1_total(&q, 1, m - groups, ms + groups);
-            return;
-        }
+    const int64_t nb = n / 32, grouped = nb / 4 * 4;
+    float acc[2][8] = { { 0 } }, m4[4] = { 0 }, dd, ms;
+    uint32_t qh;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *qs = q1_block(five, vw, a, i, &qh, &dd, &ms);
+        int slot = i < grouped ? (int)(i & 1) : 0;
+        for (int l = 0; l < 8; l++) acc[slot][l] = fmaf(dd, (float)q1_lane(qs, qh, five, a[i].qs, l), acc[slot][l]);
+        if (i < grouped) m4[i & 3] += ms;
     }
-    *s = q1_total(&q, 0, 0, NULL);
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = acc[0][l] + acc[1][l];
+    float msum = (m4[0] + m4[2]) + (m4[1] + m4[3]);
+    for (int64_t i = grouped; i < nb; i++) {
+        (void)q1_block(five, vw, a, i, &qh, &dd, &ms);
+        msum += ms;
+    }
+    *s = hsum8(t) + msum;
 }
 
 static void dot_q4_1_scalar(int64_t n, float *s, const void *vw, const void *va) { dot_q1_scalar(0, n, s, vw, va); }
