@@ -341,6 +341,25 @@ Test(eval_results, markdown_summary_counts_answers_and_retrievals)
     evalres_free(&rs);
 }
 
+/* The points of the budget plots are means per (policy, budget); the full cache has no budget (NaN),
+ * and its samples must still average into one point, not one each (the 20 samples of a pass-key
+ * run drew the full cache as lines at 0% and 100%). */
+Test(eval_results, plot_means_pool_the_runs_without_a_budget)
+{
+    plot_mean m[8];
+    int n = 0;
+    evalplot_mean_add(m, &n, 8, "full", NAN, 100);
+    evalplot_mean_add(m, &n, 8, "full", NAN, 0);
+    evalplot_mean_add(m, &n, 8, "full", NAN, 100);
+    evalplot_mean_add(m, &n, 8, "chess", 0.1, 100);
+    evalplot_mean_add(m, &n, 8, "chess", 0.1, 0);
+    evalplot_mean_add(m, &n, 8, "chess", 0.2, 100);
+    cr_assert_eq(n, 3, "%d entries: full's three runs must be one", n);
+    cr_expect(!strcmp(m[0].name, "full") && isnan(m[0].x) && m[0].n == 3 && m[0].sum == 200);
+    cr_expect(!strcmp(m[1].name, "chess") && m[1].x == 0.1 && m[1].n == 2 && m[1].sum == 100);
+    cr_expect(m[2].x == 0.2 && m[2].n == 1);
+}
+
 Test(eval_results, plot_is_a_png)
 {
     char dir[] = "/tmp/kvchat-evalplot-XXXXXX", png[256], err[256];

@@ -158,17 +158,12 @@ static int lengths(const eval_recs *rs, int64_t *ctx, int max)
     return n;
 }
 
-/* Mean of the values collected per (series, x) before they become points. */
-typedef struct acc {
-    char name[128];
-    double x, sum;
-    int n;
-} acc;
-
-static void acc_add(acc *a, int *na, int max, const char *name, double x, double v)
+void evalplot_mean_add(plot_mean *a, int *na, int max, const char *name, double x, double v)
 {
     for (int i = 0; i < *na; i++)
-        if (a[i].x == x && !strcmp(a[i].name, name)) {
+        /* a NaN x (a run without a budget) is one key: NaN == NaN is false, which made every sample
+         * of the full cache a point of its own (a line at 0% and one at 100%) */
+        if ((a[i].x == x || (isnan(a[i].x) && isnan(x))) && !strcmp(a[i].name, name)) {
             a[i].sum += v;
             a[i].n++;
             return;
@@ -190,7 +185,7 @@ static int by_budget(const eval_recs *rs, const char *png, int ppl, char *err, s
     int64_t ctx[16];
     int nc = lengths(rs, ctx, 16);
     plot_series *s = calloc((size_t)nc * MAX_SERIES, sizeof *s);
-    acc *a = malloc(sizeof *a * MAX_ACC);
+    plot_mean *a = malloc(sizeof *a * MAX_ACC);
     plot_panel p[16];
     if (!s || !a) {
         free(s);
@@ -225,7 +220,7 @@ static int by_budget(const eval_recs *rs, const char *png, int ppl, char *err, s
                 bmin = b < bmin ? b : bmin;
                 bmax = b > bmax ? b : bmax;
             }
-            acc_add(a, &na, MAX_ACC, r->policy, b, v);
+            evalplot_mean_add(a, &na, MAX_ACC, r->policy, b, v);
         }
         if (na == 0) continue;
         plot_series *S = s + (size_t)c * MAX_SERIES;
@@ -322,8 +317,8 @@ static int heatmap(const eval_recs *rs, const char *png, const char *budget, int
  * cache). */
 static int speed_memory(const eval_recs *rs, const char *png, const char *budget, char *err, size_t errlen)
 {
-    acc *a = malloc(sizeof *a * MAX_ACC), *m = malloc(sizeof *m * MAX_ACC);
-    acc *tok = malloc(sizeof *tok * MAX_ACC), *h = malloc(sizeof *h * MAX_ACC);
+    plot_mean *a = malloc(sizeof *a * MAX_ACC), *m = malloc(sizeof *m * MAX_ACC);
+    plot_mean *tok = malloc(sizeof *tok * MAX_ACC), *h = malloc(sizeof *h * MAX_ACC);
     plot_series *s = calloc(3 * MAX_SERIES, sizeof *s);
     if (!a || !m || !tok || !h || !s) {
         free(a);
@@ -340,10 +335,10 @@ static int speed_memory(const eval_recs *rs, const char *png, const char *budget
         if (strcmp(r->status, "ok") || !strcmp(r->policy, "nodoc") ||
             (strcmp(r->budget, budget) && strcmp(r->budget, "-")))
             continue;
-        acc_add(a, &na, MAX_ACC, r->policy, (double)r->ctx, r->decode_s);
-        acc_add(tok, &nt, MAX_ACC, r->policy, (double)r->ctx, (double)r->answer_tokens);
-        acc_add(m, &nm, MAX_ACC, r->policy, (double)r->ctx, (double)r->kv_peak / 1048576.0);
-        acc_add(h, &nh, MAX_ACC, r->policy, (double)r->ctx, (double)r->kv_bytes / 1048576.0);
+        evalplot_mean_add(a, &na, MAX_ACC, r->policy, (double)r->ctx, r->decode_s);
+        evalplot_mean_add(tok, &nt, MAX_ACC, r->policy, (double)r->ctx, (double)r->answer_tokens);
+        evalplot_mean_add(m, &nm, MAX_ACC, r->policy, (double)r->ctx, (double)r->kv_peak / 1048576.0);
+        evalplot_mean_add(h, &nh, MAX_ACC, r->policy, (double)r->ctx, (double)r->kv_bytes / 1048576.0);
     }
     for (int i = 0; i < na; i++)   /* a and tok were filled in the same order */
         if (a[i].sum > 0) evalplot_add(s, &ns1, MAX_SERIES, a[i].name, a[i].x, tok[i].sum / a[i].sum);

@@ -30,6 +30,15 @@ int evalplot_lines(const char *png, const plot_panel *p, int n, int cols, char *
 /* Add (x, y) to the series called name (created when new; at most max series, x kept sorted). */
 void evalplot_add(plot_series *s, int *ns, int max, const char *name, double x, double y);
 
+/* The mean of the values collected per (series, x) before they become points: v added to the entry
+ * for (name, x), created when new (at most max). A NaN x (no budget) is one key like any other. */
+typedef struct plot_mean {
+    char name[128];
+    double x, sum;
+    int n;
+} plot_mean;
+void evalplot_mean_add(plot_mean *a, int *na, int max, const char *name, double x, double v);
+
 /* Every eval plot into dir, from the records: accuracy_vs_budget.png (retrieval over the question
  * tasks, a panel per length), niah_heatmap_<budget>.png (needle depth x length per policy, one file
  * per budget), ppl_vs_budget.png (perplexity change against the full cache), speed_memory.png
