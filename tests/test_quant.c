@@ -2,8 +2,9 @@
  *
  * Oracles: gguf-py's numpy dequantizers, frozen into tests/fixtures/quant/ by
  * tests/fixtures/gen_quant_fixtures.py (rows, dequantized values, float64 dot products); the F16C
- * hardware conversion for fp16 rounding; plain double loops; and the scalar kernels for the AVX2
- * ones. Random inputs print their seed (set QUANT_SEED=<n> to replay). Run with cwd = repo root. */
+ * hardware conversion for fp16 rounding; plain double loops; and the portable kernels, whose bits
+ * every SIMD kernel must give. Random inputs print their seed (set QUANT_SEED=<n> to replay). Run
+ * with cwd = repo root. */
 #include <criterion/criterion.h>
 
 #include <float.h>

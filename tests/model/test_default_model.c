@@ -318,10 +318,10 @@ static void retrieved_count(const char *out, const char *policy, int *k, int *n)
 
 /* TAKE misses the test document above by a hair on this model (docs/policies.md) but answers the
  * generated documents of `kvchat eval`: at a 20% budget, five of the first six at least, the full
- * cache all six. Sample 0 is a knife edge: TAKE keeps the same bytes under every kernel set, and its
- * first digit comes out 3 under the scalar kernels, 1 under the AVX2 and AVX-512 panel and rows
- * kernels (the kernel families' logits differ from the scalar ones by 0.2 on average on this model,
- * bench/README.md). The eval also runs the backtracking loop with the shipped thresholds. */
+ * cache all six. Sample 0 is a knife edge: its first digit came out 3 under the old portable kernels
+ * and 1 under the AVX2 and AVX-512 ones, which computed the same sums in another order; since issue
+ * 29 every kernel set gives the same bits (docs/numerics.md). The eval also runs the backtracking
+ * loop with the shipped thresholds. */
 /* `kvchat eval ARGS` on the default model: its output into out. */
 static void eval_out(const char *args, char *out, size_t cap)
 {
