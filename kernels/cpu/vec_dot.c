@@ -616,7 +616,6 @@ vd_dot_fn vd_get_dot(uint32_t wtype)
     return vd_get_dot_scalar(wtype);
 }
 
-
 /* e^x with the AVX2 kernel's operations one lane at a time (vec_dot_avx2.c exp256): range
  * reduction by k = round(x log2 e) in two parts, a degree-7 polynomial, 2^k in two halves. */
 static float exp_lane(float x)
@@ -681,18 +680,7 @@ float vd_dot_f32(int64_t n, const float *a, const float *b)
 #if VD_HAVE_AVX2_BUILD
     if (use_simd()) return vd_dot_f32_avx2(n, a, b);
 #endif
-    float s[4][8] = { { 0 } };
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32)
-        for (int v = 0; v < 4; v++)
-            for (int l = 0; l < 8; l++) s[v][l] = fmaf(a[i + 8 * v + l], b[i + 8 * v + l], s[v][l]);
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) s[0][l] = fmaf(a[i + l], b[i + l], s[0][l]);
-    if (i < n)   /* the kernel's masked load: lanes past the end add 0 * 0 */
-        for (int l = 0; l < 8; l++) s[1][l] = i + l < n ? fmaf(a[i + l], b[i + l], s[1][l]) : s[1][l] + 0.0f;
-    float t[8];
-    for (int l = 0; l < 8; l++) t[l] = (s[0][l] + s[1][l]) + (s[2][l] + s[3][l]);
-    return hsum8(t);
+    return dot_lanes(0, n, a, b);   /* the AVX2 kernel is the f32 weights' one (vd_dot_f32_f32_avx2) */
 }
 
 void vd_axpy_f32(int64_t n, float a, const float *x, float *y)
