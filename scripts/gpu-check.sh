@@ -9,8 +9,10 @@
 #      device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
 #      vocabulary from the pack): the GPU, the GPU with every product through cuBLAS
-#      (KVCHAT_CUDA_MMV=0), and the CPU on every core, one after the other;
-#   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there.
+#      (KVCHAT_CUDA_MMV=0), the GPU with stage 0's f32 decode kernel (KVCHAT_CUDA_MMV=f32), and
+#      the CPU on every core, one after the other;
+#   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also with
+#      the f32 decode kernel).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
@@ -187,10 +189,11 @@ elif [ ! -f "$bin/gemma-vocab.gguf" ]; then
     say "- no gemma-vocab.gguf in the pack: skipped"
 elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m --type q4_k_m --vocab "$bin/gemma-vocab.gguf" \
         -o "$gm" -t "$threads"; then
-    for run in cuda cuda-cublas cpu; do
+    for run in cuda cuda-cublas cuda-f32 cpu; do
         case $run in
         cuda) env=() dev=(--device cuda) config=cuda ;;
         cuda-cublas) env=(KVCHAT_CUDA_MMV=0) dev=(--device cuda) config="cuda KVCHAT_CUDA_MMV=0" ;;
+        cuda-f32) env=(KVCHAT_CUDA_MMV=f32) dev=(--device cuda) config="cuda KVCHAT_CUDA_MMV=f32" ;;
         cpu) env=() dev=(--device cpu -t "$threads") config="cpu $threads threads" ;;
         esac
         if bench_step "bench $run" "$config" 120 env "${env[@]}" "$kv" bench -m "$gm" "${dev[@]}" --ctx 512,2048,8192 \
@@ -222,6 +225,11 @@ for type in q4_k_m f16; do
         --vocab "$pack/testdata/vocab/llama-spm.gguf" -o "$m" -t "$threads"; then
         bench_step "bench mistral-7b $type" cuda 150 "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
             --csv "$tmp/bench.csv" && bench_table
+        if [ $type = q4_k_m ]; then
+            bench_step "bench mistral-7b $type f32 decode kernel" "cuda KVCHAT_CUDA_MMV=f32" 100 \
+                env KVCHAT_CUDA_MMV=f32 "$kv" bench -m "$m" --device cuda --ctx 512 --gen 16 --csv "$tmp/bench.csv" &&
+                bench_table
+        fi
     fi
     rm -f "$m"
 done

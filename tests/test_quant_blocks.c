@@ -15,6 +15,7 @@
 
 #include "common/quant.h"
 #include "kernels/backend.h"
+#include "kernels/decode_dot.h"
 #include "kernels/quant_blocks.h"
 
 static const uint32_t NATIVE[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
@@ -228,5 +229,164 @@ Test(quant_blocks, every_half_converts_like_the_reference)
         float a = qb_half(h), b = quant_fp16_to_f32((uint16_t)h);
         if (isnan(b)) cr_expect(isnan(a), "half 0x%04x", h);
         else cr_expect(!memcmp(&a, &b, sizeof a), "half 0x%04x: %g, the reference %g", h, a, b);
+    }
+}
+
+/* ---------------------------------------------------------------- kernels/decode_dot.h */
+
+/* Activations rounded to 8-bit codes: the scale is the block's largest magnitude over 127, every
+ * code within half a step of its value (ties to even), codes within +-127; an all-zero block has
+ * scale 0 and codes 0; a NaN makes its block's scale NaN. */
+Test(quant_blocks, activations_round_to_the_nearest_8_bit_code_in_blocks_of_32)
+{
+    seed_rng("activation codes");
+    enum { N = 32 * 64 };
+    float x[N], d[N / 32];
+    int8_t q[N];
+    for (int i = 0; i < N; i++) {
+        int b = i / 32;
+        /* blocks of every magnitude, some all zero, some with ties (x = (k + 1/2) d) */
+        x[i] = b % 7 == 3 ? 0.0f : ldexpf((float)((int)(rnd() % 20001) - 10000) / 10000.0f, (int)(b % 40) - 20);
+    }
+    /* ties: scale 1, values k + 1/2 */
+    x[5 * 32] = 127.0f;
+    for (int j = 1; j < 32; j++) x[5 * 32 + j] = (float)j - 16.5f;
+    dd_quantize(x, N, q, d);
+    int ties = 0;
+    for (int b = 0; b < N / 32; b++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        cr_assert_eq(d[b], amax / 127.0f, "block %d: scale %.9g for amax %.9g", b, d[b], amax);
+        for (int j = 0; j < 32; j++) {
+            float v = x[32 * b + j];
+            int c = q[32 * b + j];
+            cr_assert(c >= -127 && c <= 127);
+            if (d[b] == 0.0f) {
+                cr_assert_eq(c, 0);
+                continue;
+            }
+            double r = (double)v * (double)(1.0f / d[b]);
+            cr_assert(fabs(r - c) <= 0.5 + 1e-6, "block %d value %d: %.9g coded %d (step %.9g)", b, j, v, c, d[b]);
+            if (fabs(r - c) == 0.5) {
+                cr_assert_eq(c % 2, 0, "a tie rounds to even: %.9g coded %d", v, c);
+                ties++;
+            }
+        }
+    }
+    cr_assert_geq(ties, 31);
+    float y[32];
+    for (int j = 0; j < 32; j++) y[j] = (float)j;
+    y[17] = NAN;
+    dd_quantize(y, 32, q, d);
+    cr_assert(isnan(d[0]), "a NaN activation's block has scale %g", d[0]);
+    y[17] = INFINITY;
+    dd_quantize(y, 32, q, d);
+    cr_assert(isinf(d[0]));
+}
+
+/* Every item of every quantized type, unpacked: its 16 codes times their scales, less the minimums,
+ * are the reference dequantizer's values bit for bit, and the items of a row cover each of its
+ * values once. */
+Test(quant_blocks, the_integer_items_unpack_to_the_reference_values)
+{
+    seed_rng("items");
+    enum { NB = 16 };
+    uint8_t *row = malloc(NB * 256);
+    float *ref = malloc(sizeof(float) * NB * 256);
+    int seen[NB * 256];
+    for (size_t ti = 0; ti < N_NATIVE; ti++) {
+        uint32_t type = NATIVE[ti];
+        if (!dd_integer_type(type)) continue;
+        const int n = NB * qb_block_values(type), kq = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K;
+        for (int round = 0; round < 10; round++) {
+            random_blocks(type, row, NB);
+            quant_dequant_row(type, row, ref, n);
+            memset(seen, 0, sizeof seen);
+            for (int i = 0; i < n / DD_ITEM; i++) {
+                dd_item it;
+                dd_load(type, row, i, &it);
+                for (int g = 0; g < 2; g++) {
+                    cr_assert(it.pos[g] % 8 == 0 && it.pos[g] / 32 == (it.pos[g] + 7) / 32 && it.pos[g] + 8 <= n,
+                              "%s item %d group %d at %d", quant_type_name(type), i, g, it.pos[g]);
+                    for (int j = 0; j < 8; j++) {
+                        int code = (int)(int8_t)(uint8_t)((uint32_t)it.v[2 * g + j / 4] >> (8 * (j % 4)));
+                        float v = kq ? it.s[g] * (float)code - it.m[g] : (float)code * it.s[g];
+                        float r = ref[it.pos[g] + j];
+                        cr_assert(memcmp(&v, &r, 4) == 0, "%s item %d value %d: %.9g, the reference %.9g",
+                                  quant_type_name(type), i, it.pos[g] + j, v, r);
+                        seen[it.pos[g] + j]++;
+                    }
+                }
+            }
+            for (int i = 0; i < n; i++)
+                cr_assert_eq(seen[i], 1, "%s value %d read %d times", quant_type_name(type), i, seen[i]);
+        }
+    }
+    free(row);
+    free(ref);
+}
+
+/* Every native type, rows of awkward lengths, 1 to 8 tokens: the warp's result against double
+ * precision. Quantized types: within f32 rounding (1e-5 of the sum of magnitudes) of the product
+ * of the dequantized weights and the coded activations (codes times scales), and within the coding
+ * bound (each activation at most half its block's step away: sum |w_i| d_b / 2) of the product with
+ * the f32 activations themselves. F16/BF16: within f32 rounding of the f32 product. Each token's
+ * result also equals, bit for bit, that token multiplied alone. */
+Test(quant_blocks, the_decode_kernels_lanes_give_the_rows_dot_products)
+{
+    seed_rng("decode dot");
+    const int64_t lens[] = { 256, 640, 2048, 2304, 4096 + 768, 14336 };
+    for (size_t ti = 0; ti < N_NATIVE; ti++) {
+        uint32_t type = NATIVE[ti];
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            int64_t n = lens[li];
+            int bv = qb_block_values(type);
+            if (n % bv) continue;
+            int nb = (int)(n / bv), n_tok = 1 + (int)(rnd() % QB_MAX_TOK);
+            uint8_t *row = malloc((size_t)nb * (size_t)qb_block_bytes(type));
+            float *w = malloc(sizeof(float) * (size_t)n), *x = malloc(sizeof(float) * (size_t)(n * n_tok));
+            int8_t *xq = malloc((size_t)(n * n_tok));
+            float *xd = malloc(sizeof(float) * (size_t)(n * n_tok / 32));
+            random_blocks(type, row, nb);
+            quant_dequant_row(type, row, w, n);
+            /* activations of varied magnitude per block, as a residual stream has */
+            for (int64_t i = 0; i < n * n_tok; i++)
+                x[i] = ldexpf((float)((int)(rnd() % 2001) - 1000) / 1000.0f, (int)((i / 32) % 9) - 4);
+            dd_quantize(x, n * n_tok, xq, xd);
+            float y[QB_MAX_TOK], y1;
+            dd_warp_row(type, row, n, x, xq, xd, n_tok, y);
+            const char *tn = quant_type_name(type);
+            for (int t = 0; t < n_tok; t++) {
+                const float *xt = x + t * n, *dt = xd + t * n / 32;
+                const int8_t *qt = xq + t * n;
+                double exact = 0, coded = 0, mag = 0, bound = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    double xc = (double)qt[i] * dt[i / 32];
+                    exact += (double)w[i] * xt[i];
+                    coded += (double)w[i] * xc;
+                    mag += fabs((double)w[i] * xt[i]) + fabs((double)w[i] * xc);
+                    bound += fabs((double)w[i]) * dt[i / 32] / 2;
+                }
+                if (dd_integer_type(type)) {
+                    cr_assert(fabs(y[t] - coded) <= 1e-5 * mag + 1e-30,
+                              "%s n_in %lld token %d of %d: %.9g, coded in double %.9g", tn, (long long)n, t, n_tok, y[t],
+                              coded);
+                    cr_assert(fabs(y[t] - exact) <= bound + 1e-5 * mag,
+                              "%s n_in %lld token %d: %.9g, exact %.9g, coding bound %.3g", tn, (long long)n, t, y[t],
+                              exact, bound);
+                } else {
+                    cr_assert(fabs(y[t] - exact) <= 1e-5 * mag + 1e-30, "%s n_in %lld token %d of %d: %.9g, double %.9g",
+                              tn, (long long)n, t, n_tok, y[t], exact);
+                }
+                dd_warp_row(type, row, n, xt, qt, dt, 1, &y1);
+                cr_assert(memcmp(&y1, &y[t], 4) == 0, "%s token %d alone: %.9g, among %d: %.9g", tn, t, y1, n_tok,
+                          y[t]);
+            }
+            free(row);
+            free(w);
+            free(x);
+            free(xq);
+            free(xd);
+        }
     }
 }

@@ -52,6 +52,7 @@ extern "C" {
 #include "kernels/weight_f16.h"
 }
 #include "kernels/quant_blocks.h"
+#include "kernels/decode_dot.h"
 
 #include "kernels/cuda/split_merge.cuh"
 
@@ -99,7 +100,11 @@ typedef struct cuda_impl {
     size_t cap_wtile;
     float *xal;                /* a decode product's input copied to 16-byte alignment when it is not */
     size_t cap_xal;
+    int8_t *xq;                /* a decode product's input in 8-bit codes (kernels/decode_dot.h) */
+    float *xd;                 /* and their scales, one per 32 */
+    size_t cap_xq, cap_xd;
     int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
+    int mmv_f32;               /* KVCHAT_CUDA_MMV=f32: decode products by the f32 kernel (stage 0's) */
     int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
     unsigned mmv_smem_set;     /* bit per type slot: the decode kernel's shared memory limit raised */
     float *part_o, *part_ml;   /* attention's per-split partial results */
@@ -533,11 +538,14 @@ static int cuda_prepare(be_backend *b, const be_weight *const *w, int n, char *e
 
 /* ---------------------------------------------------------------- matmul
  *
- * Decode (at most QB_MAX_TOK tokens): mmv_kernel. A block of MMV_WARPS warps computes MMV_ROWS rows
- * a warp; the row is read in chunks of QB_CHUNK values: the block puts the tokens' activations of
- * the chunk in shared memory (f32, padded per group of 32), each warp copies its row's chunk of
- * stored bytes into its own shared buffer with 16-byte loads, then every lane decodes groups of 32
- * (qb_lane_dot) and accumulates in f32; the lanes' sums are added by shuffles. Prefill: cuBLAS
+ * Decode (at most QB_MAX_TOK tokens), kernels/decode_dot.h: a warp per row, reading it straight from
+ * global memory. Quantized types (mmvq_kernel): the input is first rounded to 8-bit codes in blocks
+ * of 32 (quantize_act, once for all the products that share it), then each lane multiplies 16
+ * values at a time in integers (dp4a). F16/BF16 (mmvh_kernel): 16-byte loads of 8 values times the
+ * f32 input. The lanes' sums meet by a butterfly of shuffles. KVCHAT_CUDA_MMV=f32 runs stage 0's
+ * kernel instead (mmv_kernel: exact weights times f32 activations through shared memory; a block of
+ * MMV_WARPS warps computes MMV_ROWS rows a warp, the row read in chunks of QB_CHUNK values, the
+ * lanes decoding groups of 32 with qb_lane_dot), to compare the two on a GPU. Prefill: cuBLAS
  * GemmEx with f16 operands and f32 accumulation, on the F16 weight itself or on tiles of rows
  * dequantized into f16 scratch (dequant_tile). */
 
@@ -616,6 +624,73 @@ static size_t mmv_smem(uint32_t type, int n_tok)
            (size_t)MMV_WARPS * (size_t)qb_chunk_bytes(type);
 }
 
+#define DD_WARPS 4   /* warps (rows) per block of the decode kernels */
+
+/* n_blocks blocks of 32 activations (over all tokens: rows of n_in % 32 == 0 values are whole
+ * blocks) rounded to 8-bit codes q and scales d (decode_dot.h): a warp per block, its largest
+ * magnitude met by shuffles. */
+__global__ void __launch_bounds__(256)
+    quantize_act(const float *__restrict__ x, int64_t n_blocks, int8_t *__restrict__ q, float *__restrict__ d)
+{
+    const int64_t blk = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (blk >= n_blocks) return;   /* the whole warp */
+    const float v = x[blk * DD_QBLOCK + lane];
+    float a = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = dd_amax2(a, __shfl_xor_sync(0xffffffffu, a, o));
+    const float s = dd_scale(a);
+    q[blk * DD_QBLOCK + lane] = dd_code(v, s);
+    if (lane == 0) d[blk] = s;
+}
+
+/* The lanes' sums of each token added by a butterfly (every lane ends with the same sum; the host
+ * tests add in the same order) and written by lane 0 to y[t * n_out]. */
+static __device__ void warp_sums_out(float *acc, int n_tok, int lane, float *y, int64_t n_out)
+{
+#pragma unroll
+    for (int t = 0; t < QB_MAX_TOK; t++) {
+        if (t >= n_tok) continue;
+        float v = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) y[(int64_t)t * n_out] = v;
+    }
+}
+
+/* y[t][row] = dot(row of W, token t) for a quantized W, t < n_tok <= QB_MAX_TOK: the tokens' codes
+ * xq [n_tok][n_in] and scales xd [n_tok][n_in / 32] (quantize_act); a warp per row. */
+template <uint32_t TYPE>
+__global__ void __launch_bounds__(DD_WARPS * 32)
+    mmvq_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
+                const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_tok, float *__restrict__ y)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5);
+    if (row >= n_out) return;   /* the whole warp */
+    float acc[QB_MAX_TOK];
+#pragma unroll
+    for (int t = 0; t < QB_MAX_TOK; t++) acc[t] = 0.0f;
+    dd_lane_dot_q(TYPE, W + (size_t)row * stride, n_in, xq, xd, n_tok, lane, 32, acc);
+    warp_sums_out(acc, n_tok, lane, y + row, n_out);
+}
+
+/* The same for an F16/BF16 W and f32 tokens x [n_tok][n_in] (16-byte aligned). */
+template <uint32_t TYPE>
+__global__ void __launch_bounds__(DD_WARPS * 32)
+    mmvh_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
+                const float *__restrict__ x, int n_tok, float *__restrict__ y)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5);
+    if (row >= n_out) return;   /* the whole warp */
+    float acc[QB_MAX_TOK];
+#pragma unroll
+    for (int t = 0; t < QB_MAX_TOK; t++) acc[t] = 0.0f;
+    dd_lane_dot_h(TYPE, W + (size_t)row * stride, n_in, x, n_tok, lane, 32, acc);
+    warp_sums_out(acc, n_tok, lane, y + row, n_out);
+}
+
 /* Rows [r0, r0 + n_rows) of W dequantized to f16 into out[n_rows][n_in]: a thread a group of 32,
  * values beyond f16's range saturating at +-65504 (as kernels/weight_f16.c converts). */
 template <uint32_t TYPE>
@@ -664,9 +739,35 @@ static int type_slot(uint32_t t)
     default: F(GGML_TYPE_BF16); break;             \
     }
 
-/* y = W x for n_tok <= QB_MAX_TOK tokens of 16-byte aligned device activations. 0, or -1 (recorded). */
-static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, int n_tok, float *dy)
+/* Whether a decode product of dw reads 8-bit codes of its input (decode_dot.h) rather than f32. */
+static int mmv_int8(const cuda_impl *ci, const dev_weight *dw) { return !ci->mmv_f32 && dd_integer_type(dw->type); }
+
+/* y = W x for n_tok <= QB_MAX_TOK tokens: dx the 16-byte aligned f32 input (F16/BF16 weights, and
+ * every type under KVCHAT_CUDA_MMV=f32), xq/xd its 8-bit codes and scales (quantized weights). 0, or
+ * -1 (recorded). */
+static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_t *xq, const float *xd, int n_tok,
+               float *dy)
 {
+    if (!ci->mmv_f32) {
+        const unsigned grid = (unsigned)((dw->n_out + DD_WARPS - 1) / DD_WARPS);
+#define LAUNCH_Q(T) \
+    mmvq_kernel<T><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, xq, xd, n_tok, dy)
+#define LAUNCH_H(T) \
+    mmvh_kernel<T><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, n_tok, dy)
+        switch (dw->type) {
+        case GGML_TYPE_Q4_0: LAUNCH_Q(GGML_TYPE_Q4_0); break;
+        case GGML_TYPE_Q5_0: LAUNCH_Q(GGML_TYPE_Q5_0); break;
+        case GGML_TYPE_Q8_0: LAUNCH_Q(GGML_TYPE_Q8_0); break;
+        case GGML_TYPE_Q4_K: LAUNCH_Q(GGML_TYPE_Q4_K); break;
+        case GGML_TYPE_Q5_K: LAUNCH_Q(GGML_TYPE_Q5_K); break;
+        case GGML_TYPE_Q6_K: LAUNCH_Q(GGML_TYPE_Q6_K); break;
+        case GGML_TYPE_F16: LAUNCH_H(GGML_TYPE_F16); break;
+        default: LAUNCH_H(GGML_TYPE_BF16); break;
+        }
+#undef LAUNCH_Q
+#undef LAUNCH_H
+        return ck(ci, cudaGetLastError(), "decode product");
+    }
     const size_t smem = mmv_smem(dw->type, n_tok);
     const unsigned bit = 1u << type_slot(dw->type);
     if (!(ci->mmv_smem_set & bit)) {
@@ -754,10 +855,11 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
         if (!bound(ci, mms[m].y, sizeof(float) * (size_t)(n_tok * mms[m].w->n_out))) n_y += n_tok * mms[m].w->n_out;
     }
     /* each product by the decode kernel (in groups of QB_MAX_TOK tokens) or by cuBLAS on f16 */
-    int by_mmv[8], any_mmv = 0, any_gemm = 0;
+    int by_mmv[8], any_f32 = 0, any_int8 = 0, any_gemm = 0;
     for (int m = 0; m < n_mm; m++) {
         by_mmv[m] = mmv_takes(ci, dw[m], n_tok);
-        any_mmv |= by_mmv[m];
+        any_int8 |= by_mmv[m] && mmv_int8(ci, dw[m]);
+        any_f32 |= by_mmv[m] && !mmv_int8(ci, dw[m]);
         any_gemm |= !by_mmv[m];
     }
     if (any_gemm && grow_dev(ci, (void **)&ci->x16, &ci->cap_x16, sizeof(__half) * (size_t)n_x)) return;
@@ -765,7 +867,7 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
     if (n_y && grow_host(ci, (void **)&ci->h_y, &ci->cap_h_y, sizeof(float) * (size_t)n_y)) return;
     const float *dx = (const float *)am_dev_in(&ci->act, x, sizeof(float) * (size_t)n_x);
     if (!dx && !(dx = (const float *)stage(ci, x, sizeof(float) * (size_t)n_x))) return;
-    if (any_mmv && ((uintptr_t)dx & 15)) {
+    if (any_f32 && ((uintptr_t)dx & 15)) {
         /* the kernel reads the activations 16 bytes at a time */
         if (grow_dev(ci, (void **)&ci->xal, &ci->cap_xal, sizeof(float) * (size_t)n_x) ||
             ck(ci, cudaMemcpyAsync(ci->xal, dx, sizeof(float) * (size_t)n_x, cudaMemcpyDeviceToDevice, ci->stream),
@@ -776,6 +878,14 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
     if (any_gemm) {
         f32_to_f16<<<(unsigned)((n_x + 255) / 256), 256, 0, ci->stream>>>(dx, ci->x16, n_x);
         if (ck(ci, cudaGetLastError(), "f32_to_f16")) return;
+    }
+    if (any_int8) {   /* the input's 8-bit codes, once for every product that reads them */
+        const int64_t n_blocks = n_x / DD_QBLOCK;
+        if (grow_dev(ci, (void **)&ci->xq, &ci->cap_xq, (size_t)n_x) ||
+            grow_dev(ci, (void **)&ci->xd, &ci->cap_xd, sizeof(float) * (size_t)n_blocks))
+            return;
+        quantize_act<<<(unsigned)((n_blocks + 7) / 8), 256, 0, ci->stream>>>(dx, n_blocks, ci->xq, ci->xd);
+        if (ck(ci, cudaGetLastError(), "quantize_act")) return;
     }
     int64_t off = 0;
     for (int m = 0; m < n_mm; m++) {
@@ -792,7 +902,9 @@ static void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *
         }
         for (int64_t t0 = 0; t0 < n_tok; t0 += QB_MAX_TOK) {   /* rows of n_in % 32 == 0 floats: aligned */
             const int nt = (int)(n_tok - t0 < QB_MAX_TOK ? n_tok - t0 : QB_MAX_TOK);
-            if (mmv(ci, dw[m], dx + t0 * n_in, nt, dy + t0 * n_out)) return;
+            const int8_t *xq = any_int8 ? ci->xq + t0 * n_in : NULL;
+            const float *xd = any_int8 ? ci->xd + t0 * (n_in / DD_QBLOCK) : NULL;
+            if (mmv(ci, dw[m], dx + t0 * n_in, xq, xd, nt, dy + t0 * n_out)) return;
         }
     }
     if (!n_y) return;
@@ -1342,7 +1454,8 @@ static void cuda_destroy(be_backend *b)
         cc_free(&ci->consts);
         free(ci->rows_list);
         am_free(&ci->act);
-        void *dev[] = { ci->y32, ci->out, ci->x16, ci->part_o, ci->part_ml, ci->d_arena, ci->cur16, ci->wtile, ci->xal };
+        void *dev[] = { ci->y32,   ci->out,   ci->x16, ci->part_o, ci->part_ml, ci->d_arena,
+                        ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
         void *host[] = { ci->h_pages, ci->h_masks, ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)
@@ -1398,6 +1511,7 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     b->impl = ci;
     const char *mmv_env = getenv("KVCHAT_CUDA_MMV");
     ci->no_mmv = mmv_env && !strcmp(mmv_env, "0");
+    ci->mmv_f32 = mmv_env && !strcmp(mmv_env, "f32");
     const char *max_env = getenv("KVCHAT_CUDA_MMV_MAX");
     char *end = NULL;
     long long mx = max_env ? strtoll(max_env, &end, 10) : -1;

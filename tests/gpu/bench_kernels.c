@@ -6,7 +6,8 @@
  *
  * - copy: a device-to-device copy of 1 GiB (bytes read plus written): the ceiling for what follows;
  * - products of every weight type the device reads as stored, at the 7B shapes (4096 x 4096,
- *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernel), 9, 16, 32, 64 tokens
+ *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernels, beside stage 0's f32
+ *   kernel, KVCHAT_CUDA_MMV=f32), 9, 16, 32, 64 tokens
  *   (the decode kernel in passes of 8, KVCHAT_CUDA_MMV_MAX=64, beside the tile + cuBLAS path,
  *   KVCHAT_CUDA_MMV_MAX=8, the default) and 512 tokens (prefill); bytes = the weight's device bytes
  *   plus the activations in and out;
@@ -191,7 +192,10 @@ int main(int argc, char **argv)
     setenv("KVCHAT_CUDA_MMV_MAX", "64", 1);
     be_backend *passes = tiles ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV_MAX");
-    if (!tiles || !passes) {
+    setenv("KVCHAT_CUDA_MMV", "f32", 1);
+    be_backend *f32k = passes ? be_cuda_create(4, err, sizeof err) : NULL;
+    unsetenv("KVCHAT_CUDA_MMV");
+    if (!tiles || !passes || !f32k) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
@@ -206,15 +210,16 @@ int main(int argc, char **argv)
     /* activations: [512][14336] in, [512][14336] out, bound on both backends */
     const int64_t max_tok = 512, max_dim = 14336;
     size_t xbytes = sizeof(float) * (size_t)(max_tok * max_dim);
-    float *x = malloc(xbytes), *y = malloc(xbytes), *y2 = malloc(xbytes), *y3 = malloc(xbytes);
-    if (!x || !y || !y2 || !y3) return 1;
+    float *x = malloc(xbytes), *y = malloc(xbytes), *y2 = malloc(xbytes), *y3 = malloc(xbytes), *y4 = malloc(xbytes);
+    if (!x || !y || !y2 || !y3 || !y4) return 1;
     for (int64_t i = 0; i < max_tok * max_dim; i++) x[i] = frand();
     memset(y, 0, xbytes);
     memset(y2, 0, xbytes);
     memset(y3, 0, xbytes);
-    be_backend *bes[3] = { dflt, tiles, passes };
-    float *ys[3] = { y, y2, y3 };
-    for (int k = 0; k < 3; k++) {
+    memset(y4, 0, xbytes);
+    be_backend *bes[4] = { dflt, tiles, passes, f32k };
+    float *ys[4] = { y, y2, y3, y4 };
+    for (int k = 0; k < 4; k++) {
         if (be_bind(bes[k], x, xbytes, err, sizeof err) || be_bind(bes[k], ys[k], xbytes, err, sizeof err)) {
             fprintf(stderr, "gpu_bench: %s\n", err);
             return 1;
@@ -237,7 +242,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             const be_weight *wp = &w;
-            for (int k = 0; k < 3; k++)
+            for (int k = 0; k < 4; k++)
                 if (bes[k]->ops->prepare && bes[k]->ops->prepare(bes[k], &wp, 1, err, sizeof err)) {
                     fprintf(stderr, "gpu_bench: %s\n", err);
                     return 1;
@@ -251,6 +256,11 @@ int main(int argc, char **argv)
                 if (failed(dflt, "product")) return 1;
                 row("product", tn, n_out, n_in, a.n_tok, "decode kernel", ms,
                     wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
+                mm_arg e = { { &w, y4 }, x, a.n_tok };
+                ms = time_calls(f32k, call_mm, &e, y4);
+                if (failed(f32k, "product")) return 1;
+                row("product", tn, n_out, n_in, e.n_tok, "f32 decode kernel", ms,
+                    wbytes + 4.0 * (double)(e.n_tok * (n_in + n_out)));
             }
             for (size_t k = 0; k < (quick ? 1u : 4u); k++) {
                 mm_arg p = { { &w, y3 }, x, mid_toks[k] };
@@ -327,12 +337,14 @@ int main(int argc, char **argv)
     be_free(dflt);
     be_free(tiles);
     be_free(passes);
+    be_free(f32k);
     for (size_t i = 0; i < n_types * n_shapes; i++) free(keep[i]);
     free(keep);
     free(x);
     free(y);
     free(y2);
     free(y3);
+    free(y4);
     if (csv) fclose(csv);
     return 0;
 }

@@ -1,0 +1,352 @@
+/* decode_dot.h - the decode products' per-lane work, in one header for C and CUDA (issue 25, stage 1).
+ *
+ * A decode product (1 to QB_MAX_TOK tokens) is bound by the bytes of its weight, so each warp reads
+ * its row once, straight from global memory, and spends few instructions a value:
+ * - Quantized rows (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) are multiplied in integers: the activations
+ *   are first rounded to 8-bit codes in blocks of 32 with one f32 scale each (dd_scale, dd_code;
+ *   once per product for all its tokens and every weight sharing the input), then a lane takes 16
+ *   values of the row at a time (an "item": two groups of 8 values, each inside one 32-value
+ *   sub-block with one weight scale), unpacks them into four words of signed 8-bit codes and
+ *   multiplies them by the activations' codes four at a time (dd_dp4a, the device's dp4a).
+ * - F16/BF16 rows are read 16 bytes (8 values) at a time and multiplied by the f32 activations.
+ * The kernels in kernels/cuda/backend_cuda.cu run dd_lane_dot_q / dd_lane_dot_h on every lane of a
+ * warp (a warp per row) and add the lanes by a butterfly of shuffles; tests/test_decode_dot.c runs
+ * the same functions for all 32 lanes on the host and checks the result against double-precision
+ * products. Every float operation is written out (QB_MUL, QB_ADD, fmaf), so the device, which never
+ * fuses these, gives the host's bits.
+ *
+ * Rounding the activations to 8 bits is what the CPU backend does too (kernels/cpu/vec_dot.c, with
+ * an f16 scale per 32 for Q4_0/Q5_0/Q8_0 and one f32 scale per 256 for the K-quants) and what the
+ * reference implementation's GPU kernels do; here every type gets an f32 scale per 32 values, the
+ * finer of the two: the error of a product is at most sum |w_i| * d_b / 2 over its blocks b. */
+#ifndef KVCHAT_DECODE_DOT_H
+#define KVCHAT_DECODE_DOT_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/quant_blocks.h"
+
+#ifdef __CUDA_ARCH__
+#define QB_ADD(a, b) __fadd_rn((a), (b))
+#define QB_DIV(a, b) __fdiv_rn((a), (b))
+#else
+#define QB_ADD(a, b) ((a) + (b))
+#define QB_DIV(a, b) ((a) / (b))
+#endif
+
+#define DD_QBLOCK 32   /* activations sharing one scale */
+#define DD_ITEM 16     /* values of a quantized row a lane takes at a time */
+#define DD_HITEM 8     /* values of an F16/BF16 row a lane takes at a time (16 bytes) */
+
+/* 1 for the types multiplied in integers. */
+QB_HD int dd_integer_type(uint32_t type) { return qb_native(type) && type != GGML_TYPE_F16 && type != GGML_TYPE_BF16; }
+
+/* c plus the products of a's and b's four signed bytes. */
+QB_HD int dd_dp4a(int a, int b, int c)
+{
+#ifdef __CUDA_ARCH__
+    return __dp4a(a, b, c);
+#else
+    for (int k = 0; k < 4; k++)
+        c += (int)(int8_t)(uint8_t)((uint32_t)a >> (8 * k)) * (int)(int8_t)(uint8_t)((uint32_t)b >> (8 * k));
+    return c;
+#endif
+}
+
+/* The larger of two magnitudes, NaN if either is (a NaN activation must not turn into a plausible
+ * product). */
+QB_HD float dd_amax2(float a, float b) { return a > b || a != a ? a : b; }
+
+/* The scale of a block of activations whose largest magnitude is amax (the CPU's formula). */
+QB_HD float dd_scale(float amax) { return QB_DIV(amax, 127.0f); }
+
+/* The 8-bit code of activation x in a block of scale d: nearest, ties to even, within +-127 (a NaN
+ * gives 0; its block's scale is NaN already). */
+QB_HD int8_t dd_code(float x, float d)
+{
+    const float id = d != 0.0f ? QB_DIV(1.0f, d) : 0.0f;
+    const float v = rintf(QB_MUL(x, id));
+    return (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v == v ? (int)v : 0);
+}
+
+/* The host's rounding of n activations (a multiple of 32): codes q[n], scales d[n / 32]. The device
+ * does the same with a warp per block (its largest magnitude by shuffles). */
+static inline void dd_quantize(const float *x, int64_t n, int8_t *q, float *d)
+{
+    for (int64_t b = 0; b < n / DD_QBLOCK; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < DD_QBLOCK; j++) amax = dd_amax2(amax, fabsf(x[b * DD_QBLOCK + j]));
+        d[b] = dd_scale(amax);
+        for (int j = 0; j < DD_QBLOCK; j++) q[b * DD_QBLOCK + j] = dd_code(x[b * DD_QBLOCK + j], d[b]);
+    }
+}
+
+/* Loads of 4 and 8 bytes: from a 2-byte aligned address (Q4_0, Q5_0, Q8_0 and Q6_K blocks are 18,
+ * 22, 34 and 210 bytes long), from a 4- and an 8-byte aligned one. */
+QB_HD int dd_ld_a2(const uint8_t *p)
+{
+#ifdef __CUDA_ARCH__
+    const uint16_t *h = (const uint16_t *)p;
+    return (int)((uint32_t)h[0] | ((uint32_t)h[1] << 16));
+#else
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return (int)v;
+#endif
+}
+
+QB_HD int dd_ld_a4(const uint8_t *p)
+{
+#ifdef __CUDA_ARCH__
+    return *(const int *)p;
+#else
+    int v;
+    memcpy(&v, p, 4);
+    return v;
+#endif
+}
+
+QB_HD void dd_ld_a8(const void *p, int *a, int *b)
+{
+#ifdef __CUDA_ARCH__
+    const int2 v = *(const int2 *)p;
+    *a = v.x;
+    *b = v.y;
+#else
+    memcpy(a, p, 4);
+    memcpy(b, (const uint8_t *)p + 4, 4);
+#endif
+}
+
+/* Four bytes of codes 0..2^k-1 minus 2^(k-1), each byte on its own (no borrow crosses a byte: each
+ * is raised by 128 first), as signed bytes. */
+QB_HD int dd_centre(int v, uint32_t half)
+{
+    return (int)((((uint32_t)v | 0x80808080u) - half * 0x01010101u) ^ 0x80808080u);
+}
+
+/* Four bits (bit i of b) moved to bit 4 of byte i. */
+QB_HD int dd_bits_to_byte4(uint32_t b)
+{
+    return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
+}
+
+/* 16 values of a quantized row, unpacked: v[0], v[1] are group 0's 8 signed codes, v[2], v[3] group
+ * 1's; group g starts at value pos[g] of the row (a multiple of 8, inside one block of 32
+ * activations); its values are s[g] * code - m[g] (m: Q4_K and Q5_K only). */
+typedef struct {
+    int v[4];
+    int pos[2];
+    float s[2], m[2];
+} dd_item;
+
+/* Item i of a row (values [16 i, 16 i + 16) in the blocks' own order: see each case). */
+QB_HD void dd_load(uint32_t type, const uint8_t *row, int i, dd_item *it)
+{
+    it->m[0] = it->m[1] = 0.0f;
+    switch (type) {
+    case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: {
+        /* block i / 2; item k = i % 2 holds code bytes 8k..8k+7: values 8k.. (low nibbles) and
+         * 16 + 8k.. (high nibbles) */
+        const int five = type == GGML_TYPE_Q5_0, k = i & 1;
+        const uint8_t *b = row + (size_t)(i >> 1) * (five ? 22 : 18);
+        const uint8_t *qs = b + (five ? 6 : 2) + 8 * k;
+        const int a0 = dd_ld_a2(qs), a1 = dd_ld_a2(qs + 4);
+        int v0 = a0 & 0x0F0F0F0F, v1 = a1 & 0x0F0F0F0F, v2 = (a0 >> 4) & 0x0F0F0F0F, v3 = (a1 >> 4) & 0x0F0F0F0F;
+        if (five) {
+            const uint32_t qh = (uint32_t)dd_ld_a2(b + 2) >> (8 * k);
+            v0 |= dd_bits_to_byte4(qh & 15u);
+            v1 |= dd_bits_to_byte4((qh >> 4) & 15u);
+            v2 |= dd_bits_to_byte4((qh >> 16) & 15u);
+            v3 |= dd_bits_to_byte4((qh >> 20) & 15u);
+        }
+        const uint32_t half = five ? 16u : 8u;
+        it->v[0] = dd_centre(v0, half);
+        it->v[1] = dd_centre(v1, half);
+        it->v[2] = dd_centre(v2, half);
+        it->v[3] = dd_centre(v3, half);
+        it->pos[0] = 32 * (i >> 1) + 8 * k;
+        it->pos[1] = it->pos[0] + 16;
+        it->s[0] = it->s[1] = qb_half(qb_u16(b));
+        break;
+    }
+    case GGML_TYPE_Q8_0: {
+        /* block i / 2; item k: values 16k..16k+15 */
+        const uint8_t *b = row + (size_t)(i >> 1) * 34, *qs = b + 2 + 16 * (i & 1);
+        for (int j = 0; j < 4; j++) it->v[j] = dd_ld_a2(qs + 4 * j);
+        it->pos[0] = 16 * i;
+        it->pos[1] = 16 * i + 8;
+        it->s[0] = it->s[1] = qb_half(qb_u16(b));
+        break;
+    }
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: {
+        /* super-block i / 16; item k = i % 16: pair p = k / 4 of sub-blocks, positions l0 = 8 (k % 4)
+         * .. l0 + 7 of sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles) */
+        const int five = type == GGML_TYPE_Q5_K, k = i & 15, p = k >> 2, l0 = 8 * (k & 3);
+        const uint8_t *b = row + (size_t)(i >> 4) * (five ? 176 : 144);
+        int a0, a1;
+        dd_ld_a8(b + (five ? 48 : 16) + 32 * p + l0, &a0, &a1);
+        int v0 = a0 & 0x0F0F0F0F, v1 = a1 & 0x0F0F0F0F, v2 = (a0 >> 4) & 0x0F0F0F0F, v3 = (a1 >> 4) & 0x0F0F0F0F;
+        if (five) {
+            int h0, h1;
+            dd_ld_a8(b + 16 + l0, &h0, &h1);
+            v0 |= (int)((((uint32_t)h0 >> (2 * p)) & 0x01010101u) << 4);
+            v1 |= (int)((((uint32_t)h1 >> (2 * p)) & 0x01010101u) << 4);
+            v2 |= (int)((((uint32_t)h0 >> (2 * p + 1)) & 0x01010101u) << 4);
+            v3 |= (int)((((uint32_t)h1 >> (2 * p + 1)) & 0x01010101u) << 4);
+        }
+        it->v[0] = v0;
+        it->v[1] = v1;
+        it->v[2] = v2;
+        it->v[3] = v3;
+        const float d = qb_half(qb_u16(b)), dmin = qb_half(qb_u16(b + 2));
+        for (int g = 0; g < 2; g++) {
+            int sc, mn;
+            qb_scale_min(b + 4, 2 * p + g, &sc, &mn);
+            it->s[g] = QB_MUL(d, (float)sc);
+            it->m[g] = QB_MUL(dmin, (float)mn);
+            it->pos[g] = 256 * (i >> 4) + 32 * (2 * p + g) + l0;
+        }
+        break;
+    }
+    default: {   /* GGML_TYPE_Q6_K */
+        /* super-block i / 16; item k = i % 16: half h = k / 8, a = (k / 4) % 2, positions l0 = 8 (k %
+         * 4) .. l0 + 7 of sub-blocks 4h + a (low nibbles of ql, qh bits 2a) and 4h + a + 2 (high
+         * nibbles, qh bits 2a + 4) */
+        const int k = i & 15, h = k >> 3, a = (k >> 2) & 1, l0 = 8 * (k & 3);
+        const uint8_t *b = row + (size_t)(i >> 4) * 210;
+        const uint8_t *ql = b + 64 * h + 32 * a + l0, *qh = b + 128 + 32 * h + l0;
+        const int a0 = dd_ld_a2(ql), a1 = dd_ld_a2(ql + 4);
+        const uint32_t h0 = (uint32_t)dd_ld_a2(qh), h1 = (uint32_t)dd_ld_a2(qh + 4);
+        it->v[0] = dd_centre((a0 & 0x0F0F0F0F) | (int)(((h0 >> (2 * a)) & 0x03030303u) << 4), 32u);
+        it->v[1] = dd_centre((a1 & 0x0F0F0F0F) | (int)(((h1 >> (2 * a)) & 0x03030303u) << 4), 32u);
+        it->v[2] = dd_centre(((a0 >> 4) & 0x0F0F0F0F) | (int)(((h0 >> (2 * a + 4)) & 0x03030303u) << 4), 32u);
+        it->v[3] = dd_centre(((a1 >> 4) & 0x0F0F0F0F) | (int)(((h1 >> (2 * a + 4)) & 0x03030303u) << 4), 32u);
+        const float d = qb_half(qb_u16(b + 208));
+        const int8_t *S = (const int8_t *)(b + 192 + 8 * h + (l0 >= 16));
+        it->s[0] = QB_MUL(d, (float)S[2 * a]);
+        it->s[1] = QB_MUL(d, (float)S[2 * a + 4]);
+        it->pos[0] = 256 * (i >> 4) + 32 * (4 * h + a) + l0;
+        it->pos[1] = it->pos[0] + 64;
+        break;
+    }
+    }
+}
+
+/* The item's dot product with one token's codes xq (the whole row's) and scales xd. Q4_0/Q5_0/Q8_0
+ * items lie in one block of activations with one weight scale: their 16 products are summed as
+ * integers. */
+QB_HD float dd_item_dot(uint32_t type, const dd_item *it, const int8_t *xq, const float *xd)
+{
+    int u[4];
+    dd_ld_a8(xq + it->pos[0], &u[0], &u[1]);
+    dd_ld_a8(xq + it->pos[1], &u[2], &u[3]);
+    const int i0 = dd_dp4a(it->v[1], u[1], dd_dp4a(it->v[0], u[0], 0));
+    const int i1 = dd_dp4a(it->v[3], u[3], dd_dp4a(it->v[2], u[2], 0));
+    if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0)
+        return QB_MUL(QB_MUL(xd[it->pos[0] >> 5], it->s[0]), (float)(i0 + i1));
+    float t0 = QB_MUL(it->s[0], (float)i0), t1 = QB_MUL(it->s[1], (float)i1);
+    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) {
+        /* the minimum times the sum of the group's activation codes */
+        const int ones = 0x01010101;
+        t0 = QB_SUB(t0, QB_MUL(it->m[0], (float)dd_dp4a(ones, u[1], dd_dp4a(ones, u[0], 0))));
+        t1 = QB_SUB(t1, QB_MUL(it->m[1], (float)dd_dp4a(ones, u[3], dd_dp4a(ones, u[2], 0))));
+    }
+    return QB_ADD(QB_MUL(xd[it->pos[0] >> 5], t0), QB_MUL(xd[it->pos[1] >> 5], t1));
+}
+
+/* One lane's share of a quantized row of n_in values (a multiple of 256 for the K-quants, of 32
+ * otherwise) times n_tok (<= QB_MAX_TOK) tokens: items lane, lane + lanes, ..., each added to
+ * acc[t]. Token t's codes are xq[t * n_in ...], its scales xd[t * n_in / 32 ...]. The token loop
+ * runs to the constant QB_MAX_TOK so that acc stays in registers on the device. */
+QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, int64_t n_in, const int8_t *xq, const float *xd,
+                         int n_tok, int lane, int lanes, float *acc)
+{
+    const int n_items = (int)(n_in / DD_ITEM);
+    for (int i = lane; i < n_items; i += lanes) {
+        dd_item it;
+        dd_load(type, row, i, &it);
+        QB_UNROLL
+        for (int t = 0; t < QB_MAX_TOK; t++)
+            if (t < n_tok)
+                acc[t] = QB_ADD(acc[t], dd_item_dot(type, &it, xq + (int64_t)t * n_in, xd + (int64_t)t * (n_in / DD_QBLOCK)));
+    }
+}
+
+/* 8 values of an F16 or BF16 row from 16 bytes. */
+QB_HD void dd_load_h(uint32_t type, const uint8_t *p, float *w)
+{
+    uint32_t u[4];
+#ifdef __CUDA_ARCH__
+    const uint4 v = *(const uint4 *)p;
+    u[0] = v.x;
+    u[1] = v.y;
+    u[2] = v.z;
+    u[3] = v.w;
+#else
+    memcpy(u, p, 16);
+#endif
+    for (int j = 0; j < 4; j++) {
+        w[2 * j] = type == GGML_TYPE_F16 ? qb_half(u[j] & 0xFFFFu) : qb_bf16(u[j] & 0xFFFFu);
+        w[2 * j + 1] = type == GGML_TYPE_F16 ? qb_half(u[j] >> 16) : qb_bf16(u[j] >> 16);
+    }
+}
+
+/* One lane's share of an F16/BF16 row of n_in values (a multiple of 8; the row 16-byte aligned)
+ * times n_tok f32 token rows x[t * n_in ...] (16-byte aligned): 8 values lane, lane + lanes, ...,
+ * each multiplied and added into acc[t] in order by fused multiply-adds. */
+QB_HD void dd_lane_dot_h(uint32_t type, const uint8_t *row, int64_t n_in, const float *x, int n_tok, int lane,
+                         int lanes, float *acc)
+{
+    const int n_items = (int)(n_in / DD_HITEM);
+    for (int i = lane; i < n_items; i += lanes) {
+        float w[8];
+        dd_load_h(type, row + (size_t)i * 16, w);
+        QB_UNROLL
+        for (int t = 0; t < QB_MAX_TOK; t++) {
+            if (t >= n_tok) continue;
+            float xv[8];
+            const float *xt = x + (int64_t)t * n_in + (int64_t)i * DD_HITEM;
+#ifdef __CUDA_ARCH__
+            const float4 p = *(const float4 *)xt, q = *(const float4 *)(xt + 4);
+            xv[0] = p.x; xv[1] = p.y; xv[2] = p.z; xv[3] = p.w;
+            xv[4] = q.x; xv[5] = q.y; xv[6] = q.z; xv[7] = q.w;
+#else
+            memcpy(xv, xt, sizeof xv);
+#endif
+            float a = acc[t];
+            for (int j = 0; j < 8; j++) a = fmaf(w[j], xv[j], a);
+            acc[t] = a;
+        }
+    }
+}
+
+/* A decode kernel's warp over one row, run on the host: every lane's share (dd_lane_dot_q with the
+ * codes xq and scales xd of the tokens for quantized types, dd_lane_dot_h with their f32 values x
+ * for F16/BF16), then the lanes' sums met as the kernels' shuffles meet them, a butterfly (lane l
+ * adds lane l ^ o's sum, o = 16 .. 1). y[t] gets token t's product: the device's bits. */
+static inline void dd_warp_row(uint32_t type, const uint8_t *row, int64_t n_in, const float *x, const int8_t *xq,
+                               const float *xd, int n_tok, float *y)
+{
+    float acc[32][QB_MAX_TOK];
+    memset(acc, 0, sizeof acc);
+    for (int lane = 0; lane < 32; lane++) {
+        if (dd_integer_type(type))
+            dd_lane_dot_q(type, row, n_in, xq, xd, n_tok, lane, 32, acc[lane]);
+        else
+            dd_lane_dot_h(type, row, n_in, x, n_tok, lane, 32, acc[lane]);
+    }
+    for (int t = 0; t < n_tok; t++) {
+        float v[32], w[32];
+        for (int l = 0; l < 32; l++) v[l] = acc[l][t];
+        for (int o = 16; o > 0; o >>= 1) {
+            for (int l = 0; l < 32; l++) w[l] = v[l] + v[l ^ o];
+            memcpy(v, w, sizeof w);
+        }
+        y[t] = v[0];
+    }
+}
+
+#endif
