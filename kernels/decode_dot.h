@@ -133,6 +133,20 @@ QB_HD int dd_bits_to_byte4(uint32_t b)
     return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
 }
 
+/* qb_scale_min on the 12 scale bytes held in three words (byte k is bits 8 (k % 4).. of word k / 4):
+ * no byte array, which the device would keep in local memory for its variable index. */
+QB_HD void dd_scale_min(uint32_t w0, uint32_t w1, uint32_t w2, int s, int *sc, int *mn)
+{
+    const int sh = 8 * (s & 3);
+    if (s < 4) {
+        *sc = (int)((w0 >> sh) & 63u);
+        *mn = (int)((w1 >> sh) & 63u);
+    } else {
+        *sc = (int)(((w2 >> sh) & 0x0Fu) | (((w0 >> sh) >> 6 & 3u) << 4));
+        *mn = (int)(((w2 >> sh) >> 4 & 0x0Fu) | (((w1 >> sh) >> 6 & 3u) << 4));
+    }
+}
+
 /* 16 values of a quantized row, unpacked: v[0], v[1] are group 0's 8 signed codes, v[2], v[3] group
  * 1's; group g starts at value pos[g] of the row (a multiple of 8, inside one block of 32
  * activations); its values are s[g] * code - m[g] (m: Q4_K and Q5_K only). */
@@ -201,10 +215,13 @@ QB_HD void dd_load(uint32_t type, const uint8_t *row, int i, dd_item *it)
         it->v[1] = v1;
         it->v[2] = v2;
         it->v[3] = v3;
-        const float d = qb_half(qb_u16(b)), dmin = qb_half(qb_u16(b + 2));
+        /* the header in four 4-byte loads (blocks of 144 and 176 bytes stay 16-byte aligned) */
+        const uint32_t dm = (uint32_t)dd_ld_a4(b), w0 = (uint32_t)dd_ld_a4(b + 4), w1 = (uint32_t)dd_ld_a4(b + 8),
+                       w2 = (uint32_t)dd_ld_a4(b + 12);
+        const float d = qb_half(dm & 0xFFFFu), dmin = qb_half(dm >> 16);
         for (int g = 0; g < 2; g++) {
             int sc, mn;
-            qb_scale_min(b + 4, 2 * p + g, &sc, &mn);
+            dd_scale_min(w0, w1, w2, 2 * p + g, &sc, &mn);
             it->s[g] = QB_MUL(d, (float)sc);
             it->m[g] = QB_MUL(dmin, (float)mn);
             it->pos[g] = 256 * (i >> 4) + 32 * (2 * p + g) + l0;
@@ -259,19 +276,32 @@ QB_HD float dd_item_dot(uint32_t type, const dd_item *it, const int8_t *xq, cons
 
 /* One lane's share of a quantized row of n_in values (a multiple of 256 for the K-quants, of 32
  * otherwise) times n_tok (<= QB_MAX_TOK) tokens: items lane, lane + lanes, ..., each added to
- * acc[t]. Token t's codes are xq[t * n_in ...], its scales xd[t * n_in / 32 ...]. The token loop
- * runs to the constant QB_MAX_TOK so that acc stays in registers on the device. */
+ * acc[t] in that order. Token t's codes are xq[t * n_in ...], its scales xd[t * n_in / 32 ...].
+ * inflight (1 or 2) items are loaded before any is used, so that a lane has that many reads of the
+ * weight in flight (a warp per row leaves few warps to hide the memory's latency otherwise; more in
+ * flight takes more registers, so fewer warps: the GPU measures which wins; 4 took 72-123 registers
+ * and was left out). The sums are the
+ * same bits for every inflight. The loops run to constants so that the items and acc stay in
+ * registers on the device. */
+#define DD_MAX_INFLIGHT 2
 QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, int64_t n_in, const int8_t *xq, const float *xd,
-                         int n_tok, int lane, int lanes, float *acc)
+                         int n_tok, int lane, int lanes, int inflight, float *acc)
 {
     const int n_items = (int)(n_in / DD_ITEM);
-    for (int i = lane; i < n_items; i += lanes) {
-        dd_item it;
-        dd_load(type, row, i, &it);
+    for (int i0 = lane; i0 < n_items; i0 += inflight * lanes) {
+        dd_item it[DD_MAX_INFLIGHT];
         QB_UNROLL
-        for (int t = 0; t < QB_MAX_TOK; t++)
-            if (t < n_tok)
-                acc[t] = QB_ADD(acc[t], dd_item_dot(type, &it, xq + (int64_t)t * n_in, xd + (int64_t)t * (n_in / DD_QBLOCK)));
+        for (int u = 0; u < DD_MAX_INFLIGHT; u++)
+            if (u < inflight && i0 + u * lanes < n_items) dd_load(type, row, i0 + u * lanes, &it[u]);
+        QB_UNROLL
+        for (int u = 0; u < DD_MAX_INFLIGHT; u++) {
+            if (u >= inflight || i0 + u * lanes >= n_items) break;
+            QB_UNROLL
+            for (int t = 0; t < QB_MAX_TOK; t++)
+                if (t < n_tok)
+                    acc[t] = QB_ADD(acc[t], dd_item_dot(type, &it[u], xq + (int64_t)t * n_in,
+                                                        xd + (int64_t)t * (n_in / DD_QBLOCK)));
+        }
     }
 }
 
@@ -324,17 +354,17 @@ QB_HD void dd_lane_dot_h(uint32_t type, const uint8_t *row, int64_t n_in, const 
 }
 
 /* A decode kernel's warp over one row, run on the host: every lane's share (dd_lane_dot_q with the
- * codes xq and scales xd of the tokens for quantized types, dd_lane_dot_h with their f32 values x
- * for F16/BF16), then the lanes' sums met as the kernels' shuffles meet them, a butterfly (lane l
+ * codes xq and scales xd of the tokens and inflight reads at a time for quantized types,
+ * dd_lane_dot_h with their f32 values x for F16/BF16), then the lanes' sums met as the kernels' shuffles meet them, a butterfly (lane l
  * adds lane l ^ o's sum, o = 16 .. 1). y[t] gets token t's product: the device's bits. */
 static inline void dd_warp_row(uint32_t type, const uint8_t *row, int64_t n_in, const float *x, const int8_t *xq,
-                               const float *xd, int n_tok, float *y)
+                               const float *xd, int n_tok, int inflight, float *y)
 {
     float acc[32][QB_MAX_TOK];
     memset(acc, 0, sizeof acc);
     for (int lane = 0; lane < 32; lane++) {
         if (dd_integer_type(type))
-            dd_lane_dot_q(type, row, n_in, xq, xd, n_tok, lane, 32, acc[lane]);
+            dd_lane_dot_q(type, row, n_in, xq, xd, n_tok, lane, 32, inflight, acc[lane]);
         else
             dd_lane_dot_h(type, row, n_in, x, n_tok, lane, 32, acc[lane]);
     }

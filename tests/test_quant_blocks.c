@@ -331,7 +331,8 @@ Test(quant_blocks, the_integer_items_unpack_to_the_reference_values)
  * of the dequantized weights and the coded activations (codes times scales), and within the coding
  * bound (each activation at most half its block's step away: sum |w_i| d_b / 2) of the product with
  * the f32 activations themselves. F16/BF16: within f32 rounding of the f32 product. Each token's
- * result also equals, bit for bit, that token multiplied alone. */
+ * result also equals, bit for bit, that token multiplied alone, and 2 reads in flight give the
+ * bits of 1. */
 Test(quant_blocks, the_decode_kernels_lanes_give_the_rows_dot_products)
 {
     seed_rng("decode dot");
@@ -353,9 +354,14 @@ Test(quant_blocks, the_decode_kernels_lanes_give_the_rows_dot_products)
             for (int64_t i = 0; i < n * n_tok; i++)
                 x[i] = ldexpf((float)((int)(rnd() % 2001) - 1000) / 1000.0f, (int)((i / 32) % 9) - 4);
             dd_quantize(x, n * n_tok, xq, xd);
-            float y[QB_MAX_TOK], y1;
-            dd_warp_row(type, row, n, x, xq, xd, n_tok, y);
+            float y[QB_MAX_TOK], y1, yi[QB_MAX_TOK];
+            dd_warp_row(type, row, n, x, xq, xd, n_tok, 1, y);
             const char *tn = quant_type_name(type);
+            for (int inflight = 2; inflight <= DD_MAX_INFLIGHT; inflight *= 2) {   /* the kernels' other variants */
+                dd_warp_row(type, row, n, x, xq, xd, n_tok, inflight, yi);
+                cr_assert(memcmp(yi, y, sizeof(float) * (size_t)n_tok) == 0, "%s n_in %lld: %d reads in flight",
+                          tn, (long long)n, inflight);
+            }
             for (int t = 0; t < n_tok; t++) {
                 const float *xt = x + t * n, *dt = xd + t * n / 32;
                 const int8_t *qt = xq + t * n;
@@ -378,7 +384,7 @@ Test(quant_blocks, the_decode_kernels_lanes_give_the_rows_dot_products)
                     cr_assert(fabs(y[t] - exact) <= 1e-5 * mag + 1e-30, "%s n_in %lld token %d of %d: %.9g, double %.9g",
                               tn, (long long)n, t, n_tok, y[t], exact);
                 }
-                dd_warp_row(type, row, n, xt, qt, dt, 1, &y1);
+                dd_warp_row(type, row, n, xt, qt, dt, 1, 1, &y1);
                 cr_assert(memcmp(&y1, &y[t], 4) == 0, "%s token %d alone: %.9g, among %d: %.9g", tn, t, y1, n_tok,
                           y[t]);
             }

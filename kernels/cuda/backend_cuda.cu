@@ -105,6 +105,7 @@ typedef struct cuda_impl {
     size_t cap_xq, cap_xd;
     int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
     int mmv_f32;               /* KVCHAT_CUDA_MMV=f32: decode products by the f32 kernel (stage 0's) */
+    int mmv_inflight;          /* KVCHAT_CUDA_MMV_INFLIGHT: reads of a row each lane has in flight */
     int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
     unsigned mmv_smem_set;     /* bit per type slot: the decode kernel's shared memory limit raised */
     float *part_o, *part_ml;   /* attention's per-split partial results */
@@ -659,8 +660,9 @@ static __device__ void warp_sums_out(float *acc, int n_tok, int lane, float *y, 
 }
 
 /* y[t][row] = dot(row of W, token t) for a quantized W, t < n_tok <= QB_MAX_TOK: the tokens' codes
- * xq [n_tok][n_in] and scales xd [n_tok][n_in / 32] (quantize_act); a warp per row. */
-template <uint32_t TYPE>
+ * xq [n_tok][n_in] and scales xd [n_tok][n_in / 32] (quantize_act); a warp per row, each lane with
+ * INFLIGHT reads of the row in flight (KVCHAT_CUDA_MMV_INFLIGHT). */
+template <uint32_t TYPE, int INFLIGHT>
 __global__ void __launch_bounds__(DD_WARPS * 32)
     mmvq_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
                 const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_tok, float *__restrict__ y)
@@ -671,7 +673,7 @@ __global__ void __launch_bounds__(DD_WARPS * 32)
     float acc[QB_MAX_TOK];
 #pragma unroll
     for (int t = 0; t < QB_MAX_TOK; t++) acc[t] = 0.0f;
-    dd_lane_dot_q(TYPE, W + (size_t)row * stride, n_in, xq, xd, n_tok, lane, 32, acc);
+    dd_lane_dot_q(TYPE, W + (size_t)row * stride, n_in, xq, xd, n_tok, lane, 32, INFLIGHT, acc);
     warp_sums_out(acc, n_tok, lane, y + row, n_out);
 }
 
@@ -750,8 +752,13 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_
 {
     if (!ci->mmv_f32) {
         const unsigned grid = (unsigned)((dw->n_out + DD_WARPS - 1) / DD_WARPS);
-#define LAUNCH_Q(T) \
-    mmvq_kernel<T><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, xq, xd, n_tok, dy)
+#define LAUNCH_QI(T, I) \
+    mmvq_kernel<T, I><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, xq, xd, n_tok, dy)
+#define LAUNCH_Q(T)                             \
+    do {                                        \
+        if (ci->mmv_inflight == 1) LAUNCH_QI(T, 1); \
+        else LAUNCH_QI(T, 2);                   \
+    } while (0)
 #define LAUNCH_H(T) \
     mmvh_kernel<T><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, n_tok, dy)
         switch (dw->type) {
@@ -764,6 +771,7 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_
         case GGML_TYPE_F16: LAUNCH_H(GGML_TYPE_F16); break;
         default: LAUNCH_H(GGML_TYPE_BF16); break;
         }
+#undef LAUNCH_QI
 #undef LAUNCH_Q
 #undef LAUNCH_H
         return ck(ci, cudaGetLastError(), "decode product");
@@ -1512,6 +1520,8 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     const char *mmv_env = getenv("KVCHAT_CUDA_MMV");
     ci->no_mmv = mmv_env && !strcmp(mmv_env, "0");
     ci->mmv_f32 = mmv_env && !strcmp(mmv_env, "f32");
+    const char *inflight_env = getenv("KVCHAT_CUDA_MMV_INFLIGHT");
+    ci->mmv_inflight = inflight_env && !strcmp(inflight_env, "1") ? 1 : 2;
     const char *max_env = getenv("KVCHAT_CUDA_MMV_MAX");
     char *end = NULL;
     long long mx = max_env ? strtoll(max_env, &end, 10) : -1;

@@ -7,7 +7,8 @@
  * - copy: a device-to-device copy of 1 GiB (bytes read plus written): the ceiling for what follows;
  * - products of every weight type the device reads as stored, at the 7B shapes (4096 x 4096,
  *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernels, beside stage 0's f32
- *   kernel, KVCHAT_CUDA_MMV=f32), 9, 16, 32, 64 tokens
+ *   kernel, KVCHAT_CUDA_MMV=f32, and for quantized types with 1 read in flight a lane instead of
+ *   2, KVCHAT_CUDA_MMV_INFLIGHT=1), 9, 16, 32, 64 tokens
  *   (the decode kernel in passes of 8, KVCHAT_CUDA_MMV_MAX=64, beside the tile + cuBLAS path,
  *   KVCHAT_CUDA_MMV_MAX=8, the default) and 512 tokens (prefill); bytes = the weight's device bytes
  *   plus the activations in and out;
@@ -28,6 +29,7 @@
 
 #include "common/quant.h"
 #include "kernels/backend.h"
+#include "kernels/decode_dot.h"
 
 static FILE *csv;
 static double copy_gbps;
@@ -195,7 +197,10 @@ int main(int argc, char **argv)
     setenv("KVCHAT_CUDA_MMV", "f32", 1);
     be_backend *f32k = passes ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV");
-    if (!tiles || !passes || !f32k) {
+    setenv("KVCHAT_CUDA_MMV_INFLIGHT", "1", 1);
+    be_backend *in1 = f32k ? be_cuda_create(4, err, sizeof err) : NULL;
+    unsetenv("KVCHAT_CUDA_MMV_INFLIGHT");
+    if (!tiles || !passes || !f32k || !in1) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
@@ -217,9 +222,9 @@ int main(int argc, char **argv)
     memset(y2, 0, xbytes);
     memset(y3, 0, xbytes);
     memset(y4, 0, xbytes);
-    be_backend *bes[4] = { dflt, tiles, passes, f32k };
-    float *ys[4] = { y, y2, y3, y4 };
-    for (int k = 0; k < 4; k++) {
+    be_backend *bes[5] = { dflt, tiles, passes, f32k, in1 };
+    float *ys[5] = { y, y2, y3, y4, y4 };
+    for (int k = 0; k < 5; k++) {
         if (be_bind(bes[k], x, xbytes, err, sizeof err) || be_bind(bes[k], ys[k], xbytes, err, sizeof err)) {
             fprintf(stderr, "gpu_bench: %s\n", err);
             return 1;
@@ -242,7 +247,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             const be_weight *wp = &w;
-            for (int k = 0; k < 4; k++)
+            for (int k = 0; k < 5; k++)
                 if (bes[k]->ops->prepare && bes[k]->ops->prepare(bes[k], &wp, 1, err, sizeof err)) {
                     fprintf(stderr, "gpu_bench: %s\n", err);
                     return 1;
@@ -256,11 +261,17 @@ int main(int argc, char **argv)
                 if (failed(dflt, "product")) return 1;
                 row("product", tn, n_out, n_in, a.n_tok, "decode kernel", ms,
                     wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
-                mm_arg e = { { &w, y4 }, x, a.n_tok };
-                ms = time_calls(f32k, call_mm, &e, y4);
-                if (failed(f32k, "product")) return 1;
-                row("product", tn, n_out, n_in, e.n_tok, "f32 decode kernel", ms,
-                    wbytes + 4.0 * (double)(e.n_tok * (n_in + n_out)));
+                /* stage 0's kernel, and stage 1's with 1 read in flight a lane (the default: 2) */
+                be_backend *alt[2] = { f32k, in1 };
+                const char *alt_name[2] = { "f32 decode kernel", "decode kernel, 1 in flight" };
+                for (int v = 0; v < 2; v++) {
+                    if (v && !dd_integer_type(types[ti])) continue;   /* F16/BF16 have one variant */
+                    mm_arg e = { { &w, y4 }, x, a.n_tok };
+                    ms = time_calls(alt[v], call_mm, &e, y4);
+                    if (failed(alt[v], "product")) return 1;
+                    row("product", tn, n_out, n_in, e.n_tok, alt_name[v], ms,
+                        wbytes + 4.0 * (double)(e.n_tok * (n_in + n_out)));
+                }
             }
             for (size_t k = 0; k < (quick ? 1u : 4u); k++) {
                 mm_arg p = { { &w, y3 }, x, mid_toks[k] };
@@ -330,7 +341,7 @@ int main(int argc, char **argv)
         free(pos);
         free(hp);
     }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 5; k++) {
         be_unbind(bes[k], x);
         be_unbind(bes[k], ys[k]);
     }
@@ -338,6 +349,7 @@ int main(int argc, char **argv)
     be_free(tiles);
     be_free(passes);
     be_free(f32k);
+    be_free(in1);
     for (size_t i = 0; i < n_types * n_shapes; i++) free(keep[i]);
     free(keep);
     free(x);

@@ -211,7 +211,7 @@ static int64_t host_kernel_mismatches(const be_weight *w, const float *x, int64_
         for (int64_t t0 = 0; t0 < nt; t0 += QB_MAX_TOK) {
             const int np = (int)(nt - t0 < QB_MAX_TOK ? nt - t0 : QB_MAX_TOK);
             float want[QB_MAX_TOK];
-            dd_warp_row(w->type, row, n_in, x + t0 * n_in, xq + t0 * n_in, xd + t0 * n_in / DD_QBLOCK, np, want);
+            dd_warp_row(w->type, row, n_in, x + t0 * n_in, xq + t0 * n_in, xd + t0 * n_in / DD_QBLOCK, np, 1, want);
             for (int t = 0; t < np; t++) {
                 const float got = y[(t0 + t) * n_out + r];
                 if (memcmp(&got, &want[t], sizeof got)) {
@@ -335,13 +335,14 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
 
 /* The decode kernels on small weights, quick enough for compute-sanitizer (gpu-check.sh runs it
  * under memcheck): every type they read as stored, row counts that leave the last block of 4 warps
- * part empty (1, 3, 6 rows), rows of one and of several blocks, 1 to 8 tokens and 11 in passes: the
- * host simulation's bits. */
+ * part empty (1, 3, 6 rows), rows of one and of several blocks, 1 to 8 tokens and 11 in passes,
+ * each lane with 2 (the default) or 1 read in flight: the host simulation's bits. */
 Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
 {
     seed_rng("small decode products");
     char err[512];
     be_backend *grouped = gpu_with("KVCHAT_CUDA_MMV_MAX", "16");
+    be_backend *one = gpu_with("KVCHAT_CUDA_MMV_INFLIGHT", "1");
     const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
                                GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16 };
     const int64_t n_ins[] = { 256, 768 }, n_outs[] = { 1, 3, 6 }, toks[] = { 1, 2, 5, 8, 11 };
@@ -353,9 +354,9 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
                 const int64_t n_in = n_ins[ii], n_out = n_outs[oi];
                 be_weight w = random_weight(types[ti], n_in, n_out, &kept[n_kept]);
                 n_kept++;
-                for (size_t k = 0; k < 5; k++) {
-                    const int64_t nt = toks[k];
-                    be_backend *be = nt > QB_MAX_TOK ? grouped : gpu;
+                for (size_t k = 0; k < 10; k++) {   /* each token count, then again with 1 in flight */
+                    const int64_t nt = toks[k % 5];
+                    be_backend *be = k >= 5 ? one : nt > QB_MAX_TOK ? grouped : gpu;
                     float *x = malloc(sizeof(float) * (size_t)(nt * n_in));
                     float *y = malloc(sizeof(float) * (size_t)(nt * n_out));
                     for (int64_t i = 0; i < nt * n_in; i++) x[i] = frand(-3, 3);
@@ -364,13 +365,14 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
                     be->ops->matmul(be, &m, 1, x, nt);
                     cr_assert(!be_failed(be, err, sizeof err), "%s", err);
                     cr_expect(host_kernel_mismatches(&w, x, nt, y) == 0,
-                              "%s %lld x %lld, %lld tokens: the device differs", quant_type_name(types[ti]),
-                              (long long)n_out, (long long)n_in, (long long)nt);
+                              "%s %lld x %lld, %lld tokens%s: the device differs", quant_type_name(types[ti]),
+                              (long long)n_out, (long long)n_in, (long long)nt, k >= 5 ? ", 1 in flight" : "");
                     free(x);
                     free(y);
                 }
             }
     be_free(grouped);
+    be_free(one);
     be_free(gpu);   /* before the weights it holds copies of go */
     gpu = be_cuda_create(2, err, sizeof err);
     cr_assert(gpu, "%s", err);
