@@ -10,7 +10,7 @@
  *   multiplies them by the activations' codes four at a time (dd_dp4a, the device's dp4a).
  * - F16/BF16 rows are read 16 bytes (8 values) at a time and multiplied by the f32 activations.
  * The kernels in kernels/cuda/backend_cuda.cu run dd_lane_dot_q / dd_lane_dot_h on every lane of a
- * warp (a warp per row) and add the lanes by a butterfly of shuffles; tests/test_decode_dot.c runs
+ * warp (a warp per row) and add the lanes by a butterfly of shuffles; tests/test_quant_blocks.c runs
  * the same functions for all 32 lanes on the host and checks the result against double-precision
  * products. Every float operation is written out (QB_MUL, QB_ADD, fmaf), so the device, which never
  * fuses these, gives the host's bits.
@@ -62,12 +62,13 @@ QB_HD float dd_amax2(float a, float b) { return a > b || a != a ? a : b; }
 /* The scale of a block of activations whose largest magnitude is amax (the CPU's formula). */
 QB_HD float dd_scale(float amax) { return QB_DIV(amax, 127.0f); }
 
-/* The 8-bit code of activation x in a block of scale d: nearest, ties to even, within +-127 (a NaN
- * gives 0; its block's scale is NaN already). */
+/* The 8-bit code of activation x in a block of scale d: x / d to the nearest, ties to even, within
+ * +-127 (a NaN gives 0; its block's scale is NaN already). A quotient, not x times 1 / d as the CPU
+ * computes it: 1 / d overflows for a subnormal d (a block of activations all below 3.7e-37), which
+ * would code every value as +-127. */
 QB_HD int8_t dd_code(float x, float d)
 {
-    const float id = d != 0.0f ? QB_DIV(1.0f, d) : 0.0f;
-    const float v = rintf(QB_MUL(x, id));
+    const float v = d != 0.0f ? rintf(QB_DIV(x, d)) : 0.0f;
     return (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v == v ? (int)v : 0);
 }
 

@@ -235,8 +235,8 @@ Test(quant_blocks, every_half_converts_like_the_reference)
 /* ---------------------------------------------------------------- kernels/decode_dot.h */
 
 /* Activations rounded to 8-bit codes: the scale is the block's largest magnitude over 127, every
- * code within half a step of its value (ties to even), codes within +-127; an all-zero block has
- * scale 0 and codes 0; a NaN makes its block's scale NaN. */
+ * code within half a step of its value (ties to even; also in a block of subnormal scale), codes
+ * within +-127; an all-zero block has scale 0 and codes 0; a NaN makes its block's scale NaN. */
 Test(quant_blocks, activations_round_to_the_nearest_8_bit_code_in_blocks_of_32)
 {
     seed_rng("activation codes");
@@ -248,6 +248,8 @@ Test(quant_blocks, activations_round_to_the_nearest_8_bit_code_in_blocks_of_32)
         /* blocks of every magnitude, some all zero, some with ties (x = (k + 1/2) d) */
         x[i] = b % 7 == 3 ? 0.0f : ldexpf((float)((int)(rnd() % 20001) - 10000) / 10000.0f, (int)(b % 40) - 20);
     }
+    /* a block of subnormal scale (all below 3.7e-37): coded like any other */
+    for (int j = 0; j < 32; j++) x[9 * 32 + j] = ldexpf((float)((int)(rnd() % 2001) - 1000) / 1000.0f, -130);
     /* ties: scale 1, values k + 1/2 */
     x[5 * 32] = 127.0f;
     for (int j = 1; j < 32; j++) x[5 * 32 + j] = (float)j - 16.5f;
@@ -265,7 +267,7 @@ Test(quant_blocks, activations_round_to_the_nearest_8_bit_code_in_blocks_of_32)
                 cr_assert_eq(c, 0);
                 continue;
             }
-            double r = (double)v * (double)(1.0f / d[b]);
+            double r = (double)v / (double)d[b];
             cr_assert(fabs(r - c) <= 0.5 + 1e-6, "block %d value %d: %.9g coded %d (step %.9g)", b, j, v, c, d[b]);
             if (fabs(r - c) == 0.5) {
                 cr_assert_eq(c % 2, 0, "a tie rounds to even: %.9g coded %d", v, c);
