@@ -1006,8 +1006,9 @@ Test(cuda, tiny_model_logits_equal_the_cpu_under_an_evicting_policy)
                 continue;
             }
             /* Quantized weights: the CPU rounds activations to 8-bit blocks inside quantized dot
-             * products (as llama.cpp, which made the references, does) while the GPU multiplies exact
-             * f16 weights by f16 activations, so the whole vocabulary differs by ~3e-2 of the largest.
+             * products (as llama.cpp, which made the references, does) while the GPU multiplies f16
+             * weights by f16 activations in prefill and rounds activations to 8-bit codes with
+             * finer scales in decode steps, so the whole vocabulary differs by ~3e-2 of the largest.
              * Both meet the reference's 3e-2 against llama.cpp; hold them to that rule between each
              * other: the top logit within 3e-2 relative to max(1, |top logit|). */
             double scale = fmax(1.0, fabs((double)la[t0[s]]));
