@@ -142,9 +142,12 @@ static void simulated_product(uint32_t type, const uint8_t *row, int64_t n_in, c
     free(xs);
 }
 
-Test(quant_blocks, the_lanes_of_the_decode_product_give_the_rows_dot_products)
+/* For every native type and each row length its blocks divide: a random row, its reference values
+ * w and 1 to QB_MAX_TOK random tokens x (values in [-1, 1] scaled by 2^-4 .. 2^4 a block of 32, as
+ * a residual stream varies), handed to check. */
+typedef void (*row_check)(uint32_t type, const uint8_t *row, const float *w, const float *x, int64_t n, int n_tok);
+static void for_random_rows(row_check check)
 {
-    seed_rng("lane dot");
     const int64_t lens[] = { 256, 640, 2048, 2304, 4096 + 768, 14336 };
     for (size_t ti = 0; ti < N_NATIVE; ti++) {
         uint32_t type = NATIVE[ti];
@@ -157,24 +160,37 @@ Test(quant_blocks, the_lanes_of_the_decode_product_give_the_rows_dot_products)
             float *w = malloc(sizeof(float) * (size_t)n), *x = malloc(sizeof(float) * (size_t)(n * n_tok));
             random_blocks(type, row, nb);
             quant_dequant_row(type, row, w, n);
-            for (int64_t i = 0; i < n * n_tok; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
-            float y[QB_MAX_TOK];
-            simulated_product(type, row, n, x, n_tok, y);
-            for (int t = 0; t < n_tok; t++) {
-                double ref = 0, mag = 0;
-                for (int64_t i = 0; i < n; i++) {
-                    ref += (double)w[i] * x[t * n + i];
-                    mag += fabs((double)w[i] * x[t * n + i]);
-                }
-                /* f32 sums of n terms: a few units of 2^-24 of the sum of magnitudes */
-                cr_assert(fabs(y[t] - ref) <= 1e-5 * mag + 1e-30, "%s n_in %lld token %d of %d: %.9g, double %.9g",
-                          quant_type_name(type), (long long)n, t, n_tok, y[t], ref);
-            }
+            for (int64_t i = 0; i < n * n_tok; i++)
+                x[i] = ldexpf((float)((int)(rnd() % 2001) - 1000) / 1000.0f, (int)((i / 32) % 9) - 4);
+            check(type, row, w, x, n, n_tok);
             free(row);
             free(w);
             free(x);
         }
     }
+}
+
+/* stage 0's lanes (f32 activations): within f32 rounding of the double-precision product */
+static void check_f32_lanes(uint32_t type, const uint8_t *row, const float *w, const float *x, int64_t n, int n_tok)
+{
+    float y[QB_MAX_TOK];
+    simulated_product(type, row, n, x, n_tok, y);
+    for (int t = 0; t < n_tok; t++) {
+        double ref = 0, mag = 0;
+        for (int64_t i = 0; i < n; i++) {
+            ref += (double)w[i] * x[t * n + i];
+            mag += fabs((double)w[i] * x[t * n + i]);
+        }
+        /* f32 sums of n terms: a few units of 2^-24 of the sum of magnitudes */
+        cr_assert(fabs(y[t] - ref) <= 1e-5 * mag + 1e-30, "%s n_in %lld token %d of %d: %.9g, double %.9g",
+                  quant_type_name(type), (long long)n, t, n_tok, y[t], ref);
+    }
+}
+
+Test(quant_blocks, the_lanes_of_the_decode_product_give_the_rows_dot_products)
+{
+    seed_rng("lane dot");
+    for_random_rows(check_f32_lanes);
 }
 
 Test(quant_blocks, chunks_stay_16_byte_aligned_and_device_sizes_follow)
@@ -328,73 +344,54 @@ Test(quant_blocks, the_integer_items_unpack_to_the_reference_values)
     free(ref);
 }
 
-/* Every native type, rows of awkward lengths, 1 to 8 tokens: the warp's result against double
- * precision. Quantized types: within f32 rounding (1e-5 of the sum of magnitudes) of the product
- * of the dequantized weights and the coded activations (codes times scales), and within the coding
- * bound (each activation at most half its block's step away: sum |w_i| d_b / 2) of the product with
- * the f32 activations themselves. F16/BF16: within f32 rounding of the f32 product. Each token's
- * result also equals, bit for bit, that token multiplied alone, and 2 reads in flight give the
- * bits of 1. */
+/* The decode kernels' warp against double precision. Quantized types: within f32 rounding (1e-5 of
+ * the sum of magnitudes) of the product of the dequantized weights and the coded activations (codes
+ * times scales), and within the coding bound (each activation at most half its block's step away:
+ * sum |w_i| d_b / 2) of the product with the f32 activations themselves. F16/BF16: within f32
+ * rounding of the f32 product. Each token's result also equals, bit for bit, that token multiplied
+ * alone, and 2 reads in flight give the bits of 1. */
+static void check_decode_dot(uint32_t type, const uint8_t *row, const float *w, const float *x, int64_t n, int n_tok)
+{
+    int8_t *xq = malloc((size_t)(n * n_tok));
+    float *xd = malloc(sizeof(float) * (size_t)(n * n_tok / 32));
+    dd_quantize(x, n * n_tok, xq, xd);
+    float y[QB_MAX_TOK], y1, yi[QB_MAX_TOK];
+    dd_warp_row(type, row, n, x, xq, xd, n_tok, 1, y);
+    const char *tn = quant_type_name(type);
+    for (int inflight = 2; inflight <= DD_MAX_INFLIGHT; inflight *= 2) {   /* the kernels' other variants */
+        dd_warp_row(type, row, n, x, xq, xd, n_tok, inflight, yi);
+        cr_assert(memcmp(yi, y, sizeof(float) * (size_t)n_tok) == 0, "%s n_in %lld: %d reads in flight", tn,
+                  (long long)n, inflight);
+    }
+    for (int t = 0; t < n_tok; t++) {
+        const float *xt = x + t * n, *dt = xd + t * n / 32;
+        const int8_t *qt = xq + t * n;
+        double exact = 0, coded = 0, mag = 0, bound = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double xc = (double)qt[i] * dt[i / 32];
+            exact += (double)w[i] * xt[i];
+            coded += (double)w[i] * xc;
+            mag += fabs((double)w[i] * xt[i]) + fabs((double)w[i] * xc);
+            bound += fabs((double)w[i]) * dt[i / 32] / 2;
+        }
+        if (dd_integer_type(type)) {
+            cr_assert(fabs(y[t] - coded) <= 1e-5 * mag + 1e-30, "%s n_in %lld token %d of %d: %.9g, coded in double %.9g",
+                      tn, (long long)n, t, n_tok, y[t], coded);
+            cr_assert(fabs(y[t] - exact) <= bound + 1e-5 * mag, "%s n_in %lld token %d: %.9g, exact %.9g, coding bound %.3g",
+                      tn, (long long)n, t, y[t], exact, bound);
+        } else {
+            cr_assert(fabs(y[t] - exact) <= 1e-5 * mag + 1e-30, "%s n_in %lld token %d of %d: %.9g, double %.9g", tn,
+                      (long long)n, t, n_tok, y[t], exact);
+        }
+        dd_warp_row(type, row, n, xt, qt, dt, 1, 1, &y1);
+        cr_assert(memcmp(&y1, &y[t], 4) == 0, "%s token %d alone: %.9g, among %d: %.9g", tn, t, y1, n_tok, y[t]);
+    }
+    free(xq);
+    free(xd);
+}
+
 Test(quant_blocks, the_decode_kernels_lanes_give_the_rows_dot_products)
 {
     seed_rng("decode dot");
-    const int64_t lens[] = { 256, 640, 2048, 2304, 4096 + 768, 14336 };
-    for (size_t ti = 0; ti < N_NATIVE; ti++) {
-        uint32_t type = NATIVE[ti];
-        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
-            int64_t n = lens[li];
-            int bv = qb_block_values(type);
-            if (n % bv) continue;
-            int nb = (int)(n / bv), n_tok = 1 + (int)(rnd() % QB_MAX_TOK);
-            uint8_t *row = malloc((size_t)nb * (size_t)qb_block_bytes(type));
-            float *w = malloc(sizeof(float) * (size_t)n), *x = malloc(sizeof(float) * (size_t)(n * n_tok));
-            int8_t *xq = malloc((size_t)(n * n_tok));
-            float *xd = malloc(sizeof(float) * (size_t)(n * n_tok / 32));
-            random_blocks(type, row, nb);
-            quant_dequant_row(type, row, w, n);
-            /* activations of varied magnitude per block, as a residual stream has */
-            for (int64_t i = 0; i < n * n_tok; i++)
-                x[i] = ldexpf((float)((int)(rnd() % 2001) - 1000) / 1000.0f, (int)((i / 32) % 9) - 4);
-            dd_quantize(x, n * n_tok, xq, xd);
-            float y[QB_MAX_TOK], y1, yi[QB_MAX_TOK];
-            dd_warp_row(type, row, n, x, xq, xd, n_tok, 1, y);
-            const char *tn = quant_type_name(type);
-            for (int inflight = 2; inflight <= DD_MAX_INFLIGHT; inflight *= 2) {   /* the kernels' other variants */
-                dd_warp_row(type, row, n, x, xq, xd, n_tok, inflight, yi);
-                cr_assert(memcmp(yi, y, sizeof(float) * (size_t)n_tok) == 0, "%s n_in %lld: %d reads in flight",
-                          tn, (long long)n, inflight);
-            }
-            for (int t = 0; t < n_tok; t++) {
-                const float *xt = x + t * n, *dt = xd + t * n / 32;
-                const int8_t *qt = xq + t * n;
-                double exact = 0, coded = 0, mag = 0, bound = 0;
-                for (int64_t i = 0; i < n; i++) {
-                    double xc = (double)qt[i] * dt[i / 32];
-                    exact += (double)w[i] * xt[i];
-                    coded += (double)w[i] * xc;
-                    mag += fabs((double)w[i] * xt[i]) + fabs((double)w[i] * xc);
-                    bound += fabs((double)w[i]) * dt[i / 32] / 2;
-                }
-                if (dd_integer_type(type)) {
-                    cr_assert(fabs(y[t] - coded) <= 1e-5 * mag + 1e-30,
-                              "%s n_in %lld token %d of %d: %.9g, coded in double %.9g", tn, (long long)n, t, n_tok, y[t],
-                              coded);
-                    cr_assert(fabs(y[t] - exact) <= bound + 1e-5 * mag,
-                              "%s n_in %lld token %d: %.9g, exact %.9g, coding bound %.3g", tn, (long long)n, t, y[t],
-                              exact, bound);
-                } else {
-                    cr_assert(fabs(y[t] - exact) <= 1e-5 * mag + 1e-30, "%s n_in %lld token %d of %d: %.9g, double %.9g",
-                              tn, (long long)n, t, n_tok, y[t], exact);
-                }
-                dd_warp_row(type, row, n, xt, qt, dt, 1, 1, &y1);
-                cr_assert(memcmp(&y1, &y[t], 4) == 0, "%s token %d alone: %.9g, among %d: %.9g", tn, t, y1, n_tok,
-                          y[t]);
-            }
-            free(row);
-            free(w);
-            free(x);
-            free(xq);
-            free(xd);
-        }
-    }
+    for_random_rows(check_decode_dot);
 }

@@ -539,10 +539,10 @@ static int cuda_prepare(be_backend *b, const be_weight *const *w, int n, char *e
 
 /* ---------------------------------------------------------------- matmul
  *
- * Decode (at most QB_MAX_TOK tokens), kernels/decode_dot.h: a warp per row, reading it straight from
- * global memory. Quantized types (mmvq_kernel): the input is first rounded to 8-bit codes in blocks
- * of 32 (quantize_act, once for all the products that share it), then each lane multiplies 16
- * values at a time in integers (dp4a). F16/BF16 (mmvh_kernel): 16-byte loads of 8 values times the
+ * Decode (at most QB_MAX_TOK tokens), kernels/decode_dot.h: decode_dot_kernel, a warp per row,
+ * reading it straight from global memory. Quantized types: the input is first rounded to 8-bit
+ * codes in blocks of 32 (quantize_act, once for all the products that share it), then each lane
+ * multiplies 16 values at a time in integers (dp4a). F16/BF16: 16-byte loads of 8 values times the
  * f32 input. The lanes' sums meet by a butterfly of shuffles. KVCHAT_CUDA_MMV=f32 runs stage 0's
  * kernel instead (mmv_kernel: exact weights times f32 activations through shared memory; a block of
  * MMV_WARPS warps computes MMV_ROWS rows a warp, the row read in chunks of QB_CHUNK values, the
@@ -659,13 +659,15 @@ static __device__ void warp_sums_out(float *acc, int n_tok, int lane, float *y, 
     }
 }
 
-/* y[t][row] = dot(row of W, token t) for a quantized W, t < n_tok <= QB_MAX_TOK: the tokens' codes
- * xq [n_tok][n_in] and scales xd [n_tok][n_in / 32] (quantize_act); a warp per row, each lane with
- * INFLIGHT reads of the row in flight (KVCHAT_CUDA_MMV_INFLIGHT). */
+/* y[t][row] = dot(row of W, token t), t < n_tok <= QB_MAX_TOK, a warp per row: for a quantized W
+ * from the tokens' codes xq [n_tok][n_in] and scales xd [n_tok][n_in / 32] (quantize_act), each lane
+ * with INFLIGHT reads of the row in flight (KVCHAT_CUDA_MMV_INFLIGHT); for F16/BF16 from the f32
+ * tokens x [n_tok][n_in] (16-byte aligned). */
 template <uint32_t TYPE, int INFLIGHT>
 __global__ void __launch_bounds__(DD_WARPS * 32)
-    mmvq_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
-                const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_tok, float *__restrict__ y)
+    decode_dot_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
+                      const float *__restrict__ x, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                      int n_tok, float *__restrict__ y)
 {
     const int lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5);
@@ -673,23 +675,10 @@ __global__ void __launch_bounds__(DD_WARPS * 32)
     float acc[QB_MAX_TOK];
 #pragma unroll
     for (int t = 0; t < QB_MAX_TOK; t++) acc[t] = 0.0f;
-    dd_lane_dot_q(TYPE, W + (size_t)row * stride, n_in, xq, xd, n_tok, lane, 32, INFLIGHT, acc);
-    warp_sums_out(acc, n_tok, lane, y + row, n_out);
-}
-
-/* The same for an F16/BF16 W and f32 tokens x [n_tok][n_in] (16-byte aligned). */
-template <uint32_t TYPE>
-__global__ void __launch_bounds__(DD_WARPS * 32)
-    mmvh_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
-                const float *__restrict__ x, int n_tok, float *__restrict__ y)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5);
-    if (row >= n_out) return;   /* the whole warp */
-    float acc[QB_MAX_TOK];
-#pragma unroll
-    for (int t = 0; t < QB_MAX_TOK; t++) acc[t] = 0.0f;
-    dd_lane_dot_h(TYPE, W + (size_t)row * stride, n_in, x, n_tok, lane, 32, acc);
+    if (dd_integer_type(TYPE))
+        dd_lane_dot_q(TYPE, W + (size_t)row * stride, n_in, xq, xd, n_tok, lane, 32, INFLIGHT, acc);
+    else
+        dd_lane_dot_h(TYPE, W + (size_t)row * stride, n_in, x, n_tok, lane, 32, acc);
     warp_sums_out(acc, n_tok, lane, y + row, n_out);
 }
 
@@ -752,15 +741,14 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_
 {
     if (!ci->mmv_f32) {
         const unsigned grid = (unsigned)((dw->n_out + DD_WARPS - 1) / DD_WARPS);
-#define LAUNCH_QI(T, I) \
-    mmvq_kernel<T, I><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, xq, xd, n_tok, dy)
+#define LAUNCH_QI(T, I)                                                                                           \
+    decode_dot_kernel<T, I><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, xq, xd, \
+                                                                    n_tok, dy)
 #define LAUNCH_Q(T)                             \
     do {                                        \
         if (ci->mmv_inflight == 1) LAUNCH_QI(T, 1); \
         else LAUNCH_QI(T, 2);                   \
     } while (0)
-#define LAUNCH_H(T) \
-    mmvh_kernel<T><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, n_tok, dy)
         switch (dw->type) {
         case GGML_TYPE_Q4_0: LAUNCH_Q(GGML_TYPE_Q4_0); break;
         case GGML_TYPE_Q5_0: LAUNCH_Q(GGML_TYPE_Q5_0); break;
@@ -768,12 +756,11 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_
         case GGML_TYPE_Q4_K: LAUNCH_Q(GGML_TYPE_Q4_K); break;
         case GGML_TYPE_Q5_K: LAUNCH_Q(GGML_TYPE_Q5_K); break;
         case GGML_TYPE_Q6_K: LAUNCH_Q(GGML_TYPE_Q6_K); break;
-        case GGML_TYPE_F16: LAUNCH_H(GGML_TYPE_F16); break;
-        default: LAUNCH_H(GGML_TYPE_BF16); break;
+        case GGML_TYPE_F16: LAUNCH_QI(GGML_TYPE_F16, 1); break;   /* one variant: INFLIGHT is for codes */
+        default: LAUNCH_QI(GGML_TYPE_BF16, 1); break;
         }
 #undef LAUNCH_QI
 #undef LAUNCH_Q
-#undef LAUNCH_H
         return ck(ci, cudaGetLastError(), "decode product");
     }
     const size_t smem = mmv_smem(dw->type, n_tok);
