@@ -28,14 +28,6 @@
 
 #include "kernels/quant_blocks.h"
 
-#ifdef __CUDA_ARCH__
-#define QB_ADD(a, b) __fadd_rn((a), (b))
-#define QB_DIV(a, b) __fdiv_rn((a), (b))
-#else
-#define QB_ADD(a, b) ((a) + (b))
-#define QB_DIV(a, b) ((a) / (b))
-#endif
-
 #define DD_QBLOCK 32   /* activations sharing one scale */
 #define DD_ITEM 16     /* values of a quantized row a lane takes at a time */
 #define DD_HITEM 8     /* values of an F16/BF16 row a lane takes at a time (16 bytes) */
@@ -134,20 +126,6 @@ QB_HD int dd_bits_to_byte4(uint32_t b)
     return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
 }
 
-/* qb_scale_min on the 12 scale bytes held in three words (byte k is bits 8 (k % 4).. of word k / 4):
- * no byte array, which the device would keep in local memory for its variable index. */
-QB_HD void dd_scale_min(uint32_t w0, uint32_t w1, uint32_t w2, int s, int *sc, int *mn)
-{
-    const int sh = 8 * (s & 3);
-    if (s < 4) {
-        *sc = (int)((w0 >> sh) & 63u);
-        *mn = (int)((w1 >> sh) & 63u);
-    } else {
-        *sc = (int)(((w2 >> sh) & 0x0Fu) | (((w0 >> sh) >> 6 & 3u) << 4));
-        *mn = (int)(((w2 >> sh) >> 4 & 0x0Fu) | (((w1 >> sh) >> 6 & 3u) << 4));
-    }
-}
-
 /* 16 values of a quantized row, unpacked: v[0], v[1] are group 0's 8 signed codes, v[2], v[3] group
  * 1's; group g starts at value pos[g] of the row (a multiple of 8, inside one block of 32
  * activations); its values are s[g] * code - m[g] (m: Q4_K and Q5_K only). */
@@ -222,7 +200,7 @@ QB_HD void dd_load(uint32_t type, const uint8_t *row, int i, dd_item *it)
         const float d = qb_half(dm & 0xFFFFu), dmin = qb_half(dm >> 16);
         for (int g = 0; g < 2; g++) {
             int sc, mn;
-            dd_scale_min(w0, w1, w2, 2 * p + g, &sc, &mn);
+            qb_scale_min_w(w0, w1, w2, 2 * p + g, &sc, &mn);
             it->s[g] = QB_MUL(d, (float)sc);
             it->m[g] = QB_MUL(dmin, (float)mn);
             it->pos[g] = 256 * (i >> 4) + 32 * (2 * p + g) + l0;

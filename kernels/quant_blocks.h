@@ -39,12 +39,18 @@ extern "C" {
 #define QB_UNROLL
 #endif
 
+/* Float operations the device rounds one at a time, never fused (the host build does not fuse:
+ * -ffp-contract=off), so device and host give the same bits. */
 #ifdef __CUDA_ARCH__
 #define QB_MUL(a, b) __fmul_rn((a), (b))
 #define QB_SUB(a, b) __fsub_rn((a), (b))
+#define QB_ADD(a, b) __fadd_rn((a), (b))
+#define QB_DIV(a, b) __fdiv_rn((a), (b))
 #else
 #define QB_MUL(a, b) ((a) * (b))
 #define QB_SUB(a, b) ((a) - (b))
+#define QB_ADD(a, b) ((a) + (b))
+#define QB_DIV(a, b) ((a) / (b))
 #endif
 
 #define QB_CHUNK 2048      /* values of a row one pass of the decode product reads */
@@ -133,16 +139,28 @@ QB_HD float qb_bf16(uint32_t b)
     return c.f;
 }
 
-/* 6-bit scale and minimum of sub-block s of a Q4_K/Q5_K super-block (model-facts 3.7). */
+/* 6-bit scale and minimum of sub-block s of a Q4_K/Q5_K super-block (model-facts 3.7), from its 12
+ * scale bytes held in three words (byte k is bits 8 (k % 4).. of word k / 4): the decode kernels
+ * load the words and unpack them in registers (a byte array indexed by s would sit in local memory
+ * on the device). */
+QB_HD void qb_scale_min_w(uint32_t w0, uint32_t w1, uint32_t w2, int s, int *sc, int *mn)
+{
+    const int sh = 8 * (s & 3);
+    if (s < 4) {
+        *sc = (int)((w0 >> sh) & 63u);
+        *mn = (int)((w1 >> sh) & 63u);
+    } else {
+        *sc = (int)(((w2 >> sh) & 0x0Fu) | (((w0 >> sh) >> 6 & 3u) << 4));
+        *mn = (int)(((w2 >> sh) >> 4 & 0x0Fu) | (((w1 >> sh) >> 6 & 3u) << 4));
+    }
+}
+
+QB_HD uint32_t qb_u32(const uint8_t *p) { return qb_u16(p) | (qb_u16(p + 2) << 16); }
+
+/* The same from the 12 scale bytes at q. */
 QB_HD void qb_scale_min(const uint8_t *q, int s, int *sc, int *mn)
 {
-    if (s < 4) {
-        *sc = q[s] & 63;
-        *mn = q[s + 4] & 63;
-    } else {
-        *sc = (q[s + 4] & 0x0F) | ((q[s - 4] >> 6) << 4);
-        *mn = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
-    }
+    qb_scale_min_w(qb_u32(q), qb_u32(q + 4), qb_u32(q + 8), s, sc, mn);
 }
 
 QB_HD void qb_dec_q4_0(const uint8_t *b, float *y)

@@ -561,6 +561,20 @@ __global__ void f32_to_f16(const float *x, __half *y, int64_t n)
     if (i < n) y[i] = __float2half_rn(qb_f16_range(x[i]));
 }
 
+/* The lanes' sums of each token added by a butterfly (every lane ends with the same sum; the host
+ * tests add in the same order) and written by lane 0 to y[t * n_out]. */
+static __device__ void warp_sums_out(float *acc, int n_tok, int lane, float *y, int64_t n_out)
+{
+#pragma unroll
+    for (int t = 0; t < QB_MAX_TOK; t++) {
+        if (t >= n_tok) continue;
+        float v = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) y[(int64_t)t * n_out] = v;
+    }
+}
+
 /* y[t][row] = dot(row of W, x[t]) for rows of n_in values (a multiple of 32), t < n_tok <= QB_MAX_TOK.
  * Dynamic shared memory: mmv_smem(TYPE, n_tok) bytes. x must be 16-byte aligned. */
 template <uint32_t TYPE>
@@ -606,17 +620,8 @@ __global__ void __launch_bounds__(MMV_WARPS * 32)
         }
     }
 #pragma unroll
-    for (int r = 0; r < MMV_ROWS; r++) {
-        const int64_t row = row0 + r;
-        if (row >= n_out) continue;
-#pragma unroll
-        for (int t = 0; t < QB_MAX_TOK; t++) {
-            if (t >= n_tok) continue;
-            float v = acc[r][t];
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0) y[(int64_t)t * n_out + row] = v;
-        }
-    }
+    for (int r = 0; r < MMV_ROWS; r++)
+        if (row0 + r < n_out) warp_sums_out(acc[r], n_tok, lane, y + row0 + r, n_out);
 }
 
 static size_t mmv_smem(uint32_t type, int n_tok)
@@ -643,20 +648,6 @@ __global__ void __launch_bounds__(256)
     const float s = dd_scale(a);
     q[blk * DD_QBLOCK + lane] = dd_code(v, s);
     if (lane == 0) d[blk] = s;
-}
-
-/* The lanes' sums of each token added by a butterfly (every lane ends with the same sum; the host
- * tests add in the same order) and written by lane 0 to y[t * n_out]. */
-static __device__ void warp_sums_out(float *acc, int n_tok, int lane, float *y, int64_t n_out)
-{
-#pragma unroll
-    for (int t = 0; t < QB_MAX_TOK; t++) {
-        if (t >= n_tok) continue;
-        float v = acc[t];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-        if (lane == 0) y[(int64_t)t * n_out] = v;
-    }
 }
 
 /* y[t][row] = dot(row of W, token t), t < n_tok <= QB_MAX_TOK, a warp per row: for a quantized W

@@ -125,12 +125,14 @@ static model *load_tiny(size_t fi)
     return m;
 }
 
-/* The largest |x| of x's aligned block of `blk` values holding value i. */
-static double block_amax(const float *x, int64_t i, int64_t blk)
+/* step[i] = the largest |x| of value i's aligned block of blk values, over 127: the 8-bit step. */
+static void block_steps(const float *x, int64_t n, int64_t blk, double *step)
 {
-    double a = 0;
-    for (int64_t j = i / blk * blk; j < i / blk * blk + blk; j++) a = fmax(a, fabs((double)x[j]));
-    return a;
+    for (int64_t b = 0; b < n; b += blk) {
+        double a = 0;
+        for (int64_t j = b; j < b + blk; j++) a = fmax(a, fabs((double)x[j]));
+        for (int64_t j = b; j < b + blk; j++) step[j] = a / 127.0;
+    }
 }
 
 /* How many outputs of y (nt x n_out) lie further from the exact product than rounding the
@@ -146,10 +148,8 @@ static int64_t coding_misses(const be_weight *w, const float *x, int64_t nt, con
     const int64_t n_in = w->n_in, n_out = w->n_out, big = n_in % 256 ? 32 : 256;
     float *row = malloc(sizeof(float) * (size_t)n_in);
     double *d32 = malloc(sizeof(double) * (size_t)(nt * n_in)), *dbig = malloc(sizeof(double) * (size_t)(nt * n_in));
-    for (int64_t i = 0; i < nt * n_in; i++) {
-        d32[i] = block_amax(x, i, 32) / 127.0;
-        dbig[i] = block_amax(x, i, big) / 127.0;
-    }
+    block_steps(x, nt * n_in, 32, d32);
+    block_steps(x, nt * n_in, big, dbig);
     int64_t bad = 0;
     for (int64_t r = 0; r < n_out; r++) {
         quant_dequant_row(w->type, (const uint8_t *)w->data + w->row_bytes * (size_t)r, row, n_in);
