@@ -190,14 +190,17 @@ static void unbuild(fixture *fx)
     be_free(fx->b);
 }
 
-/* Run one decode step's selection and return the page list (shared) as a string "0 5 6 9". */
-static void select_pages(fixture *fx, const char *spec, const float *q, char *out, size_t len)
+/* Run one decode step's selection and return the page list (shared) as a string "0 5 6 9"; with
+ * trace, the decision trace of positions [lo, hi) too. */
+static void select_traced(fixture *fx, const char *spec, const float *q, char *out, size_t len, int64_t lo, int64_t hi,
+                          char *trace, size_t trace_len)
 {
     pol_spec s;
     char err[512];
     cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
     pol_set *ps = pol_set_create(&s, &fx->env, err, sizeof err);
     cr_assert(ps, "%s", err);
+    if (trace) cr_assert(pol_set_trace(ps, lo, hi) == 0);
     int32_t tok = 0;   /* the step's token (these policies do not look at it) */
     pol_set_begin(ps, &tok, 1, kv_len(fx->kv) - 1, 1);
     const pol_sel *sel = pol_set_select(ps, 0, q);
@@ -208,7 +211,13 @@ static void select_pages(fixture *fx, const char *spec, const float *q, char *ou
     } else {
         for (int64_t i = 0; i < sel->n; i++) o += (size_t)snprintf(out + o, len - o, "%s%d", i ? " " : "", sel->idx[i]);
     }
+    if (trace) snprintf(trace, trace_len, "%s", pol_set_trace_text(ps));
     pol_set_free(ps);
+}
+
+static void select_pages(fixture *fx, const char *spec, const float *q, char *out, size_t len)
+{
+    select_traced(fx, spec, q, out, len, 0, 0, NULL, 0);
 }
 
 Test(policy, chess_selects_the_page_that_matches_the_anchor)
@@ -332,6 +341,36 @@ Test(policy, quest_picks_the_page_with_the_highest_upper_bound)
     build(&fx, dir, 12);
     select_pages(&fx, "quest:budget=8", q, got, sizeof got);
     cr_expect_str_eq(got, "6 11");
+    unbuild(&fx);
+}
+
+/* --trace covers the decode-time baselines too: Quest's bound and rank per page and KV head, and
+ * StreamingLLM's kept spans with the traced positions' fate. */
+Test(policy, quest_and_streaming_report_their_decisions_to_the_trace)
+{
+    float dir[12];
+    for (int i = 0; i < 12; i++) dir[i] = 0.25f * (float)(i % 3);   /* exact in f16 */
+    dir[6] = 2.0f;
+    fixture fx;
+    build(&fx, dir, 12);
+    float q[D] = { 1, 0, 0, 0, 0, 0, 0, 0 };
+    char got[256], tr[2048];
+    /* pages of P tokens: trace page 6 (kept, the best bound) and page 4 (dropped) */
+    select_traced(&fx, "quest:budget=8", q, got, sizeof got, 4 * P, 4 * P + 1, tr, sizeof tr);
+    cr_expect_str_eq(got, "6 11");
+    cr_expect(strstr(tr, "quest pages (bound of the query) L0 h0: 11 units, 1 kept; lowest kept 2, best dropped 0.5 |"), "%s", tr);
+    cr_expect(strstr(tr, "| 16-19 0.25 #5= DROP;"), "page 4 ties three others, below four: %s", tr);
+    select_traced(&fx, "quest:budget=8", q, got, sizeof got, 6 * P + 2, 6 * P + 3, tr, sizeof tr);
+    cr_expect(strstr(tr, "| 24-27 2 #1 kept;"), "page 6 ranks first and is kept: %s", tr);
+    select_traced(&fx, "quest:budget=8", q, got, sizeof got, 100, 101, tr, sizeof tr);
+    cr_expect_str_eq(tr, "", "nothing traced outside the decision's pages");
+    /* 48 tokens, the current one at 47: sinks 0-1, recent 42-47 */
+    select_traced(&fx, "streaming:sinks=2,budget=8", NULL, got, sizeof got, 20, 22, tr, sizeof tr);
+    cr_expect(strstr(tr, "streaming: keeps positions 0-1 (sinks) and 42-47 (recent), drops 2-41 | traced positions DROP"), "%s", tr);
+    select_traced(&fx, "streaming:sinks=2,budget=8", NULL, got, sizeof got, 40, 44, tr, sizeof tr);
+    cr_expect(strstr(tr, "traced positions partly kept, partly DROP"), "%s", tr);
+    select_traced(&fx, "streaming:sinks=2,budget=8", NULL, got, sizeof got, 0, 1, tr, sizeof tr);
+    cr_expect(strstr(tr, "traced positions kept"), "%s", tr);
     unbuild(&fx);
 }
 

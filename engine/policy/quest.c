@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "engine/policy/pol_util.h"
+#include "engine/policy/trace.h"
 
 enum { P_BUDGET, P_COUNT };
 
@@ -67,6 +68,26 @@ static void q_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t
     if (decoding) ((st_quest *)st)->cur = p0;
 }
 
+/* The trace of one KV head's choice: every page but the current one, its bound and whether it is
+ * among the n kept (idx[0..n), ascending). */
+static void trace_pages(const st_quest *s, const pol_env *env, int il, int g, int np, int n)
+{
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)np), *last = malloc(sizeof(int64_t) * (size_t)np);
+    unsigned char *kept = calloc((size_t)np, 1);
+    if (first && last && kept) {
+        for (int i = 0; i < n; i++) kept[s->idx[i]] = 1;
+        for (int i = 0; i < np; i++) {
+            const kv_page *p = kv_layer_page(env->kv, il, g, i);
+            first[i] = p->n ? p->pos[0] : 0;
+            last[i] = p->n ? p->pos[p->n - 1] : first[i];
+        }
+        pol_trace_units(env->trace, "quest pages (bound of the query)", il, g, np, s->score, kept, first, last);
+    }
+    free(first);
+    free(last);
+    free(kept);
+}
+
 static int q_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
 {
     st_quest *s = st;
@@ -110,6 +131,7 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         /* the bound of the head's G queries over every page but the current one, on the backend */
         env->b->ops->bounds(env->b, q + (size_t)g * (size_t)G * (size_t)D, G, D, s->mn, s->mx, np - 1, s->score);
         int n = pol_top_k(s->idx, np - 1, s->score, k - 1);
+        if (env->trace) trace_pages(s, env, il, g, np - 1, n);
         for (int i = 0; i < n; i++) pol_sel_add(sel, s->idx[i], NULL);
         pol_sel_add(sel, np - 1, NULL);   /* the page the current token is in */
     }

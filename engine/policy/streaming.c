@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/policy/trace.h"
+
 enum { P_SINKS, P_BUDGET, P_COUNT };
 
 static const pol_param params[] = {
@@ -69,6 +71,18 @@ static void s_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t
     if (decoding) ((st_streaming *)st)->cur = p0;
 }
 
+/* The trace of a step (the same in every global layer and KV head): what is kept, and the traced
+ * positions' fate. */
+static void trace_spans(pol_trace *t, int64_t sinks, int64_t recent_from, int64_t len)
+{
+    int kept = pol_trace_covers(t, 0, sinks - 1) || pol_trace_covers(t, recent_from, len - 1);
+    int dropped = pol_trace_covers(t, sinks, recent_from - 1);
+    if (!kept && !dropped) return;
+    pol_trace_note(t, "streaming: keeps positions 0-%lld (sinks) and %lld-%lld (recent), drops %lld-%lld | traced "
+                   "positions %s", (long long)sinks - 1, (long long)recent_from, (long long)len - 1, (long long)sinks,
+                   (long long)recent_from - 1, !dropped ? "kept" : kept ? "partly kept, partly DROP" : "DROP");
+}
+
 static int s_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
 {
     (void)q;
@@ -81,6 +95,7 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
         return 0;
     }
     int64_t recent_from = len - (budget - s->sinks);
+    if (env->trace && il == env->global[0]) trace_spans(env->trace, s->sinks, recent_from, len);
     int P = kv_page_size(env->kv);
     size_t words = ((size_t)P + 63) / 64;
     size_t total = 0;
