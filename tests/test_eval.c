@@ -192,6 +192,30 @@ Test(eval_tasks, ppl_continuation_follows_the_document_in_the_filler)
     filler_done(&f);
 }
 
+/* A ppl sample is its passage: 20 samples never share a character of what they read or score
+ * (independent seeded starts overlapped about five pairs of 20 here). */
+Test(eval_tasks, ppl_samples_never_share_text)
+{
+    filler f = gen_filler();
+    char err[256];
+    enum { N = 20 };
+    size_t from[N], to[N];
+    for (int k = 0; k < N; k++) {
+        task_item it;
+        cr_assert(task_make("ppl", &f, 500, 4.0, 3, k, 5, &it, err, sizeof err) == 0, "%s", err);
+        const char *at = strstr(f.text, it.doc);
+        cr_assert(at, "sample %d's document is not running text of the filler", k);
+        from[k] = (size_t)(at - f.text);
+        to[k] = from[k] + strlen(it.doc) + strlen(it.cont);
+        task_item_free(&it);
+    }
+    for (int a = 0; a < N; a++)
+        for (int b = a + 1; b < N; b++)
+            cr_expect(to[a] <= from[b] || to[b] <= from[a], "samples %d and %d share text: %zu-%zu and %zu-%zu", a, b,
+                      from[a], to[a], from[b], to[b]);
+    filler_done(&f);
+}
+
 Test(eval_tasks, unknown_task_is_an_error)
 {
     filler f = gen_filler();
