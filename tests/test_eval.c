@@ -192,13 +192,15 @@ Test(eval_tasks, ppl_continuation_follows_the_document_in_the_filler)
     filler_done(&f);
 }
 
-/* A ppl sample is its passage: 20 samples never share a character of what they read or score
- * (independent seeded starts overlapped about five pairs of 20 here). */
+/* A ppl sample is its passage: 64 samples of a 1 MB filler never share a character of what they
+ * read or score (independent seeded starts overlapped about five pairs of 20 of 200 KB; a spread
+ * whose offset moved with the sample, two of 64 of 1 MB). */
 Test(eval_tasks, ppl_samples_never_share_text)
 {
-    filler f = gen_filler();
+    filler f;
+    cr_assert(filler_generated(&f, 1000000, 7) == 0);
     char err[256];
-    enum { N = 20 };
+    enum { N = 64 };
     size_t from[N], to[N];
     for (int k = 0; k < N; k++) {
         task_item it;
