@@ -44,7 +44,12 @@ for reps in 85 170; do                      # about 2K and 4K tokens of this fil
                     grep -qF "$tag," "$OUT" && continue
                     args=(ask -d "$doc" -q "$q" -n 12 -t "$THREADS" --policy "$pol")
                     [ -n "$budget" ] && args+=(--budget "$budget")
-                    ans=$("$BIN" "${args[@]}" 2>/dev/null | head -1 | tr -d '"\r')
+                    # a run that fails is reported and left out, so a rerun tries it again
+                    if ! out=$("$BIN" "${args[@]}" 2>"$TMP/err"); then
+                        echo "failed: $tag: $(tail -1 "$TMP/err")" >&2
+                        continue
+                    fi
+                    ans=$(printf '%s' "$out" | tr '\n\r' '  ' | tr -d '"')   # one CSV field
                     ok=0
                     case "$ans" in *"$key"*) ok=1 ;; esac
                     echo "$tag,$ok,\"$ans\"" >> "$OUT"

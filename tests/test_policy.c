@@ -371,6 +371,8 @@ Test(policy, quest_and_streaming_report_their_decisions_to_the_trace)
     cr_expect(strstr(tr, "traced positions partly kept, partly DROP"), "%s", tr);
     select_traced(&fx, "streaming:sinks=2,budget=8", NULL, got, sizeof got, 0, 1, tr, sizeof tr);
     cr_expect(strstr(tr, "traced positions kept"), "%s", tr);
+    select_traced(&fx, "streaming:sinks=0,budget=8", NULL, got, sizeof got, 0, 1, tr, sizeof tr);
+    cr_expect(strstr(tr, "streaming: keeps positions 40-47 (recent), drops 0-39 | traced positions DROP"), "%s", tr);
     unbuild(&fx);
 }
 

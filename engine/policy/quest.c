@@ -79,7 +79,7 @@ static void trace_pages(const st_quest *s, const pol_env *env, int il, int g, in
         for (int i = 0; i < np; i++) {
             const kv_page *p = kv_layer_page(env->kv, il, g, i);
             first[i] = p->n ? p->pos[0] : 0;
-            last[i] = p->n ? p->pos[p->n - 1] : first[i];
+            last[i] = p->n ? p->pos[p->n - 1] : -1;   /* an emptied page covers nothing */
         }
         pol_trace_units(env->trace, "quest pages (bound of the query)", il, g, np, s->score, kept, first, last);
     }

@@ -78,9 +78,11 @@ static void trace_spans(pol_trace *t, int64_t sinks, int64_t recent_from, int64_
     int kept = pol_trace_covers(t, 0, sinks - 1) || pol_trace_covers(t, recent_from, len - 1);
     int dropped = pol_trace_covers(t, sinks, recent_from - 1);
     if (!kept && !dropped) return;
-    pol_trace_note(t, "streaming: keeps positions 0-%lld (sinks) and %lld-%lld (recent), drops %lld-%lld | traced "
-                   "positions %s", (long long)sinks - 1, (long long)recent_from, (long long)len - 1, (long long)sinks,
-                   (long long)recent_from - 1, !dropped ? "kept" : kept ? "partly kept, partly DROP" : "DROP");
+    char sink_text[48] = "";
+    if (sinks > 0) snprintf(sink_text, sizeof sink_text, "0-%lld (sinks) and ", (long long)sinks - 1);
+    pol_trace_note(t, "streaming: keeps positions %s%lld-%lld (recent), drops %lld-%lld | traced positions %s", sink_text,
+                   (long long)recent_from, (long long)len - 1, (long long)sinks, (long long)recent_from - 1,
+                   !dropped ? "kept" : kept ? "partly kept, partly DROP" : "DROP");
 }
 
 static int s_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
