@@ -1,5 +1,6 @@
 # kvchat build. `make help` lists the targets.
-# Plain GNU make: one object per source file, automatic header dependencies (-MMD), no generated code.
+# Plain GNU make: one object per source file, automatic header dependencies (-MMD), no generated code
+# but the one-line header that names the commit the program is built from.
 
 CC      ?= cc
 CXX     ?= c++
@@ -137,6 +138,22 @@ $(OBJ)/%.o: %.c
 $(OBJ)/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS_ALL) -MMD -MP -c $< -o $@
+
+# The commit the program is built from, which bench and eval write beside their figures (the
+# checkout they run in may be at another): rewritten only when it changes, so a new commit
+# recompiles app/cli.c alone. "+changes" when the sources differ from that commit.
+COMMIT_H := $(OBJ)/app/build_commit.h
+$(COMMIT_H): FORCE
+	@mkdir -p $(dir $@)
+	@c=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown); \
+	if [ "$$c" != unknown ] && ! git diff --quiet HEAD -- app engine kernels common ui store Makefile 2>/dev/null; then \
+		c="$$c+changes"; fi; \
+	t=$@.$$$$.tmp; printf '#define KVCHAT_BUILD_COMMIT "%s"\n' "$$c" > $$t; \
+	if cmp -s $$t $@; then rm -f $$t; else mv $$t $@; fi
+$(OBJ)/app/cli.o: $(COMMIT_H)
+$(OBJ)/app/cli.o: CFLAGS_ALL += -I$(OBJ)
+FORCE:
+.PHONY: FORCE
 
 # ptxas's register and spill report is kept beside each object (checked by scripts/check_ptxas.sh)
 $(BUILD)/%.o: %.cu

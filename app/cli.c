@@ -1,6 +1,8 @@
 /* cli.c - helpers shared by the subcommands (see cli.h). */
 #include "app/cli.h"
 
+#include "app/build_commit.h"   /* KVCHAT_BUILD_COMMIT: written by the Makefile into the build directory */
+
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -304,6 +306,12 @@ char *cli_read_text_file(const char *path, size_t *len)
     char *t = doc_load(path, DOC_MAX_BYTES, len, err, sizeof err);
     if (!t) cli_err("%s", err);
     return t;
+}
+
+const char *cli_figures_commit(void)
+{
+    const char *env = getenv("KVCHAT_COMMIT");
+    return env && env[0] ? env : KVCHAT_BUILD_COMMIT;
 }
 
 void cli_read_cmd(const char *cmd, char *buf, size_t cap)

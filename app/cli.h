@@ -122,8 +122,11 @@ struct store *cli_open_db(const char *path);
 int cli_check_db_path(const char *path);
 
 double cli_now(void);                 /* monotonic seconds */
-/* The first line a shell command prints ("" when it prints nothing or cannot run): the commit and
- * machine that benchmark and eval records name. */
+/* The commit that benchmark and eval figures name: KVCHAT_COMMIT when set (a pack built elsewhere,
+ * scripts/gpu-pack.sh), else the commit this program was built from ("+changes" when its sources
+ * differed from it; "unknown" outside a git checkout). */
+const char *cli_figures_commit(void);
+/* The first line a shell command prints ("" when it prints nothing or cannot run). */
 void cli_read_cmd(const char *cmd, char *buf, size_t cap);
 double cli_peak_rss_mib(void);        /* peak resident set size of this process */
 /* "kvchat: MESSAGE" on one line of stderr, control characters in it shown escaped. */

@@ -23,13 +23,10 @@
 #include "app/commands.h"
 #include "engine/tokenizer.h"
 
-/* The commit the figures belong to: KVCHAT_COMMIT where the checkout that runs is not a git work
- * tree of its own (a pack sent to a GPU machine, scripts/gpu-pack.sh), else the work tree's HEAD. */
+/* The commit the figures belong to (cli_figures_commit), at most 63 characters. */
 static void bench_commit(char *commit, size_t cap)
 {
-    if (getenv("KVCHAT_COMMIT")) snprintf(commit, cap, "%.63s", getenv("KVCHAT_COMMIT"));
-    else cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, cap);
-    if (!commit[0]) snprintf(commit, cap, "unknown");
+    snprintf(commit, cap, "%.63s", cli_figures_commit());
 }
 
 static void cpu_name(char *buf, size_t cap)

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "app/cli.h"
 #include "engine/gguf.h"
 
 #define TD "../shared/testdata/"
@@ -246,10 +247,10 @@ Test(cli_files, gen_model_stops_on_sigterm_and_sighup_and_leaves_nothing, .timeo
 {
     const int sigs[] = { SIGTERM, SIGHUP };
     for (int i = 0; i < 2; i++) {
-        char d[] = "/tmp/kvchat-gens-XXXXXX", work[100], model[200], errp[100];
+        char d[] = "/tmp/kvchat-gens-XXXXXX", work[100], out_model[200], errp[100];
         cr_assert(mkdtemp(d));
         snprintf(work, sizeof work, "%s/work", d);
-        snprintf(model, sizeof model, "%s/m.gguf", work);
+        snprintf(out_model, sizeof out_model, "%s/m.gguf", work);
         snprintf(errp, sizeof errp, "%s/stderr", d);
         cr_assert(mkdir(work, 0700) == 0);
         const char *exe = bin();
@@ -259,7 +260,7 @@ Test(cli_files, gen_model_stops_on_sigterm_and_sighup_and_leaves_nothing, .timeo
             int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600), nul = open("/dev/null", O_WRONLY);
             dup2(fd, 2);
             dup2(nul, 1);
-            execl(exe, exe, "gen-model", "--shape", "mistral-7b", "--type", "q4_k_m", "-o", model, "--vocab", TINY, "-t", "1",
+            execl(exe, exe, "gen-model", "--shape", "mistral-7b", "--type", "q4_k_m", "-o", out_model, "--vocab", TINY, "-t", "1",
                   (char *)NULL);
             _exit(127);
         }
@@ -432,5 +433,44 @@ Test(cli_files, bench_fails_when_its_csv_cannot_be_written, .timeout = 120)
     cr_expect_eq(st, 1, "exit status %d (stderr: %s)", st, errb);
     cr_expect(strstr(out, "      16 "), "the measured row is printed: %s", out);
     cr_expect(count_lines(errb) == 1 && strstr(errb, "writing ") && strstr(errb, "big.csv failed"), "%s", errb);
+    rm_rf(d);
+}
+
+/* The commit column of a bench CSV's first row. */
+static void csv_commit(const char *path, char *out, size_t cap)
+{
+    char line[4096];
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    cr_assert(fgets(line, sizeof line, f) && fgets(line, sizeof line, f), "no row in %s", path);
+    fclose(f);
+    const char *c = strchr(line, ',');
+    cr_assert(c, "%s", line);
+    snprintf(out, cap, "%.*s", (int)strcspn(c + 1, ","), c + 1);
+}
+
+/* bench names its figures by the commit the program was built from, whatever checkout it runs in
+ * (here a folder outside any), and KVCHAT_COMMIT (a pack built elsewhere) names another. */
+Test(cli_files, bench_rows_name_the_commit_the_program_was_built_from, .timeout = 120)
+{
+    char d[] = "/tmp/kvchat-bcommit-XXXXXX", tiny[PATH_MAX], args[3 * PATH_MAX], got[128];
+    static char out[1 << 16], errb[1 << 16];
+    cr_assert(mkdtemp(d));
+    cr_assert(realpath(TINY, tiny));
+    cr_assert(unsetenv("KVCHAT_COMMIT") == 0);
+    const char *built = cli_figures_commit();
+    cr_assert(built[0]);
+    snprintf(args, sizeof args,
+             "cd %s && env -u KVCHAT_COMMIT '%s' bench -m '%s' --ctx 16 --gen 2 -t 1 --csv a.csv && "
+             "KVCHAT_COMMIT=pack1234 '%s' bench -m '%s' --ctx 16 --gen 2 -t 1 --csv b.csv",
+             d, bin(), tiny, bin(), tiny);
+    int st = sh(args, out, sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "exit status %d: %s", st, errb);
+    snprintf(args, sizeof args, "%s/a.csv", d);
+    csv_commit(args, got, sizeof got);
+    cr_expect_str_eq(got, built, "the binary's commit, not the working folder's");
+    snprintf(args, sizeof args, "%s/b.csv", d);
+    csv_commit(args, got, sizeof got);
+    cr_expect_str_eq(got, "pack1234");
     rm_rf(d);
 }

@@ -835,7 +835,7 @@ static int eval_sample(ev *E, const eval_plan *P, const char *task, int64_t ctx,
 static int write_report(ev *E, const char *out_dir, const eval_opts *eo, const char *filler_source)
 {
     char commit[64], about[1024], date[32];
-    cli_read_cmd("git rev-parse --short HEAD 2>/dev/null", commit, sizeof commit);
+    snprintf(commit, sizeof commit, "%.63s", cli_figures_commit());
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
     snprintf(about, sizeof about,
