@@ -341,6 +341,7 @@ static int bench_plot(const char *csv, const char *date, const char *png)
         snprintf(p[m].xlabel, sizeof p[m].xlabel, "context tokens");
         snprintf(p[m].ylabel, sizeof p[m].ylabel, "%s", ylab[m]);
         p[m].logx = 1;
+        p[m].tics_at_points = 1;   /* the lengths measured, not only the powers of ten */
         p[m].s = s + m * MAXS;
         p[m].ns = ns[m];
     }

@@ -386,6 +386,31 @@ Test(eval_results, plot_means_pool_the_runs_without_a_budget)
     cr_expect(m[2].x == 0.2 && m[2].n == 1);
 }
 
+/* Budgets on a log axis: the tics sit at the budgets run, labelled as written (gnuplot's own
+ * would label only 0.1 between 0.05 and 0.2), and a panel that does not ask keeps gnuplot's. */
+Test(eval_results, plot_tics_sit_at_the_budgets)
+{
+    plot_series s[2];
+    int ns = 0;
+    evalplot_add(s, &ns, 2, "chess", 0.2, 1);
+    evalplot_add(s, &ns, 2, "chess", 0.05, 1);
+    evalplot_add(s, &ns, 2, "take", 0.1, 1);
+    evalplot_add(s, &ns, 2, "take", 0.05, 1);
+    plot_panel p;
+    memset(&p, 0, sizeof p);
+    p.s = s;
+    p.ns = ns;
+    char buf[256];
+    evalplot_xtics(&p, buf, sizeof buf);
+    cr_expect_str_eq(buf, "set xtics autofreq");
+    p.tics_at_points = 1;
+    evalplot_xtics(&p, buf, sizeof buf);
+    cr_expect_str_eq(buf, "set xtics (\"0.05\" 0.05, \"0.1\" 0.1, \"0.2\" 0.2)");
+    p.ns = 0;
+    evalplot_xtics(&p, buf, sizeof buf);
+    cr_expect_str_eq(buf, "set xtics autofreq", "no points: gnuplot's own");
+}
+
 Test(eval_results, plot_is_a_png)
 {
     char dir[] = "/tmp/kvchat-evalplot-XXXXXX", png[256], err[256];

@@ -83,6 +83,47 @@ void evalplot_add(plot_series *s, int *ns, int max, const char *name, double x, 
     p->y[i] = y;
 }
 
+void evalplot_xtics(const plot_panel *p, char *buf, size_t cap)
+{
+    enum { MAX_TICS = 16 };
+    double x[MAX_TICS];
+    int n = 0, over = 0;
+    for (int k = 0; p->tics_at_points && k < p->ns; k++)
+        for (int i = 0; i < p->s[k].n; i++) {
+            double v = p->s[k].x[i];
+            int seen = 0;
+            for (int j = 0; j < n; j++) seen |= x[j] == v;
+            if (seen || !isfinite(v)) continue;
+            if (n == MAX_TICS) over = 1;
+            else x[n++] = v;
+        }
+    if (n == 0 || over) {
+        snprintf(buf, cap, "set xtics autofreq");
+        return;
+    }
+    for (int a = 1; a < n; a++)   /* ascending */
+        for (int b = a; b > 0 && x[b] < x[b - 1]; b--) {
+            double t = x[b];
+            x[b] = x[b - 1];
+            x[b - 1] = t;
+        }
+    size_t o = (size_t)snprintf(buf, cap, "set xtics (");
+    for (int j = 0; j < n && o < cap; j++) o += (size_t)snprintf(buf + o, cap - o, "%s\"%g\" %.9g", j ? ", " : "", x[j], x[j]);
+    if (o < cap) snprintf(buf + o, cap - o, ")");
+}
+
+/* A series' colour and point shape: fixed per policy (its name up to ':' or '+'), so every plot draws
+ * a policy alike whatever else it shows; series that name no policy take their place k. */
+static int series_style(const char *name, int k)
+{
+    static const char *const order[] = { "streaming", "quest", "chess", "sentkv", "take", "laser", "chelsea",
+                                         "snapkv", "h2o" };
+    size_t len = strcspn(name, ":+");
+    for (int i = 0; i < (int)(sizeof order / sizeof order[0]); i++)
+        if (strlen(order[i]) == len && !strncmp(name, order[i], len)) return i + 1;
+    return k;
+}
+
 static void panel(FILE *g, const plot_panel *p, int id)
 {
     for (int k = 0; k < p->ns; k++) {
@@ -99,6 +140,11 @@ static void panel(FILE *g, const plot_panel *p, int id)
     fprintf(g, "\n%s\nset key outside right top\nset grid\n", p->logx ? "set logscale x" : "unset logscale x");
     if (p->xmin != 0 || p->xmax != 0) fprintf(g, "set xrange [%g:%g]\n", p->xmin, p->xmax);
     else fputs("set autoscale x\n", g);
+    if (p->ymin != 0 || p->ymax != 0) fprintf(g, "set yrange [%g:%g]\n", p->ymin, p->ymax);
+    else fputs("set autoscale y\n", g);
+    char tics[512];
+    evalplot_xtics(p, tics, sizeof tics);
+    fprintf(g, "%s\n", tics);
     if (p->ns == 0) {
         fputs("set label 1 'no data' at graph 0.5, 0.5 center\nplot NaN notitle\nunset label 1\n", g);
         return;
@@ -108,9 +154,9 @@ static void panel(FILE *g, const plot_panel *p, int id)
                                             "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939" };
     fputs("plot ", g);
     for (int k = 0; k < p->ns; k++) {
-        int ref = !strcmp(p->s[k].name, POL_FULL);
+        int ref = !strcmp(p->s[k].name, POL_FULL), c = series_style(p->s[k].name, k);
         fprintf(g, "%s$d%d_%d using 1:2 with linespoints lw %s pt %d lc rgb '%s' dt %d title ", k ? ", " : "", id, k,
-                ref ? "2.5" : "1.5", 1 + k % 12, ref ? "#000000" : colour[k % 12], ref ? 2 : 1);
+                ref ? "2.5" : "1.5", 1 + c % 12, ref ? "#000000" : colour[c % 12], ref ? 2 : 1);
         gp_str(g, p->s[k].name);
     }
     fputc('\n', g);
@@ -242,6 +288,8 @@ static int by_budget(const eval_recs *rs, const char *png, int ppl, char *err, s
         snprintf(P->xlabel, sizeof P->xlabel, "budget (fraction of the context)");
         snprintf(P->ylabel, sizeof P->ylabel, "%s", ppl ? "ppl - ppl(full)" : "% of questions");
         P->logx = 1;
+        P->tics_at_points = 1;   /* log-scale tics alone would label only 0.1 */
+        if (!ppl) P->ymax = 100;   /* 0 to 100%: a policy at 0 stays on the plot */
         if (bmin <= bmax) {
             P->xmin = bmin / 1.5;
             P->xmax = bmax * 1.5;

@@ -19,10 +19,17 @@ typedef struct plot_series {
 typedef struct plot_panel {
     char title[160], xlabel[64], ylabel[64];
     int logx;
+    int tics_at_points;     /* x tics at the points' x values (the budgets), not gnuplot's own */
     double xmin, xmax;      /* both 0: gnuplot's own range */
+    double ymin, ymax;      /* both 0: gnuplot's own range */
     const plot_series *s;
     int ns;
 } plot_panel;
+
+/* The gnuplot command that puts the x tics at the distinct x values of p's points, labelled as
+ * written ("set xtics (\"0.05\" 0.05, \"0.1\" 0.1)"), into buf; "set xtics autofreq" when p does
+ * not ask for it or has no points. At most 16 tics (gnuplot's own beyond). */
+void evalplot_xtics(const plot_panel *p, char *buf, size_t cap);
 
 /* One PNG of n panels side by side (cols per row), each a line per series. 0, or -1 with a message. */
 int evalplot_lines(const char *png, const plot_panel *p, int n, int cols, char *err, size_t errlen);
