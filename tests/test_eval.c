@@ -346,6 +346,12 @@ Test(eval_results, markdown_summary_counts_answers_and_retrievals)
     rec(&r, "ppl", 0, "snapkv", "0.1", -1, -1);
     r.ppl = 9.5;
     evalres_push(&rs, &r);
+    rec(&r, "ppl", 1, "full", "-", -1, -1);   /* an easy document four times worse */
+    r.ppl = 2.0;
+    evalres_push(&rs, &r);
+    rec(&r, "ppl", 1, "snapkv", "0.1", -1, -1);
+    r.ppl = 8.0;
+    evalres_push(&rs, &r);
     rec(&r, "babi1", 0, "full", "-", 1, 0);   /* only the full cache ran it: not in the pooled table */
     evalres_push(&rs, &r);
     char *buf = NULL;
@@ -356,7 +362,8 @@ Test(eval_results, markdown_summary_counts_answers_and_retrievals)
     cr_expect(strstr(buf, "| niah | 2048 | full | - | 0 | 2 | 2/2 | 1/2 |"), "%s", buf);
     cr_expect(strstr(buf, "| niah | 2048 | snapkv | 0.1 | 0 | 2 | 1/2 | 0/2 |"), "%s", buf);
     cr_expect(strstr(buf, "| niah | 2048 | snapkv | 0.01 | 0 | 0 | n/a (budget refused)"), "%s", buf);
-    cr_expect(strstr(buf, "| ppl | 2048 | snapkv | 0.1 | 0 | 1 | - | - | 9.500 | +1.500 |"), "%s", buf);
+    /* ppl vs full pairs the documents: sqrt(9.5/8 x 8/2) = 2.179 (the means' ratio would say 1.75) */
+    cr_expect(strstr(buf, "| ppl | 2048 | snapkv | 0.1 | 0 | 2 | - | - | 8.750 | +3.750 | +117.9% |"), "%s", buf);
     cr_expect(strstr(buf, "| full | 1/2 (50%) |"), "pivot row of full (babi1 left out):\n%s", buf);
     cr_expect(strstr(buf, "| babi1 | 2048 | full | - | 0 | 1 | 1/1 | 1/1 |"), "%s", buf);
     cr_expect(strstr(buf, "| snapkv | | | 0/2 (0%) |"), "pivot row of snapkv (0.01 refused):\n%s", buf);

@@ -257,7 +257,7 @@ static int by_budget(const eval_recs *rs, const char *png, int ppl, char *err, s
                         f = q;
                 }
                 if (!f) continue;
-                v = r->ppl - f->ppl;
+                v = log(r->ppl / f->ppl);   /* averaged as logs: the paired geometric mean below */
             } else {
                 if (!is_qa(r) || !evalres_compared(rs, r->task, r->ctx)) continue;
                 v = 100.0 * retrieved(r);
@@ -272,6 +272,7 @@ static int by_budget(const eval_recs *rs, const char *png, int ppl, char *err, s
         plot_series *S = s + (size_t)c * MAX_SERIES;
         for (int i = 0; i < na; i++) {
             double y = a[i].sum / a[i].n;
+            if (ppl) y = 100.0 * expm1(y);   /* % change against the full cache, as the summary's "ppl vs full" */
             if (isnan(a[i].x)) {   /* no budget: a flat reference line */
                 if (bmin > bmax) continue;
                 evalplot_add(S, &ns, MAX_SERIES, a[i].name, bmin, y);
@@ -282,11 +283,11 @@ static int by_budget(const eval_recs *rs, const char *png, int ppl, char *err, s
         }
         plot_panel *P = &p[np++];
         memset(P, 0, sizeof *P);
-        snprintf(P->title, sizeof P->title, "%s, %lld tokens", ppl ? "perplexity change vs full cache" :
+        snprintf(P->title, sizeof P->title, "%s, %lld tokens", ppl ? "perplexity against the full cache" :
                                                                       "retrieved (right with, wrong without the document)",
                  (long long)ctx[c]);
         snprintf(P->xlabel, sizeof P->xlabel, "budget (fraction of the context)");
-        snprintf(P->ylabel, sizeof P->ylabel, "%s", ppl ? "ppl - ppl(full)" : "% of questions");
+        snprintf(P->ylabel, sizeof P->ylabel, "%s", ppl ? "ppl vs full cache, %" : "% of questions");
         P->logx = 1;
         P->tics_at_points = 1;   /* log-scale tics alone would label only 0.1 */
         if (!ppl) P->ymax = 100;   /* 0 to 100%: a policy at 0 stays on the plot */

@@ -210,7 +210,7 @@ typedef struct group {
     const eval_rec *first;
     int task_rank, policy_rank;
     int runs, scored, correct, retrieved, refused, ppl_n, dppl_n;
-    double ppl_sum, dppl_sum, kv_sum, peak_sum, tok, dec_s, sec;
+    double ppl_sum, dppl_sum, lratio_sum, kv_sum, peak_sum, tok, dec_s, sec;
 } group;
 
 /* Index of s in names (adding it): the order things first appeared in, which is the run's order. */
@@ -300,6 +300,7 @@ void evalres_summary_md(FILE *f, const eval_recs *rs)
             if (fr) {
                 G->dppl_n++;
                 G->dppl_sum += r->ppl - fr->ppl;
+                G->lratio_sum += log(r->ppl / fr->ppl);
             }
         }
         G->kv_sum += (double)r->kv_bytes;
@@ -309,16 +310,18 @@ void evalres_summary_md(FILE *f, const eval_recs *rs)
         G->sec += r->seconds;
     }
     qsort(g, (size_t)ng, sizeof *g, cmp_group);
-    fprintf(f, "| task | ctx | policy | budget | bt | runs | answered | retrieved | ppl | ppl - full | KV MiB | "
-               "peak KV MiB | decode tok/s | s/run |\n");
-    fprintf(f, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    /* ppl vs full: the geometric mean of each sample's ratio to the full cache's, as a change (the
+     * same documents paired, so a hard document does not outweigh the others) */
+    fprintf(f, "| task | ctx | policy | budget | bt | runs | answered | retrieved | ppl | ppl - full | ppl vs full | "
+               "KV MiB | peak KV MiB | decode tok/s | s/run |\n");
+    fprintf(f, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int k = 0; k < ng; k++) {
         const group *G = &g[k];
         const eval_rec *r = G->first;
         fprintf(f, "| %s | %lld | %s | %s | %d | %d | ", r->task, (long long)r->ctx, r->policy, r->budget, r->backtrack,
                 G->runs);
         if (G->runs == 0) {
-            fprintf(f, "n/a (%s) | | | | | | | |\n", strncmp(r->status, "refused", 7) ? r->status : "budget refused");
+            fprintf(f, "n/a (%s) | | | | | | | | |\n", strncmp(r->status, "refused", 7) ? r->status : "budget refused");
             continue;
         }
         if (G->scored && G->policy_rank == 0) fprintf(f, "%d/%d | - | ", G->correct, G->scored);   /* the control */
@@ -326,8 +329,8 @@ void evalres_summary_md(FILE *f, const eval_recs *rs)
         else fprintf(f, "- | - | ");
         if (G->ppl_n) fprintf(f, "%.3f | ", G->ppl_sum / G->ppl_n);
         else fprintf(f, "- | ");
-        if (G->dppl_n) fprintf(f, "%+.3f | ", G->dppl_sum / G->dppl_n);
-        else fprintf(f, "- | ");
+        if (G->dppl_n) fprintf(f, "%+.3f | %+.1f%% | ", G->dppl_sum / G->dppl_n, 100.0 * expm1(G->lratio_sum / G->dppl_n));
+        else fprintf(f, "- | - | ");
         fprintf(f, "%.2f | %.2f | %.1f | %.1f |\n", G->kv_sum / G->runs / 1048576.0, G->peak_sum / G->runs / 1048576.0,
                 G->dec_s > 0 ? G->tok / G->dec_s : 0.0, G->sec / G->runs);
     }
