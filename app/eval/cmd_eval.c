@@ -626,7 +626,10 @@ static int report_only(const char *out_dir, const char *csv_path, int n_depths, 
         return 1;
     }
     evalres_summary_md(stdout, &rs);
-    int rc = report(&rs, out_dir, n_depths, plot_budget, "Made by `kvchat eval --report` from samples.csv.");
+    char about[256];
+    snprintf(about, sizeof about, "Made by `kvchat eval --report`, commit %.63s, from the %zu rows of samples.csv (each "
+             "written by the run that measured it, perhaps of another build).", cli_figures_commit(), rs.n);
+    int rc = report(&rs, out_dir, n_depths, plot_budget, about);
     evalres_free(&rs);
     return rc ? 1 : 0;
 }
