@@ -308,6 +308,8 @@ char *cli_read_text_file(const char *path, size_t *len)
     return t;
 }
 
+const char *cli_build_commit(void) { return KVCHAT_BUILD_COMMIT; }
+
 const char *cli_figures_commit(void)
 {
     const char *env = getenv("KVCHAT_COMMIT");

@@ -122,9 +122,11 @@ struct store *cli_open_db(const char *path);
 int cli_check_db_path(const char *path);
 
 double cli_now(void);                 /* monotonic seconds */
+/* The commit this program was built from ("+changes" when its sources differed from it; "unknown"
+ * outside a git checkout): `kvchat --version`. */
+const char *cli_build_commit(void);
 /* The commit that benchmark and eval figures name: KVCHAT_COMMIT when set (a pack built elsewhere,
- * scripts/gpu-pack.sh), else the commit this program was built from ("+changes" when its sources
- * differed from it; "unknown" outside a git checkout). */
+ * scripts/gpu-pack.sh), else cli_build_commit(). */
 const char *cli_figures_commit(void);
 /* The first line a shell command prints ("" when it prints nothing or cannot run). */
 void cli_read_cmd(const char *cmd, char *buf, size_t cap);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "app/cli.h"
 #include "app/commands.h"
 
 /* The commands, in the order the help lists them. */
@@ -35,8 +36,9 @@ static void usage(FILE *out)
     fputs("kvchat - chat with a local language model over long documents\n\nusage: kvchat [COMMAND] [OPTIONS]\n\n"
           "commands:\n", out);
     for (int i = 0; i < N_COMMANDS; i++) fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].help);
-    fputs("\n`kvchat COMMAND --help` shows a command's options. Without -m, the default model\n"
-          "(Gemma 3 270M Q4_K_M, fetched by `make model`) is used.\n", out);
+    fputs("\n`kvchat COMMAND --help` shows a command's options; `kvchat --version` the commit this program\n"
+          "was built from. Without -m, the default model (Gemma 3 270M Q4_K_M, fetched by `make model`) is used.\n",
+          out);
 }
 
 /* A command's status, unless what it printed did not reach stdout (a full disk, a closed pipe): that
@@ -67,6 +69,10 @@ int main(int argc, char **argv)
     const char *c = argv[1];
     if (!strcmp(c, "-h") || !strcmp(c, "--help") || !strcmp(c, "help")) {
         usage(stdout);
+        return finish(0);
+    }
+    if (!strcmp(c, "--version") || !strcmp(c, "version")) {
+        printf("kvchat %s\n", cli_build_commit());
         return finish(0);
     }
     for (int i = 0; i < N_COMMANDS; i++)
