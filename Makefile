@@ -141,13 +141,17 @@ $(OBJ)/%.o: %.cpp
 
 # The commit the program is built from, which bench and eval write beside their figures (the
 # checkout they run in may be at another): rewritten only when it changes, so a new commit
-# recompiles app/cli.c alone. "+changes" when the sources differ from that commit.
+# recompiles app/cli.c alone. "+changes" when the sources differ from that commit or add files to
+# it; "unknown" outside a git checkout of its own (a tarball, even one unpacked inside another).
 COMMIT_H := $(OBJ)/app/build_commit.h
 $(COMMIT_H): FORCE
 	@mkdir -p $(dir $@)
-	@c=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown); \
-	if [ "$$c" != unknown ] && ! git diff --quiet HEAD -- app engine kernels common ui store Makefile 2>/dev/null; then \
-		c="$$c+changes"; fi; \
+	@c=unknown; src="app engine kernels common ui store Makefile"; \
+	if [ "$$(git rev-parse --show-toplevel 2>/dev/null)" = "$(CURDIR)" ]; then \
+		c=$$(git rev-parse --short HEAD 2>/dev/null || echo unknown); \
+		if [ "$$c" != unknown ] && { ! git diff --quiet HEAD -- $$src 2>/dev/null || \
+			[ -n "$$(git ls-files --others --exclude-standard -- $$src 2>/dev/null)" ]; }; then c="$$c+changes"; fi; \
+	fi; \
 	t=$@.$$$$.tmp; printf '#define KVCHAT_BUILD_COMMIT "%s"\n' "$$c" > $$t; \
 	if cmp -s $$t $@; then rm -f $$t; else mv $$t $@; fi
 $(OBJ)/app/cli.o: $(COMMIT_H)

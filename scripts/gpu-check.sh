@@ -43,8 +43,6 @@ if [ -f "$pack/payload.tar.gz" ]; then
 fi
 export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KVCHAT_TESTDATA="$pack/testdata"
-KVCHAT_COMMIT=$(cut -c1-40 "$pack/COMMIT" 2>/dev/null || echo unknown)
-export KVCHAT_COMMIT   # kvchat bench's rows name the pack's commit, not the copy's git state
 kv="$bin/kvchat"
 summary="$out/summary.md"
 figures="$out/figures.csv"

@@ -58,7 +58,8 @@ build-cuda/kvchat gen-model --vocab-only -o "$stage/gemma-vocab.gguf" >/dev/null
     echo "gpu-pack.sh: no default model here: the pack has no gemma-vocab.gguf (gpu-check skips that step)" >&2
 tar -C "$stage" -czf "$dir/payload.tar.gz" .
 rm -rf "$stage"
-git describe --always --dirty >"$dir/COMMIT"
+# the commit the binaries were built from (they write it beside their figures), not the checkout's now
+{ build-cuda/kvchat --version 2>/dev/null || echo "kvchat $(git describe --always --dirty)"; } | cut -d' ' -f2 >"$dir/COMMIT"
 # tiny models in order of use until the budget: the GPU tests skip the absent ones
 size_mib() { du -sm "$1" | cut -f1; }
 for m in tiny-gemma3-q4_k_m tiny-llama-q4_k_m tiny-llama-f16 tiny-gemma3-f16; do

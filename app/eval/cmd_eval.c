@@ -626,9 +626,12 @@ static int report_only(const char *out_dir, const char *csv_path, int n_depths, 
         return 1;
     }
     evalres_summary_md(stdout, &rs);
-    char about[256];
-    snprintf(about, sizeof about, "Made by `kvchat eval --report`, commit %.63s, from the %zu rows of samples.csv (each "
-             "written by the run that measured it, perhaps of another build).", cli_figures_commit(), rs.n);
+    const char *name = strrchr(csv_path, '/') ? strrchr(csv_path, '/') + 1 : csv_path;
+    for (const char *c = name; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == '`') name = "the CSV";   /* one line of markdown */
+    char about[400];
+    snprintf(about, sizeof about, "Made by `kvchat eval --report`, commit %.63s, from the %zu rows of %.120s (each "
+             "written by the run that measured it, perhaps of another build).", cli_figures_commit(), rs.n, name);
     int rc = report(&rs, out_dir, n_depths, plot_budget, about);
     evalres_free(&rs);
     return rc ? 1 : 0;

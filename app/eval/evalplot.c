@@ -108,20 +108,33 @@ void evalplot_xtics(const plot_panel *p, char *buf, size_t cap)
             x[b - 1] = t;
         }
     size_t o = (size_t)snprintf(buf, cap, "set xtics (");
-    for (int j = 0; j < n && o < cap; j++) o += (size_t)snprintf(buf + o, cap - o, "%s\"%g\" %.9g", j ? ", " : "", x[j], x[j]);
-    if (o < cap) snprintf(buf + o, cap - o, ")");
+    for (int j = 0; j < n && o < cap; j++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s\"%.10g\" %.10g", j ? ", " : "", x[j], x[j]);
+    if (o < cap) o += (size_t)snprintf(buf + o, cap - o, ")");
+    if (o >= cap) snprintf(buf, cap, "set xtics autofreq");   /* cut short, gnuplot would refuse it */
 }
 
-/* A series' colour and point shape: fixed per policy (its name up to ':' or '+'), so every plot draws
- * a policy alike whatever else it shows; series that name no policy take their place k. */
-static int series_style(const char *name, int k)
+/* A series' colour: its policy's place in the registry (the name up to ':' or '+'), so every plot
+ * draws a policy alike whatever else it shows; k (its place in the panel) for one that names none. */
+static int colour_of(const char *name, int k)
 {
-    static const char *const order[] = { "streaming", "quest", "chess", "sentkv", "take", "laser", "chelsea",
-                                         "snapkv", "h2o" };
-    size_t len = strcspn(name, ":+");
-    for (int i = 0; i < (int)(sizeof order / sizeof order[0]); i++)
-        if (strlen(order[i]) == len && !strncmp(name, order[i], len)) return i + 1;
+    char base[64];
+    snprintf(base, sizeof base, "%.*s", (int)strcspn(name, ":+"), name);
+    const pol_ops *op = pol_find(base);
+    const pol_ops *const *reg = pol_registry();
+    for (int i = 0; op && reg[i]; i++)
+        if (reg[i] == op) return i;
     return k;
+}
+
+/* Series k's colour, and in *variant how many earlier series of the panel share it (other specs of
+ * the same policy), which get their own dashes and points. */
+static int series_style(const plot_panel *p, int k, int *variant)
+{
+    int c = colour_of(p->s[k].name, k);
+    *variant = 0;
+    for (int j = 0; j < k; j++) *variant += colour_of(p->s[j].name, j) == c;
+    return c;
 }
 
 static void panel(FILE *g, const plot_panel *p, int id)
@@ -154,9 +167,9 @@ static void panel(FILE *g, const plot_panel *p, int id)
                                             "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939" };
     fputs("plot ", g);
     for (int k = 0; k < p->ns; k++) {
-        int ref = !strcmp(p->s[k].name, POL_FULL), c = series_style(p->s[k].name, k);
+        int v, c = series_style(p, k, &v), ref = !strcmp(p->s[k].name, POL_FULL);
         fprintf(g, "%s$d%d_%d using 1:2 with linespoints lw %s pt %d lc rgb '%s' dt %d title ", k ? ", " : "", id, k,
-                ref ? "2.5" : "1.5", 1 + c % 12, ref ? "#000000" : colour[c % 12], ref ? 2 : 1);
+                ref ? "2.5" : "1.5", 1 + (c + 5 * v) % 12, ref ? "#000000" : colour[c % 12], ref ? 2 : 1 + v % 5);
         gp_str(g, p->s[k].name);
     }
     fputc('\n', g);
