@@ -59,7 +59,11 @@ build-cuda/kvchat gen-model --vocab-only -o "$stage/gemma-vocab.gguf" >/dev/null
 tar -C "$stage" -czf "$dir/payload.tar.gz" .
 rm -rf "$stage"
 # the commit the binaries were built from (they write it beside their figures), not the checkout's now
-{ build-cuda/kvchat --version 2>/dev/null || echo "kvchat $(git describe --always --dirty)"; } | cut -d' ' -f2 >"$dir/COMMIT"
+v=$(timeout 10 build-cuda/kvchat --version </dev/null 2>/dev/null | head -1)
+case "$v" in
+    "kvchat "?*) echo "${v#kvchat }" ;;
+    *) git describe --always --dirty ;;   # a binary from before --version
+esac >"$dir/COMMIT"
 # tiny models in order of use until the budget: the GPU tests skip the absent ones
 size_mib() { du -sm "$1" | cut -f1; }
 for m in tiny-gemma3-q4_k_m tiny-llama-q4_k_m tiny-llama-f16 tiny-gemma3-f16; do
