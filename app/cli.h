@@ -125,8 +125,8 @@ double cli_now(void);                 /* monotonic seconds */
 /* The commit this program was built from ("+changes" when its sources differed from it; "unknown"
  * outside a git checkout): `kvchat --version`. */
 const char *cli_build_commit(void);
-/* The commit that benchmark and eval figures name: KVCHAT_COMMIT when set (a pack built elsewhere,
- * scripts/gpu-pack.sh), else cli_build_commit(). */
+/* The commit that benchmark and eval figures name: KVCHAT_COMMIT when set (to name them by another,
+ * e.g. a build whose sources were changed by hand), else cli_build_commit(). */
 const char *cli_figures_commit(void);
 /* The first line a shell command prints ("" when it prints nothing or cannot run). */
 void cli_read_cmd(const char *cmd, char *buf, size_t cap);

@@ -449,7 +449,7 @@ static void csv_commit(const char *path, char *out, size_t cap)
 }
 
 /* bench names its figures by the commit the program was built from, whatever checkout it runs in
- * (here a folder outside any), and KVCHAT_COMMIT (a pack built elsewhere) names another. */
+ * (here a folder outside any), and KVCHAT_COMMIT names another. */
 Test(cli_files, bench_rows_name_the_commit_the_program_was_built_from, .timeout = 120)
 {
     char d[] = "/tmp/kvchat-bcommit-XXXXXX", tiny[PATH_MAX], args[3 * PATH_MAX], got[128];
