@@ -313,16 +313,7 @@ const char *cli_build_commit(void) { return KVCHAT_BUILD_COMMIT; }
 const char *cli_figures_commit(void)
 {
     const char *env = getenv("KVCHAT_COMMIT");
-    return env && env[0] ? env : KVCHAT_BUILD_COMMIT;
-}
-
-void cli_read_cmd(const char *cmd, char *buf, size_t cap)
-{
-    buf[0] = 0;
-    FILE *p = popen(cmd, "r");
-    if (!p) return;
-    if (fgets(buf, (int)cap, p)) buf[strcspn(buf, "\n")] = 0;
-    pclose(p);
+    return env && env[0] ? env : cli_build_commit();
 }
 
 void cli_print_answer_end(const session *s, int show_events)

@@ -128,8 +128,6 @@ const char *cli_build_commit(void);
 /* The commit that benchmark and eval figures name: KVCHAT_COMMIT when set (to name them by another,
  * e.g. a build whose sources were changed by hand), else cli_build_commit(). */
 const char *cli_figures_commit(void);
-/* The first line a shell command prints ("" when it prints nothing or cannot run). */
-void cli_read_cmd(const char *cmd, char *buf, size_t cap);
 double cli_peak_rss_mib(void);        /* peak resident set size of this process */
 /* "kvchat: MESSAGE" on one line of stderr, control characters in it shown escaped. */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

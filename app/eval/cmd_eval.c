@@ -840,14 +840,13 @@ static int eval_sample(ev *E, const eval_plan *P, const char *task, int64_t ctx,
  * written. */
 static int write_report(ev *E, const char *out_dir, const eval_opts *eo, const char *filler_source)
 {
-    char commit[64], about[1024], date[32];
-    snprintf(commit, sizeof commit, "%.63s", cli_figures_commit());
+    char about[1024], date[32];
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
     snprintf(about, sizeof about,
-             "Model %s, commit %s, %d threads, filler %s, seed %lld, updated %s. Rows: samples.csv (%zu). "
+             "Model %s, commit %.63s, %d threads, filler %s, seed %lld, updated %s. Rows: samples.csv (%zu). "
              "\"answered\": right answers; \"retrieved\": right with the document and wrong without it.",
-             E->m->path, commit[0] ? commit : "unknown", run_threads(E->r), filler_source, (long long)eo->seed, date,
+             E->m->path, cli_figures_commit(), run_threads(E->r), filler_source, (long long)eo->seed, date,
              E->recs.n);
     return report(&E->recs, out_dir, (int)eo->n_depths, eo->plot_budget, about) ? 1 : 0;
 }
