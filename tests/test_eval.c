@@ -374,6 +374,71 @@ Test(eval_results, markdown_summary_counts_answers_and_retrievals)
     evalres_free(&rs);
 }
 
+/* The per-task tables a results page quotes: policy x (length, budget), a configuration without a
+ * budget filling every column of its length, a missing or refused one left empty, backtrack variants
+ * apart, and for ppl the paired change against the full cache (its own row: the mean perplexity). */
+Test(eval_results, markdown_summary_pivots_each_task_by_length_and_budget)
+{
+    eval_recs rs = { 0 };
+    eval_rec r;
+    for (int ctx = 2048; ctx <= 4096; ctx *= 2)
+        for (int s = 0; s < 2; s++) {
+            rec(&r, "niah", s, "full", "-", ctx == 2048 || s == 0, 0);
+            r.ctx = ctx;
+            evalres_push(&rs, &r);
+            rec(&r, "niah", s, "nodoc", "-", 0, -1);   /* after full in the run, first in the table */
+            r.ctx = ctx;
+            evalres_push(&rs, &r);
+            rec(&r, "niah", s, "chess", "0.05", s == 0, 0);
+            r.ctx = ctx;
+            r.backtrack = 0;
+            evalres_push(&rs, &r);
+            rec(&r, "niah", s, "chess", "0.05", 1, 0);
+            r.ctx = ctx;
+            r.backtrack = 1;
+            evalres_push(&rs, &r);
+            rec(&r, "niah", s, "snapkv", ctx == 2048 ? "0.1" : "0.05", 1, 0);
+            r.ctx = ctx;
+            if (ctx == 4096 && s == 1) snprintf(r.status, sizeof r.status, "refused: budget below the window");
+            evalres_push(&rs, &r);
+        }
+    double full[2] = { 8.0, 2.0 }, snap[2] = { 9.5, 8.0 }, nodoc[2] = { 16.0, 4.0 };
+    for (int s = 0; s < 2; s++) {
+        rec(&r, "ppl", s, "nodoc", "-", -1, -1);
+        r.ppl = nodoc[s];
+        evalres_push(&rs, &r);
+        rec(&r, "ppl", s, "full", "-", -1, -1);
+        r.ppl = full[s];
+        evalres_push(&rs, &r);
+        rec(&r, "ppl", s, "snapkv", "0.1", -1, -1);
+        r.ppl = snap[s];
+        evalres_push(&rs, &r);
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    evalres_summary_md(f, &rs);
+    fclose(f);
+    const char *niah = strstr(buf, "niah, right answers:");
+    cr_assert(niah, "%s", buf);
+    cr_expect(strstr(niah, "| policy | 2048, 5% | 2048, 10% | 4096, 5% |\n"), "columns: only budgets that ran:\n%s", niah);
+    cr_expect(strstr(niah, "| nodoc | 0/2 | 0/2 | 0/2 |\n"), "%s", niah);
+    cr_expect(strstr(niah, "| full | 2/2 | 2/2 | 1/2 |\n"), "%s", niah);
+    cr_expect(strstr(niah, "| chess (backtrack 0) | 1/2 | | 1/2 |\n"), "%s", niah);
+    cr_expect(strstr(niah, "| chess (backtrack 1) | 2/2 | | 2/2 |\n"), "%s", niah);
+    cr_expect(strstr(niah, "| snapkv | | 2/2 | 1/1 |\n"), "the refused run is not counted:\n%s", niah);
+    cr_expect(strstr(niah, "| nodoc |") < strstr(niah, "| full |"), "the control comes first");
+    const char *ppl = strstr(buf, "ppl, perplexity against the full cache");
+    cr_assert(ppl, "%s", buf);
+    cr_expect(strstr(ppl, "| policy | 2048, 10% |\n"), "%s", ppl);
+    cr_expect(strstr(ppl, "| full | 5.00 |\n"), "%s", ppl);
+    /* sqrt(9.5/8 x 8/2) = 2.179; sqrt(16/8 x 4/2) = 2 */
+    cr_expect(strstr(ppl, "| snapkv | +117.9% |\n"), "%s", ppl);
+    cr_expect(strstr(ppl, "| nodoc | +100.0% |\n"), "%s", ppl);
+    free(buf);
+    evalres_free(&rs);
+}
+
 /* The points of the budget plots are means per (policy, budget); the full cache has no budget (NaN),
  * and its samples must still average into one point, not one each (the 20 samples of a pass-key
  * run drew the full cache as lines at 0% and 100%). */

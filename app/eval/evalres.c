@@ -261,6 +261,124 @@ int evalres_compared(const eval_recs *rs, const char *task, int64_t ctx)
     return 0;
 }
 
+/* A pivot row: one configuration family (policy and backtrack setting) across lengths and budgets. */
+typedef struct pivot_row {
+    const char *policy;
+    int backtrack;
+} pivot_row;
+
+static int row_matches(const eval_rec *r, const char *task, int64_t ctx, const pivot_row *pr)
+{
+    return r->ctx == ctx && r->backtrack == pr->backtrack && !strcmp(r->status, "ok") && !strcmp(r->task, task) &&
+           !strcmp(r->policy, pr->policy);
+}
+
+/* "5%" for a fraction of the context, "512 tok" for a count. */
+static void budget_label(FILE *f, const char *budget)
+{
+    double v = evalres_budget_value(budget);
+    if (v < 1) fprintf(f, "%g%%", v * 100);
+    else fprintf(f, "%g tok", v);
+}
+
+/* One cell of a task's pivot: right answers of those scored ("a/n"), or for a scored-by-perplexity
+ * task the paired change against the full cache (the full cache's own cell: its mean perplexity).
+ * A configuration without a budget (full, nodoc) fills every budget column of its length. */
+static void pivot_cell(FILE *f, const eval_recs *rs, const char *task, int64_t ctx, const char *budget,
+                       const pivot_row *pr, int is_ppl)
+{
+    int n = 0, ok = 0, np = 0, nl = 0;
+    double ppl = 0, lratio = 0;
+    for (size_t i = 0; i < rs->n; i++) {
+        const eval_rec *r = &rs->v[i];
+        if (!row_matches(r, task, ctx, pr) || (strcmp(r->budget, "-") && strcmp(r->budget, budget))) continue;
+        if (r->correct >= 0) {
+            n++;
+            ok += r->correct;
+        }
+        if (!isnan(r->ppl)) {
+            np++;
+            ppl += r->ppl;
+            const eval_rec *fr = strcmp(r->policy, POL_FULL) ? full_of(rs, r) : NULL;
+            if (fr) {
+                nl++;
+                lratio += log(r->ppl / fr->ppl);
+            }
+        }
+    }
+    if (is_ppl && nl) fprintf(f, " %+.1f%% |", 100.0 * expm1(lratio / nl));
+    else if (is_ppl && np && !strcmp(pr->policy, POL_FULL)) fprintf(f, " %.2f |", ppl / np);
+    else if (!is_ppl && n) fprintf(f, " %d/%d |", ok, n);
+    else fprintf(f, " |");
+}
+
+/* Whether task ran some configuration at this length and budget (a column of its pivot). */
+static int has_column(const eval_recs *rs, const char *task, int64_t ctx, const char *budget)
+{
+    if (!strcmp(budget, "-")) return 0;
+    for (size_t i = 0; i < rs->n; i++)
+        if (rs->v[i].ctx == ctx && !strcmp(rs->v[i].budget, budget) && !strcmp(rs->v[i].task, task)) return 1;
+    return 0;
+}
+
+/* Per task that compared policies: a table of policy x (length, budget), the form a results page
+ * quotes (right answers, or perplexity against the full cache). */
+static void task_pivots(FILE *f, const eval_recs *rs, const char **tasks, int nt, const int64_t *ctxs, int nc,
+                        const char **buds, int nb)
+{
+    pivot_row *rows = calloc(rs->n ? rs->n : 1, sizeof *rows);
+    if (!rows) return;
+    for (int t = 0; t < nt; t++) {
+        int64_t tc[32];
+        int ntc = 0, is_ppl = 0, nr = 0;
+        for (int c = 0; c < nc; c++)
+            if (evalres_compared(rs, tasks[t], ctxs[c])) tc[ntc++] = ctxs[c];
+        if (!ntc) continue;
+        for (size_t i = 0; i < rs->n; i++) {   /* rows in the run's order; the control first */
+            const eval_rec *r = &rs->v[i];
+            if (strcmp(r->task, tasks[t])) continue;
+            is_ppl |= !isnan(r->ppl);
+            int k = 0;
+            while (k < nr && (strcmp(rows[k].policy, r->policy) || rows[k].backtrack != r->backtrack)) k++;
+            if (k < nr) continue;
+            rows[nr++] = (pivot_row){ r->policy, r->backtrack };
+            for (int b = nr - 1; b > 0 && !strcmp(rows[b].policy, "nodoc") && strcmp(rows[b - 1].policy, "nodoc"); b--) {
+                pivot_row x = rows[b];
+                rows[b] = rows[b - 1];
+                rows[b - 1] = x;
+            }
+        }
+        fprintf(f, "\n%s, %s:\n\n| policy |", tasks[t],
+                is_ppl ? "perplexity against the full cache (the geometric mean of each sample's ratio, as a change; "
+                         "the full cache's row: its mean perplexity)"
+                       : "right answers");
+        int cols = 0;
+        for (int c = 0; c < ntc; c++)
+            for (int b = 0; b < nb; b++)
+                if (has_column(rs, tasks[t], tc[c], buds[b])) {
+                    fprintf(f, " %lld, ", (long long)tc[c]);
+                    budget_label(f, buds[b]);
+                    fprintf(f, " |");
+                    cols++;
+                }
+        fprintf(f, "\n| --- |");
+        for (int k = 0; k < cols; k++) fprintf(f, " ---: |");
+        fputc('\n', f);
+        for (int k = 0; k < nr; k++) {
+            int variants = 0;
+            for (int j = 0; j < nr; j++) variants += !strcmp(rows[j].policy, rows[k].policy);
+            fprintf(f, "| %s", rows[k].policy);
+            if (variants > 1) fprintf(f, " (backtrack %d)", rows[k].backtrack);
+            fprintf(f, " |");
+            for (int c = 0; c < ntc; c++)
+                for (int b = 0; b < nb; b++)
+                    if (has_column(rs, tasks[t], tc[c], buds[b])) pivot_cell(f, rs, tasks[t], tc[c], buds[b], &rows[k], is_ppl);
+            fputc('\n', f);
+        }
+    }
+    free(rows);
+}
+
 void evalres_summary_md(FILE *f, const eval_recs *rs)
 {
     const char *tasks[64], *pols[128];
@@ -360,6 +478,7 @@ void evalres_summary_md(FILE *f, const eval_recs *rs)
             buds[b] = buds[b - 1];
             buds[b - 1] = t;
         }
+    task_pivots(f, rs, tasks, nt, ctxs, nc, buds, nb);
     for (int c = 0; c < nc; c++) {
         int any = 0;
         for (size_t i = 0; i < rs->n && !any; i++) any = rs->v[i].ctx == ctxs[c] && rs->v[i].correct >= 0;

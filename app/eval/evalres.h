@@ -56,8 +56,9 @@ long evalres_find(const eval_recs *rs, const char *task, int64_t ctx, int sample
 
 /* Markdown: the per-configuration table (runs, answered, retrieved = right with the document and
  * wrong without it, perplexity and its change against the full cache on the same samples, KV held,
- * decode speed, time), then the retrieval accuracy of the question tasks per policy and budget for
- * each length (the tasks evalres_compared). */
+ * decode speed, time); then per task that compared policies, a policy x (length, budget) table of
+ * right answers, or of perplexity against the full cache for ppl; then the retrieval accuracy of
+ * the question tasks per policy and budget for each length (the tasks evalres_compared). */
 void evalres_summary_md(FILE *f, const eval_recs *rs);
 
 /* Split one CSV line into at most max fields, in place (quotes and doubled quotes handled); the count. */
