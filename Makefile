@@ -100,7 +100,7 @@ help:
 	@echo "make asan       build with AddressSanitizer+UBSan and run the unit tests"
 	@echo "make CUDA=1     build ./kvchat with the CUDA backend (nvcc, cuBLAS; sm_80 and sm_90)"
 	@echo "make test-gpu   build the CUDA backend and run its parity tests against the CPU (needs a GPU)"
-	@echo "make fuzz       build the GGUF and snapshot fuzzers (clang libFuzzer) and run each for FUZZ_SECONDS (60)"
+	@echo "make fuzz       build the GGUF, snapshot and eval-CSV fuzzers (clang libFuzzer) and run each for FUZZ_SECONDS (60)"
 	@echo "make model      fetch and verify the default model (Gemma 3 270M Q4_K_M) into $(KVCHAT_CACHE)"
 	@echo "make bootstrap  install the Debian packages kvchat needs (apt-get when root)"
 	@echo "make bench      kvchat bench on the default model, appended to bench/results.csv"
@@ -300,12 +300,19 @@ $(FUZZ_SNAP): build-fuzz/fuzz_snapshot.o fuzz/snapshot-coverage-ignore.txt $(FUZ
 		build-fuzz/fuzz_snapshot.o $(FUZZ_ENGINE_C) $(FUZZ_SIMD_O) \
 		build-fuzz/spm_shim.o -lsentencepiece -lsqlite3 -lnettle -lstdc++ -lm -pthread -o $@
 
-fuzz: $(FUZZ_BIN) $(FUZZ_SNAP)
-	@mkdir -p build-fuzz/corpus build-fuzz/corpus-snap
+# The eval CSV reader (what `eval` resumes from and `eval --report` redraws from).
+FUZZ_CSV := build-fuzz/fuzz_evalcsv
+$(FUZZ_CSV): build-fuzz/fuzz_evalcsv.o app/eval/evalres.c common/files.c common/text.c app/eval/evalres.h common/files.h common/text.h
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined \
+		build-fuzz/fuzz_evalcsv.o app/eval/evalres.c common/files.c common/text.c -lm -o $@
+
+fuzz: $(FUZZ_BIN) $(FUZZ_SNAP) $(FUZZ_CSV)
+	@mkdir -p build-fuzz/corpus build-fuzz/corpus-snap build-fuzz/corpus-csv
 	cp -n fuzz/corpus/gguf/* build-fuzz/corpus/ 2>/dev/null || true
 	./$(FUZZ_BIN) -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build-fuzz/corpus fuzz/corpus/gguf
 	FUZZ_SNAPSHOT_SEED_DIR=build-fuzz/corpus-snap ./$(FUZZ_SNAP) -max_total_time=$(FUZZ_SECONDS) \
 		-max_len=65536 build-fuzz/corpus-snap
+	./$(FUZZ_CSV) -max_total_time=$(FUZZ_SECONDS) -max_len=16384 build-fuzz/corpus-csv fuzz/corpus/evalcsv
 
 bench: model $(KVCHAT)
 	./$(KVCHAT) bench -m $(DEFAULT_MODEL)

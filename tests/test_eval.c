@@ -305,6 +305,38 @@ Test(eval_results, csv_round_trip_and_resume_lookup)
     unlink(path);
 }
 
+/* A CSV is bytes from anywhere: what the summary prints of it (task, policy, budget, status) reaches
+ * a terminal under `eval --report`, so its control bytes come back escaped, never raw. */
+Test(eval_results, control_bytes_in_a_csv_are_escaped_on_reading)
+{
+    char path[] = "/tmp/kvchat-evalres-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    cr_assert(f);
+    fputs(evalres_header, f);
+    fputs("niah\x07,2048,2060,0,0.5,0,chess\x1b[2J,0.1\x9b,-1,1,0,,\" 1\",\"1\",4,1,1,1,0,0,0,ok\x1b]0;x\n", f);
+    fclose(f);
+    eval_recs rs = { 0 };
+    char err[256] = "";
+    cr_assert(evalres_read(path, &rs, err, sizeof err) == 0 && rs.n == 1, "%s", err);
+    cr_expect_str_eq(rs.v[0].task, "niah\\x07");
+    cr_expect_str_eq(rs.v[0].policy, "chess\\x1b[2J");
+    cr_expect_str_eq(rs.v[0].budget, "0.1\\x9b");
+    cr_expect_str_eq(rs.v[0].status, "ok\\x1b]0;x");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    evalres_summary_md(m, &rs);
+    fclose(m);
+    for (size_t i = 0; i < len; i++)
+        cr_expect(buf[i] == '\n' || ((unsigned char)buf[i] >= 0x20 && buf[i] != 0x7f), "byte %zu is %#x", i,
+                  (unsigned char)buf[i]);
+    free(buf);
+    evalres_free(&rs);
+    unlink(path);
+}
+
 Test(eval_results, a_csv_of_something_else_is_refused)
 {
     char path[] = "/tmp/kvchat-evalres-XXXXXX";

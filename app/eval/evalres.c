@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/files.h"
+#include "common/text.h"
 #include "engine/policy/policy.h"
 
 const char *const evalres_header =
@@ -153,14 +154,15 @@ int evalres_read(const char *path, eval_recs *rs, char *err, size_t errlen)
         for (int c = 0; c < C_N; c++) v[c] = col[c] >= 0 && col[c] < n ? fld[col[c]] : "";
         eval_rec r;
         evalres_init(&r);
-        snprintf(r.task, sizeof r.task, "%s", v[C_TASK]);
+        /* what the summary prints (to a terminal too) arrives with its control bytes made visible */
+        text_escape(v[C_TASK], r.task, sizeof r.task, 0);
         r.ctx = atoll(v[C_CTX]);
         r.tokens = atoll(v[C_TOKENS]);
         r.sample = atoi(v[C_SAMPLE]);
         if (*v[C_DEPTH]) r.depth = atof(v[C_DEPTH]);
         r.turn = atoi(v[C_TURN]);
-        snprintf(r.policy, sizeof r.policy, "%s", v[C_POLICY]);
-        snprintf(r.budget, sizeof r.budget, "%s", *v[C_BUDGET] ? v[C_BUDGET] : "-");
+        text_escape(v[C_POLICY], r.policy, sizeof r.policy, 0);
+        text_escape(*v[C_BUDGET] ? v[C_BUDGET] : "-", r.budget, sizeof r.budget, 0);
         r.backtrack = atoi(v[C_BT]);
         if (*v[C_CORRECT]) r.correct = atoi(v[C_CORRECT]);
         if (*v[C_CONTROL]) r.control = atoi(v[C_CONTROL]);
@@ -174,7 +176,7 @@ int evalres_read(const char *path, eval_recs *rs, char *err, size_t errlen)
         r.prefill_s = atof(v[C_PREFILL]);
         r.decode_s = atof(v[C_DECODE]);
         r.seconds = atof(v[C_SECONDS]);
-        if (*v[C_STATUS]) snprintf(r.status, sizeof r.status, "%s", v[C_STATUS]);
+        if (*v[C_STATUS]) text_escape(v[C_STATUS], r.status, sizeof r.status, 0);
         if (evalres_push(rs, &r)) {
             snprintf(err, errlen, "out of memory");
             fclose(f);
