@@ -303,7 +303,7 @@ $(FUZZ_SNAP): build-fuzz/fuzz_snapshot.o fuzz/snapshot-coverage-ignore.txt $(FUZ
 # The eval CSV reader (what `eval` resumes from and `eval --report` redraws from).
 FUZZ_CSV := build-fuzz/fuzz_evalcsv
 $(FUZZ_CSV): build-fuzz/fuzz_evalcsv.o app/eval/evalres.c common/files.c common/text.c app/eval/evalres.h common/files.h common/text.h
-	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined \
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 		build-fuzz/fuzz_evalcsv.o app/eval/evalres.c common/files.c common/text.c -lm -o $@
 
 fuzz: $(FUZZ_BIN) $(FUZZ_SNAP) $(FUZZ_CSV)

@@ -1,7 +1,8 @@
 /* fuzz_evalcsv.c - libFuzzer harness for the eval CSV reader (app/eval/evalres.c): `kvchat eval`
  * resumes from a CSV and `eval --report` redraws from one, whatever wrote it. Each input is written to
  * one file in a private temporary folder and read back; what is accepted is summarised, and the
- * summary (which `--report` prints to a terminal) must hold no control byte but newlines. A refusal
+ * summary (which `--report` prints to a terminal) must come through text_escape unchanged (no control
+ * byte but newlines, no invalid UTF-8). A refusal
  * must be a C string. Built and run by `make fuzz`. */
 #include <stddef.h>
 #include <stdint.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "app/eval/evalres.h"
+#include "common/text.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -46,8 +48,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!m) __builtin_trap();
     evalres_summary_md(m, &rs);
     fclose(m);
-    for (size_t i = 0; i < len; i++)
-        if (buf[i] != '\n' && ((unsigned char)buf[i] < 0x20 || buf[i] == 0x7f)) __builtin_trap();
+    /* escaping it again (newlines kept) must change nothing: no C0, DEL, C1 or invalid UTF-8 left */
+    char *again = malloc(4 * len + 1);
+    if (!again) __builtin_trap();
+    text_escape(buf, again, 4 * len + 1, TEXT_KEEP_NEWLINE);
+    if (strlen(buf) != len || strcmp(buf, again)) __builtin_trap();
+    free(again);
     free(buf);
     evalres_free(&rs);
     return 0;

@@ -315,7 +315,7 @@ Test(eval_results, control_bytes_in_a_csv_are_escaped_on_reading)
     FILE *f = fdopen(fd, "w");
     cr_assert(f);
     fputs(evalres_header, f);
-    fputs("niah\x07,2048,2060,0,0.5,0,chess\x1b[2J,0.1\x9b,-1,1,0,,\" 1\",\"1\",4,1,1,1,0,0,0,ok\x1b]0;x\n", f);
+    fputs("niah\x07,2048,2060,0,0.5,0,chess\x1b[2J,0.1\x9b,-1,2147483647,0,,\" 1\",\"1\",4,1,1,1,0,0,0,ok\x1b]0;x\n", f);
     fclose(f);
     eval_recs rs = { 0 };
     char err[256] = "";
@@ -324,6 +324,7 @@ Test(eval_results, control_bytes_in_a_csv_are_escaped_on_reading)
     cr_expect_str_eq(rs.v[0].policy, "chess\\x1b[2J");
     cr_expect_str_eq(rs.v[0].budget, "0.1\\x9b");
     cr_expect_str_eq(rs.v[0].status, "ok\\x1b]0;x");
+    cr_expect_eq(rs.v[0].correct, 1, "a count is 0 or 1 (summing INT_MAX twice overflowed): %d", rs.v[0].correct);
     char *buf = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&buf, &len);
@@ -467,6 +468,30 @@ Test(eval_results, markdown_summary_pivots_each_task_by_length_and_budget)
     /* sqrt(9.5/8 x 8/2) = 2.179; sqrt(16/8 x 4/2) = 2 */
     cr_expect(strstr(ppl, "| snapkv | +117.9% |\n"), "%s", ppl);
     cr_expect(strstr(ppl, "| nodoc | +100.0% |\n"), "%s", ppl);
+    free(buf);
+    evalres_free(&rs);
+}
+
+/* eval without --budget runs each policy at its default: its rows have budget "-" like the full
+ * cache's, and stand in a column of their own, not under every budget of a later run's. */
+Test(eval_results, markdown_pivot_keeps_default_budget_runs_apart)
+{
+    eval_recs rs = { 0 };
+    eval_rec r;
+    rec(&r, "niah", 0, "full", "-", 1, 0);
+    evalres_push(&rs, &r);
+    rec(&r, "niah", 0, "snapkv", "-", 1, 0);
+    evalres_push(&rs, &r);
+    rec(&r, "niah", 0, "snapkv", "0.1", 0, 0);
+    evalres_push(&rs, &r);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    evalres_summary_md(f, &rs);
+    fclose(f);
+    cr_expect(strstr(buf, "| policy | 2048, default budget | 2048, 10% |\n"), "%s", buf);
+    cr_expect(strstr(buf, "| full | 1/1 | 1/1 |\n"), "%s", buf);
+    cr_expect(strstr(buf, "| snapkv | 1/1 | 0/1 |\n"), "%s", buf);
     free(buf);
     evalres_free(&rs);
 }

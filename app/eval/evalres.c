@@ -164,8 +164,8 @@ int evalres_read(const char *path, eval_recs *rs, char *err, size_t errlen)
         text_escape(v[C_POLICY], r.policy, sizeof r.policy, 0);
         text_escape(*v[C_BUDGET] ? v[C_BUDGET] : "-", r.budget, sizeof r.budget, 0);
         r.backtrack = atoi(v[C_BT]);
-        if (*v[C_CORRECT]) r.correct = atoi(v[C_CORRECT]);
-        if (*v[C_CONTROL]) r.control = atoi(v[C_CONTROL]);
+        if (*v[C_CORRECT]) r.correct = atoi(v[C_CORRECT]) < 0 ? -1 : atoi(v[C_CORRECT]) > 0;   /* -1, 0, 1: summed */
+        if (*v[C_CONTROL]) r.control = atoi(v[C_CONTROL]) < 0 ? -1 : atoi(v[C_CONTROL]) > 0;
         if (*v[C_PPL]) r.ppl = atof(v[C_PPL]);
         snprintf(r.answer, sizeof r.answer, "%s", v[C_ANSWER]);
         snprintf(r.expected, sizeof r.expected, "%s", v[C_EXPECTED]);
@@ -234,7 +234,7 @@ static int cmp_group(const void *a, const void *b)
     double bx = evalres_budget_value(x->first->budget), by = evalres_budget_value(y->first->budget);
     if (isnan(bx) != isnan(by)) return isnan(bx) ? -1 : 1;
     if (!isnan(bx) && bx != by) return bx < by ? -1 : 1;
-    return x->first->backtrack - y->first->backtrack;
+    return (x->first->backtrack > y->first->backtrack) - (x->first->backtrack < y->first->backtrack);
 }
 
 static int is_retrieved(const eval_rec *r)
@@ -275,12 +275,20 @@ static int row_matches(const eval_rec *r, const char *task, int64_t ctx, const p
            !strcmp(r->policy, pr->policy);
 }
 
-/* "5%" for a fraction of the context, "512 tok" for a count. */
+/* "5%" for a fraction of the context, "512 tok" for a count, "default budget" for "-". */
 static void budget_label(FILE *f, const char *budget)
 {
     double v = evalres_budget_value(budget);
-    if (v < 1) fprintf(f, "%g%%", v * 100);
+    if (!strcmp(budget, "-")) fprintf(f, "default budget");
+    else if (isnan(v)) fprintf(f, "%s", budget);
+    else if (v < 1) fprintf(f, "%g%%", v * 100);
     else fprintf(f, "%g tok", v);
+}
+
+/* The control and the full cache have no budget: their rows stand under every budget column. */
+static int budgetless(const char *policy)
+{
+    return !strcmp(policy, POL_FULL) || !strcmp(policy, "nodoc");
 }
 
 /* One cell of a task's pivot: right answers of those scored ("a/n"), or for a scored-by-perplexity
@@ -293,7 +301,7 @@ static void pivot_cell(FILE *f, const eval_recs *rs, const char *task, int64_t c
     double ppl = 0, lratio = 0;
     for (size_t i = 0; i < rs->n; i++) {
         const eval_rec *r = &rs->v[i];
-        if (!row_matches(r, task, ctx, pr) || (strcmp(r->budget, "-") && strcmp(r->budget, budget))) continue;
+        if (!row_matches(r, task, ctx, pr) || (strcmp(r->budget, budget) && !budgetless(r->policy))) continue;
         if (r->correct >= 0) {
             n++;
             ok += r->correct;
@@ -314,12 +322,15 @@ static void pivot_cell(FILE *f, const eval_recs *rs, const char *task, int64_t c
     else fprintf(f, " |");
 }
 
-/* Whether task ran some configuration at this length and budget (a column of its pivot). */
+/* Whether task ran some configuration at this length and budget (a column of its pivot); "-" is a
+ * column when a policy other than the control and the full cache ran without a budget (eval with no
+ * --budget: each policy at its default). */
 static int has_column(const eval_recs *rs, const char *task, int64_t ctx, const char *budget)
 {
-    if (!strcmp(budget, "-")) return 0;
-    for (size_t i = 0; i < rs->n; i++)
-        if (rs->v[i].ctx == ctx && !strcmp(rs->v[i].budget, budget) && !strcmp(rs->v[i].task, task)) return 1;
+    for (size_t i = 0; i < rs->n; i++) {
+        const eval_rec *r = &rs->v[i];
+        if (r->ctx == ctx && !strcmp(r->budget, budget) && !strcmp(r->task, task) && !budgetless(r->policy)) return 1;
+    }
     return 0;
 }
 
