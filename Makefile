@@ -87,7 +87,7 @@ DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
 export KVCHAT_CACHE DEFAULT_MODEL
 
 .PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench clean cuda-build test-gpu \
-        test-model-first test-model-rest test-cuda-build
+        test-model-first test-model-rest test-cuda-build test-fuzz-smoke
 
 all: $(KVCHAT)
 
@@ -213,13 +213,15 @@ test: model
 	@$(MAKE) --no-print-directory $(TEST_JOBS) $(KVCHAT) $(UNIT_BIN) $(MODEL_BIN)
 	scripts/check_layers.sh
 	./$(UNIT_BIN) -j2
-	@$(MAKE) --no-print-directory $(TEST_JOBS) test-model-first test-model-rest test-cuda-build
+	@$(MAKE) --no-print-directory $(TEST_JOBS) test-model-first test-model-rest test-cuda-build test-fuzz-smoke
 
 # make test's last step: jobs that make runs side by side and that use the build above without
 # redoing it. The model tests in two runners, each one test at a time: MODEL_FIRST (TAKE's eval,
 # nearly as long as the nine others together) in one, from the start, and every other test in the
 # other (criterion -j2 would start it eighth, in name order, and leave it running alone at the end);
-# then the CUDA build, mostly one nvcc at a time, beside whichever is still running. Each model test
+# then the CUDA build, mostly one nvcc at a time, beside whichever is still running, and the fuzz
+# harnesses built and run briefly (scripts/fuzz_smoke.sh), so a harness the code has moved away
+# from fails here rather than at the next `make fuzz`. Each model test
 # runs exactly once: the second runner takes every test that the first one's pattern does not match.
 # Two at a time is safe: the tests share no file (mkstemp, mkdtemp, a tmux server per script),
 # none measures speed, and the longest wait on the screen in tests/tui/basic.sh on the default
@@ -271,7 +273,7 @@ asan:
 FUZZ_SECONDS ?= 60
 FUZZ_BIN := build-fuzz/fuzz_gguf
 # The harnesses themselves are compiled apart, with the project's warnings as errors.
-FUZZ_CC := clang -std=c11 -g -O1 -D_GNU_SOURCE -I.
+FUZZ_CC := clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fno-sanitize-recover=undefined
 build-fuzz/%.o: fuzz/%.c $(wildcard common/*.h engine/*.h engine/policy/*.h kernels/*.h)
 	@mkdir -p build-fuzz
 	$(FUZZ_CC) $(CWARN) -fsanitize=fuzzer,address,undefined -c $< -o $@
@@ -287,15 +289,15 @@ FUZZ_ENGINE_C := $(ENGINE_C) $(filter-out %_avx2.c %_avxvnni.c %_avx512.c,$(KERN
 FUZZ_SIMD_O := build-fuzz/vec_dot_avx2.o build-fuzz/vec_dot_avxvnni.o build-fuzz/vec_dot_avx512.o
 build-fuzz/vec_dot_avx2.o: kernels/cpu/vec_dot_avx2.c kernels/cpu/vec_dot_impl.h
 	@mkdir -p build-fuzz
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined $(AVX2FLAGS) -c $< -o $@
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined -fno-sanitize-recover=undefined $(AVX2FLAGS) -c $< -o $@
 build-fuzz/vec_dot_avxvnni.o: kernels/cpu/vec_dot_avxvnni.c kernels/cpu/vec_dot_impl.h
 	@mkdir -p build-fuzz
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined $(AVXVNNIFLAGS) -c $< -o $@
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined -fno-sanitize-recover=undefined $(AVXVNNIFLAGS) -c $< -o $@
 build-fuzz/vec_dot_avx512.o: kernels/cpu/vec_dot_avx512.c kernels/cpu/vec_dot_impl.h
 	@mkdir -p build-fuzz
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined $(AVX512FLAGS) -c $< -o $@
+	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined -fno-sanitize-recover=undefined $(AVX512FLAGS) -c $< -o $@
 $(FUZZ_SNAP): build-fuzz/fuzz_snapshot.o fuzz/snapshot-coverage-ignore.txt $(FUZZ_ENGINE_C) $(FUZZ_SIMD_O) $(ENGINE_CXX) $(wildcard common/*.h engine/*.h engine/policy/*.h kernels/*.h kernels/cpu/*.h)
-	clang++ -std=c++17 -g -O1 -I. -fsanitize=address,undefined -fno-sanitize=vptr -c engine/spm_shim.cpp -o build-fuzz/spm_shim.o
+	clang++ -std=c++17 -g -O1 -I. -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-sanitize=vptr -c engine/spm_shim.cpp -o build-fuzz/spm_shim.o
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -fsanitize-coverage-ignorelist=fuzz/snapshot-coverage-ignore.txt \
 		build-fuzz/fuzz_snapshot.o $(FUZZ_ENGINE_C) $(FUZZ_SIMD_O) \
 		build-fuzz/spm_shim.o -lsentencepiece -lsqlite3 -lnettle -lstdc++ -lm -pthread -o $@
@@ -303,8 +305,11 @@ $(FUZZ_SNAP): build-fuzz/fuzz_snapshot.o fuzz/snapshot-coverage-ignore.txt $(FUZ
 # The eval CSV reader (what `eval` resumes from and `eval --report` redraws from).
 FUZZ_CSV := build-fuzz/fuzz_evalcsv
 $(FUZZ_CSV): build-fuzz/fuzz_evalcsv.o app/eval/evalres.c common/files.c common/text.c app/eval/evalres.h common/files.h common/text.h
-	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined \
 		build-fuzz/fuzz_evalcsv.o app/eval/evalres.c common/files.c common/text.c -lm -o $@
+
+test-fuzz-smoke: $(FUZZ_BIN) $(FUZZ_SNAP) $(FUZZ_CSV)
+	scripts/fuzz_smoke.sh
 
 fuzz: $(FUZZ_BIN) $(FUZZ_SNAP) $(FUZZ_CSV)
 	@mkdir -p build-fuzz/corpus build-fuzz/corpus-snap build-fuzz/corpus-csv

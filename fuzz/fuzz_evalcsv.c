@@ -16,7 +16,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char path[64];
+static char path[4096];
 
 static void remove_file(void)
 {
@@ -28,7 +28,10 @@ static void remove_file(void)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!*path) {
-        char dir[] = "/tmp/kvchat-fuzz-csv-XXXXXX";
+        const char *tmp = getenv("TMPDIR");
+        char dir[sizeof path - 16];
+        if (snprintf(dir, sizeof dir, "%s/kvchat-fuzz-csv-XXXXXX", tmp && *tmp ? tmp : "/tmp") >= (int)sizeof dir)
+            snprintf(dir, sizeof dir, "/tmp/kvchat-fuzz-csv-XXXXXX");
         if (!mkdtemp(dir)) __builtin_trap();
         snprintf(path, sizeof path, "%s/samples.csv", dir);
         atexit(remove_file);

@@ -37,7 +37,7 @@
 /* Small budgets, so the seeds' prefill and the decode steps after a restore evict (H2O), merge
  * (Chelsea) and compress (LASER-KV); H2O keeps 4 pages and CHESS keeps 1 sink and 1 window page,
  * so CHESS has candidates and saves a selection (with 3 pages or fewer it saves none). */
-static const char *const SPECS[] = { "h2o:budget=0.6+chess:every=1,window=1,chunk=2,grid=2",
+static const char *const SPECS[] = { "h2o:budget=0.6+chess:window=1,chunk=2,grid=2",
                                      "laser:budget=0.5,block=64,probe=8+sentkv:budget=24,len=8,delta=4",
                                      "chelsea:budget=24,sinks=4,recent=8,gap=8,chunk=16" };
 #define N_SPECS (int)(sizeof SPECS / sizeof SPECS[0])
