@@ -250,6 +250,18 @@ Test(eval_check, the_first_place_named_decides)
     cr_expect(!task_first_place_is(" in the hall", "kitchen"));
 }
 
+/* The Markdown summary of rs, as a string to search (free it). */
+static char *summary_of(const eval_recs *rs)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert(f);
+    evalres_summary_md(f, rs);
+    fclose(f);
+    return buf;
+}
+
 static void rec(eval_rec *r, const char *task, int sample, const char *policy, const char *budget, int correct,
                 int control)
 {
@@ -325,12 +337,8 @@ Test(eval_results, control_bytes_in_a_csv_are_escaped_on_reading)
     cr_expect_str_eq(rs.v[0].budget, "0.1\\x9b");
     cr_expect_str_eq(rs.v[0].status, "ok\\x1b]0;x");
     cr_expect_eq(rs.v[0].correct, 1, "a count is 0 or 1 (summing INT_MAX twice overflowed): %d", rs.v[0].correct);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&buf, &len);
-    evalres_summary_md(m, &rs);
-    fclose(m);
-    for (size_t i = 0; i < len; i++)
+    char *buf = summary_of(&rs);
+    for (size_t i = 0; buf[i]; i++)
         cr_expect(buf[i] == '\n' || ((unsigned char)buf[i] >= 0x20 && buf[i] != 0x7f), "byte %zu is %#x", i,
                   (unsigned char)buf[i]);
     free(buf);
@@ -387,11 +395,7 @@ Test(eval_results, markdown_summary_counts_answers_and_retrievals)
     evalres_push(&rs, &r);
     rec(&r, "babi1", 0, "full", "-", 1, 0);   /* only the full cache ran it: not in the pooled table */
     evalres_push(&rs, &r);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    evalres_summary_md(f, &rs);
-    fclose(f);
+    char *buf = summary_of(&rs);
     cr_expect(strstr(buf, "| niah | 2048 | full | - | 0 | 2 | 2/2 | 1/2 |"), "%s", buf);
     cr_expect(strstr(buf, "| niah | 2048 | snapkv | 0.1 | 0 | 2 | 1/2 | 0/2 |"), "%s", buf);
     cr_expect(strstr(buf, "| niah | 2048 | snapkv | 0.01 | 0 | 0 | n/a (budget refused)"), "%s", buf);
@@ -447,11 +451,7 @@ Test(eval_results, markdown_summary_pivots_each_task_by_length_and_budget)
         r.ppl = snap[s];
         evalres_push(&rs, &r);
     }
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    evalres_summary_md(f, &rs);
-    fclose(f);
+    char *buf = summary_of(&rs);
     const char *niah = strstr(buf, "niah, right answers:");
     cr_assert(niah, "%s", buf);
     cr_expect(strstr(niah, "| policy | 2048, 5% | 2048, 10% | 4096, 5% |\n"), "columns: only budgets that ran:\n%s", niah);
@@ -476,19 +476,16 @@ Test(eval_results, markdown_summary_pivots_each_task_by_length_and_budget)
  * cache's, and stand in a column of their own, not under every budget of a later run's. */
 Test(eval_results, markdown_pivot_keeps_default_budget_runs_apart)
 {
+    static const struct { const char *policy, *budget; int correct; } runs[] = {
+        { "full", "-", 1 }, { "snapkv", "-", 1 }, { "snapkv", "0.1", 0 }
+    };
     eval_recs rs = { 0 };
     eval_rec r;
-    rec(&r, "niah", 0, "full", "-", 1, 0);
-    evalres_push(&rs, &r);
-    rec(&r, "niah", 0, "snapkv", "-", 1, 0);
-    evalres_push(&rs, &r);
-    rec(&r, "niah", 0, "snapkv", "0.1", 0, 0);
-    evalres_push(&rs, &r);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    evalres_summary_md(f, &rs);
-    fclose(f);
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        rec(&r, "niah", 0, runs[i].policy, runs[i].budget, runs[i].correct, 0);
+        evalres_push(&rs, &r);
+    }
+    char *buf = summary_of(&rs);
     cr_expect(strstr(buf, "| policy | 2048, default budget | 2048, 10% |\n"), "%s", buf);
     cr_expect(strstr(buf, "| full | 1/1 | 1/1 |\n"), "%s", buf);
     cr_expect(strstr(buf, "| snapkv | 1/1 | 0/1 |\n"), "%s", buf);
