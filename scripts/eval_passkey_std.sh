@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# eval_passkey_std.sh - the run behind the passkey-std section of docs/results.md (issue 22): the
+# eval_passkey_std.sh - the run behind the issue-22 pass-key section of docs/results-earlier.md: the
 # standard pass-key test, and the niah and passkey tasks rechecked, on the default model, at budgets
 # of 5%, 10% and 20%, 20 samples a cell, all into one resumable CSV (docs/results/passkey-std/
 # samples.csv). Run it again after an interruption: finished rows are skipped. The first stage took
-# 49 minutes on the 2-core VM (2 threads); the second ran in part (docs/results.md says how far); the
+# 49 minutes on the 2-core VM (2 threads); the second ran in part (docs/results-earlier.md says how far); the
 # stages after it have not run yet.
 set -uo pipefail   # a failed stage is reported and the next one runs
 cd "$(dirname "$0")/.."

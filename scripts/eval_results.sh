@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# eval_results.sh - the run behind docs/results.md: kvchat eval on the default model, every policy at
+# eval_results.sh - the run behind docs/results-earlier.md: kvchat eval on the default model, every policy at
 # budgets of 1%, 5%, 10% and 20%, in stages ordered by what matters most, all into one resumable
 # CSV (docs/results/samples.csv). Run it again after an interruption: finished rows are skipped.
-# About 70 minutes on a 2-core machine; see docs/results.md for what it measured.
+# About 70 minutes on a 2-core machine; see docs/results-earlier.md for what it measured.
 set -uo pipefail   # a failed stage is reported and the next one runs
 cd "$(dirname "$0")/.."
 OUT=${OUT:-docs/results}
