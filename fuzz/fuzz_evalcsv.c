@@ -2,8 +2,7 @@
  * resumes from a CSV and `eval --report` redraws from one, whatever wrote it. Each input is written to
  * one file in a private temporary folder and read back; what is accepted is summarised, and the
  * summary (which `--report` prints to a terminal) must come through text_escape unchanged (no control
- * byte but newlines, no invalid UTF-8). A refusal
- * must be a C string. Built and run by `make fuzz`. */
+ * byte but newlines, no invalid UTF-8). A refusal must be a C string. Built and run by `make fuzz`. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -116,6 +116,13 @@ static const char *const col_names[C_N] = { "task", "ctx", "tokens", "sample", "
                                             "answer_tokens", "kv_bytes", "kv_peak_bytes", "kv_full_bytes",
                                             "prefill_s", "decode_s", "seconds", "status" };
 
+/* A correct/control field as -1, 0 or 1, whatever number a foreign CSV holds (the summary sums them). */
+static int tri_state(const char *s)
+{
+    int v = atoi(s);
+    return v < 0 ? -1 : v > 0;
+}
+
 int evalres_read(const char *path, eval_recs *rs, char *err, size_t errlen)
 {
     FILE *f = files_open_read(path, EVALRES_MAX_BYTES, "an eval CSV", err, errlen);
@@ -164,8 +171,8 @@ int evalres_read(const char *path, eval_recs *rs, char *err, size_t errlen)
         text_escape(v[C_POLICY], r.policy, sizeof r.policy, 0);
         text_escape(*v[C_BUDGET] ? v[C_BUDGET] : "-", r.budget, sizeof r.budget, 0);
         r.backtrack = atoi(v[C_BT]);
-        if (*v[C_CORRECT]) r.correct = atoi(v[C_CORRECT]) < 0 ? -1 : atoi(v[C_CORRECT]) > 0;   /* -1, 0, 1: summed */
-        if (*v[C_CONTROL]) r.control = atoi(v[C_CONTROL]) < 0 ? -1 : atoi(v[C_CONTROL]) > 0;
+        if (*v[C_CORRECT]) r.correct = tri_state(v[C_CORRECT]);
+        if (*v[C_CONTROL]) r.control = tri_state(v[C_CONTROL]);
         if (*v[C_PPL]) r.ppl = atof(v[C_PPL]);
         snprintf(r.answer, sizeof r.answer, "%s", v[C_ANSWER]);
         snprintf(r.expected, sizeof r.expected, "%s", v[C_EXPECTED]);
@@ -342,7 +349,8 @@ static void task_pivots(FILE *f, const eval_recs *rs, const char **tasks, int nt
     pivot_row *rows = calloc(rs->n ? rs->n : 1, sizeof *rows);
     if (!rows) return;
     for (int t = 0; t < nt; t++) {
-        int64_t tc[32];
+        int64_t tc[32], col_ctx[32 * 32];
+        const char *col_bud[32 * 32];
         int ntc = 0, is_ppl = 0, nr = 0;
         for (int c = 0; c < nc; c++)
             if (evalres_compared(rs, tasks[t], ctxs[c])) tc[ntc++] = ctxs[c];
@@ -365,14 +373,15 @@ static void task_pivots(FILE *f, const eval_recs *rs, const char **tasks, int nt
                 is_ppl ? "perplexity against the full cache (the geometric mean of each sample's ratio, as a change; "
                          "the full cache's row: its mean perplexity)"
                        : "right answers");
-        int cols = 0;
+        int cols = 0;   /* the (length, budget) columns, found once for the header and every row */
         for (int c = 0; c < ntc; c++)
             for (int b = 0; b < nb; b++)
                 if (has_column(rs, tasks[t], tc[c], buds[b])) {
+                    col_ctx[cols] = tc[c];
+                    col_bud[cols++] = buds[b];
                     fprintf(f, " %lld, ", (long long)tc[c]);
                     budget_label(f, buds[b]);
                     fprintf(f, " |");
-                    cols++;
                 }
         fprintf(f, "\n| --- |");
         for (int k = 0; k < cols; k++) fprintf(f, " ---: |");
@@ -383,9 +392,7 @@ static void task_pivots(FILE *f, const eval_recs *rs, const char **tasks, int nt
             fprintf(f, "| %s", rows[k].policy);
             if (variants > 1) fprintf(f, " (backtrack %d)", rows[k].backtrack);
             fprintf(f, " |");
-            for (int c = 0; c < ntc; c++)
-                for (int b = 0; b < nb; b++)
-                    if (has_column(rs, tasks[t], tc[c], buds[b])) pivot_cell(f, rs, tasks[t], tc[c], buds[b], &rows[k], is_ppl);
+            for (int c = 0; c < cols; c++) pivot_cell(f, rs, tasks[t], col_ctx[c], col_bud[c], &rows[k], is_ppl);
             fputc('\n', f);
         }
     }
