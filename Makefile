@@ -289,13 +289,13 @@ FUZZ_ENGINE_C := $(ENGINE_C) $(filter-out %_avx2.c %_avxvnni.c %_avx512.c,$(KERN
 FUZZ_SIMD_O := build-fuzz/vec_dot_avx2.o build-fuzz/vec_dot_avxvnni.o build-fuzz/vec_dot_avx512.o
 build-fuzz/vec_dot_avx2.o: kernels/cpu/vec_dot_avx2.c kernels/cpu/vec_dot_impl.h
 	@mkdir -p build-fuzz
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined -fno-sanitize-recover=undefined $(AVX2FLAGS) -c $< -o $@
+	$(FUZZ_CC) -fsanitize=address,undefined $(AVX2FLAGS) -c $< -o $@
 build-fuzz/vec_dot_avxvnni.o: kernels/cpu/vec_dot_avxvnni.c kernels/cpu/vec_dot_impl.h
 	@mkdir -p build-fuzz
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined -fno-sanitize-recover=undefined $(AVXVNNIFLAGS) -c $< -o $@
+	$(FUZZ_CC) -fsanitize=address,undefined $(AVXVNNIFLAGS) -c $< -o $@
 build-fuzz/vec_dot_avx512.o: kernels/cpu/vec_dot_avx512.c kernels/cpu/vec_dot_impl.h
 	@mkdir -p build-fuzz
-	clang -std=c11 -g -O1 -D_GNU_SOURCE -I. -fsanitize=address,undefined -fno-sanitize-recover=undefined $(AVX512FLAGS) -c $< -o $@
+	$(FUZZ_CC) -fsanitize=address,undefined $(AVX512FLAGS) -c $< -o $@
 $(FUZZ_SNAP): build-fuzz/fuzz_snapshot.o fuzz/snapshot-coverage-ignore.txt $(FUZZ_ENGINE_C) $(FUZZ_SIMD_O) $(ENGINE_CXX) $(wildcard common/*.h engine/*.h engine/policy/*.h kernels/*.h kernels/cpu/*.h)
 	clang++ -std=c++17 -g -O1 -I. -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-sanitize=vptr -c engine/spm_shim.cpp -o build-fuzz/spm_shim.o
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -fsanitize-coverage-ignorelist=fuzz/snapshot-coverage-ignore.txt \
