@@ -163,7 +163,7 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 if command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (attention, element-wise, decode products)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
     say "- compute-sanitizer: not installed here"

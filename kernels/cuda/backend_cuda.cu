@@ -53,6 +53,7 @@ extern "C" {
 }
 #include "kernels/quant_blocks.h"
 #include "kernels/decode_dot.h"
+#include "kernels/attn_group.h"
 
 #include "kernels/cuda/split_merge.cuh"
 
@@ -71,14 +72,8 @@ typedef struct dev_weight {
     int64_t n_in, n_out;
 } dev_weight;
 
-/* What the attention kernel reads of a page. */
-typedef struct dev_page {
-    const __half *k, *v;
-    const int32_t *pos;
-    const float *bias;        /* NULL: none */
-    int64_t mask_off;         /* first word in the mask array, -1: every token */
-    int32_t n, stride, head_step;
-} dev_page;
+/* What the attention kernels read of a page (kernels/attn_group.h). */
+typedef ag_page dev_page;
 
 typedef struct cuda_impl {
     be_backend *cpu;
@@ -111,6 +106,8 @@ typedef struct cuda_impl {
     float *part_o, *part_ml;   /* attention's per-split partial results */
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
+    int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
+    int attn_splits;           /* KVCHAT_CUDA_ATTN_SPLITS: the grouped kernel's splits (0: by the device) */
     uint64_t scratch_bytes;
     /* page-locked host buffers: attention's page list and masks as built, outputs on their way back */
     dev_page *h_pages;
@@ -978,7 +975,8 @@ __global__ void attn_kernel(const float *q, const int32_t *q_pos, const dev_page
     for (int64_t ip = p0; ip < p1; ip++) {
         const dev_page pg = pages[ip];
         if (pg.n <= 0) continue;
-        const __half *kb = pg.k + (int64_t)g * pg.head_step, *vb = pg.v + (int64_t)g * pg.head_step;
+        const __half *kb = (const __half *)pg.k + (int64_t)g * pg.head_step;
+        const __half *vb = (const __half *)pg.v + (int64_t)g * pg.head_step;
         for (int32_t k0 = 0; k0 < pg.n; k0 += ATT_THREADS) {
             int32_t i = k0 + tid;
             float s = -INFINITY;
@@ -1035,6 +1033,74 @@ __global__ void attn_combine(const float *part_o, const float *part_ml, int n_sp
         out[(t * n_head + h) * (int64_t)D + d] = split_merge(part_o, part_ml, row0, n_split, D, d, M);
 }
 
+/* The grouped kernel (kernels/attn_group.h): one block per (KV head and a batch of up to AG_HEADS
+ * of its query heads, query, split of the head's pages). grid (n_head_kv * batches, n_q, n_split),
+ * AG_THREADS threads. Each page is read once for the batch's heads. */
+__global__ void __launch_bounds__(AG_THREADS) attn_group_kernel(const float *q, const int32_t *q_pos,
+                                                                const ag_page *pages, int64_t n_pages,
+                                                                const int64_t *head_pages, const uint64_t *masks,
+                                                                int n_head, int group, int D, int32_t window,
+                                                                int n_split, float *part_o, float *part_ml)
+{
+    __shared__ ag_state sw[AG_THREADS / 32 - 1][32];   /* warps 1.. : their slot 0's lanes */
+    const int nhb = ag_head_batches(group), g = blockIdx.x / nhb, bt = blockIdx.x % nhb;
+    const int h0 = g * group + bt * AG_HEADS, hb = group - bt * AG_HEADS < AG_HEADS ? group - bt * AG_HEADS : AG_HEADS;
+    const int64_t t = blockIdx.y;
+    const int32_t qp = q_pos[t];
+    const int lk = ag_lanes_per_key(D), slots = AG_THREADS / lk;
+    const int tid = threadIdx.x, ls = tid % lk, lane = tid & 31, warp = tid >> 5;
+    float qv[1][AG_HEADS][AG_DL];
+    QB_UNROLL
+    for (int h = 0; h < AG_HEADS; h++)
+        for (int j = 0; j < AG_DL; j++) {
+            const int d = ls * AG_DL + j;
+            qv[0][h][j] = h < hb && d < D ? q[(t * n_head + h0 + h) * (int64_t)D + d] : 0.0f;
+        }
+    ag_state st[1];
+    ag_state_init(&st[0]);
+    int64_t p0, p1;
+    ag_split_range(head_pages, n_pages, g, n_split, (int)blockIdx.z, &p0, &p1);
+    ag_slot_run(pages, masks, p0, p1, g, qp, window, tid / lk, slots, lk, ls, 1, D, hb,
+                (const float(*)[AG_HEADS][AG_DL])qv, st);
+    /* the warp's slots: lane l merges lane l ^ o's state (ag_block_sim's order) */
+    for (int o = lk; o < 32; o <<= 1) {
+        QB_UNROLL
+        for (int h = 0; h < AG_HEADS; h++) {
+            if (h >= hb) continue;
+            float o2[AG_DL];
+            const float m2 = __shfl_xor_sync(0xffffffffu, st[0].m[h], o);
+            const float l2 = __shfl_xor_sync(0xffffffffu, st[0].l[h], o);
+            for (int j = 0; j < AG_DL; j++) o2[j] = __shfl_xor_sync(0xffffffffu, st[0].o[h][j], o);
+            ag_merge(&st[0].m[h], &st[0].l[h], st[0].o[h], m2, l2, o2);
+        }
+    }
+    if (warp > 0 && lane < lk) sw[warp - 1][lane] = st[0];
+    __syncthreads();
+    if (warp > 0 || lane >= lk) return;
+    for (int w = 1; w < AG_THREADS / 32; w++) {
+        const ag_state *b = &sw[w - 1][lane];
+        QB_UNROLL
+        for (int h = 0; h < AG_HEADS; h++)
+            if (h < hb) ag_merge(&st[0].m[h], &st[0].l[h], st[0].o[h], b->m[h], b->l[h], b->o[h]);
+    }
+    QB_UNROLL
+    for (int h = 0; h < AG_HEADS; h++) {
+        if (h >= hb) continue;
+        const int64_t row = (t * n_head + h0 + h) * n_split + blockIdx.z;
+        for (int j = 0; j < AG_DL; j++)
+            if (lane * AG_DL + j < D) part_o[row * D + lane * AG_DL + j] = st[0].o[h][j];
+        if (lane == 0) part_ml[row * 2] = st[0].m[h], part_ml[row * 2 + 1] = st[0].l[h];
+    }
+}
+
+/* The grouped kernel's splits merged (ag_combine_one). grid (n_head, n_q), threads over D. */
+__global__ void attn_group_combine(const float *part_o, const float *part_ml, int n_split, int n_head, int D,
+                                   float *out)
+{
+    const int64_t r = (int64_t)blockIdx.y * n_head + blockIdx.x;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) out[r * D + d] = ag_combine_one(part_o, part_ml, r, n_split, D, d);
+}
+
 static void cuda_attention(be_backend *b, const be_attn *a)
 {
     cuda_impl *ci = impl_of(b);
@@ -1083,8 +1149,11 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         grow_host(ci, (void **)&ci->h_masks, &ci->cap_h_masks, sizeof(uint64_t) * (n_words > 0 ? n_words : 1)))
         return;
     size_t w = 0;
+    /* the grouped kernel reads rows 16 bytes at a time */
+    int grouped = !ci->attn_scalar && ag_supported(D);
     for (int64_t i = 0; i < e; i++) {
         const be_kv_page *pg = &list[i];
+        if (pg->n > 0 && (pg->stride % AG_DL || pg->head_step % AG_DL)) grouped = 0;
         dev_page *dp = &ci->h_pages[i];
         memset(dp, 0, sizeof *dp);
         dp->n = pg->n;
@@ -1093,8 +1162,9 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         dp->mask_off = -1;
         if (pg->n <= 0) continue;
         if (cur16 && pg->k == cur16) {   /* the step's own rows, converted on the device below */
-            dp->k = (const __half *)pg->k;
-            dp->v = (const __half *)pg->v;
+            dp->k = pg->k;
+            dp->v = pg->v;
+            if (((uintptr_t)dp->k | (uintptr_t)dp->v) % 16) grouped = 0;
             continue;
         }
         const pc_copy *m = pc_get(&ci->copies, pg);
@@ -1107,8 +1177,9 @@ static void cuda_attention(be_backend *b, const be_attn *a)
                      (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
             return;
         }
-        dp->k = (const __half *)m->k;
-        dp->v = (const __half *)m->v;
+        dp->k = m->k;
+        dp->v = m->v;
+        if (((uintptr_t)dp->k | (uintptr_t)dp->v) % 16) grouped = 0;
         dp->pos = m->pos;
         dp->bias = pg->bias ? m->bias : NULL;
         if (pg->mask) {
@@ -1140,7 +1211,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
                                    : (const float *)stage(ci, a->cur_v, sizeof(float) * ncur);
         if (!d_cur_pos || !dk || !dv) return;
         for (int64_t i = 0; i < e; i++)
-            if (ci->h_pages[i].k == ci->cur16) ci->h_pages[i].pos = d_cur_pos;
+            if (ci->h_pages[i].k == cur16) ci->h_pages[i].pos = d_cur_pos;
         f32_to_f16<<<(unsigned)((ncur + 255) / 256), 256, 0, ci->stream>>>(dk, ci->cur16, (int64_t)ncur);
         f32_to_f16<<<(unsigned)((ncur + 255) / 256), 256, 0, ci->stream>>>(dv, ci->cur16 + ncur, (int64_t)ncur);
         if (ck(ci, cudaGetLastError(), "f32_to_f16")) return;
@@ -1159,8 +1230,11 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         for (int g = 0; g < a->n_head_kv; g++)
             if (hp[g + 1] - hp[g] > most) most = hp[g + 1] - hp[g];
     }
-    int64_t blocks = (int64_t)a->n_head * a->n_q, want = (4 * (int64_t)ci->n_sm + blocks - 1) / blocks;
+    int nhb = ag_head_batches(a->n_head / a->n_head_kv);
+    int64_t blocks = grouped ? (int64_t)a->n_head_kv * nhb * a->n_q : (int64_t)a->n_head * a->n_q;
+    int64_t want = (4 * (int64_t)ci->n_sm + blocks - 1) / blocks;
     int n_split = (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
+    if (grouped && ci->attn_splits > 0) n_split = ci->attn_splits;
     size_t n_part = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
     int out_bound = bound(ci, a->out, sizeof(float) * nq);
     if (grow_dev(ci, (void **)&ci->part_o, &ci->cap_po, sizeof(float) * n_part * (size_t)D) ||
@@ -1171,14 +1245,24 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         return;
     float *d_out = out_bound ? (float *)am_dev_out(&ci->act, a->out, sizeof(float) * nq) : ci->out;
     cudaStream_t s = ci->stream;
-    dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);
-    size_t shmem = sizeof(float) * ((size_t)D + ATT_THREADS + ATT_THREADS / 32);
-    attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head,
-                                                 a->n_head / a->n_head_kv, D, a->window, n_split, ci->part_o,
-                                                 ci->part_ml);
-    if (ck(ci, cudaGetLastError(), "attention kernel")) return;
-    attn_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), ATT_THREADS, 0, s>>>(ci->part_o, ci->part_ml, n_split,
-                                                                                    a->n_head, D, d_out);
+    if (grouped) {
+        dim3 grid((unsigned)(a->n_head_kv * nhb), (unsigned)a->n_q, (unsigned)n_split);
+        attn_group_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head,
+                                                      a->n_head / a->n_head_kv, D, a->window, n_split, ci->part_o,
+                                                      ci->part_ml);
+        if (ck(ci, cudaGetLastError(), "attention kernel")) return;
+        attn_group_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), D < 256 ? D : 256, 0, s>>>(
+            ci->part_o, ci->part_ml, n_split, a->n_head, D, d_out);
+    } else {
+        dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);
+        size_t shmem = sizeof(float) * ((size_t)D + ATT_THREADS + ATT_THREADS / 32);
+        attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head,
+                                                     a->n_head / a->n_head_kv, D, a->window, n_split, ci->part_o,
+                                                     ci->part_ml);
+        if (ck(ci, cudaGetLastError(), "attention kernel")) return;
+        attn_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), ATT_THREADS, 0, s>>>(ci->part_o, ci->part_ml,
+                                                                                        n_split, a->n_head, D, d_out);
+    }
     if (ck(ci, cudaGetLastError(), "attention combine") || out_bound) return;
     ci->bytes_down += sizeof(float) * nq;
     if (ck(ci, cudaMemcpyAsync(ci->h_out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download") ||
@@ -1500,6 +1584,11 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     ci->mmv_f32 = mmv_env && !strcmp(mmv_env, "f32");
     const char *inflight_env = getenv("KVCHAT_CUDA_MMV_INFLIGHT");
     ci->mmv_inflight = inflight_env && !strcmp(inflight_env, "1") ? 1 : 2;
+    const char *attn_env = getenv("KVCHAT_CUDA_ATTN");
+    ci->attn_scalar = attn_env && !strcmp(attn_env, "scalar");
+    const char *splits_env = getenv("KVCHAT_CUDA_ATTN_SPLITS");
+    ci->attn_splits = splits_env ? atoi(splits_env) : 0;
+    if (ci->attn_splits < 0 || ci->attn_splits > 4096) ci->attn_splits = 0;
     const char *max_env = getenv("KVCHAT_CUDA_MMV_MAX");
     char *end = NULL;
     long long mx = max_env ? strtoll(max_env, &end, 10) : -1;

@@ -14,7 +14,9 @@
  *   plus the activations in and out;
  * - decode attention (one query) at Mistral 7B's shape (32 query heads, 8 KV heads of 128) over
  *   512, 8192 and 32768 tokens in pages of 32 per KV head, and the default model's (4 query heads,
- *   1 KV head of 256) at 8192; bytes = the keys and values read.
+ *   1 KV head of 256) at 8192; a prefill chunk's (512 queries at the end of 8192 tokens, 7B shape);
+ *   each with the grouped kernel (the default) and the scalar one (KVCHAT_CUDA_ATTN=scalar);
+ *   bytes = the keys and values read once (a decode step's least traffic).
  * Each case: warm-up calls (the first uploads the weight or the pages), then as many calls as take
  * at least 30 ms, timed on the host around the calls and the final wait (launch costs included, as
  * the engine pays them). The weights are a few distinct quantized rows repeated: the speed of a
@@ -200,7 +202,10 @@ int main(int argc, char **argv)
     setenv("KVCHAT_CUDA_MMV_INFLIGHT", "1", 1);
     be_backend *in1 = f32k ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV_INFLIGHT");
-    if (!tiles || !passes || !f32k || !in1) {
+    setenv("KVCHAT_CUDA_ATTN", "scalar", 1);
+    be_backend *scal = in1 ? be_cuda_create(4, err, sizeof err) : NULL;
+    unsetenv("KVCHAT_CUDA_ATTN");
+    if (!tiles || !passes || !f32k || !in1 || !scal) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
@@ -294,9 +299,9 @@ int main(int argc, char **argv)
     const struct {
         const char *name;
         int n_head, n_kv, D;
-        int64_t ctx;
-    } att[] = { { "7B", 32, 8, 128, 512 }, { "7B", 32, 8, 128, 8192 }, { "7B", 32, 8, 128, 32768 },
-                { "gemma3-270m", 4, 1, 256, 8192 } };
+        int64_t ctx, n_q;
+    } att[] = { { "7B", 32, 8, 128, 512, 1 },          { "7B", 32, 8, 128, 8192, 1 }, { "7B", 32, 8, 128, 32768, 1 },
+                { "gemma3-270m", 4, 1, 256, 8192, 1 }, { "7B", 32, 8, 128, 8192, 512 } };
     for (size_t ai = 0; ai < (quick ? 1u : sizeof att / sizeof *att); ai++) {
         int nh = att[ai].n_head, nkv = att[ai].n_kv, D = att[ai].D;
         int64_t ctx = att[ai].ctx, per_head = ctx / 32, n_pages = per_head * nkv;
@@ -317,25 +322,34 @@ int main(int argc, char **argv)
             }
         }
         hp[nkv] = n_pages;
-        float *q = malloc(sizeof(float) * (size_t)(nh * D)), *o = malloc(sizeof(float) * (size_t)(nh * D));
-        for (int i = 0; i < nh * D; i++) q[i] = 0.1f * frand(), o[i] = 0;
-        if (be_bind(dflt, q, sizeof(float) * (size_t)(nh * D), err, sizeof err) ||
-            be_bind(dflt, o, sizeof(float) * (size_t)(nh * D), err, sizeof err)) {
-            fprintf(stderr, "gpu_bench: %s\n", err);
-            return 1;
+        const int64_t nq = att[ai].n_q;
+        const size_t qbytes = sizeof(float) * (size_t)(nq * nh * D);
+        float *q = malloc(qbytes), *o = malloc(qbytes);
+        int32_t *qp = malloc(sizeof(int32_t) * (size_t)nq);
+        if (!q || !o || !qp) return 1;
+        for (int64_t i = 0; i < nq * nh * D; i++) q[i] = 0.1f * frand(), o[i] = 0;
+        for (int64_t t = 0; t < nq; t++) qp[t] = (int32_t)(ctx - nq + t);
+        be_backend *kern[2] = { dflt, scal };
+        for (int k = 0; k < 2; k++) {
+            if (be_bind(kern[k], q, qbytes, err, sizeof err) || be_bind(kern[k], o, qbytes, err, sizeof err)) {
+                fprintf(stderr, "gpu_bench: %s\n", err);
+                return 1;
+            }
+            be_host_write(kern[k], q, qbytes);
+            be_attn a = { q, nq, qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0 };
+            double ms = time_calls(kern[k], call_attn, &a, o);
+            if (failed(kern[k], "attention")) return 1;
+            char shape[64], config[64];
+            snprintf(shape, sizeof shape, "attention %s", att[ai].name);
+            snprintf(config, sizeof config, "%s %lld %s", k ? "scalar" : "grouped", (long long)nq,
+                     nq > 1 ? "queries" : "query");
+            row(shape, "f16", nh, D, ctx, config, ms, 4.0 * (double)(ctx * nkv * D));
+            be_unbind(kern[k], q);
+            be_unbind(kern[k], o);
         }
-        be_host_write(dflt, q, sizeof(float) * (size_t)(nh * D));
-        int32_t qp = (int32_t)ctx;
-        be_attn a = { q, 1, &qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0 };
-        double ms = time_calls(dflt, call_attn, &a, o);
-        if (failed(dflt, "attention")) return 1;
-        char shape[64];
-        snprintf(shape, sizeof shape, "attention %s", att[ai].name);
-        row(shape, "f16", nh, D, ctx, "decode, 1 query", ms, 4.0 * (double)(ctx * nkv * D));
-        be_unbind(dflt, q);
-        be_unbind(dflt, o);
         free(q);
         free(o);
+        free(qp);
         free(pages);
         free(kv);
         free(pos);
@@ -350,6 +364,7 @@ int main(int argc, char **argv)
     be_free(passes);
     be_free(f32k);
     be_free(in1);
+    be_free(scal);
     for (size_t i = 0; i < n_types * n_shapes; i++) free(keep[i]);
     free(keep);
     free(x);

@@ -23,6 +23,7 @@
 #include "engine/policy/policy.h"
 #include "common/quant.h"
 #include "kernels/decode_dot.h"
+#include "kernels/attn_group.h"
 #include "kernels/synthetic.h"
 #include "engine/tokenizer.h"
 
@@ -623,8 +624,9 @@ static void free_pages(page_set *ps)
     free(ps->pages);
 }
 
-/* Attention of n_q queries at the last positions (and some in the middle) on both backends. */
-static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64_t n_q, int32_t window, int bind)
+/* Attention of n_q queries at the last positions (and some in the middle) on the CPU and on dev. */
+static double compare_attention_on(be_backend *dev, page_set *ps, int n_head, int n_kv, int D, int64_t n_q,
+                                   int32_t window, int bind)
 {
     float *q = malloc(sizeof(float) * (size_t)(n_q * n_head * D));
     float *o0 = malloc(sizeof(float) * (size_t)(n_q * n_head * D)), *o1 = malloc(sizeof(float) * (size_t)(n_q * n_head * D));
@@ -640,13 +642,13 @@ static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64
     size_t bytes = sizeof(float) * (size_t)(n_q * n_head * D);
     char err[256];
     /* bound: the query is read from and the output left on the device twins */
-    if (bind) cr_assert(be_bind(gpu, q, bytes, err, sizeof err) == 0 && be_bind(gpu, o1, bytes, err, sizeof err) == 0, "%s", err);
-    gpu->ops->attention(gpu, &a);
+    if (bind) cr_assert(be_bind(dev, q, bytes, err, sizeof err) == 0 && be_bind(dev, o1, bytes, err, sizeof err) == 0, "%s", err);
+    dev->ops->attention(dev, &a);
     if (bind) {
         be_range r = { o1, bytes };
-        be_host_read(gpu, &r, 1);
-        be_unbind(gpu, q);
-        be_unbind(gpu, o1);
+        be_host_read(dev, &r, 1);
+        be_unbind(dev, q);
+        be_unbind(dev, o1);
     }
     double d = max_abs_diff(o0, o1, n_q * n_head * D);
     free(q);
@@ -656,23 +658,90 @@ static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64
     return d;
 }
 
+static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64_t n_q, int32_t window, int bind)
+{
+    return compare_attention_on(gpu, ps, n_head, n_kv, D, n_q, window, bind);
+}
+
+/* Both attention kernels: the grouped one (the default, head dimensions that are multiples of 8 up
+ * to 256) and the one with a block per query head (KVCHAT_CUDA_ATTN=scalar; also every head
+ * dimension the grouped one does not take: 36, 512). */
 Test(cuda, paged_attention_equals_the_cpu)
 {
     seed_rng("attention");
-    const int dims[] = { 64, 80, 128, 256 };
-    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 } };
-    for (size_t di = 0; di < 4; di++)
-        for (size_t hi = 0; hi < 3; hi++)
+    be_backend *scalar = gpu_with("KVCHAT_CUDA_ATTN", "scalar");
+    const int dims[] = { 36, 64, 80, 128, 256, 512 };
+    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 }, { 12, 1 } };
+    for (size_t di = 0; di < 6; di++)
+        for (size_t hi = 0; hi < 4; hi++)
+            for (int variant = 0; variant < 4; variant++)
+                for (int k = 0; k < 2; k++) {
+                    int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1];
+                    page_set ps;
+                    make_pages(&ps, nkv, 1 + (int)(rnd() % 9), D, variant & 1, variant & 2);
+                    int64_t nq = variant == 3 ? 7 : 1;
+                    int32_t window = variant == 2 ? 40 : 0;
+                    double d = compare_attention_on(k ? scalar : gpu, &ps, nh, nkv, D, nq, window, (int)(rnd() & 1));
+                    cr_expect(d < 2e-3, "%s kernel, D %d, %d heads / %d KV, variant %d: max |diff| %g",
+                              k ? "scalar" : "default", D, nh, nkv, variant, d);
+                    free_pages(&ps);
+                }
+    be_free(scalar);
+}
+
+/* The grouped attention kernel (kernels/attn_group.h) gives the bits of its host simulation
+ * (ag_attention_sim, the same lanes, butterflies and merges): pages of odd lengths with masks,
+ * bias, windows, several queries, groups of 1 to 12 heads, head dimensions of 4 to 32 lanes, and a
+ * forced number of splits (1, 3, and more splits than pages: empty splits), query and output bound
+ * or not. */
+Test(cuda, grouped_attention_gives_the_hosts_bits)
+{
+    seed_rng("grouped attention bits");
+    const char *splits[] = { "1", "3", "40" };
+    be_backend *bes[3];
+    for (int k = 0; k < 3; k++) bes[k] = gpu_with("KVCHAT_CUDA_ATTN_SPLITS", splits[k]);
+    const int dims[] = { 32, 64, 96, 128, 256 };
+    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 }, { 12, 1 }, { 10, 2 } };
+    char err[256];
+    for (size_t di = 0; di < 5; di++)
+        for (size_t hi = 0; hi < 5; hi++)
             for (int variant = 0; variant < 4; variant++) {
-                int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1];
+                const int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1], k = (int)(rnd() % 3);
                 page_set ps;
                 make_pages(&ps, nkv, 1 + (int)(rnd() % 9), D, variant & 1, variant & 2);
-                int64_t nq = variant == 3 ? 7 : 1;
-                int32_t window = variant == 2 ? 40 : 0;
-                double d = compare_attention(&ps, nh, nkv, D, nq, window, (int)(rnd() & 1));
-                cr_expect(d < 2e-3, "D %d, %d heads / %d KV, variant %d: max |diff| %g", D, nh, nkv, variant, d);
+                const int64_t nq = variant == 3 ? 5 : 1;
+                const size_t n = (size_t)(nq * nh * D);
+                float *q = malloc(sizeof(float) * n), *o = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+                int32_t *qp = malloc(sizeof(int32_t) * (size_t)nq);
+                for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
+                for (int64_t t = 0; t < nq; t++) qp[t] = t == 0 ? ps.max_pos : (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1));
+                be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o,
+                              NULL, NULL, NULL, 0 };
+                ag_attention_sim(&a, atoi(splits[k]), want);
+                const int bind = (int)(rnd() & 1);
+                if (bind)
+                    cr_assert(be_bind(bes[k], q, sizeof(float) * n, err, sizeof err) == 0 &&
+                                  be_bind(bes[k], o, sizeof(float) * n, err, sizeof err) == 0,
+                              "%s", err);
+                bes[k]->ops->attention(bes[k], &a);
+                if (bind) {
+                    be_range r = { o, sizeof(float) * n };
+                    be_host_read(bes[k], &r, 1);
+                    be_unbind(bes[k], q);
+                    be_unbind(bes[k], o);
+                }
+                cr_assert(!be_failed(bes[k], err, sizeof err), "%s", err);
+                size_t bad = 0;
+                for (size_t i = 0; i < n; i++) bad += memcmp(&o[i], &want[i], sizeof(float)) != 0;
+                cr_expect(bad == 0, "D %d, %d heads / %d KV, variant %d, %s splits: %zu of %zu outputs differ from the host",
+                          D, nh, nkv, variant, splits[k], bad, n);
+                free(q);
+                free(o);
+                free(want);
+                free(qp);
                 free_pages(&ps);
             }
+    for (int k = 0; k < 3; k++) be_free(bes[k]);
 }
 
 /* One element-wise op on both backends: buffers a (in/out) and b (in) of n floats; the GPU's bound to

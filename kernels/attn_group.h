@@ -1,0 +1,389 @@
+/* attn_group.h - grouped paged attention's per-lane work, one header for C and CUDA (issue 25, stage 3).
+ *
+ * Attention over the KV pages is bound by the bytes of the keys and values it reads. Here a block
+ * of AG_THREADS threads serves every query head of one KV head (a GQA group, in batches of
+ * AG_HEADS), so each page is read once per group rather than once per query head, and one slice of
+ * that head's pages (the splits give a decode step enough blocks to fill the device; attn_combine
+ * below merges them):
+ * - A key row is shared by `lk` lanes (a "slot"), each holding AG_DL consecutive dimensions: one
+ *   16-byte load of f16 for the key and one for the value. A block has AG_THREADS / lk slots; in
+ *   each page slot s takes rows s, s + slots, ... (two at a time, both loaded before either is
+ *   used, to keep more bytes in flight).
+ * - Each lane multiplies its dimensions by the block's query heads, the slot's lanes add their
+ *   shares by a butterfly of shuffles (ag_slot_sum), and every lane of the slot updates its own
+ *   online softmax (running maximum, sum and output, per head) with the same score.
+ * - At the end the slots' states merge (ag_merge): within a warp by shuffles, then the warps in
+ *   order through shared memory; each block leaves its split's maximum, sum and unnormalised
+ *   output, and ag_combine_one merges the splits.
+ * The kernels in kernels/cuda/backend_cuda.cu run these functions; ag_block_sim and ag_attention_sim
+ * run them for every lane on the host (tests/test_attn_group.c checks them against the CPU backend
+ * and against double precision). Every float operation is written out (QB_MUL, QB_ADD, fmaf) and
+ * the exponential is ag_exp, not the device's approximate one, so the device gives the host's bits. */
+#ifndef KVCHAT_ATTN_GROUP_H
+#define KVCHAT_ATTN_GROUP_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/quant_blocks.h"
+
+#define AG_THREADS 128   /* threads a block */
+#define AG_HEADS 4       /* query heads a block serves at most (a larger group takes several blocks) */
+#define AG_DL 8          /* dimensions a lane holds: 16 bytes of f16 */
+#define AG_MAX_D 256     /* head dimensions up to 32 lanes of AG_DL */
+
+#ifdef __CUDA_ARCH__
+#define AG_NL 1          /* lanes one call of ag_slot_run works for: the thread's own */
+#else
+#define AG_NL 32         /* every lane of a slot, simulated */
+#endif
+
+/* One page as the kernels read it: n rows whose f16 key and value rows of KV head g start at
+ * k + i * stride + g * head_step (v likewise); the token mask's words start at masks[mask_off]
+ * (-1: every token attended). */
+typedef struct ag_page {
+    const uint16_t *k, *v;
+    const int32_t *pos;
+    const float *bias;        /* NULL: none */
+    int64_t mask_off;
+    int32_t n, stride, head_step;
+} ag_page;
+
+/* One lane's online softmax: per head, the running maximum, sum and output of its dimensions. */
+typedef struct ag_state {
+    float m[AG_HEADS], l[AG_HEADS];
+    float o[AG_HEADS][AG_DL];
+} ag_state;
+
+/* Head dimensions these kernels take: whole 16-byte loads, at most 32 lanes a key. */
+QB_HD int ag_supported(int D) { return D > 0 && D % AG_DL == 0 && D <= AG_MAX_D; }
+
+/* Lanes a key row takes: D / AG_DL rounded up to a power of two (a slot never straddles a warp);
+ * lanes past D / AG_DL hold nothing. */
+QB_HD int ag_lanes_per_key(int D)
+{
+    int lk = 1;
+    while (lk * AG_DL < D) lk <<= 1;
+    return lk;
+}
+
+/* e^x, the same bits on the host and the device (the device's __expf is approximate): x = n ln2 + f
+ * with |f| <= ln2 / 2 (ln2 in two parts), e^f = 1 + f + f^2 P(f) with P a degree-5 polynomial
+ * (relative error about 1e-7), times 2^n built from its bits. Below e^-86 (4e-38, beside weights
+ * of which the largest is 1) it gives 0, so no product goes subnormal; e^0 is 1 exactly; NaN stays
+ * NaN. Used for x <= 0; correct up to x = 88. */
+QB_HD float ag_exp(float x)
+{
+    if (!(x >= -86.0f)) return x != x ? x : 0.0f;
+    const float n = rintf(QB_MUL(x, 1.44269504088896341f));
+    float f = fmaf(n, -0.693359375f, x);     /* ln2's leading bits: n times it is exact */
+    f = fmaf(n, 2.12194440e-4f, f);           /* the rest of ln2 (0.693359375 - ln2) */
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, f, 1.3981999507e-3f);
+    p = fmaf(p, f, 8.3334519073e-3f);
+    p = fmaf(p, f, 4.1665795894e-2f);
+    p = fmaf(p, f, 1.6666665459e-1f);
+    p = fmaf(p, f, 5.0000001201e-1f);
+    const float e = QB_ADD(fmaf(p, QB_MUL(f, f), f), 1.0f);
+    const uint32_t bits = (uint32_t)((int)n + 127) << 23;
+    float scale;
+#ifdef __CUDA_ARCH__
+    scale = __uint_as_float(bits);
+#else
+    memcpy(&scale, &bits, sizeof scale);
+#endif
+    return QB_MUL(e, scale);
+}
+
+QB_HD void ag_state_init(ag_state *s)
+{
+    for (int h = 0; h < AG_HEADS; h++) {
+        s->m[h] = -INFINITY;
+        s->l[h] = 0.0f;
+        for (int j = 0; j < AG_DL; j++) s->o[h][j] = 0.0f;
+    }
+}
+
+/* Merge (m2, l2, o2) into (m, l, o): both rescaled to the larger maximum. Symmetric in its two
+ * operands (products, then one sum), so the two lanes of a butterfly get the same bits. */
+QB_HD void ag_merge(float *m, float *l, float *o, float m2, float l2, const float *o2)
+{
+    const float M = m2 > *m ? m2 : *m;
+    const float c1 = *m == -INFINITY ? 0.0f : ag_exp(QB_SUB(*m, M));
+    const float c2 = m2 == -INFINITY ? 0.0f : ag_exp(QB_SUB(m2, M));
+    *m = M;
+    *l = QB_ADD(QB_MUL(*l, c1), QB_MUL(l2, c2));
+    for (int j = 0; j < AG_DL; j++) o[j] = QB_ADD(QB_MUL(o[j], c1), QB_MUL(o2[j], c2));
+}
+
+/* Pages [*p0, *p1) of KV head g's list that split z of n_split takes (head_pages as in be_attn). */
+QB_HD void ag_split_range(const int64_t *head_pages, int64_t n_pages, int g, int n_split, int z, int64_t *p0,
+                          int64_t *p1)
+{
+    const int64_t h0 = head_pages ? head_pages[g] : 0, h1 = head_pages ? head_pages[g + 1] : n_pages;
+    const int64_t per = (h1 - h0 + n_split - 1) / n_split, a = h0 + (int64_t)z * per;
+    *p0 = a < h1 ? a : h1;
+    *p1 = a + per < h1 ? a + per : h1;
+}
+
+/* Row i of pg is seen by a query at qp (causal, sliding window, token mask). */
+QB_HD int ag_visible(const ag_page *pg, const uint64_t *masks, int32_t i, int32_t qp, int32_t window)
+{
+    if (i >= pg->n) return 0;
+    const int32_t kp = pg->pos[i];
+    if (kp > qp || (window > 0 && qp - kp >= window)) return 0;
+    return pg->mask_off < 0 || (int)((masks[pg->mask_off + (i >> 6)] >> (i & 63)) & 1u);
+}
+
+/* 16 bytes of f16 (8 values, 16-byte aligned) as four words. */
+QB_HD void ag_load16(const uint16_t *p, uint32_t *u)
+{
+#ifdef __CUDA_ARCH__
+    const uint4 v = *(const uint4 *)p;
+    u[0] = v.x;
+    u[1] = v.y;
+    u[2] = v.z;
+    u[3] = v.w;
+#else
+    memcpy(u, p, 16);
+#endif
+}
+
+QB_HD void ag_unpack(const uint32_t *u, float *f)
+{
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = qb_half(u[j] & 0xFFFFu);
+        f[2 * j + 1] = qb_half(u[j] >> 16);
+    }
+}
+
+/* The scores of the slot's lanes, summed over its lk lanes for each of hb heads: on the device by
+ * shuffles within the slot (every lane of the warp takes part), on the host over the nl = lk lanes
+ * given, in the same butterfly (lane l adds lane l ^ o's value, o = lk / 2 .. 1). */
+QB_HD void ag_slot_sum(float (*part)[AG_HEADS], int nl, int lk, int hb)
+{
+#ifdef __CUDA_ARCH__
+    (void)nl;
+    QB_UNROLL
+    for (int h = 0; h < AG_HEADS; h++) {
+        if (h >= hb) continue;
+        float x = part[0][h];
+        for (int o = lk >> 1; o > 0; o >>= 1) x = QB_ADD(x, __shfl_xor_sync(0xffffffffu, x, o));
+        part[0][h] = x;
+    }
+#else
+    for (int h = 0; h < hb; h++)
+        for (int o = lk >> 1; o > 0; o >>= 1) {
+            float w[AG_NL];
+            for (int l = 0; l < nl; l++) w[l] = QB_ADD(part[l][h], part[l ^ o][h]);
+            for (int l = 0; l < nl; l++) part[l][h] = w[l];
+        }
+#endif
+}
+
+/* One key's scores (already summed) and value row folded into a lane's state. */
+QB_HD void ag_update(ag_state *st, const float *score, const uint32_t *vraw, int hb)
+{
+    float v[AG_DL];
+    ag_unpack(vraw, v);
+    QB_UNROLL
+    for (int h = 0; h < AG_HEADS; h++) {
+        if (h >= hb) continue;
+        const float s = score[h];
+        if (s == -INFINITY) continue;   /* weighs nothing */
+        if (s > st->m[h] || s != s) {   /* a new maximum: what came before is rescaled to it (a NaN spreads) */
+            const float c = st->m[h] == -INFINITY ? 0.0f : ag_exp(QB_SUB(st->m[h], s));
+            st->l[h] = QB_MUL(st->l[h], c);
+            for (int j = 0; j < AG_DL; j++) st->o[h][j] = QB_MUL(st->o[h][j], c);
+            st->m[h] = s;
+        }
+        const float p = ag_exp(QB_SUB(s, st->m[h]));
+        st->l[h] = QB_ADD(st->l[h], p);
+        for (int j = 0; j < AG_DL; j++) st->o[h][j] = fmaf(p, v[j], st->o[h][j]);
+    }
+}
+
+/* Slot `slot` of `slots` over pages [p0, p1) of KV head g for a query at qp: lanes lane0 ..
+ * lane0 + nl of the slot (the device: its own lane, nl = 1; the host: all lk), each with its query
+ * dimensions q[l][h][..] (AG_DL of head h, zero past D) and its state st[l]. The loops over pages
+ * and rounds are the same for every lane of a block, so every lane reaches every shuffle. */
+QB_HD void ag_slot_run(const ag_page *pages, const uint64_t *masks, int64_t p0, int64_t p1, int g, int32_t qp,
+                       int32_t window, int slot, int slots, int lk, int lane0, int nl, int D, int hb,
+                       const float (*q)[AG_HEADS][AG_DL], ag_state *st)
+{
+    for (int64_t ip = p0; ip < p1; ip++) {
+        const ag_page pg = pages[ip];
+        if (pg.n <= 0 || pg.pos[0] > qp) continue;   /* positions ascend within a page */
+        const uint16_t *kb = pg.k + (int64_t)g * pg.head_step, *vb = pg.v + (int64_t)g * pg.head_step;
+        for (int32_t r = 0; r < pg.n; r += 2 * slots) {
+            int32_t ik[2] = { r + slot, r + slot + slots };
+            int vis[2];
+            uint32_t kr[AG_NL][2][4], vr[AG_NL][2][4];
+            QB_UNROLL
+            for (int u = 0; u < 2; u++) {
+                vis[u] = ag_visible(&pg, masks, ik[u], qp, window);
+                for (int l = 0; l < nl; l++) {
+                    const int d0 = (lane0 + l) * AG_DL;
+                    if (vis[u] && d0 < D) {
+                        ag_load16(kb + (int64_t)ik[u] * pg.stride + d0, kr[l][u]);
+                        ag_load16(vb + (int64_t)ik[u] * pg.stride + d0, vr[l][u]);
+                    } else {
+                        for (int w = 0; w < 4; w++) kr[l][u][w] = vr[l][u][w] = 0u;
+                    }
+                }
+            }
+            QB_UNROLL
+            for (int u = 0; u < 2; u++) {
+                if (r + u * slots >= pg.n) continue;   /* the same for the whole block */
+                float part[AG_NL][AG_HEADS];
+                for (int l = 0; l < nl; l++) {
+                    float k[AG_DL];
+                    ag_unpack(kr[l][u], k);
+                    QB_UNROLL
+                    for (int h = 0; h < AG_HEADS; h++) {
+                        float a = QB_MUL(q[l][h][0], k[0]);
+                        for (int j = 1; j < AG_DL; j++) a = fmaf(q[l][h][j], k[j], a);
+                        part[l][h] = a;
+                    }
+                }
+                ag_slot_sum(part, nl, lk, hb);
+                if (!vis[u]) continue;
+                const float bias = pg.bias ? pg.bias[ik[u]] : 0.0f;
+                for (int l = 0; l < nl; l++) {
+                    float s[AG_HEADS];
+                    for (int h = 0; h < AG_HEADS; h++) s[h] = pg.bias ? QB_ADD(part[l][h], bias) : part[l][h];
+                    ag_update(&st[l], s, vr[l][u], hb);
+                }
+            }
+        }
+    }
+}
+
+/* The combined output element d of row r (query t, head h: r = t * n_head + h) from its n_split
+ * partials (part_ml[(r * n_split + z) * 2 ..] maximum and sum, part_o[(r * n_split + z) * D ..]
+ * unnormalised output), in split order; 0 where nothing was visible, NaN where a NaN came in. */
+QB_HD float ag_combine_one(const float *part_o, const float *part_ml, int64_t r, int n_split, int D, int d)
+{
+    const int64_t r0 = r * n_split;
+    float M = -INFINITY;
+    for (int z = 0; z < n_split; z++)
+        if (part_ml[(r0 + z) * 2] > M) M = part_ml[(r0 + z) * 2];
+    float L = 0.0f, o = 0.0f;
+    for (int z = 0; z < n_split; z++) {
+        const float m = part_ml[(r0 + z) * 2];
+        if (m == -INFINITY) continue;
+        const float f = ag_exp(QB_SUB(m, M));
+        L = QB_ADD(L, QB_MUL(part_ml[(r0 + z) * 2 + 1], f));
+        o = QB_ADD(o, QB_MUL(part_o[(r0 + z) * D + d], f));
+    }
+    return L > 0.0f || L != L ? QB_DIV(o, L) : 0.0f;   /* a NaN stays one */
+}
+
+/* The blocks of a launch: KV heads times batches of AG_HEADS query heads. */
+QB_HD int ag_head_batches(int group) { return (group + AG_HEADS - 1) / AG_HEADS; }
+
+#ifndef __CUDA_ARCH__
+/* One block (KV head g, its query heads h0 .. h0 + hb, one query at qp whose rows of those heads
+ * are q[h * D ..], pages [p0, p1)) run on the host as the device runs it: every slot's lanes, the
+ * butterfly of the warp's slots (lane l merges lane l ^ o's state, o = lk .. 16), then warps 1 ..
+ * 3 merged into warp 0 in order. po[h * D + d] and pml[h * 2 ..] get the partial of head h0 + h. */
+static inline void ag_block_sim(const ag_page *pages, const uint64_t *masks, int64_t p0, int64_t p1, int g,
+                                const float *q, int D, int hb, int32_t qp, int32_t window, float *po, float *pml)
+{
+    const int lk = ag_lanes_per_key(D), slots = AG_THREADS / lk;
+    ag_state *st = (ag_state *)malloc(sizeof(ag_state) * AG_THREADS);
+    float (*qv)[AG_HEADS][AG_DL] = (float (*)[AG_HEADS][AG_DL])malloc(sizeof(float) * AG_THREADS * AG_HEADS * AG_DL);
+    if (!st || !qv) abort();
+    for (int t = 0; t < AG_THREADS; t++) {
+        ag_state_init(&st[t]);
+        for (int h = 0; h < AG_HEADS; h++)
+            for (int j = 0; j < AG_DL; j++) {
+                const int d = (t % lk) * AG_DL + j;
+                qv[t][h][j] = h < hb && d < D ? q[h * D + d] : 0.0f;
+            }
+    }
+    for (int s = 0; s < slots; s++)
+        ag_slot_run(pages, masks, p0, p1, g, qp, window, s, slots, lk, 0, lk, D, hb,
+                    (const float (*)[AG_HEADS][AG_DL])(qv + s * lk), st + s * lk);
+    for (int w = 0; w < AG_THREADS / 32; w++)
+        for (int o = lk; o < 32; o <<= 1) {
+            ag_state nw[32];
+            for (int l = 0; l < 32; l++) {
+                nw[l] = st[w * 32 + l];
+                const ag_state *b = &st[w * 32 + (l ^ o)];
+                for (int h = 0; h < hb; h++) ag_merge(&nw[l].m[h], &nw[l].l[h], nw[l].o[h], b->m[h], b->l[h], b->o[h]);
+            }
+            memcpy(&st[w * 32], nw, sizeof nw);
+        }
+    for (int l = 0; l < lk; l++) {
+        for (int w = 1; w < AG_THREADS / 32; w++) {
+            const ag_state *b = &st[w * 32 + l];
+            for (int h = 0; h < hb; h++) ag_merge(&st[l].m[h], &st[l].l[h], st[l].o[h], b->m[h], b->l[h], b->o[h]);
+        }
+        for (int h = 0; h < hb; h++)
+            for (int j = 0; j < AG_DL; j++)
+                if (l * AG_DL + j < D) po[h * D + l * AG_DL + j] = st[l].o[h][j];
+    }
+    for (int h = 0; h < hb; h++) {
+        pml[h * 2] = st[0].m[h];
+        pml[h * 2 + 1] = st[0].l[h];
+    }
+    free(st);
+    free(qv);
+}
+
+/* Attention a (n_cur 0; pages with their mask pointers) with n_split splits as the device computes
+ * it: out gets the device's bits. */
+static inline void ag_attention_sim(const be_attn *a, int n_split, float *out)
+{
+    const int D = a->head_dim, group = a->n_head / a->n_head_kv, nhb = ag_head_batches(group);
+    ag_page *pages = (ag_page *)malloc(sizeof(ag_page) * (size_t)(a->n_pages > 0 ? a->n_pages : 1));
+    size_t n_words = 0;
+    for (int64_t i = 0; i < a->n_pages; i++)
+        if (a->pages[i].mask && a->pages[i].n > 0) n_words += (size_t)(a->pages[i].n + 63) / 64;
+    uint64_t *masks = (uint64_t *)malloc(sizeof(uint64_t) * (n_words ? n_words : 1));
+    const size_t n_rows = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
+    float *po = (float *)malloc(sizeof(float) * n_rows * (size_t)D), *pml = (float *)malloc(sizeof(float) * n_rows * 2);
+    if (!pages || !masks || !po || !pml) abort();
+    size_t w = 0;
+    for (int64_t i = 0; i < a->n_pages; i++) {
+        const be_kv_page *pg = &a->pages[i];
+        pages[i] = (ag_page){ pg->k, pg->v, pg->pos, pg->bias, -1, pg->n, pg->stride, pg->head_step };
+        if (pg->mask && pg->n > 0) {
+            const size_t nw = (size_t)(pg->n + 63) / 64;
+            memcpy(masks + w, pg->mask, sizeof(uint64_t) * nw);
+            pages[i].mask_off = (int64_t)w;
+            w += nw;
+        }
+    }
+    for (int64_t t = 0; t < a->n_q; t++)
+        for (int g = 0; g < a->n_head_kv; g++)
+            for (int b = 0; b < nhb; b++)
+                for (int z = 0; z < n_split; z++) {
+                    const int h0 = g * group + b * AG_HEADS, hb = group - b * AG_HEADS < AG_HEADS ? group - b * AG_HEADS
+                                                                                                 : AG_HEADS;
+                    int64_t p0, p1;
+                    ag_split_range(a->head_pages, a->n_pages, g, n_split, z, &p0, &p1);
+                    float bpo[AG_HEADS * AG_MAX_D], bpml[AG_HEADS * 2];
+                    ag_block_sim(pages, masks, p0, p1, g, a->q + ((size_t)t * (size_t)a->n_head + (size_t)h0) * (size_t)D,
+                                 D, hb, a->q_pos[t], a->window, bpo, bpml);
+                    for (int h = 0; h < hb; h++) {
+                        const size_t row = ((size_t)t * (size_t)a->n_head + (size_t)(h0 + h)) * (size_t)n_split + (size_t)z;
+                        memcpy(po + row * (size_t)D, bpo + h * D, sizeof(float) * (size_t)D);
+                        pml[row * 2] = bpml[h * 2];
+                        pml[row * 2 + 1] = bpml[h * 2 + 1];
+                    }
+                }
+    for (int64_t r = 0; r < a->n_q * a->n_head; r++)
+        for (int d = 0; d < D; d++) out[r * D + d] = ag_combine_one(po, pml, r, n_split, D, d);
+    free(pages);
+    free(masks);
+    free(po);
+    free(pml);
+}
+#endif
+
+#endif

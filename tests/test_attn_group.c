@@ -1,0 +1,376 @@
+/* test_attn_group.c - the grouped attention kernel's per-lane work (kernels/attn_group.h), on the host.
+ *
+ * ag_attention_sim runs every lane of every block as the device does (the GPU test holds the device
+ * to its bits); here it is checked against a double-precision softmax and against the CPU backend's
+ * attention on random pages of odd lengths: head dimensions whose rows take 4 to 32 lanes (and 80 /
+ * 96, which leave lanes empty), groups of 1 to 12 query heads (more than one block a KV head), token
+ * masks, merged-token bias, sliding windows, several queries, per-KV-head page lists and rows of all
+ * heads side by side, 1 to more splits than pages. Also: ag_exp against exp, the symmetry of the
+ * merge and of the slots' sums that the device's butterflies rely on, and NaN kept. AG_SEED replays
+ * a run (the default seed is fixed). */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/quant.h"
+#include "kernels/attn_group.h"
+#include "kernels/backend.h"
+
+static uint64_t rng;
+static void seed_rng(const char *what)
+{
+    const char *env = getenv("AG_SEED");
+    rng = env ? strtoull(env, NULL, 10) : 0x5EEDull;
+    cr_log_info("%s: seed %llu (AG_SEED to replay)", what, (unsigned long long)rng);
+}
+static uint32_t rnd(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng >> 33);
+}
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
+
+Test(attn_group, ag_exp_is_within_two_units_in_the_last_place_of_exp)
+{
+    cr_expect(ag_exp(0.0f) == 1.0f && ag_exp(-0.0f) == 1.0f, "e^0 must be 1 exactly");
+    cr_expect(ag_exp(-INFINITY) == 0.0f && ag_exp(-86.5f) == 0.0f && ag_exp(-1e30f) == 0.0f);
+    cr_expect(isnan(ag_exp(NAN)));
+    double worst = 0;
+    float prev = 0.0f;
+    int monotone = 1;
+    /* every 2^-12 from -86 to 0, then a sweep of small magnitudes and some positive values */
+    for (int i = -86 * 4096; i <= 0; i++) {
+        const float x = (float)i / 4096.0f, y = ag_exp(x);
+        const double r = exp((double)x), ulp = ldexp(1.0, ilogb(r) - 23);
+        const double e = fabs((double)y - r) / ulp;
+        if (e > worst) worst = e;
+        if (y < prev) monotone = 0;
+        prev = y;
+    }
+    for (float x = -1e-3f; x < 88.0f; x = x < 0 ? x * 0.5f + (x > -1e-30f ? 1e-3f : 0) : x + 0.37f) {
+        const float y = ag_exp(x);
+        const double r = exp((double)x), ulp = ldexp(1.0, ilogb(r) - 23);
+        const double e = fabs((double)y - r) / ulp;
+        if (e > worst) worst = e;
+    }
+    cr_log_info("ag_exp: worst %.2f units in the last place", worst);
+    cr_expect(worst <= 2.0, "ag_exp is %.2f units in the last place from exp", worst);
+    cr_expect(monotone, "ag_exp decreases somewhere as x grows");
+}
+
+/* Random states: merging a into b gives b into a's bits (the device's lanes l and l ^ o each merge
+ * the other's state into their own); the slots' sums are the same on every lane. */
+Test(attn_group, the_merges_and_the_slot_sums_are_symmetric)
+{
+    seed_rng("symmetry");
+    for (int it = 0; it < 20000; it++) {
+        float m1 = rnd() % 7 ? frand(-30, 30) : -INFINITY, m2 = rnd() % 7 ? frand(-30, 30) : -INFINITY;
+        if (rnd() % 5 == 0) m2 = m1;
+        float l1 = m1 == -INFINITY ? 0 : frand(0.5f, 40), l2 = m2 == -INFINITY ? 0 : frand(0.5f, 40);
+        float o1[AG_DL], o2[AG_DL];
+        for (int j = 0; j < AG_DL; j++) o1[j] = frand(-9, 9), o2[j] = frand(-9, 9);
+        float am = m1, al = l1, ao[AG_DL], bm = m2, bl = l2, bo[AG_DL];
+        memcpy(ao, o1, sizeof ao);
+        memcpy(bo, o2, sizeof bo);
+        ag_merge(&am, &al, ao, m2, l2, o2);
+        ag_merge(&bm, &bl, bo, m1, l1, o1);
+        cr_assert(memcmp(&am, &bm, sizeof am) == 0 && memcmp(&al, &bl, sizeof al) == 0 && memcmp(ao, bo, sizeof ao) == 0,
+                  "merge(a, b) and merge(b, a) differ at m %g / %g", (double)m1, (double)m2);
+    }
+    for (int lk = 1; lk <= 32; lk <<= 1)
+        for (int it = 0; it < 200; it++) {
+            float part[AG_NL][AG_HEADS];
+            for (int l = 0; l < lk; l++)
+                for (int h = 0; h < AG_HEADS; h++) part[l][h] = frand(-5, 5) * (rnd() % 3 ? 1.0f : 1e4f);
+            ag_slot_sum(part, lk, lk, AG_HEADS);
+            for (int l = 1; l < lk; l++)
+                cr_assert(memcmp(part[l], part[0], sizeof part[0]) == 0, "lane %d of %d has another sum", l, lk);
+        }
+}
+
+/* A set of pages for n_kv KV heads: per-head lists (stride D) or, with side_by_side, one list whose
+ * rows hold every head (stride n_kv * D, head_step D). */
+typedef struct pageset {
+    be_kv_page *pages;
+    int64_t n_pages, head_pages[17];
+    void **mem;
+    int n_mem;
+    int32_t max_pos, min_pos;
+} pageset;
+
+static void *keep(pageset *ps, size_t bytes)
+{
+    void *p = aligned_alloc(16, (bytes + 15) / 16 * 16);
+    cr_assert(p);
+    ps->mem[ps->n_mem++] = p;
+    return p;
+}
+
+static void make_pageset(pageset *ps, int n_kv, int per_list, int D, int side_by_side, int with_mask, int with_bias)
+{
+    const int lists = side_by_side ? 1 : n_kv, heads_in_row = side_by_side ? n_kv : 1;
+    ps->n_pages = (int64_t)lists * per_list;
+    ps->pages = calloc((size_t)ps->n_pages, sizeof *ps->pages);
+    ps->mem = calloc((size_t)ps->n_pages * 5 + 1, sizeof(void *));
+    ps->n_mem = 0;
+    ps->max_pos = 0;
+    ps->min_pos = INT32_MAX;
+    for (int g = 0; g < lists; g++) {
+        ps->head_pages[g] = (int64_t)g * per_list;
+        int32_t p = (int32_t)(rnd() % 5);
+        for (int j = 0; j < per_list; j++) {
+            be_kv_page *pg = &ps->pages[(int64_t)g * per_list + j];
+            const int32_t cap = 64, n = rnd() % 9 == 0 ? 0 : 1 + (int32_t)(rnd() % cap);
+            const int32_t stride = heads_in_row * D;
+            uint16_t *k = keep(ps, sizeof(uint16_t) * (size_t)cap * (size_t)stride);
+            uint16_t *v = keep(ps, sizeof(uint16_t) * (size_t)cap * (size_t)stride);
+            int32_t *pos = keep(ps, sizeof(int32_t) * (size_t)cap);
+            for (int64_t e = 0; e < (int64_t)cap * stride; e++) {
+                k[e] = quant_f32_to_fp16(frand(-1, 1));
+                v[e] = quant_f32_to_fp16(frand(-1, 1));
+            }
+            for (int32_t t = 0; t < cap; t++) pos[t] = (p += 1 + (int32_t)(rnd() % 3));
+            p = n > 0 ? pos[n - 1] : p;
+            if (n > 0 && pos[0] < ps->min_pos) ps->min_pos = pos[0];
+            float *bias = NULL;
+            if (with_bias) {
+                bias = keep(ps, sizeof(float) * (size_t)cap);
+                for (int32_t t = 0; t < cap; t++) bias[t] = rnd() % 3 ? 0.0f : logf(2.0f + (float)(rnd() % 4));
+            }
+            uint64_t *mask = NULL;
+            if (with_mask && rnd() % 2) {
+                mask = keep(ps, sizeof(uint64_t));
+                mask[0] = 0;
+                for (int32_t t = 0; t < n; t++)
+                    if (rnd() % 4) mask[0] |= 1ull << t;
+            }
+            *pg = (be_kv_page){ .k = k, .v = v, .pos = pos, .bias = bias, .mask = mask, .n = n, .stride = stride,
+                                .head_step = side_by_side ? D : 0, .gen = 0, .cap = cap };
+        }
+        if (p > ps->max_pos) ps->max_pos = p;
+    }
+    ps->head_pages[lists] = ps->n_pages;
+}
+
+static void free_pageset(pageset *ps)
+{
+    for (int i = 0; i < ps->n_mem; i++) free(ps->mem[i]);
+    free(ps->mem);
+    free(ps->pages);
+}
+
+/* The exact attention of a's queries in double: the visible rows' softmax-weighted values. The
+ * bound on an f32 result, in units of eps = 2^-23 times the weighted magnitude sum |w_i v_i| / sum w_i:
+ * each weight is off by the score's error (a lane's 8 fused products and 5 sums: 14 S, S the largest
+ * sum of |q_d k_d| + |bias| of a row) plus its exponential's (a few), counted twice (the output and
+ * its normaliser), plus the depth of the sums (8 + 4 log2 n). Returns the largest |got - exact|
+ * over that bound (1: at the bound). */
+static double check_exact(const be_attn *a, const float *got, int64_t *n_nan)
+{
+    const int D = a->head_dim, group = a->n_head / a->n_head_kv;
+    double worst = 0;
+    *n_nan = 0;
+    double *acc = malloc(sizeof(double) * (size_t)D), *mag = malloc(sizeof(double) * (size_t)D);
+    for (int64_t t = 0; t < a->n_q; t++)
+        for (int h = 0; h < a->n_head; h++) {
+            const int g = h / group;
+            const float *q = a->q + (t * a->n_head + h) * D;
+            const int64_t p0 = a->head_pages ? a->head_pages[g] : 0, p1 = a->head_pages ? a->head_pages[g + 1] : a->n_pages;
+            double M = -INFINITY, S = 0;
+            int64_t n_vis = 0;
+            for (int pass = 0; pass < 2; pass++) {
+                double L = 0;
+                for (int d = 0; d < D; d++) acc[d] = mag[d] = 0;
+                for (int64_t ip = p0; ip < p1; ip++) {
+                    const be_kv_page *pg = &a->pages[ip];
+                    for (int32_t i = 0; i < pg->n; i++) {
+                        const int32_t kp = pg->pos[i], qp = a->q_pos[t];
+                        if (kp > qp || (a->window > 0 && qp - kp >= a->window)) continue;
+                        if (pg->mask && !((pg->mask[i >> 6] >> (i & 63)) & 1u)) continue;
+                        const uint16_t *kr = pg->k + (int64_t)i * pg->stride + (int64_t)g * pg->head_step;
+                        const uint16_t *vr = pg->v + (int64_t)i * pg->stride + (int64_t)g * pg->head_step;
+                        double s = 0, sa = 0;
+                        for (int d = 0; d < D; d++) {
+                            s += (double)q[d] * quant_fp16_to_f32(kr[d]);
+                            sa += fabs((double)q[d] * quant_fp16_to_f32(kr[d]));
+                        }
+                        if (pg->bias) s += pg->bias[i], sa += fabs(pg->bias[i]);
+                        if (pass == 0) {
+                            if (s > M) M = s;
+                            if (sa > S) S = sa;
+                            n_vis++;
+                            continue;
+                        }
+                        const double w = exp(s - M);
+                        L += w;
+                        for (int d = 0; d < D; d++) {
+                            acc[d] += w * quant_fp16_to_f32(vr[d]);
+                            mag[d] += w * fabs(quant_fp16_to_f32(vr[d]));
+                        }
+                    }
+                }
+                if (pass == 0) continue;
+                const float *o = got + (t * a->n_head + h) * D;
+                for (int d = 0; d < D; d++) {
+                    if (isnan(o[d])) {
+                        (*n_nan)++;
+                        continue;
+                    }
+                    const double exact = n_vis ? acc[d] / L : 0.0;
+                    const double units = 2.0 * (14.0 * S + 4.0) + 8.0 + 4.0 * log2((double)n_vis + 1);
+                    const double scale = n_vis ? ldexp(1.0, -23) * units * (mag[d] / L + 1e-30) : 1e-30;
+                    const double e = fabs((double)o[d] - exact) / scale;
+                    if (e > worst) worst = e;
+                }
+            }
+        }
+    free(acc);
+    free(mag);
+    return worst;
+}
+
+static double max_rel(const float *a, const float *b, int64_t n)
+{
+    double worst = 0, scale = 1e-6;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        if (d > worst || isnan(d)) worst = isnan(d) ? INFINITY : d;
+        if (fabs(b[i]) > scale) scale = fabs(b[i]);
+    }
+    return worst / scale;
+}
+
+Test(attn_group, the_simulated_kernel_equals_exact_attention_and_the_cpu, .timeout = 300)
+{
+    seed_rng("grouped attention");
+    char err[256];
+    be_backend *cpu = be_cpu_create(2, err, sizeof err);
+    cr_assert(cpu, "%s", err);
+    const int dims[] = { 32, 64, 80, 96, 128, 256 };
+    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 }, { 12, 1 }, { 10, 2 }, { 3, 3 } };
+    const int splits[] = { 1, 2, 3, 7, 40 };
+    double worst_exact = 0, worst_cpu = 0, worst_cpu_exact = 0;
+    int cases = 0;
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+        for (size_t hi = 0; hi < sizeof heads / sizeof *heads; hi++)
+            for (int variant = 0; variant < 6; variant++) {
+                const int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1];
+                const int side = variant == 4, with_mask = variant & 1, with_bias = (variant & 2) != 0;
+                pageset ps;
+                make_pageset(&ps, nkv, 1 + (int)(rnd() % 9), D, side, with_mask, with_bias);
+                const int64_t nq = variant >= 3 ? 1 + (int64_t)(rnd() % 7) : 1;
+                const int32_t window = variant == 2 || variant == 5 ? 20 + (int32_t)(rnd() % 60) : 0;
+                const size_t n_out = (size_t)(nq * nh * D);
+                float *q = malloc(sizeof(float) * n_out), *o_sim = malloc(sizeof(float) * n_out);
+                float *o_cpu = malloc(sizeof(float) * n_out);
+                int32_t *qp = malloc(sizeof(int32_t) * (size_t)nq);
+                for (size_t i = 0; i < n_out; i++) q[i] = frand(-0.5f, 0.5f) * (variant == 5 ? 8.0f : 1.0f);
+                for (int64_t t = 0; t < nq; t++)
+                    qp[t] = t == 0 ? ps.max_pos
+                        : t == 1 ? ps.min_pos - 1   /* sees nothing */
+                                 : (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1));
+                be_attn a = { .q = q, .n_q = nq, .q_pos = qp, .n_head = nh, .n_head_kv = nkv, .head_dim = D,
+                              .pages = ps.pages, .n_pages = ps.n_pages, .head_pages = side ? NULL : ps.head_pages,
+                              .window = window, .out = o_cpu };
+                cpu->ops->attention(cpu, &a);
+                const int ns = splits[rnd() % 5];
+                ag_attention_sim(&a, ns, o_sim);
+                int64_t n_nan = 0, n_nan_cpu = 0;
+                const double ex = check_exact(&a, o_sim, &n_nan), dc = max_rel(o_sim, o_cpu, (int64_t)n_out);
+                const double ex_cpu = check_exact(&a, o_cpu, &n_nan_cpu);
+                cr_expect(n_nan == 0, "D %d, %d/%d heads, variant %d: %lld NaN", D, nh, nkv, variant, (long long)n_nan);
+                cr_expect(ex <= 1.0, "D %d, %d/%d heads, variant %d, %d splits: %.2f of the f32 bound from exact",
+                          D, nh, nkv, variant, ns, ex);
+                /* the CPU meets the same bound; a different reading of the pages (which rows a query
+                 * sees, the bias, the heads' rows) would differ by far more than 1e-4 */
+                cr_expect(ex_cpu <= 1.0, "the CPU backend is %.2f of the f32 bound from exact", ex_cpu);
+                cr_expect(dc < 1e-4, "D %d, %d/%d heads, variant %d, %d splits: %.2e from the CPU", D, nh, nkv,
+                          variant, ns, dc);
+                if (ex_cpu > worst_cpu_exact) worst_cpu_exact = ex_cpu;
+                if (nq > 1)
+                    for (int h = 0; h < nh * D; h++)
+                        cr_expect(o_sim[(size_t)nh * D + (size_t)h] == 0.0f, "a query that sees nothing gives 0");
+                if (ex > worst_exact) worst_exact = ex;
+                if (dc > worst_cpu) worst_cpu = dc;
+                cases++;
+                free(q);
+                free(o_sim);
+                free(o_cpu);
+                free(qp);
+                free_pageset(&ps);
+            }
+    cr_log_info("%d cases: worst %.3f of the f32 bound from exact (the CPU %.3f), %.2e from the CPU", cases,
+                worst_exact, worst_cpu_exact, worst_cpu);
+    be_free(cpu);
+}
+
+/* Long lists: 4096 rows a head in pages of 32 at the 7B and the default model's shapes, split as a
+ * decode step on a large device splits them, against double precision. */
+Test(attn_group, long_contexts_stay_within_the_f32_bound, .timeout = 300)
+{
+    seed_rng("long contexts");
+    const int shapes[][3] = { { 32, 8, 128 }, { 4, 1, 256 } };
+    for (int si = 0; si < 2; si++) {
+        const int nh = shapes[si][0], nkv = shapes[si][1], D = shapes[si][2];
+        const int64_t per = 128, n_pages = per * nkv;
+        be_kv_page *pages = calloc((size_t)n_pages, sizeof *pages);
+        uint16_t *kv = aligned_alloc(16, sizeof(uint16_t) * 2 * (size_t)(n_pages * 32 * D));
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)(per * 32));
+        int64_t hp[9];
+        for (int64_t i = 0; i < 2 * n_pages * 32 * D; i++) kv[i] = quant_f32_to_fp16(frand(-1, 1));
+        for (int64_t i = 0; i < per * 32; i++) pos[i] = (int32_t)i;
+        for (int g = 0; g < nkv; g++) {
+            hp[g] = g * per;
+            for (int64_t p = 0; p < per; p++) {
+                uint16_t *k = kv + (size_t)((g * per + p) * 32 * D);
+                pages[g * per + p] = (be_kv_page){ .k = k, .v = k + (size_t)(n_pages * 32 * D), .pos = pos + p * 32,
+                                                   .n = 32, .stride = D, .cap = 32 };
+            }
+        }
+        hp[nkv] = n_pages;
+        float *q = malloc(sizeof(float) * (size_t)(nh * D)), *o = malloc(sizeof(float) * (size_t)(nh * D));
+        for (int i = 0; i < nh * D; i++) q[i] = frand(-0.6f, 0.6f);
+        int32_t qp = (int32_t)(per * 32);
+        be_attn a = { .q = q, .n_q = 1, .q_pos = &qp, .n_head = nh, .n_head_kv = nkv, .head_dim = D, .pages = pages,
+                      .n_pages = n_pages, .head_pages = hp, .out = o };
+        for (int ns = 1; ns <= 64; ns *= 8) {
+            ag_attention_sim(&a, ns, o);
+            int64_t n_nan = 0;
+            const double ex = check_exact(&a, o, &n_nan);
+            cr_log_info("%d heads / %d KV of %d, 4096 rows, %d splits: %.3f of the f32 bound", nh, nkv, D, ns, ex);
+            cr_expect(n_nan == 0 && ex <= 1.0, "%d splits: %.2f of the f32 bound from exact", ns, ex);
+        }
+        free(q);
+        free(o);
+        free(pages);
+        free(kv);
+        free(pos);
+    }
+}
+
+/* A NaN in one head's query gives that head NaN (not a plausible 0 or a finite average) and leaves
+ * the other heads alone; as the CPU. */
+Test(attn_group, a_nan_query_stays_nan)
+{
+    seed_rng("nan");
+    pageset ps;
+    make_pageset(&ps, 1, 4, 64, 0, 0, 0);
+    float q[4 * 64], o[4 * 64];
+    for (int i = 0; i < 4 * 64; i++) q[i] = frand(-0.5f, 0.5f);
+    q[64 + 3] = NAN;
+    int32_t qp = ps.max_pos;
+    be_attn a = { .q = q, .n_q = 1, .q_pos = &qp, .n_head = 4, .n_head_kv = 1, .head_dim = 64, .pages = ps.pages,
+                  .n_pages = ps.n_pages, .head_pages = ps.head_pages, .out = o };
+    for (int ns = 1; ns <= 3; ns++) {
+        ag_attention_sim(&a, ns, o);
+        for (int d = 0; d < 64; d++) {
+            cr_expect(isnan(o[64 + d]), "%d splits: head 1's output %d is %g", ns, d, (double)o[64 + d]);
+            cr_expect(!isnan(o[d]) && !isnan(o[128 + d]) && !isnan(o[192 + d]), "%d splits: NaN spread", ns);
+        }
+    }
+    free_pageset(&ps);
+}
