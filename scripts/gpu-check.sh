@@ -5,14 +5,15 @@
 #   1. the machine (nvidia-smi) and whether kvchat starts;
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
 #   3. compute-sanitizer memcheck over the attention, element-wise and decode-product tests;
-#   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K, against a
-#      device-to-device copy;
+#   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
+#      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
-#      vocabulary from the pack): the GPU, the GPU with every product through cuBLAS
-#      (KVCHAT_CUDA_MMV=0), the GPU with stage 0's f32 decode kernel (KVCHAT_CUDA_MMV=f32), and
-#      the CPU on every core, one after the other;
+#      vocabulary from the pack): the GPU, the GPU with prefill chunks on the tensor-core flash
+#      kernel (KVCHAT_CUDA_ATTN=flash), with the scalar attention kernel (KVCHAT_CUDA_ATTN=scalar),
+#      with stage 0's f32 decode kernel (KVCHAT_CUDA_MMV=f32), with every product through cuBLAS
+#      (KVCHAT_CUDA_MMV=0), and the CPU on every core, one after the other;
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also with
-#      the f32 decode kernel).
+#      the f32 decode kernel and with the flash kernel).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
@@ -163,7 +164,7 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 if command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (attention, element-wise, decode products)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
     say "- compute-sanitizer: not installed here"
@@ -187,9 +188,11 @@ elif [ ! -f "$bin/gemma-vocab.gguf" ]; then
     say "- no gemma-vocab.gguf in the pack: skipped"
 elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m --type q4_k_m --vocab "$bin/gemma-vocab.gguf" \
         -o "$gm" -t "$threads"; then
-    for run in cuda cuda-cublas cuda-f32 cpu; do
+    for run in cuda cuda-flash cuda-scalar cuda-f32 cuda-cublas cpu; do
         case $run in
         cuda) env=() dev=(--device cuda) config=cuda ;;
+        cuda-flash) env=(KVCHAT_CUDA_ATTN=flash) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=flash" ;;
+        cuda-scalar) env=(KVCHAT_CUDA_ATTN=scalar) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=scalar" ;;
         cuda-cublas) env=(KVCHAT_CUDA_MMV=0) dev=(--device cuda) config="cuda KVCHAT_CUDA_MMV=0" ;;
         cuda-f32) env=(KVCHAT_CUDA_MMV=f32) dev=(--device cuda) config="cuda KVCHAT_CUDA_MMV=f32" ;;
         cpu) env=() dev=(--device cpu -t "$threads") config="cpu $threads threads" ;;
@@ -227,6 +230,9 @@ for type in q4_k_m f16; do
             bench_step "bench mistral-7b $type f32 decode kernel" "cuda KVCHAT_CUDA_MMV=f32" 100 \
                 env KVCHAT_CUDA_MMV=f32 "$kv" bench -m "$m" --device cuda --ctx 512 --gen 16 --csv "$tmp/bench.csv" &&
                 bench_table
+            bench_step "bench mistral-7b $type flash prefill" "cuda KVCHAT_CUDA_ATTN=flash" 100 \
+                env KVCHAT_CUDA_ATTN=flash "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
+                --csv "$tmp/bench.csv" && bench_table
         fi
     fi
     rm -f "$m"

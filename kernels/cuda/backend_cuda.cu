@@ -54,6 +54,7 @@ extern "C" {
 #include "kernels/quant_blocks.h"
 #include "kernels/decode_dot.h"
 #include "kernels/attn_group.h"
+#include "kernels/attn_flash.h"
 
 #include "kernels/cuda/split_merge.cuh"
 
@@ -108,6 +109,8 @@ typedef struct cuda_impl {
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
     int attn_splits;           /* KVCHAT_CUDA_ATTN_SPLITS: the grouped kernel's splits (0: by the device) */
+    int attn_flash;            /* KVCHAT_CUDA_ATTN=flash: prefill chunks on the tensor cores (attn_flash_kernel) */
+    size_t flash_smem_set;     /* the flash kernel's shared memory limit as raised so far */
     uint64_t scratch_bytes;
     /* page-locked host buffers: attention's page list and masks as built, outputs on their way back */
     dev_page *h_pages;
@@ -1093,6 +1096,64 @@ __global__ void __launch_bounds__(AG_THREADS) attn_group_kernel(const float *q, 
     }
 }
 
+/* A prefill chunk's attention on the tensor cores (kernels/attn_flash.h): one block per (rt * 16
+ * query rows, KV head and batch of its query heads); warps per (row tile, head, half of the output
+ * dimensions); key tiles of AF_KT rows through two stages of shared memory. grid (ceil(n_q / (rt *
+ * 16)), n_head_kv * batches), af_shape_of(D, group).warps * 32 threads, af_smem_bytes of shared
+ * memory. */
+__global__ void __launch_bounds__(AF_WARPS * 32) attn_flash_kernel(const float *q, const int32_t *q_pos, int64_t n_q,
+                                                                   const ag_page *pages, int64_t n_pages,
+                                                                   const int64_t *head_pages, const uint64_t *masks,
+                                                                   int n_head, int group, int D, int32_t window,
+                                                                   int has_bias, float *out)
+{
+    extern __shared__ __align__(16) unsigned char af_mem[];
+    const af_shape sh = af_shape_of(D, group);
+    const int nhb = ag_head_batches(group), g = blockIdx.y / nhb, bt = blockIdx.y % nhb;
+    const int h0 = g * group + bt * AG_HEADS, hb_b = group - bt * AG_HEADS < AG_HEADS ? group - bt * AG_HEADS : AG_HEADS;
+    const int tid = threadIdx.x, nt = blockDim.x, wi = tid >> 5, lane = tid & 31;
+    const int rt = wi / (sh.hb * sh.ds), hh = (wi / sh.ds) % sh.hb, ds = wi % sh.ds;
+    const int64_t row0 = (int64_t)blockIdx.x * sh.rt * 16;
+    const af_smem m = af_smem_at(af_mem, D, sh);
+    af_fill_q(m, q, n_q, n_head, D, sh, row0, h0, hb_b, tid, nt);
+    int32_t minp, maxp, wlo, wmax;
+    af_row_span(q_pos, n_q, row0, sh.rt * 16, &minp, &maxp);
+    af_row_span(q_pos, n_q, row0 + rt * 16, 16, &wlo, &wmax);
+    int32_t qp[1][2];
+    for (int h = 0; h < 2; h++) {
+        const int64_t r = row0 + rt * 16 + (lane >> 2) + 8 * h;
+        qp[0][h] = r < n_q ? q_pos[r] : INT32_MIN;
+    }
+    af_lane s[1];
+    af_lane_init(&s[0]);
+    const size_t qoff = (size_t)(rt * sh.hb + hh) * 16 * (size_t)(D + AF_PAD);
+    int64_t p0, p1;
+    ag_split_range(head_pages, n_pages, g, 1, 0, &p0, &p1);
+    af_cursor cc = af_settle(pages, p0, 0, p1, minp, maxp, window), cl = cc;   /* computed, loaded */
+    if (cl.ip < p1) {
+        af_load_tile(m.s0, &pages[cl.ip], cl.r0, masks, g, D, tid, nt);
+        cl = af_settle(pages, cl.ip, cl.r0 + AF_KT, p1, minp, maxp, window);
+    }
+    af_cp_commit();
+    for (int i = 0; cc.ip < p1; i++) {
+        if (cl.ip < p1) {   /* the next tile loads while this one is used */
+            af_load_tile(af_stage_of(m, (i + 1) & 1), &pages[cl.ip], cl.r0, masks, g, D, tid, nt);
+            cl = af_settle(pages, cl.ip, cl.r0 + AF_KT, p1, minp, maxp, window);
+        }
+        af_cp_commit();
+        af_cp_wait1();
+        __syncthreads();
+        const af_stage st = af_stage_of(m, i & 1);
+        if (hh < hb_b && st.pos[0] <= wmax)   /* warp-uniform: a tile past every row of the warp is skipped */
+            af_warp_tile(st, m.qh + qoff, m.ql + qoff, D, ds * sh.dw, sh.dw, window, has_bias,
+                         (const int32_t(*)[2])qp, lane, 1, s);
+        __syncthreads();   /* the stage is refilled by the next iteration's copies */
+        cc = af_settle(pages, cc.ip, cc.r0 + AF_KT, p1, minp, maxp, window);
+    }
+    af_cp_wait0();
+    if (hh < hb_b) af_write(&s[0], lane, out, n_q, n_head, h0 + hh, D, ds * sh.dw, sh.dw, row0 + rt * 16);
+}
+
 /* The grouped kernel's splits merged (ag_combine_one). grid (n_head, n_q), threads over D. */
 __global__ void attn_group_combine(const float *part_o, const float *part_ml, int n_split, int n_head, int D,
                                    float *out)
@@ -1245,7 +1306,29 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         return;
     float *d_out = out_bound ? (float *)am_dev_out(&ci->act, a->out, sizeof(float) * nq) : ci->out;
     cudaStream_t s = ci->stream;
-    if (grouped) {
+    const int group = a->n_head / a->n_head_kv;
+    const af_shape fsh = af_shape_of(D, group);
+    const size_t fsmem = af_smem_bytes(D, fsh);
+    int flash = grouped && ci->attn_flash && a->n_q >= AF_MIN_Q && af_supported(D);
+    if (flash && fsmem > ci->flash_smem_set) {
+        int most = 0;
+        cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+        if ((size_t)most < fsmem ||
+            cudaFuncSetAttribute(attn_flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsmem) !=
+                cudaSuccess) {
+            cudaGetLastError();   /* not sticky: the grouped kernel runs instead */
+            flash = 0;
+        } else {
+            ci->flash_smem_set = fsmem;
+        }
+    }
+    if (flash) {
+        int has_bias = 0;
+        for (int64_t i = 0; i < e && !has_bias; i++) has_bias = ci->h_pages[i].n > 0 && ci->h_pages[i].bias;
+        dim3 grid((unsigned)((a->n_q + fsh.rt * 16 - 1) / (fsh.rt * 16)), (unsigned)(a->n_head_kv * nhb));
+        attn_flash_kernel<<<grid, fsh.warps * 32, fsmem, s>>>(d_q, d_qpos, a->n_q, d_pages, e, d_hp, d_masks, a->n_head,
+                                                               group, D, a->window, has_bias, d_out);
+    } else if (grouped) {
         dim3 grid((unsigned)(a->n_head_kv * nhb), (unsigned)a->n_q, (unsigned)n_split);
         attn_group_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head,
                                                       a->n_head / a->n_head_kv, D, a->window, n_split, ci->part_o,
@@ -1586,6 +1669,7 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     ci->mmv_inflight = inflight_env && !strcmp(inflight_env, "1") ? 1 : 2;
     const char *attn_env = getenv("KVCHAT_CUDA_ATTN");
     ci->attn_scalar = attn_env && !strcmp(attn_env, "scalar");
+    ci->attn_flash = attn_env && !strcmp(attn_env, "flash");
     const char *splits_env = getenv("KVCHAT_CUDA_ATTN_SPLITS");
     ci->attn_splits = splits_env ? atoi(splits_env) : 0;
     if (ci->attn_splits < 0 || ci->attn_splits > 4096) ci->attn_splits = 0;

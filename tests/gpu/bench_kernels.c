@@ -15,7 +15,9 @@
  * - decode attention (one query) at Mistral 7B's shape (32 query heads, 8 KV heads of 128) over
  *   512, 8192 and 32768 tokens in pages of 32 per KV head, and the default model's (4 query heads,
  *   1 KV head of 256) at 8192; a prefill chunk's (512 queries at the end of 8192 tokens, 7B shape);
- *   each with the grouped kernel (the default) and the scalar one (KVCHAT_CUDA_ATTN=scalar);
+ *   and the default model's (512 queries at 8192); each with the grouped kernel (the default), the
+ *   scalar one (KVCHAT_CUDA_ATTN=scalar) and for the chunks the tensor-core flash kernel
+ *   (KVCHAT_CUDA_ATTN=flash);
  *   bytes = the keys and values read once (a decode step's least traffic).
  * Each case: warm-up calls (the first uploads the weight or the pages), then as many calls as take
  * at least 30 ms, timed on the host around the calls and the final wait (launch costs included, as
@@ -31,6 +33,7 @@
 
 #include "common/quant.h"
 #include "kernels/backend.h"
+#include "kernels/attn_flash.h"
 #include "kernels/decode_dot.h"
 
 static FILE *csv;
@@ -204,8 +207,10 @@ int main(int argc, char **argv)
     unsetenv("KVCHAT_CUDA_MMV_INFLIGHT");
     setenv("KVCHAT_CUDA_ATTN", "scalar", 1);
     be_backend *scal = in1 ? be_cuda_create(4, err, sizeof err) : NULL;
+    setenv("KVCHAT_CUDA_ATTN", "flash", 1);
+    be_backend *flsh = scal ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_ATTN");
-    if (!tiles || !passes || !f32k || !in1 || !scal) {
+    if (!tiles || !passes || !f32k || !in1 || !scal || !flsh) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
@@ -301,7 +306,8 @@ int main(int argc, char **argv)
         int n_head, n_kv, D;
         int64_t ctx, n_q;
     } att[] = { { "7B", 32, 8, 128, 512, 1 },          { "7B", 32, 8, 128, 8192, 1 }, { "7B", 32, 8, 128, 32768, 1 },
-                { "gemma3-270m", 4, 1, 256, 8192, 1 }, { "7B", 32, 8, 128, 8192, 512 } };
+                { "gemma3-270m", 4, 1, 256, 8192, 1 }, { "7B", 32, 8, 128, 8192, 512 },
+                { "gemma3-270m", 4, 1, 256, 8192, 512 } };
     for (size_t ai = 0; ai < (quick ? 1u : sizeof att / sizeof *att); ai++) {
         int nh = att[ai].n_head, nkv = att[ai].n_kv, D = att[ai].D;
         int64_t ctx = att[ai].ctx, per_head = ctx / 32, n_pages = per_head * nkv;
@@ -329,8 +335,10 @@ int main(int argc, char **argv)
         if (!q || !o || !qp) return 1;
         for (int64_t i = 0; i < nq * nh * D; i++) q[i] = 0.1f * frand(), o[i] = 0;
         for (int64_t t = 0; t < nq; t++) qp[t] = (int32_t)(ctx - nq + t);
-        be_backend *kern[2] = { dflt, scal };
-        for (int k = 0; k < 2; k++) {
+        be_backend *kern[3] = { dflt, scal, flsh };
+        static const char *const kname[3] = { "grouped", "scalar", "flash" };
+        for (int k = 0; k < 3; k++) {
+            if (k == 2 && nq < AF_MIN_Q) continue;   /* the flash kernel takes prefill chunks only */
             if (be_bind(kern[k], q, qbytes, err, sizeof err) || be_bind(kern[k], o, qbytes, err, sizeof err)) {
                 fprintf(stderr, "gpu_bench: %s\n", err);
                 return 1;
@@ -341,7 +349,7 @@ int main(int argc, char **argv)
             if (failed(kern[k], "attention")) return 1;
             char shape[64], config[64];
             snprintf(shape, sizeof shape, "attention %s", att[ai].name);
-            snprintf(config, sizeof config, "%s %lld %s", k ? "scalar" : "grouped", (long long)nq,
+            snprintf(config, sizeof config, "%s %lld %s", kname[k], (long long)nq,
                      nq > 1 ? "queries" : "query");
             row(shape, "f16", nh, D, ctx, config, ms, 4.0 * (double)(ctx * nkv * D));
             be_unbind(kern[k], q);
@@ -365,6 +373,7 @@ int main(int argc, char **argv)
     be_free(f32k);
     be_free(in1);
     be_free(scal);
+    be_free(flsh);
     for (size_t i = 0; i < n_types * n_shapes; i++) free(keep[i]);
     free(keep);
     free(x);

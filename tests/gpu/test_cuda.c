@@ -24,6 +24,7 @@
 #include "common/quant.h"
 #include "kernels/decode_dot.h"
 #include "kernels/attn_group.h"
+#include "kernels/attn_flash.h"
 #include "kernels/synthetic.h"
 #include "engine/tokenizer.h"
 
@@ -744,6 +745,68 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
     for (int k = 0; k < 3; k++) be_free(bes[k]);
 }
 
+/* The tensor-core flash kernel (KVCHAT_CUDA_ATTN=flash, calls of AF_MIN_Q queries or more) against its
+ * host simulation (af_attention_sim: the same tiles, lanes and fragment layouts; the device sums
+ * its products in its own order and uses its fast exponential, and a weight near an f16 rounding
+ * boundary may round the other way: 2e-3) and against the CPU (2e-3, as every attention path):
+ * head dimensions 16 to 256 (one and two warps a row tile), groups of 1 to 12, masks, bias,
+ * windows, 16 to 70 queries (row tiles part empty), query and output bound or not. */
+Test(cuda, flash_attention_equals_its_host_simulation_and_the_cpu)
+{
+    seed_rng("flash attention");
+    be_backend *fl = gpu_with("KVCHAT_CUDA_ATTN", "flash");
+    const int dims[] = { 16, 64, 80, 128, 256 };
+    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 }, { 12, 1 }, { 10, 2 } };
+    char err[256];
+    double worst_sim = 0, worst_cpu = 0;
+    for (size_t di = 0; di < 5; di++)
+        for (size_t hi = 0; hi < 5; hi++)
+            for (int variant = 0; variant < 4; variant++) {
+                const int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1];
+                page_set ps;
+                make_pages(&ps, nkv, 1 + (int)(rnd() % 9), D, variant & 1, variant & 2);
+                const int64_t nq = AF_MIN_Q + (int64_t)(rnd() % 55);
+                const size_t n = (size_t)(nq * nh * D);
+                float *q = malloc(sizeof(float) * n), *o = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n),
+                      *o_cpu = malloc(sizeof(float) * n);
+                int32_t *qp = malloc(sizeof(int32_t) * (size_t)nq);
+                for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
+                for (int64_t t = 0; t < nq; t++)
+                    qp[t] = variant == 3 ? (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1)) : ps.max_pos - (int32_t)(nq - 1 - t);
+                be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o_cpu,
+                              NULL, NULL, NULL, 0 };
+                cpu->ops->attention(cpu, &a);
+                af_attention_sim(&a, want);
+                a.out = o;
+                const int bind = (int)(rnd() & 1);
+                if (bind)
+                    cr_assert(be_bind(fl, q, sizeof(float) * n, err, sizeof err) == 0 &&
+                                  be_bind(fl, o, sizeof(float) * n, err, sizeof err) == 0,
+                              "%s", err);
+                fl->ops->attention(fl, &a);
+                if (bind) {
+                    be_range r = { o, sizeof(float) * n };
+                    be_host_read(fl, &r, 1);
+                    be_unbind(fl, q);
+                    be_unbind(fl, o);
+                }
+                cr_assert(!be_failed(fl, err, sizeof err), "%s", err);
+                const double ds = max_abs_diff(o, want, (int64_t)n), dc = max_abs_diff(o, o_cpu, (int64_t)n);
+                cr_expect(ds < 2e-3 && dc < 2e-3, "D %d, %d heads / %d KV, variant %d, %lld queries: %g from the host "
+                          "simulation, %g from the CPU", D, nh, nkv, variant, (long long)nq, ds, dc);
+                if (ds > worst_sim) worst_sim = ds;
+                if (dc > worst_cpu) worst_cpu = dc;
+                free(q);
+                free(o);
+                free(want);
+                free(o_cpu);
+                free(qp);
+                free_pages(&ps);
+            }
+    cr_log_info("flash attention: worst %.2e from the host simulation, %.2e from the CPU", worst_sim, worst_cpu);
+    be_free(fl);
+}
+
 /* One element-wise op on both backends: buffers a (in/out) and b (in) of n floats; the GPU's bound to
  * device twins or not. Returns the relative difference of a. */
 typedef void (*ew_fn)(be_backend *be, float *a, const float *b, void *arg);
@@ -1114,6 +1177,26 @@ Test(cuda, tiny_model_reference_gates_hold_on_the_gpu)
         for (size_t pi = 0; pi < sizeof prompts / sizeof *prompts; pi++)
             ref_gate_run(gpu, testdata(), name, prompts[pi], tol, "", NULL);
     }
+}
+
+/* The same gates with the prompts' prefill chunks through the tensor-core flash kernel. */
+Test(cuda, tiny_model_reference_gates_hold_with_flash_prefill)
+{
+    static const char *const prompts[] = { "p1", "p2", "p3" };
+    be_backend *fl = gpu_with("KVCHAT_CUDA_ATTN", "flash");
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        char path[256], name[64];
+        snprintf(path, sizeof path, "%s/tiny/%s", testdata(), files[fi]);
+        if (!model_present(path)) continue;
+        size_t len = strlen(files[fi]) - strlen(".gguf");
+        cr_assert(len < sizeof name);
+        memcpy(name, files[fi], len);
+        name[len] = 0;
+        float tol = strstr(name, "-f16") ? REF_GATE_F16_TOL : REF_GATE_Q_TOL;
+        for (size_t pi = 0; pi < sizeof prompts / sizeof *prompts; pi++)
+            ref_gate_run(fl, testdata(), name, prompts[pi], tol, "", NULL);
+    }
+    be_free(fl);
 }
 
 /* The synthetic benchmark's kernels (kernels/cuda/synthetic.cu: tensor-core paged attention, Quest's

@@ -1,13 +1,17 @@
-/* test_attn_group.c - the grouped attention kernel's per-lane work (kernels/attn_group.h), on the host.
+/* test_attn_kernels.c - the CUDA attention kernels' per-lane work, on the host: the grouped kernel
+ * (kernels/attn_group.h, decode) and the tensor-core flash kernel (kernels/attn_flash.h, prefill
+ * chunks).
  *
- * ag_attention_sim runs every lane of every block as the device does (the GPU test holds the device
- * to its bits); here it is checked against a double-precision softmax and against the CPU backend's
- * attention on random pages of odd lengths: head dimensions whose rows take 4 to 32 lanes (and 80 /
- * 96, which leave lanes empty), groups of 1 to 12 query heads (more than one block a KV head), token
- * masks, merged-token bias, sliding windows, several queries, per-KV-head page lists and rows of all
- * heads side by side, 1 to more splits than pages. Also: ag_exp against exp, the symmetry of the
- * merge and of the slots' sums that the device's butterflies rely on, and NaN kept. AG_SEED replays
- * a run (the default seed is fixed). */
+ * ag_attention_sim and af_attention_sim run every lane of every block as the device does (the GPU
+ * tests hold the device to the first's bits and to a tolerance of the second, whose products the
+ * device sums in its own order); here both are checked against a double-precision softmax and
+ * against the CPU backend's attention on random pages of odd lengths: head dimensions of 16 to 256
+ * (rows of 2 to 32 lanes in the grouped kernel, 80 / 96 leaving lanes empty; one or two warps a row
+ * tile in the flash kernel), groups of 1 to 12 query heads (more than one block a KV head), token
+ * masks, merged-token bias, sliding windows, up to 70 queries (row tiles part empty), per-KV-head
+ * page lists and rows of all heads side by side, 1 to more splits than pages. Also: ag_exp against
+ * exp, the symmetry of the merge and of the slots' sums that the device's butterflies rely on, and
+ * NaN kept. AG_SEED replays a run (the default seed is fixed). */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -17,6 +21,7 @@
 #include <string.h>
 
 #include "common/quant.h"
+#include "kernels/attn_flash.h"
 #include "kernels/attn_group.h"
 #include "kernels/backend.h"
 
@@ -167,9 +172,10 @@ static void free_pageset(pageset *ps)
  * bound on an f32 result, in units of eps = 2^-23 times the weighted magnitude sum |w_i v_i| / sum w_i:
  * each weight is off by the score's error (a lane's 8 fused products and 5 sums: 14 S, S the largest
  * sum of |q_d k_d| + |bias| of a row) plus its exponential's (a few), counted twice (the output and
- * its normaliser), plus the depth of the sums (8 + 4 log2 n). Returns the largest |got - exact|
- * over that bound (1: at the bound). */
-static double check_exact(const be_attn *a, const float *got, int64_t *n_nan)
+ * its normaliser), plus the depth of the sums (8 + 4 log2 n), plus w_units for weights rounded
+ * further (the flash kernel's f16 weights: 2^-11 of each, on |v - o| <= 2 max |v|: 8192). Returns
+ * the largest |got - exact| over that bound (1: at the bound). */
+static double check_exact(const be_attn *a, const float *got, double w_units, int64_t *n_nan)
 {
     const int D = a->head_dim, group = a->n_head / a->n_head_kv;
     double worst = 0;
@@ -221,7 +227,7 @@ static double check_exact(const be_attn *a, const float *got, int64_t *n_nan)
                         continue;
                     }
                     const double exact = n_vis ? acc[d] / L : 0.0;
-                    const double units = 2.0 * (14.0 * S + 4.0) + 8.0 + 4.0 * log2((double)n_vis + 1);
+                    const double units = w_units + 2.0 * (14.0 * S + 4.0) + 8.0 + 4.0 * log2((double)n_vis + 1);
                     const double scale = n_vis ? ldexp(1.0, -23) * units * (mag[d] / L + 1e-30) : 1e-30;
                     const double e = fabs((double)o[d] - exact) / scale;
                     if (e > worst) worst = e;
@@ -280,8 +286,8 @@ Test(attn_group, the_simulated_kernel_equals_exact_attention_and_the_cpu, .timeo
                 const int ns = splits[rnd() % 5];
                 ag_attention_sim(&a, ns, o_sim);
                 int64_t n_nan = 0, n_nan_cpu = 0;
-                const double ex = check_exact(&a, o_sim, &n_nan), dc = max_rel(o_sim, o_cpu, (int64_t)n_out);
-                const double ex_cpu = check_exact(&a, o_cpu, &n_nan_cpu);
+                const double ex = check_exact(&a, o_sim, 0.0, &n_nan), dc = max_rel(o_sim, o_cpu, (int64_t)n_out);
+                const double ex_cpu = check_exact(&a, o_cpu, 0.0, &n_nan_cpu);
                 cr_expect(n_nan == 0, "D %d, %d/%d heads, variant %d: %lld NaN", D, nh, nkv, variant, (long long)n_nan);
                 cr_expect(ex <= 1.0, "D %d, %d/%d heads, variant %d, %d splits: %.2f of the f32 bound from exact",
                           D, nh, nkv, variant, ns, ex);
@@ -340,7 +346,7 @@ Test(attn_group, long_contexts_stay_within_the_f32_bound, .timeout = 300)
         for (int ns = 1; ns <= 64; ns *= 8) {
             ag_attention_sim(&a, ns, o);
             int64_t n_nan = 0;
-            const double ex = check_exact(&a, o, &n_nan);
+            const double ex = check_exact(&a, o, 0.0, &n_nan);
             cr_log_info("%d heads / %d KV of %d, 4096 rows, %d splits: %.3f of the f32 bound", nh, nkv, D, ns, ex);
             cr_expect(n_nan == 0 && ex <= 1.0, "%d splits: %.2f of the f32 bound from exact", ns, ex);
         }
@@ -372,5 +378,130 @@ Test(attn_group, a_nan_query_stays_nan)
             cr_expect(!isnan(o[d]) && !isnan(o[128 + d]) && !isnan(o[192 + d]), "%d splits: NaN spread", ns);
         }
     }
+    free_pageset(&ps);
+}
+
+/* The flash kernel's simulation (every warp's lanes, the products emulated from the fragment
+ * layout) against exact attention and the CPU: prefill-like chunks (the chunk's own keys in the
+ * pages, queries at their positions) and queries anywhere, row tiles part empty. */
+Test(attn_flash, the_simulated_flash_kernel_equals_exact_attention_and_the_cpu, .timeout = 300)
+{
+    seed_rng("flash attention");
+    char err[256];
+    be_backend *cpu = be_cpu_create(2, err, sizeof err);
+    cr_assert(cpu, "%s", err);
+    const int dims[] = { 16, 64, 80, 128, 256 };
+    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 }, { 12, 1 }, { 10, 2 }, { 3, 3 } };
+    double worst_exact = 0, worst_cpu = 0;
+    int cases = 0;
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+        for (size_t hi = 0; hi < sizeof heads / sizeof *heads; hi++)
+            for (int variant = 0; variant < 6; variant++) {
+                const int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1];
+                const int side = variant == 4, with_mask = variant & 1, with_bias = (variant & 2) != 0;
+                pageset ps;
+                make_pageset(&ps, nkv, 1 + (int)(rnd() % 6), D, side, with_mask, with_bias);
+                const int64_t nq = 1 + (int64_t)(rnd() % 70);
+                const int32_t window = variant == 2 || variant == 5 ? 20 + (int32_t)(rnd() % 60) : 0;
+                const size_t n_out = (size_t)(nq * nh * D);
+                float *q = malloc(sizeof(float) * n_out), *o_sim = malloc(sizeof(float) * n_out);
+                float *o_cpu = malloc(sizeof(float) * n_out);
+                int32_t *qp = malloc(sizeof(int32_t) * (size_t)nq);
+                for (size_t i = 0; i < n_out; i++) q[i] = frand(-0.5f, 0.5f) * (variant == 5 ? 8.0f : 1.0f);
+                /* variant 0 and 3: a chunk at the end (consecutive positions up to the last key); else anywhere */
+                for (int64_t t = 0; t < nq; t++)
+                    qp[t] = variant == 0 || variant == 3 ? ps.max_pos - (int32_t)(nq - 1 - t)
+                                                         : (int32_t)(rnd() % (uint32_t)(ps.max_pos + 2));
+                be_attn a = { .q = q, .n_q = nq, .q_pos = qp, .n_head = nh, .n_head_kv = nkv, .head_dim = D,
+                              .pages = ps.pages, .n_pages = ps.n_pages, .head_pages = side ? NULL : ps.head_pages,
+                              .window = window, .out = o_cpu };
+                cpu->ops->attention(cpu, &a);
+                for (size_t i = 0; i < n_out; i++) o_sim[i] = NAN;
+                af_attention_sim(&a, o_sim);
+                int64_t n_nan = 0;
+                const double ex = check_exact(&a, o_sim, 8192.0, &n_nan), dc = max_rel(o_sim, o_cpu, (int64_t)n_out);
+                cr_expect(n_nan == 0, "D %d, %d/%d heads, variant %d: %lld outputs NaN or not written", D, nh, nkv,
+                          variant, (long long)n_nan);
+                cr_expect(ex <= 1.0, "D %d, %d/%d heads, variant %d, %lld queries: %.2f of the bound from exact", D, nh,
+                          nkv, variant, (long long)nq, ex);
+                cr_expect(dc < 2e-3, "D %d, %d/%d heads, variant %d: %.2e from the CPU", D, nh, nkv, variant, dc);
+                if (ex > worst_exact) worst_exact = ex;
+                if (dc > worst_cpu) worst_cpu = dc;
+                cases++;
+                free(q);
+                free(o_sim);
+                free(o_cpu);
+                free(qp);
+                free_pageset(&ps);
+            }
+    cr_log_info("%d cases: worst %.3f of the bound from exact, %.2e from the CPU", cases, worst_exact, worst_cpu);
+    be_free(cpu);
+}
+
+/* A prefill chunk at the 7B and the default model's shapes over a longer context (pages of 32),
+ * against exact attention: 48 queries ending at position 1023. */
+Test(attn_flash, a_chunk_over_a_longer_context_stays_within_the_bound, .timeout = 300)
+{
+    seed_rng("flash, longer");
+    const int shapes[][3] = { { 8, 2, 128 }, { 4, 1, 256 } };
+    for (int si = 0; si < 2; si++) {
+        const int nh = shapes[si][0], nkv = shapes[si][1], D = shapes[si][2];
+        const int64_t per = 32, n_pages = per * nkv, nq = 48;
+        be_kv_page *pages = calloc((size_t)n_pages, sizeof *pages);
+        uint16_t *kv = aligned_alloc(16, sizeof(uint16_t) * 2 * (size_t)(n_pages * 32 * D));
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)(per * 32));
+        int64_t hp[9];
+        for (int64_t i = 0; i < 2 * n_pages * 32 * D; i++) kv[i] = quant_f32_to_fp16(frand(-1, 1));
+        for (int64_t i = 0; i < per * 32; i++) pos[i] = (int32_t)i;
+        for (int g = 0; g < nkv; g++) {
+            hp[g] = g * per;
+            for (int64_t p = 0; p < per; p++) {
+                uint16_t *k = kv + (size_t)((g * per + p) * 32 * D);
+                pages[g * per + p] = (be_kv_page){ .k = k, .v = k + (size_t)(n_pages * 32 * D), .pos = pos + p * 32,
+                                                   .n = 32, .stride = D, .cap = 32 };
+            }
+        }
+        hp[nkv] = n_pages;
+        float *q = malloc(sizeof(float) * (size_t)(nq * nh * D)), *o = malloc(sizeof(float) * (size_t)(nq * nh * D));
+        int32_t qp[48];
+        for (int64_t i = 0; i < nq * nh * D; i++) q[i] = frand(-0.6f, 0.6f);
+        for (int t = 0; t < 48; t++) qp[t] = (int32_t)(per * 32 - 48 + t);
+        be_attn a = { .q = q, .n_q = nq, .q_pos = qp, .n_head = nh, .n_head_kv = nkv, .head_dim = D, .pages = pages,
+                      .n_pages = n_pages, .head_pages = hp, .out = o };
+        af_attention_sim(&a, o);
+        int64_t n_nan = 0;
+        const double ex = check_exact(&a, o, 8192.0, &n_nan);
+        cr_log_info("%d heads / %d KV of %d, 48 queries over 1024 rows: %.3f of the bound", nh, nkv, D, ex);
+        cr_expect(n_nan == 0 && ex <= 1.0, "%.2f of the bound from exact", ex);
+        free(q);
+        free(o);
+        free(pages);
+        free(kv);
+        free(pos);
+    }
+}
+
+Test(attn_flash, a_nan_query_stays_nan_and_rows_that_see_nothing_give_zero)
+{
+    seed_rng("flash nan");
+    pageset ps;
+    make_pageset(&ps, 1, 4, 64, 0, 0, 0);
+    enum { NQ = 20 };
+    float q[NQ * 4 * 64], o[NQ * 4 * 64];
+    int32_t qp[NQ];
+    for (int i = 0; i < NQ * 4 * 64; i++) q[i] = frand(-0.5f, 0.5f);
+    for (int t = 0; t < NQ; t++) qp[t] = t == 5 ? ps.min_pos - 1 : ps.max_pos;
+    q[(3 * 4 + 1) * 64 + 7] = NAN;   /* query 3, head 1 */
+    be_attn a = { .q = q, .n_q = NQ, .q_pos = qp, .n_head = 4, .n_head_kv = 1, .head_dim = 64, .pages = ps.pages,
+                  .n_pages = ps.n_pages, .head_pages = ps.head_pages, .out = o };
+    af_attention_sim(&a, o);
+    for (int t = 0; t < NQ; t++)
+        for (int h = 0; h < 4; h++)
+            for (int d = 0; d < 64; d++) {
+                const float v = o[(t * 4 + h) * 64 + d];
+                if (t == 3 && h == 1) cr_expect(isnan(v), "query 3 head 1 output %d is %g", d, (double)v);
+                else if (t == 5) cr_expect(v == 0.0f, "a row that sees nothing: %g", (double)v);
+                else cr_expect(!isnan(v), "NaN spread to query %d head %d", t, h);
+            }
     free_pageset(&ps);
 }
