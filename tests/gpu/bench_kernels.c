@@ -58,6 +58,10 @@ static float frand(void)
 static void row(const char *what, const char *type, int64_t n_out, int64_t n_in, int64_t tok, const char *config,
                 double ms, double bytes)
 {
+    if (strchr(what, ',') || strchr(config, ',')) {   /* it would split the CSV's field */
+        fprintf(stderr, "gpu_bench: internal error: a comma in \"%s\" / \"%s\"\n", what, config);
+        exit(1);
+    }
     double gbps = bytes / (ms * 1e-3) / 1e9;
     printf("| %s | %s | %lld x %lld | %lld | %s | %.4f | %.0f | %.2f |\n", what, type, (long long)n_out, (long long)n_in,
            (long long)tok, config, ms, gbps, copy_gbps > 0 ? gbps / copy_gbps : 0.0);
@@ -273,7 +277,7 @@ int main(int argc, char **argv)
                     wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
                 /* stage 0's kernel, and stage 1's with 1 read in flight a lane (the default: 2) */
                 be_backend *alt[2] = { f32k, in1 };
-                const char *alt_name[2] = { "f32 decode kernel", "decode kernel, 1 in flight" };
+                const char *alt_name[2] = { "f32 decode kernel", "decode kernel 1 in flight" };
                 for (int v = 0; v < 2; v++) {
                     if (v && !dd_integer_type(types[ti])) continue;   /* F16/BF16 have one variant */
                     mm_arg e = { { &w, y4 }, x, a.n_tok };
