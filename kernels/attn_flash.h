@@ -2,8 +2,10 @@
  * per-warp work in one header for C and CUDA (issue 25, stage 3).
  *
  * A block takes rt tiles of 16 query rows and hb query heads of one KV head (a GQA group, in batches
- * of AG_HEADS), so each key tile it loads serves rt * 16 rows of hb heads. Its warps: one per (row
- * tile, head, half of the output dimensions when D > AF_DW). The keys go through shared memory in
+ * of AG_HEADS), so each key tile it loads serves rt * 16 rows of hb heads, and one split of the
+ * head's pages (when the row tiles alone would leave multiprocessors idle: a 512-query chunk of a
+ * model with one KV head is 32 blocks; the splits' partials are merged by ag_combine_one, as the
+ * grouped kernel's). Its warps: one per (row tile, head, half of the output dimensions when D > AF_DW). The keys go through shared memory in
  * tiles of AF_KT rows of one page (cp.async, two stages: the next tile loads while this one is used);
  * a page's rows past its count are zero-filled, and pages none of the block's rows can see (past
  * its last position, before its window, empty) are skipped whole.
@@ -18,9 +20,14 @@
  * Every per-lane step is written once for a lane count nl: the device runs each lane alone (nl = 1,
  * the matrix products by the mma instruction, row sums by shuffles); af_attention_sim runs all 32
  * lanes of every warp on the host, emulating the products from the instruction's documented
- * fragment layout (tests/test_attn_flash.c checks it against double precision and the CPU backend).
+ * fragment layout (tests/test_attn_kernels.c checks it against double precision and the CPU backend).
  * The device's products sum in their own order and its exponential is the fast one, so the GPU test
- * holds it to a tolerance of the simulation, not to its bits. */
+ * holds it to a tolerance of the simulation, not to its bits.
+ *
+ * Unlike the CPU and the grouped kernel, which skip keys a row cannot see, the product P V takes a
+ * tile's every value row with weight 0 for those keys: a value of +-inf in the cache (an f16
+ * overflow, which the cache does not saturate) gives NaN, not a finite answer, to the rows of its
+ * tile that do not see it. */
 #ifndef KVCHAT_ATTN_FLASH_H
 #define KVCHAT_ATTN_FLASH_H
 
@@ -466,6 +473,28 @@ QB_HD void af_write(const af_lane *s, int lane, float *out, int64_t n_q, int n_h
     }
 }
 
+/* A lane's rows g, g + 8 of head h as split z's partial (ag_combine_one's layout: row r = t * n_head
+ * + h has its maximum and sum at part_ml[(r * n_split + z) * 2 ..] and its unnormalised output at
+ * part_o[(r * n_split + z) * D ..]). */
+QB_HD void af_write_part(const af_lane *s, int lane, float *part_o, float *part_ml, int64_t n_q, int n_head, int h,
+                         int D, int d0, int dw, int64_t row0, int n_split, int z)
+{
+    const int g = lane >> 2, t = lane & 3;
+    QB_UNROLL
+    for (int half = 0; half < 2; half++) {
+        const int64_t row = row0 + g + 8 * half;
+        if (row >= n_q) continue;
+        const int64_t pr = (row * n_head + h) * n_split + z;
+        if (t == 0 && d0 == 0) part_ml[pr * 2] = s->m[half], part_ml[pr * 2 + 1] = s->l[half];
+        QB_UNROLL
+        for (int nt = 0; nt < AF_DW / 8; nt++) {
+            if (nt * 8 >= dw) continue;
+            QB_UNROLL
+            for (int e = 0; e < 2; e++) part_o[pr * D + d0 + nt * 8 + 2 * t + e] = s->o[nt][half * 2 + e];
+        }
+    }
+}
+
 /* The smallest and largest position of the block's rows row0 .. row0 + n (those below n_q). */
 QB_HD void af_row_span(const int32_t *q_pos, int64_t n_q, int64_t row0, int n, int32_t *minp, int32_t *maxp)
 {
@@ -478,9 +507,9 @@ QB_HD void af_row_span(const int32_t *q_pos, int64_t n_q, int64_t row0, int n, i
 }
 
 #ifndef __CUDA_ARCH__
-/* Attention a (n_cur 0) as the kernel computes it, every warp of every block on the host; the
- * blocks: (ceil(n_q / (rt * 16)) row groups) x (KV heads x head batches). */
-static inline void af_attention_sim(const be_attn *a, float *out)
+/* Attention a (n_cur 0) as the kernel computes it with n_split splits, every warp of every block
+ * on the host; the blocks: (ceil(n_q / (rt * 16)) row groups) x (KV heads x head batches) x splits. */
+static inline void af_attention_sim(const be_attn *a, int n_split, float *out)
 {
     const int D = a->head_dim, group = a->n_head / a->n_head_kv, nhb = ag_head_batches(group);
     const af_shape sh = af_shape_of(D, group);
@@ -491,7 +520,9 @@ static inline void af_attention_sim(const be_attn *a, float *out)
     for (int64_t i = 0; i < a->n_pages; i++)
         if (a->pages[i].mask && a->pages[i].n > 0) n_words += (size_t)(a->pages[i].n + 63) / 64;
     uint64_t *masks = (uint64_t *)malloc(sizeof(uint64_t) * (n_words ? n_words : 1));
-    if (!mem || !lanes || !pages || !masks) abort();
+    const size_t n_part = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
+    float *po = (float *)malloc(sizeof(float) * n_part * (size_t)D), *pml = (float *)malloc(sizeof(float) * n_part * 2);
+    if (!mem || !lanes || !pages || !masks || !po || !pml) abort();
     size_t w = 0;
     int has_bias = 0;
     for (int64_t i = 0; i < a->n_pages; i++) {
@@ -508,7 +539,8 @@ static inline void af_attention_sim(const be_attn *a, float *out)
     const af_smem m = af_smem_at(mem, D, sh);
     const int64_t rows = (int64_t)sh.rt * 16;
     for (int64_t row0 = 0; row0 < a->n_q; row0 += rows)
-        for (int gb = 0; gb < a->n_head_kv * nhb; gb++) {
+        for (int gbz = 0; gbz < a->n_head_kv * nhb * n_split; gbz++) {
+            const int gb = gbz / n_split, z = gbz % n_split;
             const int g = gb / nhb, bt = gb % nhb, h0 = g * group + bt * AG_HEADS;
             const int hb_b = group - bt * AG_HEADS < AG_HEADS ? group - bt * AG_HEADS : AG_HEADS;
             af_fill_q(m, a->q, a->n_q, a->n_head, D, sh, row0, h0, hb_b, 0, 1);
@@ -528,7 +560,7 @@ static inline void af_attention_sim(const be_attn *a, float *out)
                 }
             }
             int64_t p0, p1;
-            ag_split_range(a->head_pages, a->n_pages, g, 1, 0, &p0, &p1);
+            ag_split_range(a->head_pages, a->n_pages, g, n_split, z, &p0, &p1);
             for (af_cursor c = af_settle(pages, p0, 0, p1, minp, maxp, a->window); c.ip < p1;
                  c = af_settle(pages, c.ip, c.r0 + AF_KT, p1, minp, maxp, a->window)) {
                 af_load_tile(m.s0, &pages[c.ip], c.r0, masks, g, D, 0, 1);
@@ -543,11 +575,21 @@ static inline void af_attention_sim(const be_attn *a, float *out)
             for (int wi = 0; wi < sh.warps; wi++) {
                 const int rt = wi / (sh.hb * sh.ds), hh = (wi / sh.ds) % sh.hb, ds = wi % sh.ds;
                 if (hh >= hb_b) continue;
-                for (int l = 0; l < 32; l++)
-                    af_write(&lanes[wi * 32 + l], l, out, a->n_q, a->n_head, h0 + hh, D, ds * sh.dw, sh.dw,
-                             row0 + rt * 16);
+                for (int l = 0; l < 32; l++) {
+                    if (n_split == 1)
+                        af_write(&lanes[wi * 32 + l], l, out, a->n_q, a->n_head, h0 + hh, D, ds * sh.dw, sh.dw,
+                                 row0 + rt * 16);
+                    else
+                        af_write_part(&lanes[wi * 32 + l], l, po, pml, a->n_q, a->n_head, h0 + hh, D, ds * sh.dw,
+                                      sh.dw, row0 + rt * 16, n_split, z);
+                }
             }
         }
+    if (n_split > 1)
+        for (int64_t r = 0; r < a->n_q * a->n_head; r++)
+            for (int d = 0; d < D; d++) out[r * D + d] = ag_combine_one(po, pml, r, n_split, D, d);
+    free(po);
+    free(pml);
     free(mem);
     free(lanes);
     free(pages);

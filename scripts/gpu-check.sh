@@ -4,7 +4,8 @@
 # can fail, then what is measured:
 #   1. the machine (nvidia-smi) and whether kvchat starts;
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
-#   3. compute-sanitizer memcheck over the attention, element-wise and decode-product tests;
+#   3. compute-sanitizer memcheck over the attention, element-wise and decode-product tests, and
+#      racecheck and synccheck over the attention kernels' tests;
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
@@ -166,6 +167,13 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
+    # the attention kernels' shared-memory pipelines and merges: races and barriers
+    for tool in racecheck synccheck; do
+        step "compute-sanitizer $tool (attention kernels)" 90 \
+            compute-sanitizer --tool $tool --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
+            --filter 'cuda/@(grouped_attention*|flash_attention*)'
+        grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
+    done
 else
     say "- compute-sanitizer: not installed here"
 fi

@@ -390,8 +390,9 @@ Test(attn_flash, the_simulated_flash_kernel_equals_exact_attention_and_the_cpu, 
     char err[256];
     be_backend *cpu = be_cpu_create(2, err, sizeof err);
     cr_assert(cpu, "%s", err);
-    const int dims[] = { 16, 64, 80, 128, 256 };
+    const int dims[] = { 16, 64, 80, 128, 192, 256 };
     const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 }, { 12, 1 }, { 10, 2 }, { 3, 3 } };
+    const int splits[] = { 1, 1, 2, 5, 40 };
     double worst_exact = 0, worst_cpu = 0;
     int cases = 0;
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
@@ -417,13 +418,14 @@ Test(attn_flash, the_simulated_flash_kernel_equals_exact_attention_and_the_cpu, 
                               .window = window, .out = o_cpu };
                 cpu->ops->attention(cpu, &a);
                 for (size_t i = 0; i < n_out; i++) o_sim[i] = NAN;
-                af_attention_sim(&a, o_sim);
+                const int ns = splits[rnd() % 5];
+                af_attention_sim(&a, ns, o_sim);
                 int64_t n_nan = 0;
                 const double ex = check_exact(&a, o_sim, 8192.0, &n_nan), dc = max_rel(o_sim, o_cpu, (int64_t)n_out);
                 cr_expect(n_nan == 0, "D %d, %d/%d heads, variant %d: %lld outputs NaN or not written", D, nh, nkv,
                           variant, (long long)n_nan);
-                cr_expect(ex <= 1.0, "D %d, %d/%d heads, variant %d, %lld queries: %.2f of the bound from exact", D, nh,
-                          nkv, variant, (long long)nq, ex);
+                cr_expect(ex <= 1.0, "D %d, %d/%d heads, variant %d, %lld queries, %d splits: %.2f of the bound from "
+                          "exact", D, nh, nkv, variant, (long long)nq, ns, ex);
                 cr_expect(dc < 2e-3, "D %d, %d/%d heads, variant %d: %.2e from the CPU", D, nh, nkv, variant, dc);
                 if (ex > worst_exact) worst_exact = ex;
                 if (dc > worst_cpu) worst_cpu = dc;
@@ -468,11 +470,14 @@ Test(attn_flash, a_chunk_over_a_longer_context_stays_within_the_bound, .timeout 
         for (int t = 0; t < 48; t++) qp[t] = (int32_t)(per * 32 - 48 + t);
         be_attn a = { .q = q, .n_q = nq, .q_pos = qp, .n_head = nh, .n_head_kv = nkv, .head_dim = D, .pages = pages,
                       .n_pages = n_pages, .head_pages = hp, .out = o };
-        af_attention_sim(&a, o);
-        int64_t n_nan = 0;
-        const double ex = check_exact(&a, o, 8192.0, &n_nan);
-        cr_log_info("%d heads / %d KV of %d, 48 queries over 1024 rows: %.3f of the bound", nh, nkv, D, ex);
-        cr_expect(n_nan == 0 && ex <= 1.0, "%.2f of the bound from exact", ex);
+        for (int ns = 1; ns <= 9; ns += 8) {
+            af_attention_sim(&a, ns, o);
+            int64_t n_nan = 0;
+            const double ex = check_exact(&a, o, 8192.0, &n_nan);
+            cr_log_info("%d heads / %d KV of %d, 48 queries over 1024 rows, %d splits: %.3f of the bound", nh, nkv, D,
+                        ns, ex);
+            cr_expect(n_nan == 0 && ex <= 1.0, "%d splits: %.2f of the bound from exact", ns, ex);
+        }
         free(q);
         free(o);
         free(pages);
@@ -494,7 +499,7 @@ Test(attn_flash, a_nan_query_stays_nan_and_rows_that_see_nothing_give_zero)
     q[(3 * 4 + 1) * 64 + 7] = NAN;   /* query 3, head 1 */
     be_attn a = { .q = q, .n_q = NQ, .q_pos = qp, .n_head = 4, .n_head_kv = 1, .head_dim = 64, .pages = ps.pages,
                   .n_pages = ps.n_pages, .head_pages = ps.head_pages, .out = o };
-    af_attention_sim(&a, o);
+    af_attention_sim(&a, 1, o);
     for (int t = 0; t < NQ; t++)
         for (int h = 0; h < 4; h++)
             for (int d = 0; d < 64; d++) {

@@ -111,6 +111,8 @@ typedef struct cuda_impl {
     int attn_splits;           /* KVCHAT_CUDA_ATTN_SPLITS: the grouped kernel's splits (0: by the device) */
     int attn_flash;            /* KVCHAT_CUDA_ATTN=flash: prefill chunks on the tensor cores (attn_flash_kernel) */
     size_t flash_smem_set;     /* the flash kernel's shared memory limit as raised so far */
+    int flash_refused;         /* the device's shared memory is too small for it: said once */
+    uint64_t flash_calls;      /* attention calls the flash kernel ran (be_cuda_flash_calls) */
     uint64_t scratch_bytes;
     /* page-locked host buffers: attention's page list and masks as built, outputs on their way back */
     dev_page *h_pages;
@@ -1097,15 +1099,17 @@ __global__ void __launch_bounds__(AG_THREADS) attn_group_kernel(const float *q, 
 }
 
 /* A prefill chunk's attention on the tensor cores (kernels/attn_flash.h): one block per (rt * 16
- * query rows, KV head and batch of its query heads); warps per (row tile, head, half of the output
- * dimensions); key tiles of AF_KT rows through two stages of shared memory. grid (ceil(n_q / (rt *
- * 16)), n_head_kv * batches), af_shape_of(D, group).warps * 32 threads, af_smem_bytes of shared
- * memory. */
+ * query rows, KV head and batch of its query heads, split of the head's pages); warps per (row tile,
+ * head, half of the output dimensions); key tiles of AF_KT rows through two stages of shared memory.
+ * grid (ceil(n_q / (rt * 16)), n_head_kv * batches, n_split), af_shape_of(D, group).warps * 32
+ * threads, af_smem_bytes of shared memory. One split writes the rows; more write partials for
+ * attn_group_combine. */
 __global__ void __launch_bounds__(AF_WARPS * 32) attn_flash_kernel(const float *q, const int32_t *q_pos, int64_t n_q,
                                                                    const ag_page *pages, int64_t n_pages,
                                                                    const int64_t *head_pages, const uint64_t *masks,
                                                                    int n_head, int group, int D, int32_t window,
-                                                                   int has_bias, float *out)
+                                                                   int has_bias, int n_split, float *out,
+                                                                   float *part_o, float *part_ml)
 {
     extern __shared__ __align__(16) unsigned char af_mem[];
     const af_shape sh = af_shape_of(D, group);
@@ -1128,7 +1132,7 @@ __global__ void __launch_bounds__(AF_WARPS * 32) attn_flash_kernel(const float *
     af_lane_init(&s[0]);
     const size_t qoff = (size_t)(rt * sh.hb + hh) * 16 * (size_t)(D + AF_PAD);
     int64_t p0, p1;
-    ag_split_range(head_pages, n_pages, g, 1, 0, &p0, &p1);
+    ag_split_range(head_pages, n_pages, g, n_split, (int)blockIdx.z, &p0, &p1);
     af_cursor cc = af_settle(pages, p0, 0, p1, minp, maxp, window), cl = cc;   /* computed, loaded */
     if (cl.ip < p1) {
         af_load_tile(m.s0, &pages[cl.ip], cl.r0, masks, g, D, tid, nt);
@@ -1151,7 +1155,11 @@ __global__ void __launch_bounds__(AF_WARPS * 32) attn_flash_kernel(const float *
         cc = af_settle(pages, cc.ip, cc.r0 + AF_KT, p1, minp, maxp, window);
     }
     af_cp_wait0();
-    if (hh < hb_b) af_write(&s[0], lane, out, n_q, n_head, h0 + hh, D, ds * sh.dw, sh.dw, row0 + rt * 16);
+    if (hh >= hb_b) return;
+    if (n_split == 1) af_write(&s[0], lane, out, n_q, n_head, h0 + hh, D, ds * sh.dw, sh.dw, row0 + rt * 16);
+    else
+        af_write_part(&s[0], lane, part_o, part_ml, n_q, n_head, h0 + hh, D, ds * sh.dw, sh.dw, row0 + rt * 16, n_split,
+                      (int)blockIdx.z);
 }
 
 /* The grouped kernel's splits merged (ag_combine_one). grid (n_head, n_q), threads over D. */
@@ -1291,62 +1299,80 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         for (int g = 0; g < a->n_head_kv; g++)
             if (hp[g + 1] - hp[g] > most) most = hp[g + 1] - hp[g];
     }
-    int nhb = ag_head_batches(a->n_head / a->n_head_kv);
-    int64_t blocks = grouped ? (int64_t)a->n_head_kv * nhb * a->n_q : (int64_t)a->n_head * a->n_q;
-    int64_t want = (4 * (int64_t)ci->n_sm + blocks - 1) / blocks;
+    /* the kernel: tensor-core prefill (KVCHAT_CUDA_ATTN=flash; its shared memory allowed once), the
+     * grouped kernel, or the scalar one */
+    const int group = a->n_head / a->n_head_kv, nhb = ag_head_batches(group);
+    const af_shape fsh = af_shape_of(D, group);
+    const size_t fsmem = af_smem_bytes(D, fsh);
+    int flash = grouped && ci->attn_flash && a->n_q >= AF_MIN_Q && af_supported(D);
+    if (flash && fsmem > ci->flash_smem_set) {
+        int allowed = 0;
+        cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+        if ((size_t)allowed < fsmem ||
+            cudaFuncSetAttribute(attn_flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsmem) !=
+                cudaSuccess) {
+            cudaGetLastError();   /* not sticky: the grouped kernel runs instead, said once */
+            if (!ci->flash_refused)
+                fprintf(stderr, "kvchat: the flash attention kernel needs %zu KiB of shared memory a block for head "
+                                "dimension %d, this device allows %d KiB: prefill attention runs on the grouped "
+                                "kernel\n",
+                        fsmem >> 10, D, allowed >> 10);
+            ci->flash_refused = 1;
+            flash = 0;
+        } else {
+            ci->flash_smem_set = fsmem;
+        }
+    }
+    /* splits: about four blocks a multiprocessor in all (two for the flash kernel's larger blocks),
+     * at least one page each; KVCHAT_CUDA_ATTN_SPLITS forces a count (tests), at most one a page */
+    const int64_t f_rows = (a->n_q + fsh.rt * 16 - 1) / (fsh.rt * 16);
+    int64_t blocks = flash     ? f_rows * a->n_head_kv * nhb
+                     : grouped ? (int64_t)a->n_head_kv * nhb * a->n_q
+                               : (int64_t)a->n_head * a->n_q;
+    int64_t want = ((flash ? 2 : 4) * (int64_t)ci->n_sm + blocks - 1) / blocks;
     int n_split = (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
-    if (grouped && ci->attn_splits > 0) n_split = ci->attn_splits;
+    if (grouped && ci->attn_splits > 0)   /* empty splits allowed, within 64 of the longest list */
+        n_split = (int)(ci->attn_splits < most + 64 ? ci->attn_splits : most + 64);
     size_t n_part = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
     int out_bound = bound(ci, a->out, sizeof(float) * nq);
-    if (grow_dev(ci, (void **)&ci->part_o, &ci->cap_po, sizeof(float) * n_part * (size_t)D) ||
-        grow_dev(ci, (void **)&ci->part_ml, &ci->cap_pml, sizeof(float) * n_part * 2))
+    if (!(flash && n_split == 1) &&
+        (grow_dev(ci, (void **)&ci->part_o, &ci->cap_po, sizeof(float) * n_part * (size_t)D) ||
+         grow_dev(ci, (void **)&ci->part_ml, &ci->cap_pml, sizeof(float) * n_part * 2)))
         return;
     if (!out_bound && (grow_dev(ci, (void **)&ci->out, &ci->cap_out, sizeof(float) * nq) ||
                        grow_host(ci, (void **)&ci->h_out, &ci->cap_h_out, sizeof(float) * nq)))
         return;
     float *d_out = out_bound ? (float *)am_dev_out(&ci->act, a->out, sizeof(float) * nq) : ci->out;
     cudaStream_t s = ci->stream;
-    const int group = a->n_head / a->n_head_kv;
-    const af_shape fsh = af_shape_of(D, group);
-    const size_t fsmem = af_smem_bytes(D, fsh);
-    int flash = grouped && ci->attn_flash && a->n_q >= AF_MIN_Q && af_supported(D);
-    if (flash && fsmem > ci->flash_smem_set) {
-        int most = 0;
-        cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
-        if ((size_t)most < fsmem ||
-            cudaFuncSetAttribute(attn_flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsmem) !=
-                cudaSuccess) {
-            cudaGetLastError();   /* not sticky: the grouped kernel runs instead */
-            flash = 0;
-        } else {
-            ci->flash_smem_set = fsmem;
-        }
-    }
     if (flash) {
         int has_bias = 0;
         for (int64_t i = 0; i < e && !has_bias; i++) has_bias = ci->h_pages[i].n > 0 && ci->h_pages[i].bias;
-        dim3 grid((unsigned)((a->n_q + fsh.rt * 16 - 1) / (fsh.rt * 16)), (unsigned)(a->n_head_kv * nhb));
+        dim3 grid((unsigned)f_rows, (unsigned)(a->n_head_kv * nhb), (unsigned)n_split);
         attn_flash_kernel<<<grid, fsh.warps * 32, fsmem, s>>>(d_q, d_qpos, a->n_q, d_pages, e, d_hp, d_masks, a->n_head,
-                                                               group, D, a->window, has_bias, d_out);
+                                                               group, D, a->window, has_bias, n_split, d_out,
+                                                               ci->part_o, ci->part_ml);
+        if (ck(ci, cudaGetLastError(), "flash attention kernel")) return;
+        ci->flash_calls++;
+        if (n_split > 1)
+            attn_group_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), D < 256 ? D : 256, 0, s>>>(
+                ci->part_o, ci->part_ml, n_split, a->n_head, D, d_out);
     } else if (grouped) {
         dim3 grid((unsigned)(a->n_head_kv * nhb), (unsigned)a->n_q, (unsigned)n_split);
-        attn_group_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head,
-                                                      a->n_head / a->n_head_kv, D, a->window, n_split, ci->part_o,
-                                                      ci->part_ml);
+        attn_group_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head, group, D,
+                                                      a->window, n_split, ci->part_o, ci->part_ml);
         if (ck(ci, cudaGetLastError(), "attention kernel")) return;
         attn_group_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), D < 256 ? D : 256, 0, s>>>(
             ci->part_o, ci->part_ml, n_split, a->n_head, D, d_out);
     } else {
         dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);
         size_t shmem = sizeof(float) * ((size_t)D + ATT_THREADS + ATT_THREADS / 32);
-        attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head,
-                                                     a->n_head / a->n_head_kv, D, a->window, n_split, ci->part_o,
-                                                     ci->part_ml);
+        attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head, group, D,
+                                                     a->window, n_split, ci->part_o, ci->part_ml);
         if (ck(ci, cudaGetLastError(), "attention kernel")) return;
         attn_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), ATT_THREADS, 0, s>>>(ci->part_o, ci->part_ml,
                                                                                         n_split, a->n_head, D, d_out);
     }
-    if (ck(ci, cudaGetLastError(), "attention combine") || out_bound) return;
+    if (ck(ci, cudaGetLastError(), "attention combine kernel") || out_bound) return;
     ci->bytes_down += sizeof(float) * nq;
     if (ck(ci, cudaMemcpyAsync(ci->h_out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download") ||
         sync_stream(ci, "attention"))
@@ -1634,6 +1660,11 @@ static const be_ops cuda_ops_staged = {
     cuda_bounds, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL,
     cuda_failed, cuda_counters,
 };
+
+extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
+{
+    return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->flash_calls : 0;
+}
 
 extern "C" int be_cuda_devices(void)
 {

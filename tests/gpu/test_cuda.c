@@ -692,20 +692,20 @@ Test(cuda, paged_attention_equals_the_cpu)
 
 /* The grouped attention kernel (kernels/attn_group.h) gives the bits of its host simulation
  * (ag_attention_sim, the same lanes, butterflies and merges): pages of odd lengths with masks,
- * bias, windows, several queries, groups of 1 to 12 heads, head dimensions of 4 to 32 lanes, and a
+ * bias, windows, several queries, groups of 1 to 12 heads, head dimensions of 1 to 32 lanes, and a
  * forced number of splits (1, 3, and more splits than pages: empty splits), query and output bound
- * or not. */
+ * or not. Finite data: the device's NaN is the canonical one, the host's keeps its payload. */
 Test(cuda, grouped_attention_gives_the_hosts_bits)
 {
     seed_rng("grouped attention bits");
     const char *splits[] = { "1", "3", "40" };
     be_backend *bes[3];
     for (int k = 0; k < 3; k++) bes[k] = gpu_with("KVCHAT_CUDA_ATTN_SPLITS", splits[k]);
-    const int dims[] = { 32, 64, 96, 128, 256 };
-    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 }, { 12, 1 }, { 10, 2 } };
+    const int dims[] = { 8, 16, 32, 64, 96, 128, 192, 256 };
+    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 }, { 12, 1 }, { 10, 2 }, { 3, 3 } };
     char err[256];
-    for (size_t di = 0; di < 5; di++)
-        for (size_t hi = 0; hi < 5; hi++)
+    for (size_t di = 0; di < 8; di++)
+        for (size_t hi = 0; hi < 6; hi++)
             for (int variant = 0; variant < 4; variant++) {
                 const int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1], k = (int)(rnd() % 3);
                 page_set ps;
@@ -746,23 +746,30 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
 }
 
 /* The tensor-core flash kernel (KVCHAT_CUDA_ATTN=flash, calls of AF_MIN_Q queries or more) against its
- * host simulation (af_attention_sim: the same tiles, lanes and fragment layouts; the device sums
- * its products in its own order and uses its fast exponential, and a weight near an f16 rounding
- * boundary may round the other way: 2e-3) and against the CPU (2e-3, as every attention path):
- * head dimensions 16 to 256 (one and two warps a row tile), groups of 1 to 12, masks, bias,
- * windows, 16 to 70 queries (row tiles part empty), query and output bound or not. */
+ * host simulation (af_attention_sim: the same tiles, lanes, fragment layouts and splits; the device
+ * sums its products in its own order and uses its fast exponential, and a weight near an f16
+ * rounding boundary may round the other way: 2e-3) and against the CPU (2e-3, as every attention
+ * path): head dimensions 16 to 256 (one and two warps a row tile, 192 with a part-filled second
+ * warp), groups of 1 to 12, masks, bias, windows, 16 to 70 queries (row tiles part empty), the
+ * device's own splits and forced ones (1, 3: the partials and their merge), query and output bound
+ * or not; every call must have run the flash kernel (be_cuda_flash_calls), not a fallback. */
 Test(cuda, flash_attention_equals_its_host_simulation_and_the_cpu)
 {
     seed_rng("flash attention");
-    be_backend *fl = gpu_with("KVCHAT_CUDA_ATTN", "flash");
-    const int dims[] = { 16, 64, 80, 128, 256 };
-    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 }, { 12, 1 }, { 10, 2 } };
+    setenv("KVCHAT_CUDA_ATTN", "flash", 1);
+    be_backend *fl[3];
+    fl[0] = gpu_with("KVCHAT_CUDA_ATTN_SPLITS", "1");
+    fl[1] = gpu_with("KVCHAT_CUDA_ATTN_SPLITS", "3");
+    fl[2] = gpu_with("KVCHAT_CUDA_ATTN", "flash");   /* splits by the device */
+    unsetenv("KVCHAT_CUDA_ATTN");
+    const int dims[] = { 16, 64, 80, 128, 192, 256 };
+    const int heads[][2] = { { 4, 1 }, { 8, 2 }, { 6, 3 }, { 12, 1 }, { 10, 2 }, { 3, 3 } };
     char err[256];
     double worst_sim = 0, worst_cpu = 0;
-    for (size_t di = 0; di < 5; di++)
-        for (size_t hi = 0; hi < 5; hi++)
+    for (size_t di = 0; di < 6; di++)
+        for (size_t hi = 0; hi < 6; hi++)
             for (int variant = 0; variant < 4; variant++) {
-                const int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1];
+                const int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1], k = (int)(rnd() % 3);
                 page_set ps;
                 make_pages(&ps, nkv, 1 + (int)(rnd() % 9), D, variant & 1, variant & 2);
                 const int64_t nq = AF_MIN_Q + (int64_t)(rnd() % 55);
@@ -771,29 +778,35 @@ Test(cuda, flash_attention_equals_its_host_simulation_and_the_cpu)
                       *o_cpu = malloc(sizeof(float) * n);
                 int32_t *qp = malloc(sizeof(int32_t) * (size_t)nq);
                 for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
-                for (int64_t t = 0; t < nq; t++)
-                    qp[t] = variant == 3 ? (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1)) : ps.max_pos - (int32_t)(nq - 1 - t);
+                /* a chunk ending at the last key (its first rows see little), or rows anywhere */
+                for (int64_t t = 0; t < nq; t++) {
+                    const int32_t back = ps.max_pos - (int32_t)(nq - 1 - t);
+                    qp[t] = variant == 3 || back < 0 ? (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1)) : back;
+                }
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o_cpu,
                               NULL, NULL, NULL, 0 };
                 cpu->ops->attention(cpu, &a);
-                af_attention_sim(&a, want);
+                af_attention_sim(&a, k == 1 ? 3 : 1, want);
                 a.out = o;
                 const int bind = (int)(rnd() & 1);
                 if (bind)
-                    cr_assert(be_bind(fl, q, sizeof(float) * n, err, sizeof err) == 0 &&
-                                  be_bind(fl, o, sizeof(float) * n, err, sizeof err) == 0,
+                    cr_assert(be_bind(fl[k], q, sizeof(float) * n, err, sizeof err) == 0 &&
+                                  be_bind(fl[k], o, sizeof(float) * n, err, sizeof err) == 0,
                               "%s", err);
-                fl->ops->attention(fl, &a);
+                const uint64_t calls = be_cuda_flash_calls(fl[k]);
+                fl[k]->ops->attention(fl[k], &a);
+                cr_expect(be_cuda_flash_calls(fl[k]) == calls + 1, "D %d, %lld queries: the flash kernel did not run",
+                          D, (long long)nq);
                 if (bind) {
                     be_range r = { o, sizeof(float) * n };
-                    be_host_read(fl, &r, 1);
-                    be_unbind(fl, q);
-                    be_unbind(fl, o);
+                    be_host_read(fl[k], &r, 1);
+                    be_unbind(fl[k], q);
+                    be_unbind(fl[k], o);
                 }
-                cr_assert(!be_failed(fl, err, sizeof err), "%s", err);
+                cr_assert(!be_failed(fl[k], err, sizeof err), "%s", err);
                 const double ds = max_abs_diff(o, want, (int64_t)n), dc = max_abs_diff(o, o_cpu, (int64_t)n);
-                cr_expect(ds < 2e-3 && dc < 2e-3, "D %d, %d heads / %d KV, variant %d, %lld queries: %g from the host "
-                          "simulation, %g from the CPU", D, nh, nkv, variant, (long long)nq, ds, dc);
+                cr_expect(ds < 2e-3 && dc < 2e-3, "D %d, %d heads / %d KV, variant %d, %lld queries, backend %d: %g from "
+                          "the host simulation, %g from the CPU", D, nh, nkv, variant, (long long)nq, k, ds, dc);
                 if (ds > worst_sim) worst_sim = ds;
                 if (dc > worst_cpu) worst_cpu = dc;
                 free(q);
@@ -804,7 +817,7 @@ Test(cuda, flash_attention_equals_its_host_simulation_and_the_cpu)
                 free_pages(&ps);
             }
     cr_log_info("flash attention: worst %.2e from the host simulation, %.2e from the CPU", worst_sim, worst_cpu);
-    be_free(fl);
+    for (int k = 0; k < 3; k++) be_free(fl[k]);
 }
 
 /* One element-wise op on both backends: buffers a (in/out) and b (in) of n floats; the GPU's bound to
@@ -1196,6 +1209,8 @@ Test(cuda, tiny_model_reference_gates_hold_with_flash_prefill)
         for (size_t pi = 0; pi < sizeof prompts / sizeof *prompts; pi++)
             ref_gate_run(fl, testdata(), name, prompts[pi], tol, "", NULL);
     }
+    cr_expect(be_cuda_flash_calls(fl) > 0, "no prefill chunk ran the flash kernel");
+    cr_log_info("flash attention calls: %llu", (unsigned long long)be_cuda_flash_calls(fl));
     be_free(fl);
 }
 
