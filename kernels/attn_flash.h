@@ -39,9 +39,6 @@
 #include "kernels/attn_group.h"
 #include "kernels/backend.h"
 #include "kernels/quant_blocks.h"
-#ifndef __CUDACC__
-#include "common/quant.h"   /* the .cu includes it (extern "C") before this header */
-#endif
 
 #define AF_KT 32       /* keys a tile */
 #define AF_WARPS 8     /* most warps a block */
@@ -515,27 +512,12 @@ static inline void af_attention_sim(const be_attn *a, int n_split, float *out)
     const af_shape sh = af_shape_of(D, group);
     unsigned char *mem = (unsigned char *)malloc(af_smem_bytes(D, sh));
     af_lane *lanes = (af_lane *)malloc(sizeof(af_lane) * 32 * (size_t)sh.warps);
-    ag_page *pages = (ag_page *)malloc(sizeof(ag_page) * (size_t)(a->n_pages > 0 ? a->n_pages : 1));
-    size_t n_words = 0;
-    for (int64_t i = 0; i < a->n_pages; i++)
-        if (a->pages[i].mask && a->pages[i].n > 0) n_words += (size_t)(a->pages[i].n + 63) / 64;
-    uint64_t *masks = (uint64_t *)malloc(sizeof(uint64_t) * (n_words ? n_words : 1));
+    ag_page *pages;
+    uint64_t *masks;
+    const int has_bias = ag_pages_of(a, &pages, &masks);
     const size_t n_part = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
     float *po = (float *)malloc(sizeof(float) * n_part * (size_t)D), *pml = (float *)malloc(sizeof(float) * n_part * 2);
-    if (!mem || !lanes || !pages || !masks || !po || !pml) abort();
-    size_t w = 0;
-    int has_bias = 0;
-    for (int64_t i = 0; i < a->n_pages; i++) {
-        const be_kv_page *pg = &a->pages[i];
-        pages[i] = (ag_page){ pg->k, pg->v, pg->pos, pg->bias, -1, pg->n, pg->stride, pg->head_step };
-        if (pg->bias && pg->n > 0) has_bias = 1;
-        if (pg->mask && pg->n > 0) {
-            const size_t nw = (size_t)(pg->n + 63) / 64;
-            memcpy(masks + w, pg->mask, sizeof(uint64_t) * nw);
-            pages[i].mask_off = (int64_t)w;
-            w += nw;
-        }
-    }
+    if (!mem || !lanes || !po || !pml) abort();
     const af_smem m = af_smem_at(mem, D, sh);
     const int64_t rows = (int64_t)sh.rt * 16;
     for (int64_t row0 = 0; row0 < a->n_q; row0 += rows)
@@ -585,9 +567,7 @@ static inline void af_attention_sim(const be_attn *a, int n_split, float *out)
                 }
             }
         }
-    if (n_split > 1)
-        for (int64_t r = 0; r < a->n_q * a->n_head; r++)
-            for (int d = 0; d < D; d++) out[r * D + d] = ag_combine_one(po, pml, r, n_split, D, d);
+    if (n_split > 1) ag_combine_all(po, pml, a->n_q * a->n_head, n_split, D, out);
     free(po);
     free(pml);
     free(mem);

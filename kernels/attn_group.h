@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "kernels/exp_poly.h"
 #include "kernels/quant_blocks.h"
 
 #define AG_THREADS 128   /* threads a block */
@@ -70,33 +71,9 @@ QB_HD int ag_lanes_per_key(int D)
     return lk;
 }
 
-/* e^x, the same bits on the host and the device (the device's __expf is approximate): x = n ln2 + f
- * with |f| <= ln2 / 2 (ln2 in two parts), e^f = 1 + f + f^2 P(f) with P a degree-5 polynomial
- * (relative error about 1e-7), times 2^n built from its bits. Below e^-86 (4e-38, beside weights
- * of which the largest is 1) it gives 0, so no product goes subnormal; e^0 is 1 exactly; NaN stays
- * NaN. Used for x <= 0; correct up to x = 88. */
-QB_HD float ag_exp(float x)
-{
-    if (!(x >= -86.0f)) return x != x ? x : 0.0f;
-    const float n = rintf(QB_MUL(x, 1.44269504088896341f));
-    float f = fmaf(n, -0.693359375f, x);     /* ln2's leading bits: n times it is exact */
-    f = fmaf(n, 2.12194440e-4f, f);           /* the rest of ln2 (0.693359375 - ln2) */
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, f, 1.3981999507e-3f);
-    p = fmaf(p, f, 8.3334519073e-3f);
-    p = fmaf(p, f, 4.1665795894e-2f);
-    p = fmaf(p, f, 1.6666665459e-1f);
-    p = fmaf(p, f, 5.0000001201e-1f);
-    const float e = QB_ADD(fmaf(p, QB_MUL(f, f), f), 1.0f);
-    const uint32_t bits = (uint32_t)((int)n + 127) << 23;
-    float scale;
-#ifdef __CUDA_ARCH__
-    scale = __uint_as_float(bits);
-#else
-    memcpy(&scale, &bits, sizeof scale);
-#endif
-    return QB_MUL(e, scale);
-}
+/* e^x, the same bits on the host and the device (kernels/exp_poly.h, the CPU backend's too): e^0
+ * is 1 exactly, NaN stays NaN. */
+QB_HD float ag_exp(float x) { return xp_exp(x); }
 
 QB_HD void ag_state_init(ag_state *s)
 {
@@ -136,20 +113,6 @@ QB_HD int ag_visible(const ag_page *pg, const uint64_t *masks, int32_t i, int32_
     const int32_t kp = pg->pos[i];
     if (kp > qp || (window > 0 && qp - kp >= window)) return 0;
     return pg->mask_off < 0 || (int)((masks[pg->mask_off + (i >> 6)] >> (i & 63)) & 1u);
-}
-
-/* 16 bytes of f16 (8 values, 16-byte aligned) as four words. */
-QB_HD void ag_load16(const uint16_t *p, uint32_t *u)
-{
-#ifdef __CUDA_ARCH__
-    const uint4 v = *(const uint4 *)p;
-    u[0] = v.x;
-    u[1] = v.y;
-    u[2] = v.z;
-    u[3] = v.w;
-#else
-    memcpy(u, p, 16);
-#endif
 }
 
 QB_HD void ag_unpack(const uint32_t *u, float *f)
@@ -228,8 +191,8 @@ QB_HD void ag_slot_run(const ag_page *pages, const uint64_t *masks, int64_t p0, 
                 for (int l = 0; l < nl; l++) {
                     const int d0 = (lane0 + l) * AG_DL;
                     if (vis[u] && d0 < D) {
-                        ag_load16(kb + (int64_t)ik[u] * pg.stride + d0, kr[l][u]);
-                        ag_load16(vb + (int64_t)ik[u] * pg.stride + d0, vr[l][u]);
+                        qb_load16(kb + (int64_t)ik[u] * pg.stride + d0, kr[l][u]);
+                        qb_load16(vb + (int64_t)ik[u] * pg.stride + d0, vr[l][u]);
                     } else {
                         for (int w = 0; w < 4; w++) kr[l][u][w] = vr[l][u][w] = 0u;
                     }
@@ -286,6 +249,39 @@ QB_HD float ag_combine_one(const float *part_o, const float *part_ml, int64_t r,
 QB_HD int ag_head_batches(int group) { return (group + AG_HEADS - 1) / AG_HEADS; }
 
 #ifndef __CUDA_ARCH__
+/* a's pages as the kernels read them, from host memory: *pages (n_pages of them) and the token
+ * masks copied one after another into *masks (as the backend stages them); free both. Returns 1
+ * when some page carries a bias. */
+static inline int ag_pages_of(const be_attn *a, ag_page **pages, uint64_t **masks)
+{
+    size_t n_words = 0, w = 0;
+    for (int64_t i = 0; i < a->n_pages; i++)
+        if (a->pages[i].mask && a->pages[i].n > 0) n_words += (size_t)(a->pages[i].n + 63) / 64;
+    *pages = (ag_page *)malloc(sizeof(ag_page) * (size_t)(a->n_pages > 0 ? a->n_pages : 1));
+    *masks = (uint64_t *)malloc(sizeof(uint64_t) * (n_words ? n_words : 1));
+    if (!*pages || !*masks) abort();
+    int has_bias = 0;
+    for (int64_t i = 0; i < a->n_pages; i++) {
+        const be_kv_page *pg = &a->pages[i];
+        (*pages)[i] = (ag_page){ pg->k, pg->v, pg->pos, pg->bias, -1, pg->n, pg->stride, pg->head_step };
+        if (pg->bias && pg->n > 0) has_bias = 1;
+        if (pg->mask && pg->n > 0) {
+            const size_t nw = (size_t)(pg->n + 63) / 64;
+            memcpy(*masks + w, pg->mask, sizeof(uint64_t) * nw);
+            (*pages)[i].mask_off = (int64_t)w;
+            w += nw;
+        }
+    }
+    return has_bias;
+}
+
+/* Every row's splits merged, as the combine kernel merges them: out[r * D + d]. */
+static inline void ag_combine_all(const float *po, const float *pml, int64_t n_rows, int n_split, int D, float *out)
+{
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int d = 0; d < D; d++) out[r * D + d] = ag_combine_one(po, pml, r, n_split, D, d);
+}
+
 /* One block (KV head g, its query heads h0 .. h0 + hb, one query at qp whose rows of those heads
  * are q[h * D ..], pages [p0, p1)) run on the host as the device runs it: every slot's lanes, the
  * butterfly of the warp's slots (lane l merges lane l ^ o's state, o = lk .. 16), then warps 1 ..
@@ -340,25 +336,12 @@ static inline void ag_block_sim(const ag_page *pages, const uint64_t *masks, int
 static inline void ag_attention_sim(const be_attn *a, int n_split, float *out)
 {
     const int D = a->head_dim, group = a->n_head / a->n_head_kv, nhb = ag_head_batches(group);
-    ag_page *pages = (ag_page *)malloc(sizeof(ag_page) * (size_t)(a->n_pages > 0 ? a->n_pages : 1));
-    size_t n_words = 0;
-    for (int64_t i = 0; i < a->n_pages; i++)
-        if (a->pages[i].mask && a->pages[i].n > 0) n_words += (size_t)(a->pages[i].n + 63) / 64;
-    uint64_t *masks = (uint64_t *)malloc(sizeof(uint64_t) * (n_words ? n_words : 1));
+    ag_page *pages;
+    uint64_t *masks;
+    ag_pages_of(a, &pages, &masks);
     const size_t n_rows = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
     float *po = (float *)malloc(sizeof(float) * n_rows * (size_t)D), *pml = (float *)malloc(sizeof(float) * n_rows * 2);
-    if (!pages || !masks || !po || !pml) abort();
-    size_t w = 0;
-    for (int64_t i = 0; i < a->n_pages; i++) {
-        const be_kv_page *pg = &a->pages[i];
-        pages[i] = (ag_page){ pg->k, pg->v, pg->pos, pg->bias, -1, pg->n, pg->stride, pg->head_step };
-        if (pg->mask && pg->n > 0) {
-            const size_t nw = (size_t)(pg->n + 63) / 64;
-            memcpy(masks + w, pg->mask, sizeof(uint64_t) * nw);
-            pages[i].mask_off = (int64_t)w;
-            w += nw;
-        }
-    }
+    if (!po || !pml) abort();
     for (int64_t t = 0; t < a->n_q; t++)
         for (int g = 0; g < a->n_head_kv; g++)
             for (int b = 0; b < nhb; b++)
@@ -377,8 +360,7 @@ static inline void ag_attention_sim(const be_attn *a, int n_split, float *out)
                         pml[row * 2 + 1] = bpml[h * 2 + 1];
                     }
                 }
-    for (int64_t r = 0; r < a->n_q * a->n_head; r++)
-        for (int d = 0; d < D; d++) out[r * D + d] = ag_combine_one(po, pml, r, n_split, D, d);
+    ag_combine_all(po, pml, a->n_q * a->n_head, n_split, D, out);
     free(pages);
     free(masks);
     free(po);

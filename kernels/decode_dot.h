@@ -288,15 +288,7 @@ QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, int64_t n_in, const 
 QB_HD void dd_load_h(uint32_t type, const uint8_t *p, float *w)
 {
     uint32_t u[4];
-#ifdef __CUDA_ARCH__
-    const uint4 v = *(const uint4 *)p;
-    u[0] = v.x;
-    u[1] = v.y;
-    u[2] = v.z;
-    u[3] = v.w;
-#else
-    memcpy(u, p, 16);
-#endif
+    qb_load16(p, u);
     for (int j = 0; j < 4; j++) {
         w[2 * j] = type == GGML_TYPE_F16 ? qb_half(u[j] & 0xFFFFu) : qb_bf16(u[j] & 0xFFFFu);
         w[2 * j + 1] = type == GGML_TYPE_F16 ? qb_half(u[j] >> 16) : qb_bf16(u[j] >> 16);

@@ -15,6 +15,7 @@
 #define KVCHAT_QUANT_BLOCKS_H
 
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,6 +57,20 @@ extern "C" {
 #define QB_CHUNK 2048      /* values of a row one pass of the decode product reads */
 #define QB_XSTRIDE 36      /* floats a group of 32 activations takes in shared memory */
 #define QB_MAX_TOK 8       /* tokens the decode product multiplies at once */
+
+/* 16 bytes (16-byte aligned) as four words: one vector load on the device. */
+QB_HD void qb_load16(const void *p, uint32_t *u)
+{
+#ifdef __CUDA_ARCH__
+    const uint4 v = *(const uint4 *)p;
+    u[0] = v.x;
+    u[1] = v.y;
+    u[2] = v.z;
+    u[3] = v.w;
+#else
+    memcpy(u, p, 16);
+#endif
+}
 
 /* 1 for the types the device multiplies as stored. */
 QB_HD int qb_native(uint32_t type)

@@ -18,6 +18,7 @@
 
 #include "common/quant.h"
 #include "kernels/cpu/vec_dot_impl.h"
+#include "kernels/exp_poly.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define VD_HAVE_AVX2_BUILD 1
@@ -616,31 +617,9 @@ vd_dot_fn vd_get_dot(uint32_t wtype)
     return vd_get_dot_scalar(wtype);
 }
 
-/* e^x with the AVX2 kernel's operations one lane at a time (vec_dot_avx2.c exp256): range
- * reduction by k = round(x log2 e) in two parts, a degree-7 polynomial, 2^k in two halves. */
-static float exp_lane(float x)
-{
-    const float hi = 88.7228317f, lo = -104.0f;
-    if (isnan(x)) return x;
-    if (x > hi) return INFINITY;
-    if (x < lo) return 0.0f;
-    float k = nearbyintf(x * 1.44269504088896341f);
-    float r = fmaf(-k, 0.693359375f, x);
-    r = fmaf(-k, -2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f);
-    p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f);
-    p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
-    p = fmaf(p, r * r, r + 1.0f);
-    int32_t ki = (int32_t)k, k1 = ki >> 1, k2 = ki - k1;
-    uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
-    float s1, s2;
-    memcpy(&s1, &b1, 4);
-    memcpy(&s2, &b2, 4);
-    return p * s1 * s2;
-}
+/* e^x with the AVX2 kernel's operations one lane at a time (kernels/exp_poly.h, also the CUDA
+ * grouped attention kernel's). */
+static float exp_lane(float x) { return xp_exp(x); }
 
 void vd_exp_f32(int64_t n, const float *x, float *y)
 {
