@@ -482,7 +482,13 @@ QB_HD void af_write_part(const af_lane *s, int lane, float *part_o, float *part_
         const int64_t row = row0 + g + 8 * half;
         if (row >= n_q) continue;
         const int64_t pr = (row * n_head + h) * n_split + z;
-        if (t == 0 && d0 == 0) part_ml[pr * 2] = s->m[half], part_ml[pr * 2 + 1] = s->l[half];
+        /* a NaN score left the maximum alone (fmaxf) and the sum NaN: the maximum says NaN too, or
+         * the merge would skip this split as one that saw nothing */
+        if (t == 0 && d0 == 0) {
+            const float L = s->l[half];
+            part_ml[pr * 2] = L != L ? L : s->m[half];
+            part_ml[pr * 2 + 1] = L;
+        }
         QB_UNROLL
         for (int nt = 0; nt < AF_DW / 8; nt++) {
             if (nt * 8 >= dw) continue;

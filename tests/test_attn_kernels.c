@@ -482,14 +482,18 @@ Test(attn_flash, a_nan_query_stays_nan_and_rows_that_see_nothing_give_zero)
     q[(3 * 4 + 1) * 64 + 7] = NAN;   /* query 3, head 1 */
     be_attn a = { .q = q, .n_q = NQ, .q_pos = qp, .n_head = 4, .n_head_kv = 1, .head_dim = 64, .pages = ps.pages,
                   .n_pages = ps.n_pages, .head_pages = ps.head_pages, .out = o };
-    af_attention_sim(&a, 1, o);
-    for (int t = 0; t < NQ; t++)
-        for (int h = 0; h < 4; h++)
-            for (int d = 0; d < 64; d++) {
-                const float v = o[(t * 4 + h) * 64 + d];
-                if (t == 3 && h == 1) cr_expect(isnan(v), "query 3 head 1 output %d is %g", d, (double)v);
-                else if (t == 5) cr_expect(v == 0.0f, "a row that sees nothing: %g", (double)v);
-                else cr_expect(!isnan(v), "NaN spread to query %d head %d", t, h);
-            }
+    static const int splits[] = { 1, 2, 3, 40 };   /* the partials must carry the NaN through the merge */
+    for (int si = 0; si < 4; si++) {
+        af_attention_sim(&a, splits[si], o);
+        for (int t = 0; t < NQ; t++)
+            for (int h = 0; h < 4; h++)
+                for (int d = 0; d < 64; d++) {
+                    const float v = o[(t * 4 + h) * 64 + d];
+                    if (t == 3 && h == 1)
+                        cr_expect(isnan(v), "%d splits: query 3 head 1 output %d is %g", splits[si], d, (double)v);
+                    else if (t == 5) cr_expect(v == 0.0f, "%d splits: a row that sees nothing: %g", splits[si], (double)v);
+                    else cr_expect(!isnan(v), "%d splits: NaN spread to query %d head %d", splits[si], t, h);
+                }
+    }
     free_pageset(&ps);
 }

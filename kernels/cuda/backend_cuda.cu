@@ -108,7 +108,7 @@ typedef struct cuda_impl {
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
-    int attn_splits;           /* KVCHAT_CUDA_ATTN_SPLITS: the grouped kernel's splits (0: by the device) */
+    int attn_splits;           /* KVCHAT_CUDA_ATTN_SPLITS: the grouped and flash kernels' splits (0: by the device) */
     int attn_flash;            /* KVCHAT_CUDA_ATTN=flash: prefill chunks on the tensor cores (attn_flash_kernel) */
     size_t flash_smem_set;     /* the flash kernel's shared memory limit as raised so far */
     int flash_refused;         /* the device's shared memory is too small for it: said once */
@@ -1324,7 +1324,8 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         }
     }
     /* splits: about four blocks a multiprocessor in all (two for the flash kernel's larger blocks),
-     * at least one page each; KVCHAT_CUDA_ATTN_SPLITS forces a count (tests), at most one a page */
+     * at least one page each; KVCHAT_CUDA_ATTN_SPLITS forces a count (a test knob: empty splits
+     * allowed, up to the longest list + 64) */
     const int64_t f_rows = (a->n_q + fsh.rt * 16 - 1) / (fsh.rt * 16);
     int64_t blocks = flash     ? f_rows * a->n_head_kv * nhb
                      : grouped ? (int64_t)a->n_head_kv * nhb * a->n_q

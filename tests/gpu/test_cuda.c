@@ -1173,12 +1173,13 @@ Test(cuda, tiny_model_logits_equal_the_cpu_under_an_evicting_policy)
     }
 }
 
-/* The reference gates of tests/test_ref_tiny.c on the GPU: every tiny model present x p1, p2, p3, the
- * CPU's tolerances; each run logs its worst top-logit difference (cr_log_info in ref_gate.c). */
-/* The tiny models' reference gates (tests/ref_gate.c) for every prompt on backend b. */
-static void gates_on(be_backend *b)
+/* The reference gates of tests/test_ref_tiny.c on backend b: every tiny model present x p1, p2, p3,
+ * the CPU's tolerances; each run logs its worst top-logit difference (cr_log_info in ref_gate.c).
+ * Returns the models run. */
+static int gates_on(be_backend *b)
 {
     static const char *const prompts[] = { "p1", "p2", "p3" };
+    int run = 0;
     for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
         char path[256], name[64];
         snprintf(path, sizeof path, "%s/tiny/%s", testdata(), files[fi]);
@@ -1190,7 +1191,9 @@ static void gates_on(be_backend *b)
         float tol = strstr(name, "-f16") ? REF_GATE_F16_TOL : REF_GATE_Q_TOL;
         for (size_t pi = 0; pi < sizeof prompts / sizeof *prompts; pi++)
             ref_gate_run(b, testdata(), name, prompts[pi], tol, "", NULL);
+        run++;
     }
+    return run;
 }
 
 Test(cuda, tiny_model_reference_gates_hold_on_the_gpu) { gates_on(gpu); }
@@ -1199,8 +1202,7 @@ Test(cuda, tiny_model_reference_gates_hold_on_the_gpu) { gates_on(gpu); }
 Test(cuda, tiny_model_reference_gates_hold_with_flash_prefill)
 {
     be_backend *fl = gpu_with("KVCHAT_CUDA_ATTN", "flash");
-    gates_on(fl);
-    cr_expect(be_cuda_flash_calls(fl) > 0, "no prefill chunk ran the flash kernel");
+    if (gates_on(fl) > 0) cr_expect(be_cuda_flash_calls(fl) > 0, "no prefill chunk ran the flash kernel");
     cr_log_info("flash attention calls: %llu", (unsigned long long)be_cuda_flash_calls(fl));
     be_free(fl);
 }
