@@ -530,7 +530,7 @@ static inline void af_attention_sim(const be_attn *a, int n_split, float *out)
         for (int gbz = 0; gbz < a->n_head_kv * nhb * n_split; gbz++) {
             const int gb = gbz / n_split, z = gbz % n_split;
             const int g = gb / nhb, bt = gb % nhb, h0 = g * group + bt * AG_HEADS;
-            const int hb_b = group - bt * AG_HEADS < AG_HEADS ? group - bt * AG_HEADS : AG_HEADS;
+            const int hb_b = ag_batch_heads(group, bt);
             af_fill_q(m, a->q, a->n_q, a->n_head, D, sh, row0, h0, hb_b, 0, 1);
             int32_t minp, maxp;
             af_row_span(a->q_pos, a->n_q, row0, (int)rows, &minp, &maxp);

@@ -3,8 +3,8 @@
  * Attention over the KV pages is bound by the bytes of the keys and values it reads. Here a block
  * of AG_THREADS threads serves every query head of one KV head (a GQA group, in batches of
  * AG_HEADS), so each page is read once per group rather than once per query head, and one slice of
- * that head's pages (the splits give a decode step enough blocks to fill the device; attn_combine
- * below merges them):
+ * that head's pages (the splits give a decode step enough blocks to fill the device; ag_combine_one
+ * below merges them, for every attention kernel of the backend and the synthetic benchmark):
  * - A key row is shared by `lk` lanes (a "slot"), each holding AG_DL consecutive dimensions: one
  *   16-byte load of f16 for the key and one for the value. A block has AG_THREADS / lk slots; in
  *   each page slot s takes rows s, s + slots, ... (two at a time, both loaded before either is
@@ -248,6 +248,12 @@ QB_HD float ag_combine_one(const float *part_o, const float *part_ml, int64_t r,
 /* The blocks of a launch: KV heads times batches of AG_HEADS query heads. */
 QB_HD int ag_head_batches(int group) { return (group + AG_HEADS - 1) / AG_HEADS; }
 
+/* Query heads in batch bt of a group: AG_HEADS but for a shorter last batch. */
+QB_HD int ag_batch_heads(int group, int bt)
+{
+    return group - bt * AG_HEADS < AG_HEADS ? group - bt * AG_HEADS : AG_HEADS;
+}
+
 #ifndef __CUDA_ARCH__
 /* a's pages as the kernels read them, from host memory: *pages (n_pages of them) and the token
  * masks copied one after another into *masks (as the backend stages them); free both. Returns 1
@@ -346,8 +352,7 @@ static inline void ag_attention_sim(const be_attn *a, int n_split, float *out)
         for (int g = 0; g < a->n_head_kv; g++)
             for (int b = 0; b < nhb; b++)
                 for (int z = 0; z < n_split; z++) {
-                    const int h0 = g * group + b * AG_HEADS, hb = group - b * AG_HEADS < AG_HEADS ? group - b * AG_HEADS
-                                                                                                 : AG_HEADS;
+                    const int h0 = g * group + b * AG_HEADS, hb = ag_batch_heads(group, b);
                     int64_t p0, p1;
                     ag_split_range(a->head_pages, a->n_pages, g, n_split, z, &p0, &p1);
                     float bpo[AG_HEADS * AG_MAX_D], bpml[AG_HEADS * 2];

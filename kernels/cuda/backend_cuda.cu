@@ -56,8 +56,6 @@ extern "C" {
 #include "kernels/attn_group.h"
 #include "kernels/attn_flash.h"
 
-#include "kernels/cuda/split_merge.cuh"
-
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
 #define COPY_IDLE 4096      /* attention calls a page copy may go unused before it is freed */
@@ -1028,14 +1026,12 @@ __global__ void attn_kernel(const float *q, const int32_t *q_pos, const dev_page
     if (tid == 0) part_ml[row * 2] = m, part_ml[row * 2 + 1] = l;
 }
 
-/* the splits of each (query, head) merged (split_merge.cuh). grid (n_head, n_q). */
+/* Every attention kernel's splits merged (ag_combine_one; row r = t * n_head + h). grid (n_head, n_q),
+ * threads over D. */
 __global__ void attn_combine(const float *part_o, const float *part_ml, int n_split, int n_head, int D, float *out)
 {
-    int h = blockIdx.x;
-    int64_t t = blockIdx.y, row0 = (t * n_head + h) * n_split;
-    float M = split_max(part_ml, row0, n_split);
-    for (int d = threadIdx.x; d < D; d += blockDim.x)
-        out[(t * n_head + h) * (int64_t)D + d] = split_merge(part_o, part_ml, row0, n_split, D, d, M);
+    const int64_t r = (int64_t)blockIdx.y * n_head + blockIdx.x;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) out[r * D + d] = ag_combine_one(part_o, part_ml, r, n_split, D, d);
 }
 
 /* The grouped kernel (kernels/attn_group.h): one block per (KV head and a batch of up to AG_HEADS
@@ -1049,7 +1045,7 @@ __global__ void __launch_bounds__(AG_THREADS) attn_group_kernel(const float *q, 
 {
     __shared__ ag_state sw[AG_THREADS / 32 - 1][32];   /* warps 1.. : their slot 0's lanes */
     const int nhb = ag_head_batches(group), g = blockIdx.x / nhb, bt = blockIdx.x % nhb;
-    const int h0 = g * group + bt * AG_HEADS, hb = group - bt * AG_HEADS < AG_HEADS ? group - bt * AG_HEADS : AG_HEADS;
+    const int h0 = g * group + bt * AG_HEADS, hb = ag_batch_heads(group, bt);
     const int64_t t = blockIdx.y;
     const int32_t qp = q_pos[t];
     const int lk = ag_lanes_per_key(D), slots = AG_THREADS / lk;
@@ -1103,7 +1099,7 @@ __global__ void __launch_bounds__(AG_THREADS) attn_group_kernel(const float *q, 
  * head, half of the output dimensions); key tiles of AF_KT rows through two stages of shared memory.
  * grid (ceil(n_q / (rt * 16)), n_head_kv * batches, n_split), af_shape_of(D, group).warps * 32
  * threads, af_smem_bytes of shared memory. One split writes the rows; more write partials for
- * attn_group_combine. */
+ * attn_combine. */
 __global__ void __launch_bounds__(AF_WARPS * 32) attn_flash_kernel(const float *q, const int32_t *q_pos, int64_t n_q,
                                                                    const ag_page *pages, int64_t n_pages,
                                                                    const int64_t *head_pages, const uint64_t *masks,
@@ -1114,7 +1110,7 @@ __global__ void __launch_bounds__(AF_WARPS * 32) attn_flash_kernel(const float *
     extern __shared__ __align__(16) unsigned char af_mem[];
     const af_shape sh = af_shape_of(D, group);
     const int nhb = ag_head_batches(group), g = blockIdx.y / nhb, bt = blockIdx.y % nhb;
-    const int h0 = g * group + bt * AG_HEADS, hb_b = group - bt * AG_HEADS < AG_HEADS ? group - bt * AG_HEADS : AG_HEADS;
+    const int h0 = g * group + bt * AG_HEADS, hb_b = ag_batch_heads(group, bt);
     const int tid = threadIdx.x, nt = blockDim.x, wi = tid >> 5, lane = tid & 31;
     const int rt = wi / (sh.hb * sh.ds), hh = (wi / sh.ds) % sh.hb, ds = wi % sh.ds;
     const int64_t row0 = (int64_t)blockIdx.x * sh.rt * 16;
@@ -1160,14 +1156,6 @@ __global__ void __launch_bounds__(AF_WARPS * 32) attn_flash_kernel(const float *
     else
         af_write_part(&s[0], lane, part_o, part_ml, n_q, n_head, h0 + hh, D, ds * sh.dw, sh.dw, row0 + rt * 16, n_split,
                       (int)blockIdx.z);
-}
-
-/* The grouped kernel's splits merged (ag_combine_one). grid (n_head, n_q), threads over D. */
-__global__ void attn_group_combine(const float *part_o, const float *part_ml, int n_split, int n_head, int D,
-                                   float *out)
-{
-    const int64_t r = (int64_t)blockIdx.y * n_head + blockIdx.x;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) out[r * D + d] = ag_combine_one(part_o, part_ml, r, n_split, D, d);
 }
 
 static void cuda_attention(be_backend *b, const be_attn *a)
@@ -1219,7 +1207,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         return;
     size_t w = 0;
     /* the grouped kernel reads rows 16 bytes at a time */
-    int grouped = !ci->attn_scalar && ag_supported(D);
+    int grouped = !ci->attn_scalar && ag_supported(D), has_bias = 0;
     for (int64_t i = 0; i < e; i++) {
         const be_kv_page *pg = &list[i];
         if (pg->n > 0 && (pg->stride % AG_DL || pg->head_step % AG_DL)) grouped = 0;
@@ -1251,6 +1239,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         if (((uintptr_t)dp->k | (uintptr_t)dp->v) % 16) grouped = 0;
         dp->pos = m->pos;
         dp->bias = pg->bias ? m->bias : NULL;
+        if (dp->bias) has_bias = 1;
         if (pg->mask) {
             size_t nw = (size_t)(pg->n + 63) / 64;
             memcpy(ci->h_masks + w, pg->mask, sizeof(uint64_t) * nw);
@@ -1345,34 +1334,29 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         return;
     float *d_out = out_bound ? (float *)am_dev_out(&ci->act, a->out, sizeof(float) * nq) : ci->out;
     cudaStream_t s = ci->stream;
+    const dim3 per_row((unsigned)a->n_head, (unsigned)a->n_q);
+    const unsigned combine_threads = D < 256 ? (unsigned)D : 256u;
     if (flash) {
-        int has_bias = 0;
-        for (int64_t i = 0; i < e && !has_bias; i++) has_bias = ci->h_pages[i].n > 0 && ci->h_pages[i].bias;
         dim3 grid((unsigned)f_rows, (unsigned)(a->n_head_kv * nhb), (unsigned)n_split);
         attn_flash_kernel<<<grid, fsh.warps * 32, fsmem, s>>>(d_q, d_qpos, a->n_q, d_pages, e, d_hp, d_masks, a->n_head,
                                                                group, D, a->window, has_bias, n_split, d_out,
                                                                ci->part_o, ci->part_ml);
         if (ck(ci, cudaGetLastError(), "flash attention kernel")) return;
         ci->flash_calls++;
-        if (n_split > 1)
-            attn_group_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), D < 256 ? D : 256, 0, s>>>(
-                ci->part_o, ci->part_ml, n_split, a->n_head, D, d_out);
     } else if (grouped) {
         dim3 grid((unsigned)(a->n_head_kv * nhb), (unsigned)a->n_q, (unsigned)n_split);
         attn_group_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head, group, D,
                                                       a->window, n_split, ci->part_o, ci->part_ml);
         if (ck(ci, cudaGetLastError(), "attention kernel")) return;
-        attn_group_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), D < 256 ? D : 256, 0, s>>>(
-            ci->part_o, ci->part_ml, n_split, a->n_head, D, d_out);
     } else {
         dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);
         size_t shmem = sizeof(float) * ((size_t)D + ATT_THREADS + ATT_THREADS / 32);
         attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head, group, D,
                                                      a->window, n_split, ci->part_o, ci->part_ml);
         if (ck(ci, cudaGetLastError(), "attention kernel")) return;
-        attn_combine<<<dim3((unsigned)a->n_head, (unsigned)a->n_q), ATT_THREADS, 0, s>>>(ci->part_o, ci->part_ml,
-                                                                                        n_split, a->n_head, D, d_out);
     }
+    if (!(flash && n_split == 1))   /* the flash kernel's one split wrote the rows itself */
+        attn_combine<<<per_row, combine_threads, 0, s>>>(ci->part_o, ci->part_ml, n_split, a->n_head, D, d_out);
     if (ck(ci, cudaGetLastError(), "attention combine kernel") || out_bound) return;
     ci->bytes_down += sizeof(float) * nq;
     if (ck(ci, cudaMemcpyAsync(ci->h_out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download") ||

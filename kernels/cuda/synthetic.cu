@@ -26,7 +26,10 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "kernels/cuda/split_merge.cuh"
+extern "C" {
+#include "kernels/backend.h"
+}
+#include "kernels/attn_group.h"
 #include "kernels/cuda/synthetic_impl.cuh"
 
 #define SY_THREADS 128
@@ -396,9 +399,8 @@ __global__ void k_attn_combine(const float *part_o, const float *part_ml, int n_
 {
     pdl_enter();
     int h = blockIdx.x, b = blockIdx.y, n_head = gridDim.x, d = threadIdx.x;
-    int64_t row0 = ((int64_t)b * n_head + h) * n_split;
-    float M = split_max(part_ml, row0, n_split);
-    out[((size_t)b * n_head + h) * SY_HD + d] = __float2half(split_merge(part_o, part_ml, row0, n_split, SY_HD, d, M));
+    const int64_t r = (int64_t)b * n_head + h;
+    out[r * SY_HD + d] = __float2half(ag_combine_one(part_o, part_ml, r, n_split, SY_HD, d));   /* attn_group.h */
 }
 
 /* h = silu(gate) * up, f16; gu holds [gate | up] per row */

@@ -625,6 +625,24 @@ static void free_pages(page_set *ps)
     free(ps->pages);
 }
 
+/* a on dev, its query q (a->q) and output (a->out) of n floats each bound to device twins or not
+ * (then the query is read from and the output left on the twins, and the output read back). */
+static void attend_on(be_backend *dev, const be_attn *a, float *q, size_t n, int bind)
+{
+    char err[256];
+    const size_t bytes = sizeof(float) * n;
+    if (bind)
+        cr_assert(be_bind(dev, q, bytes, err, sizeof err) == 0 && be_bind(dev, a->out, bytes, err, sizeof err) == 0,
+                  "%s", err);
+    dev->ops->attention(dev, a);
+    if (bind) {
+        be_range r = { a->out, bytes };
+        be_host_read(dev, &r, 1);
+        be_unbind(dev, q);
+        be_unbind(dev, a->out);
+    }
+}
+
 /* Attention of n_q queries at the last positions (and some in the middle) on the CPU and on dev. */
 static double compare_attention_on(be_backend *dev, page_set *ps, int n_head, int n_kv, int D, int64_t n_q,
                                    int32_t window, int bind)
@@ -640,17 +658,7 @@ static double compare_attention_on(be_backend *dev, page_set *ps, int n_head, in
     be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
-    size_t bytes = sizeof(float) * (size_t)(n_q * n_head * D);
-    char err[256];
-    /* bound: the query is read from and the output left on the device twins */
-    if (bind) cr_assert(be_bind(dev, q, bytes, err, sizeof err) == 0 && be_bind(dev, o1, bytes, err, sizeof err) == 0, "%s", err);
-    dev->ops->attention(dev, &a);
-    if (bind) {
-        be_range r = { o1, bytes };
-        be_host_read(dev, &r, 1);
-        be_unbind(dev, q);
-        be_unbind(dev, o1);
-    }
+    attend_on(dev, &a, q, (size_t)(n_q * n_head * D), bind);
     double d = max_abs_diff(o0, o1, n_q * n_head * D);
     free(q);
     free(o0);
@@ -719,18 +727,7 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o,
                               NULL, NULL, NULL, 0 };
                 ag_attention_sim(&a, atoi(splits[k]), want);
-                const int bind = (int)(rnd() & 1);
-                if (bind)
-                    cr_assert(be_bind(bes[k], q, sizeof(float) * n, err, sizeof err) == 0 &&
-                                  be_bind(bes[k], o, sizeof(float) * n, err, sizeof err) == 0,
-                              "%s", err);
-                bes[k]->ops->attention(bes[k], &a);
-                if (bind) {
-                    be_range r = { o, sizeof(float) * n };
-                    be_host_read(bes[k], &r, 1);
-                    be_unbind(bes[k], q);
-                    be_unbind(bes[k], o);
-                }
+                attend_on(bes[k], &a, q, n, (int)(rnd() & 1));
                 cr_assert(!be_failed(bes[k], err, sizeof err), "%s", err);
                 size_t bad = 0;
                 for (size_t i = 0; i < n; i++) bad += memcmp(&o[i], &want[i], sizeof(float)) != 0;
@@ -788,21 +785,10 @@ Test(cuda, flash_attention_equals_its_host_simulation_and_the_cpu)
                 cpu->ops->attention(cpu, &a);
                 af_attention_sim(&a, k == 1 ? 3 : 1, want);
                 a.out = o;
-                const int bind = (int)(rnd() & 1);
-                if (bind)
-                    cr_assert(be_bind(fl[k], q, sizeof(float) * n, err, sizeof err) == 0 &&
-                                  be_bind(fl[k], o, sizeof(float) * n, err, sizeof err) == 0,
-                              "%s", err);
                 const uint64_t calls = be_cuda_flash_calls(fl[k]);
-                fl[k]->ops->attention(fl[k], &a);
+                attend_on(fl[k], &a, q, n, (int)(rnd() & 1));
                 cr_expect(be_cuda_flash_calls(fl[k]) == calls + 1, "D %d, %lld queries: the flash kernel did not run",
                           D, (long long)nq);
-                if (bind) {
-                    be_range r = { o, sizeof(float) * n };
-                    be_host_read(fl[k], &r, 1);
-                    be_unbind(fl[k], q);
-                    be_unbind(fl[k], o);
-                }
                 cr_assert(!be_failed(fl[k], err, sizeof err), "%s", err);
                 const double ds = max_abs_diff(o, want, (int64_t)n), dc = max_abs_diff(o, o_cpu, (int64_t)n);
                 cr_expect(ds < 2e-3 && dc < 2e-3, "D %d, %d heads / %d KV, variant %d, %lld queries, backend %d: %g from "
