@@ -47,7 +47,7 @@ endif
 
 ENGINE_C  := $(wildcard common/*.c) $(wildcard engine/*.c) $(wildcard engine/policy/*.c) $(wildcard store/*.c)
 ENGINE_CXX:= $(wildcard engine/*.cpp)
-KERNEL_C  := $(wildcard kernels/cpu/*.c) kernels/page_copies.c kernels/act_mirror.c kernels/attn_rows.c kernels/block_pool.c kernels/weight_f16.c kernels/cuda/const_copies.c kernels/gpu_weights.c kernels/synthetic_shapes.c kernels/backend.c
+KERNEL_C  := $(wildcard kernels/cpu/*.c) kernels/page_copies.c kernels/page_tables.c kernels/upload_batch.c kernels/act_mirror.c kernels/attn_rows.c kernels/block_pool.c kernels/weight_f16.c kernels/cuda/const_copies.c kernels/gpu_weights.c kernels/synthetic_shapes.c kernels/backend.c
 KERNEL_CU := $(wildcard kernels/cuda/*.cu)
 ifneq ($(CUDA),1)
 KERNEL_C  += kernels/cuda_absent.c
@@ -86,7 +86,7 @@ endif
 DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
 export KVCHAT_CACHE DEFAULT_MODEL
 
-.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench clean cuda-build test-gpu \
+.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-tables clean cuda-build test-gpu \
         test-model-first test-model-rest test-cuda-build test-fuzz-smoke
 
 all: $(KVCHAT)
@@ -195,6 +195,15 @@ $(GPU_BENCH): $(BUILD)/tests/gpu/bench_kernels.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $< $(LIB) $(LDLIBS_ALL)
 
+# The host's share of a CUDA attention call (page descriptors and row uploads), timed without a GPU
+TABLES_BENCH := $(BUILD)/bench/page_tables_bench
+$(TABLES_BENCH): $(OBJ)/bench/page_tables_bench.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
+bench-tables: $(TABLES_BENCH)
+	./$(TABLES_BENCH)
+
 $(MODEL_BIN): $(MODEL_T_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $(MODEL_T_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
@@ -210,7 +219,7 @@ TEST_JOBS  = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS))
 # the default model in two runners beside the CUDA build whenever nvcc is installed (MODEL_FIRST).
 # Criterion prints a synthesis line for each runner.
 test: model
-	@$(MAKE) --no-print-directory $(TEST_JOBS) $(KVCHAT) $(UNIT_BIN) $(MODEL_BIN)
+	@$(MAKE) --no-print-directory $(TEST_JOBS) $(KVCHAT) $(UNIT_BIN) $(MODEL_BIN) $(TABLES_BENCH)
 	scripts/check_layers.sh
 	./$(UNIT_BIN) -j2
 	@$(MAKE) --no-print-directory $(TEST_JOBS) test-model-first test-model-rest test-cuda-build test-fuzz-smoke

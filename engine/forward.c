@@ -17,6 +17,17 @@
 #define OUT_ROWS 16   /* rows of the vocabulary projection computed at once when all logits are wanted */
 #define MAX_PROBE 64  /* probe rows a prefill policy may append to a chunk (TAKE) */
 
+/* A layer's list of every page its KV heads hold, as its last attention call had it, and the
+ * cache's layer shape then: while the shape is the same, only each head's last page and the pages
+ * after it are new, so a decode step updates a few entries a head (and a device backend, told the
+ * shape, looks at no more). */
+typedef struct layer_list {
+    be_kv_page *refs;
+    int64_t cap;
+    int64_t off[65];   /* head h's entries: refs[off[h] .. off[h + 1]) */
+    uint64_t shape;    /* 0: nothing built */
+} layer_list;
+
 struct fwd_ctx {
     const model *m;
     be_backend *b;
@@ -31,9 +42,11 @@ struct fwd_ctx {
     float *boundary;           /* per token id: sentence-boundary weight (for the policies) */
     int n_global;
     pol_set *pol;              /* NULL: attend to everything */
-    be_kv_page *refs;          /* page list handed to attention */
+    be_kv_page *refs;          /* page list handed to attention: a policy's selection */
     int64_t refs_cap;
     int64_t head_off[65];
+    layer_list *lists;         /* [n_layer] each layer's list of every page, kept from call to call */
+    uint64_t serial;           /* this context's share of the attention lists' names (be_attn.table) */
     int decoding;              /* the current eval is one decode step */
     int last_chunk;            /* the chunk being run is the eval's last */
     char pol_err[256];
@@ -130,8 +143,11 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->logits = alloc_f(f, OUT_ROWS * (size_t)hp->n_vocab);
     f->pos = malloc(B * sizeof(int32_t));
     f->tok = malloc(B * sizeof(int32_t));
+    f->lists = calloc((size_t)hp->n_layer, sizeof *f->lists);
+    static _Atomic uint64_t contexts;
+    f->serial = ++contexts;
     if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall || !f->vall || !f->gate || !f->up ||
-        !f->logits || !f->pos || !f->tok) {
+        !f->logits || !f->pos || !f->tok || !f->lists) {
         fwd_free(f);
         snprintf(err, errlen, "out of memory allocating forward buffers");
         return NULL;
@@ -177,6 +193,9 @@ void fwd_free(fwd_ctx *f)
     free(f->global);
     free(f->boundary);
     free(f->refs);
+    if (f->lists)
+        for (int il = 0; il < f->m->hp.n_layer; il++) free(f->lists[il].refs);
+    free(f->lists);
     free(f);
 }
 
@@ -285,6 +304,75 @@ static int64_t tokens_of(const kv_page *p, const uint64_t *mask)
     return c;
 }
 
+/* Layer il's list of every page (f->lists[il]) brought up to date: built whole when the layer's
+ * shape changed, else each head's last page and those after it (the heads' entries moved up when
+ * a head gained pages). Records the step's statistics. -1: out of memory. */
+static int plain_list(fwd_ctx *f, int il, be_attn *a, int observe, int first_global, int is_global)
+{
+    const model_hparams *hp = &f->m->hp;
+    int Hkv = hp->n_head_kv, P = kv_page_size(f->kv), D = hp->head_dim;
+    layer_list *L = &f->lists[il];
+    uint64_t shape = kv_layer_shape(f->kv, il);
+    int64_t need = 0, tokens = 0, cnt[65];
+    for (int h = 0; h < Hkv; h++) {
+        cnt[h] = kv_n_pages(f->kv, il, h);
+        need += cnt[h];
+        tokens += kv_head_tokens(f->kv, il, h);
+    }
+    int append = L->shape == shape;
+    for (int h = 0; h < Hkv && append; h++)
+        if (cnt[h] < L->off[h + 1] - L->off[h]) append = 0;   /* cannot be while the shape holds */
+    if (need > L->cap) {
+        int64_t nc = need * 2 > 64 ? need * 2 : 64;
+        be_kv_page *r = realloc(L->refs, sizeof *r * (size_t)nc);   /* the entries stay */
+        if (!r) return -1;
+        L->refs = r;
+        L->cap = nc;
+    }
+    if (append) {
+        int64_t off[65];
+        off[0] = 0;
+        for (int h = 0; h < Hkv; h++) off[h + 1] = off[h] + cnt[h];
+        /* offsets only grow: move the heads up, the last first, so none overwrites one not moved */
+        for (int h = Hkv - 1; h >= 0; h--)
+            if (off[h] != L->off[h])
+                memmove(L->refs + off[h], L->refs + L->off[h], sizeof *L->refs * (size_t)(L->off[h + 1] - L->off[h]));
+        for (int h = 0; h < Hkv; h++) {
+            int64_t was = L->off[h + 1] - L->off[h];
+            for (int64_t j = was > 0 ? was - 1 : 0; j < cnt[h]; j++)
+                set_ref(&L->refs[off[h] + j], kv_layer_page(f->kv, il, h, (int)j), NULL, D, P);
+        }
+        memcpy(L->off, off, sizeof(int64_t) * (size_t)(Hkv + 1));
+    } else {
+        int64_t e = 0;
+        for (int h = 0; h < Hkv; h++) {
+            L->off[h] = e;
+            for (int j = 0; j < cnt[h]; j++) set_ref(&L->refs[e++], kv_layer_page(f->kv, il, h, j), NULL, D, P);
+        }
+        L->off[Hkv] = e;
+    }
+    L->shape = shape;
+    int64_t e = L->off[Hkv];
+    if (observe)
+        for (int h = 0; h < Hkv; h++)
+            for (int64_t i = L->off[h]; i < L->off[h + 1]; i++) {
+                pol_set_hit_page(f->pol, L->refs[i].pos[0]);
+                if (first_global && h == 0) pol_set_last_add(f->pol, L->refs[i].pos[0] / P);
+            }
+    a->pages = L->refs;
+    a->n_pages = e;
+    a->head_pages = L->off;
+    a->shape = shape;
+    if (f->decoding) {
+        f->st_tokens += tokens;
+        if (is_global) {
+            f->st_pages += e;
+            f->st_pages_total += e;
+        }
+    }
+    return 0;
+}
+
 /* Fill a->pages / head_pages for layer il, one list per KV head (each head has its own page table):
  * the policy's selection on global layers during decode, else every page the head holds. A shared
  * selection's indices apply to every head's table. Records the step's attention statistics.
@@ -302,6 +390,8 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
     }
     int first_global = f->n_global > 0 && il == f->global[0];
     if (observe && first_global) pol_set_last_reset(f->pol);
+    a->table = (f->serial << 20) | (uint64_t)(il + 1);
+    if (!sel) return plain_list(f, il, a, observe, first_global, is_global);
     int64_t need = 0;
     for (int h = 0; h < Hkv; h++) {
         int64_t nh = sel ? (sel->per_head ? sel->off[h + 1] - sel->off[h] : sel->off[1]) : kv_n_pages(f->kv, il, h);
@@ -426,7 +516,7 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         kv_trim_window(f->kv, il, p0, f->eval_start);
         be_attn a = {
             .q = f->q, .n_q = n, .q_pos = f->pos, .n_head = (int)H, .n_head_kv = (int)Hkv, .head_dim = (int)D,
-            .window = ly->is_swa ? hp->n_swa : 0, .out = f->att,
+            .window = ly->is_swa ? hp->n_swa : 0, .out = f->att, .table = il + 1,
         };
         if (defer) {
             a.cur_k = K;

@@ -27,6 +27,7 @@ typedef struct kv_layer {
     kv_stream *heads;      /* [n_head_kv] */
     int32_t window;
     int64_t peak_tokens;   /* most tokens any of its heads has held */
+    uint64_t shape;        /* kv_layer_shape: new whenever a table changes other than by appends */
 } kv_layer;
 
 struct kv_cache {
@@ -46,6 +47,8 @@ struct kv_cache {
     uint64_t peak;
     float *tmp;            /* [row_dim] scratch for summaries */
 };
+
+static uint64_t next_gen(void);
 
 static void account(kv_cache *kv, int64_t delta)
 {
@@ -76,6 +79,7 @@ kv_cache *kv_create(int n_layer, int64_t n_ctx, int n_head_kv, int64_t head_dim,
     if (!kv->layers || !kv->free_list || !kv->tmp) goto oom;
     for (int il = 0; il < n_layer; il++) {
         kv->layers[il].window = window ? window[il] : 0;
+        kv->layers[il].shape = next_gen();
         kv->layers[il].heads = calloc((size_t)n_head_kv, sizeof(kv_stream));
         if (!kv->layers[il].heads) goto oom;
     }
@@ -124,12 +128,17 @@ uint64_t kv_page_bytes(const kv_cache *kv) { return kv->page_bytes; }
 void kv_set_floor(kv_cache *kv, int64_t pos) { kv->floor = pos; }
 void kv_set_mark(kv_cache *kv, int64_t pos) { kv->mark = pos; }
 
-/* A new content generation, unique in the process (device copies of pages compare them). */
+/* A new content generation, unique in the process (device copies of pages compare them); layer
+ * shapes are drawn from the same counter. */
 static uint64_t next_gen(void)
 {
     static _Atomic uint64_t counter;
     return ++counter;
 }
+
+uint64_t kv_layer_shape(const kv_cache *kv, int il) { return kv->layers[il].shape; }
+
+static void reshape(kv_cache *kv, int il) { kv->layers[il].shape = next_gen(); }
 
 static void page_reset(const kv_cache *kv, kv_page *p)
 {
@@ -178,7 +187,8 @@ static void page_release(kv_cache *kv, kv_page *p)
     free(p);
 }
 
-int kv_push_page(kv_cache *kv, int il, int h, kv_page *p)
+/* Add p after the last page of head h's table (what appending does: the shape stays). */
+static int push_page(kv_cache *kv, int il, int h, kv_page *p)
 {
     kv_stream *L = &kv->layers[il].heads[h];
     if (L->n == L->cap) {
@@ -192,6 +202,12 @@ int kv_push_page(kv_cache *kv, int il, int h, kv_page *p)
     L->pages[L->n++] = p;
     L->tokens += p->n;
     return 0;
+}
+
+int kv_push_page(kv_cache *kv, int il, int h, kv_page *p)
+{
+    reshape(kv, il);   /* a page of any content, from a policy that rebuilds the table */
+    return push_page(kv, il, h, p);
 }
 
 /* Fold one f16 key row into the page summaries. */
@@ -239,7 +255,7 @@ int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, 
         kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
         if (!p || p->n == kv->page_size) {
             p = kv_page_new(kv);
-            if (!p || kv_push_page(kv, il, h, p) != 0) {
+            if (!p || push_page(kv, il, h, p) != 0) {
                 if (p) page_release(kv, p);
                 return -1;
             }
@@ -261,13 +277,15 @@ void kv_commit(kv_cache *kv, int64_t len) { kv->len = len; }
 
 /* Remove every token at position >= pos from layer il (tokens are in position order within a
  * layer's table, so only the tail is touched). */
-static void stream_truncate(kv_cache *kv, kv_stream *L, int64_t pos)
+static void stream_truncate(kv_cache *kv, int il, int h, int64_t pos)
 {
+    kv_stream *L = &kv->layers[il].heads[h];
     while (L->n > 0) {
         kv_page *p = L->pages[L->n - 1];
         int32_t keep = p->n;
         while (keep > 0 && p->pos[keep - 1] >= pos) keep--;
         if (keep == p->n) break;
+        reshape(kv, il);
         L->tokens -= p->n - keep;
         if (keep == 0) {
             L->n--;
@@ -285,7 +303,7 @@ int64_t kv_peak_layer_tokens(const kv_cache *kv, int il) { return kv->layers[il]
 
 void kv_truncate_layer(kv_cache *kv, int il, int64_t pos)
 {
-    for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, &kv->layers[il].heads[h], pos);
+    for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, il, h, pos);
 }
 
 /* Tokens of one head's table with positions in [lo, hi). */
@@ -306,7 +324,7 @@ int64_t kv_rewind(kv_cache *kv, int64_t pos)
         /* nothing committed to forget, but a chunk that stopped part-way (cancelled, failed) left
          * its tokens in the layers it reached */
         for (int il = 0; il < kv->n_layer; il++)
-            for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, &kv->layers[il].heads[h], pos);
+            for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, il, h, pos);
         return kv->len;
     }
     if (pos < 0) pos = 0;
@@ -320,7 +338,7 @@ int64_t kv_rewind(kv_cache *kv, int64_t pos)
     }
     if (!exact) pos = 0;
     for (int il = 0; il < kv->n_layer; il++)
-        for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, &kv->layers[il].heads[h], pos);
+        for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, il, h, pos);
     kv->len = pos;
     return pos;
 }
@@ -352,6 +370,7 @@ void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start)
             page_release(kv, p);
         }
     }
+    if (out != L->n) reshape(kv, il);
     L->n = out;
     }
 }
@@ -359,6 +378,7 @@ void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start)
 void kv_keep_pages(kv_cache *kv, int il, int h, const int *keep, int n_keep)
 {
     kv_stream *L = &kv->layers[il].heads[h];
+    reshape(kv, il);
     int j = 0, out = 0;
     for (int i = 0; i < L->n; i++) {
         kv_page *p = L->pages[i];
@@ -393,11 +413,12 @@ static kv_page **new_pages(kv_cache *kv, int n)
 static void replace_table(kv_cache *kv, int il, int h, kv_page **np, int n)
 {
     kv_stream *L = &kv->layers[il].heads[h];
+    reshape(kv, il);
     for (int i = 0; i < L->n; i++) page_release(kv, L->pages[i]);
     L->n = 0;
     L->tokens = 0;
     for (int i = 0; i < n; i++)   /* cannot fail: n is at most the pages the table held before */
-        if (np[i]->n == 0 || kv_push_page(kv, il, h, np[i]) != 0) page_release(kv, np[i]);
+        if (np[i]->n == 0 || push_page(kv, il, h, np[i]) != 0) page_release(kv, np[i]);
     free(np);
 }
 
@@ -550,7 +571,7 @@ int kv_load(kv_cache *kv, bytes_r *r, int apply, char *err, size_t errlen)
     }
     if (apply) {
         for (int il = 0; il < kv->n_layer; il++)
-            for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, &kv->layers[il].heads[h], 0);
+            for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, il, h, 0);
         kv->len = len;
         kv->floor = floor;
         kv->mark = -1;

@@ -70,6 +70,13 @@ void kv_set_mark(kv_cache *kv, int64_t pos);
  * rewind to the floor, the mark or eval_start would not need. No-op on global layers. */
 void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start);
 
+/* A value that changes (to one unique in the process) whenever a page table of layer il changes
+ * other than by kv_append / kv_append_head, which only add rows to a table's last page and pages
+ * after it: while it stays the same, every page but each table's last is as it was (a device
+ * backend keeps the layer's page descriptors and looks only at the tables' ends; be_attn.shape).
+ * Pages edited in place through kv_layer_page are not seen: edit through the functions here. */
+uint64_t kv_layer_shape(const kv_cache *kv, int il);
+
 /* The page table of KV head h of layer il. */
 int kv_n_pages(const kv_cache *kv, int il, int h);
 kv_page *kv_layer_page(const kv_cache *kv, int il, int h, int i);

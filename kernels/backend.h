@@ -73,6 +73,17 @@ typedef struct be_attn {
     const float *cur_k, *cur_v;
     const int32_t *cur_pos;
     int64_t n_cur;
+    /* The caller's name for this page list (the forward pass: one per forward context and layer;
+     * 0: none given). A device backend keeps each named list's page descriptors between calls and
+     * sends only the entries that changed (kernels/page_tables.h); any value is correct, a list
+     * unlike the last one under its name only costs more to send. */
+    uint64_t table;
+    /* Nonzero: a promise that, if the last call under this name gave the same shape, each KV
+     * head's list has since only grown at its end (its last page took rows, pages came after it)
+     * and no entry has a token mask, so a backend need not look at the earlier pages again. The
+     * forward pass gives its cache's layer shape (kv_layer_shape) for lists of every page, 0 for a
+     * policy's selection. */
+    uint64_t shape;
 } be_attn;
 
 /* A range of host bytes the host is about to read. */

@@ -30,28 +30,33 @@ static void drop_storage(pc_table *t, pc_copy *c)
 
 void pc_free(pc_table *t)
 {
-    for (int i = 0; i < t->cap; i++)
-        if (t->slots[i].used) drop_storage(t, &t->slots[i]);
+    for (int i = 0; i < t->n_recs; i++)
+        if (t->recs[i].used) drop_storage(t, &t->recs[i]);
+    free(t->recs);
+    free(t->free_recs);
     free(t->slots);
-    t->slots = NULL;
-    t->cap = t->n = 0;
+    t->recs = NULL;
+    t->free_recs = t->slots = NULL;
+    t->n_recs = t->cap_recs = t->n_free = t->cap = t->n = t->holes = 0;
 }
 
-/* Rebuild the table with cap slots (also closes the holes freed slots leave in probe sequences).
- * -1 when the host is out of memory (the table is unchanged). */
+/* Rebuild the hash with cap slots over the live records (also closes the holes freed records leave
+ * in probe sequences). -1 when the host is out of memory (the hash is unchanged). */
 static int rehash(pc_table *t, int cap)
 {
-    pc_copy *ns = calloc((size_t)cap, sizeof *ns);
+    int32_t *ns = malloc(sizeof *ns * (size_t)cap);
     if (!ns) return -1;
-    for (int i = 0; i < t->cap; i++) {
-        if (!t->slots[i].used) continue;
-        uint64_t h = addr_hash(t->slots[i].host_k) & (uint64_t)(cap - 1);
-        while (ns[h].used) h = (h + 1) & (uint64_t)(cap - 1);
-        ns[h] = t->slots[i];
+    for (int i = 0; i < cap; i++) ns[i] = -1;
+    for (int i = 0; i < t->n_recs; i++) {
+        if (!t->recs[i].used) continue;
+        uint64_t h = addr_hash(t->recs[i].host_k) & (uint64_t)(cap - 1);
+        while (ns[h] >= 0) h = (h + 1) & (uint64_t)(cap - 1);
+        ns[h] = i;
     }
     free(t->slots);
     t->slots = ns;
     t->cap = cap;
+    t->holes = 0;
     return 0;
 }
 
@@ -60,18 +65,45 @@ void pc_begin_call(pc_table *t)
     t->calls++;
     if (t->calls % t->idle != 0 || t->cap == 0) return;
     int kept = 0;
-    for (int i = 0; i < t->cap; i++) {
-        pc_copy *c = &t->slots[i];
+    for (int i = 0; i < t->n_recs; i++) {
+        pc_copy *c = &t->recs[i];
         if (!c->used) continue;
         if (t->calls - c->last_use > t->idle) {
             drop_storage(t, c);
             memset(c, 0, sizeof *c);
+            t->free_recs[t->n_free++] = i;   /* room for every record was made with it */
         } else {
             kept++;
         }
     }
     t->n = kept;
-    rehash(t, t->cap);   /* on failure the holes stay: lookups still end at an empty slot */
+    /* on failure the holes stay: lookups skip freed records and still end at an empty slot */
+    if (rehash(t, t->cap)) {
+        for (int i = 0; i < t->cap; i++)
+            if (t->slots[i] >= 0 && !t->recs[t->slots[i]].used) {
+                t->slots[i] = -2;   /* a hole */
+                t->holes++;
+            }
+    }
+}
+
+/* A free record's index, making room for more (with its place on the free stack) when none is
+ * left. -1 when the host is out of memory. */
+static int32_t new_record(pc_table *t)
+{
+    if (t->n_free > 0) return t->free_recs[--t->n_free];
+    if (t->n_recs == t->cap_recs) {
+        int cap = t->cap_recs ? t->cap_recs * 2 : 256;
+        pc_copy *nr = realloc(t->recs, sizeof *nr * (size_t)cap);
+        if (!nr) return -1;
+        t->recs = nr;
+        int32_t *nf = realloc(t->free_recs, sizeof *nf * (size_t)cap);
+        if (!nf) return -1;
+        t->free_recs = nf;
+        t->cap_recs = cap;
+    }
+    memset(&t->recs[t->n_recs], 0, sizeof t->recs[0]);
+    return t->n_recs++;
 }
 
 /* Give c storage for cap rows of stride elements: one allocation, keys, then values, positions and
@@ -96,20 +128,28 @@ static int make_storage(pc_table *t, pc_copy *c, int32_t cap, int32_t stride)
 
 const pc_copy *pc_get(pc_table *t, const be_kv_page *pg)
 {
-    if ((t->n + 1) * 2 > t->cap && rehash(t, t->cap ? t->cap * 2 : 1024)) return NULL;
+    /* at most half full, holes counted, so every probe ends at an empty slot */
+    if ((t->n + t->holes + 1) * 2 > t->cap && rehash(t, t->cap ? t->cap * 2 : 1024)) return NULL;
     uint64_t mask = (uint64_t)(t->cap - 1), h = addr_hash(pg->k) & mask;
-    while (t->slots[h].used && t->slots[h].host_k != pg->k) h = (h + 1) & mask;
-    pc_copy *c = &t->slots[h];
-    int fresh = !c->used;
+    /* -2 is a hole a failed rehash left: passed over, since a later slot may hold the page */
+    while (t->slots[h] != -1 && (t->slots[h] < 0 || t->recs[t->slots[h]].host_k != pg->k)) h = (h + 1) & mask;
+    int fresh = t->slots[h] < 0;
+    int32_t idx = fresh ? new_record(t) : t->slots[h];
+    if (idx < 0) return NULL;
+    pc_copy *c = &t->recs[idx];
     int32_t rows = pg->n, stride = pg->stride;
     if (fresh || rows > c->cap || c->stride != stride) {
         /* room for every row the page can hold, so appends never move the copy */
         int32_t want = pg->cap > rows ? pg->cap : rows;
-        if (make_storage(t, c, want > c->cap ? want : c->cap, stride)) return NULL;
+        if (make_storage(t, c, want > c->cap ? want : c->cap, stride)) {
+            if (fresh) t->free_recs[t->n_free++] = idx;
+            return NULL;
+        }
     }
     if (fresh) {
         c->used = 1;
         c->host_k = pg->k;
+        t->slots[h] = idx;
         t->n++;
     }
     /* rows below n_up are right only within the generation they were copied under */
@@ -130,4 +170,22 @@ const pc_copy *pc_get(pc_table *t, const be_kv_page *pg)
     if (pg->bias && t->dev.upload(t->dev.ud, c->bias, pg->bias, sizeof(float) * (size_t)rows)) return NULL;
     c->last_use = t->calls;
     return c;
+}
+
+int32_t pc_index(const pc_table *t, const pc_copy *c) { return (int32_t)(c - t->recs); }
+
+int pc_current(pc_table *t, int32_t idx, const be_kv_page *pg, const void *dev_k)
+{
+    if (idx < 0 || idx >= t->n_recs) return 0;
+    pc_copy *c = &t->recs[idx];
+    if (!c->used || c->host_k != pg->k || c->gen != pg->gen || c->n_up < pg->n || c->stride != pg->stride ||
+        (const void *)c->k != dev_k)
+        return 0;
+    c->last_use = t->calls;
+    return 1;
+}
+
+void pc_forget_rows(pc_table *t)
+{
+    for (int i = 0; i < t->n_recs; i++) t->recs[i].n_up = 0;
 }

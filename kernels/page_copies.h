@@ -37,8 +37,14 @@ typedef struct pc_copy {
 
 typedef struct pc_table {
     pc_device dev;
-    pc_copy *slots;           /* open addressing on host_k, a power of two */
-    int cap, n;
+    /* Copies are records that keep their index for as long as they live, so a caller can hold an
+     * index and check the copy in O(1) (pc_current); the hash is open addressing on host_k over
+     * record indices (-1: empty), a power of two. */
+    pc_copy *recs;
+    int32_t *free_recs;       /* indices of unused records, a stack */
+    int n_recs, cap_recs, n_free;   /* records made so far, room for them, unused ones */
+    int32_t *slots;
+    int cap, n, holes;        /* slots, live copies, slots a failed rehash left as holes (-2) */
     uint64_t bytes;           /* device bytes held by the copies */
     uint64_t calls;           /* pc_begin_call count */
     uint64_t idle;            /* calls a copy may go unused before it is freed */
@@ -53,5 +59,14 @@ void pc_begin_call(pc_table *t);
 /* The up-to-date copy of page pg (pg->n > 0), or NULL when the device is out of memory or an upload
  * failed (the copy then counts no rows as sent, so the next call sends them again). The pointer is valid until the next pc_get or pc_begin_call. */
 const pc_copy *pc_get(pc_table *t, const be_kv_page *pg);
+/* The index of a copy pc_get returned: it names that copy until the copy is freed. */
+int32_t pc_index(const pc_table *t, const pc_copy *c);
+/* 1 when record idx still holds page pg with every row below pg->n sent, in storage whose keys are
+ * at dev_k (what a caller built a descriptor from): the copy then counts as used by this call, as
+ * pc_get would. 0 otherwise (the caller asks pc_get). O(1), no hashing. */
+int pc_current(pc_table *t, int32_t idx, const be_kv_page *pg, const void *dev_k);
+/* Forget what every copy holds (their storage stays), so each is sent whole at its next use: after
+ * an upload the caller had accepted was lost. */
+void pc_forget_rows(pc_table *t);
 
 #endif

@@ -48,6 +48,8 @@ extern "C" {
 #include "kernels/block_pool.h"
 #include "kernels/cuda/const_copies.h"
 #include "kernels/page_copies.h"
+#include "kernels/page_tables.h"
+#include "kernels/upload_batch.h"
 #include "common/quant.h"
 #include "kernels/weight_f16.h"
 }
@@ -82,6 +84,10 @@ typedef struct cuda_impl {
     int n_w, cap_w;
     uint64_t weight_bytes;
     pc_table copies;          /* device copies of the KV pages */
+    pt_set tables;            /* attention's page descriptors on the device, per named list */
+    ub_batch batch;           /* an attention call's rows and descriptors, sent as one (send_batch) */
+    int32_t *cur_pos;         /* a deferred decode step's positions on the device */
+    size_t cap_cur_pos;
     bp_pool blocks;           /* where the copies live: blocks carved from 64 MiB device chunks */
     /* scratch, grown on demand */
     float *y32, *out;          /* outputs of products and attention bound for unbound host arrays */
@@ -112,11 +118,9 @@ typedef struct cuda_impl {
     int flash_refused;         /* the device's shared memory is too small for it: said once */
     uint64_t flash_calls;      /* attention calls the flash kernel ran (be_cuda_flash_calls) */
     uint64_t scratch_bytes;
-    /* page-locked host buffers: attention's page list and masks as built, outputs on their way back */
-    dev_page *h_pages;
-    uint64_t *h_masks;
+    /* page-locked host buffers: outputs on their way back */
     float *h_y, *h_out;
-    size_t cap_h_pages, cap_h_masks, cap_h_y, cap_h_out;
+    size_t cap_h_y, cap_h_out;
     am_table act;              /* device twins of the bound activation buffers */
     /* staging arena for small inputs sent without a wait (positions, page lists, norm weights):
      * page-locked host bytes and their device twin, reused after each wait for the stream */
@@ -917,11 +921,60 @@ static void *dev_alloc(void *ud, size_t bytes) { return bp_get(&((cuda_impl *)ud
 
 static void dev_release(void *ud, void *p) { bp_put(&((cuda_impl *)ud)->blocks, p); }
 
-/* KV rows go through the page-locked arena: a copy from the cache's pageable memory would pass
- * the driver's bounce buffer, tens of microseconds each, a few times a layer in decode. */
+/* KV rows join the attention call's upload batch (send_batch sends it before the kernels): one
+ * copy and one scatter kernel a call, where a copy each (three a page) cost a few microseconds of
+ * the driver's time apiece, about a thousand a decode step of a 7B-shaped model. */
 static int dev_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
-    return send_to((cuda_impl *)ud, dst, src, bytes);
+    cuda_impl *ci = (cuda_impl *)ud;
+    return ub_add(&ci->batch, dst, src, bytes) ? fail(ci, "out of memory") : 0;
+}
+
+/* Block i puts piece i of a batch in place (kernels/upload_batch.h). */
+__global__ void scatter_kernel(const unsigned char *base, const ub_piece *pieces)
+{
+    ub_scatter_piece(base, &pieces[blockIdx.x], (int)threadIdx.x, (int)blockDim.x);
+}
+
+/* A lost batch: what the page copies and descriptor lists count as sent never arrived, so both
+ * forget it and send everything again at their next use. */
+static void lose_batch(cuda_impl *ci)
+{
+    ub_clear(&ci->batch, 0);
+    pc_forget_rows(&ci->copies);
+    pt_forget(&ci->tables);
+}
+
+/* Send the queued pieces: packed into the staging arena, one copy, one scatter kernel. 0, or -1
+ * (recorded, and the batch lost). */
+static int send_batch(cuda_impl *ci)
+{
+    ub_batch *ub = &ci->batch;
+    if (ub->n == 0 || ci->failed) {
+        if (ci->failed) lose_batch(ci);
+        return ci->failed ? -1 : 0;
+    }
+    size_t bytes = ub_packed_bytes(ub);
+    if (stage_reserve(ci, stage_size(bytes))) {
+        lose_batch(ci);
+        return -1;
+    }
+    size_t off = ci->arena_off;   /* 256-byte aligned, as the pieces' 16-byte copies need */
+    ub_pack(ub, ci->h_arena + off);
+    ci->bytes_up += bytes;
+    unsigned char *d = (unsigned char *)ci->d_arena + off;
+    if (ck(ci, cudaMemcpyAsync(d, ci->h_arena + off, bytes, cudaMemcpyHostToDevice, ci->stream), "staging")) {
+        lose_batch(ci);
+        return -1;
+    }
+    ci->arena_off = off + stage_size(bytes);
+    scatter_kernel<<<(unsigned)ub->n, 128, 0, ci->stream>>>(d, (const ub_piece *)(d + ub_table_offset(ub)));
+    if (ck(ci, cudaGetLastError(), "scatter kernel")) {
+        lose_batch(ci);
+        return -1;
+    }
+    ub_clear(ub, 1);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -1167,22 +1220,25 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         fail(ci, "head_dim %d is more than the CUDA attention kernel's %d", D, ATT_THREADS * MAX_D_PER_THREAD);
         return;
     }
-    pc_begin_call(&ci->copies);
+    pt_begin_call(&ci->tables, COPY_IDLE);
     if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
     /* Rows not in the cache yet (a deferred decode step) become one more page per KV head, after
-     * the head's pages (be_attn_rows_list), pointing at their f16 conversion on the device. */
+     * the head's pages (be_attn_rows_list), pointing at their f16 conversion and their positions on
+     * the device (both buffers stay put from call to call, so those entries stay as they are). */
     int64_t n_cur = a->n_cur > 0 ? a->n_cur : 0, kvd = (int64_t)a->n_head_kv * D;
-    if (a->n_head_kv > 64) {
-        fail(ci, "internal error: %d KV heads (at most 64)", a->n_head_kv);
+    if (a->n_head_kv > PT_MAX_HEADS) {
+        fail(ci, "internal error: %d KV heads (at most %d)", a->n_head_kv, PT_MAX_HEADS);
         return;
     }
     const be_kv_page *list = a->pages;
     const int64_t *hp = a->head_pages;
-    int64_t e = a->n_pages, hp_rows[65];
+    int64_t e = a->n_pages, hp_rows[PT_MAX_HEADS + 1];
     const uint16_t *cur16 = NULL;
     if (n_cur > 0) {
         size_t len = (size_t)be_attn_rows_len(a);
-        if (grow_dev(ci, (void **)&ci->cur16, &ci->cap_cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd))) return;
+        if (grow_dev(ci, (void **)&ci->cur16, &ci->cap_cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd)) ||
+            grow_dev(ci, (void **)&ci->cur_pos, &ci->cap_cur_pos, sizeof(int32_t) * (size_t)n_cur))
+            return;
         if (len > ci->cap_rows_list) {
             be_kv_page *nl = (be_kv_page *)realloc(ci->rows_list, sizeof *nl * len);
             if (!nl) {
@@ -1193,94 +1249,64 @@ static void cuda_attention(be_backend *b, const be_attn *a)
             ci->cap_rows_list = len;
         }
         cur16 = (const uint16_t *)ci->cur16;
-        /* their positions are filled in once staged */
-        e = be_attn_rows_list(a, cur16, cur16 + n_cur * kvd, NULL, ci->rows_list, hp_rows);
+        e = be_attn_rows_list(a, cur16, cur16 + n_cur * kvd, ci->cur_pos, ci->rows_list, hp_rows);
         list = ci->rows_list;
         hp = hp_rows;
-    }
-    /* page descriptors and masks, built on the host and staged in one copy each */
-    size_t n_words = 0;
-    for (int64_t i = 0; i < e; i++)
-        if (list[i].mask) n_words += (size_t)(list[i].n + 63) / 64;
-    if (grow_host(ci, (void **)&ci->h_pages, &ci->cap_h_pages, sizeof(dev_page) * (size_t)(e > 0 ? e : 1)) ||
-        grow_host(ci, (void **)&ci->h_masks, &ci->cap_h_masks, sizeof(uint64_t) * (n_words > 0 ? n_words : 1)))
-        return;
-    size_t w = 0;
-    /* the grouped kernel reads rows 16 bytes at a time */
-    int grouped = !ci->attn_scalar && ag_supported(D), has_bias = 0;
-    for (int64_t i = 0; i < e; i++) {
-        const be_kv_page *pg = &list[i];
-        if (pg->n > 0 && (pg->stride % AG_DL || pg->head_step % AG_DL)) grouped = 0;
-        dev_page *dp = &ci->h_pages[i];
-        memset(dp, 0, sizeof *dp);
-        dp->n = pg->n;
-        dp->stride = pg->stride;
-        dp->head_step = pg->head_step;
-        dp->mask_off = -1;
-        if (pg->n <= 0) continue;
-        if (cur16 && pg->k == cur16) {   /* the step's own rows, converted on the device below */
-            dp->k = pg->k;
-            dp->v = pg->v;
-            if (((uintptr_t)dp->k | (uintptr_t)dp->v) % 16) grouped = 0;
-            continue;
-        }
-        const pc_copy *m = pc_get(&ci->copies, pg);
-        if (!m) {
-            if (ci->failed) return;   /* the copy's upload failed */
-            if (!ci->blocks.failed_bytes) fail(ci, "out of memory for the table of KV page copies");
-            else
-                fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of "
-                         "page copies held (a shorter --ctx or a policy that evicts holds less)",
-                     (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
+        if (ub_add(&ci->batch, ci->cur_pos, a->cur_pos, sizeof(int32_t) * (size_t)n_cur)) {
+            fail(ci, "out of memory");
+            lose_batch(ci);
             return;
         }
-        dp->k = m->k;
-        dp->v = m->v;
-        if (((uintptr_t)dp->k | (uintptr_t)dp->v) % 16) grouped = 0;
-        dp->pos = m->pos;
-        dp->bias = pg->bias ? m->bias : NULL;
-        if (dp->bias) has_bias = 1;
-        if (pg->mask) {
-            size_t nw = (size_t)(pg->n + 63) / 64;
-            memcpy(ci->h_masks + w, pg->mask, sizeof(uint64_t) * nw);
-            dp->mask_off = (int64_t)w;
-            w += nw;
-        }
     }
-    if (ci->failed) return;   /* a page copy's upload failed */
+    /* the list's descriptors, kept on the device under the call's name: only what changed is
+     * built and queued (kernels/page_tables.c), then sent with the pages' new rows in one batch */
+    pt_call pl;
+    int rc = pt_build(&ci->tables, a->table, a->shape, list, e, hp, a->n_head_kv, cur16, &pl);
+    if (rc != PT_OK) {
+        if (ci->failed) {   /* a page copy's rows could not be queued: said already */
+        } else if (rc == PT_NO_HOST_MEMORY || (rc == PT_NO_COPY && !ci->blocks.failed_bytes)) {
+            fail(ci, "out of memory for the KV page tables");
+        } else if (rc == PT_NO_DEVICE_MEMORY) {
+            fail(ci, "out of GPU memory for the KV page tables (%.1f MiB free)", free_mib());
+        } else {
+            fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of page "
+                     "copies held (a shorter --ctx or a policy that evicts holds less)",
+                 (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
+        }
+        lose_batch(ci);
+        return;
+    }
+    if (send_batch(ci)) return;
+    /* the grouped kernels read rows 16 bytes at a time */
+    int grouped = !ci->attn_scalar && ag_supported(D) && pl.aligned, has_bias = pl.has_bias;
+    size_t w = pl.n_words;
     size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D, ncur = (size_t)(n_cur * kvd);
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
     int expand = n_cur > 0;
     int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
     int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
-    if (stage_reserve(ci, stage_size(sizeof(dev_page) * (size_t)e) + stage_size(sizeof(uint64_t) * w) +
-                              stage_size(sizeof(int32_t) * (size_t)a->n_q) +
-                              stage_size(sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) +
+    if (stage_reserve(ci, stage_size(sizeof(uint64_t) * w) + stage_size(sizeof(int32_t) * (size_t)a->n_q) +
                               (q_bound ? 0 : stage_size(sizeof(float) * nq)) +
-                              (expand ? stage_size(sizeof(int32_t) * (size_t)n_cur) : 0) +
                               (expand && !ck_bound ? stage_size(sizeof(float) * ncur) : 0) +
                               (expand && !cv_bound ? stage_size(sizeof(float) * ncur) : 0)))
         return;
     if (expand) {
-        const int32_t *d_cur_pos = (const int32_t *)stage(ci, a->cur_pos, sizeof(int32_t) * (size_t)n_cur);
         const float *dk = ck_bound ? (const float *)am_dev_in(&ci->act, a->cur_k, sizeof(float) * ncur)
                                    : (const float *)stage(ci, a->cur_k, sizeof(float) * ncur);
         const float *dv = cv_bound ? (const float *)am_dev_in(&ci->act, a->cur_v, sizeof(float) * ncur)
                                    : (const float *)stage(ci, a->cur_v, sizeof(float) * ncur);
-        if (!d_cur_pos || !dk || !dv) return;
-        for (int64_t i = 0; i < e; i++)
-            if (ci->h_pages[i].k == cur16) ci->h_pages[i].pos = d_cur_pos;
+        if (!dk || !dv) return;
         f32_to_f16<<<(unsigned)((ncur + 255) / 256), 256, 0, ci->stream>>>(dk, ci->cur16, (int64_t)ncur);
         f32_to_f16<<<(unsigned)((ncur + 255) / 256), 256, 0, ci->stream>>>(dv, ci->cur16 + ncur, (int64_t)ncur);
         if (ck(ci, cudaGetLastError(), "f32_to_f16")) return;
     }
-    const dev_page *d_pages = e > 0 ? (const dev_page *)stage(ci, ci->h_pages, sizeof(dev_page) * (size_t)e) : NULL;
-    const uint64_t *d_masks = w ? (const uint64_t *)stage(ci, ci->h_masks, sizeof(uint64_t) * w) : NULL;
+    const dev_page *d_pages = pl.pages;
+    const uint64_t *d_masks = w ? (const uint64_t *)stage(ci, pl.masks, sizeof(uint64_t) * w) : NULL;
     const int32_t *d_qpos = (const int32_t *)stage(ci, a->q_pos, sizeof(int32_t) * (size_t)a->n_q);
-    const int64_t *d_hp = hp ? (const int64_t *)stage(ci, hp, sizeof(int64_t) * (size_t)(a->n_head_kv + 1)) : NULL;
+    const int64_t *d_hp = pl.head_pages;
     const float *d_q = q_bound ? (const float *)am_dev_in(&ci->act, a->q, sizeof(float) * nq)
                                : (const float *)stage(ci, a->q, sizeof(float) * nq);
-    if ((e > 0 && !d_pages) || (w && !d_masks) || !d_qpos || (hp && !d_hp) || !d_q) return;
+    if ((w && !d_masks) || !d_qpos || !d_q) return;
     /* splits: about four blocks a multiprocessor in all, at least one page each */
     int64_t most = e;
     if (hp) {
@@ -1603,7 +1629,8 @@ static void cuda_memory(be_backend *b, uint64_t *held, uint64_t *total)
     cuda_impl *ci = impl_of(b);
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
-    *held = ci->weight_bytes + ci->blocks.bytes + ci->scratch_bytes + ci->act.bytes + ci->consts.bytes;
+    *held = ci->weight_bytes + ci->blocks.bytes + ci->scratch_bytes + ci->act.bytes + ci->consts.bytes +
+            ci->tables.bytes;
     *total = (uint64_t)tot;
 }
 
@@ -1613,15 +1640,17 @@ static void cuda_destroy(be_backend *b)
     if (ci) {
         for (int i = 0; i < ci->n_w; i++) cudaFree(ci->w[i].d);
         free(ci->w);
+        pt_free(&ci->tables);
         pc_free(&ci->copies);
         bp_free(&ci->blocks);
+        ub_free(&ci->batch);
         cc_free(&ci->consts);
         free(ci->rows_list);
         am_free(&ci->act);
         void *dev[] = { ci->y32,   ci->out,   ci->x16, ci->part_o, ci->part_ml, ci->d_arena,
-                        ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd };
+                        ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->cur_pos };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-        void *host[] = { ci->h_pages, ci->h_masks, ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage };
+        void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)
             if (host[i]) cudaFreeHost(host[i]);
         if (ci->blas) cublasDestroy(ci->blas);
@@ -1695,6 +1724,8 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     ci->mmv_max = max_env && end != max_env && !*end && mx >= 0 ? (int64_t)mx : -1;
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
+    pt_device tdev = { ci, dev_malloc, dev_free };
+    pt_init(&ci->tables, &tdev, &ci->copies, &ci->batch);
     bp_init(&ci->blocks, ci, dev_malloc, dev_free, (size_t)64 << 20);
     cc_device cdev = { ci, dev_malloc, dev_free, const_upload };
     cc_init(&ci->consts, &cdev);

@@ -655,7 +655,7 @@ static double compare_attention_on(be_backend *dev, page_set *ps, int n_head, in
         o1[i] = NAN;
     }
     for (int64_t t = 0; t < n_q; t++) qp[t] = t == n_q - 1 ? ps->max_pos : (int32_t)(rnd() % (uint32_t)(ps->max_pos + 1));
-    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0 };
+    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0, 0, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     attend_on(dev, &a, q, (size_t)(n_q * n_head * D), bind);
@@ -703,6 +703,76 @@ Test(cuda, paged_attention_equals_the_cpu)
  * bias, windows, several queries, groups of 1 to 12 heads, head dimensions of 1 to 32 lanes, and a
  * forced number of splits (1, 3, and more splits than pages: empty splits), query and output bound
  * or not. Finite data: the device's NaN is the canonical one, the host's keeps its payload. */
+/* One step's list of a page set: every head's pages but the dropped ones, under name `name`. */
+static void attend_list(const page_set *ps, const uint8_t *dropped, int nh, int nkv, int D, float *q, int32_t *qp,
+                        uint64_t name, uint64_t shape, double *worst)
+{
+    be_kv_page *list = malloc(sizeof *list * (size_t)ps->n_pages);
+    int64_t hp[65], e = 0;
+    for (int g = 0; g < nkv; g++) {
+        hp[g] = e;
+        for (int64_t i = ps->head_pages[g]; i < ps->head_pages[g + 1]; i++)
+            if (!dropped[i]) list[e++] = ps->pages[i];
+    }
+    hp[nkv] = e;
+    float *o0 = malloc(sizeof(float) * (size_t)(nh * D)), *o1 = malloc(sizeof(float) * (size_t)(nh * D));
+    for (int i = 0; i < nh * D; i++) o1[i] = NAN;
+    be_attn a = { q, 1, qp, nh, nkv, D, list, e, hp, 0, o0, NULL, NULL, NULL, 0, name, shape };
+    cpu->ops->attention(cpu, &a);
+    a.out = o1;
+    gpu->ops->attention(gpu, &a);
+    double d = max_abs_diff(o0, o1, nh * D);
+    if (d > *worst) *worst = d;
+    free(list);
+    free(o0);
+    free(o1);
+}
+
+/* A named list through a decode, on the descriptors the device keeps between calls
+ * (kernels/page_tables.c) and with the shape the forward pass would give (appends keep it, other
+ * changes make a new one): each head's last page grows a row a step, a page is rewritten under a
+ * new generation, pages are dropped (the later heads' entries move), and another page set is
+ * attended under the same name now and then. Every step equals the CPU. */
+Test(cuda, a_named_page_list_kept_on_the_device_stays_right_through_a_decode)
+{
+    seed_rng("tables");
+    const int D = 64, nh = 8, nkv = 2;
+    page_set ps, other;
+    make_pages(&ps, nkv, 7, D, 0, 0);
+    uint64_t shape = ++gen_counter;
+    make_pages(&other, nkv, 3, D, 0, 0);
+    uint8_t *dropped = calloc((size_t)ps.n_pages, 1), *none = calloc((size_t)other.n_pages, 1);
+    float *q = malloc(sizeof(float) * (size_t)(nh * D));
+    int32_t qp = INT32_MAX / 2;   /* sees every row */
+    double worst = 0, worst_other = 0;
+    for (int step = 0; step < 120; step++) {
+        for (int i = 0; i < nh * D; i++) q[i] = frand(-0.5f, 0.5f);
+        for (int g = 0; g < nkv; g++) {   /* a row appended to the head's last page */
+            be_kv_page *pg = &ps.pages[ps.head_pages[g + 1] - 1];
+            if (pg->n < 64) pg->n++;
+        }
+        if (step % 9 == 4) {   /* a page rewritten: a new generation */
+            int64_t i = (int64_t)(rnd() % (uint32_t)ps.n_pages);
+            for (int d = 0; d < D; d++) ps.kv[i][d] = quant_f32_to_fp16(frand(-1, 1));
+            ps.pages[i].gen = ++gen_counter;
+            shape = ++gen_counter;
+        }
+        if (step % 17 == 8) {   /* head 0 never loses its last page */
+            dropped[ps.head_pages[0] + (int64_t)(rnd() % 6)] = 1;
+            shape = ++gen_counter;
+        }
+        attend_list(&ps, dropped, nh, nkv, D, q, &qp, 7, shape, &worst);
+        if (step % 10 == 5) attend_list(&other, none, nh, nkv, D, q, &qp, 7, 0, &worst_other);
+    }
+    cr_expect(worst < 2e-3, "max |diff| %g through the decode", worst);
+    cr_expect(worst_other < 2e-3, "max |diff| %g for the other list under the same name", worst_other);
+    free(q);
+    free(dropped);
+    free(none);
+    free_pages(&ps);
+    free_pages(&other);
+}
+
 Test(cuda, grouped_attention_gives_the_hosts_bits)
 {
     seed_rng("grouped attention bits");
@@ -725,7 +795,7 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
                 for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
                 for (int64_t t = 0; t < nq; t++) qp[t] = t == 0 ? ps.max_pos : (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1));
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o,
-                              NULL, NULL, NULL, 0 };
+                              NULL, NULL, NULL, 0, 0, 0 };
                 ag_attention_sim(&a, atoi(splits[k]), want);
                 attend_on(bes[k], &a, q, n, (int)(rnd() & 1));
                 cr_assert(!be_failed(bes[k], err, sizeof err), "%s", err);
@@ -781,7 +851,7 @@ Test(cuda, flash_attention_equals_its_host_simulation_and_the_cpu)
                     qp[t] = variant == 3 || back < 0 ? (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1)) : back;
                 }
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o_cpu,
-                              NULL, NULL, NULL, 0 };
+                              NULL, NULL, NULL, 0, 0, 0 };
                 cpu->ops->attention(cpu, &a);
                 af_attention_sim(&a, k == 1 ? 3 : 1, want);
                 a.out = o;
@@ -945,7 +1015,7 @@ Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
             int32_t qp = ps.max_pos + 1;
             /* variant 3: one shared list for every head */
             be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, variant == 3 ? ps.head_pages[1] : ps.n_pages,
-                          variant == 3 ? NULL : ps.head_pages, variant == 2 ? 40 : 0, o0, ck, cv, &qp, 1 };
+                          variant == 3 ? NULL : ps.head_pages, variant == 2 ? 40 : 0, o0, ck, cv, &qp, 1, 0, 0 };
             cpu->ops->attention(cpu, &a);
             a.out = o1;
             int bind = (int)(rnd() & 1);
@@ -1001,7 +1071,7 @@ Test(cuda, norm_weights_past_the_constant_tables_growth_leave_the_steps_page_lis
     for (int64_t i = 0; i < nq; i++) q[i] = frand(-0.5f, 0.5f);
     for (int64_t i = 0; i < kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
     int32_t qp = ps.max_pos + 1;
-    be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o0, ck, cv, &qp, 1 };
+    be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o0, ck, cv, &qp, 1, 0, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     for (int i = 0; i <= N_W; i++) {

@@ -1,0 +1,110 @@
+/* page_tables.h - attention's page descriptors kept on the device between calls (issue 25, stage 2).
+ *
+ * The attention kernels read a list of page descriptors (ag_page: where a page's device copy is,
+ * its rows, its mask) and per-KV-head offsets into it. Building and sending all of them every call
+ * costs the host a lookup and a descriptor per page (2,048 pages a layer for a 7B-shaped model at
+ * 8K tokens). Here each list keeps its descriptors on the device from one call to the next, under
+ * the name the call gives it (be_attn.table; the forward pass names each layer's list). A call
+ * compares every entry of its list with what that entry was when its descriptor was last built: the
+ * same page, generation and rows, whose copy still holds them (pc_current, O(1)), is left as it is;
+ * only the entries that changed are built (pc_get sends their new rows) and only the descriptors
+ * that differ are sent, through the upload batch. A decode step thus sends one descriptor per KV
+ * head and layer, for the page its token went to. With the forward pass's promise that a list
+ * only grew at each head's end (be_attn.shape), only each head's last pages are looked at.
+ * Entries are matched head by head: when a head's
+ * list grows by a page, the heads after it shift in the array, and their descriptors are moved and
+ * sent again, but not rebuilt (once a page, every 32 tokens by default). Entries with a token mask
+ * are built every call (a policy's masks change every step). Any name is correct: a list unlike
+ * the last one under its name only sends more.
+ *
+ * Plain C, reaching the device through two functions and the batch, tested on the host
+ * (tests/test_page_tables.c) with host memory standing in for the device. */
+#ifndef KVCHAT_PAGE_TABLES_H
+#define KVCHAT_PAGE_TABLES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/attn_group.h"
+#include "kernels/page_copies.h"
+#include "kernels/upload_batch.h"
+
+#define PT_MAX_HEADS 64    /* KV heads a list may have offsets for */
+
+typedef struct pt_device {
+    void *ud;
+    void *(*alloc)(void *ud, size_t bytes);   /* NULL when out of memory */
+    void (*release)(void *ud, void *p);
+} pt_device;
+
+typedef struct pt_list {
+    uint64_t name;        /* the calls' name for it (be_attn.table) */
+    uint64_t shape;       /* the shape the last call gave (be_attn.shape), 0: none */
+    int used;
+    int64_t pages_of[PT_MAX_HEADS];   /* each head's entries that are pages, at the last call */
+    int64_t n_bias, n_unaligned;      /* entries with a bias; entries not whole 16-byte loads */
+    be_kv_page *seen;     /* [cap] entry i as its descriptor was last built */
+    int32_t *rec;         /* [cap] the page copy it came from (pc_index); PT_DIRECT; PT_REBUILD */
+    ag_page *host;        /* [cap] the descriptors as the device has them */
+    ag_page *dev;         /* [cap] descriptors, then PT_MAX_HEADS + 1 offsets, on the device */
+    be_kv_page *seen2;    /* [cap] scratch for the three above when entries move */
+    int32_t *rec2;
+    ag_page *host2;
+    uint8_t *moved;       /* [cap] entry i's descriptor moved here this call: it is sent again */
+    int64_t hp[PT_MAX_HEADS + 1];   /* the offsets as the device has them */
+    int n_hp;             /* how many of them are there (-1: none sent) */
+    int64_t n, cap;
+    uint64_t last_use;
+} pt_list;
+
+enum { PT_DIRECT = -3, PT_REBUILD = -1 };
+
+typedef struct pt_set {
+    pt_device dev;
+    pc_table *copies;     /* where the pages' device copies are kept */
+    ub_batch *batch;      /* what a call sends */
+    pt_list *lists;       /* open addressing on the name, a power of two */
+    int n_lists, cap_lists;
+    uint64_t calls;
+    uint64_t *masks;      /* this call's token masks, words (the caller sends them) */
+    size_t cap_masks;
+    uint64_t built, kept;   /* entries built / left as they were on the device, so far (figures) */
+    uint64_t bytes;       /* device bytes the lists hold */
+} pt_set;
+
+/* One call's list on the device, as pt_build leaves it. */
+typedef struct pt_call {
+    const ag_page *pages;        /* device address */
+    const int64_t *head_pages;   /* device address, or NULL when the call gave none */
+    const uint64_t *masks;       /* host words for the kernels' masks argument (n_words of them) */
+    size_t n_words;
+    int has_bias;                /* some entry has a bias */
+    int aligned;                 /* every entry's rows are whole 16-byte loads (the grouped kernels) */
+} pt_call;
+
+enum { PT_OK = 0, PT_NO_HOST_MEMORY, PT_NO_DEVICE_MEMORY, PT_NO_COPY };
+
+void pt_init(pt_set *s, const pt_device *dev, pc_table *copies, ub_batch *batch);
+void pt_free(pt_set *s);
+/* Bring list `name` to list[0 .. e) with per-KV-head offsets hp[0 .. n_heads] (hp NULL: every head
+ * reads the whole list), queueing what the device needs on the batch. Entries whose k is `direct`
+ * hold device addresses already (a deferred step's own rows, one entry at the end of a head) and
+ * are taken as they are. A nonzero shape equal to the last call's under this name promises that
+ * since that call each head's list only grew at its end (its last page took rows, pages were added
+ * after it): the pages before each head's last one are then not looked at, so a decode step costs
+ * the host a few entries a head rather than every page. PT_OK, or
+ * PT_NO_HOST_MEMORY, PT_NO_DEVICE_MEMORY (for a list's descriptors), PT_NO_COPY (pc_get gave none:
+ * out of device memory for a page copy, or its rows could not be queued); on failure the caller
+ * drops the batch and calls pt_forget. */
+int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, int64_t e, const int64_t *hp,
+             int n_heads, const void *direct, pt_call *out);
+/* Start an attention call: pc_begin_call, and before the copies' idle sweep the lists unused for
+ * `idle` calls are freed and the copies the others hold count as used (their earlier pages are not
+ * looked at by appended calls, so they would otherwise look idle). */
+void pt_begin_call(pt_set *s, uint64_t idle);
+/* Forget what every list has on the device (after a batch was lost): each is built whole next time. */
+void pt_forget(pt_set *s);
+/* Free the lists no call has used in the last `idle` calls. */
+void pt_trim(pt_set *s, uint64_t idle);
+
+#endif

@@ -1,0 +1,56 @@
+/* upload_batch.c - many small host-to-device copies sent as one (see upload_batch.h). */
+#include "kernels/upload_batch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int ub_add(ub_batch *b, void *dst, const void *src, size_t bytes)
+{
+    if (bytes == 0) return 0;
+    size_t off = (b->len + 15) & ~(size_t)15;
+    if (off + bytes > b->cap) {
+        size_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < off + bytes) cap *= 2;
+        unsigned char *nd = realloc(b->data, cap);
+        if (!nd) return -1;
+        b->data = nd;
+        b->cap = cap;
+    }
+    if (b->n == b->cap_pieces) {
+        int64_t cap = b->cap_pieces ? b->cap_pieces * 2 : 1024;
+        ub_piece *np = realloc(b->pieces, sizeof *np * (size_t)cap);
+        if (!np) return -1;
+        b->pieces = np;
+        b->cap_pieces = cap;
+    }
+    memcpy(b->data + off, src, bytes);
+    b->pieces[b->n++] = (ub_piece){ (uint64_t)(uintptr_t)dst, off, bytes };
+    b->len = off + bytes;
+    return 0;
+}
+
+void ub_clear(ub_batch *b, int sent)
+{
+    if (sent && b->n > 0) {
+        b->sent_bytes += b->len;
+        b->sent_pieces += (uint64_t)b->n;
+        b->sends++;
+    }
+    b->len = 0;
+    b->n = 0;
+}
+
+void ub_free(ub_batch *b)
+{
+    free(b->data);
+    free(b->pieces);
+    memset(b, 0, sizeof *b);
+}
+
+void ub_pack(const ub_batch *b, void *out)
+{
+    unsigned char *o = out;
+    if (b->len) memcpy(o, b->data, b->len);
+    memset(o + b->len, 0, ub_table_offset(b) - b->len);
+    if (b->n) memcpy(o + ub_table_offset(b), b->pieces, sizeof(ub_piece) * (size_t)b->n);
+}

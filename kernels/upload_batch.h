@@ -1,0 +1,67 @@
+/* upload_batch.h - many small host-to-device copies sent as one (issue 25, stage 2).
+ *
+ * An attention call sends, for each page copy it reads, the rows appended since its last use (keys,
+ * values and positions: three copies) and the page descriptors that changed. A decode step of a
+ * 7B-shaped model touches a page per KV head per layer, about a thousand such copies a token, each
+ * a few microseconds of the driver's time. The batch gathers them: their bytes packed in one host
+ * buffer (each piece 16-byte aligned) and a table of pieces saying where each goes. The CUDA backend
+ * sends the packed bytes and the table with one copy and runs one scatter kernel, in which block i
+ * puts piece i in place with ub_scatter_piece; the tests run that function on the host. */
+#ifndef KVCHAT_UPLOAD_BATCH_H
+#define KVCHAT_UPLOAD_BATCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/quant_blocks.h"
+
+typedef struct ub_piece {
+    uint64_t dst;     /* the device address it goes to */
+    uint64_t off;     /* where its bytes start in the packed data (a multiple of 16) */
+    uint64_t bytes;
+} ub_piece;
+
+typedef struct ub_batch {
+    unsigned char *data;
+    size_t len, cap;
+    ub_piece *pieces;
+    int64_t n, cap_pieces;
+    uint64_t sent_bytes, sent_pieces, sends;   /* totals over every ub_clear after a send (figures) */
+} ub_batch;
+
+/* Queue bytes of host memory (copied now: src may change once this returns) for dst. 0, or -1 when
+ * the host is out of memory (nothing queued). Zero bytes queue nothing. */
+int ub_add(ub_batch *b, void *dst, const void *src, size_t bytes);
+/* Drop what is queued; `sent` adds it to the totals. */
+void ub_clear(ub_batch *b, int sent);
+void ub_free(ub_batch *b);
+/* The packed form: the data (ub_batch.len bytes), then at ub_table_offset the piece table. */
+static inline size_t ub_table_offset(const ub_batch *b) { return (b->len + 15) & ~(size_t)15; }
+static inline size_t ub_packed_bytes(const ub_batch *b) { return ub_table_offset(b) + sizeof(ub_piece) * (size_t)b->n; }
+/* Write the packed form (ub_packed_bytes) to out. */
+void ub_pack(const ub_batch *b, void *out);
+
+/* 16 bytes moved as one load and one store on the device. */
+typedef struct __attribute__((aligned(16))) ub_v16 {
+    uint32_t w[4];
+} ub_v16;
+
+/* Thread tid of nt copies its share of piece p from the packed bytes at base: 16 bytes at a time
+ * where the destination and the length allow it (the source always does), else 4, else 1. */
+QB_HD void ub_scatter_piece(const unsigned char *base, const ub_piece *p, int tid, int nt)
+{
+    unsigned char *dst = (unsigned char *)(uintptr_t)p->dst;
+    const unsigned char *src = base + p->off;
+    uint64_t n = p->bytes;
+    if (((p->dst | n) & 15) == 0) {
+        for (uint64_t i = (uint64_t)tid; i < n / 16; i += (uint64_t)nt)
+            ((ub_v16 *)dst)[i] = ((const ub_v16 *)src)[i];
+    } else if (((p->dst | n) & 3) == 0) {
+        for (uint64_t i = (uint64_t)tid; i < n / 4; i += (uint64_t)nt)
+            ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i];
+    } else {
+        for (uint64_t i = (uint64_t)tid; i < n; i += (uint64_t)nt) dst[i] = src[i];
+    }
+}
+
+#endif

@@ -1,0 +1,221 @@
+/* test_attn_lists.c - the page lists the forward pass hands attention, and the shape promise.
+ *
+ * The forward pass keeps each layer's list of every page from one call to the next and, while the
+ * cache's layer shape (kv_layer_shape) stays the same, updates only each head's last pages; it
+ * gives the shape to the backend (be_attn.shape), which then looks only at those pages
+ * (kernels/page_tables.c). A "checking" backend runs every op on the CPU backend and, before each
+ * attention call that carries a shape, checks (1) that the list is exactly the cache's pages of
+ * that layer, head by head, and (2) that when the shape is the one the last call under the same
+ * name gave, each head's pages before its previous last one are the same pages with the same
+ * generation and rows: the promise the backend relies on. Runs: prefill in chunks, decode across
+ * page boundaries, a rewind, on both tiny models (Gemma 3's sliding-window layers drop pages), with
+ * no policy and with policies that evict (TAKE in prefill, H2O in decode), merge (Chelsea) and
+ * select (CHESS: its decode calls carry no shape). */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/forward.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/policy/policy.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "kernels/backend.h"
+
+#define TD "../shared/testdata/"
+#define MAX_LAYERS 64
+
+typedef struct seen_list {
+    uint64_t table, shape;
+    int64_t off[65];
+    be_kv_page *pages;
+    int64_t n;
+} seen_list;
+
+typedef struct checker {
+    be_backend *cpu;
+    const kv_cache *kv;       /* the forward context's cache */
+    seen_list last[MAX_LAYERS];
+    int64_t calls, shaped, appended, moved, bad;
+} checker;
+
+static checker ck;
+
+static int same_entry(const be_kv_page *a, const be_kv_page *b)
+{
+    return a->k == b->k && a->v == b->v && a->pos == b->pos && a->bias == b->bias && a->mask == b->mask &&
+           a->n == b->n && a->stride == b->stride && a->head_step == b->head_step && a->gen == b->gen;
+}
+
+static void check_list(const be_attn *a)
+{
+    ck.calls++;
+    if (!a->shape) return;
+    ck.shaped++;
+    int il = (int)(a->table & 0xfffff) - 1;
+    cr_assert(il >= 0 && il < kv_n_layer(ck.kv) && il < MAX_LAYERS, "a list named %llx", (unsigned long long)a->table);
+    cr_assert_eq(a->shape, kv_layer_shape(ck.kv, il), "layer %d: the shape given is not the cache's", il);
+    cr_assert(a->head_pages, "layer %d: a list of every page has per-head offsets", il);
+    int Hkv = kv_n_head_kv(ck.kv);
+    /* (1) exactly the cache's pages */
+    for (int h = 0; h < Hkv; h++) {
+        int np = kv_n_pages(ck.kv, il, h);
+        cr_assert_eq(a->head_pages[h + 1] - a->head_pages[h], np, "layer %d head %d: %lld entries for %d pages", il, h,
+                     (long long)(a->head_pages[h + 1] - a->head_pages[h]), np);
+        for (int j = 0; j < np; j++) {
+            const kv_page *p = kv_layer_page(ck.kv, il, h, j);
+            const be_kv_page *e = &a->pages[a->head_pages[h] + j];
+            int ok = e->k == p->k && e->v == p->v && e->pos == p->pos && e->n == p->n && e->gen == p->gen &&
+                     e->bias == (p->merged ? p->logdeg : NULL) && !e->mask && e->stride == kv_head_dim(ck.kv) &&
+                     e->head_step == 0;
+            if (!ok) ck.bad++;
+            cr_assert(ok, "layer %d head %d page %d: the entry is not the cache's page", il, h, j);
+        }
+    }
+    /* (2) the promise, against the last call under this name */
+    seen_list *L = &ck.last[il];
+    if (L->table == a->table && L->shape == a->shape) {
+        ck.appended++;
+        for (int h = 0; h < Hkv; h++) {
+            int64_t was = L->off[h + 1] - L->off[h];
+            cr_assert_geq(a->head_pages[h + 1] - a->head_pages[h], was, "layer %d head %d shrank under one shape", il, h);
+            for (int64_t j = 0; j + 1 < was; j++)
+                cr_assert(same_entry(&a->pages[a->head_pages[h] + j], &L->pages[L->off[h] + j]),
+                          "layer %d head %d page %lld changed under one shape", il, h, (long long)j);
+            if (a->head_pages[h] != L->off[h]) ck.moved++;
+        }
+    }
+    int64_t e = a->head_pages[Hkv];
+    be_kv_page *np = realloc(L->pages, sizeof *np * (size_t)(e > 0 ? e : 1));
+    cr_assert(np);
+    L->pages = np;
+    if (e) memcpy(L->pages, a->pages, sizeof *np * (size_t)e);
+    L->n = e;
+    memcpy(L->off, a->head_pages, sizeof(int64_t) * (size_t)(Hkv + 1));
+    L->table = a->table;
+    L->shape = a->shape;
+}
+
+/* Every op the CPU backend's; attention checked first. */
+static void c_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
+{
+    ck.cpu->ops->matmul(ck.cpu, mms, n_mm, x, n_tok);
+}
+static void c_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps)
+{
+    ck.cpu->ops->rmsnorm(ck.cpu, x, w, y, rows, dim, eps);
+}
+static void c_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float fb,
+                   float fs, int neox)
+{
+    ck.cpu->ops->rope(ck.cpu, x, n_tok, n_heads, head_dim, pos, fb, fs, neox);
+}
+static void c_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
+{
+    ck.cpu->ops->glu(ck.cpu, gate, up, n, gelu);
+}
+static void c_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *o)
+{
+    ck.cpu->ops->get_rows(ck.cpu, w, ids, n, scale, o);
+}
+static void c_attention(be_backend *b, const be_attn *a)
+{
+    check_list(a);
+    ck.cpu->ops->attention(ck.cpu, a);
+}
+static void c_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
+{
+    ck.cpu->ops->scores(ck.cpu, m, n_rows, dim, x, y);
+}
+static void c_bounds(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn, const float *const *mx,
+                     int64_t n, float *u)
+{
+    ck.cpu->ops->bounds(ck.cpu, q, n_q, dim, mn, mx, n, u);
+}
+static void c_add(be_backend *b, float *x, const float *y, int64_t n) { ck.cpu->ops->add(ck.cpu, x, y, n); }
+static void c_scale(be_backend *b, float *x, int64_t n, float s) { ck.cpu->ops->scale(ck.cpu, x, n, s); }
+static void c_destroy(be_backend *b) { free(b); }
+
+static const be_ops check_ops = {
+    "check", c_matmul, c_rmsnorm, c_rope, c_glu, c_get_rows, c_attention, c_scores, c_bounds, NULL, NULL, c_destroy,
+    c_add, c_scale, NULL, NULL, NULL, NULL, NULL, NULL,
+};
+
+/* Prefill in chunks of 40, 40 greedy steps (pages of 16: the steps cross page boundaries), a
+ * rewind into the decoded tokens and 20 more steps, under spec. */
+static void run(const char *file, const char *spec)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, file, NULL, err, sizeof err) == 0, "%s", err);
+    memset(&ck, 0, sizeof ck);
+    ck.cpu = be_cpu_create(2, err, sizeof err);
+    cr_assert(ck.cpu, "%s", err);
+    be_backend *b = calloc(1, sizeof *b);
+    cr_assert(b);
+    b->ops = &check_ops;
+    b->n_threads = 2;
+    FILE *fp = fopen(TD "prompts/p3.txt", "rb");
+    cr_assert(fp);
+    static char buf[16384];
+    size_t len = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    int32_t *ids = NULL;
+    size_t n;
+    cr_assert(tok_encode(m->vocab, buf, len, tok_add_bos(m->vocab), 0, &ids, &n, err, sizeof err) == 0, "%s", err);
+    fwd_opts fo = { 2048, 40, 16 };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    ck.kv = fwd_kv(f);
+    pol_set *ps = NULL;
+    if (spec) {
+        pol_spec s;
+        cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
+        pol_env env;
+        fwd_policy_env(f, &env);
+        ps = pol_set_create(&s, &env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        fwd_set_policy(f, ps);
+    }
+    int nv = m->hp.n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)nv);
+    cr_assert(l);
+    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    for (int round = 0; round < 2; round++) {
+        for (int s = 0; s < (round ? 20 : 40); s++)
+            cr_assert(fwd_decode(f, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
+        if (!round) {
+            fwd_rewind(f, fwd_pos(f) - 13);
+            int32_t t = 7;
+            cr_assert(fwd_eval(f, &t, 1, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        }
+    }
+    cr_expect_gt(ck.appended, 0, "%s under %s: no call kept its layer's shape", file, spec ? spec : "no policy");
+    if (m->hp.n_head_kv > 1)
+        cr_expect_gt(ck.moved, 0, "%s under %s: no head's entries moved", file, spec ? spec : "no policy");
+    cr_expect_eq(ck.bad, 0);
+    pol_set_free(ps);
+    fwd_free(f);
+    free(ids);
+    free(l);
+    for (int i = 0; i < MAX_LAYERS; i++) free(ck.last[i].pages);
+    be_free(ck.cpu);
+    be_free(b);
+    model_free(m);
+}
+
+Test(attn_lists, lists_of_every_page_follow_the_cache_and_keep_the_shape_promise)
+{
+    run(TD "tiny/tiny-llama-q4_k_m.gguf", NULL);
+    run(TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL);
+}
+
+Test(attn_lists, under_policies_that_evict_merge_and_select)
+{
+    run(TD "tiny/tiny-gemma3-q4_k_m.gguf", "take:budget=0.5");
+    run(TD "tiny/tiny-llama-q4_k_m.gguf", "h2o:budget=0.3");
+    run(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea");
+    run(TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1");
+}

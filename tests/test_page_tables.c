@@ -1,0 +1,416 @@
+/* test_page_tables.c - attention's page descriptors kept on the device between calls
+ * (kernels/page_tables.c) and the upload batch that carries them (kernels/upload_batch.c), with
+ * host memory standing in for the device. After every call the batch is "sent" by running the
+ * scatter kernel's per-thread function over each piece, and every descriptor the kernels would read
+ * must lead to the rows, positions, biases and masks of the page the call listed: over random
+ * histories of appends, new pages, evictions that give a page's memory to another page,
+ * truncations, biases, per-call masks, a deferred step's own rows, two lists under names that are
+ * sometimes swapped, copies freed while idle, and lost batches. A decode step sends only the
+ * descriptors of the pages that grew. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/page_tables.h"
+
+enum { D = 16, P = 8, H = 3, POOL = 48, MAXE = POOL + 2 * H };
+
+typedef struct hpage {
+    uint16_t k[P * D], v[P * D];
+    int32_t pos[P];
+    float bias[P];
+    int32_t n;
+    uint64_t gen;
+    int used, has_bias;
+} hpage;
+
+typedef struct cache {
+    hpage pool[POOL];
+    int list[H][POOL];   /* pool indices in order */
+    int n[H];
+    int32_t next_pos;
+    uint64_t shape;      /* changes whenever a head's list changes other than at its end */
+} cache;
+
+static uint64_t gen_next = 1;
+static unsigned rng = 12345;
+
+static unsigned rnd(void)
+{
+    rng = rng * 1103515245u + 12345u;
+    return (rng >> 8) & 0xffffff;
+}
+
+static int64_t live_blocks;
+
+static void *h_alloc(void *ud, size_t bytes)
+{
+    int *fail = ud;
+    if (fail && *fail) return NULL;
+    live_blocks++;
+    return malloc(bytes);
+}
+
+static void *copy_alloc(void *ud, size_t bytes) { return h_alloc(NULL, bytes); }
+
+static void h_release(void *ud, void *p)
+{
+    if (!p) return;
+    live_blocks--;
+    free(p);
+}
+
+static int q_upload(void *ud, void *dst, const void *src, size_t bytes) { return ub_add(ud, dst, src, bytes); }
+
+typedef struct rig {
+    ub_batch batch;
+    pc_table copies;
+    pt_set tables;
+    int fail_alloc;
+    uint64_t pieces_last;
+} rig;
+
+static void rig_init(rig *r, uint64_t idle)
+{
+    memset(r, 0, sizeof *r);
+    pc_device pd = { &r->batch, copy_alloc, h_release, q_upload };
+    pc_init(&r->copies, &pd, idle);
+    pt_device td = { &r->fail_alloc, h_alloc, h_release };
+    pt_init(&r->tables, &td, &r->copies, &r->batch);
+}
+
+static void rig_free(rig *r)
+{
+    pt_free(&r->tables);
+    pc_free(&r->copies);
+    ub_free(&r->batch);
+}
+
+/* What the device does with a batch: one copy of the packed bytes, then the scatter kernel. */
+static void send_batch(rig *r)
+{
+    size_t bytes = ub_packed_bytes(&r->batch);
+    unsigned char *buf = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
+    cr_assert(buf || bytes == 0);
+    ub_pack(&r->batch, buf);
+    const ub_piece *tab = (const ub_piece *)(buf + ub_table_offset(&r->batch));
+    for (int64_t i = 0; i < r->batch.n; i++)
+        for (int tid = 0; tid < 3; tid++) ub_scatter_piece(buf, &tab[i], tid, 3);
+    r->pieces_last = (uint64_t)r->batch.n;
+    ub_clear(&r->batch, 1);
+    free(buf);
+}
+
+/* A lost batch: nothing arrives, and both tables forget what they thought was sent. */
+static void lose_batch(rig *r)
+{
+    ub_clear(&r->batch, 0);
+    pc_forget_rows(&r->copies);
+    pt_forget(&r->tables);
+}
+
+static void write_rows(hpage *p, int r0, int r1, int32_t pos0)
+{
+    for (int i = r0; i < r1; i++) {
+        for (int d = 0; d < D; d++) {
+            p->k[i * D + d] = (uint16_t)rnd();
+            p->v[i * D + d] = (uint16_t)rnd();
+        }
+        p->pos[i] = pos0 + (i - r0);
+        p->bias[i] = (float)(rnd() % 100) / 10.0f;
+    }
+}
+
+static int new_page(cache *c)
+{
+    int free_ix[POOL], nf = 0;
+    for (int i = 0; i < POOL; i++)
+        if (!c->pool[i].used) free_ix[nf++] = i;
+    if (!nf) return -1;
+    int i = free_ix[rnd() % (unsigned)nf];   /* any free page: its memory was some other page's */
+    c->pool[i].used = 1;
+    c->pool[i].n = 0;
+    c->pool[i].has_bias = 0;
+    c->pool[i].gen = gen_next++;
+    return i;
+}
+
+/* Append rows to head h: the last page fills, then new pages. */
+static void append(cache *c, int h, int rows)
+{
+    while (rows > 0) {
+        hpage *last = c->n[h] ? &c->pool[c->list[h][c->n[h] - 1]] : NULL;
+        if (!last || last->n == P) {
+            int i = new_page(c);
+            if (i < 0) return;
+            c->list[h][c->n[h]++] = i;
+            continue;
+        }
+        int take = P - last->n < rows ? P - last->n : rows;
+        write_rows(last, last->n, last->n + take, c->next_pos);
+        last->n += take;
+        rows -= take;
+    }
+}
+
+static void evict(cache *c, int h)
+{
+    if (c->n[h] < 2) return;
+    int j = (int)(rnd() % (unsigned)(c->n[h] - 1));
+    c->pool[c->list[h][j]].used = 0;
+    memmove(&c->list[h][j], &c->list[h][j + 1], sizeof(int) * (size_t)(c->n[h] - j - 1));
+    c->n[h]--;
+}
+
+static void truncate_last(cache *c, int h)
+{
+    if (!c->n[h]) return;
+    hpage *p = &c->pool[c->list[h][c->n[h] - 1]];
+    if (p->n < 2) return;
+    p->n -= 1 + (int)(rnd() % (unsigned)(p->n - 1));
+    write_rows(p, 0, p->n, c->next_pos);   /* rewritten: a new generation */
+    p->gen = gen_next++;
+}
+
+typedef struct call {
+    be_kv_page list[MAXE];
+    uint64_t masks[MAXE];
+    int64_t hp[H + 1];
+    int64_t e;
+} call;
+
+/* The list a call gives: each head's pages, some masked, and a deferred step's rows when cur. */
+static void make_call(cache *c, call *cl, int masks, const uint16_t *cur, const int32_t *cur_pos)
+{
+    cl->e = 0;
+    for (int h = 0; h < H; h++) {
+        cl->hp[h] = cl->e;
+        for (int j = 0; j < c->n[h]; j++) {
+            hpage *p = &c->pool[c->list[h][j]];
+            be_kv_page *pg = &cl->list[cl->e];
+            *pg = (be_kv_page){ p->k, p->v, p->pos, p->has_bias ? p->bias : NULL, NULL, p->n, D, 0, p->gen, P };
+            if (masks && rnd() % 3 == 0) {
+                cl->masks[cl->e] = ((uint64_t)rnd() << 24) ^ rnd();
+                pg->mask = &cl->masks[cl->e];
+            }
+            cl->e++;
+        }
+        if (cur)
+            cl->list[cl->e++] = (be_kv_page){ cur, cur + H * D, cur_pos, NULL, NULL, 1, H * D, D, 0, 0 };
+    }
+    cl->hp[H] = cl->e;
+}
+
+/* Every descriptor leads to what its entry lists. */
+static void expect_device_matches(const call *cl, const pt_call *out, const uint16_t *cur)
+{
+    for (int h = 0; h <= H; h++) cr_assert_eq(out->head_pages[h], cl->hp[h], "head offset %d", h);
+    for (int64_t i = 0; i < cl->e; i++) {
+        const be_kv_page *pg = &cl->list[i];
+        const ag_page *d = &out->pages[i];
+        cr_assert_eq(d->n, pg->n, "entry %ld rows", (long)i);
+        cr_assert_eq(d->stride, pg->stride);
+        cr_assert_eq(d->head_step, pg->head_step);
+        if (pg->k == cur) {
+            cr_assert_eq(d->k, cur, "a deferred step's rows are read where they are");
+            cr_assert_eq(d->pos, pg->pos);
+            continue;
+        }
+        size_t nv = (size_t)pg->n * (size_t)pg->stride;
+        cr_assert(!memcmp(d->k, pg->k, sizeof(uint16_t) * nv), "entry %ld keys", (long)i);
+        cr_assert(!memcmp(d->v, pg->v, sizeof(uint16_t) * nv), "entry %ld values", (long)i);
+        cr_assert(!memcmp(d->pos, pg->pos, sizeof(int32_t) * (size_t)pg->n), "entry %ld positions", (long)i);
+        if (pg->bias) {
+            cr_assert(d->bias && !memcmp(d->bias, pg->bias, sizeof(float) * (size_t)pg->n), "entry %ld bias", (long)i);
+            cr_assert(out->has_bias);
+        } else {
+            cr_assert_null(d->bias, "entry %ld has no bias", (long)i);
+        }
+        if (pg->mask) {
+            cr_assert_geq(d->mask_off, 0);
+            cr_assert_lt((size_t)d->mask_off, out->n_words);
+            cr_assert_eq(out->masks[d->mask_off], pg->mask[0], "entry %ld mask", (long)i);
+        } else {
+            cr_assert_eq(d->mask_off, -1, "entry %ld has no mask", (long)i);
+        }
+    }
+}
+
+Test(page_tables, random_histories_keep_every_descriptor_right)
+{
+    static cache cs[2];
+    memset(cs, 0, sizeof cs);
+    cs[0].shape = gen_next++;
+    cs[1].shape = gen_next++;
+    static rig r;
+    rig_init(&r, 7);   /* copies idle for 7 calls are freed */
+    uint16_t cur[2 * H * D];
+    int32_t cur_pos[1] = { 0 };
+    static call cl;
+    int64_t forgotten = 0, swapped = 0;
+    for (int step = 0; step < 3000; step++) {
+        int which = rnd() % 5 == 0;   /* cache 1 is used less: its copies go idle */
+        cache *c = &cs[which];
+        for (int h = 0; h < H; h++) {
+            unsigned op = rnd() % 16;
+            if (op < 9) {
+                append(c, h, 1 + (op == 0 ? (int)(rnd() % 20) : 0));
+                continue;   /* only at the end: the shape stays */
+            }
+            if (op < 11) evict(c, h);
+            else if (op == 11) truncate_last(c, h);
+            else if (op == 12 && c->n[h]) c->pool[c->list[h][rnd() % (unsigned)c->n[h]]].has_bias ^= 1;
+            else continue;
+            c->shape = gen_next++;
+        }
+        c->next_pos++;
+        int deferred = rnd() % 4 == 0;
+        cur_pos[0] = c->next_pos;
+        int masked = rnd() % 3 == 0;
+        make_call(c, &cl, masked, deferred ? cur : NULL, cur_pos);
+        int name = 1 + which;
+        if (rnd() % 50 == 0) {
+            name = 2 - which;   /* the other cache's list: everything differs, still right */
+            swapped++;
+        }
+        pt_begin_call(&r.tables, 7);
+        pt_call out;
+        int rc = pt_build(&r.tables, (uint64_t)name, masked ? 0 : c->shape, cl.list, cl.e, cl.hp, H, cur, &out);
+        cr_assert_eq(rc, PT_OK, "step %d: %d", step, rc);
+        if (rnd() % 97 == 0) {
+            lose_batch(&r);
+            forgotten++;
+            continue;
+        }
+        send_batch(&r);
+        expect_device_matches(&cl, &out, cur);
+    }
+    cr_expect_gt(forgotten, 10);
+    cr_expect_gt(swapped, 10);
+    /* a third of the steps evict, truncate, mask or swap the lists, so many entries are built; the
+     * rest stay (the decode test below counts them exactly) */
+    cr_expect_gt(2 * r.tables.kept, r.tables.built, "entries kept: %lu, built: %lu",
+                 (unsigned long)r.tables.kept, (unsigned long)r.tables.built);
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0, "every device allocation was released");
+}
+
+Test(page_tables, a_decode_step_sends_only_the_pages_that_grew)
+{
+    static cache c;
+    memset(&c, 0, sizeof c);
+    static rig r;
+    rig_init(&r, 4096);
+    for (int h = 0; h < H; h++) append(&c, h, 37);
+    static call cl;
+    pt_call out;
+    make_call(&c, &cl, 0, NULL, NULL);
+    pt_begin_call(&r.tables, 4096);
+    cr_assert_eq(pt_build(&r.tables, 5, 42, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
+    send_batch(&r);
+    expect_device_matches(&cl, &out, NULL);
+    for (int step = 0; step < 40; step++) {
+        for (int h = 0; h < H; h++) append(&c, h, 1);
+        c.next_pos++;
+        int64_t e0 = cl.e;
+        make_call(&c, &cl, 0, NULL, NULL);
+        uint64_t built = r.tables.built, kept = r.tables.kept, rows = r.copies.rows_uploaded;
+        pt_begin_call(&r.tables, 4096);
+        cr_assert_eq(pt_build(&r.tables, 5, 42, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
+        send_batch(&r);
+        expect_device_matches(&cl, &out, NULL);
+        int opened = cl.e > e0;   /* the step's token opened a new page in each head */
+        cr_expect_eq(r.tables.built - built, H, "one entry a head was built");
+        cr_expect_eq(r.tables.kept - kept, (uint64_t)(cl.e - H));
+        cr_expect_eq(r.copies.rows_uploaded - rows, H, "one row a head was sent");
+        /* three pieces of rows a head (keys, values, positions) and one descriptor a head; when
+         * the token opened a page in each head, one run from head 0's new page to the end (the
+         * later heads' entries moved) and the offsets */
+        cr_expect_eq(r.pieces_last, (uint64_t)(opened ? 3 * H + 2 : 4 * H), "step %d", step);
+    }
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0);
+}
+
+Test(page_tables, out_of_device_memory_for_a_list_is_reported_and_recovers)
+{
+    static cache c;
+    memset(&c, 0, sizeof c);
+    static rig r;
+    rig_init(&r, 4096);
+    for (int h = 0; h < H; h++) append(&c, h, 8 * 30);   /* 30 pages a head: more than a list's first 64 */
+    static call cl;
+    make_call(&c, &cl, 0, NULL, NULL);
+    pt_call out;
+    r.fail_alloc = 1;
+    pt_begin_call(&r.tables, 4096);
+    cr_expect_eq(pt_build(&r.tables, 1, 0, cl.list, cl.e, cl.hp, H, NULL, &out), PT_NO_DEVICE_MEMORY);
+    lose_batch(&r);
+    r.fail_alloc = 0;
+    pt_begin_call(&r.tables, 4096);
+    cr_assert_eq(pt_build(&r.tables, 1, 0, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
+    send_batch(&r);
+    expect_device_matches(&cl, &out, NULL);
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0);
+}
+
+Test(page_tables, idle_lists_are_freed)
+{
+    static cache c;
+    memset(&c, 0, sizeof c);
+    static rig r;
+    rig_init(&r, 4096);
+    for (int h = 0; h < H; h++) append(&c, h, 20);
+    static call cl;
+    make_call(&c, &cl, 0, NULL, NULL);
+    pt_call out;
+    for (int name = 1; name <= 3; name++) {
+        cr_assert_eq(pt_build(&r.tables, (uint64_t)name, 0, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
+        send_batch(&r);
+    }
+    uint64_t three = r.tables.bytes;
+    for (int i = 0; i < 10; i++) {
+        cr_assert_eq(pt_build(&r.tables, 1, 0, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
+        send_batch(&r);
+    }
+    pt_trim(&r.tables, 5);
+    cr_expect_eq(r.tables.bytes * 3, three, "the two lists unused for 10 calls were freed");
+    cr_assert_eq(pt_build(&r.tables, 2, 0, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
+    send_batch(&r);
+    expect_device_matches(&cl, &out, NULL);
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0);
+}
+
+Test(upload_batch, pieces_of_any_alignment_land_where_they_should)
+{
+    ub_batch b = { 0 };
+    unsigned char dst[4096], want[4096], src[4096];
+    memset(dst, 0, sizeof dst);
+    memset(want, 0, sizeof want);
+    for (int i = 0; i < 4096; i++) src[i] = (unsigned char)rnd();
+    /* 16-byte, 4-byte and 1-byte destinations and lengths, one zero-length piece */
+    size_t at[] = { 0, 64, 130, 260, 1001, 2048, 3000 }, len[] = { 48, 33, 8, 700, 17, 0, 1000 };
+    for (int i = 0; i < 7; i++) {
+        cr_assert_eq(ub_add(&b, dst + at[i], src + i * 10, len[i]), 0);
+        memcpy(want + at[i], src + i * 10, len[i]);
+    }
+    cr_expect_eq(b.n, 6, "the empty piece queued nothing");
+    size_t bytes = ub_packed_bytes(&b);
+    unsigned char *buf = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
+    cr_assert(buf);
+    ub_pack(&b, buf);
+    const ub_piece *tab = (const ub_piece *)(buf + ub_table_offset(&b));
+    for (int64_t i = 0; i < b.n; i++) {
+        cr_expect_eq(tab[i].off % 16, 0);
+        for (int tid = 0; tid < 5; tid++) ub_scatter_piece(buf, &tab[i], tid, 5);
+    }
+    cr_expect(!memcmp(dst, want, sizeof dst));
+    ub_clear(&b, 1);
+    cr_expect_eq(b.sends, 1);
+    cr_expect_eq(b.sent_pieces, 6);
+    cr_expect_eq(b.n, 0);
+    free(buf);
+    ub_free(&b);
+}
