@@ -56,7 +56,7 @@ endif
 APP_C     := $(wildcard app/*.c) $(wildcard app/eval/*.c) $(wildcard ui/*.c)
 # The tiny-model reference checker, run on the CPU by the unit tests and on the GPU by gpu_tests
 REF_GATE_C:= tests/ref_gate.c
-UNIT_C    := $(wildcard tests/test_*.c) $(REF_GATE_C) tests/sess_fixture.c
+UNIT_C    := $(wildcard tests/test_*.c) $(REF_GATE_C) tests/sess_fixture.c tests/fwd_fixture.c
 MODEL_T_C := $(wildcard tests/model/test_*.c)
 GPU_T_C   := $(wildcard tests/gpu/test_*.c) $(REF_GATE_C)
 
@@ -104,6 +104,7 @@ help:
 	@echo "make model      fetch and verify the default model (Gemma 3 270M Q4_K_M) into $(KVCHAT_CACHE)"
 	@echo "make bootstrap  install the Debian packages kvchat needs (apt-get when root)"
 	@echo "make bench      kvchat bench on the default model, appended to bench/results.csv"
+	@echo "make bench-tables  the host's share of a CUDA attention call, timed without a GPU (bench/page_tables_bench.c)"
 	@echo "make clean      remove build outputs"
 
 bootstrap:

@@ -21,8 +21,8 @@
 #include "engine/model.h"
 #include "engine/policy/policy.h"
 #include "engine/sampler.h"
-#include "engine/tokenizer.h"
 #include "kernels/backend.h"
+#include "tests/fwd_fixture.h"
 
 #define TD "../shared/testdata/"
 #define MAX_LAYERS 64
@@ -157,28 +157,13 @@ static void run(const char *file, const char *spec)
     cr_assert(b);
     b->ops = &check_ops;
     b->n_threads = 2;
-    FILE *fp = fopen(TD "prompts/p3.txt", "rb");
-    cr_assert(fp);
-    static char buf[16384];
-    size_t len = fread(buf, 1, sizeof buf - 1, fp);
-    fclose(fp);
-    int32_t *ids = NULL;
     size_t n;
-    cr_assert(tok_encode(m->vocab, buf, len, tok_add_bos(m->vocab), 0, &ids, &n, err, sizeof err) == 0, "%s", err);
+    int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p3.txt", &n);
     fwd_opts fo = { 2048, 40, 16 };
     fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
     cr_assert(f, "%s", err);
     ck.kv = fwd_kv(f);
-    pol_set *ps = NULL;
-    if (spec) {
-        pol_spec s;
-        cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
-        pol_env env;
-        fwd_policy_env(f, &env);
-        ps = pol_set_create(&s, &env, err, sizeof err);
-        cr_assert(ps, "%s", err);
-        fwd_set_policy(f, ps);
-    }
+    pol_set *ps = fwd_fixture_policy(f, spec);
     int nv = m->hp.n_vocab;
     float *l = malloc(sizeof(float) * (size_t)nv);
     cr_assert(l);

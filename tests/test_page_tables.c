@@ -236,6 +236,15 @@ static void expect_device_matches(const call *cl, const pt_call *out, const uint
     }
 }
 
+/* One call that must succeed: started, built, sent, and every descriptor checked. */
+static void call_ok(rig *r, uint64_t name, uint64_t shape, const call *cl, pt_call *out)
+{
+    pt_begin_call(&r->tables, 4096);
+    cr_assert_eq(pt_build(&r->tables, name, shape, cl->list, cl->e, cl->hp, H, NULL, out), PT_OK);
+    send_batch(r);
+    expect_device_matches(cl, out, NULL);
+}
+
 Test(page_tables, random_histories_keep_every_descriptor_right)
 {
     static cache cs[2];
@@ -305,20 +314,14 @@ Test(page_tables, a_decode_step_sends_only_the_pages_that_grew)
     static call cl;
     pt_call out;
     make_call(&c, &cl, 0, NULL, NULL);
-    pt_begin_call(&r.tables, 4096);
-    cr_assert_eq(pt_build(&r.tables, 5, 42, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
-    send_batch(&r);
-    expect_device_matches(&cl, &out, NULL);
+    call_ok(&r, 5, 42, &cl, &out);
     for (int step = 0; step < 40; step++) {
         for (int h = 0; h < H; h++) append(&c, h, 1);
         c.next_pos++;
         int64_t e0 = cl.e;
         make_call(&c, &cl, 0, NULL, NULL);
         uint64_t built = r.tables.built, kept = r.tables.kept, rows = r.copies.rows_uploaded;
-        pt_begin_call(&r.tables, 4096);
-        cr_assert_eq(pt_build(&r.tables, 5, 42, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
-        send_batch(&r);
-        expect_device_matches(&cl, &out, NULL);
+        call_ok(&r, 5, 42, &cl, &out);
         int opened = cl.e > e0;   /* the step's token opened a new page in each head */
         cr_expect_eq(r.tables.built - built, H, "one entry a head was built");
         cr_expect_eq(r.tables.kept - kept, (uint64_t)(cl.e - H));
@@ -347,10 +350,7 @@ Test(page_tables, out_of_device_memory_for_a_list_is_reported_and_recovers)
     cr_expect_eq(pt_build(&r.tables, 1, 0, cl.list, cl.e, cl.hp, H, NULL, &out), PT_NO_DEVICE_MEMORY);
     lose_batch(&r);
     r.fail_alloc = 0;
-    pt_begin_call(&r.tables, 4096);
-    cr_assert_eq(pt_build(&r.tables, 1, 0, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
-    send_batch(&r);
-    expect_device_matches(&cl, &out, NULL);
+    call_ok(&r, 1, 0, &cl, &out);
     rig_free(&r);
     cr_expect_eq(live_blocks, 0);
 }
@@ -365,20 +365,12 @@ Test(page_tables, idle_lists_are_freed)
     static call cl;
     make_call(&c, &cl, 0, NULL, NULL);
     pt_call out;
-    for (int name = 1; name <= 3; name++) {
-        cr_assert_eq(pt_build(&r.tables, (uint64_t)name, 0, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
-        send_batch(&r);
-    }
+    for (int name = 1; name <= 3; name++) call_ok(&r, (uint64_t)name, 0, &cl, &out);
     uint64_t three = r.tables.bytes;
-    for (int i = 0; i < 10; i++) {
-        cr_assert_eq(pt_build(&r.tables, 1, 0, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
-        send_batch(&r);
-    }
+    for (int i = 0; i < 10; i++) call_ok(&r, 1, 0, &cl, &out);
     pt_trim(&r.tables, 5);
     cr_expect_eq(r.tables.bytes * 3, three, "the two lists unused for 10 calls were freed");
-    cr_assert_eq(pt_build(&r.tables, 2, 0, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
-    send_batch(&r);
-    expect_device_matches(&cl, &out, NULL);
+    call_ok(&r, 2, 0, &cl, &out);
     rig_free(&r);
     cr_expect_eq(live_blocks, 0);
 }

@@ -19,6 +19,7 @@
 #include "engine/model.h"
 #include "engine/policy/policy.h"
 #include "engine/tokenizer.h"
+#include "tests/fwd_fixture.h"
 
 #define TD "../shared/testdata/"
 
@@ -414,18 +415,7 @@ Test(policy, streaming_keeps_sinks_and_the_recent_window_token_exactly)
 
 /* ---------------------------------------------------------------- end to end on the tiny models */
 
-static int32_t *prompt(const model *m, size_t *n)
-{
-    FILE *f = fopen(TD "prompts/p2.txt", "rb");
-    cr_assert(f);
-    char buf[65536];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    int32_t *ids = NULL;
-    char err[256];
-    cr_assert(tok_encode(m->vocab, buf, len, tok_add_bos(m->vocab), 0, &ids, n, err, sizeof err) == 0, "%s", err);
-    return ids;
-}
+static int32_t *prompt(const model *m, size_t *n) { return fwd_fixture_prompt(m, TD "prompts/p2.txt", n); }
 
 /* Prefill the prompt, then decode 12 greedy tokens under spec (NULL: no policy attached); returns
  * the logits of every decode step. */
@@ -437,16 +427,7 @@ static float *run(const model *m, be_backend *b, const char *spec, int page_size
     fwd_opts fo = { 2048, 64, page_size };
     fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
     cr_assert(f, "%s", err);
-    pol_set *ps = NULL;
-    if (spec) {
-        pol_spec s;
-        cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
-        pol_env env;
-        fwd_policy_env(f, &env);
-        ps = pol_set_create(&s, &env, err, sizeof err);
-        cr_assert(ps, "%s", err);
-        fwd_set_policy(f, ps);
-    }
+    pol_set *ps = fwd_fixture_policy(f, spec);
     int nv = m->hp.n_vocab;
     float *all = malloc(sizeof(float) * (size_t)nv * 13);
     cr_assert(fwd_eval(f, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
@@ -833,12 +814,7 @@ static float *run_adopted(const model *m, be_backend *b, const char *spec, int p
     fwd_opts fo = { 2048, 64, page_size };
     fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
     cr_assert(f, "%s", err);
-    pol_spec s;
-    cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
-    pol_env env;
-    fwd_policy_env(f, &env);
-    pol_set *ps = pol_set_create(&s, &env, err, sizeof err);
-    cr_assert(ps, "%s", err);
+    pol_set *ps = fwd_fixture_policy_make(f, spec);
     int nv = m->hp.n_vocab;
     float *all = malloc(sizeof(float) * (size_t)nv * 13);
     cr_assert(fwd_eval(f, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);

@@ -20,7 +20,7 @@
 #include "engine/model.h"
 #include "engine/policy/policy.h"
 #include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "tests/fwd_fixture.h"
 
 #define TD "../shared/testdata/"
 
@@ -245,18 +245,7 @@ static be_backend *shadow_create(void)
     return b;
 }
 
-static int32_t *prompt(const model *m, size_t *n)
-{
-    FILE *fp = fopen(TD "prompts/p3.txt", "rb");
-    cr_assert(fp);
-    static char buf[16384];
-    size_t len = fread(buf, 1, sizeof buf - 1, fp);
-    fclose(fp);
-    int32_t *ids = NULL;
-    char err[256];
-    cr_assert(tok_encode(m->vocab, buf, len, tok_add_bos(m->vocab), 0, &ids, n, err, sizeof err) == 0, "%s", err);
-    return ids;
-}
+static int32_t *prompt(const model *m, size_t *n) { return fwd_fixture_prompt(m, TD "prompts/p3.txt", n); }
 
 #define STEPS 8
 
@@ -273,16 +262,7 @@ static float *run(const model *m, be_backend *b, const char *spec)
     fwd_opts fo = { 2048, 48, 16 };
     fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
     cr_assert(f, "%s", err);
-    pol_set *ps = NULL;
-    if (spec) {
-        pol_spec s;
-        cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
-        pol_env env;
-        fwd_policy_env(f, &env);
-        ps = pol_set_create(&s, &env, err, sizeof err);
-        cr_assert(ps, "%s", err);
-        fwd_set_policy(f, ps);
-    }
+    pol_set *ps = fwd_fixture_policy(f, spec);
     int nv = m->hp.n_vocab;
     float *all = malloc(sizeof(float) * (size_t)nv * (STEPS + 1));
     cr_assert(fwd_eval(f, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);

@@ -17,6 +17,7 @@
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "engine/uncertainty.h"
+#include "tests/fwd_fixture.h"
 
 #define TD "../shared/testdata/"
 
@@ -150,16 +151,7 @@ static void answer(const char *file, const char *spec, const unc_thresholds *thr
     fwd_opts fo = { 2048, 64, P };
     fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
     cr_assert(f, "%s", err);
-    pol_set *ps = NULL;
-    if (spec) {
-        pol_spec s;
-        cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
-        pol_env env;
-        fwd_policy_env(f, &env);
-        ps = pol_set_create(&s, &env, err, sizeof err);
-        cr_assert(ps, "%s", err);
-        fwd_set_policy(f, ps);
-    }
+    pol_set *ps = fwd_fixture_policy(f, spec);
     FILE *pf = fopen(TD "prompts/p2.txt", "rb");
     cr_assert(pf);
     char buf[65536];

@@ -1,0 +1,40 @@
+/* fwd_fixture.c - what the forward-pass tests share (see fwd_fixture.h). */
+#include "tests/fwd_fixture.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+
+#include "engine/tokenizer.h"
+
+pol_set *fwd_fixture_policy_make(fwd_ctx *f, const char *spec)
+{
+    char err[512];
+    pol_spec s;
+    cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
+    pol_env env;
+    fwd_policy_env(f, &env);
+    pol_set *ps = pol_set_create(&s, &env, err, sizeof err);
+    cr_assert(ps, "%s", err);
+    return ps;
+}
+
+pol_set *fwd_fixture_policy(fwd_ctx *f, const char *spec)
+{
+    if (!spec) return NULL;
+    pol_set *ps = fwd_fixture_policy_make(f, spec);
+    fwd_set_policy(f, ps);
+    return ps;
+}
+
+int32_t *fwd_fixture_prompt(const model *m, const char *path, size_t *n)
+{
+    FILE *fp = fopen(path, "rb");
+    cr_assert(fp, "%s", path);
+    static char buf[65536];
+    size_t len = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    int32_t *ids = NULL;
+    char err[256];
+    cr_assert(tok_encode(m->vocab, buf, len, tok_add_bos(m->vocab), 0, &ids, n, err, sizeof err) == 0, "%s", err);
+    return ids;
+}
