@@ -516,7 +516,7 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         kv_trim_window(f->kv, il, p0, f->eval_start);
         be_attn a = {
             .q = f->q, .n_q = n, .q_pos = f->pos, .n_head = (int)H, .n_head_kv = (int)Hkv, .head_dim = (int)D,
-            .window = ly->is_swa ? hp->n_swa : 0, .out = f->att, .table = il + 1,
+            .window = ly->is_swa ? hp->n_swa : 0, .out = f->att,
         };
         if (defer) {
             a.cur_k = K;

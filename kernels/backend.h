@@ -44,9 +44,10 @@ typedef struct be_kv_page {
     int32_t n;
     int32_t stride;         /* elements from one token's row to the next */
     int32_t head_step;      /* elements from KV head g's row to head g+1's (0: per-head pages) */
-    /* The page's content generation: while it stays the same, rows below n never change (tokens
-     * are only appended), so a device copy needs only the rows past what it already holds. Any
-     * other change (a reused page, a truncation) comes with a new value, unique in the process. */
+    /* The page's content generation: while it stays the same, rows below n never change (keys,
+     * values, positions, biases; tokens are only appended), so a device copy needs only the rows
+     * past what it already holds. Any other change (a reused page, a truncation) comes with a new
+     * value, unique in the process. */
     uint64_t gen;
     int32_t cap;            /* rows the page can hold (a device copy is sized for them; 0: n) */
 } be_kv_page;

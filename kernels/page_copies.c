@@ -25,7 +25,7 @@ static void drop_storage(pc_table *t, pc_copy *c)
     c->k = c->v = NULL;
     c->pos = NULL;
     c->bias = NULL;
-    c->cap = c->n_up = 0;
+    c->cap = c->n_up = c->bias_up = 0;
 }
 
 void pc_free(pc_table *t)
@@ -121,7 +121,7 @@ static int make_storage(pc_table *t, pc_copy *c, int32_t cap, int32_t stride)
     c->bias = (float *)(base + 2 * kv + sizeof(int32_t) * (size_t)cap);
     c->cap = cap;
     c->stride = stride;
-    c->n_up = 0;
+    c->n_up = c->bias_up = 0;
     t->bytes += copy_bytes(cap, stride);
     return 0;
 }
@@ -153,21 +153,28 @@ const pc_copy *pc_get(pc_table *t, const be_kv_page *pg)
         t->n++;
     }
     /* rows below n_up are right only within the generation they were copied under */
-    if (c->gen != pg->gen || rows < c->n_up) c->n_up = 0;
+    if (c->gen != pg->gen || rows < c->n_up) c->n_up = c->bias_up = 0;
     c->gen = pg->gen;
     if (rows > c->n_up) {
         size_t r0 = (size_t)c->n_up, nr = (size_t)(rows - c->n_up), st = (size_t)stride;
         if (t->dev.upload(t->dev.ud, c->k + r0 * st, pg->k + r0 * st, sizeof(uint16_t) * nr * st) ||
             t->dev.upload(t->dev.ud, c->v + r0 * st, pg->v + r0 * st, sizeof(uint16_t) * nr * st) ||
             t->dev.upload(t->dev.ud, c->pos + r0, pg->pos + r0, sizeof(int32_t) * nr)) {
-            c->n_up = 0;   /* what arrived is unknown: everything goes again next time */
+            c->n_up = c->bias_up = 0;   /* what arrived is unknown: everything goes again next time */
             return NULL;
         }
         t->rows_uploaded += nr;
         c->n_up = rows;
     }
-    /* the merged tokens' log-degrees: few pages have them; sent with every use */
-    if (pg->bias && t->dev.upload(t->dev.ud, c->bias, pg->bias, sizeof(float) * (size_t)rows)) return NULL;
+    /* the merged tokens' log-degrees (few pages have them), like the rows: what was not sent yet */
+    if (pg->bias && rows > c->bias_up) {
+        if (t->dev.upload(t->dev.ud, c->bias + c->bias_up, pg->bias + c->bias_up,
+                          sizeof(float) * (size_t)(rows - c->bias_up))) {
+            c->bias_up = 0;
+            return NULL;
+        }
+        c->bias_up = rows;
+    }
     c->last_use = t->calls;
     return c;
 }
@@ -179,7 +186,7 @@ int pc_current(pc_table *t, int32_t idx, const be_kv_page *pg, const void *dev_k
     if (idx < 0 || idx >= t->n_recs) return 0;
     pc_copy *c = &t->recs[idx];
     if (!c->used || c->host_k != pg->k || c->gen != pg->gen || c->n_up < pg->n || c->stride != pg->stride ||
-        (const void *)c->k != dev_k)
+        (pg->bias && c->bias_up < pg->n) || (const void *)c->k != dev_k)
         return 0;
     c->last_use = t->calls;
     return 1;
@@ -187,5 +194,5 @@ int pc_current(pc_table *t, int32_t idx, const be_kv_page *pg, const void *dev_k
 
 void pc_forget_rows(pc_table *t)
 {
-    for (int i = 0; i < t->n_recs; i++) t->recs[i].n_up = 0;
+    for (int i = 0; i < t->n_recs; i++) t->recs[i].n_up = t->recs[i].bias_up = 0;
 }

@@ -3,7 +3,8 @@
  * The cache's pages live in host memory, where the policies read, evict and merge them; a device
  * backend keeps a copy of each page it attends to and brings it up to date before use: while a page's
  * content generation (be_kv_page.gen) stays the same only the rows appended since the last use are
- * copied; a new generation copies the page whole. Copies that no call has used for `idle` calls are
+ * copied (keys, values, positions and biases: the generation covers them all); a new generation
+ * copies the page whole. Copies that no call has used for `idle` calls are
  * freed (their host pages may be gone). The device is reached through three functions, so this
  * bookkeeping is plain C and is tested on the host (tests/test_page_copies.c) with host memory
  * standing in for the device. */
@@ -28,6 +29,7 @@ typedef struct pc_copy {
     const uint16_t *host_k;   /* the page it copies (its key rows' address) */
     uint64_t gen;
     int32_t n_up, cap, stride;
+    int32_t bias_up;          /* rows whose bias was sent (a page's biases change only with its generation) */
     uint16_t *k, *v;
     int32_t *pos;
     float *bias;

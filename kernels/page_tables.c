@@ -68,7 +68,8 @@ void pt_trim(pt_set *s, uint64_t idle)
         }
     if (!dropped) return;
     /* the live lists put back where lookups find them (out of host memory: the holes stay, and a
-     * lookup that stops at one makes the list afresh, built whole: slower, still right) */
+     * lookup that stops at one makes a second list of the name, built whole: slower, still right,
+     * since the first keeps its copies current and goes when it has been idle long enough) */
     pt_list *nl = calloc((size_t)s->cap_lists, sizeof *nl);
     if (!nl) return;
     uint64_t mask = (uint64_t)(s->cap_lists - 1);
@@ -297,7 +298,7 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
              int n_heads, const void *direct, pt_call *out)
 {
     memset(out, 0, sizeof *out);
-    if (n_heads > PT_MAX_HEADS) return PT_NO_HOST_MEMORY;   /* the caller checks the head count first */
+    if (n_heads > PT_MAX_HEADS || (hp && (hp[0] != 0 || hp[n_heads] != e))) return PT_BAD_LIST;
     s->calls++;
     pt_list *l = find_list(s, name);
     if (!l) return PT_NO_HOST_MEMORY;

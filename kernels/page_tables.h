@@ -82,19 +82,20 @@ typedef struct pt_call {
     int aligned;                 /* every entry's rows are whole 16-byte loads (the grouped kernels) */
 } pt_call;
 
-enum { PT_OK = 0, PT_NO_HOST_MEMORY, PT_NO_DEVICE_MEMORY, PT_NO_COPY };
+enum { PT_OK = 0, PT_NO_HOST_MEMORY, PT_NO_DEVICE_MEMORY, PT_NO_COPY, PT_BAD_LIST };
 
 void pt_init(pt_set *s, const pt_device *dev, pc_table *copies, ub_batch *batch);
 void pt_free(pt_set *s);
-/* Bring list `name` to list[0 .. e) with per-KV-head offsets hp[0 .. n_heads] (hp NULL: every head
- * reads the whole list), queueing what the device needs on the batch. Entries whose k is `direct`
+/* Bring list `name` to list[0 .. e) with per-KV-head offsets hp[0 .. n_heads] (hp[0] = 0, hp[n_heads]
+ * = e; hp NULL: every head reads the whole list), queueing what the device needs on the batch. Entries whose k is `direct`
  * hold device addresses already (a deferred step's own rows, one entry at the end of a head) and
  * are taken as they are. A nonzero shape equal to the last call's under this name promises that
  * since that call each head's list only grew at its end (its last page took rows, pages were added
  * after it): the pages before each head's last one are then not looked at, so a decode step costs
  * the host a few entries a head rather than every page. PT_OK, or
  * PT_NO_HOST_MEMORY, PT_NO_DEVICE_MEMORY (for a list's descriptors), PT_NO_COPY (pc_get gave none:
- * out of device memory for a page copy, or its rows could not be queued); on failure the caller
+ * out of device memory for a page copy, or its rows could not be queued), PT_BAD_LIST (more than
+ * PT_MAX_HEADS heads, offsets that do not span the list); on failure the caller
  * drops the batch and calls pt_forget. */
 int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, int64_t e, const int64_t *hp,
              int n_heads, const void *direct, pt_call *out);

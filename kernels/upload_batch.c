@@ -4,10 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-int ub_add(ub_batch *b, void *dst, const void *src, size_t bytes)
+/* One piece of at most UB_CHUNK bytes. */
+static int add_piece(ub_batch *b, unsigned char *dst, const unsigned char *src, size_t bytes)
 {
-    if (bytes == 0) return 0;
     size_t off = (b->len + 15) & ~(size_t)15;
+    if (b->limit && b->flush && b->n > 0 && off + bytes > b->limit) {
+        if (b->flush(b->flush_ud)) return -1;
+        off = (b->len + 15) & ~(size_t)15;   /* 0: the flush sent and cleared the batch */
+    }
     if (off + bytes > b->cap) {
         size_t cap = b->cap ? b->cap : 1 << 16;
         while (cap < off + bytes) cap *= 2;
@@ -26,6 +30,15 @@ int ub_add(ub_batch *b, void *dst, const void *src, size_t bytes)
     memcpy(b->data + off, src, bytes);
     b->pieces[b->n++] = (ub_piece){ (uint64_t)(uintptr_t)dst, off, bytes };
     b->len = off + bytes;
+    return 0;
+}
+
+int ub_add(ub_batch *b, void *dst, const void *src, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += UB_CHUNK) {
+        size_t n = bytes - o < UB_CHUNK ? bytes - o : UB_CHUNK;
+        if (add_piece(b, (unsigned char *)dst + o, (const unsigned char *)src + o, n)) return -1;
+    }
     return 0;
 }
 

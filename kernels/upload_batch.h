@@ -21,16 +21,26 @@ typedef struct ub_piece {
     uint64_t bytes;
 } ub_piece;
 
+#define UB_CHUNK 16384   /* bytes a piece holds at most: a longer copy is cut (a block of the scatter each) */
+
 typedef struct ub_batch {
     unsigned char *data;
     size_t len, cap;
     ub_piece *pieces;
     int64_t n, cap_pieces;
     uint64_t sent_bytes, sent_pieces, sends;   /* totals over every ub_clear after a send (figures) */
+    /* When the queued bytes would pass limit (0: no limit), ub_add first calls flush(flush_ud) to
+     * send what is queued (in order, before what follows), so a call that moves a whole layer
+     * (a restored session, a rebuilt cache) goes in rounds and the buffers stay bounded. flush: 0,
+     * or -1 (ub_add then fails). */
+    size_t limit;
+    int (*flush)(void *ud);
+    void *flush_ud;
 } ub_batch;
 
-/* Queue bytes of host memory (copied now: src may change once this returns) for dst. 0, or -1 when
- * the host is out of memory (nothing queued). Zero bytes queue nothing. */
+/* Queue bytes of host memory (copied now: src may change once this returns) for dst, in pieces of
+ * at most UB_CHUNK. 0, or -1 when the host is out of memory or a flush failed (this copy may then
+ * be partly queued: the caller drops the batch). Zero bytes queue nothing. */
 int ub_add(ub_batch *b, void *dst, const void *src, size_t bytes);
 /* Drop what is queued; `sent` adds it to the totals. */
 void ub_clear(ub_batch *b, int sent);

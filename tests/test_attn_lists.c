@@ -10,7 +10,11 @@
  * generation and rows: the promise the backend relies on. Runs: prefill in chunks, decode across
  * page boundaries, a rewind, on both tiny models (Gemma 3's sliding-window layers drop pages), with
  * no policy and with policies that evict (TAKE in prefill, H2O in decode), merge (Chelsea) and
- * select (CHESS: its decode calls carry no shape). */
+ * select (CHESS: its decode calls carry no shape). The backend has residency (bind), so decode
+ * steps without a policy between layers defer their rows as on a GPU. Every call also goes through
+ * what the CUDA backend does with it on the host (the deferred rows' list, pt_begin_call,
+ * pt_build, the batch scattered into junk-filled "device" memory, last piece first), and every
+ * descriptor must lead to its page's rows, positions, biases and masks. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +26,7 @@
 #include "engine/policy/policy.h"
 #include "engine/sampler.h"
 #include "kernels/backend.h"
+#include "kernels/page_tables.h"
 #include "tests/fwd_fixture.h"
 
 #define TD "../shared/testdata/"
@@ -38,10 +43,88 @@ typedef struct checker {
     be_backend *cpu;
     const kv_cache *kv;       /* the forward context's cache */
     seen_list last[MAX_LAYERS];
-    int64_t calls, shaped, appended, moved, bad;
+    int64_t calls, shaped, appended, moved, bad, deferred, entries;
+    /* the CUDA backend's bookkeeping, host memory standing in for the device */
+    ub_batch batch;
+    pc_table copies;
+    pt_set tables;
+    be_kv_page *rows;
+    int64_t cap_rows;
 } checker;
 
 static checker ck;
+static uint16_t cur16[1 << 14] __attribute__((aligned(16)));   /* a deferred step's rows "on the device" */
+static int32_t cur_pos[64];
+
+static void *junk_alloc(void *ud, size_t bytes)
+{
+    void *p = malloc(bytes);
+    if (p) memset(p, 0xa5, bytes);
+    return p;
+}
+static void dev_release(void *ud, void *p) { free(p); }
+static int dev_upload(void *ud, void *dst, const void *src, size_t bytes) { return ub_add(ud, dst, src, bytes); }
+
+/* What the CUDA backend does with the call before its kernels, on the host; then every descriptor
+ * checked against the entry it stands for. */
+static void through_tables(const be_attn *a)
+{
+    const be_kv_page *list = a->pages;
+    const int64_t *hp = a->head_pages;
+    int64_t e = a->n_pages, hp_rows[65];
+    const uint16_t *cur = NULL;
+    if (a->n_cur > 0) {
+        ck.deferred++;
+        int64_t len = be_attn_rows_len(a), kvd = (int64_t)a->n_head_kv * a->head_dim;
+        cr_assert(2 * a->n_cur * kvd <= (int64_t)(sizeof cur16 / sizeof *cur16) && a->n_cur <= 64);
+        if (len > ck.cap_rows) {
+            ck.rows = realloc(ck.rows, sizeof *ck.rows * (size_t)len);
+            cr_assert(ck.rows);
+            ck.cap_rows = len;
+        }
+        cur = cur16;
+        e = be_attn_rows_list(a, cur, cur + a->n_cur * kvd, cur_pos, ck.rows, hp_rows);
+        list = ck.rows;
+        hp = hp_rows;
+    }
+    pt_begin_call(&ck.tables, 64);
+    pt_call out;
+    cr_assert_eq(pt_build(&ck.tables, a->table, a->shape, list, e, hp, a->n_head_kv, cur, &out), PT_OK);
+    size_t bytes = ub_packed_bytes(&ck.batch);
+    unsigned char *buf = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
+    cr_assert(buf);
+    ub_pack(&ck.batch, buf);
+    const ub_piece *tab = (const ub_piece *)(buf + ub_table_offset(&ck.batch));
+    for (int64_t i = ck.batch.n - 1; i >= 0; i--) ub_scatter_piece(buf, &tab[i], 0, 1);
+    ub_clear(&ck.batch, 1);
+    free(buf);
+    for (int g = 0; hp && g <= a->n_head_kv; g++) cr_assert_eq(out.head_pages[g], hp[g]);
+    for (int64_t i = 0; i < e; i++) {
+        const be_kv_page *pg = &list[i];
+        const ag_page *d = &out.pages[i];
+        cr_assert_eq(d->n, pg->n, "entry %lld", (long long)i);
+        if (pg->n <= 0) continue;
+        if (pg->k == cur) {
+            cr_assert(d->k == cur && d->v == pg->v && d->pos == cur_pos);
+            continue;
+        }
+        size_t vals = (size_t)(pg->n - 1) * (size_t)pg->stride + (size_t)a->head_dim;
+        cr_assert(!memcmp(d->k, pg->k, sizeof(uint16_t) * vals) && !memcmp(d->v, pg->v, sizeof(uint16_t) * vals),
+                  "entry %lld: rows", (long long)i);
+        cr_assert(!memcmp(d->pos, pg->pos, sizeof(int32_t) * (size_t)pg->n), "entry %lld: positions", (long long)i);
+        if (pg->bias)
+            cr_assert(d->bias && !memcmp(d->bias, pg->bias, sizeof(float) * (size_t)pg->n), "entry %lld: bias",
+                      (long long)i);
+        else
+            cr_assert_null(d->bias);
+        if (pg->mask)
+            cr_assert(!memcmp(out.masks + d->mask_off, pg->mask, sizeof(uint64_t) * (size_t)((pg->n + 63) / 64)),
+                      "entry %lld: mask", (long long)i);
+        else
+            cr_assert_eq(d->mask_off, -1);
+        ck.entries++;
+    }
+}
 
 static int same_entry(const be_kv_page *a, const be_kv_page *b)
 {
@@ -123,6 +206,7 @@ static void c_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, in
 static void c_attention(be_backend *b, const be_attn *a)
 {
     check_list(a);
+    through_tables(a);
     ck.cpu->ops->attention(ck.cpu, a);
 }
 static void c_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
@@ -137,20 +221,27 @@ static void c_bounds(be_backend *b, const float *q, int n_q, int64_t dim, const 
 static void c_add(be_backend *b, float *x, const float *y, int64_t n) { ck.cpu->ops->add(ck.cpu, x, y, n); }
 static void c_scale(be_backend *b, float *x, int64_t n, float s) { ck.cpu->ops->scale(ck.cpu, x, n, s); }
 static void c_destroy(be_backend *b) { free(b); }
+/* Residency with nothing to keep: the forward pass then defers a decode step's rows. */
+static int c_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen) { return 0; }
+static void c_unbind(be_backend *b, void *host) {}
 
 static const be_ops check_ops = {
     "check", c_matmul, c_rmsnorm, c_rope, c_glu, c_get_rows, c_attention, c_scores, c_bounds, NULL, NULL, c_destroy,
-    c_add, c_scale, NULL, NULL, NULL, NULL, NULL, NULL,
+    c_add, c_scale, c_bind, c_unbind, NULL, NULL, NULL, NULL,
 };
 
 /* Prefill in chunks of 40, 40 greedy steps (pages of 16: the steps cross page boundaries), a
- * rewind into the decoded tokens and 20 more steps, under spec. */
-static void run(const char *file, const char *spec)
+ * rewind into the decoded tokens and 20 more steps, under spec; deferred: decode steps defer. */
+static void run(const char *file, const char *spec, int deferred)
 {
     char err[512];
     model *m;
     cr_assert(model_load(&m, file, NULL, err, sizeof err) == 0, "%s", err);
     memset(&ck, 0, sizeof ck);
+    pc_device pd = { &ck.batch, junk_alloc, dev_release, dev_upload };
+    pc_init(&ck.copies, &pd, 64);
+    pt_device td = { NULL, junk_alloc, dev_release };
+    pt_init(&ck.tables, &td, &ck.copies, &ck.batch);
     ck.cpu = be_cpu_create(2, err, sizeof err);
     cr_assert(ck.cpu, "%s", err);
     be_backend *b = calloc(1, sizeof *b);
@@ -181,11 +272,17 @@ static void run(const char *file, const char *spec)
     if (m->hp.n_head_kv > 1)
         cr_expect_gt(ck.moved, 0, "%s under %s: no head's entries moved", file, spec ? spec : "no policy");
     cr_expect_eq(ck.bad, 0);
+    if (deferred) cr_expect_gt(ck.deferred, 0, "%s under %s: no step deferred", file, spec ? spec : "no policy");
+    cr_expect_gt(ck.entries, 500, "%s: %lld descriptors checked", file, (long long)ck.entries);
     pol_set_free(ps);
     fwd_free(f);
     free(ids);
     free(l);
     for (int i = 0; i < MAX_LAYERS; i++) free(ck.last[i].pages);
+    pt_free(&ck.tables);
+    pc_free(&ck.copies);
+    ub_free(&ck.batch);
+    free(ck.rows);
     be_free(ck.cpu);
     be_free(b);
     model_free(m);
@@ -193,14 +290,14 @@ static void run(const char *file, const char *spec)
 
 Test(attn_lists, lists_of_every_page_follow_the_cache_and_keep_the_shape_promise)
 {
-    run(TD "tiny/tiny-llama-q4_k_m.gguf", NULL);
-    run(TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL);
+    run(TD "tiny/tiny-llama-q4_k_m.gguf", NULL, 1);
+    run(TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL, 1);
 }
 
 Test(attn_lists, under_policies_that_evict_merge_and_select)
 {
-    run(TD "tiny/tiny-gemma3-q4_k_m.gguf", "take:budget=0.5");
-    run(TD "tiny/tiny-llama-q4_k_m.gguf", "h2o:budget=0.3");
-    run(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea");
-    run(TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1");
+    run(TD "tiny/tiny-gemma3-q4_k_m.gguf", "take:budget=0.5", 1);
+    run(TD "tiny/tiny-llama-q4_k_m.gguf", "h2o:budget=0.3", 0);
+    run(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea", 0);
+    run(TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1", 0);
 }

@@ -1,12 +1,15 @@
 /* test_page_tables.c - attention's page descriptors kept on the device between calls
  * (kernels/page_tables.c) and the upload batch that carries them (kernels/upload_batch.c), with
- * host memory standing in for the device. After every call the batch is "sent" by running the
- * scatter kernel's per-thread function over each piece, and every descriptor the kernels would read
- * must lead to the rows, positions, biases and masks of the page the call listed: over random
- * histories of appends, new pages, evictions that give a page's memory to another page,
- * truncations, biases, per-call masks, a deferred step's own rows, two lists under names that are
- * sometimes swapped, copies freed while idle, and lost batches. A decode step sends only the
- * descriptors of the pages that grew. */
+ * host memory standing in for the device (junk in fresh allocations). After every call the batch
+ * is "sent" by running the scatter kernel's per-thread function over each piece, and every
+ * descriptor the kernels would read must lead to the rows, positions, biases and masks of the page
+ * the call listed, with the call's flags exact: over random histories of appends, new pages,
+ * evictions that give a page's memory to another page, truncations, biases, per-call masks, a
+ * deferred step's own rows (in a buffer that moves, once not 16-byte aligned), two lists under
+ * names that are sometimes swapped, the shape promise, copies freed while idle, a device that fills
+ * up part-way through a call, batches sent in rounds, and lost batches. A decode step sends only
+ * the descriptors of the pages that grew. The batch: pieces of any alignment, long copies cut,
+ * rounds in order. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,16 +45,26 @@ static unsigned rnd(void)
 }
 
 static int64_t live_blocks;
+static int64_t copy_allocs_left = -1;   /* page copies the "device" still gives (-1: no limit) */
 
+/* Fresh "device" memory holds junk, as a GPU's does: a descriptor never sent cannot pass. */
 static void *h_alloc(void *ud, size_t bytes)
 {
     int *fail = ud;
     if (fail && *fail) return NULL;
+    void *p = malloc(bytes);
+    if (!p) return NULL;
+    memset(p, 0xa5, bytes);
     live_blocks++;
-    return malloc(bytes);
+    return p;
 }
 
-static void *copy_alloc(void *ud, size_t bytes) { return h_alloc(NULL, bytes); }
+static void *copy_alloc(void *ud, size_t bytes)
+{
+    if (copy_allocs_left == 0) return NULL;
+    if (copy_allocs_left > 0) copy_allocs_left--;
+    return h_alloc(NULL, bytes);
+}
 
 static void h_release(void *ud, void *p)
 {
@@ -99,6 +112,16 @@ static void send_batch(rig *r)
     r->pieces_last = (uint64_t)r->batch.n;
     ub_clear(&r->batch, 1);
     free(buf);
+}
+
+static int64_t flushes;
+
+/* The batch's flush (ub_batch.limit): a round sent before the call's end. */
+static int flush_rig(void *ud)
+{
+    flushes++;
+    send_batch(ud);
+    return 0;
 }
 
 /* A lost batch: nothing arrives, and both tables forget what they thought was sent. */
@@ -201,19 +224,26 @@ static void make_call(cache *c, call *cl, int masks, const uint16_t *cur, const 
     cl->hp[H] = cl->e;
 }
 
-/* Every descriptor leads to what its entry lists. */
+/* Every descriptor leads to what its entry lists, and the call's flags are exact. */
 static void expect_device_matches(const call *cl, const pt_call *out, const uint16_t *cur)
 {
     for (int h = 0; h <= H; h++) cr_assert_eq(out->head_pages[h], cl->hp[h], "head offset %d", h);
+    int any_bias = 0, all_aligned = 1;
     for (int64_t i = 0; i < cl->e; i++) {
         const be_kv_page *pg = &cl->list[i];
         const ag_page *d = &out->pages[i];
         cr_assert_eq(d->n, pg->n, "entry %ld rows", (long)i);
         cr_assert_eq(d->stride, pg->stride);
         cr_assert_eq(d->head_step, pg->head_step);
+        if (pg->n > 0 && (((uintptr_t)d->k | (uintptr_t)d->v) % 16 || pg->stride % 8 || pg->head_step % 8))
+            all_aligned = 0;
+        if (pg->bias) any_bias = 1;
         if (pg->k == cur) {
             cr_assert_eq(d->k, cur, "a deferred step's rows are read where they are");
+            cr_assert_eq(d->v, pg->v);
             cr_assert_eq(d->pos, pg->pos);
+            cr_assert_null(d->bias);
+            cr_assert_eq(d->mask_off, -1);
             continue;
         }
         size_t nv = (size_t)pg->n * (size_t)pg->stride;
@@ -222,7 +252,6 @@ static void expect_device_matches(const call *cl, const pt_call *out, const uint
         cr_assert(!memcmp(d->pos, pg->pos, sizeof(int32_t) * (size_t)pg->n), "entry %ld positions", (long)i);
         if (pg->bias) {
             cr_assert(d->bias && !memcmp(d->bias, pg->bias, sizeof(float) * (size_t)pg->n), "entry %ld bias", (long)i);
-            cr_assert(out->has_bias);
         } else {
             cr_assert_null(d->bias, "entry %ld has no bias", (long)i);
         }
@@ -234,6 +263,8 @@ static void expect_device_matches(const call *cl, const pt_call *out, const uint
             cr_assert_eq(d->mask_off, -1, "entry %ld has no mask", (long)i);
         }
     }
+    cr_assert_eq(out->has_bias, any_bias, "the call's bias flag");
+    cr_assert_eq(out->aligned, all_aligned, "the call's 16-byte flag");
 }
 
 /* One call that must succeed: started, built, sent, and every descriptor checked. */
@@ -253,8 +284,13 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
     cs[1].shape = gen_next++;
     static rig r;
     rig_init(&r, 7);   /* copies idle for 7 calls are freed */
-    uint16_t cur[2 * H * D];
+    r.batch.limit = 4096;   /* sent in rounds */
+    r.batch.flush = flush_rig;
+    r.batch.flush_ud = &r;
+    /* a deferred step's rows: in one of two buffers, the second not 16-byte aligned */
+    static uint16_t curbuf[2][2 * H * D + 8] __attribute__((aligned(16)));
     int32_t cur_pos[1] = { 0 };
+    int64_t failed = 0;
     static call cl;
     int64_t forgotten = 0, swapped = 0;
     for (int step = 0; step < 3000; step++) {
@@ -273,7 +309,8 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
             c->shape = gen_next++;
         }
         c->next_pos++;
-        int deferred = rnd() % 4 == 0;
+        int deferred = rnd() % 2;
+        const uint16_t *cur = rnd() % 4 ? curbuf[0] : curbuf[1] + 1;
         cur_pos[0] = c->next_pos;
         int masked = rnd() % 3 == 0;
         make_call(c, &cl, masked, deferred ? cur : NULL, cur_pos);
@@ -284,7 +321,14 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
         }
         pt_begin_call(&r.tables, 7);
         pt_call out;
+        if (rnd() % 23 == 0) copy_allocs_left = rnd() % 3;   /* the device fills up part-way */
         int rc = pt_build(&r.tables, (uint64_t)name, masked ? 0 : c->shape, cl.list, cl.e, cl.hp, H, cur, &out);
+        copy_allocs_left = -1;
+        if (rc == PT_NO_COPY) {
+            lose_batch(&r);
+            failed++;
+            continue;
+        }
         cr_assert_eq(rc, PT_OK, "step %d: %d", step, rc);
         if (rnd() % 97 == 0) {
             lose_batch(&r);
@@ -295,6 +339,8 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
         expect_device_matches(&cl, &out, cur);
     }
     cr_expect_gt(forgotten, 10);
+    cr_expect_gt(failed, 3, "copies refused part-way: %ld times", (long)failed);
+    cr_expect_gt(flushes, 100, "batches went in rounds");
     cr_expect_gt(swapped, 10);
     /* a third of the steps evict, truncate, mask or swap the lists, so many entries are built; the
      * rest stay (the decode test below counts them exactly) */
@@ -378,17 +424,20 @@ Test(page_tables, idle_lists_are_freed)
 Test(upload_batch, pieces_of_any_alignment_land_where_they_should)
 {
     ub_batch b = { 0 };
-    unsigned char dst[4096], want[4096], src[4096];
+    enum { N = 65536 };
+    static unsigned char dst[N], want[N], src[N];
     memset(dst, 0, sizeof dst);
     memset(want, 0, sizeof want);
-    for (int i = 0; i < 4096; i++) src[i] = (unsigned char)rnd();
-    /* 16-byte, 4-byte and 1-byte destinations and lengths, one zero-length piece */
-    size_t at[] = { 0, 64, 130, 260, 1001, 2048, 3000 }, len[] = { 48, 33, 8, 700, 17, 0, 1000 };
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < N; i++) src[i] = (unsigned char)rnd();
+    /* 16-byte, 4-byte and 1-byte destinations and lengths, one zero-length piece, and one of
+     * 40,000 bytes that goes as three pieces of at most UB_CHUNK */
+    size_t at[] = { 0, 64, 130, 260, 1001, 2048, 3000, 8192 }, len[] = { 48, 33, 8, 700, 17, 0, 1000, 40000 };
+    for (int i = 0; i < 8; i++) {
         cr_assert_eq(ub_add(&b, dst + at[i], src + i * 10, len[i]), 0);
         memcpy(want + at[i], src + i * 10, len[i]);
     }
-    cr_expect_eq(b.n, 6, "the empty piece queued nothing");
+    cr_expect_eq(b.n, 6 + 3, "the empty piece queued nothing, the long one three");
+    for (int64_t i = 0; i < b.n; i++) cr_expect_leq(b.pieces[i].bytes, UB_CHUNK);
     size_t bytes = ub_packed_bytes(&b);
     unsigned char *buf = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
     cr_assert(buf);
@@ -401,8 +450,56 @@ Test(upload_batch, pieces_of_any_alignment_land_where_they_should)
     cr_expect(!memcmp(dst, want, sizeof dst));
     ub_clear(&b, 1);
     cr_expect_eq(b.sends, 1);
-    cr_expect_eq(b.sent_pieces, 6);
+    cr_expect_eq(b.sent_pieces, 9);
     cr_expect_eq(b.n, 0);
     free(buf);
     ub_free(&b);
+}
+
+typedef struct rounds {
+    ub_batch b;
+    int flushes;
+    int refuse;   /* the flush fails (a full staging arena) */
+} rounds;
+
+/* Send what is queued now: scatter it, in order. */
+static int send_round(void *ud)
+{
+    rounds *r = ud;
+    if (r->refuse) return -1;
+    r->flushes++;
+    size_t bytes = ub_packed_bytes(&r->b);
+    unsigned char *buf = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
+    cr_assert(buf);
+    ub_pack(&r->b, buf);
+    const ub_piece *tab = (const ub_piece *)(buf + ub_table_offset(&r->b));
+    for (int64_t i = 0; i < r->b.n; i++) ub_scatter_piece(buf, &tab[i], 0, 1);
+    ub_clear(&r->b, 1);
+    free(buf);
+    return 0;
+}
+
+Test(upload_batch, a_batch_past_its_limit_goes_in_rounds_in_order)
+{
+    static rounds r;
+    memset(&r, 0, sizeof r);
+    r.b.limit = 10000;
+    r.b.flush = send_round;
+    r.b.flush_ud = &r;
+    static unsigned char dst[100000], src[100000];
+    for (int i = 0; i < 100000; i++) src[i] = (unsigned char)rnd();
+    /* 60,000 bytes in pieces of 3,000, then the first 3,000 again from elsewhere: order matters */
+    for (int i = 0; i < 20; i++) cr_assert_eq(ub_add(&r.b, dst + i * 3000, src + i * 3000, 3000), 0);
+    cr_assert_eq(ub_add(&r.b, dst, src + 90000, 3000), 0);
+    cr_expect_leq(ub_packed_bytes(&r.b), 10000 + 16 + 8 * sizeof(ub_piece), "never more than the limit queued");
+    cr_assert_eq(send_round(&r), 0);
+    cr_expect_geq(r.flushes, 7);
+    cr_expect(!memcmp(dst, src + 90000, 3000), "the later copy landed last");
+    cr_expect(!memcmp(dst + 3000, src + 3000, 57000));
+    /* a flush that fails fails the add */
+    r.refuse = 1;
+    int rc = 0;
+    for (int i = 0; i < 10 && !rc; i++) rc = ub_add(&r.b, dst, src, 3000);
+    cr_expect_eq(rc, -1);
+    ub_free(&r.b);
 }

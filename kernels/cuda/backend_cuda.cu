@@ -977,6 +977,9 @@ static int send_batch(cuda_impl *ci)
     return 0;
 }
 
+/* The batch's flush (upload_batch.h): a call that moves a whole layer sends it in rounds. */
+static int flush_batch(void *ud) { return send_batch((cuda_impl *)ud); }
+
 /* ---------------------------------------------------------------- attention */
 
 __device__ float block_max(float v, float *red)
@@ -1266,6 +1269,8 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         if (ci->failed) {   /* a page copy's rows could not be queued: said already */
         } else if (rc == PT_NO_HOST_MEMORY || (rc == PT_NO_COPY && !ci->blocks.failed_bytes)) {
             fail(ci, "out of memory for the KV page tables");
+        } else if (rc == PT_BAD_LIST) {
+            fail(ci, "internal error: an attention page list whose head offsets do not span it");
         } else if (rc == PT_NO_DEVICE_MEMORY) {
             fail(ci, "out of GPU memory for the KV page tables (%.1f MiB free)", free_mib());
         } else {
@@ -1726,6 +1731,9 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     pc_init(&ci->copies, &dev, COPY_IDLE);
     pt_device tdev = { ci, dev_malloc, dev_free };
     pt_init(&ci->tables, &tdev, &ci->copies, &ci->batch);
+    ci->batch.limit = (size_t)32 << 20;   /* well within the staging arena's 256 MiB */
+    ci->batch.flush = flush_batch;
+    ci->batch.flush_ud = ci;
     bp_init(&ci->blocks, ci, dev_malloc, dev_free, (size_t)64 << 20);
     cc_device cdev = { ci, dev_malloc, dev_free, const_upload };
     cc_init(&ci->consts, &cdev);

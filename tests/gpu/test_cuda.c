@@ -705,7 +705,7 @@ Test(cuda, paged_attention_equals_the_cpu)
  * or not. Finite data: the device's NaN is the canonical one, the host's keeps its payload. */
 /* One step's list of a page set: every head's pages but the dropped ones, under name `name`. */
 static void attend_list(const page_set *ps, const uint8_t *dropped, int nh, int nkv, int D, float *q, int32_t *qp,
-                        uint64_t name, uint64_t shape, double *worst)
+                        uint64_t name, uint64_t shape, int with_cur, double *worst)
 {
     be_kv_page *list = malloc(sizeof *list * (size_t)ps->n_pages);
     int64_t hp[65], e = 0;
@@ -717,12 +717,21 @@ static void attend_list(const page_set *ps, const uint8_t *dropped, int nh, int 
     hp[nkv] = e;
     float *o0 = malloc(sizeof(float) * (size_t)(nh * D)), *o1 = malloc(sizeof(float) * (size_t)(nh * D));
     for (int i = 0; i < nh * D; i++) o1[i] = NAN;
-    be_attn a = { q, 1, qp, nh, nkv, D, list, e, hp, 0, o0, NULL, NULL, NULL, 0, name, shape };
+    /* a deferred step's own row, attended after each head's pages */
+    float *ck = malloc(sizeof(float) * (size_t)(nkv * D)), *cv = malloc(sizeof(float) * (size_t)(nkv * D));
+    for (int i = 0; i < nkv * D; i++) {
+        ck[i] = frand(-1, 1);
+        cv[i] = frand(-1, 1);
+    }
+    be_attn a = { q, 1, qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
+                  with_cur ? qp : NULL, with_cur ? 1 : 0, name, shape };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     gpu->ops->attention(gpu, &a);
     double d = max_abs_diff(o0, o1, nh * D);
     if (d > *worst) *worst = d;
+    free(ck);
+    free(cv);
     free(list);
     free(o0);
     free(o1);
@@ -730,9 +739,10 @@ static void attend_list(const page_set *ps, const uint8_t *dropped, int nh, int 
 
 /* A named list through a decode, on the descriptors the device keeps between calls
  * (kernels/page_tables.c) and with the shape the forward pass would give (appends keep it, other
- * changes make a new one): each head's last page grows a row a step, a page is rewritten under a
- * new generation, pages are dropped (the later heads' entries move), and another page set is
- * attended under the same name now and then. Every step equals the CPU. */
+ * changes make a new one): each head's last page grows a row a step, two steps in three bring a
+ * deferred step's own row (one more entry a head, on the device), a page is rewritten under a new
+ * generation, pages are dropped (the later heads' entries move), and another page set is attended
+ * under the same name now and then. Every step equals the CPU. */
 Test(cuda, a_named_page_list_kept_on_the_device_stays_right_through_a_decode)
 {
     seed_rng("tables");
@@ -761,8 +771,8 @@ Test(cuda, a_named_page_list_kept_on_the_device_stays_right_through_a_decode)
             dropped[ps.head_pages[0] + (int64_t)(rnd() % 6)] = 1;
             shape = ++gen_counter;
         }
-        attend_list(&ps, dropped, nh, nkv, D, q, &qp, 7, shape, &worst);
-        if (step % 10 == 5) attend_list(&other, none, nh, nkv, D, q, &qp, 7, 0, &worst_other);
+        attend_list(&ps, dropped, nh, nkv, D, q, &qp, 7, shape, step % 3 != 0, &worst);
+        if (step % 10 == 5) attend_list(&other, none, nh, nkv, D, q, &qp, 7, 0, 0, &worst_other);
     }
     cr_expect(worst < 2e-3, "max |diff| %g through the decode", worst);
     cr_expect(worst_other < 2e-3, "max |diff| %g for the other list under the same name", worst_other);
