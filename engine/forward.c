@@ -304,6 +304,26 @@ static int64_t tokens_of(const kv_page *p, const uint64_t *mask)
     return c;
 }
 
+/* A decode step's statistics for one layer's list: tokens attended, and on global layers the
+ * entries given and the pages held. */
+static void list_stats(fwd_ctx *f, int is_global, int64_t tokens, int64_t entries, int64_t pages_total)
+{
+    if (!f->decoding) return;
+    f->st_tokens += tokens;
+    if (is_global) {
+        f->st_pages += entries;
+        f->st_pages_total += pages_total;
+    }
+}
+
+/* A page of KV head h attended in an observed decode step: the policy's page map (and, on the
+ * first global layer's first head, this step's pages). */
+static void observe_page(fwd_ctx *f, int32_t pos0, int h, int first_global, int P)
+{
+    pol_set_hit_page(f->pol, pos0);
+    if (first_global && h == 0) pol_set_last_add(f->pol, pos0 / P);
+}
+
 /* Layer il's list of every page (f->lists[il]) brought up to date: built whole when the layer's
  * shape changed, else each head's last page and those after it (the heads' entries moved up when
  * a head gained pages). Records the step's statistics. -1: out of memory. */
@@ -355,21 +375,12 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int observe, int first_glo
     int64_t e = L->off[Hkv];
     if (observe)
         for (int h = 0; h < Hkv; h++)
-            for (int64_t i = L->off[h]; i < L->off[h + 1]; i++) {
-                pol_set_hit_page(f->pol, L->refs[i].pos[0]);
-                if (first_global && h == 0) pol_set_last_add(f->pol, L->refs[i].pos[0] / P);
-            }
+            for (int64_t i = L->off[h]; i < L->off[h + 1]; i++) observe_page(f, L->refs[i].pos[0], h, first_global, P);
     a->pages = L->refs;
     a->n_pages = e;
     a->head_pages = L->off;
     a->shape = shape;
-    if (f->decoding) {
-        f->st_tokens += tokens;
-        if (is_global) {
-            f->st_pages += e;
-            f->st_pages_total += e;
-        }
-    }
+    list_stats(f, is_global, tokens, e, e);
     return 0;
 }
 
@@ -392,46 +403,30 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
     if (observe && first_global) pol_set_last_reset(f->pol);
     a->table = (f->serial << 20) | (uint64_t)(il + 1);
     if (!sel) return plain_list(f, il, a, observe, first_global, is_global);
+    /* the selection: observed, since only a decode step on a global layer under a policy selects */
     int64_t need = 0;
-    for (int h = 0; h < Hkv; h++) {
-        int64_t nh = sel ? (sel->per_head ? sel->off[h + 1] - sel->off[h] : sel->off[1]) : kv_n_pages(f->kv, il, h);
-        need += nh;
-    }
+    for (int h = 0; h < Hkv; h++) need += sel->per_head ? sel->off[h + 1] - sel->off[h] : sel->off[1];
     if (grow_refs(f, need)) return -1;
     int64_t e = 0, tokens = 0, pages_total = 0;
     for (int h = 0; h < Hkv; h++) {
         f->head_off[h] = e;
         int np = kv_n_pages(f->kv, il, h);
         pages_total += np;
-        int64_t s0 = 0, s1 = np;
-        if (sel) {
-            s0 = sel->per_head ? sel->off[h] : 0;
-            s1 = sel->per_head ? sel->off[h + 1] : sel->off[1];
-        }
+        int64_t s0 = sel->per_head ? sel->off[h] : 0, s1 = sel->per_head ? sel->off[h + 1] : sel->off[1];
         for (int64_t j = s0; j < s1; j++) {
-            int idx = sel ? sel->idx[j] : (int)j;
+            int idx = sel->idx[j];
             if (idx < 0 || idx >= np) continue;   /* shared indices past a shorter head's table */
             const kv_page *p = kv_layer_page(f->kv, il, h, idx);
-            const uint64_t *mask = sel ? sel->mask[j] : NULL;
-            set_ref(&f->refs[e++], p, mask, D, P);
-            if (f->decoding) tokens += tokens_of(p, mask);
-            if (observe) {
-                pol_set_hit_page(f->pol, p->pos[0]);
-                if (first_global && h == 0) pol_set_last_add(f->pol, p->pos[0] / P);
-            }
+            set_ref(&f->refs[e++], p, sel->mask[j], D, P);
+            tokens += tokens_of(p, sel->mask[j]);
+            observe_page(f, p->pos[0], h, first_global, P);
         }
     }
     f->head_off[Hkv] = e;
     a->pages = f->refs;
     a->n_pages = e;
     a->head_pages = f->head_off;
-    if (f->decoding) {
-        f->st_tokens += tokens;
-        if (is_global) {
-            f->st_pages += e;
-            f->st_pages_total += pages_total;
-        }
-    }
+    list_stats(f, is_global, tokens, e, pages_total);
     return 0;
 }
 

@@ -1,5 +1,6 @@
 /* page_tables.c - attention's page descriptors kept on the device between calls (see page_tables.h). */
 #include "kernels/page_tables.h"
+#include "kernels/addr_hash.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -10,13 +11,6 @@ void pt_init(pt_set *s, const pt_device *dev, pc_table *copies, ub_batch *batch)
     s->dev = *dev;
     s->copies = copies;
     s->batch = batch;
-}
-
-static uint64_t name_hash(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    return x ^ (x >> 33);
 }
 
 static size_t dev_bytes(int64_t cap) { return sizeof(ag_page) * (size_t)cap + sizeof(int64_t) * (PT_MAX_HEADS + 1); }
@@ -75,12 +69,21 @@ void pt_trim(pt_set *s, uint64_t idle)
     uint64_t mask = (uint64_t)(s->cap_lists - 1);
     for (int i = 0; i < s->cap_lists; i++) {
         if (!s->lists[i].used) continue;
-        uint64_t h = name_hash(s->lists[i].name) & mask;
+        uint64_t h = bits_hash(s->lists[i].name) & mask;
         while (nl[h].used) h = (h + 1) & mask;
         nl[h] = s->lists[i];
     }
     free(s->lists);
     s->lists = nl;
+}
+
+/* p reallocated to bytes, or p as it was with *ok cleared when the host is out of memory. */
+static void *grow_array(void *p, size_t bytes, int *ok)
+{
+    void *n = realloc(p, bytes);
+    if (n) return n;
+    *ok = 0;
+    return p;
 }
 
 /* Room for e entries: a larger device array (the old one released; what it held is sent again). */
@@ -89,21 +92,17 @@ static int grow_list(pt_set *s, pt_list *l, int64_t e)
     if (e <= l->cap) return PT_OK;
     int64_t cap = l->cap ? l->cap : 64;
     while (cap < e) cap *= 2;
-    be_kv_page *seen = realloc(l->seen, sizeof *seen * (size_t)cap);
-    if (seen) l->seen = seen;
-    int32_t *rec = realloc(l->rec, sizeof *rec * (size_t)cap);
-    if (rec) l->rec = rec;
-    ag_page *host = realloc(l->host, sizeof *host * (size_t)cap);
-    if (host) l->host = host;
-    be_kv_page *seen2 = realloc(l->seen2, sizeof *seen2 * (size_t)cap);
-    if (seen2) l->seen2 = seen2;
-    int32_t *rec2 = realloc(l->rec2, sizeof *rec2 * (size_t)cap);
-    if (rec2) l->rec2 = rec2;
-    ag_page *host2 = realloc(l->host2, sizeof *host2 * (size_t)cap);
-    if (host2) l->host2 = host2;
-    uint8_t *moved = realloc(l->moved, (size_t)cap);
-    if (moved) l->moved = moved;
-    if (!seen || !rec || !host || !seen2 || !rec2 || !host2 || !moved) return PT_NO_HOST_MEMORY;
+    /* the host arrays (on failure those grown stay so, and the device array as it was) */
+    int ok = 1;
+    size_t c = (size_t)cap;
+    l->seen = grow_array(l->seen, sizeof *l->seen * c, &ok);
+    l->rec = grow_array(l->rec, sizeof *l->rec * c, &ok);
+    l->host = grow_array(l->host, sizeof *l->host * c, &ok);
+    l->seen2 = grow_array(l->seen2, sizeof *l->seen2 * c, &ok);
+    l->rec2 = grow_array(l->rec2, sizeof *l->rec2 * c, &ok);
+    l->host2 = grow_array(l->host2, sizeof *l->host2 * c, &ok);
+    l->moved = grow_array(l->moved, sizeof *l->moved * c, &ok);
+    if (!ok) return PT_NO_HOST_MEMORY;
     void *dev = s->dev.alloc(s->dev.ud, dev_bytes(cap));
     if (!dev) return PT_NO_DEVICE_MEMORY;
     if (l->dev) {
@@ -273,7 +272,7 @@ static pt_list *find_list(pt_set *s, uint64_t name)
         if (!nl) return NULL;
         for (int i = 0; i < s->cap_lists; i++) {
             if (!s->lists[i].used) continue;
-            uint64_t h = name_hash(s->lists[i].name) & (uint64_t)(cap - 1);
+            uint64_t h = bits_hash(s->lists[i].name) & (uint64_t)(cap - 1);
             while (nl[h].used) h = (h + 1) & (uint64_t)(cap - 1);
             nl[h] = s->lists[i];
         }
@@ -281,7 +280,7 @@ static pt_list *find_list(pt_set *s, uint64_t name)
         s->lists = nl;
         s->cap_lists = cap;
     }
-    uint64_t mask = (uint64_t)(s->cap_lists - 1), h = name_hash(name) & mask;
+    uint64_t mask = (uint64_t)(s->cap_lists - 1), h = bits_hash(name) & mask;
     while (s->lists[h].used && s->lists[h].name != name) h = (h + 1) & mask;
     pt_list *l = &s->lists[h];
     if (!l->used) {
