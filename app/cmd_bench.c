@@ -80,7 +80,8 @@ static int decode_greedy(run *r, int64_t n, char *err, size_t errlen)
     int32_t nv = run_model(r)->hp.n_vocab;
     int rc = 0;
     run_set_abort(r, NULL);
-    for (int64_t g = 0; g < n && !rc; g++) rc = run_decode(r, samp_argmax(run_logits(r), nv), err, errlen);
+    int32_t next = samp_argmax(run_logits(r), nv);
+    for (int64_t g = 0; g < n && !rc; g++) rc = run_decode_greedy(r, next, &next, err, errlen);
     run_set_abort(r, &cli_interrupted);
     return rc ? -1 : 0;
 }

@@ -57,15 +57,17 @@ struct fwd_ctx {
     double st_sel_ms, st_attn_ms;
     int64_t st_pages_total;
     float *kall, *vall;        /* [n_layer][kvd]: a deferred decode step's K/V rows, every layer's */
+    float *row;                /* [n_vocab]: the last picked step's logits, left with the backend */
+    int row_valid;             /* row holds the logits of the cache's last token */
     int n_bound;               /* scratch buffers bound to the backend so far */
 };
 
-#define N_BOUND 11
+#define N_BOUND 12
 
 /* The scratch buffers the backend may keep on a device, in one order for bind and unbind. */
 static void bound_bufs(const fwd_ctx *f, float *out[N_BOUND])
 {
-    float *l[N_BOUND] = { f->x, f->h, f->o, f->q, f->att, f->k, f->v, f->gate, f->up, f->kall, f->vall };
+    float *l[N_BOUND] = { f->x, f->h, f->o, f->q, f->att, f->k, f->v, f->gate, f->up, f->kall, f->vall, f->row };
     memcpy(out, l, sizeof l);
 }
 
@@ -141,22 +143,24 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->gate = alloc_f(f, B * (size_t)hp->n_ff);
     f->up = alloc_f(f, B * (size_t)hp->n_ff);
     f->logits = alloc_f(f, OUT_ROWS * (size_t)hp->n_vocab);
+    f->row = alloc_f(f, (size_t)hp->n_vocab);
     f->pos = malloc(B * sizeof(int32_t));
     f->tok = malloc(B * sizeof(int32_t));
     f->lists = calloc((size_t)hp->n_layer, sizeof *f->lists);
     static _Atomic uint64_t contexts;
     f->serial = ++contexts;
     if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall || !f->vall || !f->gate || !f->up ||
-        !f->logits || !f->pos || !f->tok || !f->lists) {
+        !f->logits || !f->row || !f->pos || !f->tok || !f->lists) {
         fwd_free(f);
         snprintf(err, errlen, "out of memory allocating forward buffers");
         return NULL;
     }
-    /* The activations a device backend keeps on the device between ops (the logits come back to
-     * the host every time, so they stay unbound). */
+    /* The activations a device backend keeps on the device between ops (the logits asked for
+     * come back to the host every time, so they stay unbound; a picked step's stay in row). */
     size_t sz[N_BOUND] = { B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * HD, B * HD,
                            B * (size_t)kvd, B * (size_t)kvd, B * (size_t)hp->n_ff, B * (size_t)hp->n_ff,
-                           (size_t)hp->n_layer * (size_t)kvd, (size_t)hp->n_layer * (size_t)kvd };
+                           (size_t)hp->n_layer * (size_t)kvd, (size_t)hp->n_layer * (size_t)kvd,
+                           (size_t)hp->n_vocab };
     float *bufs[N_BOUND];
     bound_bufs(f, bufs);
     for (int i = 0; i < N_BOUND; i++) {
@@ -188,6 +192,7 @@ void fwd_free(fwd_ctx *f)
     free(f->gate);
     free(f->up);
     free(f->logits);
+    free(f->row);
     free(f->pos);
     free(f->tok);
     free(f->global);
@@ -202,7 +207,11 @@ void fwd_free(fwd_ctx *f)
 int64_t fwd_pos(const fwd_ctx *f) { return kv_len(f->kv); }
 int64_t fwd_n_ctx(const fwd_ctx *f) { return kv_n_ctx(f->kv); }
 const kv_cache *fwd_kv(const fwd_ctx *f) { return f->kv; }
-kv_cache *fwd_cache(fwd_ctx *f) { return f->kv; }
+kv_cache *fwd_cache(fwd_ctx *f)
+{
+    f->row_valid = 0;   /* the caller may replace the cache's contents */
+    return f->kv;
+}
 const model *fwd_model(const fwd_ctx *f) { return f->m; }
 uint64_t fwd_scratch_bytes(const fwd_ctx *f) { return f->scratch_bytes; }
 void fwd_set_floor(fwd_ctx *f, int64_t pos) { kv_set_floor(f->kv, pos); }
@@ -264,6 +273,7 @@ void fwd_policy_env(fwd_ctx *f, pol_env *env)
 int64_t fwd_rewind(fwd_ctx *f, int64_t pos)
 {
     if (pos >= kv_len(f->kv)) return kv_len(f->kv);
+    f->row_valid = 0;
     return kv_rewind(f->kv, pos);
 }
 
@@ -555,26 +565,39 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
     return be_failed(b, f->dev_err, sizeof f->dev_err) ? -4 : 0;
 }
 
-/* Logits for rows [r0, r0+nr) of the chunk's hidden states, into f->logits. 0, or -1 when a backend
- * op failed (f->dev_err). */
-static int output_rows(fwd_ctx *f, int64_t r0, int64_t nr)
+/* The final soft cap on n logits in host memory. */
+static void soft_cap(const model_hparams *hp, float *l, int64_t n)
+{
+    if (hp->final_softcap <= 0) return;
+    float c = hp->final_softcap;
+    for (int64_t i = 0; i < n; i++) l[i] = c * tanhf(l[i] / c);
+}
+
+/* Logits for rows [r0, r0+nr) of the chunk's hidden states: into f->logits, soft-capped, or with
+ * pick (one row) into f->row, left with the backend, and the backend's candidates into pick. 0, or
+ * -1 when a backend op failed (f->dev_err). */
+static int output_rows(fwd_ctx *f, int64_t r0, int64_t nr, be_pick *pick)
 {
     const model *m = f->m;
     const model_hparams *hp = &m->hp;
     int64_t E = hp->n_embd;
     f->b->ops->rmsnorm(f->b, f->x + r0 * E, m->output_norm, f->h, nr, E, hp->norm_eps);
-    be_mm out = { &m->output, f->logits };
+    be_mm out = { &m->output, pick ? f->row : f->logits };
     f->b->ops->matmul(f->b, &out, 1, f->h, nr);
-    if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -1;
-    if (hp->final_softcap > 0) {
-        float c = hp->final_softcap;
-        for (int64_t i = 0; i < nr * hp->n_vocab; i++) f->logits[i] = c * tanhf(f->logits[i] / c);
+    if (pick) {
+        pick->logits = f->row;
+        pick->n = hp->n_vocab;
+        pick->softcap = hp->final_softcap;
+        f->b->ops->pick(f->b, pick);
     }
+    if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -1;
+    if (pick) f->row_valid = 1;
+    else soft_cap(hp, f->logits, nr * hp->n_vocab);
     return 0;
 }
 
-static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, fwd_logits_fn each,
-                       void *ud, fwd_progress_fn progress, void *pud, volatile sig_atomic_t *abort_flag, char *err,
+static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, be_pick *pick,
+                       fwd_logits_fn each, void *ud, fwd_progress_fn progress, void *pud, volatile sig_atomic_t *abort_flag, char *err,
                        size_t errlen)
 {
     const model_hparams *hp = &f->m->hp;
@@ -595,6 +618,7 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         }
     }
     f->eval_start = start;
+    f->row_valid = 0;
     if (f->decoding) {
         f->st_pages = f->st_tokens = f->st_pages_total = 0;
         f->st_sel_ms = f->st_attn_ms = 0;
@@ -637,15 +661,17 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         if (each) {
             for (int64_t r = 0; r < cn; r += OUT_ROWS) {
                 int64_t nr = cn - r < OUT_ROWS ? cn - r : OUT_ROWS;
-                if (output_rows(f, r, nr)) goto failed;
+                if (output_rows(f, r, nr, NULL)) goto failed;
                 for (int64_t i = 0; i < nr; i++) each(ud, start + c0 + r + i, f->logits + i * hp->n_vocab);
             }
             if (logits_last && c0 + cn == n)
                 memcpy(logits_last, f->logits + ((cn - 1) % OUT_ROWS) * hp->n_vocab,
                        sizeof(float) * (size_t)hp->n_vocab);
         } else if (logits_last && c0 + cn == n) {
-            if (output_rows(f, cn - 1, 1)) goto failed;
+            if (output_rows(f, cn - 1, 1, NULL)) goto failed;
             memcpy(logits_last, f->logits, sizeof(float) * (size_t)hp->n_vocab);
+        } else if (pick && c0 + cn == n) {
+            if (output_rows(f, cn - 1, 1, pick)) goto failed;
         }
 
         if (progress) progress(pud, c0 + cn, n);
@@ -671,13 +697,46 @@ int fwd_eval(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, f
              fwd_progress_fn progress, void *pud, volatile sig_atomic_t *abort_flag, char *err, size_t errlen)
 {
     f->decoding = 0;
-    return eval_tokens(f, tokens, n, logits_last, each, ud, progress, pud, abort_flag, err, errlen);
+    return eval_tokens(f, tokens, n, logits_last, NULL, each, ud, progress, pud, abort_flag, err, errlen);
 }
 
 int fwd_decode(fwd_ctx *f, int32_t token, float *logits, volatile sig_atomic_t *abort_flag, char *err, size_t errlen)
 {
     f->decoding = 1;
-    int rc = eval_tokens(f, &token, 1, logits, NULL, NULL, NULL, NULL, abort_flag, err, errlen);
+    int rc = eval_tokens(f, &token, 1, logits, NULL, NULL, NULL, NULL, NULL, abort_flag, err, errlen);
     f->decoding = 0;
     return rc;
+}
+
+int fwd_can_pick(const fwd_ctx *f) { return f->b->ops->pick != NULL; }
+
+int fwd_decode_pick(fwd_ctx *f, int32_t token, be_pick *pick, volatile sig_atomic_t *abort_flag, char *err,
+                    size_t errlen)
+{
+    if (!fwd_can_pick(f)) {
+        snprintf(err, errlen, "the %s backend cannot pick candidates", f->b->ops->name);
+        return -1;
+    }
+    f->decoding = 1;
+    int rc = eval_tokens(f, &token, 1, NULL, pick, NULL, NULL, NULL, NULL, abort_flag, err, errlen);
+    f->decoding = 0;
+    return rc;
+}
+
+int fwd_picked_logits(fwd_ctx *f, float *logits, char *err, size_t errlen)
+{
+    const model_hparams *hp = &f->m->hp;
+    if (!f->row_valid) {
+        snprintf(err, errlen, "no picked decode step's logits to read");
+        return -1;
+    }
+    be_range r = { f->row, sizeof(float) * (size_t)hp->n_vocab };
+    be_host_read(f->b, &r, 1);
+    if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) {
+        snprintf(err, errlen, "%s", f->dev_err);
+        return -1;
+    }
+    memcpy(logits, f->row, r.bytes);
+    soft_cap(hp, logits, hp->n_vocab);
+    return 0;
 }

@@ -43,6 +43,17 @@ int fwd_eval(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, f
  * any). Same failure contract as fwd_eval. */
 int fwd_decode(fwd_ctx *f, int32_t token, float *logits, volatile sig_atomic_t *abort_flag, char *err, size_t errlen);
 
+/* One decode step whose logits stay with the backend: its pick (be_pick: the caller fills the
+ * penalty, k, the entropy wanted and the outputs; this fills the row) answers with the best
+ * candidates, and a device sends back those instead of the row. Needs fwd_can_pick. Same failure
+ * contract as fwd_decode. */
+int fwd_can_pick(const fwd_ctx *f);
+int fwd_decode_pick(fwd_ctx *f, int32_t token, be_pick *pick, volatile sig_atomic_t *abort_flag, char *err,
+                    size_t errlen);
+/* The whole row of the last step, when fwd_decode_pick was the last evaluation (and no rewind came
+ * after it): the logits fwd_decode would have given. 0, or -1 with a message. */
+int fwd_picked_logits(fwd_ctx *f, float *logits, char *err, size_t errlen);
+
 int64_t fwd_pos(const fwd_ctx *f);          /* tokens seen (the next position) */
 int64_t fwd_n_ctx(const fwd_ctx *f);
 /* Forget everything from pos on. Returns pos, or an earlier position (0) when sliding-window layers

@@ -34,6 +34,12 @@ typedef struct gen_state {
     char *text;              /* stop sequences: the answer's text (each token's piece), */
     size_t *ends;            /* where each token's text ends in it */
     size_t text_cap;
+    /* The last step's logits stayed with the backend (fwd_decode_pick): its best candidates. */
+    int picked;
+    be_pick pk;
+    float pk_val[BE_PICK_MAX];
+    int32_t pk_id[BE_PICK_MAX];
+    int32_t pk_pen[4096];
 } gen_state;
 
 static int all_space(const char *t)
@@ -117,7 +123,23 @@ static void finish_event(unc_monitor *mon, const unc_thresholds *thr, const gen_
 static int step(gen_state *g, int32_t id)
 {
     const gen_ctx *c = g->c;
-    if (fwd_decode(c->f, id, c->logits, c->abort_flag, g->err, g->errlen) == 0) {
+    int rc;
+    g->picked = 0;
+    if (fwd_can_pick(c->f)) {
+        /* the sampler's request now: nothing changes it before next_token draws */
+        be_pick *p = &g->pk;
+        p->n_pen = samp_pick_request(c->s, BE_PICK_MAX, g->pk_pen, &p->penalty, &p->k);
+        p->pen_ids = g->pk_pen;
+        p->entropy = g->track;
+        p->temp = g->o->temperature;
+        p->val = g->pk_val;
+        p->id = g->pk_id;
+        rc = fwd_decode_pick(c->f, id, p, c->abort_flag, g->err, g->errlen);
+        g->picked = rc == 0;
+    } else {
+        rc = fwd_decode(c->f, id, c->logits, c->abort_flag, g->err, g->errlen);
+    }
+    if (rc == 0) {
         g->res->n_decoded++;
         return 0;
     }
@@ -140,8 +162,20 @@ static int next_token(gen_state *g, int32_t *out)
 {
     const gen_ctx *c = g->c;
     double h = 0, vh = 0;
-    if (g->track) samp_entropy(c->logits, c->n_vocab, g->o->temperature, &h, &vh);   /* before sampling changes logits */
-    int32_t id = samp_sample(c->s, c->logits);
+    int32_t id = -1;
+    if (g->picked) {   /* from the backend's candidates, or the whole row when they may not do */
+        g->picked = 0;
+        h = g->pk.h;
+        vh = g->pk.vh;
+        id = samp_sample_top(c->s, g->pk_val, g->pk_id, g->pk.n_out, g->pk.k);
+        if (id < 0) {
+            if (fwd_picked_logits(c->f, c->logits, g->err, g->errlen)) return -1;
+            id = samp_sample(c->s, c->logits);
+        }
+    } else {
+        if (g->track) samp_entropy(c->logits, c->n_vocab, g->o->temperature, &h, &vh);   /* before sampling changes logits */
+        id = samp_sample(c->s, c->logits);
+    }
     if (tok_is_eog(c->v, id)) {
         g->res->stop = GEN_STOP_EOG;
         return 1;

@@ -28,7 +28,9 @@
 #include "engine/uncertainty.h"
 
 /* What the loop drives: the sequence, its sampler, the vocabulary (end of generation, stop text),
- * the monitor, the logits of the last evaluated token (n_vocab, overwritten), the abort flag. */
+ * the monitor, the logits of the last evaluated token (n_vocab: the answer's first token is drawn
+ * from them; after that a backend that picks keeps each step's logits and sends its best
+ * candidates, and this row is filled only when they do not settle the draw), the abort flag. */
 typedef struct gen_ctx {
     fwd_ctx *f;
     samp *s;

@@ -285,7 +285,9 @@ int run_prefill_again(run *r, char *err, size_t errlen)
     return prefill_ids(r, P, 1, NULL, NULL, err, errlen);
 }
 
-int run_decode(run *r, int32_t id, char *err, size_t errlen)
+/* A decode step of id: its logits to run_logits, or with pick (and a backend that picks) its best
+ * candidates there, the logits left with the backend. */
+static int decode_one(run *r, int32_t id, be_pick *pick, char *err, size_t errlen)
 {
     if (r->n_ids != fwd_pos(r->f)) {
         snprintf(err, errlen, "%lld tokens wait to be evaluated before a decode step",
@@ -294,13 +296,31 @@ int run_decode(run *r, int32_t id, char *err, size_t errlen)
     }
     if (run_append(r, &id, 1, err, errlen)) return RUN_EFAIL;
     double t0 = run_clock_s();
-    if (fwd_decode(r->f, id, r->logits, r->abort_flag, err, errlen)) {
+    if (pick ? fwd_decode_pick(r->f, id, pick, r->abort_flag, err, errlen)
+             : fwd_decode(r->f, id, r->logits, r->abort_flag, err, errlen)) {
         r->n_ids--;
         return eval_failed(r, err, errlen);
     }
     r->decoded++;
     r->decode_s += run_clock_s() - t0;
     return RUN_OK;
+}
+
+int run_decode(run *r, int32_t id, char *err, size_t errlen) { return decode_one(r, id, NULL, err, errlen); }
+
+int run_decode_greedy(run *r, int32_t id, int32_t *next, char *err, size_t errlen)
+{
+    if (!fwd_can_pick(r->f)) {
+        int rc = decode_one(r, id, NULL, err, errlen);
+        if (rc == RUN_OK) *next = samp_argmax(r->logits, r->m->hp.n_vocab);
+        return rc;
+    }
+    float val;
+    int32_t best;
+    be_pick p = { .k = 1, .penalty = 1.0f, .val = &val, .id = &best };
+    int rc = decode_one(r, id, &p, err, errlen);
+    if (rc == RUN_OK) *next = p.n_out > 0 ? best : 0;   /* every logit -inf: samp_argmax's 0 */
+    return rc;
 }
 
 int run_rewind(run *r, int64_t pos, int64_t n_ids, char *err, size_t errlen)

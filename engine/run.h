@@ -75,6 +75,9 @@ int run_prefill_again(run *r, char *err, size_t errlen);
 /* One decode step of id (appended to the sequence) through the decode policy's selection; the
  * logits go to run_logits. The sampler does not record it (teacher forcing, benchmarks). */
 int run_decode(run *r, int32_t id, char *err, size_t errlen);
+/* A greedy step: run_decode, and *next the argmax of its logits (samp_argmax's), which a backend
+ * that picks finds where the logits are (run_logits is then not updated). */
+int run_decode_greedy(run *r, int32_t id, int32_t *next, char *err, size_t errlen);
 /* The cache goes back to pos and the sequence keeps its first n_ids ids (pos <= n_ids <= length;
  * those after pos wait for the next feed); what sliding-window layers no longer hold is evaluated
  * again. */

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/logit_pick.h"
+
 typedef struct cand_pair {
     float logit;
     int32_t id;
@@ -188,6 +190,39 @@ static void select_top(int32_t *cand, int32_t n, int32_t k, const float *l)
     }
 }
 
+/* The draw from the candidates s->pairs[0 .. nc) (nc >= 1), sorted as cmp_desc orders them, the first
+ * the largest logit: softmax at the temperature, top-p, one draw. */
+static int32_t choose(samp *s, int32_t nc)
+{
+    float mx = s->pairs[0].logit, temp = s->p.temperature;
+    double sum = 0;
+    for (int32_t i = 0; i < nc; i++) {
+        double p = exp((double)(s->pairs[i].logit - mx) / temp);
+        s->prob[i] = (float)p;
+        sum += p;
+    }
+    if (s->p.top_p < 1.0f) {
+        double acc = 0;
+        int32_t keep = nc;
+        for (int32_t i = 0; i < nc; i++) {
+            acc += s->prob[i] / sum;
+            if (acc >= s->p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        nc = keep;
+        sum = 0;
+        for (int32_t i = 0; i < nc; i++) sum += s->prob[i];
+    }
+    double u = samp_uniform(s) * sum, acc = 0;
+    for (int32_t i = 0; i < nc; i++) {
+        acc += s->prob[i];
+        if (u < acc) return s->pairs[i].id;
+    }
+    return s->pairs[nc - 1].id;
+}
+
 int32_t samp_sample(samp *s, float *l)
 {
     int32_t n = s->n_vocab;
@@ -211,34 +246,40 @@ int32_t samp_sample(samp *s, float *l)
     }
     for (int32_t i = 0; i < nc; i++) s->pairs[i] = (cand_pair){ l[s->cand[i]], s->cand[i] };
     qsort(s->pairs, (size_t)nc, sizeof *s->pairs, cmp_desc);
-    for (int32_t i = 0; i < nc; i++) s->cand[i] = s->pairs[i].id;
-    /* Probabilities of the remaining candidates at temperature T. */
-    double sum = 0;
-    for (int32_t i = 0; i < nc; i++) {
-        double p = exp((double)(l[s->cand[i]] - mx) / temp);
-        s->prob[i] = (float)p;
-        sum += p;
+    return choose(s, nc);
+}
+
+int32_t samp_pick_request(const samp *s, int32_t k_max, int32_t *pen_ids, float *penalty, int32_t *k)
+{
+    *penalty = s->p.repeat_penalty;
+    *k = s->p.temperature <= 0.0f ? 1 : s->p.top_k > 0 && s->p.top_k < k_max ? s->p.top_k : k_max;
+    int32_t n = 0;
+    if (s->p.repeat_penalty == 1.0f) return 0;
+    for (int32_t i = 0; i < s->n_recent; i++) {   /* each id once, as apply_penalty takes them */
+        int32_t id = s->recent[i];
+        if (id < 0 || id >= s->n_vocab) continue;
+        int seen = 0;
+        for (int32_t j = 0; j < i && !seen; j++) seen = s->recent[j] == id;
+        if (!seen) pen_ids[n++] = id;
     }
-    if (s->p.top_p < 1.0f) {
-        double acc = 0;
-        int32_t keep = nc;
-        for (int32_t i = 0; i < nc; i++) {
-            acc += s->prob[i] / sum;
-            if (acc >= s->p.top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        nc = keep;
-        sum = 0;
-        for (int32_t i = 0; i < nc; i++) sum += s->prob[i];
-    }
-    double u = samp_uniform(s) * sum, acc = 0;
-    for (int32_t i = 0; i < nc; i++) {
-        acc += s->prob[i];
-        if (u < acc) return s->cand[i];
-    }
-    return s->cand[nc - 1];
+    return n;
+}
+
+int32_t samp_sample_top(samp *s, const float *val, const int32_t *id, int32_t n, int32_t k)
+{
+    if (n == 0) return 0;   /* every value -inf: samp_sample's argmax answers 0 */
+    if (s->p.temperature <= 0.0f) return id[0];
+    float floor_l = -INFINITY;
+    if (s->p.min_p > 0.0f && s->p.min_p <= 1.0f) floor_l = val[0] + s->p.temperature * logf(s->p.min_p);
+    int32_t nc = 0;
+    while (nc < n && val[nc] >= floor_l) nc++;
+    int top_k = s->p.top_k > 0;
+    /* Every token samp_sample would keep is here when one of these failed min-p (the rest are
+     * smaller), when fewer than asked for came back (there were no more), or when top-k's best are. */
+    if (nc == n && n >= k && !(top_k && s->p.top_k <= n)) return -1;
+    if (top_k && s->p.top_k < nc) nc = s->p.top_k;
+    for (int32_t i = 0; i < nc; i++) s->pairs[i] = (cand_pair){ val[i], id[i] };
+    return choose(s, nc);
 }
 
 float samp_temperature(const samp *s) { return s->p.temperature; }
@@ -317,16 +358,7 @@ void samp_entropy(const float *l, int32_t n, float temp, double *entropy, double
         return;
     }
     const float inv = 1.0f / temp;
-    double z = 0, s1 = 0, s2 = 0;
-    for (int32_t i = 0; i < n; i++) {
-        float a = (l[i] - mx) * inv;
-        if (!(a > -88.0f)) continue;   /* -inf, NaN, or a weight below float's range */
-        double w = expf(a);
-        z += w;
-        s1 += w * a;
-        s2 += w * (double)a * a;
-    }
-    double m1 = s1 / z, h = log(z) - m1, v = s2 / z - m1 * m1;
-    *entropy = h > 0 ? h : 0;
-    *varentropy = v > 0 ? v : 0;
+    double acc[3] = { 0, 0, 0 };
+    for (int32_t i = 0; i < n; i++) lp_entropy_term(acc, l[i], mx, inv);
+    lp_entropy_finish(acc, entropy, varentropy);
 }

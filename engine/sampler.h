@@ -35,6 +35,15 @@ void samp_set_params(samp *s, const samp_params *p);
 const samp_params *samp_get_params(const samp *s);
 /* Next token. Modifies logits in place (penalty, scaling). NaN counts as -inf. */
 int32_t samp_sample(samp *s, float *logits);
+/* Choosing from a backend's best candidates (kernels/backend.h, be_pick) instead of every logit:
+ * the ids the repetition penalty applies to (each once, at most 4096, into pen_ids; the count is
+ * returned), the penalty, and how many candidates to ask for (*k, at most k_max). */
+int32_t samp_pick_request(const samp *s, int32_t k_max, int32_t *pen_ids, float *penalty, int32_t *k);
+/* The next token from the n best of the k asked for (values after the penalty, in lp_key's order:
+ * larger first, lower id first among equal ones): exactly samp_sample's choice over the whole row,
+ * or -1 without drawing when the candidates may not hold every token samp_sample would weigh (then
+ * samp_sample the row). */
+int32_t samp_sample_top(samp *s, const float *val, const int32_t *id, int32_t n, int32_t k);
 /* Index of the largest logit, the lowest id on ties. */
 int32_t samp_argmax(const float *logits, int32_t n);
 /* Uniform double in [0, 1) from the sampler's RNG. */

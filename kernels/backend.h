@@ -93,6 +93,30 @@ typedef struct be_range {
     size_t bytes;
 } be_range;
 
+/* The best candidates of one row of logits, for the sampler (engine/sampler.h), so that a device
+ * backend sends back a few hundred bytes instead of the row. Every token's value is
+ * lp_value(logit, softcap) (common/logit_pick.h: soft cap, NaN as -inf), then lp_penalize for the
+ * pen_ids; of the values above -inf, the k best in lp_key's order (larger first, lower id first
+ * among equal ones) go to val and id, n_out of them (fewer than k when fewer are finite). With
+ * entropy set, also h and vh: the entropy and varentropy of softmax(value / temp) before the
+ * penalty (temp <= 0: 1), the sampler's samp_entropy (a device sums in another order). */
+#define BE_PICK_MAX 256
+typedef struct be_pick {
+    const float *logits;      /* [n] (may be bound) */
+    int32_t n;
+    float softcap;            /* 0: none */
+    const int32_t *pen_ids;   /* n_pen distinct ids below n (at most 4096) */
+    int32_t n_pen;
+    float penalty;
+    int32_t k;                /* 1 .. BE_PICK_MAX */
+    int entropy;
+    float temp;
+    float *val;               /* [k] out */
+    int32_t *id;              /* [k] out */
+    int32_t n_out;            /* out */
+    double h, vh;             /* out, with entropy */
+} be_pick;
+
 typedef struct be_backend be_backend;
 
 typedef struct be_ops {
@@ -141,6 +165,9 @@ typedef struct be_ops {
     int (*failed)(be_backend *b, char *err, size_t errlen);
     /* A device backend's traffic so far: waits for the device and bytes copied each way (NULL: none). */
     void (*counters)(be_backend *b, uint64_t *waits, uint64_t *bytes_up, uint64_t *bytes_down);
+    /* The best candidates of a row of logits (be_pick above; the answer is on the host when this
+     * returns). NULL: the caller reads the row and chooses itself. */
+    void (*pick)(be_backend *b, be_pick *p);
 } be_ops;
 
 struct be_backend {

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/quant.h"
+#include "kernels/cpu/pick.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cpu/vec_dot.h"
 
@@ -814,6 +815,12 @@ static void cpu_scale(be_backend *b, float *x, int64_t n, float s)
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
+static void cpu_pick(be_backend *b, be_pick *p)
+{
+    (void)b;
+    cpu_pick_row(p);
+}
+
 struct tp_pool *be_cpu_pool(be_backend *cpu) { return impl_of(cpu)->pool; }
 
 /* ---------------------------------------------------------------- table */
@@ -847,6 +854,7 @@ static const be_ops cpu_ops = {
     .destroy = cpu_destroy,
     .add = cpu_add,
     .scale = cpu_scale,
+    .pick = cpu_pick,
 };
 
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)
