@@ -1,9 +1,11 @@
 /* pick.c - the best candidates of a row of logits (see pick.h).
  *
- * One pass keeps the k best keys seen so far in a min-heap (a value below the heap's smallest is
- * passed over with one comparison, which is almost every token once the heap is full); the
- * penalized ids, sorted, are met in step with the pass. The entropy is summed in the sampler's
- * order, one term after another, so it is samp_entropy's to the bit. */
+ * One pass keeps the k best keys seen so far in a min-heap. It goes a block of PICK_BLOCK tokens at
+ * a time: without a soft cap, a block with no penalized id whose largest logit is below the heap's
+ * smallest value holds no candidate, and one max over it (eight running maxima, which the compiler
+ * vectorizes) settles it; other blocks go token by token, the penalized ids (sorted) met in step.
+ * The entropy is summed in the sampler's order, one term after another, so it is samp_entropy's to
+ * the bit. */
 #include "kernels/cpu/pick.h"
 
 #include <math.h>
@@ -42,6 +44,20 @@ static void heap_push(uint64_t *h, int32_t n, uint64_t key)
     h[i] = key;
 }
 
+enum { PICK_BLOCK = 64 };
+
+/* The largest of l[0 .. n), NaN passed over (-inf when there is none). */
+static float block_max(const float *l, int64_t n)
+{
+    float m[8] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) m[j] = l[i + j] > m[j] ? l[i + j] : m[j];
+    for (; i < n; i++) m[0] = l[i] > m[0] ? l[i] : m[0];
+    for (int j = 1; j < 8; j++) m[0] = m[j] > m[0] ? m[j] : m[0];
+    return m[0];
+}
+
 static int cmp_key_desc(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -58,19 +74,28 @@ void cpu_pick_row(be_pick *p)
     int32_t n_heap = 0, next_pen = 0;
     float floor_v = -INFINITY;   /* the heap's smallest value once it is full */
     float mx = -INFINITY;        /* before the penalty, for the entropy */
-    for (int32_t i = 0; i < p->n; i++) {
-        float v = lp_value(p->logits[i], p->softcap);
-        if (v > mx) mx = v;
-        while (next_pen < n_pen && pen[next_pen] < i) next_pen++;
-        if (next_pen < n_pen && pen[next_pen] == i) v = lp_penalize(v, p->penalty);
-        if (!(v > -INFINITY) || v < floor_v) continue;
-        uint64_t key = lp_key(v, i);
-        if (n_heap < k) {
-            heap_push(heap, n_heap++, key);
-            if (n_heap == k) floor_v = lp_key_value(heap[0]);
-        } else if (key > heap[0]) {
-            heap_replace_top(heap, n_heap, key);
-            floor_v = lp_key_value(heap[0]);
+    for (int32_t b0 = 0; b0 < p->n; b0 += PICK_BLOCK) {
+        int32_t b1 = p->n - b0 < PICK_BLOCK ? p->n : b0 + PICK_BLOCK;
+        while (next_pen < n_pen && pen[next_pen] < b0) next_pen++;
+        if (p->softcap <= 0 && !(next_pen < n_pen && pen[next_pen] < b1)) {
+            float bm = block_max(p->logits + b0, b1 - b0);
+            if (bm > mx) mx = bm;
+            if (!(bm > -INFINITY) || bm < floor_v) continue;   /* nothing here can enter the heap */
+        }
+        for (int32_t i = b0; i < b1; i++) {
+            float v = lp_value(p->logits[i], p->softcap);
+            if (v > mx) mx = v;
+            while (next_pen < n_pen && pen[next_pen] < i) next_pen++;
+            if (next_pen < n_pen && pen[next_pen] == i) v = lp_penalize(v, p->penalty);
+            if (!(v > -INFINITY) || v < floor_v) continue;
+            uint64_t key = lp_key(v, i);
+            if (n_heap < k) {
+                heap_push(heap, n_heap++, key);
+                if (n_heap == k) floor_v = lp_key_value(heap[0]);
+            } else if (key > heap[0]) {
+                heap_replace_top(heap, n_heap, key);
+                floor_v = lp_key_value(heap[0]);
+            }
         }
     }
     qsort(heap, (size_t)n_heap, sizeof heap[0], cmp_key_desc);

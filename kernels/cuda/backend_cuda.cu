@@ -57,6 +57,7 @@ extern "C" {
 #include "kernels/decode_dot.h"
 #include "kernels/attn_group.h"
 #include "kernels/attn_flash.h"
+#include "kernels/pick_kernels.h"
 
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
@@ -109,6 +110,11 @@ typedef struct cuda_impl {
     int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
     unsigned mmv_smem_set;     /* bit per type slot: the decode kernel's shared memory limit raised */
     float *part_o, *part_ml;   /* attention's per-split partial results */
+    uint64_t *pick_keys;       /* the pick's lists of candidates, two rounds' worth */
+    float *pick_max;           /* each slice's largest value (the entropy's reference) */
+    double *pick_sums;         /* each slice's entropy sums */
+    uint8_t *pick_res, *h_pick;   /* the answer: entropy, varentropy, then the k best keys */
+    size_t cap_pick_keys, cap_pick_max, cap_pick_sums, cap_pick_res, cap_h_pick;
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
@@ -1396,6 +1402,164 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     memcpy(a->out, ci->h_out, sizeof(float) * nq);
 }
 
+/* ---------------------------------------------------------------- the sampler's candidates */
+
+/* A slice of the row a block (kernels/pick_kernels.h): its k best keys to out[blockIdx.x * k ..],
+ * its largest value before the penalty to slice_max. */
+__global__ void __launch_bounds__(PK_THREADS) pick_slice_kernel(const float *logits, int64_t n, float cap,
+                                                                  const int32_t *pen, int32_t n_pen, float penalty,
+                                                                  int32_t k, uint64_t *out, float *slice_max)
+{
+    __shared__ uint64_t keys[PK_SLICE];
+    __shared__ uint32_t pen_bits[PK_SLICE / 32];
+    __shared__ float red[PK_THREADS / 32];
+    const int tid = threadIdx.x;
+    const int64_t base = (int64_t)blockIdx.x * PK_SLICE;
+    if (tid < PK_SLICE / 32) pen_bits[tid] = 0;
+    __syncthreads();
+    for (int32_t j = tid; j < n_pen; j += PK_THREADS) {
+        int64_t o = (int64_t)pen[j] - base;
+        if (o >= 0 && o < PK_SLICE) atomicOr(&pen_bits[o >> 5], 1u << (o & 31));
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int r = 0; r < PK_PER_THREAD; r++) {
+        float raw;
+        int slot = tid + r * PK_THREADS;
+        keys[slot] = pk_token_key(logits, n, cap, pen_bits, penalty, base, slot, &raw);
+        mx = fmaxf(mx, raw);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((tid & 31) == 0) red[tid >> 5] = mx;
+    __syncthreads();
+    for (int size = 2; size <= PK_SLICE; size <<= 1)
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+            pk_sort_step(keys, size, stride, tid);
+            __syncthreads();
+        }
+    for (int i = tid; i < k; i += PK_THREADS) out[(int64_t)blockIdx.x * k + i] = keys[i];
+    if (tid == 0) {
+        float m = red[0];
+        for (int w = 1; w < PK_THREADS / 32; w++) m = fmaxf(m, red[w]);
+        slice_max[blockIdx.x] = m;
+    }
+}
+
+/* A merge round: block b sorts lists [b * (PK_SLICE / k), ...) of in and keeps their k best. */
+__global__ void __launch_bounds__(PK_THREADS) pick_merge_kernel(const uint64_t *in, int64_t n_lists, int32_t k,
+                                                                  uint64_t *out)
+{
+    __shared__ uint64_t keys[PK_SLICE];
+    const int tid = threadIdx.x;
+    const int64_t first = (int64_t)blockIdx.x * (PK_SLICE / k);
+    for (int r = 0; r < PK_PER_THREAD; r++) {
+        int slot = tid + r * PK_THREADS;
+        keys[slot] = pk_merge_key(in, n_lists, k, first, slot);
+    }
+    __syncthreads();
+    for (int size = 2; size <= PK_SLICE; size <<= 1)
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+            pk_sort_step(keys, size, stride, tid);
+            __syncthreads();
+        }
+    for (int i = tid; i < k; i += PK_THREADS) out[(int64_t)blockIdx.x * k + i] = keys[i];
+}
+
+/* Each slice's entropy sums relative to the row's largest value (from the slices' maxima). */
+__global__ void __launch_bounds__(PK_THREADS) pick_entropy_kernel(const float *logits, int64_t n, float cap,
+                                                                    const float *slice_max, int64_t n_slices,
+                                                                    float inv, double *sums)
+{
+    __shared__ double acc[PK_THREADS][3];
+    const int tid = threadIdx.x;
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n_slices; i++) mx = fmaxf(mx, slice_max[i]);
+    double a[3] = { 0, 0, 0 };
+    if (isfinite(mx)) pk_entropy_thread(logits, n, cap, (int64_t)blockIdx.x * PK_SLICE, tid, mx, inv, a);
+    acc[tid][0] = a[0], acc[tid][1] = a[1], acc[tid][2] = a[2];
+    __syncthreads();
+    for (int s = PK_THREADS / 2; s > 0; s >>= 1) {
+        pk_tree_step(acc, s, tid);
+        __syncthreads();
+    }
+    if (tid < 3) sums[blockIdx.x * 3 + tid] = acc[0][tid];
+}
+
+/* The row's entropy and varentropy from the slices' sums, added in slice order. */
+__global__ void pick_entropy_finish(const double *sums, const float *slice_max, int64_t n_slices, double *out)
+{
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n_slices; i++) mx = fmaxf(mx, slice_max[i]);
+    double acc[3] = { 0, 0, 0 };
+    for (int64_t i = 0; i < n_slices; i++)
+        for (int j = 0; j < 3; j++) acc[j] += sums[i * 3 + j];
+    out[0] = out[1] = 0;
+    if (isfinite(mx)) lp_entropy_finish(acc, &out[0], &out[1]);
+}
+
+static void cuda_pick(be_backend *b, be_pick *p)
+{
+    cuda_impl *ci = impl_of(b);
+    size_t bytes = sizeof(float) * (size_t)p->n;
+    p->n_out = 0;
+    p->h = p->vh = 0;
+    if (ci->failed || p->n <= 0) return;
+    if (!bound(ci, p->logits, bytes)) {   /* host logits: the CPU's pick */
+        am_range r = { p->logits, bytes };
+        am_host_read(&ci->act, &r, 1);
+        ci->cpu->ops->pick(ci->cpu, p);
+        return;
+    }
+    int32_t k = p->k < 1 ? 1 : p->k > BE_PICK_MAX ? BE_PICK_MAX : p->k;
+    int64_t blocks[9];
+    int rounds = pk_plan(p->n, k, blocks);
+    size_t keys_bytes = sizeof(uint64_t) * (size_t)(blocks[0] * k), res_bytes = 16 + sizeof(uint64_t) * (size_t)k;
+    if (grow_dev(ci, (void **)&ci->pick_keys, &ci->cap_pick_keys, 2 * keys_bytes) ||
+        grow_dev(ci, (void **)&ci->pick_max, &ci->cap_pick_max, sizeof(float) * (size_t)blocks[0]) ||
+        grow_dev(ci, (void **)&ci->pick_sums, &ci->cap_pick_sums, sizeof(double) * 3 * (size_t)blocks[0]) ||
+        grow_dev(ci, (void **)&ci->pick_res, &ci->cap_pick_res, res_bytes) ||
+        grow_host(ci, (void **)&ci->h_pick, &ci->cap_h_pick, res_bytes))
+        return;
+    int32_t n_pen = p->n_pen > 0 ? p->n_pen : 0;
+    const int32_t *d_pen = NULL;
+    if (n_pen > 0 && !(d_pen = (const int32_t *)stage(ci, p->pen_ids, sizeof(int32_t) * (size_t)n_pen))) return;
+    const float *dl = (const float *)am_dev_in(&ci->act, p->logits, bytes);
+    cudaStream_t s = ci->stream;
+    uint64_t *lists[2] = { ci->pick_keys, ci->pick_keys + blocks[0] * k };
+    uint64_t *final_keys = (uint64_t *)(ci->pick_res + 16);
+    pick_slice_kernel<<<(unsigned)blocks[0], PK_THREADS, 0, s>>>(dl, p->n, p->softcap, d_pen, n_pen, p->penalty, k,
+                                                                 rounds == 0 ? final_keys : lists[0], ci->pick_max);
+    if (ck(ci, cudaGetLastError(), "pick kernel")) return;
+    for (int r = 1; r <= rounds; r++) {
+        uint64_t *dst = r == rounds ? final_keys : lists[r & 1];
+        pick_merge_kernel<<<(unsigned)blocks[r], PK_THREADS, 0, s>>>(lists[(r - 1) & 1], blocks[r - 1], k, dst);
+        if (ck(ci, cudaGetLastError(), "pick merge kernel")) return;
+    }
+    if (p->entropy) {
+        float temp = p->temp > 0 ? p->temp : 1.0f;
+        pick_entropy_kernel<<<(unsigned)blocks[0], PK_THREADS, 0, s>>>(dl, p->n, p->softcap, ci->pick_max, blocks[0],
+                                                                       1.0f / temp, ci->pick_sums);
+        pick_entropy_finish<<<1, 1, 0, s>>>(ci->pick_sums, ci->pick_max, blocks[0], (double *)ci->pick_res);
+        if (ck(ci, cudaGetLastError(), "pick entropy kernel")) return;
+    }
+    ci->bytes_down += res_bytes;
+    if (ck(ci, cudaMemcpyAsync(ci->h_pick, ci->pick_res, res_bytes, cudaMemcpyDeviceToHost, s), "pick download") ||
+        sync_stream(ci, "pick"))
+        return;
+    if (p->entropy) {
+        memcpy(&p->h, ci->h_pick, sizeof p->h);
+        memcpy(&p->vh, ci->h_pick + 8, sizeof p->vh);
+    }
+    for (int32_t i = 0; i < k; i++) {
+        uint64_t key;
+        memcpy(&key, ci->h_pick + 16 + sizeof key * (size_t)i, sizeof key);
+        if (key == 0) break;
+        p->val[i] = lp_key_value(key);
+        p->id[i] = lp_key_id(key);
+        p->n_out = i + 1;
+    }
+}
+
 /* ---------------------------------------------------------------- element-wise ops */
 
 /* One block a row; the sum of squares in double, as the CPU backend accumulates it. */
@@ -1653,9 +1817,10 @@ static void cuda_destroy(be_backend *b)
         free(ci->rows_list);
         am_free(&ci->act);
         void *dev[] = { ci->y32,   ci->out,   ci->x16, ci->part_o, ci->part_ml, ci->d_arena,
-                        ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->cur_pos };
+                        ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->cur_pos,
+                        ci->pick_keys, ci->pick_max, ci->pick_sums, ci->pick_res };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-        void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage };
+        void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage, ci->h_pick };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)
             if (host[i]) cudaFreeHost(host[i]);
         if (ci->blas) cublasDestroy(ci->blas);
@@ -1669,7 +1834,7 @@ static void cuda_destroy(be_backend *b)
 static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bounds, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind,
-    cuda_host_read, cuda_host_write, cuda_failed, cuda_counters,
+    cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -1677,7 +1842,7 @@ static const be_ops cuda_ops = {
 static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bounds, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL,
-    cuda_failed, cuda_counters,
+    cuda_failed, cuda_counters, cuda_pick,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)

@@ -18,7 +18,11 @@
  *   and the default model's (512 queries at 8192); each with the grouped kernel (the default), the
  *   scalar one (KVCHAT_CUDA_ATTN=scalar) and for the chunks the tensor-core flash kernel
  *   (KVCHAT_CUDA_ATTN=flash);
- *   bytes = the keys and values read once (a decode step's least traffic).
+ *   bytes = the keys and values read once (a decode step's least traffic);
+ * - the sampler's candidates over a row of 262144 logits (the default model's vocabulary): the
+ *   device's pick for greedy (k 1) and for top-k 40 and 256 with the entropy and 64 penalized ids,
+ *   beside what a step paid before it (the row downloaded after a kernel wrote it) and the CPU's
+ *   pick of the same row (the host's share of that old path); bytes = the row.
  * Each case: warm-up calls (the first uploads the weight or the pages), then as many calls as take
  * at least 30 ms, timed on the host around the calls and the final wait (launch costs included, as
  * the engine pays them). The weights are a few distinct quantized rows repeated: the speed of a
@@ -140,6 +144,16 @@ static void call_mm(be_backend *b, void *arg)
 }
 
 static void call_attn(be_backend *b, void *arg) { b->ops->attention(b, (const be_attn *)arg); }
+static void call_pick(be_backend *b, void *arg) { b->ops->pick(b, (be_pick *)arg); }
+
+/* The old path's device share: a kernel writes the row (a scale by 1), the host reads it back. */
+static void call_row_back(be_backend *b, void *arg)
+{
+    be_pick *p = arg;
+    b->ops->scale(b, (float *)p->logits, p->n, 1.0f);
+    be_range r = { p->logits, sizeof(float) * (size_t)p->n };
+    be_host_read(b, &r, 1);
+}
 
 static int failed(be_backend *b, const char *what)
 {
@@ -374,6 +388,44 @@ int main(int argc, char **argv)
         free(kv);
         free(pos);
         free(hp);
+    }
+    /* the sampler's candidates */
+    {
+        const int32_t nv = 262144;
+        float *lrow = malloc(sizeof(float) * (size_t)nv), val[BE_PICK_MAX];
+        int32_t id[BE_PICK_MAX], pen[64];
+        if (!lrow || be_bind(dflt, lrow, sizeof(float) * (size_t)nv, err, sizeof err)) {
+            fprintf(stderr, "gpu_bench: %s\n", lrow ? err : "out of memory");
+            return 1;
+        }
+        be_host_write(dflt, lrow, sizeof(float) * (size_t)nv);
+        for (int32_t i = 0; i < nv; i++) lrow[i] = 8.0f * frand();
+        for (int i = 0; i < 64; i++) pen[i] = i * 4093;
+        be_backend *host = be_cpu_create(1, err, sizeof err);
+        if (!host) {
+            fprintf(stderr, "gpu_bench: %s\n", err);
+            return 1;
+        }
+        static const struct { int32_t k; int entropy; const char *name; } pk[] = {
+            { 1, 0, "greedy" }, { 40, 1, "top-k 40 + entropy" }, { 256, 1, "top-k 256 + entropy" } };
+        for (int c = 0; c < 3; c++) {
+            be_pick p = { lrow, nv, 0, pen, c ? 64 : 0, 1.2f, pk[c].k, pk[c].entropy, 0.8f, val, id, 0, 0, 0 };
+            double ms = time_calls(dflt, call_pick, &p, lrow);
+            if (failed(dflt, "pick")) return 1;
+            char config[64];
+            snprintf(config, sizeof config, "device pick %s", pk[c].name);
+            row("pick", "f32", nv, 1, 1, config, ms, 4.0 * nv);
+            ms = time_calls(host, call_pick, &p, lrow);
+            snprintf(config, sizeof config, "host pick %s", pk[c].name);
+            row("pick", "f32", nv, 1, 1, config, ms, 4.0 * nv);
+        }
+        be_pick p = { lrow, nv, 0, NULL, 0, 1.0f, 1, 0, 0, val, id, 0, 0, 0 };
+        double ms = time_calls(dflt, call_row_back, &p, lrow);
+        if (failed(dflt, "row download")) return 1;
+        row("pick", "f32", nv, 1, 1, "row written and downloaded", ms, 4.0 * nv);
+        be_unbind(dflt, lrow);
+        be_free(host);
+        free(lrow);
     }
     for (int k = 0; k < 5; k++) {
         be_unbind(bes[k], x);

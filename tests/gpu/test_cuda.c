@@ -26,6 +26,7 @@
 #include "kernels/attn_group.h"
 #include "kernels/attn_flash.h"
 #include "kernels/synthetic.h"
+#include "engine/generate.h"
 #include "engine/tokenizer.h"
 
 #include "tests/ref_gate.h"
@@ -1282,4 +1283,126 @@ Test(cuda, synthetic_decode_kernels_equal_a_host_reference)
     cr_assert(synth_selfcheck(&attn_err, err, sizeof err) == 0, "%s", err);
     cr_log_info("synthetic attention: %.2e of the reference's largest magnitude", attn_err);
     cr_expect(attn_err < 2e-3, "synthetic attention differs by %.2e", attn_err);
+}
+
+/* ---------------------------------------------------------------- the sampler's candidates */
+
+/* The device's pick over a bound row against the CPU backend's: without a soft cap the same
+ * candidates bit for bit (ties, NaN, infinities, penalized ids); with one, rows of distinct values
+ * give the same ids (the device's tanhf may differ by an ulp); the entropy within 1e-5. */
+Test(cuda, the_pick_on_the_device_is_the_cpu_backends)
+{
+    seed_rng("pick");
+    char err[512];
+    const int64_t sizes[] = { 1, 37, 2049, 32000, 262144 };
+    const int32_t ks[] = { 1, 40, 256 };
+    float *row = malloc(sizeof(float) * 262144);
+    cr_assert(be_bind(gpu, row, sizeof(float) * 262144, err, sizeof err) == 0, "%s", err);
+    int32_t pen[600];
+    for (int round = 0; round < 30; round++) {
+        int64_t n = sizes[round % 5];
+        int32_t k = ks[(round / 5) % 3];
+        int capped = round >= 15;
+        be_host_write(gpu, row, sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            if (capped) {   /* distinct values, far enough apart that an ulp cannot reorder them */
+                row[i] = ((float)(i * 7919 % n) - (float)n / 2) * (40.0f / (float)n);
+                continue;
+            }
+            uint32_t r = rnd() % 400;
+            row[i] = r == 0 ? NAN : r == 1 ? -INFINITY : r == 2 ? -0.0f : (float)((int)(rnd() % 64) - 32) * 0.25f;
+        }
+        int32_t n_pen = 0;
+        for (int64_t i = (int64_t)(rnd() % 40); i < n && n_pen < 600; i += 1 + (int64_t)(rnd() % 300))
+            pen[n_pen++] = (int32_t)i;
+        float cap = capped ? 30.0f : 0.0f, penalty = round & 1 ? 1.3f : 0.8f;
+        float v1[BE_PICK_MAX], v2[BE_PICK_MAX];
+        int32_t i1[BE_PICK_MAX], i2[BE_PICK_MAX];
+        be_pick a = { row, (int32_t)n, cap, pen, n_pen, penalty, k, 1, 0.7f, v1, i1, 0, 0, 0 };
+        be_pick b = a;
+        b.val = v2;
+        b.id = i2;
+        cpu->ops->pick(cpu, &a);
+        gpu->ops->pick(gpu, &b);
+        cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
+        cr_assert_eq(a.n_out, b.n_out, "round %d: %d candidates on the CPU, %d on the GPU", round, a.n_out, b.n_out);
+        for (int32_t i = 0; i < a.n_out; i++) {
+            cr_assert_eq(i1[i], i2[i], "round %d: candidate %d is %d on the CPU, %d on the GPU", round, i, i1[i], i2[i]);
+            if (capped) cr_assert(fabsf(v1[i] - v2[i]) <= 1e-5f * fmaxf(1, fabsf(v1[i])), "round %d: value", round);
+            else cr_assert(v1[i] == v2[i], "round %d: candidate %d's value %g, %g", round, i, v1[i], v2[i]);
+        }
+        cr_assert(fabs(a.h - b.h) <= 1e-5 * fmax(1, a.h) && fabs(a.vh - b.vh) <= 1e-5 * fmax(1, a.vh),
+                  "round %d: entropy %g / %g on the CPU, %g / %g on the GPU", round, a.h, a.vh, b.h, b.vh);
+    }
+    be_unbind(gpu, row);
+    free(row);
+}
+
+typedef struct pick_answer {
+    int32_t tok[64];
+    int n;
+    gen_result res;
+    double h[8];
+    int n_page;
+} pick_answer;
+static void pa_token(void *ud, int32_t id)
+{
+    pick_answer *o = ud;
+    if (o->n < 64) o->tok[o->n++] = id;
+}
+static void pa_page(void *ud, int64_t page, const unc_stats *st)
+{
+    pick_answer *o = ud;
+    if (o->n_page < 8) o->h[o->n_page++] = st->mean_h;
+}
+
+/* A sampled, penalized answer that backtracks (thresholds of 0) on the GPU, through the device's
+ * pick or, with pick NULL, from the row downloaded: the logits are the same device bits, so the
+ * tokens must be too. */
+Test(cuda, answers_through_the_devices_pick_equal_those_from_the_row)
+{
+    char err[512];
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        model *m = load_tiny(fi);
+        if (!m) continue;
+        pick_answer out[2];
+        for (int with = 0; with < 2; with++) {
+            be_ops no_pick = *gpu->ops;
+            no_pick.pick = NULL;
+            const be_ops *orig = gpu->ops;
+            if (!with) gpu->ops = &no_pick;
+            fwd_opts fo = { 2048, 64, 8 };
+            fwd_ctx *f = fwd_create(m, gpu, &fo, err, sizeof err);
+            cr_assert(f, "%s", err);
+            int32_t ids[24];
+            for (int i = 0; i < 24; i++) ids[i] = 3 + (int32_t)((i * 37) % (m->hp.n_vocab - 3));
+            float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+            samp_params sp = samp_params_default();
+            sp.repeat_penalty = 1.2f;
+            sp.seed = 9;
+            samp *s = samp_create(&sp, m->hp.n_vocab);
+            cr_assert(fwd_eval(f, ids, 24, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+            fwd_set_floor(f, 23);
+            unc_monitor *mon = unc_create(8, 0);
+            unc_thresholds thr = { .valid = 1, .h_mean = 0, .h_var = 0 };
+            gen_opts go = { 40, ids[23], &thr, 2, sp.temperature, 1, NULL, 0 };
+            memset(&out[with], 0, sizeof out[with]);
+            gen_callbacks cb = { &out[with], pa_token, pa_page, NULL };
+            gen_ctx gc = { f, s, m->vocab, mon, logits, m->hp.n_vocab, NULL };
+            cr_assert(gen_answer(&gc, &go, &cb, &out[with].res, err, sizeof err) == 0, "%s", err);
+            unc_free(mon);
+            samp_free(s);
+            free(logits);
+            fwd_free(f);
+            gpu->ops = orig;
+        }
+        cr_expect(out[0].n == out[1].n && !memcmp(out[0].tok, out[1].tok, sizeof(int32_t) * (size_t)out[0].n),
+                  "%s: the answers differ", files[fi]);
+        cr_expect(out[1].res.regenerated > 0 && out[0].res.regenerated == out[1].res.regenerated, "%s: backtracking",
+                  files[fi]);
+        for (int i = 0; i < out[0].n_page && i < out[1].n_page; i++)
+            cr_expect(fabs(out[0].h[i] - out[1].h[i]) <= 1e-5 * fmax(1, out[0].h[i]), "%s page %d: entropy %g, %g",
+                      files[fi], i, out[0].h[i], out[1].h[i]);
+        model_free(m);
+    }
 }
