@@ -5,7 +5,8 @@
  * bias, the token masks, the per-KV-head page lists and the sliding window of the CPU kernel), and
  * the element-wise ops (RMSNorm, RoPE, the gated activation, residual adds, scaling) when their
  * buffers are bound. Embedding rows (one dequantized row a token, exact) and the selection scores
- * run on a CPU backend.
+ * run on a CPU backend. The sampler's candidates (be_pick) are sorted out of the logits where the
+ * output product left them (kernels/pick_kernels.h), and only the k best and the entropy come back.
  *
  * Activations: the forward pass binds its scratch buffers; each gets a device twin
  * (kernels/act_mirror.c keeps which side holds the newest bytes) and ops leave their outputs there,
