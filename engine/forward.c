@@ -58,6 +58,7 @@ struct fwd_ctx {
     int64_t st_pages_total;
     float *kall, *vall;        /* [n_layer][kvd]: a deferred decode step's K/V rows, every layer's */
     float *row;                /* [n_vocab]: the last picked step's logits, left with the backend */
+    int64_t rows_at;           /* a deferred step's position, its rows not yet in the cache (-1: none) */
     int row_valid;             /* row holds the logits of the cache's last token */
     int n_bound;               /* scratch buffers bound to the backend so far */
 };
@@ -554,15 +555,29 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_ffw_norm, f->o, n, E, hp->norm_eps);
         op->add(b, f->x, f->o, n * E);
     }
-    if (defer) {
+    if (defer) {   /* the rows start back now; the cache takes them after the step's output */
         be_range rd[2] = { { f->kall, sizeof(float) * (size_t)(hp->n_layer * kvd) },
                            { f->vall, sizeof(float) * (size_t)(hp->n_layer * kvd) } };
-        be_host_read(b, rd, 2);
-        if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
-        for (int il = 0; il < hp->n_layer; il++)
-            if (kv_append(f->kv, il, f->kall + il * kvd, f->vall + il * kvd, n, p0) != 0) return -2;
+        be_host_prefetch(b, rd, 2);
+        f->rows_at = p0;
     }
     return be_failed(b, f->dev_err, sizeof f->dev_err) ? -4 : 0;
+}
+
+/* A deferred decode step's rows into the cache (prefetched at the end of the step: the wait of its
+ * output brought them in). 0, -2 when the cache cannot grow, -4 when a backend op failed. */
+static int append_deferred(fwd_ctx *f)
+{
+    const model_hparams *hp = &f->m->hp;
+    int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, p0 = f->rows_at;
+    f->rows_at = -1;
+    be_range rd[2] = { { f->kall, sizeof(float) * (size_t)(hp->n_layer * kvd) },
+                       { f->vall, sizeof(float) * (size_t)(hp->n_layer * kvd) } };
+    be_host_read(f->b, rd, 2);
+    if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -4;
+    for (int il = 0; il < hp->n_layer; il++)
+        if (kv_append(f->kv, il, f->kall + il * kvd, f->vall + il * kvd, 1, p0) != 0) return -2;
+    return 0;
 }
 
 /* The final soft cap on n logits in host memory. */
@@ -643,9 +658,12 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
             if (n_probe > MAX_PROBE) n_probe = MAX_PROBE;
             if (n_probe > n - (c0 + cn)) n_probe = n - (c0 + cn);
         }
+        f->rows_at = -1;
         int rc = abort_flag && *abort_flag ? -1
                                            : forward_chunk(f, tokens + c0, cn, start + c0, tokens + n - n_probe, n_probe,
                                                            start + n - n_probe, abort_flag);
+        /* a deferred step's rows wait for its output's wait, when it has one */
+        if (rc == 0 && f->rows_at >= 0 && !logits_last && !pick) rc = append_deferred(f);
         if (rc != 0) {
             /* an op that failed before a cancel or another error is reported (and cleared) now */
             if (rc != -4 && be_failed(f->b, f->dev_err, sizeof f->dev_err)) rc = -4;
@@ -657,7 +675,6 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
                                 : "cancelled");
             return -1;
         }
-        kv_commit(f->kv, start + c0 + cn);
         if (each) {
             for (int64_t r = 0; r < cn; r += OUT_ROWS) {
                 int64_t nr = cn - r < OUT_ROWS ? cn - r : OUT_ROWS;
@@ -673,6 +690,16 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         } else if (pick && c0 + cn == n) {
             if (output_rows(f, cn - 1, 1, pick)) goto failed;
         }
+        if (f->rows_at >= 0) {
+            int ra = append_deferred(f);
+            if (ra) {
+                kv_rewind(f->kv, start);
+                f->row_valid = 0;
+                snprintf(err, errlen, "%s", ra == -2 ? "out of memory growing the KV cache" : f->dev_err);
+                return -1;
+            }
+        }
+        kv_commit(f->kv, start + c0 + cn);
 
         if (progress) progress(pud, c0 + cn, n);
     }

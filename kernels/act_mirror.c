@@ -63,10 +63,13 @@ int am_bind(am_table *t, void *host, size_t bytes)
     return 0;
 }
 
+static void wait_device(am_table *t);
+
 void am_unbind(am_table *t, void *host)
 {
     for (int i = 0; i < t->n; i++) {
         if (t->b[i].host != host) continue;
+        if (t->b[i].down_pending) wait_device(t);   /* a copy in flight into memory about to be freed */
         if (t->dev.pin) t->dev.pin(t->dev.ud, host, t->b[i].bytes, 0);
         t->dev.release(t->dev.ud, t->b[i].dev);
         t->bytes -= t->b[i].bytes;
@@ -86,11 +89,37 @@ static void upload_host_newer(am_table *t, am_buf *b)
     b->up_pending = 1;
 }
 
+/* What of [dlo, dhi) the host now holds too: the interval shrinks when [a, e) covers one of its ends
+ * (a hole in the middle cannot be expressed, so those bytes stay marked; copying them again is
+ * harmless). */
+static void settled(am_buf *b, size_t a, size_t e)
+{
+    if (a <= b->dlo && e >= b->dhi) b->dlo = b->dhi = 0;
+    else if (a <= b->dlo && e > b->dlo) b->dlo = e;
+    else if (e >= b->dhi && a < b->dhi) b->dhi = a;
+}
+
+void am_waited(am_table *t)
+{
+    for (int i = 0; i < t->n; i++) {
+        am_buf *b = &t->b[i];
+        b->up_pending = b->down_pending = 0;
+        if (b->flo < b->fhi) {
+            settled(b, b->flo, b->fhi);
+            if (b->flo > b->dlo && b->fhi < b->dhi) {   /* a hole: remembered apart */
+                b->clo = b->flo;
+                b->chi = b->fhi;
+            }
+        }
+        b->flo = b->fhi = 0;
+    }
+}
+
 static void wait_device(am_table *t)
 {
     t->dev.wait(t->dev.ud);
     t->waits++;
-    for (int i = 0; i < t->n; i++) t->b[i].up_pending = 0;
+    am_waited(t);
 }
 
 const void *am_dev_in(am_table *t, const void *p, size_t bytes)
@@ -107,6 +136,8 @@ void *am_dev_out(am_table *t, void *p, size_t bytes)
     if (!b) return NULL;
     upload_host_newer(t, b);
     size_t lo = (size_t)((char *)p - b->host), hi = lo + bytes;
+    b->flo = b->fhi = 0;   /* a fetch in flight would bring back bytes this op replaces */
+    b->clo = b->chi = 0;
     if (bytes > 0) {
         if (b->dlo >= b->dhi) {
             b->dlo = lo;
@@ -128,16 +159,33 @@ void am_host_read(am_table *t, const am_range *r, int n)
         size_t lo = (size_t)((const char *)r[i].p - b->host), hi = lo + r[i].bytes;
         size_t a = lo > b->dlo ? lo : b->dlo, e = hi < b->dhi ? hi : b->dhi;
         if (a >= e) continue;
+        if (a >= b->clo && e <= b->chi) continue;   /* fetched, and in */
+        if (a >= b->flo && e <= b->fhi) {   /* fetched already: the wait below brings it in */
+            copied = 1;
+            continue;
+        }
         t->dev.download(t->dev.ud, b->host + a, b->dev + a, e - a);
         t->down_bytes += e - a;
         copied = 1;
-        /* what is newer on the device shrinks when the read covers one of its ends; a hole in the
-         * middle cannot be expressed, so those bytes stay marked (copying them again is harmless) */
-        if (a == b->dlo && e == b->dhi) b->dlo = b->dhi = 0;
-        else if (a == b->dlo) b->dlo = e;
-        else if (e == b->dhi) b->dhi = a;
+        settled(b, a, e);
     }
     if (copied) wait_device(t);
+}
+
+void am_host_prefetch(am_table *t, const am_range *r, int n)
+{
+    for (int i = 0; i < n; i++) {
+        am_buf *b = find(t, r[i].p, r[i].bytes);
+        if (!b || b->dlo >= b->dhi || b->down_pending) continue;
+        size_t lo = (size_t)((const char *)r[i].p - b->host), hi = lo + r[i].bytes;
+        size_t a = lo > b->dlo ? lo : b->dlo, e = hi < b->dhi ? hi : b->dhi;
+        if (a >= e) continue;
+        t->dev.download(t->dev.ud, b->host + a, b->dev + a, e - a);
+        t->down_bytes += e - a;
+        b->flo = a;
+        b->fhi = e;
+        b->down_pending = 1;
+    }
 }
 
 void am_host_write(am_table *t, void *p, size_t bytes)
@@ -162,9 +210,10 @@ void am_host_write(am_table *t, void *p, size_t bytes)
             copied = 1;
         }
         b->dlo = b->dhi = 0;
+        b->clo = b->chi = 0;
     }
     /* a copy still in flight to or from this buffer would race with the write */
-    if (copied || b->up_pending) wait_device(t);
+    if (copied || b->up_pending || b->down_pending) wait_device(t);
     if (b->hlo >= b->hhi) {
         b->hlo = lo;
         b->hhi = hi;

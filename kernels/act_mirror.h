@@ -38,6 +38,11 @@ typedef struct am_buf {
     size_t dlo, dhi;   /* [dlo, dhi): newer on the device (empty when dlo >= dhi) */
     size_t hlo, hhi;   /* [hlo, hhi): newer on the host */
     int up_pending;    /* an upload from the host copy may still be in flight (until the next wait) */
+    size_t flo, fhi;   /* [flo, fhi): fetched, a download issued whose bytes are the host's after the
+                          next wait (empty: none, or cancelled by an op writing the twin) */
+    int down_pending;  /* a fetch's download into the host copy may still be in flight */
+    size_t clo, chi;   /* [clo, chi): inside [dlo, dhi) but current on the host too (a fetch that
+                          landed in its middle, which [dlo, dhi) cannot leave out) */
 } am_buf;
 
 typedef struct am_table {
@@ -74,6 +79,14 @@ void *am_dev_out(am_table *t, void *p, size_t bytes);
 /* The host is about to read these ranges: their bytes newer on the device are copied back, with one
  * wait for all of them. Unbound ranges are left alone. */
 void am_host_read(am_table *t, const am_range *r, int n);
+/* The host will read these ranges later: what of them is newer on the device is copied back now,
+ * without waiting, and counts as current on the host once the device has been waited for (by an
+ * am_host_read, or by the backend, which says so with am_waited). An op writing the buffer before
+ * then cancels the fetch (its bytes are read again when asked for). At most one fetch a buffer is
+ * in flight; a range of a buffer with one is left for am_host_read. */
+void am_host_prefetch(am_table *t, const am_range *r, int n);
+/* The backend waited for everything issued so far (its own wait, not the table's). */
+void am_waited(am_table *t);
 /* The host is about to write every byte of [p, p + bytes). It reads none of them unless it announced
  * that read first (am_host_read): bytes the write covers are not brought back. */
 void am_host_write(am_table *t, void *p, size_t bytes);

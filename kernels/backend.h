@@ -168,6 +168,10 @@ typedef struct be_ops {
     /* The best candidates of a row of logits (be_pick above; the answer is on the host when this
      * returns). NULL: the caller reads the row and chooses itself. */
     void (*pick)(be_backend *b, be_pick *p);
+    /* The host will read these ranges after the device's next wait: their newer bytes are copied
+     * back now without waiting, so that the wait some op makes anyway (a pick's) brings them in and
+     * the be_host_read after it waits for nothing. NULL: nothing to do ahead. */
+    void (*host_prefetch)(be_backend *b, const be_range *r, int n);
 } be_ops;
 
 struct be_backend {
@@ -213,6 +217,10 @@ static inline void be_unbind(be_backend *b, void *host)
 static inline void be_host_read(be_backend *b, const be_range *r, int n)
 {
     if (b->ops->host_read) b->ops->host_read(b, r, n);
+}
+static inline void be_host_prefetch(be_backend *b, const be_range *r, int n)
+{
+    if (b->ops->host_prefetch) b->ops->host_prefetch(b, r, n);
 }
 static inline void be_host_write(be_backend *b, void *p, size_t bytes)
 {

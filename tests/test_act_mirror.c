@@ -228,3 +228,130 @@ Test(act_mirror, unbind_releases_the_twin)
     am_free(&t);
     cr_expect_eq(fk.allocs, 0);
 }
+
+/* ---------------------------------------------------------------- prefetching */
+
+/* A device whose downloads land on the host only at the next wait, with the bytes the device held
+ * when they were issued (as copies ordered on a stream do at the latest). */
+typedef struct late {
+    int waits, downloads;
+    struct { void *dst; char bytes[1024]; size_t n; } q[8];
+    int nq;
+} late;
+
+static void l_down(void *ud, void *d, const void *s, size_t n)
+{
+    late *l = ud;
+    cr_assert(l->nq < 8 && n <= 1024);
+    l->q[l->nq].dst = d;
+    memcpy(l->q[l->nq].bytes, s, n);
+    l->q[l->nq++].n = n;
+    l->downloads++;
+}
+static void l_wait(void *ud)
+{
+    late *l = ud;
+    for (int i = 0; i < l->nq; i++) memcpy(l->q[i].dst, l->q[i].bytes, l->q[i].n);
+    l->nq = 0;
+    l->waits++;
+}
+static void l_up(void *ud, void *d, const void *s, size_t n) { memcpy(d, s, n); }
+static void *l_alloc(void *ud, size_t n) { return malloc(n); }
+static void l_release(void *ud, void *p) { free(p); }
+
+static void late_setup(am_table *t, late *l)
+{
+    memset(l, 0, sizeof *l);
+    am_device d = { l, l_alloc, l_release, l_up, l_down, l_wait, NULL };
+    am_init(t, &d);
+}
+
+Test(act_mirror, a_prefetch_comes_in_with_the_next_wait_and_costs_no_other)
+{
+    am_table t;
+    late l;
+    late_setup(&t, &l);
+    float x[64] = { 0 };
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    float *d = am_dev_out(&t, x, sizeof x);
+    for (int i = 0; i < 64; i++) d[i] = (float)i + 1;
+    am_range r = { x + 8, 16 * sizeof(float) };
+    am_host_prefetch(&t, &r, 1);
+    cr_expect_eq(l.downloads, 1);
+    cr_expect_eq(x[8], 0.0f, "the copy landed before any wait");
+    /* the backend waits for its own reasons (a pick) and says so */
+    l_wait(&l);
+    am_waited(&t);
+    am_host_read(&t, &r, 1);
+    cr_expect_eq(l.waits, 1, "the read waited again");
+    cr_expect_eq(l.downloads, 1, "the read copied again");
+    for (int i = 8; i < 24; i++) cr_expect_eq(x[i], (float)i + 1);
+    /* a read of the rest still copies it */
+    am_range all = { x, sizeof x };
+    am_host_read(&t, &all, 1);
+    for (int i = 0; i < 64; i++) cr_expect_eq(x[i], (float)i + 1);
+    am_free(&t);
+}
+
+Test(act_mirror, a_read_after_a_prefetch_without_a_wait_waits_and_does_not_copy_twice)
+{
+    am_table t;
+    late l;
+    late_setup(&t, &l);
+    float x[32] = { 0 };
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    float *d = am_dev_out(&t, x, sizeof x);
+    for (int i = 0; i < 32; i++) d[i] = 5.0f;
+    am_range r = { x, sizeof x };
+    am_host_prefetch(&t, &r, 1);
+    am_host_read(&t, &r, 1);
+    cr_expect_eq(l.downloads, 1);
+    cr_expect_eq(l.waits, 1);
+    cr_expect_eq(x[31], 5.0f);
+    am_free(&t);
+}
+
+Test(act_mirror, an_op_writing_after_a_prefetch_cancels_it)
+{
+    am_table t;
+    late l;
+    late_setup(&t, &l);
+    float x[32] = { 0 };
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    float *d = am_dev_out(&t, x, sizeof x);
+    for (int i = 0; i < 32; i++) d[i] = 1.0f;
+    am_range r = { x, sizeof x };
+    am_host_prefetch(&t, &r, 1);
+    d = am_dev_out(&t, x, sizeof x);   /* a later op rewrites the twin */
+    for (int i = 0; i < 32; i++) d[i] = 2.0f;
+    l_wait(&l);
+    am_waited(&t);   /* the stale copy landed */
+    cr_expect_eq(x[0], 1.0f);
+    am_host_read(&t, &r, 1);
+    for (int i = 0; i < 32; i++) cr_expect_eq(x[i], 2.0f, "a cancelled fetch counted as current");
+    am_free(&t);
+}
+
+Test(act_mirror, a_host_write_or_unbind_waits_for_a_prefetch_in_flight)
+{
+    am_table t;
+    late l;
+    late_setup(&t, &l);
+    float x[32] = { 0 };
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    float *d = am_dev_out(&t, x, sizeof x);
+    for (int i = 0; i < 32; i++) d[i] = 3.0f;
+    am_range r = { x, sizeof x };
+    am_host_prefetch(&t, &r, 1);
+    am_host_write(&t, x, sizeof x);
+    cr_expect_eq(l.nq, 0, "the host writes while a copy into its bytes is in flight");
+    for (int i = 0; i < 32; i++) x[i] = 7.0f;
+    l_wait(&l);
+    cr_expect_eq(x[0], 7.0f, "the write was clobbered");
+    /* unbinding with a fetch in flight waits too */
+    d = am_dev_out(&t, x, sizeof x);
+    am_host_prefetch(&t, &r, 1);
+    am_unbind(&t, x);
+    cr_expect_eq(l.nq, 0, "a copy was left in flight into a buffer being freed");
+    am_free(&t);
+}

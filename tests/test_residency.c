@@ -32,6 +32,11 @@ typedef struct shadow {
     int failed;
     volatile sig_atomic_t *cancel_too;   /* raised as the op fails: a Ctrl-C right after a failure */
     int reads;          /* host reads announced since the last embedding (in the last step) */
+    int waits;          /* waits for the shadow device since the last embedding */
+    /* downloads in flight: the device's bytes as they were when issued, landing on the host only at
+     * the next wait (so a host read that skips the wait sees the spoiled copy) */
+    struct pending { void *dst, *bytes; size_t n; } *pend;
+    int n_pend, cap_pend;
 } shadow;
 
 static shadow *sh(be_backend *b) { return (shadow *)b->impl; }
@@ -39,7 +44,29 @@ static shadow *sh(be_backend *b) { return (shadow *)b->impl; }
 static void *d_alloc(void *ud, size_t n) { return malloc(n); }
 static void d_release(void *ud, void *p) { free(p); }
 static void d_copy(void *ud, void *d, const void *s, size_t n) { memcpy(d, s, n); }
-static void d_wait(void *ud) {}
+static void d_download(void *ud, void *d, const void *src, size_t n)
+{
+    shadow *s = ud;
+    if (s->n_pend == s->cap_pend) {
+        s->cap_pend = s->cap_pend ? 2 * s->cap_pend : 16;
+        s->pend = realloc(s->pend, sizeof *s->pend * (size_t)s->cap_pend);
+        cr_assert(s->pend);
+    }
+    void *copy = malloc(n);
+    cr_assert(copy);
+    memcpy(copy, src, n);
+    s->pend[s->n_pend++] = (struct pending){ d, copy, n };
+}
+static void d_wait(void *ud)
+{
+    shadow *s = ud;
+    for (int i = 0; i < s->n_pend; i++) {
+        memcpy(s->pend[i].dst, s->pend[i].bytes, s->pend[i].n);
+        free(s->pend[i].bytes);
+    }
+    s->n_pend = 0;
+    s->waits++;
+}
 
 /* Count an op; 1 when it must not run: it is the one chosen to fail, or one after it, before the
  * caller has asked (a device backend skips work once an op failed). */
@@ -133,7 +160,7 @@ static void s_glu(be_backend *b, float *gate, const float *up, int64_t n, int ge
 static void s_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *o)
 {
     if (skip(b)) return;
-    sh(b)->reads = 0;
+    sh(b)->reads = sh(b)->waits = 0;
     am_host_write(&sh(b)->t, o, sizeof(float) * (size_t)(n * w->n_in));
     sh(b)->cpu->ops->get_rows(sh(b)->cpu, w, ids, n, scale, o);
 }
@@ -200,10 +227,34 @@ static void s_host_read(be_backend *b, const be_range *r, int n)
 
 static void s_host_write(be_backend *b, void *p, size_t bytes) { am_host_write(&sh(b)->t, p, bytes); }
 
+static void s_host_prefetch(be_backend *b, const be_range *r, int n)
+{
+    am_range ar[8];
+    cr_assert(n <= 8);
+    for (int i = 0; i < n; i++) ar[i] = (am_range){ r[i].p, r[i].bytes };
+    am_host_prefetch(&sh(b)->t, ar, n);
+}
+
+/* The pick on the twin, then the wait a device makes to send its answer back. */
+static void s_pick(be_backend *b, be_pick *p)
+{
+    if (skip(b)) return;
+    be_pick c = *p;
+    c.logits = in(b, p->logits, (size_t)p->n);
+    sh(b)->cpu->ops->pick(sh(b)->cpu, &c);
+    p->n_out = c.n_out;
+    p->h = c.h;
+    p->vh = c.vh;
+    d_wait(sh(b));
+    am_waited(&sh(b)->t);
+}
+
 static void s_destroy(be_backend *b)
 {
     cr_expect_eq(sh(b)->t.n, 0, "%d buffers still bound", sh(b)->t.n);
     am_free(&sh(b)->t);
+    cr_expect_eq(sh(b)->n_pend, 0, "a download still in flight");
+    free(sh(b)->pend);
     be_free(sh(b)->cpu);
     free(sh(b));
     free(b);
@@ -227,6 +278,8 @@ static const be_ops shadow_ops = {
     .host_read = s_host_read,
     .host_write = s_host_write,
     .failed = s_failed,
+    .pick = s_pick,
+    .host_prefetch = s_host_prefetch,
 };
 
 static be_backend *shadow_create(void)
@@ -237,7 +290,7 @@ static be_backend *shadow_create(void)
     cr_assert(b && s);
     s->cpu = be_cpu_create(2, err, sizeof err);
     cr_assert(s->cpu, "%s", err);
-    am_device d = { s, d_alloc, d_release, d_copy, d_copy, d_wait, NULL };
+    am_device d = { s, d_alloc, d_release, d_copy, d_download, d_wait, NULL };
     am_init(&s->t, &d);
     b->ops = &shadow_ops;
     b->impl = s;
@@ -436,4 +489,50 @@ Test(residency, a_forgotten_host_read_is_caught)
     fwd_free(f);
     be_free(shd);
     model_free(m);
+}
+
+/* A decode step through the pick with its K/V rows deferred waits for the device once (the first
+ * after a prefill twice): the rows are fetched at the end of the layers and come in with the
+ * pick's wait, before the cache takes them. The tokens are the CPU backend's (greedy; the first
+ * from the prefill's logits). */
+Test(residency, a_picked_decode_step_waits_for_the_device_once)
+{
+    char err[512];
+    const char *files[2] = { TD "tiny/tiny-gemma3-q4_k_m.gguf", TD "tiny/tiny-llama-f16.gguf" };
+    for (int fi = 0; fi < 2; fi++) {
+        model *m;
+        cr_assert(model_load(&m, files[fi], NULL, err, sizeof err) == 0, "%s", err);
+        int32_t toks[2][STEPS + 1];
+        for (int dev = 0; dev < 2; dev++) {
+            be_backend *b = dev ? shadow_create() : be_cpu_create(2, err, sizeof err);
+            cr_assert(b, "%s", err);
+            size_t n;
+            int32_t *ids = prompt(m, &n);
+            fwd_opts fo = { 2048, 48, 16 };
+            fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+            cr_assert(f, "%s", err);
+            float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+            cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+            toks[dev][0] = samp_argmax(l, m->hp.n_vocab);
+            for (int s = 1; s <= STEPS; s++) {
+                float val;
+                int32_t id;
+                be_pick p = { .penalty = 1.0f, .k = 1, .val = &val, .id = &id };
+                cr_assert(fwd_decode_pick(f, toks[dev][s - 1], &p, NULL, err, sizeof err) == 0, "%s", err);
+                cr_assert_eq(p.n_out, 1);
+                toks[dev][s] = id;
+                /* the first step also brings back the prefill's other hidden rows, which the act
+                 * mirror cannot know the host will never read, before the embedding's write */
+                if (dev) cr_expect_eq(sh(b)->waits, s == 1 ? 2 : 1, "%s step %d waited %d times", files[fi], s,
+                                      sh(b)->waits);
+            }
+            cr_expect_eq(fwd_pos(f), (int64_t)n + STEPS, "the cache holds every step's rows");
+            free(l);
+            free(ids);
+            fwd_free(f);
+            be_free(b);
+        }
+        cr_expect(!memcmp(toks[0], toks[1], sizeof toks[0]), "%s: the tokens differ on the twins", files[fi]);
+        model_free(m);
+    }
 }

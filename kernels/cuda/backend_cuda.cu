@@ -221,7 +221,9 @@ static int sync_stream(cuda_impl *ci, const char *what)
 {
     ci->arena_off = 0;
     ci->waits++;
-    return ck(ci, cudaStreamSynchronize(ci->stream), what);
+    if (ck(ci, cudaStreamSynchronize(ci->stream), what)) return -1;
+    am_waited(&ci->act);   /* what the host prefetched is in */
+    return 0;
 }
 
 static size_t stage_size(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
@@ -392,6 +394,16 @@ static void cuda_host_read(be_backend *b, const be_range *r, int n)
         int k = n - i0 < 16 ? n - i0 : 16;
         for (int i = 0; i < k; i++) ar[i] = am_range{ r[i0 + i].p, r[i0 + i].bytes };
         am_host_read(&impl_of(b)->act, ar, k);
+    }
+}
+
+static void cuda_host_prefetch(be_backend *b, const be_range *r, int n)
+{
+    am_range ar[16];
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        int k = n - i0 < 16 ? n - i0 : 16;
+        for (int i = 0; i < k; i++) ar[i] = am_range{ r[i0 + i].p, r[i0 + i].bytes };
+        am_host_prefetch(&impl_of(b)->act, ar, k);
     }
 }
 
@@ -1835,7 +1847,7 @@ static void cuda_destroy(be_backend *b)
 static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bounds, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind,
-    cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick,
+    cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -1843,7 +1855,7 @@ static const be_ops cuda_ops = {
 static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bounds, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL,
-    cuda_failed, cuda_counters, cuda_pick,
+    cuda_failed, cuda_counters, cuda_pick, NULL,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
