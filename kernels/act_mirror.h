@@ -11,7 +11,10 @@
  *   - a host read downloads what of its range is newer on the device;
  *   - a host write (announced before it happens, and writing every byte of its range) first
  *     downloads the bytes newer on the device that it will not overwrite, then marks its range
- *     newer on the host; a host that reads the range before writing it announces the read first.
+ *     newer on the host; a host that reads the range before writing it announces the read first;
+ *   - a host read announced early (am_host_prefetch) starts its download without waiting; the
+ *     bytes count as the host's after the next wait, whoever makes it, unless an op writes the
+ *     twin first; a host write or an unbind waits for such a download still in flight.
  * The device is reached through function pointers, so this is plain C, tested on the host
  * (tests/test_act_mirror.c) with host memory standing in for the device. */
 #ifndef KVCHAT_ACT_MIRROR_H
