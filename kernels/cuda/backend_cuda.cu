@@ -11,8 +11,10 @@
  * Activations: the forward pass binds its scratch buffers; each gets a device twin
  * (kernels/act_mirror.c keeps which side holds the newest bytes) and ops leave their outputs there,
  * so a decode step waits for the device once a layer, when the host needs the new K/V rows (and,
- * under a policy, the queries), or once for all layers when no policy looks between them
- * (attention then takes the step's own rows beside the pages). Bound host buffers are page-locked. Small inputs and
+ * under a policy, the queries), or, when no policy looks between them, not at all before its
+ * pick: attention takes the step's own rows beside the pages, and their download, issued at the
+ * end of the layers, comes in with the pick's answer (one wait a step). Bound host buffers are
+ * page-locked. Small inputs and
  * new KV rows go through a page-locked staging arena without waiting; norm weights are kept on the
  * device while their host bytes stay the same. Ops given unbound addresses stage them and wait.
  *
