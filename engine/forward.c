@@ -763,7 +763,6 @@ int fwd_picked_logits(fwd_ctx *f, float *logits, char *err, size_t errlen)
         snprintf(err, errlen, "%s", f->dev_err);
         return -1;
     }
-    memcpy(logits, f->row, r.bytes);
-    soft_cap(hp, logits, hp->n_vocab);
+    memcpy(logits, f->row, r.bytes);   /* the pick soft-capped the row in place */
     return 0;
 }

@@ -94,21 +94,23 @@ typedef struct be_range {
 } be_range;
 
 /* The best candidates of one row of logits, for the sampler (engine/sampler.h), so that a device
- * backend sends back a few hundred bytes instead of the row. Every token's value is
- * lp_value(logit, softcap) (common/logit_pick.h: soft cap, NaN as -inf), then lp_penalize for the
- * pen_ids; of the values above -inf, the k best in lp_key's order (larger first, lower id first
- * among equal ones) go to val and id, n_out of them (fewer than k when fewer are finite). With
- * entropy set, also h and vh: the entropy and varentropy of softmax(value / temp) before the
- * penalty (temp <= 0: 1), the sampler's samp_entropy (a device sums in another order). */
+ * backend sends back a few hundred bytes instead of the row. With softcap > 0 the row is first
+ * soft-capped in place (l = softcap * tanh(l / softcap), with the backend's tanh), so that a reader
+ * of the row afterwards sees the values the candidates came from. Every token's value is then the
+ * logit with NaN read as -inf, and lp_penalize for the pen_ids (common/logit_pick.h); of the values
+ * above -inf, the k best in lp_key's order (larger first, lower id first among equal ones) go to
+ * val and id, n_out of them (fewer than k only when fewer are finite). With entropy set, also h
+ * and vh: the entropy and varentropy of softmax(value / temp) before the penalty (temp <= 0: 1),
+ * the sampler's samp_entropy (a device sums in another order, with its own exp). */
 #define BE_PICK_MAX 256
 typedef struct be_pick {
-    const float *logits;      /* [n] (may be bound) */
+    float *logits;            /* [n] (may be bound); soft-capped in place */
     int32_t n;
     float softcap;            /* 0: none */
     const int32_t *pen_ids;   /* n_pen distinct ids below n (at most 4096) */
     int32_t n_pen;
     float penalty;
-    int32_t k;                /* 1 .. BE_PICK_MAX */
+    int32_t k;                /* 1 .. BE_PICK_MAX (set to the count used, when clamped) */
     int entropy;
     float temp;
     float *val;               /* [k] out */

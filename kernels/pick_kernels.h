@@ -2,7 +2,8 @@
  * kernel, in one header for C and CUDA so that tests/test_pick_kernels.c runs every (block, thread)
  * of the launches on the host and compares them with the CPU backend's pick.
  *
- * The row is cut into slices of PK_SLICE tokens, a block each. A block marks its slice's penalized
+ * A soft cap, when the model has one, is applied to the row in place first (pick_softcap_kernel). The
+ * row is then cut into slices of PK_SLICE tokens, a block each. A block marks its slice's penalized
  * ids in a bitmap in shared memory, turns its tokens into lp_key keys (0 for -inf: no candidate),
  * sorts them with a bitonic network (largest first) and keeps its k best. Merge rounds then take
  * PK_SLICE / k lists a block, sort them the same way and keep k, until one list is left: those are
@@ -38,13 +39,13 @@ static inline int pk_plan(int64_t n, int32_t k, int64_t blocks[9])
 
 /* Token i's key for the slice kernel (0: past the row or -inf), with its value before the penalty
  * in *raw (the slice's maximum for the entropy). pen_bits: the slice's penalized tokens, bit i - base. */
-LP_HD uint64_t pk_token_key(const float *logits, int64_t n, float cap, const uint32_t *pen_bits, float penalty,
-                            int64_t base, int32_t slot, float *raw)
+LP_HD uint64_t pk_token_key(const float *logits, int64_t n, const uint32_t *pen_bits, float penalty, int64_t base,
+                            int32_t slot, float *raw)
 {
     int64_t i = base + slot;
     *raw = -INFINITY;
     if (i >= n) return 0;
-    float v = lp_value(logits[i], cap);
+    float v = lp_value(logits[i], 0);
     *raw = v;
     if (pen_bits[slot >> 5] >> (slot & 31) & 1u) v = lp_penalize(v, penalty);
     return v > -INFINITY ? lp_key(v, (int32_t)i) : 0;
@@ -81,12 +82,11 @@ LP_HD void pk_tree_step(double (*acc)[3], int s, int tid)
 }
 
 /* One thread's entropy sums over the tokens of a slice it reads (acc[3], lp_entropy_term's). */
-LP_HD void pk_entropy_thread(const float *logits, int64_t n, float cap, int64_t base, int tid, float mx, float inv,
-                             double acc[3])
+LP_HD void pk_entropy_thread(const float *logits, int64_t n, int64_t base, int tid, float mx, float inv, double acc[3])
 {
     for (int r = 0; r < PK_PER_THREAD; r++) {
         int64_t i = base + tid + (int64_t)r * PK_THREADS;
-        if (i < n) lp_entropy_term(acc, lp_value(logits[i], cap), mx, inv);
+        if (i < n) lp_entropy_term(acc, lp_value(logits[i], 0), mx, inv);
     }
 }
 

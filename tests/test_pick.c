@@ -57,12 +57,14 @@ Test(pick, the_cpu_pick_is_the_best_of_a_sort_of_every_key_and_its_entropy_the_s
     const int32_t sizes[] = { 1, 5, 300, 4099, 262144 };
     const int32_t ks[] = { 1, 7, 40, 256 };
     float *row = malloc(sizeof(float) * 262144), *capped = malloc(sizeof(float) * 262144);
+    float *orig = malloc(sizeof(float) * 262144);
     uint64_t *keys = malloc(sizeof(uint64_t) * 262144);
     int32_t pen[300];
     for (int round = 0; round < 60; round++) {
         int32_t n = sizes[round % 5], k = ks[(round / 5) % 4];
         float cap = round % 3 == 2 ? 30.0f : 0.0f, penalty = round % 4 == 0 ? 1.0f : round % 4 == 1 ? 1.3f : 0.7f;
         fill_row(row, n, round % 3);
+        memcpy(orig, row, sizeof(float) * (size_t)n);
         /* distinct penalized ids */
         int32_t n_pen = 0;
         for (int32_t i = 0; i < n && n_pen < 300; i += 1 + (int32_t)(rnd() % 23)) pen[n_pen++] = i;
@@ -75,10 +77,13 @@ Test(pick, the_cpu_pick_is_the_best_of_a_sort_of_every_key_and_its_entropy_the_s
         int32_t id[256];
         be_pick p = { row, n, cap, pen, n_pen, penalty, k, 1, round % 2 ? 0.8f : 0.0f, val, id, -1, -1, -1 };
         b->ops->pick(b, &p);
+        /* the row is soft-capped in place, as the forward pass capped a row it read */
+        for (int32_t i = 0; i < n; i++) capped[i] = cap > 0 ? cap * tanhf(orig[i] / cap) : orig[i];
+        cr_assert(!memcmp(row, capped, sizeof(float) * (size_t)n), "round %d: the row after the pick", round);
         /* the reference: every value, penalized, keyed and sorted */
         int32_t nk = 0;
         for (int32_t i = 0; i < n; i++) {
-            float v = lp_value(row[i], cap);
+            float v = lp_value(orig[i], cap);
             for (int32_t j = 0; j < n_pen; j++)
                 if (pen[j] == i) v = lp_penalize(v, penalty);
             if (v > -INFINITY) keys[nk++] = lp_key(v, i);
@@ -92,7 +97,6 @@ Test(pick, the_cpu_pick_is_the_best_of_a_sort_of_every_key_and_its_entropy_the_s
             cr_assert(val[i] == lp_key_value(keys[i]), "round %d: candidate %d's value", round, i);
         }
         /* the entropy is samp_entropy's over the capped row, bit for bit */
-        for (int32_t i = 0; i < n; i++) capped[i] = cap > 0 ? cap * tanhf(row[i] / cap) : row[i];
         double h, vh;
         samp_entropy(capped, n, p.temp, &h, &vh);
         cr_assert(memcmp(&h, &p.h, sizeof h) == 0 && memcmp(&vh, &p.vh, sizeof vh) == 0,
@@ -100,6 +104,7 @@ Test(pick, the_cpu_pick_is_the_best_of_a_sort_of_every_key_and_its_entropy_the_s
     }
     free(row);
     free(capped);
+    free(orig);
     free(keys);
     be_free(b);
 }
@@ -275,4 +280,55 @@ Test(pick, answers_are_the_same_with_and_without_the_backends_pick, .timeout = 2
                 cr_expect(a.res.regenerated > 0, "%s: no page was generated again: backtracking went untested",
                           files[i]);
         }
+}
+
+/* A model with a final soft cap: the pick caps the row where it lies, and the row read after it is
+ * the one fwd_decode gives (capped on the host), bit for bit; its candidates and entropy are that
+ * row's. */
+Test(pick, a_soft_capped_row_reads_the_same_after_the_pick)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-llama-f16.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    m->hp.final_softcap = 2.5f;   /* strong enough to change every large logit */
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    size_t n_ids;
+    int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p1.txt", &n_ids);
+    int32_t nv = m->hp.n_vocab;
+    float *l1 = malloc(sizeof(float) * (size_t)nv), *l2 = malloc(sizeof(float) * (size_t)nv);
+    fwd_opts fo = { 2048, 64, 16 };
+    fwd_ctx *f1 = fwd_create(m, b, &fo, err, sizeof err), *f2 = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(f1 && f2, "%s", err);
+    cr_assert(fwd_eval(f1, ids, (int64_t)n_ids, l1, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(fwd_eval(f2, ids, (int64_t)n_ids, l2, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    int32_t tok = samp_argmax(l1, nv);
+    cr_assert(fwd_decode(f1, tok, l1, NULL, err, sizeof err) == 0, "%s", err);
+    float val[40];
+    int32_t id[40];
+    be_pick p = { .penalty = 1.0f, .k = 40, .entropy = 1, .temp = 0.8f, .val = val, .id = id };
+    cr_assert(fwd_decode_pick(f2, tok, &p, NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(fwd_picked_logits(f2, l2, err, sizeof err) == 0, "%s", err);
+    cr_expect(!memcmp(l1, l2, sizeof(float) * (size_t)nv), "the row after the pick is not fwd_decode's");
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < nv; i++) mx = l1[i] > mx ? l1[i] : mx;
+    cr_expect(mx <= 2.5f, "the row was not capped: %g", mx);
+    cr_assert_eq(p.n_out, 40);
+    for (int i = 1; i < 40; i++) cr_assert(lp_key(val[i - 1], id[i - 1]) > lp_key(val[i], id[i]));
+    for (int i = 0; i < 40; i++) cr_assert(val[i] == l1[id[i]], "candidate %d's value is not the row's", i);
+    int32_t above = 0;   /* nothing outside the candidates beats the last of them */
+    for (int32_t i = 0; i < nv; i++) above += lp_key(l1[i], i) > lp_key(val[39], id[39]);
+    cr_expect_eq(above, 39);
+    double h, vh;
+    samp_entropy(l1, nv, 0.8f, &h, &vh);
+    cr_expect(h == p.h && vh == p.vh, "entropy %g / %g, the row's %g / %g", p.h, p.vh, h, vh);
+    cr_assert(fwd_rewind(f2, (int64_t)n_ids) == (int64_t)n_ids);
+    cr_expect(fwd_picked_logits(f2, l2, err, sizeof err) != 0, "a rewound row was still handed out");
+    free(l1);
+    free(l2);
+    free(ids);
+    fwd_free(f1);
+    fwd_free(f2);
+    be_free(b);
+    model_free(m);
 }

@@ -11,8 +11,8 @@
 #include "kernels/pick_kernels.h"
 
 /* The launches of cuda_pick on the host: the k best keys into best[k], the entropy into h, vh. */
-static void simulate(const float *logits, int64_t n, float cap, const int32_t *pen, int32_t n_pen, float penalty,
-                     int32_t k, int entropy, float temp, uint64_t *best, double *h, double *vh)
+static void simulate(const float *logits, int64_t n, const int32_t *pen, int32_t n_pen, float penalty, int32_t k,
+                     int entropy, float temp, uint64_t *best, double *h, double *vh)
 {
     int64_t blocks[9];
     int rounds = pk_plan(n, k, blocks);
@@ -31,7 +31,7 @@ static void simulate(const float *logits, int64_t n, float cap, const int32_t *p
             for (int r = 0; r < PK_PER_THREAD; r++) {
                 float raw;
                 int slot = tid + r * PK_THREADS;
-                keys[slot] = pk_token_key(logits, n, cap, bits, penalty, base, slot, &raw);
+                keys[slot] = pk_token_key(logits, n, bits, penalty, base, slot, &raw);
                 mx = fmaxf(mx, raw);
             }
         for (int size = 2; size <= PK_SLICE; size <<= 1)
@@ -66,7 +66,7 @@ static void simulate(const float *logits, int64_t n, float cap, const int32_t *p
         for (int64_t b = 0; b < blocks[0]; b++) {
             for (int tid = 0; tid < PK_THREADS; tid++) {
                 double a[3] = { 0, 0, 0 };
-                if (isfinite(mx)) pk_entropy_thread(logits, n, cap, b * PK_SLICE, tid, mx, 1.0f / (temp > 0 ? temp : 1), a);
+                if (isfinite(mx)) pk_entropy_thread(logits, n, b * PK_SLICE, tid, mx, 1.0f / (temp > 0 ? temp : 1), a);
                 memcpy(acc[tid], a, sizeof a);
             }
             for (int s = PK_THREADS / 2; s > 0; s >>= 1)
@@ -94,7 +94,7 @@ Test(pick_kernels, the_launches_give_the_cpu_picks_candidates_and_its_entropy_wi
     cr_assert(cpu, "%s", err);
     const int64_t sizes[] = { 1, 37, 2048, 2049, 32000, 262144 };
     const int32_t ks[] = { 1, 40, 256, 3 };
-    float *row = malloc(sizeof(float) * 262144);
+    float *row = malloc(sizeof(float) * 262144), *capped = malloc(sizeof(float) * 262144);
     int32_t pen[512];
     for (int round = 0; round < 24; round++) {
         int64_t n = sizes[round % 6];
@@ -112,11 +112,13 @@ Test(pick_kernels, the_launches_give_the_cpu_picks_candidates_and_its_entropy_wi
         float cap = round % 3 == 1 ? 25.0f : 0.0f, penalty = round % 4 == 3 ? 0.8f : 1.4f, temp = round % 5 ? 0.7f : 0.0f;
         float val[BE_PICK_MAX];
         int32_t id[BE_PICK_MAX];
+        /* the launches after pick_softcap_kernel, on the row it leaves */
+        for (int64_t i = 0; i < n; i++) capped[i] = cap > 0 ? cap * tanhf(row[i] / cap) : row[i];
         be_pick p = { row, (int32_t)n, cap, pen, n_pen, penalty, k, 1, temp, val, id, 0, 0, 0 };
         cpu->ops->pick(cpu, &p);
         uint64_t best[BE_PICK_MAX];
         double h, vh;
-        simulate(row, n, cap, pen, n_pen, penalty, k, 1, temp, best, &h, &vh);
+        simulate(capped, n, pen, n_pen, penalty, k, 1, temp, best, &h, &vh);
         int32_t got = 0;
         while (got < k && best[got]) got++;
         cr_assert_eq(got, p.n_out, "round %d (n %lld, k %d): %d candidates, the CPU %d", round, (long long)n, k, got,
@@ -130,6 +132,7 @@ Test(pick_kernels, the_launches_give_the_cpu_picks_candidates_and_its_entropy_wi
         else if (n > 1) cr_assert(p.h > 0, "round %d: the entropy went untested", round);
     }
     free(row);
+    free(capped);
     be_free(cpu);
 }
 

@@ -240,8 +240,10 @@ static void s_pick(be_backend *b, be_pick *p)
 {
     if (skip(b)) return;
     be_pick c = *p;
-    c.logits = in(b, p->logits, (size_t)p->n);
+    c.logits = inout(b, p->logits, (size_t)p->n);   /* soft-capped in place */
+    spoil(b, p->logits, (size_t)p->n);
     sh(b)->cpu->ops->pick(sh(b)->cpu, &c);
+    p->k = c.k;
     p->n_out = c.n_out;
     p->h = c.h;
     p->vh = c.vh;

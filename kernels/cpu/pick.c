@@ -1,7 +1,7 @@
 /* pick.c - the best candidates of a row of logits (see pick.h).
  *
- * One pass keeps the k best keys seen so far in a min-heap. It goes a block of PICK_BLOCK tokens at
- * a time: without a soft cap, a block with no penalized id whose largest logit is below the heap's
+ * The soft cap goes first, in place. One pass then keeps the k best keys seen so far in a min-heap.
+ * It goes a block of PICK_BLOCK tokens at a time: a block with no penalized id whose largest logit is below the heap's
  * smallest value holds no candidate, and one max over it (eight running maxima, which the compiler
  * vectorizes) settles it; other blocks go token by token, the penalized ids (sorted) met in step.
  * The entropy is summed in the sampler's order, one term after another, so it is samp_entropy's to
@@ -66,24 +66,27 @@ static int cmp_key_desc(const void *a, const void *b)
 
 void cpu_pick_row(be_pick *p)
 {
-    int32_t pen[4096], n_pen = p->n_pen < 4096 ? p->n_pen : 4096;
+    if (p->softcap > 0)   /* in place, as the forward pass capped a row it read (engine/forward.c) */
+        for (int32_t i = 0; i < p->n; i++) p->logits[i] = p->softcap * tanhf(p->logits[i] / p->softcap);
+    int32_t pen[4096], n_pen = p->n_pen < 0 ? 0 : p->n_pen < 4096 ? p->n_pen : 4096;
     for (int32_t i = 0; i < n_pen; i++) pen[i] = p->pen_ids[i];
     qsort(pen, (size_t)n_pen, sizeof pen[0], cmp_i32);
     int32_t k = p->k < 1 ? 1 : p->k > BE_PICK_MAX ? BE_PICK_MAX : p->k;
+    p->k = k;
     uint64_t heap[BE_PICK_MAX];
     int32_t n_heap = 0, next_pen = 0;
     float floor_v = -INFINITY;   /* the heap's smallest value once it is full */
     float mx = -INFINITY;        /* before the penalty, for the entropy */
-    for (int32_t b0 = 0; b0 < p->n; b0 += PICK_BLOCK) {
-        int32_t b1 = p->n - b0 < PICK_BLOCK ? p->n : b0 + PICK_BLOCK;
+    for (int64_t b0 = 0; b0 < p->n; b0 += PICK_BLOCK) {
+        int32_t b1 = p->n - b0 < PICK_BLOCK ? p->n : (int32_t)b0 + PICK_BLOCK;
         while (next_pen < n_pen && pen[next_pen] < b0) next_pen++;
-        if (p->softcap <= 0 && !(next_pen < n_pen && pen[next_pen] < b1)) {
+        if (!(next_pen < n_pen && pen[next_pen] < b1)) {
             float bm = block_max(p->logits + b0, b1 - b0);
             if (bm > mx) mx = bm;
             if (!(bm > -INFINITY) || bm < floor_v) continue;   /* nothing here can enter the heap */
         }
-        for (int32_t i = b0; i < b1; i++) {
-            float v = lp_value(p->logits[i], p->softcap);
+        for (int32_t i = (int32_t)b0; i < b1; i++) {
+            float v = lp_value(p->logits[i], 0);
             if (v > mx) mx = v;
             while (next_pen < n_pen && pen[next_pen] < i) next_pen++;
             if (next_pen < n_pen && pen[next_pen] == i) v = lp_penalize(v, p->penalty);
@@ -108,6 +111,6 @@ void cpu_pick_row(be_pick *p)
     if (!p->entropy || !(mx > -INFINITY) || !isfinite(mx)) return;   /* nothing, or +inf: all mass on the top */
     float temp = p->temp > 0 ? p->temp : 1.0f, inv = 1.0f / temp;
     double acc[3] = { 0, 0, 0 };
-    for (int32_t i = 0; i < p->n; i++) lp_entropy_term(acc, lp_value(p->logits[i], p->softcap), mx, inv);
+    for (int32_t i = 0; i < p->n; i++) lp_entropy_term(acc, lp_value(p->logits[i], 0), mx, inv);
     lp_entropy_finish(acc, &p->h, &p->vh);
 }

@@ -1421,9 +1421,9 @@ static void cuda_attention(be_backend *b, const be_attn *a)
 
 /* A slice of the row a block (kernels/pick_kernels.h): its k best keys to out[blockIdx.x * k ..],
  * its largest value before the penalty to slice_max. */
-__global__ void __launch_bounds__(PK_THREADS) pick_slice_kernel(const float *logits, int64_t n, float cap,
-                                                                  const int32_t *pen, int32_t n_pen, float penalty,
-                                                                  int32_t k, uint64_t *out, float *slice_max)
+__global__ void __launch_bounds__(PK_THREADS) pick_slice_kernel(const float *logits, int64_t n, const int32_t *pen,
+                                                                  int32_t n_pen, float penalty, int32_t k,
+                                                                  uint64_t *out, float *slice_max)
 {
     __shared__ uint64_t keys[PK_SLICE];
     __shared__ uint32_t pen_bits[PK_SLICE / 32];
@@ -1441,7 +1441,7 @@ __global__ void __launch_bounds__(PK_THREADS) pick_slice_kernel(const float *log
     for (int r = 0; r < PK_PER_THREAD; r++) {
         float raw;
         int slot = tid + r * PK_THREADS;
-        keys[slot] = pk_token_key(logits, n, cap, pen_bits, penalty, base, slot, &raw);
+        keys[slot] = pk_token_key(logits, n, pen_bits, penalty, base, slot, &raw);
         mx = fmaxf(mx, raw);
     }
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -1481,7 +1481,7 @@ __global__ void __launch_bounds__(PK_THREADS) pick_merge_kernel(const uint64_t *
 }
 
 /* Each slice's entropy sums relative to the row's largest value (from the slices' maxima). */
-__global__ void __launch_bounds__(PK_THREADS) pick_entropy_kernel(const float *logits, int64_t n, float cap,
+__global__ void __launch_bounds__(PK_THREADS) pick_entropy_kernel(const float *logits, int64_t n,
                                                                     const float *slice_max, int64_t n_slices,
                                                                     float inv, double *sums)
 {
@@ -1490,7 +1490,7 @@ __global__ void __launch_bounds__(PK_THREADS) pick_entropy_kernel(const float *l
     float mx = -INFINITY;
     for (int64_t i = 0; i < n_slices; i++) mx = fmaxf(mx, slice_max[i]);
     double a[3] = { 0, 0, 0 };
-    if (isfinite(mx)) pk_entropy_thread(logits, n, cap, (int64_t)blockIdx.x * PK_SLICE, tid, mx, inv, a);
+    if (isfinite(mx)) pk_entropy_thread(logits, n, (int64_t)blockIdx.x * PK_SLICE, tid, mx, inv, a);
     acc[tid][0] = a[0], acc[tid][1] = a[1], acc[tid][2] = a[2];
     __syncthreads();
     for (int s = PK_THREADS / 2; s > 0; s >>= 1) {
@@ -1498,6 +1498,13 @@ __global__ void __launch_bounds__(PK_THREADS) pick_entropy_kernel(const float *l
         __syncthreads();
     }
     if (tid < 3) sums[blockIdx.x * 3 + tid] = acc[0][tid];
+}
+
+/* The final soft cap, in place (the row's readers after the pick see these values). */
+__global__ void pick_softcap_kernel(float *l, int64_t n, float cap)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) l[i] = cap * tanhf(l[i] / cap);
 }
 
 /* The row's entropy and varentropy from the slices' sums, added in slice order. */
@@ -1526,6 +1533,7 @@ static void cuda_pick(be_backend *b, be_pick *p)
         return;
     }
     int32_t k = p->k < 1 ? 1 : p->k > BE_PICK_MAX ? BE_PICK_MAX : p->k;
+    p->k = k;
     int64_t blocks[9];
     int rounds = pk_plan(p->n, k, blocks);
     size_t keys_bytes = sizeof(uint64_t) * (size_t)(blocks[0] * k), res_bytes = 16 + sizeof(uint64_t) * (size_t)k;
@@ -1535,14 +1543,18 @@ static void cuda_pick(be_backend *b, be_pick *p)
         grow_dev(ci, (void **)&ci->pick_res, &ci->cap_pick_res, res_bytes) ||
         grow_host(ci, (void **)&ci->h_pick, &ci->cap_h_pick, res_bytes))
         return;
-    int32_t n_pen = p->n_pen > 0 ? p->n_pen : 0;
+    int32_t n_pen = p->n_pen < 0 ? 0 : p->n_pen < 4096 ? p->n_pen : 4096;
     const int32_t *d_pen = NULL;
     if (n_pen > 0 && !(d_pen = (const int32_t *)stage(ci, p->pen_ids, sizeof(int32_t) * (size_t)n_pen))) return;
-    const float *dl = (const float *)am_dev_in(&ci->act, p->logits, bytes);
+    float *dl = (float *)am_dev_out(&ci->act, p->logits, bytes);   /* read, and capped in place */
     cudaStream_t s = ci->stream;
+    if (p->softcap > 0) {
+        pick_softcap_kernel<<<(unsigned)((p->n + EW_THREADS - 1) / EW_THREADS), EW_THREADS, 0, s>>>(dl, p->n, p->softcap);
+        if (ck(ci, cudaGetLastError(), "soft cap kernel")) return;
+    }
     uint64_t *lists[2] = { ci->pick_keys, ci->pick_keys + blocks[0] * k };
     uint64_t *final_keys = (uint64_t *)(ci->pick_res + 16);
-    pick_slice_kernel<<<(unsigned)blocks[0], PK_THREADS, 0, s>>>(dl, p->n, p->softcap, d_pen, n_pen, p->penalty, k,
+    pick_slice_kernel<<<(unsigned)blocks[0], PK_THREADS, 0, s>>>(dl, p->n, d_pen, n_pen, p->penalty, k,
                                                                  rounds == 0 ? final_keys : lists[0], ci->pick_max);
     if (ck(ci, cudaGetLastError(), "pick kernel")) return;
     for (int r = 1; r <= rounds; r++) {
@@ -1552,8 +1564,8 @@ static void cuda_pick(be_backend *b, be_pick *p)
     }
     if (p->entropy) {
         float temp = p->temp > 0 ? p->temp : 1.0f;
-        pick_entropy_kernel<<<(unsigned)blocks[0], PK_THREADS, 0, s>>>(dl, p->n, p->softcap, ci->pick_max, blocks[0],
-                                                                       1.0f / temp, ci->pick_sums);
+        pick_entropy_kernel<<<(unsigned)blocks[0], PK_THREADS, 0, s>>>(dl, p->n, ci->pick_max, blocks[0], 1.0f / temp,
+                                                                       ci->pick_sums);
         pick_entropy_finish<<<1, 1, 0, s>>>(ci->pick_sums, ci->pick_max, blocks[0], (double *)ci->pick_res);
         if (ck(ci, cudaGetLastError(), "pick entropy kernel")) return;
     }

@@ -1296,7 +1296,7 @@ Test(cuda, the_pick_on_the_device_is_the_cpu_backends)
     char err[512];
     const int64_t sizes[] = { 1, 37, 2049, 32000, 262144 };
     const int32_t ks[] = { 1, 40, 256 };
-    float *row = malloc(sizeof(float) * 262144);
+    float *row = malloc(sizeof(float) * 262144), *host = malloc(sizeof(float) * 262144);
     cr_assert(be_bind(gpu, row, sizeof(float) * 262144, err, sizeof err) == 0, "%s", err);
     int32_t pen[600];
     for (int round = 0; round < 30; round++) {
@@ -1318,8 +1318,10 @@ Test(cuda, the_pick_on_the_device_is_the_cpu_backends)
         float cap = capped ? 30.0f : 0.0f, penalty = round & 1 ? 1.3f : 0.8f;
         float v1[BE_PICK_MAX], v2[BE_PICK_MAX];
         int32_t i1[BE_PICK_MAX], i2[BE_PICK_MAX];
-        be_pick a = { row, (int32_t)n, cap, pen, n_pen, penalty, k, 1, 0.7f, v1, i1, 0, 0, 0 };
+        memcpy(host, row, sizeof(float) * (size_t)n);   /* each pick caps its row in place */
+        be_pick a = { host, (int32_t)n, cap, pen, n_pen, penalty, k, 1, 0.7f, v1, i1, 0, 0, 0 };
         be_pick b = a;
+        b.logits = row;
         b.val = v2;
         b.id = i2;
         cpu->ops->pick(cpu, &a);
@@ -1336,6 +1338,7 @@ Test(cuda, the_pick_on_the_device_is_the_cpu_backends)
     }
     be_unbind(gpu, row);
     free(row);
+    free(host);
 }
 
 typedef struct pick_answer {
