@@ -268,6 +268,15 @@ QB_HD void qb_decode32(uint32_t type, const uint8_t *b, int g, float *y)
     }
 }
 
+/* Values [32g, 32g + 32) of a row of a native type (its blocks from `row` on) into y[32]: what an
+ * embedding row's gather decodes, a group a thread. */
+QB_HD void qb_row_group(uint32_t type, const uint8_t *row, int64_t g, float *y)
+{
+    const int bv = qb_block_values(type);
+    const int64_t v0 = g * 32;
+    qb_decode32(type, row + (v0 / bv) * qb_block_bytes(type), (int)(v0 % bv / 32), y);
+}
+
 /* The dot product of 32 decoded values with 32 activations, summed in order. On the device the
  * activations (16-byte aligned in shared memory) are read 4 at a time: with QB_XSTRIDE 36, the 8
  * lanes of a quarter warp then touch 8 different groups of banks. */

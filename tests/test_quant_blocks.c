@@ -395,3 +395,48 @@ Test(quant_blocks, the_decode_kernels_lanes_give_the_rows_dot_products)
     seed_rng("decode dot");
     for_random_rows(check_decode_dot);
 }
+
+/* The embedding gather of the CUDA backend (get_rows_kernel) run on the host: every thread's group
+ * of every token's row, scaled as the kernel does, gives the CPU backend's get_rows bit for bit, for
+ * every native type, rows of several lengths and a scale of 1 or Gemma's sqrt(n_embd). */
+Test(quant_blocks, the_embedding_gather_gives_the_cpu_backends_rows_bit_for_bit)
+{
+    seed_rng("gather");
+    char err[256];
+    be_backend *cpu = be_cpu_create(1, err, sizeof err);
+    cr_assert(cpu, "%s", err);
+    const int64_t lens[] = { 256, 640, 2304 };
+    for (size_t ti = 0; ti < N_NATIVE; ti++) {
+        uint32_t type = NATIVE[ti];
+        int bv = qb_block_values(type), bb = qb_block_bytes(type);
+        for (size_t li = 0; li < 3; li++) {
+            int64_t n_in = lens[li], n_out = 7;
+            if (n_in % bv) continue;
+            size_t row_bytes = (size_t)(n_in / bv * bb), stride = (row_bytes + 15) / 16 * 16;
+            uint8_t *file = malloc(row_bytes * (size_t)n_out), *dev = calloc((size_t)n_out, stride);
+            random_blocks(type, file, (int)(n_in / bv * n_out));
+            for (int64_t r = 0; r < n_out; r++) memcpy(dev + r * stride, file + r * row_bytes, row_bytes);
+            be_weight w = { file, type, n_in, n_out, row_bytes };
+            const int32_t ids[5] = { 6, 0, 3, 3, 5 };
+            for (int sc = 0; sc < 2; sc++) {
+                float scale = sc ? sqrtf((float)n_in) : 1.0f;
+                float *want = malloc(sizeof(float) * (size_t)(5 * n_in)), *got = malloc(sizeof(float) * (size_t)(5 * n_in));
+                cpu->ops->get_rows(cpu, &w, ids, 5, scale, want);
+                int64_t groups = n_in / 32;
+                for (int64_t i = 0; i < 5 * groups; i++) {   /* one thread each */
+                    int64_t t = i / groups, g = i % groups;
+                    float y[32];
+                    qb_row_group(type, dev + (size_t)ids[t] * stride, g, y);
+                    for (int j = 0; j < 32; j++) got[t * n_in + g * 32 + j] = scale != 1.0f ? y[j] * scale : y[j];
+                }
+                cr_assert(!memcmp(got, want, sizeof(float) * (size_t)(5 * n_in)), "%s, rows of %lld, scale %g",
+                          quant_type_name(type), (long long)n_in, scale);
+                free(want);
+                free(got);
+            }
+            free(file);
+            free(dev);
+        }
+    }
+    be_free(cpu);
+}

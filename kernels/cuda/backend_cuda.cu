@@ -1757,11 +1757,40 @@ static void cuda_scale(be_backend *b, float *x, int64_t n, float s)
     ci->cpu->ops->scale(ci->cpu, x, n, s);
 }
 
-/* Embedding rows: dequantized exactly on the host (a row a token), uploaded at their first use. */
+/* Embedding rows of a weight the device holds as the file stores it: thread (token, group of 32)
+ * decodes its values exactly as the reference dequantizer (kernels/quant_blocks.h), then scales them
+ * as the CPU backend does. */
+__global__ void get_rows_kernel(const uint8_t *w, uint32_t type, size_t stride, const int32_t *ids, int64_t n,
+                                int64_t n_in, float scale, float *out)
+{
+    const int64_t groups = n_in / 32, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * groups) return;
+    const int64_t t = i / groups, g = i % groups;
+    float y[32];
+    qb_row_group(type, w + (size_t)ids[t] * stride, g, y);
+    float *o = out + t * n_in + g * 32;
+    for (int j = 0; j < 32; j++) o[j] = scale != 1.0f ? __fmul_rn(y[j], scale) : y[j];
+}
+
+/* Embedding rows: gathered on the device when the weight is there as stored (a tied output
+ * weight) and the rows are bound, so a decode step's input never goes through the host; else
+ * dequantized exactly on the host (a row a token) and uploaded at their first use. */
 static void cuda_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *out)
 {
     cuda_impl *ci = impl_of(b);
-    am_host_write(&ci->act, out, sizeof(float) * (size_t)(n * w->n_in));
+    size_t bytes = sizeof(float) * (size_t)(n * w->n_in);
+    dev_weight *dw = ci->failed || n <= 0 ? NULL : find_weight(ci, w->data);
+    if (dw && dw->type == w->type && qb_native(w->type) && w->n_in % 32 == 0 && bound(ci, out, bytes)) {
+        const int32_t *d_ids = (const int32_t *)stage(ci, ids, sizeof(int32_t) * (size_t)n);
+        if (!d_ids) return;
+        float *d_out = (float *)am_dev_out(&ci->act, out, bytes);
+        int64_t threads = n * (w->n_in / 32);
+        get_rows_kernel<<<(unsigned)((threads + EW_THREADS - 1) / EW_THREADS), EW_THREADS, 0, ci->stream>>>(
+            dw->d, dw->type, dw->stride, d_ids, n, w->n_in, scale, d_out);
+        ck(ci, cudaGetLastError(), "embedding kernel");
+        return;
+    }
+    am_host_write(&ci->act, out, bytes);
     ci->cpu->ops->get_rows(ci->cpu, w, ids, n, scale, out);
 }
 

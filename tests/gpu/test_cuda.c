@@ -1446,3 +1446,37 @@ Test(cuda, a_picked_decode_step_waits_for_the_device_once)
         model_free(m);
     }
 }
+
+/* Embedding rows gathered on the device (a weight the GPU holds as stored, rows bound) equal the
+ * CPU backend's bit for bit, for every type; types the GPU converts (Q4_1, F32) and unbound rows
+ * take the host path, the same bits too. */
+Test(cuda, the_embedding_gather_on_the_device_is_the_cpus)
+{
+    seed_rng("gather");
+    char err[512];
+    const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,
+                               GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q4_1, GGML_TYPE_F32 };
+    /* the weights stay allocated until the end: the backend keys its copies by address */
+    static void *kept[10];
+    const int32_t ids[6] = { 130, 0, 7, 7, 129, 64 };
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        be_weight w = random_weight(types[ti], 2304, 131, &kept[ti]);
+        const be_weight *wl = &w;
+        cr_assert(gpu->ops->prepare(gpu, &wl, 1, err, sizeof err) == 0, "%s", err);
+        for (int bind = 0; bind < 2; bind++) {
+            size_t bytes = sizeof(float) * 6 * 2304;
+            float *want = malloc(bytes), *got = malloc(bytes);
+            if (bind) cr_assert(be_bind(gpu, got, bytes, err, sizeof err) == 0, "%s", err);
+            float scale = bind ? 48.0f : 1.0f;
+            cpu->ops->get_rows(cpu, &w, ids, 6, scale, want);
+            gpu->ops->get_rows(gpu, &w, ids, 6, scale, got);
+            be_range r = { got, bytes };
+            be_host_read(gpu, &r, 1);
+            cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
+            cr_expect(!memcmp(got, want, bytes), "%s (bound %d): the rows differ", quant_type_name(types[ti]), bind);
+            if (bind) be_unbind(gpu, got);
+            free(want);
+            free(got);
+        }
+    }
+}
