@@ -4,8 +4,9 @@
  * stores them; prefill: cuBLAS GEMM on f16 tiles; f32 accumulation), attention over the KV pages (a paged online-softmax kernel with the per-token
  * bias, the token masks, the per-KV-head page lists and the sliding window of the CPU kernel), and
  * the element-wise ops (RMSNorm, RoPE, the gated activation, residual adds, scaling) when their
- * buffers are bound. Embedding rows (one dequantized row a token, exact) and the selection scores
- * run on a CPU backend. The sampler's candidates (be_pick) are sorted out of the logits where the
+ * buffers are bound. Embedding rows are gathered on the device when it holds the weight as stored
+ * (a tied output weight; decoded exactly, get_rows_kernel), else dequantized on the host; the
+ * selection scores run on a CPU backend. The sampler's candidates (be_pick) are sorted out of the logits where the
  * output product left them (kernels/pick_kernels.h), and only the k best and the entropy come back.
  *
  * Activations: the forward pass binds its scratch buffers; each gets a device twin
