@@ -10,6 +10,11 @@
 typedef struct fake {
     int allocs, waits, uploads, downloads;
     int pins;
+    /* late: downloads land on the host only at the next wait, with the bytes the device held when
+     * they were issued (as copies ordered on a stream do at the latest) */
+    int late;
+    struct { void *dst; char bytes[1024]; size_t n; } q[8];
+    int nq;
 } fake;
 
 static void *f_alloc(void *ud, size_t n)
@@ -29,10 +34,24 @@ static void f_up(void *ud, void *d, const void *s, size_t n)
 }
 static void f_down(void *ud, void *d, const void *s, size_t n)
 {
-    ((fake *)ud)->downloads++;
-    memcpy(d, s, n);
+    fake *f = ud;
+    f->downloads++;
+    if (!f->late) {
+        memcpy(d, s, n);
+        return;
+    }
+    cr_assert(f->nq < 8 && n <= sizeof f->q[0].bytes);
+    f->q[f->nq].dst = d;
+    memcpy(f->q[f->nq].bytes, s, n);
+    f->q[f->nq++].n = n;
 }
-static void f_wait(void *ud) { ((fake *)ud)->waits++; }
+static void f_wait(void *ud)
+{
+    fake *f = ud;
+    for (int i = 0; i < f->nq; i++) memcpy(f->q[i].dst, f->q[i].bytes, f->q[i].n);
+    f->nq = 0;
+    f->waits++;
+}
 static void f_pin(void *ud, void *h, size_t n, int pin) { ((fake *)ud)->pins += pin ? 1 : -1; }
 
 static void setup(am_table *t, fake *fk)
@@ -231,56 +250,32 @@ Test(act_mirror, unbind_releases_the_twin)
 
 /* ---------------------------------------------------------------- prefetching */
 
-/* A device whose downloads land on the host only at the next wait, with the bytes the device held
- * when they were issued (as copies ordered on a stream do at the latest). */
-typedef struct late {
-    int waits, downloads;
-    struct { void *dst; char bytes[1024]; size_t n; } q[8];
-    int nq;
-} late;
-
-static void l_down(void *ud, void *d, const void *s, size_t n)
+/* A device whose downloads land late (fake.late), and x[0 .. n) bound to it, its twin holding v
+ * (newer than the host's zeros). Returns the twin. */
+static float *late_setup(am_table *t, fake *fk, float *x, size_t n, float v)
 {
-    late *l = ud;
-    cr_assert(l->nq < 8 && n <= 1024);
-    l->q[l->nq].dst = d;
-    memcpy(l->q[l->nq].bytes, s, n);
-    l->q[l->nq++].n = n;
-    l->downloads++;
-}
-static void l_wait(void *ud)
-{
-    late *l = ud;
-    for (int i = 0; i < l->nq; i++) memcpy(l->q[i].dst, l->q[i].bytes, l->q[i].n);
-    l->nq = 0;
-    l->waits++;
-}
-static void l_up(void *ud, void *d, const void *s, size_t n) { memcpy(d, s, n); }
-static void *l_alloc(void *ud, size_t n) { return malloc(n); }
-static void l_release(void *ud, void *p) { free(p); }
-
-static void late_setup(am_table *t, late *l)
-{
-    memset(l, 0, sizeof *l);
-    am_device d = { l, l_alloc, l_release, l_up, l_down, l_wait, NULL };
-    am_init(t, &d);
+    setup(t, fk);
+    fk->late = 1;
+    for (size_t i = 0; i < n; i++) x[i] = 0;
+    cr_assert(am_bind(t, x, n * sizeof(float)) == 0);
+    float *d = am_dev_out(t, x, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) d[i] = v;
+    return d;
 }
 
 Test(act_mirror, a_prefetch_comes_in_with_the_next_wait_and_costs_no_other)
 {
     am_table t;
-    late l;
-    late_setup(&t, &l);
-    float x[64] = { 0 };
-    cr_assert(am_bind(&t, x, sizeof x) == 0);
-    float *d = am_dev_out(&t, x, sizeof x);
+    fake l;
+    float x[64];
+    float *d = late_setup(&t, &l, x, 64, 0);
     for (int i = 0; i < 64; i++) d[i] = (float)i + 1;
     am_range r = { x + 8, 16 * sizeof(float) };
     am_host_prefetch(&t, &r, 1);
     cr_expect_eq(l.downloads, 1);
     cr_expect_eq(x[8], 0.0f, "the copy landed before any wait");
     /* the backend waits for its own reasons (a pick) and says so */
-    l_wait(&l);
+    f_wait(&l);
     am_waited(&t);
     am_host_read(&t, &r, 1);
     cr_expect_eq(l.waits, 1, "the read waited again");
@@ -296,12 +291,9 @@ Test(act_mirror, a_prefetch_comes_in_with_the_next_wait_and_costs_no_other)
 Test(act_mirror, a_read_after_a_prefetch_without_a_wait_waits_and_does_not_copy_twice)
 {
     am_table t;
-    late l;
-    late_setup(&t, &l);
-    float x[32] = { 0 };
-    cr_assert(am_bind(&t, x, sizeof x) == 0);
-    float *d = am_dev_out(&t, x, sizeof x);
-    for (int i = 0; i < 32; i++) d[i] = 5.0f;
+    fake l;
+    float x[32];
+    late_setup(&t, &l, x, 32, 5.0f);
     am_range r = { x, sizeof x };
     am_host_prefetch(&t, &r, 1);
     am_host_read(&t, &r, 1);
@@ -314,17 +306,14 @@ Test(act_mirror, a_read_after_a_prefetch_without_a_wait_waits_and_does_not_copy_
 Test(act_mirror, an_op_writing_after_a_prefetch_cancels_it)
 {
     am_table t;
-    late l;
-    late_setup(&t, &l);
-    float x[32] = { 0 };
-    cr_assert(am_bind(&t, x, sizeof x) == 0);
-    float *d = am_dev_out(&t, x, sizeof x);
-    for (int i = 0; i < 32; i++) d[i] = 1.0f;
+    fake l;
+    float x[32];
+    float *d = late_setup(&t, &l, x, 32, 1.0f);
     am_range r = { x, sizeof x };
     am_host_prefetch(&t, &r, 1);
     d = am_dev_out(&t, x, sizeof x);   /* a later op rewrites the twin */
     for (int i = 0; i < 32; i++) d[i] = 2.0f;
-    l_wait(&l);
+    f_wait(&l);
     am_waited(&t);   /* the stale copy landed */
     cr_expect_eq(x[0], 1.0f);
     am_host_read(&t, &r, 1);
@@ -335,21 +324,18 @@ Test(act_mirror, an_op_writing_after_a_prefetch_cancels_it)
 Test(act_mirror, a_host_write_or_unbind_waits_for_a_prefetch_in_flight)
 {
     am_table t;
-    late l;
-    late_setup(&t, &l);
-    float x[32] = { 0 };
-    cr_assert(am_bind(&t, x, sizeof x) == 0);
-    float *d = am_dev_out(&t, x, sizeof x);
-    for (int i = 0; i < 32; i++) d[i] = 3.0f;
+    fake l;
+    float x[32];
+    late_setup(&t, &l, x, 32, 3.0f);
     am_range r = { x, sizeof x };
     am_host_prefetch(&t, &r, 1);
     am_host_write(&t, x, sizeof x);
     cr_expect_eq(l.nq, 0, "the host writes while a copy into its bytes is in flight");
     for (int i = 0; i < 32; i++) x[i] = 7.0f;
-    l_wait(&l);
+    f_wait(&l);
     cr_expect_eq(x[0], 7.0f, "the write was clobbered");
     /* unbinding with a fetch in flight waits too */
-    d = am_dev_out(&t, x, sizeof x);
+    am_dev_out(&t, x, sizeof x);
     am_host_prefetch(&t, &r, 1);
     am_unbind(&t, x);
     cr_expect_eq(l.nq, 0, "a copy was left in flight into a buffer being freed");

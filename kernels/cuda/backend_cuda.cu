@@ -390,25 +390,19 @@ static void cuda_unbind(be_backend *b, void *host)
     am_unbind(&impl_of(b)->act, host);
 }
 
-static void cuda_host_read(be_backend *b, const be_range *r, int n)
+/* The op table's ranges to the act mirror's, 16 at a time. */
+static void act_ranges(be_backend *b, const be_range *r, int n, void (*fn)(am_table *, const am_range *, int))
 {
     am_range ar[16];
     for (int i0 = 0; i0 < n; i0 += 16) {
         int k = n - i0 < 16 ? n - i0 : 16;
         for (int i = 0; i < k; i++) ar[i] = am_range{ r[i0 + i].p, r[i0 + i].bytes };
-        am_host_read(&impl_of(b)->act, ar, k);
+        fn(&impl_of(b)->act, ar, k);
     }
 }
 
-static void cuda_host_prefetch(be_backend *b, const be_range *r, int n)
-{
-    am_range ar[16];
-    for (int i0 = 0; i0 < n; i0 += 16) {
-        int k = n - i0 < 16 ? n - i0 : 16;
-        for (int i = 0; i < k; i++) ar[i] = am_range{ r[i0 + i].p, r[i0 + i].bytes };
-        am_host_prefetch(&impl_of(b)->act, ar, k);
-    }
-}
+static void cuda_host_read(be_backend *b, const be_range *r, int n) { act_ranges(b, r, n, am_host_read); }
+static void cuda_host_prefetch(be_backend *b, const be_range *r, int n) { act_ranges(b, r, n, am_host_prefetch); }
 
 static void cuda_host_write(be_backend *b, void *p, size_t bytes) { am_host_write(&impl_of(b)->act, p, bytes); }
 
@@ -1420,6 +1414,19 @@ static void cuda_attention(be_backend *b, const be_attn *a)
 
 /* ---------------------------------------------------------------- the sampler's candidates */
 
+/* The block's PK_SLICE keys sorted, largest first (every thread of the block calls it), and the k
+ * first written to out. */
+static __device__ void sort_and_keep(uint64_t *keys, int32_t k, uint64_t *out)
+{
+    const int tid = threadIdx.x;
+    for (int size = 2; size <= PK_SLICE; size <<= 1)
+        for (int stride = size / 2; stride > 0; stride >>= 1) {
+            pk_sort_step(keys, size, stride, tid);
+            __syncthreads();
+        }
+    for (int i = tid; i < k; i += PK_THREADS) out[i] = keys[i];
+}
+
 /* A slice of the row a block (kernels/pick_kernels.h): its k best keys to out[blockIdx.x * k ..],
  * its largest value before the penalty to slice_max. */
 __global__ void __launch_bounds__(PK_THREADS) pick_slice_kernel(const float *logits, int64_t n, const int32_t *pen,
@@ -1448,12 +1455,7 @@ __global__ void __launch_bounds__(PK_THREADS) pick_slice_kernel(const float *log
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if ((tid & 31) == 0) red[tid >> 5] = mx;
     __syncthreads();
-    for (int size = 2; size <= PK_SLICE; size <<= 1)
-        for (int stride = size / 2; stride > 0; stride >>= 1) {
-            pk_sort_step(keys, size, stride, tid);
-            __syncthreads();
-        }
-    for (int i = tid; i < k; i += PK_THREADS) out[(int64_t)blockIdx.x * k + i] = keys[i];
+    sort_and_keep(keys, k, out + (int64_t)blockIdx.x * k);
     if (tid == 0) {
         float m = red[0];
         for (int w = 1; w < PK_THREADS / 32; w++) m = fmaxf(m, red[w]);
@@ -1473,12 +1475,7 @@ __global__ void __launch_bounds__(PK_THREADS) pick_merge_kernel(const uint64_t *
         keys[slot] = pk_merge_key(in, n_lists, k, first, slot);
     }
     __syncthreads();
-    for (int size = 2; size <= PK_SLICE; size <<= 1)
-        for (int stride = size / 2; stride > 0; stride >>= 1) {
-            pk_sort_step(keys, size, stride, tid);
-            __syncthreads();
-        }
-    for (int i = tid; i < k; i += PK_THREADS) out[(int64_t)blockIdx.x * k + i] = keys[i];
+    sort_and_keep(keys, k, out + (int64_t)blockIdx.x * k);
 }
 
 /* Each slice's entropy sums relative to the row's largest value (from the slices' maxima). */
