@@ -11,8 +11,15 @@ void am_init(am_table *t, const am_device *dev)
     t->dev = *dev;
 }
 
+static void wait_device(am_table *t);
+
 void am_free(am_table *t)
 {
+    for (int i = 0; i < t->n; i++)
+        if (t->b[i].down_pending) {   /* a copy in flight into a buffer its owner may free next */
+            wait_device(t);
+            break;
+        }
     for (int i = 0; i < t->n; i++) {
         if (t->dev.pin) t->dev.pin(t->dev.ud, t->b[i].host, t->b[i].bytes, 0);
         t->dev.release(t->dev.ud, t->b[i].dev);
@@ -62,8 +69,6 @@ int am_bind(am_table *t, void *host, size_t bytes)
     if (t->dev.pin) t->dev.pin(t->dev.ud, host, bytes, 1);
     return 0;
 }
-
-static void wait_device(am_table *t);
 
 void am_unbind(am_table *t, void *host)
 {

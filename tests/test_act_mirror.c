@@ -327,6 +327,8 @@ Test(act_mirror, a_host_write_or_unbind_waits_for_a_prefetch_in_flight)
     fake l;
     float x[32];
     late_setup(&t, &l, x, 32, 3.0f);
+    f_wait(&l);   /* the first upload done: only the fetch below can make the write wait */
+    am_waited(&t);
     am_range r = { x, sizeof x };
     am_host_prefetch(&t, &r, 1);
     am_host_write(&t, x, sizeof x);
@@ -336,8 +338,34 @@ Test(act_mirror, a_host_write_or_unbind_waits_for_a_prefetch_in_flight)
     cr_expect_eq(x[0], 7.0f, "the write was clobbered");
     /* unbinding with a fetch in flight waits too */
     am_dev_out(&t, x, sizeof x);
+    f_wait(&l);
+    am_waited(&t);
     am_host_prefetch(&t, &r, 1);
     am_unbind(&t, x);
     cr_expect_eq(l.nq, 0, "a copy was left in flight into a buffer being freed");
+    am_free(&t);
+}
+
+/* A fetch that landed in the middle of what is newer on the device is remembered apart; an op that
+ * writes the twin afterwards makes those bytes stale again. */
+Test(act_mirror, an_op_writing_over_a_fetched_hole_makes_it_stale_again)
+{
+    am_table t;
+    fake l;
+    float x[64];
+    float *d = late_setup(&t, &l, x, 64, 1.0f);
+    f_wait(&l);
+    am_waited(&t);
+    am_range mid = { x + 8, 16 * sizeof(float) };
+    am_host_prefetch(&t, &mid, 1);
+    f_wait(&l);
+    am_waited(&t);
+    am_host_read(&t, &mid, 1);
+    cr_expect_eq(l.downloads, 1, "a fetched hole was copied again");
+    cr_expect_eq(x[8], 1.0f);
+    d = am_dev_out(&t, x + 8, 16 * sizeof(float));
+    for (int i = 0; i < 16; i++) d[i] = 2.0f;
+    am_host_read(&t, &mid, 1);
+    for (int i = 8; i < 24; i++) cr_expect_eq(x[i], 2.0f, "the hole's old bytes were taken as current");
     am_free(&t);
 }

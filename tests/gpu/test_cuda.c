@@ -1463,17 +1463,26 @@ Test(cuda, the_embedding_gather_on_the_device_is_the_cpus)
         be_weight w = random_weight(types[ti], 2304, 131, &kept[ti]);
         const be_weight *wl = &w;
         cr_assert(gpu->ops->prepare(gpu, &wl, 1, err, sizeof err) == 0, "%s", err);
-        for (int bind = 0; bind < 2; bind++) {
+        for (int run = 0; run < 4; run++) {
+            int bind = run >= 2;
             size_t bytes = sizeof(float) * 6 * 2304;
             float *want = malloc(bytes), *got = malloc(bytes);
             if (bind) cr_assert(be_bind(gpu, got, bytes, err, sizeof err) == 0, "%s", err);
-            float scale = bind ? 48.0f : 1.0f;
+            float scale = run & 1 ? 48.0f : 1.0f;
             cpu->ops->get_rows(cpu, &w, ids, 6, scale, want);
+            uint64_t w0, up, down0, down1;
+            gpu->ops->counters(gpu, &w0, &up, &down0);
             gpu->ops->get_rows(gpu, &w, ids, 6, scale, got);
             be_range r = { got, bytes };
             be_host_read(gpu, &r, 1);
+            gpu->ops->counters(gpu, &w0, &up, &down1);
             cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
-            cr_expect(!memcmp(got, want, bytes), "%s (bound %d): the rows differ", quant_type_name(types[ti]), bind);
+            cr_expect(!memcmp(got, want, bytes), "%s (bound %d, scale %g): the rows differ", quant_type_name(types[ti]),
+                      bind, scale);
+            /* the rows came from the device exactly when the gather ran there */
+            int on_device = bind && be_gpu_reads_as_stored(types[ti]);
+            cr_expect_eq(down1 - down0, on_device ? bytes : 0, "%s (bound %d): %llu bytes came back",
+                         quant_type_name(types[ti]), bind, (unsigned long long)(down1 - down0));
             if (bind) be_unbind(gpu, got);
             free(want);
             free(got);
