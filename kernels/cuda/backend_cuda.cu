@@ -1484,9 +1484,16 @@ __global__ void __launch_bounds__(PK_THREADS) pick_entropy_kernel(const float *l
                                                                     float inv, double *sums)
 {
     __shared__ double acc[PK_THREADS][3];
+    __shared__ float red[PK_THREADS / 32];
     const int tid = threadIdx.x;
+    /* the row's largest value: the slices' maxima shared out among the block's threads */
     float mx = -INFINITY;
-    for (int64_t i = 0; i < n_slices; i++) mx = fmaxf(mx, slice_max[i]);
+    for (int64_t i = tid; i < n_slices; i += PK_THREADS) mx = fmaxf(mx, slice_max[i]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((tid & 31) == 0) red[tid >> 5] = mx;
+    __syncthreads();
+    mx = red[0];
+    for (int w = 1; w < PK_THREADS / 32; w++) mx = fmaxf(mx, red[w]);
     double a[3] = { 0, 0, 0 };
     if (isfinite(mx)) pk_entropy_thread(logits, n, (int64_t)blockIdx.x * PK_SLICE, tid, mx, inv, a);
     acc[tid][0] = a[0], acc[tid][1] = a[1], acc[tid][2] = a[2];
