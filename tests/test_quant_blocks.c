@@ -283,9 +283,15 @@ Test(quant_blocks, activations_round_to_the_nearest_8_bit_code_in_blocks_of_32)
                 cr_assert_eq(c, 0);
                 continue;
             }
+            /* the code is the float quotient's nearest integer (dd_code), so the exact quotient may
+             * be off by the division's rounding too: half an ulp of it */
+            float rq = v / d[b];
             double r = (double)v / (double)d[b];
-            cr_assert(fabs(r - c) <= 0.5 + 1e-6, "block %d value %d: %.9g coded %d (step %.9g)", b, j, v, c, d[b]);
-            if (fabs(r - c) == 0.5) {
+            cr_assert(fabsf(rq - (float)c) <= 0.5f, "block %d value %d: %.9g / %.9g = %.9g coded %d", b, j, v, d[b],
+                      rq, c);
+            cr_assert(fabs(r - c) <= 0.5 + fabs(r) * 0x1p-24, "block %d value %d: %.9g coded %d (step %.9g)", b, j, v,
+                      c, d[b]);
+            if (fabsf(rq - (float)c) == 0.5f) {
                 cr_assert_eq(c % 2, 0, "a tie rounds to even: %.9g coded %d", v, c);
                 ties++;
             }
