@@ -462,6 +462,15 @@ static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0)
     }
 }
 
+/* The two ranges of a deferred decode step's K/V rows, every layer's. */
+static void deferred_rows(const fwd_ctx *f, be_range rd[2])
+{
+    const model_hparams *hp = &f->m->hp;
+    size_t bytes = sizeof(float) * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    rd[0] = (be_range){ f->kall, bytes };
+    rd[1] = (be_range){ f->vall, bytes };
+}
+
 /* One chunk of n tokens at positions p0 .. p0+n-1; leaves the final hidden states in f->x.
  * Returns -1 if *abort_flag was raised (checked before every layer, so Ctrl-C answers within a
  * layer's time even on long chunks), -2 when the cache cannot grow (out of memory), -3 when a policy
@@ -556,8 +565,8 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         op->add(b, f->x, f->o, n * E);
     }
     if (defer) {   /* the rows start back now; the cache takes them after the step's output */
-        be_range rd[2] = { { f->kall, sizeof(float) * (size_t)(hp->n_layer * kvd) },
-                           { f->vall, sizeof(float) * (size_t)(hp->n_layer * kvd) } };
+        be_range rd[2];
+        deferred_rows(f, rd);
         be_host_prefetch(b, rd, 2);
         f->rows_at = p0;
     }
@@ -571,8 +580,8 @@ static int append_deferred(fwd_ctx *f)
     const model_hparams *hp = &f->m->hp;
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, p0 = f->rows_at;
     f->rows_at = -1;
-    be_range rd[2] = { { f->kall, sizeof(float) * (size_t)(hp->n_layer * kvd) },
-                       { f->vall, sizeof(float) * (size_t)(hp->n_layer * kvd) } };
+    be_range rd[2];
+    deferred_rows(f, rd);
     be_host_read(f->b, rd, 2);
     if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -4;
     for (int il = 0; il < hp->n_layer; il++)
@@ -662,8 +671,6 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         int rc = abort_flag && *abort_flag ? -1
                                            : forward_chunk(f, tokens + c0, cn, start + c0, tokens + n - n_probe, n_probe,
                                                            start + n - n_probe, abort_flag);
-        /* a deferred step's rows wait for its output's wait, when it has one */
-        if (rc == 0 && f->rows_at >= 0 && !logits_last && !pick) rc = append_deferred(f);
         if (rc != 0) {
             /* an op that failed before a cancel or another error is reported (and cleared) now */
             if (rc != -4 && be_failed(f->b, f->dev_err, sizeof f->dev_err)) rc = -4;
@@ -690,15 +697,10 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         } else if (pick && c0 + cn == n) {
             if (output_rows(f, cn - 1, 1, pick)) goto failed;
         }
-        if (f->rows_at >= 0) {
-            int ra = append_deferred(f);
-            if (ra) {
-                kv_rewind(f->kv, start);
-                f->row_valid = 0;
-                snprintf(err, errlen, "%s", ra == -2 ? "out of memory growing the KV cache" : f->dev_err);
-                return -1;
-            }
-        }
+        /* a deferred step's rows come in with its output's wait */
+        int ra = f->rows_at >= 0 ? append_deferred(f) : 0;
+        if (ra == -2) snprintf(f->dev_err, sizeof f->dev_err, "out of memory growing the KV cache");
+        if (ra) goto failed;
         kv_commit(f->kv, start + c0 + cn);
 
         if (progress) progress(pud, c0 + cn, n);
@@ -716,6 +718,7 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
     return 0;
 failed:
     kv_rewind(f->kv, start);
+    f->row_valid = 0;
     snprintf(err, errlen, "%s", f->dev_err);
     return -1;
 }
