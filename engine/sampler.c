@@ -135,19 +135,33 @@ int32_t samp_argmax(const float *l, int32_t n)
     return b;
 }
 
-static void apply_penalty(samp *s, float *l)
+/* The ids the repetition penalty applies to into out (at most 4096): each id of the window once,
+ * however often it occurs in it; none when the penalty is off. Returns their count. */
+static int32_t penalized_ids(const samp *s, int32_t *out)
 {
-    float pen = s->p.repeat_penalty;
-    if (pen == 1.0f || s->n_recent == 0) return;
-    /* Each id once, however often it occurs in the window. */
+    int32_t n = 0;
+    if (s->p.repeat_penalty == 1.0f) return 0;
     for (int32_t i = 0; i < s->n_recent; i++) {
         int32_t id = s->recent[i];
         if (id < 0 || id >= s->n_vocab) continue;
         int seen = 0;
         for (int32_t j = 0; j < i && !seen; j++) seen = s->recent[j] == id;
-        if (seen) continue;
-        l[id] = l[id] > 0 ? l[id] / pen : l[id] * pen;
+        if (!seen) out[n++] = id;
     }
+    return n;
+}
+
+static void apply_penalty(samp *s, float *l)
+{
+    int32_t n = penalized_ids(s, s->cand);   /* cand is free until the candidates are gathered */
+    for (int32_t i = 0; i < n; i++) l[s->cand[i]] = lp_penalize(l[s->cand[i]], s->p.repeat_penalty);
+}
+
+/* min-p keeps p >= min_p * p_max, i.e. logit >= max + T ln(min_p); anything below can never be
+ * chosen (-inf: min-p off). */
+static float min_p_floor(const samp *s, float mx)
+{
+    return s->p.min_p > 0.0f && s->p.min_p <= 1.0f ? mx + s->p.temperature * logf(s->p.min_p) : -INFINITY;
 }
 
 /* Candidates sorted by logit, descending (ties: lower id first). */
@@ -232,11 +246,7 @@ int32_t samp_sample(samp *s, float *l)
     if (s->p.temperature <= 0.0f) return samp_argmax(l, n);
     float mx = l[samp_argmax(l, n)];
     if (mx == -INFINITY) return samp_argmax(l, n);
-    float temp = s->p.temperature;
-    /* min-p keeps p >= min_p * p_max, i.e. logit >= max + T ln(min_p); anything below can never be
-     * chosen, so drop it before sorting. */
-    float floor_l = -INFINITY;
-    if (s->p.min_p > 0.0f && s->p.min_p <= 1.0f) floor_l = mx + temp * logf(s->p.min_p);
+    float floor_l = min_p_floor(s, mx);   /* dropped before sorting */
     int32_t nc = 0;
     for (int32_t i = 0; i < n; i++)
         if (l[i] > -INFINITY && l[i] >= floor_l) s->cand[nc++] = i;
@@ -253,24 +263,14 @@ int32_t samp_pick_request(const samp *s, int32_t k_max, int32_t *pen_ids, float 
 {
     *penalty = s->p.repeat_penalty;
     *k = s->p.temperature <= 0.0f ? 1 : s->p.top_k > 0 && s->p.top_k < k_max ? s->p.top_k : k_max;
-    int32_t n = 0;
-    if (s->p.repeat_penalty == 1.0f) return 0;
-    for (int32_t i = 0; i < s->n_recent; i++) {   /* each id once, as apply_penalty takes them */
-        int32_t id = s->recent[i];
-        if (id < 0 || id >= s->n_vocab) continue;
-        int seen = 0;
-        for (int32_t j = 0; j < i && !seen; j++) seen = s->recent[j] == id;
-        if (!seen) pen_ids[n++] = id;
-    }
-    return n;
+    return penalized_ids(s, pen_ids);
 }
 
 int32_t samp_sample_top(samp *s, const float *val, const int32_t *id, int32_t n, int32_t k)
 {
     if (n == 0) return 0;   /* every value -inf: samp_sample's argmax answers 0 */
     if (s->p.temperature <= 0.0f) return id[0];
-    float floor_l = -INFINITY;
-    if (s->p.min_p > 0.0f && s->p.min_p <= 1.0f) floor_l = val[0] + s->p.temperature * logf(s->p.min_p);
+    float floor_l = min_p_floor(s, val[0]);
     int32_t nc = 0;
     while (nc < n && val[nc] >= floor_l) nc++;
     int top_k = s->p.top_k > 0;
