@@ -21,12 +21,11 @@
 #define LP_HD static inline
 #endif
 
-/* A logit as the sampler reads it: soft-capped (cap > 0: cap * tanh(l / cap)), NaN as -inf. */
-LP_HD float lp_value(float logit, float cap)
-{
-    float v = cap > 0.0f ? cap * tanhf(logit / cap) : logit;
-    return v != v ? -INFINITY : v;
-}
+/* The model's final soft cap of one logit (cap > 0). */
+LP_HD float lp_cap(float logit, float cap) { return cap * tanhf(logit / cap); }
+
+/* A logit as the sampler reads it: NaN as -inf. */
+LP_HD float lp_value(float logit) { return logit != logit ? -INFINITY : logit; }
 
 /* The repetition penalty: a positive value divided by it, any other multiplied. */
 LP_HD float lp_penalize(float v, float penalty) { return v > 0.0f ? v / penalty : v * penalty; }
@@ -73,6 +72,19 @@ LP_HD void lp_entropy_finish(const double acc[3], double *entropy, double *varen
     double m1 = acc[1] / acc[0], h = log(acc[0]) - m1, v = acc[2] / acc[0] - m1 * m1;
     *entropy = h > 0 ? h : 0;
     *varentropy = v > 0 ? v : 0;
+}
+
+/* The entropy and varentropy of softmax(l / temp) over a row whose largest value is mx (temp <= 0:
+ * 1), its terms summed one after another: 0 when mx is not finite (nothing, or +inf: all the mass
+ * on the top). */
+static inline void lp_row_entropy(const float *l, int64_t n, float mx, float temp, double *entropy, double *varentropy)
+{
+    *entropy = *varentropy = 0;
+    if (!(mx > -INFINITY) || !isfinite(mx)) return;
+    const float inv = 1.0f / (temp > 0 ? temp : 1.0f);
+    double acc[3] = { 0, 0, 0 };
+    for (int64_t i = 0; i < n; i++) lp_entropy_term(acc, l[i], mx, inv);
+    lp_entropy_finish(acc, entropy, varentropy);
 }
 
 #endif

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/logit_pick.h"
 #include "engine/policy/policy.h"
 
 #define OUT_ROWS 16   /* rows of the vocabulary projection computed at once when all logits are wanted */
@@ -594,7 +595,7 @@ static void soft_cap(const model_hparams *hp, float *l, int64_t n)
 {
     if (hp->final_softcap <= 0) return;
     float c = hp->final_softcap;
-    for (int64_t i = 0; i < n; i++) l[i] = c * tanhf(l[i] / c);
+    for (int64_t i = 0; i < n; i++) l[i] = lp_cap(l[i], c);
 }
 
 /* Logits for rows [r0, r0+nr) of the chunk's hidden states: into f->logits, soft-capped, or with

@@ -348,17 +348,8 @@ void samp_entropy(const float *l, int32_t n, float temp, double *entropy, double
 {
     /* One pass: with a_i = (l_i - max) / temp, w_i = e^a_i and Z = sum w, ln p_i = a_i - ln Z, so
      * H = ln Z - S1/Z and the variance of ln p is S2/Z - (S1/Z)^2 (S1 = sum w a, S2 = sum w a^2). */
-    if (temp <= 0) temp = 1;
     float mx = -INFINITY;
     for (int32_t i = 0; i < n; i++)
         if (l[i] > mx) mx = l[i];
-    if (!(mx > -INFINITY) || !isfinite(mx)) {   /* nothing or +inf: all mass on the top token(s) */
-        *entropy = 0;
-        *varentropy = 0;
-        return;
-    }
-    const float inv = 1.0f / temp;
-    double acc[3] = { 0, 0, 0 };
-    for (int32_t i = 0; i < n; i++) lp_entropy_term(acc, l[i], mx, inv);
-    lp_entropy_finish(acc, entropy, varentropy);
+    lp_row_entropy(l, n, mx, temp, entropy, varentropy);
 }

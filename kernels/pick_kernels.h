@@ -45,7 +45,7 @@ LP_HD uint64_t pk_token_key(const float *logits, int64_t n, const uint32_t *pen_
     int64_t i = base + slot;
     *raw = -INFINITY;
     if (i >= n) return 0;
-    float v = lp_value(logits[i], 0);
+    float v = lp_value(logits[i]);
     *raw = v;
     if (pen_bits[slot >> 5] >> (slot & 31) & 1u) v = lp_penalize(v, penalty);
     return v > -INFINITY ? lp_key(v, (int32_t)i) : 0;
@@ -86,7 +86,7 @@ LP_HD void pk_entropy_thread(const float *logits, int64_t n, int64_t base, int t
 {
     for (int r = 0; r < PK_PER_THREAD; r++) {
         int64_t i = base + tid + (int64_t)r * PK_THREADS;
-        if (i < n) lp_entropy_term(acc, lp_value(logits[i], 0), mx, inv);
+        if (i < n) lp_entropy_term(acc, lp_value(logits[i]), mx, inv);
     }
 }
 

@@ -67,7 +67,7 @@ static int cmp_key_desc(const void *a, const void *b)
 void cpu_pick_row(be_pick *p)
 {
     if (p->softcap > 0)   /* in place, as the forward pass capped a row it read (engine/forward.c) */
-        for (int32_t i = 0; i < p->n; i++) p->logits[i] = p->softcap * tanhf(p->logits[i] / p->softcap);
+        for (int32_t i = 0; i < p->n; i++) p->logits[i] = lp_cap(p->logits[i], p->softcap);
     int32_t pen[4096], n_pen = p->n_pen < 0 ? 0 : p->n_pen < 4096 ? p->n_pen : 4096;
     for (int32_t i = 0; i < n_pen; i++) pen[i] = p->pen_ids[i];
     qsort(pen, (size_t)n_pen, sizeof pen[0], cmp_i32);
@@ -86,7 +86,7 @@ void cpu_pick_row(be_pick *p)
             if (!(bm > -INFINITY) || bm < floor_v) continue;   /* nothing here can enter the heap */
         }
         for (int32_t i = (int32_t)b0; i < b1; i++) {
-            float v = lp_value(p->logits[i], 0);
+            float v = lp_value(p->logits[i]);
             if (v > mx) mx = v;
             while (next_pen < n_pen && pen[next_pen] < i) next_pen++;
             if (next_pen < n_pen && pen[next_pen] == i) v = lp_penalize(v, p->penalty);
@@ -108,9 +108,5 @@ void cpu_pick_row(be_pick *p)
     }
     p->n_out = n_heap;
     p->h = p->vh = 0;
-    if (!p->entropy || !(mx > -INFINITY) || !isfinite(mx)) return;   /* nothing, or +inf: all mass on the top */
-    float temp = p->temp > 0 ? p->temp : 1.0f, inv = 1.0f / temp;
-    double acc[3] = { 0, 0, 0 };
-    for (int32_t i = 0; i < p->n; i++) lp_entropy_term(acc, lp_value(p->logits[i], 0), mx, inv);
-    lp_entropy_finish(acc, &p->h, &p->vh);
+    if (p->entropy) lp_row_entropy(p->logits, p->n, mx, p->temp, &p->h, &p->vh);
 }

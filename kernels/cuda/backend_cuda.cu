@@ -1509,7 +1509,7 @@ __global__ void __launch_bounds__(PK_THREADS) pick_entropy_kernel(const float *l
 __global__ void pick_softcap_kernel(float *l, int64_t n, float cap)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) l[i] = cap * tanhf(l[i] / cap);
+    if (i < n) l[i] = lp_cap(l[i], cap);
 }
 
 /* The row's entropy and varentropy from the slices' sums, added in slice order. */
