@@ -21,8 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench/bench_time.h"
 #include "kernels/page_tables.h"
 
 enum { HKV = 8, D = 128, P = 32, STEPS = 64 };
@@ -30,19 +30,6 @@ enum { HKV = 8, D = 128, P = 32, STEPS = 64 };
 static void *h_alloc(void *ud, size_t bytes) { return malloc(bytes); }
 static void h_release(void *ud, void *p) { free(p); }
 static int q_upload(void *ud, void *dst, const void *src, size_t bytes) { return ub_add(ud, dst, src, bytes); }
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 typedef struct rig {
     ub_batch batch;
@@ -112,13 +99,13 @@ static int run(int64_t ctx, int shape_given)
         pt_call out;
         pt_begin_call(&r.tables, 1u << 30);
         uint64_t pieces0 = r.batch.sent_pieces;
-        double t0 = now_us();
+        double t0 = bench_now_us();
         if (pt_build(&r.tables, 1, shape_given ? 77 : 0, list, e, hp, HKV, NULL, &out) != PT_OK) {
             fprintf(stderr, "page_tables_bench: pt_build failed\n");
             return 1;
         }
         pack(&r);
-        double dt = now_us() - t0;
+        double dt = bench_now_us() - t0;
         if (step >= 0 && nt[mode] < STEPS) {
             t[mode][nt[mode]++] = dt;
             pieces[mode] = r.batch.sent_pieces - pieces0;
@@ -127,10 +114,10 @@ static int run(int64_t ctx, int shape_given)
         n_tok++;   /* the step's token */
     }
     for (int m = 0; m < 3; m++) {
-        qsort(t[m], (size_t)nt[m], sizeof(double), cmp_double);
+        double med = bench_median(t[m], nt[m]);
         if (shape_given && m == 2) continue;   /* the same as without */
         printf("%6lld tokens  %-8s %-9s %8.1f us a layer call  (%lld entries, %llu pieces in the batch)\n",
-               (long long)ctx, modes[m], m == 2 ? "" : shape_given ? "shape" : "no shape", t[m][nt[m] / 2],
+               (long long)ctx, modes[m], m == 2 ? "" : shape_given ? "shape" : "no shape", med,
                (long long)entries, (unsigned long long)pieces[m]);
     }
     pt_free(&r.tables);

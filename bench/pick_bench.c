@@ -20,25 +20,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench/bench_time.h"
 #include "engine/sampler.h"
 #include "kernels/backend.h"
 
 enum { DRAWS = 200 };
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float frand(void)
@@ -88,11 +75,11 @@ int main(int argc, char **argv)
         for (int d = 0; d < DRAWS; d++) {
             for (int32_t i = 0; i < nv; i++) row[i] = 4.0f * frand() - 6.0f;   /* the tail */
             for (int i = 0; i < 12; i++) row[(int32_t)(frand() * (float)nv)] = 6.0f + 4.0f * frand();
-            double t0 = now_us(), h, vh;
+            double t0 = bench_now_us(), h, vh;
             memcpy(work, row, sizeof(float) * (size_t)nv);   /* the row as it arrives */
             if (set[si].monitor) samp_entropy(work, nv, sp.temperature, &h, &vh);
             int32_t want = samp_sample(a, work);
-            double t1 = now_us();
+            double t1 = bench_now_us();
             int32_t pen[4096], k;
             float penalty, val[BE_PICK_MAX];
             int32_t id[BE_PICK_MAX];
@@ -105,7 +92,7 @@ int main(int argc, char **argv)
                 got = samp_sample(b, work);
                 again++;
             }
-            double t2 = now_us();
+            double t2 = bench_now_us();
             if (got != want) {
                 fprintf(stderr, "pick_bench: %s draw %d: %d from the candidates, %d from the row\n", set[si].name, d,
                         got, want);
@@ -116,9 +103,8 @@ int main(int argc, char **argv)
             t_row[d] = t1 - t0;
             t_pick[d] = t2 - t1;
         }
-        qsort(t_row, DRAWS, sizeof t_row[0], cmp_double);
-        qsort(t_pick, DRAWS, sizeof t_pick[0], cmp_double);
-        printf("%-20s %10.1f %10.1f %9d/%d\n", set[si].name, t_row[DRAWS / 2], t_pick[DRAWS / 2], again, DRAWS);
+        printf("%-20s %10.1f %10.1f %9d/%d\n", set[si].name, bench_median(t_row, DRAWS), bench_median(t_pick, DRAWS),
+               again, DRAWS);
         samp_free(a);
         samp_free(b);
     }
