@@ -58,7 +58,7 @@ APP_C     := $(wildcard app/*.c) $(wildcard app/eval/*.c) $(wildcard ui/*.c)
 REF_GATE_C:= tests/ref_gate.c
 UNIT_C    := $(wildcard tests/test_*.c) $(REF_GATE_C) tests/sess_fixture.c tests/fwd_fixture.c
 MODEL_T_C := $(wildcard tests/model/test_*.c)
-GPU_T_C   := $(wildcard tests/gpu/test_*.c) $(REF_GATE_C)
+GPU_T_C   := $(wildcard tests/gpu/test_*.c) $(REF_GATE_C) tests/fwd_fixture.c
 
 LIB_OBJ  := $(ENGINE_C:%.c=$(OBJ)/%.o) $(ENGINE_CXX:%.cpp=$(OBJ)/%.o) $(KERNEL_C:%.c=$(OBJ)/%.o) \
             $(KERNEL_CU:%.cu=$(BUILD)/%.o)

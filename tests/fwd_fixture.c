@@ -38,3 +38,27 @@ int32_t *fwd_fixture_prompt(const model *m, const char *path, size_t *n)
     cr_assert(tok_encode(m->vocab, buf, len, tok_add_bos(m->vocab), 0, &ids, n, err, sizeof err) == 0, "%s", err);
     return ids;
 }
+
+static void rec_token(void *ud, int32_t id)
+{
+    fx_answer *o = ud;
+    if (o->n < 256) o->tok[o->n++] = id;
+}
+
+static void rec_page(void *ud, int64_t page, const unc_stats *st)
+{
+    fx_answer *o = ud;
+    if (o->n_page < 32) o->page[o->n_page++] = *st;
+}
+
+static void rec_event(void *ud, const unc_event *e)
+{
+    fx_answer *o = ud;
+    if (o->n_ev < 8) o->ev[o->n_ev++] = *e;
+}
+
+gen_callbacks fwd_fixture_recorder(fx_answer *out)
+{
+    gen_callbacks cb = { out, rec_token, rec_page, rec_event };
+    return cb;
+}

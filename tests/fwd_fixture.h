@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "engine/forward.h"
+#include "engine/generate.h"
 #include "engine/model.h"
 #include "engine/policy/policy.h"
 
@@ -16,5 +17,19 @@ pol_set *fwd_fixture_policy_make(fwd_ctx *f, const char *spec);
 pol_set *fwd_fixture_policy(fwd_ctx *f, const char *spec);
 /* The tokens of a prompt file (with m's BOS when it adds one), asserted; *n their count. */
 int32_t *fwd_fixture_prompt(const model *m, const char *path, size_t *n);
+
+/* What an answer handed out (gen_answer): its final tokens, its events and its checked pages' statistics,
+ * the first of each that fit. */
+typedef struct fx_answer {
+    int32_t tok[256];
+    int n;
+    gen_result res;
+    unc_event ev[8];
+    int n_ev;
+    unc_stats page[32];
+    int n_page;
+} fx_answer;
+/* Callbacks that record an answer into out. */
+gen_callbacks fwd_fixture_recorder(fx_answer *out);
 
 #endif

@@ -189,35 +189,9 @@ Test(pick, choosing_from_the_candidates_is_samp_sample)
 
 /* ---------------------------------------------------------------- answers on the tiny models */
 
-typedef struct answer_out {
-    int32_t tok[96];
-    int n;
-    gen_result res;
-    unc_event ev[4];
-    int n_ev;
-    unc_stats page[16];
-    int n_page;
-} answer_out;
-
-static void on_token(void *ud, int32_t id)
-{
-    answer_out *o = ud;
-    if (o->n < 96) o->tok[o->n++] = id;
-}
-static void on_page(void *ud, int64_t page, const unc_stats *st)
-{
-    answer_out *o = ud;
-    if (o->n_page < 16) o->page[o->n_page++] = *st;
-}
-static void on_event(void *ud, const unc_event *e)
-{
-    answer_out *o = ud;
-    if (o->n_ev < 4) o->ev[o->n_ev++] = *e;
-}
-
 /* A sampled answer with the repetition penalty, pages of 8 watched with thresholds of 0 (every page
  * crosses: backtracking), on the CPU backend with its pick or without it (the row read and sampled). */
-static void answer(const char *file, const samp_params *sp, int with_pick, answer_out *out)
+static void answer(const char *file, const samp_params *sp, int with_pick, fx_answer *out)
 {
     char err[512];
     model *m;
@@ -243,7 +217,7 @@ static void answer(const char *file, const samp_params *sp, int with_pick, answe
     unc_monitor *mon = unc_create(8, 0);
     unc_thresholds thr = { .valid = 1, .h_mean = 0, .h_var = 0 };   /* every page crosses */
     gen_opts go = { 64, ids[n_ids - 1], &thr, 2, sp->temperature, 1, NULL, 0 };
-    gen_callbacks cb = { out, on_token, on_page, on_event };
+    gen_callbacks cb = fwd_fixture_recorder(out);
     gen_ctx gc = { f, s, m->vocab, mon, logits, nv, NULL };
     cr_assert(gen_answer(&gc, &go, &cb, &out->res, err, sizeof err) == 0, "%s", err);
     unc_free(mon);
@@ -266,7 +240,7 @@ Test(pick, answers_are_the_same_with_and_without_the_backends_pick, .timeout = 2
             sp.repeat_penalty = 1.2f;
             if (setting == 1) sp.top_k = 0;   /* min-p alone */
             if (setting == 2) sp.temperature = 0;
-            answer_out a, c;
+            fx_answer a, c;
             answer(files[i], &sp, 1, &a);
             answer(files[i], &sp, 0, &c);
             cr_assert(a.n >= 8, "%s: only %d tokens", files[i], a.n);

@@ -120,29 +120,9 @@ Test(uncertainty, thresholds_file_round_trip_and_bad_files)
 
 /* ---------------------------------------------------------------- the answer loop on a tiny model */
 
-typedef struct run_out {
-    int32_t tok[256];
-    int n;
-    gen_result res;
-    unc_event ev[8];
-    int n_ev;
-} run_out;
-
-static void keep_token(void *ud, int32_t id)
-{
-    run_out *o = ud;
-    if (o->n < 256) o->tok[o->n++] = id;
-}
-
-static void keep_event(void *ud, const unc_event *e)
-{
-    run_out *o = ud;
-    if (o->n_ev < 8) o->ev[o->n_ev++] = *e;
-}
-
 /* Prefill the prompt and answer n tokens with pages of P tokens; thr NULL: plain decoding by hand
  * (sample, decode), the reference. */
-static void answer(const char *file, const char *spec, const unc_thresholds *thr, int R, int P, int n, run_out *out)
+static void answer(const char *file, const char *spec, const unc_thresholds *thr, int R, int P, int n, fx_answer *out)
 {
     char err[512];
     model *m;
@@ -179,7 +159,7 @@ static void answer(const char *file, const char *spec, const unc_thresholds *thr
     } else {
         unc_monitor *mon = unc_create(P, 0);
         gen_opts go = { n, ids[n_ids - 1], thr, R, 0, 0, NULL, 0 };
-        gen_callbacks cb = { out, keep_token, NULL, keep_event };
+        gen_callbacks cb = fwd_fixture_recorder(out);
         gen_ctx gc = { f, s, m->vocab, mon, logits, nv, NULL };
         cr_assert(gen_answer(&gc, &go, &cb, &out->res, err, sizeof err) == 0, "%s", err);
         cr_expect_eq(out->res.n_gen, out->n, "every final token was handed out once");
@@ -202,7 +182,7 @@ Test(uncertainty, without_triggers_the_answer_is_plain_decoding, .timeout = 120)
 {
     const char *files[2] = { TD "tiny/tiny-llama-f16.gguf", TD "tiny/tiny-gemma3-f16.gguf" };
     for (int i = 0; i < 2; i++) {
-        run_out plain, off, high;
+        fx_answer plain, off, high;
         answer(files[i], "chess:rebuild=event", NULL, 0, 8, 40, &plain);
         cr_assert(plain.n >= 16, "the tiny model answered only %d tokens", plain.n);
         unc_thresholds none = { 0 };
@@ -222,7 +202,7 @@ Test(uncertainty, forced_trigger_regenerates_exactly_one_page_and_logs_it, .time
     const char *files[2] = { TD "tiny/tiny-llama-f16.gguf", TD "tiny/tiny-gemma3-f16.gguf" };
     const int P = 8, n = 48;   /* longer than the tiny Gemma's 32-token window plus a page */
     for (int i = 0; i < 2; i++) {
-        run_out plain, forced;
+        fx_answer plain, forced;
         answer(files[i], "full", NULL, 0, P, n, &plain);
         cr_assert(plain.n == n, "the tiny model stopped after %d tokens", plain.n);
         unc_thresholds zero = { .valid = 1, .h_mean = 0, .h_var = 0 };
@@ -246,7 +226,7 @@ Test(uncertainty, forced_trigger_regenerates_exactly_one_page_and_logs_it, .time
         cr_expect(fabs(e->after.mean_h - e->stats.mean_h) < 1e-6, "same tokens, same statistics");
         /* every page regenerated once: the later rollbacks land inside the answer, where the
          * sliding-window layers must still hold what the page start needs */
-        run_out all;
+        fx_answer all;
         answer(files[i], "full", &zero, n / P, P, n, &all);
         cr_expect_eq(all.res.regenerated, n / P);
         cr_expect_eq(all.res.n_decoded, (int64_t)(n - 1 + n), "%s: every page decoded twice", files[i]);
@@ -262,7 +242,7 @@ Test(uncertainty, an_answer_shorter_than_a_page_is_checked_and_regenerated, .tim
     const char *files[2] = { TD "tiny/tiny-llama-f16.gguf", TD "tiny/tiny-gemma3-f16.gguf" };
     const int P = 8, n = 6;
     for (int i = 0; i < 2; i++) {
-        run_out plain, forced, tiny;
+        fx_answer plain, forced, tiny;
         answer(files[i], "full", NULL, 0, P, n, &plain);
         cr_assert(plain.n == n, "the tiny model stopped after %d tokens", plain.n);
         unc_thresholds zero = { .valid = 1, .h_mean = 0, .h_var = 0 };
@@ -289,7 +269,7 @@ Test(uncertainty, chess_reselection_reports_the_pages_it_changed, .timeout = 120
 {
     /* the anchor moves with the generated keys, so a reselection at a page end may pick other pages;
      * whatever it picks, the event's lists must match the selection before and after */
-    run_out forced;
+    fx_answer forced;
     unc_thresholds zero = { .valid = 1, .h_mean = 0, .h_var = 0 };
     answer(TD "tiny/tiny-llama-f16.gguf", "chess:rebuild=event,budget=64,sink=1,window=1", &zero, 2, 8, 32, &forced);
     cr_expect_eq(forced.res.regenerated, 2);

@@ -29,6 +29,7 @@
 #include "engine/generate.h"
 #include "engine/tokenizer.h"
 
+#include "tests/fwd_fixture.h"
 #include "tests/ref_gate.h"
 
 /* KVCHAT_TESTDATA points elsewhere on a GPU machine that has only part of the test data: a tiny
@@ -1341,24 +1342,6 @@ Test(cuda, the_pick_on_the_device_is_the_cpu_backends)
     free(host);
 }
 
-typedef struct pick_answer {
-    int32_t tok[64];
-    int n;
-    gen_result res;
-    double h[8];
-    int n_page;
-} pick_answer;
-static void pa_token(void *ud, int32_t id)
-{
-    pick_answer *o = ud;
-    if (o->n < 64) o->tok[o->n++] = id;
-}
-static void pa_page(void *ud, int64_t page, const unc_stats *st)
-{
-    pick_answer *o = ud;
-    if (o->n_page < 8) o->h[o->n_page++] = st->mean_h;
-}
-
 /* A sampled, penalized answer that backtracks (thresholds of 0) on the GPU, through the device's
  * pick or, with pick NULL, from the row downloaded: the logits are the same device bits, so the
  * tokens must be too. */
@@ -1368,7 +1351,7 @@ Test(cuda, answers_through_the_devices_pick_equal_those_from_the_row)
     for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
         model *m = load_tiny(fi);
         if (!m) continue;
-        pick_answer out[2];
+        fx_answer out[2];
         for (int with = 0; with < 2; with++) {
             be_ops no_pick = *gpu->ops;
             no_pick.pick = NULL;
@@ -1390,7 +1373,7 @@ Test(cuda, answers_through_the_devices_pick_equal_those_from_the_row)
             unc_thresholds thr = { .valid = 1, .h_mean = 0, .h_var = 0 };
             gen_opts go = { 40, ids[23], &thr, 2, sp.temperature, 1, NULL, 0 };
             memset(&out[with], 0, sizeof out[with]);
-            gen_callbacks cb = { &out[with], pa_token, pa_page, NULL };
+            gen_callbacks cb = fwd_fixture_recorder(&out[with]);
             gen_ctx gc = { f, s, m->vocab, mon, logits, m->hp.n_vocab, NULL };
             cr_assert(gen_answer(&gc, &go, &cb, &out[with].res, err, sizeof err) == 0, "%s", err);
             unc_free(mon);
@@ -1404,8 +1387,8 @@ Test(cuda, answers_through_the_devices_pick_equal_those_from_the_row)
         cr_expect(out[1].res.regenerated > 0 && out[0].res.regenerated == out[1].res.regenerated, "%s: backtracking",
                   files[fi]);
         for (int i = 0; i < out[0].n_page && i < out[1].n_page; i++)
-            cr_expect(fabs(out[0].h[i] - out[1].h[i]) <= 1e-5 * fmax(1, out[0].h[i]), "%s page %d: entropy %g, %g",
-                      files[fi], i, out[0].h[i], out[1].h[i]);
+            cr_expect(fabs(out[0].page[i].mean_h - out[1].page[i].mean_h) <= 1e-5 * fmax(1, out[0].page[i].mean_h),
+                      "%s page %d: entropy %g, %g", files[fi], i, out[0].page[i].mean_h, out[1].page[i].mean_h);
         model_free(m);
     }
 }
