@@ -48,7 +48,6 @@ struct kv_cache {
     float *tmp;            /* [row_dim] scratch for summaries */
 };
 
-static uint64_t next_gen(void);
 
 static void account(kv_cache *kv, int64_t delta)
 {
@@ -79,7 +78,7 @@ kv_cache *kv_create(int n_layer, int64_t n_ctx, int n_head_kv, int64_t head_dim,
     if (!kv->layers || !kv->free_list || !kv->tmp) goto oom;
     for (int il = 0; il < n_layer; il++) {
         kv->layers[il].window = window ? window[il] : 0;
-        kv->layers[il].shape = next_gen();
+        kv->layers[il].shape = kv_next_gen();
         kv->layers[il].heads = calloc((size_t)n_head_kv, sizeof(kv_stream));
         if (!kv->layers[il].heads) goto oom;
     }
@@ -128,9 +127,7 @@ uint64_t kv_page_bytes(const kv_cache *kv) { return kv->page_bytes; }
 void kv_set_floor(kv_cache *kv, int64_t pos) { kv->floor = pos; }
 void kv_set_mark(kv_cache *kv, int64_t pos) { kv->mark = pos; }
 
-/* A new content generation, unique in the process (device copies of pages compare them); layer
- * shapes are drawn from the same counter. */
-static uint64_t next_gen(void)
+uint64_t kv_next_gen(void)
 {
     static _Atomic uint64_t counter;
     return ++counter;
@@ -138,12 +135,12 @@ static uint64_t next_gen(void)
 
 uint64_t kv_layer_shape(const kv_cache *kv, int il) { return kv->layers[il].shape; }
 
-static void reshape(kv_cache *kv, int il) { kv->layers[il].shape = next_gen(); }
+static void reshape(kv_cache *kv, int il) { kv->layers[il].shape = kv_next_gen(); }
 
 static void page_reset(const kv_cache *kv, kv_page *p)
 {
     p->n = 0;
-    p->gen = next_gen();
+    p->gen = kv_next_gen();
     p->merged = 0;
     for (int64_t i = 0; i < kv->row_dim; i++) {
         p->ksum[i] = 0;
@@ -293,7 +290,7 @@ static void stream_truncate(kv_cache *kv, int il, int h, int64_t pos)
             continue;
         }
         p->n = keep;
-        p->gen = next_gen();   /* the rows past keep will be written again */
+        p->gen = kv_next_gen();   /* the rows past keep will be written again */
         kv_page_resummarize(kv, p);
         break;
     }

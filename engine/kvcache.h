@@ -77,6 +77,10 @@ void kv_trim_window(kv_cache *kv, int il, int64_t q_min, int64_t eval_start);
  * Pages edited in place through kv_layer_page are not seen: edit through the functions here. */
 uint64_t kv_layer_shape(const kv_cache *kv, int il);
 
+/* A value unique in the process: pages' content generations (device copies compare them), layer
+ * shapes, and the generations of a policy's own summaries (be_summary.gen) are drawn from it. */
+uint64_t kv_next_gen(void);
+
 /* The page table of KV head h of layer il. */
 int kv_n_pages(const kv_cache *kv, int il, int h);
 kv_page *kv_layer_page(const kv_cache *kv, int il, int h, int i);

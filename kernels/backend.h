@@ -93,6 +93,39 @@ typedef struct be_range {
     size_t bytes;
 } be_range;
 
+/* A summary the selection policies score (Quest's pages, SentKV's segments): an element-wise key
+ * minimum mn and maximum mx, [dim] each. While mn, gen and n stay the same, neither array changes
+ * (a device backend keeps a copy and sends only the summaries that changed); gen 0: unknown, sent
+ * every call. */
+typedef struct be_summary {
+    const float *mn, *mx;
+    uint64_t gen;
+    int64_t n;
+} be_summary;
+
+/* Quest's upper bound of the attention logit of each KV head's group of queries over that head's
+ * summaries: for summary i of head h, u = sum over the group's queries j, in order, of
+ * sum over d of max(q[j][d] * mn[d], q[j][d] * mx[d]), the inner sum in vd_bound_f32's order (16
+ * lanes, then their halves, then the tail) on every backend, so the bounds are the same floats. */
+typedef struct be_bounds {
+    const float *q;           /* [n_head_kv][group][dim], already scaled (may be bound) */
+    int n_head_kv, group;
+    int64_t dim;
+    const be_summary *sum;    /* head h's summaries: sum[off[h] .. off[h + 1]) */
+    const int64_t *off;       /* [n_head_kv + 1] */
+    /* As be_attn's: a name for this list of summaries and, nonzero, the promise that if the last
+     * call under the name gave the same shape, each head's list has since only grown at its end,
+     * and of the entries it had, only the last may have changed (its gen or n), so a backend need
+     * not look further back. */
+    uint64_t table, shape;
+    /* k > 0: each head's k best summaries (clamped to BE_PICK_MAX), in lp_key's order of the bounds
+     * (larger first, lower index first among equal ones, NaN as -inf, -inf never chosen), written
+     * as ascending indices to best[h * k ..], n_best[h] of them. */
+    int32_t k;
+    int32_t *best, *n_best;
+    float *u;                 /* NULL, or every bound: [off[n_head_kv]] */
+} be_bounds;
+
 /* The best candidates of one row of logits, for the sampler (engine/sampler.h), so that a device
  * backend sends back a few hundred bytes instead of the row. With softcap > 0 the row is first
  * soft-capped in place (l = softcap * tanh(l / softcap), with the backend's tanh), so that a reader
@@ -139,11 +172,9 @@ typedef struct be_ops {
     /* y[r] = dot(m row r, x) for rows r < n_rows of an f32 matrix [n_rows][dim]: the selection
      * policies score every page summary against an anchor or query with one product. */
     void (*scores)(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y);
-    /* Quest's upper bound of the attention logits of n_q queries q[n_q][dim] over n summaries, each an
-     * element-wise key minimum mn[i] and maximum mx[i] ([dim] each):
-     * u[i] = sum over queries j of sum over d of max(q[j][d] * mn[i][d], q[j][d] * mx[i][d]). */
-    void (*bounds)(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn,
-                   const float *const *mx, int64_t n, float *u);
+    /* The selection policies' page scoring (be_bounds above): every KV head's bounds and, with
+     * r->k > 0, each head's best, in one call. The answers are on the host when this returns. */
+    void (*bound_pages)(be_backend *b, be_bounds *r);
     /* Copy the weights a model will multiply to the device now, so running out of device memory is
      * an error at load time naming what was needed (NULL: nothing to do). 0, or -1 with a message. */
     int (*prepare)(be_backend *b, const be_weight *const *w, int n, char *err, size_t errlen);

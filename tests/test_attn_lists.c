@@ -213,11 +213,7 @@ static void c_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim,
 {
     ck.cpu->ops->scores(ck.cpu, m, n_rows, dim, x, y);
 }
-static void c_bounds(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn, const float *const *mx,
-                     int64_t n, float *u)
-{
-    ck.cpu->ops->bounds(ck.cpu, q, n_q, dim, mn, mx, n, u);
-}
+static void c_bound_pages(be_backend *b, be_bounds *r) { ck.cpu->ops->bound_pages(ck.cpu, r); }
 static void c_add(be_backend *b, float *x, const float *y, int64_t n) { ck.cpu->ops->add(ck.cpu, x, y, n); }
 static void c_scale(be_backend *b, float *x, int64_t n, float s) { ck.cpu->ops->scale(ck.cpu, x, n, s); }
 static void c_destroy(be_backend *b) { free(b); }
@@ -226,7 +222,7 @@ static int c_bind(be_backend *b, void *host, size_t bytes, char *err, size_t err
 static void c_unbind(be_backend *b, void *host) {}
 
 static const be_ops check_ops = {
-    "check", c_matmul, c_rmsnorm, c_rope, c_glu, c_get_rows, c_attention, c_scores, c_bounds, NULL, NULL, c_destroy,
+    "check", c_matmul, c_rmsnorm, c_rope, c_glu, c_get_rows, c_attention, c_scores, c_bound_pages, NULL, NULL, c_destroy,
     c_add, c_scale, c_bind, c_unbind, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 

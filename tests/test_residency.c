@@ -208,10 +208,18 @@ static void s_scale(be_backend *b, float *x, int64_t n, float s)
     spoil(b, x, (size_t)n);
 }
 
-static void s_bounds(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn, const float *const *mx,
-                     int64_t n, float *u)
+/* The queries are read on the device, as a GPU reads them; a skipped op leaves no best pages. */
+static void s_bound_pages(be_backend *b, be_bounds *r)
 {
-    sh(b)->cpu->ops->bounds(sh(b)->cpu, q, n_q, dim, mn, mx, n, u);
+    if (skip(b)) {
+        for (int h = 0; h < r->n_head_kv; h++)
+            if (r->n_best) r->n_best[h] = 0;
+        return;
+    }
+    be_bounds c = *r;
+    c.q = in(b, r->q, (size_t)(r->n_head_kv * r->group * r->dim));
+    sh(b)->cpu->ops->bound_pages(sh(b)->cpu, &c);
+    r->k = c.k;
 }
 
 static int s_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
@@ -279,7 +287,7 @@ static const be_ops shadow_ops = {
     .get_rows = s_get_rows,
     .attention = s_attention,
     .scores = s_scores,
-    .bounds = s_bounds,
+    .bound_pages = s_bound_pages,
     .destroy = s_destroy,
     .add = s_add,
     .scale = s_scale,

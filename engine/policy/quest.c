@@ -21,10 +21,12 @@ _Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "quest
 typedef struct st_quest {
     double budget;
     int64_t cur;
-    float *score;
+    float *score;             /* every head's bounds, when they come back (a trace, or k past BE_PICK_MAX) */
     int *idx;
-    const float **mn, **mx;   /* the pages' key minima and maxima, for the backend's bounds */
-    int cap;
+    be_summary *sum;          /* every head's pages but its current one, for the backend's bounds */
+    int64_t *off;             /* [n_head_kv + 1] */
+    int32_t *best, *n_best;   /* [n_head_kv][BE_PICK_MAX], [n_head_kv] */
+    int64_t cap;
     int64_t pages_last, pages_avail;
 } st_quest;
 
@@ -46,8 +48,10 @@ static void q_destroy(void *st)
     st_quest *s = st;
     free(s->score);
     free(s->idx);
-    free(s->mn);
-    free(s->mx);
+    free(s->sum);
+    free(s->off);
+    free(s->best);
+    free(s->n_best);
     free(s);
 }
 
@@ -70,7 +74,7 @@ static void q_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t
 
 /* The trace of one KV head's choice: every page but the current one, its bound and whether it is
  * among the n kept (idx[0..n), ascending). */
-static void trace_pages(const st_quest *s, const pol_env *env, int il, int g, int np, int n)
+static void trace_pages(const st_quest *s, const pol_env *env, int il, int g, int np, int n, const float *score)
 {
     int64_t *first = malloc(sizeof(int64_t) * (size_t)np), *last = malloc(sizeof(int64_t) * (size_t)np);
     unsigned char *kept = calloc((size_t)np, 1);
@@ -81,7 +85,7 @@ static void trace_pages(const st_quest *s, const pol_env *env, int il, int g, in
             first[i] = p->n ? p->pos[0] : 0;
             last[i] = p->n ? p->pos[p->n - 1] : -1;   /* an emptied page covers nothing */
         }
-        pol_trace_units(env->trace, "quest pages (bound of the query)", il, g, np, s->score, kept, first, last);
+        pol_trace_units(env->trace, "quest pages (bound of the query)", il, g, np, score, kept, first, last);
     }
     free(first);
     free(last);
@@ -91,51 +95,79 @@ static void trace_pages(const st_quest *s, const pol_env *env, int il, int g, in
 static int q_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
 {
     st_quest *s = st;
-    int P = kv_page_size(env->kv);
+    int P = kv_page_size(env->kv), Hkv = env->n_head_kv;
     int64_t budget = pol_budget_tokens(s->budget, s->cur + 1);
     int k = (int)((budget + P - 1) / P);
     int np_max = 0, all = 1;
-    for (int g = 0; g < env->n_head_kv; g++) {
+    int64_t total = 0;
+    for (int g = 0; g < Hkv; g++) {
         int np = kv_n_pages(env->kv, il, g);
         if (np > np_max) np_max = np;
         if (k < np) all = 0;
+        total += np > 0 ? np - 1 : 0;
     }
     s->pages_avail = np_max;
     if (all) {
         s->pages_last = np_max;
         return 0;
     }
-    if (np_max > s->cap) {
-        float *ns = realloc(s->score, sizeof(float) * (size_t)np_max);
+    if (total > s->cap) {
+        int64_t cap = total * 2;
+        float *ns = realloc(s->score, sizeof(float) * (size_t)cap);
         if (ns) s->score = ns;
-        int *ni = realloc(s->idx, sizeof(int) * (size_t)np_max);
+        int *ni = realloc(s->idx, sizeof(int) * (size_t)cap);
         if (ni) s->idx = ni;
-        const float **nmn = realloc(s->mn, sizeof *nmn * (size_t)np_max);
-        if (nmn) s->mn = nmn;
-        const float **nmx = realloc(s->mx, sizeof *nmx * (size_t)np_max);
-        if (nmx) s->mx = nmx;
-        if (!ns || !ni || !nmn || !nmx) return 0;
-        s->cap = np_max;
+        be_summary *nsum = realloc(s->sum, sizeof *nsum * (size_t)cap);
+        if (nsum) s->sum = nsum;
+        if (!ns || !ni || !nsum) return 0;
+        s->cap = cap;
     }
-    int D = env->head_dim, G = env->n_head / env->n_head_kv;
-    for (int g = 0; g < env->n_head_kv; g++) {
+    if (!s->off) {
+        s->off = malloc(sizeof(int64_t) * (size_t)(Hkv + 1));
+        s->best = malloc(sizeof(int32_t) * (size_t)Hkv * BE_PICK_MAX);
+        s->n_best = malloc(sizeof(int32_t) * (size_t)Hkv);
+        if (!s->off || !s->best || !s->n_best) {
+            free(s->off);
+            free(s->best);
+            free(s->n_best);
+            s->off = NULL, s->best = s->n_best = NULL;
+            return 0;
+        }
+    }
+    /* every head's pages but its current one: the bound of the head's G queries over each */
+    int64_t e = 0;
+    for (int g = 0; g < Hkv; g++) {
+        s->off[g] = e;
+        int np = kv_n_pages(env->kv, il, g);
+        for (int i = 0; i < np - 1; i++) {
+            const kv_page *p = kv_layer_page(env->kv, il, g, i);
+            s->sum[e++] = (be_summary){ p->kmin, p->kmax, p->gen, p->n };
+        }
+    }
+    s->off[Hkv] = e;
+    /* the backend picks each head's k - 1 best, unless the bounds must come back (a trace, or more
+     * pages than a backend picks) */
+    int on_host = env->trace || k - 1 > BE_PICK_MAX;
+    be_bounds r = { .q = q, .n_head_kv = Hkv, .group = env->n_head / Hkv, .dim = env->head_dim, .sum = s->sum,
+                    .off = s->off, .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1),
+                    .shape = kv_layer_shape(env->kv, il), .k = on_host ? 0 : k - 1, .best = s->best,
+                    .n_best = s->n_best, .u = on_host ? s->score : NULL };
+    if (k - 1 > 0 || on_host) env->b->ops->bound_pages(env->b, &r);
+    for (int g = 0; g < Hkv; g++) {
         int np = kv_n_pages(env->kv, il, g);
         pol_sel_head(sel, g);
         if (np == 0) continue;
-        for (int i = 0; i < np - 1; i++) {
-            const kv_page *p = kv_layer_page(env->kv, il, g, i);
-            s->mn[i] = p->kmin;
-            s->mx[i] = p->kmax;
-            s->idx[i] = i;
+        if (on_host) {
+            for (int i = 0; i < np - 1; i++) s->idx[i] = i;
+            int n = pol_top_k(s->idx, np - 1, s->score + s->off[g], k - 1);
+            if (env->trace) trace_pages(s, env, il, g, np - 1, n, s->score + s->off[g]);
+            for (int i = 0; i < n; i++) pol_sel_add(sel, s->idx[i], NULL);
+        } else if (k - 1 > 0) {
+            for (int i = 0; i < s->n_best[g]; i++) pol_sel_add(sel, s->best[g * r.k + i], NULL);
         }
-        /* the bound of the head's G queries over every page but the current one, on the backend */
-        env->b->ops->bounds(env->b, q + (size_t)g * (size_t)G * (size_t)D, G, D, s->mn, s->mx, np - 1, s->score);
-        int n = pol_top_k(s->idx, np - 1, s->score, k - 1);
-        if (env->trace) trace_pages(s, env, il, g, np - 1, n);
-        for (int i = 0; i < n; i++) pol_sel_add(sel, s->idx[i], NULL);
         pol_sel_add(sel, np - 1, NULL);   /* the page the current token is in */
     }
-    if (env->n_head_kv > 1) sel->per_head = 1;
+    if (Hkv > 1) sel->per_head = 1;
     s->pages_last = k < np_max ? k : np_max;
     return 1;
 }

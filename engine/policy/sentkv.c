@@ -76,10 +76,14 @@ typedef struct st_sent {
     int64_t now_words;
     uint64_t *masks;
     size_t mask_cap;
-    float *score;
+    float *score;            /* [n_head_kv][n_summ]: each head's segment bounds */
     int64_t *idx;
-    const float **mn, **mx;   /* each segment's key minima and maxima for the head at hand */
+    be_summary *sum;         /* [n_head_kv][n_summ]: each head's segment summaries, for the backend */
+    int64_t *off;            /* [n_head_kv + 1] */
     int64_t score_cap;
+    uint64_t *sgen;          /* per summarized segment: its summaries' generation (be_summary.gen) */
+    int64_t cap_sgen;
+    uint64_t shape;          /* new whenever segments are forgotten (be_bounds.shape) */
     double reused, gathered;
     int64_t tokens_last;
     int n_slots;
@@ -99,11 +103,14 @@ static int se_create(void **out, const pol_env *env, const double *vals, char *e
     s->summ_per = (int64_t)slots * 2 * kv_head_dim(env->kv);
     s->prev = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev);
     s->prev_words = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_words);
-    if (!s->prev || !s->prev_words) goto oom;
+    s->off = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
+    if (!s->prev || !s->prev_words || !s->off) goto oom;
+    s->shape = kv_next_gen();
     *out = s;
     return 0;
 oom:
     if (s) {
+        free(s->off);
         free(s->prev);
         free(s->prev_words);
         free(s);
@@ -124,8 +131,9 @@ static void se_destroy(void *st)
     free(s->now);
     free(s->masks);
     free(s->score);
-    free(s->mn);
-    free(s->mx);
+    free(s->sum);
+    free(s->off);
+    free(s->sgen);
     free(s->idx);
     free(s);
 }
@@ -150,7 +158,10 @@ static void take_tokens(st_sent *s, const pol_env *env, const int32_t *tokens, i
         /* rewound: forget the segments that reach past p0 */
         s->n_tok = p0;
         while (s->n_seg > 0 && s->seg_end[s->n_seg - 1] > p0) s->n_seg--;
-        if (s->n_summ > s->n_seg) s->n_summ = s->n_seg;
+        if (s->n_summ > s->n_seg) {
+            s->n_summ = s->n_seg;
+            s->shape = kv_next_gen();   /* summaries past here will be written again */
+        }
     }
     if (p0 + n > s->cap_tok) {
         int64_t nc = (p0 + n) * 2;
@@ -175,6 +186,19 @@ static void take_tokens(st_sent *s, const pol_env *env, const int32_t *tokens, i
                              s->cap_seg - s->n_seg);
 }
 
+/* New generations for the summaries of segments [from, to) (written afresh). -1: out of memory. */
+static int stamp(st_sent *s, int64_t from, int64_t to)
+{
+    if (to > s->cap_sgen) {
+        uint64_t *ng = realloc(s->sgen, sizeof(uint64_t) * (size_t)(to * 2));
+        if (!ng) return -1;
+        s->sgen = ng;
+        s->cap_sgen = to * 2;
+    }
+    for (int64_t sg = from; sg < to; sg++) s->sgen[sg] = kv_next_gen();
+    return 0;
+}
+
 /* Min/max keys of the new finished segments (their keys are all in the cache by now). One walk
  * over each head's pages in position order, moving a segment cursor along: linear in tokens. */
 static int summarize(st_sent *s, const pol_env *env)
@@ -184,6 +208,7 @@ static int summarize(st_sent *s, const pol_env *env)
     float *nm = realloc(s->mm, sizeof(float) * (size_t)(s->n_seg * per));
     if (!nm) return -1;
     s->mm = nm;
+    if (stamp(s, s->n_summ, s->n_seg)) return -1;
     for (int64_t sg = s->n_summ; sg < s->n_seg; sg++) {
         float *o = s->mm + sg * per;
         for (int64_t i = 0; i < per; i += 2 * D)
@@ -255,7 +280,7 @@ static void trace_segments(const st_sent *s, const pol_env *env, int il, int g)
             last[sg] = s->seg_end[sg] - 1;
             kept[sg] = (s->now[first[sg] >> 6] >> (first[sg] & 63)) & 1;
         }
-        pol_trace_units(env->trace, "sentkv segments", il, g, n, s->score, kept, first, last);
+        pol_trace_units(env->trace, "sentkv segments", il, g, n, s->score + s->off[g], kept, first, last);
     }
     free(first);
     free(last);
@@ -276,17 +301,16 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     int G = env->n_head / env->n_head_kv;
     int64_t tail = s->seg_end[s->n_summ - 1];   /* tokens from here on are always attended */
     int64_t words = (len + 63) / 64;
-    if (s->score_cap < s->n_summ) {
-        float *ns = realloc(s->score, sizeof(float) * (size_t)s->n_summ);
+    int64_t n_all = s->n_summ * env->n_head_kv;
+    if (s->score_cap < n_all) {
+        float *ns = realloc(s->score, sizeof(float) * (size_t)n_all);
         if (ns) s->score = ns;
         int64_t *ni = realloc(s->idx, sizeof(int64_t) * (size_t)s->n_summ);
         if (ni) s->idx = ni;
-        const float **nmn = realloc(s->mn, sizeof *nmn * (size_t)s->n_summ);
-        if (nmn) s->mn = nmn;
-        const float **nmx = realloc(s->mx, sizeof *nmx * (size_t)s->n_summ);
-        if (nmx) s->mx = nmx;
-        if (!ns || !ni || !nmn || !nmx) return 0;
-        s->score_cap = s->n_summ;
+        be_summary *nsum = realloc(s->sum, sizeof *nsum * (size_t)n_all);
+        if (nsum) s->sum = nsum;
+        if (!ns || !ni || !nsum) return 0;
+        s->score_cap = n_all;
     }
     if (s->now_words < words) {
         uint64_t *nw = realloc(s->now, sizeof(uint64_t) * (size_t)words);
@@ -303,20 +327,26 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         s->masks = nm;
         s->mask_cap = need * 2;
     }
+    /* every head's segment bounds against its queries, in one call */
+    for (int g = 0; g < env->n_head_kv; g++) {
+        s->off[g] = g * s->n_summ;
+        for (int64_t sg = 0; sg < s->n_summ; sg++) {
+            const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
+            s->sum[s->off[g] + sg] = (be_summary){ mm, mm + D, s->sgen[sg], 0 };
+        }
+    }
+    s->off[env->n_head_kv] = n_all;
+    be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = s->sum, .off = s->off,
+                    .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1), .shape = s->shape, .u = s->score };
+    env->b->ops->bound_pages(env->b, &r);
     uint64_t *m = s->masks;
     int64_t total_tokens = 0;
     for (int g = 0; g < env->n_head_kv; g++) {
-        /* segment scores against this head's queries */
-        for (int64_t sg = 0; sg < s->n_summ; sg++) {
-            const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
-            s->mn[sg] = mm;
-            s->mx[sg] = mm + D;
-        }
-        env->b->ops->bounds(env->b, q + (int64_t)g * G * D, G, D, s->mn, s->mx, s->n_summ, s->score);
+        const float *score = s->score + s->off[g];
         int64_t fixed = (len - tail) + (s->sinks < tail ? s->sinks : tail);
         int64_t room = budget - fixed;
         /* best segments first, as many as fit */
-        int64_t n_rank = pol_rank64(s->score, s->n_summ, s->idx);
+        int64_t n_rank = pol_rank64(score, s->n_summ, s->idx);
         memset(s->now, 0, sizeof(uint64_t) * (size_t)words);
         for (int64_t p = 0; p < len; p++)
             if (p < s->sinks || p >= tail) s->now[p >> 6] |= 1ull << (p & 63);
@@ -433,6 +463,13 @@ static int se_load(void *st, const pol_env *env, bytes_r *r)
             free(nmm);
             return -1;
         }
+    if (stamp(s, 0, n_summ)) {   /* the restored summaries are new to a device */
+        free(nt);
+        free(ns);
+        free(nmm);
+        return -1;
+    }
+    s->shape = kv_next_gen();
     free(s->tok);
     free(s->seg_end);
     s->tok = nt;

@@ -34,6 +34,8 @@ typedef struct cpu_impl {
     size_t cur16_cap;
     be_kv_page *cur_pages;       /* the page lists with those rows added as one more page per KV head */
     size_t cur_pages_cap;
+    float *bound_u;              /* the bounds, when the caller does not want them */
+    size_t bound_u_cap;
 } cpu_impl;
 
 static cpu_impl *impl_of(be_backend *b) { return b->impl; }
@@ -737,10 +739,8 @@ static void cpu_scores(be_backend *b, const float *m, int64_t n_rows, int64_t di
 }
 
 typedef struct bound_job {
-    const float *q;
-    int n_q;
-    int64_t dim, n, per;
-    const float *const *mn, *const *mx;
+    const be_bounds *r;
+    int64_t n, per;
     float *u;
 } bound_job;
 
@@ -748,26 +748,59 @@ static void bound_task(void *ctx, int64_t t, int thread)
 {
     (void)thread;
     bound_job *j = ctx;
-    int64_t r0 = t * j->per, r1 = r0 + j->per < j->n ? r0 + j->per : j->n;
-    for (int64_t r = r0; r < r1; r++) {
-        float u = 0;   /* the queries in order, as one loop would add them */
-        for (int h = 0; h < j->n_q; h++) u += vd_bound_f32(j->dim, j->q + (int64_t)h * j->dim, j->mn[r], j->mx[r]);
-        j->u[r] = u;
+    const be_bounds *r = j->r;
+    int64_t i0 = t * j->per, i1 = i0 + j->per < j->n ? i0 + j->per : j->n;
+    int h = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        while (i >= r->off[h + 1]) h++;
+        const float *q = r->q + (int64_t)h * r->group * r->dim;
+        float u = 0;   /* the group's queries in order, as one loop would add them */
+        for (int g = 0; g < r->group; g++) u += vd_bound_f32(r->dim, q + (int64_t)g * r->dim, r->sum[i].mn, r->sum[i].mx);
+        j->u[i] = u;
     }
 }
 
-static void cpu_bounds(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn,
-                       const float *const *mx, int64_t n, float *u)
+static int by_id(const void *a, const void *b)
 {
-    bound_job j = { q, n_q, dim, n, 0, mn, mx, u };
-    int64_t tasks = n * dim * n_q >= (1 << 16) ? 4 * (int64_t)b->n_threads : 1;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Each head's k best of the bounds u, by the pick's order (one row a head), as ascending indices. */
+static void cpu_bound_best(be_bounds *r, float *u)
+{
+    float val[BE_PICK_MAX];
+    for (int h = 0; h < r->n_head_kv; h++) {
+        int32_t *best = r->best + (int64_t)h * r->k;
+        be_pick p = { .logits = u + r->off[h], .n = (int32_t)(r->off[h + 1] - r->off[h]), .k = r->k, .val = val,
+                      .id = best };
+        r->n_best[h] = 0;
+        if (p.n <= 0) continue;
+        cpu_pick_row(&p);
+        qsort(best, (size_t)p.n_out, sizeof *best, by_id);
+        r->n_best[h] = p.n_out;
+    }
+}
+
+static void cpu_bound_pages(be_backend *b, be_bounds *r)
+{
+    cpu_impl *ci = impl_of(b);
+    int64_t n = r->off[r->n_head_kv];
+    if (r->k > BE_PICK_MAX) r->k = BE_PICK_MAX;
+    float *u = r->u;
+    if (!u) {
+        if (grow((void **)&ci->bound_u, &ci->bound_u_cap, sizeof(float) * (size_t)(n > 0 ? n : 1))) abort();
+        u = ci->bound_u;
+    }
+    bound_job j = { r, n, 0, u };
+    int64_t tasks = n * r->dim * r->group >= (1 << 16) ? 4 * (int64_t)b->n_threads : 1;
     j.per = (n + tasks - 1) / tasks;
     if (j.per < 1) j.per = 1;
-    if (tasks == 1) {
+    if (tasks == 1)
         bound_task(&j, 0, 0);
-        return;
-    }
-    tp_run(impl_of(b)->pool, bound_task, &j, (n + j.per - 1) / j.per);
+    else
+        tp_run(ci->pool, bound_task, &j, (n + j.per - 1) / j.per);
+    if (r->k > 0) cpu_bound_best(r, u);
 }
 
 /* Rows not in the cache yet become one more page per KV head (f16, all heads side by side), after
@@ -836,6 +869,7 @@ static void cpu_destroy(be_backend *b)
         free(ci->att_scratch);
         free(ci->cur16);
         free(ci->cur_pages);
+        free(ci->bound_u);
         free(ci);
     }
     free(b);
@@ -850,7 +884,7 @@ static const be_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .attention = cpu_attention,
     .scores = cpu_scores,
-    .bounds = cpu_bounds,
+    .bound_pages = cpu_bound_pages,
     .destroy = cpu_destroy,
     .add = cpu_add,
     .scale = cpu_scale,

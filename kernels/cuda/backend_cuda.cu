@@ -53,6 +53,7 @@ extern "C" {
 #include "kernels/cuda/const_copies.h"
 #include "kernels/page_copies.h"
 #include "kernels/page_tables.h"
+#include "kernels/summary_lists.h"
 #include "kernels/upload_batch.h"
 #include "common/quant.h"
 #include "kernels/weight_f16.h"
@@ -62,6 +63,7 @@ extern "C" {
 #include "kernels/attn_group.h"
 #include "kernels/attn_flash.h"
 #include "kernels/pick_kernels.h"
+#include "kernels/bound_kernels.h"
 
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
@@ -119,6 +121,11 @@ typedef struct cuda_impl {
     double *pick_sums;         /* each slice's entropy sums */
     uint8_t *pick_res, *h_pick;   /* the answer: entropy, varentropy, then the k best keys */
     size_t cap_pick_keys, cap_pick_max, cap_pick_sums, cap_pick_res, cap_h_pick;
+    sl_table sums;             /* the selection policies' summaries on the device, per named list */
+    float *bd_u;               /* the bounds, a row of `stride` a KV head (-inf past a head's count) */
+    uint64_t *bd_keys;         /* each head's k best keys (the last merge round's) */
+    uint8_t *h_bd;             /* page-locked: the keys, then the bounds, on their way back */
+    size_t cap_bd_u, cap_bd_keys, cap_h_bd;
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
@@ -959,6 +966,7 @@ static void lose_batch(cuda_impl *ci)
     ub_clear(&ci->batch, 0);
     pc_forget_rows(&ci->copies);
     pt_forget(&ci->tables);
+    sl_forget(&ci->sums);
 }
 
 /* Send the queued pieces: packed into the staging arena, one copy, one scatter kernel. 0, or -1
@@ -1428,15 +1436,19 @@ static __device__ void sort_and_keep(uint64_t *keys, int32_t k, uint64_t *out)
 }
 
 /* A slice of the row a block (kernels/pick_kernels.h): its k best keys to out[blockIdx.x * k ..],
- * its largest value before the penalty to slice_max. */
-__global__ void __launch_bounds__(PK_THREADS) pick_slice_kernel(const float *logits, int64_t n, const int32_t *pen,
-                                                                  int32_t n_pen, float penalty, int32_t k,
-                                                                  uint64_t *out, float *slice_max)
+ * its largest value before the penalty to slice_max. Rows row_stride apart, one a blockIdx.y (the
+ * bounds' KV heads; the sampler's pick has one), each with its own out and slice_max. */
+__global__ void __launch_bounds__(PK_THREADS) pick_slice_kernel(const float *logits, int64_t n, int64_t row_stride,
+                                                                  const int32_t *pen, int32_t n_pen, float penalty,
+                                                                  int32_t k, uint64_t *out, float *slice_max)
 {
     __shared__ uint64_t keys[PK_SLICE];
     __shared__ uint32_t pen_bits[PK_SLICE / 32];
     __shared__ float red[PK_THREADS / 32];
     const int tid = threadIdx.x;
+    logits += blockIdx.y * row_stride;
+    out += (int64_t)blockIdx.y * gridDim.x * k;
+    slice_max += (int64_t)blockIdx.y * gridDim.x;
     const int64_t base = (int64_t)blockIdx.x * PK_SLICE;
     if (tid < PK_SLICE / 32) pen_bits[tid] = 0;
     __syncthreads();
@@ -1463,12 +1475,15 @@ __global__ void __launch_bounds__(PK_THREADS) pick_slice_kernel(const float *log
     }
 }
 
-/* A merge round: block b sorts lists [b * (PK_SLICE / k), ...) of in and keeps their k best. */
+/* A merge round: block b sorts lists [b * (PK_SLICE / k), ...) of in and keeps their k best; a row's
+ * n_lists lists a blockIdx.y. */
 __global__ void __launch_bounds__(PK_THREADS) pick_merge_kernel(const uint64_t *in, int64_t n_lists, int32_t k,
                                                                   uint64_t *out)
 {
     __shared__ uint64_t keys[PK_SLICE];
     const int tid = threadIdx.x;
+    in += (int64_t)blockIdx.y * n_lists * k;
+    out += (int64_t)blockIdx.y * gridDim.x * k;
     const int64_t first = (int64_t)blockIdx.x * (PK_SLICE / k);
     for (int r = 0; r < PK_PER_THREAD; r++) {
         int slot = tid + r * PK_THREADS;
@@ -1559,7 +1574,7 @@ static void cuda_pick(be_backend *b, be_pick *p)
     }
     uint64_t *lists[2] = { ci->pick_keys, ci->pick_keys + blocks[0] * k };
     uint64_t *final_keys = (uint64_t *)(ci->pick_res + 16);
-    pick_slice_kernel<<<(unsigned)blocks[0], PK_THREADS, 0, s>>>(dl, p->n, d_pen, n_pen, p->penalty, k,
+    pick_slice_kernel<<<(unsigned)blocks[0], PK_THREADS, 0, s>>>(dl, p->n, 0, d_pen, n_pen, p->penalty, k,
                                                                  rounds == 0 ? final_keys : lists[0], ci->pick_max);
     if (ck(ci, cudaGetLastError(), "pick kernel")) return;
     for (int r = 1; r <= rounds; r++) {
@@ -1808,14 +1823,116 @@ static void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t d
     ci->cpu->ops->scores(ci->cpu, m, n_rows, dim, x, y);
 }
 
-/* The summaries live in the host's cache pages: the CPU backend's threads bound them. */
-static void cuda_bounds(be_backend *b, const float *q, int n_q, int64_t dim, const float *const *mn,
-                        const float *const *mx, int64_t n, float *u)
+/* ---------------------------------------------------------------- the selection policies' bounds */
+
+/* Each KV head's summary count, passed by value. */
+typedef struct bd_counts {
+    int64_t n[SL_MAX_HEADS];
+} bd_counts;
+
+/* Sixteen threads a summary (kernels/bound_kernels.h); KV head blockIdx.y's bounds to its row of u
+ * (stride floats; -inf past its count, which the pick's keys leave out). */
+__global__ void __launch_bounds__(BD_THREADS) bound_kernel(const float *q, int group, int64_t dim, const float *sum,
+                                                           int64_t cap, bd_counts cnt, int64_t stride, float *u)
+{
+    const int h = blockIdx.y, lane = threadIdx.x % BD_LANES;
+    const int64_t i = bd_entry(blockIdx.x, threadIdx.x), n = cnt.n[h];
+    const float *mn = sum + ((int64_t)h * cap + i) * 2 * dim, *mx = mn + dim;
+    float acc = 0.0f;
+    for (int j = 0; j < group; j++) {
+        const float *qj = q + ((int64_t)h * group + j) * dim;
+        float v = i < n ? bd_lane_sum(qj, mn, mx, dim, lane) : 0.0f;
+        for (int st = BD_LANES / 2; st > 0; st >>= 1) {
+            float o = __shfl_down_sync(0xffffffffu, v, st, BD_LANES);
+            if (lane < st) v += o;
+        }
+        if (lane == 0 && i < n) acc += bd_tail(qj, mn, mx, dim, v);
+    }
+    if (lane == 0 && i < stride) u[(int64_t)h * stride + i] = i < n ? acc : -INFINITY;
+}
+
+/* The summaries stay on the device between calls (kernels/summary_lists.h); the bounds and each
+ * head's best are found there, and the best (or every bound, when asked) come back in one copy. */
+static void cuda_bound_pages(be_backend *b, be_bounds *r)
 {
     cuda_impl *ci = impl_of(b);
-    host_in(ci, q, sizeof(float) * (size_t)(n_q * dim));
-    am_host_write(&ci->act, u, sizeof(float) * (size_t)n);
-    ci->cpu->ops->bounds(ci->cpu, q, n_q, dim, mn, mx, n, u);
+    const int H = r->n_head_kv;
+    if (r->k > BE_PICK_MAX) r->k = BE_PICK_MAX;
+    const int32_t k = r->k;
+    for (int h = 0; k > 0 && h < H; h++) r->n_best[h] = 0;
+    const int64_t n_all = r->off[H];
+    if (ci->failed || n_all <= 0) return;
+    char err[160];
+    const sl_list *L = sl_update(&ci->sums, r, err, sizeof err);
+    if (!L) {
+        lose_batch(ci);
+        fail(ci, "%s", err);
+        return;
+    }
+    if (send_batch(ci)) return;
+    bd_counts cnt;
+    int64_t stride = 1;
+    for (int h = 0; h < H; h++) {
+        cnt.n[h] = r->off[h + 1] - r->off[h];
+        if (cnt.n[h] > stride) stride = cnt.n[h];
+    }
+    size_t qbytes = sizeof(float) * (size_t)H * (size_t)r->group * (size_t)r->dim;
+    const float *dq = bound(ci, r->q, qbytes) ? (const float *)am_dev_in(&ci->act, r->q, qbytes)
+                                              : (const float *)stage(ci, r->q, qbytes);
+    int64_t blocks[9];
+    int rounds = k > 0 ? pk_plan(stride, k, blocks) : 0;
+    size_t u_bytes = sizeof(float) * (size_t)(H * stride);
+    size_t keys_bytes = k > 0 ? sizeof(uint64_t) * (size_t)(H * blocks[0] * k) : 0;
+    size_t best_bytes = k > 0 ? sizeof(uint64_t) * (size_t)(H * k) : 0;
+    size_t back = best_bytes + (r->u ? u_bytes : 0);
+    if (!dq || grow_dev(ci, (void **)&ci->bd_u, &ci->cap_bd_u, u_bytes) ||
+        (k > 0 && (grow_dev(ci, (void **)&ci->bd_keys, &ci->cap_bd_keys, 2 * keys_bytes + best_bytes) ||
+                   grow_dev(ci, (void **)&ci->pick_max, &ci->cap_pick_max, sizeof(float) * (size_t)(H * blocks[0])))) ||
+        grow_host(ci, (void **)&ci->h_bd, &ci->cap_h_bd, back))
+        return;
+    cudaStream_t s = ci->stream;
+    dim3 grid((unsigned)((stride + BD_PER_BLOCK - 1) / BD_PER_BLOCK), (unsigned)H);
+    bound_kernel<<<grid, BD_THREADS, 0, s>>>(dq, r->group, r->dim, L->dev, L->cap, cnt, stride, ci->bd_u);
+    if (ck(ci, cudaGetLastError(), "bound kernel")) return;
+    uint64_t *best = ci->bd_keys + 2 * (keys_bytes / sizeof(uint64_t));
+    if (k > 0) {
+        uint64_t *lists[2] = { ci->bd_keys, ci->bd_keys + H * blocks[0] * k };
+        pick_slice_kernel<<<dim3((unsigned)blocks[0], (unsigned)H), PK_THREADS, 0, s>>>(
+            ci->bd_u, stride, stride, NULL, 0, 1.0f, k, rounds == 0 ? best : lists[0], ci->pick_max);
+        if (ck(ci, cudaGetLastError(), "bound pick kernel")) return;
+        for (int rd = 1; rd <= rounds; rd++) {
+            uint64_t *dst = rd == rounds ? best : lists[rd & 1];
+            pick_merge_kernel<<<dim3((unsigned)blocks[rd], (unsigned)H), PK_THREADS, 0, s>>>(lists[(rd - 1) & 1],
+                                                                                       blocks[rd - 1], k, dst);
+            if (ck(ci, cudaGetLastError(), "bound pick merge kernel")) return;
+        }
+        if (ck(ci, cudaMemcpyAsync(ci->h_bd, best, best_bytes, cudaMemcpyDeviceToHost, s), "bound download")) return;
+    }
+    if (r->u && ck(ci, cudaMemcpyAsync(ci->h_bd + best_bytes, ci->bd_u, u_bytes, cudaMemcpyDeviceToHost, s),
+                   "bound download"))
+        return;
+    ci->bytes_down += back;
+    if (sync_stream(ci, "bounds")) return;
+    for (int h = 0; h < H; h++) {
+        if (r->u)
+            memcpy(r->u + r->off[h], ci->h_bd + best_bytes + sizeof(float) * (size_t)(h * stride),
+                   sizeof(float) * (size_t)cnt.n[h]);
+        if (k <= 0) continue;
+        int32_t *ids = r->best + (int64_t)h * k, n = 0;
+        for (int32_t i = 0; i < k; i++) {
+            uint64_t key;
+            memcpy(&key, ci->h_bd + sizeof key * (size_t)(h * k + i), sizeof key);
+            if (key == 0) break;
+            ids[n++] = lp_key_id(key);
+        }
+        for (int32_t i = 1; i < n; i++)   /* ascending: a few hundred at most */
+            for (int32_t j = i; j > 0 && ids[j - 1] > ids[j]; j--) {
+                int32_t t = ids[j];
+                ids[j] = ids[j - 1];
+                ids[j - 1] = t;
+            }
+        r->n_best[h] = n;
+    }
 }
 
 static int cuda_failed(be_backend *b, char *err, size_t errlen)
@@ -1860,7 +1977,7 @@ static void cuda_memory(be_backend *b, uint64_t *held, uint64_t *total)
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
     *held = ci->weight_bytes + ci->blocks.bytes + ci->scratch_bytes + ci->act.bytes + ci->consts.bytes +
-            ci->tables.bytes;
+            ci->tables.bytes + ci->sums.bytes;
     *total = (uint64_t)tot;
 }
 
@@ -1871,6 +1988,7 @@ static void cuda_destroy(be_backend *b)
         for (int i = 0; i < ci->n_w; i++) cudaFree(ci->w[i].d);
         free(ci->w);
         pt_free(&ci->tables);
+        sl_free(&ci->sums);
         pc_free(&ci->copies);
         bp_free(&ci->blocks);
         ub_free(&ci->batch);
@@ -1894,7 +2012,7 @@ static void cuda_destroy(be_backend *b)
 
 static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
-    cuda_bounds, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind,
+    cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind,
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch,
 };
 
@@ -1902,7 +2020,7 @@ static const be_ops cuda_ops = {
  * forward pass waits once a layer), to compare with. */
 static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
-    cuda_bounds, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL,
+    cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL,
     cuda_failed, cuda_counters, cuda_pick, NULL,
 };
 
@@ -1957,6 +2075,8 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     pc_init(&ci->copies, &dev, COPY_IDLE);
     pt_device tdev = { ci, dev_malloc, dev_free };
     pt_init(&ci->tables, &tdev, &ci->copies, &ci->batch);
+    sl_device sdev = { ci, dev_malloc, dev_free };
+    sl_init(&ci->sums, &sdev, &ci->batch);
     ci->batch.limit = (size_t)32 << 20;   /* well within the staging arena's 256 MiB */
     ci->batch.flush = flush_batch;
     ci->batch.flush_ud = ci;

@@ -1,0 +1,53 @@
+/* bound_kernels.h - the CUDA backend's bounds (kernels/backend.h, be_bounds), one thread's share,
+ * in one header for C and CUDA so that tests/test_bounds.c runs every (block, thread) of a launch
+ * on the host and compares the bounds bit for bit with the CPU backend's.
+ *
+ * Sixteen threads bound one summary: thread `lane` adds, for one query, the terms of dimensions
+ * lane, lane + 16, ... below the last whole 16 (bd_lane_sum), as the CPU's vd_bound_f32 adds one
+ * lane; the sixteen sums are then added pairwise at strides 8, 4, 2 and 1 (bd_tree_step: the
+ * CPU's two halves, then hsum8's order), the first thread adds the dimensions past the last whole
+ * 16 in order (bd_tail), and the group's queries are added in order from 0. A block holds
+ * BD_THREADS / 16 summaries of one KV head (blockIdx.y). */
+#ifndef KVCHAT_BOUND_KERNELS_H
+#define KVCHAT_BOUND_KERNELS_H
+
+#include <stdint.h>
+
+#include "kernels/quant_blocks.h"
+
+#define BD_LANES 16
+#define BD_THREADS 256
+#define BD_PER_BLOCK (BD_THREADS / BD_LANES)
+
+/* max(q * lo, q * hi), as the CPU writes it (no fused multiply-add: the max sits between). */
+QB_HD float bd_term(float q, float lo, float hi)
+{
+    float a = q * lo, b = q * hi;
+    return a > b ? a : b;
+}
+
+/* Lane `lane`'s sum over the whole 16-wide blocks of dimensions, one query. */
+QB_HD float bd_lane_sum(const float *q, const float *mn, const float *mx, int64_t dim, int lane)
+{
+    float s = 0.0f;
+    for (int64_t i = lane; i + (BD_LANES - lane) <= dim; i += BD_LANES) s += bd_term(q[i], mn[i], mx[i]);
+    return s;
+}
+
+/* One step of the lanes' pairwise sum: lane l < stride adds lane l + stride (strides 8, 4, 2, 1). */
+QB_HD void bd_tree_step(float *v, int stride, int lane)
+{
+    if (lane < stride) v[lane] += v[lane + stride];
+}
+
+/* The dimensions past the last whole 16, added in order to the lanes' sum r. */
+QB_HD float bd_tail(const float *q, const float *mn, const float *mx, int64_t dim, float r)
+{
+    for (int64_t i = dim & ~(int64_t)(BD_LANES - 1); i < dim; i++) r += bd_term(q[i], mn[i], mx[i]);
+    return r;
+}
+
+/* Summary i of a block (blockIdx.x) and its lane, for thread tid. */
+QB_HD int64_t bd_entry(int64_t block, int tid) { return block * BD_PER_BLOCK + tid / BD_LANES; }
+
+#endif

@@ -1,0 +1,139 @@
+/* summary_lists.c - the selection policies' summaries kept on the device (see summary_lists.h). */
+#include "kernels/summary_lists.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void sl_init(sl_table *t, const sl_device *dev, ub_batch *batch)
+{
+    memset(t, 0, sizeof *t);
+    t->dev = *dev;
+    t->batch = batch;
+}
+
+static void drop(sl_table *t, sl_list *L)
+{
+    if (L->dev) {
+        t->dev.release(t->dev.ud, L->dev);
+        t->bytes -= sizeof(float) * (uint64_t)(L->n_heads * L->cap * 2 * L->dim);
+    }
+    free(L->seen);
+    memset(L, 0, sizeof *L);
+}
+
+void sl_free(sl_table *t)
+{
+    for (int i = 0; i < t->n_lists; i++) drop(t, &t->lists[i]);
+    free(t->lists);
+    t->lists = NULL;
+    t->n_lists = 0;
+}
+
+void sl_forget(sl_table *t)
+{
+    for (int i = 0; i < t->n_lists; i++) {
+        sl_list *L = &t->lists[i];
+        if (L->seen) memset(L->seen, 0, sizeof *L->seen * (size_t)(L->n_heads * L->cap));
+        L->shape = 0;
+    }
+}
+
+/* The slot named name, or a free one (made when none is left); NULL when out of host memory. */
+static sl_list *find(sl_table *t, uint64_t name)
+{
+    sl_list *free_slot = NULL;
+    for (int i = 0; i < t->n_lists; i++) {
+        if (t->lists[i].name == name) return &t->lists[i];
+        if (!t->lists[i].name && !free_slot) free_slot = &t->lists[i];
+    }
+    if (free_slot) return free_slot;
+    int n = t->n_lists ? t->n_lists * 2 : 8;
+    sl_list *nl = realloc(t->lists, sizeof *nl * (size_t)n);
+    if (!nl) return NULL;
+    memset(nl + t->n_lists, 0, sizeof *nl * (size_t)(n - t->n_lists));
+    t->lists = nl;
+    free_slot = &nl[t->n_lists];
+    t->n_lists = n;
+    return free_slot;
+}
+
+/* Room for cap entries a head: a fresh region, and every entry to be sent. 0, or -1. */
+static int make_room(sl_table *t, sl_list *L, int n_heads, int64_t dim, int64_t cap)
+{
+    uint64_t name = L->name;
+    drop(t, L);
+    L->name = name;
+    size_t n = (size_t)n_heads * (size_t)cap;
+    L->seen = calloc(n, sizeof *L->seen);
+    L->dev = L->seen ? t->dev.alloc(t->dev.ud, sizeof(float) * n * 2 * (size_t)dim) : NULL;
+    if (!L->dev) return -1;
+    L->n_heads = n_heads;
+    L->dim = dim;
+    L->cap = cap;
+    t->bytes += sizeof(float) * (uint64_t)n * 2 * (uint64_t)dim;
+    return 0;
+}
+
+static int same(const be_summary *a, const be_summary *b)
+{
+    return a->gen && a->gen == b->gen && a->n == b->n && a->mn == b->mn && a->mx == b->mx;
+}
+
+const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errlen)
+{
+    t->calls++;
+    if (t->calls % SL_IDLE == 0)
+        for (int i = 0; i < t->n_lists; i++)
+            if (t->lists[i].name && t->calls - t->lists[i].last_call > SL_IDLE) drop(t, &t->lists[i]);
+    sl_list *L = find(t, r->table ? r->table : 1);
+    if (!L) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    L->name = r->table ? r->table : 1;
+    L->last_call = t->calls;
+    int H = r->n_head_kv;
+    if (H < 1 || H > SL_MAX_HEADS) {
+        drop(t, L);
+        snprintf(err, errlen, "%d KV heads to bound (1 to %d)", H, SL_MAX_HEADS);
+        return NULL;
+    }
+    int64_t need = 1;
+    for (int h = 0; h < H; h++)
+        if (r->off[h + 1] - r->off[h] > need) need = r->off[h + 1] - r->off[h];
+    if (H != L->n_heads || r->dim != L->dim || need > L->cap) {
+        int64_t cap = L->cap * 2 > need ? L->cap * 2 : need;
+        if (cap < 64) cap = 64;
+        if (make_room(t, L, H, r->dim, cap)) {
+            drop(t, L);
+            snprintf(err, errlen, "out of device memory for %d heads of %lld page summaries", H, (long long)cap);
+            return NULL;
+        }
+        for (int h = 0; h < H; h++) L->n_of[h] = 0;
+        L->shape = 0;
+    }
+    int kept = r->shape && r->shape == L->shape;
+    size_t half = sizeof(float) * (size_t)r->dim;
+    for (int h = 0; h < H; h++) {
+        int64_t n = r->off[h + 1] - r->off[h], from = 0;
+        if (kept && n >= L->n_of[h]) from = L->n_of[h] > 0 ? L->n_of[h] - 1 : 0;
+        for (int64_t i = from; i < n; i++) {
+            const be_summary *s = &r->sum[r->off[h] + i];
+            be_summary *seen = &L->seen[(int64_t)h * L->cap + i];
+            t->looked++;
+            if (same(seen, s)) continue;
+            float *d = L->dev + ((int64_t)h * L->cap + i) * 2 * r->dim;
+            if (ub_add(t->batch, d, s->mn, half) || ub_add(t->batch, d + r->dim, s->mx, half)) {
+                drop(t, L);   /* part of it queued: the caller drops the batch, and this list with it */
+                snprintf(err, errlen, "out of memory");
+                return NULL;
+            }
+            *seen = *s;
+            t->sent++;
+        }
+        L->n_of[h] = n;
+    }
+    L->shape = r->shape;
+    return L;
+}

@@ -1,0 +1,63 @@
+/* summary_lists.h - the selection policies' summaries kept on the device (issue 25, stage 5).
+ *
+ * Quest bounds every page of a layer against each decode step's query, and SentKV every sentence
+ * segment: the summaries (an element-wise key minimum and maximum each, be_summary) are the same
+ * from one step to the next but for the few that a step adds or changes. A device backend keeps
+ * each named list (be_bounds.table) on the device: each KV head's summaries side by side in a
+ * region of `cap` entries, mn then mx, 2 * dim floats an entry, with a host record of what every
+ * entry holds (its mn, mx, gen and n). A call sends only the entries whose record differs, through
+ * the upload batch (kernels/upload_batch.h); under the shape promise (be_bounds.shape) it looks
+ * only at each head's entries from its previous last one on, so a decode step's host work does
+ * not grow with the context. The device is reached through two functions, so this is plain C,
+ * tested on the host with host memory standing in for the device (tests/test_bounds.c). */
+#ifndef KVCHAT_SUMMARY_LISTS_H
+#define KVCHAT_SUMMARY_LISTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "kernels/upload_batch.h"
+
+#define SL_MAX_HEADS 64   /* KV heads a list may have */
+#define SL_IDLE 4096      /* calls a list may go unused before it is freed */
+
+typedef struct sl_device {
+    void *ud;
+    void *(*alloc)(void *ud, size_t bytes);   /* NULL when out of memory */
+    void (*release)(void *ud, void *p);
+} sl_device;
+
+typedef struct sl_list {
+    uint64_t name;        /* 0: a free slot */
+    uint64_t shape;       /* the shape the last call gave, 0: none */
+    uint64_t last_call;   /* the table's call count at its last use */
+    int n_heads;
+    int64_t dim, cap;     /* entries a head's region holds */
+    int64_t n_of[SL_MAX_HEADS];   /* each head's entries at the last call */
+    be_summary *seen;     /* [n_heads * cap] what each entry on the device holds (gen 0: nothing) */
+    float *dev;           /* [n_heads * cap][2 * dim] on the device */
+} sl_list;
+
+typedef struct sl_table {
+    sl_device dev;
+    ub_batch *batch;      /* where the entries go (sent by the caller before the kernels read) */
+    sl_list *lists;
+    int n_lists;
+    uint64_t calls;
+    uint64_t bytes;       /* device bytes held */
+    uint64_t sent;        /* entries queued so far (tests and figures) */
+    uint64_t looked;      /* entries compared with their record so far (tests and figures) */
+} sl_table;
+
+void sl_init(sl_table *t, const sl_device *dev, ub_batch *batch);
+void sl_free(sl_table *t);
+/* The list named r->table brought up to date for r: the entries that changed queued into the batch.
+ * NULL with a message when the host or the device is out of memory, or r has more than
+ * SL_MAX_HEADS heads (the list is then forgotten, so nothing stale is ever read). Lists not used
+ * for SL_IDLE calls are freed. */
+const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errlen);
+/* A batch lost: what the lists count as sent never arrived; every entry is sent again. */
+void sl_forget(sl_table *t);
+
+#endif
