@@ -103,8 +103,9 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
     for (int h = 0; h < H; h++)
         if (r->off[h + 1] - r->off[h] > need) need = r->off[h + 1] - r->off[h];
     if (H != L->n_heads || r->dim != L->dim || need > L->cap) {
-        int64_t cap = L->cap * 2 > need ? L->cap * 2 : need;
-        if (cap < 64) cap = 64;
+        /* room for a decode's new pages: a regrowth sends the whole list again */
+        int64_t cap = need + need / 4 + 64;
+        if (L->cap * 2 > cap) cap = L->cap * 2;
         if (make_room(t, L, H, r->dim, cap)) {
             drop(t, L);
             snprintf(err, errlen, "out of device memory for %d heads of %lld page summaries", H, (long long)cap);

@@ -135,38 +135,6 @@ Test(kernels, threaded_ops_equal_single_thread)
     be_free(b2);
 }
 
-Test(kernels, threaded_bounds_equal_the_plain_sum)
-{
-    /* Quest's bound over many summaries on 3 threads, against one loop in the same order (the
-     * selections of quest and sentkv must not depend on the thread count) */
-    seed_rng("threaded_bounds_equal_the_plain_sum");
-    char err[256];
-    be_backend *b = be_cpu_create(3, err, sizeof err);
-    cr_assert(b, "%s", err);
-    enum { N = 1001, DIM = 80, NQ = 3 };
-    static float mm[N][2][DIM], q[NQ * DIM], u[N];
-    static const float *mn[N], *mx[N];
-    for (int i = 0; i < N; i++) {
-        for (int d = 0; d < DIM; d++) {
-            float a = frand(-2, 2), c = frand(-2, 2);
-            mm[i][0][d] = a < c ? a : c;
-            mm[i][1][d] = a < c ? c : a;
-        }
-        mn[i] = mm[i][0];
-        mx[i] = mm[i][1];
-    }
-    for (int i = 0; i < NQ * DIM; i++) q[i] = frand(-1, 1);
-    b->ops->bounds(b, q, NQ, DIM, mn, mx, N, u);
-    int bad = 0;
-    for (int i = 0; i < N; i++) {
-        float want = 0;
-        for (int h = 0; h < NQ; h++) want += vd_bound_f32(DIM, q + h * DIM, mn[i], mx[i]);
-        bad += memcmp(&want, &u[i], sizeof want) != 0;
-    }
-    cr_expect_eq(bad, 0, "%d of %d bounds differ from the plain sum", bad, N);
-    be_free(b);
-}
-
 /* The blocked attention's kernels on every instruction set this CPU has, against double loops:
  * scores with the rows in the lanes (padded rows included) and the rescaled value accumulation, on
  * head sizes and key counts that leave tails, NaN sentinels past the outputs. */

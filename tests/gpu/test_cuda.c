@@ -1472,3 +1472,168 @@ Test(cuda, the_embedding_gather_on_the_device_is_the_cpus)
         }
     }
 }
+
+/* ---------------------------------------------------------------- the selection policies' bounds */
+
+/* Summaries of random keys for the bound tests: [n][2][dim], mn <= mx, a quarter coarse (ties). */
+static void random_summaries(float *mm, int64_t n, int64_t dim)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int coarse = rnd() % 4 == 0;
+        for (int64_t d = 0; d < dim; d++) {
+            float a = frand(-2, 2), c = frand(-2, 2);
+            if (coarse) a = (float)(int)(a * 2) / 2, c = (float)(int)(c * 2) / 2;
+            mm[(i * 2) * dim + d] = a < c ? a : c;
+            mm[(i * 2 + 1) * dim + d] = a < c ? c : a;
+        }
+    }
+}
+
+/* The device's bounds are the CPU's bit for bit and its best the same, with the queries bound or
+ * not, for a fresh list and then through a decode under one name and shape: summaries appended,
+ * the last one's contents changing; a step under the kept shape sends only what changed. */
+Test(cuda, the_bounds_on_the_device_are_the_cpus_bit_for_bit)
+{
+    seed_rng("bounds");
+    char err[512];
+    enum { MAXN = 5000 };
+    static const int64_t dims[] = { 64, 128, 256, 80 };
+    static const int32_t ks[] = { 1, 31, 256 };
+    for (int round = 0; round < 12; round++) {
+        int H = 1 + (int)(rnd() % 8), G = 1 + (int)(rnd() % 4);
+        int64_t dim = dims[round % 4], cnt[8];
+        int32_t k = ks[round % 3];
+        for (int h = 0; h < H; h++) cnt[h] = 1 + (int64_t)(rnd() % (round < 6 ? 300 : MAXN));
+        float *mm = malloc(sizeof(float) * (size_t)(H * (MAXN + 40) * 2 * dim));
+        be_summary *sum = malloc(sizeof *sum * (size_t)(H * (MAXN + 40)));
+        size_t qbytes = sizeof(float) * (size_t)(H * G * dim);
+        float *q = malloc(qbytes);
+        random_summaries(mm, H * (MAXN + 40), dim);
+        int bind = round & 1;
+        if (bind) cr_assert(be_bind(gpu, q, qbytes, err, sizeof err) == 0, "%s", err);
+        uint64_t shape = 77 + (uint64_t)round;
+        for (int step = 0; step < 40; step++) {
+            be_host_write(gpu, q, qbytes);
+            for (int64_t i = 0; i < H * G * dim; i++) q[i] = frand(-1, 1);
+            int64_t off[9] = { 0 };
+            for (int h = 0; h < H; h++) {
+                if (step > 0 && rnd() % 3 == 0) cnt[h]++;   /* a page opened */
+                off[h + 1] = off[h] + cnt[h];
+            }
+            for (int h = 0; h < H; h++)
+                for (int64_t i = 0; i < cnt[h]; i++) {
+                    float *mn = mm + ((int64_t)h * (MAXN + 40) + i) * 2 * dim;
+                    sum[off[h] + i] = (be_summary){ mn, mn + dim, (uint64_t)(h * 100000 + i + 1), 1 };
+                }
+            if (step > 0) {   /* the last summary of each head took a row */
+                for (int h = 0; h < H; h++) {
+                    be_summary *s = &sum[off[h + 1] - 1];
+                    ((float *)s->mx)[rnd() % dim] += 0.5f;
+                    s->n = 1 + step;
+                }
+            }
+            float *u1 = malloc(sizeof(float) * (size_t)off[H]), *u2 = malloc(sizeof(float) * (size_t)off[H]);
+            int32_t b1[8 * BE_PICK_MAX], b2[8 * BE_PICK_MAX], n1[8], n2[8];
+            be_bounds a = { q, H, G, dim, sum, off, 5, shape, k, b1, n1, u1 };
+            be_bounds b = a;
+            b.best = b2, b.n_best = n2, b.u = step % 4 == 3 ? NULL : u2;
+            uint64_t w0, up0, down0, w1, up1, down1;
+            gpu->ops->counters(gpu, &w0, &up0, &down0);
+            gpu->ops->bound_pages(gpu, &b);
+            gpu->ops->counters(gpu, &w1, &up1, &down1);
+            cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
+            be_range rq = { q, qbytes };
+            be_host_read(gpu, &rq, 1);
+            cpu->ops->bound_pages(cpu, &a);
+            if (b.u) {
+                int bad = 0;
+                for (int64_t i = 0; i < off[H]; i++) bad += memcmp(&u1[i], &u2[i], sizeof(float)) != 0;
+                cr_assert_eq(bad, 0, "round %d step %d: %d of %lld bounds differ (dim %lld, group %d)", round, step, bad,
+                             (long long)off[H], (long long)dim, G);
+            }
+            for (int h = 0; h < H; h++) {
+                cr_assert_eq(n1[h], n2[h], "round %d step %d head %d: %d best on the CPU, %d on the GPU", round, step, h,
+                             n1[h], n2[h]);
+                cr_assert(!memcmp(b1 + h * a.k, b2 + h * a.k, sizeof(int32_t) * (size_t)n1[h]),
+                          "round %d step %d head %d: the best differ", round, step, h);
+            }
+            cr_assert_eq(w1 - w0, 1, "round %d step %d: %llu waits", round, step, (unsigned long long)(w1 - w0));
+            if (step > 0) {   /* what changed: a head's last summary, and the new one (2 x 2 x dim floats) */
+                uint64_t most = (uint64_t)H * 2 * 2 * (uint64_t)dim * 4 + 4096 + (bind ? 0 : qbytes);
+                cr_expect_leq(up1 - up0, most, "round %d step %d: %llu bytes sent under a kept shape", round, step,
+                              (unsigned long long)(up1 - up0));
+            }
+            free(u1);
+            free(u2);
+        }
+        if (bind) be_unbind(gpu, q);
+        free(q);
+        free(sum);
+        free(mm);
+    }
+}
+
+static be_backend *bounds_cpu_of;
+
+/* The bounds on the CPU backend, the queries brought back first: to compare with the device's. */
+static void bounds_on_the_cpu(be_backend *b, be_bounds *r)
+{
+    be_range rq = { r->q, sizeof(float) * (size_t)(r->n_head_kv * r->group * r->dim) };
+    be_host_read(b, &rq, 1);
+    bounds_cpu_of->ops->bound_pages(bounds_cpu_of, r);
+}
+
+/* Quest and SentKV decoding a tiny model on the GPU: with the bounds on the device or on the CPU,
+ * the selections are the same, so the logits are the same bits. */
+Test(cuda, selection_policies_decode_the_same_with_the_bounds_on_the_device)
+{
+    char err[512];
+    static const char *const specs[] = { "quest:budget=48", "sentkv:budget=0.3" };
+    bounds_cpu_of = cpu;
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        model *m = load_tiny(fi);
+        if (!m) continue;
+        int64_t nv = m->hp.n_vocab;
+        for (size_t si = 0; si < 2; si++) {
+            float *out[2];
+            for (int on_device = 0; on_device < 2; on_device++) {
+                be_ops host_bounds = *gpu->ops;
+                host_bounds.bound_pages = bounds_on_the_cpu;
+                const be_ops *orig = gpu->ops;
+                if (!on_device) gpu->ops = &host_bounds;
+                fwd_opts fo = { 4096, 128, 16 };
+                fwd_ctx *fw = fwd_create(m, gpu, &fo, err, sizeof err);
+                cr_assert(fw, "%s", err);
+                pol_spec spec;
+                cr_assert(pol_parse(&spec, specs[si], NULL, err, sizeof err) == 0, "%s", err);
+                pol_env env;
+                fwd_policy_env(fw, &env);
+                pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
+                cr_assert(ps, "%s", err);
+                fwd_set_policy(fw, ps);
+                int32_t ids[300];
+                for (int i = 0; i < 300; i++) ids[i] = 3 + (int32_t)((i * 37 + i / 7) % (nv - 3));
+                out[on_device] = malloc(sizeof(float) * (size_t)(nv * 41));
+                cr_assert(fwd_eval(fw, ids, 300, out[on_device], NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0,
+                          "%s", err);
+                for (int s = 0; s < 40; s++) {
+                    const float *l = out[on_device] + (int64_t)s * nv;
+                    int32_t best = 0;
+                    for (int64_t i = 1; i < nv; i++)
+                        if (l[i] > l[best]) best = (int32_t)i;
+                    cr_assert(fwd_eval(fw, &best, 1, out[on_device] + (int64_t)(s + 1) * nv, NULL, NULL, NULL, NULL,
+                                       NULL, err, sizeof err) == 0, "%s", err);
+                }
+                fwd_set_policy(fw, NULL);
+                pol_set_free(ps);
+                fwd_free(fw);
+                gpu->ops = orig;
+            }
+            cr_expect(!memcmp(out[0], out[1], sizeof(float) * (size_t)(nv * 41)), "%s under %s: the logits differ",
+                      files[fi], specs[si]);
+            free(out[0]);
+            free(out[1]);
+        }
+        model_free(m);
+    }
+}

@@ -1,0 +1,401 @@
+/* The selection policies' bounds (be_ops.bound_pages): the CPU backend's against plain sums and a
+ * sort of every key, the CUDA kernel's threads run on the host against the CPU bit for bit, and
+ * the summaries a device keeps per named list (kernels/summary_lists.c) with host memory standing
+ * in for the device (junk in fresh allocations). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/logit_pick.h"
+#include "kernels/backend.h"
+#include "kernels/bound_kernels.h"
+#include "kernels/cpu/vec_dot.h"
+#include "kernels/summary_lists.h"
+#include "kernels/upload_batch.h"
+
+static uint64_t rng_state;
+static void seed_rng(const char *what)
+{
+    const char *env = getenv("BOUNDS_SEED");
+    rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) * 2654435761u;
+    cr_log_info("%s: seed %llu (BOUNDS_SEED to replay)", what, (unsigned long long)rng_state);
+}
+static uint32_t rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
+
+/* Summaries for H heads of counts cnt[h]: [total][2][dim] floats, mn <= mx, some repeated (equal
+ * bounds), some coarse (ties between different summaries), a few with -0. */
+typedef struct rig {
+    int H, G;
+    int64_t dim, off[9];
+    float *mm, *q;
+    be_summary *sum;
+} rig;
+
+static void rig_make(rig *r, int H, int G, int64_t dim, const int64_t *cnt)
+{
+    r->H = H, r->G = G, r->dim = dim;
+    r->off[0] = 0;
+    for (int h = 0; h < H; h++) r->off[h + 1] = r->off[h] + cnt[h];
+    int64_t n = r->off[H];
+    r->mm = malloc(sizeof(float) * (size_t)((n > 0 ? n : 1) * 2 * dim));
+    r->sum = malloc(sizeof *r->sum * (size_t)(n > 0 ? n : 1));
+    r->q = malloc(sizeof(float) * (size_t)(H * G * dim));
+    cr_assert(r->mm && r->sum && r->q);
+    for (int64_t i = 0; i < n; i++) {
+        float *mn = r->mm + i * 2 * dim, *mx = mn + dim;
+        int coarse = rnd() % 4 == 0;
+        for (int64_t d = 0; d < dim; d++) {
+            float a = frand(-2, 2), c = frand(-2, 2);
+            if (coarse) a = (float)(int)(a * 2) / 2, c = (float)(int)(c * 2) / 2;
+            mn[d] = a < c ? a : c;
+            mx[d] = a < c ? c : a;
+            if (rnd() % 64 == 0) mn[d] = -0.0f;
+        }
+        r->sum[i] = (be_summary){ mn, mx, (uint64_t)i + 1, 1 };
+        if (i > 0 && rnd() % 8 == 0) r->sum[i] = r->sum[i - 1 - rnd() % (uint32_t)(i < 5 ? i : 5)];
+    }
+    for (int64_t i = 0; i < H * G * dim; i++) r->q[i] = rnd() % 16 == 0 ? 0.0f : frand(-1, 1);
+}
+
+static void rig_free(rig *r)
+{
+    free(r->mm);
+    free(r->sum);
+    free(r->q);
+}
+
+/* The bound of summary i of head h, as one loop adds it. */
+static float plain_bound(const rig *r, int h, int64_t i)
+{
+    float u = 0;
+    for (int j = 0; j < r->G; j++)
+        u += vd_bound_f32(r->dim, r->q + ((int64_t)h * r->G + j) * r->dim, r->sum[i].mn, r->sum[i].mx);
+    return u;
+}
+
+static int by_key_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x < y) - (x > y);
+}
+static int by_int(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Head h's k best of u by sorting every key: ascending ids into ids, their count returned. */
+static int ref_best(const float *u, int64_t n, int k, int32_t *ids)
+{
+    uint64_t *keys = malloc(sizeof *keys * (size_t)(n > 0 ? n : 1));
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float v = lp_value(u[i]);
+        if (v > -INFINITY) keys[m++] = lp_key(v, (int32_t)i);
+    }
+    qsort(keys, (size_t)m, sizeof *keys, by_key_desc);
+    int c = (int)(m < k ? m : k);
+    for (int i = 0; i < c; i++) ids[i] = lp_key_id(keys[i]);
+    qsort(ids, (size_t)c, sizeof *ids, by_int);
+    free(keys);
+    return c;
+}
+
+Test(bounds, the_cpu_bounds_are_the_plain_sums_and_the_best_a_sort_of_every_key)
+{
+    seed_rng("the_cpu_bounds_are_the_plain_sums_and_the_best_a_sort_of_every_key");
+    char err[256];
+    be_backend *b1 = be_cpu_create(1, err, sizeof err), *b3 = be_cpu_create(3, err, sizeof err);
+    cr_assert(b1 && b3, "%s", err);
+    static const int64_t dims[] = { 1, 7, 16, 64, 80, 128, 130 };
+    static const int ks[] = { 1, 2, 3, 17, 64, 256, 300 };
+    for (int round = 0; round < 60; round++) {
+        int H = 1 + (int)(rnd() % 8), G = 1 + (int)(rnd() % 4);
+        int64_t cnt[8], dim = dims[rnd() % 7];
+        for (int h = 0; h < H; h++) cnt[h] = rnd() % 5 == 0 ? (int64_t)(rnd() % 3) : (int64_t)(rnd() % 1500);
+        rig r;
+        rig_make(&r, H, G, dim, cnt);
+        int64_t n = r.off[H];
+        /* some bounds are NaN or infinite: a summary holding them */
+        if (n > 4 && round % 3 == 0) {
+            float *mn = r.mm + (int64_t)(rnd() % (uint32_t)n) * 2 * dim;
+            mn[0] = NAN;
+            float *mx = r.mm + (int64_t)(rnd() % (uint32_t)n) * 2 * dim + dim;
+            mx[dim - 1] = INFINITY;
+        }
+        float *u1 = malloc(sizeof(float) * (size_t)(n + 1)), *u3 = malloc(sizeof(float) * (size_t)(n + 1));
+        int32_t best[8 * BE_PICK_MAX], nb[8], best3[8 * BE_PICK_MAX], nb3[8], want[BE_PICK_MAX];
+        int k = ks[rnd() % 7];
+        be_bounds q1 = { .q = r.q, .n_head_kv = H, .group = G, .dim = dim, .sum = r.sum, .off = r.off, .k = k,
+                         .best = best, .n_best = nb, .u = u1 };
+        be_bounds q3 = q1;
+        q3.best = best3, q3.n_best = nb3, q3.u = u3;
+        b1->ops->bound_pages(b1, &q1);
+        b3->ops->bound_pages(b3, &q3);
+        cr_assert_eq(q1.k, k < BE_PICK_MAX ? k : BE_PICK_MAX, "k clamped to BE_PICK_MAX and reported");
+        int bad = 0;
+        for (int h = 0; h < H; h++)
+            for (int64_t i = r.off[h]; i < r.off[h + 1]; i++) {
+                float w = plain_bound(&r, h, i);
+                bad += memcmp(&w, &u1[i], sizeof w) != 0 || memcmp(&w, &u3[i], sizeof w) != 0;
+            }
+        cr_expect_eq(bad, 0, "round %d: %d of %lld bounds differ from the plain sums (dim %lld, group %d)", round, bad,
+                     (long long)n, (long long)dim, G);
+        for (int h = 0; h < H; h++) {
+            int c = ref_best(u1 + r.off[h], cnt[h], q1.k, want);
+            cr_expect_eq(nb[h], c, "round %d head %d: %d best, want %d", round, h, nb[h], c);
+            cr_expect_eq(nb3[h], c, "round %d head %d: on 3 threads", round, h);
+            cr_expect(!memcmp(best + h * q1.k, want, sizeof(int32_t) * (size_t)c), "round %d head %d: the best differ",
+                      round, h);
+            cr_expect(!memcmp(best3 + h * q1.k, want, sizeof(int32_t) * (size_t)c), "round %d head %d (3 threads)",
+                      round, h);
+        }
+        /* without the bounds asked for, the same best */
+        q1.u = NULL;
+        int32_t again[8 * BE_PICK_MAX], nb_again[8];
+        q1.best = again, q1.n_best = nb_again;
+        b3->ops->bound_pages(b3, &q1);
+        for (int h = 0; h < H; h++)
+            cr_expect(nb_again[h] == nb[h] && !memcmp(again + h * q1.k, best + h * q1.k, sizeof(int32_t) * (size_t)nb[h]),
+                      "round %d head %d: the best without the bounds", round, h);
+        free(u1);
+        free(u3);
+        rig_free(&r);
+    }
+    be_free(b1);
+    be_free(b3);
+}
+
+/* The device keeps a list's summaries as [head][cap][mn | mx]; lay them out so, with junk past
+ * each head's count, as a list the device has been sent. */
+static float *device_layout(const rig *r, int64_t cap)
+{
+    float *dev = malloc(sizeof(float) * (size_t)(r->H * cap * 2 * r->dim));
+    cr_assert(dev);
+    for (int64_t i = 0; i < r->H * cap * 2 * r->dim; i++) dev[i] = NAN;
+    for (int h = 0; h < r->H; h++)
+        for (int64_t i = 0; i < r->off[h + 1] - r->off[h]; i++) {
+            const be_summary *s = &r->sum[r->off[h] + i];
+            float *d = dev + ((int64_t)h * cap + i) * 2 * r->dim;
+            memcpy(d, s->mn, sizeof(float) * (size_t)r->dim);
+            memcpy(d + r->dim, s->mx, sizeof(float) * (size_t)r->dim);
+        }
+    return dev;
+}
+
+/* bound_kernel's arithmetic for every (block, thread) of its launch, its shuffles as the tree
+ * steps over the sixteen lanes' values. */
+static void run_bound_kernel(const rig *r, const float *dev, int64_t cap, int64_t stride, float *u)
+{
+    int64_t blocks = (stride + BD_PER_BLOCK - 1) / BD_PER_BLOCK;
+    for (int h = 0; h < r->H; h++)
+        for (int64_t bx = 0; bx < blocks; bx++)
+            for (int g0 = 0; g0 < BD_THREADS; g0 += BD_LANES) {
+                int64_t i = bd_entry(bx, g0), n = r->off[h + 1] - r->off[h];
+                for (int t = 1; t < BD_LANES; t++) cr_assert_eq(bd_entry(bx, g0 + t), i, "a lane group is one summary");
+                const float *mn = dev + ((int64_t)h * cap + i) * 2 * r->dim, *mx = mn + r->dim;
+                float acc = 0.0f;
+                for (int j = 0; j < r->G; j++) {
+                    const float *qj = r->q + ((int64_t)h * r->G + j) * r->dim;
+                    float v[BD_LANES];
+                    for (int lane = 0; lane < BD_LANES; lane++)
+                        v[lane] = i < n ? bd_lane_sum(qj, mn, mx, r->dim, lane) : 0.0f;
+                    for (int st = BD_LANES / 2; st > 0; st >>= 1)
+                        for (int lane = 0; lane < st; lane++) bd_tree_step(v, st, lane);
+                    if (i < n) acc += bd_tail(qj, mn, mx, r->dim, v[0]);
+                }
+                if (i < stride) u[(int64_t)h * stride + i] = i < n ? acc : -INFINITY;
+            }
+}
+
+Test(bounds, the_bound_kernels_threads_on_the_host_give_the_cpus_bounds_bit_for_bit)
+{
+    seed_rng("the_bound_kernels_threads_on_the_host_give_the_cpus_bounds_bit_for_bit");
+    char err[256];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    static const int64_t dims[] = { 1, 15, 16, 17, 64, 80, 128, 200, 256 };
+    for (int round = 0; round < 40; round++) {
+        int H = 1 + (int)(rnd() % 8), G = 1 + (int)(rnd() % 8);
+        int64_t cnt[8], dim = dims[round % 9], most = 1;
+        for (int h = 0; h < H; h++) {
+            cnt[h] = (int64_t)(rnd() % 300);
+            if (cnt[h] > most) most = cnt[h];
+        }
+        rig r;
+        rig_make(&r, H, G, dim, cnt);
+        int64_t cap = most + (int64_t)(rnd() % 40);
+        float *dev = device_layout(&r, cap);
+        float *u = malloc(sizeof(float) * (size_t)(H * most)), *want = malloc(sizeof(float) * (size_t)(r.off[H] + 1));
+        be_bounds q = { .q = r.q, .n_head_kv = H, .group = G, .dim = dim, .sum = r.sum, .off = r.off, .u = want };
+        b->ops->bound_pages(b, &q);
+        run_bound_kernel(&r, dev, cap, most, u);
+        int bad = 0, pad = 0;
+        for (int h = 0; h < H; h++)
+            for (int64_t i = 0; i < most; i++) {
+                float got = u[(int64_t)h * most + i];
+                if (i < cnt[h])
+                    bad += memcmp(&got, &want[r.off[h] + i], sizeof got) != 0;
+                else
+                    pad += !(isinf(got) && got < 0);
+            }
+        cr_expect_eq(bad, 0, "round %d: %d bounds differ from the CPU's (dim %lld, group %d)", round, bad,
+                     (long long)dim, G);
+        cr_expect_eq(pad, 0, "round %d: %d padding entries are not -inf", round, pad);
+        /* each head's row padded with -inf to the longest gives the pick the same best */
+        for (int h = 0; h < H; h++) {
+            int32_t id_a[BE_PICK_MAX], id_b[BE_PICK_MAX];
+            float val[BE_PICK_MAX];
+            be_pick pa = { .logits = u + (int64_t)h * most, .n = (int32_t)cnt[h], .k = 40, .val = val, .id = id_a };
+            be_pick pb = pa;
+            pb.n = (int32_t)most, pb.id = id_b;
+            if (cnt[h] > 0) b->ops->pick(b, &pa);
+            b->ops->pick(b, &pb);
+            cr_expect(pa.n_out == pb.n_out && !memcmp(id_a, id_b, sizeof(int32_t) * (size_t)pa.n_out),
+                      "round %d head %d: the padded row's best differ", round, h);
+        }
+        free(dev);
+        free(u);
+        free(want);
+        rig_free(&r);
+    }
+    be_free(b);
+}
+
+/* ---------------------------------------------------------------- the device's lists */
+
+static int64_t live;
+static int alloc_fails;
+
+static void *h_alloc(void *ud, size_t bytes)
+{
+    (void)ud;
+    if (alloc_fails) return NULL;
+    float *p = malloc(bytes);
+    if (!p) return NULL;
+    for (size_t i = 0; i < bytes / sizeof(float); i++) p[i] = NAN;
+    live++;
+    return p;
+}
+
+static void h_release(void *ud, void *p)
+{
+    (void)ud;
+    live--;
+    free(p);
+}
+
+/* What the device does with a batch: one copy of the packed bytes, then the scatter kernel. */
+static uint64_t send(ub_batch *ub)
+{
+    size_t bytes = ub_packed_bytes(ub);
+    unsigned char *buf = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
+    cr_assert(buf || bytes == 0);
+    ub_pack(ub, buf);
+    const ub_piece *tab = (const ub_piece *)(buf + ub_table_offset(ub));
+    for (int64_t i = 0; i < ub->n; i++)
+        for (int tid = 0; tid < 4; tid++) ub_scatter_piece(buf, &tab[i], tid, 4);
+    uint64_t n = (uint64_t)ub->n;
+    ub_clear(ub, 1);
+    free(buf);
+    return n;
+}
+
+/* Every entry the device holds for the list is the summary the call named. */
+static int check_list(const sl_list *L, const be_bounds *r)
+{
+    int bad = 0;
+    for (int h = 0; h < r->n_head_kv; h++)
+        for (int64_t i = 0; i < r->off[h + 1] - r->off[h]; i++) {
+            const be_summary *s = &r->sum[r->off[h] + i];
+            const float *d = L->dev + ((int64_t)h * L->cap + i) * 2 * r->dim;
+            bad += memcmp(d, s->mn, sizeof(float) * (size_t)r->dim) != 0 ||
+                   memcmp(d + r->dim, s->mx, sizeof(float) * (size_t)r->dim) != 0;
+        }
+    return bad;
+}
+
+/* A cache-like history under two names: heads gain summaries at their ends (the last one's
+ * contents changing with a new n), a shape break rewrites entries in the middle, drops some and
+ * reuses memory, the batch is sometimes lost, the device sometimes out of memory. After every call
+ * the batch is sent and every entry checked. */
+Test(bounds, the_device_lists_hold_every_summary_named_through_a_random_history)
+{
+    seed_rng("the_device_lists_hold_every_summary_named_through_a_random_history");
+    enum { H = 3, D = 20, MAXN = 400, NAMES = 2 };
+    ub_batch ub = { 0 };
+    sl_table t;
+    sl_device dev = { NULL, h_alloc, h_release };
+    sl_init(&t, &dev, &ub);
+    static float pool[NAMES][H][MAXN][2][D];
+    static be_summary sum[NAMES][H * MAXN];
+    int64_t cnt[NAMES][H] = { { 0 } };
+    uint64_t shape[NAMES] = { 11, 21 }, gen = 100;
+    uint64_t last_shape[NAMES] = { 0 };   /* of the last call under the name that the device got */
+    int64_t last_cap[NAMES] = { 0 };
+    int64_t next_shape = 1000;
+    for (int step = 0; step < 3000; step++) {
+        int nm = (int)(rnd() % NAMES);
+        int event = (int)(rnd() % 20);
+        for (int h = 0; h < H; h++) {
+            if (event < 15) {   /* a decode step: the last entry grows, now and then a new one */
+                if (cnt[nm][h] > 0 && rnd() % 2) {
+                    float *mx = pool[nm][h][cnt[nm][h] - 1][1];
+                    mx[rnd() % D] += 1.0f;
+                    sum[nm][h * MAXN + cnt[nm][h] - 1].n++;
+                }
+                if (cnt[nm][h] < MAXN && (cnt[nm][h] == 0 || rnd() % 3 == 0)) {
+                    int64_t i = cnt[nm][h]++;
+                    for (int d = 0; d < D; d++) pool[nm][h][i][0][d] = frand(-1, 0), pool[nm][h][i][1][d] = frand(0, 1);
+                    sum[nm][h * MAXN + i] = (be_summary){ pool[nm][h][i][0], pool[nm][h][i][1], ++gen, 1 };
+                }
+            } else {   /* a shape break: entries rewritten in place (new gens), some dropped */
+                for (int64_t i = 0; i < cnt[nm][h]; i++)
+                    if (rnd() % 4 == 0) {
+                        pool[nm][h][i][0][rnd() % D] -= 1.0f;
+                        sum[nm][h * MAXN + i].gen = ++gen;
+                    }
+                if (rnd() % 2) cnt[nm][h] = (int64_t)(rnd() % (uint32_t)(cnt[nm][h] + 1));
+                shape[nm] = (uint64_t)next_shape++;
+            }
+        }
+        /* the call's list: each head's entries side by side */
+        be_summary flat[H * MAXN];
+        int64_t off[H + 1] = { 0 };
+        for (int h = 0; h < H; h++) {
+            memcpy(flat + off[h], &sum[nm][h * MAXN], sizeof *flat * (size_t)cnt[nm][h]);
+            off[h + 1] = off[h] + cnt[nm][h];
+        }
+        be_bounds r = { .n_head_kv = H, .group = 1, .dim = D, .sum = flat, .off = off, .table = (uint64_t)nm + 7,
+                        .shape = rnd() % 10 ? shape[nm] : 0 };
+        alloc_fails = rnd() % 200 == 0;
+        char err[128];
+        uint64_t looked0 = t.looked;
+        const sl_list *L = sl_update(&t, &r, err, sizeof err);
+        alloc_fails = 0;
+        if (!L || rnd() % 50 == 0) {   /* out of memory, or the batch lost on the way: the caller drops it */
+            ub_clear(&ub, 0);
+            sl_forget(&t);
+            memset(last_shape, 0, sizeof last_shape);
+            continue;
+        }
+        send(&ub);
+        cr_assert_eq(check_list(L, &r), 0, "step %d: the device's entries differ from the summaries named", step);
+        if (r.shape && r.shape == last_shape[nm] && L->cap == last_cap[nm])
+            cr_assert_leq(t.looked - looked0, 2 * H, "step %d: a kept shape looked at %llu entries", step,
+                          (unsigned long long)(t.looked - looked0));
+        last_shape[nm] = r.shape;
+        last_cap[nm] = L->cap;
+    }
+    sl_free(&t);
+    ub_free(&ub);
+    cr_expect_eq(live, 0, "every device allocation released");
+}
