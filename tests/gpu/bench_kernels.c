@@ -22,7 +22,10 @@
  * - the sampler's candidates over a row of 262144 logits (the default model's vocabulary): the
  *   device's pick for greedy (k 1) and for top-k 40 and 256 with the entropy and 64 penalized ids,
  *   beside what a step paid before it (the row downloaded after a kernel wrote it) and the CPU's
- *   pick of the same row (the host's share of that old path); bytes = the row.
+ *   pick of the same row (the host's share of that old path); bytes = the row;
+ * - Quest's bounds and top 32 pages a layer at the 7B shape over 8K and 32K tokens (a decode step's
+ *   steady state: the summaries on the device), beside the CPU backend on one thread and on every
+ *   core; bytes = the summaries read.
  * Each case: warm-up calls (the first uploads the weight or the pages), then as many calls as take
  * at least 30 ms, timed on the host around the calls and the final wait (launch costs included, as
  * the engine pays them). The weights are a few distinct quantized rows repeated: the speed of a
@@ -145,6 +148,7 @@ static void call_mm(be_backend *b, void *arg)
 
 static void call_attn(be_backend *b, void *arg) { b->ops->attention(b, (const be_attn *)arg); }
 static void call_pick(be_backend *b, void *arg) { b->ops->pick(b, (be_pick *)arg); }
+static void call_bounds(be_backend *b, void *arg) { b->ops->bound_pages(b, (be_bounds *)arg); }
 
 /* The old path's device share: a kernel writes the row (a scale by 1), the host reads it back. */
 static void call_row_back(be_backend *b, void *arg)
@@ -426,6 +430,50 @@ int main(int argc, char **argv)
         be_unbind(dflt, lrow);
         be_free(host);
         free(lrow);
+    }
+    {
+        /* Quest's bounds and top 32 a layer at the 7B shape (8 KV heads, 4 queries each, head
+         * dimension 128, pages of 32): the steady state of a decode step, every summary on the
+         * device already and the shape kept, beside the CPU backend on one thread and on all */
+        enum { H = 8, G = 4, D = 128 };
+        static const int64_t ctxs[] = { 8192, 32768 };
+        be_backend *host1 = be_cpu_create(1, err, sizeof err), *hostn = be_cpu_create(0, err, sizeof err);
+        float *q = malloc(sizeof(float) * H * G * D);
+        if (!host1 || !hostn || !q) {
+            fprintf(stderr, "gpu_bench: %s\n", q ? err : "out of memory");
+            return 1;
+        }
+        for (int i = 0; i < H * G * D; i++) q[i] = frand() - 0.5f;
+        for (size_t ci = 0; ci < (quick ? 1u : 2u); ci++) {
+            int64_t per = ctxs[ci] / 32 - 1, n = H * per;   /* every page but the current one */
+            float *mm = malloc(sizeof(float) * (size_t)(n * 2 * D));
+            be_summary *sum = malloc(sizeof *sum * (size_t)n);
+            if (!mm || !sum) {
+                fprintf(stderr, "gpu_bench: out of memory\n");
+                return 1;
+            }
+            for (int64_t i = 0; i < n * 2 * D; i++) mm[i] = frand() - 0.5f;
+            int64_t off[H + 1];
+            for (int h = 0; h <= H; h++) off[h] = h * per;
+            for (int64_t i = 0; i < n; i++) sum[i] = (be_summary){ mm + i * 2 * D, mm + i * 2 * D + D, (uint64_t)i + 1, 32 };
+            int32_t best[H * 32], nb[H];
+            static float unbound;
+            be_bounds r = { q, H, G, D, sum, off, 1, 1, 32, best, nb, NULL };
+            char config[64];
+            be_backend *on[3] = { dflt, host1, hostn };
+            static const char *const names[3] = { "device", "host 1 thread", "host all threads" };
+            for (int k = 0; k < 3; k++) {
+                double ms = time_calls(on[k], call_bounds, &r, &unbound);
+                if (failed(on[k], "bounds")) return 1;
+                snprintf(config, sizeof config, "%s bounds + top 32 at %lld", names[k], (long long)ctxs[ci]);
+                row("bounds", "f32", n, D, G, config, ms, 8.0 * D * (double)n);
+            }
+            free(mm);
+            free(sum);
+        }
+        be_free(host1);
+        be_free(hostn);
+        free(q);
     }
     for (int k = 0; k < 5; k++) {
         be_unbind(bes[k], x);
