@@ -4,10 +4,12 @@
  *
  * Sixteen threads bound one summary: thread `lane` adds, for one query, the terms of dimensions
  * lane, lane + 16, ... below the last whole 16 (bd_lane_sum), as the CPU's vd_bound_f32 adds one
- * lane; the sixteen sums are then added pairwise at strides 8, 4, 2 and 1 (bd_tree_step: the
- * CPU's two halves, then hsum8's order), the first thread adds the dimensions past the last whole
- * 16 in order (bd_tail), and the group's queries are added in order from 0. A block holds
- * BD_THREADS / 16 summaries of one KV head (blockIdx.y). */
+ * lane; the sixteen sums are then added pairwise at strides 8, 4, 2 and 1 (the CPU's two halves,
+ * then hsum8's order: on the device by shuffles within the sixteen, on the host by bd_tree_step),
+ * the first thread adds the dimensions past the last whole 16 in order (bd_tail), and the group's
+ * queries are added in order from 0. A block holds BD_THREADS / 16 summaries of one KV head
+ * (blockIdx.y). Where each summary, query and bound lives is said once, here (bd_*_at), for the
+ * kernel, the device's lists (kernels/summary_lists.c) and the tests. */
 #ifndef KVCHAT_BOUND_KERNELS_H
 #define KVCHAT_BOUND_KERNELS_H
 
@@ -49,5 +51,15 @@ QB_HD float bd_tail(const float *q, const float *mn, const float *mx, int64_t di
 
 /* Summary i of a block (blockIdx.x) and its lane, for thread tid. */
 QB_HD int64_t bd_entry(int64_t block, int tid) { return block * BD_PER_BLOCK + tid / BD_LANES; }
+
+/* Floats from a list's start to head h's summary i (its minimum; the maximum dim floats on): each
+ * head a region of cap summaries. */
+QB_HD int64_t bd_summary_at(int h, int64_t cap, int64_t i, int64_t dim) { return ((int64_t)h * cap + i) * 2 * dim; }
+
+/* Floats from the queries' start to query j of head h's group ([n_head_kv][group][dim]). */
+QB_HD int64_t bd_query_at(int h, int group, int j, int64_t dim) { return ((int64_t)h * group + j) * dim; }
+
+/* Where head h's bound i goes: a row of stride bounds a head. */
+QB_HD int64_t bd_out_at(int h, int64_t stride, int64_t i) { return (int64_t)h * stride + i; }
 
 #endif

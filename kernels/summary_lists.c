@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/bound_kernels.h"
+
 void sl_init(sl_table *t, const sl_device *dev, ub_batch *batch)
 {
     memset(t, 0, sizeof *t);
@@ -80,19 +82,21 @@ static int same(const be_summary *a, const be_summary *b)
     return a->gen && a->gen == b->gen && a->n == b->n && a->mn == b->mn && a->mx == b->mx;
 }
 
+void sl_tick(sl_table *t)
+{
+    if (++t->ticks % SL_IDLE) return;
+    for (int i = 0; i < t->n_lists; i++)
+        if (t->lists[i].name && t->ticks - t->lists[i].last_use > SL_IDLE) drop(t, &t->lists[i]);
+}
+
 const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errlen)
 {
-    t->calls++;
-    if (t->calls % SL_IDLE == 0)
-        for (int i = 0; i < t->n_lists; i++)
-            if (t->lists[i].name && t->calls - t->lists[i].last_call > SL_IDLE) drop(t, &t->lists[i]);
     sl_list *L = find(t, r->table ? r->table : 1);
     if (!L) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
     L->name = r->table ? r->table : 1;
-    L->last_call = t->calls;
     int H = r->n_head_kv;
     if (H < 1 || H > SL_MAX_HEADS) {
         drop(t, L);
@@ -114,6 +118,7 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
         for (int h = 0; h < H; h++) L->n_of[h] = 0;
         L->shape = 0;
     }
+    L->last_use = t->ticks;
     int kept = r->shape && r->shape == L->shape;
     size_t half = sizeof(float) * (size_t)r->dim;
     for (int h = 0; h < H; h++) {
@@ -124,7 +129,7 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
             be_summary *seen = &L->seen[(int64_t)h * L->cap + i];
             t->looked++;
             if (same(seen, s)) continue;
-            float *d = L->dev + ((int64_t)h * L->cap + i) * 2 * r->dim;
+            float *d = L->dev + bd_summary_at(h, L->cap, i, r->dim);
             if (ub_add(t->batch, d, s->mn, half) || ub_add(t->batch, d + r->dim, s->mx, half)) {
                 drop(t, L);   /* part of it queued: the caller drops the batch, and this list with it */
                 snprintf(err, errlen, "out of memory");

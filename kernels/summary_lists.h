@@ -20,7 +20,7 @@
 #include "kernels/upload_batch.h"
 
 #define SL_MAX_HEADS 64   /* KV heads a list may have */
-#define SL_IDLE 4096      /* calls a list may go unused before it is freed */
+#define SL_IDLE 4096      /* ticks (sl_tick: the backend's attention calls) a list may go unused */
 
 typedef struct sl_device {
     void *ud;
@@ -31,7 +31,7 @@ typedef struct sl_device {
 typedef struct sl_list {
     uint64_t name;        /* 0: a free slot */
     uint64_t shape;       /* the shape the last call gave, 0: none */
-    uint64_t last_call;   /* the table's call count at its last use */
+    uint64_t last_use;    /* the table's tick at its last use */
     int n_heads;
     int64_t dim, cap;     /* entries a head's region holds */
     int64_t n_of[SL_MAX_HEADS];   /* each head's entries at the last call */
@@ -44,7 +44,7 @@ typedef struct sl_table {
     ub_batch *batch;      /* where the entries go (sent by the caller before the kernels read) */
     sl_list *lists;
     int n_lists;
-    uint64_t calls;
+    uint64_t ticks;
     uint64_t bytes;       /* device bytes held */
     uint64_t sent;        /* entries queued so far (tests and figures) */
     uint64_t looked;      /* entries compared with their record so far (tests and figures) */
@@ -54,9 +54,12 @@ void sl_init(sl_table *t, const sl_device *dev, ub_batch *batch);
 void sl_free(sl_table *t);
 /* The list named r->table brought up to date for r: the entries that changed queued into the batch.
  * NULL with a message when the host or the device is out of memory, or r has more than
- * SL_MAX_HEADS heads (the list is then forgotten, so nothing stale is ever read). Lists not used
- * for SL_IDLE calls are freed. */
+ * SL_MAX_HEADS heads (the list is then forgotten, so nothing stale is ever read). */
 const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errlen);
+/* The clock of the idle sweep, advanced by the backend once an attention call, whether or not any
+ * policy bounds: every SL_IDLE ticks, the lists not used for more than SL_IDLE ticks are freed (a
+ * policy switched off, or freed, leaves its lists behind). */
+void sl_tick(sl_table *t);
 /* A batch lost: what the lists count as sent never arrived; every entry is sent again. */
 void sl_forget(sl_table *t);
 

@@ -201,10 +201,10 @@ static void run_bound_kernel(const rig *r, const float *dev, int64_t cap, int64_
             for (int g0 = 0; g0 < BD_THREADS; g0 += BD_LANES) {
                 int64_t i = bd_entry(bx, g0), n = r->off[h + 1] - r->off[h];
                 for (int t = 1; t < BD_LANES; t++) cr_assert_eq(bd_entry(bx, g0 + t), i, "a lane group is one summary");
-                const float *mn = dev + ((int64_t)h * cap + i) * 2 * r->dim, *mx = mn + r->dim;
+                const float *mn = dev + bd_summary_at(h, cap, i, r->dim), *mx = mn + r->dim;
                 float acc = 0.0f;
                 for (int j = 0; j < r->G; j++) {
-                    const float *qj = r->q + ((int64_t)h * r->G + j) * r->dim;
+                    const float *qj = r->q + bd_query_at(h, r->G, j, r->dim);
                     float v[BD_LANES];
                     for (int lane = 0; lane < BD_LANES; lane++)
                         v[lane] = i < n ? bd_lane_sum(qj, mn, mx, r->dim, lane) : 0.0f;
@@ -212,7 +212,7 @@ static void run_bound_kernel(const rig *r, const float *dev, int64_t cap, int64_
                         for (int lane = 0; lane < st; lane++) bd_tree_step(v, st, lane);
                     if (i < n) acc += bd_tail(qj, mn, mx, r->dim, v[0]);
                 }
-                if (i < stride) u[(int64_t)h * stride + i] = i < n ? acc : -INFINITY;
+                if (i < stride) u[bd_out_at(h, stride, i)] = i < n ? acc : -INFINITY;
             }
 }
 
@@ -399,3 +399,46 @@ Test(bounds, the_device_lists_hold_every_summary_named_through_a_random_history)
     ub_free(&ub);
     cr_expect_eq(live, 0, "every device allocation released");
 }
+
+/* A list unused for SL_IDLE ticks is freed (its device memory released), one in use is kept, and
+ * one regrown just before the sweep is not taken for idle. */
+Test(bounds, idle_device_lists_are_freed_and_used_ones_kept)
+{
+    enum { D = 8 };
+    ub_batch ub = { 0 };
+    sl_table t;
+    sl_device dev = { NULL, h_alloc, h_release };
+    sl_init(&t, &dev, &ub);
+    static float mm[300][2][D];
+    static be_summary sum[300];
+    for (int i = 0; i < 300; i++) sum[i] = (be_summary){ mm[i][0], mm[i][1], (uint64_t)i + 1, 1 };
+    int64_t off_small[2] = { 0, 10 }, off_big[2] = { 0, 300 };
+    char err[128];
+    be_bounds used = { .n_head_kv = 1, .group = 1, .dim = D, .sum = sum, .off = off_small, .table = 1 };
+    be_bounds idle = used;
+    idle.table = 2;
+    cr_assert(sl_update(&t, &used, err, sizeof err) && sl_update(&t, &idle, err, sizeof err), "%s", err);
+    send(&ub);
+    uint64_t both = t.bytes;
+    int last = (2 * SL_IDLE - 1) / 100 * 100;   /* the last use before the sweep */
+    for (int i = 1; i < 2 * SL_IDLE; i++) {
+        sl_tick(&t);
+        if (i % 100 == 0) {
+            used.off = i == last ? off_big : off_small;   /* regrown just before a sweep */
+            cr_assert(sl_update(&t, &used, err, sizeof err), "%s", err);
+            send(&ub);
+        }
+    }
+    sl_tick(&t);   /* tick 2 * SL_IDLE: the sweep */
+    cr_expect_eq(live, 1, "one device allocation left: the list in use");
+    uint64_t sent = t.sent;
+    const sl_list *L = sl_update(&t, &used, err, sizeof err);
+    cr_assert(L);
+    cr_expect_eq(t.sent, sent, "the list in use kept what it had: nothing sent again");
+    cr_expect_eq(t.bytes, sizeof(float) * (uint64_t)(L->cap * 2 * D), "only its bytes held (both lists: %llu)",
+                 (unsigned long long)both);
+    sl_free(&t);
+    ub_free(&ub);
+    cr_expect_eq(live, 0);
+}
+

@@ -1248,6 +1248,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         return;
     }
     pt_begin_call(&ci->tables, COPY_IDLE);
+    sl_tick(&ci->sums);
     if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
     /* Rows not in the cache yet (a deferred decode step) become one more page per KV head, after
      * the head's pages (be_attn_rows_list), pointing at their f16 conversion and their positions on
@@ -1837,18 +1838,18 @@ __global__ void __launch_bounds__(BD_THREADS) bound_kernel(const float *q, int g
 {
     const int h = blockIdx.y, lane = threadIdx.x % BD_LANES;
     const int64_t i = bd_entry(blockIdx.x, threadIdx.x), n = cnt.n[h];
-    const float *mn = sum + ((int64_t)h * cap + i) * 2 * dim, *mx = mn + dim;
+    const float *mn = sum + bd_summary_at(h, cap, i, dim), *mx = mn + dim;
     float acc = 0.0f;
     for (int j = 0; j < group; j++) {
-        const float *qj = q + ((int64_t)h * group + j) * dim;
+        const float *qj = q + bd_query_at(h, group, j, dim);
         float v = i < n ? bd_lane_sum(qj, mn, mx, dim, lane) : 0.0f;
-        for (int st = BD_LANES / 2; st > 0; st >>= 1) {
+        for (int st = BD_LANES / 2; st > 0; st >>= 1) {   /* bd_tree_step, lanes exchanging by shuffles */
             float o = __shfl_down_sync(0xffffffffu, v, st, BD_LANES);
             if (lane < st) v += o;
         }
         if (lane == 0 && i < n) acc += bd_tail(qj, mn, mx, dim, v);
     }
-    if (lane == 0 && i < stride) u[(int64_t)h * stride + i] = i < n ? acc : -INFINITY;
+    if (lane == 0 && i < stride) u[bd_out_at(h, stride, i)] = i < n ? acc : -INFINITY;
 }
 
 /* The summaries stay on the device between calls (kernels/summary_lists.h); the bounds and each
@@ -1861,12 +1862,18 @@ static void cuda_bound_pages(be_backend *b, be_bounds *r)
     const int32_t k = r->k;
     for (int h = 0; k > 0 && h < H; h++) r->n_best[h] = 0;
     const int64_t n_all = r->off[H];
-    if (ci->failed || n_all <= 0) return;
+    if (ci->failed || n_all <= 0 || (k <= 0 && !r->u)) return;
+    size_t qbytes = sizeof(float) * (size_t)H * (size_t)r->group * (size_t)r->dim;
+    if (ci->batch.n && send_batch(ci)) return;   /* the batch holds this call's entries alone */
     char err[160];
     const sl_list *L = sl_update(&ci->sums, r, err, sizeof err);
     if (!L) {
-        lose_batch(ci);
-        fail(ci, "%s", err);
+        if (ci->failed) return;   /* a round of the batch failed on its way (recorded) */
+        /* no room on the device for the summaries (or too many heads): they are on the host, and
+         * so are the CPU backend's threads */
+        ub_clear(&ci->batch, 0);
+        host_in(ci, r->q, qbytes);
+        ci->cpu->ops->bound_pages(ci->cpu, r);
         return;
     }
     if (send_batch(ci)) return;
@@ -1876,7 +1883,6 @@ static void cuda_bound_pages(be_backend *b, be_bounds *r)
         cnt.n[h] = r->off[h + 1] - r->off[h];
         if (cnt.n[h] > stride) stride = cnt.n[h];
     }
-    size_t qbytes = sizeof(float) * (size_t)H * (size_t)r->group * (size_t)r->dim;
     const float *dq = bound(ci, r->q, qbytes) ? (const float *)am_dev_in(&ci->act, r->q, qbytes)
                                               : (const float *)stage(ci, r->q, qbytes);
     int64_t blocks[9];
