@@ -223,6 +223,7 @@ void kv_page_resummarize(const kv_cache *kv, kv_page *p)
 {
     int32_t n = p->n;
     int merged = 0;
+    p->gen = kv_next_gen();   /* a device's copies of its rows and summaries are stale */
     for (int64_t i = 0; i < kv->row_dim; i++) {
         p->ksum[i] = 0;
         p->kmin[i] = FLT_MAX;
@@ -290,8 +291,7 @@ static void stream_truncate(kv_cache *kv, int il, int h, int64_t pos)
             continue;
         }
         p->n = keep;
-        p->gen = kv_next_gen();   /* the rows past keep will be written again */
-        kv_page_resummarize(kv, p);
+        kv_page_resummarize(kv, p);   /* a new generation: the rows past keep will be written again */
         break;
     }
 }

@@ -98,7 +98,9 @@ int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_k
  * pool. What merging policies call. -1 when out of memory (the table is unchanged). */
 int kv_rebuild_head(kv_cache *kv, int il, int h, const float *k, const float *v, const int32_t *pos,
                     const float *logdeg, int64_t n);
-/* Recompute a page's summaries from its f16 keys (after a policy edited the page in place). */
+/* Recompute a page's summaries from its f16 keys (after a policy edited the page in place), with a
+ * new content generation. An edit to a page other than its table's last also needs a new layer
+ * shape, which only the functions above give. */
 void kv_page_resummarize(const kv_cache *kv, kv_page *p);
 /* A fresh empty page from the pool (NULL when out of memory), and adding one to the end of layer
  * il's table; policies that rebuild pages use these. */

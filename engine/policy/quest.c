@@ -5,9 +5,11 @@
  * Selection only: every page stays in memory. */
 #include "engine/policy/policy.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/logit_pick.h"
 #include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
 
@@ -158,8 +160,12 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         pol_sel_head(sel, g);
         if (np == 0) continue;
         if (on_host) {
-            for (int i = 0; i < np - 1; i++) s->idx[i] = i;
-            int n = pol_top_k(s->idx, np - 1, s->score + s->off[g], k - 1);
+            /* the op's order: NaN and -inf bounds are never chosen */
+            const float *sc = s->score + s->off[g];
+            int m = 0;
+            for (int i = 0; i < np - 1; i++)
+                if (lp_value(sc[i]) > -INFINITY) s->idx[m++] = i;
+            int n = pol_top_k(s->idx, m, sc, k - 1);
             if (env->trace) trace_pages(s, env, il, g, np - 1, n, s->score + s->off[g]);
             for (int i = 0; i < n; i++) pol_sel_add(sel, s->idx[i], NULL);
         } else if (k - 1 > 0) {
