@@ -73,6 +73,20 @@ static void *junk_alloc(void *ud, size_t bytes)
 static void dev_release(void *ud, void *p) { free(p); }
 static int dev_upload(void *ud, void *dst, const void *src, size_t bytes) { return ub_add(ud, dst, src, bytes); }
 
+/* What the device does with a batch: the packed bytes copied, then the scatter kernel's pieces
+ * put in place, last piece first. */
+static void scatter(ub_batch *ub)
+{
+    size_t bytes = ub_packed_bytes(ub);
+    unsigned char *buf = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
+    cr_assert(buf);
+    ub_pack(ub, buf);
+    const ub_piece *tab = (const ub_piece *)(buf + ub_table_offset(ub));
+    for (int64_t i = ub->n - 1; i >= 0; i--) ub_scatter_piece(buf, &tab[i], 0, 1);
+    ub_clear(ub, 1);
+    free(buf);
+}
+
 /* What the CUDA backend does with the call before its kernels, on the host; then every descriptor
  * checked against the entry it stands for. */
 static void through_tables(const be_attn *a)
@@ -98,14 +112,7 @@ static void through_tables(const be_attn *a)
     pt_begin_call(&ck.tables, 64);
     pt_call out;
     cr_assert_eq(pt_build(&ck.tables, a->table, a->shape, list, e, hp, a->n_head_kv, cur, &out), PT_OK);
-    size_t bytes = ub_packed_bytes(&ck.batch);
-    unsigned char *buf = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
-    cr_assert(buf);
-    ub_pack(&ck.batch, buf);
-    const ub_piece *tab = (const ub_piece *)(buf + ub_table_offset(&ck.batch));
-    for (int64_t i = ck.batch.n - 1; i >= 0; i--) ub_scatter_piece(buf, &tab[i], 0, 1);
-    ub_clear(&ck.batch, 1);
-    free(buf);
+    scatter(&ck.batch);
     for (int g = 0; hp && g <= a->n_head_kv; g++) cr_assert_eq(out.head_pages[g], hp[g]);
     for (int64_t i = 0; i < e; i++) {
         const be_kv_page *pg = &list[i];
@@ -231,14 +238,7 @@ static void c_bound_pages(be_backend *b, be_bounds *r)
     uint64_t looked = ck.sums.looked;
     const sl_list *L = sl_update(&ck.sums, r, err, sizeof err);
     cr_assert(L, "%s", err);
-    size_t bytes = ub_packed_bytes(&ck.sbatch);
-    unsigned char *buf = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
-    cr_assert(buf);
-    ub_pack(&ck.sbatch, buf);
-    const ub_piece *tab = (const ub_piece *)(buf + ub_table_offset(&ck.sbatch));
-    for (int64_t i = ck.sbatch.n - 1; i >= 0; i--) ub_scatter_piece(buf, &tab[i], 0, 1);
-    ub_clear(&ck.sbatch, 1);
-    free(buf);
+    scatter(&ck.sbatch);
     size_t half = sizeof(float) * (size_t)r->dim;
     for (int h = 0; h < r->n_head_kv; h++)
         for (int64_t i = 0; i < r->off[h + 1] - r->off[h]; i++) {
