@@ -8,11 +8,26 @@
 #include "common/quant.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/vec_dot.h"
+#include "kernels/op_profile.h"
 
+/* KVCHAT_PROFILE=1|sync puts the op profiler in front (kernels/op_profile.h); its report goes to
+ * standard error when the backend is destroyed. */
 be_backend *be_create(int device, int n_threads, char *err, size_t errlen)
 {
+    int prof = op_profile_mode_from_env();
+    if (prof < 0) {
+        snprintf(err, errlen, "KVCHAT_PROFILE must be 1 (host time in each op) or sync (each op waited for)");
+        return NULL;
+    }
     int gpu = device == BE_DEVICE_CUDA || (device == BE_DEVICE_AUTO && be_cuda_devices() > 0);
-    return gpu ? be_cuda_create(n_threads, err, errlen) : be_cpu_create(n_threads, err, errlen);
+    be_backend *b = gpu ? be_cuda_create(n_threads, err, errlen) : be_cpu_create(n_threads, err, errlen);
+    if (!b || !prof) return b;
+    be_backend *pb = op_profile_wrap(b, prof, stderr);
+    if (!pb) {
+        b->ops->destroy(b);
+        snprintf(err, errlen, "out of memory starting the op profiler");
+    }
+    return pb;
 }
 
 /* A device backend copies every weight it will multiply now (prepare), so a model too large for

@@ -205,6 +205,9 @@ typedef struct be_ops {
      * back now without waiting, so that the wait some op makes anyway (a pick's) brings them in and
      * the be_host_read after it waits for nothing. NULL: nothing to do ahead. */
     void (*host_prefetch)(be_backend *b, const be_range *r, int n);
+    /* Wait until every op issued so far has finished on the device (the profiler's sync mode,
+     * kernels/op_profile.h). NULL: an op has finished when it returns. */
+    void (*finish)(be_backend *b);
 } be_ops;
 
 struct be_backend {

@@ -9,12 +9,13 @@
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
-#      vocabulary from the pack): the GPU, the GPU with prefill chunks on the tensor-core flash
-#      kernel (KVCHAT_CUDA_ATTN=flash), with the scalar attention kernel (KVCHAT_CUDA_ATTN=scalar),
+#      vocabulary from the pack): the GPU, the GPU with prefill chunks on the grouped attention
+#      kernel (KVCHAT_CUDA_ATTN=grouped), with the scalar attention kernel (KVCHAT_CUDA_ATTN=scalar),
 #      with stage 0's f32 decode kernel (KVCHAT_CUDA_MMV=f32), with every product through cuBLAS
-#      (KVCHAT_CUDA_MMV=0), and the CPU on every core, one after the other;
+#      (KVCHAT_CUDA_MMV=0), and the CPU on every core, one after the other; then the GPU under the
+#      op profiler (KVCHAT_PROFILE=1 and sync: where each op's time goes);
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also with
-#      the f32 decode kernel and with the flash kernel).
+#      the f32 decode kernel, with the grouped kernel for prefill chunks, and under the profiler).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
@@ -114,6 +115,19 @@ bench_step() {
     return $rc
 }
 
+# profile_steps NAME MODEL DEPTH GEN: kvchat bench under the op profiler (kernels/op_profile.h),
+# host time in each op and then each op waited for; the reports go to the summary
+profile_steps() {
+    local name=$1 model=$2 depth=$3 gen=$4 mode
+    for mode in 1 sync; do
+        if step "profile $name KVCHAT_PROFILE=$mode" 60 env KVCHAT_PROFILE=$mode "$kv" bench -m "$model" --device cuda \
+            --ctx "$depth" --gen "$gen" --no-csv; then
+            say "  depth $depth, $gen tokens decoded:"
+            awk '/^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^between ops/ { on = 0 }' "$tmp/last" >>"$summary"
+        fi
+    done
+}
+
 # the table kvchat bench printed (its "depth" header and the rows after it)
 bench_table() {
     awk '/depth +prefill tok\/s/ { on = 1 } on && NF { print "    " $0 } /^peak RSS/ { on = 0 }' "$tmp/last" >>"$summary"
@@ -199,10 +213,10 @@ elif [ ! -f "$bin/gemma-vocab.gguf" ]; then
     say "- no gemma-vocab.gguf in the pack: skipped"
 elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m --type q4_k_m --vocab "$bin/gemma-vocab.gguf" \
         -o "$gm" -t "$threads"; then
-    for run in cuda cuda-flash cuda-scalar cuda-f32 cuda-cublas cpu; do
+    for run in cuda cuda-grouped cuda-scalar cuda-f32 cuda-cublas cpu; do
         case $run in
         cuda) env=() dev=(--device cuda) config=cuda ;;
-        cuda-flash) env=(KVCHAT_CUDA_ATTN=flash) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=flash" ;;
+        cuda-grouped) env=(KVCHAT_CUDA_ATTN=grouped) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=grouped" ;;
         cuda-scalar) env=(KVCHAT_CUDA_ATTN=scalar) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=scalar" ;;
         cuda-cublas) env=(KVCHAT_CUDA_MMV=0) dev=(--device cuda) config="cuda KVCHAT_CUDA_MMV=0" ;;
         cuda-f32) env=(KVCHAT_CUDA_MMV=f32) dev=(--device cuda) config="cuda KVCHAT_CUDA_MMV=f32" ;;
@@ -214,6 +228,7 @@ elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m 
             bench_table
         fi
     done
+    profile_steps gemma3-270m "$gm" 2048 64
     rm -f "$gm"
 fi
 
@@ -241,9 +256,10 @@ for type in q4_k_m f16; do
             bench_step "bench mistral-7b $type f32 decode kernel" "cuda KVCHAT_CUDA_MMV=f32" 100 \
                 env KVCHAT_CUDA_MMV=f32 "$kv" bench -m "$m" --device cuda --ctx 512 --gen 16 --csv "$tmp/bench.csv" &&
                 bench_table
-            bench_step "bench mistral-7b $type flash prefill" "cuda KVCHAT_CUDA_ATTN=flash" 100 \
-                env KVCHAT_CUDA_ATTN=flash "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
+            bench_step "bench mistral-7b $type grouped prefill" "cuda KVCHAT_CUDA_ATTN=grouped" 100 \
+                env KVCHAT_CUDA_ATTN=grouped "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
                 --csv "$tmp/bench.csv" && bench_table
+            profile_steps mistral-7b-q4_k_m "$m" 2048 16
         fi
     fi
     rm -f "$m"

@@ -130,7 +130,8 @@ typedef struct cuda_impl {
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
     int attn_splits;           /* KVCHAT_CUDA_ATTN_SPLITS: the grouped and flash kernels' splits (0: by the device) */
-    int attn_flash;            /* KVCHAT_CUDA_ATTN=flash: prefill chunks on the tensor cores (attn_flash_kernel) */
+    int attn_flash;            /* prefill chunks on the tensor cores (attn_flash_kernel); KVCHAT_CUDA_ATTN=grouped:
+                                * on the grouped kernel, to compare */
     size_t flash_smem_set;     /* the flash kernel's shared memory limit as raised so far */
     int flash_refused;         /* the device's shared memory is too small for it: said once */
     uint64_t flash_calls;      /* attention calls the flash kernel ran (be_cuda_flash_calls) */
@@ -1969,6 +1970,17 @@ static int cuda_failed(be_backend *b, char *err, size_t errlen)
     return 1;
 }
 
+/* The profiler's wait after each op (KVCHAT_PROFILE=sync): a wait like any other (the staging
+ * arena is free and what was prefetched is in after it), except that it is not counted, so that the
+ * waits the profile reports are the program's own. */
+static void cuda_finish(be_backend *b)
+{
+    cuda_impl *ci = impl_of(b);
+    if (ci->failed) return;
+    sync_stream(ci, "finish");   /* a failure is recorded for the caller's next be_ops.failed */
+    ci->waits--;
+}
+
 static void cuda_counters(be_backend *b, uint64_t *waits, uint64_t *bytes_up, uint64_t *bytes_down)
 {
     cuda_impl *ci = impl_of(b);
@@ -2019,7 +2031,7 @@ static void cuda_destroy(be_backend *b)
 static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind,
-    cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch,
+    cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -2027,7 +2039,7 @@ static const be_ops cuda_ops = {
 static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL,
-    cuda_failed, cuda_counters, cuda_pick, NULL,
+    cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
@@ -2069,7 +2081,8 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     ci->mmv_inflight = inflight_env && !strcmp(inflight_env, "1") ? 1 : 2;
     const char *attn_env = getenv("KVCHAT_CUDA_ATTN");
     ci->attn_scalar = attn_env && !strcmp(attn_env, "scalar");
-    ci->attn_flash = attn_env && !strcmp(attn_env, "flash");
+    /* prefill chunks on the tensor cores unless asked otherwise (measured on an H200: docs/gpu.md) */
+    ci->attn_flash = !ci->attn_scalar && !(attn_env && !strcmp(attn_env, "grouped"));
     const char *splits_env = getenv("KVCHAT_CUDA_ATTN_SPLITS");
     ci->attn_splits = splits_env ? atoi(splits_env) : 0;
     if (ci->attn_splits < 0 || ci->attn_splits > 4096) ci->attn_splits = 0;

@@ -15,9 +15,9 @@
  * - decode attention (one query) at Mistral 7B's shape (32 query heads, 8 KV heads of 128) over
  *   512, 8192 and 32768 tokens in pages of 32 per KV head, and the default model's (4 query heads,
  *   1 KV head of 256) at 8192; a prefill chunk's (512 queries at the end of 8192 tokens, 7B shape);
- *   and the default model's (512 queries at 8192); each with the grouped kernel (the default), the
- *   scalar one (KVCHAT_CUDA_ATTN=scalar) and for the chunks the tensor-core flash kernel
- *   (KVCHAT_CUDA_ATTN=flash);
+ *   and the default model's (512 queries at 8192); each with the grouped kernel (decode's default;
+ *   KVCHAT_CUDA_ATTN=grouped for the chunks), the scalar one (KVCHAT_CUDA_ATTN=scalar) and for the
+ *   chunks the tensor-core flash kernel (their default);
  *   bytes = the keys and values read once (a decode step's least traffic);
  * - the sampler's candidates over a row of 262144 logits (the default model's vocabulary): the
  *   device's pick for greedy (k 1) and for top-k 40 and 256 with the entropy and 64 penalized ids,
@@ -229,10 +229,12 @@ int main(int argc, char **argv)
     unsetenv("KVCHAT_CUDA_MMV_INFLIGHT");
     setenv("KVCHAT_CUDA_ATTN", "scalar", 1);
     be_backend *scal = in1 ? be_cuda_create(4, err, sizeof err) : NULL;
+    setenv("KVCHAT_CUDA_ATTN", "grouped", 1);
+    be_backend *grp = scal ? be_cuda_create(4, err, sizeof err) : NULL;
     setenv("KVCHAT_CUDA_ATTN", "flash", 1);
-    be_backend *flsh = scal ? be_cuda_create(4, err, sizeof err) : NULL;
+    be_backend *flsh = grp ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_ATTN");
-    if (!tiles || !passes || !f32k || !in1 || !scal || !flsh) {
+    if (!tiles || !passes || !f32k || !in1 || !scal || !grp || !flsh) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
@@ -357,7 +359,7 @@ int main(int argc, char **argv)
         if (!q || !o || !qp) return 1;
         for (int64_t i = 0; i < nq * nh * D; i++) q[i] = 0.1f * frand(), o[i] = 0;
         for (int64_t t = 0; t < nq; t++) qp[t] = (int32_t)(ctx - nq + t);
-        be_backend *kern[3] = { dflt, scal, flsh };
+        be_backend *kern[3] = { grp, scal, flsh };
         static const char *const kname[3] = { "grouped", "scalar", "flash" };
         for (int k = 0; k < 3; k++) {
             if (k == 2 && nq < AF_MIN_Q) continue;   /* the flash kernel takes prefill chunks only */
@@ -485,6 +487,7 @@ int main(int argc, char **argv)
     be_free(f32k);
     be_free(in1);
     be_free(scal);
+    be_free(grp);
     be_free(flsh);
     for (size_t i = 0; i < n_types * n_shapes; i++) free(keep[i]);
     free(keep);

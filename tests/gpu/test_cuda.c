@@ -1264,15 +1264,21 @@ static int gates_on(be_backend *b)
     return run;
 }
 
-Test(cuda, tiny_model_reference_gates_hold_on_the_gpu) { gates_on(gpu); }
-
-/* The same gates with the prompts' prefill chunks through the tensor-core flash kernel. */
-Test(cuda, tiny_model_reference_gates_hold_with_flash_prefill)
+/* The default: the prompts' prefill chunks through the tensor-core flash kernel. */
+Test(cuda, tiny_model_reference_gates_hold_on_the_gpu)
 {
-    be_backend *fl = gpu_with("KVCHAT_CUDA_ATTN", "flash");
-    if (gates_on(fl) > 0) cr_expect(be_cuda_flash_calls(fl) > 0, "no prefill chunk ran the flash kernel");
-    cr_log_info("flash attention calls: %llu", (unsigned long long)be_cuda_flash_calls(fl));
-    be_free(fl);
+    const uint64_t calls = be_cuda_flash_calls(gpu);
+    if (gates_on(gpu) > 0) cr_expect(be_cuda_flash_calls(gpu) > calls, "no prefill chunk ran the flash kernel");
+    cr_log_info("flash attention calls: %llu", (unsigned long long)(be_cuda_flash_calls(gpu) - calls));
+}
+
+/* The same gates with the prefill chunks on the grouped kernel (KVCHAT_CUDA_ATTN=grouped). */
+Test(cuda, tiny_model_reference_gates_hold_with_grouped_prefill)
+{
+    be_backend *gr = gpu_with("KVCHAT_CUDA_ATTN", "grouped");
+    gates_on(gr);
+    cr_expect(be_cuda_flash_calls(gr) == 0, "KVCHAT_CUDA_ATTN=grouped ran the flash kernel");
+    be_free(gr);
 }
 
 /* The synthetic benchmark's kernels (kernels/cuda/synthetic.cu: tensor-core paged attention, Quest's

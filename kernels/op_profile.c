@@ -1,0 +1,288 @@
+/* op_profile.c - a backend in front of another that times its ops (op_profile.h). */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/op_profile.h"
+
+enum {
+    R_MATMUL_1, R_MATMUL_N, R_RMSNORM, R_ROPE, R_GLU, R_GET_ROWS, R_ATTENTION_1, R_ATTENTION_N, R_SCORES,
+    R_BOUND_PAGES, R_ADD, R_SCALE, R_PREPARE, R_BIND, R_UNBIND, R_HOST_READ, R_HOST_WRITE, R_PICK,
+    R_HOST_PREFETCH, R_N
+};
+
+static const char *const row_name[R_N] = {
+    "matmul 1 token", "matmul tokens", "rmsnorm", "rope", "glu", "get_rows", "attention 1 query",
+    "attention queries", "scores", "bound_pages", "add", "scale", "prepare", "bind", "unbind", "host_read",
+    "host_write", "pick", "host_prefetch",
+};
+
+typedef struct prof_row {
+    long calls;
+    double s, max;                 /* seconds inside the op: all calls, the longest call */
+    uint64_t waits, up, down;      /* the device traffic it caused */
+} prof_row;
+
+typedef struct prof {
+    be_backend outer;
+    be_backend *inner;
+    be_ops ops;                    /* inner's, each op replaced by its timed twin */
+    int mode;
+    FILE *report;
+    prof_row rows[R_N];
+    double first, last;            /* the window: first op's start, last op's end (0: none yet) */
+    double in_ops;                 /* seconds inside ops, all rows */
+} prof;
+
+typedef struct mark {
+    double t;
+    uint64_t waits, up, down;
+} mark;
+
+static prof *prof_of(be_backend *b) { return (prof *)b->impl; }
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void traffic(prof *p, mark *m)
+{
+    m->waits = m->up = m->down = 0;
+    if (p->inner->ops->counters) p->inner->ops->counters(p->inner, &m->waits, &m->up, &m->down);
+}
+
+static mark begin(prof *p)
+{
+    mark m;
+    traffic(p, &m);
+    m.t = now_s();
+    if (p->first == 0) p->first = m.t;
+    return m;
+}
+
+static void end(prof *p, int row, const mark *m)
+{
+    if (p->mode == OP_PROFILE_SYNC && p->inner->ops->finish) p->inner->ops->finish(p->inner);
+    double t = now_s();
+    mark e;
+    traffic(p, &e);
+    prof_row *r = &p->rows[row];
+    r->calls++;
+    r->s += t - m->t;
+    if (t - m->t > r->max) r->max = t - m->t;
+    r->waits += e.waits - m->waits;
+    r->up += e.up - m->up;
+    r->down += e.down - m->down;
+    p->in_ops += t - m->t;
+    p->last = t;
+}
+
+/* One timed twin: `call` runs inner's op with the same arguments; `row` picks the report's row. */
+#define TIMED(row, call)                                                                                   \
+    do {                                                                                                   \
+        prof *p_ = prof_of(b);                                                                             \
+        be_backend *in_ = p_->inner;                                                                       \
+        mark m_ = begin(p_);                                                                               \
+        call;                                                                                              \
+        end(p_, (row), &m_);                                                                               \
+    } while (0)
+
+static void t_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
+{
+    TIMED(n_tok == 1 ? R_MATMUL_1 : R_MATMUL_N, in_->ops->matmul(in_, mms, n_mm, x, n_tok));
+}
+
+static void t_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps)
+{
+    TIMED(R_RMSNORM, in_->ops->rmsnorm(in_, x, w, y, rows, dim, eps));
+}
+
+static void t_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
+                   float freq_base, float freq_scale, int neox)
+{
+    TIMED(R_ROPE, in_->ops->rope(in_, x, n_tok, n_heads, head_dim, pos, freq_base, freq_scale, neox));
+}
+
+static void t_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
+{
+    TIMED(R_GLU, in_->ops->glu(in_, gate, up, n, gelu));
+}
+
+static void t_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *out)
+{
+    TIMED(R_GET_ROWS, in_->ops->get_rows(in_, w, ids, n, scale, out));
+}
+
+static void t_attention(be_backend *b, const be_attn *a)
+{
+    TIMED(a->n_q == 1 ? R_ATTENTION_1 : R_ATTENTION_N, in_->ops->attention(in_, a));
+}
+
+static void t_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
+{
+    TIMED(R_SCORES, in_->ops->scores(in_, m, n_rows, dim, x, y));
+}
+
+static void t_bound_pages(be_backend *b, be_bounds *r) { TIMED(R_BOUND_PAGES, in_->ops->bound_pages(in_, r)); }
+
+static int t_prepare(be_backend *b, const be_weight *const *w, int n, char *err, size_t errlen)
+{
+    int rc = 0;
+    TIMED(R_PREPARE, rc = in_->ops->prepare(in_, w, n, err, errlen));
+    return rc;
+}
+
+static void t_memory(be_backend *b, uint64_t *held, uint64_t *total)
+{
+    be_backend *in = prof_of(b)->inner;
+    in->ops->memory(in, held, total);
+}
+
+static void t_add(be_backend *b, float *x, const float *y, int64_t n) { TIMED(R_ADD, in_->ops->add(in_, x, y, n)); }
+
+static void t_scale(be_backend *b, float *x, int64_t n, float s) { TIMED(R_SCALE, in_->ops->scale(in_, x, n, s)); }
+
+static int t_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+{
+    int rc = 0;
+    TIMED(R_BIND, rc = in_->ops->bind(in_, host, bytes, err, errlen));
+    return rc;
+}
+
+static void t_unbind(be_backend *b, void *host) { TIMED(R_UNBIND, in_->ops->unbind(in_, host)); }
+
+static void t_host_read(be_backend *b, const be_range *r, int n) { TIMED(R_HOST_READ, in_->ops->host_read(in_, r, n)); }
+
+static void t_host_write(be_backend *b, void *ptr, size_t bytes)
+{
+    TIMED(R_HOST_WRITE, in_->ops->host_write(in_, ptr, bytes));
+}
+
+static int t_failed(be_backend *b, char *err, size_t errlen)
+{
+    be_backend *in = prof_of(b)->inner;
+    return in->ops->failed(in, err, errlen);
+}
+
+static void t_counters(be_backend *b, uint64_t *waits, uint64_t *bytes_up, uint64_t *bytes_down)
+{
+    be_backend *in = prof_of(b)->inner;
+    in->ops->counters(in, waits, bytes_up, bytes_down);
+}
+
+static void t_pick(be_backend *b, be_pick *pk) { TIMED(R_PICK, in_->ops->pick(in_, pk)); }
+
+static void t_host_prefetch(be_backend *b, const be_range *r, int n)
+{
+    TIMED(R_HOST_PREFETCH, in_->ops->host_prefetch(in_, r, n));
+}
+
+static void t_finish(be_backend *b)
+{
+    be_backend *in = prof_of(b)->inner;
+    in->ops->finish(in);
+}
+
+static void t_destroy(be_backend *b)
+{
+    prof *p = prof_of(b);
+    if (p->report) op_profile_write(b, p->report);
+    p->inner->ops->destroy(p->inner);
+    free(p);
+}
+
+/* An op inner lacks stays absent: its absence means something to the engine (no pick: the host
+ * reads the row; no bind: no residency). */
+#define TWIN(op) p->ops.op = in->ops->op ? t_##op : NULL
+
+be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
+{
+    prof *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->inner = in;
+    p->mode = mode == OP_PROFILE_SYNC ? OP_PROFILE_SYNC : OP_PROFILE_HOST;
+    p->report = report;
+    p->ops.name = in->ops->name;
+    TWIN(matmul);
+    TWIN(rmsnorm);
+    TWIN(rope);
+    TWIN(glu);
+    TWIN(get_rows);
+    TWIN(attention);
+    TWIN(scores);
+    TWIN(bound_pages);
+    TWIN(prepare);
+    TWIN(memory);
+    p->ops.destroy = t_destroy;
+    TWIN(add);
+    TWIN(scale);
+    TWIN(bind);
+    TWIN(unbind);
+    TWIN(host_read);
+    TWIN(host_write);
+    TWIN(failed);
+    TWIN(counters);
+    TWIN(pick);
+    TWIN(host_prefetch);
+    TWIN(finish);
+    p->outer.ops = &p->ops;
+    p->outer.n_threads = in->n_threads;
+    p->outer.impl = p;
+    return &p->outer;
+}
+
+int op_profile_mode_from_env(void)
+{
+    const char *v = getenv("KVCHAT_PROFILE");
+    if (!v || !*v) return 0;
+    if (!strcmp(v, "1")) return OP_PROFILE_HOST;
+    if (!strcmp(v, "sync")) return OP_PROFILE_SYNC;
+    return -1;
+}
+
+static int by_time(const void *a, const void *b)
+{
+    const prof_row *x = *(const prof_row *const *)a, *y = *(const prof_row *const *)b;
+    return (x->s < y->s) - (x->s > y->s);
+}
+
+void op_profile_write(be_backend *b, FILE *f)
+{
+    prof *p = prof_of(b);
+    double window = p->last > p->first ? p->last - p->first : 0;
+    fprintf(f, "kvchat profile (%s backend, %s): %.3f s from the first op to the last\n", p->ops.name,
+            p->mode == OP_PROFILE_SYNC ? "each op waited for: its host and device time"
+                                       : "host time in each op; an op that waits absorbs the device's backlog",
+            window);
+    fprintf(f, "%-20s %9s %10s %9s %9s %6s %8s %9s %9s\n", "op", "calls", "ms", "us/call", "max us", "share",
+            "waits", "MiB up", "MiB down");
+    const prof_row *order[R_N];
+    for (int i = 0; i < R_N; i++) order[i] = &p->rows[i];
+    qsort(order, R_N, sizeof *order, by_time);
+    for (int i = 0; i < R_N; i++) {
+        const prof_row *r = order[i];
+        if (!r->calls) continue;
+        fprintf(f, "%-20s %9ld %10.3f %9.2f %9.1f %5.1f%% %8llu %9.2f %9.2f\n", row_name[r - p->rows], r->calls,
+                1e3 * r->s, 1e6 * r->s / (double)r->calls, 1e6 * r->max, window > 0 ? 100 * r->s / window : 0,
+                (unsigned long long)r->waits,
+                (double)r->up / (1 << 20), (double)r->down / (1 << 20));
+    }
+    double between = window - p->in_ops;
+    fprintf(f, "%-20s %9s %10.3f %9s %9s %5.1f%%\n", "between ops", "-", 1e3 * (between > 0 ? between : 0), "-", "-",
+            window > 0 && between > 0 ? 100 * between / window : 0);
+}
+
+long op_profile_calls(be_backend *b, const char *row, double *seconds)
+{
+    prof *p = prof_of(b);
+    for (int i = 0; i < R_N; i++)
+        if (!strcmp(row_name[i], row)) {
+            if (seconds) *seconds = p->rows[i].s;
+            return p->rows[i].calls;
+        }
+    if (seconds) *seconds = 0;
+    return 0;
+}

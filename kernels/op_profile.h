@@ -1,0 +1,42 @@
+/* op_profile.h - where a run's time goes, op by op (issue 25: finding what a GPU step spends).
+ *
+ * A profiled backend stands in front of any other: every op it is asked goes to the backend behind
+ * it, and the profile counts the calls, the wall time spent inside the op and the device traffic
+ * the op caused (be_ops.counters: waits, bytes up, bytes down). Products and attention are counted
+ * apart for one token (a decode step) and for several (a prefill chunk). The time between ops is the
+ * engine's own host work (the forward pass's bookkeeping, the policies, the sampler, the cache).
+ *
+ * Two modes. OP_PROFILE_HOST: each op's time is what it costs the host (launches, staging, its
+ * waits), while a device runs behind; an op that waits absorbs the device's backlog. OP_PROFILE_SYNC:
+ * after each op the profile waits for the device (be_ops.finish), so an op's time is its host and
+ * device time together; the run is slower, the split is exact. The CPU backend's ops are the same in
+ * both.
+ *
+ * be_create wraps its backend when KVCHAT_PROFILE is 1 (host) or sync, and the report goes to
+ * standard error when the backend is destroyed. */
+#ifndef KVCHAT_OP_PROFILE_H
+#define KVCHAT_OP_PROFILE_H
+
+#include <stdio.h>
+
+#include "kernels/backend.h"
+
+enum { OP_PROFILE_HOST = 1, OP_PROFILE_SYNC = 2 };
+
+/* A backend that profiles inner's ops in the mode given and owns inner (destroying it destroys
+ * inner, after writing the report to `report`, or to nothing when report is NULL). NULL when out of
+ * memory (inner is then left to the caller). */
+be_backend *op_profile_wrap(be_backend *inner, int mode, FILE *report);
+
+/* The mode KVCHAT_PROFILE asks for: 0 (unset or empty), OP_PROFILE_HOST ("1"), OP_PROFILE_SYNC
+ * ("sync"), or -1 for any other value. */
+int op_profile_mode_from_env(void);
+
+/* The profile so far of a backend op_profile_wrap made, written to f (the report). */
+void op_profile_write(be_backend *b, FILE *f);
+
+/* Calls, and seconds inside them, of one row of the report by its name ("matmul 1 token"), for
+ * tests. 0 when no such row or no calls. */
+long op_profile_calls(be_backend *b, const char *row, double *seconds);
+
+#endif
