@@ -517,11 +517,13 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         op->rope(b, K, n, (int)Hkv, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
         op->scale(b, f->q, n * H * D, hp->attn_scale);
         if (!defer) {
-            /* the host's share of the layer: the new K/V rows go into the cache, and a policy reads
-             * the queries on global layers (one wait for a device backend) */
+            /* the host's share of the layer: the new K/V rows go into the cache, and a policy that
+             * reads the queries on global layers gets them (one wait for a device backend; a 7B
+             * prefill's queries are twice its K/V rows, so they stay where no policy reads them) */
             be_range rd[3] = { { K, sizeof(float) * (size_t)(n * kvd) }, { V, sizeof(float) * (size_t)(n * kvd) },
                                { f->q, sizeof(float) * (size_t)(n * H * D) } };
-            be_host_read(b, rd, f->pol && !ly->is_swa ? 3 : 2);
+            int read_q = f->pol && !ly->is_swa && pol_set_reads_queries(f->pol, f->decoding);
+            be_host_read(b, rd, read_q ? 3 : 2);
             /* that waited for the device: a failed op shows now, before the cache or a policy acts
              * on what it left */
             if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;

@@ -32,6 +32,7 @@ typedef struct shadow {
     int failed;
     volatile sig_atomic_t *cancel_too;   /* raised as the op fails: a Ctrl-C right after a failure */
     int reads;          /* host reads announced since the last embedding (in the last step) */
+    uint64_t bytes_read;   /* bytes of every host read announced (the whole run) */
     int waits;          /* waits for the shadow device since the last embedding */
     int gather_on_twin; /* embedding rows written on the twin (the CUDA backend's gather of a weight it
                            holds) instead of on the host */
@@ -235,6 +236,7 @@ static void s_host_read(be_backend *b, const be_range *r, int n)
 {
     if (sh(b)->ignore_reads) return;
     sh(b)->reads++;
+    for (int i = 0; i < n; i++) sh(b)->bytes_read += r[i].bytes;
     am_range ar[8];
     cr_assert(n <= 8);
     for (int i = 0; i < n; i++) ar[i] = (am_range){ r[i].p, r[i].bytes };
@@ -434,8 +436,35 @@ Test(residency, policies_that_read_queries_on_the_host_see_them)
     compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "h2o:budget=0.3", 1);
     compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "snapkv:budget=0.3+quest", 1);
     compare(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea", 1);
+    /* Quest selects from each decode step's queries (a budget below the prompt's length) */
+    compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "quest:budget=24", 1);
     /* TAKE evicts in prefill only: its decode steps defer */
     compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "take:budget=0.5", 0);
+}
+
+/* A prefill's queries come back to the host only for a policy that reads them there: under "full"
+ * (no layer_done, no selection) the host reads what it reads with no policy at all, the K/V rows;
+ * H2O scores queries after each layer and reads more. (That every policy that reads them gets them
+ * is policies_that_read_queries_on_the_host_see_them.) */
+Test(residency, queries_come_back_only_where_a_policy_reads_them)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-llama-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *shd = shadow_create();
+    static const char *const specs[] = { NULL, "full", "h2o:budget=0.3" };
+    uint64_t bytes[3];
+    for (int i = 0; i < 3; i++) {
+        sh(shd)->bytes_read = 0;
+        free(run(m, shd, specs[i]));
+        bytes[i] = sh(shd)->bytes_read;
+    }
+    cr_expect(bytes[0] > 0);
+    cr_expect_eq(bytes[1], bytes[0], "under full the host read %llu bytes, with no policy %llu",
+                 (unsigned long long)bytes[1], (unsigned long long)bytes[0]);
+    cr_expect_gt(bytes[2], bytes[0], "H2O's queries were not read");
+    be_free(shd);
+    model_free(m);
 }
 
 Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)

@@ -444,6 +444,16 @@ int pol_set_decode_layer_free(const pol_set *ps)
     return pol_spec_decode_keeps_cache(&ps->spec);
 }
 
+int pol_set_reads_queries(const pol_set *ps, int decoding)
+{
+    for (int i = 0; i < ps->spec.n; i++) {
+        const pol_ops *p = ps->spec.ops[i];
+        if (p->layer_done && !(decoding && p->prefill_only)) return 1;
+        if (decoding && p->stage == POL_STAGE_DECODE && p->select) return 1;
+    }
+    return 0;
+}
+
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q)
 {
     int k = -1;
