@@ -276,6 +276,9 @@ int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t 
 /* Rows the engine keeps on the host in f16 (its KV cache, a policy's scoring of cached keys): the
  * CPU's kernels, whichever backend runs the model. f32 -> f16 rounds to nearest even. */
 void be_host_f32_to_f16(int64_t n, const float *x, uint16_t *y);
+/* A page's key summary folded with one f16 key row (per element: sum += k, min and max by k < min
+ * and k > max, so NaN changes neither bound). */
+void be_host_key_summary(int64_t n, const uint16_t *k, float *sum, float *mn, float *mx);
 float be_host_dot_f32_f16(int64_t n, const float *a, const uint16_t *b);
 /* 1 if this backend can multiply weights of this type. */
 int be_supports_weight(const be_backend *b, uint32_t type);

@@ -2,6 +2,7 @@
  * products vs the one-token kernel, vectorized exp and GLU activations vs libm, and the backend's
  * threaded ops vs single-threaded results. Random inputs, printed seed, NaN-filled outputs. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -344,6 +345,65 @@ Test(kernels, every_isa_gives_the_portable_bits)
                 cr_assert(same_bits(oa, ob, (int64_t)no), "%s attention accumulation D=%d nk=%d nr=%d differs", name, D, nk, nr);
                 free(qt); free(kb); free(vb); free(sa); free(sb); free(oa); free(ob);
             }
+    }
+    cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
+}
+
+/* A page's key summary folded one f16 row at a time (the KV cache's Quest bounds): every ISA's
+ * kernel gives the bits of a plain loop written here (a sum that is NaN: NaN), over rows with NaN,
+ * infinities, signed zeros and subnormals, at lengths that leave every tail; a NaN key moves
+ * neither bound, and between +0 and -0 the one seen first stays. */
+Test(kernels, key_summaries_fold_like_a_plain_loop_on_every_isa)
+{
+    seed_rng("key_summaries");
+    char err[256];
+    vd_isa was = vd_isa_active();
+    enum { ROWS = 40, N = 301 };
+    static uint16_t k[ROWS][N];
+    static float s0[N], n0[N], x0[N], s1[N], n1[N], x1[N];
+    static const uint16_t odd[] = { 0x7e00 /* NaN */, 0x7c00 /* +inf */, 0xfc00 /* -inf */, 0x8000 /* -0 */,
+                                    0x0000 /* +0 */, 0x0001 /* smallest subnormal */, 0x83ff, 0x7bff /* 65504 */ };
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < N; i++)
+            k[r][i] = rnd() % 7 == 0 ? odd[rnd() % 8] : quant_f32_to_fp16(frand(-4, 4));
+    static const int64_t lens[] = { 1, 7, 8, 9, 16, 33, 128, 256, N };
+    for (int li = 0; li < (int)(sizeof lens / sizeof lens[0]); li++) {
+        int64_t n = lens[li];
+        for (int i = 0; i < n; i++) s0[i] = 0, n0[i] = FLT_MAX, x0[i] = -FLT_MAX;
+        for (int r = 0; r < ROWS; r++)
+            for (int i = 0; i < n; i++) {
+                float t = quant_fp16_to_f32(k[r][i]);
+                s0[i] += t;
+                if (t < n0[i]) n0[i] = t;
+                if (t > x0[i]) x0[i] = t;
+            }
+        for (int isa = VD_ISA_SCALAR; isa < VD_ISA_COUNT; isa++) {
+            if (!vd_isa_supported((vd_isa)isa)) continue;
+            cr_assert_eq(vd_set_isa((vd_isa)isa, err, sizeof err), 0, "%s", err);
+            for (int i = 0; i < n; i++) s1[i] = 0, n1[i] = FLT_MAX, x1[i] = -FLT_MAX;
+            for (int r = 0; r < ROWS; r++) vd_key_summary(n, k[r], s1, n1, x1);
+            const char *name = vd_isa_name((vd_isa)isa);
+            /* a sum that met NaN (or +inf and -inf) is NaN with either sign: the compiler may put
+             * an addition's operands either way round, and x86 keeps the first one's NaN */
+            for (int64_t i = 0; i < n; i++)
+                cr_assert(isnan(s0[i]) ? isnan(s1[i]) : !memcmp(&s0[i], &s1[i], 4), "%s n=%lld: sum %lld is %.9g, not %.9g",
+                          name, (long long)n, (long long)i, s1[i], s0[i]);
+            cr_assert(same_bits(n0, n1, n), "%s n=%lld: the minima differ", name, (long long)n);
+            cr_assert(same_bits(x0, x1, n), "%s n=%lld: the maxima differ", name, (long long)n);
+        }
+    }
+    /* the fold's rules, by hand: NaN moves nothing, the first zero seen stays */
+    for (int isa = VD_ISA_SCALAR; isa < VD_ISA_COUNT; isa++) {
+        if (!vd_isa_supported((vd_isa)isa)) continue;
+        cr_assert_eq(vd_set_isa((vd_isa)isa, err, sizeof err), 0, "%s", err);
+        uint16_t row[9];
+        float sum[9], mn[9], mx[9];
+        for (int i = 0; i < 9; i++) row[i] = 0x7e00, sum[i] = 0, mn[i] = 1, mx[i] = 2;
+        vd_key_summary(9, row, sum, mn, mx);
+        for (int i = 0; i < 9; i++) cr_assert(mn[i] == 1 && mx[i] == 2 && isnan(sum[i]), "%s lane %d", vd_isa_name((vd_isa)isa), i);
+        for (int i = 0; i < 9; i++) row[i] = 0x8000, mn[i] = 0.0f, mx[i] = 0.0f;
+        vd_key_summary(9, row, sum, mn, mx);
+        for (int i = 0; i < 9; i++) cr_assert(!signbit(mn[i]) && !signbit(mx[i]), "%s lane %d: -0 replaced +0", vd_isa_name((vd_isa)isa), i);
     }
     cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
 }

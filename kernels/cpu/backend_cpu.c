@@ -919,6 +919,11 @@ void be_free(be_backend *b)
 }
 
 void be_host_f32_to_f16(int64_t n, const float *x, uint16_t *y) { vd_f32_to_f16(n, x, y); }
+
+void be_host_key_summary(int64_t n, const uint16_t *k, float *sum, float *mn, float *mx)
+{
+    vd_key_summary(n, k, sum, mn, mx);
+}
 float be_host_dot_f32_f16(int64_t n, const float *a, const uint16_t *b) { return vd_dot_f32_f16(n, a, b); }
 
 int be_supports_weight(const be_backend *b, uint32_t type)

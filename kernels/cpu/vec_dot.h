@@ -100,6 +100,10 @@ float vd_dot_f32_f16(int64_t n, const float *a, const uint16_t *b);
 void vd_axpy_f16(int64_t n, float a, const uint16_t *x, float *y);
 void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y);
 
+/* A page's key summary folded with one f16 key row k: sum[i] += k[i], mn[i] = k[i] < mn[i] ? k[i] :
+ * mn[i], mx[i] = k[i] > mx[i] ? k[i] : mx[i] (so a NaN key changes neither bound). */
+void vd_key_summary(int64_t n, const uint16_t *k, float *sum, float *mn, float *mx);
+
 /* sum_i max(q[i] * lo[i], q[i] * hi[i]): the largest q.k over keys k with lo <= k <= hi (Quest's bound). */
 float vd_bound_f32(int64_t n, const float *q, const float *lo, const float *hi);
 

@@ -117,6 +117,25 @@ void vd_f32_to_f16_avx2(int64_t n, const float *x, uint16_t *y)
     for (; i < n; i++) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+/* _mm256_min_ps(a, b) is a < b ? a : b lane by lane and max a > b ? a : b: the portable fold's
+ * comparisons, NaN and signed zeros included. */
+void vd_key_summary_avx2(int64_t n, const uint16_t *k, float *sum, float *mn, float *mx)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 t = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+        _mm256_storeu_ps(sum + i, _mm256_add_ps(_mm256_loadu_ps(sum + i), t));
+        _mm256_storeu_ps(mn + i, _mm256_min_ps(t, _mm256_loadu_ps(mn + i)));
+        _mm256_storeu_ps(mx + i, _mm256_max_ps(t, _mm256_loadu_ps(mx + i)));
+    }
+    for (; i < n; i++) {
+        float t = _cvtsh_ss(k[i]);
+        sum[i] += t;
+        mn[i] = t < mn[i] ? t : mn[i];
+        mx[i] = t > mx[i] ? t : mx[i];
+    }
+}
+
 float vd_bound_f32_avx2(int64_t n, const float *q, const float *lo, const float *hi)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
