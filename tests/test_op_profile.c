@@ -189,8 +189,8 @@ Test(op_profile, the_cpu_backend_behind_it_gives_the_same_bits)
     enum { N_IN = 96, N_OUT = 40, T = 3 };
     static float w[N_OUT * N_IN], x[T * N_IN], y0[T * N_OUT], y1[T * N_OUT], g[N_IN], n0[T * N_IN], n1[T * N_IN];
     srand(7);
-    for (int i = 0; i < N_OUT * N_IN; i++) w[i] = (float)rand() / RAND_MAX - 0.5f;
-    for (int i = 0; i < T * N_IN; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (int i = 0; i < N_OUT * N_IN; i++) w[i] = (float)(rand() % 1000) / 1000.0f - 0.5f;
+    for (int i = 0; i < T * N_IN; i++) x[i] = (float)(rand() % 1000) / 1000.0f - 0.5f;
     for (int i = 0; i < N_IN; i++) g[i] = 1.0f + (float)i / N_IN;
     be_weight wt = { w, GGML_TYPE_F32, N_IN, N_OUT, sizeof(float) * N_IN };
     be_mm m0 = { &wt, y0 }, m1 = { &wt, y1 };
