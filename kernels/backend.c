@@ -16,7 +16,7 @@ be_backend *be_create(int device, int n_threads, char *err, size_t errlen)
 {
     int prof = op_profile_mode_from_env();
     if (prof < 0) {
-        snprintf(err, errlen, "KVCHAT_PROFILE must be 1 (host time in each op) or sync (each op waited for)");
+        snprintf(err, errlen, "KVCHAT_PROFILE must be 1 (host time in each op), sync (each op waited for) or 0 (off)");
         return NULL;
     }
     int gpu = device == BE_DEVICE_CUDA || (device == BE_DEVICE_AUTO && be_cuda_devices() > 0);

@@ -225,8 +225,9 @@ struct tp_pool *be_cpu_pool(be_backend *cpu);
 be_backend *be_cuda_create(int n_threads, char *err, size_t errlen);
 /* CUDA devices present (0 as well when kvchat was built without CUDA). */
 int be_cuda_devices(void);
-/* Attention calls a CUDA backend ran on its tensor-core flash kernel (KVCHAT_CUDA_ATTN=flash; tests
- * and benchmarks check that it ran); 0 for any other backend. */
+/* Attention calls a CUDA backend ran on its tensor-core flash kernel (prefill chunks, unless
+ * KVCHAT_CUDA_ATTN says grouped or scalar; tests and benchmarks check that it ran); 0 for any other
+ * backend. */
 uint64_t be_cuda_flash_calls(be_backend *b);
 void be_free(be_backend *b);
 /* The device a run asks for: AUTO is the GPU when one is present (kernels/backend.c). */

@@ -30,8 +30,8 @@ typedef struct prof {
     int mode;
     FILE *report;
     prof_row rows[R_N];
-    double first, last;            /* the window: first op's start, last op's end (0: none yet) */
-    double in_ops;                 /* seconds inside ops, all rows */
+    double first, last;            /* the window: first op's start, last op's end (0: none yet), */
+    double in_ops;                 /* and the seconds inside ops in it; prepare (load time) is outside */
 } prof;
 
 typedef struct mark {
@@ -54,12 +54,12 @@ static void traffic(prof *p, mark *m)
     if (p->inner->ops->counters) p->inner->ops->counters(p->inner, &m->waits, &m->up, &m->down);
 }
 
-static mark begin(prof *p)
+static mark begin(prof *p, int row)
 {
     mark m;
     traffic(p, &m);
     m.t = now_s();
-    if (p->first == 0) p->first = m.t;
+    if (p->first == 0 && row != R_PREPARE) p->first = m.t;
     return m;
 }
 
@@ -76,6 +76,7 @@ static void end(prof *p, int row, const mark *m)
     r->waits += e.waits - m->waits;
     r->up += e.up - m->up;
     r->down += e.down - m->down;
+    if (row == R_PREPARE) return;
     p->in_ops += t - m->t;
     p->last = t;
 }
@@ -85,9 +86,10 @@ static void end(prof *p, int row, const mark *m)
     do {                                                                                                   \
         prof *p_ = prof_of(b);                                                                             \
         be_backend *in_ = p_->inner;                                                                       \
-        mark m_ = begin(p_);                                                                               \
+        const int row_ = (row);                                                                            \
+        mark m_ = begin(p_, row_);                                                                         \
         call;                                                                                              \
-        end(p_, (row), &m_);                                                                               \
+        end(p_, row_, &m_);                                                                                \
     } while (0)
 
 static void t_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
@@ -237,7 +239,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
 int op_profile_mode_from_env(void)
 {
     const char *v = getenv("KVCHAT_PROFILE");
-    if (!v || !*v) return 0;
+    if (!v || !*v || !strcmp(v, "0")) return 0;
     if (!strcmp(v, "1")) return OP_PROFILE_HOST;
     if (!strcmp(v, "sync")) return OP_PROFILE_SYNC;
     return -1;
@@ -253,7 +255,7 @@ void op_profile_write(be_backend *b, FILE *f)
 {
     prof *p = prof_of(b);
     double window = p->last > p->first ? p->last - p->first : 0;
-    fprintf(f, "kvchat profile (%s backend, %s): %.3f s from the first op to the last\n", p->ops.name,
+    fprintf(f, "kvchat profile (%s backend, %s): %.3f s from the first op after loading to the last\n", p->ops.name,
             p->mode == OP_PROFILE_SYNC ? "each op waited for: its host and device time"
                                        : "host time in each op; an op that waits absorbs the device's backlog",
             window);
@@ -265,8 +267,9 @@ void op_profile_write(be_backend *b, FILE *f)
     for (int i = 0; i < R_N; i++) {
         const prof_row *r = order[i];
         if (!r->calls) continue;
+        int outside = r == &p->rows[R_PREPARE];   /* load time: no share of the window */
         fprintf(f, "%-20s %9ld %10.3f %9.2f %9.1f %5.1f%% %8llu %9.2f %9.2f\n", row_name[r - p->rows], r->calls,
-                1e3 * r->s, 1e6 * r->s / (double)r->calls, 1e6 * r->max, window > 0 ? 100 * r->s / window : 0,
+                1e3 * r->s, 1e6 * r->s / (double)r->calls, 1e6 * r->max, window > 0 && !outside ? 100 * r->s / window : 0,
                 (unsigned long long)r->waits,
                 (double)r->up / (1 << 20), (double)r->down / (1 << 20));
     }

@@ -3,8 +3,11 @@
  * A profiled backend stands in front of any other: every op it is asked goes to the backend behind
  * it, and the profile counts the calls, the wall time spent inside the op and the device traffic
  * the op caused (be_ops.counters: waits, bytes up, bytes down). Products and attention are counted
- * apart for one token (a decode step) and for several (a prefill chunk). The time between ops is the
- * engine's own host work (the forward pass's bookkeeping, the policies, the sampler, the cache).
+ * apart for one token (a decode step) and for several (a prefill chunk). The window runs from the
+ * first op after loading (prepare, the weights' upload, is reported apart) to the last; the time in
+ * it between ops is everything else the program did: the engine's own host work (the forward pass's
+ * bookkeeping, the policies, the sampler, the cache), and in an interactive command its waits for
+ * the user.
  *
  * Two modes. OP_PROFILE_HOST: each op's time is what it costs the host (launches, staging, its
  * waits), while a device runs behind; an op that waits absorbs the device's backlog. OP_PROFILE_SYNC:
@@ -12,8 +15,8 @@
  * device time together; the run is slower, the split is exact. The CPU backend's ops are the same in
  * both.
  *
- * be_create wraps its backend when KVCHAT_PROFILE is 1 (host) or sync, and the report goes to
- * standard error when the backend is destroyed. */
+ * be_create wraps its backend when KVCHAT_PROFILE is 1 (host) or sync (0 or empty: off), and the
+ * report goes to standard error when the backend is destroyed. */
 #ifndef KVCHAT_OP_PROFILE_H
 #define KVCHAT_OP_PROFILE_H
 
@@ -28,8 +31,8 @@ enum { OP_PROFILE_HOST = 1, OP_PROFILE_SYNC = 2 };
  * memory (inner is then left to the caller). */
 be_backend *op_profile_wrap(be_backend *inner, int mode, FILE *report);
 
-/* The mode KVCHAT_PROFILE asks for: 0 (unset or empty), OP_PROFILE_HOST ("1"), OP_PROFILE_SYNC
- * ("sync"), or -1 for any other value. */
+/* The mode KVCHAT_PROFILE asks for: 0 (unset, empty or "0"), OP_PROFILE_HOST ("1"),
+ * OP_PROFILE_SYNC ("sync"), or -1 for any other value. */
 int op_profile_mode_from_env(void);
 
 /* The profile so far of a backend op_profile_wrap made, written to f (the report). */

@@ -444,12 +444,14 @@ int pol_set_decode_layer_free(const pol_set *ps)
     return pol_spec_decode_keeps_cache(&ps->spec);
 }
 
+/* A selection reads its query only through backend ops (bound_pages, scores), which take the
+ * device's copy; a layer_done reads the chunk's queries in host memory. (The residency tests fail
+ * a policy that reads them on the host unannounced: they see NaN there.) */
 int pol_set_reads_queries(const pol_set *ps, int decoding)
 {
     for (int i = 0; i < ps->spec.n; i++) {
         const pol_ops *p = ps->spec.ops[i];
         if (p->layer_done && !(decoding && p->prefill_only)) return 1;
-        if (decoding && p->stage == POL_STAGE_DECODE && p->select) return 1;
     }
     return 0;
 }

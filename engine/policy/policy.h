@@ -246,7 +246,8 @@ int pol_set_probe_tokens(const pol_set *ps);
  * layer_done that acts while decoding): the step may run its layers without the host. */
 int pol_set_decode_layer_free(const pol_set *ps);
 /* 1 when some policy of the set reads a global layer's queries on the host (a layer_done that acts
- * then, or while decoding a decode selection): only then does a device backend send them back. */
+ * then; a selection reads them through backend ops): only then does a device backend send them
+ * back. */
 int pol_set_reads_queries(const pol_set *ps, int decoding);
 /* The selection for global layer il, or NULL: attend to everything. */
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q);

@@ -1345,7 +1345,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         for (int g = 0; g < a->n_head_kv; g++)
             if (hp[g + 1] - hp[g] > most) most = hp[g + 1] - hp[g];
     }
-    /* the kernel: tensor-core prefill (KVCHAT_CUDA_ATTN=flash; its shared memory allowed once), the
+    /* the kernel: tensor-core prefill (the default for chunks; its shared memory allowed once), the
      * grouped kernel, or the scalar one */
     const int group = a->n_head / a->n_head_kv, nhb = ag_head_batches(group);
     const af_shape fsh = af_shape_of(D, group);
@@ -2080,6 +2080,12 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     const char *inflight_env = getenv("KVCHAT_CUDA_MMV_INFLIGHT");
     ci->mmv_inflight = inflight_env && !strcmp(inflight_env, "1") ? 1 : 2;
     const char *attn_env = getenv("KVCHAT_CUDA_ATTN");
+    if (attn_env && *attn_env && strcmp(attn_env, "flash") && strcmp(attn_env, "grouped") && strcmp(attn_env, "scalar")) {
+        snprintf(err, errlen, "KVCHAT_CUDA_ATTN must be flash (the default), grouped or scalar");
+        free(b);
+        free(ci);
+        return NULL;
+    }
     ci->attn_scalar = attn_env && !strcmp(attn_env, "scalar");
     /* prefill chunks on the tensor cores unless asked otherwise (measured on an H200: docs/gpu.md) */
     ci->attn_flash = !ci->attn_scalar && !(attn_env && !strcmp(attn_env, "grouped"));

@@ -677,6 +677,18 @@ static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64
 /* Both attention kernels: the grouped one (the default, head dimensions that are multiples of 8 up
  * to 256) and the one with a block per query head (KVCHAT_CUDA_ATTN=scalar; also every head
  * dimension the grouped one does not take: 36, 512). */
+/* A kernel choice it does not know is refused in one line, not read as the default. */
+Test(cuda, an_unknown_attention_kernel_is_refused)
+{
+    char err[256] = "";
+    setenv("KVCHAT_CUDA_ATTN", "fast", 1);
+    be_backend *b = be_cuda_create(2, err, sizeof err);
+    unsetenv("KVCHAT_CUDA_ATTN");
+    cr_expect_null(b);
+    cr_expect(strstr(err, "KVCHAT_CUDA_ATTN must be flash"), "%s", err);
+    if (b) be_free(b);
+}
+
 Test(cuda, paged_attention_equals_the_cpu)
 {
     seed_rng("attention");
