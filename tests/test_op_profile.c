@@ -76,6 +76,18 @@ static be_backend ledger_backend(ledger *l)
     return b;
 }
 
+/* The report so far, as a string (the caller frees it). */
+static char *report_of(be_backend *p)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert(f);
+    op_profile_write(p, f);
+    fclose(f);
+    return text;
+}
+
 static void run_ledger(be_backend *p)
 {
     be_attn a1 = { 0 }, a9 = { 0 };
@@ -118,12 +130,7 @@ Test(op_profile, each_call_lands_in_its_row_with_the_traffic_it_caused)
     cr_expect_eq(op_profile_calls(p, "no such row", &s), 0);
     cr_expect_eq(s, 0);
 
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    cr_assert(f);
-    op_profile_write(p, f);
-    fclose(f);
+    char *text = report_of(p);
     /* rows: name, calls, ms, us/call, max us, share, waits, MiB up, MiB down */
     char *line = strstr(text, "\nmatmul tokens ");
     cr_assert(line, "%s", text);
@@ -258,12 +265,7 @@ Test(op_profile, loading_is_outside_the_window)
     double s = 0;
     cr_expect_eq(op_profile_calls(p, "prepare", &s), 1);
     cr_expect_geq(s, 0.055);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    cr_assert(f);
-    op_profile_write(p, f);
-    fclose(f);
+    char *text = report_of(p);
     const char *at = strstr(text, "): ");
     double window = -1;
     cr_assert(at && sscanf(at, "): %lf s from the first op after loading", &window) == 1, "%s", text);
