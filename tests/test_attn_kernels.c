@@ -24,20 +24,9 @@
 #include "kernels/attn_flash.h"
 #include "kernels/attn_group.h"
 #include "kernels/backend.h"
+#include "tests/test_rng.h"
 
-static uint64_t rng;
-static void seed_rng(const char *what)
-{
-    const char *env = getenv("AG_SEED");
-    rng = env ? strtoull(env, NULL, 10) : 0x5EEDull;
-    cr_log_info("%s: seed %llu (AG_SEED to replay)", what, (unsigned long long)rng);
-}
-static uint32_t rnd(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng >> 33);
-}
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
+static void seed_rng(const char *what) { test_rng_seed(what, "AG_SEED", 0x5EEDull); }
 
 Test(attn_group, ag_exp_is_within_two_units_in_the_last_place_of_exp)
 {

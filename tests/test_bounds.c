@@ -15,20 +15,9 @@
 #include "kernels/cpu/vec_dot.h"
 #include "kernels/summary_lists.h"
 #include "kernels/upload_batch.h"
+#include "tests/test_rng.h"
 
-static uint64_t rng_state;
-static void seed_rng(const char *what)
-{
-    const char *env = getenv("BOUNDS_SEED");
-    rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) * 2654435761u;
-    cr_log_info("%s: seed %llu (BOUNDS_SEED to replay)", what, (unsigned long long)rng_state);
-}
-static uint32_t rnd(void)
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng_state >> 33);
-}
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
+static void seed_rng(const char *what) { test_rng_seed(what, "BOUNDS_SEED", (uint64_t)time(NULL) * 2654435761u); }
 
 /* Summaries for H heads of counts cnt[h]: [total][2][dim] floats, mn <= mx, some repeated (equal
  * bounds), some coarse (ties between different summaries), a few with -0. */

@@ -12,21 +12,12 @@
 #include "kernels/backend.h"
 #include "common/quant.h"
 #include "kernels/cpu/vec_dot.h"
+#include "tests/test_rng.h"
 
-static uint64_t rng_state;
 static uint64_t seed_rng(const char *what)
 {
-    const char *env = getenv("KERNELS_SEED");
-    rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) * 2654435761u;
-    cr_log_info("%s: seed %llu (KERNELS_SEED to replay)", what, (unsigned long long)rng_state);
-    return rng_state;
+    return test_rng_seed(what, "KERNELS_SEED", (uint64_t)time(NULL) * 2654435761u);
 }
-static uint32_t rnd(void)
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng_state >> 33);
-}
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
 
 /* Random valid blocks: random bytes with the leading fp16 scale set to a sane value. */
 static void random_row(uint32_t type, int64_t n, uint8_t *dst)

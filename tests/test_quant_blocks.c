@@ -17,22 +17,15 @@
 #include "kernels/backend.h"
 #include "kernels/decode_dot.h"
 #include "kernels/quant_blocks.h"
+#include "tests/test_rng.h"
 
 static const uint32_t NATIVE[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
                                    GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16 };
 #define N_NATIVE (sizeof NATIVE / sizeof NATIVE[0])
 
-static uint64_t rng;
 static void seed_rng(const char *what)
 {
-    const char *env = getenv("QB_SEED");
-    rng = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + 7;
-    cr_log_info("%s: seed %llu (QB_SEED to replay)", what, (unsigned long long)rng);
-}
-static uint32_t rnd(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng >> 33);
+    test_rng_seed(what, "QB_SEED", (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + 7);
 }
 
 /* A finite half in about [-2^e, 2^e] (random mantissa, sign and a small exponent range). */

@@ -31,6 +31,7 @@
 
 #include "tests/fwd_fixture.h"
 #include "tests/ref_gate.h"
+#include "tests/test_rng.h"
 
 /* KVCHAT_TESTDATA points elsewhere on a GPU machine that has only part of the test data: a tiny
  * model missing there is then skipped, with a warning, instead of failing */
@@ -48,19 +49,7 @@ static int model_present(const char *path)
     return 0;
 }
 
-static uint64_t rng_state;
-static void seed_rng(const char *what)
-{
-    const char *env = getenv("GPU_SEED");
-    rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) * 2654435761u;
-    cr_log_info("%s: seed %llu (GPU_SEED to replay)", what, (unsigned long long)rng_state);
-}
-static uint32_t rnd(void)
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng_state >> 33);
-}
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)rnd() / 2147483648.0f; }
+static void seed_rng(const char *what) { test_rng_seed(what, "GPU_SEED", (uint64_t)time(NULL) * 2654435761u); }
 
 static be_backend *cpu, *gpu;
 static const char *files[] = { "tiny-gemma3-f16.gguf", "tiny-gemma3-q4_k_m.gguf", "tiny-llama-f16.gguf",
