@@ -57,19 +57,31 @@ struct fwd_ctx {
     int64_t st_pages, st_tokens;
     double st_sel_ms, st_attn_ms;
     int64_t st_pages_total;
-    float *kall, *vall;        /* [n_layer][kvd]: a deferred decode step's K/V rows, every layer's */
+    /* The K/V rows of decode steps and prefill chunks whose layers ran without the host, every
+     * layer's ([n_layer][n][kvd], room for defer_cap rows a layer), taken into the cache after the
+     * last layer (deferred). Two sets: while a prompt's chunk runs on the device in one, the host
+     * takes the previous chunk's rows from the other into the cache, a layer at a time. */
+    float *kall[2], *vall[2];
+    int64_t defer_cap;         /* the chunk's rows on a backend with residency, else 1 */
+    int next_set;              /* the set the next deferred chunk writes */
+    struct {
+        int64_t at, n;         /* first position (-1: none) and rows a layer */
+        int set;               /* in kall[set], vall[set] */
+        int read;              /* the host has read them (waited for the device) */
+        int layers;            /* layers the cache has taken them into so far */
+    } pend;
     float *row;                /* [n_vocab]: the last picked step's logits, left with the backend */
-    int64_t rows_at;           /* a deferred step's position, its rows not yet in the cache (-1: none) */
     int row_valid;             /* row holds the logits of the cache's last token */
     int n_bound;               /* scratch buffers bound to the backend so far */
 };
 
-#define N_BOUND 12
+#define N_BOUND 14
 
 /* The scratch buffers the backend may keep on a device, in one order for bind and unbind. */
 static void bound_bufs(const fwd_ctx *f, float *out[N_BOUND])
 {
-    float *l[N_BOUND] = { f->x, f->h, f->o, f->q, f->att, f->k, f->v, f->gate, f->up, f->kall, f->vall, f->row };
+    float *l[N_BOUND] = { f->x,    f->h,    f->o,       f->q,       f->att,     f->k,       f->v,
+                          f->gate, f->up,   f->kall[0], f->vall[0], f->kall[1], f->vall[1], f->row };
     memcpy(out, l, sizeof l);
 }
 
@@ -140,8 +152,13 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->att = alloc_f(f, B * HD);
     f->k = alloc_f(f, B * (size_t)kvd);
     f->v = alloc_f(f, B * (size_t)kvd);
-    f->kall = alloc_f(f, (size_t)hp->n_layer * (size_t)kvd);
-    f->vall = alloc_f(f, (size_t)hp->n_layer * (size_t)kvd);
+    /* only a device backend defers (it is what a layer's wait costs); a chunk's rows, every layer's */
+    f->defer_cap = b->ops->bind ? f->n_batch : 1;
+    size_t all = (size_t)hp->n_layer * (size_t)f->defer_cap * (size_t)kvd;
+    for (int i = 0; i < 2; i++) {
+        f->kall[i] = alloc_f(f, all);
+        f->vall[i] = alloc_f(f, all);
+    }
     f->gate = alloc_f(f, B * (size_t)hp->n_ff);
     f->up = alloc_f(f, B * (size_t)hp->n_ff);
     f->logits = alloc_f(f, OUT_ROWS * (size_t)hp->n_vocab);
@@ -149,9 +166,11 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->pos = malloc(B * sizeof(int32_t));
     f->tok = malloc(B * sizeof(int32_t));
     f->lists = calloc((size_t)hp->n_layer, sizeof *f->lists);
+    f->pend.at = -1;
     static _Atomic uint64_t contexts;
     f->serial = ++contexts;
-    if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall || !f->vall || !f->gate || !f->up ||
+    if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall[0] || !f->vall[0] || !f->kall[1] ||
+        !f->vall[1] || !f->gate || !f->up ||
         !f->logits || !f->row || !f->pos || !f->tok || !f->lists) {
         fwd_free(f);
         snprintf(err, errlen, "out of memory allocating forward buffers");
@@ -161,8 +180,7 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
      * come back to the host every time, so they stay unbound; a picked step's stay in row). */
     size_t sz[N_BOUND] = { B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * HD, B * HD,
                            B * (size_t)kvd, B * (size_t)kvd, B * (size_t)hp->n_ff, B * (size_t)hp->n_ff,
-                           (size_t)hp->n_layer * (size_t)kvd, (size_t)hp->n_layer * (size_t)kvd,
-                           (size_t)hp->n_vocab };
+                           all, all, all, all, (size_t)hp->n_vocab };
     float *bufs[N_BOUND];
     bound_bufs(f, bufs);
     for (int i = 0; i < N_BOUND; i++) {
@@ -189,8 +207,10 @@ void fwd_free(fwd_ctx *f)
     free(f->att);
     free(f->k);
     free(f->v);
-    free(f->kall);
-    free(f->vall);
+    for (int i = 0; i < 2; i++) {
+        free(f->kall[i]);
+        free(f->vall[i]);
+    }
     free(f->gate);
     free(f->up);
     free(f->logits);
@@ -463,13 +483,27 @@ static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0)
     }
 }
 
-/* The two ranges of a deferred decode step's K/V rows, every layer's. */
-static void deferred_rows(const fwd_ctx *f, be_range rd[2])
+/* The pending rows (f->pend), every layer's: read on the host (once; the wait brings in what the
+ * end of their chunk fetched), then layers [pend.layers, upto) taken into the cache. 0, -2 when
+ * the cache cannot grow, -4 when a backend op failed. */
+static int take_pending(fwd_ctx *f, int upto)
 {
     const model_hparams *hp = &f->m->hp;
-    size_t bytes = sizeof(float) * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim;
-    rd[0] = (be_range){ f->kall, bytes };
-    rd[1] = (be_range){ f->vall, bytes };
+    int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, n = f->pend.n;
+    const float *K = f->kall[f->pend.set], *V = f->vall[f->pend.set];
+    if (!f->pend.read) {
+        size_t bytes = sizeof(float) * (size_t)hp->n_layer * (size_t)(n * kvd);
+        be_range rd[2] = { { K, bytes }, { V, bytes } };
+        be_host_read(f->b, rd, 2);
+        if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -4;
+        f->pend.read = 1;
+    }
+    for (; f->pend.layers < upto; f->pend.layers++) {
+        int64_t off = f->pend.layers * n * kvd;
+        if (kv_append(f->kv, f->pend.layers, K + off, V + off, n, f->pend.at) != 0) return -2;
+    }
+    if (f->pend.layers == hp->n_layer) f->pend.at = -1;
+    return 0;
 }
 
 /* One chunk of n tokens at positions p0 .. p0+n-1; leaves the final hidden states in f->x.
@@ -495,16 +529,25 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
     int64_t n_chunk = n;
     n += n_probe;
 
-    /* A decode step on a device backend, with no policy looking between layers: the layers run
-     * without the host (attention takes the step's own K/V rows from the device, beside the
-     * pages), and the cache takes every layer's rows after the last layer, with one wait. */
-    int defer = f->decoding && n == 1 && b->ops->bind && (!f->pol || pol_set_decode_layer_free(f->pol));
+    /* A decode step or prefill chunk on a device backend, with no policy looking between layers:
+     * the layers run without the host (attention takes the chunk's own K/V rows from the device,
+     * after the pages), and the cache takes every layer's rows after the last layer, with one wait
+     * a chunk instead of one a layer. */
+    int defer = b->ops->bind && n_probe == 0 && n <= f->defer_cap &&
+                (f->decoding ? n == 1 && (!f->pol || pol_set_decode_layer_free(f->pol))
+                             : !f->pol || pol_set_prefill_layer_free(f->pol));
+    /* The previous chunk's rows, if still pending: a chunk that defers takes them into the cache a
+     * layer at a time, just before that layer's attention (the host's work overlapping the
+     * device's on earlier layers); one that does not, all of them now. */
+    int rc = f->pend.at >= 0 && !defer ? take_pending(f, hp->n_layer) : 0;
+    if (rc) return rc;
+    const int set = f->next_set;
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
     for (int il = 0; il < hp->n_layer; il++) {
         if (abort_flag && *abort_flag) return -1;
         if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
         const model_layer *ly = &m->layers[il];
-        float *K = defer ? f->kall + il * kvd : f->k, *V = defer ? f->vall + il * kvd : f->v;
+        float *K = defer ? f->kall[set] + il * n * kvd : f->k, *V = defer ? f->vall[set] + il * n * kvd : f->v;
         /* attention block */
         op->rmsnorm(b, f->x, ly->attn_norm, f->h, n, E, hp->norm_eps);
         be_mm qkv[3] = { { &ly->wq, f->q }, { &ly->wk, K }, { &ly->wv, V } };
@@ -530,6 +573,8 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
             if (kv_append(f->kv, il, K, V, n_chunk, p0) != 0) return -2;
             if (n_probe && kv_append(f->kv, il, K + n_chunk * kvd, V + n_chunk * kvd, n_probe, probe_p0) != 0)
                 return -2;
+        } else if (f->pend.at >= 0 && (rc = take_pending(f, il + 1)) != 0) {
+            return rc;   /* the previous chunk's rows of this layer (the first waits for the device) */
         }
         kv_trim_window(f->kv, il, p0, f->eval_start);
         be_attn a = {
@@ -543,7 +588,7 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
             a.n_cur = n;
         }
         if (build_page_list(f, il, f->q, &a, !ly->is_swa) != 0) return -2;
-        if (defer) defer_stats(f, il, !ly->is_swa, p0);
+        if (defer && f->decoding) defer_stats(f, il, !ly->is_swa, p0);
         double t0 = f->decoding ? now_ms() : 0;
         op->attention(b, &a);
         if (f->decoding) f->st_attn_ms += now_ms() - t0;
@@ -567,29 +612,18 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_ffw_norm, f->o, n, E, hp->norm_eps);
         op->add(b, f->x, f->o, n * E);
     }
-    if (defer) {   /* the rows start back now; the cache takes them after the step's output */
-        be_range rd[2];
-        deferred_rows(f, rd);
+    if (defer) {   /* the rows start back now; the cache takes them later (take_pending) */
+        size_t bytes = sizeof(float) * (size_t)hp->n_layer * (size_t)(n * kvd);
+        be_range rd[2] = { { f->kall[set], bytes }, { f->vall[set], bytes } };
         be_host_prefetch(b, rd, 2);
-        f->rows_at = p0;
+        f->pend.at = p0;
+        f->pend.n = n;
+        f->pend.set = set;
+        f->pend.read = 0;
+        f->pend.layers = 0;
+        f->next_set = !set;
     }
     return be_failed(b, f->dev_err, sizeof f->dev_err) ? -4 : 0;
-}
-
-/* A deferred decode step's rows into the cache (prefetched at the end of the step: the wait of its
- * output brought them in). 0, -2 when the cache cannot grow, -4 when a backend op failed. */
-static int append_deferred(fwd_ctx *f)
-{
-    const model_hparams *hp = &f->m->hp;
-    int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, p0 = f->rows_at;
-    f->rows_at = -1;
-    be_range rd[2];
-    deferred_rows(f, rd);
-    be_host_read(f->b, rd, 2);
-    if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -4;
-    for (int il = 0; il < hp->n_layer; il++)
-        if (kv_append(f->kv, il, f->kall + il * kvd, f->vall + il * kvd, 1, p0) != 0) return -2;
-    return 0;
 }
 
 /* The final soft cap on n logits in host memory. */
@@ -670,13 +704,13 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
             if (n_probe > MAX_PROBE) n_probe = MAX_PROBE;
             if (n_probe > n - (c0 + cn)) n_probe = n - (c0 + cn);
         }
-        f->rows_at = -1;
         int rc = abort_flag && *abort_flag ? -1
                                            : forward_chunk(f, tokens + c0, cn, start + c0, tokens + n - n_probe, n_probe,
                                                            start + n - n_probe, abort_flag);
         if (rc != 0) {
             /* an op that failed before a cancel or another error is reported (and cleared) now */
             if (rc != -4 && be_failed(f->b, f->dev_err, sizeof f->dev_err)) rc = -4;
+            f->pend.at = -1;
             kv_rewind(f->kv, start);
             snprintf(err, errlen, "%s",
                      rc == -2   ? "out of memory growing the KV cache"
@@ -700,8 +734,10 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         } else if (pick && c0 + cn == n) {
             if (output_rows(f, cn - 1, 1, pick)) goto failed;
         }
-        /* a deferred step's rows come in with its output's wait */
-        int ra = f->rows_at >= 0 ? append_deferred(f) : 0;
+        /* Deferred rows come in with the output's wait (the eval's last chunk, a decode step, a
+         * chunk whose logits were asked for); a prompt's other chunks leave theirs to the next
+         * chunk, which takes them a layer at a time while the device runs. */
+        int ra = f->pend.at >= 0 && (each || f->last_chunk) ? take_pending(f, hp->n_layer) : 0;
         if (ra == -2) snprintf(f->dev_err, sizeof f->dev_err, "out of memory growing the KV cache");
         if (ra) goto failed;
         kv_commit(f->kv, start + c0 + cn);
@@ -720,6 +756,7 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
     }
     return 0;
 failed:
+    f->pend.at = -1;
     kv_rewind(f->kv, start);
     f->row_valid = 0;
     snprintf(err, errlen, "%s", f->dev_err);

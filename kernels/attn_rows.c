@@ -1,4 +1,5 @@
-/* attn_rows.c - a deferred decode step's own K/V rows as one more page per KV head (backend.h). */
+/* attn_rows.c - rows not in the cache yet (a deferred decode step's, or a prefill chunk's) as more
+ * pages per KV head (backend.h). */
 #include "kernels/backend.h"
 
 #include <string.h>
@@ -9,13 +10,15 @@ static void list_of(const be_attn *a, int g, int64_t *p0, int64_t *p1)
     *p1 = a->head_pages ? a->head_pages[g + 1] : a->n_pages;
 }
 
+static int64_t pieces(const be_attn *a) { return a->n_cur > 0 ? (a->n_cur + BE_CUR_ROWS - 1) / BE_CUR_ROWS : 0; }
+
 int64_t be_attn_rows_len(const be_attn *a)
 {
     int64_t n = 0;
     for (int g = 0; g < a->n_head_kv; g++) {
         int64_t p0, p1;
         list_of(a, g, &p0, &p1);
-        n += p1 - p0 + 1;
+        n += p1 - p0 + pieces(a);
     }
     return n;
 }
@@ -23,15 +26,18 @@ int64_t be_attn_rows_len(const be_attn *a)
 int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
                           be_kv_page *out, int64_t *hp)
 {
-    int64_t e = 0, kvd = (int64_t)a->n_head_kv * a->head_dim;
+    int64_t e = 0, kvd = (int64_t)a->n_head_kv * a->head_dim, np = pieces(a);
     for (int g = 0; g < a->n_head_kv; g++) {
         int64_t p0, p1;
         list_of(a, g, &p0, &p1);
         hp[g] = e;
         if (p1 > p0) memcpy(out + e, a->pages + p0, sizeof(be_kv_page) * (size_t)(p1 - p0));
         e += p1 - p0;
-        out[e++] = (be_kv_page){ .k = k16, .v = v16, .pos = pos, .n = (int32_t)a->n_cur, .stride = (int32_t)kvd,
-                                 .head_step = a->head_dim };
+        for (int64_t j = 0; j < np; j++) {
+            int64_t r0 = j * BE_CUR_ROWS, n = a->n_cur - r0 < BE_CUR_ROWS ? a->n_cur - r0 : BE_CUR_ROWS;
+            out[e++] = (be_kv_page){ .k = k16 + r0 * kvd, .v = v16 + r0 * kvd, .pos = pos + r0, .n = (int32_t)n,
+                                     .stride = (int32_t)kvd, .head_step = a->head_dim };
+        }
     }
     hp[a->n_head_kv] = e;
     return e;

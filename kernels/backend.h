@@ -67,10 +67,10 @@ typedef struct be_attn {
     const int64_t *head_pages;
     int32_t window;        /* 0: no sliding window */
     float *out;            /* [n_q][n_head * head_dim] */
-    /* Rows not in the cache yet (a decode step whose K/V the cache takes after the step): n_cur
-     * tokens at positions cur_pos whose keys and values are f32 [n_cur][n_head_kv * head_dim]
-     * (activations, may be bound). Every KV head attends to them after its pages, rounded to f16
-     * as the cache would hold them. 0: none. */
+    /* Rows not in the cache yet (a decode step or a prefill chunk whose K/V the cache takes after
+     * its last layer): n_cur tokens at ascending positions cur_pos, after every page's, whose keys
+     * and values are f32 [n_cur][n_head_kv * head_dim] (activations, may be bound). Every KV head
+     * attends to them after its pages, rounded to f16 as the cache would hold them. 0: none. */
     const float *cur_k, *cur_v;
     const int32_t *cur_pos;
     int64_t n_cur;
@@ -267,10 +267,13 @@ static inline int be_failed(be_backend *b, char *err, size_t errlen)
 {
     return b->ops->failed ? b->ops->failed(b, err, errlen) : 0;
 }
-/* A deferred step's rows (a->n_cur > 0) as one more page per KV head after that head's pages, the
- * order and place the cache would give them: out[0 .. be_attn_rows_len(a)) gets per-head lists
- * (hp[0 .. n_head_kv] their offsets; a shared list is repeated per head) whose extra entries hold
- * k16/v16 ([n_cur][n_head_kv * head_dim] f16, all heads side by side) and pos. Returns the count. */
+/* Rows not in the cache yet (a->n_cur > 0: a deferred decode step's, or a prefill chunk's) as more
+ * pages per KV head after that head's pages, the order the cache would give them, BE_CUR_ROWS rows a
+ * page (so that a kernel skips the pages past a query, and splits over pages stay even):
+ * out[0 .. be_attn_rows_len(a)) gets per-head lists (hp[0 .. n_head_kv] their offsets; a shared list
+ * is repeated per head) whose extra entries point into k16/v16 ([n_cur][n_head_kv * head_dim] f16,
+ * all heads side by side) and pos. Returns the count. */
+#define BE_CUR_ROWS 32
 int64_t be_attn_rows_len(const be_attn *a);
 int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
                           be_kv_page *out, int64_t *hp);

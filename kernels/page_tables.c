@@ -195,9 +195,17 @@ static void count_entry(pt_list *l, const ag_page *d, int sign)
     l->n_unaligned += sign * !whole_loads(d);
 }
 
+/* pg's rows are in the device bytes the call gave as they are (rows the cache takes later). */
+static int is_direct(const be_kv_page *pg, const pt_direct *direct)
+{
+    const char *k = (const char *)pg->k, *p = direct ? (const char *)direct->p : NULL;
+    return p && k >= p && k < p + direct->bytes;
+}
+
 /* Entry i of the list is pg: left as it is when its descriptor still holds, else built (pc_get
  * sends the page's new rows). *send: its descriptor must go to the device. */
-static int do_entry(pt_set *s, pt_list *l, int64_t i, const be_kv_page *pg, const void *direct, size_t *w, int *send)
+static int do_entry(pt_set *s, pt_list *l, int64_t i, const be_kv_page *pg, const pt_direct *direct, size_t *w,
+                    int *send)
 {
     int keep = i < l->n && l->rec[i] != PT_REBUILD && same_page(pg, &l->seen[i]) &&
                (l->rec[i] == PT_DIRECT || pg->n <= 0 || pc_current(s->copies, l->rec[i], pg, l->host[i].k));
@@ -211,7 +219,7 @@ static int do_entry(pt_set *s, pt_list *l, int64_t i, const be_kv_page *pg, cons
     d.head_step = pg->head_step;
     d.mask_off = -1;
     int32_t rec = PT_DIRECT;   /* an empty entry: nothing to read, nothing to keep current */
-    if (pg->n > 0 && direct && pg->k == direct) {
+    if (pg->n > 0 && is_direct(pg, direct)) {
         d.k = pg->k;
         d.v = pg->v;
         d.pos = pg->pos;
@@ -245,7 +253,7 @@ static int do_entry(pt_set *s, pt_list *l, int64_t i, const be_kv_page *pg, cons
 
 /* Entries [i0, i1) through do_entry, the descriptors that must go to the device queued in runs. */
 static int do_range(pt_set *s, pt_list *l, const be_kv_page *list, int64_t i0, int64_t i1, int moved,
-                    const void *direct, size_t *w)
+                    const pt_direct *direct, size_t *w)
 {
     int64_t run0 = -1;   /* the first entry of the run of descriptors to send, -1: none open */
     for (int64_t i = i0; i < i1; i++) {
@@ -294,7 +302,7 @@ static pt_list *find_list(pt_set *s, uint64_t name)
 }
 
 int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, int64_t e, const int64_t *hp,
-             int n_heads, const void *direct, pt_call *out)
+             int n_heads, const pt_direct *direct, pt_call *out)
 {
     memset(out, 0, sizeof *out);
     if (n_heads > PT_MAX_HEADS || (hp && (hp[0] != 0 || hp[n_heads] != e))) return PT_BAD_LIST;
@@ -333,10 +341,10 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
     if (rc != PT_OK) return rc;
     l->n = e;
     l->shape = shape;
-    /* each head's entries that are pages (not a deferred step's rows), for the next append */
+    /* each head's entries that are pages (not rows the cache takes later), for the next append */
     for (int g = 0; hp && g < n_heads; g++) {
         int64_t c = hp[g + 1] - hp[g];
-        if (c > 0 && direct && list[hp[g + 1] - 1].k == direct) c--;
+        while (c > 0 && is_direct(&list[hp[g] + c - 1], direct)) c--;
         l->pages_of[g] = c;
     }
     int64_t *hp_dev = (int64_t *)(l->dev + l->cap);

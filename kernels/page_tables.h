@@ -82,14 +82,20 @@ typedef struct pt_call {
     int aligned;                 /* every entry's rows are whole 16-byte loads (the grouped kernels) */
 } pt_call;
 
+/* Device bytes that a call's entries may point into as they are. */
+typedef struct pt_direct {
+    const void *p;
+    size_t bytes;
+} pt_direct;
+
 enum { PT_OK = 0, PT_NO_HOST_MEMORY, PT_NO_DEVICE_MEMORY, PT_NO_COPY, PT_BAD_LIST };
 
 void pt_init(pt_set *s, const pt_device *dev, pc_table *copies, ub_batch *batch);
 void pt_free(pt_set *s);
 /* Bring list `name` to list[0 .. e) with per-KV-head offsets hp[0 .. n_heads] (hp[0] = 0, hp[n_heads]
- * = e; hp NULL: every head reads the whole list), queueing what the device needs on the batch. Entries whose k is `direct`
- * hold device addresses already (a deferred step's own rows, one entry at the end of a head) and
- * are taken as they are. A nonzero shape equal to the last call's under this name promises that
+ * = e; hp NULL: every head reads the whole list), queueing what the device needs on the batch. Entries whose k lies in
+ * `direct` (NULL: none) hold device addresses already (rows the cache takes later: a deferred
+ * decode step's or prefill chunk's, entries at the end of each head) and are taken as they are. A nonzero shape equal to the last call's under this name promises that
  * since that call each head's list only grew at its end (its last page took rows, pages were added
  * after it): the pages before each head's last one are then not looked at, so a decode step costs
  * the host a few entries a head rather than every page. PT_OK, or
@@ -98,7 +104,7 @@ void pt_free(pt_set *s);
  * PT_MAX_HEADS heads, offsets that do not span the list); on failure the caller
  * drops the batch and calls pt_forget. */
 int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, int64_t e, const int64_t *hp,
-             int n_heads, const void *direct, pt_call *out);
+             int n_heads, const pt_direct *direct, pt_call *out);
 /* Start an attention call: pc_begin_call, and before the copies' idle sweep the lists unused for
  * `idle` calls are freed and the copies the others hold count as used (their earlier pages are not
  * looked at by appended calls, so they would otherwise look idle). */

@@ -4,8 +4,9 @@
  * is "sent" by running the scatter kernel's per-thread function over each piece, and every
  * descriptor the kernels would read must lead to the rows, positions, biases and masks of the page
  * the call listed, with the call's flags exact: over random histories of appends, new pages,
- * evictions that give a page's memory to another page, truncations, biases, per-call masks, a
- * deferred step's own rows (in a buffer that moves, once not 16-byte aligned), two lists under
+ * evictions that give a page's memory to another page, truncations, biases, per-call masks, rows
+ * the cache takes later (a deferred step's or chunk's: several entries a head, in a buffer that
+ * moves, once not 16-byte aligned), two lists under
  * names that are sometimes swapped, the shape promise, copies freed while idle, a device that fills
  * up part-way through a call, batches sent in rounds, and lost batches. A decode step sends only
  * the descriptors of the pages that grew. The batch: pieces of any alignment, long copies cut,
@@ -16,7 +17,8 @@
 
 #include "kernels/page_tables.h"
 
-enum { D = 16, P = 8, H = 3, POOL = 48, MAXE = POOL + 2 * H };
+/* NCUR: most rows a call gives that the cache takes later, in entries of CUR_PIECE rows */
+enum { D = 16, P = 8, H = 3, POOL = 48, NCUR = 5, CUR_PIECE = 2, MAXE = POOL + 4 * H };
 
 typedef struct hpage {
     uint16_t k[P * D], v[P * D];
@@ -202,8 +204,9 @@ typedef struct call {
     int64_t e;
 } call;
 
-/* The list a call gives: each head's pages, some masked, and a deferred step's rows when cur. */
-static void make_call(cache *c, call *cl, int masks, const uint16_t *cur, const int32_t *cur_pos)
+/* The list a call gives: each head's pages, some masked, and when cur, n_cur rows the cache takes
+ * later ([n_cur][H][D] keys at cur, the values after them) in entries of CUR_PIECE rows. */
+static void make_call(cache *c, call *cl, int masks, const uint16_t *cur, const int32_t *cur_pos, int n_cur)
 {
     cl->e = 0;
     for (int h = 0; h < H; h++) {
@@ -218,14 +221,17 @@ static void make_call(cache *c, call *cl, int masks, const uint16_t *cur, const 
             }
             cl->e++;
         }
-        if (cur)
-            cl->list[cl->e++] = (be_kv_page){ cur, cur + H * D, cur_pos, NULL, NULL, 1, H * D, D, 0, 0 };
+        for (int r0 = 0; cur && r0 < n_cur; r0 += CUR_PIECE)
+            cl->list[cl->e++] = (be_kv_page){ .k = cur + r0 * H * D, .v = cur + (n_cur + r0) * H * D,
+                                              .pos = cur_pos + r0, .stride = H * D, .head_step = D,
+                                              .n = n_cur - r0 < CUR_PIECE ? n_cur - r0 : CUR_PIECE };
     }
     cl->hp[H] = cl->e;
 }
 
-/* Every descriptor leads to what its entry lists, and the call's flags are exact. */
-static void expect_device_matches(const call *cl, const pt_call *out, const uint16_t *cur)
+/* Every descriptor leads to what its entry lists, and the call's flags are exact; entries pointing
+ * into cur [0, n_cur) are read where they are. */
+static void expect_device_matches(const call *cl, const pt_call *out, const uint16_t *cur, int n_cur)
 {
     for (int h = 0; h <= H; h++) cr_assert_eq(out->head_pages[h], cl->hp[h], "head offset %d", h);
     int any_bias = 0, all_aligned = 1;
@@ -238,8 +244,8 @@ static void expect_device_matches(const call *cl, const pt_call *out, const uint
         if (pg->n > 0 && (((uintptr_t)d->k | (uintptr_t)d->v) % 16 || pg->stride % 8 || pg->head_step % 8))
             all_aligned = 0;
         if (pg->bias) any_bias = 1;
-        if (pg->k == cur) {
-            cr_assert_eq(d->k, cur, "a deferred step's rows are read where they are");
+        if (cur && pg->k >= cur && pg->k < cur + 2 * n_cur * H * D) {
+            cr_assert_eq(d->k, pg->k, "rows the cache takes later are read where they are");
             cr_assert_eq(d->v, pg->v);
             cr_assert_eq(d->pos, pg->pos);
             cr_assert_null(d->bias);
@@ -273,7 +279,7 @@ static void call_ok(rig *r, uint64_t name, uint64_t shape, const call *cl, pt_ca
     pt_begin_call(&r->tables, 4096);
     cr_assert_eq(pt_build(&r->tables, name, shape, cl->list, cl->e, cl->hp, H, NULL, out), PT_OK);
     send_batch(r);
-    expect_device_matches(cl, out, NULL);
+    expect_device_matches(cl, out, NULL, 0);
 }
 
 Test(page_tables, random_histories_keep_every_descriptor_right)
@@ -287,9 +293,10 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
     r.batch.limit = 4096;   /* sent in rounds */
     r.batch.flush = flush_rig;
     r.batch.flush_ud = &r;
-    /* a deferred step's rows: in one of two buffers, the second not 16-byte aligned */
-    static uint16_t curbuf[2][2 * H * D + 8] __attribute__((aligned(16)));
-    int32_t cur_pos[1] = { 0 };
+    /* rows the cache takes later (a deferred decode step's or prefill chunk's): in one of two
+     * buffers, the second not 16-byte aligned */
+    static uint16_t curbuf[2][2 * NCUR * H * D + 8] __attribute__((aligned(16)));
+    int32_t cur_pos[NCUR] = { 0 };
     int64_t failed = 0;
     static call cl;
     int64_t forgotten = 0, swapped = 0;
@@ -309,11 +316,11 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
             c->shape = gen_next++;
         }
         c->next_pos++;
-        int deferred = rnd() % 2;
+        int deferred = rnd() % 2, n_cur = deferred ? 1 + (int)(rnd() % NCUR) : 0;
         const uint16_t *cur = rnd() % 4 ? curbuf[0] : curbuf[1] + 1;
-        cur_pos[0] = c->next_pos;
+        for (int i = 0; i < n_cur; i++) cur_pos[i] = c->next_pos + i;
         int masked = rnd() % 3 == 0;
-        make_call(c, &cl, masked, deferred ? cur : NULL, cur_pos);
+        make_call(c, &cl, masked, deferred ? cur : NULL, cur_pos, n_cur);
         int name = 1 + which;
         if (rnd() % 50 == 0) {
             name = 2 - which;   /* the other cache's list: everything differs, still right */
@@ -322,7 +329,9 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
         pt_begin_call(&r.tables, 7);
         pt_call out;
         if (rnd() % 23 == 0) copy_allocs_left = rnd() % 3;   /* the device fills up part-way */
-        int rc = pt_build(&r.tables, (uint64_t)name, masked ? 0 : c->shape, cl.list, cl.e, cl.hp, H, cur, &out);
+        pt_direct rows = { cur, sizeof(uint16_t) * 2 * (size_t)(n_cur * H * D) };
+        int rc = pt_build(&r.tables, (uint64_t)name, masked ? 0 : c->shape, cl.list, cl.e, cl.hp, H,
+                          deferred ? &rows : NULL, &out);
         copy_allocs_left = -1;
         if (rc == PT_NO_COPY) {
             lose_batch(&r);
@@ -336,7 +345,7 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
             continue;
         }
         send_batch(&r);
-        expect_device_matches(&cl, &out, cur);
+        expect_device_matches(&cl, &out, cur, n_cur);
     }
     cr_expect_gt(forgotten, 10);
     cr_expect_gt(failed, 3, "copies refused part-way: %ld times", (long)failed);
@@ -359,13 +368,13 @@ Test(page_tables, a_decode_step_sends_only_the_pages_that_grew)
     for (int h = 0; h < H; h++) append(&c, h, 37);
     static call cl;
     pt_call out;
-    make_call(&c, &cl, 0, NULL, NULL);
+    make_call(&c, &cl, 0, NULL, NULL, 0);
     call_ok(&r, 5, 42, &cl, &out);
     for (int step = 0; step < 40; step++) {
         for (int h = 0; h < H; h++) append(&c, h, 1);
         c.next_pos++;
         int64_t e0 = cl.e;
-        make_call(&c, &cl, 0, NULL, NULL);
+        make_call(&c, &cl, 0, NULL, NULL, 0);
         uint64_t built = r.tables.built, kept = r.tables.kept, rows = r.copies.rows_uploaded;
         call_ok(&r, 5, 42, &cl, &out);
         int opened = cl.e > e0;   /* the step's token opened a new page in each head */
@@ -389,7 +398,7 @@ Test(page_tables, out_of_device_memory_for_a_list_is_reported_and_recovers)
     rig_init(&r, 4096);
     for (int h = 0; h < H; h++) append(&c, h, 8 * 30);   /* 30 pages a head: more than a list's first 64 */
     static call cl;
-    make_call(&c, &cl, 0, NULL, NULL);
+    make_call(&c, &cl, 0, NULL, NULL, 0);
     pt_call out;
     r.fail_alloc = 1;
     pt_begin_call(&r.tables, 4096);
@@ -409,7 +418,7 @@ Test(page_tables, idle_lists_are_freed)
     rig_init(&r, 4096);
     for (int h = 0; h < H; h++) append(&c, h, 20);
     static call cl;
-    make_call(&c, &cl, 0, NULL, NULL);
+    make_call(&c, &cl, 0, NULL, NULL, 0);
     pt_call out;
     for (int name = 1; name <= 3; name++) call_ok(&r, (uint64_t)name, 0, &cl, &out);
     uint64_t three = r.tables.bytes;

@@ -32,6 +32,7 @@ typedef struct shadow {
     int failed;
     volatile sig_atomic_t *cancel_too;   /* raised as the op fails: a Ctrl-C right after a failure */
     int reads;          /* host reads announced since the last embedding (in the last step) */
+    int reads_all;      /* host reads announced (the whole run) */
     uint64_t bytes_read;   /* bytes of every host read announced (the whole run) */
     int waits;          /* waits for the shadow device since the last embedding */
     int gather_on_twin; /* embedding rows written on the twin (the CUDA backend's gather of a weight it
@@ -236,6 +237,7 @@ static void s_host_read(be_backend *b, const be_range *r, int n)
 {
     if (sh(b)->ignore_reads) return;
     sh(b)->reads++;
+    sh(b)->reads_all++;
     for (int i = 0; i < n; i++) sh(b)->bytes_read += r[i].bytes;
     am_range ar[8];
     cr_assert(n <= 8);
@@ -394,6 +396,11 @@ static void compare(const char *file, const char *spec, int exact)
         if (d > worst || isnan(d)) worst = isnan(d) ? INFINITY : d;
         if (fabs(a[i]) > big) big = fabs(a[i]);
     }
+    /* the prompt's chunks run their layers without the host where no policy looks between them,
+     * attending to their own rows after the pages: the CPU's blocked attention sums the same keys
+     * the same way whatever pages hold them, so the prefill's logits are the same bits either way */
+    cr_expect(!memcmp(a, s, sizeof(float) * (size_t)nv), "%s under %s: the prefill's logits differ", file,
+              spec ? spec : "no policy");
     if (exact) {
         cr_expect_eq(bad, 0, "%s under %s: %zu of %zu logits differ with activations on the twin", file,
                      spec ? spec : "no policy", bad, n);
@@ -467,6 +474,61 @@ Test(residency, queries_come_back_only_where_a_policy_reads_them)
     model_free(m);
 }
 
+/* A prompt's chunk waits for the device once where no policy looks between its layers (none,
+ * full, a selection: Quest, CHESS), the cache taking every layer's rows after the last; and once a
+ * layer where one does (H2O scores each global layer's queries, TAKE evicts after them). */
+Test(residency, a_prefill_chunk_waits_once_where_no_policy_looks_between_layers)
+{
+    char err[512];
+    static const struct { const char *file, *spec; int free; } runs[] = {
+        { TD "tiny/tiny-llama-q4_k_m.gguf", NULL, 1 },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "full", 1 },
+        { TD "tiny/tiny-llama-q4_k_m.gguf", "quest:budget=64", 1 },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1", 1 },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "h2o:budget=0.3", 0 },
+        { TD "tiny/tiny-llama-q4_k_m.gguf", "take:budget=0.5", 0 },
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        model *m;
+        cr_assert(model_load(&m, runs[i].file, NULL, err, sizeof err) == 0, "%s", err);
+        be_backend *shd = shadow_create();
+        size_t n;
+        int32_t *ids = prompt(m, &n);
+        cr_assert(n > 2 * 32, "the prompt fills %zu tokens: not three chunks", n);
+        fwd_opts fo = { 2048, 32, 16 };
+        fwd_ctx *f = fwd_create(m, shd, &fo, err, sizeof err);
+        cr_assert(f, "%s", err);
+        pol_set *ps = fwd_fixture_policy(f, runs[i].spec);
+        float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+        cr_assert(l);
+        /* a prompt of one chunk, then one of two (the first asks for no logits) */
+        sh(shd)->reads_all = 0;
+        cr_assert(fwd_eval(f, ids, 32, NULL, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        int first = sh(shd)->reads_all;
+        sh(shd)->reads_all = 0;
+        cr_assert(fwd_eval(f, ids + 32, (int64_t)n - 32, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s",
+                  err);
+        int second = sh(shd)->reads_all;
+        const char *what = runs[i].spec ? runs[i].spec : "no policy";
+        cr_expect_eq(fwd_pos(f), (int64_t)n, "under %s the cache holds %lld of %zu tokens", what, (long long)fwd_pos(f),
+                     n);
+        if (runs[i].free) {
+            cr_expect(first == 1 && second == 2, "under %s prompts of one and two chunks read from the device %d and "
+                      "%d times", what, first, second);
+        } else {
+            cr_expect(first >= m->hp.n_layer / 2 && second >= m->hp.n_layer,
+                      "under %s prompts of one and two chunks read from the device only %d and %d times", what, first,
+                      second);
+        }
+        free(l);
+        free(ids);
+        pol_set_free(ps);
+        fwd_free(f);
+        be_free(shd);
+        model_free(m);
+    }
+}
+
 Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
 {
     char err[512];
@@ -514,27 +576,37 @@ Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
     model_free(m);
 }
 
+/* Reads dropped: K/V rows read a layer at a time (H2O looks between layers) or a chunk at a time
+ * (no policy: the next chunk takes them; the embedding written on the twin, so that no write of the
+ * host's waits for the device by chance) come from spoiled host copies. */
 Test(residency, a_forgotten_host_read_is_caught)
 {
     char err[512];
     model *m;
     cr_assert(model_load(&m, TD "tiny/tiny-llama-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
-    be_backend *shd = shadow_create();
-    sh(shd)->ignore_reads = 1;
-    size_t n;
-    int32_t *ids = prompt(m, &n);
-    fwd_opts fo = { 2048, 48, 16 };
-    fwd_ctx *f = fwd_create(m, shd, &fo, err, sizeof err);
-    cr_assert(f, "%s", err);
-    float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
-    int nan = 0;
-    for (int32_t i = 0; i < m->hp.n_vocab; i++) nan += isnan(l[i]);
-    cr_expect_gt(nan, 0, "K/V rows read without asking still gave finite logits");
-    free(l);
-    free(ids);
-    fwd_free(f);
-    be_free(shd);
+    static const char *const specs[] = { "h2o:budget=0.3", NULL };
+    for (int i = 0; i < 2; i++) {
+        be_backend *shd = shadow_create();
+        sh(shd)->ignore_reads = 1;
+        sh(shd)->gather_on_twin = 1;
+        size_t n;
+        int32_t *ids = prompt(m, &n);
+        fwd_opts fo = { 2048, 48, 16 };
+        fwd_ctx *f = fwd_create(m, shd, &fo, err, sizeof err);
+        cr_assert(f, "%s", err);
+        pol_set *ps = fwd_fixture_policy(f, specs[i]);
+        float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+        cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        int nan = 0;
+        for (int32_t t = 0; t < m->hp.n_vocab; t++) nan += isnan(l[t]);
+        cr_expect_gt(nan, 0, "under %s K/V rows read without asking still gave finite logits",
+                     specs[i] ? specs[i] : "no policy");
+        free(l);
+        free(ids);
+        pol_set_free(ps);
+        fwd_free(f);
+        be_free(shd);
+    }
     model_free(m);
 }
 

@@ -444,6 +444,13 @@ int pol_set_decode_layer_free(const pol_set *ps)
     return pol_spec_decode_keeps_cache(&ps->spec);
 }
 
+int pol_set_prefill_layer_free(const pol_set *ps)
+{
+    for (int i = 0; i < ps->spec.n; i++)
+        if (ps->spec.ops[i]->layer_done) return 0;
+    return 1;
+}
+
 /* A selection reads its query only through backend ops (bound_pages, scores), which take the
  * device's copy; a layer_done reads the chunk's queries in host memory. (The residency tests fail
  * a policy that reads them on the host unannounced: they see NaN there.) */

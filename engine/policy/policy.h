@@ -245,6 +245,10 @@ int pol_set_probe_tokens(const pol_set *ps);
 /* 1 when no policy of the set looks at a decode step between its layers (no decode selection, no
  * layer_done that acts while decoding): the step may run its layers without the host. */
 int pol_set_decode_layer_free(const pol_set *ps);
+/* 1 when no policy of the set looks at a prefill chunk between its layers (no layer_done; a
+ * selection acts in decode only): the chunk may run its layers without the host, the cache taking
+ * its rows after the last layer. */
+int pol_set_prefill_layer_free(const pol_set *ps);
 /* 1 when some policy of the set reads a global layer's queries on the host (a layer_done that acts
  * then; a selection reads them through backend ops): only then does a device backend send them
  * back. */

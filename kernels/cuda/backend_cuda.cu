@@ -1290,7 +1290,8 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     /* the list's descriptors, kept on the device under the call's name: only what changed is
      * built and queued (kernels/page_tables.c), then sent with the pages' new rows in one batch */
     pt_call pl;
-    int rc = pt_build(&ci->tables, a->table, a->shape, list, e, hp, a->n_head_kv, cur16, &pl);
+    pt_direct rows = { cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd) };
+    int rc = pt_build(&ci->tables, a->table, a->shape, list, e, hp, a->n_head_kv, cur16 ? &rows : NULL, &pl);
     if (rc != PT_OK) {
         if (ci->failed) {   /* a page copy's rows could not be queued: said already */
         } else if (rc == PT_NO_HOST_MEMORY || (rc == PT_NO_COPY && !ci->blocks.failed_bytes)) {

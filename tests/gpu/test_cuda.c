@@ -1054,6 +1054,64 @@ Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
         }
 }
 
+/* A prefill chunk whose rows the cache takes after its last layer: n_cur queries at the positions
+ * of their own rows (f32, maybe on the device), which every KV head attends after its pages (none,
+ * for a prompt's first chunk), in pieces of BE_CUR_ROWS; on the flash kernel (the default from
+ * AF_MIN_Q queries) and the grouped one. */
+Test(cuda, attention_with_a_chunks_own_rows_equals_the_cpu)
+{
+    seed_rng("chunk rows");
+    be_backend *grouped = gpu_with("KVCHAT_CUDA_ATTN", "grouped");
+    const int heads[][2] = { { 4, 1 }, { 8, 2 } }, dims[] = { 64, 128, 256 }, rows[] = { 9, 70, 200 };
+    const uint64_t flash0 = be_cuda_flash_calls(gpu);
+    for (size_t hi = 0; hi < 2; hi++)
+        for (size_t di = 0; di < 3; di++)
+            for (size_t ri = 0; ri < 3; ri++)
+                for (int variant = 0; variant < 4; variant++) {
+                    int D = dims[di], nh = heads[hi][0], nkv = heads[hi][1], n = rows[ri];
+                    page_set ps;
+                    make_pages(&ps, nkv, variant & 1 ? 0 : 1 + (int)(rnd() % 9), D, 0, 0);
+                    int64_t kvd = (int64_t)nkv * D, nq = (int64_t)n * nh * D;
+                    float *q = malloc(sizeof(float) * (size_t)nq), *o0 = malloc(sizeof(float) * (size_t)nq),
+                          *o1 = malloc(sizeof(float) * (size_t)nq), *ck = malloc(sizeof(float) * (size_t)(n * kvd)),
+                          *cv = malloc(sizeof(float) * (size_t)(n * kvd));
+                    int32_t *qp = malloc(sizeof(int32_t) * (size_t)n);
+                    cr_assert(q && o0 && o1 && ck && cv && qp);
+                    for (int64_t i = 0; i < nq; i++) q[i] = frand(-0.5f, 0.5f), o1[i] = NAN;
+                    for (int64_t i = 0; i < n * kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
+                    for (int t = 0; t < n; t++) qp[t] = ps.max_pos + 1 + t;
+                    be_attn a = { q, n, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant & 2 ? 40 : 0,
+                                  o0, ck, cv, qp, n, 0, 0 };
+                    cpu->ops->attention(cpu, &a);
+                    be_backend *dev = rnd() % 2 ? gpu : grouped;
+                    int bind = (int)(rnd() & 1);
+                    char err[256];
+                    if (bind)
+                        cr_assert(be_bind(dev, ck, sizeof(float) * (size_t)(n * kvd), err, sizeof err) == 0 &&
+                                      be_bind(dev, cv, sizeof(float) * (size_t)(n * kvd), err, sizeof err) == 0,
+                                  "%s", err);
+                    a.out = o1;
+                    attend_on(dev, &a, q, (size_t)nq, (int)(rnd() & 1));
+                    if (bind) {
+                        be_unbind(dev, ck);
+                        be_unbind(dev, cv);
+                    }
+                    double d = max_abs_diff(o0, o1, nq);
+                    cr_expect(d < 2e-3, "%s kernels, %d rows, D %d, %d heads / %d KV, variant %d (bound %d): max |diff| %g",
+                              dev == gpu ? "default" : "grouped", n, D, nh, nkv, variant, bind, d);
+                    free(q);
+                    free(o0);
+                    free(o1);
+                    free(ck);
+                    free(cv);
+                    free(qp);
+                    free_pages(&ps);
+                }
+    cr_expect_gt(be_cuda_flash_calls(gpu), flash0, "no chunk ran the flash kernel");
+    cr_expect_eq(be_cuda_flash_calls(grouped), 0);
+    be_free(grouped);
+}
+
 /* More distinct norm weights than the backend's table of constant copies first holds (it grows at
  * 128 and 256), with deferred decode steps (the step's own K/V rows, whose page list the backend
  * keeps in a buffer) before, between and after: the table's growth used to free that buffer, so the
