@@ -62,7 +62,8 @@ struct fwd_ctx {
      * last layer (deferred). Two sets: while a prompt's chunk runs on the device in one, the host
      * takes the previous chunk's rows from the other into the cache, a layer at a time. */
     float *kall[2], *vall[2];
-    int64_t defer_cap;         /* the chunk's rows on a backend with residency, else 1 */
+    int64_t defer_cap;         /* rows a layer they hold: 1 (a decode step), grown for a prompt */
+    int defer_refused;         /* growing them failed once (out of device memory): chunks wait a layer */
     int next_set;              /* the set the next deferred chunk writes */
     struct {
         int64_t at, n;         /* first position (-1: none) and rows a layer */
@@ -152,9 +153,9 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->att = alloc_f(f, B * HD);
     f->k = alloc_f(f, B * (size_t)kvd);
     f->v = alloc_f(f, B * (size_t)kvd);
-    /* only a device backend defers (it is what a layer's wait costs); a chunk's rows, every layer's */
-    f->defer_cap = b->ops->bind ? f->n_batch : 1;
-    size_t all = (size_t)hp->n_layer * (size_t)f->defer_cap * (size_t)kvd;
+    /* a decode step's rows; a prompt's chunk grows them (grow_defer) */
+    f->defer_cap = 1;
+    size_t all = (size_t)hp->n_layer * (size_t)kvd;
     for (int i = 0; i < 2; i++) {
         f->kall[i] = alloc_f(f, all);
         f->vall[i] = alloc_f(f, all);
@@ -483,6 +484,53 @@ static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0)
     }
 }
 
+/* Most bytes one of the four deferred-row buffers may take when a prompt's chunk grows them (each
+ * is page-locked on the host and has a twin on the device); a chunk that would need more waits a
+ * layer at a time instead. */
+#define DEFER_MAX_BYTES ((size_t)256 << 20)
+
+/* Room for n_batch deferred rows a layer in both sets, allocated and bound before the 1-row ones
+ * go (nothing may be pending). 0, or -1 when they do not fit (DEFER_MAX_BYTES, or memory: said
+ * never, the chunks then wait a layer at a time, as before; a device's failed bind is not an op
+ * failure). */
+static int grow_defer(fwd_ctx *f)
+{
+    const model_hparams *hp = &f->m->hp;
+    size_t kvd = (size_t)hp->n_head_kv * (size_t)hp->head_dim, rows = (size_t)f->n_batch;
+    size_t all = (size_t)hp->n_layer * rows * kvd, bytes = all * sizeof(float);
+    if (f->defer_refused || bytes > DEFER_MAX_BYTES) {
+        f->defer_refused = 1;
+        return -1;
+    }
+    float *nb[4] = { 0 };
+    int bound = 0;
+    char err[256];
+    uint64_t was = f->scratch_bytes;
+    for (; bound < 4; bound++) {
+        nb[bound] = alloc_f(f, all);
+        if (!nb[bound] || be_bind(f->b, nb[bound], bytes, err, sizeof err)) break;
+    }
+    if (bound < 4) {
+        for (int i = 0; i <= bound && i < 4; i++) {
+            if (i < bound) be_unbind(f->b, nb[i]);
+            free(nb[i]);
+        }
+        f->scratch_bytes = was;
+        f->defer_refused = 1;
+        return -1;
+    }
+    size_t old = ((size_t)hp->n_layer * (size_t)f->defer_cap * kvd * sizeof(float) + 4095) & ~(size_t)4095;
+    float **sets[4] = { &f->kall[0], &f->vall[0], &f->kall[1], &f->vall[1] };
+    for (int i = 0; i < 4; i++) {
+        be_unbind(f->b, *sets[i]);
+        free(*sets[i]);
+        *sets[i] = nb[i];
+        f->scratch_bytes -= old;
+    }
+    f->defer_cap = f->n_batch;
+    return 0;
+}
+
 /* The pending rows (f->pend), every layer's: read on the host (once; the wait brings in what the
  * end of their chunk fetched), then layers [pend.layers, upto) taken into the cache. 0, -2 when
  * the cache cannot grow, -4 when a backend op failed. */
@@ -533,14 +581,17 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
      * the layers run without the host (attention takes the chunk's own K/V rows from the device,
      * after the pages), and the cache takes every layer's rows after the last layer, with one wait
      * a chunk instead of one a layer. */
-    int defer = b->ops->bind && n_probe == 0 && n <= f->defer_cap &&
+    int defer = b->ops->bind && n_probe == 0 &&
                 (f->decoding ? n == 1 && (!f->pol || pol_set_decode_layer_free(f->pol))
                              : !f->pol || pol_set_prefill_layer_free(f->pol));
     /* The previous chunk's rows, if still pending: a chunk that defers takes them into the cache a
      * layer at a time, just before that layer's attention (the host's work overlapping the
-     * device's on earlier layers); one that does not, all of them now. */
-    int rc = f->pend.at >= 0 && !defer ? take_pending(f, hp->n_layer) : 0;
+     * device's on earlier layers); one that does not, all of them now (and one that finds the
+     * buffers too small, before they grow: a prompt's first chunk, where nothing is pending). */
+    int grow = defer && n > f->defer_cap;
+    int rc = f->pend.at >= 0 && (!defer || grow) ? take_pending(f, hp->n_layer) : 0;
     if (rc) return rc;
+    if (grow && grow_defer(f)) defer = 0;
     const int set = f->next_set;
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
     for (int il = 0; il < hp->n_layer; il++) {

@@ -33,6 +33,7 @@ typedef struct shadow {
     volatile sig_atomic_t *cancel_too;   /* raised as the op fails: a Ctrl-C right after a failure */
     int reads;          /* host reads announced since the last embedding (in the last step) */
     int reads_all;      /* host reads announced (the whole run) */
+    int refuse_binds;   /* every bind fails, as on a device out of memory */
     uint64_t bytes_read;   /* bytes of every host read announced (the whole run) */
     int waits;          /* waits for the shadow device since the last embedding */
     int gather_on_twin; /* embedding rows written on the twin (the CUDA backend's gather of a weight it
@@ -226,7 +227,7 @@ static void s_bound_pages(be_backend *b, be_bounds *r)
 
 static int s_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
 {
-    if (am_bind(&sh(b)->t, host, bytes) == 0) return 0;
+    if (!sh(b)->refuse_binds && am_bind(&sh(b)->t, host, bytes) == 0) return 0;
     snprintf(err, errlen, "binding %zu bytes failed", bytes);
     return -1;
 }
@@ -474,6 +475,38 @@ Test(residency, queries_come_back_only_where_a_policy_reads_them)
     model_free(m);
 }
 
+/* A forward context of m on a fresh shadow backend under spec, with the prompt and a row of logits. */
+typedef struct on_shadow {
+    be_backend *shd;
+    fwd_ctx *f;
+    pol_set *ps;
+    int32_t *ids;
+    size_t n;
+    float *l;
+} on_shadow;
+
+static void shadow_open(on_shadow *o, const model *m, const char *spec, int batch)
+{
+    char err[512];
+    o->shd = shadow_create();
+    o->ids = prompt(m, &o->n);
+    fwd_opts fo = { 2048, batch, 16 };
+    o->f = fwd_create(m, o->shd, &fo, err, sizeof err);
+    cr_assert(o->f, "%s", err);
+    o->ps = fwd_fixture_policy(o->f, spec);
+    o->l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    cr_assert(o->l);
+}
+
+static void shadow_close(on_shadow *o)
+{
+    free(o->l);
+    free(o->ids);
+    pol_set_free(o->ps);
+    fwd_free(o->f);
+    be_free(o->shd);
+}
+
 /* A prompt's chunk waits for the device once where no policy looks between its layers (none,
  * full, a selection: Quest, CHESS), the cache taking every layer's rows after the last; and once a
  * layer where one does (H2O scores each global layer's queries, TAKE evicts after them). */
@@ -491,27 +524,20 @@ Test(residency, a_prefill_chunk_waits_once_where_no_policy_looks_between_layers)
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
         model *m;
         cr_assert(model_load(&m, runs[i].file, NULL, err, sizeof err) == 0, "%s", err);
-        be_backend *shd = shadow_create();
-        size_t n;
-        int32_t *ids = prompt(m, &n);
-        cr_assert(n > 2 * 32, "the prompt fills %zu tokens: not three chunks", n);
-        fwd_opts fo = { 2048, 32, 16 };
-        fwd_ctx *f = fwd_create(m, shd, &fo, err, sizeof err);
-        cr_assert(f, "%s", err);
-        pol_set *ps = fwd_fixture_policy(f, runs[i].spec);
-        float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-        cr_assert(l);
+        on_shadow o;
+        shadow_open(&o, m, runs[i].spec, 32);
+        cr_assert(o.n > 2 * 32, "the prompt fills %zu tokens: not three chunks", o.n);
         /* a prompt of one chunk, then one of two (the first asks for no logits) */
-        sh(shd)->reads_all = 0;
-        cr_assert(fwd_eval(f, ids, 32, NULL, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
-        int first = sh(shd)->reads_all;
-        sh(shd)->reads_all = 0;
-        cr_assert(fwd_eval(f, ids + 32, (int64_t)n - 32, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s",
-                  err);
-        int second = sh(shd)->reads_all;
+        sh(o.shd)->reads_all = 0;
+        cr_assert(fwd_eval(o.f, o.ids, 32, NULL, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        int first = sh(o.shd)->reads_all;
+        sh(o.shd)->reads_all = 0;
+        cr_assert(fwd_eval(o.f, o.ids + 32, (int64_t)o.n - 32, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0,
+                  "%s", err);
+        int second = sh(o.shd)->reads_all;
         const char *what = runs[i].spec ? runs[i].spec : "no policy";
-        cr_expect_eq(fwd_pos(f), (int64_t)n, "under %s the cache holds %lld of %zu tokens", what, (long long)fwd_pos(f),
-                     n);
+        cr_expect_eq(fwd_pos(o.f), (int64_t)o.n, "under %s the cache holds %lld of %zu tokens", what,
+                     (long long)fwd_pos(o.f), o.n);
         if (runs[i].free) {
             cr_expect(first == 1 && second == 2, "under %s prompts of one and two chunks read from the device %d and "
                       "%d times", what, first, second);
@@ -520,13 +546,36 @@ Test(residency, a_prefill_chunk_waits_once_where_no_policy_looks_between_layers)
                       "under %s prompts of one and two chunks read from the device only %d and %d times", what, first,
                       second);
         }
-        free(l);
-        free(ids);
-        pol_set_free(ps);
-        fwd_free(f);
-        be_free(shd);
+        shadow_close(&o);
         model_free(m);
     }
+}
+
+/* A prompt's first chunk grows the buffers its rows wait in; where the device has no room for them
+ * the chunks wait a layer at a time, as before, with the same answer, and nothing is said. */
+Test(residency, a_prompt_whose_row_buffers_do_not_fit_waits_a_layer_at_a_time)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *cpu = be_cpu_create(2, err, sizeof err);
+    cr_assert(cpu, "%s", err);
+    float *want = run(m, cpu, NULL);
+    on_shadow o;
+    shadow_open(&o, m, NULL, 48);
+    sh(o.shd)->refuse_binds = 1;
+    sh(o.shd)->reads_all = 0;
+    cr_assert(fwd_eval(o.f, o.ids, (int64_t)o.n, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect_geq(sh(o.shd)->reads_all, 2 * m->hp.n_layer, "%d reads for a prompt of two chunks", sh(o.shd)->reads_all);
+    cr_expect(!memcmp(o.l, want, sizeof(float) * (size_t)m->hp.n_vocab), "the prefill's logits differ");
+    /* decode steps still defer, in the one-row buffers bound at creation */
+    cr_assert(fwd_decode(o.f, samp_argmax(o.l, m->hp.n_vocab), o.l, NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect_eq(sh(o.shd)->reads, 1, "the decode step read %d times", sh(o.shd)->reads);
+    sh(o.shd)->refuse_binds = 0;
+    shadow_close(&o);
+    free(want);
+    be_free(cpu);
+    model_free(m);
 }
 
 Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
@@ -586,26 +635,17 @@ Test(residency, a_forgotten_host_read_is_caught)
     cr_assert(model_load(&m, TD "tiny/tiny-llama-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
     static const char *const specs[] = { "h2o:budget=0.3", NULL };
     for (int i = 0; i < 2; i++) {
-        be_backend *shd = shadow_create();
-        sh(shd)->ignore_reads = 1;
-        sh(shd)->gather_on_twin = 1;
-        size_t n;
-        int32_t *ids = prompt(m, &n);
-        fwd_opts fo = { 2048, 48, 16 };
-        fwd_ctx *f = fwd_create(m, shd, &fo, err, sizeof err);
-        cr_assert(f, "%s", err);
-        pol_set *ps = fwd_fixture_policy(f, specs[i]);
-        float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-        cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        on_shadow o;
+        shadow_open(&o, m, specs[i], 48);
+        sh(o.shd)->ignore_reads = 1;
+        sh(o.shd)->gather_on_twin = 1;
+        cr_assert(fwd_eval(o.f, o.ids, (int64_t)o.n, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s",
+                  err);
         int nan = 0;
-        for (int32_t t = 0; t < m->hp.n_vocab; t++) nan += isnan(l[t]);
+        for (int32_t t = 0; t < m->hp.n_vocab; t++) nan += isnan(o.l[t]);
         cr_expect_gt(nan, 0, "under %s K/V rows read without asking still gave finite logits",
                      specs[i] ? specs[i] : "no policy");
-        free(l);
-        free(ids);
-        pol_set_free(ps);
-        fwd_free(f);
-        be_free(shd);
+        shadow_close(&o);
     }
     model_free(m);
 }
