@@ -95,13 +95,22 @@ static double now_ms(void)
 
 /* Scratch in whole pages of their own: a device backend page-locks the buffers it binds, which
  * fails for a buffer sharing a page with one already locked. */
+static size_t scratch_size(size_t n) { return (n * sizeof(float) + 4095) & ~(size_t)4095; }
+
 static float *alloc_f(fwd_ctx *f, size_t n)
 {
-    size_t bytes = (n * sizeof(float) + 4095) & ~(size_t)4095;
     void *p = NULL;
-    if (posix_memalign(&p, 4096, bytes)) return NULL;
-    f->scratch_bytes += bytes;
+    if (posix_memalign(&p, 4096, scratch_size(n))) return NULL;
+    f->scratch_bytes += scratch_size(n);
     return p;
+}
+
+/* A buffer of n floats from alloc_f, given back (NULL: none). */
+static void free_f(fwd_ctx *f, float *p, size_t n)
+{
+    if (!p) return;
+    f->scratch_bytes -= scratch_size(n);
+    free(p);
 }
 
 fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err, size_t errlen)
@@ -505,30 +514,36 @@ static int grow_defer(fwd_ctx *f)
     float *nb[4] = { 0 };
     int bound = 0;
     char err[256];
-    uint64_t was = f->scratch_bytes;
     for (; bound < 4; bound++) {
         nb[bound] = alloc_f(f, all);
         if (!nb[bound] || be_bind(f->b, nb[bound], bytes, err, sizeof err)) break;
     }
     if (bound < 4) {
-        for (int i = 0; i <= bound && i < 4; i++) {
+        for (int i = 0; i <= bound; i++) {
             if (i < bound) be_unbind(f->b, nb[i]);
-            free(nb[i]);
+            free_f(f, nb[i], all);
         }
-        f->scratch_bytes = was;
         f->defer_refused = 1;
         return -1;
     }
-    size_t old = ((size_t)hp->n_layer * (size_t)f->defer_cap * kvd * sizeof(float) + 4095) & ~(size_t)4095;
+    size_t old = (size_t)hp->n_layer * (size_t)f->defer_cap * kvd;
     float **sets[4] = { &f->kall[0], &f->vall[0], &f->kall[1], &f->vall[1] };
     for (int i = 0; i < 4; i++) {
         be_unbind(f->b, *sets[i]);
-        free(*sets[i]);
+        free_f(f, *sets[i], old);
         *sets[i] = nb[i];
-        f->scratch_bytes -= old;
     }
     f->defer_cap = f->n_batch;
     return 0;
+}
+
+/* Deferred rows of set `set`, n a layer, every layer's: the keys' range and the values'. */
+static void set_ranges(const fwd_ctx *f, int set, int64_t n, be_range rd[2])
+{
+    const model_hparams *hp = &f->m->hp;
+    size_t bytes = sizeof(float) * (size_t)hp->n_layer * (size_t)n * (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    rd[0] = (be_range){ f->kall[set], bytes };
+    rd[1] = (be_range){ f->vall[set], bytes };
 }
 
 /* The pending rows (f->pend), every layer's: read on the host (once; the wait brings in what the
@@ -540,8 +555,8 @@ static int take_pending(fwd_ctx *f, int upto)
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, n = f->pend.n;
     const float *K = f->kall[f->pend.set], *V = f->vall[f->pend.set];
     if (!f->pend.read) {
-        size_t bytes = sizeof(float) * (size_t)hp->n_layer * (size_t)(n * kvd);
-        be_range rd[2] = { { K, bytes }, { V, bytes } };
+        be_range rd[2];
+        set_ranges(f, f->pend.set, n, rd);
         be_host_read(f->b, rd, 2);
         if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -4;
         f->pend.read = 1;
@@ -664,8 +679,8 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         op->add(b, f->x, f->o, n * E);
     }
     if (defer) {   /* the rows start back now; the cache takes them later (take_pending) */
-        size_t bytes = sizeof(float) * (size_t)hp->n_layer * (size_t)(n * kvd);
-        be_range rd[2] = { { f->kall[set], bytes }, { f->vall[set], bytes } };
+        be_range rd[2];
+        set_ranges(f, set, n, rd);
         be_host_prefetch(b, rd, 2);
         f->pend.at = p0;
         f->pend.n = n;
