@@ -46,6 +46,7 @@ struct fwd_ctx {
     be_kv_page *refs;          /* page list handed to attention: a policy's selection */
     int64_t refs_cap;
     int64_t head_off[65];
+    unsigned char last_listed[64];   /* the layer's list has KV head h's last page (defer_stats) */
     layer_list *lists;         /* [n_layer] each layer's list of every page, kept from call to call */
     uint64_t serial;           /* this context's share of the attention lists' names (be_attn.table) */
     int decoding;              /* the current eval is one decode step */
@@ -422,6 +423,7 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int observe, int first_glo
     a->n_pages = e;
     a->head_pages = L->off;
     a->shape = shape;
+    memset(f->last_listed, 1, sizeof f->last_listed);
     list_stats(f, is_global, tokens, e, e);
     return 0;
 }
@@ -455,9 +457,11 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
         int np = kv_n_pages(f->kv, il, h);
         pages_total += np;
         int64_t s0 = sel->per_head ? sel->off[h] : 0, s1 = sel->per_head ? sel->off[h + 1] : sel->off[1];
+        f->last_listed[h] = 0;
         for (int64_t j = s0; j < s1; j++) {
             int idx = sel->idx[j];
             if (idx < 0 || idx >= np) continue;   /* shared indices past a shorter head's table */
+            if (idx == np - 1) f->last_listed[h] = 1;
             const kv_page *p = kv_layer_page(f->kv, il, h, idx);
             set_ref(&f->refs[e++], p, sel->mask[j], D, P);
             tokens += tokens_of(p, sel->mask[j]);
@@ -473,8 +477,9 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
 }
 
 /* A deferred decode step's statistics, as if its token were already in the cache: its row is
- * attended beside the pages, and where it will open a new page that page counts as attended (and,
- * on the first global layer, as this step's page for the page map). */
+ * attended beside the pages; the page it goes into counts as attended where the list left it out
+ * (a selection that chose none of its other tokens), and one it will open counts as attended and
+ * held (and both, on the first global layer, as this step's page for the page map). */
 static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0)
 {
     int Hkv = f->m->hp.n_head_kv, P = kv_page_size(f->kv);
@@ -482,14 +487,16 @@ static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0)
     if (!is_global) return;
     int observe = f->pol != NULL, first_global = f->n_global > 0 && il == f->global[0];
     for (int h = 0; h < Hkv; h++) {
-        int np = kv_n_pages(f->kv, il, h);
-        if (np > 0 && kv_layer_page(f->kv, il, h, np - 1)->n < P) continue;
-        f->st_pages++;
-        f->st_pages_total++;
-        if (observe) {
-            pol_set_hit_page(f->pol, p0);
-            if (first_global && h == 0) pol_set_last_add(f->pol, p0 / P);
+        int opens = kv_next_row_opens_page(f->kv, il, h);
+        if (!opens && f->last_listed[h]) continue;
+        int64_t first = p0;
+        if (!opens) {
+            const kv_page *p = kv_layer_page(f->kv, il, h, kv_n_pages(f->kv, il, h) - 1);
+            if (p->n > 0) first = p->pos[0];
         }
+        f->st_pages++;
+        f->st_pages_total += opens;
+        if (observe) observe_page(f, (int32_t)first, h, first_global, P);
     }
 }
 
@@ -592,12 +599,14 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
     int64_t n_chunk = n;
     n += n_probe;
 
-    /* A decode step or prefill chunk on a device backend, with no policy looking between layers:
-     * the layers run without the host (attention takes the chunk's own K/V rows from the device,
+    /* A decode step or prefill chunk on a device backend, with no policy needing its rows in the
+     * cache between layers (a decode step's selection lists the pages without them): the layers
+     * run without waiting for the host (attention takes the chunk's own K/V rows from the device,
      * after the pages), and the cache takes every layer's rows after the last layer, with one wait
-     * a chunk instead of one a layer. */
+     * a chunk instead of one a layer (a selection that bounds pages on the device still waits for
+     * its answer, once a global layer). */
     int defer = b->ops->bind && n_probe == 0 &&
-                (f->decoding ? n == 1 && (!f->pol || pol_set_decode_layer_free(f->pol))
+                (f->decoding ? n == 1 && (!f->pol || pol_set_decode_can_defer(f->pol))
                              : !f->pol || pol_set_prefill_layer_free(f->pol));
     /* The previous chunk's rows, if still pending: a chunk that defers takes them into the cache a
      * layer at a time, just before that layer's attention (the host's work overlapping the

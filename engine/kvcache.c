@@ -119,6 +119,11 @@ int64_t kv_len(const kv_cache *kv) { return kv->len; }
 int kv_n_pages(const kv_cache *kv, int il, int h) { return kv->layers[il].heads[h].n; }
 kv_page *kv_layer_page(const kv_cache *kv, int il, int h, int i) { return kv->layers[il].heads[h].pages[i]; }
 int64_t kv_head_tokens(const kv_cache *kv, int il, int h) { return kv->layers[il].heads[h].tokens; }
+int kv_next_row_opens_page(const kv_cache *kv, int il, int h)
+{
+    const kv_stream *L = &kv->layers[il].heads[h];
+    return L->n == 0 || L->pages[L->n - 1]->n == kv->page_size;   /* as kv_append_head decides */
+}
 uint64_t kv_page_bytes(const kv_cache *kv) { return kv->page_bytes; }
 void kv_set_floor(kv_cache *kv, int64_t pos) { kv->floor = pos; }
 void kv_set_mark(kv_cache *kv, int64_t pos) { kv->mark = pos; }

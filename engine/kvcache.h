@@ -85,6 +85,9 @@ uint64_t kv_next_gen(void);
 int kv_n_pages(const kv_cache *kv, int il, int h);
 kv_page *kv_layer_page(const kv_cache *kv, int il, int h, int i);
 int64_t kv_head_tokens(const kv_cache *kv, int il, int h);
+/* 1 when the next row appended to head h of layer il opens a page of its own (the table is empty or
+ * its last page full), 0 when it goes into the last page. */
+int kv_next_row_opens_page(const kv_cache *kv, int il, int h);
 
 /* Keep only the pages whose indices are listed (ascending) in head h of layer il; the others
  * return to the pool. */

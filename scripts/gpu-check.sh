@@ -13,9 +13,11 @@
 #      kernel (KVCHAT_CUDA_ATTN=grouped), with the scalar attention kernel (KVCHAT_CUDA_ATTN=scalar),
 #      with stage 0's f32 decode kernel (KVCHAT_CUDA_MMV=f32), with every product through cuBLAS
 #      (KVCHAT_CUDA_MMV=0), and the CPU on every core, one after the other; then the GPU under the
-#      op profiler (KVCHAT_PROFILE=1 and sync: where each op's time goes);
+#      op profiler (KVCHAT_PROFILE=1 and sync: where each op's time goes), and under Quest and
+#      CHESS (the waits a selection's decode step makes);
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also with
-#      the f32 decode kernel, with the grouped kernel for prefill chunks, and under the profiler).
+#      the f32 decode kernel, with the grouped kernel for prefill chunks, and under the profiler,
+#      with and without Quest and CHESS).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
@@ -128,6 +130,21 @@ profile_steps() {
     done
 }
 
+# policy_steps NAME MODEL DEPTH GEN: kvchat bench --policy under the op profiler, one selection
+# policy a run (Quest bounds pages on the device, CHESS selects on the host from its standing
+# choice), so that each one's waits a decode step show; its table and profile go to the summary
+policy_steps() {
+    local name=$1 model=$2 depth=$3 gen=$4 pol
+    for pol in quest chess:preset=aggressive; do
+        if step "policy $name $pol KVCHAT_PROFILE=1" 60 env KVCHAT_PROFILE=1 "$kv" bench -m "$model" --device cuda \
+            --ctx "$depth" --gen "$gen" --policy "$pol" --no-csv; then
+            say "  $pol, depth $depth, $gen tokens decoded:"
+            awk '/^ +ctx +policy/ || /^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^between ops/ { on = 0 }' \
+                "$tmp/last" >>"$summary"
+        fi
+    done
+}
+
 # the table kvchat bench printed (its "depth" header and the rows after it)
 bench_table() {
     awk '/depth +prefill tok\/s/ { on = 1 } on && NF { print "    " $0 } /^peak RSS/ { on = 0 }' "$tmp/last" >>"$summary"
@@ -229,6 +246,7 @@ elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m 
         fi
     done
     profile_steps gemma3-270m "$gm" 2048 64
+    policy_steps gemma3-270m "$gm" 2048 64
     rm -f "$gm"
 fi
 
@@ -260,6 +278,7 @@ for type in q4_k_m f16; do
                 env KVCHAT_CUDA_ATTN=grouped "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
                 --csv "$tmp/bench.csv" && bench_table
             profile_steps mistral-7b-q4_k_m "$m" 2048 16
+            policy_steps mistral-7b-q4_k_m "$m" 2048 16
         fi
     fi
     rm -f "$m"

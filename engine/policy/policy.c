@@ -437,12 +437,7 @@ int pol_set_probe_tokens(const pol_set *ps)
     return ps->question > 0 && ps->question < p ? (int)ps->question : p;
 }
 
-int pol_set_decode_layer_free(const pol_set *ps)
-{
-    for (int i = 0; i < ps->spec.n; i++)
-        if (ps->spec.ops[i]->stage == POL_STAGE_DECODE && ps->spec.ops[i]->select) return 0;
-    return pol_spec_decode_keeps_cache(&ps->spec);
-}
+int pol_set_decode_can_defer(const pol_set *ps) { return pol_spec_decode_keeps_cache(&ps->spec); }
 
 int pol_set_prefill_layer_free(const pol_set *ps)
 {

@@ -148,7 +148,10 @@ typedef struct pol_ops {
      * does. A policy may evict from layer il here. */
     int (*layer_done)(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen);
     /* Fill sel for global layer il; q is the layer's query [n_head][head_dim], already scaled.
-     * Return 0 to attend to every page instead. */
+     * Return 0 to attend to every page instead. The step's own row may not be in the layer's
+     * cache yet (on a device backend the cache takes it after the last layer, and attention reads
+     * it after the listed pages, always: kv_next_row_opens_page says where it will go); the
+     * selection lists the pages as they are and gives the same tokens either way. */
     int (*select)(void *st, const pol_env *env, int il, const float *q, pol_sel *sel);
     /* Rebuild the selection now from the cache as it is (pos: the next position) and keep it for
      * a regeneration that restarts at keep_from; record what changed in chg. NULL: the policy has no
@@ -242,9 +245,11 @@ int pol_set_layer_done(pol_set *ps, int il, const pol_chunk *c, char *err, size_
 /* The prefill shape the set's prefill policy asks for (pol_shape). */
 int pol_set_chunk_size(const pol_set *ps);
 int pol_set_probe_tokens(const pol_set *ps);
-/* 1 when no policy of the set looks at a decode step between its layers (no decode selection, no
- * layer_done that acts while decoding): the step may run its layers without the host. */
-int pol_set_decode_layer_free(const pol_set *ps);
+/* 1 when no policy of the set needs a decode step's own row in the cache before its last layer (no
+ * layer_done that acts while decoding; a selection sees the pages without it, pol_ops.select): the
+ * step may run its layers without waiting for its K/V rows, the cache taking them after the last
+ * layer. */
+int pol_set_decode_can_defer(const pol_set *ps);
 /* 1 when no policy of the set looks at a prefill chunk between its layers (no layer_done; a
  * selection acts in decode only): the chunk may run its layers without the host, the cache taking
  * its rows after the last layer. */

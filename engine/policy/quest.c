@@ -94,6 +94,17 @@ static void trace_pages(const st_quest *s, const pol_env *env, int il, int g, in
     free(kept);
 }
 
+/* 1 when the page the step's token is in is the last of head g's table: the token is there, or
+ * goes there when the cache takes its row after the last layer (kv_next_row_opens_page); 0 when its
+ * row will open a page of its own (attention reads it after the list, always). */
+static int cur_page_listed(const st_quest *s, const pol_env *env, int il, int g)
+{
+    int np = kv_n_pages(env->kv, il, g);
+    if (np == 0) return 0;
+    const kv_page *p = kv_layer_page(env->kv, il, g, np - 1);
+    return (p->n > 0 && p->pos[p->n - 1] == s->cur) || !kv_next_row_opens_page(env->kv, il, g);
+}
+
 static int q_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
 {
     st_quest *s = st;
@@ -102,11 +113,12 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     int k = (int)((budget + P - 1) / P);
     int np_max = 0, all = 1;
     int64_t total = 0;
+    /* each head's pages counted with the current one, whether its table lists it yet or not */
     for (int g = 0; g < Hkv; g++) {
-        int np = kv_n_pages(env->kv, il, g);
+        int listed = cur_page_listed(s, env, il, g), np = kv_n_pages(env->kv, il, g) + !listed;
         if (np > np_max) np_max = np;
         if (k < np) all = 0;
-        total += np > 0 ? np - 1 : 0;
+        total += np - 1;
     }
     s->pages_avail = np_max;
     if (all) {
@@ -140,8 +152,8 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     int64_t e = 0;
     for (int g = 0; g < Hkv; g++) {
         s->off[g] = e;
-        int np = kv_n_pages(env->kv, il, g);
-        for (int i = 0; i < np - 1; i++) {
+        int nb = kv_n_pages(env->kv, il, g) - cur_page_listed(s, env, il, g);
+        for (int i = 0; i < nb; i++) {
             const kv_page *p = kv_layer_page(env->kv, il, g, i);
             s->sum[e++] = (be_summary){ p->kmin, p->kmax, p->gen, p->n };
         }
@@ -156,22 +168,22 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
                     .n_best = s->n_best, .u = on_host ? s->score : NULL };
     if (k - 1 > 0 || on_host) env->b->ops->bound_pages(env->b, &r);
     for (int g = 0; g < Hkv; g++) {
-        int np = kv_n_pages(env->kv, il, g);
+        int np = kv_n_pages(env->kv, il, g), nb = (int)(s->off[g + 1] - s->off[g]);
         pol_sel_head(sel, g);
         if (np == 0) continue;
         if (on_host) {
             /* the op's order: NaN and -inf bounds are never chosen */
             const float *sc = s->score + s->off[g];
             int m = 0;
-            for (int i = 0; i < np - 1; i++)
+            for (int i = 0; i < nb; i++)
                 if (lp_value(sc[i]) > -INFINITY) s->idx[m++] = i;
             int n = pol_top_k(s->idx, m, sc, k - 1);
-            if (env->trace) trace_pages(s, env, il, g, np - 1, n, s->score + s->off[g]);
+            if (env->trace) trace_pages(s, env, il, g, nb, n, s->score + s->off[g]);
             for (int i = 0; i < n; i++) pol_sel_add(sel, s->idx[i], NULL);
         } else if (k - 1 > 0) {
             for (int i = 0; i < s->n_best[g]; i++) pol_sel_add(sel, s->best[g * r.k + i], NULL);
         }
-        pol_sel_add(sel, np - 1, NULL);   /* the page the current token is in */
+        if (nb < np) pol_sel_add(sel, np - 1, NULL);   /* the page the current token is in */
     }
     if (Hkv > 1) sel->per_head = 1;
     s->pages_last = k < np_max ? k : np_max;
