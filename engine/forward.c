@@ -73,17 +73,31 @@ struct fwd_ctx {
         int layers;            /* layers the cache has taken them into so far */
     } pend;
     float *row;                /* [n_vocab]: the last picked step's logits, left with the backend */
+    /* A device backend's selections by bounds (pol_env.sel_buf), bound: [n_layer][n_head_kv]
+     * [BE_PICK_MAX + 1] at most. */
+    int32_t *sel_buf;
+    /* This decode step's layers whose selection attention read where the bounds left it: their
+     * statistics wait for the step's end (sel_stats), when the answers are on the host. */
+    struct dsel {
+        int il;
+        const int32_t *best, *n_best;
+        int32_t k;
+        int row;                       /* the step's row was deferred (defer_stats then too) */
+        int64_t from[64];
+        unsigned char last_listed[64];
+    } *dsel;
+    int n_dsel;
     int row_valid;             /* row holds the logits of the cache's last token */
     int n_bound;               /* scratch buffers bound to the backend so far */
 };
 
-#define N_BOUND 14
+#define N_BOUND 15
 
 /* The scratch buffers the backend may keep on a device, in one order for bind and unbind. */
 static void bound_bufs(const fwd_ctx *f, float *out[N_BOUND])
 {
-    float *l[N_BOUND] = { f->x,    f->h,    f->o,       f->q,       f->att,     f->k,       f->v,
-                          f->gate, f->up,   f->kall[0], f->vall[0], f->kall[1], f->vall[1], f->row };
+    float *l[N_BOUND] = { f->x,    f->h,    f->o,       f->q,       f->att,     f->k,       f->v,     f->gate,
+                          f->up,   f->kall[0], f->vall[0], f->kall[1], f->vall[1], f->row, (float *)f->sel_buf };
     memcpy(out, l, sizeof l);
 }
 
@@ -174,6 +188,9 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->up = alloc_f(f, B * (size_t)hp->n_ff);
     f->logits = alloc_f(f, OUT_ROWS * (size_t)hp->n_vocab);
     f->row = alloc_f(f, (size_t)hp->n_vocab);
+    size_t sel_n = (size_t)hp->n_layer * (size_t)hp->n_head_kv * (BE_PICK_MAX + 1);
+    f->sel_buf = (int32_t *)alloc_f(f, sel_n);   /* int32s, as many as floats */
+    f->dsel = calloc((size_t)hp->n_layer, sizeof *f->dsel);
     f->pos = malloc(B * sizeof(int32_t));
     f->tok = malloc(B * sizeof(int32_t));
     f->lists = calloc((size_t)hp->n_layer, sizeof *f->lists);
@@ -182,7 +199,7 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->serial = ++contexts;
     if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall[0] || !f->vall[0] || !f->kall[1] ||
         !f->vall[1] || !f->gate || !f->up ||
-        !f->logits || !f->row || !f->pos || !f->tok || !f->lists) {
+        !f->logits || !f->row || !f->sel_buf || !f->dsel || !f->pos || !f->tok || !f->lists) {
         fwd_free(f);
         snprintf(err, errlen, "out of memory allocating forward buffers");
         return NULL;
@@ -191,7 +208,7 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
      * come back to the host every time, so they stay unbound; a picked step's stay in row). */
     size_t sz[N_BOUND] = { B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * HD, B * HD,
                            B * (size_t)kvd, B * (size_t)kvd, B * (size_t)hp->n_ff, B * (size_t)hp->n_ff,
-                           all, all, all, all, (size_t)hp->n_vocab };
+                           all, all, all, all, (size_t)hp->n_vocab, sel_n };
     float *bufs[N_BOUND];
     bound_bufs(f, bufs);
     for (int i = 0; i < N_BOUND; i++) {
@@ -226,6 +243,8 @@ void fwd_free(fwd_ctx *f)
     free(f->up);
     free(f->logits);
     free(f->row);
+    free(f->sel_buf);
+    free(f->dsel);
     free(f->pos);
     free(f->tok);
     free(f->global);
@@ -301,6 +320,9 @@ void fwd_policy_env(fwd_ctx *f, pol_env *env)
     env->n_global = f->n_global;
     env->head_sim = NULL;   /* the run hands policies the model's calibration */
     env->trace = NULL;   /* a policy set turns its own on (pol_set_trace) */
+    /* selections by bounds left on a device for attention (a backend without residency has them
+     * at once, and they take the engine's lists) */
+    env->sel_buf = f->b->ops->bind ? f->sel_buf : NULL;
 }
 
 int64_t fwd_rewind(fwd_ctx *f, int64_t pos)
@@ -369,8 +391,9 @@ static void observe_page(fwd_ctx *f, int32_t pos0, int h, int first_global, int 
 
 /* Layer il's list of every page (f->lists[il]) brought up to date: built whole when the layer's
  * shape changed, else each head's last page and those after it (the heads' entries moved up when
- * a head gained pages). Records the step's statistics. -1: out of memory. */
-static int plain_list(fwd_ctx *f, int il, be_attn *a, int observe, int first_global, int is_global)
+ * a head gained pages). With stats, records the step's statistics (observed: also the page map).
+ * -1: out of memory. */
+static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, int first_global, int is_global)
 {
     const model_hparams *hp = &f->m->hp;
     int Hkv = hp->n_head_kv, P = kv_page_size(f->kv), D = hp->head_dim;
@@ -416,7 +439,7 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int observe, int first_glo
     }
     L->shape = shape;
     int64_t e = L->off[Hkv];
-    if (observe)
+    if (stats && observe)
         for (int h = 0; h < Hkv; h++)
             for (int64_t i = L->off[h]; i < L->off[h + 1]; i++) observe_page(f, L->refs[i].pos[0], h, first_global, P);
     a->pages = L->refs;
@@ -424,8 +447,41 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int observe, int first_glo
     a->head_pages = L->off;
     a->shape = shape;
     memset(f->last_listed, 1, sizeof f->last_listed);
-    list_stats(f, is_global, tokens, e, e);
+    if (stats) list_stats(f, is_global, tokens, e, e);
     return 0;
+}
+
+/* A selection left where the bounds put it (sel->best): attention gets the layer's list of every
+ * page and the selection, to read where it is; the step's statistics wait for its end
+ * (sel_stats), when the answers come back with the step's rows. -1: out of memory. */
+static int kept_list(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int first_global)
+{
+    int Hkv = f->m->hp.n_head_kv;
+    if (plain_list(f, il, a, 0, 0, first_global, 1)) return -1;
+    a->sel_best = sel->best;
+    a->sel_n_best = sel->n_best;
+    a->sel_from = sel->from;
+    a->sel_k = sel->k;
+    struct dsel *d = &f->dsel[f->n_dsel++];
+    d->il = il;
+    d->best = sel->best;
+    d->n_best = sel->n_best;
+    d->k = sel->k;
+    d->row = 0;
+    for (int h = 0; h < Hkv; h++) {
+        d->from[h] = sel->from[h];
+        /* the head's last page is attended when it is past the candidates */
+        f->last_listed[h] = d->last_listed[h] = sel->from[h] < kv_n_pages(f->kv, il, h);
+    }
+    return 0;
+}
+
+/* The bytes this step's kept selections were written to (pol_env.sel_buf: layer after layer, each
+ * its best then its counts). */
+static be_range sel_range(const fwd_ctx *f)
+{
+    const int32_t *lo = f->dsel[0].best, *hi = f->dsel[f->n_dsel - 1].n_best + f->m->hp.n_head_kv;
+    return (be_range){ lo, sizeof(int32_t) * (size_t)(hi - lo) };
 }
 
 /* Fill a->pages / head_pages for layer il, one list per KV head (each head has its own page table):
@@ -446,7 +502,8 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
     int first_global = f->n_global > 0 && il == f->global[0];
     if (observe && first_global) pol_set_last_reset(f->pol);
     a->table = (f->serial << 20) | (uint64_t)(il + 1);
-    if (!sel) return plain_list(f, il, a, observe, first_global, is_global);
+    if (!sel) return plain_list(f, il, a, 1, observe, first_global, is_global);
+    if (sel->best) return kept_list(f, il, sel, a, first_global);
     /* the selection: observed, since only a decode step on a global layer under a policy selects */
     int64_t need = 0;
     for (int h = 0; h < Hkv; h++) need += sel->per_head ? sel->off[h + 1] - sel->off[h] : sel->off[1];
@@ -480,7 +537,7 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
  * attended beside the pages; the page it goes into counts as attended where the list left it out
  * (a selection that chose none of its other tokens), and one it will open counts as attended and
  * held (and both, on the first global layer, as this step's page for the page map). */
-static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0)
+static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0, const unsigned char *last_listed)
 {
     int Hkv = f->m->hp.n_head_kv, P = kv_page_size(f->kv);
     f->st_tokens += Hkv;
@@ -488,7 +545,7 @@ static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0)
     int observe = f->pol != NULL, first_global = f->n_global > 0 && il == f->global[0];
     for (int h = 0; h < Hkv; h++) {
         int opens = kv_next_row_opens_page(f->kv, il, h);
-        if (!opens && f->last_listed[h]) continue;
+        if (!opens && last_listed[h]) continue;
         int64_t first = p0;
         if (!opens) {
             const kv_page *p = kv_layer_page(f->kv, il, h, kv_n_pages(f->kv, il, h) - 1);
@@ -498,6 +555,47 @@ static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0)
         f->st_pages_total += opens;
         if (observe) observe_page(f, (int32_t)first, h, first_global, P);
     }
+}
+
+/* One page of a kept selection, for the step's statistics (the page map, as build_page_list
+ * observes a selection's pages); its tokens. */
+static int64_t sel_page(fwd_ctx *f, int il, int h, int64_t idx, int first_global)
+{
+    if (idx < 0 || idx >= kv_n_pages(f->kv, il, h)) return -1;   /* never, from a working backend */
+    const kv_page *p = kv_layer_page(f->kv, il, h, (int)idx);
+    observe_page(f, p->pos[0], h, first_global, kv_page_size(f->kv));
+    return p->n;
+}
+
+/* The statistics of this step's layers whose selection stayed with the backend (kept_list), now
+ * that the answers are on the host, before the cache takes the step's row: what build_page_list
+ * records for a selection, then what defer_stats records for the row. */
+static void sel_stats(fwd_ctx *f, int64_t p0)
+{
+    int Hkv = f->m->hp.n_head_kv;
+    for (int i = 0; i < f->n_dsel; i++) {
+        const struct dsel *d = &f->dsel[i];
+        int first_global = f->n_global > 0 && d->il == f->global[0];
+        int64_t tokens = 0, entries = 0, pages_total = 0;
+        for (int h = 0; h < Hkv; h++) {
+            int np = kv_n_pages(f->kv, d->il, h);
+            pages_total += np;
+            int64_t got;
+            for (int32_t j = 0; j < d->n_best[h] && j < d->k; j++)
+                if ((got = sel_page(f, d->il, h, d->best[(int64_t)h * d->k + j], first_global)) >= 0) {
+                    tokens += got;
+                    entries++;
+                }
+            for (int64_t idx = d->from[h]; idx < np; idx++)
+                if ((got = sel_page(f, d->il, h, idx, first_global)) >= 0) {
+                    tokens += got;
+                    entries++;
+                }
+        }
+        list_stats(f, 1, tokens, entries, pages_total);
+        if (d->row) defer_stats(f, d->il, 1, p0, d->last_listed);
+    }
+    f->n_dsel = 0;
 }
 
 /* Most bytes one of the four deferred-row buffers may take when a prompt's chunk grows them (each
@@ -562,12 +660,14 @@ static int take_pending(fwd_ctx *f, int upto)
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, n = f->pend.n;
     const float *K = f->kall[f->pend.set], *V = f->vall[f->pend.set];
     if (!f->pend.read) {
-        be_range rd[2];
+        be_range rd[3];
         set_ranges(f, f->pend.set, n, rd);
-        be_host_read(f->b, rd, 2);
+        if (f->n_dsel) rd[2] = sel_range(f);   /* this step's kept selections, for sel_stats */
+        be_host_read(f->b, rd, f->n_dsel ? 3 : 2);
         if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -4;
         f->pend.read = 1;
     }
+    if (f->n_dsel) sel_stats(f, f->pend.at);   /* before the cache takes the step's row */
     for (; f->pend.layers < upto; f->pend.layers++) {
         int64_t off = f->pend.layers * n * kvd;
         if (kv_append(f->kv, f->pend.layers, K + off, V + off, n, f->pend.at) != 0) return -2;
@@ -663,7 +763,12 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
             a.n_cur = n;
         }
         if (build_page_list(f, il, f->q, &a, !ly->is_swa) != 0) return -2;
-        if (defer && f->decoding) defer_stats(f, il, !ly->is_swa, p0);
+        if (defer && f->decoding) {
+            if (f->n_dsel && f->dsel[f->n_dsel - 1].il == il)
+                f->dsel[f->n_dsel - 1].row = 1;   /* counted after the selection's pages (sel_stats) */
+            else
+                defer_stats(f, il, !ly->is_swa, p0, f->last_listed);
+        }
         double t0 = f->decoding ? now_ms() : 0;
         op->attention(b, &a);
         if (f->decoding) f->st_attn_ms += now_ms() - t0;
@@ -688,9 +793,10 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         op->add(b, f->x, f->o, n * E);
     }
     if (defer) {   /* the rows start back now; the cache takes them later (take_pending) */
-        be_range rd[2];
+        be_range rd[3];
         set_ranges(f, set, n, rd);
-        be_host_prefetch(b, rd, 2);
+        if (f->n_dsel) rd[2] = sel_range(f);
+        be_host_prefetch(b, rd, f->n_dsel ? 3 : 2);
         f->pend.at = p0;
         f->pend.n = n;
         f->pend.set = set;
@@ -758,6 +864,7 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
     if (f->decoding) {
         f->st_pages = f->st_tokens = f->st_pages_total = 0;
         f->st_sel_ms = f->st_attn_ms = 0;
+        f->n_dsel = 0;
     }
     if (f->pol) {
         double t0 = now_ms();
@@ -813,6 +920,12 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
          * chunk whose logits were asked for); a prompt's other chunks leave theirs to the next
          * chunk, which takes them a layer at a time while the device runs. */
         int ra = f->pend.at >= 0 && (each || f->last_chunk) ? take_pending(f, hp->n_layer) : 0;
+        if (!ra && f->n_dsel) {   /* kept selections of a step that did not defer its row */
+            be_range r = sel_range(f);
+            be_host_read(f->b, &r, 1);
+            if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) goto failed;
+            sel_stats(f, start + c0);
+        }
         if (ra == -2) snprintf(f->dev_err, sizeof f->dev_err, "out of memory growing the KV cache");
         if (ra) goto failed;
         kv_commit(f->kv, start + c0 + cn);
@@ -832,6 +945,7 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
     return 0;
 failed:
     f->pend.at = -1;
+    f->n_dsel = 0;
     kv_rewind(f->kv, start);
     f->row_valid = 0;
     snprintf(err, errlen, "%s", f->dev_err);

@@ -1,6 +1,8 @@
 /* attn_rows.c - rows not in the cache yet (a deferred decode step's, or a prefill chunk's) as more
- * pages per KV head (backend.h). */
+ * pages per KV head, and a selection made by bounds as the list it stands for (backend.h). */
 #include "kernels/backend.h"
+
+#include "kernels/attn_group.h"
 
 #include <string.h>
 
@@ -38,6 +40,30 @@ int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t 
             out[e++] = (be_kv_page){ .k = k16 + r0 * kvd, .v = v16 + r0 * kvd, .pos = pos + r0, .n = (int32_t)n,
                                      .stride = (int32_t)kvd, .head_step = a->head_dim };
         }
+    }
+    hp[a->n_head_kv] = e;
+    return e;
+}
+
+/* ---------------------------------------------------------------- a selection made by bounds */
+
+int64_t be_attn_sel_len(const be_attn *a)
+{
+    int64_t n = 0;
+    for (int g = 0; g < a->n_head_kv; g++)
+        n += a->sel_n_best[g] + (a->head_pages[g + 1] - a->head_pages[g]) - a->sel_from[g];
+    return n;
+}
+
+int64_t be_attn_sel_list(const be_attn *a, be_kv_page *out, int64_t *hp)
+{
+    int64_t e = 0;
+    for (int g = 0; g < a->n_head_kv; g++) {
+        const int64_t h0 = a->head_pages[g], len = a->head_pages[g + 1] - h0, from = a->sel_from[g];
+        const int32_t nb = a->sel_n_best[g];
+        hp[g] = e;
+        const int32_t *best = a->sel_best + (int64_t)g * a->sel_k;
+        for (int64_t j = 0; j < nb + len - from; j++) out[e++] = a->pages[h0 + ag_sel_at(best, nb, from, j)];
     }
     hp[a->n_head_kv] = e;
     return e;

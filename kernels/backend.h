@@ -85,6 +85,15 @@ typedef struct be_attn {
      * forward pass gives its cache's layer shape (kv_layer_shape) for lists of every page, 0 for a
      * policy's selection. */
     uint64_t shape;
+    /* A selection a bound_pages call made (be_bounds.best), read where that call left it: KV head g
+     * reads, of its first sel_from[g] entries (the candidates the call bounded), those at the
+     * ascending indices sel_best[g * sel_k ..] (sel_n_best[g] of them), then every entry from
+     * sel_from[g] on, then the rows not in the cache. sel_best and sel_n_best may be bound (a
+     * device backend's call left them there: no wait between the bounds and this call). NULL:
+     * every entry. Needs head_pages and entries without token masks. */
+    const int32_t *sel_best, *sel_n_best;
+    const int64_t *sel_from;   /* [n_head_kv] */
+    int32_t sel_k;
 } be_attn;
 
 /* A range of host bytes the host is about to read. */
@@ -120,7 +129,9 @@ typedef struct be_bounds {
     uint64_t table, shape;
     /* k > 0: each head's k best summaries (clamped to BE_PICK_MAX), in lp_key's order of the bounds
      * (larger first, lower index first among equal ones, NaN as -inf, -inf never chosen), written
-     * as ascending indices to best[h * k ..], n_best[h] of them. */
+     * as ascending indices to best[h * k ..], n_best[h] of them. best and n_best may be bound
+     * (both, to one buffer): a device backend then leaves them on the device without waiting, for
+     * an attention call's selection (be_attn.sel_best) and a be_host_read after. */
     int32_t k;
     int32_t *best, *n_best;
     float *u;                 /* NULL, or every bound: [off[n_head_kv]] */
@@ -277,6 +288,12 @@ static inline int be_failed(be_backend *b, char *err, size_t errlen)
 int64_t be_attn_rows_len(const be_attn *a);
 int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
                           be_kv_page *out, int64_t *hp);
+/* A selection (a->sel_best, read on the host) as the explicit list it stands for: per KV head the
+ * chosen entries of a->pages, then the head's entries from sel_from on, into
+ * out[0 .. be_attn_sel_len(a)) with offsets hp[0 .. n_head_kv] (ag_sel_at, kernels/attn_group.h,
+ * maps each entry, here and on the device). Returns the count. */
+int64_t be_attn_sel_len(const be_attn *a);
+int64_t be_attn_sel_list(const be_attn *a, be_kv_page *out, int64_t *hp);
 /* Rows the engine keeps on the host in f16 (its KV cache, a policy's scoring of cached keys): the
  * CPU's kernels, whichever backend runs the model. f32 -> f16 rounds to nearest even. */
 void be_host_f32_to_f16(int64_t n, const float *x, uint16_t *y);

@@ -15,6 +15,7 @@
 
 #include <stdint.h>
 
+#include "common/logit_pick.h"
 #include "kernels/quant_blocks.h"
 
 #define BD_LANES 16
@@ -61,5 +62,16 @@ QB_HD int64_t bd_query_at(int h, int group, int j, int64_t dim) { return ((int64
 
 /* Where head h's bound i goes: a row of stride bounds a head. */
 QB_HD int64_t bd_out_at(int h, int64_t stride, int64_t i) { return (int64_t)h * stride + i; }
+
+/* Where a head's k best keys (the pick's order: larger first; 0 past the last chosen) go as
+ * ascending page indices, for the one thread a key of the kernel that leaves them on the device
+ * (be_bounds.best bound): key i's rank among the chosen by index, -1 for an empty slot. */
+QB_HD int32_t bd_rank(const uint64_t *keys, int32_t k, int32_t i)
+{
+    if (keys[i] == 0) return -1;
+    int32_t id = lp_key_id(keys[i]), r = 0;
+    for (int32_t j = 0; j < k; j++) r += keys[j] != 0 && lp_key_id(keys[j]) < id;
+    return r;
+}
 
 #endif

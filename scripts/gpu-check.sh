@@ -4,8 +4,8 @@
 # can fail, then what is measured:
 #   1. the machine (nvidia-smi) and whether kvchat starts;
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
-#   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather and bounds tests, and
-#      racecheck and synccheck over the attention kernels' tests;
+#   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds and
+#      selection tests, and racecheck and synccheck over the attention kernels' tests;
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
@@ -194,9 +194,9 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
-    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds)" 120 \
+    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, selection)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|a_selection_by_bounds*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
     # stages; racecheck is slow, so that test alone) and barriers (both)

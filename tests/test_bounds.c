@@ -431,3 +431,47 @@ Test(bounds, idle_device_lists_are_freed_and_used_ones_kept)
     cr_expect_eq(live, 0);
 }
 
+
+/* The kernel that leaves each head's best on the device (be_bounds.best bound) gives every key its
+ * rank among the chosen by index (bd_rank): run for every thread of a block on the host, it writes
+ * the ascending indices and the count the host gets from the same keys by sorting them. Lists of 1
+ * to 256 keys, fully chosen or ending in empty slots, indices up to 100,000. */
+Test(bounds, the_ids_kernels_ranks_on_the_host_give_the_sorted_indices)
+{
+    seed_rng("the_ids_kernels_ranks_on_the_host_give_the_sorted_indices");
+    uint64_t keys[BE_PICK_MAX];
+    int32_t got[BE_PICK_MAX], want[BE_PICK_MAX];
+    for (int round = 0; round < 400; round++) {
+        int32_t k = 1 + (int32_t)(rnd() % BE_PICK_MAX), n = round % 3 ? k : (int32_t)(rnd() % (uint32_t)(k + 1));
+        for (int32_t i = 0; i < k; i++) {
+            int32_t id;
+            int fresh;
+            do {   /* distinct indices, in the pick's order of some values */
+                id = (int32_t)(rnd() % 100000);
+                fresh = 1;
+                for (int32_t j = 0; j < i; j++) fresh &= want[j] != id;
+            } while (!fresh);
+            want[i] = id;
+            keys[i] = i < n ? lp_key((float)(k - i) * 0.5f, id) : 0;
+        }
+        for (int32_t i = 0; i < k; i++) got[i] = -1;
+        int32_t count = 0;
+        for (int32_t i = 0; i < k; i++) {   /* every thread of the block */
+            int32_t r = bd_rank(keys, k, i);
+            if (r >= 0) {
+                cr_assert(r < k && got[r] == -1, "round %d: rank %d given twice or out of range", round, r);
+                got[r] = lp_key_id(keys[i]);
+                count++;
+            }
+        }
+        cr_assert_eq(count, n, "round %d: %d chosen, %d keys", round, count, n);
+        /* the host's way: the ids of the keys up to the first empty one, sorted */
+        for (int32_t i = 1; i < n; i++)
+            for (int32_t j = i; j > 0 && want[j - 1] > want[j]; j--) {
+                int32_t t = want[j];
+                want[j] = want[j - 1];
+                want[j - 1] = t;
+            }
+        cr_assert(!memcmp(got, want, sizeof(int32_t) * (size_t)n), "round %d: the indices differ", round);
+    }
+}

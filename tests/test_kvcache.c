@@ -270,13 +270,13 @@ Test(kvcache, attention_over_any_page_list_equals_the_reference)
     for (int t = 0; t < n_q; t++) qpos[t] = n_tok - n_q + t;
     for (int window = 0; window <= 100; window += 100) {
         /* prefill-shaped: 11 causal queries */
-        be_attn a = { q, n_q, qpos, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out, NULL, NULL, NULL, 0, 0, 0 };
+        be_attn a = { q, n_q, qpos, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
         check_attention(b, &a);
         /* decode-shaped: one query, split over pages */
-        be_attn d = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out, NULL, NULL, NULL, 0, 0, 0 };
+        be_attn d = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
         check_attention(b, &d);
         /* one shared list */
-        be_attn s = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages + n0, np, NULL, window, out, NULL, NULL, NULL, 0, 0, 0 };
+        be_attn s = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages + n0, np, NULL, window, out, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
         check_attention(b, &s);
     }
     free(q);
@@ -353,7 +353,7 @@ Test(kvcache, blocked_prefill_attention_equals_the_reference_on_every_isa)
             for (int window = 0; window <= 41; window += 41) {
                 for (size_t i = 0; i < nqf; i++) out[i] = NAN;
                 be_attn a = { q, n_q, qpos, Hkv * G, Hkv, D, pages, n0, Hkv == 2 ? head_pages : NULL, window, out,
-                              NULL, NULL, NULL, 0, 0, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
                 check_attention(b, &a);
             }
             free(q); free(out); free(qpos); free(bias); free(masks); free(pages);
@@ -450,9 +450,9 @@ Test(kvcache, rows_not_in_the_cache_yet_attend_like_cached_rows)
     for (int i = 0; i < Hkv * G * D; i++) q[i] = frand() * 0.3f;
     int32_t qp = n_tok - 1;
     for (int window = 0; window <= 40; window += 40) {
-        be_attn a = { q, 1, &qp, Hkv * G, Hkv, D, pa, na, NULL, window, o1, NULL, NULL, NULL, 0, 0, 0 };
+        be_attn a = { q, 1, &qp, Hkv * G, Hkv, D, pa, na, NULL, window, o1, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
         b->ops->attention(b, &a);
-        be_attn c = { q, 1, &qp, Hkv * G, Hkv, D, pb, nb, NULL, window, o2, k + (n_tok - 1) * R, v + (n_tok - 1) * R, &qp, 1, 0, 0 };
+        be_attn c = { q, 1, &qp, Hkv * G, Hkv, D, pb, nb, NULL, window, o2, k + (n_tok - 1) * R, v + (n_tok - 1) * R, &qp, 1, 0, 0, NULL, NULL, NULL, 0 };
         b->ops->attention(b, &c);
         double worst = 0;
         for (int i = 0; i < Hkv * G * D; i++) worst = fmax(worst, fabs((double)o1[i] - o2[i]));
@@ -464,5 +464,69 @@ Test(kvcache, rows_not_in_the_cache_yet_attend_like_cached_rows)
     free(v);
     kv_free(all);
     kv_free(before);
+    be_free(b);
+}
+
+/* A selection by bounds (be_attn.sel_best: each KV head's chosen candidates among its first `from`
+ * entries, then the rest of its list) attends exactly as the explicit list it stands for, with and
+ * without a step's own row after it. */
+Test(kvcache, a_selection_by_bounds_attends_like_the_list_it_stands_for)
+{
+    char err[256];
+    const int Hkv = 2, G = 3, D = 32, P = 8, n_tok = 120, R = Hkv * D;
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    float *k = malloc(sizeof(float) * (size_t)(n_tok * R)), *v = malloc(sizeof(float) * (size_t)(n_tok * R));
+    for (int i = 0; i < n_tok * R; i++) k[i] = frand(), v[i] = frand();
+    kv_cache *kv = kv_create(1, 4096, 1, R, P, NULL, err, sizeof err);
+    cr_assert(kv, "%s", err);
+    cr_assert(kv_append(kv, 0, k, v, n_tok - 1, 0) == 0);
+    int na;
+    be_kv_page *pa = page_list(kv, R, D, &na);
+    /* every KV head's list the same pages (each reads its own rows of them) */
+    be_kv_page *all = malloc(sizeof *all * (size_t)(2 * na)), *list = malloc(sizeof *list * (size_t)(2 * na));
+    memcpy(all, pa, sizeof *pa * (size_t)na);
+    memcpy(all + na, pa, sizeof *pa * (size_t)na);
+    int64_t hp_all[3] = { 0, na, 2 * na };
+    float q[Hkv * G * D], o1[Hkv * G * D], o2[Hkv * G * D];
+    int32_t qp = n_tok - 1, best[2 * 8], n_best[2];
+    for (int round = 0; round < 200; round++) {
+        for (int i = 0; i < Hkv * G * D; i++) q[i] = frand() * 0.4f;
+        int32_t kk = 1 + round % 8;
+        int64_t from[2], hp[3], e = 0;
+        for (int g = 0; g < Hkv; g++) {
+            from[g] = na - (round / 8) % 3;   /* 0 to 2 pages always attended */
+            int32_t c = 0;
+            for (int64_t i = 0; i < from[g] && c < kk; i++)
+                if (frand() > 0.3f) best[g * kk + c++] = (int32_t)i;
+            n_best[g] = c;
+            hp[g] = e;
+            for (int32_t j = 0; j < c; j++) list[e++] = all[hp_all[g] + best[g * kk + j]];
+            for (int64_t i = from[g]; i < na; i++) list[e++] = all[hp_all[g] + i];
+        }
+        hp[Hkv] = e;
+        int cur = round & 1;
+        const float *ck = k + (n_tok - 1) * R, *cv = v + (n_tok - 1) * R;
+        be_attn a = { q, 1, &qp, Hkv * G, Hkv, D, list, e, hp, 0, o1, cur ? ck : NULL, cur ? cv : NULL,
+                      cur ? &qp : NULL, cur, 0, 0, NULL, NULL, NULL, 0 };
+        b->ops->attention(b, &a);
+        be_attn s = a;
+        s.pages = all;
+        s.n_pages = 2 * na;
+        s.head_pages = hp_all;
+        s.sel_best = best;
+        s.sel_n_best = n_best;
+        s.sel_from = from;
+        s.sel_k = kk;
+        s.out = o2;
+        b->ops->attention(b, &s);
+        cr_assert(!memcmp(o1, o2, sizeof o1), "round %d: the selection attends differently from its list", round);
+    }
+    free(all);
+    free(list);
+    free(pa);
+    free(k);
+    free(v);
+    kv_free(kv);
     be_free(b);
 }

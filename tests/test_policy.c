@@ -182,7 +182,7 @@ static void build(fixture *fx, const float *dir, int n_pages)
     }
     kv_commit(fx->kv, (int64_t)n_pages * P);
     fx->global[0] = 0;
-    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL };
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL, NULL };
 }
 
 static void unbuild(fixture *fx)
@@ -499,7 +499,7 @@ static void build_keyed(fixture *fx, const float *e0)
     cr_assert(kv_append(fx->kv, 0, k, v, 64, 0) == 0);
     kv_commit(fx->kv, 64);
     fx->global[0] = 0;
-    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL };
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL, NULL };
 }
 
 static void build_planted(fixture *fx) { build_keyed(fx, NULL); }
@@ -1065,7 +1065,7 @@ Test(policy, chelsea_merges_filler_before_a_dissimilar_needle)
     cr_assert(fx.kv, "%s", err);
     fx.b = be_cpu_create(1, err, sizeof err);
     fx.global[0] = 0;
-    fx.env = (pol_env){ fx.kv, fx.b, 1, 1, D, fx.global, 1, NULL, 0, NULL, NULL };
+    fx.env = (pol_env){ fx.kv, fx.b, 1, 1, D, fx.global, 1, NULL, 0, NULL, NULL, NULL };
     pol_spec s;
     cr_assert(pol_parse(&s, "chelsea:budget=0.25,gap=8,sinks=4,recent=8,chunk=16,first=0", NULL, err, sizeof err) == 0, "%s", err);
     pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);

@@ -328,6 +328,9 @@ pol_set *pol_set_create(const pol_spec *spec, const pol_env *env, char *err, siz
     ps->spec = *spec;
     ps->env = *env;
     ps->env.trace = NULL;   /* each set owns its own (pol_set_trace) */
+    /* a selection's answer left with the backend is read after the step: only where the cache
+     * stays as it is until then */
+    if (!pol_spec_decode_keeps_cache(spec)) ps->env.sel_buf = NULL;
     ps->global = malloc(sizeof(int) * (size_t)(env->n_global > 0 ? env->n_global : 1));
     ps->sel.off = calloc((size_t)env->n_head_kv + 1, sizeof(int64_t));
     if (!ps->global || !ps->sel.off) {
@@ -477,6 +480,8 @@ const pol_sel *pol_set_select(pol_set *ps, int il, const float *q)
     }
     ps->sel.n = 0;
     ps->sel.per_head = 0;
+    ps->sel.best = ps->sel.n_best = NULL;
+    ps->sel.from = NULL;
     memset(ps->sel.off, 0, sizeof(int64_t) * (size_t)(ps->env.n_head_kv + 1));
     if (!ps->spec.ops[k]->select(ps->st[k], &ps->env, il, q, &ps->sel)) return NULL;
     if (!ps->sel.per_head) ps->sel.off[1] = ps->sel.n;

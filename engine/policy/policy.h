@@ -79,6 +79,11 @@ typedef struct pol_env {
     /* NULL unless a trace of chosen positions is on (pol_set_trace): policies then report their
      * decisions there (engine/policy/trace.h). */
     struct pol_trace *trace;
+    /* Where a selection may have bound_pages leave its best for attention as they are (be_bounds.best,
+     * bound to a device backend, so that neither waits): room for [n_layer][n_head_kv][BE_PICK_MAX +
+     * 1]; a step keeping k a head puts layer il's best at sel_buf + il * n_head_kv * (k + 1) and
+     * their counts n_head_kv * k after them. NULL on a backend that has the answer at once. */
+    int32_t *sel_buf;
 } pol_env;
 
 /* A decode-time selection for one layer: page indices into the layer's page table (ascending),
@@ -91,6 +96,13 @@ typedef struct pol_sel {
     int *idx;                 /* [entries] page index */
     const uint64_t **mask;    /* [entries] NULL: the whole page */
     int64_t n, cap;
+    /* Instead of the entries above, a bound_pages call's best left where the backend put them
+     * (pol_env.sel_best): KV head h attends to the pages at the ascending indices best[h * k ..]
+     * (n_best[h] of them) among its first from[h], then to every page from from[h] on. The engine
+     * hands them to attention as they are and reads them after the step. NULL: the entries. */
+    const int32_t *best, *n_best;
+    const int64_t *from;
+    int32_t k;
 } pol_sel;
 
 /* Start head h's list (heads in order 0, 1, ...; only head 0 when shared), then add its pages. */

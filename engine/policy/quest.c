@@ -27,6 +27,7 @@ typedef struct st_quest {
     int *idx;
     be_summary *sum;          /* every head's pages but its current one, for the backend's bounds */
     int64_t *off;             /* [n_head_kv + 1] */
+    int64_t *from;            /* [n_head_kv] pages bounded a head (a selection left with the backend) */
     int32_t *best, *n_best;   /* [n_head_kv][BE_PICK_MAX], [n_head_kv] */
     int64_t cap;
     int64_t pages_last, pages_avail;
@@ -52,6 +53,7 @@ static void q_destroy(void *st)
     free(s->idx);
     free(s->sum);
     free(s->off);
+    free(s->from);
     free(s->best);
     free(s->n_best);
     free(s);
@@ -138,13 +140,15 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     }
     if (!s->off) {
         s->off = malloc(sizeof(int64_t) * (size_t)(Hkv + 1));
+        s->from = malloc(sizeof(int64_t) * (size_t)Hkv);
         s->best = malloc(sizeof(int32_t) * (size_t)Hkv * BE_PICK_MAX);
         s->n_best = malloc(sizeof(int32_t) * (size_t)Hkv);
-        if (!s->off || !s->best || !s->n_best) {
+        if (!s->off || !s->from || !s->best || !s->n_best) {
             free(s->off);
+            free(s->from);
             free(s->best);
             free(s->n_best);
-            s->off = NULL, s->best = s->n_best = NULL;
+            s->off = s->from = NULL, s->best = s->n_best = NULL;
             return 0;
         }
     }
@@ -160,13 +164,28 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     }
     s->off[Hkv] = e;
     /* the backend picks each head's k - 1 best, unless the bounds must come back (a trace, or more
-     * pages than a backend picks) */
+     * pages than a backend picks); where it can keep them for attention (a device backend), they
+     * stay there: attention reads the chosen pages and then each head's current one, if listed */
     int on_host = env->trace || k - 1 > BE_PICK_MAX;
+    int kept = !on_host && k - 1 > 0 && env->sel_buf;
     be_bounds r = { .q = q, .n_head_kv = Hkv, .group = env->n_head / Hkv, .dim = env->head_dim, .sum = s->sum,
                     .off = s->off, .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1),
                     .shape = kv_layer_shape(env->kv, il), .k = on_host ? 0 : k - 1, .best = s->best,
                     .n_best = s->n_best, .u = on_host ? s->score : NULL };
+    if (kept) {
+        r.best = env->sel_buf + (int64_t)il * Hkv * k;   /* k - 1 best a head, then the counts */
+        r.n_best = r.best + (int64_t)Hkv * (k - 1);
+    }
     if (k - 1 > 0 || on_host) env->b->ops->bound_pages(env->b, &r);
+    if (kept) {
+        for (int g = 0; g < Hkv; g++) s->from[g] = s->off[g + 1] - s->off[g];
+        sel->best = r.best;
+        sel->n_best = r.n_best;
+        sel->from = s->from;
+        sel->k = r.k;
+        s->pages_last = k < np_max ? k : np_max;
+        return 1;
+    }
     for (int g = 0; g < Hkv; g++) {
         int np = kv_n_pages(env->kv, il, g), nb = (int)(s->off[g + 1] - s->off[g]);
         pol_sel_head(sel, g);

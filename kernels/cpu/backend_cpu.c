@@ -34,6 +34,8 @@ typedef struct cpu_impl {
     size_t cur16_cap;
     be_kv_page *cur_pages;       /* the page lists with those rows added as one more page per KV head */
     size_t cur_pages_cap;
+    be_kv_page *sel_pages;       /* a selection by bounds as its list (be_attn.sel_best) */
+    size_t sel_pages_cap;
     float *bound_u;              /* the bounds, when the caller does not want them */
     size_t bound_u_cap;
 } cpu_impl;
@@ -807,6 +809,24 @@ static void cpu_bound_pages(be_backend *b, be_bounds *r)
  * that head's pages: the order and the values the cache would give them. */
 static void cpu_attention(be_backend *b, const be_attn *a)
 {
+    if (a->sel_best) {   /* a selection by bounds: the list it stands for, then as any list */
+        cpu_impl *ci = impl_of(b);
+        if (a->n_head_kv > 64) {
+            fprintf(stderr, "kvchat: internal error: %d KV heads (at most 64)\n", a->n_head_kv);
+            abort();
+        }
+        if (grow((void **)&ci->sel_pages, &ci->sel_pages_cap, sizeof(be_kv_page) * (size_t)be_attn_sel_len(a)))
+            abort();
+        int64_t hp[65];
+        be_attn c = *a;
+        c.n_pages = be_attn_sel_list(a, ci->sel_pages, hp);
+        c.pages = ci->sel_pages;
+        c.head_pages = hp;
+        c.sel_best = c.sel_n_best = NULL;
+        c.sel_from = NULL;
+        cpu_attention(b, &c);
+        return;
+    }
     if (a->n_cur <= 0) {
         attention_pages(b, a);
         return;
@@ -869,6 +889,7 @@ static void cpu_destroy(be_backend *b)
         free(ci->att_scratch);
         free(ci->cur16);
         free(ci->cur_pages);
+        free(ci->sel_pages);
         free(ci->bound_u);
         free(ci);
     }

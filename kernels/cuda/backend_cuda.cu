@@ -126,6 +126,9 @@ typedef struct cuda_impl {
     uint64_t *bd_keys;         /* each head's k best keys (the last merge round's) */
     uint8_t *h_bd;             /* page-locked: the keys, then the bounds, on their way back */
     size_t cap_bd_u, cap_bd_keys, cap_h_bd;
+    ag_page *sel_pages;        /* a selection by bounds as its list, built on the device (sel_gather_kernel) */
+    int64_t *sel_hp;           /* and its per-head offsets */
+    size_t cap_sel_pages, cap_sel_hp;
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
@@ -1239,6 +1242,37 @@ __global__ void __launch_bounds__(AF_WARPS * 32) attn_flash_kernel(const float *
                       (int)blockIdx.z);
 }
 
+/* Each KV head's number of candidates of a selection by bounds (be_attn.sel_from). */
+typedef struct sel_from {
+    int64_t v[PT_MAX_HEADS];
+} sel_from;
+
+/* A selection by bounds as the list it stands for (ag_sel_at), from the list of every page and the
+ * best and counts where the bounds left them: one block, the heads one after another (a few
+ * hundred entries in all); the offsets first, by one thread. */
+__global__ void __launch_bounds__(256) sel_gather_kernel(const ag_page *all, const int64_t *all_hp, const int32_t *best,
+                                                         const int32_t *n_best, int32_t k, sel_from from, int H,
+                                                         ag_page *out, int64_t *out_hp)
+{
+    __shared__ int64_t at[PT_MAX_HEADS + 1];
+    __shared__ int32_t nb[PT_MAX_HEADS];
+    if (threadIdx.x == 0) {
+        int64_t e = 0;
+        for (int g = 0; g < H; g++) {
+            const int32_t c = n_best[g];
+            nb[g] = c < 0 ? 0 : c > k ? k : c;   /* never outside, from the bounds kernels */
+            at[g] = e;
+            e += nb[g] + (all_hp[g + 1] - all_hp[g]) - from.v[g];
+        }
+        at[H] = e;
+        for (int g = 0; g <= H; g++) out_hp[g] = at[g];
+    }
+    __syncthreads();
+    for (int g = 0; g < H; g++)
+        for (int64_t j = threadIdx.x; j < at[g + 1] - at[g]; j += blockDim.x)
+            out[at[g] + j] = all[all_hp[g] + ag_sel_at(best + (int64_t)g * k, nb[g], from.v[g], j)];
+}
+
 static void cuda_attention(be_backend *b, const be_attn *a)
 {
     cuda_impl *ci = impl_of(b);
@@ -1315,12 +1349,17 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D, ncur = (size_t)(n_cur * kvd);
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
     int expand = n_cur > 0;
+    /* a selection by bounds: its best and counts, where the bounds left them or from the host */
+    const size_t sel_ib = a->sel_best ? sizeof(int32_t) * (size_t)(a->n_head_kv * a->sel_k) : 0;
+    const size_t sel_cb = a->sel_best ? sizeof(int32_t) * (size_t)a->n_head_kv : 0;
+    const int sel_bound = a->sel_best && bound(ci, a->sel_best, sel_ib) && bound(ci, a->sel_n_best, sel_cb);
     int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
     int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
     if (stage_reserve(ci, stage_size(sizeof(uint64_t) * w) + stage_size(sizeof(int32_t) * (size_t)a->n_q) +
                               (q_bound ? 0 : stage_size(sizeof(float) * nq)) +
                               (expand && !ck_bound ? stage_size(sizeof(float) * ncur) : 0) +
-                              (expand && !cv_bound ? stage_size(sizeof(float) * ncur) : 0)))
+                              (expand && !cv_bound ? stage_size(sizeof(float) * ncur) : 0) +
+                              (a->sel_best && !sel_bound ? stage_size(sel_ib) + stage_size(sel_cb) : 0)))
         return;
     if (expand) {
         const float *dk = ck_bound ? (const float *)am_dev_in(&ci->act, a->cur_k, sizeof(float) * ncur)
@@ -1345,6 +1384,39 @@ static void cuda_attention(be_backend *b, const be_attn *a)
         most = 0;
         for (int g = 0; g < a->n_head_kv; g++)
             if (hp[g + 1] - hp[g] > most) most = hp[g + 1] - hp[g];
+    }
+    /* A selection by bounds: its list built on the device from the list of every page, with no
+     * wait for the bounds; the host knows each head's length only as a bound, which sizes the
+     * splits (some of a shorter head's may be empty). */
+    if (a->sel_best) {
+        if (!hp) {
+            fail(ci, "internal error: a selection by bounds without per-head lists");
+            return;
+        }
+        sel_from sf;
+        int64_t ub = 0;
+        most = 0;
+        for (int g = 0; g < a->n_head_kv; g++) {
+            const int64_t len = hp[g + 1] - hp[g], from = a->sel_from[g];
+            const int64_t at_most = (from < a->sel_k ? from : a->sel_k) + len - from;
+            sf.v[g] = from;
+            ub += at_most;
+            if (at_most > most) most = at_most;
+        }
+        const int32_t *d_best = sel_bound ? (const int32_t *)am_dev_in(&ci->act, a->sel_best, sel_ib)
+                                          : (const int32_t *)stage(ci, a->sel_best, sel_ib);
+        const int32_t *d_cnt = sel_bound ? (const int32_t *)am_dev_in(&ci->act, a->sel_n_best, sel_cb)
+                                         : (const int32_t *)stage(ci, a->sel_n_best, sel_cb);
+        if (!d_best || !d_cnt ||
+            grow_dev(ci, (void **)&ci->sel_pages, &ci->cap_sel_pages, sizeof(ag_page) * (size_t)(ub > 0 ? ub : 1)) ||
+            grow_dev(ci, (void **)&ci->sel_hp, &ci->cap_sel_hp, sizeof(int64_t) * (PT_MAX_HEADS + 1)))
+            return;
+        sel_gather_kernel<<<1, 256, 0, ci->stream>>>(d_pages, d_hp, d_best, d_cnt, a->sel_k, sf, a->n_head_kv,
+                                                     ci->sel_pages, ci->sel_hp);
+        if (ck(ci, cudaGetLastError(), "selection gather kernel")) return;
+        d_pages = ci->sel_pages;
+        d_hp = ci->sel_hp;
+        e = ub;
     }
     /* the kernel: tensor-core prefill (the default for chunks; its shared memory allowed once), the
      * grouped kernel, or the scalar one */
@@ -1854,17 +1926,41 @@ __global__ void __launch_bounds__(BD_THREADS) bound_kernel(const float *q, int g
     if (lane == 0 && i < stride) u[bd_out_at(h, stride, i)] = i < n ? acc : -INFINITY;
 }
 
+/* Each head's k best keys (bd_keys) as ascending indices and their count, where the call's best and
+ * n_best are bound: a block a head, a thread a key (bd_rank). */
+__global__ void __launch_bounds__(BE_PICK_MAX) bd_ids_kernel(const uint64_t *keys, int32_t k, int32_t *best,
+                                                             int32_t *n_best)
+{
+    __shared__ uint64_t kh[BE_PICK_MAX];
+    const int h = blockIdx.x, i = threadIdx.x;
+    kh[i] = i < k ? keys[(int64_t)h * k + i] : 0;
+    __syncthreads();
+    const int32_t r = i < k ? bd_rank(kh, k, i) : -1;
+    const int n = __syncthreads_count(r >= 0);
+    if (r >= 0) best[(int64_t)h * k + r] = lp_key_id(kh[i]);
+    if (i == 0) n_best[h] = n;
+}
+
 /* The summaries stay on the device between calls (kernels/summary_lists.h); the bounds and each
- * head's best are found there, and the best (or every bound, when asked) come back in one copy. */
+ * head's best are found there, and the best (or every bound, when asked) come back in one copy,
+ * or, where the call's best and n_best are bound, stay there for attention without a wait. */
 static void cuda_bound_pages(be_backend *b, be_bounds *r)
 {
     cuda_impl *ci = impl_of(b);
     const int H = r->n_head_kv;
     if (r->k > BE_PICK_MAX) r->k = BE_PICK_MAX;
     const int32_t k = r->k;
-    for (int h = 0; k > 0 && h < H; h++) r->n_best[h] = 0;
+    const size_t ids_bytes = sizeof(int32_t) * (size_t)(H * (k > 0 ? k : 0)), cnt_bytes = sizeof(int32_t) * (size_t)H;
+    const int keep = k > 0 && bound(ci, r->best, ids_bytes) && bound(ci, r->n_best, cnt_bytes);
+    for (int h = 0; k > 0 && !keep && h < H; h++) r->n_best[h] = 0;
+    if (ci->failed) return;
     const int64_t n_all = r->off[H];
-    if (ci->failed || n_all <= 0 || (k <= 0 && !r->u)) return;
+    if (keep && n_all <= 0) {   /* nothing to choose: the counts written on the host, sent when read */
+        am_host_write(&ci->act, r->n_best, cnt_bytes);
+        for (int h = 0; h < H; h++) r->n_best[h] = 0;
+        return;
+    }
+    if (n_all <= 0 || (k <= 0 && !r->u)) return;
     size_t qbytes = sizeof(float) * (size_t)H * (size_t)r->group * (size_t)r->dim;
     if (ci->batch.n && send_batch(ci)) return;   /* the batch holds this call's entries alone */
     char err[160];
@@ -1872,9 +1968,13 @@ static void cuda_bound_pages(be_backend *b, be_bounds *r)
     if (!L) {
         if (ci->failed) return;   /* a round of the batch failed on its way (recorded) */
         /* no room on the device for the summaries (or too many heads): they are on the host, and
-         * so are the CPU backend's threads */
+         * so are the CPU backend's threads (whose best, if kept, go up when attention reads them) */
         ub_clear(&ci->batch, 0);
         host_in(ci, r->q, qbytes);
+        if (keep) {
+            am_host_write(&ci->act, r->best, ids_bytes);
+            am_host_write(&ci->act, r->n_best, cnt_bytes);
+        }
         ci->cpu->ops->bound_pages(ci->cpu, r);
         return;
     }
@@ -1892,7 +1992,7 @@ static void cuda_bound_pages(be_backend *b, be_bounds *r)
     size_t u_bytes = sizeof(float) * (size_t)(H * stride);
     size_t keys_bytes = k > 0 ? sizeof(uint64_t) * (size_t)(H * blocks[0] * k) : 0;
     size_t best_bytes = k > 0 ? sizeof(uint64_t) * (size_t)(H * k) : 0;
-    size_t back = best_bytes + (r->u ? u_bytes : 0);
+    size_t back = (keep ? 0 : best_bytes) + (r->u ? u_bytes : 0);
     if (!dq || grow_dev(ci, (void **)&ci->bd_u, &ci->cap_bd_u, u_bytes) ||
         (k > 0 && (grow_dev(ci, (void **)&ci->bd_keys, &ci->cap_bd_keys, 2 * keys_bytes + best_bytes) ||
                    grow_dev(ci, (void **)&ci->pick_max, &ci->cap_pick_max, sizeof(float) * (size_t)(H * blocks[0])))) ||
@@ -1914,18 +2014,27 @@ static void cuda_bound_pages(be_backend *b, be_bounds *r)
                                                                                        blocks[rd - 1], k, dst);
             if (ck(ci, cudaGetLastError(), "bound pick merge kernel")) return;
         }
-        if (ck(ci, cudaMemcpyAsync(ci->h_bd, best, best_bytes, cudaMemcpyDeviceToHost, s), "bound download")) return;
+        if (keep) {   /* ascending indices where the call's arrays are on the device; nothing comes back */
+            int32_t *d_ids = (int32_t *)am_dev_out(&ci->act, r->best, ids_bytes);
+            int32_t *d_cnt = (int32_t *)am_dev_out(&ci->act, r->n_best, cnt_bytes);
+            bd_ids_kernel<<<(unsigned)H, BE_PICK_MAX, 0, s>>>(best, k, d_ids, d_cnt);
+            ck(ci, cudaGetLastError(), "bound ids kernel");
+            if (!r->u) return;
+        } else if (ck(ci, cudaMemcpyAsync(ci->h_bd, best, best_bytes, cudaMemcpyDeviceToHost, s), "bound download")) {
+            return;
+        }
     }
-    if (r->u && ck(ci, cudaMemcpyAsync(ci->h_bd + best_bytes, ci->bd_u, u_bytes, cudaMemcpyDeviceToHost, s),
+    const size_t u_at = keep ? 0 : best_bytes;
+    if (r->u && ck(ci, cudaMemcpyAsync(ci->h_bd + u_at, ci->bd_u, u_bytes, cudaMemcpyDeviceToHost, s),
                    "bound download"))
         return;
     ci->bytes_down += back;
     if (sync_stream(ci, "bounds")) return;
     for (int h = 0; h < H; h++) {
         if (r->u)
-            memcpy(r->u + r->off[h], ci->h_bd + best_bytes + sizeof(float) * (size_t)(h * stride),
+            memcpy(r->u + r->off[h], ci->h_bd + u_at + sizeof(float) * (size_t)(h * stride),
                    sizeof(float) * (size_t)cnt.n[h]);
-        if (k <= 0) continue;
+        if (k <= 0 || keep) continue;
         int32_t *ids = r->best + (int64_t)h * k, n = 0;
         for (int32_t i = 0; i < k; i++) {
             uint64_t key;
@@ -2016,9 +2125,10 @@ static void cuda_destroy(be_backend *b)
         am_free(&ci->act);
         void *dev[] = { ci->y32,   ci->out,   ci->x16, ci->part_o, ci->part_ml, ci->d_arena,
                         ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->cur_pos,
-                        ci->pick_keys, ci->pick_max, ci->pick_sums, ci->pick_res };
+                        ci->pick_keys, ci->pick_max, ci->pick_sums, ci->pick_res, ci->bd_u, ci->bd_keys,
+                        ci->sel_pages, ci->sel_hp };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-        void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage, ci->h_pick };
+        void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage, ci->h_pick, ci->h_bd };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)
             if (host[i]) cudaFreeHost(host[i]);
         if (ci->blas) cublasDestroy(ci->blas);

@@ -646,7 +646,7 @@ static double compare_attention_on(be_backend *dev, page_set *ps, int n_head, in
         o1[i] = NAN;
     }
     for (int64_t t = 0; t < n_q; t++) qp[t] = t == n_q - 1 ? ps->max_pos : (int32_t)(rnd() % (uint32_t)(ps->max_pos + 1));
-    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0, 0, 0 };
+    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     attend_on(dev, &a, q, (size_t)(n_q * n_head * D), bind);
@@ -727,7 +727,7 @@ static void attend_list(const page_set *ps, const uint8_t *dropped, int nh, int 
         cv[i] = frand(-1, 1);
     }
     be_attn a = { q, 1, qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
-                  with_cur ? qp : NULL, with_cur ? 1 : 0, name, shape };
+                  with_cur ? qp : NULL, with_cur ? 1 : 0, name, shape, NULL, NULL, NULL, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     gpu->ops->attention(gpu, &a);
@@ -738,6 +738,97 @@ static void attend_list(const page_set *ps, const uint8_t *dropped, int nh, int 
     free(list);
     free(o0);
     free(o1);
+}
+
+/* A selection by bounds (be_attn.sel_best) attended on the device, its list built there, equals the
+ * CPU's attention over the list it stands for: 1 to 8 KV heads of up to 12 pages, 0 to k of each
+ * head's first `from` pages chosen and the rest of the head after them, with and without a
+ * deferred step's row, the best given from the host and bound (then written on the host and
+ * announced, as the bounds on the CPU leave them). */
+Test(cuda, a_selection_by_bounds_equals_the_list_it_stands_for)
+{
+    seed_rng("selection by bounds");
+    const int D = 128, heads[][2] = { { 4, 1 }, { 8, 2 }, { 32, 8 } };
+    double worst = 0;
+    int32_t *kept = NULL;
+    for (int round = 0; round < 60; round++) {
+        const int nh = heads[round % 3][0], nkv = heads[round % 3][1], with_cur = round & 1, bind = (round >> 1) & 1;
+        page_set ps;
+        make_pages(&ps, nkv, 1 + (int)(rnd() % 12), D, 0, round % 5 == 0);
+        int32_t k = 1 + (int32_t)(rnd() % 6), *best = NULL, n_best[8];
+        size_t bytes = sizeof(int32_t) * (size_t)(nkv * k + nkv);
+        if (bind) {
+            cr_assert(posix_memalign((void **)&kept, 4096, 4096) == 0 && bytes <= 4096);
+            char err[256];
+            cr_assert(be_bind(gpu, kept, 4096, err, sizeof err) == 0, "%s", err);
+            be_host_write(gpu, kept, bytes);
+            best = kept;
+        } else {
+            best = malloc(bytes);
+        }
+        int32_t *cnt = bind ? kept + nkv * k : n_best;
+        int64_t from[8];
+        be_kv_page *list = malloc(sizeof *list * (size_t)ps.n_pages);
+        int64_t hp[9], e = 0;
+        for (int g = 0; g < nkv; g++) {
+            const int64_t h0 = ps.head_pages[g], len = ps.head_pages[g + 1] - h0;
+            from[g] = len - (int64_t)(rnd() % 2);   /* the head's last page past the candidates, or not */
+            int32_t c = 0;
+            for (int64_t i = 0; i < from[g] && c < k; i++)   /* ascending, some left out */
+                if (rnd() % 3) best[g * k + c++] = (int32_t)i;
+            cnt[g] = c;
+            hp[g] = e;
+            for (int32_t j = 0; j < c; j++) list[e++] = ps.pages[h0 + best[g * k + j]];
+            for (int64_t i = from[g]; i < len; i++) list[e++] = ps.pages[h0 + i];
+        }
+        hp[nkv] = e;
+        float *q = malloc(sizeof(float) * (size_t)(nh * D)), *o0 = malloc(sizeof(float) * (size_t)(nh * D));
+        float *o1 = malloc(sizeof(float) * (size_t)(nh * D)), *ck = malloc(sizeof(float) * (size_t)(nkv * D));
+        float *cv = malloc(sizeof(float) * (size_t)(nkv * D));
+        for (int i = 0; i < nh * D; i++) q[i] = frand(-0.5f, 0.5f);
+        for (int i = 0; i < nkv * D; i++) {
+            ck[i] = frand(-1, 1);
+            cv[i] = frand(-1, 1);
+        }
+        int32_t qp = INT32_MAX / 2;
+        be_attn a = { q, 1, &qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
+                      with_cur ? &qp : NULL, with_cur ? 1 : 0, 0, 0, NULL, NULL, NULL, 0 };
+        cpu->ops->attention(cpu, &a);
+        be_attn s = a;
+        s.pages = ps.pages;
+        s.n_pages = ps.n_pages;
+        s.head_pages = ps.head_pages;
+        s.sel_best = best;
+        s.sel_n_best = cnt;
+        s.sel_from = from;
+        s.sel_k = k;
+        s.table = 900 + (uint64_t)round;
+        s.out = o1;
+        for (int i = 0; i < nh * D; i++) o1[i] = NAN;
+        gpu->ops->attention(gpu, &s);
+        char err[256];
+        cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
+        double d = max_abs_diff(o0, o1, nh * D);
+        if (d > worst || isnan(d)) worst = isnan(d) ? INFINITY : d;
+        /* the CPU's own selection path gives the explicit list's bits */
+        s.out = o1;
+        cpu->ops->attention(cpu, &s);
+        cr_expect(!memcmp(o0, o1, sizeof(float) * (size_t)(nh * D)), "round %d: the CPU's selection differs", round);
+        if (bind) {
+            be_unbind(gpu, kept);
+            free(kept);
+        } else {
+            free(best);
+        }
+        free(q);
+        free(o0);
+        free(o1);
+        free(ck);
+        free(cv);
+        free(list);
+        free_pages(&ps);
+    }
+    cr_expect(worst < 2e-3, "max |diff| %g", worst);
 }
 
 /* A named list through a decode, on the descriptors the device keeps between calls
@@ -808,7 +899,7 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
                 for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
                 for (int64_t t = 0; t < nq; t++) qp[t] = t == 0 ? ps.max_pos : (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1));
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o,
-                              NULL, NULL, NULL, 0, 0, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
                 ag_attention_sim(&a, atoi(splits[k]), want);
                 attend_on(bes[k], &a, q, n, (int)(rnd() & 1));
                 cr_assert(!be_failed(bes[k], err, sizeof err), "%s", err);
@@ -864,7 +955,7 @@ Test(cuda, flash_attention_equals_its_host_simulation_and_the_cpu)
                     qp[t] = variant == 3 || back < 0 ? (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1)) : back;
                 }
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o_cpu,
-                              NULL, NULL, NULL, 0, 0, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
                 cpu->ops->attention(cpu, &a);
                 af_attention_sim(&a, k == 1 ? 3 : 1, want);
                 a.out = o;
@@ -1028,7 +1119,8 @@ Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
             int32_t qp = ps.max_pos + 1;
             /* variant 3: one shared list for every head */
             be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, variant == 3 ? ps.head_pages[1] : ps.n_pages,
-                          variant == 3 ? NULL : ps.head_pages, variant == 2 ? 40 : 0, o0, ck, cv, &qp, 1, 0, 0 };
+                          variant == 3 ? NULL : ps.head_pages, variant == 2 ? 40 : 0, o0, ck, cv, &qp, 1, 0, 0,
+                          NULL, NULL, NULL, 0 };
             cpu->ops->attention(cpu, &a);
             a.out = o1;
             int bind = (int)(rnd() & 1);
@@ -1081,7 +1173,7 @@ Test(cuda, attention_with_a_chunks_own_rows_equals_the_cpu)
                     for (int64_t i = 0; i < n * kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
                     for (int t = 0; t < n; t++) qp[t] = ps.max_pos + 1 + t;
                     be_attn a = { q, n, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant & 2 ? 40 : 0,
-                                  o0, ck, cv, qp, n, 0, 0 };
+                                  o0, ck, cv, qp, n, 0, 0, NULL, NULL, NULL, 0 };
                     cpu->ops->attention(cpu, &a);
                     be_backend *dev = rnd() % 2 ? gpu : grouped;
                     int bind = (int)(rnd() & 1);
@@ -1142,7 +1234,8 @@ Test(cuda, norm_weights_past_the_constant_tables_growth_leave_the_steps_page_lis
     for (int64_t i = 0; i < nq; i++) q[i] = frand(-0.5f, 0.5f);
     for (int64_t i = 0; i < kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
     int32_t qp = ps.max_pos + 1;
-    be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o0, ck, cv, &qp, 1, 0, 0 };
+    be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o0, ck, cv, &qp, 1, 0, 0,
+                  NULL, NULL, NULL, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     for (int i = 0; i <= N_W; i++) {
@@ -1642,16 +1735,24 @@ Test(cuda, the_bounds_on_the_device_are_the_cpus_bit_for_bit)
 
 static be_backend *bounds_cpu_of;
 
-/* The bounds on the CPU backend, the queries brought back first: to compare with the device's. */
+/* The bounds on the CPU backend, the queries brought back first: to compare with the device's. Best
+ * pages kept for attention (bound) are written on the host, announced, and go up when read. */
 static void bounds_on_the_cpu(be_backend *b, be_bounds *r)
 {
     be_range rq = { r->q, sizeof(float) * (size_t)(r->n_head_kv * r->group * r->dim) };
     be_host_read(b, &rq, 1);
+    if (r->k > 0) {
+        int32_t k = r->k < BE_PICK_MAX ? r->k : BE_PICK_MAX;
+        be_host_write(b, r->best, sizeof(int32_t) * (size_t)(r->n_head_kv * k));
+        be_host_write(b, r->n_best, sizeof(int32_t) * (size_t)r->n_head_kv);
+    }
     bounds_cpu_of->ops->bound_pages(bounds_cpu_of, r);
 }
 
 /* Quest and SentKV decoding a tiny model on the GPU: with the bounds on the device or on the CPU,
- * the selections are the same, so the logits are the same bits. */
+ * the selections are the same, so the logits are the same bits. Quest's best pages stay on the
+ * device for attention: a decode step waits for them never, so at most twice in all (the logits,
+ * the step's rows), where it waited once a global layer before. */
 Test(cuda, selection_policies_decode_the_same_with_the_bounds_on_the_device)
 {
     char err[512];
@@ -1688,8 +1789,14 @@ Test(cuda, selection_policies_decode_the_same_with_the_bounds_on_the_device)
                     int32_t best = 0;
                     for (int64_t i = 1; i < nv; i++)
                         if (l[i] > l[best]) best = (int32_t)i;
-                    cr_assert(fwd_eval(fw, &best, 1, out[on_device] + (int64_t)(s + 1) * nv, NULL, NULL, NULL, NULL,
-                                       NULL, err, sizeof err) == 0, "%s", err);
+                    uint64_t w0, w1, up, down;
+                    gpu->ops->counters(gpu, &w0, &up, &down);
+                    cr_assert(fwd_decode(fw, best, out[on_device] + (int64_t)(s + 1) * nv, NULL, err, sizeof err) == 0,
+                              "%s", err);
+                    gpu->ops->counters(gpu, &w1, &up, &down);
+                    if (on_device && si == 0 && s > 0)
+                        cr_expect_leq(w1 - w0, 2, "%s under %s, step %d: %llu waits", files[fi], specs[si], s,
+                                      (unsigned long long)(w1 - w0));
                 }
                 fwd_set_policy(fw, NULL);
                 pol_set_free(ps);
