@@ -74,7 +74,7 @@ struct fwd_ctx {
     } pend;
     float *row;                /* [n_vocab]: the last picked step's logits, left with the backend */
     /* A device backend's selections by bounds (pol_env.sel_buf), bound: [n_layer][n_head_kv]
-     * [BE_PICK_MAX + 1] at most. */
+     * [BE_PICK_MAX + 1]. */
     int32_t *sel_buf;
     /* This decode step's layers whose selection attention read where the bounds left it: their
      * statistics wait for the step's end (sel_stats), when the answers are on the host. */
@@ -190,6 +190,7 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->row = alloc_f(f, (size_t)hp->n_vocab);
     size_t sel_n = (size_t)hp->n_layer * (size_t)hp->n_head_kv * (BE_PICK_MAX + 1);
     f->sel_buf = (int32_t *)alloc_f(f, sel_n);   /* int32s, as many as floats */
+    if (f->sel_buf) memset(f->sel_buf, 0, sizeof(int32_t) * sel_n);
     f->dsel = calloc((size_t)hp->n_layer, sizeof *f->dsel);
     f->pos = malloc(B * sizeof(int32_t));
     f->tok = malloc(B * sizeof(int32_t));
@@ -321,7 +322,7 @@ void fwd_policy_env(fwd_ctx *f, pol_env *env)
     env->head_sim = NULL;   /* the run hands policies the model's calibration */
     env->trace = NULL;   /* a policy set turns its own on (pol_set_trace) */
     /* selections by bounds left on a device for attention (a backend without residency has them
-     * at once, and they take the engine's lists) */
+     * at once, and they take the engine's lists); layer il's at il * n_head_kv * (BE_PICK_MAX + 1) */
     env->sel_buf = f->b->ops->bind ? f->sel_buf : NULL;
 }
 
@@ -476,8 +477,8 @@ static int kept_list(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int fir
     return 0;
 }
 
-/* The bytes this step's kept selections were written to (pol_env.sel_buf: layer after layer, each
- * its best then its counts). */
+/* The bytes this step's kept selections were written to (pol_env.sel_buf: a slot a layer, its best
+ * then its counts; the kept layers ascending). */
 static be_range sel_range(const fwd_ctx *f)
 {
     const int32_t *lo = f->dsel[0].best, *hi = f->dsel[f->n_dsel - 1].n_best + f->m->hp.n_head_kv;
@@ -703,8 +704,8 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
      * cache between layers (a decode step's selection lists the pages without them): the layers
      * run without waiting for the host (attention takes the chunk's own K/V rows from the device,
      * after the pages), and the cache takes every layer's rows after the last layer, with one wait
-     * a chunk instead of one a layer (a selection that bounds pages on the device still waits for
-     * its answer, once a global layer). */
+     * a chunk instead of one a layer (SentKV, whose choice is made on the host, still waits for
+     * its bounds once a global layer). */
     int defer = b->ops->bind && n_probe == 0 &&
                 (f->decoding ? n == 1 && (!f->pol || pol_set_decode_can_defer(f->pol))
                              : !f->pol || pol_set_prefill_layer_free(f->pol));
@@ -861,10 +862,10 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
     }
     f->eval_start = start;
     f->row_valid = 0;
+    f->n_dsel = 0;
     if (f->decoding) {
         f->st_pages = f->st_tokens = f->st_pages_total = 0;
         f->st_sel_ms = f->st_attn_ms = 0;
-        f->n_dsel = 0;
     }
     if (f->pol) {
         double t0 = now_ms();
@@ -893,6 +894,7 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
             /* an op that failed before a cancel or another error is reported (and cleared) now */
             if (rc != -4 && be_failed(f->b, f->dev_err, sizeof f->dev_err)) rc = -4;
             f->pend.at = -1;
+            f->n_dsel = 0;   /* the step's kept selections count for nothing */
             kv_rewind(f->kv, start);
             snprintf(err, errlen, "%s",
                      rc == -2   ? "out of memory growing the KV cache"
@@ -920,7 +922,8 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
          * chunk whose logits were asked for); a prompt's other chunks leave theirs to the next
          * chunk, which takes them a layer at a time while the device runs. */
         int ra = f->pend.at >= 0 && (each || f->last_chunk) ? take_pending(f, hp->n_layer) : 0;
-        if (!ra && f->n_dsel) {   /* kept selections of a step that did not defer its row */
+        if (!ra && f->n_dsel) {   /* kept selections of a step that did not defer its row (none today: a
+                                     selection is kept only where decode steps defer) */
             be_range r = sel_range(f);
             be_host_read(f->b, &r, 1);
             if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) goto failed;

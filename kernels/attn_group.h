@@ -96,7 +96,6 @@ QB_HD void ag_merge(float *m, float *l, float *o, float m2, float l2, const floa
     for (int j = 0; j < AG_DL; j++) o[j] = QB_ADD(QB_MUL(o[j], c1), QB_MUL(o2[j], c2));
 }
 
-/* Pages [*p0, *p1) of KV head g's list that split z of n_split takes (head_pages as in be_attn). */
 /* A selection of a KV head's list (be_attn.sel_best): entry j of the selected list is entry
  * ag_sel_at(...) of the head's own, the n_best chosen (ascending, below from) first, then every
  * entry from `from` on. */
@@ -105,6 +104,7 @@ QB_HD int64_t ag_sel_at(const int32_t *best, int32_t n_best, int64_t from, int64
     return j < n_best ? (int64_t)best[j] : from + (j - n_best);
 }
 
+/* Pages [*p0, *p1) of KV head g's list that split z of n_split takes (head_pages as in be_attn). */
 QB_HD void ag_split_range(const int64_t *head_pages, int64_t n_pages, int g, int n_split, int z, int64_t *p0,
                           int64_t *p1)
 {

@@ -39,6 +39,8 @@ typedef struct shadow {
     int bounds;         /* bound_pages calls since the last embedding */
     int bound_waits;    /* of them, those that waited to send their answer back (as a device's do,
                            unless the answer stays for attention: be_bounds.best bound) */
+    int bounds_on_host; /* kept best written on the host instead, announced (the CUDA backend's
+                           way when the summaries do not fit on the device) */
     int gather_on_twin; /* embedding rows written on the twin (the CUDA backend's gather of a weight it
                            holds) instead of on the host */
     /* downloads in flight: the device's bytes as they were when issued, landing on the host only at
@@ -231,11 +233,12 @@ static int32_t *out_i32(be_backend *b, int32_t *p, size_t n)
 }
 
 /* The queries are read on the device, as a GPU reads them, and the answer comes back with a wait,
- * or stays on the twin for attention where best is bound (no wait); a skipped op leaves no best
- * pages. */
+ * or stays on the twin for attention where best is bound (no wait), or, with bounds_on_host, is
+ * written on the host after a wait and announced; a skipped op leaves no best pages. */
 static void s_bound_pages(be_backend *b, be_bounds *r)
 {
-    int keep = r->k > 0 && am_bound(&sh(b)->t, r->best, sizeof(int32_t));
+    shadow *s = sh(b);
+    int keep = r->k > 0 && am_bound(&s->t, r->best, sizeof(int32_t));
     if (skip(b)) {
         for (int h = 0; h < r->n_head_kv && !keep; h++)
             if (r->n_best) r->n_best[h] = 0;
@@ -243,18 +246,22 @@ static void s_bound_pages(be_backend *b, be_bounds *r)
     }
     be_bounds c = *r;
     c.q = in(b, r->q, (size_t)(r->n_head_kv * r->group * r->dim));
-    if (keep) {
-        int32_t k = r->k < BE_PICK_MAX ? r->k : BE_PICK_MAX;
+    int32_t k = r->k < BE_PICK_MAX ? r->k : BE_PICK_MAX;
+    s->bounds++;
+    if (!keep || s->bounds_on_host) {
+        s->bound_waits++;
+        d_wait(s);
+        am_waited(&s->t);
+    }
+    if (keep && s->bounds_on_host) {
+        am_host_write(&s->t, r->best, sizeof(int32_t) * (size_t)(r->n_head_kv * k));
+        am_host_write(&s->t, r->n_best, sizeof(int32_t) * (size_t)r->n_head_kv);
+    } else if (keep) {
         c.best = out_i32(b, r->best, (size_t)(r->n_head_kv * k));
         c.n_best = out_i32(b, r->n_best, (size_t)r->n_head_kv);
     }
-    sh(b)->cpu->ops->bound_pages(sh(b)->cpu, &c);
+    s->cpu->ops->bound_pages(s->cpu, &c);
     r->k = c.k;
-    sh(b)->bounds++;
-    if (keep) return;
-    sh(b)->bound_waits++;
-    d_wait(sh(b));
-    am_waited(&sh(b)->t);
 }
 
 static int s_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
@@ -366,6 +373,8 @@ static int64_t last_map[512], n_last_map;
 /* The KV pages' size in the runs below: the prompt fills 88 tokens, so at 16 its STEPS decode steps
  * stay in one page; smaller pages have steps open pages of their own. */
 static int run_page = 16;
+/* The shadow backends compare() makes write kept bounds on the host (shadow.bounds_on_host). */
+static int run_bounds_on_host;
 
 /* Prefill (chunks of 48 tokens) and STEPS greedy decode steps under spec; the logits of each. */
 static float *run(const model *m, be_backend *b, const char *spec)
@@ -429,6 +438,7 @@ static void compare(const char *file, const char *spec, int how)
     cr_assert(model_load(&m, file, NULL, err, sizeof err) == 0, "%s", err);
     be_backend *cpu = be_cpu_create(2, err, sizeof err);
     be_backend *shd = shadow_create();
+    sh(shd)->bounds_on_host = run_bounds_on_host;
     float *a = run(m, cpu, spec);
     pol_step_stats sa = last_stats;
     int pa[256], npa = n_last_pages;
@@ -518,6 +528,11 @@ Test(residency, a_decode_step_under_a_selection_defers_its_rows)
     compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "quest:budget=24", CMP_DEFERRED);
     cr_expect(last_bounds > 0 && last_bound_waits == 0, "Quest's last step: %d bounds calls, %d waited", last_bounds,
               last_bound_waits);
+    /* the best written on the host and announced (a device without room for the summaries) */
+    run_bounds_on_host = 1;
+    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "quest:budget=24", CMP_DEFERRED);
+    run_bounds_on_host = 0;
+    cr_expect_gt(last_bounds, 0, "Quest bounded no pages with its best written on the host");
     /* pages of 3 and 8: steps whose row opens a page (then Quest bounds the page before it too) */
     run_page = 3;
     compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL, CMP_SPLITS);
@@ -717,6 +732,40 @@ Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
     free(want);
     fwd_free(f);
     be_free(shd);
+    model_free(m);
+}
+
+/* A decode step under Quest that fails on the device after some of its layers left their choice
+ * there (a cancelled step leaves the same way): nothing of it is counted, then or at the next eval
+ * (a prefill, which selects nothing, leaves the page map as it was). */
+Test(residency, a_failed_step_leaves_no_statistics_behind)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-llama-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    on_shadow o;
+    shadow_open(&o, m, "quest:budget=24", 48);
+    cr_assert(fwd_eval(o.f, o.ids, (int64_t)o.n, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    int32_t tok = samp_argmax(o.l, m->hp.n_vocab);
+    cr_assert(fwd_decode(o.f, tok, o.l, NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert_gt(sh(o.shd)->bounds, 0, "the step bounded no pages");
+    int64_t nm, nm2, before[512];
+    const int64_t *map = pol_set_page_map(o.ps, &nm);
+    cr_assert(nm <= 512);
+    memcpy(before, map, sizeof(int64_t) * (size_t)nm);
+    int64_t steps = pol_set_stats(o.ps)->steps;
+    sh(o.shd)->fail_at = sh(o.shd)->ops + 1 + 2 * 12 + 6;   /* in the third layer, after two bounds */
+    cr_expect_eq(fwd_decode(o.f, tok, o.l, NULL, err, sizeof err), -1);
+    cr_expect_geq(sh(o.shd)->bounds, 2, "the failed step bounded pages %d times first", sh(o.shd)->bounds);
+    map = pol_set_page_map(o.ps, &nm2);
+    cr_expect(nm2 == nm && !memcmp(before, map, sizeof(int64_t) * (size_t)nm), "the failed step changed the page map");
+    cr_expect_eq(pol_set_stats(o.ps)->steps, steps, "the failed step was recorded");
+    int32_t more[5] = { tok, tok, tok, tok, tok };
+    cr_assert(fwd_eval(o.f, more, 5, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    map = pol_set_page_map(o.ps, &nm2);
+    cr_expect(nm2 >= nm && !memcmp(before, map, sizeof(int64_t) * (size_t)nm), "the prefill after it counted pages");
+    for (int64_t i = nm; i < nm2; i++) cr_expect_eq(map[i], 0, "the prefill after it counted page %lld", (long long)i);
+    shadow_close(&o);
     model_free(m);
 }
 

@@ -80,9 +80,9 @@ typedef struct pol_env {
      * decisions there (engine/policy/trace.h). */
     struct pol_trace *trace;
     /* Where a selection may have bound_pages leave its best for attention as they are (be_bounds.best,
-     * bound to a device backend, so that neither waits): room for [n_layer][n_head_kv][BE_PICK_MAX +
-     * 1]; a step keeping k a head puts layer il's best at sel_buf + il * n_head_kv * (k + 1) and
-     * their counts n_head_kv * k after them. NULL on a backend that has the answer at once. */
+     * bound to a device backend, so that neither waits): layer il's best (k a head, k <= BE_PICK_MAX)
+     * at sel_buf + il * n_head_kv * (BE_PICK_MAX + 1) and their counts n_head_kv * BE_PICK_MAX after
+     * that. NULL on a backend that has the answer at once. */
     int32_t *sel_buf;
 } pol_env;
 
@@ -97,7 +97,7 @@ typedef struct pol_sel {
     const uint64_t **mask;    /* [entries] NULL: the whole page */
     int64_t n, cap;
     /* Instead of the entries above, a bound_pages call's best left where the backend put them
-     * (pol_env.sel_best): KV head h attends to the pages at the ascending indices best[h * k ..]
+     * (pol_env.sel_buf): KV head h attends to the pages at the ascending indices best[h * k ..]
      * (n_best[h] of them) among its first from[h], then to every page from from[h] on. The engine
      * hands them to attention as they are and reads them after the step. NULL: the entries. */
     const int32_t *best, *n_best;

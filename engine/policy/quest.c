@@ -173,8 +173,8 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
                     .shape = kv_layer_shape(env->kv, il), .k = on_host ? 0 : k - 1, .best = s->best,
                     .n_best = s->n_best, .u = on_host ? s->score : NULL };
     if (kept) {
-        r.best = env->sel_buf + (int64_t)il * Hkv * k;   /* k - 1 best a head, then the counts */
-        r.n_best = r.best + (int64_t)Hkv * (k - 1);
+        r.best = env->sel_buf + (int64_t)il * Hkv * (BE_PICK_MAX + 1);   /* the layer's slot: best, counts */
+        r.n_best = r.best + (int64_t)Hkv * BE_PICK_MAX;
     }
     if (k - 1 > 0 || on_host) env->b->ops->bound_pages(env->b, &r);
     if (kept) {

@@ -1353,6 +1353,10 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     const size_t sel_ib = a->sel_best ? sizeof(int32_t) * (size_t)(a->n_head_kv * a->sel_k) : 0;
     const size_t sel_cb = a->sel_best ? sizeof(int32_t) * (size_t)a->n_head_kv : 0;
     const int sel_bound = a->sel_best && bound(ci, a->sel_best, sel_ib) && bound(ci, a->sel_n_best, sel_cb);
+    if (a->sel_best && !sel_bound && (bound(ci, a->sel_best, sel_ib) || bound(ci, a->sel_n_best, sel_cb))) {
+        fail(ci, "internal error: a selection's best and counts bound apart");
+        return;
+    }
     int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
     int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
     if (stage_reserve(ci, stage_size(sizeof(uint64_t) * w) + stage_size(sizeof(int32_t) * (size_t)a->n_q) +
