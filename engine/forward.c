@@ -84,7 +84,6 @@ struct fwd_ctx {
         int32_t k;
         int row;                       /* the step's row was deferred (defer_stats then too) */
         int64_t from[64];
-        unsigned char last_listed[64];
     } *dsel;
     int n_dsel;
     int row_valid;             /* row holds the logits of the cache's last token */
@@ -454,7 +453,9 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, in
 
 /* A selection left where the bounds put it (sel->best): attention gets the layer's list of every
  * page and the selection, to read where it is; the step's statistics wait for its end
- * (sel_stats), when the answers come back with the step's rows. -1: out of memory. */
+ * (sel_stats), when the answers come back with the step's rows (a selection is kept only where
+ * the cache stays as it is while decoding, and there a device backend's steps defer their rows).
+ * -1: out of memory. */
 static int kept_list(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int first_global)
 {
     int Hkv = f->m->hp.n_head_kv;
@@ -469,11 +470,7 @@ static int kept_list(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int fir
     d->n_best = sel->n_best;
     d->k = sel->k;
     d->row = 0;
-    for (int h = 0; h < Hkv; h++) {
-        d->from[h] = sel->from[h];
-        /* the head's last page is attended when it is past the candidates */
-        f->last_listed[h] = d->last_listed[h] = sel->from[h] < kv_n_pages(f->kv, il, h);
-    }
+    memcpy(d->from, sel->from, sizeof(int64_t) * (size_t)Hkv);
     return 0;
 }
 
@@ -578,9 +575,11 @@ static void sel_stats(fwd_ctx *f, int64_t p0)
         const struct dsel *d = &f->dsel[i];
         int first_global = f->n_global > 0 && d->il == f->global[0];
         int64_t tokens = 0, entries = 0, pages_total = 0;
+        unsigned char last_listed[64];   /* a head's last page is attended when past the candidates */
         for (int h = 0; h < Hkv; h++) {
             int np = kv_n_pages(f->kv, d->il, h);
             pages_total += np;
+            last_listed[h] = d->from[h] < np;
             int64_t got;
             for (int32_t j = 0; j < d->n_best[h] && j < d->k; j++)
                 if ((got = sel_page(f, d->il, h, d->best[(int64_t)h * d->k + j], first_global)) >= 0) {
@@ -594,7 +593,7 @@ static void sel_stats(fwd_ctx *f, int64_t p0)
                 }
         }
         list_stats(f, 1, tokens, entries, pages_total);
-        if (d->row) defer_stats(f, d->il, 1, p0, d->last_listed);
+        if (d->row) defer_stats(f, d->il, 1, p0, last_listed);
     }
     f->n_dsel = 0;
 }
@@ -922,13 +921,6 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
          * chunk whose logits were asked for); a prompt's other chunks leave theirs to the next
          * chunk, which takes them a layer at a time while the device runs. */
         int ra = f->pend.at >= 0 && (each || f->last_chunk) ? take_pending(f, hp->n_layer) : 0;
-        if (!ra && f->n_dsel) {   /* kept selections of a step that did not defer its row (none today: a
-                                     selection is kept only where decode steps defer) */
-            be_range r = sel_range(f);
-            be_host_read(f->b, &r, 1);
-            if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) goto failed;
-            sel_stats(f, start + c0);
-        }
         if (ra == -2) snprintf(f->dev_err, sizeof f->dev_err, "out of memory growing the KV cache");
         if (ra) goto failed;
         kv_commit(f->kv, start + c0 + cn);

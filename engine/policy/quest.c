@@ -27,7 +27,7 @@ typedef struct st_quest {
     int *idx;
     be_summary *sum;          /* every head's pages but its current one, for the backend's bounds */
     int64_t *off;             /* [n_head_kv + 1] */
-    int64_t *from;            /* [n_head_kv] pages bounded a head (a selection left with the backend) */
+    int64_t *from;            /* [n_head_kv] pages bounded a head: all but its current one */
     int32_t *best, *n_best;   /* [n_head_kv][BE_PICK_MAX], [n_head_kv] */
     int64_t cap;
     int64_t pages_last, pages_avail;
@@ -113,14 +113,30 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     int P = kv_page_size(env->kv), Hkv = env->n_head_kv;
     int64_t budget = pol_budget_tokens(s->budget, s->cur + 1);
     int k = (int)((budget + P - 1) / P);
+    if (!s->off) {
+        s->off = malloc(sizeof(int64_t) * (size_t)(Hkv + 1));
+        s->from = malloc(sizeof(int64_t) * (size_t)Hkv);
+        s->best = malloc(sizeof(int32_t) * (size_t)Hkv * BE_PICK_MAX);
+        s->n_best = malloc(sizeof(int32_t) * (size_t)Hkv);
+        if (!s->off || !s->from || !s->best || !s->n_best) {
+            free(s->off);
+            free(s->from);
+            free(s->best);
+            free(s->n_best);
+            s->off = s->from = NULL, s->best = s->n_best = NULL;
+            return 0;
+        }
+    }
     int np_max = 0, all = 1;
     int64_t total = 0;
-    /* each head's pages counted with the current one, whether its table lists it yet or not */
+    /* each head's pages but its current one (from[g], the ones bounded), and counted with it,
+     * whether its table lists it yet or not */
     for (int g = 0; g < Hkv; g++) {
-        int listed = cur_page_listed(s, env, il, g), np = kv_n_pages(env->kv, il, g) + !listed;
+        s->from[g] = kv_n_pages(env->kv, il, g) - cur_page_listed(s, env, il, g);
+        int np = (int)s->from[g] + 1;
         if (np > np_max) np_max = np;
         if (k < np) all = 0;
-        total += np - 1;
+        total += s->from[g];
     }
     s->pages_avail = np_max;
     if (all) {
@@ -138,26 +154,11 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         if (!ns || !ni || !nsum) return 0;
         s->cap = cap;
     }
-    if (!s->off) {
-        s->off = malloc(sizeof(int64_t) * (size_t)(Hkv + 1));
-        s->from = malloc(sizeof(int64_t) * (size_t)Hkv);
-        s->best = malloc(sizeof(int32_t) * (size_t)Hkv * BE_PICK_MAX);
-        s->n_best = malloc(sizeof(int32_t) * (size_t)Hkv);
-        if (!s->off || !s->from || !s->best || !s->n_best) {
-            free(s->off);
-            free(s->from);
-            free(s->best);
-            free(s->n_best);
-            s->off = s->from = NULL, s->best = s->n_best = NULL;
-            return 0;
-        }
-    }
     /* every head's pages but its current one: the bound of the head's G queries over each */
     int64_t e = 0;
     for (int g = 0; g < Hkv; g++) {
         s->off[g] = e;
-        int nb = kv_n_pages(env->kv, il, g) - cur_page_listed(s, env, il, g);
-        for (int i = 0; i < nb; i++) {
+        for (int i = 0; i < s->from[g]; i++) {
             const kv_page *p = kv_layer_page(env->kv, il, g, i);
             s->sum[e++] = (be_summary){ p->kmin, p->kmax, p->gen, p->n };
         }
@@ -178,7 +179,6 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     }
     if (k - 1 > 0 || on_host) env->b->ops->bound_pages(env->b, &r);
     if (kept) {
-        for (int g = 0; g < Hkv; g++) s->from[g] = s->off[g + 1] - s->off[g];
         sel->best = r.best;
         sel->n_best = r.n_best;
         sel->from = s->from;
@@ -187,7 +187,7 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         return 1;
     }
     for (int g = 0; g < Hkv; g++) {
-        int np = kv_n_pages(env->kv, il, g), nb = (int)(s->off[g + 1] - s->off[g]);
+        int np = kv_n_pages(env->kv, il, g), nb = (int)s->from[g];
         pol_sel_head(sel, g);
         if (np == 0) continue;
         if (on_host) {

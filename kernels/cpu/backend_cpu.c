@@ -809,12 +809,12 @@ static void cpu_bound_pages(be_backend *b, be_bounds *r)
  * that head's pages: the order and the values the cache would give them. */
 static void cpu_attention(be_backend *b, const be_attn *a)
 {
+    cpu_impl *ci = impl_of(b);
+    if ((a->sel_best || a->n_cur > 0) && a->n_head_kv > 64) {   /* the offsets below */
+        fprintf(stderr, "kvchat: internal error: %d KV heads (at most 64)\n", a->n_head_kv);
+        abort();
+    }
     if (a->sel_best) {   /* a selection by bounds: the list it stands for, then as any list */
-        cpu_impl *ci = impl_of(b);
-        if (a->n_head_kv > 64) {
-            fprintf(stderr, "kvchat: internal error: %d KV heads (at most 64)\n", a->n_head_kv);
-            abort();
-        }
         if (grow((void **)&ci->sel_pages, &ci->sel_pages_cap, sizeof(be_kv_page) * (size_t)be_attn_sel_len(a)))
             abort();
         int64_t hp[65];
@@ -831,12 +831,7 @@ static void cpu_attention(be_backend *b, const be_attn *a)
         attention_pages(b, a);
         return;
     }
-    cpu_impl *ci = impl_of(b);
     int64_t kvd = (int64_t)a->n_head_kv * a->head_dim, n = a->n_cur;
-    if (a->n_head_kv > 64) {
-        fprintf(stderr, "kvchat: internal error: %d KV heads (at most 64)\n", a->n_head_kv);
-        abort();
-    }
     size_t n_list = (size_t)be_attn_rows_len(a);
     if (grow((void **)&ci->cur16, &ci->cur16_cap, sizeof(uint16_t) * 2 * (size_t)(n * kvd)) ||
         grow((void **)&ci->cur_pages, &ci->cur_pages_cap, sizeof(be_kv_page) * n_list))
