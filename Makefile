@@ -86,7 +86,7 @@ endif
 DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
 export KVCHAT_CACHE DEFAULT_MODEL
 
-.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-tables bench-pick bench-bounds clean cuda-build test-gpu \
+.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-tables bench-pick bench-bounds bench-chess clean cuda-build test-gpu \
         test-model-first test-model-rest test-cuda-build test-fuzz-smoke
 
 all: $(KVCHAT)
@@ -106,6 +106,7 @@ help:
 	@echo "make bench      kvchat bench on the default model, appended to bench/results.csv"
 	@echo "make bench-tables  the host's share of a CUDA attention call, timed without a GPU (bench/page_tables_bench.c)"
 	@echo "make bench-pick    the host's share of choosing a token, with and without the backend's pick (bench/pick_bench.c)"
+	@echo "make bench-chess   the host's share of CHESS's reconstruction a decode step, 7B shape (bench/chess_bench.c)"
 	@echo "make bench-bounds  the host's share of Quest's page selection, before and after the bounds op (bench/bounds_bench.c)"
 	@echo "make clean      remove build outputs"
 
@@ -215,6 +216,15 @@ $(PICK_BENCH): $(OBJ)/bench/pick_bench.o $(LIB)
 
 bench-pick: $(PICK_BENCH)
 	./$(PICK_BENCH)
+
+# The host's share of CHESS's reconstruction at each decode step (7B shape)
+CHESS_BENCH := $(BUILD)/bench/chess_bench
+$(CHESS_BENCH): $(OBJ)/bench/chess_bench.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
+bench-chess: $(CHESS_BENCH)
+	./$(CHESS_BENCH)
 
 # The host's share of Quest's page selection, before and after the bounds op
 BOUNDS_BENCH := $(BUILD)/bench/bounds_bench

@@ -4,7 +4,7 @@
 # can fail, then what is measured:
 #   1. the machine (nvidia-smi) and whether kvchat starts;
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
-#   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds and
+#   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds, scores and
 #      selection tests, and racecheck and synccheck over the attention kernels' tests;
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
@@ -16,8 +16,8 @@
 #      op profiler (KVCHAT_PROFILE=1 and sync: where each op's time goes), and under Quest and
 #      CHESS (the waits a selection's decode step makes);
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also with
-#      the f32 decode kernel, with the grouped kernel for prefill chunks, and under the profiler,
-#      with and without Quest and CHESS).
+#      the f32 decode kernel, with the grouped kernel for prefill chunks, under the profiler, with
+#      and without Quest and CHESS, and full against CHESS aggressive at 32K).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
@@ -131,8 +131,8 @@ profile_steps() {
 }
 
 # policy_steps NAME MODEL DEPTH GEN: kvchat bench --policy under the op profiler, one selection
-# policy a run (Quest bounds pages on the device, CHESS selects on the host from its standing
-# choice), so that each one's waits a decode step show; its table and profile go to the summary
+# policy a run (Quest bounds pages on the device, CHESS scores its kept summaries there), so that
+# each one's waits a decode step show; its table and profile go to the summary
 policy_steps() {
     local name=$1 model=$2 depth=$3 gen=$4 pol
     for pol in quest chess:preset=aggressive; do
@@ -194,9 +194,9 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
-    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, selection)" 120 \
+    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, selection)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|a_selection_by_bounds*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|norm_weights*|the_decode_kernel*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|a_selection_by_bounds*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
     # stages; racecheck is slow, so that test alone) and barriers (both)
@@ -279,6 +279,12 @@ for type in q4_k_m f16; do
                 --csv "$tmp/bench.csv" && bench_table
             profile_steps mistral-7b-q4_k_m "$m" 2048 16
             policy_steps mistral-7b-q4_k_m "$m" 2048 16
+            # the issue's CHESS target at 32K: one prefill, then each policy's decode from it
+            if step "policy mistral-7b-q4_k_m full and chess:preset=aggressive at 32K" 120 "$kv" bench -m "$m" \
+                --device cuda --ctx 32752 --gen 16 --policy full,chess:preset=aggressive --no-csv; then
+                say "  depth 32752 (the last token decoded at 32768), 16 tokens; target: CHESS's decode/s at least 1.25x full's:"
+                awk '/^ +ctx +policy/ { on = 1 } /^peak RSS/ { on = 0 } on && NF { print "    " $0 }' "$tmp/last" >>"$summary"
+            fi
         fi
     fi
     rm -f "$m"

@@ -1,5 +1,6 @@
 /* The selection policies' bounds (be_ops.bound_pages): the CPU backend's against plain sums and a
- * sort of every key, the CUDA kernel's threads run on the host against the CPU bit for bit, and
+ * sort of every key, the CUDA kernel's threads run on the host against the CPU bit for bit (and
+ * the CUDA scores kernel's, CHESS's be_ops.scores, likewise), and
  * the summaries a device keeps per named list (kernels/summary_lists.c) with host memory standing
  * in for the device (junk in fresh allocations). */
 #include <criterion/criterion.h>
@@ -12,6 +13,7 @@
 #include "common/logit_pick.h"
 #include "kernels/backend.h"
 #include "kernels/bound_kernels.h"
+#include "kernels/score_kernels.h"
 #include "kernels/cpu/vec_dot.h"
 #include "kernels/summary_lists.h"
 #include "kernels/upload_batch.h"
@@ -474,4 +476,50 @@ Test(bounds, the_ids_kernels_ranks_on_the_host_give_the_sorted_indices)
             }
         cr_assert(!memcmp(got, want, sizeof(int32_t) * (size_t)n), "round %d: the indices differ", round);
     }
+}
+
+Test(bounds, the_score_kernels_lanes_on_the_host_give_the_cpus_scores_bit_for_bit)
+{
+    /* Rows of every length from 1 to 300 (whole 32-element blocks, 8-element blocks and tails of
+     * every size), values spread over many binades with some -0 (so that any other order of
+     * additions shows): each row's 32 lanes and the pairwise steps run on the host equal the CPU
+     * backend's score bit for bit. */
+    seed_rng("the_score_kernels_lanes_on_the_host_give_the_cpus_scores_bit_for_bit");
+    char err[256];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    enum { ROWS = 20 };
+    int bad = 0, differ_plain = 0;
+    for (int64_t dim = 1; dim <= 300; dim++) {
+        float *m = malloc(sizeof(float) * (size_t)(ROWS * dim)), *x = malloc(sizeof(float) * (size_t)dim);
+        float want[ROWS];
+        cr_assert(m && x);
+        for (int64_t i = 0; i < ROWS * dim; i++) {
+            m[i] = ldexpf(frand(-1.0f, 1.0f), (int)(rnd() % 24) - 12);
+            if (rnd() % 50 == 0) m[i] = -0.0f;
+        }
+        for (int64_t i = 0; i < dim; i++) x[i] = ldexpf(frand(-1.0f, 1.0f), (int)(rnd() % 24) - 12);
+        b->ops->scores(b, m, ROWS, dim, x, want);
+        for (unsigned blk = 0; blk * SC_ROWS_PER_BLOCK < ROWS; blk++) {
+            float v[SC_ROWS_PER_BLOCK][SC_LANES];
+            for (unsigned t = 0; t < SC_THREADS; t++) {
+                int64_t r = sc_row(blk, t);
+                if (r < ROWS) v[t / SC_LANES][t % SC_LANES] = sc_lane_sum(m + r * dim, x, dim, (int)(t % SC_LANES));
+            }
+            for (int w = 0; w < SC_ROWS_PER_BLOCK; w++) {
+                int64_t r = sc_row(blk, (unsigned)(w * SC_LANES));
+                if (r >= ROWS) continue;
+                for (int k = 0; k < SC_N_STRIDES; k++) sc_tree_step(v[w], sc_stride(k));
+                bad += memcmp(&v[w][0], &want[r], sizeof(float)) != 0;
+                float plain = 0.0f;   /* the same terms in element order: differs somewhere, or the test shows nothing */
+                for (int64_t i = 0; i < dim; i++) plain = fmaf(m[r * dim + i], x[i], plain);
+                differ_plain += memcmp(&plain, &want[r], sizeof(float)) != 0;
+            }
+        }
+        free(m);
+        free(x);
+    }
+    cr_expect_eq(bad, 0, "%d of %d scores differ from the CPU's", bad, 300 * ROWS);
+    cr_expect_gt(differ_plain, 1000, "only %d scores depend on the order of additions", differ_plain);
+    be_free(b);
 }

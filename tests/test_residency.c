@@ -202,9 +202,13 @@ static void s_attention(be_backend *b, const be_attn *a)
     sh(b)->cpu->ops->attention(sh(b)->cpu, &c);
 }
 
+/* Read from the twins where the matrix and the anchor are bound (CHESS binds its summaries and
+ * announces the rows it rewrites), written to the twin where the scores are; never skipped, as
+ * the CUDA backend's scores always answer (the host computes them once an op failed). */
 static void s_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
 {
-    sh(b)->cpu->ops->scores(sh(b)->cpu, m, n_rows, dim, x, y);
+    const float *dm = in(b, m, (size_t)(n_rows * dim)), *dx = in(b, x, (size_t)dim);
+    sh(b)->cpu->ops->scores(sh(b)->cpu, dm, n_rows, dim, dx, out(b, y, (size_t)n_rows));
 }
 
 static void s_add(be_backend *b, float *x, const float *y, int64_t n)

@@ -52,6 +52,22 @@ static const pol_param params[] = {
 };
 _Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "chess: one entry per parameter");
 
+/* Page i's part from one (global layer, KV head) when its summary row was computed: the page's
+ * content generation and token count (kv_page.gen, n), which change whenever its keys do. */
+typedef struct page_sig {
+    uint64_t gen;
+    int32_t n;
+} page_sig;
+
+/* A matrix the backend scores, kept between reconstructions and bound to the backend (be_bind: a
+ * device backend keeps a twin and receives only the rows the host rewrote). */
+typedef struct bound_mat {
+    float *p;
+    int cap;        /* rows */
+    int bound;      /* be_bind succeeded (else ops read the host copy) */
+    size_t width;   /* floats a row */
+} bound_mat;
+
 typedef struct st_chess {
     double rho_g, rho_c, rho_p, budget;
     int sink, window, anchor, chunk, grid, rebuild, cosine;
@@ -65,16 +81,29 @@ typedef struct st_chess {
     int n_sel, n_cand;
     int64_t rebuilds, events;
     int64_t n_pages_at_build;
+    /* The summaries kept between reconstructions, so that one recomputes only the rows whose pages
+     * changed (at a decode step, none, or the page that just left the window): page i's scored row
+     * (its mean key; a unit row with score=cos) at pages.p + i * dim, valid while sig says so;
+     * chunk c's mean of its pages' mean keys (craw) and scored row, over c_n[c] pages (0: not
+     * computed); grid g's scored row over g_n[g] chunks. */
+    be_backend *b;
+    size_t dim;                /* n_global * n_head_kv * head_dim */
+    int units;                 /* n_global * n_head_kv */
+    bound_mat pages, chunks, grids, anchor_row, score;
+    page_sig *sig;             /* [pages.cap][n_global * n_head_kv]; n = -1: not computed */
+    float *craw;               /* [chunks.cap][dim] */
+    int *c_n, *g_n;
+    uint64_t *shape;           /* [n_global] each global layer's kv_layer_shape at the last check */
+    int checked;               /* pages below checked - 1 unchanged while the shapes are */
     /* scratch */
-    float *mat, *anchor_rows, *score;
-    size_t mat_cap;
+    float *raw;                /* [max(chunk, 2)][dim] unscaled rows: a chunk's pages */
+    unsigned char *have;       /* [chunk] the chunk's page row i is in raw already */
     int *idx, *idx2;
     int idx_cap;
 } st_chess;
 
 static int c_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
 {
-    (void)env;
     st_chess *s = calloc(1, sizeof *s);
     if (!s) {
         snprintf(err, errlen, "out of memory");
@@ -92,17 +121,44 @@ static int c_create(void **out, const pol_env *env, const double *vals, char *er
     s->rebuild = (int)vals[P_REBUILD];
     s->cosine = vals[P_SCORE] == 0;
     s->dirty = 1;
+    s->b = env->b;
     *out = s;
     return 0;
+}
+
+static void bm_free(st_chess *s, bound_mat *m)
+{
+    if (m->bound) be_unbind(s->b, m->p);
+    free(m->p);
+    *m = (bound_mat){ 0 };
+}
+
+/* The summaries forgotten: every row is recomputed at the next reconstruction. */
+static void forget_summaries(st_chess *s)
+{
+    if (s->sig)
+        for (size_t i = 0; i < (size_t)s->pages.cap * (size_t)s->units; i++) s->sig[i].n = -1;
+    if (s->c_n) memset(s->c_n, 0, sizeof(int) * (size_t)s->chunks.cap);
+    if (s->g_n) memset(s->g_n, 0, sizeof(int) * (size_t)s->grids.cap);
+    s->checked = 0;
 }
 
 static void c_destroy(void *st)
 {
     st_chess *s = st;
+    bm_free(s, &s->pages);
+    bm_free(s, &s->chunks);
+    bm_free(s, &s->grids);
+    bm_free(s, &s->anchor_row);
+    bm_free(s, &s->score);
+    free(s->sig);
+    free(s->craw);
+    free(s->c_n);
+    free(s->g_n);
+    free(s->have);
+    free(s->shape);
+    free(s->raw);
     free(s->sel);
-    free(s->mat);
-    free(s->anchor_rows);
-    free(s->score);
     free(s->idx);
     free(s->idx2);
     free(s);
@@ -212,6 +268,155 @@ static void trace_level(const st_chess *s, const pol_env *env, const char *what,
     free(last);
 }
 
+/* m grown to hold rows rows of width floats (its content kept) and bound again; 0, or -1 when out
+ * of host memory. A bind that fails leaves it unbound: the ops read the host copy. It grows to
+ * twice what is asked, but not past `most` (the rows the whole context needs) unless asked to: a
+ * device copy is sent whole after each growth. */
+static int bm_reserve(st_chess *s, bound_mat *m, int rows, size_t width, int most)
+{
+    m->width = width;
+    if (rows <= m->cap) return 0;
+    int cap = 2 * (rows > m->cap ? rows : m->cap);
+    if (cap > most) cap = most;
+    if (cap < rows) cap = rows;
+    if (m->bound) be_unbind(s->b, m->p);
+    m->bound = 0;
+    float *p = realloc(m->p, sizeof(float) * (size_t)cap * width);
+    if (!p) return -1;
+    m->p = p;
+    m->cap = cap;
+    char err[256];
+    m->bound = be_bind(s->b, m->p, sizeof(float) * (size_t)cap * width, err, sizeof err) == 0;
+    return 0;
+}
+
+/* Rows [r0, r1) of m are about to be written by the host. */
+static float *bm_write(st_chess *s, bound_mat *m, int r0, int r1)
+{
+    float *p = m->p + (size_t)r0 * m->width;
+    if (r1 > r0 && m->bound) be_host_write(s->b, p, sizeof(float) * (size_t)(r1 - r0) * m->width);
+    return p;
+}
+
+/* A raw summary row as it is scored: unchanged, or (score=cos) scaled to unit length. The paper
+ * scores with the raw dot product (score=dot); on the default model that ranks pages by how
+ * strongly they carry the component all keys share (large near the start of the context), not by
+ * what they say, and missed every pass key (docs/policies.md). The anchor's norm does not change
+ * the ranking, so it stays as it is. */
+static void scored_row(const st_chess *s, const float *raw, float *out)
+{
+    float inv = 1.0f;
+    if (s->cosine) {
+        double n2 = 0;
+        for (size_t d = 0; d < s->dim; d++) n2 += (double)raw[d] * raw[d];
+        inv = n2 > 0 ? (float)(1.0 / sqrt(n2)) : 0.0f;
+    }
+    for (size_t d = 0; d < s->dim; d++) out[d] = s->cosine ? raw[d] * inv : raw[d];
+}
+
+/* The kept summaries grown to np pages (nc chunks, ng grids) and brought up to date with the
+ * candidates [first, last): a page row is recomputed where some (layer, head) page changed, a
+ * chunk where one of its pages was or its page count differs, a grid likewise. 0, or -1 when out
+ * of host memory. */
+static int update_summaries(st_chess *s, const pol_env *env, int np, int first, int last, int nc, int ng)
+{
+    if (s->dim == 0) {
+        int units = env->n_global * env->n_head_kv;
+        size_t dim = (size_t)units * (size_t)kv_head_dim(env->kv);
+        free(s->shape);
+        free(s->raw);
+        free(s->have);
+        s->shape = calloc((size_t)env->n_global, sizeof(uint64_t));
+        s->raw = malloc(sizeof(float) * (size_t)(s->chunk > 2 ? s->chunk : 2) * dim);
+        s->have = malloc((size_t)s->chunk);
+        if (!s->shape || !s->raw || !s->have) return -1;
+        s->units = units;
+        s->dim = dim;
+    }
+    int old_pages = s->pages.cap, old_chunks = s->chunks.cap, old_grids = s->grids.cap;
+    int64_t most_p = kv_n_ctx(env->kv) / kv_page_size(env->kv) + 2;   /* pages the context can fill */
+    int most_c = (int)((most_p + s->chunk - 1) / s->chunk), most_g = (most_c + s->grid - 1) / s->grid;
+    if (bm_reserve(s, &s->pages, np, s->dim, (int)most_p) || bm_reserve(s, &s->chunks, nc, s->dim, most_c) ||
+        bm_reserve(s, &s->grids, ng, s->dim, most_g) || bm_reserve(s, &s->anchor_row, 1, s->dim, 1) ||
+        bm_reserve(s, &s->score, last - first + nc + ng, 1, (int)most_p + most_c + most_g))
+        return -1;
+    if (s->pages.cap > old_pages) {
+        page_sig *g = realloc(s->sig, sizeof(page_sig) * (size_t)s->pages.cap * (size_t)s->units);
+        if (!g) return -1;
+        s->sig = g;
+        for (size_t i = (size_t)old_pages * (size_t)s->units; i < (size_t)s->pages.cap * (size_t)s->units; i++) g[i].n = -1;
+    }
+    if (s->chunks.cap > old_chunks) {
+        float *r = realloc(s->craw, sizeof(float) * (size_t)s->chunks.cap * s->dim);
+        if (r) s->craw = r;
+        int *n = realloc(s->c_n, sizeof(int) * (size_t)s->chunks.cap);
+        if (n) s->c_n = n;
+        if (!r || !n) return -1;
+        memset(s->c_n + old_chunks, 0, sizeof(int) * (size_t)(s->chunks.cap - old_chunks));
+    }
+    if (s->grids.cap > old_grids) {
+        int *n = realloc(s->g_n, sizeof(int) * (size_t)s->grids.cap);
+        if (!n) return -1;
+        s->g_n = n;
+        memset(s->g_n + old_grids, 0, sizeof(int) * (size_t)(s->grids.cap - old_grids));
+    }
+    /* While no global layer's shape changed, only each table's last page (and those after it) can
+     * have: the pages checked before, but the last, need no look. */
+    int same = 1, least = np;
+    for (int gl = 0; gl < env->n_global; gl++) {
+        uint64_t sh = kv_layer_shape(env->kv, env->global[gl]);
+        if (sh != s->shape[gl]) same = 0;
+        s->shape[gl] = sh;
+        for (int h = 0; h < env->n_head_kv; h++) {
+            int n = kv_n_pages(env->kv, env->global[gl], h);
+            if (n < least) least = n;
+        }
+    }
+    int from = same && s->checked > 0 ? s->checked - 1 : 0;
+    if (from < first) from = first;
+    /* chunk by chunk, so that a page row computed for its own sake also serves its chunk's mean */
+    int n_cand = last - first;
+    for (int c = 0; c < nc; c++) {
+        int p0 = c * s->chunk, p1 = p0 + s->chunk < n_cand ? p0 + s->chunk : n_cand;
+        int stale = s->c_n[c] != p1 - p0;
+        memset(s->have, 0, (size_t)(p1 - p0));
+        for (int p = p0 > from - first ? p0 : from - first; p < p1; p++) {
+            int i = first + p;
+            page_sig *g = s->sig + (size_t)i * (size_t)s->units;
+            int changed = 0;
+            for (int gl = 0, u = 0; gl < env->n_global; gl++)
+                for (int h = 0; h < env->n_head_kv; h++, u++) {
+                    const kv_page *pg = kv_layer_page(env->kv, env->global[gl], h, i);
+                    if (g[u].gen != pg->gen || g[u].n != pg->n) changed = 1;
+                    g[u] = (page_sig){ pg->gen, pg->n };
+                }
+            if (!changed) continue;
+            float *raw = s->raw + (size_t)(p - p0) * s->dim;
+            page_row(env, i, raw);
+            scored_row(s, raw, bm_write(s, &s->pages, i, i + 1));
+            s->have[p - p0] = 1;
+            stale = 1;
+        }
+        if (!stale) continue;
+        for (int p = p0; p < p1; p++)
+            if (!s->have[p - p0]) page_row(env, first + p, s->raw + (size_t)(p - p0) * s->dim);
+        float *cr = s->craw + (size_t)c * s->dim;
+        mean_rows(s->raw, p1 - p0, s->dim, cr);
+        scored_row(s, cr, bm_write(s, &s->chunks, c, c + 1));
+        s->c_n[c] = p1 - p0;
+        s->g_n[c / s->grid] = -1;   /* its grid is recomputed */
+    }
+    s->checked = least < last ? least : last;
+    for (int g = 0; g < ng; g++) {
+        int c0 = g * s->grid, c1 = c0 + s->grid < nc ? c0 + s->grid : nc;
+        if (s->g_n[g] == c1 - c0) continue;
+        mean_rows(s->craw + (size_t)c0 * s->dim, c1 - c0, s->dim, s->raw);
+        scored_row(s, s->raw, bm_write(s, &s->grids, g, g + 1));
+        s->g_n[g] = c1 - c0;
+    }
+    return 0;
+}
+
 /* The reconstruction: choose s->sel among the candidate pages [sink, np - window). */
 static int rebuild(st_chess *s, const pol_env *env)
 {
@@ -230,13 +435,9 @@ static int rebuild(st_chess *s, const pol_env *env)
     int nc = (s->n_cand + s->chunk - 1) / s->chunk;
     int ng = (nc + s->grid - 1) / s->grid;
     int rows = s->n_cand + nc + ng;
-    size_t dim = (size_t)env->n_global * (size_t)env->n_head_kv * (size_t)kv_head_dim(env->kv);
-    size_t need = (size_t)rows * dim;
-    if (need > s->mat_cap) {
-        float *m = realloc(s->mat, need * sizeof(float));
-        if (!m) return -1;
-        s->mat = m;
-        s->mat_cap = need;
+    if (update_summaries(s, env, np, first, last, nc, ng) != 0) {
+        forget_summaries(s);   /* a half-done update leaves rows it did not record */
+        return -1;
     }
     int need_idx = rows > np ? rows : np;
     if (need_idx > s->idx_cap) {
@@ -246,51 +447,29 @@ static int rebuild(st_chess *s, const pol_env *env)
         if (b) s->idx2 = b;
         int *c = realloc(s->sel, sizeof(int) * (size_t)need_idx);
         if (c) s->sel = c;
-        float *d = realloc(s->score, sizeof(float) * (size_t)need_idx);
-        if (d) s->score = d;
-        if (!a || !b || !c || !d) return -1;
+        if (!a || !b || !c) return -1;
         s->idx_cap = need_idx;
     }
-    float *an = realloc(s->anchor_rows, sizeof(float) * dim * 2);   /* the anchor and a row of scratch */
-    if (!an) return -1;
-    s->anchor_rows = an;
-    float *prow = s->mat, *crow = s->mat + (size_t)s->n_cand * dim, *grow_ = crow + (size_t)nc * dim;
-    for (int i = 0; i < s->n_cand; i++) page_row(env, first + i, prow + (size_t)i * dim);
-    for (int c = 0; c < nc; c++) {
-        int p0 = c * s->chunk, p1 = p0 + s->chunk < s->n_cand ? p0 + s->chunk : s->n_cand;
-        mean_rows(prow + (size_t)p0 * dim, p1 - p0, dim, crow + (size_t)c * dim);
-    }
-    for (int g = 0; g < ng; g++) {
-        int c0 = g * s->grid, c1 = c0 + s->grid < nc ? c0 + s->grid : nc;
-        mean_rows(crow + (size_t)c0 * dim, c1 - c0, dim, grow_ + (size_t)g * dim);
-    }
+    size_t dim = s->dim;
+    float *anchor = bm_write(s, &s->anchor_row, 0, 1);
     if (s->anchor > 0) {
-        anchor_of_tokens(env, s->anchor, s->anchor_rows);
-    } else {   /* the mean summary of the recent-window pages (the score buffer is free for a moment) */
-        memset(s->anchor_rows, 0, sizeof(float) * dim);
-        float *tmp = s->anchor_rows + dim;
+        anchor_of_tokens(env, s->anchor, anchor);
+    } else {   /* the mean summary of the recent-window pages */
+        memset(anchor, 0, sizeof(float) * dim);
         for (int i = last; i < np; i++) {
-            page_row(env, i, tmp);
-            for (size_t d = 0; d < dim; d++) s->anchor_rows[d] += tmp[d];
+            page_row(env, i, s->raw);
+            for (size_t d = 0; d < dim; d++) anchor[d] += s->raw[d];
         }
-        for (size_t d = 0; d < dim; d++) s->anchor_rows[d] /= (float)(np - last > 0 ? np - last : 1);
+        for (size_t d = 0; d < dim; d++) anchor[d] /= (float)(np - last > 0 ? np - last : 1);
     }
-    if (s->cosine) {
-        /* cosine similarity: unit rows (the anchor's norm does not change the ranking). The paper
-         * scores with the raw dot product (score=dot); on the default model that ranks pages by how
-         * strongly they carry the component all keys share (large near the start of the context),
-         * not by what they say, and missed every pass key (docs/policies.md). */
-        for (int r = 0; r < rows; r++) {
-            float *row = s->mat + (size_t)r * dim;
-            double n2 = 0;
-            for (size_t d = 0; d < dim; d++) n2 += (double)row[d] * row[d];
-            float inv = n2 > 0 ? (float)(1.0 / sqrt(n2)) : 0.0f;
-            for (size_t d = 0; d < dim; d++) row[d] *= inv;
-        }
-    }
-    /* one product scores every page, chunk and grid */
-    env->b->ops->scores(env->b, s->mat, rows, (int64_t)dim, s->anchor_rows, s->score);
-    const float *ps = s->score, *cs = s->score + s->n_cand, *gs = cs + nc;
+    /* every page, chunk and grid scored against the anchor, then read back once */
+    float *score = s->score.p;
+    const be_ops *ops = env->b->ops;
+    ops->scores(env->b, s->pages.p + (size_t)first * dim, s->n_cand, (int64_t)dim, anchor, score);
+    ops->scores(env->b, s->chunks.p, nc, (int64_t)dim, anchor, score + s->n_cand);
+    ops->scores(env->b, s->grids.p, ng, (int64_t)dim, anchor, score + s->n_cand + nc);
+    be_host_read(env->b, &(be_range){ score, sizeof(float) * (size_t)rows }, 1);
+    const float *ps = score, *cs = score + s->n_cand, *gs = cs + nc;
     /* grids */
     for (int g = 0; g < ng; g++) s->idx[g] = g;
     int kg = pol_top_k(s->idx, ng, gs, ceil_frac(s->rho_g, ng));
@@ -472,6 +651,7 @@ static int c_load(void *st, const pol_env *env, bytes_r *r)
     s->rebuilds = rebuilds;
     s->events = events;
     s->n_pages_at_build = npb;
+    forget_summaries(s);
     return 0;
 }
 

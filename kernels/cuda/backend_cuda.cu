@@ -64,6 +64,7 @@ extern "C" {
 #include "kernels/attn_flash.h"
 #include "kernels/pick_kernels.h"
 #include "kernels/bound_kernels.h"
+#include "kernels/score_kernels.h"
 
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
@@ -1893,9 +1894,39 @@ static void cuda_get_rows(be_backend *b, const be_weight *w, const int32_t *ids,
     ci->cpu->ops->get_rows(ci->cpu, w, ids, n, scale, out);
 }
 
+/* A warp a row, as the CPU's vd_dot_f32 adds (kernels/score_kernels.h): the same floats. */
+__global__ void __launch_bounds__(SC_THREADS) scores_kernel(const float *m, int64_t n_rows, int64_t dim, const float *x,
+                                                            float *y)
+{
+    const int64_t r = sc_row(blockIdx.x, threadIdx.x);
+    const int lane = threadIdx.x % SC_LANES;
+    if (r >= n_rows) return;   /* the whole warp */
+    float v = sc_lane_sum(m + r * dim, x, dim, lane);
+    for (int k = 0; k < SC_N_STRIDES; k++) v += __shfl_down_sync(0xffffffffu, v, sc_stride(k));
+    if (lane == 0) y[r] = v;
+}
+
+/* On the device where the matrix and the scores are bound (CHESS's summaries: only the rows the
+ * host rewrote are sent, and the scores stay there until the host reads them); on the host
+ * otherwise, and once an op has failed (the scores always answer). */
 static void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
 {
     cuda_impl *ci = impl_of(b);
+    size_t mb = sizeof(float) * (size_t)(n_rows * dim), yb = sizeof(float) * (size_t)n_rows;
+    if (n_rows <= 0) return;
+    if (!ci->failed && dim > 0 && am_bound(&ci->act, m, mb) && am_bound(&ci->act, y, yb)) {
+        const float *dx = am_bound(&ci->act, x, sizeof(float) * (size_t)dim)
+                              ? (const float *)am_dev_in(&ci->act, x, sizeof(float) * (size_t)dim)
+                              : (const float *)stage(ci, x, sizeof(float) * (size_t)dim);
+        if (!dx) goto host;   /* the staging failed (recorded) */
+        const float *dm = (const float *)am_dev_in(&ci->act, m, mb);
+        float *dy = (float *)am_dev_out(&ci->act, y, yb);
+        unsigned blocks = (unsigned)((n_rows + SC_ROWS_PER_BLOCK - 1) / SC_ROWS_PER_BLOCK);
+        scores_kernel<<<blocks, SC_THREADS, 0, ci->stream>>>(dm, n_rows, dim, dx, dy);
+        ck(ci, cudaGetLastError(), "scores kernel");
+        return;
+    }
+host:;
     am_range r[2] = { { m, sizeof(float) * (size_t)(n_rows * dim) }, { x, sizeof(float) * (size_t)dim } };
     am_host_read(&ci->act, r, 2);
     am_host_write(&ci->act, y, sizeof(float) * (size_t)n_rows);
