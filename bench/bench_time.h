@@ -1,7 +1,9 @@
-/* bench_time.h - the clock and the median that the host benchmarks in bench/ share. */
+/* bench_time.h - the clock, the median and the random numbers that the host benchmarks in bench/
+ * share. */
 #ifndef KVCHAT_BENCH_TIME_H
 #define KVCHAT_BENCH_TIME_H
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -23,6 +25,16 @@ static inline double bench_median(double *t, int n)
 {
     qsort(t, (size_t)n, sizeof *t, bench_cmp_double);
     return t[n / 2];
+}
+
+/* Uniform in [-0.5, 0.5), the same sequence in every run (xorshift64 from a fixed seed). */
+static uint64_t bench_rng = 0x9E3779B97F4A7C15ull;
+static inline float bench_frand(void)
+{
+    bench_rng ^= bench_rng << 13;
+    bench_rng ^= bench_rng >> 7;
+    bench_rng ^= bench_rng << 17;
+    return (float)((bench_rng >> 11) * (1.0 / 9007199254740992.0)) - 0.5f;
 }
 
 #endif

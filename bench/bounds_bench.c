@@ -26,15 +26,6 @@
 
 enum { H = 8, G = 4, D = 128, K = 32, CALLS = 50 };
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) - 0.5f;
-}
-
 static void *h_alloc(void *ud, size_t bytes)
 {
     (void)ud;
@@ -55,7 +46,7 @@ int main(void)
         return 1;
     }
     float *q = malloc(sizeof(float) * H * G * D);
-    for (int i = 0; i < H * G * D; i++) q[i] = frand();
+    for (int i = 0; i < H * G * D; i++) q[i] = bench_frand();
     printf("Quest's selection, a layer call: %d KV heads x %d queries, head dimension %d, top %d pages a head, "
            "1 thread\n",
            H, G, D, K);
@@ -68,7 +59,7 @@ int main(void)
         be_summary *sum = malloc(sizeof *sum * (size_t)n);
         int *idx = malloc(sizeof(int) * (size_t)per);
         if (!mm || !u || !sum || !idx) return 1;
-        for (int64_t i = 0; i < n * 2 * D; i++) mm[i] = frand();
+        for (int64_t i = 0; i < n * 2 * D; i++) mm[i] = bench_frand();
         int64_t off[H + 1];
         for (int h = 0; h <= H; h++) off[h] = h * per;
         for (int64_t i = 0; i < n; i++) sum[i] = (be_summary){ mm + i * 2 * D, mm + i * 2 * D + D, (uint64_t)i + 1, 32 };

@@ -19,15 +19,6 @@
 
 enum { L = 32, H = 8, D = 128, P = 32, WARM = 4, STEPS = 32 };
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float frand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) - 0.5f;
-}
-
 /* n tokens at p0 into every layer, random keys and values (a chunk at a time). */
 static int fill(kv_cache *kv, int64_t p0, int64_t n, float *k, float *v, int64_t chunk)
 {
@@ -35,8 +26,8 @@ static int fill(kv_cache *kv, int64_t p0, int64_t n, float *k, float *v, int64_t
         int64_t cn = n - c < chunk ? n - c : chunk;
         for (int il = 0; il < L; il++) {
             for (int64_t i = 0; i < cn * H * D; i++) {
-                k[i] = frand();
-                v[i] = frand();
+                k[i] = bench_frand();
+                v[i] = bench_frand();
             }
             if (kv_append(kv, il, k, v, cn, p0 + c) != 0) return -1;
         }
