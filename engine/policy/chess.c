@@ -91,9 +91,10 @@ typedef struct st_chess {
     size_t dim;                /* n_global * n_head_kv * head_dim */
     int units;                 /* n_global * n_head_kv */
     bound_mat pages, chunks, grids, anchor_row, score;
-    page_sig *sig;             /* [pages.cap][n_global * n_head_kv]; n = -1: not computed */
-    float *craw;               /* [chunks.cap][dim] */
-    int *c_n, *g_n;
+    page_sig *sig;             /* [sig_cap][n_global * n_head_kv]; n = -1: not computed */
+    float *craw;               /* [craw_cap][dim] */
+    int *c_n, *g_n;            /* [c_n_cap], [g_n_cap] */
+    int sig_cap, craw_cap, c_n_cap, g_n_cap;   /* each grown on its own: one may fail */
     uint64_t *shape;           /* [n_global] each global layer's kv_layer_shape at the last check */
     int checked;               /* pages below checked - 1 unchanged while the shapes are */
     /* scratch */
@@ -138,9 +139,9 @@ static void bm_free(st_chess *s, bound_mat *m)
 static void forget_summaries(st_chess *s)
 {
     if (s->sig)
-        for (size_t i = 0; i < (size_t)s->pages.cap * (size_t)s->units; i++) s->sig[i].n = -1;
-    if (s->c_n) memset(s->c_n, 0, sizeof(int) * (size_t)s->chunks.cap);
-    if (s->g_n) memset(s->g_n, 0, sizeof(int) * (size_t)s->grids.cap);
+        for (size_t i = 0; i < (size_t)s->sig_cap * (size_t)s->units; i++) s->sig[i].n = -1;
+    if (s->c_n) memset(s->c_n, 0, sizeof(int) * (size_t)s->c_n_cap);
+    if (s->g_n) memset(s->g_n, 0, sizeof(int) * (size_t)s->g_n_cap);
     s->checked = 0;
 }
 
@@ -348,35 +349,39 @@ static int update_summaries(st_chess *s, const pol_env *env, int np, int first, 
         s->units = units;
         s->dim = dim;
     }
-    int old_pages = s->pages.cap, old_chunks = s->chunks.cap, old_grids = s->grids.cap;
     int64_t most_p = kv_n_ctx(env->kv) / kv_page_size(env->kv) + 2;   /* pages the context can fill */
     int most_c = (int)((most_p + s->chunk - 1) / s->chunk), most_g = (most_c + s->grid - 1) / s->grid;
     if (bm_reserve(s, &s->pages, np, s->dim, (int)most_p) || bm_reserve(s, &s->chunks, nc, s->dim, most_c) ||
         bm_reserve(s, &s->grids, ng, s->dim, most_g) || bm_reserve(s, &s->anchor_row, 1, s->dim, 1) ||
         bm_reserve(s, &s->score, last - first + nc + ng, 1, (int)most_p + most_c + most_g))
         return -1;
-    if (s->pages.cap > old_pages) {
+    if (s->pages.cap > s->sig_cap) {
         page_sig *g = realloc(s->sig, sizeof(page_sig) * (size_t)s->pages.cap * (size_t)s->units);
         if (!g) return -1;
+        for (size_t i = (size_t)s->sig_cap * (size_t)s->units; i < (size_t)s->pages.cap * (size_t)s->units; i++) g[i].n = -1;
         s->sig = g;
-        for (size_t i = (size_t)old_pages * (size_t)s->units; i < (size_t)s->pages.cap * (size_t)s->units; i++) g[i].n = -1;
+        s->sig_cap = s->pages.cap;
     }
-    if (s->chunks.cap > old_chunks) {
+    if (s->chunks.cap > s->craw_cap) {
         float *r = realloc(s->craw, sizeof(float) * (size_t)s->chunks.cap * s->dim);
-        if (r) {
-            s->craw = r;
-            huge_pages(r, sizeof(float) * (size_t)s->chunks.cap * s->dim);
-        }
-        int *n = realloc(s->c_n, sizeof(int) * (size_t)s->chunks.cap);
-        if (n) s->c_n = n;
-        if (!r || !n) return -1;
-        memset(s->c_n + old_chunks, 0, sizeof(int) * (size_t)(s->chunks.cap - old_chunks));
+        if (!r) return -1;
+        huge_pages(r, sizeof(float) * (size_t)s->chunks.cap * s->dim);
+        s->craw = r;
+        s->craw_cap = s->chunks.cap;
     }
-    if (s->grids.cap > old_grids) {
+    if (s->chunks.cap > s->c_n_cap) {
+        int *n = realloc(s->c_n, sizeof(int) * (size_t)s->chunks.cap);
+        if (!n) return -1;
+        memset(n + s->c_n_cap, 0, sizeof(int) * (size_t)(s->chunks.cap - s->c_n_cap));
+        s->c_n = n;
+        s->c_n_cap = s->chunks.cap;
+    }
+    if (s->grids.cap > s->g_n_cap) {
         int *n = realloc(s->g_n, sizeof(int) * (size_t)s->grids.cap);
         if (!n) return -1;
+        memset(n + s->g_n_cap, 0, sizeof(int) * (size_t)(s->grids.cap - s->g_n_cap));
         s->g_n = n;
-        memset(s->g_n + old_grids, 0, sizeof(int) * (size_t)(s->grids.cap - old_grids));
+        s->g_n_cap = s->grids.cap;
     }
     /* While no global layer's shape changed, only each table's last page (and those after it) can
      * have: the pages checked before, but the last, need no look. */
