@@ -17,6 +17,7 @@
 #include "kernels/act_mirror.h"
 #include "kernels/backend.h"
 #include "engine/forward.h"
+#include "engine/kvcache.h"
 #include "engine/model.h"
 #include "engine/policy/policy.h"
 #include "engine/sampler.h"
@@ -690,6 +691,72 @@ Test(residency, a_prompt_whose_row_buffers_do_not_fit_waits_a_layer_at_a_time)
     free(want);
     be_free(cpu);
     model_free(m);
+}
+
+/* Layer 0's CHESS selection at the step at pos, as text. */
+static void chess_choice(pol_set *ps, int64_t pos, char *out, size_t len)
+{
+    int32_t tok = 0;
+    pol_set_begin(ps, &tok, 1, pos, 1);
+    const pol_sel *sel = pol_set_select(ps, 0, NULL);
+    size_t o = 0;
+    snprintf(out, len, "%s", sel ? "" : "all");
+    for (int64_t i = 0; sel && i < sel->n && o + 12 < len; i++)
+        o += (size_t)snprintf(out + o, len - o, "%s%d", i ? " " : "", sel->idx[i]);
+}
+
+Test(residency, chess_scores_its_kept_summaries_on_the_twins)
+{
+    /* CHESS with its summaries bound to the shadow device, against CHESS on the CPU backend over
+     * the same cache (two global layers of two KV heads, random keys, pages of 4): at each of 300
+     * steps, through growth past several doublings of its buffers and a rewind, the choice is the
+     * same; every step sends the anchor up and only now and then more than the anchor and three
+     * rewritten rows (a page's, its chunk's and its grid's: the rest stays on the twins); freeing
+     * the set leaves nothing bound. */
+    enum { HK = 2, NL = 2, DIM = 8 };
+    char err[512];
+    be_backend *dev = shadow_create(), *cpu = be_cpu_create(1, err, sizeof err);
+    cr_assert(cpu, "%s", err);
+    kv_cache *kv = kv_create(NL, 4096, HK, DIM, 4, NULL, err, sizeof err);
+    cr_assert(kv, "%s", err);
+    int global[NL] = { 0, 1 };
+    pol_env on_dev = { kv, dev, HK, HK, DIM, global, NL, NULL, 0, NULL, NULL, NULL }, on_cpu = on_dev;
+    on_cpu.b = cpu;
+    pol_spec spec;
+    cr_assert(pol_parse(&spec, "chess:sink=1,window=1,anchor=4,chunk=2,grid=2,rho_g=0.5,rho_c=0.5,rho_p=0.5", NULL, err,
+                        sizeof err) == 0, "%s", err);
+    pol_set *a = pol_set_create(&spec, &on_dev, err, sizeof err), *c = pol_set_create(&spec, &on_cpu, err, sizeof err);
+    cr_assert(a && c, "%s", err);
+    uint64_t r = 0xC4E55;
+    const size_t row = sizeof(float) * NL * HK * DIM;
+    int big = 0;
+    for (int step = 0; step < 300; step++) {
+        int64_t pos = kv_len(kv);
+        int n = step == 0 ? 40 : 1;
+        if (step == 150) pos = kv_rewind(kv, pos - 30);
+        float k[40 * HK * DIM], v[40 * HK * DIM] = { 0 };
+        for (int i = 0; i < n * HK * DIM; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            k[i] = (float)((r >> 40) & 0xFFFF) / 32768.0f - 1.0f;
+        }
+        for (int il = 0; il < NL; il++) cr_assert(kv_append(kv, il, k, v, n, pos) == 0);
+        kv_commit(kv, pos + n);
+        char got[1024], want[1024];
+        uint64_t up0 = sh(dev)->t.up_bytes;
+        chess_choice(a, pos + n - 1, got, sizeof got);
+        uint64_t up = sh(dev)->t.up_bytes - up0;
+        chess_choice(c, pos + n - 1, want, sizeof want);
+        cr_assert_str_eq(got, want, "step %d: the choice on the twins differs from the CPU's", step);
+        cr_expect_geq(up, row, "step %d: %llu bytes sent, the anchor is %zu", step, (unsigned long long)up, row);
+        big += step > 0 && up > 4 * row;
+    }
+    cr_expect_leq(big, 15, "%d of 300 steps sent more than the anchor and three rows", big);
+    pol_set_free(a);
+    cr_expect_eq(sh(dev)->t.n, 0, "%d buffers left bound", sh(dev)->t.n);
+    pol_set_free(c);
+    kv_free(kv);
+    be_free(cpu);
+    be_free(dev);
 }
 
 Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
