@@ -23,8 +23,9 @@
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
 # seconds, gpu_bench's and kvchat bench's figures, the peer's and kvchat / peer; written by
 # gpu-figures.sh beside this script), OUTDIR/results.csv (kvchat bench's own rows, for
-# bench/results.csv), OUTDIR/kernels.csv (gpu_bench's own rows), OUTDIR/log.txt (every step's whole
-# output). A step that fails or runs out of time is recorded and the next one runs. Without a GPU
+# bench/results.csv), OUTDIR/policy_results.csv (kvchat bench --policy's rows, for
+# bench/policy_results.csv), OUTDIR/kernels.csv (gpu_bench's own rows), OUTDIR/log.txt (every step's
+# whole output). A step that fails or runs out of time is recorded and the next one runs. Without a GPU
 # (nvidia-smi finds none) the steps that write and time models are skipped: on the CPU they would
 # only spend the budget. Exit status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
@@ -137,7 +138,7 @@ policy_steps() {
     local name=$1 model=$2 depth=$3 gen=$4 pol
     for pol in quest chess:preset=aggressive; do
         if step "policy $name $pol KVCHAT_PROFILE=1" 60 env KVCHAT_PROFILE=1 "$kv" bench -m "$model" --device cuda \
-            --ctx "$depth" --gen "$gen" --policy "$pol" --no-csv; then
+            --ctx "$depth" --gen "$gen" --policy "$pol" --csv "$out/policy_results.csv"; then
             say "  $pol, depth $depth, $gen tokens decoded:"
             awk '/^ +ctx +policy/ || /^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^between ops/ { on = 0 }' \
                 "$tmp/last" >>"$summary"
@@ -281,7 +282,8 @@ for type in q4_k_m f16; do
             policy_steps mistral-7b-q4_k_m "$m" 2048 16
             # the CHESS target at 32K: one prefill, then each policy's decode from it
             if step "policy mistral-7b-q4_k_m full and chess:preset=aggressive at 32K" 120 "$kv" bench -m "$m" \
-                --device cuda --ctx 32704 --gen 64 --policy full,chess:preset=aggressive --no-csv; then
+                --device cuda --ctx 32704 --gen 64 --policy full,chess:preset=aggressive \
+                --csv "$out/policy_results.csv"; then
                 say "  depth 32704 (the last token decoded at 32768), 64 tokens; target: CHESS's decode/s at least 1.25x full's:"
                 awk '/^ +ctx +policy/ { on = 1 } /^peak RSS/ { on = 0 } on && NF { print "    " $0 }' "$tmp/last" >>"$summary"
             fi

@@ -271,7 +271,7 @@ static void trace_level(const st_chess *s, const pol_env *env, const char *what,
 }
 
 /* Ask for huge pages under a large buffer about to be filled: at the 7B shape the summaries of 32K
- * tokens take 170 MiB, and faulting them in 4 KiB at a time cost more than computing them. */
+ * tokens take 200 MiB, and faulting them in 4 KiB at a time cost more than computing them. */
 static void huge_pages(void *p, size_t bytes)
 {
 #ifdef MADV_HUGEPAGE
