@@ -330,6 +330,19 @@ static void scored_row(const st_chess *s, const float *raw, float *out)
     for (size_t d = 0; d < s->dim; d++) out[d] = s->cosine ? raw[d] * inv : raw[d];
 }
 
+/* A count array grown to want entries, the new ones 0 (not computed); 0, or -1 when out of memory
+ * (the array and *cap as they were). */
+static int grow_counts(int **a, int *cap, int want)
+{
+    if (want <= *cap) return 0;
+    int *n = realloc(*a, sizeof(int) * (size_t)want);
+    if (!n) return -1;
+    memset(n + *cap, 0, sizeof(int) * (size_t)(want - *cap));
+    *a = n;
+    *cap = want;
+    return 0;
+}
+
 /* The kept summaries grown to np pages (nc chunks, ng grids) and brought up to date with the
  * candidates [first, last): a page row is recomputed where some (layer, head) page changed, a
  * chunk where one of its pages was or its page count differs, a grid likewise. 0, or -1 when out
@@ -369,20 +382,8 @@ static int update_summaries(st_chess *s, const pol_env *env, int np, int first, 
         s->craw = r;
         s->craw_cap = s->chunks.cap;
     }
-    if (s->chunks.cap > s->c_n_cap) {
-        int *n = realloc(s->c_n, sizeof(int) * (size_t)s->chunks.cap);
-        if (!n) return -1;
-        memset(n + s->c_n_cap, 0, sizeof(int) * (size_t)(s->chunks.cap - s->c_n_cap));
-        s->c_n = n;
-        s->c_n_cap = s->chunks.cap;
-    }
-    if (s->grids.cap > s->g_n_cap) {
-        int *n = realloc(s->g_n, sizeof(int) * (size_t)s->grids.cap);
-        if (!n) return -1;
-        memset(n + s->g_n_cap, 0, sizeof(int) * (size_t)(s->grids.cap - s->g_n_cap));
-        s->g_n = n;
-        s->g_n_cap = s->grids.cap;
-    }
+    if (grow_counts(&s->c_n, &s->c_n_cap, s->chunks.cap) || grow_counts(&s->g_n, &s->g_n_cap, s->grids.cap))
+        return -1;
     /* While no global layer's shape changed, only each table's last page (and those after it) can
      * have: the pages checked before, but the last, need no look. */
     int same = 1, least = np;
