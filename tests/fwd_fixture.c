@@ -3,6 +3,7 @@
 
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "engine/tokenizer.h"
 
@@ -61,4 +62,33 @@ gen_callbacks fwd_fixture_recorder(fx_answer *out)
 {
     gen_callbacks cb = { out, rec_token, rec_page, rec_event };
     return cb;
+}
+
+void fwd_fixture_random_keys(kv_cache *kv, int n_layer, int64_t n, uint64_t *r)
+{
+    int64_t row = (int64_t)kv_n_head_kv(kv) * kv_head_dim(kv), pos = kv_len(kv);
+    float *k = malloc(sizeof(float) * (size_t)(64 * row)), *v = calloc((size_t)(64 * row), sizeof(float));
+    cr_assert(k && v);
+    for (int64_t done = 0; done < n; done += 64) {
+        int64_t c = n - done < 64 ? n - done : 64;
+        for (int64_t i = 0; i < c * row; i++) {
+            *r = *r * 6364136223846793005ull + 1442695040888963407ull;
+            k[i] = (float)((*r >> 40) & 0xFFFF) / 32768.0f - 1.0f;
+        }
+        for (int il = 0; il < n_layer; il++) cr_assert(kv_append(kv, il, k, v, c, pos + done) == 0);
+        kv_commit(kv, pos + done + c);
+    }
+    free(k);
+    free(v);
+}
+
+void fwd_fixture_choice(pol_set *ps, int64_t pos, char *out, size_t len)
+{
+    int32_t tok = 0;   /* the step's token (the selection policies do not look at it) */
+    pol_set_begin(ps, &tok, 1, pos, 1);
+    const pol_sel *sel = pol_set_select(ps, 0, NULL);
+    size_t o = 0;
+    snprintf(out, len, "%s", sel ? "" : "all");
+    for (int64_t i = 0; sel && i < sel->n && o + 12 < len; i++)
+        o += (size_t)snprintf(out + o, len - o, "%s%d", i ? " " : "", sel->idx[i]);
 }

@@ -1,5 +1,5 @@
-/* fwd_fixture.h - what the forward-pass tests share (tests/test_residency.c, test_policy.c,
- * test_uncertainty.c, test_attn_lists.c). */
+/* fwd_fixture.h - what the forward-pass and policy tests share (tests/test_residency.c, test_policy.c,
+ * test_uncertainty.c, test_attn_lists.c, test_faults.c). */
 #ifndef KVCHAT_TESTS_FWD_FIXTURE_H
 #define KVCHAT_TESTS_FWD_FIXTURE_H
 
@@ -8,6 +8,7 @@
 
 #include "engine/forward.h"
 #include "engine/generate.h"
+#include "engine/kvcache.h"
 #include "engine/model.h"
 #include "engine/policy/policy.h"
 
@@ -17,6 +18,13 @@ pol_set *fwd_fixture_policy_make(fwd_ctx *f, const char *spec);
 pol_set *fwd_fixture_policy(fwd_ctx *f, const char *spec);
 /* The tokens of a prompt file (with m's BOS when it adds one), asserted; *n their count. */
 int32_t *fwd_fixture_prompt(const model *m, const char *path, size_t *n);
+
+/* n tokens of random keys in [-1, 1) (values 0) appended at kv_len to layers 0 .. n_layer - 1, the
+ * same keys in each, and committed; *r is the generator's state (a 64-bit LCG), asserted. */
+void fwd_fixture_random_keys(kv_cache *kv, int n_layer, int64_t n, uint64_t *r);
+/* Begin the decode step at pos on ps, then layer 0's selection as text ("0 5 6 9"; "all" without
+ * one). */
+void fwd_fixture_choice(pol_set *ps, int64_t pos, char *out, size_t len);
 
 /* What an answer handed out (gen_answer): its final tokens, its events and its checked pages' statistics,
  * the first of each that fit. */

@@ -18,6 +18,7 @@
 #include "engine/snapshot.h"
 #include "kernels/backend.h"
 #include "store/store.h"
+#include "tests/fwd_fixture.h"
 
 #define TD "../shared/testdata/"
 
@@ -417,35 +418,6 @@ Test(faults, every_allocation_failure_in_serializing_a_sequence_is_an_error, .in
 
 /* ---- CHESS's kept summaries */
 
-/* n random tokens into both layers of kv (two KV heads of 8 dimensions). */
-static void chess_tokens(kv_cache *kv, int64_t n, uint64_t *r)
-{
-    float k[64 * 16], v[64 * 16] = { 0 };
-    int64_t pos = kv_len(kv);
-    for (int64_t done = 0; done < n; done += 64) {
-        int64_t c = n - done < 64 ? n - done : 64;
-        for (int64_t i = 0; i < c * 16; i++) {
-            *r = *r * 6364136223846793005ull + 1442695040888963407ull;
-            k[i] = (float)((*r >> 40) & 0xFFFF) / 32768.0f - 1.0f;
-        }
-        for (int il = 0; il < 2; il++) cr_assert(kv_append(kv, il, k, v, c, pos + done) == 0);
-        kv_commit(kv, pos + done + c);
-    }
-}
-
-/* Layer 0's selection as text ("all" without one). */
-static void chess_choice(pol_set *ps, int64_t pos, char *out, size_t len)
-{
-    int32_t tok = 0;
-    pol_set_begin(ps, &tok, 1, pos, 1);
-    const pol_sel *sel = pol_set_select(ps, 0, NULL);
-    size_t o = 0;
-    out[0] = 0;
-    if (!sel) snprintf(out, len, "all");
-    for (int64_t i = 0; sel && i < sel->n && o + 12 < len; i++)
-        o += (size_t)snprintf(out + o, len - o, "%s%d", i ? " " : "", sel->idx[i]);
-}
-
 Test(faults, every_allocation_failure_in_chess_s_reconstruction_leaves_the_next_step_right, .timeout = 600)
 {
     /* CHESS keeps its summaries between steps and grows them with the context. With the Nth
@@ -466,15 +438,15 @@ Test(faults, every_allocation_failure_in_chess_s_reconstruction_leaves_the_next_
         cr_assert(kv, "%s", err);
         pol_env env = { kv, b, 2, 2, 8, global, 2, NULL, 0, NULL, NULL, NULL };
         uint64_t r = 0x5EED + (uint64_t)n;
-        chess_tokens(kv, 60, &r);
+        fwd_fixture_random_keys(kv, 2, 60, &r);
         pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
         cr_assert(ps, "%s", err);
         for (int phase = 0; phase < 2; phase++) {
-            if (phase == 1) chess_tokens(kv, 200, &r);   /* the pages grow past twice the first build */
+            if (phase == 1) fwd_fixture_random_keys(kv, 2, 200, &r);   /* the pages grow past twice the first build */
             char got[2048], want[2048];
             n_calls = 0;
             fault_at = n;
-            chess_choice(ps, kv_len(kv) - 1, got, sizeof got);
+            fwd_fixture_choice(ps, kv_len(kv) - 1, got, sizeof got);
             reached_any |= n_calls >= n;
             fault_at = 0;
             if (strcmp(got, "all") != 0) {   /* pages that exist, ascending */
@@ -488,11 +460,11 @@ Test(faults, every_allocation_failure_in_chess_s_reconstruction_leaves_the_next_
                 }
                 cr_expect(ok, "allocation %ld, phase %d: %s", n, phase, got);
             }
-            chess_tokens(kv, 1, &r);
-            chess_choice(ps, kv_len(kv) - 1, got, sizeof got);
+            fwd_fixture_random_keys(kv, 2, 1, &r);
+            fwd_fixture_choice(ps, kv_len(kv) - 1, got, sizeof got);
             pol_set *fresh = pol_set_create(&spec, &env, err, sizeof err);
             cr_assert(fresh, "%s", err);
-            chess_choice(fresh, kv_len(kv) - 1, want, sizeof want);
+            fwd_fixture_choice(fresh, kv_len(kv) - 1, want, sizeof want);
             pol_set_free(fresh);
             cr_expect_str_eq(got, want, "allocation %ld, phase %d: the step after the failure chose otherwise", n,
                              phase);

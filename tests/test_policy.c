@@ -305,20 +305,6 @@ Test(policy, chess_anchor_is_the_last_tokens_keys_and_is_rebuilt_per_step_page_o
     }
 }
 
-/* The selection of layer 0 (KV head 0's list) as a string. */
-static void sel_text(pol_set *ps, char *out, size_t len)
-{
-    const pol_sel *sel = pol_set_select(ps, 0, NULL);
-    size_t o = 0;
-    out[0] = 0;
-    if (!sel) {
-        snprintf(out, len, "all");
-        return;
-    }
-    for (int64_t i = 0; i < sel->n && o + 12 < len; i++)
-        o += (size_t)snprintf(out + o, len - o, "%s%d", i ? " " : "", sel->idx[i]);
-}
-
 Test(policy, chess_keeping_its_summaries_chooses_as_a_fresh_reconstruction_does)
 {
     /* Two global layers of two KV heads, random keys: CHESS keeps its page, chunk and grid rows
@@ -345,33 +331,23 @@ Test(policy, chess_keeping_its_summaries_chooses_as_a_fresh_reconstruction_does)
         cr_assert(kept, "%s", err);
         int selections = 0;
         for (int step = 0; step < 150; step++) {
-            int64_t pos = kv_len(kv);
             int n = step == 0 ? 37 : step % 17 == 5 ? 6 : 1;   /* a prompt, then tokens, now and then several */
-            if (step == 60) pos = kv_rewind(kv, pos - 23);     /* back across pages */
-            float k[64 * HK * D], v[64 * HK * D];
-            for (int i = 0; i < n * HK * D; i++) {
-                r = r * 6364136223846793005ull + 1442695040888963407ull;
-                k[i] = (float)((r >> 40) & 0xFFFF) / 32768.0f - 1.0f;
-                v[i] = 0.0f;
-            }
-            for (int il = 0; il < NL; il++) cr_assert(kv_append(kv, il, k, v, n, pos) == 0);
-            kv_commit(kv, pos + n);
+            if (step == 60) kv_rewind(kv, kv_len(kv) - 23);    /* back across pages */
+            fwd_fixture_random_keys(kv, NL, n, &r);
+            int64_t pos = kv_len(kv) - 1;
             if (step == 100) {   /* head 1 of layer 1 loses its fourth page: the later ones move down */
                 int np = kv_n_pages(kv, 1, 1), keep[1024], nk = 0;
                 for (int i = 0; i < np; i++)
                     if (i != 3) keep[nk++] = i;
                 kv_keep_pages(kv, 1, 1, keep, nk);
             }
-            int32_t tok = 0;
-            pol_set_begin(kept, &tok, 1, pos + n - 1, 1);
+            char a[2048], c[2048];
+            fwd_fixture_choice(kept, pos, a, sizeof a);
             pol_set *fresh = pol_set_create(&spec, &env, err, sizeof err);
             cr_assert(fresh, "%s", err);
-            pol_set_begin(fresh, &tok, 1, pos + n - 1, 1);
-            char a[2048], c[2048];
-            sel_text(kept, a, sizeof a);
-            sel_text(fresh, c, sizeof c);
+            fwd_fixture_choice(fresh, pos, c, sizeof c);
             cr_assert_str_eq(a, c, "%s, step %d (position %lld): kept summaries chose differently", specs[si], step,
-                             (long long)(pos + n - 1));
+                             (long long)pos);
             selections += strcmp(a, "all") != 0;
             pol_set_free(fresh);
         }

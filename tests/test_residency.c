@@ -693,18 +693,6 @@ Test(residency, a_prompt_whose_row_buffers_do_not_fit_waits_a_layer_at_a_time)
     model_free(m);
 }
 
-/* Layer 0's CHESS selection at the step at pos, as text. */
-static void chess_choice(pol_set *ps, int64_t pos, char *out, size_t len)
-{
-    int32_t tok = 0;
-    pol_set_begin(ps, &tok, 1, pos, 1);
-    const pol_sel *sel = pol_set_select(ps, 0, NULL);
-    size_t o = 0;
-    snprintf(out, len, "%s", sel ? "" : "all");
-    for (int64_t i = 0; sel && i < sel->n && o + 12 < len; i++)
-        o += (size_t)snprintf(out + o, len - o, "%s%d", i ? " " : "", sel->idx[i]);
-}
-
 Test(residency, chess_scores_its_kept_summaries_on_the_twins)
 {
     /* CHESS with its summaries bound to the shadow device, against CHESS on the CPU backend over
@@ -731,21 +719,14 @@ Test(residency, chess_scores_its_kept_summaries_on_the_twins)
     const size_t row = sizeof(float) * NL * HK * DIM;
     int big = 0;
     for (int step = 0; step < 300; step++) {
-        int64_t pos = kv_len(kv);
-        int n = step == 0 ? 40 : 1;
-        if (step == 150) pos = kv_rewind(kv, pos - 30);
-        float k[40 * HK * DIM], v[40 * HK * DIM] = { 0 };
-        for (int i = 0; i < n * HK * DIM; i++) {
-            r = r * 6364136223846793005ull + 1442695040888963407ull;
-            k[i] = (float)((r >> 40) & 0xFFFF) / 32768.0f - 1.0f;
-        }
-        for (int il = 0; il < NL; il++) cr_assert(kv_append(kv, il, k, v, n, pos) == 0);
-        kv_commit(kv, pos + n);
+        if (step == 150) kv_rewind(kv, kv_len(kv) - 30);
+        fwd_fixture_random_keys(kv, NL, step == 0 ? 40 : 1, &r);
+        int64_t pos = kv_len(kv) - 1;
         char got[1024], want[1024];
         uint64_t up0 = sh(dev)->t.up_bytes;
-        chess_choice(a, pos + n - 1, got, sizeof got);
+        fwd_fixture_choice(a, pos, got, sizeof got);
         uint64_t up = sh(dev)->t.up_bytes - up0;
-        chess_choice(c, pos + n - 1, want, sizeof want);
+        fwd_fixture_choice(c, pos, want, sizeof want);
         cr_assert_str_eq(got, want, "step %d: the choice on the twins differs from the CPU's", step);
         cr_expect_geq(up, row, "step %d: %llu bytes sent, the anchor is %zu", step, (unsigned long long)up, row);
         big += step > 0 && up > 4 * row;
