@@ -291,7 +291,7 @@ static int bm_reserve(st_chess *s, bound_mat *m, int rows, size_t width, int mos
 {
     m->width = width;
     if (rows <= m->cap) return 0;
-    int cap = 2 * (rows > m->cap ? rows : m->cap);
+    int cap = 2 * rows;
     if (cap > most) cap = most;
     if (cap < rows) cap = rows;
     if (m->bound) be_unbind(s->b, m->p);

@@ -1906,9 +1906,9 @@ __global__ void __launch_bounds__(SC_THREADS) scores_kernel(const float *m, int6
     if (lane == 0) y[r] = v;
 }
 
-/* On the device where the matrix and the scores are bound (CHESS's summaries: only the rows the
- * host rewrote are sent, and the scores stay there until the host reads them); on the host
- * otherwise, and once an op has failed (the scores always answer). */
+/* On the device where the matrix and the scores are bound (CHESS's summaries: the span of rows the
+ * host rewrote is sent, and the scores stay there until the host reads them); on the host
+ * otherwise, and once an op has failed (from the host's copies). */
 static void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
 {
     cuda_impl *ci = impl_of(b);
@@ -1927,9 +1927,9 @@ static void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t d
         return;
     }
 host:;
-    am_range r[2] = { { m, sizeof(float) * (size_t)(n_rows * dim) }, { x, sizeof(float) * (size_t)dim } };
+    am_range r[2] = { { m, mb }, { x, sizeof(float) * (size_t)dim } };
     am_host_read(&ci->act, r, 2);
-    am_host_write(&ci->act, y, sizeof(float) * (size_t)n_rows);
+    am_host_write(&ci->act, y, yb);
     ci->cpu->ops->scores(ci->cpu, m, n_rows, dim, x, y);
 }
 
