@@ -718,22 +718,21 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
     if (grow && grow_defer(f)) defer = 0;
     const int set = f->next_set;
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
+    /* each layer's attention norm comes with the residual add before it (add_norm), but the first's */
+    op->rmsnorm(b, f->x, m->layers[0].attn_norm, f->h, n, E, hp->norm_eps);
     for (int il = 0; il < hp->n_layer; il++) {
         if (abort_flag && *abort_flag) return -1;
         if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
         const model_layer *ly = &m->layers[il];
         float *K = defer ? f->kall[set] + il * n * kvd : f->k, *V = defer ? f->vall[set] + il * n * kvd : f->v;
-        /* attention block */
-        op->rmsnorm(b, f->x, ly->attn_norm, f->h, n, E, hp->norm_eps);
+        /* attention block (its input norm is in f->h already) */
         be_mm qkv[3] = { { &ly->wq, f->q }, { &ly->wk, K }, { &ly->wv, V } };
         op->matmul(b, qkv, 3, f->h, n);
-        if (hp->post_norms) {
-            op->rmsnorm(b, f->q, ly->q_norm, f->q, n * H, D, hp->norm_eps);
-            op->rmsnorm(b, K, ly->k_norm, K, n * Hkv, D, hp->norm_eps);
-        }
-        op->rope(b, f->q, n, (int)H, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
-        op->rope(b, K, n, (int)Hkv, (int)D, f->pos, ly->rope_base, hp->rope_freq_scale, hp->rope_neox);
-        op->scale(b, f->q, n * H * D, hp->attn_scale);
+        be_qk qk = { .q = f->q, .k = K, .n_tok = n, .n_head = (int)H, .n_head_kv = (int)Hkv, .head_dim = (int)D,
+                     .q_norm = hp->post_norms ? ly->q_norm : NULL, .k_norm = hp->post_norms ? ly->k_norm : NULL,
+                     .eps = hp->norm_eps, .pos = f->pos, .freq_base = ly->rope_base, .freq_scale = hp->rope_freq_scale,
+                     .neox = hp->rope_neox, .q_scale = hp->attn_scale };
+        op->qk_rope(b, &qk);
         if (!defer) {
             /* the host's share of the layer: the new K/V rows go into the cache, and a policy that
              * reads the queries on global layers gets them (one wait for a device backend; a 7B
@@ -780,17 +779,18 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
         }
         be_mm wo = { &ly->wo, f->o };
         op->matmul(b, &wo, 1, f->att, n);
-        if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_attn_norm, f->o, n, E, hp->norm_eps);
-        op->add(b, f->x, f->o, n * E);
+        op->add_norm(b, f->x, f->o, hp->post_norms ? ly->post_attn_norm : NULL, ly->ffn_norm, f->h, n, E,
+                     hp->norm_eps);
         /* feed-forward block */
-        op->rmsnorm(b, f->x, ly->ffn_norm, f->h, n, E, hp->norm_eps);
         be_mm gu[2] = { { &ly->w_gate, f->gate }, { &ly->w_up, f->up } };
         op->matmul(b, gu, 2, f->h, n);
         op->glu(b, f->gate, f->up, n * hp->n_ff, hp->gelu);
         be_mm down = { &ly->w_down, f->o };
         op->matmul(b, &down, 1, f->gate, n);
-        if (hp->post_norms) op->rmsnorm(b, f->o, ly->post_ffw_norm, f->o, n, E, hp->norm_eps);
-        op->add(b, f->x, f->o, n * E);
+        /* the next layer's attention norm with the add (the last layer's output norm is taken
+         * later, over the rows that need logits) */
+        op->add_norm(b, f->x, f->o, hp->post_norms ? ly->post_ffw_norm : NULL,
+                     il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL, f->h, n, E, hp->norm_eps);
     }
     if (defer) {   /* the rows start back now; the cache takes them later (take_pending) */
         be_range rd[3];

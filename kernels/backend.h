@@ -163,6 +163,24 @@ typedef struct be_pick {
     double h, vh;             /* out, with entropy */
 } be_pick;
 
+/* A layer's attention inputs made ready, in place, in one op: every head's row of head_dim values
+ * of q (n_head heads a token) and k (n_head_kv heads) normalized where its weight is given (y = x /
+ * sqrt(mean(x^2) + eps) * w, as rmsnorm), then rotated at its token's position (RoPE; neox: pairs
+ * (i, i + d/2), else (2i, 2i+1); theta_i = pos * freq_scale * freq_base^(-2i/d)), then q's scaled
+ * by q_scale: the floats of rmsnorm, rope and a scale in that order, with one op where there were
+ * five. */
+typedef struct be_qk {
+    float *q, *k;               /* [n_tok][n_head][head_dim], [n_tok][n_head_kv][head_dim] */
+    int64_t n_tok;
+    int n_head, n_head_kv, head_dim;
+    const float *q_norm, *k_norm;   /* [head_dim] each, or NULL: no normalization */
+    float eps;
+    const int32_t *pos;         /* [n_tok] */
+    float freq_base, freq_scale;
+    int neox;
+    float q_scale;
+} be_qk;
+
 typedef struct be_backend be_backend;
 
 typedef struct be_ops {
@@ -172,9 +190,8 @@ typedef struct be_ops {
     /* y = x / sqrt(mean(x^2) + eps) * w, row by row; y may equal x. */
     void (*rmsnorm)(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim,
                     float eps);
-    /* Rotary embedding in place on [n_tok][n_heads][head_dim]; neox: pairs (i, i + d/2), else (2i, 2i+1). */
-    void (*rope)(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
-                 float freq_base, float freq_scale, int neox);
+    /* q and k normalized, rotated and q scaled (be_qk above). */
+    void (*qk_rope)(be_backend *b, const be_qk *r);
     /* gate[i] = act(gate[i]) * up[i]; act = gelu (tanh form) or silu. */
     void (*glu)(be_backend *b, float *gate, const float *up, int64_t n, int gelu);
     /* out[t] = dequantized row ids[t] of w, times scale. */
@@ -192,10 +209,12 @@ typedef struct be_ops {
     /* Device memory: what this backend holds and the device's total (NULL: host memory only). */
     void (*memory)(be_backend *b, uint64_t *held, uint64_t *total);
     void (*destroy)(be_backend *b);
-    /* x[i] += y[i] for i < n (the residual connections). */
-    void (*add)(be_backend *b, float *x, const float *y, int64_t n);
-    /* x[i] *= s for i < n. */
-    void (*scale)(be_backend *b, float *x, int64_t n, float s);
+    /* The residual connection and the next block's norm, row by row over rows rows of dim: with
+     * post given, o = rmsnorm(o) * post first (in place; Gemma's norm after a block), then x += o,
+     * then with w given h = rmsnorm(x) * w (h may not overlap x or o): the floats of rmsnorm, an
+     * add and rmsnorm in that order. */
+    void (*add_norm)(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
+                     int64_t dim, float eps);
     /* Residency (see the top of this file; NULL: the host copy is the only one). bind: 0, or -1 with
      * a message naming what was needed. */
     int (*bind)(be_backend *b, void *host, size_t bytes, char *err, size_t errlen);

@@ -6,14 +6,14 @@
 #include "kernels/op_profile.h"
 
 enum {
-    R_MATMUL_1, R_MATMUL_N, R_RMSNORM, R_ROPE, R_GLU, R_GET_ROWS, R_ATTENTION_1, R_ATTENTION_N, R_SCORES,
-    R_BOUND_PAGES, R_ADD, R_SCALE, R_PREPARE, R_BIND, R_UNBIND, R_HOST_READ, R_HOST_WRITE, R_PICK,
+    R_MATMUL_1, R_MATMUL_N, R_RMSNORM, R_QK_ROPE, R_GLU, R_GET_ROWS, R_ATTENTION_1, R_ATTENTION_N, R_SCORES,
+    R_BOUND_PAGES, R_ADD_NORM, R_PREPARE, R_BIND, R_UNBIND, R_HOST_READ, R_HOST_WRITE, R_PICK,
     R_HOST_PREFETCH, R_N
 };
 
 static const char *const row_name[R_N] = {
-    "matmul 1 token", "matmul tokens", "rmsnorm", "rope", "glu", "get_rows", "attention 1 query",
-    "attention queries", "scores", "bound_pages", "add", "scale", "prepare", "bind", "unbind", "host_read",
+    "matmul 1 token", "matmul tokens", "rmsnorm", "qk_rope", "glu", "get_rows", "attention 1 query",
+    "attention queries", "scores", "bound_pages", "add_norm", "prepare", "bind", "unbind", "host_read",
     "host_write", "pick", "host_prefetch",
 };
 
@@ -102,11 +102,7 @@ static void t_rmsnorm(be_backend *b, const float *x, const float *w, float *y, i
     TIMED(R_RMSNORM, in_->ops->rmsnorm(in_, x, w, y, rows, dim, eps));
 }
 
-static void t_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
-                   float freq_base, float freq_scale, int neox)
-{
-    TIMED(R_ROPE, in_->ops->rope(in_, x, n_tok, n_heads, head_dim, pos, freq_base, freq_scale, neox));
-}
+static void t_qk_rope(be_backend *b, const be_qk *r) { TIMED(R_QK_ROPE, in_->ops->qk_rope(in_, r)); }
 
 static void t_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
 {
@@ -143,9 +139,11 @@ static void t_memory(be_backend *b, uint64_t *held, uint64_t *total)
     in->ops->memory(in, held, total);
 }
 
-static void t_add(be_backend *b, float *x, const float *y, int64_t n) { TIMED(R_ADD, in_->ops->add(in_, x, y, n)); }
-
-static void t_scale(be_backend *b, float *x, int64_t n, float s) { TIMED(R_SCALE, in_->ops->scale(in_, x, n, s)); }
+static void t_add_norm(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
+                       int64_t dim, float eps)
+{
+    TIMED(R_ADD_NORM, in_->ops->add_norm(in_, x, o, post, w, h, rows, dim, eps));
+}
 
 static int t_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
 {
@@ -210,7 +208,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     p->ops.name = in->ops->name;
     TWIN(matmul);
     TWIN(rmsnorm);
-    TWIN(rope);
+    TWIN(qk_rope);
     TWIN(glu);
     TWIN(get_rows);
     TWIN(attention);
@@ -219,8 +217,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     TWIN(prepare);
     TWIN(memory);
     p->ops.destroy = t_destroy;
-    TWIN(add);
-    TWIN(scale);
+    TWIN(add_norm);
     TWIN(bind);
     TWIN(unbind);
     TWIN(host_read);

@@ -209,11 +209,7 @@ static void c_rmsnorm(be_backend *b, const float *x, const float *w, float *y, i
 {
     ck.cpu->ops->rmsnorm(ck.cpu, x, w, y, rows, dim, eps);
 }
-static void c_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float fb,
-                   float fs, int neox)
-{
-    ck.cpu->ops->rope(ck.cpu, x, n_tok, n_heads, head_dim, pos, fb, fs, neox);
-}
+static void c_qk_rope(be_backend *b, const be_qk *r) { ck.cpu->ops->qk_rope(ck.cpu, r); }
 static void c_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
 {
     ck.cpu->ops->glu(ck.cpu, gate, up, n, gelu);
@@ -257,16 +253,19 @@ static void c_bound_pages(be_backend *b, be_bounds *r)
     ck.bound_entries += r->off[r->n_head_kv];
     ck.cpu->ops->bound_pages(ck.cpu, r);
 }
-static void c_add(be_backend *b, float *x, const float *y, int64_t n) { ck.cpu->ops->add(ck.cpu, x, y, n); }
-static void c_scale(be_backend *b, float *x, int64_t n, float s) { ck.cpu->ops->scale(ck.cpu, x, n, s); }
+static void c_add_norm(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
+                       int64_t dim, float eps)
+{
+    ck.cpu->ops->add_norm(ck.cpu, x, o, post, w, h, rows, dim, eps);
+}
 static void c_destroy(be_backend *b) { free(b); }
 /* Residency with nothing to keep: the forward pass then defers a decode step's rows. */
 static int c_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen) { return 0; }
 static void c_unbind(be_backend *b, void *host) {}
 
 static const be_ops check_ops = {
-    "check", c_matmul, c_rmsnorm, c_rope, c_glu, c_get_rows, c_attention, c_scores, c_bound_pages, NULL, NULL, c_destroy,
-    c_add, c_scale, c_bind, c_unbind, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    "check", c_matmul, c_rmsnorm, c_qk_rope, c_glu, c_get_rows, c_attention, c_scores, c_bound_pages, NULL, NULL,
+    c_destroy, c_add_norm, c_bind, c_unbind, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 /* Prefill in chunks of 40, 40 greedy steps (pages of 16: the steps cross page boundaries), a

@@ -84,6 +84,86 @@ Test(kernels, vector_glu_matches_formula)
 }
 
 /* The threaded element-wise ops and matmul give the same bits as one thread (rows never split). */
+/* One head's row as the fused op's parts define it, in double: normalized (w given), rotated at
+ * pos, scaled. */
+static void ref_qk_row(float *v, int D, const float *w, double pos, double base, int neox, double s)
+{
+    double x[256];
+    double ss = 0;
+    for (int i = 0; i < D; i++) ss += (double)v[i] * v[i];
+    double inv = w ? 1.0 / sqrt(ss / D + 1e-6) : 1.0;
+    for (int i = 0; i < D; i++) x[i] = w ? v[i] * inv * w[i] : v[i];
+    for (int i = 0; i < D / 2; i++) {
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + D / 2 : 2 * i + 1;
+        double th = pos * pow(base, -2.0 * i / D), x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * cos(th) - x1 * sin(th);
+        x[i1] = x0 * sin(th) + x1 * cos(th);
+    }
+    for (int i = 0; i < D; i++) v[i] = (float)(x[i] * s);
+}
+
+static void ref_norm(const float *x, const float *w, float *y, int n)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double inv = 1.0 / sqrt(ss / n + 1e-6);
+    for (int i = 0; i < n; i++) y[i] = (float)(x[i] * inv * w[i]);
+}
+
+static int near(const float *a, const float *b, int64_t n, float tol)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabsf(a[i] - b[i]) <= tol * (1 + fabsf(b[i])))) return 0;
+    return 1;
+}
+
+/* The fused ops do what their parts would: qk_rope's norms, rotation and scale on q's and k's own
+ * heads (with and without norms, both pairings), add_norm's post norm, add and norm (each part
+ * optional; without w, h is left alone). */
+Test(kernels, fused_ops_do_what_their_parts_would)
+{
+    seed_rng("fused ops");
+    char err[256];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    enum { T = 19, H = 4, HKV = 2, D = 64 };
+    static float q[T * H * D], k[T * HKV * D], rq[T * H * D], rk[T * HKV * D], wq[D], wk[D];
+    int32_t pos[T];
+    for (int t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int32_t)(rnd() % 2000);
+    for (int i = 0; i < D; i++) wq[i] = frand(0.5f, 1.5f), wk[i] = frand(0.5f, 1.5f);
+    for (int variant = 0; variant < 4; variant++) {
+        int norms = variant & 1, neox = variant >> 1;
+        for (int i = 0; i < T * H * D; i++) q[i] = rq[i] = frand(-2, 2);
+        for (int i = 0; i < T * HKV * D; i++) k[i] = rk[i] = frand(-2, 2);
+        be_qk r = { .q = q, .k = k, .n_tok = T, .n_head = H, .n_head_kv = HKV, .head_dim = D,
+                    .q_norm = norms ? wq : NULL, .k_norm = norms ? wk : NULL, .eps = 1e-6f, .pos = pos,
+                    .freq_base = 10000.0f, .freq_scale = 1.0f, .neox = neox, .q_scale = 0.125f };
+        b->ops->qk_rope(b, &r);
+        for (int t = 0; t < T; t++) {
+            for (int h = 0; h < H; h++) ref_qk_row(rq + (t * H + h) * D, D, norms ? wq : NULL, pos[t], 1e4, neox, 0.125);
+            for (int h = 0; h < HKV; h++) ref_qk_row(rk + (t * HKV + h) * D, D, norms ? wk : NULL, pos[t], 1e4, neox, 1);
+        }
+        cr_expect(near(q, rq, T * H * D, 2e-4f) && near(k, rk, T * HKV * D, 2e-4f), "qk_rope, norms %d neox %d", norms,
+                  neox);
+    }
+    enum { R = 5, E = 300 };
+    static float x[R * E], o[R * E], h[R * E], rx[R * E], ro[R * E], rh[R * E], post[E], w[E];
+    for (int i = 0; i < E; i++) post[i] = frand(0.5f, 1.5f), w[i] = frand(0.5f, 1.5f);
+    for (int variant = 0; variant < 4; variant++) {
+        int with_post = variant & 1, with_w = variant >> 1;
+        for (int i = 0; i < R * E; i++) x[i] = rx[i] = frand(-2, 2), o[i] = ro[i] = frand(-2, 2), h[i] = rh[i] = 7;
+        b->ops->add_norm(b, x, o, with_post ? post : NULL, with_w ? w : NULL, h, R, E, 1e-6f);
+        for (int row = 0; row < R; row++) {
+            if (with_post) ref_norm(ro + row * E, post, ro + row * E, E);
+            for (int i = 0; i < E; i++) rx[row * E + i] += ro[row * E + i];
+            if (with_w) ref_norm(rx + row * E, w, rh + row * E, E);
+        }
+        cr_expect(near(o, ro, R * E, 1e-5f) && near(x, rx, R * E, 1e-5f), "add_norm's add, post %d", with_post);
+        cr_expect(with_w ? near(h, rh, R * E, 1e-5f) : !memcmp(h, rh, sizeof h), "add_norm's norm, w %d", with_w);
+    }
+    be_free(b);
+}
+
 Test(kernels, threaded_ops_equal_single_thread)
 {
     seed_rng("threaded_ops_equal_single_thread");
@@ -99,28 +179,43 @@ Test(kernels, threaded_ops_equal_single_thread)
     cr_expect(!memcmp(y1, y2, sizeof y1));
     int32_t pos[ROWS];
     for (int i = 0; i < ROWS; i++) pos[i] = (int32_t)(rnd() % 5000);
+    /* q: 2 heads of 64 a token, k: 2 more (the rows of x side by side), normalized and rotated */
     memcpy(y1, x, sizeof x);
     memcpy(y2, x, sizeof x);
-    b1->ops->rope(b1, y1, ROWS, 4, 64, pos, 10000.0f, 1.0f, 1);
-    b2->ops->rope(b2, y2, ROWS, 4, 64, pos, 10000.0f, 1.0f, 1);
+    be_qk r1 = { .q = y1, .k = y1 + ROWS * 128, .n_tok = ROWS, .n_head = 2, .n_head_kv = 2, .head_dim = 64,
+                 .q_norm = w, .k_norm = w + 64, .eps = 1e-6f, .pos = pos, .freq_base = 10000.0f, .freq_scale = 1.0f,
+                 .neox = 1, .q_scale = 0.125f };
+    be_qk r2 = r1;
+    r2.q = y2;
+    r2.k = y2 + ROWS * 128;
+    b1->ops->qk_rope(b1, &r1);
+    b2->ops->qk_rope(b2, &r2);
     cr_expect(!memcmp(y1, y2, sizeof y1));
+    /* the residual add between two norms */
+    static float o1[ROWS * DIM], o2[ROWS * DIM], h1[ROWS * DIM], h2[ROWS * DIM];
+    memcpy(y1, x, sizeof x);
+    memcpy(y2, x, sizeof x);
+    for (int i = 0; i < ROWS * DIM; i++) o1[i] = o2[i] = frand(-2, 2);
+    b1->ops->add_norm(b1, y1, o1, w, w, h1, ROWS, DIM, 1e-6f);
+    b2->ops->add_norm(b2, y2, o2, w, w, h2, ROWS, DIM, 1e-6f);
+    cr_expect(!memcmp(y1, y2, sizeof y1) && !memcmp(o1, o2, sizeof o1) && !memcmp(h1, h2, sizeof h1));
     /* matmul of a Q5_0 weight by a batch: 2 threads, multi-token kernel vs 1 thread */
     enum { NOUT = 96 };
     uint8_t *wq = malloc(quant_row_size(GGML_TYPE_Q5_0, DIM) * NOUT);
     for (int r = 0; r < NOUT; r++) random_row(GGML_TYPE_Q5_0, DIM, wq + r * quant_row_size(GGML_TYPE_Q5_0, DIM));
     be_weight bw = { wq, GGML_TYPE_Q5_0, DIM, NOUT, quant_row_size(GGML_TYPE_Q5_0, DIM) };
-    static float o1[ROWS * NOUT], o2[ROWS * NOUT];
-    be_mm m1 = { &bw, o1 }, m2 = { &bw, o2 };
+    static float p1[ROWS * NOUT], p2[ROWS * NOUT];
+    be_mm m1 = { &bw, p1 }, m2 = { &bw, p2 };
     b1->ops->matmul(b1, &m1, 1, x, ROWS);
     b2->ops->matmul(b2, &m2, 1, x, ROWS);
-    cr_expect(!memcmp(o1, o2, sizeof o1));
+    cr_expect(!memcmp(p1, p2, sizeof p1));
     /* and each row equals the one-token product */
     for (int t = 0; t < ROWS; t += 9) {
         float o[NOUT];
         be_mm m = { &bw, o };
         b1->ops->matmul(b1, &m, 1, x + t * DIM, 1);
         for (int r = 0; r < NOUT; r++)
-            cr_expect(fabsf(o[r] - o1[t * NOUT + r]) <= 1e-5f * (1 + fabsf(o[r])), "row %d out %d", t, r);
+            cr_expect(fabsf(o[r] - p1[t * NOUT + r]) <= 1e-5f * (1 + fabsf(o[r])), "row %d out %d", t, r);
     }
     free(wq);
     be_free(b1);

@@ -150,13 +150,16 @@ static void s_rmsnorm(be_backend *b, const float *x, const float *w, float *y, i
     if (x == y) spoil(b, y, n);
 }
 
-static void s_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float fb,
-                   float fs, int neox)
+static void s_qk_rope(be_backend *b, const be_qk *r)
 {
     if (skip(b)) return;
-    size_t n = (size_t)(n_tok * n_heads * head_dim);
-    sh(b)->cpu->ops->rope(sh(b)->cpu, inout(b, x, n), n_tok, n_heads, head_dim, pos, fb, fs, neox);
-    spoil(b, x, n);
+    size_t nq = (size_t)(r->n_tok * r->n_head * r->head_dim), nk = (size_t)(r->n_tok * r->n_head_kv * r->head_dim);
+    be_qk c = *r;
+    c.q = inout(b, r->q, nq);
+    c.k = inout(b, r->k, nk);
+    sh(b)->cpu->ops->qk_rope(sh(b)->cpu, &c);
+    spoil(b, r->q, nq);
+    spoil(b, r->k, nk);
 }
 
 static void s_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
@@ -212,19 +215,15 @@ static void s_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim,
     sh(b)->cpu->ops->scores(sh(b)->cpu, dm, n_rows, dim, dx, out(b, y, (size_t)n_rows));
 }
 
-static void s_add(be_backend *b, float *x, const float *y, int64_t n)
+static void s_add_norm(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
+                       int64_t dim, float eps)
 {
     if (skip(b)) return;
-    const float *dy = in(b, y, (size_t)n);
-    sh(b)->cpu->ops->add(sh(b)->cpu, inout(b, x, (size_t)n), dy, n);
-    spoil(b, x, (size_t)n);
-}
-
-static void s_scale(be_backend *b, float *x, int64_t n, float s)
-{
-    if (skip(b)) return;
-    sh(b)->cpu->ops->scale(sh(b)->cpu, inout(b, x, (size_t)n), n, s);
-    spoil(b, x, (size_t)n);
+    size_t n = (size_t)(rows * dim);
+    float *dx = inout(b, x, n), *dox = inout(b, o, n), *dh = w ? out(b, h, n) : h;
+    sh(b)->cpu->ops->add_norm(sh(b)->cpu, dx, dox, post, w, dh, rows, dim, eps);
+    spoil(b, x, n);
+    spoil(b, o, n);
 }
 
 /* An int32 array an op writes: its twin, with the host copy spoiled (-7) until read back; or the
@@ -331,15 +330,14 @@ static const be_ops shadow_ops = {
     .name = "shadow",
     .matmul = s_matmul,
     .rmsnorm = s_rmsnorm,
-    .rope = s_rope,
+    .qk_rope = s_qk_rope,
     .glu = s_glu,
     .get_rows = s_get_rows,
     .attention = s_attention,
     .scores = s_scores,
     .bound_pages = s_bound_pages,
     .destroy = s_destroy,
-    .add = s_add,
-    .scale = s_scale,
+    .add_norm = s_add_norm,
     .bind = s_bind,
     .unbind = s_unbind,
     .host_read = s_host_read,

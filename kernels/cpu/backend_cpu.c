@@ -207,10 +207,9 @@ typedef struct rows_job {
     int64_t dim;
     float eps;
     int flag;
-    /* rope */
-    const int32_t *pos;
-    int n_heads, head_dim;
-    float base, scale;
+    const float *post;
+    float *o, *h;
+    const be_qk *qk;
 } rows_job;
 
 static void rows_task(void *ctx, int64_t t, int thread)
@@ -243,37 +242,52 @@ static void cpu_rmsnorm(be_backend *b, const float *x, const float *w, float *y,
     run_rows(b, &j);
 }
 
-static void rope_rows(rows_job *j, int64_t t0, int64_t t1)
+/* theta_i = p * base^(-2i/d), built as a running product like the reference implementation. */
+static void rope_angles(float pos_scaled, float theta_scale, int half, float *cs, float *sn)
 {
-    int head_dim = j->head_dim, half = head_dim / 2, neox = j->flag;
-    float cs[1024], sn[1024];
-    /* theta_i = p * base^(-2i/d), built as a running product like the reference implementation. */
-    float theta_scale = powf(j->base, -2.0f / (float)head_dim);
-    for (int64_t t = t0; t < t1; t++) {
-        float theta = (float)j->pos[t] * j->scale;
-        for (int i = 0; i < half; i++) {
-            cs[i] = cosf(theta);
-            sn[i] = sinf(theta);
-            theta *= theta_scale;
-        }
-        for (int h = 0; h < j->n_heads; h++) {
-            float *v = j->y + (t * j->n_heads + h) * (int64_t)head_dim;
-            for (int i = 0; i < half; i++) {
-                int i0 = neox ? i : 2 * i;
-                int i1 = neox ? i + half : 2 * i + 1;
-                float x0 = v[i0], x1 = v[i1];
-                v[i0] = x0 * cs[i] - x1 * sn[i];
-                v[i1] = x0 * sn[i] + x1 * cs[i];
-            }
-        }
+    float theta = pos_scaled;
+    for (int i = 0; i < half; i++) {
+        cs[i] = cosf(theta);
+        sn[i] = sinf(theta);
+        theta *= theta_scale;
     }
 }
 
-static void cpu_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
-                     float freq_base, float freq_scale, int neox)
+/* One head's row of head_dim values normalized (w given), rotated and scaled (s != 1). */
+static void qk_row(float *v, int head_dim, const float *w, float eps, const float *cs, const float *sn, int neox,
+                   float s)
 {
-    rows_job j = { .rows = n_tok, .fn = rope_rows, .y = x, .flag = neox, .pos = pos, .n_heads = n_heads,
-                   .head_dim = head_dim, .base = freq_base, .scale = freq_scale };
+    int half = head_dim / 2;
+    if (w) vd_rmsnorm_f32(head_dim, v, w, v, eps);
+    for (int i = 0; i < half; i++) {
+        int i0 = neox ? i : 2 * i;
+        int i1 = neox ? i + half : 2 * i + 1;
+        float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * cs[i] - x1 * sn[i];
+        v[i1] = x0 * sn[i] + x1 * cs[i];
+    }
+    if (s != 1.0f)
+        for (int i = 0; i < head_dim; i++) v[i] *= s;
+}
+
+static void qk_rows(rows_job *j, int64_t t0, int64_t t1)
+{
+    const be_qk *r = j->qk;
+    int D = r->head_dim;
+    float cs[1024], sn[1024];
+    float theta_scale = powf(r->freq_base, -2.0f / (float)D);
+    for (int64_t t = t0; t < t1; t++) {
+        rope_angles((float)r->pos[t] * r->freq_scale, theta_scale, D / 2, cs, sn);
+        for (int h = 0; h < r->n_head; h++)
+            qk_row(r->q + (t * r->n_head + h) * (int64_t)D, D, r->q_norm, r->eps, cs, sn, r->neox, r->q_scale);
+        for (int h = 0; h < r->n_head_kv; h++)
+            qk_row(r->k + (t * r->n_head_kv + h) * (int64_t)D, D, r->k_norm, r->eps, cs, sn, r->neox, 1.0f);
+    }
+}
+
+static void cpu_qk_rope(be_backend *b, const be_qk *r)
+{
+    rows_job j = { .rows = r->n_tok, .fn = qk_rows, .qk = r };
     run_rows(b, &j);
 }
 
@@ -851,16 +865,22 @@ static void cpu_attention(be_backend *b, const be_attn *a)
 
 /* ---------------------------------------------------------------- element-wise */
 
-static void cpu_add(be_backend *b, float *x, const float *y, int64_t n)
+static void add_norm_rows(rows_job *j, int64_t r0, int64_t r1)
 {
-    (void)b;
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+    for (int64_t r = r0; r < r1; r++) {
+        float *x = j->y + r * j->dim, *o = j->o + r * j->dim;
+        if (j->post) vd_rmsnorm_f32(j->dim, o, j->post, o, j->eps);
+        for (int64_t i = 0; i < j->dim; i++) x[i] += o[i];
+        if (j->w) vd_rmsnorm_f32(j->dim, x, j->w, j->h + r * j->dim, j->eps);
+    }
 }
 
-static void cpu_scale(be_backend *b, float *x, int64_t n, float s)
+static void cpu_add_norm(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
+                         int64_t dim, float eps)
 {
-    (void)b;
-    for (int64_t i = 0; i < n; i++) x[i] *= s;
+    rows_job j = { .rows = rows, .fn = add_norm_rows, .y = x, .o = o, .post = post, .w = w, .h = h, .dim = dim,
+                   .eps = eps };
+    run_rows(b, &j);
 }
 
 static void cpu_pick(be_backend *b, be_pick *p)
@@ -895,15 +915,14 @@ static const be_ops cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
-    .rope = cpu_rope,
+    .qk_rope = cpu_qk_rope,
     .glu = cpu_glu,
     .get_rows = cpu_get_rows,
     .attention = cpu_attention,
     .scores = cpu_scores,
     .bound_pages = cpu_bound_pages,
     .destroy = cpu_destroy,
-    .add = cpu_add,
-    .scale = cpu_scale,
+    .add_norm = cpu_add_norm,
     .pick = cpu_pick,
 };
 

@@ -65,6 +65,7 @@ extern "C" {
 #include "kernels/pick_kernels.h"
 #include "kernels/bound_kernels.h"
 #include "kernels/score_kernels.h"
+#include "kernels/fused_kernels.h"
 
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
@@ -1706,22 +1707,38 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
     for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS) yr[i] = xr[i] * scale * w[i];
 }
 
-/* One block a token. The angles are built as the CPU backend builds them, a running product from
- * theta_0 = pos * freq_scale (one thread, in order, so the floats are the same), then rotated. */
-__global__ void rope_kernel(float *x, const int32_t *pos, int n_heads, int head_dim, float theta_scale,
-                            float freq_scale, int neox)
+/* A warp's sum of its lanes' values by xor shuffles (fk_warp_sum_host's order). */
+static __device__ double warp_sum(double v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* A block's sum: each warp's, then the warps' in order (fk_block_sum_host); red holds a double a
+ * warp, free again when this returns. */
+static __device__ double block_sum(double v, double *red)
+{
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double tot = 0;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += red[i];
+    __syncthreads();
+    return tot;
+}
+
+/* qk_rope (kernels/fused_kernels.h): a block a token, a warp a head row. The angles are built by
+ * one thread as the CPU backend builds them, so the floats are the same. */
+__global__ void __launch_bounds__(FK_QK_THREADS) qk_rope_kernel(float *q, float *k, const int32_t *pos, int n_head,
+                                                                int n_head_kv, int head_dim, const float *q_norm,
+                                                                const float *k_norm, float eps, float theta_scale,
+                                                                float freq_scale, int neox, float q_scale)
 {
     extern __shared__ float cs[];
     int half = head_dim / 2;
     float *sn = cs + half;
     int64_t t = blockIdx.x;
-    if (threadIdx.x == 0) {
-        float theta = (float)pos[t] * freq_scale;
-        for (int i = 0; i < half; i++) {
-            cs[i] = theta;
-            theta *= theta_scale;
-        }
-    }
+    if (threadIdx.x == 0) fk_angles((float)pos[t] * freq_scale, theta_scale, half, cs);
     __syncthreads();
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float th = cs[i];
@@ -1729,14 +1746,33 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int n_heads, int head_
         cs[i] = cosf(th);
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
-        int h = j / half, i = j % half;
-        float *v = x + (t * n_heads + h) * (int64_t)head_dim;
-        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        float x0 = v[i0], x1 = v[i1];
-        v[i0] = x0 * cs[i] - x1 * sn[i];
-        v[i1] = x0 * sn[i] + x1 * cs[i];
+    int lane = threadIdx.x & 31;
+    for (int j = threadIdx.x >> 5; j < n_head + n_head_kv; j += FK_QK_WARPS) {
+        const float *w;
+        float s;
+        float *v = fk_qk_row(q, k, t, j, n_head, n_head_kv, head_dim, q_norm, k_norm, q_scale, &w, &s);
+        float f = w ? fk_norm_factor(warp_sum(fk_sumsq(v, head_dim, lane, 32)), head_dim, eps) : 1.0f;
+        for (int i = lane; i < half; i += 32) fk_rope_pair(v, i, half, neox, w, f, cs[i], sn[i], s);
     }
+}
+
+/* add_norm (kernels/fused_kernels.h): a block a row. */
+__global__ void __launch_bounds__(FK_AN_THREADS) add_norm_kernel(float *x, float *o, const float *post, const float *w,
+                                                                 float *h, int64_t dim, float eps)
+{
+    __shared__ double red[FK_AN_THREADS / 32];
+    x += (int64_t)blockIdx.x * dim;
+    o += (int64_t)blockIdx.x * dim;
+    float f = post ? fk_norm_factor(block_sum(fk_sumsq(o, dim, threadIdx.x, FK_AN_THREADS), red), dim, eps) : 1.0f;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < dim; i += FK_AN_THREADS) {
+        float xv = fk_add_elem(x, o, post, f, i);
+        ss += (double)xv * xv;
+    }
+    if (!w) return;
+    float g = fk_norm_factor(block_sum(ss, red), dim, eps);
+    h += (int64_t)blockIdx.x * dim;
+    for (int64_t i = threadIdx.x; i < dim; i += FK_AN_THREADS) h[i] = x[i] * g * w[i];
 }
 
 __global__ void glu_kernel(float *gate, const float *up, int64_t n, int gelu)
@@ -1746,18 +1782,6 @@ __global__ void glu_kernel(float *gate, const float *up, int64_t n, int gelu)
     float g = gate[i];
     if (gelu) gate[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
     else gate[i] = g / (1.0f + expf(-g)) * up[i];
-}
-
-__global__ void add_kernel(float *x, const float *y, int64_t n)
-{
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] += y[i];
-}
-
-__global__ void scale_kernel(float *x, int64_t n, float s)
-{
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= s;
 }
 
 static unsigned ew_blocks(int64_t n) { return (unsigned)((n + EW_THREADS - 1) / EW_THREADS); }
@@ -1784,26 +1808,32 @@ static void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y
     ci->cpu->ops->rmsnorm(ci->cpu, x, w, y, rows, dim, eps);
 }
 
-static void cuda_rope(be_backend *b, float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
-                      float freq_base, float freq_scale, int neox)
+static void cuda_qk_rope(be_backend *b, const be_qk *r)
 {
     cuda_impl *ci = impl_of(b);
-    size_t bytes = sizeof(float) * (size_t)(n_tok * n_heads * head_dim);
-    if (ci->failed || n_tok <= 0) return;
-    if (bound(ci, x, bytes)) {
-        const int32_t *dp = (const int32_t *)stage(ci, pos, sizeof(int32_t) * (size_t)n_tok);
-        if (!dp) return;
-        float *dx = (float *)am_dev_out(&ci->act, x, bytes);
+    size_t bq = sizeof(float) * (size_t)(r->n_tok * r->n_head * r->head_dim),
+           bk = sizeof(float) * (size_t)(r->n_tok * r->n_head_kv * r->head_dim);
+    if (ci->failed || r->n_tok <= 0) return;
+    if (bound(ci, r->q, bq) && bound(ci, r->k, bk)) {
+        size_t wb = sizeof(float) * (size_t)r->head_dim;
+        const int32_t *dp = (const int32_t *)stage(ci, r->pos, sizeof(int32_t) * (size_t)r->n_tok);
+        const float *dqn = r->q_norm ? (const float *)const_get(ci, r->q_norm, wb) : NULL;
+        const float *dkn = r->k_norm ? (const float *)const_get(ci, r->k_norm, wb) : NULL;
+        if (!dp || (r->q_norm && !dqn) || (r->k_norm && !dkn)) return;
+        float *dq = (float *)am_dev_out(&ci->act, r->q, bq), *dk = (float *)am_dev_out(&ci->act, r->k, bk);
         /* the same powf as the CPU backend, on the host */
-        float theta_scale = powf(freq_base, -2.0f / (float)head_dim);
-        rope_kernel<<<(unsigned)n_tok, 128, sizeof(float) * (size_t)head_dim, ci->stream>>>(
-            dx, dp, n_heads, head_dim, theta_scale, freq_scale, neox);
-        ck(ci, cudaGetLastError(), "rope");
+        float theta_scale = powf(r->freq_base, -2.0f / (float)r->head_dim);
+        qk_rope_kernel<<<(unsigned)r->n_tok, FK_QK_THREADS, sizeof(float) * (size_t)r->head_dim, ci->stream>>>(
+            dq, dk, dp, r->n_head, r->n_head_kv, r->head_dim, dqn, dkn, r->eps, theta_scale, r->freq_scale, r->neox,
+            r->q_scale);
+        ck(ci, cudaGetLastError(), "qk_rope");
         return;
     }
-    host_in(ci, x, bytes);
-    am_host_write(&ci->act, x, bytes);
-    ci->cpu->ops->rope(ci->cpu, x, n_tok, n_heads, head_dim, pos, freq_base, freq_scale, neox);
+    am_range rd[2] = { { r->q, bq }, { r->k, bk } };
+    am_host_read(&ci->act, rd, 2);
+    am_host_write(&ci->act, r->q, bq);
+    am_host_write(&ci->act, r->k, bk);
+    ci->cpu->ops->qk_rope(ci->cpu, r);
 }
 
 static void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
@@ -1824,37 +1854,28 @@ static void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int
     ci->cpu->ops->glu(ci->cpu, gate, up, n, gelu);
 }
 
-static void cuda_add(be_backend *b, float *x, const float *y, int64_t n)
+static void cuda_add_norm(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
+                          int64_t dim, float eps)
 {
     cuda_impl *ci = impl_of(b);
-    size_t bytes = sizeof(float) * (size_t)n;
-    if (ci->failed || n <= 0) return;
-    if (bound(ci, x, bytes) && bound(ci, y, bytes)) {
-        const float *dy = (const float *)am_dev_in(&ci->act, y, bytes);
-        float *dx = (float *)am_dev_out(&ci->act, x, bytes);
-        add_kernel<<<ew_blocks(n), EW_THREADS, 0, ci->stream>>>(dx, dy, n);
-        ck(ci, cudaGetLastError(), "add");
+    size_t bytes = sizeof(float) * (size_t)(rows * dim), wb = sizeof(float) * (size_t)dim;
+    if (ci->failed || rows <= 0) return;
+    if (bound(ci, x, bytes) && bound(ci, o, bytes) && (!w || bound(ci, h, bytes))) {
+        const float *dpost = post ? (const float *)const_get(ci, post, wb) : NULL;
+        const float *dw = w ? (const float *)const_get(ci, w, wb) : NULL;
+        if ((post && !dpost) || (w && !dw)) return;
+        float *dx = (float *)am_dev_out(&ci->act, x, bytes), *dox = (float *)am_dev_out(&ci->act, o, bytes);
+        float *dh = w ? (float *)am_dev_out(&ci->act, h, bytes) : NULL;
+        add_norm_kernel<<<(unsigned)rows, FK_AN_THREADS, 0, ci->stream>>>(dx, dox, dpost, dw, dh, dim, eps);
+        ck(ci, cudaGetLastError(), "add_norm");
         return;
     }
-    am_range r[2] = { { x, bytes }, { y, bytes } };
+    am_range r[2] = { { x, bytes }, { o, bytes } };
     am_host_read(&ci->act, r, 2);
     am_host_write(&ci->act, x, bytes);
-    ci->cpu->ops->add(ci->cpu, x, y, n);
-}
-
-static void cuda_scale(be_backend *b, float *x, int64_t n, float s)
-{
-    cuda_impl *ci = impl_of(b);
-    size_t bytes = sizeof(float) * (size_t)n;
-    if (ci->failed || n <= 0) return;
-    if (bound(ci, x, bytes)) {
-        float *dx = (float *)am_dev_out(&ci->act, x, bytes);
-        scale_kernel<<<ew_blocks(n), EW_THREADS, 0, ci->stream>>>(dx, n, s);
-        ck(ci, cudaGetLastError(), "scale");
-        return;
-    }
-    am_host_write(&ci->act, x, bytes);   /* unbound: does nothing */
-    ci->cpu->ops->scale(ci->cpu, x, n, s);
+    am_host_write(&ci->act, o, bytes);
+    if (w) am_host_write(&ci->act, h, bytes);
+    ci->cpu->ops->add_norm(ci->cpu, x, o, post, w, h, rows, dim, eps);
 }
 
 /* Embedding rows of a weight the device holds as the file stores it: thread (token, group of 32)
@@ -2175,16 +2196,16 @@ static void cuda_destroy(be_backend *b)
 }
 
 static const be_ops cuda_ops = {
-    "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
-    cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, cuda_bind, cuda_unbind,
+    "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
+    cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, cuda_bind, cuda_unbind,
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
  * forward pass waits once a layer), to compare with. */
 static const be_ops cuda_ops_staged = {
-    "cuda", cuda_matmul, cuda_rmsnorm, cuda_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
-    cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add, cuda_scale, NULL, NULL, NULL, NULL,
+    "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
+    cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
     cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish,
 };
 

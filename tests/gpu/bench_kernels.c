@@ -150,11 +150,12 @@ static void call_attn(be_backend *b, void *arg) { b->ops->attention(b, (const be
 static void call_pick(be_backend *b, void *arg) { b->ops->pick(b, (be_pick *)arg); }
 static void call_bounds(be_backend *b, void *arg) { b->ops->bound_pages(b, (be_bounds *)arg); }
 
-/* The old path's device share: a kernel writes the row (a scale by 1), the host reads it back. */
+/* The old path's device share: a kernel writes the row (an add of the zeros after it), the host
+ * reads it back. */
 static void call_row_back(be_backend *b, void *arg)
 {
     be_pick *p = arg;
-    b->ops->scale(b, (float *)p->logits, p->n, 1.0f);
+    b->ops->add_norm(b, p->logits, p->logits + p->n, NULL, NULL, NULL, 1, p->n, 0.0f);
     be_range r = { p->logits, sizeof(float) * (size_t)p->n };
     be_host_read(b, &r, 1);
 }
@@ -398,13 +399,13 @@ int main(int argc, char **argv)
     /* the sampler's candidates */
     {
         const int32_t nv = 262144;
-        float *lrow = malloc(sizeof(float) * (size_t)nv), val[BE_PICK_MAX];
+        float *lrow = calloc(2 * (size_t)nv, sizeof(float)), val[BE_PICK_MAX];   /* the row, then zeros */
         int32_t id[BE_PICK_MAX], pen[64];
-        if (!lrow || be_bind(dflt, lrow, sizeof(float) * (size_t)nv, err, sizeof err)) {
+        if (!lrow || be_bind(dflt, lrow, sizeof(float) * 2 * (size_t)nv, err, sizeof err)) {
             fprintf(stderr, "gpu_bench: %s\n", lrow ? err : "out of memory");
             return 1;
         }
-        be_host_write(dflt, lrow, sizeof(float) * (size_t)nv);
+        be_host_write(dflt, lrow, sizeof(float) * 2 * (size_t)nv);
         for (int32_t i = 0; i < nv; i++) lrow[i] = 8.0f * frand();
         for (int i = 0; i < 64; i++) pen[i] = i * 4093;
         be_backend *host = be_cpu_create(1, err, sizeof err);

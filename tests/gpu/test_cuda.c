@@ -1015,7 +1015,7 @@ static double compare_elementwise(ew_fn fn, void *arg, const float *a0, const fl
 
 typedef struct ew_arg {
     int64_t rows, dim;
-    int heads, head_dim, neox, gelu;
+    int heads, kv_heads, head_dim, neox, gelu, norm;
     const int32_t *pos;
     const float *w;
     float base;
@@ -1032,25 +1032,28 @@ static void ew_rmsnorm_inplace(be_backend *be, float *a, const float *b, void *a
     ew_arg *e = arg;
     be->ops->rmsnorm(be, a, e->w, a, e->rows, e->dim, 1e-6f);
 }
-static void ew_rope(be_backend *be, float *a, const float *b, void *arg)
+/* a = q (rows tokens of heads heads) then k (kv_heads heads), normalized (norm), rotated, q scaled */
+static void ew_qk_rope(be_backend *be, float *a, const float *b, void *arg)
 {
     ew_arg *e = arg;
-    be->ops->rope(be, a, e->rows, e->heads, e->head_dim, e->pos, e->base, 1.0f, e->neox);
+    be_qk r = { .q = a, .k = a + e->rows * e->heads * e->head_dim, .n_tok = e->rows, .n_head = e->heads,
+                .n_head_kv = e->kv_heads, .head_dim = e->head_dim, .q_norm = e->norm ? e->w : NULL,
+                .k_norm = e->norm ? e->w + e->head_dim : NULL, .eps = 1e-6f, .pos = e->pos, .freq_base = e->base,
+                .freq_scale = 1.0f, .neox = e->neox, .q_scale = 0.0883883f };
+    be->ops->qk_rope(be, &r);
 }
 static void ew_glu(be_backend *be, float *a, const float *b, void *arg)
 {
     ew_arg *e = arg;
     be->ops->glu(be, a, b, e->rows * e->dim, e->gelu);
 }
-static void ew_add(be_backend *be, float *a, const float *b, void *arg)
+/* a = x, o, h side by side: x += o (o normalized first with norm), h = rmsnorm(x) (with w) */
+static void ew_add_norm(be_backend *be, float *a, const float *b, void *arg)
 {
     ew_arg *e = arg;
-    be->ops->add(be, a, b, e->rows * e->dim);
-}
-static void ew_scale(be_backend *be, float *a, const float *b, void *arg)
-{
-    ew_arg *e = arg;
-    be->ops->scale(be, a, e->rows * e->dim, 0.0883883f);
+    int64_t n = e->rows * e->dim;
+    be->ops->add_norm(be, a, a + n, e->norm ? e->w : NULL, e->gelu ? e->w + e->dim : NULL, a + 2 * n, e->rows, e->dim,
+                      1e-6f);
 }
 
 Test(cuda, element_wise_ops_equal_the_cpu_on_bound_and_unbound_buffers)
@@ -1073,32 +1076,47 @@ Test(cuda, element_wise_ops_equal_the_cpu_on_bound_and_unbound_buffers)
                 d = compare_elementwise(ew_glu, &e, a, b, n, n, bind);
                 cr_expect(d < 1e-5, "glu (gelu %d) %lld floats (bound %d): %g", e.gelu, (long long)n, bind, d);
             }
-            d = compare_elementwise(ew_add, &e, a, b, n, n, bind);
-            cr_expect(d == 0, "add %lld floats (bound %d): %g", (long long)n, bind, d);
-            d = compare_elementwise(ew_scale, &e, a, b, n, n, bind);
-            cr_expect(d == 0, "scale %lld floats (bound %d): %g", (long long)n, bind, d);
+            /* add_norm: with and without each norm (gelu stands for "with w" here) */
+            float *x3 = malloc(sizeof(float) * 3 * (size_t)n), *w2 = malloc(sizeof(float) * 2 * (size_t)dim);
+            for (int64_t i = 0; i < 3 * n; i++) x3[i] = frand(-4, 4);
+            for (int64_t i = 0; i < 2 * dim; i++) w2[i] = frand(0.5f, 2);
+            ew_arg e2 = { .rows = rows, .dim = dim, .w = w2 };
+            for (int v = 0; v < 4; v++) {
+                e2.norm = v & 1;
+                e2.gelu = v >> 1;
+                d = compare_elementwise(ew_add_norm, &e2, x3, b, 3 * n, n, bind);
+                cr_expect(d < 1e-6, "add_norm %lld x %lld post %d norm %d (bound %d): %g", (long long)rows,
+                          (long long)dim, e2.norm, e2.gelu, bind, d);
+            }
+            free(x3);
+            free(w2);
             free(a);
             free(b);
             free(w);
         }
-    /* RoPE: head sizes of the models and odd ones, both pairings, positions up to 100000 */
-    const int hd[][2] = { { 4, 256 }, { 1, 64 }, { 3, 6 }, { 8, 128 } };
-    for (size_t hi = 0; hi < 4; hi++)
-        for (int neox = 0; neox < 2; neox++) {
-            int64_t rows = 5, n = rows * hd[hi][0] * hd[hi][1];
-            float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float));
+    /* q and k made ready: head sizes of the models and odd ones, GQA groups, both pairings, with
+     * and without the norms, positions up to 100000 */
+    const int hd[][3] = { { 4, 1, 256 }, { 1, 1, 64 }, { 3, 3, 6 }, { 8, 2, 128 }, { 32, 8, 128 } };
+    for (size_t hi = 0; hi < 5; hi++)
+        for (int v = 0; v < 4; v++) {
+            int neox = v & 1, norm = v >> 1, heads = hd[hi][0], kvh = hd[hi][1], D = hd[hi][2];
+            int64_t rows = 5, n = rows * (heads + kvh) * D;
+            float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float)), *w = malloc(sizeof(float) * 2 * D);
             int32_t pos[5];
             for (int64_t i = 0; i < n; i++) a[i] = frand(-2, 2);
+            for (int i = 0; i < 2 * D; i++) w[i] = frand(0.5f, 2);
             for (int t = 0; t < 5; t++) pos[t] = t == 0 ? 0 : (int32_t)(rnd() % 100000);
-            ew_arg e = { .rows = rows, .heads = hd[hi][0], .head_dim = hd[hi][1], .neox = neox, .pos = pos,
-                         .base = hi & 1 ? 10000.0f : 1000000.0f };
-            double d = compare_elementwise(ew_rope, &e, a, b, n, 1, (int)(hi & 1) ^ neox);
+            ew_arg e = { .rows = rows, .heads = heads, .kv_heads = kvh, .head_dim = D, .neox = neox, .norm = norm,
+                         .pos = pos, .w = w, .base = hi & 1 ? 10000.0f : 1000000.0f };
+            double d = compare_elementwise(ew_qk_rope, &e, a, b, n, 1, (int)(hi & 1) ^ neox);
             /* cosf/sinf of angles near 1e5 differ by an ulp or two between libm and the device */
-            cr_expect(d < 1e-5, "rope %d heads x %d neox %d: %g", hd[hi][0], hd[hi][1], neox, d);
+            cr_expect(d < 1e-5, "qk_rope %d+%d heads x %d neox %d norm %d: %g", heads, kvh, D, neox, norm, d);
             free(a);
             free(b);
+            free(w);
         }
 }
+
 
 Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
 {
