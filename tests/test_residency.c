@@ -326,6 +326,11 @@ static void s_destroy(be_backend *b)
     free(b);
 }
 
+/* The ops a layer runs (the tests that fail a given op count them): the q/k/v product, qk_rope,
+ * attention, the output product, add_norm, the gate/up product, glu, the down product, add_norm;
+ * Quest adds its bounds before attention on global layers. */
+enum { LAYER_OPS = 9 };
+
 static const be_ops shadow_ops = {
     .name = "shadow",
     .matmul = s_matmul,
@@ -755,15 +760,18 @@ Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
     cr_assert(f, "%s", err);
     int nv = m->hp.n_vocab;
     float *l = malloc(sizeof(float) * (size_t)nv);
-    /* fail in the middle of the prompt's second chunk, then in the last product of a decode step */
-    sh(shd)->fail_at = sh(shd)->ops + 200;
+    /* fail in the middle of the prompt's second chunk (a chunk: the embedding, the first norm and
+     * every layer's ops), then in the last product of a decode step */
+    int L = m->hp.n_layer;
+    cr_assert_gt((int64_t)n, fo.n_batch, "the prompt fills one chunk only");
+    sh(shd)->fail_at = sh(shd)->ops + (2 + LAYER_OPS * L) + 2 + LAYER_OPS * L / 2;
     cr_expect_eq(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err), -1);
     cr_expect(strstr(err, "out of shadow device memory") != NULL, "message: %s", err);
     cr_expect_eq(fwd_pos(f), 0, "the failed prefill left %lld tokens in the cache", (long long)fwd_pos(f));
     cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
     cr_expect(!memcmp(l, want, sizeof(float) * (size_t)nv), "the retried prefill's logits differ");
     int32_t best = samp_argmax(l, nv);
-    sh(shd)->fail_at = sh(shd)->ops + 1 + 11 * m->hp.n_layer + 1;   /* embedding, every layer, the final norm */
+    sh(shd)->fail_at = sh(shd)->ops + 2 + LAYER_OPS * L + 2;   /* after the final norm: the output product */
     cr_expect_eq(fwd_decode(f, best, l, NULL, err, sizeof err), -1);
     cr_expect_eq(fwd_pos(f), (int64_t)n, "the failed step left its token in the cache");
     /* a Ctrl-C right after a failed op: the failure is what is reported, and it does not linger
@@ -775,8 +783,11 @@ Test(residency, a_failed_device_op_is_an_error_and_leaves_the_cache_as_it_was)
     cr_expect_eq(fwd_decode(f, best, l, &cancel, err, sizeof err), -1);
     cr_expect(strstr(err, "out of shadow device memory") != NULL, "a cancel hid the failure: %s", err);
     sh(shd)->cancel_too = NULL;
+    int64_t ops0 = sh(shd)->ops;
     cr_assert(fwd_decode(f, best, l, NULL, err, sizeof err) == 0, "%s", err);
     cr_expect(!memcmp(l, want + nv, sizeof(float) * (size_t)nv), "the retried step's logits differ");
+    cr_expect_eq(sh(shd)->ops - ops0, 2 + LAYER_OPS * L + 2, "a decode step ran %lld ops",
+                 (long long)(sh(shd)->ops - ops0));
     free(l);
     free(ids);
     free(want);
@@ -804,7 +815,9 @@ Test(residency, a_failed_step_leaves_no_statistics_behind)
     cr_assert(nm <= 512);
     memcpy(before, map, sizeof(int64_t) * (size_t)nm);
     int64_t steps = pol_set_stats(o.ps)->steps;
-    sh(o.shd)->fail_at = sh(o.shd)->ops + 1 + 2 * 12 + 6;   /* in the third layer, after two bounds */
+    /* the third layer's bounds (after the embedding, the first norm, two layers of LAYER_OPS and a
+     * bounds op each, the third's q/k/v product and qk_rope) */
+    sh(o.shd)->fail_at = sh(o.shd)->ops + 2 + 2 * (LAYER_OPS + 1) + 3;
     cr_expect_eq(fwd_decode(o.f, tok, o.l, NULL, err, sizeof err), -1);
     cr_expect_geq(sh(o.shd)->bounds, 2, "the failed step bounded pages %d times first", sh(o.shd)->bounds);
     map = pol_set_page_map(o.ps, &nm2);
