@@ -172,7 +172,7 @@ typedef struct be_pick {
 typedef struct be_qk {
     float *q, *k;               /* [n_tok][n_head][head_dim], [n_tok][n_head_kv][head_dim] */
     int64_t n_tok;
-    int n_head, n_head_kv, head_dim;
+    int n_head, n_head_kv, head_dim;   /* head_dim even, at most 1024 (as the model loader allows) */
     const float *q_norm, *k_norm;   /* [head_dim] each, or NULL: no normalization */
     float eps;
     const int32_t *pos;         /* [n_tok] */

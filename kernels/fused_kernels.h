@@ -7,7 +7,7 @@
  * warp w takes the token's head rows w, w + FK_QK_WARPS, ... (q's heads, then k's): with a norm,
  * lane l sums the squares of elements l, l + 32, ... in double and the warp adds the 32 sums by
  * xor shuffles; lane l then rotates the pairs l, l + 32, ..., each pair normalized first and
- * scaled after.
+ * scaled after. head_dim is even (be_qk).
  *
  * add_norm: a block a row (FK_AN_THREADS threads); thread t owns elements t, t + FK_AN_THREADS, ...
  * and sums their squares in double; a block's sum is each warp's by xor shuffles, then the warps'
@@ -50,6 +50,12 @@ QB_HD void fk_angles(float pos_scaled, float theta_scale, int half, float *th)
     }
 }
 
+/* The xor-shuffle rounds of a warp's sum: in round r each lane adds the value of the lane whose
+ * index differs in bit 4 - r (offsets 16, 8, 4, 2, 1), the device by shuffles, the host by
+ * fk_warp_sum_host. */
+#define FK_XOR_ROUNDS 5
+QB_HD int fk_xor_offset(int r) { return 16 >> r; }
+
 /* Head row j of token t (q's n_head heads, then k's n_head_kv), its norm weight and its scale. */
 QB_HD float *fk_qk_row(float *q, float *k, int64_t t, int j, int n_head, int n_head_kv, int head_dim,
                        const float *q_norm, const float *k_norm, float q_scale, const float **w, float *s)
@@ -83,28 +89,56 @@ QB_HD void fk_rope_pair(float *v, int i, int half, int neox, const float *w, flo
     v[i1] = y1;
 }
 
-/* Element i of a row under add_norm: o's value normalized (post given, factor f; written back),
- * added into x; returns the new x. */
-QB_HD float fk_add_elem(float *x, float *o, const float *post, float f, int64_t i)
+/* qk_rope's thread `thread` of a block: its warp takes head rows fk_qk_first_row(thread),
+ * + FK_QK_WARPS, ... below the token's rows; its lane sums the squares of its elements of a row
+ * (fk_qk_lane_sumsq), and once the warp's factor is known rotates its pairs (fk_qk_lane_pairs). */
+QB_HD int fk_qk_first_row(unsigned thread) { return (int)(thread >> 5); }
+QB_HD double fk_qk_lane_sumsq(const float *v, int head_dim, unsigned thread)
 {
-    float ov = o[i];
-    if (post) {
-        ov = ov * f * post[i];
-        o[i] = ov;
-    }
-    float xv = x[i] + ov;
-    x[i] = xv;
-    return xv;
+    return fk_sumsq(v, head_dim, thread & 31, 32);
+}
+QB_HD void fk_qk_lane_pairs(float *v, int head_dim, unsigned thread, int neox, const float *w, float f, const float *cs,
+                            const float *sn, float s)
+{
+    int half = head_dim / 2;
+    for (int i = (int)(thread & 31); i < half; i += 32) fk_rope_pair(v, i, half, neox, w, f, cs[i], sn[i], s);
 }
 
-/* On the host: a warp's xor-shuffle sum of its 32 lanes' values (each round, lane l adds lane
- * l ^ o's value, o = 16, 8, 4, 2, 1); every lane ends with the same sum. */
+/* add_norm's thread `thread` of a row's block: the squares of its elements of o (for post's norm),
+ * its elements of o normalized (post given, factor f; written back) and added into x, returning
+ * the squares of its new x values (0 without w: nothing needs them), then its elements of h. */
+QB_HD double fk_an_thread_sumsq(const float *o, int64_t dim, unsigned thread)
+{
+    return fk_sumsq(o, dim, thread, FK_AN_THREADS);
+}
+QB_HD double fk_an_thread_add(float *x, float *o, const float *post, float f, int with_w, int64_t dim, unsigned thread)
+{
+    double ss = 0;
+    for (int64_t i = thread; i < dim; i += FK_AN_THREADS) {
+        float ov = o[i];
+        if (post) {
+            ov = ov * f * post[i];
+            o[i] = ov;
+        }
+        float xv = x[i] + ov;
+        x[i] = xv;
+        if (with_w) ss += (double)xv * xv;
+    }
+    return ss;
+}
+QB_HD void fk_an_thread_norm(const float *x, const float *w, float g, float *h, int64_t dim, unsigned thread)
+{
+    for (int64_t i = thread; i < dim; i += FK_AN_THREADS) h[i] = x[i] * g * w[i];
+}
+
+/* On the host: a warp's xor-shuffle sum of its 32 lanes' values (the rounds of fk_xor_offset);
+ * every lane ends with the same sum. */
 static inline double fk_warp_sum_host(const double *lane)
 {
     double v[32], n[32];
     for (int l = 0; l < 32; l++) v[l] = lane[l];
-    for (int o = 16; o > 0; o >>= 1) {
-        for (int l = 0; l < 32; l++) n[l] = v[l] + v[l ^ o];
+    for (int r = 0; r < FK_XOR_ROUNDS; r++) {
+        for (int l = 0; l < 32; l++) n[l] = v[l] + v[l ^ fk_xor_offset(r)];
         for (int l = 0; l < 32; l++) v[l] = n[l];
     }
     return v[0];

@@ -83,7 +83,6 @@ Test(kernels, vector_glu_matches_formula)
     }
 }
 
-/* The threaded element-wise ops and matmul give the same bits as one thread (rows never split). */
 /* One head's row as the fused op's parts define it, in double: normalized (w given), rotated at
  * pos, scaled. */
 static void ref_qk_row(float *v, int D, const float *w, double pos, double base, int neox, double s)
@@ -164,6 +163,7 @@ Test(kernels, fused_ops_do_what_their_parts_would)
     be_free(b);
 }
 
+/* The threaded element-wise ops and matmul give the same bits as one thread (rows never split). */
 Test(kernels, threaded_ops_equal_single_thread)
 {
     seed_rng("threaded_ops_equal_single_thread");

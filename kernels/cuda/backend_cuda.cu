@@ -1710,7 +1710,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 /* A warp's sum of its lanes' values by xor shuffles (fk_warp_sum_host's order). */
 static __device__ double warp_sum(double v)
 {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int r = 0; r < FK_XOR_ROUNDS; r++) v += __shfl_xor_sync(0xffffffffu, v, fk_xor_offset(r));
     return v;
 }
 
@@ -1746,13 +1746,12 @@ __global__ void __launch_bounds__(FK_QK_THREADS) qk_rope_kernel(float *q, float 
         cs[i] = cosf(th);
     }
     __syncthreads();
-    int lane = threadIdx.x & 31;
-    for (int j = threadIdx.x >> 5; j < n_head + n_head_kv; j += FK_QK_WARPS) {
+    for (int j = fk_qk_first_row(threadIdx.x); j < n_head + n_head_kv; j += FK_QK_WARPS) {
         const float *w;
         float s;
         float *v = fk_qk_row(q, k, t, j, n_head, n_head_kv, head_dim, q_norm, k_norm, q_scale, &w, &s);
-        float f = w ? fk_norm_factor(warp_sum(fk_sumsq(v, head_dim, lane, 32)), head_dim, eps) : 1.0f;
-        for (int i = lane; i < half; i += 32) fk_rope_pair(v, i, half, neox, w, f, cs[i], sn[i], s);
+        float f = w ? fk_norm_factor(warp_sum(fk_qk_lane_sumsq(v, head_dim, threadIdx.x)), head_dim, eps) : 1.0f;
+        fk_qk_lane_pairs(v, head_dim, threadIdx.x, neox, w, f, cs, sn, s);
     }
 }
 
@@ -1763,16 +1762,11 @@ __global__ void __launch_bounds__(FK_AN_THREADS) add_norm_kernel(float *x, float
     __shared__ double red[FK_AN_THREADS / 32];
     x += (int64_t)blockIdx.x * dim;
     o += (int64_t)blockIdx.x * dim;
-    float f = post ? fk_norm_factor(block_sum(fk_sumsq(o, dim, threadIdx.x, FK_AN_THREADS), red), dim, eps) : 1.0f;
-    double ss = 0;
-    for (int64_t i = threadIdx.x; i < dim; i += FK_AN_THREADS) {
-        float xv = fk_add_elem(x, o, post, f, i);
-        ss += (double)xv * xv;
-    }
+    float f = post ? fk_norm_factor(block_sum(fk_an_thread_sumsq(o, dim, threadIdx.x), red), dim, eps) : 1.0f;
+    double ss = fk_an_thread_add(x, o, post, f, w != NULL, dim, threadIdx.x);
     if (!w) return;
     float g = fk_norm_factor(block_sum(ss, red), dim, eps);
-    h += (int64_t)blockIdx.x * dim;
-    for (int64_t i = threadIdx.x; i < dim; i += FK_AN_THREADS) h[i] = x[i] * g * w[i];
+    fk_an_thread_norm(x, w, g, h + (int64_t)blockIdx.x * dim, dim, threadIdx.x);
 }
 
 __global__ void glu_kernel(float *gate, const float *up, int64_t n, int gelu)
@@ -1814,7 +1808,7 @@ static void cuda_qk_rope(be_backend *b, const be_qk *r)
     size_t bq = sizeof(float) * (size_t)(r->n_tok * r->n_head * r->head_dim),
            bk = sizeof(float) * (size_t)(r->n_tok * r->n_head_kv * r->head_dim);
     if (ci->failed || r->n_tok <= 0) return;
-    if (bound(ci, r->q, bq) && bound(ci, r->k, bk)) {
+    if (bound(ci, r->q, bq) && bound(ci, r->k, bk) && r->head_dim % 2 == 0) {
         size_t wb = sizeof(float) * (size_t)r->head_dim;
         const int32_t *dp = (const int32_t *)stage(ci, r->pos, sizeof(int32_t) * (size_t)r->n_tok);
         const float *dqn = r->q_norm ? (const float *)const_get(ci, r->q_norm, wb) : NULL;
@@ -1864,7 +1858,8 @@ static void cuda_add_norm(be_backend *b, float *x, float *o, const float *post, 
         const float *dpost = post ? (const float *)const_get(ci, post, wb) : NULL;
         const float *dw = w ? (const float *)const_get(ci, w, wb) : NULL;
         if ((post && !dpost) || (w && !dw)) return;
-        float *dx = (float *)am_dev_out(&ci->act, x, bytes), *dox = (float *)am_dev_out(&ci->act, o, bytes);
+        float *dx = (float *)am_dev_out(&ci->act, x, bytes);
+        float *dox = post ? (float *)am_dev_out(&ci->act, o, bytes) : (float *)am_dev_in(&ci->act, o, bytes);
         float *dh = w ? (float *)am_dev_out(&ci->act, h, bytes) : NULL;
         add_norm_kernel<<<(unsigned)rows, FK_AN_THREADS, 0, ci->stream>>>(dx, dox, dpost, dw, dh, dim, eps);
         ck(ci, cudaGetLastError(), "add_norm");
@@ -1873,7 +1868,7 @@ static void cuda_add_norm(be_backend *b, float *x, float *o, const float *post, 
     am_range r[2] = { { x, bytes }, { o, bytes } };
     am_host_read(&ci->act, r, 2);
     am_host_write(&ci->act, x, bytes);
-    am_host_write(&ci->act, o, bytes);
+    if (post) am_host_write(&ci->act, o, bytes);
     if (w) am_host_write(&ci->act, h, bytes);
     ci->cpu->ops->add_norm(ci->cpu, x, o, post, w, h, rows, dim, eps);
 }

@@ -150,12 +150,12 @@ static void call_attn(be_backend *b, void *arg) { b->ops->attention(b, (const be
 static void call_pick(be_backend *b, void *arg) { b->ops->pick(b, (be_pick *)arg); }
 static void call_bounds(be_backend *b, void *arg) { b->ops->bound_pages(b, (be_bounds *)arg); }
 
-/* The old path's device share: a kernel writes the row (an add of the zeros after it), the host
- * reads it back. */
+/* The old path's device share: a kernel writes the row (an add of the zeros after it, as 256 rows
+ * so that it spreads over the device as the scale it replaces did), the host reads it back. */
 static void call_row_back(be_backend *b, void *arg)
 {
     be_pick *p = arg;
-    b->ops->add_norm(b, p->logits, p->logits + p->n, NULL, NULL, NULL, 1, p->n, 0.0f);
+    b->ops->add_norm(b, p->logits, p->logits + p->n, NULL, NULL, NULL, 256, p->n / 256, 0.0f);
     be_range r = { p->logits, sizeof(float) * (size_t)p->n };
     be_host_read(b, &r, 1);
 }

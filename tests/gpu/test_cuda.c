@@ -1076,30 +1076,47 @@ Test(cuda, element_wise_ops_equal_the_cpu_on_bound_and_unbound_buffers)
                 d = compare_elementwise(ew_glu, &e, a, b, n, n, bind);
                 cr_expect(d < 1e-5, "glu (gelu %d) %lld floats (bound %d): %g", e.gelu, (long long)n, bind, d);
             }
-            /* add_norm: with and without each norm (gelu stands for "with w" here) */
-            float *x3 = malloc(sizeof(float) * 3 * (size_t)n), *w2 = malloc(sizeof(float) * 2 * (size_t)dim);
-            for (int64_t i = 0; i < 3 * n; i++) x3[i] = frand(-4, 4);
-            for (int64_t i = 0; i < 2 * dim; i++) w2[i] = frand(0.5f, 2);
-            ew_arg e2 = { .rows = rows, .dim = dim, .w = w2 };
-            for (int v = 0; v < 4; v++) {
-                e2.norm = v & 1;
-                e2.gelu = v >> 1;
-                d = compare_elementwise(ew_add_norm, &e2, x3, b, 3 * n, n, bind);
-                cr_expect(d < 1e-6, "add_norm %lld x %lld post %d norm %d (bound %d): %g", (long long)rows,
-                          (long long)dim, e2.norm, e2.gelu, bind, d);
-            }
-            free(x3);
-            free(w2);
             free(a);
             free(b);
             free(w);
         }
-    /* q and k made ready: head sizes of the models and odd ones, GQA groups, both pairings, with
-     * and without the norms, positions up to 100000 */
+}
+
+/* The fused ops (kernels/fused_kernels.h) against the CPU, bound and unbound: add_norm with and
+ * without each norm (a plain add to the bit), q and k made ready for head sizes of the models and
+ * odd ones, GQA groups, both pairings, with and without the norms, positions up to 100000. */
+Test(cuda, fused_ops_equal_the_cpu_on_bound_and_unbound_buffers)
+{
+    seed_rng("fused ops");
+    const int64_t shapes[][2] = { { 1, 640 }, { 7, 37 }, { 3, 2049 }, { 130, 256 } };
+    for (size_t si = 0; si < 4; si++)
+        for (int bind = 0; bind < 2; bind++) {
+            int64_t rows = shapes[si][0], dim = shapes[si][1], n = rows * dim;
+            float *x3 = malloc(sizeof(float) * 3 * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+            float *w2 = malloc(sizeof(float) * 2 * (size_t)dim);
+            for (int64_t i = 0; i < 3 * n; i++) x3[i] = frand(-4, 4);
+            for (int64_t i = 0; i < n; i++) b[i] = 0;
+            for (int64_t i = 0; i < 2 * dim; i++) w2[i] = frand(0.5f, 2);
+            ew_arg e = { .rows = rows, .dim = dim, .w = w2 };
+            for (int v = 0; v < 4; v++) {
+                e.norm = v & 1;
+                e.gelu = v >> 1;   /* here: with w */
+                double d = compare_elementwise(ew_add_norm, &e, x3, b, 3 * n, n, bind);
+                if (v == 0)
+                    cr_expect(d == 0, "add_norm without norms %lld x %lld (bound %d): %g", (long long)rows,
+                              (long long)dim, bind, d);
+                else
+                    cr_expect(d < 1e-6, "add_norm %lld x %lld post %d norm %d (bound %d): %g", (long long)rows,
+                              (long long)dim, e.norm, e.gelu, bind, d);
+            }
+            free(x3);
+            free(b);
+            free(w2);
+        }
     const int hd[][3] = { { 4, 1, 256 }, { 1, 1, 64 }, { 3, 3, 6 }, { 8, 2, 128 }, { 32, 8, 128 } };
     for (size_t hi = 0; hi < 5; hi++)
-        for (int v = 0; v < 4; v++) {
-            int neox = v & 1, norm = v >> 1, heads = hd[hi][0], kvh = hd[hi][1], D = hd[hi][2];
+        for (int v = 0; v < 8; v++) {
+            int neox = v & 1, norm = (v >> 1) & 1, bind = v >> 2, heads = hd[hi][0], kvh = hd[hi][1], D = hd[hi][2];
             int64_t rows = 5, n = rows * (heads + kvh) * D;
             float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float)), *w = malloc(sizeof(float) * 2 * D);
             int32_t pos[5];
@@ -1108,14 +1125,17 @@ Test(cuda, element_wise_ops_equal_the_cpu_on_bound_and_unbound_buffers)
             for (int t = 0; t < 5; t++) pos[t] = t == 0 ? 0 : (int32_t)(rnd() % 100000);
             ew_arg e = { .rows = rows, .heads = heads, .kv_heads = kvh, .head_dim = D, .neox = neox, .norm = norm,
                          .pos = pos, .w = w, .base = hi & 1 ? 10000.0f : 1000000.0f };
-            double d = compare_elementwise(ew_qk_rope, &e, a, b, n, 1, (int)(hi & 1) ^ neox);
+            double d = compare_elementwise(ew_qk_rope, &e, a, b, n, 1, bind);
             /* cosf/sinf of angles near 1e5 differ by an ulp or two between libm and the device */
-            cr_expect(d < 1e-5, "qk_rope %d+%d heads x %d neox %d norm %d: %g", heads, kvh, D, neox, norm, d);
+            cr_expect(d < 1e-5, "qk_rope %d+%d heads x %d neox %d norm %d (bound %d): %g", heads, kvh, D, neox, norm,
+                      bind, d);
             free(a);
             free(b);
             free(w);
         }
 }
+
+
 
 
 Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
