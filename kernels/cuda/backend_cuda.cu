@@ -1690,23 +1690,6 @@ static void cuda_pick(be_backend *b, be_pick *p)
 
 /* ---------------------------------------------------------------- element-wise ops */
 
-/* One block a row; the sum of squares in double, as the CPU backend accumulates it. */
-__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t dim, float eps)
-{
-    __shared__ double red[EW_THREADS / 32];
-    const float *xr = x + (int64_t)blockIdx.x * dim;
-    float *yr = y + (int64_t)blockIdx.x * dim;
-    double ss = 0;
-    for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS) ss += (double)xr[i] * xr[i];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    double tot = 0;
-    for (int i = 0; i < EW_THREADS / 32; i++) tot += red[i];
-    float scale = 1.0f / sqrtf((float)(tot / (double)dim) + eps);
-    for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS) yr[i] = xr[i] * scale * w[i];
-}
-
 /* A warp's sum of its lanes' values by xor shuffles (fk_warp_sum_host's order). */
 static __device__ double warp_sum(double v)
 {
@@ -1725,6 +1708,16 @@ static __device__ double block_sum(double v, double *red)
     for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += red[i];
     __syncthreads();
     return tot;
+}
+
+/* One block a row; the sum of squares in double, as the CPU backend accumulates it. */
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t dim, float eps)
+{
+    __shared__ double red[EW_THREADS / 32];
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *yr = y + (int64_t)blockIdx.x * dim;
+    float scale = fk_norm_factor(block_sum(fk_sumsq(xr, dim, threadIdx.x, EW_THREADS), red), dim, eps);
+    for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS) yr[i] = xr[i] * scale * w[i];
 }
 
 /* qk_rope (kernels/fused_kernels.h): a block a token, a warp a head row. The angles are built by
