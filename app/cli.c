@@ -254,6 +254,16 @@ run *cli_run(const cli_opts *o)
     c.policy = o->pspec;
     c.budget = o->budget;
     c.sp = o->sp;
+    /* a GPU warms up at load (run_config.warm_up); 0 measures the first prompt cold, 1 warms a CPU too */
+    const char *warm = getenv("KVCHAT_WARM_UP");
+    if (warm && *warm) {
+        if (strcmp(warm, "0") && strcmp(warm, "1")) {
+            cli_err("KVCHAT_WARM_UP must be 0 (no warm-up at load) or 1 (a warm-up on any device); unset, a GPU "
+                    "warms up");
+            return NULL;
+        }
+        c.warm_up = warm[0] == '1' ? 1 : -1;
+    }
     if (!o->no_calibration && cli_find_thresholds(path, o->thresholds, o->db, &c.thr)) return NULL;
     run *r = run_create(&c, err, sizeof err);
     if (!r) cli_err("%s", err);

@@ -713,6 +713,10 @@ int cmd_bench(int argc, char **argv)
     } else {
         rc = bench_speed(r, depths, nd, n_gen, toks, csv, date, commit, machine, base);
     }
+    run_figures fg;
+    run_get_figures(r, &fg);
+    if (fg.warm_up_s > 0)   /* the one-off costs a device paid at load, outside every figure above */
+        printf("warm-up at load %.1f ms\n", 1e3 * fg.warm_up_s);
     printf("peak RSS %.1f MiB\n", cli_peak_rss_mib());
     if (rc == 0 && n_spec > 0 && !snapshot && out_dir && !cli_interrupted) rc = bench_plot(out_csv, date, out_png);
     if (rc == 0 && cli_interrupted) rc = cli_interrupt_status();   /* a benchmark cut short is not a success */

@@ -35,6 +35,7 @@ struct run {
     int64_t prefill_tokens, decoded;
     int64_t replayed;            /* positions rewinds evaluated again (sliding-window layers) */
     double prefill_s, decode_s;
+    double warm_up_s;            /* loading's warm-up (0: none ran) */
 };
 
 double run_clock_s(void)
@@ -114,6 +115,60 @@ static int prepare_weights(run *r, char *err, size_t errlen)
     return rc ? RUN_EFAIL : RUN_OK;
 }
 
+/* A device's first prompt would pay one-off costs: kernels load on first use (cuBLAS's first
+ * product took 50-70 ms on an H200, docs/gpu.md), buffers are allocated. A throwaway sequence
+ * pays them at load instead: a prompt's chunk, a question, and a decode step through the pick with
+ * the sampler's options (top candidates, penalty, entropy) where the backend picks, without
+ * policies, in a cache of its own that is freed before the run's is made. */
+enum { WARM_QUESTION = 48, WARM_PICK_K = 40 };
+
+static int warm_up(run *r, char *err, size_t errlen)
+{
+    if (r->cfg.warm_up < 0 || (r->cfg.warm_up == 0 && !run_on_device(r))) return RUN_OK;
+    double t0 = run_clock_s();
+    int chunk = r->cfg.n_batch > 0 ? r->cfg.n_batch : 512;
+    int64_t n = chunk + WARM_QUESTION + 1;
+    int32_t nv = r->m->hp.n_vocab;
+    fwd_opts fo = { n, chunk, r->cfg.page_size };
+    fwd_ctx *f = NULL;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+    float *logits = malloc(sizeof(float) * (size_t)nv);
+    if (!ids || !logits) {
+        free(ids);
+        free(logits);
+        return oom(err, errlen);
+    }
+    for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)((uint64_t)(i + 1) * 2654435761u % (uint64_t)nv);
+    if (tok_bos(r->m->vocab) >= 0) ids[0] = tok_bos(r->m->vocab);
+    int rc = RUN_OK;
+    be_warming_up(r->b, 1);
+    if (!(f = fwd_create(r->m, r->b, &fo, err, errlen)) ||
+        fwd_eval(f, ids, chunk, logits, NULL, NULL, NULL, NULL, &r->never, err, errlen) ||
+        fwd_eval(f, ids + chunk, WARM_QUESTION, logits, NULL, NULL, NULL, NULL, &r->never, err, errlen)) {
+        rc = RUN_EFAIL;
+    } else if (fwd_can_pick(f)) {
+        float val[WARM_PICK_K];
+        int32_t best[WARM_PICK_K];
+        be_pick p = { .pen_ids = ids, .n_pen = 1, .penalty = 1.1f, .k = WARM_PICK_K, .entropy = 1, .temp = 1.0f,
+                      .val = val, .id = best };
+        rc = fwd_decode_pick(f, ids[n - 1], &p, &r->never, err, errlen) ? RUN_EFAIL : RUN_OK;
+    } else {
+        rc = fwd_decode(f, ids[n - 1], logits, &r->never, err, errlen) ? RUN_EFAIL : RUN_OK;
+    }
+    be_warming_up(r->b, 0);
+    fwd_free(f);
+    free(ids);
+    free(logits);
+    if (rc) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, errlen, "warming the %s backend up: %s", r->b->ops->name, why);
+        return rc;
+    }
+    r->warm_up_s = run_clock_s() - t0;
+    return RUN_OK;
+}
+
 static const char *base_name(const char *p)
 {
     const char *b = strrchr(p, '/');
@@ -151,7 +206,7 @@ run *run_create(const run_config *c, char *err, size_t errlen)
     r->owns = 1;
     model_load_opts lo = { c->tokenizer_path };
     if (model_load(&r->m, c->model_path, &lo, err, errlen) != 0 || !(r->b = be_create(c->device, c->n_threads, err, errlen)) ||
-        prepare_weights(r, err, errlen))
+        prepare_weights(r, err, errlen) || warm_up(r, err, errlen))
         goto fail;
     if (load_head_similarity(r)) {
         oom(err, errlen);
@@ -652,6 +707,7 @@ void run_get_figures(const run *r, run_figures *o)
     o->decoded = r->decoded;
     o->decode_s = r->decode_s;
     o->decode_tok_s = r->decode_s > 0 ? (double)r->decoded / r->decode_s : 0;
+    o->warm_up_s = r->warm_up_s;
     if (r->b->ops->counters) {
         o->has_counters = 1;
         r->b->ops->counters(r->b, &o->dev_waits, &o->dev_bytes_up, &o->dev_bytes_down);

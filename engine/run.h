@@ -38,10 +38,13 @@ typedef struct run_config {
     const char *budget;          /* the --budget text (NULL: none), checked against a default policy */
     samp_params sp;
     unc_thresholds thr;          /* the model's calibration (valid 0: the monitor only watches) */
+    int warm_up;                 /* at load, a throwaway prompt and decode step pay the backend's one-off
+                                    costs (kernels loaded on first use): 0 on a device backend, 1 on any,
+                                    -1 never */
 } run_config;
 
-/* Load the model, create the backend, the forward context, the policies, the sampler and the
- * monitor. NULL with a message. */
+/* Load the model, create the backend (warmed up as cfg.warm_up says), the forward context, the
+ * policies, the sampler and the monitor. NULL with a message. */
 run *run_create(const run_config *c, char *err, size_t errlen);
 /* A second sequence over r's model and backend (its own cache, policies, sampler and monitor, from
  * the same configuration): a snapshot restored beside the first, say. Free it before r. */
@@ -200,6 +203,7 @@ typedef struct run_figures {
     /* the device backend's traffic so far (has_counters 0: none) */
     int has_counters;
     uint64_t dev_waits, dev_bytes_up, dev_bytes_down;
+    double warm_up_s;            /* loading's warm-up (run_config.warm_up; 0: none ran) */
 } run_figures;
 void run_get_figures(const run *r, run_figures *out);
 /* The monotonic clock the figures are timed with, in seconds. */

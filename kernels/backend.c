@@ -50,6 +50,8 @@ int be_prepare_weights(be_backend *b, const be_weight *const *w, int n, char *no
     return 0;
 }
 
+void be_warming_up(be_backend *b, int on) { op_profile_set_warming_up(b, on); }
+
 int be_cpu_set_kernels(const char *isa, int no_simd, char *err, size_t errlen)
 {
     const char *env = vd_isa_env_error();

@@ -267,6 +267,10 @@ be_backend *be_create(int device, int n_threads, char *err, size_t errlen);
  * end should say once (the types a GPU converts to f16, "" none). 0, or -1 with a message. */
 int be_prepare_weights(be_backend *b, const be_weight *const *w, int n, char *note, size_t note_cap, char *err,
                        size_t errlen);
+/* The ops between be_warming_up(b, 1) and be_warming_up(b, 0) belong to loading: a throwaway
+ * sequence that pays a device's one-off costs before the first prompt (engine/run.c). The op
+ * profiler reports them apart from the run's; every other backend runs them as any op. */
+void be_warming_up(be_backend *b, int on);
 /* The CPU kernels' instruction set: by name (NULL: the best this CPU has; $KVCHAT_ISA is checked
  * too) or none (no_simd); the name of the one in use; what is in use and what the CPU supports. */
 int be_cpu_set_kernels(const char *isa, int no_simd, char *err, size_t errlen);

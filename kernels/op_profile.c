@@ -8,13 +8,13 @@
 enum {
     R_MATMUL_1, R_MATMUL_N, R_RMSNORM, R_QK_ROPE, R_GLU, R_GET_ROWS, R_ATTENTION_1, R_ATTENTION_N, R_SCORES,
     R_BOUND_PAGES, R_ADD_NORM, R_PREPARE, R_BIND, R_UNBIND, R_HOST_READ, R_HOST_WRITE, R_PICK,
-    R_HOST_PREFETCH, R_N
+    R_HOST_PREFETCH, R_WARM_UP, R_N
 };
 
 static const char *const row_name[R_N] = {
     "matmul 1 token", "matmul tokens", "rmsnorm", "qk_rope", "glu", "get_rows", "attention 1 query",
     "attention queries", "scores", "bound_pages", "add_norm", "prepare", "bind", "unbind", "host_read",
-    "host_write", "pick", "host_prefetch",
+    "host_write", "pick", "host_prefetch", "warm-up",
 };
 
 typedef struct prof_row {
@@ -32,6 +32,7 @@ typedef struct prof {
     prof_row rows[R_N];
     double first, last;            /* the window: first op's start, last op's end (0: none yet), */
     double in_ops;                 /* and the seconds inside ops in it; prepare (load time) is outside */
+    int warming;                   /* the ops are loading's warm-up (op_profile_set_warming_up) */
 } prof;
 
 typedef struct mark {
@@ -54,12 +55,15 @@ static void traffic(prof *p, mark *m)
     if (p->inner->ops->counters) p->inner->ops->counters(p->inner, &m->waits, &m->up, &m->down);
 }
 
+/* Load time (the weights' upload, the warm-up): rows outside the window. */
+static int at_load(int row) { return row == R_PREPARE || row == R_WARM_UP; }
+
 static mark begin(prof *p, int row)
 {
     mark m;
     traffic(p, &m);
     m.t = now_s();
-    if (p->first == 0 && row != R_PREPARE) p->first = m.t;
+    if (p->first == 0 && !at_load(row)) p->first = m.t;
     return m;
 }
 
@@ -76,7 +80,7 @@ static void end(prof *p, int row, const mark *m)
     r->waits += e.waits - m->waits;
     r->up += e.up - m->up;
     r->down += e.down - m->down;
-    if (row == R_PREPARE) return;
+    if (at_load(row)) return;
     p->in_ops += t - m->t;
     p->last = t;
 }
@@ -86,7 +90,7 @@ static void end(prof *p, int row, const mark *m)
     do {                                                                                                   \
         prof *p_ = prof_of(b);                                                                             \
         be_backend *in_ = p_->inner;                                                                       \
-        const int row_ = (row);                                                                            \
+        const int row_ = p_->warming ? R_WARM_UP : (row);                                                  \
         mark m_ = begin(p_, row_);                                                                         \
         call;                                                                                              \
         end(p_, row_, &m_);                                                                                \
@@ -233,6 +237,11 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     return &p->outer;
 }
 
+void op_profile_set_warming_up(be_backend *b, int on)
+{
+    if (b->ops->destroy == t_destroy) prof_of(b)->warming = on;
+}
+
 int op_profile_mode_from_env(void)
 {
     const char *v = getenv("KVCHAT_PROFILE");
@@ -264,7 +273,7 @@ void op_profile_write(be_backend *b, FILE *f)
     for (int i = 0; i < R_N; i++) {
         const prof_row *r = order[i];
         if (!r->calls) continue;
-        int outside = r == &p->rows[R_PREPARE];   /* load time: no share of the window */
+        int outside = at_load((int)(r - p->rows));   /* load time: no share of the window */
         fprintf(f, "%-20s %9ld %10.3f %9.2f %9.1f %5.1f%% %8llu %9.2f %9.2f\n", row_name[r - p->rows], r->calls,
                 1e3 * r->s, 1e6 * r->s / (double)r->calls, 1e6 * r->max, window > 0 && !outside ? 100 * r->s / window : 0,
                 (unsigned long long)r->waits,

@@ -4,10 +4,10 @@
  * it, and the profile counts the calls, the wall time spent inside the op and the device traffic
  * the op caused (be_ops.counters: waits, bytes up, bytes down). Products and attention are counted
  * apart for one token (a decode step) and for several (a prefill chunk). The window runs from the
- * first op after loading (prepare, the weights' upload, is reported apart) to the last; the time in
- * it between ops is everything else the program did: the engine's own host work (the forward pass's
- * bookkeeping, the policies, the sampler, the cache), and in an interactive command its waits for
- * the user.
+ * first op after loading (prepare, the weights' upload, and the warm-up are reported apart) to the
+ * last; the time in it between ops is everything else the program did: the engine's own host work
+ * (the forward pass's bookkeeping, the policies, the sampler, the cache), and in an interactive
+ * command its waits for the user.
  *
  * Two modes. OP_PROFILE_HOST: each op's time is what it costs the host (launches, staging, its
  * waits), while a device runs behind; an op that waits absorbs the device's backlog. OP_PROFILE_SYNC:
@@ -34,6 +34,11 @@ be_backend *op_profile_wrap(be_backend *inner, int mode, FILE *report);
 /* The mode KVCHAT_PROFILE asks for: 0 (unset, empty or "0"), OP_PROFILE_HOST ("1"),
  * OP_PROFILE_SYNC ("sync"), or -1 for any other value. */
 int op_profile_mode_from_env(void);
+
+/* While on, b's ops are loading's (be_warming_up): each one's time goes to the report's "warm-up"
+ * row, which like prepare is outside the window, and to no other row. Nothing when b is not a
+ * backend op_profile_wrap made. */
+void op_profile_set_warming_up(be_backend *b, int on);
 
 /* The profile so far of a backend op_profile_wrap made, written to f (the report). */
 void op_profile_write(be_backend *b, FILE *f);

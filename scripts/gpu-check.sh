@@ -9,14 +9,15 @@
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
-#      vocabulary from the pack): the GPU, the GPU with prefill chunks on the grouped attention
+#      vocabulary from the pack): the GPU, the GPU without the warm-up at load (KVCHAT_WARM_UP=0:
+#      the first prompt pays the one-off costs), the GPU with prefill chunks on the grouped attention
 #      kernel (KVCHAT_CUDA_ATTN=grouped), with the scalar attention kernel (KVCHAT_CUDA_ATTN=scalar),
 #      with stage 0's f32 decode kernel (KVCHAT_CUDA_MMV=f32), with every product through cuBLAS
 #      (KVCHAT_CUDA_MMV=0), and the CPU on every core, one after the other; then the GPU under the
 #      op profiler (KVCHAT_PROFILE=1 and sync: where each op's time goes), and under Quest and
 #      CHESS (the waits a selection's decode step makes);
-#   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also with
-#      the f32 decode kernel, with the grouped kernel for prefill chunks, under the profiler, with
+#   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also without
+#      the warm-up, with the f32 decode kernel, with the grouped kernel for prefill chunks, under the profiler, with
 #      and without Quest and CHESS, and full against CHESS aggressive at 32K).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
@@ -232,9 +233,10 @@ elif [ ! -f "$bin/gemma-vocab.gguf" ]; then
     say "- no gemma-vocab.gguf in the pack: skipped"
 elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m --type q4_k_m --vocab "$bin/gemma-vocab.gguf" \
         -o "$gm" -t "$threads"; then
-    for run in cuda cuda-grouped cuda-scalar cuda-f32 cuda-cublas cpu; do
+    for run in cuda cuda-cold cuda-grouped cuda-scalar cuda-f32 cuda-cublas cpu; do
         case $run in
         cuda) env=() dev=(--device cuda) config=cuda ;;
+        cuda-cold) env=(KVCHAT_WARM_UP=0) dev=(--device cuda) config="cuda KVCHAT_WARM_UP=0" ;;
         cuda-grouped) env=(KVCHAT_CUDA_ATTN=grouped) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=grouped" ;;
         cuda-scalar) env=(KVCHAT_CUDA_ATTN=scalar) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=scalar" ;;
         cuda-cublas) env=(KVCHAT_CUDA_MMV=0) dev=(--device cuda) config="cuda KVCHAT_CUDA_MMV=0" ;;
@@ -273,6 +275,9 @@ for type in q4_k_m f16; do
         bench_step "bench mistral-7b $type" cuda 150 "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
             --csv "$tmp/bench.csv" && bench_table
         if [ $type = q4_k_m ]; then
+            bench_step "bench mistral-7b $type without the warm-up" "cuda KVCHAT_WARM_UP=0" 100 \
+                env KVCHAT_WARM_UP=0 "$kv" bench -m "$m" --device cuda --ctx 512 --gen 16 --csv "$tmp/bench.csv" &&
+                bench_table
             bench_step "bench mistral-7b $type f32 decode kernel" "cuda KVCHAT_CUDA_MMV=f32" 100 \
                 env KVCHAT_CUDA_MMV=f32 "$kv" bench -m "$m" --device cuda --ctx 512 --gen 16 --csv "$tmp/bench.csv" &&
                 bench_table

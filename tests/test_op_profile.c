@@ -2,8 +2,9 @@
  * gives the same bits as without it and an op the backend lacks stays absent; in front of a ledger
  * backend each call lands in its row (one token apart from several), each op's device traffic is
  * the counters' change across it, the sync mode waits once after each op and the host mode never,
- * and destroying it writes the report and destroys what it stands in front of; KVCHAT_PROFILE's
- * values, a wrong one refused by be_create with a message. */
+ * and destroying it writes the report and destroys what it stands in front of; loading (prepare
+ * and the warm-up's ops) is reported apart from the window; KVCHAT_PROFILE's values, a wrong one
+ * refused by be_create with a message. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 
 typedef struct ledger {
     int finishes, destroyed, matmuls, norms;
+    int slow_norms;   /* a norm takes 40 ms */
     uint64_t waits, up, down;
 } ledger;
 
@@ -32,6 +34,8 @@ static void l_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, 
 static void l_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps)
 {
     led_of(b)->norms++;
+    struct timespec ts = { 0, 40 * 1000 * 1000 };
+    if (led_of(b)->slow_norms) nanosleep(&ts, NULL);
 }
 
 static void l_attention(be_backend *b, const be_attn *a)
@@ -275,6 +279,46 @@ Test(op_profile, loading_is_outside_the_window)
     long calls;
     double ms, per, mx, share;
     cr_assert_eq(sscanf(row + 1, "prepare %ld %lf %lf %lf %lf%%", &calls, &ms, &per, &mx, &share), 5, "%s", row);
+    cr_expect_eq(share, 0, "load time given a share of the window");
+    free(text);
+    p->ops->destroy(p);
+}
+
+/* The warm-up's ops (be_warming_up) are loading's: their own row, outside the window, and in no op's
+ * row; the ops after it are counted as ever. On a backend the profiler did not make it does nothing. */
+Test(op_profile, the_warm_up_is_loading_in_a_row_of_its_own)
+{
+    ledger l = { 0 };
+    be_backend in = ledger_backend(&l);
+    be_warming_up(&in, 1);   /* not a profiler: nothing to mark */
+    be_warming_up(&in, 0);
+    be_backend *p = op_profile_wrap(&in, OP_PROFILE_HOST, NULL);
+    cr_assert(p);
+    l.slow_norms = 1;
+    be_warming_up(p, 1);
+    run_ledger(p);
+    be_warming_up(p, 0);
+    l.slow_norms = 0;
+    run_ledger(p);
+    cr_expect_eq(l.matmuls, 14, "the warm-up's ops did not reach the backend");
+    double s = 0;
+    cr_expect_eq(op_profile_calls(p, "warm-up", &s), 11);   /* 7 products, a norm, 3 attention calls */
+    cr_expect_geq(s, 0.035);
+    cr_expect_eq(op_profile_calls(p, "matmul 1 token", NULL), 5);
+    cr_expect_eq(op_profile_calls(p, "matmul tokens", NULL), 2);
+    cr_expect_eq(op_profile_calls(p, "rmsnorm", &s), 1);
+    cr_expect_lt(s, 0.03, "the warm-up's slow norm was counted as the run's");
+    cr_expect_eq(op_profile_calls(p, "attention queries", NULL), 2);
+    char *text = report_of(p);
+    const char *at = strstr(text, "): ");
+    double window = -1;
+    cr_assert(at && sscanf(at, "): %lf s from the first op after loading", &window) == 1, "%s", text);
+    cr_expect_lt(window, 0.03, "the window (%g s) holds the warm-up", window);
+    const char *row = strstr(text, "\nwarm-up ");
+    cr_assert(row, "%s", text);
+    long calls;
+    double ms, per, mx, share;
+    cr_assert_eq(sscanf(row + 1, "warm-up %ld %lf %lf %lf %lf%%", &calls, &ms, &per, &mx, &share), 5, "%s", row);
     cr_expect_eq(share, 0, "load time given a share of the window");
     free(text);
     p->ops->destroy(p);

@@ -2,7 +2,8 @@
  * cache through feeds, decodes, rewinds and answers; a side answer leaves no trace; swapping
  * policies and back restores the set and the figures follow the set attached; a snapshot restored
  * into a sibling continues with the same logits; the figures agree with the cache; position states
- * say what an evicting policy dropped and what a selection attended. */
+ * say what an evicting policy dropped and what a selection attended; a warm-up at load leaves no
+ * trace. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -15,7 +16,12 @@
 #define GEMMA TD "tiny/tiny-gemma3-q4_k_m.gguf"
 #define LLAMA TD "tiny/tiny-llama-f16.gguf"
 
-static run *open_run(const char *path, const char *spec)
+static run *open_run_warm(const char *path, const char *spec, int warm_up, int n_batch);
+
+static run *open_run(const char *path, const char *spec) { return open_run_warm(path, spec, 0, 0); }
+
+/* warm_up as run_config's (0: none on the CPU), n_batch the prefill chunk (0: 512) */
+static run *open_run_warm(const char *path, const char *spec, int warm_up, int n_batch)
 {
     run_config c;
     memset(&c, 0, sizeof c);
@@ -26,6 +32,8 @@ static run *open_run(const char *path, const char *spec)
     c.page_size = 8;
     c.sp = samp_params_default();
     c.sp.temperature = 0;
+    c.warm_up = warm_up;
+    c.n_batch = n_batch;
     char err[600];
     if (spec) cr_assert(pol_parse(&c.policy, spec, NULL, err, sizeof err) == 0, "%s", err);
     run *r = run_create(&c, err, sizeof err);
@@ -294,4 +302,53 @@ Test(run, figures_and_position_states_say_what_is_held_and_attended)
     for (int i = 0; i < n; i++) cr_expect(!isnan(sim[i]) && sim[i] <= 1.0 + 1e-9, "head %d: %f", i, sim[i]);
     free(ids);
     run_free(r);
+}
+
+/* A warm-up at load (run_config.warm_up: by default on a device only) runs a throwaway prompt, a
+ * question and a decode step in a cache of its own, before the run's: the run then gives the same
+ * bits, cache and figures as one loaded without it, under a selection and an evicting policy, with
+ * the default chunk and a small one. */
+Test(run, a_warm_up_at_load_leaves_no_trace)
+{
+    const char *paths[] = { GEMMA, LLAMA };
+    const char *specs[] = { "quest", "snapkv" };
+    char err[600];
+    for (int mi = 0; mi < 2; mi++) {
+        int n_batch = mi ? 24 : 0;
+        run *cold = open_run_warm(paths[mi], specs[mi], 0, n_batch), *warm = open_run_warm(paths[mi], specs[mi], 1, n_batch);
+        run *never = open_run_warm(paths[mi], specs[mi], -1, n_batch);
+        run_figures fc, fw, fn;
+        run_get_figures(cold, &fc);
+        run_get_figures(warm, &fw);
+        run_get_figures(never, &fn);
+        cr_expect_eq(fc.warm_up_s, 0, "the CPU warmed up without being asked");
+        cr_expect_eq(fn.warm_up_s, 0);
+        cr_expect_gt(fw.warm_up_s, 0, "no warm-up ran");
+        cr_expect_eq(fw.positions, 0, "the warm-up's tokens are in the run's cache");
+        int32_t *ids = some_ids(cold, 100);
+        cr_assert(run_feed(cold, ids, 100, NULL, NULL, err, sizeof err) == RUN_OK, "%s", err);
+        cr_assert(run_feed(warm, ids, 100, NULL, NULL, err, sizeof err) == RUN_OK, "%s", err);
+        float *l = copy_logits(cold);
+        cr_expect(same_logits(warm, l), "%s: the prefill's logits differ after a warm-up", paths[mi]);
+        free(l);
+        for (int t = 0; t < 6; t++) {
+            int32_t next = samp_argmax(run_logits(cold), run_model(cold)->hp.n_vocab);
+            cr_assert(run_decode(cold, next, err, sizeof err) == RUN_OK, "%s", err);
+            cr_assert(run_decode(warm, next, err, sizeof err) == RUN_OK, "%s", err);
+            l = copy_logits(cold);
+            cr_expect(same_logits(warm, l), "%s: decode step %d differs after a warm-up", paths[mi], t);
+            free(l);
+        }
+        run_get_figures(cold, &fc);
+        run_get_figures(warm, &fw);
+        cr_expect_eq(fw.positions, fc.positions);
+        cr_expect_eq(fw.tokens_kept, fc.tokens_kept);
+        cr_expect_eq(fw.kv_peak, fc.kv_peak, "the warm-up's cache counted in the run's peak");
+        cr_expect_eq(fw.steps, fc.steps);
+        cr_expect_eq(fw.pages_per_step, fc.pages_per_step);
+        free(ids);
+        run_free(never);
+        run_free(warm);
+        run_free(cold);
+    }
 }

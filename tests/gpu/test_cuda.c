@@ -27,6 +27,7 @@
 #include "kernels/attn_flash.h"
 #include "kernels/synthetic.h"
 #include "engine/generate.h"
+#include "engine/run.h"
 #include "engine/tokenizer.h"
 
 #include "tests/fwd_fixture.h"
@@ -1332,7 +1333,7 @@ Test(cuda, device_page_copies_follow_appends_truncation_and_reuse)
 /* Logits of prompt p2 and 8 greedy steps on one backend, with a policy that evicts (SnapKV at 50%).
  * feed: the tokens to continue with (the other backend's choices, so a near-tie cannot fork the two
  * sequences); NULL: its own greedy choices. */
-static float *run_model(model *m, be_backend *b, int32_t *top, int steps, const int32_t *feed)
+static float *steps_of(model *m, be_backend *b, int32_t *top, int steps, const int32_t *feed)
 {
     char err[512];
     char ppath[256];
@@ -1397,7 +1398,7 @@ Test(cuda, tiny_model_logits_equal_the_cpu_under_an_evicting_policy)
         int quantized = model_quantized(m);
         int64_t nv = m->hp.n_vocab;
         int32_t t0[9], t1[9];
-        float *a = run_model(m, cpu, t0, 8, NULL), *b = run_model(m, gpu, t1, 8, t0);
+        float *a = steps_of(m, cpu, t0, 8, NULL), *b = steps_of(m, gpu, t1, 8, t0);
         double worst = 0, worst_top = 0;
         for (int s = 0; s <= 8; s++) {
             const float *la = a + s * nv, *lb = b + s * nv;
@@ -1437,7 +1438,7 @@ Test(cuda, tiny_model_logits_equal_the_cpu_under_an_evicting_policy)
 static int gates_on(be_backend *b)
 {
     static const char *const prompts[] = { "p1", "p2", "p3" };
-    int run = 0;
+    int n_run = 0;
     for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
         char path[256], name[64];
         snprintf(path, sizeof path, "%s/tiny/%s", testdata(), files[fi]);
@@ -1449,9 +1450,9 @@ static int gates_on(be_backend *b)
         float tol = strstr(name, "-f16") ? REF_GATE_F16_TOL : REF_GATE_Q_TOL;
         for (size_t pi = 0; pi < sizeof prompts / sizeof *prompts; pi++)
             ref_gate_run(b, testdata(), name, prompts[pi], tol, "", NULL);
-        run++;
+        n_run++;
     }
-    return run;
+    return n_run;
 }
 
 /* The default: the prompts' prefill chunks through the tensor-core flash kernel. */
@@ -1589,6 +1590,51 @@ Test(cuda, answers_through_the_devices_pick_equal_those_from_the_row)
     }
 }
 
+/* The warm-up at load (engine/run.c: on a device by default) pays the one-off costs (kernels loaded
+ * on first use) in a throwaway cache: a run loaded with it gives the bits of one loaded without it,
+ * through a prompt of two chunks and decode steps. */
+Test(cuda, a_warm_up_at_load_leaves_the_runs_bits_alone)
+{
+    char err[600], path[256];
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        snprintf(path, sizeof path, "%s/tiny/%s", testdata(), files[fi]);
+        if (!model_present(path)) continue;
+        run *r[2];
+        for (int warm = 0; warm < 2; warm++) {
+            run_config c;
+            memset(&c, 0, sizeof c);
+            c.model_path = path;
+            c.device = BE_DEVICE_CUDA;
+            c.n_threads = 2;
+            c.n_ctx = 1024;
+            c.n_batch = 64;
+            c.page_size = 8;
+            c.sp = samp_params_default();
+            c.warm_up = warm ? 0 : -1;   /* 0: the default, which warms a device up */
+            r[warm] = run_create(&c, err, sizeof err);
+            cr_assert(r[warm], "%s", err);
+            run_figures fg;
+            run_get_figures(r[warm], &fg);
+            cr_expect(warm ? fg.warm_up_s > 0 : fg.warm_up_s == 0, "%s: warm-up %g s", files[fi], fg.warm_up_s);
+        }
+        int32_t nv = run_model(r[0])->hp.n_vocab;
+        int32_t ids[100];
+        for (int i = 0; i < 100; i++) ids[i] = 3 + (int32_t)((i * 41) % (nv - 3));
+        for (int k = 0; k < 2; k++)
+            cr_assert(run_feed(r[k], ids, 100, NULL, NULL, err, sizeof err) == RUN_OK, "%s", err);
+        cr_expect(!memcmp(run_logits(r[0]), run_logits(r[1]), sizeof(float) * (size_t)nv),
+                  "%s: the prompt's logits differ after a warm-up", files[fi]);
+        for (int t = 0; t < 4; t++) {
+            int32_t next = samp_argmax(run_logits(r[0]), nv);
+            for (int k = 0; k < 2; k++) cr_assert(run_decode(r[k], next, err, sizeof err) == RUN_OK, "%s", err);
+            cr_expect(!memcmp(run_logits(r[0]), run_logits(r[1]), sizeof(float) * (size_t)nv),
+                      "%s: decode step %d differs after a warm-up", files[fi], t);
+        }
+        run_free(r[1]);
+        run_free(r[0]);
+    }
+}
+
 /* A greedy decode step through the device's pick, its K/V rows deferred, waits for the device
  * once: the rows come back with the pick's answer (the first steps may wait more: the prefill's
  * hidden rows come back before the embedding's write, the staging arena grows). */
@@ -1642,12 +1688,12 @@ Test(cuda, the_embedding_gather_on_the_device_is_the_cpus)
         be_weight w = random_weight(types[ti], 2304, 131, &kept[ti]);
         const be_weight *wl = &w;
         cr_assert(gpu->ops->prepare(gpu, &wl, 1, err, sizeof err) == 0, "%s", err);
-        for (int run = 0; run < 4; run++) {
-            int bind = run >= 2;
+        for (int pass = 0; pass < 4; pass++) {
+            int bind = pass >= 2;
             size_t bytes = sizeof(float) * 6 * 2304;
             float *want = malloc(bytes), *got = malloc(bytes);
             if (bind) cr_assert(be_bind(gpu, got, bytes, err, sizeof err) == 0, "%s", err);
-            float scale = run & 1 ? 48.0f : 1.0f;
+            float scale = pass & 1 ? 48.0f : 1.0f;
             cpu->ops->get_rows(cpu, &w, ids, 6, scale, want);
             uint64_t w0, up, down0, down1;
             gpu->ops->counters(gpu, &w0, &up, &down0);
