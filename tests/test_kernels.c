@@ -84,9 +84,14 @@ Test(kernels, vector_glu_matches_formula)
 }
 
 /* One head's row as the fused op's parts define it, in double: normalized (w given), rotated at
- * pos, scaled. */
+ * pos, scaled. The angles are the rotation's own, built in float as a running product (pos, pos *
+ * base^(-2/D), ...) as the reference implementation and every backend build them: at positions in
+ * the thousands the same angles in double differ by some 1e-4 radians, more than the float
+ * arithmetic the comparison allows for. */
 static void ref_qk_row(float *v, int D, const float *w, double pos, double base, int neox, double s)
 {
+    float th_f = (float)pos;
+    const float th_scale = powf((float)base, -2.0f / (float)D);
     double x[256];
     double ss = 0;
     for (int i = 0; i < D; i++) ss += (double)v[i] * v[i];
@@ -94,9 +99,10 @@ static void ref_qk_row(float *v, int D, const float *w, double pos, double base,
     for (int i = 0; i < D; i++) x[i] = w ? v[i] * inv * w[i] : v[i];
     for (int i = 0; i < D / 2; i++) {
         int i0 = neox ? i : 2 * i, i1 = neox ? i + D / 2 : 2 * i + 1;
-        double th = pos * pow(base, -2.0 * i / D), x0 = x[i0], x1 = x[i1];
+        double th = th_f, x0 = x[i0], x1 = x[i1];
         x[i0] = x0 * cos(th) - x1 * sin(th);
         x[i1] = x0 * sin(th) + x1 * cos(th);
+        th_f *= th_scale;
     }
     for (int i = 0; i < D; i++) v[i] = (float)(x[i] * s);
 }
