@@ -117,16 +117,19 @@ static int prepare_weights(run *r, char *err, size_t errlen)
 
 /* A device's first prompt would pay one-off costs: kernels load on first use (cuBLAS's first
  * product took 50-70 ms on an H200, docs/gpu.md), buffers are allocated. A throwaway sequence
- * pays them at load instead: a prompt's chunk, a question, and a decode step through the pick with
- * the sampler's options (top candidates, penalty, entropy) where the backend picks, without
- * policies, in a cache of its own that is freed before the run's is made. */
+ * pays them at load instead: a chunk of the run's size, a question, and a decode step through the
+ * pick as the sampler uses it (candidates, a penalty, the entropy) where the backend picks,
+ * without policies, in a cache of its own that is freed before the run's is made. */
 enum { WARM_QUESTION = 48, WARM_PICK_K = 40 };
 
 static int warm_up(run *r, char *err, size_t errlen)
 {
     if (r->cfg.warm_up < 0 || (r->cfg.warm_up == 0 && !run_on_device(r))) return RUN_OK;
     double t0 = run_clock_s();
+    /* the run's own chunk: fwd_create clamps it to the context, so a chunk past that is never run */
+    int64_t ctx = r->cfg.n_ctx > 0 ? r->cfg.n_ctx : r->m->hp.n_ctx_train;
     int chunk = r->cfg.n_batch > 0 ? r->cfg.n_batch : 512;
+    if (ctx > 0 && chunk > ctx) chunk = (int)ctx;
     int64_t n = chunk + WARM_QUESTION + 1;
     int32_t nv = r->m->hp.n_vocab;
     fwd_opts fo = { n, chunk, r->cfg.page_size };
@@ -155,12 +158,12 @@ static int warm_up(run *r, char *err, size_t errlen)
     } else {
         rc = fwd_decode(f, ids[n - 1], logits, &r->never, err, errlen) ? RUN_EFAIL : RUN_OK;
     }
+    fwd_free(f);   /* before the end of the warm-up: its unbinding is loading's too */
     be_warming_up(r->b, 0);
-    fwd_free(f);
     free(ids);
     free(logits);
     if (rc) {
-        char why[400];
+        char why[1200];
         snprintf(why, sizeof why, "%s", err);
         snprintf(err, errlen, "warming the %s backend up: %s", r->b->ops->name, why);
         return rc;

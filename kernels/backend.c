@@ -50,7 +50,11 @@ int be_prepare_weights(be_backend *b, const be_weight *const *w, int n, char *no
     return 0;
 }
 
-void be_warming_up(be_backend *b, int on) { op_profile_set_warming_up(b, on); }
+void be_warming_up(be_backend *b, int on)
+{
+    op_profile_set_warming_up(b, on);
+    if (!on) be_cuda_warmed_up(op_profile_inner(b));
+}
 
 int be_cpu_set_kernels(const char *isa, int no_simd, char *err, size_t errlen)
 {

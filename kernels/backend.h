@@ -259,6 +259,10 @@ int be_cuda_devices(void);
  * KVCHAT_CUDA_ATTN says grouped or scalar; tests and benchmarks check that it ran); 0 for any other
  * backend. */
 uint64_t be_cuda_flash_calls(be_backend *b);
+/* A CUDA backend's warm-up (be_warming_up) is over: the page lists and page copies its throwaway
+ * cache left are freed now, their blocks back in the pool for the run's pages, instead of after
+ * thousands of idle calls. Nothing for any other backend. */
+void be_cuda_warmed_up(be_backend *b);
 void be_free(be_backend *b);
 /* The device a run asks for: AUTO is the GPU when one is present (kernels/backend.c). */
 enum { BE_DEVICE_AUTO, BE_DEVICE_CPU, BE_DEVICE_CUDA };
@@ -268,8 +272,9 @@ be_backend *be_create(int device, int n_threads, char *err, size_t errlen);
 int be_prepare_weights(be_backend *b, const be_weight *const *w, int n, char *note, size_t note_cap, char *err,
                        size_t errlen);
 /* The ops between be_warming_up(b, 1) and be_warming_up(b, 0) belong to loading: a throwaway
- * sequence that pays a device's one-off costs before the first prompt (engine/run.c). The op
- * profiler reports them apart from the run's; every other backend runs them as any op. */
+ * sequence that pays a device's one-off costs before the first prompt (engine/run.c), freed
+ * before be_warming_up(b, 0). The op profiler reports them apart from the run's; at the end a CUDA
+ * backend lets go of what the sequence left on the device (be_cuda_warmed_up). */
 void be_warming_up(be_backend *b, int on);
 /* The CPU kernels' instruction set: by name (NULL: the best this CPU has; $KVCHAT_ISA is checked
  * too) or none (no_simd); the name of the one in use; what is in use and what the CPU supports. */

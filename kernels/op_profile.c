@@ -242,6 +242,8 @@ void op_profile_set_warming_up(be_backend *b, int on)
     if (b->ops->destroy == t_destroy) prof_of(b)->warming = on;
 }
 
+be_backend *op_profile_inner(be_backend *b) { return b->ops->destroy == t_destroy ? prof_of(b)->inner : b; }
+
 int op_profile_mode_from_env(void)
 {
     const char *v = getenv("KVCHAT_PROFILE");

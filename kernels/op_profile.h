@@ -40,6 +40,9 @@ int op_profile_mode_from_env(void);
  * backend op_profile_wrap made. */
 void op_profile_set_warming_up(be_backend *b, int on);
 
+/* The backend behind b when op_profile_wrap made b; b itself otherwise. */
+be_backend *op_profile_inner(be_backend *b);
+
 /* The profile so far of a backend op_profile_wrap made, written to f (the report). */
 void op_profile_write(be_backend *b, FILE *f);
 

@@ -43,6 +43,12 @@ void pt_free(pt_set *s)
     s->cap_masks = 0;
 }
 
+void pt_release_all(pt_set *s)
+{
+    pt_free(s);   /* pt_free and pc_free leave their tables as pt_init and pc_init did */
+    pc_free(s->copies);
+}
+
 void pt_forget(pt_set *s)
 {
     for (int i = 0; i < s->cap_lists; i++) {

@@ -113,5 +113,10 @@ void pt_begin_call(pt_set *s, uint64_t idle);
 void pt_forget(pt_set *s);
 /* Free the lists no call has used in the last `idle` calls. */
 void pt_trim(pt_set *s, uint64_t idle);
+/* Free every list and every page copy (s->copies): the sequences they served are gone (a warm-up's
+ * throwaway cache), and waiting for them to go idle would hold their device memory for thousands
+ * of calls. Both stay usable: the next call builds and sends what it needs whole, as a first call
+ * does. Nothing may be queued on the batch for them (call it between calls). */
+void pt_release_all(pt_set *s);
 
 #endif

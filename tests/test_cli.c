@@ -361,6 +361,26 @@ Test(cli, generate_streams_and_reports_speed)
               "missing figures line: %s", errb);
 }
 
+/* KVCHAT_WARM_UP: 1 warms even the CPU up at load, and bench says how long it took; a value other
+ * than 0 or 1 is one line naming the variable (each test runs in its own process: the setting
+ * stays in it). */
+Test(cli, kvchat_warm_up_takes_0_or_1)
+{
+    static char out[1 << 16], errb[1 << 16];
+    const char *bench = "bench -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf --ctx 32 --gen 2 --batch 16 --no-csv";
+    cr_assert(setenv("KVCHAT_WARM_UP", "1", 1) == 0);
+    int st = run(bench, out, sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(out, "warm-up at load "), "%s", out);
+    cr_assert(setenv("KVCHAT_WARM_UP", "0", 1) == 0);
+    st = run(bench, out, sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect_null(strstr(out, "warm-up at load"), "%s", out);
+    cr_assert(setenv("KVCHAT_WARM_UP", "yes", 1) == 0);
+    expect_one_line_error(bench, "KVCHAT_WARM_UP must be 0");
+    unsetenv("KVCHAT_WARM_UP");
+}
+
 /* ---------------------------------------------------------------- ask and policies */
 
 #define ASK "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p2.txt "

@@ -8,7 +8,8 @@
  * the cache takes later (a deferred step's or chunk's: several entries a head, in a buffer that
  * moves, once not 16-byte aligned), two lists under
  * names that are sometimes swapped, the shape promise, copies freed while idle, a device that fills
- * up part-way through a call, batches sent in rounds, and lost batches. A decode step sends only
+ * up part-way through a call, batches sent in rounds, lost batches, and everything let go at once
+ * (a warm-up's lists and copies) with the tables used again after. A decode step sends only
  * the descriptors of the pages that grew. The batch: pieces of any alignment, long copies cut,
  * rounds in order. */
 #include <criterion/criterion.h>
@@ -426,6 +427,53 @@ Test(page_tables, idle_lists_are_freed)
     pt_trim(&r.tables, 5);
     cr_expect_eq(r.tables.bytes * 3, three, "the two lists unused for 10 calls were freed");
     call_ok(&r, 2, 0, &cl, &out);
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0);
+}
+
+/* pt_release_all frees every list and page copy at once, and the tables work on: the same lists
+ * called again are built and sent whole (every row again), each descriptor right, and a list of the
+ * same name over other pages too. */
+Test(page_tables, releasing_everything_frees_every_list_and_copy_and_both_work_on)
+{
+    static cache c;
+    memset(&c, 0, sizeof c);
+    static rig r;
+    rig_init(&r, 4096);
+    for (int h = 0; h < H; h++) append(&c, h, 29);
+    static call cl;
+    make_call(&c, &cl, 0, NULL, NULL, 0);
+    pt_call out;
+    for (int name = 1; name <= 2; name++) call_ok(&r, (uint64_t)name, 7, &cl, &out);
+    cr_assert_gt(r.tables.bytes, 0);
+    cr_assert_gt(r.copies.bytes, 0);
+    uint64_t rows = r.copies.rows_uploaded;
+    cr_expect_eq(rows, (uint64_t)(29 * H), "each row went up once");
+    pt_release_all(&r.tables);
+    cr_expect_eq(r.tables.bytes, 0);
+    cr_expect_eq(r.copies.bytes, 0);
+    cr_expect_eq(r.tables.n_lists, 0);
+    cr_expect_eq(r.copies.n, 0);
+    cr_expect_eq(live_blocks, 0, "device memory still held");
+    /* the same list under the same name and shape: nothing of before is trusted */
+    call_ok(&r, 1, 7, &cl, &out);
+    cr_expect_eq(r.copies.rows_uploaded - rows, (uint64_t)(29 * H), "the rows were not sent again");
+    for (int step = 0; step < 5; step++) {   /* and it keeps up with appends as before */
+        for (int h = 0; h < H; h++) append(&c, h, 1);
+        c.next_pos++;
+        make_call(&c, &cl, 0, NULL, NULL, 0);
+        call_ok(&r, 1, 7, &cl, &out);
+    }
+    /* other pages under a name the released set had */
+    static cache c2;
+    memset(&c2, 0, sizeof c2);
+    for (int h = 0; h < H; h++) append(&c2, h, 11);
+    static call cl2;
+    make_call(&c2, &cl2, 0, NULL, NULL, 0);
+    call_ok(&r, 2, 9, &cl2, &out);
+    pt_release_all(&r.tables);
+    pt_release_all(&r.tables);   /* twice: nothing left to free */
+    cr_expect_eq(live_blocks, 0);
     rig_free(&r);
     cr_expect_eq(live_blocks, 0);
 }

@@ -2202,6 +2202,14 @@ extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
     return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->flash_calls : 0;
 }
 
+extern "C" void be_cuda_warmed_up(be_backend *b)
+{
+    if (!b || !b->ops || b->ops->attention != cuda_attention) return;
+    cuda_impl *ci = impl_of(b);
+    if (ci->batch.n > 0) return;   /* rows still queued for the copies: the idle sweep frees them later */
+    pt_release_all(&ci->tables);
+}
+
 extern "C" int be_cuda_devices(void)
 {
     int n = 0;

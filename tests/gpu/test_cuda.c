@@ -1592,7 +1592,7 @@ Test(cuda, answers_through_the_devices_pick_equal_those_from_the_row)
 
 /* The warm-up at load (engine/run.c: on a device by default) pays the one-off costs (kernels loaded
  * on first use) in a throwaway cache: a run loaded with it gives the bits of one loaded without it,
- * through a prompt of two chunks and decode steps. */
+ * through a prompt of two chunks and decode steps, then the same tokens through the device's pick. */
 Test(cuda, a_warm_up_at_load_leaves_the_runs_bits_alone)
 {
     char err[600], path[256];
@@ -1629,6 +1629,13 @@ Test(cuda, a_warm_up_at_load_leaves_the_runs_bits_alone)
             for (int k = 0; k < 2; k++) cr_assert(run_decode(r[k], next, err, sizeof err) == RUN_OK, "%s", err);
             cr_expect(!memcmp(run_logits(r[0]), run_logits(r[1]), sizeof(float) * (size_t)nv),
                       "%s: decode step %d differs after a warm-up", files[fi], t);
+        }
+        int32_t next[2] = { samp_argmax(run_logits(r[0]), nv), 0 };
+        next[1] = next[0];
+        for (int t = 0; t < 4; t++) {   /* and through the device's pick */
+            for (int k = 0; k < 2; k++)
+                cr_assert(run_decode_greedy(r[k], next[k], &next[k], err, sizeof err) == RUN_OK, "%s", err);
+            cr_expect_eq(next[0], next[1], "%s: picked step %d differs after a warm-up", files[fi], t);
         }
         run_free(r[1]);
         run_free(r[0]);
