@@ -256,6 +256,27 @@ Test(op_profile, kvchat_profile_takes_1_or_sync)
     b->ops->destroy(b);   /* its (empty) report goes to standard error */
 }
 
+/* The report's window is under max_window seconds (the load's slow ops are outside it), and the
+ * row of loading named `name` is there with no share of it. */
+static void expect_load_row(be_backend *p, const char *name, double max_window)
+{
+    char *text = report_of(p);
+    const char *at = strstr(text, "): ");
+    double window = -1;
+    cr_assert(at && sscanf(at, "): %lf s from the first op after loading", &window) == 1, "%s", text);
+    cr_expect_lt(window, max_window, "the window (%g s) holds the %s", window, name);
+    char key[64], fmt[96];
+    snprintf(key, sizeof key, "\n%s ", name);
+    snprintf(fmt, sizeof fmt, "%s %%ld %%lf %%lf %%lf %%lf%%%%", name);
+    const char *row = strstr(text, key);
+    cr_assert(row, "%s", text);
+    long calls;
+    double ms, per, mx, share;
+    cr_assert_eq(sscanf(row + 1, fmt, &calls, &ms, &per, &mx, &share), 5, "%s", row);
+    cr_expect_eq(share, 0, "%s given a share of the window", name);
+    free(text);
+}
+
 /* Loading (prepare) is reported but outside the window: a 60 ms load before a few quick ops leaves
  * a window of those ops alone. */
 Test(op_profile, loading_is_outside_the_window)
@@ -269,18 +290,7 @@ Test(op_profile, loading_is_outside_the_window)
     double s = 0;
     cr_expect_eq(op_profile_calls(p, "prepare", &s), 1);
     cr_expect_geq(s, 0.055);
-    char *text = report_of(p);
-    const char *at = strstr(text, "): ");
-    double window = -1;
-    cr_assert(at && sscanf(at, "): %lf s from the first op after loading", &window) == 1, "%s", text);
-    cr_expect_lt(window, 0.05, "the window (%g s) holds the load", window);
-    const char *row = strstr(text, "\nprepare ");
-    cr_assert(row, "%s", text);
-    long calls;
-    double ms, per, mx, share;
-    cr_assert_eq(sscanf(row + 1, "prepare %ld %lf %lf %lf %lf%%", &calls, &ms, &per, &mx, &share), 5, "%s", row);
-    cr_expect_eq(share, 0, "load time given a share of the window");
-    free(text);
+    expect_load_row(p, "prepare", 0.05);
     p->ops->destroy(p);
 }
 
@@ -309,17 +319,6 @@ Test(op_profile, the_warm_up_is_loading_in_a_row_of_its_own)
     cr_expect_eq(op_profile_calls(p, "rmsnorm", &s), 1);
     cr_expect_lt(s, 0.03, "the warm-up's slow norm was counted as the run's");
     cr_expect_eq(op_profile_calls(p, "attention queries", NULL), 2);
-    char *text = report_of(p);
-    const char *at = strstr(text, "): ");
-    double window = -1;
-    cr_assert(at && sscanf(at, "): %lf s from the first op after loading", &window) == 1, "%s", text);
-    cr_expect_lt(window, 0.03, "the window (%g s) holds the warm-up", window);
-    const char *row = strstr(text, "\nwarm-up ");
-    cr_assert(row, "%s", text);
-    long calls;
-    double ms, per, mx, share;
-    cr_assert_eq(sscanf(row + 1, "warm-up %ld %lf %lf %lf %lf%%", &calls, &ms, &per, &mx, &share), 5, "%s", row);
-    cr_expect_eq(share, 0, "load time given a share of the window");
-    free(text);
+    expect_load_row(p, "warm-up", 0.03);
     p->ops->destroy(p);
 }
