@@ -237,12 +237,15 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     return &p->outer;
 }
 
+/* b is a backend op_profile_wrap made (its destroy is the profile's). */
+static int is_profile(const be_backend *b) { return b->ops->destroy == t_destroy; }
+
 void op_profile_set_warming_up(be_backend *b, int on)
 {
-    if (b->ops->destroy == t_destroy) prof_of(b)->warming = on;
+    if (is_profile(b)) prof_of(b)->warming = on;
 }
 
-be_backend *op_profile_inner(be_backend *b) { return b->ops->destroy == t_destroy ? prof_of(b)->inner : b; }
+be_backend *op_profile_inner(be_backend *b) { return is_profile(b) ? prof_of(b)->inner : b; }
 
 int op_profile_mode_from_env(void)
 {

@@ -54,7 +54,7 @@ typedef struct pc_table {
 } pc_table;
 
 void pc_init(pc_table *t, const pc_device *dev, uint64_t idle);
-/* Frees every copy; the table stays usable (empty, as pc_init left it). */
+/* Frees every copy; the table stays usable (empty; its counters and idle setting kept). */
 void pc_free(pc_table *t);
 /* Start an attention call (copies used from now on count as used by it); every `idle` calls the
  * idle copies are freed. */

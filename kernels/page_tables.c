@@ -45,7 +45,7 @@ void pt_free(pt_set *s)
 
 void pt_release_all(pt_set *s)
 {
-    pt_free(s);   /* pt_free and pc_free leave their tables as pt_init and pc_init did */
+    pt_free(s);   /* pt_free and pc_free leave their tables empty and usable */
     pc_free(s->copies);
 }
 
