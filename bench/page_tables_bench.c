@@ -90,7 +90,7 @@ static int run(int64_t ctx, int shape_given)
                 int64_t pi = (int64_t)g * pages + j;
                 int32_t n = j < n_pages - 1 ? P : n_tok - (int32_t)(j * P);
                 list[e++] = (be_kv_page){ kv + (size_t)pi * 2 * page_vals, kv + ((size_t)pi * 2 + 1) * page_vals,
-                                          pos + (size_t)pi * P, NULL, NULL, n, D, 0, (uint64_t)pi + 1, P };
+                                          pos + (size_t)pi * P, NULL, NULL, n, D, 0, (uint64_t)pi + 1, P, NULL };
             }
         }
         hp[HKV] = e;

@@ -13,21 +13,11 @@
 #include <time.h>
 
 #include "common/logit_pick.h"
+#include "engine/page_list.h"
 #include "engine/policy/policy.h"
 
 #define OUT_ROWS 16   /* rows of the vocabulary projection computed at once when all logits are wanted */
 #define MAX_PROBE 64  /* probe rows a prefill policy may append to a chunk (TAKE) */
-
-/* A layer's list of every page its KV heads hold, as its last attention call had it, and the
- * cache's layer shape then: while the shape is the same, only each head's last page and the pages
- * after it are new, so a decode step updates a few entries a head (and a device backend, told the
- * shape, looks at no more). */
-typedef struct layer_list {
-    be_kv_page *refs;
-    int64_t cap;
-    int64_t off[65];   /* head h's entries: refs[off[h] .. off[h + 1]) */
-    uint64_t shape;    /* 0: nothing built */
-} layer_list;
 
 struct fwd_ctx {
     const model *m;
@@ -47,7 +37,7 @@ struct fwd_ctx {
     int64_t refs_cap;
     int64_t head_off[65];
     unsigned char last_listed[64];   /* the layer's list has KV head h's last page (defer_stats) */
-    layer_list *lists;         /* [n_layer] each layer's list of every page, kept from call to call */
+    page_list *lists;          /* [n_layer] each layer's list of every page, kept from call to call */
     uint64_t serial;           /* this context's share of the attention lists' names (be_attn.table) */
     int decoding;              /* the current eval is one decode step */
     int last_chunk;            /* the chunk being run is the eval's last */
@@ -251,7 +241,7 @@ void fwd_free(fwd_ctx *f)
     free(f->boundary);
     free(f->refs);
     if (f->lists)
-        for (int il = 0; il < f->m->hp.n_layer; il++) free(f->lists[il].refs);
+        for (int il = 0; il < f->m->hp.n_layer; il++) page_list_free(&f->lists[il]);
     free(f->lists);
     free(f);
 }
@@ -343,20 +333,6 @@ static int grow_refs(fwd_ctx *f, int64_t n)
     return 0;
 }
 
-static void set_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int head_dim, int page_size)
-{
-    r->k = p->k;
-    r->v = p->v;
-    r->pos = p->pos;
-    r->bias = p->merged ? p->logdeg : NULL;
-    r->mask = mask;
-    r->n = p->n;
-    r->stride = head_dim;
-    r->head_step = 0;
-    r->gen = p->gen;
-    r->cap = page_size;
-}
-
 static int64_t tokens_of(const kv_page *p, const uint64_t *mask)
 {
     if (!mask) return p->n;
@@ -389,55 +365,17 @@ static void observe_page(fwd_ctx *f, int32_t pos0, int h, int first_global, int 
     if (first_global && h == 0) pol_set_last_add(f->pol, pos0 / P);
 }
 
-/* Layer il's list of every page (f->lists[il]) brought up to date: built whole when the layer's
- * shape changed, else each head's last page and those after it (the heads' entries moved up when
- * a head gained pages). With stats, records the step's statistics (observed: also the page map).
- * -1: out of memory. */
+/* Layer il's list of every page (f->lists[il], engine/page_list.h) brought up to date for
+ * attention. With stats, records the step's statistics (observed: also the page map). -1: out of
+ * memory. */
 static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, int first_global, int is_global)
 {
     const model_hparams *hp = &f->m->hp;
-    int Hkv = hp->n_head_kv, P = kv_page_size(f->kv), D = hp->head_dim;
-    layer_list *L = &f->lists[il];
-    uint64_t shape = kv_layer_shape(f->kv, il);
-    int64_t need = 0, tokens = 0, cnt[65];
-    for (int h = 0; h < Hkv; h++) {
-        cnt[h] = kv_n_pages(f->kv, il, h);
-        need += cnt[h];
-        tokens += kv_head_tokens(f->kv, il, h);
-    }
-    int append = L->shape == shape;
-    for (int h = 0; h < Hkv && append; h++)
-        if (cnt[h] < L->off[h + 1] - L->off[h]) append = 0;   /* cannot be while the shape holds */
-    if (need > L->cap) {
-        int64_t nc = need * 2 > 64 ? need * 2 : 64;
-        be_kv_page *r = realloc(L->refs, sizeof *r * (size_t)nc);   /* the entries stay */
-        if (!r) return -1;
-        L->refs = r;
-        L->cap = nc;
-    }
-    if (append) {
-        int64_t off[65];
-        off[0] = 0;
-        for (int h = 0; h < Hkv; h++) off[h + 1] = off[h] + cnt[h];
-        /* offsets only grow: move the heads up, the last first, so none overwrites one not moved */
-        for (int h = Hkv - 1; h >= 0; h--)
-            if (off[h] != L->off[h])
-                memmove(L->refs + off[h], L->refs + L->off[h], sizeof *L->refs * (size_t)(L->off[h + 1] - L->off[h]));
-        for (int h = 0; h < Hkv; h++) {
-            int64_t was = L->off[h + 1] - L->off[h];
-            for (int64_t j = was > 0 ? was - 1 : 0; j < cnt[h]; j++)
-                set_ref(&L->refs[off[h] + j], kv_layer_page(f->kv, il, h, (int)j), NULL, D, P);
-        }
-        memcpy(L->off, off, sizeof(int64_t) * (size_t)(Hkv + 1));
-    } else {
-        int64_t e = 0;
-        for (int h = 0; h < Hkv; h++) {
-            L->off[h] = e;
-            for (int j = 0; j < cnt[h]; j++) set_ref(&L->refs[e++], kv_layer_page(f->kv, il, h, j), NULL, D, P);
-        }
-        L->off[Hkv] = e;
-    }
-    L->shape = shape;
+    int Hkv = hp->n_head_kv, P = kv_page_size(f->kv);
+    page_list *L = &f->lists[il];
+    if (page_list_update(L, f->kv, il)) return -1;
+    int64_t tokens = 0;
+    for (int h = 0; h < Hkv; h++) tokens += kv_head_tokens(f->kv, il, h);
     int64_t e = L->off[Hkv];
     if (stats && observe)
         for (int h = 0; h < Hkv; h++)
@@ -445,7 +383,7 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, in
     a->pages = L->refs;
     a->n_pages = e;
     a->head_pages = L->off;
-    a->shape = shape;
+    a->shape = L->shape;
     memset(f->last_listed, 1, sizeof f->last_listed);
     if (stats) list_stats(f, is_global, tokens, e, e);
     return 0;
@@ -518,7 +456,7 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
             if (idx < 0 || idx >= np) continue;   /* shared indices past a shorter head's table */
             if (idx == np - 1) f->last_listed[h] = 1;
             const kv_page *p = kv_layer_page(f->kv, il, h, idx);
-            set_ref(&f->refs[e++], p, sel->mask[j], D, P);
+            page_list_ref(&f->refs[e++], p, sel->mask[j], D, P);
             tokens += tokens_of(p, sel->mask[j]);
             observe_page(f, p->pos[0], h, first_global, P);
         }

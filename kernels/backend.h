@@ -50,6 +50,10 @@ typedef struct be_kv_page {
      * value, unique in the process. */
     uint64_t gen;
     int32_t cap;            /* rows the page can hold (a device copy is sized for them; 0: n) */
+    /* [head_dim] the sum of the keys' f16 values over rows [0, n) in order, in float, where the
+     * host keeps it (the cache's pages do), for a backend that reads the host's pages; NULL: none.
+     * Only be_key_means reads it. */
+    const float *ksum;
 } be_kv_page;
 
 /* Attention of a batch of queries over an explicit list of pages, read in place (never gathered).
@@ -181,6 +185,42 @@ typedef struct be_qk {
     float q_scale;
 } be_qk;
 
+/* A layer's list of every page its KV heads hold, as be_attn gives one (pages, head_pages, table,
+ * shape): KV head h's pages are pages[head_pages[h] .. head_pages[h + 1]). */
+typedef struct be_page_list {
+    const be_kv_page *pages;
+    const int64_t *head_pages;   /* [n_head_kv + 1] */
+    uint64_t table, shape;       /* as be_attn's; a device backend keeps the list under the name */
+} be_page_list;
+
+/* CHESS's summary rows and anchor (engine/policy/chess.c), computed where the keys are. A row has
+ * dim = n_lists * n_head_kv * head_dim floats: unit u = (list u / n_head_kv, KV head u %
+ * n_head_kv) at u * head_dim. Every backend computes the same floats (kernels/mean_kernels.h):
+ * - page i's part in unit u: the sum, in row order and in float, of its keys' f16 values (the
+ *   page's ksum where given), times 1.0f / n (0 for an empty page);
+ * - the candidates are pages [first, first + n_cand) of every head's list, in chunks of `chunk`
+ *   pages (the last may be short) and grids of `grid` chunks; a chunk's part is the sum of its
+ *   pages' parts in order times 1.0f / (its page count), a grid's likewise over its chunks;
+ * - with unit set, each page, chunk and grid row is then scaled by (float)(1 / sqrt(s)) (0 when s
+ *   is 0), s the sum in double, unit by unit in order, of each unit's sum in double, in order, of
+ *   its squares;
+ * - the anchor (n_last > 0): each unit's mean of the keys of its head's last n_last tokens (fewer
+ *   where it holds fewer), summed oldest first, times 1.0f / their count; never scaled.
+ * Rows are written for pages [p0, p1) at page_rows + i * dim (absolute page indices), chunks [c0,
+ * c1) at chunk_rows + c * dim, grids [g0, g1) at grid_rows + g * dim, and the anchor's; empty
+ * ranges write nothing. Outputs may be bound: a device backend leaves them there. */
+typedef struct be_key_means {
+    const be_page_list *lists;   /* [n_lists] */
+    int n_lists, n_head_kv, head_dim;
+    int64_t first, n_cand;
+    int chunk, grid;
+    int64_t p0, p1, c0, c1, g0, g1;
+    float *page_rows, *chunk_rows, *grid_rows;
+    int unit;
+    int32_t n_last;
+    float *anchor;               /* [dim] (n_last > 0) */
+} be_key_means;
+
 typedef struct be_backend be_backend;
 
 typedef struct be_ops {
@@ -238,6 +278,8 @@ typedef struct be_ops {
     /* Wait until every op issued so far has finished on the device (the profiler's sync mode,
      * kernels/op_profile.h). NULL: an op has finished when it returns. */
     void (*finish)(be_backend *b);
+    /* CHESS's summary rows and anchor (be_key_means above). */
+    void (*key_means)(be_backend *b, const be_key_means *m);
 } be_ops;
 
 struct be_backend {

@@ -64,7 +64,7 @@ static void fill(host_page *h, int n, uint16_t salt, int with_bias)
         h->pos[i] = i + salt;
         h->bias[i] = (float)(i % 3) * 0.5f;
     }
-    h->pg = (be_kv_page){ h->k, h->v, h->pos, with_bias ? h->bias : NULL, NULL, n, D, 0, gen_next++, ROWS };
+    h->pg = (be_kv_page){ h->k, h->v, h->pos, with_bias ? h->bias : NULL, NULL, n, D, 0, gen_next++, ROWS, NULL };
 }
 
 static void expect_copy(const pc_copy *c, const host_page *h)

@@ -215,7 +215,7 @@ static void make_call(cache *c, call *cl, int masks, const uint16_t *cur, const 
         for (int j = 0; j < c->n[h]; j++) {
             hpage *p = &c->pool[c->list[h][j]];
             be_kv_page *pg = &cl->list[cl->e];
-            *pg = (be_kv_page){ p->k, p->v, p->pos, p->has_bias ? p->bias : NULL, NULL, p->n, D, 0, p->gen, P };
+            *pg = (be_kv_page){ p->k, p->v, p->pos, p->has_bias ? p->bias : NULL, NULL, p->n, D, 0, p->gen, P, NULL };
             if (masks && rnd() % 3 == 0) {
                 cl->masks[cl->e] = ((uint64_t)rnd() << 24) ^ rnd();
                 pg->mask = &cl->masks[cl->e];

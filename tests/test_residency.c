@@ -215,6 +215,27 @@ static void s_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim,
     sh(b)->cpu->ops->scores(sh(b)->cpu, dm, n_rows, dim, dx, out(b, y, (size_t)n_rows));
 }
 
+/* CHESS's rows and anchor written on the twins (as the CUDA backend computes them from its copies
+ * of the pages: nothing goes up); on the host once an op failed, as the CUDA backend then does.
+ * Never skipped: CHESS counts the rows as computed. */
+static void s_key_means(be_backend *b, const be_key_means *m)
+{
+    be_key_means c = *m;
+    size_t dim = (size_t)m->n_lists * (size_t)m->n_head_kv * (size_t)m->head_dim;
+    float *const rows[4] = { m->p1 > m->p0 ? m->page_rows : NULL, m->c1 > m->c0 ? m->chunk_rows : NULL,
+                             m->g1 > m->g0 ? m->grid_rows : NULL, m->n_last > 0 ? m->anchor : NULL };
+    const size_t n[4] = { (size_t)m->p1 * dim, (size_t)m->c1 * dim, (size_t)m->g1 * dim, dim };
+    float **to[4] = { &c.page_rows, &c.chunk_rows, &c.grid_rows, &c.anchor };
+    for (int i = 0; i < 4; i++) {
+        if (!rows[i]) continue;
+        if (sh(b)->failed)
+            am_host_write(&sh(b)->t, rows[i], n[i] * sizeof(float));
+        else
+            *to[i] = out(b, rows[i], n[i]);   /* rows before the range stay as they are on the twin */
+    }
+    sh(b)->cpu->ops->key_means(sh(b)->cpu, &c);
+}
+
 static void s_add_norm(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
                        int64_t dim, float eps)
 {
@@ -350,6 +371,7 @@ static const be_ops shadow_ops = {
     .failed = s_failed,
     .pick = s_pick,
     .host_prefetch = s_host_prefetch,
+    .key_means = s_key_means,
 };
 
 static be_backend *shadow_create(void)
@@ -701,9 +723,9 @@ Test(residency, chess_scores_its_kept_summaries_on_the_twins)
     /* CHESS with its summaries bound to the shadow device, against CHESS on the CPU backend over
      * the same cache (two global layers of two KV heads, random keys, pages of 4): at each of 300
      * steps, through growth past several doublings of its buffers and a rewind, the choice is the
-     * same; every step sends the anchor up and only now and then more than the anchor and three
-     * rewritten rows (a page's, its chunk's and its grid's: the rest stays on the twins); freeing
-     * the set leaves nothing bound. */
+     * same; the rows and the anchor are computed on the twins (key_means), so a step sends
+     * nothing up but when a matrix grew (a new twin is sent whole once); freeing the set leaves
+     * nothing bound. */
     enum { HK = 2, NL = 2, DIM = 8 };
     char err[512];
     be_backend *dev = shadow_create(), *cpu = be_cpu_create(1, err, sizeof err);
@@ -719,8 +741,7 @@ Test(residency, chess_scores_its_kept_summaries_on_the_twins)
     pol_set *a = pol_set_create(&spec, &on_dev, err, sizeof err), *c = pol_set_create(&spec, &on_cpu, err, sizeof err);
     cr_assert(a && c, "%s", err);
     uint64_t r = 0xC4E55;
-    const size_t row = sizeof(float) * NL * HK * DIM;
-    int big = 0;
+    int sent = 0;
     for (int step = 0; step < 300; step++) {
         if (step == 150) kv_rewind(kv, kv_len(kv) - 30);
         fwd_fixture_random_keys(kv, NL, step == 0 ? 40 : 1, &r);
@@ -731,10 +752,9 @@ Test(residency, chess_scores_its_kept_summaries_on_the_twins)
         uint64_t up = sh(dev)->t.up_bytes - up0;
         fwd_fixture_choice(c, pos, want, sizeof want);
         cr_assert_str_eq(got, want, "step %d: the choice on the twins differs from the CPU's", step);
-        cr_expect_geq(up, row, "step %d: %llu bytes sent, the anchor is %zu", step, (unsigned long long)up, row);
-        big += step > 0 && up > 4 * row;
+        sent += up > 0;
     }
-    cr_expect_leq(big, 15, "%d of 300 steps sent more than the anchor and three rows", big);
+    cr_expect_leq(sent, 10, "%d of 300 steps sent something up", sent);
     pol_set_free(a);
     cr_expect_eq(sh(dev)->t.n, 0, "%d buffers left bound", sh(dev)->t.n);
     pol_set_free(c);

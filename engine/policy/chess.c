@@ -10,7 +10,14 @@
  * grids, the top rho_c of the chunks inside them and the top rho_p of the pages inside those (or,
  * with a budget, as many of those pages as the budget allows), and every global layer attends to
  *   sink pages + selected pages + every page from the recent window onwards
- * by page index, without copying. Selection only: every page stays in memory. */
+ * by page index, without copying. Selection only: every page stays in memory.
+ *
+ * The paper scores with the raw dot product (score=dot); on the default model that ranks pages by
+ * how strongly they carry the component all keys share (large near the start of the context), not
+ * by what they say, and missed every pass key (docs/policies.md), so rows are scaled to unit length
+ * by default (the anchor's norm does not change the ranking, so it stays as it is). The rows and
+ * the anchor are computed by the backend where the keys are (be_ops.key_means: on a GPU from its
+ * copies of the pages, into the bound rows the scores read there). */
 #include "engine/policy/policy.h"
 
 #include <math.h>
@@ -20,6 +27,7 @@
 #include <sys/mman.h>
 
 #include "common/quant.h"
+#include "engine/page_list.h"
 #include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
 
@@ -85,21 +93,24 @@ typedef struct st_chess {
     /* The summaries kept between reconstructions, so that one recomputes only the rows whose pages
      * changed (at a decode step, none, or the page that just left the window): page i's scored row
      * (its mean key; a unit row with score=cos) at pages.p + i * dim, valid while sig says so;
-     * chunk c's mean of its pages' mean keys (craw) and scored row, over c_n[c] pages (0: not
-     * computed); grid g's scored row over g_n[g] chunks. */
+     * chunk c's scored row (the mean of its pages' mean keys) over c_n[c] pages (0: not computed);
+     * grid g's over g_n[g] chunks. The backend computes them where the keys are (be_key_means:
+     * a device backend from its copies of the pages, into the bound rows, with nothing sent). */
     be_backend *b;
     size_t dim;                /* n_global * n_head_kv * head_dim */
     int units;                 /* n_global * n_head_kv */
     bound_mat pages, chunks, grids, anchor_row, score;
     page_sig *sig;             /* [sig_cap][n_global * n_head_kv]; n = -1: not computed */
-    float *craw;               /* [craw_cap][dim] */
     int *c_n, *g_n;            /* [c_n_cap], [g_n_cap] */
-    int sig_cap, craw_cap, c_n_cap, g_n_cap;   /* each grown on its own: one may fail */
+    int sig_cap, c_n_cap, g_n_cap;   /* each grown on its own: one may fail */
     uint64_t *shape;           /* [n_global] each global layer's kv_layer_shape at the last check */
     int checked;               /* pages below checked - 1 unchanged while the shapes are */
+    page_list *lists;          /* [n_global] every page of each global layer, for key_means */
+    be_page_list *blists;      /* [n_global] the same as the op reads them */
+    int n_lists;
+    uint64_t name;             /* the lists' share of the backend's list names */
     /* scratch */
-    float *raw;                /* [max(chunk, 2)][dim] unscaled rows: a chunk's pages */
-    unsigned char *have;       /* [chunk] the chunk's page row i is in raw already */
+    float *raw;                /* [dim] a page's mean key (anchor=0) */
     int *idx, *idx2;
     int idx_cap;
 } st_chess;
@@ -124,6 +135,7 @@ static int c_create(void **out, const pol_env *env, const double *vals, char *er
     s->cosine = vals[P_SCORE] == 0;
     s->dirty = 1;
     s->b = env->b;
+    s->name = kv_next_gen();
     *out = s;
     return 0;
 }
@@ -154,10 +166,11 @@ static void c_destroy(void *st)
     bm_free(s, &s->anchor_row);
     bm_free(s, &s->score);
     free(s->sig);
-    free(s->craw);
     free(s->c_n);
     free(s->g_n);
-    free(s->have);
+    for (int i = 0; s->lists && i < s->n_lists; i++) page_list_free(&s->lists[i]);
+    free(s->lists);
+    free(s->blists);
     free(s->shape);
     free(s->raw);
     free(s->sel);
@@ -209,40 +222,6 @@ static void page_row(const pol_env *env, int i, float *row)
     }
 }
 
-static void mean_rows(const float *rows, int n, size_t dim, float *out)
-{
-    memset(out, 0, sizeof(float) * dim);
-    for (int r = 0; r < n; r++)
-        for (size_t d = 0; d < dim; d++) out[d] += rows[(size_t)r * dim + d];
-    float inv = n > 0 ? 1.0f / (float)n : 0.0f;
-    for (size_t d = 0; d < dim; d++) out[d] *= inv;
-}
-
-/* The mean key of the last n tokens each global layer and KV head holds (fewer where it holds
- * fewer), flattened as page_row flattens. The paper's anchor is built
- * from the recent window's keys; taken by tokens it follows the generation step by step instead of
- * jumping when a page fills. */
-static void anchor_of_tokens(const pol_env *env, int n, float *out)
-{
-    int64_t D = kv_head_dim(env->kv);
-    float *o = out;
-    for (int gl = 0; gl < env->n_global; gl++) {
-        for (int h = 0; h < env->n_head_kv; h++, o += D) {
-            memset(o, 0, sizeof(float) * (size_t)D);
-            int got = 0;
-            for (int i = kv_n_pages(env->kv, env->global[gl], h) - 1; i >= 0 && got < n; i--) {
-                const kv_page *p = kv_layer_page(env->kv, env->global[gl], h, i);
-                for (int t = p->n - 1; t >= 0 && got < n; t--, got++) {
-                    const uint16_t *k = p->k + (size_t)t * (size_t)D;
-                    for (int64_t d = 0; d < D; d++) o[d] += quant_fp16_to_f32(k[d]);
-                }
-            }
-            float inv = got > 0 ? 1.0f / (float)got : 0.0f;
-            for (int64_t d = 0; d < D; d++) o[d] *= inv;
-        }
-    }
-}
-
 static int ceil_frac(double rho, int n)
 {
     int k = (int)ceil(rho * (double)n - 1e-9);
@@ -283,10 +262,11 @@ static void huge_pages(void *p, size_t bytes)
 #endif
 }
 
-/* m grown to hold rows rows of width floats (its content kept) and bound again; 0, or -1 when out
- * of host memory. A bind that fails leaves it unbound: the ops read the host copy. It grows to
- * twice what is asked, but not past `most` (the rows the whole context needs) unless asked to: a
- * device copy is sent whole after each growth. */
+/* m grown to hold rows rows of width floats and bound again: 1 when it grew (its content is gone:
+ * the rows are computed again, where a device backend held the only current copy), 0 when it had
+ * room, -1 when out of host memory. A bind that fails leaves it unbound: the ops read the host
+ * copy. It grows to twice what is asked, but not past `most` (the rows the whole context needs)
+ * unless asked to. */
 static int bm_reserve(st_chess *s, bound_mat *m, int rows, size_t width, int most)
 {
     m->width = width;
@@ -296,14 +276,15 @@ static int bm_reserve(st_chess *s, bound_mat *m, int rows, size_t width, int mos
     if (cap < rows) cap = rows;
     if (m->bound) be_unbind(s->b, m->p);
     m->bound = 0;
-    float *p = realloc(m->p, sizeof(float) * (size_t)cap * width);
-    if (!p) return -1;
-    huge_pages(p, sizeof(float) * (size_t)cap * width);
-    m->p = p;
+    free(m->p);
+    m->cap = 0;
+    m->p = malloc(sizeof(float) * (size_t)cap * width);
+    if (!m->p) return -1;
+    huge_pages(m->p, sizeof(float) * (size_t)cap * width);
     m->cap = cap;
     char err[256];
     m->bound = be_bind(s->b, m->p, sizeof(float) * (size_t)cap * width, err, sizeof err) == 0;
-    return 0;
+    return 1;
 }
 
 /* Rows [r0, r1) of m are about to be written by the host. */
@@ -312,22 +293,6 @@ static float *bm_write(st_chess *s, bound_mat *m, int r0, int r1)
     float *p = m->p + (size_t)r0 * m->width;
     if (r1 > r0 && m->bound) be_host_write(s->b, p, sizeof(float) * (size_t)(r1 - r0) * m->width);
     return p;
-}
-
-/* A raw summary row as it is scored: unchanged, or (score=cos) scaled to unit length. The paper
- * scores with the raw dot product (score=dot); on the default model that ranks pages by how
- * strongly they carry the component all keys share (large near the start of the context), not by
- * what they say, and missed every pass key (docs/policies.md). The anchor's norm does not change
- * the ranking, so it stays as it is. */
-static void scored_row(const st_chess *s, const float *raw, float *out)
-{
-    float inv = 1.0f;
-    if (s->cosine) {
-        double n2 = 0;
-        for (size_t d = 0; d < s->dim; d++) n2 += (double)raw[d] * raw[d];
-        inv = n2 > 0 ? (float)(1.0 / sqrt(n2)) : 0.0f;
-    }
-    for (size_t d = 0; d < s->dim; d++) out[d] = s->cosine ? raw[d] * inv : raw[d];
 }
 
 /* A count array grown to want entries, the new ones 0 (not computed); 0, or -1 when out of memory
@@ -343,30 +308,70 @@ static int grow_counts(int **a, int *cap, int want)
     return 0;
 }
 
-/* The kept summaries grown to np pages (nc chunks, ng grids) and brought up to date with the
- * candidates [first, last): a page row is recomputed where some (layer, head) page changed, a
- * chunk where one of its pages was or its page count differs, a grid likewise. 0, or -1 when out
- * of host memory. */
-static int update_summaries(st_chess *s, const pol_env *env, int np, int first, int last, int nc, int ng)
+/* The lists the backend reads the keys from (every page of each global layer) brought up to date,
+ * as m's lists. 0, or -1 when out of host memory. */
+static int update_lists(st_chess *s, const pol_env *env, be_key_means *m)
+{
+    if (!s->lists) {
+        page_list *l = calloc((size_t)env->n_global, sizeof *l);
+        be_page_list *bl = calloc((size_t)env->n_global, sizeof *bl);
+        if (!l || !bl) {
+            free(l);
+            free(bl);
+            return -1;
+        }
+        s->lists = l;
+        s->blists = bl;
+        s->n_lists = env->n_global;
+    }
+    for (int gl = 0; gl < env->n_global; gl++) {
+        page_list *L = &s->lists[gl];
+        if (page_list_update(L, env->kv, env->global[gl])) return -1;
+        /* the top bit keeps the names apart from the forward pass's (engine/forward.c) */
+        s->blists[gl] = (be_page_list){ L->refs, L->off, (1ull << 63) | (s->name << 20) | (uint64_t)(gl + 1), L->shape };
+    }
+    *m = (be_key_means){ .lists = s->blists, .n_lists = env->n_global, .n_head_kv = env->n_head_kv,
+                         .head_dim = (int)kv_head_dim(env->kv), .chunk = s->chunk, .grid = s->grid, .unit = s->cosine };
+    return 0;
+}
+
+/* Widen [*lo, *hi) to hold i. */
+static void widen(int64_t *lo, int64_t *hi, int64_t i)
+{
+    if (*hi <= *lo) {
+        *lo = i;
+        *hi = i + 1;
+        return;
+    }
+    if (i < *lo) *lo = i;
+    if (i + 1 > *hi) *hi = i + 1;
+}
+
+/* The kept summaries grown to np pages (nc chunks, ng grids) and the rows of the candidates
+ * [first, last) that are out of date named in m (the span from the first to the last of each
+ * kind: rows between them are computed again, to the same floats): a page row where some (layer,
+ * head) page changed, a chunk where one of its pages did or its page count differs, a grid
+ * likewise. 0, or -1 when out of host memory. */
+static int update_summaries(st_chess *s, const pol_env *env, int np, int first, int last, int nc, int ng,
+                            be_key_means *m)
 {
     if (s->dim == 0) {
         int units = env->n_global * env->n_head_kv;
         size_t dim = (size_t)units * (size_t)kv_head_dim(env->kv);
         free(s->shape);
         free(s->raw);
-        free(s->have);
         s->shape = calloc((size_t)env->n_global, sizeof(uint64_t));
-        s->raw = malloc(sizeof(float) * (size_t)(s->chunk > 2 ? s->chunk : 2) * dim);
-        s->have = malloc((size_t)s->chunk);
-        if (!s->shape || !s->raw || !s->have) return -1;
+        s->raw = malloc(sizeof(float) * dim);
+        if (!s->shape || !s->raw) return -1;
         s->units = units;
         s->dim = dim;
     }
     int64_t most_p = kv_n_ctx(env->kv) / kv_page_size(env->kv) + 2;   /* pages the context can fill */
     int most_c = (int)((most_p + s->chunk - 1) / s->chunk), most_g = (most_c + s->grid - 1) / s->grid;
-    if (bm_reserve(s, &s->pages, np, s->dim, (int)most_p) || bm_reserve(s, &s->chunks, nc, s->dim, most_c) ||
-        bm_reserve(s, &s->grids, ng, s->dim, most_g) || bm_reserve(s, &s->anchor_row, 1, s->dim, 1) ||
-        bm_reserve(s, &s->score, last - first + nc + ng, 1, (int)most_p + most_c + most_g))
+    int gp = bm_reserve(s, &s->pages, np, s->dim, (int)most_p), gc = bm_reserve(s, &s->chunks, nc, s->dim, most_c);
+    int gg = bm_reserve(s, &s->grids, ng, s->dim, most_g);
+    if (gp < 0 || gc < 0 || gg < 0 || bm_reserve(s, &s->anchor_row, 1, s->dim, 1) < 0 ||
+        bm_reserve(s, &s->score, last - first + nc + ng, 1, (int)most_p + most_c + most_g) < 0)
         return -1;
     if (s->pages.cap > s->sig_cap) {
         page_sig *g = realloc(s->sig, sizeof(page_sig) * (size_t)s->pages.cap * (size_t)s->units);
@@ -375,15 +380,9 @@ static int update_summaries(st_chess *s, const pol_env *env, int np, int first, 
         s->sig = g;
         s->sig_cap = s->pages.cap;
     }
-    if (s->chunks.cap > s->craw_cap) {
-        float *r = realloc(s->craw, sizeof(float) * (size_t)s->chunks.cap * s->dim);
-        if (!r) return -1;
-        huge_pages(r, sizeof(float) * (size_t)s->chunks.cap * s->dim);
-        s->craw = r;
-        s->craw_cap = s->chunks.cap;
-    }
     if (grow_counts(&s->c_n, &s->c_n_cap, s->chunks.cap) || grow_counts(&s->g_n, &s->g_n_cap, s->grids.cap))
         return -1;
+    if (gp || gc || gg) forget_summaries(s);   /* a grown matrix holds no rows */
     /* While no global layer's shape changed, only each table's last page (and those after it) can
      * have: the pages checked before, but the last, need no look. */
     int same = 1, least = np;
@@ -398,12 +397,10 @@ static int update_summaries(st_chess *s, const pol_env *env, int np, int first, 
     }
     int from = same && s->checked > 0 ? s->checked - 1 : 0;
     if (from < first) from = first;
-    /* chunk by chunk, so that a page row computed for its own sake also serves its chunk's mean */
     int n_cand = last - first;
     for (int c = 0; c < nc; c++) {
         int p0 = c * s->chunk, p1 = p0 + s->chunk < n_cand ? p0 + s->chunk : n_cand;
         int stale = s->c_n[c] != p1 - p0;
-        memset(s->have, 0, (size_t)(p1 - p0));
         for (int p = p0 > from - first ? p0 : from - first; p < p1; p++) {
             int i = first + p;
             page_sig *g = s->sig + (size_t)i * (size_t)s->units;
@@ -415,18 +412,11 @@ static int update_summaries(st_chess *s, const pol_env *env, int np, int first, 
                     g[u] = (page_sig){ pg->gen, pg->n };
                 }
             if (!changed) continue;
-            float *raw = s->raw + (size_t)(p - p0) * s->dim;
-            page_row(env, i, raw);
-            scored_row(s, raw, bm_write(s, &s->pages, i, i + 1));
-            s->have[p - p0] = 1;
+            widen(&m->p0, &m->p1, i);
             stale = 1;
         }
         if (!stale) continue;
-        for (int p = p0; p < p1; p++)
-            if (!s->have[p - p0]) page_row(env, first + p, s->raw + (size_t)(p - p0) * s->dim);
-        float *cr = s->craw + (size_t)c * s->dim;
-        mean_rows(s->raw, p1 - p0, s->dim, cr);
-        scored_row(s, cr, bm_write(s, &s->chunks, c, c + 1));
+        widen(&m->c0, &m->c1, c);
         s->c_n[c] = p1 - p0;
         s->g_n[c / s->grid] = -1;   /* its grid is recomputed */
     }
@@ -434,10 +424,14 @@ static int update_summaries(st_chess *s, const pol_env *env, int np, int first, 
     for (int g = 0; g < ng; g++) {
         int c0 = g * s->grid, c1 = c0 + s->grid < nc ? c0 + s->grid : nc;
         if (s->g_n[g] == c1 - c0) continue;
-        mean_rows(s->craw + (size_t)c0 * s->dim, c1 - c0, s->dim, s->raw);
-        scored_row(s, s->raw, bm_write(s, &s->grids, g, g + 1));
+        widen(&m->g0, &m->g1, g);
         s->g_n[g] = c1 - c0;
     }
+    m->first = first;
+    m->n_cand = n_cand;
+    m->page_rows = s->pages.p;
+    m->chunk_rows = s->chunks.p;
+    m->grid_rows = s->grids.p;
     return 0;
 }
 
@@ -459,10 +453,6 @@ static int rebuild(st_chess *s, const pol_env *env)
     int nc = (s->n_cand + s->chunk - 1) / s->chunk;
     int ng = (nc + s->grid - 1) / s->grid;
     int rows = s->n_cand + nc + ng;
-    if (update_summaries(s, env, np, first, last, nc, ng) != 0) {
-        forget_summaries(s);   /* a half-done update leaves rows it did not record */
-        return -1;
-    }
     int need_idx = rows > np ? rows : np;
     if (need_idx > s->idx_cap) {
         int *a = realloc(s->idx, sizeof(int) * (size_t)need_idx);
@@ -474,11 +464,18 @@ static int rebuild(st_chess *s, const pol_env *env)
         if (!a || !b || !c) return -1;
         s->idx_cap = need_idx;
     }
+    be_key_means m;
+    if (update_lists(s, env, &m) != 0 || update_summaries(s, env, np, first, last, nc, ng, &m) != 0) {
+        forget_summaries(s);   /* a half-done update leaves rows it did not record */
+        return -1;
+    }
     size_t dim = s->dim;
-    float *anchor = bm_write(s, &s->anchor_row, 0, 1);
-    if (s->anchor > 0) {
-        anchor_of_tokens(env, s->anchor, anchor);
+    float *anchor = s->anchor_row.p;
+    if (s->anchor > 0) {   /* computed with the rows, where the keys are */
+        m.n_last = s->anchor;
+        m.anchor = anchor;
     } else {   /* the mean summary of the recent-window pages */
+        bm_write(s, &s->anchor_row, 0, 1);
         memset(anchor, 0, sizeof(float) * dim);
         for (int i = last; i < np; i++) {
             page_row(env, i, s->raw);
@@ -486,9 +483,10 @@ static int rebuild(st_chess *s, const pol_env *env)
         }
         for (size_t d = 0; d < dim; d++) anchor[d] /= (float)(np - last > 0 ? np - last : 1);
     }
+    const be_ops *ops = env->b->ops;
+    if (m.p1 > m.p0 || m.c1 > m.c0 || m.g1 > m.g0 || m.n_last > 0) ops->key_means(env->b, &m);
     /* every page, chunk and grid scored against the anchor, then read back once */
     float *score = s->score.p;
-    const be_ops *ops = env->b->ops;
     ops->scores(env->b, s->pages.p + (size_t)first * dim, s->n_cand, (int64_t)dim, anchor, score);
     ops->scores(env->b, s->chunks.p, nc, (int64_t)dim, anchor, score + s->n_cand);
     ops->scores(env->b, s->grids.p, ng, (int64_t)dim, anchor, score + s->n_cand + nc);

@@ -15,6 +15,7 @@
 #include "kernels/cpu/pick.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cpu/vec_dot.h"
+#include "kernels/mean_kernels.h"
 
 #define MAX_MM 4           /* products per matmul call */
 #define ATT_TILE_Q 8       /* queries per attention task */
@@ -819,6 +820,91 @@ static void cpu_bound_pages(be_backend *b, be_bounds *r)
     if (r->k > 0) cpu_bound_best(r, u);
 }
 
+/* ---------------------------------------------------------------- CHESS's summary rows */
+
+/* A unit's part of chunk c, a whole head row at once: per element the arithmetic of km_chunk_part
+ * (the pages' parts added in order, then the scale), the pages looked up once. */
+static void chunk_vec(const km_src *s, const km_req *q, int u, int64_t c, float *out)
+{
+    int64_t a, e;
+    int D = s->head_dim;
+    km_chunk_pages(q, c, &a, &e);
+    for (int d = 0; d < D; d++) out[d] = 0.0f;
+    for (int64_t i = a; i < e; i++) {
+        km_ref r = km_get(s, u, i);
+        for (int d = 0; d < D; d++) out[d] = QB_ADD(out[d], km_page_part(r, d));
+    }
+    float inv = km_inv(e - a);
+    for (int d = 0; d < D; d++) out[d] = QB_MUL(out[d], inv);
+}
+
+typedef struct means_job {
+    const be_key_means *m;
+    km_src s;
+    km_req q;
+    km_outs out;
+    int64_t dim;
+} means_job;
+
+/* One slot's row (kernels/mean_kernels.h: the CUDA kernels' floats). */
+static void means_task(void *ctx, int64_t slot, int thread)
+{
+    (void)thread;
+    const means_job *j = ctx;
+    const km_req *q = &j->q;
+    const km_src *s = &j->s;
+    const int D = s->head_dim;
+    float *row = km_row(q, j->out, j->dim, slot), tmp[KM_MAX_D];
+    for (int u = 0; u < q->units; u++) {
+        float *x = row + (int64_t)u * D;
+        if (slot < q->np) {
+            km_ref r = km_get(s, u, q->p0 + slot);
+            for (int d = 0; d < D; d++) x[d] = km_page_part(r, d);
+        } else if (slot < q->np + q->nc) {
+            chunk_vec(s, q, u, q->c0 + slot - q->np, x);
+        } else if (slot < q->np + q->nc + q->ng) {
+            int64_t a, e;
+            km_grid_chunks(q, q->g0 + slot - q->np - q->nc, &a, &e);
+            for (int d = 0; d < D; d++) x[d] = 0.0f;
+            for (int64_t c = a; c < e; c++) {
+                chunk_vec(s, q, u, c, tmp);
+                for (int d = 0; d < D; d++) x[d] = QB_ADD(x[d], tmp[d]);
+            }
+            float inv = km_inv(e - a);
+            for (int d = 0; d < D; d++) x[d] = QB_MUL(x[d], inv);
+        } else {
+            for (int d = 0; d < D; d++) x[d] = km_anchor_part(s, q, u, d);
+        }
+    }
+    if (!q->unit || km_is_anchor(q, slot)) return;
+    double sq = 0.0;
+    for (int u = 0; u < q->units; u++) sq = KM_DADD(sq, km_unit_sq(row + (int64_t)u * D, D));
+    float inv = km_scale_of(sq);
+    for (int64_t e = 0; e < j->dim; e++) row[e] = QB_MUL(row[e], inv);
+}
+
+/* From the pages' key sums (ksum) where the cache keeps them; rows over the thread pool. */
+static void cpu_key_means(be_backend *b, const be_key_means *m)
+{
+    if (m->head_dim <= 0 || m->head_dim > KM_MAX_D) {
+        fprintf(stderr, "kvchat: internal error: key means of head_dim %d (at most %d)\n", m->head_dim, KM_MAX_D);
+        abort();
+    }
+    means_job j = { m, { m->lists, NULL, m->n_head_kv, m->head_dim }, km_req_of(m), { { NULL } }, 0 };
+    j.dim = (int64_t)j.q.units * m->head_dim;
+    j.out.o[0] = j.q.np ? m->page_rows + j.q.p0 * j.dim : NULL;
+    j.out.o[1] = j.q.nc ? m->chunk_rows + j.q.c0 * j.dim : NULL;
+    j.out.o[2] = j.q.ng ? m->grid_rows + j.q.g0 * j.dim : NULL;
+    j.out.o[3] = m->anchor;
+    int64_t n = km_slots(&j.q);
+    if (n <= 0) return;
+    if (n == 1 || n * j.dim < (1 << 16)) {
+        for (int64_t i = 0; i < n; i++) means_task(&j, i, 0);
+        return;
+    }
+    tp_run(impl_of(b)->pool, means_task, &j, n);
+}
+
 /* Rows not in the cache yet become one more page per KV head (f16, all heads side by side), after
  * that head's pages: the order and the values the cache would give them. */
 static void cpu_attention(be_backend *b, const be_attn *a)
@@ -924,6 +1010,7 @@ static const be_ops cpu_ops = {
     .destroy = cpu_destroy,
     .add_norm = cpu_add_norm,
     .pick = cpu_pick,
+    .key_means = cpu_key_means,
 };
 
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)

@@ -66,6 +66,7 @@ extern "C" {
 #include "kernels/bound_kernels.h"
 #include "kernels/score_kernels.h"
 #include "kernels/fused_kernels.h"
+#include "kernels/mean_kernels.h"
 
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
@@ -131,6 +132,8 @@ typedef struct cuda_impl {
     ag_page *sel_pages;        /* a selection by bounds as its list, built on the device (sel_gather_kernel) */
     int64_t *sel_hp;           /* and its per-head offsets */
     size_t cap_sel_pages, cap_sel_hp;
+    double *km_sq;             /* CHESS's rows: each (row, unit)'s sum of squares (key_means_kernel) */
+    size_t cap_km_sq;
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
@@ -1275,6 +1278,25 @@ __global__ void __launch_bounds__(256) sel_gather_kernel(const ag_page *all, con
             out[at[g] + j] = all[all_hp[g] + ag_sel_at(best + (int64_t)g * k, nb[g], from.v[g], j)];
 }
 
+/* A page list pt_build could not build (rc): the failure recorded with what was short, and the
+ * batch (which may hold part of it) dropped. */
+static void tables_failed(cuda_impl *ci, int rc)
+{
+    if (ci->failed) {   /* a page copy's rows could not be queued: said already */
+    } else if (rc == PT_NO_HOST_MEMORY || (rc == PT_NO_COPY && !ci->blocks.failed_bytes)) {
+        fail(ci, "out of memory for the KV page tables");
+    } else if (rc == PT_BAD_LIST) {
+        fail(ci, "internal error: a page list whose head offsets do not span it");
+    } else if (rc == PT_NO_DEVICE_MEMORY) {
+        fail(ci, "out of GPU memory for the KV page tables (%.1f MiB free)", free_mib());
+    } else {
+        fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of page "
+                 "copies held (a shorter --ctx or a policy that evicts holds less)",
+             (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
+    }
+    lose_batch(ci);
+}
+
 static void cuda_attention(be_backend *b, const be_attn *a)
 {
     cuda_impl *ci = impl_of(b);
@@ -1329,19 +1351,7 @@ static void cuda_attention(be_backend *b, const be_attn *a)
     pt_direct rows = { cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd) };
     int rc = pt_build(&ci->tables, a->table, a->shape, list, e, hp, a->n_head_kv, cur16 ? &rows : NULL, &pl);
     if (rc != PT_OK) {
-        if (ci->failed) {   /* a page copy's rows could not be queued: said already */
-        } else if (rc == PT_NO_HOST_MEMORY || (rc == PT_NO_COPY && !ci->blocks.failed_bytes)) {
-            fail(ci, "out of memory for the KV page tables");
-        } else if (rc == PT_BAD_LIST) {
-            fail(ci, "internal error: an attention page list whose head offsets do not span it");
-        } else if (rc == PT_NO_DEVICE_MEMORY) {
-            fail(ci, "out of GPU memory for the KV page tables (%.1f MiB free)", free_mib());
-        } else {
-            fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of page "
-                     "copies held (a shorter --ctx or a policy that evicts holds less)",
-                 (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
-        }
-        lose_batch(ci);
+        tables_failed(ci, rc);
         return;
     }
     if (send_batch(ci)) return;
@@ -1942,6 +1952,99 @@ host:;
     ci->cpu->ops->scores(ci->cpu, m, n_rows, dim, x, y);
 }
 
+/* ---------------------------------------------------------------- CHESS's summary rows */
+
+/* A block a (slot, unit), thread t the elements t, t + KM_THREADS, ... of that unit
+ * (kernels/mean_kernels.h: the CPU's floats): the row's unscaled elements and, where rows are
+ * scaled, the unit's sum of squares. */
+__global__ void __launch_bounds__(KM_THREADS, 1) key_means_kernel(km_src s, km_req q, km_outs out, double *sq)
+{
+    __shared__ float vals[KM_MAX_D];
+    const int64_t slot = blockIdx.x;
+    const int u = (int)blockIdx.y, D = s.head_dim;
+    float *row = km_row(&q, out, (int64_t)q.units * D, slot) + (int64_t)u * D;
+    for (int d = (int)threadIdx.x; d < D; d += KM_THREADS) {
+        const float x = km_elem(&s, &q, slot, u, d);
+        vals[d] = x;
+        row[d] = x;
+    }
+    if (!q.unit || km_is_anchor(&q, slot)) return;   /* the whole block */
+    __syncthreads();
+    if (threadIdx.x == 0) sq[slot * q.units + u] = km_unit_sq(vals, D);
+}
+
+/* A block a scaled row: its units' sums added in order, then every element scaled. */
+__global__ void __launch_bounds__(KM_SCALE_THREADS) key_scale_kernel(km_req q, int D, km_outs out, const double *sq)
+{
+    __shared__ float inv;
+    const int64_t slot = blockIdx.x, dim = (int64_t)q.units * D;
+    if (threadIdx.x == 0) inv = km_row_inv(sq + slot * q.units, q.units);
+    __syncthreads();
+    float *row = km_row(&q, out, dim, slot);
+    for (int64_t e = threadIdx.x; e < dim; e += KM_SCALE_THREADS) row[e] = QB_MUL(row[e], inv);
+}
+
+/* On the device, from its copies of the pages (each list kept under its name, as attention's are),
+ * into the bound rows: nothing goes up but the pages' new rows and changed descriptors, nothing
+ * comes back. 0, or -1 with the failure recorded. */
+static int key_means_dev(cuda_impl *ci, const be_key_means *m, const km_req *q, float *const *host_out,
+                         const size_t *bytes)
+{
+    if (ci->batch.n && send_batch(ci)) return -1;
+    km_dlist *lists = (km_dlist *)malloc(sizeof(km_dlist) * (size_t)m->n_lists);
+    if (!lists) return fail(ci, "out of memory");
+    for (int l = 0; l < m->n_lists; l++) {
+        const be_page_list *L = &m->lists[l];
+        pt_call pl;
+        int rc = pt_build(&ci->tables, L->table, L->shape, L->pages, L->head_pages[m->n_head_kv], L->head_pages,
+                          m->n_head_kv, NULL, &pl);
+        if (rc != PT_OK) {
+            tables_failed(ci, rc);
+            free(lists);
+            return -1;
+        }
+        lists[l] = (km_dlist){ pl.pages, pl.head_pages };
+    }
+    const int64_t n_slots = km_slots(q), scaled = q->unit ? q->np + q->nc + q->ng : 0;
+    const size_t lb = sizeof(km_dlist) * (size_t)m->n_lists, sqb = sizeof(double) * (size_t)(scaled * q->units);
+    const km_dlist *d_lists = NULL;
+    if (!send_batch(ci) && !stage_reserve(ci, stage_size(lb))) d_lists = (const km_dlist *)stage(ci, lists, lb);
+    free(lists);
+    if (!d_lists || (sqb && grow_dev(ci, (void **)&ci->km_sq, &ci->cap_km_sq, sqb))) return -1;
+    km_outs d_out;
+    for (int i = 0; i < 4; i++) d_out.o[i] = bytes[i] ? (float *)am_dev_out(&ci->act, host_out[i], bytes[i]) : NULL;
+    const km_src src = { NULL, d_lists, m->n_head_kv, m->head_dim };
+    key_means_kernel<<<dim3((unsigned)n_slots, (unsigned)q->units), KM_THREADS, 0, ci->stream>>>(src, *q, d_out,
+                                                                                                 ci->km_sq);
+    if (ck(ci, cudaGetLastError(), "key means kernel")) return -1;
+    if (scaled > 0) {
+        key_scale_kernel<<<(unsigned)scaled, KM_SCALE_THREADS, 0, ci->stream>>>(*q, m->head_dim, d_out, ci->km_sq);
+        if (ck(ci, cudaGetLastError(), "key scale kernel")) return -1;
+    }
+    return 0;
+}
+
+/* On the device where every output is bound; on the host otherwise, and when the device fails
+ * (from the host's pages: CHESS counts the rows as computed either way). */
+static void cuda_key_means(be_backend *b, const be_key_means *m)
+{
+    cuda_impl *ci = impl_of(b);
+    const km_req q = km_req_of(m);
+    if (km_slots(&q) <= 0) return;
+    const int64_t dim = (int64_t)q.units * m->head_dim;
+    float *const host_out[4] = { q.np ? m->page_rows + q.p0 * dim : NULL, q.nc ? m->chunk_rows + q.c0 * dim : NULL,
+                                 q.ng ? m->grid_rows + q.g0 * dim : NULL, q.n_last ? m->anchor : NULL };
+    const size_t bytes[4] = { sizeof(float) * (size_t)(q.np * dim), sizeof(float) * (size_t)(q.nc * dim),
+                              sizeof(float) * (size_t)(q.ng * dim), q.n_last ? sizeof(float) * (size_t)dim : 0 };
+    int on_dev = !ci->failed && m->head_dim <= KM_MAX_D && m->n_head_kv <= PT_MAX_HEADS && q.units <= 65535;
+    for (int i = 0; i < 4 && on_dev; i++)
+        if (bytes[i] && !bound(ci, host_out[i], bytes[i])) on_dev = 0;
+    if (on_dev && key_means_dev(ci, m, &q, host_out, bytes) == 0) return;
+    for (int i = 0; i < 4; i++)
+        if (bytes[i] && bound(ci, host_out[i], bytes[i])) am_host_write(&ci->act, host_out[i], bytes[i]);
+    ci->cpu->ops->key_means(ci->cpu, m);
+}
+
 /* ---------------------------------------------------------------- the selection policies' bounds */
 
 /* Each KV head's summary count, passed by value. */
@@ -2170,7 +2273,7 @@ static void cuda_destroy(be_backend *b)
         void *dev[] = { ci->y32,   ci->out,   ci->x16, ci->part_o, ci->part_ml, ci->d_arena,
                         ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->cur_pos,
                         ci->pick_keys, ci->pick_max, ci->pick_sums, ci->pick_res, ci->bd_u, ci->bd_keys,
-                        ci->sel_pages, ci->sel_hp };
+                        ci->sel_pages, ci->sel_hp, ci->km_sq };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
         void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage, ci->h_pick, ci->h_bd };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)
@@ -2187,6 +2290,7 @@ static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, cuda_bind, cuda_unbind,
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
+    cuda_key_means,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -2194,7 +2298,7 @@ static const be_ops cuda_ops = {
 static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
-    cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish,
+    cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)

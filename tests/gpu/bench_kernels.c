@@ -349,7 +349,7 @@ int main(int argc, char **argv)
             for (int64_t p = 0; p < per_head; p++) {
                 be_kv_page *pg = &pages[g * per_head + p];
                 uint16_t *k = kv + ((size_t)g * (size_t)ctx + (size_t)p * 32) * (size_t)D;
-                *pg = (be_kv_page){ k, k + (size_t)(ctx * nkv * D), pos + p * 32, NULL, NULL, 32, D, 0, ++gen, 32 };
+                *pg = (be_kv_page){ k, k + (size_t)(ctx * nkv * D), pos + p * 32, NULL, NULL, 32, D, 0, ++gen, 32, NULL };
             }
         }
         hp[nkv] = n_pages;

@@ -20,6 +20,8 @@
 #include "kernels/backend.h"
 #include "engine/forward.h"
 #include "engine/model.h"
+#include "engine/page_list.h"
+#include "engine/kvcache.h"
 #include "engine/policy/policy.h"
 #include "common/quant.h"
 #include "kernels/decode_dot.h"
@@ -1886,6 +1888,102 @@ Test(cuda, the_scores_on_the_device_are_the_cpus_bit_for_bit)
     }
 }
 
+/* A cache of 3 listed layers of 8 KV heads (head_dim 128, pages of 32) with random keys, and each
+ * listed layer's list of every page under its own name. */
+typedef struct km_fixture {
+    kv_cache *kv;
+    page_list pl[3];
+    be_page_list lists[3];
+} km_fixture;
+
+static void km_lists(km_fixture *fx)
+{
+    for (int l = 0; l < 3; l++) {
+        cr_assert(page_list_update(&fx->pl[l], fx->kv, l) == 0);
+        fx->lists[l] = (be_page_list){ fx->pl[l].refs, fx->pl[l].off, 0x7E570000u + (uint64_t)l, fx->pl[l].shape };
+    }
+}
+
+Test(cuda, the_key_means_on_the_device_are_the_cpus_bit_for_bit)
+{
+    /* CHESS's rows and anchor from the device's copies of the pages, into bound rows, against the
+     * CPU backend's from the cache's key sums: the same bits, with the op waiting for nothing;
+     * again after tokens were appended (the last page grew, pages came after it: the lists
+     * updated at their ends), for the rows that changed; and unbound (the host's). */
+    enum { L = 3, H = 8, D = 128, P = 32, DIM = L * H * D };
+    seed_rng("key_means");
+    char err[512];
+    km_fixture fx;
+    fx.kv = kv_create(L, 8192, H, D, P, NULL, err, sizeof err);
+    cr_assert(fx.kv, "%s", err);
+    uint64_t r = rnd();
+    fwd_fixture_random_keys(fx.kv, L, 1000 + (int64_t)(rnd() % 31), &r);
+    const int most = 8192 / P + 2;
+    float *dev[4], *want[4];
+    const size_t bytes = sizeof(float) * (size_t)most * DIM;
+    for (int i = 0; i < 4; i++) {
+        dev[i] = malloc(bytes);
+        want[i] = malloc(bytes);
+        cr_assert(dev[i] && want[i]);
+        if (i < 3) cr_assert(be_bind(gpu, dev[i], bytes, err, sizeof err) == 0, "%s", err);
+    }
+    cr_assert(be_bind(gpu, dev[3], sizeof(float) * DIM, err, sizeof err) == 0, "%s", err);
+    for (int round = 0; round < 3; round++) {
+        if (round > 0) fwd_fixture_random_keys(fx.kv, L, round == 1 ? 5 : 70, &r);
+        km_lists(&fx);
+        int np = kv_n_pages(fx.kv, 0, 0);
+        int64_t first = 1, n_cand = np - 3, nc = (n_cand + 3) / 4, ng = (nc + 3) / 4;
+        be_key_means m = { fx.lists, L, H, D, first, n_cand, 4, 4, first, first + n_cand, 0, nc, 0, ng,
+                           dev[0], dev[1], dev[2], 1, 16, dev[3] };
+        if (round > 0) {   /* the rows the new pages changed: the last page's, chunk's and grid's */
+            m.p0 = m.p1 - 1;
+            m.c0 = m.c1 - 1;
+            m.g0 = m.g1 - 1;
+        }
+        be_key_means c = m;
+        c.page_rows = want[0];
+        c.chunk_rows = want[1];
+        c.grid_rows = want[2];
+        c.anchor = want[3];
+        cpu->ops->key_means(cpu, &c);
+        uint64_t w0, w1, up, down;
+        gpu->ops->counters(gpu, &w0, &up, &down);
+        gpu->ops->key_means(gpu, &m);
+        gpu->ops->counters(gpu, &w1, &up, &down);
+        cr_expect_eq(w1 - w0, 0, "round %d: the op waited %llu times", round, (unsigned long long)(w1 - w0));
+        const size_t row = sizeof(float) * DIM;
+        be_range rr[4] = { { dev[0] + m.p0 * DIM, (size_t)(m.p1 - m.p0) * row },
+                           { dev[1] + m.c0 * DIM, (size_t)(m.c1 - m.c0) * row },
+                           { dev[2] + m.g0 * DIM, (size_t)(m.g1 - m.g0) * row }, { dev[3], row } };
+        be_host_read(gpu, rr, 4);
+        cr_assert_eq(be_failed(gpu, err, sizeof err), 0, "%s", err);
+        cr_expect(!memcmp(rr[0].p, want[0] + m.p0 * DIM, rr[0].bytes), "round %d: page rows differ", round);
+        cr_expect(!memcmp(rr[1].p, want[1] + m.c0 * DIM, rr[1].bytes), "round %d: chunk rows differ", round);
+        cr_expect(!memcmp(rr[2].p, want[2] + m.g0 * DIM, rr[2].bytes), "round %d: grid rows differ", round);
+        cr_expect(!memcmp(dev[3], want[3], row), "round %d: the anchors differ", round);
+    }
+    for (int i = 0; i < 4; i++) be_unbind(gpu, dev[i]);
+    /* unbound: computed on the host */
+    km_lists(&fx);
+    int np = kv_n_pages(fx.kv, 0, 0);
+    be_key_means m = { fx.lists, L, H, D, 0, np, 2, 3, 0, np, 0, (np + 1) / 2, 0, ((np + 1) / 2 + 2) / 3,
+                       dev[0], dev[1], dev[2], 0, 5, dev[3] }, c = m;
+    c.page_rows = want[0];
+    c.chunk_rows = want[1];
+    c.grid_rows = want[2];
+    c.anchor = want[3];
+    cpu->ops->key_means(cpu, &c);
+    gpu->ops->key_means(gpu, &m);
+    cr_expect(!memcmp(dev[0], want[0], sizeof(float) * (size_t)np * DIM), "unbound: page rows differ");
+    cr_expect(!memcmp(dev[3], want[3], sizeof(float) * DIM), "unbound: the anchors differ");
+    for (int l = 0; l < 3; l++) page_list_free(&fx.pl[l]);
+    for (int i = 0; i < 4; i++) {
+        free(dev[i]);
+        free(want[i]);
+    }
+    kv_free(fx.kv);
+}
+
 static be_backend *bounds_cpu_of;
 
 /* The bounds on the CPU backend, the queries brought back first: to compare with the device's. Best
@@ -1911,8 +2009,20 @@ static void scores_on_the_cpu(be_backend *b, const float *m, int64_t n_rows, int
     bounds_cpu_of->ops->scores(bounds_cpu_of, m, n_rows, dim, x, y);
 }
 
-/* Quest, SentKV and CHESS decoding a tiny model on the GPU: with the bounds (CHESS: the scores) on
- * the device or on the CPU, the selections are the same, so the logits are the same bits. Quest's
+/* CHESS's rows and anchor on the CPU backend, written on the host (each output range announced). */
+static void key_means_on_the_cpu(be_backend *b, const be_key_means *m)
+{
+    size_t row = sizeof(float) * (size_t)m->n_lists * (size_t)m->n_head_kv * (size_t)m->head_dim;
+    if (m->p1 > m->p0) be_host_write(b, (char *)m->page_rows + (size_t)m->p0 * row, (size_t)(m->p1 - m->p0) * row);
+    if (m->c1 > m->c0) be_host_write(b, (char *)m->chunk_rows + (size_t)m->c0 * row, (size_t)(m->c1 - m->c0) * row);
+    if (m->g1 > m->g0) be_host_write(b, (char *)m->grid_rows + (size_t)m->g0 * row, (size_t)(m->g1 - m->g0) * row);
+    if (m->n_last > 0 && m->anchor) be_host_write(b, m->anchor, row);
+    bounds_cpu_of->ops->key_means(bounds_cpu_of, m);
+}
+
+/* Quest, SentKV and CHESS decoding a tiny model on the GPU: with the bounds (CHESS: its rows,
+ * anchor and scores) on the device or on the CPU, the selections are the same, so the logits are
+ * the same bits. Quest's
  * best pages stay on the device for attention: a decode step waits for them never, so at most
  * twice in all (the logits, the step's rows), where it waited once a global layer before; CHESS
  * waits once more, for its scores. */
@@ -1931,6 +2041,7 @@ Test(cuda, selection_policies_decode_the_same_with_the_bounds_on_the_device)
                 be_ops host_bounds = *gpu->ops;
                 host_bounds.bound_pages = bounds_on_the_cpu;
                 host_bounds.scores = scores_on_the_cpu;
+                host_bounds.key_means = key_means_on_the_cpu;
                 const be_ops *orig = gpu->ops;
                 if (!on_device) gpu->ops = &host_bounds;
                 fwd_opts fo = { 4096, 128, 16 };
