@@ -872,8 +872,17 @@ static void means_task(void *ctx, int64_t slot, int thread)
             }
             float inv = km_inv(e - a);
             for (int d = 0; d < D; d++) x[d] = QB_MUL(x[d], inv);
-        } else {
-            for (int d = 0; d < D; d++) x[d] = km_anchor_part(s, q, u, d);
+        } else {   /* km_anchor_part's sums, a row at a time */
+            int32_t t0;
+            int64_t got, np = km_count(s, u);
+            for (int d = 0; d < D; d++) x[d] = 0.0f;
+            for (int64_t i = km_last_start(s, u, q->n_last, &t0, &got); i < np; i++, t0 = 0) {
+                km_ref r = km_get(s, u, i);
+                for (int32_t t = t0; t < r.n; t++)
+                    for (int d = 0; d < D; d++) x[d] = QB_ADD(x[d], qb_half(r.k[(int64_t)t * r.stride + d]));
+            }
+            float inv = km_inv(got);
+            for (int d = 0; d < D; d++) x[d] = QB_MUL(x[d], inv);
         }
     }
     if (!q->unit || km_is_anchor(q, slot)) return;
