@@ -253,6 +253,27 @@ QB_HD float *km_row(const km_req *q, km_outs out, int64_t dim, int64_t slot)
     return out.o[3];
 }
 
+/* Thread t's share of block (slot, u) of the elements' kernel: elements t, t + KM_THREADS, ... of
+ * unit u of the row, unscaled, into the row and into vals (the block's copy of the unit). */
+QB_HD void km_thread_elems(const km_src *s, const km_req *q, km_outs out, int64_t slot, int u, int t, float *vals)
+{
+    const int D = s->head_dim;
+    float *row = km_row(q, out, (int64_t)q->units * D, slot) + (int64_t)u * D;
+    for (int d = t; d < D; d += KM_THREADS) {
+        const float x = km_elem(s, q, slot, u, d);
+        vals[d] = x;
+        row[d] = x;
+    }
+}
+
+/* Thread t's share of a row's scaling: elements t, t + KM_SCALE_THREADS, ... times inv. */
+QB_HD void km_thread_scale(const km_req *q, int D, km_outs out, int64_t slot, int t, float inv)
+{
+    const int64_t dim = (int64_t)q->units * D;
+    float *row = km_row(q, out, dim, slot);
+    for (int64_t e = t; e < dim; e += KM_SCALE_THREADS) row[e] = QB_MUL(row[e], inv);
+}
+
 /* A unit's sum of squares in double, in order. */
 QB_HD double km_unit_sq(const float *x, int n)
 {

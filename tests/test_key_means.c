@@ -192,110 +192,109 @@ static const shape shapes[] = {
     { 4, { 1, 2, 3 }, 3, 3, 64, 16, 290 },
 };
 
-Test(key_means, the_cpu_computes_the_documented_means)
+/* fn over a fresh cache of each shape (random keys from seed) and a CPU backend of 2 threads. */
+static void each_shape(void (*fn)(be_backend *cpu, fixture *fx, const shape *sh, size_t si), uint64_t seed)
 {
     char err[256];
     be_backend *cpu = be_cpu_create(2, err, sizeof err);
     cr_assert(cpu, "%s", err);
-    uint64_t r = 0x4B3A;
+    uint64_t r = seed;
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const shape *sh = &shapes[si];
         fixture fx;
         build(&fx, sh->n_layer, sh->layers, sh->n_lists, sh->H, sh->D, sh->P, sh->tokens, &r);
-        int np = kv_n_pages(fx.kv, sh->layers[0], 0);
-        static const int chunks[] = { 1, 2, 3 }, grids[] = { 1, 2, 4 }, lasts[] = { 1, 5, 1000 };
-        for (int k = 0; k < 3; k++)
-            for (int unit = 0; unit <= 1; unit++) {
-                int64_t first = k, n_cand = np - 1 - k;   /* the last (partial) page a candidate where k = 0 */
-                if (k == 0) n_cand = np;
-                outs got, want;
-                outs_make(&got, &fx, np);
-                outs_make(&want, &fx, np);
-                be_key_means m = request(&fx, &got, first, n_cand, chunks[k], grids[k], unit, lasts[k]);
-                cpu->ops->key_means(cpu, &m);
-                reference(&fx, &m, want.pages, want.chunks, want.grids, want.anchor);
-                char what[96];
-                snprintf(what, sizeof what, "shape %zu, chunk %d, grid %d, unit %d, anchor of %d", si, chunks[k],
-                         grids[k], unit, lasts[k]);
-                expect_same(&got, &want, fx.dim, what);
-                /* a part of the rows: only those are written */
-                outs part;
-                outs_make(&part, &fx, np);
-                m = request(&fx, &part, first, n_cand, chunks[k], grids[k], unit, 0);
-                m.p0 = first + 1;
-                m.p1 = first + 2;
-                m.c0 = m.c1 - 1;
-                m.g0 = m.g1;
-                cpu->ops->key_means(cpu, &m);
-                for (int64_t e = 0; e < (int64_t)part.n; e++) {
-                    int64_t row = e / fx.dim;
-                    float wp = row == first + 1 ? want.pages[e] : -777.0f, wc = row == m.c0 ? want.chunks[e] : -777.0f;
-                    if (memcmp(&part.pages[e], &wp, sizeof wp) || memcmp(&part.chunks[e], &wc, sizeof wc) ||
-                        part.grids[e] != -777.0f) {
-                        cr_expect(0, "%s: element %lld of row %lld written wrong or outside the range", what, (long long)e,
-                                  (long long)row);
-                        break;
-                    }
-                }
-                cr_expect_eq(part.anchor[0], -777.0f, "%s: the anchor written with n_last 0", what);
-                outs_free(&part);
-                outs_free(&got);
-                outs_free(&want);
-            }
+        fn(cpu, &fx, sh, si);
         unbuild(&fx);
     }
     be_free(cpu);
 }
 
-Test(key_means, the_rows_from_the_key_sums_equal_the_rows_from_the_keys)
+static void documented(be_backend *cpu, fixture *fx, const shape *sh, size_t si)
 {
-    /* The CPU reads the cache's ksum (kept as rows come, and again after tokens are dropped); a GPU
-     * sums its copies of the keys: the same floats. */
-    char err[256];
-    be_backend *cpu = be_cpu_create(1, err, sizeof err);
-    cr_assert(cpu, "%s", err);
-    uint64_t r = 0x5EED;
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        const shape *sh = &shapes[si];
-        fixture fx;
-        build(&fx, sh->n_layer, sh->layers, sh->n_lists, sh->H, sh->D, sh->P, sh->tokens, &r);
-        /* head 0 of the first listed layer drops every third token (its pages summed again) */
-        int64_t keep[1024], nk = 0;
-        for (int64_t t = 0; t < sh->tokens; t++)
-            if (t % 3) keep[nk++] = t;
-        cr_assert(kv_keep_tokens(fx.kv, sh->layers[0], 0, keep, nk) == 0);
-        for (int l = 0; l < fx.n_lists; l++) {
-            cr_assert(page_list_update(&fx.pl[l], fx.kv, sh->layers[l]) == 0);
-            fx.lists[l] = (be_page_list){ fx.pl[l].refs, fx.pl[l].off, (uint64_t)l + 1, fx.pl[l].shape };
+    int np = kv_n_pages(fx->kv, sh->layers[0], 0);
+    static const int chunks[] = { 1, 2, 3 }, grids[] = { 1, 2, 4 }, lasts[] = { 1, 5, 1000 };
+    for (int k = 0; k < 3; k++)
+        for (int unit = 0; unit <= 1; unit++) {
+            int64_t first = k, n_cand = np - 1 - k;   /* the last (partial) page a candidate where k = 0 */
+            if (k == 0) n_cand = np;
+            outs got, want;
+            outs_make(&got, fx, np);
+            outs_make(&want, fx, np);
+            be_key_means m = request(fx, &got, first, n_cand, chunks[k], grids[k], unit, lasts[k]);
+            cpu->ops->key_means(cpu, &m);
+            reference(fx, &m, want.pages, want.chunks, want.grids, want.anchor);
+            char what[96];
+            snprintf(what, sizeof what, "shape %zu, chunk %d, grid %d, unit %d, anchor of %d", si, chunks[k],
+                     grids[k], unit, lasts[k]);
+            expect_same(&got, &want, fx->dim, what);
+            /* a part of the rows: only those are written */
+            outs part;
+            outs_make(&part, fx, np);
+            m = request(fx, &part, first, n_cand, chunks[k], grids[k], unit, 0);
+            m.p0 = first + 1;
+            m.p1 = first + 2;
+            m.c0 = m.c1 - 1;
+            m.g0 = m.g1;
+            cpu->ops->key_means(cpu, &m);
+            for (int64_t e = 0; e < (int64_t)part.n; e++) {
+                int64_t row = e / fx->dim;
+                float wp = row == first + 1 ? want.pages[e] : -777.0f, wc = row == m.c0 ? want.chunks[e] : -777.0f;
+                if (memcmp(&part.pages[e], &wp, sizeof wp) || memcmp(&part.chunks[e], &wc, sizeof wc) ||
+                    part.grids[e] != -777.0f) {
+                    cr_expect(0, "%s: element %lld of row %lld written wrong or outside the range", what, (long long)e,
+                              (long long)row);
+                    break;
+                }
+            }
+            cr_expect_eq(part.anchor[0], -777.0f, "%s: the anchor written with n_last 0", what);
+            outs_free(&part);
+            outs_free(&got);
+            outs_free(&want);
         }
-        int np = kv_n_pages(fx.kv, sh->layers[0], 0);
-        for (int l = 1; l < fx.n_lists; l++)
-            for (int h = 0; h < fx.H; h++)
-                if (kv_n_pages(fx.kv, sh->layers[l], h) < np) np = kv_n_pages(fx.kv, sh->layers[l], h);
-        for (int h = 1; h < fx.H; h++)
-            if (kv_n_pages(fx.kv, sh->layers[0], h) < np) np = kv_n_pages(fx.kv, sh->layers[0], h);
-        outs a, b;
-        outs_make(&a, &fx, np);
-        outs_make(&b, &fx, np);
-        be_key_means m = request(&fx, &a, 0, np, 2, 2, 1, 7);
-        cpu->ops->key_means(cpu, &m);
-        /* the same lists without their sums */
-        for (int l = 0; l < fx.n_lists; l++)
-            for (int64_t i = 0; i < fx.pl[l].off[fx.H]; i++) fx.pl[l].refs[i].ksum = NULL;
-        m = request(&fx, &b, 0, np, 2, 2, 1, 7);
-        cpu->ops->key_means(cpu, &m);
-        expect_same(&a, &b, fx.dim, "from ksum and from the keys");
-        outs_free(&a);
-        outs_free(&b);
-        unbuild(&fx);
-    }
-    be_free(cpu);
 }
 
-/* The CUDA launch on the host: key_means_kernel's blocks (slot, unit) and threads, the elements
- * each thread owns counted, then key_scale_kernel's; the device's lists as pt_build leaves them
- * (descriptors of the pages' keys, per-head offsets), with host memory standing in. */
-static void simulate(const fixture *fx, const be_key_means *m, const outs *o, int *owners)
+Test(key_means, the_cpu_computes_the_documented_means) { each_shape(documented, 0x4B3A); }
+
+/* The CPU reads the cache's ksum (kept as rows come, and again after tokens are dropped); a GPU
+ * sums its copies of the keys: the same floats. */
+static void sums_and_keys(be_backend *cpu, fixture *fx, const shape *sh, size_t si)
+{
+    /* head 0 of the first listed layer drops every third token (its pages summed again) */
+    int64_t keep[1024], nk = 0;
+    for (int64_t t = 0; t < sh->tokens; t++)
+        if (t % 3) keep[nk++] = t;
+    cr_assert(kv_keep_tokens(fx->kv, sh->layers[0], 0, keep, nk) == 0);
+    for (int l = 0; l < fx->n_lists; l++) {
+        cr_assert(page_list_update(&fx->pl[l], fx->kv, sh->layers[l]) == 0);
+        fx->lists[l] = (be_page_list){ fx->pl[l].refs, fx->pl[l].off, (uint64_t)l + 1, fx->pl[l].shape };
+    }
+    int np = kv_n_pages(fx->kv, sh->layers[0], 0);
+    for (int l = 1; l < fx->n_lists; l++)
+        for (int h = 0; h < fx->H; h++)
+            if (kv_n_pages(fx->kv, sh->layers[l], h) < np) np = kv_n_pages(fx->kv, sh->layers[l], h);
+    for (int h = 1; h < fx->H; h++)
+        if (kv_n_pages(fx->kv, sh->layers[0], h) < np) np = kv_n_pages(fx->kv, sh->layers[0], h);
+    outs a, b;
+    outs_make(&a, fx, np);
+    outs_make(&b, fx, np);
+    be_key_means m = request(fx, &a, 0, np, 2, 2, 1, 7);
+    cpu->ops->key_means(cpu, &m);
+    /* the same lists without their sums */
+    for (int l = 0; l < fx->n_lists; l++)
+        for (int64_t i = 0; i < fx->pl[l].off[fx->H]; i++) fx->pl[l].refs[i].ksum = NULL;
+    m = request(fx, &b, 0, np, 2, 2, 1, 7);
+    cpu->ops->key_means(cpu, &m);
+    expect_same(&a, &b, fx->dim, "from ksum and from the keys");
+    outs_free(&a);
+    outs_free(&b);
+}
+
+Test(key_means, the_rows_from_the_key_sums_equal_the_rows_from_the_keys) { each_shape(sums_and_keys, 0x5EED); }
+
+/* The CUDA launch on the host: key_means_kernel's blocks (slot, unit) and threads, then
+ * key_scale_kernel's, each thread's share as the kernels run it; the device's lists as pt_build
+ * leaves them (descriptors of the pages' keys, per-head offsets), with host memory standing in. */
+static void simulate(const fixture *fx, const be_key_means *m)
 {
     km_dlist dl[4];
     ag_page *desc[4];
@@ -319,64 +318,38 @@ static void simulate(const fixture *fx, const be_key_means *m, const outs *o, in
     cr_assert(sq);
     for (int64_t slot = 0; slot < slots; slot++)
         for (int u = 0; u < q.units; u++) {
-            float *row = km_row(&q, out, fx->dim, slot) + (int64_t)u * fx->D;
-            for (int t = 0; t < KM_THREADS; t++)
-                for (int d = t; d < fx->D; d += KM_THREADS) {
-                    const float x = km_elem(&src, &q, slot, u, d);
-                    vals[d] = x;
-                    row[d] = x;
-                    owners[slot * fx->dim + (int64_t)u * fx->D + d]++;
-                }
+            for (int t = 0; t < KM_THREADS; t++) km_thread_elems(&src, &q, out, slot, u, t, vals);
             if (q.unit && !km_is_anchor(&q, slot)) sq[slot * q.units + u] = km_unit_sq(vals, fx->D);
         }
     const int64_t scaled = q.unit ? q.np + q.nc + q.ng : 0;
     for (int64_t slot = 0; slot < scaled; slot++) {
         const float inv = km_row_inv(sq + slot * q.units, q.units);
-        float *row = km_row(&q, out, fx->dim, slot);
-        for (int t = 0; t < KM_SCALE_THREADS; t++)
-            for (int64_t e = t; e < fx->dim; e += KM_SCALE_THREADS) row[e] = QB_MUL(row[e], inv);
+        for (int t = 0; t < KM_SCALE_THREADS; t++) km_thread_scale(&q, fx->D, out, slot, t, inv);
     }
     free(sq);
     for (int l = 0; l < fx->n_lists; l++) free(desc[l]);
 }
 
-Test(key_means, every_thread_of_the_kernels_launch_gives_the_cpus_floats)
+static void kernels(be_backend *cpu, fixture *fx, const shape *sh, size_t si)
 {
-    char err[256];
-    be_backend *cpu = be_cpu_create(2, err, sizeof err);
-    cr_assert(cpu, "%s", err);
-    uint64_t r = 0xC0DE;
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        const shape *sh = &shapes[si];
-        fixture fx;
-        build(&fx, sh->n_layer, sh->layers, sh->n_lists, sh->H, sh->D, sh->P, sh->tokens, &r);
-        int np = kv_n_pages(fx.kv, sh->layers[0], 0);
-        for (int unit = 0; unit <= 1; unit++) {
-            outs dev, want;
-            outs_make(&dev, &fx, np);
-            outs_make(&want, &fx, np);
-            be_key_means m = request(&fx, &want, 1, np - 2, 3, 2, unit, 9);
-            cpu->ops->key_means(cpu, &m);
-            m = request(&fx, &dev, 1, np - 2, 3, 2, unit, 9);
-            const km_req q = km_req_of(&m);
-            int64_t slots = km_slots(&q);
-            int *owners = calloc((size_t)(slots * fx.dim), sizeof(int));
-            cr_assert(owners);
-            simulate(&fx, &m, &dev, owners);
-            int64_t wrong = 0;
-            for (int64_t e = 0; e < slots * fx.dim; e++) wrong += owners[e] != 1;
-            cr_expect_eq(wrong, 0, "shape %zu: %lld elements not written by exactly one thread", si, (long long)wrong);
-            char what[64];
-            snprintf(what, sizeof what, "shape %zu, unit %d: the kernels against the CPU", si, unit);
-            expect_same(&dev, &want, fx.dim, what);
-            free(owners);
-            outs_free(&dev);
-            outs_free(&want);
-        }
-        unbuild(&fx);
+    int np = kv_n_pages(fx->kv, sh->layers[0], 0);
+    for (int unit = 0; unit <= 1; unit++) {
+        outs dev, want;
+        outs_make(&dev, fx, np);
+        outs_make(&want, fx, np);
+        be_key_means m = request(fx, &want, 1, np - 2, 3, 2, unit, 9);
+        cpu->ops->key_means(cpu, &m);
+        m = request(fx, &dev, 1, np - 2, 3, 2, unit, 9);
+        simulate(fx, &m);   /* an element no thread wrote keeps the canary, and differs */
+        char what[64];
+        snprintf(what, sizeof what, "shape %zu, unit %d: the kernels against the CPU", si, unit);
+        expect_same(&dev, &want, fx->dim, what);
+        outs_free(&dev);
+        outs_free(&want);
     }
-    be_free(cpu);
 }
+
+Test(key_means, every_thread_of_the_kernels_launch_gives_the_cpus_floats) { each_shape(kernels, 0xC0DE); }
 
 Test(key_means, the_devices_reciprocal_is_the_hosts_division)
 {

@@ -1961,27 +1961,21 @@ __global__ void __launch_bounds__(KM_THREADS, 1) key_means_kernel(km_src s, km_r
 {
     __shared__ float vals[KM_MAX_D];
     const int64_t slot = blockIdx.x;
-    const int u = (int)blockIdx.y, D = s.head_dim;
-    float *row = km_row(&q, out, (int64_t)q.units * D, slot) + (int64_t)u * D;
-    for (int d = (int)threadIdx.x; d < D; d += KM_THREADS) {
-        const float x = km_elem(&s, &q, slot, u, d);
-        vals[d] = x;
-        row[d] = x;
-    }
+    const int u = (int)blockIdx.y;
+    km_thread_elems(&s, &q, out, slot, u, (int)threadIdx.x, vals);
     if (!q.unit || km_is_anchor(&q, slot)) return;   /* the whole block */
     __syncthreads();
-    if (threadIdx.x == 0) sq[slot * q.units + u] = km_unit_sq(vals, D);
+    if (threadIdx.x == 0) sq[slot * q.units + u] = km_unit_sq(vals, s.head_dim);
 }
 
 /* A block a scaled row: its units' sums added in order, then every element scaled. */
 __global__ void __launch_bounds__(KM_SCALE_THREADS) key_scale_kernel(km_req q, int D, km_outs out, const double *sq)
 {
     __shared__ float inv;
-    const int64_t slot = blockIdx.x, dim = (int64_t)q.units * D;
+    const int64_t slot = blockIdx.x;
     if (threadIdx.x == 0) inv = km_row_inv(sq + slot * q.units, q.units);
     __syncthreads();
-    float *row = km_row(&q, out, dim, slot);
-    for (int64_t e = threadIdx.x; e < dim; e += KM_SCALE_THREADS) row[e] = QB_MUL(row[e], inv);
+    km_thread_scale(&q, D, out, slot, (int)threadIdx.x, inv);
 }
 
 /* On the device, from its copies of the pages (each list kept under its name, as attention's are),
