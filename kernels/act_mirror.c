@@ -21,7 +21,7 @@ void am_free(am_table *t)
             break;
         }
     for (int i = 0; i < t->n; i++) {
-        if (t->dev.pin) t->dev.pin(t->dev.ud, t->b[i].host, t->b[i].bytes, 0);
+        if (t->dev.pin && t->b[i].pinned) t->dev.pin(t->dev.ud, t->b[i].host, t->b[i].bytes, 0);
         t->dev.release(t->dev.ud, t->b[i].dev);
     }
     free(t->b);
@@ -51,7 +51,7 @@ static am_buf *find(const am_table *t, const void *p, size_t bytes)
     return NULL;
 }
 
-int am_bind(am_table *t, void *host, size_t bytes)
+static int bind(am_table *t, void *host, size_t bytes, int blank)
 {
     if (bytes == 0 || find(t, host, bytes)) return -1;
     if (t->n == t->cap) {
@@ -63,19 +63,25 @@ int am_bind(am_table *t, void *host, size_t bytes)
     }
     void *d = t->dev.alloc(t->dev.ud, bytes);
     if (!d) return -1;
-    /* Nothing is on the device yet: the whole buffer is newer on the host, uploaded at first use. */
-    t->b[t->n++] = (am_buf){ .host = host, .dev = d, .bytes = bytes, .hlo = 0, .hhi = bytes };
+    /* Nothing is on the device yet: the whole buffer is newer on the host, uploaded at first use
+     * (a blank buffer's bytes mean nothing yet: neither copy is newer) */
+    t->b[t->n++] = (am_buf){ .host = host, .dev = d, .bytes = bytes, .hlo = 0, .hhi = blank ? 0 : bytes,
+                             .pinned = !blank && t->dev.pin };
     t->bytes += bytes;
-    if (t->dev.pin) t->dev.pin(t->dev.ud, host, bytes, 1);
+    if (!blank && t->dev.pin) t->dev.pin(t->dev.ud, host, bytes, 1);
     return 0;
 }
+
+int am_bind(am_table *t, void *host, size_t bytes) { return bind(t, host, bytes, 0); }
+
+int am_bind_blank(am_table *t, void *host, size_t bytes) { return bind(t, host, bytes, 1); }
 
 void am_unbind(am_table *t, void *host)
 {
     for (int i = 0; i < t->n; i++) {
         if (t->b[i].host != host) continue;
         if (t->b[i].down_pending) wait_device(t);   /* a copy in flight into memory about to be freed */
-        if (t->dev.pin) t->dev.pin(t->dev.ud, host, t->b[i].bytes, 0);
+        if (t->b[i].pinned) t->dev.pin(t->dev.ud, host, t->b[i].bytes, 0);
         t->dev.release(t->dev.ud, t->b[i].dev);
         t->bytes -= t->b[i].bytes;
         t->b[i] = t->b[--t->n];

@@ -46,6 +46,7 @@ typedef struct am_buf {
     int down_pending;  /* a fetch's download into the host copy may still be in flight */
     size_t clo, chi;   /* [clo, chi): inside [dlo, dhi) but current on the host too (a fetch that
                           landed in its middle, which [dlo, dhi) cannot leave out) */
+    int pinned;        /* the host copy was page-locked at bind (am_bind, where the device can) */
 } am_buf;
 
 typedef struct am_table {
@@ -68,6 +69,11 @@ void am_free(am_table *t);
 /* Give host[0, bytes) a device twin; its host content is what counts until an op writes the twin.
  * 0, or -1 when the device (or the host) is out of memory. Binding a bound buffer again is an error. */
 int am_bind(am_table *t, void *host, size_t bytes);
+/* As am_bind, for a buffer whose bytes mean nothing until an op writes them (rows that only ops
+ * compute): neither copy counts as newer, so nothing goes up at first use, and the host copy is
+ * not page-locked (the host reads a little of it, or writes it, now and then: those copies go
+ * through the driver's bounce buffer). */
+int am_bind_blank(am_table *t, void *host, size_t bytes);
 /* Forget the twin (the host copy is NOT brought up to date: the owner is freeing the buffer). */
 void am_unbind(am_table *t, void *host);
 /* 1 if [p, p + bytes) lies in a bound buffer. A range that straddles a buffer's end is a bug in the

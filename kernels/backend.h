@@ -280,6 +280,10 @@ typedef struct be_ops {
     void (*finish)(be_backend *b);
     /* CHESS's summary rows and anchor (be_key_means above). */
     void (*key_means)(be_backend *b, const be_key_means *m);
+    /* As bind, for a buffer whose bytes mean nothing until ops write them (rows that only ops
+     * compute, as CHESS's): nothing is sent at its first use, and a device backend need not
+     * page-lock its host copy. NULL: bind. */
+    int (*bind_blank)(be_backend *b, void *host, size_t bytes, char *err, size_t errlen);
 } be_ops;
 
 struct be_backend {
@@ -327,6 +331,10 @@ void be_cpu_kernels_summary(char *buf, size_t cap);
 static inline int be_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
 {
     return b->ops->bind ? b->ops->bind(b, host, bytes, err, errlen) : 0;
+}
+static inline int be_bind_blank(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+{
+    return b->ops->bind_blank ? b->ops->bind_blank(b, host, bytes, err, errlen) : be_bind(b, host, bytes, err, errlen);
 }
 static inline void be_unbind(be_backend *b, void *host)
 {

@@ -156,6 +156,13 @@ static int t_bind(be_backend *b, void *host, size_t bytes, char *err, size_t err
     return rc;
 }
 
+static int t_bind_blank(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+{
+    int rc = 0;
+    TIMED(R_BIND, rc = in_->ops->bind_blank(in_, host, bytes, err, errlen));
+    return rc;
+}
+
 static void t_unbind(be_backend *b, void *host) { TIMED(R_UNBIND, in_->ops->unbind(in_, host)); }
 
 static void t_host_read(be_backend *b, const be_range *r, int n) { TIMED(R_HOST_READ, in_->ops->host_read(in_, r, n)); }
@@ -234,6 +241,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     TWIN(host_prefetch);
     TWIN(finish);
     TWIN(key_means);
+    TWIN(bind_blank);
     p->outer.ops = &p->ops;
     p->outer.n_threads = in->n_threads;
     p->outer.impl = p;

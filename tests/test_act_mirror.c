@@ -84,6 +84,39 @@ Test(act_mirror, first_use_uploads_the_host_content_once)
     cr_expect_eq(fk.pins, 0);
 }
 
+Test(act_mirror, a_blank_buffer_sends_nothing_until_the_host_writes_it)
+{
+    /* Rows only ops compute (CHESS's): bound blank, neither copy is newer, so an op writing a range
+     * and another reading it send nothing up; the host reads what an op wrote, and what the host
+     * writes goes up as it would in any buffer; the host copy is never page-locked. */
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float x[128];
+    for (int i = 0; i < 128; i++) x[i] = -1.0f;
+    cr_assert(am_bind_blank(&t, x, sizeof x) == 0);
+    cr_expect_eq(fk.pins, 0, "a blank buffer was page-locked");
+    float *d = am_dev_out(&t, x + 32, 16 * sizeof(float));
+    cr_assert(d);
+    for (int i = 0; i < 16; i++) d[i] = (float)i;
+    am_dev_in(&t, x + 32, 16 * sizeof(float));
+    cr_expect_eq(t.up_bytes, 0, "%llu bytes sent for rows only ops write", (unsigned long long)t.up_bytes);
+    am_range r = { x + 40, 4 * sizeof(float) };
+    am_host_read(&t, &r, 1);
+    cr_expect_eq(x[41], 9.0f);
+    am_host_write(&t, x + 100, 2 * sizeof(float));
+    x[100] = 5.0f;
+    x[101] = 6.0f;
+    const float *di = am_dev_in(&t, x + 100, 2 * sizeof(float));
+    cr_expect_eq(di[1], 6.0f);
+    cr_expect_eq(t.up_bytes, 2 * sizeof(float));
+    cr_expect_eq(am_bind_blank(&t, x + 8, 4), -1, "a range inside a bound buffer was bound again");
+    am_unbind(&t, x);
+    cr_expect_eq(fk.pins, 0, "a buffer never page-locked was unlocked");
+    am_free(&t);
+    cr_expect_eq(fk.allocs, 0);
+}
+
 Test(act_mirror, host_reads_fetch_only_what_the_device_changed)
 {
     am_table t;

@@ -383,14 +383,15 @@ static void act_pin(void *ud, void *host, size_t bytes, int pin)
         (void)cudaGetLastError();
 }
 
-static int cuda_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+static int bind_as(be_backend *b, void *host, size_t bytes, char *err, size_t errlen,
+                   int (*how)(am_table *, void *, size_t))
 {
     cuda_impl *ci = impl_of(b);
     if (bytes == 0 || am_bound(&ci->act, host, bytes)) {
         snprintf(err, errlen, "internal error: an activation buffer bound twice or empty");
         return -1;
     }
-    if (am_bind(&ci->act, host, bytes) == 0) return 0;
+    if (how(&ci->act, host, bytes) == 0) return 0;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
     snprintf(err, errlen, "out of GPU memory: an activation buffer needs %.1f MiB, %.1f MiB of %.1f MiB are free",
@@ -398,8 +399,17 @@ static int cuda_bind(be_backend *b, void *host, size_t bytes, char *err, size_t 
     return -1;
 }
 
-/* The owner is about to free the buffer: no copy to or from it may still be in flight when it is
- * unlocked. */
+static int cuda_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+{
+    return bind_as(b, host, bytes, err, errlen, am_bind);
+}
+
+/* Rows only ops write (CHESS's): no upload at first use, no page-locking of the host copy. */
+static int cuda_bind_blank(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+{
+    return bind_as(b, host, bytes, err, errlen, am_bind_blank);
+}
+
 static void cuda_unbind(be_backend *b, void *host)
 {
     sync_stream(impl_of(b), "unbind");
@@ -2284,7 +2294,7 @@ static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, cuda_bind, cuda_unbind,
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
-    cuda_key_means,
+    cuda_key_means, cuda_bind_blank,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -2292,7 +2302,7 @@ static const be_ops cuda_ops = {
 static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
-    cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means,
+    cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means, NULL,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
