@@ -105,7 +105,8 @@ QB_HD int64_t km_count(const km_src *s, int u)
 }
 
 /* The float nearest 1 / x for an integer x in [1, 2^24], from an approximation within 2 units in
- * the last place: of the five floats around it, the one whose product with x lies nearest 1 (in
+ * the last place of 1 / x (below a power of two, where floats are twice as dense, that is up to
+ * 4 floats away): of the nine floats around it, the one whose product with x lies nearest 1 (in
  * double, where x times a float and 1 minus that are exact). That is IEEE division's 1.0f / x: no
  * two floats are equally near (1 / x is halfway between two only where x is a power of two, and
  * then it is a float itself). The device's own correctly rounded division calls a slow path
@@ -120,7 +121,7 @@ QB_HD float km_recip_from(float x, float approx)
 #endif
     float best = approx;
     double err = 2.0;
-    for (int k = -2; k <= 2; k++) {
+    for (int k = -4; k <= 4; k++) {
 #ifdef __CUDA_ARCH__
         const float c = __int_as_float(a + k);
 #else
@@ -142,7 +143,7 @@ QB_HD float km_inv(int64_t n)
 {
     if (n <= 0) return 0.0f;
 #ifdef __CUDA_ARCH__
-    return km_recip_from((float)n, __fdividef(1.0f, (float)n));   /* within 2 ulp (CUDA's guide) */
+    return km_recip_from((float)n, __fdividef(1.0f, (float)n));   /* within 2 ulp (CUDA's guide; rcp.approx: 1) */
 #else
     return 1.0f / (float)n;
 #endif

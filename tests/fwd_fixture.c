@@ -3,6 +3,7 @@
 
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 
 #include "engine/tokenizer.h"
@@ -77,6 +78,26 @@ void fwd_fixture_random_keys(kv_cache *kv, int n_layer, int64_t n, uint64_t *r)
         }
         for (int il = 0; il < n_layer; il++) cr_assert(kv_append(kv, il, k, v, c, pos + done) == 0);
         kv_commit(kv, pos + done + c);
+    }
+    free(k);
+    free(v);
+}
+
+void fwd_fixture_wide_keys(kv_cache *kv, int n_layer, int64_t n, uint64_t *r)
+{
+    int64_t row = (int64_t)kv_n_head_kv(kv) * kv_head_dim(kv), pos = kv_len(kv);
+    float *k = malloc(sizeof(float) * (size_t)row), *v = calloc((size_t)row, sizeof(float));
+    cr_assert(k && v);
+    for (int64_t t = 0; t < n; t++) {
+        for (int il = 0; il < n_layer; il++) {
+            for (int64_t i = 0; i < row; i++) {
+                *r = *r * 6364136223846793005ull + 1442695040888963407ull;
+                float m = (float)((*r >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
+                k[i] = ldexpf(m * 1.37f, (int)((*r >> 20) % 13) - 6);
+            }
+            cr_assert(kv_append(kv, il, k, v, 1, pos + t) == 0);
+        }
+        kv_commit(kv, pos + t + 1);
     }
     free(k);
     free(v);

@@ -22,6 +22,9 @@ int32_t *fwd_fixture_prompt(const model *m, const char *path, size_t *n);
 /* n tokens of random keys in [-1, 1) (values 0) appended at kv_len to layers 0 .. n_layer - 1, the
  * same keys in each, and committed; *r is the generator's state (a 64-bit LCG), asserted. */
 void fwd_fixture_random_keys(kv_cache *kv, int n_layer, int64_t n, uint64_t *r);
+/* As fwd_fixture_random_keys, with keys of many magnitudes (full mantissas times 2^-6 .. 2^6, as
+ * f16 holds them): sums of them round, so a change in the order of additions shows. */
+void fwd_fixture_wide_keys(kv_cache *kv, int n_layer, int64_t n, uint64_t *r);
 /* Begin the decode step at pos on ps, then layer 0's selection as text ("0 5 6 9"; "all" without
  * one). */
 void fwd_fixture_choice(pol_set *ps, int64_t pos, char *out, size_t len);

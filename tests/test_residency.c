@@ -224,12 +224,13 @@ static void s_key_means(be_backend *b, const be_key_means *m)
     size_t dim = (size_t)m->n_lists * (size_t)m->n_head_kv * (size_t)m->head_dim;
     float *const rows[4] = { m->p1 > m->p0 ? m->page_rows : NULL, m->c1 > m->c0 ? m->chunk_rows : NULL,
                              m->g1 > m->g0 ? m->grid_rows : NULL, m->n_last > 0 ? m->anchor : NULL };
+    const size_t first[4] = { (size_t)m->p0 * dim, (size_t)m->c0 * dim, (size_t)m->g0 * dim, 0 };
     const size_t n[4] = { (size_t)m->p1 * dim, (size_t)m->c1 * dim, (size_t)m->g1 * dim, dim };
     float **to[4] = { &c.page_rows, &c.chunk_rows, &c.grid_rows, &c.anchor };
     for (int i = 0; i < 4; i++) {
         if (!rows[i]) continue;
-        if (sh(b)->failed)
-            am_host_write(&sh(b)->t, rows[i], n[i] * sizeof(float));
+        if (sh(b)->failed)   /* exactly the rows the host writes, as the CUDA backend announces */
+            am_host_write(&sh(b)->t, rows[i] + first[i], (n[i] - first[i]) * sizeof(float));
         else
             *to[i] = out(b, rows[i], n[i]);   /* rows before the range stay as they are on the twin */
     }

@@ -1918,7 +1918,7 @@ Test(cuda, the_key_means_on_the_device_are_the_cpus_bit_for_bit)
     fx.kv = kv_create(L, 8192, H, D, P, NULL, err, sizeof err);
     cr_assert(fx.kv, "%s", err);
     uint64_t r = rnd();
-    fwd_fixture_random_keys(fx.kv, L, 1000 + (int64_t)(rnd() % 31), &r);
+    fwd_fixture_wide_keys(fx.kv, L, 1000 + (int64_t)(rnd() % 31), &r);   /* sums that round */
     const int most = 8192 / P + 2;
     float *dev[4], *want[4];
     const size_t bytes = sizeof(float) * (size_t)most * DIM;
@@ -1930,7 +1930,7 @@ Test(cuda, the_key_means_on_the_device_are_the_cpus_bit_for_bit)
     }
     cr_assert(be_bind(gpu, dev[3], sizeof(float) * DIM, err, sizeof err) == 0, "%s", err);
     for (int round = 0; round < 3; round++) {
-        if (round > 0) fwd_fixture_random_keys(fx.kv, L, round == 1 ? 5 : 70, &r);
+        if (round > 0) fwd_fixture_wide_keys(fx.kv, L, round == 1 ? 5 : 70, &r);
         km_lists(&fx);
         int np = kv_n_pages(fx.kv, 0, 0);
         int64_t first = 1, n_cand = np - 3, nc = (n_cand + 3) / 4, ng = (nc + 3) / 4;
