@@ -21,7 +21,7 @@ void am_free(am_table *t)
             break;
         }
     for (int i = 0; i < t->n; i++) {
-        if (t->dev.pin && t->b[i].pinned) t->dev.pin(t->dev.ud, t->b[i].host, t->b[i].bytes, 0);
+        if (t->b[i].pinned) t->dev.pin(t->dev.ud, t->b[i].host, t->b[i].bytes, 0);
         t->dev.release(t->dev.ud, t->b[i].dev);
     }
     free(t->b);

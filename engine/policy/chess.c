@@ -472,7 +472,8 @@ static int rebuild(st_chess *s, const pol_env *env)
     }
     size_t dim = s->dim;
     float *anchor = s->anchor_row.p;
-    if (s->anchor > 0) {   /* computed with the rows, where the keys are */
+    if (s->anchor > 0) {   /* by tokens it follows the generation step by step instead of jumping when a page
+                            * fills; computed with the rows, where the keys are */
         m.n_last = s->anchor;
         m.anchor = anchor;
     } else {   /* the mean summary of the recent-window pages */
