@@ -1,4 +1,4 @@
-/* page_list.c - a layer's list of every page, kept from call to call (page_list.h). */
+/* page_list.c - a layer's lists of its pages, kept from call to call (page_list.h). */
 #include "engine/page_list.h"
 
 #include <stdlib.h>
@@ -19,58 +19,94 @@ void page_list_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int he
     r->ksum = p->ksum;
 }
 
+/* Room for cnt[h] entries of elem bytes a head in *ent (head h's at off[h] .. off[h + 1]). Where
+ * the shape is the one the entries were written under and no head has fewer, they are kept (moved
+ * up where a head before them grew) and first[h] is the first entry head h must write: its last
+ * one, whose page may have taken rows since, and those after it. Else first[h] = 0. -1 when out of
+ * memory or past PAGE_LIST_MAX_HEADS heads. */
+static int fit_heads(void **ent, size_t elem, int64_t *cap, int64_t *off, uint64_t was, uint64_t shape, int H,
+                     const int64_t *cnt, int64_t *first)
+{
+    if (H > PAGE_LIST_MAX_HEADS) return -1;
+    int64_t need = 0;
+    int keep = was == shape;
+    for (int h = 0; h < H; h++) {
+        need += cnt[h];
+        if (cnt[h] < off[h + 1] - off[h]) keep = 0;   /* cannot be while the shape holds */
+    }
+    if (need > *cap) {
+        int64_t nc = need * 2 > 64 ? need * 2 : 64;
+        void *e = realloc(*ent, elem * (size_t)nc);   /* the entries stay */
+        if (!e) return -1;
+        *ent = e;
+        *cap = nc;
+    }
+    int64_t no[PAGE_LIST_MAX_HEADS + 1];
+    no[0] = 0;
+    for (int h = 0; h < H; h++) no[h + 1] = no[h] + cnt[h];
+    char *base = *ent;
+    for (int h = H - 1; keep && h >= 0; h--)   /* offsets only grow: the last head first, none overwritten */
+        if (no[h] != off[h]) memmove(base + elem * (size_t)no[h], base + elem * (size_t)off[h],
+                                     elem * (size_t)(off[h + 1] - off[h]));
+    for (int h = 0; h < H; h++) {
+        int64_t had = off[h + 1] - off[h];
+        first[h] = keep && had > 0 ? had - 1 : 0;
+    }
+    memcpy(off, no, sizeof(int64_t) * (size_t)(H + 1));
+    return 0;
+}
+
 int page_list_update(page_list *L, const kv_cache *kv, int il)
 {
-    int Hkv = kv_n_head_kv(kv), P = kv_page_size(kv), D = (int)kv_head_dim(kv);
+    int H = kv_n_head_kv(kv), P = kv_page_size(kv), D = (int)kv_head_dim(kv);
     uint64_t shape = kv_layer_shape(kv, il);
-    int64_t need = 0, cnt[PAGE_LIST_MAX_HEADS];
-    if (Hkv > PAGE_LIST_MAX_HEADS) goto fail;
-    for (int h = 0; h < Hkv; h++) {
-        cnt[h] = kv_n_pages(kv, il, h);
-        need += cnt[h];
+    int64_t cnt[PAGE_LIST_MAX_HEADS] = { 0 }, first[PAGE_LIST_MAX_HEADS];
+    for (int h = 0; h < H && h < PAGE_LIST_MAX_HEADS; h++) cnt[h] = kv_n_pages(kv, il, h);
+    void *ent = L->refs;
+    int rc = fit_heads(&ent, sizeof *L->refs, &L->cap, L->off, L->shape, shape, H, cnt, first);
+    L->refs = ent;
+    if (rc) {
+        L->shape = 0;
+        memset(L->off, 0, sizeof L->off);
+        return -1;
     }
-    int append = L->shape == shape;
-    for (int h = 0; h < Hkv && append; h++)
-        if (cnt[h] < L->off[h + 1] - L->off[h]) append = 0;   /* cannot be while the shape holds */
-    if (need > L->cap) {
-        int64_t nc = need * 2 > 64 ? need * 2 : 64;
-        be_kv_page *r = realloc(L->refs, sizeof *r * (size_t)nc);   /* the entries stay */
-        if (!r) goto fail;
-        L->refs = r;
-        L->cap = nc;
-    }
-    if (append) {
-        int64_t off[PAGE_LIST_MAX_HEADS + 1];
-        off[0] = 0;
-        for (int h = 0; h < Hkv; h++) off[h + 1] = off[h] + cnt[h];
-        /* offsets only grow: move the heads up, the last first, so none overwrites one not moved */
-        for (int h = Hkv - 1; h >= 0; h--)
-            if (off[h] != L->off[h])
-                memmove(L->refs + off[h], L->refs + L->off[h], sizeof *L->refs * (size_t)(L->off[h + 1] - L->off[h]));
-        for (int h = 0; h < Hkv; h++) {
-            int64_t was = L->off[h + 1] - L->off[h];
-            for (int64_t j = was > 0 ? was - 1 : 0; j < cnt[h]; j++)
-                page_list_ref(&L->refs[off[h] + j], kv_layer_page(kv, il, h, (int)j), NULL, D, P);
-        }
-        memcpy(L->off, off, sizeof(int64_t) * (size_t)(Hkv + 1));
-    } else {
-        int64_t e = 0;
-        for (int h = 0; h < Hkv; h++) {
-            L->off[h] = e;
-            for (int j = 0; j < cnt[h]; j++) page_list_ref(&L->refs[e++], kv_layer_page(kv, il, h, j), NULL, D, P);
-        }
-        L->off[Hkv] = e;
-    }
+    for (int h = 0; h < H; h++)
+        for (int64_t j = first[h]; j < cnt[h]; j++)
+            page_list_ref(&L->refs[L->off[h] + j], kv_layer_page(kv, il, h, (int)j), NULL, D, P);
     L->shape = shape;
     return 0;
-fail:
-    L->shape = 0;
-    memset(L->off, 0, sizeof L->off);
-    return -1;
 }
 
 void page_list_free(page_list *L)
 {
     free(L->refs);
+    memset(L, 0, sizeof *L);
+}
+
+int page_sums_update(page_sums *L, const kv_cache *kv, int il, const int64_t *count)
+{
+    int H = kv_n_head_kv(kv);
+    uint64_t shape = kv_layer_shape(kv, il);
+    int64_t first[PAGE_LIST_MAX_HEADS];
+    void *ent = L->sums;
+    int rc = fit_heads(&ent, sizeof *L->sums, &L->cap, L->off, L->shape, shape, H, count, first);
+    L->sums = ent;
+    if (rc) {
+        L->shape = 0;
+        memset(L->off, 0, sizeof L->off);
+        return -1;
+    }
+    for (int h = 0; h < H; h++)
+        for (int64_t j = first[h]; j < count[h]; j++) {
+            const kv_page *p = kv_layer_page(kv, il, h, (int)j);
+            L->sums[L->off[h] + j] = (be_summary){ p->kmin, p->kmax, p->gen, p->n };
+        }
+    L->shape = shape;
+    return 0;
+}
+
+void page_sums_free(page_sums *L)
+{
+    free(L->sums);
     memset(L, 0, sizeof *L);
 }

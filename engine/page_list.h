@@ -1,9 +1,13 @@
-/* page_list.h - a layer's list of every page its KV heads hold, as the backend's ops read one
- * (be_kv_page descriptors, per-head offsets), kept from call to call.
+/* page_list.h - a layer's lists of its pages as the backend's ops read them, kept from call to call:
+ * page_list, every page's descriptor (be_kv_page) for attention and key_means; page_sums, the key
+ * summaries (be_summary) of each head's first pages for a bounds call.
  *
  * While the cache's layer shape (kv_layer_shape) stays the same, only each head's last page and the
- * pages after it are new, so an update rewrites a few entries a head instead of every page. The
- * forward pass keeps one a layer for attention; CHESS one a global layer for its summaries. */
+ * pages after it are new, so an update rewrites a few entries a head instead of every page: the
+ * host's work a decode step does not grow with the context, nor does it touch every page (at 8K
+ * tokens on the 7B shape, 2,000 pages a layer whose headers are each a cache and TLB miss). The
+ * forward pass keeps a page_list a layer for attention, CHESS one a global layer for its summaries,
+ * and Quest a page_sums a global layer for its bounds. */
 #ifndef KVCHAT_PAGE_LIST_H
 #define KVCHAT_PAGE_LIST_H
 
@@ -28,5 +32,19 @@ void page_list_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int he
  * or -1 when out of memory (or more than PAGE_LIST_MAX_HEADS heads), L then empty. */
 int page_list_update(page_list *L, const kv_cache *kv, int il);
 void page_list_free(page_list *L);
+
+typedef struct page_sums {
+    be_summary *sums;
+    int64_t cap;
+    int64_t off[PAGE_LIST_MAX_HEADS + 1];   /* head h's entries: sums[off[h] .. off[h + 1]) */
+    uint64_t shape;   /* the layer shape at the last update; 0: nothing built */
+} page_sums;
+
+/* L brought up to date with layer il of kv for the first count[h] pages of each head h (at most
+ * kv_n_pages), entry j of head h being page j's { kmin, kmax, gen, n }: built whole when the
+ * layer's shape changed or a head's count fell, else each head's last entry and those after it.
+ * 0, or -1 when out of memory (or more than PAGE_LIST_MAX_HEADS heads), L then empty. */
+int page_sums_update(page_sums *L, const kv_cache *kv, int il, const int64_t *count);
+void page_sums_free(page_sums *L);
 
 #endif

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "common/logit_pick.h"
+#include "engine/page_list.h"
 #include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
 
@@ -25,10 +26,12 @@ typedef struct st_quest {
     int64_t cur;
     float *score;             /* every head's bounds, when they come back (a trace, or k past BE_PICK_MAX) */
     int *idx;
-    be_summary *sum;          /* every head's pages but its current one, for the backend's bounds */
-    int64_t *off;             /* [n_head_kv + 1] */
+    /* [n_global] each global layer's summaries of every head's pages but its current one, for the
+     * backend's bounds: kept from step to step, so a step looks at each head's last pages only */
+    page_sums *lists;
     int64_t *from;            /* [n_head_kv] pages bounded a head: all but its current one */
     int32_t *best, *n_best;   /* [n_head_kv][BE_PICK_MAX], [n_head_kv] */
+    int n_lists;
     int64_t cap;
     int64_t pages_last, pages_avail;
 } st_quest;
@@ -51,8 +54,8 @@ static void q_destroy(void *st)
     st_quest *s = st;
     free(s->score);
     free(s->idx);
-    free(s->sum);
-    free(s->off);
+    for (int i = 0; s->lists && i < s->n_lists; i++) page_sums_free(&s->lists[i]);
+    free(s->lists);
     free(s->from);
     free(s->best);
     free(s->n_best);
@@ -113,19 +116,23 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     int P = kv_page_size(env->kv), Hkv = env->n_head_kv;
     int64_t budget = pol_budget_tokens(s->budget, s->cur + 1);
     int k = (int)((budget + P - 1) / P);
-    if (!s->off) {
-        s->off = malloc(sizeof(int64_t) * (size_t)(Hkv + 1));
+    int gl = 0;
+    while (gl < env->n_global && env->global[gl] != il) gl++;
+    if (gl == env->n_global) return 0;   /* a sliding-window layer: every page */
+    if (!s->lists) {
+        s->lists = calloc((size_t)env->n_global, sizeof *s->lists);
         s->from = malloc(sizeof(int64_t) * (size_t)Hkv);
         s->best = malloc(sizeof(int32_t) * (size_t)Hkv * BE_PICK_MAX);
         s->n_best = malloc(sizeof(int32_t) * (size_t)Hkv);
-        if (!s->off || !s->from || !s->best || !s->n_best) {
-            free(s->off);
+        if (!s->lists || !s->from || !s->best || !s->n_best) {
+            free(s->lists);
             free(s->from);
             free(s->best);
             free(s->n_best);
-            s->off = s->from = NULL, s->best = s->n_best = NULL;
+            s->lists = NULL, s->from = NULL, s->best = s->n_best = NULL;
             return 0;
         }
+        s->n_lists = env->n_global;
     }
     int np_max = 0, all = 1;
     int64_t total = 0;
@@ -149,28 +156,19 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         if (ns) s->score = ns;
         int *ni = realloc(s->idx, sizeof(int) * (size_t)cap);
         if (ni) s->idx = ni;
-        be_summary *nsum = realloc(s->sum, sizeof *nsum * (size_t)cap);
-        if (nsum) s->sum = nsum;
-        if (!ns || !ni || !nsum) return 0;
+        if (!ns || !ni) return 0;
         s->cap = cap;
     }
     /* every head's pages but its current one: the bound of the head's G queries over each */
-    int64_t e = 0;
-    for (int g = 0; g < Hkv; g++) {
-        s->off[g] = e;
-        for (int i = 0; i < s->from[g]; i++) {
-            const kv_page *p = kv_layer_page(env->kv, il, g, i);
-            s->sum[e++] = (be_summary){ p->kmin, p->kmax, p->gen, p->n };
-        }
-    }
-    s->off[Hkv] = e;
+    page_sums *L = &s->lists[gl];
+    if (page_sums_update(L, env->kv, il, s->from)) return 0;
     /* the backend picks each head's k - 1 best, unless the bounds must come back (a trace, or more
      * pages than a backend picks); where it can keep them for attention (a device backend), they
      * stay there: attention reads the chosen pages and then each head's current one, if listed */
     int on_host = env->trace || k - 1 > BE_PICK_MAX;
     int kept = !on_host && k - 1 > 0 && env->sel_buf;
-    be_bounds r = { .q = q, .n_head_kv = Hkv, .group = env->n_head / Hkv, .dim = env->head_dim, .sum = s->sum,
-                    .off = s->off, .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1),
+    be_bounds r = { .q = q, .n_head_kv = Hkv, .group = env->n_head / Hkv, .dim = env->head_dim, .sum = L->sums,
+                    .off = L->off, .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1),
                     .shape = kv_layer_shape(env->kv, il), .k = on_host ? 0 : k - 1, .best = s->best,
                     .n_best = s->n_best, .u = on_host ? s->score : NULL };
     if (kept) {
@@ -192,12 +190,12 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         if (np == 0) continue;
         if (on_host) {
             /* the op's order: NaN and -inf bounds are never chosen */
-            const float *sc = s->score + s->off[g];
+            const float *sc = s->score + L->off[g];
             int m = 0;
             for (int i = 0; i < nb; i++)
                 if (lp_value(sc[i]) > -INFINITY) s->idx[m++] = i;
             int n = pol_top_k(s->idx, m, sc, k - 1);
-            if (env->trace) trace_pages(s, env, il, g, nb, n, s->score + s->off[g]);
+            if (env->trace) trace_pages(s, env, il, g, nb, n, s->score + L->off[g]);
             for (int i = 0; i < n; i++) pol_sel_add(sel, s->idx[i], NULL);
         } else if (k - 1 > 0) {
             for (int i = 0; i < s->n_best[g]; i++) pol_sel_add(sel, s->best[g * r.k + i], NULL);
