@@ -86,7 +86,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "chess_bench: the cache at %lld tokens: %s\n", (long long)ctx, kv ? "out of memory" : err);
             return 1;
         }
-        pol_env env = { kv, b, H * 4, H, D, global, L, NULL, 0, NULL, NULL, NULL };
+        static const float no_boundary[1] = { 0 };   /* token 0 ends no sentence: SentKV cuts at the ideal end */
+        pol_env env = { kv, b, H * 4, H, D, global, L, no_boundary, 1, NULL, NULL, NULL };
         pol_spec spec;
         if (pol_parse(&spec, policy, NULL, err, sizeof err) != 0) {
             fprintf(stderr, "chess_bench: %s\n", err);

@@ -56,24 +56,33 @@ static int fit_heads(void **ent, size_t elem, int64_t *cap, int64_t *off, uint64
     return 0;
 }
 
+/* Every page of layer il a head: fit_heads for the table's counts. */
+static int fit_pages(void **ent, size_t elem, int64_t *cap, int64_t *off, uint64_t *was, const kv_cache *kv, int il,
+                     int64_t *cnt, int64_t *first)
+{
+    int H = kv_n_head_kv(kv);
+    uint64_t shape = kv_layer_shape(kv, il);
+    for (int h = 0; h < H && h < PAGE_LIST_MAX_HEADS; h++) cnt[h] = kv_n_pages(kv, il, h);
+    if (fit_heads(ent, elem, cap, off, *was, shape, H, cnt, first)) {
+        *was = 0;
+        memset(off, 0, sizeof(int64_t) * (PAGE_LIST_MAX_HEADS + 1));
+        return -1;
+    }
+    *was = shape;
+    return 0;
+}
+
 int page_list_update(page_list *L, const kv_cache *kv, int il)
 {
     int H = kv_n_head_kv(kv), P = kv_page_size(kv), D = (int)kv_head_dim(kv);
-    uint64_t shape = kv_layer_shape(kv, il);
     int64_t cnt[PAGE_LIST_MAX_HEADS] = { 0 }, first[PAGE_LIST_MAX_HEADS];
-    for (int h = 0; h < H && h < PAGE_LIST_MAX_HEADS; h++) cnt[h] = kv_n_pages(kv, il, h);
     void *ent = L->refs;
-    int rc = fit_heads(&ent, sizeof *L->refs, &L->cap, L->off, L->shape, shape, H, cnt, first);
+    int rc = fit_pages(&ent, sizeof *L->refs, &L->cap, L->off, &L->shape, kv, il, cnt, first);
     L->refs = ent;
-    if (rc) {
-        L->shape = 0;
-        memset(L->off, 0, sizeof L->off);
-        return -1;
-    }
+    if (rc) return -1;
     for (int h = 0; h < H; h++)
         for (int64_t j = first[h]; j < cnt[h]; j++)
             page_list_ref(&L->refs[L->off[h] + j], kv_layer_page(kv, il, h, (int)j), NULL, D, P);
-    L->shape = shape;
     return 0;
 }
 
@@ -108,5 +117,27 @@ int page_sums_update(page_sums *L, const kv_cache *kv, int il, const int64_t *co
 void page_sums_free(page_sums *L)
 {
     free(L->sums);
+    memset(L, 0, sizeof *L);
+}
+
+int page_spans_update(page_spans *L, const kv_cache *kv, int il)
+{
+    int H = kv_n_head_kv(kv);
+    int64_t cnt[PAGE_LIST_MAX_HEADS] = { 0 }, first[PAGE_LIST_MAX_HEADS];
+    void *ent = L->spans;
+    int rc = fit_pages(&ent, sizeof *L->spans, &L->cap, L->off, &L->shape, kv, il, cnt, first);
+    L->spans = ent;
+    if (rc) return -1;
+    for (int h = 0; h < H; h++)
+        for (int64_t j = first[h]; j < cnt[h]; j++) {
+            const kv_page *p = kv_layer_page(kv, il, h, (int)j);
+            L->spans[L->off[h] + j] = p->n ? (page_span){ p->pos[0], p->pos[p->n - 1], p->n } : (page_span){ 0, -1, 0 };
+        }
+    return 0;
+}
+
+void page_spans_free(page_spans *L)
+{
+    free(L->spans);
     memset(L, 0, sizeof *L);
 }

@@ -1,13 +1,15 @@
 /* page_list.h - a layer's lists of its pages as the backend's ops read them, kept from call to call:
  * page_list, every page's descriptor (be_kv_page) for attention and key_means; page_sums, the key
- * summaries (be_summary) of each head's first pages for a bounds call.
+ * summaries (be_summary) of each head's first pages for a bounds call; page_spans, every page's
+ * first and last position, for a policy that maps positions to pages.
  *
  * While the cache's layer shape (kv_layer_shape) stays the same, only each head's last page and the
  * pages after it are new, so an update rewrites a few entries a head instead of every page: the
  * host's work a decode step does not grow with the context, nor does it touch every page (at 8K
  * tokens on the 7B shape, 2,000 pages a layer whose headers are each a cache and TLB miss). The
  * forward pass keeps a page_list a layer for attention, CHESS one a global layer for its summaries,
- * and Quest a page_sums a global layer for its bounds. */
+ * Quest a page_sums a global layer for its bounds, and SentKV a page_spans a global layer for its
+ * token masks. */
 #ifndef KVCHAT_PAGE_LIST_H
 #define KVCHAT_PAGE_LIST_H
 
@@ -46,5 +48,22 @@ typedef struct page_sums {
  * 0, or -1 when out of memory (or more than PAGE_LIST_MAX_HEADS heads), L then empty. */
 int page_sums_update(page_sums *L, const kv_cache *kv, int il, const int64_t *count);
 void page_sums_free(page_sums *L);
+
+/* Where a page's tokens are: the positions of its first and last (first > last: empty) and their
+ * count. The positions are consecutive when last - first + 1 == n. */
+typedef struct page_span {
+    int32_t first, last, n;
+} page_span;
+
+typedef struct page_spans {
+    page_span *spans;
+    int64_t cap;
+    int64_t off[PAGE_LIST_MAX_HEADS + 1];   /* head h's pages: spans[off[h] .. off[h + 1]) */
+    uint64_t shape;   /* the layer shape at the last update; 0: nothing built */
+} page_spans;
+
+/* L brought up to date with every page of layer il of kv, as page_list_update. */
+int page_spans_update(page_spans *L, const kv_cache *kv, int il);
+void page_spans_free(page_spans *L);
 
 #endif

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "common/logit_pick.h"
 #include "kernels/backend.h"
 
 /* qsort has no context argument; the score array of the current call lives here. Policies run on
@@ -134,10 +135,34 @@ void pol_pool(const float *x, int64_t n, int kernel, int avg, float *out)
     }
 }
 
-int64_t pol_rank64(const float *score, int64_t n, int64_t *out)
+/* The heap's entry i moved down to its place among its children (the larger key above). */
+static void sift_down(uint64_t *h, int64_t n, int64_t i)
 {
-    for (int64_t i = 0; i < n; i++) out[i] = i;
-    cmp64_score = score;
-    qsort(out, (size_t)n, sizeof *out, by_score_desc64);
-    return n;
+    uint64_t x = h[i];
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && h[c + 1] > h[c]) c++;
+        if (h[c] <= x) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = x;
+}
+
+void pol_rank_begin(pol_ranking *r, const float *score, int64_t n, uint64_t *heap)
+{
+    for (int64_t i = 0; i < n; i++) heap[i] = lp_key(lp_value(score[i]), (int32_t)i);
+    for (int64_t i = n / 2 - 1; i >= 0; i--) sift_down(heap, n, i);
+    r->heap = heap;
+    r->n = n;
+}
+
+int64_t pol_rank_next(pol_ranking *r)
+{
+    if (r->n == 0) return -1;
+    uint64_t top = r->heap[0];
+    r->heap[0] = r->heap[--r->n];
+    if (r->n > 0) sift_down(r->heap, r->n, 0);
+    return lp_key_id(top);
 }

@@ -21,8 +21,16 @@ int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t
 int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos);
 /* out[j] = max (or mean, when avg) of x over [j - kernel/2, j + kernel/2] clipped to [0, n). */
 void pol_pool(const float *x, int64_t n, int kernel, int avg, float *out);
-/* All indices of score[0..n) ranked by score, highest first (ties: lower index), into out. */
-int64_t pol_rank64(const float *score, int64_t n, int64_t *out);
+/* The indices of score[0..n) one at a time, highest score first (ties: lower index first; NaN as
+ * -inf: the pick's order, common/logit_pick.h), without sorting them all: a heap of n keys built in
+ * O(n), then O(log n) an index, for a caller that stops after the first few. */
+typedef struct pol_ranking {
+    uint64_t *heap;   /* [n] the caller's */
+    int64_t n;
+} pol_ranking;
+void pol_rank_begin(pol_ranking *r, const float *score, int64_t n, uint64_t *heap);
+/* The next index, or -1 when every one has been given. */
+int64_t pol_rank_next(pol_ranking *r);
 /* Indices of the k largest values of score[0..n) (ties: lower index), ascending, into out. */
 int64_t pol_top_k64(const float *score, int64_t n, int64_t k, int64_t *out);
 

@@ -17,8 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/policy/pol_util.h"
 #include "common/quant.h"
+#include "engine/page_list.h"
+#include "engine/policy/pol_util.h"
 #include "engine/policy/sentkv.h"
 #include "engine/policy/trace.h"
 
@@ -59,6 +60,16 @@ int64_t sentkv_split(const float *weight, const int32_t *tok, int64_t n, int64_t
     return k;
 }
 
+/* A global layer's summaries of every segment a head, [n_head_kv][n] (head g's at g * n), for a
+ * bounds call: kept while the segments, their storage and SentKV's shape are those it was written
+ * from, so a step writes them only when a segment has finished (every len tokens or so). */
+typedef struct seg_sums {
+    be_summary *sum;
+    int64_t n, cap;
+    const float *mm;
+    uint64_t shape;
+} seg_sums;
+
 typedef struct st_sent {
     int len, delta, sinks;
     double budget;
@@ -67,6 +78,7 @@ typedef struct st_sent {
     int64_t *seg_end;        /* finished segments: [seg_start, seg_end) with seg_start = previous end */
     int64_t n_seg, cap_seg;
     float *mm;               /* per segment: [n_global][n_head_kv][2][D] min then max */
+    int64_t cap_mm;          /* segments mm has room for */
     int64_t n_summ;          /* segments summarized */
     int64_t cur;
     /* per global layer x KV head: last step's selection bitmap over positions (reuse rate) */
@@ -77,8 +89,11 @@ typedef struct st_sent {
     uint64_t *masks;
     size_t mask_cap;
     float *score;            /* [n_head_kv][n_summ]: each head's segment bounds */
-    int64_t *idx;
-    be_summary *sum;         /* [n_head_kv][n_summ]: each head's segment summaries, for the backend */
+    uint64_t *heap;          /* [n_summ]: a head's ranking (pol_ranking) */
+    page_spans *spans;       /* [n_global] where each global layer's pages are, kept from step to step */
+    int64_t min_len, min_len_of;   /* the shortest of the first min_len_of segments, under shape min_len_shape */
+    uint64_t min_len_shape;
+    seg_sums *lists;         /* [n_global] each global layer's segment summaries, for the backend */
     int64_t *off;            /* [n_head_kv + 1] */
     int64_t score_cap;
     uint64_t *sgen;          /* per summarized segment: its summaries' generation (be_summary.gen) */
@@ -86,7 +101,7 @@ typedef struct st_sent {
     uint64_t shape;          /* new whenever segments are forgotten (be_bounds.shape) */
     double reused, gathered;
     int64_t tokens_last;
-    int n_slots;
+    int n_slots, n_spans;
     int64_t summ_per;        /* floats of one segment's summaries: [n_global][n_head_kv][2][D] */
 } st_sent;
 
@@ -131,10 +146,13 @@ static void se_destroy(void *st)
     free(s->now);
     free(s->masks);
     free(s->score);
-    free(s->sum);
+    for (int i = 0; s->lists && i < s->n_spans; i++) free(s->lists[i].sum);
+    free(s->lists);
     free(s->off);
     free(s->sgen);
-    free(s->idx);
+    free(s->heap);
+    for (int i = 0; s->spans && i < s->n_spans; i++) page_spans_free(&s->spans[i]);
+    free(s->spans);
     free(s);
 }
 
@@ -155,9 +173,11 @@ static int se_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t
 static void take_tokens(st_sent *s, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0)
 {
     if (p0 < s->n_tok) {
-        /* rewound: forget the segments that reach past p0 */
+        /* rewound: forget the segments whose boundary search read tokens at p0 or later (a segment
+         * from s was cut after looking at the tokens before s + len + delta), so that the cuts are
+         * those the tokens now there give */
         s->n_tok = p0;
-        while (s->n_seg > 0 && s->seg_end[s->n_seg - 1] > p0) s->n_seg--;
+        while (s->n_seg > 0 && (s->n_seg > 1 ? s->seg_end[s->n_seg - 2] : 0) + s->len + s->delta > p0) s->n_seg--;
         if (s->n_summ > s->n_seg) {
             s->n_summ = s->n_seg;
             s->shape = kv_next_gen();   /* summaries past here will be written again */
@@ -205,9 +225,13 @@ static int summarize(st_sent *s, const pol_env *env)
 {
     int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
     if (s->n_summ >= s->n_seg) return 0;
-    float *nm = realloc(s->mm, sizeof(float) * (size_t)(s->n_seg * per));
-    if (!nm) return -1;
-    s->mm = nm;
+    if (s->n_seg > s->cap_mm) {   /* room for more: the summaries' addresses, which the bounds lists hold, move seldom */
+        int64_t nc = s->n_seg * 2 > 64 ? s->n_seg * 2 : 64;
+        float *nm = realloc(s->mm, sizeof(float) * (size_t)(nc * per));
+        if (!nm) return -1;
+        s->mm = nm;
+        s->cap_mm = nc;
+    }
     if (stamp(s, s->n_summ, s->n_seg)) return -1;
     for (int64_t sg = s->n_summ; sg < s->n_seg; sg++) {
         float *o = s->mm + sg * per;
@@ -287,6 +311,62 @@ static void trace_segments(const st_sent *s, const pol_env *env, int il, int g)
     free(kept);
 }
 
+/* Bits [a, b) of bitmap bm set. */
+static void set_bits(uint64_t *bm, int64_t a, int64_t b)
+{
+    while (a < b && (a & 63)) {
+        bm[a >> 6] |= 1ull << (a & 63);
+        a++;
+    }
+    for (; a + 64 <= b; a += 64) bm[a >> 6] = ~0ull;
+    for (; a < b; a++) bm[a >> 6] |= 1ull << (a & 63);
+}
+
+/* Bits [a, a + n) of bitmap bm (words long) into out's pw words, bit t of out being bit a + t of bm;
+ * the bits past n are 0. */
+static void bits_at(const uint64_t *bm, int64_t words, int64_t a, int32_t n, uint64_t *out, size_t pw)
+{
+    for (size_t w = 0; w < pw; w++) {
+        int64_t rem = (int64_t)n - 64 * (int64_t)w, b = a + 64 * (int64_t)w, wi = b >> 6;
+        int sh = (int)(b & 63);
+        uint64_t x = 0;
+        if (rem > 0) {
+            x = bm[wi] >> sh;
+            if (sh && wi + 1 < words) x |= bm[wi + 1] << (64 - sh);
+            if (rem < 64) x &= (1ull << rem) - 1;
+        }
+        out[w] = x;
+    }
+}
+
+/* The first set bit of bitmap bm (words long) at or after a, or -1. */
+static int64_t next_bit(const uint64_t *bm, int64_t words, int64_t a)
+{
+    int64_t w = a >> 6;
+    if (w >= words) return -1;
+    uint64_t x = bm[w] & (~0ull << (a & 63));
+    while (!x) {
+        if (++w >= words) return -1;
+        x = bm[w];
+    }
+    return (w << 6) + __builtin_ctzll(x);
+}
+
+/* The shortest summarized segment (no segment shorter can be left for the room a choice leaves). */
+static int64_t shortest_segment(st_sent *s)
+{
+    if (s->min_len_of != s->n_summ || s->min_len_shape != s->shape) {
+        s->min_len = INT64_MAX;
+        for (int64_t sg = 0; sg < s->n_summ; sg++) {
+            int64_t l = s->seg_end[sg] - (sg ? s->seg_end[sg - 1] : 0);
+            if (l < s->min_len) s->min_len = l;
+        }
+        s->min_len_of = s->n_summ;
+        s->min_len_shape = s->shape;
+    }
+    return s->min_len;
+}
+
 static int se_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
 {
     st_sent *s = st;
@@ -297,6 +377,19 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     for (int i = 0; i < env->n_global; i++)
         if (env->global[i] == il) gl = i;
     if (gl < 0) return 0;
+    if (!s->spans) {
+        s->spans = calloc((size_t)env->n_global, sizeof *s->spans);
+        s->lists = calloc((size_t)env->n_global, sizeof *s->lists);
+        if (!s->spans || !s->lists) {
+            free(s->spans);
+            free(s->lists);
+            s->spans = NULL, s->lists = NULL;
+            return 0;
+        }
+        s->n_spans = env->n_global;
+    }
+    const page_spans *sp = &s->spans[gl];
+    if (page_spans_update(&s->spans[gl], env->kv, il)) return 0;
     int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
     int G = env->n_head / env->n_head_kv;
     int64_t tail = s->seg_end[s->n_summ - 1];   /* tokens from here on are always attended */
@@ -305,11 +398,9 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     if (s->score_cap < n_all) {
         float *ns = realloc(s->score, sizeof(float) * (size_t)n_all);
         if (ns) s->score = ns;
-        int64_t *ni = realloc(s->idx, sizeof(int64_t) * (size_t)s->n_summ);
-        if (ni) s->idx = ni;
-        be_summary *nsum = realloc(s->sum, sizeof *nsum * (size_t)n_all);
-        if (nsum) s->sum = nsum;
-        if (!ns || !ni || !nsum) return 0;
+        uint64_t *nh = realloc(s->heap, sizeof(uint64_t) * (size_t)s->n_summ);
+        if (nh) s->heap = nh;
+        if (!ns || !nh) return 0;
         s->score_cap = n_all;
     }
     if (s->now_words < words) {
@@ -328,34 +419,43 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         s->mask_cap = need * 2;
     }
     /* every head's segment bounds against its queries, in one call */
-    for (int g = 0; g < env->n_head_kv; g++) {
-        s->off[g] = g * s->n_summ;
-        for (int64_t sg = 0; sg < s->n_summ; sg++) {
-            const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
-            s->sum[s->off[g] + sg] = (be_summary){ mm, mm + D, s->sgen[sg], 0 };
+    seg_sums *L = &s->lists[gl];
+    if (L->n != s->n_summ || L->mm != s->mm || L->shape != s->shape) {
+        if (n_all > L->cap) {
+            be_summary *nsum = realloc(L->sum, sizeof *nsum * (size_t)(n_all * 2));
+            if (!nsum) return 0;
+            L->sum = nsum;
+            L->cap = n_all * 2;
         }
+        for (int g = 0; g < env->n_head_kv; g++)
+            for (int64_t sg = 0; sg < s->n_summ; sg++) {
+                const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
+                L->sum[g * s->n_summ + sg] = (be_summary){ mm, mm + D, s->sgen[sg], 0 };
+            }
+        L->n = s->n_summ;
+        L->mm = s->mm;
+        L->shape = s->shape;
     }
-    s->off[env->n_head_kv] = n_all;
-    be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = s->sum, .off = s->off,
+    for (int g = 0; g <= env->n_head_kv; g++) s->off[g] = g * s->n_summ;
+    be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = L->sum, .off = s->off,
                     .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1), .shape = s->shape, .u = s->score };
     env->b->ops->bound_pages(env->b, &r);
-    uint64_t *m = s->masks;
-    int64_t total_tokens = 0;
+    int64_t total_tokens = 0, shortest = shortest_segment(s);
     for (int g = 0; g < env->n_head_kv; g++) {
-        const float *score = s->score + s->off[g];
         int64_t fixed = (len - tail) + (s->sinks < tail ? s->sinks : tail);
         int64_t room = budget - fixed;
-        /* best segments first, as many as fit */
-        int64_t n_rank = pol_rank64(score, s->n_summ, s->idx);
         memset(s->now, 0, sizeof(uint64_t) * (size_t)words);
-        for (int64_t p = 0; p < len; p++)
-            if (p < s->sinks || p >= tail) s->now[p >> 6] |= 1ull << (p & 63);
+        set_bits(s->now, 0, s->sinks < len ? s->sinks : len);
+        set_bits(s->now, tail, len);
+        /* best segments first, each whole or not at all, as many as fit: once the room left is
+         * below the shortest segment nothing more can, so the ranking stops there */
+        pol_ranking rk;
+        pol_rank_begin(&rk, s->score + s->off[g], s->n_summ, s->heap);
         int64_t used = 0;
-        for (int64_t i = 0; i < n_rank && used < room; i++) {
-            int64_t sg = s->idx[i];
+        for (int64_t sg; used < room && room - used >= shortest && (sg = pol_rank_next(&rk)) >= 0;) {
             int64_t a = sg ? s->seg_end[sg - 1] : 0, b = s->seg_end[sg];
-            if (used + (b - a) > room) continue;   /* a segment is taken whole or not at all */
-            for (int64_t p = a; p < b; p++) s->now[p >> 6] |= 1ull << (p & 63);
+            if (used + (b - a) > room) continue;
+            set_bits(s->now, a, b);
             used += b - a;
         }
         if (env->trace) trace_segments(s, env, il, g);
@@ -381,21 +481,38 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
             memcpy(s->prev[slot], s->now, sizeof(uint64_t) * (size_t)words);
             memset(s->prev[slot] + words, 0, sizeof(uint64_t) * (size_t)(s->prev_words[slot] - words));
         }
-        /* token masks for this head's pages */
+        /* token masks for the pages that hold chosen tokens, found from the pages' spans (the pages
+         * themselves untouched: at 32K a head's 1,024 pages are as many cache misses) by walking
+         * the chosen positions: the pages before the next chosen one are passed over. A page of
+         * consecutive positions takes its bits a word at a time, any other (after an eviction)
+         * token by token. */
         pol_sel_head(sel, g);
-        int np = kv_n_pages(env->kv, il, g);
-        for (int i = 0; i < np; i++, m += pw) {
-            const kv_page *p = kv_layer_page(env->kv, il, g, i);
-            memset(m, 0, pw * sizeof *m);
+        const page_span *span = sp->spans + sp->off[g];
+        int np = (int)(sp->off[g + 1] - sp->off[g]);
+        int64_t a = 0;
+        for (int i = 0; i < np; i++) {
+            if ((a = next_bit(s->now, words, a)) < 0) break;
+            while (i < np && (span[i].n == 0 || span[i].last < a)) i++;
+            if (i == np) break;
+            page_span at = span[i];
+            uint64_t *m = s->masks + (size_t)(sp->off[g] + i) * pw;
             int32_t on = 0;
-            for (int32_t t = 0; t < p->n; t++) {
-                int64_t ps = p->pos[t];
-                if (ps < len && ((s->now[ps >> 6] >> (ps & 63)) & 1)) {
-                    m[t >> 6] |= 1ull << (t & 63);
-                    on++;
+            if ((int64_t)at.last - at.first == at.n - 1 && at.last < len) {
+                bits_at(s->now, words, at.first, at.n, m, pw);
+                for (size_t w = 0; w < pw; w++) on += __builtin_popcountll(m[w]);
+            } else {
+                const kv_page *p = kv_layer_page(env->kv, il, g, i);
+                memset(m, 0, pw * sizeof *m);
+                for (int32_t t = 0; t < p->n; t++) {
+                    int64_t ps = p->pos[t];
+                    if (ps < len && ((s->now[ps >> 6] >> (ps & 63)) & 1)) {
+                        m[t >> 6] |= 1ull << (t & 63);
+                        on++;
+                    }
                 }
             }
-            if (on) pol_sel_add(sel, i, on == p->n ? NULL : m);
+            if (on) pol_sel_add(sel, i, on == at.n ? NULL : m);
+            a = (int64_t)at.last + 1;
         }
     }
     if (env->n_head_kv > 1) sel->per_head = 1;
@@ -481,6 +598,7 @@ static int se_load(void *st, const pol_env *env, bytes_r *r)
     s->cur = cur;
     free(s->mm);
     s->mm = nmm;
+    s->cap_mm = n_summ;
     s->n_summ = n_summ;
     return 0;
 }
