@@ -106,7 +106,8 @@ help:
 	@echo "make bench      kvchat bench on the default model, appended to bench/results.csv"
 	@echo "make bench-tables  the host's share of a CUDA attention call, timed without a GPU (bench/page_tables_bench.c)"
 	@echo "make bench-pick    the host's share of choosing a token, with and without the backend's pick (bench/pick_bench.c)"
-	@echo "make bench-chess   the host's share of CHESS's reconstruction a decode step, 7B shape (bench/chess_bench.c)"
+	@echo "make bench-chess   the host's share of CHESS's reconstruction a decode step, 7B shape (bench/chess_bench.c;"
+	@echo "                   build/bench/chess_bench THREADS MAX_CTX POLICY for another selection, e.g. quest:budget=1024)"
 	@echo "make bench-bounds  the host's share of Quest's page selection, before and after the bounds op (bench/bounds_bench.c)"
 	@echo "make clean      remove build outputs"
 
