@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "common/quant.h"
 #include "engine/page_list.h"
@@ -249,19 +248,6 @@ static void trace_level(const st_chess *s, const pol_env *env, const char *what,
     free(last);
 }
 
-/* Ask for huge pages under a large buffer about to be filled: at the 7B shape the summaries of 32K
- * tokens take 200 MiB, and faulting them in 4 KiB at a time cost more than computing them. */
-static void huge_pages(void *p, size_t bytes)
-{
-#ifdef MADV_HUGEPAGE
-    uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)p + bytes) & ~(uintptr_t)4095;
-    if (bytes >= (4u << 20) && e > a) madvise((void *)a, e - a, MADV_HUGEPAGE);   /* advice: failure is harmless */
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-
 /* m grown to hold rows rows of width floats and bound again: 1 when it grew (its content is gone:
  * the rows are computed again, where a device backend held the only current copy), 0 when it had
  * room, -1 when out of host memory. A bind that fails leaves it unbound: the ops read the host
@@ -280,7 +266,7 @@ static int bm_reserve(st_chess *s, bound_mat *m, int rows, size_t width, int mos
     m->cap = 0;
     m->p = malloc(sizeof(float) * (size_t)cap * width);
     if (!m->p) return -1;
-    huge_pages(m->p, sizeof(float) * (size_t)cap * width);
+    pol_huge_pages(m->p, sizeof(float) * (size_t)cap * width);
     m->cap = cap;
     char err[256];
     /* blank: its rows are the ops' (key_means, scores) but for an anchor=0 anchor, written whole */

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "common/logit_pick.h"
 #include "kernels/backend.h"
@@ -165,4 +166,15 @@ int64_t pol_rank_next(pol_ranking *r)
     r->heap[0] = r->heap[--r->n];
     if (r->n > 0) sift_down(r->heap, r->n, 0);
     return lp_key_id(top);
+}
+
+void pol_huge_pages(void *p, size_t bytes)
+{
+#ifdef MADV_HUGEPAGE
+    uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)p + bytes) & ~(uintptr_t)4095;
+    if (bytes >= (4u << 20) && e > a) madvise((void *)a, e - a, MADV_HUGEPAGE);   /* advice: failure is harmless */
+#else
+    (void)p;
+    (void)bytes;
+#endif
 }

@@ -2,6 +2,7 @@
 #ifndef KVCHAT_POL_UTIL_H
 #define KVCHAT_POL_UTIL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine/policy/policy.h"
@@ -21,6 +22,11 @@ int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t
 int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos);
 /* out[j] = max (or mean, when avg) of x over [j - kernel/2, j + kernel/2] clipped to [0, n). */
 void pol_pool(const float *x, int64_t n, int kernel, int avg, float *out);
+/* Ask for huge pages under a large buffer about to be filled (bytes from 4 MiB): at the 7B shape a
+ * policy's summaries of 32K tokens take hundreds of MiB, and faulting them in 4 KiB at a time can
+ * cost more than computing them. Advice: nothing happens where the system has none. */
+void pol_huge_pages(void *p, size_t bytes);
+
 /* The indices of score[0..n) one at a time, highest score first (ties: lower index first; NaN as
  * -inf: the pick's order, common/logit_pick.h), without sorting them all: a heap of n keys built in
  * O(n), then O(log n) an index, for a caller that stops after the first few. */

@@ -17,11 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/quant.h"
 #include "engine/page_list.h"
 #include "engine/policy/pol_util.h"
 #include "engine/policy/sentkv.h"
 #include "engine/policy/trace.h"
+#include "kernels/backend.h"
 
 enum { P_LEN, P_DELTA, P_BUDGET, P_SINKS, P_COUNT };
 
@@ -79,6 +79,8 @@ typedef struct st_sent {
     int64_t n_seg, cap_seg;
     float *mm;               /* per segment: [n_global][n_head_kv][2][D] min then max */
     int64_t cap_mm;          /* segments mm has room for */
+    float *scratch;          /* [head_dim] */
+    int64_t cap_scratch;
     int64_t n_summ;          /* segments summarized */
     int64_t cur;
     /* per global layer x KV head: last step's selection bitmap over positions (reuse rate) */
@@ -140,6 +142,7 @@ static void se_destroy(void *st)
     free(s->tok);
     free(s->seg_end);
     free(s->mm);
+    free(s->scratch);
     for (int i = 0; s->prev && i < s->n_slots; i++) free(s->prev[i]);
     free(s->prev);
     free(s->prev_words);
@@ -229,6 +232,7 @@ static int summarize(st_sent *s, const pol_env *env)
         int64_t nc = s->n_seg * 2 > 64 ? s->n_seg * 2 : 64;
         float *nm = realloc(s->mm, sizeof(float) * (size_t)(nc * per));
         if (!nm) return -1;
+        pol_huge_pages(nm, sizeof(float) * (size_t)(nc * per));   /* 600 MiB at 32K on the 7B shape */
         s->mm = nm;
         s->cap_mm = nc;
     }
@@ -242,26 +246,36 @@ static int summarize(st_sent *s, const pol_env *env)
             }
     }
     int64_t first = s->n_summ ? s->seg_end[s->n_summ - 1] : 0, last = s->seg_end[s->n_seg - 1];
+    if (D > s->cap_scratch) {
+        float *ns = realloc(s->scratch, sizeof(float) * (size_t)D);
+        if (!ns) return -1;
+        s->scratch = ns;
+        s->cap_scratch = D;
+    }
     for (int gl = 0; gl < env->n_global; gl++) {
         int il = env->global[gl];
         for (int g = 0; g < env->n_head_kv; g++) {
             int64_t off = ((int64_t)gl * env->n_head_kv + g) * 2 * D, sg = s->n_summ;
-            int np = kv_n_pages(env->kv, il, g);
-            for (int i = 0; i < np; i++) {
+            int np = kv_n_pages(env->kv, il, g), i0 = np;
+            /* the new segments are at the end: the pages from the last one holding a token before
+             * them on (a decode step reads two or three pages a head, not the head's every page) */
+            while (i0 > 0) {
+                const kv_page *p = kv_layer_page(env->kv, il, g, i0 - 1);
+                if (p->n > 0 && p->pos[p->n - 1] < first) break;
+                i0--;
+            }
+            for (int i = i0; i < np; i++) {
                 const kv_page *p = kv_layer_page(env->kv, il, g, i);
-                if (p->n == 0 || p->pos[p->n - 1] < first || p->pos[0] >= last) continue;
+                if (p->n == 0 || p->pos[0] >= last) continue;
                 for (int32_t t = 0; t < p->n; t++) {
                     int64_t ps = p->pos[t];
                     if (ps < first || ps >= last) continue;
                     while (sg < s->n_seg && ps >= s->seg_end[sg]) sg++;
                     if (sg >= s->n_seg) break;
                     float *o = s->mm + sg * per + off;
-                    const uint16_t *k = p->k + (size_t)t * (size_t)D;
-                    for (int64_t d = 0; d < D; d++) {
-                        float x = quant_fp16_to_f32(k[d]);
-                        if (x < o[d]) o[d] = x;
-                        if (x > o[D + d]) o[D + d] = x;
-                    }
+                    /* the cache's fold of a key row into a page's summary: its sum (into scratch,
+                     * unused) and its bounds, NaN changing neither */
+                    be_host_key_summary(D, p->k + (size_t)t * (size_t)D, s->scratch, o, o + D);
                 }
             }
         }
