@@ -221,6 +221,26 @@ typedef struct be_key_means {
     float *anchor;               /* [dim] (n_last > 0) */
 } be_key_means;
 
+/* The attention mass the eviction policies score cached tokens by (SnapKV's votes, H2O's heavy
+ * hitters, TAKE's and LASER-KV's probes; engine/policy/pol_util.h pol_attn_mass): over one KV head's
+ * pages, for each query row t in order and each of the head's group of query heads in order, the
+ * softmax weights of the tokens at positions <= q_pos0 + t, added into acc[j] (j: the token's index
+ * counted across the pages). The floats of a plain loop: s_j = be_host_dot_f32_f16(q, k_j) (plus the
+ * page's bias), the row's largest s, e_j = expf(s_j - largest) (0 for a token the row does not
+ * see), l the sum of e_j in double in j order, then acc[j] += e_j * (float)(1 / l) row after row;
+ * a row that sees no token adds nothing. Every backend gives those floats. work is the caller's,
+ * work_len floats, at least the pages' token count (more lets rows run side by side). */
+typedef struct be_mass {
+    const float *q;          /* row t's query head h at q + t * q_stride + h * head_dim, already scaled */
+    int64_t n_q, q_stride, q_pos0;
+    int first_head, group, head_dim;   /* the KV head's query heads: first_head .. first_head + group */
+    const be_kv_page *pages;   /* the KV head's pages (rows at k + i * stride; head_step unused) */
+    int64_t n_pages;
+    float *acc;                /* [the pages' tokens] */
+    float *work;
+    int64_t work_len;
+} be_mass;
+
 typedef struct be_backend be_backend;
 
 typedef struct be_ops {
@@ -284,6 +304,9 @@ typedef struct be_ops {
      * compute, as CHESS's): nothing is sent at its first use, and a device backend need not
      * page-lock its host copy. NULL: bind. */
     int (*bind_blank)(be_backend *b, void *host, size_t bytes, char *err, size_t errlen);
+    /* The eviction policies' attention mass (be_mass above), read from host pages; the answer is on
+     * the host when this returns. */
+    void (*attn_mass)(be_backend *b, const be_mass *m);
 } be_ops;
 
 struct be_backend {

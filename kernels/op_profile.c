@@ -8,13 +8,13 @@
 enum {
     R_MATMUL_1, R_MATMUL_N, R_RMSNORM, R_QK_ROPE, R_GLU, R_GET_ROWS, R_ATTENTION_1, R_ATTENTION_N, R_SCORES,
     R_BOUND_PAGES, R_ADD_NORM, R_PREPARE, R_BIND, R_UNBIND, R_HOST_READ, R_HOST_WRITE, R_PICK,
-    R_HOST_PREFETCH, R_KEY_MEANS, R_WARM_UP, R_N
+    R_HOST_PREFETCH, R_KEY_MEANS, R_ATTN_MASS, R_WARM_UP, R_N
 };
 
 static const char *const row_name[R_N] = {
     "matmul 1 token", "matmul tokens", "rmsnorm", "qk_rope", "glu", "get_rows", "attention 1 query",
     "attention queries", "scores", "bound_pages", "add_norm", "prepare", "bind", "unbind", "host_read",
-    "host_write", "pick", "host_prefetch", "key_means", "warm-up",
+    "host_write", "pick", "host_prefetch", "key_means", "attn_mass", "warm-up",
 };
 
 typedef struct prof_row {
@@ -192,6 +192,7 @@ static void t_host_prefetch(be_backend *b, const be_range *r, int n)
 }
 
 static void t_key_means(be_backend *b, const be_key_means *m) { TIMED(R_KEY_MEANS, in_->ops->key_means(in_, m)); }
+static void t_attn_mass(be_backend *b, const be_mass *m) { TIMED(R_ATTN_MASS, in_->ops->attn_mass(in_, m)); }
 
 static void t_finish(be_backend *b)
 {
@@ -242,6 +243,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     TWIN(finish);
     TWIN(key_means);
     TWIN(bind_blank);
+    TWIN(attn_mass);
     p->outer.ops = &p->ops;
     p->outer.n_threads = in->n_threads;
     p->outer.impl = p;

@@ -259,6 +259,7 @@ static void c_add_norm(be_backend *b, float *x, float *o, const float *post, con
     ck.cpu->ops->add_norm(ck.cpu, x, o, post, w, h, rows, dim, eps);
 }
 static void c_key_means(be_backend *b, const be_key_means *m) { ck.cpu->ops->key_means(ck.cpu, m); }
+static void c_attn_mass(be_backend *b, const be_mass *m) { ck.cpu->ops->attn_mass(ck.cpu, m); }
 static void c_destroy(be_backend *b) { free(b); }
 /* Residency with nothing to keep: the forward pass then defers a decode step's rows. */
 static int c_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen) { return 0; }
@@ -267,6 +268,7 @@ static void c_unbind(be_backend *b, void *host) {}
 static const be_ops check_ops = {
     "check", c_matmul, c_rmsnorm, c_qk_rope, c_glu, c_get_rows, c_attention, c_scores, c_bound_pages, NULL, NULL,
     c_destroy, c_add_norm, c_bind, c_unbind, NULL, NULL, NULL, NULL, NULL, NULL, NULL, c_key_means, NULL,
+    c_attn_mass,
 };
 
 /* Prefill in chunks of 40, 40 greedy steps (pages of 16: the steps cross page boundaries), a

@@ -237,6 +237,16 @@ static void s_key_means(be_backend *b, const be_key_means *m)
     sh(b)->cpu->ops->key_means(sh(b)->cpu, &c);
 }
 
+/* The attention mass on the host, its queries read back first, as the CUDA backend computes it. */
+static void s_attn_mass(be_backend *b, const be_mass *m)
+{
+    if (sh(b)->failed || m->n_q <= 0) return;
+    am_range r = { m->q, sizeof(float) * (size_t)((m->n_q - 1) * m->q_stride +
+                                                  (int64_t)(m->first_head + m->group) * m->head_dim) };
+    am_host_read(&sh(b)->t, &r, 1);
+    sh(b)->cpu->ops->attn_mass(sh(b)->cpu, m);
+}
+
 static void s_add_norm(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
                        int64_t dim, float eps)
 {
@@ -381,6 +391,7 @@ static const be_ops shadow_ops = {
     .host_prefetch = s_host_prefetch,
     .key_means = s_key_means,
     .bind_blank = s_bind_blank,
+    .attn_mass = s_attn_mass,
 };
 
 static be_backend *shadow_create(void)

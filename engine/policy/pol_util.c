@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include "common/logit_pick.h"
+#include "engine/page_list.h"
 #include "kernels/backend.h"
 
 /* qsort has no context argument; the score array of the current call lives here. Policies run on
@@ -55,38 +56,24 @@ int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t
                       float *acc)
 {
     int64_t T = pol_head_positions(env, il, g, NULL);
-    int D = env->head_dim, G = env->n_head / env->n_head_kv;
-    float *s = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
-    if (!s) return -1;
-    int np = kv_n_pages(env->kv, il, g);
-    for (int64_t t = 0; t < n; t++) {
-        int64_t qp = qpos0 + t;
-        for (int hh = 0; hh < G; hh++) {
-            const float *qh = q + t * q_stride + (int64_t)(g * G + hh) * D;
-            float mx = -INFINITY;
-            int64_t j = 0;
-            for (int i = 0; i < np; i++) {
-                const kv_page *p = kv_layer_page(env->kv, il, g, i);
-                for (int32_t k = 0; k < p->n; k++, j++) {
-                    if (p->pos[k] > qp) {
-                        s[j] = -INFINITY;
-                        continue;
-                    }
-                    s[j] = be_host_dot_f32_f16(D, qh, p->k + (size_t)k * (size_t)D) + p->logdeg[k];
-                    if (s[j] > mx) mx = s[j];
-                }
-            }
-            if (mx == -INFINITY) continue;
-            double l = 0;
-            for (j = 0; j < T; j++) {
-                s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - mx);
-                l += s[j];
-            }
-            float inv = (float)(1.0 / l);
-            for (j = 0; j < T; j++) acc[j] += s[j] * inv;
-        }
+    int np = kv_n_pages(env->kv, il, g), G = env->n_head / env->n_head_kv;
+    be_kv_page *pages = malloc(sizeof *pages * (size_t)(np > 0 ? np : 1));
+    /* room for up to 64 query rows' weights side by side (the backend's threads take a row each),
+     * fewer where memory is short, one row's at least */
+    int64_t rows = n * G < 64 ? n * G : 64;
+    float *work = NULL;
+    while (T > 0 && rows >= 1 && !(work = malloc(sizeof(float) * (size_t)(rows * T)))) rows /= 2;
+    if (!pages || (T > 0 && n > 0 && !work)) {
+        free(pages);
+        free(work);
+        return -1;
     }
-    free(s);
+    for (int i = 0; i < np; i++)
+        page_list_ref(&pages[i], kv_layer_page(env->kv, il, g, i), NULL, env->head_dim, kv_page_size(env->kv));
+    be_mass m = { q, n, q_stride, qpos0, g * G, G, env->head_dim, pages, np, acc, work, rows * T };
+    if (T > 0 && n > 0) env->b->ops->attn_mass(env->b, &m);
+    free(pages);
+    free(work);
     return T;
 }
 

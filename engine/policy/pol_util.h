@@ -15,7 +15,9 @@ int pol_top_k(int *idx, int n, const float *score, int k);
  * counted across its pages) the softmax weight query row t gives token j, summed over the n query
  * rows and the G = n_head / n_head_kv query heads sharing the KV head. Row t (q + t * q_stride, all
  * query heads) sits at position qpos0 + t and sees the tokens at positions <= its own; merged tokens
- * get their log-degree bias. Returns the table's token count, or -1 when out of memory. */
+ * get their log-degree bias. Computed by the backend's attn_mass op (kernels/backend.h be_mass: the
+ * CPU's threads take query rows side by side, the floats those of a plain loop). Returns the
+ * table's token count, or -1 when out of memory. */
 int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
                       float *acc);
 /* Tokens in head g of layer il, and their positions in table order into pos (NULL: count only). */

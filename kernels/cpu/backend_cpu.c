@@ -914,6 +914,88 @@ static void cpu_key_means(be_backend *b, const be_key_means *m)
     tp_run(impl_of(b)->pool, means_task, &j, n);
 }
 
+/* The attention mass (be_mass): rows side by side, a block of at most 64 at a time, each row's
+ * weights into its slice of work, then added token range by token range in row order, so the
+ * floats are the plain loop's whatever the threads. */
+typedef struct mass_job {
+    const be_mass *m;
+    int64_t T, chunk, r0, n;   /* the block: rows r0 .. r0 + n (n <= 64) */
+    uint64_t empty;            /* bit i: row r0 + i sees no token */
+} mass_job;
+
+static void mass_row(void *ctx, int64_t i, int tid)
+{
+    (void)tid;
+    mass_job *j = ctx;
+    const be_mass *m = j->m;
+    int64_t r = j->r0 + i, t = r / m->group, D = m->head_dim, qp = m->q_pos0 + t;
+    const float *q = m->q + t * m->q_stride + (int64_t)(m->first_head + (int)(r % m->group)) * D;
+    float *s = m->work + i * j->T, mx = -INFINITY;
+    int64_t e = 0;
+    for (int64_t pi = 0; pi < m->n_pages; pi++) {
+        const be_kv_page *p = &m->pages[pi];
+        for (int32_t k = 0; k < p->n; k++, e++) {
+            if (p->pos[k] > qp) {
+                s[e] = -INFINITY;
+                continue;
+            }
+            s[e] = vd_dot_f32_f16(D, q, p->k + (size_t)k * (size_t)p->stride);
+            if (p->bias) s[e] += p->bias[k];
+            if (s[e] > mx) mx = s[e];
+        }
+    }
+    if (mx == -INFINITY) {
+        __atomic_fetch_or(&j->empty, 1ull << i, __ATOMIC_RELAXED);
+        return;
+    }
+    double l = 0;
+    for (e = 0; e < j->T; e++) {
+        s[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - mx);
+        l += s[e];
+    }
+    float inv = (float)(1.0 / l);
+    for (e = 0; e < j->T; e++) s[e] = s[e] * inv;
+}
+
+static void mass_add(void *ctx, int64_t c, int tid)
+{
+    (void)tid;
+    mass_job *j = ctx;
+    const be_mass *m = j->m;
+    int64_t a = c * j->chunk, b = a + j->chunk < j->T ? a + j->chunk : j->T;
+    for (int64_t i = 0; i < j->n; i++) {
+        if ((j->empty >> i) & 1) continue;
+        const float *w = m->work + i * j->T;
+        for (int64_t e = a; e < b; e++) m->acc[e] += w[e];
+    }
+}
+
+static void cpu_attn_mass(be_backend *b, const be_mass *m)
+{
+    int64_t T = 0;
+    for (int64_t i = 0; i < m->n_pages; i++) T += m->pages[i].n;
+    int64_t rows = m->n_q * m->group, per = T > 0 ? m->work_len / T : 0;
+    if (rows <= 0 || T <= 0) return;
+    if (per < 1 || m->head_dim <= 0) {
+        fprintf(stderr, "kvchat: internal error: attention mass with %lld floats of work for %lld tokens\n",
+                (long long)m->work_len, (long long)T);
+        abort();
+    }
+    if (per > 64) per = 64;
+    mass_job j = { m, T, 2048, 0, 0, 0 };
+    tp_pool *pool = impl_of(b)->pool;
+    for (j.r0 = 0; j.r0 < rows; j.r0 += per) {
+        int64_t n = rows - j.r0 < per ? rows - j.r0 : per;
+        j.n = n;
+        j.empty = 0;
+        if (n * T * m->head_dim < (1 << 16)) for (int64_t i = 0; i < n; i++) mass_row(&j, i, 0);
+        else tp_run(pool, mass_row, &j, n);
+        int64_t chunks = (T + j.chunk - 1) / j.chunk;
+        if (chunks == 1 || n * T < (1 << 16)) for (int64_t c = 0; c < chunks; c++) mass_add(&j, c, 0);
+        else tp_run(pool, mass_add, &j, chunks);
+    }
+}
+
 /* Rows not in the cache yet become one more page per KV head (f16, all heads side by side), after
  * that head's pages: the order and the values the cache would give them. */
 static void cpu_attention(be_backend *b, const be_attn *a)
@@ -1020,6 +1102,7 @@ static const be_ops cpu_ops = {
     .add_norm = cpu_add_norm,
     .pick = cpu_pick,
     .key_means = cpu_key_means,
+    .attn_mass = cpu_attn_mass,
 };
 
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)

@@ -1861,6 +1861,18 @@ static void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int
     ci->cpu->ops->glu(ci->cpu, gate, up, n, gelu);
 }
 
+/* The eviction policies' attention mass, from the host's pages on the CPU backend's threads (the
+ * cache's pages are the host's; a kernel over the device's copies is stage 5's next step). */
+static void cuda_attn_mass(be_backend *b, const be_mass *m)
+{
+    cuda_impl *ci = impl_of(b);
+    if (ci->failed || m->n_q <= 0) return;
+    am_range r = { m->q, sizeof(float) * (size_t)((m->n_q - 1) * m->q_stride +
+                                                  (int64_t)(m->first_head + m->group) * m->head_dim) };
+    am_host_read(&ci->act, &r, 1);
+    ci->cpu->ops->attn_mass(ci->cpu, m);
+}
+
 static void cuda_add_norm(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
                           int64_t dim, float eps)
 {
@@ -2294,7 +2306,7 @@ static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, cuda_bind, cuda_unbind,
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
-    cuda_key_means, cuda_bind_blank,
+    cuda_key_means, cuda_bind_blank, cuda_attn_mass,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -2302,7 +2314,7 @@ static const be_ops cuda_ops = {
 static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
-    cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means, NULL,
+    cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means, NULL, cuda_attn_mass,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
