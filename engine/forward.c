@@ -376,14 +376,14 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, in
     if (page_list_update(L, f->kv, il)) return -1;
     int64_t tokens = 0;
     for (int h = 0; h < Hkv; h++) tokens += kv_head_tokens(f->kv, il, h);
-    int64_t e = L->off[Hkv];
+    int64_t e = L->at.off[Hkv];
     if (stats && observe)
         for (int h = 0; h < Hkv; h++)
-            for (int64_t i = L->off[h]; i < L->off[h + 1]; i++) observe_page(f, L->refs[i].pos[0], h, first_global, P);
+            for (int64_t i = L->at.off[h]; i < L->at.off[h + 1]; i++) observe_page(f, L->refs[i].pos[0], h, first_global, P);
     a->pages = L->refs;
     a->n_pages = e;
-    a->head_pages = L->off;
-    a->shape = L->shape;
+    a->head_pages = L->at.off;
+    a->shape = L->at.shape;
     memset(f->last_listed, 1, sizeof f->last_listed);
     if (stats) list_stats(f, is_global, tokens, e, e);
     return 0;

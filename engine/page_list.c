@@ -19,70 +19,63 @@ void page_list_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int he
     r->ksum = p->ksum;
 }
 
-/* Room for cnt[h] entries of elem bytes a head in *ent (head h's at off[h] .. off[h + 1]). Where
- * the shape is the one the entries were written under and no head has fewer, they are kept (moved
- * up where a head before them grew) and first[h] is the first entry head h must write: its last
- * one, whose page may have taken rows since, and those after it. Else first[h] = 0. -1 when out of
- * memory or past PAGE_LIST_MAX_HEADS heads. */
-static int fit_heads(void **ent, size_t elem, int64_t *cap, int64_t *off, uint64_t was, uint64_t shape, int H,
-                     const int64_t *cnt, int64_t *first)
+/* Room in *ent for count[h] entries of elem bytes a head of layer il (NULL: every page), placed by
+ * at. Where the layer's shape is the one the entries were written under and no head has fewer,
+ * they are kept (moved up where a head before them grew) and first[h] is the first entry head h
+ * must write: its last one, whose page may have taken rows since, and those after it. Else
+ * first[h] = 0. -1 when out of memory or past PAGE_LIST_MAX_HEADS heads, the list then empty.
+ * cnt receives the counts. */
+static int fit_heads(void **ent, size_t elem, page_heads *at, const kv_cache *kv, int il, const int64_t *count,
+                     int64_t *cnt, int64_t *first)
 {
-    if (H > PAGE_LIST_MAX_HEADS) return -1;
+    int H = kv_n_head_kv(kv);
+    uint64_t shape = kv_layer_shape(kv, il);
+    if (H > PAGE_LIST_MAX_HEADS) goto fail;
     int64_t need = 0;
-    int keep = was == shape;
+    int keep = at->shape == shape;
     for (int h = 0; h < H; h++) {
+        cnt[h] = count ? count[h] : kv_n_pages(kv, il, h);
         need += cnt[h];
-        if (cnt[h] < off[h + 1] - off[h]) keep = 0;   /* cannot be while the shape holds */
+        if (cnt[h] < at->off[h + 1] - at->off[h]) keep = 0;   /* cannot be while the shape holds */
     }
-    if (need > *cap) {
+    if (need > at->cap) {
         int64_t nc = need * 2 > 64 ? need * 2 : 64;
         void *e = realloc(*ent, elem * (size_t)nc);   /* the entries stay */
-        if (!e) return -1;
+        if (!e) goto fail;
         *ent = e;
-        *cap = nc;
+        at->cap = nc;
     }
     int64_t no[PAGE_LIST_MAX_HEADS + 1];
     no[0] = 0;
     for (int h = 0; h < H; h++) no[h + 1] = no[h] + cnt[h];
     char *base = *ent;
     for (int h = H - 1; keep && h >= 0; h--)   /* offsets only grow: the last head first, none overwritten */
-        if (no[h] != off[h]) memmove(base + elem * (size_t)no[h], base + elem * (size_t)off[h],
-                                     elem * (size_t)(off[h + 1] - off[h]));
+        if (no[h] != at->off[h]) memmove(base + elem * (size_t)no[h], base + elem * (size_t)at->off[h],
+                                         elem * (size_t)(at->off[h + 1] - at->off[h]));
     for (int h = 0; h < H; h++) {
-        int64_t had = off[h + 1] - off[h];
+        int64_t had = at->off[h + 1] - at->off[h];
         first[h] = keep && had > 0 ? had - 1 : 0;
     }
-    memcpy(off, no, sizeof(int64_t) * (size_t)(H + 1));
+    memcpy(at->off, no, sizeof(int64_t) * (size_t)(H + 1));
+    at->shape = shape;
     return 0;
-}
-
-/* Every page of layer il a head: fit_heads for the table's counts. */
-static int fit_pages(void **ent, size_t elem, int64_t *cap, int64_t *off, uint64_t *was, const kv_cache *kv, int il,
-                     int64_t *cnt, int64_t *first)
-{
-    int H = kv_n_head_kv(kv);
-    uint64_t shape = kv_layer_shape(kv, il);
-    for (int h = 0; h < H && h < PAGE_LIST_MAX_HEADS; h++) cnt[h] = kv_n_pages(kv, il, h);
-    if (fit_heads(ent, elem, cap, off, *was, shape, H, cnt, first)) {
-        *was = 0;
-        memset(off, 0, sizeof(int64_t) * (PAGE_LIST_MAX_HEADS + 1));
-        return -1;
-    }
-    *was = shape;
-    return 0;
+fail:
+    at->shape = 0;
+    memset(at->off, 0, sizeof at->off);
+    return -1;
 }
 
 int page_list_update(page_list *L, const kv_cache *kv, int il)
 {
     int H = kv_n_head_kv(kv), P = kv_page_size(kv), D = (int)kv_head_dim(kv);
-    int64_t cnt[PAGE_LIST_MAX_HEADS] = { 0 }, first[PAGE_LIST_MAX_HEADS];
+    int64_t cnt[PAGE_LIST_MAX_HEADS], first[PAGE_LIST_MAX_HEADS];
     void *ent = L->refs;
-    int rc = fit_pages(&ent, sizeof *L->refs, &L->cap, L->off, &L->shape, kv, il, cnt, first);
+    int rc = fit_heads(&ent, sizeof *L->refs, &L->at, kv, il, NULL, cnt, first);
     L->refs = ent;
     if (rc) return -1;
     for (int h = 0; h < H; h++)
         for (int64_t j = first[h]; j < cnt[h]; j++)
-            page_list_ref(&L->refs[L->off[h] + j], kv_layer_page(kv, il, h, (int)j), NULL, D, P);
+            page_list_ref(&L->refs[L->at.off[h] + j], kv_layer_page(kv, il, h, (int)j), NULL, D, P);
     return 0;
 }
 
@@ -95,22 +88,16 @@ void page_list_free(page_list *L)
 int page_sums_update(page_sums *L, const kv_cache *kv, int il, const int64_t *count)
 {
     int H = kv_n_head_kv(kv);
-    uint64_t shape = kv_layer_shape(kv, il);
-    int64_t first[PAGE_LIST_MAX_HEADS];
+    int64_t cnt[PAGE_LIST_MAX_HEADS], first[PAGE_LIST_MAX_HEADS];
     void *ent = L->sums;
-    int rc = fit_heads(&ent, sizeof *L->sums, &L->cap, L->off, L->shape, shape, H, count, first);
+    int rc = fit_heads(&ent, sizeof *L->sums, &L->at, kv, il, count, cnt, first);
     L->sums = ent;
-    if (rc) {
-        L->shape = 0;
-        memset(L->off, 0, sizeof L->off);
-        return -1;
-    }
+    if (rc) return -1;
     for (int h = 0; h < H; h++)
-        for (int64_t j = first[h]; j < count[h]; j++) {
+        for (int64_t j = first[h]; j < cnt[h]; j++) {
             const kv_page *p = kv_layer_page(kv, il, h, (int)j);
-            L->sums[L->off[h] + j] = (be_summary){ p->kmin, p->kmax, p->gen, p->n };
+            L->sums[L->at.off[h] + j] = (be_summary){ p->kmin, p->kmax, p->gen, p->n };
         }
-    L->shape = shape;
     return 0;
 }
 
@@ -123,15 +110,15 @@ void page_sums_free(page_sums *L)
 int page_spans_update(page_spans *L, const kv_cache *kv, int il)
 {
     int H = kv_n_head_kv(kv);
-    int64_t cnt[PAGE_LIST_MAX_HEADS] = { 0 }, first[PAGE_LIST_MAX_HEADS];
+    int64_t cnt[PAGE_LIST_MAX_HEADS], first[PAGE_LIST_MAX_HEADS];
     void *ent = L->spans;
-    int rc = fit_pages(&ent, sizeof *L->spans, &L->cap, L->off, &L->shape, kv, il, cnt, first);
+    int rc = fit_heads(&ent, sizeof *L->spans, &L->at, kv, il, NULL, cnt, first);
     L->spans = ent;
     if (rc) return -1;
     for (int h = 0; h < H; h++)
         for (int64_t j = first[h]; j < cnt[h]; j++) {
             const kv_page *p = kv_layer_page(kv, il, h, (int)j);
-            L->spans[L->off[h] + j] = p->n ? (page_span){ p->pos[0], p->pos[p->n - 1], p->n } : (page_span){ 0, -1, 0 };
+            L->spans[L->at.off[h] + j] = p->n ? (page_span){ p->pos[0], p->pos[p->n - 1], p->n } : (page_span){ 0, -1, 0 };
         }
     return 0;
 }

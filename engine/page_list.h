@@ -20,11 +20,17 @@
 
 #define PAGE_LIST_MAX_HEADS 64
 
+/* Where each kept list's entries are: head h's at [off[h], off[h + 1]) of cap, written under the
+ * layer shape `shape` (0: nothing built). */
+typedef struct page_heads {
+    int64_t cap;
+    int64_t off[PAGE_LIST_MAX_HEADS + 1];
+    uint64_t shape;
+} page_heads;
+
 typedef struct page_list {
     be_kv_page *refs;
-    int64_t cap;
-    int64_t off[PAGE_LIST_MAX_HEADS + 1];   /* head h's entries: refs[off[h] .. off[h + 1]) */
-    uint64_t shape;   /* the layer shape at the last update; 0: nothing built */
+    page_heads at;
 } page_list;
 
 /* The descriptor of page p (mask NULL: every token) as the ops read it. */
@@ -37,9 +43,7 @@ void page_list_free(page_list *L);
 
 typedef struct page_sums {
     be_summary *sums;
-    int64_t cap;
-    int64_t off[PAGE_LIST_MAX_HEADS + 1];   /* head h's entries: sums[off[h] .. off[h + 1]) */
-    uint64_t shape;   /* the layer shape at the last update; 0: nothing built */
+    page_heads at;
 } page_sums;
 
 /* L brought up to date with layer il of kv for the first count[h] pages of each head h (at most
@@ -57,9 +61,7 @@ typedef struct page_span {
 
 typedef struct page_spans {
     page_span *spans;
-    int64_t cap;
-    int64_t off[PAGE_LIST_MAX_HEADS + 1];   /* head h's pages: spans[off[h] .. off[h + 1]) */
-    uint64_t shape;   /* the layer shape at the last update; 0: nothing built */
+    page_heads at;
 } page_spans;
 
 /* L brought up to date with every page of layer il of kv, as page_list_update. */

@@ -20,9 +20,9 @@ static uint64_t next(uint64_t *r)
 static void same_refs(const page_list *a, const page_list *b, int step, int il)
 {
     for (int h = 0; h <= H; h++)
-        cr_assert_eq(a->off[h], b->off[h], "step %d, layer %d: head %d's offset %lld, afresh %lld", step, il, h,
-                     (long long)a->off[h], (long long)b->off[h]);
-    for (int64_t e = 0; e < a->off[H]; e++) {
+        cr_assert_eq(a->at.off[h], b->at.off[h], "step %d, layer %d: head %d's offset %lld, afresh %lld", step, il, h,
+                     (long long)a->at.off[h], (long long)b->at.off[h]);
+    for (int64_t e = 0; e < a->at.off[H]; e++) {
         const be_kv_page *x = &a->refs[e], *y = &b->refs[e];
         cr_assert(x->k == y->k && x->v == y->v && x->pos == y->pos && x->bias == y->bias && x->mask == y->mask &&
                       x->n == y->n && x->stride == y->stride && x->head_step == y->head_step && x->gen == y->gen &&
@@ -35,9 +35,9 @@ static void same_refs(const page_list *a, const page_list *b, int step, int il)
 static void same_sums(const page_sums *a, const page_sums *b, int step, int il)
 {
     for (int h = 0; h <= H; h++)
-        cr_assert_eq(a->off[h], b->off[h], "step %d, layer %d: head %d's offset %lld, afresh %lld", step, il, h,
-                     (long long)a->off[h], (long long)b->off[h]);
-    for (int64_t e = 0; e < a->off[H]; e++) {
+        cr_assert_eq(a->at.off[h], b->at.off[h], "step %d, layer %d: head %d's offset %lld, afresh %lld", step, il, h,
+                     (long long)a->at.off[h], (long long)b->at.off[h]);
+    for (int64_t e = 0; e < a->at.off[H]; e++) {
         const be_summary *x = &a->sums[e], *y = &b->sums[e];
         cr_assert(x->mn == y->mn && x->mx == y->mx && x->gen == y->gen && x->n == y->n,
                   "step %d, layer %d: summary %lld differs from the one built afresh (n %lld and %lld)", step, il,
@@ -99,7 +99,7 @@ Test(page_list, the_kept_lists_equal_lists_built_afresh_after_every_change)
                 int np = kv_n_pages(kv, l, g);
                 count[g] = np - (np > 0 && next(&r) % 4 == 0);
             }
-            int keeps = kept[l].shape == kv_layer_shape(kv, l);
+            int keeps = kept[l].at.shape == kv_layer_shape(kv, l);
             kept_calls += keeps;
             rebuilt += !keeps;
             cr_assert(page_list_update(&kept[l], kv, l) == 0);
@@ -135,7 +135,7 @@ Test(page_list, more_heads_than_a_list_holds_is_an_error_that_leaves_it_empty)
     int64_t count[PAGE_LIST_MAX_HEADS + 1] = { 0 };
     cr_assert(page_list_update(&L, kv, 0) == -1);
     cr_assert(page_sums_update(&S, kv, 0, count) == -1);
-    cr_assert(L.shape == 0 && L.off[PAGE_LIST_MAX_HEADS] == 0 && S.shape == 0);
+    cr_assert(L.at.shape == 0 && L.at.off[PAGE_LIST_MAX_HEADS] == 0 && S.at.shape == 0);
     page_list_free(&L);
     page_sums_free(&S);
     kv_free(kv);

@@ -315,7 +315,7 @@ static int update_lists(st_chess *s, const pol_env *env, be_key_means *m)
         page_list *L = &s->lists[gl];
         if (page_list_update(L, env->kv, env->global[gl])) return -1;
         /* the top bit keeps the names apart from the forward pass's (engine/forward.c) */
-        s->blists[gl] = (be_page_list){ L->refs, L->off, (1ull << 63) | (s->name << 20) | (uint64_t)(gl + 1), L->shape };
+        s->blists[gl] = (be_page_list){ L->refs, L->at.off, (1ull << 63) | (s->name << 20) | (uint64_t)(gl + 1), L->at.shape };
     }
     *m = (be_key_means){ .lists = s->blists, .n_lists = env->n_global, .n_head_kv = env->n_head_kv,
                          .head_dim = (int)kv_head_dim(env->kv), .chunk = s->chunk, .grid = s->grid, .unit = s->cosine };

@@ -168,7 +168,7 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     int on_host = env->trace || k - 1 > BE_PICK_MAX;
     int kept = !on_host && k - 1 > 0 && env->sel_buf;
     be_bounds r = { .q = q, .n_head_kv = Hkv, .group = env->n_head / Hkv, .dim = env->head_dim, .sum = L->sums,
-                    .off = L->off, .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1),
+                    .off = L->at.off, .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1),
                     .shape = kv_layer_shape(env->kv, il), .k = on_host ? 0 : k - 1, .best = s->best,
                     .n_best = s->n_best, .u = on_host ? s->score : NULL };
     if (kept) {
@@ -190,12 +190,12 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         if (np == 0) continue;
         if (on_host) {
             /* the op's order: NaN and -inf bounds are never chosen */
-            const float *sc = s->score + L->off[g];
+            const float *sc = s->score + L->at.off[g];
             int m = 0;
             for (int i = 0; i < nb; i++)
                 if (lp_value(sc[i]) > -INFINITY) s->idx[m++] = i;
             int n = pol_top_k(s->idx, m, sc, k - 1);
-            if (env->trace) trace_pages(s, env, il, g, nb, n, s->score + L->off[g]);
+            if (env->trace) trace_pages(s, env, il, g, nb, n, s->score + L->at.off[g]);
             for (int i = 0; i < n; i++) pol_sel_add(sel, s->idx[i], NULL);
         } else if (k - 1 > 0) {
             for (int i = 0; i < s->n_best[g]; i++) pol_sel_add(sel, s->best[g * r.k + i], NULL);

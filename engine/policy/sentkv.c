@@ -501,15 +501,15 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
          * consecutive positions takes its bits a word at a time, any other (after an eviction)
          * token by token. */
         pol_sel_head(sel, g);
-        const page_span *span = sp->spans + sp->off[g];
-        int np = (int)(sp->off[g + 1] - sp->off[g]);
+        const page_span *span = sp->spans + sp->at.off[g];
+        int np = (int)(sp->at.off[g + 1] - sp->at.off[g]);
         int64_t a = 0;
         for (int i = 0; i < np; i++) {
             if ((a = next_bit(s->now, words, a)) < 0) break;
             while (i < np && (span[i].n == 0 || span[i].last < a)) i++;
             if (i == np) break;
             page_span at = span[i];
-            uint64_t *m = s->masks + (size_t)(sp->off[g] + i) * pw;
+            uint64_t *m = s->masks + (size_t)(sp->at.off[g] + i) * pw;
             int32_t on = 0;
             if ((int64_t)at.last - at.first == at.n - 1 && at.last < len) {
                 bits_at(s->now, words, at.first, at.n, m, pw);

@@ -1900,7 +1900,7 @@ static void km_lists(km_fixture *fx)
 {
     for (int l = 0; l < 3; l++) {
         cr_assert(page_list_update(&fx->pl[l], fx->kv, l) == 0);
-        fx->lists[l] = (be_page_list){ fx->pl[l].refs, fx->pl[l].off, 0x7E570000u + (uint64_t)l, fx->pl[l].shape };
+        fx->lists[l] = (be_page_list){ fx->pl[l].refs, fx->pl[l].at.off, 0x7E570000u + (uint64_t)l, fx->pl[l].at.shape };
     }
 }
 
