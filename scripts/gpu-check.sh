@@ -287,11 +287,18 @@ for type in q4_k_m f16; do
                 --csv "$tmp/bench.csv" && bench_table
             profile_steps mistral-7b-q4_k_m "$m" 2048 16
             policy_steps mistral-7b-q4_k_m "$m" 2048 16
-            # the CHESS target at 32K: one prefill, then each policy's decode from it
-            if step "policy mistral-7b-q4_k_m full and chess:preset=aggressive at 32K" 120 "$kv" bench -m "$m" \
-                --device cuda --ctx 32704 --gen 64 --policy full,chess:preset=aggressive \
+            # the CHESS, Quest and SentKV targets at 32K: one prefill, then each policy's
+            # decode from it
+            if step "policy mistral-7b-q4_k_m full, chess:preset=aggressive, quest and sentkv at 32K" 150 "$kv" bench \
+                -m "$m" --device cuda --ctx 32704 --gen 64 --policy full,chess:preset=aggressive,quest,sentkv \
                 --csv "$out/policy_results.csv"; then
-                say "  depth 32704 (the last token decoded at 32768), 64 tokens; target: CHESS's decode/s at least 1.25x full's:"
+                say "  depth 32704 (the last token decoded at 32768), 64 tokens; targets: CHESS's decode/s at least 1.25x full's, Quest's and SentKV's select ms at most 0.1:"
+                awk '/^ +ctx +policy/ { on = 1 } /^peak RSS/ { on = 0 } on && NF { print "    " $0 }' "$tmp/last" >>"$summary"
+            fi
+            # TAKE's target at 32K: its time to first token at most 0.5x full's (the step above)
+            if step "policy mistral-7b-q4_k_m take at 32K" 120 "$kv" bench -m "$m" --device cuda --ctx 32704 --gen 8 \
+                --policy take --csv "$out/policy_results.csv"; then
+                say "  TAKE at depth 32704, 8 tokens; target: its TTFT at most 0.5x full's above:"
                 awk '/^ +ctx +policy/ { on = 1 } /^peak RSS/ { on = 0 } on && NF { print "    " $0 }' "$tmp/last" >>"$summary"
             fi
         fi
