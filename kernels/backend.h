@@ -305,7 +305,7 @@ typedef struct be_ops {
      * page-lock its host copy. NULL: bind. */
     int (*bind_blank)(be_backend *b, void *host, size_t bytes, char *err, size_t errlen);
     /* The eviction policies' attention mass (be_mass above), read from host pages; the answer is on
-     * the host when this returns. */
+     * the host when this returns, computed even after a device op failed (a policy evicts by it). */
     void (*attn_mass)(be_backend *b, const be_mass *m);
 } be_ops;
 

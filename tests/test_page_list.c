@@ -1,6 +1,6 @@
 /* A layer's lists kept from call to call (engine/page_list.h): after every change a decode, a rewind,
- * an eviction or a merge makes to the cache, the kept page_list and page_sums equal lists built
- * afresh, entry by entry. */
+ * an eviction or a merge makes to the cache, the kept page_list, page_sums and page_spans equal
+ * lists built afresh, entry by entry. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +45,17 @@ static void same_sums(const page_sums *a, const page_sums *b, int step, int il)
     }
 }
 
+static void same_spans(const page_spans *a, const page_spans *b, int step, int il)
+{
+    for (int h = 0; h <= H; h++) cr_assert_eq(a->at.off[h], b->at.off[h], "step %d, layer %d: head %d's offset", step, il, h);
+    for (int64_t e = 0; e < a->at.off[H]; e++) {
+        const page_span *x = &a->spans[e], *y = &b->spans[e];
+        cr_assert(x->first == y->first && x->last == y->last && x->n == y->n,
+                  "step %d, layer %d: span %lld is %d..%d (%d), afresh %d..%d (%d)", step, il, (long long)e, x->first,
+                  x->last, x->n, y->first, y->last, y->n);
+    }
+}
+
 /* Tokens of one head: every other one kept (an eviction), through kv_keep_tokens. */
 static void evict_every_other(kv_cache *kv, int il, int h)
 {
@@ -64,6 +75,7 @@ Test(page_list, the_kept_lists_equal_lists_built_afresh_after_every_change)
     cr_assert(kv, "%s", err);
     page_list kept[LAYERS] = { 0 };
     page_sums ksum[LAYERS] = { 0 };
+    page_spans kspan[LAYERS] = { 0 };
     float k[H * D], v[H * D];
     for (int i = 0; i < H * D; i++) v[i] = 0;
     int kept_calls = 0, rebuilt = 0;
@@ -104,14 +116,19 @@ Test(page_list, the_kept_lists_equal_lists_built_afresh_after_every_change)
             rebuilt += !keeps;
             cr_assert(page_list_update(&kept[l], kv, l) == 0);
             cr_assert(page_sums_update(&ksum[l], kv, l, count) == 0);
+            cr_assert(page_spans_update(&kspan[l], kv, l) == 0);
             page_list fresh = { 0 };
             page_sums fsum = { 0 };
+            page_spans fspan = { 0 };
             cr_assert(page_list_update(&fresh, kv, l) == 0);
             cr_assert(page_sums_update(&fsum, kv, l, count) == 0);
+            cr_assert(page_spans_update(&fspan, kv, l) == 0);
             same_refs(&kept[l], &fresh, step, l);
             same_sums(&ksum[l], &fsum, step, l);
+            same_spans(&kspan[l], &fspan, step, l);
             page_list_free(&fresh);
             page_sums_free(&fsum);
+            page_spans_free(&fspan);
         }
     }
     /* both paths taken, the kept one most */
@@ -119,6 +136,7 @@ Test(page_list, the_kept_lists_equal_lists_built_afresh_after_every_change)
     for (int l = 0; l < LAYERS; l++) {
         page_list_free(&kept[l]);
         page_sums_free(&ksum[l]);
+        page_spans_free(&kspan[l]);
     }
     kv_free(kv);
 }

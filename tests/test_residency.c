@@ -237,13 +237,14 @@ static void s_key_means(be_backend *b, const be_key_means *m)
     sh(b)->cpu->ops->key_means(sh(b)->cpu, &c);
 }
 
-/* The attention mass on the host, its queries read back first, as the CUDA backend computes it. */
+/* The attention mass on the host, its queries read back first, as the CUDA backend computes it
+ * (after a failure too, from the host's queries). */
 static void s_attn_mass(be_backend *b, const be_mass *m)
 {
-    if (sh(b)->failed || m->n_q <= 0) return;
+    if (m->n_q <= 0) return;
     am_range r = { m->q, sizeof(float) * (size_t)((m->n_q - 1) * m->q_stride +
                                                   (int64_t)(m->first_head + m->group) * m->head_dim) };
-    am_host_read(&sh(b)->t, &r, 1);
+    if (!sh(b)->failed) am_host_read(&sh(b)->t, &r, 1);
     sh(b)->cpu->ops->attn_mass(sh(b)->cpu, m);
 }
 

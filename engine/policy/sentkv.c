@@ -222,22 +222,26 @@ static int stamp(st_sent *s, int64_t from, int64_t to)
     return 0;
 }
 
-/* Min/max keys of the new finished segments (their keys are all in the cache by now). One walk
- * over each head's pages in position order, moving a segment cursor along: linear in tokens. */
-static int summarize(st_sent *s, const pol_env *env)
+/* Min/max keys of the new finished segments that end at or before `held` (the cache holds every
+ * key before it: a decode step's own key goes in after its layers, so a segment that ends with it
+ * waits for the next step, attended meanwhile as part of the tail). One walk over each head's pages
+ * in position order, moving a segment cursor along: linear in tokens. */
+static int summarize(st_sent *s, const pol_env *env, int64_t held)
 {
     int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
-    if (s->n_summ >= s->n_seg) return 0;
-    if (s->n_seg > s->cap_mm) {   /* room for more: the summaries' addresses, which the bounds lists hold, move seldom */
-        int64_t nc = s->n_seg * 2 > 64 ? s->n_seg * 2 : 64;
+    int64_t n_to = s->n_seg;
+    while (n_to > s->n_summ && s->seg_end[n_to - 1] > held) n_to--;
+    if (s->n_summ >= n_to) return 0;
+    if (n_to > s->cap_mm) {   /* room for more: the summaries' addresses, which the bounds lists hold, move seldom */
+        int64_t nc = n_to * 2 > 64 ? n_to * 2 : 64;
         float *nm = realloc(s->mm, sizeof(float) * (size_t)(nc * per));
         if (!nm) return -1;
         pol_huge_pages(nm, sizeof(float) * (size_t)(nc * per));   /* 600 MiB at 32K on the 7B shape */
         s->mm = nm;
         s->cap_mm = nc;
     }
-    if (stamp(s, s->n_summ, s->n_seg)) return -1;
-    for (int64_t sg = s->n_summ; sg < s->n_seg; sg++) {
+    if (stamp(s, s->n_summ, n_to)) return -1;
+    for (int64_t sg = s->n_summ; sg < n_to; sg++) {
         float *o = s->mm + sg * per;
         for (int64_t i = 0; i < per; i += 2 * D)
             for (int64_t d = 0; d < D; d++) {
@@ -245,7 +249,7 @@ static int summarize(st_sent *s, const pol_env *env)
                 o[i + D + d] = -FLT_MAX;
             }
     }
-    int64_t first = s->n_summ ? s->seg_end[s->n_summ - 1] : 0, last = s->seg_end[s->n_seg - 1];
+    int64_t first = s->n_summ ? s->seg_end[s->n_summ - 1] : 0, last = s->seg_end[n_to - 1];
     if (D > s->cap_scratch) {
         float *ns = realloc(s->scratch, sizeof(float) * (size_t)D);
         if (!ns) return -1;
@@ -270,8 +274,8 @@ static int summarize(st_sent *s, const pol_env *env)
                 for (int32_t t = 0; t < p->n; t++) {
                     int64_t ps = p->pos[t];
                     if (ps < first || ps >= last) continue;
-                    while (sg < s->n_seg && ps >= s->seg_end[sg]) sg++;
-                    if (sg >= s->n_seg) break;
+                    while (sg < n_to && ps >= s->seg_end[sg]) sg++;
+                    if (sg >= n_to) break;
                     float *o = s->mm + sg * per + off;
                     /* the cache's fold of a key row into a page's summary: its sum (into scratch,
                      * unused) and its bounds, NaN changing neither */
@@ -280,7 +284,7 @@ static int summarize(st_sent *s, const pol_env *env)
             }
         }
     }
-    s->n_summ = s->n_seg;
+    s->n_summ = n_to;
     return 0;
 }
 
@@ -290,7 +294,7 @@ static int summarize(st_sent *s, const pol_env *env)
 static int se_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen)
 {
     if (c->decoding || !c->last || il != env->global[env->n_global - 1]) return 0;
-    if (summarize(st, env) != 0) {
+    if (summarize(st, env, ((st_sent *)st)->n_tok) != 0) {
         snprintf(err, errlen, "sentkv: out of memory summarizing segments");
         return -1;
     }
@@ -303,7 +307,7 @@ static void se_begin(void *st, const pol_env *env, const int32_t *tokens, int64_
     take_tokens(s, env, tokens, n, p0);
     if (!decoding) return;
     s->cur = p0;
-    summarize(s, env);
+    summarize(s, env, p0);
 }
 
 /* The trace of one head's choice: every finished segment with its score and whether it is in. */

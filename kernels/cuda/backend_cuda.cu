@@ -1862,14 +1862,16 @@ static void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int
 }
 
 /* The eviction policies' attention mass, from the host's pages on the CPU backend's threads (the
- * cache's pages are the host's; a kernel over the device's copies is stage 5's next step). */
+ * cache's pages are the host's; a kernel over the device's copies is stage 5's next step). Computed
+ * even after a device failure, from the queries the host has: a policy evicts by it, and an eviction
+ * by a mass never computed could not be undone. */
 static void cuda_attn_mass(be_backend *b, const be_mass *m)
 {
     cuda_impl *ci = impl_of(b);
-    if (ci->failed || m->n_q <= 0) return;
+    if (m->n_q <= 0) return;
     am_range r = { m->q, sizeof(float) * (size_t)((m->n_q - 1) * m->q_stride +
                                                   (int64_t)(m->first_head + m->group) * m->head_dim) };
-    am_host_read(&ci->act, &r, 1);
+    if (!ci->failed) am_host_read(&ci->act, &r, 1);
     ci->cpu->ops->attn_mass(ci->cpu, m);
 }
 
