@@ -86,7 +86,7 @@ endif
 DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
 export KVCHAT_CACHE DEFAULT_MODEL
 
-.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-tables bench-pick bench-bounds bench-chess clean cuda-build test-gpu \
+.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-tables bench-pick bench-bounds bench-chess bench-mass clean cuda-build test-gpu \
         test-model-first test-model-rest test-cuda-build test-fuzz-smoke
 
 all: $(KVCHAT)
@@ -109,6 +109,7 @@ help:
 	@echo "make bench-chess   the host's share of CHESS's reconstruction a decode step, 7B shape (bench/chess_bench.c;"
 	@echo "                   build/bench/chess_bench THREADS MAX_CTX POLICY for another selection, e.g. quest:budget=1024)"
 	@echo "make bench-bounds  the host's share of Quest's page selection, before and after the bounds op (bench/bounds_bench.c)"
+	@echo "make bench-mass    the eviction policies' attention mass a call at the 7B shape, 1 thread and all (bench/mass_bench.c)"
 	@echo "make clean      remove build outputs"
 
 bootstrap:
@@ -226,6 +227,15 @@ $(CHESS_BENCH): $(OBJ)/bench/chess_bench.o $(LIB)
 
 bench-chess: $(CHESS_BENCH)
 	./$(CHESS_BENCH)
+
+# The eviction policies' attention mass a call, 7B shape
+MASS_BENCH := $(BUILD)/bench/mass_bench
+$(MASS_BENCH): $(OBJ)/bench/mass_bench.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
+bench-mass: $(MASS_BENCH)
+	./$(MASS_BENCH)
 
 # The host's share of Quest's page selection, before and after the bounds op
 BOUNDS_BENCH := $(BUILD)/bench/bounds_bench

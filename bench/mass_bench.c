@@ -1,0 +1,84 @@
+/* mass_bench.c - the eviction policies' attention mass (be_ops.attn_mass) at the 7B shape, a call
+ * (one KV head of one layer) as each policy makes it:
+ *   take     128 rows (32 probe rows x 4 query heads) against 1,536 and 2,560 tokens (the kept 1,024
+ *            or 2,048 plus a chunk of 512), every global layer and KV head after every chunk;
+ *   snapkv   128 rows (a window of 32 x 4) against 8,192 and 32,768 tokens, once a prompt;
+ *   h2o      2,048 rows (a chunk of 512 x 4) against 8,192 tokens, every chunk.
+ * Head dimension 128, random keys in pages of 32. Each line: milliseconds a call (the median of 5
+ * after one), on 1 thread and on the given threads (default: every core), and what a whole 32K
+ * prompt of TAKE costs at that rate (64 chunks x 32 layers x 8 KV heads calls).
+ * Usage: mass_bench [threads] */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "bench/bench_time.h"
+#include "kernels/backend.h"
+
+enum { D = 128, P = 32, ROUNDS = 5 };
+
+static double time_call(be_backend *b, const be_mass *m)
+{
+    double t[ROUNDS];
+    for (int r = -1; r < ROUNDS; r++) {
+        double t0 = bench_now_us();
+        b->ops->attn_mass(b, m);
+        if (r >= 0) t[r] = (bench_now_us() - t0) / 1e3;
+    }
+    return bench_median(t, ROUNDS);
+}
+
+int main(int argc, char **argv)
+{
+    int threads = argc > 1 ? atoi(argv[1]) : 0;
+    char err[256];
+    be_backend *one = be_cpu_create(1, err, sizeof err), *all = one ? be_cpu_create(threads, err, sizeof err) : NULL;
+    if (!one || !all) {
+        fprintf(stderr, "mass_bench: %s\n", err);
+        return 1;
+    }
+    static const struct {
+        const char *what;
+        int64_t rows, tokens;
+    } cases[] = { { "take", 128, 1536 }, { "take", 128, 2560 }, { "snapkv", 128, 8192 },
+                  { "snapkv", 128, 32768 }, { "h2o", 2048, 8192 } };
+    printf("attention mass a call (one KV head of a layer), head dimension %d, 1 thread and %d\n", D, all->n_threads);
+    printf("%-8s %6s %8s %12s %12s %26s\n", "policy", "rows", "tokens", "ms, 1", "ms, all", "TAKE's 32K prompt, all (s)");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t T = cases[c].tokens, rows = cases[c].rows, np = (T + P - 1) / P;
+        uint16_t *k = malloc(sizeof(uint16_t) * (size_t)(T * D));
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+        float *q = malloc(sizeof(float) * (size_t)(rows * D)), *acc = calloc((size_t)T, sizeof(float));
+        int64_t work_rows = rows < 64 ? rows : 64;
+        float *work = malloc(sizeof(float) * (size_t)(work_rows * T));
+        be_kv_page *pages = calloc((size_t)np, sizeof *pages);
+        if (!k || !pos || !q || !acc || !work || !pages) {
+            fprintf(stderr, "mass_bench: out of memory\n");
+            return 1;
+        }
+        for (int64_t i = 0; i < T * D; i++) {
+            float x = bench_frand();
+            be_host_f32_to_f16(1, &x, &k[i]);
+        }
+        for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;
+        for (int64_t i = 0; i < rows * D; i++) q[i] = bench_frand() * 0.1f;
+        for (int64_t i = 0; i < np; i++)
+            pages[i] = (be_kv_page){ .k = k + i * P * D, .pos = pos + i * P,
+                                     .n = (int32_t)(T - i * P < P ? T - i * P : P), .stride = D };
+        /* rows of 4 query heads a position, every position after the tokens: all of them seen */
+        be_mass m = { q, rows / 4, 4 * D, T, 0, 4, D, pages, np, acc, work, work_rows * T };
+        double t1 = time_call(one, &m), ta = time_call(all, &m);
+        printf("%-8s %6lld %8lld %12.3f %12.3f", cases[c].what, (long long)rows, (long long)T, t1, ta);
+        if (cases[c].what[0] == 't') printf(" %26.1f", ta * 64 * 32 * 8 / 1e3);
+        printf("\n");
+        fflush(stdout);
+        free(k);
+        free(pos);
+        free(q);
+        free(acc);
+        free(work);
+        free(pages);
+    }
+    be_free(one);
+    be_free(all);
+    return 0;
+}
