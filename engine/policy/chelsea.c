@@ -50,15 +50,73 @@ static int by_sim_desc(const void *x, const void *y)
     return (p->a > q->a) - (p->a < q->a);
 }
 
-static float cosine(const float *x, const float *y, int64_t D)
+/* A key's squared norm, in double, in element order. */
+static double norm2(const float *x, int64_t D)
 {
-    double d = 0, nx = 0, ny = 0;
-    for (int64_t i = 0; i < D; i++) {
-        d += (double)x[i] * y[i];
-        nx += (double)x[i] * x[i];
-        ny += (double)y[i] * y[i];
-    }
+    double n = 0;
+    for (int64_t i = 0; i < D; i++) n += (double)x[i] * x[i];
+    return n;
+}
+
+/* The cosine of x and y given their squared norms (norm2): the norms are computed once a token, not
+ * once a pair, with the same floats. */
+static float cosine(const float *x, const float *y, int64_t D, double nx, double ny)
+{
+    double d = 0;
+    for (int64_t i = 0; i < D; i++) d += (double)x[i] * y[i];
     return nx > 0 && ny > 0 ? (float)(d / sqrt(nx * ny)) : 0.0f;
+}
+
+/* The cosines of x with the keys of B tokens b, b + 2, b + 4, b + 6 (k + b * D ..), each the floats
+ * of cosine(): four sums side by side, each in element order, so that they overlap where one sum's
+ * chain of additions would wait. */
+static void cosine4(const float *x, const float *k, int64_t b, int64_t D, double nx, const double *nrm, float *out)
+{
+    const float *y0 = k + b * D, *y1 = y0 + 2 * D, *y2 = y0 + 4 * D, *y3 = y0 + 6 * D;
+    double d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+    for (int64_t i = 0; i < D; i++) {
+        double xi = (double)x[i];
+        d0 += xi * y0[i];
+        d1 += xi * y1[i];
+        d2 += xi * y2[i];
+        d3 += xi * y3[i];
+    }
+    const double d[4] = { d0, d1, d2, d3 };
+    for (int j = 0; j < 4; j++) {
+        double ny = nrm[b + 2 * j];
+        out[j] = nx > 0 && ny > 0 ? (float)(d[j] / sqrt(nx * ny)) : 0.0f;
+    }
+}
+
+/* A token's most similar B partner among b0, b0 + 2, .. < b1 (the first of equal ones), its
+ * similarity into *bs (-2: none). */
+static int64_t best_partner(const float *k, int64_t D, const double *nrm, int64_t a, int64_t b0, int64_t b1, float *bs)
+{
+    int64_t best = -1, b = b0;
+    float sim[4];
+    *bs = -2;
+    for (; b + 6 < b1; b += 8) {
+        cosine4(k + a * D, k, b, D, nrm[a], nrm, sim);
+        for (int j = 0; j < 4; j++)
+            if (sim[j] > *bs) {
+                *bs = sim[j];
+                best = b + 2 * j;
+            }
+    }
+    for (; b < b1; b += 2) {
+        float s1 = cosine(k + a * D, k + b * D, D, nrm[a], nrm[b]);
+        if (s1 > *bs) {
+            *bs = s1;
+            best = b;
+        }
+    }
+    return best;
+}
+
+/* The squared norms of the keys of tokens [t0, t1) into nrm[t0 ..]. */
+static void norms(const float *k, int64_t D, int64_t t0, int64_t t1, double *nrm)
+{
+    for (int64_t t = t0; t < t1; t++) nrm[t] = norm2(k + t * D, D);
 }
 
 /* The trace of one pass: every A token's best-link similarity (tokens without a link: -inf), what
@@ -94,27 +152,23 @@ static int64_t merge_traced(float *k, float *v, int32_t *pos, float *deg, int64_
      * size is odd (chunk=3: two of every three), so size for T */
     link *links = malloc(sizeof(link) * (size_t)(T > 0 ? T : 1));
     char *gone = malloc((size_t)(T > 0 ? T : 1));
-    if (!links || !gone) {
+    double *nrm = malloc(sizeof(double) * (size_t)(T > 0 ? T : 1));
+    if (!links || !gone || !nrm) {
         free(links);
         free(gone);
+        free(nrm);
         return -1;
     }
     while (T > target) {
         int64_t m0 = sinks, m1 = T - recent;
         if (m1 - m0 < 2) break;
+        norms(k, D, m0, m1, nrm);   /* a pass's keys: the merges of the pass before moved some */
         int64_t nl = 0;
         for (int64_t c0 = m0; c0 < m1; c0 += chunk) {
             int64_t c1 = c0 + chunk < m1 ? c0 + chunk : m1;
             for (int64_t a = c0; a < c1; a += 2) {   /* A: even offsets, B: odd offsets */
-                int64_t best = -1;
-                float bs = -2;
-                for (int64_t b = c0 + 1; b < c1; b += 2) {
-                    float sim = cosine(k + a * D, k + b * D, D);
-                    if (sim > bs) {
-                        bs = sim;
-                        best = b;
-                    }
-                }
+                float bs;
+                int64_t best = best_partner(k, D, nrm, a, c0 + 1, c1, &bs);
                 if (best >= 0) links[nl++] = (link){ a, best, bs };
             }
         }
@@ -149,6 +203,7 @@ static int64_t merge_traced(float *k, float *v, int32_t *pos, float *deg, int64_
     }
     free(links);
     free(gone);
+    free(nrm);
     return T;
 }
 
@@ -222,16 +277,18 @@ int chelsea_head_similarity(const kv_cache *kv, int il, int g, int chunk, double
         free(k);
         return -1;
     }
-    double sum = 0;
+    double sum = 0, *nrm = malloc(sizeof(double) * (size_t)T);
     int64_t n = 0;
+    if (!nrm) {
+        free(k);
+        return -1;
+    }
+    norms(k, D, 0, T, nrm);
     for (int64_t c0 = 0; c0 < T; c0 += chunk) {
         int64_t c1 = c0 + chunk < T ? c0 + chunk : T;
         for (int64_t a = c0; a < c1; a += 2) {
-            float bs = -2;
-            for (int64_t b = c0 + 1; b < c1; b += 2) {
-                float sim = cosine(k + a * D, k + b * D, D);
-                if (sim > bs) bs = sim;
-            }
+            float bs;
+            best_partner(k, D, nrm, a, c0 + 1, c1, &bs);
             if (bs > -2) {
                 sum += bs;
                 n++;
@@ -239,6 +296,7 @@ int chelsea_head_similarity(const kv_cache *kv, int il, int g, int chunk, double
         }
     }
     free(k);
+    free(nrm);
     if (n == 0) return -1;
     *out = sum / (double)n;
     return 0;
