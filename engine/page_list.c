@@ -65,18 +65,46 @@ fail:
     return -1;
 }
 
+/* An entry written for page p of a layer (at its place in the list). */
+typedef void (*entry_fn)(void *entry, const kv_page *p, const kv_cache *kv);
+
+/* The list brought up to date: fit_heads, then each head's entries from its first to write on,
+ * written by fill. */
+static int update_heads(void **ent, size_t elem, page_heads *at, const kv_cache *kv, int il, const int64_t *count,
+                        entry_fn fill)
+{
+    int64_t cnt[PAGE_LIST_MAX_HEADS], first[PAGE_LIST_MAX_HEADS];
+    if (fit_heads(ent, elem, at, kv, il, count, cnt, first)) return -1;
+    char *base = *ent;
+    for (int h = 0; h < kv_n_head_kv(kv); h++)
+        for (int64_t j = first[h]; j < cnt[h]; j++)
+            fill(base + elem * (size_t)(at->off[h] + j), kv_layer_page(kv, il, h, (int)j), kv);
+    return 0;
+}
+
+static void fill_ref(void *e, const kv_page *p, const kv_cache *kv)
+{
+    page_list_ref(e, p, NULL, (int)kv_head_dim(kv), kv_page_size(kv));
+}
+
+static void fill_sum(void *e, const kv_page *p, const kv_cache *kv)
+{
+    (void)kv;
+    *(be_summary *)e = (be_summary){ p->kmin, p->kmax, p->gen, p->n };
+}
+
+static void fill_span(void *e, const kv_page *p, const kv_cache *kv)
+{
+    (void)kv;
+    *(page_span *)e = p->n ? (page_span){ p->pos[0], p->pos[p->n - 1], p->n } : (page_span){ 0, -1, 0 };
+}
+
 int page_list_update(page_list *L, const kv_cache *kv, int il)
 {
-    int H = kv_n_head_kv(kv), P = kv_page_size(kv), D = (int)kv_head_dim(kv);
-    int64_t cnt[PAGE_LIST_MAX_HEADS], first[PAGE_LIST_MAX_HEADS];
     void *ent = L->refs;
-    int rc = fit_heads(&ent, sizeof *L->refs, &L->at, kv, il, NULL, cnt, first);
+    int rc = update_heads(&ent, sizeof *L->refs, &L->at, kv, il, NULL, fill_ref);
     L->refs = ent;
-    if (rc) return -1;
-    for (int h = 0; h < H; h++)
-        for (int64_t j = first[h]; j < cnt[h]; j++)
-            page_list_ref(&L->refs[L->at.off[h] + j], kv_layer_page(kv, il, h, (int)j), NULL, D, P);
-    return 0;
+    return rc;
 }
 
 void page_list_free(page_list *L)
@@ -87,18 +115,10 @@ void page_list_free(page_list *L)
 
 int page_sums_update(page_sums *L, const kv_cache *kv, int il, const int64_t *count)
 {
-    int H = kv_n_head_kv(kv);
-    int64_t cnt[PAGE_LIST_MAX_HEADS], first[PAGE_LIST_MAX_HEADS];
     void *ent = L->sums;
-    int rc = fit_heads(&ent, sizeof *L->sums, &L->at, kv, il, count, cnt, first);
+    int rc = update_heads(&ent, sizeof *L->sums, &L->at, kv, il, count, fill_sum);
     L->sums = ent;
-    if (rc) return -1;
-    for (int h = 0; h < H; h++)
-        for (int64_t j = first[h]; j < cnt[h]; j++) {
-            const kv_page *p = kv_layer_page(kv, il, h, (int)j);
-            L->sums[L->at.off[h] + j] = (be_summary){ p->kmin, p->kmax, p->gen, p->n };
-        }
-    return 0;
+    return rc;
 }
 
 void page_sums_free(page_sums *L)
@@ -109,18 +129,10 @@ void page_sums_free(page_sums *L)
 
 int page_spans_update(page_spans *L, const kv_cache *kv, int il)
 {
-    int H = kv_n_head_kv(kv);
-    int64_t cnt[PAGE_LIST_MAX_HEADS], first[PAGE_LIST_MAX_HEADS];
     void *ent = L->spans;
-    int rc = fit_heads(&ent, sizeof *L->spans, &L->at, kv, il, NULL, cnt, first);
+    int rc = update_heads(&ent, sizeof *L->spans, &L->at, kv, il, NULL, fill_span);
     L->spans = ent;
-    if (rc) return -1;
-    for (int h = 0; h < H; h++)
-        for (int64_t j = first[h]; j < cnt[h]; j++) {
-            const kv_page *p = kv_layer_page(kv, il, h, (int)j);
-            L->spans[L->at.off[h] + j] = p->n ? (page_span){ p->pos[0], p->pos[p->n - 1], p->n } : (page_span){ 0, -1, 0 };
-        }
-    return 0;
+    return rc;
 }
 
 void page_spans_free(page_spans *L)

@@ -55,21 +55,23 @@ int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos)
 int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
                       float *acc)
 {
-    int64_t T = pol_head_positions(env, il, g, NULL);
     int np = kv_n_pages(env->kv, il, g), G = env->n_head / env->n_head_kv;
     be_kv_page *pages = malloc(sizeof *pages * (size_t)(np > 0 ? np : 1));
+    if (!pages) return -1;
+    int64_t T = 0;
+    for (int i = 0; i < np; i++) {
+        page_list_ref(&pages[i], kv_layer_page(env->kv, il, g, i), NULL, env->head_dim, kv_page_size(env->kv));
+        T += pages[i].n;
+    }
     /* room for up to 64 query rows' weights side by side (the backend's threads take a row each),
      * fewer where memory is short, one row's at least */
     int64_t rows = n * G < 64 ? n * G : 64;
     float *work = NULL;
     while (T > 0 && rows >= 1 && !(work = malloc(sizeof(float) * (size_t)(rows * T)))) rows /= 2;
-    if (!pages || (T > 0 && n > 0 && !work)) {
+    if (T > 0 && n > 0 && !work) {
         free(pages);
-        free(work);
         return -1;
     }
-    for (int i = 0; i < np; i++)
-        page_list_ref(&pages[i], kv_layer_page(env->kv, il, g, i), NULL, env->head_dim, kv_page_size(env->kv));
     be_mass m = { q, n, q_stride, qpos0, g * G, G, env->head_dim, pages, np, acc, work, rows * T };
     if (T > 0 && n > 0) env->b->ops->attn_mass(env->b, &m);
     free(pages);
