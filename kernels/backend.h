@@ -226,10 +226,13 @@ typedef struct be_key_means {
  * pages, for each query row t in order and each of the head's group of query heads in order, the
  * softmax weights of the tokens at positions <= q_pos0 + t, added into acc[j] (j: the token's index
  * counted across the pages). The floats of a plain loop: s_j = be_host_dot_f32_f16(q, k_j) (plus the
- * page's bias), the row's largest s, e_j = expf(s_j - largest) (0 for a token the row does not
- * see), l the sum of e_j in double in j order, then acc[j] += e_j * (float)(1 / l) row after row;
- * a row that sees no token adds nothing. Every backend gives those floats. work is the caller's,
- * work_len floats, at least the pages' token count (more lets rows run side by side). */
+ * page's bias; -inf for a token the row does not see), the row's largest s, e_j = e^(s_j - largest)
+ * by kernels/exp_poly.h, l the sum of e_j in double in kernels/mass_kernels.h's order (256 partial
+ * sums, then pairwise), then acc[j] += e_j * (float)(1 / l) row after row; a row that sees no token
+ * adds nothing. Every backend gives those floats. work is the caller's, work_len floats, at least
+ * the pages' token count (more lets rows run side by side). table names the page list for a device
+ * backend, which keeps its descriptors under that name as it does attention's (any value is
+ * correct; a list unlike the last one under its name only sends more). */
 typedef struct be_mass {
     const float *q;          /* row t's query head h at q + t * q_stride + h * head_dim, already scaled */
     int64_t n_q, q_stride, q_pos0;
@@ -239,6 +242,7 @@ typedef struct be_mass {
     float *acc;                /* [the pages' tokens] */
     float *work;
     int64_t work_len;
+    uint64_t table;
 } be_mass;
 
 typedef struct be_backend be_backend;

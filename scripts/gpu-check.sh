@@ -5,8 +5,8 @@
 #   1. the machine (nvidia-smi) and whether kvchat starts;
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
 #   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds, scores,
-#      key-means and selection tests, racecheck over the attention kernels' and the fused ops' tests, and
-#      synccheck over those and the key means';
+#      key-means, attention-mass and selection tests, racecheck over the attention kernels' and the fused
+#      ops' tests, and synccheck over those, the key means' and the attention mass's;
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
@@ -197,20 +197,21 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
-    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, selection)" 120 \
+    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, selection)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|a_selection_by_bounds*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|a_selection_by_bounds*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
     # stages; racecheck is slow, so that test alone, and the fused ops' shared block sums) and
-    # barriers (both, the fused ops, and the key means' row then its sum of squares)
+    # barriers (both, the fused ops, the key means' row then its sum of squares, and the attention
+    # mass's shuffles within half-warps and its row sums)
     step "compute-sanitizer racecheck (flash attention, fused ops)" 120 \
         compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(flash_attention*|fused_ops*)'
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
-    step "compute-sanitizer synccheck (attention kernels, fused ops, key means)" 90 \
+    step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass)" 90 \
         compute-sanitizer --tool synccheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(grouped_attention*|flash_attention*|fused_ops*|the_key_means_on*)'
+        --filter 'cuda/@(grouped_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
     say "- compute-sanitizer: not installed here"

@@ -1,6 +1,8 @@
 /* The eviction policies' attention mass (be_ops.attn_mass, kernels/backend.h be_mass): the CPU
  * backend's, its rows side by side on its threads, against the plain loop the op is defined by,
- * bit for bit, whatever the threads and the work's room. */
+ * bit for bit, whatever the threads and the work's room; and the CUDA backend's passes
+ * (kernels/mass_kernels.h) run on the host for every thread of their launches, against the CPU
+ * backend, bit for bit. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -8,6 +10,8 @@
 
 #include "common/quant.h"
 #include "kernels/backend.h"
+#include "kernels/exp_poly.h"
+#include "kernels/mass_kernels.h"
 
 static uint64_t next(uint64_t *r)
 {
@@ -42,15 +46,94 @@ static void reference(const be_mass *m, float *acc)
                 }
             }
             if (mx == -INFINITY) continue;
-            double l = 0;
+            double part[256] = { 0 };   /* 256 partial sums, then added pairwise */
             for (j = 0; j < T; j++) {
-                s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - mx);
-                l += s[j];
+                s[j] = xp_exp(s[j] - mx);
+                part[j % 256] += s[j];
             }
-            float inv = (float)(1.0 / l);
+            for (int st = 128; st >= 1; st /= 2)
+                for (int u = 0; u < st; u++) part[u] += part[u + st];
+            float inv = (float)(1.0 / part[0]);
             for (j = 0; j < T; j++) acc[j] += s[j] * inv;
         }
     free(s);
+}
+
+/* One call's input: a KV head's pages of f16 keys at ascending, sometimes scattered positions, some
+ * with biases (merged), and query rows some of which see nothing. */
+typedef struct mass_case {
+    be_mass m;
+    be_kv_page *pages;
+    uint16_t **ks;
+    int32_t **ps;
+    float **bs, *q, *acc0;   /* acc0: what the sums start from */
+    int64_t T, first_pos;
+} mass_case;
+
+static void make_case(uint64_t *r, int round, int max_d, mass_case *c)
+{
+    int D = 1 + (int)(next(r) % (uint64_t)max_d), group = 1 + (int)(next(r) % 4), n_head_kv = 1 + (int)(next(r) % 3);
+    int g = (int)(next(r) % n_head_kv), P = 1 + (int)(next(r) % 40), np = (int)(next(r) % 30);
+    if (round < 4) {   /* long heads: the sums run token range by token range on the threads */
+        P = 64;
+        np = 100 + (int)(next(r) % 60);
+        D = 1 + (int)(next(r) % 16);
+    }
+    int64_t n_q = 1 + (int64_t)(next(r) % 70), q_stride = (int64_t)n_head_kv * group * D;
+    c->pages = calloc((size_t)(np > 0 ? np : 1), sizeof *c->pages);
+    c->ks = calloc((size_t)(np > 0 ? np : 1), sizeof *c->ks);
+    c->ps = calloc((size_t)(np > 0 ? np : 1), sizeof *c->ps);
+    c->bs = calloc((size_t)(np > 0 ? np : 1), sizeof *c->bs);
+    cr_assert(c->pages && c->ks && c->ps && c->bs);
+    int64_t T = 0, pos = 0, first_pos = -1;
+    int stride = D + (int)(next(r) % 3);
+    for (int i = 0; i < np; i++) {
+        int n = (int)(next(r) % (uint64_t)(P + 1));
+        c->ks[i] = malloc(sizeof(uint16_t) * (size_t)(P * stride + 1));
+        c->ps[i] = malloc(sizeof(int32_t) * (size_t)(P + 1));
+        c->bs[i] = malloc(sizeof(float) * (size_t)(P + 1));
+        cr_assert(c->ks[i] && c->ps[i] && c->bs[i]);
+        for (int k = 0; k < n * stride; k++) {
+            float x = frand(r) * (float)(1 << (next(r) % 4));
+            be_host_f32_to_f16(1, &x, &c->ks[i][k]);
+        }
+        for (int k = 0; k < n; k++) {
+            pos += 1 + (next(r) % 4 == 0 ? (int64_t)(next(r) % 5) : 0);
+            c->ps[i][k] = (int32_t)pos;
+            if (first_pos < 0) first_pos = pos;
+            c->bs[i][k] = logf(1.0f + (float)(next(r) % 4));
+        }
+        c->pages[i] = (be_kv_page){ .k = c->ks[i], .pos = c->ps[i], .bias = next(r) % 3 ? NULL : c->bs[i], .n = n,
+                                    .stride = stride };
+        T += n;
+    }
+    c->q = malloc(sizeof(float) * (size_t)(n_q * q_stride));
+    cr_assert(c->q);
+    for (int64_t i = 0; i < n_q * q_stride; i++) c->q[i] = frand(r);
+    /* some rows before every token (they see nothing), most among them */
+    int64_t q_pos0 = (int64_t)(next(r) % (uint64_t)(pos + 8)) - 4;
+    if (round % 5 == 0 && first_pos >= 0) q_pos0 = first_pos - 1 - n_q / 2;   /* the first half sees nothing */
+    c->acc0 = calloc((size_t)(T > 0 ? T : 1), sizeof(float));
+    cr_assert(c->acc0);
+    for (int64_t j = 0; j < T; j++) c->acc0[j] = (float)(next(r) % 3);   /* the acc adds to what is there */
+    c->m = (be_mass){ c->q, n_q, q_stride, q_pos0, g * group, group, D, c->pages, np, NULL, NULL, 0, 0 };
+    c->T = T;
+    c->first_pos = first_pos;
+}
+
+static void free_case(mass_case *c)
+{
+    for (int64_t i = 0; i < c->m.n_pages; i++) {
+        free(c->ks[i]);
+        free(c->ps[i]);
+        free(c->bs[i]);
+    }
+    free(c->pages);
+    free(c->ks);
+    free(c->ps);
+    free(c->bs);
+    free(c->q);
+    free(c->acc0);
 }
 
 Test(attn_mass, the_cpu_gives_the_plain_loops_floats_whatever_the_threads_and_the_room)
@@ -61,91 +144,168 @@ Test(attn_mass, the_cpu_gives_the_plain_loops_floats_whatever_the_threads_and_th
     uint64_t r = 99;
     int cases = 0, empty_rows = 0;
     for (int round = 0; round < 60; round++) {
-        int D = 1 + (int)(next(&r) % 160), group = 1 + (int)(next(&r) % 4), n_head_kv = 1 + (int)(next(&r) % 3);
-        int g = (int)(next(&r) % n_head_kv), P = 1 + (int)(next(&r) % 40), np = (int)(next(&r) % 30);
-        if (round < 4) {   /* long heads: the sums run token range by token range on the threads */
-            P = 64;
-            np = 100 + (int)(next(&r) % 60);
-            D = 1 + (int)(next(&r) % 16);
-        }
-        int64_t n_q = 1 + (int64_t)(next(&r) % 70), q_stride = (int64_t)n_head_kv * group * D;
-        /* pages of f16 keys at ascending, sometimes scattered positions, some with biases (merged) */
-        be_kv_page *pages = calloc((size_t)(np > 0 ? np : 1), sizeof *pages);
-        uint16_t **ks = calloc((size_t)(np > 0 ? np : 1), sizeof *ks);
-        int32_t **ps = calloc((size_t)(np > 0 ? np : 1), sizeof *ps);
-        float **bs = calloc((size_t)(np > 0 ? np : 1), sizeof *bs);
-        cr_assert(pages && ks && ps && bs);
-        int64_t T = 0, pos = 0, first_pos = -1;
-        int stride = D + (int)(next(&r) % 3);
-        for (int i = 0; i < np; i++) {
-            int n = (int)(next(&r) % (P + 1));
-            ks[i] = malloc(sizeof(uint16_t) * (size_t)(P * stride + 1));
-            ps[i] = malloc(sizeof(int32_t) * (size_t)(P + 1));
-            bs[i] = malloc(sizeof(float) * (size_t)(P + 1));
-            cr_assert(ks[i] && ps[i] && bs[i]);
-            for (int k = 0; k < n * stride; k++) {
-                float x = frand(&r) * (float)(1 << (next(&r) % 4));
-                be_host_f32_to_f16(1, &x, &ks[i][k]);
-            }
-            for (int k = 0; k < n; k++) {
-                pos += 1 + (next(&r) % 4 == 0 ? (int64_t)(next(&r) % 5) : 0);
-                ps[i][k] = (int32_t)pos;
-                if (first_pos < 0) first_pos = pos;
-                bs[i][k] = logf(1.0f + (float)(next(&r) % 4));
-            }
-            pages[i] = (be_kv_page){ .k = ks[i], .pos = ps[i], .bias = next(&r) % 3 ? NULL : bs[i], .n = n,
-                                     .stride = stride };
-            T += n;
-        }
-        float *q = malloc(sizeof(float) * (size_t)(n_q * q_stride));
-        cr_assert(q);
-        for (int64_t i = 0; i < n_q * q_stride; i++) q[i] = frand(&r);
-        /* some rows before every token (they see nothing), most among them */
-        int64_t q_pos0 = (int64_t)(next(&r) % (pos + 8)) - 4;
-        if (round % 5 == 0 && first_pos >= 0) q_pos0 = first_pos - 1 - n_q / 2;   /* the first half sees nothing */
-        float *want = calloc((size_t)(T > 0 ? T : 1), sizeof(float)), *got = calloc((size_t)(T > 0 ? T : 1), sizeof(float));
-        cr_assert(want && got);
-        for (int64_t j = 0; j < T; j++) want[j] = got[j] = (float)(next(&r) % 3);   /* the acc adds to what is there */
-        be_mass m = { q, n_q, q_stride, q_pos0, g * group, group, D, pages, np, want, NULL, 0 };
-        reference(&m, want);
-        for (int64_t i = 0; i < n_q; i++) empty_rows += T > 0 && q_pos0 + i < first_pos;
+        mass_case c;
+        make_case(&r, round, 160, &c);
+        const int64_t T = c.T;
+        float *want = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
+        cr_assert(want);
+        memcpy(want, c.acc0, sizeof(float) * (size_t)T);
+        reference(&c.m, want);
+        for (int64_t i = 0; i < c.m.n_q; i++) empty_rows += T > 0 && c.m.q_pos0 + i < c.first_pos;
         /* the room for 1 row, a few, and more than 64 */
         const int64_t rooms[3] = { 1, 1 + (int64_t)(next(&r) % 9), 100 };
         for (int ri = 0; ri < 3; ri++)
             for (int bi = 0; bi < 2; bi++) {
                 be_backend *b = bi ? b3 : b1;
                 float *work = malloc(sizeof(float) * (size_t)((T > 0 ? T : 1) * rooms[ri]));
-                cr_assert(work);
                 float *acc = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
-                cr_assert(acc);
-                memcpy(acc, got, sizeof(float) * (size_t)T);
-                be_mass c = m;
-                c.acc = acc;
-                c.work = work;
-                c.work_len = T * rooms[ri];
-                b->ops->attn_mass(b, &c);
+                cr_assert(work && acc);
+                memcpy(acc, c.acc0, sizeof(float) * (size_t)T);
+                be_mass m = c.m;
+                m.acc = acc;
+                m.work = work;
+                m.work_len = T * rooms[ri];
+                b->ops->attn_mass(b, &m);
                 cr_assert(!memcmp(acc, want, sizeof(float) * (size_t)T),
-                          "round %d (head dim %d, group %d, %d pages, %lld tokens, %lld rows), room %lld rows, %d "
+                          "round %d (head dim %d, group %d, %lld pages, %lld tokens, %lld rows), room %lld rows, %d "
                           "threads: not the plain loop's floats",
-                          round, D, group, np, (long long)T, (long long)n_q, (long long)rooms[ri], bi ? 3 : 1);
+                          round, m.head_dim, m.group, (long long)m.n_pages, (long long)T, (long long)m.n_q,
+                          (long long)rooms[ri], bi ? 3 : 1);
                 free(work);
                 free(acc);
                 cases++;
             }
-        for (int i = 0; i < np; i++) {
-            free(ks[i]);
-            free(ps[i]);
-            free(bs[i]);
-        }
-        free(pages);
-        free(ks);
-        free(ps);
-        free(bs);
-        free(q);
         free(want);
-        free(got);
+        free_case(&c);
     }
     cr_assert(cases == 360 && empty_rows > 50, "%d cases, %d rows that see nothing", cases, empty_rows);
     be_free(b1);
     be_free(b3);
+}
+
+/* The CUDA backend's three passes as its kernels run them (kernels/cuda/backend_cuda.cu
+ * mass_score_kernel, mass_weight_kernel, mass_add_kernel), every block and thread on the host,
+ * rows in passes of `per`. A shuffle down past a half-warp's 16 lanes gives the lane its own
+ * value. */
+static void device_passes(const be_mass *m, int64_t T, int64_t per, float *acc)
+{
+    const int D = m->head_dim;
+    const int64_t rows = m->n_q * m->group;
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)(m->n_pages > 0 ? m->n_pages : 1));
+    float *e = malloc(sizeof(float) * (size_t)(per * T)), *factor = malloc(sizeof(float) * (size_t)per);
+    float *qs = malloc(sizeof(float) * (size_t)(MS_ROWS * D));
+    cr_assert(first && e && factor && qs);
+    for (int64_t i = 0, at = 0; i < m->n_pages; i++) {
+        first[i] = at;
+        at += m->pages[i].n;
+    }
+    for (int64_t x = 0; x < per * T; x++) e[x] = NAN;   /* every score the pass needs is written */
+    ms_rows q = { m->q, m->q_stride, m->q_pos0, 0, 0, m->first_head, m->group, D };
+    for (q.r0 = 0; q.r0 < rows; q.r0 += per) {
+        q.n = rows - q.r0 < per ? rows - q.r0 : per;
+        for (int64_t p = 0; p < m->n_pages; p++)                            /* blockIdx.x */
+            for (int64_t rb = 0; rb < q.n; rb += MS_ROWS) {                 /* blockIdx.y * MS_ROWS */
+                const be_kv_page *pg = &m->pages[p];
+                const int nr = q.n - rb < MS_ROWS ? (int)(q.n - rb) : MS_ROWS;
+                for (int x = 0; x < MS_ROWS * D; x++) qs[x] = x < nr * D ? ms_query(&q, rb + x / D)[x % D] : 0.0f;
+                for (int half = 0; half < MS_THREADS / MS_LANES; half++)
+                    for (int32_t i0 = half & ~1; i0 < pg->n; i0 += MS_THREADS / MS_LANES) {
+                        const int32_t i = i0 + (half & 1);
+                        const uint16_t *k = pg->k + (size_t)(i < pg->n ? i : i0) * (size_t)pg->stride;
+                        float v[MS_LANES][MS_ROWS], was[MS_LANES][MS_ROWS];
+                        for (int l = 0; l < MS_LANES; l++) ms_lane_parts(qs, k, D, l, v[l]);
+                        for (int st = 0; st < MS_TREE_STEPS; st++) {
+                            memcpy(was, v, sizeof v);
+                            for (int l = 0; l < MS_LANES; l++)
+                                for (int rr = 0; rr < MS_ROWS; rr++) {
+                                    int from = l + ms_stride(st) < MS_LANES ? l + ms_stride(st) : l;
+                                    v[l][rr] = was[l][rr] + was[from][rr];
+                                }
+                        }
+                        if (i >= pg->n) continue;
+                        for (int rr = 0; rr < nr; rr++)
+                            e[(rb + rr) * T + first[p] + i] = ms_score(ms_tail(qs + rr * D, k, D, v[0][rr]), pg->bias,
+                                                                       pg->pos, i, ms_q_pos(&q, rb + rr));
+                    }
+            }
+        for (int64_t row = 0; row < q.n; row++) {   /* a block a row */
+            float *s = e + row * T, mxs[MS_PARTS];
+            double parts[MS_PARTS];
+            for (int u = 0; u < MS_PARTS; u++) {
+                mxs[u] = -INFINITY;
+                for (int64_t j = u; j < T; j += MS_PARTS)
+                    if (s[j] > mxs[u]) mxs[u] = s[j];
+            }
+            for (int st = MS_PARTS / 2; st >= 1; st /= 2)
+                for (int u = 0; u < st; u++)
+                    if (mxs[u + st] > mxs[u]) mxs[u] = mxs[u + st];
+            const float mx = mxs[0];
+            if (mx == -INFINITY) {
+                factor[row] = MS_EMPTY;
+                continue;
+            }
+            for (int u = 0; u < MS_PARTS; u++) {
+                for (int64_t j = u; j < T; j += MS_PARTS) s[j] = ms_weight(s[j], mx);
+                parts[u] = ms_part(s, T, u);
+            }
+            for (int st = MS_PARTS / 2; st >= 1; st /= 2)
+                for (int u = 0; u < MS_PARTS; u++) ms_parts_step(parts, st, u);
+            factor[row] = ms_factor(mx, parts[0]);
+        }
+        for (int64_t j = 0; j < T; j++) acc[j] = ms_add(acc[j], e, T, q.n, factor, j);   /* a thread a key */
+    }
+    free(first);
+    free(e);
+    free(factor);
+    free(qs);
+}
+
+Test(attn_mass, the_cuda_passes_run_on_the_host_give_the_cpus_floats)
+{
+    char err[256];
+    be_backend *cpu = be_cpu_create(2, err, sizeof err);
+    cr_assert(cpu, "%s", err);
+    uint64_t r = 4242;
+    int cases = 0, tails[16] = { 0 };
+    for (int round = 0; round < 40; round++) {
+        mass_case c;
+        make_case(&r, round, round % 4 == 1 ? MS_MAX_D : 300, &c);
+        const int64_t T = c.T, rows = c.m.n_q * c.m.group;
+        if (T == 0) {
+            free_case(&c);
+            continue;
+        }
+        float *want = malloc(sizeof(float) * (size_t)T), *got = malloc(sizeof(float) * (size_t)T);
+        float *work = malloc(sizeof(float) * (size_t)(T * 8));
+        cr_assert(want && got && work);
+        memcpy(want, c.acc0, sizeof(float) * (size_t)T);
+        be_mass m = c.m;
+        m.acc = want;
+        m.work = work;
+        m.work_len = T * 8;
+        cpu->ops->attn_mass(cpu, &m);
+        /* every row in one pass, and in passes of a few rows (the device's work is bounded) */
+        const int64_t pers[2] = { rows, 1 + (int64_t)(next(&r) % 11) };
+        for (int pi = 0; pi < 2; pi++) {
+            memcpy(got, c.acc0, sizeof(float) * (size_t)T);
+            device_passes(&c.m, T, pers[pi] < rows ? pers[pi] : rows, got);
+            int bad = 0;
+            for (int64_t j = 0; j < T; j++) bad += memcmp(&got[j], &want[j], sizeof(float)) != 0;
+            cr_assert_eq(bad, 0,
+                         "round %d (head dim %d, group %d, %lld pages, %lld tokens, %lld rows), passes of %lld rows: "
+                         "%d of %lld sums differ from the CPU's",
+                         round, c.m.head_dim, c.m.group, (long long)c.m.n_pages, (long long)T, (long long)c.m.n_q,
+                         (long long)pers[pi], bad, (long long)T);
+            cases++;
+        }
+        tails[c.m.head_dim % 16]++;
+        free(want);
+        free(got);
+        free(work);
+        free_case(&c);
+    }
+    int kinds = 0;
+    for (int i = 0; i < 16; i++) kinds += tails[i] > 0;
+    cr_assert(cases >= 70 && kinds >= 10, "%d cases, %d of the 16 head dimensions' remainders", cases, kinds);
+    be_free(cpu);
 }

@@ -72,7 +72,10 @@ int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t
         free(pages);
         return -1;
     }
-    be_mass m = { q, n, q_stride, qpos0, g * G, G, env->head_dim, pages, np, acc, work, rows * T };
+    /* the list's name on a device backend: one per cache, layer and KV head */
+    uint64_t table = ((uint64_t)(uintptr_t)env->kv * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)il << 32) ^
+                     ((uint64_t)g << 16) ^ 0x6d61u;
+    be_mass m = { q, n, q_stride, qpos0, g * G, G, env->head_dim, pages, np, acc, work, rows * T, table };
     if (T > 0 && n > 0) env->b->ops->attn_mass(env->b, &m);
     free(pages);
     free(work);

@@ -15,6 +15,7 @@
 #include "kernels/cpu/pick.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cpu/vec_dot.h"
+#include "kernels/mass_kernels.h"
 #include "kernels/mean_kernels.h"
 
 #define MAX_MM 4           /* products per matmul call */
@@ -915,12 +916,12 @@ static void cpu_key_means(be_backend *b, const be_key_means *m)
 }
 
 /* The attention mass (be_mass): rows side by side, a block of at most 64 at a time, each row's
- * weights into its slice of work, then added token range by token range in row order, so the
- * floats are the plain loop's whatever the threads. */
+ * weights into its slice of work (their sum in kernels/mass_kernels.h's order), then added token
+ * range by token range in row order, so the floats are the definition's whatever the threads. */
 typedef struct mass_job {
     const be_mass *m;
     int64_t T, chunk, r0, n;   /* the block: rows r0 .. r0 + n (n <= 64) */
-    uint64_t empty;            /* bit i: row r0 + i sees no token */
+    float factor[64];          /* row r0 + i's factor (MS_EMPTY: it sees no token) */
 } mass_job;
 
 static void mass_row(void *ctx, int64_t i, int tid)
@@ -935,26 +936,18 @@ static void mass_row(void *ctx, int64_t i, int tid)
     for (int64_t pi = 0; pi < m->n_pages; pi++) {
         const be_kv_page *p = &m->pages[pi];
         for (int32_t k = 0; k < p->n; k++, e++) {
-            if (p->pos[k] > qp) {
-                s[e] = -INFINITY;
-                continue;
-            }
-            s[e] = vd_dot_f32_f16(D, q, p->k + (size_t)k * (size_t)p->stride);
-            if (p->bias) s[e] += p->bias[k];
+            s[e] = ms_score(p->pos[k] > qp ? 0.0f : vd_dot_f32_f16(D, q, p->k + (size_t)k * (size_t)p->stride),
+                            p->bias, p->pos, k, qp);
             if (s[e] > mx) mx = s[e];
         }
     }
     if (mx == -INFINITY) {
-        __atomic_fetch_or(&j->empty, 1ull << i, __ATOMIC_RELAXED);
+        j->factor[i] = MS_EMPTY;
         return;
     }
-    double l = 0;
-    for (e = 0; e < j->T; e++) {
-        s[e] = s[e] == -INFINITY ? 0.0f : expf(s[e] - mx);
-        l += s[e];
-    }
-    float inv = (float)(1.0 / l);
-    for (e = 0; e < j->T; e++) s[e] = s[e] * inv;
+    for (e = 0; e < j->T; e++) s[e] = s[e] - mx;
+    vd_exp_f32(j->T, s, s);
+    j->factor[i] = ms_factor(mx, ms_row_sum(s, j->T));
 }
 
 static void mass_add(void *ctx, int64_t c, int tid)
@@ -963,10 +956,10 @@ static void mass_add(void *ctx, int64_t c, int tid)
     mass_job *j = ctx;
     const be_mass *m = j->m;
     int64_t a = c * j->chunk, b = a + j->chunk < j->T ? a + j->chunk : j->T;
-    for (int64_t i = 0; i < j->n; i++) {
-        if ((j->empty >> i) & 1) continue;
-        const float *w = m->work + i * j->T;
-        for (int64_t e = a; e < b; e++) m->acc[e] += w[e];
+    for (int64_t i = 0; i < j->n; i++) {   /* row after row, as ms_add */
+        if (j->factor[i] == MS_EMPTY) continue;
+        const float *w = m->work + i * j->T, f = j->factor[i];
+        for (int64_t e = a; e < b; e++) m->acc[e] += w[e] * f;
     }
 }
 
@@ -982,12 +975,11 @@ static void cpu_attn_mass(be_backend *b, const be_mass *m)
         abort();
     }
     if (per > 64) per = 64;
-    mass_job j = { m, T, 2048, 0, 0, 0 };
+    mass_job j = { m, T, 2048, 0, 0, { 0 } };
     tp_pool *pool = impl_of(b)->pool;
     for (j.r0 = 0; j.r0 < rows; j.r0 += per) {
         int64_t n = rows - j.r0 < per ? rows - j.r0 : per;
         j.n = n;
-        j.empty = 0;
         if (n * T * m->head_dim < (1 << 16)) for (int64_t i = 0; i < n; i++) mass_row(&j, i, 0);
         else tp_run(pool, mass_row, &j, n);
         int64_t chunks = (T + j.chunk - 1) / j.chunk;

@@ -67,6 +67,7 @@ extern "C" {
 #include "kernels/score_kernels.h"
 #include "kernels/fused_kernels.h"
 #include "kernels/mean_kernels.h"
+#include "kernels/mass_kernels.h"
 
 #define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
 #define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
@@ -134,6 +135,11 @@ typedef struct cuda_impl {
     size_t cap_sel_pages, cap_sel_hp;
     double *km_sq;             /* CHESS's rows: each (row, unit)'s sum of squares (key_means_kernel) */
     size_t cap_km_sq;
+    float *ms_e, *ms_factor, *ms_acc;   /* the attention mass: a pass's scores then weights, factors, sums */
+    float *h_ms;               /* page-locked: the sums on their way back */
+    size_t cap_ms_e, cap_ms_factor, cap_ms_acc, cap_h_ms;
+    void *ms_host;             /* the queries packed and the pages' first tokens, before staging */
+    size_t cap_ms_host;
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
@@ -1861,14 +1867,168 @@ static void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int
     ci->cpu->ops->glu(ci->cpu, gate, up, n, gelu);
 }
 
-/* The eviction policies' attention mass, from the host's pages on the CPU backend's threads (the
- * cache's pages are the host's; a kernel over the device's copies is stage 5's next step). Computed
- * even after a device failure, from the queries the host has: a policy evicts by it, and an eviction
- * by a mass never computed could not be undone. */
+/* ---------------------------------------------------------------- the eviction policies' attention mass */
+
+/* Block (page blockIdx.x, the pass's rows from MS_ROWS * blockIdx.y): the page's keys scored for the
+ * block's rows (kernels/mass_kernels.h), key i by half-warp i % 8 of the block; row r's scores go to
+ * e[r * T + first[page] + i]. Both half-warps of a warp run every round (one may score a key past
+ * the page's rows, a valid row's, and drop it), as their shuffles need. */
+__global__ void __launch_bounds__(MS_THREADS) mass_score_kernel(ms_rows rows, const dev_page *pages,
+                                                                 const int64_t *first, int64_t T, float *e)
+{
+    __shared__ float qs[MS_ROWS * MS_MAX_D];
+    const ms_rows q = rows;   /* a copy whose address the helpers take, not the parameter's */
+    const dev_page pg = pages[blockIdx.x];
+    const int64_t rb = (int64_t)blockIdx.y * MS_ROWS;
+    const int nr = q.n - rb < MS_ROWS ? (int)(q.n - rb) : MS_ROWS, D = q.D;
+    for (int x = threadIdx.x; x < MS_ROWS * D; x += MS_THREADS)   /* rows past the pass's end: zeros */
+        qs[x] = x < nr * D ? ms_query(&q, rb + x / D)[x % D] : 0.0f;
+    __syncthreads();
+    const int lane = threadIdx.x % MS_LANES, half = threadIdx.x / MS_LANES, halves = MS_THREADS / MS_LANES;
+    for (int32_t i0 = half & ~1; i0 < pg.n; i0 += halves) {
+        const int32_t i = i0 + (half & 1);
+        const uint16_t *k = pg.k + (size_t)(i < pg.n ? i : i0) * (size_t)pg.stride;
+        float v[MS_ROWS];
+        ms_lane_parts(qs, k, D, lane, v);
+        for (int st = 0; st < MS_TREE_STEPS; st++) {
+            QB_UNROLL
+            for (int r = 0; r < MS_ROWS; r++)
+                v[r] = QB_ADD(v[r], __shfl_down_sync(0xffffffffu, v[r], ms_stride(st), MS_LANES));
+        }
+        if (lane != 0 || i >= pg.n) continue;
+        float *out = e + first[blockIdx.x] + i;
+        QB_UNROLL
+        for (int r = 0; r < MS_ROWS; r++)   /* unrolled, so v stays in registers */
+            if (r < nr)
+                out[(rb + r) * T] = ms_score(ms_tail(qs + r * D, k, D, v[r]), pg.bias, pg.pos, i, ms_q_pos(&q, rb + r));
+    }
+}
+
+/* A block a row of T scores: the row's largest, every score made its weight (in place), the
+ * weights' sum in MS_PARTS parts added pairwise, and the row's factor. */
+__global__ void __launch_bounds__(MS_PARTS) mass_weight_kernel(float *e, int64_t T, float *factor)
+{
+    __shared__ float mxs[MS_PARTS];
+    __shared__ double parts[MS_PARTS];
+    float *row = e + (int64_t)blockIdx.x * T;
+    const int u = threadIdx.x;
+    float mx = -INFINITY;
+    for (int64_t j = u; j < T; j += MS_PARTS)
+        if (row[j] > mx) mx = row[j];
+    mxs[u] = mx;
+    __syncthreads();
+    for (int st = MS_PARTS / 2; st >= 1; st /= 2) {   /* the same value in any order */
+        if (u < st && mxs[u + st] > mxs[u]) mxs[u] = mxs[u + st];
+        __syncthreads();
+    }
+    mx = mxs[0];
+    if (mx == -INFINITY) {   /* the whole block */
+        if (u == 0) factor[blockIdx.x] = MS_EMPTY;
+        return;
+    }
+    for (int64_t j = u; j < T; j += MS_PARTS) row[j] = ms_weight(row[j], mx);
+    parts[u] = ms_part(row, T, u);   /* the weights this thread wrote */
+    __syncthreads();
+    for (int st = MS_PARTS / 2; st >= 1; st /= 2) {
+        ms_parts_step(parts, st, u);
+        __syncthreads();
+    }
+    if (u == 0) factor[blockIdx.x] = ms_factor(mx, parts[0]);
+}
+
+/* A thread a key: its mass plus each row's weight times the row's factor, rows in order. */
+__global__ void __launch_bounds__(MS_ADD_THREADS) mass_add_kernel(const float *e, int64_t T, int64_t rows,
+                                                                   const float *factor, float *acc)
+{
+    const int64_t j = (int64_t)blockIdx.x * MS_ADD_THREADS + threadIdx.x;
+    if (j < T) acc[j] = ms_add(acc[j], e, T, rows, factor, j);
+}
+
+/* Floats of scores a pass holds on the device: the rows run in passes of at most this many. */
+#define MS_WORK_FLOATS ((int64_t)1 << 25)
+
+/* On the device from its copies of the pages (the list kept under m->table, as attention's), the
+ * queries from where they are (bound: on the device; else only the group's packed and sent), the
+ * sums sent, added to and brought back: one wait. 0, or -1 with the failure recorded. */
+static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
+{
+    const int64_t rows = m->n_q * m->group, D = m->head_dim, np = m->n_pages;
+    if (ci->batch.n && send_batch(ci)) return -1;
+    pt_call pl;
+    int rc = pt_build(&ci->tables, m->table, 0, m->pages, np, NULL, 1, NULL, &pl);
+    if (rc != PT_OK) {
+        tables_failed(ci, rc);
+        return -1;
+    }
+    if (send_batch(ci)) return -1;
+    const size_t qspan = sizeof(float) * (size_t)((m->n_q - 1) * m->q_stride + (int64_t)(m->first_head + m->group) * D);
+    const int q_bound = bound(ci, m->q, qspan);
+    const size_t fb = sizeof(int64_t) * (size_t)np, ab = sizeof(float) * (size_t)T;
+    const size_t qb = q_bound ? 0 : sizeof(float) * (size_t)(rows * D);
+    if (fb + qb > ci->cap_ms_host) {
+        void *h = realloc(ci->ms_host, fb + qb);
+        if (!h) return fail(ci, "out of memory");
+        ci->ms_host = h;
+        ci->cap_ms_host = fb + qb;
+    }
+    int64_t *first = (int64_t *)ci->ms_host, at = 0;
+    for (int64_t i = 0; i < np; i++) {
+        first[i] = at;
+        at += m->pages[i].n;
+    }
+    ms_rows r = { NULL, m->q_stride, m->q_pos0, 0, 0, m->first_head, m->group, (int)D };
+    if (!q_bound) {   /* the group's rows only, side by side */
+        float *pack = (float *)(first + np);
+        for (int64_t c = 0; c < rows; c++)
+            memcpy(pack + c * D, m->q + (c / m->group) * m->q_stride + (m->first_head + c % m->group) * D,
+                   sizeof(float) * (size_t)D);
+        r.q_stride = (int64_t)m->group * D;
+        r.first_head = 0;
+    }
+    int64_t per = MS_WORK_FLOATS / T;
+    if (per < 1) per = 1;
+    if (per > rows) per = rows;
+    if (per > (int64_t)MS_ROWS * 65535) per = (int64_t)MS_ROWS * 65535;
+    if (grow_dev(ci, (void **)&ci->ms_e, &ci->cap_ms_e, sizeof(float) * (size_t)(per * T)) ||
+        grow_dev(ci, (void **)&ci->ms_factor, &ci->cap_ms_factor, sizeof(float) * (size_t)per) ||
+        grow_dev(ci, (void **)&ci->ms_acc, &ci->cap_ms_acc, ab) ||
+        grow_host(ci, (void **)&ci->h_ms, &ci->cap_h_ms, ab) ||
+        stage_reserve(ci, stage_size(fb) + stage_size(ab) + stage_size(qb)))
+        return -1;
+    const int64_t *d_first = (const int64_t *)stage(ci, first, fb);
+    r.q = q_bound ? (const float *)am_dev_in(&ci->act, m->q, qspan) : (const float *)stage(ci, first + np, qb);
+    if (!d_first || !r.q || send_to(ci, ci->ms_acc, m->acc, ab)) return -1;
+    cudaStream_t s = ci->stream;
+    for (r.r0 = 0; r.r0 < rows; r.r0 += per) {
+        r.n = rows - r.r0 < per ? rows - r.r0 : per;
+        mass_score_kernel<<<dim3((unsigned)np, (unsigned)((r.n + MS_ROWS - 1) / MS_ROWS)), MS_THREADS, 0, s>>>(
+            r, pl.pages, d_first, T, ci->ms_e);
+        mass_weight_kernel<<<(unsigned)r.n, MS_PARTS, 0, s>>>(ci->ms_e, T, ci->ms_factor);
+        mass_add_kernel<<<(unsigned)((T + MS_ADD_THREADS - 1) / MS_ADD_THREADS), MS_ADD_THREADS, 0, s>>>(
+            ci->ms_e, T, r.n, ci->ms_factor, ci->ms_acc);
+        if (ck(ci, cudaGetLastError(), "attention mass kernels")) return -1;
+    }
+    if (ck(ci, cudaMemcpyAsync(ci->h_ms, ci->ms_acc, ab, cudaMemcpyDeviceToHost, s), "attention mass download"))
+        return -1;
+    ci->bytes_down += ab;
+    if (sync_stream(ci, "attention mass")) return -1;
+    memcpy(m->acc, ci->h_ms, ab);
+    return 0;
+}
+
+/* The eviction policies' attention mass: on the device where it can run (head dimensions up to
+ * MS_MAX_D); else, and once the device has failed, on the CPU backend's threads from the host's
+ * pages and the queries the host has (a policy evicts by it, and an eviction by a mass never
+ * computed could not be undone). Both give the same floats. */
 static void cuda_attn_mass(be_backend *b, const be_mass *m)
 {
     cuda_impl *ci = impl_of(b);
     if (m->n_q <= 0) return;
+    int64_t T = 0;
+    for (int64_t i = 0; i < m->n_pages; i++) T += m->pages[i].n;
+    if (!ci->failed && T > 0 && m->group > 0 && m->head_dim > 0 && m->head_dim <= MS_MAX_D &&
+        attn_mass_dev(ci, m, T) == 0)
+        return;
     am_range r = { m->q, sizeof(float) * (size_t)((m->n_q - 1) * m->q_stride +
                                                   (int64_t)(m->first_head + m->group) * m->head_dim) };
     if (!ci->failed) am_host_read(&ci->act, &r, 1);
@@ -2291,9 +2451,10 @@ static void cuda_destroy(be_backend *b)
         void *dev[] = { ci->y32,   ci->out,   ci->x16, ci->part_o, ci->part_ml, ci->d_arena,
                         ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->cur_pos,
                         ci->pick_keys, ci->pick_max, ci->pick_sums, ci->pick_res, ci->bd_u, ci->bd_keys,
-                        ci->sel_pages, ci->sel_hp, ci->km_sq };
+                        ci->sel_pages, ci->sel_hp, ci->km_sq, ci->ms_e, ci->ms_factor, ci->ms_acc };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
-        void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage, ci->h_pick, ci->h_bd };
+        free(ci->ms_host);
+        void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage, ci->h_pick, ci->h_bd, ci->h_ms };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)
             if (host[i]) cudaFreeHost(host[i]);
         if (ci->blas) cublasDestroy(ci->blas);

@@ -25,7 +25,12 @@
  *   pick of the same row (the host's share of that old path); bytes = the row;
  * - Quest's bounds and top 32 pages a layer at the 7B shape over 8K and 32K tokens (a decode step's
  *   steady state: the summaries on the device), beside the CPU backend on one thread and on every
- *   core; bytes = the summaries read.
+ *   core; bytes = the summaries read;
+ * - the eviction policies' attention mass for one KV head at the 7B shape (4 query heads of 128):
+ *   TAKE's call after a chunk (32 probe rows over 1,536 and 3,072 cached tokens), SnapKV's at the end
+ *   of a 32K prompt (32 rows over 32,768) and H2O's after a chunk (512 rows over 2,048), each a call
+ *   with its wait and the sums brought back, beside the CPU backend on one thread and on every core;
+ *   bytes = the keys read once.
  * Each case: warm-up calls (the first uploads the weight or the pages), then as many calls as take
  * at least 30 ms, timed on the host around the calls and the final wait (launch costs included, as
  * the engine pays them). The weights are a few distinct quantized rows repeated: the speed of a
@@ -149,6 +154,7 @@ static void call_mm(be_backend *b, void *arg)
 static void call_attn(be_backend *b, void *arg) { b->ops->attention(b, (const be_attn *)arg); }
 static void call_pick(be_backend *b, void *arg) { b->ops->pick(b, (be_pick *)arg); }
 static void call_bounds(be_backend *b, void *arg) { b->ops->bound_pages(b, (be_bounds *)arg); }
+static void call_mass(be_backend *b, void *arg) { b->ops->attn_mass(b, (const be_mass *)arg); }
 
 /* The old path's device share: a kernel writes the row (an add of the zeros after it, as 256 rows
  * so that it spreads over the device as the scale it replaces did), the host reads it back. */
@@ -477,6 +483,55 @@ int main(int argc, char **argv)
         be_free(host1);
         be_free(hostn);
         free(q);
+    }
+    {
+        /* the attention mass of one KV head at the 7B shape, pages of 32 (the pages go up at the
+         * first call and are current after it, as a policy's are between chunks) */
+        enum { G = 4, D = 128, P = 32 };
+        static const int64_t calls[][2] = { { 32, 1536 }, { 32, 3072 }, { 32, 32768 }, { 512, 2048 } };
+        be_backend *host1 = be_cpu_create(1, err, sizeof err), *hostn = be_cpu_create(0, err, sizeof err);
+        if (!host1 || !hostn) {
+            fprintf(stderr, "gpu_bench: %s\n", err);
+            return 1;
+        }
+        for (size_t si = 0; si < sizeof calls / sizeof *calls && !(quick && si > 0); si++) {
+            const int64_t n_q = calls[si][0], T = calls[si][1], np = T / P;
+            uint16_t *keys = malloc(sizeof(uint16_t) * (size_t)(T * D));
+            int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+            be_kv_page *pages = malloc(sizeof *pages * (size_t)np);
+            float *q = malloc(sizeof(float) * (size_t)(n_q * G * D)), *acc = calloc((size_t)T, sizeof(float));
+            float *work = malloc(sizeof(float) * (size_t)(64 * T));
+            if (!keys || !pos || !pages || !q || !acc || !work) {
+                fprintf(stderr, "gpu_bench: out of memory\n");
+                return 1;
+            }
+            for (int64_t i = 0; i < T * D; i++) keys[i] = quant_f32_to_fp16(frand() * 0.5f);
+            for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;
+            for (int64_t i = 0; i < n_q * G * D; i++) q[i] = frand() * 0.1f;
+            for (int64_t i = 0; i < np; i++)
+                pages[i] = (be_kv_page){ .k = keys + i * P * D, .v = keys + i * P * D, .pos = pos + i * P, .n = P,
+                                         .stride = D, .gen = ((uint64_t)(si + 1) << 40) + (uint64_t)i, .cap = P };
+            be_mass m = { q, n_q, (int64_t)G * D, T - n_q, 0, G, D, pages, np, acc, work, 64 * T, 0x3A55u + si };
+            be_backend *on[3] = { dflt, host1, hostn };
+            static const char *const names[3] = { "device", "host 1 thread", "host all threads" };
+            static float unbound;
+            char config[80];
+            for (int k = 0; k < 3; k++) {
+                double ms = time_calls(on[k], call_mass, &m, &unbound);
+                if (failed(on[k], "attention mass")) return 1;
+                snprintf(config, sizeof config, "%s mass of %lld rows x %d heads over %lld", names[k], (long long)n_q,
+                         G, (long long)T);
+                row("attn_mass", "f16", T, D, n_q * G, config, ms, 2.0 * D * (double)T);
+            }
+            free(keys);
+            free(pos);
+            free(pages);
+            free(q);
+            free(acc);
+            free(work);
+        }
+        be_free(host1);
+        be_free(hostn);
     }
     for (int k = 0; k < 5; k++) {
         be_unbind(bes[k], x);

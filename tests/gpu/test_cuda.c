@@ -1947,6 +1947,8 @@ Test(cuda, the_key_means_on_the_device_are_the_cpus_bit_for_bit)
         c.grid_rows = want[2];
         c.anchor = want[3];
         cpu->ops->key_means(cpu, &c);
+        if (round == 0)   /* the first call grows the staging area for the pages (a wait, once) */
+            gpu->ops->key_means(gpu, &m);
         uint64_t w0, w1, up, down;
         gpu->ops->counters(gpu, &w0, &up, &down);
         gpu->ops->key_means(gpu, &m);
@@ -2086,4 +2088,106 @@ Test(cuda, selection_policies_decode_the_same_with_the_bounds_on_the_device)
         }
         model_free(m);
     }
+}
+
+/* The eviction policies' attention mass on the device (from its copies of the pages, each head's
+ * list kept under its name) against the CPU backend's: the same bits, with one wait a call; for
+ * queries on the host and bound to the device; again after tokens were evicted (pages rewritten,
+ * new generations), after more were appended and after merged tokens (with biases) replaced a
+ * head, under the same names. */
+Test(cuda, the_attention_mass_on_the_device_is_the_cpus_bit_for_bit)
+{
+    enum { H = 2, D = 128, P = 32, G = 4, NQ = 32 };
+    seed_rng("attn_mass");
+    char err[512];
+    kv_cache *kv = kv_create(1, 8192, H, D, P, NULL, err, sizeof err);
+    cr_assert(kv, "%s", err);
+    uint64_t r = rnd();
+    fwd_fixture_wide_keys(kv, 1, 1500 + (int64_t)(rnd() % 200), &r);
+    const int64_t stride = (int64_t)H * G * D;
+    float *q = malloc(sizeof(float) * (size_t)(NQ * stride));
+    cr_assert(q);
+    for (int64_t i = 0; i < NQ * stride; i++) q[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 4000.0f;
+    int biased = 0;
+    for (int round = 0; round < 5; round++) {
+        if (round == 1)   /* every third token kept: each head's pages rewritten */
+            for (int g = 0; g < H; g++) {
+                int64_t n = kv_head_tokens(kv, 0, g), nk = 0;
+                int64_t *keep = malloc(sizeof(int64_t) * (size_t)n);
+                cr_assert(keep);
+                for (int64_t j = 0; j < n; j += 3) keep[nk++] = j;
+                cr_assert(kv_keep_tokens(kv, 0, g, keep, nk) == 0);
+                free(keep);
+            }
+        if (round == 2) fwd_fixture_wide_keys(kv, 1, 300, &r);
+        if (round == 3)
+            cr_assert(be_bind(gpu, q, sizeof(float) * (size_t)(NQ * stride), err, sizeof err) == 0, "%s", err);
+        if (round == 4)   /* merged tokens: pages with a bias (each token's log-degree) */
+            for (int g = 0; g < H; g++) {
+                enum { N = 700 };
+                float *k = malloc(sizeof(float) * N * D), *v = malloc(sizeof(float) * N * D);
+                float *ld = malloc(sizeof(float) * N);
+                int32_t *pos = malloc(sizeof(int32_t) * N);
+                cr_assert(k && v && ld && pos);
+                for (int i = 0; i < N * D; i++) {
+                    k[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 100.0f;
+                    v[i] = k[i] / 2;
+                }
+                for (int i = 0; i < N; i++) {
+                    pos[i] = 3 * i;
+                    ld[i] = logf(1.0f + (float)(rnd() % 3));
+                }
+                cr_assert(kv_rebuild_head(kv, 0, g, k, v, pos, ld, N) == 0);
+                free(k);
+                free(v);
+                free(ld);
+                free(pos);
+            }
+        for (int g = 0; g < H; g++) {
+            int np = kv_n_pages(kv, 0, g);
+            be_kv_page *pages = malloc(sizeof *pages * (size_t)np);
+            cr_assert(pages);
+            int64_t T = 0;
+            int32_t last = 0;
+            for (int i = 0; i < np; i++) {
+                const kv_page *p = kv_layer_page(kv, 0, g, i);
+                page_list_ref(&pages[i], p, NULL, D, P);
+                T += p->n;
+                biased += pages[i].bias != NULL;
+                if (p->n) last = p->pos[p->n - 1];
+            }
+            float *want = malloc(sizeof(float) * (size_t)T), *got = malloc(sizeof(float) * (size_t)T);
+            float *work = malloc(sizeof(float) * (size_t)(T * 16));
+            cr_assert(want && got && work);
+            for (int64_t j = 0; j < T; j++) want[j] = got[j] = (float)(rnd() % 3);
+            /* the first rows do not see the last tokens */
+            be_mass m = { q, NQ, stride, last - NQ / 2, g * G, G, D, pages, np, want,
+                          work, T * 16, 0xA55u + (uint64_t)g };
+            cpu->ops->attn_mass(cpu, &m);
+            if (round == 0) {   /* the first call grows the staging area for the pages (a wait, once) */
+                m.acc = work;
+                memcpy(work, got, sizeof(float) * (size_t)T);
+                gpu->ops->attn_mass(gpu, &m);
+            }
+            m.acc = got;
+            uint64_t w0, w1, up, down;
+            gpu->ops->counters(gpu, &w0, &up, &down);
+            gpu->ops->attn_mass(gpu, &m);
+            gpu->ops->counters(gpu, &w1, &up, &down);
+            cr_assert_eq(be_failed(gpu, err, sizeof err), 0, "%s", err);
+            cr_expect_eq(w1 - w0, 1, "round %d, head %d: %llu waits", round, g, (unsigned long long)(w1 - w0));
+            int bad = 0;
+            for (int64_t j = 0; j < T; j++) bad += memcmp(&got[j], &want[j], sizeof(float)) != 0;
+            cr_expect_eq(bad, 0, "round %d, head %d: %d of %lld sums differ from the CPU's", round, g, bad,
+                         (long long)T);
+            free(pages);
+            free(want);
+            free(got);
+            free(work);
+        }
+    }
+    cr_expect(biased > 0, "no page with a bias");
+    be_unbind(gpu, q);
+    free(q);
+    kv_free(kv);
 }
