@@ -82,34 +82,45 @@ int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t
     return T;
 }
 
-static const float *cmp64_score;
-
-static int by_score_desc64(const void *a, const void *b)
+/* The k-th largest of key[0..n) (distinct, 1 <= k <= n), the array reordered: a quickselect with a
+ * median-of-three pivot, O(n) expected. */
+static uint64_t kth_largest(uint64_t *key, int64_t n, int64_t k)
 {
-    int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
-    float si = cmp64_score[i], sj = cmp64_score[j];
-    if (si > sj) return -1;
-    if (si < sj) return 1;
-    return (i > j) - (i < j);
-}
-
-static int by_index64(const void *a, const void *b)
-{
-    int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
-    return (i > j) - (i < j);
+    int64_t lo = 0, hi = n;   /* key[0..lo) are larger than key[lo..hi), which are larger than the rest */
+    for (;;) {
+        if (hi - lo == 1) return key[lo];
+        int64_t m = lo + (hi - lo) / 2, last = hi - 1;
+        uint64_t a = key[lo], b = key[m], c = key[last];
+        int64_t pi = (a < b) == (b < c) ? m : (b < a) == (a < c) ? lo : last;   /* the median's place */
+        uint64_t p = key[pi], t;
+        key[pi] = key[last];
+        key[last] = p;
+        int64_t at = lo;
+        for (int64_t i = lo; i < last; i++)
+            if (key[i] > p) {
+                t = key[i];
+                key[i] = key[at];
+                key[at++] = t;
+            }
+        key[last] = key[at];
+        key[at] = p;   /* key[lo..at) > p, then p, then smaller */
+        if (at == k - 1) return p;
+        if (at > k - 1) hi = at;
+        else lo = at + 1;
+    }
 }
 
 int64_t pol_top_k64(const float *score, int64_t n, int64_t k, int64_t *out)
 {
     if (k > n) k = n;
     if (k <= 0) return 0;
-    for (int64_t i = 0; i < n; i++) out[i] = i;
-    if (k < n) {
-        cmp64_score = score;
-        qsort(out, (size_t)n, sizeof *out, by_score_desc64);
-    }
-    qsort(out, (size_t)k, sizeof *out, by_index64);
-    return k;
+    uint64_t *key = (uint64_t *)out;   /* out's room holds the keys until the threshold is known */
+    for (int64_t i = 0; i < n; i++) key[i] = lp_key(lp_value(score[i]), (int32_t)i);
+    uint64_t th = k < n ? kth_largest(key, n, k) : 0;
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (lp_key(lp_value(score[i]), (int32_t)i) >= th) out[m++] = i;
+    return m;
 }
 
 void pol_pool(const float *x, int64_t n, int kernel, int avg, float *out)

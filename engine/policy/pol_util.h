@@ -39,7 +39,9 @@ typedef struct pol_ranking {
 void pol_rank_begin(pol_ranking *r, const float *score, int64_t n, uint64_t *heap);
 /* The next index, or -1 when every one has been given. */
 int64_t pol_rank_next(pol_ranking *r);
-/* Indices of the k largest values of score[0..n) (ties: lower index), ascending, into out. */
+/* Indices of the k largest values of score[0..n) (ties: lower index first; NaN as -inf: the
+ * pick's order), ascending, into out[0..k) (out has room for n; n < 2^31). O(n): a quickselect
+ * finds the k-th largest, then one pass keeps what is not below it. */
 int64_t pol_top_k64(const float *score, int64_t n, int64_t k, int64_t *out);
 
 #endif
