@@ -7,14 +7,79 @@
  * Head dimension 128, random keys in pages of 32. Each line: milliseconds a call (the median of 5
  * after one), on 1 thread and on the given threads (default: every core), and what a whole 32K
  * prompt of TAKE costs at that rate (64 chunks x 32 layers x 8 KV heads calls).
+ * Then the rest of TAKE's host work a call, on the cache itself (8 KV heads, 1,024 tokens kept,
+ * chunks of 512 appended): the head's positions, the pooling (kernel 7), the top 1,024 and the
+ * eviction (kv_keep_tokens), each the median over 8 chunks of the 8 heads' mean, and the sum over
+ * a 32K prompt's calls.
  * Usage: mass_bench [threads] */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "bench/bench_time.h"
+#include "engine/kvcache.h"
+#include "engine/policy/pol_util.h"
 #include "kernels/backend.h"
 
 enum { D = 128, P = 32, ROUNDS = 5 };
+
+/* TAKE's host work a call besides the mass (take.c score_head and keep_top, with the mass replaced
+ * by random positive values): 0, or 1 when out of memory. */
+static int take_host_work(void)
+{
+    enum { H = 8, CHUNK = 512, KEEP = 1024, CHUNKS = 9, PARTS = 4 };
+    char err[256];
+    kv_cache *kv = kv_create(1, (int64_t)CHUNKS * CHUNK + 64, H, D, P, NULL, err, sizeof err);
+    float *k = malloc(sizeof(float) * (size_t)(CHUNK * H * D)), *v = malloc(sizeof(float) * (size_t)(CHUNK * H * D));
+    float *mass = malloc(sizeof(float) * (KEEP + CHUNK)), *pooled = malloc(sizeof(float) * (KEEP + CHUNK));
+    int32_t *pos = malloc(sizeof(int32_t) * (KEEP + CHUNK));
+    int64_t *idx = malloc(sizeof(int64_t) * (KEEP + CHUNK));
+    if (!kv || !k || !v || !mass || !pooled || !pos || !idx) return 1;
+    pol_env env = { .kv = kv, .n_head_kv = H, .head_dim = D };
+    double t[PARTS][CHUNKS - 1];
+    for (int c = 0; c < CHUNKS; c++) {
+        for (int64_t i = 0; i < (int64_t)CHUNK * H * D; i++) k[i] = v[i] = bench_frand();
+        if (kv_append(kv, 0, k, v, CHUNK, (int64_t)c * CHUNK)) return 1;
+        kv_commit(kv, (int64_t)(c + 1) * CHUNK);
+        double sum[PARTS] = { 0 };
+        for (int g = 0; g < H; g++) {
+            double t0 = bench_now_us();
+            int64_t T = pol_head_positions(&env, 0, g, NULL);
+            pol_head_positions(&env, 0, g, pos);
+            double t1 = bench_now_us();
+            for (int64_t j = 0; j < T; j++) mass[j] = bench_frand() + 0.5f;
+            double t2 = bench_now_us();
+            pol_pool(mass, T, 7, 1, pooled);
+            double t3 = bench_now_us();
+            int64_t nk = pol_top_k64(pooled, T, KEEP, idx);
+            double t4 = bench_now_us();
+            if (nk < T && kv_keep_tokens(kv, 0, g, idx, nk)) return 1;
+            double t5 = bench_now_us();
+            sum[0] += t1 - t0;
+            sum[1] += t3 - t2;
+            sum[2] += t4 - t3;
+            sum[3] += t5 - t4;
+        }
+        for (int i = 0; c > 0 && i < PARTS; i++) t[i][c - 1] = sum[i] / H / 1e3;
+    }
+    static const char *const names[PARTS] = { "positions", "pooling", "top 1,024", "eviction" };
+    printf("\nTAKE's host work a call besides the mass (8 KV heads, 1,024 kept + chunks of 512; 1 thread)\n");
+    printf("%-12s %12s %26s\n", "part", "ms a call", "TAKE's 32K prompt (s)");
+    double total = 0;
+    for (int i = 0; i < PARTS; i++) {
+        double ms = bench_median(t[i], CHUNKS - 1);
+        total += ms;
+        printf("%-12s %12.4f %26.2f\n", names[i], ms, ms * 64 * 32 * 8 / 1e3);
+    }
+    printf("%-12s %12.4f %26.2f\n", "all", total, total * 64 * 32 * 8 / 1e3);
+    kv_free(kv);
+    free(k);
+    free(v);
+    free(mass);
+    free(pooled);
+    free(pos);
+    free(idx);
+    return 0;
+}
 
 static double time_call(be_backend *b, const be_mass *m)
 {
@@ -65,7 +130,7 @@ int main(int argc, char **argv)
             pages[i] = (be_kv_page){ .k = k + i * P * D, .pos = pos + i * P,
                                      .n = (int32_t)(T - i * P < P ? T - i * P : P), .stride = D };
         /* rows of 4 query heads a position, every position after the tokens: all of them seen */
-        be_mass m = { q, rows / 4, 4 * D, T, 0, 4, D, pages, np, acc, work, work_rows * T };
+        be_mass m = { q, rows / 4, 4 * D, T, 0, 4, D, pages, np, acc, work, work_rows * T, 0 };
         double t1 = time_call(one, &m), ta = time_call(all, &m);
         printf("%-8s %6lld %8lld %12.3f %12.3f", cases[c].what, (long long)rows, (long long)T, t1, ta);
         if (cases[c].what[0] == 't') printf(" %26.1f", ta * 64 * 32 * 8 / 1e3);
@@ -80,5 +145,9 @@ int main(int argc, char **argv)
     }
     be_free(one);
     be_free(all);
+    if (take_host_work()) {
+        fprintf(stderr, "mass_bench: out of memory\n");
+        return 1;
+    }
     return 0;
 }
