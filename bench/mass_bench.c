@@ -130,7 +130,7 @@ int main(int argc, char **argv)
             pages[i] = (be_kv_page){ .k = k + i * P * D, .pos = pos + i * P,
                                      .n = (int32_t)(T - i * P < P ? T - i * P : P), .stride = D };
         /* rows of 4 query heads a position, every position after the tokens: all of them seen */
-        be_mass m = { q, rows / 4, 4 * D, T, 0, 4, D, pages, np, acc, work, work_rows * T, 0 };
+        be_mass m = { q, rows / 4, 4 * D, T, 0, 4, D, pages, np, acc, work, work_rows * T, 0, 0, NULL };
         double t1 = time_call(one, &m), ta = time_call(all, &m);
         printf("%-8s %6lld %8lld %12.3f %12.3f", cases[c].what, (long long)rows, (long long)T, t1, ta);
         if (cases[c].what[0] == 't') printf(" %26.1f", ta * 64 * 32 * 8 / 1e3);

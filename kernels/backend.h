@@ -229,20 +229,25 @@ typedef struct be_key_means {
  * page's bias; -inf for a token the row does not see), the row's largest s, e_j = e^(s_j - largest)
  * by kernels/exp_poly.h, l the sum of e_j in double in kernels/mass_kernels.h's order (256 partial
  * sums, then pairwise), then acc[j] += e_j * (float)(1 / l) row after row; a row that sees no token
- * adds nothing. Every backend gives those floats. work is the caller's, work_len floats, at least
- * the pages' token count (more lets rows run side by side). table names the page list for a device
- * backend, which keeps its descriptors under that name as it does attention's (any value is
- * correct; a list unlike the last one under its name only sends more). */
+ * adds nothing. Every backend gives those floats. Several KV heads at once (n_kv > 1): KV head h
+ * has pages[head_pages[h] .. head_pages[h + 1]), query heads first_head + h * group onwards and its
+ * sums at acc + the token count of the heads before it; each is the one-head op's. work is the
+ * caller's, work_len floats, at least one head's token count (more lets rows run side by side).
+ * table names the page list for a device backend, which keeps its descriptors under that name as it
+ * does attention's (any value is correct; a list unlike the last one under its name only sends
+ * more). */
 typedef struct be_mass {
     const float *q;          /* row t's query head h at q + t * q_stride + h * head_dim, already scaled */
     int64_t n_q, q_stride, q_pos0;
     int first_head, group, head_dim;   /* the KV head's query heads: first_head .. first_head + group */
-    const be_kv_page *pages;   /* the KV head's pages (rows at k + i * stride; head_step unused) */
+    const be_kv_page *pages;   /* the KV heads' pages (rows at k + i * stride; head_step unused) */
     int64_t n_pages;
     float *acc;                /* [the pages' tokens] */
     float *work;
     int64_t work_len;
     uint64_t table;
+    int n_kv;                  /* KV heads (0 or 1: one, every page its) */
+    const int64_t *head_pages; /* [n_kv + 1] when n_kv > 1 */
 } be_mass;
 
 typedef struct be_backend be_backend;

@@ -3,7 +3,9 @@
  * adds a row's weights by ms_row_sum, and tests/test_attn_mass.c runs every thread of small
  * launches on the host against the CPU backend, bit for bit.
  *
- * Three passes over a block of query rows (row r: query row r / group, head r % group):
+ * Three passes over a block of query rows (row r: query row r / group, head r % group), every KV head
+ * of the call in each (a pass's scores and weights: each head's rows of its tokens, the heads one
+ * after another):
  * - Scores. A half-warp (MS_LANES lanes) scores one key for MS_ROWS rows at once, so a key is read
  *   once for them: lane l adds, by fused multiply-adds, elements l, l + 16, ... of the key's whole
  *   16-element blocks and then, lanes 0-7, the 8-element block after them; the 16 sums are added
@@ -34,19 +36,20 @@
 #define MS_EMPTY (-1.0f)     /* a row's factor when it sees no key (a factor is otherwise >= 0 or NaN) */
 #define MS_ADD_THREADS 256
 
-/* The query rows of one pass: rows r0 .. r0 + n of the call (row c: query row c / group, query head
- * first_head + c % group, at q + (c / group) * q_stride + head * D, position q_pos0 + c / group). */
+/* The query rows of one pass: rows r0 .. r0 + n of each KV head's (KV head h's row c: query row
+ * c / group, query head first_head + h * group + c % group, at q + (c / group) * q_stride + head * D,
+ * position q_pos0 + c / group). */
 typedef struct ms_rows {
     const float *q;
     int64_t q_stride, q_pos0, r0, n;
     int first_head, group, D;
 } ms_rows;
 
-/* Row r of the pass: its query and its position. */
-QB_HD const float *ms_query(const ms_rows *q, int64_t r)
+/* KV head h's row r of the pass: its query, and (the same for every head) its position. */
+QB_HD const float *ms_query(const ms_rows *q, int h, int64_t r)
 {
     const int64_t c = q->r0 + r;
-    return q->q + (c / q->group) * q->q_stride + (int64_t)(q->first_head + (int)(c % q->group)) * q->D;
+    return q->q + (c / q->group) * q->q_stride + (int64_t)(q->first_head + h * q->group + (int)(c % q->group)) * q->D;
 }
 
 QB_HD int64_t ms_q_pos(const ms_rows *q, int64_t r) { return q->q_pos0 + (q->r0 + r) / q->group; }
@@ -80,6 +83,20 @@ QB_HD float ms_tail(const float *q, const uint16_t *k, int D, float v)
 {
     for (int e = D - D % 8; e < D; e++) v = fmaf(q[e], qb_half(k[e]), v);
     return v;
+}
+
+/* The KV head whose share of a list holds entry x: the h < n with off[h] <= x < off[h + 1] (off
+ * ascending from 0, x below off[n]; a head with no entries is skipped). Pages by the heads' page
+ * offsets, tokens by their token offsets. */
+QB_HD int ms_head_of(const int64_t *off, int n, int64_t x)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (off[mid] <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
 }
 
 /* A score from the dot: the page's bias added, -inf where the key is after the query. */

@@ -142,30 +142,34 @@ static int h_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
     st_h2o *s = st;
     int64_t row = (int64_t)env->n_head * env->head_dim;
     if (!decoding && last) s->budget_tokens = pol_budget_tokens(s->budget, p0 + n);
-    for (int g = 0; g < env->n_head_kv; g++) {
-        float *sc = scores_for(s, il, g, p0 + n);
-        int64_t T = pol_head_positions(env, il, g, NULL);
-        int32_t *pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
-        float *mass = calloc((size_t)(T > 0 ? T : 1), sizeof(float));
-        if (!sc || !pos || !mass) {
-            free(pos);
-            free(mass);
-            snprintf(err, errlen, "h2o: out of memory");
-            return -1;
-        }
-        pol_head_positions(env, il, g, pos);
-        if (pol_attn_mass(env, il, g, q, n, row, p0, mass) < 0) {
-            free(pos);
-            free(mass);
-            snprintf(err, errlen, "h2o: out of memory");
-            return -1;
-        }
-        for (int64_t j = 0; j < T; j++) sc[pos[j]] += mass[j];
-        free(pos);
+    /* every KV head's mass in one call, then head by head its scores and eviction */
+    int64_t *tok0 = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
+    int64_t all = tok0 ? pol_layer_tokens(env, il, tok0) : 0;
+    float *mass = tok0 ? calloc((size_t)(all > 0 ? all : 1), sizeof(float)) : NULL;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(all > 0 ? all : 1));
+    if (!tok0 || !mass || !pos || pol_attn_mass_layer(env, il, q, n, row, p0, mass) < 0) {
+        free(tok0);
         free(mass);
-        if ((last || decoding) && s->budget_tokens > 0 && evict(s, env, il, g, sc, err, errlen)) return -1;
+        free(pos);
+        snprintf(err, errlen, "h2o: out of memory");
+        return -1;
     }
-    return 0;
+    int rc = 0;
+    for (int g = 0; g < env->n_head_kv && !rc; g++) {
+        float *sc = scores_for(s, il, g, p0 + n);
+        if (!sc) {
+            snprintf(err, errlen, "h2o: out of memory");
+            rc = -1;
+            break;
+        }
+        int64_t T = pol_head_positions(env, il, g, pos);
+        for (int64_t j = 0; j < T; j++) sc[pos[j]] += mass[tok0[g] + j];
+        if ((last || decoding) && s->budget_tokens > 0 && evict(s, env, il, g, sc, err, errlen)) rc = -1;
+    }
+    free(tok0);
+    free(mass);
+    free(pos);
+    return rc;
 }
 
 static void h_save(void *st, bytes_w *w)

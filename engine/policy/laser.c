@@ -169,20 +169,26 @@ static int grow(st_laser *s, int64_t n)
 static int score_layer(st_laser *s, const pol_env *env, int il, const float *qp, int64_t n_p, int64_t pp0)
 {
     int D = env->head_dim, G = env->n_head / env->n_head_kv;
+    /* every KV head's mass in one call */
+    int64_t *tok0 = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
+    int64_t all = tok0 ? pol_layer_tokens(env, il, tok0) : 0;
+    float *mass_all = tok0 ? calloc((size_t)(all > 0 ? all : 1), sizeof(float)) : NULL;
+    if (!mass_all || pol_attn_mass_layer(env, il, qp, n_p, s->row, pp0, mass_all) < 0) {
+        free(tok0);
+        free(mass_all);
+        return -1;
+    }
     for (int g = 0; g < env->n_head_kv; g++) {
-        int64_t T = pol_head_positions(env, il, g, NULL);
-        float *mass = calloc((size_t)(T > 0 ? T : 1), sizeof(float));
-        int32_t *pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
+        const float *mass = mass_all + tok0[g];
         float *kf = malloc(sizeof(float) * (size_t)D);
         uint32_t *qcode = malloc(sizeof(uint32_t) * (size_t)(s->rounds * n_p * G));
-        if (!mass || !pos || !kf || !qcode || pol_attn_mass(env, il, g, qp, n_p, s->row, pp0, mass) < 0) {
-            free(mass);
-            free(pos);
+        if (!kf || !qcode) {
             free(kf);
             free(qcode);
+            free(tok0);
+            free(mass_all);
             return -1;
         }
-        pol_head_positions(env, il, g, pos);
         for (int r = 0; r < s->rounds; r++)
             for (int64_t t = 0; t < n_p; t++)
                 for (int hh = 0; hh < G; hh++)
@@ -205,11 +211,11 @@ static int score_layer(st_laser *s, const pol_env *env, int il, const float *qp,
                 s->lsh[ps] += (float)hits / (float)(s->rounds * n_p * G);
             }
         }
-        free(mass);
-        free(pos);
         free(kf);
         free(qcode);
     }
+    free(tok0);
+    free(mass_all);
     return 0;
 }
 

@@ -52,34 +52,72 @@ int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos)
     return T;
 }
 
-int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
-                      float *acc)
+/* The mass of KV heads g0 .. g0 + n_kv of layer il, in one op call. */
+static int64_t mass_heads(const pol_env *env, int il, int g0, int n_kv, const float *q, int64_t n, int64_t q_stride,
+                          int64_t qpos0, float *acc)
 {
-    int np = kv_n_pages(env->kv, il, g), G = env->n_head / env->n_head_kv;
+    int G = env->n_head / env->n_head_kv, np = 0;
+    int64_t *hp = malloc(sizeof(int64_t) * (size_t)(n_kv + 1)), T = 0, most = 0;
+    if (!hp) return -1;
+    hp[0] = 0;
+    for (int h = 0; h < n_kv; h++) {
+        np += kv_n_pages(env->kv, il, g0 + h);
+        hp[h + 1] = np;
+    }
     be_kv_page *pages = malloc(sizeof *pages * (size_t)(np > 0 ? np : 1));
-    if (!pages) return -1;
-    int64_t T = 0;
-    for (int i = 0; i < np; i++) {
-        page_list_ref(&pages[i], kv_layer_page(env->kv, il, g, i), NULL, env->head_dim, kv_page_size(env->kv));
-        T += pages[i].n;
+    if (!pages) {
+        free(hp);
+        return -1;
+    }
+    for (int h = 0; h < n_kv; h++) {
+        int64_t th = 0;
+        for (int64_t i = hp[h]; i < hp[h + 1]; i++) {
+            page_list_ref(&pages[i], kv_layer_page(env->kv, il, g0 + h, (int)(i - hp[h])), NULL, env->head_dim,
+                          kv_page_size(env->kv));
+            th += pages[i].n;
+        }
+        T += th;
+        if (th > most) most = th;
     }
     /* room for up to 64 query rows' weights side by side (the backend's threads take a row each),
      * fewer where memory is short, one row's at least */
     int64_t rows = n * G < 64 ? n * G : 64;
     float *work = NULL;
-    while (T > 0 && rows >= 1 && !(work = malloc(sizeof(float) * (size_t)(rows * T)))) rows /= 2;
-    if (T > 0 && n > 0 && !work) {
+    while (most > 0 && rows >= 1 && !(work = malloc(sizeof(float) * (size_t)(rows * most)))) rows /= 2;
+    if (most > 0 && n > 0 && !work) {
         free(pages);
+        free(hp);
         return -1;
     }
-    /* the list's name on a device backend: one per cache, layer and KV head */
+    /* the list's name on a device backend: one per cache, layer and first KV head */
     uint64_t table = ((uint64_t)(uintptr_t)env->kv * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)il << 32) ^
-                     ((uint64_t)g << 16) ^ 0x6d61u;
-    be_mass m = { q, n, q_stride, qpos0, g * G, G, env->head_dim, pages, np, acc, work, rows * T, table };
+                     ((uint64_t)g0 << 16) ^ ((uint64_t)n_kv << 8) ^ 0x6du;
+    be_mass m = { q, n, q_stride, qpos0, g0 * G, G, env->head_dim, pages, np, acc, work, rows * most, table,
+                  n_kv, hp };
     if (T > 0 && n > 0) env->b->ops->attn_mass(env->b, &m);
     free(pages);
     free(work);
+    free(hp);
     return T;
+}
+
+int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
+                      float *acc)
+{
+    return mass_heads(env, il, g, 1, q, n, q_stride, qpos0, acc);
+}
+
+int64_t pol_attn_mass_layer(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
+                            float *acc)
+{
+    return mass_heads(env, il, 0, env->n_head_kv, q, n, q_stride, qpos0, acc);
+}
+
+int64_t pol_layer_tokens(const pol_env *env, int il, int64_t *tok0)
+{
+    tok0[0] = 0;
+    for (int g = 0; g < env->n_head_kv; g++) tok0[g + 1] = tok0[g] + kv_head_tokens(env->kv, il, g);
+    return tok0[env->n_head_kv];
 }
 
 /* The k-th largest of key[0..n) (distinct, 1 <= k <= n), the array reordered: a quickselect with a

@@ -20,6 +20,13 @@ int pol_top_k(int *idx, int n, const float *score, int k);
  * table's token count, or -1 when out of memory. */
 int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
                       float *acc);
+/* The same for every KV head of layer il in one call (one wait on a device backend): head g's sums
+ * at acc + tok0[g], where tok0[g] counts the tokens of the heads before it (tok0[n_head_kv]: all;
+ * pol_layer_tokens fills it). Returns all, or -1 when out of memory. */
+int64_t pol_attn_mass_layer(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
+                            float *acc);
+/* tok0[0 .. n_head_kv] as above for layer il; returns tok0[n_head_kv]. */
+int64_t pol_layer_tokens(const pol_env *env, int il, int64_t *tok0);
 /* Tokens in head g of layer il, and their positions in table order into pos (NULL: count only). */
 int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos);
 /* out[j] = max (or mean, when avg) of x over [j - kernel/2, j + kernel/2] clipped to [0, n). */

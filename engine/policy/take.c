@@ -118,26 +118,38 @@ static int t_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
 
 static pol_shape t_prefill_shape(void *st) { return (pol_shape){ ((st_take *)st)->chunk, ((st_take *)st)->probe }; }
 
-/* Scores of head g's cached tokens by the smoothed probe (n_p rows at positions from pp0), pooled,
- * into pooled[0..T); positions into pos. T, or -1 when out of memory. */
-static int64_t score_head(st_take *s, const pol_env *env, int il, int g, int64_t n_p, int64_t pp0, float **pooled_out,
-                          int32_t **pos_out)
+/* Layer il's cached tokens scored by the smoothed probe (n_p rows at positions from pp0), every KV
+ * head in one call: head g's masses at (*mass)[tok0[g] ..], tok0 [n_head_kv + 1] the caller's. 0, or
+ * -1 when out of memory. */
+static int score_layer(st_take *s, const pol_env *env, int il, int64_t n_p, int64_t pp0, float **mass, int64_t *tok0)
 {
-    int64_t T = pol_head_positions(env, il, g, NULL);
-    float *mass = calloc((size_t)(T > 0 ? T : 1), sizeof(float)), *pooled = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
+    int64_t all = pol_layer_tokens(env, il, tok0);
+    *mass = calloc((size_t)(all > 0 ? all : 1), sizeof(float));
+    if (!*mass || pol_attn_mass_layer(env, il, s->ema[il], n_p, s->row, pp0, *mass) < 0) {
+        free(*mass);
+        *mass = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* Head g's masses (T of them) pooled into *pooled_out, its positions into *pos_out. 0, or -1 when
+ * out of memory. */
+static int pool_head(st_take *s, const pol_env *env, int il, int g, const float *mass, int64_t T, float **pooled_out,
+                     int32_t **pos_out)
+{
+    float *pooled = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
-    if (!mass || !pooled || !pos || pol_attn_mass(env, il, g, s->ema[il], n_p, s->row, pp0, mass) < 0) {
-        free(mass);
+    if (!pooled || !pos) {
         free(pooled);
         free(pos);
         return -1;
     }
     pol_head_positions(env, il, g, pos);
     pol_pool(mass, T, s->kernel, s->avg, pooled);
-    free(mass);
     *pooled_out = pooled;
     *pos_out = pos;
-    return T;
+    return 0;
 }
 
 /* The trace of a choice: the kept tokens are idx[0..nk) of T. */
@@ -178,12 +190,11 @@ static int keep_top(st_take *s, const pol_env *env, int il, int g, const float *
 /* Delayed layer il keeps the positions the source layer kept (per KV head) that it still holds, and
  * fills the rest of its k tokens by its own probe scores (a delayed layer may have dropped some of
  * those during warm-up; it must not end up with fewer than k tokens). */
-static int keep_positions(st_take *s, const pol_env *env, int il, int g, int64_t k, int64_t n_p, int64_t pp0)
+static int keep_positions(st_take *s, const pol_env *env, int il, int g, int64_t k, const float *mass, int64_t T)
 {
     float *score;
     int32_t *pos;
-    int64_t T = score_head(s, env, il, g, n_p, pp0, &score, &pos);
-    if (T < 0) return -1;
+    if (pool_head(s, env, il, g, mass, T, &score, &pos)) return -1;
     int64_t *idx = malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
     char *chosen = calloc((size_t)(T > 0 ? T : 1), 1);
     if (!idx || !chosen) {
@@ -252,32 +263,56 @@ static int t_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
     int delayed = gi < s->n_delay;
     int64_t kk = delayed && !c->last ? (int64_t)(s->warmup * (double)k) : k;
     int src = c->last && gi == s->src && s->n_delay > 0;   /* the delayed layers take this layer's choice */
-    for (int g = 0; g < env->n_head_kv; g++) {
-        if (delayed && c->last && !src) continue;   /* decided by the source layer below */
-        float *score;
-        int32_t *pos;
-        int64_t T = score_head(s, env, il, g, n_p, pp0, &score, &pos);
-        if (T < 0) {
+    int64_t *tok0 = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
+    float *mass = NULL;
+    if (!tok0) {
+        snprintf(err, errlen, "take: out of memory");
+        return -1;
+    }
+    /* a delayed layer's last chunk is decided by the source layer below */
+    if (!(delayed && c->last && !src)) {
+        if (score_layer(s, env, il, n_p, pp0, &mass, tok0)) {
+            free(tok0);
             snprintf(err, errlen, "take: out of memory");
             return -1;
         }
-        int rc = keep_top(s, env, il, g, score, pos, T, kk, src);
-        free(score);
-        free(pos);
-        if (rc) {
-            snprintf(err, errlen, "take: out of memory evicting");
-            return -1;
+        for (int g = 0; g < env->n_head_kv; g++) {
+            float *score;
+            int32_t *pos;
+            int64_t T = tok0[g + 1] - tok0[g];
+            int rc = pool_head(s, env, il, g, mass + tok0[g], T, &score, &pos);
+            if (!rc) {
+                rc = keep_top(s, env, il, g, score, pos, T, kk, src);
+                free(score);
+                free(pos);
+            }
+            if (rc) {
+                free(mass);
+                free(tok0);
+                snprintf(err, errlen, "take: out of memory evicting");
+                return -1;
+            }
         }
+        free(mass);
+        mass = NULL;
     }
     if (src) {
         /* the delayed layers keep the positions the source layer chose */
-        for (int j = 0; j < s->n_delay; j++)
-            for (int g = 0; g < env->n_head_kv && j != s->src; g++)
-                if (keep_positions(s, env, env->global[j], g, k, n_p, pp0)) {
-                    snprintf(err, errlen, "take: out of memory evicting");
-                    return -1;
-                }
+        for (int j = 0; j < s->n_delay; j++) {
+            if (j == s->src) continue;
+            int jl = env->global[j], rc = score_layer(s, env, jl, n_p, pp0, &mass, tok0);
+            for (int g = 0; g < env->n_head_kv && !rc; g++)
+                rc = keep_positions(s, env, jl, g, k, mass + tok0[g], tok0[g + 1] - tok0[g]);
+            free(mass);
+            mass = NULL;
+            if (rc) {
+                free(tok0);
+                snprintf(err, errlen, "take: out of memory evicting");
+                return -1;
+            }
+        }
     }
+    free(tok0);
     if (c->last) {
         s->have[il] = 0;   /* this layer's next eval starts its own EMA (the later layers' last chunks still blend) */
         s->kept_last = pol_head_positions(env, il, 0, NULL);

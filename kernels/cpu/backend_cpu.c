@@ -963,7 +963,8 @@ static void mass_add(void *ctx, int64_t c, int tid)
     }
 }
 
-static void cpu_attn_mass(be_backend *b, const be_mass *m)
+/* One KV head's mass (m->n_kv <= 1). */
+static void mass_head(be_backend *b, const be_mass *m)
 {
     int64_t T = 0;
     for (int64_t i = 0; i < m->n_pages; i++) T += m->pages[i].n;
@@ -985,6 +986,27 @@ static void cpu_attn_mass(be_backend *b, const be_mass *m)
         int64_t chunks = (T + j.chunk - 1) / j.chunk;
         if (chunks == 1 || n * T < (1 << 16)) for (int64_t c = 0; c < chunks; c++) mass_add(&j, c, 0);
         else tp_run(pool, mass_add, &j, chunks);
+    }
+}
+
+/* KV head after KV head, each as a call of its own. */
+static void cpu_attn_mass(be_backend *b, const be_mass *m)
+{
+    if (m->n_kv <= 1) {
+        mass_head(b, m);
+        return;
+    }
+    int64_t at = 0;
+    for (int h = 0; h < m->n_kv; h++) {
+        be_mass one = *m;
+        one.pages = m->pages + m->head_pages[h];
+        one.n_pages = m->head_pages[h + 1] - m->head_pages[h];
+        one.first_head = m->first_head + h * m->group;
+        one.acc = m->acc + at;
+        one.n_kv = 1;
+        one.head_pages = NULL;
+        mass_head(b, &one);
+        for (int64_t i = 0; i < one.n_pages; i++) at += one.pages[i].n;
     }
 }
 

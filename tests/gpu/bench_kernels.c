@@ -26,11 +26,12 @@
  * - Quest's bounds and top 32 pages a layer at the 7B shape over 8K and 32K tokens (a decode step's
  *   steady state: the summaries on the device), beside the CPU backend on one thread and on every
  *   core; bytes = the summaries read;
- * - the eviction policies' attention mass for one KV head at the 7B shape (4 query heads of 128):
- *   TAKE's call after a chunk (32 probe rows over 1,536 and 3,072 cached tokens), SnapKV's at the end
- *   of a 32K prompt (32 rows over 32,768) and H2O's after a chunk (512 rows over 2,048), each a call
- *   with its wait and the sums brought back, beside the CPU backend on one thread and on every core;
- *   bytes = the keys read once.
+ * - the eviction policies' attention mass at the 7B shape (8 KV heads of 4 query heads of 128):
+ *   TAKE's call a layer after a chunk (32 probe rows over 1,536 and 3,072 cached tokens a KV head,
+ *   the 8 heads in one call), SnapKV's at the end of a 32K prompt (32 rows over 32,768, one head a
+ *   call) and H2O's a layer after a chunk (512 rows over 2,048 a head, 8 heads), each a call with its
+ *   wait and the sums brought back, beside the CPU backend on one thread and on every core; bytes =
+ *   the keys read once.
  * Each case: warm-up calls (the first uploads the weight or the pages), then as many calls as take
  * at least 30 ms, timed on the host around the calls and the final wait (launch costs included, as
  * the engine pays them). The weights are a few distinct quantized rows repeated: the speed of a
@@ -485,42 +486,47 @@ int main(int argc, char **argv)
         free(q);
     }
     {
-        /* the attention mass of one KV head at the 7B shape, pages of 32 (the pages go up at the
-         * first call and are current after it, as a policy's are between chunks) */
+        /* the attention mass at the 7B shape (8 KV heads of 4 query heads), pages of 32, a layer's
+         * KV heads in one call as TAKE and H2O make it (SnapKV: one head a call); the pages go up
+         * at the first call and are current after it, as a policy's are between chunks */
         enum { G = 4, D = 128, P = 32 };
-        static const int64_t calls[][2] = { { 32, 1536 }, { 32, 3072 }, { 32, 32768 }, { 512, 2048 } };
+        static const int64_t calls[][3] = { { 32, 1536, 8 }, { 32, 3072, 8 }, { 32, 32768, 1 }, { 512, 2048, 8 } };
         be_backend *host1 = be_cpu_create(1, err, sizeof err), *hostn = be_cpu_create(0, err, sizeof err);
         if (!host1 || !hostn) {
             fprintf(stderr, "gpu_bench: %s\n", err);
             return 1;
         }
         for (size_t si = 0; si < sizeof calls / sizeof *calls && !(quick && si > 0); si++) {
-            const int64_t n_q = calls[si][0], T = calls[si][1], np = T / P;
+            const int64_t n_q = calls[si][0], Th = calls[si][1], H = calls[si][2], T = Th * H, np = T / P;
             uint16_t *keys = malloc(sizeof(uint16_t) * (size_t)(T * D));
-            int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+            int32_t *pos = malloc(sizeof(int32_t) * (size_t)Th);
             be_kv_page *pages = malloc(sizeof *pages * (size_t)np);
-            float *q = malloc(sizeof(float) * (size_t)(n_q * G * D)), *acc = calloc((size_t)T, sizeof(float));
-            float *work = malloc(sizeof(float) * (size_t)(64 * T));
+            int64_t hp[9];
+            float *q = malloc(sizeof(float) * (size_t)(n_q * H * G * D)), *acc = calloc((size_t)T, sizeof(float));
+            float *work = malloc(sizeof(float) * (size_t)(64 * Th));
             if (!keys || !pos || !pages || !q || !acc || !work) {
                 fprintf(stderr, "gpu_bench: out of memory\n");
                 return 1;
             }
             for (int64_t i = 0; i < T * D; i++) keys[i] = quant_f32_to_fp16(frand() * 0.5f);
-            for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;
-            for (int64_t i = 0; i < n_q * G * D; i++) q[i] = frand() * 0.1f;
-            for (int64_t i = 0; i < np; i++)
-                pages[i] = (be_kv_page){ .k = keys + i * P * D, .v = keys + i * P * D, .pos = pos + i * P, .n = P,
-                                         .stride = D, .gen = ((uint64_t)(si + 1) << 40) + (uint64_t)i, .cap = P };
-            be_mass m = { q, n_q, (int64_t)G * D, T - n_q, 0, G, D, pages, np, acc, work, 64 * T, 0x3A55u + si };
+            for (int64_t i = 0; i < Th; i++) pos[i] = (int32_t)i;
+            for (int64_t i = 0; i < n_q * H * G * D; i++) q[i] = frand() * 0.1f;
+            for (int64_t i = 0; i < np; i++)   /* head i / (Th / P)'s pages, its positions from 0 */
+                pages[i] = (be_kv_page){ .k = keys + i * P * D, .v = keys + i * P * D, .pos = pos + (i % (Th / P)) * P,
+                                         .n = P, .stride = D, .gen = ((uint64_t)(si + 1) << 40) + (uint64_t)i,
+                                         .cap = P };
+            for (int h = 0; h <= H; h++) hp[h] = h * (Th / P);
+            be_mass m = { q, n_q, (int64_t)H * G * D, Th - n_q, 0, G, D, pages, np, acc,
+                          work, 64 * Th, 0x3A55u + si, (int)H, H > 1 ? hp : NULL };
             be_backend *on[3] = { dflt, host1, hostn };
             static const char *const names[3] = { "device", "host 1 thread", "host all threads" };
             static float unbound;
-            char config[80];
+            char config[160];
             for (int k = 0; k < 3; k++) {
                 double ms = time_calls(on[k], call_mass, &m, &unbound);
                 if (failed(on[k], "attention mass")) return 1;
-                snprintf(config, sizeof config, "%s mass of %lld rows x %d heads over %lld", names[k], (long long)n_q,
-                         G, (long long)T);
+                snprintf(config, sizeof config, "%s mass of %lld rows x %d heads over %lld x %lld KV heads", names[k],
+                         (long long)n_q, G, (long long)Th, (long long)H);
                 row("attn_mass", "f16", T, D, n_q * G, config, ms, 2.0 * D * (double)T);
             }
             free(keys);

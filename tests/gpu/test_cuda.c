@@ -2090,9 +2090,9 @@ Test(cuda, selection_policies_decode_the_same_with_the_bounds_on_the_device)
     }
 }
 
-/* The eviction policies' attention mass on the device (from its copies of the pages, each head's
- * list kept under its name) against the CPU backend's: the same bits, with one wait a call; for
- * queries on the host and bound to the device; again after tokens were evicted (pages rewritten,
+/* The eviction policies' attention mass on the device (from its copies of the pages, each call's
+ * list kept under its name) against the CPU backend's: the same bits, with one wait a call, for
+ * each KV head alone and both in one call; for queries on the host and bound to the device; again after tokens were evicted (pages rewritten,
  * new generations), after more were appended and after merged tokens (with biases) replaced a
  * head, under the same names. */
 Test(cuda, the_attention_mass_on_the_device_is_the_cpus_bit_for_bit)
@@ -2143,26 +2143,30 @@ Test(cuda, the_attention_mass_on_the_device_is_the_cpus_bit_for_bit)
                 free(ld);
                 free(pos);
             }
-        for (int g = 0; g < H; g++) {
-            int np = kv_n_pages(kv, 0, g);
+        for (int call = 0; call <= H; call++) {   /* each KV head alone, then both in one call */
+            const int g = call < H ? call : 0, nk = call < H ? 1 : H;
+            int64_t hp[H + 1] = { 0 };
+            for (int h = 0; h < nk; h++) hp[h + 1] = hp[h] + kv_n_pages(kv, 0, g + h);
+            int np = (int)hp[nk];
             be_kv_page *pages = malloc(sizeof *pages * (size_t)np);
             cr_assert(pages);
             int64_t T = 0;
             int32_t last = 0;
-            for (int i = 0; i < np; i++) {
-                const kv_page *p = kv_layer_page(kv, 0, g, i);
-                page_list_ref(&pages[i], p, NULL, D, P);
-                T += p->n;
-                biased += pages[i].bias != NULL;
-                if (p->n) last = p->pos[p->n - 1];
-            }
+            for (int h = 0; h < nk; h++)
+                for (int i = 0; i < hp[h + 1] - hp[h]; i++) {
+                    const kv_page *p = kv_layer_page(kv, 0, g + h, i);
+                    page_list_ref(&pages[hp[h] + i], p, NULL, D, P);
+                    T += p->n;
+                    biased += p->merged;
+                    if (p->n && p->pos[p->n - 1] > last) last = p->pos[p->n - 1];
+                }
             float *want = malloc(sizeof(float) * (size_t)T), *got = malloc(sizeof(float) * (size_t)T);
             float *work = malloc(sizeof(float) * (size_t)(T * 16));
             cr_assert(want && got && work);
             for (int64_t j = 0; j < T; j++) want[j] = got[j] = (float)(rnd() % 3);
             /* the first rows do not see the last tokens */
             be_mass m = { q, NQ, stride, last - NQ / 2, g * G, G, D, pages, np, want,
-                          work, T * 16, 0xA55u + (uint64_t)g };
+                          work, T * 16, 0xA55u + (uint64_t)call, nk > 1 ? nk : 0, nk > 1 ? hp : NULL };
             cpu->ops->attn_mass(cpu, &m);
             if (round == 0) {   /* the first call grows the staging area for the pages (a wait, once) */
                 m.acc = work;
@@ -2175,11 +2179,11 @@ Test(cuda, the_attention_mass_on_the_device_is_the_cpus_bit_for_bit)
             gpu->ops->attn_mass(gpu, &m);
             gpu->ops->counters(gpu, &w1, &up, &down);
             cr_assert_eq(be_failed(gpu, err, sizeof err), 0, "%s", err);
-            cr_expect_eq(w1 - w0, 1, "round %d, head %d: %llu waits", round, g, (unsigned long long)(w1 - w0));
+            cr_expect_eq(w1 - w0, 1, "round %d, call %d: %llu waits", round, call, (unsigned long long)(w1 - w0));
             int bad = 0;
             for (int64_t j = 0; j < T; j++) bad += memcmp(&got[j], &want[j], sizeof(float)) != 0;
-            cr_expect_eq(bad, 0, "round %d, head %d: %d of %lld sums differ from the CPU's", round, g, bad,
-                         (long long)T);
+            cr_expect_eq(bad, 0, "round %d, call %d (%d KV heads): %d of %lld sums differ from the CPU's", round, call,
+                         nk, bad, (long long)T);
             free(pages);
             free(want);
             free(got);
