@@ -210,9 +210,12 @@ int kv_push_page(kv_cache *kv, int il, int h, kv_page *p)
 
 /* Fold one f16 key row into the page summaries (the CPU's vector kernel: a 7B prefill folds 67
  * million keys per 2,048 tokens, which one element at a time took half a second of its host time). */
-static void summarize_row(const kv_cache *kv, kv_page *p, const uint16_t *krow)
+/* The page's summary folded with its rows [from, p->n), in order. */
+static void summarize_rows(const kv_cache *kv, kv_page *p, int32_t from)
 {
-    be_host_key_summary(kv->row_dim, krow, p->ksum, p->kmin, p->kmax);
+    if (p->n > from)
+        be_host_key_summary_rows(kv->row_dim, p->n - from, p->k + (size_t)from * (size_t)kv->row_dim, kv->row_dim,
+                                 p->ksum, p->kmin, p->kmax);
 }
 
 void kv_page_resummarize(const kv_cache *kv, kv_page *p)
@@ -225,10 +228,9 @@ void kv_page_resummarize(const kv_cache *kv, kv_page *p)
         p->kmin[i] = FLT_MAX;
         p->kmax[i] = -FLT_MAX;
     }
-    for (int32_t t = 0; t < n; t++) {
-        summarize_row(kv, p, p->k + (size_t)t * (size_t)kv->row_dim);
+    summarize_rows(kv, p, 0);
+    for (int32_t t = 0; t < n; t++)
         if (p->logdeg[t] != 0) merged = 1;
-    }
     p->merged = merged;
 }
 
@@ -245,7 +247,7 @@ int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, 
 {
     kv_stream *L = &kv->layers[il].heads[h];
     size_t R = (size_t)kv->row_dim;
-    for (int64_t t = 0; t < n; t++) {
+    for (int64_t t = 0; t < n;) {   /* the rows that go into the table's last page, at a time */
         kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
         if (!p || p->n == kv->page_size) {
             p = kv_page_new(kv);
@@ -254,15 +256,26 @@ int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, 
                 return -1;
             }
         }
-        uint16_t *kr = p->k + (size_t)p->n * R, *vr = p->v + (size_t)p->n * R;
-        be_host_f32_to_f16((int64_t)R, k + (size_t)t * (size_t)stride, kr);
-        be_host_f32_to_f16((int64_t)R, v + (size_t)t * (size_t)stride, vr);
-        p->pos[p->n] = (int32_t)(p0 + t);
-        p->logdeg[p->n] = 0;
-        p->n++;
-        L->tokens++;
+        int32_t from = p->n, run = kv->page_size - from < n - t ? kv->page_size - from : (int32_t)(n - t);
+        uint16_t *kr = p->k + (size_t)from * R, *vr = p->v + (size_t)from * R;
+        if ((size_t)stride == R) {
+            be_host_f32_to_f16((int64_t)R * run, k + (size_t)t * R, kr);
+            be_host_f32_to_f16((int64_t)R * run, v + (size_t)t * R, vr);
+        } else {
+            for (int32_t i = 0; i < run; i++) {
+                be_host_f32_to_f16((int64_t)R, k + (size_t)(t + i) * (size_t)stride, kr + (size_t)i * R);
+                be_host_f32_to_f16((int64_t)R, v + (size_t)(t + i) * (size_t)stride, vr + (size_t)i * R);
+            }
+        }
+        for (int32_t i = 0; i < run; i++) {
+            p->pos[from + i] = (int32_t)(p0 + t + i);
+            p->logdeg[from + i] = 0;
+        }
+        p->n += run;
+        L->tokens += run;
         if (L->tokens > kv->layers[il].peak_tokens) kv->layers[il].peak_tokens = L->tokens;
-        summarize_row(kv, p, kr);
+        summarize_rows(kv, p, from);
+        t += run;
     }
     return 0;
 }
@@ -425,21 +438,25 @@ int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_k
     if (!np) return -1;
     int src_page = 0;
     int64_t src_base = 0;   /* table index of the first token of pages[src_page] */
-    for (int64_t j = 0; j < n_keep; j++) {
+    for (int64_t j = 0; j < n_keep;) {
         int64_t idx = keep[j];
         while (src_page < L->n && idx >= src_base + L->pages[src_page]->n) src_base += L->pages[src_page++]->n;
         if (src_page >= L->n) break;   /* index past the end: ignore the rest */
         const kv_page *sp = L->pages[src_page];
-        int32_t t = (int32_t)(idx - src_base);
+        int32_t t = (int32_t)(idx - src_base), run = 1;
+        /* consecutive kept tokens of one source page that go into one new page: copied at once */
+        while (j + run < n_keep && keep[j + run] == idx + run && t + run < sp->n && (j + run) % P != 0) run++;
         kv_page *dp = np[j / P];
-        memcpy(dp->k + (size_t)dp->n * R, sp->k + (size_t)t * R, R * sizeof(uint16_t));
-        memcpy(dp->v + (size_t)dp->n * R, sp->v + (size_t)t * R, R * sizeof(uint16_t));
-        dp->pos[dp->n] = sp->pos[t];
-        dp->logdeg[dp->n] = sp->logdeg[t];
-        if (sp->logdeg[t] != 0) dp->merged = 1;
-        summarize_row(kv, dp, dp->k + (size_t)dp->n * R);
-        dp->n++;
+        memcpy(dp->k + (size_t)dp->n * R, sp->k + (size_t)t * R, (size_t)run * R * sizeof(uint16_t));
+        memcpy(dp->v + (size_t)dp->n * R, sp->v + (size_t)t * R, (size_t)run * R * sizeof(uint16_t));
+        memcpy(dp->pos + dp->n, sp->pos + t, (size_t)run * sizeof(int32_t));
+        memcpy(dp->logdeg + dp->n, sp->logdeg + t, (size_t)run * sizeof(float));
+        for (int32_t i = 0; i < run; i++)
+            if (sp->logdeg[t + i] != 0) dp->merged = 1;
+        dp->n += run;
+        j += run;
     }
+    for (int i = 0; i < n_new; i++) summarize_rows(kv, np[i], 0);   /* each new page's rows at once */
     replace_table(kv, il, h, np, n_new);
     return 0;
 }
@@ -471,9 +488,9 @@ int kv_rebuild_head(kv_cache *kv, int il, int h, const float *k, const float *v,
         dp->pos[dp->n] = pos[j];
         dp->logdeg[dp->n] = logdeg ? logdeg[j] : 0.0f;
         if (dp->logdeg[dp->n] != 0) dp->merged = 1;
-        summarize_row(kv, dp, kr);
         dp->n++;
     }
+    for (int i = 0; i < n_new; i++) summarize_rows(kv, np[i], 0);
     replace_table(kv, il, h, np, n_new);
     return 0;
 }

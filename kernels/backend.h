@@ -410,6 +410,9 @@ void be_host_f32_to_f16(int64_t n, const float *x, uint16_t *y);
 /* A page's key summary folded with one f16 key row (per element: sum += k, min and max by k < min
  * and k > max, so NaN changes neither bound). */
 void be_host_key_summary(int64_t n, const uint16_t *k, float *sum, float *mn, float *mx);
+/* The same for rows key rows k, k + stride, ... folded in order (the same floats, faster). */
+void be_host_key_summary_rows(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn,
+                              float *mx);
 float be_host_dot_f32_f16(int64_t n, const float *a, const uint16_t *b);
 /* 1 if this backend can multiply weights of this type. */
 int be_supports_weight(const be_backend *b, uint32_t type);

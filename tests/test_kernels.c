@@ -441,10 +441,11 @@ Test(kernels, every_isa_gives_the_portable_bits)
     cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
 }
 
-/* A page's key summary folded one f16 row at a time (the KV cache's Quest bounds): every ISA's
- * kernel gives the bits of a plain loop written here (a sum that is NaN: NaN), over rows with NaN,
- * infinities, signed zeros and subnormals, at lengths that leave every tail; a NaN key moves
- * neither bound, and between +0 and -0 the one seen first stays. */
+/* A page's key summary folded one f16 row at a time (the KV cache's Quest bounds), and several
+ * rows in one call (a page filled at once): every ISA's kernel gives the bits of a plain loop
+ * written here (a sum that is NaN: NaN), over rows with NaN, infinities, signed zeros and
+ * subnormals, at lengths that leave every tail; a NaN key moves neither bound, and between +0 and
+ * -0 the one seen first stays. */
 Test(kernels, key_summaries_fold_like_a_plain_loop_on_every_isa)
 {
     seed_rng("key_summaries");
@@ -452,7 +453,7 @@ Test(kernels, key_summaries_fold_like_a_plain_loop_on_every_isa)
     vd_isa was = vd_isa_active();
     enum { ROWS = 40, N = 301 };
     static uint16_t k[ROWS][N];
-    static float s0[N], n0[N], x0[N], s1[N], n1[N], x1[N];
+    static float s0[N], n0[N], x0[N], s1[N], n1[N], x1[N], s2[N], n2[N], x2[N];
     static const uint16_t odd[] = { 0x7e00 /* NaN */, 0x7c00 /* +inf */, 0xfc00 /* -inf */, 0x8000 /* -0 */,
                                     0x0000 /* +0 */, 0x0001 /* smallest subnormal */, 0x83ff, 0x7bff /* 65504 */ };
     for (int r = 0; r < ROWS; r++)
@@ -473,8 +474,21 @@ Test(kernels, key_summaries_fold_like_a_plain_loop_on_every_isa)
             if (!vd_isa_supported((vd_isa)isa)) continue;
             cr_assert_eq(vd_set_isa((vd_isa)isa, err, sizeof err), 0, "%s", err);
             for (int i = 0; i < n; i++) s1[i] = 0, n1[i] = FLT_MAX, x1[i] = -FLT_MAX;
-            for (int r = 0; r < ROWS; r++) vd_key_summary(n, k[r], s1, n1, x1);
+            for (int r = 0; r < ROWS; r++) vd_key_summary(n, 1, k[r], n, s1, n1, x1);
+            /* every row in one call, and in calls of a few rows (a page filled in runs) */
+            for (int i = 0; i < n; i++) s2[i] = 0, n2[i] = FLT_MAX, x2[i] = -FLT_MAX;
+            vd_key_summary(n, ROWS, k[0], N, s2, n2, x2);
             const char *name = vd_isa_name((vd_isa)isa);
+            for (int64_t i = 0; i < n; i++)
+                cr_assert(isnan(s0[i]) ? isnan(s2[i]) : !memcmp(&s0[i], &s2[i], 4),
+                          "%s n=%lld, rows at once: sum %lld is %.9g, not %.9g", name, (long long)n, (long long)i,
+                          s2[i], s0[i]);
+            cr_assert(same_bits(n0, n2, n), "%s n=%lld, rows at once: the minima differ", name, (long long)n);
+            cr_assert(same_bits(x0, x2, n), "%s n=%lld, rows at once: the maxima differ", name, (long long)n);
+            for (int i = 0; i < n; i++) s2[i] = 0, n2[i] = FLT_MAX, x2[i] = -FLT_MAX;
+            for (int r = 0; r < ROWS; r += 7) vd_key_summary(n, ROWS - r < 7 ? ROWS - r : 7, k[r], N, s2, n2, x2);
+            cr_assert(same_bits(n0, n2, n) && same_bits(x0, x2, n), "%s n=%lld, rows in runs: the bounds differ", name,
+                      (long long)n);
             /* a sum that met NaN (or +inf and -inf) is NaN with either sign: the compiler may put
              * an addition's operands either way round, and x86 keeps the first one's NaN */
             for (int64_t i = 0; i < n; i++)
@@ -491,10 +505,10 @@ Test(kernels, key_summaries_fold_like_a_plain_loop_on_every_isa)
         uint16_t row[9];
         float sum[9], mn[9], mx[9];
         for (int i = 0; i < 9; i++) row[i] = 0x7e00, sum[i] = 0, mn[i] = 1, mx[i] = 2;
-        vd_key_summary(9, row, sum, mn, mx);
+        vd_key_summary(9, 1, row, 9, sum, mn, mx);
         for (int i = 0; i < 9; i++) cr_assert(mn[i] == 1 && mx[i] == 2 && isnan(sum[i]), "%s lane %d", vd_isa_name((vd_isa)isa), i);
         for (int i = 0; i < 9; i++) row[i] = 0x8000, mn[i] = 0.0f, mx[i] = 0.0f;
-        vd_key_summary(9, row, sum, mn, mx);
+        vd_key_summary(9, 1, row, 9, sum, mn, mx);
         for (int i = 0; i < 9; i++) cr_assert(!signbit(mn[i]) && !signbit(mx[i]), "%s lane %d: -0 replaced +0", vd_isa_name((vd_isa)isa), i);
     }
     cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);

@@ -418,6 +418,99 @@ Test(kvcache, keep_tokens_packs_the_kept_rows_and_frees_pages)
     kv_free(kv);
 }
 
+/* Every page's summary is the row-by-row fold of its keys, bit for bit, and its rows are the
+ * appended or kept ones, after appends of every size (a head's rows strided among other heads' or
+ * not), evictions of scattered and consecutive tokens (runs copied at once), rebuilds and rewinds:
+ * the cache fills and summarizes a page's rows a run at a time. */
+Test(kvcache, page_summaries_and_rows_after_appends_evictions_and_rebuilds_are_the_row_by_rows)
+{
+    enum { H = 2, R = 24, P = 8, MAXT = 600 };
+    char err[256];
+    kv_cache *kv = kv_create(1, 8192, H, R, P, NULL, err, sizeof err);
+    cr_assert(kv, "%s", err);
+    float *k = malloc(sizeof(float) * MAXT * H * R), *v = malloc(sizeof(float) * MAXT * H * R);
+    uint16_t *want_k = malloc(sizeof(uint16_t) * 8192 * R * H);   /* what head h's table should hold, in order */
+    int32_t *want_pos = malloc(sizeof(int32_t) * 8192 * H);
+    int64_t n_want[H] = { 0 }, *keep = malloc(sizeof(int64_t) * 8192);
+    cr_assert(k && v && want_k && want_pos && keep);
+    int64_t pos = 0;
+    for (int round = 0; round < 120; round++) {
+        int what = (int)(rng % 5);
+        frand();
+        if (what <= 2 || n_want[0] < 4) {   /* an append of 1 to 70 rows, all heads */
+            int64_t n = 1 + (int64_t)((rng >> 20) % 70);
+            for (int64_t i = 0; i < n * H * R; i++) k[i] = frand() * 3, v[i] = frand();
+            if (what == 0)
+                cr_assert(kv_append(kv, 0, k, v, n, pos) == 0);
+            else
+                for (int hh = 0; hh < H; hh++)   /* head hh's rows strided among the others' */
+                    cr_assert(kv_append_head(kv, 0, hh, k + hh * R, v + hh * R, H * R, n, pos) == 0);
+            for (int hh = 0; hh < H; hh++)
+                for (int64_t t = 0; t < n; t++) {
+                    for (int d = 0; d < R; d++)
+                        want_k[(hh * 8192 + n_want[hh] + t) * R + d] = quant_f32_to_fp16(k[(t * H + hh) * R + d]);
+                    want_pos[hh * 8192 + n_want[hh] + t] = (int32_t)(pos + t);
+                }
+            for (int hh = 0; hh < H; hh++) n_want[hh] += n;
+            pos += n;
+            kv_commit(kv, pos);
+        } else if (what == 3) {   /* keep runs and single tokens of head 1 */
+            int hh = 1;
+            int64_t nk = 0;
+            for (int64_t j = 0; j < n_want[hh]; j++)
+                if ((j / 5) % 2 == 0 || frand() > 0.6f) keep[nk++] = j;
+            cr_assert(kv_keep_tokens(kv, 0, hh, keep, nk) == 0);
+            for (int64_t i = 0; i < nk; i++) {
+                memmove(&want_k[(hh * 8192 + i) * R], &want_k[(hh * 8192 + keep[i]) * R], sizeof(uint16_t) * R);
+                want_pos[hh * 8192 + i] = want_pos[hh * 8192 + keep[i]];
+            }
+            n_want[hh] = nk;
+        } else {   /* head 0 rebuilt from its own rows, every other one */
+            int64_t nk = 0;
+            float *kf = malloc(sizeof(float) * (size_t)(n_want[0] * R)), *vf = calloc((size_t)(n_want[0] * R), sizeof(float));
+            int32_t *pp = malloc(sizeof(int32_t) * (size_t)n_want[0]);
+            cr_assert(kf && vf && pp);
+            for (int64_t j = 0; j < n_want[0]; j += 2, nk++) {
+                for (int d = 0; d < R; d++) kf[nk * R + d] = quant_fp16_to_f32(want_k[j * R + d]);
+                pp[nk] = want_pos[j];
+            }
+            cr_assert(kv_rebuild_head(kv, 0, 0, kf, vf, pp, NULL, nk) == 0);
+            for (int64_t i = 0; i < nk; i++) {
+                memmove(&want_k[i * R], &want_k[2 * i * R], sizeof(uint16_t) * R);
+                want_pos[i] = want_pos[2 * i];
+            }
+            n_want[0] = nk;
+            free(kf);
+            free(vf);
+            free(pp);
+        }
+        for (int hh = 0; hh < H; hh++) {
+            int64_t at = 0;
+            for (int i = 0; i < kv_n_pages(kv, 0, hh); i++) {
+                const kv_page *p = kv_layer_page(kv, 0, hh, i);
+                float sum[R], mn[R], mx[R];
+                for (int d = 0; d < R; d++) sum[d] = 0, mn[d] = FLT_MAX, mx[d] = -FLT_MAX;
+                for (int32_t t = 0; t < p->n; t++) be_host_key_summary(R, p->k + (size_t)t * R, sum, mn, mx);
+                cr_assert(!memcmp(sum, p->ksum, sizeof sum) && !memcmp(mn, p->kmin, sizeof mn) &&
+                              !memcmp(mx, p->kmax, sizeof mx),
+                          "round %d, head %d, page %d: not the row-by-row summary", round, hh, i);
+                cr_assert(!memcmp(p->k, &want_k[(hh * 8192 + at) * R], sizeof(uint16_t) * (size_t)(p->n * R)) &&
+                              !memcmp(p->pos, &want_pos[hh * 8192 + at], sizeof(int32_t) * (size_t)p->n),
+                          "round %d, head %d, page %d: not the rows it should hold", round, hh, i);
+                at += p->n;
+            }
+            cr_assert_eq(at, n_want[hh], "round %d, head %d: %lld tokens, not %lld", round, hh, (long long)at,
+                         (long long)n_want[hh]);
+        }
+    }
+    free(k);
+    free(v);
+    free(want_k);
+    free(want_pos);
+    free(keep);
+    kv_free(kv);
+}
+
 /* Page list of layer 0's one table, all KV heads side by side in its rows. */
 static be_kv_page *page_list(const kv_cache *kv, int R, int D, int *n)
 {

@@ -1150,7 +1150,13 @@ void be_host_f32_to_f16(int64_t n, const float *x, uint16_t *y) { vd_f32_to_f16(
 
 void be_host_key_summary(int64_t n, const uint16_t *k, float *sum, float *mn, float *mx)
 {
-    vd_key_summary(n, k, sum, mn, mx);
+    vd_key_summary(n, 1, k, n, sum, mn, mx);
+}
+
+void be_host_key_summary_rows(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn,
+                              float *mx)
+{
+    vd_key_summary(n, rows, k, stride, sum, mn, mx);
 }
 float be_host_dot_f32_f16(int64_t n, const float *a, const uint16_t *b) { return vd_dot_f32_f16(n, a, b); }
 

@@ -705,17 +705,18 @@ void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y)
     for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_fp16(x[i]);
 }
 
-void vd_key_summary(int64_t n, const uint16_t *k, float *sum, float *mn, float *mx)
+void vd_key_summary(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx)
 {
 #if VD_HAVE_AVX2_BUILD
-    if (use_simd()) { vd_key_summary_avx2(n, k, sum, mn, mx); return; }
+    if (use_simd()) { vd_key_summary_avx2(n, rows, k, stride, sum, mn, mx); return; }
 #endif
-    for (int64_t i = 0; i < n; i++) {
-        float t = h2f(k[i]);
-        sum[i] += t;
-        mn[i] = t < mn[i] ? t : mn[i];
-        mx[i] = t > mx[i] ? t : mx[i];
-    }
+    for (int64_t r = 0; r < rows; r++, k += stride)
+        for (int64_t i = 0; i < n; i++) {
+            float t = h2f(k[i]);
+            sum[i] += t;
+            mn[i] = t < mn[i] ? t : mn[i];
+            mx[i] = t > mx[i] ? t : mx[i];
+        }
 }
 
 /* sum x^2 in double over the AVX2 kernel's 16 lanes (vd_sumsq_f64_avx2; the products are exact). */

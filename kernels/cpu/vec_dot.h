@@ -100,9 +100,11 @@ float vd_dot_f32_f16(int64_t n, const float *a, const uint16_t *b);
 void vd_axpy_f16(int64_t n, float a, const uint16_t *x, float *y);
 void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y);
 
-/* A page's key summary folded with one f16 key row k: sum[i] += k[i], mn[i] = k[i] < mn[i] ? k[i] :
- * mn[i], mx[i] = k[i] > mx[i] ? k[i] : mx[i] (so a NaN key changes neither bound). */
-void vd_key_summary(int64_t n, const uint16_t *k, float *sum, float *mn, float *mx);
+/* A page's key summary folded with f16 key rows k, k + stride, ... (rows of them), one after the
+ * other: sum[i] += k[i], mn[i] = k[i] < mn[i] ? k[i] : mn[i], mx[i] = k[i] > mx[i] ? k[i] : mx[i] (so a
+ * NaN key changes neither bound). Several rows at once keep the summary in registers between them;
+ * the floats are those of one row at a time. */
+void vd_key_summary(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx);
 
 /* sum_i max(q[i] * lo[i], q[i] * hi[i]): the largest q.k over keys k with lo <= k <= hi (Quest's bound). */
 float vd_bound_f32(int64_t n, const float *q, const float *lo, const float *hi);

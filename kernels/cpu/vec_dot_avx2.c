@@ -119,21 +119,28 @@ void vd_f32_to_f16_avx2(int64_t n, const float *x, uint16_t *y)
 
 /* _mm256_min_ps(a, b) is a < b ? a : b lane by lane and max a > b ? a : b: the portable fold's
  * comparisons, NaN and signed zeros included. */
-void vd_key_summary_avx2(int64_t n, const uint16_t *k, float *sum, float *mn, float *mx)
+void vd_key_summary_avx2(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx)
 {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 t = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
-        _mm256_storeu_ps(sum + i, _mm256_add_ps(_mm256_loadu_ps(sum + i), t));
-        _mm256_storeu_ps(mn + i, _mm256_min_ps(t, _mm256_loadu_ps(mn + i)));
-        _mm256_storeu_ps(mx + i, _mm256_max_ps(t, _mm256_loadu_ps(mx + i)));
+    for (; i + 8 <= n; i += 8) {   /* 8 elements' summary in registers through every row */
+        __m256 s = _mm256_loadu_ps(sum + i), lo = _mm256_loadu_ps(mn + i), hi = _mm256_loadu_ps(mx + i);
+        for (int64_t r = 0; r < rows; r++) {
+            __m256 t = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + r * stride + i)));
+            s = _mm256_add_ps(s, t);
+            lo = _mm256_min_ps(t, lo);
+            hi = _mm256_max_ps(t, hi);
+        }
+        _mm256_storeu_ps(sum + i, s);
+        _mm256_storeu_ps(mn + i, lo);
+        _mm256_storeu_ps(mx + i, hi);
     }
-    for (; i < n; i++) {
-        float t = _cvtsh_ss(k[i]);
-        sum[i] += t;
-        mn[i] = t < mn[i] ? t : mn[i];
-        mx[i] = t > mx[i] ? t : mx[i];
-    }
+    for (; i < n; i++)
+        for (int64_t r = 0; r < rows; r++) {
+            float t = _cvtsh_ss(k[r * stride + i]);
+            sum[i] += t;
+            mn[i] = t < mn[i] ? t : mn[i];
+            mx[i] = t > mx[i] ? t : mx[i];
+        }
 }
 
 float vd_bound_f32_avx2(int64_t n, const float *q, const float *lo, const float *hi)
