@@ -25,6 +25,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels/backend.h"
 #include "kernels/exp_poly.h"
 #include "kernels/quant_blocks.h"
 
@@ -132,6 +133,21 @@ QB_HD float ms_add(float acc, const float *e, int64_t T, int64_t rows, const flo
     for (int64_t r = 0; r < rows; r++)
         if (factor[r] != MS_EMPTY) acc = QB_ADD(acc, QB_MUL(e[r * T + j], factor[r]));
     return acc;
+}
+
+/* The host's share of a launch: each page's first token within its KV head (first[0 .. hp[H])) and
+ * each head's first token in the call (tok0[0 .. H], tok0[H] all); hp as be_mass.head_pages. */
+static inline void ms_offsets(const be_kv_page *pages, const int64_t *hp, int H, int64_t *first, int64_t *tok0)
+{
+    tok0[0] = 0;
+    for (int h = 0; h < H; h++) {
+        int64_t at = 0;
+        for (int64_t i = hp[h]; i < hp[h + 1]; i++) {
+            first[i] = at;
+            at += pages[i].n;
+        }
+        tok0[h + 1] = tok0[h] + at;
+    }
 }
 
 /* The sum of a row's T weights in the weight pass's order, on one host thread (the CPU

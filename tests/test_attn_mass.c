@@ -243,15 +243,7 @@ static void device_passes(const be_mass *m, int64_t T, int64_t per, float *acc)
     float *e = malloc(sizeof(float) * (size_t)(per * T)), *factor = malloc(sizeof(float) * (size_t)(per * H));
     float *qs = malloc(sizeof(float) * (size_t)(MS_ROWS * D));
     cr_assert(first && e && factor && qs && H <= 3);
-    tok0[0] = 0;
-    for (int h = 0; h < H; h++) {
-        int64_t at = 0;
-        for (int64_t i = hp[h]; i < hp[h + 1]; i++) {
-            first[i] = at;
-            at += m->pages[i].n;
-        }
-        tok0[h + 1] = tok0[h] + at;
-    }
+    ms_offsets(m->pages, hp, H, first, tok0);
     for (int64_t x = 0; x < per * T; x++) e[x] = NAN;   /* every score the pass needs is written */
     ms_rows q = { m->q, m->q_stride, m->q_pos0, 0, 0, m->first_head, m->group, D };
     for (q.r0 = 0; q.r0 < rows; q.r0 += per) {

@@ -1986,16 +1986,8 @@ static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
         ci->ms_host = nh;
         ci->cap_ms_host = fb + qb;
     }
-    int64_t *first = (int64_t *)ci->ms_host, *tok0 = first + np;   /* each page's first token in its head */
-    tok0[0] = 0;
-    for (int h = 0; h < H; h++) {
-        int64_t at = 0;
-        for (int64_t i = hp[h]; i < hp[h + 1]; i++) {
-            first[i] = at;
-            at += m->pages[i].n;
-        }
-        tok0[h + 1] = tok0[h] + at;
-    }
+    int64_t *first = (int64_t *)ci->ms_host, *tok0 = first + np;
+    ms_offsets(m->pages, hp, H, first, tok0);
     ms_rows r = { NULL, m->q_stride, m->q_pos0, 0, 0, m->first_head, m->group, (int)D };
     if (!q_bound) {   /* the heads' query rows only, side by side */
         float *pack = (float *)(tok0 + H + 1);
