@@ -415,30 +415,43 @@ static kv_page **new_pages(kv_cache *kv, int n)
     return np;
 }
 
-/* Head h of layer il gets the non-empty pages of np (which is freed) instead of its own. */
-static void replace_table(kv_cache *kv, int il, int h, kv_page **np, int n)
+/* Head h of layer il keeps its first `from` pages and gets the non-empty pages of np (which is
+ * freed) instead of the others. */
+static void replace_table_from(kv_cache *kv, int il, int h, int from, kv_page **np, int n)
 {
     kv_stream *L = &kv->layers[il].heads[h];
     reshape(kv, il);
-    for (int i = 0; i < L->n; i++) page_release(kv, L->pages[i]);
-    L->n = 0;
-    L->tokens = 0;
+    for (int i = from; i < L->n; i++) {
+        L->tokens -= L->pages[i]->n;
+        page_release(kv, L->pages[i]);
+    }
+    L->n = from;
     for (int i = 0; i < n; i++)   /* cannot fail: n is at most the pages the table held before */
         if (np[i]->n == 0 || push_page(kv, il, h, np[i]) != 0) page_release(kv, np[i]);
     free(np);
 }
+
+static void replace_table(kv_cache *kv, int il, int h, kv_page **np, int n) { replace_table_from(kv, il, h, 0, np, n); }
 
 int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep)
 {
     kv_stream *L = &kv->layers[il].heads[h];
     size_t R = (size_t)kv->row_dim;
     int P = kv->page_size;
-    int n_new = (int)((n_keep + P - 1) / P);
+    /* The table's first pages, full and kept whole, are what packing the kept tokens would write
+     * again: they stay as they are, their content generations too (a device's copies of them stay
+     * current). Keep is ascending, so keep[x] == x says every token up to x is kept. */
+    int same = 0;
+    while (same < L->n && L->pages[same]->n == P && (int64_t)(same + 1) * P <= n_keep &&
+           keep[(int64_t)(same + 1) * P - 1] == (int64_t)(same + 1) * P - 1)
+        same++;
+    const int64_t j0 = (int64_t)same * P;
+    int n_new = (int)((n_keep - j0 + P - 1) / P);
     kv_page **np = new_pages(kv, n_new);
     if (!np) return -1;
-    int src_page = 0;
-    int64_t src_base = 0;   /* table index of the first token of pages[src_page] */
-    for (int64_t j = 0; j < n_keep;) {
+    int src_page = same;
+    int64_t src_base = j0;   /* table index of the first token of pages[src_page] */
+    for (int64_t j = j0; j < n_keep;) {
         int64_t idx = keep[j];
         while (src_page < L->n && idx >= src_base + L->pages[src_page]->n) src_base += L->pages[src_page++]->n;
         if (src_page >= L->n) break;   /* index past the end: ignore the rest */
@@ -446,7 +459,7 @@ int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_k
         int32_t t = (int32_t)(idx - src_base), run = 1;
         /* consecutive kept tokens of one source page that go into one new page: copied at once */
         while (j + run < n_keep && keep[j + run] == idx + run && t + run < sp->n && (j + run) % P != 0) run++;
-        kv_page *dp = np[j / P];
+        kv_page *dp = np[(j - j0) / P];
         memcpy(dp->k + (size_t)dp->n * R, sp->k + (size_t)t * R, (size_t)run * R * sizeof(uint16_t));
         memcpy(dp->v + (size_t)dp->n * R, sp->v + (size_t)t * R, (size_t)run * R * sizeof(uint16_t));
         memcpy(dp->pos + dp->n, sp->pos + t, (size_t)run * sizeof(int32_t));
@@ -457,7 +470,7 @@ int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_k
         j += run;
     }
     for (int i = 0; i < n_new; i++) summarize_rows(kv, np[i], 0);   /* each new page's rows at once */
-    replace_table(kv, il, h, np, n_new);
+    replace_table_from(kv, il, h, same, np, n_new);
     return 0;
 }
 

@@ -94,7 +94,9 @@ int kv_next_row_opens_page(const kv_cache *kv, int il, int h);
 void kv_keep_pages(kv_cache *kv, int il, int h, const int *keep, int n_keep);
 /* Keep only the listed tokens (ascending indices counted across the table's pages), packed densely
  * into fresh pages with their summaries; the old pages return to the pool, so memory held drops.
- * What eviction policies call. -1 when out of memory (the table is unchanged). */
+ * The table's first pages, full and kept whole, stay as they are (packing would write them again
+ * as they are), content generations included. What eviction policies call. -1 when out of memory
+ * (the table is unchanged). */
 int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep);
 /* Replace head h of layer il by n rows given explicitly (f32 keys and values [n][head_dim], positions
  * ascending, log-degrees; NULL logdeg: all 0), packed into fresh pages; the old pages return to the

@@ -232,7 +232,8 @@ typedef struct be_key_means {
  * adds nothing. Every backend gives those floats. Several KV heads at once (n_kv > 1): KV head h
  * has pages[head_pages[h] .. head_pages[h + 1]), query heads first_head + h * group onwards and its
  * sums at acc + the token count of the heads before it; each is the one-head op's. work is the
- * caller's, work_len floats, at least one head's token count (more lets rows run side by side).
+ * caller's, work_len floats, at least the largest head's token count (more lets rows run side by
+ * side).
  * table names the page list for a device backend, which keeps its descriptors under that name as it
  * does attention's (any value is correct; a list unlike the last one under its name only sends
  * more). */

@@ -420,8 +420,9 @@ Test(kvcache, keep_tokens_packs_the_kept_rows_and_frees_pages)
 
 /* Every page's summary is the row-by-row fold of its keys, bit for bit, and its rows are the
  * appended or kept ones, after appends of every size (a head's rows strided among other heads' or
- * not), evictions of scattered and consecutive tokens (runs copied at once), rebuilds and rewinds:
- * the cache fills and summarizes a page's rows a run at a time. */
+ * not), evictions of scattered and consecutive tokens (runs copied at once, a kept prefix's full
+ * pages left as they are: the same page, the same generation) and rebuilds: the cache fills and
+ * summarizes a page's rows a run at a time. */
 Test(kvcache, page_summaries_and_rows_after_appends_evictions_and_rebuilds_are_the_row_by_rows)
 {
     enum { H = 2, R = 24, P = 8, MAXT = 600 };
@@ -433,7 +434,7 @@ Test(kvcache, page_summaries_and_rows_after_appends_evictions_and_rebuilds_are_t
     int32_t *want_pos = malloc(sizeof(int32_t) * 8192 * H);
     int64_t n_want[H] = { 0 }, *keep = malloc(sizeof(int64_t) * 8192);
     cr_assert(k && v && want_k && want_pos && keep);
-    int64_t pos = 0;
+    int64_t pos = 0, kept_pages = 0;
     for (int round = 0; round < 120; round++) {
         int what = (int)(rng % 5);
         frand();
@@ -454,12 +455,28 @@ Test(kvcache, page_summaries_and_rows_after_appends_evictions_and_rebuilds_are_t
             for (int hh = 0; hh < H; hh++) n_want[hh] += n;
             pos += n;
             kv_commit(kv, pos);
-        } else if (what == 3) {   /* keep runs and single tokens of head 1 */
+        } else if (what == 3) {   /* keep runs and single tokens of head 1, sometimes after a kept prefix */
             int hh = 1;
-            int64_t nk = 0;
+            int64_t nk = 0, prefix = frand() > 0 ? (int64_t)((rng >> 17) % (uint64_t)(n_want[hh] + 1)) : 0;
             for (int64_t j = 0; j < n_want[hh]; j++)
-                if ((j / 5) % 2 == 0 || frand() > 0.6f) keep[nk++] = j;
+                if (j < prefix || (j / 5) % 2 == 0 || frand() > 0.6f) keep[nk++] = j;
+            /* the full pages wholly inside the kept prefix must stay as they are */
+            int64_t lead = 0;
+            while (lead < nk && keep[lead] == lead) lead++;
+            const kv_page *was[1024];
+            uint64_t was_gen[1024];
+            int n_same = 0;
+            while (n_same < kv_n_pages(kv, 0, hh) && n_same < 1024 && kv_layer_page(kv, 0, hh, n_same)->n == P &&
+                   (int64_t)(n_same + 1) * P <= lead) {
+                was[n_same] = kv_layer_page(kv, 0, hh, n_same);
+                was_gen[n_same] = was[n_same]->gen;
+                n_same++;
+            }
             cr_assert(kv_keep_tokens(kv, 0, hh, keep, nk) == 0);
+            for (int i = 0; i < n_same; i++)
+                cr_assert(kv_layer_page(kv, 0, hh, i) == was[i] && was[i]->gen == was_gen[i],
+                          "round %d: page %d of a kept prefix was written again", round, i);
+            kept_pages += n_same;
             for (int64_t i = 0; i < nk; i++) {
                 memmove(&want_k[(hh * 8192 + i) * R], &want_k[(hh * 8192 + keep[i]) * R], sizeof(uint16_t) * R);
                 want_pos[hh * 8192 + i] = want_pos[hh * 8192 + keep[i]];
@@ -503,6 +520,7 @@ Test(kvcache, page_summaries_and_rows_after_appends_evictions_and_rebuilds_are_t
                          (long long)n_want[hh]);
         }
     }
+    cr_assert(kept_pages > 10, "%lld pages of kept prefixes", (long long)kept_pages);
     free(k);
     free(v);
     free(want_k);

@@ -1956,12 +1956,24 @@ __global__ void __launch_bounds__(MS_ADD_THREADS) mass_add_kernel(const float *e
     acc[j] = ms_add(acc[j], e + n * tok0[h], T, n, factor + (int64_t)h * n, j - tok0[h]);
 }
 
-/* Floats of scores a pass holds on the device: the rows run in passes of at most this many. */
-#define MS_WORK_FLOATS ((int64_t)1 << 25)
+/* Floats of scores a pass holds on the device (32 MiB): the rows run in passes of at most this many. */
+#define MS_WORK_FLOATS ((int64_t)1 << 23)
+
+/* The mass found the device or page-locked memory short (not a device error): what fail() recorded
+ * for it is taken back, since the CPU computes the mass instead and the run goes on. Only for a call
+ * that began with no failure recorded. Returns 1. */
+static int mass_short(cuda_impl *ci)
+{
+    ci->failed = 0;
+    ci->fail_msg[0] = 0;
+    return 1;
+}
 
 /* On the device from its copies of the pages (the list kept under m->table, as attention's), the
  * queries from where they are (bound: on the device; else only the heads' packed and sent), the
- * sums sent, added to and brought back: one wait. 0, or -1 with the failure recorded. */
+ * sums sent, added to and brought back: one wait. 0; 1 when memory for it was short (nothing
+ * recorded, the batch dropped: the pages go up whole at their next use); or -1 with the failure
+ * recorded. The caller has checked that no failure was recorded before. */
 static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
 {
     const int H = m->n_kv > 1 ? m->n_kv : 1;
@@ -1972,8 +1984,12 @@ static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
     pt_call pl;
     int rc = pt_build(&ci->tables, m->table, 0, m->pages, np, hp, H, NULL, &pl);
     if (rc != PT_OK) {
-        tables_failed(ci, rc);
-        return -1;
+        if (ci->failed || rc == PT_BAD_LIST) {   /* an upload that could not be queued, or a bad list */
+            tables_failed(ci, rc);
+            return -1;
+        }
+        lose_batch(ci);
+        return 1;
     }
     if (send_batch(ci)) return -1;
     const size_t qspan = sizeof(float) * (size_t)((m->n_q - 1) * m->q_stride + (m->first_head + hq) * D);
@@ -1982,7 +1998,7 @@ static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
     const size_t qb = q_bound ? 0 : sizeof(float) * (size_t)(m->n_q * hq * D);
     if (fb + qb > ci->cap_ms_host) {
         void *nh = realloc(ci->ms_host, fb + qb);
-        if (!nh) return fail(ci, "out of memory");
+        if (!nh) return 1;
         ci->ms_host = nh;
         ci->cap_ms_host = fb + qb;
     }
@@ -2002,10 +2018,9 @@ static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
     if (per > (int64_t)MS_ROWS * 65535) per = (int64_t)MS_ROWS * 65535;
     if (grow_dev(ci, (void **)&ci->ms_e, &ci->cap_ms_e, sizeof(float) * (size_t)(per * T)) ||
         grow_dev(ci, (void **)&ci->ms_factor, &ci->cap_ms_factor, sizeof(float) * (size_t)(per * H)) ||
-        grow_dev(ci, (void **)&ci->ms_acc, &ci->cap_ms_acc, ab) ||
-        grow_host(ci, (void **)&ci->h_ms, &ci->cap_h_ms, ab) ||
-        stage_reserve(ci, stage_size(fb) + stage_size(ab) + stage_size(qb)))
-        return -1;
+        grow_dev(ci, (void **)&ci->ms_acc, &ci->cap_ms_acc, ab) || grow_host(ci, (void **)&ci->h_ms, &ci->cap_h_ms, ab))
+        return mass_short(ci);   /* only allocations failed (each leaves its buffer empty) */
+    if (stage_reserve(ci, stage_size(fb) + stage_size(ab) + stage_size(qb))) return -1;
     const int64_t *d_first = (const int64_t *)stage(ci, first, fb), *d_tok0 = d_first ? d_first + np : NULL;
     r.q = q_bound ? (const float *)am_dev_in(&ci->act, m->q, qspan) : (const float *)stage(ci, tok0 + H + 1, qb);
     if (!d_first || !r.q || send_to(ci, ci->ms_acc, m->acc, ab)) return -1;
@@ -2028,22 +2043,23 @@ static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
 }
 
 /* The eviction policies' attention mass: on the device where it can run (head dimensions up to
- * MS_MAX_D); else, and once the device has failed, on the CPU backend's threads from the host's
- * pages and the queries the host has (a policy evicts by it, and an eviction by a mass never
- * computed could not be undone). Both give the same floats. */
+ * MS_MAX_D, memory for it); else, and once the device has failed, on the CPU backend's threads
+ * from the host's pages and the queries the host has (a policy evicts by it, and an eviction by a
+ * mass never computed could not be undone). Both give the same floats. */
 static void cuda_attn_mass(be_backend *b, const be_mass *m)
 {
     cuda_impl *ci = impl_of(b);
     if (m->n_q <= 0) return;
     int64_t T = 0;
     for (int64_t i = 0; i < m->n_pages; i++) T += m->pages[i].n;
-    if (!ci->failed && T > 0 && m->group > 0 && m->head_dim > 0 && m->head_dim <= MS_MAX_D &&
+    const int was_failed = ci->failed;
+    if (!was_failed && T > 0 && m->group > 0 && m->head_dim > 0 && m->head_dim <= MS_MAX_D &&
         m->n_kv <= PT_MAX_HEADS && attn_mass_dev(ci, m, T) == 0)
         return;
     const int64_t hq = (int64_t)(m->n_kv > 1 ? m->n_kv : 1) * m->group;
     am_range r = { m->q,
                    sizeof(float) * (size_t)((m->n_q - 1) * m->q_stride + (m->first_head + hq) * m->head_dim) };
-    if (!ci->failed) am_host_read(&ci->act, &r, 1);
+    if (!was_failed) am_host_read(&ci->act, &r, 1);   /* (a device path that failed just now may read) */
     ci->cpu->ops->attn_mass(ci->cpu, m);
 }
 
