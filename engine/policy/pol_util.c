@@ -101,12 +101,6 @@ static int64_t mass_heads(const pol_env *env, int il, int g0, int n_kv, const fl
     return T;
 }
 
-int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
-                      float *acc)
-{
-    return mass_heads(env, il, g, 1, q, n, q_stride, qpos0, acc);
-}
-
 int64_t pol_attn_mass_layer(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
                             float *acc)
 {

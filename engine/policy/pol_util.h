@@ -11,18 +11,14 @@
  * index first), and sort those k ascending by index. Returns min(k, n). */
 int pol_top_k(int *idx, int n, const float *score, int k);
 
-/* Attention mass: for KV head g of layer il, add to acc[j] (j: token index in the head's table,
- * counted across its pages) the softmax weight query row t gives token j, summed over the n query
- * rows and the G = n_head / n_head_kv query heads sharing the KV head. Row t (q + t * q_stride, all
- * query heads) sits at position qpos0 + t and sees the tokens at positions <= its own; merged tokens
- * get their log-degree bias. Computed by the backend's attn_mass op (kernels/backend.h be_mass: the
- * CPU's threads take query rows side by side, the floats those of a plain loop). Returns the
- * table's token count, or -1 when out of memory. */
-int64_t pol_attn_mass(const pol_env *env, int il, int g, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
-                      float *acc);
-/* The same for every KV head of layer il in one call (one wait on a device backend): head g's sums
- * at acc + tok0[g], where tok0[g] counts the tokens of the heads before it (tok0[n_head_kv]: all;
- * pol_layer_tokens fills it). Returns all, or -1 when out of memory. */
+/* Attention mass, every KV head of layer il in one call (one wait on a device backend): for KV head
+ * g, add to acc[tok0[g] + j] (j: token index in the head's table, counted across its pages; tok0[g]
+ * the tokens of the heads before it, pol_layer_tokens) the softmax weight query row t gives token
+ * j, summed over the n query rows and the G = n_head / n_head_kv query heads sharing the KV head.
+ * Row t (q + t * q_stride, all query heads) sits at position qpos0 + t and sees the tokens at
+ * positions <= its own; merged tokens get their log-degree bias. Computed by the backend's
+ * attn_mass op (kernels/backend.h be_mass: the same floats on every backend). Returns all the
+ * layer's tokens, or -1 when out of memory. */
 int64_t pol_attn_mass_layer(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
                             float *acc);
 /* tok0[0 .. n_head_kv] as above for layer il; returns tok0[n_head_kv]. */

@@ -96,20 +96,19 @@ static int sn_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t
     return 0;
 }
 
-/* Keep the window, and the budget - window best earlier tokens by pooled votes, for head g. */
-static int compress_head(st_snap *s, const pol_env *env, int il, int g, const float *q, int64_t nq, int64_t qpos0,
+/* Keep the window, and the budget - window best earlier tokens by pooled votes (the window's
+ * attention mass on head g's T tokens), for head g. */
+static int compress_head(st_snap *s, const pol_env *env, int il, int g, const float *votes, int64_t T, int64_t qpos0,
                          int64_t budget, char *err, size_t errlen)
 {
-    int64_t T = pol_head_positions(env, il, g, NULL);
     if (T <= budget) return 0;
-    float *votes = calloc((size_t)T, sizeof(float)), *pooled = malloc(sizeof(float) * (size_t)T);
+    float *pooled = malloc(sizeof(float) * (size_t)T);
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
     int64_t *idx = malloc(sizeof(int64_t) * (size_t)T), *keep = malloc(sizeof(int64_t) * (size_t)T);
     int rc = -1;
     err[0] = 0;
-    if (!votes || !pooled || !pos || !idx || !keep) goto out;
+    if (!pooled || !pos || !idx || !keep) goto out;
     pol_head_positions(env, il, g, pos);
-    if (pol_attn_mass(env, il, g, q, nq, s->row, qpos0, votes) < 0) goto out;
     /* prefix: the tokens before the observation window, in table order */
     int64_t prefix = 0;
     while (prefix < T && pos[prefix] < qpos0) prefix++;
@@ -136,7 +135,6 @@ static int compress_head(st_snap *s, const pol_env *env, int il, int g, const fl
     rc = 0;
 out:
     if (rc && !err[0]) snprintf(err, errlen, "snapkv: out of memory");
-    free(votes);
     free(pooled);
     free(pos);
     free(idx);
@@ -171,10 +169,24 @@ static int sn_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
         memcpy(wq + r * s->row, s->ring[il] + ((pushed - nw + r) % s->window) * s->row, sizeof(float) * (size_t)s->row);
     int64_t end = p0 + n;
     int64_t budget = pol_budget_tokens(s->budget, end);
+    /* every KV head's votes in one call, where some head holds more than the budget */
+    int64_t *tok0 = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1)), over = 0;
+    int64_t all = tok0 ? pol_layer_tokens(env, il, tok0) : 0;
+    for (int g = 0; tok0 && g < env->n_head_kv; g++) over += tok0[g + 1] - tok0[g] > budget;
+    float *votes = tok0 && over ? calloc((size_t)(all > 0 ? all : 1), sizeof(float)) : NULL;
+    if (!tok0 || (over && (!votes || pol_attn_mass_layer(env, il, wq, nw, s->row, end - nw, votes) < 0))) {
+        free(tok0);
+        free(votes);
+        free(wq);
+        snprintf(err, errlen, "snapkv: out of memory");
+        return -1;
+    }
     int rc = 0;
-    for (int g = 0; g < env->n_head_kv && rc == 0; g++)
-        rc = compress_head(s, env, il, g, wq, nw, end - nw, budget, err, errlen);
+    for (int g = 0; g < env->n_head_kv && rc == 0 && over; g++)
+        rc = compress_head(s, env, il, g, votes + tok0[g], tok0[g + 1] - tok0[g], end - nw, budget, err, errlen);
     if (rc == 0) s->evictions++;
+    free(tok0);
+    free(votes);
     free(wq);
     return rc;
 }
