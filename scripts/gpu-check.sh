@@ -133,12 +133,13 @@ profile_steps() {
     done
 }
 
-# policy_steps NAME MODEL DEPTH GEN: kvchat bench --policy under the op profiler, one selection
-# policy a run (Quest bounds pages on the device, CHESS scores its kept summaries there), so that
+# policy_steps NAME MODEL DEPTH GEN: kvchat bench --policy under the op profiler, one policy a run
+# (Quest bounds pages on the device, CHESS scores its kept summaries there, H2O scores a layer's
+# heads by the attention mass on the device and evicts a token a head every decode step), so that
 # each one's waits a decode step show; its table and profile go to the summary
 policy_steps() {
     local name=$1 model=$2 depth=$3 gen=$4 pol
-    for pol in quest chess:preset=aggressive; do
+    for pol in quest chess:preset=aggressive h2o:budget=0.25; do
         if step "policy $name $pol KVCHAT_PROFILE=1" 60 env KVCHAT_PROFILE=1 "$kv" bench -m "$model" --device cuda \
             --ctx "$depth" --gen "$gen" --policy "$pol" --csv "$out/policy_results.csv"; then
             say "  $pol, depth $depth, $gen tokens decoded:"
