@@ -143,14 +143,13 @@ static int h_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
     int64_t row = (int64_t)env->n_head * env->head_dim;
     if (!decoding && last) s->budget_tokens = pol_budget_tokens(s->budget, p0 + n);
     /* every KV head's mass in one call, then head by head its scores and eviction */
-    int64_t *tok0 = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
-    int64_t all = tok0 ? pol_layer_tokens(env, il, tok0) : 0;
-    float *mass = tok0 ? calloc((size_t)(all > 0 ? all : 1), sizeof(float)) : NULL;
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(all > 0 ? all : 1));
-    if (!tok0 || !mass || !pos || pol_attn_mass_layer(env, il, q, n, row, p0, mass) < 0) {
+    int64_t *tok0;
+    float *mass;
+    int32_t *pos = NULL;
+    if (pol_layer_mass(env, il, q, n, row, p0, &mass, &tok0) ||
+        !(pos = malloc(sizeof(int32_t) * (size_t)(tok0[env->n_head_kv] > 0 ? tok0[env->n_head_kv] : 1)))) {
         free(tok0);
         free(mass);
-        free(pos);
         snprintf(err, errlen, "h2o: out of memory");
         return -1;
     }

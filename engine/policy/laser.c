@@ -170,14 +170,9 @@ static int score_layer(st_laser *s, const pol_env *env, int il, const float *qp,
 {
     int D = env->head_dim, G = env->n_head / env->n_head_kv;
     /* every KV head's mass in one call */
-    int64_t *tok0 = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
-    int64_t all = tok0 ? pol_layer_tokens(env, il, tok0) : 0;
-    float *mass_all = tok0 ? calloc((size_t)(all > 0 ? all : 1), sizeof(float)) : NULL;
-    if (!mass_all || pol_attn_mass_layer(env, il, qp, n_p, s->row, pp0, mass_all) < 0) {
-        free(tok0);
-        free(mass_all);
-        return -1;
-    }
+    int64_t *tok0;
+    float *mass_all;
+    if (pol_layer_mass(env, il, qp, n_p, s->row, pp0, &mass_all, &tok0)) return -1;
     for (int g = 0; g < env->n_head_kv; g++) {
         const float *mass = mass_all + tok0[g];
         float *kf = malloc(sizeof(float) * (size_t)D);

@@ -114,6 +114,22 @@ int64_t pol_layer_tokens(const pol_env *env, int il, int64_t *tok0)
     return tok0[env->n_head_kv];
 }
 
+int pol_layer_mass(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0, float **mass,
+                   int64_t **tok0)
+{
+    *tok0 = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
+    int64_t all = *tok0 ? pol_layer_tokens(env, il, *tok0) : 0;
+    *mass = *tok0 ? calloc((size_t)(all > 0 ? all : 1), sizeof(float)) : NULL;
+    if (!*mass || pol_attn_mass_layer(env, il, q, n, q_stride, qpos0, *mass) < 0) {
+        free(*tok0);
+        free(*mass);
+        *tok0 = NULL;
+        *mass = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 /* The k-th largest of key[0..n) (distinct, 1 <= k <= n), the array reordered: a quickselect with a
  * median-of-three pivot, O(n) expected. */
 static uint64_t kth_largest(uint64_t *key, int64_t n, int64_t k)

@@ -23,6 +23,10 @@ int64_t pol_attn_mass_layer(const pol_env *env, int il, const float *q, int64_t 
                             float *acc);
 /* tok0[0 .. n_head_kv] as above for layer il; returns tok0[n_head_kv]. */
 int64_t pol_layer_tokens(const pol_env *env, int il, int64_t *tok0);
+/* pol_attn_mass_layer into arrays of its own: *tok0 [n_head_kv + 1] and *mass [all] (from zero),
+ * the caller's to free. 0, or -1 when out of memory (both NULL). */
+int pol_layer_mass(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0, float **mass,
+                   int64_t **tok0);
 /* Tokens in head g of layer il, and their positions in table order into pos (NULL: count only). */
 int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos);
 /* out[j] = max (or mean, when avg) of x over [j - kernel/2, j + kernel/2] clipped to [0, n). */

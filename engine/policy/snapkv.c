@@ -170,13 +170,11 @@ static int sn_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
     int64_t end = p0 + n;
     int64_t budget = pol_budget_tokens(s->budget, end);
     /* every KV head's votes in one call, where some head holds more than the budget */
-    int64_t *tok0 = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1)), over = 0;
-    int64_t all = tok0 ? pol_layer_tokens(env, il, tok0) : 0;
-    for (int g = 0; tok0 && g < env->n_head_kv; g++) over += tok0[g + 1] - tok0[g] > budget;
-    float *votes = tok0 && over ? calloc((size_t)(all > 0 ? all : 1), sizeof(float)) : NULL;
-    if (!tok0 || (over && (!votes || pol_attn_mass_layer(env, il, wq, nw, s->row, end - nw, votes) < 0))) {
-        free(tok0);
-        free(votes);
+    int over = 0;
+    for (int g = 0; g < env->n_head_kv; g++) over += kv_head_tokens(env->kv, il, g) > budget;
+    int64_t *tok0 = NULL;
+    float *votes = NULL;
+    if (over && pol_layer_mass(env, il, wq, nw, s->row, end - nw, &votes, &tok0)) {
         free(wq);
         snprintf(err, errlen, "snapkv: out of memory");
         return -1;

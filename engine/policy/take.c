@@ -118,19 +118,12 @@ static int t_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t 
 
 static pol_shape t_prefill_shape(void *st) { return (pol_shape){ ((st_take *)st)->chunk, ((st_take *)st)->probe }; }
 
-/* Layer il's cached tokens scored by the smoothed probe (n_p rows at positions from pp0), every KV
- * head in one call: head g's masses at (*mass)[tok0[g] ..], tok0 [n_head_kv + 1] the caller's. 0, or
- * -1 when out of memory. */
-static int score_layer(st_take *s, const pol_env *env, int il, int64_t n_p, int64_t pp0, float **mass, int64_t *tok0)
+/* Layer il's cached tokens scored by layer il's smoothed probe (n_p rows at positions from pp0),
+ * every KV head in one call: head g's masses at (*mass)[(*tok0)[g] ..]. 0, or -1 when out of
+ * memory. */
+static int score_layer(st_take *s, const pol_env *env, int il, int64_t n_p, int64_t pp0, float **mass, int64_t **tok0)
 {
-    int64_t all = pol_layer_tokens(env, il, tok0);
-    *mass = calloc((size_t)(all > 0 ? all : 1), sizeof(float));
-    if (!*mass || pol_attn_mass_layer(env, il, s->ema[il], n_p, s->row, pp0, *mass) < 0) {
-        free(*mass);
-        *mass = NULL;
-        return -1;
-    }
-    return 0;
+    return pol_layer_mass(env, il, s->ema[il], n_p, s->row, pp0, mass, tok0);
 }
 
 /* Head g's masses (T of them) pooled into *pooled_out, its positions into *pos_out. 0, or -1 when
@@ -263,16 +256,11 @@ static int t_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
     int delayed = gi < s->n_delay;
     int64_t kk = delayed && !c->last ? (int64_t)(s->warmup * (double)k) : k;
     int src = c->last && gi == s->src && s->n_delay > 0;   /* the delayed layers take this layer's choice */
-    int64_t *tok0 = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
-    float *mass = NULL;
-    if (!tok0) {
-        snprintf(err, errlen, "take: out of memory");
-        return -1;
-    }
+    int64_t *tok0;
+    float *mass;
     /* a delayed layer's last chunk is decided by the source layer below */
     if (!(delayed && c->last && !src)) {
-        if (score_layer(s, env, il, n_p, pp0, &mass, tok0)) {
-            free(tok0);
+        if (score_layer(s, env, il, n_p, pp0, &mass, &tok0)) {
             snprintf(err, errlen, "take: out of memory");
             return -1;
         }
@@ -294,25 +282,23 @@ static int t_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
             }
         }
         free(mass);
-        mass = NULL;
+        free(tok0);
     }
     if (src) {
         /* the delayed layers keep the positions the source layer chose */
         for (int j = 0; j < s->n_delay; j++) {
             if (j == s->src) continue;
-            int jl = env->global[j], rc = score_layer(s, env, jl, n_p, pp0, &mass, tok0);
+            int jl = env->global[j], rc = score_layer(s, env, jl, n_p, pp0, &mass, &tok0);
             for (int g = 0; g < env->n_head_kv && !rc; g++)
                 rc = keep_positions(s, env, jl, g, k, mass + tok0[g], tok0[g + 1] - tok0[g]);
-            free(mass);
-            mass = NULL;
+            free(mass);   /* NULL when the scoring failed */
+            free(tok0);
             if (rc) {
-                free(tok0);
                 snprintf(err, errlen, "take: out of memory evicting");
                 return -1;
             }
         }
     }
-    free(tok0);
     if (c->last) {
         s->have[il] = 0;   /* this layer's next eval starts its own EMA (the later layers' last chunks still blend) */
         s->kept_last = pol_head_positions(env, il, 0, NULL);
