@@ -431,7 +431,6 @@ static void replace_table_from(kv_cache *kv, int il, int h, int from, kv_page **
     free(np);
 }
 
-static void replace_table(kv_cache *kv, int il, int h, kv_page **np, int n) { replace_table_from(kv, il, h, 0, np, n); }
 
 int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep)
 {
@@ -504,7 +503,7 @@ int kv_rebuild_head(kv_cache *kv, int il, int h, const float *k, const float *v,
         dp->n++;
     }
     for (int i = 0; i < n_new; i++) summarize_rows(kv, np[i], 0);
-    replace_table(kv, il, h, np, n_new);
+    replace_table_from(kv, il, h, 0, np, n_new);
     return 0;
 }
 

@@ -222,7 +222,7 @@ typedef struct be_key_means {
 } be_key_means;
 
 /* The attention mass the eviction policies score cached tokens by (SnapKV's votes, H2O's heavy
- * hitters, TAKE's and LASER-KV's probes; engine/policy/pol_util.h pol_attn_mass_layer): over one KV head's
+ * hitters, TAKE's and LASER-KV's probes; engine/policy/pol_util.h pol_layer_mass): over one KV head's
  * pages, for each query row t in order and each of the head's group of query heads in order, the
  * softmax weights of the tokens at positions <= q_pos0 + t, added into acc[j] (j: the token's index
  * counted across the pages). The floats of a plain loop: s_j = be_host_dot_f32_f16(q, k_j) (plus the

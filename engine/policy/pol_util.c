@@ -52,82 +52,55 @@ int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos)
     return T;
 }
 
-/* The mass of KV heads g0 .. g0 + n_kv of layer il, in one op call. */
-static int64_t mass_heads(const pol_env *env, int il, int g0, int n_kv, const float *q, int64_t n, int64_t q_stride,
-                          int64_t qpos0, float *acc)
+int pol_layer_mass(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
+                   float **mass_out, int64_t **tok0_out)
 {
-    int G = env->n_head / env->n_head_kv, np = 0;
-    int64_t *hp = malloc(sizeof(int64_t) * (size_t)(n_kv + 1)), T = 0, most = 0;
-    if (!hp) return -1;
+    const int H = env->n_head_kv, G = env->n_head / H;
+    int64_t *hp = malloc(sizeof(int64_t) * (size_t)(H + 1)), *tok0 = malloc(sizeof(int64_t) * (size_t)(H + 1));
+    be_kv_page *pages = NULL;
+    float *mass = NULL, *work = NULL;
+    *mass_out = NULL;
+    *tok0_out = NULL;
+    if (!hp || !tok0) goto fail;
     hp[0] = 0;
-    for (int h = 0; h < n_kv; h++) {
-        np += kv_n_pages(env->kv, il, g0 + h);
-        hp[h + 1] = np;
-    }
-    be_kv_page *pages = malloc(sizeof *pages * (size_t)(np > 0 ? np : 1));
-    if (!pages) {
-        free(hp);
-        return -1;
-    }
-    for (int h = 0; h < n_kv; h++) {
-        int64_t th = 0;
+    for (int h = 0; h < H; h++) hp[h + 1] = hp[h] + kv_n_pages(env->kv, il, h);
+    pages = malloc(sizeof *pages * (size_t)(hp[H] > 0 ? hp[H] : 1));
+    if (!pages) goto fail;
+    int64_t most = 0;   /* the most tokens a head holds */
+    tok0[0] = 0;
+    for (int h = 0; h < H; h++) {
+        tok0[h + 1] = tok0[h];
         for (int64_t i = hp[h]; i < hp[h + 1]; i++) {
-            page_list_ref(&pages[i], kv_layer_page(env->kv, il, g0 + h, (int)(i - hp[h])), NULL, env->head_dim,
+            page_list_ref(&pages[i], kv_layer_page(env->kv, il, h, (int)(i - hp[h])), NULL, env->head_dim,
                           kv_page_size(env->kv));
-            th += pages[i].n;
+            tok0[h + 1] += pages[i].n;
         }
-        T += th;
-        if (th > most) most = th;
+        if (tok0[h + 1] - tok0[h] > most) most = tok0[h + 1] - tok0[h];
     }
+    mass = calloc((size_t)(tok0[H] > 0 ? tok0[H] : 1), sizeof(float));
+    if (!mass) goto fail;
     /* room for up to 64 query rows' weights side by side (the backend's threads take a row each),
      * fewer where memory is short, one row's at least */
     int64_t rows = n * G < 64 ? n * G : 64;
-    float *work = NULL;
     while (most > 0 && rows >= 1 && !(work = malloc(sizeof(float) * (size_t)(rows * most)))) rows /= 2;
-    if (most > 0 && n > 0 && !work) {
-        free(pages);
-        free(hp);
-        return -1;
-    }
-    /* the list's name on a device backend: one per cache, layer and first KV head */
-    uint64_t table = ((uint64_t)(uintptr_t)env->kv * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)il << 32) ^
-                     ((uint64_t)g0 << 16) ^ ((uint64_t)n_kv << 8) ^ 0x6du;
-    be_mass m = { q, n, q_stride, qpos0, g0 * G, G, env->head_dim, pages, np, acc, work, rows * most, table,
-                  n_kv, hp };
-    if (T > 0 && n > 0) env->b->ops->attn_mass(env->b, &m);
+    if (most > 0 && n > 0 && !work) goto fail;
+    /* the list's name on a device backend: one per cache and layer */
+    uint64_t table = ((uint64_t)(uintptr_t)env->kv * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)il << 32) ^ 0x6d61u;
+    be_mass m = { q, n, q_stride, qpos0, 0, G, env->head_dim, pages, hp[H], mass, work, rows * most, table, H, hp };
+    if (tok0[H] > 0 && n > 0) env->b->ops->attn_mass(env->b, &m);
     free(pages);
     free(work);
     free(hp);
-    return T;
-}
-
-int64_t pol_attn_mass_layer(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
-                            float *acc)
-{
-    return mass_heads(env, il, 0, env->n_head_kv, q, n, q_stride, qpos0, acc);
-}
-
-int64_t pol_layer_tokens(const pol_env *env, int il, int64_t *tok0)
-{
-    tok0[0] = 0;
-    for (int g = 0; g < env->n_head_kv; g++) tok0[g + 1] = tok0[g] + kv_head_tokens(env->kv, il, g);
-    return tok0[env->n_head_kv];
-}
-
-int pol_layer_mass(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0, float **mass,
-                   int64_t **tok0)
-{
-    *tok0 = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
-    int64_t all = *tok0 ? pol_layer_tokens(env, il, *tok0) : 0;
-    *mass = *tok0 ? calloc((size_t)(all > 0 ? all : 1), sizeof(float)) : NULL;
-    if (!*mass || pol_attn_mass_layer(env, il, q, n, q_stride, qpos0, *mass) < 0) {
-        free(*tok0);
-        free(*mass);
-        *tok0 = NULL;
-        *mass = NULL;
-        return -1;
-    }
+    *mass_out = mass;
+    *tok0_out = tok0;
     return 0;
+fail:
+    free(hp);
+    free(tok0);
+    free(pages);
+    free(mass);
+    free(work);
+    return -1;
 }
 
 /* The k-th largest of key[0..n) (distinct, 1 <= k <= n), the array reordered: a quickselect with a

@@ -11,20 +11,15 @@
  * index first), and sort those k ascending by index. Returns min(k, n). */
 int pol_top_k(int *idx, int n, const float *score, int k);
 
-/* Attention mass, every KV head of layer il in one call (one wait on a device backend): for KV head
- * g, add to acc[tok0[g] + j] (j: token index in the head's table, counted across its pages; tok0[g]
- * the tokens of the heads before it, pol_layer_tokens) the softmax weight query row t gives token
- * j, summed over the n query rows and the G = n_head / n_head_kv query heads sharing the KV head.
- * Row t (q + t * q_stride, all query heads) sits at position qpos0 + t and sees the tokens at
- * positions <= its own; merged tokens get their log-degree bias. Computed by the backend's
- * attn_mass op (kernels/backend.h be_mass: the same floats on every backend). Returns all the
- * layer's tokens, or -1 when out of memory. */
-int64_t pol_attn_mass_layer(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
-                            float *acc);
-/* tok0[0 .. n_head_kv] as above for layer il; returns tok0[n_head_kv]. */
-int64_t pol_layer_tokens(const pol_env *env, int il, int64_t *tok0);
-/* pol_attn_mass_layer into arrays of its own: *tok0 [n_head_kv + 1] and *mass [all] (from zero),
- * the caller's to free. 0, or -1 when out of memory (both NULL). */
+/* Attention mass, every KV head of layer il in one call (one wait on a device backend), into arrays
+ * of its own, the caller's to free: *tok0 [n_head_kv + 1] (tok0[g]: the tokens of the heads before
+ * head g; tok0[n_head_kv]: all) and *mass, where mass[tok0[g] + j] (j: token index in head g's
+ * table, counted across its pages) is the softmax weight the query rows give token j, summed over
+ * the n rows and the G = n_head / n_head_kv query heads sharing the KV head. Row t (q + t *
+ * q_stride, all query heads) sits at position qpos0 + t and sees the tokens at positions <= its
+ * own; merged tokens get their log-degree bias. Computed by the backend's attn_mass op
+ * (kernels/backend.h be_mass: the same floats on every backend). 0, or -1 when out of memory
+ * (both NULL). */
 int pol_layer_mass(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0, float **mass,
                    int64_t **tok0);
 /* Tokens in head g of layer il, and their positions in table order into pos (NULL: count only). */
