@@ -61,7 +61,14 @@ struct fwd_ctx {
         int set;               /* in kall[set], vall[set] */
         int read;              /* the host has read them (waited for the device) */
         int layers;            /* layers the cache has taken them into so far */
+        /* a batch's rows (fwd_decode_batch): row s is seqs[s]'s, at its own position; n_seq 0: the
+         * rows are this context's own */
+        fwd_ctx *seqs[FWD_BATCH_MAX];
+        int n_seq;
     } pend;
+    int out_rows;              /* rows `logits` holds (OUT_ROWS, or the chunk size when smaller) */
+    float *batch_rows;         /* [FWD_BATCH_MAX][n_vocab], bound: a batch's picked rows (NULL: none yet) */
+    const float *row_at;       /* where row_valid's row is: row, or a batch's lead's batch_rows */
     float *row;                /* [n_vocab]: the last picked step's logits, left with the backend */
     /* A device backend's selections by bounds (pol_env.sel_buf), bound: [n_layer][n_head_kv]
      * [BE_PICK_MAX + 1]. */
@@ -175,7 +182,8 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     }
     f->gate = alloc_f(f, B * (size_t)hp->n_ff);
     f->up = alloc_f(f, B * (size_t)hp->n_ff);
-    f->logits = alloc_f(f, OUT_ROWS * (size_t)hp->n_vocab);
+    f->out_rows = f->n_batch < OUT_ROWS ? f->n_batch : OUT_ROWS;
+    f->logits = alloc_f(f, (size_t)f->out_rows * (size_t)hp->n_vocab);
     f->row = alloc_f(f, (size_t)hp->n_vocab);
     size_t sel_n = (size_t)hp->n_layer * (size_t)hp->n_head_kv * (BE_PICK_MAX + 1);
     f->sel_buf = (int32_t *)alloc_f(f, sel_n);   /* int32s, as many as floats */
@@ -217,6 +225,10 @@ void fwd_free(fwd_ctx *f)
     float *bufs[N_BOUND];
     bound_bufs(f, bufs);
     for (int i = 0; i < f->n_bound; i++) be_unbind(f->b, bufs[i]);
+    if (f->batch_rows) {
+        be_unbind(f->b, f->batch_rows);
+        free(f->batch_rows);
+    }
     kv_free(f->kv);
     free(f->x);
     free(f->h);
@@ -597,29 +609,83 @@ static int take_pending(fwd_ctx *f, int upto)
     const model_hparams *hp = &f->m->hp;
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, n = f->pend.n;
     const float *K = f->kall[f->pend.set], *V = f->vall[f->pend.set];
+    /* whose rows: this context's n, or a batch's sequences' one each */
+    int n_seq = f->pend.n_seq ? f->pend.n_seq : 1;
+    fwd_ctx *const *seqs = f->pend.n_seq ? f->pend.seqs : &f;
     if (!f->pend.read) {
-        be_range rd[3];
+        be_range rd[2 + FWD_BATCH_MAX];
         set_ranges(f, f->pend.set, n, rd);
-        if (f->n_dsel) rd[2] = sel_range(f);   /* this step's kept selections, for sel_stats */
-        be_host_read(f->b, rd, f->n_dsel ? 3 : 2);
+        int nr = 2;
+        for (int s = 0; s < n_seq; s++)
+            if (seqs[s]->n_dsel) rd[nr++] = sel_range(seqs[s]);   /* this step's kept selections, for sel_stats */
+        be_host_read(f->b, rd, nr);
         if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -4;
         f->pend.read = 1;
     }
-    if (f->n_dsel) sel_stats(f, f->pend.at);   /* before the cache takes the step's row */
+    for (int s = 0; s < n_seq; s++)   /* before the cache takes the step's row */
+        if (seqs[s]->n_dsel) sel_stats(seqs[s], f->pend.n_seq ? seqs[s]->eval_start : f->pend.at);
     for (; f->pend.layers < upto; f->pend.layers++) {
         int64_t off = f->pend.layers * n * kvd;
-        if (kv_append(f->kv, f->pend.layers, K + off, V + off, n, f->pend.at) != 0) return -2;
+        if (!f->pend.n_seq) {
+            if (kv_append(f->kv, f->pend.layers, K + off, V + off, n, f->pend.at) != 0) return -2;
+            continue;
+        }
+        for (int s = 0; s < n_seq; s++)
+            if (kv_append(seqs[s]->kv, f->pend.layers, K + off + s * kvd, V + off + s * kvd, 1, seqs[s]->eval_start))
+                return -2;
     }
     if (f->pend.layers == hp->n_layer) f->pend.at = -1;
     return 0;
 }
 
-/* One chunk of n tokens at positions p0 .. p0+n-1; leaves the final hidden states in f->x.
- * Returns -1 if *abort_flag was raised (checked before every layer, so Ctrl-C answers within a
- * layer's time even on long chunks), -2 when the cache cannot grow (out of memory), -3 when a policy
- * failed (f->pol_err), -4 when a backend op failed (f->dev_err); the caller then rewinds the cache. */
-static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p0, const int32_t *probe, int64_t n_probe,
-                         int64_t probe_p0, volatile sig_atomic_t *abort_flag)
+/* Layer il's attention for sequence f's rows (its queries q at positions pos: n_chunk of its own
+ * from p0, then n_probe probe rows from probe_p0; K/V their new rows) into out. With defer the rows'
+ * own K/V are attended from where they are, beside the cache's pages (forward_rows). 0 or as
+ * forward_rows. */
+static int attend(fwd_ctx *f, int il, float *q, const int32_t *pos, int64_t n_chunk, int64_t p0, int64_t n_probe,
+                  int64_t probe_p0, float *K, float *V, int defer, float *out)
+{
+    const model_hparams *hp = &f->m->hp;
+    const model_layer *ly = &f->m->layers[il];
+    int64_t n = n_chunk + n_probe;
+    kv_trim_window(f->kv, il, p0, f->eval_start);
+    be_attn a = {
+        .q = q, .n_q = n, .q_pos = pos, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+        .window = ly->is_swa ? hp->n_swa : 0, .out = out,
+    };
+    if (defer) {
+        a.cur_k = K;
+        a.cur_v = V;
+        a.cur_pos = pos;
+        a.n_cur = n;
+    }
+    if (build_page_list(f, il, q, &a, !ly->is_swa) != 0) return -2;
+    if (defer && f->decoding) {
+        if (f->n_dsel && f->dsel[f->n_dsel - 1].il == il)
+            f->dsel[f->n_dsel - 1].row = 1;   /* counted after the selection's pages (sel_stats) */
+        else
+            defer_stats(f, il, !ly->is_swa, p0, f->last_listed);
+    }
+    double t0 = f->decoding ? now_ms() : 0;
+    f->b->ops->attention(f->b, &a);
+    if (f->decoding) f->st_attn_ms += now_ms() - t0;
+    if (n_probe && kv_truncate_layer(f->kv, il, probe_p0)) return -2;
+    if (f->pol && !ly->is_swa && !defer) {
+        pol_chunk c = { q, n_chunk, p0, n_probe, probe_p0, pol_set_probe_tokens(f->pol), f->last_chunk, f->decoding };
+        if (pol_set_layer_done(f->pol, il, &c, f->pol_err, sizeof f->pol_err)) return -3;
+    }
+    return 0;
+}
+
+/* The rows of one forward pass through f's scratch: either f's own chunk of n tokens at positions
+ * p0 .. p0+n-1 (n_seq 0; a prefill policy's probe rows after them), or a batch's decode steps, row s
+ * the token of seqs[s] (n_seq of them, n == n_seq) at its own next position. Leaves the final hidden
+ * states in f->x. Returns -1 if *abort_flag was raised (checked before every layer, so Ctrl-C
+ * answers within a layer's time even on long chunks), -2 when a cache cannot grow (out of memory),
+ * -3 when a policy failed (its pol_err), -4 when a backend op failed (f->dev_err); the caller then
+ * rewinds the caches. */
+static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32_t *tokens, int64_t n, int64_t p0,
+                        const int32_t *probe, int64_t n_probe, int64_t probe_p0, volatile sig_atomic_t *abort_flag)
 {
     const model *m = f->m;
     const model_hparams *hp = &m->hp;
@@ -627,9 +693,14 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
     be_backend *b = f->b;
     int64_t E = hp->n_embd, D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
     int64_t kvd = Hkv * D;
+    const int batch = n_seq > 0;
+    if (!batch) {
+        seqs = &f;
+        n_seq = 1;
+    }
     /* Probe rows (a prefill policy's question tokens at their own positions) run through every layer
      * after the chunk's rows and attend like them, but leave no K/V behind. */
-    for (int64_t t = 0; t < n; t++) f->pos[t] = (int32_t)(p0 + t);
+    for (int64_t t = 0; t < n; t++) f->pos[t] = (int32_t)(batch ? seqs[t]->eval_start : p0 + t);
     for (int64_t t = 0; t < n_probe; t++) f->pos[n + t] = (int32_t)(probe_p0 + t);
     memcpy(f->tok, tokens, sizeof(int32_t) * (size_t)n);
     if (n_probe) memcpy(f->tok + n, probe, sizeof(int32_t) * (size_t)n_probe);
@@ -642,10 +713,13 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
      * run without waiting for the host (attention takes the chunk's own K/V rows from the device,
      * after the pages), and the cache takes every layer's rows after the last layer, with one wait
      * a chunk instead of one a layer (SentKV, whose choice is made on the host, still waits for
-     * its bounds once a global layer). */
-    int defer = b->ops->bind && n_probe == 0 &&
-                (f->decoding ? n == 1 && (!f->pol || pol_set_decode_can_defer(f->pol))
-                             : !f->pol || pol_set_prefill_layer_free(f->pol));
+     * its bounds once a global layer). A batch defers when each of its sequences would. */
+    int defer = b->ops->bind && n_probe == 0;
+    for (int s = 0; s < n_seq && defer; s++) {
+        const fwd_ctx *q = seqs[s];
+        defer = q->decoding ? (batch || n == 1) && (!q->pol || pol_set_decode_can_defer(q->pol))
+                            : !q->pol || pol_set_prefill_layer_free(q->pol);
+    }
     /* The previous chunk's rows, if still pending: a chunk that defers takes them into the cache a
      * layer at a time, just before that layer's attention (the host's work overlapping the
      * device's on earlier layers); one that does not, all of them now (and one that finds the
@@ -655,6 +729,8 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
     if (rc) return rc;
     if (grow && grow_defer(f)) defer = 0;
     const int set = f->next_set;
+    int read_q = 0;   /* a policy reads the queries of global layers */
+    for (int s = 0; s < n_seq; s++) read_q |= seqs[s]->pol && pol_set_reads_queries(seqs[s]->pol, seqs[s]->decoding);
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
     /* each layer's attention norm comes with the residual add before it (add_norm), but the first's */
     op->rmsnorm(b, f->x, m->layers[0].attn_norm, f->h, n, E, hp->norm_eps);
@@ -677,44 +753,29 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
              * prefill's queries are twice its K/V rows, so they stay where no policy reads them) */
             be_range rd[3] = { { K, sizeof(float) * (size_t)(n * kvd) }, { V, sizeof(float) * (size_t)(n * kvd) },
                                { f->q, sizeof(float) * (size_t)(n * H * D) } };
-            int read_q = f->pol && !ly->is_swa && pol_set_reads_queries(f->pol, f->decoding);
-            be_host_read(b, rd, read_q ? 3 : 2);
+            be_host_read(b, rd, read_q && !ly->is_swa ? 3 : 2);
             /* that waited for the device: a failed op shows now, before the cache or a policy acts
              * on what it left */
             if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
-            if (kv_append(f->kv, il, K, V, n_chunk, p0) != 0) return -2;
-            if (n_probe && kv_append(f->kv, il, K + n_chunk * kvd, V + n_chunk * kvd, n_probe, probe_p0) != 0)
-                return -2;
+            if (!batch) {
+                if (kv_append(f->kv, il, K, V, n_chunk, p0) != 0) return -2;
+                if (n_probe && kv_append(f->kv, il, K + n_chunk * kvd, V + n_chunk * kvd, n_probe, probe_p0) != 0)
+                    return -2;
+            } else {
+                for (int s = 0; s < n_seq; s++)
+                    if (kv_append(seqs[s]->kv, il, K + s * kvd, V + s * kvd, 1, f->pos[s]) != 0) return -2;
+            }
         } else if (f->pend.at >= 0 && (rc = take_pending(f, il + 1)) != 0) {
             return rc;   /* the previous chunk's rows of this layer (the first waits for the device) */
         }
-        kv_trim_window(f->kv, il, p0, f->eval_start);
-        be_attn a = {
-            .q = f->q, .n_q = n, .q_pos = f->pos, .n_head = (int)H, .n_head_kv = (int)Hkv, .head_dim = (int)D,
-            .window = ly->is_swa ? hp->n_swa : 0, .out = f->att,
-        };
-        if (defer) {
-            a.cur_k = K;
-            a.cur_v = V;
-            a.cur_pos = f->pos;
-            a.n_cur = n;
+        if (!batch) {
+            rc = attend(f, il, f->q, f->pos, n_chunk, p0, n_probe, probe_p0, K, V, defer, f->att);
+        } else {
+            for (int s = 0; s < n_seq && !rc; s++)
+                rc = attend(seqs[s], il, f->q + s * H * D, f->pos + s, 1, f->pos[s], 0, 0, K + s * kvd, V + s * kvd,
+                            defer, f->att + s * H * D);
         }
-        if (build_page_list(f, il, f->q, &a, !ly->is_swa) != 0) return -2;
-        if (defer && f->decoding) {
-            if (f->n_dsel && f->dsel[f->n_dsel - 1].il == il)
-                f->dsel[f->n_dsel - 1].row = 1;   /* counted after the selection's pages (sel_stats) */
-            else
-                defer_stats(f, il, !ly->is_swa, p0, f->last_listed);
-        }
-        double t0 = f->decoding ? now_ms() : 0;
-        op->attention(b, &a);
-        if (f->decoding) f->st_attn_ms += now_ms() - t0;
-        if (n_probe) kv_truncate_layer(f->kv, il, probe_p0);
-        if (f->pol && !ly->is_swa && !defer) {
-            pol_chunk c = { f->q, n_chunk, p0, n_probe, probe_p0, pol_set_probe_tokens(f->pol), f->last_chunk,
-                            f->decoding };
-            if (pol_set_layer_done(f->pol, il, &c, f->pol_err, sizeof f->pol_err)) return -3;
-        }
+        if (rc) return rc;
         be_mm wo = { &ly->wo, f->o };
         op->matmul(b, &wo, 1, f->att, n);
         op->add_norm(b, f->x, f->o, hp->post_norms ? ly->post_attn_norm : NULL, ly->ffn_norm, f->h, n, E,
@@ -731,15 +792,19 @@ static int forward_chunk(fwd_ctx *f, const int32_t *tokens, int64_t n, int64_t p
                      il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL, f->h, n, E, hp->norm_eps);
     }
     if (defer) {   /* the rows start back now; the cache takes them later (take_pending) */
-        be_range rd[3];
+        be_range rd[2 + FWD_BATCH_MAX];
         set_ranges(f, set, n, rd);
-        if (f->n_dsel) rd[2] = sel_range(f);
-        be_host_prefetch(b, rd, f->n_dsel ? 3 : 2);
-        f->pend.at = p0;
+        int nr = 2;
+        for (int s = 0; s < n_seq; s++)
+            if (seqs[s]->n_dsel) rd[nr++] = sel_range(seqs[s]);
+        be_host_prefetch(b, rd, nr);
+        f->pend.at = batch ? f->pos[0] : p0;
         f->pend.n = n;
         f->pend.set = set;
         f->pend.read = 0;
         f->pend.layers = 0;
+        f->pend.n_seq = batch ? n_seq : 0;
+        for (int s = 0; batch && s < n_seq; s++) f->pend.seqs[s] = seqs[s];
         f->next_set = !set;
     }
     return be_failed(b, f->dev_err, sizeof f->dev_err) ? -4 : 0;
@@ -754,31 +819,30 @@ static void soft_cap(const model_hparams *hp, float *l, int64_t n)
 }
 
 /* Logits for rows [r0, r0+nr) of the chunk's hidden states: into f->logits, soft-capped, or with
- * pick (one row) into f->row, left with the backend, and the backend's candidates into pick. 0, or
- * -1 when a backend op failed (f->dev_err). */
-static int output_rows(fwd_ctx *f, int64_t r0, int64_t nr, be_pick *pick)
+ * picks (one a row) into rows (bound: f->row, a batch's batch_rows), left with the backend, and the
+ * backend's candidates into picks. 0, or -1 when a backend op failed (f->dev_err). */
+static int output_rows(fwd_ctx *f, int64_t r0, int64_t nr, be_pick *picks, float *rows)
 {
     const model *m = f->m;
     const model_hparams *hp = &m->hp;
     int64_t E = hp->n_embd;
     f->b->ops->rmsnorm(f->b, f->x + r0 * E, m->output_norm, f->h, nr, E, hp->norm_eps);
-    be_mm out = { &m->output, pick ? f->row : f->logits };
+    be_mm out = { &m->output, picks ? rows : f->logits };
     f->b->ops->matmul(f->b, &out, 1, f->h, nr);
-    if (pick) {
-        pick->logits = f->row;
-        pick->n = hp->n_vocab;
-        pick->softcap = hp->final_softcap;
-        f->b->ops->pick(f->b, pick);
+    for (int64_t i = 0; picks && i < nr; i++) {
+        picks[i].logits = rows + i * hp->n_vocab;
+        picks[i].n = hp->n_vocab;
+        picks[i].softcap = hp->final_softcap;
+        f->b->ops->pick(f->b, &picks[i]);
     }
     if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -1;
-    if (pick) f->row_valid = 1;
-    else soft_cap(hp, f->logits, nr * hp->n_vocab);
+    if (!picks) soft_cap(hp, f->logits, nr * hp->n_vocab);
     return 0;
 }
 
-static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, be_pick *pick,
-                       fwd_logits_fn each, void *ud, fwd_progress_fn progress, void *pud, volatile sig_atomic_t *abort_flag, char *err,
-                       size_t errlen)
+/* The ids an evaluation of f is given, checked: what fits the context and the vocabulary. 0, or -1
+ * with a message. */
+static int check_ids(const fwd_ctx *f, const int32_t *tokens, int64_t n, char *err, size_t errlen)
 {
     const model_hparams *hp = &f->m->hp;
     int64_t start = kv_len(f->kv);
@@ -797,6 +861,14 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
             return -1;
         }
     }
+    return 0;
+}
+
+/* An evaluation of n ids begins at f's current length: its statistics start, its policy sees the
+ * ids. */
+static void begin_eval(fwd_ctx *f, const int32_t *tokens, int64_t n)
+{
+    int64_t start = kv_len(f->kv);
     f->eval_start = start;
     f->row_valid = 0;
     f->n_dsel = 0;
@@ -809,6 +881,24 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         pol_set_begin(f->pol, tokens, n, start, f->decoding);
         if (f->decoding) f->st_sel_ms += now_ms() - t0;
     }
+}
+
+/* A decode step of f ended: its policy records what it read. */
+static void record_step(fwd_ctx *f)
+{
+    if (!f->pol) return;
+    uint64_t bytes = (uint64_t)f->st_tokens * (uint64_t)f->m->hp.head_dim * 2u * sizeof(uint16_t);
+    pol_set_record_step(f->pol, f->st_pages, f->st_tokens, bytes, f->st_sel_ms, f->st_attn_ms, f->st_pages_total);
+}
+
+static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, be_pick *pick,
+                       fwd_logits_fn each, void *ud, fwd_progress_fn progress, void *pud, volatile sig_atomic_t *abort_flag, char *err,
+                       size_t errlen)
+{
+    const model_hparams *hp = &f->m->hp;
+    int64_t start = kv_len(f->kv);
+    if (check_ids(f, tokens, n, err, errlen)) return -1;
+    begin_eval(f, tokens, n);
     int chunk = f->n_batch;
     if (!f->decoding && f->pol) {
         int want = pol_set_chunk_size(f->pol);
@@ -825,8 +915,8 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
             if (n_probe > n - (c0 + cn)) n_probe = n - (c0 + cn);
         }
         int rc = abort_flag && *abort_flag ? -1
-                                           : forward_chunk(f, tokens + c0, cn, start + c0, tokens + n - n_probe, n_probe,
-                                                           start + n - n_probe, abort_flag);
+                                           : forward_rows(f, NULL, 0, tokens + c0, cn, start + c0, tokens + n - n_probe,
+                                                          n_probe, start + n - n_probe, abort_flag);
         if (rc != 0) {
             /* an op that failed before a cancel or another error is reported (and cleared) now */
             if (rc != -4 && be_failed(f->b, f->dev_err, sizeof f->dev_err)) rc = -4;
@@ -841,19 +931,21 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
             return -1;
         }
         if (each) {
-            for (int64_t r = 0; r < cn; r += OUT_ROWS) {
-                int64_t nr = cn - r < OUT_ROWS ? cn - r : OUT_ROWS;
-                if (output_rows(f, r, nr, NULL)) goto failed;
+            for (int64_t r = 0; r < cn; r += f->out_rows) {
+                int64_t nr = cn - r < f->out_rows ? cn - r : f->out_rows;
+                if (output_rows(f, r, nr, NULL, NULL)) goto failed;
                 for (int64_t i = 0; i < nr; i++) each(ud, start + c0 + r + i, f->logits + i * hp->n_vocab);
             }
             if (logits_last && c0 + cn == n)
-                memcpy(logits_last, f->logits + ((cn - 1) % OUT_ROWS) * hp->n_vocab,
+                memcpy(logits_last, f->logits + ((cn - 1) % f->out_rows) * hp->n_vocab,
                        sizeof(float) * (size_t)hp->n_vocab);
         } else if (logits_last && c0 + cn == n) {
-            if (output_rows(f, cn - 1, 1, NULL)) goto failed;
+            if (output_rows(f, cn - 1, 1, NULL, NULL)) goto failed;
             memcpy(logits_last, f->logits, sizeof(float) * (size_t)hp->n_vocab);
         } else if (pick && c0 + cn == n) {
-            if (output_rows(f, cn - 1, 1, pick)) goto failed;
+            if (output_rows(f, cn - 1, 1, pick, f->row)) goto failed;
+            f->row_valid = 1;
+            f->row_at = f->row;
         }
         /* Deferred rows come in with the output's wait (the eval's last chunk, a decode step, a
          * chunk whose logits were asked for); a prompt's other chunks leave theirs to the next
@@ -871,10 +963,7 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
      * snapshots taken then, hold only the window. */
     if (!f->decoding)
         for (int il = 0; il < hp->n_layer; il++) kv_trim_window(f->kv, il, start + n - 1, start + n - 1);
-    if (f->decoding && f->pol) {
-        uint64_t bytes = (uint64_t)f->st_tokens * (uint64_t)hp->head_dim * 2u * sizeof(uint16_t);
-        pol_set_record_step(f->pol, f->st_pages, f->st_tokens, bytes, f->st_sel_ms, f->st_attn_ms, f->st_pages_total);
-    }
+    if (f->decoding) record_step(f);
     return 0;
 failed:
     f->pend.at = -1;
@@ -922,12 +1011,125 @@ int fwd_picked_logits(fwd_ctx *f, float *logits, char *err, size_t errlen)
         snprintf(err, errlen, "no picked decode step's logits to read");
         return -1;
     }
-    be_range r = { f->row, sizeof(float) * (size_t)hp->n_vocab };
+    be_range r = { f->row_at, sizeof(float) * (size_t)hp->n_vocab };
     be_host_read(f->b, &r, 1);
     if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) {
         snprintf(err, errlen, "%s", f->dev_err);
         return -1;
     }
-    memcpy(logits, f->row, r.bytes);   /* the pick soft-capped the row in place */
+    memcpy(logits, f->row_at, r.bytes);   /* the pick soft-capped the row in place */
+    return 0;
+}
+
+fwd_ctx *fwd_fork(fwd_ctx *src, int n_batch, char *err, size_t errlen)
+{
+    fwd_opts o = { kv_n_ctx(src->kv), n_batch, kv_page_size(src->kv) };
+    fwd_ctx *f = fwd_create(src->m, src->b, &o, err, errlen);
+    if (!f) return NULL;
+    kv_cache *kv = kv_fork(src->kv, err, errlen);
+    if (!kv) {
+        fwd_free(f);
+        return NULL;
+    }
+    kv_free(f->kv);
+    f->kv = kv;
+    return f;
+}
+
+/* The batch's sequences checked against lead: each over its model and backend, distinct, not lead,
+ * with room and valid ids. 0, or -1 with a message. */
+static int check_batch(const fwd_ctx *lead, fwd_ctx *const *seqs, int n, const int32_t *ids, const be_pick *picks,
+                       char *err, size_t errlen)
+{
+    if (n < 1 || n > FWD_BATCH_MAX || n > lead->n_batch) {
+        snprintf(err, errlen, "a batch of %d sequences: 1 to %d (and at most the chunk size, %d)", n, FWD_BATCH_MAX,
+                 lead->n_batch);
+        return -1;
+    }
+    if (picks && !fwd_can_pick(lead)) {
+        snprintf(err, errlen, "the %s backend cannot pick candidates", lead->b->ops->name);
+        return -1;
+    }
+    for (int s = 0; s < n; s++) {
+        const fwd_ctx *f = seqs[s];
+        if (f == lead || f->m != lead->m || f->b != lead->b) {
+            snprintf(err, errlen, "a batch's sequences run beside its lead, over its model and backend");
+            return -1;
+        }
+        for (int t = 0; t < s; t++)
+            if (seqs[t] == f) {
+                snprintf(err, errlen, "a sequence twice in one batch");
+                return -1;
+            }
+        if (check_ids(f, ids + s, 1, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+int fwd_decode_batch(fwd_ctx *lead, fwd_ctx *const *seqs, int n, const int32_t *ids, float *const *logits,
+                     be_pick *picks, volatile sig_atomic_t *abort_flag, char *err, size_t errlen)
+{
+    const model_hparams *hp = &lead->m->hp;
+    size_t nv = (size_t)hp->n_vocab;
+    if (check_batch(lead, seqs, n, ids, picks, err, errlen)) return -1;
+    if (picks && !lead->batch_rows) {   /* the picked rows stay with the backend, bound */
+        float *rows = alloc_f(lead, FWD_BATCH_MAX * nv);
+        if (!rows || be_bind(lead->b, rows, FWD_BATCH_MAX * nv * sizeof(float), err, errlen)) {
+            if (rows) free_f(lead, rows, FWD_BATCH_MAX * nv);
+            else snprintf(err, errlen, "out of memory allocating a batch's logits");
+            return -1;
+        }
+        lead->batch_rows = rows;
+    }
+    int rc = 0;
+    /* rows a context left pending come in first (an eval takes its own before it returns) */
+    if (lead->pend.at >= 0) rc = take_pending(lead, hp->n_layer);
+    for (int s = 0; s < n && !rc; s++)
+        if (seqs[s]->pend.at >= 0) rc = take_pending(seqs[s], hp->n_layer);
+    if (rc) {
+        snprintf(err, errlen, "%s", rc == -2 ? "out of memory growing the KV cache" : "a backend op failed");
+        return -1;
+    }
+    for (int s = 0; s < n; s++) {
+        seqs[s]->decoding = 1;
+        seqs[s]->last_chunk = 1;
+        seqs[s]->pol_err[0] = 0;
+        seqs[s]->row_at = NULL;
+        begin_eval(seqs[s], ids + s, 1);
+    }
+    rc = abort_flag && *abort_flag ? -1 : forward_rows(lead, seqs, n, ids, n, 0, NULL, 0, 0, abort_flag);
+    if (!rc && output_rows(lead, 0, n, picks, lead->batch_rows)) rc = -4;
+    if (!rc && lead->pend.at >= 0) rc = take_pending(lead, hp->n_layer);   /* the rows, with the output's wait */
+    if (rc) {
+        if (rc != -4 && be_failed(lead->b, lead->dev_err, sizeof lead->dev_err)) rc = -4;
+        const char *pol_err = "a policy failed";
+        for (int s = 0; s < n; s++)
+            if (seqs[s]->pol_err[0]) pol_err = seqs[s]->pol_err;
+        snprintf(err, errlen, "%s",
+                 rc == -2   ? "out of memory growing the KV cache"
+                 : rc == -3 ? pol_err
+                 : rc == -4 ? lead->dev_err
+                            : "cancelled");
+        lead->pend.at = -1;
+        for (int s = 0; s < n; s++) {
+            fwd_ctx *f = seqs[s];
+            f->n_dsel = 0;
+            f->decoding = 0;
+            kv_rewind(f->kv, f->eval_start);
+        }
+        return -1;
+    }
+    for (int s = 0; s < n; s++) {
+        fwd_ctx *f = seqs[s];
+        if (picks) {
+            f->row_valid = 1;
+            f->row_at = lead->batch_rows + (size_t)s * nv;
+        } else {
+            memcpy(logits[s], lead->logits + (size_t)s * nv, sizeof(float) * nv);
+        }
+        kv_commit(f->kv, f->eval_start + 1);
+        record_step(f);
+        f->decoding = 0;
+    }
     return 0;
 }

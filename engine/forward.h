@@ -29,6 +29,10 @@ typedef struct fwd_opts {
 
 fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err, size_t errlen);
 void fwd_free(fwd_ctx *f);
+/* A context over src's model and backend whose cache is a fork of src's (kv_fork: pages shared,
+ * copied on write), its chunks n_batch tokens (small: a fork decodes). Free it before src's
+ * backend. NULL with a message. */
+fwd_ctx *fwd_fork(fwd_ctx *src, int n_batch, char *err, size_t errlen);
 
 /* Run n tokens starting at the current position. If logits_last is not NULL it receives the logits of
  * the last token; if each is not NULL it is called for every token. Fails (nothing appended) when the
@@ -53,6 +57,19 @@ int fwd_decode_pick(fwd_ctx *f, int32_t token, be_pick *pick, volatile sig_atomi
 /* The whole row of the last step, when fwd_decode_pick was the last evaluation (and no rewind came
  * after it): the logits fwd_decode would have given. 0, or -1 with a message. */
 int fwd_picked_logits(fwd_ctx *f, float *logits, char *err, size_t errlen);
+
+/* The most sequences one batched decode step runs. */
+#define FWD_BATCH_MAX 8
+
+/* One decode step of n sequences at once (1 <= n <= FWD_BATCH_MAX, distinct, each over lead's model
+ * and backend): ids[s] at seqs[s]'s next position, through seqs[s]'s decode policy, the products
+ * of all n rows at once through lead's scratch (lead's own cache is not touched; it may not be one
+ * of seqs). Each sequence gets what fwd_decode (logits[s], n_vocab floats) or, with picks,
+ * fwd_decode_pick (picks[s]; fwd_picked_logits then reads its row until lead's next step) would
+ * have given it alone: the same floats on the CPU backend. Fails as fwd_decode, every sequence's
+ * cache then as before. */
+int fwd_decode_batch(fwd_ctx *lead, fwd_ctx *const *seqs, int n, const int32_t *ids, float *const *logits,
+                     be_pick *picks, volatile sig_atomic_t *abort_flag, char *err, size_t errlen);
 
 int64_t fwd_pos(const fwd_ctx *f);          /* tokens seen (the next position) */
 int64_t fwd_n_ctx(const fwd_ctx *f);

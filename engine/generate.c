@@ -40,6 +40,8 @@ typedef struct gen_state {
     float pk_val[BE_PICK_MAX];
     int32_t pk_id[BE_PICK_MAX];
     int32_t pk_pen[4096];
+    int32_t want;            /* the id the next decode step evaluates (advance) */
+    int rc;                  /* the answer's result once it ended: 0, or -1 on failure */
 } gen_state;
 
 static int all_space(const char *t)
@@ -119,26 +121,26 @@ static void finish_event(unc_monitor *mon, const unc_thresholds *thr, const gen_
     if (cb && cb->event) cb->event(cb->ud, e);
 }
 
-/* One decode step; an interrupt is a stop, not a failure. 0 to go on, 1 to stop, -1 on failure. */
-static int step(gen_state *g, int32_t id)
+/* The backend's pick for the next step: the sampler's request now (nothing changes it before
+ * next_token draws). */
+static be_pick *pick_request(gen_state *g)
+{
+    be_pick *p = &g->pk;
+    p->n_pen = samp_pick_request(g->c->s, BE_PICK_MAX, g->pk_pen, &p->penalty, &p->k);
+    p->pen_ids = g->pk_pen;
+    p->entropy = g->track;
+    p->temp = g->o->temperature;
+    p->val = g->pk_val;
+    p->id = g->pk_id;
+    return p;
+}
+
+/* A decode step's result (rc of the fwd_decode call, picked: its candidates are in g->pk); an
+ * interrupt is a stop, not a failure. 0 to go on, 1 to stop, -1 on failure. */
+static int step_done(gen_state *g, int rc, int picked)
 {
     const gen_ctx *c = g->c;
-    int rc;
-    g->picked = 0;
-    if (fwd_can_pick(c->f)) {
-        /* the sampler's request now: nothing changes it before next_token draws */
-        be_pick *p = &g->pk;
-        p->n_pen = samp_pick_request(c->s, BE_PICK_MAX, g->pk_pen, &p->penalty, &p->k);
-        p->pen_ids = g->pk_pen;
-        p->entropy = g->track;
-        p->temp = g->o->temperature;
-        p->val = g->pk_val;
-        p->id = g->pk_id;
-        rc = fwd_decode_pick(c->f, id, p, c->abort_flag, g->err, g->errlen);
-        g->picked = rc == 0;
-    } else {
-        rc = fwd_decode(c->f, id, c->logits, c->abort_flag, g->err, g->errlen);
-    }
+    g->picked = rc == 0 && picked;
     if (rc == 0) {
         g->res->n_decoded++;
         return 0;
@@ -148,6 +150,15 @@ static int step(gen_state *g, int32_t id)
         return 1;
     }
     return -1;
+}
+
+/* One decode step of id; as step_done. */
+static int step(gen_state *g, int32_t id)
+{
+    const gen_ctx *c = g->c;
+    if (fwd_can_pick(c->f))
+        return step_done(g, fwd_decode_pick(c->f, id, pick_request(g), c->abort_flag, g->err, g->errlen), 1);
+    return step_done(g, fwd_decode(c->f, id, c->logits, c->abort_flag, g->err, g->errlen), 0);
 }
 
 static int out_of_memory(gen_state *g)
@@ -200,7 +211,7 @@ static int next_token(gen_state *g, int32_t *out)
 
 /* Page `page`, its last n tokens, crossed the thresholds (event e): the decode policy reselects,
  * the cache, sampler and monitor roll back to the page's start, and its first token's logits are
- * computed again. 0 to generate the page again, 1 to stop, -1 on failure. */
+ * to be computed again (g->want). 0 to generate the page again, -1 on failure. */
 static int backtrack(gen_state *g, unc_event *e, int64_t page, int64_t P)
 {
     const gen_ctx *c = g->c;
@@ -226,12 +237,13 @@ static int backtrack(gen_state *g, unc_event *e, int64_t page, int64_t P)
     g->regen_page = page;
     g->res->regenerated++;
     if (g->res->regenerated >= g->o->max_regen) g->can_roll = 0;   /* from here every token is final */
-    return step(g, g->i > 0 ? g->tokens[g->i - 1] : g->o->prev_token);
+    g->want = g->i > 0 ? g->tokens[g->i - 1] : g->o->prev_token;
+    return 0;
 }
 
 /* The check of the answer's last n tokens, page `page` (statistics st): an event when they cross
  * the thresholds, and the page generated again while regenerations are left. 0 to go on, 2 when
- * the page is generated again, 1 to stop, -1 on failure. */
+ * the page is generated again (after a step of g->want), -1 on failure. */
 static int check_page(gen_state *g, int64_t page, int64_t n, const unc_stats *st)
 {
     const gen_opts *o = g->o;
@@ -269,7 +281,8 @@ static int answer_end(gen_state *g)
 }
 
 /* A page of the answer is complete: its check (and a rollback when it crosses), then its tokens
- * are final. 0 to go on, 2 when the page is generated again, 1 to stop, -1 on failure. */
+ * are final. 0 to go on, 2 when the page is generated again (after a step of g->want), -1 on
+ * failure. */
 static int page_end(gen_state *g)
 {
     const gen_ctx *c = g->c;
@@ -313,69 +326,151 @@ static void finish(gen_state *g)
     fwd_set_mark(c->f, -1);
 }
 
-int gen_answer(const gen_ctx *c, const gen_opts *o, const gen_callbacks *cb, gen_result *res, char *err, size_t errlen)
+/* The answer begun: g's buffers, the monitor reset, the mark set. 0, or -1 (out of memory). */
+static int gen_begin(gen_state *g, const gen_ctx *c, const gen_opts *o, const gen_callbacks *cb, gen_result *res,
+                     char *err, size_t errlen)
 {
     memset(res, 0, sizeof *res);
     unc_reset(c->mon);
-    gen_state g = { .c = c, .o = o, .cb = cb, .res = res, .err = err, .errlen = errlen, .regen_page = -1 };
-    g.P = unc_page_size(c->mon);
-    g.watch = o->thr && o->thr->valid;
-    g.track = g.watch || o->monitor;
-    g.can_roll = g.watch && o->max_regen > 0;
-    g.pos0 = fwd_pos(c->f);
+    *g = (gen_state){ .c = c, .o = o, .cb = cb, .res = res, .err = err, .errlen = errlen, .regen_page = -1 };
+    g->P = unc_page_size(c->mon);
+    g->watch = o->thr && o->thr->valid;
+    g->track = g->watch || o->monitor;
+    g->can_roll = g->watch && o->max_regen > 0;
+    g->pos0 = fwd_pos(c->f);
     size_t n_max = (size_t)(o->n_predict > 0 ? o->n_predict : 1);
-    g.tokens = malloc(sizeof(int32_t) * n_max);
-    g.first_try = malloc(sizeof(int32_t) * (size_t)g.P);
-    g.samp_state = malloc(samp_state_size());
-    if (o->stop && o->n_stop > 0) g.ends = malloc(sizeof(size_t) * n_max);
-    int rc = 0;
-    if (!g.tokens || !g.first_try || !g.samp_state || (o->stop && o->n_stop > 0 && !g.ends)) {
-        rc = out_of_memory(&g);
-        goto out;
-    }
-    if (g.can_roll && g.pos0 < 1) g.can_roll = 0;   /* nothing to re-decode from */
-    samp_save_state(c->s, g.samp_state);
+    g->tokens = malloc(sizeof(int32_t) * n_max);
+    g->first_try = malloc(sizeof(int32_t) * (size_t)g->P);
+    g->samp_state = malloc(samp_state_size());
+    if (o->stop && o->n_stop > 0) g->ends = malloc(sizeof(size_t) * n_max);
+    if (!g->tokens || !g->first_try || !g->samp_state || (o->stop && o->n_stop > 0 && !g->ends))
+        return out_of_memory(g);
+    if (g->can_roll && g->pos0 < 1) g->can_roll = 0;   /* nothing to re-decode from */
+    samp_save_state(c->s, g->samp_state);
     /* Rolling back to a page start must be exact: sliding-window layers keep what that needs
      * (the mark; the caller's floor stays where it is). */
-    if (g.can_roll) fwd_set_mark(c->f, g.pos0 - 1);
+    if (g->can_roll) fwd_set_mark(c->f, g->pos0 - 1);
     res->stop = GEN_STOP_LIMIT;
-    while (g.i < o->n_predict) {
+    return 0;
+}
+
+/* The answer loop until it needs a decode step (0: of g->want; a page generated again starts with
+ * the step of the token before it) or the answer ends (1, its result in g->rc). */
+static int advance(gen_state *g)
+{
+    const gen_ctx *c = g->c;
+    const gen_opts *o = g->o;
+    gen_result *res = g->res;
+    while (g->i < o->n_predict) {
         if (c->abort_flag && *c->abort_flag) {
             res->stop = GEN_STOP_INTERRUPT;
             break;
         }
         int32_t id;
-        int r = next_token(&g, &id);
+        int r = next_token(g, &id);
         if (r < 0) {
-            rc = -1;
+            g->rc = -1;
             break;
         }
         if (r == 0) {
-            if (!g.can_roll) commit(cb, g.tokens, &g.committed, g.safe);
-            if (g.i % g.P == 0 && (r = page_end(&g)) != 0) {
-                if (r == 2) continue;   /* the page again, from its first token's logits */
-                rc = r < 0 ? -1 : 0;
+            if (!g->can_roll) commit(g->cb, g->tokens, &g->committed, g->safe);
+            if (g->i % g->P == 0 && (r = page_end(g)) != 0) {
+                if (r == 2) return 0;   /* the page again, from its first token's logits */
+                g->rc = r < 0 ? -1 : 0;
                 break;
             }
-            if (fwd_pos(c->f) >= fwd_n_ctx(c->f) && g.i < o->n_predict) res->stop = GEN_STOP_CONTEXT;
+            if (fwd_pos(c->f) >= fwd_n_ctx(c->f) && g->i < o->n_predict) res->stop = GEN_STOP_CONTEXT;
         }
-        if (r == 1 || g.i == o->n_predict || res->stop == GEN_STOP_CONTEXT) {   /* the answer ends here */
-            r = answer_end(&g);
-            if (r == 2) continue;   /* its last partial page again */
-            rc = r < 0 ? -1 : 0;
+        if (r == 1 || g->i == o->n_predict || res->stop == GEN_STOP_CONTEXT) {   /* the answer ends here */
+            r = answer_end(g);
+            if (r == 2) return 0;   /* its last partial page again */
+            g->rc = r < 0 ? -1 : 0;
             break;
         }
-        if ((r = step(&g, id)) != 0) {
-            rc = r < 0 ? -1 : 0;
+        g->want = id;
+        return 0;
+    }
+    return 1;
+}
+
+static void gen_free(gen_state *g)
+{
+    free(g->tokens);
+    free(g->first_try);
+    free(g->samp_state);
+    free(g->text);
+    free(g->ends);
+}
+
+int gen_answer(const gen_ctx *c, const gen_opts *o, const gen_callbacks *cb, gen_result *res, char *err, size_t errlen)
+{
+    gen_state g;
+    if (gen_begin(&g, c, o, cb, res, err, errlen)) {
+        gen_free(&g);
+        return -1;
+    }
+    while (!advance(&g)) {
+        int r = step(&g, g.want);
+        if (r) {
+            g.rc = r < 0 ? -1 : 0;
             break;
         }
     }
     finish(&g);
-out:
-    free(g.tokens);
-    free(g.first_try);
-    free(g.samp_state);
-    free(g.text);
-    free(g.ends);
+    gen_free(&g);
+    return g.rc;
+}
+
+int gen_answer_batch(fwd_ctx *lead, const gen_ctx *cs, int n, const gen_opts *os, const gen_callbacks *cbs,
+                     gen_result *res, char *err, size_t errlen)
+{
+    if (n < 1 || n > FWD_BATCH_MAX) {
+        snprintf(err, errlen, "a batch of %d answers: 1 to %d", n, FWD_BATCH_MAX);
+        return -1;
+    }
+    gen_state g[FWD_BATCH_MAX];
+    int live[FWD_BATCH_MAX] = { 0 }, ok[FWD_BATCH_MAX] = { 0 }, rc = 0, begun = 0;
+    while (begun < n && !rc) {
+        rc = gen_begin(&g[begun], &cs[begun], &os[begun], cbs ? &cbs[begun] : NULL, &res[begun], err, errlen);
+        ok[begun] = live[begun] = !rc;
+        begun++;
+    }
+    /* every answer's loop runs to its next step; the steps run as one batch; answers that end leave it */
+    while (!rc) {
+        fwd_ctx *fs[FWD_BATCH_MAX];
+        int32_t ids[FWD_BATCH_MAX];
+        float *logits[FWD_BATCH_MAX];
+        be_pick picks[FWD_BATCH_MAX];
+        int who[FWD_BATCH_MAX], nb = 0, pick = fwd_can_pick(lead);
+        for (int s = 0; s < n; s++) {
+            if (!live[s]) continue;
+            if (advance(&g[s])) {
+                live[s] = 0;
+                if (g[s].rc) rc = -1;
+                continue;
+            }
+            fs[nb] = cs[s].f;
+            ids[nb] = g[s].want;
+            logits[nb] = cs[s].logits;
+            if (pick) picks[nb] = *pick_request(&g[s]);
+            who[nb++] = s;
+        }
+        if (!nb || rc) break;
+        int sr = fwd_decode_batch(lead, fs, nb, ids, logits, pick ? picks : NULL, cs[who[0]].abort_flag, err, errlen);
+        for (int j = 0; j < nb; j++) {
+            gen_state *q = &g[who[j]];
+            if (pick) q->pk = picks[j];   /* its answers (into q's own arrays) */
+            int r = step_done(q, sr, pick);
+            if (r) {
+                q->rc = r < 0 ? -1 : 0;
+                live[who[j]] = 0;
+                if (r < 0) rc = -1;
+            }
+        }
+    }
+    for (int s = 0; s < begun; s++) {
+        if (ok[s]) finish(&g[s]);   /* what each answer generated stays, also after a failure */
+        gen_free(&g[s]);
+    }
     return rc;
 }

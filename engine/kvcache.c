@@ -97,7 +97,15 @@ void kv_free(kv_cache *kv)
             if (!kv->layers[il].heads) continue;
             for (int h = 0; h < kv->n_head_kv; h++) {
                 kv_stream *S = &kv->layers[il].heads[h];
-                for (int i = 0; i < S->n; i++) free(S->pages[i]);
+                for (int i = 0; i < S->n; i++) {
+                    kv_page *p = S->pages[i];
+                    if (p->holders > 1) {   /* a fork still holds it: it goes when the fork lets go */
+                        p->holders--;
+                        if (p->home == kv) p->home = NULL;
+                    } else {
+                        free(p);
+                    }
+                }
                 free(S->pages);
             }
             free(kv->layers[il].heads);
@@ -172,11 +180,25 @@ kv_page *kv_page_new(kv_cache *kv)
         p->v = p->k + P * R;
     }
     page_reset(kv, p);
+    p->holders = 1;
+    p->home = kv;
     return p;
 }
 
 static void page_release(kv_cache *kv, kv_page *p)
 {
+    if (p->holders > 1) {   /* another cache still holds it (kv_fork): its memory stays */
+        p->holders--;
+        if (p->home == kv) {
+            account(kv, -(int64_t)kv->page_bytes);
+            p->home = NULL;
+        }
+        return;
+    }
+    if (p->home != kv) {   /* borrowed from a cache that let it go first: in no pool, counted nowhere */
+        free(p);
+        return;
+    }
     account(kv, -(int64_t)kv->page_bytes);
     if (kv->n_free < FREE_LIST_MAX) {
         kv->free_list[kv->n_free++] = p;   /* kept for reuse: counted in bytes_pooled, not as held */
@@ -206,6 +228,64 @@ int kv_push_page(kv_cache *kv, int il, int h, kv_page *p)
 {
     reshape(kv, il);   /* a page of any content, from a policy that rebuilds the table */
     return push_page(kv, il, h, p);
+}
+
+kv_cache *kv_fork(const kv_cache *src, char *err, size_t errlen)
+{
+    int32_t *win = malloc(sizeof(int32_t) * (size_t)src->n_layer);
+    if (!win) {
+        snprintf(err, errlen, "out of memory forking the KV cache");
+        return NULL;
+    }
+    for (int il = 0; il < src->n_layer; il++) win[il] = src->layers[il].window;
+    kv_cache *kv = kv_create(src->n_layer, src->n_ctx, src->n_head_kv, src->row_dim, src->page_size, win, err, errlen);
+    free(win);
+    if (!kv) return NULL;
+    kv->len = src->len;
+    kv->floor = src->floor;
+    kv->mark = src->mark;
+    for (int il = 0; il < src->n_layer; il++) {
+        kv->layers[il].peak_tokens = src->layers[il].peak_tokens;
+        for (int h = 0; h < src->n_head_kv; h++) {
+            const kv_stream *S = &src->layers[il].heads[h];
+            for (int i = 0; i < S->n; i++) {
+                if (push_page(kv, il, h, S->pages[i])) {
+                    kv_free(kv);
+                    snprintf(err, errlen, "out of memory forking the KV cache");
+                    return NULL;
+                }
+                S->pages[i]->holders++;
+            }
+        }
+    }
+    kv->peak = kv->bytes;
+    return kv;
+}
+
+/* Page i of head h's table, this cache's alone before it changes in place: a page a fork shares is
+ * copied (rows, positions, log-degrees, summaries) into one of its own first. NULL when out of
+ * memory (the table is unchanged). */
+static kv_page *own_page(kv_cache *kv, int il, int h, int i)
+{
+    kv_stream *L = &kv->layers[il].heads[h];
+    kv_page *p = L->pages[i];
+    if (p->holders == 1) return p;
+    kv_page *c = kv_page_new(kv);
+    if (!c) return NULL;
+    size_t R = (size_t)kv->row_dim, n = (size_t)p->n;
+    memcpy(c->k, p->k, n * R * sizeof(uint16_t));
+    memcpy(c->v, p->v, n * R * sizeof(uint16_t));
+    memcpy(c->pos, p->pos, n * sizeof(int32_t));
+    memcpy(c->logdeg, p->logdeg, n * sizeof(float));
+    memcpy(c->ksum, p->ksum, R * sizeof(float));
+    memcpy(c->kmin, p->kmin, R * sizeof(float));
+    memcpy(c->kmax, p->kmax, R * sizeof(float));
+    c->n = p->n;
+    c->merged = p->merged;
+    L->pages[i] = c;   /* same tokens, another page: the table's shape changes */
+    reshape(kv, il);
+    page_release(kv, p);
+    return c;
 }
 
 /* Fold one f16 key row into the page summaries (the CPU's vector kernel: a 7B prefill folds 67
@@ -249,6 +329,7 @@ int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, 
     size_t R = (size_t)kv->row_dim;
     for (int64_t t = 0; t < n;) {   /* the rows that go into the table's last page, at a time */
         kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
+        if (p && p->n < kv->page_size && !(p = own_page(kv, il, h, L->n - 1))) return -1;
         if (!p || p->n == kv->page_size) {
             p = kv_page_new(kv);
             if (!p || push_page(kv, il, h, p) != 0) {
@@ -284,7 +365,7 @@ void kv_commit(kv_cache *kv, int64_t len) { kv->len = len; }
 
 /* Remove every token at position >= pos from layer il (tokens are in position order within a
  * layer's table, so only the tail is touched). */
-static void stream_truncate(kv_cache *kv, int il, int h, int64_t pos)
+static int stream_truncate(kv_cache *kv, int il, int h, int64_t pos)
 {
     kv_stream *L = &kv->layers[il].heads[h];
     while (L->n > 0) {
@@ -299,17 +380,34 @@ static void stream_truncate(kv_cache *kv, int il, int h, int64_t pos)
             page_release(kv, p);
             continue;
         }
+        kv_page *own = own_page(kv, il, h, L->n - 1);
+        if (!own) {   /* a shared page, and no memory to copy it: the caller starts again from 0 */
+            L->tokens += p->n - keep;
+            return -1;
+        }
+        p = own;
         p->n = keep;
         kv_page_resummarize(kv, p);   /* a new generation: the rows past keep will be written again */
         break;
     }
+    return 0;
 }
 
 int64_t kv_peak_layer_tokens(const kv_cache *kv, int il) { return kv->layers[il].peak_tokens; }
 
-void kv_truncate_layer(kv_cache *kv, int il, int64_t pos)
+int kv_truncate_layer(kv_cache *kv, int il, int64_t pos)
 {
-    for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, il, h, pos);
+    int bad = 0;
+    for (int h = 0; h < kv->n_head_kv; h++) bad |= stream_truncate(kv, il, h, pos);
+    return bad ? -1 : 0;
+}
+
+/* Every table emptied (what a rewind falls back to). */
+static void clear_all(kv_cache *kv)
+{
+    for (int il = 0; il < kv->n_layer; il++)
+        for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, il, h, 0);   /* releases: cannot fail */
+    kv->len = 0;
 }
 
 /* Tokens of one head's table with positions in [lo, hi). */
@@ -329,9 +427,12 @@ int64_t kv_rewind(kv_cache *kv, int64_t pos)
     if (pos >= kv->len) {
         /* nothing committed to forget, but a chunk that stopped part-way (cancelled, failed) left
          * its tokens in the layers it reached */
+        int bad = 0;
         for (int il = 0; il < kv->n_layer; il++)
-            for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, il, h, pos);
-        return kv->len;
+            for (int h = 0; h < kv->n_head_kv; h++) bad |= stream_truncate(kv, il, h, pos);
+        if (!bad) return kv->len;
+        clear_all(kv);
+        return 0;
     }
     if (pos < 0) pos = 0;
     int exact = 1;
@@ -343,8 +444,13 @@ int64_t kv_rewind(kv_cache *kv, int64_t pos)
             if (stream_count_range(&kv->layers[il].heads[h], lo, pos) != pos - lo) exact = 0;
     }
     if (!exact) pos = 0;
+    int bad = 0;
     for (int il = 0; il < kv->n_layer; il++)
-        for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, il, h, pos);
+        for (int h = 0; h < kv->n_head_kv; h++) bad |= stream_truncate(kv, il, h, pos);
+    if (bad) {
+        clear_all(kv);
+        return 0;
+    }
     kv->len = pos;
     return pos;
 }
@@ -593,7 +699,7 @@ int kv_load(kv_cache *kv, bytes_r *r, int apply, char *err, size_t errlen)
     }
     if (apply) {
         for (int il = 0; il < kv->n_layer; il++)
-            for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, il, h, 0);
+            for (int h = 0; h < kv->n_head_kv; h++) stream_truncate(kv, il, h, 0);   /* releases only */
         kv->len = len;
         kv->floor = floor;
         kv->mark = -1;

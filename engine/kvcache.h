@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct kv_cache;
+
 typedef struct kv_page {
     uint16_t *k, *v;       /* [page_size][head_dim] f16 */
     int32_t *pos;          /* [page_size] position of each token */
@@ -26,6 +28,9 @@ typedef struct kv_page {
     int32_t n;             /* tokens held (a prefix of the page) */
     int32_t merged;        /* 1 when some logdeg is nonzero */
     uint64_t gen;          /* content generation (be_kv_page.gen): new when rows below n change */
+    int32_t holders;       /* page tables holding it: more than 1 once a fork shares it (kv_fork) */
+    const struct kv_cache *home;   /* the cache whose pool and byte count it belongs to (NULL: none,
+                                      once that cache let it go while a fork still held it) */
 } kv_page;
 
 typedef struct kv_cache kv_cache;
@@ -34,6 +39,12 @@ typedef struct kv_cache kv_cache;
 kv_cache *kv_create(int n_layer, int64_t n_ctx, int n_head_kv, int64_t head_dim, int page_size, const int32_t *window,
                     char *err, size_t errlen);
 void kv_free(kv_cache *kv);
+/* A second cache holding what src holds, sharing its pages: a page is copied the first time either
+ * cache would change it in place (an append into a shared last page, a rewind into one), so each
+ * goes on as if it had its own copy and neither sees the other's changes. A fork counts only the
+ * pages it allocated (its bytes_resident starts near 0). Either may be freed first. What answering
+ * several policies from one cache uses (sess_compare). NULL with a message when out of memory. */
+kv_cache *kv_fork(const kv_cache *src, char *err, size_t errlen);
 
 int kv_n_layer(const kv_cache *kv);
 int kv_page_size(const kv_cache *kv);
@@ -58,8 +69,10 @@ void kv_commit(kv_cache *kv, int64_t len);
 int64_t kv_rewind(kv_cache *kv, int64_t pos);
 /* The most tokens one KV head of layer il has held at any time (prefill included). */
 int64_t kv_peak_layer_tokens(const kv_cache *kv, int il);
-/* Forget the tokens of layer il (every KV head) at positions >= pos; other layers are untouched. */
-void kv_truncate_layer(kv_cache *kv, int il, int64_t pos);
+/* Forget the tokens of layer il (every KV head) at positions >= pos; other layers are untouched.
+ * -1 when a page shared with a fork could not be copied (out of memory): the layer then holds
+ * fewer tokens than asked (the caller fails). kv_rewind falls back to 0 in that case. */
+int kv_truncate_layer(kv_cache *kv, int il, int64_t pos);
 /* Sliding-window layers keep what a rewind to this position needs (a chat turn's start), so
  * rewinding there stays exact. */
 void kv_set_floor(kv_cache *kv, int64_t pos);

@@ -180,6 +180,18 @@ static const char *base_name(const char *p)
 
 /* What a run and its siblings make for themselves: the cache, the policies, the sampler, the
  * monitor and the logits. */
+/* The monitor, the logits and the sampler of a sequence whose forward context exists. */
+static int open_answering(run *r, char *err, size_t errlen)
+{
+    /* calibrated thresholds hold for windows of the size they were measured on */
+    const unc_thresholds *t = &r->cfg.thr;
+    r->mon = unc_create(t->valid && t->page > 0 ? t->page : kv_page_size(fwd_kv(r->f)), 0);
+    r->logits = malloc(sizeof(float) * (size_t)r->m->hp.n_vocab);
+    r->s = samp_create(&r->cfg.sp, r->m->hp.n_vocab);
+    if (!r->mon || !r->logits || !r->s) return oom(err, errlen);
+    return RUN_OK;
+}
+
 static int open_sequence(run *r, char *err, size_t errlen)
 {
     r->abort_flag = &r->never;
@@ -189,13 +201,7 @@ static int open_sequence(run *r, char *err, size_t errlen)
         pol_parse(&spec, NULL, r->cfg.budget && *r->cfg.budget ? r->cfg.budget : NULL, err, errlen))
         return RUN_EFAIL;
     if (run_set_policy(r, &spec, err, errlen)) return RUN_EFAIL;
-    /* calibrated thresholds hold for windows of the size they were measured on */
-    const unc_thresholds *t = &r->cfg.thr;
-    r->mon = unc_create(t->valid && t->page > 0 ? t->page : kv_page_size(fwd_kv(r->f)), 0);
-    r->logits = malloc(sizeof(float) * (size_t)r->m->hp.n_vocab);
-    r->s = samp_create(&r->cfg.sp, r->m->hp.n_vocab);
-    if (!r->mon || !r->logits || !r->s) return oom(err, errlen);
-    return RUN_OK;
+    return open_answering(r, err, errlen);
 }
 
 run *run_create(const run_config *c, char *err, size_t errlen)
@@ -236,6 +242,40 @@ run *run_sibling(run *o, char *err, size_t errlen)
     r->m = o->m;
     r->b = o->b;
     int bad = o->head_sim && load_head_similarity(r) ? oom(err, errlen) : open_sequence(r, err, errlen);
+    if (bad) {
+        run_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+run *run_fork(run *o, const pol_spec *spec, char *err, size_t errlen)
+{
+    run *r = calloc(1, sizeof *r);
+    void *st = malloc(samp_state_size());
+    if (!r || !st) {
+        free(r);
+        free(st);
+        oom(err, errlen);
+        return NULL;
+    }
+    r->cfg = o->cfg;
+    r->m = o->m;
+    r->b = o->b;
+    r->question = o->question;
+    r->abort_flag = o->abort_flag == &o->never ? &r->never : o->abort_flag;
+    int bad = (o->head_sim && load_head_similarity(r)) || ids_reserve(r, o->n_ids > 0 ? o->n_ids : 1) ? oom(err, errlen)
+              : !(r->f = fwd_fork(o->f, 1, err, errlen))                                            ? RUN_EFAIL
+                                                                                                     : open_answering(r, err, errlen);
+    if (!bad) {
+        memcpy(r->ids, o->ids, sizeof(int32_t) * (size_t)o->n_ids);
+        r->n_ids = o->n_ids;
+        memcpy(r->logits, o->logits, sizeof(float) * (size_t)r->m->hp.n_vocab);
+        samp_save_state(o->s, st);
+        samp_load_state(r->s, st);
+        bad = run_adopt_policy(r, spec, err, errlen);   /* as if attached for the sequence's prefill */
+    }
+    free(st);
     if (bad) {
         run_free(r);
         return NULL;
@@ -408,6 +448,7 @@ typedef struct answer_ctx {
     run *r;
     const gen_callbacks *cb;
     int keep, oom;
+    int64_t start, n0;           /* the cache's length and the sequence's when the answer began */
 } answer_ctx;
 
 static void on_token(void *ud, int32_t id)
@@ -432,32 +473,84 @@ static void on_event(void *ud, const unc_event *e)
     if (a->cb && a->cb->event) a->cb->event(a->cb->ud, e);
 }
 
-int run_answer(run *r, const run_answer_opts *o, const gen_callbacks *cb, gen_result *res, char *err, size_t errlen)
+/* An answer's loop set up for r (gen_answer's arguments, the callbacks wrapped in a). RUN_OK, or
+ * RUN_EFAIL when nothing waits to be answered. */
+static int answer_setup(run *r, const run_answer_opts *o, const gen_callbacks *cb, answer_ctx *a, gen_opts *go,
+                        gen_callbacks *wrap, gen_ctx *g, char *err, size_t errlen)
 {
-    memset(res, 0, sizeof *res);
-    int64_t start = fwd_pos(r->f), n0 = r->n_ids;
-    if (n0 < 1 || start != n0) {
+    static const unc_thresholds none;
+    int64_t n0 = r->n_ids;
+    if (n0 < 1 || fwd_pos(r->f) != n0) {
         snprintf(err, errlen, n0 < 1 ? "nothing was fed to continue from" : "tokens wait to be evaluated");
         return RUN_EFAIL;
     }
-    static const unc_thresholds none;
-    gen_opts go = { o->n_predict, r->ids[n0 - 1], o->watch ? &r->cfg.thr : &none,
-                    o->max_regen >= 0 ? o->max_regen : run_default_backtrack(r), samp_temperature(r->s), o->monitor,
-                    o->stop, o->n_stop };
-    answer_ctx a = { r, cb, o->keep, 0 };
-    gen_callbacks wrap = { &a, on_token, on_page, on_event };
-    gen_ctx g = { r->f, r->s, r->m->vocab, r->mon, r->logits, r->m->hp.n_vocab, r->abort_flag };
+    *go = (gen_opts){ o->n_predict, r->ids[n0 - 1], o->watch ? &r->cfg.thr : &none,
+                      o->max_regen >= 0 ? o->max_regen : run_default_backtrack(r), samp_temperature(r->s), o->monitor,
+                      o->stop, o->n_stop };
+    *a = (answer_ctx){ r, cb, o->keep, 0, fwd_pos(r->f), n0 };
+    *wrap = (gen_callbacks){ a, on_token, on_page, on_event };
+    *g = (gen_ctx){ r->f, r->s, r->m->vocab, r->mon, r->logits, r->m->hp.n_vocab, r->abort_flag };
+    return RUN_OK;
+}
+
+/* After the loop (it failed: bad): the cache back where the answer began, or at its kept tokens. */
+static int answer_close(run *r, const answer_ctx *a, int bad, char *err, size_t errlen)
+{
+    if (bad) return RUN_EFAIL;
+    if (a->oom) return oom(err, errlen);
+    if (!a->keep) return run_rewind(r, a->start, a->n0, err, errlen);   /* a side answer leaves no trace */
+    /* a stop sequence: the cache went past the kept tokens; back to them (the last one sampled, not
+     * evaluated, as after any answer) */
+    int64_t target = r->n_ids > a->n0 ? r->n_ids - 1 : r->n_ids;
+    return fwd_pos(r->f) > target ? run_rewind(r, target, r->n_ids, err, errlen) : RUN_OK;
+}
+
+int run_answer(run *r, const run_answer_opts *o, const gen_callbacks *cb, gen_result *res, char *err, size_t errlen)
+{
+    memset(res, 0, sizeof *res);
+    answer_ctx a;
+    gen_opts go;
+    gen_callbacks wrap;
+    gen_ctx g;
+    if (answer_setup(r, o, cb, &a, &go, &wrap, &g, err, errlen)) return RUN_EFAIL;
     double t0 = run_clock_s();
     int bad = gen_answer(&g, &go, &wrap, res, err, errlen);
     r->decoded = res->n_decoded;
     r->decode_s = run_clock_s() - t0;
-    if (bad) return RUN_EFAIL;
-    if (a.oom) return oom(err, errlen);
-    if (!o->keep) return run_rewind(r, start, n0, err, errlen);   /* a side answer leaves no trace */
-    /* a stop sequence: the cache went past the kept tokens; back to them (the last one sampled, not
-     * evaluated, as after any answer) */
-    int64_t target = r->n_ids > n0 ? r->n_ids - 1 : r->n_ids;
-    return fwd_pos(r->f) > target ? run_rewind(r, target, r->n_ids, err, errlen) : RUN_OK;
+    return answer_close(r, &a, bad, err, errlen);
+}
+
+int run_answer_batch(run *lead, run *const *rs, int n, const run_answer_opts *os, const gen_callbacks *cbs,
+                     gen_result *res, char *err, size_t errlen)
+{
+    if (n < 1 || n > FWD_BATCH_MAX) {
+        snprintf(err, errlen, "a batch of %d answers: 1 to %d", n, FWD_BATCH_MAX);
+        return RUN_EFAIL;
+    }
+    answer_ctx a[FWD_BATCH_MAX];
+    gen_opts go[FWD_BATCH_MAX];
+    gen_callbacks wrap[FWD_BATCH_MAX];
+    gen_ctx g[FWD_BATCH_MAX];
+    for (int s = 0; s < n; s++) {
+        memset(&res[s], 0, sizeof res[s]);
+        if (rs[s] == lead || rs[s]->b != lead->b) {
+            snprintf(err, errlen, "a batch's answers run beside its lead, over its backend");
+            return RUN_EFAIL;
+        }
+        if (answer_setup(rs[s], &os[s], cbs ? &cbs[s] : NULL, &a[s], &go[s], &wrap[s], &g[s], err, errlen))
+            return RUN_EFAIL;
+    }
+    double t0 = run_clock_s();
+    int bad = gen_answer_batch(lead->f, g, n, go, wrap, res, err, errlen);
+    double secs = run_clock_s() - t0;
+    int rc = bad ? RUN_EFAIL : RUN_OK;
+    for (int s = 0; s < n; s++) {
+        rs[s]->decoded = res[s].n_decoded;
+        rs[s]->decode_s = secs;   /* the batch's time: its answers were decoded together */
+        int cr = answer_close(rs[s], &a[s], bad, err, errlen);
+        if (!rc) rc = cr;
+    }
+    return rc;
 }
 
 int run_default_backtrack(const run *r) { return r->ps && pol_set_can_reselect(r->ps) ? 2 : 0; }

@@ -49,6 +49,12 @@ run *run_create(const run_config *c, char *err, size_t errlen);
 /* A second sequence over r's model and backend (its own cache, policies, sampler and monitor, from
  * the same configuration): a snapshot restored beside the first, say. Free it before r. */
 run *run_sibling(run *r, char *err, size_t errlen);
+/* A fork of r's sequence (its cache's pages shared, copied on write: kv_fork), with r's ids, last
+ * logits and sampler state, under spec's policies (a fresh set, adopting the sequence as
+ * run_adopt_policy does: decode-time policies only, then): what sess_compare
+ * answers each policy in. Its chunks are small (it decodes). Free it before r. NULL with a
+ * message. */
+run *run_fork(run *r, const pol_spec *spec, char *err, size_t errlen);
 void run_free(run *r);
 /* What loading did that a front end should say once (the weight types a GPU converts; "" none). */
 const char *run_load_note(const run *r);
@@ -109,6 +115,12 @@ typedef struct run_answer_opts {
  * not a failure. */
 int run_answer(run *r, const run_answer_opts *o, const gen_callbacks *cb, gen_result *res, char *err,
                size_t errlen);
+/* Answers of n runs at once (1 <= n <= FWD_BATCH_MAX; forks of lead, say), each as run_answer(rs[s],
+ * &os[s], &cbs[s], &res[s]) would give it alone, their decode steps batched through lead's scratch
+ * (gen_answer_batch; lead's own cache is not touched). cbs may be NULL. Each run's decode time is
+ * the batch's. */
+int run_answer_batch(run *lead, run *const *rs, int n, const run_answer_opts *os, const gen_callbacks *cbs,
+                     gen_result *res, char *err, size_t errlen);
 /* Regenerations per answer a policy calls for: 2 when the decode policy keeps a selection it can
  * rebuild (CHESS), else 0. */
 int run_default_backtrack(const run *r);

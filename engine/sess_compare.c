@@ -51,44 +51,99 @@ static int compare_specs(session *s, const char *const *specs_in, int n_in, char
     return n_spec;
 }
 
-/* Column i: the question's answer under spec from the cache at the question's end (logits l0,
- * sampler state s1), collected into c rather than streamed. */
-static int compare_column(session *s, int i, int n_spec, const char *spec_text, const float *l0, const void *s1,
-                          sess_compared *c)
+/* A column's answer as it comes: its text (the detokenizer's pieces) and the progress the front
+ * end shows. */
+typedef struct column {
+    session *s;
+    int i, n;
+    const char *policy;
+    tok_stream ts;
+    char *text;
+    size_t len, cap;
+    int64_t tokens;
+    int oom;
+} column;
+
+static void column_add(column *c, const char *p, size_t n)
 {
-    pol_spec spec;
-    pol_set *ps = pol_parse(&spec, spec_text, NULL, s->err, sizeof s->err)
-                      ? NULL
-                      : run_new_policies(s->r, &spec, s->err, sizeof s->err);
-    if (!ps) return SESS_EFAIL;
-    pol_set *orig = run_swap_policies(s->r, ps);   /* the conversation's own policies stay untouched */
-    run_set_logits(s->r, l0);
-    run_load_sampler(s->r, s1);
-    gen_result gr;
+    if (c->oom || !n) return;
+    if (c->len + n + 1 > c->cap) {
+        size_t nc = (c->len + n + 1) * 2;
+        char *nt = realloc(c->text, nc);
+        if (!nt) {
+            c->oom = 1;
+            return;
+        }
+        c->text = nt;
+        c->cap = nc;
+    }
+    memcpy(c->text + c->len, p, n);
+    c->len += n;
+    c->text[c->len] = 0;
+}
+
+static void column_token(void *ud, int32_t id)
+{
+    column *c = ud;
+    char piece[512];
+    column_add(c, piece, tok_stream_feed(&c->ts, id, piece, sizeof piece - 1));
+    c->tokens++;
+    if (c->s->cb.column) c->s->cb.column(c->s->cb.ud, c->i, c->n, c->policy, c->tokens);
+}
+
+/* The columns' answers from the question's end, one fork of the conversation's cache each (pages
+ * shared), their decode steps batched: a compare costs about one answer's weight reads a step. */
+static int answer_columns(session *s, int n_spec, char specs[8][256], sess_compared *out, int *n_out)
+{
+    run *fk[8] = { 0 };
+    column col[8];
+    gen_callbacks cbs[8];
+    gen_result gr[8];
+    memset(col, 0, sizeof col);
+    int rc = SESS_OK;
+    for (int i = 0; i < n_spec && !rc; i++) {
+        pol_spec spec;
+        if (pol_parse(&spec, specs[i], NULL, s->err, sizeof s->err) ||
+            !(fk[i] = run_fork(s->r, &spec, s->err, sizeof s->err)))
+            rc = SESS_EFAIL;
+        col[i] = (column){ .s = s, .i = i, .n = n_spec, .policy = specs[i] };
+        tok_stream_init(&col[i].ts, run_model(s->r)->vocab);
+        cbs[i] = (gen_callbacks){ &col[i], column_token, NULL, NULL };
+        if (s->cb.column) s->cb.column(s->cb.ud, i, n_spec, specs[i], 0);
+    }
+    const char *stops[SESS_MAX_STOP + 2];
+    int n_stop = sess_stops(s, 1, stops, SESS_MAX_STOP + 2);
+    /* as an answer of the conversation would be generated, less the regenerations and the streaming */
+    run_answer_opts ao[8];
+    for (int i = 0; i < n_spec; i++) ao[i] = (run_answer_opts){ s->cfg.n_predict, 1, 0, 1, s->cfg.monitor, stops, n_stop };
     double t0 = run_clock_s();
-    sess_callbacks keepcb = s->cb;
-    s->cb.text = NULL;   /* a compared answer is collected, not streamed: its progress is counted */
-    s->cb.event = NULL;
-    s->cb.page = NULL;
-    s->column = i;
-    s->n_columns = n_spec;
-    s->column_policy = spec_text;
-    if (keepcb.column) keepcb.column(keepcb.ud, i, n_spec, spec_text, 0);
-    int rc = sess_generate_into(s, s->cfg.n_predict, 0, 0, 1, &gr);
-    s->cb = keepcb;
-    s->column = -1;
-    run_figures fg;
-    run_get_figures(s->r, &fg);
-    pol_set_free(run_swap_policies(s->r, orig));
-    if (rc) return rc;
-    snprintf(c->policy, sizeof c->policy, "%.250s", spec_text);
-    c->text = strdup(s->answer ? s->answer : "");
-    c->n_tokens = gr.n_gen;
-    c->seconds = run_clock_s() - t0;
-    c->pages_per_step = fg.pages_per_step;
-    c->kv_read_per_step = fg.kv_read_per_step;
-    c->events = gr.events;
-    return SESS_OK;
+    if (!rc) rc = run_answer_batch(s->r, fk, n_spec, ao, cbs, gr, s->err, sizeof s->err);
+    double secs = run_clock_s() - t0;
+    for (int i = 0; i < n_spec && !rc; i++) {
+        char piece[512];
+        column_add(&col[i], piece, tok_stream_flush(&col[i].ts, piece, sizeof piece - 1));
+        if (col[i].oom) {
+            rc = sess_fail(s, SESS_EFAIL, "out of memory");
+            break;
+        }
+        run_figures fg;
+        run_get_figures(fk[i], &fg);
+        sess_compared *c = &out[(*n_out)++];
+        snprintf(c->policy, sizeof c->policy, "%.250s", specs[i]);
+        c->text = col[i].text ? col[i].text : strdup("");
+        col[i].text = NULL;
+        c->n_tokens = gr[i].n_gen;
+        c->seconds = secs;
+        c->pages_per_step = fg.pages_per_step;
+        c->kv_read_per_step = fg.kv_read_per_step;
+        c->events = gr[i].events;
+        if (!c->text) rc = sess_fail(s, SESS_EFAIL, "out of memory");
+    }
+    for (int i = 0; i < n_spec; i++) {
+        free(col[i].text);
+        run_free(fk[i]);
+    }
+    return rc;
 }
 
 int sess_compare(session *s, const char *const *specs_in, int n_in, const char *question, sess_compared *out,
@@ -101,39 +156,25 @@ int sess_compare(session *s, const char *const *specs_in, int n_in, const char *
     int n_spec = compare_specs(s, specs_in, n_in, specs);
     if (n_spec < 0) return SESS_EFAIL;
     int64_t turn_start = run_pos(s->r), seq0 = sess_seq_len(s), turns0 = s->turns;
-    size_t ss = run_sampler_state_size(s->r), nv = (size_t)run_model(s->r)->hp.n_vocab;
-    void *s0 = malloc(ss), *s1 = malloc(ss);
-    float *l0 = malloc(sizeof(float) * nv);
-    int rc = SESS_OK;
-    if (!s0 || !s1 || !l0) {
-        rc = sess_fail(s, SESS_EFAIL, "out of memory");
-        goto out;
-    }
+    void *s0 = malloc(run_sampler_state_size(s->r));
+    if (!s0) return sess_fail(s, SESS_EFAIL, "out of memory");
     run_save_sampler(s->r, s0);
     int64_t n_eval;
     double secs;
-    rc = sess_prepare_turn(s, question, &n_eval, &secs);
+    int rc = sess_prepare_turn(s, question, &n_eval, &secs);
     s->pending_record = -1;   /* a side query is no turn of the conversation */
-    if (rc) goto out;
-    memcpy(l0, run_logits(s->r), sizeof(float) * nv);
-    run_save_sampler(s->r, s1);
-    /* each column begins at the question's end exactly, and the conversation goes back to before the
-     * question exactly too: the floor stays where it was (at or before turn_start), so the
-     * sliding-window layers keep what both rewinds need and nothing is evaluated again, which a
-     * Ctrl-C (the abort flag raised) could not have finished */
-    for (int i = 0; i < n_spec && !rc && !sess_cancelled(s); i++)
-        if ((rc = compare_column(s, i, n_spec, specs[i], l0, s1, &out[*n_out])) == SESS_OK) (*n_out)++;
-    /* the conversation goes on as before the comparison */
+    if (!rc) rc = answer_columns(s, n_spec, specs, out, n_out);
+    /* the conversation goes on as before the comparison, which left its cache at the question's
+     * end: back to before the question exactly (the floor stays where it was, at or before
+     * turn_start, so the sliding-window layers keep what the rewind needs and nothing is evaluated
+     * again, which a Ctrl-C (the abort flag raised) could not have finished) */
     int rr = run_rewind(s->r, turn_start, seq0, s->err, sizeof s->err);
     s->turns = turns0;
     run_set_floor(s->r, s->turns > 0 ? s->ans_start - 1 : turn_start);   /* where a regeneration rewinds to */
     run_load_sampler(s->r, s0);
     sess_answer_reset(s);
     if (!rc && rr) rc = rr;
-out:
-    free(l0);
     free(s0);
-    free(s1);
     return rc;
 }
 

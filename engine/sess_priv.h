@@ -24,8 +24,6 @@ struct session {
     int max_piece;               /* the most bytes one token of the vocabulary stands for */
     char err[1200];
     int policy_pending;          /* switched since the last answer without a rebuild: acts from the next */
-    int column, n_columns;       /* sess_compare's column being generated (-1: none) */
-    const char *column_policy;
     sess_callbacks cb;
     volatile sig_atomic_t *abort_flag;
     volatile sig_atomic_t never;   /* what abort_flag points at until a caller gives one */

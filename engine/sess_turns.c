@@ -56,7 +56,6 @@ static void on_token(void *ud, int32_t id)
     }
     if (s->ans_n < s->ans_cap_ids) s->ans_ids[s->ans_n++] = id;
     if (n && s->cb.text) s->cb.text(s->cb.ud, piece, n);
-    if (s->column >= 0 && s->cb.column) s->cb.column(s->cb.ud, s->column, s->n_columns, s->column_policy, s->ans_n);
 }
 
 static void on_page(void *ud, int64_t page, const unc_stats *us)

@@ -30,7 +30,6 @@ session *sess_create(run *r, const sess_config *cfg, char *err, size_t errlen)
     if (s->cfg.n_predict <= 0) s->cfg.n_predict = 128;
     s->abort_flag = &s->never;
     s->pending_record = -1;
-    s->column = -1;
     resolve_backtrack(s);
     const model *m = run_model(r);
     s->chat = cfg->format == SESS_FORMAT_AUTO ? prompt_has_template(m) : cfg->format;

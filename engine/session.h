@@ -184,13 +184,16 @@ typedef struct sess_compared {
     char policy[256];
     char *text;                  /* malloc'd: the caller frees it */
     int64_t n_tokens;
-    double seconds, pages_per_step, kv_read_per_step;
+    double seconds;              /* the answers' decoding, together (they are decoded in one batch) */
+    double pages_per_step, kv_read_per_step;
     int events;
 } sess_compared;
 /* question answered under the current policy and each of specs (decode-time policies) from the
  * same cache, as a side query: the conversation goes on as before it. out gets the current policy's
  * answer and one per listed spec that differs from it (a spec naming the current policy is not run
- * twice); fewer when cancelled: *n_out says how many. */
+ * twice); the answers are decoded together, one batched step for all (run_answer_batch), each from
+ * a fork of the cache at the question's end. When cancelled each answer holds what it had; *n_out
+ * says how many answers there are. */
 int sess_compare(session *s, const char *const *specs, int n_specs, const char *question, sess_compared *out,
                  int *n_out);
 

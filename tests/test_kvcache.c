@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "engine/bytes.h"
 #include "engine/kvcache.h"
 #include "common/quant.h"
 
@@ -640,4 +641,149 @@ Test(kvcache, a_selection_by_bounds_attends_like_the_list_it_stands_for)
     free(v);
     kv_free(kv);
     be_free(b);
+}
+
+/* ---- forks (kv_fork) */
+
+/* Everything a cache holds, as bytes: kv_save's (shape, positions, every page's rows) and each
+ * page's summaries. */
+static bytes_w image(const kv_cache *kv)
+{
+    bytes_w w = { 0 };
+    kv_save(kv, &w);
+    int R = (int)kv_head_dim(kv);
+    for (int il = 0; il < kv_n_layer(kv); il++)
+        for (int hh = 0; hh < kv_n_head_kv(kv); hh++)
+            for (int i = 0; i < kv_n_pages(kv, il, hh); i++) {
+                const kv_page *p = kv_layer_page(kv, il, hh, i);
+                bw_put(&w, p->ksum, sizeof(float) * (size_t)R);
+                bw_put(&w, p->kmin, sizeof(float) * (size_t)R);
+                bw_put(&w, p->kmax, sizeof(float) * (size_t)R);
+            }
+    bw_i64(&w, kv_len(kv));
+    cr_assert(!w.err);
+    return w;
+}
+
+/* An independent copy of kv (its own pages, through a snapshot). */
+static kv_cache *copy_of(const kv_cache *kv, const int32_t *win)
+{
+    char err[256];
+    kv_cache *c = kv_create(kv_n_layer(kv), kv_n_ctx(kv), kv_n_head_kv(kv), kv_head_dim(kv), kv_page_size(kv), win,
+                            err, sizeof err);
+    cr_assert(c, "%s", err);
+    bytes_w w = { 0 };
+    kv_save(kv, &w);
+    bytes_r r = { w.p, w.n, 0, 0 };
+    cr_assert(kv_load(c, &r, 1, err, sizeof err) == 0, "%s", err);
+    bw_free(&w);
+    return c;
+}
+
+static int same_image(const kv_cache *a, const kv_cache *b)
+{
+    bytes_w x = image(a), y = image(b);
+    int same = x.n == y.n && !memcmp(x.p, y.p, x.n);
+    bw_free(&x);
+    bw_free(&y);
+    return same;
+}
+
+/* One random change, the same to a cache and to its reference copy. */
+static void change(kv_cache *c, kv_cache *ref, int H, int R, int round)
+{
+    enum { MAXN = 40 };
+    static float k[MAXN * 2 * 16], v[MAXN * 2 * 16];
+    static int64_t keep[8192];
+    int what = (int)((rng >> 7) % 6);
+    frand();
+    int64_t len = kv_len(c);
+    if (what <= 2 || len < 8) {   /* an append to both layers */
+        int64_t n = 1 + (int64_t)((rng >> 21) % MAXN);
+        for (int64_t i = 0; i < n * H * R; i++) k[i] = frand() * 2, v[i] = frand();
+        for (int il = 0; il < 2; il++) {
+            cr_assert(kv_append(c, il, k, v, n, len) == 0);
+            cr_assert(kv_append(ref, il, k, v, n, len) == 0);
+            kv_trim_window(c, il, len + n - 1, len);
+            kv_trim_window(ref, il, len + n - 1, len);
+        }
+        kv_commit(c, len + n);
+        kv_commit(ref, len + n);
+    } else if (what == 3) {   /* a rewind, into the last page or further */
+        int64_t to = len - 1 - (int64_t)((rng >> 19) % (uint64_t)(len < 20 ? len : 20));
+        int64_t a = kv_rewind(c, to), b = kv_rewind(ref, to);
+        cr_assert_eq(a, b, "round %d: rewound to %lld and %lld", round, (long long)a, (long long)b);
+    } else if (what == 4) {   /* an eviction in the global layer's second head */
+        int64_t n = kv_head_tokens(c, 1, 1), nk = 0;
+        for (int64_t j = 0; j < n; j++)
+            if (j < n / 2 || frand() > 0.3f) keep[nk++] = j;
+        cr_assert(kv_keep_tokens(c, 1, 1, keep, nk) == 0);
+        cr_assert(kv_keep_tokens(ref, 1, 1, keep, nk) == 0);
+    } else {   /* the global layer cut short (a probe's rows taken back) */
+        int64_t to = len - (int64_t)((rng >> 23) % 5);
+        cr_assert(kv_truncate_layer(c, 1, to) == 0);
+        cr_assert(kv_truncate_layer(ref, 1, to) == 0);
+    }
+}
+
+Test(kvcache, a_fork_and_its_source_change_as_independent_copies_would)
+{
+    enum { H = 2, R = 16, P = 8 };
+    const int32_t win[2] = { 12, 0 };   /* a sliding-window layer and a global one */
+    char err[256];
+    for (int order = 0; order < 2; order++) {
+        kv_cache *a = kv_create(2, 4096, H, R, P, win, err, sizeof err);
+        cr_assert(a, "%s", err);
+        kv_cache *ra = copy_of(a, win);
+        for (int round = 0; round < 30; round++) change(a, ra, H, R, round);
+        kv_stats sa;
+        kv_get_stats(a, &sa);
+        kv_cache *b = kv_fork(a, err, sizeof err), *rb = copy_of(a, win), *d = NULL, *rd = NULL;
+        cr_assert(b, "%s", err);
+        cr_assert(same_image(b, a), "a fork holds what its source holds");
+        kv_stats sb;
+        kv_get_stats(b, &sb);
+        cr_expect(sb.bytes_resident == sa.bytes_resident - (uint64_t)sa.pages * kv_page_bytes(a) &&
+                      sb.tokens_kept == sa.tokens_kept && sb.pages == sa.pages,
+                  "a fork counts %llu bytes (its source %llu for %lld pages): its tables only",
+                  (unsigned long long)sb.bytes_resident, (unsigned long long)sa.bytes_resident, (long long)sa.pages);
+        int shared = 0;
+        for (int round = 0; round < 240; round++) {
+            int who = (int)((rng >> 13) % 3);
+            if (who == 0 && a) change(a, ra, H, R, round);
+            if (who == 1) change(b, rb, H, R, round);
+            if (who == 2 && d) change(d, rd, H, R, round);
+            if (round == 60) {   /* a fork of the fork */
+                d = kv_fork(b, err, sizeof err);
+                cr_assert(d, "%s", err);
+                rd = copy_of(b, win);
+            }
+            if (round == 120 + 60 * order && a) {   /* the source goes first (or late) */
+                kv_free(a);
+                kv_free(ra);
+                a = ra = NULL;
+            }
+            if (a) cr_assert(same_image(a, ra), "round %d: the source is not what it would be alone", round);
+            cr_assert(same_image(b, rb), "round %d: the fork is not what a copy would be", round);
+            if (d) cr_assert(same_image(d, rd), "round %d: the fork's fork is not what a copy would be", round);
+            for (int i = 0; a && i < kv_n_pages(b, 1, 0); i++)
+                for (int j = 0; j < kv_n_pages(a, 1, 0); j++) shared += kv_layer_page(b, 1, 0, i) == kv_layer_page(a, 1, 0, j);
+        }
+        cr_expect(shared > 100, "the caches shared %d pages along the way", shared);
+        kv_stats st;
+        kv_get_stats(b, &st);
+        cr_expect(st.bytes_resident < (uint64_t)(st.pages + 8) * kv_page_bytes(b) + 65536,
+                  "a fork's figure: %llu bytes", (unsigned long long)st.bytes_resident);
+        if (order) {
+            kv_free(b);
+            kv_free(d);
+        } else {
+            kv_free(d);
+            kv_free(b);
+        }
+        kv_free(a);
+        kv_free(ra);
+        kv_free(rb);
+        kv_free(rd);
+    }
 }

@@ -946,3 +946,154 @@ Test(residency, a_picked_decode_step_waits_for_the_device_once)
         model_free(m);
     }
 }
+
+/* ---- batched decode steps (fwd_decode_batch) */
+
+/* Fork s of a prefilled context under spec (adopting the prompt, as sess_compare's do), s steps
+ * of id decoded into it alone: the forks of a batch stand at positions of their own. */
+static fwd_ctx *fork_under(fwd_ctx *base, const char *spec, const int32_t *ids, size_t n, int s, int32_t id,
+                           pol_set **ps)
+{
+    char err[512];
+    fwd_ctx *f = fwd_fork(base, 1, err, sizeof err);
+    cr_assert(f, "%s", err);
+    *ps = spec ? fwd_fixture_policy_make(f, spec) : NULL;
+    cr_assert(fwd_adopt_policy(f, *ps, ids, (int64_t)n, err, sizeof err) == 0, "%s", err);
+    float *l = malloc(sizeof(float) * (size_t)fwd_model(f)->hp.n_vocab);
+    for (int t = 0; t < s; t++) cr_assert(fwd_decode(f, id, l, NULL, err, sizeof err) == 0, "%s", err);
+    free(l);
+    return f;
+}
+
+/* n forks of one prefilled context, each under its spec (NULL: none), fork s decoded s steps alone
+ * and then STEPS - s greedy steps alone (fwd_decode_pick, one fork at a time) and as one batch
+ * (fwd_decode_batch: the forks at positions of their own, leaving it at their own steps): every
+ * step's candidates, every fork's last row and its statistics are the same bits, and the
+ * prefilled context's cache is untouched. */
+static void batch_vs_alone(const char *file, int device, const char *const *specs, int n)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, file, NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *b = device ? shadow_create() : be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    size_t np;
+    int32_t *ids = prompt(m, &np);
+    fwd_opts fo = { 2048, 48, run_page };
+    fwd_ctx *base = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(base, "%s", err);
+    int nv = m->hp.n_vocab;
+    float *l0 = malloc(sizeof(float) * (size_t)nv), *row = malloc(sizeof(float) * (size_t)nv);
+    cr_assert(fwd_eval(base, ids, (int64_t)np, l0, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    int32_t first = samp_argmax(l0, nv);
+    int64_t len0 = fwd_pos(base);
+    kv_stats st0;
+    kv_get_stats(fwd_kv(base), &st0);
+    /* alone: each fork's top candidate a step, and its last row */
+    int32_t alone[FWD_BATCH_MAX][STEPS + 1];
+    float *alone_row[FWD_BATCH_MAX];
+    pol_step_stats alone_st[FWD_BATCH_MAX];
+    for (int s = 0; s < n; s++) {
+        pol_set *ps;
+        fwd_ctx *f = fork_under(base, specs[s], ids, np, s, first, &ps);
+        int32_t id = first;
+        for (int t = 0; t < STEPS - s; t++) {
+            float val[4];
+            int32_t top[4];
+            be_pick p = { .k = 4, .val = val, .id = top };
+            cr_assert(fwd_decode_pick(f, id, &p, NULL, err, sizeof err) == 0, "%s", err);
+            alone[s][t] = id = top[0];
+        }
+        alone_row[s] = malloc(sizeof(float) * (size_t)nv);
+        cr_assert(fwd_picked_logits(f, alone_row[s], err, sizeof err) == 0, "%s", err);
+        memset(&alone_st[s], 0, sizeof alone_st[s]);
+        if (ps) alone_st[s] = *pol_set_stats(ps);
+        fwd_free(f);
+        pol_set_free(ps);
+    }
+    /* together */
+    fwd_ctx *fs[FWD_BATCH_MAX];
+    pol_set *pss[FWD_BATCH_MAX];
+    int32_t cur[FWD_BATCH_MAX];
+    for (int s = 0; s < n; s++) {
+        fs[s] = fork_under(base, specs[s], ids, np, s, first, &pss[s]);
+        cur[s] = first;
+    }
+    for (int t = 0; t < STEPS; t++) {
+        fwd_ctx *in[FWD_BATCH_MAX];
+        int32_t bid[FWD_BATCH_MAX];
+        be_pick p[FWD_BATCH_MAX];
+        float val[FWD_BATCH_MAX][4];
+        int32_t top[FWD_BATCH_MAX][4];
+        int who[FWD_BATCH_MAX], nb = 0;
+        for (int s = 0; s < n; s++) {
+            if (t >= STEPS - s) continue;
+            in[nb] = fs[s];
+            bid[nb] = cur[s];
+            p[nb] = (be_pick){ .k = 4, .val = val[nb], .id = top[nb] };
+            who[nb++] = s;
+        }
+        cr_assert(fwd_decode_batch(base, in, nb, bid, NULL, p, NULL, err, sizeof err) == 0, "%s", err);
+        for (int j = 0; j < nb; j++) {
+            int s = who[j];
+            cur[s] = top[j][0];
+            cr_expect_eq(cur[s], alone[s][t], "%s fork %d (%s), step %d: %d together, %d alone", file, s,
+                         specs[s] ? specs[s] : "none", t, cur[s], alone[s][t]);
+            if (t == STEPS - s - 1) {   /* its last step: the whole row, as alone */
+                cr_assert(fwd_picked_logits(fs[s], row, err, sizeof err) == 0, "%s", err);
+                cr_expect(!memcmp(row, alone_row[s], sizeof(float) * (size_t)nv),
+                          "%s fork %d (%s): the last step's logits differ from its alone", file, s,
+                          specs[s] ? specs[s] : "none");
+            }
+        }
+    }
+    for (int s = 0; s < n; s++) {
+        cr_expect_eq(fwd_pos(fs[s]), len0 + STEPS);
+        if (pss[s]) {
+            const pol_step_stats *q = pol_set_stats(pss[s]);
+            cr_expect(q->pages_sum == alone_st[s].pages_sum && q->bytes_touched_total == alone_st[s].bytes_touched_total &&
+                          q->tokens_last == alone_st[s].tokens_last,
+                      "%s fork %d (%s): step statistics differ together", file, s, specs[s]);
+        }
+        fwd_free(fs[s]);
+        pol_set_free(pss[s]);
+        free(alone_row[s]);
+    }
+    /* the forks shared its pages and changed none of them */
+    kv_stats st1;
+    kv_get_stats(fwd_kv(base), &st1);
+    cr_expect(fwd_pos(base) == len0 && st1.tokens_kept == st0.tokens_kept && st1.bytes_resident == st0.bytes_resident,
+              "%s: the forked context changed", file);
+    float *again = malloc(sizeof(float) * (size_t)nv);
+    cr_assert(fwd_decode(base, first, again, NULL, err, sizeof err) == 0, "%s", err);
+    fwd_ctx *solo = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(solo, "%s", err);
+    cr_assert(fwd_eval(solo, ids, (int64_t)np, l0, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(fwd_decode(solo, first, row, NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect(!memcmp(again, row, sizeof(float) * (size_t)nv), "%s: the forked context decodes differently after", file);
+    free(again);
+    fwd_free(solo);
+    fwd_free(base);
+    free(l0);
+    free(row);
+    free(ids);
+    be_free(b);
+    model_free(m);
+}
+
+Test(residency, a_batch_of_forks_decodes_each_as_alone_on_the_cpu)
+{
+    const char *g[] = { NULL, "quest:budget=24", "chess:preset=aggressive,window=1", "streaming:budget=40" };
+    batch_vs_alone(TD "tiny/tiny-gemma3-q4_k_m.gguf", 0, g, 4);
+    const char *l[] = { "full", "quest:budget=24", "sentkv:budget=60,len=6,delta=3", "streaming:budget=8,sinks=2",
+                        NULL, "chess", "quest:budget=6", "full" };
+    batch_vs_alone(TD "tiny/tiny-llama-q4_k_m.gguf", 0, l, 8);
+}
+
+Test(residency, a_batch_of_forks_decodes_each_as_alone_on_twins)
+{
+    const char *g[] = { NULL, "quest:budget=24", "chess:preset=aggressive,window=1", "sentkv:budget=60,len=6,delta=3" };
+    batch_vs_alone(TD "tiny/tiny-gemma3-q4_k_m.gguf", 1, g, 4);
+    const char *l[] = { "full", "quest:budget=24", "streaming:budget=8,sinks=2", "chess" };
+    batch_vs_alone(TD "tiny/tiny-llama-q4_k_m.gguf", 1, l, 4);
+}

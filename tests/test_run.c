@@ -352,3 +352,107 @@ Test(run, a_warm_up_at_load_leaves_no_trace)
         run_free(cold);
     }
 }
+
+/* ---- answers of forks in one batch (run_fork, run_answer_batch) */
+
+typedef struct answer_rec {
+    int32_t ids[200];
+    int n;
+} answer_rec;
+
+static void rec_token(void *ud, int32_t id)
+{
+    answer_rec *a = ud;
+    if (a->n < 200) a->ids[a->n++] = id;
+}
+
+/* A run whose sampling draws (seeded) and whose thresholds make pages cross (so answers go back and
+ * generate pages again), fed a prompt. */
+static run *sampling_run(const char *path, int64_t n_prompt)
+{
+    run_config c;
+    memset(&c, 0, sizeof c);
+    c.model_path = path;
+    c.device = BE_DEVICE_CPU;
+    c.n_threads = 2;
+    c.n_ctx = 2048;
+    c.page_size = 8;
+    c.sp = samp_params_default();
+    c.sp.temperature = 1.2f;
+    c.sp.seed = 7;
+    c.thr.valid = 1;
+    c.thr.page = 8;
+    c.thr.h_mean = 0.05;
+    c.thr.h_var = 1e-7;   /* the random models are near uniform: their entropy hardly varies */
+    char err[600];
+    run *r = run_create(&c, err, sizeof err);
+    cr_assert(r, "%s", err);
+    int32_t *ids = some_ids(r, n_prompt);
+    cr_assert(run_feed(r, ids, n_prompt, NULL, NULL, err, sizeof err) == RUN_OK, "%s", err);
+    free(ids);
+    return r;
+}
+
+static void batch_equals_alone(const char *path, const char *const *specs, int n)
+{
+    char err[600];
+    run *r = sampling_run(path, 90);
+    int64_t pos0 = run_pos(r);
+    float *l0 = copy_logits(r);
+    const char *stops[] = { "zq" };   /* a stop the random models may write */
+    run_answer_opts o[FWD_BATCH_MAX];
+    answer_rec alone[FWD_BATCH_MAX], both[FWD_BATCH_MAX];
+    gen_result ra[FWD_BATCH_MAX], rb[FWD_BATCH_MAX];
+    int events = 0, regen = 0, lens = 0;
+    for (int s = 0; s < n; s++) {
+        pol_spec ps;
+        cr_assert(pol_parse(&ps, specs[s], NULL, err, sizeof err) == 0, "%s", err);
+        run *f = run_fork(r, &ps, err, sizeof err);
+        cr_assert(f, "%s", err);
+        /* the answers end at steps of their own */
+        o[s] = (run_answer_opts){ 24 + 4 * s, 0, 2, 1, 1, stops, 1 };
+        alone[s].n = 0;
+        gen_callbacks cb = { &alone[s], rec_token, NULL, NULL };
+        cr_assert(run_answer(f, &o[s], &cb, &ra[s], err, sizeof err) == RUN_OK, "%s", err);
+        run_free(f);
+    }
+    run *fk[FWD_BATCH_MAX];
+    gen_callbacks cbs[FWD_BATCH_MAX];
+    for (int s = 0; s < n; s++) {
+        pol_spec ps;
+        cr_assert(pol_parse(&ps, specs[s], NULL, err, sizeof err) == 0, "%s", err);
+        cr_assert(fk[s] = run_fork(r, &ps, err, sizeof err), "%s", err);
+        both[s].n = 0;
+        cbs[s] = (gen_callbacks){ &both[s], rec_token, NULL, NULL };
+    }
+    cr_assert(run_answer_batch(r, fk, n, o, cbs, rb, err, sizeof err) == RUN_OK, "%s", err);
+    for (int s = 0; s < n; s++) {
+        int k = alone[s].n;
+        cr_expect(both[s].n == k && !memcmp(both[s].ids, alone[s].ids, sizeof(int32_t) * (size_t)k),
+                  "%s under %s: the batch's answer is not the one alone (%d and %d tokens)", path, specs[s], both[s].n, k);
+        cr_expect(rb[s].n_gen == ra[s].n_gen && rb[s].events == ra[s].events && rb[s].regenerated == ra[s].regenerated &&
+                      rb[s].stop == ra[s].stop && rb[s].n_decoded == ra[s].n_decoded,
+                  "%s under %s: the results differ (%lld/%lld tokens, %d/%d events, %d/%d again, %lld/%lld steps)", path,
+                  specs[s], (long long)rb[s].n_gen, (long long)ra[s].n_gen, rb[s].events, ra[s].events,
+                  rb[s].regenerated, ra[s].regenerated, (long long)rb[s].n_decoded, (long long)ra[s].n_decoded);
+        events += ra[s].events;
+        regen += ra[s].regenerated;
+        lens += ra[s].n_gen;
+        cr_expect_eq(run_pos(fk[s]), pos0, "a side answer leaves its fork where it began");
+        run_free(fk[s]);
+    }
+    cr_expect(regen > 0 && events > 0 && lens > 20, "%s: %d events, %d pages again, %d tokens: nothing went back",
+              path, events, regen, lens);
+    cr_expect_eq(run_pos(r), pos0, "the forked run moved");
+    cr_expect(same_logits(r, l0), "the forked run's logits changed");
+    free(l0);
+    run_free(r);
+}
+
+Test(run, answers_of_forks_in_one_batch_are_each_as_alone)
+{
+    const char *g[] = { "full", "quest:budget=24", "chess:preset=aggressive,window=1", "streaming:budget=40" };
+    batch_equals_alone(GEMMA, g, 4);
+    const char *l[] = { "full", "quest:budget=16", "sentkv:budget=60,len=6,delta=3" };
+    batch_equals_alone(LLAMA, l, 3);
+}
