@@ -86,15 +86,13 @@ static int decode_greedy(run *r, int64_t n, char *err, size_t errlen)
     return rc ? -1 : 0;
 }
 
-static int bench_policies(run *r, const char *budget, char specs[][256], int n_spec, const int64_t *depths, int nd,
-                          int64_t n_gen, const int32_t *toks, const char *csv, const char *date, const char *commit,
-                          const char *machine, const char *base)
+/* The listed policies parsed into ps, --budget applied to those that take one (full does not);
+ * *any_prefill: one of them acts at prefill. 0, or 1 after a message. */
+static int parse_specs(const char *budget, char specs[][256], int n_spec, pol_spec *ps, int *any_prefill)
 {
-    pol_spec ps[16];
     char err[512];
-    int any_prefill = 0;
+    *any_prefill = 0;
     for (int i = 0; i < n_spec; i++) {
-        /* --budget applies to the policies of the list that take one (full does not) */
         if (pol_parse(&ps[i], specs[i], NULL, err, sizeof err)) {
             cli_err("bench: %s", err);
             return 1;
@@ -105,8 +103,19 @@ static int bench_policies(run *r, const char *budget, char specs[][256], int n_s
             cli_err("bench: %s", err);
             return 1;
         }
-        for (int k = 0; k < ps[i].n; k++) any_prefill |= ps[i].ops[k]->stage == POL_STAGE_PREFILL;
+        for (int k = 0; k < ps[i].n; k++) *any_prefill |= ps[i].ops[k]->stage == POL_STAGE_PREFILL;
     }
+    return 0;
+}
+
+static int bench_policies(run *r, const char *budget, char specs[][256], int n_spec, const int64_t *depths, int nd,
+                          int64_t n_gen, const int32_t *toks, const char *csv, const char *date, const char *commit,
+                          const char *machine, const char *base)
+{
+    pol_spec ps[16];
+    char err[512];
+    int any_prefill;
+    if (parse_specs(budget, specs, n_spec, ps, &any_prefill)) return 1;
     int32_t nv = run_model(r)->hp.n_vocab;
     float *after_prefill = malloc(sizeof(float) * (size_t)nv);
     if (!after_prefill) {
@@ -181,6 +190,94 @@ static int bench_policies(run *r, const char *budget, char specs[][256], int n_s
     rc = close_csv(out, csv, rc);
     free(after_prefill);
     return rc;
+}
+
+/* n_gen greedy steps of each fork, its tokens into ids[s][...]: alone (one fork after another, as a
+ * comparison ran before its steps were batched) or as one batch. The seconds, or -1 after a
+ * message. */
+static double compare_steps(run *r, run *const *fk, int n, int batch, int64_t n_gen, int32_t *ids, char *err,
+                            size_t errlen)
+{
+    int32_t first = samp_argmax(run_logits(r), run_model(r)->hp.n_vocab), cur[FWD_BATCH_MAX];
+    for (int s = 0; s < n; s++) cur[s] = first;
+    double t0 = run_clock_s();
+    for (int s = 0; s < (batch ? 1 : n); s++)
+        for (int64_t g = 0; g < n_gen; g++) {
+            if (cli_interrupted) {
+                snprintf(err, errlen, "interrupted");
+                return -1;
+            }
+            int rc = batch ? run_decode_greedy_batch(r, fk, n, cur, err, errlen)
+                           : run_decode_greedy(fk[s], cur[s], &cur[s], err, errlen);
+            if (rc) return -1;
+            for (int j = 0; j < n; j++)
+                if (batch || j == s) ids[j * n_gen + g] = cur[j];
+        }
+    return run_clock_s() - t0;
+}
+
+/* --compare: the listed decode-time policies answered from one prefill per length, as /compare
+ * does: each fork's steps alone one after another, then all of them as one batch (fwd_decode_batch);
+ * the batch's time against one answer's, and whether every fork chose the same tokens both ways. */
+static int bench_compare(run *r, const char *budget, char specs[][256], int n_spec, const int64_t *depths, int nd,
+                         int64_t n_gen, const int32_t *toks, const char *csv, const char *date, const char *commit,
+                         const char *machine, const char *base)
+{
+    pol_spec ps[16];
+    char err[512], names[1024] = "";
+    int any_prefill;
+    if (parse_specs(budget, specs, n_spec, ps, &any_prefill)) return 1;
+    if (any_prefill || n_spec < 2 || n_spec > FWD_BATCH_MAX) {
+        cli_err("bench: --compare decodes 2 to %d decode-time policies from one prefill", FWD_BATCH_MAX);
+        return 1;
+    }
+    for (int i = 0; i < n_spec; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? " " : "", ps[i].text);
+    int32_t *alone = malloc(sizeof(int32_t) * (size_t)(n_spec * n_gen)),
+            *both = malloc(sizeof(int32_t) * (size_t)(n_spec * n_gen));
+    FILE *out = alone && both && csv ? open_csv(csv, "date,commit,machine,threads,model,ctx,policies,n,n_gen,"
+                                                      "one_answer_s,one_after_another_s,batch_s,batch_over_one,"
+                                                      "same_tokens\n")
+                                     : NULL;
+    int rc = !alone || !both ? (cli_err("bench: out of memory"), 1) : csv && !out ? 1 : 0;
+    if (!rc)
+        printf("%8s %3s %12s %12s %12s %14s %6s   %s\n", "ctx", "n", "one answer s", "in turn s", "batch s",
+               "batch / one", "same", "policies");
+    for (int di = 0; di < nd && !cli_interrupted && !rc; di++) {
+        int64_t d = depths[di];
+        if (run_rewind(r, 0, 0, err, sizeof err) || run_feed(r, toks, d, NULL, NULL, err, sizeof err)) {
+            cli_err("bench: %s", err);
+            rc = 1;
+            break;
+        }
+        double t[2];
+        for (int batch = 0; batch < 2 && !rc; batch++) {
+            run *fk[FWD_BATCH_MAX] = { 0 };
+            for (int s = 0; s < n_spec && !rc; s++)
+                if (!(fk[s] = run_fork(r, &ps[s], err, sizeof err))) rc = 1;
+            if (!rc && (t[batch] = compare_steps(r, fk, n_spec, batch, n_gen, batch ? both : alone, err, sizeof err)) < 0)
+                rc = 1;
+            for (int s = 0; s < n_spec; s++) run_free(fk[s]);
+        }
+        if (rc) {
+            cli_err("bench: %s", err);
+            break;
+        }
+        int same = !memcmp(alone, both, sizeof(int32_t) * (size_t)(n_spec * n_gen));
+        double one = t[0] / n_spec;
+        printf("%8lld %3d %12.3f %12.3f %12.3f %14.2f %6s   %s\n", (long long)d, n_spec, one, t[0], t[1], t[1] / one,
+               same ? "yes" : "NO", names);
+        fflush(stdout);
+        if (out) {
+            fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%d,%lld,%.4f,%.4f,%.4f,%.3f,%d\n", date, commit, machine,
+                    run_threads(r), base, (long long)d, names, n_spec, (long long)n_gen, one, t[0], t[1], t[1] / one,
+                    same);
+            fflush(out);
+        }
+    }
+    free(alone);
+    free(both);
+    return out ? close_csv(out, csv, rc) : rc;
 }
 
 /* Snapshot size and speed against prefill: per length and policy, prefill (timed), serialize,
@@ -578,7 +675,7 @@ static int bench_speed(run *r, const int64_t *depths, int nd, int64_t n_gen, con
 typedef struct bench_opts {
     const char *depths, *csv, *policy, *budget, *out;
     int64_t n_gen;
-    int snapshot, no_csv, page_size;
+    int snapshot, no_csv, page_size, compare;
 } bench_opts;
 
 #define B(field) offsetof(bench_opts, field)
@@ -591,6 +688,9 @@ static const opt_def bench_defs[] = {
     { "--page-size", NULL, OPT_INT, B(page_size), 1, 4096, NULL, 0, "P", "KV cache page size (default 32)", NULL },
     { "--snapshot", NULL, OPT_FLAG, B(snapshot), 0, 0, NULL, 0, NULL,
       "snapshot bytes and save / write / read / restore times against the prefill time", NULL },
+    { "--compare", NULL, OPT_FLAG, B(compare), 0, 0, NULL, 0, NULL,
+      "the --policy list (2 to 8 decode-time policies) decoded from one prefill as /compare does: one after "
+      "another, then in one batch (bench/compare_results.csv)", NULL },
     { "--csv", NULL, OPT_STR, B(csv), 0, 0, NULL, 0, "FILE", "rows appended here (default bench/results.csv, "
       "bench/policy_results.csv or bench/snapshot_results.csv)", NULL },
     { "--no-csv", NULL, OPT_FLAG, B(no_csv), 0, 0, NULL, 0, NULL, "no CSV", NULL },
@@ -608,7 +708,7 @@ int cmd_bench(int argc, char **argv)
         if (!strcmp(argv[i], "--synthetic")) return bench_synthetic(argc, argv);
     cli_opts o;
     cli_opts_init(&o);
-    bench_opts bo = { "512,2048,8192", "bench/results.csv", NULL, NULL, NULL, 32, 0, 0, 0 };
+    bench_opts bo = { "512,2048,8192", "bench/results.csv", NULL, NULL, NULL, 32, 0, 0, 0, 0 };
     opt_group grp[] = { { bench_defs, &bo, NULL }, CLI_MODEL(&o) };
     int pr = cli_parse(argc, argv, "kvchat bench [-m MODEL] [--ctx 512,2048,8192] [--gen N] [--policy LIST [--budget B]] "
                       "[options]",
@@ -632,6 +732,10 @@ int cmd_bench(int argc, char **argv)
     char specs[16][256];   /* every registered policy fits */
     int n_spec = 0;
     if (snapshot && !policy_list) policy_list = "full";
+    if (bo.compare && (!policy_list || snapshot || out_dir)) {
+        cli_err("bench: --compare needs --policy LIST (2 to 8 decode-time policies), without --snapshot or --out");
+        return 1;
+    }
     if (out_dir) {
         if (snapshot) {
             cli_err("bench: --out draws the per-policy figures; --snapshot writes its own CSV (--csv)");
@@ -655,7 +759,10 @@ int cmd_bench(int argc, char **argv)
             cli_err("bench: --policy: give 1 to 16 policies, e.g. full,chess:preset=aggressive,quest");
             return 1;
         }
-        if (csv && !strcmp(csv, "bench/results.csv")) csv = snapshot ? "bench/snapshot_results.csv" : "bench/policy_results.csv";
+        if (csv && !strcmp(csv, "bench/results.csv"))
+            csv = snapshot       ? "bench/snapshot_results.csv"
+                  : bo.compare ? "bench/compare_results.csv"
+                               : "bench/policy_results.csv";
     }
     /* the budget belongs to the listed policies, not to the session's own (full) one */
     const char *budget = bo.budget;
@@ -706,7 +813,9 @@ int cmd_bench(int argc, char **argv)
     cli_catch_stop_signals();
     run_set_abort(r, &cli_interrupted);
     int rc;
-    if (snapshot) {
+    if (bo.compare) {
+        rc = bench_compare(r, budget, specs, n_spec, depths, nd, n_gen, toks, csv, date, commit, machine, base);
+    } else if (snapshot) {
         rc = bench_snapshots(r, budget, specs, n_spec, depths, nd, toks, csv, date, commit, machine, base);
     } else if (n_spec > 0) {
         rc = bench_policies(r, budget, specs, n_spec, depths, nd, n_gen, toks, csv, date, commit, machine, base);

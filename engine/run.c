@@ -421,6 +421,49 @@ int run_decode_greedy(run *r, int32_t id, int32_t *next, char *err, size_t errle
     return rc;
 }
 
+int run_decode_greedy_batch(run *lead, run *const *rs, int n, int32_t *ids, char *err, size_t errlen)
+{
+    if (n < 1 || n > FWD_BATCH_MAX) {
+        snprintf(err, errlen, "a batch of %d sequences: 1 to %d", n, FWD_BATCH_MAX);
+        return RUN_EFAIL;
+    }
+    fwd_ctx *fs[FWD_BATCH_MAX];
+    float *logits[FWD_BATCH_MAX], val[FWD_BATCH_MAX];
+    int32_t best[FWD_BATCH_MAX];
+    be_pick picks[FWD_BATCH_MAX];
+    int pick = fwd_can_pick(lead->f), s = 0;
+    for (; s < n; s++) {
+        run *r = rs[s];
+        if (r->n_ids != fwd_pos(r->f)) {
+            snprintf(err, errlen, "%lld tokens wait to be evaluated before a decode step",
+                     (long long)(r->n_ids - fwd_pos(r->f)));
+            break;
+        }
+        if (run_append(r, &ids[s], 1, err, errlen)) break;
+        fs[s] = r->f;
+        logits[s] = r->logits;
+        picks[s] = (be_pick){ .k = 1, .penalty = 1.0f, .val = &val[s], .id = &best[s] };
+    }
+    double t0 = run_clock_s();
+    int rc = s < n ? RUN_EFAIL
+                   : fwd_decode_batch(lead->f, fs, n, ids, logits, pick ? picks : NULL, lead->abort_flag, err, errlen)
+                         ? eval_failed(lead, err, errlen)
+                         : RUN_OK;
+    double secs = run_clock_s() - t0;
+    for (int j = 0; j < s; j++) {
+        run *r = rs[j];
+        if (rc) {
+            r->n_ids--;
+            continue;
+        }
+        r->decoded++;
+        r->decode_s += secs;   /* the batch's time: its steps ran together */
+        /* as run_decode_greedy: every logit -inf gives samp_argmax's 0 */
+        ids[j] = pick ? (picks[j].n_out > 0 ? best[j] : 0) : samp_argmax(r->logits, r->m->hp.n_vocab);
+    }
+    return rc;
+}
+
 int run_rewind(run *r, int64_t pos, int64_t n_ids, char *err, size_t errlen)
 {
     int64_t len = fwd_pos(r->f);

@@ -87,6 +87,10 @@ int run_decode(run *r, int32_t id, char *err, size_t errlen);
 /* A greedy step: run_decode, and *next the argmax of its logits (samp_argmax's), which a backend
  * that picks finds where the logits are (run_logits is then not updated). */
 int run_decode_greedy(run *r, int32_t id, int32_t *next, char *err, size_t errlen);
+/* One greedy step of n runs at once (1 <= n <= FWD_BATCH_MAX; forks of lead, say): ids[s] appended to
+ * rs[s] and evaluated (fwd_decode_batch through lead's scratch), then replaced by the argmax
+ * run_decode_greedy would give. Each run's decoding figures count the batch's time. */
+int run_decode_greedy_batch(run *lead, run *const *rs, int n, int32_t *ids, char *err, size_t errlen);
 /* The cache goes back to pos and the sequence keeps its first n_ids ids (pos <= n_ids <= length;
  * those after pos wait for the next feed); what sliding-window layers no longer hold is evaluated
  * again. */

@@ -16,17 +16,19 @@
 #      with stage 0's f32 decode kernel (KVCHAT_CUDA_MMV=f32), with every product through cuBLAS
 #      (KVCHAT_CUDA_MMV=0), and the CPU on every core, one after the other; then the GPU under the
 #      op profiler (KVCHAT_PROFILE=1 and sync: where each op's time goes), and under Quest and
-#      CHESS (the waits a selection's decode step makes);
+#      CHESS (the waits a selection's decode step makes), and /compare's batched decode of three
+#      policies (kvchat bench --compare);
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also without
 #      the warm-up, with the f32 decode kernel, with the grouped kernel for prefill chunks, under the profiler, with
-#      and without Quest and CHESS, and full against CHESS aggressive at 32K).
+#      and without Quest and CHESS, /compare's batch, and full against CHESS aggressive at 32K).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
 # seconds, gpu_bench's and kvchat bench's figures, the peer's and kvchat / peer; written by
 # gpu-figures.sh beside this script), OUTDIR/results.csv (kvchat bench's own rows, for
 # bench/results.csv), OUTDIR/policy_results.csv (kvchat bench --policy's rows, for
-# bench/policy_results.csv), OUTDIR/kernels.csv (gpu_bench's own rows), OUTDIR/log.txt (every step's
+# bench/policy_results.csv), OUTDIR/compare_results.csv (kvchat bench --compare's rows, for
+# bench/compare_results.csv), OUTDIR/kernels.csv (gpu_bench's own rows), OUTDIR/log.txt (every step's
 # whole output). A step that fails or runs out of time is recorded and the next one runs. Without a GPU
 # (nvidia-smi finds none) the steps that write and time models are skipped: on the CPU they would
 # only spend the budget. Exit status: 0 when every step passed, 1 otherwise.
@@ -149,6 +151,18 @@ policy_steps() {
     done
 }
 
+# compare_step NAME MODEL CTX GEN: /compare's batched decode (kvchat bench --compare): three
+# policies from one prefill, one after another and then in one batch; stage 6's target is the
+# batch at most 1.5x one answer. Rows to OUTDIR/compare_results.csv, the table to the summary.
+compare_step() {
+    local name=$1 model=$2 ctx=$3 gen=$4
+    if step "compare $name full,quest,chess:preset=aggressive" 60 "$kv" bench -m "$model" --device cuda --compare \
+        --policy full,quest,chess:preset=aggressive --ctx "$ctx" --gen "$gen" --csv "$out/compare_results.csv"; then
+        say "  /compare, $name, $gen tokens each (target: batch / one at most 1.5):"
+        awk '/^ +ctx +n / { on = 1 } /^peak RSS/ { on = 0 } on && NF { print "    " $0 }' "$tmp/last" >>"$summary"
+    fi
+}
+
 # the table kvchat bench printed (its "depth" header and the rows after it)
 bench_table() {
     awk '/depth +prefill tok\/s/ { on = 1 } on && NF { print "    " $0 } /^peak RSS/ { on = 0 }' "$tmp/last" >>"$summary"
@@ -254,6 +268,7 @@ elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m 
     done
     profile_steps gemma3-270m "$gm" 2048 64
     policy_steps gemma3-270m "$gm" 2048 64
+    compare_step gemma3-270m "$gm" 2048,8192 32
     rm -f "$gm"
 fi
 
@@ -289,6 +304,7 @@ for type in q4_k_m f16; do
                 --csv "$tmp/bench.csv" && bench_table
             profile_steps mistral-7b-q4_k_m "$m" 2048 16
             policy_steps mistral-7b-q4_k_m "$m" 2048 16
+            compare_step mistral-7b-q4_k_m "$m" 2048 16
             # the issue's CHESS, Quest and SentKV targets at 32K: one prefill, then each policy's
             # decode from it
             if step "policy mistral-7b-q4_k_m full, chess:preset=aggressive, quest and sentkv at 32K" 150 "$kv" bench \

@@ -381,6 +381,39 @@ Test(cli, kvchat_warm_up_takes_0_or_1)
     unsetenv("KVCHAT_WARM_UP");
 }
 
+/* bench --compare decodes the listed policies one after another and in one batch: the same tokens
+ * both ways (its "same" column, and the CSV's), and one line for a list it cannot compare. */
+Test(cli, bench_compare_batches_the_policies_and_says_the_tokens_agree)
+{
+    static char out[1 << 16], errb[1 << 16];
+    char dir[] = "/tmp/kvchat_cmp_XXXXXX", args[1024], path[256];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/c.csv", dir);
+    snprintf(args, sizeof args, "bench -t 2 -m " TD "tiny/tiny-llama-q4_k_m.gguf --compare --policy "
+             "full,quest:budget=16,chess --ctx 48,96 --gen 12 --csv %s", path);
+    int st = run(args, out, sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(out, " yes ") && !strstr(out, " NO "), "%s", out);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no CSV at %s", path);
+    char line[1024];
+    int rows = 0;
+    cr_assert(fgets(line, sizeof line, f) && !strncmp(line, "date,commit", 11), "header: %s", line);
+    while (fgets(line, sizeof line, f)) {
+        rows++;
+        cr_expect(strstr(line, ",3,12,") && line[strlen(line) - 2] == '1', "row: %s", line);
+    }
+    fclose(f);
+    cr_expect_eq(rows, 2);
+    unlink(path);
+    rmdir(dir);
+    expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --compare --ctx 48", "--compare needs --policy");
+    expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --compare --policy full,snapkv --ctx 48 --no-csv",
+                          "decode-time policies");
+    expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --compare --policy full --ctx 48 --no-csv",
+                          "2 to 8");
+}
+
 /* ---------------------------------------------------------------- ask and policies */
 
 #define ASK "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p2.txt "
