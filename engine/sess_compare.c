@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/bytes.h"
 #include "engine/sess_store.h"
 #include "engine/sess_turns.h"
 #include "engine/tokenizer.h"
@@ -58,35 +59,15 @@ typedef struct column {
     int i, n;
     const char *policy;
     tok_stream ts;
-    char *text;
-    size_t len, cap;
+    bytes_w text;                /* its bytes, no terminator until the end (err: out of memory) */
     int64_t tokens;
-    int oom;
 } column;
-
-static void column_add(column *c, const char *p, size_t n)
-{
-    if (c->oom || !n) return;
-    if (c->len + n + 1 > c->cap) {
-        size_t nc = (c->len + n + 1) * 2;
-        char *nt = realloc(c->text, nc);
-        if (!nt) {
-            c->oom = 1;
-            return;
-        }
-        c->text = nt;
-        c->cap = nc;
-    }
-    memcpy(c->text + c->len, p, n);
-    c->len += n;
-    c->text[c->len] = 0;
-}
 
 static void column_token(void *ud, int32_t id)
 {
     column *c = ud;
     char piece[512];
-    column_add(c, piece, tok_stream_feed(&c->ts, id, piece, sizeof piece - 1));
+    bw_put(&c->text, piece, tok_stream_feed(&c->ts, id, piece, sizeof piece));
     c->tokens++;
     if (c->s->cb.column) c->s->cb.column(c->s->cb.ud, c->i, c->n, c->policy, c->tokens);
 }
@@ -121,8 +102,9 @@ static int answer_columns(session *s, int n_spec, char specs[8][256], sess_compa
     double secs = run_clock_s() - t0;
     for (int i = 0; i < n_spec && !rc; i++) {
         char piece[512];
-        column_add(&col[i], piece, tok_stream_flush(&col[i].ts, piece, sizeof piece - 1));
-        if (col[i].oom) {
+        bw_put(&col[i].text, piece, tok_stream_flush(&col[i].ts, piece, sizeof piece));
+        bw_put(&col[i].text, "", 1);
+        if (col[i].text.err) {
             rc = sess_fail(s, SESS_EFAIL, "out of memory");
             break;
         }
@@ -130,17 +112,16 @@ static int answer_columns(session *s, int n_spec, char specs[8][256], sess_compa
         run_get_figures(fk[i], &fg);
         sess_compared *c = &out[(*n_out)++];
         snprintf(c->policy, sizeof c->policy, "%.250s", specs[i]);
-        c->text = col[i].text ? col[i].text : strdup("");
-        col[i].text = NULL;
+        c->text = (char *)col[i].text.p;   /* the caller frees it */
+        col[i].text = (bytes_w){ 0 };
         c->n_tokens = gr[i].n_gen;
         c->seconds = secs;
         c->pages_per_step = fg.pages_per_step;
         c->kv_read_per_step = fg.kv_read_per_step;
         c->events = gr[i].events;
-        if (!c->text) rc = sess_fail(s, SESS_EFAIL, "out of memory");
     }
     for (int i = 0; i < n_spec; i++) {
-        free(col[i].text);
+        bw_free(&col[i].text);
         run_free(fk[i]);
     }
     return rc;

@@ -21,7 +21,7 @@ static run *open_run_warm(const char *path, const char *spec, int warm_up, int n
 static run *open_run(const char *path, const char *spec) { return open_run_warm(path, spec, 0, 0); }
 
 /* warm_up as run_config's (0: none on the CPU), n_batch the prefill chunk (0: 512) */
-static run *open_run_warm(const char *path, const char *spec, int warm_up, int n_batch)
+static run_config test_config(const char *path, int warm_up, int n_batch)
 {
     run_config c;
     memset(&c, 0, sizeof c);
@@ -34,6 +34,12 @@ static run *open_run_warm(const char *path, const char *spec, int warm_up, int n
     c.sp.temperature = 0;
     c.warm_up = warm_up;
     c.n_batch = n_batch;
+    return c;
+}
+
+static run *open_run_warm(const char *path, const char *spec, int warm_up, int n_batch)
+{
+    run_config c = test_config(path, warm_up, n_batch);
     char err[600];
     if (spec) cr_assert(pol_parse(&c.policy, spec, NULL, err, sizeof err) == 0, "%s", err);
     run *r = run_create(&c, err, sizeof err);
@@ -355,29 +361,11 @@ Test(run, a_warm_up_at_load_leaves_no_trace)
 
 /* ---- answers of forks in one batch (run_fork, run_answer_batch) */
 
-typedef struct answer_rec {
-    int32_t ids[200];
-    int n;
-} answer_rec;
-
-static void rec_token(void *ud, int32_t id)
-{
-    answer_rec *a = ud;
-    if (a->n < 200) a->ids[a->n++] = id;
-}
-
 /* A run whose sampling draws (seeded) and whose thresholds make pages cross (so answers go back and
  * generate pages again), fed a prompt. */
 static run *sampling_run(const char *path, int64_t n_prompt)
 {
-    run_config c;
-    memset(&c, 0, sizeof c);
-    c.model_path = path;
-    c.device = BE_DEVICE_CPU;
-    c.n_threads = 2;
-    c.n_ctx = 2048;
-    c.page_size = 8;
-    c.sp = samp_params_default();
+    run_config c = test_config(path, 0, 0);
     c.sp.temperature = 1.2f;
     c.sp.seed = 7;
     c.thr.valid = 1;
@@ -401,7 +389,7 @@ static void batch_equals_alone(const char *path, const char *const *specs, int n
     float *l0 = copy_logits(r);
     const char *stops[] = { "zq" };   /* a stop the random models may write */
     run_answer_opts o[FWD_BATCH_MAX];
-    answer_rec alone[FWD_BATCH_MAX], both[FWD_BATCH_MAX];
+    tokens alone[FWD_BATCH_MAX], both[FWD_BATCH_MAX];
     gen_result ra[FWD_BATCH_MAX], rb[FWD_BATCH_MAX];
     int events = 0, regen = 0, lens = 0;
     for (int s = 0; s < n; s++) {
@@ -412,7 +400,7 @@ static void batch_equals_alone(const char *path, const char *const *specs, int n
         /* the answers end at steps of their own */
         o[s] = (run_answer_opts){ 24 + 4 * s, 0, 2, 1, 1, stops, 1 };
         alone[s].n = 0;
-        gen_callbacks cb = { &alone[s], rec_token, NULL, NULL };
+        gen_callbacks cb = { &alone[s], keep_token, NULL, NULL };
         cr_assert(run_answer(f, &o[s], &cb, &ra[s], err, sizeof err) == RUN_OK, "%s", err);
         run_free(f);
     }
@@ -423,12 +411,12 @@ static void batch_equals_alone(const char *path, const char *const *specs, int n
         cr_assert(pol_parse(&ps, specs[s], NULL, err, sizeof err) == 0, "%s", err);
         cr_assert(fk[s] = run_fork(r, &ps, err, sizeof err), "%s", err);
         both[s].n = 0;
-        cbs[s] = (gen_callbacks){ &both[s], rec_token, NULL, NULL };
+        cbs[s] = (gen_callbacks){ &both[s], keep_token, NULL, NULL };
     }
     cr_assert(run_answer_batch(r, fk, n, o, cbs, rb, err, sizeof err) == RUN_OK, "%s", err);
     for (int s = 0; s < n; s++) {
         int k = alone[s].n;
-        cr_expect(both[s].n == k && !memcmp(both[s].ids, alone[s].ids, sizeof(int32_t) * (size_t)k),
+        cr_expect(both[s].n == k && !memcmp(both[s].v, alone[s].v, sizeof(int32_t) * (size_t)k),
                   "%s under %s: the batch's answer is not the one alone (%d and %d tokens)", path, specs[s], both[s].n, k);
         cr_expect(rb[s].n_gen == ra[s].n_gen && rb[s].events == ra[s].events && rb[s].regenerated == ra[s].regenerated &&
                       rb[s].stop == ra[s].stop && rb[s].n_decoded == ra[s].n_decoded,
