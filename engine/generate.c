@@ -422,7 +422,7 @@ int gen_answer(const gen_ctx *c, const gen_opts *o, const gen_callbacks *cb, gen
 }
 
 int gen_answer_batch(fwd_ctx *lead, const gen_ctx *cs, int n, const gen_opts *os, const gen_callbacks *cbs,
-                     gen_result *res, char *err, size_t errlen)
+                     gen_result *res, volatile sig_atomic_t *abort_flag, char *err, size_t errlen)
 {
     if (n < 1 || n > FWD_BATCH_MAX) {
         snprintf(err, errlen, "a batch of %d answers: 1 to %d", n, FWD_BATCH_MAX);
@@ -444,7 +444,11 @@ int gen_answer_batch(fwd_ctx *lead, const gen_ctx *cs, int n, const gen_opts *os
         int who[FWD_BATCH_MAX], nb = 0, pick = fwd_can_pick(lead);
         for (int s = 0; s < n; s++) {
             if (!live[s]) continue;
-            if (advance(&g[s])) {
+            int r = advance(&g[s]);
+            /* its own flag raised since (a callback stopping it): its step would fail at once, an
+             * interrupt, as gen_answer's does */
+            if (!r && cs[s].abort_flag && *cs[s].abort_flag && (r = step_done(&g[s], -1, 0)) < 0) g[s].rc = -1;
+            if (r) {
                 live[s] = 0;
                 if (g[s].rc) rc = -1;
                 continue;
@@ -456,11 +460,12 @@ int gen_answer_batch(fwd_ctx *lead, const gen_ctx *cs, int n, const gen_opts *os
             who[nb++] = s;
         }
         if (!nb || rc) break;
-        int sr = fwd_decode_batch(lead, fs, nb, ids, logits, pick ? picks : NULL, cs[who[0]].abort_flag, err, errlen);
+        int sr = fwd_decode_batch(lead, fs, nb, ids, logits, pick ? picks : NULL, abort_flag, err, errlen);
+        int stopped = sr && abort_flag && *abort_flag;   /* the batch's flag: an interrupt for every answer */
         for (int j = 0; j < nb; j++) {
             gen_state *q = &g[who[j]];
             if (pick) q->pk = picks[j];   /* its answers (into q's own arrays) */
-            int r = step_done(q, sr, pick);
+            int r = stopped ? (q->res->stop = GEN_STOP_INTERRUPT, 1) : step_done(q, sr, pick);
             if (r) {
                 q->rc = r < 0 ? -1 : 0;
                 live[who[j]] = 0;

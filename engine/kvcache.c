@@ -99,12 +99,8 @@ void kv_free(kv_cache *kv)
                 kv_stream *S = &kv->layers[il].heads[h];
                 for (int i = 0; i < S->n; i++) {
                     kv_page *p = S->pages[i];
-                    if (p->holders > 1) {   /* a fork still holds it: it goes when the fork lets go */
-                        p->holders--;
-                        if (p->home == kv) p->home = NULL;
-                    } else {
-                        free(p);
-                    }
+                    if (p->holders > 1) p->holders--;   /* another cache still holds it: it goes with that one */
+                    else free(p);
                 }
                 free(S->pages);
             }
@@ -181,25 +177,16 @@ kv_page *kv_page_new(kv_cache *kv)
     }
     page_reset(kv, p);
     p->holders = 1;
-    p->home = kv;
     return p;
 }
 
 static void page_release(kv_cache *kv, kv_page *p)
 {
-    if (p->holders > 1) {   /* another cache still holds it (kv_fork): its memory stays */
-        p->holders--;
-        if (p->home == kv) {
-            account(kv, -(int64_t)kv->page_bytes);
-            p->home = NULL;
-        }
-        return;
-    }
-    if (p->home != kv) {   /* borrowed from a cache that let it go first: in no pool, counted nowhere */
-        free(p);
-        return;
-    }
     account(kv, -(int64_t)kv->page_bytes);
+    if (p->holders > 1) {   /* another cache still holds it (kv_fork): it stays */
+        p->holders--;
+        return;
+    }
     if (kv->n_free < FREE_LIST_MAX) {
         kv->free_list[kv->n_free++] = p;   /* kept for reuse: counted in bytes_pooled, not as held */
         return;
@@ -255,10 +242,11 @@ kv_cache *kv_fork(const kv_cache *src, char *err, size_t errlen)
                     return NULL;
                 }
                 S->pages[i]->holders++;
+                account(kv, (int64_t)kv->page_bytes);   /* held here too: the figures of a copy */
             }
         }
     }
-    kv->peak = kv->bytes;
+    kv->peak = src->peak > kv->bytes ? src->peak : kv->bytes;
     return kv;
 }
 
@@ -270,8 +258,13 @@ static kv_page *own_page(kv_cache *kv, int il, int h, int i)
     kv_stream *L = &kv->layers[il].heads[h];
     kv_page *p = L->pages[i];
     if (p->holders == 1) return p;
+    /* the copy takes the shared page's place in this cache's figures (no peak of both) */
+    account(kv, -(int64_t)kv->page_bytes);
     kv_page *c = kv_page_new(kv);
-    if (!c) return NULL;
+    if (!c) {
+        account(kv, (int64_t)kv->page_bytes);
+        return NULL;
+    }
     size_t R = (size_t)kv->row_dim, n = (size_t)p->n;
     memcpy(c->k, p->k, n * R * sizeof(uint16_t));
     memcpy(c->v, p->v, n * R * sizeof(uint16_t));
@@ -284,7 +277,7 @@ static kv_page *own_page(kv_cache *kv, int il, int h, int i)
     c->merged = p->merged;
     L->pages[i] = c;   /* same tokens, another page: the table's shape changes */
     reshape(kv, il);
-    page_release(kv, p);
+    p->holders--;   /* another cache still holds it; this one no longer counts it */
     return c;
 }
 

@@ -17,8 +17,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct kv_cache;
-
 typedef struct kv_page {
     uint16_t *k, *v;       /* [page_size][head_dim] f16 */
     int32_t *pos;          /* [page_size] position of each token */
@@ -29,8 +27,6 @@ typedef struct kv_page {
     int32_t merged;        /* 1 when some logdeg is nonzero */
     uint64_t gen;          /* content generation (be_kv_page.gen): new when rows below n change */
     int32_t holders;       /* page tables holding it: more than 1 once a fork shares it (kv_fork) */
-    const struct kv_cache *home;   /* the cache whose pool and byte count it belongs to (NULL: none,
-                                      once that cache let it go while a fork still held it) */
 } kv_page;
 
 typedef struct kv_cache kv_cache;
@@ -41,9 +37,11 @@ kv_cache *kv_create(int n_layer, int64_t n_ctx, int n_head_kv, int64_t head_dim,
 void kv_free(kv_cache *kv);
 /* A second cache holding what src holds, sharing its pages: a page is copied the first time either
  * cache would change it in place (an append into a shared last page, a rewind into one), so each
- * goes on as if it had its own copy and neither sees the other's changes. A fork counts only the
- * pages it allocated (its bytes_resident starts near 0). Either may be freed first. What answering
- * several policies from one cache uses (sess_compare). NULL with a message when out of memory. */
+ * goes on as if it had its own copy and neither sees the other's changes. Each cache's figures
+ * count every page its tables hold, shared ones too (a fork's are a copy's, its peak beginning at
+ * its source's; the process holds a shared page once). Either may be freed first. What answering
+ * several policies from one cache uses (sess_compare, kvchat eval --batch). NULL with a message
+ * when out of memory. */
 kv_cache *kv_fork(const kv_cache *src, char *err, size_t errlen);
 
 int kv_n_layer(const kv_cache *kv);

@@ -249,6 +249,10 @@ run *run_sibling(run *o, char *err, size_t errlen)
     return r;
 }
 
+/* A fork's prefill chunk: it decodes, and reads at most a follow-up question (kvchat eval --batch);
+ * its logits rows (as many) stay few. */
+#define RUN_FORK_CHUNK 8
+
 run *run_fork(run *o, const pol_spec *spec, char *err, size_t errlen)
 {
     run *r = calloc(1, sizeof *r);
@@ -265,7 +269,7 @@ run *run_fork(run *o, const pol_spec *spec, char *err, size_t errlen)
     r->question = o->question;
     r->abort_flag = o->abort_flag == &o->never ? &r->never : o->abort_flag;
     int bad = (o->head_sim && load_head_similarity(r)) || ids_reserve(r, o->n_ids > 0 ? o->n_ids : 1) ? oom(err, errlen)
-              : !(r->f = fwd_fork(o->f, 1, err, errlen))                                            ? RUN_EFAIL
+              : !(r->f = fwd_fork(o->f, RUN_FORK_CHUNK, err, errlen))                                            ? RUN_EFAIL
                                                                                                      : open_answering(r, err, errlen);
     if (!bad) {
         memcpy(r->ids, o->ids, sizeof(int32_t) * (size_t)o->n_ids);
@@ -584,7 +588,7 @@ int run_answer_batch(run *lead, run *const *rs, int n, const run_answer_opts *os
             return RUN_EFAIL;
     }
     double t0 = run_clock_s();
-    int bad = gen_answer_batch(lead->f, g, n, go, wrap, res, err, errlen);
+    int bad = gen_answer_batch(lead->f, g, n, go, wrap, res, lead->abort_flag, err, errlen);
     double secs = run_clock_s() - t0;
     int rc = bad ? RUN_EFAIL : RUN_OK;
     for (int s = 0; s < n; s++) {

@@ -121,8 +121,8 @@ int run_answer(run *r, const run_answer_opts *o, const gen_callbacks *cb, gen_re
                size_t errlen);
 /* Answers of n runs at once (1 <= n <= FWD_BATCH_MAX; forks of lead, say), each as run_answer(rs[s],
  * &os[s], &cbs[s], &res[s]) would give it alone, their decode steps batched through lead's scratch
- * (gen_answer_batch; lead's own cache is not touched). cbs may be NULL. Each run's decode time is
- * the batch's. */
+ * (gen_answer_batch; lead's own cache is not touched; each run stops at its own abort flag, and
+ * lead's stops them all). cbs may be NULL. Each run's decode time is the batch's. */
 int run_answer_batch(run *lead, run *const *rs, int n, const run_answer_opts *os, const gen_callbacks *cbs,
                      gen_result *res, char *err, size_t errlen);
 /* Regenerations per answer a policy calls for: 2 when the decode policy keeps a selection it can

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "app/eval/evalres.h"
 #include "common/quant.h"
 #include "common/text.h"
 #include "engine/gguf.h"
@@ -686,6 +687,51 @@ Test(cli, eval_passkey_runs_every_configuration)
     cr_expect(strstr(out, "| passkey | 400 | chess:rebuild=event | 0.5 | 0 | 2 |"), "%s", out);
     cr_expect(!strstr(out, "| full | 0.3"), "full has no budget and runs once: %s", out);
     expect_one_line_error("eval -m " TD "tiny/tiny-llama-f16.gguf --task nope", "unknown task 'nope'");
+}
+
+/* eval --batch answers a sample's decode-time configurations together (forks of one prefill): every
+ * row's answer, score, tokens and KV held are those of the run one configuration at a time,
+ * multi-turn (each fork's later questions on its own cache) and a prefill policy (alone) included. */
+Test(cli, eval_batch_gives_the_rows_of_one_configuration_at_a_time)
+{
+    static char out[1 << 16], errb[1 << 16];
+    char dir[] = "/tmp/kvchat_evb_XXXXXX", args[1024], path[2][256];
+    cr_assert(mkdtemp(dir));
+    eval_recs rs[2] = { { 0 } };
+    for (int b = 0; b < 2; b++) {
+        snprintf(path[b], sizeof path[b], "%s/%d.csv", dir, b);
+        snprintf(args, sizeof args, "eval -m " TD "tiny/tiny-llama-f16.gguf --task passkey,multiturn --ctx 400 "
+                 "--samples 2 -n 8 --policy full,chess,quest:budget=64,streaming:budget=64,snapkv:budget=0.5 "
+                 "--backtrack 0,2 --csv %s%s", path[b], b ? " --batch" : "");
+        int st = run(args, out, sizeof out, errb, sizeof errb);
+        cr_assert_eq(st, 0, "stderr: %s", errb);
+        char err[256];
+        cr_assert(evalres_read(path[b], &rs[b], err, sizeof err) == 0, "%s", err);
+    }
+    cr_assert(rs[0].n == rs[1].n && rs[0].n > 60, "%zu and %zu rows", rs[0].n, rs[1].n);
+    size_t matched = 0;
+    for (size_t i = 0; i < rs[0].n; i++) {
+        const eval_rec *a = &rs[0].v[i];
+        for (size_t j = 0; j < rs[1].n; j++) {
+            const eval_rec *c = &rs[1].v[j];
+            if (strcmp(a->task, c->task) || a->sample != c->sample || a->turn != c->turn || strcmp(a->policy, c->policy) ||
+                strcmp(a->budget, c->budget) || a->backtrack != c->backtrack)
+                continue;
+            matched++;
+            cr_expect(!strcmp(a->answer, c->answer) && a->correct == c->correct && a->answer_tokens == c->answer_tokens &&
+                          a->kv_bytes == c->kv_bytes && !strcmp(a->status, c->status),
+                      "%s #%d turn %d %s/%d: '%s' (%lld tokens, %llu bytes) one at a time, '%s' (%lld, %llu) batched",
+                      a->task, a->sample, a->turn, a->policy, a->backtrack, a->answer, (long long)a->answer_tokens,
+                      (unsigned long long)a->kv_bytes, c->answer, (long long)c->answer_tokens,
+                      (unsigned long long)c->kv_bytes);
+        }
+    }
+    cr_expect_eq(matched, rs[0].n);
+    for (int b = 0; b < 2; b++) {
+        evalres_free(&rs[b]);
+        unlink(path[b]);
+    }
+    rmdir(dir);
 }
 
 /* ------------------------------------------------------------------ sessions in the store */

@@ -361,6 +361,21 @@ Test(run, a_warm_up_at_load_leaves_no_trace)
 
 /* ---- answers of forks in one batch (run_fork, run_answer_batch) */
 
+/* An answer's tokens and its own stop flag, raised once it has `at` tokens (0: never), as eval
+ * stops an answer at its line's end. */
+typedef struct stopper {
+    tokens t;
+    volatile sig_atomic_t flag;
+    int at;
+} stopper;
+
+static void stop_token(void *ud, int32_t id)
+{
+    stopper *p = ud;
+    keep_token(&p->t, id);
+    if (p->at && p->t.n >= p->at) p->flag = 1;
+}
+
 /* A run whose sampling draws (seeded) and whose thresholds make pages cross (so answers go back and
  * generate pages again), fed a prompt. */
 static run *sampling_run(const char *path, int64_t n_prompt)
@@ -389,19 +404,22 @@ static void batch_equals_alone(const char *path, const char *const *specs, int n
     float *l0 = copy_logits(r);
     const char *stops[] = { "zq" };   /* a stop the random models may write */
     run_answer_opts o[FWD_BATCH_MAX];
-    tokens alone[FWD_BATCH_MAX], both[FWD_BATCH_MAX];
+    stopper alone[FWD_BATCH_MAX], both[FWD_BATCH_MAX];
     gen_result ra[FWD_BATCH_MAX], rb[FWD_BATCH_MAX];
-    int events = 0, regen = 0, lens = 0;
+    int events = 0, regen = 0, lens = 0, stopped = 0;
+    int64_t end[FWD_BATCH_MAX];
     for (int s = 0; s < n; s++) {
         pol_spec ps;
         cr_assert(pol_parse(&ps, specs[s], NULL, err, sizeof err) == 0, "%s", err);
         run *f = run_fork(r, &ps, err, sizeof err);
         cr_assert(f, "%s", err);
         /* the answers end at steps of their own */
-        o[s] = (run_answer_opts){ 24 + 4 * s, 0, 2, 1, 1, stops, 1 };
-        alone[s].n = 0;
-        gen_callbacks cb = { &alone[s], keep_token, NULL, NULL };
+        o[s] = (run_answer_opts){ 24 + 4 * s, 1, 2, 1, 1, stops, 1 };   /* kept, as eval's */
+        alone[s] = (stopper){ .at = s % 2 ? 9 + 2 * s : 0 };   /* every other one stopped by its own flag */
+        run_set_abort(f, &alone[s].flag);
+        gen_callbacks cb = { &alone[s], stop_token, NULL, NULL };
         cr_assert(run_answer(f, &o[s], &cb, &ra[s], err, sizeof err) == RUN_OK, "%s", err);
+        end[s] = run_pos(f);
         run_free(f);
     }
     run *fk[FWD_BATCH_MAX];
@@ -410,14 +428,17 @@ static void batch_equals_alone(const char *path, const char *const *specs, int n
         pol_spec ps;
         cr_assert(pol_parse(&ps, specs[s], NULL, err, sizeof err) == 0, "%s", err);
         cr_assert(fk[s] = run_fork(r, &ps, err, sizeof err), "%s", err);
-        both[s].n = 0;
-        cbs[s] = (gen_callbacks){ &both[s], keep_token, NULL, NULL };
+        both[s] = (stopper){ .at = alone[s].at };
+        run_set_abort(fk[s], &both[s].flag);
+        cbs[s] = (gen_callbacks){ &both[s], stop_token, NULL, NULL };
     }
     cr_assert(run_answer_batch(r, fk, n, o, cbs, rb, err, sizeof err) == RUN_OK, "%s", err);
     for (int s = 0; s < n; s++) {
-        int k = alone[s].n;
-        cr_expect(both[s].n == k && !memcmp(both[s].v, alone[s].v, sizeof(int32_t) * (size_t)k),
-                  "%s under %s: the batch's answer is not the one alone (%d and %d tokens)", path, specs[s], both[s].n, k);
+        int k = alone[s].t.n;
+        cr_expect(both[s].t.n == k && !memcmp(both[s].t.v, alone[s].t.v, sizeof(int32_t) * (size_t)k),
+                  "%s under %s: the batch's answer is not the one alone (%d and %d tokens)", path, specs[s],
+                  both[s].t.n, k);
+        if (alone[s].at) stopped += ra[s].stop == GEN_STOP_INTERRUPT;
         cr_expect(rb[s].n_gen == ra[s].n_gen && rb[s].events == ra[s].events && rb[s].regenerated == ra[s].regenerated &&
                       rb[s].stop == ra[s].stop && rb[s].n_decoded == ra[s].n_decoded,
                   "%s under %s: the results differ (%lld/%lld tokens, %d/%d events, %d/%d again, %lld/%lld steps)", path,
@@ -426,11 +447,12 @@ static void batch_equals_alone(const char *path, const char *const *specs, int n
         events += ra[s].events;
         regen += ra[s].regenerated;
         lens += ra[s].n_gen;
-        cr_expect_eq(run_pos(fk[s]), pos0, "a side answer leaves its fork where it began");
+        cr_expect_eq(run_pos(fk[s]), end[s], "the batch left fork %d's cache elsewhere", s);
         run_free(fk[s]);
     }
     cr_expect(regen > 0 && events > 0 && lens > 20, "%s: %d events, %d pages again, %d tokens: nothing went back",
               path, events, regen, lens);
+    cr_expect(stopped > 0, "%s: no answer was stopped by its own flag", path);
     cr_expect_eq(run_pos(r), pos0, "the forked run moved");
     cr_expect(same_logits(r, l0), "the forked run's logits changed");
     free(l0);

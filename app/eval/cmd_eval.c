@@ -105,6 +105,7 @@ typedef struct ev {
     const eval_cfg *attached;   /* the configuration of the run (NULL: none, full attention) */
     int chat;             /* the model has a chat template */
     int shared;           /* the full-cache prefill of the current prompt is in the cache */
+    int batch;            /* --batch: decode-time configurations of a sample answer together */
     FILE *out;
     eval_recs recs;
     progress pg;
@@ -185,17 +186,17 @@ static int prefill(ev *E, const int32_t *ids, size_t n, int own, double *secs)
         if (!own) memcpy(E->shared_logits, run_logits(r), sizeof(float) * (size_t)E->nv);
     }
     if (!own) {
-        if (run_adopt_policy(r, &E->attached->spec, E->err, sizeof E->err)) return -1;
+        if (E->attached && run_adopt_policy(r, &E->attached->spec, E->err, sizeof E->err)) return -1;
         run_set_logits(r, E->shared_logits);
     }
     *secs = cli_now() - t0;
     return 0;
 }
 
-static void kv_figures(ev *E, eval_rec *rec)
+static void kv_figures(const run *r, eval_rec *rec)
 {
     run_figures fg;
-    run_get_figures(E->r, &fg);
+    run_get_figures(r, &fg);
     rec->kv_bytes = fg.kv_held;
     rec->kv_peak = fg.kv_peak;
     rec->kv_full = fg.kv_full;
@@ -211,16 +212,22 @@ static int record(ev *E, const eval_rec *r)
     return 0;
 }
 
-/* Answer up to n_predict tokens after the prompt in the cache (R regenerations per answer; -1: the
- * policy's own); E->stop ends it (a line's end, Ctrl-C). */
-static int answer(ev *E, int R, int64_t n_predict, int stop_at_line, answer_buf *ab, gen_result *gr)
+/* An answer's buffer, its stop flag raised at its line's end (multi-turn) or on Ctrl-C. */
+static void answer_start(ev *E, answer_buf *ab, int stop_at_line, volatile sig_atomic_t *stop)
 {
     memset(ab, 0, sizeof *ab);
     tok_stream_init(&ab->ts, E->m->vocab);
     ab->line_end = -1;
     ab->stop_at_line = stop_at_line;
-    ab->stop = &E->stop;
-    E->stop = 0;
+    ab->stop = stop;
+    *stop = 0;
+}
+
+/* Answer up to n_predict tokens after the prompt in the cache (R regenerations per answer; -1: the
+ * policy's own); E->stop ends it (a line's end, Ctrl-C). */
+static int answer(ev *E, int R, int64_t n_predict, int stop_at_line, answer_buf *ab, gen_result *gr)
+{
+    answer_start(E, ab, stop_at_line, &E->stop);
     run_answer_opts ao = { n_predict, 1, R, 1, 0, NULL, 0 };
     gen_callbacks cb = { ab, on_token, NULL, NULL };
     run_set_abort(E->r, &E->stop);
@@ -345,7 +352,7 @@ static int eval_control(ev *E, item_ctx *I)
         }
         r.seconds = cli_now() - t0;
         r.control = -1;
-        kv_figures(E, &r);
+        kv_figures(E->r, &r);
         I->control[q] = r.correct;
         if (record(E, &r)) return -1;
         if (cli_interrupted) return -1;
@@ -354,23 +361,63 @@ static int eval_control(ev *E, item_ctx *I)
 }
 
 /* One configuration on one sample: every question (turn) of it, or the teacher-forced continuation. */
+/* A record of configuration cfg's turn q. */
+static void rec_config(const item_ctx *I, int q, const eval_cfg *cfg, eval_rec *r)
+{
+    rec_base(I, q, r);
+    snprintf(r->policy, sizeof r->policy, "%s", cfg->policy);
+    snprintf(r->budget, sizeof r->budget, "%s", cfg->budget);
+    r->backtrack = cfg->backtrack;
+}
+
+/* This budget cannot work at this length (why in E->err): said in the rows. 0, or -1. */
+static int refused(ev *E, const item_ctx *I, const eval_cfg *cfg)
+{
+    for (int q = 0; q < I->it->n_q; q++) {
+        eval_rec r;
+        rec_config(I, q, cfg, &r);
+        snprintf(r.status, sizeof r.status, "refused: %.80s", E->err);
+        if (record(E, &r)) return -1;
+    }
+    return 0;
+}
+
+/* The answer of turn q into its record; the cache then keeps the answer's line (multi-turn), not
+ * the token that ended it (nor what a backtracking page generated past it): the next question
+ * follows what the cache holds (an answer cut at its length leaves its last token out). pos0: where
+ * the answer began. 0, or -1. */
+static int answered(ev *E, const item_ctx *I, run *r, int q, int64_t pos0, const answer_buf *ab, const gen_result *gr,
+                    eval_rec *rec)
+{
+    rec->correct = task_check(I->it, q, ab->text);
+    rec->answer_tokens = gr->n_gen;
+    snprintf(rec->answer, sizeof rec->answer, "%.255s", ab->text);
+    if (q + 1 >= I->it->n_q) return 0;
+    int64_t keep = pos0 + (ab->line_end >= 0 ? ab->line_end : gr->n_gen);
+    if (keep > run_pos(r)) keep = run_pos(r);
+    return run_rewind(r, keep, keep, E->err, sizeof E->err) ? -1 : 0;
+}
+
+/* The next question (turn q > 0) on the cache the earlier turns left; its evaluation's seconds. */
+static int next_question(ev *E, const item_ctx *I, run *r, int q, double *secs)
+{
+    int32_t *next = NULL;
+    size_t nn = 0;
+    if (prompt_continue(E->m, E->chat, I->it->question[q], &next, &nn, E->err, sizeof E->err)) return -1;
+    double t1 = cli_now();
+    run_set_question(r, (int64_t)nn);
+    int bad = run_feed(r, next, (int64_t)nn, NULL, NULL, E->err, sizeof E->err);
+    *secs = cli_now() - t1;
+    free(next);
+    return bad ? -1 : 0;
+}
+
 static int eval_config(ev *E, item_ctx *I, const eval_cfg *cfg)
 {
     const task_item *it = I->it;
     int rc = attach(E, cfg, (int64_t)I->n_ids);
     if (rc < 0) return -1;
-    if (rc > 0) {   /* this budget cannot work at this length: say so in the rows, go on */
-        for (int q = 0; q < it->n_q; q++) {
-            eval_rec r;
-            rec_base(I, q, &r);
-            snprintf(r.policy, sizeof r.policy, "%s", cfg->policy);
-            snprintf(r.budget, sizeof r.budget, "%s", cfg->budget);
-            r.backtrack = cfg->backtrack;
-            snprintf(r.status, sizeof r.status, "refused: %.80s", E->err);
-            if (record(E, &r)) return -1;
-        }
-        return 0;
-    }
+    if (rc > 0) return refused(E, I, cfg);   /* this budget cannot work at this length: go on */
     double pf_s;
     run_set_question(E->r, I->n_question);   /* the task-aware policies probe with the question */
     if (prefill(E, I->ids, I->n_ids, cfg->has_prefill, &pf_s)) return -1;
@@ -378,23 +425,11 @@ static int eval_config(ev *E, item_ctx *I, const eval_cfg *cfg)
     run_reset_sampler(E->r);
     for (int q = 0; q < it->n_q; q++) {
         eval_rec r;
-        rec_base(I, q, &r);
-        snprintf(r.policy, sizeof r.policy, "%s", cfg->policy);
-        snprintf(r.budget, sizeof r.budget, "%s", cfg->budget);
-        r.backtrack = cfg->backtrack;
+        rec_config(I, q, cfg, &r);
         r.prefill_s = q == 0 ? pf_s : 0;
         double t0 = cli_now();
         if (q > 0) {
-            /* the next question on the cache the earlier turns left */
-            int32_t *next = NULL;
-            size_t nn = 0;
-            if (prompt_continue(E->m, E->chat, it->question[q], &next, &nn, E->err, sizeof E->err)) return -1;
-            double t1 = cli_now();
-            run_set_question(E->r, (int64_t)nn);
-            int bad = run_feed(E->r, next, (int64_t)nn, NULL, NULL, E->err, sizeof E->err);
-            r.prefill_s = cli_now() - t1;
-            free(next);
-            if (bad) return -1;
+            if (next_question(E, I, E->r, q, &r.prefill_s)) return -1;
             pos0 = run_pos(E->r);
         }
         if (it->kind == TASK_LOGLIK) {
@@ -410,24 +445,73 @@ static int eval_config(ev *E, item_ctx *I, const eval_cfg *cfg)
             double t1 = cli_now();
             if (answer(E, cfg->backtrack, I->n_predict, it->n_q > 1, &ab, &gr)) return -1;
             r.decode_s = cli_now() - t1;
-            if (cli_interrupted) return -1;
-            r.correct = task_check(it, q, ab.text);
-            r.answer_tokens = gr.n_gen;
-            snprintf(r.answer, sizeof r.answer, "%.255s", ab.text);
-            if (q + 1 < it->n_q) {
-                /* the cache keeps the answer's line, not the token that ended it (nor what a
-                 * backtracking page generated past it); the next question follows what the cache
-                 * holds (an answer cut at its length leaves its last token out) */
-                int64_t keep = pos0 + (ab.line_end >= 0 ? ab.line_end : gr.n_gen);
-                if (keep > run_pos(E->r)) keep = run_pos(E->r);
-                if (run_rewind(E->r, keep, keep, E->err, sizeof E->err)) return -1;
-            }
+            if (cli_interrupted || answered(E, I, E->r, q, pos0, &ab, &gr, &r)) return -1;
         }
         r.seconds = cli_now() - t0 + (q == 0 ? pf_s : 0);
-        kv_figures(E, &r);
+        kv_figures(E->r, &r);
         if (record(E, &r)) return -1;
     }
     return 0;
+}
+
+/* --batch: n decode-time configurations of one sample (not ppl) from one shared prefill, a fork of
+ * the cache each (run_fork: pages shared, the policy adopting the prompt, as prefill() attaches
+ * one), every turn's answers decoded together (run_answer_batch). A configuration's answers are
+ * the ones eval_config gives; its decode_s is the batch's time (shared by the configurations
+ * answered together). 0, or -1. */
+static int eval_batch(ev *E, item_ctx *I, const eval_cfg *const *cfgs, int n)
+{
+    const task_item *it = I->it;
+    const eval_cfg *ok[FWD_BATCH_MAX];
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        int rc = attach(E, cfgs[i], (int64_t)I->n_ids);
+        if (rc < 0 || (rc > 0 && refused(E, I, cfgs[i]))) return -1;
+        if (rc == 0) ok[m++] = cfgs[i];
+    }
+    if (attach(E, NULL, 0) < 0) return -1;   /* the shared prefill, under no policy of its own */
+    if (!m) return 0;
+    double pf_s;
+    run_set_question(E->r, I->n_question);
+    if (prefill(E, I->ids, I->n_ids, 0, &pf_s)) return -1;
+    run_reset_sampler(E->r);
+    run *fk[FWD_BATCH_MAX] = { 0 };
+    volatile sig_atomic_t stop[FWD_BATCH_MAX];
+    answer_buf ab[FWD_BATCH_MAX];
+    gen_callbacks cbs[FWD_BATCH_MAX];
+    run_answer_opts ao[FWD_BATCH_MAX];
+    gen_result gr[FWD_BATCH_MAX];
+    eval_rec rec[FWD_BATCH_MAX];
+    int64_t pos0[FWD_BATCH_MAX];
+    int rc = 0;
+    for (int i = 0; i < m && !rc; i++) {
+        if (!(fk[i] = run_fork(E->r, &ok[i]->spec, E->err, sizeof E->err))) rc = -1;
+        else run_set_abort(fk[i], &stop[i]);
+    }
+    for (int q = 0; q < it->n_q && !rc; q++) {
+        for (int i = 0; i < m && !rc; i++) {
+            rec_config(I, q, ok[i], &rec[i]);
+            rec[i].prefill_s = q == 0 && i == 0 ? pf_s : 0;   /* as the first configuration's alone */
+            if (q > 0 && next_question(E, I, fk[i], q, &rec[i].prefill_s)) rc = -1;
+            pos0[i] = run_pos(fk[i]);
+            answer_start(E, &ab[i], it->n_q > 1, &stop[i]);
+            cbs[i] = (gen_callbacks){ &ab[i], on_token, NULL, NULL };
+            ao[i] = (run_answer_opts){ I->n_predict, 1, ok[i]->backtrack, 1, 0, NULL, 0 };
+        }
+        double t1 = cli_now();
+        if (!rc && run_answer_batch(E->r, fk, m, ao, cbs, gr, E->err, sizeof E->err)) rc = -1;
+        double dec = cli_now() - t1;
+        if (rc || cli_interrupted) break;
+        for (int i = 0; i < m && !rc; i++) {
+            rec[i].decode_s = dec;
+            rec[i].seconds = dec + rec[i].prefill_s;
+            if (answered(E, I, fk[i], q, pos0[i], &ab[i], &gr[i], &rec[i])) rc = -1;
+            kv_figures(fk[i], &rec[i]);
+            if (!rc) rc = record(E, &rec[i]);
+        }
+    }
+    for (int i = 0; i < m; i++) run_free(fk[i]);
+    return rc || cli_interrupted ? -1 : 0;
 }
 
 /* The ppl task's tokens: the document's, and the continuation's as they come out of tokenizing
@@ -561,7 +645,7 @@ static int report(const eval_recs *rs, const char *dir, int n_depths, const char
 typedef struct eval_opts {
     const char *tasks, *policies, *budgets, *backtracks, *csv, *ctx, *samples, *out, *filler, *plot_budget;
     int64_t n_predict, seed, n_depths;
-    int report;
+    int report, batch;
 } eval_opts;
 
 #define O(field) offsetof(eval_opts, field)
@@ -593,6 +677,9 @@ static const opt_def eval_defs[] = {
       "the budget of the speed and memory plot (default: the middle one)", NULL },
     { "--report", NULL, OPT_FLAG, O(report), 0, 0, NULL, 0, NULL, "no run: the summary and plots of the CSV that is there",
       NULL },
+    { "--batch", NULL, OPT_FLAG, O(batch), 0, 0, NULL, 0, NULL,
+      "answer a sample's decode-time configurations together, one batched step for all (faster; their decode_s "
+      "is then the batch's)", NULL },
     { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
     OPT_END
 };
@@ -828,8 +915,14 @@ static int eval_sample(ev *E, const eval_plan *P, const char *task, int64_t ctx,
                  c->budget);
         progress_show(&E->pg, what, 0);
         if (!c->has_prefill && !E->shared) E->pg.done += (double)ctx;
-        failed = eval_config(E, I, c) != 0;
-        if (!failed) E->pg.done += cost(task, ctx, c, I->n_predict);
+        /* --batch: this decode-time configuration and the next ones still to do, together */
+        const eval_cfg *group[FWD_BATCH_MAX] = { c };
+        int ng = 1;
+        while (E->batch && !c->has_prefill && it->kind != TASK_LOGLIK && ng < FWD_BATCH_MAX && j + 1 < P->n_cfg &&
+               !P->cfg[j + 1].has_prefill)
+            if (!config_done(E, task, ctx, (int)k, turns, &P->cfg[++j])) group[ng++] = &P->cfg[j];
+        failed = (ng > 1 ? eval_batch(E, I, group, ng) : eval_config(E, I, c)) != 0;
+        for (int g = 0; g < ng && !failed; g++) E->pg.done += cost(task, ctx, group[g], I->n_predict);
     }
     if (!failed && !cli_interrupted) return 0;
     cli_err("eval: %s", cli_interrupted ? "interrupted (run the same command again to continue)" : E->err);
@@ -881,7 +974,7 @@ int cmd_eval(int argc, char **argv)
     cli_opts o;
     cli_opts_init(&o);
     o.sp.temperature = 0;
-    eval_opts eo = { NULL, "full", NULL, NULL, NULL, "4000", "8", NULL, "auto", NULL, 0, 1, 5, 0 };
+    eval_opts eo = { NULL, "full", NULL, NULL, NULL, "4000", "8", NULL, "auto", NULL, 0, 1, 5, 0, 0 };
     opt_group g[] = { { eval_defs, &eo, NULL }, CLI_MODEL(&o), CLI_POLICY(&o) };
     int pr = cli_parse(argc, argv, "kvchat eval --task LIST [options]",
                        "Quality and speed of KV-cache policies on generated tasks (docs/eval.md).", g, 3, NULL, 0, NULL);
@@ -905,6 +998,7 @@ int cmd_eval(int argc, char **argv)
     ev E;
     memset(&E, 0, sizeof E);
     E.o = &o;
+    E.batch = eo.batch;
     filler fl;
     const char *note = NULL;
     char err[600] = "";
