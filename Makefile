@@ -246,9 +246,9 @@ $(BOUNDS_BENCH): $(OBJ)/bench/bounds_bench.o $(LIB)
 bench-bounds: $(BOUNDS_BENCH)
 	./$(BOUNDS_BENCH)
 
-$(MODEL_BIN): $(MODEL_T_OBJ) $(LIB)
+$(MODEL_BIN): $(MODEL_T_OBJ) $(FRONT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) -o $@ $(MODEL_T_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
+	$(CC) -o $@ $(MODEL_T_OBJ) $(FRONT_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
 
 run: model $(KVCHAT)
 	./$(KVCHAT) $(ARGS)

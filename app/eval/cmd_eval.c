@@ -484,10 +484,8 @@ static int eval_batch(ev *E, item_ctx *I, const eval_cfg *const *cfgs, int n)
     eval_rec rec[FWD_BATCH_MAX];
     int64_t pos0[FWD_BATCH_MAX];
     int rc = 0;
-    for (int i = 0; i < m && !rc; i++) {
+    for (int i = 0; i < m && !rc; i++)
         if (!(fk[i] = run_fork(E->r, &ok[i]->spec, E->err, sizeof E->err))) rc = -1;
-        else run_set_abort(fk[i], &stop[i]);
-    }
     for (int q = 0; q < it->n_q && !rc; q++) {
         for (int i = 0; i < m && !rc; i++) {
             rec_config(I, q, ok[i], &rec[i]);
@@ -498,9 +496,13 @@ static int eval_batch(ev *E, item_ctx *I, const eval_cfg *const *cfgs, int n)
             cbs[i] = (gen_callbacks){ &ab[i], on_token, NULL, NULL };
             ao[i] = (run_answer_opts){ I->n_predict, 1, ok[i]->backtrack, 1, 0, NULL, 0 };
         }
+        /* each answer stops at its own flag (its line's end), the rest of the time Ctrl-C does */
+        for (int i = 0; i < m && !rc; i++) run_set_abort(fk[i], &stop[i]);
         double t1 = cli_now();
         if (!rc && run_answer_batch(E->r, fk, m, ao, cbs, gr, E->err, sizeof E->err)) rc = -1;
         double dec = cli_now() - t1;
+        for (int i = 0; i < m; i++)
+            if (fk[i]) run_set_abort(fk[i], &cli_interrupted);
         if (rc || cli_interrupted) break;
         for (int i = 0; i < m && !rc; i++) {
             rec[i].decode_s = dec;

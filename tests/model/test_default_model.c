@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "app/eval/evalres.h"
 #include "common/quant.h"
 #include "kernels/backend.h"
 #include "engine/forward.h"
@@ -351,6 +352,49 @@ Test(default_model, take_answers_generated_passkey_documents, .timeout = 1200)
     retrieved_count(out, "take", &take_k, &take_n);
     cr_expect(full_k == 6 && full_n == 6, "the full cache missed a generated pass key:\n%s", out);
     cr_expect(take_k >= 5 && take_n == 6, "TAKE at 20%% missed more than one generated pass key:\n%s", out);
+}
+
+/* kvchat eval --batch (a sample's decode-time configurations answered together, from forks of one
+ * prefill) on the real model, whose multi-turn answers end at their lines' ends (each answer its
+ * own stop) and whose CHESS goes back and generates pages again: every row's answer, score and
+ * tokens are those of one configuration at a time. */
+Test(default_model, eval_batch_gives_the_answers_of_one_configuration_at_a_time, .timeout = 1200)
+{
+    char dir[] = "/tmp/kvchat-evb-XXXXXX", path[2][256], args[512], out[8192];
+    cr_assert(mkdtemp(dir));
+    eval_recs rs[2] = { { 0 } };
+    for (int b = 0; b < 2; b++) {
+        snprintf(path[b], sizeof path[b], "%s/%d.csv", dir, b);
+        snprintf(args, sizeof args, "--task multiturn,passkey --ctx 1K --samples 2 --policy full,chess,quest,sentkv "
+                 "--csv %s%s", path[b], b ? " --batch" : "");
+        eval_out(args, out, sizeof out);
+        char err[256];
+        cr_assert(evalres_read(path[b], &rs[b], err, sizeof err) == 0, "%s", err);
+    }
+    cr_assert(rs[0].n == rs[1].n && rs[0].n >= 30, "%zu and %zu rows", rs[0].n, rs[1].n);
+    size_t matched = 0, lines = 0;
+    for (size_t i = 0; i < rs[0].n; i++) {
+        const eval_rec *a = &rs[0].v[i];
+        for (size_t j = 0; j < rs[1].n; j++) {
+            const eval_rec *c = &rs[1].v[j];
+            if (strcmp(a->task, c->task) || a->sample != c->sample || a->turn != c->turn || strcmp(a->policy, c->policy) ||
+                a->backtrack != c->backtrack)
+                continue;
+            matched++;
+            lines += !strcmp(a->task, "multiturn") && a->answer_tokens < 20 && strcmp(a->policy, "nodoc");
+            cr_expect(!strcmp(a->answer, c->answer) && a->correct == c->correct && a->answer_tokens == c->answer_tokens,
+                      "%s #%d turn %d %s: '%s' (%lld tokens) one at a time, '%s' (%lld) batched", a->task, a->sample,
+                      a->turn, a->policy, a->answer, (long long)a->answer_tokens, c->answer,
+                      (long long)c->answer_tokens);
+        }
+    }
+    cr_expect_eq(matched, rs[0].n);
+    cr_expect(lines > 0, "no multi-turn answer ended at its line's end");
+    for (int b = 0; b < 2; b++) {
+        evalres_free(&rs[b]);
+        unlink(path[b]);
+    }
+    rmdir(dir);
 }
 
 /* CHESS on the standard pass-key test (issue 29): the first SAMPLES documents of `kvchat eval --task
