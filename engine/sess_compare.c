@@ -60,7 +60,7 @@ typedef struct column {
     const char *policy;
     tok_stream ts;
     bytes_w text;                /* its bytes, no terminator until the end (err: out of memory) */
-    int64_t tokens;
+    int64_t *all;                /* the tokens of every column so far (they are decoded together) */
 } column;
 
 static void column_token(void *ud, int32_t id)
@@ -68,8 +68,8 @@ static void column_token(void *ud, int32_t id)
     column *c = ud;
     char piece[512];
     bw_put(&c->text, piece, tok_stream_feed(&c->ts, id, piece, sizeof piece));
-    c->tokens++;
-    if (c->s->cb.column) c->s->cb.column(c->s->cb.ud, c->i, c->n, c->policy, c->tokens);
+    ++*c->all;
+    if (c->s->cb.column) c->s->cb.column(c->s->cb.ud, c->i, c->n, c->policy, *c->all);
 }
 
 /* The columns' answers from the question's end, one fork of the conversation's cache each (pages
@@ -80,6 +80,7 @@ static int answer_columns(session *s, int n_spec, char specs[8][256], sess_compa
     column col[8];
     gen_callbacks cbs[8];
     gen_result gr[8];
+    int64_t all = 0;
     memset(col, 0, sizeof col);
     int rc = SESS_OK;
     for (int i = 0; i < n_spec && !rc; i++) {
@@ -87,7 +88,7 @@ static int answer_columns(session *s, int n_spec, char specs[8][256], sess_compa
         if (pol_parse(&spec, specs[i], NULL, s->err, sizeof s->err) ||
             !(fk[i] = run_fork(s->r, &spec, s->err, sizeof s->err)))
             rc = SESS_EFAIL;
-        col[i] = (column){ .s = s, .i = i, .n = n_spec, .policy = specs[i] };
+        col[i] = (column){ .s = s, .i = i, .n = n_spec, .policy = specs[i], .all = &all };
         tok_stream_init(&col[i].ts, run_model(s->r)->vocab);
         cbs[i] = (gen_callbacks){ &col[i], column_token, NULL, NULL };
         if (s->cb.column) s->cb.column(s->cb.ud, i, n_spec, specs[i], 0);

@@ -60,7 +60,8 @@ typedef struct sess_callbacks {
     void (*event)(void *ud, const unc_event *e);                   /* an uncertainty event */
     void (*note)(void *ud, const char *msg);                       /* what the session did ("restored ...") */
     void (*past)(void *ud, const char *role, const char *text);    /* a resumed conversation's messages */
-    /* sess_compare: column i of n (policy) has generated tokens so far (0 as it begins) */
+    /* sess_compare: column i of n (policy) begins (tokens 0), or got a token, the columns' tokens
+     * so far then in tokens (they are decoded together) */
     void (*column)(void *ud, int i, int n, const char *policy, int64_t tokens);
 } sess_callbacks;
 

@@ -398,8 +398,8 @@ static void state_text(const uw_view *v, char *buf, size_t cap)
         snprintf(buf, cap, "answering: %lld tokens, %.1f tok/s, %.1f s (Ctrl-C stops)", (long long)v->answer_tokens,
                  el > 0 ? (double)v->answer_tokens / el : 0.0, el);
     } else if (v->phase == VIEW_COMPARE) {
-        snprintf(buf, cap, "compare %d/%d %.60s: %lld tokens, %.1f s (Ctrl-C stops)", v->column + 1, v->n_columns,
-                 v->column_policy, (long long)v->answer_tokens, el);
+        snprintf(buf, cap, "compare: %d policies together, %lld tokens, %.1f s (Ctrl-C stops)", v->n_columns,
+                 (long long)v->answer_tokens, el);
     } else {
         snprintf(buf, cap, "working");
     }

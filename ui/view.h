@@ -23,8 +23,7 @@ typedef struct uw_view {
     double phase_start;      /* when that began (CLOCK_MONOTONIC seconds) */
     int64_t done, total;     /* VIEW_PREFILL: tokens evaluated of total */
     int64_t answer_tokens;   /* VIEW_ANSWER, VIEW_COMPARE: the answer's final tokens so far */
-    int column, n_columns;   /* VIEW_COMPARE: the column being answered */
-    char column_policy[128];
+    int column, n_columns;   /* VIEW_COMPARE: the column that got the last token, of how many */
     int policy_pending;      /* the policy acts from the next answer (or document) */
     int base_model;          /* no chat template: answers complete "Question: ... Answer:" */
     int have_doc;

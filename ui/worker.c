@@ -168,7 +168,7 @@ static void on_column(void *ud, int i, int n, const char *policy, int64_t tokens
     w->view.column = i;
     w->view.n_columns = n;
     w->view.answer_tokens = tokens;
-    snprintf(w->view.column_policy, sizeof w->view.column_policy, "%.120s", policy);
+    (void)policy;
     pthread_mutex_unlock(&w->mu);
 }
 
