@@ -308,9 +308,12 @@ Test(quantize, reproduces_the_reference_tools_q4_k_m_blocks, .timeout = 240)
                       quant_type_name((uint32_t)ty), sp->identical, sp->blocks);
             /* Measured over every block of both files: of 212758 blocks that differ, all but two
              * (Q6_K blocks of tiny-llama whose scales differ by one in two sub-blocks) are found
-             * within 200000 trials, most within a few dozen: a sample may miss at most one. */
-            cr_expect(sp->reproduced + 1 >= sp->sampled, "%s %s: %ld of %ld sampled blocks reproduced", models[mi],
-                      quant_type_name((uint32_t)ty), sp->reproduced, sp->sampled);
+             * within 200000 trials, most within a few dozen. A sample may hold both of those two (a
+             * clean-clone run's did, 2026-11-28: 79 of 81), so it may miss both there, and one block
+             * elsewhere (a search that runs out of trials). */
+            int may_miss = !strcmp(models[mi], "tiny-llama") && ty == GGML_TYPE_Q6_K ? 2 : 1;
+            cr_expect(sp->reproduced + may_miss >= sp->sampled, "%s %s: %ld of %ld sampled blocks reproduced",
+                      models[mi], quant_type_name((uint32_t)ty), sp->reproduced, sp->sampled);
         }
         cr_expect(types_seen >= 2);
     }

@@ -2209,3 +2209,86 @@ Test(cuda, the_attention_mass_on_the_device_is_the_cpus_bit_for_bit)
     mass_rounds(100, 32, 2);
     mass_rounds(128, 1100, 1);   /* 4,400 rows x about 3,200 tokens: past a pass's 8M scores */
 }
+
+/* Forks of one prefilled context on the GPU decoded alone and as one batch (fwd_decode_batch): each
+ * fork's top token at every step is the one it has alone, its last row within 1e-5 of the largest
+ * logit (the products of several rows may sum in another order than one row's), and a batched step
+ * waits for the device once, whatever the batch holds (the rows deferred, every fork's selection
+ * kept on the device). */
+Test(cuda, a_batch_of_forks_decodes_each_as_alone_and_waits_once)
+{
+    char err[512];
+    cr_assert(gpu->ops->counters);
+    const char *specs[] = { NULL, "quest:budget=24", "chess:preset=aggressive,window=1", "streaming:budget=40" };
+    enum { NF = 4, STEPS = 10 };
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        model *m = load_tiny(fi);
+        if (!m) continue;
+        int nv = m->hp.n_vocab;
+        fwd_opts fo = { 2048, 64, 16 };
+        fwd_ctx *base = fwd_create(m, gpu, &fo, err, sizeof err);
+        cr_assert(base, "%s", err);
+        int32_t ids[90];
+        for (int i = 0; i < 90; i++) ids[i] = 3 + (int32_t)((i * 53) % (nv - 3));
+        float *l = malloc(sizeof(float) * (size_t)nv), *row = malloc(sizeof(float) * (size_t)nv);
+        float *alone_row = malloc(sizeof(float) * (size_t)nv * NF);
+        cr_assert(fwd_eval(base, ids, 90, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        int32_t first = samp_argmax(l, nv), alone[NF][STEPS];
+        for (int pass = 0; pass < 2; pass++) {
+            fwd_ctx *fs[NF];
+            pol_set *ps[NF];
+            int32_t cur[NF];
+            for (int s = 0; s < NF; s++) {
+                cr_assert(fs[s] = fwd_fork(base, 1, err, sizeof err), "%s", err);
+                ps[s] = specs[s] ? fwd_fixture_policy_make(fs[s], specs[s]) : NULL;
+                cr_assert(fwd_adopt_policy(fs[s], ps[s], ids, 90, err, sizeof err) == 0, "%s", err);
+                cur[s] = first;
+            }
+            for (int t = 0; t < STEPS; t++) {
+                float val[NF];
+                int32_t top[NF];
+                be_pick p[NF];
+                for (int s = 0; s < NF; s++) p[s] = (be_pick){ .penalty = 1.0f, .k = 1, .val = &val[s], .id = &top[s] };
+                if (pass == 0) {   /* alone, one fork after another */
+                    for (int s = 0; s < NF; s++)
+                        cr_assert(fwd_decode_pick(fs[s], cur[s], &p[s], NULL, err, sizeof err) == 0, "%s", err);
+                } else {
+                    uint64_t w0, w1, up, down;
+                    gpu->ops->counters(gpu, &w0, &up, &down);
+                    cr_assert(fwd_decode_batch(base, fs, NF, cur, NULL, p, NULL, err, sizeof err) == 0, "%s", err);
+                    gpu->ops->counters(gpu, &w1, &up, &down);
+                    if (t > 2) cr_expect_eq(w1 - w0, 1, "%s batched step %d: %llu waits", files[fi], t, (unsigned long long)(w1 - w0));
+                }
+                for (int s = 0; s < NF; s++) {
+                    if (pass == 0) alone[s][t] = top[s];
+                    else cr_expect_eq(top[s], alone[s][t], "%s fork %d (%s) step %d: %d batched, %d alone", files[fi], s,
+                                      specs[s] ? specs[s] : "none", t, top[s], alone[s][t]);
+                    cur[s] = top[s];
+                }
+            }
+            for (int s = 0; s < NF; s++) {
+                cr_assert(fwd_picked_logits(fs[s], pass ? row : alone_row + (size_t)s * nv, err, sizeof err) == 0, "%s", err);
+                if (pass) {
+                    double worst = 0, big = 0;
+                    for (int i = 0; i < nv; i++) {
+                        double d = fabs((double)row[i] - alone_row[(size_t)s * nv + i]);
+                        worst = d > worst ? d : worst;
+                        big = fabs(row[i]) > big ? fabs(row[i]) : big;
+                    }
+                    cr_expect(worst <= 1e-5 * big, "%s fork %d: the last row differs by %g of the largest", files[fi], s,
+                              worst / big);
+                    cr_log_info("%s fork %d: the last row %s", files[fi], s,
+                                memcmp(row, alone_row + (size_t)s * nv, sizeof(float) * (size_t)nv) ? "within 1e-5" : "bit for bit");
+                }
+                fwd_free(fs[s]);
+                pol_set_free(ps[s]);
+            }
+        }
+        cr_expect_eq(fwd_pos(base), 90, "the forked context moved");
+        free(l);
+        free(row);
+        free(alone_row);
+        fwd_free(base);
+        model_free(m);
+    }
+}
