@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # status.sh - live status: while an answer streams the status bar shows this answer's tokens, tok/s
-# and time; /compare shows which column runs and its progress, and runs the current policy once
-# when it is also listed.
+# and time; /compare shows its policies' progress (decoded together: their tokens in all), and runs
+# the current policy once when it is also listed.
 # usage: tests/tui/status.sh KVCHAT MODEL DOCUMENT
 set -euo pipefail
 name=status
@@ -16,7 +16,7 @@ absent '\| prefill ' "the status bar kept the prefill's line while answering"
 wait_for '^-- 600 tokens, '
 wait_for '\| ready \|'
 T send-keys -t "$s" '/compare chess:preset=aggressive,full,quest:budget=0.2 What is it about?' Enter
-wait_for '\| compare [123]/3 [a-z:.=0-9]+: [0-9]+ tokens, [0-9.]+ s'
+wait_for '\| compare: 3 policies together, [1-9][0-9]* tokens, [0-9.]+ s \(Ctrl-C stops\)'
 wait_for '\| ready \|'
 T send-keys -t "$s" '/find /compare chess' Enter   # (the columns are long: back to their headings)
 wait_for '== compare: the same question under each policy'
