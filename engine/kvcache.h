@@ -24,9 +24,10 @@ typedef struct kv_page {
     float *ksum;           /* [head_dim] sum of the keys held */
     float *kmin, *kmax;    /* [head_dim] element-wise min / max of the keys held */
     int32_t n;             /* tokens held (a prefix of the page) */
-    int32_t merged;        /* 1 when some logdeg is nonzero */
+    int16_t merged;        /* 1 when some logdeg is nonzero */
+    int16_t holders;       /* page tables holding it: more than 1 once a fork shares it (kv_fork;
+                              a fork of a fork adds one; at most a few) */
     uint64_t gen;          /* content generation (be_kv_page.gen): new when rows below n change */
-    int32_t holders;       /* page tables holding it: more than 1 once a fork shares it (kv_fork) */
 } kv_page;
 
 typedef struct kv_cache kv_cache;
@@ -68,8 +69,8 @@ int64_t kv_rewind(kv_cache *kv, int64_t pos);
 /* The most tokens one KV head of layer il has held at any time (prefill included). */
 int64_t kv_peak_layer_tokens(const kv_cache *kv, int il);
 /* Forget the tokens of layer il (every KV head) at positions >= pos; other layers are untouched.
- * -1 when a page shared with a fork could not be copied (out of memory): the layer then holds
- * fewer tokens than asked (the caller fails). kv_rewind falls back to 0 in that case. */
+ * -1 when a page shared with a fork could not be copied (out of memory): that head then still holds
+ * tokens at or after pos (the caller fails). kv_rewind falls back to 0 in that case. */
 int kv_truncate_layer(kv_cache *kv, int il, int64_t pos);
 /* Sliding-window layers keep what a rewind to this position needs (a chat turn's start), so
  * rewinding there stays exact. */

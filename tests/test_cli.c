@@ -689,10 +689,10 @@ Test(cli, eval_passkey_runs_every_configuration)
     expect_one_line_error("eval -m " TD "tiny/tiny-llama-f16.gguf --task nope", "unknown task 'nope'");
 }
 
-/* eval --batch answers a sample's decode-time configurations together (forks of one prefill): every
+/* eval --together answers a sample's decode-time configurations together (forks of one prefill): every
  * row's answer, score, tokens and KV held are those of the run one configuration at a time,
  * multi-turn (each fork's later questions on its own cache) and a prefill policy (alone) included. */
-Test(cli, eval_batch_gives_the_rows_of_one_configuration_at_a_time)
+Test(cli, eval_together_gives_the_rows_of_one_configuration_at_a_time)
 {
     static char out[1 << 16], errb[1 << 16];
     char dir[] = "/tmp/kvchat_evb_XXXXXX", args[1024], path[2][256];
@@ -702,7 +702,7 @@ Test(cli, eval_batch_gives_the_rows_of_one_configuration_at_a_time)
         snprintf(path[b], sizeof path[b], "%s/%d.csv", dir, b);
         snprintf(args, sizeof args, "eval -m " TD "tiny/tiny-llama-f16.gguf --task passkey,multiturn --ctx 400 "
                  "--samples 2 -n 8 --policy full,chess,quest:budget=64,streaming:budget=64,snapkv:budget=0.5 "
-                 "--backtrack 0,2 --csv %s%s", path[b], b ? " --batch" : "");
+                 "--backtrack 0,2 --batch 64 --csv %s%s", path[b], b ? " --together" : "");
         int st = run(args, out, sizeof out, errb, sizeof errb);
         cr_assert_eq(st, 0, "stderr: %s", errb);
         char err[256];

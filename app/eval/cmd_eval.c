@@ -105,7 +105,7 @@ typedef struct ev {
     const eval_cfg *attached;   /* the configuration of the run (NULL: none, full attention) */
     int chat;             /* the model has a chat template */
     int shared;           /* the full-cache prefill of the current prompt is in the cache */
-    int batch;            /* --batch: decode-time configurations of a sample answer together */
+    int together;         /* --together: decode-time configurations of a sample answer together */
     FILE *out;
     eval_recs recs;
     progress pg;
@@ -454,7 +454,7 @@ static int eval_config(ev *E, item_ctx *I, const eval_cfg *cfg)
     return 0;
 }
 
-/* --batch: n decode-time configurations of one sample (not ppl) from one shared prefill, a fork of
+/* --together: n decode-time configurations of one sample (not ppl) from one shared prefill, a fork of
  * the cache each (run_fork: pages shared, the policy adopting the prompt, as prefill() attaches
  * one), every turn's answers decoded together (run_answer_batch). A configuration's answers are
  * the ones eval_config gives; its decode_s is the batch's time (shared by the configurations
@@ -647,7 +647,7 @@ static int report(const eval_recs *rs, const char *dir, int n_depths, const char
 typedef struct eval_opts {
     const char *tasks, *policies, *budgets, *backtracks, *csv, *ctx, *samples, *out, *filler, *plot_budget;
     int64_t n_predict, seed, n_depths;
-    int report, batch;
+    int report, together;
 } eval_opts;
 
 #define O(field) offsetof(eval_opts, field)
@@ -679,7 +679,7 @@ static const opt_def eval_defs[] = {
       "the budget of the speed and memory plot (default: the middle one)", NULL },
     { "--report", NULL, OPT_FLAG, O(report), 0, 0, NULL, 0, NULL, "no run: the summary and plots of the CSV that is there",
       NULL },
-    { "--batch", NULL, OPT_FLAG, O(batch), 0, 0, NULL, 0, NULL,
+    { "--together", NULL, OPT_FLAG, O(together), 0, 0, NULL, 0, NULL,
       "answer a sample's decode-time configurations together, one batched step for all (faster; their decode_s "
       "is then the batch's)", NULL },
     { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
@@ -917,10 +917,10 @@ static int eval_sample(ev *E, const eval_plan *P, const char *task, int64_t ctx,
                  c->budget);
         progress_show(&E->pg, what, 0);
         if (!c->has_prefill && !E->shared) E->pg.done += (double)ctx;
-        /* --batch: this decode-time configuration and the next ones still to do, together */
+        /* --together: this decode-time configuration and the next ones still to do, in one batch */
         const eval_cfg *group[FWD_BATCH_MAX] = { c };
         int ng = 1;
-        while (E->batch && !c->has_prefill && it->kind != TASK_LOGLIK && ng < FWD_BATCH_MAX && j + 1 < P->n_cfg &&
+        while (E->together && !c->has_prefill && it->kind != TASK_LOGLIK && ng < FWD_BATCH_MAX && j + 1 < P->n_cfg &&
                !P->cfg[j + 1].has_prefill)
             if (!config_done(E, task, ctx, (int)k, turns, &P->cfg[++j])) group[ng++] = &P->cfg[j];
         failed = (ng > 1 ? eval_batch(E, I, group, ng) : eval_config(E, I, c)) != 0;
@@ -1000,7 +1000,7 @@ int cmd_eval(int argc, char **argv)
     ev E;
     memset(&E, 0, sizeof E);
     E.o = &o;
-    E.batch = eo.batch;
+    E.together = eo.together;
     filler fl;
     const char *note = NULL;
     char err[600] = "";

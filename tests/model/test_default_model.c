@@ -354,11 +354,11 @@ Test(default_model, take_answers_generated_passkey_documents, .timeout = 1200)
     cr_expect(take_k >= 5 && take_n == 6, "TAKE at 20%% missed more than one generated pass key:\n%s", out);
 }
 
-/* kvchat eval --batch (a sample's decode-time configurations answered together, from forks of one
+/* kvchat eval --together (a sample's decode-time configurations answered together, from forks of one
  * prefill) on the real model, whose multi-turn answers end at their lines' ends (each answer its
  * own stop) and whose CHESS goes back and generates pages again: every row's answer, score and
  * tokens are those of one configuration at a time. */
-Test(default_model, eval_batch_gives_the_answers_of_one_configuration_at_a_time, .timeout = 1200)
+Test(default_model, eval_together_gives_the_answers_of_one_configuration_at_a_time, .timeout = 1200)
 {
     char dir[] = "/tmp/kvchat-evb-XXXXXX", path[2][256], args[512], out[8192];
     cr_assert(mkdtemp(dir));
@@ -366,7 +366,7 @@ Test(default_model, eval_batch_gives_the_answers_of_one_configuration_at_a_time,
     for (int b = 0; b < 2; b++) {
         snprintf(path[b], sizeof path[b], "%s/%d.csv", dir, b);
         snprintf(args, sizeof args, "--task multiturn,passkey --ctx 1K --samples 2 --policy full,chess,quest,sentkv "
-                 "--csv %s%s", path[b], b ? " --batch" : "");
+                 "--csv %s%s", path[b], b ? " --together" : "");
         eval_out(args, out, sizeof out);
         char err[256];
         cr_assert(evalres_read(path[b], &rs[b], err, sizeof err) == 0, "%s", err);
