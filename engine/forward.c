@@ -891,6 +891,18 @@ static void record_step(fwd_ctx *f)
     pol_set_record_step(f->pol, f->st_pages, f->st_tokens, bytes, f->st_sel_ms, f->st_attn_ms, f->st_pages_total);
 }
 
+/* The message of forward_rows' failure rc (an op that failed before a cancel or another error is
+ * reported, and cleared, as the failure), the policy's message pol_err. */
+static void failure_message(fwd_ctx *lead, int rc, const char *pol_err, char *err, size_t errlen)
+{
+    if (rc != -4 && be_failed(lead->b, lead->dev_err, sizeof lead->dev_err)) rc = -4;
+    snprintf(err, errlen, "%s",
+             rc == -2   ? "out of memory growing the KV cache"
+             : rc == -3 ? pol_err
+             : rc == -4 ? lead->dev_err
+                        : "cancelled");
+}
+
 static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logits_last, be_pick *pick,
                        fwd_logits_fn each, void *ud, fwd_progress_fn progress, void *pud, volatile sig_atomic_t *abort_flag, char *err,
                        size_t errlen)
@@ -918,16 +930,10 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
                                            : forward_rows(f, NULL, 0, tokens + c0, cn, start + c0, tokens + n - n_probe,
                                                           n_probe, start + n - n_probe, abort_flag);
         if (rc != 0) {
-            /* an op that failed before a cancel or another error is reported (and cleared) now */
-            if (rc != -4 && be_failed(f->b, f->dev_err, sizeof f->dev_err)) rc = -4;
+            failure_message(f, rc, f->pol_err, err, errlen);
             f->pend.at = -1;
             f->n_dsel = 0;   /* the step's kept selections count for nothing */
             kv_rewind(f->kv, start);
-            snprintf(err, errlen, "%s",
-                     rc == -2   ? "out of memory growing the KV cache"
-                     : rc == -3 ? f->pol_err
-                     : rc == -4 ? f->dev_err
-                                : "cancelled");
             return -1;
         }
         if (each) {
@@ -1081,15 +1087,8 @@ int fwd_decode_batch(fwd_ctx *lead, fwd_ctx *const *seqs, int n, const int32_t *
         }
         lead->batch_rows = rows;
     }
-    int rc = 0;
-    /* rows a context left pending come in first (an eval takes its own before it returns) */
-    if (lead->pend.at >= 0) rc = take_pending(lead, hp->n_layer);
-    for (int s = 0; s < n && !rc; s++)
-        if (seqs[s]->pend.at >= 0) rc = take_pending(seqs[s], hp->n_layer);
-    if (rc) {
-        snprintf(err, errlen, "%s", rc == -2 ? "out of memory growing the KV cache" : "a backend op failed");
-        return -1;
-    }
+    /* nothing of the sequences' is pending: an eval takes its rows in before it returns (and a
+     * lead's own, forward_rows takes) */
     for (int s = 0; s < n; s++) {
         seqs[s]->decoding = 1;
         seqs[s]->last_chunk = 1;
@@ -1097,19 +1096,14 @@ int fwd_decode_batch(fwd_ctx *lead, fwd_ctx *const *seqs, int n, const int32_t *
         seqs[s]->row_at = NULL;
         begin_eval(seqs[s], ids + s, 1);
     }
-    rc = abort_flag && *abort_flag ? -1 : forward_rows(lead, seqs, n, ids, n, 0, NULL, 0, 0, abort_flag);
+    int rc = abort_flag && *abort_flag ? -1 : forward_rows(lead, seqs, n, ids, n, 0, NULL, 0, 0, abort_flag);
     if (!rc && output_rows(lead, 0, n, picks, lead->batch_rows)) rc = -4;
     if (!rc && lead->pend.at >= 0) rc = take_pending(lead, hp->n_layer);   /* the rows, with the output's wait */
     if (rc) {
-        if (rc != -4 && be_failed(lead->b, lead->dev_err, sizeof lead->dev_err)) rc = -4;
         const char *pol_err = "a policy failed";
         for (int s = 0; s < n; s++)
             if (seqs[s]->pol_err[0]) pol_err = seqs[s]->pol_err;
-        snprintf(err, errlen, "%s",
-                 rc == -2   ? "out of memory growing the KV cache"
-                 : rc == -3 ? pol_err
-                 : rc == -4 ? lead->dev_err
-                            : "cancelled");
+        failure_message(lead, rc, pol_err, err, errlen);
         lead->pend.at = -1;
         for (int s = 0; s < n; s++) {
             fwd_ctx *f = seqs[s];

@@ -41,7 +41,7 @@ void kv_free(kv_cache *kv);
  * goes on as if it had its own copy and neither sees the other's changes. Each cache's figures
  * count every page its tables hold, shared ones too (a fork's are a copy's, its peak beginning at
  * its source's; the process holds a shared page once). Either may be freed first. What answering
- * several policies from one cache uses (sess_compare, kvchat eval --batch). NULL with a message
+ * several policies from one cache uses (sess_compare, kvchat eval --together). NULL with a message
  * when out of memory. */
 kv_cache *kv_fork(const kv_cache *src, char *err, size_t errlen);
 

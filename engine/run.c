@@ -178,8 +178,6 @@ static const char *base_name(const char *p)
     return b ? b + 1 : p;
 }
 
-/* What a run and its siblings make for themselves: the cache, the policies, the sampler, the
- * monitor and the logits. */
 /* The monitor, the logits and the sampler of a sequence whose forward context exists. */
 static int open_answering(run *r, char *err, size_t errlen)
 {
@@ -192,6 +190,8 @@ static int open_answering(run *r, char *err, size_t errlen)
     return RUN_OK;
 }
 
+/* What a run and its siblings make for themselves: the cache, the policies, the sampler, the
+ * monitor and the logits. */
 static int open_sequence(run *r, char *err, size_t errlen)
 {
     r->abort_flag = &r->never;
@@ -249,7 +249,7 @@ run *run_sibling(run *o, char *err, size_t errlen)
     return r;
 }
 
-/* A fork's prefill chunk: it decodes, and reads at most a follow-up question (kvchat eval --batch);
+/* A fork's prefill chunk: it decodes, and reads at most a follow-up question (kvchat eval --together);
  * its logits rows (as many) stay few. */
 #define RUN_FORK_CHUNK 8
 
@@ -389,14 +389,35 @@ int run_prefill_again(run *r, char *err, size_t errlen)
 
 /* A decode step of id: its logits to run_logits, or with pick (and a backend that picks) its best
  * candidates there, the logits left with the backend. */
-static int decode_one(run *r, int32_t id, be_pick *pick, char *err, size_t errlen)
+/* id appended to the sequence for a decode step, which every id before it must have had. RUN_OK, or
+ * RUN_EFAIL with a message. */
+static int append_step(run *r, int32_t id, char *err, size_t errlen)
 {
     if (r->n_ids != fwd_pos(r->f)) {
         snprintf(err, errlen, "%lld tokens wait to be evaluated before a decode step",
                  (long long)(r->n_ids - fwd_pos(r->f)));
         return RUN_EFAIL;
     }
-    if (run_append(r, &id, 1, err, errlen)) return RUN_EFAIL;
+    return run_append(r, &id, 1, err, errlen) ? RUN_EFAIL : RUN_OK;
+}
+
+/* A greedy step's pick: the best candidate alone, into *val and *best. */
+static be_pick greedy_pick(float *val, int32_t *best)
+{
+    return (be_pick){ .k = 1, .penalty = 1.0f, .val = val, .id = best };
+}
+
+/* The greedy step's next id: the pick's best (picked), else the logits' argmax; every logit -inf
+ * gives samp_argmax's 0 either way. */
+static int32_t greedy_next(const run *r, int picked, const be_pick *p, int32_t best)
+{
+    if (!picked) return samp_argmax(r->logits, r->m->hp.n_vocab);
+    return p->n_out > 0 ? best : 0;
+}
+
+static int decode_one(run *r, int32_t id, be_pick *pick, char *err, size_t errlen)
+{
+    if (append_step(r, id, err, errlen)) return RUN_EFAIL;
     double t0 = run_clock_s();
     if (pick ? fwd_decode_pick(r->f, id, pick, r->abort_flag, err, errlen)
              : fwd_decode(r->f, id, r->logits, r->abort_flag, err, errlen)) {
@@ -412,16 +433,12 @@ int run_decode(run *r, int32_t id, char *err, size_t errlen) { return decode_one
 
 int run_decode_greedy(run *r, int32_t id, int32_t *next, char *err, size_t errlen)
 {
-    if (!fwd_can_pick(r->f)) {
-        int rc = decode_one(r, id, NULL, err, errlen);
-        if (rc == RUN_OK) *next = samp_argmax(r->logits, r->m->hp.n_vocab);
-        return rc;
-    }
     float val;
     int32_t best;
-    be_pick p = { .k = 1, .penalty = 1.0f, .val = &val, .id = &best };
-    int rc = decode_one(r, id, &p, err, errlen);
-    if (rc == RUN_OK) *next = p.n_out > 0 ? best : 0;   /* every logit -inf: samp_argmax's 0 */
+    be_pick p = greedy_pick(&val, &best);
+    int picked = fwd_can_pick(r->f);
+    int rc = decode_one(r, id, picked ? &p : NULL, err, errlen);
+    if (rc == RUN_OK) *next = greedy_next(r, picked, &p, best);
     return rc;
 }
 
@@ -436,17 +453,10 @@ int run_decode_greedy_batch(run *lead, run *const *rs, int n, int32_t *ids, char
     int32_t best[FWD_BATCH_MAX];
     be_pick picks[FWD_BATCH_MAX];
     int pick = fwd_can_pick(lead->f), s = 0;
-    for (; s < n; s++) {
-        run *r = rs[s];
-        if (r->n_ids != fwd_pos(r->f)) {
-            snprintf(err, errlen, "%lld tokens wait to be evaluated before a decode step",
-                     (long long)(r->n_ids - fwd_pos(r->f)));
-            break;
-        }
-        if (run_append(r, &ids[s], 1, err, errlen)) break;
-        fs[s] = r->f;
-        logits[s] = r->logits;
-        picks[s] = (be_pick){ .k = 1, .penalty = 1.0f, .val = &val[s], .id = &best[s] };
+    for (; s < n && !append_step(rs[s], ids[s], err, errlen); s++) {
+        fs[s] = rs[s]->f;
+        logits[s] = rs[s]->logits;
+        picks[s] = greedy_pick(&val[s], &best[s]);
     }
     double t0 = run_clock_s();
     int rc = s < n ? RUN_EFAIL
@@ -462,8 +472,7 @@ int run_decode_greedy_batch(run *lead, run *const *rs, int n, int32_t *ids, char
         }
         r->decoded++;
         r->decode_s += secs;   /* the batch's time: its steps ran together */
-        /* as run_decode_greedy: every logit -inf gives samp_argmax's 0 */
-        ids[j] = pick ? (picks[j].n_out > 0 ? best[j] : 0) : samp_argmax(r->logits, r->m->hp.n_vocab);
+        ids[j] = greedy_next(r, pick, &picks[j], best[j]);
     }
     return rc;
 }
