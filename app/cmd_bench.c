@@ -15,7 +15,6 @@
 
 #include "app/cli.h"
 #include "common/files.h"
-#include "kernels/synthetic.h"
 #include "app/eval/evalplot.h"
 #include "app/eval/evalres.h"
 #include "engine/snapshot.h"
@@ -280,6 +279,74 @@ static int bench_compare(run *r, const char *budget, char specs[][256], int n_sp
     return out ? close_csv(out, csv, rc) : rc;
 }
 
+/* --seqs N: per length and listed decode-time policy, N sequences answering together from one
+ * prefill (forks of it, fwd_decode_batch) against one alone: the batch's tokens a second over one
+ * sequence's, and whether every sequence chose the tokens the one alone did. The forks share the
+ * prefix's pages, so N sequences hold one copy of the context, but each attends its own page list:
+ * a step reads the context's K/V once per sequence, as N separate conversations' would. */
+static int bench_seqs(run *r, const char *budget, char specs[][256], int n_spec, int n_seq, const int64_t *depths,
+                      int nd, int64_t n_gen, const int32_t *toks, const char *csv, const char *date, const char *commit,
+                      const char *machine, const char *base)
+{
+    pol_spec ps[16];
+    char err[512];
+    int any_prefill;
+    if (parse_specs(budget, specs, n_spec, ps, &any_prefill)) return 1;
+    if (any_prefill) {
+        cli_err("bench: --seqs decodes forks of one prefill: give decode-time policies only");
+        return 1;
+    }
+    int32_t *alone = malloc(sizeof(int32_t) * (size_t)n_gen),
+            *both = malloc(sizeof(int32_t) * (size_t)(n_seq * n_gen));
+    FILE *out = alone && both && csv ? open_csv(csv, "date,commit,machine,threads,model,ctx,policy,seqs,n_gen,"
+                                                      "alone_tok_s,batch_tok_s,batch_step_ms,batch_over_alone,"
+                                                      "same_tokens\n")
+                                     : NULL;
+    int rc = !alone || !both ? (cli_err("bench: out of memory"), 1) : csv && !out ? 1 : 0;
+    if (!rc)
+        printf("%8s %4s %14s %14s %14s %12s %6s   %s\n", "ctx", "seqs", "alone tok/s", "batch tok/s", "batch step ms",
+               "batch/alone", "same", "policy");
+    for (int di = 0; di < nd && !cli_interrupted && !rc; di++) {
+        int64_t d = depths[di];
+        if (run_rewind(r, 0, 0, err, sizeof err) || run_feed(r, toks, d, NULL, NULL, err, sizeof err)) {
+            cli_err("bench: %s", err);
+            rc = 1;
+            break;
+        }
+        for (int i = 0; i < n_spec && !cli_interrupted && !rc; i++) {
+            double t[2];
+            for (int batch = 0; batch < 2 && !rc; batch++) {
+                int n = batch ? n_seq : 1;
+                run *fk[FWD_BATCH_MAX] = { 0 };
+                for (int s = 0; s < n && !rc; s++)
+                    if (!(fk[s] = run_fork(r, &ps[i], err, sizeof err))) rc = 1;
+                if (!rc && (t[batch] = compare_steps(r, fk, n, batch, n_gen, batch ? both : alone, err, sizeof err)) < 0)
+                    rc = 1;
+                for (int s = 0; s < n; s++) run_free(fk[s]);
+            }
+            if (rc) {
+                cli_err("bench: %s", err);
+                break;
+            }
+            int same = 1;
+            for (int s = 0; s < n_seq; s++) same &= !memcmp(alone, both + s * n_gen, sizeof(int32_t) * (size_t)n_gen);
+            double one = (double)n_gen / t[0], all = (double)(n_seq * n_gen) / t[1];
+            printf("%8lld %4d %14.1f %14.1f %14.3f %12.2f %6s   %s\n", (long long)d, n_seq, one, all,
+                   1e3 * t[1] / (double)n_gen, all / one, same ? "yes" : "NO", ps[i].text);
+            fflush(stdout);
+            if (out) {
+                fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%d,%lld,%.2f,%.2f,%.4f,%.3f,%d\n", date, commit, machine,
+                        run_threads(r), base, (long long)d, ps[i].text, n_seq, (long long)n_gen, one, all,
+                        1e3 * t[1] / (double)n_gen, all / one, same);
+                fflush(out);
+            }
+        }
+    }
+    free(alone);
+    free(both);
+    return out ? close_csv(out, csv, rc) : rc;
+}
+
 /* Snapshot size and speed against prefill: per length and policy, prefill (timed), serialize,
  * write to a scratch database, read back and restore into a fresh sequence (each timed), and check
  * that the restored sequence's next logits equal the original's. */
@@ -454,75 +521,6 @@ static int bench_plot(const char *csv, const char *date, const char *png)
     return 0;
 }
 
-/* ---------------------------------------------------------------- --synthetic (GPU, no model file) */
-
-typedef struct synth_out {
-    FILE *csv;
-    const char *csv_path;        /* opened at the first row, so a run that fails first leaves no file */
-    const char *csv_name;        /* the open CSV's path */
-    int csv_failed;              /* it could not be opened: the exit status is 1 */
-    const char *date, *commit;
-    int header_done, ttft_header, chunk, gen;
-    const char *shape;
-} synth_out;
-
-#define SYNTH_CSV_HEADER "date,commit,device,policy,ctx,batch,step_ms,tok_s,bytes_step,roof_ms,x_roof,kv_frac,select_ms,peak_gib,bw_gbs,gemm,pdl\n"
-
-static void synth_print(const synth_row *r, void *ud)
-{
-    synth_out *so = ud;
-    if (so->csv_path && !so->csv) {
-        so->csv = open_csv(so->csv_path, SYNTH_CSV_HEADER);
-        so->csv_failed = !so->csv;   /* said once; the exit status says it again */
-        if (so->csv) so->csv_name = so->csv_path;
-        so->csv_path = NULL;
-    }
-    if (!so->header_done) {
-        printf("kvchat bench --synthetic %s: random f16 weights made on the GPU, %d timed decode steps per case "
-               "(the last ending at the context length), commit %s\n", so->shape, so->gen, so->commit);
-        printf("device %s, measured bandwidth %.0f GB/s (device-to-device copy, bytes read + written)\n", r->device,
-               r->bw_gbs);
-        printf("products: %s; programmatic dependent launch %s\n",
-               r->gemm == SYNTH_GEMM_CUBLAS ? "cuBLAS GemmEx"
-               : r->gemm == SYNTH_GEMM_TC ? "kvchat's tensor-core kernel up to batch 32, cuBLAS GemmEx above"
-                                          : "kvchat's one-pass kernel for batches 1-2, its tensor-core kernel for 3-4, cuBLAS GemmEx above",
-               r->pdl ? "on" : "off");
-        printf("%-24s %7s %5s %9s %9s %9s %6s %7s %9s %7s\n", "policy", "ctx", "batch", "step ms", "tok/s", "roof ms",
-               "x roof", "KV read", "select ms", "GPU GiB");
-        so->header_done = 1;
-    }
-    if (r->kind == 1 && !so->ttft_header) {
-        printf("time to first token (one sequence, chunks of %d tokens):\n%-24s %7s %10s %12s %7s\n", so->chunk, "policy", "ctx",
-               "TTFT ms", "KV kept GiB", "GPU GiB");
-        so->ttft_header = 1;
-    }
-    if (r->step_ms < 0) {
-        printf("%-24s %7d %5d  skipped: %s\n", synth_policy_name(r->policy), r->ctx, r->batch, r->note);
-        return;
-    }
-    if (r->kind == 1) {
-        printf("%-24s %7d %10.1f %12.2f %7.1f\n", synth_policy_name(r->policy), r->ctx, r->ttft_ms, r->kv_kept_gib, r->peak_gib);
-        fflush(stdout);
-        if (so->csv)
-            fprintf(so->csv, "%s,%s,\"%s\",ttft:%s,%d,1,%.4f,,,,,,,%.2f,%.1f,%s,%d\n", so->date, so->commit, r->device,
-                    synth_policy_name(r->policy), r->ctx, r->ttft_ms, r->peak_gib, r->bw_gbs, synth_gemm_name(r->gemm),
-                    r->pdl);
-        return;
-    }
-    printf("%-24s %7d %5d %9.2f %9.1f %9.2f %6.2f %6.1f%% %9.2f %7.1f\n", synth_policy_name(r->policy), r->ctx, r->batch,
-           r->step_ms, r->tok_s, r->roof_ms, r->step_ms / r->roof_ms, 100 * r->kv_frac, r->select_ms, r->peak_gib);
-    if (r->prof_kernels)
-        printf("  profiled step (no graph, %d kernels): products %.2f ms, attention %.2f, selection %.2f, other %.2f\n",
-               r->prof_kernels, r->prof_ms[0], r->prof_ms[1], r->prof_ms[2], r->prof_ms[3]);
-    fflush(stdout);
-    if (so->csv) {
-        fprintf(so->csv, "%s,%s,\"%s\",%s,%d,%d,%.4f,%.2f,%.0f,%.4f,%.4f,%.5f,%.4f,%.2f,%.1f,%s,%d\n", so->date, so->commit,
-                r->device, synth_policy_name(r->policy), r->ctx, r->batch, r->step_ms, r->tok_s, r->bytes_step, r->roof_ms,
-                r->step_ms / r->roof_ms, r->kv_frac, r->select_ms, r->peak_gib, r->bw_gbs, synth_gemm_name(r->gemm), r->pdl);
-        fflush(so->csv);
-    }
-}
-
 /* parses "A,B,C" of positive ints into v (at most cap); the count, or -1 after a message */
 static int parse_int_list(const char *opt, const char *arg, int *v, int cap, int lo, int hi)
 {
@@ -539,98 +537,6 @@ static int parse_int_list(const char *opt, const char *arg, int *v, int cap, int
     }
     if (n == 0) cli_err("bench: %s: empty list", opt);
     return n ? n : -1;
-}
-
-typedef struct synth_opts {
-    const char *shape, *ctx, *batch, *policy, *csv;
-    int64_t gen, budget, chunk;
-    int device, gemm, no_pdl, ttft, no_csv;
-} synth_opts;
-
-#define Y(field) offsetof(synth_opts, field)
-static const opt_def synth_defs[] = {
-    { "--synthetic", NULL, OPT_STR, Y(shape), 0, 0, NULL, 0, "SHAPE", "the model shape (llama-8b)", NULL },
-    { "--ctx", "--depths", OPT_STR, Y(ctx), 0, 0, NULL, 0, "LIST", "context lengths (default 4096,...,131072)", NULL },
-    { "--batch", NULL, OPT_STR, Y(batch), 0, 0, NULL, 0, "LIST", "batch sizes (default 1,4,8,16,32)", NULL },
-    { "--policy", NULL, OPT_STR, Y(policy), 0, 0, NULL, 0, "LIST",
-      "full, chess (the aggressive preset), quest (default all three)", NULL },
-    { "--gen", NULL, OPT_I64, Y(gen), 8, 4096, NULL, 0, "N", "timed decode steps per case (default 64)", NULL },
-    { "--budget", NULL, OPT_I64, Y(budget), 64, 1 << 20, NULL, 0, "TOKENS", "Quest's tokens per KV head (default 1024)",
-      NULL },
-    { "--gemm", NULL, OPT_CHOICE, Y(gemm), 0, 0, "own|tc|cublas", 0, NULL,
-      "the products: kvchat's kernels by batch (own), its tensor-core kernel, or cuBLAS", NULL },
-    { "--no-pdl", NULL, OPT_FLAG, Y(no_pdl), 0, 0, NULL, 0, NULL, "no programmatic dependent launch", NULL },
-    { "--ttft", NULL, OPT_FLAG, Y(ttft), 0, 0, NULL, 0, NULL, "also the time to first token (full and TAKE)", NULL },
-    { "--chunk", NULL, OPT_I64, Y(chunk), 64, 8192, NULL, 0, "N", "prefill chunk of --ttft (default 512)", NULL },
-    { "--csv", NULL, OPT_STR, Y(csv), 0, 0, NULL, 0, "FILE", "rows appended here (default bench/synthetic_results.csv)",
-      NULL },
-    { "--no-csv", NULL, OPT_FLAG, Y(no_csv), 0, 0, NULL, 0, NULL, "no CSV", NULL },
-    { "--device", NULL, OPT_CHOICE, Y(device), 0, 0, "auto|cpu|cuda", 0, NULL, "cuda (the GPU is required)", NULL },
-    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
-    OPT_END
-};
-#undef Y
-
-static int bench_synthetic(int argc, char **argv)
-{
-    synth_opts so_ = { NULL, "4096,8192,16384,32768,65536,131072", "1,4,8,16,32", "full,chess,quest",
-                       "bench/synthetic_results.csv", 64, 1024, 512, CLI_DEV_AUTO, 0, 0, 0, 0 };
-    opt_group g[] = { { synth_defs, &so_, NULL } };
-    int r = cli_parse(argc, argv, "kvchat bench --synthetic llama-8b [--device cuda] [options]",
-                      "A model of that shape with random f16 weights made on the GPU (no file): decode tok/s per\n"
-                      "policy, context and batch, each step against the memory-bandwidth roofline.", g, 1, NULL, 0, NULL);
-    if (r) return r > 0 ? 0 : 1;
-    const char *shape = so_.shape, *ctx_arg = so_.ctx, *batch_arg = so_.batch, *pol_arg = so_.policy;
-    const char *csv = so_.no_csv ? NULL : so_.csv;
-    int64_t gen = so_.gen, budget = so_.budget, chunk = so_.chunk;
-    int device = so_.device, no_pdl = so_.no_pdl, ttft = so_.ttft;
-    int gemm = so_.gemm == 1 ? SYNTH_GEMM_TC : so_.gemm == 2 ? SYNTH_GEMM_CUBLAS : SYNTH_GEMM_OWN;
-    if (chunk % 32) {
-        cli_err("bench: --chunk: %lld is not a multiple of the 32-token page", (long long)chunk);
-        return 1;
-    }
-    if (device == CLI_DEV_CPU) {
-        cli_err("bench: --synthetic runs on the GPU only (--device cuda)");
-        return 1;
-    }
-    synth_req rq;
-    memset(&rq, 0, sizeof rq);
-    if (!(rq.shape = synth_shape_find(shape))) {
-        cli_err("bench: --synthetic: unknown shape '%s' (known: %s)", shape, synth_shape_names());
-        return 1;
-    }
-    int ctx[16], batch[16], pol[3];
-    if ((rq.n_ctx = parse_int_list("--ctx", ctx_arg, ctx, 16, 256, 1 << 20)) < 0) return 1;
-    if ((rq.n_batch = parse_int_list("--batch", batch_arg, batch, 16, 1, 256)) < 0) return 1;
-    rq.n_policy = 0;
-    for (const char *p = pol_arg; *p;) {
-        size_t n = strcspn(p, ",");
-        int k = synth_policy_find(p, n);
-        if (k < 0 || rq.n_policy == 3) {
-            cli_err("bench: --synthetic --policy: '%.*s' is not one of full, chess (the aggressive preset), quest", (int)n, p);
-            return 1;
-        }
-        pol[rq.n_policy++] = k;
-        p += n + (p[n] == ',');
-    }
-    rq.ctx = ctx, rq.batch = batch, rq.policy = pol, rq.gen = (int)gen, rq.quest_budget = (int)budget;
-    rq.gemm = gemm;
-    rq.no_pdl = no_pdl;
-    rq.ttft = ttft;
-    rq.chunk = (int)chunk;
-    char commit[64], date[32];
-    bench_commit(commit, sizeof commit);
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    synth_out so = { NULL, csv, NULL, 0, date, commit, 0, 0, rq.chunk, rq.gen, rq.shape->name };
-    char err[512];
-    int rc = synth_run(&rq, synth_print, &so, err, sizeof err);
-    int csv_rc = close_csv(so.csv, so.csv_name, so.csv_failed);
-    if (rc) {
-        cli_err("bench: %s", err);
-        return 1;
-    }
-    return csv_rc;
 }
 
 /* Prefill speed at each depth, then decode speed there (greedy steps through the full cache). */
@@ -675,7 +581,7 @@ static int bench_speed(run *r, const int64_t *depths, int nd, int64_t n_gen, con
 typedef struct bench_opts {
     const char *depths, *csv, *policy, *budget, *out;
     int64_t n_gen;
-    int snapshot, no_csv, page_size, compare;
+    int snapshot, no_csv, page_size, compare, seqs;
 } bench_opts;
 
 #define B(field) offsetof(bench_opts, field)
@@ -691,29 +597,30 @@ static const opt_def bench_defs[] = {
     { "--compare", NULL, OPT_FLAG, B(compare), 0, 0, NULL, 0, NULL,
       "the --policy list (2 to 8 decode-time policies) decoded from one prefill as /compare does: one after "
       "another, then in one batch (bench/compare_results.csv)", NULL },
+    { "--seqs", NULL, OPT_INT, B(seqs), 2, FWD_BATCH_MAX, NULL, 0, "N",
+      "per --policy: N sequences decoded together from one prefill against one alone (bench/batch_results.csv)",
+      NULL },
     { "--csv", NULL, OPT_STR, B(csv), 0, 0, NULL, 0, "FILE", "rows appended here (default bench/results.csv, "
-      "bench/policy_results.csv or bench/snapshot_results.csv)", NULL },
+      "bench/policy_results.csv, bench/snapshot_results.csv, bench/compare_results.csv or "
+      "bench/batch_results.csv)", NULL },
     { "--no-csv", NULL, OPT_FLAG, B(no_csv), 0, 0, NULL, 0, NULL, "no CSV", NULL },
     { "--out", NULL, OPT_STR, B(out), 0, 0, NULL, 0, "DIR", "the per-policy figures in DIR/bench.csv and DIR/bench.png",
       NULL },
-    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help (kvchat bench --synthetic x --help: the GPU's)",
-      NULL },
+    { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
     OPT_END
 };
 #undef B
 
 int cmd_bench(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--synthetic")) return bench_synthetic(argc, argv);
     cli_opts o;
     cli_opts_init(&o);
-    bench_opts bo = { "512,2048,8192", "bench/results.csv", NULL, NULL, NULL, 32, 0, 0, 0, 0 };
+    bench_opts bo = { "512,2048,8192", "bench/results.csv", NULL, NULL, NULL, 32, 0, 0, 0, 0, 0 };
     opt_group grp[] = { { bench_defs, &bo, NULL }, CLI_MODEL(&o) };
     int pr = cli_parse(argc, argv, "kvchat bench [-m MODEL] [--ctx 512,2048,8192] [--gen N] [--policy LIST [--budget B]] "
                       "[options]",
                       "Without --policy: prefill and decode speed at each length (bench/results.csv). A benchmark, not\n"
-                      "a test: it asserts nothing. kvchat bench --synthetic SHAPE measures a random model on the GPU.",
+                      "a test: it asserts nothing. Model shapes without a file: kvchat gen-model.",
                       grp, 2, NULL, 0, NULL);
     if (pr) return pr > 0 ? 0 : 1;
     const char *depths_arg = bo.depths, *csv = bo.no_csv ? NULL : bo.csv, *policy_list = bo.policy, *out_dir = bo.out;
@@ -734,6 +641,10 @@ int cmd_bench(int argc, char **argv)
     if (snapshot && !policy_list) policy_list = "full";
     if (bo.compare && (!policy_list || snapshot || out_dir)) {
         cli_err("bench: --compare needs --policy LIST (2 to 8 decode-time policies), without --snapshot or --out");
+        return 1;
+    }
+    if (bo.seqs && (!policy_list || snapshot || out_dir || bo.compare)) {
+        cli_err("bench: --seqs needs --policy LIST (decode-time policies), without --snapshot, --out or --compare");
         return 1;
     }
     if (out_dir) {
@@ -762,6 +673,7 @@ int cmd_bench(int argc, char **argv)
         if (csv && !strcmp(csv, "bench/results.csv"))
             csv = snapshot       ? "bench/snapshot_results.csv"
                   : bo.compare ? "bench/compare_results.csv"
+                  : bo.seqs    ? "bench/batch_results.csv"
                                : "bench/policy_results.csv";
     }
     /* the budget belongs to the listed policies, not to the session's own (full) one */
@@ -813,7 +725,9 @@ int cmd_bench(int argc, char **argv)
     cli_catch_stop_signals();
     run_set_abort(r, &cli_interrupted);
     int rc;
-    if (bo.compare) {
+    if (bo.seqs) {
+        rc = bench_seqs(r, budget, specs, n_spec, bo.seqs, depths, nd, n_gen, toks, csv, date, commit, machine, base);
+    } else if (bo.compare) {
         rc = bench_compare(r, budget, specs, n_spec, depths, nd, n_gen, toks, csv, date, commit, machine, base);
     } else if (snapshot) {
         rc = bench_snapshots(r, budget, specs, n_spec, depths, nd, toks, csv, date, commit, machine, base);

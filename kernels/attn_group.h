@@ -4,7 +4,7 @@
  * of AG_THREADS threads serves every query head of one KV head (a GQA group, in batches of
  * AG_HEADS), so each page is read once per group rather than once per query head, and one slice of
  * that head's pages (the splits give a decode step enough blocks to fill the device; ag_combine_one
- * below merges them, for every attention kernel of the backend and the synthetic benchmark):
+ * below merges them, for every attention kernel of the backend):
  * - A key row is shared by `lk` lanes (a "slot"), each holding AG_DL consecutive dimensions: one
  *   16-byte load of f16 for the key and one for the value. A block has AG_THREADS / lk slots; in
  *   each page slot s takes rows s, s + slots, ... (two at a time, both loaded before either is

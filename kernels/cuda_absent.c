@@ -3,7 +3,6 @@
 #include <stdio.h>
 
 #include "kernels/backend.h"
-#include "kernels/synthetic.h"
 
 int be_cuda_devices(void) { return 0; }
 
@@ -21,19 +20,4 @@ be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     snprintf(err, errlen, "this kvchat was built without CUDA: build it with `make CUDA=1` (nvcc and cuBLAS), "
                           "or use --device cpu");
     return NULL;
-}
-
-int synth_run(const synth_req *req, synth_row_fn row, void *ud, char *err, size_t errlen)
-{
-    (void)req, (void)row, (void)ud;
-    snprintf(err, errlen, "the synthetic benchmark runs on the GPU, and this kvchat was built without CUDA: "
-                          "build it with `make CUDA=1`");
-    return -1;
-}
-
-int synth_selfcheck(double *attn_err, char *err, size_t errlen)
-{
-    *attn_err = 0;
-    snprintf(err, errlen, "this kvchat was built without CUDA");
-    return -1;
 }

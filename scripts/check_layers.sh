@@ -11,8 +11,7 @@
 #             through kernels/backend.h
 #   store/    sqlite persistence, implements the engine's persistence interface: common/, engine/, store/
 #   ui/       the terminal interface: common/, engine/, store/, ui/, kernels/backend.h
-#   app/      the binary and its commands: anything above, and of kernels/ only backend.h and
-#             synthetic.h (the synthetic benchmark's request)
+#   app/      the binary and its commands: anything above, and of kernels/ only backend.h
 # tests/, fuzz/ and bench/ may include anything. Prints each offending line; exit 1 if any.
 #
 # The session's files (engine/sess_priv.h) depend one way: sess_store.c, then sess_reuse.c, then sess_doc.c, then
@@ -30,8 +29,7 @@ allowed() { # layer of the including file, included path
         store) [[ $inc == common/* || $inc == engine/* || $inc == store/* ]] ;;
         ui) [[ $inc == common/* || $inc == engine/* || $inc == store/* || $inc == ui/* ||
                $inc == kernels/backend.h ]] ;;
-        app) [[ $inc != tests/* && $inc != fuzz/* && ( $inc != kernels/* || $inc == kernels/backend.h ||
-                $inc == kernels/synthetic.h ) ]] ;;
+        app) [[ $inc != tests/* && $inc != fuzz/* && ( $inc != kernels/* || $inc == kernels/backend.h ) ]] ;;
         *) return 0 ;;
     esac
 }

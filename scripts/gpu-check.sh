@@ -20,7 +20,8 @@
 #      policies (kvchat bench --compare);
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also without
 #      the warm-up, with the f32 decode kernel, with the grouped kernel for prefill chunks, under the profiler, with
-#      and without Quest and CHESS, /compare's batch, and full against CHESS aggressive at 32K).
+#      and without Quest and CHESS, /compare's batch, full against CHESS aggressive at 32K, and
+#      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
@@ -28,7 +29,8 @@
 # gpu-figures.sh beside this script), OUTDIR/results.csv (kvchat bench's own rows, for
 # bench/results.csv), OUTDIR/policy_results.csv (kvchat bench --policy's rows, for
 # bench/policy_results.csv), OUTDIR/compare_results.csv (kvchat bench --compare's rows, for
-# bench/compare_results.csv), OUTDIR/kernels.csv (gpu_bench's own rows), OUTDIR/log.txt (every step's
+# bench/compare_results.csv), OUTDIR/batch_results.csv (kvchat bench --seqs's rows, for
+# bench/batch_results.csv), OUTDIR/kernels.csv (gpu_bench's own rows), OUTDIR/log.txt (every step's
 # whole output). A step that fails or runs out of time is recorded and the next one runs. Without a GPU
 # (nvidia-smi finds none) the steps that write and time models are skipped: on the CPU they would
 # only spend the budget. Exit status: 0 when every step passed, 1 otherwise.
@@ -321,6 +323,14 @@ for type in q4_k_m f16; do
                 say "  TAKE at depth 32704, 8 tokens; target: its TTFT at most 0.5x full's above:"
                 awk '/^ +ctx +policy/ || /^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^peak RSS/ || /^between ops/ { on = 0 }' \
                     "$tmp/last" >>"$summary"
+            fi
+            # CHESS's batch target at 32K: 8 sequences decoding together, CHESS aggressive's tokens
+            # a second at least 4x full's
+            if step "batch mistral-7b-q4_k_m full and chess:preset=aggressive, 8 sequences at 32K" 150 "$kv" bench \
+                -m "$m" --device cuda --ctx 32704 --gen 32 --seqs 8 --policy full,chess:preset=aggressive \
+                --csv "$out/batch_results.csv"; then
+                say "  8 sequences together at depth 32704, 32 tokens each; target: CHESS's batch tok/s at least 4x full's:"
+                awk '/^ +ctx +seqs/ { on = 1 } /^peak RSS/ { on = 0 } on && NF { print "    " $0 }' "$tmp/last" >>"$summary"
             fi
         fi
     fi

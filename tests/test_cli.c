@@ -415,6 +415,43 @@ Test(cli, bench_compare_batches_the_policies_and_says_the_tokens_agree)
                           "2 to 8");
 }
 
+/* --seqs N: each policy's N sequences decoded together from one prefill choose the tokens one alone
+ * does, and a row per (length, policy) says so; bad combinations are refused in one line. */
+Test(cli, bench_seqs_decodes_sequences_together_as_one_alone)
+{
+    static char out[1 << 16], errb[1 << 16];
+    char dir[] = "/tmp/kvchat_seqs_XXXXXX", args[1024], path[256];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/b.csv", dir);
+    snprintf(args, sizeof args, "bench -t 2 -m " TD "tiny/tiny-llama-q4_k_m.gguf --seqs 3 --policy "
+             "full,chess:preset=aggressive --ctx 64,160 --gen 10 --csv %s", path);
+    int st = run(args, out, sizeof out, errb, sizeof errb);
+    cr_assert_eq(st, 0, "stderr: %s", errb);
+    cr_expect(strstr(out, " yes ") && !strstr(out, " NO "), "%s", out);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no CSV at %s", path);
+    char line[1024];
+    int rows = 0, chess = 0;
+    cr_assert(fgets(line, sizeof line, f) && !strncmp(line, "date,commit", 11), "header: %s", line);
+    while (fgets(line, sizeof line, f)) {
+        rows++;
+        chess += strstr(line, "\"chess:preset=aggressive\"") != NULL;
+        cr_expect(strstr(line, ",3,10,") && line[strlen(line) - 2] == '1', "row: %s", line);
+    }
+    fclose(f);
+    cr_expect_eq(rows, 4);
+    cr_expect_eq(chess, 2);
+    unlink(path);
+    rmdir(dir);
+    expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --seqs 4 --ctx 48", "--seqs needs --policy");
+    expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --seqs 4 --policy take --ctx 48 --no-csv",
+                          "decode-time policies");
+    expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --seqs 9 --policy full --ctx 48 --no-csv",
+                          "--seqs");
+    expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --seqs 2 --compare --policy full,quest --ctx 48",
+                          "without --snapshot, --out or --compare");
+}
+
 /* ---------------------------------------------------------------- ask and policies */
 
 #define ASK "ask -t 1 -m " TD "tiny/tiny-gemma3-q4_k_m.gguf -d " TD "prompts/p2.txt "
@@ -879,26 +916,6 @@ Test(cli, tui_separator_stays_in_its_pane_and_memory_reads_right, .timeout = 120
 Test(cli, tui_refuses_a_non_terminal)
 {
     expect_one_line_error("tui -m " TD "tiny/tiny-gemma3-q4_k_m.gguf", "needs a terminal");
-}
-
-/* The synthetic GPU benchmark refuses cleanly where it cannot run (this build has no CUDA, or the
- * options are wrong) and leaves no CSV behind. */
-Test(cli, synthetic_bench_refuses_in_one_line)
-{
-    char csv[] = "/tmp/kvchat_synth_XXXXXX";
-    int fd = mkstemp(csv);
-    cr_assert(fd >= 0);
-    close(fd);
-    unlink(csv);
-    char args[256];
-    snprintf(args, sizeof args, "bench --synthetic llama-8b --ctx 4096 --batch 1 --csv %s", csv);
-    expect_one_line_error(args, "CUDA");
-    cr_expect(access(csv, F_OK) != 0, "a failed synthetic run left %s behind", csv);
-    expect_one_line_error("bench --synthetic llama-9b", "unknown shape 'llama-9b'");
-    expect_one_line_error("bench --synthetic llama-8b --batch 0", "--batch");
-    expect_one_line_error("bench --synthetic llama-8b --policy h2o", "'h2o' is not one of full, chess");
-    expect_one_line_error("bench --synthetic llama-8b --device cpu", "GPU only");
-    expect_one_line_error("bench --synthetic llama-8b --chunk 100", "multiple of the 32-token page");
 }
 
 /* Several kvchat processes on one new database at once: the schema is made once (the others wait

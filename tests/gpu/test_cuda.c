@@ -27,7 +27,6 @@
 #include "kernels/decode_dot.h"
 #include "kernels/attn_group.h"
 #include "kernels/attn_flash.h"
-#include "kernels/synthetic.h"
 #include "engine/generate.h"
 #include "engine/run.h"
 #include "engine/tokenizer.h"
@@ -1472,17 +1471,6 @@ Test(cuda, tiny_model_reference_gates_hold_with_grouped_prefill)
     gates_on(gr);
     cr_expect(be_cuda_flash_calls(gr) == 0, "KVCHAT_CUDA_ATTN=grouped ran the flash kernel");
     be_free(gr);
-}
-
-/* The synthetic benchmark's kernels (kernels/cuda/synthetic.cu: tensor-core paged attention, Quest's
- * selection, the one-pass decode product) against double-precision host references on random data. */
-Test(cuda, synthetic_decode_kernels_equal_a_host_reference)
-{
-    char err[512];
-    double attn_err = 1;
-    cr_assert(synth_selfcheck(&attn_err, err, sizeof err) == 0, "%s", err);
-    cr_log_info("synthetic attention: %.2e of the reference's largest magnitude", attn_err);
-    cr_expect(attn_err < 2e-3, "synthetic attention differs by %.2e", attn_err);
 }
 
 /* ---------------------------------------------------------------- the sampler's candidates */
