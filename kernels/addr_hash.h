@@ -1,5 +1,5 @@
 /* addr_hash.h - a hash of a host address or a 64-bit name, for the open-addressing tables that key
- * device copies by the host bytes they copy (kernels/page_copies.c, kernels/cuda/const_copies.c)
+ * device copies by the host bytes they copy (kernels/page_copies.c, kernels/const_copies.c)
  * and page lists by their names (kernels/page_tables.c). */
 #ifndef KVCHAT_ADDR_HASH_H
 #define KVCHAT_ADDR_HASH_H

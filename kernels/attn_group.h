@@ -15,7 +15,7 @@
  * - At the end the slots' states merge (ag_merge): within a warp by shuffles, then the warps in
  *   order through shared memory; each block leaves its split's maximum, sum and unnormalised
  *   output, and ag_combine_one merges the splits.
- * The kernels in kernels/cuda/backend_cuda.cu run these functions; ag_block_sim and ag_attention_sim
+ * The kernels in kernels/cuda/attn_rows.cu run these functions; ag_block_sim and ag_attention_sim
  * run them for every lane on the host (tests/test_attn_kernels.c checks them against the CPU backend
  * and against double precision). Every float operation is written out (QB_MUL, QB_ADD, fmaf) and
  * the exponential is ag_exp, not the device's approximate one, so the device gives the host's bits. */

@@ -1,8 +1,8 @@
 /* backend.h - the op table the forward pass runs on.
  *
  * The engine calls these ops and never knows which device executes them. Two implementations:
- * kernels/cpu/backend_cpu.c (SIMD kernels and a thread pool) and kernels/cuda/backend_cuda.cu
- * (cuBLAS and CUDA kernels, built with `make CUDA=1`). All activations are f32 row-major
+ * kernels/cpu/backend_cpu.c (SIMD kernels and a thread pool) and kernels/cuda/backend_cuda.cu with a
+ * file per op beside it (cuBLAS and CUDA kernels, built with `make CUDA=1`). All activations are f32 row-major
  * [rows][cols] named by host addresses; weights stay in their GGUF encoding (be_weight points into
  * the mapped file) and a device backend keeps its own copies.
  *

@@ -1,5 +1,5 @@
 /* cuda_absent.c - what a build without CUDA (plain `make`) says when asked for the GPU: no device,
- * and how to get a build that has one. `make CUDA=1` compiles kernels/cuda/backend_cuda.cu instead. */
+ * and how to get a build that has one. `make CUDA=1` compiles the .cu files of kernels/cuda/ instead. */
 #include <stdio.h>
 
 #include "kernels/backend.h"

@@ -9,7 +9,7 @@
  *   sub-block with one weight scale), unpacks them into four words of signed 8-bit codes and
  *   multiplies them by the activations' codes four at a time (dd_dp4a, the device's dp4a).
  * - F16/BF16 rows are read 16 bytes (8 values) at a time and multiplied by the f32 activations.
- * The kernels in kernels/cuda/backend_cuda.cu run dd_lane_dot_q / dd_lane_dot_h on every lane of a
+ * The kernels in kernels/cuda/vec_dot.cu run dd_lane_dot_q / dd_lane_dot_h on every lane of a
  * warp (a warp per row) and add the lanes by a butterfly of shuffles; tests/test_quant_blocks.c runs
  * the same functions for all 32 lanes on the host and checks the result against double-precision
  * products. Every float operation is written out (QB_MUL, QB_ADD, fmaf), so the device, which never

@@ -229,7 +229,7 @@ Test(attn_mass, the_cpu_gives_the_plain_loops_floats_whatever_the_threads_and_th
     be_free(b3);
 }
 
-/* The CUDA backend's three passes as its kernels run them (kernels/cuda/backend_cuda.cu
+/* The CUDA backend's three passes as its kernels run them (kernels/cuda/attn_mass.cu
  * mass_score_kernel, mass_weight_kernel, mass_add_kernel), every block and thread on the host,
  * rows in passes of `per`, every KV head of the call in each. A shuffle down past a half-warp's 16
  * lanes gives the lane its own value. */

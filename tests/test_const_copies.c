@@ -1,5 +1,5 @@
 /* test_const_copies.c - the CUDA backend's device copies of small constant inputs (norm weights,
- * kernels/cuda/const_copies.c), with host memory standing in for the device: a few hundred inputs
+ * kernels/const_copies.c), with host memory standing in for the device: a few hundred inputs
  * (the table grows twice) keep their copies, unchanged bytes are not sent again, changed bytes are,
  * a new size takes a new copy, running out of device memory or a refused upload is reported and
  * mended by the next call, and freeing releases every copy exactly once. Before this table was its
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/const_copies.h"
+#include "kernels/const_copies.h"
 
 enum { MAX_LIVE = 4096 };
 

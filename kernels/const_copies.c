@@ -1,5 +1,5 @@
 /* const_copies.c - device copies of small constant inputs (see const_copies.h). */
-#include "kernels/cuda/const_copies.h"
+#include "kernels/const_copies.h"
 #include "kernels/addr_hash.h"
 
 #include <stdlib.h>

@@ -1,0 +1,482 @@
+/* attn_rows.cu - the CUDA backend's attention over the KV pages (be_ops.attention; the CPU's is
+ * kernels/attn_rows.c): the scalar kernel (a block per query head), the grouped kernel (a GQA group
+ * reads each page once, kernels/attn_group.h), the flash kernel for prefill chunks on the tensor
+ * cores (kernels/attn_flash.h), their split combine, and a selection's list gathered on the device. */
+#include "kernels/cuda/backend_cuda.cuh"
+
+#define ATT_THREADS 128     /* keys scored at once by one attention block; its threads */
+#define MAX_D_PER_THREAD 4  /* head_dim up to 512 */
+
+static __device__ float block_max(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[wid] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < ATT_THREADS / 32; i++) r = fmaxf(r, red[i]);
+    return r;
+}
+
+static __device__ float block_sum(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[wid] = v;
+    __syncthreads();
+    float r = 0;
+    for (int i = 0; i < ATT_THREADS / 32; i++) r += red[i];
+    return r;
+}
+
+/* One block per (query head, query, split of its KV head's pages): online softmax over that slice of
+ * the pages, ATT_THREADS keys at a time (one key per thread for the scores, then each thread
+ * accumulates its share of the head's dimensions over those keys); the unnormalised output, maximum
+ * and sum of each split go to part_*, merged by attn_combine. Splits give a decode step (one query,
+ * a few heads) enough blocks to fill the device. */
+__global__ void attn_kernel(const float *q, const int32_t *q_pos, const dev_page *pages, int64_t n_pages,
+                            const int64_t *head_pages, const uint64_t *masks, int n_head, int group, int D,
+                            int32_t window, int n_split, float *part_o, float *part_ml)
+{
+    extern __shared__ float sh[];
+    float *sq = sh;                 /* [D] the query */
+    float *sp = sq + D;             /* [ATT_THREADS] scores, then weights */
+    float *red = sp + ATT_THREADS;  /* [ATT_THREADS / 32] */
+    int h = blockIdx.x, g = h / group, tid = threadIdx.x;
+    int64_t t = blockIdx.y;
+    int32_t qp = q_pos[t];
+    const float *qt = q + (t * n_head + h) * (int64_t)D;
+    for (int d = tid; d < D; d += ATT_THREADS) sq[d] = qt[d];
+    float acc[MAX_D_PER_THREAD];
+    for (int j = 0; j < MAX_D_PER_THREAD; j++) acc[j] = 0;
+    float m = -INFINITY, l = 0;
+    int64_t h0 = head_pages ? head_pages[g] : 0, h1 = head_pages ? head_pages[g + 1] : n_pages;
+    int64_t per = (h1 - h0 + n_split - 1) / n_split, p0 = h0 + blockIdx.z * per;
+    int64_t p1 = p0 + per < h1 ? p0 + per : h1;
+    __syncthreads();
+    for (int64_t ip = p0; ip < p1; ip++) {
+        const dev_page pg = pages[ip];
+        if (pg.n <= 0) continue;
+        const __half *kb = (const __half *)pg.k + (int64_t)g * pg.head_step;
+        const __half *vb = (const __half *)pg.v + (int64_t)g * pg.head_step;
+        for (int32_t k0 = 0; k0 < pg.n; k0 += ATT_THREADS) {
+            int32_t i = k0 + tid;
+            float s = -INFINITY;
+            if (i < pg.n) {
+                int32_t kp = pg.pos[i];
+                int vis = kp <= qp && !(window > 0 && qp - kp >= window);
+                if (vis && pg.mask_off >= 0) vis = (int)((masks[pg.mask_off + (i >> 6)] >> (i & 63)) & 1u);
+                if (vis) {
+                    const __half *kr = kb + (int64_t)i * pg.stride;
+                    float dot = 0;
+                    for (int d = 0; d < D; d++) dot += sq[d] * __half2float(kr[d]);
+                    s = dot + (pg.bias ? pg.bias[i] : 0.0f);
+                }
+            }
+            float mx = block_max(s, red);
+            if (mx == -INFINITY) continue;   /* nothing visible in this block: every thread agrees */
+            float nm = fmaxf(m, mx);
+            float p = s == -INFINITY ? 0.0f : __expf(s - nm);
+            float psum = block_sum(p, red);
+            float corr = m == -INFINITY ? 0.0f : __expf(m - nm);
+            l = l * corr + psum;
+            m = nm;
+            sp[tid] = p;
+            __syncthreads();
+            int32_t nk = pg.n - k0 < ATT_THREADS ? pg.n - k0 : ATT_THREADS;
+            for (int j = 0; j < MAX_D_PER_THREAD; j++) {
+                int d = tid + j * ATT_THREADS;
+                if (d >= D) break;
+                float a = acc[j] * corr;
+                for (int32_t kk = 0; kk < nk; kk++) {
+                    float w = sp[kk];
+                    if (w != 0.0f) a += w * __half2float(vb[(int64_t)(k0 + kk) * pg.stride + d]);
+                }
+                acc[j] = a;
+            }
+            __syncthreads();   /* sp is rewritten by the next block of keys */
+        }
+    }
+    int64_t row = (t * n_head + h) * n_split + blockIdx.z;
+    for (int j = 0; j < MAX_D_PER_THREAD; j++) {
+        int d = tid + j * ATT_THREADS;
+        if (d < D) part_o[row * D + d] = acc[j];
+    }
+    if (tid == 0) part_ml[row * 2] = m, part_ml[row * 2 + 1] = l;
+}
+
+/* Every attention kernel's splits merged (ag_combine_one; row r = t * n_head + h). grid (n_head, n_q),
+ * threads over D. */
+__global__ void attn_combine(const float *part_o, const float *part_ml, int n_split, int n_head, int D, float *out)
+{
+    const int64_t r = (int64_t)blockIdx.y * n_head + blockIdx.x;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) out[r * D + d] = ag_combine_one(part_o, part_ml, r, n_split, D, d);
+}
+
+/* The grouped kernel (kernels/attn_group.h): one block per (KV head and a batch of up to AG_HEADS
+ * of its query heads, query, split of the head's pages). grid (n_head_kv * batches, n_q, n_split),
+ * AG_THREADS threads. Each page is read once for the batch's heads. */
+__global__ void __launch_bounds__(AG_THREADS) attn_group_kernel(const float *q, const int32_t *q_pos,
+                                                                const ag_page *pages, int64_t n_pages,
+                                                                const int64_t *head_pages, const uint64_t *masks,
+                                                                int n_head, int group, int D, int32_t window,
+                                                                int n_split, float *part_o, float *part_ml)
+{
+    __shared__ ag_state sw[AG_THREADS / 32 - 1][32];   /* warps 1.. : their slot 0's lanes */
+    const int nhb = ag_head_batches(group), g = blockIdx.x / nhb, bt = blockIdx.x % nhb;
+    const int h0 = g * group + bt * AG_HEADS, hb = ag_batch_heads(group, bt);
+    const int64_t t = blockIdx.y;
+    const int32_t qp = q_pos[t];
+    const int lk = ag_lanes_per_key(D), slots = AG_THREADS / lk;
+    const int tid = threadIdx.x, ls = tid % lk, lane = tid & 31, warp = tid >> 5;
+    float qv[1][AG_HEADS][AG_DL];
+    QB_UNROLL
+    for (int h = 0; h < AG_HEADS; h++)
+        for (int j = 0; j < AG_DL; j++) {
+            const int d = ls * AG_DL + j;
+            qv[0][h][j] = h < hb && d < D ? q[(t * n_head + h0 + h) * (int64_t)D + d] : 0.0f;
+        }
+    ag_state st[1];
+    ag_state_init(&st[0]);
+    int64_t p0, p1;
+    ag_split_range(head_pages, n_pages, g, n_split, (int)blockIdx.z, &p0, &p1);
+    ag_slot_run(pages, masks, p0, p1, g, qp, window, tid / lk, slots, lk, ls, 1, D, hb,
+                (const float(*)[AG_HEADS][AG_DL])qv, st);
+    /* the warp's slots: lane l merges lane l ^ o's state (ag_block_sim's order) */
+    for (int o = lk; o < 32; o <<= 1) {
+        QB_UNROLL
+        for (int h = 0; h < AG_HEADS; h++) {
+            if (h >= hb) continue;
+            float o2[AG_DL];
+            const float m2 = __shfl_xor_sync(0xffffffffu, st[0].m[h], o);
+            const float l2 = __shfl_xor_sync(0xffffffffu, st[0].l[h], o);
+            for (int j = 0; j < AG_DL; j++) o2[j] = __shfl_xor_sync(0xffffffffu, st[0].o[h][j], o);
+            ag_merge(&st[0].m[h], &st[0].l[h], st[0].o[h], m2, l2, o2);
+        }
+    }
+    if (warp > 0 && lane < lk) sw[warp - 1][lane] = st[0];
+    __syncthreads();
+    if (warp > 0 || lane >= lk) return;
+    for (int w = 1; w < AG_THREADS / 32; w++) {
+        const ag_state *b = &sw[w - 1][lane];
+        QB_UNROLL
+        for (int h = 0; h < AG_HEADS; h++)
+            if (h < hb) ag_merge(&st[0].m[h], &st[0].l[h], st[0].o[h], b->m[h], b->l[h], b->o[h]);
+    }
+    QB_UNROLL
+    for (int h = 0; h < AG_HEADS; h++) {
+        if (h >= hb) continue;
+        const int64_t row = (t * n_head + h0 + h) * n_split + blockIdx.z;
+        for (int j = 0; j < AG_DL; j++)
+            if (lane * AG_DL + j < D) part_o[row * D + lane * AG_DL + j] = st[0].o[h][j];
+        if (lane == 0) part_ml[row * 2] = st[0].m[h], part_ml[row * 2 + 1] = st[0].l[h];
+    }
+}
+
+/* A prefill chunk's attention on the tensor cores (kernels/attn_flash.h): one block per (rt * 16
+ * query rows, KV head and batch of its query heads, split of the head's pages); warps per (row tile,
+ * head, half of the output dimensions); key tiles of AF_KT rows through two stages of shared memory.
+ * grid (ceil(n_q / (rt * 16)), n_head_kv * batches, n_split), af_shape_of(D, group).warps * 32
+ * threads, af_smem_bytes of shared memory. One split writes the rows; more write partials for
+ * attn_combine. */
+__global__ void __launch_bounds__(AF_WARPS * 32) attn_flash_kernel(const float *q, const int32_t *q_pos, int64_t n_q,
+                                                                   const ag_page *pages, int64_t n_pages,
+                                                                   const int64_t *head_pages, const uint64_t *masks,
+                                                                   int n_head, int group, int D, int32_t window,
+                                                                   int has_bias, int n_split, float *out,
+                                                                   float *part_o, float *part_ml)
+{
+    extern __shared__ __align__(16) unsigned char af_mem[];
+    const af_shape sh = af_shape_of(D, group);
+    const int nhb = ag_head_batches(group), g = blockIdx.y / nhb, bt = blockIdx.y % nhb;
+    const int h0 = g * group + bt * AG_HEADS, hb_b = ag_batch_heads(group, bt);
+    const int tid = threadIdx.x, nt = blockDim.x, wi = tid >> 5, lane = tid & 31;
+    const int rt = wi / (sh.hb * sh.ds), hh = (wi / sh.ds) % sh.hb, ds = wi % sh.ds;
+    const int64_t row0 = (int64_t)blockIdx.x * sh.rt * 16;
+    const af_smem m = af_smem_at(af_mem, D, sh);
+    af_fill_q(m, q, n_q, n_head, D, sh, row0, h0, hb_b, tid, nt);
+    int32_t minp, maxp, wlo, wmax;
+    af_row_span(q_pos, n_q, row0, sh.rt * 16, &minp, &maxp);
+    af_row_span(q_pos, n_q, row0 + rt * 16, 16, &wlo, &wmax);
+    int32_t qp[1][2];
+    for (int h = 0; h < 2; h++) {
+        const int64_t r = row0 + rt * 16 + (lane >> 2) + 8 * h;
+        qp[0][h] = r < n_q ? q_pos[r] : INT32_MIN;
+    }
+    af_lane s[1];
+    af_lane_init(&s[0]);
+    const size_t qoff = (size_t)(rt * sh.hb + hh) * 16 * (size_t)(D + AF_PAD);
+    int64_t p0, p1;
+    ag_split_range(head_pages, n_pages, g, n_split, (int)blockIdx.z, &p0, &p1);
+    af_cursor cc = af_settle(pages, p0, 0, p1, minp, maxp, window), cl = cc;   /* computed, loaded */
+    if (cl.ip < p1) {
+        af_load_tile(m.s0, &pages[cl.ip], cl.r0, masks, g, D, tid, nt);
+        cl = af_settle(pages, cl.ip, cl.r0 + AF_KT, p1, minp, maxp, window);
+    }
+    af_cp_commit();
+    for (int i = 0; cc.ip < p1; i++) {
+        if (cl.ip < p1) {   /* the next tile loads while this one is used */
+            af_load_tile(af_stage_of(m, (i + 1) & 1), &pages[cl.ip], cl.r0, masks, g, D, tid, nt);
+            cl = af_settle(pages, cl.ip, cl.r0 + AF_KT, p1, minp, maxp, window);
+        }
+        af_cp_commit();
+        af_cp_wait1();
+        __syncthreads();
+        const af_stage st = af_stage_of(m, i & 1);
+        if (hh < hb_b && st.pos[0] <= wmax)   /* warp-uniform: a tile past every row of the warp is skipped */
+            af_warp_tile(st, m.qh + qoff, m.ql + qoff, D, ds * sh.dw, sh.dw, window, has_bias,
+                         (const int32_t(*)[2])qp, lane, 1, s);
+        __syncthreads();   /* the stage is refilled by the next iteration's copies */
+        cc = af_settle(pages, cc.ip, cc.r0 + AF_KT, p1, minp, maxp, window);
+    }
+    af_cp_wait0();
+    if (hh >= hb_b) return;
+    if (n_split == 1) af_write(&s[0], lane, out, n_q, n_head, h0 + hh, D, ds * sh.dw, sh.dw, row0 + rt * 16);
+    else
+        af_write_part(&s[0], lane, part_o, part_ml, n_q, n_head, h0 + hh, D, ds * sh.dw, sh.dw, row0 + rt * 16, n_split,
+                      (int)blockIdx.z);
+}
+
+/* Each KV head's number of candidates of a selection by bounds (be_attn.sel_from). */
+typedef struct sel_from {
+    int64_t v[PT_MAX_HEADS];
+} sel_from;
+
+/* A selection by bounds as the list it stands for (ag_sel_at), from the list of every page and the
+ * best and counts where the bounds left them: one block, the heads one after another (a few
+ * hundred entries in all); the offsets first, by one thread. */
+__global__ void __launch_bounds__(256) sel_gather_kernel(const ag_page *all, const int64_t *all_hp, const int32_t *best,
+                                                         const int32_t *n_best, int32_t k, sel_from from, int H,
+                                                         ag_page *out, int64_t *out_hp)
+{
+    __shared__ int64_t at[PT_MAX_HEADS + 1];
+    __shared__ int32_t nb[PT_MAX_HEADS];
+    if (threadIdx.x == 0) {
+        int64_t e = 0;
+        for (int g = 0; g < H; g++) {
+            const int32_t c = n_best[g];
+            nb[g] = c < 0 ? 0 : c > k ? k : c;   /* never outside, from the bounds kernels */
+            at[g] = e;
+            e += nb[g] + (all_hp[g + 1] - all_hp[g]) - from.v[g];
+        }
+        at[H] = e;
+        for (int g = 0; g <= H; g++) out_hp[g] = at[g];
+    }
+    __syncthreads();
+    for (int g = 0; g < H; g++)
+        for (int64_t j = threadIdx.x; j < at[g + 1] - at[g]; j += blockDim.x)
+            out[at[g] + j] = all[all_hp[g] + ag_sel_at(best + (int64_t)g * k, nb[g], from.v[g], j)];
+}
+void cuda_attention(be_backend *b, const be_attn *a)
+{
+    cuda_impl *ci = impl_of(b);
+    if (ci->failed || a->n_q <= 0) return;
+    int D = a->head_dim;
+    if (D > ATT_THREADS * MAX_D_PER_THREAD) {
+        fail(ci, "head_dim %d is more than the CUDA attention kernel's %d", D, ATT_THREADS * MAX_D_PER_THREAD);
+        return;
+    }
+    pt_begin_call(&ci->tables, COPY_IDLE);
+    sl_tick(&ci->sums);
+    if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
+    /* Rows not in the cache yet (a deferred decode step) become one more page per KV head, after
+     * the head's pages (be_attn_rows_list), pointing at their f16 conversion and their positions on
+     * the device (both buffers stay put from call to call, so those entries stay as they are). */
+    int64_t n_cur = a->n_cur > 0 ? a->n_cur : 0, kvd = (int64_t)a->n_head_kv * D;
+    if (a->n_head_kv > PT_MAX_HEADS) {
+        fail(ci, "internal error: %d KV heads (at most %d)", a->n_head_kv, PT_MAX_HEADS);
+        return;
+    }
+    const be_kv_page *list = a->pages;
+    const int64_t *hp = a->head_pages;
+    int64_t e = a->n_pages, hp_rows[PT_MAX_HEADS + 1];
+    const uint16_t *cur16 = NULL;
+    if (n_cur > 0) {
+        size_t len = (size_t)be_attn_rows_len(a);
+        if (grow_dev(ci, (void **)&ci->cur16, &ci->cap_cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd)) ||
+            grow_dev(ci, (void **)&ci->cur_pos, &ci->cap_cur_pos, sizeof(int32_t) * (size_t)n_cur))
+            return;
+        if (len > ci->cap_rows_list) {
+            be_kv_page *nl = (be_kv_page *)realloc(ci->rows_list, sizeof *nl * len);
+            if (!nl) {
+                fail(ci, "out of memory");
+                return;
+            }
+            ci->rows_list = nl;
+            ci->cap_rows_list = len;
+        }
+        cur16 = (const uint16_t *)ci->cur16;
+        e = be_attn_rows_list(a, cur16, cur16 + n_cur * kvd, ci->cur_pos, ci->rows_list, hp_rows);
+        list = ci->rows_list;
+        hp = hp_rows;
+        if (ub_add(&ci->batch, ci->cur_pos, a->cur_pos, sizeof(int32_t) * (size_t)n_cur)) {
+            fail(ci, "out of memory");
+            lose_batch(ci);
+            return;
+        }
+    }
+    /* the list's descriptors, kept on the device under the call's name: only what changed is
+     * built and queued (kernels/page_tables.c), then sent with the pages' new rows in one batch */
+    pt_call pl;
+    pt_direct rows = { cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd) };
+    int rc = pt_build(&ci->tables, a->table, a->shape, list, e, hp, a->n_head_kv, cur16 ? &rows : NULL, &pl);
+    if (rc != PT_OK) {
+        tables_failed(ci, rc);
+        return;
+    }
+    if (send_batch(ci)) return;
+    /* the grouped kernels read rows 16 bytes at a time */
+    int grouped = !ci->attn_scalar && ag_supported(D) && pl.aligned, has_bias = pl.has_bias;
+    size_t w = pl.n_words;
+    size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D, ncur = (size_t)(n_cur * kvd);
+    int q_bound = bound(ci, a->q, sizeof(float) * nq);
+    int expand = n_cur > 0;
+    /* a selection by bounds: its best and counts, where the bounds left them or from the host */
+    const size_t sel_ib = a->sel_best ? sizeof(int32_t) * (size_t)(a->n_head_kv * a->sel_k) : 0;
+    const size_t sel_cb = a->sel_best ? sizeof(int32_t) * (size_t)a->n_head_kv : 0;
+    const int sel_bound = a->sel_best && bound(ci, a->sel_best, sel_ib) && bound(ci, a->sel_n_best, sel_cb);
+    if (a->sel_best && !sel_bound && (bound(ci, a->sel_best, sel_ib) || bound(ci, a->sel_n_best, sel_cb))) {
+        fail(ci, "internal error: a selection's best and counts bound apart");
+        return;
+    }
+    int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
+    int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
+    if (stage_reserve(ci, stage_size(sizeof(uint64_t) * w) + stage_size(sizeof(int32_t) * (size_t)a->n_q) +
+                              (q_bound ? 0 : stage_size(sizeof(float) * nq)) +
+                              (expand && !ck_bound ? stage_size(sizeof(float) * ncur) : 0) +
+                              (expand && !cv_bound ? stage_size(sizeof(float) * ncur) : 0) +
+                              (a->sel_best && !sel_bound ? stage_size(sel_ib) + stage_size(sel_cb) : 0)))
+        return;
+    if (expand) {
+        const float *dk = ck_bound ? (const float *)am_dev_in(&ci->act, a->cur_k, sizeof(float) * ncur)
+                                   : (const float *)stage(ci, a->cur_k, sizeof(float) * ncur);
+        const float *dv = cv_bound ? (const float *)am_dev_in(&ci->act, a->cur_v, sizeof(float) * ncur)
+                                   : (const float *)stage(ci, a->cur_v, sizeof(float) * ncur);
+        if (!dk || !dv) return;
+        if (to_half(ci, dk, ci->cur16, (int64_t)ncur) || to_half(ci, dv, ci->cur16 + ncur, (int64_t)ncur)) return;
+    }
+    const dev_page *d_pages = pl.pages;
+    const uint64_t *d_masks = w ? (const uint64_t *)stage(ci, pl.masks, sizeof(uint64_t) * w) : NULL;
+    const int32_t *d_qpos = (const int32_t *)stage(ci, a->q_pos, sizeof(int32_t) * (size_t)a->n_q);
+    const int64_t *d_hp = pl.head_pages;
+    const float *d_q = q_bound ? (const float *)am_dev_in(&ci->act, a->q, sizeof(float) * nq)
+                               : (const float *)stage(ci, a->q, sizeof(float) * nq);
+    if ((w && !d_masks) || !d_qpos || !d_q) return;
+    /* splits: about four blocks a multiprocessor in all, at least one page each */
+    int64_t most = e;
+    if (hp) {
+        most = 0;
+        for (int g = 0; g < a->n_head_kv; g++)
+            if (hp[g + 1] - hp[g] > most) most = hp[g + 1] - hp[g];
+    }
+    /* A selection by bounds: its list built on the device from the list of every page, with no
+     * wait for the bounds; the host knows each head's length only as a bound, which sizes the
+     * splits (some of a shorter head's may be empty). */
+    if (a->sel_best) {
+        if (!hp) {
+            fail(ci, "internal error: a selection by bounds without per-head lists");
+            return;
+        }
+        sel_from sf;
+        int64_t ub = 0;
+        most = 0;
+        for (int g = 0; g < a->n_head_kv; g++) {
+            const int64_t len = hp[g + 1] - hp[g], from = a->sel_from[g];
+            const int64_t at_most = (from < a->sel_k ? from : a->sel_k) + len - from;
+            sf.v[g] = from;
+            ub += at_most;
+            if (at_most > most) most = at_most;
+        }
+        const int32_t *d_best = sel_bound ? (const int32_t *)am_dev_in(&ci->act, a->sel_best, sel_ib)
+                                          : (const int32_t *)stage(ci, a->sel_best, sel_ib);
+        const int32_t *d_cnt = sel_bound ? (const int32_t *)am_dev_in(&ci->act, a->sel_n_best, sel_cb)
+                                         : (const int32_t *)stage(ci, a->sel_n_best, sel_cb);
+        if (!d_best || !d_cnt ||
+            grow_dev(ci, (void **)&ci->sel_pages, &ci->cap_sel_pages, sizeof(ag_page) * (size_t)(ub > 0 ? ub : 1)) ||
+            grow_dev(ci, (void **)&ci->sel_hp, &ci->cap_sel_hp, sizeof(int64_t) * (PT_MAX_HEADS + 1)))
+            return;
+        sel_gather_kernel<<<1, 256, 0, ci->stream>>>(d_pages, d_hp, d_best, d_cnt, a->sel_k, sf, a->n_head_kv,
+                                                     ci->sel_pages, ci->sel_hp);
+        if (ck(ci, cudaGetLastError(), "selection gather kernel")) return;
+        d_pages = ci->sel_pages;
+        d_hp = ci->sel_hp;
+        e = ub;
+    }
+    /* the kernel: tensor-core prefill (the default for chunks; its shared memory allowed once), the
+     * grouped kernel, or the scalar one */
+    const int group = a->n_head / a->n_head_kv, nhb = ag_head_batches(group);
+    const af_shape fsh = af_shape_of(D, group);
+    const size_t fsmem = af_smem_bytes(D, fsh);
+    int flash = grouped && ci->attn_flash && a->n_q >= AF_MIN_Q && af_supported(D);
+    if (flash && fsmem > ci->flash_smem_set) {
+        int allowed = 0;
+        cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+        if ((size_t)allowed < fsmem ||
+            cudaFuncSetAttribute(attn_flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fsmem) !=
+                cudaSuccess) {
+            cudaGetLastError();   /* not sticky: the grouped kernel runs instead, said once */
+            if (!ci->flash_refused)
+                fprintf(stderr, "kvchat: the flash attention kernel needs %zu KiB of shared memory a block for head "
+                                "dimension %d, this device allows %d KiB: prefill attention runs on the grouped "
+                                "kernel\n",
+                        fsmem >> 10, D, allowed >> 10);
+            ci->flash_refused = 1;
+            flash = 0;
+        } else {
+            ci->flash_smem_set = fsmem;
+        }
+    }
+    /* splits: about four blocks a multiprocessor in all (two for the flash kernel's larger blocks),
+     * at least one page each; KVCHAT_CUDA_ATTN_SPLITS forces a count (a test knob: empty splits
+     * allowed, up to the longest list + 64) */
+    const int64_t f_rows = (a->n_q + fsh.rt * 16 - 1) / (fsh.rt * 16);
+    int64_t blocks = flash     ? f_rows * a->n_head_kv * nhb
+                     : grouped ? (int64_t)a->n_head_kv * nhb * a->n_q
+                               : (int64_t)a->n_head * a->n_q;
+    int64_t want = ((flash ? 2 : 4) * (int64_t)ci->n_sm + blocks - 1) / blocks;
+    int n_split = (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
+    if (grouped && ci->attn_splits > 0)   /* empty splits allowed, within 64 of the longest list */
+        n_split = (int)(ci->attn_splits < most + 64 ? ci->attn_splits : most + 64);
+    size_t n_part = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
+    int out_bound = bound(ci, a->out, sizeof(float) * nq);
+    if (!(flash && n_split == 1) &&
+        (grow_dev(ci, (void **)&ci->part_o, &ci->cap_po, sizeof(float) * n_part * (size_t)D) ||
+         grow_dev(ci, (void **)&ci->part_ml, &ci->cap_pml, sizeof(float) * n_part * 2)))
+        return;
+    if (!out_bound && (grow_dev(ci, (void **)&ci->out, &ci->cap_out, sizeof(float) * nq) ||
+                       grow_host(ci, (void **)&ci->h_out, &ci->cap_h_out, sizeof(float) * nq)))
+        return;
+    float *d_out = out_bound ? (float *)am_dev_out(&ci->act, a->out, sizeof(float) * nq) : ci->out;
+    cudaStream_t s = ci->stream;
+    const dim3 per_row((unsigned)a->n_head, (unsigned)a->n_q);
+    const unsigned combine_threads = D < 256 ? (unsigned)D : 256u;
+    if (flash) {
+        dim3 grid((unsigned)f_rows, (unsigned)(a->n_head_kv * nhb), (unsigned)n_split);
+        attn_flash_kernel<<<grid, fsh.warps * 32, fsmem, s>>>(d_q, d_qpos, a->n_q, d_pages, e, d_hp, d_masks, a->n_head,
+                                                               group, D, a->window, has_bias, n_split, d_out,
+                                                               ci->part_o, ci->part_ml);
+        if (ck(ci, cudaGetLastError(), "flash attention kernel")) return;
+        ci->flash_calls++;
+    } else if (grouped) {
+        dim3 grid((unsigned)(a->n_head_kv * nhb), (unsigned)a->n_q, (unsigned)n_split);
+        attn_group_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head, group, D,
+                                                      a->window, n_split, ci->part_o, ci->part_ml);
+        if (ck(ci, cudaGetLastError(), "attention kernel")) return;
+    } else {
+        dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);
+        size_t shmem = sizeof(float) * ((size_t)D + ATT_THREADS + ATT_THREADS / 32);
+        attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head, group, D,
+                                                     a->window, n_split, ci->part_o, ci->part_ml);
+        if (ck(ci, cudaGetLastError(), "attention kernel")) return;
+    }
+    if (!(flash && n_split == 1))   /* the flash kernel's one split wrote the rows itself */
+        attn_combine<<<per_row, combine_threads, 0, s>>>(ci->part_o, ci->part_ml, n_split, a->n_head, D, d_out);
+    if (ck(ci, cudaGetLastError(), "attention combine kernel") || out_bound) return;
+    ci->bytes_down += sizeof(float) * nq;
+    if (ck(ci, cudaMemcpyAsync(ci->h_out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download") ||
+        sync_stream(ci, "attention"))
+        return;
+    memcpy(a->out, ci->h_out, sizeof(float) * nq);
+}

@@ -1,0 +1,204 @@
+/* backend_cuda.cuh - what the CUDA backend's files (every .cu file in kernels/cuda/) share: the
+ * backend's state, the device copy of a weight, and the helpers every op uses (failures, staging,
+ * scratch, the activation twins). Internal to kernels/cuda/: nothing outside includes it.
+ *
+ * Each op's kernels and launches live in the file named after it (the CPU side's name where it has
+ * one): vec_dot.cu and vec_gemm.cu (matmul: decode kernels, cuBLAS for many tokens), attn_rows.cu
+ * (attention), pick.cu, elementwise.cu (rmsnorm, qk_rope, glu, add_norm, get_rows), scores.cu,
+ * key_means.cu, attn_mass.cu and bound_pages.cu; backend_cuda.cu holds the op table, the backend's
+ * life, its staging, the weights' upload and the KV page copies. Each file compiles on its own (no
+ * relocatable device code): a kernel is launched only from its own file, and what another file
+ * needs of it is a host function declared here (to_half, gemm, pick_k_best). */
+#ifndef KVCHAT_BACKEND_CUDA_CUH
+#define KVCHAT_BACKEND_CUDA_CUH
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "kernels/act_mirror.h"
+#include "kernels/backend.h"
+#include "kernels/block_pool.h"
+#include "kernels/const_copies.h"
+#include "kernels/page_copies.h"
+#include "kernels/page_tables.h"
+#include "kernels/summary_lists.h"
+#include "kernels/upload_batch.h"
+#include "common/quant.h"
+#include "kernels/weight_f16.h"
+}
+#include "kernels/quant_blocks.h"
+#include "kernels/decode_dot.h"
+#include "kernels/attn_group.h"
+#include "kernels/attn_flash.h"
+#include "kernels/pick_kernels.h"
+#include "kernels/bound_kernels.h"
+#include "kernels/score_kernels.h"
+#include "kernels/fused_kernels.h"
+#include "kernels/mean_kernels.h"
+#include "kernels/mass_kernels.h"
+
+#define COPY_IDLE 4096      /* attention calls a page copy may go unused before it is freed */
+#define EW_THREADS 256      /* threads of the element-wise kernels' blocks */
+
+/* A device copy of one weight matrix: n_out rows `stride` bytes apart (padded to 16), holding the
+ * file's bytes for the types the kernels decode and f16 values for the others. */
+typedef struct dev_weight {
+    const void *host;   /* the be_weight's data: the key */
+    uint8_t *d;
+    uint32_t type;      /* of the device bytes: the file's type, or F16 when converted */
+    size_t stride;
+    int64_t n_in, n_out;
+} dev_weight;
+
+/* What the attention kernels read of a page (kernels/attn_group.h). */
+typedef ag_page dev_page;
+
+typedef struct cuda_impl {
+    be_backend *cpu;
+    cublasHandle_t blas;
+    cudaStream_t stream;
+    dev_weight *w;
+    int n_w, cap_w;
+    uint64_t weight_bytes;
+    pc_table copies;          /* device copies of the KV pages */
+    pt_set tables;            /* attention's page descriptors on the device, per named list */
+    ub_batch batch;           /* an attention call's rows and descriptors, sent as one (send_batch) */
+    int32_t *cur_pos;         /* a deferred decode step's positions on the device */
+    size_t cap_cur_pos;
+    bp_pool blocks;           /* where the copies live: blocks carved from 64 MiB device chunks */
+    /* scratch, grown on demand */
+    float *y32, *out;          /* outputs of products and attention bound for unbound host arrays */
+    __half *cur16;             /* a deferred decode step's own K/V rows in f16, keys then values */
+    size_t cap_cur16;
+    be_kv_page *rows_list;     /* the page lists with those rows added (be_attn_rows_list) */
+    size_t cap_rows_list;
+    __half *x16;               /* the products' input in f16 */
+    __half *wtile;             /* a tile of a weight's rows dequantized to f16 for cuBLAS */
+    size_t cap_wtile;
+    float *xal;                /* a decode product's input copied to 16-byte alignment when it is not */
+    size_t cap_xal;
+    int8_t *xq;                /* a decode product's input in 8-bit codes (kernels/decode_dot.h) */
+    float *xd;                 /* and their scales, one per 32 */
+    size_t cap_xq, cap_xd;
+    int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
+    int mmv_f32;               /* KVCHAT_CUDA_MMV=f32: decode products by the f32 kernel (stage 0's) */
+    int mmv_inflight;          /* KVCHAT_CUDA_MMV_INFLIGHT: reads of a row each lane has in flight */
+    int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
+    unsigned mmv_smem_set;     /* bit per type slot: the decode kernel's shared memory limit raised */
+    float *part_o, *part_ml;   /* attention's per-split partial results */
+    uint64_t *pick_keys;       /* the pick's lists of candidates, two rounds' worth */
+    float *pick_max;           /* each slice's largest value (the entropy's reference) */
+    double *pick_sums;         /* each slice's entropy sums */
+    uint8_t *pick_res, *h_pick;   /* the answer: entropy, varentropy, then the k best keys */
+    size_t cap_pick_keys, cap_pick_max, cap_pick_sums, cap_pick_res, cap_h_pick;
+    sl_table sums;             /* the selection policies' summaries on the device, per named list */
+    float *bd_u;               /* the bounds, a row of `stride` a KV head (-inf past a head's count) */
+    uint64_t *bd_keys;         /* each head's k best keys (the last merge round's) */
+    uint8_t *h_bd;             /* page-locked: the keys, then the bounds, on their way back */
+    size_t cap_bd_u, cap_bd_keys, cap_h_bd;
+    ag_page *sel_pages;        /* a selection by bounds as its list, built on the device (sel_gather_kernel) */
+    int64_t *sel_hp;           /* and its per-head offsets */
+    size_t cap_sel_pages, cap_sel_hp;
+    double *km_sq;             /* CHESS's rows: each (row, unit)'s sum of squares (key_means_kernel) */
+    size_t cap_km_sq;
+    float *ms_e, *ms_factor, *ms_acc;   /* the attention mass: a pass's scores then weights, factors, sums */
+    float *h_ms;               /* page-locked: the sums on their way back */
+    size_t cap_ms_e, cap_ms_factor, cap_ms_acc, cap_h_ms;
+    void *ms_host;             /* the queries packed and the pages' first tokens, before staging */
+    size_t cap_ms_host;
+    size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
+    int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
+    int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
+    int attn_splits;           /* KVCHAT_CUDA_ATTN_SPLITS: the grouped and flash kernels' splits (0: by the device) */
+    int attn_flash;            /* prefill chunks on the tensor cores (attn_flash_kernel); KVCHAT_CUDA_ATTN=grouped:
+                                * on the grouped kernel, to compare */
+    size_t flash_smem_set;     /* the flash kernel's shared memory limit as raised so far */
+    int flash_refused;         /* the device's shared memory is too small for it: said once */
+    uint64_t flash_calls;      /* attention calls the flash kernel ran (be_cuda_flash_calls) */
+    uint64_t scratch_bytes;
+    /* page-locked host buffers: outputs on their way back */
+    float *h_y, *h_out;
+    size_t cap_h_y, cap_h_out;
+    am_table act;              /* device twins of the bound activation buffers */
+    /* staging arena for small inputs sent without a wait (positions, page lists, norm weights):
+     * page-locked host bytes and their device twin, reused after each wait for the stream */
+    char *h_arena, *d_arena;
+    size_t arena_cap, arena_off;
+    cc_table consts;           /* device copies of small constant inputs (norm weights) */
+    uint8_t *h_wstage;         /* page-locked: weight rows on their way to the device */
+    size_t cap_wstage;
+    uint64_t waits, bytes_up, bytes_down;   /* traffic (be_ops.counters) */
+    int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
+    int dead;                  /* the failure was a device error that no wait clears */
+    char fail_msg[320];
+} cuda_impl;
+static inline cuda_impl *impl_of(be_backend *b) { return (cuda_impl *)b->impl; }
+
+/* Launch the template instance of a device type: F(TYPE) expands to a launch. */
+#define FOR_DEVICE_TYPE(t, F)                      \
+    switch (t) {                                   \
+    case GGML_TYPE_Q4_0: F(GGML_TYPE_Q4_0); break; \
+    case GGML_TYPE_Q5_0: F(GGML_TYPE_Q5_0); break; \
+    case GGML_TYPE_Q8_0: F(GGML_TYPE_Q8_0); break; \
+    case GGML_TYPE_Q4_K: F(GGML_TYPE_Q4_K); break; \
+    case GGML_TYPE_Q5_K: F(GGML_TYPE_Q5_K); break; \
+    case GGML_TYPE_Q6_K: F(GGML_TYPE_Q6_K); break; \
+    case GGML_TYPE_F16: F(GGML_TYPE_F16); break;   \
+    default: F(GGML_TYPE_BF16); break;             \
+    }
+
+/* backend_cuda.cu: failures, scratch, staging, constants, activations, weights, page copies */
+/* The op table has no error return: the first failure is recorded with its reason, every op after
+ * it does nothing, and the forward pass asks (cuda_failed), abandons the chunk and reports it. */
+int fail(cuda_impl *ci, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int ck(cuda_impl *ci, cudaError_t e, const char *what);
+int ckb(cuda_impl *ci, cublasStatus_t s, const char *what);
+double free_mib(void);
+int grow_dev(cuda_impl *ci, void **p, size_t *cap, size_t need);
+int grow_host(cuda_impl *ci, void **p, size_t *cap, size_t need);
+int sync_stream(cuda_impl *ci, const char *what);
+size_t stage_size(size_t bytes);
+int stage_reserve(cuda_impl *ci, size_t total);
+void *stage(cuda_impl *ci, const void *src, size_t bytes);
+int send_to(cuda_impl *ci, void *dst, const void *src, size_t bytes);
+const void *const_get(cuda_impl *ci, const void *host, size_t bytes);
+void host_in(cuda_impl *ci, const void *p, size_t bytes);
+int bound(cuda_impl *ci, const void *p, size_t bytes);
+dev_weight *find_weight(cuda_impl *ci, const void *host);
+int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, char *err, size_t errlen);
+void lose_batch(cuda_impl *ci);
+int send_batch(cuda_impl *ci);
+void tables_failed(cuda_impl *ci, int rc);
+
+/* vec_gemm.cu: products of many tokens through cuBLAS, and the f16 inputs they read */
+int to_half(cuda_impl *ci, const float *x, __half *y, int64_t n);
+int gemm(cuda_impl *ci, const dev_weight *dw, const __half *x16, int64_t n_tok, float *dy);
+
+/* pick.cu: the k best of rows of values, as the sampler's keys (kernels/pick_kernels.h) */
+int pick_k_best(cuda_impl *ci, const float *x, int64_t n, int64_t row_stride, int n_rows, const int32_t *pen,
+                int32_t n_pen, float penalty, int32_t k, const int64_t *blocks, int rounds, uint64_t *scratch,
+                float *slice_max, uint64_t *best);
+
+/* the ops, each in its own file */
+void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok);
+void cuda_attention(be_backend *b, const be_attn *a);
+void cuda_pick(be_backend *b, be_pick *p);
+void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps);
+void cuda_qk_rope(be_backend *b, const be_qk *r);
+void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu);
+void cuda_add_norm(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
+                   int64_t dim, float eps);
+void cuda_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *out);
+void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y);
+void cuda_key_means(be_backend *b, const be_key_means *m);
+void cuda_attn_mass(be_backend *b, const be_mass *m);
+void cuda_bound_pages(be_backend *b, be_bounds *r);
+
+#endif

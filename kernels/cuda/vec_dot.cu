@@ -1,0 +1,291 @@
+/* vec_dot.cu - the CUDA backend's matrix products (be_ops.matmul): the decode kernels, and the
+ * choice between them and the many-token path of vec_gemm.cu.
+ *
+ * Decode (at most QB_MAX_TOK tokens), kernels/decode_dot.h: decode_dot_kernel, a warp per row,
+ * reading it straight from global memory. Quantized types: the input is first rounded to 8-bit
+ * codes in blocks of 32 (quantize_act, once for all the products that share it), then each lane
+ * multiplies 16 values at a time in integers (dp4a). F16/BF16: 16-byte loads of 8 values times the
+ * f32 input. The lanes' sums meet by a butterfly of shuffles. KVCHAT_CUDA_MMV=f32 runs stage 0's
+ * kernel instead (mmv_kernel: exact weights times f32 activations through shared memory; a block of
+ * MMV_WARPS warps computes MMV_ROWS rows a warp, the row read in chunks of QB_CHUNK values, the
+ * lanes decoding groups of 32 with qb_lane_dot), to compare the two on a GPU. More tokens than the
+ * decode kernels take go to vec_gemm.cu (cuBLAS). */
+#include "kernels/cuda/backend_cuda.cuh"
+
+#define MMV_WARPS 8
+#define MMV_ROWS 2
+
+/* The lanes' sums of each token added by a butterfly (every lane ends with the same sum; the host
+ * tests add in the same order) and written by lane 0 to y[t * n_out]. */
+static __device__ void warp_sums_out(float *acc, int n_tok, int lane, float *y, int64_t n_out)
+{
+#pragma unroll
+    for (int t = 0; t < QB_MAX_TOK; t++) {
+        if (t >= n_tok) continue;
+        float v = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) y[(int64_t)t * n_out] = v;
+    }
+}
+
+/* y[t][row] = dot(row of W, x[t]) for rows of n_in values (a multiple of 32), t < n_tok <= QB_MAX_TOK.
+ * Dynamic shared memory: mmv_smem(TYPE, n_tok) bytes. x must be 16-byte aligned. */
+template <uint32_t TYPE>
+__global__ void __launch_bounds__(MMV_WARPS * 32)
+    mmv_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out, const float *__restrict__ x,
+               int n_tok, float *__restrict__ y)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int ldx = QB_CHUNK / 32 * QB_XSTRIDE;
+    float *xs = (float *)smem;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint8_t *wb = smem + sizeof(float) * (size_t)(ldx * n_tok) + (size_t)warp * qb_chunk_bytes(TYPE);
+    const int64_t row0 = ((int64_t)blockIdx.x * MMV_WARPS + warp) * MMV_ROWS;
+    const int bv = qb_block_values(TYPE), bb = qb_block_bytes(TYPE);
+    float acc[MMV_ROWS][QB_MAX_TOK];
+#pragma unroll
+    for (int r = 0; r < MMV_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < QB_MAX_TOK; t++) acc[r][t] = 0.0f;
+    for (int64_t k0 = 0; k0 < n_in; k0 += QB_CHUNK) {
+        const int kc = (int)(n_in - k0 < QB_CHUNK ? n_in - k0 : QB_CHUNK);
+        const int q4 = kc / 4;
+        __syncthreads();   /* every warp is done with the previous chunk's activations */
+        for (int i = threadIdx.x; i < n_tok * q4; i += blockDim.x) {
+            const int t = i / q4, e = (i - t * q4) * 4;
+            const float4 v = *(const float4 *)(x + (int64_t)t * n_in + k0 + e);
+            *(float4 *)(xs + t * ldx + (e >> 5) * QB_XSTRIDE + (e & 31)) = v;
+        }
+        __syncthreads();
+        /* the chunk's bytes: a multiple of 16 but for the row's last chunk, whose 16-byte reads run
+         * into the row's padding */
+        const int n16 = (kc / bv * bb + 15) >> 4;
+#pragma unroll
+        for (int r = 0; r < MMV_ROWS; r++) {
+            const int64_t row = row0 + r;
+            if (row < n_out) {   /* the same for the whole warp */
+                const uint4 *src = (const uint4 *)(W + (size_t)row * stride + (size_t)(k0 / bv) * bb);
+                for (int i = lane; i < n16; i += 32) ((uint4 *)wb)[i] = __ldg(src + i);
+                __syncwarp();
+                qb_lane_dot(TYPE, wb, kc / 32, xs, ldx, n_tok, lane, acc[r]);
+                __syncwarp();   /* the buffer is refilled by the next row */
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MMV_ROWS; r++)
+        if (row0 + r < n_out) warp_sums_out(acc[r], n_tok, lane, y + row0 + r, n_out);
+}
+
+static size_t mmv_smem(uint32_t type, int n_tok)
+{
+    return sizeof(float) * (size_t)(QB_CHUNK / 32 * QB_XSTRIDE) * (size_t)n_tok +
+           (size_t)MMV_WARPS * (size_t)qb_chunk_bytes(type);
+}
+
+#define DD_WARPS 4   /* warps (rows) per block of the decode kernels */
+
+/* n_blocks blocks of 32 activations (over all tokens: rows of n_in % 32 == 0 values are whole
+ * blocks) rounded to 8-bit codes q and scales d (decode_dot.h): a warp per block, its largest
+ * magnitude met by shuffles. */
+__global__ void __launch_bounds__(256)
+    quantize_act(const float *__restrict__ x, int64_t n_blocks, int8_t *__restrict__ q, float *__restrict__ d)
+{
+    const int64_t blk = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (blk >= n_blocks) return;   /* the whole warp */
+    const float v = x[blk * DD_QBLOCK + lane];
+    float a = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = dd_amax2(a, __shfl_xor_sync(0xffffffffu, a, o));
+    const float s = dd_scale(a);
+    q[blk * DD_QBLOCK + lane] = dd_code(v, s);
+    if (lane == 0) d[blk] = s;
+}
+
+/* y[t][row] = dot(row of W, token t), t < n_tok <= QB_MAX_TOK, a warp per row: for a quantized W
+ * from the tokens' codes xq [n_tok][n_in] and scales xd [n_tok][n_in / 32] (quantize_act), each lane
+ * with INFLIGHT reads of the row in flight (KVCHAT_CUDA_MMV_INFLIGHT); for F16/BF16 from the f32
+ * tokens x [n_tok][n_in] (16-byte aligned). */
+template <uint32_t TYPE, int INFLIGHT>
+__global__ void __launch_bounds__(DD_WARPS * 32)
+    decode_dot_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
+                      const float *__restrict__ x, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                      int n_tok, float *__restrict__ y)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5);
+    if (row >= n_out) return;   /* the whole warp */
+    float acc[QB_MAX_TOK];
+#pragma unroll
+    for (int t = 0; t < QB_MAX_TOK; t++) acc[t] = 0.0f;
+    if (dd_integer_type(TYPE))
+        dd_lane_dot_q(TYPE, W + (size_t)row * stride, n_in, xq, xd, n_tok, lane, 32, INFLIGHT, acc);
+    else
+        dd_lane_dot_h(TYPE, W + (size_t)row * stride, n_in, x, n_tok, lane, 32, acc);
+    warp_sums_out(acc, n_tok, lane, y + row, n_out);
+}
+/* The type's slot in ci->mmv_smem_set. */
+static int type_slot(uint32_t t)
+{
+    switch (t) {
+    case GGML_TYPE_Q4_0: return 0;
+    case GGML_TYPE_Q5_0: return 1;
+    case GGML_TYPE_Q8_0: return 2;
+    case GGML_TYPE_Q4_K: return 3;
+    case GGML_TYPE_Q5_K: return 4;
+    case GGML_TYPE_Q6_K: return 5;
+    case GGML_TYPE_F16: return 6;
+    default: return 7;
+    }
+}
+/* Whether a decode product of dw reads 8-bit codes of its input (decode_dot.h) rather than f32. */
+static int mmv_int8(const cuda_impl *ci, const dev_weight *dw) { return !ci->mmv_f32 && dd_integer_type(dw->type); }
+
+/* y = W x for n_tok <= QB_MAX_TOK tokens: dx the 16-byte aligned f32 input (F16/BF16 weights, and
+ * every type under KVCHAT_CUDA_MMV=f32), xq/xd its 8-bit codes and scales (quantized weights). 0, or
+ * -1 (recorded). */
+static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_t *xq, const float *xd, int n_tok,
+               float *dy)
+{
+    if (!ci->mmv_f32) {
+        const unsigned grid = (unsigned)((dw->n_out + DD_WARPS - 1) / DD_WARPS);
+#define LAUNCH_QI(T, I)                                                                                           \
+    decode_dot_kernel<T, I><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, xq, xd, \
+                                                                    n_tok, dy)
+#define LAUNCH_Q(T)                             \
+    do {                                        \
+        if (ci->mmv_inflight == 1) LAUNCH_QI(T, 1); \
+        else LAUNCH_QI(T, 2);                   \
+    } while (0)
+        switch (dw->type) {
+        case GGML_TYPE_Q4_0: LAUNCH_Q(GGML_TYPE_Q4_0); break;
+        case GGML_TYPE_Q5_0: LAUNCH_Q(GGML_TYPE_Q5_0); break;
+        case GGML_TYPE_Q8_0: LAUNCH_Q(GGML_TYPE_Q8_0); break;
+        case GGML_TYPE_Q4_K: LAUNCH_Q(GGML_TYPE_Q4_K); break;
+        case GGML_TYPE_Q5_K: LAUNCH_Q(GGML_TYPE_Q5_K); break;
+        case GGML_TYPE_Q6_K: LAUNCH_Q(GGML_TYPE_Q6_K); break;
+        case GGML_TYPE_F16: LAUNCH_QI(GGML_TYPE_F16, 1); break;   /* one variant: INFLIGHT is for codes */
+        default: LAUNCH_QI(GGML_TYPE_BF16, 1); break;
+        }
+#undef LAUNCH_QI
+#undef LAUNCH_Q
+        return ck(ci, cudaGetLastError(), "decode product");
+    }
+    const size_t smem = mmv_smem(dw->type, n_tok);
+    const unsigned bit = 1u << type_slot(dw->type);
+    if (!(ci->mmv_smem_set & bit)) {
+        /* the most any token count needs, once per type (beyond the default 48 KiB) */
+        const int most = (int)mmv_smem(dw->type, QB_MAX_TOK);
+        cudaError_t e = cudaSuccess;
+#define SET_SMEM(T) e = cudaFuncSetAttribute(mmv_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, most)
+        FOR_DEVICE_TYPE(dw->type, SET_SMEM)
+#undef SET_SMEM
+        if (ck(ci, e, "decode product setup")) return -1;
+        ci->mmv_smem_set |= bit;
+    }
+    const unsigned grid = (unsigned)((dw->n_out + MMV_WARPS * MMV_ROWS - 1) / (MMV_WARPS * MMV_ROWS));
+#define LAUNCH_MMV(T) \
+    mmv_kernel<T><<<grid, MMV_WARPS * 32, smem, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, n_tok, dy)
+    FOR_DEVICE_TYPE(dw->type, LAUNCH_MMV)
+#undef LAUNCH_MMV
+    return ck(ci, cudaGetLastError(), "decode product");
+}
+
+/* The most tokens a product runs through the decode kernel, in passes of QB_MAX_TOK that each read
+ * the stored weight once, rather than through cuBLAS, which first writes the weight as f16 in tiles
+ * and reads it back. By bytes the passes would win up to 32-64 tokens on the quantized types, but
+ * measured on an H200 (docs/gpu.md, stage 0) the decode kernel's time grows with its tokens (8
+ * tokens cost 3-4x one) and the tile path is 1.3-8x faster from 9 to 64 tokens at 7B shapes (equal
+ * only on 4096 x 14336 at 9 tokens): so QB_MAX_TOK, until the decode kernel runs at memory speed
+ * for every token count. KVCHAT_CUDA_MMV_MAX=N sets it, to measure either side. */
+static int64_t mmv_most_tokens(const cuda_impl *ci) { return ci->mmv_max >= 0 ? ci->mmv_max : QB_MAX_TOK; }
+
+static int mmv_takes(const cuda_impl *ci, const dev_weight *dw, int64_t n_tok)
+{
+    if (ci->no_mmv || dw->n_in % 32) return 0;
+    return n_tok <= QB_MAX_TOK || n_tok <= mmv_most_tokens(ci);
+}
+void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
+{
+    cuda_impl *ci = impl_of(b);
+    if (ci->failed || n_tok <= 0) return;
+    int64_t n_in = mms[0].w->n_in, n_x = n_tok * n_in, n_y = 0;
+    dev_weight *dw[8];
+    char err[600];
+    if (n_mm > 8) {
+        fail(ci, "internal error: %d products sharing one input (at most 8)", n_mm);
+        return;
+    }
+    for (int m = 0; m < n_mm; m++) {
+        if (upload_weight(ci, mms[m].w, &dw[m], err, sizeof err)) {
+            fail(ci, "%s", err);
+            return;
+        }
+        if (!bound(ci, mms[m].y, sizeof(float) * (size_t)(n_tok * mms[m].w->n_out))) n_y += n_tok * mms[m].w->n_out;
+    }
+    /* each product by the decode kernel (in groups of QB_MAX_TOK tokens) or by cuBLAS on f16 */
+    int by_mmv[8], any_f32 = 0, any_int8 = 0, any_gemm = 0;
+    for (int m = 0; m < n_mm; m++) {
+        by_mmv[m] = mmv_takes(ci, dw[m], n_tok);
+        any_int8 |= by_mmv[m] && mmv_int8(ci, dw[m]);
+        any_f32 |= by_mmv[m] && !mmv_int8(ci, dw[m]);
+        any_gemm |= !by_mmv[m];
+    }
+    if (any_gemm && grow_dev(ci, (void **)&ci->x16, &ci->cap_x16, sizeof(__half) * (size_t)n_x)) return;
+    if (n_y && grow_dev(ci, (void **)&ci->y32, &ci->cap_y32, sizeof(float) * (size_t)n_y)) return;
+    if (n_y && grow_host(ci, (void **)&ci->h_y, &ci->cap_h_y, sizeof(float) * (size_t)n_y)) return;
+    const float *dx = (const float *)am_dev_in(&ci->act, x, sizeof(float) * (size_t)n_x);
+    if (!dx && !(dx = (const float *)stage(ci, x, sizeof(float) * (size_t)n_x))) return;
+    if (any_f32 && ((uintptr_t)dx & 15)) {
+        /* the kernel reads the activations 16 bytes at a time */
+        if (grow_dev(ci, (void **)&ci->xal, &ci->cap_xal, sizeof(float) * (size_t)n_x) ||
+            ck(ci, cudaMemcpyAsync(ci->xal, dx, sizeof(float) * (size_t)n_x, cudaMemcpyDeviceToDevice, ci->stream),
+               "aligning the input"))
+            return;
+        dx = ci->xal;
+    }
+    if (any_gemm && to_half(ci, dx, ci->x16, n_x)) return;
+    if (any_int8) {   /* the input's 8-bit codes, once for every product that reads them */
+        const int64_t n_blocks = n_x / DD_QBLOCK;
+        if (grow_dev(ci, (void **)&ci->xq, &ci->cap_xq, (size_t)n_x) ||
+            grow_dev(ci, (void **)&ci->xd, &ci->cap_xd, sizeof(float) * (size_t)n_blocks))
+            return;
+        quantize_act<<<(unsigned)((n_blocks + 7) / 8), 256, 0, ci->stream>>>(dx, n_blocks, ci->xq, ci->xd);
+        if (ck(ci, cudaGetLastError(), "quantize_act")) return;
+    }
+    int64_t off = 0;
+    for (int m = 0; m < n_mm; m++) {
+        int64_t n_out = mms[m].w->n_out;
+        /* the output's twin when it is bound, else scratch copied back below */
+        float *dy = (float *)am_dev_out(&ci->act, mms[m].y, sizeof(float) * (size_t)(n_tok * n_out));
+        if (!dy) {
+            dy = ci->y32 + off;
+            off += n_tok * n_out;
+        }
+        if (!by_mmv[m]) {
+            if (gemm(ci, dw[m], ci->x16, n_tok, dy)) return;
+            continue;
+        }
+        for (int64_t t0 = 0; t0 < n_tok; t0 += QB_MAX_TOK) {   /* rows of n_in % 32 == 0 floats: aligned */
+            const int nt = (int)(n_tok - t0 < QB_MAX_TOK ? n_tok - t0 : QB_MAX_TOK);
+            const int8_t *xq = any_int8 ? ci->xq + t0 * n_in : NULL;
+            const float *xd = any_int8 ? ci->xd + t0 * (n_in / DD_QBLOCK) : NULL;
+            if (mmv(ci, dw[m], dx + t0 * n_in, xq, xd, nt, dy + t0 * n_out)) return;
+        }
+    }
+    if (!n_y) return;
+    ci->bytes_down += sizeof(float) * (size_t)n_y;
+    if (ck(ci, cudaMemcpyAsync(ci->h_y, ci->y32, sizeof(float) * (size_t)n_y, cudaMemcpyDeviceToHost, ci->stream),
+           "download") ||
+        sync_stream(ci, "matmul"))
+        return;
+    off = 0;
+    for (int m = 0; m < n_mm; m++) {
+        size_t ny = (size_t)(n_tok * mms[m].w->n_out);
+        if (bound(ci, mms[m].y, sizeof(float) * ny)) continue;
+        memcpy(mms[m].y, ci->h_y + off, sizeof(float) * ny);
+        off += (int64_t)ny;
+    }
+}
