@@ -215,6 +215,29 @@ static double compare_steps(run *r, run *const *fk, int n, int batch, int64_t n_
     return run_clock_s() - t0;
 }
 
+/* n forks of r, fork s under specs[s], each taking n_gen greedy steps alone or in one batch
+ * (compare_steps), then freed. The seconds, or -1 with err. */
+static double forked_steps(run *r, const pol_spec *const *specs, int n, int batch, int64_t n_gen, int32_t *ids,
+                           char *err, size_t errlen)
+{
+    run *fk[FWD_BATCH_MAX] = { 0 };
+    double t = -1;
+    int s = 0;
+    while (s < n && (fk[s] = run_fork(r, specs[s], err, errlen))) s++;
+    if (s == n) t = compare_steps(r, fk, n, batch, n_gen, ids, err, errlen);
+    for (s = 0; s < n; s++) run_free(fk[s]);
+    return t;
+}
+
+/* r prefilled with the first d tokens of toks, from an empty cache: 0, or 1 after a message. */
+static int prefill_to(run *r, const int32_t *toks, int64_t d)
+{
+    char err[512];
+    if (run_rewind(r, 0, 0, err, sizeof err) == 0 && run_feed(r, toks, d, NULL, NULL, err, sizeof err) == 0) return 0;
+    cli_err("bench: %s", err);
+    return 1;
+}
+
 /* --compare: the listed decode-time policies answered from one prefill per length, as /compare
  * does: each fork's steps alone one after another, then all of them as one batch (fwd_decode_batch);
  * the batch's time against one answer's, and whether every fork chose the same tokens both ways. */
@@ -242,22 +265,14 @@ static int bench_compare(run *r, const char *budget, char specs[][256], int n_sp
     if (!rc)
         printf("%8s %3s %12s %12s %12s %14s %6s   %s\n", "ctx", "n", "one answer s", "in turn s", "batch s",
                "batch / one", "same", "policies");
+    const pol_spec *each[FWD_BATCH_MAX];
+    for (int s = 0; s < n_spec; s++) each[s] = &ps[s];
     for (int di = 0; di < nd && !cli_interrupted && !rc; di++) {
         int64_t d = depths[di];
-        if (run_rewind(r, 0, 0, err, sizeof err) || run_feed(r, toks, d, NULL, NULL, err, sizeof err)) {
-            cli_err("bench: %s", err);
-            rc = 1;
-            break;
-        }
+        if ((rc = prefill_to(r, toks, d))) break;
         double t[2];
-        for (int batch = 0; batch < 2 && !rc; batch++) {
-            run *fk[FWD_BATCH_MAX] = { 0 };
-            for (int s = 0; s < n_spec && !rc; s++)
-                if (!(fk[s] = run_fork(r, &ps[s], err, sizeof err))) rc = 1;
-            if (!rc && (t[batch] = compare_steps(r, fk, n_spec, batch, n_gen, batch ? both : alone, err, sizeof err)) < 0)
-                rc = 1;
-            for (int s = 0; s < n_spec; s++) run_free(fk[s]);
-        }
+        for (int batch = 0; batch < 2 && !rc; batch++)
+            rc = (t[batch] = forked_steps(r, each, n_spec, batch, n_gen, batch ? both : alone, err, sizeof err)) < 0;
         if (rc) {
             cli_err("bench: %s", err);
             break;
@@ -308,22 +323,14 @@ static int bench_seqs(run *r, const char *budget, char specs[][256], int n_spec,
                "batch/alone", "same", "policy");
     for (int di = 0; di < nd && !cli_interrupted && !rc; di++) {
         int64_t d = depths[di];
-        if (run_rewind(r, 0, 0, err, sizeof err) || run_feed(r, toks, d, NULL, NULL, err, sizeof err)) {
-            cli_err("bench: %s", err);
-            rc = 1;
-            break;
-        }
+        if ((rc = prefill_to(r, toks, d))) break;
         for (int i = 0; i < n_spec && !cli_interrupted && !rc; i++) {
+            const pol_spec *each[FWD_BATCH_MAX];
+            for (int s = 0; s < n_seq; s++) each[s] = &ps[i];
             double t[2];
-            for (int batch = 0; batch < 2 && !rc; batch++) {
-                int n = batch ? n_seq : 1;
-                run *fk[FWD_BATCH_MAX] = { 0 };
-                for (int s = 0; s < n && !rc; s++)
-                    if (!(fk[s] = run_fork(r, &ps[i], err, sizeof err))) rc = 1;
-                if (!rc && (t[batch] = compare_steps(r, fk, n, batch, n_gen, batch ? both : alone, err, sizeof err)) < 0)
-                    rc = 1;
-                for (int s = 0; s < n; s++) run_free(fk[s]);
-            }
+            for (int batch = 0; batch < 2 && !rc; batch++)
+                rc = (t[batch] = forked_steps(r, each, batch ? n_seq : 1, batch, n_gen, batch ? both : alone, err,
+                                              sizeof err)) < 0;
             if (rc) {
                 cli_err("bench: %s", err);
                 break;
@@ -551,11 +558,7 @@ static int bench_speed(run *r, const int64_t *depths, int nd, int64_t n_gen, con
     for (int di = 0; di < nd && !cli_interrupted; di++) {
         int64_t d = depths[di];
         run_figures before, fg;
-        if (run_rewind(r, 0, 0, err, sizeof err) || run_feed(r, toks, d, NULL, NULL, err, sizeof err)) {
-            cli_err("bench: %s", err);
-            rc = 1;
-            break;
-        }
+        if ((rc = prefill_to(r, toks, d))) break;
         run_get_figures(r, &before);
         if (decode_greedy(r, n_gen, err, sizeof err)) {
             cli_err("bench: %s", err);

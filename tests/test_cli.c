@@ -382,16 +382,16 @@ Test(cli, kvchat_warm_up_takes_0_or_1)
     unsetenv("KVCHAT_WARM_UP");
 }
 
-/* bench --compare decodes the listed policies one after another and in one batch: the same tokens
- * both ways (its "same" column, and the CSV's), and one line for a list it cannot compare. */
-Test(cli, bench_compare_batches_the_policies_and_says_the_tokens_agree)
+/* `kvchat bench OPTS` on the tiny Llama model with its rows in a CSV of a temporary folder: the
+ * table says every batch chose the tokens of one alone, and every row holds `in_row` and ends with
+ * same_tokens 1; *n_some counts the rows that hold `some` too. The number of rows. */
+static int bench_batch_rows(const char *opts, const char *in_row, const char *some, int *n_some)
 {
     static char out[1 << 16], errb[1 << 16];
-    char dir[] = "/tmp/kvchat_cmp_XXXXXX", args[1024], path[256];
+    char dir[] = "/tmp/kvchat_batch_XXXXXX", args[1024], path[256];
     cr_assert(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/c.csv", dir);
-    snprintf(args, sizeof args, "bench -t 2 -m " TD "tiny/tiny-llama-q4_k_m.gguf --compare --policy "
-             "full,quest:budget=16,chess --ctx 48,96 --gen 12 --csv %s", path);
+    snprintf(path, sizeof path, "%s/b.csv", dir);
+    snprintf(args, sizeof args, "bench -t 2 -m " TD "tiny/tiny-llama-q4_k_m.gguf %s --csv %s", opts, path);
     int st = run(args, out, sizeof out, errb, sizeof errb);
     cr_assert_eq(st, 0, "stderr: %s", errb);
     cr_expect(strstr(out, " yes ") && !strstr(out, " NO "), "%s", out);
@@ -402,12 +402,22 @@ Test(cli, bench_compare_batches_the_policies_and_says_the_tokens_agree)
     cr_assert(fgets(line, sizeof line, f) && !strncmp(line, "date,commit", 11), "header: %s", line);
     while (fgets(line, sizeof line, f)) {
         rows++;
-        cr_expect(strstr(line, ",3,12,") && line[strlen(line) - 2] == '1', "row: %s", line);
+        if (some) *n_some += strstr(line, some) != NULL;
+        cr_expect(strstr(line, in_row) && line[strlen(line) - 2] == '1', "row: %s", line);
     }
     fclose(f);
-    cr_expect_eq(rows, 2);
     unlink(path);
     rmdir(dir);
+    return rows;
+}
+
+/* bench --compare decodes the listed policies one after another and in one batch: the same tokens
+ * both ways (its "same" column, and the CSV's), and one line for a list it cannot compare. */
+Test(cli, bench_compare_batches_the_policies_and_says_the_tokens_agree)
+{
+    int rows = bench_batch_rows("--compare --policy full,quest:budget=16,chess --ctx 48,96 --gen 12", ",3,12,",
+                                NULL, NULL);
+    cr_expect_eq(rows, 2);
     expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --compare --ctx 48", "--compare needs --policy");
     expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --compare --policy full,snapkv --ctx 48 --no-csv",
                           "decode-time policies");
@@ -419,30 +429,11 @@ Test(cli, bench_compare_batches_the_policies_and_says_the_tokens_agree)
  * does, and a row per (length, policy) says so; bad combinations are refused in one line. */
 Test(cli, bench_seqs_decodes_sequences_together_as_one_alone)
 {
-    static char out[1 << 16], errb[1 << 16];
-    char dir[] = "/tmp/kvchat_seqs_XXXXXX", args[1024], path[256];
-    cr_assert(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/b.csv", dir);
-    snprintf(args, sizeof args, "bench -t 2 -m " TD "tiny/tiny-llama-q4_k_m.gguf --seqs 3 --policy "
-             "full,chess:preset=aggressive --ctx 64,160 --gen 10 --csv %s", path);
-    int st = run(args, out, sizeof out, errb, sizeof errb);
-    cr_assert_eq(st, 0, "stderr: %s", errb);
-    cr_expect(strstr(out, " yes ") && !strstr(out, " NO "), "%s", out);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "no CSV at %s", path);
-    char line[1024];
-    int rows = 0, chess = 0;
-    cr_assert(fgets(line, sizeof line, f) && !strncmp(line, "date,commit", 11), "header: %s", line);
-    while (fgets(line, sizeof line, f)) {
-        rows++;
-        chess += strstr(line, "\"chess:preset=aggressive\"") != NULL;
-        cr_expect(strstr(line, ",3,10,") && line[strlen(line) - 2] == '1', "row: %s", line);
-    }
-    fclose(f);
+    int chess = 0;
+    int rows = bench_batch_rows("--seqs 3 --policy full,chess:preset=aggressive --ctx 64,160 --gen 10", ",3,10,",
+                                "\"chess:preset=aggressive\"", &chess);
     cr_expect_eq(rows, 4);
     cr_expect_eq(chess, 2);
-    unlink(path);
-    rmdir(dir);
     expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --seqs 4 --ctx 48", "--seqs needs --policy");
     expect_one_line_error("bench -m " TD "tiny/tiny-llama-q4_k_m.gguf --seqs 4 --policy take --ctx 48 --no-csv",
                           "decode-time policies");
