@@ -191,14 +191,28 @@ static int bench_policies(run *r, const char *budget, char specs[][256], int n_s
     return rc;
 }
 
-/* n_gen greedy steps of each fork, its tokens into ids[s][...]: alone (one fork after another, as a
- * comparison ran before its steps were batched) or as one batch. The seconds, or -1 after a
- * message. */
-static double compare_steps(run *r, run *const *fk, int n, int batch, int64_t n_gen, int32_t *ids, char *err,
-                            size_t errlen)
+/* The ids of the n largest of the nv logits, largest first (n at most FWD_BATCH_MAX). */
+static void best_tokens(const float *logits, int32_t nv, int n, int32_t *ids)
 {
-    int32_t first = samp_argmax(run_logits(r), run_model(r)->hp.n_vocab), cur[FWD_BATCH_MAX];
-    for (int s = 0; s < n; s++) cur[s] = first;
+    int k = 0;
+    for (int32_t v = 0; v < nv; v++) {
+        int at = k < n ? k++ : n;
+        while (at > 0 && logits[v] > logits[ids[at - 1]]) {
+            if (at < n) ids[at] = ids[at - 1];
+            at--;
+        }
+        if (at < n) ids[at] = v;
+    }
+}
+
+/* n_gen greedy steps of each fork from its first token first[s], its tokens into ids[s][...]:
+ * alone (one fork after another, as a comparison ran before its steps were batched) or as one
+ * batch. The seconds, or -1 after a message. */
+static double compare_steps(run *r, run *const *fk, int n, int batch, const int32_t *first, int64_t n_gen,
+                            int32_t *ids, char *err, size_t errlen)
+{
+    int32_t cur[FWD_BATCH_MAX];
+    for (int s = 0; s < n; s++) cur[s] = first[s];
     double t0 = run_clock_s();
     for (int s = 0; s < (batch ? 1 : n); s++)
         for (int64_t g = 0; g < n_gen; g++) {
@@ -215,16 +229,16 @@ static double compare_steps(run *r, run *const *fk, int n, int batch, int64_t n_
     return run_clock_s() - t0;
 }
 
-/* n forks of r, fork s under specs[s], each taking n_gen greedy steps alone or in one batch
- * (compare_steps), then freed. The seconds, or -1 with err. */
-static double forked_steps(run *r, const pol_spec *const *specs, int n, int batch, int64_t n_gen, int32_t *ids,
-                           char *err, size_t errlen)
+/* n forks of r, fork s under specs[s] from first[s], each taking n_gen greedy steps alone or in one
+ * batch (compare_steps), then freed. The seconds, or -1 with err. */
+static double forked_steps(run *r, const pol_spec *const *specs, int n, int batch, const int32_t *first,
+                           int64_t n_gen, int32_t *ids, char *err, size_t errlen)
 {
     run *fk[FWD_BATCH_MAX] = { 0 };
     double t = -1;
     int s = 0;
     while (s < n && (fk[s] = run_fork(r, specs[s], err, errlen))) s++;
-    if (s == n) t = compare_steps(r, fk, n, batch, n_gen, ids, err, errlen);
+    if (s == n) t = compare_steps(r, fk, n, batch, first, n_gen, ids, err, errlen);
     for (s = 0; s < n; s++) run_free(fk[s]);
     return t;
 }
@@ -270,9 +284,12 @@ static int bench_compare(run *r, const char *budget, char specs[][256], int n_sp
     for (int di = 0; di < nd && !cli_interrupted && !rc; di++) {
         int64_t d = depths[di];
         if ((rc = prefill_to(r, toks, d))) break;
+        int32_t first[FWD_BATCH_MAX];   /* every policy answers the same question */
+        for (int s = 0; s < n_spec; s++) first[s] = samp_argmax(run_logits(r), run_model(r)->hp.n_vocab);
         double t[2];
         for (int batch = 0; batch < 2 && !rc; batch++)
-            rc = (t[batch] = forked_steps(r, each, n_spec, batch, n_gen, batch ? both : alone, err, sizeof err)) < 0;
+            rc = (t[batch] = forked_steps(r, each, n_spec, batch, first, n_gen, batch ? both : alone, err,
+                                          sizeof err)) < 0;
         if (rc) {
             cli_err("bench: %s", err);
             break;
@@ -294,9 +311,11 @@ static int bench_compare(run *r, const char *budget, char specs[][256], int n_sp
     return out ? close_csv(out, csv, rc) : rc;
 }
 
-/* --seqs N: per length and listed decode-time policy, N sequences answering together from one
- * prefill (forks of it, fwd_decode_batch) against one alone: the batch's tokens a second over one
- * sequence's, and whether every sequence chose the tokens the one alone did. The forks share the
+/* --seqs N: per length and listed decode-time policy, N sequences decoding together from one
+ * prefill (forks of it, fwd_decode_batch) against each alone, one after another: the batch's tokens
+ * a second over one sequence's, and whether every sequence chose the tokens it chose alone. Fork s
+ * starts from the prefill's s-th likeliest token, so the sequences differ from their first step
+ * and a batch that mixed up their rows would not give each its own answer. The forks share the
  * prefix's pages, so N sequences hold one copy of the context, but each attends its own page list:
  * a step reads the context's K/V once per sequence, as N separate conversations' would. */
 static int bench_seqs(run *r, const char *budget, char specs[][256], int n_spec, int n_seq, const int64_t *depths,
@@ -311,7 +330,7 @@ static int bench_seqs(run *r, const char *budget, char specs[][256], int n_spec,
         cli_err("bench: --seqs decodes forks of one prefill: give decode-time policies only");
         return 1;
     }
-    int32_t *alone = malloc(sizeof(int32_t) * (size_t)n_gen),
+    int32_t *alone = malloc(sizeof(int32_t) * (size_t)(n_seq * n_gen)),
             *both = malloc(sizeof(int32_t) * (size_t)(n_seq * n_gen));
     FILE *out = alone && both && csv ? open_csv(csv, "date,commit,machine,threads,model,ctx,policy,seqs,n_gen,"
                                                       "alone_tok_s,batch_tok_s,batch_step_ms,batch_over_alone,"
@@ -324,20 +343,21 @@ static int bench_seqs(run *r, const char *budget, char specs[][256], int n_spec,
     for (int di = 0; di < nd && !cli_interrupted && !rc; di++) {
         int64_t d = depths[di];
         if ((rc = prefill_to(r, toks, d))) break;
+        int32_t first[FWD_BATCH_MAX];
+        best_tokens(run_logits(r), run_model(r)->hp.n_vocab, n_seq, first);
         for (int i = 0; i < n_spec && !cli_interrupted && !rc; i++) {
             const pol_spec *each[FWD_BATCH_MAX];
             for (int s = 0; s < n_seq; s++) each[s] = &ps[i];
             double t[2];
             for (int batch = 0; batch < 2 && !rc; batch++)
-                rc = (t[batch] = forked_steps(r, each, batch ? n_seq : 1, batch, n_gen, batch ? both : alone, err,
+                rc = (t[batch] = forked_steps(r, each, n_seq, batch, first, n_gen, batch ? both : alone, err,
                                               sizeof err)) < 0;
             if (rc) {
                 cli_err("bench: %s", err);
                 break;
             }
-            int same = 1;
-            for (int s = 0; s < n_seq; s++) same &= !memcmp(alone, both + s * n_gen, sizeof(int32_t) * (size_t)n_gen);
-            double one = (double)n_gen / t[0], all = (double)(n_seq * n_gen) / t[1];
+            int same = !memcmp(alone, both, sizeof(int32_t) * (size_t)(n_seq * n_gen));
+            double one = (double)(n_seq * n_gen) / t[0], all = (double)(n_seq * n_gen) / t[1];
             printf("%8lld %4d %14.1f %14.1f %14.3f %12.2f %6s   %s\n", (long long)d, n_seq, one, all,
                    1e3 * t[1] / (double)n_gen, all / one, same ? "yes" : "NO", ps[i].text);
             fflush(stdout);
@@ -601,7 +621,7 @@ static const opt_def bench_defs[] = {
       "the --policy list (2 to 8 decode-time policies) decoded from one prefill as /compare does: one after "
       "another, then in one batch (bench/compare_results.csv)", NULL },
     { "--seqs", NULL, OPT_INT, B(seqs), 2, FWD_BATCH_MAX, NULL, 0, "N",
-      "per --policy: N sequences decoded together from one prefill against one alone (bench/batch_results.csv)",
+      "per --policy: N sequences decoded together from one prefill against each alone (bench/batch_results.csv)",
       NULL },
     { "--csv", NULL, OPT_STR, B(csv), 0, 0, NULL, 0, "FILE", "rows appended here (default bench/results.csv, "
       "bench/policy_results.csv, bench/snapshot_results.csv, bench/compare_results.csv or "

@@ -383,7 +383,7 @@ Test(cli, kvchat_warm_up_takes_0_or_1)
 }
 
 /* `kvchat bench OPTS` on the tiny Llama model with its rows in a CSV of a temporary folder: the
- * table says every batch chose the tokens of one alone, and every row holds `in_row` and ends with
+ * table says every batch chose the tokens its sequences chose alone, and every row holds `in_row` and ends with
  * same_tokens 1; *n_some counts the rows that hold `some` too. The number of rows. */
 static int bench_batch_rows(const char *opts, const char *in_row, const char *some, int *n_some)
 {
@@ -425,9 +425,10 @@ Test(cli, bench_compare_batches_the_policies_and_says_the_tokens_agree)
                           "2 to 8");
 }
 
-/* --seqs N: each policy's N sequences decoded together from one prefill choose the tokens one alone
- * does, and a row per (length, policy) says so; bad combinations are refused in one line. */
-Test(cli, bench_seqs_decodes_sequences_together_as_one_alone)
+/* --seqs N: each policy's N sequences (from different first tokens) decoded together from one
+ * prefill choose the tokens each chooses alone, and a row per (length, policy) says so; bad
+ * combinations are refused in one line. */
+Test(cli, bench_seqs_decodes_sequences_together_as_each_alone)
 {
     int chess = 0;
     int rows = bench_batch_rows("--seqs 3 --policy full,chess:preset=aggressive --ctx 64,160 --gen 10", ",3,10,",

@@ -55,7 +55,7 @@ int ckb(cuda_impl *ci, cublasStatus_t s, const char *what)
     return s == CUBLAS_STATUS_SUCCESS ? 0 : fail(ci, "cuBLAS %s failed (status %d)", what, (int)s);
 }
 
-double free_mib(void)
+static double free_mib(void)
 {
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);

@@ -160,7 +160,6 @@ static inline cuda_impl *impl_of(be_backend *b) { return (cuda_impl *)b->impl; }
 int fail(cuda_impl *ci, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int ck(cuda_impl *ci, cudaError_t e, const char *what);
 int ckb(cuda_impl *ci, cublasStatus_t s, const char *what);
-double free_mib(void);
 int grow_dev(cuda_impl *ci, void **p, size_t *cap, size_t need);
 int grow_host(cuda_impl *ci, void **p, size_t *cap, size_t need);
 int sync_stream(cuda_impl *ci, const char *what);
@@ -184,7 +183,7 @@ int gemm(cuda_impl *ci, const dev_weight *dw, const __half *x16, int64_t n_tok, 
 /* pick.cu: the k best of rows of values, as the sampler's keys (kernels/pick_kernels.h) */
 int pick_k_best(cuda_impl *ci, const float *x, int64_t n, int64_t row_stride, int n_rows, const int32_t *pen,
                 int32_t n_pen, float penalty, int32_t k, const int64_t *blocks, int rounds, uint64_t *scratch,
-                float *slice_max, uint64_t *best);
+                float *slice_max, uint64_t *best, const char *what);
 
 /* the ops, each in its own file */
 void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok);

@@ -108,7 +108,7 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
     uint64_t *best = ci->bd_keys + 2 * (keys_bytes / sizeof(uint64_t));
     if (k > 0) {
         if (pick_k_best(ci, ci->bd_u, stride, stride, H, NULL, 0, 1.0f, k, blocks, rounds, ci->bd_keys, ci->pick_max,
-                        best))
+                        best, "bound "))
             return;
         if (keep) {   /* ascending indices where the call's arrays are on the device; nothing comes back */
             int32_t *d_ids = (int32_t *)am_dev_out(&ci->act, r->best, ids_bytes);

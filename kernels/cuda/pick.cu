@@ -78,21 +78,25 @@ __global__ void __launch_bounds__(PK_THREADS) pick_merge_kernel(const uint64_t *
 /* The k best keys of each of n_rows rows of n values (row_stride apart; pen/n_pen/penalty as the
  * sampler's repetition penalty) to best[row * k ..]: a slice kernel, then the merge rounds of
  * pk_plan(n, k, blocks) (rounds of them). scratch: 2 * n_rows * blocks[0] * k keys; slice_max:
- * n_rows * blocks[0] floats (each slice's largest value, for the entropy). 0, or -1 (recorded). */
+ * n_rows * blocks[0] floats (each slice's largest value, for the entropy). A failure's message
+ * begins with `what` ("" for the sampler's, "bound " for the bounds'). 0, or -1 (recorded). */
 int pick_k_best(cuda_impl *ci, const float *x, int64_t n, int64_t row_stride, int n_rows, const int32_t *pen,
                 int32_t n_pen, float penalty, int32_t k, const int64_t *blocks, int rounds, uint64_t *scratch,
-                float *slice_max, uint64_t *best)
+                float *slice_max, uint64_t *best, const char *what)
 {
     cudaStream_t s = ci->stream;
     uint64_t *lists[2] = { scratch, scratch + (int64_t)n_rows * blocks[0] * k };
     pick_slice_kernel<<<dim3((unsigned)blocks[0], (unsigned)n_rows), PK_THREADS, 0, s>>>(
         x, n, row_stride, pen, n_pen, penalty, k, rounds == 0 ? best : lists[0], slice_max);
-    if (ck(ci, cudaGetLastError(), "pick kernel")) return -1;
+    char name[64];
+    snprintf(name, sizeof name, "%spick kernel", what);
+    if (ck(ci, cudaGetLastError(), name)) return -1;
     for (int r = 1; r <= rounds; r++) {
         uint64_t *dst = r == rounds ? best : lists[r & 1];
         pick_merge_kernel<<<dim3((unsigned)blocks[r], (unsigned)n_rows), PK_THREADS, 0, s>>>(lists[(r - 1) & 1],
                                                                                           blocks[r - 1], k, dst);
-        if (ck(ci, cudaGetLastError(), "pick merge kernel")) return -1;
+        snprintf(name, sizeof name, "%spick merge kernel", what);
+        if (ck(ci, cudaGetLastError(), name)) return -1;
     }
     return 0;
 }
@@ -177,7 +181,7 @@ void cuda_pick(be_backend *b, be_pick *p)
         if (ck(ci, cudaGetLastError(), "soft cap kernel")) return;
     }
     if (pick_k_best(ci, dl, p->n, 0, 1, d_pen, n_pen, p->penalty, k, blocks, rounds, ci->pick_keys, ci->pick_max,
-                    (uint64_t *)(ci->pick_res + 16)))
+                    (uint64_t *)(ci->pick_res + 16), ""))
         return;
     if (p->entropy) {
         float temp = p->temp > 0 ? p->temp : 1.0f;
