@@ -284,8 +284,8 @@ static int bench_compare(run *r, const char *budget, char specs[][256], int n_sp
     for (int di = 0; di < nd && !cli_interrupted && !rc; di++) {
         int64_t d = depths[di];
         if ((rc = prefill_to(r, toks, d))) break;
-        int32_t first[FWD_BATCH_MAX];   /* every policy answers the same question */
-        for (int s = 0; s < n_spec; s++) first[s] = samp_argmax(run_logits(r), run_model(r)->hp.n_vocab);
+        int32_t first[FWD_BATCH_MAX], top = samp_argmax(run_logits(r), run_model(r)->hp.n_vocab);
+        for (int s = 0; s < n_spec; s++) first[s] = top;   /* every policy answers the same question */
         double t[2];
         for (int batch = 0; batch < 2 && !rc; batch++)
             rc = (t[batch] = forked_steps(r, each, n_spec, batch, first, n_gen, batch ? both : alone, err,
