@@ -93,7 +93,7 @@ all: $(KVCHAT)
 
 help:
 	@echo "make            build ./kvchat (CC=clang works too)"
-	@echo "make run        install what is missing, fetch the default model, start kvchat"
+	@echo "make run        install what is missing, fetch the default model, start kvchat (on the GPU where nvcc and one are present)"
 	@echo "make test       install what is missing, fetch the default model, run every test"
 	@echo "make unit-tests build and run the unit and tiny-model tests only (no default model)"
 	@echo "make model-tests build and run the default-model tests only"
@@ -250,8 +250,21 @@ $(MODEL_BIN): $(MODEL_T_OBJ) $(FRONT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $(MODEL_T_OBJ) $(FRONT_OBJ) $(LIB) -lcriterion $(LDLIBS_ALL)
 
-run: model $(KVCHAT)
-	./$(KVCHAT) $(ARGS)
+# make run: the GPU when there is one. With nvcc installed and an NVIDIA GPU present
+# (scripts/run-device.sh), the CUDA build, build-cuda/kvchat (as make test builds it, on the CPU
+# build's objects); a CUDA build that fails is said and the CPU build runs instead. Otherwise, and
+# with CUDA=0 or CUDA=1 on the command line, ./kvchat built that way.
+run: model
+ifeq ($(CUDA),)
+	@if [ "$$(scripts/run-device.sh '$(NVCC)')" = cuda ]; then \
+	    if $(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda OBJ=$(OBJ) KVCHAT=build-cuda/kvchat \
+	        build-cuda/kvchat; then exec ./build-cuda/kvchat $(ARGS); fi; \
+	    echo "make run: the CUDA build failed (above): the CPU build runs instead (make run CUDA=0 skips the CUDA build)" >&2; \
+	fi; \
+	$(MAKE) --no-print-directory $(KVCHAT) && exec ./$(KVCHAT) $(ARGS)
+else
+	@$(MAKE) --no-print-directory $(KVCHAT) && exec ./$(KVCHAT) $(ARGS)
+endif
 
 # make test builds with one job per core unless make was given -j.
 JOBS      ?= $(shell nproc 2>/dev/null || echo 1)

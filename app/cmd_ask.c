@@ -85,7 +85,7 @@ static void print_page_map(const session *s, int64_t doc_tokens)
     printf(nl > 64 ? " ...\n" : "\n");
 }
 
-/* The metrics line: policy, context, KV held and read, pages per step, speeds. */
+/* The metrics line: policy, context, KV held and read, pages per step, speeds, the device. */
 static void print_metrics(const session *s)
 {
     const sess_answer *a = sess_last_answer(s);
@@ -93,14 +93,16 @@ static void print_metrics(const session *s)
     run_figures fg;
     run_get_figures(sess_run(s), &fg);
     double mib = 1024.0 * 1024.0;
+    char dev[128];
+    run_device(sess_run(s), dev, sizeof dev);
     fprintf(stderr,
             "policy %s | context %lld tokens | KV held %.2f MiB vs full %.2f MiB (peak %.2f MiB, %s; peak per global "
             "layer and KV head %lld tokens) | pages/step "
-            "%.1f of %.1f | KV read/step %.2f MiB | prefill %.1f tok/s | decode %.1f tok/s (%lld tokens)%s\n",
+            "%.1f of %.1f | KV read/step %.2f MiB | prefill %.1f tok/s | decode %.1f tok/s (%lld tokens)%s | on %s\n",
             pol_set_spec(ps)->text, (long long)fg.positions, (double)fg.kv_held / mib, (double)fg.kv_full / mib,
             (double)fg.kv_peak / mib, fg.saves_memory ? "tokens dropped" : "selection keeps every page",
             (long long)fg.peak_layer_tokens, fg.pages_per_step, fg.pages_avail_per_step, fg.kv_read_per_step / mib,
-            fg.prefill_tok_s, fg.decode_tok_s, (long long)a->gen.n_gen, cli_stop_note(&a->gen));
+            fg.prefill_tok_s, fg.decode_tok_s, (long long)a->gen.n_gen, cli_stop_note(&a->gen), dev);
     char desc[1024];
     pol_set_describe(ps, desc, sizeof desc);
     if (desc[0]) fprintf(stderr, "%s\n", desc);

@@ -28,28 +28,6 @@ static void bench_commit(char *commit, size_t cap)
     snprintf(commit, cap, "%.63s", cli_figures_commit());
 }
 
-static void cpu_name(char *buf, size_t cap)
-{
-    snprintf(buf, cap, "unknown cpu");
-    char e[300];
-    FILE *f = files_open_read("/proc/cpuinfo", (uint64_t)1 << 20, "a CPU description", e, sizeof e);
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (!strncmp(line, "model name", 10)) {
-            char *c = strchr(line, ':');
-            if (c) {
-                c++;
-                while (*c == ' ') c++;
-                c[strcspn(c, "\n")] = 0;
-                snprintf(buf, cap, "%s", c);
-            }
-            break;
-        }
-    }
-    fclose(f);
-}
-
 /* Open csv for appending, writing header first when the file is new or empty (an interrupted run);
  * never through a link, never a FIFO or device (common/files.h). NULL after a message: the caller
  * measures nothing (a benchmark whose rows cannot be kept is not run). */
@@ -734,12 +712,15 @@ int cmd_bench(int argc, char **argv)
     }
     char commit[64], machine[256], date[32];
     bench_commit(commit, sizeof commit);
-    cpu_name(machine, sizeof machine);
+    be_cpu_model(machine, sizeof machine);
     size_t ml = strlen(machine);
-    if (run_on_device(r))   /* the device that ran the model, beside the host CPU */
-        snprintf(machine + ml, sizeof machine - ml, " + %s", run_device_name(r));
-    else                                     /* the kernels that ran on it */
+    if (run_on_device(r)) {   /* the GPU that ran the model, beside the host CPU */
+        char dev[128];
+        run_device(r, dev, sizeof dev);
+        snprintf(machine + ml, sizeof machine - ml, " + %s", dev);
+    } else {   /* the kernels that ran on it */
         snprintf(machine + ml, sizeof machine - ml, " [%s]", be_cpu_kernels());
+    }
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     const char *base = strrchr(m->path, '/') ? strrchr(m->path, '/') + 1 : m->path;

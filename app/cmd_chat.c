@@ -125,10 +125,11 @@ int cmd_chat(int argc, char **argv)
     if (c.system && convo_add(&cv, "system", c.system)) goto oom;
     int tty = isatty(STDIN_FILENO);
     if (tty) {
-        char name[800];
+        char name[800], dev[128];
         text_escape(m->name[0] ? m->name : m->path, name, sizeof name, 0);
-        fprintf(stderr, "kvchat: %s (%s template, context %lld). Type a message; /quit or Ctrl-D leaves.\n", name,
-                chat_family_name(chat_family_for(m->gguf)), (long long)run_n_ctx(sess_run(s)));
+        run_device(sess_run(s), dev, sizeof dev);
+        fprintf(stderr, "kvchat: %s (%s template, context %lld) on %s. Type a message; /quit or Ctrl-D leaves.\n",
+                name, chat_family_name(chat_family_for(m->gguf)), (long long)run_n_ctx(sess_run(s)), dev);
     }
     char *line = NULL;
     size_t lcap = 0;

@@ -1,5 +1,6 @@
 /* cmd_info.c - `kvchat info`: what a model file is: architecture, hyperparameters, tokenizer, tensor
- * types with their counts and sizes (and every tensor with --tensors). */
+ * types with their counts and sizes (and every tensor with --tensors), and the device that would run
+ * it. */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,7 +15,7 @@
 
 typedef struct info_opts {
     const char *model_path, *tokenizer_path, *export_path, *isa;
-    int list, no_simd;
+    int list, no_simd, device, n_threads;
 } info_opts;
 
 #define I(field) offsetof(info_opts, field)
@@ -25,6 +26,9 @@ static const opt_def info_defs[] = {
     { "--tensors", NULL, OPT_FLAG, I(list), 0, 0, NULL, 0, NULL, "list every tensor", NULL },
     { "--isa", NULL, OPT_STR, I(isa), 0, 0, NULL, 0, "NAME", "the kernels to report: scalar, avx2, avxvnni or avx512", NULL },
     { "--no-simd", NULL, OPT_FLAG, I(no_simd), 0, 0, NULL, 0, NULL, "the portable kernels", NULL },
+    { "--device", NULL, OPT_CHOICE, I(device), 0, 0, "auto|cpu|cuda", 0, NULL,
+      "the device to report: auto (the default) is the GPU when one is present", NULL },
+    { "--threads", "-t", OPT_INT, I(n_threads), 1, 256, NULL, 0, "N", "CPU threads to report (default: all cores)", NULL },
     { "--export-tokenizer", NULL, OPT_STR, I(export_path), 0, 0, NULL, 0, "OUT.model",
       "write the vocabulary as a SentencePiece model file", NULL },
     { "--help", "-h", OPT_HELP, 0, 0, 0, NULL, 0, NULL, "this help", NULL },
@@ -32,12 +36,41 @@ static const opt_def info_defs[] = {
 };
 #undef I
 
+/* What the commands would run the model on under --device (auto: the GPU when one is present and
+ * can start; engine/run.c also leaves for the CPU a GPU too small for the weights). 0, or 1 after
+ * a message when --device cuda cannot run. */
+static int print_device(const info_opts *io, uint64_t gpu_weights)
+{
+    be_gpu g;
+    char why[300] = "";
+    if (io->device != CLI_DEV_CPU && be_cuda_gpu(&g, why, sizeof why) == 0) {
+        double gib = 1024.0 * 1024.0 * 1024.0;
+        printf("device          %s: CUDA device 0 of %d, compute %d.%d, %.1f GiB (%.1f GiB free)\n", g.name, g.count,
+               g.cc_major, g.cc_minor, (double)g.total / gib, (double)g.free / gib);
+        if (gpu_weights > g.free)
+            printf("                the weights need more than is free: %s\n",
+                   io->device == CLI_DEV_AUTO ? "the model runs on the CPU" : "--device cuda fails");
+        return 0;
+    }
+    if (io->device == CLI_DEV_CUDA) {
+        cli_err("info: --device cuda: %s", why);
+        return 1;
+    }
+    int n = be_cpu_threads(io->n_threads);
+    printf("device          CPU, %s kernels, %d thread%s%s%s%s\n", be_cpu_kernels(), n, n == 1 ? "" : "s",
+           why[0] ? " (" : "", why, why[0] ? ")" : "");
+    return 0;
+}
+
 int cmd_info(int argc, char **argv)
 {
     info_opts io = { 0 };
     opt_group g[] = { { info_defs, &io, NULL } };
-    int r = cli_parse(argc, argv, "kvchat info [-m MODEL] [--tensors] [--tokenizer FILE.model] [--export-tokenizer OUT.model]",
-                      "What a model file is: architecture, hyperparameters, tokenizer, tensor types.", g, 1, NULL, 0, NULL);
+    int r = cli_parse(argc, argv,
+                      "kvchat info [-m MODEL] [--tensors] [--device auto|cpu|cuda] [--tokenizer FILE.model] "
+                      "[--export-tokenizer OUT.model]",
+                      "What a model file is: architecture, hyperparameters, tokenizer, tensor types, and the device "
+                      "that would run it.", g, 1, NULL, 0, NULL);
     if (r) return r > 0 ? 0 : 1;
     if (cli_set_kernels(io.isa, io.no_simd) != 0) return 1;
     cli_opts o;
@@ -91,10 +124,10 @@ int cmd_info(int argc, char **argv)
     printf("output          %s\n", m->output.data == m->tok_embd.data ? "tied to token_embd" : "separate matrix");
     printf("weights         %.1f MiB\n", (double)m->weight_bytes / 1048576.0);
     /* what the CUDA backend holds of the products' weights (docs/gpu.md), in either build */
+    uint64_t gpu = 0;
     {
         const be_weight *w[4096];
         int n = model_matmul_weights(m, w, 4096);
-        uint64_t gpu = 0;
         char kept[160] = "", conv[160] = "";
         for (int i = 0; i < n && i < 4096; i++) {
             uint32_t t = w[i]->type;
@@ -109,6 +142,7 @@ int cmd_info(int argc, char **argv)
     char kern[200];
     be_cpu_kernels_summary(kern, sizeof kern);
     printf("kernels         %s\n", kern);
+    int rc = print_device(&io, gpu);
     /* Tensor types: count and bytes. */
     uint64_t cnt[GGML_TYPE_MAX_ID] = { 0 }, bytes[GGML_TYPE_MAX_ID] = { 0 };
     int64_t nt = gguf_n_tensors(m->gguf);
@@ -135,7 +169,6 @@ int cmd_info(int argc, char **argv)
             printf("] %.2f MiB\n", (double)t->nbytes / 1048576.0);
         }
     }
-    int rc = 0;
     if (export_path) {
         if (tok_export_model(v, export_path, err, sizeof err) != 0) {
             cli_err("info: %s", err);

@@ -115,6 +115,25 @@ static int prepare_weights(run *r, char *err, size_t errlen)
     return rc ? RUN_EFAIL : RUN_OK;
 }
 
+/* The backend, its weights prepared. --device auto is the GPU when one is present, but a GPU that
+ * cannot start or cannot hold the model's weights leaves the run on the CPU, with the reason in
+ * the load note; --device cuda makes either an error. */
+static int start_backend(run *r, char *err, size_t errlen)
+{
+    int dev = r->cfg.device;
+    if (dev == BE_DEVICE_AUTO) dev = be_cuda_devices() > 0 ? BE_DEVICE_CUDA : BE_DEVICE_CPU;
+    r->b = be_create(dev, r->cfg.n_threads, err, errlen);
+    if (r->b && prepare_weights(r, err, errlen) == RUN_OK) return 0;
+    if (r->cfg.device != BE_DEVICE_AUTO || dev != BE_DEVICE_CUDA) return -1;
+    char why[400];
+    snprintf(why, sizeof why, "%s", err);
+    if (r->b) be_free(r->b);   /* what it holds on the device goes back */
+    r->b = be_create(BE_DEVICE_CPU, r->cfg.n_threads, err, errlen);
+    if (!r->b || prepare_weights(r, err, errlen) != RUN_OK) return -1;
+    snprintf(r->load_note, sizeof r->load_note, "the GPU was not used (%.200s): running on the CPU", why);
+    return 0;
+}
+
 /* A device's first prompt would pay one-off costs: kernels load on first use (cuBLAS's first
  * product took 50-70 ms on an H200, docs/gpu.md), buffers are allocated. A throwaway sequence
  * pays them at load instead: a chunk of the run's size, a question, and a decode step through the
@@ -214,8 +233,8 @@ run *run_create(const run_config *c, char *err, size_t errlen)
     r->cfg = *c;
     r->owns = 1;
     model_load_opts lo = { c->tokenizer_path };
-    if (model_load(&r->m, c->model_path, &lo, err, errlen) != 0 || !(r->b = be_create(c->device, c->n_threads, err, errlen)) ||
-        prepare_weights(r, err, errlen) || warm_up(r, err, errlen))
+    if (model_load(&r->m, c->model_path, &lo, err, errlen) != 0 || start_backend(r, err, errlen) ||
+        warm_up(r, err, errlen))
         goto fail;
     if (load_head_similarity(r)) {
         oom(err, errlen);
@@ -770,6 +789,7 @@ int64_t run_pos(const run *r) { return fwd_pos(r->f); }
 int64_t run_n_ctx(const run *r) { return fwd_n_ctx(r->f); }
 int run_threads(const run *r) { return r->b->n_threads; }
 const char *run_device_name(const run *r) { return r->b->ops->name; }
+void run_device(const run *r, char *buf, size_t cap) { be_describe(r->b, buf, cap); }
 int run_on_device(const run *r) { return r->b->ops->memory != NULL; }   /* device memory: a device backend */
 
 int run_head_similarity(const run *r, double *sim, int *layers, int cap)

@@ -187,6 +187,8 @@ int run_threads(const run *r);
 /* The backend's name ("cpu", "cuda"), for reports; 1 when the model runs on a device (a GPU). */
 const char *run_device_name(const run *r);
 int run_on_device(const run *r);
+/* What runs the model, in a few words for people: the GPU's name, or "CPU (2 threads)". */
+void run_device(const run *r, char *buf, size_t cap);
 /* The key similarity of every global layer's KV heads over the cached keys (pol_head_similarity),
  * [n_global * n_head_kv] in global-layer order, NaN where a head holds too few tokens; the global
  * layers' indices in layers (n_global of them, may be NULL). The count of heads. */

@@ -5,8 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/files.h"
 #include "common/quant.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/threadpool.h"
 #include "kernels/cpu/vec_dot.h"
 #include "kernels/op_profile.h"
 
@@ -71,3 +73,39 @@ int be_cpu_set_kernels(const char *isa, int no_simd, char *err, size_t errlen)
 const char *be_cpu_kernels(void) { return vd_isa_name(vd_isa_active()); }
 
 void be_cpu_kernels_summary(char *buf, size_t cap) { vd_isa_summary(buf, cap); }
+
+int be_cpu_threads(int n_threads) { return tp_threads_for(n_threads); }
+
+void be_cpu_model(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "unknown cpu");
+    char e[300];
+    FILE *f = files_open_read("/proc/cpuinfo", (uint64_t)1 << 20, "a CPU description", e, sizeof e);
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c++;
+                while (*c == ' ') c++;
+                c[strcspn(c, "\n")] = 0;
+                snprintf(buf, cap, "%s", c);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+void be_describe(be_backend *b, char *buf, size_t cap)
+{
+    be_backend *in = op_profile_inner(b);
+    if (in->ops->memory) {   /* device memory: a device backend, and CUDA is the only one */
+        be_gpu g;
+        char why[200];
+        snprintf(buf, cap, "%s", be_cuda_gpu(&g, why, sizeof why) ? "a CUDA GPU" : g.name);
+        return;
+    }
+    snprintf(buf, cap, "CPU (%d thread%s)", b->n_threads, b->n_threads == 1 ? "" : "s");
+}

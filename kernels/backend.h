@@ -334,6 +334,15 @@ struct tp_pool *be_cpu_pool(be_backend *cpu);
 be_backend *be_cuda_create(int n_threads, char *err, size_t errlen);
 /* CUDA devices present (0 as well when kvchat was built without CUDA). */
 int be_cuda_devices(void);
+/* The GPU a CUDA backend runs on (device 0 of those CUDA_VISIBLE_DEVICES leaves): its name (bytes
+ * outside printable ASCII shown as '?'), how many devices there are, its compute capability and its
+ * memory. 0, or -1 with why no GPU can run (a build without CUDA, no device, the driver's error). */
+typedef struct be_gpu {
+    char name[256];
+    int count, cc_major, cc_minor;
+    uint64_t total, free;        /* bytes */
+} be_gpu;
+int be_cuda_gpu(be_gpu *g, char *why, size_t whylen);
 /* Attention calls a CUDA backend ran on its tensor-core flash kernel (prefill chunks, unless
  * KVCHAT_CUDA_ATTN says grouped or scalar; tests and benchmarks check that it ran); 0 for any other
  * backend. */
@@ -360,6 +369,13 @@ void be_warming_up(be_backend *b, int on);
 int be_cpu_set_kernels(const char *isa, int no_simd, char *err, size_t errlen);
 const char *be_cpu_kernels(void);
 void be_cpu_kernels_summary(char *buf, size_t cap);
+/* The threads a CPU backend asked for n_threads runs (<= 0: all cores). */
+int be_cpu_threads(int n_threads);
+/* The host CPU's model name (from /proc/cpuinfo; "unknown cpu" where it gives none). */
+void be_cpu_model(char *buf, size_t cap);
+/* What runs b's ops, in a few words for people: the GPU's name ("NVIDIA H200") for a device
+ * backend, else "CPU (2 threads)". */
+void be_describe(be_backend *b, char *buf, size_t cap);
 /* Residency through the op table, doing nothing where the backend has none. */
 static inline int be_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
 {

@@ -1,10 +1,18 @@
 /* cuda_absent.c - what a build without CUDA (plain `make`) says when asked for the GPU: no device,
  * and how to get a build that has one. `make CUDA=1` compiles the .cu files of kernels/cuda/ instead. */
 #include <stdio.h>
+#include <string.h>
 
 #include "kernels/backend.h"
 
 int be_cuda_devices(void) { return 0; }
+
+int be_cuda_gpu(be_gpu *g, char *why, size_t whylen)
+{
+    memset(g, 0, sizeof *g);
+    snprintf(why, whylen, "this kvchat was built without CUDA");
+    return -1;
+}
 
 uint64_t be_cuda_flash_calls(be_backend *b)
 {

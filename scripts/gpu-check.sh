@@ -2,7 +2,7 @@
 # gpu-check.sh OUTDIR - the CUDA backend checked and measured on a GPU machine in one command, from
 # a pack of binaries built elsewhere (scripts/gpu-pack.sh; this script sits in the pack). First what
 # can fail, then what is measured:
-#   1. the machine (nvidia-smi) and whether kvchat starts;
+#   1. the machine (nvidia-smi), whether kvchat starts and whether it takes the GPU by default;
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
 #   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds, scores,
 #      key-means, attention-mass and selection tests, racecheck over the attention kernels' and the fused
@@ -205,6 +205,10 @@ say ""
 say "## Checks"
 tiny=("$pack"/testdata/tiny/*.gguf)
 step "kvchat starts" 20 "$kv" info -m "${tiny[0]}"
+# the device every command runs on by default (--device auto): with a GPU here, the GPU
+cp "$tmp/last" "$tmp/info"
+grep '^device' "$tmp/info" | sed 's/^/    /' >>"$summary"
+[ "$gpu" = 1 ] && step "kvchat runs on the GPU by default" 5 grep -E '^device +.+: CUDA device 0 of [0-9]+' "$tmp/info"
 
 # 2. the GPU tests
 # (a tiny model the pack lacks is skipped with a warning, listed below; criterion would make any

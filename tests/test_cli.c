@@ -173,6 +173,29 @@ Test(cli, tokenizer_override_gives_the_same_ids)
     unlink(path);
 }
 
+/* info names the device the commands would run the model on. This build has no CUDA: the CPU, its
+ * kernels, the threads asked for, and why not a GPU; --device cpu without the why; --device cuda is
+ * a one-line error naming why it cannot run. */
+Test(cli, info_names_the_device_that_would_run_the_model)
+{
+    static char out[1 << 16], errb[1 << 16];
+    cr_assert_eq(run("info -m " TD "tiny/tiny-llama-f16.gguf -t 3", out, sizeof out, errb, sizeof errb), 0, "%s", errb);
+    char *line = strstr(out, "\ndevice          CPU, ");
+    cr_assert(line, "no device line: %s", out);
+    line += 1;
+    line[strcspn(line, "\n")] = 0;
+    cr_expect(strstr(line, " kernels, 3 threads (this kvchat was built without CUDA)"), "%s", line);
+    cr_assert_eq(run("info -m " TD "tiny/tiny-llama-f16.gguf -t 1 --device cpu", out, sizeof out, errb, sizeof errb), 0,
+                 "%s", errb);
+    line = strstr(out, "\ndevice          CPU, ");
+    cr_assert(line, "no device line: %s", out);
+    line += 1;
+    line[strcspn(line, "\n")] = 0;
+    cr_expect(strstr(line, " kernels, 1 thread") && !strchr(line, '('), "%s", line);
+    expect_one_line_error("info -m " TD "tiny/tiny-llama-f16.gguf --device cuda",
+                          "info: --device cuda: this kvchat was built without CUDA");
+}
+
 Test(cli, missing_model_file)
 {
     expect_one_line_error("info -m /nonexistent/model.gguf", "No such file");
@@ -547,7 +570,8 @@ Test(cli, ask_answers_with_metrics_and_page_map)
                  sizeof out, errb, sizeof errb);
     cr_assert_eq(st, 0, "stderr: %s", errb);
     cr_expect(strstr(errb, "policy chess:preset=aggressive | context ") && strstr(errb, "KV held") &&
-                  strstr(errb, "selection keeps every page") && strstr(errb, "pages/step") && strstr(errb, "decode"),
+                  strstr(errb, "selection keeps every page") && strstr(errb, "pages/step") && strstr(errb, "decode") &&
+                  strstr(errb, " tokens) | on CPU ("),
               "metrics line: %s", errb);
     cr_expect(strstr(out, "page map: ") && strstr(out, "last step, first global layer: "), "page map: %s", out);
 }

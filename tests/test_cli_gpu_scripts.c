@@ -271,3 +271,63 @@ Test(gpu_scripts, check_records_a_payload_that_does_not_unpack)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     sh(cmd);
 }
+
+/* scripts/run-device.sh (make run's choice) with stand-ins for nvcc and nvidia-smi first on PATH:
+ * its standard output in out (one word), its standard error in err. The exit status. */
+static int run_device(const char *dir, const char *smi_says, int smi_status, const char *nvcc, char *out,
+                      size_t out_cap, char *err, size_t err_cap)
+{
+    char path[512], cmd[2048];
+    snprintf(path, sizeof path, "%s/nvidia-smi", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f, "#!/bin/sh\nprintf '%s'\nexit %d\n", smi_says, smi_status);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/nvcc", dir);
+    f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f, "#!/bin/sh\nexit 0\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "chmod +x %s/nvidia-smi %s/nvcc && PATH=%s:/usr/bin:/bin scripts/run-device.sh %s "
+                              ">%s/out 2>%s/err", dir, dir, dir, nvcc, dir, dir);
+    int rc = sh(cmd);
+    snprintf(path, sizeof path, "%s/out", dir);
+    char *s = slurp(path);
+    snprintf(out, out_cap, "%s", s);
+    free(s);
+    snprintf(path, sizeof path, "%s/err", dir);
+    s = slurp(path);
+    snprintf(err, err_cap, "%s", s);
+    free(s);
+    return rc;
+}
+
+Test(gpu_scripts, make_run_takes_the_cuda_build_only_with_nvcc_and_a_gpu)
+{
+    char dir[] = "/tmp/kvchat-rundev-XXXXXX", out[256], err[1024], cmd[512];
+    cr_assert(mkdtemp(dir));
+    const char *h200 = "GPU 0: NVIDIA H200 (UUID: GPU-0b4c1d2e-aaaa-bbbb-cccc-0123456789ab)\\nGPU 1: NVIDIA H200 (UUID: "
+                       "GPU-1)\\n";
+    /* nvcc and a GPU: the CUDA build, and a line naming the first GPU */
+    cr_expect_eq(run_device(dir, h200, 0, "nvcc", out, sizeof out, err, sizeof err), 0);
+    cr_expect_str_eq(out, "cuda\n");
+    cr_expect(strstr(err, "make run: NVIDIA H200 and nvcc found: the CUDA build") && !strstr(err, "UUID") &&
+                  !strstr(err, "GPU 1"), "stderr: %s", err);
+    /* a GPU without the compiler: the CPU build, and what is missing */
+    cr_expect_eq(run_device(dir, h200, 0, "kvchat-test-no-such-nvcc", out, sizeof out, err, sizeof err), 0);
+    cr_expect_str_eq(out, "cpu\n");
+    cr_expect(strstr(err, "NVIDIA H200 is present but kvchat-test-no-such-nvcc is not installed"), "stderr: %s", err);
+    /* the compiler without a GPU (nvidia-smi fails as it does without a driver): the CPU build, quietly */
+    cr_expect_eq(run_device(dir, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\\n", 9,
+                            "nvcc", out, sizeof out, err, sizeof err), 0);
+    cr_expect_str_eq(out, "cpu\n");
+    cr_expect_str_eq(err, "");
+    /* the driver's text reaches the terminal escaped: no control bytes */
+    cr_expect_eq(run_device(dir, "GPU 0: Odd\\033[2J\\033]0;x\\007 (UUID: GPU-2)\\n", 0, "nvcc", out, sizeof out, err,
+                            sizeof err), 0);
+    cr_expect_str_eq(out, "cuda\n");
+    cr_expect(strstr(err, "make run: Odd?[2J?]0;x? and nvcc found"), "stderr: %s", err);
+    for (const char *p = err; *p; p++) cr_expect(*p == '\n' || (*p >= 0x20 && *p < 0x7f), "byte %d in stderr", *p);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    sh(cmd);
+}

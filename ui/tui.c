@@ -1,7 +1,7 @@
 /* tui.c - the ncurses screen (see tui.h).
  *
- * Layout: a status bar on top (state and live progress, conversation, policy, context, speed,
- * model); the conversation on the left (ui/conv.c); a side panel on the right when the terminal is
+ * Layout: a status bar on top (state and live progress, conversation, policy, context, speed
+ * and the device giving it, model); the conversation on the left (ui/conv.c); a side panel on the right when the terminal is
  * wide enough (memory, the page map, uncertainty); the input (ui/editor.c, as many rows as its text
  * takes) at the bottom. The screen is redrawn 20 times a second from the worker's published view;
  * keys are read with a 50 ms timeout, so typing, scrolling and Ctrl-C work while tokens stream. */
@@ -113,6 +113,7 @@ static void draw_panel(tui *t, const uw_view *v, int top, int bottom, int x, int
     attron(head);
     mvprintw(y++, x, "Memory");
     attroff(head);
+    mvprintw(y++, x, "device   %.*s", width > 10 ? width - 10 : 0, v->device);   /* where the weights are */
     mvprintw(y++, x, "weights  %7.1f MiB", v->weights_mib);
     /* held can pass full while a prefill chunk is in: its rows are appended to every layer before
      * the sliding-window layers let the rows behind their window go */
@@ -439,9 +440,10 @@ static void draw_status(const uw_view *v, int W, int attr)
     else
         snprintf(kv, sizeof kv, "KV %.0f%% of context (%.2f MiB)", 100.0 * kept_share(v), mib);
     /* the context meter: positions used of the limit */
-    snprintf(status, sizeof status, " kvchat%s | %s | %s | %s | ctx %lld/%lld | %s | %s | %s",
+    /* the speed beside what gives it: the GPU or the CPU's threads */
+    snprintf(status, sizeof status, " kvchat%s | %s | %s | %s | ctx %lld/%lld | %s | %s on %s | %s",
              v->base_model ? " (base model)" : "", state, conv_name, policy, (long long)v->ctx_used,
-             (long long)v->ctx_limit, kv, speed, v->model);
+             (long long)v->ctx_limit, kv, speed, v->device, v->model);
     attron(attr);
     mvhline(0, 0, ' ', W);
     mvaddnstr(0, 0, status, W);

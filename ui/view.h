@@ -17,6 +17,7 @@ enum { VIEW_IDLE, VIEW_PREFILL, VIEW_ANSWER, VIEW_COMPARE, VIEW_OTHER };
 /* What the side panel shows, copied out under the worker's mutex. */
 typedef struct uw_view {
     char model[128], doc[256], policy[256];
+    char device[128];        /* what runs the model: the GPU's name, or "CPU (2 threads)" */
     char title[256];         /* the conversation's title (the session's) */
     int busy;                /* a job is running */
     int phase;               /* VIEW_*: what it is doing now */

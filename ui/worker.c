@@ -501,9 +501,15 @@ ui_worker *uw_start(session *s, store *db, const char *db_path, char *err, size_
         snprintf(msg, sizeof msg, "warning: %s", sess_warning(s));
         post(w, UW_INFO, msg, 0, 0);
     }
+    if (sess_load_note(s)[0]) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "note: %s", sess_load_note(s));
+        post(w, UW_INFO, msg, 0, 0);
+    }
     const model *m = run_model(sess_run(s));
     const char *b = strrchr(m->path, '/');
     snprintf(w->view.model, sizeof w->view.model, "%s", b ? b + 1 : m->path);
+    run_device(sess_run(s), w->view.device, sizeof w->view.device);
     w->view.ctx_limit = run_n_ctx(sess_run(s));
     w->view.weights_mib = (double)m->weight_bytes / (1 << 20);
     const unc_thresholds *thr = run_thresholds(sess_run(s));

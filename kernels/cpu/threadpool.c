@@ -88,13 +88,18 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-tp_pool *tp_create(int n_threads, char *err, size_t errlen)
+int tp_threads_for(int n_threads)
 {
     if (n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)n : 1;
     }
-    if (n_threads > 256) n_threads = 256;
+    return n_threads > 256 ? 256 : n_threads;
+}
+
+tp_pool *tp_create(int n_threads, char *err, size_t errlen)
+{
+    n_threads = tp_threads_for(n_threads);
     tp_pool *p = calloc(1, sizeof *p);
     if (!p) goto oom;
     p->n_threads = n_threads;

@@ -16,6 +16,8 @@ typedef void (*tp_fn)(void *ctx, int64_t task, int thread);
 
 /* n_threads <= 0 means one per online core. Returns NULL on failure (message in err). */
 tp_pool *tp_create(int n_threads, char *err, size_t errlen);
+/* The threads tp_create(n_threads) starts: all cores for n_threads <= 0, at most 256. */
+int tp_threads_for(int n_threads);
 void tp_free(tp_pool *p);
 int tp_n_threads(const tp_pool *p);
 /* Runs fn over n_tasks tasks, distributed dynamically; returns when all are done. */

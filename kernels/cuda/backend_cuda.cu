@@ -661,6 +661,40 @@ extern "C" int be_cuda_devices(void)
     return n;
 }
 
+extern "C" int be_cuda_gpu(be_gpu *g, char *why, size_t whylen)
+{
+    memset(g, 0, sizeof *g);
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        if (e != cudaSuccess)
+            snprintf(why, whylen, "no CUDA device: %s", cudaGetErrorString(e));
+        else
+            snprintf(why, whylen, "no CUDA device found");
+        return -1;
+    }
+    cudaDeviceProp prop;
+    size_t fr = 0, tot = 0;
+    if ((e = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess || (e = cudaSetDevice(0)) != cudaSuccess ||
+        (e = cudaMemGetInfo(&fr, &tot)) != cudaSuccess) {
+        snprintf(why, whylen, "CUDA device 0: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    /* the driver's text, shown on terminals: anything but printable ASCII becomes '?' */
+    size_t k = 0;
+    for (; k + 1 < sizeof g->name && k < sizeof prop.name && prop.name[k]; k++) {
+        unsigned char c = (unsigned char)prop.name[k];
+        g->name[k] = c >= 0x20 && c < 0x7f ? (char)c : '?';
+    }
+    g->name[k] = 0;
+    g->count = n;
+    g->cc_major = prop.major;
+    g->cc_minor = prop.minor;
+    g->total = tot;
+    g->free = fr;
+    return 0;
+}
+
 extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
 {
     int n = 0;

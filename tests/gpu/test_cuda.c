@@ -1632,6 +1632,50 @@ Test(cuda, a_warm_up_at_load_leaves_the_runs_bits_alone)
     }
 }
 
+/* --device auto (what every command asks by default) runs on the GPU and names it; a GPU that
+ * cannot start leaves an auto run on the CPU with the reason in the load note, and fails a run that
+ * asked for CUDA. (An unknown KVCHAT_CUDA_ATTN is the failure that can be made here: the other
+ * path, weights larger than the device's memory, goes through the same code in engine/run.c.) */
+Test(cuda, auto_runs_on_the_gpu_and_falls_back_to_the_cpu_saying_why)
+{
+    char err[600], path[256], name[128];
+    be_gpu g;
+    cr_assert_eq(be_cuda_gpu(&g, err, sizeof err), 0, "%s", err);
+    cr_expect(g.name[0] && g.count >= 1 && g.cc_major >= 8 && g.total > 0 && g.free <= g.total,
+              "%s: %d devices, compute %d.%d, %llu of %llu bytes free", g.name, g.count, g.cc_major, g.cc_minor,
+              (unsigned long long)g.free, (unsigned long long)g.total);
+    snprintf(path, sizeof path, "%s/tiny/%s", testdata(), files[0]);
+    if (!model_present(path)) cr_skip("%s is missing", path);
+    run_config c;
+    memset(&c, 0, sizeof c);
+    c.model_path = path;
+    c.device = BE_DEVICE_AUTO;
+    c.n_threads = 2;
+    c.n_ctx = 256;
+    c.sp = samp_params_default();
+    c.warm_up = -1;
+    run *r = run_create(&c, err, sizeof err);
+    cr_assert(r, "%s", err);
+    run_device(r, name, sizeof name);
+    cr_expect(run_on_device(r) && !strcmp(name, g.name), "auto ran on %s", name);
+    cr_expect(!strstr(run_load_note(r), "not used"), "%s", run_load_note(r));
+    run_free(r);
+    setenv("KVCHAT_CUDA_ATTN", "fast", 1);
+    r = run_create(&c, err, sizeof err);
+    c.device = BE_DEVICE_CUDA;
+    run *rc = run_create(&c, err, sizeof err);
+    unsetenv("KVCHAT_CUDA_ATTN");
+    cr_assert(r, "auto did not fall back: %s", err);
+    run_device(r, name, sizeof name);
+    cr_expect(!run_on_device(r) && !strcmp(name, "CPU (2 threads)"), "auto fell back to %s", name);
+    cr_expect(strstr(run_load_note(r), "the GPU was not used (KVCHAT_CUDA_ATTN must be flash") &&
+                  strstr(run_load_note(r), "): running on the CPU"), "%s", run_load_note(r));
+    run_free(r);
+    cr_expect_null(rc, "--device cuda ran with a GPU that cannot start");
+    cr_expect(strstr(err, "KVCHAT_CUDA_ATTN must be flash"), "%s", err);
+    if (rc) run_free(rc);
+}
+
 /* A greedy decode step through the device's pick, its K/V rows deferred, waits for the device
  * once: the rows come back with the pick's answer (the first steps may wait more: the prefill's
  * hidden rows come back before the embedding's write, the staging arena grows). */

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# status.sh - live status: while an answer streams the status bar shows this answer's tokens, tok/s
-# and time; /compare shows its policies' progress (decoded together: their tokens in all), and runs
-# the current policy once when it is also listed.
+# status.sh - live status: the status bar and the side panel name what runs the model (the CPU and
+# its threads here); while an answer streams the status bar shows this answer's tokens, tok/s and
+# time; /compare shows its policies' progress (decoded together: their tokens in all), and runs the
+# current policy once when it is also listed.
 # usage: tests/tui/status.sh KVCHAT MODEL DOCUMENT
 set -euo pipefail
 name=status
@@ -10,6 +11,9 @@ bin=$(abs "$1") model=$(abs "$2") doc=$(abs "$3")
 T new-session -d -s "$s" -x 160 -y 40 "$bin tui -t 1 -m $model -d $doc -n 600 --no-db"
 wait_for '\| ready \|'
 wait_for '^-- full: '
+# the speed beside what gives it (this CPU build, one thread); the side panel says it too
+wait_for '\| [0-9.]+ tok/s on CPU \(1 thread\) \| tiny-g'
+wait_for '│ device   CPU \(1 thread\)$'
 T send-keys -t "$s" 'What is it about?' Enter
 wait_for '\| answering: [0-9]+ tokens, [0-9.]+ tok/s, [0-9.]+ s \(Ctrl-C stops\) \|'
 absent '\| prefill ' "the status bar kept the prefill's line while answering"
