@@ -35,7 +35,10 @@ AVX2FLAGS    = -mavx2 -mfma -mf16c $(SIMDALIGN)
 AVXVNNIFLAGS = -mavx2 -mfma -mf16c -mavxvnni $(SIMDALIGN)
 AVX512FLAGS  = -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni $(SIMDALIGN)
 LDLIBS_ALL = -lsentencepiece -lsqlite3 -lnettle -lncursesw -lstdc++ -lm -pthread $(SAN) $(LDLIBS)
-NVCC      ?= nvcc
+# nvcc on PATH, else where NVIDIA's installer puts it (it leaves PATH alone); looked up once
+ifeq ($(origin NVCC),undefined)
+NVCC      := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; } || echo nvcc)
+endif
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 # sm_80 (A100) and sm_90 (H100/H200) code, and PTX for newer devices
 NVFLAGS   = -std=c++17 -O2 -g -I. -gencode arch=compute_80,code=sm_80 \
@@ -118,7 +121,15 @@ bootstrap:
 model: bootstrap
 	@scripts/fetch_model.sh
 
-$(KVCHAT): $(APP_OBJ) $(LIB)
+# The kind of build a binary was linked as (cpu or cuda), rewritten only when it changes: a binary
+# of the other kind is linked again (make CUDA=1 then make must not leave a CUDA ./kvchat, whose
+# objects are older than the CPU build's).
+BUILD_KIND := $(if $(filter 1,$(CUDA)),cuda,cpu)
+$(KVCHAT).kind: FORCE
+	@mkdir -p $(dir $@)
+	@[ "$$(cat $@ 2>/dev/null)" = "$(BUILD_KIND)" ] || echo $(BUILD_KIND) > $@
+
+$(KVCHAT): $(APP_OBJ) $(LIB) $(KVCHAT).kind
 	$(CC) -o $@ $(APP_OBJ) $(LIB) $(LDLIBS_ALL)
 
 $(LIB): $(LIB_OBJ)
@@ -254,9 +265,12 @@ $(MODEL_BIN): $(MODEL_T_OBJ) $(FRONT_OBJ) $(LIB)
 # (scripts/run-device.sh), the CUDA build, build-cuda/kvchat (as make test builds it, on the CPU
 # build's objects); a CUDA build that fails is said and the CPU build runs instead. Otherwise, and
 # with CUDA=0 or CUDA=1 on the command line, ./kvchat built that way.
+# Under make -n only the choice is printed: a line with $(MAKE) in it runs even then.
 run: model
-ifeq ($(CUDA),)
-	@if [ "$$(scripts/run-device.sh '$(NVCC)')" = cuda ]; then \
+ifneq (,$(findstring n,$(firstword -$(MAKEFLAGS))))
+	@echo "make run would run $(if $(CUDA),./$(KVCHAT),$(if $(filter cuda,$(shell bash scripts/run-device.sh '$(NVCC)' 2>/dev/null)),build-cuda/kvchat,./$(KVCHAT))) $(ARGS)"
+else ifeq ($(CUDA),)
+	@if [ "$$(bash scripts/run-device.sh '$(NVCC)')" = cuda ]; then \
 	    if $(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda OBJ=$(OBJ) KVCHAT=build-cuda/kvchat \
 	        build-cuda/kvchat; then exec ./build-cuda/kvchat $(ARGS); fi; \
 	    echo "make run: the CUDA build failed (above): the CPU build runs instead (make run CUDA=0 skips the CUDA build)" >&2; \
@@ -387,6 +401,6 @@ bench: model $(KVCHAT)
 	./$(KVCHAT) bench -m $(DEFAULT_MODEL)
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz build-cuda $(KVCHAT)
+	rm -rf $(BUILD) build-asan build-fuzz build-cuda $(KVCHAT) $(KVCHAT).kind
 
 -include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(MODEL_T_OBJ:.o=.d) $(GPU_T_OBJ:.o=.d) $(BUILD)/tests/gpu/bench_kernels.d

@@ -115,25 +115,6 @@ static int prepare_weights(run *r, char *err, size_t errlen)
     return rc ? RUN_EFAIL : RUN_OK;
 }
 
-/* The backend, its weights prepared. --device auto is the GPU when one is present, but a GPU that
- * cannot start or cannot hold the model's weights leaves the run on the CPU, with the reason in
- * the load note; --device cuda makes either an error. */
-static int start_backend(run *r, char *err, size_t errlen)
-{
-    int dev = r->cfg.device;
-    if (dev == BE_DEVICE_AUTO) dev = be_cuda_devices() > 0 ? BE_DEVICE_CUDA : BE_DEVICE_CPU;
-    r->b = be_create(dev, r->cfg.n_threads, err, errlen);
-    if (r->b && prepare_weights(r, err, errlen) == RUN_OK) return 0;
-    if (r->cfg.device != BE_DEVICE_AUTO || dev != BE_DEVICE_CUDA) return -1;
-    char why[400];
-    snprintf(why, sizeof why, "%s", err);
-    if (r->b) be_free(r->b);   /* what it holds on the device goes back */
-    r->b = be_create(BE_DEVICE_CPU, r->cfg.n_threads, err, errlen);
-    if (!r->b || prepare_weights(r, err, errlen) != RUN_OK) return -1;
-    snprintf(r->load_note, sizeof r->load_note, "the GPU was not used (%.200s): running on the CPU", why);
-    return 0;
-}
-
 /* A device's first prompt would pay one-off costs: kernels load on first use (cuBLAS's first
  * product took 50-70 ms on an H200, docs/gpu.md), buffers are allocated. A throwaway sequence
  * pays them at load instead: a chunk of the run's size, a question, and a decode step through the
@@ -223,6 +204,54 @@ static int open_sequence(run *r, char *err, size_t errlen)
     return open_answering(r, err, errlen);
 }
 
+/* What open_sequence made, freed (each pointer NULL after), so a run can open it again. */
+static void close_sequence(run *r)
+{
+    fwd_free(r->f);
+    pol_set_free(r->ps);
+    unc_free(r->mon);
+    samp_free(r->s);
+    free(r->logits);
+    r->f = NULL;
+    r->ps = NULL;
+    r->mon = NULL;
+    r->s = NULL;
+    r->logits = NULL;
+}
+
+/* The backend on device, its weights prepared, warmed up, and the sequence opened on it. */
+static int start_on(run *r, int device, char *err, size_t errlen)
+{
+    r->b = be_create(device, r->cfg.n_threads, err, errlen);
+    if (!r->b) return RUN_EFAIL;
+    if (prepare_weights(r, err, errlen) || warm_up(r, err, errlen) || open_sequence(r, err, errlen))
+        return RUN_EFAIL;
+    return RUN_OK;
+}
+
+/* The backend and the sequence. --device auto is the GPU when one that can run is present; a GPU
+ * that is there but cannot be used (be_cuda_gpu), or that fails before the run is ready (it cannot
+ * start, hold the weights, warm up or hold the first cache: out of device memory), leaves the run on
+ * the CPU with the reason in the load note. --device cuda makes each of those an error. */
+static int start_engine(run *r, char *err, size_t errlen)
+{
+    if (r->cfg.device != BE_DEVICE_AUTO) return start_on(r, r->cfg.device, err, errlen);
+    be_gpu g;
+    char why[400];
+    int gpu = be_cuda_gpu(&g, why, sizeof why);
+    if (gpu == 0) {
+        if (start_on(r, BE_DEVICE_CUDA, err, errlen) == RUN_OK) return RUN_OK;
+        snprintf(why, sizeof why, "%s", err);
+        close_sequence(r);
+        be_free(r->b);   /* what it holds on the device goes back */
+        r->b = NULL;
+        r->warm_up_s = 0;
+    }
+    if (start_on(r, BE_DEVICE_CPU, err, errlen) != RUN_OK) return RUN_EFAIL;
+    if (gpu != -1) snprintf(r->load_note, sizeof r->load_note, "the GPU was not used (%.200s): running on the CPU", why);
+    return RUN_OK;
+}
+
 run *run_create(const run_config *c, char *err, size_t errlen)
 {
     run *r = calloc(1, sizeof *r);
@@ -233,14 +262,12 @@ run *run_create(const run_config *c, char *err, size_t errlen)
     r->cfg = *c;
     r->owns = 1;
     model_load_opts lo = { c->tokenizer_path };
-    if (model_load(&r->m, c->model_path, &lo, err, errlen) != 0 || start_backend(r, err, errlen) ||
-        warm_up(r, err, errlen))
-        goto fail;
+    if (model_load(&r->m, c->model_path, &lo, err, errlen) != 0) goto fail;
     if (load_head_similarity(r)) {
         oom(err, errlen);
         goto fail;
     }
-    if (open_sequence(r, err, errlen)) goto fail;
+    if (start_engine(r, err, errlen)) goto fail;
     if (c->n_ctx > r->m->hp.n_ctx_train)
         snprintf(r->warn, sizeof r->warn, "--ctx %lld is above the %lld tokens %s was trained on: past that length "
                  "its answers degrade", (long long)c->n_ctx, (long long)r->m->hp.n_ctx_train, base_name(r->m->path));
@@ -309,15 +336,11 @@ run *run_fork(run *o, const pol_spec *spec, char *err, size_t errlen)
 void run_free(run *r)
 {
     if (!r) return;
-    fwd_free(r->f);
-    pol_set_free(r->ps);
-    unc_free(r->mon);
-    samp_free(r->s);
+    close_sequence(r);
     if (r->owns) {
         be_free(r->b);
         model_free(r->m);
     }
-    free(r->logits);
     free(r->head_sim);
     free(r->ids);
     free(r);

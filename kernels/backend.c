@@ -21,7 +21,9 @@ be_backend *be_create(int device, int n_threads, char *err, size_t errlen)
         snprintf(err, errlen, "KVCHAT_PROFILE must be 1 (host time in each op), sync (each op waited for) or 0 (off)");
         return NULL;
     }
-    int gpu = device == BE_DEVICE_CUDA || (device == BE_DEVICE_AUTO && be_cuda_devices() > 0);
+    be_gpu g;
+    char why[300];
+    int gpu = device == BE_DEVICE_CUDA || (device == BE_DEVICE_AUTO && be_cuda_gpu(&g, why, sizeof why) == 0);
     be_backend *b = gpu ? be_cuda_create(n_threads, err, errlen) : be_cpu_create(n_threads, err, errlen);
     if (!b || !prof) return b;
     be_backend *pb = op_profile_wrap(b, prof, stderr);

@@ -332,11 +332,11 @@ struct tp_pool *be_cpu_pool(be_backend *cpu);
 /* CUDA backend on device 0; the small element-wise ops run on a CPU backend of n_threads threads.
  * NULL and a message when kvchat was built without CUDA, no device is present, or setting up fails. */
 be_backend *be_cuda_create(int n_threads, char *err, size_t errlen);
-/* CUDA devices present (0 as well when kvchat was built without CUDA). */
-int be_cuda_devices(void);
 /* The GPU a CUDA backend runs on (device 0 of those CUDA_VISIBLE_DEVICES leaves): its name (bytes
  * outside printable ASCII shown as '?'), how many devices there are, its compute capability and its
- * memory. 0, or -1 with why no GPU can run (a build without CUDA, no device, the driver's error). */
+ * memory. 0 when it can run; else why not: -1 when there is none (a build without CUDA, no driver,
+ * no device), -2 when there is one it cannot use (the driver older than the runtime, a compute
+ * capability the build has no code for; name and capability filled where known). */
 typedef struct be_gpu {
     char name[256];
     int count, cc_major, cc_minor;
@@ -352,7 +352,7 @@ uint64_t be_cuda_flash_calls(be_backend *b);
  * thousands of idle calls. Nothing for any other backend. */
 void be_cuda_warmed_up(be_backend *b);
 void be_free(be_backend *b);
-/* The device a run asks for: AUTO is the GPU when one is present (kernels/backend.c). */
+/* The device a run asks for: AUTO is the GPU when one that can run is present (be_cuda_gpu). */
 enum { BE_DEVICE_AUTO, BE_DEVICE_CPU, BE_DEVICE_CUDA };
 be_backend *be_create(int device, int n_threads, char *err, size_t errlen);
 /* The weights a model multiplies, prepared on b (a device copies them now); note gets what a front

@@ -5,8 +5,6 @@
 
 #include "kernels/backend.h"
 
-int be_cuda_devices(void) { return 0; }
-
 int be_cuda_gpu(be_gpu *g, char *why, size_t whylen)
 {
     memset(g, 0, sizeof *g);

@@ -272,24 +272,35 @@ Test(gpu_scripts, check_records_a_payload_that_does_not_unpack)
     sh(cmd);
 }
 
-/* scripts/run-device.sh (make run's choice) with stand-ins for nvcc and nvidia-smi first on PATH:
- * its standard output in out (one word), its standard error in err. The exit status. */
-static int run_device(const char *dir, const char *smi_says, int smi_status, const char *nvcc, char *out,
-                      size_t out_cap, char *err, size_t err_cap)
+/* Stand-ins for nvcc (always there) and nvidia-smi in dir: `nvidia-smi -L` prints list and exits
+ * status; `nvidia-smi --query-gpu=compute_cap ...` prints cc (when not NULL). */
+static void stub_gpu_tools(const char *dir, const char *list, int status, const char *cc)
 {
-    char path[512], cmd[2048];
+    char path[512], cmd[1024];
     snprintf(path, sizeof path, "%s/nvidia-smi", dir);
     FILE *f = fopen(path, "w");
     cr_assert(f);
-    fprintf(f, "#!/bin/sh\nprintf '%s'\nexit %d\n", smi_says, smi_status);
+    fprintf(f, "#!/bin/sh\ncase \"$1\" in\n-L) printf '%s'; exit %d ;;\n", list, status);
+    if (cc) fprintf(f, "--query-gpu=compute_cap) printf '%s\\n' ;;\n", cc);
+    fprintf(f, "*) exit 6 ;;\nesac\n");
     fclose(f);
     snprintf(path, sizeof path, "%s/nvcc", dir);
     f = fopen(path, "w");
     cr_assert(f);
     fprintf(f, "#!/bin/sh\nexit 0\n");
     fclose(f);
-    snprintf(cmd, sizeof cmd, "chmod +x %s/nvidia-smi %s/nvcc && PATH=%s:/usr/bin:/bin scripts/run-device.sh %s "
-                              ">%s/out 2>%s/err", dir, dir, dir, nvcc, dir, dir);
+    snprintf(cmd, sizeof cmd, "chmod +x %s/nvidia-smi %s/nvcc", dir, dir);
+    cr_assert_eq(sh(cmd), 0);
+}
+
+/* scripts/run-device.sh (make run's choice) with the stand-ins first on PATH and env before it:
+ * its standard output in out (one word), its standard error in err. The exit status. */
+static int run_device(const char *dir, const char *env, const char *nvcc, char *out, size_t out_cap, char *err,
+                      size_t err_cap)
+{
+    char path[512], cmd[2048];
+    snprintf(cmd, sizeof cmd, "env -u CUDA_VISIBLE_DEVICES %s PATH=%s:/usr/bin:/bin scripts/run-device.sh %s >%s/out "
+             "2>%s/err", env, dir, nvcc, dir, dir);
     int rc = sh(cmd);
     snprintf(path, sizeof path, "%s/out", dir);
     char *s = slurp(path);
@@ -302,32 +313,80 @@ static int run_device(const char *dir, const char *smi_says, int smi_status, con
     return rc;
 }
 
-Test(gpu_scripts, make_run_takes_the_cuda_build_only_with_nvcc_and_a_gpu)
+#define H200 "GPU 0: NVIDIA H200 (UUID: GPU-0b4c1d2e-aaaa-bbbb-cccc-0123456789ab)\\nGPU 1: NVIDIA H200 (UUID: GPU-1)\\n"
+
+Test(gpu_scripts, make_run_takes_the_cuda_build_only_with_nvcc_and_a_gpu_it_can_run)
 {
     char dir[] = "/tmp/kvchat-rundev-XXXXXX", out[256], err[1024], cmd[512];
     cr_assert(mkdtemp(dir));
-    const char *h200 = "GPU 0: NVIDIA H200 (UUID: GPU-0b4c1d2e-aaaa-bbbb-cccc-0123456789ab)\\nGPU 1: NVIDIA H200 (UUID: "
-                       "GPU-1)\\n";
     /* nvcc and a GPU: the CUDA build, and a line naming the first GPU */
-    cr_expect_eq(run_device(dir, h200, 0, "nvcc", out, sizeof out, err, sizeof err), 0);
+    stub_gpu_tools(dir, H200, 0, "9.0");
+    cr_expect_eq(run_device(dir, "", "nvcc", out, sizeof out, err, sizeof err), 0);
     cr_expect_str_eq(out, "cuda\n");
     cr_expect(strstr(err, "make run: NVIDIA H200 and nvcc found: the CUDA build") && !strstr(err, "UUID") &&
                   !strstr(err, "GPU 1"), "stderr: %s", err);
+    /* a driver that cannot say the compute capability: nothing assumed */
+    stub_gpu_tools(dir, H200, 0, NULL);
+    cr_expect_eq(run_device(dir, "", "nvcc", out, sizeof out, err, sizeof err), 0);
+    cr_expect_str_eq(out, "cuda\n");
     /* a GPU without the compiler: the CPU build, and what is missing */
-    cr_expect_eq(run_device(dir, h200, 0, "kvchat-test-no-such-nvcc", out, sizeof out, err, sizeof err), 0);
+    cr_expect_eq(run_device(dir, "", "kvchat-test-no-such-nvcc", out, sizeof out, err, sizeof err), 0);
     cr_expect_str_eq(out, "cpu\n");
     cr_expect(strstr(err, "NVIDIA H200 is present but kvchat-test-no-such-nvcc is not installed"), "stderr: %s", err);
+    /* GPUs hidden by CUDA_VISIBLE_DEVICES; one left visible */
+    const char *hidden[] = { "CUDA_VISIBLE_DEVICES=", "CUDA_VISIBLE_DEVICES=-1", "CUDA_VISIBLE_DEVICES=-1,0" };
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(run_device(dir, hidden[i], "nvcc", out, sizeof out, err, sizeof err), 0);
+        cr_expect_str_eq(out, "cpu\n", "%s", hidden[i]);
+        cr_expect(strstr(err, "hides NVIDIA H200: the CPU build"), "%s: stderr: %s", hidden[i], err);
+    }
+    cr_expect_eq(run_device(dir, "CUDA_VISIBLE_DEVICES=1", "nvcc", out, sizeof out, err, sizeof err), 0);
+    cr_expect_str_eq(out, "cuda\n");
+    /* a GPU older than the build's code (sm_80): the CPU build, and why */
+    stub_gpu_tools(dir, "GPU 0: Tesla T4 (UUID: GPU-3)\\n", 0, "7.5");
+    cr_expect_eq(run_device(dir, "", "nvcc", out, sizeof out, err, sizeof err), 0);
+    cr_expect_str_eq(out, "cpu\n");
+    cr_expect(strstr(err, "Tesla T4 has compute capability 7.5, older than the CUDA build's 8.0"), "stderr: %s", err);
     /* the compiler without a GPU (nvidia-smi fails as it does without a driver): the CPU build, quietly */
-    cr_expect_eq(run_device(dir, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\\n", 9,
-                            "nvcc", out, sizeof out, err, sizeof err), 0);
+    stub_gpu_tools(dir, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\\n", 9, NULL);
+    cr_expect_eq(run_device(dir, "", "nvcc", out, sizeof out, err, sizeof err), 0);
     cr_expect_str_eq(out, "cpu\n");
     cr_expect_str_eq(err, "");
     /* the driver's text reaches the terminal escaped: no control bytes */
-    cr_expect_eq(run_device(dir, "GPU 0: Odd\\033[2J\\033]0;x\\007 (UUID: GPU-2)\\n", 0, "nvcc", out, sizeof out, err,
-                            sizeof err), 0);
+    stub_gpu_tools(dir, "GPU 0: Odd\\033[2J\\033]0;x\\007 (UUID: GPU-2)\\n", 0, "8.6");
+    cr_expect_eq(run_device(dir, "", "nvcc", out, sizeof out, err, sizeof err), 0);
     cr_expect_str_eq(out, "cuda\n");
     cr_expect(strstr(err, "make run: Odd?[2J?]0;x? and nvcc found"), "stderr: %s", err);
     for (const char *p = err; *p; p++) cr_expect(*p == '\n' || (*p >= 0x20 && *p < 0x7f), "byte %d in stderr", *p);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    sh(cmd);
+}
+
+/* `make -n run` runs nothing (a recipe line naming $(MAKE) would run even under -n) and says what
+ * make run would run: the CUDA build with nvcc and a GPU, ./kvchat without a GPU or with CUDA=0. */
+Test(gpu_scripts, make_n_run_says_which_build_it_would_run_and_runs_nothing)
+{
+    char dir[] = "/tmp/kvchat-makerun-XXXXXX", path[256], cmd[1024];
+    cr_assert(mkdtemp(dir));
+    const struct {
+        const char *list, *vars, *runs;
+    } cases[] = {
+        { H200, "", "make run would run build-cuda/kvchat --version" },
+        { H200, "CUDA=0", "make run would run ./kvchat --version" },
+        { "", "", "make run would run ./kvchat --version" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        stub_gpu_tools(dir, cases[i].list, 0, "9.0");
+        snprintf(cmd, sizeof cmd, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u CUDA_VISIBLE_DEVICES PATH=%s:/usr/bin:/bin "
+                 "make -n run ARGS=--version %s >%s/out 2>&1", dir, cases[i].vars, dir);
+        cr_expect_eq(sh(cmd), 0, "%s", cmd);
+        snprintf(path, sizeof path, "%s/out", dir);
+        char *out = slurp(path);
+        cr_expect(strstr(out, cases[i].runs), "case %zu: %s", i, out);
+        for (const char *l = out; l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)   /* its version line */
+            cr_expect(strncmp(l, "kvchat ", 7), "case %zu: kvchat ran: %s", i, out);
+        free(out);
+    }
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     sh(cmd);
 }

@@ -654,31 +654,36 @@ extern "C" void be_cuda_warmed_up(be_backend *b)
     pt_release_all(&ci->tables);
 }
 
-extern "C" int be_cuda_devices(void)
-{
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-    return n;
-}
+/* The oldest GPUs the build has code for: the Makefile's lowest -gencode, sm_80 (its sm_80 code runs
+ * on every 8.x device; the compute_90 PTX only on 9.0 and newer). An older GPU would fail at its
+ * first kernel launch, so it is refused up front and --device auto runs on the CPU. */
+enum { CUDA_MIN_MAJOR = 8 };
 
 extern "C" int be_cuda_gpu(be_gpu *g, char *why, size_t whylen)
 {
     memset(g, 0, sizeof *g);
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        if (e != cudaSuccess)
-            snprintf(why, whylen, "no CUDA device: %s", cudaGetErrorString(e));
-        else
-            snprintf(why, whylen, "no CUDA device found");
+    int drv = 0, rt = 0, n = 0;
+    cudaDriverGetVersion(&drv);
+    if (drv == 0) {   /* no driver installed: no GPU here, not a broken one */
+        snprintf(why, whylen, "no NVIDIA driver");
         return -1;
+    }
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorNoDevice || (e == cudaSuccess && n == 0)) {
+        snprintf(why, whylen, "no CUDA device found");
+        return -1;
+    }
+    if (e != cudaSuccess) {
+        cudaRuntimeGetVersion(&rt);
+        snprintf(why, whylen, "CUDA cannot start: %s (the driver supports CUDA %d.%d, this kvchat's runtime is %d.%d)",
+                 cudaGetErrorString(e), drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+        return -2;
     }
     cudaDeviceProp prop;
     size_t fr = 0, tot = 0;
-    if ((e = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess || (e = cudaSetDevice(0)) != cudaSuccess ||
-        (e = cudaMemGetInfo(&fr, &tot)) != cudaSuccess) {
+    if ((e = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess) {
         snprintf(why, whylen, "CUDA device 0: %s", cudaGetErrorString(e));
-        return -1;
+        return -2;
     }
     /* the driver's text, shown on terminals: anything but printable ASCII becomes '?' */
     size_t k = 0;
@@ -690,6 +695,15 @@ extern "C" int be_cuda_gpu(be_gpu *g, char *why, size_t whylen)
     g->count = n;
     g->cc_major = prop.major;
     g->cc_minor = prop.minor;
+    if (prop.major < CUDA_MIN_MAJOR) {
+        snprintf(why, whylen, "%s has compute capability %d.%d: this kvchat's kernels need %d.0 or newer", g->name,
+                 prop.major, prop.minor, (int)CUDA_MIN_MAJOR);
+        return -2;
+    }
+    if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaMemGetInfo(&fr, &tot)) != cudaSuccess) {
+        snprintf(why, whylen, "CUDA device 0 (%s): %s", g->name, cudaGetErrorString(e));
+        return -2;
+    }
     g->total = tot;
     g->free = fr;
     return 0;
@@ -697,11 +711,10 @@ extern "C" int be_cuda_gpu(be_gpu *g, char *why, size_t whylen)
 
 extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
 {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-        snprintf(err, errlen, "no CUDA device (%s); use --device cpu",
-                 e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    be_gpu gpu;
+    char why[300];
+    if (be_cuda_gpu(&gpu, why, sizeof why)) {
+        snprintf(err, errlen, "%s; use --device cpu", why);
         return NULL;
     }
     be_backend *b = (be_backend *)calloc(1, sizeof *b);
@@ -751,6 +764,7 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     cc_init(&ci->consts, &cdev);
     am_device adev = { ci, dev_malloc, dev_free, act_upload, act_download, act_wait, act_pin };
     am_init(&ci->act, &adev);
+    cudaError_t e;
     if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaStreamCreate(&ci->stream)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&ci->n_sm, cudaDevAttrMultiProcessorCount, 0)) != cudaSuccess) {
         snprintf(err, errlen, "CUDA device 0: %s", cudaGetErrorString(e));

@@ -1583,6 +1583,19 @@ Test(cuda, answers_through_the_devices_pick_equal_those_from_the_row)
 /* The warm-up at load (engine/run.c: on a device by default) pays the one-off costs (kernels loaded
  * on first use) in a throwaway cache: a run loaded with it gives the bits of one loaded without it,
  * through a prompt of two chunks and decode steps, then the same tokens through the device's pick. */
+/* A run of a tiny model on device (BE_DEVICE_*) with 2 threads, greedy defaults and n_ctx tokens. */
+static run_config tiny_run_config(const char *path, int device, int64_t n_ctx)
+{
+    run_config c;
+    memset(&c, 0, sizeof c);
+    c.model_path = path;
+    c.device = device;
+    c.n_threads = 2;
+    c.n_ctx = n_ctx;
+    c.sp = samp_params_default();
+    return c;
+}
+
 Test(cuda, a_warm_up_at_load_leaves_the_runs_bits_alone)
 {
     char err[600], path[256];
@@ -1591,15 +1604,9 @@ Test(cuda, a_warm_up_at_load_leaves_the_runs_bits_alone)
         if (!model_present(path)) continue;
         run *r[2];
         for (int warm = 0; warm < 2; warm++) {
-            run_config c;
-            memset(&c, 0, sizeof c);
-            c.model_path = path;
-            c.device = BE_DEVICE_CUDA;
-            c.n_threads = 2;
-            c.n_ctx = 1024;
+            run_config c = tiny_run_config(path, BE_DEVICE_CUDA, 1024);
             c.n_batch = 64;
             c.page_size = 8;
-            c.sp = samp_params_default();
             c.warm_up = warm ? 0 : -1;   /* 0: the default, which warms a device up */
             r[warm] = run_create(&c, err, sizeof err);
             cr_assert(r[warm], "%s", err);
@@ -1646,13 +1653,7 @@ Test(cuda, auto_runs_on_the_gpu_and_falls_back_to_the_cpu_saying_why)
               (unsigned long long)g.free, (unsigned long long)g.total);
     snprintf(path, sizeof path, "%s/tiny/%s", testdata(), files[0]);
     if (!model_present(path)) cr_skip("%s is missing", path);
-    run_config c;
-    memset(&c, 0, sizeof c);
-    c.model_path = path;
-    c.device = BE_DEVICE_AUTO;
-    c.n_threads = 2;
-    c.n_ctx = 256;
-    c.sp = samp_params_default();
+    run_config c = tiny_run_config(path, BE_DEVICE_AUTO, 256);
     c.warm_up = -1;
     run *r = run_create(&c, err, sizeof err);
     cr_assert(r, "%s", err);
