@@ -221,6 +221,22 @@ static double forked_steps(run *r, const pol_spec *const *specs, int n, int batc
     return t;
 }
 
+/* The forks' steps alone, then as one batch (forked_steps twice, tokens into alone and both): the
+ * seconds of each in t, and whether every fork chose the same tokens both ways in *same. 0, or 1
+ * after a message. */
+static int alone_then_batch(run *r, const pol_spec *const *each, int n, const int32_t *first, int64_t n_gen,
+                            int32_t *alone, int32_t *both, double t[2], int *same)
+{
+    char err[512];
+    for (int batch = 0; batch < 2; batch++)
+        if ((t[batch] = forked_steps(r, each, n, batch, first, n_gen, batch ? both : alone, err, sizeof err)) < 0) {
+            cli_err("bench: %s", err);
+            return 1;
+        }
+    *same = !memcmp(alone, both, sizeof(int32_t) * (size_t)(n * n_gen));
+    return 0;
+}
+
 /* r prefilled with the first d tokens of toks, from an empty cache: 0, or 1 after a message. */
 static int prefill_to(run *r, const int32_t *toks, int64_t d)
 {
@@ -238,7 +254,7 @@ static int bench_compare(run *r, const char *budget, char specs[][256], int n_sp
                          const char *machine, const char *base)
 {
     pol_spec ps[16];
-    char err[512], names[1024] = "";
+    char names[1024] = "";
     int any_prefill;
     if (parse_specs(budget, specs, n_spec, ps, &any_prefill)) return 1;
     if (any_prefill || n_spec < 2 || n_spec > FWD_BATCH_MAX) {
@@ -265,14 +281,8 @@ static int bench_compare(run *r, const char *budget, char specs[][256], int n_sp
         int32_t first[FWD_BATCH_MAX], top = samp_argmax(run_logits(r), run_model(r)->hp.n_vocab);
         for (int s = 0; s < n_spec; s++) first[s] = top;   /* every policy answers the same question */
         double t[2];
-        for (int batch = 0; batch < 2 && !rc; batch++)
-            rc = (t[batch] = forked_steps(r, each, n_spec, batch, first, n_gen, batch ? both : alone, err,
-                                          sizeof err)) < 0;
-        if (rc) {
-            cli_err("bench: %s", err);
-            break;
-        }
-        int same = !memcmp(alone, both, sizeof(int32_t) * (size_t)(n_spec * n_gen));
+        int same;
+        if ((rc = alone_then_batch(r, each, n_spec, first, n_gen, alone, both, t, &same))) break;
         double one = t[0] / n_spec;
         printf("%8lld %3d %12.3f %12.3f %12.3f %14.2f %6s   %s\n", (long long)d, n_spec, one, t[0], t[1], t[1] / one,
                same ? "yes" : "NO", names);
@@ -301,7 +311,6 @@ static int bench_seqs(run *r, const char *budget, char specs[][256], int n_spec,
                       const char *machine, const char *base)
 {
     pol_spec ps[16];
-    char err[512];
     int any_prefill;
     if (parse_specs(budget, specs, n_spec, ps, &any_prefill)) return 1;
     if (any_prefill) {
@@ -327,14 +336,8 @@ static int bench_seqs(run *r, const char *budget, char specs[][256], int n_spec,
             const pol_spec *each[FWD_BATCH_MAX];
             for (int s = 0; s < n_seq; s++) each[s] = &ps[i];
             double t[2];
-            for (int batch = 0; batch < 2 && !rc; batch++)
-                rc = (t[batch] = forked_steps(r, each, n_seq, batch, first, n_gen, batch ? both : alone, err,
-                                              sizeof err)) < 0;
-            if (rc) {
-                cli_err("bench: %s", err);
-                break;
-            }
-            int same = !memcmp(alone, both, sizeof(int32_t) * (size_t)(n_seq * n_gen));
+            int same;
+            if ((rc = alone_then_batch(r, each, n_seq, first, n_gen, alone, both, t, &same))) break;
             double one = (double)(n_seq * n_gen) / t[0], all = (double)(n_seq * n_gen) / t[1];
             printf("%8lld %4d %14.1f %14.1f %14.3f %12.2f %6s   %s\n", (long long)d, n_seq, one, all,
                    1e3 * t[1] / (double)n_gen, all / one, same ? "yes" : "NO", ps[i].text);

@@ -83,8 +83,7 @@ int gen_answer(const gen_ctx *c, const gen_opts *o, const gen_callbacks *cb, gen
  * that ends leaves the batch, the others go on. Each answer stops at its own abort flag
  * (cs[s].abort_flag) as gen_answer does, seen between steps (one raised during a step, from
  * another thread, stops its answer after that step); abort_flag (NULL: none) stops the batch's
- * step mid-way, every
- * answer then stopped as interrupted. cbs may be NULL. 0, or -1 with a message when a step fails
+ * step mid-way, every answer then stopped as interrupted. cbs may be NULL. 0, or -1 with a message when a step fails
  * (every answer then stops, keeping what it generated). */
 int gen_answer_batch(fwd_ctx *lead, const gen_ctx *cs, int n, const gen_opts *os, const gen_callbacks *cbs,
                      gen_result *res, volatile sig_atomic_t *abort_flag, char *err, size_t errlen);

@@ -429,8 +429,6 @@ int run_prefill_again(run *r, char *err, size_t errlen)
     return prefill_ids(r, P, 1, NULL, NULL, err, errlen);
 }
 
-/* A decode step of id: its logits to run_logits, or with pick (and a backend that picks) its best
- * candidates there, the logits left with the backend. */
 /* id appended to the sequence for a decode step, which every id before it must have had. RUN_OK, or
  * RUN_EFAIL with a message. */
 static int append_step(run *r, int32_t id, char *err, size_t errlen)
@@ -457,6 +455,8 @@ static int32_t greedy_next(const run *r, int picked, const be_pick *p, int32_t b
     return p->n_out > 0 ? best : 0;
 }
 
+/* A decode step of id: its logits to run_logits, or with pick (and a backend that picks) its best
+ * candidates there, the logits left with the backend. */
 static int decode_one(run *r, int32_t id, be_pick *pick, char *err, size_t errlen)
 {
     if (append_step(r, id, err, errlen)) return RUN_EFAIL;
@@ -811,7 +811,6 @@ const int32_t *run_tokens(const run *r, int64_t *n)
 int64_t run_pos(const run *r) { return fwd_pos(r->f); }
 int64_t run_n_ctx(const run *r) { return fwd_n_ctx(r->f); }
 int run_threads(const run *r) { return r->b->n_threads; }
-const char *run_device_name(const run *r) { return r->b->ops->name; }
 void run_device(const run *r, char *buf, size_t cap) { be_describe(r->b, buf, cap); }
 int run_on_device(const run *r) { return r->b->ops->memory != NULL; }   /* device memory: a device backend */
 

@@ -184,8 +184,7 @@ const int32_t *run_tokens(const run *r, int64_t *n);
 int64_t run_pos(const run *r);
 int64_t run_n_ctx(const run *r);
 int run_threads(const run *r);
-/* The backend's name ("cpu", "cuda"), for reports; 1 when the model runs on a device (a GPU). */
-const char *run_device_name(const run *r);
+/* 1 when the model runs on a device (a GPU). */
 int run_on_device(const run *r);
 /* What runs the model, in a few words for people: the GPU's name, or "CPU (2 threads)". */
 void run_device(const run *r, char *buf, size_t cap);

@@ -21,10 +21,7 @@ be_backend *be_create(int device, int n_threads, char *err, size_t errlen)
         snprintf(err, errlen, "KVCHAT_PROFILE must be 1 (host time in each op), sync (each op waited for) or 0 (off)");
         return NULL;
     }
-    be_gpu g;
-    char why[300];
-    int gpu = device == BE_DEVICE_CUDA || (device == BE_DEVICE_AUTO && be_cuda_gpu(&g, why, sizeof why) == 0);
-    be_backend *b = gpu ? be_cuda_create(n_threads, err, errlen) : be_cpu_create(n_threads, err, errlen);
+    be_backend *b = device == BE_DEVICE_CUDA ? be_cuda_create(n_threads, err, errlen) : be_cpu_create(n_threads, err, errlen);
     if (!b || !prof) return b;
     be_backend *pb = op_profile_wrap(b, prof, stderr);
     if (!pb) {

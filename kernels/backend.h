@@ -352,7 +352,9 @@ uint64_t be_cuda_flash_calls(be_backend *b);
  * thousands of idle calls. Nothing for any other backend. */
 void be_cuda_warmed_up(be_backend *b);
 void be_free(be_backend *b);
-/* The device a run asks for: AUTO is the GPU when one that can run is present (be_cuda_gpu). */
+/* The device a run asks for: AUTO is the GPU when one that can run is present (be_cuda_gpu), and
+ * the run decides it (engine/run.c, which falls back to the CPU); be_create makes a CUDA backend
+ * for CUDA and a CPU one otherwise. */
 enum { BE_DEVICE_AUTO, BE_DEVICE_CPU, BE_DEVICE_CUDA };
 be_backend *be_create(int device, int n_threads, char *err, size_t errlen);
 /* The weights a model multiplies, prepared on b (a device copies them now); note gets what a front

@@ -274,7 +274,7 @@ Test(gpu_scripts, check_records_a_payload_that_does_not_unpack)
 
 /* Stand-ins for nvcc (always there) and nvidia-smi in dir: `nvidia-smi -L` prints list and exits
  * status; `nvidia-smi --query-gpu=compute_cap ...` prints cc (when not NULL). */
-static void stub_gpu_tools(const char *dir, const char *list, int status, const char *cc)
+static void stand_in_gpu_tools(const char *dir, const char *list, int status, const char *cc)
 {
     char path[512], cmd[1024];
     snprintf(path, sizeof path, "%s/nvidia-smi", dir);
@@ -320,13 +320,13 @@ Test(gpu_scripts, make_run_takes_the_cuda_build_only_with_nvcc_and_a_gpu_it_can_
     char dir[] = "/tmp/kvchat-rundev-XXXXXX", out[256], err[1024], cmd[512];
     cr_assert(mkdtemp(dir));
     /* nvcc and a GPU: the CUDA build, and a line naming the first GPU */
-    stub_gpu_tools(dir, H200, 0, "9.0");
+    stand_in_gpu_tools(dir, H200, 0, "9.0");
     cr_expect_eq(run_device(dir, "", "nvcc", out, sizeof out, err, sizeof err), 0);
     cr_expect_str_eq(out, "cuda\n");
     cr_expect(strstr(err, "make run: NVIDIA H200 and nvcc found: the CUDA build") && !strstr(err, "UUID") &&
                   !strstr(err, "GPU 1"), "stderr: %s", err);
     /* a driver that cannot say the compute capability: nothing assumed */
-    stub_gpu_tools(dir, H200, 0, NULL);
+    stand_in_gpu_tools(dir, H200, 0, NULL);
     cr_expect_eq(run_device(dir, "", "nvcc", out, sizeof out, err, sizeof err), 0);
     cr_expect_str_eq(out, "cuda\n");
     /* a GPU without the compiler: the CPU build, and what is missing */
@@ -343,17 +343,17 @@ Test(gpu_scripts, make_run_takes_the_cuda_build_only_with_nvcc_and_a_gpu_it_can_
     cr_expect_eq(run_device(dir, "CUDA_VISIBLE_DEVICES=1", "nvcc", out, sizeof out, err, sizeof err), 0);
     cr_expect_str_eq(out, "cuda\n");
     /* a GPU older than the build's code (sm_80): the CPU build, and why */
-    stub_gpu_tools(dir, "GPU 0: Tesla T4 (UUID: GPU-3)\\n", 0, "7.5");
+    stand_in_gpu_tools(dir, "GPU 0: Tesla T4 (UUID: GPU-3)\\n", 0, "7.5");
     cr_expect_eq(run_device(dir, "", "nvcc", out, sizeof out, err, sizeof err), 0);
     cr_expect_str_eq(out, "cpu\n");
     cr_expect(strstr(err, "Tesla T4 has compute capability 7.5, older than the CUDA build's 8.0"), "stderr: %s", err);
     /* the compiler without a GPU (nvidia-smi fails as it does without a driver): the CPU build, quietly */
-    stub_gpu_tools(dir, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\\n", 9, NULL);
+    stand_in_gpu_tools(dir, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\\n", 9, NULL);
     cr_expect_eq(run_device(dir, "", "nvcc", out, sizeof out, err, sizeof err), 0);
     cr_expect_str_eq(out, "cpu\n");
     cr_expect_str_eq(err, "");
     /* the driver's text reaches the terminal escaped: no control bytes */
-    stub_gpu_tools(dir, "GPU 0: Odd\\033[2J\\033]0;x\\007 (UUID: GPU-2)\\n", 0, "8.6");
+    stand_in_gpu_tools(dir, "GPU 0: Odd\\033[2J\\033]0;x\\007 (UUID: GPU-2)\\n", 0, "8.6");
     cr_expect_eq(run_device(dir, "", "nvcc", out, sizeof out, err, sizeof err), 0);
     cr_expect_str_eq(out, "cuda\n");
     cr_expect(strstr(err, "make run: Odd?[2J?]0;x? and nvcc found"), "stderr: %s", err);
@@ -376,7 +376,7 @@ Test(gpu_scripts, make_n_run_says_which_build_it_would_run_and_runs_nothing)
         { "", "", "make run would run ./kvchat --version" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        stub_gpu_tools(dir, cases[i].list, 0, "9.0");
+        stand_in_gpu_tools(dir, cases[i].list, 0, "9.0");
         snprintf(cmd, sizeof cmd, "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u CUDA_VISIBLE_DEVICES PATH=%s:/usr/bin:/bin "
                  "make -n run ARGS=--version %s >%s/out 2>&1", dir, cases[i].vars, dir);
         cr_expect_eq(sh(cmd), 0, "%s", cmd);

@@ -360,7 +360,6 @@ static int eval_control(ev *E, item_ctx *I)
     return 0;
 }
 
-/* One configuration on one sample: every question (turn) of it, or the teacher-forced continuation. */
 /* A record of configuration cfg's turn q. */
 static void rec_config(const item_ctx *I, int q, const eval_cfg *cfg, eval_rec *r)
 {
@@ -412,6 +411,7 @@ static int next_question(ev *E, const item_ctx *I, run *r, int q, double *secs)
     return bad ? -1 : 0;
 }
 
+/* One configuration on one sample: every question (turn) of it, or the teacher-forced continuation. */
 static int eval_config(ev *E, item_ctx *I, const eval_cfg *cfg)
 {
     const task_item *it = I->it;
