@@ -8,6 +8,9 @@
  *   values of the row at a time (an "item": two groups of 8 values, each inside one 32-value
  *   sub-block with one weight scale), unpacks them into four words of signed 8-bit codes and
  *   multiplies them by the activations' codes four at a time (dd_dp4a, the device's dp4a).
+ * - Q4_K and Q5_K rows go the wide path by default (dd_lane_dot_w, below): 32 values a lane at a time
+ *   in 16-byte loads, up to DD_MAX_ROWS rows a warp sharing each token's codes, the minimums'
+ *   terms from the activations' block sums (KVCHAT_CUDA_MMV=narrow: the items above, to compare).
  * - F16/BF16 rows are read 16 bytes (8 values) at a time and multiplied by the f32 activations.
  * The kernels in kernels/cuda/vec_dot.cu run dd_lane_dot_q / dd_lane_dot_h on every lane of a
  * warp (a warp per row) and add the lanes by a butterfly of shuffles; tests/test_quant_blocks.c runs
@@ -64,15 +67,22 @@ QB_HD int8_t dd_code(float x, float d)
     return (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v == v ? (int)v : 0);
 }
 
-/* The host's rounding of n activations (a multiple of 32): codes q[n], scales d[n / 32]. The device
- * does the same with a warp per block (its largest magnitude by shuffles). */
-static inline void dd_quantize(const float *x, int64_t n, int8_t *q, float *d)
+/* A block's scale times the sum of its codes (an integer, exact in a float): what the K-quants'
+ * minimums multiply, once per block rather than once per weight row (dd_wide_dot). */
+QB_HD float dd_block_sum(float d, int code_sum) { return QB_MUL(d, (float)code_sum); }
+
+/* The host's rounding of n activations (a multiple of 32): codes q[n], scales d[n / 32] and, when s
+ * is not NULL, each block's dd_block_sum s[n / 32]. The device does the same with a warp per block
+ * (its largest magnitude and its codes' sum by shuffles). */
+static inline void dd_quantize(const float *x, int64_t n, int8_t *q, float *d, float *s)
 {
     for (int64_t b = 0; b < n / DD_QBLOCK; b++) {
         float amax = 0.0f;
         for (int j = 0; j < DD_QBLOCK; j++) amax = dd_amax2(amax, fabsf(x[b * DD_QBLOCK + j]));
         d[b] = dd_scale(amax);
-        for (int j = 0; j < DD_QBLOCK; j++) q[b * DD_QBLOCK + j] = dd_code(x[b * DD_QBLOCK + j], d[b]);
+        int sum = 0;
+        for (int j = 0; j < DD_QBLOCK; j++) sum += q[b * DD_QBLOCK + j] = dd_code(x[b * DD_QBLOCK + j], d[b]);
+        if (s) s[b] = dd_block_sum(d[b], sum);
     }
 }
 
@@ -284,6 +294,123 @@ QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, int64_t n_in, const 
     }
 }
 
+/* The wide path of Q4_K and Q5_K (their blocks of 144 and 176 bytes keep every row 16-byte
+ * aligned): a lane takes 32 values at a time, 16 of sub-block 2p and the 16 at the same places of
+ * sub-block 2p + 1 (one 16-byte load of the codes they share, one of the header, and for Q5_K one of
+ * the high bits), against the 16 + 8 values and four header loads of dd_load. A token's codes come
+ * in two 16-byte loads for any number of rows (dd_lane_dot_w multiplies up to DD_MAX_ROWS rows of a
+ * warp by each), and the minimums' terms use the block sums of the activations (dd_quantize's s)
+ * instead of a dot product with ones: the lane holding the first half of the two sub-blocks adds
+ * -(m_A s_A + m_B s_B) for all 64 values. Item i: super-block i / 8, k = i % 8, pair p = k / 2,
+ * positions l0 = 16 (k % 2) .. l0 + 15 of sub-blocks 2p and 2p + 1. */
+#define DD_WITEM 32
+#define DD_MAX_ROWS 2
+
+QB_HD int dd_wide_type(uint32_t type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K; }
+
+typedef struct {
+    int v[8];        /* v[0..3]: sub-block A's 16 codes (values pos ..), v[4..7]: sub-block B's (pos + 32 ..) */
+    float s[2], m[2];
+    int pos;
+    int first;       /* l0 == 0: this lane adds the two sub-blocks' minimum terms */
+} dd_witem;
+
+QB_HD void dd_wload(uint32_t type, const uint8_t *row, int i, dd_witem *it)
+{
+    const int five = type == GGML_TYPE_Q5_K, k = i & 7, p = k >> 1, l0 = 16 * (k & 1);
+    const uint8_t *b = row + (size_t)(i >> 3) * (five ? 176 : 144);
+    uint32_t q[4], hd[4], h[4] = { 0, 0, 0, 0 };
+    qb_load16(b + (five ? 48 : 16) + 32 * p + l0, q);
+    qb_load16(b, hd);
+    if (five) qb_load16(b + 16 + l0, h);
+    QB_UNROLL
+    for (int j = 0; j < 4; j++) {
+        uint32_t lo = q[j] & 0x0F0F0F0Fu, hi = (q[j] >> 4) & 0x0F0F0F0Fu;
+        if (five) {
+            lo |= ((h[j] >> (2 * p)) & 0x01010101u) << 4;
+            hi |= ((h[j] >> (2 * p + 1)) & 0x01010101u) << 4;
+        }
+        it->v[j] = (int)lo;
+        it->v[4 + j] = (int)hi;
+    }
+    const float d = qb_half(hd[0] & 0xFFFFu), dmin = qb_half(hd[0] >> 16);
+    QB_UNROLL
+    for (int g = 0; g < 2; g++) {
+        int sc, mn;
+        qb_scale_min_w(hd[1], hd[2], hd[3], 2 * p + g, &sc, &mn);
+        it->s[g] = QB_MUL(d, (float)sc);
+        it->m[g] = QB_MUL(dmin, (float)mn);
+    }
+    it->pos = 256 * (i >> 3) + 64 * p + l0;
+    it->first = l0 == 0;
+}
+
+/* A token's 32 codes for items at pos (u[0..3] sub-block A's, u[4..7] B's). */
+QB_HD void dd_wcodes(const int8_t *xq, int pos, uint32_t *u)
+{
+    qb_load16(xq + pos, u);
+    qb_load16(xq + pos + 32, u + 4);
+}
+
+/* The item's dot product with a token's codes u, the scales of its blocks xa, xb and their sums sa,
+ * sb (read only by the first lane). */
+QB_HD float dd_wide_dot(const dd_witem *it, const uint32_t *u, float xa, float xb, float sa, float sb)
+{
+    int ia = 0, ib = 0;
+    QB_UNROLL
+    for (int j = 0; j < 4; j++) {
+        ia = dd_dp4a(it->v[j], (int)u[j], ia);
+        ib = dd_dp4a(it->v[4 + j], (int)u[4 + j], ib);
+    }
+    float r = QB_ADD(QB_MUL(xa, QB_MUL(it->s[0], (float)ia)), QB_MUL(xb, QB_MUL(it->s[1], (float)ib)));
+    if (it->first) r = QB_SUB(r, QB_ADD(QB_MUL(it->m[0], sa), QB_MUL(it->m[1], sb)));
+    return r;
+}
+
+/* One lane's share of n_rows (<= DD_MAX_ROWS) Q4_K/Q5_K rows, `stride` bytes apart, of n_in values
+ * (a multiple of 256) times n_tok (<= QB_MAX_TOK) tokens: items lane, lane + lanes, ..., each added
+ * to acc[r][t] in that order; inflight (1 or 2) items of every row are loaded before any is used.
+ * Token t's codes are xq[t * n_in ...], its scales xd[t * n_in / 32 ...] and block sums xs[t * n_in /
+ * 32 ...]. A row's sums do not depend on n_rows or inflight. */
+QB_HD void dd_lane_dot_w(uint32_t type, const uint8_t *row, size_t stride, int n_rows, int64_t n_in,
+                         const int8_t *xq, const float *xd, const float *xs, int n_tok, int lane, int lanes,
+                         int inflight, float (*acc)[QB_MAX_TOK])
+{
+    const int n_items = (int)(n_in / DD_WITEM);
+    const int64_t nb = n_in / DD_QBLOCK;
+    for (int i0 = lane; i0 < n_items; i0 += inflight * lanes) {
+        dd_witem it[DD_MAX_INFLIGHT][DD_MAX_ROWS];
+        QB_UNROLL
+        for (int u = 0; u < DD_MAX_INFLIGHT; u++)
+            if (u < inflight && i0 + u * lanes < n_items) {
+                QB_UNROLL
+                for (int r = 0; r < DD_MAX_ROWS; r++)
+                    if (r < n_rows) dd_wload(type, row + (size_t)r * stride, i0 + u * lanes, &it[u][r]);
+            }
+        QB_UNROLL
+        for (int u = 0; u < DD_MAX_INFLIGHT; u++) {
+            if (u >= inflight || i0 + u * lanes >= n_items) break;
+            const int pos = it[u][0].pos, b = pos >> 5;
+            QB_UNROLL
+            for (int t = 0; t < QB_MAX_TOK; t++) {
+                if (t >= n_tok) continue;
+                uint32_t c[8];
+                dd_wcodes(xq + (int64_t)t * n_in, pos, c);
+                const float *dt = xd + (int64_t)t * nb, *st = xs + (int64_t)t * nb;
+                const float xa = dt[b], xb = dt[b + 1];
+                float sa = 0.0f, sb = 0.0f;
+                if (it[u][0].first) {
+                    sa = st[b];
+                    sb = st[b + 1];
+                }
+                QB_UNROLL
+                for (int r = 0; r < DD_MAX_ROWS; r++)
+                    if (r < n_rows) acc[r][t] = QB_ADD(acc[r][t], dd_wide_dot(&it[u][r], c, xa, xb, sa, sb));
+            }
+        }
+    }
+}
+
 /* 8 values of an F16 or BF16 row from 16 bytes. */
 QB_HD void dd_load_h(uint32_t type, const uint8_t *p, float *w)
 {
@@ -324,17 +451,20 @@ QB_HD void dd_lane_dot_h(uint32_t type, const uint8_t *row, int64_t n_in, const 
     }
 }
 
-/* A decode kernel's warp over one row, run on the host: every lane's share (dd_lane_dot_q with the
- * codes xq and scales xd of the tokens and inflight reads at a time for quantized types,
+/* A decode kernel's warp over one row, run on the host: every lane's share (for Q4_K/Q5_K with wide
+ * set dd_lane_dot_w, with the tokens' block sums xs; dd_lane_dot_q with the
+ * codes xq and scales xd of the tokens and inflight reads at a time for the other quantized types,
  * dd_lane_dot_h with their f32 values x for F16/BF16), then the lanes' sums met as the kernels' shuffles meet them, a butterfly (lane l
  * adds lane l ^ o's sum, o = 16 .. 1). y[t] gets token t's product: the device's bits. */
 static inline void dd_warp_row(uint32_t type, const uint8_t *row, int64_t n_in, const float *x, const int8_t *xq,
-                               const float *xd, int n_tok, int inflight, float *y)
+                               const float *xd, const float *xs, int n_tok, int inflight, int wide, float *y)
 {
     float acc[32][QB_MAX_TOK];
     memset(acc, 0, sizeof acc);
     for (int lane = 0; lane < 32; lane++) {
-        if (dd_integer_type(type))
+        if (wide && dd_wide_type(type))
+            dd_lane_dot_w(type, row, 0, 1, n_in, xq, xd, xs, n_tok, lane, 32, inflight, &acc[lane]);
+        else if (dd_integer_type(type))
             dd_lane_dot_q(type, row, n_in, xq, xd, n_tok, lane, 32, inflight, acc[lane]);
         else
             dd_lane_dot_h(type, row, n_in, x, n_tok, lane, 32, acc[lane]);

@@ -245,12 +245,13 @@ Test(quant_blocks, every_half_converts_like_the_reference)
 
 /* Activations rounded to 8-bit codes: the scale is the block's largest magnitude over 127, every
  * code within half a step of its value (ties to even; also in a block of subnormal scale), codes
- * within +-127; an all-zero block has scale 0 and codes 0; a NaN makes its block's scale NaN. */
+ * within +-127; an all-zero block has scale 0 and codes 0; a NaN makes its block's scale NaN. Each
+ * block's sum is its scale times the sum of its codes. */
 Test(quant_blocks, activations_round_to_the_nearest_8_bit_code_in_blocks_of_32)
 {
     seed_rng("activation codes");
     enum { N = 32 * 64 };
-    float x[N], d[N / 32];
+    float x[N], d[N / 32], sums[N / 32];
     int8_t q[N];
     for (int i = 0; i < N; i++) {
         int b = i / 32;
@@ -262,12 +263,16 @@ Test(quant_blocks, activations_round_to_the_nearest_8_bit_code_in_blocks_of_32)
     /* ties: scale 1, values k + 1/2 */
     x[5 * 32] = 127.0f;
     for (int j = 1; j < 32; j++) x[5 * 32 + j] = (float)j - 16.5f;
-    dd_quantize(x, N, q, d);
+    dd_quantize(x, N, q, d, sums);
     int ties = 0;
     for (int b = 0; b < N / 32; b++) {
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
         cr_assert_eq(d[b], amax / 127.0f, "block %d: scale %.9g for amax %.9g", b, d[b], amax);
+        int code_sum = 0;
+        for (int j = 0; j < 32; j++) code_sum += q[32 * b + j];
+        const float want_sum = d[b] * (float)code_sum;
+        cr_assert(!memcmp(&sums[b], &want_sum, 4), "block %d: sum %.9g, want %.9g", b, sums[b], want_sum);
         for (int j = 0; j < 32; j++) {
             float v = x[32 * b + j];
             int c = q[32 * b + j];
@@ -294,10 +299,10 @@ Test(quant_blocks, activations_round_to_the_nearest_8_bit_code_in_blocks_of_32)
     float y[32];
     for (int j = 0; j < 32; j++) y[j] = (float)j;
     y[17] = NAN;
-    dd_quantize(y, 32, q, d);
-    cr_assert(isnan(d[0]), "a NaN activation's block has scale %g", d[0]);
+    dd_quantize(y, 32, q, d, sums);
+    cr_assert(isnan(d[0]) && isnan(sums[0]), "a NaN activation's block has scale %g, sum %g", d[0], sums[0]);
     y[17] = INFINITY;
-    dd_quantize(y, 32, q, d);
+    dd_quantize(y, 32, q, d, NULL);
     cr_assert(isinf(d[0]));
 }
 
@@ -343,27 +348,79 @@ Test(quant_blocks, the_integer_items_unpack_to_the_reference_values)
     free(ref);
 }
 
+/* The wide path's items of Q4_K and Q5_K, unpacked: their 32 codes times their scales, less the
+ * minimums, are the reference dequantizer's values bit for bit; the items of a row cover each value
+ * once; exactly one item of each pair of sub-blocks is the first (it adds their minimum terms),
+ * and its codes lie at 16-byte aligned offsets (the device's vector loads). */
+Test(quant_blocks, the_wide_items_unpack_to_the_reference_values)
+{
+    seed_rng("wide items");
+    enum { NB = 16 };
+    uint8_t *row = malloc(NB * 256);
+    float *ref = malloc(sizeof(float) * NB * 256);
+    int seen[NB * 256], firsts[NB * 8];
+    const uint32_t types[] = { GGML_TYPE_Q4_K, GGML_TYPE_Q5_K };
+    for (size_t ti = 0; ti < 2; ti++) {
+        const uint32_t type = types[ti];
+        cr_assert(dd_wide_type(type) && dd_integer_type(type));
+        const int n = NB * 256;
+        for (int round = 0; round < 10; round++) {
+            random_blocks(type, row, NB);
+            quant_dequant_row(type, row, ref, n);
+            memset(seen, 0, sizeof seen);
+            memset(firsts, 0, sizeof firsts);
+            for (int i = 0; i < n / DD_WITEM; i++) {
+                dd_witem it;
+                dd_wload(type, row, i, &it);
+                cr_assert(it.pos % 16 == 0 && it.pos % 64 < 32 && it.pos + 48 <= n, "%s item %d at %d",
+                          quant_type_name(type), i, it.pos);
+                if (it.first) firsts[it.pos / 64]++;
+                for (int g = 0; g < 2; g++)
+                    for (int j = 0; j < 16; j++) {
+                        const int at = it.pos + 32 * g + j;
+                        int code = (int)(int8_t)(uint8_t)((uint32_t)it.v[4 * g + j / 4] >> (8 * (j % 4)));
+                        float v = it.s[g] * (float)code - it.m[g];
+                        cr_assert(memcmp(&v, &ref[at], 4) == 0, "%s item %d value %d: %.9g, the reference %.9g",
+                                  quant_type_name(type), i, at, v, ref[at]);
+                        seen[at]++;
+                    }
+            }
+            for (int i = 0; i < n; i++)
+                cr_assert_eq(seen[i], 1, "%s value %d read %d times", quant_type_name(type), i, seen[i]);
+            for (int p = 0; p < n / 64; p++)
+                cr_assert_eq(firsts[p], 1, "%s sub-blocks %d and %d: %d first items", quant_type_name(type), 2 * p,
+                             2 * p + 1, firsts[p]);
+        }
+    }
+    free(row);
+    free(ref);
+}
+
 /* The decode kernels' warp against double precision. Quantized types: within f32 rounding (1e-5 of
  * the sum of magnitudes) of the product of the dequantized weights and the coded activations (codes
  * times scales), and within the coding bound (each activation at most half its block's step away:
  * sum |w_i| d_b / 2) of the product with the f32 activations themselves. F16/BF16: within f32
  * rounding of the f32 product. Each token's result also equals, bit for bit, that token multiplied
- * alone, and 2 reads in flight give the bits of 1. */
-static void check_decode_dot(uint32_t type, const uint8_t *row, const float *w, const float *x, int64_t n, int n_tok)
+ * alone, and 2 reads in flight give the bits of 1. Q4_K and Q5_K: both paths (narrow items and the
+ * wide path) are held to the bounds, and the wide path's warp over two rows gives each row's bits
+ * of one row alone. */
+static void check_one_path(uint32_t type, const uint8_t *row, const float *w, const float *x, int64_t n, int n_tok,
+                           int wide)
 {
     int8_t *xq = malloc((size_t)(n * n_tok));
-    float *xd = malloc(sizeof(float) * (size_t)(n * n_tok / 32));
-    dd_quantize(x, n * n_tok, xq, xd);
+    float *xd = malloc(sizeof(float) * (size_t)(n * n_tok / 32)), *xs = malloc(sizeof(float) * (size_t)(n * n_tok / 32));
+    dd_quantize(x, n * n_tok, xq, xd, xs);
     float y[QB_MAX_TOK], y1, yi[QB_MAX_TOK];
-    dd_warp_row(type, row, n, x, xq, xd, n_tok, 1, y);
-    const char *tn = quant_type_name(type);
+    dd_warp_row(type, row, n, x, xq, xd, xs, n_tok, 1, wide, y);
+    char tn[64];
+    snprintf(tn, sizeof tn, "%s%s", quant_type_name(type), wide && dd_wide_type(type) ? " (wide)" : "");
     for (int inflight = 2; inflight <= DD_MAX_INFLIGHT; inflight *= 2) {   /* the kernels' other variants */
-        dd_warp_row(type, row, n, x, xq, xd, n_tok, inflight, yi);
+        dd_warp_row(type, row, n, x, xq, xd, xs, n_tok, inflight, wide, yi);
         cr_assert(memcmp(yi, y, sizeof(float) * (size_t)n_tok) == 0, "%s n_in %lld: %d reads in flight", tn,
                   (long long)n, inflight);
     }
     for (int t = 0; t < n_tok; t++) {
-        const float *xt = x + t * n, *dt = xd + t * n / 32;
+        const float *xt = x + t * n, *dt = xd + t * n / 32, *st = xs + t * n / 32;
         const int8_t *qt = xq + t * n;
         double exact = 0, coded = 0, mag = 0, bound = 0;
         for (int64_t i = 0; i < n; i++) {
@@ -382,11 +439,45 @@ static void check_decode_dot(uint32_t type, const uint8_t *row, const float *w, 
             cr_assert(fabs(y[t] - exact) <= 1e-5 * mag + 1e-30, "%s n_in %lld token %d of %d: %.9g, double %.9g", tn,
                       (long long)n, t, n_tok, y[t], exact);
         }
-        dd_warp_row(type, row, n, xt, qt, dt, 1, 1, &y1);
+        dd_warp_row(type, row, n, xt, qt, dt, st, 1, 1, wide, &y1);
         cr_assert(memcmp(&y1, &y[t], 4) == 0, "%s token %d alone: %.9g, among %d: %.9g", tn, t, y1, n_tok, y[t]);
+    }
+    if (wide && dd_wide_type(type)) {
+        /* two rows a warp: the row and its blocks in reverse order, one stride apart */
+        const size_t bb = (size_t)qb_block_bytes(type), nb = (size_t)(n / 256), stride = nb * bb;
+        uint8_t *two = malloc(2 * stride);
+        memcpy(two, row, stride);
+        for (size_t k = 0; k < nb; k++) memcpy(two + stride + k * bb, row + (nb - 1 - k) * bb, bb);
+        float acc[32][DD_MAX_ROWS][QB_MAX_TOK], want[QB_MAX_TOK];
+        for (int inflight = 1; inflight <= DD_MAX_INFLIGHT; inflight *= 2) {
+            memset(acc, 0, sizeof acc);
+            for (int lane = 0; lane < 32; lane++)
+                dd_lane_dot_w(type, two, stride, 2, n, xq, xd, xs, n_tok, lane, 32, inflight, acc[lane]);
+            for (int r = 0; r < 2; r++) {
+                dd_warp_row(type, two + r * stride, n, x, xq, xd, xs, n_tok, 1, 1, want);
+                for (int t = 0; t < n_tok; t++) {
+                    float v[32], u[32];
+                    for (int l = 0; l < 32; l++) v[l] = acc[l][r][t];
+                    for (int o = 16; o > 0; o >>= 1) {
+                        for (int l = 0; l < 32; l++) u[l] = v[l] + v[l ^ o];
+                        memcpy(v, u, sizeof u);
+                    }
+                    cr_assert(!memcmp(&v[0], &want[t], 4), "%s n_in %lld row %d of 2, token %d, %d in flight: %.9g, "
+                              "alone %.9g", tn, (long long)n, r, t, inflight, v[0], want[t]);
+                }
+            }
+        }
+        free(two);
     }
     free(xq);
     free(xd);
+    free(xs);
+}
+
+static void check_decode_dot(uint32_t type, const uint8_t *row, const float *w, const float *x, int64_t n, int n_tok)
+{
+    check_one_path(type, row, w, x, n, n_tok, 0);
+    if (dd_wide_type(type)) check_one_path(type, row, w, x, n, n_tok, 1);
 }
 
 Test(quant_blocks, the_decode_kernels_lanes_give_the_rows_dot_products)

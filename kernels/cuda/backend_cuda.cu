@@ -610,7 +610,7 @@ static void cuda_destroy(be_backend *b)
         free(ci->rows_list);
         am_free(&ci->act);
         void *dev[] = { ci->y32,   ci->out,   ci->x16, ci->part_o, ci->part_ml, ci->d_arena,
-                        ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->cur_pos,
+                        ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->xs,  ci->cur_pos,
                         ci->pick_keys, ci->pick_max, ci->pick_sums, ci->pick_res, ci->bd_u, ci->bd_keys,
                         ci->sel_pages, ci->sel_hp, ci->km_sq, ci->ms_e, ci->ms_factor, ci->ms_acc };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
@@ -731,8 +731,11 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     const char *mmv_env = getenv("KVCHAT_CUDA_MMV");
     ci->no_mmv = mmv_env && !strcmp(mmv_env, "0");
     ci->mmv_f32 = mmv_env && !strcmp(mmv_env, "f32");
+    ci->mmv_wide = !(mmv_env && !strcmp(mmv_env, "narrow"));
     const char *inflight_env = getenv("KVCHAT_CUDA_MMV_INFLIGHT");
     ci->mmv_inflight = inflight_env && !strcmp(inflight_env, "1") ? 1 : 2;
+    const char *rows_env = getenv("KVCHAT_CUDA_MMV_ROWS");
+    ci->mmv_rows = rows_env && !strcmp(rows_env, "1") ? 1 : rows_env && !strcmp(rows_env, "2") ? 2 : 0;
     const char *attn_env = getenv("KVCHAT_CUDA_ATTN");
     if (attn_env && *attn_env && strcmp(attn_env, "flash") && strcmp(attn_env, "grouped") && strcmp(attn_env, "scalar")) {
         snprintf(err, errlen, "KVCHAT_CUDA_ATTN must be flash (the default), grouped or scalar");

@@ -86,10 +86,13 @@ typedef struct cuda_impl {
     size_t cap_xal;
     int8_t *xq;                /* a decode product's input in 8-bit codes (kernels/decode_dot.h) */
     float *xd;                 /* and their scales, one per 32 */
-    size_t cap_xq, cap_xd;
+    float *xs;                 /* and their block sums (scale times the sum of the codes) */
+    size_t cap_xq, cap_xd, cap_xs;
     int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
     int mmv_f32;               /* KVCHAT_CUDA_MMV=f32: decode products by the f32 kernel (stage 0's) */
     int mmv_inflight;          /* KVCHAT_CUDA_MMV_INFLIGHT: reads of a row each lane has in flight */
+    int mmv_wide;              /* Q4_K/Q5_K by the wide path (decode_dot.h; KVCHAT_CUDA_MMV=narrow: not) */
+    int mmv_rows;              /* KVCHAT_CUDA_MMV_ROWS: rows a warp of the wide path (0: by tokens) */
     int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
     unsigned mmv_smem_set;     /* bit per type slot: the decode kernel's shared memory limit raised */
     float *part_o, *part_ml;   /* attention's per-split partial results */

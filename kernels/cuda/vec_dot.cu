@@ -4,8 +4,9 @@
  * Decode (at most QB_MAX_TOK tokens), kernels/decode_dot.h: decode_dot_kernel, a warp per row,
  * reading it straight from global memory. Quantized types: the input is first rounded to 8-bit
  * codes in blocks of 32 (quantize_act, once for all the products that share it), then each lane
- * multiplies 16 values at a time in integers (dp4a). F16/BF16: 16-byte loads of 8 values times the
- * f32 input. The lanes' sums meet by a butterfly of shuffles. KVCHAT_CUDA_MMV=f32 runs stage 0's
+ * multiplies 16 values at a time in integers (dp4a); Q4_K and Q5_K by decode_wide_kernel instead,
+ * 32 values a lane in 16-byte loads and one or two rows a warp (KVCHAT_CUDA_MMV=narrow: the 16-value
+ * items, to compare). F16/BF16: 16-byte loads of 8 values times the f32 input. The lanes' sums meet by a butterfly of shuffles. KVCHAT_CUDA_MMV=f32 runs stage 0's
  * kernel instead (mmv_kernel: exact weights times f32 activations through shared memory; a block of
  * MMV_WARPS warps computes MMV_ROWS rows a warp, the row read in chunks of QB_CHUNK values, the
  * lanes decoding groups of 32 with qb_lane_dot), to compare the two on a GPU. More tokens than the
@@ -87,10 +88,11 @@ static size_t mmv_smem(uint32_t type, int n_tok)
 #define DD_WARPS 4   /* warps (rows) per block of the decode kernels */
 
 /* n_blocks blocks of 32 activations (over all tokens: rows of n_in % 32 == 0 values are whole
- * blocks) rounded to 8-bit codes q and scales d (decode_dot.h): a warp per block, its largest
- * magnitude met by shuffles. */
+ * blocks) rounded to 8-bit codes q, scales d and block sums bs (decode_dot.h's dd_quantize): a warp
+ * per block, its largest magnitude and its codes' sum met by shuffles. */
 __global__ void __launch_bounds__(256)
-    quantize_act(const float *__restrict__ x, int64_t n_blocks, int8_t *__restrict__ q, float *__restrict__ d)
+    quantize_act(const float *__restrict__ x, int64_t n_blocks, int8_t *__restrict__ q, float *__restrict__ d,
+                 float *__restrict__ bs)
 {
     const int64_t blk = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -100,8 +102,15 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) a = dd_amax2(a, __shfl_xor_sync(0xffffffffu, a, o));
     const float s = dd_scale(a);
-    q[blk * DD_QBLOCK + lane] = dd_code(v, s);
-    if (lane == 0) d[blk] = s;
+    const int8_t c = dd_code(v, s);
+    q[blk * DD_QBLOCK + lane] = c;
+    int sum = c;   /* integers: the order of the additions does not matter */
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+        d[blk] = s;
+        bs[blk] = dd_block_sum(s, sum);
+    }
 }
 
 /* y[t][row] = dot(row of W, token t), t < n_tok <= QB_MAX_TOK, a warp per row: for a quantized W
@@ -126,6 +135,39 @@ __global__ void __launch_bounds__(DD_WARPS * 32)
         dd_lane_dot_h(TYPE, W + (size_t)row * stride, n_in, x, n_tok, lane, 32, acc);
     warp_sums_out(acc, n_tok, lane, y + row, n_out);
 }
+/* y[t][row] for ROWS rows a warp (rows row0 .. row0 + ROWS - 1; fewer at the end) of a Q4_K/Q5_K W,
+ * by decode_dot.h's wide path: each token's codes xq [n_tok][n_in] loaded once for the warp's rows,
+ * with their scales xd and block sums xs [n_tok][n_in / 32] (quantize_act), INFLIGHT items of each
+ * row loaded ahead. W's rows are 16-byte aligned (blocks of 144 and 176 bytes, rows `stride` apart). */
+template <uint32_t TYPE, int INFLIGHT, int ROWS>
+__global__ void __launch_bounds__(DD_WARPS * 32)
+    decode_wide_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
+                       const int8_t *__restrict__ xq, const float *__restrict__ xd, const float *__restrict__ xs,
+                       int n_tok, float *__restrict__ y)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row0 = ((int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5)) * ROWS;
+    if (row0 >= n_out) return;   /* the whole warp */
+    /* a constant 1 for ROWS == 1, so that the second row's registers and loads compile away */
+    const int nr = ROWS == 1 ? 1 : (int)(n_out - row0 < ROWS ? n_out - row0 : ROWS);
+    float acc[DD_MAX_ROWS][QB_MAX_TOK];
+#pragma unroll
+    for (int r = 0; r < DD_MAX_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < QB_MAX_TOK; t++) acc[r][t] = 0.0f;
+    dd_lane_dot_w(TYPE, W + (size_t)row0 * stride, stride, nr, n_in, xq, xd, xs, n_tok, lane, 32, INFLIGHT, acc);
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+        if (r < nr) warp_sums_out(acc[r], n_tok, lane, y + row0 + r, n_out);
+}
+
+/* Rows a warp of the wide path for n_tok tokens: KVCHAT_CUDA_MMV_ROWS, else one for a token (more
+ * warps to hide the memory's latency) and DD_MAX_ROWS for more (each token's codes loaded once for
+ * both rows; the activation loads grow with the tokens, the weight's do not). A lane keeps two
+ * items in flight either way: two of its row (KVCHAT_CUDA_MMV_INFLIGHT=1: one), or one of each
+ * row (two of each took 107-109 registers on sm_90, a quarter of the warps a multiprocessor holds). */
+static int wide_rows(const cuda_impl *ci, int n_tok) { return ci->mmv_rows ? ci->mmv_rows : n_tok > 1 ? DD_MAX_ROWS : 1; }
+
 /* The type's slot in ci->mmv_smem_set. */
 static int type_slot(uint32_t t)
 {
@@ -146,9 +188,27 @@ static int mmv_int8(const cuda_impl *ci, const dev_weight *dw) { return !ci->mmv
 /* y = W x for n_tok <= QB_MAX_TOK tokens: dx the 16-byte aligned f32 input (F16/BF16 weights, and
  * every type under KVCHAT_CUDA_MMV=f32), xq/xd its 8-bit codes and scales (quantized weights). 0, or
  * -1 (recorded). */
-static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_t *xq, const float *xd, int n_tok,
-               float *dy)
+static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_t *xq, const float *xd,
+               const float *xs, int n_tok, float *dy)
 {
+    if (!ci->mmv_f32 && ci->mmv_wide && dd_wide_type(dw->type)) {
+        const int rows = wide_rows(ci, n_tok);
+        const unsigned grid = (unsigned)((dw->n_out + DD_WARPS * rows - 1) / (DD_WARPS * rows));
+#define LAUNCH_W(T, I, R)                                                                                        \
+    decode_wide_kernel<T, I, R><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, xq, xd, \
+                                                                        xs, n_tok, dy)
+#define LAUNCH_WT(T)                                   \
+    do {                                               \
+        if (rows == 2) LAUNCH_W(T, 1, 2);              \
+        else if (ci->mmv_inflight == 1) LAUNCH_W(T, 1, 1); \
+        else LAUNCH_W(T, 2, 1);                        \
+    } while (0)
+        if (dw->type == GGML_TYPE_Q4_K) LAUNCH_WT(GGML_TYPE_Q4_K);
+        else LAUNCH_WT(GGML_TYPE_Q5_K);
+#undef LAUNCH_WT
+#undef LAUNCH_W
+        return ck(ci, cudaGetLastError(), "decode product");
+    }
     if (!ci->mmv_f32) {
         const unsigned grid = (unsigned)((dw->n_out + DD_WARPS - 1) / DD_WARPS);
 #define LAUNCH_QI(T, I)                                                                                           \
@@ -250,9 +310,10 @@ void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int6
     if (any_int8) {   /* the input's 8-bit codes, once for every product that reads them */
         const int64_t n_blocks = n_x / DD_QBLOCK;
         if (grow_dev(ci, (void **)&ci->xq, &ci->cap_xq, (size_t)n_x) ||
-            grow_dev(ci, (void **)&ci->xd, &ci->cap_xd, sizeof(float) * (size_t)n_blocks))
+            grow_dev(ci, (void **)&ci->xd, &ci->cap_xd, sizeof(float) * (size_t)n_blocks) ||
+            grow_dev(ci, (void **)&ci->xs, &ci->cap_xs, sizeof(float) * (size_t)n_blocks))
             return;
-        quantize_act<<<(unsigned)((n_blocks + 7) / 8), 256, 0, ci->stream>>>(dx, n_blocks, ci->xq, ci->xd);
+        quantize_act<<<(unsigned)((n_blocks + 7) / 8), 256, 0, ci->stream>>>(dx, n_blocks, ci->xq, ci->xd, ci->xs);
         if (ck(ci, cudaGetLastError(), "quantize_act")) return;
     }
     int64_t off = 0;
@@ -272,7 +333,8 @@ void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int6
             const int nt = (int)(n_tok - t0 < QB_MAX_TOK ? n_tok - t0 : QB_MAX_TOK);
             const int8_t *xq = any_int8 ? ci->xq + t0 * n_in : NULL;
             const float *xd = any_int8 ? ci->xd + t0 * (n_in / DD_QBLOCK) : NULL;
-            if (mmv(ci, dw[m], dx + t0 * n_in, xq, xd, nt, dy + t0 * n_out)) return;
+            const float *xs = any_int8 ? ci->xs + t0 * (n_in / DD_QBLOCK) : NULL;
+            if (mmv(ci, dw[m], dx + t0 * n_in, xq, xd, xs, nt, dy + t0 * n_out)) return;
         }
     }
     if (!n_y) return;

@@ -8,7 +8,9 @@
  * - products of every weight type the device reads as stored, at the 7B shapes (4096 x 4096,
  *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernels, beside stage 0's f32
  *   kernel, KVCHAT_CUDA_MMV=f32, and for quantized types with 1 read in flight a lane instead of
- *   2, KVCHAT_CUDA_MMV_INFLIGHT=1), 9, 16, 32, 64 tokens
+ *   2, KVCHAT_CUDA_MMV_INFLIGHT=1; for Q4_K and Q5_K also the narrow items the wide path replaced,
+ *   KVCHAT_CUDA_MMV=narrow, and the wide path with the other number of rows a warp,
+ *   KVCHAT_CUDA_MMV_ROWS=2 for a token and 1 for more), 9, 16, 32, 64 tokens
  *   (the decode kernel in passes of 8, KVCHAT_CUDA_MMV_MAX=64, beside the tile + cuBLAS path,
  *   KVCHAT_CUDA_MMV_MAX=8, the default) and 512 tokens (prefill); bytes = the weight's device bytes
  *   plus the activations in and out;
@@ -234,14 +236,22 @@ int main(int argc, char **argv)
     setenv("KVCHAT_CUDA_MMV_INFLIGHT", "1", 1);
     be_backend *in1 = f32k ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV_INFLIGHT");
+    setenv("KVCHAT_CUDA_MMV", "narrow", 1);
+    be_backend *narrow = in1 ? be_cuda_create(4, err, sizeof err) : NULL;
+    unsetenv("KVCHAT_CUDA_MMV");
+    setenv("KVCHAT_CUDA_MMV_ROWS", "1", 1);
+    be_backend *rows1 = narrow ? be_cuda_create(4, err, sizeof err) : NULL;
+    setenv("KVCHAT_CUDA_MMV_ROWS", "2", 1);
+    be_backend *rows2 = rows1 ? be_cuda_create(4, err, sizeof err) : NULL;
+    unsetenv("KVCHAT_CUDA_MMV_ROWS");
     setenv("KVCHAT_CUDA_ATTN", "scalar", 1);
-    be_backend *scal = in1 ? be_cuda_create(4, err, sizeof err) : NULL;
+    be_backend *scal = rows2 ? be_cuda_create(4, err, sizeof err) : NULL;
     setenv("KVCHAT_CUDA_ATTN", "grouped", 1);
     be_backend *grp = scal ? be_cuda_create(4, err, sizeof err) : NULL;
     setenv("KVCHAT_CUDA_ATTN", "flash", 1);
     be_backend *flsh = grp ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_ATTN");
-    if (!tiles || !passes || !f32k || !in1 || !scal || !grp || !flsh) {
+    if (!tiles || !passes || !f32k || !in1 || !narrow || !rows1 || !rows2 || !scal || !grp || !flsh) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
@@ -263,9 +273,9 @@ int main(int argc, char **argv)
     memset(y2, 0, xbytes);
     memset(y3, 0, xbytes);
     memset(y4, 0, xbytes);
-    be_backend *bes[5] = { dflt, tiles, passes, f32k, in1 };
-    float *ys[5] = { y, y2, y3, y4, y4 };
-    for (int k = 0; k < 5; k++) {
+    be_backend *bes[8] = { dflt, tiles, passes, f32k, in1, narrow, rows1, rows2 };
+    float *ys[8] = { y, y2, y3, y4, y4, y4, y4, y4 };
+    for (int k = 0; k < 8; k++) {
         if (be_bind(bes[k], x, xbytes, err, sizeof err) || be_bind(bes[k], ys[k], xbytes, err, sizeof err)) {
             fprintf(stderr, "gpu_bench: %s\n", err);
             return 1;
@@ -288,7 +298,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             const be_weight *wp = &w;
-            for (int k = 0; k < 5; k++)
+            for (int k = 0; k < 8; k++)
                 if (bes[k]->ops->prepare && bes[k]->ops->prepare(bes[k], &wp, 1, err, sizeof err)) {
                     fprintf(stderr, "gpu_bench: %s\n", err);
                     return 1;
@@ -302,11 +312,15 @@ int main(int argc, char **argv)
                 if (failed(dflt, "product")) return 1;
                 row("product", tn, n_out, n_in, a.n_tok, "decode kernel", ms,
                     wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
-                /* stage 0's kernel, and stage 1's with 1 read in flight a lane (the default: 2) */
-                be_backend *alt[2] = { f32k, in1 };
-                const char *alt_name[2] = { "f32 decode kernel", "decode kernel 1 in flight" };
-                for (int v = 0; v < 2; v++) {
+                /* stage 0's kernel, stage 1's with 1 read in flight a lane (the default: 2), and for
+                 * Q4_K/Q5_K the narrow items and the wide path's other number of rows a warp (the
+                 * default: 1 for a token, 2 for more) */
+                be_backend *alt[4] = { f32k, in1, narrow, a.n_tok > 1 ? rows1 : rows2 };
+                const char *alt_name[4] = { "f32 decode kernel", "decode kernel 1 in flight", "narrow decode kernel",
+                                            a.n_tok > 1 ? "wide decode kernel 1 row" : "wide decode kernel 2 rows" };
+                for (int v = 0; v < 4; v++) {
                     if (v && !dd_integer_type(types[ti])) continue;   /* F16/BF16 have one variant */
+                    if (v >= 2 && !dd_wide_type(types[ti])) continue;
                     mm_arg e = { { &w, y4 }, x, a.n_tok };
                     ms = time_calls(alt[v], call_mm, &e, y4);
                     if (failed(alt[v], "product")) return 1;
@@ -547,6 +561,9 @@ int main(int argc, char **argv)
     be_free(passes);
     be_free(f32k);
     be_free(in1);
+    be_free(narrow);
+    be_free(rows1);
+    be_free(rows2);
     be_free(scal);
     be_free(grp);
     be_free(flsh);

@@ -176,7 +176,7 @@ static int64_t coding_misses(const be_weight *w, const float *x, int64_t nt, con
     return bad;
 }
 
-static int64_t host_kernel_mismatches(const be_weight *w, const float *x, int64_t nt, const float *y);
+static int64_t host_kernel_mismatches(const be_weight *w, const float *x, int64_t nt, const float *y, int wide);
 
 Test(cuda, matmul_of_every_tiny_model_weight_equals_the_cpu)
 {
@@ -202,7 +202,7 @@ Test(cuda, matmul_of_every_tiny_model_weight_equals_the_cpu)
                     gpu->ops->matmul(gpu, &b, 1, x, nt);
                     if (nt <= QB_MAX_TOK && dd_integer_type(w->type) && be_gpu_weight_type(w->type, w->n_in) == w->type) {
                         /* both round the activations to 8-bit codes, each its own way */
-                        cr_expect(host_kernel_mismatches(w, x, nt, y1) == 0, "%s layer %d weight %zu (%s) tokens %lld",
+                        cr_expect(host_kernel_mismatches(w, x, nt, y1, 1) == 0, "%s layer %d weight %zu (%s) tokens %lld",
                                   files[fi], il, wi, quant_type_name(w->type), (long long)nt);
                         cr_expect(coding_misses(w, x, nt, y1, y0) == 0,
                                   "%s layer %d weight %zu (%s) tokens %lld: GPU and CPU further apart than their rounding",
@@ -259,21 +259,24 @@ static double exact_diff(const be_weight *w, const float *x, int64_t nt, const f
 }
 
 /* How many of y's nt x n_out outputs differ, bit for bit, from the decode kernels' result computed on
- * the host (kernels/decode_dot.h: the same 8-bit codes, lanes and order of sums), in passes of
- * QB_MAX_TOK tokens; the first difference is logged. */
-static int64_t host_kernel_mismatches(const be_weight *w, const float *x, int64_t nt, const float *y)
+ * the host (kernels/decode_dot.h: the same 8-bit codes, lanes and order of sums; Q4_K and Q5_K by
+ * the wide path when `wide`, the backends' default), in passes of QB_MAX_TOK tokens; the first
+ * difference is logged. */
+static int64_t host_kernel_mismatches(const be_weight *w, const float *x, int64_t nt, const float *y, int wide)
 {
     const int64_t n_in = w->n_in, n_out = w->n_out;
     int8_t *xq = malloc((size_t)(nt * n_in));
     float *xd = malloc(sizeof(float) * (size_t)(nt * n_in / DD_QBLOCK));
-    dd_quantize(x, nt * n_in, xq, xd);
+    float *xs = malloc(sizeof(float) * (size_t)(nt * n_in / DD_QBLOCK));
+    dd_quantize(x, nt * n_in, xq, xd, xs);
     int64_t bad = 0;
     for (int64_t r = 0; r < n_out; r++) {
         const uint8_t *row = (const uint8_t *)w->data + w->row_bytes * (size_t)r;
         for (int64_t t0 = 0; t0 < nt; t0 += QB_MAX_TOK) {
             const int np = (int)(nt - t0 < QB_MAX_TOK ? nt - t0 : QB_MAX_TOK);
             float want[QB_MAX_TOK];
-            dd_warp_row(w->type, row, n_in, x + t0 * n_in, xq + t0 * n_in, xd + t0 * n_in / DD_QBLOCK, np, 1, want);
+            dd_warp_row(w->type, row, n_in, x + t0 * n_in, xq + t0 * n_in, xd + t0 * n_in / DD_QBLOCK,
+                        xs + t0 * n_in / DD_QBLOCK, np, 1, wide, want);
             for (int t = 0; t < np; t++) {
                 const float got = y[(t0 + t) * n_out + r];
                 if (memcmp(&got, &want[t], sizeof got) && !(isnan(got) && isnan(want[t]))) {   /* NaN bits differ */
@@ -287,6 +290,7 @@ static int64_t host_kernel_mismatches(const be_weight *w, const float *x, int64_
     }
     free(xq);
     free(xd);
+    free(xs);
     return bad;
 }
 
@@ -360,11 +364,11 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
                     cr_expect(exact_diff(&w, x, nt, y3) < 1e-2, "%s %lld x %lld, %lld tokens, passes up to 64: %g",
                               tn, (long long)n_out, (long long)n_in, (long long)nt, exact_diff(&w, x, nt, y3));
                 if (native && nt > 8 && nt <= 64)   /* passes of 8 tokens: each as one */
-                    cr_expect(host_kernel_mismatches(&w, x, nt, y3) == 0,
+                    cr_expect(host_kernel_mismatches(&w, x, nt, y3, 1) == 0,
                               "%s %lld x %lld, %lld tokens: the decode kernels' passes differ from the host's", tn,
                               (long long)n_out, (long long)n_in, (long long)nt);
                 if (native && nt <= 8) {
-                    cr_expect(host_kernel_mismatches(&w, x, nt, y1) == 0,
+                    cr_expect(host_kernel_mismatches(&w, x, nt, y1, 1) == 0,
                               "%s %lld x %lld, %lld tokens: the decode kernels differ from the host's", tn,
                               (long long)n_out, (long long)n_in, (long long)nt);
                     for (int64_t i = 0; i < nt * n_out; i++) y3[i] = NAN;
@@ -384,7 +388,7 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
                     gpu->ops->matmul(gpu, &b, 1, xb + 1, nt);
                     be_unbind(gpu, xb);
                     free(xb);
-                    cr_expect(host_kernel_mismatches(&w, x + 1, nt, y1) == 0, "%s: misaligned activations", tn);
+                    cr_expect(host_kernel_mismatches(&w, x + 1, nt, y1, 1) == 0, "%s: misaligned activations", tn);
                 }
                 free(x);
                 free(y1);
@@ -406,16 +410,29 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
 
 /* The decode kernels on small weights, quick enough for compute-sanitizer (gpu-check.sh runs it
  * under memcheck): every type they read as stored, row counts that leave the last block of 4 warps
- * part empty (1, 3, 6 rows), rows of one and of several blocks, 1 to 8 tokens and 11 in passes,
- * each lane with 2 (the default) or 1 read in flight: the host simulation's bits. */
+ * part empty (1, 3, 6 rows; 1 and 3 also leave a warp of two rows with one), rows of one and of
+ * several blocks, 1 to 8 tokens and 11 in passes, on every variant: the defaults (Q4_K/Q5_K by the
+ * wide path, one row a warp for a token and two for more, 2 items in flight) and 1 item in flight;
+ * for Q4_K/Q5_K also one and two rows a warp whatever the tokens, 1 in flight with one row, and the
+ * narrow items (KVCHAT_CUDA_MMV=narrow): the host simulation's bits. */
 Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
 {
     seed_rng("small decode products");
     char err[512];
-    be_backend *grouped = gpu_with("KVCHAT_CUDA_MMV_MAX", "16");
-    setenv("KVCHAT_CUDA_MMV_MAX", "16", 1);   /* 11 tokens in passes on this one too */
+    setenv("KVCHAT_CUDA_MMV_MAX", "16", 1);   /* 11 tokens in passes on every variant */
+    be_backend *dflt = gpu_with("KVCHAT_CUDA_MMV", "");
     be_backend *one = gpu_with("KVCHAT_CUDA_MMV_INFLIGHT", "1");
+    be_backend *rows1 = gpu_with("KVCHAT_CUDA_MMV_ROWS", "1");
+    be_backend *rows2 = gpu_with("KVCHAT_CUDA_MMV_ROWS", "2");
+    setenv("KVCHAT_CUDA_MMV_INFLIGHT", "1", 1);
+    be_backend *one_row1 = gpu_with("KVCHAT_CUDA_MMV_ROWS", "1");
+    unsetenv("KVCHAT_CUDA_MMV_INFLIGHT");
+    be_backend *narrow = gpu_with("KVCHAT_CUDA_MMV", "narrow");
     unsetenv("KVCHAT_CUDA_MMV_MAX");
+    be_backend *variants[] = { dflt, one, rows1, rows2, one_row1, narrow };
+    const char *names[] = { "defaults", "1 in flight", "one row a warp", "two rows a warp",
+                            "1 in flight, one row a warp", "narrow items" };
+    enum { N_VARIANTS = sizeof variants / sizeof *variants };
     const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
                                GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16 };
     const int64_t n_ins[] = { 256, 768 }, n_outs[] = { 1, 3, 6 }, toks[] = { 1, 2, 5, 8, 11 };
@@ -427,9 +444,11 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
                 const int64_t n_in = n_ins[ii], n_out = n_outs[oi];
                 be_weight w = random_weight(types[ti], n_in, n_out, &kept[n_kept]);
                 n_kept++;
-                for (size_t k = 0; k < 10; k++) {   /* each token count, then again with 1 in flight */
+                for (size_t k = 0; k < 5 * N_VARIANTS; k++) {   /* each token count on each variant */
                     const int64_t nt = toks[k % 5];
-                    be_backend *be = k >= 5 ? one : nt > QB_MAX_TOK ? grouped : gpu;
+                    const size_t v = k / 5;
+                    if (v >= 2 && !dd_wide_type(types[ti])) break;   /* the wide path's own variants */
+                    be_backend *be = variants[v];
                     float *x = malloc(sizeof(float) * (size_t)(nt * n_in));
                     float *y = malloc(sizeof(float) * (size_t)(nt * n_out));
                     for (int64_t i = 0; i < nt * n_in; i++) x[i] = frand(-3, 3);
@@ -437,15 +456,14 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
                     be_mm m = { &w, y };
                     be->ops->matmul(be, &m, 1, x, nt);
                     cr_assert(!be_failed(be, err, sizeof err), "%s", err);
-                    cr_expect(host_kernel_mismatches(&w, x, nt, y) == 0,
-                              "%s %lld x %lld, %lld tokens%s: the device differs", quant_type_name(types[ti]),
-                              (long long)n_out, (long long)n_in, (long long)nt, k >= 5 ? ", 1 in flight" : "");
+                    cr_expect(host_kernel_mismatches(&w, x, nt, y, be != narrow) == 0,
+                              "%s %lld x %lld, %lld tokens, %s: the device differs", quant_type_name(types[ti]),
+                              (long long)n_out, (long long)n_in, (long long)nt, names[v]);
                     free(x);
                     free(y);
                 }
             }
-    be_free(grouped);
-    be_free(one);
+    for (size_t v = 0; v < N_VARIANTS; v++) be_free(variants[v]);
     be_free(gpu);   /* before the weights it holds copies of go */
     gpu = be_cuda_create(2, err, sizeof err);
     cr_assert(gpu, "%s", err);
