@@ -9,11 +9,12 @@
  *   sub-block with one weight scale), unpacks them into four words of signed 8-bit codes and
  *   multiplies them by the activations' codes four at a time (dd_dp4a, the device's dp4a).
  * - Q4_K and Q5_K rows go the wide path by default (dd_lane_dot_w, below): 32 values a lane at a time
- *   in 16-byte loads, up to DD_MAX_ROWS rows a warp sharing each token's codes, the minimums'
- *   terms from the activations' block sums (KVCHAT_CUDA_MMV=narrow: the items above, to compare).
+ *   in 16-byte loads, the minimums' terms from the activations' block sums (KVCHAT_CUDA_MMV=narrow:
+ *   the items above, to compare).
+ * - A warp may take up to DD_MAX_ROWS rows, loading each token's activations once for all of them.
  * - F16/BF16 rows are read 16 bytes (8 values) at a time and multiplied by the f32 activations.
- * The kernels in kernels/cuda/vec_dot.cu run dd_lane_dot_q / dd_lane_dot_h on every lane of a
- * warp (a warp per row) and add the lanes by a butterfly of shuffles; tests/test_quant_blocks.c runs
+ * The kernels in kernels/cuda/vec_dot.cu run dd_lane_dot_q / dd_lane_dot_w / dd_lane_dot_h on every
+ * lane of a warp (one or two rows a warp) and add the lanes by a butterfly of shuffles; tests/test_quant_blocks.c runs
  * the same functions for all 32 lanes on the host and checks the result against double-precision
  * products. Every float operation is written out (QB_MUL, QB_ADD, fmaf), so the device, which never
  * fuses these, gives the host's bits.
@@ -241,18 +242,23 @@ QB_HD void dd_load(uint32_t type, const uint8_t *row, int i, dd_item *it)
     }
 }
 
-/* The item's dot product with one token's codes xq (the whole row's) and scales xd. Q4_0/Q5_0/Q8_0
- * items lie in one block of activations with one weight scale: their 16 products are summed as
- * integers. */
-QB_HD float dd_item_dot(uint32_t type, const dd_item *it, const int8_t *xq, const float *xd)
+/* A token's 16 codes for an item (from the whole row's codes xq): u[0], u[1] group 0's, u[2], u[3]
+ * group 1's. The same for every row at item i, so a warp over several rows loads them once. */
+QB_HD void dd_icodes(const dd_item *it, const int8_t *xq, int *u)
 {
-    int u[4];
     dd_ld_a8(xq + it->pos[0], &u[0], &u[1]);
     dd_ld_a8(xq + it->pos[1], &u[2], &u[3]);
+}
+
+/* The item's dot product with a token's codes u, xa and xb the scales of the activation blocks of
+ * its groups (xd[pos[0] / 32], xd[pos[1] / 32]). Q4_0/Q5_0/Q8_0 items lie in one block of
+ * activations with one weight scale: their 16 products are summed as integers. */
+QB_HD float dd_item_dot(uint32_t type, const dd_item *it, const int *u, float xa, float xb)
+{
     const int i0 = dd_dp4a(it->v[1], u[1], dd_dp4a(it->v[0], u[0], 0));
     const int i1 = dd_dp4a(it->v[3], u[3], dd_dp4a(it->v[2], u[2], 0));
     if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0)
-        return QB_MUL(QB_MUL(xd[it->pos[0] >> 5], it->s[0]), (float)(i0 + i1));
+        return QB_MUL(QB_MUL(xa, it->s[0]), (float)(i0 + i1));
     float t0 = QB_MUL(it->s[0], (float)i0), t1 = QB_MUL(it->s[1], (float)i1);
     if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) {
         /* the minimum times the sum of the group's activation codes */
@@ -260,36 +266,48 @@ QB_HD float dd_item_dot(uint32_t type, const dd_item *it, const int8_t *xq, cons
         t0 = QB_SUB(t0, QB_MUL(it->m[0], (float)dd_dp4a(ones, u[1], dd_dp4a(ones, u[0], 0))));
         t1 = QB_SUB(t1, QB_MUL(it->m[1], (float)dd_dp4a(ones, u[3], dd_dp4a(ones, u[2], 0))));
     }
-    return QB_ADD(QB_MUL(xd[it->pos[0] >> 5], t0), QB_MUL(xd[it->pos[1] >> 5], t1));
+    return QB_ADD(QB_MUL(xa, t0), QB_MUL(xb, t1));
 }
 
-/* One lane's share of a quantized row of n_in values (a multiple of 256 for the K-quants, of 32
- * otherwise) times n_tok (<= QB_MAX_TOK) tokens: items lane, lane + lanes, ..., each added to
- * acc[t] in that order. Token t's codes are xq[t * n_in ...], its scales xd[t * n_in / 32 ...].
- * inflight (1 or 2) items are loaded before any is used, so that a lane has that many reads of the
- * weight in flight (a warp per row leaves few warps to hide the memory's latency otherwise; more in
- * flight takes more registers, so fewer warps: the GPU measures which wins; 4 took 72-123 registers
- * and was left out). The sums are the
- * same bits for every inflight. The loops run to constants so that the items and acc stay in
- * registers on the device. */
+/* One lane's share of n_rows (<= DD_MAX_ROWS) quantized rows, `stride` bytes apart, of n_in values
+ * (a multiple of 256 for the K-quants, of 32 otherwise) times n_tok (<= QB_MAX_TOK) tokens: items
+ * lane, lane + lanes, ..., each added to acc[r][t] in that order. Token t's codes are xq[t * n_in
+ * ...], its scales xd[t * n_in / 32 ...], loaded once for all the rows. inflight (1 or 2) items of
+ * every row are loaded before any is used, so that a lane has that many reads of each row in flight
+ * (a warp per row leaves few warps to hide the memory's latency otherwise; more in flight takes
+ * more registers, so fewer warps: the GPU measures which wins; 4 took 72-123 registers and was left
+ * out). A row's sums are the same bits for every inflight and n_rows. The loops run to constants so
+ * that the items and acc stay in registers on the device. */
 #define DD_MAX_INFLIGHT 2
-QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, int64_t n_in, const int8_t *xq, const float *xd,
-                         int n_tok, int lane, int lanes, int inflight, float *acc)
+#define DD_MAX_ROWS 2
+QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, size_t stride, int n_rows, int64_t n_in, const int8_t *xq,
+                         const float *xd, int n_tok, int lane, int lanes, int inflight, float (*acc)[QB_MAX_TOK])
 {
     const int n_items = (int)(n_in / DD_ITEM);
+    const int64_t nb = n_in / DD_QBLOCK;
     for (int i0 = lane; i0 < n_items; i0 += inflight * lanes) {
-        dd_item it[DD_MAX_INFLIGHT];
+        dd_item it[DD_MAX_INFLIGHT][DD_MAX_ROWS];
         QB_UNROLL
         for (int u = 0; u < DD_MAX_INFLIGHT; u++)
-            if (u < inflight && i0 + u * lanes < n_items) dd_load(type, row, i0 + u * lanes, &it[u]);
+            if (u < inflight && i0 + u * lanes < n_items) {
+                QB_UNROLL
+                for (int r = 0; r < DD_MAX_ROWS; r++)
+                    if (r < n_rows) dd_load(type, row + (size_t)r * stride, i0 + u * lanes, &it[u][r]);
+            }
         QB_UNROLL
         for (int u = 0; u < DD_MAX_INFLIGHT; u++) {
             if (u >= inflight || i0 + u * lanes >= n_items) break;
             QB_UNROLL
-            for (int t = 0; t < QB_MAX_TOK; t++)
-                if (t < n_tok)
-                    acc[t] = QB_ADD(acc[t], dd_item_dot(type, &it[u], xq + (int64_t)t * n_in,
-                                                        xd + (int64_t)t * (n_in / DD_QBLOCK)));
+            for (int t = 0; t < QB_MAX_TOK; t++) {
+                if (t >= n_tok) continue;
+                int c[4];
+                dd_icodes(&it[u][0], xq + (int64_t)t * n_in, c);
+                const float *dt = xd + (int64_t)t * nb;
+                const float xa = dt[it[u][0].pos[0] >> 5], xb = dt[it[u][0].pos[1] >> 5];
+                QB_UNROLL
+                for (int r = 0; r < DD_MAX_ROWS; r++)
+                    if (r < n_rows) acc[r][t] = QB_ADD(acc[r][t], dd_item_dot(type, &it[u][r], c, xa, xb));
+            }
         }
     }
 }
@@ -304,7 +322,6 @@ QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, int64_t n_in, const 
  * -(m_A s_A + m_B s_B) for all 64 values. Item i: super-block i / 8, k = i % 8, pair p = k / 2,
  * positions l0 = 16 (k % 2) .. l0 + 15 of sub-blocks 2p and 2p + 1. */
 #define DD_WITEM 32
-#define DD_MAX_ROWS 2
 
 QB_HD int dd_wide_type(uint32_t type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K; }
 
@@ -422,16 +439,19 @@ QB_HD void dd_load_h(uint32_t type, const uint8_t *p, float *w)
     }
 }
 
-/* One lane's share of an F16/BF16 row of n_in values (a multiple of 8; the row 16-byte aligned)
- * times n_tok f32 token rows x[t * n_in ...] (16-byte aligned): 8 values lane, lane + lanes, ...,
- * each multiplied and added into acc[t] in order by fused multiply-adds. */
-QB_HD void dd_lane_dot_h(uint32_t type, const uint8_t *row, int64_t n_in, const float *x, int n_tok, int lane,
-                         int lanes, float *acc)
+/* One lane's share of n_rows (<= DD_MAX_ROWS) F16/BF16 rows, `stride` bytes apart, of n_in values (a
+ * multiple of 8; the rows 16-byte aligned) times n_tok f32 token rows x[t * n_in ...] (16-byte
+ * aligned): 8 values lane, lane + lanes, ..., each multiplied and added into acc[r][t] in order by
+ * fused multiply-adds, each token's 8 activations loaded once for all the rows. */
+QB_HD void dd_lane_dot_h(uint32_t type, const uint8_t *row, size_t stride, int n_rows, int64_t n_in, const float *x,
+                         int n_tok, int lane, int lanes, float (*acc)[QB_MAX_TOK])
 {
     const int n_items = (int)(n_in / DD_HITEM);
     for (int i = lane; i < n_items; i += lanes) {
-        float w[8];
-        dd_load_h(type, row + (size_t)i * 16, w);
+        float w[DD_MAX_ROWS][8];
+        QB_UNROLL
+        for (int r = 0; r < DD_MAX_ROWS; r++)
+            if (r < n_rows) dd_load_h(type, row + (size_t)r * stride + (size_t)i * 16, w[r]);
         QB_UNROLL
         for (int t = 0; t < QB_MAX_TOK; t++) {
             if (t >= n_tok) continue;
@@ -444,9 +464,13 @@ QB_HD void dd_lane_dot_h(uint32_t type, const uint8_t *row, int64_t n_in, const 
 #else
             memcpy(xv, xt, sizeof xv);
 #endif
-            float a = acc[t];
-            for (int j = 0; j < 8; j++) a = fmaf(w[j], xv[j], a);
-            acc[t] = a;
+            QB_UNROLL
+            for (int r = 0; r < DD_MAX_ROWS; r++) {
+                if (r >= n_rows) continue;
+                float a = acc[r][t];
+                for (int j = 0; j < 8; j++) a = fmaf(w[r][j], xv[j], a);
+                acc[r][t] = a;
+            }
         }
     }
 }
@@ -465,9 +489,9 @@ static inline void dd_warp_row(uint32_t type, const uint8_t *row, int64_t n_in, 
         if (wide && dd_wide_type(type))
             dd_lane_dot_w(type, row, 0, 1, n_in, xq, xd, xs, n_tok, lane, 32, inflight, &acc[lane]);
         else if (dd_integer_type(type))
-            dd_lane_dot_q(type, row, n_in, xq, xd, n_tok, lane, 32, inflight, acc[lane]);
+            dd_lane_dot_q(type, row, 0, 1, n_in, xq, xd, n_tok, lane, 32, inflight, &acc[lane]);
         else
-            dd_lane_dot_h(type, row, n_in, x, n_tok, lane, 32, acc[lane]);
+            dd_lane_dot_h(type, row, 0, 1, n_in, x, n_tok, lane, 32, &acc[lane]);
     }
     for (int t = 0; t < n_tok; t++) {
         float v[32], w[32];

@@ -401,9 +401,9 @@ Test(quant_blocks, the_wide_items_unpack_to_the_reference_values)
  * times scales), and within the coding bound (each activation at most half its block's step away:
  * sum |w_i| d_b / 2) of the product with the f32 activations themselves. F16/BF16: within f32
  * rounding of the f32 product. Each token's result also equals, bit for bit, that token multiplied
- * alone, and 2 reads in flight give the bits of 1. Q4_K and Q5_K: both paths (narrow items and the
- * wide path) are held to the bounds, and the wide path's warp over two rows gives each row's bits
- * of one row alone. */
+ * alone, 2 reads in flight give the bits of 1, and a warp over two rows (the row and its blocks
+ * reversed) gives each row's bits of one row alone. Q4_K and Q5_K: both paths (narrow items and
+ * the wide path) are held to all of this. */
 static void check_one_path(uint32_t type, const uint8_t *row, const float *w, const float *x, int64_t n, int n_tok,
                            int wide)
 {
@@ -442,19 +442,24 @@ static void check_one_path(uint32_t type, const uint8_t *row, const float *w, co
         dd_warp_row(type, row, n, xt, qt, dt, st, 1, 1, wide, &y1);
         cr_assert(memcmp(&y1, &y[t], 4) == 0, "%s token %d alone: %.9g, among %d: %.9g", tn, t, y1, n_tok, y[t]);
     }
-    if (wide && dd_wide_type(type)) {
-        /* two rows a warp: the row and its blocks in reverse order, one stride apart */
-        const size_t bb = (size_t)qb_block_bytes(type), nb = (size_t)(n / 256), stride = nb * bb;
+    {   /* two rows a warp: the row and its blocks in reverse order, one stride apart */
+        const size_t bb = (size_t)qb_block_bytes(type), nb = (size_t)(n / qb_block_values(type)), stride = nb * bb;
         uint8_t *two = malloc(2 * stride);
         memcpy(two, row, stride);
         for (size_t k = 0; k < nb; k++) memcpy(two + stride + k * bb, row + (nb - 1 - k) * bb, bb);
         float acc[32][DD_MAX_ROWS][QB_MAX_TOK], want[QB_MAX_TOK];
         for (int inflight = 1; inflight <= DD_MAX_INFLIGHT; inflight *= 2) {
             memset(acc, 0, sizeof acc);
-            for (int lane = 0; lane < 32; lane++)
-                dd_lane_dot_w(type, two, stride, 2, n, xq, xd, xs, n_tok, lane, 32, inflight, acc[lane]);
+            for (int lane = 0; lane < 32; lane++) {
+                if (wide && dd_wide_type(type))
+                    dd_lane_dot_w(type, two, stride, 2, n, xq, xd, xs, n_tok, lane, 32, inflight, acc[lane]);
+                else if (dd_integer_type(type))
+                    dd_lane_dot_q(type, two, stride, 2, n, xq, xd, n_tok, lane, 32, inflight, acc[lane]);
+                else
+                    dd_lane_dot_h(type, two, stride, 2, n, x, n_tok, lane, 32, acc[lane]);
+            }
             for (int r = 0; r < 2; r++) {
-                dd_warp_row(type, two + r * stride, n, x, xq, xd, xs, n_tok, 1, 1, want);
+                dd_warp_row(type, two + r * stride, n, x, xq, xd, xs, n_tok, 1, wide, want);
                 for (int t = 0; t < n_tok; t++) {
                     float v[32], u[32];
                     for (int l = 0; l < 32; l++) v[l] = acc[l][r][t];

@@ -1,8 +1,9 @@
 /* vec_dot.cu - the CUDA backend's matrix products (be_ops.matmul): the decode kernels, and the
  * choice between them and the many-token path of vec_gemm.cu.
  *
- * Decode (at most QB_MAX_TOK tokens), kernels/decode_dot.h: decode_dot_kernel, a warp per row,
- * reading it straight from global memory. Quantized types: the input is first rounded to 8-bit
+ * Decode (at most QB_MAX_TOK tokens), kernels/decode_dot.h: decode_dot_kernel, a warp per row for
+ * one token and per two rows for more (each token's activations loaded once for both), reading the
+ * weight straight from global memory. Quantized types: the input is first rounded to 8-bit
  * codes in blocks of 32 (quantize_act, once for all the products that share it), then each lane
  * multiplies 16 values at a time in integers (dp4a); Q4_K and Q5_K by decode_wide_kernel instead,
  * 32 values a lane in 16-byte loads and one or two rows a warp (KVCHAT_CUDA_MMV=narrow: the 16-value
@@ -85,7 +86,11 @@ static size_t mmv_smem(uint32_t type, int n_tok)
            (size_t)MMV_WARPS * (size_t)qb_chunk_bytes(type);
 }
 
-#define DD_WARPS 4   /* warps (rows) per block of the decode kernels */
+#define DD_WARPS 4   /* warps per block of the decode kernels */
+/* Blocks a multiprocessor should hold (registers: 64 a thread for one row a warp, 85 for two): the
+ * one-row kernels keep half the multiprocessor's warps; left to itself ptxas gave Q6_K's 72
+ * registers on sm_80 once the activations were loaded apart from the items. */
+#define DD_MIN_BLOCKS(rows) ((rows) == 1 ? 8 : 6)
 
 /* n_blocks blocks of 32 activations (over all tokens: rows of n_in % 32 == 0 values are whole
  * blocks) rounded to 8-bit codes q, scales d and block sums bs (decode_dot.h's dd_quantize): a warp
@@ -113,34 +118,42 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* y[t][row] = dot(row of W, token t), t < n_tok <= QB_MAX_TOK, a warp per row: for a quantized W
- * from the tokens' codes xq [n_tok][n_in] and scales xd [n_tok][n_in / 32] (quantize_act), each lane
- * with INFLIGHT reads of the row in flight (KVCHAT_CUDA_MMV_INFLIGHT); for F16/BF16 from the f32
- * tokens x [n_tok][n_in] (16-byte aligned). */
-template <uint32_t TYPE, int INFLIGHT>
-__global__ void __launch_bounds__(DD_WARPS * 32)
+/* y[t][row] = dot(row of W, token t), t < n_tok <= QB_MAX_TOK, ROWS rows a warp (rows row0 .. row0
+ * + ROWS - 1; fewer at the end): for a quantized W from the tokens' codes xq [n_tok][n_in] and
+ * scales xd [n_tok][n_in / 32] (quantize_act), each lane with INFLIGHT reads of each row in flight
+ * (KVCHAT_CUDA_MMV_INFLIGHT); for F16/BF16 from the f32 tokens x [n_tok][n_in] (16-byte aligned).
+ * Each token's activations are loaded once for the warp's rows. */
+template <uint32_t TYPE, int INFLIGHT, int ROWS>
+__global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
     decode_dot_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
                       const float *__restrict__ x, const int8_t *__restrict__ xq, const float *__restrict__ xd,
                       int n_tok, float *__restrict__ y)
 {
     const int lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5);
-    if (row >= n_out) return;   /* the whole warp */
-    float acc[QB_MAX_TOK];
+    const int64_t row0 = ((int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5)) * ROWS;
+    if (row0 >= n_out) return;   /* the whole warp */
+    /* a constant 1 for ROWS == 1, so that the second row's registers and loads compile away */
+    const int nr = ROWS == 1 ? 1 : (int)(n_out - row0 < ROWS ? n_out - row0 : ROWS);
+    float acc[DD_MAX_ROWS][QB_MAX_TOK];
 #pragma unroll
-    for (int t = 0; t < QB_MAX_TOK; t++) acc[t] = 0.0f;
+    for (int r = 0; r < DD_MAX_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < QB_MAX_TOK; t++) acc[r][t] = 0.0f;
     if (dd_integer_type(TYPE))
-        dd_lane_dot_q(TYPE, W + (size_t)row * stride, n_in, xq, xd, n_tok, lane, 32, INFLIGHT, acc);
+        dd_lane_dot_q(TYPE, W + (size_t)row0 * stride, stride, nr, n_in, xq, xd, n_tok, lane, 32, INFLIGHT, acc);
     else
-        dd_lane_dot_h(TYPE, W + (size_t)row * stride, n_in, x, n_tok, lane, 32, acc);
-    warp_sums_out(acc, n_tok, lane, y + row, n_out);
+        dd_lane_dot_h(TYPE, W + (size_t)row0 * stride, stride, nr, n_in, x, n_tok, lane, 32, acc);
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+        if (r < nr) warp_sums_out(acc[r], n_tok, lane, y + row0 + r, n_out);
 }
+
 /* y[t][row] for ROWS rows a warp (rows row0 .. row0 + ROWS - 1; fewer at the end) of a Q4_K/Q5_K W,
  * by decode_dot.h's wide path: each token's codes xq [n_tok][n_in] loaded once for the warp's rows,
  * with their scales xd and block sums xs [n_tok][n_in / 32] (quantize_act), INFLIGHT items of each
  * row loaded ahead. W's rows are 16-byte aligned (blocks of 144 and 176 bytes, rows `stride` apart). */
 template <uint32_t TYPE, int INFLIGHT, int ROWS>
-__global__ void __launch_bounds__(DD_WARPS * 32)
+__global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
     decode_wide_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
                        const int8_t *__restrict__ xq, const float *__restrict__ xd, const float *__restrict__ xs,
                        int n_tok, float *__restrict__ y)
@@ -161,12 +174,13 @@ __global__ void __launch_bounds__(DD_WARPS * 32)
         if (r < nr) warp_sums_out(acc[r], n_tok, lane, y + row0 + r, n_out);
 }
 
-/* Rows a warp of the wide path for n_tok tokens: KVCHAT_CUDA_MMV_ROWS, else one for a token (more
- * warps to hide the memory's latency) and DD_MAX_ROWS for more (each token's codes loaded once for
- * both rows; the activation loads grow with the tokens, the weight's do not). A lane keeps two
- * items in flight either way: two of its row (KVCHAT_CUDA_MMV_INFLIGHT=1: one), or one of each
- * row (two of each took 107-109 registers on sm_90, a quarter of the warps a multiprocessor holds). */
-static int wide_rows(const cuda_impl *ci, int n_tok) { return ci->mmv_rows ? ci->mmv_rows : n_tok > 1 ? DD_MAX_ROWS : 1; }
+/* Rows a warp of the decode kernels for n_tok tokens: KVCHAT_CUDA_MMV_ROWS, else one for a token
+ * (more warps to hide the memory's latency) and DD_MAX_ROWS for more (each token's activations
+ * loaded once for both rows; the activation loads grow with the tokens, the weight's do not). A
+ * lane of a quantized product keeps two items in flight either way: two of its row
+ * (KVCHAT_CUDA_MMV_INFLIGHT=1: one), or one of each row (two of each took 107-109 registers on
+ * sm_90 on the wide path, a quarter of the warps a multiprocessor holds). */
+static int decode_rows(const cuda_impl *ci, int n_tok) { return ci->mmv_rows ? ci->mmv_rows : n_tok > 1 ? DD_MAX_ROWS : 1; }
 
 /* The type's slot in ci->mmv_smem_set. */
 static int type_slot(uint32_t t)
@@ -192,7 +206,7 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_
                const float *xs, int n_tok, float *dy)
 {
     if (!ci->mmv_f32 && ci->mmv_wide && dd_wide_type(dw->type)) {
-        const int rows = wide_rows(ci, n_tok);
+        const int rows = decode_rows(ci, n_tok);
         const unsigned grid = (unsigned)((dw->n_out + DD_WARPS * rows - 1) / (DD_WARPS * rows));
 #define LAUNCH_W(T, I, R)                                                                                        \
     decode_wide_kernel<T, I, R><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, xq, xd, \
@@ -210,14 +224,21 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_
         return ck(ci, cudaGetLastError(), "decode product");
     }
     if (!ci->mmv_f32) {
-        const unsigned grid = (unsigned)((dw->n_out + DD_WARPS - 1) / DD_WARPS);
-#define LAUNCH_QI(T, I)                                                                                           \
-    decode_dot_kernel<T, I><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, xq, xd, \
-                                                                    n_tok, dy)
-#define LAUNCH_Q(T)                             \
-    do {                                        \
-        if (ci->mmv_inflight == 1) LAUNCH_QI(T, 1); \
-        else LAUNCH_QI(T, 2);                   \
+        const int rows = decode_rows(ci, n_tok);
+        const unsigned grid = (unsigned)((dw->n_out + DD_WARPS * rows - 1) / (DD_WARPS * rows));
+#define LAUNCH_QI(T, I, R)                                                                                          \
+    decode_dot_kernel<T, I, R><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, xq, \
+                                                                       xd, n_tok, dy)
+#define LAUNCH_Q(T)                                    \
+    do {                                               \
+        if (rows == 2) LAUNCH_QI(T, 1, 2);             \
+        else if (ci->mmv_inflight == 1) LAUNCH_QI(T, 1, 1); \
+        else LAUNCH_QI(T, 2, 1);                       \
+    } while (0)
+#define LAUNCH_H(T)                        \
+    do {                                   \
+        if (rows == 2) LAUNCH_QI(T, 1, 2); \
+        else LAUNCH_QI(T, 1, 1);           \
     } while (0)
         switch (dw->type) {
         case GGML_TYPE_Q4_0: LAUNCH_Q(GGML_TYPE_Q4_0); break;
@@ -226,11 +247,12 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_
         case GGML_TYPE_Q4_K: LAUNCH_Q(GGML_TYPE_Q4_K); break;
         case GGML_TYPE_Q5_K: LAUNCH_Q(GGML_TYPE_Q5_K); break;
         case GGML_TYPE_Q6_K: LAUNCH_Q(GGML_TYPE_Q6_K); break;
-        case GGML_TYPE_F16: LAUNCH_QI(GGML_TYPE_F16, 1); break;   /* one variant: INFLIGHT is for codes */
-        default: LAUNCH_QI(GGML_TYPE_BF16, 1); break;
+        case GGML_TYPE_F16: LAUNCH_H(GGML_TYPE_F16); break;   /* INFLIGHT is for codes */
+        default: LAUNCH_H(GGML_TYPE_BF16); break;
         }
 #undef LAUNCH_QI
 #undef LAUNCH_Q
+#undef LAUNCH_H
         return ck(ci, cudaGetLastError(), "decode product");
     }
     const size_t smem = mmv_smem(dw->type, n_tok);

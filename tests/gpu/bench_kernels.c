@@ -8,9 +8,9 @@
  * - products of every weight type the device reads as stored, at the 7B shapes (4096 x 4096,
  *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernels, beside stage 0's f32
  *   kernel, KVCHAT_CUDA_MMV=f32, and for quantized types with 1 read in flight a lane instead of
- *   2, KVCHAT_CUDA_MMV_INFLIGHT=1; for Q4_K and Q5_K also the narrow items the wide path replaced,
- *   KVCHAT_CUDA_MMV=narrow, and the wide path with the other number of rows a warp,
- *   KVCHAT_CUDA_MMV_ROWS=2 for a token and 1 for more), 9, 16, 32, 64 tokens
+ *   2, KVCHAT_CUDA_MMV_INFLIGHT=1; the other number of rows a warp, KVCHAT_CUDA_MMV_ROWS=2 for a
+ *   token and 1 for more; for Q4_K and Q5_K the narrow items the wide path replaced,
+ *   KVCHAT_CUDA_MMV=narrow), 9, 16, 32, 64 tokens
  *   (the decode kernel in passes of 8, KVCHAT_CUDA_MMV_MAX=64, beside the tile + cuBLAS path,
  *   KVCHAT_CUDA_MMV_MAX=8, the default) and 512 tokens (prefill); bytes = the weight's device bytes
  *   plus the activations in and out;
@@ -312,15 +312,16 @@ int main(int argc, char **argv)
                 if (failed(dflt, "product")) return 1;
                 row("product", tn, n_out, n_in, a.n_tok, "decode kernel", ms,
                     wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
-                /* stage 0's kernel, stage 1's with 1 read in flight a lane (the default: 2), and for
-                 * Q4_K/Q5_K the narrow items and the wide path's other number of rows a warp (the
-                 * default: 1 for a token, 2 for more) */
-                be_backend *alt[4] = { f32k, in1, narrow, a.n_tok > 1 ? rows1 : rows2 };
-                const char *alt_name[4] = { "f32 decode kernel", "decode kernel 1 in flight", "narrow decode kernel",
-                                            a.n_tok > 1 ? "wide decode kernel 1 row" : "wide decode kernel 2 rows" };
+                /* stage 0's kernel, stage 1's with 1 read in flight a lane (the default: 2), the other
+                 * number of rows a warp (the default: 1 for a token, 2 for more), and for Q4_K/Q5_K
+                 * the narrow items the wide path replaced */
+                be_backend *alt[4] = { f32k, in1, a.n_tok > 1 ? rows1 : rows2, narrow };
+                const char *alt_name[4] = { "f32 decode kernel", "decode kernel 1 in flight",
+                                            a.n_tok > 1 ? "decode kernel 1 row a warp" : "decode kernel 2 rows a warp",
+                                            "narrow decode kernel" };
                 for (int v = 0; v < 4; v++) {
-                    if (v && !dd_integer_type(types[ti])) continue;   /* F16/BF16 have one variant */
-                    if (v >= 2 && !dd_wide_type(types[ti])) continue;
+                    if (v == 1 && !dd_integer_type(types[ti])) continue;   /* F16/BF16: no items in flight */
+                    if (v == 3 && !dd_wide_type(types[ti])) continue;
                     mm_arg e = { { &w, y4 }, x, a.n_tok };
                     ms = time_calls(alt[v], call_mm, &e, y4);
                     if (failed(alt[v], "product")) return 1;
