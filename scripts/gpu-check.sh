@@ -19,7 +19,7 @@
 #      CHESS (the waits a selection's decode step makes), and /compare's batched decode of three
 #      policies (kvchat bench --compare);
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also without
-#      the warm-up, with the f32 decode kernel, with the grouped kernel for prefill chunks, under the profiler, with
+#      the warm-up, with the narrow decode items (KVCHAT_CUDA_MMV=narrow), with the grouped kernel for prefill chunks, under the profiler, with
 #      and without Quest and CHESS, /compare's batch, full against CHESS aggressive at 32K, and
 #      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
@@ -302,8 +302,9 @@ for type in q4_k_m f16; do
             bench_step "bench mistral-7b $type without the warm-up" "cuda KVCHAT_WARM_UP=0" 100 \
                 env KVCHAT_WARM_UP=0 "$kv" bench -m "$m" --device cuda --ctx 512 --gen 16 --csv "$tmp/bench.csv" &&
                 bench_table
-            bench_step "bench mistral-7b $type f32 decode kernel" "cuda KVCHAT_CUDA_MMV=f32" 100 \
-                env KVCHAT_CUDA_MMV=f32 "$kv" bench -m "$m" --device cuda --ctx 512 --gen 16 --csv "$tmp/bench.csv" &&
+            # the narrow decode items Q4_K's wide path replaced (stage 1's second part), end to end
+            bench_step "bench mistral-7b $type narrow decode items" "cuda KVCHAT_CUDA_MMV=narrow" 100 \
+                env KVCHAT_CUDA_MMV=narrow "$kv" bench -m "$m" --device cuda --ctx 512 --gen 16 --csv "$tmp/bench.csv" &&
                 bench_table
             bench_step "bench mistral-7b $type grouped prefill" "cuda KVCHAT_CUDA_ATTN=grouped" 100 \
                 env KVCHAT_CUDA_ATTN=grouped "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
