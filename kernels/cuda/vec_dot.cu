@@ -87,9 +87,10 @@ static size_t mmv_smem(uint32_t type, int n_tok)
 }
 
 #define DD_WARPS 4   /* warps per block of the decode kernels */
-/* Blocks a multiprocessor should hold (registers: 64 a thread for one row a warp, 85 for two): the
- * one-row kernels keep half the multiprocessor's warps; left to itself ptxas gave Q6_K's 72
- * registers on sm_80 once the activations were loaded apart from the items. */
+/* Blocks a multiprocessor should hold, which bounds the registers a thread: at most 64 for one row a
+ * warp (half the multiprocessor's warps), 80 for two (85 before the allocation's rounding to 8).
+ * Left to themselves, once the activations were loaded apart from the items, ptxas gave Q6_K's
+ * one-row kernel 72-76 registers on sm_80 and the two-row kernels 79-87 on sm_90. */
 #define DD_MIN_BLOCKS(rows) ((rows) == 1 ? 8 : 6)
 
 /* n_blocks blocks of 32 activations (over all tokens: rows of n_in % 32 == 0 values are whole

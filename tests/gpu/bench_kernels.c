@@ -8,9 +8,10 @@
  * - products of every weight type the device reads as stored, at the 7B shapes (4096 x 4096,
  *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernels, beside stage 0's f32
  *   kernel, KVCHAT_CUDA_MMV=f32, and for quantized types with 1 read in flight a lane instead of
- *   2, KVCHAT_CUDA_MMV_INFLIGHT=1; the other number of rows a warp, KVCHAT_CUDA_MMV_ROWS=2 for a
- *   token and 1 for more; for Q4_K and Q5_K the narrow items the wide path replaced,
- *   KVCHAT_CUDA_MMV=narrow), 9, 16, 32, 64 tokens
+ *   2 on one row a warp, KVCHAT_CUDA_MMV_INFLIGHT=1 KVCHAT_CUDA_MMV_ROWS=1; the other number of
+ *   rows a warp, KVCHAT_CUDA_MMV_ROWS=2 for a token and 1 for more; for Q4_K and Q5_K the narrow
+ *   items the wide path replaced, KVCHAT_CUDA_MMV=narrow, two rows a warp for 2-8 tokens since
+ *   2f66bdf, one before), 9, 16, 32, 64 tokens
  *   (the decode kernel in passes of 8, KVCHAT_CUDA_MMV_MAX=64, beside the tile + cuBLAS path,
  *   KVCHAT_CUDA_MMV_MAX=8, the default) and 512 tokens (prefill); bytes = the weight's device bytes
  *   plus the activations in and out;
@@ -233,9 +234,11 @@ int main(int argc, char **argv)
     setenv("KVCHAT_CUDA_MMV", "f32", 1);
     be_backend *f32k = passes ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV");
-    setenv("KVCHAT_CUDA_MMV_INFLIGHT", "1", 1);
+    setenv("KVCHAT_CUDA_MMV_INFLIGHT", "1", 1);   /* one row a warp: two rows ignore it */
+    setenv("KVCHAT_CUDA_MMV_ROWS", "1", 1);
     be_backend *in1 = f32k ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV_INFLIGHT");
+    unsetenv("KVCHAT_CUDA_MMV_ROWS");
     setenv("KVCHAT_CUDA_MMV", "narrow", 1);
     be_backend *narrow = in1 ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV");

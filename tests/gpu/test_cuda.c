@@ -414,7 +414,7 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
  * several blocks, 1 to 8 tokens and 11 in passes, on every variant: the defaults (Q4_K/Q5_K by the
  * wide path, one row a warp for a token and two for more, 2 items in flight), 1 item in flight,
  * one and two rows a warp whatever the tokens, 1 in flight with one row, and for Q4_K/Q5_K the
- * narrow items (KVCHAT_CUDA_MMV=narrow): the host simulation's bits. */
+ * narrow items (KVCHAT_CUDA_MMV=narrow) with 2 and 1 in flight: the host simulation's bits. */
 Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
 {
     seed_rng("small decode products");
@@ -428,10 +428,13 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
     be_backend *one_row1 = gpu_with("KVCHAT_CUDA_MMV_ROWS", "1");
     unsetenv("KVCHAT_CUDA_MMV_INFLIGHT");
     be_backend *narrow = gpu_with("KVCHAT_CUDA_MMV", "narrow");
+    setenv("KVCHAT_CUDA_MMV", "narrow", 1);
+    be_backend *narrow_one = gpu_with("KVCHAT_CUDA_MMV_INFLIGHT", "1");
+    unsetenv("KVCHAT_CUDA_MMV");
     unsetenv("KVCHAT_CUDA_MMV_MAX");
-    be_backend *variants[] = { dflt, one, rows1, rows2, one_row1, narrow };
+    be_backend *variants[] = { dflt, one, rows1, rows2, one_row1, narrow, narrow_one };
     const char *names[] = { "defaults", "1 in flight", "one row a warp", "two rows a warp",
-                            "1 in flight, one row a warp", "narrow items" };
+                            "1 in flight, one row a warp", "narrow items", "narrow items, 1 in flight" };
     enum { N_VARIANTS = sizeof variants / sizeof *variants };
     const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
                                GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16 };
@@ -448,7 +451,8 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
                     const int64_t nt = toks[k % 5];
                     const size_t v = k / 5;
                     be_backend *be = variants[v];
-                    if (be == narrow && !dd_wide_type(types[ti])) break;   /* the same kernel as the defaults */
+                    const int narrowed = be == narrow || be == narrow_one;
+                    if (narrowed && !dd_wide_type(types[ti])) continue;   /* the same kernels as the defaults */
                     float *x = malloc(sizeof(float) * (size_t)(nt * n_in));
                     float *y = malloc(sizeof(float) * (size_t)(nt * n_out));
                     for (int64_t i = 0; i < nt * n_in; i++) x[i] = frand(-3, 3);
@@ -456,7 +460,7 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
                     be_mm m = { &w, y };
                     be->ops->matmul(be, &m, 1, x, nt);
                     cr_assert(!be_failed(be, err, sizeof err), "%s", err);
-                    cr_expect(host_kernel_mismatches(&w, x, nt, y, be != narrow) == 0,
+                    cr_expect(host_kernel_mismatches(&w, x, nt, y, !narrowed) == 0,
                               "%s %lld x %lld, %lld tokens, %s: the device differs", quant_type_name(types[ti]),
                               (long long)n_out, (long long)n_in, (long long)nt, names[v]);
                     free(x);
