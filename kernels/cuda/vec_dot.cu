@@ -5,7 +5,7 @@
  * one token and per two rows for more (each token's activations loaded once for both), reading the
  * weight straight from global memory. Quantized types: the input is first rounded to 8-bit
  * codes in blocks of 32 (quantize_act, once for all the products that share it), then each lane
- * multiplies 16 values at a time in integers (dp4a); Q4_K and Q5_K by decode_wide_kernel instead,
+ * multiplies 16 values at a time in integers (dp4a); Q4_K and Q5_K by the kernel's wide path instead,
  * 32 values a lane in 16-byte loads and one or two rows a warp (KVCHAT_CUDA_MMV=narrow: the 16-value
  * items, to compare). F16/BF16: 16-byte loads of 8 values times the f32 input. The lanes' sums meet by a butterfly of shuffles. KVCHAT_CUDA_MMV=f32 runs stage 0's
  * kernel instead (mmv_kernel: exact weights times f32 activations through shared memory; a block of
@@ -122,13 +122,15 @@ __global__ void __launch_bounds__(256)
 /* y[t][row] = dot(row of W, token t), t < n_tok <= QB_MAX_TOK, ROWS rows a warp (rows row0 .. row0
  * + ROWS - 1; fewer at the end): for a quantized W from the tokens' codes xq [n_tok][n_in] and
  * scales xd [n_tok][n_in / 32] (quantize_act), each lane with INFLIGHT reads of each row in flight
- * (KVCHAT_CUDA_MMV_INFLIGHT); for F16/BF16 from the f32 tokens x [n_tok][n_in] (16-byte aligned).
- * Each token's activations are loaded once for the warp's rows. */
-template <uint32_t TYPE, int INFLIGHT, int ROWS>
+ * (KVCHAT_CUDA_MMV_INFLIGHT); with WIDE, a Q4_K/Q5_K W by decode_dot.h's wide path, which also reads
+ * the blocks' sums xs [n_tok][n_in / 32] (its rows 16-byte aligned: blocks of 144 and 176 bytes);
+ * for F16/BF16 from the f32 tokens x [n_tok][n_in] (16-byte aligned). Each token's activations are
+ * loaded once for the warp's rows. */
+template <uint32_t TYPE, int INFLIGHT, int ROWS, int WIDE>
 __global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
     decode_dot_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
                       const float *__restrict__ x, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                      int n_tok, float *__restrict__ y)
+                      const float *__restrict__ xs, int n_tok, float *__restrict__ y)
 {
     const int lane = threadIdx.x & 31;
     const int64_t row0 = ((int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5)) * ROWS;
@@ -140,36 +142,13 @@ __global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
     for (int r = 0; r < DD_MAX_ROWS; r++)
 #pragma unroll
         for (int t = 0; t < QB_MAX_TOK; t++) acc[r][t] = 0.0f;
-    if (dd_integer_type(TYPE))
-        dd_lane_dot_q(TYPE, W + (size_t)row0 * stride, stride, nr, n_in, xq, xd, n_tok, lane, 32, INFLIGHT, acc);
+    const uint8_t *w0 = W + (size_t)row0 * stride;
+    if (WIDE && dd_wide_type(TYPE))
+        dd_lane_dot_w(TYPE, w0, stride, nr, n_in, xq, xd, xs, n_tok, lane, 32, INFLIGHT, acc);
+    else if (dd_integer_type(TYPE))
+        dd_lane_dot_q(TYPE, w0, stride, nr, n_in, xq, xd, n_tok, lane, 32, INFLIGHT, acc);
     else
-        dd_lane_dot_h(TYPE, W + (size_t)row0 * stride, stride, nr, n_in, x, n_tok, lane, 32, acc);
-#pragma unroll
-    for (int r = 0; r < ROWS; r++)
-        if (r < nr) warp_sums_out(acc[r], n_tok, lane, y + row0 + r, n_out);
-}
-
-/* y[t][row] for ROWS rows a warp (rows row0 .. row0 + ROWS - 1; fewer at the end) of a Q4_K/Q5_K W,
- * by decode_dot.h's wide path: each token's codes xq [n_tok][n_in] loaded once for the warp's rows,
- * with their scales xd and block sums xs [n_tok][n_in / 32] (quantize_act), INFLIGHT items of each
- * row loaded ahead. W's rows are 16-byte aligned (blocks of 144 and 176 bytes, rows `stride` apart). */
-template <uint32_t TYPE, int INFLIGHT, int ROWS>
-__global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
-    decode_wide_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
-                       const int8_t *__restrict__ xq, const float *__restrict__ xd, const float *__restrict__ xs,
-                       int n_tok, float *__restrict__ y)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t row0 = ((int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5)) * ROWS;
-    if (row0 >= n_out) return;   /* the whole warp */
-    /* a constant 1 for ROWS == 1, so that the second row's registers and loads compile away */
-    const int nr = ROWS == 1 ? 1 : (int)(n_out - row0 < ROWS ? n_out - row0 : ROWS);
-    float acc[DD_MAX_ROWS][QB_MAX_TOK];
-#pragma unroll
-    for (int r = 0; r < DD_MAX_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < QB_MAX_TOK; t++) acc[r][t] = 0.0f;
-    dd_lane_dot_w(TYPE, W + (size_t)row0 * stride, stride, nr, n_in, xq, xd, xs, n_tok, lane, 32, INFLIGHT, acc);
+        dd_lane_dot_h(TYPE, w0, stride, nr, n_in, x, n_tok, lane, 32, acc);
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
         if (r < nr) warp_sums_out(acc[r], n_tok, lane, y + row0 + r, n_out);
@@ -206,53 +185,41 @@ static int mmv_int8(const cuda_impl *ci, const dev_weight *dw) { return !ci->mmv
 static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_t *xq, const float *xd,
                const float *xs, int n_tok, float *dy)
 {
-    if (!ci->mmv_f32 && ci->mmv_wide && dd_wide_type(dw->type)) {
-        const int rows = decode_rows(ci, n_tok);
-        const unsigned grid = (unsigned)((dw->n_out + DD_WARPS * rows - 1) / (DD_WARPS * rows));
-#define LAUNCH_W(T, I, R)                                                                                        \
-    decode_wide_kernel<T, I, R><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, xq, xd, \
-                                                                        xs, n_tok, dy)
-#define LAUNCH_WT(T)                                   \
-    do {                                               \
-        if (rows == 2) LAUNCH_W(T, 1, 2);              \
-        else if (ci->mmv_inflight == 1) LAUNCH_W(T, 1, 1); \
-        else LAUNCH_W(T, 2, 1);                        \
-    } while (0)
-        if (dw->type == GGML_TYPE_Q4_K) LAUNCH_WT(GGML_TYPE_Q4_K);
-        else LAUNCH_WT(GGML_TYPE_Q5_K);
-#undef LAUNCH_WT
-#undef LAUNCH_W
-        return ck(ci, cudaGetLastError(), "decode product");
-    }
     if (!ci->mmv_f32) {
         const int rows = decode_rows(ci, n_tok);
         const unsigned grid = (unsigned)((dw->n_out + DD_WARPS * rows - 1) / (DD_WARPS * rows));
-#define LAUNCH_QI(T, I, R)                                                                                          \
-    decode_dot_kernel<T, I, R><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, xq, \
-                                                                       xd, n_tok, dy)
-#define LAUNCH_Q(T)                                    \
-    do {                                               \
-        if (rows == 2) LAUNCH_QI(T, 1, 2);             \
-        else if (ci->mmv_inflight == 1) LAUNCH_QI(T, 1, 1); \
-        else LAUNCH_QI(T, 2, 1);                       \
+#define LAUNCH_QI(T, I, R, WD)                                                                                    \
+    decode_dot_kernel<T, I, R, WD><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, \
+                                                                           dx, xq, xd, xs, n_tok, dy)
+#define LAUNCH_Q(T, WD)                                        \
+    do {                                                       \
+        if (rows == 2) LAUNCH_QI(T, 1, 2, WD);                 \
+        else if (ci->mmv_inflight == 1) LAUNCH_QI(T, 1, 1, WD); \
+        else LAUNCH_QI(T, 2, 1, WD);                           \
     } while (0)
-#define LAUNCH_H(T)                        \
-    do {                                   \
-        if (rows == 2) LAUNCH_QI(T, 1, 2); \
-        else LAUNCH_QI(T, 1, 1);           \
+#define LAUNCH_K(T)                          \
+    do {                                     \
+        if (ci->mmv_wide) LAUNCH_Q(T, 1);    \
+        else LAUNCH_Q(T, 0);                 \
+    } while (0)
+#define LAUNCH_H(T)                           \
+    do {                                      \
+        if (rows == 2) LAUNCH_QI(T, 1, 2, 0); \
+        else LAUNCH_QI(T, 1, 1, 0);           \
     } while (0)
         switch (dw->type) {
-        case GGML_TYPE_Q4_0: LAUNCH_Q(GGML_TYPE_Q4_0); break;
-        case GGML_TYPE_Q5_0: LAUNCH_Q(GGML_TYPE_Q5_0); break;
-        case GGML_TYPE_Q8_0: LAUNCH_Q(GGML_TYPE_Q8_0); break;
-        case GGML_TYPE_Q4_K: LAUNCH_Q(GGML_TYPE_Q4_K); break;
-        case GGML_TYPE_Q5_K: LAUNCH_Q(GGML_TYPE_Q5_K); break;
-        case GGML_TYPE_Q6_K: LAUNCH_Q(GGML_TYPE_Q6_K); break;
+        case GGML_TYPE_Q4_0: LAUNCH_Q(GGML_TYPE_Q4_0, 0); break;
+        case GGML_TYPE_Q5_0: LAUNCH_Q(GGML_TYPE_Q5_0, 0); break;
+        case GGML_TYPE_Q8_0: LAUNCH_Q(GGML_TYPE_Q8_0, 0); break;
+        case GGML_TYPE_Q4_K: LAUNCH_K(GGML_TYPE_Q4_K); break;
+        case GGML_TYPE_Q5_K: LAUNCH_K(GGML_TYPE_Q5_K); break;
+        case GGML_TYPE_Q6_K: LAUNCH_Q(GGML_TYPE_Q6_K, 0); break;
         case GGML_TYPE_F16: LAUNCH_H(GGML_TYPE_F16); break;   /* INFLIGHT is for codes */
         default: LAUNCH_H(GGML_TYPE_BF16); break;
         }
 #undef LAUNCH_QI
 #undef LAUNCH_Q
+#undef LAUNCH_K
 #undef LAUNCH_H
         return ck(ci, cudaGetLastError(), "decode product");
     }
