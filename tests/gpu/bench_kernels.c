@@ -556,7 +556,7 @@ int main(int argc, char **argv)
         be_free(host1);
         be_free(hostn);
     }
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < (int)(sizeof bes / sizeof *bes); k++) {
         be_unbind(bes[k], x);
         be_unbind(bes[k], ys[k]);
     }

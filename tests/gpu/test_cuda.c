@@ -411,7 +411,8 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
 /* The decode kernels on small weights, quick enough for compute-sanitizer (gpu-check.sh runs it
  * under memcheck): every type they read as stored, row counts that leave the last block of 4 warps
  * part empty (1, 3, 6 rows; 1 and 3 also leave a warp of two rows with one), rows of one and of
- * several blocks, 1 to 8 tokens and 11 in passes, on every variant: the defaults (Q4_K/Q5_K by the
+ * several blocks (2304 values: a second item in flight and a pass a lane leaves part filled on
+ * the wide path too), 1 to 8 tokens and 11 in passes, on every variant: the defaults (Q4_K/Q5_K by the
  * wide path, one row a warp for a token and two for more, 2 items in flight), 1 item in flight,
  * one and two rows a warp whatever the tokens, 1 in flight with one row, and for Q4_K/Q5_K the
  * narrow items (KVCHAT_CUDA_MMV=narrow) with 2 and 1 in flight: the host simulation's bits. */
@@ -438,11 +439,11 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
     enum { N_VARIANTS = sizeof variants / sizeof *variants };
     const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
                                GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16 };
-    const int64_t n_ins[] = { 256, 768 }, n_outs[] = { 1, 3, 6 }, toks[] = { 1, 2, 5, 8, 11 };
-    void *kept[8 * 2 * 3];
+    const int64_t n_ins[] = { 256, 768, 2304 }, n_outs[] = { 1, 3, 6 }, toks[] = { 1, 2, 5, 8, 11 };
+    void *kept[8 * 3 * 3];
     int n_kept = 0;
     for (size_t ti = 0; ti < 8; ti++)
-        for (size_t ii = 0; ii < 2; ii++)
+        for (size_t ii = 0; ii < 3; ii++)
             for (size_t oi = 0; oi < 3; oi++) {
                 const int64_t n_in = n_ins[ii], n_out = n_outs[oi];
                 be_weight w = random_weight(types[ti], n_in, n_out, &kept[n_kept]);
