@@ -13,11 +13,11 @@
  *   the items above, to compare).
  * - A warp may take up to DD_MAX_ROWS rows, loading each token's activations once for all of them.
  * - F16/BF16 rows are read 16 bytes (8 values) at a time and multiplied by the f32 activations.
- * The kernels in kernels/cuda/vec_dot.cu run dd_lane_dot_q / dd_lane_dot_w / dd_lane_dot_h on every
- * lane of a warp (one or two rows a warp) and add the lanes by a butterfly of shuffles; tests/test_quant_blocks.c runs
- * the same functions for all 32 lanes on the host and checks the result against double-precision
- * products. Every float operation is written out (QB_MUL, QB_ADD, fmaf), so the device, which never
- * fuses these, gives the host's bits.
+ * The kernel in kernels/cuda/vec_dot.cu runs dd_lane_dot (dd_lane_dot_q / _w / _h by type) on every
+ * lane of a warp (one or two rows a warp) and adds the lanes by a butterfly of shuffles;
+ * tests/test_quant_blocks.c runs the same functions for all 32 lanes on the host and checks the
+ * result against double-precision products. Every float operation is written out (QB_MUL, QB_ADD,
+ * fmaf), so the device, which never fuses these, gives the host's bits.
  *
  * Rounding the activations to 8 bits is what the CPU backend does too (kernels/cpu/vec_dot.c, with
  * an f16 scale per 32 for Q4_0/Q5_0/Q8_0 and one f32 scale per 256 for the K-quants) and what the
@@ -326,7 +326,7 @@ QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, size_t stride, int n
 QB_HD int dd_wide_type(uint32_t type) { return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K; }
 
 typedef struct {
-    int v[8];        /* v[0..3]: sub-block A's 16 codes (values pos ..), v[4..7]: sub-block B's (pos + 32 ..) */
+    int v[8];        /* v[0..3]: sub-block A's 16 codes (values pos ..), v[4..7]: B's (pos + 32 ..) */
     float s[2], m[2];
     int pos;
     int first;       /* l0 == 0: this lane adds the two sub-blocks' minimum terms */
@@ -475,24 +475,32 @@ QB_HD void dd_lane_dot_h(uint32_t type, const uint8_t *row, size_t stride, int n
     }
 }
 
-/* A decode kernel's warp over one row, run on the host: every lane's share (for Q4_K/Q5_K with wide
- * set dd_lane_dot_w, with the tokens' block sums xs; dd_lane_dot_q with the
- * codes xq and scales xd of the tokens and inflight reads at a time for the other quantized types,
- * dd_lane_dot_h with their f32 values x for F16/BF16), then the lanes' sums met as the kernels' shuffles meet them, a butterfly (lane l
- * adds lane l ^ o's sum, o = 16 .. 1). y[t] gets token t's product: the device's bits. */
+/* One lane's share of n_rows (<= DD_MAX_ROWS) rows of any type the decode kernel reads, as the
+ * kernel dispatches it: Q4_K/Q5_K with `wide` by dd_lane_dot_w (the tokens' codes xq, scales xd and
+ * block sums xs), the other quantized types by dd_lane_dot_q (xq, xd), F16/BF16 by dd_lane_dot_h
+ * (the f32 tokens x; one read in flight whatever inflight says). */
+QB_HD void dd_lane_dot(uint32_t type, int wide, const uint8_t *row, size_t stride, int n_rows, int64_t n_in,
+                       const float *x, const int8_t *xq, const float *xd, const float *xs, int n_tok, int lane,
+                       int lanes, int inflight, float (*acc)[QB_MAX_TOK])
+{
+    if (wide && dd_wide_type(type))
+        dd_lane_dot_w(type, row, stride, n_rows, n_in, xq, xd, xs, n_tok, lane, lanes, inflight, acc);
+    else if (dd_integer_type(type))
+        dd_lane_dot_q(type, row, stride, n_rows, n_in, xq, xd, n_tok, lane, lanes, inflight, acc);
+    else
+        dd_lane_dot_h(type, row, stride, n_rows, n_in, x, n_tok, lane, lanes, acc);
+}
+
+/* A decode kernel's warp over one row, run on the host: every lane's share (dd_lane_dot, inflight
+ * reads at a time), then the lanes' sums met as the kernel's shuffles meet them, a butterfly (lane
+ * l adds lane l ^ o's sum, o = 16 .. 1). y[t] gets token t's product: the device's bits. */
 static inline void dd_warp_row(uint32_t type, const uint8_t *row, int64_t n_in, const float *x, const int8_t *xq,
                                const float *xd, const float *xs, int n_tok, int inflight, int wide, float *y)
 {
     float acc[32][QB_MAX_TOK];
     memset(acc, 0, sizeof acc);
-    for (int lane = 0; lane < 32; lane++) {
-        if (wide && dd_wide_type(type))
-            dd_lane_dot_w(type, row, 0, 1, n_in, xq, xd, xs, n_tok, lane, 32, inflight, &acc[lane]);
-        else if (dd_integer_type(type))
-            dd_lane_dot_q(type, row, 0, 1, n_in, xq, xd, n_tok, lane, 32, inflight, &acc[lane]);
-        else
-            dd_lane_dot_h(type, row, 0, 1, n_in, x, n_tok, lane, 32, &acc[lane]);
-    }
+    for (int lane = 0; lane < 32; lane++)
+        dd_lane_dot(type, wide, row, 0, 1, n_in, x, xq, xd, xs, n_tok, lane, 32, inflight, &acc[lane]);
     for (int t = 0; t < n_tok; t++) {
         float v[32], w[32];
         for (int l = 0; l < 32; l++) v[l] = acc[l][t];

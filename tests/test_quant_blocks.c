@@ -450,14 +450,8 @@ static void check_one_path(uint32_t type, const uint8_t *row, const float *w, co
         float acc[32][DD_MAX_ROWS][QB_MAX_TOK], want[QB_MAX_TOK];
         for (int inflight = 1; inflight <= DD_MAX_INFLIGHT; inflight *= 2) {
             memset(acc, 0, sizeof acc);
-            for (int lane = 0; lane < 32; lane++) {
-                if (wide && dd_wide_type(type))
-                    dd_lane_dot_w(type, two, stride, 2, n, xq, xd, xs, n_tok, lane, 32, inflight, acc[lane]);
-                else if (dd_integer_type(type))
-                    dd_lane_dot_q(type, two, stride, 2, n, xq, xd, n_tok, lane, 32, inflight, acc[lane]);
-                else
-                    dd_lane_dot_h(type, two, stride, 2, n, x, n_tok, lane, 32, acc[lane]);
-            }
+            for (int lane = 0; lane < 32; lane++)
+                dd_lane_dot(type, wide, two, stride, 2, n, x, xq, xd, xs, n_tok, lane, 32, inflight, acc[lane]);
             for (int r = 0; r < 2; r++) {
                 dd_warp_row(type, two + r * stride, n, x, xq, xd, xs, n_tok, 1, wide, want);
                 for (int t = 0; t < n_tok; t++) {

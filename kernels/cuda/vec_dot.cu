@@ -5,9 +5,10 @@
  * one token and per two rows for more (each token's activations loaded once for both), reading the
  * weight straight from global memory. Quantized types: the input is first rounded to 8-bit
  * codes in blocks of 32 (quantize_act, once for all the products that share it), then each lane
- * multiplies 16 values at a time in integers (dp4a); Q4_K and Q5_K by the kernel's wide path instead,
- * 32 values a lane in 16-byte loads and one or two rows a warp (KVCHAT_CUDA_MMV=narrow: the 16-value
- * items, to compare). F16/BF16: 16-byte loads of 8 values times the f32 input. The lanes' sums meet by a butterfly of shuffles. KVCHAT_CUDA_MMV=f32 runs stage 0's
+ * multiplies 16 values at a time in integers (dp4a); Q4_K and Q5_K by the kernel's wide path
+ * instead, 32 values a lane in 16-byte loads (KVCHAT_CUDA_MMV=narrow: the 16-value items, to
+ * compare). F16/BF16: 16-byte loads of 8 values times the f32 input. The lanes' sums meet by a
+ * butterfly of shuffles. KVCHAT_CUDA_MMV=f32 runs stage 0's
  * kernel instead (mmv_kernel: exact weights times f32 activations through shared memory; a block of
  * MMV_WARPS warps computes MMV_ROWS rows a warp, the row read in chunks of QB_CHUNK values, the
  * lanes decoding groups of 32 with qb_lane_dot), to compare the two on a GPU. More tokens than the
@@ -142,13 +143,8 @@ __global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
     for (int r = 0; r < DD_MAX_ROWS; r++)
 #pragma unroll
         for (int t = 0; t < QB_MAX_TOK; t++) acc[r][t] = 0.0f;
-    const uint8_t *w0 = W + (size_t)row0 * stride;
-    if (WIDE && dd_wide_type(TYPE))
-        dd_lane_dot_w(TYPE, w0, stride, nr, n_in, xq, xd, xs, n_tok, lane, 32, INFLIGHT, acc);
-    else if (dd_integer_type(TYPE))
-        dd_lane_dot_q(TYPE, w0, stride, nr, n_in, xq, xd, n_tok, lane, 32, INFLIGHT, acc);
-    else
-        dd_lane_dot_h(TYPE, w0, stride, nr, n_in, x, n_tok, lane, 32, acc);
+    dd_lane_dot(TYPE, WIDE, W + (size_t)row0 * stride, stride, nr, n_in, x, xq, xd, xs, n_tok, lane, 32, INFLIGHT,
+                acc);
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
         if (r < nr) warp_sums_out(acc[r], n_tok, lane, y + row0 + r, n_out);
@@ -160,7 +156,10 @@ __global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
  * lane of a quantized product keeps two items in flight either way: two of its row
  * (KVCHAT_CUDA_MMV_INFLIGHT=1: one), or one of each row (two of each took 107-109 registers on
  * sm_90 on the wide path, a quarter of the warps a multiprocessor holds). */
-static int decode_rows(const cuda_impl *ci, int n_tok) { return ci->mmv_rows ? ci->mmv_rows : n_tok > 1 ? DD_MAX_ROWS : 1; }
+static int decode_rows(const cuda_impl *ci, int n_tok)
+{
+    return ci->mmv_rows ? ci->mmv_rows : n_tok > 1 ? DD_MAX_ROWS : 1;
+}
 
 /* The type's slot in ci->mmv_smem_set. */
 static int type_slot(uint32_t t)
@@ -180,8 +179,8 @@ static int type_slot(uint32_t t)
 static int mmv_int8(const cuda_impl *ci, const dev_weight *dw) { return !ci->mmv_f32 && dd_integer_type(dw->type); }
 
 /* y = W x for n_tok <= QB_MAX_TOK tokens: dx the 16-byte aligned f32 input (F16/BF16 weights, and
- * every type under KVCHAT_CUDA_MMV=f32), xq/xd its 8-bit codes and scales (quantized weights). 0, or
- * -1 (recorded). */
+ * every type under KVCHAT_CUDA_MMV=f32), xq/xd/xs its 8-bit codes, scales and block sums (quantized
+ * weights). 0, or -1 (recorded). */
 static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_t *xq, const float *xd,
                const float *xs, int n_tok, float *dy)
 {

@@ -1603,9 +1603,6 @@ Test(cuda, answers_through_the_devices_pick_equal_those_from_the_row)
     }
 }
 
-/* The warm-up at load (engine/run.c: on a device by default) pays the one-off costs (kernels loaded
- * on first use) in a throwaway cache: a run loaded with it gives the bits of one loaded without it,
- * through a prompt of two chunks and decode steps, then the same tokens through the device's pick. */
 /* A run of a tiny model on device (BE_DEVICE_*) with 2 threads, greedy defaults and n_ctx tokens. */
 static run_config tiny_run_config(const char *path, int device, int64_t n_ctx)
 {
@@ -1619,6 +1616,9 @@ static run_config tiny_run_config(const char *path, int device, int64_t n_ctx)
     return c;
 }
 
+/* The warm-up at load (engine/run.c: on a device by default) pays the one-off costs (kernels loaded
+ * on first use) in a throwaway cache: a run loaded with it gives the bits of one loaded without it,
+ * through a prompt of two chunks and decode steps, then the same tokens through the device's pick. */
 Test(cuda, a_warm_up_at_load_leaves_the_runs_bits_alone)
 {
     char err[600], path[256];
