@@ -68,6 +68,7 @@ static int bind(am_table *t, void *host, size_t bytes, int blank)
     t->b[t->n++] = (am_buf){ .host = host, .dev = d, .bytes = bytes, .hlo = 0, .hhi = blank ? 0 : bytes,
                              .pinned = !blank && t->dev.pin };
     t->bytes += bytes;
+    t->dev_changes++;
     if (!blank && t->dev.pin) t->dev.pin(t->dev.ud, host, bytes, 1);
     return 0;
 }
@@ -84,6 +85,7 @@ void am_unbind(am_table *t, void *host)
         if (t->b[i].pinned) t->dev.pin(t->dev.ud, host, t->b[i].bytes, 0);
         t->dev.release(t->dev.ud, t->b[i].dev);
         t->bytes -= t->b[i].bytes;
+        t->dev_changes++;
         t->b[i] = t->b[--t->n];
         return;
     }
@@ -96,6 +98,7 @@ static void upload_host_newer(am_table *t, am_buf *b)
     if (b->hlo >= b->hhi) return;
     t->dev.upload(t->dev.ud, b->dev + b->hlo, b->host + b->hlo, b->hhi - b->hlo);
     t->up_bytes += b->hhi - b->hlo;
+    t->dev_changes++;
     b->hlo = b->hhi = 0;
     b->up_pending = 1;
 }
@@ -147,6 +150,7 @@ void *am_dev_out(am_table *t, void *p, size_t bytes)
     if (!b) return NULL;
     upload_host_newer(t, b);
     size_t lo = (size_t)((char *)p - b->host), hi = lo + bytes;
+    t->dev_changes++;
     b->flo = b->fhi = 0;   /* a fetch in flight would bring back bytes this op replaces */
     b->clo = b->chi = 0;
     if (bytes > 0) {

@@ -56,6 +56,10 @@ typedef struct am_table {
     uint64_t bytes;                  /* device bytes of the twins */
     uint64_t up_bytes, down_bytes;   /* bytes copied so far each way (for tests and figures) */
     uint64_t waits;                  /* host reads and writes that waited for the device */
+    /* Changes of any twin's device bytes so far: ops' writes (am_dev_out), uploads of host-newer
+     * bytes, binds and unbinds. A backend that derives something from a twin's device bytes (the
+     * CUDA backend's 8-bit codes of a product's input) keeps it while this count stays the same. */
+    uint64_t dev_changes;
 } am_table;
 
 /* One range the host reads. */

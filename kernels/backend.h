@@ -347,6 +347,10 @@ int be_cuda_gpu(be_gpu *g, char *why, size_t whylen);
  * KVCHAT_CUDA_ATTN says grouped or scalar; tests and benchmarks check that it ran); 0 for any other
  * backend. */
 uint64_t be_cuda_flash_calls(be_backend *b);
+/* Times a CUDA backend's products rounded their input to 8-bit codes themselves (quantize_act),
+ * rather than reading the codes the op that wrote the input left (tests check which happened); 0
+ * for any other backend. */
+uint64_t be_cuda_input_quantizations(be_backend *b);
 /* A CUDA backend's warm-up (be_warming_up) is over: the page lists and page copies its throwaway
  * cache left are freed now, their blocks back in the pool for the run's pages, instead of after
  * thousands of idle calls. Nothing for any other backend. */

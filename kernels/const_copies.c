@@ -52,27 +52,28 @@ const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *
     while (t->slots[h].host && t->slots[h].host != host) h = (h + 1) & m;
     cc_copy *c = &t->slots[h];
     if (c->host && c->bytes == bytes && c->seen && !c->stale && !memcmp(c->seen, host, bytes)) return c->dev;
-    if (!c->host || c->bytes != bytes) {
+    if (!c->host || !c->dev || bytes > c->room) {
         if (c->host) {
             if (c->dev) t->dev.release(t->dev.ud, c->dev);
             free(c->seen);
-            t->bytes -= c->bytes;
+            t->bytes -= c->room;
         } else {
             t->n++;
         }
         c->host = host;
-        c->bytes = bytes;
+        c->bytes = c->room = bytes;
         c->seen = malloc(bytes);
         c->dev = c->seen ? t->dev.alloc(t->dev.ud, bytes) : NULL;
         if (!c->dev) {
             *status = c->seen ? CC_NO_DEVICE_MEMORY : CC_NO_HOST_MEMORY;
             free(c->seen);
             c->seen = c->dev = NULL;
-            c->bytes = 0;
+            c->bytes = c->room = 0;
             return NULL;
         }
         t->bytes += bytes;
     }
+    c->bytes = bytes;
     /* new or changed: later device work sees the new bytes, earlier work the old (one stream) */
     if (t->dev.upload(t->dev.ud, c->dev, host, bytes)) {
         c->stale = 1;   /* the device may hold neither the old bytes nor the new: send them next time */

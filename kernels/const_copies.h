@@ -1,5 +1,6 @@
 /* const_copies.h - device copies of small inputs that stay the same from call to call (a layer's
- * norm weights) for the CUDA backend (kernels/cuda/backend_cuda.cu).
+ * norm weights; a step's positions, the same for every layer's qk_rope and attention) for the
+ * CUDA backend (kernels/cuda/backend_cuda.cu).
  *
  * A copy is keyed by the host address and kept with the host bytes it holds, so a call costs a
  * comparison instead of a copy while those bytes stay the same; new or changed bytes are sent again.
@@ -21,6 +22,9 @@ typedef struct cc_device {
 typedef struct cc_copy {
     const void *host;   /* the key; NULL: an empty slot */
     size_t bytes;       /* 0: a tombstone (its allocation failed): found, and made again next time */
+    size_t room;        /* bytes allocated (seen and dev): fewer bytes later reuse them, so a copy
+                         * whose length changes (a step's positions: a prompt's chunk, then one
+                         * token) is not freed and made again, which would wait for the device */
     void *seen;         /* the host bytes the device copy holds */
     void *dev;
     int stale;          /* the last upload failed: the device may hold neither bytes */

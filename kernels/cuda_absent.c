@@ -18,6 +18,12 @@ uint64_t be_cuda_flash_calls(be_backend *b)
     return 0;
 }
 
+uint64_t be_cuda_input_quantizations(be_backend *b)
+{
+    (void)b;
+    return 0;
+}
+
 void be_cuda_warmed_up(be_backend *b) { (void)b; }
 
 be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)

@@ -512,4 +512,60 @@ static inline void dd_warp_row(uint32_t type, const uint8_t *row, int64_t n_in, 
     }
 }
 
+/* ---------------------------------------------------------------- several products a launch */
+
+#define DD_MAX_OUTS 4   /* products of one input and one weight type that one decode launch computes */
+
+/* The products of one decode launch (the q, k and v of a layer; gate and up): weight i's n_out[i]
+ * rows (each `stride` bytes, the same for all: one type, one n_in) into y[i], computed by the
+ * grid's blocks first[i] to first[i + 1] - 1. One launch instead of n: each launch is microseconds
+ * of the host's time, and a decode step is bound by it on small models. */
+typedef struct dd_outs {
+    const uint8_t *w[DD_MAX_OUTS];
+    float *y[DD_MAX_OUTS];
+    int32_t n_out[DD_MAX_OUTS];   /* 32 bits: fewer registers (a weight's rows are far fewer) */
+    int32_t first[DD_MAX_OUTS];
+    int n;
+} dd_outs;
+
+/* Give each of o's n products its blocks of rows_a_block rows, in order: first[]; the grid's
+ * blocks. */
+static inline int64_t dd_outs_layout(dd_outs *o, int32_t rows_a_block)
+{
+    int64_t blocks = 0;
+    for (int i = 0; i < o->n; i++) {
+        o->first[i] = (int32_t)blocks;
+        blocks += (o->n_out[i] + rows_a_block - 1) / rows_a_block;
+    }
+    return blocks;
+}
+
+/* What block `block` of the grid computes: the last product whose first block is at or before it
+ * (its weight, rows, and the block's place among that product's blocks). Unrolled with constant
+ * indices, so a kernel reads its parameters in place rather than through a local copy. */
+QB_HD void dd_outs_block(const dd_outs *o, int32_t block, const uint8_t **w, int32_t *n_out, int32_t *local)
+{
+    *w = o->w[0];
+    *n_out = o->n_out[0];
+    *local = block;
+    QB_UNROLL
+    for (int i = 1; i < DD_MAX_OUTS; i++) {
+        if (i < o->n && block >= o->first[i]) {
+            *w = o->w[i];
+            *n_out = o->n_out[i];
+            *local = block - o->first[i];
+        }
+    }
+}
+
+/* That product's output (apart, so that a kernel holds it only once its sums are done). */
+QB_HD float *dd_outs_y(const dd_outs *o, int32_t block)
+{
+    float *y = o->y[0];
+    QB_UNROLL
+    for (int i = 1; i < DD_MAX_OUTS; i++)
+        if (i < o->n && block >= o->first[i]) y = o->y[i];
+    return y;
+}
+
 #endif

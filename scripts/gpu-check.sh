@@ -10,7 +10,8 @@
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
-#      vocabulary from the pack): the GPU, the GPU without the warm-up at load (KVCHAT_WARM_UP=0:
+#      vocabulary from the pack): the GPU, the GPU with a launch a product and each product
+#      quantizing its input (KVCHAT_CUDA_LAUNCHES=apart), without the warm-up at load (KVCHAT_WARM_UP=0:
 #      the first prompt pays the one-off costs), the GPU with prefill chunks on the grouped attention
 #      kernel (KVCHAT_CUDA_ATTN=grouped), with the scalar attention kernel (KVCHAT_CUDA_ATTN=scalar),
 #      with stage 0's f32 decode kernel (KVCHAT_CUDA_MMV=f32), with every product through cuBLAS
@@ -19,7 +20,8 @@
 #      CHESS (the waits a selection's decode step makes), and /compare's batched decode of three
 #      policies (kvchat bench --compare);
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also without
-#      the warm-up, with the narrow decode items (KVCHAT_CUDA_MMV=narrow), with the grouped kernel for prefill chunks, under the profiler, with
+#      the warm-up, with the narrow decode items (KVCHAT_CUDA_MMV=narrow), with a launch a product
+#      (KVCHAT_CUDA_LAUNCHES=apart), with the grouped kernel for prefill chunks, under the profiler, with
 #      and without Quest and CHESS, /compare's batch, full against CHESS aggressive at 32K, and
 #      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
@@ -220,7 +222,7 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 if command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, selection)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|a_selection_by_bounds*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|a_selection_by_bounds*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
     # stages; racecheck is slow, so that test alone, and the fused ops' shared block sums) and
@@ -256,9 +258,10 @@ elif [ ! -f "$bin/gemma-vocab.gguf" ]; then
     say "- no gemma-vocab.gguf in the pack: skipped"
 elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m --type q4_k_m --vocab "$bin/gemma-vocab.gguf" \
         -o "$gm" -t "$threads"; then
-    for run in cuda cuda-cold cuda-grouped cuda-scalar cuda-f32 cuda-cublas cpu; do
+    for run in cuda cuda-apart cuda-cold cuda-grouped cuda-scalar cuda-f32 cuda-cublas cpu; do
         case $run in
         cuda) env=() dev=(--device cuda) config=cuda ;;
+        cuda-apart) env=(KVCHAT_CUDA_LAUNCHES=apart) dev=(--device cuda) config="cuda KVCHAT_CUDA_LAUNCHES=apart" ;;
         cuda-cold) env=(KVCHAT_WARM_UP=0) dev=(--device cuda) config="cuda KVCHAT_WARM_UP=0" ;;
         cuda-grouped) env=(KVCHAT_CUDA_ATTN=grouped) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=grouped" ;;
         cuda-scalar) env=(KVCHAT_CUDA_ATTN=scalar) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=scalar" ;;
@@ -306,6 +309,10 @@ for type in q4_k_m f16; do
             bench_step "bench mistral-7b $type narrow decode items" "cuda KVCHAT_CUDA_MMV=narrow" 100 \
                 env KVCHAT_CUDA_MMV=narrow "$kv" bench -m "$m" --device cuda --ctx 512 --gen 16 --csv "$tmp/bench.csv" &&
                 bench_table
+            # a launch a product, each product quantizing its input (stage 4's third part), end to end
+            bench_step "bench mistral-7b $type launches apart" "cuda KVCHAT_CUDA_LAUNCHES=apart" 100 \
+                env KVCHAT_CUDA_LAUNCHES=apart "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
+                --csv "$tmp/bench.csv" && bench_table
             bench_step "bench mistral-7b $type grouped prefill" "cuda KVCHAT_CUDA_ATTN=grouped" 100 \
                 env KVCHAT_CUDA_ATTN=grouped "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
                 --csv "$tmp/bench.csv" && bench_table

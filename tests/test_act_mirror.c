@@ -402,3 +402,43 @@ Test(act_mirror, an_op_writing_over_a_fetched_hole_makes_it_stale_again)
     for (int i = 8; i < 24; i++) cr_expect_eq(x[i], 2.0f, "the hole's old bytes were taken as current");
     am_free(&t);
 }
+
+Test(act_mirror, every_change_of_device_bytes_is_counted)
+{
+    /* The CUDA backend keeps a product input's 8-bit codes while dev_changes stays the same: every
+     * way a twin's device bytes can change must count, and reads and host reads must not (else
+     * the codes would be made again for nothing). */
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float x[64], y[64];
+    for (int i = 0; i < 64; i++) x[i] = y[i] = (float)i;
+    uint64_t c = t.dev_changes;
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    cr_expect_gt(t.dev_changes, c, "a bind was not counted");
+    c = t.dev_changes;
+    am_dev_in(&t, x, sizeof x);   /* the first use uploads the host's bytes */
+    cr_expect_gt(t.dev_changes, c, "an upload was not counted");
+    c = t.dev_changes;
+    am_dev_in(&t, x, sizeof x);
+    am_range r = { x, sizeof x };
+    am_host_read(&t, &r, 1);
+    am_host_prefetch(&t, &r, 1);
+    cr_expect_eq(t.dev_changes, c, "reads changed the count");
+    float *d = am_dev_out(&t, x + 4, 4 * sizeof(float));
+    cr_expect_gt(t.dev_changes, c, "an op's write was not counted");
+    d[0] = 1.0f;
+    c = t.dev_changes;
+    am_host_write(&t, x, 8 * sizeof(float));   /* announced: no device bytes change yet */
+    cr_expect_eq(t.dev_changes, c, "an announced host write changed the count before its upload");
+    x[0] = 7.0f;
+    am_dev_in(&t, x, sizeof(float));
+    cr_expect_gt(t.dev_changes, c, "the upload of a host write was not counted");
+    c = t.dev_changes;
+    am_unbind(&t, x);
+    cr_expect_gt(t.dev_changes, c, "an unbind was not counted");
+    c = t.dev_changes;
+    cr_assert(am_bind_blank(&t, y, sizeof y) == 0);
+    cr_expect_gt(t.dev_changes, c, "a blank bind was not counted");
+    am_free(&t);
+}

@@ -1,10 +1,11 @@
 /* test_const_copies.c - the CUDA backend's device copies of small constant inputs (norm weights,
  * kernels/const_copies.c), with host memory standing in for the device: a few hundred inputs
  * (the table grows twice) keep their copies, unchanged bytes are not sent again, changed bytes are,
- * a new size takes a new copy, running out of device memory or a refused upload is reported and
- * mended by the next call, and freeing releases every copy exactly once. Before this table was its
- * own module, its growth in backend_cuda.cu also freed an unrelated buffer of the backend (the
- * deferred decode step's page list), which the next step wrote and cuda_destroy freed again. */
+ * fewer bytes reuse a copy and more take a new one, running out of device memory or a refused
+ * upload is reported and mended by the next call, and freeing releases every copy exactly once.
+ * Before this table was its own module, its growth in backend_cuda.cu also freed an unrelated
+ * buffer of the backend (the deferred decode step's page list), which the next step wrote and
+ * cuda_destroy freed again. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,7 +92,7 @@ Test(const_copies, every_copy_survives_the_table_growing)
     cr_expect_eq(d.n_live, 0, "%d copies not released", d.n_live);
 }
 
-Test(const_copies, changed_bytes_are_sent_and_a_new_size_takes_a_new_copy)
+Test(const_copies, changed_bytes_are_sent_fewer_reuse_the_copy_and_more_take_a_new_one)
 {
     fake_dev d = { .fail_after = -1 };
     float w[DIM];
@@ -104,11 +105,41 @@ Test(const_copies, changed_bytes_are_sent_and_a_new_size_takes_a_new_copy)
     cr_expect_eq(cc_get(&t, w, sizeof w, &st), c, "changed bytes move the copy");
     cr_expect_eq(c[7], -3.5f);
     cr_expect_eq(t.uploads, 2);
+    /* a step's positions: a prompt's chunk, then one token: the same allocation, no release (on a
+     * GPU a release waits for the device) */
+    w[0] = 11.0f;
     const float *c2 = cc_get(&t, w, sizeof w / 2, &st);
     cr_assert(c2 && st == CC_OK);
-    cr_expect(!memcmp(c2, w, sizeof w / 2));
-    cr_expect_eq(d.n_live, 1, "the old size's copy was kept");
-    cr_expect_eq(t.bytes, sizeof w / 2);
+    cr_expect_eq(c2, c, "fewer bytes took a new copy");
+    cr_expect_eq(d.allocs, 1);
+    cr_expect_eq(c2[0], 11.0f, "fewer bytes were not sent");
+    cr_expect_eq(t.uploads, 3);
+    cr_expect_eq(cc_get(&t, w, sizeof w / 2, &st), c);
+    cr_expect_eq(t.uploads, 3, "the same fewer bytes were sent again");
+    cr_expect_eq(t.bytes, sizeof w, "the device bytes held are the allocation's");
+    /* the full length again: same bytes past the half, but they were not compared: sent */
+    cr_expect_eq(cc_get(&t, w, sizeof w, &st), c);
+    cr_expect_eq(t.uploads, 4);
+    cr_expect_eq(d.allocs, 1);
+    cc_free(&t);
+    cr_expect_eq(d.n_live, 0);
+}
+
+Test(const_copies, more_bytes_than_the_room_take_a_new_copy)
+{
+    fake_dev d = { .fail_after = -1 };
+    static float w[2 * DIM];
+    for (int j = 0; j < 2 * DIM; j++) w[j] = (float)j;
+    cc_table t = table_on(&d);
+    enum cc_status st;
+    const float *c = cc_get(&t, w, sizeof(float) * DIM, &st);
+    cr_assert(c);
+    const float *c2 = cc_get(&t, w, sizeof w, &st);
+    cr_assert(c2 && st == CC_OK);
+    cr_expect(!memcmp(c2, w, sizeof w));
+    cr_expect_eq(d.allocs, 2);
+    cr_expect_eq(d.n_live, 1, "the smaller copy was not released");
+    cr_expect_eq(t.bytes, sizeof w);
     cc_free(&t);
     cr_expect_eq(d.n_live, 0);
 }

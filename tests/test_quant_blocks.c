@@ -529,3 +529,54 @@ Test(quant_blocks, the_embedding_gather_gives_the_cpu_backends_rows_bit_for_bit)
     }
     be_free(cpu);
 }
+
+/* Several products a decode launch (dd_outs): the grid's blocks, split among the products by
+ * dd_outs_layout and found again by dd_outs_block / dd_outs_y as the kernel finds them (warps of
+ * DD_WARPS_HERE, rows a warp), cover every row of every product exactly once and write it into
+ * that product's output, for one to DD_MAX_OUTS products of any row counts. */
+Test(quant_blocks, several_products_a_launch_cover_each_row_once)
+{
+    enum { DD_WARPS_HERE = 4 };   /* vec_dot.cu's DD_WARPS */
+    static const int32_t counts[][DD_MAX_OUTS] = {
+        { 1 }, { 7 }, { 8 }, { 4096, 1024, 1024 }, { 640, 256, 256 }, { 5, 3, 17, 1 }, { 9, 8 }, { 2048, 2048 },
+    };
+    static const int n_of[] = { 1, 1, 1, 3, 3, 4, 2, 2 };
+    float outs[DD_MAX_OUTS][1];
+    const uint8_t *weights = (const uint8_t *)"w";
+    for (size_t c = 0; c < sizeof n_of / sizeof *n_of; c++)
+        for (int rows = 1; rows <= DD_MAX_ROWS; rows++) {
+            dd_outs o;
+            memset(&o, 0, sizeof o);
+            o.n = n_of[c];
+            int32_t total = 0;
+            for (int i = 0; i < o.n; i++) {
+                o.w[i] = weights + i;   /* told apart by address */
+                o.y[i] = outs[i];
+                o.n_out[i] = counts[c][i];
+                total += counts[c][i];
+            }
+            const int64_t grid = dd_outs_layout(&o, DD_WARPS_HERE * rows);
+            int *seen = calloc((size_t)total, sizeof *seen);
+            int64_t want_grid = 0;
+            for (int i = 0; i < o.n; i++) want_grid += (counts[c][i] + DD_WARPS_HERE * rows - 1) / (DD_WARPS_HERE * rows);
+            cr_expect_eq(grid, want_grid, "case %zu: %lld blocks, not %lld", c, (long long)grid, (long long)want_grid);
+            for (int32_t blk = 0; blk < grid; blk++) {
+                const uint8_t *w;
+                int32_t n_out, local;
+                dd_outs_block(&o, blk, &w, &n_out, &local);
+                const int j = (int)(w - weights);
+                cr_assert(j >= 0 && j < o.n, "case %zu block %d: a weight not in the launch", c, blk);
+                cr_expect_eq(n_out, counts[c][j]);
+                cr_expect_eq(dd_outs_y(&o, blk), outs[j], "case %zu block %d: another product's output", c, blk);
+                int32_t base = 0;
+                for (int i = 0; i < j; i++) base += counts[c][i];
+                for (int wp = 0; wp < DD_WARPS_HERE; wp++) {
+                    const int32_t row0 = (local * DD_WARPS_HERE + wp) * rows;
+                    for (int r = 0; r < rows && row0 + r < n_out; r++) seen[base + row0 + r]++;
+                }
+            }
+            for (int32_t i = 0; i < total; i++)
+                cr_expect_eq(seen[i], 1, "case %zu, %d rows a warp: row %d computed %d times", c, rows, i, seen[i]);
+            free(seen);
+        }
+}

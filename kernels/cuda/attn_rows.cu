@@ -343,7 +343,14 @@ void cuda_attention(be_backend *b, const be_attn *a)
     }
     int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
     int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
-    if (stage_reserve(ci, stage_size(sizeof(uint64_t) * w) + stage_size(sizeof(int32_t) * (size_t)a->n_q) +
+    /* the positions: kept on the device while they stay the same (every layer of a step has the
+     * same, and qk_rope sent them already), taken before anything is staged below (sending may
+     * wait and free the arena); KVCHAT_CUDA_LAUNCHES=apart: staged each call */
+    const int32_t *d_qpos = NULL;
+    if (!ci->launch_apart && !(d_qpos = (const int32_t *)const_get(ci, a->q_pos, sizeof(int32_t) * (size_t)a->n_q)))
+        return;
+    if (stage_reserve(ci, stage_size(sizeof(uint64_t) * w) +
+                              (d_qpos ? 0 : stage_size(sizeof(int32_t) * (size_t)a->n_q)) +
                               (q_bound ? 0 : stage_size(sizeof(float) * nq)) +
                               (expand && !ck_bound ? stage_size(sizeof(float) * ncur) : 0) +
                               (expand && !cv_bound ? stage_size(sizeof(float) * ncur) : 0) +
@@ -355,11 +362,11 @@ void cuda_attention(be_backend *b, const be_attn *a)
         const float *dv = cv_bound ? (const float *)am_dev_in(&ci->act, a->cur_v, sizeof(float) * ncur)
                                    : (const float *)stage(ci, a->cur_v, sizeof(float) * ncur);
         if (!dk || !dv) return;
-        if (to_half(ci, dk, ci->cur16, (int64_t)ncur) || to_half(ci, dv, ci->cur16 + ncur, (int64_t)ncur)) return;
+        if (to_half_pair(ci, dk, dv, ci->cur16, (int64_t)ncur)) return;
     }
     const dev_page *d_pages = pl.pages;
     const uint64_t *d_masks = w ? (const uint64_t *)stage(ci, pl.masks, sizeof(uint64_t) * w) : NULL;
-    const int32_t *d_qpos = (const int32_t *)stage(ci, a->q_pos, sizeof(int32_t) * (size_t)a->n_q);
+    if (!d_qpos) d_qpos = (const int32_t *)stage(ci, a->q_pos, sizeof(int32_t) * (size_t)a->n_q);
     const int64_t *d_hp = pl.head_pages;
     const float *d_q = q_bound ? (const float *)am_dev_in(&ci->act, a->q, sizeof(float) * nq)
                                : (const float *)stage(ci, a->q, sizeof(float) * nq);

@@ -435,6 +435,7 @@ int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, char *err
     dw->stride = stride;
     dw->n_in = w->n_in;
     dw->n_out = w->n_out;
+    if (w->n_in > ci->widest_in) ci->widest_in = w->n_in;
     ci->weight_bytes += bytes;
     *out = dw;
     return 0;
@@ -646,6 +647,11 @@ extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
     return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->flash_calls : 0;
 }
 
+extern "C" uint64_t be_cuda_input_quantizations(be_backend *b)
+{
+    return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->quantizations : 0;
+}
+
 extern "C" void be_cuda_warmed_up(be_backend *b)
 {
     if (!b || !b->ops || b->ops->attention != cuda_attention) return;
@@ -753,6 +759,14 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     char *end = NULL;
     long long mx = max_env ? strtoll(max_env, &end, 10) : -1;
     ci->mmv_max = max_env && end != max_env && !*end && mx >= 0 ? (int64_t)mx : -1;
+    const char *launch_env = getenv("KVCHAT_CUDA_LAUNCHES");
+    if (launch_env && *launch_env && strcmp(launch_env, "fewer") && strcmp(launch_env, "apart")) {
+        snprintf(err, errlen, "KVCHAT_CUDA_LAUNCHES must be fewer (the default) or apart");
+        free(b);
+        free(ci);
+        return NULL;
+    }
+    ci->launch_apart = launch_env && !strcmp(launch_env, "apart");
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
     pt_device tdev = { ci, dev_malloc, dev_free };

@@ -57,6 +57,40 @@ typedef struct dev_weight {
     int64_t n_in, n_out;
 } dev_weight;
 
+/* What the 8-bit codes in cuda_impl.xq/xd/xs are of: n floats at the twin address x, as they were
+ * when the act mirror's count of device changes was `at` (am_table.dev_changes). An op whose
+ * output is a decode product's input (rmsnorm, add_norm, glu) writes its codes with it
+ * (codes_for, codes_written), and so does a product that quantizes its input itself; a product
+ * whose input is still current reads them instead of quantizing it again (one launch fewer). */
+typedef struct act_codes {
+    const float *x;
+    int64_t n;
+    uint64_t at;
+    int valid;
+} act_codes;
+
+/* A warp's block of 32 activations (a value a lane) rounded to 8-bit codes as decode_dot.h's
+ * dd_quantize does: the largest magnitude and the codes' sum met by shuffles (max and integer
+ * sums: the order does not matter), code lane of block blk into q, the scale into d, the block sum
+ * into bs. Every lane of the warp calls it. */
+static __device__ __forceinline__ void quantize_warp_block(float v, int lane, int64_t blk, int8_t *q, float *d,
+                                                           float *bs)
+{
+    float a = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = dd_amax2(a, __shfl_xor_sync(0xffffffffu, a, o));
+    const float s = dd_scale(a);
+    const int8_t c = dd_code(v, s);
+    q[blk * DD_QBLOCK + lane] = c;
+    int sum = c;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+        d[blk] = s;
+        bs[blk] = dd_block_sum(s, sum);
+    }
+}
+
 /* What the attention kernels read of a page (kernels/attn_group.h). */
 typedef ag_page dev_page;
 
@@ -88,12 +122,18 @@ typedef struct cuda_impl {
     float *xd;                 /* and their scales, one per 32 */
     float *xs;                 /* and their block sums (scale times the sum of the codes) */
     size_t cap_xq, cap_xd, cap_xs;
+    act_codes codes;           /* which input xq, xd and xs hold, while it is current */
+    uint64_t quantizations;    /* quantize_act launches (be_cuda_input_quantizations) */
+    int64_t widest_in;         /* the largest n_in of the weights on the device */
     int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
     int mmv_f32;               /* KVCHAT_CUDA_MMV=f32: decode products by the f32 kernel (stage 0's) */
     int mmv_inflight;          /* KVCHAT_CUDA_MMV_INFLIGHT: reads of a row each lane has in flight */
     int mmv_wide;              /* Q4_K/Q5_K by the wide path (decode_dot.h; KVCHAT_CUDA_MMV=narrow: not) */
     int mmv_rows;              /* KVCHAT_CUDA_MMV_ROWS: rows a warp of the decode kernel (0: by tokens) */
     int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
+    int launch_apart;          /* KVCHAT_CUDA_LAUNCHES=apart: a launch a product, each product quantizes
+                                * its input, attention converts its keys and values apart and sends
+                                * positions and masks on their own (stage 4's third part), to compare */
     unsigned mmv_smem_set;     /* bit per type slot: the decode kernel's shared memory limit raised */
     float *part_o, *part_ml;   /* attention's per-split partial results */
     uint64_t *pick_keys;       /* the pick's lists of candidates, two rounds' worth */
@@ -179,8 +219,17 @@ void lose_batch(cuda_impl *ci);
 int send_batch(cuda_impl *ci);
 void tables_failed(cuda_impl *ci, int rc);
 
+/* vec_dot.cu: where a producer of n floats at the twin dx in `rows` rows (-1: not known) writes
+ * their 8-bit codes (scales into *xd, block sums into *xs), or NULL when no decode product would
+ * read them (too many rows for the decode kernel, rows not whole blocks of 32, no integer
+ * products) or the scratch could not grow (recorded); then, once launched, codes_written. */
+int8_t *codes_for(cuda_impl *ci, int64_t n, int64_t rows, float **xd, float **xs);
+void codes_written(cuda_impl *ci, const float *dx, int64_t n);
+
 /* vec_gemm.cu: products of many tokens through cuBLAS, and the f16 inputs they read */
 int to_half(cuda_impl *ci, const float *x, __half *y, int64_t n);
+/* a then b rounded into y[0, 2n) with one launch (a deferred step's keys and values) */
+int to_half_pair(cuda_impl *ci, const float *a, const float *b, __half *y, int64_t n);
 int gemm(cuda_impl *ci, const dev_weight *dw, const __half *x16, int64_t n_tok, float *dy);
 
 /* pick.cu: the k best of rows of values, as the sampler's keys (kernels/pick_kernels.h) */

@@ -23,14 +23,27 @@ static __device__ double block_sum(double v, double *red)
     return tot;
 }
 
-/* One block a row; the sum of squares in double, as the CPU backend accumulates it. */
-__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t dim, float eps)
+/* A product's input written by the op before it: with q (rows of dim % 32 == 0 values), the 8-bit
+ * codes of the row's blocks of 32 too (quantize_warp_block), so the product need not quantize it.
+ * Thread t of a block a row owns elements t, t + step, ... (step a multiple of 32): warp w's lanes
+ * hold one block at each turn, and reread what they wrote. */
+static __device__ void row_codes(const float *yr, int64_t row, int64_t dim, int step, int8_t *q, float *qd, float *qs)
+{
+    for (int64_t i = threadIdx.x; i < dim; i += step)
+        quantize_warp_block(yr[i], (int)(threadIdx.x & 31), (row * dim + i) / DD_QBLOCK, q, qd, qs);
+}
+
+/* One block a row; the sum of squares in double, as the CPU backend accumulates it; the codes
+ * with q. */
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t dim, float eps, int8_t *q, float *qd,
+                               float *qs)
 {
     __shared__ double red[EW_THREADS / 32];
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *yr = y + (int64_t)blockIdx.x * dim;
     float scale = fk_norm_factor(block_sum(fk_sumsq(xr, dim, threadIdx.x, EW_THREADS), red), dim, eps);
     for (int64_t i = threadIdx.x; i < dim; i += EW_THREADS) yr[i] = xr[i] * scale * w[i];
+    if (q) row_codes(yr, blockIdx.x, dim, EW_THREADS, q, qd, qs);
 }
 
 /* qk_rope (kernels/fused_kernels.h): a block a token, a warp a head row. The angles are built by
@@ -61,9 +74,10 @@ __global__ void __launch_bounds__(FK_QK_THREADS) qk_rope_kernel(float *q, float 
     }
 }
 
-/* add_norm (kernels/fused_kernels.h): a block a row. */
+/* add_norm (kernels/fused_kernels.h): a block a row; h's codes with q. */
 __global__ void __launch_bounds__(FK_AN_THREADS) add_norm_kernel(float *x, float *o, const float *post, const float *w,
-                                                                 float *h, int64_t dim, float eps)
+                                                                 float *h, int64_t dim, float eps, int8_t *q,
+                                                                 float *qd, float *qs)
 {
     __shared__ double red[FK_AN_THREADS / 32];
     x += (int64_t)blockIdx.x * dim;
@@ -73,15 +87,20 @@ __global__ void __launch_bounds__(FK_AN_THREADS) add_norm_kernel(float *x, float
     if (!w) return;
     float g = fk_norm_factor(block_sum(ss, red), dim, eps);
     fk_an_thread_norm(x, w, g, h + (int64_t)blockIdx.x * dim, dim, threadIdx.x);
+    if (q) row_codes(h + (int64_t)blockIdx.x * dim, blockIdx.x, dim, FK_AN_THREADS, q, qd, qs);
 }
 
-__global__ void glu_kernel(float *gate, const float *up, int64_t n, int gelu)
+/* gate = act(gate) * up; with q (n % 32 == 0: a warp is one block of 32, wholly in or out), the
+ * codes of the result too. */
+__global__ void glu_kernel(float *gate, const float *up, int64_t n, int gelu, int8_t *q, float *qd, float *qs)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float g = gate[i];
-    if (gelu) gate[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
-    else gate[i] = g / (1.0f + expf(-g)) * up[i];
+    float g = gate[i], r;
+    if (gelu) r = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    else r = g / (1.0f + expf(-g)) * up[i];
+    gate[i] = r;
+    if (q) quantize_warp_block(r, (int)(threadIdx.x & 31), i / DD_QBLOCK, q, qd, qs);
 }
 
 static unsigned ew_blocks(int64_t n) { return (unsigned)((n + EW_THREADS - 1) / EW_THREADS); }
@@ -99,8 +118,11 @@ void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64
         if (!dw) return;
         const float *dx = x == y ? NULL : (const float *)am_dev_in(&ci->act, x, bytes);
         float *dy = (float *)am_dev_out(&ci->act, y, bytes);
-        rmsnorm_kernel<<<(unsigned)rows, EW_THREADS, 0, ci->stream>>>(dx ? dx : dy, dw, dy, dim, eps);
-        ck(ci, cudaGetLastError(), "rmsnorm");
+        float *qd = NULL, *qs = NULL;
+        int8_t *q = dim % DD_QBLOCK ? NULL : codes_for(ci, rows * dim, rows, &qd, &qs);
+        if (ci->failed) return;
+        rmsnorm_kernel<<<(unsigned)rows, EW_THREADS, 0, ci->stream>>>(dx ? dx : dy, dw, dy, dim, eps, q, qd, qs);
+        if (!ck(ci, cudaGetLastError(), "rmsnorm") && q) codes_written(ci, dy, rows * dim);
         return;
     }
     host_in(ci, x, bytes);
@@ -116,7 +138,9 @@ void cuda_qk_rope(be_backend *b, const be_qk *r)
     if (ci->failed || r->n_tok <= 0) return;
     if (bound(ci, r->q, bq) && bound(ci, r->k, bk) && r->head_dim % 2 == 0) {
         size_t wb = sizeof(float) * (size_t)r->head_dim;
-        const int32_t *dp = (const int32_t *)stage(ci, r->pos, sizeof(int32_t) * (size_t)r->n_tok);
+        /* the positions: every layer of a step has the same (and attention reads them too) */
+        const size_t pb = sizeof(int32_t) * (size_t)r->n_tok;
+        const int32_t *dp = (const int32_t *)(ci->launch_apart ? stage(ci, r->pos, pb) : const_get(ci, r->pos, pb));
         const float *dqn = r->q_norm ? (const float *)const_get(ci, r->q_norm, wb) : NULL;
         const float *dkn = r->k_norm ? (const float *)const_get(ci, r->k_norm, wb) : NULL;
         if (!dp || (r->q_norm && !dqn) || (r->k_norm && !dkn)) return;
@@ -144,8 +168,11 @@ void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
     if (bound(ci, gate, bytes) && bound(ci, up, bytes)) {
         const float *du = (const float *)am_dev_in(&ci->act, up, bytes);
         float *dg = (float *)am_dev_out(&ci->act, gate, bytes);
-        glu_kernel<<<ew_blocks(n), EW_THREADS, 0, ci->stream>>>(dg, du, n, gelu);
-        ck(ci, cudaGetLastError(), "glu");
+        float *qd = NULL, *qs = NULL;
+        int8_t *q = codes_for(ci, n, -1, &qd, &qs);
+        if (ci->failed) return;
+        glu_kernel<<<ew_blocks(n), EW_THREADS, 0, ci->stream>>>(dg, du, n, gelu, q, qd, qs);
+        if (!ck(ci, cudaGetLastError(), "glu") && q) codes_written(ci, dg, n);
         return;
     }
     am_range r[2] = { { gate, bytes }, { up, bytes } };
@@ -166,8 +193,11 @@ void cuda_add_norm(be_backend *b, float *x, float *o, const float *post, const f
         float *dx = (float *)am_dev_out(&ci->act, x, bytes);
         float *dox = post ? (float *)am_dev_out(&ci->act, o, bytes) : (float *)am_dev_in(&ci->act, o, bytes);
         float *dh = w ? (float *)am_dev_out(&ci->act, h, bytes) : NULL;
-        add_norm_kernel<<<(unsigned)rows, FK_AN_THREADS, 0, ci->stream>>>(dx, dox, dpost, dw, dh, dim, eps);
-        ck(ci, cudaGetLastError(), "add_norm");
+        float *qd = NULL, *qs = NULL;
+        int8_t *q = !w || dim % DD_QBLOCK ? NULL : codes_for(ci, rows * dim, rows, &qd, &qs);
+        if (ci->failed) return;
+        add_norm_kernel<<<(unsigned)rows, FK_AN_THREADS, 0, ci->stream>>>(dx, dox, dpost, dw, dh, dim, eps, q, qd, qs);
+        if (!ck(ci, cudaGetLastError(), "add_norm") && q) codes_written(ci, dh, rows * dim);
         return;
     }
     am_range r[2] = { { x, bytes }, { o, bytes } };

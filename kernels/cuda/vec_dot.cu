@@ -96,7 +96,7 @@ static size_t mmv_smem(uint32_t type, int n_tok)
 
 /* n_blocks blocks of 32 activations (over all tokens: rows of n_in % 32 == 0 values are whole
  * blocks) rounded to 8-bit codes q, scales d and block sums bs (decode_dot.h's dd_quantize): a warp
- * per block, its largest magnitude and its codes' sum met by shuffles. */
+ * per block (quantize_warp_block, as the ops that write a product's input with its codes). */
 __global__ void __launch_bounds__(256)
     quantize_act(const float *__restrict__ x, int64_t n_blocks, int8_t *__restrict__ q, float *__restrict__ d,
                  float *__restrict__ bs)
@@ -104,37 +104,28 @@ __global__ void __launch_bounds__(256)
     const int64_t blk = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (blk >= n_blocks) return;   /* the whole warp */
-    const float v = x[blk * DD_QBLOCK + lane];
-    float a = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) a = dd_amax2(a, __shfl_xor_sync(0xffffffffu, a, o));
-    const float s = dd_scale(a);
-    const int8_t c = dd_code(v, s);
-    q[blk * DD_QBLOCK + lane] = c;
-    int sum = c;   /* integers: the order of the additions does not matter */
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) {
-        d[blk] = s;
-        bs[blk] = dd_block_sum(s, sum);
-    }
+    quantize_warp_block(x[blk * DD_QBLOCK + lane], lane, blk, q, d, bs);
 }
 
-/* y[t][row] = dot(row of W, token t), t < n_tok <= QB_MAX_TOK, ROWS rows a warp (rows row0 .. row0
- * + ROWS - 1; fewer at the end): for a quantized W from the tokens' codes xq [n_tok][n_in] and
- * scales xd [n_tok][n_in / 32] (quantize_act), each lane with INFLIGHT reads of each row in flight
+/* For each product of o (decode_dot.h's dd_outs: its blocks' range of the grid), y[t][row] =
+ * dot(row of W, token t), t < n_tok <= QB_MAX_TOK, ROWS rows a warp (rows row0 .. row0 + ROWS - 1;
+ * fewer at the end): for a quantized W from the tokens' codes xq [n_tok][n_in] and scales xd
+ * [n_tok][n_in / 32] (quantize_act), each lane with INFLIGHT reads of each row in flight
  * (KVCHAT_CUDA_MMV_INFLIGHT); with WIDE, a Q4_K/Q5_K W by decode_dot.h's wide path, which also reads
  * the blocks' sums xs [n_tok][n_in / 32] (its rows 16-byte aligned: blocks of 144 and 176 bytes);
  * for F16/BF16 from the f32 tokens x [n_tok][n_in] (16-byte aligned). Each token's activations are
  * loaded once for the warp's rows. */
 template <uint32_t TYPE, int INFLIGHT, int ROWS, int WIDE>
 __global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
-    decode_dot_kernel(const uint8_t *__restrict__ W, size_t stride, int64_t n_in, int64_t n_out,
-                      const float *__restrict__ x, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                      const float *__restrict__ xs, int n_tok, float *__restrict__ y)
+    decode_dot_kernel(const dd_outs o, size_t stride, int64_t n_in, const float *__restrict__ x,
+                      const int8_t *__restrict__ xq, const float *__restrict__ xd, const float *__restrict__ xs,
+                      int n_tok)
 {
+    const uint8_t *W;
+    int32_t n_out, local;
+    dd_outs_block(&o, (int32_t)blockIdx.x, &W, &n_out, &local);
     const int lane = threadIdx.x & 31;
-    const int64_t row0 = ((int64_t)blockIdx.x * DD_WARPS + (threadIdx.x >> 5)) * ROWS;
+    const int32_t row0 = (local * DD_WARPS + (int32_t)(threadIdx.x >> 5)) * ROWS;
     if (row0 >= n_out) return;   /* the whole warp */
     /* a constant 1 for ROWS == 1, so that the second row's registers and loads compile away */
     const int nr = ROWS == 1 ? 1 : (int)(n_out - row0 < ROWS ? n_out - row0 : ROWS);
@@ -145,6 +136,7 @@ __global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
         for (int t = 0; t < QB_MAX_TOK; t++) acc[r][t] = 0.0f;
     dd_lane_dot(TYPE, WIDE, W + (size_t)row0 * stride, stride, nr, n_in, x, xq, xd, xs, n_tok, lane, 32, INFLIGHT,
                 acc);
+    float *y = dd_outs_y(&o, (int32_t)blockIdx.x);
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
         if (r < nr) warp_sums_out(acc[r], n_tok, lane, y + row0 + r, n_out);
@@ -178,18 +170,28 @@ static int type_slot(uint32_t t)
 /* Whether a decode product of dw reads 8-bit codes of its input (decode_dot.h) rather than f32. */
 static int mmv_int8(const cuda_impl *ci, const dev_weight *dw) { return !ci->mmv_f32 && dd_integer_type(dw->type); }
 
-/* y = W x for n_tok <= QB_MAX_TOK tokens: dx the 16-byte aligned f32 input (F16/BF16 weights, and
- * every type under KVCHAT_CUDA_MMV=f32), xq/xd/xs its 8-bit codes, scales and block sums (quantized
- * weights). 0, or -1 (recorded). */
-static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_t *xq, const float *xd,
-               const float *xs, int n_tok, float *dy)
+/* y[i] = W[i] x for n products of one input (one n_in) and one device type, n_tok <= QB_MAX_TOK
+ * tokens, n <= DD_MAX_OUTS: dx the 16-byte aligned f32 input (F16/BF16 weights, and every type
+ * under KVCHAT_CUDA_MMV=f32), xq/xd/xs its 8-bit codes, scales and block sums (quantized weights).
+ * One launch for all n (stage 0's f32 kernel: one each). 0, or -1 (recorded). */
+static int mmv(cuda_impl *ci, const dev_weight *const *dw, float *const *dy, int n, const float *dx,
+               const int8_t *xq, const float *xd, const float *xs, int n_tok)
 {
+    const uint32_t type = dw[0]->type;
     if (!ci->mmv_f32) {
         const int rows = decode_rows(ci, n_tok);
-        const unsigned grid = (unsigned)((dw->n_out + DD_WARPS * rows - 1) / (DD_WARPS * rows));
-#define LAUNCH_QI(T, I, R, WD)                                                                                    \
-    decode_dot_kernel<T, I, R, WD><<<grid, DD_WARPS * 32, 0, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, \
-                                                                           dx, xq, xd, xs, n_tok, dy)
+        dd_outs o;
+        o.n = n;
+        for (int i = 0; i < n; i++) {
+            o.w[i] = dw[i]->d;
+            o.y[i] = dy[i];
+            o.n_out[i] = (int32_t)dw[i]->n_out;
+        }
+        const unsigned grid = (unsigned)dd_outs_layout(&o, DD_WARPS * rows);
+        const size_t stride = dw[0]->stride;
+        const int64_t n_in = dw[0]->n_in;
+#define LAUNCH_QI(T, I, R, WD) \
+    decode_dot_kernel<T, I, R, WD><<<grid, DD_WARPS * 32, 0, ci->stream>>>(o, stride, n_in, dx, xq, xd, xs, n_tok)
 #define LAUNCH_Q(T, WD)                                        \
     do {                                                       \
         if (rows == 2) LAUNCH_QI(T, 1, 2, WD);                 \
@@ -206,7 +208,7 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_
         if (rows == 2) LAUNCH_QI(T, 1, 2, 0); \
         else LAUNCH_QI(T, 1, 1, 0);           \
     } while (0)
-        switch (dw->type) {
+        switch (type) {
         case GGML_TYPE_Q4_0: LAUNCH_Q(GGML_TYPE_Q4_0, 0); break;
         case GGML_TYPE_Q5_0: LAUNCH_Q(GGML_TYPE_Q5_0, 0); break;
         case GGML_TYPE_Q8_0: LAUNCH_Q(GGML_TYPE_Q8_0, 0); break;
@@ -222,24 +224,28 @@ static int mmv(cuda_impl *ci, const dev_weight *dw, const float *dx, const int8_
 #undef LAUNCH_H
         return ck(ci, cudaGetLastError(), "decode product");
     }
-    const size_t smem = mmv_smem(dw->type, n_tok);
-    const unsigned bit = 1u << type_slot(dw->type);
+    const size_t smem = mmv_smem(type, n_tok);
+    const unsigned bit = 1u << type_slot(type);
     if (!(ci->mmv_smem_set & bit)) {
         /* the most any token count needs, once per type (beyond the default 48 KiB) */
-        const int most = (int)mmv_smem(dw->type, QB_MAX_TOK);
+        const int most = (int)mmv_smem(type, QB_MAX_TOK);
         cudaError_t e = cudaSuccess;
 #define SET_SMEM(T) e = cudaFuncSetAttribute(mmv_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, most)
-        FOR_DEVICE_TYPE(dw->type, SET_SMEM)
+        FOR_DEVICE_TYPE(type, SET_SMEM)
 #undef SET_SMEM
         if (ck(ci, e, "decode product setup")) return -1;
         ci->mmv_smem_set |= bit;
     }
-    const unsigned grid = (unsigned)((dw->n_out + MMV_WARPS * MMV_ROWS - 1) / (MMV_WARPS * MMV_ROWS));
-#define LAUNCH_MMV(T) \
-    mmv_kernel<T><<<grid, MMV_WARPS * 32, smem, ci->stream>>>(dw->d, dw->stride, dw->n_in, dw->n_out, dx, n_tok, dy)
-    FOR_DEVICE_TYPE(dw->type, LAUNCH_MMV)
+    for (int i = 0; i < n; i++) {
+        const unsigned grid = (unsigned)((dw[i]->n_out + MMV_WARPS * MMV_ROWS - 1) / (MMV_WARPS * MMV_ROWS));
+#define LAUNCH_MMV(T)                                                                                                \
+    mmv_kernel<T><<<grid, MMV_WARPS * 32, smem, ci->stream>>>(dw[i]->d, dw[i]->stride, dw[i]->n_in, dw[i]->n_out, dx, \
+                                                              n_tok, dy[i])
+        FOR_DEVICE_TYPE(type, LAUNCH_MMV)
 #undef LAUNCH_MMV
-    return ck(ci, cudaGetLastError(), "decode product");
+        if (ck(ci, cudaGetLastError(), "decode product")) return -1;
+    }
+    return 0;
 }
 
 /* The most tokens a product runs through the decode kernel, in passes of QB_MAX_TOK that each read
@@ -253,9 +259,29 @@ static int64_t mmv_most_tokens(const cuda_impl *ci) { return ci->mmv_max >= 0 ? 
 
 static int mmv_takes(const cuda_impl *ci, const dev_weight *dw, int64_t n_tok)
 {
-    if (ci->no_mmv || dw->n_in % 32) return 0;
+    if (ci->no_mmv || dw->n_in % 32 || dw->n_out > INT32_MAX / 2) return 0;   /* dd_outs counts rows in 32 bits */
     return n_tok <= QB_MAX_TOK || n_tok <= mmv_most_tokens(ci);
 }
+int8_t *codes_for(cuda_impl *ci, int64_t n, int64_t rows, float **xd, float **xs)
+{
+    if (ci->launch_apart || ci->no_mmv || ci->mmv_f32 || n <= 0 || n % DD_QBLOCK) return NULL;
+    /* a product of more tokens goes to cuBLAS; rows unknown (glu): at most the decode kernel's
+     * tokens at the widest weight's n_in */
+    const int64_t most = mmv_most_tokens(ci);
+    if (rows >= 0 ? rows > most : n > most * ci->widest_in) return NULL;
+    ci->codes.valid = 0;
+    const size_t n_blocks = (size_t)(n / DD_QBLOCK);
+    if (grow_dev(ci, (void **)&ci->xq, &ci->cap_xq, (size_t)n) ||
+        grow_dev(ci, (void **)&ci->xd, &ci->cap_xd, sizeof(float) * n_blocks) ||
+        grow_dev(ci, (void **)&ci->xs, &ci->cap_xs, sizeof(float) * n_blocks))
+        return NULL;
+    *xd = ci->xd;
+    *xs = ci->xs;
+    return ci->xq;
+}
+
+void codes_written(cuda_impl *ci, const float *dx, int64_t n) { ci->codes = act_codes{ dx, n, ci->act.dev_changes, 1 }; }
+
 void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
 {
     cuda_impl *ci = impl_of(b);
@@ -286,6 +312,7 @@ void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int6
     if (n_y && grow_dev(ci, (void **)&ci->y32, &ci->cap_y32, sizeof(float) * (size_t)n_y)) return;
     if (n_y && grow_host(ci, (void **)&ci->h_y, &ci->cap_h_y, sizeof(float) * (size_t)n_y)) return;
     const float *dx = (const float *)am_dev_in(&ci->act, x, sizeof(float) * (size_t)n_x);
+    const float *twin = dx;   /* the input's twin, which its codes are kept for; NULL: staged */
     if (!dx && !(dx = (const float *)stage(ci, x, sizeof(float) * (size_t)n_x))) return;
     if (any_f32 && ((uintptr_t)dx & 15)) {
         /* the kernel reads the activations 16 bytes at a time */
@@ -296,36 +323,62 @@ void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int6
         dx = ci->xal;
     }
     if (any_gemm && to_half(ci, dx, ci->x16, n_x)) return;
-    if (any_int8) {   /* the input's 8-bit codes, once for every product that reads them */
+    const act_codes *c = &ci->codes;
+    if (any_int8 &&
+        !(!ci->launch_apart && twin && c->valid && c->x == twin && c->n == n_x && c->at == ci->act.dev_changes)) {
+        /* the input's 8-bit codes, once for every product that reads them (unless the op that wrote
+         * the input wrote them too, or an earlier product made them from the same bytes) */
         const int64_t n_blocks = n_x / DD_QBLOCK;
+        ci->codes.valid = 0;
         if (grow_dev(ci, (void **)&ci->xq, &ci->cap_xq, (size_t)n_x) ||
             grow_dev(ci, (void **)&ci->xd, &ci->cap_xd, sizeof(float) * (size_t)n_blocks) ||
             grow_dev(ci, (void **)&ci->xs, &ci->cap_xs, sizeof(float) * (size_t)n_blocks))
             return;
         quantize_act<<<(unsigned)((n_blocks + 7) / 8), 256, 0, ci->stream>>>(dx, n_blocks, ci->xq, ci->xd, ci->xs);
         if (ck(ci, cudaGetLastError(), "quantize_act")) return;
+        ci->quantizations++;
+        if (twin) ci->codes = act_codes{ twin, n_x, 0, 1 };
     }
+    /* each output's twin when it is bound, else scratch copied back below */
+    float *dy[8];
     int64_t off = 0;
     for (int m = 0; m < n_mm; m++) {
         int64_t n_out = mms[m].w->n_out;
-        /* the output's twin when it is bound, else scratch copied back below */
-        float *dy = (float *)am_dev_out(&ci->act, mms[m].y, sizeof(float) * (size_t)(n_tok * n_out));
-        if (!dy) {
-            dy = ci->y32 + off;
+        dy[m] = (float *)am_dev_out(&ci->act, mms[m].y, sizeof(float) * (size_t)(n_tok * n_out));
+        if (!dy[m]) {
+            dy[m] = ci->y32 + off;
             off += n_tok * n_out;
         }
-        if (!by_mmv[m]) {
-            if (gemm(ci, dw[m], ci->x16, n_tok, dy)) return;
-            continue;
+        if (!by_mmv[m] && gemm(ci, dw[m], ci->x16, n_tok, dy[m])) return;
+    }
+    /* the decode products in launches of one type and row length, up to DD_MAX_OUTS a launch
+     * (KVCHAT_CUDA_LAUNCHES=apart: one each) */
+    int done[8] = { 0 };
+    for (int m = 0; m < n_mm; m++) {
+        if (!by_mmv[m] || done[m]) continue;
+        int grp[DD_MAX_OUTS], ng = 0;
+        for (int k = m; k < n_mm && ng < (ci->launch_apart ? 1 : DD_MAX_OUTS); k++) {
+            if (by_mmv[k] && !done[k] && dw[k]->type == dw[m]->type && dw[k]->stride == dw[m]->stride) {
+                grp[ng++] = k;
+                done[k] = 1;
+            }
         }
         for (int64_t t0 = 0; t0 < n_tok; t0 += QB_MAX_TOK) {   /* rows of n_in % 32 == 0 floats: aligned */
             const int nt = (int)(n_tok - t0 < QB_MAX_TOK ? n_tok - t0 : QB_MAX_TOK);
             const int8_t *xq = any_int8 ? ci->xq + t0 * n_in : NULL;
             const float *xd = any_int8 ? ci->xd + t0 * (n_in / DD_QBLOCK) : NULL;
             const float *xs = any_int8 ? ci->xs + t0 * (n_in / DD_QBLOCK) : NULL;
-            if (mmv(ci, dw[m], dx + t0 * n_in, xq, xd, xs, nt, dy + t0 * n_out)) return;
+            const dev_weight *gw[DD_MAX_OUTS];
+            float *gy[DD_MAX_OUTS];
+            for (int i = 0; i < ng; i++) {
+                gw[i] = dw[grp[i]];
+                gy[i] = dy[grp[i]] + t0 * dw[grp[i]]->n_out;
+            }
+            if (mmv(ci, gw, gy, ng, dx + t0 * n_in, xq, xd, xs, nt)) return;
         }
     }
+    /* the outputs are not the input: its codes stay current */
+    if (c->valid && c->x == twin) ci->codes.at = ci->act.dev_changes;
     if (!n_y) return;
     ci->bytes_down += sizeof(float) * (size_t)n_y;
     if (ck(ci, cudaMemcpyAsync(ci->h_y, ci->y32, sizeof(float) * (size_t)n_y, cudaMemcpyDeviceToHost, ci->stream),

@@ -15,6 +15,10 @@
  *   (the decode kernel in passes of 8, KVCHAT_CUDA_MMV_MAX=64, beside the tile + cuBLAS path,
  *   KVCHAT_CUDA_MMV_MAX=8, the default) and 512 tokens (prefill); bytes = the weight's device bytes
  *   plus the activations in and out;
+ * - a layer's q, k and v (one input, three weights) at the 7B's shape (Q4_K) and the default
+ *   model's (Q8_0), for 1 and 8 tokens: in one decode launch (the default) and a launch each
+ *   (KVCHAT_CUDA_LAUNCHES=apart); a call's time is the host's issuing or the device's work,
+ *   whichever is longer;
  * - decode attention (one query) at Mistral 7B's shape (32 query heads, 8 KV heads of 128) over
  *   512, 8192 and 32768 tokens in pages of 32 per KV head, and the default model's (4 query heads,
  *   1 KV head of 256) at 8192; a prefill chunk's (512 queries at the end of 8192 tokens, 7B shape);
@@ -152,6 +156,18 @@ static void call_mm(be_backend *b, void *arg)
 {
     mm_arg *a = arg;
     b->ops->matmul(b, &a->mm, 1, a->x, a->n_tok);
+}
+
+typedef struct be_mm3_arg {
+    be_mm mm[3];
+    const float *x;
+    int64_t n_tok;
+} be_mm3_arg;
+
+static void call_mm3(be_backend *b, void *arg)
+{
+    be_mm3_arg *a = arg;
+    b->ops->matmul(b, a->mm, 3, a->x, a->n_tok);
 }
 
 static void call_attn(be_backend *b, void *arg) { b->ops->attention(b, (const be_attn *)arg); }
@@ -348,6 +364,58 @@ int main(int argc, char **argv)
             if (failed(dflt, "product")) return 1;
             row("product", tn, n_out, n_in, a.n_tok, "prefill", ms, wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
         }
+
+    /* q, k and v of a layer, one input: in one decode launch (the default) and a launch each
+     * (KVCHAT_CUDA_LAUNCHES=apart), at the 7B's and the default model's shapes; a call's time is
+     * the host's issuing or the device's work, whichever is longer */
+    setenv("KVCHAT_CUDA_LAUNCHES", "apart", 1);
+    be_backend *apart = be_cuda_create(4, err, sizeof err);
+    unsetenv("KVCHAT_CUDA_LAUNCHES");
+    if (!apart || be_bind(apart, x, xbytes, err, sizeof err) || be_bind(apart, y4, xbytes, err, sizeof err)) {
+        fprintf(stderr, "gpu_bench: %s\n", err);
+        return 1;
+    }
+    be_host_write(apart, x, xbytes);
+    const struct {
+        const char *name;
+        uint32_t type;
+        int64_t n_in, n_out[3];
+    } qkv[] = { { "7B q,k,v", GGML_TYPE_Q4_K, 4096, { 4096, 1024, 1024 } },
+                { "gemma3-270m q,k,v", GGML_TYPE_Q8_0, 640, { 1024, 256, 256 } } };
+    void *qkv_keep[2][3];
+    for (size_t qi = 0; qi < (quick ? 1u : 2u); qi++) {
+        be_weight w3[3];
+        const be_weight *wp3[3];
+        double wbytes = 0;
+        for (int i = 0; i < 3; i++) {
+            if (!(qkv_keep[qi][i] = make_weight(qkv[qi].type, qkv[qi].n_in, qkv[qi].n_out[i], &w3[i]))) return 1;
+            wp3[i] = &w3[i];
+            wbytes += (double)be_gpu_weight_bytes(qkv[qi].type, qkv[qi].n_in, qkv[qi].n_out[i]);
+        }
+        if (dflt->ops->prepare(dflt, wp3, 3, err, sizeof err) || apart->ops->prepare(apart, wp3, 3, err, sizeof err)) {
+            fprintf(stderr, "gpu_bench: %s\n", err);
+            return 1;
+        }
+        for (int64_t nt = 1; nt <= 8; nt *= 8) {
+            be_backend *two[2] = { dflt, apart };
+            float *out[2] = { y, y4 };
+            const char *cfg[2] = { "one launch", "a launch each" };
+            for (int k = 0; k < 2; k++) {
+                be_mm3_arg a3 = { { { &w3[0], out[k] }, { &w3[1], out[k] + 8 * 4096 }, { &w3[2], out[k] + 16 * 4096 } },
+                                  x, nt };
+                double ms = time_calls(two[k], call_mm3, &a3, out[k]);
+                if (failed(two[k], "q, k and v")) return 1;
+                double io = 4.0 * (double)(nt * (qkv[qi].n_in + qkv[qi].n_out[0] + qkv[qi].n_out[1] + qkv[qi].n_out[2]));
+                row(qkv[qi].name, quant_type_name(qkv[qi].type), qkv[qi].n_out[0] + qkv[qi].n_out[1] + qkv[qi].n_out[2],
+                    qkv[qi].n_in, nt, cfg[k], ms, wbytes + io);
+            }
+        }
+    }
+    be_unbind(apart, x);
+    be_unbind(apart, y4);
+    be_free(apart);
+    for (size_t qi = 0; qi < (quick ? 1u : 2u); qi++)
+        for (int i = 0; i < 3; i++) free(qkv_keep[qi][i]);
 
     /* decode attention over per-KV-head page lists of 32 tokens */
     const struct {

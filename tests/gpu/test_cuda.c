@@ -475,6 +475,223 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
     for (int i = 0; i < n_kept; i++) free(kept[i]);
 }
 
+/* Weights a test made, freed once no backend holds copies of them: a backend keys its copies by
+ * the host address, so a new weight at a freed one's address would be multiplied as the old one.
+ * free_kept_weights makes the shared GPU backend again first (the test's other backends are freed
+ * by then). */
+static void *kept_weights[64];
+static int n_kept_weights;
+
+static void keep_weight(void *data)
+{
+    cr_assert_lt(n_kept_weights, 64);
+    kept_weights[n_kept_weights++] = data;
+}
+
+static void free_kept_weights(void)
+{
+    char err[512];
+    be_free(gpu);
+    gpu = be_cuda_create(2, err, sizeof err);
+    cr_assert(gpu, "%s", err);
+    for (int i = 0; i < n_kept_weights; i++) free(kept_weights[i]);
+    n_kept_weights = 0;
+}
+
+/* Several products of one input in one decode launch (dd_outs: q, k and v; gate and up): each
+ * product's rows get the bits of its host simulation, the same as one launch each
+ * (KVCHAT_CUDA_LAUNCHES=apart), for groups of one type, of mixed types (one launch a type) and
+ * of row counts that do not fill a block, into scratch and into bound outputs. */
+Test(cuda, several_products_a_launch_give_each_its_own_bits)
+{
+    seed_rng("several products a launch");
+    char err[512];
+    be_backend *apart = gpu_with("KVCHAT_CUDA_LAUNCHES", "apart");
+    enum { MAXG = 4 };
+    static const struct {
+        uint32_t type[MAXG];
+        int64_t n_out[MAXG];
+        int n;
+    } groups[] = {
+        { { GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K }, { 7, 3, 5 }, 3 },
+        { { GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0 }, { 9, 1, 4 }, 3 },
+        { { GGML_TYPE_F16, GGML_TYPE_F16, GGML_TYPE_BF16 }, { 16, 17, 2 }, 3 },
+        { { GGML_TYPE_Q5_0, GGML_TYPE_Q5_0 }, { 33, 32 }, 2 },
+        { { GGML_TYPE_Q5_K, GGML_TYPE_Q4_0, GGML_TYPE_Q5_K, GGML_TYPE_Q5_K }, { 8, 8, 1, 40 }, 4 },
+    };
+    const int64_t n_ins[] = { 256, 768 }, toks[] = { 1, 3, 8 };
+    for (size_t g = 0; g < sizeof groups / sizeof *groups; g++)
+        for (size_t ii = 0; ii < 2; ii++) {
+            const int64_t n_in = n_ins[ii];
+            be_weight w[MAXG];
+            void *data[MAXG];
+            for (int i = 0; i < groups[g].n; i++) w[i] = random_weight(groups[g].type[i], n_in, groups[g].n_out[i], &data[i]);
+            for (size_t ti = 0; ti < 3; ti++)
+                for (int bind = 0; bind < 2; bind++) {
+                    const int64_t nt = toks[ti];
+                    float *x = malloc(sizeof(float) * (size_t)(nt * n_in));
+                    for (int64_t i = 0; i < nt * n_in; i++) x[i] = frand(-3, 3);
+                    float *y[2][MAXG];
+                    be_mm mm[2][MAXG];
+                    be_backend *bes[2] = { gpu, apart };
+                    for (int k = 0; k < 2; k++) {
+                        for (int i = 0; i < groups[g].n; i++) {
+                            const size_t ny = sizeof(float) * (size_t)(nt * w[i].n_out);
+                            y[k][i] = malloc(ny);
+                            for (int64_t j = 0; j < nt * w[i].n_out; j++) y[k][i][j] = NAN;
+                            if (bind) cr_assert(be_bind(bes[k], y[k][i], ny, err, sizeof err) == 0, "%s", err);
+                            mm[k][i] = (be_mm){ &w[i], y[k][i] };
+                        }
+                        bes[k]->ops->matmul(bes[k], mm[k], groups[g].n, x, nt);
+                        for (int i = 0; i < groups[g].n && bind; i++) {
+                            be_range r = { y[k][i], sizeof(float) * (size_t)(nt * w[i].n_out) };
+                            be_host_read(bes[k], &r, 1);
+                            be_unbind(bes[k], y[k][i]);
+                        }
+                        cr_assert(!be_failed(bes[k], err, sizeof err), "%s", err);
+                    }
+                    for (int i = 0; i < groups[g].n; i++) {
+                        cr_expect(host_kernel_mismatches(&w[i], x, nt, y[0][i], 1) == 0,
+                                  "group %zu, product %d (%s), n_in %lld, %lld tokens, %s: not the host's bits", g, i,
+                                  quant_type_name(w[i].type), (long long)n_in, (long long)nt,
+                                  bind ? "bound" : "scratch");
+                        cr_expect(!memcmp(y[0][i], y[1][i], sizeof(float) * (size_t)(nt * w[i].n_out)),
+                                  "group %zu, product %d, %lld tokens: one launch and one each differ", g, i,
+                                  (long long)nt);
+                        free(y[0][i]);
+                        free(y[1][i]);
+                    }
+                    free(x);
+                }
+            for (int i = 0; i < groups[g].n; i++) keep_weight(data[i]);
+        }
+    be_free(apart);
+    free_kept_weights();
+}
+
+/* A decode product reads the 8-bit codes its input's producer wrote with it (add_norm, rmsnorm and
+ * glu: no quantize launch of its own, be_cuda_input_quantizations), and gets the bits it gets when
+ * it quantizes the input itself (KVCHAT_CUDA_LAUNCHES=apart) and those of the host simulation;
+ * once anything else changes the input's twin (the host writes it, another op writes it), the
+ * product quantizes again. */
+Test(cuda, products_read_the_codes_their_inputs_producer_wrote)
+{
+    seed_rng("codes from the producer");
+    char err[512];
+    enum { ROWS = 3, DIM = 256, FF = 512, NQ = 64, ND = 32, HEADS = 4, HD = 64 };
+    void *dq, *dd;
+    be_weight wq = random_weight(GGML_TYPE_Q4_K, DIM, NQ, &dq);
+    be_weight wd = random_weight(GGML_TYPE_Q8_0, FF, ND, &dd);
+    static float norm_w[DIM], post_w[DIM];
+    for (int i = 0; i < DIM; i++) {
+        norm_w[i] = frand(0.5f, 1.5f);
+        post_w[i] = frand(0.5f, 1.5f);
+    }
+    int32_t pos[ROWS] = { 5, 6, 7 };
+    be_backend *apart = gpu_with("KVCHAT_CUDA_LAUNCHES", "apart");
+    be_backend *bes[2] = { gpu, apart };
+    float *yq[2], *yd[2], *hk[2];
+    const be_weight *both[2] = { &wq, &wd };
+    for (int k = 0; k < 2; k++) {
+        be_backend *b = bes[k];
+        /* as a model's are: every weight on the device before the first op (glu's choice to write
+         * codes looks at the widest weight there) */
+        cr_assert(b->ops->prepare(b, both, 2, err, sizeof err) == 0, "%s", err);
+        float *x = malloc(sizeof(float) * ROWS * DIM), *o = malloc(sizeof(float) * ROWS * DIM);
+        float *h = malloc(sizeof(float) * ROWS * DIM), *kk = malloc(sizeof(float) * ROWS * HD);
+        float *gate = malloc(sizeof(float) * ROWS * FF), *up = malloc(sizeof(float) * ROWS * FF);
+        yq[k] = malloc(sizeof(float) * ROWS * NQ * 6);
+        yd[k] = malloc(sizeof(float) * ROWS * ND * 2);
+        hk[k] = malloc(sizeof(float) * ROWS * DIM * 6);
+        seed_rng("codes from the producer, inputs");   /* the same inputs on both backends */
+        for (int i = 0; i < ROWS * DIM; i++) {
+            x[i] = frand(-2, 2);
+            o[i] = frand(-2, 2);
+        }
+        for (int i = 0; i < ROWS * FF; i++) {
+            gate[i] = frand(-3, 3);
+            up[i] = frand(-3, 3);
+        }
+        float *bufs[] = { x, o, h, kk, gate, up };
+        const size_t sizes[] = { ROWS * DIM, ROWS * DIM, ROWS * DIM, ROWS * HD, ROWS * FF, ROWS * FF };
+        for (int i = 0; i < 6; i++) cr_assert(be_bind(b, bufs[i], sizeof(float) * sizes[i], err, sizeof err) == 0, "%s", err);
+        const be_range rh = { h, sizeof(float) * ROWS * DIM }, rg = { gate, sizeof(float) * ROWS * FF };
+        const int want = k == 0 ? 0 : 1;   /* quantize launches a product makes on each backend */
+        int at = 0;
+        /* (1) add_norm, then the product of h */
+        b->ops->add_norm(b, x, o, post_w, norm_w, h, ROWS, DIM, 1e-6f);
+        uint64_t q0 = be_cuda_input_quantizations(b);
+        be_mm m = { &wq, yq[k] + at * ROWS * NQ };
+        b->ops->matmul(b, &m, 1, h, ROWS);
+        cr_expect_eq(be_cuda_input_quantizations(b) - q0, (uint64_t)want, "backend %d: add_norm's codes", k);
+        be_host_read(b, &rh, 1);
+        memcpy(hk[k] + at++ * ROWS * DIM, h, sizeof(float) * ROWS * DIM);
+        /* (2) rmsnorm */
+        b->ops->rmsnorm(b, x, norm_w, h, ROWS, DIM, 1e-6f);
+        q0 = be_cuda_input_quantizations(b);
+        m.y = yq[k] + at * ROWS * NQ;
+        b->ops->matmul(b, &m, 1, h, ROWS);
+        cr_expect_eq(be_cuda_input_quantizations(b) - q0, (uint64_t)want, "backend %d: rmsnorm's codes", k);
+        be_host_read(b, &rh, 1);
+        memcpy(hk[k] + at++ * ROWS * DIM, h, sizeof(float) * ROWS * DIM);
+        /* (3) a second product of the same input reads the codes the first left */
+        q0 = be_cuda_input_quantizations(b);
+        m.y = yq[k] + at * ROWS * NQ;
+        b->ops->matmul(b, &m, 1, h, ROWS);
+        cr_expect_eq(be_cuda_input_quantizations(b) - q0, (uint64_t)want, "backend %d: the first product's codes", k);
+        memcpy(hk[k] + at++ * ROWS * DIM, h, sizeof(float) * ROWS * DIM);
+        /* (4) add_norm, then the host writes h: quantized again */
+        b->ops->add_norm(b, x, o, NULL, norm_w, h, ROWS, DIM, 1e-6f);
+        be_host_read(b, &rh, 1);
+        be_host_write(b, h, sizeof(float) * ROWS * DIM);
+        h[DIM + 5] = 40.0f;
+        q0 = be_cuda_input_quantizations(b);
+        m.y = yq[k] + at * ROWS * NQ;
+        b->ops->matmul(b, &m, 1, h, ROWS);
+        cr_expect_eq(be_cuda_input_quantizations(b) - q0, 1, "backend %d: stale codes after a host write", k);
+        memcpy(hk[k] + at++ * ROWS * DIM, h, sizeof(float) * ROWS * DIM);
+        /* (5) add_norm, then another op writes h (as q of qk_rope): quantized again */
+        b->ops->add_norm(b, x, o, NULL, norm_w, h, ROWS, DIM, 1e-6f);
+        be_qk r = { .q = h, .k = kk, .n_tok = ROWS, .n_head = HEADS, .n_head_kv = 1, .head_dim = HD, .eps = 1e-6f,
+                    .pos = pos, .freq_base = 10000.0f, .freq_scale = 1.0f, .neox = 0, .q_scale = 1.0f };
+        b->ops->qk_rope(b, &r);
+        q0 = be_cuda_input_quantizations(b);
+        m.y = yq[k] + at * ROWS * NQ;
+        b->ops->matmul(b, &m, 1, h, ROWS);
+        cr_expect_eq(be_cuda_input_quantizations(b) - q0, 1, "backend %d: stale codes after another op's write", k);
+        be_host_read(b, &rh, 1);
+        memcpy(hk[k] + at++ * ROWS * DIM, h, sizeof(float) * ROWS * DIM);
+        /* (6) glu, then the down product */
+        b->ops->glu(b, gate, up, ROWS * FF, 0);
+        q0 = be_cuda_input_quantizations(b);
+        be_mm md = { &wd, yd[k] };
+        b->ops->matmul(b, &md, 1, gate, ROWS);
+        cr_expect_eq(be_cuda_input_quantizations(b) - q0, (uint64_t)want, "backend %d: glu's codes", k);
+        be_host_read(b, &rg, 1);
+        cr_assert(!be_failed(b, err, sizeof err), "%s", err);
+        cr_expect(host_kernel_mismatches(&wd, gate, ROWS, yd[k], 1) == 0, "backend %d: the down product", k);
+        for (int i = 0; i < at; i++)
+            cr_expect(host_kernel_mismatches(&wq, hk[k] + i * ROWS * DIM, ROWS, yq[k] + i * ROWS * NQ, 1) == 0,
+                      "backend %d: product %d is not the host's", k, i);
+        for (int i = 0; i < 6; i++) {
+            be_unbind(b, bufs[i]);
+            free(bufs[i]);
+        }
+    }
+    for (int i = 0; i < 5 * ROWS * NQ; i++)
+        cr_expect(!memcmp(&yq[0][i], &yq[1][i], sizeof(float)), "output %d: reading the codes and quantizing differ", i);
+    cr_expect(!memcmp(yd[0], yd[1], sizeof(float) * ROWS * ND), "the down product differs between the backends");
+    for (int k = 0; k < 2; k++) {
+        free(yq[k]);
+        free(yd[k]);
+        free(hk[k]);
+    }
+    be_free(apart);
+    keep_weight(dq);
+    keep_weight(dd);
+    free_kept_weights();
+}
+
 /* Every finite half, as the value of an F16 weight, read exactly by the decode kernel (the device's
  * conversion instruction against the reference): 2048 rows of 32 halves, each column picked out by a
  * one-hot token, so every product is one weight times 1. */
