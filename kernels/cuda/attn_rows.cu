@@ -109,10 +109,17 @@ __global__ void attn_kernel(const float *q, const int32_t *q_pos, const dev_page
 
 /* Every attention kernel's splits merged (ag_combine_one; row r = t * n_head + h). grid (n_head, n_q),
  * threads over D. */
-__global__ void attn_combine(const float *part_o, const float *part_ml, int n_split, int n_head, int D, float *out)
+__global__ void attn_combine(const float *part_o, const float *part_ml, int n_split, int n_head, int D, float *out,
+                             int8_t *q, float *qd, float *qs)
 {
     const int64_t r = (int64_t)blockIdx.y * n_head + blockIdx.x;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) out[r * D + d] = ag_combine_one(part_o, part_ml, r, n_split, D, d);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        const float v = ag_combine_one(part_o, part_ml, r, n_split, D, d);
+        out[r * D + d] = v;
+        /* with q (D % 32 == 0, blockDim a multiple of 32): the output product's input codes, a
+         * warp's 32 consecutive values one block */
+        if (q) quantize_warp_block(v, (int)(threadIdx.x & 31), (r * D + d) / DD_QBLOCK, q, qd, qs);
+    }
 }
 
 /* The grouped kernel (kernels/attn_group.h): one block per (KV head and a batch of up to AG_HEADS
@@ -478,9 +485,18 @@ void cuda_attention(be_backend *b, const be_attn *a)
                                                      a->window, n_split, ci->part_o, ci->part_ml);
         if (ck(ci, cudaGetLastError(), "attention kernel")) return;
     }
-    if (!(flash && n_split == 1))   /* the flash kernel's one split wrote the rows itself */
-        attn_combine<<<per_row, combine_threads, 0, s>>>(ci->part_o, ci->part_ml, n_split, a->n_head, D, d_out);
-    if (ck(ci, cudaGetLastError(), "attention combine kernel") || out_bound) return;
+    if (!(flash && n_split == 1)) {   /* the flash kernel's one split wrote the rows itself */
+        /* into a twin, decode-sized: with the output product's input codes (combine_threads is D
+         * or 256, a multiple of 32 when D is) */
+        float *qd = NULL, *qs = NULL;
+        int8_t *q = out_bound && D % DD_QBLOCK == 0 ? codes_for(ci, (int64_t)nq, a->n_q, &qd, &qs) : NULL;
+        if (ci->failed) return;
+        attn_combine<<<per_row, combine_threads, 0, s>>>(ci->part_o, ci->part_ml, n_split, a->n_head, D, d_out, q, qd,
+                                                          qs);
+        if (ck(ci, cudaGetLastError(), "attention combine kernel")) return;
+        if (q) codes_written(ci, d_out, (int64_t)nq);
+    }
+    if (out_bound) return;
     ci->bytes_down += sizeof(float) * nq;
     if (ck(ci, cudaMemcpyAsync(ci->h_out, ci->out, sizeof(float) * nq, cudaMemcpyDeviceToHost, s), "download") ||
         sync_stream(ci, "attention"))

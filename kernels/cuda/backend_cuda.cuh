@@ -59,9 +59,10 @@ typedef struct dev_weight {
 
 /* What the 8-bit codes in cuda_impl.xq/xd/xs are of: n floats at the twin address x, as they were
  * when the act mirror's count of device changes was `at` (am_table.dev_changes). An op whose
- * output is a decode product's input (rmsnorm, add_norm, glu) writes its codes with it
- * (codes_for, codes_written), and so does a product that quantizes its input itself; a product
- * whose input is still current reads them instead of quantizing it again (one launch fewer). */
+ * output is a decode product's input (rmsnorm, add_norm, glu, attention's combine) writes its
+ * codes with it (codes_for, codes_written), and so does a product that quantizes its input
+ * itself; a product whose input is still current reads them instead of quantizing it again (one
+ * launch fewer). */
 typedef struct act_codes {
     const float *x;
     int64_t n;

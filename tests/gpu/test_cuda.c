@@ -1574,7 +1574,15 @@ Test(cuda, device_page_copies_follow_appends_truncation_and_reuse)
 /* Logits of prompt p2 and 8 greedy steps on one backend, with a policy that evicts (SnapKV at 50%).
  * feed: the tokens to continue with (the other backend's choices, so a near-tie cannot fork the two
  * sequences); NULL: its own greedy choices. */
+static float *steps_under(model *m, be_backend *b, int32_t *top, int steps, const int32_t *feed, const char *policy);
+
 static float *steps_of(model *m, be_backend *b, int32_t *top, int steps, const int32_t *feed)
+{
+    return steps_under(m, b, top, steps, feed, "snapkv:budget=0.5");
+}
+
+/* As steps_of, under the policy `policy` (NULL: none, every page attended). */
+static float *steps_under(model *m, be_backend *b, int32_t *top, int steps, const int32_t *feed, const char *policy)
 {
     char err[512];
     char ppath[256];
@@ -1590,13 +1598,16 @@ static float *steps_of(model *m, be_backend *b, int32_t *top, int steps, const i
     fwd_opts fo = { 4096, 128, 16 };
     fwd_ctx *fw = fwd_create(m, b, &fo, err, sizeof err);
     cr_assert(fw, "%s", err);
-    pol_spec spec;
-    cr_assert(pol_parse(&spec, "snapkv:budget=0.5", NULL, err, sizeof err) == 0, "%s", err);
-    pol_env env;
-    fwd_policy_env(fw, &env);
-    pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
-    cr_assert(ps, "%s", err);
-    fwd_set_policy(fw, ps);
+    pol_set *ps = NULL;
+    if (policy) {
+        pol_spec spec;
+        cr_assert(pol_parse(&spec, policy, NULL, err, sizeof err) == 0, "%s", err);
+        pol_env env;
+        fwd_policy_env(fw, &env);
+        ps = pol_set_create(&spec, &env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        fwd_set_policy(fw, ps);
+    }
     int64_t nv = m->hp.n_vocab;
     float *all = malloc(sizeof(float) * (size_t)(nv * (steps + 1)));
     cr_assert(fwd_eval(fw, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
@@ -1611,11 +1622,51 @@ static float *steps_of(model *m, be_backend *b, int32_t *top, int steps, const i
             cr_assert(fwd_eval(fw, &next, 1, all + (s + 1) * nv, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s",
                       err);
     }
-    fwd_set_policy(fw, NULL);
-    pol_set_free(ps);
+    if (ps) {
+        fwd_set_policy(fw, NULL);
+        pol_set_free(ps);
+    }
     fwd_free(fw);
     free(ids);
     return all;
+}
+
+static int model_quantized(const model *m);
+
+/* Fewer launches a step (stage 4's third part: the products' input codes from the ops that wrote
+ * them, attention's included; a launch for the products of one input and type; one conversion of
+ * a step's K and V; the positions kept on the device) change no bit: every tiny model's prompt and
+ * eight greedy steps give the logits of KVCHAT_CUDA_LAUNCHES=apart, with every page attended
+ * (the step's rows deferred) and under an evicting policy. */
+Test(cuda, fewer_launches_leave_the_tiny_models_logits_bit_for_bit)
+{
+    be_backend *apart = gpu_with("KVCHAT_CUDA_LAUNCHES", "apart");
+    const char *policies[] = { NULL, "snapkv:budget=0.5" };
+    int ran = 0;
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        model *m = load_tiny(fi);
+        if (!m) continue;
+        const int64_t nv = m->hp.n_vocab;
+        for (int pi = 0; pi < 2; pi++) {
+            int32_t t0[9], t1[9];
+            const uint64_t q0 = be_cuda_input_quantizations(gpu), qa = be_cuda_input_quantizations(apart);
+            float *a = steps_under(m, gpu, t0, 8, NULL, policies[pi]);
+            float *b = steps_under(m, apart, t1, 8, t0, policies[pi]);
+            for (int st = 0; st <= 8; st++)
+                cr_expect(!memcmp(a + st * nv, b + st * nv, sizeof(float) * (size_t)nv),
+                          "%s, %s, step %d: the logits differ from a launch each", files[fi],
+                          policies[pi] ? policies[pi] : "no policy", st);
+            if (model_quantized(m))
+                cr_expect_lt(be_cuda_input_quantizations(gpu) - q0, be_cuda_input_quantizations(apart) - qa,
+                             "%s: the products quantized their inputs as often as with a launch each", files[fi]);
+            free(a);
+            free(b);
+            ran++;
+        }
+        model_free(m);
+    }
+    cr_expect_gt(ran, 0, "no tiny model here");
+    be_free(apart);
 }
 
 /* 1 when a transformer weight is stored quantized (not F32/F16/BF16) */
