@@ -347,6 +347,10 @@ int be_cuda_gpu(be_gpu *g, char *why, size_t whylen);
  * KVCHAT_CUDA_ATTN says grouped or scalar; tests and benchmarks check that it ran); 0 for any other
  * backend. */
 uint64_t be_cuda_flash_calls(be_backend *b);
+/* Calls into the CUDA runtime and cuBLAS a CUDA backend has made and checked (kernel launches,
+ * copies, waits: each a few microseconds of the host's time, what bounds a small model's decode
+ * step); the op profiler reports them an op. 0 for any other backend. */
+uint64_t be_cuda_runtime_calls(be_backend *b);
 /* Times a CUDA backend's products rounded their input to 8-bit codes themselves (quantize_act),
  * rather than reading the codes the op that wrote the input left (tests check which happened); 0
  * for any other backend. */

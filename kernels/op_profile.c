@@ -21,6 +21,7 @@ typedef struct prof_row {
     long calls;
     double s, max;                 /* seconds inside the op: all calls, the longest call */
     uint64_t waits, up, down;      /* the device traffic it caused */
+    uint64_t rt;                   /* calls into the CUDA runtime it made (be_cuda_runtime_calls) */
 } prof_row;
 
 typedef struct prof {
@@ -37,7 +38,7 @@ typedef struct prof {
 
 typedef struct mark {
     double t;
-    uint64_t waits, up, down;
+    uint64_t waits, up, down, rt;
 } mark;
 
 static prof *prof_of(be_backend *b) { return (prof *)b->impl; }
@@ -53,6 +54,7 @@ static void traffic(prof *p, mark *m)
 {
     m->waits = m->up = m->down = 0;
     if (p->inner->ops->counters) p->inner->ops->counters(p->inner, &m->waits, &m->up, &m->down);
+    m->rt = be_cuda_runtime_calls(p->inner);
 }
 
 /* Load time (the weights' upload, the warm-up): rows outside the window. */
@@ -80,6 +82,7 @@ static void end(prof *p, int row, const mark *m)
     r->waits += e.waits - m->waits;
     r->up += e.up - m->up;
     r->down += e.down - m->down;
+    r->rt += e.rt - m->rt;
     if (at_load(row)) return;
     p->in_ops += t - m->t;
     p->last = t;
@@ -283,8 +286,11 @@ void op_profile_write(be_backend *b, FILE *f)
             p->mode == OP_PROFILE_SYNC ? "each op waited for: its host and device time"
                                        : "host time in each op; an op that waits absorbs the device's backlog",
             window);
-    fprintf(f, "%-20s %9s %10s %9s %9s %6s %8s %9s %9s\n", "op", "calls", "ms", "us/call", "max us", "share",
-            "waits", "MiB up", "MiB down");
+    /* a CUDA backend's calls into its runtime, an op's on average: the last column */
+    int with_rt = 0;
+    for (int i = 0; i < R_N; i++) with_rt |= p->rows[i].rt > 0;
+    fprintf(f, "%-20s %9s %10s %9s %9s %6s %8s %9s %9s%s\n", "op", "calls", "ms", "us/call", "max us", "share",
+            "waits", "MiB up", "MiB down", with_rt ? "  rt calls" : "");
     const prof_row *order[R_N];
     for (int i = 0; i < R_N; i++) order[i] = &p->rows[i];
     qsort(order, R_N, sizeof *order, by_time);
@@ -292,10 +298,12 @@ void op_profile_write(be_backend *b, FILE *f)
         const prof_row *r = order[i];
         if (!r->calls) continue;
         int outside = at_load((int)(r - p->rows));   /* load time: no share of the window */
-        fprintf(f, "%-20s %9ld %10.3f %9.2f %9.1f %5.1f%% %8llu %9.2f %9.2f\n", row_name[r - p->rows], r->calls,
+        fprintf(f, "%-20s %9ld %10.3f %9.2f %9.1f %5.1f%% %8llu %9.2f %9.2f", row_name[r - p->rows], r->calls,
                 1e3 * r->s, 1e6 * r->s / (double)r->calls, 1e6 * r->max, window > 0 && !outside ? 100 * r->s / window : 0,
                 (unsigned long long)r->waits,
                 (double)r->up / (1 << 20), (double)r->down / (1 << 20));
+        if (with_rt) fprintf(f, " %10.2f", (double)r->rt / (double)r->calls);
+        fputc('\n', f);
     }
     double between = window - p->in_ops;
     fprintf(f, "%-20s %9s %10.3f %9s %9s %5.1f%%\n", "between ops", "-", 1e3 * (between > 0 ? between : 0), "-", "-",

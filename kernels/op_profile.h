@@ -2,7 +2,9 @@
  *
  * A profiled backend stands in front of any other: every op it is asked goes to the backend behind
  * it, and the profile counts the calls, the wall time spent inside the op and the device traffic
- * the op caused (be_ops.counters: waits, bytes up, bytes down). Products and attention are counted
+ * the op caused (be_ops.counters: waits, bytes up, bytes down; behind a CUDA backend also the
+ * calls into its runtime an op makes on average, be_cuda_runtime_calls, the last column, absent
+ * for other backends). Products and attention are counted
  * apart for one token (a decode step) and for several (a prefill chunk). The window runs from the
  * first op after loading (prepare, the weights' upload, and the warm-up are reported apart) to the
  * last; the time in it between ops is everything else the program did: the engine's own host work

@@ -47,11 +47,13 @@ int fail(cuda_impl *ci, const char *fmt, ...)
 
 int ck(cuda_impl *ci, cudaError_t e, const char *what)
 {
+    ci->runtime_calls++;
     return e == cudaSuccess ? 0 : fail(ci, "CUDA %s failed: %s", what, cudaGetErrorString(e));
 }
 
 int ckb(cuda_impl *ci, cublasStatus_t s, const char *what)
 {
+    ci->runtime_calls++;
     return s == CUBLAS_STATUS_SUCCESS ? 0 : fail(ci, "cuBLAS %s failed (status %d)", what, (int)s);
 }
 
@@ -645,6 +647,11 @@ static const be_ops cuda_ops_staged = {
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
 {
     return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->flash_calls : 0;
+}
+
+extern "C" uint64_t be_cuda_runtime_calls(be_backend *b)
+{
+    return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->runtime_calls : 0;
 }
 
 extern "C" uint64_t be_cuda_input_quantizations(be_backend *b)

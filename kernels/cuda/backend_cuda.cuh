@@ -125,6 +125,7 @@ typedef struct cuda_impl {
     size_t cap_xq, cap_xd, cap_xs;
     act_codes codes;           /* which input xq, xd and xs hold, while it is current */
     uint64_t quantizations;    /* quantize_act launches (be_cuda_input_quantizations) */
+    uint64_t runtime_calls;    /* checked calls into the runtime and cuBLAS, ck and ckb (be_cuda_runtime_calls) */
     int64_t widest_in;         /* the largest n_in of the weights on the device */
     int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
     int mmv_f32;               /* KVCHAT_CUDA_MMV=f32: decode products by the f32 kernel (stage 0's) */
@@ -200,7 +201,9 @@ static inline cuda_impl *impl_of(be_backend *b) { return (cuda_impl *)b->impl; }
 
 /* backend_cuda.cu: failures, scratch, staging, constants, activations, weights, page copies */
 /* The op table has no error return: the first failure is recorded with its reason, every op after
- * it does nothing, and the forward pass asks (cuda_failed), abandons the chunk and reports it. */
+ * it does nothing, and the forward pass asks (cuda_failed), abandons the chunk and reports it.
+ * Every launch, copy and wait is checked by ck (cuBLAS calls by ckb), which also counts it: the
+ * profile's runtime calls an op. */
 int fail(cuda_impl *ci, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int ck(cuda_impl *ci, cudaError_t e, const char *what);
 int ckb(cuda_impl *ci, cublasStatus_t s, const char *what);

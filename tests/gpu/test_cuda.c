@@ -25,6 +25,7 @@
 #include "engine/policy/policy.h"
 #include "common/quant.h"
 #include "kernels/decode_dot.h"
+#include "kernels/op_profile.h"
 #include "kernels/attn_group.h"
 #include "kernels/attn_flash.h"
 #include "engine/generate.h"
@@ -1667,6 +1668,70 @@ Test(cuda, fewer_launches_leave_the_tiny_models_logits_bit_for_bit)
     }
     cr_expect_gt(ran, 0, "no tiny model here");
     be_free(apart);
+}
+
+/* The average calls into the runtime of row `row` in profiled backend p's report (its last
+ * column); -1 when the row or the column is missing. */
+static double rt_calls_of(be_backend *p, const char *row)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert(f);
+    op_profile_write(p, f);
+    fclose(f);
+    double v = -1;
+    char key[64];
+    snprintf(key, sizeof key, "\n%s ", row);
+    char *line = strstr(text, key);
+    if (line && strstr(text, "rt calls")) {
+        line += strlen(key);
+        char *eol = strchr(line, '\n');
+        if (eol) *eol = 0;
+        char *last = strrchr(line, ' ');
+        if (last) v = atof(last + 1);
+    }
+    free(text);
+    return v;
+}
+
+/* The profile's runtime calls an op (KVCHAT_PROFILE's last column behind a CUDA backend) count
+ * what stage 4's third part removed: a decode step's products, one launch a call and no quantize
+ * launch, against about two with KVCHAT_CUDA_LAUNCHES=apart (fewer where a weight is F16 on the
+ * device); add_norm one launch either way. */
+Test(cuda, the_profile_counts_the_runtime_calls_of_an_op)
+{
+    model *m = NULL;
+    for (size_t fi = 0; fi < sizeof files / sizeof *files && !m; fi++) {
+        m = load_tiny(fi);
+        if (m && !model_quantized(m)) {
+            model_free(m);
+            m = NULL;
+        }
+    }
+    if (!m) cr_skip("no quantized tiny model here");
+    char err[512];
+    double mm[2], an[2];
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("KVCHAT_CUDA_LAUNCHES", "apart", 1);
+        be_backend *in = be_cuda_create(2, err, sizeof err);
+        unsetenv("KVCHAT_CUDA_LAUNCHES");
+        cr_assert(in, "%s", err);
+        be_backend *p = op_profile_wrap(in, OP_PROFILE_HOST, NULL);
+        cr_assert(p);
+        int32_t top[5];
+        free(steps_under(m, p, top, 4, NULL, NULL));
+        mm[k] = rt_calls_of(p, "matmul 1 token");
+        an[k] = rt_calls_of(p, "add_norm");
+        p->ops->destroy(p);
+    }
+    cr_expect(mm[0] > 0 && an[0] > 0, "no runtime calls column: %g %g", mm[0], an[0]);
+    cr_expect_leq(mm[0], 1.5, "a decode product made %.2f runtime calls on average", mm[0]);
+    cr_expect_gt(mm[1], mm[0] + 0.5, "a decode product made %.2f runtime calls on average with a launch each, %.2f "
+                 "without", mm[1], mm[0]);
+    cr_expect(an[0] >= 1.0 && an[0] <= 1.5 && an[1] >= 1.0 && an[1] <= 1.5, "add_norm: %.2f and %.2f calls", an[0],
+              an[1]);
+    model_free(m);
 }
 
 /* 1 when a transformer weight is stored quantized (not F32/F16/BF16) */
