@@ -291,13 +291,15 @@ Test(policy, chess_anchor_is_the_last_tokens_keys_and_is_rebuilt_per_step_page_o
         cr_assert(pol_parse(&s, spec, NULL, err, sizeof err) == 0, "%s", err);
         pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
         cr_assert(ps, "%s", err);
+        char desc[256];
+        pol_set_describe(ps, desc, sizeof desc);
+        cr_expect(strstr(desc, "chess: no selection yet") && !strstr(desc, "0 of 0"), "%s: before a step: %s", spec, desc);
         chess_step(&fx, ps, 4, 1, got, sizeof got);
         cr_expect_str_eq(got, "0 3 10", "%s: the first step's anchor lies along e_4", spec);
         chess_step(&fx, ps, 6, 1, got, sizeof got);
         cr_expect_str_eq(got, second[i], "%s: the second step", spec);
         chess_step(&fx, ps, 6, 2, got, sizeof got);
         cr_expect_str_eq(got, third[i], "%s: the step that begins a page", spec);
-        char desc[256];
         pol_set_describe(ps, desc, sizeof desc);
         cr_expect(strstr(desc, rebuilds[i]), "%s: %s", spec, desc);
         pol_set_free(ps);

@@ -668,6 +668,10 @@ static int c_load(void *st, const pol_env *env, bytes_r *r)
 static void c_describe(void *st, char *buf, size_t len)
 {
     st_chess *s = st;
+    if (s->rebuilds == 0) {   /* after a prefill, before the first decode step: nothing chosen yet */
+        snprintf(buf, len, "chess: no selection yet (the first decode step makes one), %d sink + window", s->sink);
+        return;
+    }
     snprintf(buf, len, "chess: %d of %d candidate pages + %d sink + window, %lld rebuilds (%lld on events)", s->n_sel,
              s->n_cand, s->sink, (long long)s->rebuilds, (long long)s->events);
 }
