@@ -66,10 +66,10 @@ static int bind(am_table *t, void *host, size_t bytes, int blank)
     /* Nothing is on the device yet: the whole buffer is newer on the host, uploaded at first use
      * (a blank buffer's bytes mean nothing yet: neither copy is newer) */
     t->b[t->n++] = (am_buf){ .host = host, .dev = d, .bytes = bytes, .hlo = 0, .hhi = blank ? 0 : bytes,
-                             .pinned = !blank && t->dev.pin };
+                             .pinned = 0 };
     t->bytes += bytes;
     t->dev_changes++;
-    if (!blank && t->dev.pin) t->dev.pin(t->dev.ud, host, bytes, 1);
+    if (!blank && t->dev.pin) t->b[t->n - 1].pinned = t->dev.pin(t->dev.ud, host, bytes, 1) == 0;
     return 0;
 }
 

@@ -31,8 +31,11 @@ typedef struct am_device {
     void (*upload)(void *ud, void *dst, const void *src, size_t bytes);
     void (*download)(void *ud, void *dst, const void *src, size_t bytes);
     void (*wait)(void *ud);                    /* every copy and op issued so far has finished */
-    /* Called with each bound buffer (pin: 1) and before it is unbound (0), e.g. to page-lock it. */
-    void (*pin)(void *ud, void *host, size_t bytes, int pin);
+    /* Called with each bound buffer (pin: 1; 0 when it could be, -1 when not: it stays as it was)
+     * and, if that succeeded, before it is unbound (pin: 0), e.g. to page-lock it. A buffer another
+     * table has locked (a second backend's twin of the same host memory) is not locked again, so
+     * that this table's unbind does not unlock it under the other. */
+    int (*pin)(void *ud, void *host, size_t bytes, int pin);
 } am_device;
 
 typedef struct am_buf {
@@ -46,7 +49,7 @@ typedef struct am_buf {
     int down_pending;  /* a fetch's download into the host copy may still be in flight */
     size_t clo, chi;   /* [clo, chi): inside [dlo, dhi) but current on the host too (a fetch that
                           landed in its middle, which [dlo, dhi) cannot leave out) */
-    int pinned;        /* the host copy was page-locked at bind (am_bind, where the device can) */
+    int pinned;        /* the host copy was page-locked at bind by this table (am_bind, where the device can) */
 } am_buf;
 
 typedef struct am_table {

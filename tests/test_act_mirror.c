@@ -9,7 +9,7 @@
 
 typedef struct fake {
     int allocs, waits, uploads, downloads;
-    int pins;
+    int pins, refuse_pins;
     /* late: downloads land on the host only at the next wait, with the bytes the device held when
      * they were issued (as copies ordered on a stream do at the latest) */
     int late;
@@ -52,7 +52,14 @@ static void f_wait(void *ud)
     f->nq = 0;
     f->waits++;
 }
-static void f_pin(void *ud, void *h, size_t n, int pin) { ((fake *)ud)->pins += pin ? 1 : -1; }
+/* refuse_pins: the memory is locked already (another table's), so locking fails */
+static int f_pin(void *ud, void *h, size_t n, int pin)
+{
+    fake *f = ud;
+    if (pin && f->refuse_pins) return -1;
+    f->pins += pin ? 1 : -1;
+    return 0;
+}
 
 static void setup(am_table *t, fake *fk)
 {
@@ -441,4 +448,24 @@ Test(act_mirror, every_change_of_device_bytes_is_counted)
     cr_assert(am_bind_blank(&t, y, sizeof y) == 0);
     cr_expect_gt(t.dev_changes, c, "a blank bind was not counted");
     am_free(&t);
+}
+
+Test(act_mirror, a_buffer_it_could_not_lock_is_not_unlocked)
+{
+    /* Two backends binding the same host memory (gpu_bench does): the second's lock fails, and its
+     * unbind must not unlock the memory under the first. */
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float x[64];
+    fk.refuse_pins = 1;
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    cr_expect_eq(fk.pins, 0);
+    am_unbind(&t, x);
+    cr_expect_eq(fk.pins, 0, "a lock this table never took was released");
+    fk.refuse_pins = 0;
+    cr_assert(am_bind(&t, x, sizeof x) == 0);
+    cr_expect_eq(fk.pins, 1);
+    am_free(&t);
+    cr_expect_eq(fk.pins, 0, "the table's own lock was kept");
 }

@@ -244,12 +244,15 @@ static void act_download(void *ud, void *dst, const void *src, size_t bytes)
 static void act_wait(void *ud) { sync_stream((cuda_impl *)ud, "activation copy"); }
 
 /* Page-lock a bound buffer so its copies are direct; a buffer that cannot be (it shares a page with
- * one already locked) still works, through the driver's bounce buffer. */
-static void act_pin(void *ud, void *host, size_t bytes, int pin)
+ * one already locked, or another backend locked it) still works, through the driver's bounce
+ * buffer. 0, or -1 when not done. */
+static int act_pin(void *ud, void *host, size_t bytes, int pin)
 {
     (void)ud;
-    if (pin ? cudaHostRegister(host, bytes, cudaHostRegisterDefault) : cudaHostUnregister(host))
-        (void)cudaGetLastError();
+    if ((pin ? cudaHostRegister(host, bytes, cudaHostRegisterDefault) : cudaHostUnregister(host)) == cudaSuccess)
+        return 0;
+    (void)cudaGetLastError();
+    return -1;
 }
 
 static int bind_as(be_backend *b, void *host, size_t bytes, char *err, size_t errlen,
@@ -438,6 +441,7 @@ int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, char *err
     dw->n_in = w->n_in;
     dw->n_out = w->n_out;
     if (w->n_in > ci->widest_in) ci->widest_in = w->n_in;
+    ci->any_integer |= dd_integer_type(dtype);
     ci->weight_bytes += bytes;
     *out = dw;
     return 0;

@@ -127,6 +127,7 @@ typedef struct cuda_impl {
     uint64_t quantizations;    /* quantize_act launches (be_cuda_input_quantizations) */
     uint64_t runtime_calls;    /* checked calls into the runtime and cuBLAS, ck and ckb (be_cuda_runtime_calls) */
     int64_t widest_in;         /* the largest n_in of the weights on the device */
+    int any_integer;           /* one of them is multiplied in integers (its products read codes) */
     int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
     int mmv_f32;               /* KVCHAT_CUDA_MMV=f32: decode products by the f32 kernel (stage 0's) */
     int mmv_inflight;          /* KVCHAT_CUDA_MMV_INFLIGHT: reads of a row each lane has in flight */

@@ -138,11 +138,13 @@ void cuda_qk_rope(be_backend *b, const be_qk *r)
     if (ci->failed || r->n_tok <= 0) return;
     if (bound(ci, r->q, bq) && bound(ci, r->k, bk) && r->head_dim % 2 == 0) {
         size_t wb = sizeof(float) * (size_t)r->head_dim;
+        /* the norms first: sending a constant may make room in the staging arena, which frees what
+         * was staged before it */
+        const float *dqn = r->q_norm ? (const float *)const_get(ci, r->q_norm, wb) : NULL;
+        const float *dkn = r->k_norm ? (const float *)const_get(ci, r->k_norm, wb) : NULL;
         /* the positions: every layer of a step has the same (and attention reads them too) */
         const size_t pb = sizeof(int32_t) * (size_t)r->n_tok;
         const int32_t *dp = (const int32_t *)(ci->launch_apart ? stage(ci, r->pos, pb) : const_get(ci, r->pos, pb));
-        const float *dqn = r->q_norm ? (const float *)const_get(ci, r->q_norm, wb) : NULL;
-        const float *dkn = r->k_norm ? (const float *)const_get(ci, r->k_norm, wb) : NULL;
         if (!dp || (r->q_norm && !dqn) || (r->k_norm && !dkn)) return;
         float *dq = (float *)am_dev_out(&ci->act, r->q, bq), *dk = (float *)am_dev_out(&ci->act, r->k, bk);
         /* the same powf as the CPU backend, on the host */

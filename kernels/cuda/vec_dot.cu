@@ -264,10 +264,10 @@ static int mmv_takes(const cuda_impl *ci, const dev_weight *dw, int64_t n_tok)
 }
 int8_t *codes_for(cuda_impl *ci, int64_t n, int64_t rows, float **xd, float **xs)
 {
-    if (ci->launch_apart || ci->no_mmv || ci->mmv_f32 || n <= 0 || n % DD_QBLOCK) return NULL;
-    /* a product of more tokens goes to cuBLAS; rows unknown (glu): at most the decode kernel's
-     * tokens at the widest weight's n_in */
-    const int64_t most = mmv_most_tokens(ci);
+    if (ci->launch_apart || ci->no_mmv || ci->mmv_f32 || !ci->any_integer || n <= 0 || n % DD_QBLOCK) return NULL;
+    /* a product of more tokens goes to cuBLAS (mmv_takes); rows unknown (glu): at most the decode
+     * kernel's tokens at the widest weight's n_in */
+    const int64_t most = mmv_most_tokens(ci) > QB_MAX_TOK ? mmv_most_tokens(ci) : QB_MAX_TOK;
     if (rows >= 0 ? rows > most : n > most * ci->widest_in) return NULL;
     ci->codes.valid = 0;
     const size_t n_blocks = (size_t)(n / DD_QBLOCK);
@@ -323,9 +323,11 @@ void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int6
         dx = ci->xal;
     }
     if (any_gemm && to_half(ci, dx, ci->x16, n_x)) return;
+    /* the input's codes are current: made from these bytes (by the op that wrote them, or by an
+     * earlier product) and nothing changed a twin since */
     const act_codes *c = &ci->codes;
-    if (any_int8 &&
-        !(!ci->launch_apart && twin && c->valid && c->x == twin && c->n == n_x && c->at == ci->act.dev_changes)) {
+    int current = twin && c->valid && c->x == twin && c->n == n_x && c->at == ci->act.dev_changes;
+    if (any_int8 && (ci->launch_apart || !current)) {
         /* the input's 8-bit codes, once for every product that reads them (unless the op that wrote
          * the input wrote them too, or an earlier product made them from the same bytes) */
         const int64_t n_blocks = n_x / DD_QBLOCK;
@@ -337,6 +339,7 @@ void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int6
         quantize_act<<<(unsigned)((n_blocks + 7) / 8), 256, 0, ci->stream>>>(dx, n_blocks, ci->xq, ci->xd, ci->xs);
         if (ck(ci, cudaGetLastError(), "quantize_act")) return;
         ci->quantizations++;
+        current = twin != NULL;
         if (twin) ci->codes = act_codes{ twin, n_x, 0, 1 };
     }
     /* each output's twin when it is bound, else scratch copied back below */
@@ -377,8 +380,9 @@ void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int6
             if (mmv(ci, gw, gy, ng, dx + t0 * n_in, xq, xd, xs, nt)) return;
         }
     }
-    /* the outputs are not the input: its codes stay current */
-    if (c->valid && c->x == twin) ci->codes.at = ci->act.dev_changes;
+    /* the outputs are not the input: codes current before the outputs were written stay current
+     * (codes that were not, for this input or another, are left stale) */
+    if (current) ci->codes.at = ci->act.dev_changes;
     if (!n_y) return;
     ci->bytes_down += sizeof(float) * (size_t)n_y;
     if (ck(ci, cudaMemcpyAsync(ci->h_y, ci->y32, sizeof(float) * (size_t)n_y, cudaMemcpyDeviceToHost, ci->stream),

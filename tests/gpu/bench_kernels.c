@@ -16,9 +16,12 @@
  *   KVCHAT_CUDA_MMV_MAX=8, the default) and 512 tokens (prefill); bytes = the weight's device bytes
  *   plus the activations in and out;
  * - a layer's q, k and v (one input, three weights) at the 7B's shape (Q4_K) and the default
- *   model's (Q8_0), for 1 and 8 tokens: in one decode launch (the default) and a launch each
- *   (KVCHAT_CUDA_LAUNCHES=apart); a call's time is the host's issuing or the device's work,
- *   whichever is longer;
+ *   model's (Q8_0), for 1 and 8 tokens: in one decode launch reading the input's codes (the
+ *   default; as in a decode step, where the op before wrote them) and a launch each quantizing
+ *   the input (KVCHAT_CUDA_LAUNCHES=apart); a call's time is the host's issuing or the device's
+ *   work, whichever is longer. The products' rows above repeat a call on an unchanged input, so
+ *   since this change (stage 4's third part) they read the codes the first call made, as a
+ *   decode step's products do, where they used to quantize the input each call;
  * - decode attention (one query) at Mistral 7B's shape (32 query heads, 8 KV heads of 128) over
  *   512, 8192 and 32768 tokens in pages of 32 per KV head, and the default model's (4 query heads,
  *   1 KV head of 256) at 8192; a prefill chunk's (512 queries at the end of 8192 tokens, 7B shape);
@@ -365,17 +368,21 @@ int main(int argc, char **argv)
             row("product", tn, n_out, n_in, a.n_tok, "prefill", ms, wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
         }
 
-    /* q, k and v of a layer, one input: in one decode launch (the default) and a launch each
+    /* q, k and v of a layer, one input: in one decode launch reading the input's codes (the
+     * default, as after the op that wrote the input) and a launch each, each quantizing the input
      * (KVCHAT_CUDA_LAUNCHES=apart), at the 7B's and the default model's shapes; a call's time is
-     * the host's issuing or the device's work, whichever is longer */
+     * the host's issuing or the device's work, whichever is longer. apart's buffers are its own
+     * (unbinding memory another backend page-locked would unlock it under that one). */
     setenv("KVCHAT_CUDA_LAUNCHES", "apart", 1);
     be_backend *apart = be_cuda_create(4, err, sizeof err);
     unsetenv("KVCHAT_CUDA_LAUNCHES");
-    if (!apart || be_bind(apart, x, xbytes, err, sizeof err) || be_bind(apart, y4, xbytes, err, sizeof err)) {
+    float *xa = malloc(xbytes), *ya = calloc(1, xbytes);
+    if (!xa || !ya) return 1;
+    memcpy(xa, x, xbytes);
+    if (!apart || be_bind(apart, xa, xbytes, err, sizeof err) || be_bind(apart, ya, xbytes, err, sizeof err)) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
-    be_host_write(apart, x, xbytes);
     const struct {
         const char *name;
         uint32_t type;
@@ -398,11 +405,11 @@ int main(int argc, char **argv)
         }
         for (int64_t nt = 1; nt <= 8; nt *= 8) {
             be_backend *two[2] = { dflt, apart };
-            float *out[2] = { y, y4 };
-            const char *cfg[2] = { "one launch", "a launch each" };
+            float *in[2] = { x, xa }, *out[2] = { y, ya };
+            const char *cfg[2] = { "one launch, codes read", "a launch each, quantizing" };
             for (int k = 0; k < 2; k++) {
                 be_mm3_arg a3 = { { { &w3[0], out[k] }, { &w3[1], out[k] + 8 * 4096 }, { &w3[2], out[k] + 16 * 4096 } },
-                                  x, nt };
+                                  in[k], nt };
                 double ms = time_calls(two[k], call_mm3, &a3, out[k]);
                 if (failed(two[k], "q, k and v")) return 1;
                 double io = 4.0 * (double)(nt * (qkv[qi].n_in + qkv[qi].n_out[0] + qkv[qi].n_out[1] + qkv[qi].n_out[2]));
@@ -411,9 +418,11 @@ int main(int argc, char **argv)
             }
         }
     }
-    be_unbind(apart, x);
-    be_unbind(apart, y4);
+    be_unbind(apart, xa);
+    be_unbind(apart, ya);
     be_free(apart);
+    free(xa);
+    free(ya);
     for (size_t qi = 0; qi < (quick ? 1u : 2u); qi++)
         for (int i = 0; i < 3; i++) free(qkv_keep[qi][i]);
 

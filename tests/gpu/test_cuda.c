@@ -535,6 +535,7 @@ Test(cuda, several_products_a_launch_give_each_its_own_bits)
                     float *y[2][MAXG];
                     be_mm mm[2][MAXG];
                     be_backend *bes[2] = { gpu, apart };
+                    uint64_t calls[2];
                     for (int k = 0; k < 2; k++) {
                         for (int i = 0; i < groups[g].n; i++) {
                             const size_t ny = sizeof(float) * (size_t)(nt * w[i].n_out);
@@ -543,7 +544,9 @@ Test(cuda, several_products_a_launch_give_each_its_own_bits)
                             if (bind) cr_assert(be_bind(bes[k], y[k][i], ny, err, sizeof err) == 0, "%s", err);
                             mm[k][i] = (be_mm){ &w[i], y[k][i] };
                         }
+                        const uint64_t c0 = be_cuda_runtime_calls(bes[k]);
                         bes[k]->ops->matmul(bes[k], mm[k], groups[g].n, x, nt);
+                        calls[k] = be_cuda_runtime_calls(bes[k]) - c0;
                         for (int i = 0; i < groups[g].n && bind; i++) {
                             be_range r = { y[k][i], sizeof(float) * (size_t)(nt * w[i].n_out) };
                             be_host_read(bes[k], &r, 1);
@@ -551,6 +554,18 @@ Test(cuda, several_products_a_launch_give_each_its_own_bits)
                         }
                         cr_assert(!be_failed(bes[k], err, sizeof err), "%s", err);
                     }
+                    /* the launches: one a type (at most DD_MAX_OUTS products each), against one a
+                     * product; everything else the same on both (x staged and quantized each call) */
+                    int launches = 0;
+                    for (int i = 0; i < groups[g].n; i++) {
+                        int first = 1;
+                        for (int j = 0; j < i; j++) first &= groups[g].type[j] != groups[g].type[i];
+                        launches += first;
+                    }
+                    cr_expect_eq(calls[1] - calls[0], (uint64_t)(groups[g].n - launches),
+                                 "group %zu, %lld tokens: %llu runtime calls, %llu with a launch each (%d launches "
+                                 "expected, %d products)", g, (long long)nt, (unsigned long long)calls[0],
+                                 (unsigned long long)calls[1], launches, groups[g].n);
                     for (int i = 0; i < groups[g].n; i++) {
                         cr_expect(host_kernel_mismatches(&w[i], x, nt, y[0][i], 1) == 0,
                                   "group %zu, product %d (%s), n_in %lld, %lld tokens, %s: not the host's bits", g, i,
@@ -580,9 +595,10 @@ Test(cuda, products_read_the_codes_their_inputs_producer_wrote)
     seed_rng("codes from the producer");
     char err[512];
     enum { ROWS = 3, DIM = 256, FF = 512, NQ = 64, ND = 32, HEADS = 4, HD = 64 };
-    void *dq, *dd;
+    void *dq, *dd, *dh;
     be_weight wq = random_weight(GGML_TYPE_Q4_K, DIM, NQ, &dq);
     be_weight wd = random_weight(GGML_TYPE_Q8_0, FF, ND, &dd);
+    be_weight wh = random_weight(GGML_TYPE_F16, DIM, 16, &dh);   /* read in f32: no codes */
     static float norm_w[DIM], post_w[DIM];
     for (int i = 0; i < DIM; i++) {
         norm_w[i] = frand(0.5f, 1.5f);
@@ -592,18 +608,18 @@ Test(cuda, products_read_the_codes_their_inputs_producer_wrote)
     be_backend *apart = gpu_with("KVCHAT_CUDA_LAUNCHES", "apart");
     be_backend *bes[2] = { gpu, apart };
     float *yq[2], *yd[2], *hk[2];
-    const be_weight *both[2] = { &wq, &wd };
+    const be_weight *both[3] = { &wq, &wd, &wh };
     for (int k = 0; k < 2; k++) {
         be_backend *b = bes[k];
         /* as a model's are: every weight on the device before the first op (glu's choice to write
          * codes looks at the widest weight there) */
-        cr_assert(b->ops->prepare(b, both, 2, err, sizeof err) == 0, "%s", err);
+        cr_assert(b->ops->prepare(b, both, 3, err, sizeof err) == 0, "%s", err);
         float *x = malloc(sizeof(float) * ROWS * DIM), *o = malloc(sizeof(float) * ROWS * DIM);
         float *h = malloc(sizeof(float) * ROWS * DIM), *kk = malloc(sizeof(float) * ROWS * HD);
         float *gate = malloc(sizeof(float) * ROWS * FF), *up = malloc(sizeof(float) * ROWS * FF);
-        yq[k] = malloc(sizeof(float) * ROWS * NQ * 6);
+        yq[k] = malloc(sizeof(float) * ROWS * NQ * 7);
         yd[k] = malloc(sizeof(float) * ROWS * ND * 2);
-        hk[k] = malloc(sizeof(float) * ROWS * DIM * 6);
+        hk[k] = malloc(sizeof(float) * ROWS * DIM * 7);
         seed_rng("codes from the producer, inputs");   /* the same inputs on both backends */
         for (int i = 0; i < ROWS * DIM; i++) {
             x[i] = frand(-2, 2);
@@ -662,7 +678,22 @@ Test(cuda, products_read_the_codes_their_inputs_producer_wrote)
         cr_expect_eq(be_cuda_input_quantizations(b) - q0, 1, "backend %d: stale codes after another op's write", k);
         be_host_read(b, &rh, 1);
         memcpy(hk[k] + at++ * ROWS * DIM, h, sizeof(float) * ROWS * DIM);
-        /* (6) glu, then the down product */
+        /* (6) rmsnorm, the host writes h, an F16 product of h (which reads no codes), then the
+         * quantized one: the codes rmsnorm wrote are stale, and the F16 product must not make them
+         * current again */
+        b->ops->rmsnorm(b, x, norm_w, h, ROWS, DIM, 1e-6f);
+        be_host_read(b, &rh, 1);
+        be_host_write(b, h, sizeof(float) * ROWS * DIM);
+        h[7] = -25.0f;
+        float yh[ROWS * 16];
+        be_mm mh = { &wh, yh };
+        b->ops->matmul(b, &mh, 1, h, ROWS);
+        q0 = be_cuda_input_quantizations(b);
+        m.y = yq[k] + at * ROWS * NQ;
+        b->ops->matmul(b, &m, 1, h, ROWS);
+        cr_expect_eq(be_cuda_input_quantizations(b) - q0, 1, "backend %d: stale codes after an F16 product", k);
+        memcpy(hk[k] + at++ * ROWS * DIM, h, sizeof(float) * ROWS * DIM);
+        /* (7) glu, then the down product */
         b->ops->glu(b, gate, up, ROWS * FF, 0);
         q0 = be_cuda_input_quantizations(b);
         be_mm md = { &wd, yd[k] };
@@ -679,7 +710,7 @@ Test(cuda, products_read_the_codes_their_inputs_producer_wrote)
             free(bufs[i]);
         }
     }
-    for (int i = 0; i < 5 * ROWS * NQ; i++)
+    for (int i = 0; i < 6 * ROWS * NQ; i++)
         cr_expect(!memcmp(&yq[0][i], &yq[1][i], sizeof(float)), "output %d: reading the codes and quantizing differ", i);
     cr_expect(!memcmp(yd[0], yd[1], sizeof(float) * ROWS * ND), "the down product differs between the backends");
     for (int k = 0; k < 2; k++) {
@@ -690,6 +721,7 @@ Test(cuda, products_read_the_codes_their_inputs_producer_wrote)
     be_free(apart);
     keep_weight(dq);
     keep_weight(dd);
+    keep_weight(dh);
     free_kept_weights();
 }
 
