@@ -51,7 +51,9 @@ const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *
     uint64_t m = (uint64_t)(t->cap - 1), h = addr_hash(host) & m;
     while (t->slots[h].host && t->slots[h].host != host) h = (h + 1) & m;
     cc_copy *c = &t->slots[h];
-    if (c->host && c->bytes == bytes && c->seen && !c->stale && !memcmp(c->seen, host, bytes)) return c->dev;
+    /* the same bytes, or the first bytes of the copy (a batch's positions: qk_rope sends every
+     * row's, each sequence's attention asks for its own, the first under the same key) */
+    if (c->host && c->bytes >= bytes && c->seen && !c->stale && !memcmp(c->seen, host, bytes)) return c->dev;
     if (!c->host || !c->dev || bytes > c->room) {
         if (c->host) {
             if (c->dev) t->dev.release(t->dev.ud, c->dev);

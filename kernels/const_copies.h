@@ -44,7 +44,8 @@ void cc_init(cc_table *t, const cc_device *dev);
 /* Releases every device copy once. */
 void cc_free(cc_table *t);
 /* The device copy of host[0, bytes) (bytes > 0), brought up to date; NULL with *status saying why. A copy sent
- * now is ordered before later device work by the upload function (one stream). */
+ * now is ordered before later device work by the upload function (one stream). A copy of more
+ * bytes under the same key whose first `bytes` are the same serves as it is. */
 const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *status);
 
 #endif

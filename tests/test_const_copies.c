@@ -105,6 +105,12 @@ Test(const_copies, changed_bytes_are_sent_fewer_reuse_the_copy_and_more_take_a_n
     cr_expect_eq(cc_get(&t, w, sizeof w, &st), c, "changed bytes move the copy");
     cr_expect_eq(c[7], -3.5f);
     cr_expect_eq(t.uploads, 2);
+    /* the first bytes of the copy, unchanged: the copy as it is (a batch's positions: all rows for
+     * qk_rope, the first row for the first sequence's attention) */
+    cr_expect_eq(cc_get(&t, w, sizeof w / 2, &st), c);
+    cr_expect_eq(t.uploads, 2, "the unchanged first bytes were sent again");
+    cr_expect_eq(cc_get(&t, w, sizeof w, &st), c);
+    cr_expect_eq(t.uploads, 2, "the whole copy was sent again after a shorter use of it");
     /* a step's positions: a prompt's chunk, then one token: the same allocation, no release (on a
      * GPU a release waits for the device) */
     w[0] = 11.0f;
