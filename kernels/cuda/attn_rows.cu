@@ -333,13 +333,20 @@ void cuda_attention(be_backend *b, const be_attn *a)
         tables_failed(ci, rc);
         return;
     }
-    if (send_batch(ci)) return;
+    size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D, ncur = (size_t)(n_cur * kvd);
+    int expand = n_cur > 0;
+    int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
+    int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
+    /* a deferred step's own rows in twins (the forward pass's case): rounded to f16 by the batch's
+     * scatter launch (KVCHAT_CUDA_LAUNCHES=apart: a launch of their own, below) */
+    const int halves_now = ck_bound && cv_bound && !ci->launch_apart;
+    const float *hk = halves_now ? (const float *)am_dev_in(&ci->act, a->cur_k, sizeof(float) * ncur) : NULL;
+    const float *hv = halves_now ? (const float *)am_dev_in(&ci->act, a->cur_v, sizeof(float) * ncur) : NULL;
+    if (send_batch_halves(ci, hk, hv, ci->cur16, halves_now ? (int64_t)ncur : 0)) return;
     /* the grouped kernels read rows 16 bytes at a time */
     int grouped = !ci->attn_scalar && ag_supported(D) && pl.aligned, has_bias = pl.has_bias;
     size_t w = pl.n_words;
-    size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D, ncur = (size_t)(n_cur * kvd);
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
-    int expand = n_cur > 0;
     /* a selection by bounds: its best and counts, where the bounds left them or from the host */
     const size_t sel_ib = a->sel_best ? sizeof(int32_t) * (size_t)(a->n_head_kv * a->sel_k) : 0;
     const size_t sel_cb = a->sel_best ? sizeof(int32_t) * (size_t)a->n_head_kv : 0;
@@ -348,8 +355,6 @@ void cuda_attention(be_backend *b, const be_attn *a)
         fail(ci, "internal error: a selection's best and counts bound apart");
         return;
     }
-    int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
-    int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
     /* the positions: kept on the device while they stay the same (every layer of a step has the
      * same, and qk_rope sent them already), taken before anything is staged below (sending may
      * wait and free the arena); KVCHAT_CUDA_LAUNCHES=apart: staged each call */
@@ -363,7 +368,7 @@ void cuda_attention(be_backend *b, const be_attn *a)
                               (expand && !cv_bound ? stage_size(sizeof(float) * ncur) : 0) +
                               (a->sel_best && !sel_bound ? stage_size(sel_ib) + stage_size(sel_cb) : 0)))
         return;
-    if (expand) {
+    if (expand && !halves_now) {
         const float *dk = ck_bound ? (const float *)am_dev_in(&ci->act, a->cur_k, sizeof(float) * ncur)
                                    : (const float *)stage(ci, a->cur_k, sizeof(float) * ncur);
         const float *dv = cv_bound ? (const float *)am_dev_in(&ci->act, a->cur_v, sizeof(float) * ncur)

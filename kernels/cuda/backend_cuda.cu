@@ -475,10 +475,19 @@ static int dev_upload(void *ud, void *dst, const void *src, size_t bytes)
     return ub_add(&ci->batch, dst, src, bytes) ? fail(ci, "out of memory") : 0;
 }
 
-/* Block i puts piece i of a batch in place (kernels/upload_batch.h). */
-__global__ void scatter_kernel(const unsigned char *base, const ub_piece *pieces)
+/* Block i < n_pieces puts piece i of a batch in place (kernels/upload_batch.h); the blocks after
+ * them round a and b (n values each) to f16 into y[0, n) and y[n, 2n) (a deferred decode step's
+ * keys and values for attention, in the same launch). */
+__global__ void scatter_kernel(const unsigned char *base, const ub_piece *pieces, int64_t n_pieces, const float *a,
+                               const float *b, __half *y, int64_t n)
 {
-    ub_scatter_piece(base, &pieces[blockIdx.x], (int)threadIdx.x, (int)blockDim.x);
+    if ((int64_t)blockIdx.x < n_pieces) {
+        ub_scatter_piece(base, &pieces[blockIdx.x], (int)threadIdx.x, (int)blockDim.x);
+        return;
+    }
+    const int64_t i = ((int64_t)blockIdx.x - n_pieces) * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2half_rn(qb_f16_range(a[i]));
+    else if (i < 2 * n) y[i] = __float2half_rn(qb_f16_range(b[i - n]));
 }
 
 /* A lost batch: what the page copies and descriptor lists count as sent never arrived, so both
@@ -491,14 +500,23 @@ void lose_batch(cuda_impl *ci)
     sl_forget(&ci->sums);
 }
 
-/* Send the queued pieces: packed into the staging arena, one copy, one scatter kernel. 0, or -1
- * (recorded, and the batch lost). */
-int send_batch(cuda_impl *ci)
+int send_batch(cuda_impl *ci) { return send_batch_halves(ci, NULL, NULL, NULL, 0); }
+
+/* Send the queued pieces: packed into the staging arena, one copy, one scatter kernel, which also
+ * rounds a and b to f16 into y when n > 0 (the kernel runs for that alone when nothing is queued).
+ * 0, or -1 (recorded, and the batch lost). */
+int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, int64_t n)
 {
     ub_batch *ub = &ci->batch;
-    if (ub->n == 0 || ci->failed) {
-        if (ci->failed) lose_batch(ci);
-        return ci->failed ? -1 : 0;
+    if (ci->failed) {
+        lose_batch(ci);
+        return -1;
+    }
+    const unsigned halves = (unsigned)((2 * n + 127) / 128);
+    if (ub->n == 0) {
+        if (n <= 0) return 0;
+        scatter_kernel<<<halves, 128, 0, ci->stream>>>(NULL, NULL, 0, a, b, y, n);
+        return ck(ci, cudaGetLastError(), "f16 rows kernel");
     }
     size_t bytes = ub_packed_bytes(ub);
     if (stage_reserve(ci, stage_size(bytes))) {
@@ -514,7 +532,8 @@ int send_batch(cuda_impl *ci)
         return -1;
     }
     ci->arena_off = off + stage_size(bytes);
-    scatter_kernel<<<(unsigned)ub->n, 128, 0, ci->stream>>>(d, (const ub_piece *)(d + ub_table_offset(ub)));
+    scatter_kernel<<<(unsigned)ub->n + (n > 0 ? halves : 0u), 128, 0, ci->stream>>>(
+        d, (const ub_piece *)(d + ub_table_offset(ub)), ub->n, a, b, y, n > 0 ? n : 0);
     if (ck(ci, cudaGetLastError(), "scatter kernel")) {
         lose_batch(ci);
         return -1;

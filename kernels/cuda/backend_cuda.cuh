@@ -222,6 +222,8 @@ dev_weight *find_weight(cuda_impl *ci, const void *host);
 int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, char *err, size_t errlen);
 void lose_batch(cuda_impl *ci);
 int send_batch(cuda_impl *ci);
+/* send_batch, and a then b (n values each) rounded to f16 into y[0, 2n) by the same launch */
+int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, int64_t n);
 void tables_failed(cuda_impl *ci, int rc);
 
 /* vec_dot.cu: where a producer of n floats at the twin dx in `rows` rows (-1: not known) writes
