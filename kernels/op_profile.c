@@ -290,7 +290,7 @@ void op_profile_write(be_backend *b, FILE *f)
     int with_rt = 0;
     for (int i = 0; i < R_N; i++) with_rt |= p->rows[i].rt > 0;
     fprintf(f, "%-20s %9s %10s %9s %9s %6s %8s %9s %9s%s\n", "op", "calls", "ms", "us/call", "max us", "share",
-            "waits", "MiB up", "MiB down", with_rt ? "  rt calls" : "");
+            "waits", "MiB up", "MiB down", with_rt ? "   rt calls" : "");
     const prof_row *order[R_N];
     for (int i = 0; i < R_N; i++) order[i] = &p->rows[i];
     qsort(order, R_N, sizeof *order, by_time);
