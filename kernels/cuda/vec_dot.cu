@@ -180,7 +180,7 @@ static int mmv(cuda_impl *ci, const dev_weight *const *dw, float *const *dy, int
     const uint32_t type = dw[0]->type;
     if (!ci->mmv_f32) {
         const int rows = decode_rows(ci, n_tok);
-        dd_outs o;
+        dd_outs o = {};   /* the slots past n unread, but not left undefined */
         o.n = n;
         for (int i = 0; i < n; i++) {
             o.w[i] = dw[i]->d;
