@@ -310,6 +310,20 @@ void op_profile_write(be_backend *b, FILE *f)
             window > 0 && between > 0 ? 100 * between / window : 0);
 }
 
+char *op_profile_text(be_backend *b)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return NULL;
+    op_profile_write(b, f);
+    if (fclose(f)) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
 long op_profile_calls(be_backend *b, const char *row, double *seconds)
 {
     prof *p = prof_of(b);

@@ -47,6 +47,8 @@ be_backend *op_profile_inner(be_backend *b);
 
 /* The profile so far of a backend op_profile_wrap made, written to f (the report). */
 void op_profile_write(be_backend *b, FILE *f);
+/* The same report as a string (the caller frees it); NULL when out of memory. */
+char *op_profile_text(be_backend *b);
 
 /* Calls, and seconds inside them, of one row of the report by its name ("matmul 1 token"), for
  * tests. 0 when no such row or no calls. */

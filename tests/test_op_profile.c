@@ -83,12 +83,8 @@ static be_backend ledger_backend(ledger *l)
 /* The report so far, as a string (the caller frees it). */
 static char *report_of(be_backend *p)
 {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    cr_assert(f);
-    op_profile_write(p, f);
-    fclose(f);
+    char *text = op_profile_text(p);
+    cr_assert(text);
     return text;
 }
 
