@@ -240,6 +240,29 @@ static be_weight random_weight(uint32_t type, int64_t n_in, int64_t n_out, void 
     return w;
 }
 
+/* Weights a test made, freed once no backend holds copies of them: a backend keys its copies by
+ * the host address, so a new weight at a freed one's address would be multiplied as the old one.
+ * free_kept_weights makes the shared GPU backend again first (the test's other backends are freed
+ * by then). */
+static void *kept_weights[128];
+static int n_kept_weights;
+
+static void keep_weight(void *data)
+{
+    cr_assert_lt(n_kept_weights, 128);
+    kept_weights[n_kept_weights++] = data;
+}
+
+static void free_kept_weights(void)
+{
+    char err[512];
+    be_free(gpu);
+    gpu = be_cuda_create(2, err, sizeof err);
+    cr_assert(gpu, "%s", err);
+    for (int i = 0; i < n_kept_weights; i++) free(kept_weights[i]);
+    n_kept_weights = 0;
+}
+
 /* largest |y - exact| relative to the largest |exact|, exact = the dequantized weight times x in double */
 static double exact_diff(const be_weight *w, const float *x, int64_t nt, const float *y)
 {
@@ -320,8 +343,6 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
     const int64_t shapes[][2] = { { 256, 17 }, { 640, 300 }, { 2304, 33 }, { 4096, 64 }, { 14336, 5 } };
     const int64_t toks[] = { 1, 2, 3, 5, 8, 9, 33, 64, 65 };
     /* every weight stays allocated until the backends are gone: they key their copies by address */
-    void *kept[11 * 5] = { 0 };
-    int n_kept = 0;
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
             uint32_t type = types[ti];
@@ -396,17 +417,12 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
                 free(y2);
                 free(y3);
             }
-            kept[n_kept++] = data;
+            keep_weight(data);
         }
     be_free(gemm_only);
     be_free(grouped);
     be_free(f32k);
-    be_free(gpu);   /* the suite's backend too, before the weights it holds copies of go */
-    gpu = NULL;
-    char e2[512];
-    gpu = be_cuda_create(2, e2, sizeof e2);
-    cr_assert(gpu, "%s", e2);
-    for (int i = 0; i < n_kept; i++) free(kept[i]);
+    free_kept_weights();   /* the suite's backend made again first */
 }
 
 /* The decode kernels on small weights, quick enough for compute-sanitizer (gpu-check.sh runs it
@@ -441,14 +457,13 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
     const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
                                GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16 };
     const int64_t n_ins[] = { 256, 768, 2304 }, n_outs[] = { 1, 3, 6 }, toks[] = { 1, 2, 5, 8, 11 };
-    void *kept[8 * 3 * 3];
-    int n_kept = 0;
     for (size_t ti = 0; ti < 8; ti++)
         for (size_t ii = 0; ii < 3; ii++)
             for (size_t oi = 0; oi < 3; oi++) {
                 const int64_t n_in = n_ins[ii], n_out = n_outs[oi];
-                be_weight w = random_weight(types[ti], n_in, n_out, &kept[n_kept]);
-                n_kept++;
+                void *data;
+                be_weight w = random_weight(types[ti], n_in, n_out, &data);
+                keep_weight(data);
                 for (size_t k = 0; k < 5 * N_VARIANTS; k++) {   /* each token count on each variant */
                     const int64_t nt = toks[k % 5];
                     const size_t v = k / 5;
@@ -470,33 +485,7 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
                 }
             }
     for (size_t v = 0; v < N_VARIANTS; v++) be_free(variants[v]);
-    be_free(gpu);   /* before the weights it holds copies of go */
-    gpu = be_cuda_create(2, err, sizeof err);
-    cr_assert(gpu, "%s", err);
-    for (int i = 0; i < n_kept; i++) free(kept[i]);
-}
-
-/* Weights a test made, freed once no backend holds copies of them: a backend keys its copies by
- * the host address, so a new weight at a freed one's address would be multiplied as the old one.
- * free_kept_weights makes the shared GPU backend again first (the test's other backends are freed
- * by then). */
-static void *kept_weights[64];
-static int n_kept_weights;
-
-static void keep_weight(void *data)
-{
-    cr_assert_lt(n_kept_weights, 64);
-    kept_weights[n_kept_weights++] = data;
-}
-
-static void free_kept_weights(void)
-{
-    char err[512];
-    be_free(gpu);
-    gpu = be_cuda_create(2, err, sizeof err);
-    cr_assert(gpu, "%s", err);
-    for (int i = 0; i < n_kept_weights; i++) free(kept_weights[i]);
-    n_kept_weights = 0;
+    free_kept_weights();
 }
 
 /* Several products of one input in one decode launch (dd_outs: q, k and v; gate and up): each
