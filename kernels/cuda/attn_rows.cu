@@ -338,7 +338,7 @@ void cuda_attention(be_backend *b, const be_attn *a)
     int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
     int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
     /* a deferred step's own rows in twins (the forward pass's case): rounded to f16 by the batch's
-     * scatter launch (KVCHAT_CUDA_LAUNCHES=apart: a launch of their own, below) */
+     * scatter launch (staged rows below, once staged; KVCHAT_CUDA_LAUNCHES=apart: a launch each) */
     const int halves_now = ck_bound && cv_bound && !ci->launch_apart;
     const float *hk = halves_now ? (const float *)am_dev_in(&ci->act, a->cur_k, sizeof(float) * ncur) : NULL;
     const float *hv = halves_now ? (const float *)am_dev_in(&ci->act, a->cur_v, sizeof(float) * ncur) : NULL;
@@ -374,7 +374,11 @@ void cuda_attention(be_backend *b, const be_attn *a)
         const float *dv = cv_bound ? (const float *)am_dev_in(&ci->act, a->cur_v, sizeof(float) * ncur)
                                    : (const float *)stage(ci, a->cur_v, sizeof(float) * ncur);
         if (!dk || !dv) return;
-        if (to_half_pair(ci, dk, dv, ci->cur16, (int64_t)ncur)) return;
+        /* the batch went above: the scatter kernel runs for the conversion alone */
+        const int64_t nc = (int64_t)ncur;
+        if (ci->launch_apart ? to_half(ci, dk, ci->cur16, nc) || to_half(ci, dv, ci->cur16 + nc, nc)
+                             : send_batch_halves(ci, dk, dv, ci->cur16, nc))
+            return;
     }
     const dev_page *d_pages = pl.pages;
     const uint64_t *d_masks = w ? (const uint64_t *)stage(ci, pl.masks, sizeof(uint64_t) * w) : NULL;

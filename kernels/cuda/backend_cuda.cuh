@@ -235,8 +235,6 @@ void codes_written(cuda_impl *ci, const float *dx, int64_t n);
 
 /* vec_gemm.cu: products of many tokens through cuBLAS, and the f16 inputs they read */
 int to_half(cuda_impl *ci, const float *x, __half *y, int64_t n);
-/* a then b rounded into y[0, 2n) with one launch (a deferred step's keys and values) */
-int to_half_pair(cuda_impl *ci, const float *a, const float *b, __half *y, int64_t n);
 int gemm(cuda_impl *ci, const dev_weight *dw, const __half *x16, int64_t n_tok, float *dy);
 
 /* pick.cu: the k best of rows of values, as the sampler's keys (kernels/pick_kernels.h) */

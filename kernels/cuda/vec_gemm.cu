@@ -12,14 +12,6 @@ static __global__ void f32_to_f16(const float *x, __half *y, int64_t n)
     if (i < n) y[i] = __float2half_rn(qb_f16_range(x[i]));
 }
 
-/* Two arrays of n values rounded into one: a to y[0, n), b to y[n, 2n). */
-static __global__ void f32_pair_to_f16(const float *a, const float *b, __half *y, int64_t n)
-{
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __float2half_rn(qb_f16_range(a[i]));
-    else if (i < 2 * n) y[i] = __float2half_rn(qb_f16_range(b[i - n]));
-}
-
 /* x rounded to f16 into y (n values) on the stream. 0, or -1 (recorded). */
 int to_half(cuda_impl *ci, const float *x, __half *y, int64_t n)
 {
@@ -27,12 +19,6 @@ int to_half(cuda_impl *ci, const float *x, __half *y, int64_t n)
     return ck(ci, cudaGetLastError(), "f32_to_f16");
 }
 
-int to_half_pair(cuda_impl *ci, const float *a, const float *b, __half *y, int64_t n)
-{
-    if (ci->launch_apart) return to_half(ci, a, y, n) || to_half(ci, b, y + n, n) ? -1 : 0;
-    f32_pair_to_f16<<<(unsigned)((2 * n + 255) / 256), 256, 0, ci->stream>>>(a, b, y, n);
-    return ck(ci, cudaGetLastError(), "f32_pair_to_f16");
-}
 
 /* Rows [r0, r0 + n_rows) of W dequantized to f16 into out[n_rows][n_in]: a thread a group of 32,
  * values beyond f16's range saturating at +-65504 (as kernels/weight_f16.c converts). */
