@@ -62,12 +62,11 @@ typedef struct dev_weight {
  * output is a decode product's input (rmsnorm, add_norm, glu, attention's combine) writes its
  * codes with it (codes_for, codes_written), and so does a product that quantizes its input
  * itself; a product whose input is still current reads them instead of quantizing it again (one
- * launch fewer). */
+ * launch fewer). x NULL: the buffers hold nothing known. */
 typedef struct act_codes {
     const float *x;
     int64_t n;
     uint64_t at;
-    int valid;
 } act_codes;
 
 /* A warp's block of 32 activations (a value a lane) rounded to 8-bit codes as decode_dot.h's

@@ -269,7 +269,7 @@ int8_t *codes_for(cuda_impl *ci, int64_t n, int64_t rows, float **xd, float **xs
      * kernel's tokens at the widest weight's n_in */
     const int64_t most = mmv_most_tokens(ci) > QB_MAX_TOK ? mmv_most_tokens(ci) : QB_MAX_TOK;
     if (rows >= 0 ? rows > most : n > most * ci->widest_in) return NULL;
-    ci->codes.valid = 0;
+    ci->codes.x = NULL;
     const size_t n_blocks = (size_t)(n / DD_QBLOCK);
     if (grow_dev(ci, (void **)&ci->xq, &ci->cap_xq, (size_t)n) ||
         grow_dev(ci, (void **)&ci->xd, &ci->cap_xd, sizeof(float) * n_blocks) ||
@@ -280,7 +280,7 @@ int8_t *codes_for(cuda_impl *ci, int64_t n, int64_t rows, float **xd, float **xs
     return ci->xq;
 }
 
-void codes_written(cuda_impl *ci, const float *dx, int64_t n) { ci->codes = act_codes{ dx, n, ci->act.dev_changes, 1 }; }
+void codes_written(cuda_impl *ci, const float *dx, int64_t n) { ci->codes = act_codes{ dx, n, ci->act.dev_changes }; }
 
 void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
 {
@@ -326,12 +326,12 @@ void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int6
     /* the input's codes are current: made from these bytes (by the op that wrote them, or by an
      * earlier product) and nothing changed a twin since */
     const act_codes *c = &ci->codes;
-    int current = twin && c->valid && c->x == twin && c->n == n_x && c->at == ci->act.dev_changes;
+    int current = twin && c->x == twin && c->n == n_x && c->at == ci->act.dev_changes;
     if (any_int8 && (ci->launch_apart || !current)) {
         /* the input's 8-bit codes, once for every product that reads them (unless the op that wrote
          * the input wrote them too, or an earlier product made them from the same bytes) */
         const int64_t n_blocks = n_x / DD_QBLOCK;
-        ci->codes.valid = 0;
+        ci->codes.x = NULL;
         if (grow_dev(ci, (void **)&ci->xq, &ci->cap_xq, (size_t)n_x) ||
             grow_dev(ci, (void **)&ci->xd, &ci->cap_xd, sizeof(float) * (size_t)n_blocks) ||
             grow_dev(ci, (void **)&ci->xs, &ci->cap_xs, sizeof(float) * (size_t)n_blocks))
@@ -340,7 +340,7 @@ void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int6
         if (ck(ci, cudaGetLastError(), "quantize_act")) return;
         ci->quantizations++;
         current = twin != NULL;
-        if (twin) ci->codes = act_codes{ twin, n_x, 0, 1 };
+        if (twin) ci->codes = act_codes{ twin, n_x, 0 };
     }
     /* each output's twin when it is bound, else scratch copied back below */
     float *dy[8];
