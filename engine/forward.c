@@ -638,43 +638,83 @@ static int take_pending(fwd_ctx *f, int upto)
     return 0;
 }
 
-/* Layer il's attention for sequence f's rows (its queries q at positions pos: n_chunk of its own
- * from p0, then n_probe probe rows from probe_p0; K/V their new rows) into out. With defer the rows'
- * own K/V are attended from where they are, beside the cache's pages (forward_rows). 0 or as
- * forward_rows. */
-static int attend(fwd_ctx *f, int il, float *q, const int32_t *pos, int64_t n_chunk, int64_t p0, int64_t n_probe,
-                  int64_t probe_p0, float *K, float *V, int defer, float *out)
+/* Layer il's attention call for sequence f's rows (its queries q at positions pos: n_chunk of its
+ * own from p0, then n_probe probe rows; K/V their new rows) into out, as *a: the window trimmed, the
+ * page list built, the step's statistics recorded. With defer the rows' own K/V are attended from
+ * where they are, beside the cache's pages (forward_rows). 0 or -2 (out of memory). */
+static int attend_call(fwd_ctx *f, int il, float *q, const int32_t *pos, int64_t n_chunk, int64_t p0,
+                       int64_t n_probe, float *K, float *V, int defer, float *out, be_attn *a)
 {
     const model_hparams *hp = &f->m->hp;
     const model_layer *ly = &f->m->layers[il];
     int64_t n = n_chunk + n_probe;
     kv_trim_window(f->kv, il, p0, f->eval_start);
-    be_attn a = {
+    *a = (be_attn){
         .q = q, .n_q = n, .q_pos = pos, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
         .window = ly->is_swa ? hp->n_swa : 0, .out = out,
     };
     if (defer) {
-        a.cur_k = K;
-        a.cur_v = V;
-        a.cur_pos = pos;
-        a.n_cur = n;
+        a->cur_k = K;
+        a->cur_v = V;
+        a->cur_pos = pos;
+        a->n_cur = n;
     }
-    if (build_page_list(f, il, q, &a, !ly->is_swa) != 0) return -2;
+    if (build_page_list(f, il, q, a, !ly->is_swa) != 0) return -2;
     if (defer && f->decoding) {
         if (f->n_dsel && f->dsel[f->n_dsel - 1].il == il)
             f->dsel[f->n_dsel - 1].row = 1;   /* counted after the selection's pages (sel_stats) */
         else
             defer_stats(f, il, !ly->is_swa, p0, f->last_listed);
     }
-    double t0 = f->decoding ? now_ms() : 0;
-    f->b->ops->attention(f->b, &a);
-    if (f->decoding) f->st_attn_ms += now_ms() - t0;
+    return 0;
+}
+
+/* What follows sequence f's attention call of layer il (attend_call's arguments): the probe rows'
+ * K/V dropped, a prefill policy told the layer is done. 0, -2 or -3 (as forward_rows). */
+static int attend_done(fwd_ctx *f, int il, float *q, int64_t n_chunk, int64_t p0, int64_t n_probe,
+                       int64_t probe_p0, int defer)
+{
     if (n_probe && kv_truncate_layer(f->kv, il, probe_p0)) return -2;
-    if (f->pol && !ly->is_swa && !defer) {
+    if (f->pol && !f->m->layers[il].is_swa && !defer) {
         pol_chunk c = { q, n_chunk, p0, n_probe, probe_p0, pol_set_probe_tokens(f->pol), f->last_chunk, f->decoding };
         if (pol_set_layer_done(f->pol, il, &c, f->pol_err, sizeof f->pol_err)) return -3;
     }
     return 0;
+}
+
+/* Layer il's attention for f's own rows (attend_call's arguments), or 0 .. as forward_rows. */
+static int attend(fwd_ctx *f, int il, float *q, const int32_t *pos, int64_t n_chunk, int64_t p0, int64_t n_probe,
+                  int64_t probe_p0, float *K, float *V, int defer, float *out)
+{
+    be_attn a;
+    if (attend_call(f, il, q, pos, n_chunk, p0, n_probe, K, V, defer, out, &a)) return -2;
+    double t0 = f->decoding ? now_ms() : 0;
+    f->b->ops->attention(f->b, &a);
+    if (f->decoding) f->st_attn_ms += now_ms() - t0;
+    return attend_done(f, il, q, n_chunk, p0, n_probe, probe_p0, defer);
+}
+
+/* Layer il's attention for a batch's decode step: each sequence's call made as attend's, then all
+ * of them at once (be_attention_seqs: one launch on a device backend), each sequence's share of
+ * the time its own. 0 .. as forward_rows. */
+static int attend_batch(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, int il, float *K, float *V, int defer)
+{
+    const model_hparams *hp = &f->m->hp;
+    const int64_t HD = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    be_attn a[FWD_BATCH_MAX];
+    for (int s = 0; s < n_seq; s++)
+        if (attend_call(seqs[s], il, f->q + s * HD, f->pos + s, 1, f->pos[s], 0, K + s * kvd, V + s * kvd, defer,
+                        f->att + s * HD, &a[s]))
+            return -2;
+    double t0 = now_ms();
+    be_attention_seqs(f->b, a, n_seq);
+    double share = (now_ms() - t0) / n_seq;
+    int rc = 0;
+    for (int s = 0; s < n_seq && !rc; s++) {
+        if (seqs[s]->decoding) seqs[s]->st_attn_ms += share;
+        rc = attend_done(seqs[s], il, f->q + s * HD, 1, f->pos[s], 0, 0, defer);
+    }
+    return rc;
 }
 
 /* The rows of one forward pass through f's scratch: either f's own chunk of n tokens at positions
@@ -768,13 +808,8 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
         } else if (f->pend.at >= 0 && (rc = take_pending(f, il + 1)) != 0) {
             return rc;   /* the previous chunk's rows of this layer (the first waits for the device) */
         }
-        if (!batch) {
-            rc = attend(f, il, f->q, f->pos, n_chunk, p0, n_probe, probe_p0, K, V, defer, f->att);
-        } else {
-            for (int s = 0; s < n_seq && !rc; s++)
-                rc = attend(seqs[s], il, f->q + s * H * D, f->pos + s, 1, f->pos[s], 0, 0, K + s * kvd, V + s * kvd,
-                            defer, f->att + s * H * D);
-        }
+        rc = batch ? attend_batch(f, seqs, n_seq, il, K, V, defer)
+                   : attend(f, il, f->q, f->pos, n_chunk, p0, n_probe, probe_p0, K, V, defer, f->att);
         if (rc) return rc;
         be_mm wo = { &ly->wo, f->o };
         op->matmul(b, &wo, 1, f->att, n);

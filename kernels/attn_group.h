@@ -53,6 +53,44 @@ typedef struct ag_page {
     int32_t n, stride, head_step;
 } ag_page;
 
+/* The page lists one launch reads: one that every query reads (n 1), or one a query (n > 1: query
+ * t reads l[t], a batch's sequence each, be_attn_seqs_joined). Each list has the split count its
+ * call alone would get, so that its query gets that call's bits; a row's partials lie `stride`
+ * splits apart (the most of any list's), and a block past its list's splits does nothing. */
+#define AG_MAX_LISTS BE_ATTN_SEQS_MAX
+typedef struct ag_list {
+    const ag_page *pages;
+    const int64_t *head_pages;   /* NULL: every KV head reads all n_pages */
+    const uint64_t *masks;
+    int64_t n_pages;
+    int32_t n_split;
+} ag_list;
+
+typedef struct ag_lists {
+    ag_list l[AG_MAX_LISTS];
+    int32_t n, stride;
+} ag_lists;
+
+/* Query t's list (a kernel takes the lists as a __grid_constant__ parameter, so that this indexes
+ * the parameter where it is instead of copying it to the stack). */
+QB_HD ag_list ag_list_of(const ag_lists *L, int64_t t) { return L->l[L->n > 1 ? t : 0]; }
+
+/* One list for every query, n_split splits. */
+QB_HD ag_lists ag_one_list(const ag_page *pages, const int64_t *head_pages, const uint64_t *masks, int64_t n_pages,
+                           int n_split)
+{
+    ag_lists L;
+    memset(&L, 0, sizeof L);
+    L.l[0].pages = pages;
+    L.l[0].head_pages = head_pages;
+    L.l[0].masks = masks;
+    L.l[0].n_pages = n_pages;
+    L.l[0].n_split = n_split;
+    L.n = 1;
+    L.stride = n_split;
+    return L;
+}
+
 /* One lane's online softmax: per head, the running maximum, sum and output of its dimensions. */
 typedef struct ag_state {
     float m[AG_HEADS], l[AG_HEADS];
@@ -234,11 +272,12 @@ QB_HD void ag_slot_run(const ag_page *pages, const uint64_t *masks, int64_t p0, 
 }
 
 /* The combined output element d of row r (query t, head h: r = t * n_head + h) from its n_split
- * partials (part_ml[(r * n_split + z) * 2 ..] maximum and sum, part_o[(r * n_split + z) * D ..]
+ * partials (part_ml[(r * stride + z) * 2 ..] maximum and sum, part_o[(r * stride + z) * D ..]
  * unnormalised output), in split order; 0 where nothing was visible, NaN where a NaN came in. */
-QB_HD float ag_combine_one(const float *part_o, const float *part_ml, int64_t r, int n_split, int D, int d)
+QB_HD float ag_combine_one(const float *part_o, const float *part_ml, int64_t r, int stride, int n_split, int D,
+                           int d)
 {
-    const int64_t r0 = r * n_split;
+    const int64_t r0 = r * stride;
     float M = -INFINITY;
     for (int z = 0; z < n_split; z++)
         if (part_ml[(r0 + z) * 2] > M) M = part_ml[(r0 + z) * 2];
@@ -293,7 +332,7 @@ static inline int ag_pages_of(const be_attn *a, ag_page **pages, uint64_t **mask
 static inline void ag_combine_all(const float *po, const float *pml, int64_t n_rows, int n_split, int D, float *out)
 {
     for (int64_t r = 0; r < n_rows; r++)
-        for (int d = 0; d < D; d++) out[r * D + d] = ag_combine_one(po, pml, r, n_split, D, d);
+        for (int d = 0; d < D; d++) out[r * D + d] = ag_combine_one(po, pml, r, n_split, n_split, D, d);
 }
 
 /* One block (KV head g, its query heads h0 .. h0 + hb, one query at qp whose rows of those heads
@@ -345,40 +384,62 @@ static inline void ag_block_sim(const ag_page *pages, const uint64_t *masks, int
     free(qv);
 }
 
-/* Attention a (n_cur 0; pages with their mask pointers) with n_split splits as the device computes
- * it: out gets the device's bits. */
-static inline void ag_attention_sim(const be_attn *a, int n_split, float *out)
+/* Calls a[0 .. n) (n_cur 0; pages with their mask pointers) in one launch, call i's list with
+ * n_split[i] splits, as the device computes it (n 1: a's queries read one list; n > 1: joined calls
+ * of one query each, be_attn_seqs_joined, their queries and outputs one call's of n queries): out
+ * gets the device's bits, query after query. */
+static inline void ag_lists_sim(const be_attn *a, int n, const int *n_split, float *out)
 {
-    const int D = a->head_dim, group = a->n_head / a->n_head_kv, nhb = ag_head_batches(group);
-    ag_page *pages;
-    uint64_t *masks;
-    ag_pages_of(a, &pages, &masks);
-    const size_t n_rows = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
+    const int D = a->head_dim, H = a->n_head, group = H / a->n_head_kv, nhb = ag_head_batches(group);
+    ag_page *pages[AG_MAX_LISTS];
+    uint64_t *masks[AG_MAX_LISTS];
+    ag_lists L;
+    memset(&L, 0, sizeof L);
+    L.n = n;
+    for (int i = 0; i < n; i++) {
+        ag_pages_of(&a[i], &pages[i], &masks[i]);
+        L.l[i] = (ag_list){ pages[i], a[i].head_pages, masks[i], a[i].n_pages, n_split[i] };
+        if (n_split[i] > L.stride) L.stride = n_split[i];
+    }
+    const int64_t n_q = n > 1 ? n : a->n_q;
+    const size_t n_rows = (size_t)n_q * (size_t)H * (size_t)L.stride;
     float *po = (float *)malloc(sizeof(float) * n_rows * (size_t)D), *pml = (float *)malloc(sizeof(float) * n_rows * 2);
     if (!po || !pml) abort();
-    for (int64_t t = 0; t < a->n_q; t++)
+    for (int64_t t = 0; t < n_q; t++) {
+        const ag_list l = ag_list_of(&L, t);
         for (int g = 0; g < a->n_head_kv; g++)
             for (int b = 0; b < nhb; b++)
-                for (int z = 0; z < n_split; z++) {
+                for (int z = 0; z < l.n_split; z++) {
                     const int h0 = g * group + b * AG_HEADS, hb = ag_batch_heads(group, b);
                     int64_t p0, p1;
-                    ag_split_range(a->head_pages, a->n_pages, g, n_split, z, &p0, &p1);
+                    ag_split_range(l.head_pages, l.n_pages, g, l.n_split, z, &p0, &p1);
                     float bpo[AG_HEADS * AG_MAX_D], bpml[AG_HEADS * 2];
-                    ag_block_sim(pages, masks, p0, p1, g, a->q + ((size_t)t * (size_t)a->n_head + (size_t)h0) * (size_t)D,
-                                 D, hb, a->q_pos[t], a->window, bpo, bpml);
+                    const float *qt = a->q + ((size_t)t * (size_t)H + (size_t)h0) * (size_t)D;
+                    ag_block_sim(l.pages, l.masks, p0, p1, g, qt, D, hb, a->q_pos[t], a->window, bpo, bpml);
                     for (int h = 0; h < hb; h++) {
-                        const size_t row = ((size_t)t * (size_t)a->n_head + (size_t)(h0 + h)) * (size_t)n_split + (size_t)z;
+                        const size_t row = ((size_t)t * (size_t)H + (size_t)(h0 + h)) * (size_t)L.stride + (size_t)z;
                         memcpy(po + row * (size_t)D, bpo + h * D, sizeof(float) * (size_t)D);
                         pml[row * 2] = bpml[h * 2];
                         pml[row * 2 + 1] = bpml[h * 2 + 1];
                     }
                 }
-    ag_combine_all(po, pml, a->n_q * a->n_head, n_split, D, out);
-    free(pages);
-    free(masks);
+        for (int h = 0; h < H; h++)
+            for (int d = 0; d < D; d++) {
+                const int64_t r = t * H + h;
+                out[r * D + d] = ag_combine_one(po, pml, r, L.stride, l.n_split, D, d);
+            }
+    }
+    for (int i = 0; i < n; i++) {
+        free(pages[i]);
+        free(masks[i]);
+    }
     free(po);
     free(pml);
 }
+
+/* Attention a (n_cur 0; pages with their mask pointers) with n_split splits as the device computes
+ * it: out gets the device's bits. */
+static inline void ag_attention_sim(const be_attn *a, int n_split, float *out) { ag_lists_sim(a, 1, &n_split, out); }
 #endif
 
 #endif

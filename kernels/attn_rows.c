@@ -45,6 +45,29 @@ int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t 
     return e;
 }
 
+/* ---------------------------------------------------------------- calls joined into one launch */
+
+int be_attn_seqs_joined(const be_attn *a, int n)
+{
+    if (n < 2 || n > BE_ATTN_SEQS_MAX) return 0;
+    const int64_t HD = (int64_t)a[0].n_head * a[0].head_dim, kvd = (int64_t)a[0].n_head_kv * a[0].head_dim;
+    const int cur = a[0].n_cur > 0;
+    for (int i = 0; i < n; i++) {
+        const be_attn *c = &a[i];
+        if (c->n_q != 1 || c->n_head != a[0].n_head || c->n_head_kv != a[0].n_head_kv ||
+            c->head_dim != a[0].head_dim || c->window != a[0].window || !c->head_pages)
+            return 0;
+        if (c->q != a[0].q + i * HD || c->out != a[0].out + i * HD || c->q_pos != a[0].q_pos + i) return 0;
+        if ((c->n_cur > 0) != cur) return 0;
+        for (int j = 0; j < i; j++)
+            if (a[j].table == c->table) return 0;   /* a device keeps one list a name */
+        if (cur && (c->n_cur != 1 || c->cur_k != a[0].cur_k + i * kvd || c->cur_v != a[0].cur_v + i * kvd ||
+                    c->cur_pos != a[0].cur_pos + i))
+            return 0;
+    }
+    return 1;
+}
+
 /* ---------------------------------------------------------------- a selection made by bounds */
 
 int64_t be_attn_sel_len(const be_attn *a)

@@ -317,6 +317,11 @@ typedef struct be_ops {
     /* The eviction policies' attention mass (be_mass above), read from host pages; the answer is on
      * the host when this returns, computed even after a device op failed (a policy evicts by it). */
     void (*attn_mass)(be_backend *b, const be_mass *m);
+    /* n attention calls at once, as a[0], ..., a[n - 1] one after another would give (a batch's
+     * decode step: each sequence's call, its one query, list and rows). A device backend runs
+     * calls that be_attn_seqs_joined accepts in one launch, every output the bits its call alone
+     * gives. NULL: the caller makes the calls one by one (be_attention_seqs). */
+    void (*attention_seqs)(be_backend *b, const be_attn *a, int n);
 } be_ops;
 
 struct be_backend {
@@ -411,6 +416,14 @@ static inline void be_host_write(be_backend *b, void *p, size_t bytes)
 {
     if (b->ops->host_write) b->ops->host_write(b, p, bytes);
 }
+static inline void be_attention_seqs(be_backend *b, const be_attn *a, int n)
+{
+    if (b->ops->attention_seqs) {
+        b->ops->attention_seqs(b, a, n);
+        return;
+    }
+    for (int i = 0; i < n; i++) b->ops->attention(b, &a[i]);
+}
 static inline int be_failed(be_backend *b, char *err, size_t errlen)
 {
     return b->ops->failed ? b->ops->failed(b, err, errlen) : 0;
@@ -425,6 +438,15 @@ static inline int be_failed(be_backend *b, char *err, size_t errlen)
 int64_t be_attn_rows_len(const be_attn *a);
 int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
                           be_kv_page *out, int64_t *hp);
+/* The most calls one joined attention launch serves (a batch's sequences, FWD_BATCH_MAX). */
+#define BE_ATTN_SEQS_MAX 8
+/* 1 when calls a[0 .. n) can run as one launch: 2 <= n <= BE_ATTN_SEQS_MAX, each one query with
+ * the same heads, head dimension and window, a list of its own (head_pages given) under a name no
+ * other call gives (be_attn.table: a device keeps one list a name until the launch), and its rows
+ * laid out as one call's of n queries would be: q, out, q_pos, and with rows not in the cache (one
+ * each, or none in every call) cur_k, cur_v, cur_pos, call i's at i rows from call 0's. 0
+ * otherwise (then one launch a call). */
+int be_attn_seqs_joined(const be_attn *a, int n);
 /* A selection (a->sel_best, read on the host) as the explicit list it stands for: per KV head the
  * chosen entries of a->pages, then the head's entries from sel_from on, into
  * out[0 .. be_attn_sel_len(a)) with offsets hp[0 .. n_head_kv] (ag_sel_at, kernels/attn_group.h,

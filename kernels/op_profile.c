@@ -6,15 +6,15 @@
 #include "kernels/op_profile.h"
 
 enum {
-    R_MATMUL_1, R_MATMUL_N, R_RMSNORM, R_QK_ROPE, R_GLU, R_GET_ROWS, R_ATTENTION_1, R_ATTENTION_N, R_SCORES,
-    R_BOUND_PAGES, R_ADD_NORM, R_PREPARE, R_BIND, R_UNBIND, R_HOST_READ, R_HOST_WRITE, R_PICK,
-    R_HOST_PREFETCH, R_KEY_MEANS, R_ATTN_MASS, R_WARM_UP, R_N
+    R_MATMUL_1, R_MATMUL_N, R_RMSNORM, R_QK_ROPE, R_GLU, R_GET_ROWS, R_ATTENTION_1, R_ATTENTION_N,
+    R_ATTENTION_SEQS, R_SCORES, R_BOUND_PAGES, R_ADD_NORM, R_PREPARE, R_BIND, R_UNBIND, R_HOST_READ,
+    R_HOST_WRITE, R_PICK, R_HOST_PREFETCH, R_KEY_MEANS, R_ATTN_MASS, R_WARM_UP, R_N
 };
 
 static const char *const row_name[R_N] = {
     "matmul 1 token", "matmul tokens", "rmsnorm", "qk_rope", "glu", "get_rows", "attention 1 query",
-    "attention queries", "scores", "bound_pages", "add_norm", "prepare", "bind", "unbind", "host_read",
-    "host_write", "pick", "host_prefetch", "key_means", "attn_mass", "warm-up",
+    "attention queries", "attention joined", "scores", "bound_pages", "add_norm", "prepare", "bind", "unbind",
+    "host_read", "host_write", "pick", "host_prefetch", "key_means", "attn_mass", "warm-up",
 };
 
 typedef struct prof_row {
@@ -124,6 +124,12 @@ static void t_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, in
 static void t_attention(be_backend *b, const be_attn *a)
 {
     TIMED(a->n_q == 1 ? R_ATTENTION_1 : R_ATTENTION_N, in_->ops->attention(in_, a));
+}
+
+/* A batch's calls at once: a row of their own (one call however many sequences). */
+static void t_attention_seqs(be_backend *b, const be_attn *a, int n)
+{
+    TIMED(R_ATTENTION_SEQS, in_->ops->attention_seqs(in_, a, n));
 }
 
 static void t_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
@@ -247,6 +253,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     TWIN(key_means);
     TWIN(bind_blank);
     TWIN(attn_mass);
+    TWIN(attention_seqs);
     p->outer.ops = &p->ops;
     p->outer.n_threads = in->n_threads;
     p->outer.impl = p;

@@ -221,7 +221,7 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 if command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, selection)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|a_selection_by_bounds*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|a_selection_by_bounds*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
     # stages; racecheck is slow, so that test alone, and the fused ops' shared block sums) and
@@ -233,7 +233,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass)" 90 \
         compute-sanitizer --tool synccheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(grouped_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*)'
+        --filter 'cuda/@(grouped_attention*|joined_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
     say "- compute-sanitizer: not installed here"

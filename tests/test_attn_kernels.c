@@ -389,6 +389,95 @@ Test(attn_group, long_contexts_stay_within_the_f32_bound, .timeout = 300)
     }
 }
 
+/* A batch's calls joined into one launch (ag_lists: a list a query, each with its own split count,
+ * the partials a common stride apart, blocks past a list's splits idle) give each call the bits it
+ * gets alone: 2 to 8 calls with lists of their own lengths, masks and bias, at positions of their
+ * own, split 1 to more times than they have pages. */
+Test(attn_group, joined_calls_give_each_call_its_own_bits, .timeout = 120)
+{
+    seed_rng("joined");
+    const int shapes[][3] = { { 4, 1, 64 }, { 8, 2, 32 }, { 6, 2, 80 }, { 12, 1, 16 } };
+    for (int si = 0; si < 4; si++)
+        for (int n = 2; n <= AG_MAX_LISTS; n += si % 2 ? 3 : 2) {
+            const int nh = shapes[si][0], nkv = shapes[si][1], D = shapes[si][2], HD = nh * D;
+            pageset ps[AG_MAX_LISTS];
+            be_attn a[AG_MAX_LISTS];
+            int splits[AG_MAX_LISTS];
+            float *q = malloc(sizeof(float) * (size_t)(n * HD)), *joined = malloc(sizeof(float) * (size_t)(n * HD));
+            float *alone = malloc(sizeof(float) * (size_t)HD);
+            int32_t qp[AG_MAX_LISTS];
+            cr_assert(q && joined && alone);
+            for (int i = 0; i < n * HD; i++) q[i] = frand(-0.6f, 0.6f);
+            for (int i = 0; i < n; i++) {
+                make_pageset(&ps[i], nkv, 1 + (int)(rnd() % 6), D, 0, (int)(rnd() % 2), (int)(rnd() % 2));
+                qp[i] = ps[i].max_pos - (int32_t)(rnd() % 3) * (ps[i].max_pos - ps[i].min_pos) / 3;
+                splits[i] = 1 + (int)(rnd() % (uint64_t)(ps[i].n_pages / nkv + 2));
+                a[i] = (be_attn){ .q = q + i * HD, .n_q = 1, .q_pos = &qp[i], .n_head = nh, .n_head_kv = nkv,
+                                  .head_dim = D, .pages = ps[i].pages, .n_pages = ps[i].n_pages,
+                                  .head_pages = ps[i].head_pages, .window = si == 2 ? 40 : 0, .out = joined + i * HD,
+                                  .table = 100 + (uint64_t)i };
+            }
+            cr_assert(be_attn_seqs_joined(a, n), "%d calls laid out as one launch's are refused", n);
+            ag_lists_sim(a, n, splits, joined);
+            for (int i = 0; i < n; i++) {
+                be_attn one = a[i];
+                one.out = alone;
+                ag_attention_sim(&one, splits[i], alone);
+                cr_expect(!memcmp(alone, joined + i * HD, sizeof(float) * (size_t)HD),
+                          "%d heads / %d KV of %d, call %d of %d (%d splits): joined, other bits than alone", nh, nkv,
+                          D, i, n, splits[i]);
+            }
+            for (int i = 0; i < n; i++) free_pageset(&ps[i]);
+            free(q);
+            free(joined);
+            free(alone);
+        }
+}
+
+/* Calls not laid out as one launch's are refused (each then launches alone). */
+Test(attn_group, calls_not_laid_out_as_one_launch_are_not_joined)
+{
+    enum { N = 3, H = 4, KV = 2, D = 8, HD = H * D, KVD = KV * D };
+    float q[N * HD], out[N * HD], k[N * KVD], v[N * KVD];
+    int32_t pos[N] = { 5, 9, 7 };
+    int64_t hp[KV + 1] = { 0, 0, 0 };
+    be_attn a[N], b[N];
+    for (int i = 0; i < N; i++)
+        a[i] = (be_attn){ .q = q + i * HD, .n_q = 1, .q_pos = pos + i, .n_head = H, .n_head_kv = KV, .head_dim = D,
+                          .head_pages = hp, .out = out + i * HD, .cur_k = k + i * KVD, .cur_v = v + i * KVD,
+                          .cur_pos = pos + i, .n_cur = 1, .table = 7 + (uint64_t)i };
+    cr_assert(be_attn_seqs_joined(a, N));
+    cr_expect(!be_attn_seqs_joined(a, 1), "one call is no join");
+    be_attn many[BE_ATTN_SEQS_MAX + 1];
+    for (int i = 0; i <= BE_ATTN_SEQS_MAX; i++) many[i] = a[0], many[i].table = (uint64_t)i;
+    cr_expect(!be_attn_seqs_joined(many, BE_ATTN_SEQS_MAX + 1), "more calls than a launch takes");
+    static const char *const bad[] = {
+        "two queries",        "another window",    "its query elsewhere", "its output elsewhere",
+        "its position elsewhere", "no rows of its own", "two rows of its own", "its keys elsewhere",
+        "no per-head lists",  "other heads",       "another call's list name",
+    };
+    for (size_t e = 0; e < sizeof bad / sizeof *bad; e++) {
+        memcpy(b, a, sizeof b);
+        be_attn *c = &b[1];
+        switch (e) {
+        case 0: c->n_q = 2; break;
+        case 1: c->window = 16; break;
+        case 2: c->q = q; break;
+        case 3: c->out = out + 2 * HD; break;
+        case 4: c->q_pos = pos; break;
+        case 5: c->n_cur = 0; break;
+        case 6: c->n_cur = 2; break;
+        case 7: c->cur_k = k; break;
+        case 8: c->head_pages = NULL; break;
+        case 9: c->n_head = 8; break;
+        case 10: c->table = b[0].table; break;
+        }
+        cr_expect(!be_attn_seqs_joined(b, N), "a call with %s was joined", bad[e]);
+    }
+    for (int i = 0; i < N; i++) b[i] = a[i], b[i].n_cur = 0;   /* none with rows: joined */
+    cr_expect(be_attn_seqs_joined(b, N), "calls without rows of their own are refused");
+}
+
 /* A NaN in one head's query gives that head NaN (not a plausible 0 or a finite average) and leaves
  * the other heads alone; as the CPU. */
 Test(attn_group, a_nan_query_stays_nan)

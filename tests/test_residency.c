@@ -44,6 +44,7 @@ typedef struct shadow {
                            way when the summaries do not fit on the device) */
     int gather_on_twin; /* embedding rows written on the twin (the CUDA backend's gather of a weight it
                            holds) instead of on the host */
+    int joined;         /* attention_seqs calls of more than one sequence */
     /* downloads in flight: the device's bytes as they were when issued, landing on the host only at
      * the next wait (so a host read that skips the wait sees the spoiled copy) */
     struct pending { void *dst, *bytes; size_t n; } *pend;
@@ -204,6 +205,17 @@ static void s_attention(be_backend *b, const be_attn *a)
     }
     c.out = out(b, a->out, nq);
     sh(b)->cpu->ops->attention(sh(b)->cpu, &c);
+}
+
+/* A batch's calls: the forward pass lays them out as one launch's (a device backend's one launch
+ * depends on it), then each as attention. */
+static void s_attention_seqs(be_backend *b, const be_attn *a, int n)
+{
+    if (n > 1) {
+        cr_assert(be_attn_seqs_joined(a, n), "the forward pass's %d calls of a batch are not laid out as one", n);
+        sh(b)->joined++;
+    }
+    for (int i = 0; i < n; i++) s_attention(b, &a[i]);
 }
 
 /* Read from the twins where the matrix and the anchor are bound (CHESS binds its summaries and
@@ -393,6 +405,7 @@ static const be_ops shadow_ops = {
     .key_means = s_key_means,
     .bind_blank = s_bind_blank,
     .attn_mass = s_attn_mass,
+    .attention_seqs = s_attention_seqs,
 };
 
 static be_backend *shadow_create(void)
@@ -1019,6 +1032,7 @@ static void batch_vs_alone(const char *file, int device, const char *const *spec
         fs[s] = fork_under(base, specs[s], ids, np, s, first, &pss[s]);
         cur[s] = first;
     }
+    const int joined0 = device ? sh(b)->joined : 0;
     for (int t = 0; t < STEPS; t++) {
         fwd_ctx *in[FWD_BATCH_MAX];
         int32_t bid[FWD_BATCH_MAX];
@@ -1047,6 +1061,10 @@ static void batch_vs_alone(const char *file, int device, const char *const *spec
             }
         }
     }
+    /* every layer of every step of two or more sequences: one call for the batch */
+    if (device)
+        cr_expect_eq(sh(b)->joined - joined0, (STEPS - 1) * fwd_model(base)->hp.n_layer,
+                     "%s: %d joined attention calls", file, sh(b)->joined - joined0);
     for (int s = 0; s < n; s++) {
         cr_expect_eq(fwd_pos(fs[s]), len0 + STEPS);
         if (pss[s]) {

@@ -107,14 +107,15 @@ __global__ void attn_kernel(const float *q, const int32_t *q_pos, const dev_page
     if (tid == 0) part_ml[row * 2] = m, part_ml[row * 2 + 1] = l;
 }
 
-/* Every attention kernel's splits merged (ag_combine_one; row r = t * n_head + h). grid (n_head, n_q),
- * threads over D. */
-__global__ void attn_combine(const float *part_o, const float *part_ml, int n_split, int n_head, int D, float *out,
-                             int8_t *q, float *qd, float *qs)
+/* Every attention kernel's splits merged (ag_combine_one; row r = t * n_head + h, query t's list's
+ * splits, L.stride apart). grid (n_head, n_q), threads over D. */
+__global__ void attn_combine(const float *part_o, const float *part_ml, const __grid_constant__ ag_lists L, int n_head,
+                             int D, float *out, int8_t *q, float *qd, float *qs)
 {
     const int64_t r = (int64_t)blockIdx.y * n_head + blockIdx.x;
+    const int n_split = ag_list_of(&L, blockIdx.y).n_split;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        const float v = ag_combine_one(part_o, part_ml, r, n_split, D, d);
+        const float v = ag_combine_one(part_o, part_ml, r, L.stride, n_split, D, d);
         out[r * D + d] = v;
         /* with q (D % 32 == 0, blockDim a multiple of 32): the output product's input codes, a
          * warp's 32 consecutive values one block */
@@ -122,19 +123,21 @@ __global__ void attn_combine(const float *part_o, const float *part_ml, int n_sp
     }
 }
 
-/* The grouped kernel (kernels/attn_group.h): one block per (KV head and a batch of up to AG_HEADS
- * of its query heads, query, split of the head's pages). grid (n_head_kv * batches, n_q, n_split),
- * AG_THREADS threads. Each page is read once for the batch's heads. */
-__global__ void __launch_bounds__(AG_THREADS) attn_group_kernel(const float *q, const int32_t *q_pos,
-                                                                const ag_page *pages, int64_t n_pages,
-                                                                const int64_t *head_pages, const uint64_t *masks,
-                                                                int n_head, int group, int D, int32_t window,
-                                                                int n_split, float *part_o, float *part_ml)
+/* The grouped kernel's block (kernels/attn_group.h): one block per (KV head and a batch of up to
+ * AG_HEADS of its query heads, query, split of the head's pages in its query's list: `pages` ..,
+ * n_split splits, partials `stride` apart). grid (n_head_kv * batches, n_q, stride), AG_THREADS
+ * threads. Each page is read once for the batch's heads. */
+static __device__ __forceinline__ void attn_group_block(const float *q, const int32_t *q_pos, const ag_page *pages,
+                                                        int64_t n_pages, const int64_t *head_pages,
+                                                        const uint64_t *masks, int n_split, int stride, int n_head,
+                                                        int group, int D, int32_t window, float *part_o,
+                                                        float *part_ml)
 {
     __shared__ ag_state sw[AG_THREADS / 32 - 1][32];   /* warps 1.. : their slot 0's lanes */
     const int nhb = ag_head_batches(group), g = blockIdx.x / nhb, bt = blockIdx.x % nhb;
     const int h0 = g * group + bt * AG_HEADS, hb = ag_batch_heads(group, bt);
     const int64_t t = blockIdx.y;
+    if ((int)blockIdx.z >= n_split) return;   /* past its list's splits: the whole block */
     const int32_t qp = q_pos[t];
     const int lk = ag_lanes_per_key(D), slots = AG_THREADS / lk;
     const int tid = threadIdx.x, ls = tid % lk, lane = tid & 31, warp = tid >> 5;
@@ -175,11 +178,35 @@ __global__ void __launch_bounds__(AG_THREADS) attn_group_kernel(const float *q, 
     QB_UNROLL
     for (int h = 0; h < AG_HEADS; h++) {
         if (h >= hb) continue;
-        const int64_t row = (t * n_head + h0 + h) * n_split + blockIdx.z;
+        const int64_t row = (t * n_head + h0 + h) * stride + blockIdx.z;
         for (int j = 0; j < AG_DL; j++)
             if (lane * AG_DL + j < D) part_o[row * D + lane * AG_DL + j] = st[0].o[h][j];
         if (lane == 0) part_ml[row * 2] = st[0].m[h], part_ml[row * 2 + 1] = st[0].l[h];
     }
+}
+
+/* The grouped kernel: every query reads one list (a call's), n_split splits. */
+__global__ void __launch_bounds__(AG_THREADS) attn_group_kernel(const float *q, const int32_t *q_pos,
+                                                                const ag_page *pages, int64_t n_pages,
+                                                                const int64_t *head_pages, const uint64_t *masks,
+                                                                int n_head, int group, int D, int32_t window,
+                                                                int n_split, float *part_o, float *part_ml)
+{
+    attn_group_block(q, q_pos, pages, n_pages, head_pages, masks, n_split, n_split, n_head, group, D, window, part_o,
+                     part_ml);
+}
+
+/* Joined calls' (cuda_attention_seqs): query t reads list t (ag_list_of, L.n > 1), indexed where
+ * the parameter is (__grid_constant__); a kernel of its own, since the list's fields found at run
+ * time hold registers the one-list kernel keeps in the parameter bank. */
+__global__ void __launch_bounds__(AG_THREADS) attn_group_lists_kernel(const float *q, const int32_t *q_pos,
+                                                                      const __grid_constant__ ag_lists L, int n_head,
+                                                                      int group, int D, int32_t window,
+                                                                      float *part_o, float *part_ml)
+{
+    const ag_list &l = L.l[blockIdx.y];
+    attn_group_block(q, q_pos, l.pages, l.n_pages, l.head_pages, l.masks, l.n_split, L.stride, n_head, group, D,
+                     window, part_o, part_ml);
 }
 
 /* A prefill chunk's attention on the tensor cores (kernels/attn_flash.h): one block per (rt * 16
@@ -276,32 +303,53 @@ __global__ void __launch_bounds__(256) sel_gather_kernel(const ag_page *all, con
         for (int64_t j = threadIdx.x; j < at[g + 1] - at[g]; j += blockDim.x)
             out[at[g] + j] = all[all_hp[g] + ag_sel_at(best + (int64_t)g * k, nb[g], from.v[g], j)];
 }
-void cuda_attention(be_backend *b, const be_attn *a)
+
+/* One call's list as a launch reads it. */
+typedef struct call_list {
+    pt_call pl;                     /* its descriptors on the device (pt_build) */
+    int64_t e;                      /* entries */
+    const int64_t *hp;              /* the host's offsets (the call's, rows[] or NULL) */
+    int64_t rows[PT_MAX_HEADS + 1]; /* offsets with the rows not in the cache added */
+    size_t mask_at;                 /* its first word of the launch's staged masks */
+} call_list;
+
+/* The splits a call alone gets (so that a joined launch gives each call its bits): about four
+ * blocks a multiprocessor in all for `blocks` blocks of one split (two for the flash kernel's
+ * larger blocks), at least one page each of the longest head's `most`; KVCHAT_CUDA_ATTN_SPLITS
+ * forces a count for the grouped kernels (a test knob: empty splits allowed, up to most + 64). */
+static int call_splits(const cuda_impl *ci, int64_t blocks, int flash, int grouped, int64_t most)
 {
-    cuda_impl *ci = impl_of(b);
+    const int64_t want = ((flash ? 2 : 4) * (int64_t)ci->n_sm + blocks - 1) / blocks;
+    int n_split = (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
+    if (grouped && ci->attn_splits > 0) n_split = (int)(ci->attn_splits < most + 64 ? ci->attn_splits : most + 64);
+    return n_split;
+}
+
+/* Calls a[0 .. n) in one launch: n 1 (any call), or n > 1 calls be_attn_seqs_joined accepts, each
+ * a query of the launch reading its own list (cuda_attention_seqs). */
+static void attend_calls(cuda_impl *ci, const be_attn *a, int n)
+{
     if (ci->failed || a->n_q <= 0) return;
     int D = a->head_dim;
     if (D > ATT_THREADS * MAX_D_PER_THREAD) {
         fail(ci, "head_dim %d is more than the CUDA attention kernel's %d", D, ATT_THREADS * MAX_D_PER_THREAD);
         return;
     }
-    pt_begin_call(&ci->tables, COPY_IDLE);
-    sl_tick(&ci->sums);
-    if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
-    /* Rows not in the cache yet (a deferred decode step) become one more page per KV head, after
-     * the head's pages (be_attn_rows_list), pointing at their f16 conversion and their positions on
-     * the device (both buffers stay put from call to call, so those entries stay as they are). */
-    int64_t n_cur = a->n_cur > 0 ? a->n_cur : 0, kvd = (int64_t)a->n_head_kv * D;
     if (a->n_head_kv > PT_MAX_HEADS) {
         fail(ci, "internal error: %d KV heads (at most %d)", a->n_head_kv, PT_MAX_HEADS);
         return;
     }
-    const be_kv_page *list = a->pages;
-    const int64_t *hp = a->head_pages;
-    int64_t e = a->n_pages, hp_rows[PT_MAX_HEADS + 1];
+    /* the launch's queries (joined: call i's is query i) and rows not in the cache (call i's row i) */
+    const int64_t n_q = n > 1 ? n : a->n_q, kvd = (int64_t)a->n_head_kv * D;
+    const int64_t n_cur = a->n_cur <= 0 ? 0 : n > 1 ? n : a->n_cur;
+    call_list cl[BE_ATTN_SEQS_MAX];
+    /* Rows not in the cache yet (a deferred decode step) become one more page per KV head, after
+     * the head's pages (be_attn_rows_list), pointing at their f16 conversion and their positions on
+     * the device (both buffers stay put from call to call, so those entries stay as they are). */
     const uint16_t *cur16 = NULL;
     if (n_cur > 0) {
-        size_t len = (size_t)be_attn_rows_len(a);
+        size_t len = 0;
+        for (int i = 0; i < n; i++) len += (size_t)be_attn_rows_len(&a[i]);
         if (grow_dev(ci, (void **)&ci->cur16, &ci->cap_cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd)) ||
             grow_dev(ci, (void **)&ci->cur_pos, &ci->cap_cur_pos, sizeof(int32_t) * (size_t)n_cur))
             return;
@@ -315,25 +363,64 @@ void cuda_attention(be_backend *b, const be_attn *a)
             ci->cap_rows_list = len;
         }
         cur16 = (const uint16_t *)ci->cur16;
-        e = be_attn_rows_list(a, cur16, cur16 + n_cur * kvd, ci->cur_pos, ci->rows_list, hp_rows);
-        list = ci->rows_list;
-        hp = hp_rows;
-        if (ub_add(&ci->batch, ci->cur_pos, a->cur_pos, sizeof(int32_t) * (size_t)n_cur)) {
-            fail(ci, "out of memory");
-            lose_batch(ci);
+    }
+    /* each list's descriptors, kept on the device under its call's name: only what changed is
+     * built and queued (kernels/page_tables.c), then sent with the pages' new rows in one batch;
+     * each call counts as one for the copies' idle sweeps, as it would alone */
+    const pt_direct rows = { cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd) };
+    size_t at = 0, w = 0;
+    int aligned = 1, has_bias = 0;
+    for (int i = 0; i < n; i++) {
+        pt_begin_call(&ci->tables, COPY_IDLE);
+        sl_tick(&ci->sums);
+        if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
+        call_list *c = &cl[i];
+        const be_kv_page *list = a[i].pages;
+        c->hp = a[i].head_pages;
+        c->e = a[i].n_pages;
+        if (n_cur > 0) {   /* call i's rows: keys then values, each every call's in order (cur16's layout) */
+            c->e = be_attn_rows_list(&a[i], cur16 + i * kvd, cur16 + (n_cur + i) * kvd, ci->cur_pos + i,
+                                     ci->rows_list + at, c->rows);
+            list = ci->rows_list + at;
+            c->hp = c->rows;
+            at += (size_t)c->e;
+        }
+        int rc = pt_build(&ci->tables, a[i].table, a[i].shape, list, c->e, c->hp, a->n_head_kv, cur16 ? &rows : NULL,
+                          &c->pl);
+        if (rc != PT_OK) {
+            tables_failed(ci, rc);
             return;
         }
+        aligned &= c->pl.aligned;
+        has_bias |= c->pl.has_bias;
+        c->mask_at = w;
+        if (n > 1 && c->pl.n_words) {   /* the next build reuses the words: kept one after another */
+            if (w + c->pl.n_words > ci->cap_masks_all) {
+                size_t cap = 2 * (w + c->pl.n_words);
+                uint64_t *nm = (uint64_t *)realloc(ci->masks_all, sizeof *nm * cap);
+                if (!nm) {
+                    fail(ci, "out of memory");
+                    lose_batch(ci);
+                    return;
+                }
+                ci->masks_all = nm;
+                ci->cap_masks_all = cap;
+            }
+            memcpy(ci->masks_all + w, c->pl.masks, sizeof(uint64_t) * c->pl.n_words);
+        }
+        w += c->pl.n_words;
     }
-    /* the list's descriptors, kept on the device under the call's name: only what changed is
-     * built and queued (kernels/page_tables.c), then sent with the pages' new rows in one batch */
-    pt_call pl;
-    pt_direct rows = { cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd) };
-    int rc = pt_build(&ci->tables, a->table, a->shape, list, e, hp, a->n_head_kv, cur16 ? &rows : NULL, &pl);
-    if (rc != PT_OK) {
-        tables_failed(ci, rc);
+    if (n > 1 && !aligned) {   /* the grouped kernel cannot read some list: a launch a call */
+        for (int i = 0; i < n; i++) attend_calls(ci, &a[i], 1);
         return;
     }
-    size_t nq = (size_t)a->n_q * (size_t)a->n_head * (size_t)D, ncur = (size_t)(n_cur * kvd);
+    if (n_cur > 0 && ub_add(&ci->batch, ci->cur_pos, a->cur_pos, sizeof(int32_t) * (size_t)n_cur)) {
+        fail(ci, "out of memory");
+        lose_batch(ci);
+        return;
+    }
+    const uint64_t *masks = n > 1 ? ci->masks_all : cl[0].pl.masks;
+    size_t nq = (size_t)n_q * (size_t)a->n_head * (size_t)D, ncur = (size_t)(n_cur * kvd);
     int expand = n_cur > 0;
     int ck_bound = expand && bound(ci, a->cur_k, sizeof(float) * ncur);
     int cv_bound = expand && bound(ci, a->cur_v, sizeof(float) * ncur);
@@ -344,29 +431,37 @@ void cuda_attention(be_backend *b, const be_attn *a)
     const float *hv = halves_now ? (const float *)am_dev_in(&ci->act, a->cur_v, sizeof(float) * ncur) : NULL;
     if (send_batch_halves(ci, hk, hv, ci->cur16, halves_now ? (int64_t)ncur : 0)) return;
     /* the grouped kernels read rows 16 bytes at a time */
-    int grouped = !ci->attn_scalar && ag_supported(D) && pl.aligned, has_bias = pl.has_bias;
-    size_t w = pl.n_words;
+    int grouped = !ci->attn_scalar && ag_supported(D) && aligned;
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
     /* a selection by bounds: its best and counts, where the bounds left them or from the host */
-    const size_t sel_ib = a->sel_best ? sizeof(int32_t) * (size_t)(a->n_head_kv * a->sel_k) : 0;
-    const size_t sel_cb = a->sel_best ? sizeof(int32_t) * (size_t)a->n_head_kv : 0;
-    const int sel_bound = a->sel_best && bound(ci, a->sel_best, sel_ib) && bound(ci, a->sel_n_best, sel_cb);
-    if (a->sel_best && !sel_bound && (bound(ci, a->sel_best, sel_ib) || bound(ci, a->sel_n_best, sel_cb))) {
-        fail(ci, "internal error: a selection's best and counts bound apart");
-        return;
+    size_t sel_staged = 0;
+    int sel_bound[BE_ATTN_SEQS_MAX];
+    for (int i = 0; i < n; i++) {
+        const be_attn *c = &a[i];
+        const size_t ib = c->sel_best ? sizeof(int32_t) * (size_t)(c->n_head_kv * c->sel_k) : 0;
+        const size_t cb = c->sel_best ? sizeof(int32_t) * (size_t)c->n_head_kv : 0;
+        sel_bound[i] = c->sel_best && bound(ci, c->sel_best, ib) && bound(ci, c->sel_n_best, cb);
+        if (c->sel_best && !sel_bound[i] && (bound(ci, c->sel_best, ib) || bound(ci, c->sel_n_best, cb))) {
+            fail(ci, "internal error: a selection's best and counts bound apart");
+            return;
+        }
+        if (c->sel_best && !cl[i].hp) {
+            fail(ci, "internal error: a selection by bounds without per-head lists");
+            return;
+        }
+        if (c->sel_best && !sel_bound[i]) sel_staged += stage_size(ib) + stage_size(cb);
     }
     /* the positions: kept on the device while they stay the same (every layer of a step has the
      * same, and qk_rope sent them already), taken before anything is staged below (sending may
      * wait and free the arena); KVCHAT_CUDA_LAUNCHES=apart: staged each call */
     const int32_t *d_qpos = NULL;
-    if (!ci->launch_apart && !(d_qpos = (const int32_t *)const_get(ci, a->q_pos, sizeof(int32_t) * (size_t)a->n_q)))
+    if (!ci->launch_apart && !(d_qpos = (const int32_t *)const_get(ci, a->q_pos, sizeof(int32_t) * (size_t)n_q)))
         return;
     if (stage_reserve(ci, stage_size(sizeof(uint64_t) * w) +
-                              (d_qpos ? 0 : stage_size(sizeof(int32_t) * (size_t)a->n_q)) +
+                              (d_qpos ? 0 : stage_size(sizeof(int32_t) * (size_t)n_q)) +
                               (q_bound ? 0 : stage_size(sizeof(float) * nq)) +
                               (expand && !ck_bound ? stage_size(sizeof(float) * ncur) : 0) +
-                              (expand && !cv_bound ? stage_size(sizeof(float) * ncur) : 0) +
-                              (a->sel_best && !sel_bound ? stage_size(sel_ib) + stage_size(sel_cb) : 0)))
+                              (expand && !cv_bound ? stage_size(sizeof(float) * ncur) : 0) + sel_staged))
         return;
     if (expand && !halves_now) {
         const float *dk = ck_bound ? (const float *)am_dev_in(&ci->act, a->cur_k, sizeof(float) * ncur)
@@ -380,59 +475,79 @@ void cuda_attention(be_backend *b, const be_attn *a)
                              : send_batch_halves(ci, dk, dv, ci->cur16, nc))
             return;
     }
-    const dev_page *d_pages = pl.pages;
-    const uint64_t *d_masks = w ? (const uint64_t *)stage(ci, pl.masks, sizeof(uint64_t) * w) : NULL;
-    if (!d_qpos) d_qpos = (const int32_t *)stage(ci, a->q_pos, sizeof(int32_t) * (size_t)a->n_q);
-    const int64_t *d_hp = pl.head_pages;
+    const uint64_t *d_masks = w ? (const uint64_t *)stage(ci, masks, sizeof(uint64_t) * w) : NULL;
+    if (!d_qpos) d_qpos = (const int32_t *)stage(ci, a->q_pos, sizeof(int32_t) * (size_t)n_q);
     const float *d_q = q_bound ? (const float *)am_dev_in(&ci->act, a->q, sizeof(float) * nq)
                                : (const float *)stage(ci, a->q, sizeof(float) * nq);
     if ((w && !d_masks) || !d_qpos || !d_q) return;
-    /* splits: about four blocks a multiprocessor in all, at least one page each */
-    int64_t most = e;
-    if (hp) {
-        most = 0;
-        for (int g = 0; g < a->n_head_kv; g++)
-            if (hp[g + 1] - hp[g] > most) most = hp[g + 1] - hp[g];
-    }
     /* A selection by bounds: its list built on the device from the list of every page, with no
      * wait for the bounds; the host knows each head's length only as a bound, which sizes the
-     * splits (some of a shorter head's may be empty). */
-    if (a->sel_best) {
-        if (!hp) {
-            fail(ci, "internal error: a selection by bounds without per-head lists");
-            return;
+     * splits (some of a shorter head's may be empty). Each call's goes to its own part of the
+     * buffers. */
+    int64_t most[BE_ATTN_SEQS_MAX], ub[BE_ATTN_SEQS_MAX], ub_all = 0;
+    int any_sel = 0;
+    for (int i = 0; i < n; i++) {
+        const call_list *c = &cl[i];
+        most[i] = c->e;
+        ub[i] = 0;
+        if (c->hp) {
+            most[i] = 0;
+            for (int g = 0; g < a->n_head_kv; g++)
+                if (c->hp[g + 1] - c->hp[g] > most[i]) most[i] = c->hp[g + 1] - c->hp[g];
         }
-        sel_from sf;
-        int64_t ub = 0;
-        most = 0;
+        if (!a[i].sel_best) continue;
+        any_sel = 1;
+        most[i] = 0;
         for (int g = 0; g < a->n_head_kv; g++) {
-            const int64_t len = hp[g + 1] - hp[g], from = a->sel_from[g];
-            const int64_t at_most = (from < a->sel_k ? from : a->sel_k) + len - from;
-            sf.v[g] = from;
-            ub += at_most;
-            if (at_most > most) most = at_most;
+            const int64_t len = c->hp[g + 1] - c->hp[g], from = a[i].sel_from[g];
+            const int64_t at_most = (from < a[i].sel_k ? from : a[i].sel_k) + len - from;
+            ub[i] += at_most;
+            if (at_most > most[i]) most[i] = at_most;
         }
-        const int32_t *d_best = sel_bound ? (const int32_t *)am_dev_in(&ci->act, a->sel_best, sel_ib)
-                                          : (const int32_t *)stage(ci, a->sel_best, sel_ib);
-        const int32_t *d_cnt = sel_bound ? (const int32_t *)am_dev_in(&ci->act, a->sel_n_best, sel_cb)
-                                         : (const int32_t *)stage(ci, a->sel_n_best, sel_cb);
-        if (!d_best || !d_cnt ||
-            grow_dev(ci, (void **)&ci->sel_pages, &ci->cap_sel_pages, sizeof(ag_page) * (size_t)(ub > 0 ? ub : 1)) ||
-            grow_dev(ci, (void **)&ci->sel_hp, &ci->cap_sel_hp, sizeof(int64_t) * (PT_MAX_HEADS + 1)))
-            return;
-        sel_gather_kernel<<<1, 256, 0, ci->stream>>>(d_pages, d_hp, d_best, d_cnt, a->sel_k, sf, a->n_head_kv,
-                                                     ci->sel_pages, ci->sel_hp);
+        ub_all += ub[i];
+    }
+    if (any_sel && (grow_dev(ci, (void **)&ci->sel_pages, &ci->cap_sel_pages,
+                             sizeof(ag_page) * (size_t)(ub_all > 0 ? ub_all : 1)) ||
+                       grow_dev(ci, (void **)&ci->sel_hp, &ci->cap_sel_hp,
+                                sizeof(int64_t) * (PT_MAX_HEADS + 1) * (size_t)n)))
+        return;
+    ag_lists L;
+    memset(&L, 0, sizeof L);
+    L.n = n;
+    int64_t sel_at = 0;
+    for (int i = 0; i < n; i++) {
+        const be_attn *c = &a[i];
+        ag_list *l = &L.l[i];
+        l->pages = cl[i].pl.pages;
+        l->head_pages = cl[i].pl.head_pages;
+        l->masks = d_masks ? d_masks + cl[i].mask_at : NULL;
+        l->n_pages = cl[i].e;
+        if (!c->sel_best) continue;
+        sel_from sf;
+        for (int g = 0; g < c->n_head_kv; g++) sf.v[g] = c->sel_from[g];
+        const size_t ib = sizeof(int32_t) * (size_t)(c->n_head_kv * c->sel_k);
+        const size_t cb = sizeof(int32_t) * (size_t)c->n_head_kv;
+        const int32_t *d_best = sel_bound[i] ? (const int32_t *)am_dev_in(&ci->act, c->sel_best, ib)
+                                             : (const int32_t *)stage(ci, c->sel_best, ib);
+        const int32_t *d_cnt = sel_bound[i] ? (const int32_t *)am_dev_in(&ci->act, c->sel_n_best, cb)
+                                            : (const int32_t *)stage(ci, c->sel_n_best, cb);
+        if (!d_best || !d_cnt) return;
+        ag_page *sp = ci->sel_pages + sel_at;
+        int64_t *shp = ci->sel_hp + (PT_MAX_HEADS + 1) * (size_t)i;
+        sel_gather_kernel<<<1, 256, 0, ci->stream>>>(l->pages, l->head_pages, d_best, d_cnt, c->sel_k, sf,
+                                                     c->n_head_kv, sp, shp);
         if (ck(ci, cudaGetLastError(), "selection gather kernel")) return;
-        d_pages = ci->sel_pages;
-        d_hp = ci->sel_hp;
-        e = ub;
+        l->pages = sp;
+        l->head_pages = shp;
+        l->n_pages = ub[i];
+        sel_at += ub[i];
     }
     /* the kernel: tensor-core prefill (the default for chunks; its shared memory allowed once), the
-     * grouped kernel, or the scalar one */
+     * grouped kernel, or the scalar one (joined calls: grouped, cuda_attention_seqs) */
     const int group = a->n_head / a->n_head_kv, nhb = ag_head_batches(group);
     const af_shape fsh = af_shape_of(D, group);
     const size_t fsmem = af_smem_bytes(D, fsh);
-    int flash = grouped && ci->attn_flash && a->n_q >= AF_MIN_Q && af_supported(D);
+    int flash = grouped && ci->attn_flash && n_q >= AF_MIN_Q && af_supported(D) && n == 1;
     if (flash && fsmem > ci->flash_smem_set) {
         int allowed = 0;
         cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
@@ -451,18 +566,16 @@ void cuda_attention(be_backend *b, const be_attn *a)
             ci->flash_smem_set = fsmem;
         }
     }
-    /* splits: about four blocks a multiprocessor in all (two for the flash kernel's larger blocks),
-     * at least one page each; KVCHAT_CUDA_ATTN_SPLITS forces a count (a test knob: empty splits
-     * allowed, up to the longest list + 64) */
-    const int64_t f_rows = (a->n_q + fsh.rt * 16 - 1) / (fsh.rt * 16);
-    int64_t blocks = flash     ? f_rows * a->n_head_kv * nhb
-                     : grouped ? (int64_t)a->n_head_kv * nhb * a->n_q
-                               : (int64_t)a->n_head * a->n_q;
-    int64_t want = ((flash ? 2 : 4) * (int64_t)ci->n_sm + blocks - 1) / blocks;
-    int n_split = (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
-    if (grouped && ci->attn_splits > 0)   /* empty splits allowed, within 64 of the longest list */
-        n_split = (int)(ci->attn_splits < most + 64 ? ci->attn_splits : most + 64);
-    size_t n_part = (size_t)a->n_q * (size_t)a->n_head * (size_t)n_split;
+    /* splits: each call's own, as its query (or queries) alone would make them */
+    const int64_t q_one = n > 1 ? 1 : a->n_q, f_rows = (a->n_q + fsh.rt * 16 - 1) / (fsh.rt * 16);
+    const int64_t blocks = flash ? f_rows * a->n_head_kv * nhb : grouped ? (int64_t)a->n_head_kv * nhb * q_one
+                                                                          : (int64_t)a->n_head * q_one;
+    for (int i = 0; i < n; i++) {
+        L.l[i].n_split = call_splits(ci, blocks, flash, grouped, most[i]);
+        if (L.l[i].n_split > L.stride) L.stride = L.l[i].n_split;
+    }
+    const int n_split = L.l[0].n_split;   /* one call's */
+    size_t n_part = (size_t)n_q * (size_t)a->n_head * (size_t)L.stride;
     int out_bound = bound(ci, a->out, sizeof(float) * nq);
     if (!(flash && n_split == 1) &&
         (grow_dev(ci, (void **)&ci->part_o, &ci->cap_po, sizeof(float) * n_part * (size_t)D) ||
@@ -473,35 +586,41 @@ void cuda_attention(be_backend *b, const be_attn *a)
         return;
     float *d_out = out_bound ? (float *)am_dev_out(&ci->act, a->out, sizeof(float) * nq) : ci->out;
     cudaStream_t s = ci->stream;
-    const dim3 per_row((unsigned)a->n_head, (unsigned)a->n_q);
+    const dim3 per_row((unsigned)a->n_head, (unsigned)n_q);
     const unsigned combine_threads = D < 256 ? (unsigned)D : 256u;
+    const ag_list *l0 = &L.l[0];
     if (flash) {
         dim3 grid((unsigned)f_rows, (unsigned)(a->n_head_kv * nhb), (unsigned)n_split);
-        attn_flash_kernel<<<grid, fsh.warps * 32, fsmem, s>>>(d_q, d_qpos, a->n_q, d_pages, e, d_hp, d_masks, a->n_head,
-                                                               group, D, a->window, has_bias, n_split, d_out,
-                                                               ci->part_o, ci->part_ml);
+        attn_flash_kernel<<<grid, fsh.warps * 32, fsmem, s>>>(d_q, d_qpos, a->n_q, l0->pages, l0->n_pages,
+                                                               l0->head_pages, l0->masks, a->n_head, group, D,
+                                                               a->window, has_bias, n_split, d_out, ci->part_o,
+                                                               ci->part_ml);
         if (ck(ci, cudaGetLastError(), "flash attention kernel")) return;
         ci->flash_calls++;
     } else if (grouped) {
-        dim3 grid((unsigned)(a->n_head_kv * nhb), (unsigned)a->n_q, (unsigned)n_split);
-        attn_group_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head, group, D,
-                                                      a->window, n_split, ci->part_o, ci->part_ml);
+        dim3 grid((unsigned)(a->n_head_kv * nhb), (unsigned)n_q, (unsigned)L.stride);
+        if (n > 1)
+            attn_group_lists_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, L, a->n_head, group, D, a->window,
+                                                                ci->part_o, ci->part_ml);
+        else
+            attn_group_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, l0->pages, l0->n_pages, l0->head_pages,
+                                                          l0->masks, a->n_head, group, D, a->window, n_split,
+                                                          ci->part_o, ci->part_ml);
         if (ck(ci, cudaGetLastError(), "attention kernel")) return;
     } else {
         dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);
         size_t shmem = sizeof(float) * ((size_t)D + ATT_THREADS + ATT_THREADS / 32);
-        attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, d_pages, e, d_hp, d_masks, a->n_head, group, D,
-                                                     a->window, n_split, ci->part_o, ci->part_ml);
+        attn_kernel<<<grid, ATT_THREADS, shmem, s>>>(d_q, d_qpos, l0->pages, l0->n_pages, l0->head_pages, l0->masks,
+                                                     a->n_head, group, D, a->window, n_split, ci->part_o, ci->part_ml);
         if (ck(ci, cudaGetLastError(), "attention kernel")) return;
     }
     if (!(flash && n_split == 1)) {   /* the flash kernel's one split wrote the rows itself */
         /* into a twin, decode-sized: with the output product's input codes (combine_threads is D
          * or 256, a multiple of 32 when D is) */
         float *qd = NULL, *qs = NULL;
-        int8_t *q = out_bound && D % DD_QBLOCK == 0 ? codes_for(ci, (int64_t)nq, a->n_q, &qd, &qs) : NULL;
+        int8_t *q = out_bound && D % DD_QBLOCK == 0 ? codes_for(ci, (int64_t)nq, n_q, &qd, &qs) : NULL;
         if (ci->failed) return;
-        attn_combine<<<per_row, combine_threads, 0, s>>>(ci->part_o, ci->part_ml, n_split, a->n_head, D, d_out, q, qd,
-                                                          qs);
+        attn_combine<<<per_row, combine_threads, 0, s>>>(ci->part_o, ci->part_ml, L, a->n_head, D, d_out, q, qd, qs);
         if (ck(ci, cudaGetLastError(), "attention combine kernel")) return;
         if (q) codes_written(ci, d_out, (int64_t)nq);
     }
@@ -511,4 +630,18 @@ void cuda_attention(be_backend *b, const be_attn *a)
         sync_stream(ci, "attention"))
         return;
     memcpy(a->out, ci->h_out, sizeof(float) * nq);
+}
+
+void cuda_attention(be_backend *b, const be_attn *a) { attend_calls(impl_of(b), a, 1); }
+
+/* A batch's calls in one launch where they are laid out for it and the grouped kernel reads them
+ * (KVCHAT_CUDA_LAUNCHES=apart, the scalar kernel: a launch a call, as before). */
+void cuda_attention_seqs(be_backend *b, const be_attn *a, int n)
+{
+    cuda_impl *ci = impl_of(b);
+    if (n == 1 || ci->launch_apart || ci->attn_scalar || !ag_supported(a->head_dim) || !be_attn_seqs_joined(a, n)) {
+        for (int i = 0; i < n; i++) attend_calls(ci, &a[i], 1);
+        return;
+    }
+    attend_calls(ci, a, n);
 }

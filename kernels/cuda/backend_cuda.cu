@@ -634,6 +634,7 @@ static void cuda_destroy(be_backend *b)
         ub_free(&ci->batch);
         cc_free(&ci->consts);
         free(ci->rows_list);
+        free(ci->masks_all);
         am_free(&ci->act);
         void *dev[] = { ci->y32,   ci->out,   ci->x16, ci->part_o, ci->part_ml, ci->d_arena,
                         ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->xs,  ci->cur_pos,
@@ -656,7 +657,7 @@ static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, cuda_bind, cuda_unbind,
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
-    cuda_key_means, cuda_bind_blank, cuda_attn_mass,
+    cuda_key_means, cuda_bind_blank, cuda_attn_mass, cuda_attention_seqs,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -665,6 +666,7 @@ static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
     cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means, NULL, cuda_attn_mass,
+    cuda_attention_seqs,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)

@@ -113,6 +113,8 @@ typedef struct cuda_impl {
     size_t cap_cur16;
     be_kv_page *rows_list;     /* the page lists with those rows added (be_attn_rows_list) */
     size_t cap_rows_list;
+    uint64_t *masks_all;       /* joined calls' token masks, list after list, before staging */
+    size_t cap_masks_all;
     __half *x16;               /* the products' input in f16 */
     __half *wtile;             /* a tile of a weight's rows dequantized to f16 for cuBLAS */
     size_t cap_wtile;
@@ -244,6 +246,7 @@ int pick_k_best(cuda_impl *ci, const float *x, int64_t n, int64_t row_stride, in
 /* the ops, each in its own file */
 void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok);
 void cuda_attention(be_backend *b, const be_attn *a);
+void cuda_attention_seqs(be_backend *b, const be_attn *a, int n);
 void cuda_pick(be_backend *b, be_pick *p);
 void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps);
 void cuda_qk_rope(be_backend *b, const be_qk *r);

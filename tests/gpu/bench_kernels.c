@@ -28,7 +28,9 @@
  *   and the default model's (512 queries at 8192); each with the grouped kernel (decode's default;
  *   KVCHAT_CUDA_ATTN=grouped for the chunks), the scalar one (KVCHAT_CUDA_ATTN=scalar) and for the
  *   chunks the tensor-core flash kernel (their default);
- *   bytes = the keys and values read once (a decode step's least traffic);
+ *   bytes = the keys and values read once (a decode step's least traffic); and a batch's decode
+ *   attention, 8 sequences over 8192 tokens at both shapes, joined in one launch (attention_seqs)
+ *   and a call each (bytes: each sequence's keys and values);
  * - the sampler's candidates over a row of 262144 logits (the default model's vocabulary): the
  *   device's pick for greedy (k 1) and for top-k 40 and 256 with the entropy and 64 penalized ids,
  *   beside what a step paid before it (the row downloaded after a kernel wrote it) and the CPU's
@@ -174,6 +176,51 @@ static void call_mm3(be_backend *b, void *arg)
 }
 
 static void call_attn(be_backend *b, void *arg) { b->ops->attention(b, (const be_attn *)arg); }
+
+typedef struct seqs_arg {
+    be_attn a[BE_ATTN_SEQS_MAX];
+    int n;
+} seqs_arg;
+
+static void call_seqs(be_backend *b, void *arg)
+{
+    seqs_arg *x = arg;
+    b->ops->attention_seqs(b, x->a, x->n);
+}
+
+static void call_each(be_backend *b, void *arg)
+{
+    seqs_arg *x = arg;
+    for (int i = 0; i < x->n; i++) b->ops->attention(b, &x->a[i]);
+}
+
+/* A context of ctx tokens for n_kv KV heads of D in pages of 32, a list per KV head: *pages
+ * (*n_pages), the rows (*kv: keys, then values), positions 0 .. ctx - 1 (*pos) and the heads'
+ * offsets (*hp); the caller frees all four. 0, or 1 when out of memory. */
+static int context_pages(int nkv, int D, int64_t ctx, be_kv_page **pages, int64_t *n_pages, uint16_t **kv,
+                         int32_t **pos, int64_t **hp)
+{
+    const int64_t per_head = ctx / 32;
+    *n_pages = per_head * nkv;
+    *pages = calloc((size_t)*n_pages, sizeof **pages);
+    *kv = malloc(sizeof(uint16_t) * 2 * (size_t)(ctx * nkv * D));
+    *pos = malloc(sizeof(int32_t) * (size_t)ctx);
+    *hp = malloc(sizeof(int64_t) * (size_t)(nkv + 1));
+    if (!*pages || !*kv || !*pos || !*hp) return 1;
+    for (int64_t i = 0; i < 2 * ctx * nkv * D; i++) (*kv)[i] = quant_f32_to_fp16(frand());
+    for (int64_t i = 0; i < ctx; i++) (*pos)[i] = (int32_t)i;
+    static uint64_t gen = 1u << 30;
+    for (int g = 0; g < nkv; g++) {
+        (*hp)[g] = (int64_t)g * per_head;
+        for (int64_t p = 0; p < per_head; p++) {
+            uint16_t *k = *kv + ((size_t)g * (size_t)ctx + (size_t)p * 32) * (size_t)D;
+            (*pages)[g * per_head + p] =
+                (be_kv_page){ k, k + (size_t)(ctx * nkv * D), *pos + p * 32, NULL, NULL, 32, D, 0, ++gen, 32, NULL };
+        }
+    }
+    (*hp)[nkv] = *n_pages;
+    return 0;
+}
 static void call_pick(be_backend *b, void *arg) { b->ops->pick(b, (be_pick *)arg); }
 static void call_bounds(be_backend *b, void *arg) { b->ops->bound_pages(b, (be_bounds *)arg); }
 static void call_mass(be_backend *b, void *arg) { b->ops->attn_mass(b, (const be_mass *)arg); }
@@ -436,24 +483,12 @@ int main(int argc, char **argv)
                 { "gemma3-270m", 4, 1, 256, 8192, 512 } };
     for (size_t ai = 0; ai < (quick ? 1u : sizeof att / sizeof *att); ai++) {
         int nh = att[ai].n_head, nkv = att[ai].n_kv, D = att[ai].D;
-        int64_t ctx = att[ai].ctx, per_head = ctx / 32, n_pages = per_head * nkv;
-        be_kv_page *pages = calloc((size_t)n_pages, sizeof *pages);
-        uint16_t *kv = malloc(sizeof(uint16_t) * 2 * (size_t)(ctx * nkv * D));
-        int32_t *pos = malloc(sizeof(int32_t) * (size_t)ctx);
-        int64_t *hp = malloc(sizeof(int64_t) * (size_t)(nkv + 1));
-        if (!pages || !kv || !pos || !hp) return 1;
-        for (int64_t i = 0; i < 2 * ctx * nkv * D; i++) kv[i] = quant_f32_to_fp16(frand());
-        for (int64_t i = 0; i < ctx; i++) pos[i] = (int32_t)i;
-        static uint64_t gen = 1u << 30;
-        for (int g = 0; g < nkv; g++) {
-            hp[g] = (int64_t)g * per_head;
-            for (int64_t p = 0; p < per_head; p++) {
-                be_kv_page *pg = &pages[g * per_head + p];
-                uint16_t *k = kv + ((size_t)g * (size_t)ctx + (size_t)p * 32) * (size_t)D;
-                *pg = (be_kv_page){ k, k + (size_t)(ctx * nkv * D), pos + p * 32, NULL, NULL, 32, D, 0, ++gen, 32, NULL };
-            }
-        }
-        hp[nkv] = n_pages;
+        int64_t ctx = att[ai].ctx, n_pages;
+        be_kv_page *pages;
+        uint16_t *kv;
+        int32_t *pos;
+        int64_t *hp;
+        if (context_pages(nkv, D, ctx, &pages, &n_pages, &kv, &pos, &hp)) return 1;
         const int64_t nq = att[ai].n_q;
         const size_t qbytes = sizeof(float) * (size_t)(nq * nh * D);
         float *q = malloc(qbytes), *o = malloc(qbytes);
@@ -492,6 +527,58 @@ int main(int argc, char **argv)
         free(q);
         free(o);
         free(qp);
+        free(pages);
+        free(kv);
+        free(pos);
+        free(hp);
+    }
+    /* a batch's decode attention: 8 sequences over one context's pages (forks share them), each
+     * under a list name of its own, joined in one launch (attention_seqs, a batch's decode step)
+     * and a call each (as before) */
+    const struct {
+        const char *name;
+        int n_head, n_kv, D;
+    } bat[] = { { "7B", 32, 8, 128 }, { "gemma3-270m", 4, 1, 256 } };
+    for (size_t bi = 0; bi < (quick ? 0u : sizeof bat / sizeof *bat); bi++) {
+        enum { NS = 8 };
+        const int nh = bat[bi].n_head, nkv = bat[bi].n_kv, D = bat[bi].D;
+        const int64_t ctx = 8192, HD = (int64_t)nh * D;
+        int64_t n_pages;
+        be_kv_page *pages;
+        uint16_t *kv;
+        int32_t *pos;
+        int64_t *hp;
+        if (context_pages(nkv, D, ctx, &pages, &n_pages, &kv, &pos, &hp)) return 1;
+        const size_t qbytes = sizeof(float) * (size_t)(NS * HD);
+        float *q = malloc(qbytes), *o = malloc(qbytes);
+        if (!q || !o) return 1;
+        for (int64_t i = 0; i < NS * HD; i++) q[i] = 0.1f * frand(), o[i] = 0;
+        int32_t qp[NS];
+        seqs_arg sa = { .n = NS };
+        for (int s2 = 0; s2 < NS; s2++) {
+            qp[s2] = (int32_t)(ctx - 1 - s2);
+            sa.a[s2] = (be_attn){ .q = q + s2 * HD, .n_q = 1, .q_pos = &qp[s2], .n_head = nh, .n_head_kv = nkv,
+                                  .head_dim = D, .pages = pages, .n_pages = n_pages, .head_pages = hp, .out = o + s2 * HD,
+                                  .table = (1ull << 40) + bi * NS + (uint64_t)s2 };
+        }
+        if (be_bind(grp, q, qbytes, err, sizeof err) || be_bind(grp, o, qbytes, err, sizeof err)) {
+            fprintf(stderr, "gpu_bench: %s\n", err);
+            return 1;
+        }
+        be_host_write(grp, q, qbytes);
+        static const char *const how[2] = { "joined", "a call each" };
+        for (int j = 0; j < 2; j++) {
+            double ms = time_calls(grp, j ? call_each : call_seqs, &sa, o);
+            if (failed(grp, "batch attention")) return 1;
+            char shape[64], config[64];
+            snprintf(shape, sizeof shape, "attention %s", bat[bi].name);
+            snprintf(config, sizeof config, "grouped %d sequences %s", NS, how[j]);
+            row(shape, "f16", nh, D, ctx, config, ms, NS * 4.0 * (double)(ctx * nkv * D));
+        }
+        be_unbind(grp, q);
+        be_unbind(grp, o);
+        free(q);
+        free(o);
         free(pages);
         free(kv);
         free(pos);

@@ -1448,6 +1448,90 @@ Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
         }
 }
 
+/* A batch's calls joined (attention_seqs: one launch for all of them): 2 to 8 calls, each with its
+ * own pages (masks and bias in some), list lengths and position, under a name of its own, with a
+ * row of its own or none, query, output and rows bound to twins or not: every output is the bits
+ * its call gives alone (each call keeps its own split count), within 2e-3 of the CPU, and the
+ * joined calls make fewer runtime calls than the calls one by one. */
+Test(cuda, joined_attention_calls_give_each_call_its_bits_alone)
+{
+    seed_rng("joined attention");
+    cr_assert(gpu->ops->attention_seqs);
+    const int shapes[][3] = { { 4, 1, 256 }, { 8, 2, 64 }, { 32, 8, 128 }, { 6, 3, 80 } };
+    char err[256];
+    for (size_t si = 0; si < 4; si++)
+        for (int variant = 0; variant < 4; variant++) {
+            const int nh = shapes[si][0], nkv = shapes[si][1], D = shapes[si][2], n = 2 + (int)(rnd() % 7);
+            const int rows = variant & 1, bind = variant >> 1;
+            const int64_t HD = (int64_t)nh * D, kvd = (int64_t)nkv * D;
+            const size_t nq = (size_t)(n * HD), nc = (size_t)(n * kvd);
+            page_set ps[BE_ATTN_SEQS_MAX];
+            be_attn a[BE_ATTN_SEQS_MAX];
+            int32_t qp[BE_ATTN_SEQS_MAX];
+            float *q = malloc(sizeof(float) * nq), *joined = malloc(sizeof(float) * nq);
+            float *alone = malloc(sizeof(float) * nq), *want = malloc(sizeof(float) * nq);
+            float *ck = malloc(sizeof(float) * nc), *cv = malloc(sizeof(float) * nc);
+            cr_assert(q && joined && alone && want && ck && cv);
+            for (size_t i = 0; i < nq; i++) q[i] = frand(-0.5f, 0.5f), joined[i] = alone[i] = NAN;
+            for (size_t i = 0; i < nc; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
+            for (int i = 0; i < n; i++) {
+                make_pages(&ps[i], nkv, 1 + (int)(rnd() % 9), D, (int)(rnd() % 2), (int)(rnd() % 2));
+                /* a row of its own comes after every page's; without, anywhere up to the last */
+                qp[i] = rows ? ps[i].max_pos + 1 : ps[i].max_pos - (int32_t)(rnd() % 3) * ps[i].max_pos / 4;
+                a[i] = (be_attn){ .q = q + i * HD, .n_q = 1, .q_pos = &qp[i], .n_head = nh, .n_head_kv = nkv,
+                                  .head_dim = D, .pages = ps[i].pages, .n_pages = ps[i].n_pages,
+                                  .head_pages = ps[i].head_pages, .window = si == 3 ? 40 : 0, .out = want + i * HD,
+                                  .cur_k = rows ? ck + i * kvd : NULL, .cur_v = rows ? cv + i * kvd : NULL,
+                                  .cur_pos = rows ? &qp[i] : NULL, .n_cur = rows, .table = ++gen_counter };
+                cpu->ops->attention(cpu, &a[i]);
+            }
+            cr_assert(be_attn_seqs_joined(a, n));
+            if (bind) {
+                cr_assert(be_bind(gpu, q, sizeof(float) * nq, err, sizeof err) == 0 &&
+                              be_bind(gpu, joined, sizeof(float) * nq, err, sizeof err) == 0 &&
+                              be_bind(gpu, alone, sizeof(float) * nq, err, sizeof err) == 0, "%s", err);
+                if (rows)
+                    cr_assert(be_bind(gpu, ck, sizeof(float) * nc, err, sizeof err) == 0 &&
+                                  be_bind(gpu, cv, sizeof(float) * nc, err, sizeof err) == 0, "%s", err);
+            }
+            /* joined, then each alone (the lists are on the device by then: the same work but the launch) */
+            for (int i = 0; i < n; i++) a[i].out = joined + i * HD;
+            const uint64_t c0 = be_cuda_runtime_calls(gpu);
+            gpu->ops->attention_seqs(gpu, a, n);
+            const uint64_t c1 = be_cuda_runtime_calls(gpu);
+            for (int i = 0; i < n; i++) {
+                a[i].out = alone + i * HD;
+                gpu->ops->attention(gpu, &a[i]);
+            }
+            const uint64_t c2 = be_cuda_runtime_calls(gpu);
+            if (bind) {
+                be_range r[2] = { { joined, sizeof(float) * nq }, { alone, sizeof(float) * nq } };
+                be_host_read(gpu, r, 2);
+                void *bound_bufs[] = { q, joined, alone, ck, cv };
+                for (int i = 0; i < (rows ? 5 : 3); i++) be_unbind(gpu, bound_bufs[i]);
+            }
+            cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
+            size_t bad = 0;
+            for (size_t i = 0; i < nq; i++) bad += memcmp(&joined[i], &alone[i], sizeof(float)) != 0;
+            cr_expect(bad == 0, "%d heads / %d KV of %d, %d calls, variant %d: %zu of %zu outputs joined differ from alone",
+                      nh, nkv, D, n, variant, bad, nq);
+            double d = max_abs_diff(want, joined, (int64_t)nq);
+            cr_expect(d < 2e-3, "%d heads / %d KV of %d, %d calls, variant %d: max |diff| %g from the CPU", nh, nkv, D, n,
+                      variant, d);
+            cr_expect(c1 - c0 < c2 - c1, "%d calls, variant %d: %llu runtime calls joined, %llu one by one", n, variant,
+                      (unsigned long long)(c1 - c0), (unsigned long long)(c2 - c1));
+            cr_log_info("%d heads / %d KV of %d, %d calls, variant %d: %llu runtime calls joined, %llu one by one", nh,
+                        nkv, D, n, variant, (unsigned long long)(c1 - c0), (unsigned long long)(c2 - c1));
+            for (int i = 0; i < n; i++) free_pages(&ps[i]);
+            free(q);
+            free(joined);
+            free(alone);
+            free(want);
+            free(ck);
+            free(cv);
+        }
+}
+
 /* A prefill chunk whose rows the cache takes after its last layer: n_cur queries at the positions
  * of their own rows (f32, maybe on the device), which every KV head attends after its pages (none,
  * for a prompt's first chunk), in pieces of BE_CUR_ROWS; on the flash kernel (the default from
