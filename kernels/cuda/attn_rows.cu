@@ -273,35 +273,48 @@ __global__ void __launch_bounds__(AF_WARPS * 32) attn_flash_kernel(const float *
                       (int)blockIdx.z);
 }
 
-/* Each KV head's number of candidates of a selection by bounds (be_attn.sel_from). */
-typedef struct sel_from {
-    int64_t v[PT_MAX_HEADS];
-} sel_from;
+/* A call's selection by bounds, as sel_gather_kernel reads it: the list of every page and its
+ * offsets, the best and counts where the bounds left them, and each KV head's number of
+ * candidates (be_attn.sel_from; a head's list is shorter than 2^31 entries); its list goes to
+ * out and out_hp. */
+typedef struct sel_call {
+    const ag_page *all;
+    const int64_t *all_hp;
+    const int32_t *best, *n_best;
+    ag_page *out;
+    int64_t *out_hp;
+    int32_t k;
+    int32_t from[PT_MAX_HEADS];
+} sel_call;
+
+/* Every selection of a launch's calls. */
+typedef struct sel_calls {
+    sel_call c[BE_ATTN_SEQS_MAX];
+} sel_calls;
 
 /* A selection by bounds as the list it stands for (ag_sel_at), from the list of every page and the
- * best and counts where the bounds left them: one block, the heads one after another (a few
- * hundred entries in all); the offsets first, by one thread. */
-__global__ void __launch_bounds__(256) sel_gather_kernel(const ag_page *all, const int64_t *all_hp, const int32_t *best,
-                                                         const int32_t *n_best, int32_t k, sel_from from, int H,
-                                                         ag_page *out, int64_t *out_hp)
+ * best and counts where the bounds left them: a block a call (blockIdx.x: S.c's entry), the heads
+ * one after another (a few hundred entries in all); the offsets first, by one thread. */
+__global__ void __launch_bounds__(256) sel_gather_kernel(const __grid_constant__ sel_calls S, int H)
 {
     __shared__ int64_t at[PT_MAX_HEADS + 1];
     __shared__ int32_t nb[PT_MAX_HEADS];
+    const sel_call &c = S.c[blockIdx.x];
     if (threadIdx.x == 0) {
         int64_t e = 0;
         for (int g = 0; g < H; g++) {
-            const int32_t c = n_best[g];
-            nb[g] = c < 0 ? 0 : c > k ? k : c;   /* never outside, from the bounds kernels */
+            const int32_t m = c.n_best[g];
+            nb[g] = m < 0 ? 0 : m > c.k ? c.k : m;   /* never outside, from the bounds kernels */
             at[g] = e;
-            e += nb[g] + (all_hp[g + 1] - all_hp[g]) - from.v[g];
+            e += nb[g] + (c.all_hp[g + 1] - c.all_hp[g]) - c.from[g];
         }
         at[H] = e;
-        for (int g = 0; g <= H; g++) out_hp[g] = at[g];
+        for (int g = 0; g <= H; g++) c.out_hp[g] = at[g];
     }
     __syncthreads();
     for (int g = 0; g < H; g++)
         for (int64_t j = threadIdx.x; j < at[g + 1] - at[g]; j += blockDim.x)
-            out[at[g] + j] = all[all_hp[g] + ag_sel_at(best + (int64_t)g * k, nb[g], from.v[g], j)];
+            c.out[at[g] + j] = c.all[c.all_hp[g] + ag_sel_at(c.best + (int64_t)g * c.k, nb[g], c.from[g], j)];
 }
 
 /* One call's list as a launch reads it. */
@@ -500,6 +513,11 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n)
         most[i] = 0;
         for (int g = 0; g < a->n_head_kv; g++) {
             const int64_t len = c->hp[g + 1] - c->hp[g], from = a[i].sel_from[g];
+            if (from < 0 || from > len || from > INT32_MAX) {
+                fail(ci, "internal error: a selection of %lld candidates in a list of %lld", (long long)from,
+                     (long long)len);
+                return;
+            }
             const int64_t at_most = (from < a[i].sel_k ? from : a[i].sel_k) + len - from;
             ub[i] += at_most;
             if (at_most > most[i]) most[i] = at_most;
@@ -515,6 +533,8 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n)
     memset(&L, 0, sizeof L);
     L.n = n;
     int64_t sel_at = 0;
+    sel_calls sc;
+    int n_sc = 0;
     for (int i = 0; i < n; i++) {
         const be_attn *c = &a[i];
         ag_list *l = &L.l[i];
@@ -523,24 +543,28 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n)
         l->masks = d_masks ? d_masks + cl[i].mask_at : NULL;
         l->n_pages = cl[i].e;
         if (!c->sel_best) continue;
-        sel_from sf;
-        for (int g = 0; g < c->n_head_kv; g++) sf.v[g] = c->sel_from[g];
+        sel_call *g = &sc.c[n_sc++];
+        for (int h = 0; h < c->n_head_kv; h++) g->from[h] = (int32_t)c->sel_from[h];
         const size_t ib = sizeof(int32_t) * (size_t)(c->n_head_kv * c->sel_k);
         const size_t cb = sizeof(int32_t) * (size_t)c->n_head_kv;
-        const int32_t *d_best = sel_bound[i] ? (const int32_t *)am_dev_in(&ci->act, c->sel_best, ib)
-                                             : (const int32_t *)stage(ci, c->sel_best, ib);
-        const int32_t *d_cnt = sel_bound[i] ? (const int32_t *)am_dev_in(&ci->act, c->sel_n_best, cb)
-                                            : (const int32_t *)stage(ci, c->sel_n_best, cb);
-        if (!d_best || !d_cnt) return;
-        ag_page *sp = ci->sel_pages + sel_at;
-        int64_t *shp = ci->sel_hp + (PT_MAX_HEADS + 1) * (size_t)i;
-        sel_gather_kernel<<<1, 256, 0, ci->stream>>>(l->pages, l->head_pages, d_best, d_cnt, c->sel_k, sf,
-                                                     c->n_head_kv, sp, shp);
-        if (ck(ci, cudaGetLastError(), "selection gather kernel")) return;
-        l->pages = sp;
-        l->head_pages = shp;
+        g->best = sel_bound[i] ? (const int32_t *)am_dev_in(&ci->act, c->sel_best, ib)
+                               : (const int32_t *)stage(ci, c->sel_best, ib);
+        g->n_best = sel_bound[i] ? (const int32_t *)am_dev_in(&ci->act, c->sel_n_best, cb)
+                                 : (const int32_t *)stage(ci, c->sel_n_best, cb);
+        if (!g->best || !g->n_best) return;
+        g->all = l->pages;
+        g->all_hp = l->head_pages;
+        g->k = c->sel_k;
+        g->out = ci->sel_pages + sel_at;
+        g->out_hp = ci->sel_hp + (PT_MAX_HEADS + 1) * (size_t)i;
+        l->pages = g->out;
+        l->head_pages = g->out_hp;
         l->n_pages = ub[i];
         sel_at += ub[i];
+    }
+    if (n_sc > 0) {   /* every call's selection built in one launch, a block each */
+        sel_gather_kernel<<<(unsigned)n_sc, 256, 0, ci->stream>>>(sc, a->n_head_kv);
+        if (ck(ci, cudaGetLastError(), "selection gather kernel")) return;
     }
     /* the kernel: tensor-core prefill (the default for chunks; its shared memory allowed once), the
      * grouped kernel, or the scalar one (joined calls: grouped, cuda_attention_seqs) */

@@ -1450,19 +1450,23 @@ Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
 
 /* A batch's calls joined (attention_seqs: one launch for all of them): 2 to 8 calls, each with its
  * own pages (masks and bias in some), list lengths and position, under a name of its own, with a
- * row of its own or none, query, output and rows bound to twins or not: every output is the bits
- * its call gives alone (each call keeps its own split count), within 2e-3 of the CPU, and the
- * joined calls make fewer runtime calls than the calls one by one. */
+ * row of its own or none, query, output and rows bound to twins or not, and a selection by bounds
+ * (its best and counts from the host, some calls without one): every output is the bits its call
+ * gives alone (each call keeps its own split count), within 2e-3 of the CPU, and the joined calls
+ * make fewer runtime calls than the calls one by one. */
 Test(cuda, joined_attention_calls_give_each_call_its_bits_alone)
 {
     seed_rng("joined attention");
     cr_assert(gpu->ops->attention_seqs);
     const int shapes[][3] = { { 4, 1, 256 }, { 8, 2, 64 }, { 32, 8, 128 }, { 6, 3, 80 } };
     char err[256];
+    enum { SEL_K = 3 };
     for (size_t si = 0; si < 4; si++)
-        for (int variant = 0; variant < 4; variant++) {
+        for (int variant = 0; variant < 8; variant++) {
             const int nh = shapes[si][0], nkv = shapes[si][1], D = shapes[si][2], n = 2 + (int)(rnd() % 7);
-            const int rows = variant & 1, bind = variant >> 1;
+            const int rows = variant & 1, bind = variant >> 1 & 1, sel = variant >> 2;
+            int32_t best[BE_ATTN_SEQS_MAX][8 * SEL_K], n_best[BE_ATTN_SEQS_MAX][8];
+            int64_t from[BE_ATTN_SEQS_MAX][8];
             const int64_t HD = (int64_t)nh * D, kvd = (int64_t)nkv * D;
             const size_t nq = (size_t)(n * HD), nc = (size_t)(n * kvd);
             page_set ps[BE_ATTN_SEQS_MAX];
@@ -1483,6 +1487,20 @@ Test(cuda, joined_attention_calls_give_each_call_its_bits_alone)
                                   .head_pages = ps[i].head_pages, .window = si == 3 ? 40 : 0, .out = want + i * HD,
                                   .cur_k = rows ? ck + i * kvd : NULL, .cur_v = rows ? cv + i * kvd : NULL,
                                   .cur_pos = rows ? &qp[i] : NULL, .n_cur = rows, .table = ++gen_counter };
+                if (sel && i % 3 != 1) {   /* each head's candidates its pages but the last few, some chosen */
+                    for (int g = 0; g < nkv; g++) {
+                        const int64_t len = ps[i].head_pages[g + 1] - ps[i].head_pages[g];
+                        from[i][g] = len - (int64_t)(rnd() % (uint64_t)len);
+                        int32_t c = 0;
+                        for (int32_t j = 0; j < from[i][g] && c < SEL_K; j++)
+                            if (rnd() % 2) best[i][g * SEL_K + c++] = j;
+                        n_best[i][g] = c;
+                    }
+                    a[i].sel_best = best[i];
+                    a[i].sel_n_best = n_best[i];
+                    a[i].sel_from = from[i];
+                    a[i].sel_k = SEL_K;
+                }
                 cpu->ops->attention(cpu, &a[i]);
             }
             cr_assert(be_attn_seqs_joined(a, n));
