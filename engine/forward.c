@@ -695,8 +695,10 @@ static int attend(fwd_ctx *f, int il, float *q, const int32_t *pos, int64_t n_ch
 }
 
 /* Layer il's attention for a batch's decode step: each sequence's call made as attend's, then all
- * of them at once (be_attention_seqs: one launch on a device backend), each sequence's share of
- * the time its own. 0 .. as forward_rows. */
+ * of them at once (be_attention_seqs: one launch on a device backend), the call's time shared
+ * evenly among the sequences' statistics. 0 .. as forward_rows. */
+_Static_assert(FWD_BATCH_MAX <= BE_ATTN_SEQS_MAX, "a batch's attention calls must fit one joined launch");
+
 static int attend_batch(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, int il, float *K, float *V, int defer)
 {
     const model_hparams *hp = &f->m->hp;

@@ -75,22 +75,6 @@ typedef struct ag_lists {
  * the parameter where it is instead of copying it to the stack). */
 QB_HD ag_list ag_list_of(const ag_lists *L, int64_t t) { return L->l[L->n > 1 ? t : 0]; }
 
-/* One list for every query, n_split splits. */
-QB_HD ag_lists ag_one_list(const ag_page *pages, const int64_t *head_pages, const uint64_t *masks, int64_t n_pages,
-                           int n_split)
-{
-    ag_lists L;
-    memset(&L, 0, sizeof L);
-    L.l[0].pages = pages;
-    L.l[0].head_pages = head_pages;
-    L.l[0].masks = masks;
-    L.l[0].n_pages = n_pages;
-    L.l[0].n_split = n_split;
-    L.n = 1;
-    L.stride = n_split;
-    return L;
-}
-
 /* One lane's online softmax: per head, the running maximum, sum and output of its dimensions. */
 typedef struct ag_state {
     float m[AG_HEADS], l[AG_HEADS];

@@ -126,10 +126,12 @@ static void t_attention(be_backend *b, const be_attn *a)
     TIMED(a->n_q == 1 ? R_ATTENTION_1 : R_ATTENTION_N, in_->ops->attention(in_, a));
 }
 
-/* A batch's calls at once: a row of their own (one call however many sequences). */
+/* A batch's calls at once: a row of their own (one call however many sequences; one sequence's
+ * counts as attention's). */
 static void t_attention_seqs(be_backend *b, const be_attn *a, int n)
 {
-    TIMED(R_ATTENTION_SEQS, in_->ops->attention_seqs(in_, a, n));
+    TIMED(n > 1 ? R_ATTENTION_SEQS : a->n_q == 1 ? R_ATTENTION_1 : R_ATTENTION_N,
+          in_->ops->attention_seqs(in_, a, n));
 }
 
 static void t_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)

@@ -454,7 +454,8 @@ Test(attn_group, calls_not_laid_out_as_one_launch_are_not_joined)
     static const char *const bad[] = {
         "two queries",        "another window",    "its query elsewhere", "its output elsewhere",
         "its position elsewhere", "no rows of its own", "two rows of its own", "its keys elsewhere",
-        "no per-head lists",  "other heads",       "another call's list name",
+        "no per-head lists",  "other heads",       "another call's list name", "its values elsewhere",
+        "its rows' position elsewhere", "another head dimension", "other KV heads",
     };
     for (size_t e = 0; e < sizeof bad / sizeof *bad; e++) {
         memcpy(b, a, sizeof b);
@@ -471,6 +472,10 @@ Test(attn_group, calls_not_laid_out_as_one_launch_are_not_joined)
         case 8: c->head_pages = NULL; break;
         case 9: c->n_head = 8; break;
         case 10: c->table = b[0].table; break;
+        case 11: c->cur_v = v; break;
+        case 12: c->cur_pos = pos; break;
+        case 13: c->head_dim = 16; break;
+        case 14: c->n_head_kv = 1; break;
         }
         cr_expect(!be_attn_seqs_joined(b, N), "a call with %s was joined", bad[e]);
     }

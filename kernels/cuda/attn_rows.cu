@@ -339,8 +339,9 @@ static int call_splits(const cuda_impl *ci, int64_t blocks, int flash, int group
 }
 
 /* Calls a[0 .. n) in one launch: n 1 (any call), or n > 1 calls be_attn_seqs_joined accepts, each
- * a query of the launch reading its own list (cuda_attention_seqs). */
-static void attend_calls(cuda_impl *ci, const be_attn *a, int n)
+ * a query of the launch reading its own list (cuda_attention_seqs). begun: the calls were counted
+ * already (pt_begin_call and the rest), by a joined launch that gave them back. */
+static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
 {
     if (ci->failed || a->n_q <= 0) return;
     int D = a->head_dim;
@@ -384,9 +385,11 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n)
     size_t at = 0, w = 0;
     int aligned = 1, has_bias = 0;
     for (int i = 0; i < n; i++) {
-        pt_begin_call(&ci->tables, COPY_IDLE);
-        sl_tick(&ci->sums);
-        if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
+        if (!begun) {
+            pt_begin_call(&ci->tables, COPY_IDLE);
+            sl_tick(&ci->sums);
+            if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
+        }
         call_list *c = &cl[i];
         const be_kv_page *list = a[i].pages;
         c->hp = a[i].head_pages;
@@ -424,7 +427,7 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n)
         w += c->pl.n_words;
     }
     if (n > 1 && !aligned) {   /* the grouped kernel cannot read some list: a launch a call */
-        for (int i = 0; i < n; i++) attend_calls(ci, &a[i], 1);
+        for (int i = 0; i < n; i++) attend_calls(ci, &a[i], 1, 1);
         return;
     }
     if (n_cur > 0 && ub_add(&ci->batch, ci->cur_pos, a->cur_pos, sizeof(int32_t) * (size_t)n_cur)) {
@@ -656,16 +659,17 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n)
     memcpy(a->out, ci->h_out, sizeof(float) * nq);
 }
 
-void cuda_attention(be_backend *b, const be_attn *a) { attend_calls(impl_of(b), a, 1); }
+void cuda_attention(be_backend *b, const be_attn *a) { attend_calls(impl_of(b), a, 1, 0); }
 
 /* A batch's calls in one launch where they are laid out for it and the grouped kernel reads them
  * (KVCHAT_CUDA_LAUNCHES=apart, the scalar kernel: a launch a call, as before). */
 void cuda_attention_seqs(be_backend *b, const be_attn *a, int n)
 {
     cuda_impl *ci = impl_of(b);
+    if (n <= 0) return;
     if (n == 1 || ci->launch_apart || ci->attn_scalar || !ag_supported(a->head_dim) || !be_attn_seqs_joined(a, n)) {
-        for (int i = 0; i < n; i++) attend_calls(ci, &a[i], 1);
+        for (int i = 0; i < n; i++) attend_calls(ci, &a[i], 1, 0);
         return;
     }
-    attend_calls(ci, a, n);
+    attend_calls(ci, a, n, 0);
 }

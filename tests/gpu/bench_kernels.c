@@ -29,8 +29,8 @@
  *   KVCHAT_CUDA_ATTN=grouped for the chunks), the scalar one (KVCHAT_CUDA_ATTN=scalar) and for the
  *   chunks the tensor-core flash kernel (their default);
  *   bytes = the keys and values read once (a decode step's least traffic); and a batch's decode
- *   attention, 8 sequences over 8192 tokens at both shapes, joined in one launch (attention_seqs)
- *   and a call each (bytes: each sequence's keys and values);
+ *   attention, 8 sequences each over 4096 tokens of its own at both shapes, joined in one launch
+ *   (attention_seqs) and a call each (bytes: every sequence's keys and values);
  * - the sampler's candidates over a row of 262144 logits (the default model's vocabulary): the
  *   device's pick for greedy (k 1) and for top-k 40 and 256 with the entropy and 64 penalized ids,
  *   beside what a step paid before it (the row downloaded after a kernel wrote it) and the CPU's
@@ -532,9 +532,9 @@ int main(int argc, char **argv)
         free(pos);
         free(hp);
     }
-    /* a batch's decode attention: 8 sequences over one context's pages (forks share them), each
-     * under a list name of its own, joined in one launch (attention_seqs, a batch's decode step)
-     * and a call each (as before) */
+    /* a batch's decode attention: 8 sequences, each over a context of its own (pages of its own:
+     * at the 7B shape 128 MiB in all, more than the L2 holds), each under a list name of its own,
+     * joined in one launch (attention_seqs, a batch's decode step) and a call each (as before) */
     const struct {
         const char *name;
         int n_head, n_kv, D;
@@ -542,13 +542,14 @@ int main(int argc, char **argv)
     for (size_t bi = 0; bi < (quick ? 0u : sizeof bat / sizeof *bat); bi++) {
         enum { NS = 8 };
         const int nh = bat[bi].n_head, nkv = bat[bi].n_kv, D = bat[bi].D;
-        const int64_t ctx = 8192, HD = (int64_t)nh * D;
-        int64_t n_pages;
-        be_kv_page *pages;
-        uint16_t *kv;
-        int32_t *pos;
-        int64_t *hp;
-        if (context_pages(nkv, D, ctx, &pages, &n_pages, &kv, &pos, &hp)) return 1;
+        const int64_t ctx = 4096, HD = (int64_t)nh * D;
+        int64_t n_pages[NS];
+        be_kv_page *pages[NS];
+        uint16_t *kv[NS];
+        int32_t *pos[NS];
+        int64_t *hp[NS];
+        for (int s2 = 0; s2 < NS; s2++)
+            if (context_pages(nkv, D, ctx, &pages[s2], &n_pages[s2], &kv[s2], &pos[s2], &hp[s2])) return 1;
         const size_t qbytes = sizeof(float) * (size_t)(NS * HD);
         float *q = malloc(qbytes), *o = malloc(qbytes);
         if (!q || !o) return 1;
@@ -556,10 +557,10 @@ int main(int argc, char **argv)
         int32_t qp[NS];
         seqs_arg sa = { .n = NS };
         for (int s2 = 0; s2 < NS; s2++) {
-            qp[s2] = (int32_t)(ctx - 1 - s2);
+            qp[s2] = (int32_t)(ctx - 1);
             sa.a[s2] = (be_attn){ .q = q + s2 * HD, .n_q = 1, .q_pos = &qp[s2], .n_head = nh, .n_head_kv = nkv,
-                                  .head_dim = D, .pages = pages, .n_pages = n_pages, .head_pages = hp, .out = o + s2 * HD,
-                                  .table = (1ull << 40) + bi * NS + (uint64_t)s2 };
+                                  .head_dim = D, .pages = pages[s2], .n_pages = n_pages[s2], .head_pages = hp[s2],
+                                  .out = o + s2 * HD, .table = (1ull << 40) + bi * NS + (uint64_t)s2 };
         }
         if (be_bind(grp, q, qbytes, err, sizeof err) || be_bind(grp, o, qbytes, err, sizeof err)) {
             fprintf(stderr, "gpu_bench: %s\n", err);
@@ -579,10 +580,12 @@ int main(int argc, char **argv)
         be_unbind(grp, o);
         free(q);
         free(o);
-        free(pages);
-        free(kv);
-        free(pos);
-        free(hp);
+        for (int s2 = 0; s2 < NS; s2++) {
+            free(pages[s2]);
+            free(kv[s2]);
+            free(pos[s2]);
+            free(hp[s2]);
+        }
     }
     /* the sampler's candidates */
     {

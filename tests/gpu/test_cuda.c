@@ -1548,6 +1548,41 @@ Test(cuda, joined_attention_calls_give_each_call_its_bits_alone)
             free(ck);
             free(cv);
         }
+    /* a list the grouped kernel cannot read (rows not whole 16-byte loads: never the cache's): the
+     * joined calls go back to a launch each, the same bits */
+    enum { NU = 3, UH = 8, UKV = 2, UD = 64, UHD = UH * UD };
+    page_set ups[NU];
+    be_attn ua[NU];
+    int32_t uqp[NU];
+    float *uq = malloc(sizeof(float) * NU * UHD), *uj = malloc(sizeof(float) * NU * UHD);
+    float *ul = malloc(sizeof(float) * NU * UHD), *uw = malloc(sizeof(float) * NU * UHD);
+    cr_assert(uq && uj && ul && uw);
+    for (int i = 0; i < NU * UHD; i++) uq[i] = frand(-0.5f, 0.5f), uj[i] = ul[i] = NAN;
+    for (int i = 0; i < NU; i++) {
+        make_pages(&ups[i], UKV, 4, UD, 0, 0);
+        if (i == 1)   /* every row one half off its 16 bytes (the pages have room for 64 rows) */
+            for (int64_t p = 0; p < ups[i].n_pages; p++) ups[i].pages[p].k++, ups[i].pages[p].v++;
+        uqp[i] = ups[i].max_pos;
+        ua[i] = (be_attn){ .q = uq + i * UHD, .n_q = 1, .q_pos = &uqp[i], .n_head = UH, .n_head_kv = UKV,
+                           .head_dim = UD, .pages = ups[i].pages, .n_pages = ups[i].n_pages,
+                           .head_pages = ups[i].head_pages, .out = uw + i * UHD, .table = ++gen_counter };
+        cpu->ops->attention(cpu, &ua[i]);
+        ua[i].out = uj + i * UHD;
+    }
+    gpu->ops->attention_seqs(gpu, ua, NU);
+    for (int i = 0; i < NU; i++) {
+        ua[i].out = ul + i * UHD;
+        gpu->ops->attention(gpu, &ua[i]);
+    }
+    cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
+    cr_expect(!memcmp(uj, ul, sizeof(float) * NU * UHD), "a list not in 16-byte rows: joined, other bits than alone");
+    cr_expect(max_abs_diff(uw, uj, NU * UHD) < 2e-3, "a list not in 16-byte rows: max |diff| %g from the CPU",
+              max_abs_diff(uw, uj, NU * UHD));
+    for (int i = 0; i < NU; i++) free_pages(&ups[i]);
+    free(uq);
+    free(uj);
+    free(ul);
+    free(uw);
 }
 
 /* A prefill chunk whose rows the cache takes after its last layer: n_cur queries at the positions
