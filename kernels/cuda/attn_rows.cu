@@ -450,12 +450,12 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
     int grouped = !ci->attn_scalar && ag_supported(D) && aligned;
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
     /* a selection by bounds: its best and counts, where the bounds left them or from the host */
-    size_t sel_staged = 0;
+    size_t sel_staged = 0, sel_ib[BE_ATTN_SEQS_MAX], sel_cb[BE_ATTN_SEQS_MAX];   /* best's bytes, counts' */
     int sel_bound[BE_ATTN_SEQS_MAX];
     for (int i = 0; i < n; i++) {
         const be_attn *c = &a[i];
-        const size_t ib = c->sel_best ? sizeof(int32_t) * (size_t)(c->n_head_kv * c->sel_k) : 0;
-        const size_t cb = c->sel_best ? sizeof(int32_t) * (size_t)c->n_head_kv : 0;
+        const size_t ib = sel_ib[i] = c->sel_best ? sizeof(int32_t) * (size_t)(c->n_head_kv * c->sel_k) : 0;
+        const size_t cb = sel_cb[i] = c->sel_best ? sizeof(int32_t) * (size_t)c->n_head_kv : 0;
         sel_bound[i] = c->sel_best && bound(ci, c->sel_best, ib) && bound(ci, c->sel_n_best, cb);
         if (c->sel_best && !sel_bound[i] && (bound(ci, c->sel_best, ib) || bound(ci, c->sel_n_best, cb))) {
             fail(ci, "internal error: a selection's best and counts bound apart");
@@ -548,8 +548,7 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
         if (!c->sel_best) continue;
         sel_call *g = &sc.c[n_sc++];
         for (int h = 0; h < c->n_head_kv; h++) g->from[h] = (int32_t)c->sel_from[h];
-        const size_t ib = sizeof(int32_t) * (size_t)(c->n_head_kv * c->sel_k);
-        const size_t cb = sizeof(int32_t) * (size_t)c->n_head_kv;
+        const size_t ib = sel_ib[i], cb = sel_cb[i];
         g->best = sel_bound[i] ? (const int32_t *)am_dev_in(&ci->act, c->sel_best, ib)
                                : (const int32_t *)stage(ci, c->sel_best, ib);
         g->n_best = sel_bound[i] ? (const int32_t *)am_dev_in(&ci->act, c->sel_n_best, cb)
