@@ -50,7 +50,7 @@ endif
 
 ENGINE_C  := $(wildcard common/*.c) $(wildcard engine/*.c) $(wildcard engine/policy/*.c) $(wildcard store/*.c)
 ENGINE_CXX:= $(wildcard engine/*.cpp)
-KERNEL_C  := $(wildcard kernels/cpu/*.c) kernels/page_copies.c kernels/page_tables.c kernels/summary_lists.c kernels/upload_batch.c kernels/act_mirror.c kernels/attn_rows.c kernels/block_pool.c kernels/weight_f16.c kernels/const_copies.c kernels/gpu_weights.c kernels/op_profile.c kernels/backend.c
+KERNEL_C  := $(wildcard kernels/cpu/*.c) kernels/page_copies.c kernels/page_tables.c kernels/summary_lists.c kernels/upload_batch.c kernels/act_mirror.c kernels/attn_rows.c kernels/block_pool.c kernels/weight_f16.c kernels/const_copies.c kernels/step_graphs.c kernels/gpu_weights.c kernels/op_profile.c kernels/backend.c
 KERNEL_CU := $(wildcard kernels/cuda/*.cu)
 ifneq ($(CUDA),1)
 KERNEL_C  += kernels/cuda_absent.c

@@ -356,6 +356,15 @@ uint64_t be_cuda_flash_calls(be_backend *b);
  * copies, waits: each a few microseconds of the host's time, what bounds a small model's decode
  * step); the op profiler reports them an op. 0 for any other backend. */
 uint64_t be_cuda_runtime_calls(be_backend *b);
+/* A CUDA backend's recorded decode work (KVCHAT_CUDA_GRAPH=on, kernels/step_graphs.h): segments
+ * run as graphs, the calls they recorded, how many ran by updating a kept graph and how many built
+ * one (of which `refused`: an update the device refused), device failures, whether recording is on
+ * and whether it gave up (shapes changing too often). All 0 for any other backend. */
+typedef struct be_graph_stats {
+    uint64_t segments, calls, updates, builds, refused, failures;
+    int on, gave_up;
+} be_graph_stats;
+void be_cuda_graphs(be_backend *b, be_graph_stats *st);
 /* Times a CUDA backend's products rounded their input to 8-bit codes themselves (quantize_act),
  * rather than reading the codes the op that wrote the input left (tests check which happened); 0
  * for any other backend. */

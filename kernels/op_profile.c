@@ -317,6 +317,14 @@ void op_profile_write(be_backend *b, FILE *f)
     double between = window - p->in_ops;
     fprintf(f, "%-20s %9s %10.3f %9s %9s %5.1f%%\n", "between ops", "-", 1e3 * (between > 0 ? between : 0), "-", "-",
             window > 0 && between > 0 ? 100 * between / window : 0);
+    be_graph_stats g;   /* a CUDA backend's recorded segments (KVCHAT_CUDA_GRAPH=on), load time included */
+    be_cuda_graphs(p->inner, &g);
+    if (g.segments || g.failures)
+        fprintf(f, "graphs: %llu segments of %.1f calls on average, %llu run by updating a kept graph, %llu built (%llu "
+                   "updates refused), %llu failures%s\n",
+                (unsigned long long)g.segments, g.segments ? (double)g.calls / (double)g.segments : 0.0,
+                (unsigned long long)g.updates, (unsigned long long)g.builds, (unsigned long long)g.refused,
+                (unsigned long long)g.failures, g.gave_up ? "; gave up (shapes changing too often)" : "");
 }
 
 char *op_profile_text(be_backend *b)

@@ -10,7 +10,8 @@
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
-#      vocabulary from the pack): the GPU, the GPU with a launch a product and each product
+#      vocabulary from the pack): the GPU, the GPU with its decode steps recorded and replayed as
+#      graphs (KVCHAT_CUDA_GRAPH=on, in segments of 64 calls and whole), with a launch a product and each product
 #      quantizing its input (KVCHAT_CUDA_LAUNCHES=apart), without the warm-up at load (KVCHAT_WARM_UP=0:
 #      the first prompt pays the one-off costs), the GPU with prefill chunks on the grouped attention
 #      kernel (KVCHAT_CUDA_ATTN=grouped), with every product through cuBLAS (KVCHAT_CUDA_MMV=0),
@@ -20,7 +21,7 @@
 #      policies (kvchat bench --compare);
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also without
 #      the warm-up, with the narrow decode items (KVCHAT_CUDA_MMV=narrow), with a launch a product
-#      (KVCHAT_CUDA_LAUNCHES=apart), with the grouped kernel for prefill chunks, under the profiler, with
+#      (KVCHAT_CUDA_LAUNCHES=apart), recorded as graphs (KVCHAT_CUDA_GRAPH=on), with the grouped kernel for prefill chunks, under the profiler, with
 #      and without Quest and CHESS, /compare's batch, full against CHESS aggressive at 32K, and
 #      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
@@ -259,9 +260,14 @@ elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m 
         -o "$gm" -t "$threads"; then
     # (the scalar attention kernel and stage 0's f32 decode kernel, end to end until 2026-11-28,
     # are left to gpu_bench's rows: the budget goes to what changed since)
-    for run in cuda cuda-apart cuda-cold cuda-grouped cuda-cublas cpu; do
+    for run in cuda cuda-graph cuda-graph-whole cuda-apart cuda-cold cuda-grouped cuda-cublas cpu; do
         case $run in
         cuda) env=() dev=(--device cuda) config=cuda ;;
+        # the decode step recorded and replayed as graphs (stage 4's fourth part), in segments of
+        # 64 calls and whole
+        cuda-graph) env=(KVCHAT_CUDA_GRAPH=on) dev=(--device cuda) config="cuda KVCHAT_CUDA_GRAPH=on" ;;
+        cuda-graph-whole) env=(KVCHAT_CUDA_GRAPH=on KVCHAT_CUDA_GRAPH_SPLIT=0) dev=(--device cuda)
+            config="cuda KVCHAT_CUDA_GRAPH=on KVCHAT_CUDA_GRAPH_SPLIT=0" ;;
         cuda-apart) env=(KVCHAT_CUDA_LAUNCHES=apart) dev=(--device cuda) config="cuda KVCHAT_CUDA_LAUNCHES=apart" ;;
         cuda-cold) env=(KVCHAT_WARM_UP=0) dev=(--device cuda) config="cuda KVCHAT_WARM_UP=0" ;;
         cuda-grouped) env=(KVCHAT_CUDA_ATTN=grouped) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=grouped" ;;
@@ -275,6 +281,12 @@ elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m 
         fi
     done
     profile_steps gemma3-270m "$gm" 2048 64
+    # recorded: the profile's graphs line (segments, updates, builds) and the host's time an op
+    if step "profile gemma3-270m KVCHAT_CUDA_GRAPH=on KVCHAT_PROFILE=1" 60 env KVCHAT_CUDA_GRAPH=on KVCHAT_PROFILE=1 \
+        "$kv" bench -m "$gm" --device cuda --ctx 2048 --gen 64 --no-csv; then
+        say "  recorded as graphs, depth 2048, 64 tokens decoded:"
+        awk '/^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^graphs:/ { on = 0 }' "$tmp/last" >>"$summary"
+    fi
     policy_steps gemma3-270m "$gm" 2048 64
     compare_step gemma3-270m "$gm" 2048,8192 32
     rm -f "$gm"
@@ -311,6 +323,9 @@ for type in q4_k_m f16; do
             # a launch a product, each product quantizing its input (stage 4's third part), end to end
             bench_step "bench mistral-7b $type launches apart" "cuda KVCHAT_CUDA_LAUNCHES=apart" 100 \
                 env KVCHAT_CUDA_LAUNCHES=apart "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
+                --csv "$tmp/bench.csv" && bench_table
+            bench_step "bench mistral-7b $type recorded as graphs" "cuda KVCHAT_CUDA_GRAPH=on" 100 \
+                env KVCHAT_CUDA_GRAPH=on "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
                 --csv "$tmp/bench.csv" && bench_table
             bench_step "bench mistral-7b $type grouped prefill" "cuda KVCHAT_CUDA_ATTN=grouped" 100 \
                 env KVCHAT_CUDA_ATTN=grouped "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \

@@ -182,6 +182,7 @@ static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
 void cuda_attn_mass(be_backend *b, const be_mass *m)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_EAGER);
     if (m->n_q <= 0) return;
     int64_t T = 0;
     for (int64_t i = 0; i < m->n_pages; i++) T += m->pages[i].n;

@@ -658,13 +658,19 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
     memcpy(a->out, ci->h_out, sizeof(float) * nq);
 }
 
-void cuda_attention(be_backend *b, const be_attn *a) { attend_calls(impl_of(b), a, 1, 0); }
+void cuda_attention(be_backend *b, const be_attn *a)
+{
+    cuda_impl *ci = impl_of(b);
+    seg_op(ci, a->n_q <= SEG_ROWS ? SEG_START : SEG_EAGER);
+    attend_calls(ci, a, 1, 0);
+}
 
 /* A batch's calls in one launch where they are laid out for it and the grouped kernel reads them
  * (KVCHAT_CUDA_LAUNCHES=apart, the scalar kernel: a launch a call, as before). */
 void cuda_attention_seqs(be_backend *b, const be_attn *a, int n)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_START);   /* a batch's decode step: a query a sequence */
     if (n <= 0) return;
     if (n == 1 || ci->launch_apart || ci->attn_scalar || !ag_supported(a->head_dim) || !be_attn_seqs_joined(a, n)) {
         for (int i = 0; i < n; i++) attend_calls(ci, &a[i], 1, 0);

@@ -27,8 +27,10 @@
  * A failed op (out of memory, a device error) is recorded, the ops after it do nothing, and the
  * forward pass asks (be_failed) and abandons the chunk.
  *
- * What is left for a CUDA-graph decode step (docs/gpu.md): page lists built without the host (the
- * cache's structure on the device), so that a step's launches can be recorded once and replayed. */
+ * With KVCHAT_CUDA_GRAPH=on a decode step's launches and copies between two waits are recorded
+ * (stream capture) and run as graphs, the graph of a step's shape kept and updated in place
+ * (kernels/step_graphs.c; seg_op, seg_end below): the same work in the same order, issued in one
+ * launch instead of a few hundred. */
 #include <stdarg.h>
 
 #include "kernels/cuda/backend_cuda.cuh"
@@ -48,12 +50,14 @@ int fail(cuda_impl *ci, const char *fmt, ...)
 int ck(cuda_impl *ci, cudaError_t e, const char *what)
 {
     ci->runtime_calls++;
+    sg_note(&ci->graphs, what);
     return e == cudaSuccess ? 0 : fail(ci, "CUDA %s failed: %s", what, cudaGetErrorString(e));
 }
 
 int ckb(cuda_impl *ci, cublasStatus_t s, const char *what)
 {
     ci->runtime_calls++;
+    sg_note(&ci->graphs, what);
     return s == CUBLAS_STATUS_SUCCESS ? 0 : fail(ci, "cuBLAS %s failed (status %d)", what, (int)s);
 }
 
@@ -69,6 +73,7 @@ int grow_dev(cuda_impl *ci, void **p, size_t *cap, size_t need)
 {
     if (need <= *cap) return 0;
     size_t sz = need + need / 4 + 4096;
+    if (seg_end(ci)) return -1;   /* recorded work may read the old buffer, and nothing allocates while recording */
     if (*p) {
         cudaFree(*p);
         ci->scratch_bytes -= *cap;
@@ -92,6 +97,7 @@ int grow_host(cuda_impl *ci, void **p, size_t *cap, size_t need)
 {
     if (need <= *cap) return 0;
     size_t sz = need + need / 4 + 4096;
+    if (seg_end(ci)) return -1;   /* recorded copies may land in the old buffer, and nothing allocates while recording */
     if (*p) cudaFreeHost(*p);
     *p = NULL;
     *cap = 0;
@@ -107,6 +113,7 @@ int grow_host(cuda_impl *ci, void **p, size_t *cap, size_t need)
 /* Wait for everything issued on the stream; the staging arena is free again after. */
 int sync_stream(cuda_impl *ci, const char *what)
 {
+    if (seg_end(ci)) return -1;   /* what is recorded runs before the wait */
     ci->arena_off = 0;
     ci->waits++;
     if (ck(ci, cudaStreamSynchronize(ci->stream), what)) return -1;
@@ -186,6 +193,119 @@ int send_to(cuda_impl *ci, void *dst, const void *src, size_t bytes)
     return ci->failed ? -1 : arena_send(ci, dst, src, bytes, &d);
 }
 
+/* ---------------------------------------------------------------- recorded segments (KVCHAT_CUDA_GRAPH=on) */
+
+static int g_begin(void *ud)
+{
+    cuda_impl *ci = (cuda_impl *)ud;
+    ci->runtime_calls++;
+    /* relaxed: allocating device memory while recording stays allowed (a page copy's new block) */
+    if (cudaStreamBeginCapture(ci->stream, cudaStreamCaptureModeRelaxed) == cudaSuccess) return 0;
+    ci->graph_error = cudaGetLastError();
+    return -1;
+}
+
+static int g_end(void *ud, void **graph)
+{
+    cuda_impl *ci = (cuda_impl *)ud;
+    cudaGraph_t g = NULL;
+    ci->runtime_calls++;
+    cudaError_t e = cudaStreamEndCapture(ci->stream, &g);
+    if (e != cudaSuccess) {
+        ci->graph_error = e;
+        (void)cudaGetLastError();
+        return -1;
+    }
+    *graph = g;
+    return 0;
+}
+
+static int g_update(void *ud, void *exec, void *graph)
+{
+    cuda_impl *ci = (cuda_impl *)ud;
+    cudaGraphExecUpdateResultInfo info;
+    ci->runtime_calls++;
+    if (cudaGraphExecUpdate((cudaGraphExec_t)exec, (cudaGraph_t)graph, &info) == cudaSuccess) return 0;
+    (void)cudaGetLastError();   /* a refused update is no error: the graph is built instead */
+    return -1;
+}
+
+static void *g_instantiate(void *ud, void *graph)
+{
+    cuda_impl *ci = (cuda_impl *)ud;
+    cudaGraphExec_t x = NULL;
+    ci->runtime_calls++;
+    cudaError_t e = cudaGraphInstantiate(&x, (cudaGraph_t)graph, 0);
+    if (e == cudaSuccess) return x;
+    ci->graph_error = e;
+    (void)cudaGetLastError();
+    return NULL;
+}
+
+static int g_launch(void *ud, void *exec)
+{
+    cuda_impl *ci = (cuda_impl *)ud;
+    ci->runtime_calls++;
+    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)exec, ci->stream);
+    if (e == cudaSuccess) return 0;
+    ci->graph_error = e;
+    return -1;
+}
+
+static void g_destroy_graph(void *ud, void *graph)
+{
+    (void)ud;
+    cudaGraphDestroy((cudaGraph_t)graph);
+}
+
+static void g_destroy_exec(void *ud, void *exec)
+{
+    (void)ud;
+    cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
+int seg_end(cuda_impl *ci)
+{
+    if (!ci->graphs.recording) return 0;
+    if (sg_flush(&ci->graphs) == 0) return 0;
+    /* the recorded work did not run and never will: what the page copies, lists and twins count as
+     * sent is not on the device, so nothing the device holds can be trusted any more */
+    fail(ci, "the GPU cannot go on: a recorded CUDA graph could not run (%s); restart kvchat without "
+             "KVCHAT_CUDA_GRAPH=on",
+         cudaGetErrorString(ci->graph_error));
+    ci->dead = 1;
+    return -1;
+}
+
+void seg_op(cuda_impl *ci, int how)
+{
+    sg_table *t = &ci->graphs;
+    if (!t->on) return;
+    if (how == SEG_EAGER || ci->failed) {
+        seg_end(ci);
+        return;
+    }
+    if (t->recording && sg_split(t)) {   /* the device starts on this part while the host records on */
+        if (seg_end(ci) == 0) sg_begin(t);
+        return;
+    }
+    if (!t->recording && how == SEG_START) sg_begin(t);   /* refused: graphs off, issued as before */
+}
+
+/* A copy between the device and host memory that is not page-locked cannot be recorded (it would
+ * read or write the host bytes when the graph runs, not now): what is recorded runs first. */
+static void unrecordable_host(cuda_impl *ci, const void *host)
+{
+    if (!ci->graphs.recording) return;
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, host) != cudaSuccess) {
+        (void)cudaGetLastError();
+        seg_end(ci);
+    } else if (at.type != cudaMemoryTypeHost) {
+        seg_end(ci);
+    }
+}
+
 /* ---------------------------------------------------------------- constant inputs */
 
 static void *dev_malloc(void *ud, size_t bytes);
@@ -214,7 +334,7 @@ const void *const_get(cuda_impl *ci, const void *host, size_t bytes)
  * reported by the caller, not by the next launch). */
 static void *dev_malloc(void *ud, size_t bytes)
 {
-    (void)ud;
+    if (seg_end((cuda_impl *)ud)) return NULL;   /* nothing allocates while recording (rare: a table or pool grows) */
     void *p = NULL;
     if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
     (void)cudaGetLastError();
@@ -223,13 +343,14 @@ static void *dev_malloc(void *ud, size_t bytes)
 
 static void dev_free(void *ud, void *p)
 {
-    (void)ud;
+    seg_end((cuda_impl *)ud);   /* recorded work may read it: it runs first */
     cudaFree(p);
 }
 
 static void act_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
     cuda_impl *ci = (cuda_impl *)ud;
+    unrecordable_host(ci, src);
     ci->bytes_up += bytes;
     ck(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ci->stream), "activation upload");
 }
@@ -237,6 +358,7 @@ static void act_upload(void *ud, void *dst, const void *src, size_t bytes)
 static void act_download(void *ud, void *dst, const void *src, size_t bytes)
 {
     cuda_impl *ci = (cuda_impl *)ud;
+    unrecordable_host(ci, dst);
     ci->bytes_down += bytes;
     ck(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ci->stream), "activation download");
 }
@@ -259,6 +381,7 @@ static int bind_as(be_backend *b, void *host, size_t bytes, char *err, size_t er
                    int (*how)(am_table *, void *, size_t))
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_EAGER);   /* page-locking is not recorded */
     if (bytes == 0 || am_bound(&ci->act, host, bytes)) {
         snprintf(err, errlen, "internal error: an activation buffer bound twice or empty");
         return -1;
@@ -299,10 +422,24 @@ static void act_ranges(be_backend *b, const be_range *r, int n, void (*fn)(am_ta
     }
 }
 
-static void cuda_host_read(be_backend *b, const be_range *r, int n) { act_ranges(b, r, n, am_host_read); }
-static void cuda_host_prefetch(be_backend *b, const be_range *r, int n) { act_ranges(b, r, n, am_host_prefetch); }
+/* A host read's or prefetch's copies join a recording under way (a wait then runs it). */
+static void cuda_host_read(be_backend *b, const be_range *r, int n)
+{
+    seg_op(impl_of(b), SEG_JOIN);
+    act_ranges(b, r, n, am_host_read);
+}
 
-static void cuda_host_write(be_backend *b, void *p, size_t bytes) { am_host_write(&impl_of(b)->act, p, bytes); }
+static void cuda_host_prefetch(be_backend *b, const be_range *r, int n)
+{
+    seg_op(impl_of(b), SEG_JOIN);
+    act_ranges(b, r, n, am_host_prefetch);
+}
+
+static void cuda_host_write(be_backend *b, void *p, size_t bytes)
+{
+    seg_op(impl_of(b), SEG_JOIN);
+    am_host_write(&impl_of(b)->act, p, bytes);
+}
 
 /* Before a CPU op reads or writes an activation: bring the host copy up to date. */
 void host_in(cuda_impl *ci, const void *p, size_t bytes)
@@ -345,6 +482,10 @@ int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, char *err
     }
     if (!quant_supported(w->type)) {
         snprintf(err, errlen, "weights of type %s cannot go to the GPU", quant_type_name(w->type));
+        return -1;
+    }
+    if (seg_end(ci)) {   /* the upload waits on events and the stream: nothing may be recording */
+        snprintf(err, errlen, "%s", ci->fail_msg);
         return -1;
     }
     const uint32_t dtype = be_gpu_weight_type(w->type, w->n_in);
@@ -568,6 +709,7 @@ static int cuda_failed(be_backend *b, char *err, size_t errlen)
 {
     cuda_impl *ci = impl_of(b);
     if (!ci->failed) return 0;
+    seg_end(ci);   /* what was recorded before the failure runs, as it would have without recording */
     if (ci->dead) {
         snprintf(err, errlen, "%s", ci->fail_msg);
         return 1;
@@ -625,6 +767,7 @@ static void cuda_destroy(be_backend *b)
 {
     cuda_impl *ci = impl_of(b);
     if (ci) {
+        sg_free(&ci->graphs);   /* a recording still open is dropped: nothing will read its results */
         for (int i = 0; i < ci->n_w; i++) cudaFree(ci->w[i].d);
         free(ci->w);
         pt_free(&ci->tables);
@@ -677,6 +820,21 @@ extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
 extern "C" uint64_t be_cuda_runtime_calls(be_backend *b)
 {
     return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->runtime_calls : 0;
+}
+
+extern "C" void be_cuda_graphs(be_backend *b, be_graph_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!b || !b->ops || b->ops->attention != cuda_attention) return;
+    const sg_table *t = &impl_of(b)->graphs;
+    st->on = t->on;
+    st->gave_up = t->gave_up;
+    st->segments = t->segments;
+    st->calls = t->calls;
+    st->updates = t->updates;
+    st->builds = t->builds;
+    st->refused = t->refused;
+    st->failures = t->failures;
 }
 
 extern "C" uint64_t be_cuda_input_quantizations(be_backend *b)
@@ -799,6 +957,22 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
         return NULL;
     }
     ci->launch_apart = launch_env && !strcmp(launch_env, "apart");
+    const char *graph_env = getenv("KVCHAT_CUDA_GRAPH");
+    const char *split_env = getenv("KVCHAT_CUDA_GRAPH_SPLIT");
+    long split = SEG_SPLIT;
+    if (split_env && *split_env) {
+        char *se = NULL;
+        split = strtol(split_env, &se, 10);
+        if (*se || split < 0 || split > 1000000) split = -1;
+    }
+    if ((graph_env && *graph_env && strcmp(graph_env, "on") && strcmp(graph_env, "off")) || split < 0) {
+        snprintf(err, errlen, "KVCHAT_CUDA_GRAPH must be on or off (the default), KVCHAT_CUDA_GRAPH_SPLIT a count of calls");
+        free(b);
+        free(ci);
+        return NULL;
+    }
+    sg_device gdev = { ci, g_begin, g_end, g_update, g_instantiate, g_launch, g_destroy_graph, g_destroy_exec };
+    sg_init(&ci->graphs, &gdev, graph_env && !strcmp(graph_env, "on"), (int)split);
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
     pt_device tdev = { ci, dev_malloc, dev_free };

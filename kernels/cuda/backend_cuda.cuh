@@ -28,6 +28,7 @@ extern "C" {
 #include "kernels/const_copies.h"
 #include "kernels/page_copies.h"
 #include "kernels/page_tables.h"
+#include "kernels/step_graphs.h"
 #include "kernels/summary_lists.h"
 #include "kernels/upload_batch.h"
 #include "common/quant.h"
@@ -182,6 +183,8 @@ typedef struct cuda_impl {
     uint8_t *h_wstage;         /* page-locked: weight rows on their way to the device */
     size_t cap_wstage;
     uint64_t waits, bytes_up, bytes_down;   /* traffic (be_ops.counters) */
+    sg_table graphs;           /* decode work recorded and replayed as graphs (KVCHAT_CUDA_GRAPH=on) */
+    cudaError_t graph_error;   /* the last graph call's error, for the message */
     int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
     int dead;                  /* the failure was a device error that no wait clears */
     char fail_msg[320];
@@ -212,6 +215,19 @@ int ckb(cuda_impl *ci, cublasStatus_t s, const char *what);
 int grow_dev(cuda_impl *ci, void **p, size_t *cap, size_t need);
 int grow_host(cuda_impl *ci, void **p, size_t *cap, size_t need);
 int sync_stream(cuda_impl *ci, const char *what);
+/* Recording (KVCHAT_CUDA_GRAPH=on; kernels/step_graphs.h). Each op first calls seg_op: SEG_START
+ * for decode-sized work (at most SEG_ROWS rows or tokens: recorded, a recording begun if none is),
+ * SEG_JOIN for work that joins a recording under way but does not begin one (a pick, a host read's
+ * copies), SEG_EAGER for anything else (what is recorded runs, then the op issues as before). A
+ * recording of SEG_SPLIT calls or more (KVCHAT_CUDA_GRAPH_SPLIT) runs at the next op's start, so the
+ * device works on it while the host records the rest. Whatever waits for the stream, frees device
+ * or page-locked memory, uploads a weight or calls cuBLAS runs what is recorded first (seg_end):
+ * 0, or -1 when it could not run (recorded as a failure that leaves the device lost). */
+enum { SEG_EAGER, SEG_JOIN, SEG_START };
+#define SEG_ROWS 8
+#define SEG_SPLIT 64
+void seg_op(cuda_impl *ci, int how);
+int seg_end(cuda_impl *ci);
 size_t stage_size(size_t bytes);
 int stage_reserve(cuda_impl *ci, size_t total);
 void *stage(cuda_impl *ci, const void *src, size_t bytes);

@@ -111,6 +111,7 @@ static unsigned ew_blocks(int64_t n) { return (unsigned)((n + EW_THREADS - 1) / 
 void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, rows <= SEG_ROWS ? SEG_START : SEG_EAGER);
     size_t bytes = sizeof(float) * (size_t)(rows * dim);
     if (ci->failed || rows <= 0) return;
     if (bound(ci, x, bytes) && bound(ci, y, bytes)) {
@@ -133,6 +134,7 @@ void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64
 void cuda_qk_rope(be_backend *b, const be_qk *r)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, r->n_tok <= SEG_ROWS ? SEG_START : SEG_EAGER);
     size_t bq = sizeof(float) * (size_t)(r->n_tok * r->n_head * r->head_dim),
            bk = sizeof(float) * (size_t)(r->n_tok * r->n_head_kv * r->head_dim);
     if (ci->failed || r->n_tok <= 0) return;
@@ -165,6 +167,7 @@ void cuda_qk_rope(be_backend *b, const be_qk *r)
 void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_JOIN);   /* its rows are not known: it joins its products' recording */
     size_t bytes = sizeof(float) * (size_t)n;
     if (ci->failed || n <= 0) return;
     if (bound(ci, gate, bytes) && bound(ci, up, bytes)) {
@@ -186,6 +189,7 @@ void cuda_add_norm(be_backend *b, float *x, float *o, const float *post, const f
                           int64_t dim, float eps)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, rows <= SEG_ROWS ? SEG_START : SEG_EAGER);
     size_t bytes = sizeof(float) * (size_t)(rows * dim), wb = sizeof(float) * (size_t)dim;
     if (ci->failed || rows <= 0) return;
     if (bound(ci, x, bytes) && bound(ci, o, bytes) && (!w || bound(ci, h, bytes))) {
@@ -231,6 +235,7 @@ __global__ void get_rows_kernel(const uint8_t *w, uint32_t type, size_t stride, 
 void cuda_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_t n, float scale, float *out)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, n <= SEG_ROWS ? SEG_START : SEG_EAGER);
     size_t bytes = sizeof(float) * (size_t)(n * w->n_in);
     dev_weight *dw = ci->failed || n <= 0 ? NULL : find_weight(ci, w->data);
     if (dw && dw->type == w->type && qb_native(w->type) && w->n_in % 32 == 0 && bound(ci, out, bytes)) {

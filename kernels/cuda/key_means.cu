@@ -71,6 +71,7 @@ static int key_means_dev(cuda_impl *ci, const be_key_means *m, const km_req *q, 
 void cuda_key_means(be_backend *b, const be_key_means *m)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_EAGER);
     const km_req q = km_req_of(m);
     if (km_slots(&q) <= 0) return;
     const int64_t dim = (int64_t)q.units * m->head_dim;

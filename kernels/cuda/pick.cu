@@ -150,6 +150,7 @@ __global__ void pick_entropy_finish(const double *sums, const float *slice_max, 
 void cuda_pick(be_backend *b, be_pick *p)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_JOIN);   /* a decode step's last op: its wait runs the recording */
     size_t bytes = sizeof(float) * (size_t)p->n;
     p->n_out = 0;
     p->h = p->vh = 0;

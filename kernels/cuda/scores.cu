@@ -20,6 +20,7 @@ __global__ void __launch_bounds__(SC_THREADS) scores_kernel(const float *m, int6
 void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_EAGER);
     size_t mb = sizeof(float) * (size_t)(n_rows * dim), yb = sizeof(float) * (size_t)n_rows;
     if (n_rows <= 0) return;
     if (!ci->failed && dim > 0 && am_bound(&ci->act, m, mb) && am_bound(&ci->act, y, yb)) {

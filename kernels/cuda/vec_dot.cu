@@ -285,6 +285,7 @@ void codes_written(cuda_impl *ci, const float *dx, int64_t n) { ci->codes = act_
 void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok)
 {
     cuda_impl *ci = impl_of(b);
+    seg_op(ci, n_tok <= SEG_ROWS ? SEG_START : SEG_EAGER);
     if (ci->failed || n_tok <= 0) return;
     int64_t n_in = mms[0].w->n_in, n_x = n_tok * n_in, n_y = 0;
     dev_weight *dw[8];

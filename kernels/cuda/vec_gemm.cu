@@ -44,6 +44,7 @@ __global__ void dequant_tile(const uint8_t *__restrict__ W, size_t stride, int64
  * scratch. 0, or -1 (recorded). */
 int gemm(cuda_impl *ci, const dev_weight *dw, const __half *x16, int64_t n_tok, float *dy)
 {
+    if (seg_end(ci)) return -1;   /* cuBLAS is not recorded (it may allocate its workspace) */
     const float one = 1.0f, zero = 0.0f;
     const int64_t n_in = dw->n_in, n_out = dw->n_out;
     /* column-major view: Y^T (n_out x n_tok) = W^T (stored as n_in x n_out) ^T * X^T (n_in x n_tok) */

@@ -2843,3 +2843,123 @@ Test(cuda, a_batch_of_forks_decodes_each_as_alone_and_waits_once)
         model_free(m);
     }
 }
+
+/* Greedy decode steps through the device's pick on backend b after a 40-token prompt: the tokens
+ * and their values, and the waits of each step. */
+static void picked_steps(model *m, be_backend *b, int steps, int32_t *tok, float *val, uint64_t *waits)
+{
+    char err[512];
+    fwd_opts fo = { 2048, 64, 16 };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = 3 + (int32_t)((i * 53) % (m->hp.n_vocab - 3));
+    float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    cr_assert(fwd_eval(f, ids, 40, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    int32_t next = samp_argmax(l, m->hp.n_vocab);
+    for (int s = 0; s < steps; s++) {
+        uint64_t w0, w1, up, down;
+        b->ops->counters(b, &w0, &up, &down);
+        be_pick p = { .penalty = 1.0f, .k = 1, .val = &val[s], .id = &tok[s] };
+        cr_assert(fwd_decode_pick(f, next, &p, NULL, err, sizeof err) == 0, "%s", err);
+        b->ops->counters(b, &w1, &up, &down);
+        waits[s] = w1 - w0;
+        next = tok[s];
+    }
+    free(l);
+    fwd_free(f);
+}
+
+/* KVCHAT_CUDA_GRAPH=on (kernels/step_graphs.h): a decode step's launches recorded and run as
+ * graphs, the graph of a step's shape kept and updated in place, change no bit. Every tiny model's
+ * prompt and eight greedy steps give the logits of the backend that issues its calls one by one,
+ * with every page attended and under an evicting, a bounding and a scoring policy, with whole
+ * segments and with segments split every 5 calls; the picked decode loop gives the same tokens and
+ * values and still waits once a step; the recordings ran (segments, most of them by an update)
+ * and nothing failed. */
+Test(cuda, recorded_decode_steps_give_the_bits_of_issued_ones)
+{
+    be_backend *rec = gpu_with("KVCHAT_CUDA_GRAPH", "on");
+    setenv("KVCHAT_CUDA_GRAPH_SPLIT", "5", 1);
+    be_backend *split = gpu_with("KVCHAT_CUDA_GRAPH", "on");
+    unsetenv("KVCHAT_CUDA_GRAPH_SPLIT");
+    be_backend *both[2] = { rec, split };
+    const char *policies[] = { NULL, "snapkv:budget=0.5", "quest:budget=24", "chess:preset=aggressive,window=1" };
+    int ran = 0;
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        model *m = load_tiny(fi);
+        if (!m) continue;
+        const int64_t nv = m->hp.n_vocab;
+        for (int pi = 0; pi < 4; pi++) {
+            int32_t t0[9], t1[9];
+            float *a = steps_under(m, gpu, t0, 8, NULL, policies[pi]);
+            for (int k = 0; k < 2; k++) {
+                be_graph_stats g0, g1;
+                be_cuda_graphs(both[k], &g0);
+                float *b = steps_under(m, both[k], t1, 8, t0, policies[pi]);
+                be_cuda_graphs(both[k], &g1);
+                for (int st = 0; st <= 8; st++)
+                    cr_expect(!memcmp(a + st * nv, b + st * nv, sizeof(float) * (size_t)nv),
+                              "%s, %s, %s: step %d's logits differ from the calls issued one by one", files[fi],
+                              policies[pi] ? policies[pi] : "no policy", k ? "split every 5 calls" : "whole segments", st);
+                cr_expect_gt(g1.segments - g0.segments, 0, "%s, %s: nothing recorded", files[fi],
+                             policies[pi] ? policies[pi] : "no policy");
+                cr_log_info("%s, %s, %s: %llu segments of %llu calls, %llu updated, %llu built (%llu refused)", files[fi],
+                            policies[pi] ? policies[pi] : "no policy", k ? "split 5" : "whole",
+                            (unsigned long long)(g1.segments - g0.segments), (unsigned long long)(g1.calls - g0.calls),
+                            (unsigned long long)(g1.updates - g0.updates), (unsigned long long)(g1.builds - g0.builds),
+                            (unsigned long long)(g1.refused - g0.refused));
+                free(b);
+            }
+            free(a);
+            ran++;
+        }
+        /* the picked loop: same tokens and values, one wait a step, the steps' graphs updated */
+        enum { STEPS = 16 };
+        int32_t ta[STEPS], tb[STEPS];
+        float va[STEPS], vb[STEPS];
+        uint64_t wa[STEPS], wb[STEPS];
+        be_graph_stats g0, g1;
+        picked_steps(m, gpu, STEPS, ta, va, wa);
+        be_cuda_graphs(rec, &g0);
+        picked_steps(m, rec, STEPS, tb, vb, wb);
+        be_cuda_graphs(rec, &g1);
+        for (int s = 0; s < STEPS; s++) {
+            cr_expect(ta[s] == tb[s] && !memcmp(&va[s], &vb[s], sizeof(float)), "%s step %d: %d (%g) recorded, %d (%g) issued",
+                      files[fi], s, tb[s], vb[s], ta[s], va[s]);
+            if (s > 6) cr_expect_eq(wb[s], 1, "%s recorded step %d: %llu waits", files[fi], s, (unsigned long long)wb[s]);
+        }
+        cr_expect_geq(g1.segments - g0.segments, STEPS, "%s: %llu segments for %d steps", files[fi],
+                      (unsigned long long)(g1.segments - g0.segments), STEPS);
+        cr_expect_gt(g1.updates - g0.updates, g1.builds - g0.builds, "%s: %llu updates, %llu builds", files[fi],
+                     (unsigned long long)(g1.updates - g0.updates), (unsigned long long)(g1.builds - g0.builds));
+        model_free(m);
+    }
+    cr_expect_gt(ran, 0, "no tiny model here");
+    for (int k = 0; k < 2; k++) {
+        be_graph_stats g;
+        be_cuda_graphs(both[k], &g);
+        cr_expect(g.on && !g.gave_up && g.failures == 0, "backend %d: on %d, gave up %d, %llu failures", k, g.on, g.gave_up,
+                  (unsigned long long)g.failures);
+        be_free(both[k]);
+    }
+    be_graph_stats off;
+    be_cuda_graphs(gpu, &off);
+    cr_expect_eq(off.segments + off.builds, 0, "recorded with KVCHAT_CUDA_GRAPH unset");
+}
+
+/* A bad KVCHAT_CUDA_GRAPH or KVCHAT_CUDA_GRAPH_SPLIT is refused with a message naming it. */
+Test(cuda, a_bad_graph_setting_is_refused)
+{
+    const char *bad[][2] = { { "KVCHAT_CUDA_GRAPH", "yes" }, { "KVCHAT_CUDA_GRAPH_SPLIT", "-1" },
+                             { "KVCHAT_CUDA_GRAPH_SPLIT", "12x" } };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char err[512] = "";
+        setenv(bad[i][0], bad[i][1], 1);
+        be_backend *b = be_cuda_create(2, err, sizeof err);
+        unsetenv(bad[i][0]);
+        cr_expect_null(b, "%s=%s accepted", bad[i][0], bad[i][1]);
+        if (b) be_free(b);
+        cr_expect(strstr(err, "KVCHAT_CUDA_GRAPH"), "%s=%s: %s", bad[i][0], bad[i][1], err);
+    }
+}
