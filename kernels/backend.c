@@ -103,7 +103,10 @@ void be_describe(be_backend *b, char *buf, size_t cap)
     if (in->ops->memory) {   /* device memory: a device backend, and CUDA is the only one */
         be_gpu g;
         char why[200];
-        snprintf(buf, cap, "%s", be_cuda_gpu(&g, why, sizeof why) ? "a CUDA GPU" : g.name);
+        char set[200];
+        be_cuda_settings(in, set, sizeof set);
+        snprintf(buf, cap, "%s%s%s%s", be_cuda_gpu(&g, why, sizeof why) ? "a CUDA GPU" : g.name, set[0] ? " (" : "", set,
+                 set[0] ? ")" : "");
         return;
     }
     snprintf(buf, cap, "CPU (%d thread%s)", b->n_threads, b->n_threads == 1 ? "" : "s");

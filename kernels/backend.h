@@ -356,6 +356,10 @@ uint64_t be_cuda_flash_calls(be_backend *b);
  * copies, waits: each a few microseconds of the host's time, what bounds a small model's decode
  * step); the op profiler reports them an op. 0 for any other backend. */
 uint64_t be_cuda_runtime_calls(be_backend *b);
+/* The KVCHAT_CUDA_* settings a CUDA backend was made with that are not its defaults, as
+ * "NAME=value, ..." ("" when none, and for any other backend): benchmarks and the device's name
+ * say them, so figures taken under them are told apart. */
+void be_cuda_settings(be_backend *b, char *buf, size_t cap);
 /* A CUDA backend's recorded decode work (KVCHAT_CUDA_GRAPH=on, kernels/step_graphs.h): segments
  * run as graphs, the calls they recorded, how many ran by updating a kept graph and how many built
  * one (of which `refused`: an update the device refused), device failures, whether recording is on
@@ -398,7 +402,8 @@ int be_cpu_threads(int n_threads);
 /* The host CPU's model name (from /proc/cpuinfo; "unknown cpu" where it gives none). */
 void be_cpu_model(char *buf, size_t cap);
 /* What runs b's ops, in a few words for people: the GPU's name ("NVIDIA H200") for a device
- * backend, else "CPU (2 threads)". */
+ * backend, with the settings it runs under that are not its defaults in brackets
+ * ("NVIDIA H200 (KVCHAT_CUDA_GRAPH=on)", be_cuda_settings), else "CPU (2 threads)". */
 void be_describe(be_backend *b, char *buf, size_t cap);
 /* Residency through the op table, doing nothing where the backend has none. */
 static inline int be_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)

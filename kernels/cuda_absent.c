@@ -32,6 +32,12 @@ uint64_t be_cuda_input_quantizations(be_backend *b)
 
 void be_cuda_warmed_up(be_backend *b) { (void)b; }
 
+void be_cuda_settings(be_backend *b, char *buf, size_t cap)
+{
+    (void)b;
+    if (cap) buf[0] = 0;
+}
+
 void be_cuda_graphs(be_backend *b, be_graph_stats *st)
 {
     (void)b;

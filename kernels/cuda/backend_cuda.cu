@@ -822,6 +822,50 @@ extern "C" uint64_t be_cuda_runtime_calls(be_backend *b)
     return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->runtime_calls : 0;
 }
 
+/* The KVCHAT_CUDA_* variables set when the backend was made that change what runs, as
+ * "NAME=value, ..." (be_cuda_settings): the user's bytes, shown on terminals and written into CSV,
+ * keep letters, digits, '.', '-' and '_' (anything else becomes '?'). */
+static void note_settings(cuda_impl *ci)
+{
+    const char *names[] = { "KVCHAT_CUDA_GRAPH",   "KVCHAT_CUDA_GRAPH_SPLIT", "KVCHAT_CUDA_LAUNCHES",
+                            "KVCHAT_CUDA_ATTN",    "KVCHAT_CUDA_ATTN_SPLITS", "KVCHAT_CUDA_MMV",
+                            "KVCHAT_CUDA_MMV_MAX", "KVCHAT_CUDA_MMV_ROWS",    "KVCHAT_CUDA_MMV_INFLIGHT",
+                            "KVCHAT_CUDA_RESIDENT" };
+    char *buf = ci->settings;
+    const size_t cap = sizeof ci->settings;
+    size_t n = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const char *v = getenv(names[i]);
+        if (!v || !*v) continue;
+        if (i == 0 && strcmp(v, "on")) continue;   /* off: the default */
+        if (i == 1 && !ci->graphs.on) continue;    /* a split with recording off changes nothing */
+        char val[25];
+        size_t k = 0;
+        for (; k + 1 < sizeof val && v[k]; k++) {
+            const char c = v[k];
+            val[k] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+                             c == '_'
+                         ? c
+                         : '?';
+        }
+        val[k] = 0;
+        int w = snprintf(buf + n, cap - n, "%s%s=%s", n ? ", " : "", names[i], val);
+        if (w < 0 || (size_t)w >= cap - n) {
+            buf[n] = 0;
+            return;
+        }
+        n += (size_t)w;
+    }
+}
+
+extern "C" void be_cuda_settings(be_backend *b, char *buf, size_t cap)
+{
+    if (!cap) return;
+    buf[0] = 0;
+    if (b && b->ops && b->ops->attention == cuda_attention) snprintf(buf, cap, "%s", impl_of(b)->settings);
+}
+
 extern "C" void be_cuda_graphs(be_backend *b, be_graph_stats *st)
 {
     memset(st, 0, sizeof *st);
@@ -973,6 +1017,7 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     }
     sg_device gdev = { ci, g_begin, g_end, g_update, g_instantiate, g_launch, g_destroy_graph, g_destroy_exec };
     sg_init(&ci->graphs, &gdev, graph_env && !strcmp(graph_env, "on"), (int)split);
+    note_settings(ci);
     pc_device dev = { ci, dev_alloc, dev_release, dev_upload };
     pc_init(&ci->copies, &dev, COPY_IDLE);
     pt_device tdev = { ci, dev_malloc, dev_free };

@@ -185,6 +185,7 @@ typedef struct cuda_impl {
     uint64_t waits, bytes_up, bytes_down;   /* traffic (be_ops.counters) */
     sg_table graphs;           /* decode work recorded and replayed as graphs (KVCHAT_CUDA_GRAPH=on) */
     cudaError_t graph_error;   /* the last graph call's error, for the message */
+    char settings[200];        /* the KVCHAT_CUDA_* settings it was made with that are not the defaults */
     int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
     int dead;                  /* the failure was a device error that no wait clears */
     char fail_msg[320];

@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(BE_PICK_MAX) bd_ids_kernel(const uint64_t *key
 void cuda_bound_pages(be_backend *b, be_bounds *r)
 {
     cuda_impl *ci = impl_of(b);
-    seg_op(ci, SEG_EAGER);
+    seg_op(ci, SEG_JOIN);   /* Quest's choice kept for attention: a decode step's layer, nothing waited for */
     const int H = r->n_head_kv;
     if (r->k > BE_PICK_MAX) r->k = BE_PICK_MAX;
     const int32_t k = r->k;

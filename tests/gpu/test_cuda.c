@@ -2946,6 +2946,14 @@ Test(cuda, recorded_decode_steps_give_the_bits_of_issued_ones)
     be_graph_stats off;
     be_cuda_graphs(gpu, &off);
     cr_expect_eq(off.segments + off.builds, 0, "recorded with KVCHAT_CUDA_GRAPH unset");
+    /* the settings a backend was made with are named where its device is (benchmarks' rows) */
+    char d0[300], d1[300];
+    be_backend *named = gpu_with("KVCHAT_CUDA_GRAPH", "on");
+    be_describe(named, d1, sizeof d1);
+    be_describe(gpu, d0, sizeof d0);
+    cr_expect(strstr(d1, " (KVCHAT_CUDA_GRAPH=on)"), "%s", d1);
+    cr_expect(!strchr(d0, '('), "%s", d0);
+    be_free(named);
 }
 
 /* A bad KVCHAT_CUDA_GRAPH or KVCHAT_CUDA_GRAPH_SPLIT is refused with a message naming it. */
