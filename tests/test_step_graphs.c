@@ -14,7 +14,7 @@ enum { MAX_OPS = 128, MAX_RUN = 4096 };
 typedef struct f_graph {
     int ops[MAX_OPS];   /* the work recorded: an integer an operation */
     int n;
-    int shape;          /* what an update needs to match (the fake's notion of topology) */
+    unsigned shape;     /* what an update needs to match (the fake's notion of topology) */
 } f_graph;
 
 typedef struct fake {
@@ -122,7 +122,7 @@ static void issue(sg_table *t, fake *f, int s, int op)
     if (f->recording) {
         cr_assert_lt(f->cur.n, MAX_OPS);
         f->cur.ops[f->cur.n++] = op;
-        f->cur.shape = f->cur.shape * 31 + s + 1;
+        f->cur.shape = f->cur.shape * 31u + (unsigned)s + 1u;
     } else {
         f->ran[f->n_ran++] = op;
     }
