@@ -1124,6 +1124,15 @@ int fwd_decode_batch(fwd_ctx *lead, fwd_ctx *const *seqs, int n, const int32_t *
         }
         lead->batch_rows = rows;
     }
+    /* every sequence's policy starts the device work its begin reads (CHESS's scores) before any
+     * begin waits for it: one wait for the batch */
+    double prep_ms[FWD_BATCH_MAX] = { 0 };
+    for (int s = 0; s < n; s++)
+        if (seqs[s]->pol) {
+            double t0 = now_ms();
+            pol_set_prepare(seqs[s]->pol, kv_len(seqs[s]->kv));
+            prep_ms[s] = now_ms() - t0;
+        }
     /* nothing of the sequences' is pending: an eval takes its rows in before it returns (and a
      * lead's own, forward_rows takes) */
     for (int s = 0; s < n; s++) {
@@ -1132,6 +1141,7 @@ int fwd_decode_batch(fwd_ctx *lead, fwd_ctx *const *seqs, int n, const int32_t *
         seqs[s]->pol_err[0] = 0;
         seqs[s]->row_at = NULL;
         begin_eval(seqs[s], ids + s, 1);
+        seqs[s]->st_sel_ms += prep_ms[s];
     }
     int rc = abort_flag && *abort_flag ? -1 : forward_rows(lead, seqs, n, ids, n, 0, NULL, 0, 0, abort_flag);
     if (!rc && output_rows(lead, 0, n, picks, lead->batch_rows)) rc = -4;

@@ -76,6 +76,14 @@ typedef struct bound_mat {
     size_t width;   /* floats a row */
 } bound_mat;
 
+/* What rebuild_issue leaves rebuild_choose: the pages, window and candidates [first, last), the
+ * chunks, grids and scored rows. */
+typedef struct chess_pend {
+    int np, nw, first, last, nc, ng, rows;
+} chess_pend;
+
+enum { PREP_NOTHING, PREP_ISSUED, PREP_FAILED };
+
 typedef struct st_chess {
     double rho_g, rho_c, rho_p, budget;
     int sink, window, anchor, chunk, grid, rebuild, cosine;
@@ -108,6 +116,10 @@ typedef struct st_chess {
     be_page_list *blists;      /* [n_global] the same as the op reads them */
     int n_lists;
     uint64_t name;             /* the lists' share of the backend's list names */
+    /* a batch's step prepared (c_prepare) and not yet begun: at prep_pos (-1: none), what it did */
+    int64_t prep_pos;
+    int prep;
+    chess_pend pend;           /* a reconstruction issued, its choice to make (rebuild_choose) */
     /* scratch */
     float *raw;                /* [dim] a page's mean key (anchor=0) */
     int *idx, *idx2;
@@ -131,6 +143,7 @@ static int c_create(void **out, const pol_env *env, const double *vals, char *er
     s->grid = (int)vals[P_GRID];
     s->anchor = (int)vals[P_ANCHOR];
     s->rebuild = (int)vals[P_REBUILD];
+    s->prep_pos = -1;
     s->cosine = vals[P_SCORE] == 0;
     s->dirty = 1;
     s->b = env->b;
@@ -422,8 +435,12 @@ static int update_summaries(st_chess *s, const pol_env *env, int np, int first, 
     return 0;
 }
 
-/* The reconstruction: choose s->sel among the candidate pages [sink, np - window). */
-static int rebuild(st_chess *s, const pol_env *env)
+/* The reconstruction, in two halves: rebuild_issue brings the summary rows up to date and has the
+ * backend score them (with prefetch, their download started without a wait: a batch issues every
+ * sequence's before any reads them), rebuild_choose reads the scores and chooses s->sel among the
+ * candidate pages [sink, np - window). rebuild_issue: 0 (scores issued: choose next), 1 (no
+ * candidates: the selection is made, empty), -1 (out of memory). */
+static int rebuild_issue(st_chess *s, const pol_env *env, int prefetch)
 {
     int np = common_pages(env);
     int nw = s->window < np ? s->window : np;
@@ -436,7 +453,7 @@ static int rebuild(st_chess *s, const pol_env *env)
     s->tail_from = last > first ? last : first;
     s->n_sel = 0;
     s->n_cand = last > first ? last - first : 0;
-    if (s->n_cand == 0 || env->n_global == 0) return 0;
+    if (s->n_cand == 0 || env->n_global == 0) return 1;
     int nc = (s->n_cand + s->chunk - 1) / s->chunk;
     int ng = (nc + s->grid - 1) / s->grid;
     int rows = s->n_cand + nc + ng;
@@ -478,6 +495,16 @@ static int rebuild(st_chess *s, const pol_env *env)
     ops->scores(env->b, s->pages.p + (size_t)first * dim, s->n_cand, (int64_t)dim, anchor, score);
     ops->scores(env->b, s->chunks.p, nc, (int64_t)dim, anchor, score + s->n_cand);
     ops->scores(env->b, s->grids.p, ng, (int64_t)dim, anchor, score + s->n_cand + nc);
+    if (prefetch) be_host_prefetch(env->b, &(be_range){ score, sizeof(float) * (size_t)rows }, 1);
+    s->pend = (chess_pend){ np, nw, first, last, nc, ng, rows };
+    return 0;
+}
+
+static void rebuild_choose(st_chess *s, const pol_env *env)
+{
+    const int np = s->pend.np, nw = s->pend.nw, first = s->pend.first, last = s->pend.last, nc = s->pend.nc,
+              ng = s->pend.ng, rows = s->pend.rows;
+    float *score = s->score.p;
     be_host_read(env->b, &(be_range){ score, sizeof(float) * (size_t)rows }, 1);
     const float *ps = score, *cs = score + s->n_cand, *gs = cs + nc;
     /* grids */
@@ -532,13 +559,19 @@ static int rebuild(st_chess *s, const pol_env *env)
             free(kept);
         }
     }
-    return 0;
 }
 
-static void c_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t pos, int decoding)
+/* Both halves at once: 0, or -1 when out of memory. */
+static int rebuild(st_chess *s, const pol_env *env)
 {
-    st_chess *s = st;
-    if (!decoding) return;
+    int rc = rebuild_issue(s, env, 0);
+    if (rc == 0) rebuild_choose(s, env);
+    return rc < 0 ? -1 : 0;
+}
+
+/* A decode step at pos: 1 when it reconstructs the selection (the state brought to the step). */
+static int step_due(st_chess *s, const pol_env *env, int64_t pos)
+{
     s->cur = pos;
     if (pos < s->built_at) {   /* rewound past the reconstruction */
         s->dirty = 1;
@@ -547,9 +580,31 @@ static void c_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t
     int P = kv_page_size(env->kv);
     int due = s->rebuild == REBUILD_STEP ? pos != s->built_at : s->rebuild == REBUILD_PAGE ? pos / P != s->built_at / P : 0;
     if (due && pos >= s->hold_until) s->dirty = 1;
-    if (!s->valid || s->dirty) {
-        if (rebuild(s, env) != 0) s->valid = 0;   /* out of memory: attend to everything this step */
+    return !s->valid || s->dirty;
+}
+
+/* A batch's step: the scores issued now, read by c_begin after every sequence's were. */
+static void c_prepare(void *st, const pol_env *env, int64_t pos)
+{
+    st_chess *s = st;
+    s->prep_pos = pos;
+    s->prep = PREP_NOTHING;
+    if (!step_due(s, env, pos)) return;
+    int rc = rebuild_issue(s, env, 1);
+    s->prep = rc < 0 ? PREP_FAILED : rc == 0 ? PREP_ISSUED : PREP_NOTHING;
+}
+
+static void c_begin(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t pos, int decoding)
+{
+    st_chess *s = st;
+    if (!decoding) return;
+    if (s->prep_pos == pos) {   /* prepared: the choice from the scores issued then */
+        s->prep_pos = -1;
+        if (s->prep == PREP_ISSUED) rebuild_choose(s, env);
+        if (s->prep == PREP_FAILED) s->valid = 0;   /* out of memory: attend to everything this step */
+        return;
     }
+    if (step_due(s, env, pos) && rebuild(s, env) != 0) s->valid = 0;   /* out of memory: everything this step */
 }
 
 static int c_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
@@ -580,6 +635,7 @@ static void c_reselect(void *st, const pol_env *env, int64_t pos, int64_t keep_f
     if (!old) return;   /* out of memory: the old selection stays */
     memcpy(old, s->sel, sizeof(int) * (size_t)n_old);
     s->cur = pos;
+    s->prep_pos = -1;
     if (rebuild(s, env) != 0) {
         s->valid = 0;
         free(old);
@@ -656,6 +712,7 @@ static int c_load(void *st, const pol_env *env, bytes_r *r)
     s->valid = valid;
     s->dirty = dirty;
     s->built_at = built_at;
+    s->prep_pos = -1;
     s->tail_from = tail_from;
     s->n_cand = n_cand;
     s->rebuilds = rebuilds;
@@ -685,6 +742,7 @@ const pol_ops pol_chess = {
     .create = c_create,
     .destroy = c_destroy,
     .begin = c_begin,
+    .prepare = c_prepare,
     .select = c_select,
     .reselect = c_reselect,
     .check = c_check,

@@ -412,6 +412,14 @@ void pol_set_begin(pol_set *ps, const int32_t *tokens, int64_t n, int64_t p0, in
     }
 }
 
+void pol_set_prepare(pol_set *ps, int64_t p0)
+{
+    for (int i = 0; i < ps->spec.n; i++) {
+        const pol_ops *p = ps->spec.ops[i];
+        if (p->prepare) p->prepare(ps->st[i], &ps->env, p0);
+    }
+}
+
 int pol_set_layer_done(pol_set *ps, int il, const pol_chunk *c, char *err, size_t errlen)
 {
     if (!c->decoding)

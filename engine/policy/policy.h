@@ -5,6 +5,8 @@
  * pass calls
  *   - begin        before an eval (a prefill, or a decode step) with its token ids; when decoding,
  *                  a selection policy prepares the step's choice (CHESS rebuilds it there);
+ *   - prepare      before a batch's begins, each sequence's: device work a begin will read
+ *                  started for every sequence first (CHESS's scores), so the batch waits once;
  *   - layer_done   after each global layer's attention, in prefill and in decode (a prefill policy
  *                  evicts or merges there; prefill_only says it does nothing while decoding);
  *   - select       per global layer of a decode step, once that layer's query is known: the pages
@@ -152,6 +154,11 @@ typedef struct pol_ops {
     /* Before an eval runs: its token ids at positions p0 .. p0+n-1; decoding: a decode step (n = 1),
      * where a selection policy prepares the step's choice before any layer runs. */
     void (*begin)(void *st, const pol_env *env, const int32_t *tokens, int64_t n, int64_t p0, int decoding);
+    /* A decode step at p0 begins next: start the device work its begin will read, without waiting
+     * for it. A batch's step calls every sequence's prepare before any begin, so the sequences'
+     * work runs together and their begins wait once between them (CHESS's scores). Always followed
+     * by begin at p0. NULL: begin does it all. */
+    void (*prepare)(void *st, const pol_env *env, int64_t p0);
     /* What the policy asks of a prefill (NULL: the engine's chunks, no probe). */
     pol_shape (*prefill_shape)(void *st);
     /* After global layer il attended, in prefill and in decode (c says which, with the chunk's
@@ -253,6 +260,8 @@ int pol_set_check(pol_set *ps, int64_t ctx, char *err, size_t errlen);
 
 /* Engine side (called by forward.c). begin: see pol_ops.begin. */
 void pol_set_begin(pol_set *ps, const int32_t *tokens, int64_t n, int64_t p0, int decoding);
+/* A decode step at p0 begins next (pol_ops.prepare); begin at p0 must follow. */
+void pol_set_prepare(pol_set *ps, int64_t p0);
 int pol_set_layer_done(pol_set *ps, int il, const pol_chunk *c, char *err, size_t errlen);
 /* The prefill shape the set's prefill policy asks for (pol_shape). */
 int pol_set_chunk_size(const pol_set *ps);
