@@ -713,12 +713,12 @@ int cmd_bench(int argc, char **argv)
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)(300 + (x >> 33) % (uint64_t)(nv - 600));
     }
-    char commit[64], machine[256], date[32];
+    char commit[64], machine[640], date[32];
     bench_commit(commit, sizeof commit);
     be_cpu_model(machine, sizeof machine);
     size_t ml = strlen(machine);
     if (run_on_device(r)) {   /* the GPU that ran the model, beside the host CPU */
-        char dev[128];
+        char dev[384];   /* the GPU's name and the settings it runs under */
         run_device(r, dev, sizeof dev);
         snprintf(machine + ml, sizeof machine - ml, " + %s", dev);
     } else {   /* the kernels that ran on it */

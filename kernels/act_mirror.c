@@ -28,6 +28,14 @@ void am_free(am_table *t)
     memset(t, 0, sizeof *t);
 }
 
+static am_buf *find(const am_table *t, const void *p, size_t bytes);
+
+int am_pinned(const am_table *t, const void *p, size_t bytes)
+{
+    const am_buf *b = find(t, p, bytes);
+    return b && b->pinned;
+}
+
 /* The buffer holding [p, p + bytes), or NULL when no buffer overlaps it. A buffer is found by
  * scanning: the forward pass binds about ten. */
 static am_buf *find(const am_table *t, const void *p, size_t bytes)

@@ -83,6 +83,9 @@ int am_bind(am_table *t, void *host, size_t bytes);
 int am_bind_blank(am_table *t, void *host, size_t bytes);
 /* Forget the twin (the host copy is NOT brought up to date: the owner is freeing the buffer). */
 void am_unbind(am_table *t, void *host);
+/* 1 when [p, p + bytes) lies in a bound buffer this table page-locked (am_device.pin succeeded at
+ * bind), 0 otherwise (unbound, blank, or locked by no one or by another table). */
+int am_pinned(const am_table *t, const void *p, size_t bytes);
 /* 1 if [p, p + bytes) lies in a bound buffer. A range that straddles a buffer's end is a bug in the
  * caller and aborts with a message. */
 int am_bound(const am_table *t, const void *p, size_t bytes);

@@ -104,6 +104,10 @@ int sg_flush(sg_table *t)
     if (!updated) {
         if (e->exec) t->dev.destroy_exec(t->dev.ud, e->exec);
         e->exec = t->dev.instantiate(t->dev.ud, g);
+        if (!e->exec) {   /* the device short (of memory): once more without the other kept graphs */
+            drop_all(t);
+            e->exec = t->dev.instantiate(t->dev.ud, g);
+        }
         if (!e->exec) {
             t->dev.destroy_graph(t->dev.ud, g);
             t->failures++;
@@ -125,9 +129,14 @@ int sg_flush(sg_table *t)
     }
     t->segments++;
     t->calls += t->n_calls;
-    if (t->segments >= SG_SETTLE && t->builds * 2 > t->segments) {   /* shapes change too often to pay */
-        t->gave_up = 1;
-        turn_off(t);
+    t->win_segments++;
+    t->win_builds += !updated;
+    if (t->win_segments == SG_SETTLE) {
+        if (t->win_builds * 2 > t->win_segments) {   /* shapes change too often to pay */
+            t->gave_up = 1;
+            turn_off(t);
+        }
+        t->win_segments = t->win_builds = 0;
     }
     return 0;
 }

@@ -5,12 +5,14 @@
  * issued one by one; at the next wait (or after `split` recorded calls, so the device starts on the
  * first part while the host records the next) the recording becomes a segment that runs as one
  * launch. Each segment is looked up by its signature, the sequence of call sites that recorded it
- * (every checked call names its site with a string constant, whose address is the site) and their
- * count: a step like the one before it finds the executable graph the last one left and updates it
- * in place (new kernel parameters, grid sizes and copy sizes), which costs far less than building
- * one; a new shape builds one into the least recently used of SG_CACHE slots. A table that keeps
- * building (more than half of its segments, past the first 32) stops recording: its steps change
- * shape too often for graphs to pay.
+ * (every checked call names its site with a string constant, whose address stands for the site;
+ * identical names may share one) and their count: a step like the one before it finds the
+ * executable graph the last one left and updates it in place (new kernel parameters, grid sizes and
+ * copy sizes), which costs far less than building one; a new shape builds one into the least
+ * recently used of SG_CACHE slots (a step split into segments has a shape for each). A build the
+ * device refuses (out of memory) is tried once more after the other kept graphs are released. A
+ * table that keeps building (more than half of a window of SG_SETTLE segments) stops recording: its
+ * steps change shape too often for graphs to pay.
  *
  * The device is reached through function pointers, so this bookkeeping is plain C, tested on the
  * host (tests/test_step_graphs.c) with a recorder standing in for the device. */
@@ -19,8 +21,8 @@
 
 #include <stdint.h>
 
-#define SG_CACHE 8
-#define SG_SETTLE 32   /* segments before a table that keeps building gives up */
+#define SG_CACHE 64
+#define SG_SETTLE 256   /* the window of segments over which a table that keeps building gives up */
 
 typedef struct sg_device {
     void *ud;
@@ -57,6 +59,7 @@ typedef struct sg_table {
     uint64_t refused;         /* updates the device refused (each then built) */
     uint64_t failures;        /* device failures (recording, building or launching), each turning graphs off */
     int gave_up;              /* turned off for building too often */
+    uint32_t win_segments, win_builds;   /* the current window's */
 } sg_table;
 
 /* on: record at all (0: every call is a no-op and the backend issues as before); split as above. */

@@ -4,12 +4,13 @@
  * more shapes than it holds gives up; every failure of the device turns graphs off and says the
  * work was lost, and nothing the device made is leaked or released twice. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/step_graphs.h"
 
-enum { MAX_OPS = 128, MAX_RUN = 4096 };
+enum { MAX_OPS = 128, MAX_RUN = 16384 };
 
 typedef struct f_graph {
     int ops[MAX_OPS];   /* the work recorded: an integer an operation */
@@ -24,6 +25,7 @@ typedef struct fake {
     int ran[MAX_RUN];   /* every operation the device ran, in order */
     int n_ran;
     int fail_begin, fail_end, fail_inst, fail_launch, refuse_update;
+    int max_execs;      /* > 0: a build fails while that many executable graphs live (the device's memory) */
     int updates, instantiations;
 } fake;
 
@@ -65,7 +67,7 @@ static int f_update(void *ud, void *exec, void *graph)
 static void *f_inst(void *ud, void *graph)
 {
     fake *f = ud;
-    if (f->fail_inst) return NULL;
+    if (f->fail_inst || (f->max_execs > 0 && f->live_execs >= f->max_execs)) return NULL;
     f_graph *e = malloc(sizeof *e);
     cr_assert(e);
     *e = *(f_graph *)graph;
@@ -124,6 +126,7 @@ static void issue(sg_table *t, fake *f, int s, int op)
         f->cur.ops[f->cur.n++] = op;
         f->cur.shape = f->cur.shape * 31u + (unsigned)s + 1u;
     } else {
+        cr_assert_lt(f->n_ran, MAX_RUN);
         f->ran[f->n_ran++] = op;
     }
     sg_note(t, SITE[s]);
@@ -160,13 +163,13 @@ Test(step_graphs, a_repeated_step_builds_once_then_updates_its_graph)
     fake f = { 0 };
     sg_table t = table_on(&f, 1, 0);
     int next = 0;
-    for (int k = 0; k < 50; k++) step(&t, &f, "01230123456", &next);
+    for (int k = 0; k < 600; k++) step(&t, &f, "01230123456", &next);
     assert_ran_in_order(&f, next);
     cr_assert_eq(t.builds, 1);
-    cr_assert_eq(t.updates, 49);
-    cr_assert_eq(f.updates, 49);
-    cr_assert_eq(t.segments, 50);
-    cr_assert_eq(t.calls, 50 * 11);
+    cr_assert_eq(t.updates, 599);
+    cr_assert_eq(f.updates, 599);
+    cr_assert_eq(t.segments, 600);
+    cr_assert_eq(t.calls, 600 * 11);
     cr_assert_eq(f.live_graphs, 0, "a recorded graph kept after its segment ran");
     cr_assert_eq(f.live_execs, 1);
     cr_assert(t.on);
@@ -190,17 +193,23 @@ Test(step_graphs, alternating_shapes_each_keep_their_graph)
     cr_assert_eq(f.live_execs + f.live_graphs, 0);
 }
 
+/* Shape k of a family: the digits of k + 10 as sites, a distinct sequence for each k. */
+static const char *shape_no(int k, char *buf)
+{
+    snprintf(buf, 16, "%d", k + 10);
+    return buf;
+}
+
 Test(step_graphs, more_shapes_than_the_cache_build_until_it_gives_up)
 {
     fake f = { 0 };
     sg_table t = table_on(&f, 1, 0);
     /* SG_CACHE + 1 shapes in a cycle: the least recently used is always the one coming next */
-    const char *shapes[SG_CACHE + 1] = { "0", "1", "2", "3", "4", "5", "6", "7", "8" };
-    cr_assert_eq(SG_CACHE, 8);
+    char buf[16];
     int next = 0, k = 0;
     while (t.on) {
-        cr_assert_lt(k, 1000);
-        step(&t, &f, shapes[k++ % (SG_CACHE + 1)], &next);
+        cr_assert_lt(k, 10 * SG_SETTLE);
+        step(&t, &f, shape_no(k++ % (SG_CACHE + 1), buf), &next);
     }
     assert_ran_in_order(&f, next);
     cr_assert(t.gave_up);
@@ -212,6 +221,52 @@ Test(step_graphs, more_shapes_than_the_cache_build_until_it_gives_up)
     cr_assert_eq(t.segments, SG_SETTLE);
     sg_free(&t);
     cr_assert_eq(f.live_execs + f.live_graphs, 0);
+}
+
+/* A step split into more shapes than a few (fewer than the cache holds), repeated: each shape built
+ * once, then updated, for many windows; never given up. */
+Test(step_graphs, a_step_of_many_shapes_keeps_them_all)
+{
+    fake f = { 0 };
+    sg_table t = table_on(&f, 1, 0);
+    char buf[16];
+    int next = 0;
+    const int per = SG_CACHE - 4;
+    for (int k = 0; k < 3 * SG_SETTLE; k++) step(&t, &f, shape_no(k % per, buf), &next);
+    assert_ran_in_order(&f, next);
+    cr_assert(t.on && !t.gave_up);
+    cr_assert_eq(t.builds, (uint64_t)per);
+    cr_assert_eq(t.updates, (uint64_t)(3 * SG_SETTLE - per));
+    sg_free(&t);
+    cr_assert_eq(f.live_execs + f.live_graphs, 0);
+}
+
+/* A build the device refuses for want of memory while other graphs are kept: they are released
+ * and the build tried again; the work runs, nothing is lost or leaked. */
+Test(step_graphs, a_build_short_of_memory_releases_the_other_graphs_and_tries_again)
+{
+    fake f = { 0 };
+    sg_table t = table_on(&f, 1, 0);
+    char buf[16];
+    int next = 0;
+    for (int k = 0; k < 5; k++) step(&t, &f, shape_no(k, buf), &next);
+    cr_assert_eq(f.live_execs, 5);
+    f.max_execs = 5;   /* the device holds five: the sixth build fails until the others go */
+    step(&t, &f, shape_no(5, buf), &next);
+    assert_ran_in_order(&f, next);
+    cr_assert(t.on);
+    cr_assert_eq(t.failures, 0);
+    cr_assert_eq(f.live_execs, 1, "%d graphs kept after the retry", f.live_execs);
+    step(&t, &f, shape_no(5, buf), &next);   /* the one kept is updated */
+    cr_assert_eq(t.updates, 1);
+    f.max_execs = 0;
+    f.fail_inst = 1;   /* refused even alone: a failure, graphs off */
+    cr_assert_eq(sg_begin(&t), 0);
+    issue(&t, &f, 0, next++);
+    cr_assert_eq(sg_flush(&t), -1);
+    cr_assert_not(t.on);
+    cr_assert_eq(f.live_execs + f.live_graphs, 0);
+    sg_free(&t);
 }
 
 Test(step_graphs, a_refused_update_builds_in_the_same_slot)

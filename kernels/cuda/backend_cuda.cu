@@ -199,7 +199,9 @@ static int g_begin(void *ud)
 {
     cuda_impl *ci = (cuda_impl *)ud;
     ci->runtime_calls++;
-    /* relaxed: allocating device memory while recording stays allowed (a page copy's new block) */
+    /* relaxed: the calls an op makes beside its stream work while recording stay allowed (raising a
+     * kernel's shared memory limit at its first launch, the free memory a message names, a
+     * pointer's attributes); nothing frees or allocates while recording (seg_end first) */
     if (cudaStreamBeginCapture(ci->stream, cudaStreamCaptureModeRelaxed) == cudaSuccess) return 0;
     ci->graph_error = cudaGetLastError();
     return -1;
@@ -211,8 +213,8 @@ static int g_end(void *ud, void **graph)
     cudaGraph_t g = NULL;
     ci->runtime_calls++;
     cudaError_t e = cudaStreamEndCapture(ci->stream, &g);
-    if (e != cudaSuccess) {
-        ci->graph_error = e;
+    if (e != cudaSuccess || !g) {
+        ci->graph_error = e != cudaSuccess ? e : cudaErrorUnknown;
         (void)cudaGetLastError();
         return -1;
     }
@@ -269,10 +271,15 @@ int seg_end(cuda_impl *ci)
     if (!ci->graphs.recording) return 0;
     if (sg_flush(&ci->graphs) == 0) return 0;
     /* the recorded work did not run and never will: what the page copies, lists and twins count as
-     * sent is not on the device, so nothing the device holds can be trusted any more */
-    fail(ci, "the GPU cannot go on: a recorded CUDA graph could not run (%s); restart kvchat without "
+     * sent is not on the device, so nothing the device holds can be trusted any more (the message
+     * says so even where an earlier failure was recorded, which it names) */
+    char first[sizeof ci->fail_msg];
+    snprintf(first, sizeof first, "%s", ci->failed ? ci->fail_msg : "");
+    snprintf(ci->fail_msg, sizeof ci->fail_msg,
+             "the GPU cannot go on: a recorded CUDA graph could not run (%s%s%.120s); restart kvchat without "
              "KVCHAT_CUDA_GRAPH=on",
-         cudaGetErrorString(ci->graph_error));
+             cudaGetErrorString(ci->graph_error), first[0] ? "; first noticed as: " : "", first);
+    ci->failed = 1;
     ci->dead = 1;
     return -1;
 }
@@ -292,18 +299,12 @@ void seg_op(cuda_impl *ci, int how)
     if (!t->recording && how == SEG_START) sg_begin(t);   /* refused: graphs off, issued as before */
 }
 
-/* A copy between the device and host memory that is not page-locked cannot be recorded (it would
- * read or write the host bytes when the graph runs, not now): what is recorded runs first. */
-static void unrecordable_host(cuda_impl *ci, const void *host)
+/* A copy between the device and a bound buffer this backend did not page-lock cannot be recorded
+ * (it would read or write the host bytes when the graph runs, not now; a buffer locked by another
+ * backend, or only in its first page, counts as not locked): what is recorded runs first. */
+static void unrecordable_host(cuda_impl *ci, const void *host, size_t bytes)
 {
-    if (!ci->graphs.recording) return;
-    cudaPointerAttributes at;
-    if (cudaPointerGetAttributes(&at, host) != cudaSuccess) {
-        (void)cudaGetLastError();
-        seg_end(ci);
-    } else if (at.type != cudaMemoryTypeHost) {
-        seg_end(ci);
-    }
+    if (ci->graphs.recording && !am_pinned(&ci->act, host, bytes)) seg_end(ci);
 }
 
 /* ---------------------------------------------------------------- constant inputs */
@@ -350,7 +351,7 @@ static void dev_free(void *ud, void *p)
 static void act_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
     cuda_impl *ci = (cuda_impl *)ud;
-    unrecordable_host(ci, src);
+    unrecordable_host(ci, src, bytes);
     ci->bytes_up += bytes;
     ck(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ci->stream), "activation upload");
 }
@@ -358,7 +359,7 @@ static void act_upload(void *ud, void *dst, const void *src, size_t bytes)
 static void act_download(void *ud, void *dst, const void *src, size_t bytes)
 {
     cuda_impl *ci = (cuda_impl *)ud;
-    unrecordable_host(ci, dst);
+    unrecordable_host(ci, dst, bytes);
     ci->bytes_down += bytes;
     ck(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ci->stream), "activation download");
 }
@@ -741,8 +742,9 @@ static void cuda_finish(be_backend *b)
 {
     cuda_impl *ci = impl_of(b);
     if (ci->failed) return;
+    const uint64_t waits = ci->waits;
     sync_stream(ci, "finish");   /* a failure is recorded for the caller's next be_ops.failed */
-    ci->waits--;
+    ci->waits = waits;
 }
 
 static void cuda_counters(be_backend *b, uint64_t *waits, uint64_t *bytes_up, uint64_t *bytes_down)

@@ -88,15 +88,14 @@ int pick_k_best(cuda_impl *ci, const float *x, int64_t n, int64_t row_stride, in
     uint64_t *lists[2] = { scratch, scratch + (int64_t)n_rows * blocks[0] * k };
     pick_slice_kernel<<<dim3((unsigned)blocks[0], (unsigned)n_rows), PK_THREADS, 0, s>>>(
         x, n, row_stride, pen, n_pen, penalty, k, rounds == 0 ? best : lists[0], slice_max);
-    char name[64];
-    snprintf(name, sizeof name, "%spick kernel", what);
-    if (ck(ci, cudaGetLastError(), name)) return -1;
+    /* constant names: a recording's signature is its sites' names (step_graphs.h) */
+    const int bounds = what[0] != 0;
+    if (ck(ci, cudaGetLastError(), bounds ? "bound pick kernel" : "pick kernel")) return -1;
     for (int r = 1; r <= rounds; r++) {
         uint64_t *dst = r == rounds ? best : lists[r & 1];
         pick_merge_kernel<<<dim3((unsigned)blocks[r], (unsigned)n_rows), PK_THREADS, 0, s>>>(lists[(r - 1) & 1],
                                                                                           blocks[r - 1], k, dst);
-        snprintf(name, sizeof name, "%spick merge kernel", what);
-        if (ck(ci, cudaGetLastError(), name)) return -1;
+        if (ck(ci, cudaGetLastError(), bounds ? "bound pick merge kernel" : "pick merge kernel")) return -1;
     }
     return 0;
 }

@@ -2904,8 +2904,9 @@ Test(cuda, recorded_decode_steps_give_the_bits_of_issued_ones)
                     cr_expect(!memcmp(a + st * nv, b + st * nv, sizeof(float) * (size_t)nv),
                               "%s, %s, %s: step %d's logits differ from the calls issued one by one", files[fi],
                               policies[pi] ? policies[pi] : "no policy", k ? "split every 5 calls" : "whole segments", st);
-                cr_expect_gt(g1.segments - g0.segments, 0, "%s, %s: nothing recorded", files[fi],
-                             policies[pi] ? policies[pi] : "no policy");
+                if (k == 0)   /* whole segments; split ones may give up (many shapes), which is logged */
+                    cr_expect_gt(g1.segments - g0.segments, 0, "%s, %s: nothing recorded", files[fi],
+                                 policies[pi] ? policies[pi] : "no policy");
                 cr_log_info("%s, %s, %s: %llu segments of %llu calls, %llu updated, %llu built (%llu refused)", files[fi],
                             policies[pi] ? policies[pi] : "no policy", k ? "split 5" : "whole",
                             (unsigned long long)(g1.segments - g0.segments), (unsigned long long)(g1.calls - g0.calls),
@@ -2941,8 +2942,10 @@ Test(cuda, recorded_decode_steps_give_the_bits_of_issued_ones)
     for (int k = 0; k < 2; k++) {
         be_graph_stats g;
         be_cuda_graphs(both[k], &g);
-        cr_expect(g.on && !g.gave_up && g.failures == 0, "backend %d: on %d, gave up %d, %llu failures", k, g.on, g.gave_up,
-                  (unsigned long long)g.failures);
+        cr_log_info("%s: %llu segments, %llu updated, %llu built, gave up %d", k ? "split every 5 calls" : "whole",
+                    (unsigned long long)g.segments, (unsigned long long)g.updates, (unsigned long long)g.builds, g.gave_up);
+        cr_expect_eq(g.failures, 0, "backend %d: %llu failures", k, (unsigned long long)g.failures);
+        if (k == 0) cr_expect(g.on && !g.gave_up, "whole segments: on %d, gave up %d", g.on, g.gave_up);
         be_free(both[k]);
     }
     be_graph_stats off;
