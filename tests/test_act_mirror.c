@@ -469,3 +469,27 @@ Test(act_mirror, a_buffer_it_could_not_lock_is_not_unlocked)
     am_free(&t);
     cr_expect_eq(fk.pins, 0, "the table's own lock was kept");
 }
+
+/* am_pinned says which ranges a device may copy as page-locked memory (a recorded copy reads or
+ * writes them when it runs): those of buffers this table locked, not blank ones, not ones whose
+ * lock failed (another table's), not unbound ranges. */
+Test(act_mirror, pinned_names_only_the_buffers_this_table_locked)
+{
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float a[64], b[64], c[64], d[64];
+    cr_assert(am_bind(&t, a, sizeof a) == 0);
+    cr_assert(am_bind_blank(&t, b, sizeof b) == 0);
+    fk.refuse_pins = 1;
+    cr_assert(am_bind(&t, c, sizeof c) == 0);
+    fk.refuse_pins = 0;
+    cr_expect(am_pinned(&t, a, sizeof a));
+    cr_expect(am_pinned(&t, a + 60, 4 * sizeof(float)), "the end of a locked buffer");
+    cr_expect_not(am_pinned(&t, b, sizeof b), "a blank buffer");
+    cr_expect_not(am_pinned(&t, c + 8, 8 * sizeof(float)), "a buffer whose lock failed");
+    cr_expect_not(am_pinned(&t, d, sizeof d), "an unbound range");
+    am_unbind(&t, a);
+    cr_expect_not(am_pinned(&t, a, sizeof a), "an unbound buffer");
+    am_free(&t);
+}
