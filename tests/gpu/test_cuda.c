@@ -2195,39 +2195,27 @@ Test(cuda, auto_runs_on_the_gpu_and_falls_back_to_the_cpu_saying_why)
     if (rc) run_free(rc);
 }
 
+/* Greedy decode steps through the device's pick on backend b after a 40-token prompt (defined
+ * below). */
+static void picked_steps(model *m, be_backend *b, int steps, int32_t *tok, float *val, uint64_t *waits);
+
 /* A greedy decode step through the device's pick, its K/V rows deferred, waits for the device
  * once: the rows come back with the pick's answer (the first steps may wait more: the prefill's
  * hidden rows come back before the embedding's write, the staging arena grows). */
 Test(cuda, a_picked_decode_step_waits_for_the_device_once)
 {
-    char err[512];
     cr_assert(gpu->ops->counters);
+    enum { STEPS = 12 };
     for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
         model *m = load_tiny(fi);
         if (!m) continue;
-        fwd_opts fo = { 2048, 64, 16 };
-        fwd_ctx *f = fwd_create(m, gpu, &fo, err, sizeof err);
-        cr_assert(f, "%s", err);
-        int32_t ids[40];
-        for (int i = 0; i < 40; i++) ids[i] = 3 + (int32_t)((i * 53) % (m->hp.n_vocab - 3));
-        float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
-        cr_assert(fwd_eval(f, ids, 40, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
-        int32_t next = samp_argmax(l, m->hp.n_vocab);
-        for (int s = 1; s <= 12; s++) {
-            uint64_t w0, w1, up, down;
-            gpu->ops->counters(gpu, &w0, &up, &down);
-            float val;
-            int32_t id;
-            be_pick p = { .penalty = 1.0f, .k = 1, .val = &val, .id = &id };
-            cr_assert(fwd_decode_pick(f, next, &p, NULL, err, sizeof err) == 0, "%s", err);
-            gpu->ops->counters(gpu, &w1, &up, &down);
+        int32_t tok[STEPS];
+        float val[STEPS];
+        uint64_t waits[STEPS];
+        picked_steps(m, gpu, STEPS, tok, val, waits);
+        for (int s = 1; s <= STEPS; s++)
             if (s > 6)   /* the first steps may also wait while the staging arena grows */
-                cr_expect_eq(w1 - w0, 1, "%s step %d: %llu waits", files[fi], s, (unsigned long long)(w1 - w0));
-            next = id;
-        }
-        cr_expect_eq(fwd_pos(f), 52);
-        free(l);
-        fwd_free(f);
+                cr_expect_eq(waits[s - 1], 1, "%s step %d: %llu waits", files[fi], s, (unsigned long long)waits[s - 1]);
         model_free(m);
     }
 }
@@ -2868,6 +2856,7 @@ static void picked_steps(model *m, be_backend *b, int steps, int32_t *tok, float
         waits[s] = w1 - w0;
         next = tok[s];
     }
+    cr_expect_eq(fwd_pos(f), 40 + steps);
     free(l);
     fwd_free(f);
 }
