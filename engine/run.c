@@ -243,7 +243,7 @@ static int start_engine(run *r, char *err, size_t errlen)
         if (start_on(r, BE_DEVICE_CUDA, err, errlen) == RUN_OK) return RUN_OK;
         snprintf(why, sizeof why, "%s", err);
         close_sequence(r);
-        be_free(r->b);   /* what it holds on the device goes back */
+        be_discard(r->b);   /* what it holds on the device goes back; its profile is not the run's */
         r->b = NULL;
         r->warm_up_s = 0;
     }

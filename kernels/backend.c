@@ -14,6 +14,13 @@
 
 /* KVCHAT_PROFILE=1|sync puts the op profiler in front (kernels/op_profile.h); its report goes to
  * standard error when the backend is destroyed. */
+void be_discard(be_backend *b)
+{
+    if (!b) return;
+    op_profile_discard(b);
+    be_free(b);
+}
+
 be_backend *be_create(int device, int n_threads, char *err, size_t errlen)
 {
     int prof = op_profile_mode_from_env();

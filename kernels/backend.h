@@ -378,6 +378,10 @@ uint64_t be_cuda_input_quantizations(be_backend *b);
  * thousands of idle calls. Nothing for any other backend. */
 void be_cuda_warmed_up(be_backend *b);
 void be_free(be_backend *b);
+/* As be_free, for a backend given up before the run (the GPU --device auto leaves): the op
+ * profiler's report, if one stands in front of it, is not written (the run's is the backend's that
+ * replaces it). */
+void be_discard(be_backend *b);
 /* The device a run asks for: AUTO is the GPU when one that can run is present (be_cuda_gpu), and
  * the run decides it (engine/run.c, which falls back to the CPU); be_create makes a CUDA backend
  * for CUDA and a CPU one otherwise. */

@@ -272,6 +272,11 @@ void op_profile_set_warming_up(be_backend *b, int on)
 
 be_backend *op_profile_inner(be_backend *b) { return is_profile(b) ? prof_of(b)->inner : b; }
 
+void op_profile_discard(be_backend *b)
+{
+    if (is_profile(b)) prof_of(b)->report = NULL;
+}
+
 int op_profile_mode_from_env(void)
 {
     const char *v = getenv("KVCHAT_PROFILE");

@@ -42,6 +42,11 @@ int op_profile_mode_from_env(void);
  * backend op_profile_wrap made. */
 void op_profile_set_warming_up(be_backend *b, int on);
 
+/* b (made by op_profile_wrap) writes no report when destroyed: a backend given up before the run
+ * (--device auto leaving a GPU that failed to get ready) is not the run's. Nothing for any other
+ * backend. */
+void op_profile_discard(be_backend *b);
+
 /* The backend behind b when op_profile_wrap made b; b itself otherwise. */
 be_backend *op_profile_inner(be_backend *b);
 

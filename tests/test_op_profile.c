@@ -195,6 +195,27 @@ Test(op_profile, destroying_writes_the_report)
     free(text);
 }
 
+/* A backend given up before the run (be_discard: the GPU --device auto leaves) writes no report;
+ * what it stands in front of is destroyed all the same. */
+Test(op_profile, a_discarded_backend_writes_no_report)
+{
+    ledger l = { 0 };
+    be_backend in = ledger_backend(&l);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert(f);
+    be_backend *p = op_profile_wrap(&in, OP_PROFILE_SYNC, f);
+    run_ledger(p);
+    op_profile_discard(p);
+    p->ops->destroy(p);
+    fclose(f);
+    cr_expect_eq(l.destroyed, 1);
+    cr_expect_eq(len, 0, "a discarded backend's report: %s", text);
+    free(text);
+    op_profile_discard(&in);   /* not a profile: nothing */
+}
+
 /* In front of the CPU backend: the same bits as the CPU backend alone. */
 Test(op_profile, the_cpu_backend_behind_it_gives_the_same_bits)
 {
