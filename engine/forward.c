@@ -627,7 +627,7 @@ static int take_pending(fwd_ctx *f, int upto)
     for (; f->pend.layers < upto; f->pend.layers++) {
         int64_t off = f->pend.layers * n * kvd;
         if (!f->pend.n_seq) {
-            if (kv_append(f->kv, f->pend.layers, K + off, V + off, n, f->pend.at) != 0) return -2;
+            if (kv_append_on(f->kv, f->b, f->pend.layers, K + off, V + off, n, f->pend.at) != 0) return -2;
             continue;
         }
         for (int s = 0; s < n_seq; s++)
@@ -800,7 +800,7 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
              * on what it left */
             if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
             if (!batch) {
-                if (kv_append(f->kv, il, K, V, n_chunk, p0) != 0) return -2;
+                if (kv_append_on(f->kv, b, il, K, V, n_chunk, p0) != 0) return -2;
                 if (n_probe && kv_append(f->kv, il, K + n_chunk * kvd, V + n_chunk * kvd, n_probe, probe_p0) != 0)
                     return -2;
             } else {

@@ -307,6 +307,30 @@ void kv_page_resummarize(const kv_cache *kv, kv_page *p)
     p->merged = merged;
 }
 
+/* Rows [from, from + run) of page p: key and value rows t, t + stride, ... converted to f16, their
+ * positions from pos0, no log-degree, folded into the page's summary. */
+static void fill_rows(const kv_cache *kv, kv_page *p, int32_t from, int32_t run, const float *k, const float *v,
+                      int64_t stride, int64_t pos0)
+{
+    size_t R = (size_t)kv->row_dim;
+    uint16_t *kr = p->k + (size_t)from * R, *vr = p->v + (size_t)from * R;
+    if ((size_t)stride == R) {
+        be_host_f32_to_f16((int64_t)R * run, k, kr);
+        be_host_f32_to_f16((int64_t)R * run, v, vr);
+    } else {
+        for (int32_t i = 0; i < run; i++) {
+            be_host_f32_to_f16((int64_t)R, k + (size_t)i * (size_t)stride, kr + (size_t)i * R);
+            be_host_f32_to_f16((int64_t)R, v + (size_t)i * (size_t)stride, vr + (size_t)i * R);
+        }
+    }
+    for (int32_t i = 0; i < run; i++) {
+        p->pos[from + i] = (int32_t)(pos0 + i);
+        p->logdeg[from + i] = 0;
+    }
+    p->n = from + run;
+    summarize_rows(kv, p, from);
+}
+
 int kv_append(kv_cache *kv, int il, const float *k, const float *v, int64_t n, int64_t p0)
 {
     for (int h = 0; h < kv->n_head_kv; h++)
@@ -316,10 +340,97 @@ int kv_append(kv_cache *kv, int il, const float *k, const float *v, int64_t n, i
     return 0;
 }
 
+/* Below this many values an append stays on the calling thread (a decode step's row: waking the
+ * threads would cost more than the work). */
+#define APPEND_SPREAD_MIN 16384
+
+/* One page's share of a spread append: rows [from, from + run) of p are the input's rows t .. of
+ * KV head h. */
+typedef struct append_task {
+    kv_page *p;
+    int64_t t;
+    int32_t from, run;
+    int h;
+} append_task;
+
+typedef struct append_job {
+    const kv_cache *kv;
+    const float *k, *v;
+    int64_t p0;
+    const append_task *tasks;
+} append_job;
+
+static void append_task_run(void *ctx, int64_t i, int thread)
+{
+    (void)thread;
+    const append_job *j = ctx;
+    const append_task *a = &j->tasks[i];
+    size_t R = (size_t)j->kv->row_dim, stride = (size_t)j->kv->n_head_kv * R;
+    size_t off = (size_t)a->t * stride + (size_t)a->h * R;
+    fill_rows(j->kv, a->p, a->from, a->run, j->k + off, j->v + off, (int64_t)stride, j->p0 + a->t);
+}
+
+int kv_append_on(kv_cache *kv, be_backend *b, int il, const float *k, const float *v, int64_t n, int64_t p0)
+{
+    const int H = kv->n_head_kv, P = kv->page_size;
+    if (!b || n <= 0 || n * H * kv->row_dim < APPEND_SPREAD_MIN) return kv_append(kv, il, k, v, n, p0);
+    int64_t cap = (int64_t)H * (n / P + 2);
+    append_task *tasks = malloc(sizeof *tasks * (size_t)cap);
+    int *kept = malloc(sizeof *kept * (size_t)H);
+    if (!tasks || !kept) {
+        free(tasks);
+        free(kept);
+        return kv_append(kv, il, k, v, n, p0);
+    }
+    /* Every page the rows go into, made ready here on this thread (the pool, the figures and the
+     * tables are not shared): the last page where it has room (this cache's own copy), then fresh
+     * pages. */
+    int64_t nt = 0;
+    int h = 0, rc = 0;
+    for (; h < H; h++) {
+        kv_stream *L = &kv->layers[il].heads[h];
+        int64_t t = 0;
+        kept[h] = L->n;
+        kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
+        if (p && p->n < P) {
+            if (!(p = own_page(kv, il, h, L->n - 1))) break;   /* a copy in the shared page's place */
+            int32_t run = P - p->n < n ? P - p->n : (int32_t)n;
+            tasks[nt++] = (append_task){ p, 0, p->n, run, h };
+            t = run;
+        }
+        for (; t < n; t += P) {
+            if (!(p = kv_page_new(kv))) break;
+            if (push_page(kv, il, h, p)) {
+                page_release(kv, p);
+                break;
+            }
+            tasks[nt++] = (append_task){ p, t, 0, P < n - t ? P : (int32_t)(n - t), h };
+        }
+        if (t < n) break;
+    }
+    if (h < H) {   /* out of memory: the fresh pages go back, the table as it was */
+        for (int g = 0; g <= h; g++) {
+            kv_stream *L = &kv->layers[il].heads[g];
+            while (L->n > kept[g]) page_release(kv, L->pages[--L->n]);
+        }
+        reshape(kv, il);
+        rc = -1;
+    } else {
+        append_job job = { kv, k, v, p0, tasks };
+        be_host_run(b, append_task_run, &job, nt);
+        for (h = 0; h < H; h++) kv->layers[il].heads[h].tokens += n;
+        for (h = 0; h < H; h++)
+            if (kv->layers[il].heads[h].tokens > kv->layers[il].peak_tokens)
+                kv->layers[il].peak_tokens = kv->layers[il].heads[h].tokens;
+    }
+    free(tasks);
+    free(kept);
+    return rc;
+}
+
 int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, int64_t stride, int64_t n, int64_t p0)
 {
     kv_stream *L = &kv->layers[il].heads[h];
-    size_t R = (size_t)kv->row_dim;
     for (int64_t t = 0; t < n;) {   /* the rows that go into the table's last page, at a time */
         kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
         if (p && p->n < kv->page_size && !(p = own_page(kv, il, h, L->n - 1))) return -1;
@@ -331,24 +442,9 @@ int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, 
             }
         }
         int32_t from = p->n, run = kv->page_size - from < n - t ? kv->page_size - from : (int32_t)(n - t);
-        uint16_t *kr = p->k + (size_t)from * R, *vr = p->v + (size_t)from * R;
-        if ((size_t)stride == R) {
-            be_host_f32_to_f16((int64_t)R * run, k + (size_t)t * R, kr);
-            be_host_f32_to_f16((int64_t)R * run, v + (size_t)t * R, vr);
-        } else {
-            for (int32_t i = 0; i < run; i++) {
-                be_host_f32_to_f16((int64_t)R, k + (size_t)(t + i) * (size_t)stride, kr + (size_t)i * R);
-                be_host_f32_to_f16((int64_t)R, v + (size_t)(t + i) * (size_t)stride, vr + (size_t)i * R);
-            }
-        }
-        for (int32_t i = 0; i < run; i++) {
-            p->pos[from + i] = (int32_t)(p0 + t + i);
-            p->logdeg[from + i] = 0;
-        }
-        p->n += run;
+        fill_rows(kv, p, from, run, k + (size_t)t * (size_t)stride, v + (size_t)t * (size_t)stride, stride, p0 + t);
         L->tokens += run;
         if (L->tokens > kv->layers[il].peak_tokens) kv->layers[il].peak_tokens = L->tokens;
-        summarize_rows(kv, p, from);
         t += run;
     }
     return 0;

@@ -31,6 +31,7 @@ typedef struct kv_page {
 } kv_page;
 
 typedef struct kv_cache kv_cache;
+struct be_backend;
 
 /* window[il] > 0 makes layer il a sliding-window layer of that width (NULL: all global). */
 kv_cache *kv_create(int n_layer, int64_t n_ctx, int n_head_kv, int64_t head_dim, int page_size, const int32_t *window,
@@ -56,6 +57,11 @@ int64_t kv_len(const kv_cache *kv);                  /* the next position (token
 /* Append n rows (f32 [n][n_head_kv * head_dim], converted to f16) at positions p0 .. p0+n-1 to every
  * KV head of layer il. -1 when out of memory. */
 int kv_append(kv_cache *kv, int il, const float *k, const float *v, int64_t n, int64_t p0);
+/* kv_append with the work spread over b's host threads (be_host_run; the same bytes): the pages
+ * made ready on the calling thread, then each page's rows converted and folded into its summary on
+ * any thread. An append too small to gain from it (a decode step's row), or b NULL, stays on the
+ * calling thread. -1 when out of memory, the tables then as they were. Between ops only. */
+int kv_append_on(kv_cache *kv, struct be_backend *b, int il, const float *k, const float *v, int64_t n, int64_t p0);
 /* The same for one KV head; row t starts stride floats after row t-1. */
 int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, int64_t stride, int64_t n, int64_t p0);
 /* Declare positions < len committed (after a chunk). */

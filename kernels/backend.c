@@ -21,6 +21,16 @@ void be_discard(be_backend *b)
     be_free(b);
 }
 
+void be_host_run(be_backend *b, be_task_fn fn, void *ctx, int64_t n)
+{
+    tp_pool *pool = b && b->ops->host_pool ? b->ops->host_pool(b) : NULL;
+    if (pool && n > 1) {
+        tp_run(pool, fn, ctx, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
+}
+
 be_backend *be_create(int device, int n_threads, char *err, size_t errlen)
 {
     int prof = op_profile_mode_from_env();

@@ -322,6 +322,10 @@ typedef struct be_ops {
      * calls that be_attn_seqs_joined accepts in one launch, every output the bits its call alone
      * gives. NULL: the caller makes the calls one by one (be_attention_seqs). */
     void (*attention_seqs)(be_backend *b, const be_attn *a, int n);
+    /* The host threads this backend computes with (a CPU backend's own, a device backend's CPU
+     * backend's), lent to host work the engine spreads between ops (be_host_run): idle then.
+     * NULL: none. */
+    struct tp_pool *(*host_pool)(be_backend *b);
 } be_ops;
 
 struct be_backend {
@@ -471,6 +475,11 @@ int be_attn_seqs_joined(const be_attn *a, int n);
  * maps each entry, here and on the device). Returns the count. */
 int64_t be_attn_sel_len(const be_attn *a);
 int64_t be_attn_sel_list(const be_attn *a, be_kv_page *out, int64_t *hp);
+/* fn(ctx, task, thread) for every task in [0, n), spread over b's host threads (be_ops.host_pool;
+ * thread in [0, their count)), in any order; one after another on the calling thread (thread 0)
+ * where b has none or b is NULL. Returns when every task is done. The caller calls it between ops. */
+typedef void (*be_task_fn)(void *ctx, int64_t task, int thread);
+void be_host_run(be_backend *b, be_task_fn fn, void *ctx, int64_t n);
 /* Rows the engine keeps on the host in f16 (its KV cache, a policy's scoring of cached keys): the
  * CPU's kernels, whichever backend runs the model. f32 -> f16 rounds to nearest even. */
 void be_host_f32_to_f16(int64_t n, const float *x, uint16_t *y);

@@ -195,6 +195,13 @@ static void t_counters(be_backend *b, uint64_t *waits, uint64_t *bytes_up, uint6
     in->ops->counters(in, waits, bytes_up, bytes_down);
 }
 
+/* Lent threads, not an op: the engine's work on them counts as time between ops. */
+static struct tp_pool *t_host_pool(be_backend *b)
+{
+    be_backend *in = prof_of(b)->inner;
+    return in->ops->host_pool(in);
+}
+
 static void t_pick(be_backend *b, be_pick *pk) { TIMED(R_PICK, in_->ops->pick(in_, pk)); }
 
 static void t_host_prefetch(be_backend *b, const be_range *r, int n)
@@ -256,6 +263,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     TWIN(bind_blank);
     TWIN(attn_mass);
     TWIN(attention_seqs);
+    p->ops.host_pool = in->ops->host_pool ? t_host_pool : NULL;
     p->outer.ops = &p->ops;
     p->outer.n_threads = in->n_threads;
     p->outer.impl = p;

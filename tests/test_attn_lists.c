@@ -264,11 +264,13 @@ static void c_destroy(be_backend *b) { free(b); }
 /* Residency with nothing to keep: the forward pass then defers a decode step's rows. */
 static int c_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen) { return 0; }
 static void c_unbind(be_backend *b, void *host) {}
+/* The CPU backend's threads: the deferred rows' appends spread over them (kv_append_on). */
+static struct tp_pool *c_host_pool(be_backend *b) { return ck.cpu->ops->host_pool(ck.cpu); }
 
 static const be_ops check_ops = {
     "check", c_matmul, c_rmsnorm, c_qk_rope, c_glu, c_get_rows, c_attention, c_scores, c_bound_pages, NULL, NULL,
     c_destroy, c_add_norm, c_bind, c_unbind, NULL, NULL, NULL, NULL, NULL, NULL, NULL, c_key_means, NULL,
-    c_attn_mass, NULL,
+    c_attn_mass, NULL, c_host_pool,
 };
 
 /* Prefill in chunks of 40, 40 greedy steps (pages of 16: the steps cross page boundaries), a

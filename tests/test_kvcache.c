@@ -791,3 +791,89 @@ Test(kvcache, a_fork_and_its_source_change_as_independent_copies_would)
         kv_free(rd);
     }
 }
+
+/* ---- appends spread over threads (kv_append_on) */
+
+static int same_figures(const kv_cache *a, const kv_cache *b)
+{
+    kv_stats x, y;
+    kv_get_stats(a, &x);
+    kv_get_stats(b, &y);
+    for (int il = 0; il < kv_n_layer(a); il++)
+        if (kv_peak_layer_tokens(a, il) != kv_peak_layer_tokens(b, il)) return 0;
+    return x.bytes_resident == y.bytes_resident && x.bytes_peak == y.bytes_peak && x.tokens_kept == y.tokens_kept &&
+           x.pages == y.pages && x.positions == y.positions;
+}
+
+/* Appends of 1 to 300 rows (past the size that spreads them, and below it) into a cache on four
+ * threads and into one on the calling thread, with rewinds into a page (appends then start
+ * part-way into one), evictions and a fork sharing the last pages (the append copies them first):
+ * every row, position, summary and figure the same. */
+Test(kvcache, an_append_spread_over_threads_gives_the_bytes_and_figures_of_one_on_one_thread)
+{
+    enum { L = 2, H = 3, R = 64, P = 16, MAXN = 300 };
+    const int32_t win[L] = { 96, 0 };
+    char err[256];
+    be_backend *b = be_cpu_create(4, err, sizeof err);
+    cr_assert(b, "%s", err);
+    kv_cache *a = kv_create(L, 1 << 16, H, R, P, win, err, sizeof err), *r = kv_create(L, 1 << 16, H, R, P, win, err, sizeof err);
+    cr_assert(a && r, "%s", err);
+    kv_cache *fa = NULL, *fr = NULL;   /* a fork of each, appended to the same way */
+    float *k = malloc(sizeof(float) * MAXN * H * R), *v = malloc(sizeof(float) * MAXN * H * R);
+    int64_t *keep = malloc(sizeof(int64_t) * (1 << 16));
+    cr_assert(k && v && keep);
+    int spread = 0;
+    for (int round = 0; round < 70; round++) {
+        int forked = round == 25 || round == 45;
+        if (forked) {   /* then a large append first: into the shared last pages */
+            kv_free(fa);
+            kv_free(fr);
+            fa = kv_fork(a, err, sizeof err);
+            fr = kv_fork(r, err, sizeof err);
+            cr_assert(fa && fr, "%s", err);
+        }
+        for (int who = 0; who < (fa ? 2 : 1); who++) {
+            kv_cache *x = who ? fa : a, *y = who ? fr : r;
+            int64_t len = kv_len(x);
+            int what = forked ? 1 : (int)((rng >> 9) % 5);
+            frand();
+            if (what == 3 && len > 40) {   /* a rewind, usually into a page */
+                int64_t to = len - 1 - (int64_t)((rng >> 17) % 37);
+                cr_assert_eq(kv_rewind(x, to), kv_rewind(y, to));
+                continue;
+            }
+            if (what == 4 && len > 40) {   /* an eviction in the global layer's last head */
+                int64_t n = kv_head_tokens(x, 1, H - 1), nk = 0;
+                for (int64_t j = 0; j < n; j++)
+                    if (j < n / 3 || frand() > 0.4f) keep[nk++] = j;
+                cr_assert(kv_keep_tokens(x, 1, H - 1, keep, nk) == 0);
+                cr_assert(kv_keep_tokens(y, 1, H - 1, keep, nk) == 0);
+                continue;
+            }
+            int64_t n = what == 0 ? 1 + (int64_t)((rng >> 21) % 8) : 80 + (int64_t)((rng >> 21) % (MAXN - 80));
+            if (n * H * R >= 16384) spread++;
+            for (int64_t i = 0; i < n * H * R; i++) k[i] = frand() * 3, v[i] = frand();
+            for (int il = 0; il < L; il++) {
+                cr_assert(kv_append_on(x, b, il, k, v, n, len) == 0);
+                cr_assert(kv_append(y, il, k, v, n, len) == 0);
+                kv_trim_window(x, il, len + n - 1, len);
+                kv_trim_window(y, il, len + n - 1, len);
+            }
+            kv_commit(x, len + n);
+            kv_commit(y, len + n);
+            cr_assert(same_image(x, y), "round %d (%s): the spread append's rows, positions or summaries differ", round,
+                      who ? "the fork" : "the source");
+            cr_assert(same_figures(x, y), "round %d (%s): the spread append's figures differ", round,
+                      who ? "the fork" : "the source");
+        }
+    }
+    cr_assert(spread > 20, "most appends were large enough to spread (%d)", spread);
+    kv_free(fa);
+    kv_free(fr);
+    kv_free(a);
+    kv_free(r);
+    free(k);
+    free(v);
+    free(keep);
+    be_free(b);
+}

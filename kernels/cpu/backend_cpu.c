@@ -1117,6 +1117,7 @@ static const be_ops cpu_ops = {
     .pick = cpu_pick,
     .key_means = cpu_key_means,
     .attn_mass = cpu_attn_mass,
+    .host_pool = be_cpu_pool,
 };
 
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)

@@ -798,11 +798,14 @@ static void cuda_destroy(be_backend *b)
     free(b);
 }
 
+/* The CPU backend's threads, idle while the engine works between ops. */
+static struct tp_pool *cuda_host_pool(be_backend *b) { return be_cpu_pool(impl_of(b)->cpu); }
+
 static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, cuda_bind, cuda_unbind,
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
-    cuda_key_means, cuda_bind_blank, cuda_attn_mass, cuda_attention_seqs,
+    cuda_key_means, cuda_bind_blank, cuda_attn_mass, cuda_attention_seqs, cuda_host_pool,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -811,7 +814,7 @@ static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
     cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means, NULL, cuda_attn_mass,
-    cuda_attention_seqs,
+    cuda_attention_seqs, cuda_host_pool,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
