@@ -10,7 +10,8 @@
  * Then the rest of TAKE's host work a call, on the cache itself (8 KV heads, 1,024 tokens kept,
  * chunks of 512 appended): the head's positions, the pooling (kernel 7), the top 1,024 and the
  * eviction (kv_keep_tokens), each the median over 8 chunks of the 8 heads' mean, and the sum over
- * a 32K prompt's calls.
+ * a 32K prompt's calls; then the eviction as take.c makes it, spread over the given threads
+ * (kv_keep_tokens_on).
  * Usage: mass_bench [threads] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,25 +24,33 @@
 enum { D = 128, P = 32, ROUNDS = 5 };
 
 /* TAKE's host work a call besides the mass (take.c score_head and keep_top, with the mass replaced
- * by random positive values): 0, or 1 when out of memory. */
-static int take_host_work(void)
+ * by random positive values), and its eviction as take.c makes it, on the threads of `all`
+ * (kv_keep_tokens_on), on a second cache given the same rows and choices: 0, or 1 when out of
+ * memory. */
+static int take_host_work(be_backend *all)
 {
-    enum { H = 8, CHUNK = 512, KEEP = 1024, CHUNKS = 9, PARTS = 4 };
+    enum { H = 8, CHUNK = 512, KEEP = 1024, CHUNKS = 9, PARTS = 5 };
     char err[256];
     kv_cache *kv = kv_create(1, (int64_t)CHUNKS * CHUNK + 64, H, D, P, NULL, err, sizeof err);
+    kv_cache *kv2 = kv_create(1, (int64_t)CHUNKS * CHUNK + 64, H, D, P, NULL, err, sizeof err);
     float *k = malloc(sizeof(float) * (size_t)(CHUNK * H * D)), *v = malloc(sizeof(float) * (size_t)(CHUNK * H * D));
     float *mass = malloc(sizeof(float) * (KEEP + CHUNK)), *pooled = malloc(sizeof(float) * (KEEP + CHUNK));
     int32_t *pos = malloc(sizeof(int32_t) * (KEEP + CHUNK));
-    int64_t *idx = malloc(sizeof(int64_t) * (KEEP + CHUNK));
-    if (!kv || !k || !v || !mass || !pooled || !pos || !idx) return 1;
+    int64_t *idx = malloc(sizeof(int64_t) * H * (KEEP + CHUNK));
+    if (!kv || !kv2 || !k || !v || !mass || !pooled || !pos || !idx) return 1;
     pol_env env = { .kv = kv, .n_head_kv = H, .head_dim = D };
     double t[PARTS][CHUNKS - 1];
     for (int c = 0; c < CHUNKS; c++) {
         for (int64_t i = 0; i < (int64_t)CHUNK * H * D; i++) k[i] = v[i] = bench_frand();
-        if (kv_append(kv, 0, k, v, CHUNK, (int64_t)c * CHUNK)) return 1;
+        if (kv_append(kv, 0, k, v, CHUNK, (int64_t)c * CHUNK) || kv_append(kv2, 0, k, v, CHUNK, (int64_t)c * CHUNK))
+            return 1;
         kv_commit(kv, (int64_t)(c + 1) * CHUNK);
+        kv_commit(kv2, (int64_t)(c + 1) * CHUNK);
         double sum[PARTS] = { 0 };
+        const int64_t *keeps[H];
+        int64_t nks[H];
         for (int g = 0; g < H; g++) {
+            int64_t *ig = idx + (int64_t)g * (KEEP + CHUNK);
             double t0 = bench_now_us();
             int64_t T = pol_head_positions(&env, 0, g, NULL);
             pol_head_positions(&env, 0, g, pos);
@@ -50,28 +59,38 @@ static int take_host_work(void)
             double t2 = bench_now_us();
             pol_pool(mass, T, 7, 1, pooled);
             double t3 = bench_now_us();
-            int64_t nk = pol_top_k64(pooled, T, KEEP, idx);
+            int64_t nk = pol_top_k64(pooled, T, KEEP, ig);
             double t4 = bench_now_us();
-            if (nk < T && kv_keep_tokens(kv, 0, g, idx, nk)) return 1;
+            if (nk < T && kv_keep_tokens(kv, 0, g, ig, nk)) return 1;
             double t5 = bench_now_us();
+            keeps[g] = nk < T ? ig : NULL;
+            nks[g] = nk;
             sum[0] += t1 - t0;
             sum[1] += t3 - t2;
             sum[2] += t4 - t3;
             sum[3] += t5 - t4;
         }
+        double t6 = bench_now_us();
+        for (int g = 0; g < H; g++)
+            if (keeps[g] && kv_keep_tokens_on(kv2, all, 0, g, keeps[g], nks[g])) return 1;
+        sum[4] = bench_now_us() - t6;
         for (int i = 0; c > 0 && i < PARTS; i++) t[i][c - 1] = sum[i] / H / 1e3;
     }
-    static const char *const names[PARTS] = { "positions", "pooling", "top 1,024", "eviction" };
-    printf("\nTAKE's host work a call besides the mass (8 KV heads, 1,024 kept + chunks of 512; 1 thread)\n");
-    printf("%-12s %12s %26s\n", "part", "ms a call", "TAKE's 32K prompt (s)");
+    char spread[64];
+    snprintf(spread, sizeof spread, "eviction on %d threads", all->n_threads);
+    const char *const names[PARTS] = { "positions", "pooling", "top 1,024", "eviction", spread };
+    printf("\nTAKE's host work a call besides the mass (8 KV heads, 1,024 kept + chunks of 512; 1 thread,\n"
+           "and the eviction as take.c makes it, on the threads given)\n");
+    printf("%-44s %12s %26s\n", "part", "ms a call", "TAKE's 32K prompt (s)");
     double total = 0;
     for (int i = 0; i < PARTS; i++) {
         double ms = bench_median(t[i], CHUNKS - 1);
-        total += ms;
-        printf("%-12s %12.4f %26.2f\n", names[i], ms, ms * 64 * 32 * 8 / 1e3);
+        if (i < PARTS - 1) total += ms;
+        printf("%-44s %12.4f %26.2f\n", names[i], ms, ms * 64 * 32 * 8 / 1e3);
+        if (i == PARTS - 2) printf("%-44s %12.4f %26.2f\n", "all, 1 thread", total, total * 64 * 32 * 8 / 1e3);
     }
-    printf("%-12s %12.4f %26.2f\n", "all", total, total * 64 * 32 * 8 / 1e3);
     kv_free(kv);
+    kv_free(kv2);
     free(k);
     free(v);
     free(mass);
@@ -144,10 +163,10 @@ int main(int argc, char **argv)
         free(pages);
     }
     be_free(one);
-    be_free(all);
-    if (take_host_work()) {
+    if (take_host_work(all)) {
         fprintf(stderr, "mass_bench: out of memory\n");
         return 1;
     }
+    be_free(all);
     return 0;
 }

@@ -627,32 +627,44 @@ static void replace_table_from(kv_cache *kv, int il, int h, int from, kv_page **
 }
 
 
-int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep)
+/* Where head h's kept tokens go: its first pages, full and kept whole, stay as they are (packing
+ * would write them again as they are; their content generations too, so a device's copies of them
+ * stay current): *same of them; the rest into *n_new fresh pages *np. Keep is ascending, so
+ * keep[x] == x says every token up to x is kept. 0, or -1 when out of memory. */
+static int keep_plan(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep, int *same_out, kv_page ***np,
+                     int *n_new)
 {
-    kv_stream *L = &kv->layers[il].heads[h];
-    size_t R = (size_t)kv->row_dim;
-    int P = kv->page_size;
-    /* The table's first pages, full and kept whole, are what packing the kept tokens would write
-     * again: they stay as they are, their content generations too (a device's copies of them stay
-     * current). Keep is ascending, so keep[x] == x says every token up to x is kept. */
-    int same = 0;
+    const kv_stream *L = &kv->layers[il].heads[h];
+    int P = kv->page_size, same = 0;
     while (same < L->n && L->pages[same]->n == P && (int64_t)(same + 1) * P <= n_keep &&
            keep[(int64_t)(same + 1) * P - 1] == (int64_t)(same + 1) * P - 1)
         same++;
+    *same_out = same;
+    *n_new = (int)((n_keep - (int64_t)same * P + P - 1) / P);
+    *np = new_pages(kv, *n_new);
+    return *np ? 0 : -1;
+}
+
+/* The kept tokens of L past its first `same` pages that go into fresh pages np[i0 .. i1) (page i
+ * takes kept tokens j0 + i P .., j0 = same P) copied there, with their summaries. Reads L's pages,
+ * writes only those of np. */
+static void keep_fill(const kv_cache *kv, const kv_stream *L, int same, const int64_t *keep, int64_t n_keep,
+                      kv_page **np, int i0, int i1)
+{
+    size_t R = (size_t)kv->row_dim;
+    int P = kv->page_size;
     const int64_t j0 = (int64_t)same * P;
-    int n_new = (int)((n_keep - j0 + P - 1) / P);
-    kv_page **np = new_pages(kv, n_new);
-    if (!np) return -1;
+    int64_t j = j0 + (int64_t)i0 * P, j_end = j0 + (int64_t)i1 * P < n_keep ? j0 + (int64_t)i1 * P : n_keep;
     int src_page = same;
     int64_t src_base = j0;   /* table index of the first token of pages[src_page] */
-    for (int64_t j = j0; j < n_keep;) {
+    while (j < j_end) {
         int64_t idx = keep[j];
         while (src_page < L->n && idx >= src_base + L->pages[src_page]->n) src_base += L->pages[src_page++]->n;
         if (src_page >= L->n) break;   /* index past the end: ignore the rest */
         const kv_page *sp = L->pages[src_page];
         int32_t t = (int32_t)(idx - src_base), run = 1;
         /* consecutive kept tokens of one source page that go into one new page: copied at once */
-        while (j + run < n_keep && keep[j + run] == idx + run && t + run < sp->n && (j + run) % P != 0) run++;
+        while (j + run < j_end && keep[j + run] == idx + run && t + run < sp->n && (j + run) % P != 0) run++;
         kv_page *dp = np[(j - j0) / P];
         memcpy(dp->k + (size_t)dp->n * R, sp->k + (size_t)t * R, (size_t)run * R * sizeof(uint16_t));
         memcpy(dp->v + (size_t)dp->n * R, sp->v + (size_t)t * R, (size_t)run * R * sizeof(uint16_t));
@@ -663,9 +675,49 @@ int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_k
         dp->n += run;
         j += run;
     }
-    for (int i = 0; i < n_new; i++) summarize_rows(kv, np[i], 0);   /* each new page's rows at once */
+    for (int i = i0; i < i1; i++) summarize_rows(kv, np[i], 0);   /* each new page's rows at once */
+}
+
+/* Fresh pages a task of a spread eviction fills (a few, so that a wake-up's cost stays small), and
+ * the fewest kept values (tokens x head dimension) that are spread at all. */
+#define KEEP_TASK_PAGES 4
+#define KEEP_SPREAD_MIN 32768
+
+typedef struct keep_job {
+    const kv_cache *kv;
+    const kv_stream *L;
+    int same, n_new;
+    const int64_t *keep;
+    int64_t n_keep;
+    kv_page **np;
+} keep_job;
+
+static void keep_task_run(void *ctx, int64_t i, int thread)
+{
+    (void)thread;
+    const keep_job *j = ctx;
+    int i0 = (int)i * KEEP_TASK_PAGES, i1 = i0 + KEEP_TASK_PAGES < j->n_new ? i0 + KEEP_TASK_PAGES : j->n_new;
+    keep_fill(j->kv, j->L, j->same, j->keep, j->n_keep, j->np, i0, i1);
+}
+
+int kv_keep_tokens_on(kv_cache *kv, struct be_backend *b, int il, int h, const int64_t *keep, int64_t n_keep)
+{
+    int same, n_new;
+    kv_page **np;
+    if (keep_plan(kv, il, h, keep, n_keep, &same, &np, &n_new)) return -1;
+    keep_job job = { kv, &kv->layers[il].heads[h], same, n_new, keep, n_keep, np };
+    /* one task when the head's copying is too small to gain from threads */
+    int64_t tasks = !b || (n_keep - (int64_t)same * kv->page_size) * kv->row_dim < KEEP_SPREAD_MIN
+                        ? 1 : (n_new + KEEP_TASK_PAGES - 1) / KEEP_TASK_PAGES;
+    if (tasks == 1) keep_fill(kv, job.L, same, keep, n_keep, np, 0, n_new);
+    else be_host_run(b, keep_task_run, &job, tasks);
     replace_table_from(kv, il, h, same, np, n_new);
     return 0;
+}
+
+int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep)
+{
+    return kv_keep_tokens_on(kv, NULL, il, h, keep, n_keep);
 }
 
 void kv_reset_peak(kv_cache *kv)

@@ -805,11 +805,11 @@ static int same_figures(const kv_cache *a, const kv_cache *b)
            x.pages == y.pages && x.positions == y.positions;
 }
 
-/* Appends of 1 to 300 rows (past the size that spreads them, and below it) into a cache on four
- * threads and into one on the calling thread, with rewinds into a page (appends then start
- * part-way into one), evictions and a fork sharing the last pages (the append copies them first):
- * every row, position, summary and figure the same. */
-Test(kvcache, an_append_spread_over_threads_gives_the_bytes_and_figures_of_one_on_one_thread)
+/* Appends of 1 to 300 rows (past the size that spreads them, and below it) and evictions of a
+ * layer's heads into a cache on four threads and into one on the calling thread, with rewinds into
+ * a page (appends then start part-way into one) and a fork sharing the last pages (the append
+ * copies them first): every row, position, summary and figure the same. */
+Test(kvcache, appends_and_evictions_spread_over_threads_give_the_bytes_and_figures_of_one_thread)
 {
     enum { L = 2, H = 3, R = 64, P = 16, MAXN = 300 };
     const int32_t win[L] = { 96, 0 };
@@ -822,8 +822,8 @@ Test(kvcache, an_append_spread_over_threads_gives_the_bytes_and_figures_of_one_o
     float *k = malloc(sizeof(float) * MAXN * H * R), *v = malloc(sizeof(float) * MAXN * H * R);
     int64_t *keep = malloc(sizeof(int64_t) * (1 << 16));
     cr_assert(k && v && keep);
-    int spread = 0;
-    for (int round = 0; round < 70; round++) {
+    int spread = 0, spread_keep = 0;
+    for (int round = 0; round < 100; round++) {
         int forked = round == 25 || round == 45;
         if (forked) {   /* then a large append first: into the shared last pages */
             kv_free(fa);
@@ -842,12 +842,19 @@ Test(kvcache, an_append_spread_over_threads_gives_the_bytes_and_figures_of_one_o
                 cr_assert_eq(kv_rewind(x, to), kv_rewind(y, to));
                 continue;
             }
-            if (what == 4 && len > 40) {   /* an eviction in the global layer's last head */
-                int64_t n = kv_head_tokens(x, 1, H - 1), nk = 0;
-                for (int64_t j = 0; j < n; j++)
-                    if (j < n / 3 || frand() > 0.4f) keep[nk++] = j;
-                cr_assert(kv_keep_tokens(x, 1, H - 1, keep, nk) == 0);
-                cr_assert(kv_keep_tokens(y, 1, H - 1, keep, nk) == 0);
+            if (what == 4 && len > 40) {   /* an eviction in a layer's heads, some left alone */
+                int il = (int)((rng >> 29) % L);
+                for (int g = 0; g < H; g++) {
+                    int64_t n = kv_head_tokens(x, il, g), nk = 0;
+                    for (int64_t j = 0; j < n; j++)
+                        if (j < n / 3 || frand() > -0.7f) keep[nk++] = j;
+                    if (frand() < -0.5f) continue;
+                    if (nk * R >= 32768) spread_keep++;
+                    cr_assert(kv_keep_tokens_on(x, b, il, g, keep, nk) == 0);
+                    cr_assert(kv_keep_tokens(y, il, g, keep, nk) == 0);
+                }
+                cr_assert(same_image(x, y), "round %d: the spread eviction's rows, positions or summaries differ", round);
+                cr_assert(same_figures(x, y), "round %d: the spread eviction's figures differ", round);
                 continue;
             }
             int64_t n = what == 0 ? 1 + (int64_t)((rng >> 21) % 8) : 80 + (int64_t)((rng >> 21) % (MAXN - 80));
@@ -867,7 +874,8 @@ Test(kvcache, an_append_spread_over_threads_gives_the_bytes_and_figures_of_one_o
                       who ? "the fork" : "the source");
         }
     }
-    cr_assert(spread > 20, "most appends were large enough to spread (%d)", spread);
+    cr_assert(spread > 20 && spread_keep > 3, "appends (%d) and evictions (%d) large enough to spread", spread,
+              spread_keep);
     kv_free(fa);
     kv_free(fr);
     kv_free(a);

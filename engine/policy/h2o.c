@@ -121,7 +121,7 @@ static int evict(st_h2o *s, const pol_env *env, int il, int g, const float *sc, 
             free(kept);
         }
     }
-    if (kv_keep_tokens(env->kv, il, g, keep, nk) != 0) goto out;
+    if (kv_keep_tokens_on(env->kv, env->b, il, g, keep, nk) != 0) goto out;
     s->evicted += T - nk;
     s->kept_last = nk;
     rc = 0;

@@ -266,7 +266,7 @@ static int compress_block(st_laser *s, const pol_env *env, int64_t end, int64_t 
             int64_t nk = 0;
             for (int64_t j = 0; j < T; j++)
                 if (pos[j] < a || pos[j] >= end || keep[pos[j] - a]) ki[nk++] = j;
-            int rc = nk < T ? kv_keep_tokens(env->kv, il, g, ki, nk) : 0;
+            int rc = nk < T ? kv_keep_tokens_on(env->kv, env->b, il, g, ki, nk) : 0;
             free(pos);
             free(ki);
             if (rc) goto oom;

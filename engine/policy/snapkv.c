@@ -126,7 +126,7 @@ static int compress_head(st_snap *s, const pol_env *env, int il, int g, const fl
     int64_t nk = 0;
     for (int64_t i = 0; i < k; i++) keep[nk++] = idx[i];
     for (int64_t j = prefix; j < T; j++) keep[nk++] = j;
-    if (kv_keep_tokens(env->kv, il, g, keep, nk) != 0) {
+    if (kv_keep_tokens_on(env->kv, env->b, il, g, keep, nk) != 0) {
         snprintf(err, errlen, "snapkv: out of memory compressing the cache");
         goto out;
     }

@@ -175,7 +175,7 @@ static int keep_top(st_take *s, const pol_env *env, int il, int g, const float *
         for (int64_t i = 0; i < nk; i++) np[i] = pos[idx[i]];
         s->n_keep_pos[g] = nk;
     }
-    int rc = nk < T ? kv_keep_tokens(env->kv, il, g, idx, nk) : 0;
+    int rc = nk < T ? kv_keep_tokens_on(env->kv, env->b, il, g, idx, nk) : 0;
     free(idx);
     return rc;
 }
@@ -216,7 +216,7 @@ static int keep_positions(st_take *s, const pol_env *env, int il, int g, int64_t
     for (int64_t j = 0; j < T; j++)
         if (chosen[j]) idx[nk++] = j;
     if (env->trace) trace_keep(env, "take delayed layer (the source layer's choice first)", il, g, score, pos, T, idx, nk);
-    int rc = nk < T ? kv_keep_tokens(env->kv, il, g, idx, nk) : 0;
+    int rc = nk < T ? kv_keep_tokens_on(env->kv, env->b, il, g, idx, nk) : 0;
     free(score);
     free(pos);
     free(idx);
