@@ -85,6 +85,8 @@ struct fwd_ctx {
     int n_dsel;
     int row_valid;             /* row holds the logits of the cache's last token */
     int n_bound;               /* scratch buffers bound to the backend so far */
+    be_page_rows *page_rows;   /* the rows a chunk's layer took, named to the backend (name_page_rows) */
+    int64_t page_rows_cap;
 };
 
 #define N_BOUND 15
@@ -252,6 +254,7 @@ void fwd_free(fwd_ctx *f)
     free(f->global);
     free(f->boundary);
     free(f->refs);
+    free(f->page_rows);
     if (f->lists)
         for (int il = 0; il < f->m->hp.n_layer; il++) page_list_free(&f->lists[il]);
     free(f->lists);
@@ -601,6 +604,44 @@ static void set_ranges(const fwd_ctx *f, int set, int64_t n, be_range rd[2])
     rd[1] = (be_range){ f->vall[set], bytes };
 }
 
+/* The rows the cache has just taken into layer il from the bound rows K, V (the last n of each KV
+ * head's table; row t of head h at K + t * kvd + h * head_dim, at position p0 + t), named to a
+ * device backend that writes them into its copies of the pages from its twins instead of sending
+ * the host's rows up at the layer's next attention call (be_ops.page_rows). A prompt's chunks only:
+ * a decode step's one row a head is sent as it is. 0, or -2 when out of memory. */
+static int name_page_rows(fwd_ctx *f, int il, const float *K, const float *V, int64_t n, int64_t p0)
+{
+    if (!f->b->ops->page_rows || n < 2) return 0;
+    const model_hparams *hp = &f->m->hp;
+    const int H = hp->n_head_kv, D = (int)hp->head_dim, P = kv_page_size(f->kv);
+    const int64_t kvd = (int64_t)H * D, cap = (int64_t)H * (n / P + 2);
+    if (cap > f->page_rows_cap) {
+        be_page_rows *nb = realloc(f->page_rows, sizeof *nb * (size_t)cap);
+        if (!nb) return -2;
+        f->page_rows = nb;
+        f->page_rows_cap = cap;
+    }
+    int m = 0;
+    for (int h = 0; h < H; h++) {
+        int64_t left = n;   /* rows [0, left) of the chunk not named yet: those before the page's */
+        for (int i = kv_n_pages(f->kv, il, h) - 1; i >= 0 && left > 0; i--) {
+            const kv_page *p = kv_layer_page(f->kv, il, h, i);
+            const int32_t take = p->n < left ? p->n : (int32_t)left;
+            left -= take;
+            be_page_rows *e = &f->page_rows[m++];
+            page_list_ref(&e->page, p, NULL, D, P);
+            e->row0 = p->n - take;
+            e->n = take;
+            e->pos0 = (int32_t)(p0 + left);
+            e->k = K + left * kvd + (int64_t)h * D;
+            e->v = V + left * kvd + (int64_t)h * D;
+            e->stride = kvd;
+        }
+    }
+    f->b->ops->page_rows(f->b, f->page_rows, m);
+    return 0;
+}
+
 /* The pending rows (f->pend), every layer's: read on the host (once; the wait brings in what the
  * end of their chunk fetched), then layers [pend.layers, upto) taken into the cache. 0, -2 when
  * the cache cannot grow, -4 when a backend op failed. */
@@ -627,7 +668,9 @@ static int take_pending(fwd_ctx *f, int upto)
     for (; f->pend.layers < upto; f->pend.layers++) {
         int64_t off = f->pend.layers * n * kvd;
         if (!f->pend.n_seq) {
-            if (kv_append_on(f->kv, f->b, f->pend.layers, K + off, V + off, n, f->pend.at) != 0) return -2;
+            if (kv_append_on(f->kv, f->b, f->pend.layers, K + off, V + off, n, f->pend.at) != 0 ||
+                name_page_rows(f, f->pend.layers, K + off, V + off, n, f->pend.at))
+                return -2;
             continue;
         }
         for (int s = 0; s < n_seq; s++)
@@ -800,7 +843,8 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
              * on what it left */
             if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
             if (!batch) {
-                if (kv_append_on(f->kv, b, il, K, V, n_chunk, p0) != 0) return -2;
+                if (kv_append_on(f->kv, b, il, K, V, n_chunk, p0) != 0 || name_page_rows(f, il, K, V, n_chunk, p0))
+                    return -2;
                 if (n_probe && kv_append(f->kv, il, K + n_chunk * kvd, V + n_chunk * kvd, n_probe, probe_p0) != 0)
                     return -2;
             } else {

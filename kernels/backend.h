@@ -56,6 +56,17 @@ typedef struct be_kv_page {
     const float *ksum;
 } be_kv_page;
 
+/* Rows [row0, row0 + n) of a cache page that the host has just filled from f32 rows of a bound
+ * buffer (a prompt chunk's K/V rows, computed on the device): row i is k + i * stride and
+ * v + i * stride rounded to f16 (to nearest even, as be_host_f32_to_f16 rounds; a NaN stays a NaN),
+ * at position pos0 + i. The page as attention will name it. */
+typedef struct be_page_rows {
+    be_kv_page page;
+    int32_t row0, n, pos0;
+    const float *k, *v;
+    int64_t stride;        /* floats from one row to the next */
+} be_page_rows;
+
 /* Attention of a batch of queries over an explicit list of pages, read in place (never gathered).
  * Query t at position q_pos[t] sees the listed tokens with position <= q_pos[t], and on
  * sliding-window layers only those with q_pos[t] - position < window. */
@@ -326,6 +337,10 @@ typedef struct be_ops {
      * backend's), lent to host work the engine spreads between ops (be_host_run): idle then.
      * NULL: none. */
     struct tp_pool *(*host_pool)(be_backend *b);
+    /* Rows the cache has just taken from bound buffers (be_page_rows above): a device backend
+     * writes them into its copies of the pages from its twins instead of sending the host's rows
+     * at the next call that reads the pages. NULL: they are sent then. */
+    void (*page_rows)(be_backend *b, const be_page_rows *r, int n);
 } be_ops;
 
 struct be_backend {
@@ -377,6 +392,10 @@ void be_cuda_graphs(be_backend *b, be_graph_stats *st);
  * rather than reading the codes the op that wrote the input left (tests check which happened); 0
  * for any other backend. */
 uint64_t be_cuda_input_quantizations(be_backend *b);
+/* Rows of KV pages a CUDA backend has written into its page copies on the device from the rows it
+ * computed (be_ops.page_rows) and rows it has sent up from the host's pages, so far; both 0 for any
+ * other backend. */
+void be_cuda_page_rows(be_backend *b, uint64_t *filled, uint64_t *uploaded);
 /* A CUDA backend's warm-up (be_warming_up) is over: the page lists and page copies its throwaway
  * cache left are freed now, their blocks back in the pool for the run's pages, instead of after
  * thousands of idle calls. Nothing for any other backend. */

@@ -30,6 +30,12 @@ uint64_t be_cuda_input_quantizations(be_backend *b)
     return 0;
 }
 
+void be_cuda_page_rows(be_backend *b, uint64_t *filled, uint64_t *uploaded)
+{
+    (void)b;
+    *filled = *uploaded = 0;
+}
+
 void be_cuda_warmed_up(be_backend *b) { (void)b; }
 
 void be_cuda_settings(be_backend *b, char *buf, size_t cap)

@@ -126,7 +126,9 @@ static int make_storage(pc_table *t, pc_copy *c, int32_t cap, int32_t stride)
     return 0;
 }
 
-const pc_copy *pc_get(pc_table *t, const be_kv_page *pg)
+/* The copy of page pg, found or made, with storage for its rows and its rows counted as sent only
+ * within pg's generation. NULL when out of memory. */
+static pc_copy *copy_of(pc_table *t, const be_kv_page *pg)
 {
     /* at most half full, holes counted, so every probe ends at an empty slot */
     if ((t->n + t->holes + 1) * 2 > t->cap && rehash(t, t->cap ? t->cap * 2 : 1024)) return NULL;
@@ -155,26 +157,51 @@ const pc_copy *pc_get(pc_table *t, const be_kv_page *pg)
     /* rows below n_up are right only within the generation they were copied under */
     if (c->gen != pg->gen || rows < c->n_up) c->n_up = c->bias_up = 0;
     c->gen = pg->gen;
-    if (rows > c->n_up) {
-        size_t r0 = (size_t)c->n_up, nr = (size_t)(rows - c->n_up), st = (size_t)stride;
+    return c;
+}
+
+/* c's rows [c->n_up, upto) sent from pg, then pg's biases not sent yet. 0, or -1 when an upload
+ * failed (what arrived is then unknown: everything goes again next time). */
+static int send_rows(pc_table *t, pc_copy *c, const be_kv_page *pg, int32_t upto)
+{
+    if (upto > c->n_up) {
+        size_t r0 = (size_t)c->n_up, nr = (size_t)(upto - c->n_up), st = (size_t)pg->stride;
         if (t->dev.upload(t->dev.ud, c->k + r0 * st, pg->k + r0 * st, sizeof(uint16_t) * nr * st) ||
             t->dev.upload(t->dev.ud, c->v + r0 * st, pg->v + r0 * st, sizeof(uint16_t) * nr * st) ||
             t->dev.upload(t->dev.ud, c->pos + r0, pg->pos + r0, sizeof(int32_t) * nr)) {
-            c->n_up = c->bias_up = 0;   /* what arrived is unknown: everything goes again next time */
-            return NULL;
+            c->n_up = c->bias_up = 0;
+            return -1;
         }
         t->rows_uploaded += nr;
-        c->n_up = rows;
+        c->n_up = upto;
     }
     /* the merged tokens' log-degrees (few pages have them), like the rows: what was not sent yet */
-    if (pg->bias && rows > c->bias_up) {
+    if (pg->bias && pg->n > c->bias_up) {
         if (t->dev.upload(t->dev.ud, c->bias + c->bias_up, pg->bias + c->bias_up,
-                          sizeof(float) * (size_t)(rows - c->bias_up))) {
+                          sizeof(float) * (size_t)(pg->n - c->bias_up))) {
             c->bias_up = 0;
-            return NULL;
+            return -1;
         }
-        c->bias_up = rows;
+        c->bias_up = pg->n;
     }
+    return 0;
+}
+
+const pc_copy *pc_get(pc_table *t, const be_kv_page *pg)
+{
+    pc_copy *c = copy_of(t, pg);
+    if (!c || send_rows(t, c, pg, pg->n)) return NULL;
+    c->last_use = t->calls;
+    return c;
+}
+
+pc_copy *pc_fill(pc_table *t, const be_kv_page *pg, int32_t row0, int32_t n)
+{
+    if (row0 < 0 || n <= 0 || row0 + n > pg->n) return NULL;
+    pc_copy *c = copy_of(t, pg);
+    if (!c || send_rows(t, c, pg, row0)) return NULL;
+    c->n_up = row0 + n;   /* the caller writes them, before anything reads the copy */
+    t->rows_filled += (uint64_t)n;
     c->last_use = t->calls;
     return c;
 }

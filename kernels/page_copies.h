@@ -51,6 +51,7 @@ typedef struct pc_table {
     uint64_t calls;           /* pc_begin_call count */
     uint64_t idle;            /* calls a copy may go unused before it is freed */
     uint64_t rows_uploaded;   /* rows copied so far (for tests and figures) */
+    uint64_t rows_filled;     /* rows the device wrote into copies itself (pc_fill) */
 } pc_table;
 
 void pc_init(pc_table *t, const pc_device *dev, uint64_t idle);
@@ -62,6 +63,13 @@ void pc_begin_call(pc_table *t);
 /* The up-to-date copy of page pg (pg->n > 0), or NULL when the device is out of memory or an upload
  * failed (the copy then counts no rows as sent, so the next call sends them again). The pointer is valid until the next pc_get or pc_begin_call. */
 const pc_copy *pc_get(pc_table *t, const be_kv_page *pg);
+/* The copy of page pg made ready for the device to write its rows [row0, row0 + n) itself (rows the
+ * host holds too, computed on the device: a prompt's K/V rows, be_ops.page_rows): its storage, every
+ * row below row0 sent as pc_get sends them, the biases sent, and rows [row0, row0 + n) counted as
+ * current, so the caller must write them before anything reads the copy. NULL when out of memory,
+ * when an upload failed, or for rows outside [0, pg->n) (nothing then counts as sent that was not).
+ * The pointer is valid until the next pc_get, pc_fill or pc_begin_call. */
+pc_copy *pc_fill(pc_table *t, const be_kv_page *pg, int32_t row0, int32_t n);
 /* The index of a copy pc_get returned: it names that copy until the copy is freed. */
 int32_t pc_index(const pc_table *t, const pc_copy *c);
 /* 1 when record idx still holds page pg with every row below pg->n sent, in storage whose keys are

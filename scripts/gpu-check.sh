@@ -5,8 +5,9 @@
 #   1. the machine (nvidia-smi), whether kvchat starts and whether it takes the GPU by default;
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
 #   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds, scores,
-#      key-means, attention-mass and selection tests, racecheck over the attention kernels' and the fused
-#      ops' tests, and synccheck over those, the key means' and the attention mass's;
+#      key-means, attention-mass and selection tests and (a step of its own) the page rows' test,
+#      racecheck over the attention kernels' and the fused ops' tests, and synccheck over those, the
+#      key means' and the attention mass's;
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
@@ -21,7 +22,8 @@
 #      policies (kvchat bench --compare);
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also without
 #      the warm-up, with the narrow decode items (KVCHAT_CUDA_MMV=narrow), with a launch a product
-#      (KVCHAT_CUDA_LAUNCHES=apart), recorded as graphs (KVCHAT_CUDA_GRAPH=on), with the grouped kernel for prefill chunks, under the profiler, with
+#      (KVCHAT_CUDA_LAUNCHES=apart), with a prompt's rows sent up from the host (KVCHAT_CUDA_PAGE_ROWS=0),
+#      recorded as graphs (KVCHAT_CUDA_GRAPH=on), with the grouped kernel for prefill chunks, under the profiler, with
 #      and without Quest and CHESS, /compare's batch, full against CHESS aggressive at 32K, and
 #      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
@@ -224,6 +226,12 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|a_selection_by_bounds*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
+    # a prompt's rows written into the page copies on the device: whole tiny-model runs, so a step
+    # of its own (a timeout here leaves the others' results)
+    step "compute-sanitizer memcheck (page rows)" 60 \
+        compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
+        --filter 'cuda/a_prompts_rows_written*'
+    grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
     # stages; racecheck is slow, so that test alone, and the fused ops' shared block sums) and
     # barriers (both, the fused ops, the key means' row then its sum of squares, and the attention
@@ -323,6 +331,10 @@ for type in q4_k_m f16; do
             # a launch a product, each product quantizing its input (stage 4's third part), end to end
             bench_step "bench mistral-7b $type launches apart" "cuda KVCHAT_CUDA_LAUNCHES=apart" 100 \
                 env KVCHAT_CUDA_LAUNCHES=apart "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
+                --csv "$tmp/bench.csv" && bench_table
+            # a prompt's K/V rows sent up from the host's pages, as before page_rows (stage 2's third part)
+            bench_step "bench mistral-7b $type rows sent up" "cuda KVCHAT_CUDA_PAGE_ROWS=0" 100 \
+                env KVCHAT_CUDA_PAGE_ROWS=0 "$kv" bench -m "$m" --device cuda --ctx 2048 --gen 16 \
                 --csv "$tmp/bench.csv" && bench_table
             bench_step "bench mistral-7b $type recorded as graphs" "cuda KVCHAT_CUDA_GRAPH=on" 100 \
                 env KVCHAT_CUDA_GRAPH=on "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \

@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
 #include "kernels/page_copies.h"
+#include "kernels/page_fill.h"
 
 typedef struct fake_dev {
     int64_t allocs, releases, live;
@@ -217,4 +219,138 @@ Test(page_copies, a_failed_upload_is_sent_again)
     expect_copy(pc_get(&t, &a.pg), &a);
     pc_free(&t);
     cr_expect_eq(d.live, 0);
+}
+
+/* Rows [row0, row0 + n) written by the "device" itself after pc_fill: here, copied from the page as
+ * the device would compute them. */
+static void device_writes(pc_copy *c, const host_page *h, int32_t row0, int32_t n)
+{
+    memcpy(c->k + (size_t)row0 * D, h->k + (size_t)row0 * D, sizeof(uint16_t) * (size_t)(n * D));
+    memcpy(c->v + (size_t)row0 * D, h->v + (size_t)row0 * D, sizeof(uint16_t) * (size_t)(n * D));
+    memcpy(c->pos + row0, h->pos + row0, sizeof(int32_t) * (size_t)n);
+}
+
+/* pc_fill: the rows the device writes itself are not sent, the rows below them that the copy lacks
+ * are (a fresh copy of a page with rows already, a new generation), the biases go as pc_get sends
+ * them, and a pc_get after it sends nothing; rows outside the page are refused. */
+Test(page_copies, rows_the_device_writes_itself_are_not_sent_and_those_below_them_are)
+{
+    fake_dev d;
+    pc_table t = make(&d, 1000);
+    static host_page h;
+    fill(&h, 32, 3, 0);
+    pc_begin_call(&t);
+    /* a fresh page filled from its start: nothing sent */
+    h.pg.n = 12;
+    pc_copy *c = pc_fill(&t, &h.pg, 0, 12);
+    cr_assert(c);
+    device_writes(c, &h, 0, 12);
+    cr_expect_eq(t.rows_uploaded, 0);
+    cr_expect_eq(t.rows_filled, 12);
+    expect_copy(pc_get(&t, &h.pg), &h);
+    cr_expect_eq(t.rows_uploaded, 0, "the rows the device wrote are current");
+    /* more rows of the same generation: the device writes them too */
+    h.pg.n = 30;
+    c = pc_fill(&t, &h.pg, 12, 18);
+    device_writes(c, &h, 12, 18);
+    expect_copy(pc_get(&t, &h.pg), &h);
+    cr_expect_eq(t.rows_uploaded, 0);
+    /* a page the device has no copy of, with rows already (a fork's copy, taken on the host): its
+     * first rows go up, the new ones do not */
+    static host_page g;
+    fill(&g, 40, 9, 1);
+    g.pg.n = 25;
+    c = pc_fill(&t, &g.pg, 20, 5);
+    cr_assert(c);
+    cr_expect_eq(t.rows_uploaded, 20, "the 20 rows below the filled ones were sent");
+    cr_expect(!memcmp(c->bias, g.bias, sizeof(float) * 25), "the biases were sent");
+    device_writes(c, &g, 20, 5);
+    expect_copy(pc_get(&t, &g.pg), &g);
+    cr_expect_eq(t.rows_uploaded, 20);
+    /* a new generation (rows rewritten on the host): rows below row0 go again */
+    for (int i = 0; i < 30 * D; i++) h.k[i] ^= 0x3333;
+    h.pg.gen = gen_next++;
+    h.pg.n = 32;
+    c = pc_fill(&t, &h.pg, 30, 2);
+    device_writes(c, &h, 30, 2);
+    cr_expect_eq(t.rows_uploaded, 50);
+    expect_copy(pc_get(&t, &h.pg), &h);
+    /* rows the page does not hold, or none */
+    cr_expect_null(pc_fill(&t, &h.pg, 30, 3));
+    cr_expect_null(pc_fill(&t, &h.pg, -1, 2));
+    cr_expect_null(pc_fill(&t, &h.pg, 4, 0));
+    /* a refused upload: nothing counts as sent, and the next pc_get sends everything */
+    h.pg.gen = gen_next++;
+    d.fail_uploads = 1;
+    cr_expect_null(pc_fill(&t, &h.pg, 31, 1));
+    d.fail_uploads = 0;
+    expect_copy(pc_get(&t, &h.pg), &h);
+    cr_expect_eq(t.rows_uploaded, 82);
+    pc_free(&t);
+    cr_expect_eq(d.live, 0);
+}
+
+/* ---- the device's rows into its copies (kernels/page_fill.h) */
+
+/* pf_half, the device's rounding as the host runs it, gives the cache's f16 for every float tried
+ * (a stride through every bit pattern, and the edges: the largest half, the first float rounding to
+ * an infinity, the smallest normal and subnormal halves and the ties between them, float
+ * subnormals, zeros, infinities); a NaN gives a NaN. */
+Test(page_copies, the_devices_rounding_is_the_caches)
+{
+    static const uint32_t edges[] = { 0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477ff001u, 0x47800000u, 0x38800000u,
+                                      0x387fffffu, 0x33800000u, 0x33000000u, 0x33000001u, 0x32ffffffu, 0x33c00000u,
+                                      0x00000001u, 0x007fffffu, 0x00000000u, 0x7f800000u, 0x3f800000u, 0x3f801000u,
+                                      0x3f803000u, 0x38801000u, 0x38803000u };
+    int64_t tried = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t n = pass ? sizeof edges / sizeof *edges * 2 : (1ull << 32) / 4099 + 1;
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t u = pass ? edges[i / 2] | (i % 2 ? 0x80000000u : 0) : (uint32_t)(i * 4099u);
+            float x;
+            memcpy(&x, &u, 4);
+            uint16_t want, got = pf_half(x);
+            be_host_f32_to_f16(1, &x, &want);
+            if (x != x) {
+                cr_assert((got & 0x7c00u) == 0x7c00u && (got & 0x3ffu), "0x%08x: NaN gave 0x%04x", u, got);
+                continue;
+            }
+            cr_assert_eq(got, want, "0x%08x (%g): 0x%04x, the cache's 0x%04x", u, (double)x, got, want);
+            tried++;
+        }
+    }
+    cr_expect(tried > 1000000);
+}
+
+/* pf_fill over every thread of a few launch widths writes each row's f16 values at the copy's stride
+ * and the positions, and nothing past the rows. */
+Test(page_copies, the_fill_writes_the_rows_and_positions_and_nothing_else)
+{
+    enum { ROWS_IN = 7, DIM = 20, SRC = 3 * DIM + 4, DST = DIM };
+    static float k[ROWS_IN * SRC], v[ROWS_IN * SRC];
+    for (int i = 0; i < ROWS_IN * SRC; i++) {
+        k[i] = (float)(i % 97) * 0.37f - 11.0f;
+        v[i] = (float)(i % 89) * -0.71f + 5.0f;
+    }
+    static const int widths[] = { 1, 3, 32, 256 };
+    for (size_t w = 0; w < sizeof widths / sizeof *widths; w++) {
+        uint16_t dk[(ROWS_IN + 1) * DST], dv[(ROWS_IN + 1) * DST];
+        int32_t dpos[ROWS_IN + 1];
+        memset(dk, 0xee, sizeof dk);
+        memset(dv, 0xee, sizeof dv);
+        memset(dpos, 0xee, sizeof dpos);
+        pf_job j = { k + SRC, v + SRC, dk, dv, dpos, SRC, DST, ROWS_IN - 1, DIM, 4000 };
+        for (int t = 0; t < widths[w]; t++) pf_fill(&j, t, widths[w]);
+        for (int r = 0; r < ROWS_IN - 1; r++) {
+            uint16_t want[DIM], wantv[DIM];
+            be_host_f32_to_f16(DIM, k + (r + 1) * SRC, want);
+            be_host_f32_to_f16(DIM, v + (r + 1) * SRC, wantv);
+            cr_assert(!memcmp(dk + r * DST, want, sizeof want), "width %d: keys of row %d", widths[w], r);
+            cr_assert(!memcmp(dv + r * DST, wantv, sizeof wantv), "width %d: values of row %d", widths[w], r);
+            cr_assert_eq(dpos[r], 4000 + r);
+        }
+        cr_assert(dk[(ROWS_IN - 1) * DST] == 0xeeee && dv[(ROWS_IN - 1) * DST] == 0xeeee &&
+                      dpos[ROWS_IN - 1] == (int32_t)0xeeeeeeee,
+                  "width %d: nothing past the rows", widths[w]);
+    }
 }

@@ -16,6 +16,7 @@
 
 #include "kernels/act_mirror.h"
 #include "kernels/backend.h"
+#include "kernels/page_fill.h"
 #include "engine/forward.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
@@ -46,6 +47,7 @@ typedef struct shadow {
     int gather_on_twin; /* embedding rows written on the twin (the CUDA backend's gather of a weight it
                            holds) instead of on the host */
     int joined;         /* attention_seqs calls of more than one sequence */
+    int64_t rows_named; /* rows page_rows named, each checked against its page (s_page_rows) */
     /* downloads in flight: the device's bytes as they were when issued, landing on the host only at
      * the next wait (so a host read that skips the wait sees the spoiled copy) */
     struct pending { void *dst, *bytes; size_t n; } *pend;
@@ -385,6 +387,35 @@ static void s_destroy(be_backend *b)
  * Quest adds its bounds before attention on global layers. */
 enum { LAYER_OPS = 9 };
 
+/* The rows the forward pass says a page took from a bound buffer are, rounded as a device rounds
+ * them from its twin (kernels/page_fill.h), the page's rows, at the positions said. */
+static void s_page_rows(be_backend *b, const be_page_rows *r, int n)
+{
+    shadow *s = sh(b);
+    for (int i = 0; i < n; i++) {
+        const be_page_rows *e = &r[i];
+        const int32_t dim = e->page.stride;
+        cr_assert(e->n > 0 && e->row0 >= 0 && e->row0 + e->n <= e->page.n, "rows %d + %d of a page of %d", e->row0,
+                  e->n, e->page.n);
+        const size_t span = sizeof(float) * (size_t)((int64_t)(e->n - 1) * e->stride + dim);
+        const float *dk = am_dev_in(&s->t, e->k, span), *dv = am_dev_in(&s->t, e->v, span);
+        cr_assert(dk && dv, "page_rows names rows outside the bound buffers");
+        s->rows_named += e->n;
+        if (s->ignore_reads) continue;   /* the host's rows are spoiled on purpose */
+        for (int32_t t = 0; t < e->n; t++) {
+            cr_assert_eq(e->page.pos[e->row0 + t], e->pos0 + t, "row %d: position %d, named %d", e->row0 + t,
+                         e->page.pos[e->row0 + t], e->pos0 + t);
+            const uint16_t *hk = e->page.k + (size_t)(e->row0 + t) * (size_t)dim;
+            const uint16_t *hv = e->page.v + (size_t)(e->row0 + t) * (size_t)dim;
+            for (int32_t d = 0; d < dim; d++) {
+                cr_assert_eq(pf_half(dk[(int64_t)t * e->stride + d]), hk[d], "row %d, key element %d", e->row0 + t, d);
+                cr_assert_eq(pf_half(dv[(int64_t)t * e->stride + d]), hv[d], "row %d, value element %d", e->row0 + t,
+                             d);
+            }
+        }
+    }
+}
+
 static const be_ops shadow_ops = {
     .name = "shadow",
     .matmul = s_matmul,
@@ -408,6 +439,7 @@ static const be_ops shadow_ops = {
     .bind_blank = s_bind_blank,
     .attn_mass = s_attn_mass,
     .attention_seqs = s_attention_seqs,
+    .page_rows = s_page_rows,
 };
 
 static be_backend *shadow_create(void)
@@ -722,6 +754,45 @@ Test(residency, a_prefill_chunk_waits_once_where_no_policy_looks_between_layers)
                       "under %s prompts of one and two chunks read from the device only %d and %d times", what, first,
                       second);
         }
+        shadow_close(&o);
+        model_free(m);
+    }
+}
+
+/* A prompt's K/V rows, taken into the cache a chunk at a time (after the chunk where no policy
+ * looks between layers, else a layer at a time), are named to the backend page by page, every row
+ * of every KV head of every layer (the shadow checks each against its page), so that a device
+ * writes them into its copies itself; a decode step's are not. */
+Test(residency, a_prompts_rows_are_named_to_the_device_page_by_page)
+{
+    char err[512];
+    static const struct { const char *file, *spec; int exact; } runs[] = {
+        { TD "tiny/tiny-llama-q4_k_m.gguf", NULL, 1 },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "full", 1 },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1", 1 },
+        { TD "tiny/tiny-llama-q4_k_m.gguf", "take:budget=0.5", 0 },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "h2o:budget=0.3", 1 },
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        model *m;
+        cr_assert(model_load(&m, runs[i].file, NULL, err, sizeof err) == 0, "%s", err);
+        on_shadow o;
+        shadow_open(&o, m, runs[i].spec, 32);
+        const int64_t n = (int64_t)o.n - (int64_t)o.n % 32 + (o.n % 32 == 1 ? -32 : 0);   /* chunks of 2 or more */
+        cr_assert(fwd_eval(o.f, o.ids, n, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        const int64_t per_token = (int64_t)m->hp.n_layer * m->hp.n_head_kv, named = sh(o.shd)->rows_named;
+        const char *what = runs[i].spec ? runs[i].spec : "no policy";
+        if (runs[i].exact)
+            cr_expect_eq(named, n * per_token, "under %s %lld rows named, of %lld", what, (long long)named,
+                         (long long)(n * per_token));
+        else   /* TAKE's chunks are its own: at least all but its last */
+            cr_expect(named >= (n - 128) * per_token && named <= n * per_token, "under %s %lld rows named, of %lld",
+                      what, (long long)named, (long long)(n * per_token));
+        int32_t tok = o.ids[n];
+        cr_assert(fwd_eval(o.f, &tok, 1, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        tok = o.ids[n + 1];
+        cr_assert(fwd_eval(o.f, &tok, 1, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        cr_expect_eq(sh(o.shd)->rows_named, named, "under %s a decode step's rows were named", what);
         shadow_close(&o);
         model_free(m);
     }

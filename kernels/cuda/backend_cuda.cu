@@ -805,7 +805,7 @@ static const be_ops cuda_ops = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, cuda_bind, cuda_unbind,
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
-    cuda_key_means, cuda_bind_blank, cuda_attn_mass, cuda_attention_seqs, cuda_host_pool,
+    cuda_key_means, cuda_bind_blank, cuda_attn_mass, cuda_attention_seqs, cuda_host_pool, cuda_page_rows,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -814,7 +814,7 @@ static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
     cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means, NULL, cuda_attn_mass,
-    cuda_attention_seqs, cuda_host_pool,
+    cuda_attention_seqs, cuda_host_pool, NULL,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)
@@ -835,7 +835,7 @@ static void note_settings(cuda_impl *ci)
     const char *names[] = { "KVCHAT_CUDA_GRAPH",   "KVCHAT_CUDA_GRAPH_SPLIT", "KVCHAT_CUDA_LAUNCHES",
                             "KVCHAT_CUDA_ATTN",    "KVCHAT_CUDA_ATTN_SPLITS", "KVCHAT_CUDA_MMV",
                             "KVCHAT_CUDA_MMV_MAX", "KVCHAT_CUDA_MMV_ROWS",    "KVCHAT_CUDA_MMV_INFLIGHT",
-                            "KVCHAT_CUDA_RESIDENT" };
+                            "KVCHAT_CUDA_RESIDENT", "KVCHAT_CUDA_PAGE_ROWS" };
     char *buf = ci->settings;
     const size_t cap = sizeof ci->settings;
     size_t n = 0;
@@ -845,6 +845,7 @@ static void note_settings(cuda_impl *ci)
         if (!v || !*v) continue;
         if (i == 0 && strcmp(v, "on")) continue;   /* off: the default */
         if (i == 1 && !ci->graphs.on) continue;    /* a split with recording off changes nothing */
+        if (i == 10 && !ci->page_rows_off) continue;   /* 1: the default */
         char val[25];
         size_t k = 0;
         for (; k + 1 < sizeof val && v[k]; k++) {
@@ -889,6 +890,13 @@ extern "C" void be_cuda_graphs(be_backend *b, be_graph_stats *st)
 extern "C" uint64_t be_cuda_input_quantizations(be_backend *b)
 {
     return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->quantizations : 0;
+}
+
+extern "C" void be_cuda_page_rows(be_backend *b, uint64_t *filled, uint64_t *uploaded)
+{
+    const int ours = b && b->ops && b->ops->attention == cuda_attention;
+    *filled = ours ? impl_of(b)->copies.rows_filled : 0;
+    *uploaded = ours ? impl_of(b)->copies.rows_uploaded : 0;
 }
 
 extern "C" void be_cuda_warmed_up(be_backend *b)
@@ -989,6 +997,14 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
         return NULL;
     }
     ci->attn_scalar = attn_env && !strcmp(attn_env, "scalar");
+    const char *rows_fill_env = getenv("KVCHAT_CUDA_PAGE_ROWS");
+    if (rows_fill_env && *rows_fill_env && strcmp(rows_fill_env, "0") && strcmp(rows_fill_env, "1")) {
+        snprintf(err, errlen, "KVCHAT_CUDA_PAGE_ROWS must be 1 (the default) or 0");
+        free(b);
+        free(ci);
+        return NULL;
+    }
+    ci->page_rows_off = rows_fill_env && !strcmp(rows_fill_env, "0");
     /* prefill chunks on the tensor cores unless asked otherwise (measured on an H200: docs/gpu.md) */
     ci->attn_flash = !ci->attn_scalar && !(attn_env && !strcmp(attn_env, "grouped"));
     const char *splits_env = getenv("KVCHAT_CUDA_ATTN_SPLITS");

@@ -5,7 +5,7 @@
  * Each op's kernels and launches live in the file named after it (the CPU side's name where it has
  * one): vec_dot.cu and vec_gemm.cu (matmul: decode kernels, cuBLAS for many tokens), attn_rows.cu
  * (attention), pick.cu, elementwise.cu (rmsnorm, qk_rope, glu, add_norm, get_rows), scores.cu,
- * key_means.cu, attn_mass.cu and bound_pages.cu; backend_cuda.cu holds the op table, the backend's
+ * key_means.cu, attn_mass.cu, bound_pages.cu and page_rows.cu; backend_cuda.cu holds the op table, the backend's
  * life, its staging, the weights' upload and the KV page copies. Each file compiles on its own (no
  * relocatable device code): a kernel is launched only from its own file, and what another file
  * needs of it is a host function declared here (to_half, gemm, pick_k_best). */
@@ -136,6 +136,8 @@ typedef struct cuda_impl {
     int mmv_wide;              /* Q4_K/Q5_K by the wide path (decode_dot.h; KVCHAT_CUDA_MMV=narrow: not) */
     int mmv_rows;              /* KVCHAT_CUDA_MMV_ROWS: rows a warp of the decode kernel (0: by tokens) */
     int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
+    int page_rows_off;         /* KVCHAT_CUDA_PAGE_ROWS=0: a prompt's K/V rows go up from the host to the
+                                * page copies, as before page_rows (issue 25, stage 2), to compare */
     int launch_apart;          /* KVCHAT_CUDA_LAUNCHES=apart: a launch a product, each product quantizes
                                 * its input, attention converts its keys and values apart and sends
                                 * positions and masks on their own (stage 4's third part), to compare */
@@ -275,5 +277,6 @@ void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, con
 void cuda_key_means(be_backend *b, const be_key_means *m);
 void cuda_attn_mass(be_backend *b, const be_mass *m);
 void cuda_bound_pages(be_backend *b, be_bounds *r);
+void cuda_page_rows(be_backend *b, const be_page_rows *r, int n);
 
 #endif

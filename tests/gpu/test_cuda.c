@@ -1836,6 +1836,54 @@ Test(cuda, fewer_launches_leave_the_tiny_models_logits_bit_for_bit)
     be_free(apart);
 }
 
+/* A prompt's K/V rows written into the device's page copies on the device (be_ops.page_rows) give
+ * the logits the rows sent up from the host give (KVCHAT_CUDA_PAGE_ROWS=0), prompt and decode,
+ * with no policy (the rows taken a chunk at a time), under CHESS and under TAKE (a layer at a time,
+ * then evicted); and the prompt's rows are written there, not sent. A bad setting is refused. */
+Test(cuda, a_prompts_rows_written_into_the_page_copies_on_the_device_give_the_sent_rows_bits)
+{
+    be_backend *sent = gpu_with("KVCHAT_CUDA_PAGE_ROWS", "0");
+    const char *policies[] = { NULL, "chess:preset=aggressive,window=1", "take:budget=0.5" };
+    int ran = 0;
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        model *m = load_tiny(fi);
+        if (!m) continue;
+        const int64_t nv = m->hp.n_vocab;
+        for (int pi = 0; pi < 3; pi++) {
+            const char *what = policies[pi] ? policies[pi] : "no policy";
+            int32_t t0[9], t1[9];
+            uint64_t f0, u0, f1, u1, sf0, su0, sf1, su1;
+            be_cuda_page_rows(gpu, &f0, &u0);
+            be_cuda_page_rows(sent, &sf0, &su0);
+            float *a = steps_under(m, gpu, t0, 8, NULL, policies[pi]);
+            float *b = steps_under(m, sent, t1, 8, t0, policies[pi]);
+            be_cuda_page_rows(gpu, &f1, &u1);
+            be_cuda_page_rows(sent, &sf1, &su1);
+            for (int st = 0; st <= 8; st++)
+                cr_expect(!memcmp(a + st * nv, b + st * nv, sizeof(float) * (size_t)nv),
+                          "%s, %s, step %d: the logits differ from the rows sent up", files[fi], what, st);
+            cr_expect_gt(f1 - f0, 0, "%s, %s: no row written on the device", files[fi], what);
+            cr_expect_eq(sf1 - sf0, 0, "%s, %s: rows written on the device with KVCHAT_CUDA_PAGE_ROWS=0", files[fi],
+                         what);
+            cr_expect_lt(u1 - u0, su1 - su0, "%s, %s: %llu rows sent up, %llu without writing them on the device",
+                         files[fi], what, (unsigned long long)(u1 - u0), (unsigned long long)(su1 - su0));
+            free(a);
+            free(b);
+            ran++;
+        }
+        model_free(m);
+    }
+    cr_expect_gt(ran, 0, "no tiny model here");
+    be_free(sent);
+    char err[512];
+    setenv("KVCHAT_CUDA_PAGE_ROWS", "yes", 1);
+    be_backend *bad = be_cuda_create(2, err, sizeof err);
+    unsetenv("KVCHAT_CUDA_PAGE_ROWS");
+    cr_expect_null(bad);
+    cr_expect(strstr(err, "KVCHAT_CUDA_PAGE_ROWS"), "%s", err);
+    be_free(bad);
+}
+
 /* The average calls into the runtime of row `row` in profiled backend p's report (its last
  * column); -1 when the row or the column is missing. */
 static double rt_calls_of(be_backend *p, const char *row)
