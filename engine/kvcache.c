@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine/bytes.h"
+#include "engine/page_list.h"
 #include "kernels/backend.h"
 
 #define FREE_LIST_MAX 64
@@ -44,6 +45,8 @@ struct kv_cache {
     uint64_t page_bytes;
     uint64_t bytes;        /* pages in use + page tables */
     uint64_t peak;
+    be_page_move *moves;   /* an eviction's runs, named to a device backend (name_moves) */
+    int64_t cap_moves;
 };
 
 
@@ -109,6 +112,7 @@ void kv_free(kv_cache *kv)
     }
     for (int i = 0; i < kv->n_free; i++) free(kv->free_list[i]);
     free(kv->free_list);
+    free(kv->moves);
     free(kv->layers);
     free(kv);
 }
@@ -700,6 +704,44 @@ static void keep_task_run(void *ctx, int64_t i, int thread)
     keep_fill(j->kv, j->L, j->same, j->keep, j->n_keep, j->np, i0, i1);
 }
 
+/* The runs keep_fill copied into the fresh pages np, named to a device backend that builds its
+ * copies of them from its copies of the table's pages (be_ops.page_moves), before those pages go.
+ * A fresh page holding merged tokens is left to be sent whole (its biases); so is everything when
+ * the host is out of memory for the list. */
+static void name_moves(kv_cache *kv, be_backend *b, const kv_stream *L, int same, const int64_t *keep,
+                       int64_t n_keep, kv_page **np)
+{
+    const int P = kv->page_size, R = (int)kv->row_dim;
+    const int64_t j0 = (int64_t)same * P;
+    if (n_keep - j0 > kv->cap_moves) {
+        be_page_move *nm = realloc(kv->moves, sizeof *nm * (size_t)(n_keep - j0));
+        if (!nm) return;
+        kv->moves = nm;
+        kv->cap_moves = n_keep - j0;
+    }
+    int m = 0, src_page = same;
+    int64_t src_base = j0;
+    for (int64_t j = j0; j < n_keep;) {   /* keep_fill's walk: the same runs */
+        int64_t idx = keep[j];
+        while (src_page < L->n && idx >= src_base + L->pages[src_page]->n) src_base += L->pages[src_page++]->n;
+        if (src_page >= L->n) break;
+        const kv_page *sp = L->pages[src_page];
+        int32_t t = (int32_t)(idx - src_base), run = 1;
+        while (j + run < n_keep && keep[j + run] == idx + run && t + run < sp->n && (j + run) % P != 0) run++;
+        const kv_page *dp = np[(j - j0) / P];
+        if (!dp->merged) {
+            be_page_move *e = &kv->moves[m++];
+            page_list_ref(&e->dst, dp, NULL, R, P);
+            page_list_ref(&e->src, sp, NULL, R, P);
+            e->dst_row = (int32_t)((j - j0) % P);
+            e->src_row = t;
+            e->n = run;
+        }
+        j += run;
+    }
+    if (m) b->ops->page_moves(b, kv->moves, m);
+}
+
 int kv_keep_tokens_on(kv_cache *kv, struct be_backend *b, int il, int h, const int64_t *keep, int64_t n_keep)
 {
     int same, n_new;
@@ -711,6 +753,7 @@ int kv_keep_tokens_on(kv_cache *kv, struct be_backend *b, int il, int h, const i
                         ? 1 : (n_new + KEEP_TASK_PAGES - 1) / KEEP_TASK_PAGES;
     if (tasks == 1) keep_fill(kv, job.L, same, keep, n_keep, np, 0, n_new);
     else be_host_run(b, keep_task_run, &job, tasks);
+    if (b && b->ops->page_moves) name_moves(kv, b, job.L, same, keep, n_keep, np);
     replace_table_from(kv, il, h, same, np, n_new);
     return 0;
 }

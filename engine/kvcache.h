@@ -118,7 +118,8 @@ void kv_keep_pages(kv_cache *kv, int il, int h, const int *keep, int n_keep);
 int kv_keep_tokens(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n_keep);
 /* kv_keep_tokens with the copying into the fresh pages spread over b's host threads, a few pages a
  * task (be_host_run; the same bytes and figures); a small one, or b NULL, on the calling thread.
- * Between ops only. */
+ * A device backend that builds its copies of the fresh pages itself (be_ops.page_moves) is told
+ * where their rows came from before the old pages go. Between ops only. */
 int kv_keep_tokens_on(kv_cache *kv, struct be_backend *b, int il, int h, const int64_t *keep, int64_t n_keep);
 /* Replace head h of layer il by n rows given explicitly (f32 keys and values [n][head_dim], positions
  * ascending, log-degrees; NULL logdeg: all 0), packed into fresh pages; the old pages return to the

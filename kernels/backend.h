@@ -67,6 +67,15 @@ typedef struct be_page_rows {
     int64_t stride;        /* floats from one row to the next */
 } be_page_rows;
 
+/* Rows [dst_row, dst_row + n) of a fresh cache page that the host has just filled with rows
+ * [src_row, src_row + n) of page src (keys, values, positions, biases as they are): an eviction
+ * packing the kept tokens. Both pages as attention would name them; src is still held when the
+ * move is made. A fresh page's moves come together, in order of its rows, and cover them all. */
+typedef struct be_page_move {
+    be_kv_page dst, src;
+    int32_t dst_row, src_row, n;
+} be_page_move;
+
 /* Attention of a batch of queries over an explicit list of pages, read in place (never gathered).
  * Query t at position q_pos[t] sees the listed tokens with position <= q_pos[t], and on
  * sliding-window layers only those with q_pos[t] - position < window. */
@@ -341,6 +350,11 @@ typedef struct be_ops {
      * writes them into its copies of the pages from its twins instead of sending the host's rows
      * at the next call that reads the pages. NULL: they are sent then. */
     void (*page_rows)(be_backend *b, const be_page_rows *r, int n);
+    /* An eviction's fresh pages, filled on the host from rows of pages the cache still holds
+     * (be_page_move above): a device backend builds its copies of them from its copies of those
+     * pages instead of receiving the fresh pages whole at the next call that reads them. NULL: they
+     * are sent then. */
+    void (*page_moves)(be_backend *b, const be_page_move *m, int n);
 } be_ops;
 
 struct be_backend {

@@ -206,6 +206,18 @@ pc_copy *pc_fill(pc_table *t, const be_kv_page *pg, int32_t row0, int32_t n)
     return c;
 }
 
+const pc_copy *pc_find(pc_table *t, const be_kv_page *pg, int32_t rows)
+{
+    if (!t->cap || rows <= 0 || rows > pg->n) return NULL;
+    uint64_t mask = (uint64_t)(t->cap - 1), h = addr_hash(pg->k) & mask;
+    while (t->slots[h] != -1 && (t->slots[h] < 0 || t->recs[t->slots[h]].host_k != pg->k)) h = (h + 1) & mask;
+    if (t->slots[h] < 0) return NULL;
+    pc_copy *c = &t->recs[t->slots[h]];
+    if (c->gen != pg->gen || c->stride != pg->stride || c->n_up < rows || (pg->bias && c->bias_up < rows)) return NULL;
+    c->last_use = t->calls;
+    return c;
+}
+
 int32_t pc_index(const pc_table *t, const pc_copy *c) { return (int32_t)(c - t->recs); }
 
 int pc_current(pc_table *t, int32_t idx, const be_kv_page *pg, const void *dev_k)

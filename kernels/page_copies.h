@@ -70,6 +70,10 @@ const pc_copy *pc_get(pc_table *t, const be_kv_page *pg);
  * when an upload failed, or for rows outside [0, pg->n) (nothing then counts as sent that was not).
  * The pointer is valid until the next pc_get, pc_fill or pc_begin_call. */
 pc_copy *pc_fill(pc_table *t, const be_kv_page *pg, int32_t row0, int32_t n);
+/* The copy of page pg if it holds pg's rows [0, rows) under pg's generation (biases too), else NULL;
+ * nothing is made or sent. It counts as used. Valid until the next pc_get, pc_fill or
+ * pc_begin_call. */
+const pc_copy *pc_find(pc_table *t, const be_kv_page *pg, int32_t rows);
 /* The index of a copy pc_get returned: it names that copy until the copy is freed. */
 int32_t pc_index(const pc_table *t, const pc_copy *c);
 /* 1 when record idx still holds page pg with every row below pg->n sent, in storage whose keys are

@@ -1,7 +1,8 @@
-/* page_fill.h - a device writing a prompt's K/V rows into its copies of the cache's pages itself
- * (be_ops.page_rows): the rows are f32 in a bound buffer's device twin, the copies hold f16. Each
- * thread's work is a function C and CUDA share, so the host tests run it (tests/test_page_copies.c)
- * against the cache's own rounding (be_host_f32_to_f16). */
+/* page_fill.h - a device filling its copies of the cache's pages itself: a prompt's K/V rows from
+ * the f32 rows in a bound buffer's device twin (be_ops.page_rows; the copies hold f16), and an
+ * eviction's fresh pages from its copies of the pages they were packed from (be_ops.page_moves).
+ * Each thread's work is a function C and CUDA share, so the host tests run it
+ * (tests/test_page_copies.c), the rounding against the cache's own (be_host_f32_to_f16). */
 #ifndef KVCHAT_PAGE_FILL_H
 #define KVCHAT_PAGE_FILL_H
 
@@ -60,6 +61,29 @@ QB_HD void pf_fill(const pf_job *j, int64_t tid, int64_t nt)
         j->dv[r * j->dst_stride + d] = pf_half(j->v[r * j->src_stride + d]);
     }
     for (int64_t r = tid; r < j->rows; r += nt) j->dpos[r] = j->pos0 + (int32_t)r;
+}
+
+/* One run of rows moved between two page copies (an eviction's packing, be_ops.page_moves): rows
+ * elements of f16 keys and values (rows x stride: the copies' rows lie side by side) and their
+ * positions, from k, v, pos to dk, dv, dpos. */
+typedef struct pf_move_job {
+    const uint16_t *k, *v;
+    const int32_t *pos;
+    uint16_t *dk, *dv;
+    int32_t *dpos;
+    int32_t rows, stride;
+} pf_move_job;
+
+/* Thread tid of nt's share of move j: elements tid, tid + nt, ... of its keys and values, then its
+ * positions. */
+QB_HD void pf_move(const pf_move_job *j, int64_t tid, int64_t nt)
+{
+    const int64_t n = (int64_t)j->rows * j->stride;
+    for (int64_t i = tid; i < n; i += nt) {
+        j->dk[i] = j->k[i];
+        j->dv[i] = j->v[i];
+    }
+    for (int64_t r = tid; r < j->rows; r += nt) j->dpos[r] = j->pos[r];
 }
 
 #endif

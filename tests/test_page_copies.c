@@ -354,3 +354,62 @@ Test(page_copies, the_fill_writes_the_rows_and_positions_and_nothing_else)
                   "width %d: nothing past the rows", widths[w]);
     }
 }
+
+/* pc_find gives a copy only where it holds the rows asked for under the page's generation, and
+ * makes or sends nothing. */
+Test(page_copies, a_copy_is_found_only_where_it_holds_the_rows)
+{
+    fake_dev d;
+    pc_table t = make(&d, 1000);
+    static host_page h, g;
+    fill(&h, 20, 5, 0);
+    fill(&g, 20, 6, 1);
+    pc_begin_call(&t);
+    cr_expect_null(pc_find(&t, &h.pg, 4), "an empty table");
+    cr_assert(pc_get(&t, &h.pg));
+    const int64_t allocs = d.allocs;
+    const uint64_t up = t.rows_uploaded;
+    const pc_copy *c = pc_find(&t, &h.pg, 20);
+    cr_assert(c);
+    cr_expect(!memcmp(c->k, h.k, sizeof(uint16_t) * 20 * D));
+    cr_expect_not_null(pc_find(&t, &h.pg, 7));
+    h.pg.n = 24;   /* rows the copy does not have yet */
+    cr_expect_not_null(pc_find(&t, &h.pg, 20));
+    cr_expect_null(pc_find(&t, &h.pg, 21));
+    cr_expect_null(pc_find(&t, &h.pg, 25), "past the page");
+    cr_expect_null(pc_find(&t, &h.pg, 0));
+    h.pg.gen = gen_next++;
+    cr_expect_null(pc_find(&t, &h.pg, 4), "another generation");
+    cr_expect_null(pc_find(&t, &g.pg, 4), "a page without a copy");
+    cr_expect_eq(d.allocs, allocs, "pc_find made a copy");
+    cr_expect_eq(t.rows_uploaded, up, "pc_find sent rows");
+    pc_free(&t);
+}
+
+/* pf_move over every thread of a few launch widths copies a run's keys, values and positions and
+ * nothing past them. */
+Test(page_copies, a_move_copies_the_run_and_nothing_else)
+{
+    enum { RUN = 5, STRIDE = 24 };
+    static uint16_t k[RUN * STRIDE], v[RUN * STRIDE];
+    static int32_t pos[RUN];
+    for (int i = 0; i < RUN * STRIDE; i++) {
+        k[i] = (uint16_t)(i * 31 + 7);
+        v[i] = (uint16_t)(i * 17 + 3);
+    }
+    for (int i = 0; i < RUN; i++) pos[i] = 900 + 3 * i;
+    static const int widths[] = { 1, 7, 32, 256 };
+    for (size_t w = 0; w < sizeof widths / sizeof *widths; w++) {
+        uint16_t dk[(RUN + 1) * STRIDE], dv[(RUN + 1) * STRIDE];
+        int32_t dpos[RUN + 1];
+        memset(dk, 0xee, sizeof dk);
+        memset(dv, 0xee, sizeof dv);
+        memset(dpos, 0xee, sizeof dpos);
+        pf_move_job j = { k, v, pos, dk, dv, dpos, RUN, STRIDE };
+        for (int t = 0; t < widths[w]; t++) pf_move(&j, t, widths[w]);
+        cr_assert(!memcmp(dk, k, sizeof k) && !memcmp(dv, v, sizeof v) && !memcmp(dpos, pos, sizeof pos),
+                  "width %d: the run differs", widths[w]);
+        cr_assert(dk[RUN * STRIDE] == 0xeeee && dv[RUN * STRIDE] == 0xeeee && dpos[RUN] == (int32_t)0xeeeeeeee,
+                  "width %d: written past the run", widths[w]);
+    }
+}

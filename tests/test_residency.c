@@ -48,6 +48,8 @@ typedef struct shadow {
                            holds) instead of on the host */
     int joined;         /* attention_seqs calls of more than one sequence */
     int64_t rows_named; /* rows page_rows named, each checked against its page (s_page_rows) */
+    int64_t rows_moved; /* rows page_moves named, each checked against both pages (s_page_moves) */
+    int64_t pages_moved;   /* fresh pages those rows filled */
     /* downloads in flight: the device's bytes as they were when issued, landing on the host only at
      * the next wait (so a host read that skips the wait sees the spoiled copy) */
     struct pending { void *dst, *bytes; size_t n; } *pend;
@@ -416,6 +418,34 @@ static void s_page_rows(be_backend *b, const be_page_rows *r, int n)
     }
 }
 
+/* An eviction's moves are what the host did: each fresh page's runs come together, in order of its
+ * rows, cover them all, and each run's rows (keys, values, positions) are its source's rows, the
+ * source still held. */
+static void s_page_moves(be_backend *b, const be_page_move *m, int n)
+{
+    shadow *s = sh(b);
+    for (int i = 0; i < n;) {
+        const be_page_move *first = &m[i];
+        int32_t covered = 0;
+        for (; i < n && m[i].dst.k == first->dst.k; i++) {
+            const be_page_move *e = &m[i];
+            const size_t R = (size_t)e->dst.stride;
+            cr_assert_eq(e->dst_row, covered, "a fresh page's runs out of order: row %d after %d", e->dst_row, covered);
+            cr_assert(e->n > 0 && e->src_row >= 0 && e->src_row + e->n <= e->src.n, "rows %d + %d of a page of %d",
+                      e->src_row, e->n, e->src.n);
+            cr_assert(e->src.stride == e->dst.stride && e->dst.gen == first->dst.gen && !e->dst.bias);
+            cr_assert(!memcmp(e->dst.k + e->dst_row * R, e->src.k + e->src_row * R, sizeof(uint16_t) * R * e->n) &&
+                          !memcmp(e->dst.v + e->dst_row * R, e->src.v + e->src_row * R, sizeof(uint16_t) * R * e->n) &&
+                          !memcmp(e->dst.pos + e->dst_row, e->src.pos + e->src_row, sizeof(int32_t) * e->n),
+                      "a run's rows are not its source's");
+            covered += e->n;
+            s->rows_moved += e->n;
+        }
+        cr_assert_eq(covered, first->dst.n, "a fresh page's runs cover %d of its %d rows", covered, first->dst.n);
+        s->pages_moved++;
+    }
+}
+
 static const be_ops shadow_ops = {
     .name = "shadow",
     .matmul = s_matmul,
@@ -440,6 +470,7 @@ static const be_ops shadow_ops = {
     .attn_mass = s_attn_mass,
     .attention_seqs = s_attention_seqs,
     .page_rows = s_page_rows,
+    .page_moves = s_page_moves,
 };
 
 static be_backend *shadow_create(void)
@@ -762,16 +793,18 @@ Test(residency, a_prefill_chunk_waits_once_where_no_policy_looks_between_layers)
 /* A prompt's K/V rows, taken into the cache a chunk at a time (after the chunk where no policy
  * looks between layers, else a layer at a time), are named to the backend page by page, every row
  * of every KV head of every layer (the shadow checks each against its page), so that a device
- * writes them into its copies itself; a decode step's are not. */
+ * writes them into its copies itself; a decode step's are not. An eviction's fresh pages are named
+ * with the rows they came from (each checked against both pages). */
 Test(residency, a_prompts_rows_are_named_to_the_device_page_by_page)
 {
     char err[512];
-    static const struct { const char *file, *spec; int exact; } runs[] = {
-        { TD "tiny/tiny-llama-q4_k_m.gguf", NULL, 1 },
-        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "full", 1 },
-        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1", 1 },
-        { TD "tiny/tiny-llama-q4_k_m.gguf", "take:budget=0.5", 0 },
-        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "h2o:budget=0.3", 1 },
+    static const struct { const char *file, *spec; int exact, evicts; } runs[] = {
+        { TD "tiny/tiny-llama-q4_k_m.gguf", NULL, 1, 0 },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "full", 1, 0 },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1", 1, 0 },
+        { TD "tiny/tiny-llama-q4_k_m.gguf", "take:budget=0.5", 0, 1 },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "h2o:budget=0.3", 1, 1 },
+        { TD "tiny/tiny-llama-q4_k_m.gguf", "snapkv:budget=0.3", 1, 1 },
     };
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
         model *m;
@@ -793,6 +826,12 @@ Test(residency, a_prompts_rows_are_named_to_the_device_page_by_page)
         tok = o.ids[n + 1];
         cr_assert(fwd_eval(o.f, &tok, 1, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
         cr_expect_eq(sh(o.shd)->rows_named, named, "under %s a decode step's rows were named", what);
+        /* an eviction's fresh pages named with where their rows came from (each checked) */
+        if (runs[i].evicts)
+            cr_expect(sh(o.shd)->pages_moved > 0 && sh(o.shd)->rows_moved >= sh(o.shd)->pages_moved,
+                      "under %s no eviction's fresh page was named", what);
+        else
+            cr_expect_eq(sh(o.shd)->rows_moved, 0, "under %s rows were moved", what);
         shadow_close(&o);
         model_free(m);
     }

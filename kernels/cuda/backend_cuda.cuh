@@ -136,8 +136,9 @@ typedef struct cuda_impl {
     int mmv_wide;              /* Q4_K/Q5_K by the wide path (decode_dot.h; KVCHAT_CUDA_MMV=narrow: not) */
     int mmv_rows;              /* KVCHAT_CUDA_MMV_ROWS: rows a warp of the decode kernel (0: by tokens) */
     int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
-    int page_rows_off;         /* KVCHAT_CUDA_PAGE_ROWS=0: a prompt's K/V rows go up from the host to the
-                                * page copies, as before page_rows (issue 25, stage 2), to compare */
+    int page_rows_off;         /* KVCHAT_CUDA_PAGE_ROWS=0: a prompt's K/V rows and an eviction's fresh
+                                * pages go up from the host to the page copies, as before page_rows and
+                                * page_moves (issue 25, stages 2 and 5), to compare */
     int launch_apart;          /* KVCHAT_CUDA_LAUNCHES=apart: a launch a product, each product quantizes
                                 * its input, attention converts its keys and values apart and sends
                                 * positions and masks on their own (stage 4's third part), to compare */
@@ -278,5 +279,6 @@ void cuda_key_means(be_backend *b, const be_key_means *m);
 void cuda_attn_mass(be_backend *b, const be_mass *m);
 void cuda_bound_pages(be_backend *b, be_bounds *r);
 void cuda_page_rows(be_backend *b, const be_page_rows *r, int n);
+void cuda_page_moves(be_backend *b, const be_page_move *m, int n);
 
 #endif

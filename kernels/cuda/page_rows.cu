@@ -1,7 +1,10 @@
-/* page_rows.cu - the CUDA backend's page_rows op: a prompt chunk's K/V rows, which the cache has
- * just taken from the bound buffers they were computed in, written into the device's copies of the
- * pages from those buffers' twins (kernels/page_fill.h), so they are not sent up from the host at
- * the next attention call (issue 25, stage 2). */
+/* page_rows.cu - the CUDA backend's page_rows and page_moves ops: the device fills its copies of
+ * the cache's pages itself (kernels/page_fill.h) where it already holds the rows, instead of
+ * receiving them from the host at the next attention call (issue 25, stages 2 and 5):
+ *   page_rows   a prompt chunk's K/V rows, which the cache has just taken from the bound buffers
+ *               they were computed in, from those buffers' twins;
+ *   page_moves  an eviction's fresh pages, from the device's copies of the pages the host packed
+ *               them from. */
 #include "kernels/cuda/backend_cuda.cuh"
 #include "kernels/page_fill.h"
 
@@ -48,6 +51,67 @@ void cuda_page_rows(be_backend *b, const be_page_rows *r, int n)
     if (d_jobs) {
         page_fill_kernel<<<(unsigned)m, PF_THREADS, 0, ci->stream>>>(d_jobs);
         if (!ck(ci, cudaGetLastError(), "page fill kernel")) return;
+    }
+    /* pc_fill counted rows as written that no launch writes: every copy is sent whole next time */
+    pc_forget_rows(&ci->copies);
+}
+
+/* A block a run of moved rows. */
+__global__ void __launch_bounds__(PF_THREADS) page_move_kernel(const pf_move_job *jobs)
+{
+    pf_move(&jobs[blockIdx.x], threadIdx.x, PF_THREADS);
+}
+
+void cuda_page_moves(be_backend *b, const be_page_move *m, int n)
+{
+    cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_EAGER);
+    if (ci->failed || ci->page_rows_off || n <= 0) return;
+    pf_move_job *jobs = (pf_move_job *)malloc(sizeof(pf_move_job) * (size_t)n);
+    if (!jobs) return;   /* the fresh pages go up whole at their next use, as without this op */
+    int nj = 0;
+    for (int i = 0; i < n && !ci->failed;) {
+        /* a fresh page's runs: built here only if every run's source copy holds its rows */
+        const be_page_move *first = &m[i];
+        int end = i, ok = !first->dst.bias && !first->dst.head_step && first->dst.n > 0, base = nj;
+        int32_t covered = 0;
+        for (; end < n && m[end].dst.k == first->dst.k; end++) {
+            const be_page_move *e = &m[end];
+            if (!ok) continue;
+            const pc_copy *src = e->src.stride == first->dst.stride && e->dst_row == covered && e->n > 0
+                                     ? pc_find(&ci->copies, &e->src, e->src_row + e->n)
+                                     : NULL;
+            if (!src) {
+                ok = 0;
+                continue;
+            }
+            const size_t at = (size_t)e->src_row * (size_t)src->stride;
+            jobs[nj++] = (pf_move_job){ src->k + at, src->v + at, src->pos + e->src_row, NULL, NULL, NULL, e->n,
+                                        src->stride };
+            covered += e->n;
+        }
+        pc_copy *dst = ok && covered == first->dst.n ? pc_fill(&ci->copies, &first->dst, 0, first->dst.n) : NULL;
+        if (!dst) {
+            nj = base;   /* sent whole at its next use instead */
+        } else {
+            for (int e = i, q = base; e < end; e++, q++) {
+                const size_t at = (size_t)m[e].dst_row * (size_t)dst->stride;
+                jobs[q].dk = dst->k + at;
+                jobs[q].dv = dst->v + at;
+                jobs[q].dpos = dst->pos + m[e].dst_row;
+            }
+        }
+        i = end;
+    }
+    const size_t bytes = sizeof(pf_move_job) * (size_t)nj;
+    const pf_move_job *d_jobs = NULL;
+    if (nj && !ci->failed && !(ci->batch.n && send_batch(ci)) && !stage_reserve(ci, stage_size(bytes)))
+        d_jobs = (const pf_move_job *)stage(ci, jobs, bytes);
+    free(jobs);
+    if (!nj) return;
+    if (d_jobs) {
+        page_move_kernel<<<(unsigned)nj, PF_THREADS, 0, ci->stream>>>(d_jobs);
+        if (!ck(ci, cudaGetLastError(), "page move kernel")) return;
     }
     /* pc_fill counted rows as written that no launch writes: every copy is sent whole next time */
     pc_forget_rows(&ci->copies);

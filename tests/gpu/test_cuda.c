@@ -1836,20 +1836,22 @@ Test(cuda, fewer_launches_leave_the_tiny_models_logits_bit_for_bit)
     be_free(apart);
 }
 
-/* A prompt's K/V rows written into the device's page copies on the device (be_ops.page_rows) give
- * the logits the rows sent up from the host give (KVCHAT_CUDA_PAGE_ROWS=0), prompt and decode,
- * with no policy (the rows taken a chunk at a time), under CHESS and under TAKE (a layer at a time,
- * then evicted); and the prompt's rows are written there, not sent. A bad setting is refused. */
+/* A prompt's K/V rows written into the device's page copies on the device (be_ops.page_rows), and
+ * an eviction's fresh pages built there from the copies of the pages they were packed from
+ * (be_ops.page_moves), give the logits the rows sent up from the host give
+ * (KVCHAT_CUDA_PAGE_ROWS=0), prompt and decode: with no policy (the rows taken a chunk at a time),
+ * under CHESS, under TAKE (a layer at a time, then evicted) and under H2O (evicting at every decode
+ * step too); and fewer rows are sent. A bad setting is refused. */
 Test(cuda, a_prompts_rows_written_into_the_page_copies_on_the_device_give_the_sent_rows_bits)
 {
     be_backend *sent = gpu_with("KVCHAT_CUDA_PAGE_ROWS", "0");
-    const char *policies[] = { NULL, "chess:preset=aggressive,window=1", "take:budget=0.5" };
+    const char *policies[] = { NULL, "chess:preset=aggressive,window=1", "take:budget=0.5", "h2o:budget=0.3" };
     int ran = 0;
     for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
         model *m = load_tiny(fi);
         if (!m) continue;
         const int64_t nv = m->hp.n_vocab;
-        for (int pi = 0; pi < 3; pi++) {
+        for (int pi = 0; pi < 4; pi++) {
             const char *what = policies[pi] ? policies[pi] : "no policy";
             int32_t t0[9], t1[9];
             uint64_t f0, u0, f1, u1, sf0, su0, sf1, su1;
