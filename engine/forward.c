@@ -608,16 +608,17 @@ static void set_ranges(const fwd_ctx *f, int set, int64_t n, be_range rd[2])
  * head's table; row t of head h at K + t * kvd + h * head_dim, at position p0 + t), named to a
  * device backend that writes them into its copies of the pages from its twins instead of sending
  * the host's rows up at the layer's next attention call (be_ops.page_rows). A prompt's chunks only:
- * a decode step's one row a head is sent as it is. 0, or -2 when out of memory. */
-static int name_page_rows(fwd_ctx *f, int il, const float *K, const float *V, int64_t n, int64_t p0)
+ * a decode step's one row a head is sent as it is. Out of memory for the list, nothing is named and
+ * the rows go up as before. */
+static void name_page_rows(fwd_ctx *f, int il, const float *K, const float *V, int64_t n, int64_t p0)
 {
-    if (!f->b->ops->page_rows || n < 2) return 0;
+    if (!f->b->ops->page_rows || n < 2) return;
     const model_hparams *hp = &f->m->hp;
     const int H = hp->n_head_kv, D = (int)hp->head_dim, P = kv_page_size(f->kv);
     const int64_t kvd = (int64_t)H * D, cap = (int64_t)H * (n / P + 2);
     if (cap > f->page_rows_cap) {
         be_page_rows *nb = realloc(f->page_rows, sizeof *nb * (size_t)cap);
-        if (!nb) return -2;
+        if (!nb) return;
         f->page_rows = nb;
         f->page_rows_cap = cap;
     }
@@ -639,7 +640,6 @@ static int name_page_rows(fwd_ctx *f, int il, const float *K, const float *V, in
         }
     }
     f->b->ops->page_rows(f->b, f->page_rows, m);
-    return 0;
 }
 
 /* The pending rows (f->pend), every layer's: read on the host (once; the wait brings in what the
@@ -668,9 +668,8 @@ static int take_pending(fwd_ctx *f, int upto)
     for (; f->pend.layers < upto; f->pend.layers++) {
         int64_t off = f->pend.layers * n * kvd;
         if (!f->pend.n_seq) {
-            if (kv_append_on(f->kv, f->b, f->pend.layers, K + off, V + off, n, f->pend.at) != 0 ||
-                name_page_rows(f, f->pend.layers, K + off, V + off, n, f->pend.at))
-                return -2;
+            if (kv_append_on(f->kv, f->b, f->pend.layers, K + off, V + off, n, f->pend.at) != 0) return -2;
+            name_page_rows(f, f->pend.layers, K + off, V + off, n, f->pend.at);
             continue;
         }
         for (int s = 0; s < n_seq; s++)
@@ -843,8 +842,8 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
              * on what it left */
             if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;
             if (!batch) {
-                if (kv_append_on(f->kv, b, il, K, V, n_chunk, p0) != 0 || name_page_rows(f, il, K, V, n_chunk, p0))
-                    return -2;
+                if (kv_append_on(f->kv, b, il, K, V, n_chunk, p0) != 0) return -2;
+                name_page_rows(f, il, K, V, n_chunk, p0);
                 if (n_probe && kv_append(f->kv, il, K + n_chunk * kvd, V + n_chunk * kvd, n_probe, probe_p0) != 0)
                     return -2;
             } else {

@@ -59,8 +59,9 @@ int64_t kv_len(const kv_cache *kv);                  /* the next position (token
 int kv_append(kv_cache *kv, int il, const float *k, const float *v, int64_t n, int64_t p0);
 /* kv_append with the work spread over b's host threads (be_host_run; the same bytes): the pages
  * made ready on the calling thread, then each page's rows converted and folded into its summary on
- * any thread. An append too small to gain from it (a decode step's row), or b NULL, stays on the
- * calling thread. -1 when out of memory, the tables then as they were. Between ops only. */
+ * any thread; -1 when out of memory, the tables then as they were. An append too small to gain
+ * from it (a decode step's row), or b NULL, is kv_append's on the calling thread (out of memory:
+ * the heads before the one that failed appended). Between ops only. */
 int kv_append_on(kv_cache *kv, struct be_backend *b, int il, const float *k, const float *v, int64_t n, int64_t p0);
 /* The same for one KV head; row t starts stride floats after row t-1. */
 int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, int64_t stride, int64_t n, int64_t p0);

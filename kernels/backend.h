@@ -406,10 +406,10 @@ void be_cuda_graphs(be_backend *b, be_graph_stats *st);
  * rather than reading the codes the op that wrote the input left (tests check which happened); 0
  * for any other backend. */
 uint64_t be_cuda_input_quantizations(be_backend *b);
-/* Rows of KV pages a CUDA backend has written into its page copies on the device from the rows it
- * computed (be_ops.page_rows) and rows it has sent up from the host's pages, so far; both 0 for any
- * other backend. */
-void be_cuda_page_rows(be_backend *b, uint64_t *filled, uint64_t *uploaded);
+/* Rows of KV pages a CUDA backend has, so far, written into its page copies from the rows it
+ * computed (be_ops.page_rows), copied between its page copies for an eviction's fresh pages
+ * (be_ops.page_moves), and sent up from the host's pages; all 0 for any other backend. */
+void be_cuda_page_rows(be_backend *b, uint64_t *written, uint64_t *moved, uint64_t *uploaded);
 /* A CUDA backend's warm-up (be_warming_up) is over: the page lists and page copies its throwaway
  * cache left are freed now, their blocks back in the pool for the run's pages, instead of after
  * thousands of idle calls. Nothing for any other backend. */

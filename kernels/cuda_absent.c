@@ -30,10 +30,10 @@ uint64_t be_cuda_input_quantizations(be_backend *b)
     return 0;
 }
 
-void be_cuda_page_rows(be_backend *b, uint64_t *filled, uint64_t *uploaded)
+void be_cuda_page_rows(be_backend *b, uint64_t *written, uint64_t *moved, uint64_t *uploaded)
 {
     (void)b;
-    *filled = *uploaded = 0;
+    *written = *moved = *uploaded = 0;
 }
 
 void be_cuda_warmed_up(be_backend *b) { (void)b; }

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/bytes.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "engine/policy/policy.h"
@@ -474,5 +475,70 @@ Test(faults, every_allocation_failure_in_chess_s_reconstruction_leaves_the_next_
     }
     cr_log_info("chess: %ld allocations a run, each failed once", n - 2);
     cr_expect_gt(n, 5);
+    be_free(b);
+}
+
+/* Everything a cache holds as bytes (kv_save: its shape, positions and rows), and its figures. */
+static int cache_is(const kv_cache *kv, const bytes_w *img, const kv_stats *st)
+{
+    bytes_w w = { 0 };
+    kv_save(kv, &w);
+    kv_stats now;
+    kv_get_stats(kv, &now);
+    int same = !w.err && w.n == img->n && !memcmp(w.p, img->p, w.n) && now.bytes_resident == st->bytes_resident &&
+               now.tokens_kept == st->tokens_kept && now.pages == st->pages;
+    bw_free(&w);
+    return same;
+}
+
+/* An append spread over the host's threads (kv_append_on) and an eviction's (kv_keep_tokens_on),
+ * with the Nth allocation failing, into a cache whose last pages a fork shares: each either
+ * succeeds or fails with the cache exactly as it was (rows, positions, figures). */
+Test(faults, every_allocation_failure_in_a_spread_append_or_eviction_leaves_the_cache_as_it_was, .timeout = 600)
+{
+    enum { H = 3, R = 64, P = 16, N = 300 };
+    char err[256];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    float *k = malloc(sizeof(float) * N * H * R), *v = malloc(sizeof(float) * N * H * R);
+    int64_t *keep = malloc(sizeof(int64_t) * 2 * N);
+    cr_assert(k && v && keep);
+    for (int i = 0; i < N * H * R; i++) k[i] = v[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    for (int what = 0; what < 2; what++) {
+        long n, reached = 1, failed = 0;
+        for (n = 1; n < 400 && reached; n++) {
+            kv_cache *kv = kv_create(2, 4096, H, R, P, NULL, err, sizeof err);
+            cr_assert(kv, "%s", err);
+            for (int il = 0; il < 2; il++) cr_assert(kv_append(kv, il, k, v, 70, 0) == 0);
+            kv_commit(kv, 70);
+            kv_cache *fork = kv_fork(kv, err, sizeof err);   /* the last pages shared: copied first */
+            cr_assert(fork, "%s", err);
+            bytes_w img = { 0 };
+            kv_save(kv, &img);
+            cr_assert(!img.err);
+            kv_stats st;
+            kv_get_stats(kv, &st);
+            int64_t nk = 0;
+            for (int64_t j = 0; j < 70; j++)
+                if (j % 3 != 1) keep[nk++] = j;
+            n_calls = 0;
+            fault_at = n;
+            int rc = what == 0 ? kv_append_on(kv, b, 1, k, v, N, 70) : kv_keep_tokens_on(kv, b, 1, 2, keep, nk);
+            reached = n_calls >= n;
+            fault_at = 0;
+            if (rc) {
+                failed++;
+                cr_expect(cache_is(kv, &img, &st), "%s, allocation %ld failed: the cache changed",
+                          what ? "eviction" : "append", n);
+            }
+            bw_free(&img);
+            kv_free(fork);
+            kv_free(kv);
+        }
+        cr_expect_gt(failed, 0, "%s: no allocation failure was reached", what ? "eviction" : "append");
+    }
+    free(k);
+    free(v);
+    free(keep);
     be_free(b);
 }

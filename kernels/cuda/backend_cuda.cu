@@ -893,10 +893,11 @@ extern "C" uint64_t be_cuda_input_quantizations(be_backend *b)
     return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->quantizations : 0;
 }
 
-extern "C" void be_cuda_page_rows(be_backend *b, uint64_t *filled, uint64_t *uploaded)
+extern "C" void be_cuda_page_rows(be_backend *b, uint64_t *written, uint64_t *moved, uint64_t *uploaded)
 {
     const int ours = b && b->ops && b->ops->attention == cuda_attention;
-    *filled = ours ? impl_of(b)->copies.rows_filled : 0;
+    *written = ours ? impl_of(b)->rows_written : 0;
+    *moved = ours ? impl_of(b)->rows_moved : 0;
     *uploaded = ours ? impl_of(b)->copies.rows_uploaded : 0;
 }
 

@@ -136,6 +136,8 @@ typedef struct cuda_impl {
     int mmv_wide;              /* Q4_K/Q5_K by the wide path (decode_dot.h; KVCHAT_CUDA_MMV=narrow: not) */
     int mmv_rows;              /* KVCHAT_CUDA_MMV_ROWS: rows a warp of the decode kernel (0: by tokens) */
     int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
+    uint64_t rows_written;     /* rows page_rows wrote into page copies (launched), be_cuda_page_rows */
+    uint64_t rows_moved;       /* rows page_moves copied between page copies (launched) */
     int page_rows_off;         /* KVCHAT_CUDA_PAGE_ROWS=0: a prompt's K/V rows and an eviction's fresh
                                 * pages go up from the host to the page copies, as before page_rows and
                                 * page_moves (issue 25, stages 2 and 5), to compare */

@@ -46,11 +46,16 @@ void cuda_page_rows(be_backend *b, const be_page_rows *r, int n)
     /* the rows below the filled ones that a copy lacked go first (pc_fill queued them) */
     if (m && !ci->failed && !(ci->batch.n && send_batch(ci)) && !stage_reserve(ci, stage_size(bytes)))
         d_jobs = (const pf_job *)stage(ci, jobs, bytes);
+    uint64_t rows = 0;
+    for (int i = 0; i < m; i++) rows += (uint64_t)jobs[i].rows;
     free(jobs);
     if (!m) return;
     if (d_jobs) {
         page_fill_kernel<<<(unsigned)m, PF_THREADS, 0, ci->stream>>>(d_jobs);
-        if (!ck(ci, cudaGetLastError(), "page fill kernel")) return;
+        if (!ck(ci, cudaGetLastError(), "page fill kernel")) {
+            ci->rows_written += rows;
+            return;
+        }
     }
     /* pc_fill counted rows as written that no launch writes: every copy is sent whole next time */
     pc_forget_rows(&ci->copies);
@@ -107,11 +112,16 @@ void cuda_page_moves(be_backend *b, const be_page_move *m, int n)
     const pf_move_job *d_jobs = NULL;
     if (nj && !ci->failed && !(ci->batch.n && send_batch(ci)) && !stage_reserve(ci, stage_size(bytes)))
         d_jobs = (const pf_move_job *)stage(ci, jobs, bytes);
+    uint64_t rows = 0;
+    for (int i = 0; i < nj; i++) rows += (uint64_t)jobs[i].rows;
     free(jobs);
     if (!nj) return;
     if (d_jobs) {
         page_move_kernel<<<(unsigned)nj, PF_THREADS, 0, ci->stream>>>(d_jobs);
-        if (!ck(ci, cudaGetLastError(), "page move kernel")) return;
+        if (!ck(ci, cudaGetLastError(), "page move kernel")) {
+            ci->rows_moved += rows;
+            return;
+        }
     }
     /* pc_fill counted rows as written that no launch writes: every copy is sent whole next time */
     pc_forget_rows(&ci->copies);
