@@ -16,6 +16,29 @@ __global__ void __launch_bounds__(PF_THREADS) page_fill_kernel(const pf_job *job
     pf_fill(&jobs[blockIdx.x], threadIdx.x, PF_THREADS);
 }
 
+/* n jobs of `bytes` in all staged for a launch, after what pc_fill queued on the batch (the rows
+ * below the filled ones that a copy lacked); frees jobs. The device address, or NULL. */
+static const void *stage_jobs(cuda_impl *ci, void *jobs, int n, size_t bytes)
+{
+    const void *d = NULL;
+    if (n && !ci->failed && !(ci->batch.n && send_batch(ci)) && !stage_reserve(ci, stage_size(bytes)))
+        d = stage(ci, jobs, bytes);
+    free(jobs);
+    return d;
+}
+
+/* After a launch of jobs over `rows` rows (launched: whether it was made; its error checked here):
+ * the rows counted, or, when none was made or it failed, every copy sent whole next time (pc_fill
+ * counted as written rows that no launch writes). */
+static void filled(cuda_impl *ci, int launched, const char *what, uint64_t *count, uint64_t rows)
+{
+    if (launched && !ck(ci, cudaGetLastError(), what)) {
+        *count += rows;
+        return;
+    }
+    pc_forget_rows(&ci->copies);
+}
+
 void cuda_page_rows(be_backend *b, const be_page_rows *r, int n)
 {
     cuda_impl *ci = impl_of(b);
@@ -41,24 +64,12 @@ void cuda_page_rows(be_backend *b, const be_page_rows *r, int n)
         const size_t at = (size_t)e->row0 * (size_t)c->stride;
         jobs[m++] = (pf_job){ dk, dv, c->k + at, c->v + at, c->pos + e->row0, e->stride, c->stride, e->n, dim, e->pos0 };
     }
-    const size_t bytes = sizeof(pf_job) * (size_t)m;
-    const pf_job *d_jobs = NULL;
-    /* the rows below the filled ones that a copy lacked go first (pc_fill queued them) */
-    if (m && !ci->failed && !(ci->batch.n && send_batch(ci)) && !stage_reserve(ci, stage_size(bytes)))
-        d_jobs = (const pf_job *)stage(ci, jobs, bytes);
     uint64_t rows = 0;
     for (int i = 0; i < m; i++) rows += (uint64_t)jobs[i].rows;
-    free(jobs);
+    const pf_job *d_jobs = (const pf_job *)stage_jobs(ci, jobs, m, sizeof(pf_job) * (size_t)m);
     if (!m) return;
-    if (d_jobs) {
-        page_fill_kernel<<<(unsigned)m, PF_THREADS, 0, ci->stream>>>(d_jobs);
-        if (!ck(ci, cudaGetLastError(), "page fill kernel")) {
-            ci->rows_written += rows;
-            return;
-        }
-    }
-    /* pc_fill counted rows as written that no launch writes: every copy is sent whole next time */
-    pc_forget_rows(&ci->copies);
+    if (d_jobs) page_fill_kernel<<<(unsigned)m, PF_THREADS, 0, ci->stream>>>(d_jobs);
+    filled(ci, d_jobs != NULL, "page fill kernel", &ci->rows_written, rows);
 }
 
 /* A block a run of moved rows. */
@@ -108,21 +119,10 @@ void cuda_page_moves(be_backend *b, const be_page_move *m, int n)
         }
         i = end;
     }
-    const size_t bytes = sizeof(pf_move_job) * (size_t)nj;
-    const pf_move_job *d_jobs = NULL;
-    if (nj && !ci->failed && !(ci->batch.n && send_batch(ci)) && !stage_reserve(ci, stage_size(bytes)))
-        d_jobs = (const pf_move_job *)stage(ci, jobs, bytes);
     uint64_t rows = 0;
     for (int i = 0; i < nj; i++) rows += (uint64_t)jobs[i].rows;
-    free(jobs);
+    const pf_move_job *d_jobs = (const pf_move_job *)stage_jobs(ci, jobs, nj, sizeof(pf_move_job) * (size_t)nj);
     if (!nj) return;
-    if (d_jobs) {
-        page_move_kernel<<<(unsigned)nj, PF_THREADS, 0, ci->stream>>>(d_jobs);
-        if (!ck(ci, cudaGetLastError(), "page move kernel")) {
-            ci->rows_moved += rows;
-            return;
-        }
-    }
-    /* pc_fill counted rows as written that no launch writes: every copy is sent whole next time */
-    pc_forget_rows(&ci->copies);
+    if (d_jobs) page_move_kernel<<<(unsigned)nj, PF_THREADS, 0, ci->stream>>>(d_jobs);
+    filled(ci, d_jobs != NULL, "page move kernel", &ci->rows_moved, rows);
 }
