@@ -143,14 +143,20 @@ profile_steps() {
 
 # policy_steps NAME MODEL DEPTH GEN: kvchat bench --policy under the op profiler, one policy a run
 # (Quest bounds pages on the device, CHESS scores its kept summaries there, H2O scores a layer's
-# heads by the attention mass on the device and evicts a token a head every decode step), so that
-# each one's waits a decode step show; its table and profile go to the summary
+# heads by the attention mass on the device and evicts a token a head every decode step, its fresh
+# pages built on the device; then again with them sent up from the host, KVCHAT_CUDA_PAGE_ROWS=0),
+# so that each one's waits a decode step show; its table and profile go to the summary
 policy_steps() {
     local name=$1 model=$2 depth=$3 gen=$4 pol
-    for pol in quest chess:preset=aggressive h2o:budget=0.25; do
-        if step "policy $name $pol KVCHAT_PROFILE=1" 60 env KVCHAT_PROFILE=1 "$kv" bench -m "$model" --device cuda \
-            --ctx "$depth" --gen "$gen" --policy "$pol" --csv "$out/policy_results.csv"; then
-            say "  $pol, depth $depth, $gen tokens decoded:"
+    local set
+    # the last: H2O's evicted pages sent up from the host, as before page_moves, beside the run before it
+    for pol in quest chess:preset=aggressive h2o:budget=0.25 h2o:budget=0.25/sent; do
+        set=KVCHAT_PROFILE=1
+        [ "${pol%/sent}" != "$pol" ] && set="KVCHAT_PROFILE=1 KVCHAT_CUDA_PAGE_ROWS=0"
+        # shellcheck disable=SC2086  # $set: the settings, split on purpose
+        if step "policy $name ${pol%/sent} $set" 60 env $set "$kv" bench -m "$model" --device cuda \
+            --ctx "$depth" --gen "$gen" --policy "${pol%/sent}" --csv "$out/policy_results.csv"; then
+            say "  ${pol%/sent}, depth $depth, $gen tokens decoded ($set):"
             awk '/^ +ctx +policy/ || /^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^between ops/ { on = 0 }' \
                 "$tmp/last" >>"$summary"
         fi
