@@ -156,27 +156,74 @@ static void trace_keep(const pol_env *env, const char *what, int il, int g, cons
     free(kept);
 }
 
-/* Keep the top k tokens of head g by score (all of them when T <= k). Records the kept positions
- * when save is set (the source layer's choice for the delayed layers). */
-static int keep_top(st_take *s, const pol_env *env, int il, int g, const float *score, const int32_t *pos, int64_t T,
-                    int64_t k, int save)
+/* A layer's choice: every KV head's top tokens, chosen before any head is evicted (the heads'
+ * masses were computed together, and a head's choice reads only its own positions and masses, so
+ * the heads are chosen at once on the backend's host threads, in any order), then each head's
+ * eviction, one after another on this thread. */
+typedef struct layer_choice {
+    st_take *s;
+    const pol_env *env;
+    int il, save;              /* save: record the kept positions (the source layer's choice) */
+    int64_t k;
+    const float *mass;
+    const int64_t *tok0;
+    int64_t **idx, *nk;        /* [n_head_kv] head g's kept indices (NULL: out of memory) and count */
+} layer_choice;
+
+/* Head g keeps its top k tokens by pooled score (all of them when T <= k), recording the kept
+ * positions when save is set. */
+static void choose_head(void *ctx, int64_t gi, int thread)
 {
+    (void)thread;
+    layer_choice *c = ctx;
+    st_take *s = c->s;
+    const int g = (int)gi;
+    const int64_t T = c->tok0[g + 1] - c->tok0[g];
+    float *score;
+    int32_t *pos;
     int64_t *idx = malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
-    if (!idx) return -1;
-    int64_t nk = pol_top_k64(score, T, k, idx);
-    if (env->trace) trace_keep(env, "take pooled probe attention", il, g, score, pos, T, idx, nk);
-    if (save) {
+    if (!idx || pool_head(s, c->env, c->il, g, c->mass + c->tok0[g], T, &score, &pos)) {
+        free(idx);
+        return;
+    }
+    int64_t nk = pol_top_k64(score, T, c->k, idx);
+    if (c->env->trace) trace_keep(c->env, "take pooled probe attention", c->il, g, score, pos, T, idx, nk);
+    if (c->save) {
         int64_t *np = realloc(s->keep_pos[g], sizeof(int64_t) * (size_t)(nk > 0 ? nk : 1));
         if (!np) {
             free(idx);
-            return -1;
+            idx = NULL;
+        } else {
+            s->keep_pos[g] = np;
+            for (int64_t i = 0; i < nk; i++) np[i] = pos[idx[i]];
+            s->n_keep_pos[g] = nk;
         }
-        s->keep_pos[g] = np;
-        for (int64_t i = 0; i < nk; i++) np[i] = pos[idx[i]];
-        s->n_keep_pos[g] = nk;
     }
-    int rc = nk < T ? kv_keep_tokens_on(env->kv, env->b, il, g, idx, nk) : 0;
-    free(idx);
+    free(score);
+    free(pos);
+    c->idx[g] = idx;
+    c->nk[g] = nk;
+}
+
+/* Every KV head of layer il keeps its top k tokens by the masses (choose_head), then the cache
+ * evicts the rest. 0, or -1 when out of memory. */
+static int keep_top_layer(st_take *s, const pol_env *env, int il, const float *mass, const int64_t *tok0, int64_t k,
+                          int save)
+{
+    const int H = env->n_head_kv;
+    layer_choice c = { s, env, il, save, k, mass, tok0, calloc((size_t)H, sizeof(int64_t *)),
+                       calloc((size_t)H, sizeof(int64_t)) };
+    int rc = c.idx && c.nk ? 0 : -1;
+    /* the trace is written in head order, from this thread */
+    if (!rc) be_host_run(env->trace ? NULL : env->b, choose_head, &c, H);
+    for (int g = 0; g < H && !rc; g++) {
+        const int64_t T = tok0[g + 1] - tok0[g];
+        if (!c.idx[g]) rc = -1;
+        else if (c.nk[g] < T) rc = kv_keep_tokens_on(env->kv, env->b, il, g, c.idx[g], c.nk[g]);
+    }
+    for (int g = 0; c.idx && g < H; g++) free(c.idx[g]);
+    free(c.idx);
+    free(c.nk);
     return rc;
 }
 
@@ -264,25 +311,13 @@ static int t_layer_done(void *st, const pol_env *env, int il, const pol_chunk *c
             snprintf(err, errlen, "take: out of memory");
             return -1;
         }
-        for (int g = 0; g < env->n_head_kv; g++) {
-            float *score;
-            int32_t *pos;
-            int64_t T = tok0[g + 1] - tok0[g];
-            int rc = pool_head(s, env, il, g, mass + tok0[g], T, &score, &pos);
-            if (!rc) {
-                rc = keep_top(s, env, il, g, score, pos, T, kk, src);
-                free(score);
-                free(pos);
-            }
-            if (rc) {
-                free(mass);
-                free(tok0);
-                snprintf(err, errlen, "take: out of memory evicting");
-                return -1;
-            }
-        }
+        int rc = keep_top_layer(s, env, il, mass, tok0, kk, src);
         free(mass);
         free(tok0);
+        if (rc) {
+            snprintf(err, errlen, "take: out of memory evicting");
+            return -1;
+        }
     }
     if (src) {
         /* the delayed layers keep the positions the source layer chose */
