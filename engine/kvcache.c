@@ -422,10 +422,11 @@ int kv_append_on(kv_cache *kv, be_backend *b, int il, const float *k, const floa
     } else {
         append_job job = { kv, k, v, p0, tasks };
         be_host_run(b, append_task_run, &job, nt);
-        for (h = 0; h < H; h++) kv->layers[il].heads[h].tokens += n;
-        for (h = 0; h < H; h++)
-            if (kv->layers[il].heads[h].tokens > kv->layers[il].peak_tokens)
-                kv->layers[il].peak_tokens = kv->layers[il].heads[h].tokens;
+        for (h = 0; h < H; h++) {
+            kv_stream *L = &kv->layers[il].heads[h];
+            L->tokens += n;
+            if (L->tokens > kv->layers[il].peak_tokens) kv->layers[il].peak_tokens = L->tokens;
+        }
     }
     free(tasks);
     free(kept);
@@ -649,6 +650,41 @@ static int keep_plan(kv_cache *kv, int il, int h, const int64_t *keep, int64_t n
     return *np ? 0 : -1;
 }
 
+/* A walk over the runs of kept tokens from kept slot j on (slot j0 + x is the x-th token past
+ * the table's first `same` pages that goes into the fresh pages): each run is consecutive tokens of
+ * one page of L that go into one fresh page. What keep_fill copies and name_moves names. */
+typedef struct keep_walk {
+    const kv_stream *L;
+    const int64_t *keep;
+    int64_t j, end, src_base;   /* the next slot, the slot to stop at, the table index of pages[src_page]'s first */
+    int src_page, P;
+} keep_walk;
+
+static keep_walk walk_from(const kv_stream *L, int same, int P, const int64_t *keep, int64_t j, int64_t end)
+{
+    return (keep_walk){ L, keep, j, end, (int64_t)same * P, same, P };
+}
+
+/* The next run: slots [*j, *j + *run) are rows [*t, *t + *run) of *sp. 0 when the walk is over (at
+ * its end, or at an index past the table's end, whose rest is ignored). */
+static int walk_next(keep_walk *w, const kv_page **sp, int32_t *t, int32_t *run, int64_t *j)
+{
+    if (w->j >= w->end) return 0;
+    const int64_t idx = w->keep[w->j];
+    const kv_stream *L = w->L;
+    while (w->src_page < L->n && idx >= w->src_base + L->pages[w->src_page]->n)
+        w->src_base += L->pages[w->src_page++]->n;
+    if (w->src_page >= L->n) return 0;
+    *sp = L->pages[w->src_page];
+    *t = (int32_t)(idx - w->src_base);
+    *j = w->j;
+    int32_t r = 1;
+    while (w->j + r < w->end && w->keep[w->j + r] == idx + r && *t + r < (*sp)->n && (w->j + r) % w->P != 0) r++;
+    *run = r;
+    w->j += r;
+    return 1;
+}
+
 /* The kept tokens of L past its first `same` pages that go into fresh pages np[i0 .. i1) (page i
  * takes kept tokens j0 + i P .., j0 = same P) copied there, with their summaries. Reads L's pages,
  * writes only those of np. */
@@ -657,18 +693,12 @@ static void keep_fill(const kv_cache *kv, const kv_stream *L, int same, const in
 {
     size_t R = (size_t)kv->row_dim;
     int P = kv->page_size;
-    const int64_t j0 = (int64_t)same * P;
-    int64_t j = j0 + (int64_t)i0 * P, j_end = j0 + (int64_t)i1 * P < n_keep ? j0 + (int64_t)i1 * P : n_keep;
-    int src_page = same;
-    int64_t src_base = j0;   /* table index of the first token of pages[src_page] */
-    while (j < j_end) {
-        int64_t idx = keep[j];
-        while (src_page < L->n && idx >= src_base + L->pages[src_page]->n) src_base += L->pages[src_page++]->n;
-        if (src_page >= L->n) break;   /* index past the end: ignore the rest */
-        const kv_page *sp = L->pages[src_page];
-        int32_t t = (int32_t)(idx - src_base), run = 1;
-        /* consecutive kept tokens of one source page that go into one new page: copied at once */
-        while (j + run < j_end && keep[j + run] == idx + run && t + run < sp->n && (j + run) % P != 0) run++;
+    const int64_t j0 = (int64_t)same * P, end = j0 + (int64_t)i1 * P < n_keep ? j0 + (int64_t)i1 * P : n_keep;
+    keep_walk w = walk_from(L, same, P, keep, j0 + (int64_t)i0 * P, end);
+    const kv_page *sp;
+    int32_t t, run;
+    int64_t j;
+    while (walk_next(&w, &sp, &t, &run, &j)) {
         kv_page *dp = np[(j - j0) / P];
         memcpy(dp->k + (size_t)dp->n * R, sp->k + (size_t)t * R, (size_t)run * R * sizeof(uint16_t));
         memcpy(dp->v + (size_t)dp->n * R, sp->v + (size_t)t * R, (size_t)run * R * sizeof(uint16_t));
@@ -677,7 +707,6 @@ static void keep_fill(const kv_cache *kv, const kv_stream *L, int same, const in
         for (int32_t i = 0; i < run; i++)
             if (sp->logdeg[t + i] != 0) dp->merged = 1;
         dp->n += run;
-        j += run;
     }
     for (int i = i0; i < i1; i++) summarize_rows(kv, np[i], 0);   /* each new page's rows at once */
 }
@@ -719,25 +748,20 @@ static void name_moves(kv_cache *kv, be_backend *b, const kv_stream *L, int same
         kv->moves = nm;
         kv->cap_moves = n_keep - j0;
     }
-    int m = 0, src_page = same;
-    int64_t src_base = j0;
-    for (int64_t j = j0; j < n_keep;) {   /* keep_fill's walk: the same runs */
-        int64_t idx = keep[j];
-        while (src_page < L->n && idx >= src_base + L->pages[src_page]->n) src_base += L->pages[src_page++]->n;
-        if (src_page >= L->n) break;
-        const kv_page *sp = L->pages[src_page];
-        int32_t t = (int32_t)(idx - src_base), run = 1;
-        while (j + run < n_keep && keep[j + run] == idx + run && t + run < sp->n && (j + run) % P != 0) run++;
+    int m = 0;
+    keep_walk w = walk_from(L, same, P, keep, j0, n_keep);   /* keep_fill's runs */
+    const kv_page *sp;
+    int32_t t, run;
+    int64_t j;
+    while (walk_next(&w, &sp, &t, &run, &j)) {
         const kv_page *dp = np[(j - j0) / P];
-        if (!dp->merged) {
-            be_page_move *e = &kv->moves[m++];
-            page_list_ref(&e->dst, dp, NULL, R, P);
-            page_list_ref(&e->src, sp, NULL, R, P);
-            e->dst_row = (int32_t)((j - j0) % P);
-            e->src_row = t;
-            e->n = run;
-        }
-        j += run;
+        if (dp->merged) continue;
+        be_page_move *e = &kv->moves[m++];
+        page_list_ref(&e->dst, dp, NULL, R, P);
+        page_list_ref(&e->src, sp, NULL, R, P);
+        e->dst_row = (int32_t)((j - j0) % P);
+        e->src_row = t;
+        e->n = run;
     }
     if (m) b->ops->page_moves(b, kv->moves, m);
 }

@@ -273,7 +273,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     TWIN(bind_blank);
     TWIN(attn_mass);
     TWIN(attention_seqs);
-    p->ops.host_pool = in->ops->host_pool ? t_host_pool : NULL;
+    TWIN(host_pool);
     TWIN(page_rows);
     TWIN(page_moves);
     p->outer.ops = &p->ops;
