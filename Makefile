@@ -89,7 +89,7 @@ endif
 DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
 export KVCHAT_CACHE DEFAULT_MODEL
 
-.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-tables bench-pick bench-bounds bench-chess bench-mass clean cuda-build test-gpu \
+.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-tables bench-pick bench-bounds bench-chess bench-mass bench-lsh clean cuda-build test-gpu \
         test-model-first test-model-rest test-cuda-build test-fuzz-smoke
 
 all: $(KVCHAT)
@@ -113,6 +113,7 @@ help:
 	@echo "                   build/bench/chess_bench THREADS MAX_CTX POLICY for another selection, e.g. quest:budget=1024)"
 	@echo "make bench-bounds  the host's share of Quest's page selection, before and after the bounds op (bench/bounds_bench.c)"
 	@echo "make bench-mass    the eviction policies' attention mass a call at the 7B shape, 1 thread and all (bench/mass_bench.c)"
+	@echo "make bench-lsh     LASER-KV's SimHash recall a call at the 7B shape: the plain loops, the op on 1 thread and all (bench/lsh_bench.c)"
 	@echo "make clean      remove build outputs"
 
 bootstrap:
@@ -247,6 +248,15 @@ $(MASS_BENCH): $(OBJ)/bench/mass_bench.o $(LIB)
 
 bench-mass: $(MASS_BENCH)
 	./$(MASS_BENCH)
+
+# LASER-KV's SimHash recall a call, 7B shape
+LSH_BENCH := $(BUILD)/bench/lsh_bench
+$(LSH_BENCH): $(OBJ)/bench/lsh_bench.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
+bench-lsh: $(LSH_BENCH)
+	./$(LSH_BENCH)
 
 # The host's share of Quest's page selection, before and after the bounds op
 BOUNDS_BENCH := $(BUILD)/bench/bounds_bench

@@ -271,6 +271,32 @@ typedef struct be_mass {
     const int64_t *head_pages; /* [n_kv + 1] when n_kv > 1 */
 } be_mass;
 
+/* LASER-KV's recall by SimHash (engine/policy/laser.c): over one or several KV heads' pages (laid
+ * out as be_mass's), for each token at a position >= pos_min, hits[j] = the number of (round r,
+ * query code c) pairs where c, a code of the KV head's group of query rows in round r, equals the
+ * token's key's code in round r; 0 for the tokens below pos_min. A vector's code in round r has
+ * bit b set when its dot with plane r * bits + b is >= 0, the dot the floats of a plain loop in
+ * element order (each product rounded, then added; the key's halves widened exactly):
+ * kernels/lsh_kernels.h. Integers after the dots, so every backend gives the same hits. The query
+ * rows are read on the host. codes is the caller's room for the query codes, [n_kv][rounds][n_q *
+ * group]; the op leaves each (head, round)'s sorted. table names the page list for a device
+ * backend, as be_mass's (the same list under the same name sends nothing). */
+typedef struct be_lsh {
+    const float *q;            /* row t's query head h at q + t * q_stride + h * head_dim */
+    int64_t n_q, q_stride;
+    int first_head, group, head_dim;
+    const float *planes_t;     /* [head_dim][rounds * bits]: plane p's element i at i * rounds * bits + p */
+    int rounds, bits;          /* rounds <= LSH_MAX_ROUNDS, bits <= LSH_MAX_BITS, head_dim <= LSH_MAX_D */
+    const be_kv_page *pages;
+    int64_t n_pages;
+    int n_kv;                  /* KV heads (0 or 1: one, every page its) */
+    const int64_t *head_pages; /* [n_kv + 1] when n_kv > 1 */
+    int64_t pos_min;
+    uint32_t *codes;
+    int32_t *hits;             /* [the pages' tokens] */
+    uint64_t table;
+} be_lsh;
+
 typedef struct be_backend be_backend;
 
 typedef struct be_ops {
@@ -355,6 +381,10 @@ typedef struct be_ops {
      * pages instead of receiving the fresh pages whole at the next call that reads them. NULL: they
      * are sent then. */
     void (*page_moves)(be_backend *b, const be_page_move *m, int n);
+    /* LASER-KV's SimHash recall (be_lsh above); the answer is on the host when this returns,
+     * computed even after a device op failed (a policy evicts by it). NULL: the host's threads
+     * compute it (be_lsh_hits). */
+    void (*lsh_hits)(be_backend *b, const be_lsh *l);
 } be_ops;
 
 struct be_backend {
@@ -482,6 +512,17 @@ static inline void be_attention_seqs(be_backend *b, const be_attn *a, int n)
 static inline int be_failed(be_backend *b, char *err, size_t errlen)
 {
     return b->ops->failed ? b->ops->failed(b, err, errlen) : 0;
+}
+/* be_lsh on the host over b's host threads (be_host_run; b may be NULL): what a backend without
+ * its own lsh_hits gives. */
+void be_host_lsh_hits(be_backend *b, const be_lsh *l);
+/* Its first part alone: l->codes filled with the query rows' codes, each (head, round) sorted
+ * (a device backend codes the queries on the host and the keys where the pages are). */
+void be_host_lsh_query_codes(be_backend *b, const be_lsh *l);
+static inline void be_lsh_hits(be_backend *b, const be_lsh *l)
+{
+    if (b->ops->lsh_hits) b->ops->lsh_hits(b, l);
+    else be_host_lsh_hits(b, l);
 }
 /* Rows not in the cache yet (a->n_cur > 0: a deferred decode step's, or a prefill chunk's) as more
  * pages per KV head after that head's pages, the order the cache would give them, BE_CUR_ROWS rows a

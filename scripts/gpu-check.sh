@@ -5,9 +5,9 @@
 #   1. the machine (nvidia-smi), whether kvchat starts and whether it takes the GPU by default;
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
 #   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds, scores,
-#      key-means, attention-mass and selection tests and (a step of its own) the page rows' test,
-#      racecheck over the attention kernels' and the fused ops' tests, and synccheck over those, the
-#      key means' and the attention mass's;
+#      key-means, attention-mass, SimHash-recall and selection tests and (a step of its own) the page
+#      rows' test, racecheck over the attention kernels' and the fused ops' tests, and synccheck over
+#      those, the key means', the attention mass's and the SimHash recall's;
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
@@ -25,7 +25,8 @@
 #      (KVCHAT_CUDA_LAUNCHES=apart), with a prompt's rows sent up from the host (KVCHAT_CUDA_PAGE_ROWS=0),
 #      recorded as graphs (KVCHAT_CUDA_GRAPH=on), with the grouped kernel for prefill chunks, under the profiler, with
 #      and without Quest and CHESS, /compare's batch, full against CHESS aggressive at 32K, and
-#      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8).
+#      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8; TAKE and LASER-KV at
+#      32K under the profiler).
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
@@ -228,9 +229,9 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
-    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, selection)" 120 \
+    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, selection)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|a_selection_by_bounds*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|a_selection_by_bounds*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # a prompt's rows written into the page copies on the device: whole tiny-model runs, so a step
     # of its own (a timeout here leaves the others' results)
@@ -246,9 +247,9 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(flash_attention*|fused_ops*)'
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
-    step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass)" 90 \
+    step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall)" 90 \
         compute-sanitizer --tool synccheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(grouped_attention*|joined_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*)'
+        --filter 'cuda/@(grouped_attention*|joined_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
     say "- compute-sanitizer: not installed here"
@@ -384,6 +385,14 @@ for type in q4_k_m f16; do
                 --policy full,chess:preset=aggressive,quest --csv "$out/policy_results.csv"; then
                 say "  recorded as graphs, depth 32704, 32 tokens:"
                 awk '/^ +ctx +policy/ { on = 1 } /^peak RSS/ { on = 0 } on && NF { print "    " $0 }' "$tmp/last" >>"$summary"
+            fi
+            # LASER-KV at 32K under the op profiler: its SimHash recall on the device (lsh_hits,
+            # stage 5's ninth part; its blocks of 4,096 tokens each code every layer's keys once)
+            if step "policy mistral-7b-q4_k_m laser at 32K KVCHAT_PROFILE=1" 90 env KVCHAT_PROFILE=1 "$kv" bench -m "$m" \
+                --device cuda --ctx 32704 --gen 8 --policy laser --csv "$out/policy_results.csv"; then
+                say "  LASER-KV at depth 32704, 8 tokens, beside full's time to first token above:"
+                awk '/^ +ctx +policy/ || /^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^peak RSS/ || /^between ops/ { on = 0 }' \
+                    "$tmp/last" >>"$summary"
             fi
         fi
     fi

@@ -23,7 +23,6 @@
 #include "engine/policy/laser.h"
 #include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
-#include "common/quant.h"
 
 enum { P_BLOCK, P_BUDGET, P_PROTECT, P_ALPHA, P_ROUNDS, P_BITS, P_SEED, P_PROBE, P_COUNT };
 
@@ -44,7 +43,7 @@ typedef struct st_laser {
     double budget, alpha;
     uint64_t seed;
     int64_t row;
-    float *planes;           /* [rounds * bits][head_dim] */
+    float *planes_t;         /* [head_dim][rounds * bits]: the hyperplanes, transposed (be_lsh) */
     int64_t done_upto;       /* positions below this are settled memory (append-only) */
     int64_t block_start;     /* first position of the block being collected (look-back included) */
     float *exact, *lsh;      /* per position: scores summed over layers and heads for this block */
@@ -65,7 +64,7 @@ static void la_destroy(void *st)
 {
     st_laser *s = st;
     if (!s) return;
-    free(s->planes);
+    free(s->planes_t);
     free(s->exact);
     free(s->lsh);
     free(s);
@@ -85,16 +84,17 @@ static int la_create(void **out, const pol_env *env, const double *vals, char *e
     s->probe = (int)vals[P_PROBE];
     s->row = (int64_t)env->n_head * env->head_dim;
     s->last_global = env->n_global > 0 ? env->global[env->n_global - 1] : -1;
-    /* Gaussian hyperplanes (Box-Muller), reproducible for a seed */
-    size_t np = (size_t)s->rounds * (size_t)s->bits * (size_t)env->head_dim;
-    s->planes = malloc(sizeof(float) * np);
-    if (!s->planes) goto oom;
+    /* Gaussian hyperplanes (Box-Muller), reproducible for a seed: plane p's element i drawn p * D + i-th */
+    const size_t P = (size_t)s->rounds * (size_t)s->bits, D = (size_t)env->head_dim;
+    s->planes_t = malloc(sizeof(float) * P * D);
+    if (!s->planes_t) goto oom;
     uint64_t x = s->seed;
-    for (size_t i = 0; i < np; i++) {
-        double u1 = ((double)(splitmix(&x) >> 11) + 1.0) / 9007199254740993.0;
-        double u2 = (double)(splitmix(&x) >> 11) / 9007199254740992.0;
-        s->planes[i] = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
-    }
+    for (size_t p = 0; p < P; p++)
+        for (size_t i = 0; i < D; i++) {
+            double u1 = ((double)(splitmix(&x) >> 11) + 1.0) / 9007199254740993.0;
+            double u2 = (double)(splitmix(&x) >> 11) / 9007199254740992.0;
+            s->planes_t[i * P + p] = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+        }
     *out = s;
     return 0;
 oom:
@@ -105,19 +105,6 @@ oom:
 
 /* The engine's chunks, with the probe appended to every one but the last. */
 static pol_shape la_prefill_shape(void *st) { return (pol_shape){ 0, ((st_laser *)st)->probe }; }
-
-/* The SimHash code of one vector for round r: bits of sign(plane . v). */
-static uint32_t simhash(const st_laser *s, int r, const float *v, int D)
-{
-    uint32_t code = 0;
-    for (int b = 0; b < s->bits; b++) {
-        const float *pl = s->planes + ((size_t)r * (size_t)s->bits + (size_t)b) * (size_t)D;
-        float d = 0;
-        for (int i = 0; i < D; i++) d += pl[i] * v[i];
-        code |= (uint32_t)(d >= 0) << b;
-    }
-    return code;
-}
 
 int64_t laser_global_budget(double budget, int64_t block, int64_t T)
 {
@@ -165,52 +152,43 @@ static int grow(st_laser *s, int64_t n)
     return 0;
 }
 
-/* Add this layer's exact and LSH scores of the block's tokens (positions >= block_start). */
+/* Add this layer's exact and LSH scores of the block's tokens (positions >= block_start): the
+ * probe's attention mass and its SimHash hits, every KV head of the layer in one call of each
+ * backend op, over one page list. */
 static int score_layer(st_laser *s, const pol_env *env, int il, const float *qp, int64_t n_p, int64_t pp0)
 {
-    int D = env->head_dim, G = env->n_head / env->n_head_kv;
-    /* every KV head's mass in one call */
-    int64_t *tok0;
-    float *mass_all;
-    if (pol_layer_mass(env, il, qp, n_p, s->row, pp0, &mass_all, &tok0)) return -1;
-    for (int g = 0; g < env->n_head_kv; g++) {
-        const float *mass = mass_all + tok0[g];
-        float *kf = malloc(sizeof(float) * (size_t)D);
-        uint32_t *qcode = malloc(sizeof(uint32_t) * (size_t)(s->rounds * n_p * G));
-        if (!kf || !qcode) {
-            free(kf);
-            free(qcode);
-            free(tok0);
-            free(mass_all);
-            return -1;
-        }
-        for (int r = 0; r < s->rounds; r++)
-            for (int64_t t = 0; t < n_p; t++)
-                for (int hh = 0; hh < G; hh++)
-                    qcode[((size_t)r * (size_t)n_p + (size_t)t) * (size_t)G + (size_t)hh] =
-                        simhash(s, r, qp + t * s->row + (int64_t)(g * G + hh) * D, D);
-        int64_t j = 0;
-        int np = kv_n_pages(env->kv, il, g);
-        for (int i = 0; i < np; i++) {
-            const kv_page *p = kv_layer_page(env->kv, il, g, i);
-            for (int32_t t = 0; t < p->n; t++, j++) {
-                int64_t ps = p->pos[t];
-                if (ps < s->block_start) continue;
-                s->exact[ps] += mass[j];
-                for (int64_t d = 0; d < D; d++) kf[d] = quant_fp16_to_f32(p->k[(size_t)t * (size_t)D + (size_t)d]);
-                int hits = 0;
-                for (int r = 0; r < s->rounds; r++) {
-                    uint32_t kc = simhash(s, r, kf, D);
-                    for (int64_t k = 0; k < n_p * G; k++) hits += qcode[(size_t)r * (size_t)(n_p * G) + (size_t)k] == kc;
-                }
-                s->lsh[ps] += (float)hits / (float)(s->rounds * n_p * G);
-            }
-        }
-        free(kf);
-        free(qcode);
+    const int H = env->n_head_kv, G = env->n_head / H;
+    pol_layer_list l;
+    if (pol_layer_pages(env, il, &l)) return -1;
+    float *mass = NULL;
+    const int64_t T = l.tok0[H], nq = n_p * G;
+    int32_t *hits = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
+    uint32_t *codes = malloc(sizeof(uint32_t) * (size_t)H * (size_t)s->rounds * (size_t)(nq > 0 ? nq : 1));
+    if (!hits || !codes || pol_list_mass(env, &l, qp, n_p, s->row, pp0, &mass)) {
+        free(hits);
+        free(codes);
+        pol_layer_pages_free(&l);
+        return -1;
     }
-    free(tok0);
-    free(mass_all);
+    if (T > 0 && n_p > 0) {
+        be_lsh q = { qp, n_p, s->row, 0, G, env->head_dim, s->planes_t, s->rounds, s->bits, l.pages, l.hp[H], H, l.hp,
+                     s->block_start, codes, hits, l.table };
+        be_lsh_hits(env->b, &q);
+    }
+    const float per = (float)(s->rounds * n_p * G);   /* the pairs a token's key is compared with */
+    for (int64_t i = 0, j = 0; n_p > 0 && i < l.hp[H]; i++) {   /* the heads in order, as their pages */
+        const be_kv_page *p = &l.pages[i];
+        for (int32_t t = 0; t < p->n; t++, j++) {
+            int64_t ps = p->pos[t];
+            if (ps < s->block_start) continue;
+            s->exact[ps] += mass[j];
+            s->lsh[ps] += (float)hits[j] / per;
+        }
+    }
+    free(hits);
+    free(codes);
+    free(mass);
+    pol_layer_pages_free(&l);
     return 0;
 }
 

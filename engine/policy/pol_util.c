@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "common/logit_pick.h"
@@ -52,55 +53,81 @@ int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos)
     return T;
 }
 
-int pol_layer_mass(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
-                   float **mass_out, int64_t **tok0_out)
+int pol_layer_pages(const pol_env *env, int il, pol_layer_list *l)
+{
+    const int H = env->n_head_kv;
+    memset(l, 0, sizeof *l);
+    l->hp = malloc(sizeof(int64_t) * (size_t)(H + 1));
+    l->tok0 = malloc(sizeof(int64_t) * (size_t)(H + 1));
+    if (!l->hp || !l->tok0) goto fail;
+    l->hp[0] = 0;
+    for (int h = 0; h < H; h++) l->hp[h + 1] = l->hp[h] + kv_n_pages(env->kv, il, h);
+    l->pages = malloc(sizeof *l->pages * (size_t)(l->hp[H] > 0 ? l->hp[H] : 1));
+    if (!l->pages) goto fail;
+    l->tok0[0] = 0;
+    for (int h = 0; h < H; h++) {
+        l->tok0[h + 1] = l->tok0[h];
+        for (int64_t i = l->hp[h]; i < l->hp[h + 1]; i++) {
+            page_list_ref(&l->pages[i], kv_layer_page(env->kv, il, h, (int)(i - l->hp[h])), NULL, env->head_dim,
+                          kv_page_size(env->kv));
+            l->tok0[h + 1] += l->pages[i].n;
+        }
+        if (l->tok0[h + 1] - l->tok0[h] > l->most) l->most = l->tok0[h + 1] - l->tok0[h];
+    }
+    /* the list's name on a device backend: one per cache and layer */
+    l->table = ((uint64_t)(uintptr_t)env->kv * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)il << 32) ^ 0x6d61u;
+    return 0;
+fail:
+    pol_layer_pages_free(l);
+    return -1;
+}
+
+void pol_layer_pages_free(pol_layer_list *l)
+{
+    free(l->pages);
+    free(l->hp);
+    free(l->tok0);
+    memset(l, 0, sizeof *l);
+}
+
+int pol_list_mass(const pol_env *env, const pol_layer_list *l, const float *q, int64_t n, int64_t q_stride,
+                  int64_t qpos0, float **mass_out)
 {
     const int H = env->n_head_kv, G = env->n_head / H;
-    int64_t *hp = malloc(sizeof(int64_t) * (size_t)(H + 1)), *tok0 = malloc(sizeof(int64_t) * (size_t)(H + 1));
-    be_kv_page *pages = NULL;
-    float *mass = NULL, *work = NULL;
+    float *mass = calloc((size_t)(l->tok0[H] > 0 ? l->tok0[H] : 1), sizeof(float)), *work = NULL;
     *mass_out = NULL;
-    *tok0_out = NULL;
-    if (!hp || !tok0) goto fail;
-    hp[0] = 0;
-    for (int h = 0; h < H; h++) hp[h + 1] = hp[h] + kv_n_pages(env->kv, il, h);
-    pages = malloc(sizeof *pages * (size_t)(hp[H] > 0 ? hp[H] : 1));
-    if (!pages) goto fail;
-    int64_t most = 0;   /* the most tokens a head holds */
-    tok0[0] = 0;
-    for (int h = 0; h < H; h++) {
-        tok0[h + 1] = tok0[h];
-        for (int64_t i = hp[h]; i < hp[h + 1]; i++) {
-            page_list_ref(&pages[i], kv_layer_page(env->kv, il, h, (int)(i - hp[h])), NULL, env->head_dim,
-                          kv_page_size(env->kv));
-            tok0[h + 1] += pages[i].n;
-        }
-        if (tok0[h + 1] - tok0[h] > most) most = tok0[h + 1] - tok0[h];
-    }
-    mass = calloc((size_t)(tok0[H] > 0 ? tok0[H] : 1), sizeof(float));
-    if (!mass) goto fail;
+    if (!mass) return -1;
     /* room for up to 64 query rows' weights side by side (the backend's threads take a row each),
      * fewer where memory is short, one row's at least */
     int64_t rows = n * G < 64 ? n * G : 64;
-    while (most > 0 && rows >= 1 && !(work = malloc(sizeof(float) * (size_t)(rows * most)))) rows /= 2;
-    if (most > 0 && n > 0 && !work) goto fail;
-    /* the list's name on a device backend: one per cache and layer */
-    uint64_t table = ((uint64_t)(uintptr_t)env->kv * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)il << 32) ^ 0x6d61u;
-    be_mass m = { q, n, q_stride, qpos0, 0, G, env->head_dim, pages, hp[H], mass, work, rows * most, table, H, hp };
-    if (tok0[H] > 0 && n > 0) env->b->ops->attn_mass(env->b, &m);
-    free(pages);
+    while (l->most > 0 && rows >= 1 && !(work = malloc(sizeof(float) * (size_t)(rows * l->most)))) rows /= 2;
+    if (l->most > 0 && n > 0 && !work) {
+        free(mass);
+        return -1;
+    }
+    be_mass m = { q, n, q_stride, qpos0, 0, G, env->head_dim, l->pages, l->hp[H], mass, work, rows * l->most, l->table,
+                  H, l->hp };
+    if (l->tok0[H] > 0 && n > 0) env->b->ops->attn_mass(env->b, &m);
     free(work);
-    free(hp);
     *mass_out = mass;
-    *tok0_out = tok0;
     return 0;
-fail:
-    free(hp);
-    free(tok0);
-    free(pages);
-    free(mass);
-    free(work);
-    return -1;
+}
+
+int pol_layer_mass(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0,
+                   float **mass_out, int64_t **tok0_out)
+{
+    pol_layer_list l;
+    *mass_out = NULL;
+    *tok0_out = NULL;
+    if (pol_layer_pages(env, il, &l)) return -1;
+    if (pol_list_mass(env, &l, q, n, q_stride, qpos0, mass_out)) {
+        pol_layer_pages_free(&l);
+        return -1;
+    }
+    *tok0_out = l.tok0;
+    l.tok0 = NULL;
+    pol_layer_pages_free(&l);
+    return 0;
 }
 
 /* The k-th largest of key[0..n) (distinct, 1 <= k <= n), the array reordered: a quickselect with a

@@ -11,6 +11,18 @@
  * index first), and sort those k ascending by index. Returns min(k, n). */
 int pol_top_k(int *idx, int n, const float *score, int k);
 
+/* Layer il's pages as a backend reads them, every KV head's in order: pages[hp[g] .. hp[g + 1]) head
+ * g's, tok0[g] the tokens of the heads before head g (tok0[n_head_kv]: all), most the most tokens a
+ * head holds, table the list's name for a device backend (one per cache and layer). */
+typedef struct pol_layer_list {
+    be_kv_page *pages;
+    int64_t *hp, *tok0;
+    int64_t most;
+    uint64_t table;
+} pol_layer_list;
+/* 0, or -1 when out of memory (nothing held). */
+int pol_layer_pages(const pol_env *env, int il, pol_layer_list *l);
+void pol_layer_pages_free(pol_layer_list *l);
 /* Attention mass, every KV head of layer il in one call (one wait on a device backend), into arrays
  * of its own, the caller's to free: *tok0 [n_head_kv + 1] (tok0[g]: the tokens of the heads before
  * head g; tok0[n_head_kv]: all) and *mass, where mass[tok0[g] + j] (j: token index in head g's
@@ -22,6 +34,10 @@ int pol_top_k(int *idx, int n, const float *score, int k);
  * (both NULL). */
 int pol_layer_mass(const pol_env *env, int il, const float *q, int64_t n, int64_t q_stride, int64_t qpos0, float **mass,
                    int64_t **tok0);
+/* pol_layer_mass over a list pol_layer_pages made: *mass [l->tok0[n_head_kv]], the caller's. 0, or
+ * -1 when out of memory. */
+int pol_list_mass(const pol_env *env, const pol_layer_list *l, const float *q, int64_t n, int64_t q_stride,
+                  int64_t qpos0, float **mass);
 /* Tokens in head g of layer il, and their positions in table order into pos (NULL: count only). */
 int64_t pol_head_positions(const pol_env *env, int il, int g, int32_t *pos);
 /* out[j] = max (or mean, when avg) of x over [j - kernel/2, j + kernel/2] clipped to [0, n). */

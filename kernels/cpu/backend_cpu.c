@@ -1118,6 +1118,7 @@ static const be_ops cpu_ops = {
     .key_means = cpu_key_means,
     .attn_mass = cpu_attn_mass,
     .host_pool = be_cpu_pool,
+    .lsh_hits = be_host_lsh_hits,
 };
 
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)

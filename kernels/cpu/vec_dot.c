@@ -705,6 +705,18 @@ void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y)
     for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_fp16(x[i]);
 }
 
+void vd_plane_dots(int64_t n, int64_t P, const float *pt, const float *x, float *out)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) { vd_plane_dots_avx2(n, P, pt, x, out); return; }
+#endif
+    for (int64_t p = 0; p < P; p++) out[p] = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float xi = x[i], *row = pt + i * P;
+        for (int64_t p = 0; p < P; p++) out[p] += row[p] * xi;
+    }
+}
+
 void vd_key_summary(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx)
 {
 #if VD_HAVE_AVX2_BUILD

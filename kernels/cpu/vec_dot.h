@@ -106,6 +106,13 @@ void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y);
  * the floats are those of one row at a time. */
 void vd_key_summary(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx);
 
+/* P dot products of one vector x[0 .. n) side by side: out[p] = x[0] * pt[p] + x[1] * pt[P + p] + ...
+ * added in element order, each product rounded before it is added (no fused multiply-add): the
+ * floats of a plain loop over one plane at a time. pt holds the planes transposed ([n][P]: plane
+ * p's element i at pt[i * P + p]), so the lanes run over planes (LASER-KV's SimHash codes,
+ * kernels/lsh_kernels.h). */
+void vd_plane_dots(int64_t n, int64_t P, const float *pt, const float *x, float *out);
+
 /* sum_i max(q[i] * lo[i], q[i] * hi[i]): the largest q.k over keys k with lo <= k <= hi (Quest's bound). */
 float vd_bound_f32(int64_t n, const float *q, const float *lo, const float *hi);
 

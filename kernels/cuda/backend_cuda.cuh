@@ -5,10 +5,11 @@
  * Each op's kernels and launches live in the file named after it (the CPU side's name where it has
  * one): vec_dot.cu and vec_gemm.cu (matmul: decode kernels, cuBLAS for many tokens), attn_rows.cu
  * (attention), pick.cu, elementwise.cu (rmsnorm, qk_rope, glu, add_norm, get_rows), scores.cu,
- * key_means.cu, attn_mass.cu, bound_pages.cu and page_rows.cu; backend_cuda.cu holds the op table, the backend's
- * life, its staging, the weights' upload and the KV page copies. Each file compiles on its own (no
- * relocatable device code): a kernel is launched only from its own file, and what another file
- * needs of it is a host function declared here (to_half, gemm, pick_k_best). */
+ * key_means.cu, attn_mass.cu, lsh_hits.cu, bound_pages.cu and page_rows.cu; backend_cuda.cu holds
+ * the op table, the backend's life, its staging, the weights' upload and the KV page copies. Each
+ * file compiles on its own (no relocatable device code): a kernel is launched only from its own
+ * file, and what another file needs of it is a host function declared here (to_half, gemm,
+ * pick_k_best). */
 #ifndef KVCHAT_BACKEND_CUDA_CUH
 #define KVCHAT_BACKEND_CUDA_CUH
 
@@ -165,6 +166,8 @@ typedef struct cuda_impl {
     float *h_ms;               /* page-locked: the sums on their way back */
     size_t cap_ms_e, cap_ms_factor, cap_ms_acc, cap_h_ms;
     void *ms_host;             /* the queries packed and the pages' first tokens, before staging */
+    int32_t *lsh_hits, *h_lsh; /* the SimHash recall's hits, on the device and page-locked on their way back */
+    size_t cap_lsh_hits, cap_h_lsh;
     size_t cap_ms_host;
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
@@ -282,5 +285,6 @@ void cuda_attn_mass(be_backend *b, const be_mass *m);
 void cuda_bound_pages(be_backend *b, be_bounds *r);
 void cuda_page_rows(be_backend *b, const be_page_rows *r, int n);
 void cuda_page_moves(be_backend *b, const be_page_move *m, int n);
+void cuda_lsh_hits(be_backend *b, const be_lsh *l);
 
 #endif

@@ -28,6 +28,7 @@
 #include "kernels/op_profile.h"
 #include "kernels/attn_group.h"
 #include "kernels/attn_flash.h"
+#include "kernels/lsh_kernels.h"
 #include "engine/generate.h"
 #include "engine/run.h"
 #include "engine/tokenizer.h"
@@ -2802,6 +2803,93 @@ Test(cuda, the_attention_mass_on_the_device_is_the_cpus_bit_for_bit)
     mass_rounds(128, 32, 5);
     mass_rounds(100, 32, 2);
     mass_rounds(128, 1100, 1);   /* 4,400 rows x about 3,200 tokens: past a pass's 8M scores */
+}
+
+/* LASER-KV's SimHash recall at head dimension D, `rounds` rounds of `bits` bits and NQ probe rows (4
+ * query heads a KV head, 2 KV heads, pages of 32) on the device and on the CPU, through three
+ * rounds of cache changes (tokens evicted: pages rewritten; more appended). */
+static void lsh_rounds(int D, int rounds, int bits, int NQ)
+{
+    enum { H = 2, P = 32, G = 4 };
+    char err[512];
+    kv_cache *kv = kv_create(1, 8192, H, D, P, NULL, err, sizeof err);
+    cr_assert(kv, "%s", err);
+    uint64_t r = rnd();
+    fwd_fixture_wide_keys(kv, 1, 1500 + (int64_t)(rnd() % 200), &r);
+    const int64_t stride = (int64_t)H * G * D, np_planes = (int64_t)rounds * bits;
+    float *q = malloc(sizeof(float) * (size_t)(NQ * stride)), *pt = malloc(sizeof(float) * (size_t)(np_planes * D));
+    uint32_t *codes = malloc(sizeof(uint32_t) * (size_t)(H * rounds * NQ * G));
+    cr_assert(q && pt && codes);
+    for (int64_t i = 0; i < NQ * stride; i++) q[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 4000.0f;
+    for (int64_t i = 0; i < np_planes * D; i++) pt[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.0f;
+    for (int round = 0; round < 3; round++) {
+        if (round == 1)   /* every third token kept: each head's pages rewritten */
+            for (int g = 0; g < H; g++) {
+                int64_t n = kv_head_tokens(kv, 0, g), nk = 0;
+                int64_t *keep = malloc(sizeof(int64_t) * (size_t)n);
+                cr_assert(keep);
+                for (int64_t j = 0; j < n; j += 3) keep[nk++] = j;
+                cr_assert(kv_keep_tokens(kv, 0, g, keep, nk) == 0);
+                free(keep);
+            }
+        if (round == 2) fwd_fixture_wide_keys(kv, 1, 300, &r);
+        for (int call = 0; call <= H; call++) {   /* each KV head alone, then both in one call */
+            const int g = call < H ? call : 0, nk = call < H ? 1 : H;
+            int64_t hp[H + 1] = { 0 };
+            for (int h = 0; h < nk; h++) hp[h + 1] = hp[h] + kv_n_pages(kv, 0, g + h);
+            int np = (int)hp[nk];
+            be_kv_page *pages = malloc(sizeof *pages * (size_t)np);
+            cr_assert(pages);
+            int64_t T = 0;
+            for (int h = 0; h < nk; h++)
+                for (int i = 0; i < hp[h + 1] - hp[h]; i++) {
+                    page_list_ref(&pages[hp[h] + i], kv_layer_page(kv, 0, g + h, i), NULL, D, P);
+                    T += pages[hp[h] + i].n;
+                }
+            int32_t *want = malloc(sizeof(int32_t) * (size_t)T), *got = malloc(sizeof(int32_t) * (size_t)T);
+            cr_assert(want && got);
+            be_lsh l = { q, NQ, stride, g * G, G, D, pt, rounds, bits, pages, np, nk > 1 ? nk : 0, nk > 1 ? hp : NULL,
+                         pages[0].pos[pages[0].n - 1], codes, want, 0x15Bu + (uint64_t)call };
+            cpu->ops->lsh_hits(cpu, &l);
+            int64_t any = 0;
+            for (int64_t j = 0; j < T; j++) any += want[j];
+            cr_expect(any > 0, "D %d, round %d, call %d: no hit at all", D, round, call);
+            l.hits = got;
+            if (round == 0) gpu->ops->lsh_hits(gpu, &l);   /* the first call grows the staging area (a wait, once) */
+            for (int64_t j = 0; j < T; j++) got[j] = -7;
+            uint64_t w0, w1, up, down;
+            gpu->ops->counters(gpu, &w0, &up, &down);
+            gpu->ops->lsh_hits(gpu, &l);
+            gpu->ops->counters(gpu, &w1, &up, &down);
+            cr_assert_eq(be_failed(gpu, err, sizeof err), 0, "%s", err);
+            const uint64_t waits = D <= LSH_DEV_MAX_D ? 1 : 0;   /* past the kernel's tile: the CPU's, no wait */
+            cr_expect_eq(w1 - w0, waits, "D %d, round %d, call %d: %llu waits", D, round, call,
+                         (unsigned long long)(w1 - w0));
+            int bad = 0;
+            for (int64_t j = 0; j < T; j++) bad += got[j] != want[j];
+            cr_expect_eq(bad, 0, "D %d, round %d, call %d (%d KV heads): %d of %lld tokens' hits differ from the CPU's",
+                         D, round, call, nk, bad, (long long)T);
+            free(pages);
+            free(want);
+            free(got);
+        }
+    }
+    free(q);
+    free(pt);
+    free(codes);
+    kv_free(kv);
+}
+
+/* LASER-KV's SimHash recall on the device (keys coded from its copies of the pages, each call's list
+ * under its name) against the CPU backend's: the same hits, with one wait a call, for each KV head
+ * alone and both in one call, after evictions and appends; at the 7B shape, at Gemma's head
+ * dimension with 64 rounds, and past the kernel's shared tile (the CPU's hits, no wait). */
+Test(cuda, lsh_hits_on_the_device_are_the_cpus)
+{
+    seed_rng("lsh_hits");
+    lsh_rounds(128, 8, 8, 32);
+    lsh_rounds(256, 64, 3, 4);
+    lsh_rounds(320, 4, 8, 8);
 }
 
 /* Forks of one prefilled context on the GPU decoded alone and as one batch (fwd_decode_batch): each
