@@ -542,3 +542,64 @@ Test(faults, every_allocation_failure_in_a_spread_append_or_eviction_leaves_the_
     free(keep);
     be_free(b);
 }
+
+/* LASER-KV's block (its probe's mass and SimHash recall a global layer, then the choice), with the
+ * Nth allocation failing: each run either fails with a message or keeps what the run without a
+ * failure keeps (the recall's table, where it cannot be had, gives way to its binary searches: the
+ * same hits). `make asan` checks that every failure path frees what it made. */
+Test(faults, every_allocation_failure_in_laser_s_block_is_an_error_or_its_choice, .timeout = 600)
+{
+    enum { H = 2, NH = 4, D = 8, T = 64, NP = 4 };
+    char err[512];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    int global[1] = { 0 };   /* one global layer: its recall alone decides (a wrong count shows) */
+    pol_spec spec;
+    cr_assert(pol_parse(&spec, "laser:block=64,budget=0.25,protect=4,alpha=0,seed=3,rounds=3,bits=4", NULL, err,
+                        sizeof err) == 0, "%s", err);
+    float *q = malloc(sizeof(float) * (T + NP) * NH * D);
+    cr_assert(q);
+    for (int i = 0; i < (T + NP) * NH * D; i++) q[i] = (float)((i * 29) % 97) / 48.0f - 1.0f;
+    bytes_w want = { 0 };
+    long n, reached = 1, failed = 0;
+    for (n = 0; n < 600 && reached; n++) {   /* n = 0: no failure, the choice the others must give */
+        kv_cache *kv = kv_create(2, 4096, H, D, 4, NULL, err, sizeof err);
+        cr_assert(kv, "%s", err);
+        pol_env env = { kv, b, NH, H, D, global, 1, NULL, 0, NULL, NULL, NULL };
+        uint64_t r = 0x1A5E;
+        fwd_fixture_random_keys(kv, 2, T, &r);
+        pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        pol_chunk c = { q, T, 0, NP, T, pol_set_probe_tokens(ps), 1, 0 };
+        n_calls = 0;
+        fault_at = n;
+        err[0] = 0;
+        int rc = pol_set_layer_done(ps, 0, &c, err, sizeof err);
+        reached = n == 0 || n_calls >= n;
+        fault_at = 0;
+        bytes_w img = { 0 };
+        kv_save(kv, &img);
+        cr_assert(!img.err);
+        if (n == 0) {
+            cr_assert_eq(rc, 0, "%s", err);
+            cr_assert(kv_head_tokens(kv, 0, 0) < T, "nothing was evicted");
+            want = img;
+        } else {
+            if (rc) {
+                failed++;
+                cr_expect(err[0] != 0, "allocation %ld failed without a message", n);
+            } else {
+                cr_expect(img.n == want.n && !memcmp(img.p, want.p, img.n),
+                          "allocation %ld failed and the block kept something else", n);
+            }
+            bw_free(&img);
+        }
+        pol_set_free(ps);
+        kv_free(kv);
+    }
+    cr_log_info("laser: %ld allocations a block, %ld runs failed", n - 2, failed);
+    cr_expect_gt(failed, 0, "no allocation failure was reached");
+    bw_free(&want);
+    free(q);
+    be_free(b);
+}
