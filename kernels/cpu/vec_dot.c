@@ -708,7 +708,9 @@ void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y)
 void vd_plane_dots(int64_t n, int64_t P, const float *pt, const float *x, float *out)
 {
 #if VD_HAVE_AVX2_BUILD
-    if (use_simd()) { vd_plane_dots_avx2(n, P, pt, x, out); return; }
+    vd_isa isa = vd_isa_active();
+    if (isa == VD_ISA_AVX512) { vd_plane_dots_avx512(n, P, pt, x, out); return; }
+    if (isa >= VD_ISA_AVX2) { vd_plane_dots_avx2(n, P, pt, x, out); return; }
 #endif
     for (int64_t p = 0; p < P; p++) out[p] = 0.0f;
     for (int64_t i = 0; i < n; i++) {

@@ -1,6 +1,6 @@
 /* vec_dot_avx512.c - AVX-512 (F/BW/VL/DQ) + AVX512-VNNI kernels: the prefill panel products of 16
  * weight rows (one 32-bit lane per row) times many tokens, for Q4_0/Q5_0/Q8_0 and Q4_K/Q5_K/Q6_K,
- * and the blocked attention's score and value-accumulation kernels.
+ * the blocked attention's score and value-accumulation kernels, and LASER-KV's planes' dots.
  *
  * The only file built with the AVX-512 flags; nothing here may run before vec_dot.c has found the
  * CPU and OS support (vd_isa_active() == VD_ISA_AVX512). The panel products are the template of
@@ -162,6 +162,36 @@ void vd_attn_accum_avx512(int D, int nk, int nr, int rp, const float *p, const f
     }
 }
 
+/* vd_plane_dots with 16 planes a vector: four vectors a pass (64 planes), then one at a time, the
+ * last masked; a product, then an add (never fused: the portable twin's floats). Half the AVX2
+ * version's operations a plane. */
+void vd_plane_dots_avx512(int64_t n, int64_t P, const float *pt, const float *x, float *out)
+{
+    int64_t p = 0;
+    for (; p + 64 <= P; p += 64) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t i = 0; i < n; i++) {
+            const __m512 xi = _mm512_set1_ps(x[i]);
+            const float *row = pt + i * P + p;
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(_mm512_loadu_ps(row), xi));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_loadu_ps(row + 16), xi));
+            a2 = _mm512_add_ps(a2, _mm512_mul_ps(_mm512_loadu_ps(row + 32), xi));
+            a3 = _mm512_add_ps(a3, _mm512_mul_ps(_mm512_loadu_ps(row + 48), xi));
+        }
+        _mm512_storeu_ps(out + p, a0);
+        _mm512_storeu_ps(out + p + 16, a1);
+        _mm512_storeu_ps(out + p + 32, a2);
+        _mm512_storeu_ps(out + p + 48, a3);
+    }
+    for (; p < P; p += 16) {
+        const __mmask16 m = P - p >= 16 ? 0xffff : (__mmask16)((1u << (P - p)) - 1);
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i++)
+            a = _mm512_add_ps(a, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, pt + i * P + p), _mm512_set1_ps(x[i])));
+        _mm512_mask_storeu_ps(out + p, m, a);
+    }
+}
+
 #else
 /* Not x86-64 (the Makefile builds this file with the AVX-512 flags there): nothing to offer. */
 const vd_gemm *vd_gemm_avx512(uint32_t wtype)
@@ -177,5 +207,9 @@ void vd_attn_accum_avx512(int d_head, int nk, int nr, int rp, const float *p, co
                           float *o)
 {
     (void)d_head, (void)nk, (void)nr, (void)rp, (void)p, (void)vb, (void)corr, (void)o;
+}
+void vd_plane_dots_avx512(int64_t n, int64_t P, const float *pt, const float *x, float *out)
+{
+    (void)n, (void)P, (void)pt, (void)x, (void)out;
 }
 #endif

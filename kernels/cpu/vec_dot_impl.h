@@ -140,6 +140,7 @@ float vd_dot_f32_f16_avx2(int64_t n, const float *a, const uint16_t *b);
 void vd_axpy_f16_avx2(int64_t n, float a, const uint16_t *x, float *y);
 void vd_f32_to_f16_avx2(int64_t n, const float *x, uint16_t *y);
 void vd_plane_dots_avx2(int64_t n, int64_t P, const float *pt, const float *x, float *out);
+void vd_plane_dots_avx512(int64_t n, int64_t P, const float *pt, const float *x, float *out);
 void vd_key_summary_avx2(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx);
 
 void vd_quantize_q8_0_avx2(const float *x, void *dst, int64_t n);
