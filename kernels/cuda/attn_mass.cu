@@ -92,16 +92,6 @@ __global__ void __launch_bounds__(MS_ADD_THREADS) mass_add_kernel(const float *e
 /* Floats of scores a pass holds on the device (32 MiB): the rows run in passes of at most this many. */
 #define MS_WORK_FLOATS ((int64_t)1 << 23)
 
-/* The mass found the device or page-locked memory short (not a device error): what fail() recorded
- * for it is taken back, since the CPU computes the mass instead and the run goes on. Only for a call
- * that began with no failure recorded. Returns 1. */
-static int mass_short(cuda_impl *ci)
-{
-    ci->failed = 0;
-    ci->fail_msg[0] = 0;
-    return 1;
-}
-
 /* On the device from its copies of the pages (the list kept under m->table, as attention's), the
  * queries from where they are (bound: on the device; else only the heads' packed and sent), the
  * sums sent, added to and brought back: one wait. 0; 1 when memory for it was short (nothing
@@ -113,18 +103,9 @@ static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
     const int64_t rows = m->n_q * m->group, D = m->head_dim, np = m->n_pages, hq = (int64_t)H * m->group;
     int64_t hp1[2] = { 0, np };
     const int64_t *hp = m->n_kv > 1 ? m->head_pages : hp1;
-    if (ci->batch.n && send_batch(ci)) return -1;
     pt_call pl;
-    int rc = pt_build(&ci->tables, m->table, 0, m->pages, np, hp, H, NULL, &pl);
-    if (rc != PT_OK) {
-        if (ci->failed || rc == PT_BAD_LIST) {   /* an upload that could not be queued, or a bad list */
-            tables_failed(ci, rc);
-            return -1;
-        }
-        lose_batch(ci);
-        return 1;
-    }
-    if (send_batch(ci)) return -1;
+    const int lc = policy_list(ci, m->table, m->pages, np, hp, H, &pl);
+    if (lc) return lc;
     const size_t qspan = sizeof(float) * (size_t)((m->n_q - 1) * m->q_stride + (m->first_head + hq) * D);
     const int q_bound = bound(ci, m->q, qspan);
     const size_t fb = sizeof(int64_t) * (size_t)(np + H + 1), ab = sizeof(float) * (size_t)T;
@@ -152,7 +133,7 @@ static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
     if (grow_dev(ci, (void **)&ci->ms_e, &ci->cap_ms_e, sizeof(float) * (size_t)(per * T)) ||
         grow_dev(ci, (void **)&ci->ms_factor, &ci->cap_ms_factor, sizeof(float) * (size_t)(per * H)) ||
         grow_dev(ci, (void **)&ci->ms_acc, &ci->cap_ms_acc, ab) || grow_host(ci, (void **)&ci->h_ms, &ci->cap_h_ms, ab))
-        return mass_short(ci);   /* only allocations failed (each leaves its buffer empty) */
+        return scratch_short(ci);   /* only allocations failed (each leaves its buffer empty) */
     if (stage_reserve(ci, stage_size(fb) + stage_size(ab) + stage_size(qb))) return -1;
     const int64_t *d_first = (const int64_t *)stage(ci, first, fb), *d_tok0 = d_first ? d_first + np : NULL;
     r.q = q_bound ? (const float *)am_dev_in(&ci->act, m->q, qspan) : (const float *)stage(ci, tok0 + H + 1, qb);

@@ -706,6 +706,36 @@ void tables_failed(cuda_impl *ci, int rc)
     lose_batch(ci);
 }
 
+/* A layer's page list a policy's op reads whole (the attention mass, the SimHash recall), under its
+ * name: the upload batch before it sent, the list's descriptors built (its pages' copies brought up
+ * to date) and sent. 0; 1 when memory for it was short (nothing recorded, the batch dropped: the
+ * pages go up whole at their next use); -1 with the failure recorded. */
+int policy_list(cuda_impl *ci, uint64_t table, const be_kv_page *pages, int64_t np, const int64_t *hp, int H,
+                pt_call *pl)
+{
+    if (ci->batch.n && send_batch(ci)) return -1;
+    int rc = pt_build(&ci->tables, table, 0, pages, np, hp, H, NULL, pl);
+    if (rc != PT_OK) {
+        if (ci->failed || rc == PT_BAD_LIST) {   /* an upload that could not be queued, or a bad list */
+            tables_failed(ci, rc);
+            return -1;
+        }
+        lose_batch(ci);
+        return 1;
+    }
+    return send_batch(ci) ? -1 : 0;
+}
+
+/* A policy's op found device or page-locked memory short for its scratch (not a device error): what
+ * fail() recorded for it is taken back, since the CPU computes the answer instead and the run goes
+ * on. Only for a call that began with no failure recorded. Returns 1. */
+int scratch_short(cuda_impl *ci)
+{
+    ci->failed = 0;
+    ci->fail_msg[0] = 0;
+    return 1;
+}
+
 static int cuda_failed(be_backend *b, char *err, size_t errlen)
 {
     cuda_impl *ci = impl_of(b);

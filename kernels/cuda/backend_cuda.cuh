@@ -251,6 +251,11 @@ int send_batch(cuda_impl *ci);
 /* send_batch, and a then b (n values each) rounded to f16 into y[0, 2n) by the same launch */
 int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, int64_t n);
 void tables_failed(cuda_impl *ci, int rc);
+/* A policy's page list on the device (0; 1: memory short, nothing recorded; -1: failed), and the
+ * failure a scratch allocation recorded taken back (returns 1), the CPU then answering. */
+int policy_list(cuda_impl *ci, uint64_t table, const be_kv_page *pages, int64_t np, const int64_t *hp, int H,
+                pt_call *pl);
+int scratch_short(cuda_impl *ci);
 
 /* vec_dot.cu: where a producer of n floats at the twin dx in `rows` rows (-1: not known) writes
  * their 8-bit codes (scales into *xd, block sums into *xs), or NULL when no decode product would

@@ -59,18 +59,9 @@ static int lsh_dev(cuda_impl *ci, const be_lsh *l, int64_t T)
     const int64_t np = l->n_pages, nq = l->n_q * l->group;
     int64_t hp1[2] = { 0, np };
     const int64_t *hp = l->n_kv > 1 ? l->head_pages : hp1;
-    if (ci->batch.n && send_batch(ci)) return -1;
     pt_call pl;
-    int rc = pt_build(&ci->tables, l->table, 0, l->pages, np, hp, H, NULL, &pl);
-    if (rc != PT_OK) {
-        if (ci->failed || rc == PT_BAD_LIST) {   /* an upload that could not be queued, or a bad list */
-            tables_failed(ci, rc);
-            return -1;
-        }
-        lose_batch(ci);
-        return 1;
-    }
-    if (send_batch(ci)) return -1;
+    const int lc = policy_list(ci, l->table, l->pages, np, hp, H, &pl);
+    if (lc) return lc;
     be_host_lsh_query_codes(ci->cpu, l);   /* while the pages go up */
     const size_t fb = sizeof(int64_t) * (size_t)(np + H + 1), pb = sizeof(float) * (size_t)P * (size_t)D,
                  cb = sizeof(uint32_t) * (size_t)H * (size_t)l->rounds * (size_t)nq, hb = sizeof(int32_t) * (size_t)T;
@@ -83,11 +74,8 @@ static int lsh_dev(cuda_impl *ci, const be_lsh *l, int64_t T)
     int64_t *first = (int64_t *)ci->ms_host, *tok0 = first + np;
     ms_offsets(l->pages, hp, H, first, tok0);
     if (grow_dev(ci, (void **)&ci->lsh_hits, &ci->cap_lsh_hits, hb) ||
-        grow_host(ci, (void **)&ci->h_lsh, &ci->cap_h_lsh, hb)) {
-        ci->failed = 0;   /* only allocations failed: the CPU computes the hits and the run goes on */
-        ci->fail_msg[0] = 0;
-        return 1;
-    }
+        grow_host(ci, (void **)&ci->h_lsh, &ci->cap_h_lsh, hb))
+        return scratch_short(ci);   /* only allocations failed: the CPU computes the hits */
     if (stage_reserve(ci, stage_size(fb) + stage_size(pb) + stage_size(cb))) return -1;
     const int64_t *d_first = (const int64_t *)stage(ci, first, fb);
     const float *d_planes = (const float *)stage(ci, l->planes_t, pb);
