@@ -2685,31 +2685,68 @@ Test(cuda, selection_policies_decode_the_same_with_the_bounds_on_the_device)
     }
 }
 
+/* One layer of H KV heads in pages of P, 1,500-1,700 tokens of keys of many magnitudes; *r the
+ * generator the test goes on with. */
+static kv_cache *wide_cache(int H, int D, int P, uint64_t *r)
+{
+    char err[512];
+    kv_cache *kv = kv_create(1, 8192, H, D, P, NULL, err, sizeof err);
+    cr_assert(kv, "%s", err);
+    *r = rnd();
+    fwd_fixture_wide_keys(kv, 1, 1500 + (int64_t)(rnd() % 200), r);
+    return kv;
+}
+
+/* Every third token of layer 0's KV heads kept: each head's pages rewritten (new generations). */
+static void keep_every_third(kv_cache *kv, int H)
+{
+    for (int g = 0; g < H; g++) {
+        int64_t n = kv_head_tokens(kv, 0, g), nk = 0;
+        int64_t *keep = malloc(sizeof(int64_t) * (size_t)n);
+        cr_assert(keep);
+        for (int64_t j = 0; j < n; j += 3) keep[nk++] = j;
+        cr_assert(kv_keep_tokens(kv, 0, g, keep, nk) == 0);
+        free(keep);
+    }
+}
+
+/* Layer 0's pages of KV heads g .. g + nk - 1 as one list, head h's from hp[h] (hp: nk + 1
+ * offsets), malloc'd; *T their tokens, *last the latest position, *biased the pages with a bias. */
+static be_kv_page *heads_list(kv_cache *kv, int g, int nk, int D, int P, int64_t *hp, int64_t *T, int32_t *last,
+                              int *biased)
+{
+    hp[0] = 0;
+    for (int h = 0; h < nk; h++) hp[h + 1] = hp[h] + kv_n_pages(kv, 0, g + h);
+    be_kv_page *pages = malloc(sizeof *pages * (size_t)(hp[nk] > 0 ? hp[nk] : 1));
+    cr_assert(pages);
+    *T = 0;
+    *last = 0;
+    for (int h = 0; h < nk; h++)
+        for (int i = 0; i < hp[h + 1] - hp[h]; i++) {
+            be_kv_page *e = &pages[hp[h] + i];
+            page_list_ref(e, kv_layer_page(kv, 0, g + h, i), NULL, D, P);
+            *T += e->n;
+            *biased += e->bias != NULL;
+            if (e->n && e->pos[e->n - 1] > *last) *last = e->pos[e->n - 1];
+        }
+    return pages;
+}
+
 /* The attention mass of head dimension D and NQ query rows a position (4 query heads a KV head, 2
  * KV heads, pages of 32) through `rounds` rounds of cache changes, on the device and on the CPU. */
 static void mass_rounds(int D, int NQ, int rounds)
 {
     enum { H = 2, P = 32, G = 4 };
     char err[512];
-    kv_cache *kv = kv_create(1, 8192, H, D, P, NULL, err, sizeof err);
-    cr_assert(kv, "%s", err);
-    uint64_t r = rnd();
-    fwd_fixture_wide_keys(kv, 1, 1500 + (int64_t)(rnd() % 200), &r);
+    uint64_t r;
+    kv_cache *kv = wide_cache(H, D, P, &r);
     const int64_t stride = (int64_t)H * G * D;
     float *q = malloc(sizeof(float) * (size_t)(NQ * stride));
     cr_assert(q);
     for (int64_t i = 0; i < NQ * stride; i++) q[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 4000.0f;
     int biased = 0;
     for (int round = 0; round < rounds; round++) {
-        if (round == 1)   /* every third token kept: each head's pages rewritten */
-            for (int g = 0; g < H; g++) {
-                int64_t n = kv_head_tokens(kv, 0, g), nk = 0;
-                int64_t *keep = malloc(sizeof(int64_t) * (size_t)n);
-                cr_assert(keep);
-                for (int64_t j = 0; j < n; j += 3) keep[nk++] = j;
-                cr_assert(kv_keep_tokens(kv, 0, g, keep, nk) == 0);
-                free(keep);
-            }
+        if (round == 1) keep_every_third(kv, H);   /* each head's pages rewritten */
         if (round == 2) fwd_fixture_wide_keys(kv, 1, 300, &r);
         if (round == 3)
             cr_assert(be_bind(gpu, q, sizeof(float) * (size_t)(NQ * stride), err, sizeof err) == 0, "%s", err);
@@ -2736,21 +2773,10 @@ static void mass_rounds(int D, int NQ, int rounds)
             }
         for (int call = 0; call <= H; call++) {   /* each KV head alone, then both in one call */
             const int g = call < H ? call : 0, nk = call < H ? 1 : H;
-            int64_t hp[H + 1] = { 0 };
-            for (int h = 0; h < nk; h++) hp[h + 1] = hp[h] + kv_n_pages(kv, 0, g + h);
-            int np = (int)hp[nk];
-            be_kv_page *pages = malloc(sizeof *pages * (size_t)np);
-            cr_assert(pages);
-            int64_t T = 0;
-            int32_t last = 0;
-            for (int h = 0; h < nk; h++)
-                for (int i = 0; i < hp[h + 1] - hp[h]; i++) {
-                    const kv_page *p = kv_layer_page(kv, 0, g + h, i);
-                    page_list_ref(&pages[hp[h] + i], p, NULL, D, P);
-                    T += p->n;
-                    biased += p->merged;
-                    if (p->n && p->pos[p->n - 1] > last) last = p->pos[p->n - 1];
-                }
+            int64_t hp[H + 1], T;
+            int32_t last;
+            be_kv_page *pages = heads_list(kv, g, nk, D, P, hp, &T, &last, &biased);
+            const int np = (int)hp[nk];
             float *want = malloc(sizeof(float) * (size_t)T), *got = malloc(sizeof(float) * (size_t)T);
             float *work = malloc(sizeof(float) * (size_t)(T * 16));
             cr_assert(want && got && work);
@@ -2812,10 +2838,8 @@ static void lsh_rounds(int D, int rounds, int bits, int NQ)
 {
     enum { H = 2, P = 32, G = 4 };
     char err[512];
-    kv_cache *kv = kv_create(1, 8192, H, D, P, NULL, err, sizeof err);
-    cr_assert(kv, "%s", err);
-    uint64_t r = rnd();
-    fwd_fixture_wide_keys(kv, 1, 1500 + (int64_t)(rnd() % 200), &r);
+    uint64_t r;
+    kv_cache *kv = wide_cache(H, D, P, &r);
     const int64_t stride = (int64_t)H * G * D, np_planes = (int64_t)rounds * bits;
     float *q = malloc(sizeof(float) * (size_t)(NQ * stride)), *pt = malloc(sizeof(float) * (size_t)(np_planes * D));
     uint32_t *codes = malloc(sizeof(uint32_t) * (size_t)(H * rounds * NQ * G));
@@ -2823,29 +2847,15 @@ static void lsh_rounds(int D, int rounds, int bits, int NQ)
     for (int64_t i = 0; i < NQ * stride; i++) q[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 4000.0f;
     for (int64_t i = 0; i < np_planes * D; i++) pt[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.0f;
     for (int round = 0; round < 3; round++) {
-        if (round == 1)   /* every third token kept: each head's pages rewritten */
-            for (int g = 0; g < H; g++) {
-                int64_t n = kv_head_tokens(kv, 0, g), nk = 0;
-                int64_t *keep = malloc(sizeof(int64_t) * (size_t)n);
-                cr_assert(keep);
-                for (int64_t j = 0; j < n; j += 3) keep[nk++] = j;
-                cr_assert(kv_keep_tokens(kv, 0, g, keep, nk) == 0);
-                free(keep);
-            }
+        if (round == 1) keep_every_third(kv, H);   /* each head's pages rewritten */
         if (round == 2) fwd_fixture_wide_keys(kv, 1, 300, &r);
         for (int call = 0; call <= H; call++) {   /* each KV head alone, then both in one call */
             const int g = call < H ? call : 0, nk = call < H ? 1 : H;
-            int64_t hp[H + 1] = { 0 };
-            for (int h = 0; h < nk; h++) hp[h + 1] = hp[h] + kv_n_pages(kv, 0, g + h);
-            int np = (int)hp[nk];
-            be_kv_page *pages = malloc(sizeof *pages * (size_t)np);
-            cr_assert(pages);
-            int64_t T = 0;
-            for (int h = 0; h < nk; h++)
-                for (int i = 0; i < hp[h + 1] - hp[h]; i++) {
-                    page_list_ref(&pages[hp[h] + i], kv_layer_page(kv, 0, g + h, i), NULL, D, P);
-                    T += pages[hp[h] + i].n;
-                }
+            int64_t hp[H + 1], T;
+            int32_t last;
+            int biased = 0;
+            be_kv_page *pages = heads_list(kv, g, nk, D, P, hp, &T, &last, &biased);
+            const int np = (int)hp[nk];
             int32_t *want = malloc(sizeof(int32_t) * (size_t)T), *got = malloc(sizeof(int32_t) * (size_t)T);
             cr_assert(want && got);
             be_lsh l = { q, NQ, stride, g * G, G, D, pt, rounds, bits, pages, np, nk > 1 ? nk : 0, nk > 1 ? hp : NULL,
