@@ -277,8 +277,8 @@ typedef struct be_mass {
  * token's key's code in round r; 0 for the tokens below pos_min. A vector's code in round r has
  * bit b set when its dot with plane r * bits + b is >= 0, the dot the floats of a plain loop in
  * element order (each product rounded, then added; the key's halves widened exactly):
- * kernels/lsh_kernels.h. Integers after the dots, so every backend gives the same hits. The query
- * rows are read on the host. codes is the caller's room for the query codes, [n_kv][rounds][n_q *
+ * kernels/lsh_kernels.h. Integers after the dots, so every backend gives the same hits (all 0 with
+ * no query rows). The query rows are read on the host. codes is the caller's room for the query codes, [n_kv][rounds][n_q *
  * group]; the op leaves each (head, round)'s sorted. table names the page list for a device
  * backend, as be_mass's (the same list under the same name sends nothing). */
 typedef struct be_lsh {

@@ -23,7 +23,7 @@
 #define LSH_MAX_ROUNDS 64     /* rounds a call may have (LASER-KV's parameter's bound) */
 #define LSH_MAX_BITS 30       /* bits a round's code may have */
 #define LSH_MAX_PLANES (LSH_MAX_ROUNDS * LSH_MAX_BITS)
-#define LSH_MAX_D 512         /* head dimensions the CPU backend's op takes */
+#define LSH_MAX_D 1024        /* head dimensions the CPU backend's op takes (the loader's bound) */
 #define LSH_TILE 16           /* tokens a block of the CUDA kernel codes at once */
 #define LSH_THREADS 256
 #define LSH_DEV_MAX_D 256     /* head dimensions the CUDA kernel holds a tile of in shared memory */

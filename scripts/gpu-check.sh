@@ -6,8 +6,8 @@
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
 #   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds, scores,
 #      key-means, attention-mass, SimHash-recall and selection tests and (a step of its own) the page
-#      rows' test, racecheck over the attention kernels' and the fused ops' tests, and synccheck over
-#      those, the key means', the attention mass's and the SimHash recall's;
+#      rows' test, racecheck over the attention kernels', the fused ops' and the SimHash recall's
+#      tests, and synccheck over those, the key means' and the attention mass's;
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
@@ -240,12 +240,13 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         --filter 'cuda/a_prompts_rows_written*'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
-    # stages; racecheck is slow, so that test alone, and the fused ops' shared block sums) and
-    # barriers (both, the fused ops, the key means' row then its sum of squares, and the attention
-    # mass's shuffles within half-warps and its row sums)
-    step "compute-sanitizer racecheck (flash attention, fused ops)" 120 \
+    # stages; racecheck is slow, so that test alone, the fused ops' shared block sums and the
+    # SimHash recall's codes and counts, or'ed and added in shared memory) and barriers (those, the
+    # key means' row then its sum of squares, and the attention mass's shuffles within half-warps
+    # and its row sums)
+    step "compute-sanitizer racecheck (flash attention, fused ops, SimHash recall)" 120 \
         compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(flash_attention*|fused_ops*)'
+        --filter 'cuda/@(flash_attention*|fused_ops*|lsh_hits_on*)'
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall)" 90 \
         compute-sanitizer --tool synccheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \

@@ -192,7 +192,7 @@ Test(lsh, the_cpu_gives_the_definitions_hits_whatever_the_threads)
     uint64_t r = 11;
     const int shapes[][6] = { /* H, G, D, rounds, bits, n_q */
                               { 1, 1, 16, 1, 1, 1 }, { 3, 2, 40, 4, 5, 3 }, { 2, 4, 128, 8, 8, 4 },
-                              { 4, 1, 64, 3, 30, 2 }, { 1, 3, 256, 64, 2, 1 } };
+                              { 4, 1, 64, 3, 30, 2 }, { 1, 3, 256, 64, 2, 1 }, { 2, 1, 1024, 2, 12, 1 } };
     be_backend *one = be_cpu_create(1, NULL, 0), *three = be_cpu_create(3, NULL, 0);
     cr_assert(one && three);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {

@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "engine/forward.h"
 #include "engine/kvcache.h"
+#include "engine/page_list.h"
 #include "engine/model.h"
 #include "engine/policy/policy.h"
 #include "engine/tokenizer.h"
@@ -1005,6 +1006,82 @@ Test(policy, laser_keeps_sinks_recent_and_recalled_tokens_reproducibly)
     for (const char *c = got[2]; *c; c++) n += *c == ' ';
     cr_expect_eq(n, 12, "LSH-only budget: %s", got[2]);
     cr_expect(!strncmp(got[2], "0 1 2 ", 6) && strstr(got[2], "61 62 63"), "LSH-only: %s", got[2]);
+}
+
+/* LASER-KV's LSH score of a token is its SimHash hits summed over the KV heads, each head's key
+ * against that head's own query heads' codes (be_lsh's definition, one head a call here), divided
+ * by the pairs compared: read from the policy's trace (scores at 5 digits) for three KV heads of
+ * two query heads each, the middle one holding every other token. */
+Test(policy, laser_s_lsh_scores_are_each_kv_heads_hits_of_its_own_query_heads)
+{
+    enum { H = 3, G = 2, DH = 16, T = 64, NP = 4, R = 4, BITS = 6, TRACED = 48 };
+    char err[512];
+    kv_cache *kv = kv_create(1, 4096, H, DH, 4, NULL, err, sizeof err);
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(kv && b, "%s", err);
+    uint64_t r = 0x1A5E2;
+    fwd_fixture_random_keys(kv, 1, T, &r);
+    int64_t every_other[T / 2];
+    for (int j = 0; j < T / 2; j++) every_other[j] = 2 * j;
+    cr_assert(kv_keep_tokens(kv, 0, 1, every_other, T / 2) == 0);
+    const int64_t row = (int64_t)H * G * DH;
+    float *q = malloc(sizeof(float) * (size_t)((T + NP) * row)), pt[DH * R * BITS];
+    cr_assert(q);
+    for (int64_t i = 0; i < (T + NP) * row; i++) q[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    laser_planes(9, R, BITS, DH, pt);
+    /* the definition, a KV head at a time, before the block is compressed */
+    float want[T] = { 0 };
+    const float per = (float)(R * NP * G);
+    for (int g = 0; g < H; g++) {
+        int np = kv_n_pages(kv, 0, g);
+        be_kv_page pages[T];
+        int32_t hits[T];
+        uint32_t codes[R * NP * G];
+        int64_t n = 0;
+        for (int i = 0; i < np; i++) {
+            page_list_ref(&pages[i], kv_layer_page(kv, 0, g, i), NULL, DH, 4);
+            n += pages[i].n;
+        }
+        be_lsh l = { q + T * row, NP, row, g * G, G, DH, pt, R, BITS, pages, np, 1, NULL, 0, codes, hits, 0 };
+        be_host_lsh_hits(NULL, &l);
+        for (int64_t i = 0, j = 0; i < np; i++)
+            for (int32_t t = 0; t < pages[i].n; t++, j++) want[pages[i].pos[t]] += (float)hits[j] / per;
+        cr_assert_eq(n, g == 1 ? T / 2 : T);
+    }
+    int global[1] = { 0 };
+    pol_env env = { kv, b, H * G, H, DH, global, 1, NULL, 0, NULL, NULL, NULL };
+    pol_spec s;
+    cr_assert(pol_parse(&s, "laser:block=64,budget=0.25,protect=4,alpha=0.5,seed=9,rounds=4,bits=6", NULL, err,
+                        sizeof err) == 0, "%s", err);
+    pol_set *ps = pol_set_create(&s, &env, err, sizeof err);
+    cr_assert(ps, "%s", err);
+    cr_assert(pol_set_trace(ps, 0, TRACED) == 0);
+    pol_chunk c = { q, T, 0, NP, T, pol_set_probe_tokens(ps), 1, 0 };
+    cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
+    const char *line = strstr(pol_set_trace_text(ps), "laser LSH collision rate");
+    cr_assert(line, "no LSH trace: %s", pol_set_trace_text(ps));
+    const char *at = strchr(line, '|');
+    cr_assert(at);
+    int seen = 0, differ = 0;
+    long long pos;
+    char got[64];
+    while (at && sscanf(at + 1, " %lld %63s", &pos, got) == 2 && pos >= 0 && pos < T) {
+        char w[64];
+        snprintf(w, sizeof w, "%.5g", (double)want[pos]);
+        if (strcmp(w, got)) {
+            differ++;
+            cr_log_error("position %lld: the trace says %s, the definition %s", pos, got, w);
+        }
+        seen++;
+        at = strchr(at + 1, ';');
+        if (at && (at[1] == '\n' || at[1] == 0)) break;
+    }
+    cr_expect_eq(seen, TRACED, "%d traced tokens read", seen);
+    cr_expect_eq(differ, 0);
+    pol_set_free(ps);
+    free(q);
+    kv_free(kv);
+    be_free(b);
 }
 
 #include "engine/policy/chelsea.h"

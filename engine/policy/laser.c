@@ -60,6 +60,18 @@ static uint64_t splitmix(uint64_t *x)
     return z ^ (z >> 31);
 }
 
+void laser_planes(uint64_t seed, int rounds, int bits, int D, float *planes_t)
+{
+    const size_t P = (size_t)rounds * (size_t)bits;
+    uint64_t x = seed;
+    for (size_t p = 0; p < P; p++)
+        for (size_t i = 0; i < (size_t)D; i++) {
+            double u1 = ((double)(splitmix(&x) >> 11) + 1.0) / 9007199254740993.0;
+            double u2 = (double)(splitmix(&x) >> 11) / 9007199254740992.0;
+            planes_t[i * P + p] = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+        }
+}
+
 static void la_destroy(void *st)
 {
     st_laser *s = st;
@@ -84,17 +96,9 @@ static int la_create(void **out, const pol_env *env, const double *vals, char *e
     s->probe = (int)vals[P_PROBE];
     s->row = (int64_t)env->n_head * env->head_dim;
     s->last_global = env->n_global > 0 ? env->global[env->n_global - 1] : -1;
-    /* Gaussian hyperplanes (Box-Muller), reproducible for a seed: plane p's element i drawn p * D + i-th */
-    const size_t P = (size_t)s->rounds * (size_t)s->bits, D = (size_t)env->head_dim;
-    s->planes_t = malloc(sizeof(float) * P * D);
+    s->planes_t = malloc(sizeof(float) * (size_t)s->rounds * (size_t)s->bits * (size_t)env->head_dim);
     if (!s->planes_t) goto oom;
-    uint64_t x = s->seed;
-    for (size_t p = 0; p < P; p++)
-        for (size_t i = 0; i < D; i++) {
-            double u1 = ((double)(splitmix(&x) >> 11) + 1.0) / 9007199254740993.0;
-            double u2 = (double)(splitmix(&x) >> 11) / 9007199254740992.0;
-            s->planes_t[i * P + p] = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
-        }
+    laser_planes(s->seed, s->rounds, s->bits, env->head_dim, s->planes_t);
     *out = s;
     return 0;
 oom:

@@ -1,4 +1,5 @@
-/* laser.h - LASER-KV's budget formula, exposed for tests (the policy is registered as "laser"). */
+/* laser.h - LASER-KV's budget formula and hyperplanes, exposed for tests (the policy is registered
+ * as "laser"). */
 #ifndef KVCHAT_LASER_H
 #define KVCHAT_LASER_H
 
@@ -11,5 +12,8 @@ int64_t laser_global_budget(double budget, int64_t block, int64_t T);
  * the global budget at the end of the prompt (each block hands its B / protect recent tokens on to the
  * next, and a short last block keeps only what it has). */
 int64_t laser_block_budget(double budget, int64_t block, int64_t T, int protect);
+/* The rounds * bits Gaussian hyperplanes of dimension D a seed gives (Box-Muller over splitmix64;
+ * plane p's element i the (p * D + i)-th drawn), transposed: planes_t[i * rounds * bits + p]. */
+void laser_planes(uint64_t seed, int rounds, int bits, int D, float *planes_t);
 
 #endif

@@ -116,7 +116,8 @@ void be_host_lsh_hits(be_backend *b, const be_lsh *l)
 {
     const int H = l->n_kv > 1 ? l->n_kv : 1;
     lsh_job j = { l, NULL, l->n_pages < LSH_TASKS ? l->n_pages : LSH_TASKS };
-    /* a table where the codes are short (at most 2 MiB); without the memory, the searches */
+    /* a table where the codes are short (n_kv x rounds x 2^bits counts: 2 MiB at 8 KV heads and 64
+     * rounds); without the memory, the searches */
     if (l->bits <= LSH_TABLE_BITS) j.table = calloc((size_t)H * (size_t)l->rounds << l->bits, sizeof(int32_t));
     query_codes(b, &j);
     if (j.tasks > 0) be_host_run(b, key_task, &j, j.tasks);

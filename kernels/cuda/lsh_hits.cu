@@ -101,14 +101,15 @@ void cuda_lsh_hits(be_backend *b, const be_lsh *l)
 {
     cuda_impl *ci = impl_of(b);
     seg_op(ci, SEG_EAGER);
-    const int64_t hq = (int64_t)(l->n_kv > 1 ? l->n_kv : 1) * l->group;
-    am_range r = { l->q, sizeof(float) * (size_t)((l->n_q - 1) * l->q_stride + (l->first_head + hq) * l->head_dim) };
-    if (l->n_q <= 0) return;
-    if (!ci->failed) am_host_read(&ci->act, &r, 1);   /* the query rows are coded on the host */
     int64_t T = 0;
     for (int64_t i = 0; i < l->n_pages; i++) T += l->pages[i].n;
-    if (!ci->failed && T > 0 && l->group > 0 && l->head_dim > 0 && l->head_dim <= LSH_DEV_MAX_D &&
+    if (!ci->failed && l->n_q > 0) {   /* the query rows are coded on the host */
+        const int64_t hq = (int64_t)(l->n_kv > 1 ? l->n_kv : 1) * l->group;
+        am_range r = { l->q, sizeof(float) * (size_t)((l->n_q - 1) * l->q_stride + (l->first_head + hq) * l->head_dim) };
+        am_host_read(&ci->act, &r, 1);
+    }
+    if (!ci->failed && l->n_q > 0 && T > 0 && l->group > 0 && l->head_dim > 0 && l->head_dim <= LSH_DEV_MAX_D &&
         l->rounds <= LSH_MAX_ROUNDS && l->n_kv <= PT_MAX_HEADS && lsh_dev(ci, l, T) == 0)
         return;
-    ci->cpu->ops->lsh_hits(ci->cpu, l);
+    ci->cpu->ops->lsh_hits(ci->cpu, l);   /* (no query rows: every count 0, as the CPU writes them) */
 }

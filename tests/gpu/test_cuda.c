@@ -2832,8 +2832,8 @@ Test(cuda, the_attention_mass_on_the_device_is_the_cpus_bit_for_bit)
 }
 
 /* LASER-KV's SimHash recall at head dimension D, `rounds` rounds of `bits` bits and NQ probe rows (4
- * query heads a KV head, 2 KV heads, pages of 32) on the device and on the CPU, through three
- * rounds of cache changes (tokens evicted: pages rewritten; more appended). */
+ * query heads a KV head, 2 KV heads, pages of 32) on the device and on the CPU, through rounds of
+ * cache changes (tokens evicted: pages rewritten; more appended; the first head emptied). */
 static void lsh_rounds(int D, int rounds, int bits, int NQ)
 {
     enum { H = 2, P = 32, G = 4 };
@@ -2846,9 +2846,13 @@ static void lsh_rounds(int D, int rounds, int bits, int NQ)
     cr_assert(q && pt && codes);
     for (int64_t i = 0; i < NQ * stride; i++) q[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 4000.0f;
     for (int64_t i = 0; i < np_planes * D; i++) pt[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.0f;
-    for (int round = 0; round < 3; round++) {
+    for (int round = 0; round < 4; round++) {
         if (round == 1) keep_every_third(kv, H);   /* each head's pages rewritten */
         if (round == 2) fwd_fixture_wide_keys(kv, 1, 300, &r);
+        if (round == 3) {   /* head 0 emptied: a call of both heads whose first has no page */
+            int64_t none = 0;
+            cr_assert(kv_keep_tokens(kv, 0, 0, &none, 0) == 0);
+        }
         for (int call = 0; call <= H; call++) {   /* each KV head alone, then both in one call */
             const int g = call < H ? call : 0, nk = call < H ? 1 : H;
             int64_t hp[H + 1], T;
@@ -2856,6 +2860,10 @@ static void lsh_rounds(int D, int rounds, int bits, int NQ)
             int biased = 0;
             be_kv_page *pages = heads_list(kv, g, nk, D, P, hp, &T, &last, &biased);
             const int np = (int)hp[nk];
+            if (T == 0) {   /* the emptied head alone */
+                free(pages);
+                continue;
+            }
             int32_t *want = malloc(sizeof(int32_t) * (size_t)T), *got = malloc(sizeof(int32_t) * (size_t)T);
             cr_assert(want && got);
             be_lsh l = { q, NQ, stride, g * G, G, D, pt, rounds, bits, pages, np, nk > 1 ? nk : 0, nk > 1 ? hp : NULL,
@@ -2892,7 +2900,8 @@ static void lsh_rounds(int D, int rounds, int bits, int NQ)
 
 /* LASER-KV's SimHash recall on the device (keys coded from its copies of the pages, each call's list
  * under its name) against the CPU backend's: the same hits, with one wait a call, for each KV head
- * alone and both in one call, after evictions and appends; at the 7B shape, at Gemma's head
+ * alone and both in one call, after evictions and appends and with a head that has no page; at the
+ * 7B shape, at Gemma's head
  * dimension with 64 rounds, and past the kernel's shared tile (the CPU's hits, no wait). */
 Test(cuda, lsh_hits_on_the_device_are_the_cpus)
 {
