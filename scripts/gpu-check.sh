@@ -176,6 +176,19 @@ compare_step() {
     fi
 }
 
+# profiled_prompt NAME MODEL POLICY SECONDS NOTE: a 32K prompt under POLICY and the op profiler
+# (host timing only), 8 tokens after it; its table and where the prompt's time went (op by op) to
+# the summary under NOTE.
+profiled_prompt() {
+    local name=$1 model=$2 policy=$3 secs=$4 note=$5
+    if step "policy $name $policy at 32K KVCHAT_PROFILE=1" "$secs" env KVCHAT_PROFILE=1 "$kv" bench -m "$model" \
+        --device cuda --ctx 32704 --gen 8 --policy "$policy" --csv "$out/policy_results.csv"; then
+        say "  $note"
+        awk '/^ +ctx +policy/ || /^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^peak RSS/ || /^between ops/ { on = 0 }' \
+            "$tmp/last" >>"$summary"
+    fi
+}
+
 # the table kvchat bench printed (its "depth" header and the rows after it)
 bench_table() {
     awk '/depth +prefill tok\/s/ { on = 1 } on && NF { print "    " $0 } /^peak RSS/ { on = 0 }' "$tmp/last" >>"$summary"
@@ -364,12 +377,8 @@ for type in q4_k_m f16; do
             # TAKE's target at 32K: its time to first token at most 0.5x full's (the step above); under
             # the op profiler (host timing only), so that where the prompt's time goes (the mass,
             # the waits, the pages sent again after each eviction) shows beside it
-            if step "policy mistral-7b-q4_k_m take at 32K KVCHAT_PROFILE=1" 120 env KVCHAT_PROFILE=1 "$kv" bench -m "$m" \
-                --device cuda --ctx 32704 --gen 8 --policy take --csv "$out/policy_results.csv"; then
-                say "  TAKE at depth 32704, 8 tokens; target: its TTFT at most 0.5x full's above:"
-                awk '/^ +ctx +policy/ || /^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^peak RSS/ || /^between ops/ { on = 0 }' \
-                    "$tmp/last" >>"$summary"
-            fi
+            profiled_prompt mistral-7b-q4_k_m "$m" take 120 \
+                "TAKE at depth 32704, 8 tokens; target: its TTFT at most 0.5x full's above:"
             # CHESS's batch target at 32K: 8 sequences decoding together, CHESS aggressive's tokens
             # a second at least 4x full's (each sequence also alone, one after another: 9 x 16 steps
             # a policy after one prefill)
@@ -389,12 +398,8 @@ for type in q4_k_m f16; do
             fi
             # LASER-KV at 32K under the op profiler: its SimHash recall on the device (lsh_hits,
             # stage 5's ninth part; its blocks of 4,096 tokens each code every layer's keys once)
-            if step "policy mistral-7b-q4_k_m laser at 32K KVCHAT_PROFILE=1" 90 env KVCHAT_PROFILE=1 "$kv" bench -m "$m" \
-                --device cuda --ctx 32704 --gen 8 --policy laser --csv "$out/policy_results.csv"; then
-                say "  LASER-KV at depth 32704, 8 tokens, beside full's time to first token above:"
-                awk '/^ +ctx +policy/ || /^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^peak RSS/ || /^between ops/ { on = 0 }' \
-                    "$tmp/last" >>"$summary"
-            fi
+            profiled_prompt mistral-7b-q4_k_m "$m" laser 90 \
+                "LASER-KV at depth 32704, 8 tokens, beside full's time to first token above:"
         fi
     fi
     rm -f "$m"
