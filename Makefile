@@ -89,7 +89,7 @@ endif
 DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
 export KVCHAT_CACHE DEFAULT_MODEL
 
-.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-tables bench-pick bench-bounds bench-chess bench-mass bench-lsh clean cuda-build test-gpu \
+.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-tables bench-pick bench-bounds bench-chess bench-mass bench-lsh bench-links clean cuda-build test-gpu \
         test-model-first test-model-rest test-cuda-build test-fuzz-smoke
 
 all: $(KVCHAT)
@@ -114,6 +114,7 @@ help:
 	@echo "make bench-bounds  the host's share of Quest's page selection, before and after the bounds op (bench/bounds_bench.c)"
 	@echo "make bench-mass    the eviction policies' attention mass a call at the 7B shape, 1 thread and all (bench/mass_bench.c)"
 	@echo "make bench-lsh     LASER-KV's SimHash recall a call at the 7B shape: the plain loops, the op on 1 thread and all (bench/lsh_bench.c)"
+	@echo "make bench-links   Chelsea's soft matching a pass: the search before the op, the op on 1 thread and all (bench/links_bench.c)"
 	@echo "make clean      remove build outputs"
 
 bootstrap:
@@ -257,6 +258,15 @@ $(LSH_BENCH): $(OBJ)/bench/lsh_bench.o $(LIB)
 
 bench-lsh: $(LSH_BENCH)
 	./$(LSH_BENCH)
+
+# Chelsea's soft matching a pass, the default model's and the 7B shape's head dimensions
+LINKS_BENCH := $(BUILD)/bench/links_bench
+$(LINKS_BENCH): $(OBJ)/bench/links_bench.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
+bench-links: $(LINKS_BENCH)
+	./$(LINKS_BENCH)
 
 # The host's share of Quest's page selection, before and after the bounds op
 BOUNDS_BENCH := $(BUILD)/bench/bounds_bench

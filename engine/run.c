@@ -822,7 +822,7 @@ int run_head_similarity(const run *r, double *sim, int *layers, int cap)
     for (int gi = 0; gi < env.n_global; gi++) {
         if (layers) layers[gi] = env.global[gi];
         for (int g = 0; g < env.n_head_kv && n < cap; g++, n++)
-            if (pol_head_similarity(fwd_kv(r->f), env.global[gi], g, &sim[n]) != 0) sim[n] = NAN;
+            if (pol_head_similarity(env.b, fwd_kv(r->f), env.global[gi], g, &sim[n]) != 0) sim[n] = NAN;
     }
     return n;
 }

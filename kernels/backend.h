@@ -297,6 +297,21 @@ typedef struct be_lsh {
     uint64_t table;
 } be_lsh;
 
+/* Chelsea's soft matching, one pass (engine/policy/chelsea.c): key rows [m0, m1) of k (row r at
+ * k + r * dim, f32) cut into chunks of `chunk` rows from m0, the last cut short at m1; in each
+ * chunk every row at an even offset (set A) is linked to the row at an odd offset (set B) of the
+ * largest cosine, the first of equal ones (a NaN never chosen). best[a - m0] gets A row a's
+ * partner and sim[a - m0] their cosine (-1 and -2 when its chunk has no B row); the entries of B
+ * rows are left as they are. A cosine is (float)(d / sqrt(na * nb)), 0 where a norm is 0, with the
+ * dot d and the squared norms na, nb summed in double in element order, the floats of a plain loop
+ * on every backend. Keys, best and sim on the host. */
+typedef struct be_links {
+    const float *k;
+    int64_t dim, m0, m1, chunk;
+    int64_t *best;             /* [m1 - m0] */
+    float *sim;                /* [m1 - m0] */
+} be_links;
+
 typedef struct be_backend be_backend;
 
 typedef struct be_ops {
@@ -385,6 +400,9 @@ typedef struct be_ops {
      * computed even after a device op failed (a policy evicts by it). NULL: the host's threads
      * compute it (be_lsh_hits). */
     void (*lsh_hits)(be_backend *b, const be_lsh *l);
+    /* Chelsea's soft matching (be_links above), on the host when this returns. NULL: the host's
+     * threads compute it (be_soft_links). */
+    void (*soft_links)(be_backend *b, const be_links *l);
 } be_ops;
 
 struct be_backend {
@@ -523,6 +541,14 @@ static inline void be_lsh_hits(be_backend *b, const be_lsh *l)
 {
     if (b->ops->lsh_hits) b->ops->lsh_hits(b, l);
     else be_host_lsh_hits(b, l);
+}
+/* be_links on the host over b's host threads (b may be NULL: the calling thread): what a backend
+ * without its own soft_links gives (kernels/cpu/soft_links.c). */
+void be_host_soft_links(be_backend *b, const be_links *l);
+static inline void be_soft_links(be_backend *b, const be_links *l)
+{
+    if (b && b->ops->soft_links) b->ops->soft_links(b, l);
+    else be_host_soft_links(b, l);
 }
 /* Rows not in the cache yet (a->n_cur > 0: a deferred decode step's, or a prefill chunk's) as more
  * pages per KV head after that head's pages, the order the cache would give them, BE_CUR_ROWS rows a

@@ -1,14 +1,19 @@
-/* Chelsea's soft matching (engine/policy/chelsea.c): the similarity search, which computes each
- * key's norm once and four pairs' sums side by side, gives the floats of the plain formula, one
- * pair at a time with its norms (checked through chelsea_head_similarity, which ranks heads by the
- * very links the merge keeps). */
+/* Chelsea's soft matching (engine/policy/chelsea.c): the similarity search, the backend op
+ * soft_links (kernels/cpu/soft_links.c: norms once, pairs in the vector lanes, blocks on the
+ * threads), gives the floats of the plain formula, one pair at a time with its norms: through
+ * chelsea_head_similarity, which ranks heads by the very links the merge keeps, and directly, on
+ * every instruction set, with and without threads. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/quant.h"
 #include "engine/kvcache.h"
 #include "engine/policy/chelsea.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/vec_dot.h"
 #include "tests/fwd_fixture.h"
 
 static float plain_cosine(const float *x, const float *y, int64_t D)
@@ -67,7 +72,7 @@ Test(chelsea, the_similarity_search_gives_the_plain_formulas_floats)
         for (int ci = 0; ci < 8; ci++)
             for (int g = 0; g < 2; g++) {
                 double got = 0, want = plain_similarity(kv, 0, g, chunks[ci]);
-                cr_assert(chelsea_head_similarity(kv, 0, g, chunks[ci], &got) == 0);
+                cr_assert(chelsea_head_similarity(NULL, kv, 0, g, chunks[ci], &got) == 0);
                 cr_assert(got == want, "head dimension %d, chunks of %d, head %d: %.17g, the plain formula %.17g",
                           dims[di], chunks[ci], g, got, want);
                 compared++;
@@ -75,4 +80,135 @@ Test(chelsea, the_similarity_search_gives_the_plain_formulas_floats)
         kv_free(kv);
     }
     cr_assert_eq(compared, 64);
+}
+
+/* ------------------------------------------------------------------ the op (be_links) */
+
+/* Values whose sums round (a spread of exponents), as f16 keys widened would be and merged ones are not. */
+static float wide_value(uint64_t *r)
+{
+    *r = *r * 6364136223846793005ull + 1442695040888963407ull;
+    float m = (float)((*r >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
+    return ldexpf(m * 1.37f, (int)((*r >> 20) % 13) - 6);
+}
+
+/* be_links as backend.h defines it, a pair at a time. */
+static void plain_links(const be_links *l, int64_t *best, float *sim)
+{
+    for (int64_t c0 = l->m0; c0 < l->m1; c0 += l->chunk) {
+        int64_t c1 = c0 + l->chunk < l->m1 ? c0 + l->chunk : l->m1;
+        for (int64_t a = c0; a < c1; a += 2) {
+            float bs = -2;
+            int64_t bb = -1;
+            for (int64_t b = c0 + 1; b < c1; b += 2) {
+                float s = plain_cosine(l->k + a * l->dim, l->k + b * l->dim, l->dim);
+                if (s > bs) {
+                    bs = s;
+                    bb = b;
+                }
+            }
+            best[a - l->m0] = bb;
+            sim[a - l->m0] = bs;
+        }
+    }
+}
+
+/* The op's links against the plain ones, entry by entry (the cosines bit for bit), and the B rows'
+ * entries left as they were. Returns the A rows compared. */
+static int64_t check_links(be_backend *b, const be_links *shape, const char *what)
+{
+    const int64_t n = shape->m1 - shape->m0;
+    int64_t *best = malloc(sizeof(int64_t) * (size_t)(n + 1)), *want = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    float *sim = malloc(sizeof(float) * (size_t)(n + 1)), *want_sim = malloc(sizeof(float) * (size_t)(n + 1));
+    cr_assert(best && want && sim && want_sim);
+    for (int64_t i = 0; i < n; i++) {
+        best[i] = want[i] = -77;
+        sim[i] = want_sim[i] = 77.0f;
+    }
+    be_links l = *shape;
+    l.best = best;
+    l.sim = sim;
+    be_soft_links(b, &l);
+    plain_links(shape, want, want_sim);
+    int64_t a_rows = 0;
+    for (int64_t i = 0; i < n; i++) {
+        cr_assert(best[i] == want[i] && memcmp(&sim[i], &want_sim[i], sizeof(float)) == 0,
+                  "%s, dimension %lld, rows [%lld, %lld), chunks of %lld: row %lld linked to %lld (%.9g), the plain "
+                  "formula's %lld (%.9g)", what, (long long)shape->dim, (long long)shape->m0, (long long)shape->m1,
+                  (long long)shape->chunk, (long long)(i + shape->m0), (long long)best[i], (double)sim[i],
+                  (long long)want[i], (double)want_sim[i]);
+        a_rows += want[i] != -77;
+    }
+    free(best);
+    free(want);
+    free(sim);
+    free(want_sim);
+    return a_rows;
+}
+
+Test(soft_links, the_op_gives_the_plain_formulas_links_on_every_instruction_set_and_thread_count)
+{
+    static const int64_t dims[] = { 1, 3, 8, 17, 64, 129, 256, 1024 };
+    static const int64_t chunks[] = { 1, 2, 3, 7, 64, 129, 256, 1000 };
+    char err[256];
+    be_backend *two = be_cpu_create(2, err, sizeof err), *three = be_cpu_create(3, err, sizeof err);
+    cr_assert(two && three, "%s", err);
+    be_backend *backends[] = { NULL, two, three };
+    const vd_isa was = vd_isa_active();
+    uint64_t r = 99;
+    int64_t compared = 0;
+    for (int di = 0; di < 8; di++) {
+        const int64_t D = dims[di], T = D >= 256 ? 420 : 700;
+        float *k = malloc(sizeof(float) * (size_t)(T * D));
+        cr_assert(k);
+        for (int64_t i = 0; i < T * D; i++) k[i] = wide_value(&r);
+        for (int64_t i = 0; i < D; i++) {   /* ties (a B row twice), a zero row, a row far from the rest */
+            k[41 * D + i] = k[43 * D + i];
+            k[50 * D + i] = 0.0f;
+            k[61 * D + i] = i % 2 ? 1e30f : -1e-30f;
+        }
+        for (int ci = 0; ci < 8; ci++)
+            for (int isa = VD_ISA_SCALAR; isa < VD_ISA_COUNT; isa++) {
+                if (!vd_isa_supported((vd_isa)isa)) continue;
+                cr_assert(vd_set_isa((vd_isa)isa, err, sizeof err) == 0, "%s", err);
+                for (int bi = 0; bi < 3; bi++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "%s, %s", vd_isa_name((vd_isa)isa),
+                             bi == 0 ? "the calling thread" : bi == 1 ? "2 threads" : "3 threads");
+                    be_links whole = { k, D, 0, T, chunks[ci], NULL, NULL };
+                    be_links part = { k, D, 5, T - 9, chunks[ci], NULL, NULL };   /* sinks and recent rows aside */
+                    compared += check_links(backends[bi], &whole, what) + check_links(backends[bi], &part, what);
+                }
+            }
+        free(k);
+    }
+    cr_assert(vd_set_isa(was, err, sizeof err) == 0, "%s", err);
+    be_free(two);
+    be_free(three);
+    cr_assert(compared > 100000, "%lld A rows compared", (long long)compared);
+}
+
+Test(soft_links, ties_go_to_the_first_b_row_and_a_zero_or_unmatched_row_gets_what_the_formula_gives)
+{
+    enum { D = 4, T = 9 };
+    /* A rows 0, 2, 4, 6, 8 of one chunk; B rows 1, 3, 5, 7: 3 and 7 the same key, 5 zero */
+    float k[T * D] = {
+        1, 2, 3, 4,   9, 9, 9, -9,   1, 0, 0, 0,   1, 2, 3, 4.5f,   0, 0, 0, 0,
+        0, 0, 0, 0,   -1, -2, -3, -4, 1, 2, 3, 4.5f, 5, 5, 5, 5,
+    };
+    int64_t best[T];
+    float sim[T];
+    be_links l = { k, D, 0, T, 16, best, sim };
+    be_soft_links(NULL, &l);
+    cr_assert_eq(best[0], 3, "row 0 links %lld: 3 and 7 are the same key, the first wins", (long long)best[0]);
+    cr_assert_eq(best[4], 1, "the zero row: every cosine 0, the first B row (%lld)", (long long)best[4]);
+    cr_assert(sim[4] == 0.0f);
+    cr_assert_eq(best[6], 5, "row 6, the negated row 0: the zero row's cosine 0 beats the negative ones (%lld)",
+                 (long long)best[6]);
+    cr_assert_eq(best[2], 1);
+    cr_assert_eq(best[8], 3);
+    /* a chunk of one row has no B row */
+    be_links one = { k, D, 0, T, 1, best, sim };
+    be_soft_links(NULL, &one);
+    for (int i = 0; i < T; i++) cr_assert(best[i] == -1 && sim[i] == -2.0f, "row %d: %lld", i, (long long)best[i]);
 }

@@ -1091,7 +1091,7 @@ Test(policy, chelsea_merges_into_degree_weighted_centroids)
     /* A = {0, 2}, B = {1, 3} in one chunk of 4: 0 links to 1 (cosine 0.995), 2 links to 1 (0.0995) */
     float k[8] = { 1, 0, 1, 0.1f, 0, 1, -1, 0 }, v[8] = { 0, 0, 1, 1, 2, 2, 3, 3 }, deg[4] = { 1, 1, 1, 1 };
     int32_t pos[4] = { 0, 1, 2, 3 };
-    cr_assert_eq(chelsea_merge(k, v, pos, deg, 4, 2, 3, 0, 0, 4), 3);
+    cr_assert_eq(chelsea_merge(NULL, k, v, pos, deg, 4, 2, 3, 0, 0, 4), 3);
     cr_expect_eq(pos[0], 1);
     cr_expect_float_eq(k[0], 1.0f, 1e-6);
     cr_expect_float_eq(k[1], 0.05f, 1e-6);
@@ -1102,7 +1102,7 @@ Test(policy, chelsea_merges_into_degree_weighted_centroids)
     float k2[8] = { 1, 0, 1, 0.1f, 0, 1, -1, 0 }, v2[8] = { 0, 0, 1, 1, 2, 2, 3, 3 }, d2[4] = { 1, 1, 1, 1 };
     int32_t p2[4] = { 0, 1, 2, 3 };
     /* down to 2: both links merge into token 1: keys ((1,0) + (1,0.1) + (0,1)) / 3, values (0+1+2)/3 */
-    cr_assert_eq(chelsea_merge(k2, v2, p2, d2, 4, 2, 2, 0, 0, 4), 2);
+    cr_assert_eq(chelsea_merge(NULL, k2, v2, p2, d2, 4, 2, 2, 0, 0, 4), 2);
     cr_expect(p2[0] == 1 && p2[1] == 3);
     cr_expect_float_eq(k2[0], 2.0f / 3, 1e-6);
     cr_expect_float_eq(k2[1], 1.1f / 3, 1e-6);
@@ -1126,7 +1126,7 @@ Test(policy, chelsea_merges_with_an_odd_chunk_size)
         deg[t] = 1;
         pos[t] = t;
     }
-    cr_assert_eq(chelsea_merge(k, v, pos, deg, T, Dk, 300, 0, 0, 3), 300);
+    cr_assert_eq(chelsea_merge(NULL, k, v, pos, deg, T, Dk, 300, 0, 0, 3), 300);
     double total = 0, vsum = 0;
     for (int t = 0; t < 300; t++) {
         total += deg[t];
@@ -1245,7 +1245,7 @@ Test(policy, chelsea_replay_is_the_trigger_on_arriving_rows)
     memcpy(v2, v, sizeof v);
     memcpy(pos2, pos, sizeof pos);
     memcpy(deg2, deg, sizeof deg);
-    int64_t n = chelsea_replay(k, v, pos, deg, T, Dk, B, G, 4, 8, 16);
+    int64_t n = chelsea_replay(NULL, k, v, pos, deg, T, Dk, B, G, 4, 8, 16);
     /* by hand: rows appended to a held set that is merged to B when it passes B + G, then at the end */
     static float hk[T * Dk], hv[T * Dk];
     int32_t hp[T];
@@ -1256,7 +1256,7 @@ Test(policy, chelsea_replay_is_the_trigger_on_arriving_rows)
         memcpy(hv + held * Dk, v2 + t * Dk, sizeof(float) * Dk);
         hp[held] = pos2[t];
         hd[held++] = deg2[t];
-        if (held > B + G || (t == T - 1 && held > B)) held = chelsea_merge(hk, hv, hp, hd, held, Dk, B, 4, 8, 16);
+        if (held > B + G || (t == T - 1 && held > B)) held = chelsea_merge(NULL, hk, hv, hp, hd, held, Dk, B, 4, 8, 16);
     }
     cr_assert_eq(n, B);
     cr_assert_eq(held, n);

@@ -50,75 +50,6 @@ static int by_sim_desc(const void *x, const void *y)
     return (p->a > q->a) - (p->a < q->a);
 }
 
-/* A key's squared norm, in double, in element order. */
-static double norm2(const float *x, int64_t D)
-{
-    double n = 0;
-    for (int64_t i = 0; i < D; i++) n += (double)x[i] * x[i];
-    return n;
-}
-
-/* The cosine of x and y given their squared norms (norm2): the norms are computed once a token, not
- * once a pair, with the same floats. */
-static float cosine(const float *x, const float *y, int64_t D, double nx, double ny)
-{
-    double d = 0;
-    for (int64_t i = 0; i < D; i++) d += (double)x[i] * y[i];
-    return nx > 0 && ny > 0 ? (float)(d / sqrt(nx * ny)) : 0.0f;
-}
-
-/* The cosines of x with the keys of B tokens b, b + 2, b + 4, b + 6 (k + b * D ..), each the floats
- * of cosine(): four sums side by side, each in element order, so that they overlap where one sum's
- * chain of additions would wait. */
-static void cosine4(const float *x, const float *k, int64_t b, int64_t D, double nx, const double *nrm, float *out)
-{
-    const float *y0 = k + b * D, *y1 = y0 + 2 * D, *y2 = y0 + 4 * D, *y3 = y0 + 6 * D;
-    double d0 = 0, d1 = 0, d2 = 0, d3 = 0;
-    for (int64_t i = 0; i < D; i++) {
-        double xi = (double)x[i];
-        d0 += xi * y0[i];
-        d1 += xi * y1[i];
-        d2 += xi * y2[i];
-        d3 += xi * y3[i];
-    }
-    const double d[4] = { d0, d1, d2, d3 };
-    for (int j = 0; j < 4; j++) {
-        double ny = nrm[b + 2 * j];
-        out[j] = nx > 0 && ny > 0 ? (float)(d[j] / sqrt(nx * ny)) : 0.0f;
-    }
-}
-
-/* A token's most similar B partner among b0, b0 + 2, .. < b1 (the first of equal ones), its
- * similarity into *bs (-2: none). */
-static int64_t best_partner(const float *k, int64_t D, const double *nrm, int64_t a, int64_t b0, int64_t b1, float *bs)
-{
-    int64_t best = -1, b = b0;
-    float sim[4];
-    *bs = -2;
-    for (; b + 6 < b1; b += 8) {
-        cosine4(k + a * D, k, b, D, nrm[a], nrm, sim);
-        for (int j = 0; j < 4; j++)
-            if (sim[j] > *bs) {
-                *bs = sim[j];
-                best = b + 2 * j;
-            }
-    }
-    for (; b < b1; b += 2) {
-        float s1 = cosine(k + a * D, k + b * D, D, nrm[a], nrm[b]);
-        if (s1 > *bs) {
-            *bs = s1;
-            best = b;
-        }
-    }
-    return best;
-}
-
-/* The squared norms of the keys of tokens [t0, t1) into nrm[t0 ..]. */
-static void norms(const float *k, int64_t D, int64_t t0, int64_t t1, double *nrm)
-{
-    for (int64_t t = t0; t < t1; t++) nrm[t] = norm2(k + t * D, D);
-}
-
 /* The trace of one pass: every A token's best-link similarity (tokens without a link: -inf), what
  * stayed, and each merge that touches a traced position. */
 static void trace_pass(pol_trace *t, int il, int g, int pass, const link *links, int64_t nl, int64_t r,
@@ -144,33 +75,36 @@ static void trace_pass(pol_trace *t, int il, int g, int pass, const link *links,
     free(kept);
 }
 
-static int64_t merge_traced(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target,
-                            int sinks, int recent, int chunk, pol_trace *trace, int il, int g)
+static int64_t merge_traced(be_backend *be, float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D,
+                            int64_t target, int sinks, int recent, int chunk, pol_trace *trace, int il, int g)
 {
     int pass = 0;
     /* one link per A token: ceil(len / 2) of every chunk, more than half the middle when the chunk
      * size is odd (chunk=3: two of every three), so size for T */
-    link *links = malloc(sizeof(link) * (size_t)(T > 0 ? T : 1));
-    char *gone = malloc((size_t)(T > 0 ? T : 1));
-    double *nrm = malloc(sizeof(double) * (size_t)(T > 0 ? T : 1));
-    if (!links || !gone || !nrm) {
+    size_t rows = (size_t)(T > 0 ? T : 1);
+    link *links = malloc(sizeof(link) * rows);
+    char *gone = malloc(rows);
+    int64_t *partner = malloc(sizeof(int64_t) * rows);
+    float *psim = malloc(sizeof(float) * rows);
+    if (!links || !gone || !partner || !psim) {
         free(links);
         free(gone);
-        free(nrm);
+        free(partner);
+        free(psim);
         return -1;
     }
     while (T > target) {
         int64_t m0 = sinks, m1 = T - recent;
         if (m1 - m0 < 2) break;
-        norms(k, D, m0, m1, nrm);   /* a pass's keys: the merges of the pass before moved some */
+        /* every A token's (even offsets) most similar B token (odd offsets) in its chunk, from the
+         * pass's keys (the merges of the pass before moved some) */
+        be_links bl = { .k = k, .dim = D, .m0 = m0, .m1 = m1, .chunk = chunk, .best = partner, .sim = psim };
+        be_soft_links(be, &bl);
         int64_t nl = 0;
         for (int64_t c0 = m0; c0 < m1; c0 += chunk) {
             int64_t c1 = c0 + chunk < m1 ? c0 + chunk : m1;
-            for (int64_t a = c0; a < c1; a += 2) {   /* A: even offsets, B: odd offsets */
-                float bs;
-                int64_t best = best_partner(k, D, nrm, a, c0 + 1, c1, &bs);
-                if (best >= 0) links[nl++] = (link){ a, best, bs };
-            }
+            for (int64_t a = c0; a < c1; a += 2)
+                if (partner[a - m0] >= 0) links[nl++] = (link){ a, partner[a - m0], psim[a - m0] };
         }
         if (nl == 0) break;
         qsort(links, (size_t)nl, sizeof *links, by_sim_desc);
@@ -203,21 +137,23 @@ static int64_t merge_traced(float *k, float *v, int32_t *pos, float *deg, int64_
     }
     free(links);
     free(gone);
-    free(nrm);
+    free(partner);
+    free(psim);
     return T;
 }
 
-int64_t chelsea_merge(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target, int sinks,
-                      int recent, int chunk)
+int64_t chelsea_merge(be_backend *be, float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target,
+                      int sinks, int recent, int chunk)
 {
-    return merge_traced(k, v, pos, deg, T, D, target, sinks, recent, chunk, NULL, -1, -1);
+    return merge_traced(be, k, v, pos, deg, T, D, target, sinks, recent, chunk, NULL, -1, -1);
 }
 
 /* The T rows taken in arrival order, merged back to target each time more than target + gap have
  * arrived, then to target: what the trigger does while the cache grows, replayed on rows encoded
  * with nothing merged. Rows are compacted in place; the new count, or -1 when out of memory. */
-static int64_t replay_traced(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target,
-                             int64_t gap, int sinks, int recent, int chunk, pol_trace *trace, int il, int g)
+static int64_t replay_traced(be_backend *be, float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D,
+                             int64_t target, int64_t gap, int sinks, int recent, int chunk, pol_trace *trace, int il,
+                             int g)
 {
     int64_t held = 0;
     for (int64_t next = 0; next < T; next++) {
@@ -229,17 +165,17 @@ static int64_t replay_traced(float *k, float *v, int32_t *pos, float *deg, int64
         }
         held++;
         if (held > target + gap || (next == T - 1 && held > target)) {
-            held = merge_traced(k, v, pos, deg, held, D, target, sinks, recent, chunk, trace, il, g);
+            held = merge_traced(be, k, v, pos, deg, held, D, target, sinks, recent, chunk, trace, il, g);
             if (held < 0) return -1;
         }
     }
     return held;
 }
 
-int64_t chelsea_replay(float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target, int64_t gap,
-                       int sinks, int recent, int chunk)
+int64_t chelsea_replay(be_backend *be, float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D,
+                       int64_t target, int64_t gap, int sinks, int recent, int chunk)
 {
-    return replay_traced(k, v, pos, deg, T, D, target, gap, sinks, recent, chunk, NULL, -1, -1);
+    return replay_traced(be, k, v, pos, deg, T, D, target, gap, sinks, recent, chunk, NULL, -1, -1);
 }
 
 /* Head g of layer il as f32 rows (k, v may be NULL), with positions and degrees when asked. */
@@ -269,37 +205,34 @@ static int64_t read_head(const kv_cache *kv, int il, int g, float **k, float **v
     return T;
 }
 
-int chelsea_head_similarity(const kv_cache *kv, int il, int g, int chunk, double *out)
+int chelsea_head_similarity(be_backend *be, const kv_cache *kv, int il, int g, int chunk, double *out)
 {
-    float *k = NULL;
+    float *k = NULL, *sim = NULL;
+    int64_t *best = NULL;
     int64_t T = read_head(kv, il, g, &k, NULL, NULL, NULL), D = kv_head_dim(kv);
-    if (T < 2) {
-        free(k);
-        return -1;
-    }
-    double sum = 0, *nrm = malloc(sizeof(double) * (size_t)T);
+    int rc = -1;
+    if (T < 2 || !(sim = malloc(sizeof(float) * (size_t)T)) || !(best = malloc(sizeof(int64_t) * (size_t)T))) goto out;
+    be_links bl = { .k = k, .dim = D, .m0 = 0, .m1 = T, .chunk = chunk, .best = best, .sim = sim };
+    be_soft_links(be, &bl);
+    double sum = 0;
     int64_t n = 0;
-    if (!nrm) {
-        free(k);
-        return -1;
-    }
-    norms(k, D, 0, T, nrm);
     for (int64_t c0 = 0; c0 < T; c0 += chunk) {
         int64_t c1 = c0 + chunk < T ? c0 + chunk : T;
-        for (int64_t a = c0; a < c1; a += 2) {
-            float bs;
-            best_partner(k, D, nrm, a, c0 + 1, c1, &bs);
-            if (bs > -2) {
-                sum += bs;
+        for (int64_t a = c0; a < c1; a += 2)
+            if (best[a] >= 0) {
+                sum += sim[a];
                 n++;
             }
-        }
     }
+    if (n > 0) {
+        *out = sum / (double)n;
+        rc = 0;
+    }
+out:
     free(k);
-    free(nrm);
-    if (n == 0) return -1;
-    *out = sum / (double)n;
-    return 0;
+    free(sim);
+    free(best);
+    return rc;
 }
 
 typedef struct st_chel {
@@ -395,10 +328,10 @@ static int compress_head(st_chel *s, const pol_env *env, int il, int g, int repl
     int64_t T = read_head(env->kv, il, g, &k, &v, &pos, &deg), D = kv_head_dim(env->kv);
     int rc = -1;
     if (T < 0 || !(ld = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1)))) goto out;
-    int64_t n = replay ? replay_traced(k, v, pos, deg, T, D, s->budget_tokens, s->gap, s->sinks, s->recent, s->chunk,
-                                       env->trace, il, g)
-                       : merge_traced(k, v, pos, deg, T, D, s->budget_tokens, s->sinks, s->recent, s->chunk, env->trace,
-                                      il, g);
+    int64_t n = replay ? replay_traced(env->b, k, v, pos, deg, T, D, s->budget_tokens, s->gap, s->sinks, s->recent,
+                                       s->chunk, env->trace, il, g)
+                       : merge_traced(env->b, k, v, pos, deg, T, D, s->budget_tokens, s->sinks, s->recent, s->chunk,
+                                      env->trace, il, g);
     if (n < 0) goto out;
     for (int64_t i = 0; i < n && env->trace; i++)
         if (pol_trace_covers(env->trace, pos[i], pos[i]))

@@ -677,9 +677,9 @@ int pol_spec_decode_keeps_cache(const pol_spec *s)
 }
 
 /* Chunks of 256 tokens: the soft matching's own chunk, within which links are made. */
-int pol_head_similarity(const kv_cache *kv, int il, int g, double *out)
+int pol_head_similarity(be_backend *b, const kv_cache *kv, int il, int g, double *out)
 {
-    return chelsea_head_similarity(kv, il, g, 256, out);
+    return chelsea_head_similarity(b, kv, il, g, 256, out);
 }
 
 void pol_strip_budget(const char *spec, char *out, size_t cap)

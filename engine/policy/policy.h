@@ -233,7 +233,7 @@ int pol_spec_decode_keeps_cache(const pol_spec *s);
  * policies merging tokens are calibrated with (kvchat calibrate records it per head; Chelsea spares
  * the least similar heads, given through pol_env.head_sim). 0, or -1 when the head holds fewer than
  * 2 tokens or memory runs out. */
-int pol_head_similarity(const kv_cache *kv, int il, int g, double *out);
+int pol_head_similarity(be_backend *b, const kv_cache *kv, int il, int g, double *out);
 
 /* Per-step facts the engine records about attention (for the UI, ask --show-pages and bench). */
 typedef struct pol_step_stats {

@@ -1119,6 +1119,7 @@ static const be_ops cpu_ops = {
     .attn_mass = cpu_attn_mass,
     .host_pool = be_cpu_pool,
     .lsh_hits = be_host_lsh_hits,
+    .soft_links = be_host_soft_links,
 };
 
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)

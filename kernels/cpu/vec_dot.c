@@ -719,6 +719,33 @@ void vd_plane_dots(int64_t n, int64_t P, const float *pt, const float *x, float 
     }
 }
 
+void vd_cosines_f64(int64_t n, const double *d, double na, const double *nb, float *out)
+{
+#if VD_HAVE_AVX2_BUILD
+    vd_isa isa = vd_isa_active();
+    if (isa == VD_ISA_AVX512) { vd_cosines_f64_avx512(n, d, na, nb, out); return; }
+    if (isa >= VD_ISA_AVX2) { vd_cosines_f64_avx2(n, d, na, nb, out); return; }
+#endif
+    for (int64_t p = 0; p < n; p++) out[p] = na > 0 && nb[p] > 0 ? (float)(d[p] / sqrt(na * nb[p])) : 0.0f;
+}
+
+void vd_pair_dots_f64(int64_t n, int64_t P, const double *pt, int64_t rows, const double *x, int64_t ldx, double *out)
+{
+#if VD_HAVE_AVX2_BUILD
+    vd_isa isa = vd_isa_active();
+    if (isa == VD_ISA_AVX512) { vd_pair_dots_f64_avx512(n, P, pt, rows, x, ldx, out); return; }
+    if (isa >= VD_ISA_AVX2) { vd_pair_dots_f64_avx2(n, P, pt, rows, x, ldx, out); return; }
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        double *o = out + r * P;
+        for (int64_t p = 0; p < P; p++) o[p] = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const double xi = x[r * ldx + i], *row = pt + i * P;
+            for (int64_t p = 0; p < P; p++) o[p] += xi * row[p];
+        }
+    }
+}
+
 void vd_key_summary(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx)
 {
 #if VD_HAVE_AVX2_BUILD

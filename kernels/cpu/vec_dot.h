@@ -113,6 +113,17 @@ void vd_key_summary(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, 
  * kernels/lsh_kernels.h). */
 void vd_plane_dots(int64_t n, int64_t P, const float *pt, const float *x, float *out);
 
+/* The dots in double of `rows` vectors x, x + ldx, .. ([n] doubles each, every value a float
+ * widened) with P vectors held transposed in double, every value a float widened too (vector p's
+ * element i at pt[i * P + p]): out[r * P + p] = x_r[0] * v_p[0] + x_r[1] * v_p[1] + ..., added in
+ * element order. A float times a float is exact in double (48 significant bits), so a fused
+ * multiply-add rounds once as the product's add does: the doubles of a plain loop, whatever the
+ * lanes. Chelsea's cosines (kernels/cpu/soft_links.c). */
+void vd_pair_dots_f64(int64_t n, int64_t P, const double *pt, int64_t rows, const double *x, int64_t ldx, double *out);
+/* Cosines from dots and squared norms: out[p] = (float)(d[p] / sqrt(na * nb[p])) where na > 0 and
+ * nb[p] > 0, else 0 (a NaN norm gives 0). Every operation correctly rounded, in the lanes as alone. */
+void vd_cosines_f64(int64_t n, const double *d, double na, const double *nb, float *out);
+
 /* sum_i max(q[i] * lo[i], q[i] * hi[i]): the largest q.k over keys k with lo <= k <= hi (Quest's bound). */
 float vd_bound_f32(int64_t n, const float *q, const float *lo, const float *hi);
 

@@ -195,6 +195,112 @@ void vd_plane_dots_avx2(int64_t n, int64_t P, const float *pt, const float *x, f
     }
 }
 
+/* vd_cosines_f64 four at a time: the square root and the division are correctly rounded in the
+ * lanes as in scalar code, and the conversion to float rounds to nearest as a cast does. */
+void vd_cosines_f64_avx2(int64_t n, const double *d, double na, const double *nb, float *out)
+{
+    const __m256d a = _mm256_set1_pd(na), zero = _mm256_setzero_pd();
+    const int a_pos = na > 0;
+    int64_t p = 0;
+    for (; p + 4 <= n; p += 4) {
+        const __m256d b = _mm256_loadu_pd(nb + p);
+        const __m256d q = _mm256_div_pd(_mm256_loadu_pd(d + p), _mm256_sqrt_pd(_mm256_mul_pd(a, b)));
+        const __m256d ok = _mm256_cmp_pd(b, zero, _CMP_GT_OQ);
+        const __m128 f = _mm256_cvtpd_ps(_mm256_and_pd(q, ok));
+        _mm_storeu_ps(out + p, a_pos ? f : _mm_setzero_ps());
+    }
+    for (; p < n; p++) out[p] = a_pos && nb[p] > 0 ? (float)(d[p] / sqrt(na * nb[p])) : 0.0f;
+}
+
+/* Two rows a pass over four vectors of lanes (16 vectors v_p), eight sums in registers, then one
+ * vector, then lane by lane; a row left over alone; the elements a tile at a time, as the AVX-512
+ * version takes them. Fused multiply-adds: the products are exact (vec_dot.h), so the doubles are
+ * the plain loop's. */
+void vd_pair_dots_f64_avx2(int64_t n, int64_t P, const double *pt, int64_t rows, const double *x, int64_t ldx,
+                           double *out)
+{
+    const int64_t tile = P > 0 && VD_PAIR_TILE_DOUBLES / P > 0 ? VD_PAIR_TILE_DOUBLES / P : 1;
+    if (n <= 0)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t p = 0; p < P; p++) out[r * P + p] = 0.0;
+    for (int64_t i0 = 0; i0 < n; i0 += tile) {
+        const int64_t i1 = i0 + tile < n ? i0 + tile : n;
+        int64_t r = 0;
+        for (; r + 2 <= rows; r += 2) {
+            const double *x0 = x + r * ldx, *x1 = x0 + ldx;
+            double *o0 = out + r * P, *o1 = o0 + P;
+            int64_t p = 0;
+            for (; p + 16 <= P; p += 16) {
+                __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+                if (i0 > 0) {
+                    a0 = _mm256_loadu_pd(o0 + p), a1 = _mm256_loadu_pd(o0 + p + 4), a2 = _mm256_loadu_pd(o0 + p + 8),
+                    a3 = _mm256_loadu_pd(o0 + p + 12);
+                    b0 = _mm256_loadu_pd(o1 + p), b1 = _mm256_loadu_pd(o1 + p + 4), b2 = _mm256_loadu_pd(o1 + p + 8),
+                    b3 = _mm256_loadu_pd(o1 + p + 12);
+                }
+                for (int64_t i = i0; i < i1; i++) {
+                    const double *v = pt + i * P + p;
+                    const __m256d v0 = _mm256_loadu_pd(v), v1 = _mm256_loadu_pd(v + 4), v2 = _mm256_loadu_pd(v + 8),
+                                  v3 = _mm256_loadu_pd(v + 12);
+                    const __m256d s0 = _mm256_broadcast_sd(x0 + i), s1 = _mm256_broadcast_sd(x1 + i);
+                    a0 = _mm256_fmadd_pd(v0, s0, a0);
+                    a1 = _mm256_fmadd_pd(v1, s0, a1);
+                    a2 = _mm256_fmadd_pd(v2, s0, a2);
+                    a3 = _mm256_fmadd_pd(v3, s0, a3);
+                    b0 = _mm256_fmadd_pd(v0, s1, b0);
+                    b1 = _mm256_fmadd_pd(v1, s1, b1);
+                    b2 = _mm256_fmadd_pd(v2, s1, b2);
+                    b3 = _mm256_fmadd_pd(v3, s1, b3);
+                }
+                _mm256_storeu_pd(o0 + p, a0);
+                _mm256_storeu_pd(o0 + p + 4, a1);
+                _mm256_storeu_pd(o0 + p + 8, a2);
+                _mm256_storeu_pd(o0 + p + 12, a3);
+                _mm256_storeu_pd(o1 + p, b0);
+                _mm256_storeu_pd(o1 + p + 4, b1);
+                _mm256_storeu_pd(o1 + p + 8, b2);
+                _mm256_storeu_pd(o1 + p + 12, b3);
+            }
+            for (; p + 4 <= P; p += 4) {
+                __m256d a0 = _mm256_setzero_pd(), b0 = a0;
+                if (i0 > 0) a0 = _mm256_loadu_pd(o0 + p), b0 = _mm256_loadu_pd(o1 + p);
+                for (int64_t i = i0; i < i1; i++) {
+                    const __m256d v0 = _mm256_loadu_pd(pt + i * P + p);
+                    a0 = _mm256_fmadd_pd(v0, _mm256_broadcast_sd(x0 + i), a0);
+                    b0 = _mm256_fmadd_pd(v0, _mm256_broadcast_sd(x1 + i), b0);
+                }
+                _mm256_storeu_pd(o0 + p, a0);
+                _mm256_storeu_pd(o1 + p, b0);
+            }
+            for (; p < P; p++) {
+                double a0 = i0 > 0 ? o0[p] : 0.0, b0 = i0 > 0 ? o1[p] : 0.0;
+                for (int64_t i = i0; i < i1; i++) {
+                    a0 += x0[i] * pt[i * P + p];
+                    b0 += x1[i] * pt[i * P + p];
+                }
+                o0[p] = a0;
+                o1[p] = b0;
+            }
+        }
+        for (; r < rows; r++) {
+            const double *x0 = x + r * ldx;
+            double *o0 = out + r * P;
+            int64_t p = 0;
+            for (; p + 4 <= P; p += 4) {
+                __m256d a0 = i0 > 0 ? _mm256_loadu_pd(o0 + p) : _mm256_setzero_pd();
+                for (int64_t i = i0; i < i1; i++)
+                    a0 = _mm256_fmadd_pd(_mm256_loadu_pd(pt + i * P + p), _mm256_broadcast_sd(x0 + i), a0);
+                _mm256_storeu_pd(o0 + p, a0);
+            }
+            for (; p < P; p++) {
+                double a0 = i0 > 0 ? o0[p] : 0.0;
+                for (int64_t i = i0; i < i1; i++) a0 += x0[i] * pt[i * P + p];
+                o0[p] = a0;
+            }
+        }
+    }
+}
+
 void vd_axpy_f32_avx2(int64_t n, float a, const float *x, float *y)
 {
     const __m256 va = _mm256_set1_ps(a);

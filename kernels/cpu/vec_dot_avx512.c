@@ -192,6 +192,97 @@ void vd_plane_dots_avx512(int64_t n, int64_t P, const float *pt, const float *x,
     }
 }
 
+/* vd_cosines_f64 eight at a time, the last masked (correctly rounded in the lanes as alone). */
+void vd_cosines_f64_avx512(int64_t n, const double *d, double na, const double *nb, float *out)
+{
+    const __m512d a = _mm512_set1_pd(na), zero = _mm512_setzero_pd();
+    const int a_pos = na > 0;
+    for (int64_t p = 0; p < n; p += 8) {
+        const __mmask8 m = n - p >= 8 ? 0xff : (__mmask8)((1u << (n - p)) - 1);
+        const __m512d b = _mm512_maskz_loadu_pd(m, nb + p);
+        const __mmask8 ok = a_pos ? _mm512_mask_cmp_pd_mask(m, b, zero, _CMP_GT_OQ) : 0;
+        const __m512d q = _mm512_maskz_div_pd(ok, _mm512_maskz_loadu_pd(m, d + p), _mm512_maskz_sqrt_pd(ok, _mm512_mul_pd(a, b)));
+        _mm256_mask_storeu_ps(out + p, m, _mm512_cvtpd_ps(q));
+    }
+}
+
+/* vd_pair_dots_f64 with 8 lanes a vector: two rows a pass over four vectors (32 vectors v_p), eight
+ * sums in registers, then a vector at a time, the last masked; a row left over alone. The elements
+ * are taken PD_TILE at a time for every row (the sums stored and taken up again between tiles, in
+ * element order still), so that the tile of pt the rows run over stays in L1. Fused
+ * multiply-adds: the products are exact (vec_dot.h), so the doubles are the plain loop's. */
+void vd_pair_dots_f64_avx512(int64_t n, int64_t P, const double *pt, int64_t rows, const double *x, int64_t ldx,
+                             double *out)
+{
+    const int64_t tile = P > 0 && VD_PAIR_TILE_DOUBLES / P > 0 ? VD_PAIR_TILE_DOUBLES / P : 1;
+    if (n <= 0)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t p = 0; p < P; p++) out[r * P + p] = 0.0;
+    for (int64_t i0 = 0; i0 < n; i0 += tile) {
+        const int64_t i1 = i0 + tile < n ? i0 + tile : n;
+        int64_t r = 0;
+        for (; r + 2 <= rows; r += 2) {
+            const double *x0 = x + r * ldx, *x1 = x0 + ldx;
+            double *o0 = out + r * P, *o1 = o0 + P;
+            int64_t p = 0;
+            for (; p + 32 <= P; p += 32) {
+                __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+                if (i0 > 0) {
+                    a0 = _mm512_loadu_pd(o0 + p), a1 = _mm512_loadu_pd(o0 + p + 8), a2 = _mm512_loadu_pd(o0 + p + 16),
+                    a3 = _mm512_loadu_pd(o0 + p + 24);
+                    b0 = _mm512_loadu_pd(o1 + p), b1 = _mm512_loadu_pd(o1 + p + 8), b2 = _mm512_loadu_pd(o1 + p + 16),
+                    b3 = _mm512_loadu_pd(o1 + p + 24);
+                }
+                for (int64_t i = i0; i < i1; i++) {
+                    const double *v = pt + i * P + p;
+                    const __m512d v0 = _mm512_loadu_pd(v), v1 = _mm512_loadu_pd(v + 8), v2 = _mm512_loadu_pd(v + 16),
+                                  v3 = _mm512_loadu_pd(v + 24);
+                    const __m512d s0 = _mm512_set1_pd(x0[i]), s1 = _mm512_set1_pd(x1[i]);
+                    a0 = _mm512_fmadd_pd(v0, s0, a0);
+                    a1 = _mm512_fmadd_pd(v1, s0, a1);
+                    a2 = _mm512_fmadd_pd(v2, s0, a2);
+                    a3 = _mm512_fmadd_pd(v3, s0, a3);
+                    b0 = _mm512_fmadd_pd(v0, s1, b0);
+                    b1 = _mm512_fmadd_pd(v1, s1, b1);
+                    b2 = _mm512_fmadd_pd(v2, s1, b2);
+                    b3 = _mm512_fmadd_pd(v3, s1, b3);
+                }
+                _mm512_storeu_pd(o0 + p, a0);
+                _mm512_storeu_pd(o0 + p + 8, a1);
+                _mm512_storeu_pd(o0 + p + 16, a2);
+                _mm512_storeu_pd(o0 + p + 24, a3);
+                _mm512_storeu_pd(o1 + p, b0);
+                _mm512_storeu_pd(o1 + p + 8, b1);
+                _mm512_storeu_pd(o1 + p + 16, b2);
+                _mm512_storeu_pd(o1 + p + 24, b3);
+            }
+            for (; p < P; p += 8) {
+                const __mmask8 m = P - p >= 8 ? 0xff : (__mmask8)((1u << (P - p)) - 1);
+                __m512d a0 = _mm512_setzero_pd(), b0 = a0;
+                if (i0 > 0) a0 = _mm512_maskz_loadu_pd(m, o0 + p), b0 = _mm512_maskz_loadu_pd(m, o1 + p);
+                for (int64_t i = i0; i < i1; i++) {
+                    const __m512d v0 = _mm512_maskz_loadu_pd(m, pt + i * P + p);
+                    a0 = _mm512_fmadd_pd(v0, _mm512_set1_pd(x0[i]), a0);
+                    b0 = _mm512_fmadd_pd(v0, _mm512_set1_pd(x1[i]), b0);
+                }
+                _mm512_mask_storeu_pd(o0 + p, m, a0);
+                _mm512_mask_storeu_pd(o1 + p, m, b0);
+            }
+        }
+        for (; r < rows; r++) {
+            const double *x0 = x + r * ldx;
+            double *o0 = out + r * P;
+            for (int64_t p = 0; p < P; p += 8) {
+                const __mmask8 m = P - p >= 8 ? 0xff : (__mmask8)((1u << (P - p)) - 1);
+                __m512d a0 = i0 > 0 ? _mm512_maskz_loadu_pd(m, o0 + p) : _mm512_setzero_pd();
+                for (int64_t i = i0; i < i1; i++)
+                    a0 = _mm512_fmadd_pd(_mm512_maskz_loadu_pd(m, pt + i * P + p), _mm512_set1_pd(x0[i]), a0);
+                _mm512_mask_storeu_pd(o0 + p, m, a0);
+            }
+        }
+    }
+}
+
 #else
 /* Not x86-64 (the Makefile builds this file with the AVX-512 flags there): nothing to offer. */
 const vd_gemm *vd_gemm_avx512(uint32_t wtype)
@@ -211,5 +302,14 @@ void vd_attn_accum_avx512(int d_head, int nk, int nr, int rp, const float *p, co
 void vd_plane_dots_avx512(int64_t n, int64_t P, const float *pt, const float *x, float *out)
 {
     (void)n, (void)P, (void)pt, (void)x, (void)out;
+}
+void vd_cosines_f64_avx512(int64_t n, const double *d, double na, const double *nb, float *out)
+{
+    (void)n, (void)d, (void)na, (void)nb, (void)out;
+}
+void vd_pair_dots_f64_avx512(int64_t n, int64_t P, const double *pt, int64_t rows, const double *x, int64_t ldx,
+                             double *out)
+{
+    (void)n, (void)P, (void)pt, (void)rows, (void)x, (void)ldx, (void)out;
 }
 #endif
