@@ -312,6 +312,41 @@ typedef struct be_links {
     float *sim;                /* [m1 - m0] */
 } be_links;
 
+/* A link of Chelsea's soft matching: A row a to merge into B row b, their cosine. */
+typedef struct be_link {
+    int64_t a, b;
+    float sim;
+} be_link;
+
+/* One KV head's rows for a merge: keys and values [n][dim] (f32), positions, degrees (the original
+ * tokens a row stands for). n rows in; the rows kept, compacted in place, out. */
+typedef struct be_merge_head {
+    float *k, *v;
+    int32_t *pos;
+    float *deg;
+    int64_t n;
+} be_merge_head;
+
+/* Chelsea's merge of some KV heads of a layer to `target` rows each (kernels/merge_kernels.h
+ * defines it): with replay, each head's rows taken in arrival order and merged back to target each
+ * time more than target + gap have arrived, then to target; else merged to target at once. The
+ * rows stay aside in each pass's `sinks` first and `recent` last, and the middle is matched in
+ * chunks of `chunk` rows. Every backend gives the same rows, bit for bit. on_pass, when given, is
+ * called on the host after each pass with the head, the pass's number within its merge (from 1),
+ * its links in order (the first r merged), the merged A rows (gone[t] != 0) and the positions of
+ * the pass's T rows: the trace (a backend given it merges on the host). */
+#define BE_MERGE_MAX_HEADS 64   /* heads a merge call takes at most */
+typedef struct be_merge {
+    be_merge_head *heads;    /* n_heads <= BE_MERGE_MAX_HEADS */
+    int n_heads;
+    int64_t dim, target, gap;
+    int sinks, recent, chunk;
+    int replay;
+    void (*on_pass)(void *ctx, int head, int pass, const be_link *links, int64_t nl, int64_t r, const char *gone,
+                    const int32_t *pos, int64_t T);
+    void *ctx;
+} be_merge;
+
 typedef struct be_backend be_backend;
 
 typedef struct be_ops {
@@ -403,6 +438,10 @@ typedef struct be_ops {
     /* Chelsea's soft matching (be_links above), on the host when this returns. NULL: the host's
      * threads compute it (be_soft_links). */
     void (*soft_links)(be_backend *b, const be_links *l);
+    /* Chelsea's merge of a layer's KV heads (be_merge above), on the host's arrays when this
+     * returns: 0, or -1 when memory ran out (the heads' rows are then not to be used). NULL: the
+     * host's threads merge (be_merge_heads). */
+    int (*merge_heads)(be_backend *b, const be_merge *m);
 } be_ops;
 
 struct be_backend {
@@ -549,6 +588,14 @@ static inline void be_soft_links(be_backend *b, const be_links *l)
 {
     if (b && b->ops->soft_links) b->ops->soft_links(b, l);
     else be_host_soft_links(b, l);
+}
+/* be_merge on the host, each pass's links by be_soft_links on b (b may be NULL: the calling
+ * thread): what a backend without its own merge_heads gives (kernels/cpu/merge_heads.c). */
+int be_host_merge_heads(be_backend *b, const be_merge *m);
+static inline int be_merge_heads(be_backend *b, const be_merge *m)
+{
+    if (b && b->ops->merge_heads) return b->ops->merge_heads(b, m);
+    return be_host_merge_heads(b, m);
 }
 /* Rows not in the cache yet (a->n_cur > 0: a deferred decode step's, or a prefill chunk's) as more
  * pages per KV head after that head's pages, the order the cache would give them, BE_CUR_ROWS rows a

@@ -9,14 +9,14 @@ enum {
     R_MATMUL_1, R_MATMUL_N, R_RMSNORM, R_QK_ROPE, R_GLU, R_GET_ROWS, R_ATTENTION_1, R_ATTENTION_N,
     R_ATTENTION_SEQS, R_SCORES, R_BOUND_PAGES, R_ADD_NORM, R_PREPARE, R_BIND, R_UNBIND, R_HOST_READ,
     R_HOST_WRITE, R_PICK, R_HOST_PREFETCH, R_KEY_MEANS, R_ATTN_MASS, R_PAGE_ROWS, R_PAGE_MOVES, R_LSH_HITS,
-    R_SOFT_LINKS, R_WARM_UP, R_N
+    R_SOFT_LINKS, R_MERGE_HEADS, R_WARM_UP, R_N
 };
 
 static const char *const row_name[R_N] = {
     "matmul 1 token", "matmul tokens", "rmsnorm", "qk_rope", "glu", "get_rows", "attention 1 query",
     "attention queries", "attention joined", "scores", "bound_pages", "add_norm", "prepare", "bind", "unbind",
     "host_read", "host_write", "pick", "host_prefetch", "key_means", "attn_mass", "page_rows", "page_moves",
-    "lsh_hits", "soft_links", "warm-up",
+    "lsh_hits", "soft_links", "merge_heads", "warm-up",
 };
 
 typedef struct prof_row {
@@ -223,6 +223,12 @@ static void t_page_moves(be_backend *b, const be_page_move *m, int n)
 }
 static void t_lsh_hits(be_backend *b, const be_lsh *l) { TIMED(R_LSH_HITS, in_->ops->lsh_hits(in_, l)); }
 static void t_soft_links(be_backend *b, const be_links *l) { TIMED(R_SOFT_LINKS, in_->ops->soft_links(in_, l)); }
+static int t_merge_heads(be_backend *b, const be_merge *m)
+{
+    int rc;
+    TIMED(R_MERGE_HEADS, rc = in_->ops->merge_heads(in_, m));
+    return rc;
+}
 
 static void t_finish(be_backend *b)
 {
@@ -280,6 +286,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     TWIN(page_moves);
     TWIN(lsh_hits);
     TWIN(soft_links);
+    TWIN(merge_heads);
     p->outer.ops = &p->ops;
     p->outer.n_threads = in->n_threads;
     p->outer.impl = p;

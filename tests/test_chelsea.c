@@ -167,6 +167,13 @@ Test(soft_links, the_op_gives_the_plain_formulas_links_on_every_instruction_set_
             k[50 * D + i] = 0.0f;
             k[61 * D + i] = i % 2 ? 1e30f : -1e-30f;
         }
+        /* rows whose norms are NaN or infinite, in A and in B (a NaN norm's cosine is 0, which
+         * beats negative ones; an infinite one gives NaN or 0) */
+        k[72 * D] = NAN;
+        k[73 * D + D - 1] = NAN;
+        k[84 * D] = INFINITY;
+        k[87 * D + D / 2] = -INFINITY;
+        for (int64_t i = 0; i < D; i++) k[95 * D + i] = i % 3 ? INFINITY : -INFINITY;
         for (int ci = 0; ci < 8; ci++)
             for (int isa = VD_ISA_SCALAR; isa < VD_ISA_COUNT; isa++) {
                 if (!vd_isa_supported((vd_isa)isa)) continue;
@@ -186,6 +193,42 @@ Test(soft_links, the_op_gives_the_plain_formulas_links_on_every_instruction_set_
     be_free(two);
     be_free(three);
     cr_assert(compared > 100000, "%lld A rows compared", (long long)compared);
+}
+
+Test(soft_links, the_cosines_in_the_lanes_are_the_scalar_formulas_for_every_special_value)
+{
+    static const double vals[] = { 0.0, -0.0, 1.0, 2.5e-310, 1e300, INFINITY, -INFINITY, NAN, 3.0, -7.25, 1e-30 };
+    enum { NV = sizeof vals / sizeof vals[0], N = 37 };
+    char err[256];
+    const vd_isa was = vd_isa_active();
+    uint64_t r = 5;
+    int compared = 0;
+    for (int isa = VD_ISA_SCALAR; isa < VD_ISA_COUNT; isa++) {
+        if (!vd_isa_supported((vd_isa)isa)) continue;
+        cr_assert(vd_set_isa((vd_isa)isa, err, sizeof err) == 0, "%s", err);
+        for (int ia = 0; ia < NV; ia++)
+            for (int n = 0; n <= N; n += n < 10 ? 1 : 9) {
+                double d[N], nb[N];
+                float got[N + 1];
+                for (int p = 0; p < n; p++) {
+                    r = r * 6364136223846793005ull + 1442695040888963407ull;
+                    d[p] = vals[(r >> 33) % NV] * ((r >> 20) & 1 ? -1 : 1);
+                    nb[p] = vals[(r >> 40) % NV];
+                }
+                got[n] = 42.0f;
+                vd_cosines_f64(n, d, vals[ia], nb, got);
+                cr_assert(got[n] == 42.0f, "%s wrote past %d", vd_isa_name((vd_isa)isa), n);
+                for (int p = 0; p < n; p++) {
+                    float want = vals[ia] > 0 && nb[p] > 0 ? (float)(d[p] / sqrt(vals[ia] * nb[p])) : 0.0f;
+                    cr_assert(memcmp(&got[p], &want, sizeof want) == 0 || (isnan(got[p]) && isnan(want)),
+                              "%s: d %g, na %g, nb %g: %.9g, the formula %.9g", vd_isa_name((vd_isa)isa), d[p],
+                              vals[ia], nb[p], (double)got[p], (double)want);
+                    compared++;
+                }
+            }
+    }
+    cr_assert(vd_set_isa(was, err, sizeof err) == 0, "%s", err);
+    cr_assert_gt(compared, 1000);
 }
 
 Test(soft_links, ties_go_to_the_first_b_row_and_a_zero_or_unmatched_row_gets_what_the_formula_gives)

@@ -603,3 +603,66 @@ Test(faults, every_allocation_failure_in_laser_s_block_is_an_error_or_its_choice
     free(q);
     be_free(b);
 }
+
+/* Chelsea's replay at a prompt's end over two KV heads: each allocation that fails is an error with
+ * a message, or changes nothing (the soft matching's blocks, when their memory is short, give way to
+ * the plain formula a pair at a time: the same links). */
+Test(faults, every_allocation_failure_in_chelsea_s_merge_is_an_error_or_its_merge, .timeout = 600)
+{
+    enum { H = 2, NH = 4, D = 8, T = 160 };
+    char err[512];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    int global[1] = { 0 };
+    pol_spec spec;
+    cr_assert(pol_parse(&spec, "chelsea:budget=48,gap=8,sinks=4,recent=8,chunk=20,first=0", NULL, err, sizeof err) == 0,
+              "%s", err);
+    float *q = malloc(sizeof(float) * T * NH * D);
+    cr_assert(q);
+    for (int i = 0; i < T * NH * D; i++) q[i] = (float)((i * 31) % 89) / 44.0f - 1.0f;
+    bytes_w want = { 0 };
+    long n, reached = 1, failed = 0, same = 0;
+    for (n = 0; n < 600 && reached; n++) {   /* n = 0: no failure, the merge the others must give */
+        kv_cache *kv = kv_create(1, 4096, H, D, 16, NULL, err, sizeof err);
+        cr_assert(kv, "%s", err);
+        pol_env env = { kv, b, NH, H, D, global, 1, NULL, 0, NULL, NULL, NULL };
+        uint64_t r = 0xC4E1;
+        fwd_fixture_random_keys(kv, 1, T, &r);
+        pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
+        cr_assert(ps, "%s", err);
+        pol_chunk c = { q, T, 0, 0, 0, 0, 1, 0 };
+        n_calls = 0;
+        fault_at = n;
+        err[0] = 0;
+        int rc = pol_set_layer_done(ps, 0, &c, err, sizeof err);
+        reached = n == 0 || n_calls >= n;
+        fault_at = 0;
+        bytes_w img = { 0 };
+        kv_save(kv, &img);
+        cr_assert(!img.err);
+        if (n == 0) {
+            cr_assert_eq(rc, 0, "%s", err);
+            cr_assert(kv_head_tokens(kv, 0, 0) == 48 && kv_head_tokens(kv, 0, 1) == 48, "the heads hold %lld and %lld",
+                      (long long)kv_head_tokens(kv, 0, 0), (long long)kv_head_tokens(kv, 0, 1));
+            want = img;
+        } else {
+            if (rc) {
+                failed++;
+                cr_expect(err[0] != 0, "allocation %ld failed without a message", n);
+            } else {
+                same++;
+                cr_expect(img.n == want.n && !memcmp(img.p, want.p, img.n),
+                          "allocation %ld failed and the merge kept something else", n);
+            }
+            bw_free(&img);
+        }
+        pol_set_free(ps);
+        kv_free(kv);
+    }
+    cr_log_info("chelsea: %ld allocations a merge, %ld runs failed, %ld the same", n - 2, failed, same);
+    cr_expect_gt(failed, 0, "no allocation failure was reached");
+    cr_expect_gt(same, 0, "no allocation failure was absorbed (the soft matching's blocks)");
+    bw_free(&want);
+    free(q);
+    be_free(b);
+}

@@ -24,6 +24,9 @@
 #include "engine/policy/trace.h"
 #include "common/quant.h"
 
+/* f32 rows (keys, values, positions, degrees) of the heads one merge call takes at most. */
+#define CHELSEA_GROUP_BYTES ((int64_t)256 << 20)
+
 enum { P_BUDGET, P_GAP, P_SINKS, P_RECENT, P_CHUNK, P_OUTLIERS, P_FIRST, P_COUNT };
 
 static const pol_param params[] = {
@@ -37,22 +40,9 @@ static const pol_param params[] = {
 };
 _Static_assert(POL_COUNT(params) == P_COUNT && P_COUNT <= POL_MAX_PARAMS, "chelsea: one entry per parameter");
 
-typedef struct link {
-    int64_t a, b;
-    float sim;
-} link;
-
-static int by_sim_desc(const void *x, const void *y)
-{
-    const link *p = x, *q = y;
-    if (p->sim > q->sim) return -1;
-    if (p->sim < q->sim) return 1;
-    return (p->a > q->a) - (p->a < q->a);
-}
-
 /* The trace of one pass: every A token's best-link similarity (tokens without a link: -inf), what
  * stayed, and each merge that touches a traced position. */
-static void trace_pass(pol_trace *t, int il, int g, int pass, const link *links, int64_t nl, int64_t r,
+static void trace_pass(pol_trace *t, int il, int g, int pass, const be_link *links, int64_t nl, int64_t r,
                        const char *gone, const int32_t *pos, int64_t T)
 {
     float *sc = malloc(sizeof(float) * (size_t)T);
@@ -75,107 +65,26 @@ static void trace_pass(pol_trace *t, int il, int g, int pass, const link *links,
     free(kept);
 }
 
-static int64_t merge_traced(be_backend *be, float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D,
-                            int64_t target, int sinks, int recent, int chunk, pol_trace *trace, int il, int g)
+/* One head's rows merged by be's merge_heads (the host's when be is NULL). */
+static int64_t merge_one(be_backend *be, float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D,
+                         int64_t target, int64_t gap, int sinks, int recent, int chunk, int replay)
 {
-    int pass = 0;
-    /* one link per A token: ceil(len / 2) of every chunk, more than half the middle when the chunk
-     * size is odd (chunk=3: two of every three), so size for T */
-    size_t rows = (size_t)(T > 0 ? T : 1);
-    link *links = malloc(sizeof(link) * rows);
-    char *gone = malloc(rows);
-    int64_t *partner = malloc(sizeof(int64_t) * rows);
-    float *psim = malloc(sizeof(float) * rows);
-    if (!links || !gone || !partner || !psim) {
-        free(links);
-        free(gone);
-        free(partner);
-        free(psim);
-        return -1;
-    }
-    while (T > target) {
-        int64_t m0 = sinks, m1 = T - recent;
-        if (m1 - m0 < 2) break;
-        /* every A token's (even offsets) most similar B token (odd offsets) in its chunk, from the
-         * pass's keys (the merges of the pass before moved some) */
-        be_links bl = { .k = k, .dim = D, .m0 = m0, .m1 = m1, .chunk = chunk, .best = partner, .sim = psim };
-        be_soft_links(be, &bl);
-        int64_t nl = 0;
-        for (int64_t c0 = m0; c0 < m1; c0 += chunk) {
-            int64_t c1 = c0 + chunk < m1 ? c0 + chunk : m1;
-            for (int64_t a = c0; a < c1; a += 2)
-                if (partner[a - m0] >= 0) links[nl++] = (link){ a, partner[a - m0], psim[a - m0] };
-        }
-        if (nl == 0) break;
-        qsort(links, (size_t)nl, sizeof *links, by_sim_desc);
-        int64_t r = T - target < nl ? T - target : nl;
-        memset(gone, 0, (size_t)T);
-        /* merge every kept link's A token into its B partner: degree-weighted centroids */
-        for (int64_t i = 0; i < r; i++) {
-            int64_t a = links[i].a, b = links[i].b;
-            float na = deg[a], nb = deg[b], n = na + nb;
-            for (int64_t d = 0; d < D; d++) {
-                k[b * D + d] = (nb * k[b * D + d] + na * k[a * D + d]) / n;
-                v[b * D + d] = (nb * v[b * D + d] + na * v[a * D + d]) / n;
-            }
-            deg[b] = n;
-            gone[a] = 1;
-        }
-        if (trace) trace_pass(trace, il, g, ++pass, links, nl, r, gone, pos, T);
-        int64_t o = 0;
-        for (int64_t j = 0; j < T; j++) {
-            if (gone[j]) continue;
-            if (o != j) {
-                memmove(k + o * D, k + j * D, sizeof(float) * (size_t)D);
-                memmove(v + o * D, v + j * D, sizeof(float) * (size_t)D);
-                pos[o] = pos[j];
-                deg[o] = deg[j];
-            }
-            o++;
-        }
-        T = o;
-    }
-    free(links);
-    free(gone);
-    free(partner);
-    free(psim);
-    return T;
+    be_merge_head h = { k, v, pos, deg, T };
+    be_merge m = { .heads = &h, .n_heads = 1, .dim = D, .target = target, .gap = gap, .sinks = sinks,
+                   .recent = recent, .chunk = chunk, .replay = replay };
+    return be_merge_heads(be, &m) == 0 ? h.n : -1;
 }
 
 int64_t chelsea_merge(be_backend *be, float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D, int64_t target,
                       int sinks, int recent, int chunk)
 {
-    return merge_traced(be, k, v, pos, deg, T, D, target, sinks, recent, chunk, NULL, -1, -1);
-}
-
-/* The T rows taken in arrival order, merged back to target each time more than target + gap have
- * arrived, then to target: what the trigger does while the cache grows, replayed on rows encoded
- * with nothing merged. Rows are compacted in place; the new count, or -1 when out of memory. */
-static int64_t replay_traced(be_backend *be, float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D,
-                             int64_t target, int64_t gap, int sinks, int recent, int chunk, pol_trace *trace, int il,
-                             int g)
-{
-    int64_t held = 0;
-    for (int64_t next = 0; next < T; next++) {
-        if (held != next) {   /* arrived rows stay in [0, held), held <= next: no overlap */
-            memcpy(k + held * D, k + next * D, sizeof(float) * (size_t)D);
-            memcpy(v + held * D, v + next * D, sizeof(float) * (size_t)D);
-            pos[held] = pos[next];
-            deg[held] = deg[next];
-        }
-        held++;
-        if (held > target + gap || (next == T - 1 && held > target)) {
-            held = merge_traced(be, k, v, pos, deg, held, D, target, sinks, recent, chunk, trace, il, g);
-            if (held < 0) return -1;
-        }
-    }
-    return held;
+    return merge_one(be, k, v, pos, deg, T, D, target, 0, sinks, recent, chunk, 0);
 }
 
 int64_t chelsea_replay(be_backend *be, float *k, float *v, int32_t *pos, float *deg, int64_t T, int64_t D,
                        int64_t target, int64_t gap, int sinks, int recent, int chunk)
 {
-    return replay_traced(be, k, v, pos, deg, T, D, target, gap, sinks, recent, chunk, NULL, -1, -1);
+    return merge_one(be, k, v, pos, deg, T, D, target, gap, sinks, recent, chunk, 1);
 }
 
 /* Head g of layer il as f32 rows (k, v may be NULL), with positions and degrees when asked. */
@@ -319,34 +228,59 @@ static int ch_check(void *st, const pol_env *env, int64_t ctx, char *err, size_t
     return 0;
 }
 
-/* Merge head g of layer il to the budget: at once (decoding, past budget + gap), or with replay
- * the whole prompt as the trigger would have taken it (the prompt's end). */
-static int compress_head(st_chel *s, const pol_env *env, int il, int g, int replay)
+typedef struct pass_trace {
+    const pol_env *env;
+    int il;
+    const int *g;
+} pass_trace;
+
+static void trace_merge_pass(void *ctx, int head, int pass, const be_link *links, int64_t nl, int64_t r,
+                             const char *gone, const int32_t *pos, int64_t T)
 {
-    float *k = NULL, *v = NULL, *deg = NULL, *ld = NULL;
-    int32_t *pos = NULL;
-    int64_t T = read_head(env->kv, il, g, &k, &v, &pos, &deg), D = kv_head_dim(env->kv);
+    const pass_trace *t = ctx;
+    trace_pass(t->env->trace, t->il, t->g[head], pass, links, nl, r, gone, pos, T);
+}
+
+/* Merge KV heads g[0 .. n) of layer il to the budget in one call of the backend's merge: at once
+ * (decoding, past budget + gap), or with replay the whole prompt as the trigger would have taken it
+ * (the prompt's end). */
+static int compress_heads(st_chel *s, const pol_env *env, int il, const int *g, int n, int replay)
+{
+    be_merge_head *h = calloc((size_t)n, sizeof *h);
+    int64_t *before = malloc(sizeof(int64_t) * (size_t)n), D = kv_head_dim(env->kv);
+    float *ld = NULL;
     int rc = -1;
-    if (T < 0 || !(ld = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1)))) goto out;
-    int64_t n = replay ? replay_traced(env->b, k, v, pos, deg, T, D, s->budget_tokens, s->gap, s->sinks, s->recent,
-                                       s->chunk, env->trace, il, g)
-                       : merge_traced(env->b, k, v, pos, deg, T, D, s->budget_tokens, s->sinks, s->recent, s->chunk,
-                                      env->trace, il, g);
-    if (n < 0) goto out;
-    for (int64_t i = 0; i < n && env->trace; i++)
-        if (pol_trace_covers(env->trace, pos[i], pos[i]))
-            pol_trace_note(env->trace, "chelsea L%d h%d: position %d stands for %.0f tokens", il, g, pos[i], (double)deg[i]);
-    for (int64_t i = 0; i < n; i++) ld[i] = logf(deg[i]);
-    if (kv_rebuild_head(env->kv, il, g, k, v, pos, ld, n) != 0) goto out;
-    s->merges += T - n;
-    s->kept_last = n;
+    if (!h || !before) goto out;
+    for (int i = 0; i < n; i++)
+        if ((h[i].n = before[i] = read_head(env->kv, il, g[i], &h[i].k, &h[i].v, &h[i].pos, &h[i].deg)) < 0) goto out;
+    pass_trace pt = { env, il, g };
+    be_merge m = { .heads = h, .n_heads = n, .dim = D, .target = s->budget_tokens, .gap = s->gap, .sinks = s->sinks,
+                   .recent = s->recent, .chunk = s->chunk, .replay = replay,
+                   .on_pass = env->trace ? trace_merge_pass : NULL, .ctx = &pt };
+    if (be_merge_heads(env->b, &m) != 0) goto out;
+    for (int i = 0; i < n; i++) {
+        for (int64_t j = 0; j < h[i].n && env->trace; j++)
+            if (pol_trace_covers(env->trace, h[i].pos[j], h[i].pos[j]))
+                pol_trace_note(env->trace, "chelsea L%d h%d: position %d stands for %.0f tokens", il, g[i], h[i].pos[j],
+                               (double)h[i].deg[j]);
+        free(ld);
+        if (!(ld = malloc(sizeof(float) * (size_t)(h[i].n > 0 ? h[i].n : 1)))) goto out;
+        for (int64_t j = 0; j < h[i].n; j++) ld[j] = logf(h[i].deg[j]);
+        if (kv_rebuild_head(env->kv, il, g[i], h[i].k, h[i].v, h[i].pos, ld, h[i].n) != 0) goto out;
+        s->merges += before[i] - h[i].n;
+        s->kept_last = h[i].n;
+    }
     rc = 0;
 out:
-    free(k);
-    free(v);
-    free(deg);
+    for (int i = 0; h && i < n; i++) {
+        free(h[i].k);
+        free(h[i].v);
+        free(h[i].pos);
+        free(h[i].deg);
+    }
+    free(h);
+    free(before);
     free(ld);
-    free(pos);
     return rc;
 }
 
@@ -371,16 +305,31 @@ static int ch_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
         s->budget_tokens = pol_budget_tokens(s->budget, end);
     }
     if (s->budget_tokens <= 0) return 0;
-    for (int g = 0; g < env->n_head_kv; g++) {
-        if (s->spared[il * env->n_head_kv + g]) continue;   /* an outlier head keeps its full cache */
+    /* the heads past the trigger, merged together (a device merges them side by side), as many at
+     * a time as CHELSEA_GROUP_BYTES of f32 rows hold; one at a time when tracing, so that each
+     * head's notes follow its passes */
+    int g[BE_MERGE_MAX_HEADS], n = 0;
+    int64_t bytes = 0, row = 2 * (int64_t)sizeof(float) * kv_head_dim(env->kv) + 8;
+    for (int h = 0; h <= env->n_head_kv; h++) {
         int64_t T = 0;
-        int np = kv_n_pages(env->kv, il, g);
-        for (int i = 0; i < np; i++) T += kv_layer_page(env->kv, il, g, i)->n;
-        /* the prompt ends at the budget, as every policy's does; otherwise the trigger is B + g */
-        if (T <= s->budget_tokens + (c->last && !c->decoding ? 0 : s->gap)) continue;
-        if (compress_head(s, env, il, g, !c->decoding) != 0) {
-            snprintf(err, errlen, "chelsea: out of memory merging");
-            return -1;
+        if (h < env->n_head_kv) {
+            int np = kv_n_pages(env->kv, il, h);
+            for (int i = 0; i < np; i++) T += kv_layer_page(env->kv, il, h, i)->n;
+        }
+        /* an outlier head keeps its full cache; the prompt ends at the budget, as every policy's
+         * does; otherwise the trigger is B + g */
+        int take = h < env->n_head_kv && !s->spared[il * env->n_head_kv + h] &&
+                   T > s->budget_tokens + (c->last && !c->decoding ? 0 : s->gap);
+        if (n > 0 && (h == env->n_head_kv || (take && (bytes + T * row > CHELSEA_GROUP_BYTES || n == BE_MERGE_MAX_HEADS || env->trace)))) {
+            if (compress_heads(s, env, il, g, n, !c->decoding) != 0) {
+                snprintf(err, errlen, "chelsea: out of memory merging");
+                return -1;
+            }
+            n = 0, bytes = 0;
+        }
+        if (take) {
+            g[n++] = h;
+            bytes += T * row;
         }
     }
     return 0;

@@ -1120,6 +1120,7 @@ static const be_ops cpu_ops = {
     .host_pool = be_cpu_pool,
     .lsh_hits = be_host_lsh_hits,
     .soft_links = be_host_soft_links,
+    .merge_heads = be_host_merge_heads,
 };
 
 be_backend *be_cpu_create(int n_threads, char *err, size_t errlen)

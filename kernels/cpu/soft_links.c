@@ -119,14 +119,16 @@ void be_host_soft_links(be_backend *b, const be_links *l)
     }
     const int64_t n = l->m1 - l->m0;
     if (n == 0) return;
-    const int64_t span = l->chunk < n ? l->chunk : n, n_chunks = (n + l->chunk - 1) / l->chunk;
-    sl_job j = { l, ((span + 1) / 2 + SL_A - 1) / SL_A, NULL,
-                  (size_t)(SL_B * l->dim + SL_A * l->dim + SL_A * SL_B + SL_B + SL_A) };
+    be_links c = *l;   /* a chunk longer than the rows is the rows (no sum past them to overflow) */
+    if (c.chunk > n) c.chunk = n;
+    const int64_t n_chunks = (n + c.chunk - 1) / c.chunk;
+    sl_job j = { &c, ((c.chunk + 1) / 2 + SL_A - 1) / SL_A, NULL,
+                 (size_t)(SL_B * c.dim + SL_A * c.dim + SL_A * SL_B + SL_B + SL_A) };
     struct tp_pool *pool = b && b->ops->host_pool ? b->ops->host_pool(b) : NULL;
-    const int threads = pool ? tp_n_threads(pool) : 1;
+    const int threads = pool ? tp_n_threads(pool) : 1;   /* any thread may take any task */
     j.scratch = malloc(sizeof(double) * j.slot * (size_t)threads);
     if (!j.scratch) {
-        links_plain(l);
+        links_plain(&c);
         return;
     }
     be_host_run(b, links_task, &j, n_chunks * j.per_chunk);
