@@ -78,21 +78,156 @@ QB_HD int64_t mg_a_row(int64_t m0, int64_t m1, int64_t chunk, int64_t per, int64
     return a < c1 ? a : -1;
 }
 
-/* The link of A row a (rows k, norms nrm over the pass's rows; the chunk [c0, c1) holding a): its B
- * row (-1: none) and cosine, the first B row of the largest cosine. */
-QB_HD int64_t mg_best(const float *k, const double *nrm, int64_t D, int64_t a, int64_t c0, int64_t c1, float *sim)
+/* ---- a device's merge, planned ahead (kernels/cuda/merge_heads.cu): a pass is seven steps over the
+ * working rows W (the held rows, in order), each a launch of a thread per item:
+ *   norms   a row of [m0, m1): nrm[t] = mg_norm(W row t)
+ *   pairs   an (A slot j, B index u) of mg_pass.slots x per: mg_pair_sim, its cosine into sims
+ *   links   an A slot j (mg_a_row): mg_slot_pick into la, lb, ls (its first B row of the largest
+ *           cosine, as be_links scans them); order[j] = -1
+ *   rank    a slot with a link: mg_slot_rank, its rank among the links; the first r go to order
+ *           (order[rank] = slot) and mark their A row gone; and (the head's first thread) the
+ *           links counted against mg_pass.links, a mismatch flagged (a NaN cosine: the host merges)
+ *   merge   a B slot: mg_slot_merge, the links of order[0 .. r) into its B row, in order
+ *   compact a block a head, its threads each a run of rows: mg_compact counts them, a scan of the
+ *           counts, mg_compact again with each run's first index (-1: gone)
+ *   scatter a (row, element): the kept rows into W' in order, gone cleared; then W and W' swap
+ * and arrivals (a replay) copy source rows after the held ones. */
+
+typedef struct mg_pass {
+    int64_t T, m0, m1, chunk;   /* the rows held, the middle, the chunk size */
+    int64_t per, slots;         /* A slots a chunk, and in all */
+    int64_t links, r;           /* the links the shape gives, the links merged */
+} mg_pass;
+
+/* The cosine of A slot j's row with its chunk's B row u (c0 + 1 + 2u), into sims[j * per + u]; nothing
+ * where either row is past the chunk. */
+QB_HD void mg_pair_sim(const mg_pass *p, const float *W, const double *nrm, int64_t D, int64_t j, int64_t u, float *sims)
 {
-    float bs = -2.0f;
-    int64_t best = -1;
-    for (int64_t b = c0 + 1; b < c1; b += 2) {
-        const float s = mg_cosine(k + a * D, k + b * D, D, nrm[a], nrm[b]);
-        if (s > bs) {
-            bs = s;
-            best = b;
+    const int64_t a = mg_a_row(p->m0, p->m1, p->chunk, p->per, j);
+    if (a < 0) return;
+    const int64_t c0 = p->m0 + j / p->per * p->chunk, c1 = c0 + p->chunk < p->m1 ? c0 + p->chunk : p->m1;
+    const int64_t b = c0 + 1 + 2 * u;
+    if (b < c1) sims[j * p->per + u] = mg_cosine(W + a * D, W + b * D, D, nrm[a], nrm[b]);
+}
+
+/* A slot's link from its pairs' cosines, scanned as be_links defines it (the first B row of the
+ * largest cosine, -2 to start, a NaN never winning): its A row (-1: no such row) and B row (-1:
+ * none), and their cosine. */
+QB_HD void mg_slot_pick(const mg_pass *p, const float *sims, int64_t j, int64_t *la, int64_t *lb, float *ls)
+{
+    const int64_t a = mg_a_row(p->m0, p->m1, p->chunk, p->per, j);
+    la[j] = a;
+    lb[j] = -1;
+    ls[j] = -2.0f;
+    if (a < 0) return;
+    const int64_t c0 = p->m0 + j / p->per * p->chunk, c1 = c0 + p->chunk < p->m1 ? c0 + p->chunk : p->m1;
+    for (int64_t u = 0; c0 + 1 + 2 * u < c1; u++) {
+        const float s = sims[j * p->per + u];
+        if (s > ls[j]) {
+            ls[j] = s;
+            lb[j] = c0 + 1 + 2 * u;
         }
     }
-    *sim = bs;
-    return best;
+}
+
+/* Slot i's rank among the pass's links (the links before it by mg_before), or -1 without a link. */
+QB_HD int64_t mg_slot_rank(const mg_pass *p, const int64_t *la, const int64_t *lb, const float *ls, int64_t i)
+{
+    if (lb[i] < 0) return -1;
+    int64_t rank = 0;
+    for (int64_t j = 0; j < p->slots; j++) rank += lb[j] >= 0 && mg_before(ls[j], la[j], ls[i], la[i]);
+    return rank;
+}
+
+/* The links among the slots. */
+QB_HD int64_t mg_count_links(const mg_pass *p, const int64_t *lb)
+{
+    int64_t n = 0;
+    for (int64_t j = 0; j < p->slots; j++) n += lb[j] >= 0;
+    return n;
+}
+
+/* B slot j (the B row after A slot j's row, if its chunk has it): the merged links order[0 .. r)
+ * whose B row it is, merged into it in that order (keys and values of D elements, its degree). */
+QB_HD void mg_slot_merge(const mg_pass *p, float *Wk, float *Wv, float *deg, int64_t D, const int64_t *la,
+                         const int64_t *lb, const int64_t *order, int64_t j)
+{
+    const int64_t a0 = mg_a_row(p->m0, p->m1, p->chunk, p->per, j);
+    if (a0 < 0) return;
+    const int64_t c0 = p->m0 + j / p->per * p->chunk, c1 = c0 + p->chunk < p->m1 ? c0 + p->chunk : p->m1, b = a0 + 1;
+    if (b >= c1) return;
+    for (int64_t s = 0; s < p->r; s++) {
+        const int64_t i = order[s];
+        if (i < 0 || i >= p->slots || lb[i] != b) continue;
+        const int64_t a = la[i];
+        const float na = deg[a], nb = deg[b], n = QB_ADD(na, nb);
+        for (int64_t d = 0; d < D; d++) {
+            Wk[b * D + d] = mg_centroid(Wk[b * D + d], Wk[a * D + d], nb, na, n);
+            Wv[b * D + d] = mg_centroid(Wv[b * D + d], Wv[a * D + d], nb, na, n);
+        }
+        deg[b] = n;
+    }
+}
+
+/* Each of rows [t0, t1)'s index after the pass (-1: merged away), the first kept one's being o; the
+ * rows kept. mg_compact(gone, 0, T, 0, idx) over all T rows; a device splits the rows among a
+ * block's threads, each counting its own (mg_compact with idx NULL) before the counts' scan. */
+QB_HD int64_t mg_compact(const unsigned char *gone, int64_t t0, int64_t t1, int64_t o, int32_t *idx)
+{
+    int64_t kept = 0;
+    for (int64_t t = t0; t < t1; t++) {
+        if (idx) idx[t] = gone[t] ? -1 : (int32_t)(o + kept);
+        kept += !gone[t];
+    }
+    return kept;
+}
+
+/* A device's steps for mg_plan: rows [next, next + add) of the source after the `held` working rows,
+ * and a pass (W to W' as above). 0, or -1 to stop. */
+typedef struct mg_steps {
+    void *ctx;
+    int (*append)(void *ctx, int64_t held, int64_t next, int64_t add);
+    int (*pass)(void *ctx, const mg_pass *p);
+} mg_steps;
+
+/* A merge of T rows to target: its passes, planned from the shape (each pass's links as
+ * mg_links_expected gives them); the rows held after, or -1 when a step stopped. */
+static inline int64_t mg_merge_plan(int64_t T, int64_t target, int sinks, int recent, int64_t chunk,
+                                    const mg_steps *st)
+{
+    while (T > target) {
+        mg_pass p = { T, sinks, T - recent, chunk, 0, 0, 0, 0 };
+        if (p.m1 - p.m0 < 2) break;
+        p.links = mg_links_expected(p.m0, p.m1, chunk);
+        if (p.links == 0) break;
+        p.per = mg_a_per_chunk(p.m0, p.m1, chunk);
+        p.slots = (p.m1 - p.m0 + chunk - 1) / chunk * p.per;
+        p.r = T - target < p.links ? T - target : p.links;
+        if (st->pass(st->ctx, &p)) return -1;
+        T -= p.r;
+    }
+    return T;
+}
+
+/* The whole merge of a head's T0 source rows (be_merge: replayed in arrival order, or at once) as a
+ * device runs it: the rows held after, or -1 when a step stopped. */
+static inline int64_t mg_plan(int64_t T0, int64_t target, int64_t gap, int sinks, int recent, int64_t chunk, int replay,
+                              const mg_steps *st)
+{
+    if (!replay) return st->append(st->ctx, 0, 0, T0) ? -1 : mg_merge_plan(T0, target, sinks, recent, chunk, st);
+    int64_t held = 0, next = 0;
+    while (next < T0) {
+        /* rows arrive one by one and the trigger looks after each: until it fires, they come together */
+        int64_t add = target + gap + 1 - held;
+        if (add < 1) add = 1;
+        if (add > T0 - next) add = T0 - next;
+        if (st->append(st->ctx, held, next, add)) return -1;
+        held += add;
+        next += add;
+        if (held > target + gap || (next == T0 && held > target))
+            if ((held = mg_merge_plan(held, target, sinks, recent, chunk, st)) < 0) return -1;
+    }
+    return held;
 }
 
 #endif

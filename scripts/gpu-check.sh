@@ -242,9 +242,9 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
-    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, selection)" 120 \
+    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, merge, selection)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|a_selection_by_bounds*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # a prompt's rows written into the page copies on the device: whole tiny-model runs, so a step
     # of its own (a timeout here leaves the others' results)
@@ -261,9 +261,9 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(flash_attention*|fused_ops*|lsh_hits_on*)'
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
-    step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall)" 90 \
+    step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall, merge)" 90 \
         compute-sanitizer --tool synccheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(grouped_attention*|joined_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*)'
+        --filter 'cuda/@(grouped_attention*|joined_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
     say "- compute-sanitizer: not installed here"
@@ -400,6 +400,10 @@ for type in q4_k_m f16; do
             # stage 5's ninth part; its blocks of 4,096 tokens each code every layer's keys once)
             profiled_prompt mistral-7b-q4_k_m "$m" laser 90 \
                 "LASER-KV at depth 32704, 8 tokens, beside full's time to first token above:"
+            # Chelsea at 32K under the op profiler: its replay merged on the device (merge_heads,
+            # stage 5's tenth part; the links on the host's threads before it)
+            profiled_prompt mistral-7b-q4_k_m "$m" chelsea:budget=0.2 90 \
+                "Chelsea at depth 32704, 8 tokens, beside full's time to first token above:"
         fi
     fi
     rm -f "$m"

@@ -255,3 +255,243 @@ Test(soft_links, ties_go_to_the_first_b_row_and_a_zero_or_unmatched_row_gets_wha
     be_soft_links(NULL, &one);
     for (int i = 0; i < T; i++) cr_assert(best[i] == -1 && sim[i] == -2.0f, "row %d: %lld", i, (long long)best[i]);
 }
+
+/* ------------------------------------------------------------------ the merge (be_merge) */
+
+#include "kernels/merge_kernels.h"
+
+/* The CUDA backend's merge (kernels/cuda/merge_heads.cu) with each launch's threads run one after
+ * another on the host: every step of a pass reads what the step before wrote and no thread of a
+ * step reads what another thread of it writes, so the order of its threads does not matter. */
+typedef struct emu {
+    const float *sk, *sv, *sdeg;
+    const int32_t *spos;
+    float *wk[2], *wv[2], *wdeg[2];
+    int32_t *wpos[2];
+    double *nrm;
+    int64_t *la, *lb, *order;
+    float *ls;
+    unsigned char *gone;
+    int32_t *idx;
+    int64_t D;
+    int cur, flag, passes;
+} emu;
+
+static int emu_append(void *ctx, int64_t held, int64_t next, int64_t n)
+{
+    emu *e = ctx;
+    const int c = e->cur;
+    for (int64_t x = 0; x < n * e->D; x++) {   /* mg_append_kernel's threads */
+        const int64_t t = x / e->D, d = x % e->D;
+        e->wk[c][(held + t) * e->D + d] = e->sk[(next + t) * e->D + d];
+        e->wv[c][(held + t) * e->D + d] = e->sv[(next + t) * e->D + d];
+        if (d == 0) {
+            e->wdeg[c][held + t] = e->sdeg[next + t];
+            e->wpos[c][held + t] = e->spos[next + t];
+        }
+    }
+    return 0;
+}
+
+static int emu_pass(void *ctx, const mg_pass *p)
+{
+    emu *e = ctx;
+    const int c = e->cur;
+    const int64_t D = e->D;
+    for (int64_t t = p->m0; t < p->m1; t++) e->nrm[t] = mg_norm(e->wk[c] + t * D, D);
+    float *sims = malloc(sizeof(float) * (size_t)(p->slots * p->per));
+    cr_assert(sims);
+    for (int64_t x = 0; x < p->slots * p->per; x++) mg_pair_sim(p, e->wk[c], e->nrm, D, x / p->per, x % p->per, sims);
+    for (int64_t j = 0; j < p->slots; j++) {
+        mg_slot_pick(p, sims, j, e->la, e->lb, e->ls);
+        e->order[j] = -1;
+    }
+    free(sims);
+    for (int64_t i = 0; i < p->slots; i++) {
+        const int64_t rank = mg_slot_rank(p, e->la, e->lb, e->ls, i);
+        if (rank >= 0 && rank < p->r) {
+            e->order[rank] = i;
+            e->gone[e->la[i]] = 1;
+        }
+    }
+    if (mg_count_links(p, e->lb) != p->links) e->flag = 1;
+    for (int64_t j = 0; j < p->slots; j++) mg_slot_merge(p, e->wk[c], e->wv[c], e->wdeg[c], D, e->la, e->lb, e->order, j);
+    /* mg_compact_kernel's block: each of EMU_SCAN threads counts a run of rows, the counts are
+     * scanned, each run indexed from its first */
+    enum { EMU_SCAN = 1024 };
+    static int32_t cnt[EMU_SCAN];
+    const int64_t run = (p->T + EMU_SCAN - 1) / EMU_SCAN;
+    int64_t kept = 0;
+    for (int tid = 0; tid < EMU_SCAN; tid++) {
+        const int64_t t0 = tid * run < p->T ? tid * run : p->T, t1 = t0 + run < p->T ? t0 + run : p->T;
+        cnt[tid] = (int32_t)mg_compact(e->gone, t0, t1, 0, NULL);
+    }
+    for (int tid = 0; tid < EMU_SCAN; tid++) {
+        const int64_t t0 = tid * run < p->T ? tid * run : p->T, t1 = t0 + run < p->T ? t0 + run : p->T;
+        mg_compact(e->gone, t0, t1, kept, e->idx);
+        kept += cnt[tid];
+    }
+    if (kept != p->T - p->r)   /* fewer links than planned: flagged */
+        cr_assert(e->flag, "a pass kept another count than planned and nothing was flagged");
+    for (int64_t x = 0; x < p->T * D; x++) {   /* mg_scatter_kernel's threads */
+        const int64_t t = x / D, d = x % D, o = e->idx[t];
+        if (o >= 0) {
+            e->wk[c ^ 1][o * D + d] = e->wk[c][t * D + d];
+            e->wv[c ^ 1][o * D + d] = e->wv[c][t * D + d];
+            if (d == 0) {
+                e->wdeg[c ^ 1][o] = e->wdeg[c][t];
+                e->wpos[c ^ 1][o] = e->wpos[c][t];
+            }
+        }
+        if (d == 0) e->gone[t] = 0;
+    }
+    e->cur = c ^ 1;
+    e->passes++;
+    return 0;
+}
+
+/* One head of T0 rows merged by the emulated device and by the CPU backend: the same rows, bit for
+ * bit, unless the device flagged a pass (then the CUDA backend gives the CPU's). Returns the passes. */
+static int emu_compare(be_backend *b, const float *k, const float *v, const int32_t *pos, const float *deg, int64_t T0,
+                       int64_t D, int64_t target, int64_t gap, int sinks, int recent, int chunk, int replay, int *flagged)
+{
+    size_t rows = (size_t)(T0 > 0 ? T0 : 1), slots = 2 * rows + 2;
+    emu e = { k, v, deg, pos, { 0 }, { 0 }, { 0 }, { 0 }, calloc(rows, sizeof(double)), malloc(slots * 8),
+              malloc(slots * 8), malloc(slots * 8), malloc(slots * 4), calloc(rows, 1), malloc(rows * 4), D, 0, 0, 0 };
+    for (int c = 0; c < 2; c++) {
+        e.wk[c] = calloc(rows * (size_t)D, 4);
+        e.wv[c] = calloc(rows * (size_t)D, 4);
+        e.wdeg[c] = calloc(rows, 4);
+        e.wpos[c] = calloc(rows, 4);
+        cr_assert(e.wk[c] && e.wv[c] && e.wdeg[c] && e.wpos[c]);
+    }
+    cr_assert(e.nrm && e.la && e.lb && e.order && e.ls && e.gone && e.idx);
+    const mg_steps st = { &e, emu_append, emu_pass };
+    const int64_t held = mg_plan(T0, target, gap, sinks, recent, chunk, replay, &st);
+    cr_assert(held >= 0);
+    /* the CPU backend on copies */
+    float *hk = malloc(rows * (size_t)D * 4), *hv = malloc(rows * (size_t)D * 4), *hd = malloc(rows * 4);
+    int32_t *hp = malloc(rows * 4);
+    cr_assert(hk && hv && hd && hp);
+    memcpy(hk, k, (size_t)T0 * (size_t)D * 4);
+    memcpy(hv, v, (size_t)T0 * (size_t)D * 4);
+    memcpy(hd, deg, (size_t)T0 * 4);
+    memcpy(hp, pos, (size_t)T0 * 4);
+    be_merge_head h = { hk, hv, hp, hd, T0 };
+    be_merge m = { .heads = &h, .n_heads = 1, .dim = D, .target = target, .gap = gap, .sinks = sinks,
+                   .recent = recent, .chunk = chunk, .replay = replay };
+    cr_assert(be_merge_heads(b, &m) == 0);
+    *flagged = e.flag;
+    if (!e.flag) {
+        const int c = e.cur;
+        cr_assert_eq(held, h.n, "T0 %lld, target %lld, gap %lld, sinks %d, recent %d, chunk %d, replay %d: %lld rows, "
+                     "the CPU's %lld", (long long)T0, (long long)target, (long long)gap, sinks, recent, chunk, replay,
+                     (long long)held, (long long)h.n);
+        cr_assert(memcmp(e.wk[c], hk, (size_t)held * (size_t)D * 4) == 0 &&
+                  memcmp(e.wv[c], hv, (size_t)held * (size_t)D * 4) == 0 && memcmp(e.wdeg[c], hd, (size_t)held * 4) == 0 &&
+                  memcmp(e.wpos[c], hp, (size_t)held * 4) == 0,
+                  "T0 %lld, target %lld, gap %lld, sinks %d, recent %d, chunk %d, replay %d: the rows differ",
+                  (long long)T0, (long long)target, (long long)gap, sinks, recent, chunk, replay);
+    }
+    for (int c = 0; c < 2; c++) {
+        free(e.wk[c]);
+        free(e.wv[c]);
+        free(e.wdeg[c]);
+        free(e.wpos[c]);
+    }
+    free(e.nrm);
+    free(e.la);
+    free(e.lb);
+    free(e.order);
+    free(e.ls);
+    free(e.gone);
+    free(e.idx);
+    free(hk);
+    free(hv);
+    free(hd);
+    free(hp);
+    return e.passes;
+}
+
+Test(merge, the_cuda_kernels_steps_run_on_the_host_give_the_cpus_rows)
+{
+    char err[256];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    static const int64_t dims[] = { 1, 5, 32 };
+    static const int chunks[] = { 1, 2, 3, 7, 16, 1000 };
+    static const int64_t sizes[] = { 0, 1, 3, 57, 300 };
+    uint64_t r = 7;
+    int passes = 0, runs = 0, flagged = 0, f;
+    for (int di = 0; di < 3; di++)
+        for (int si = 0; si < 5; si++) {
+            const int64_t D = dims[di], T0 = sizes[si];
+            size_t rows = (size_t)(T0 > 0 ? T0 : 1);
+            float *k = malloc(rows * (size_t)D * 4), *v = malloc(rows * (size_t)D * 4), *deg = malloc(rows * 4);
+            int32_t *pos = malloc(rows * 4);
+            cr_assert(k && v && deg && pos);
+            for (int64_t i = 0; i < T0 * D; i++) {
+                k[i] = wide_value(&r);
+                v[i] = wide_value(&r);
+            }
+            for (int64_t t = 0; t < T0; t++) {
+                pos[t] = (int32_t)(t * 3 + 1);
+                deg[t] = (float)(1 + (t * 7) % 4);   /* rows that stand for several tokens already */
+            }
+            if (T0 > 20)
+                for (int64_t i = 0; i < D; i++) k[12 * D + i] = k[14 * D + i];   /* ties */
+            for (int ci = 0; ci < 6; ci++)
+                for (int replay = 0; replay < 2; replay++) {
+                    const int64_t target = T0 / 3 + 2, gap = replay ? 5 + ci : 0;
+                    passes += emu_compare(b, k, v, pos, deg, T0, D, target, gap, 2, 3, chunks[ci], replay, &f);
+                    flagged += f;
+                    passes += emu_compare(b, k, v, pos, deg, T0, D, 4, 8, 0, 0, chunks[ci], replay, &f);
+                    flagged += f;
+                    runs += 2;
+                }
+            free(k);
+            free(v);
+            free(deg);
+            free(pos);
+        }
+    cr_assert_eq(flagged, 0, "finite keys: every pass has the shape's links");
+    cr_assert_gt(passes, 500, "%d passes over %d runs", passes, runs);
+    be_free(b);
+}
+
+Test(merge, a_row_whose_cosines_are_all_nan_is_flagged_for_the_host)
+{
+    enum { D = 4, T = 40 };
+    char err[256];
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    float k[T * D], v[T * D], deg[T];
+    int32_t pos[T];
+    uint64_t r = 3;
+    for (int i = 0; i < T * D; i++) {
+        k[i] = 0.5f + fabsf(wide_value(&r));   /* no zero: an infinite key gives NaN with each row */
+        v[i] = wide_value(&r);
+    }
+    for (int t = 0; t < T; t++) {
+        pos[t] = t;
+        deg[t] = 1;
+    }
+    k[10 * D] = INFINITY;   /* an A row (even offset of the chunk from row 0): inf / inf with every B row */
+    k[10 * D + 1] = INFINITY;
+    int f = 0;
+    emu_compare(b, k, v, pos, deg, T, D, 12, 0, 0, 0, 8, 0, &f);
+    cr_assert_eq(f, 1, "the pass had fewer links than the shape gives, and the device did not see it");
+    be_free(b);
+}
+
+Test(merge, of_two_links_of_equal_cosine_the_earlier_a_row_merges_first)
+{
+    /* one chunk of 4 rows: A0 = B1 and A2 = B3, both links of cosine 1; room for one merge */
+    float k[4 * 2] = { 1, 0, 1, 0, 0, 1, 0, 1 }, v[4 * 2] = { 1, 2, 3, 4, 5, 6, 7, 8 }, deg[4] = { 1, 1, 1, 1 };
+    int32_t pos[4] = { 10, 11, 12, 13 };
+    cr_assert_eq(chelsea_merge(NULL, k, v, pos, deg, 4, 2, 3, 0, 0, 4), 3);
+    cr_assert(pos[0] == 11 && pos[1] == 12 && pos[2] == 13, "kept %d %d %d: row 0 merges into row 1", pos[0], pos[1],
+              pos[2]);
+    cr_assert(deg[0] == 2 && v[0] == 2 && v[1] == 3, "the centroid of rows 0 and 1: (%g, %g), degree %g", (double)v[0],
+              (double)v[1], (double)deg[0]);
+}

@@ -543,34 +543,44 @@ Test(faults, every_allocation_failure_in_a_spread_append_or_eviction_leaves_the_
     be_free(b);
 }
 
-/* LASER-KV's block (its probe's mass and SimHash recall a global layer, then the choice), with the
- * Nth allocation failing: each run either fails with a message or keeps what the run without a
- * failure keeps (the recall's table, where it cannot be had, gives way to its binary searches: the
- * same hits). `make asan` checks that every failure path frees what it made. */
-Test(faults, every_allocation_failure_in_laser_s_block_is_an_error_or_its_choice, .timeout = 600)
+/* A prompt's last chunk done on layer 0 (the one global layer) under a policy, with the Nth
+ * allocation failing for N = 1, 2, ... until none is reached: each run either fails with a message
+ * or leaves the cache as the run without a failure does, which must have dropped or merged tokens.
+ * The runs that failed and those that kept the same are counted. `make asan` checks that every
+ * failure path frees what it made. */
+typedef struct layer_faults {
+    const char *spec, *what;
+    int n_layer, page;
+    int64_t T, n_probe;     /* the prompt's tokens and the probe rows after them */
+    uint64_t seed;
+    long failed, same, allocs;
+} layer_faults;
+
+static void layer_done_under_faults(layer_faults *lf)
 {
-    enum { H = 2, NH = 4, D = 8, T = 64, NP = 4 };
+    enum { H = 2, NH = 4, D = 8 };
     char err[512];
     be_backend *b = be_cpu_create(2, err, sizeof err);
     cr_assert(b, "%s", err);
-    int global[1] = { 0 };   /* one global layer: its recall alone decides (a wrong count shows) */
+    int global[1] = { 0 };   /* one global layer: its choice alone decides (a wrong one shows) */
     pol_spec spec;
-    cr_assert(pol_parse(&spec, "laser:block=64,budget=0.25,protect=4,alpha=0,seed=3,rounds=3,bits=4", NULL, err,
-                        sizeof err) == 0, "%s", err);
-    float *q = malloc(sizeof(float) * (T + NP) * NH * D);
+    cr_assert(pol_parse(&spec, lf->spec, NULL, err, sizeof err) == 0, "%s", err);
+    const int64_t rows = lf->T + lf->n_probe;
+    float *q = malloc(sizeof(float) * (size_t)(rows * NH * D));
     cr_assert(q);
-    for (int i = 0; i < (T + NP) * NH * D; i++) q[i] = (float)((i * 29) % 97) / 48.0f - 1.0f;
+    for (int64_t i = 0; i < rows * NH * D; i++) q[i] = (float)((i * 29) % 97) / 48.0f - 1.0f;
     bytes_w want = { 0 };
-    long n, reached = 1, failed = 0;
-    for (n = 0; n < 600 && reached; n++) {   /* n = 0: no failure, the choice the others must give */
-        kv_cache *kv = kv_create(2, 4096, H, D, 4, NULL, err, sizeof err);
+    long n, reached = 1;
+    for (n = 0; n < 600 && reached; n++) {   /* n = 0: no failure, what the others must keep */
+        kv_cache *kv = kv_create(lf->n_layer, 4096, H, D, lf->page, NULL, err, sizeof err);
         cr_assert(kv, "%s", err);
         pol_env env = { kv, b, NH, H, D, global, 1, NULL, 0, NULL, NULL, NULL };
-        uint64_t r = 0x1A5E;
-        fwd_fixture_random_keys(kv, 2, T, &r);
+        uint64_t r = lf->seed;
+        fwd_fixture_random_keys(kv, lf->n_layer, lf->T, &r);
         pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
         cr_assert(ps, "%s", err);
-        pol_chunk c = { q, T, 0, NP, T, pol_set_probe_tokens(ps), 1, 0 };
+        pol_chunk c = { q, lf->T, 0, lf->n_probe, lf->n_probe ? lf->T : 0, lf->n_probe ? pol_set_probe_tokens(ps) : 0,
+                        1, 0 };
         n_calls = 0;
         fault_at = n;
         err[0] = 0;
@@ -582,87 +592,46 @@ Test(faults, every_allocation_failure_in_laser_s_block_is_an_error_or_its_choice
         cr_assert(!img.err);
         if (n == 0) {
             cr_assert_eq(rc, 0, "%s", err);
-            cr_assert(kv_head_tokens(kv, 0, 0) < T, "nothing was evicted");
+            cr_assert(kv_head_tokens(kv, 0, 0) < lf->T && kv_head_tokens(kv, 0, 1) < lf->T, "%s: nothing dropped",
+                      lf->what);
             want = img;
         } else {
             if (rc) {
-                failed++;
-                cr_expect(err[0] != 0, "allocation %ld failed without a message", n);
+                lf->failed++;
+                cr_expect(err[0] != 0, "%s: allocation %ld failed without a message", lf->what, n);
             } else {
+                lf->same++;
                 cr_expect(img.n == want.n && !memcmp(img.p, want.p, img.n),
-                          "allocation %ld failed and the block kept something else", n);
+                          "%s: allocation %ld failed and the cache kept something else", lf->what, n);
             }
             bw_free(&img);
         }
         pol_set_free(ps);
         kv_free(kv);
     }
-    cr_log_info("laser: %ld allocations a block, %ld runs failed", n - 2, failed);
-    cr_expect_gt(failed, 0, "no allocation failure was reached");
+    lf->allocs = n - 2;
+    cr_log_info("%s: %ld allocations, %ld runs failed, %ld kept the same", lf->what, lf->allocs, lf->failed, lf->same);
+    cr_expect_gt(lf->failed, 0, "%s: no allocation failure was reached", lf->what);
     bw_free(&want);
     free(q);
     be_free(b);
 }
 
-/* Chelsea's replay at a prompt's end over two KV heads: each allocation that fails is an error with
- * a message, or changes nothing (the soft matching's blocks, when their memory is short, give way to
- * the plain formula a pair at a time: the same links). */
+/* LASER-KV's block (its probe's mass and SimHash recall, then the choice): the recall's table,
+ * where it cannot be had, gives way to its binary searches (the same hits). */
+Test(faults, every_allocation_failure_in_laser_s_block_is_an_error_or_its_choice, .timeout = 600)
+{
+    layer_faults lf = { "laser:block=64,budget=0.25,protect=4,alpha=0,seed=3,rounds=3,bits=4", "laser", 2, 4, 64, 4,
+                        0x1A5E, 0, 0, 0 };
+    layer_done_under_faults(&lf);
+}
+
+/* Chelsea's replay at the prompt's end over two KV heads: the soft matching's blocks, when their
+ * memory is short, give way to the plain formula a pair at a time (the same links). */
 Test(faults, every_allocation_failure_in_chelsea_s_merge_is_an_error_or_its_merge, .timeout = 600)
 {
-    enum { H = 2, NH = 4, D = 8, T = 160 };
-    char err[512];
-    be_backend *b = be_cpu_create(2, err, sizeof err);
-    cr_assert(b, "%s", err);
-    int global[1] = { 0 };
-    pol_spec spec;
-    cr_assert(pol_parse(&spec, "chelsea:budget=48,gap=8,sinks=4,recent=8,chunk=20,first=0", NULL, err, sizeof err) == 0,
-              "%s", err);
-    float *q = malloc(sizeof(float) * T * NH * D);
-    cr_assert(q);
-    for (int i = 0; i < T * NH * D; i++) q[i] = (float)((i * 31) % 89) / 44.0f - 1.0f;
-    bytes_w want = { 0 };
-    long n, reached = 1, failed = 0, same = 0;
-    for (n = 0; n < 600 && reached; n++) {   /* n = 0: no failure, the merge the others must give */
-        kv_cache *kv = kv_create(1, 4096, H, D, 16, NULL, err, sizeof err);
-        cr_assert(kv, "%s", err);
-        pol_env env = { kv, b, NH, H, D, global, 1, NULL, 0, NULL, NULL, NULL };
-        uint64_t r = 0xC4E1;
-        fwd_fixture_random_keys(kv, 1, T, &r);
-        pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
-        cr_assert(ps, "%s", err);
-        pol_chunk c = { q, T, 0, 0, 0, 0, 1, 0 };
-        n_calls = 0;
-        fault_at = n;
-        err[0] = 0;
-        int rc = pol_set_layer_done(ps, 0, &c, err, sizeof err);
-        reached = n == 0 || n_calls >= n;
-        fault_at = 0;
-        bytes_w img = { 0 };
-        kv_save(kv, &img);
-        cr_assert(!img.err);
-        if (n == 0) {
-            cr_assert_eq(rc, 0, "%s", err);
-            cr_assert(kv_head_tokens(kv, 0, 0) == 48 && kv_head_tokens(kv, 0, 1) == 48, "the heads hold %lld and %lld",
-                      (long long)kv_head_tokens(kv, 0, 0), (long long)kv_head_tokens(kv, 0, 1));
-            want = img;
-        } else {
-            if (rc) {
-                failed++;
-                cr_expect(err[0] != 0, "allocation %ld failed without a message", n);
-            } else {
-                same++;
-                cr_expect(img.n == want.n && !memcmp(img.p, want.p, img.n),
-                          "allocation %ld failed and the merge kept something else", n);
-            }
-            bw_free(&img);
-        }
-        pol_set_free(ps);
-        kv_free(kv);
-    }
-    cr_log_info("chelsea: %ld allocations a merge, %ld runs failed, %ld the same", n - 2, failed, same);
-    cr_expect_gt(failed, 0, "no allocation failure was reached");
-    cr_expect_gt(same, 0, "no allocation failure was absorbed (the soft matching's blocks)");
-    bw_free(&want);
-    free(q);
-    be_free(b);
+    layer_faults lf = { "chelsea:budget=48,gap=8,sinks=4,recent=8,chunk=20,first=0", "chelsea", 1, 16, 160, 0, 0xC4E1,
+                        0, 0, 0 };
+    layer_done_under_faults(&lf);
+    cr_expect_gt(lf.same, 0, "no allocation failure was absorbed (the soft matching's blocks)");
 }

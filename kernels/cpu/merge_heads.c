@@ -20,6 +20,15 @@ typedef struct mg_scratch {
     float *psim;
 } mg_scratch;
 
+/* Row src moved to row dst (keys, values, position, degree; the rows may be the same). */
+static void move_row(float *k, float *v, int32_t *pos, float *deg, int64_t D, int64_t dst, int64_t src)
+{
+    memmove(k + dst * D, k + src * D, sizeof(float) * (size_t)D);
+    memmove(v + dst * D, v + src * D, sizeof(float) * (size_t)D);
+    pos[dst] = pos[src];
+    deg[dst] = deg[src];
+}
+
 /* Head h's T rows merged to m->target; the new count. */
 static int64_t merge_rows(be_backend *b, const be_merge *m, int h, const mg_scratch *s, float *k, float *v,
                           int32_t *pos, float *deg, int64_t T)
@@ -55,12 +64,7 @@ static int64_t merge_rows(be_backend *b, const be_merge *m, int h, const mg_scra
         int64_t o = 0;
         for (int64_t j = 0; j < T; j++) {
             if (s->gone[j]) continue;
-            if (o != j) {
-                memmove(k + o * D, k + j * D, sizeof(float) * (size_t)D);
-                memmove(v + o * D, v + j * D, sizeof(float) * (size_t)D);
-                pos[o] = pos[j];
-                deg[o] = deg[j];
-            }
+            if (o != j) move_row(k, v, pos, deg, D, o, j);
             o++;
         }
         T = o;
@@ -73,15 +77,9 @@ static int64_t merge_rows(be_backend *b, const be_merge *m, int h, const mg_scra
 static int64_t replay_rows(be_backend *b, const be_merge *m, int h, const mg_scratch *s, float *k, float *v,
                            int32_t *pos, float *deg, int64_t T)
 {
-    const int64_t D = m->dim;
     int64_t held = 0;
     for (int64_t next = 0; next < T; next++) {
-        if (held != next) {
-            memcpy(k + held * D, k + next * D, sizeof(float) * (size_t)D);
-            memcpy(v + held * D, v + next * D, sizeof(float) * (size_t)D);
-            pos[held] = pos[next];
-            deg[held] = deg[next];
-        }
+        if (held != next) move_row(k, v, pos, deg, m->dim, held, next);
         held++;
         if (held > m->target + m->gap || (next == T - 1 && held > m->target))
             held = merge_rows(b, m, h, s, k, v, pos, deg, held);

@@ -814,10 +814,11 @@ static void cuda_destroy(be_backend *b)
         void *dev[] = { ci->y32,   ci->out,   ci->x16, ci->part_o, ci->part_ml, ci->d_arena,
                         ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->xs,  ci->cur_pos,
                         ci->pick_keys, ci->pick_max, ci->pick_sums, ci->pick_res, ci->bd_u, ci->bd_keys,
-                        ci->sel_pages, ci->sel_hp, ci->km_sq, ci->ms_e, ci->ms_factor, ci->ms_acc, ci->lsh_hits };
+                        ci->sel_pages, ci->sel_hp, ci->km_sq, ci->ms_e, ci->ms_factor, ci->ms_acc, ci->lsh_hits,
+                        ci->mg_buf };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
         free(ci->ms_host);
-        void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage, ci->h_pick, ci->h_bd, ci->h_ms, ci->h_lsh };
+        void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage, ci->h_pick, ci->h_bd, ci->h_ms, ci->h_lsh, ci->h_mg };
         for (size_t i = 0; i < sizeof host / sizeof *host; i++)
             if (host[i]) cudaFreeHost(host[i]);
         if (ci->blas) cublasDestroy(ci->blas);
@@ -836,7 +837,7 @@ static const be_ops cuda_ops = {
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, cuda_bind, cuda_unbind,
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
     cuda_key_means, cuda_bind_blank, cuda_attn_mass, cuda_attention_seqs, cuda_host_pool, cuda_page_rows,
-    cuda_page_moves, cuda_lsh_hits, NULL, NULL,
+    cuda_page_moves, cuda_lsh_hits, NULL, cuda_merge_heads,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -845,7 +846,7 @@ static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
     cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means, NULL, cuda_attn_mass,
-    cuda_attention_seqs, cuda_host_pool, NULL, NULL, cuda_lsh_hits, NULL, NULL,
+    cuda_attention_seqs, cuda_host_pool, NULL, NULL, cuda_lsh_hits, NULL, cuda_merge_heads,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)

@@ -5,7 +5,7 @@
  * Each op's kernels and launches live in the file named after it (the CPU side's name where it has
  * one): vec_dot.cu and vec_gemm.cu (matmul: decode kernels, cuBLAS for many tokens), attn_rows.cu
  * (attention), pick.cu, elementwise.cu (rmsnorm, qk_rope, glu, add_norm, get_rows), scores.cu,
- * key_means.cu, attn_mass.cu, lsh_hits.cu, bound_pages.cu and page_rows.cu; backend_cuda.cu holds
+ * key_means.cu, attn_mass.cu, lsh_hits.cu, merge_heads.cu, bound_pages.cu and page_rows.cu; backend_cuda.cu holds
  * the op table, the backend's life, its staging, the weights' upload and the KV page copies. Each
  * file compiles on its own (no relocatable device code): a kernel is launched only from its own
  * file, and what another file needs of it is a host function declared here (to_half, gemm,
@@ -168,6 +168,8 @@ typedef struct cuda_impl {
     void *ms_host;             /* the queries packed and the pages' first tokens, before staging */
     int32_t *lsh_hits, *h_lsh; /* the SimHash recall's hits, on the device and page-locked on their way back */
     size_t cap_lsh_hits, cap_h_lsh;
+    void *mg_buf, *h_mg;       /* Chelsea's merge: a group's rows and passes' arrays, and its rows on their way back */
+    size_t cap_mg_buf, cap_h_mg;
     size_t cap_ms_host;
     size_t cap_y32, cap_out, cap_x16, cap_po, cap_pml;
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
@@ -291,5 +293,6 @@ void cuda_bound_pages(be_backend *b, be_bounds *r);
 void cuda_page_rows(be_backend *b, const be_page_rows *r, int n);
 void cuda_page_moves(be_backend *b, const be_page_move *m, int n);
 void cuda_lsh_hits(be_backend *b, const be_lsh *l);
+int cuda_merge_heads(be_backend *b, const be_merge *m);
 
 #endif

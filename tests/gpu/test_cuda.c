@@ -3127,3 +3127,73 @@ Test(cuda, a_bad_graph_setting_is_refused)
         cr_expect(strstr(err, "KVCHAT_CUDA_GRAPH"), "%s=%s: %s", bad[i][0], bad[i][1], err);
     }
 }
+
+/* Chelsea's merge of a layer's heads (be_ops.merge_heads) on the device: two heads of one count
+ * side by side and a third of another, at once and replayed, at the 7B shape's head dimension
+ * and the default model's; every row, position and degree the CPU backend's, bit for bit. A head
+ * with an infinite key (a NaN cosine: fewer links than the shape gives) comes back the CPU's too. */
+static void merge_round(int64_t D, int64_t T, int64_t T2, int64_t target, int64_t gap, int chunk, int replay, int inf)
+{
+    enum { H = 3 };
+    const int64_t n[H] = { T, T, T2 };
+    float *k[2][H], *v[2][H], *deg[2][H];
+    int32_t *pos[2][H];
+    for (int h = 0; h < H; h++) {
+        for (int c = 0; c < 2; c++) {
+            k[c][h] = malloc(sizeof(float) * (size_t)(n[h] * D));
+            v[c][h] = malloc(sizeof(float) * (size_t)(n[h] * D));
+            deg[c][h] = malloc(sizeof(float) * (size_t)n[h]);
+            pos[c][h] = malloc(sizeof(int32_t) * (size_t)n[h]);
+            cr_assert(k[c][h] && v[c][h] && deg[c][h] && pos[c][h]);
+        }
+        for (int64_t i = 0; i < n[h] * D; i++) {
+            k[0][h][i] = ldexpf(frand(-1, 1), (int)(i % 9) - 4);
+            v[0][h][i] = frand(-2, 2);
+        }
+        for (int64_t t = 0; t < n[h]; t++) {
+            deg[0][h][t] = 1.0f + (float)(t % 3);
+            pos[0][h][t] = (int32_t)(2 * t);
+        }
+        if (inf && h == 1)
+            for (int64_t i = 0; i < D; i++) k[0][h][(40 + (n[h] > 80 ? 0 : -40)) * D + i] = INFINITY;
+        memcpy(k[1][h], k[0][h], sizeof(float) * (size_t)(n[h] * D));
+        memcpy(v[1][h], v[0][h], sizeof(float) * (size_t)(n[h] * D));
+        memcpy(deg[1][h], deg[0][h], sizeof(float) * (size_t)n[h]);
+        memcpy(pos[1][h], pos[0][h], sizeof(int32_t) * (size_t)n[h]);
+    }
+    be_merge_head mh[2][H];
+    for (int c = 0; c < 2; c++)
+        for (int h = 0; h < H; h++) mh[c][h] = (be_merge_head){ k[c][h], v[c][h], pos[c][h], deg[c][h], n[h] };
+    be_merge m = { .heads = mh[0], .n_heads = H, .dim = D, .target = target, .gap = gap, .sinks = 16, .recent = 64,
+                   .chunk = chunk, .replay = replay };
+    cr_assert(be_merge_heads(cpu, &m) == 0);
+    m.heads = mh[1];
+    cr_assert(be_merge_heads(gpu, &m) == 0);
+    char err[256];
+    cr_assert(!gpu->ops->failed(gpu, err, sizeof err), "%s", err);
+    for (int h = 0; h < H; h++) {
+        const int64_t kept = mh[0][h].n;
+        cr_assert_eq(mh[1][h].n, kept, "D %lld, head %d of %lld rows: %lld rows kept, the CPU's %lld", (long long)D, h,
+                     (long long)n[h], (long long)mh[1][h].n, (long long)kept);
+        cr_assert(!memcmp(k[0][h], k[1][h], sizeof(float) * (size_t)(kept * D)) &&
+                      !memcmp(v[0][h], v[1][h], sizeof(float) * (size_t)(kept * D)) &&
+                      !memcmp(deg[0][h], deg[1][h], sizeof(float) * (size_t)kept) &&
+                      !memcmp(pos[0][h], pos[1][h], sizeof(int32_t) * (size_t)kept),
+                  "D %lld, head %d, replay %d, chunk %d: the rows differ from the CPU's", (long long)D, h, replay, chunk);
+        for (int c = 0; c < 2; c++) {
+            free(k[c][h]);
+            free(v[c][h]);
+            free(deg[c][h]);
+            free(pos[c][h]);
+        }
+    }
+}
+
+Test(cuda, chelsea_s_merge_on_the_device_is_the_cpus)
+{
+    seed_rng("merge_heads");
+    merge_round(128, 2000, 1500, 400, 64, 256, 1, 0);
+    merge_round(128, 2000, 1500, 400, 64, 256, 0, 0);
+    merge_round(256, 900, 700, 200, 32, 100, 1, 0);
+    merge_round(64, 600, 601, 150, 8, 17, 1, 1);
+}
