@@ -5,7 +5,9 @@
  * median of 7 after one) for the search chelsea.c ran before the op (each key's norm once a pass,
  * four pairs' sums side by side, one thread), then the op on 1 thread and on the given threads
  * (default: every core). Every link and cosine is the same (checked here too). An 8K prompt at
- * budget 0.2 makes about 100 such passes a KV head and global layer.
+ * budget 0.2 makes about 100 such passes a KV head and global layer: the last lines time that whole
+ * replay of one KV head (be_ops.merge_heads: 8,192 rows merged back to 1,638 each time 64 more
+ * have arrived), once on 1 thread and once on the given threads.
  * Usage: links_bench [threads] */
 #include <math.h>
 #include <stdio.h>
@@ -121,6 +123,35 @@ static int run_dim(be_backend *one, be_backend *all, int64_t D)
     return 0;
 }
 
+/* One KV head's 8K prompt replayed to the budget (the default model's at 0.2), seconds. */
+static double time_replay(be_backend *b, int64_t D)
+{
+    enum { N = 8192 };
+    float *k = malloc(sizeof(float) * N * (size_t)D), *v = malloc(sizeof(float) * N * (size_t)D),
+          *deg = malloc(sizeof(float) * N);
+    int32_t *pos = malloc(sizeof(int32_t) * N);
+    if (!k || !v || !deg || !pos) abort();
+    for (int64_t i = 0; i < N * D; i++) {
+        k[i] = bench_frand();
+        v[i] = bench_frand();
+    }
+    for (int i = 0; i < N; i++) {
+        deg[i] = 1;
+        pos[i] = i;
+    }
+    be_merge_head h = { k, v, pos, deg, N };
+    be_merge m = { .heads = &h, .n_heads = 1, .dim = D, .target = 1638, .gap = 64, .sinks = SINKS, .recent = RECENT,
+                   .chunk = CHUNK, .replay = 1 };
+    double t0 = bench_now_us();
+    if (be_merge_heads(b, &m) != 0 || h.n != 1638) abort();
+    double t = (bench_now_us() - t0) / 1e6;
+    free(k);
+    free(v);
+    free(deg);
+    free(pos);
+    return t;
+}
+
 int main(int argc, char **argv)
 {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
@@ -131,6 +162,9 @@ int main(int argc, char **argv)
         return 1;
     }
     int rc = run_dim(one, all, 256) || run_dim(one, all, 128);
+    for (int64_t D = 256; D >= 128 && !rc; D /= 2)
+        printf("a KV head's 8K replay, dimension %lld: %.3f s on 1 thread, %.3f s on %d\n", (long long)D,
+               time_replay(one, D), time_replay(all, D), all->n_threads);
     be_free(one);
     be_free(all);
     return rc;

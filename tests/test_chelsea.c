@@ -231,6 +231,46 @@ Test(soft_links, the_cosines_in_the_lanes_are_the_scalar_formulas_for_every_spec
     cr_assert_gt(compared, 1000);
 }
 
+Test(soft_links, the_rows_widened_and_transposed_are_the_plain_loops_on_every_instruction_set)
+{
+    enum { LD = 41 };
+    float x[24 * LD];
+    double out[24 * LD + 1], norms[25];
+    char err[256];
+    uint64_t r = 11;
+    for (int i = 0; i < 24 * LD; i++) x[i] = wide_value(&r);
+    x[3 * LD + 5] = NAN;
+    x[9 * LD + 16] = INFINITY;
+    const vd_isa was = vd_isa_active();
+    int compared = 0;
+    for (int isa = VD_ISA_SCALAR; isa < VD_ISA_COUNT; isa++) {
+        if (!vd_isa_supported((vd_isa)isa)) continue;
+        cr_assert(vd_set_isa((vd_isa)isa, err, sizeof err) == 0, "%s", err);
+        for (int rows = 1; rows <= 24; rows++)
+            for (int n = 1; n <= LD; n += n < 18 ? 1 : 7) {
+                out[rows * n] = 42.0;
+                norms[rows] = 42.0;
+                vd_widen_transpose(rows, n, x, LD, out, norms);
+                cr_assert(out[rows * n] == 42.0 && norms[rows] == 42.0, "%s wrote past the rows", vd_isa_name((vd_isa)isa));
+                for (int p = 0; p < rows; p++) {
+                    double want = 0;
+                    for (int i = 0; i < n; i++) {
+                        const double v = (double)x[p * LD + i];
+                        cr_assert(memcmp(&out[i * rows + p], &v, sizeof v) == 0 || (isnan(v) && isnan(out[i * rows + p])),
+                                  "%s, %d rows of %d: row %d element %d", vd_isa_name((vd_isa)isa), rows, n, p, i);
+                        want += v * v;
+                    }
+                    cr_assert(memcmp(&norms[p], &want, sizeof want) == 0 || (isnan(want) && isnan(norms[p])),
+                              "%s, %d rows of %d: row %d's norm %.17g, the plain loop's %.17g", vd_isa_name((vd_isa)isa),
+                              rows, n, p, norms[p], want);
+                    compared++;
+                }
+            }
+    }
+    cr_assert(vd_set_isa(was, err, sizeof err) == 0, "%s", err);
+    cr_assert_gt(compared, 1000);
+}
+
 Test(soft_links, ties_go_to_the_first_b_row_and_a_zero_or_unmatched_row_gets_what_the_formula_gives)
 {
     enum { D = 4, T = 9 };

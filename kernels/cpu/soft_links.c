@@ -47,22 +47,7 @@ static void links_task(void *ctx, int64_t task, int thread)
         for (int64_t r = 0; r < rows; r++) na[r] += xd[r * D + i] * xd[r * D + i];
     for (int64_t b0 = 0; b0 < n_b; b0 += SL_B) {
         const int64_t nbk = n_b - b0 < SL_B ? n_b - b0 : SL_B, first = c0 + 1 + 2 * b0;
-        /* transposed 8 elements at a time (the block's lines for them stay in L1 across the rows),
-         * each row's norm summed on the way in element order */
-        for (int64_t p = 0; p < nbk; p++) nb[p] = 0.0;
-        for (int64_t i0 = 0; i0 < D; i0 += 8) {
-            const int64_t i1 = i0 + 8 < D ? i0 + 8 : D;
-            for (int64_t p = 0; p < nbk; p++) {
-                const float *y = l->k + (first + 2 * p) * D;
-                double n2 = nb[p];
-                for (int64_t i = i0; i < i1; i++) {
-                    const double v = (double)y[i];
-                    bt[i * nbk + p] = v;
-                    n2 += v * v;
-                }
-                nb[p] = n2;
-            }
-        }
+        vd_widen_transpose(nbk, D, l->k + first * D, 2 * D, bt, nb);   /* with each row's norm */
         vd_pair_dots_f64(D, nbk, bt, rows, xd, D, dots);
         for (int64_t r = 0; r < rows; r++) {
             vd_cosines_f64(nbk, dots + r * nbk, na[r], nb, cos);

@@ -719,6 +719,28 @@ void vd_plane_dots(int64_t n, int64_t P, const float *pt, const float *x, float 
     }
 }
 
+void vd_widen_transpose(int64_t rows, int64_t n, const float *x, int64_t ldx, double *out, double *norms)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (vd_isa_active() == VD_ISA_AVX512) { vd_widen_transpose_avx512(rows, n, x, ldx, out, norms); return; }
+#endif
+    /* 8 elements at a time: the block's lines for them stay in L1 across the rows */
+    for (int64_t p = 0; p < rows; p++) norms[p] = 0.0;
+    for (int64_t i0 = 0; i0 < n; i0 += 8) {
+        const int64_t i1 = i0 + 8 < n ? i0 + 8 : n;
+        for (int64_t p = 0; p < rows; p++) {
+            const float *y = x + p * ldx;
+            double n2 = norms[p];
+            for (int64_t i = i0; i < i1; i++) {
+                const double v = (double)y[i];
+                out[i * rows + p] = v;
+                n2 += v * v;
+            }
+            norms[p] = n2;
+        }
+    }
+}
+
 void vd_cosines_f64(int64_t n, const double *d, double na, const double *nb, float *out)
 {
 #if VD_HAVE_AVX2_BUILD

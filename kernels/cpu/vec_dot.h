@@ -120,6 +120,10 @@ void vd_plane_dots(int64_t n, int64_t P, const float *pt, const float *x, float 
  * multiply-add rounds once as the product's add does: the doubles of a plain loop, whatever the
  * lanes. Chelsea's cosines (kernels/cpu/soft_links.c). */
 void vd_pair_dots_f64(int64_t n, int64_t P, const double *pt, int64_t rows, const double *x, int64_t ldx, double *out);
+/* `rows` float rows x, x + ldx, .. of n elements widened to double and transposed, out[i * rows + p]
+ * = row p's element i, and each row's squared norm in element order, norms[p] = x_p[0]^2 + x_p[1]^2
+ * + ... (exact products: the plain loop's doubles). The B rows vd_pair_dots_f64 runs against. */
+void vd_widen_transpose(int64_t rows, int64_t n, const float *x, int64_t ldx, double *out, double *norms);
 /* Cosines from dots and squared norms: out[p] = (float)(d[p] / sqrt(na * nb[p])) where na > 0 and
  * nb[p] > 0, else 0 (a NaN norm gives 0). Every operation correctly rounded, in the lanes as alone. */
 void vd_cosines_f64(int64_t n, const double *d, double na, const double *nb, float *out);

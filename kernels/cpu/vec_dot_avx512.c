@@ -192,6 +192,68 @@ void vd_plane_dots_avx512(int64_t n, int64_t P, const float *pt, const float *x,
     }
 }
 
+/* vd_widen_transpose eight rows by eight elements at a time: the rows' floats widened, the 8 x 8
+ * block transposed in registers (unpacks, then two rounds of two-source permutes), each column
+ * stored whole and squared into the rows' norms in element order; the rows and elements past the
+ * last whole block one by one. */
+void vd_widen_transpose_avx512(int64_t rows, int64_t n, const float *x, int64_t ldx, double *out, double *norms)
+{
+    const __m512i lo4 = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi4 = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    const __m512i lo8 = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), hi8 = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+    const int64_t r8 = rows / 8 * 8, n8 = n / 8 * 8;
+    for (int64_t p = 0; p < r8; p += 8) {
+        __m512d acc = _mm512_setzero_pd();
+        for (int64_t i = 0; i < n8; i += 8) {
+            __m512d r[8];
+            for (int q = 0; q < 8; q++) r[q] = _mm512_cvtps_pd(_mm256_loadu_ps(x + (p + q) * ldx + i));
+            /* pairs: elements 0 2 4 6 and 1 3 5 7 of rows (0, 1), (2, 3), ... interleaved */
+            const __m512d a = _mm512_unpacklo_pd(r[0], r[1]), b = _mm512_unpackhi_pd(r[0], r[1]);
+            const __m512d c = _mm512_unpacklo_pd(r[2], r[3]), d = _mm512_unpackhi_pd(r[2], r[3]);
+            const __m512d e = _mm512_unpacklo_pd(r[4], r[5]), f = _mm512_unpackhi_pd(r[4], r[5]);
+            const __m512d g = _mm512_unpacklo_pd(r[6], r[7]), h = _mm512_unpackhi_pd(r[6], r[7]);
+            /* fours: rows 0-3 (and 4-7) of elements (0, 4), (2, 6), (1, 5), (3, 7) */
+            const __m512d ac04 = _mm512_permutex2var_pd(a, lo4, c), ac26 = _mm512_permutex2var_pd(a, hi4, c);
+            const __m512d bd15 = _mm512_permutex2var_pd(b, lo4, d), bd37 = _mm512_permutex2var_pd(b, hi4, d);
+            const __m512d eg04 = _mm512_permutex2var_pd(e, lo4, g), eg26 = _mm512_permutex2var_pd(e, hi4, g);
+            const __m512d fh15 = _mm512_permutex2var_pd(f, lo4, h), fh37 = _mm512_permutex2var_pd(f, hi4, h);
+            __m512d col[8];
+            col[0] = _mm512_permutex2var_pd(ac04, lo8, eg04);
+            col[4] = _mm512_permutex2var_pd(ac04, hi8, eg04);
+            col[2] = _mm512_permutex2var_pd(ac26, lo8, eg26);
+            col[6] = _mm512_permutex2var_pd(ac26, hi8, eg26);
+            col[1] = _mm512_permutex2var_pd(bd15, lo8, fh15);
+            col[5] = _mm512_permutex2var_pd(bd15, hi8, fh15);
+            col[3] = _mm512_permutex2var_pd(bd37, lo8, fh37);
+            col[7] = _mm512_permutex2var_pd(bd37, hi8, fh37);
+            for (int q = 0; q < 8; q++) {
+                _mm512_storeu_pd(out + (i + q) * rows + p, col[q]);
+                acc = _mm512_fmadd_pd(col[q], col[q], acc);   /* exact squares: as a product then an add */
+            }
+        }
+        double nn[8];
+        _mm512_storeu_pd(nn, acc);
+        for (int q = 0; q < 8; q++) {
+            const float *y = x + (p + q) * ldx;
+            for (int64_t i = n8; i < n; i++) {
+                const double v = (double)y[i];
+                out[i * rows + p + q] = v;
+                nn[q] += v * v;
+            }
+            norms[p + q] = nn[q];
+        }
+    }
+    for (int64_t p = r8; p < rows; p++) {
+        const float *y = x + p * ldx;
+        double n2 = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const double v = (double)y[i];
+            out[i * rows + p] = v;
+            n2 += v * v;
+        }
+        norms[p] = n2;
+    }
+}
+
 /* vd_cosines_f64 eight at a time, the last masked (correctly rounded in the lanes as alone). */
 void vd_cosines_f64_avx512(int64_t n, const double *d, double na, const double *nb, float *out)
 {
@@ -306,6 +368,10 @@ void vd_plane_dots_avx512(int64_t n, int64_t P, const float *pt, const float *x,
 void vd_cosines_f64_avx512(int64_t n, const double *d, double na, const double *nb, float *out)
 {
     (void)n, (void)d, (void)na, (void)nb, (void)out;
+}
+void vd_widen_transpose_avx512(int64_t rows, int64_t n, const float *x, int64_t ldx, double *out, double *norms)
+{
+    (void)rows, (void)n, (void)x, (void)ldx, (void)out, (void)norms;
 }
 void vd_pair_dots_f64_avx512(int64_t n, int64_t P, const double *pt, int64_t rows, const double *x, int64_t ldx,
                              double *out)

@@ -141,6 +141,7 @@ void vd_axpy_f16_avx2(int64_t n, float a, const uint16_t *x, float *y);
 void vd_f32_to_f16_avx2(int64_t n, const float *x, uint16_t *y);
 void vd_plane_dots_avx2(int64_t n, int64_t P, const float *pt, const float *x, float *out);
 void vd_plane_dots_avx512(int64_t n, int64_t P, const float *pt, const float *x, float *out);
+void vd_widen_transpose_avx512(int64_t rows, int64_t n, const float *x, int64_t ldx, double *out, double *norms);
 void vd_cosines_f64_avx2(int64_t n, const double *d, double na, const double *nb, float *out);
 void vd_cosines_f64_avx512(int64_t n, const double *d, double na, const double *nb, float *out);
 /* vd_pair_dots_f64's tile: the doubles of pt the rows run over before the next elements (32 KiB, in L1). */
