@@ -130,12 +130,14 @@ QB_HD void mg_slot_pick(const mg_pass *p, const float *sims, int64_t j, int64_t 
     }
 }
 
-/* Slot i's rank among the pass's links (the links before it by mg_before), or -1 without a link. */
+/* Slot i's rank among the pass's links (the links before it by mg_before) when below p->r, else
+ * p->r (the count stops there: a link ranked r or later is not merged, and most are, so a pass
+ * costs about slots x r x log(slots) comparisons, not slots^2); -1 without a link. */
 QB_HD int64_t mg_slot_rank(const mg_pass *p, const int64_t *la, const int64_t *lb, const float *ls, int64_t i)
 {
     if (lb[i] < 0) return -1;
     int64_t rank = 0;
-    for (int64_t j = 0; j < p->slots; j++) rank += lb[j] >= 0 && mg_before(ls[j], la[j], ls[i], la[i]);
+    for (int64_t j = 0; j < p->slots && rank < p->r; j++) rank += lb[j] >= 0 && mg_before(ls[j], la[j], ls[i], la[i]);
     return rank;
 }
 
@@ -189,6 +191,24 @@ typedef struct mg_steps {
     int (*append)(void *ctx, int64_t held, int64_t next, int64_t add);
     int (*pass)(void *ctx, const mg_pass *p);
 } mg_steps;
+
+/* The plan's largest pass, walked on the host without running it (mg_need_steps): the slots and
+ * pairs' cosines a device's arrays must hold. */
+typedef struct mg_need {
+    int64_t slots, pairs;
+} mg_need;
+static inline int mg_need_append(void *ctx, int64_t held, int64_t next, int64_t n)
+{
+    (void)ctx, (void)held, (void)next, (void)n;
+    return 0;
+}
+static inline int mg_need_pass(void *ctx, const mg_pass *p)
+{
+    mg_need *nd = (mg_need *)ctx;
+    if (p->slots > nd->slots) nd->slots = p->slots;
+    if (p->slots * p->per > nd->pairs) nd->pairs = p->slots * p->per;
+    return 0;
+}
 
 /* A merge of T rows to target: its passes, planned from the shape (each pass's links as
  * mg_links_expected gives them); the rows held after, or -1 when a step stopped. */

@@ -257,9 +257,9 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     # SimHash recall's codes and counts, or'ed and added in shared memory) and barriers (those, the
     # key means' row then its sum of squares, and the attention mass's shuffles within half-warps
     # and its row sums)
-    step "compute-sanitizer racecheck (flash attention, fused ops, SimHash recall)" 120 \
+    step "compute-sanitizer racecheck (flash attention, fused ops, SimHash recall, merge)" 120 \
         compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(flash_attention*|fused_ops*|lsh_hits_on*)'
+        --filter 'cuda/@(flash_attention*|fused_ops*|lsh_hits_on*|chelsea_s_merge_on*)'
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall, merge)" 90 \
         compute-sanitizer --tool synccheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \

@@ -313,16 +313,21 @@ typedef struct emu {
     float *ls;
     unsigned char *gone;
     int32_t *idx;
+    float *sims;             /* sized by the plan's dry run (mg_need), kept from pass to pass */
     int64_t D;
     int cur, flag, passes;
+    int reverse;             /* each launch's threads last to first */
 } emu;
+
+/* Thread x of a launch of n, in the emulation's order. */
+static int64_t emu_at(const emu *e, int64_t n, int64_t x) { return e->reverse ? n - 1 - x : x; }
 
 static int emu_append(void *ctx, int64_t held, int64_t next, int64_t n)
 {
     emu *e = ctx;
     const int c = e->cur;
-    for (int64_t x = 0; x < n * e->D; x++) {   /* mg_append_kernel's threads */
-        const int64_t t = x / e->D, d = x % e->D;
+    for (int64_t y = 0; y < n * e->D; y++) {   /* mg_append_kernel's threads */
+        const int64_t x = emu_at(e, n * e->D, y), t = x / e->D, d = x % e->D;
         e->wk[c][(held + t) * e->D + d] = e->sk[(next + t) * e->D + d];
         e->wv[c][(held + t) * e->D + d] = e->sv[(next + t) * e->D + d];
         if (d == 0) {
@@ -338,31 +343,37 @@ static int emu_pass(void *ctx, const mg_pass *p)
     emu *e = ctx;
     const int c = e->cur;
     const int64_t D = e->D;
-    for (int64_t t = p->m0; t < p->m1; t++) e->nrm[t] = mg_norm(e->wk[c] + t * D, D);
-    float *sims = malloc(sizeof(float) * (size_t)(p->slots * p->per));
-    cr_assert(sims);
-    for (int64_t x = 0; x < p->slots * p->per; x++) mg_pair_sim(p, e->wk[c], e->nrm, D, x / p->per, x % p->per, sims);
-    for (int64_t j = 0; j < p->slots; j++) {
-        mg_slot_pick(p, sims, j, e->la, e->lb, e->ls);
+    for (int64_t y = 0; y < p->m1 - p->m0; y++) {
+        const int64_t t = p->m0 + emu_at(e, p->m1 - p->m0, y);
+        e->nrm[t] = mg_norm(e->wk[c] + t * D, D);
+    }
+    for (int64_t y = 0; y < p->slots * p->per; y++) {
+        const int64_t x = emu_at(e, p->slots * p->per, y);
+        mg_pair_sim(p, e->wk[c], e->nrm, D, x / p->per, x % p->per, e->sims);
+    }
+    for (int64_t y = 0; y < p->slots; y++) {
+        const int64_t j = emu_at(e, p->slots, y);
+        mg_slot_pick(p, e->sims, j, e->la, e->lb, e->ls);
         e->order[j] = -1;
     }
-    free(sims);
-    for (int64_t i = 0; i < p->slots; i++) {
-        const int64_t rank = mg_slot_rank(p, e->la, e->lb, e->ls, i);
+    for (int64_t y = 0; y < p->slots; y++) {
+        const int64_t i = emu_at(e, p->slots, y), rank = mg_slot_rank(p, e->la, e->lb, e->ls, i);
         if (rank >= 0 && rank < p->r) {
             e->order[rank] = i;
             e->gone[e->la[i]] = 1;
         }
     }
     if (mg_count_links(p, e->lb) != p->links) e->flag = 1;
-    for (int64_t j = 0; j < p->slots; j++) mg_slot_merge(p, e->wk[c], e->wv[c], e->wdeg[c], D, e->la, e->lb, e->order, j);
+    for (int64_t y = 0; y < p->slots; y++)
+        mg_slot_merge(p, e->wk[c], e->wv[c], e->wdeg[c], D, e->la, e->lb, e->order, emu_at(e, p->slots, y));
     /* mg_compact_kernel's block: each of EMU_SCAN threads counts a run of rows, the counts are
      * scanned, each run indexed from its first */
     enum { EMU_SCAN = 1024 };
     static int32_t cnt[EMU_SCAN];
     const int64_t run = (p->T + EMU_SCAN - 1) / EMU_SCAN;
     int64_t kept = 0;
-    for (int tid = 0; tid < EMU_SCAN; tid++) {
+    for (int y = 0; y < EMU_SCAN; y++) {
+        const int tid = (int)emu_at(e, EMU_SCAN, y);
         const int64_t t0 = tid * run < p->T ? tid * run : p->T, t1 = t0 + run < p->T ? t0 + run : p->T;
         cnt[tid] = (int32_t)mg_compact(e->gone, t0, t1, 0, NULL);
     }
@@ -373,8 +384,8 @@ static int emu_pass(void *ctx, const mg_pass *p)
     }
     if (kept != p->T - p->r)   /* fewer links than planned: flagged */
         cr_assert(e->flag, "a pass kept another count than planned and nothing was flagged");
-    for (int64_t x = 0; x < p->T * D; x++) {   /* mg_scatter_kernel's threads */
-        const int64_t t = x / D, d = x % D, o = e->idx[t];
+    for (int64_t y = 0; y < p->T * D; y++) {   /* mg_scatter_kernel's threads */
+        const int64_t x = emu_at(e, p->T * D, y), t = x / D, d = x % D, o = e->idx[t];
         if (o >= 0) {
             e->wk[c ^ 1][o * D + d] = e->wk[c][t * D + d];
             e->wv[c ^ 1][o * D + d] = e->wv[c][t * D + d];
@@ -395,9 +406,15 @@ static int emu_pass(void *ctx, const mg_pass *p)
 static int emu_compare(be_backend *b, const float *k, const float *v, const int32_t *pos, const float *deg, int64_t T0,
                        int64_t D, int64_t target, int64_t gap, int sinks, int recent, int chunk, int replay, int *flagged)
 {
-    size_t rows = (size_t)(T0 > 0 ? T0 : 1), slots = 2 * rows + 2;
+    /* the arrays sized as the CUDA backend sizes them: by the plan's dry run */
+    mg_need nd = { 1, 1 };
+    const mg_steps dry = { &nd, mg_need_append, mg_need_pass };
+    mg_plan(T0, target, gap, sinks, recent, chunk, replay, &dry);
+    size_t rows = (size_t)(T0 > 0 ? T0 : 1), slots = (size_t)nd.slots;
+    static int reverse;
     emu e = { k, v, deg, pos, { 0 }, { 0 }, { 0 }, { 0 }, calloc(rows, sizeof(double)), malloc(slots * 8),
-              malloc(slots * 8), malloc(slots * 8), malloc(slots * 4), calloc(rows, 1), malloc(rows * 4), D, 0, 0, 0 };
+              malloc(slots * 8), malloc(slots * 8), malloc(slots * 4), calloc(rows, 1), malloc(rows * 4),
+              malloc(sizeof(float) * (size_t)nd.pairs), D, 0, 0, 0, reverse ^= 1 };
     for (int c = 0; c < 2; c++) {
         e.wk[c] = calloc(rows * (size_t)D, 4);
         e.wv[c] = calloc(rows * (size_t)D, 4);
@@ -405,7 +422,8 @@ static int emu_compare(be_backend *b, const float *k, const float *v, const int3
         e.wpos[c] = calloc(rows, 4);
         cr_assert(e.wk[c] && e.wv[c] && e.wdeg[c] && e.wpos[c]);
     }
-    cr_assert(e.nrm && e.la && e.lb && e.order && e.ls && e.gone && e.idx);
+    cr_assert(e.nrm && e.la && e.lb && e.order && e.ls && e.gone && e.idx && e.sims);
+    for (int64_t i = 0; i < nd.pairs; i++) e.sims[i] = NAN;   /* what no pass wrote is never read */
     const mg_steps st = { &e, emu_append, emu_pass };
     const int64_t held = mg_plan(T0, target, gap, sinks, recent, chunk, replay, &st);
     cr_assert(held >= 0);
@@ -446,6 +464,7 @@ static int emu_compare(be_backend *b, const float *k, const float *v, const int3
     free(e.ls);
     free(e.gone);
     free(e.idx);
+    free(e.sims);
     free(hk);
     free(hv);
     free(hd);
@@ -487,7 +506,9 @@ Test(merge, the_cuda_kernels_steps_run_on_the_host_give_the_cpus_rows)
                     flagged += f;
                     passes += emu_compare(b, k, v, pos, deg, T0, D, 4, 8, 0, 0, chunks[ci], replay, &f);
                     flagged += f;
-                    runs += 2;
+                    passes += emu_compare(b, k, v, pos, deg, T0, D, T0 / 2, 0, 1, 1, chunks[ci], replay, &f);
+                    flagged += f;
+                    runs += 3;
                 }
             free(k);
             free(v);
@@ -521,6 +542,9 @@ Test(merge, a_row_whose_cosines_are_all_nan_is_flagged_for_the_host)
     int f = 0;
     emu_compare(b, k, v, pos, deg, T, D, 12, 0, 0, 0, 8, 0, &f);
     cr_assert_eq(f, 1, "the pass had fewer links than the shape gives, and the device did not see it");
+    f = 0;
+    emu_compare(b, k, v, pos, deg, T, D, 12, 4, 0, 0, 8, 1, &f);   /* replayed: the row arrives among the first */
+    cr_assert_eq(f, 1, "a replayed pass had fewer links than planned, and the device did not see it");
     be_free(b);
 }
 

@@ -1,6 +1,6 @@
 /* merge_heads.cu - the CUDA backend's Chelsea merge (be_ops.merge_heads): the heads of a call with
  * the same row count side by side (a launch's blockIdx.y), every pass planned ahead from the shape
- * (kernels/merge_kernels.h mg_plan) and run as six launches of kernels/merge_kernels.h's steps, the
+ * (kernels/merge_kernels.h mg_plan) and run as seven launches of kernels/merge_kernels.h's steps, the
  * rows sent once and brought back once (two waits a group: the flags, then the rows). A pass whose
  * links are not those the shape gives (a NaN cosine, from infinite keys), a trace, memory short
  * for the rows or a failed device: the CPU backend merges, from the host's rows, untouched until
@@ -11,6 +11,7 @@
 #define MG_THREADS 256
 #define MG_SCAN 1024      /* a compaction's threads: each takes a run of the rows */
 #define MG_SIMS_MAX ((int64_t)1 << 28)   /* bytes of pairs' cosines a call may hold (chunks of thousands: the CPU) */
+#define MG_KEEP_BYTES ((size_t)64 << 20)  /* scratch kept between calls; more is freed after the call */
 
 /* One group's device arrays: H heads of T0 rows, head h's at h * (its per-head size). */
 typedef struct mg_dev {
@@ -203,19 +204,6 @@ static size_t mg_carve(mg_dev *g, char *base)
 /* The heads list[0 .. H) of m, all of T0 rows, merged on the device: 0 (their rows and counts on
  * the host), 1 when the CPU must merge them (memory short, a pass's links not the shape's; nothing
  * recorded, the host's rows untouched), -1 with the failure recorded. */
-/* The plan's largest pass, walked on the host first (no launch): its slots and pairs. */
-typedef struct mg_need {
-    int64_t slots, pairs;
-} mg_need;
-static int mg_need_append(void *ctx, int64_t held, int64_t next, int64_t n) { return 0; }
-static int mg_need_pass(void *ctx, const mg_pass *p)
-{
-    mg_need *nd = (mg_need *)ctx;
-    if (p->slots > nd->slots) nd->slots = p->slots;
-    if (p->slots * p->per > nd->pairs) nd->pairs = p->slots * p->per;
-    return 0;
-}
-
 static int mg_group(cuda_impl *ci, const be_merge *m, const int *list, int H, int64_t T0)
 {
     mg_need nd = { 1, 1 };
@@ -302,7 +290,8 @@ int cuda_merge_heads(be_backend *b, const be_merge *m)
 {
     cuda_impl *ci = impl_of(b);
     seg_op(ci, SEG_EAGER);
-    if (m->on_pass || m->n_heads < 1 || m->n_heads > BE_MERGE_MAX_HEADS || m->chunk < 1 || m->dim < 1)
+    if (m->on_pass || m->n_heads < 1 || m->n_heads > BE_MERGE_MAX_HEADS || m->chunk < 1 || m->dim < 1 ||
+        m->sinks < 0 || m->recent < 0 || m->gap < 0 || m->target < 0)
         return be_host_merge_heads(ci->cpu, m);
     char done[BE_MERGE_MAX_HEADS] = { 0 };
     int list[BE_MERGE_MAX_HEADS];
@@ -318,6 +307,14 @@ int cuda_merge_heads(be_backend *b, const be_merge *m)
         if (T0 <= 0) continue;
         const int rc = ci->failed ? 1 : mg_group(ci, m, list, n, T0);
         if (rc != 0 && mg_on_cpu(ci, m, list, n) != 0) return -1;   /* a failure stays recorded for the caller */
+    }
+    /* a prompt's merge may have taken a GiB: given back (a decode step's merges, every gap tokens,
+     * keep theirs), so that the cache's pages can have it */
+    if (ci->cap_mg_buf > MG_KEEP_BYTES && !ci->failed && seg_end(ci) == 0) {
+        cudaFree(ci->mg_buf);
+        ci->scratch_bytes -= ci->cap_mg_buf;
+        ci->mg_buf = NULL;
+        ci->cap_mg_buf = 0;
     }
     return 0;
 }

@@ -3132,7 +3132,8 @@ Test(cuda, a_bad_graph_setting_is_refused)
  * side by side and a third of another, at once and replayed, at the 7B shape's head dimension
  * and the default model's; every row, position and degree the CPU backend's, bit for bit. A head
  * with an infinite key (a NaN cosine: fewer links than the shape gives) comes back the CPU's too. */
-static void merge_round(int64_t D, int64_t T, int64_t T2, int64_t target, int64_t gap, int chunk, int replay, int inf)
+static void merge_round(int64_t D, int64_t T, int64_t T2, int64_t target, int64_t gap, int sinks, int recent, int chunk,
+                        int replay, int inf)
 {
     enum { H = 3 };
     const int64_t n[H] = { T, T, T2 };
@@ -3164,8 +3165,8 @@ static void merge_round(int64_t D, int64_t T, int64_t T2, int64_t target, int64_
     be_merge_head mh[2][H];
     for (int c = 0; c < 2; c++)
         for (int h = 0; h < H; h++) mh[c][h] = (be_merge_head){ k[c][h], v[c][h], pos[c][h], deg[c][h], n[h] };
-    be_merge m = { .heads = mh[0], .n_heads = H, .dim = D, .target = target, .gap = gap, .sinks = 16, .recent = 64,
-                   .chunk = chunk, .replay = replay };
+    be_merge m = { .heads = mh[0], .n_heads = H, .dim = D, .target = target, .gap = gap, .sinks = sinks,
+                   .recent = recent, .chunk = chunk, .replay = replay };
     cr_assert(be_merge_heads(cpu, &m) == 0);
     m.heads = mh[1];
     cr_assert(be_merge_heads(gpu, &m) == 0);
@@ -3192,8 +3193,9 @@ static void merge_round(int64_t D, int64_t T, int64_t T2, int64_t target, int64_
 Test(cuda, chelsea_s_merge_on_the_device_is_the_cpus)
 {
     seed_rng("merge_heads");
-    merge_round(128, 2000, 1500, 400, 64, 256, 1, 0);
-    merge_round(128, 2000, 1500, 400, 64, 256, 0, 0);
-    merge_round(256, 900, 700, 200, 32, 100, 1, 0);
-    merge_round(64, 600, 601, 150, 8, 17, 1, 1);
+    merge_round(128, 2000, 1500, 400, 64, 16, 64, 256, 1, 0);
+    merge_round(128, 2000, 1500, 400, 64, 16, 64, 256, 0, 0);
+    merge_round(256, 900, 700, 200, 32, 16, 64, 100, 1, 0);
+    merge_round(32, 3000, 5, 20, 0, 0, 0, 3, 1, 0);   /* gap 0, nothing aside, a head too short to merge */
+    merge_round(64, 600, 601, 150, 8, 16, 64, 17, 1, 1);
 }
