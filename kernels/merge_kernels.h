@@ -99,13 +99,21 @@ typedef struct mg_pass {
     int64_t links, r;           /* the links the shape gives, the links merged */
 } mg_pass;
 
+/* The chunk [*c0, *c1) holding A slot j (its chunk's first row and the end, cut at the middle's). */
+QB_HD void mg_chunk_of(const mg_pass *p, int64_t j, int64_t *c0, int64_t *c1)
+{
+    *c0 = p->m0 + j / p->per * p->chunk;
+    *c1 = *c0 + p->chunk < p->m1 ? *c0 + p->chunk : p->m1;
+}
+
 /* The cosine of A slot j's row with its chunk's B row u (c0 + 1 + 2u), into sims[j * per + u]; nothing
  * where either row is past the chunk. */
 QB_HD void mg_pair_sim(const mg_pass *p, const float *W, const double *nrm, int64_t D, int64_t j, int64_t u, float *sims)
 {
     const int64_t a = mg_a_row(p->m0, p->m1, p->chunk, p->per, j);
     if (a < 0) return;
-    const int64_t c0 = p->m0 + j / p->per * p->chunk, c1 = c0 + p->chunk < p->m1 ? c0 + p->chunk : p->m1;
+    int64_t c0, c1;
+    mg_chunk_of(p, j, &c0, &c1);
     const int64_t b = c0 + 1 + 2 * u;
     if (b < c1) sims[j * p->per + u] = mg_cosine(W + a * D, W + b * D, D, nrm[a], nrm[b]);
 }
@@ -120,7 +128,8 @@ QB_HD void mg_slot_pick(const mg_pass *p, const float *sims, int64_t j, int64_t 
     lb[j] = -1;
     ls[j] = -2.0f;
     if (a < 0) return;
-    const int64_t c0 = p->m0 + j / p->per * p->chunk, c1 = c0 + p->chunk < p->m1 ? c0 + p->chunk : p->m1;
+    int64_t c0, c1;
+    mg_chunk_of(p, j, &c0, &c1);
     for (int64_t u = 0; c0 + 1 + 2 * u < c1; u++) {
         const float s = sims[j * p->per + u];
         if (s > ls[j]) {
@@ -156,7 +165,9 @@ QB_HD void mg_slot_merge(const mg_pass *p, float *Wk, float *Wv, float *deg, int
 {
     const int64_t a0 = mg_a_row(p->m0, p->m1, p->chunk, p->per, j);
     if (a0 < 0) return;
-    const int64_t c0 = p->m0 + j / p->per * p->chunk, c1 = c0 + p->chunk < p->m1 ? c0 + p->chunk : p->m1, b = a0 + 1;
+    int64_t c0, c1;
+    mg_chunk_of(p, j, &c0, &c1);
+    const int64_t b = a0 + 1;
     if (b >= c1) return;
     for (int64_t s = 0; s < p->r; s++) {
         const int64_t i = order[s];

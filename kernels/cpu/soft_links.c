@@ -4,13 +4,13 @@
  * sum in element order: the plain loop's doubles), their squared norms summed across the lanes the
  * same way, the cosines by vd_cosines_f64; each A row keeps the first B of the largest cosine as the
  * blocks go by in order, as a plain scan does. Without memory for the blocks, one pair at a time: the same floats. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/threadpool.h"
 #include "kernels/cpu/vec_dot.h"
+#include "kernels/merge_kernels.h"
 
 enum { SL_A = 64, SL_B = 64 };   /* A rows a task; B rows a block (64 x 256 doubles: 128 KiB, in L2) */
 
@@ -65,7 +65,7 @@ static void links_task(void *ctx, int64_t task, int thread)
     }
 }
 
-/* The plain formula, a pair at a time (the memory for the blocks was not there). */
+/* The plain formula (merge_kernels.h), a pair at a time (the memory for the blocks was not there). */
 static void links_plain(const be_links *l)
 {
     const int64_t D = l->dim;
@@ -77,13 +77,7 @@ static void links_plain(const be_links *l)
             int64_t best = -1;
             for (int64_t b = c0 + 1; b < c1; b += 2) {
                 const float *y = l->k + b * D;
-                double d = 0, nx = 0, ny = 0;
-                for (int64_t i = 0; i < D; i++) {
-                    d += (double)x[i] * y[i];
-                    nx += (double)x[i] * x[i];
-                    ny += (double)y[i] * y[i];
-                }
-                const float s = nx > 0 && ny > 0 ? (float)(d / sqrt(nx * ny)) : 0.0f;
+                const float s = mg_cosine(x, y, D, mg_norm(x, D), mg_norm(y, D));
                 if (s > bs) {
                     bs = s;
                     best = b;
