@@ -3,6 +3,7 @@
 #include "kernels/backend.h"
 
 #include "kernels/attn_group.h"
+#include "kernels/segment_kernels.h"
 
 #include <string.h>
 
@@ -87,6 +88,36 @@ int64_t be_attn_sel_list(const be_attn *a, be_kv_page *out, int64_t *hp)
         hp[g] = e;
         const int32_t *best = a->sel_best + (int64_t)g * a->sel_k;
         for (int64_t j = 0; j < nb + len - from; j++) out[e++] = a->pages[h0 + ag_sel_at(best, nb, from, j)];
+    }
+    hp[a->n_head_kv] = e;
+    return e;
+}
+
+/* ---------------------------------------------------------------- a choice of tokens made by bounds */
+
+int64_t be_attn_bits_words(const be_attn *a)
+{
+    int64_t w = 0;
+    for (int64_t i = 0; i < a->n_pages; i++) w += ((int64_t)a->pages[i].n + 63) / 64;
+    return w;
+}
+
+int64_t be_attn_bits_list(const be_attn *a, be_kv_page *out, uint64_t *masks, int64_t *hp)
+{
+    int64_t e = 0, w = 0;
+    for (int g = 0; g < a->n_head_kv; g++) {
+        const uint64_t *bm = a->sel_bits + (int64_t)g * a->sel_words;
+        hp[g] = e;
+        for (int64_t i = a->head_pages[g]; i < a->head_pages[g + 1]; i++) {
+            const be_kv_page *p = &a->pages[i];
+            const int64_t pw = ((int64_t)p->n + 63) / 64;
+            const int32_t on = sg_page_mask(bm, a->sel_words, p->pos, p->n, masks + w, pw);
+            if (on == 0) continue;
+            out[e] = *p;
+            out[e].mask = on == p->n ? NULL : masks + w;
+            e++;
+            w += on == p->n ? 0 : pw;
+        }
     }
     hp[a->n_head_kv] = e;
     return e;

@@ -118,6 +118,13 @@ typedef struct be_attn {
     const int32_t *sel_best, *sel_n_best;
     const int64_t *sel_from;   /* [n_head_kv] */
     int32_t sel_k;
+    /* A choice of tokens a bound_pages call made (be_bounds.bits), read where that call left it:
+     * KV head g reads the tokens of its entries whose positions have their bit set in
+     * sel_bits[g * sel_words ..] (an entry with none is left out), then the rows not in the cache.
+     * May be bound, as sel_best. NULL: every token. Needs head_pages and entries without token
+     * masks; not with sel_best. */
+    const uint64_t *sel_bits;
+    int64_t sel_words;
 } be_attn;
 
 /* A range of host bytes the host is about to read. */
@@ -159,6 +166,17 @@ typedef struct be_bounds {
     int32_t k;
     int32_t *best, *n_best;
     float *u;                 /* NULL, or every bound: [off[n_head_kv]] */
+    /* bits non-NULL (k 0): SentKV's choice instead of the k best. Head h's summaries are segments
+     * of its positions, in order: summary i covers the sum[i].n (>= 1) positions after those of the
+     * summaries before it, the first from 0. Of `budget` tokens a head, the first `sinks` positions
+     * and those from the segments' end up to len are always attended; the segments are then taken
+     * whole by the rank of their bounds, each where it fits in the room left, until the room left is
+     * below the shortest (kernels/segment_kernels.h, sg_choose), and every position attended has its
+     * bit set in bits[h * words ..] (words >= (len + 63) / 64; the other bits 0). bits may be bound:
+     * a device backend then leaves them there without waiting, for an attention call's choice of
+     * tokens (be_attn.sel_bits) and a be_host_read after. */
+    uint64_t *bits;
+    int64_t words, budget, sinks, len;
 } be_bounds;
 
 /* The best candidates of one row of logits, for the sampler (engine/sampler.h), so that a device
@@ -622,6 +640,12 @@ int be_attn_seqs_joined(const be_attn *a, int n);
  * maps each entry, here and on the device). Returns the count. */
 int64_t be_attn_sel_len(const be_attn *a);
 int64_t be_attn_sel_list(const be_attn *a, be_kv_page *out, int64_t *hp);
+/* A choice of tokens (a->sel_bits, read on the host) as the explicit list it stands for: per KV
+ * head its entries with a chosen token, each with a token mask (in masks, be_attn_bits_words(a)
+ * words in all) where not every token is chosen, into out[0 .. a->n_pages) with offsets
+ * hp[0 .. n_head_kv]; the entries written. */
+int64_t be_attn_bits_words(const be_attn *a);
+int64_t be_attn_bits_list(const be_attn *a, be_kv_page *out, uint64_t *masks, int64_t *hp);
 /* fn(ctx, task, thread) for every task in [0, n), spread over b's host threads (be_ops.host_pool;
  * thread in [0, their count)), in any order; one after another on the calling thread (thread 0)
  * where b has none or b is NULL. Returns when every task is done. The caller calls it between ops. */

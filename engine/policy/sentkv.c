@@ -22,6 +22,7 @@
 #include "engine/policy/sentkv.h"
 #include "engine/policy/trace.h"
 #include "kernels/backend.h"
+#include "kernels/segment_kernels.h"
 
 enum { P_LEN, P_DELTA, P_BUDGET, P_SINKS, P_COUNT };
 
@@ -91,10 +92,7 @@ typedef struct st_sent {
     uint64_t *masks;
     size_t mask_cap;
     float *score;            /* [n_head_kv][n_summ]: each head's segment bounds */
-    uint64_t *heap;          /* [n_summ]: a head's ranking (pol_ranking) */
     page_spans *spans;       /* [n_global] where each global layer's pages are, kept from step to step */
-    int64_t min_len, min_len_of;   /* the shortest of the first min_len_of segments, under shape min_len_shape */
-    uint64_t min_len_shape;
     seg_sums *lists;         /* [n_global] each global layer's segment summaries, for the backend */
     int64_t *off;            /* [n_head_kv + 1] */
     int64_t score_cap;
@@ -153,7 +151,6 @@ static void se_destroy(void *st)
     free(s->lists);
     free(s->off);
     free(s->sgen);
-    free(s->heap);
     for (int i = 0; s->spans && i < s->n_spans; i++) page_spans_free(&s->spans[i]);
     free(s->spans);
     free(s);
@@ -311,7 +308,7 @@ static void se_begin(void *st, const pol_env *env, const int32_t *tokens, int64_
 }
 
 /* The trace of one head's choice: every finished segment with its score and whether it is in. */
-static void trace_segments(const st_sent *s, const pol_env *env, int il, int g)
+static void trace_segments(const st_sent *s, const pol_env *env, int il, int g, const uint64_t *now)
 {
     int64_t n = s->n_summ;
     int64_t *first = malloc(sizeof(int64_t) * (size_t)n), *last = malloc(sizeof(int64_t) * (size_t)n);
@@ -320,69 +317,13 @@ static void trace_segments(const st_sent *s, const pol_env *env, int il, int g)
         for (int64_t sg = 0; sg < n; sg++) {
             first[sg] = sg ? s->seg_end[sg - 1] : 0;
             last[sg] = s->seg_end[sg] - 1;
-            kept[sg] = (s->now[first[sg] >> 6] >> (first[sg] & 63)) & 1;
+            kept[sg] = (now[first[sg] >> 6] >> (first[sg] & 63)) & 1;
         }
         pol_trace_units(env->trace, "sentkv segments", il, g, n, s->score + s->off[g], kept, first, last);
     }
     free(first);
     free(last);
     free(kept);
-}
-
-/* Bits [a, b) of bitmap bm set. */
-static void set_bits(uint64_t *bm, int64_t a, int64_t b)
-{
-    while (a < b && (a & 63)) {
-        bm[a >> 6] |= 1ull << (a & 63);
-        a++;
-    }
-    for (; a + 64 <= b; a += 64) bm[a >> 6] = ~0ull;
-    for (; a < b; a++) bm[a >> 6] |= 1ull << (a & 63);
-}
-
-/* Bits [a, a + n) of bitmap bm (words long) into out's pw words, bit t of out being bit a + t of bm;
- * the bits past n are 0. */
-static void bits_at(const uint64_t *bm, int64_t words, int64_t a, int32_t n, uint64_t *out, size_t pw)
-{
-    for (size_t w = 0; w < pw; w++) {
-        int64_t rem = (int64_t)n - 64 * (int64_t)w, b = a + 64 * (int64_t)w, wi = b >> 6;
-        int sh = (int)(b & 63);
-        uint64_t x = 0;
-        if (rem > 0) {
-            x = bm[wi] >> sh;
-            if (sh && wi + 1 < words) x |= bm[wi + 1] << (64 - sh);
-            if (rem < 64) x &= (1ull << rem) - 1;
-        }
-        out[w] = x;
-    }
-}
-
-/* The first set bit of bitmap bm (words long) at or after a, or -1. */
-static int64_t next_bit(const uint64_t *bm, int64_t words, int64_t a)
-{
-    int64_t w = a >> 6;
-    if (w >= words) return -1;
-    uint64_t x = bm[w] & (~0ull << (a & 63));
-    while (!x) {
-        if (++w >= words) return -1;
-        x = bm[w];
-    }
-    return (w << 6) + __builtin_ctzll(x);
-}
-
-/* The shortest summarized segment (no segment shorter can be left for the room a choice leaves). */
-static int64_t shortest_segment(st_sent *s)
-{
-    if (s->min_len_of != s->n_summ || s->min_len_shape != s->shape) {
-        s->min_len = INT64_MAX;
-        for (int64_t sg = 0; sg < s->n_summ; sg++) {
-            int64_t l = s->seg_end[sg] - (sg ? s->seg_end[sg - 1] : 0);
-            if (l < s->min_len) s->min_len = l;
-        }
-        s->min_len_of = s->n_summ;
-        s->min_len_shape = s->shape;
-    }
-    return s->min_len;
 }
 
 static int se_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
@@ -410,22 +351,19 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     if (page_spans_update(&s->spans[gl], env->kv, il)) return 0;
     int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
     int G = env->n_head / env->n_head_kv;
-    int64_t tail = s->seg_end[s->n_summ - 1];   /* tokens from here on are always attended */
     int64_t words = (len + 63) / 64;
     int64_t n_all = s->n_summ * env->n_head_kv;
     if (s->score_cap < n_all) {
         float *ns = realloc(s->score, sizeof(float) * (size_t)n_all);
-        if (ns) s->score = ns;
-        uint64_t *nh = realloc(s->heap, sizeof(uint64_t) * (size_t)s->n_summ);
-        if (nh) s->heap = nh;
-        if (!ns || !nh) return 0;
+        if (!ns) return 0;
+        s->score = ns;
         s->score_cap = n_all;
     }
-    if (s->now_words < words) {
-        uint64_t *nw = realloc(s->now, sizeof(uint64_t) * (size_t)words);
+    if (s->now_words < words * env->n_head_kv) {
+        uint64_t *nw = realloc(s->now, sizeof(uint64_t) * (size_t)(words * env->n_head_kv));
         if (!nw) return 0;
         s->now = nw;
-        s->now_words = words;
+        s->now_words = words * env->n_head_kv;
     }
     int P = kv_page_size(env->kv);
     size_t pw = ((size_t)P + 63) / 64, need = 0;
@@ -436,7 +374,7 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         s->masks = nm;
         s->mask_cap = need * 2;
     }
-    /* every head's segment bounds against its queries, in one call */
+    /* every head's segment bounds against its queries and its choice, in one call */
     seg_sums *L = &s->lists[gl];
     if (L->n != s->n_summ || L->mm != s->mm || L->shape != s->shape) {
         if (n_all > L->cap) {
@@ -448,7 +386,8 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         for (int g = 0; g < env->n_head_kv; g++)
             for (int64_t sg = 0; sg < s->n_summ; sg++) {
                 const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
-                L->sum[g * s->n_summ + sg] = (be_summary){ mm, mm + D, s->sgen[sg], 0 };
+                int64_t seg_len = s->seg_end[sg] - (sg ? s->seg_end[sg - 1] : 0);
+                L->sum[g * s->n_summ + sg] = (be_summary){ mm, mm + D, s->sgen[sg], seg_len };
             }
         L->n = s->n_summ;
         L->mm = s->mm;
@@ -456,33 +395,20 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     }
     for (int g = 0; g <= env->n_head_kv; g++) s->off[g] = g * s->n_summ;
     be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = L->sum, .off = s->off,
-                    .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1), .shape = s->shape, .u = s->score };
+                    .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1), .shape = s->shape,
+                    .u = env->trace ? s->score : NULL, .bits = s->now, .words = words, .budget = budget,
+                    .sinks = s->sinks, .len = len };
     env->b->ops->bound_pages(env->b, &r);
-    int64_t total_tokens = 0, shortest = shortest_segment(s);
+    int64_t total_tokens = 0;
     for (int g = 0; g < env->n_head_kv; g++) {
-        int64_t fixed = (len - tail) + (s->sinks < tail ? s->sinks : tail);
-        int64_t room = budget - fixed;
-        memset(s->now, 0, sizeof(uint64_t) * (size_t)words);
-        set_bits(s->now, 0, s->sinks < len ? s->sinks : len);
-        set_bits(s->now, tail, len);
-        /* best segments first, each whole or not at all, as many as fit: once the room left is
-         * below the shortest segment nothing more can, so the ranking stops there */
-        pol_ranking rk;
-        pol_rank_begin(&rk, s->score + s->off[g], s->n_summ, s->heap);
-        int64_t used = 0;
-        for (int64_t sg; used < room && room - used >= shortest && (sg = pol_rank_next(&rk)) >= 0;) {
-            int64_t a = sg ? s->seg_end[sg - 1] : 0, b = s->seg_end[sg];
-            if (used + (b - a) > room) continue;
-            set_bits(s->now, a, b);
-            used += b - a;
-        }
-        if (env->trace) trace_segments(s, env, il, g);
+        const uint64_t *now = s->now + (int64_t)g * words;
+        if (env->trace) trace_segments(s, env, il, g, now);
         /* reuse against the previous step's selection of this layer and head */
         int slot = gl * env->n_head_kv + g;
         int64_t picked = 0, reused = 0;
         for (int64_t w = 0; w < words; w++) {
-            picked += __builtin_popcountll(s->now[w]);
-            if (w < s->prev_words[slot]) reused += __builtin_popcountll(s->now[w] & s->prev[slot][w]);
+            picked += __builtin_popcountll(now[w]);
+            if (w < s->prev_words[slot]) reused += __builtin_popcountll(now[w] & s->prev[slot][w]);
         }
         s->reused += (double)reused;
         s->gathered += (double)picked;
@@ -496,7 +422,7 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
             }
         }
         if (s->prev[slot] && s->prev_words[slot] >= words) {
-            memcpy(s->prev[slot], s->now, sizeof(uint64_t) * (size_t)words);
+            memcpy(s->prev[slot], now, sizeof(uint64_t) * (size_t)words);
             memset(s->prev[slot] + words, 0, sizeof(uint64_t) * (size_t)(s->prev_words[slot] - words));
         }
         /* token masks for the pages that hold chosen tokens, found from the pages' spans (the pages
@@ -509,21 +435,21 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         int np = (int)(sp->at.off[g + 1] - sp->at.off[g]);
         int64_t a = 0;
         for (int i = 0; i < np; i++) {
-            if ((a = next_bit(s->now, words, a)) < 0) break;
+            if ((a = sg_next_bit(now, words, a)) < 0) break;
             while (i < np && (span[i].n == 0 || span[i].last < a)) i++;
             if (i == np) break;
             page_span at = span[i];
             uint64_t *m = s->masks + (size_t)(sp->at.off[g] + i) * pw;
             int32_t on = 0;
             if ((int64_t)at.last - at.first == at.n - 1 && at.last < len) {
-                bits_at(s->now, words, at.first, at.n, m, pw);
+                sg_bits_at(now, words, at.first, at.n, m, pw);
                 for (size_t w = 0; w < pw; w++) on += __builtin_popcountll(m[w]);
             } else {
                 const kv_page *p = kv_layer_page(env->kv, il, g, i);
                 memset(m, 0, pw * sizeof *m);
                 for (int32_t t = 0; t < p->n; t++) {
                     int64_t ps = p->pos[t];
-                    if (ps < len && ((s->now[ps >> 6] >> (ps & 63)) & 1)) {
+                    if (ps < len && ((now[ps >> 6] >> (ps & 63)) & 1)) {
                         m[t >> 6] |= 1ull << (t & 63);
                         on++;
                     }

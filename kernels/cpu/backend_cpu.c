@@ -17,6 +17,7 @@
 #include "kernels/cpu/vec_dot.h"
 #include "kernels/mass_kernels.h"
 #include "kernels/mean_kernels.h"
+#include "kernels/segment_kernels.h"
 
 #define MAX_MM 4           /* products per matmul call */
 #define ATT_TILE_Q 8       /* queries per attention task */
@@ -38,8 +39,14 @@ typedef struct cpu_impl {
     size_t cur_pages_cap;
     be_kv_page *sel_pages;       /* a selection by bounds as its list (be_attn.sel_best) */
     size_t sel_pages_cap;
+    uint64_t *sel_masks;         /* a choice of tokens' masks (be_attn.sel_bits) */
+    size_t sel_masks_cap;
     float *bound_u;              /* the bounds, when the caller does not want them */
     size_t bound_u_cap;
+    int64_t *seg_at;             /* a head's segments' lengths, then starts (be_bounds.bits) */
+    size_t seg_at_cap;
+    uint64_t *seg_heap;          /* a head's ranking */
+    size_t seg_heap_cap;
 } cpu_impl;
 
 static cpu_impl *impl_of(be_backend *b) { return b->impl; }
@@ -800,6 +807,28 @@ static void cpu_bound_best(be_bounds *r, float *u)
     }
 }
 
+/* SentKV's choice (be_bounds.bits): each head's segments ranked lazily (kernels/segment_kernels.h). */
+static void cpu_bound_segments(cpu_impl *ci, be_bounds *r, const float *u)
+{
+    int64_t most = 1;
+    for (int h = 0; h < r->n_head_kv; h++)
+        if (r->off[h + 1] - r->off[h] > most) most = r->off[h + 1] - r->off[h];
+    if (grow((void **)&ci->seg_at, &ci->seg_at_cap, sizeof(int64_t) * 2 * (size_t)most) ||
+        grow((void **)&ci->seg_heap, &ci->seg_heap_cap, sizeof(uint64_t) * (size_t)most))
+        abort();
+    for (int h = 0; h < r->n_head_kv; h++) {
+        const int64_t n = r->off[h + 1] - r->off[h];
+        int64_t *n_of = ci->seg_at, *at = ci->seg_at + most, p = 0;
+        for (int64_t i = 0; i < n; i++) {
+            n_of[i] = r->sum[r->off[h] + i].n;
+            at[i] = p;
+            p += n_of[i];
+        }
+        sg_choose(u + r->off[h], n_of, at, n, r->budget, r->sinks, r->len, ci->seg_heap, r->bits + h * r->words,
+                  r->words);
+    }
+}
+
 static void cpu_bound_pages(be_backend *b, be_bounds *r)
 {
     cpu_impl *ci = impl_of(b);
@@ -818,7 +847,8 @@ static void cpu_bound_pages(be_backend *b, be_bounds *r)
         bound_task(&j, 0, 0);
     else
         tp_run(ci->pool, bound_task, &j, (n + j.per - 1) / j.per);
-    if (r->k > 0) cpu_bound_best(r, u);
+    if (r->bits) cpu_bound_segments(ci, r, u);
+    else if (r->k > 0) cpu_bound_best(r, u);
 }
 
 /* ---------------------------------------------------------------- CHESS's summary rows */
@@ -1015,7 +1045,7 @@ static void cpu_attn_mass(be_backend *b, const be_mass *m)
 static void cpu_attention(be_backend *b, const be_attn *a)
 {
     cpu_impl *ci = impl_of(b);
-    if ((a->sel_best || a->n_cur > 0) && a->n_head_kv > 64) {   /* the offsets below */
+    if ((a->sel_best || a->sel_bits || a->n_cur > 0) && a->n_head_kv > 64) {   /* the offsets below */
         fprintf(stderr, "kvchat: internal error: %d KV heads (at most 64)\n", a->n_head_kv);
         abort();
     }
@@ -1029,6 +1059,20 @@ static void cpu_attention(be_backend *b, const be_attn *a)
         c.head_pages = hp;
         c.sel_best = c.sel_n_best = NULL;
         c.sel_from = NULL;
+        cpu_attention(b, &c);
+        return;
+    }
+    if (a->sel_bits) {   /* a choice of tokens by bounds: the list with masks it stands for */
+        if (grow((void **)&ci->sel_pages, &ci->sel_pages_cap, sizeof(be_kv_page) * (size_t)a->n_pages) ||
+            grow((void **)&ci->sel_masks, &ci->sel_masks_cap, sizeof(uint64_t) * (size_t)be_attn_bits_words(a)))
+            abort();
+        int64_t hp[65];
+        be_attn c = *a;
+        c.n_pages = be_attn_bits_list(a, ci->sel_pages, ci->sel_masks, hp);
+        c.pages = ci->sel_pages;
+        c.head_pages = hp;
+        c.sel_bits = NULL;
+        c.shape = 0;
         cpu_attention(b, &c);
         return;
     }
@@ -1096,7 +1140,10 @@ static void cpu_destroy(be_backend *b)
         free(ci->cur16);
         free(ci->cur_pages);
         free(ci->sel_pages);
+        free(ci->sel_masks);
         free(ci->bound_u);
+        free(ci->seg_at);
+        free(ci->seg_heap);
         free(ci);
     }
     free(b);
