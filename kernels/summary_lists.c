@@ -20,6 +20,10 @@ static void drop(sl_table *t, sl_list *L)
         t->dev.release(t->dev.ud, L->dev);
         t->bytes -= sizeof(float) * (uint64_t)(L->n_heads * L->cap * 2 * L->dim);
     }
+    if (L->dev_n) {
+        t->dev.release(t->dev.ud, L->dev_n);
+        t->bytes -= sizeof(int64_t) * (uint64_t)(L->n_heads * L->cap);
+    }
     free(L->seen);
     memset(L, 0, sizeof *L);
 }
@@ -68,12 +72,15 @@ static int make_room(sl_table *t, sl_list *L, int n_heads, int64_t dim, int64_t 
     L->name = name;
     size_t n = (size_t)n_heads * (size_t)cap;
     L->seen = calloc(n, sizeof *L->seen);
-    L->dev = L->seen ? t->dev.alloc(t->dev.ud, sizeof(float) * n * 2 * (size_t)dim) : NULL;
-    if (!L->dev) return -1;
     L->n_heads = n_heads;
     L->dim = dim;
     L->cap = cap;
+    L->dev = L->seen ? t->dev.alloc(t->dev.ud, sizeof(float) * n * 2 * (size_t)dim) : NULL;
+    if (!L->dev) return -1;
     t->bytes += sizeof(float) * (uint64_t)n * 2 * (uint64_t)dim;
+    L->dev_n = t->dev.alloc(t->dev.ud, sizeof(int64_t) * n);
+    if (!L->dev_n) return -1;
+    t->bytes += sizeof(int64_t) * (uint64_t)n;
     return 0;
 }
 
@@ -130,7 +137,8 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
             t->looked++;
             if (same(seen, s)) continue;
             float *d = L->dev + bd_summary_at(h, L->cap, i, r->dim);
-            if (ub_add(t->batch, d, s->mn, half) || ub_add(t->batch, d + r->dim, s->mx, half)) {
+            if (ub_add(t->batch, d, s->mn, half) || ub_add(t->batch, d + r->dim, s->mx, half) ||
+                ub_add(t->batch, L->dev_n + (int64_t)h * L->cap + i, &s->n, sizeof s->n)) {
                 drop(t, L);   /* part of it queued: the caller drops the batch, and this list with it */
                 snprintf(err, errlen, "out of memory");
                 return NULL;

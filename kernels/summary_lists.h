@@ -4,8 +4,9 @@
  * segment: the summaries (an element-wise key minimum and maximum each, be_summary) are the same
  * from one step to the next but for the few that a step adds or changes. A device backend keeps
  * each named list (be_bounds.table) on the device: each KV head's summaries side by side in a
- * region of `cap` entries, mn then mx, 2 * dim floats an entry, with a host record of what every
- * entry holds (its mn, mx, gen and n). A call sends only the entries whose record differs, through
+ * region of `cap` entries, mn then mx, 2 * dim floats an entry, and each entry's n beside them
+ * (dev_n: SentKV's segment lengths, be_bounds.bits), with a host record of what every entry holds
+ * (its mn, mx, gen and n). A call sends only the entries whose record differs, through
  * the upload batch (kernels/upload_batch.h); under the shape promise (be_bounds.shape) it looks
  * only at each head's entries from its previous last one on, so a decode step's host work does
  * not grow with the context. The device is reached through two functions, so this is plain C,
@@ -37,6 +38,7 @@ typedef struct sl_list {
     int64_t n_of[SL_MAX_HEADS];   /* each head's entries at the last call */
     be_summary *seen;     /* [n_heads * cap] what each entry on the device holds (gen 0: nothing) */
     float *dev;           /* [n_heads * cap][2 * dim] on the device */
+    int64_t *dev_n;       /* [n_heads * cap] each entry's n on the device (SentKV's segment lengths) */
 } sl_list;
 
 typedef struct sl_table {

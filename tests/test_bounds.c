@@ -300,7 +300,7 @@ static uint64_t send(ub_batch *ub)
     return n;
 }
 
-/* Every entry the device holds for the list is the summary the call named. */
+/* Every entry the device holds for the list is the summary the call named, and its n. */
 static int check_list(const sl_list *L, const be_bounds *r)
 {
     int bad = 0;
@@ -309,7 +309,8 @@ static int check_list(const sl_list *L, const be_bounds *r)
             const be_summary *s = &r->sum[r->off[h] + i];
             const float *d = L->dev + ((int64_t)h * L->cap + i) * 2 * r->dim;
             bad += memcmp(d, s->mn, sizeof(float) * (size_t)r->dim) != 0 ||
-                   memcmp(d + r->dim, s->mx, sizeof(float) * (size_t)r->dim) != 0;
+                   memcmp(d + r->dim, s->mx, sizeof(float) * (size_t)r->dim) != 0 ||
+                   L->dev_n[(int64_t)h * L->cap + i] != s->n;   /* SentKV's segment lengths */
         }
     return bad;
 }
@@ -421,12 +422,12 @@ Test(bounds, idle_device_lists_are_freed_and_used_ones_kept)
         }
     }
     sl_tick(&t);   /* tick 2 * SL_IDLE: the sweep */
-    cr_expect_eq(live, 1, "one device allocation left: the list in use");
+    cr_expect_eq(live, 2, "two device allocations left: the list in use's summaries and lengths");
     uint64_t sent = t.sent;
     const sl_list *L = sl_update(&t, &used, err, sizeof err);
     cr_assert(L);
     cr_expect_eq(t.sent, sent, "the list in use kept what it had: nothing sent again");
-    cr_expect_eq(t.bytes, sizeof(float) * (uint64_t)(L->cap * 2 * D), "only its bytes held (both lists: %llu)",
+    cr_expect_eq(t.bytes, (sizeof(float) * 2 * D + sizeof(int64_t)) * (uint64_t)L->cap, "only its bytes held (both lists: %llu)",
                  (unsigned long long)both);
     sl_free(&t);
     ub_free(&ub);

@@ -582,6 +582,89 @@ Test(kvcache, rows_not_in_the_cache_yet_attend_like_cached_rows)
 /* A selection by bounds (be_attn.sel_best: each KV head's chosen candidates among its first `from`
  * entries, then the rest of its list) attends exactly as the explicit list it stands for, with and
  * without a step's own row after it. */
+/* A choice of tokens left by bounds (be_attn.sel_bits) attends as the explicit list it stands for:
+ * each head's pages with a chosen token, masked where not every token is (random bitmaps, dense and
+ * sparse, and one page's tokens not at consecutive positions). */
+Test(kvcache, a_choice_of_tokens_attends_like_the_list_it_stands_for)
+{
+    char err[256];
+    const int Hkv = 2, G = 3, D = 32, P = 8, n_tok = 120, R = Hkv * D;
+    be_backend *b = be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    float *k = malloc(sizeof(float) * (size_t)(n_tok * R)), *v = malloc(sizeof(float) * (size_t)(n_tok * R));
+    for (int i = 0; i < n_tok * R; i++) k[i] = frand(), v[i] = frand();
+    kv_cache *kv = kv_create(1, 4096, 1, R, P, NULL, err, sizeof err);
+    cr_assert(kv, "%s", err);
+    cr_assert(kv_append(kv, 0, k, v, n_tok - 1, 0) == 0);
+    int na;
+    be_kv_page *pa = page_list(kv, R, D, &na);
+    be_kv_page *all = malloc(sizeof *all * (size_t)(2 * na)), *list = malloc(sizeof *list * (size_t)(2 * na));
+    memcpy(all, pa, sizeof *pa * (size_t)na);
+    memcpy(all + na, pa, sizeof *pa * (size_t)na);
+    /* head 1's third page: tokens at scattered positions (as after an eviction) */
+    int32_t odd_pos[8];
+    for (int t = 0; t < all[na + 2].n; t++) odd_pos[t] = 2 * t + 3;
+    all[na + 2].pos = odd_pos;
+    int64_t hp_all[3] = { 0, na, 2 * na };
+    enum { WORDS = 3 };
+    uint64_t bits[2 * WORDS], masks[2 * 32];
+    float q[Hkv * G * D], o1[Hkv * G * D], o2[Hkv * G * D];
+    int32_t qp = n_tok - 1;
+    for (int round = 0; round < 200; round++) {
+        for (int i = 0; i < Hkv * G * D; i++) q[i] = frand() * 0.4f;
+        float density = round % 4 == 0 ? 0.02f : round % 4 == 1 ? 0.97f : frand();
+        for (int w = 0; w < 2 * WORDS; w++) {
+            bits[w] = 0;
+            for (int t = 0; t < 64; t++)
+                if (frand() < density) bits[w] |= 1ull << t;
+        }
+        int64_t hp[3], e = 0, mw = 0;
+        for (int g = 0; g < Hkv; g++) {
+            hp[g] = e;
+            for (int64_t i = hp_all[g]; i < hp_all[g + 1]; i++) {
+                const be_kv_page *p = &all[i];
+                uint64_t *m = masks + mw;
+                m[0] = 0;
+                int on = 0;
+                for (int t = 0; t < p->n; t++) {
+                    int32_t ps = p->pos[t];
+                    if (ps < 64 * WORDS && ((bits[g * WORDS + ps / 64] >> (ps % 64)) & 1)) {
+                        m[0] |= 1ull << t;
+                        on++;
+                    }
+                }
+                if (!on) continue;
+                list[e] = *p;
+                list[e].mask = on == p->n ? NULL : m;
+                mw += on == p->n ? 0 : 1;
+                e++;
+            }
+        }
+        hp[Hkv] = e;
+        int cur = round & 1;
+        const float *ck = k + (n_tok - 1) * R, *cv = v + (n_tok - 1) * R;
+        be_attn a = { q, 1, &qp, Hkv * G, Hkv, D, list, e, hp, 0, o1, cur ? ck : NULL, cur ? cv : NULL,
+                      cur ? &qp : NULL, cur, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
+        b->ops->attention(b, &a);
+        be_attn s = a;
+        s.pages = all;
+        s.n_pages = 2 * na;
+        s.head_pages = hp_all;
+        s.sel_bits = bits;
+        s.sel_words = WORDS;
+        s.out = o2;
+        b->ops->attention(b, &s);
+        cr_assert(!memcmp(o1, o2, sizeof o1), "round %d: the choice attends differently from its list", round);
+    }
+    free(all);
+    free(list);
+    free(pa);
+    free(k);
+    free(v);
+    kv_free(kv);
+    be_free(b);
+}
+
 Test(kvcache, a_selection_by_bounds_attends_like_the_list_it_stands_for)
 {
     char err[256];

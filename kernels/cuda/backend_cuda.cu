@@ -815,7 +815,7 @@ static void cuda_destroy(be_backend *b)
                         ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->xs,  ci->cur_pos,
                         ci->pick_keys, ci->pick_max, ci->pick_sums, ci->pick_res, ci->bd_u, ci->bd_keys,
                         ci->sel_pages, ci->sel_hp, ci->km_sq, ci->ms_e, ci->ms_factor, ci->ms_acc, ci->lsh_hits,
-                        ci->mg_buf };
+                        ci->mg_buf, ci->seg_at, ci->seg_bits, ci->sel_masks };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
         free(ci->ms_host);
         void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage, ci->h_pick, ci->h_bd, ci->h_ms, ci->h_lsh, ci->h_mg };

@@ -41,6 +41,7 @@ extern "C" {
 #include "kernels/attn_flash.h"
 #include "kernels/pick_kernels.h"
 #include "kernels/bound_kernels.h"
+#include "kernels/segment_kernels.h"
 #include "kernels/score_kernels.h"
 #include "kernels/fused_kernels.h"
 #include "kernels/mean_kernels.h"
@@ -157,6 +158,12 @@ typedef struct cuda_impl {
     uint64_t *bd_keys;         /* each head's k best keys (the last merge round's) */
     uint8_t *h_bd;             /* page-locked: the keys, then the bounds, on their way back */
     size_t cap_bd_u, cap_bd_keys, cap_h_bd;
+    int64_t *seg_at;           /* SentKV's choice: each head's segments' starts, then their lengths by rank */
+    uint64_t *seg_bits;        /* the choice's bitmaps when they come back (the call's bits not bound) */
+    size_t cap_seg_at, cap_seg_bits;
+    size_t seg_smem_set;       /* the choice kernel's shared memory limit as raised so far */
+    uint64_t *sel_masks;       /* a choice of tokens' page masks, built on the device (bits_list_kernel) */
+    size_t cap_sel_masks;
     ag_page *sel_pages;        /* a selection by bounds as its list, built on the device (sel_gather_kernel) */
     int64_t *sel_hp;           /* and its per-head offsets */
     size_t cap_sel_pages, cap_sel_hp;

@@ -44,6 +44,123 @@ __global__ void __launch_bounds__(BE_PICK_MAX) bd_ids_kernel(const uint64_t *key
     if (i == 0) n_best[h] = n;
 }
 
+/* The exclusive prefix sum of v over the block's threads (sh: blockDim.x int64s of shared memory;
+ * every thread calls it); the total to *total. */
+__device__ int64_t seg_scan(int64_t v, int64_t *sh, int64_t *total)
+{
+    const int t = threadIdx.x, nt = blockDim.x;
+    sh[t] = v;
+    __syncthreads();
+    for (int d = 1; d < nt; d <<= 1) {   /* Hillis-Steele, inclusive */
+        const int64_t o = t >= d ? sh[t - d] : 0;
+        __syncthreads();
+        sh[t] += o;
+        __syncthreads();
+    }
+    const int64_t inc = sh[t];
+    *total = sh[nt - 1];
+    __syncthreads();
+    return inc - v;
+}
+
+/* Positions [a, b) set in bitmap bm by the threads tid of nt (words shared with other ranges: atomics). */
+__device__ void seg_set_range(unsigned long long *bm, int64_t a, int64_t b, int tid, int nt)
+{
+    if (a >= b) return;
+    for (int64_t w = (a >> 6) + tid; w <= (b - 1) >> 6; w += nt) atomicOr(bm + w, (unsigned long long)sg_word_mask(a, b, w));
+}
+
+/* SentKV's choice (be_bounds.bits; kernels/segment_kernels.h), a block a KV head: the keys sorted in
+ * shared memory, the segments' starts and the ranking's prefix of lengths by block scans, the run
+ * of the ranking taken whole by every thread at once, the rest by the first warp, the positions set
+ * in the head's bitmap. at: [H][2 * SG_SORT_MAX] scratch (starts by index, then lengths by rank). */
+__global__ void __launch_bounds__(SG_THREADS) seg_choose_kernel(const float *u, int64_t stride, bd_counts cnt,
+                                                                const int64_t *len_of, int64_t cap, int64_t budget,
+                                                                int64_t sinks, int64_t len, uint64_t *bits,
+                                                                int64_t words, int64_t *at)
+{
+    extern __shared__ uint64_t keys[];
+    __shared__ int64_t sh[SG_THREADS];
+    __shared__ int64_t first_out, shortest;
+    const int h = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    const int64_t n = cnt.n[h];
+    const int32_t size = sg_sort_size(n);
+    const int64_t *ln = len_of + (int64_t)h * cap;
+    int64_t *start = at + (int64_t)h * 2 * SG_SORT_MAX, *by_rank = start + SG_SORT_MAX;
+    unsigned long long *bm = (unsigned long long *)(bits + (int64_t)h * words);
+    for (int64_t w = tid; w < words; w += nt) bm[w] = 0;
+    for (int32_t i = tid; i < size; i += nt) keys[i] = i < n ? sg_key(u[bd_out_at(h, stride, i)], i) : 0;
+    if (tid == 0) {
+        first_out = n;
+        shortest = INT64_MAX;
+    }
+    /* the segments' starts in index order, and the shortest */
+    int64_t a, b, sum = 0, mn = INT64_MAX, covered;
+    sg_chunk(n, tid, nt, &a, &b);
+    for (int64_t i = a; i < b; i++) {
+        sum += ln[i];
+        mn = ln[i] < mn ? ln[i] : mn;
+    }
+    __syncthreads();
+    if (mn < INT64_MAX) atomicMin((long long *)&shortest, (long long)mn);
+    int64_t p = seg_scan(sum, sh, &covered);
+    for (int64_t i = a; i < b; i++) {
+        start[i] = p;
+        p += ln[i];
+    }
+    /* larger keys first */
+    for (int32_t k = 2; k <= size; k <<= 1)
+        for (int32_t j = k >> 1; j > 0; j >>= 1) {
+            for (int32_t i = tid; i < size; i += nt) sg_sort_step(keys, k, j, i);
+            __syncthreads();
+        }
+    const int64_t room = sg_room(budget, sinks, covered, len), least = shortest;
+    /* the ranking's prefix of lengths: the run taken whole ends at the first segment past which
+     * the walk stops or that does not fit */
+    sum = 0;
+    for (int64_t j = a; j < b; j++) {
+        by_rank[j] = ln[lp_key_id(keys[j])];
+        sum += by_rank[j];
+    }
+    int64_t total;
+    p = seg_scan(sum, sh, &total);
+    for (int64_t j = a; j < b; j++) {
+        if (sg_first_out(p, p + by_rank[j], room, least)) {
+            atomicMin((long long *)&first_out, (long long)j);
+            break;
+        }
+        p += by_rank[j];
+    }
+    __syncthreads();
+    const int64_t f = first_out;
+    /* the always attended, and the run */
+    seg_set_range(bm, 0, sinks < len ? sinks : len, tid, nt);
+    seg_set_range(bm, covered, len, tid, nt);
+    for (int64_t j = a; j < b && j < f; j++) {
+        const int32_t i = lp_key_id(keys[j]);
+        seg_set_range(bm, start[i], start[i] + by_rank[j], 0, 1);
+    }
+    if (tid >= 32 || f >= n) return;
+    /* past the run: the rest of the ranking by the first warp, 32 segments a step */
+    int64_t used = 0;
+    for (int64_t j = tid; j < f; j += 32) used += by_rank[j];
+    for (int o = 16; o > 0; o >>= 1) used += __shfl_xor_sync(0xffffffffu, used, o);
+    for (int64_t j0 = f + 1; j0 < n && room - used >= least;) {
+        const int64_t mine = j0 + tid < n ? by_rank[j0 + tid] : -1;
+        const unsigned fits = __ballot_sync(0xffffffffu, mine >= 0 && mine <= room - used);
+        if (!fits) {
+            j0 += 32;
+            continue;
+        }
+        const int l = __ffs(fits) - 1;
+        const int32_t i = lp_key_id(keys[j0 + l]);
+        const int64_t sl = by_rank[j0 + l];
+        seg_set_range(bm, start[i], start[i] + sl, tid, 32);
+        used += sl;
+        j0 += l + 1;
+    }
+}
+
 /* The summaries stay on the device between calls (kernels/summary_lists.h); the bounds and each
  * head's best are found there, and the best (or every bound, when asked) come back in one copy,
  * or, where the call's best and n_best are bound, stay there for attention without a wait. */
@@ -52,20 +169,47 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
     cuda_impl *ci = impl_of(b);
     seg_op(ci, SEG_JOIN);   /* Quest's choice kept for attention: a decode step's layer, nothing waited for */
     const int H = r->n_head_kv;
+    const int segs = r->bits != NULL;   /* SentKV's choice instead of the k best */
+    if (segs) r->k = 0;
     if (r->k > BE_PICK_MAX) r->k = BE_PICK_MAX;
     const int32_t k = r->k;
     const size_t ids_bytes = sizeof(int32_t) * (size_t)(H * (k > 0 ? k : 0)), cnt_bytes = sizeof(int32_t) * (size_t)H;
+    const size_t bits_bytes = segs ? sizeof(uint64_t) * (size_t)H * (size_t)r->words : 0;
     const int keep = k > 0 && bound(ci, r->best, ids_bytes) && bound(ci, r->n_best, cnt_bytes);
+    const int keep_bits = segs && bound(ci, r->bits, bits_bytes);
     for (int h = 0; k > 0 && !keep && h < H; h++) r->n_best[h] = 0;
     if (ci->failed) return;
     const int64_t n_all = r->off[H];
+    size_t qbytes = sizeof(float) * (size_t)H * (size_t)r->group * (size_t)r->dim;
+    int64_t stride = 1;
+    for (int h = 0; h < H; h++)
+        if (r->off[h + 1] - r->off[h] > stride) stride = r->off[h + 1] - r->off[h];
+    const size_t seg_smem = sizeof(uint64_t) * (size_t)sg_sort_size(stride);
+    int seg_host = segs && (n_all <= 0 || stride > SG_SORT_MAX || H > SL_MAX_HEADS);
+    if (segs && !seg_host && seg_smem > ci->seg_smem_set) {
+        int allowed = 0;
+        cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+        if ((size_t)allowed < seg_smem + sizeof(int64_t) * (SG_THREADS + 2) ||
+            cudaFuncSetAttribute(seg_choose_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)seg_smem) !=
+                cudaSuccess) {
+            cudaGetLastError();   /* not sticky: the host chooses */
+            seg_host = 1;
+        } else {
+            ci->seg_smem_set = seg_smem;
+        }
+    }
+    if (seg_host) {   /* no segments, or more than a block sorts: the bounds and the choice on the host */
+        host_in(ci, r->q, qbytes);
+        if (keep_bits) am_host_write(&ci->act, r->bits, bits_bytes);
+        ci->cpu->ops->bound_pages(ci->cpu, r);
+        return;
+    }
     if (keep && n_all <= 0) {   /* nothing to choose: the counts written on the host, sent when read */
         am_host_write(&ci->act, r->n_best, cnt_bytes);
         for (int h = 0; h < H; h++) r->n_best[h] = 0;
         return;
     }
-    if (n_all <= 0 || (k <= 0 && !r->u)) return;
-    size_t qbytes = sizeof(float) * (size_t)H * (size_t)r->group * (size_t)r->dim;
+    if (n_all <= 0 || (k <= 0 && !segs && !r->u)) return;
     if (ci->batch.n && send_batch(ci)) return;   /* the batch holds this call's entries alone */
     char err[160];
     const sl_list *L = sl_update(&ci->sums, r, err, sizeof err);
@@ -79,16 +223,13 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
             am_host_write(&ci->act, r->best, ids_bytes);
             am_host_write(&ci->act, r->n_best, cnt_bytes);
         }
+        if (keep_bits) am_host_write(&ci->act, r->bits, bits_bytes);
         ci->cpu->ops->bound_pages(ci->cpu, r);
         return;
     }
     if (send_batch(ci)) return;
     bd_counts cnt;
-    int64_t stride = 1;
-    for (int h = 0; h < H; h++) {
-        cnt.n[h] = r->off[h + 1] - r->off[h];
-        if (cnt.n[h] > stride) stride = cnt.n[h];
-    }
+    for (int h = 0; h < H; h++) cnt.n[h] = r->off[h + 1] - r->off[h];
     const float *dq = bound(ci, r->q, qbytes) ? (const float *)am_dev_in(&ci->act, r->q, qbytes)
                                               : (const float *)stage(ci, r->q, qbytes);
     int64_t blocks[9];
@@ -96,10 +237,13 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
     size_t u_bytes = sizeof(float) * (size_t)(H * stride);
     size_t keys_bytes = k > 0 ? sizeof(uint64_t) * (size_t)(H * blocks[0] * k) : 0;
     size_t best_bytes = k > 0 ? sizeof(uint64_t) * (size_t)(H * k) : 0;
-    size_t back = (keep ? 0 : best_bytes) + (r->u ? u_bytes : 0);
+    size_t first_bytes = keep ? 0 : segs ? (keep_bits ? 0 : bits_bytes) : best_bytes;   /* what comes back first */
+    size_t back = first_bytes + (r->u ? u_bytes : 0);
     if (!dq || grow_dev(ci, (void **)&ci->bd_u, &ci->cap_bd_u, u_bytes) ||
         (k > 0 && (grow_dev(ci, (void **)&ci->bd_keys, &ci->cap_bd_keys, 2 * keys_bytes + best_bytes) ||
                    grow_dev(ci, (void **)&ci->pick_max, &ci->cap_pick_max, sizeof(float) * (size_t)(H * blocks[0])))) ||
+        (segs && grow_dev(ci, (void **)&ci->seg_at, &ci->cap_seg_at, sizeof(int64_t) * 2 * SG_SORT_MAX * (size_t)H)) ||
+        (segs && !keep_bits && grow_dev(ci, (void **)&ci->seg_bits, &ci->cap_seg_bits, bits_bytes)) ||
         grow_host(ci, (void **)&ci->h_bd, &ci->cap_h_bd, back))
         return;
     cudaStream_t s = ci->stream;
@@ -107,7 +251,17 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
     bound_kernel<<<grid, BD_THREADS, 0, s>>>(dq, r->group, r->dim, L->dev, L->cap, cnt, stride, ci->bd_u);
     if (ck(ci, cudaGetLastError(), "bound kernel")) return;
     uint64_t *best = ci->bd_keys + 2 * (keys_bytes / sizeof(uint64_t));
-    if (k > 0) {
+    if (segs) {   /* SentKV's choice where the bounds are; the bitmaps stay there when bound */
+        uint64_t *d_bits = keep_bits ? (uint64_t *)am_dev_out(&ci->act, r->bits, bits_bytes) : ci->seg_bits;
+        seg_choose_kernel<<<(unsigned)H, SG_THREADS, seg_smem, s>>>(ci->bd_u, stride, cnt, L->dev_n, L->cap,
+                                                                    r->budget, r->sinks, r->len, d_bits, r->words,
+                                                                    ci->seg_at);
+        if (ck(ci, cudaGetLastError(), "segment choice kernel")) return;
+        if (keep_bits && !r->u) return;
+        if (!keep_bits &&
+            ck(ci, cudaMemcpyAsync(ci->h_bd, ci->seg_bits, bits_bytes, cudaMemcpyDeviceToHost, s), "bound download"))
+            return;
+    } else if (k > 0) {
         if (pick_k_best(ci, ci->bd_u, stride, stride, H, NULL, 0, 1.0f, k, blocks, rounds, ci->bd_keys, ci->pick_max,
                         best, "bound "))
             return;
@@ -121,12 +275,13 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
             return;
         }
     }
-    const size_t u_at = keep ? 0 : best_bytes;
+    const size_t u_at = first_bytes;
     if (r->u && ck(ci, cudaMemcpyAsync(ci->h_bd + u_at, ci->bd_u, u_bytes, cudaMemcpyDeviceToHost, s),
                    "bound download"))
         return;
     ci->bytes_down += back;
     if (sync_stream(ci, "bounds")) return;
+    if (segs && !keep_bits) memcpy(r->bits, ci->h_bd, bits_bytes);
     for (int h = 0; h < H; h++) {
         if (r->u)
             memcpy(r->u + r->off[h], ci->h_bd + u_at + sizeof(float) * (size_t)(h * stride),

@@ -505,7 +505,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             be_host_write(kern[k], q, qbytes);
-            be_attn a = { q, nq, qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
+            be_attn a = { q, nq, qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
             const uint64_t flash0 = be_cuda_flash_calls(kern[k]);
             double ms = time_calls(kern[k], call_attn, &a, o);
             if (failed(kern[k], "attention")) return 1;
@@ -652,7 +652,7 @@ int main(int argc, char **argv)
             for (int64_t i = 0; i < n; i++) sum[i] = (be_summary){ mm + i * 2 * D, mm + i * 2 * D + D, (uint64_t)i + 1, 32 };
             int32_t best[H * 32], nb[H];
             static float unbound;
-            be_bounds r = { q, H, G, D, sum, off, 1 + ci, 1, 32, best, nb, NULL };   /* a list a context */
+            be_bounds r = { q, H, G, D, sum, off, 1 + ci, 1, 32, best, nb, NULL, NULL, 0, 0, 0, 0 };   /* a list a context */
             char config[64];
             be_backend *on[3] = { dflt, host1, hostn };
             static const char *const names[3] = { "device", "host 1 thread", "host all threads" };

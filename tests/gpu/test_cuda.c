@@ -911,7 +911,7 @@ static double compare_attention_on(be_backend *dev, page_set *ps, int n_head, in
         o1[i] = NAN;
     }
     for (int64_t t = 0; t < n_q; t++) qp[t] = t == n_q - 1 ? ps->max_pos : (int32_t)(rnd() % (uint32_t)(ps->max_pos + 1));
-    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
+    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     attend_on(dev, &a, q, (size_t)(n_q * n_head * D), bind);
@@ -992,7 +992,7 @@ static void attend_list(const page_set *ps, const uint8_t *dropped, int nh, int 
         cv[i] = frand(-1, 1);
     }
     be_attn a = { q, 1, qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
-                  with_cur ? qp : NULL, with_cur ? 1 : 0, name, shape, NULL, NULL, NULL, 0 };
+                  with_cur ? qp : NULL, with_cur ? 1 : 0, name, shape, NULL, NULL, NULL, 0, NULL, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     gpu->ops->attention(gpu, &a);
@@ -1057,7 +1057,7 @@ Test(cuda, a_selection_by_bounds_equals_the_list_it_stands_for)
         }
         int32_t qp = INT32_MAX / 2;
         be_attn a = { q, 1, &qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
-                      with_cur ? &qp : NULL, with_cur ? 1 : 0, 0, 0, NULL, NULL, NULL, 0 };
+                      with_cur ? &qp : NULL, with_cur ? 1 : 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
         cpu->ops->attention(cpu, &a);
         be_attn s = a;
         s.pages = ps.pages;
@@ -1164,7 +1164,7 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
                 for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
                 for (int64_t t = 0; t < nq; t++) qp[t] = t == 0 ? ps.max_pos : (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1));
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o,
-                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
                 ag_attention_sim(&a, atoi(splits[k]), want);
                 attend_on(bes[k], &a, q, n, (int)(rnd() & 1));
                 cr_assert(!be_failed(bes[k], err, sizeof err), "%s", err);
@@ -1220,7 +1220,7 @@ Test(cuda, flash_attention_equals_its_host_simulation_and_the_cpu)
                     qp[t] = variant == 3 || back < 0 ? (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1)) : back;
                 }
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o_cpu,
-                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
                 cpu->ops->attention(cpu, &a);
                 af_attention_sim(&a, k == 1 ? 3 : 1, want);
                 a.out = o;
@@ -1423,7 +1423,7 @@ Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
             /* variant 3: one shared list for every head */
             be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, variant == 3 ? ps.head_pages[1] : ps.n_pages,
                           variant == 3 ? NULL : ps.head_pages, variant == 2 ? 40 : 0, o0, ck, cv, &qp, 1, 0, 0,
-                          NULL, NULL, NULL, 0 };
+                          NULL, NULL, NULL, 0, NULL, 0 };
             cpu->ops->attention(cpu, &a);
             a.out = o1;
             int bind = (int)(rnd() & 1);
@@ -1613,7 +1613,7 @@ Test(cuda, attention_with_a_chunks_own_rows_equals_the_cpu)
                     for (int64_t i = 0; i < n * kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
                     for (int t = 0; t < n; t++) qp[t] = ps.max_pos + 1 + t;
                     be_attn a = { q, n, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant & 2 ? 40 : 0,
-                                  o0, ck, cv, qp, n, 0, 0, NULL, NULL, NULL, 0 };
+                                  o0, ck, cv, qp, n, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
                     cpu->ops->attention(cpu, &a);
                     be_backend *dev = rnd() % 2 ? gpu : grouped;
                     int bind = (int)(rnd() & 1);
@@ -1675,7 +1675,7 @@ Test(cuda, norm_weights_past_the_constant_tables_growth_leave_the_steps_page_lis
     for (int64_t i = 0; i < kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
     int32_t qp = ps.max_pos + 1;
     be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o0, ck, cv, &qp, 1, 0, 0,
-                  NULL, NULL, NULL, 0 };
+                  NULL, NULL, NULL, 0, NULL, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     for (int i = 0; i <= N_W; i++) {
@@ -2380,7 +2380,7 @@ Test(cuda, the_bounds_on_the_device_are_the_cpus_bit_for_bit)
             }
             float *u1 = malloc(sizeof(float) * (size_t)off[H]), *u2 = malloc(sizeof(float) * (size_t)off[H]);
             int32_t b1[8 * BE_PICK_MAX], b2[8 * BE_PICK_MAX], n1[8], n2[8];
-            be_bounds a = { q, H, G, dim, sum, off, 5, shape, k, b1, n1, u1 };
+            be_bounds a = { q, H, G, dim, sum, off, 5, shape, k, b1, n1, u1, NULL, 0, 0, 0, 0 };
             be_bounds b = a;
             b.best = b2, b.n_best = n2, b.u = step % 4 == 3 ? NULL : u2;
             uint64_t w0, up0, down0, w1, up1, down1;
