@@ -15,9 +15,11 @@
 #include "common/logit_pick.h"
 #include "engine/page_list.h"
 #include "engine/policy/policy.h"
+#include "kernels/segment_kernels.h"
 
 #define OUT_ROWS 16   /* rows of the vocabulary projection computed at once when all logits are wanted */
 #define MAX_PROBE 64  /* probe rows a prefill policy may append to a chunk (TAKE) */
+#define BITS_MAX_BYTES ((size_t)64 << 20)   /* a device's choices of tokens kept for attention, at most */
 
 struct fwd_ctx {
     const model *m;
@@ -73,6 +75,10 @@ struct fwd_ctx {
     /* A device backend's selections by bounds (pol_env.sel_buf), bound: [n_layer][n_head_kv]
      * [BE_PICK_MAX + 1]. */
     int32_t *sel_buf;
+    /* A device backend's choices of tokens (pol_env.bits_buf), bound: room for [n_layer][n_head_kv]
+     * [bits_words] (as a step lays them out, compact for its words). */
+    uint64_t *bits_buf;
+    int64_t bits_words;
     /* This decode step's layers whose selection attention read where the bounds left it: their
      * statistics wait for the step's end (sel_stats), when the answers are on the host. */
     struct dsel {
@@ -81,6 +87,9 @@ struct fwd_ctx {
         int32_t k;
         int row;                       /* the step's row was deferred (defer_stats then too) */
         int64_t from[64];
+        const uint64_t *bits;          /* a choice of tokens instead (pol_sel.bits), words a head */
+        int64_t words;
+        const page_spans *spans;
     } *dsel;
     int n_dsel;
     int row_valid;             /* row holds the logits of the cache's last token */
@@ -89,13 +98,14 @@ struct fwd_ctx {
     int64_t page_rows_cap;
 };
 
-#define N_BOUND 15
+#define N_BOUND 16
 
 /* The scratch buffers the backend may keep on a device, in one order for bind and unbind. */
 static void bound_bufs(const fwd_ctx *f, float *out[N_BOUND])
 {
     float *l[N_BOUND] = { f->x,    f->h,    f->o,       f->q,       f->att,     f->k,       f->v,     f->gate,
-                          f->up,   f->kall[0], f->vall[0], f->kall[1], f->vall[1], f->row, (float *)f->sel_buf };
+                          f->up,   f->kall[0], f->vall[0], f->kall[1], f->vall[1], f->row, (float *)f->sel_buf,
+                          (float *)f->bits_buf };
     memcpy(out, l, sizeof l);
 }
 
@@ -190,6 +200,14 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     size_t sel_n = (size_t)hp->n_layer * (size_t)hp->n_head_kv * (BE_PICK_MAX + 1);
     f->sel_buf = (int32_t *)alloc_f(f, sel_n);   /* int32s, as many as floats */
     if (f->sel_buf) memset(f->sel_buf, 0, sizeof(int32_t) * sel_n);
+    /* a bitmap word per 64 positions of the context, a layer's heads each (at most BITS_MAX_BYTES:
+     * beyond, SentKV's choice comes back to the host every layer) */
+    f->bits_words = (n_ctx + 63) / 64;
+    size_t per_word = (size_t)hp->n_layer * (size_t)hp->n_head_kv * sizeof(uint64_t);
+    if ((size_t)f->bits_words * per_word > BITS_MAX_BYTES) f->bits_words = (int64_t)(BITS_MAX_BYTES / per_word);
+    size_t bits_n = 2 * (size_t)f->bits_words * (size_t)hp->n_layer * (size_t)hp->n_head_kv;   /* in floats */
+    f->bits_buf = (uint64_t *)alloc_f(f, bits_n > 0 ? bits_n : 2);
+    if (f->bits_buf) memset(f->bits_buf, 0, sizeof(float) * (bits_n > 0 ? bits_n : 2));
     f->dsel = calloc((size_t)hp->n_layer, sizeof *f->dsel);
     f->pos = malloc(B * sizeof(int32_t));
     f->tok = malloc(B * sizeof(int32_t));
@@ -199,7 +217,7 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->serial = ++contexts;
     if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall[0] || !f->vall[0] || !f->kall[1] ||
         !f->vall[1] || !f->gate || !f->up ||
-        !f->logits || !f->row || !f->sel_buf || !f->dsel || !f->pos || !f->tok || !f->lists) {
+        !f->logits || !f->row || !f->sel_buf || !f->bits_buf || !f->dsel || !f->pos || !f->tok || !f->lists) {
         fwd_free(f);
         snprintf(err, errlen, "out of memory allocating forward buffers");
         return NULL;
@@ -208,7 +226,7 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
      * come back to the host every time, so they stay unbound; a picked step's stay in row). */
     size_t sz[N_BOUND] = { B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * (size_t)hp->n_embd, B * HD, B * HD,
                            B * (size_t)kvd, B * (size_t)kvd, B * (size_t)hp->n_ff, B * (size_t)hp->n_ff,
-                           all, all, all, all, (size_t)hp->n_vocab, sel_n };
+                           all, all, all, all, (size_t)hp->n_vocab, sel_n, bits_n > 0 ? bits_n : 2 };
     float *bufs[N_BOUND];
     bound_bufs(f, bufs);
     for (int i = 0; i < N_BOUND; i++) {
@@ -248,6 +266,7 @@ void fwd_free(fwd_ctx *f)
     free(f->logits);
     free(f->row);
     free(f->sel_buf);
+    free(f->bits_buf);
     free(f->dsel);
     free(f->pos);
     free(f->tok);
@@ -328,6 +347,8 @@ void fwd_policy_env(fwd_ctx *f, pol_env *env)
     /* selections by bounds left on a device for attention (a backend without residency has them
      * at once, and they take the engine's lists); layer il's at il * n_head_kv * (BE_PICK_MAX + 1) */
     env->sel_buf = f->b->ops->bind ? f->sel_buf : NULL;
+    env->bits_buf = f->b->ops->bind ? f->bits_buf : NULL;   /* SentKV's: layer il's at il * n_head_kv * words */
+    env->bits_words = f->bits_words;
 }
 
 int64_t fwd_rewind(fwd_ctx *f, int64_t pos)
@@ -427,12 +448,44 @@ static int kept_list(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int fir
     return 0;
 }
 
+/* A choice of tokens left where the bounds put it (sel->bits): attention gets the layer's list of
+ * every page and the bitmaps, to read where they are; the statistics wait for the step's end
+ * (sel_stats), as kept_list's. -1: out of memory. */
+static int kept_bits(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int first_global)
+{
+    if (plain_list(f, il, a, 0, 0, first_global, 1)) return -1;
+    a->sel_bits = sel->bits;
+    a->sel_words = sel->words;
+    struct dsel *d = &f->dsel[f->n_dsel++];
+    memset(d, 0, sizeof *d);
+    d->il = il;
+    d->bits = sel->bits;
+    d->words = sel->words;
+    d->spans = sel->spans;
+    return 0;
+}
+
 /* The bytes this step's kept selections were written to (pol_env.sel_buf: a slot a layer, its best
  * then its counts; the kept layers ascending). */
-static be_range sel_range(const fwd_ctx *f)
+static int sel_ranges(const fwd_ctx *f, be_range *out)
 {
-    const int32_t *lo = f->dsel[0].best, *hi = f->dsel[f->n_dsel - 1].n_best + f->m->hp.n_head_kv;
-    return (be_range){ lo, sizeof(int32_t) * (size_t)(hi - lo) };
+    const int H = f->m->hp.n_head_kv;
+    const int32_t *lo = NULL, *hi = NULL;
+    const uint64_t *blo = NULL, *bhi = NULL;
+    for (int i = 0; i < f->n_dsel; i++) {
+        const struct dsel *d = &f->dsel[i];
+        if (d->bits) {
+            if (!blo || d->bits < blo) blo = d->bits;
+            if (!bhi || d->bits + H * d->words > bhi) bhi = d->bits + H * d->words;
+            continue;
+        }
+        if (!lo || d->best < lo) lo = d->best;
+        if (!hi || d->n_best + H > hi) hi = d->n_best + H;
+    }
+    int n = 0;
+    if (lo) out[n++] = (be_range){ lo, sizeof(int32_t) * (size_t)(hi - lo) };
+    if (blo) out[n++] = (be_range){ blo, sizeof(uint64_t) * (size_t)(bhi - blo) };
+    return n;
 }
 
 /* Fill a->pages / head_pages for layer il, one list per KV head (each head has its own page table):
@@ -455,6 +508,7 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
     a->table = (f->serial << 20) | (uint64_t)(il + 1);
     if (!sel) return plain_list(f, il, a, 1, observe, first_global, is_global);
     if (sel->best) return kept_list(f, il, sel, a, first_global);
+    if (sel->bits) return kept_bits(f, il, sel, a, first_global);
     /* the selection: observed, since only a decode step on a global layer under a policy selects */
     int64_t need = 0;
     for (int h = 0; h < Hkv; h++) need += sel->per_head ? sel->off[h + 1] - sel->off[h] : sel->off[1];
@@ -518,6 +572,51 @@ static int64_t sel_page(fwd_ctx *f, int il, int h, int64_t idx, int first_global
     return p->n;
 }
 
+/* A kept choice of tokens' statistics (sel_stats): the pages with a chosen token, walked through
+ * the layer's spans from one chosen position to the next, as the policy builds its lists on the
+ * host (a page of consecutive positions counted a word at a time, any other token by token). */
+static void bits_stats(fwd_ctx *f, const struct dsel *d, int first_global, int64_t p0)
+{
+    int Hkv = f->m->hp.n_head_kv, P = kv_page_size(f->kv);
+    int64_t tokens = 0, entries = 0, pages_total = 0;
+    unsigned char last_listed[64];
+    const page_spans *sp = d->spans;
+    for (int h = 0; h < Hkv; h++) {
+        const uint64_t *bm = d->bits + (int64_t)h * d->words;
+        const page_span *span = sp->spans + sp->at.off[h];
+        int np = (int)(sp->at.off[h + 1] - sp->at.off[h]);
+        pages_total += np;
+        last_listed[h] = 0;
+        int64_t a = 0;
+        for (int i = 0; i < np; i++) {
+            if ((a = sg_next_bit(bm, d->words, a)) < 0) break;
+            while (i < np && (span[i].n == 0 || span[i].last < a)) i++;
+            if (i == np) break;
+            page_span at = span[i];
+            int32_t on = 0;
+            if ((int64_t)at.last - at.first == at.n - 1) {
+                uint64_t m[SG_PAGE_WORDS];
+                int64_t pw = ((int64_t)at.n + 63) / 64;
+                if (pw > SG_PAGE_WORDS) pw = SG_PAGE_WORDS;   /* never: pages hold at most 4,096 tokens */
+                sg_bits_at(bm, d->words, at.first, at.n, m, pw);
+                for (int64_t w = 0; w < pw; w++) on += __builtin_popcountll(m[w]);
+            } else {
+                const kv_page *p = kv_layer_page(f->kv, d->il, h, i);
+                for (int32_t t = 0; t < p->n; t++) on += sg_bit(bm, d->words, p->pos[t]);
+            }
+            if (on) {
+                tokens += on;
+                entries++;
+                observe_page(f, at.first, h, first_global, P);
+                if (i == np - 1) last_listed[h] = 1;
+            }
+            a = (int64_t)at.last + 1;
+        }
+    }
+    list_stats(f, 1, tokens, entries, pages_total);
+    if (d->row) defer_stats(f, d->il, 1, p0, last_listed);
+}
+
 /* The statistics of this step's layers whose selection stayed with the backend (kept_list), now
  * that the answers are on the host, before the cache takes the step's row: what build_page_list
  * records for a selection, then what defer_stats records for the row. */
@@ -527,6 +626,11 @@ static void sel_stats(fwd_ctx *f, int64_t p0)
     for (int i = 0; i < f->n_dsel; i++) {
         const struct dsel *d = &f->dsel[i];
         int first_global = f->n_global > 0 && d->il == f->global[0];
+        if (d->bits) {
+            bits_stats(f, d, first_global, p0);
+            if (f->pol) pol_set_chosen(f->pol, d->il, d->bits, d->words);
+            continue;
+        }
         int64_t tokens = 0, entries = 0, pages_total = 0;
         unsigned char last_listed[64];   /* a head's last page is attended when past the candidates */
         for (int h = 0; h < Hkv; h++) {
@@ -654,11 +758,11 @@ static int take_pending(fwd_ctx *f, int upto)
     int n_seq = f->pend.n_seq ? f->pend.n_seq : 1;
     fwd_ctx *const *seqs = f->pend.n_seq ? f->pend.seqs : &f;
     if (!f->pend.read) {
-        be_range rd[2 + FWD_BATCH_MAX];
+        be_range rd[2 + 2 * FWD_BATCH_MAX];
         set_ranges(f, f->pend.set, n, rd);
         int nr = 2;
         for (int s = 0; s < n_seq; s++)
-            if (seqs[s]->n_dsel) rd[nr++] = sel_range(seqs[s]);   /* this step's kept selections, for sel_stats */
+            if (seqs[s]->n_dsel) nr += sel_ranges(seqs[s], rd + nr);   /* this step's kept selections, for sel_stats */
         be_host_read(f->b, rd, nr);
         if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -4;
         f->pend.read = 1;
@@ -872,11 +976,11 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
                      il + 1 < hp->n_layer ? m->layers[il + 1].attn_norm : NULL, f->h, n, E, hp->norm_eps);
     }
     if (defer) {   /* the rows start back now; the cache takes them later (take_pending) */
-        be_range rd[2 + FWD_BATCH_MAX];
+        be_range rd[2 + 2 * FWD_BATCH_MAX];
         set_ranges(f, set, n, rd);
         int nr = 2;
         for (int s = 0; s < n_seq; s++)
-            if (seqs[s]->n_dsel) rd[nr++] = sel_range(seqs[s]);
+            if (seqs[s]->n_dsel) nr += sel_ranges(seqs[s], rd + nr);
         be_host_prefetch(b, rd, nr);
         f->pend.at = batch ? f->pos[0] : p0;
         f->pend.n = n;

@@ -21,6 +21,7 @@
 
 #define SG_THREADS 1024    /* threads of the device's block a head */
 #define SG_SORT_MAX 8192   /* segments a head the device sorts in shared memory (more: the host chooses) */
+#define SG_PAGE_WORDS 64   /* a page's token mask at most: the cache's pages hold up to 4,096 tokens */
 
 /* Segment i's place in the ranking as one integer, larger first (never 0). */
 QB_HD uint64_t sg_key(float u, int32_t i) { return lp_key(lp_value(u), i); }

@@ -330,7 +330,7 @@ pol_set *pol_set_create(const pol_spec *spec, const pol_env *env, char *err, siz
     ps->env.trace = NULL;   /* each set owns its own (pol_set_trace) */
     /* a selection's answer left with the backend is read after the step: only where the cache
      * stays as it is until then */
-    if (!pol_spec_decode_keeps_cache(spec)) ps->env.sel_buf = NULL;
+    if (!pol_spec_decode_keeps_cache(spec)) ps->env.sel_buf = NULL, ps->env.bits_buf = NULL;
     ps->global = malloc(sizeof(int) * (size_t)(env->n_global > 0 ? env->n_global : 1));
     ps->sel.off = calloc((size_t)env->n_head_kv + 1, sizeof(int64_t));
     if (!ps->global || !ps->sel.off) {
@@ -490,10 +490,19 @@ const pol_sel *pol_set_select(pol_set *ps, int il, const float *q)
     ps->sel.per_head = 0;
     ps->sel.best = ps->sel.n_best = NULL;
     ps->sel.from = NULL;
+    ps->sel.bits = NULL;
+    ps->sel.words = 0;
+    ps->sel.spans = NULL;
     memset(ps->sel.off, 0, sizeof(int64_t) * (size_t)(ps->env.n_head_kv + 1));
     if (!ps->spec.ops[k]->select(ps->st[k], &ps->env, il, q, &ps->sel)) return NULL;
     if (!ps->sel.per_head) ps->sel.off[1] = ps->sel.n;
     return &ps->sel;
+}
+
+void pol_set_chosen(pol_set *ps, int il, const uint64_t *bits, int64_t words)
+{
+    for (int i = 0; i < ps->spec.n; i++)
+        if (ps->spec.ops[i]->chosen) ps->spec.ops[i]->chosen(ps->st[i], &ps->env, il, bits, words);
 }
 
 void pol_set_reselect(pol_set *ps, int64_t pos, int64_t keep_from, pol_change *chg)

@@ -86,6 +86,11 @@ typedef struct pol_env {
      * at sel_buf + il * n_head_kv * (BE_PICK_MAX + 1) and their counts n_head_kv * BE_PICK_MAX after
      * that. NULL on a backend that has the answer at once. */
     int32_t *sel_buf;
+    /* Where SentKV's choice may stay on a device for attention (be_bounds.bits bound, so that
+     * neither waits): in a step whose heads' bitmaps take `words` words each (words <= bits_words),
+     * layer il's at bits_buf + il * n_head_kv * words. NULL as sel_buf. */
+    uint64_t *bits_buf;
+    int64_t bits_words;
 } pol_env;
 
 /* A decode-time selection for one layer: page indices into the layer's page table (ascending),
@@ -105,6 +110,14 @@ typedef struct pol_sel {
     const int32_t *best, *n_best;
     const int64_t *from;
     int32_t k;
+    /* Instead of the entries: a choice of tokens left where the backend put it (pol_env.bits_buf):
+     * KV head h attends to the tokens of its pages whose positions have their bit set in
+     * bits[h * words ..]. The engine hands it to attention as it is and, once it is on the host
+     * after the step, counts the pages it names through the layer's spans (the policy's, as they
+     * stand until the step ends) and gives it back to the policy (pol_ops.chosen). NULL: none. */
+    const uint64_t *bits;
+    int64_t words;
+    const struct page_spans *spans;
 } pol_sel;
 
 /* Start head h's list (heads in order 0, 1, ...; only head 0 when shared), then add its pages. */
@@ -172,6 +185,10 @@ typedef struct pol_ops {
      * it after the listed pages, always: kv_next_row_opens_page says where it will go); the
      * selection lists the pages as they are and gives the same tokens either way. */
     int (*select)(void *st, const pol_env *env, int il, const float *q, pol_sel *sel);
+    /* A choice of tokens that select left with the backend (pol_sel.bits) for global layer il,
+     * once it is on the host, after the step's layers and before the cache takes the step's row.
+     * NULL: the policy never leaves one. */
+    void (*chosen)(void *st, const pol_env *env, int il, const uint64_t *bits, int64_t words);
     /* Rebuild the selection now from the cache as it is (pos: the next position) and keep it for
      * a regeneration that restarts at keep_from; record what changed in chg. NULL: the policy has no
      * standing selection (it selects afresh every step). */
@@ -281,6 +298,9 @@ int pol_set_prefill_layer_free(const pol_set *ps);
 int pol_set_reads_queries(const pol_set *ps, int decoding);
 /* The selection for global layer il, or NULL: attend to everything. */
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q);
+/* A choice of tokens the selection left with the backend for layer il (pol_sel.bits), now on the
+ * host: handed to the policies (pol_ops.chosen). */
+void pol_set_chosen(pol_set *ps, int il, const uint64_t *bits, int64_t words);
 /* An uncertainty event: the decode policy rebuilds its selection (see pol_ops.reselect). */
 void pol_set_reselect(pol_set *ps, int64_t pos, int64_t keep_from, pol_change *chg);
 /* 1 when the decode policy keeps a selection that reselect rebuilds (CHESS). */

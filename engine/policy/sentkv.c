@@ -326,6 +326,38 @@ static void trace_segments(const st_sent *s, const pol_env *env, int il, int g, 
     free(kept);
 }
 
+/* A step's choice for global layer gl ([n_head_kv][words] bitmaps): the tokens gathered, and those
+ * the previous step had gathered too (the reuse rate). */
+static void count_choice(st_sent *s, const pol_env *env, int gl, const uint64_t *bits, int64_t words)
+{
+    int64_t total_tokens = 0;
+    for (int g = 0; g < env->n_head_kv; g++) {
+        const uint64_t *now = bits + (int64_t)g * words;
+        int slot = gl * env->n_head_kv + g;
+        int64_t picked = 0, reused = 0;
+        for (int64_t w = 0; w < words; w++) {
+            picked += __builtin_popcountll(now[w]);
+            if (w < s->prev_words[slot]) reused += __builtin_popcountll(now[w] & s->prev[slot][w]);
+        }
+        s->reused += (double)reused;
+        s->gathered += (double)picked;
+        total_tokens += picked;
+        if (s->prev_words[slot] < words) {
+            uint64_t *np = realloc(s->prev[slot], sizeof(uint64_t) * (size_t)(words * 2));
+            if (np) {
+                s->prev[slot] = np;
+                memset(np + s->prev_words[slot], 0, sizeof(uint64_t) * (size_t)(words * 2 - s->prev_words[slot]));
+                s->prev_words[slot] = words * 2;
+            }
+        }
+        if (s->prev[slot] && s->prev_words[slot] >= words) {
+            memcpy(s->prev[slot], now, sizeof(uint64_t) * (size_t)words);
+            memset(s->prev[slot] + words, 0, sizeof(uint64_t) * (size_t)(s->prev_words[slot] - words));
+        }
+    }
+    s->tokens_last = total_tokens / (env->n_head_kv > 0 ? env->n_head_kv : 1);
+}
+
 static int se_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
 {
     st_sent *s = st;
@@ -394,37 +426,24 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         L->shape = s->shape;
     }
     for (int g = 0; g <= env->n_head_kv; g++) s->off[g] = g * s->n_summ;
+    /* on a device, the choice stays there for attention (one wait a step, not one a layer) */
+    int kept = !env->trace && env->bits_buf && words <= env->bits_words;
+    uint64_t *bits = kept ? env->bits_buf + (int64_t)il * env->n_head_kv * words : s->now;
     be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = L->sum, .off = s->off,
                     .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1), .shape = s->shape,
-                    .u = env->trace ? s->score : NULL, .bits = s->now, .words = words, .budget = budget,
+                    .u = env->trace ? s->score : NULL, .bits = bits, .words = words, .budget = budget,
                     .sinks = s->sinks, .len = len };
     env->b->ops->bound_pages(env->b, &r);
-    int64_t total_tokens = 0;
+    if (kept) {   /* attention reads the choice where it is; counted when it comes back (se_chosen) */
+        sel->bits = bits;
+        sel->words = words;
+        sel->spans = sp;
+        return 1;
+    }
+    count_choice(s, env, gl, bits, words);
     for (int g = 0; g < env->n_head_kv; g++) {
-        const uint64_t *now = s->now + (int64_t)g * words;
+        const uint64_t *now = bits + (int64_t)g * words;
         if (env->trace) trace_segments(s, env, il, g, now);
-        /* reuse against the previous step's selection of this layer and head */
-        int slot = gl * env->n_head_kv + g;
-        int64_t picked = 0, reused = 0;
-        for (int64_t w = 0; w < words; w++) {
-            picked += __builtin_popcountll(now[w]);
-            if (w < s->prev_words[slot]) reused += __builtin_popcountll(now[w] & s->prev[slot][w]);
-        }
-        s->reused += (double)reused;
-        s->gathered += (double)picked;
-        total_tokens += picked;
-        if (s->prev_words[slot] < words) {
-            uint64_t *np = realloc(s->prev[slot], sizeof(uint64_t) * (size_t)(words * 2));
-            if (np) {
-                s->prev[slot] = np;
-                memset(np + s->prev_words[slot], 0, sizeof(uint64_t) * (size_t)(words * 2 - s->prev_words[slot]));
-                s->prev_words[slot] = words * 2;
-            }
-        }
-        if (s->prev[slot] && s->prev_words[slot] >= words) {
-            memcpy(s->prev[slot], now, sizeof(uint64_t) * (size_t)words);
-            memset(s->prev[slot] + words, 0, sizeof(uint64_t) * (size_t)(s->prev_words[slot] - words));
-        }
         /* token masks for the pages that hold chosen tokens, found from the pages' spans (the pages
          * themselves untouched: at 32K a head's 1,024 pages are as many cache misses) by walking
          * the chosen positions: the pages before the next chosen one are passed over. A page of
@@ -460,8 +479,13 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         }
     }
     if (env->n_head_kv > 1) sel->per_head = 1;
-    s->tokens_last = total_tokens / (env->n_head_kv > 0 ? env->n_head_kv : 1);
     return 1;
+}
+
+static void se_chosen(void *st, const pol_env *env, int il, const uint64_t *bits, int64_t words)
+{
+    for (int gl = 0; gl < env->n_global; gl++)
+        if (env->global[gl] == il) count_choice(st, env, gl, bits, words);
 }
 
 /* Tokens, segments and their summaries as taken (the reuse bookkeeping starts afresh after a
@@ -566,6 +590,7 @@ const pol_ops pol_sentkv = {
     .begin = se_begin,
     .layer_done = se_layer_done,
     .select = se_select,
+    .chosen = se_chosen,
     .check = se_check,
     .describe = se_describe,
     .save = se_save,

@@ -130,6 +130,11 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
             if (h == 0) kept += on;
         }
     }
+    /* the step's own token, attended always, where the cache takes it after the layers (a device's
+     * deferred row) */
+    int np0 = kv_n_pages(env->kv, il, 0);
+    const kv_page *last = np0 > 0 ? kv_layer_page(env->kv, il, 0, np0 - 1) : NULL;
+    if (!last || last->n == 0 || last->pos[last->n - 1] < len - 1) kept++;
     s->kept_last = kept;
     return 1;
 }

@@ -317,6 +317,70 @@ __global__ void __launch_bounds__(256) sel_gather_kernel(const __grid_constant__
             c.out[at[g] + j] = c.all[c.all_hp[g] + ag_sel_at(c.best + (int64_t)g * c.k, nb[g], c.from[g], j)];
 }
 
+/* A call's choice of tokens (be_attn.sel_bits), as bits_list_kernel reads it: the list of every
+ * page (with the rows not in the cache after each head's pages) and its offsets, the bitmaps, and
+ * each head's count of cache pages (the rows after them are attended whole); its list goes to out
+ * and out_hp, the masks to masks (entry j of the full list's at j * SG_PAGE_WORDS). */
+typedef struct bits_call {
+    const ag_page *all;
+    const int64_t *all_hp;
+    const uint64_t *bits;
+    int64_t words;
+    ag_page *out;
+    int64_t *out_hp;
+    uint64_t *masks;
+    int32_t pages_of[PT_MAX_HEADS];
+} bits_call;
+
+typedef struct bits_calls {
+    bits_call c[BE_ATTN_SEQS_MAX];
+} bits_calls;
+
+/* A choice of tokens as the list it stands for: a block a call, the heads one after another, a
+ * thread an entry: its mask from the head's bitmap (sg_page_mask), kept where a token is chosen,
+ * in order (a block-wide count of the kept before each). */
+__global__ void __launch_bounds__(256) bits_list_kernel(const __grid_constant__ bits_calls S, int H)
+{
+    __shared__ int32_t warp_kept[8];
+    __shared__ int64_t at;
+    const bits_call &c = S.c[blockIdx.x];
+    const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+    if (tid == 0) at = 0;
+    __syncthreads();
+    for (int g = 0; g < H; g++) {
+        const int64_t h0 = c.all_hp[g], len = c.all_hp[g + 1] - h0;
+        const uint64_t *bm = c.bits + (int64_t)g * c.words;
+        if (tid == 0) c.out_hp[g] = at;
+        for (int64_t base = 0; base < len; base += blockDim.x) {
+            const int64_t j = base + tid;
+            ag_page pg = {};
+            int32_t on = 0;
+            if (j < len) {
+                pg = c.all[h0 + j];
+                const int64_t pw = ((int64_t)pg.n + 63) / 64;
+                on = j >= c.pages_of[g] ? pg.n
+                     : pw > SG_PAGE_WORDS ? pg.n   /* never: the cache's pages hold at most 64 words' tokens */
+                                          : sg_page_mask(bm, c.words, pg.pos, pg.n, c.masks + (h0 + j) * SG_PAGE_WORDS, pw);
+            }
+            const unsigned kept = __ballot_sync(0xffffffffu, on > 0);
+            if (lane == 0) warp_kept[wid] = __popc(kept);
+            __syncthreads();
+            int64_t before = at;
+            for (int w = 0; w < wid; w++) before += warp_kept[w];
+            before += __popc(kept & ((1u << lane) - 1u));
+            if (on > 0) {
+                pg.mask_off = on == pg.n ? -1 : (h0 + j) * SG_PAGE_WORDS;
+                c.out[before] = pg;
+            }
+            __syncthreads();
+            if (tid == 0)
+                for (int w = 0; w < (int)(blockDim.x >> 5); w++) at += warp_kept[w];
+            __syncthreads();
+        }
+    }
+    if (tid == 0) c.out_hp[H] = at;
+}
+
 /* One call's list as a launch reads it. */
 typedef struct call_list {
     pt_call pl;                     /* its descriptors on the device (pt_build) */
@@ -451,7 +515,8 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
     int q_bound = bound(ci, a->q, sizeof(float) * nq);
     /* a selection by bounds: its best and counts, where the bounds left them or from the host */
     size_t sel_staged = 0, sel_ib[BE_ATTN_SEQS_MAX], sel_cb[BE_ATTN_SEQS_MAX];   /* best's bytes, counts' */
-    int sel_bound[BE_ATTN_SEQS_MAX];
+    size_t sel_bb[BE_ATTN_SEQS_MAX];   /* a choice of tokens' bitmaps' bytes */
+    int sel_bound[BE_ATTN_SEQS_MAX], bits_bound[BE_ATTN_SEQS_MAX];
     for (int i = 0; i < n; i++) {
         const be_attn *c = &a[i];
         const size_t ib = sel_ib[i] = c->sel_best ? sizeof(int32_t) * (size_t)(c->n_head_kv * c->sel_k) : 0;
@@ -466,6 +531,13 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
             return;
         }
         if (c->sel_best && !sel_bound[i]) sel_staged += stage_size(ib) + stage_size(cb);
+        const size_t bb = sel_bb[i] = c->sel_bits ? sizeof(uint64_t) * (size_t)c->n_head_kv * (size_t)c->sel_words : 0;
+        bits_bound[i] = c->sel_bits && bound(ci, c->sel_bits, bb);
+        if (c->sel_bits && (!cl[i].hp || c->sel_best)) {
+            fail(ci, "internal error: a choice of tokens without per-head lists, or with a selection");
+            return;
+        }
+        if (c->sel_bits && !bits_bound[i]) sel_staged += stage_size(bb);
     }
     /* the positions: kept on the device while they stay the same (every layer of a step has the
      * same, and qk_rope sent them already), taken before anything is staged below (sending may
@@ -501,6 +573,7 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
      * splits (some of a shorter head's may be empty). Each call's goes to its own part of the
      * buffers. */
     int64_t most[BE_ATTN_SEQS_MAX], ub[BE_ATTN_SEQS_MAX], ub_all = 0;
+    size_t bits_words = 0;
     int any_sel = 0;
     for (int i = 0; i < n; i++) {
         const call_list *c = &cl[i];
@@ -510,6 +583,13 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
             most[i] = 0;
             for (int g = 0; g < a->n_head_kv; g++)
                 if (c->hp[g + 1] - c->hp[g] > most[i]) most[i] = c->hp[g + 1] - c->hp[g];
+        }
+        if (a[i].sel_bits) {   /* at most the whole list, each head at most its own */
+            any_sel = 1;
+            ub[i] = c->e;
+            ub_all += ub[i];
+            bits_words += (size_t)c->e * SG_PAGE_WORDS;
+            continue;
         }
         if (!a[i].sel_best) continue;
         any_sel = 1;
@@ -530,14 +610,18 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
     if (any_sel && (grow_dev(ci, (void **)&ci->sel_pages, &ci->cap_sel_pages,
                              sizeof(ag_page) * (size_t)(ub_all > 0 ? ub_all : 1)) ||
                        grow_dev(ci, (void **)&ci->sel_hp, &ci->cap_sel_hp,
-                                sizeof(int64_t) * (PT_MAX_HEADS + 1) * (size_t)n)))
+                                sizeof(int64_t) * (PT_MAX_HEADS + 1) * (size_t)n) ||
+                       (bits_words &&
+                        grow_dev(ci, (void **)&ci->sel_masks, &ci->cap_sel_masks, sizeof(uint64_t) * bits_words))))
         return;
     ag_lists L;
     memset(&L, 0, sizeof L);
     L.n = n;
     int64_t sel_at = 0;
+    size_t bits_at = 0;
     sel_calls sc;
-    int n_sc = 0;
+    bits_calls bc;
+    int n_sc = 0, n_bc = 0;
     for (int i = 0; i < n; i++) {
         const be_attn *c = &a[i];
         ag_list *l = &L.l[i];
@@ -545,6 +629,27 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
         l->head_pages = cl[i].pl.head_pages;
         l->masks = d_masks ? d_masks + cl[i].mask_at : NULL;
         l->n_pages = cl[i].e;
+        if (c->sel_bits) {
+            bits_call *g = &bc.c[n_bc++];
+            g->bits = bits_bound[i] ? (const uint64_t *)am_dev_in(&ci->act, c->sel_bits, sel_bb[i])
+                                    : (const uint64_t *)stage(ci, c->sel_bits, sel_bb[i]);
+            if (!g->bits) return;
+            g->words = c->sel_words;
+            for (int h = 0; h < c->n_head_kv; h++)
+                g->pages_of[h] = (int32_t)(c->head_pages ? c->head_pages[h + 1] - c->head_pages[h] : c->n_pages);
+            g->all = l->pages;
+            g->all_hp = l->head_pages;
+            g->out = ci->sel_pages + sel_at;
+            g->out_hp = ci->sel_hp + (PT_MAX_HEADS + 1) * (size_t)i;
+            g->masks = ci->sel_masks + bits_at;
+            l->pages = g->out;
+            l->head_pages = g->out_hp;
+            l->masks = g->masks;
+            l->n_pages = ub[i];
+            sel_at += ub[i];
+            bits_at += (size_t)cl[i].e * SG_PAGE_WORDS;
+            continue;
+        }
         if (!c->sel_best) continue;
         sel_call *g = &sc.c[n_sc++];
         for (int h = 0; h < c->n_head_kv; h++) g->from[h] = (int32_t)c->sel_from[h];
@@ -567,6 +672,10 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
     if (n_sc > 0) {   /* every call's selection built in one launch, a block each */
         sel_gather_kernel<<<(unsigned)n_sc, 256, 0, ci->stream>>>(sc, a->n_head_kv);
         if (ck(ci, cudaGetLastError(), "selection gather kernel")) return;
+    }
+    if (n_bc > 0) {   /* every call's choice of tokens as its list, in one launch, a block each */
+        bits_list_kernel<<<(unsigned)n_bc, 256, 0, ci->stream>>>(bc, a->n_head_kv);
+        if (ck(ci, cudaGetLastError(), "choice of tokens kernel")) return;
     }
     /* the kernel: tensor-core prefill (the default for chunks; its shared memory allowed once), the
      * grouped kernel, or the scalar one (joined calls: grouped, cuda_attention_seqs) */
