@@ -5,7 +5,7 @@
 #   1. the machine (nvidia-smi), whether kvchat starts and whether it takes the GPU by default;
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
 #   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds, scores,
-#      key-means, attention-mass, SimHash-recall and selection tests and (a step of its own) the page
+#      key-means, attention-mass, SimHash-recall, selection and SentKV-choice tests and (a step of its own) the page
 #      rows' test, racecheck over the attention kernels', the fused ops' and the SimHash recall's
 #      tests, and synccheck over those, the key means' and the attention mass's;
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
@@ -242,9 +242,9 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
-    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, merge, selection)" 120 \
+    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, merge, selection, SentKV's choice)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # a prompt's rows written into the page copies on the device: whole tiny-model runs, so a step
     # of its own (a timeout here leaves the others' results)
@@ -257,13 +257,13 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     # SimHash recall's codes and counts, or'ed and added in shared memory) and barriers (those, the
     # key means' row then its sum of squares, and the attention mass's shuffles within half-warps
     # and its row sums)
-    step "compute-sanitizer racecheck (flash attention, fused ops, SimHash recall, merge)" 120 \
+    step "compute-sanitizer racecheck (flash attention, fused ops, SimHash recall, merge, SentKV's choice)" 120 \
         compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(flash_attention*|fused_ops*|lsh_hits_on*|chelsea_s_merge_on*)'
+        --filter 'cuda/@(flash_attention*|fused_ops*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*)'
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
-    step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall, merge)" 90 \
+    step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall, merge, SentKV's choice)" 90 \
         compute-sanitizer --tool synccheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(grouped_attention*|joined_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*)'
+        --filter 'cuda/@(grouped_attention*|joined_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|a_choice_of_tokens*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
     say "- compute-sanitizer: not installed here"
