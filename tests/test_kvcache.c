@@ -582,47 +582,100 @@ Test(kvcache, rows_not_in_the_cache_yet_attend_like_cached_rows)
 /* A selection by bounds (be_attn.sel_best: each KV head's chosen candidates among its first `from`
  * entries, then the rest of its list) attends exactly as the explicit list it stands for, with and
  * without a step's own row after it. */
+/* Two KV heads' lists of one cache's pages (each head reads its own rows of them), for the tests of
+ * selections that stand for lists: the explicit list's attention against the selection's. */
+enum { SR_HKV = 2, SR_G = 3, SR_D = 32, SR_P = 8, SR_NTOK = 120, SR_R = SR_HKV * SR_D };
+typedef struct sel_rig {
+    be_backend *b;
+    float *k, *v;
+    kv_cache *kv;
+    be_kv_page *pa, *all, *list;
+    int na;
+    int64_t hp_all[3];
+} sel_rig;
+
+static void sel_rig_make(sel_rig *r)
+{
+    char err[256];
+    r->b = be_cpu_create(2, err, sizeof err);
+    cr_assert(r->b, "%s", err);
+    r->k = malloc(sizeof(float) * (size_t)(SR_NTOK * SR_R));
+    r->v = malloc(sizeof(float) * (size_t)(SR_NTOK * SR_R));
+    for (int i = 0; i < SR_NTOK * SR_R; i++) r->k[i] = frand(), r->v[i] = frand();
+    r->kv = kv_create(1, 4096, 1, SR_R, SR_P, NULL, err, sizeof err);
+    cr_assert(r->kv, "%s", err);
+    cr_assert(kv_append(r->kv, 0, r->k, r->v, SR_NTOK - 1, 0) == 0);
+    r->pa = page_list(r->kv, SR_R, SR_D, &r->na);
+    r->all = malloc(sizeof *r->all * (size_t)(2 * r->na));
+    r->list = malloc(sizeof *r->list * (size_t)(2 * r->na));
+    memcpy(r->all, r->pa, sizeof *r->pa * (size_t)r->na);
+    memcpy(r->all + r->na, r->pa, sizeof *r->pa * (size_t)r->na);
+    r->hp_all[0] = 0, r->hp_all[1] = r->na, r->hp_all[2] = 2 * r->na;
+}
+
+static void sel_rig_free(sel_rig *r)
+{
+    free(r->all);
+    free(r->list);
+    free(r->pa);
+    free(r->k);
+    free(r->v);
+    kv_free(r->kv);
+    be_free(r->b);
+}
+
+/* The explicit list r->list[0 .. e) (offsets hp) attended, then the same call over every page with
+ * the selection sel names (its sel_* fields): the same bits, the step's row (cur) or not. */
+static void sel_rig_check(sel_rig *r, int64_t e, const int64_t *hp, int cur, const be_attn *sel, const char *what,
+                          int round)
+{
+    float q[SR_HKV * SR_G * SR_D], o1[SR_HKV * SR_G * SR_D], o2[SR_HKV * SR_G * SR_D];
+    for (int i = 0; i < SR_HKV * SR_G * SR_D; i++) q[i] = frand() * 0.4f;
+    int32_t qp = SR_NTOK - 1;
+    const float *ck = r->k + (SR_NTOK - 1) * SR_R, *cv = r->v + (SR_NTOK - 1) * SR_R;
+    be_attn a = { q, 1, &qp, SR_HKV * SR_G, SR_HKV, SR_D, r->list, e, hp, 0, o1, cur ? ck : NULL, cur ? cv : NULL,
+                  cur ? &qp : NULL, cur, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
+    r->b->ops->attention(r->b, &a);
+    be_attn s = a;
+    s.pages = r->all;
+    s.n_pages = 2 * r->na;
+    s.head_pages = r->hp_all;
+    s.sel_best = sel->sel_best;
+    s.sel_n_best = sel->sel_n_best;
+    s.sel_from = sel->sel_from;
+    s.sel_k = sel->sel_k;
+    s.sel_bits = sel->sel_bits;
+    s.sel_words = sel->sel_words;
+    s.out = o2;
+    r->b->ops->attention(r->b, &s);
+    cr_assert(!memcmp(o1, o2, sizeof o1), "round %d: the %s attends differently from its list", round, what);
+}
+
 /* A choice of tokens left by bounds (be_attn.sel_bits) attends as the explicit list it stands for:
  * each head's pages with a chosen token, masked where not every token is (random bitmaps, dense and
  * sparse, and one page's tokens not at consecutive positions). */
 Test(kvcache, a_choice_of_tokens_attends_like_the_list_it_stands_for)
 {
-    char err[256];
-    const int Hkv = 2, G = 3, D = 32, P = 8, n_tok = 120, R = Hkv * D;
-    be_backend *b = be_cpu_create(2, err, sizeof err);
-    cr_assert(b, "%s", err);
-    float *k = malloc(sizeof(float) * (size_t)(n_tok * R)), *v = malloc(sizeof(float) * (size_t)(n_tok * R));
-    for (int i = 0; i < n_tok * R; i++) k[i] = frand(), v[i] = frand();
-    kv_cache *kv = kv_create(1, 4096, 1, R, P, NULL, err, sizeof err);
-    cr_assert(kv, "%s", err);
-    cr_assert(kv_append(kv, 0, k, v, n_tok - 1, 0) == 0);
-    int na;
-    be_kv_page *pa = page_list(kv, R, D, &na);
-    be_kv_page *all = malloc(sizeof *all * (size_t)(2 * na)), *list = malloc(sizeof *list * (size_t)(2 * na));
-    memcpy(all, pa, sizeof *pa * (size_t)na);
-    memcpy(all + na, pa, sizeof *pa * (size_t)na);
+    sel_rig r;
+    sel_rig_make(&r);
     /* head 1's third page: tokens at scattered positions (as after an eviction) */
-    int32_t odd_pos[8];
-    for (int t = 0; t < all[na + 2].n; t++) odd_pos[t] = 2 * t + 3;
-    all[na + 2].pos = odd_pos;
-    int64_t hp_all[3] = { 0, na, 2 * na };
+    int32_t odd_pos[SR_P];
+    for (int t = 0; t < r.all[r.na + 2].n; t++) odd_pos[t] = 2 * t + 3;
+    r.all[r.na + 2].pos = odd_pos;
     enum { WORDS = 3 };
-    uint64_t bits[2 * WORDS], masks[2 * 32];
-    float q[Hkv * G * D], o1[Hkv * G * D], o2[Hkv * G * D];
-    int32_t qp = n_tok - 1;
+    uint64_t bits[SR_HKV * WORDS], masks[2 * 32];
     for (int round = 0; round < 200; round++) {
-        for (int i = 0; i < Hkv * G * D; i++) q[i] = frand() * 0.4f;
         float density = round % 4 == 0 ? 0.02f : round % 4 == 1 ? 0.97f : frand();
-        for (int w = 0; w < 2 * WORDS; w++) {
+        for (int w = 0; w < SR_HKV * WORDS; w++) {
             bits[w] = 0;
             for (int t = 0; t < 64; t++)
                 if (frand() < density) bits[w] |= 1ull << t;
         }
         int64_t hp[3], e = 0, mw = 0;
-        for (int g = 0; g < Hkv; g++) {
+        for (int g = 0; g < SR_HKV; g++) {
             hp[g] = e;
-            for (int64_t i = hp_all[g]; i < hp_all[g + 1]; i++) {
-                const be_kv_page *p = &all[i];
+            for (int64_t i = r.hp_all[g]; i < r.hp_all[g + 1]; i++) {
+                const be_kv_page *p = &r.all[i];
                 uint64_t *m = masks + mw;
                 m[0] = 0;
                 int on = 0;
@@ -634,96 +687,42 @@ Test(kvcache, a_choice_of_tokens_attends_like_the_list_it_stands_for)
                     }
                 }
                 if (!on) continue;
-                list[e] = *p;
-                list[e].mask = on == p->n ? NULL : m;
+                r.list[e] = *p;
+                r.list[e].mask = on == p->n ? NULL : m;
                 mw += on == p->n ? 0 : 1;
                 e++;
             }
         }
-        hp[Hkv] = e;
-        int cur = round & 1;
-        const float *ck = k + (n_tok - 1) * R, *cv = v + (n_tok - 1) * R;
-        be_attn a = { q, 1, &qp, Hkv * G, Hkv, D, list, e, hp, 0, o1, cur ? ck : NULL, cur ? cv : NULL,
-                      cur ? &qp : NULL, cur, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
-        b->ops->attention(b, &a);
-        be_attn s = a;
-        s.pages = all;
-        s.n_pages = 2 * na;
-        s.head_pages = hp_all;
-        s.sel_bits = bits;
-        s.sel_words = WORDS;
-        s.out = o2;
-        b->ops->attention(b, &s);
-        cr_assert(!memcmp(o1, o2, sizeof o1), "round %d: the choice attends differently from its list", round);
+        hp[SR_HKV] = e;
+        be_attn sel = { .sel_bits = bits, .sel_words = WORDS };
+        sel_rig_check(&r, e, hp, round & 1, &sel, "choice", round);
     }
-    free(all);
-    free(list);
-    free(pa);
-    free(k);
-    free(v);
-    kv_free(kv);
-    be_free(b);
+    sel_rig_free(&r);
 }
 
 Test(kvcache, a_selection_by_bounds_attends_like_the_list_it_stands_for)
 {
-    char err[256];
-    const int Hkv = 2, G = 3, D = 32, P = 8, n_tok = 120, R = Hkv * D;
-    be_backend *b = be_cpu_create(2, err, sizeof err);
-    cr_assert(b, "%s", err);
-    float *k = malloc(sizeof(float) * (size_t)(n_tok * R)), *v = malloc(sizeof(float) * (size_t)(n_tok * R));
-    for (int i = 0; i < n_tok * R; i++) k[i] = frand(), v[i] = frand();
-    kv_cache *kv = kv_create(1, 4096, 1, R, P, NULL, err, sizeof err);
-    cr_assert(kv, "%s", err);
-    cr_assert(kv_append(kv, 0, k, v, n_tok - 1, 0) == 0);
-    int na;
-    be_kv_page *pa = page_list(kv, R, D, &na);
-    /* every KV head's list the same pages (each reads its own rows of them) */
-    be_kv_page *all = malloc(sizeof *all * (size_t)(2 * na)), *list = malloc(sizeof *list * (size_t)(2 * na));
-    memcpy(all, pa, sizeof *pa * (size_t)na);
-    memcpy(all + na, pa, sizeof *pa * (size_t)na);
-    int64_t hp_all[3] = { 0, na, 2 * na };
-    float q[Hkv * G * D], o1[Hkv * G * D], o2[Hkv * G * D];
-    int32_t qp = n_tok - 1, best[2 * 8], n_best[2];
+    sel_rig r;
+    sel_rig_make(&r);
+    int32_t best[2 * 8], n_best[2];
     for (int round = 0; round < 200; round++) {
-        for (int i = 0; i < Hkv * G * D; i++) q[i] = frand() * 0.4f;
         int32_t kk = 1 + round % 8;
         int64_t from[2], hp[3], e = 0;
-        for (int g = 0; g < Hkv; g++) {
-            from[g] = na - (round / 8) % 3;   /* 0 to 2 pages always attended */
+        for (int g = 0; g < SR_HKV; g++) {
+            from[g] = r.na - (round / 8) % 3;   /* 0 to 2 pages always attended */
             int32_t c = 0;
             for (int64_t i = 0; i < from[g] && c < kk; i++)
                 if (frand() > 0.3f) best[g * kk + c++] = (int32_t)i;
             n_best[g] = c;
             hp[g] = e;
-            for (int32_t j = 0; j < c; j++) list[e++] = all[hp_all[g] + best[g * kk + j]];
-            for (int64_t i = from[g]; i < na; i++) list[e++] = all[hp_all[g] + i];
+            for (int32_t j = 0; j < c; j++) r.list[e++] = r.all[r.hp_all[g] + best[g * kk + j]];
+            for (int64_t i = from[g]; i < r.na; i++) r.list[e++] = r.all[r.hp_all[g] + i];
         }
-        hp[Hkv] = e;
-        int cur = round & 1;
-        const float *ck = k + (n_tok - 1) * R, *cv = v + (n_tok - 1) * R;
-        be_attn a = { q, 1, &qp, Hkv * G, Hkv, D, list, e, hp, 0, o1, cur ? ck : NULL, cur ? cv : NULL,
-                      cur ? &qp : NULL, cur, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
-        b->ops->attention(b, &a);
-        be_attn s = a;
-        s.pages = all;
-        s.n_pages = 2 * na;
-        s.head_pages = hp_all;
-        s.sel_best = best;
-        s.sel_n_best = n_best;
-        s.sel_from = from;
-        s.sel_k = kk;
-        s.out = o2;
-        b->ops->attention(b, &s);
-        cr_assert(!memcmp(o1, o2, sizeof o1), "round %d: the selection attends differently from its list", round);
+        hp[SR_HKV] = e;
+        be_attn sel = { .sel_best = best, .sel_n_best = n_best, .sel_from = from, .sel_k = kk };
+        sel_rig_check(&r, e, hp, round & 1, &sel, "selection", round);
     }
-    free(all);
-    free(list);
-    free(pa);
-    free(k);
-    free(v);
-    kv_free(kv);
-    be_free(b);
+    sel_rig_free(&r);
 }
 
 /* ---- forks (kv_fork) */

@@ -1005,6 +1005,53 @@ static void attend_list(const page_set *ps, const uint8_t *dropped, int nh, int 
     free(o1);
 }
 
+/* The CPU's attention of an explicit list (list[0 .. e), offsets hp) against the GPU's of the same
+ * call over ps's every page with the selection sel names (its sel_* fields, under the list name
+ * table), the largest difference into *worst; and the CPU's own selection path, bit for bit its
+ * list's. With with_cur, a row not in the cache at qp. */
+static void selection_against_list(const page_set *ps, int nh, int nkv, int D, const be_kv_page *list, int64_t e,
+                                   const int64_t *hp, int32_t qp, int with_cur, const be_attn *sel, uint64_t table,
+                                   int round, double *worst)
+{
+    float *q = malloc(sizeof(float) * (size_t)(nh * D)), *o0 = malloc(sizeof(float) * (size_t)(nh * D));
+    float *o1 = malloc(sizeof(float) * (size_t)(nh * D)), *ck = malloc(sizeof(float) * (size_t)(nkv * D));
+    float *cv = malloc(sizeof(float) * (size_t)(nkv * D));
+    for (int i = 0; i < nh * D; i++) q[i] = frand(-0.5f, 0.5f);
+    for (int i = 0; i < nkv * D; i++) {
+        ck[i] = frand(-1, 1);
+        cv[i] = frand(-1, 1);
+    }
+    be_attn a = { q, 1, &qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
+                  with_cur ? &qp : NULL, with_cur ? 1 : 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
+    cpu->ops->attention(cpu, &a);
+    be_attn s = a;
+    s.pages = ps->pages;
+    s.n_pages = ps->n_pages;
+    s.head_pages = ps->head_pages;
+    s.sel_best = sel->sel_best;
+    s.sel_n_best = sel->sel_n_best;
+    s.sel_from = sel->sel_from;
+    s.sel_k = sel->sel_k;
+    s.sel_bits = sel->sel_bits;
+    s.sel_words = sel->sel_words;
+    s.table = table;
+    s.out = o1;
+    for (int i = 0; i < nh * D; i++) o1[i] = NAN;
+    gpu->ops->attention(gpu, &s);
+    char err[256];
+    cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
+    double d = max_abs_diff(o0, o1, nh * D);
+    if (d > *worst || isnan(d)) *worst = isnan(d) ? INFINITY : d;
+    s.out = o1;
+    cpu->ops->attention(cpu, &s);
+    cr_expect(!memcmp(o0, o1, sizeof(float) * (size_t)(nh * D)), "round %d: the CPU's selection differs", round);
+    free(q);
+    free(o0);
+    free(o1);
+    free(ck);
+    free(cv);
+}
+
 /* A selection by bounds (be_attn.sel_best) attended on the device, its list built there, equals the
  * CPU's attention over the list it stands for: 1 to 8 KV heads of up to 12 pages, 0 to k of each
  * head's first `from` pages chosen and the rest of the head after them, with and without a
@@ -1047,49 +1094,15 @@ Test(cuda, a_selection_by_bounds_equals_the_list_it_stands_for)
             for (int64_t i = from[g]; i < len; i++) list[e++] = ps.pages[h0 + i];
         }
         hp[nkv] = e;
-        float *q = malloc(sizeof(float) * (size_t)(nh * D)), *o0 = malloc(sizeof(float) * (size_t)(nh * D));
-        float *o1 = malloc(sizeof(float) * (size_t)(nh * D)), *ck = malloc(sizeof(float) * (size_t)(nkv * D));
-        float *cv = malloc(sizeof(float) * (size_t)(nkv * D));
-        for (int i = 0; i < nh * D; i++) q[i] = frand(-0.5f, 0.5f);
-        for (int i = 0; i < nkv * D; i++) {
-            ck[i] = frand(-1, 1);
-            cv[i] = frand(-1, 1);
-        }
-        int32_t qp = INT32_MAX / 2;
-        be_attn a = { q, 1, &qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
-                      with_cur ? &qp : NULL, with_cur ? 1 : 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
-        cpu->ops->attention(cpu, &a);
-        be_attn s = a;
-        s.pages = ps.pages;
-        s.n_pages = ps.n_pages;
-        s.head_pages = ps.head_pages;
-        s.sel_best = best;
-        s.sel_n_best = cnt;
-        s.sel_from = from;
-        s.sel_k = k;
-        s.table = 900 + (uint64_t)round;
-        s.out = o1;
-        for (int i = 0; i < nh * D; i++) o1[i] = NAN;
-        gpu->ops->attention(gpu, &s);
-        char err[256];
-        cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
-        double d = max_abs_diff(o0, o1, nh * D);
-        if (d > worst || isnan(d)) worst = isnan(d) ? INFINITY : d;
-        /* the CPU's own selection path gives the explicit list's bits */
-        s.out = o1;
-        cpu->ops->attention(cpu, &s);
-        cr_expect(!memcmp(o0, o1, sizeof(float) * (size_t)(nh * D)), "round %d: the CPU's selection differs", round);
+        be_attn sel = { .sel_best = best, .sel_n_best = cnt, .sel_from = from, .sel_k = k };
+        selection_against_list(&ps, nh, nkv, D, list, e, hp, INT32_MAX / 2, with_cur, &sel, 900 + (uint64_t)round,
+                               round, &worst);
         if (bind) {
             be_unbind(gpu, kept);
             free(kept);
         } else {
             free(best);
         }
-        free(q);
-        free(o0);
-        free(o1);
-        free(ck);
-        free(cv);
         free(list);
         free_pages(&ps);
     }
@@ -1157,42 +1170,12 @@ Test(cuda, a_choice_of_tokens_equals_the_list_it_stands_for)
             }
         }
         hp[nkv] = e;
-        float *q = malloc(sizeof(float) * (size_t)(nh * D)), *o0 = malloc(sizeof(float) * (size_t)(nh * D));
-        float *o1 = malloc(sizeof(float) * (size_t)(nh * D)), *ck = malloc(sizeof(float) * (size_t)(nkv * D));
-        float *cv = malloc(sizeof(float) * (size_t)(nkv * D));
-        for (int i = 0; i < nh * D; i++) q[i] = frand(-0.5f, 0.5f);
-        for (int i = 0; i < nkv * D; i++) {
-            ck[i] = frand(-1, 1);
-            cv[i] = frand(-1, 1);
-        }
-        int32_t qp = top + 1;
-        be_attn a = { q, 1, &qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
-                      with_cur ? &qp : NULL, with_cur ? 1 : 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
-        cpu->ops->attention(cpu, &a);
-        be_attn s = a;
-        s.pages = ps.pages;
-        s.n_pages = ps.n_pages;
-        s.head_pages = ps.head_pages;
-        s.sel_bits = bits;
-        s.sel_words = words;
-        s.table = 1900 + (uint64_t)round;
-        s.out = o1;
-        for (int i = 0; i < nh * D; i++) o1[i] = NAN;
-        gpu->ops->attention(gpu, &s);
-        cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
-        double d = max_abs_diff(o0, o1, nh * D);
-        if (d > worst || isnan(d)) worst = isnan(d) ? INFINITY : d;
-        s.out = o1;
-        cpu->ops->attention(cpu, &s);
-        cr_expect(!memcmp(o0, o1, sizeof(float) * (size_t)(nh * D)), "round %d: the CPU's choice differs", round);
+        be_attn sel = { .sel_bits = bits, .sel_words = words };
+        selection_against_list(&ps, nh, nkv, D, list, e, hp, top + 1, with_cur, &sel, 1900 + (uint64_t)round, round,
+                               &worst);
         if (bind) be_unbind(gpu, bits);
         free(bits);
         free(masks);
-        free(q);
-        free(o0);
-        free(o1);
-        free(ck);
-        free(cv);
         free(list);
         free_pages(&ps);
     }
