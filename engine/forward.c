@@ -75,7 +75,7 @@ struct fwd_ctx {
     /* A device backend's selections by bounds (pol_env.sel_buf), bound: [n_layer][n_head_kv]
      * [BE_PICK_MAX + 1]. */
     int32_t *sel_buf;
-    /* A device backend's choices of tokens (pol_env.bits_buf), bound: room for [n_layer][n_head_kv]
+    /* A device backend's choices of tokens (pol_env.bits_buf), bound: room for [n_global][n_head_kv]
      * [bits_words] (as a step lays them out, compact for its words). */
     uint64_t *bits_buf;
     int64_t bits_words;
@@ -203,9 +203,9 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     /* a bitmap word per 64 positions of the context, a layer's heads each (at most BITS_MAX_BYTES:
      * beyond, SentKV's choice comes back to the host every layer) */
     f->bits_words = (n_ctx + 63) / 64;
-    size_t per_word = (size_t)hp->n_layer * (size_t)hp->n_head_kv * sizeof(uint64_t);
+    size_t per_word = (size_t)(f->n_global > 0 ? f->n_global : 1) * (size_t)hp->n_head_kv * sizeof(uint64_t);
     if ((size_t)f->bits_words * per_word > BITS_MAX_BYTES) f->bits_words = (int64_t)(BITS_MAX_BYTES / per_word);
-    size_t bits_n = 2 * (size_t)f->bits_words * (size_t)hp->n_layer * (size_t)hp->n_head_kv;   /* in floats */
+    size_t bits_n = 2 * (size_t)f->bits_words * (size_t)f->n_global * (size_t)hp->n_head_kv;   /* in floats */
     f->bits_buf = (uint64_t *)alloc_f(f, bits_n > 0 ? bits_n : 2);
     if (f->bits_buf) memset(f->bits_buf, 0, sizeof(float) * (bits_n > 0 ? bits_n : 2));
     f->dsel = calloc((size_t)hp->n_layer, sizeof *f->dsel);
@@ -347,7 +347,7 @@ void fwd_policy_env(fwd_ctx *f, pol_env *env)
     /* selections by bounds left on a device for attention (a backend without residency has them
      * at once, and they take the engine's lists); layer il's at il * n_head_kv * (BE_PICK_MAX + 1) */
     env->sel_buf = f->b->ops->bind ? f->sel_buf : NULL;
-    env->bits_buf = f->b->ops->bind ? f->bits_buf : NULL;   /* SentKV's: layer il's at il * n_head_kv * words */
+    env->bits_buf = f->b->ops->bind ? f->bits_buf : NULL;   /* SentKV's: global layer gl's at gl * n_head_kv * words */
     env->bits_words = f->bits_words;
 }
 
@@ -456,6 +456,7 @@ static int kept_bits(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int fir
     if (plain_list(f, il, a, 0, 0, first_global, 1)) return -1;
     a->sel_bits = sel->bits;
     a->sel_words = sel->words;
+    a->sel_page_tokens = kv_page_size(f->kv);
     struct dsel *d = &f->dsel[f->n_dsel++];
     memset(d, 0, sizeof *d);
     d->il = il;
@@ -1116,7 +1117,7 @@ static int eval_tokens(fwd_ctx *f, const int32_t *tokens, int64_t n, float *logi
         if (rc != 0) {
             failure_message(f, rc, f->pol_err, err, errlen);
             f->pend.at = -1;
-            f->n_dsel = 0;   /* the step's kept selections count for nothing */
+            f->n_dsel = 0;   /* the step's kept selections count for nothing (SentKV's reuse rate skips it) */
             kv_rewind(f->kv, start);
             return -1;
         }

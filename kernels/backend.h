@@ -122,9 +122,11 @@ typedef struct be_attn {
      * KV head g reads the tokens of its entries whose positions have their bit set in
      * sel_bits[g * sel_words ..] (an entry with none is left out), then the rows not in the cache.
      * May be bound, as sel_best. NULL: every token. Needs head_pages and entries without token
-     * masks; not with sel_best. */
+     * masks; not with sel_best. sel_page_tokens: the most tokens an entry holds (the cache's page
+     * size), which sizes a device's masks (0: up to 4,096, the cache's limit). */
     const uint64_t *sel_bits;
     int64_t sel_words;
+    int32_t sel_page_tokens;
 } be_attn;
 
 /* A range of host bytes the host is about to read. */

@@ -88,7 +88,7 @@ typedef struct pol_env {
     int32_t *sel_buf;
     /* Where SentKV's choice may stay on a device for attention (be_bounds.bits bound, so that
      * neither waits): in a step whose heads' bitmaps take `words` words each (words <= bits_words),
-     * layer il's at bits_buf + il * n_head_kv * words. NULL as sel_buf. */
+     * the gl-th global layer's at bits_buf + gl * n_head_kv * words. NULL as sel_buf. */
     uint64_t *bits_buf;
     int64_t bits_words;
 } pol_env;

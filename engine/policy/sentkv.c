@@ -428,7 +428,7 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     for (int g = 0; g <= env->n_head_kv; g++) s->off[g] = g * s->n_summ;
     /* on a device, the choice stays there for attention (one wait a step, not one a layer) */
     int kept = !env->trace && env->bits_buf && words <= env->bits_words;
-    uint64_t *bits = kept ? env->bits_buf + (int64_t)il * env->n_head_kv * words : s->now;
+    uint64_t *bits = kept ? env->bits_buf + (int64_t)gl * env->n_head_kv * words : s->now;
     be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = L->sum, .off = s->off,
                     .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1), .shape = s->shape,
                     .u = env->trace ? s->score : NULL, .bits = bits, .words = words, .budget = budget,

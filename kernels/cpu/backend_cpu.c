@@ -814,8 +814,12 @@ static void cpu_bound_segments(cpu_impl *ci, be_bounds *r, const float *u)
     for (int h = 0; h < r->n_head_kv; h++)
         if (r->off[h + 1] - r->off[h] > most) most = r->off[h + 1] - r->off[h];
     if (grow((void **)&ci->seg_at, &ci->seg_at_cap, sizeof(int64_t) * 2 * (size_t)most) ||
-        grow((void **)&ci->seg_heap, &ci->seg_heap_cap, sizeof(uint64_t) * (size_t)most))
-        abort();
+        grow((void **)&ci->seg_heap, &ci->seg_heap_cap, sizeof(uint64_t) * (size_t)most)) {
+        /* no room to rank: every position attended, which is always correct */
+        for (int64_t w = 0; w < r->n_head_kv * r->words; w++) r->bits[w] = 0;
+        for (int h = 0; h < r->n_head_kv; h++) sg_set_bits(r->bits + h * r->words, 0, r->len);
+        return;
+    }
     for (int h = 0; h < r->n_head_kv; h++) {
         const int64_t n = r->off[h + 1] - r->off[h];
         int64_t *n_of = ci->seg_at, *at = ci->seg_at + most, p = 0;

@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(256) sel_gather_kernel(const __grid_constant__
 /* A call's choice of tokens (be_attn.sel_bits), as bits_list_kernel reads it: the list of every
  * page (with the rows not in the cache after each head's pages) and its offsets, the bitmaps, and
  * each head's count of cache pages (the rows after them are attended whole); its list goes to out
- * and out_hp, the masks to masks (entry j of the full list's at j * SG_PAGE_WORDS). */
+ * and out_hp, the masks to masks (entry j of the full list's at j * mask_words). */
 typedef struct bits_call {
     const ag_page *all;
     const int64_t *all_hp;
@@ -329,12 +329,20 @@ typedef struct bits_call {
     ag_page *out;
     int64_t *out_hp;
     uint64_t *masks;
+    int32_t mask_words;   /* a page's mask at most (be_attn.sel_page_tokens) */
     int32_t pages_of[PT_MAX_HEADS];
 } bits_call;
 
 typedef struct bits_calls {
     bits_call c[BE_ATTN_SEQS_MAX];
 } bits_calls;
+
+/* The mask words an entry of a choice of tokens may need (be_attn.sel_page_tokens). */
+static int32_t mask_words_of(const be_attn *a)
+{
+    const int32_t t = a->sel_page_tokens;
+    return t <= 0 || t > 64 * SG_PAGE_WORDS ? SG_PAGE_WORDS : (t + 63) / 64;
+}
 
 /* A choice of tokens as the list it stands for: a block a call, the heads one after another, a
  * thread an entry: its mask from the head's bitmap (sg_page_mask), kept where a token is chosen,
@@ -359,8 +367,8 @@ __global__ void __launch_bounds__(256) bits_list_kernel(const __grid_constant__ 
                 pg = c.all[h0 + j];
                 const int64_t pw = ((int64_t)pg.n + 63) / 64;
                 on = j >= c.pages_of[g] ? pg.n
-                     : pw > SG_PAGE_WORDS ? pg.n   /* never: the cache's pages hold at most 64 words' tokens */
-                                          : sg_page_mask(bm, c.words, pg.pos, pg.n, c.masks + (h0 + j) * SG_PAGE_WORDS, pw);
+                     : pw > c.mask_words ? pg.n   /* never: a page larger than the caller said */
+                                         : sg_page_mask(bm, c.words, pg.pos, pg.n, c.masks + (h0 + j) * c.mask_words, pw);
             }
             const unsigned kept = __ballot_sync(0xffffffffu, on > 0);
             if (lane == 0) warp_kept[wid] = __popc(kept);
@@ -369,7 +377,7 @@ __global__ void __launch_bounds__(256) bits_list_kernel(const __grid_constant__ 
             for (int w = 0; w < wid; w++) before += warp_kept[w];
             before += __popc(kept & ((1u << lane) - 1u));
             if (on > 0) {
-                pg.mask_off = on == pg.n ? -1 : (h0 + j) * SG_PAGE_WORDS;
+                pg.mask_off = on == pg.n ? -1 : (h0 + j) * c.mask_words;
                 c.out[before] = pg;
             }
             __syncthreads();
@@ -588,7 +596,7 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
             any_sel = 1;
             ub[i] = c->e;
             ub_all += ub[i];
-            bits_words += (size_t)c->e * SG_PAGE_WORDS;
+            bits_words += (size_t)c->e * (size_t)mask_words_of(&a[i]);
             continue;
         }
         if (!a[i].sel_best) continue;
@@ -642,12 +650,13 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
             g->out = ci->sel_pages + sel_at;
             g->out_hp = ci->sel_hp + (PT_MAX_HEADS + 1) * (size_t)i;
             g->masks = ci->sel_masks + bits_at;
+            g->mask_words = mask_words_of(c);
             l->pages = g->out;
             l->head_pages = g->out_hp;
             l->masks = g->masks;
             l->n_pages = ub[i];
             sel_at += ub[i];
-            bits_at += (size_t)cl[i].e * SG_PAGE_WORDS;
+            bits_at += (size_t)cl[i].e * (size_t)g->mask_words;
             continue;
         }
         if (!c->sel_best) continue;

@@ -505,7 +505,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             be_host_write(kern[k], q, qbytes);
-            be_attn a = { q, nq, qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
+            be_attn a = { q, nq, qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
             const uint64_t flash0 = be_cuda_flash_calls(kern[k]);
             double ms = time_calls(kern[k], call_attn, &a, o);
             if (failed(kern[k], "attention")) return 1;

@@ -911,7 +911,7 @@ static double compare_attention_on(be_backend *dev, page_set *ps, int n_head, in
         o1[i] = NAN;
     }
     for (int64_t t = 0; t < n_q; t++) qp[t] = t == n_q - 1 ? ps->max_pos : (int32_t)(rnd() % (uint32_t)(ps->max_pos + 1));
-    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
+    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     attend_on(dev, &a, q, (size_t)(n_q * n_head * D), bind);
@@ -992,7 +992,7 @@ static void attend_list(const page_set *ps, const uint8_t *dropped, int nh, int 
         cv[i] = frand(-1, 1);
     }
     be_attn a = { q, 1, qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
-                  with_cur ? qp : NULL, with_cur ? 1 : 0, name, shape, NULL, NULL, NULL, 0, NULL, 0 };
+                  with_cur ? qp : NULL, with_cur ? 1 : 0, name, shape, NULL, NULL, NULL, 0, NULL, 0, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     gpu->ops->attention(gpu, &a);
@@ -1022,7 +1022,7 @@ static void selection_against_list(const page_set *ps, int nh, int nkv, int D, c
         cv[i] = frand(-1, 1);
     }
     be_attn a = { q, 1, &qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
-                  with_cur ? &qp : NULL, with_cur ? 1 : 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
+                  with_cur ? &qp : NULL, with_cur ? 1 : 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
     cpu->ops->attention(cpu, &a);
     be_attn s = a;
     s.pages = ps->pages;
@@ -1034,6 +1034,7 @@ static void selection_against_list(const page_set *ps, int nh, int nkv, int D, c
     s.sel_k = sel->sel_k;
     s.sel_bits = sel->sel_bits;
     s.sel_words = sel->sel_words;
+    s.sel_page_tokens = sel->sel_page_tokens;
     s.table = table;
     s.out = o1;
     for (int i = 0; i < nh * D; i++) o1[i] = NAN;
@@ -1170,7 +1171,8 @@ Test(cuda, a_choice_of_tokens_equals_the_list_it_stands_for)
             }
         }
         hp[nkv] = e;
-        be_attn sel = { .sel_bits = bits, .sel_words = words };
+        /* masks sized by the pages' room (64 tokens) or by the cache's limit */
+        be_attn sel = { .sel_bits = bits, .sel_words = words, .sel_page_tokens = round % 3 ? 64 : 0 };
         selection_against_list(&ps, nh, nkv, D, list, e, hp, top + 1, with_cur, &sel, 1900 + (uint64_t)round, round,
                                &worst);
         if (bind) be_unbind(gpu, bits);
@@ -1222,10 +1224,15 @@ Test(cuda, sentkv_s_choice_on_the_device_is_the_cpus)
         char err[256];
         if (bind) cr_assert(be_bind(gpu, got, room, err, sizeof err) == 0, "%s", err);
         int64_t budget = (int64_t)(rnd() % (uint32_t)(len + 2)), sinks = (int64_t)(rnd() % 50);
+        /* every third round asks for the bounds too (they come back beside the bitmaps) */
+        float *u_cpu = malloc(sizeof(float) * (size_t)(off[H] + 1)), *u_gpu = malloc(sizeof(float) * (size_t)(off[H] + 1));
+        const int with_u = round % 3 == 2;
         be_bounds r = { .q = q, .n_head_kv = H, .group = 1, .dim = D, .sum = sum, .off = off, .table = 7700 + (uint64_t)round,
-                        .bits = want, .words = words, .budget = budget, .sinks = sinks, .len = len };
+                        .u = with_u ? u_cpu : NULL, .bits = want, .words = words, .budget = budget, .sinks = sinks,
+                        .len = len };
         cpu->ops->bound_pages(cpu, &r);
         r.bits = got;
+        r.u = with_u ? u_gpu : NULL;
         memset(got, 0xA5, bytes);
         gpu->ops->bound_pages(gpu, &r);
         if (bind) {
@@ -1236,6 +1243,10 @@ Test(cuda, sentkv_s_choice_on_the_device_is_the_cpus)
         cr_expect(!memcmp(want, got, bytes), "round %d: %d heads, up to %lld segments, budget %lld, sinks %lld, len %lld: "
                   "the device's choice is not the CPU's", round, H, (long long)most, (long long)budget,
                   (long long)sinks, (long long)len);
+        for (int64_t i = 0; with_u && i < off[H]; i++)
+            cr_expect(isnan(u_cpu[i]) ? isnan(u_gpu[i]) : u_cpu[i] == u_gpu[i], "round %d: bound %lld", round, (long long)i);
+        free(u_cpu);
+        free(u_gpu);
         if (bind) be_unbind(gpu, got);
         free(got);
         free(want);
@@ -1312,7 +1323,7 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
                 for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
                 for (int64_t t = 0; t < nq; t++) qp[t] = t == 0 ? ps.max_pos : (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1));
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o,
-                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
                 ag_attention_sim(&a, atoi(splits[k]), want);
                 attend_on(bes[k], &a, q, n, (int)(rnd() & 1));
                 cr_assert(!be_failed(bes[k], err, sizeof err), "%s", err);
@@ -1368,7 +1379,7 @@ Test(cuda, flash_attention_equals_its_host_simulation_and_the_cpu)
                     qp[t] = variant == 3 || back < 0 ? (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1)) : back;
                 }
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o_cpu,
-                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
                 cpu->ops->attention(cpu, &a);
                 af_attention_sim(&a, k == 1 ? 3 : 1, want);
                 a.out = o;
@@ -1571,7 +1582,7 @@ Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
             /* variant 3: one shared list for every head */
             be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, variant == 3 ? ps.head_pages[1] : ps.n_pages,
                           variant == 3 ? NULL : ps.head_pages, variant == 2 ? 40 : 0, o0, ck, cv, &qp, 1, 0, 0,
-                          NULL, NULL, NULL, 0, NULL, 0 };
+                          NULL, NULL, NULL, 0, NULL, 0, 0 };
             cpu->ops->attention(cpu, &a);
             a.out = o1;
             int bind = (int)(rnd() & 1);
@@ -1761,7 +1772,7 @@ Test(cuda, attention_with_a_chunks_own_rows_equals_the_cpu)
                     for (int64_t i = 0; i < n * kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
                     for (int t = 0; t < n; t++) qp[t] = ps.max_pos + 1 + t;
                     be_attn a = { q, n, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant & 2 ? 40 : 0,
-                                  o0, ck, cv, qp, n, 0, 0, NULL, NULL, NULL, 0, NULL, 0 };
+                                  o0, ck, cv, qp, n, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
                     cpu->ops->attention(cpu, &a);
                     be_backend *dev = rnd() % 2 ? gpu : grouped;
                     int bind = (int)(rnd() & 1);
@@ -1823,7 +1834,7 @@ Test(cuda, norm_weights_past_the_constant_tables_growth_leave_the_steps_page_lis
     for (int64_t i = 0; i < kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
     int32_t qp = ps.max_pos + 1;
     be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o0, ck, cv, &qp, 1, 0, 0,
-                  NULL, NULL, NULL, 0, NULL, 0 };
+                  NULL, NULL, NULL, 0, NULL, 0, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     for (int i = 0; i <= N_W; i++) {
