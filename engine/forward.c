@@ -12,10 +12,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/bits.h"
 #include "common/logit_pick.h"
 #include "engine/page_list.h"
 #include "engine/policy/policy.h"
-#include "kernels/segment_kernels.h"
 
 #define OUT_ROWS 16   /* rows of the vocabulary projection computed at once when all logits are wanted */
 #define MAX_PROBE 64  /* probe rows a prefill policy may append to a chunk (TAKE) */
@@ -590,20 +590,16 @@ static void bits_stats(fwd_ctx *f, const struct dsel *d, int first_global, int64
         last_listed[h] = 0;
         int64_t a = 0;
         for (int i = 0; i < np; i++) {
-            if ((a = sg_next_bit(bm, d->words, a)) < 0) break;
+            if ((a = bm_next_bit(bm, d->words, a)) < 0) break;
             while (i < np && (span[i].n == 0 || span[i].last < a)) i++;
             if (i == np) break;
             page_span at = span[i];
             int32_t on = 0;
             if ((int64_t)at.last - at.first == at.n - 1) {
-                uint64_t m[SG_PAGE_WORDS];
-                int64_t pw = ((int64_t)at.n + 63) / 64;
-                if (pw > SG_PAGE_WORDS) pw = SG_PAGE_WORDS;   /* never: pages hold at most 4,096 tokens */
-                sg_bits_at(bm, d->words, at.first, at.n, m, pw);
-                for (int64_t w = 0; w < pw; w++) on += __builtin_popcountll(m[w]);
+                on = (int32_t)bm_count(bm, d->words, at.first, (int64_t)at.last + 1);
             } else {
                 const kv_page *p = kv_layer_page(f->kv, d->il, h, i);
-                for (int32_t t = 0; t < p->n; t++) on += sg_bit(bm, d->words, p->pos[t]);
+                for (int32_t t = 0; t < p->n; t++) on += bm_bit(bm, d->words, p->pos[t]);
             }
             if (on) {
                 tokens += on;

@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 
+#include "common/bits.h"
 #include "common/logit_pick.h"
 #include "kernels/quant_blocks.h"
 
@@ -41,71 +42,6 @@ QB_HD int sg_first_out(int64_t used_before, int64_t used_with, int64_t room, int
     return room - used_before < shortest || used_with > room;
 }
 
-/* Set bits of a word. */
-QB_HD int sg_popcount(uint64_t x)
-{
-#ifdef __CUDA_ARCH__
-    return __popcll(x);
-#else
-    return __builtin_popcountll(x);
-#endif
-}
-
-/* Bits [a, b) of bitmap bm set (host: plain stores). */
-static inline void sg_set_bits(uint64_t *bm, int64_t a, int64_t b)
-{
-    while (a < b && (a & 63)) {
-        bm[a >> 6] |= 1ull << (a & 63);
-        a++;
-    }
-    for (; a + 64 <= b; a += 64) bm[a >> 6] = ~0ull;
-    for (; a < b; a++) bm[a >> 6] |= 1ull << (a & 63);
-}
-
-/* Word w's bits of the range [a, b) of positions (a < b, a >> 6 <= w <= (b - 1) >> 6). */
-QB_HD uint64_t sg_word_mask(int64_t a, int64_t b, int64_t w)
-{
-    const int64_t lo = a > 64 * w ? a - 64 * w : 0, hi = b < 64 * (w + 1) ? b - 64 * w : 64;
-    const uint64_t top = hi == 64 ? ~0ull : (1ull << hi) - 1;
-    return top & (~0ull << lo);
-}
-
-/* Bit p of bitmap bm (words long): 0 past its end and for negative p. */
-QB_HD int sg_bit(const uint64_t *bm, int64_t words, int64_t p)
-{
-    return p >= 0 && (p >> 6) < words && ((bm[p >> 6] >> (p & 63)) & 1u);
-}
-
-/* Bits [a, a + n) of bitmap bm (words long) into out's pw words, bit t of out being bit a + t of bm;
- * bits past n, or past bm's end, are 0. */
-QB_HD void sg_bits_at(const uint64_t *bm, int64_t words, int64_t a, int32_t n, uint64_t *out, int64_t pw)
-{
-    for (int64_t w = 0; w < pw; w++) {
-        const int64_t rem = (int64_t)n - 64 * w, b = a + 64 * w, wi = b >> 6;
-        const int sh = (int)(b & 63);
-        uint64_t x = 0;
-        if (rem > 0 && wi < words) {
-            x = bm[wi] >> sh;
-            if (sh && wi + 1 < words) x |= bm[wi + 1] << (64 - sh);
-            if (rem < 64) x &= (1ull << rem) - 1;
-        }
-        out[w] = x;
-    }
-}
-
-/* The first set bit of bitmap bm (words long) at or after a, or -1. */
-static inline int64_t sg_next_bit(const uint64_t *bm, int64_t words, int64_t a)
-{
-    int64_t w = a >> 6;
-    if (a < 0 || w >= words) return -1;
-    uint64_t x = bm[w] & (~0ull << (a & 63));
-    while (!x) {
-        if (++w >= words) return -1;
-        x = bm[w];
-    }
-    return (w << 6) + __builtin_ctzll(x);
-}
-
 /* A page's token mask from bitmap bm: bit t set where the page's token t (at position pos[t]) has
  * its position's bit set; the mask's pw words, the count of set bits returned. A page of
  * consecutive positions takes its bits a word at a time. */
@@ -113,13 +49,13 @@ QB_HD int32_t sg_page_mask(const uint64_t *bm, int64_t words, const int32_t *pos
 {
     int32_t on = 0;
     if (n > 0 && (int64_t)pos[n - 1] - pos[0] == n - 1) {
-        sg_bits_at(bm, words, pos[0], n, out, pw);
-        for (int64_t w = 0; w < pw; w++) on += sg_popcount(out[w]);
+        bm_bits_at(bm, words, pos[0], n, out, pw);
+        for (int64_t w = 0; w < pw; w++) on += bm_popcount(out[w]);
         return on;
     }
     for (int64_t w = 0; w < pw; w++) out[w] = 0;
     for (int32_t t = 0; t < n; t++)
-        if (sg_bit(bm, words, pos[t])) {
+        if (bm_bit(bm, words, pos[t])) {
             out[t >> 6] |= 1ull << (t & 63);
             on++;
         }
@@ -195,8 +131,8 @@ static inline int64_t sg_choose(const float *u, const int64_t *n_of, const int64
 {
     int64_t covered = n > 0 ? at[n - 1] + n_of[n - 1] : 0, shortest = INT64_MAX;
     for (int64_t w = 0; w < words; w++) bm[w] = 0;
-    sg_set_bits(bm, 0, sinks < len ? sinks : len);
-    sg_set_bits(bm, covered, len);
+    bm_set_range(bm, 0, sinks < len ? sinks : len);
+    bm_set_range(bm, covered, len);
     const int64_t room = sg_room(budget, sinks, covered, len);
     for (int64_t i = 0; i < n; i++) {
         heap[i] = sg_key(u[i], (int32_t)i);
@@ -209,7 +145,7 @@ static inline int64_t sg_choose(const float *u, const int64_t *n_of, const int64
         heap[0] = heap[--left];
         sg_heap_down(heap, left, 0);
         if (used + n_of[i] > room) continue;
-        sg_set_bits(bm, at[i], at[i] + n_of[i]);
+        bm_set_range(bm, at[i], at[i] + n_of[i]);
         used += n_of[i];
     }
     return used;

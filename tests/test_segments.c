@@ -119,7 +119,7 @@ static void kernel_choice(const float *u, const int64_t *ln, int64_t n, int64_t 
     do {                                                                                                            \
         int64_t a_ = (A), b_ = (B);                                                                                 \
         if (a_ < b_)                                                                                                \
-            for (int64_t w = a_ >> 6; w <= (b_ - 1) >> 6; w++) bm[w] |= sg_word_mask(a_, b_, w);                   \
+            for (int64_t w = a_ >> 6; w <= (b_ - 1) >> 6; w++) bm[w] |= bm_word_mask(a_, b_, w);                   \
     } while (0)
     SET_RANGE(0, sinks < len ? sinks : len);
     SET_RANGE(covered, len);
@@ -298,5 +298,10 @@ Test(segments, a_page_mask_from_a_bitmap_is_its_tokens_bits)
         }
         for (int32_t t = n; t < 64 * pw; t++) cr_assert_eq((int)((m[t >> 6] >> (t & 63)) & 1), 0, "round %d past n", round);
         cr_assert_eq(on, want_on, "round %d: the count", round);
+        /* the count over a range of positions, as the statistics take it for consecutive pages */
+        int64_t a = (int64_t)(rnd() % 300) - 20, b = a + (int64_t)(rnd() % 200), want_n = 0;
+        for (int64_t p = a; p < b; p++) want_n += p >= 0 && p < 64 * WORDS && ((bm[p >> 6] >> (p & 63)) & 1);
+        cr_assert_eq(bm_count(bm, WORDS, a, b), want_n, "round %d: the set bits of [%lld, %lld)", round, (long long)a,
+                     (long long)b);
     }
 }

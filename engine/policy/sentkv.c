@@ -17,12 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bits.h"
 #include "engine/page_list.h"
 #include "engine/policy/pol_util.h"
 #include "engine/policy/sentkv.h"
 #include "engine/policy/trace.h"
 #include "kernels/backend.h"
-#include "kernels/segment_kernels.h"
 
 enum { P_LEN, P_DELTA, P_BUDGET, P_SINKS, P_COUNT };
 
@@ -454,14 +454,14 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         int np = (int)(sp->at.off[g + 1] - sp->at.off[g]);
         int64_t a = 0;
         for (int i = 0; i < np; i++) {
-            if ((a = sg_next_bit(now, words, a)) < 0) break;
+            if ((a = bm_next_bit(now, words, a)) < 0) break;
             while (i < np && (span[i].n == 0 || span[i].last < a)) i++;
             if (i == np) break;
             page_span at = span[i];
             uint64_t *m = s->masks + (size_t)(sp->at.off[g] + i) * pw;
             int32_t on = 0;
             if ((int64_t)at.last - at.first == at.n - 1 && at.last < len) {
-                sg_bits_at(now, words, at.first, at.n, m, pw);
+                bm_bits_at(now, words, at.first, at.n, m, pw);
                 for (size_t w = 0; w < pw; w++) on += __builtin_popcountll(m[w]);
             } else {
                 const kv_page *p = kv_layer_page(env->kv, il, g, i);

@@ -817,7 +817,7 @@ static void cpu_bound_segments(cpu_impl *ci, be_bounds *r, const float *u)
         grow((void **)&ci->seg_heap, &ci->seg_heap_cap, sizeof(uint64_t) * (size_t)most)) {
         /* no room to rank: every position attended, which is always correct */
         for (int64_t w = 0; w < r->n_head_kv * r->words; w++) r->bits[w] = 0;
-        for (int h = 0; h < r->n_head_kv; h++) sg_set_bits(r->bits + h * r->words, 0, r->len);
+        for (int h = 0; h < r->n_head_kv; h++) bm_set_range(r->bits + h * r->words, 0, r->len);
         return;
     }
     for (int h = 0; h < r->n_head_kv; h++) {

@@ -67,7 +67,7 @@ __device__ int64_t seg_scan(int64_t v, int64_t *sh, int64_t *total)
 __device__ void seg_set_range(unsigned long long *bm, int64_t a, int64_t b, int tid, int nt)
 {
     if (a >= b) return;
-    for (int64_t w = (a >> 6) + tid; w <= (b - 1) >> 6; w += nt) atomicOr(bm + w, (unsigned long long)sg_word_mask(a, b, w));
+    for (int64_t w = (a >> 6) + tid; w <= (b - 1) >> 6; w += nt) atomicOr(bm + w, (unsigned long long)bm_word_mask(a, b, w));
 }
 
 /* SentKV's choice (be_bounds.bits; kernels/segment_kernels.h), a block a KV head: the keys sorted in
