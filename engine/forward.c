@@ -589,10 +589,7 @@ static void bits_stats(fwd_ctx *f, const struct dsel *d, int first_global, int64
         pages_total += np;
         last_listed[h] = 0;
         int64_t a = 0;
-        for (int i = 0; i < np; i++) {
-            if ((a = bm_next_bit(bm, d->words, a)) < 0) break;
-            while (i < np && (span[i].n == 0 || span[i].last < a)) i++;
-            if (i == np) break;
+        for (int i = 0; (i = page_spans_next_chosen(span, np, i, bm, d->words, &a)) >= 0; i++) {
             page_span at = span[i];
             int32_t on = 0;
             if ((int64_t)at.last - at.first == at.n - 1) {
@@ -607,7 +604,6 @@ static void bits_stats(fwd_ctx *f, const struct dsel *d, int first_global, int64
                 observe_page(f, at.first, h, first_global, P);
                 if (i == np - 1) last_listed[h] = 1;
             }
-            a = (int64_t)at.last + 1;
         }
     }
     list_stats(f, 1, tokens, entries, pages_total);

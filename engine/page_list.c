@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bits.h"
+
 void page_list_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int head_dim, int page_size)
 {
     r->k = p->k;
@@ -133,6 +135,15 @@ int page_spans_update(page_spans *L, const kv_cache *kv, int il)
     int rc = update_heads(&ent, sizeof *L->spans, &L->at, kv, il, NULL, fill_span);
     L->spans = ent;
     return rc;
+}
+
+int page_spans_next_chosen(const page_span *span, int np, int i, const uint64_t *bm, int64_t words, int64_t *a)
+{
+    if ((*a = bm_next_bit(bm, words, *a)) < 0) return -1;
+    while (i < np && (span[i].n == 0 || span[i].last < *a)) i++;
+    if (i >= np) return -1;
+    *a = (int64_t)span[i].last + 1;
+    return i;
 }
 
 void page_spans_free(page_spans *L)

@@ -66,6 +66,11 @@ typedef struct page_spans {
 
 /* L brought up to date with every page of layer il of kv, as page_list_update. */
 int page_spans_update(page_spans *L, const kv_cache *kv, int il);
+/* A walk over a head's pages span[0 .. np) to those that may hold a chosen position (a bit set in
+ * bm, words long) without touching the pages: from page i on, the first that ends at or after the
+ * next chosen position at or after *a (the pages passed over hold none), *a then moved past it; -1
+ * when no chosen position or page is left. From i = 0 and *a = 0, then i + 1 after each. */
+int page_spans_next_chosen(const page_span *span, int np, int i, const uint64_t *bm, int64_t words, int64_t *a);
 void page_spans_free(page_spans *L);
 
 #endif

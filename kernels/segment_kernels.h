@@ -10,7 +10,7 @@
  * the keys in a block and finds the same set in two steps: the longest run of the ranking from its
  * start whose lengths fit (a prefix sum: every segment of it is taken, sg_first_out), then, where the
  * run ended on a segment too long for the room left, the rest of the ranking by one warp, 32 segments
- * a step (sg_warp_pick). */
+ * a step (sg_fits, sg_first_fit). */
 #ifndef KVCHAT_SEGMENT_KERNELS_H
 #define KVCHAT_SEGMENT_KERNELS_H
 
@@ -96,13 +96,17 @@ QB_HD void sg_chunk(int64_t size, int tid, int nt, int64_t *a, int64_t *b)
     *b = *a + per < size ? *a + per : size;
 }
 
-/* One step of the warp's walk past the run (sg_warp_pick): of the ranking's segments j0 + lane
- * (lane < 32; len_of the lane's segment's length, or a negative value past the end), the first lane
- * whose segment fits in room - used, or -1. */
+/* Whether a segment of length n (negative: none, past the ranking's end) fits in room - used: a
+ * lane's vote in the warp's walk past the run. */
+QB_HD int sg_fits(int64_t n, int64_t room, int64_t used) { return n >= 0 && n <= room - used; }
+
+/* One step of the warp's walk past the run: of the ranking's segments j0 + lane (lane < 32; the
+ * lane's segment's length, or a negative value past the end), the first lane whose segment fits,
+ * or -1 (the ballot of sg_fits and its lowest bit, on the host). */
 QB_HD int sg_first_fit(const int64_t *len_of_lane, int64_t room, int64_t used)
 {
     for (int l = 0; l < 32; l++)
-        if (len_of_lane[l] >= 0 && len_of_lane[l] <= room - used) return l;
+        if (sg_fits(len_of_lane[l], room, used)) return l;
     return -1;
 }
 

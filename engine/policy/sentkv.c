@@ -391,20 +391,25 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         s->score = ns;
         s->score_cap = n_all;
     }
-    if (s->now_words < words * env->n_head_kv) {
-        uint64_t *nw = realloc(s->now, sizeof(uint64_t) * (size_t)(words * env->n_head_kv));
-        if (!nw) return 0;
-        s->now = nw;
-        s->now_words = words * env->n_head_kv;
-    }
-    int P = kv_page_size(env->kv);
-    size_t pw = ((size_t)P + 63) / 64, need = 0;
-    for (int g = 0; g < env->n_head_kv; g++) need += (size_t)kv_n_pages(env->kv, il, g) * pw;
-    if (need > s->mask_cap) {
-        uint64_t *nm = realloc(s->masks, sizeof(uint64_t) * need * 2);
-        if (!nm) return 0;
-        s->masks = nm;
-        s->mask_cap = need * 2;
+    /* on a device, the choice stays there for attention (one wait a step, not one a layer); on the
+     * host, the bitmaps and the pages' masks are the policy's */
+    int kept = !env->trace && env->bits_buf && words <= env->bits_words;
+    size_t pw = ((size_t)kv_page_size(env->kv) + 63) / 64;
+    if (!kept) {
+        if (s->now_words < words * env->n_head_kv) {
+            uint64_t *nw = realloc(s->now, sizeof(uint64_t) * (size_t)(words * env->n_head_kv));
+            if (!nw) return 0;
+            s->now = nw;
+            s->now_words = words * env->n_head_kv;
+        }
+        size_t need = 0;
+        for (int g = 0; g < env->n_head_kv; g++) need += (size_t)kv_n_pages(env->kv, il, g) * pw;
+        if (need > s->mask_cap) {
+            uint64_t *nm = realloc(s->masks, sizeof(uint64_t) * need * 2);
+            if (!nm) return 0;
+            s->masks = nm;
+            s->mask_cap = need * 2;
+        }
     }
     /* every head's segment bounds against its queries and its choice, in one call */
     seg_sums *L = &s->lists[gl];
@@ -426,8 +431,6 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         L->shape = s->shape;
     }
     for (int g = 0; g <= env->n_head_kv; g++) s->off[g] = g * s->n_summ;
-    /* on a device, the choice stays there for attention (one wait a step, not one a layer) */
-    int kept = !env->trace && env->bits_buf && words <= env->bits_words;
     uint64_t *bits = kept ? env->bits_buf + (int64_t)gl * env->n_head_kv * words : s->now;
     be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = L->sum, .off = s->off,
                     .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1), .shape = s->shape,
@@ -453,10 +456,7 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         const page_span *span = sp->spans + sp->at.off[g];
         int np = (int)(sp->at.off[g + 1] - sp->at.off[g]);
         int64_t a = 0;
-        for (int i = 0; i < np; i++) {
-            if ((a = bm_next_bit(now, words, a)) < 0) break;
-            while (i < np && (span[i].n == 0 || span[i].last < a)) i++;
-            if (i == np) break;
+        for (int i = 0; (i = page_spans_next_chosen(span, np, i, now, words, &a)) >= 0; i++) {
             page_span at = span[i];
             uint64_t *m = s->masks + (size_t)(sp->at.off[g] + i) * pw;
             int32_t on = 0;
@@ -475,7 +475,6 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
                 }
             }
             if (on) pol_sel_add(sel, i, on == at.n ? NULL : m);
-            a = (int64_t)at.last + 1;
         }
     }
     if (env->n_head_kv > 1) sel->per_head = 1;

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(SG_THREADS) seg_choose_kernel(const float *u, 
     for (int o = 16; o > 0; o >>= 1) used += __shfl_xor_sync(0xffffffffu, used, o);
     for (int64_t j0 = f + 1; j0 < n && room - used >= least;) {
         const int64_t mine = j0 + tid < n ? by_rank[j0 + tid] : -1;
-        const unsigned fits = __ballot_sync(0xffffffffu, mine >= 0 && mine <= room - used);
+        const unsigned fits = __ballot_sync(0xffffffffu, sg_fits(mine, room, used));
         if (!fits) {
             j0 += 32;
             continue;
