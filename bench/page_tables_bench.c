@@ -12,7 +12,11 @@
  *   boundary  a step whose token opened a new page in every head (once every 32 steps: the later
  *             heads' entries move);
  *   whole     the list built whole, every entry through the page-copy table (what every call did
- *             before the descriptors were kept, less its per-piece copies).
+ *             before the descriptors were kept, less its per-piece copies);
+ *   restored  the list built whole and every page's rows sent, in rounds of 32 MiB as the backend
+ *             sends them: a layer of a restored snapshot placed on the device (be_ops.place_pages),
+ *             or the first call after a restore that was not placed (milliseconds: the host's
+ *             packing of the rows, which a GPU's copies overlap).
  * Each line: microseconds a layer call (the median), the list's entries and the pieces the batch
  * carried. The device copies a decode call issues for its pages are now two (the batch and its
  * scatter kernel); before they were three a page that grew (keys, values, positions: one page a
@@ -40,6 +44,13 @@ typedef struct rig {
 } rig;
 
 /* The host's share of sending the batch: packing it into the staging buffer. */
+static void pack(rig *r);
+static int flush_round(void *ud)
+{
+    pack((rig *)ud);
+    return 0;
+}
+
 static void pack(rig *r)
 {
     size_t bytes = ub_packed_bytes(&r->batch);
@@ -74,13 +85,16 @@ static int run(int64_t ctx, int shape_given)
     pc_init(&r.copies, &pd, 1u << 30);
     pt_device td = { NULL, h_alloc, h_release };
     pt_init(&r.tables, &td, &r.copies, &r.batch);
+    r.batch.limit = (size_t)32 << 20;   /* the CUDA backend's rounds */
+    r.batch.flush = flush_round;
+    r.batch.flush_ud = &r;
     int64_t hp[HKV + 1], e = 0;
-    const char *modes[] = { "kept", "boundary", "whole" };
-    double t[3][STEPS];
-    int nt[3] = { 0, 0, 0 };
-    uint64_t pieces[3] = { 0, 0, 0 };
+    const char *modes[] = { "kept", "boundary", "whole", "restored" };
+    double t[4][STEPS];
+    int nt[4] = { 0, 0, 0, 0 };
+    uint64_t pieces[4] = { 0, 0, 0, 0 }, bytes[4] = { 0, 0, 0, 0 };
     int64_t entries = 0;
-    for (int step = -1; step < 3 * STEPS && (nt[0] < STEPS || nt[1] < 8 || nt[2] < 8); step++) {
+    for (int step = -1; step < 3 * STEPS && (nt[0] < STEPS || nt[1] < 8 || nt[2] < 8 || nt[3] < 8); step++) {
         /* the list the forward pass hands the call: every page of every head, the last one partial */
         e = 0;
         int64_t n_pages = (n_tok + P - 1) / P;
@@ -94,11 +108,12 @@ static int run(int64_t ctx, int shape_given)
             }
         }
         hp[HKV] = e;
-        int mode = step >= 0 && step % 7 == 3 ? 2 : n_tok % P == 1 ? 1 : 0;
-        if (mode == 2) pt_forget(&r.tables);   /* every entry built, as before */
+        int mode = step >= 0 && step % 7 == 3 ? 2 : step >= 0 && step % 7 == 5 ? 3 : n_tok % P == 1 ? 1 : 0;
+        if (mode >= 2) pt_forget(&r.tables);   /* every entry built, as before */
+        if (mode == 3) pc_forget_rows(&r.copies);   /* and every row sent */
         pt_call out;
         pt_begin_call(&r.tables, 1u << 30);
-        uint64_t pieces0 = r.batch.sent_pieces;
+        uint64_t pieces0 = r.batch.sent_pieces, bytes0 = r.batch.sent_bytes;
         double t0 = bench_now_us();
         if (pt_build(&r.tables, 1, shape_given ? 77 : 0, list, e, hp, HKV, NULL, &out) != PT_OK) {
             fprintf(stderr, "page_tables_bench: pt_build failed\n");
@@ -109,16 +124,22 @@ static int run(int64_t ctx, int shape_given)
         if (step >= 0 && nt[mode] < STEPS) {
             t[mode][nt[mode]++] = dt;
             pieces[mode] = r.batch.sent_pieces - pieces0;
+            bytes[mode] = r.batch.sent_bytes - bytes0;
         }
         entries = e;
         n_tok++;   /* the step's token */
     }
-    for (int m = 0; m < 3; m++) {
+    for (int m = 0; m < 4; m++) {
         double med = bench_median(t[m], nt[m]);
-        if (shape_given && m == 2) continue;   /* the same as without */
-        printf("%6lld tokens  %-8s %-9s %8.1f us a layer call  (%lld entries, %llu pieces in the batch)\n",
-               (long long)ctx, modes[m], m == 2 ? "" : shape_given ? "shape" : "no shape", med,
-               (long long)entries, (unsigned long long)pieces[m]);
+        if (shape_given && m >= 2) continue;   /* the same as without */
+        if (m == 3)
+            printf("%6lld tokens  %-8s %-9s %8.1f ms a layer, %.2f GB/s  (%lld entries, %llu pieces)\n", (long long)ctx,
+                   modes[m], "", med / 1e3, (double)bytes[m] / (med * 1e3),
+                   (long long)entries, (unsigned long long)pieces[m]);
+        else
+            printf("%6lld tokens  %-8s %-9s %8.1f us a layer call  (%lld entries, %llu pieces in the batch)\n",
+                   (long long)ctx, modes[m], m == 2 ? "" : shape_given ? "shape" : "no shape", med, (long long)entries,
+                   (unsigned long long)pieces[m]);
     }
     pt_free(&r.tables);
     pc_free(&r.copies);

@@ -425,6 +425,26 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, in
     return 0;
 }
 
+/* The name layer il's attention lists go by on the backend (be_attn.table). */
+static uint64_t layer_table(const fwd_ctx *f, int il) { return (f->serial << 20) | (uint64_t)(il + 1); }
+
+void fwd_place_pages(fwd_ctx *f)
+{
+    const model_hparams *hp = &f->m->hp;
+    if (!f->b->ops->place_pages || kv_len(f->kv) <= 0) return;
+    for (int il = 0; il < hp->n_layer; il++) {
+        be_attn a;
+        memset(&a, 0, sizeof a);
+        a.n_head = hp->n_head;
+        a.n_head_kv = hp->n_head_kv;
+        a.head_dim = hp->head_dim;
+        a.table = layer_table(f, il);
+        /* out of host memory: the rest is listed and sent by the calls, as without placing */
+        if (plain_list(f, il, &a, 0, 0, 0, 0)) return;
+        be_place_pages(f->b, &a, 1);
+    }
+}
+
 /* A selection left where the bounds put it (sel->best): attention gets the layer's list of every
  * page and the selection, to read where it is; the step's statistics wait for its end
  * (sel_stats), when the answers come back with the step's rows (a selection is kept only where
@@ -506,7 +526,7 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
     }
     int first_global = f->n_global > 0 && il == f->global[0];
     if (observe && first_global) pol_set_last_reset(f->pol);
-    a->table = (f->serial << 20) | (uint64_t)(il + 1);
+    a->table = layer_table(f, il);
     if (!sel) return plain_list(f, il, a, 1, observe, first_global, is_global);
     if (sel->best) return kept_list(f, il, sel, a, first_global);
     if (sel->bits) return kept_bits(f, il, sel, a, first_global);

@@ -462,6 +462,13 @@ typedef struct be_ops {
      * returns: 0, or -1 when memory ran out (the heads' rows are then not to be used). NULL: the
      * host's threads merge (be_merge_heads). */
     int (*merge_heads)(be_backend *b, const be_merge *m);
+    /* Page lists the next calls under their names will read (a[i]'s table, shape, pages, n_pages,
+     * head_pages and n_head_kv; nothing else is read): a device backend brings its copies of the
+     * pages up to date and keeps each list's descriptors under its name now, without waiting, so
+     * that the next call under the name sends only what changed since (a restored snapshot's cache
+     * goes to the device when it is restored, not with the first question). Device memory found
+     * short is not an error here (the call that reads the pages says it). NULL: nothing to do. */
+    void (*place_pages)(be_backend *b, const be_attn *a, int n);
 } be_ops;
 
 struct be_backend {
@@ -585,6 +592,10 @@ static inline void be_attention_seqs(be_backend *b, const be_attn *a, int n)
         return;
     }
     for (int i = 0; i < n; i++) b->ops->attention(b, &a[i]);
+}
+static inline void be_place_pages(be_backend *b, const be_attn *a, int n)
+{
+    if (b->ops->place_pages) b->ops->place_pages(b, a, n);
 }
 static inline int be_failed(be_backend *b, char *err, size_t errlen)
 {

@@ -242,9 +242,9 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
-    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, merge, selection, SentKV's choice)" 120 \
+    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, merge, selection, SentKV's choice, a restored cache placed)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*|a_restored_cache*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # a prompt's rows written into the page copies on the device: whole tiny-model runs, so a step
     # of its own (a timeout here leaves the others' results)

@@ -28,6 +28,7 @@
 #include "engine/model.h"
 #include "engine/policy/policy.h"
 #include "engine/sampler.h"
+#include "engine/snapshot.h"
 #include "kernels/backend.h"
 #include "kernels/page_tables.h"
 #include "kernels/summary_lists.h"
@@ -59,6 +60,7 @@ typedef struct checker {
     ub_batch sbatch;
     sl_table sums;
     int64_t bound_calls, bound_looked, bound_entries;
+    int64_t placed;           /* lists placed ahead of attention */
 } checker;
 
 static checker ck;
@@ -224,6 +226,16 @@ static void c_attention(be_backend *b, const be_attn *a)
     through_tables(a);
     ck.cpu->ops->attention(ck.cpu, a);
 }
+/* A list placed ahead of attention (fwd_place_pages) is checked as a call's and goes through the
+ * same bookkeeping, so the next call under its name builds on what it left. */
+static void c_place_pages(be_backend *b, const be_attn *a, int n)
+{
+    for (int i = 0; i < n; i++) {
+        ck.placed++;
+        check_list(&a[i]);
+        through_tables(&a[i]);
+    }
+}
 static void c_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, const float *x, float *y)
 {
     ck.cpu->ops->scores(ck.cpu, m, n_rows, dim, x, y);
@@ -270,7 +282,7 @@ static struct tp_pool *c_host_pool(be_backend *b) { return ck.cpu->ops->host_poo
 static const be_ops check_ops = {
     "check", c_matmul, c_rmsnorm, c_qk_rope, c_glu, c_get_rows, c_attention, c_scores, c_bound_pages, NULL, NULL,
     c_destroy, c_add_norm, c_bind, c_unbind, NULL, NULL, NULL, NULL, NULL, NULL, NULL, c_key_means, NULL,
-    c_attn_mass, NULL, c_host_pool, NULL, NULL, NULL, NULL, NULL,
+    c_attn_mass, NULL, c_host_pool, NULL, NULL, NULL, NULL, NULL, c_place_pages,
 };
 
 /* Prefill in chunks of 40, 40 greedy steps (pages of 16: the steps cross page boundaries), a
@@ -279,8 +291,8 @@ static void run_with(const char *file, const char *spec, int deferred, int stric
 static int rewind_by = 13;   /* tokens the run rewinds after its first decode */
 static void run(const char *file, const char *spec, int deferred) { run_with(file, spec, deferred, 1); }
 
-/* strict: the run must have kept a shape, moved entries, and (deferred) deferred a step. */
-static void run_with(const char *file, const char *spec, int deferred, int strict)
+/* The checker reset and its "device" set up, the model loaded; *b is the checking backend. */
+static model *ck_open(const char *file, be_backend **b)
 {
     char err[512];
     model *m;
@@ -294,10 +306,33 @@ static void run_with(const char *file, const char *spec, int deferred, int stric
     sl_init(&ck.sums, &sd, &ck.sbatch);
     ck.cpu = be_cpu_create(2, err, sizeof err);
     cr_assert(ck.cpu, "%s", err);
-    be_backend *b = calloc(1, sizeof *b);
-    cr_assert(b);
-    b->ops = &check_ops;
-    b->n_threads = 2;
+    *b = calloc(1, sizeof **b);
+    cr_assert(*b);
+    (*b)->ops = &check_ops;
+    (*b)->n_threads = 2;
+    return m;
+}
+
+static void ck_close(model *m, be_backend *b)
+{
+    for (int i = 0; i < MAX_LAYERS; i++) free(ck.last[i].pages);
+    pt_free(&ck.tables);
+    pc_free(&ck.copies);
+    ub_free(&ck.batch);
+    sl_free(&ck.sums);
+    ub_free(&ck.sbatch);
+    free(ck.rows);
+    be_free(ck.cpu);
+    be_free(b);
+    model_free(m);
+}
+
+/* strict: the run must have kept a shape, moved entries, and (deferred) deferred a step. */
+static void run_with(const char *file, const char *spec, int deferred, int strict)
+{
+    char err[512];
+    be_backend *b;
+    model *m = ck_open(file, &b);
     size_t n;
     int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p3.txt", &n);
     fwd_opts fo = { 2048, 40, 16 };
@@ -328,16 +363,7 @@ static void run_with(const char *file, const char *spec, int deferred, int stric
     fwd_free(f);
     free(ids);
     free(l);
-    for (int i = 0; i < MAX_LAYERS; i++) free(ck.last[i].pages);
-    pt_free(&ck.tables);
-    pc_free(&ck.copies);
-    ub_free(&ck.batch);
-    sl_free(&ck.sums);
-    ub_free(&ck.sbatch);
-    free(ck.rows);
-    be_free(ck.cpu);
-    be_free(b);
-    model_free(m);
+    ck_close(m, b);
 }
 
 /* With no policy the prompt's chunks defer their rows too: whole chunks of 40 come as rows the
@@ -383,4 +409,101 @@ Test(attn_lists, under_policies_that_evict_merge_and_select)
     run(TD "tiny/tiny-llama-q4_k_m.gguf", "h2o:budget=0.3", 0);
     run(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea", 0);
     run(TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1", 0);
+}
+
+/* Rows of every page the cache's layers list. */
+static uint64_t cache_rows(const kv_cache *kv)
+{
+    uint64_t rows = 0;
+    for (int il = 0; il < kv_n_layer(kv); il++)
+        for (int h = 0; h < kv_n_head_kv(kv); h++)
+            for (int j = 0; j < kv_n_pages(kv, il, h); j++) rows += (uint64_t)kv_layer_page(kv, il, h, j)->n;
+    return rows;
+}
+
+/* A snapshot restored into a second sequence on the same backend and placed on the "device"
+ * (fwd_place_pages, as run_restore does): placing sends every row the cache lists, each layer's
+ * list then keeps its shape at the next step's call (checked against the cache's pages), and that
+ * step sends no page rows but its own (none, where it defers them) and gives the logits of the
+ * sequence the snapshot was taken from. Without placing, the step sends the whole cache. */
+Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next_step)
+{
+    static const char *const files[] = { TD "tiny/tiny-llama-q4_k_m.gguf", TD "tiny/tiny-gemma3-q4_k_m.gguf" };
+    static const char sha[] = "5555555555555555555555555555555555555555555555555555555555555555";
+    for (int fi = 0; fi < 2; fi++)
+        for (int place = 0; place < 2; place++) {
+            char err[512];
+            be_backend *b;
+            model *m = ck_open(files[fi], &b);
+            size_t n;
+            int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p3.txt", &n);
+            fwd_opts fo = { 2048, 40, 16 };
+            fwd_ctx *f1 = fwd_create(m, b, &fo, err, sizeof err), *f2 = fwd_create(m, b, &fo, err, sizeof err);
+            cr_assert(f1 && f2, "%s", err);
+            ck.kv = fwd_kv(f1);
+            int nv = m->hp.n_vocab;
+            float *l1 = malloc(sizeof(float) * (size_t)nv), *l2 = malloc(sizeof(float) * (size_t)nv);
+            int32_t *seq = malloc(sizeof(int32_t) * (n + 8));
+            cr_assert(l1 && l2 && seq);
+            memcpy(seq, ids, sizeof(int32_t) * n);
+            cr_assert(fwd_eval(f1, ids, (int64_t)n, l1, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+            size_t len = n;
+            for (int s = 0; s < 5; s++) {
+                seq[len++] = samp_argmax(l1, nv);
+                cr_assert(fwd_decode(f1, seq[len - 1], l1, NULL, err, sizeof err) == 0, "%s", err);
+            }
+            samp_params sp = samp_params_default();
+            samp *s1 = samp_create(&sp, nv), *s2 = samp_create(&sp, nv);
+            cr_assert(s1 && s2);
+            snap_identity id;
+            cr_assert(snap_identity_of(f1, sha, &id) == 0);
+            void *data = NULL;
+            size_t dlen = 0;
+            cr_assert(snap_save(f1, s1, &id, seq, (int64_t)len, &data, &dlen, err, sizeof err) == 0, "%s", err);
+            int32_t *back = NULL;
+            int64_t nb = 0;
+            cr_assert(snap_restore(f2, s2, data, dlen, &id, &back, &nb, err, sizeof err) == 0, "%s", err);
+            ck.kv = fwd_kv(f2);
+            const uint64_t all = cache_rows(fwd_kv(f2)), r0 = ck.copies.rows_uploaded;
+            const int64_t appended0 = ck.appended, placed0 = ck.placed;
+            if (place) fwd_place_pages(f2);
+            const uint64_t r1 = ck.copies.rows_uploaded;
+            const int L = m->hp.n_layer, H = m->hp.n_head_kv;
+            cr_expect_eq(ck.placed - placed0, place ? L : 0, "%s: %lld lists placed", files[fi],
+                         (long long)(ck.placed - placed0));
+            cr_expect_eq(r1 - r0, place ? all : 0, "%s: placing sent %llu rows of the cache's %llu", files[fi],
+                         (unsigned long long)(r1 - r0), (unsigned long long)all);
+            const int64_t appended1 = ck.appended;
+            int32_t next = samp_argmax(l1, nv);
+            cr_assert(fwd_decode(f2, next, l2, NULL, err, sizeof err) == 0, "%s", err);
+            const uint64_t sent = ck.copies.rows_uploaded - r1;
+            cr_log_info("%s, %s: placing sent %llu rows, the next step %llu (the cache lists %llu)", files[fi],
+                        place ? "placed" : "not placed", (unsigned long long)(r1 - r0), (unsigned long long)sent,
+                        (unsigned long long)all);
+            if (place) {
+                cr_expect_leq(sent, (uint64_t)(L * H), "%s: the step after placing sent %llu page rows", files[fi],
+                              (unsigned long long)sent);
+                cr_expect_eq(ck.appended - appended1, L, "%s: %lld of %d layers' calls kept the placed list's shape",
+                             files[fi], (long long)(ck.appended - appended1), L);
+            } else {
+                cr_expect_geq(sent, all, "%s: the step without placing sent %llu rows of %llu", files[fi],
+                              (unsigned long long)sent, (unsigned long long)all);
+                cr_expect_eq(ck.appended - appended0, 0);
+            }
+            ck.kv = fwd_kv(f1);
+            cr_assert(fwd_decode(f1, next, l1, NULL, err, sizeof err) == 0, "%s", err);
+            cr_expect(!memcmp(l1, l2, sizeof(float) * (size_t)nv), "%s: the restored sequence's step differs", files[fi]);
+            cr_expect_eq(ck.bad, 0);
+            free(data);
+            free(back);
+            samp_free(s1);
+            samp_free(s2);
+            fwd_free(f1);
+            fwd_free(f2);
+            free(ids);
+            free(seq);
+            free(l1);
+            free(l2);
+            ck_close(m, b);
+        }
 }

@@ -104,7 +104,7 @@ static int attn_mass_dev(cuda_impl *ci, const be_mass *m, int64_t T)
     int64_t hp1[2] = { 0, np };
     const int64_t *hp = m->n_kv > 1 ? m->head_pages : hp1;
     pt_call pl;
-    const int lc = policy_list(ci, m->table, m->pages, np, hp, H, &pl);
+    const int lc = policy_list(ci, m->table, 0, m->pages, np, hp, H, &pl);
     if (lc) return lc;
     const size_t qspan = sizeof(float) * (size_t)((m->n_q - 1) * m->q_stride + (m->first_head + hq) * D);
     const int q_bound = bound(ci, m->q, qspan);

@@ -410,6 +410,15 @@ static int call_splits(const cuda_impl *ci, int64_t blocks, int flash, int group
     return n_split;
 }
 
+/* An attention call begins (or a list placed for one): the page copies' and summaries' idle clocks
+ * tick, and after the copies' idle sweep the pool gives back what they freed. */
+static void begin_call(cuda_impl *ci)
+{
+    pt_begin_call(&ci->tables, COPY_IDLE);
+    sl_tick(&ci->sums);
+    if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
+}
+
 /* Calls a[0 .. n) in one launch: n 1 (any call), or n > 1 calls be_attn_seqs_joined accepts, each
  * a query of the launch reading its own list (cuda_attention_seqs). begun: the calls were counted
  * already (pt_begin_call and the rest), by a joined launch that gave them back. */
@@ -457,11 +466,7 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
     size_t at = 0, w = 0;
     int aligned = 1, has_bias = 0;
     for (int i = 0; i < n; i++) {
-        if (!begun) {
-            pt_begin_call(&ci->tables, COPY_IDLE);
-            sl_tick(&ci->sums);
-            if (ci->copies.calls % COPY_IDLE == 0) bp_trim(&ci->blocks);   /* after the idle copies went back */
-        }
+        if (!begun) begin_call(ci);
         call_list *c = &cl[i];
         const be_kv_page *list = a[i].pages;
         c->hp = a[i].head_pages;
@@ -795,4 +800,21 @@ void cuda_attention_seqs(be_backend *b, const be_attn *a, int n)
         return;
     }
     attend_calls(ci, a, n, 0);
+}
+
+/* Lists the next attention calls will read, put on the device now (be_ops.place_pages): each list's
+ * pages' copies brought up to date and its descriptors kept under its name and shape, as the call
+ * would, and nothing waited for. Each counts as a call for the idle sweeps, as the call would. Memory
+ * found short stops the placing without a failure recorded: the call that reads the pages meets it
+ * and says so. */
+void cuda_place_pages(be_backend *b, const be_attn *a, int n)
+{
+    cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_EAGER);
+    for (int i = 0; i < n && !ci->failed; i++) {
+        begin_call(ci);
+        pt_call pl;
+        if (policy_list(ci, a[i].table, a[i].shape, a[i].pages, a[i].n_pages, a[i].head_pages, a[i].n_head_kv, &pl))
+            return;
+    }
 }

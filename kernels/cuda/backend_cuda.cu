@@ -706,15 +706,16 @@ void tables_failed(cuda_impl *ci, int rc)
     lose_batch(ci);
 }
 
-/* A layer's page list a policy's op reads whole (the attention mass, the SimHash recall), under its
- * name: the upload batch before it sent, the list's descriptors built (its pages' copies brought up
- * to date) and sent. 0; 1 when memory for it was short (nothing recorded, the batch dropped: the
+/* A layer's page list read whole, under its name: a policy op's (the attention mass, the SimHash
+ * recall; no shape), or one placed ahead of attention (be_ops.place_pages, with the layer's shape).
+ * The upload batch before it sent, the list's descriptors built (its pages' copies brought up to
+ * date) and sent. 0; 1 when memory for it was short (nothing recorded, the batch dropped: the
  * pages go up whole at their next use); -1 with the failure recorded. */
-int policy_list(cuda_impl *ci, uint64_t table, const be_kv_page *pages, int64_t np, const int64_t *hp, int H,
-                pt_call *pl)
+int policy_list(cuda_impl *ci, uint64_t table, uint64_t shape, const be_kv_page *pages, int64_t np,
+                const int64_t *hp, int H, pt_call *pl)
 {
     if (ci->batch.n && send_batch(ci)) return -1;
-    int rc = pt_build(&ci->tables, table, 0, pages, np, hp, H, NULL, pl);
+    int rc = pt_build(&ci->tables, table, shape, pages, np, hp, H, NULL, pl);
     if (rc != PT_OK) {
         if (ci->failed || rc == PT_BAD_LIST) {   /* an upload that could not be queued, or a bad list */
             tables_failed(ci, rc);
@@ -837,7 +838,7 @@ static const be_ops cuda_ops = {
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, cuda_bind, cuda_unbind,
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
     cuda_key_means, cuda_bind_blank, cuda_attn_mass, cuda_attention_seqs, cuda_host_pool, cuda_page_rows,
-    cuda_page_moves, cuda_lsh_hits, NULL, cuda_merge_heads,
+    cuda_page_moves, cuda_lsh_hits, NULL, cuda_merge_heads, cuda_place_pages,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -846,7 +847,7 @@ static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
     cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means, NULL, cuda_attn_mass,
-    cuda_attention_seqs, cuda_host_pool, NULL, NULL, cuda_lsh_hits, NULL, cuda_merge_heads,
+    cuda_attention_seqs, cuda_host_pool, NULL, NULL, cuda_lsh_hits, NULL, cuda_merge_heads, NULL,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)

@@ -260,10 +260,11 @@ int send_batch(cuda_impl *ci);
 /* send_batch, and a then b (n values each) rounded to f16 into y[0, 2n) by the same launch */
 int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, int64_t n);
 void tables_failed(cuda_impl *ci, int rc);
-/* A policy's page list on the device (0; 1: memory short, nothing recorded; -1: failed), and the
- * failure a scratch allocation recorded taken back (returns 1), the CPU then answering. */
-int policy_list(cuda_impl *ci, uint64_t table, const be_kv_page *pages, int64_t np, const int64_t *hp, int H,
-                pt_call *pl);
+/* A page list read whole (a policy's, or one placed ahead of attention) on the device under its
+ * name and shape (0: none): 0; 1: memory short, nothing recorded; -1: failed. And the failure a
+ * scratch allocation recorded taken back (returns 1), the CPU then answering. */
+int policy_list(cuda_impl *ci, uint64_t table, uint64_t shape, const be_kv_page *pages, int64_t np,
+                const int64_t *hp, int H, pt_call *pl);
 int scratch_short(cuda_impl *ci);
 
 /* vec_dot.cu: where a producer of n floats at the twin dx in `rows` rows (-1: not known) writes
@@ -286,6 +287,7 @@ int pick_k_best(cuda_impl *ci, const float *x, int64_t n, int64_t row_stride, in
 void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int64_t n_tok);
 void cuda_attention(be_backend *b, const be_attn *a);
 void cuda_attention_seqs(be_backend *b, const be_attn *a, int n);
+void cuda_place_pages(be_backend *b, const be_attn *a, int n);
 void cuda_pick(be_backend *b, be_pick *p);
 void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps);
 void cuda_qk_rope(be_backend *b, const be_qk *r);

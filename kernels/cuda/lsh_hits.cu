@@ -60,7 +60,7 @@ static int lsh_dev(cuda_impl *ci, const be_lsh *l, int64_t T)
     int64_t hp1[2] = { 0, np };
     const int64_t *hp = l->n_kv > 1 ? l->head_pages : hp1;
     pt_call pl;
-    const int lc = policy_list(ci, l->table, l->pages, np, hp, H, &pl);
+    const int lc = policy_list(ci, l->table, 0, l->pages, np, hp, H, &pl);
     if (lc) return lc;
     be_host_lsh_query_codes(ci->cpu, l);   /* while the pages go up */
     const size_t fb = sizeof(int64_t) * (size_t)(np + H + 1), pb = sizeof(float) * (size_t)P * (size_t)D,
