@@ -33,7 +33,8 @@ enum { HKV = 8, D = 128, P = 32, STEPS = 64 };
 
 static void *h_alloc(void *ud, size_t bytes) { return malloc(bytes); }
 static void h_release(void *ud, void *p) { free(p); }
-static int q_upload(void *ud, void *dst, const void *src, size_t bytes) { return ub_add(ud, dst, src, bytes); }
+/* as the CUDA backend queues page rows: read from the pages when the batch is packed */
+static int q_upload(void *ud, void *dst, const void *src, size_t bytes) { return ub_add_ref(ud, dst, src, bytes); }
 
 typedef struct rig {
     ub_batch batch;
@@ -78,6 +79,10 @@ static int run(int64_t ctx, int shape_given)
         fprintf(stderr, "page_tables_bench: out of memory for %lld tokens\n", (long long)ctx);
         return 1;
     }
+    /* rows in memory of their own, as a cache's are (untouched, calloc's pages would all read as
+     * the one zero page, from the processor's caches) */
+    for (size_t i = 0; i < (size_t)(HKV * pages) * 2 * page_vals; i++) kv[i] = (uint16_t)(i * 2654435761u >> 16);
+    for (size_t i = 0; i < (size_t)(HKV * pages) * P; i++) pos[i] = (int32_t)i;
     int32_t n_tok = (int32_t)ctx;
     rig r;
     memset(&r, 0, sizeof r);

@@ -20,7 +20,10 @@ typedef struct pc_device {
     void *ud;
     void *(*alloc)(void *ud, size_t bytes);                 /* NULL when out of memory */
     void (*release)(void *ud, void *p);
-    int (*upload)(void *ud, void *dst, const void *src, size_t bytes);   /* 0, or -1: not sent */
+    /* Queue bytes of a page for dst: 0, or -1: not sent. src may be read later, up to when the
+     * caller sends what it queued (the CUDA backend's batch, ub_add_ref): the caller sends before
+     * the cache's pages may change. */
+    int (*upload)(void *ud, void *dst, const void *src, size_t bytes);
 } pc_device;
 
 /* One page's device copy: rows [0, n) of keys and values ([cap][stride] f16), positions and bias, in

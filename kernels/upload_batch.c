@@ -4,43 +4,60 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One piece of at most UB_CHUNK bytes. */
-static int add_piece(ub_batch *b, unsigned char *dst, const unsigned char *src, size_t bytes)
+static int grow_pieces(ub_batch *b)
+{
+    int64_t cap = b->cap_pieces ? b->cap_pieces * 2 : 1024;
+    ub_piece *np = realloc(b->pieces, sizeof *np * (size_t)cap);
+    if (np) b->pieces = np;
+    const void **nr = np ? realloc(b->ref, sizeof *nr * (size_t)cap) : NULL;
+    if (nr) b->ref = nr;
+    size_t *na = nr ? realloc(b->at, sizeof *na * (size_t)cap) : NULL;
+    if (!na) return -1;
+    b->at = na;
+    b->cap_pieces = cap;
+    return 0;
+}
+
+/* One piece of at most UB_CHUNK bytes: copied into data, or (by_ref) read from src when packed. */
+static int add_piece(ub_batch *b, unsigned char *dst, const unsigned char *src, size_t bytes, int by_ref)
 {
     size_t off = (b->len + 15) & ~(size_t)15;
     if (b->limit && b->flush && b->n > 0 && off + bytes > b->limit) {
         if (b->flush(b->flush_ud)) return -1;
         off = (b->len + 15) & ~(size_t)15;   /* 0: the flush sent and cleared the batch */
     }
-    if (off + bytes > b->cap) {
+    if (!by_ref && b->held + bytes > b->cap) {
         size_t cap = b->cap ? b->cap : 1 << 16;
-        while (cap < off + bytes) cap *= 2;
+        while (cap < b->held + bytes) cap *= 2;
         unsigned char *nd = realloc(b->data, cap);
         if (!nd) return -1;
         b->data = nd;
         b->cap = cap;
     }
-    if (b->n == b->cap_pieces) {
-        int64_t cap = b->cap_pieces ? b->cap_pieces * 2 : 1024;
-        ub_piece *np = realloc(b->pieces, sizeof *np * (size_t)cap);
-        if (!np) return -1;
-        b->pieces = np;
-        b->cap_pieces = cap;
+    if (b->n == b->cap_pieces && grow_pieces(b)) return -1;
+    b->ref[b->n] = by_ref ? src : NULL;
+    b->at[b->n] = b->held;
+    if (!by_ref) {
+        memcpy(b->data + b->held, src, bytes);
+        b->held += bytes;
     }
-    memcpy(b->data + off, src, bytes);
     b->pieces[b->n++] = (ub_piece){ (uint64_t)(uintptr_t)dst, off, bytes };
     b->len = off + bytes;
     return 0;
 }
 
-int ub_add(ub_batch *b, void *dst, const void *src, size_t bytes)
+static int add(ub_batch *b, void *dst, const void *src, size_t bytes, int by_ref)
 {
     for (size_t o = 0; o < bytes; o += UB_CHUNK) {
         size_t n = bytes - o < UB_CHUNK ? bytes - o : UB_CHUNK;
-        if (add_piece(b, (unsigned char *)dst + o, (const unsigned char *)src + o, n)) return -1;
+        if (add_piece(b, (unsigned char *)dst + o, (const unsigned char *)src + o, n, by_ref)) return -1;
     }
     return 0;
 }
+
+int ub_add(ub_batch *b, void *dst, const void *src, size_t bytes) { return add(b, dst, src, bytes, 0); }
+
+int ub_add_ref(ub_batch *b, void *dst, const void *src, size_t bytes) { return add(b, dst, src, bytes, 1); }
 
 void ub_clear(ub_batch *b, int sent)
 {
@@ -49,7 +66,7 @@ void ub_clear(ub_batch *b, int sent)
         b->sent_pieces += (uint64_t)b->n;
         b->sends++;
     }
-    b->len = 0;
+    b->len = b->held = 0;
     b->n = 0;
 }
 
@@ -57,13 +74,16 @@ void ub_free(ub_batch *b)
 {
     free(b->data);
     free(b->pieces);
+    free(b->ref);
+    free(b->at);
     memset(b, 0, sizeof *b);
 }
 
 void ub_pack(const ub_batch *b, void *out)
 {
     unsigned char *o = out;
-    if (b->len) memcpy(o, b->data, b->len);
+    for (int64_t i = 0; i < b->n; i++)
+        memcpy(o + b->pieces[i].off, b->ref[i] ? b->ref[i] : b->data + b->at[i], (size_t)b->pieces[i].bytes);
     memset(o + b->len, 0, ub_table_offset(b) - b->len);
     if (b->n) memcpy(o + ub_table_offset(b), b->pieces, sizeof(ub_piece) * (size_t)b->n);
 }

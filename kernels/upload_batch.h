@@ -24,9 +24,12 @@ typedef struct ub_piece {
 #define UB_CHUNK 16384   /* bytes a piece holds at most: a longer copy is cut (a block of the scatter each) */
 
 typedef struct ub_batch {
-    unsigned char *data;
-    size_t len, cap;
+    unsigned char *data;  /* the bytes of copied pieces, one after another */
+    size_t held, cap;     /* bytes of data in use, and room */
+    size_t len;           /* the packed data's length: every piece at its 16-byte aligned offset */
     ub_piece *pieces;
+    const void **ref;     /* [cap_pieces] piece i's bytes: the caller's (ub_add_ref), or NULL: data + at[i] */
+    size_t *at;
     int64_t n, cap_pieces;
     uint64_t sent_bytes, sent_pieces, sends;   /* totals over every ub_clear after a send (figures) */
     /* When the queued bytes would pass limit (0: no limit), ub_add first calls flush(flush_ud) to
@@ -42,13 +45,18 @@ typedef struct ub_batch {
  * at most UB_CHUNK. 0, or -1 when the host is out of memory or a flush failed (this copy may then
  * be partly queued: the caller drops the batch). Zero bytes queue nothing. */
 int ub_add(ub_batch *b, void *dst, const void *src, size_t bytes);
+/* As ub_add, but src is read when the batch is packed, not now: the caller promises its bytes stay
+ * as they are until the batch is sent (or a flush sends them) or dropped. Large rows (a restored
+ * cache's pages) then cross the host's memory once, into the staging buffer, instead of twice. */
+int ub_add_ref(ub_batch *b, void *dst, const void *src, size_t bytes);
 /* Drop what is queued; `sent` adds it to the totals. */
 void ub_clear(ub_batch *b, int sent);
 void ub_free(ub_batch *b);
 /* The packed form: the data (ub_batch.len bytes), then at ub_table_offset the piece table. */
 static inline size_t ub_table_offset(const ub_batch *b) { return (b->len + 15) & ~(size_t)15; }
 static inline size_t ub_packed_bytes(const ub_batch *b) { return ub_table_offset(b) + sizeof(ub_piece) * (size_t)b->n; }
-/* Write the packed form (ub_packed_bytes) to out. */
+/* Write the packed form (ub_packed_bytes) to out (16-byte aligned): every piece's bytes at its
+ * offset (the gaps between them are not written), then the table. */
 void ub_pack(const ub_batch *b, void *out);
 
 /* 16 bytes moved as one load and one store on the device. */

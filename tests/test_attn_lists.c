@@ -75,7 +75,8 @@ static void *junk_alloc(void *ud, size_t bytes)
     return p;
 }
 static void dev_release(void *ud, void *p) { free(p); }
-static int dev_upload(void *ud, void *dst, const void *src, size_t bytes) { return ub_add(ud, dst, src, bytes); }
+/* as the CUDA backend queues page rows: read from the pages when the batch is sent */
+static int dev_upload(void *ud, void *dst, const void *src, size_t bytes) { return ub_add_ref(ud, dst, src, bytes); }
 
 /* What the device does with a batch: the packed bytes copied, then the scatter kernel's pieces
  * put in place, last piece first. */

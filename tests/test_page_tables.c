@@ -76,7 +76,8 @@ static void h_release(void *ud, void *p)
     free(p);
 }
 
-static int q_upload(void *ud, void *dst, const void *src, size_t bytes) { return ub_add(ud, dst, src, bytes); }
+/* as the CUDA backend queues page rows: read from the pages when the batch is sent */
+static int q_upload(void *ud, void *dst, const void *src, size_t bytes) { return ub_add_ref(ud, dst, src, bytes); }
 
 typedef struct rig {
     ub_batch batch;
@@ -513,6 +514,42 @@ Test(upload_batch, pieces_of_any_alignment_land_where_they_should)
     ub_free(&b);
 }
 
+/* A copied piece keeps the bytes it was given; a referenced one (ub_add_ref) takes its source's
+ * bytes as they are when the batch is packed. Both kinds mixed, of any alignment, one cut into
+ * pieces of at most UB_CHUNK. */
+Test(upload_batch, copied_pieces_keep_their_bytes_and_referenced_ones_are_read_when_packed)
+{
+    ub_batch b = { 0 };
+    enum { N = 65536 };
+    static unsigned char dst[N], want[N], src[N];
+    memset(dst, 0, sizeof dst);
+    memset(want, 0, sizeof want);
+    for (int i = 0; i < N; i++) src[i] = (unsigned char)rnd();
+    size_t at[] = { 0, 64, 130, 260, 1001, 2048, 3000, 8192 }, len[] = { 48, 33, 8, 700, 17, 0, 1000, 40000 };
+    for (int i = 0; i < 8; i++) {
+        int by_ref = i % 2 == 1;
+        unsigned char *from = src + i * 3000;
+        cr_assert_eq(by_ref ? ub_add_ref(&b, dst + at[i], from, len[i]) : ub_add(&b, dst + at[i], from, len[i]), 0);
+        if (!by_ref) memcpy(want + at[i], from, len[i]);
+    }
+    cr_expect_eq(b.n, 6 + 3);
+    cr_expect_eq(b.held, 48 + 8 + 17 + 1000, "only the copied pieces' bytes are held");
+    for (int i = 0; i < N; i++) src[i] ^= 0x5a;   /* the sources change before the batch goes */
+    for (int i = 1; i < 8; i += 2) memcpy(want + at[i], src + i * 3000, len[i]);
+    size_t bytes = ub_packed_bytes(&b);
+    unsigned char *buf = aligned_alloc(16, (bytes + 15) & ~(size_t)15);
+    cr_assert(buf);
+    memset(buf, 0xee, bytes);
+    ub_pack(&b, buf);
+    const ub_piece *tab = (const ub_piece *)(buf + ub_table_offset(&b));
+    for (int64_t i = 0; i < b.n; i++) ub_scatter_piece(buf, &tab[i], 0, 1);
+    cr_expect(!memcmp(dst, want, sizeof dst));
+    ub_clear(&b, 1);
+    cr_expect(b.held == 0 && b.len == 0 && b.n == 0);
+    free(buf);
+    ub_free(&b);
+}
+
 typedef struct rounds {
     ub_batch b;
     int flushes;
@@ -545,8 +582,12 @@ Test(upload_batch, a_batch_past_its_limit_goes_in_rounds_in_order)
     r.b.flush_ud = &r;
     static unsigned char dst[100000], src[100000];
     for (int i = 0; i < 100000; i++) src[i] = (unsigned char)rnd();
-    /* 60,000 bytes in pieces of 3,000, then the first 3,000 again from elsewhere: order matters */
-    for (int i = 0; i < 20; i++) cr_assert_eq(ub_add(&r.b, dst + i * 3000, src + i * 3000, 3000), 0);
+    /* 60,000 bytes in pieces of 3,000 (every other one referenced), then the first 3,000 again
+     * from elsewhere: order matters */
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(i % 2 ? ub_add_ref(&r.b, dst + i * 3000, src + i * 3000, 3000)
+                           : ub_add(&r.b, dst + i * 3000, src + i * 3000, 3000),
+                     0);
     cr_assert_eq(ub_add(&r.b, dst, src + 90000, 3000), 0);
     cr_expect_leq(ub_packed_bytes(&r.b), 10000 + 16 + 8 * sizeof(ub_piece), "never more than the limit queued");
     cr_assert_eq(send_round(&r), 0);

@@ -610,11 +610,14 @@ static void dev_release(void *ud, void *p) { bp_put(&((cuda_impl *)ud)->blocks, 
 
 /* KV rows join the attention call's upload batch (send_batch sends it before the kernels): one
  * copy and one scatter kernel a call, where a copy each (three a page) cost a few microseconds of
- * the driver's time apiece, about a thousand a decode step of a 7B-shaped model. */
+ * the driver's time apiece, about a thousand a decode step of a 7B-shaped model. The rows are read
+ * from the host's pages when the batch is packed (ub_add_ref): every op that brings copies up to
+ * date sends or drops the batch before it returns, while the engine leaves the pages alone, so a
+ * restored layer's rows cross the host's memory once. */
 static int dev_upload(void *ud, void *dst, const void *src, size_t bytes)
 {
     cuda_impl *ci = (cuda_impl *)ud;
-    return ub_add(&ci->batch, dst, src, bytes) ? fail(ci, "out of memory") : 0;
+    return ub_add_ref(&ci->batch, dst, src, bytes) ? fail(ci, "out of memory") : 0;
 }
 
 /* Block i < n_pieces puts piece i of a batch in place (kernels/upload_batch.h); the blocks after

@@ -17,12 +17,13 @@ __global__ void __launch_bounds__(PF_THREADS) page_fill_kernel(const pf_job *job
 }
 
 /* n jobs of `bytes` in all staged for a launch, after what pc_fill queued on the batch (the rows
- * below the filled ones that a copy lacked); frees jobs. The device address, or NULL. */
+ * below the filled ones that a copy lacked: sent now, jobs or not, since the batch reads them from
+ * the host's pages when it is sent, dev_upload); frees jobs. The device address, or NULL. */
 static const void *stage_jobs(cuda_impl *ci, void *jobs, int n, size_t bytes)
 {
     const void *d = NULL;
-    if (n && !ci->failed && !(ci->batch.n && send_batch(ci)) && !stage_reserve(ci, stage_size(bytes)))
-        d = stage(ci, jobs, bytes);
+    if (ci->batch.n) send_batch(ci);   /* failed: the batch dropped */
+    if (n && !ci->failed && !stage_reserve(ci, stage_size(bytes))) d = stage(ci, jobs, bytes);
     free(jobs);
     return d;
 }
