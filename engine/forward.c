@@ -443,6 +443,7 @@ void fwd_place_pages(fwd_ctx *f)
         if (plain_list(f, il, &a, 0, 0, 0, 0)) return;
         be_place_pages(f->b, &a, 1);
     }
+    if (f->pol) pol_set_place(f->pol);   /* a selection's summaries too */
 }
 
 /* A selection left where the bounds put it (sel->best): attention gets the layer's list of every

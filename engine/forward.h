@@ -83,9 +83,10 @@ void fwd_set_mark(fwd_ctx *f, int64_t pos);
 const kv_cache *fwd_kv(const fwd_ctx *f);
 /* The cache itself, for snapshot restore (which replaces its contents). */
 kv_cache *fwd_cache(fwd_ctx *f);
-/* Every layer's list of every page handed to a device backend now (be_ops.place_pages), so the
- * next steps send only what changed: after a snapshot restore, the cache goes to the device then,
- * not with the first question. Nothing to do on a backend without device copies. */
+/* Every layer's list of every page handed to a device backend now (be_ops.place_pages), and the
+ * policies' summaries (pol_set_place), so the next steps send only what changed: after a snapshot
+ * restore, the cache goes to the device then, not with the first question. Nothing to do on a
+ * backend without device copies. */
 void fwd_place_pages(fwd_ctx *f);
 const model *fwd_model(const fwd_ctx *f);
 uint64_t fwd_scratch_bytes(const fwd_ctx *f);

@@ -469,6 +469,11 @@ typedef struct be_ops {
      * goes to the device when it is restored, not with the first question). Device memory found
      * short is not an error here (the call that reads the pages says it). NULL: nothing to do. */
     void (*place_pages)(be_backend *b, const be_attn *a, int n);
+    /* As place_pages for a selection's summaries: r's table, shape, n_head_kv, dim, sum and off (as
+     * bound_pages reads them; nothing else is read) kept on the device under r's name now, without
+     * waiting, so that the next bound_pages under the name sends only what changed since. NULL:
+     * nothing to do. */
+    void (*place_bounds)(be_backend *b, const be_bounds *r);
 } be_ops;
 
 struct be_backend {
@@ -596,6 +601,10 @@ static inline void be_attention_seqs(be_backend *b, const be_attn *a, int n)
 static inline void be_place_pages(be_backend *b, const be_attn *a, int n)
 {
     if (b->ops->place_pages) b->ops->place_pages(b, a, n);
+}
+static inline void be_place_bounds(be_backend *b, const be_bounds *r)
+{
+    if (b->ops->place_bounds) b->ops->place_bounds(b, r);
 }
 static inline int be_failed(be_backend *b, char *err, size_t errlen)
 {

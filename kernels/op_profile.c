@@ -9,14 +9,14 @@ enum {
     R_MATMUL_1, R_MATMUL_N, R_RMSNORM, R_QK_ROPE, R_GLU, R_GET_ROWS, R_ATTENTION_1, R_ATTENTION_N,
     R_ATTENTION_SEQS, R_SCORES, R_BOUND_PAGES, R_ADD_NORM, R_PREPARE, R_BIND, R_UNBIND, R_HOST_READ,
     R_HOST_WRITE, R_PICK, R_HOST_PREFETCH, R_KEY_MEANS, R_ATTN_MASS, R_PAGE_ROWS, R_PAGE_MOVES, R_LSH_HITS,
-    R_SOFT_LINKS, R_MERGE_HEADS, R_PLACE_PAGES, R_WARM_UP, R_N
+    R_SOFT_LINKS, R_MERGE_HEADS, R_PLACE_PAGES, R_PLACE_BOUNDS, R_WARM_UP, R_N
 };
 
 static const char *const row_name[R_N] = {
     "matmul 1 token", "matmul tokens", "rmsnorm", "qk_rope", "glu", "get_rows", "attention 1 query",
     "attention queries", "attention joined", "scores", "bound_pages", "add_norm", "prepare", "bind", "unbind",
     "host_read", "host_write", "pick", "host_prefetch", "key_means", "attn_mass", "page_rows", "page_moves",
-    "lsh_hits", "soft_links", "merge_heads", "place_pages", "warm-up",
+    "lsh_hits", "soft_links", "merge_heads", "place_pages", "place_bounds", "warm-up",
 };
 
 typedef struct prof_row {
@@ -235,6 +235,8 @@ static void t_place_pages(be_backend *b, const be_attn *a, int n)
     TIMED(R_PLACE_PAGES, in_->ops->place_pages(in_, a, n));
 }
 
+static void t_place_bounds(be_backend *b, const be_bounds *r) { TIMED(R_PLACE_BOUNDS, in_->ops->place_bounds(in_, r)); }
+
 static void t_finish(be_backend *b)
 {
     be_backend *in = prof_of(b)->inner;
@@ -293,6 +295,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     TWIN(soft_links);
     TWIN(merge_heads);
     TWIN(place_pages);
+    TWIN(place_bounds);
     p->outer.ops = &p->ops;
     p->outer.n_threads = in->n_threads;
     p->outer.impl = p;

@@ -61,6 +61,7 @@ typedef struct checker {
     sl_table sums;
     int64_t bound_calls, bound_looked, bound_entries;
     int64_t placed;           /* lists placed ahead of attention */
+    int64_t placed_bounds;    /* summary lists placed ahead of bounds calls */
 } checker;
 
 static checker ck;
@@ -245,10 +246,9 @@ static void c_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim,
  * lists, the batch scattered into junk-filled memory last piece first: each entry the call names
  * must then hold its summary. A summary whose contents changed under the same (mn, gen, n), or a
  * shape given where an entry before a head's last one changed, leaves a stale entry and fails. */
-static void c_bound_pages(be_backend *b, be_bounds *r)
+static void through_sums(const be_bounds *r)
 {
     char err[128];
-    uint64_t looked = ck.sums.looked;
     const sl_list *L = sl_update(&ck.sums, r, err, sizeof err);
     cr_assert(L, "%s", err);
     scatter(&ck.sbatch);
@@ -261,10 +261,21 @@ static void c_bound_pages(be_backend *b, be_bounds *r)
                       "bounds call %lld, head %d, summary %lld: the device holds another", (long long)ck.bound_calls, h,
                       (long long)i);
         }
+}
+static void c_bound_pages(be_backend *b, be_bounds *r)
+{
+    uint64_t looked = ck.sums.looked;
+    through_sums(r);
     ck.bound_calls++;
     ck.bound_looked += (int64_t)(ck.sums.looked - looked);
     ck.bound_entries += r->off[r->n_head_kv];
     ck.cpu->ops->bound_pages(ck.cpu, r);
+}
+/* A selection's summaries placed ahead of its bounds calls: through the same lists and checks. */
+static void c_place_bounds(be_backend *b, const be_bounds *r)
+{
+    ck.placed_bounds++;
+    through_sums(r);
 }
 static void c_add_norm(be_backend *b, float *x, float *o, const float *post, const float *w, float *h, int64_t rows,
                        int64_t dim, float eps)
@@ -284,6 +295,7 @@ static const be_ops check_ops = {
     "check", c_matmul, c_rmsnorm, c_qk_rope, c_glu, c_get_rows, c_attention, c_scores, c_bound_pages, NULL, NULL,
     c_destroy, c_add_norm, c_bind, c_unbind, NULL, NULL, NULL, NULL, NULL, NULL, NULL, c_key_means, NULL,
     c_attn_mass, NULL, c_host_pool, NULL, NULL, NULL, NULL, NULL, c_place_pages,
+    c_place_bounds,
 };
 
 /* Prefill in chunks of 40, 40 greedy steps (pages of 16: the steps cross page boundaries), a
@@ -426,21 +438,31 @@ static uint64_t cache_rows(const kv_cache *kv)
  * (fwd_place_pages, as run_restore does): placing sends every row the cache lists, each layer's
  * list then keeps its shape at the next step's call (checked against the cache's pages), and that
  * step sends no page rows but its own (none, where it defers them) and gives the logits of the
- * sequence the snapshot was taken from. Without placing, the step sends the whole cache. */
+ * sequence the snapshot was taken from. Without placing, the step sends the whole cache. Under a
+ * selection by bounds (Quest, SentKV) the summaries are placed too: the step's bounds calls then
+ * look at a few entries a head, where unplaced they compare every one. */
 Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next_step)
 {
-    static const char *const files[] = { TD "tiny/tiny-llama-q4_k_m.gguf", TD "tiny/tiny-gemma3-q4_k_m.gguf" };
+    static const struct { const char *file, *spec; } runs[] = {
+        { TD "tiny/tiny-llama-q4_k_m.gguf", NULL },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL },
+        { TD "tiny/tiny-llama-q4_k_m.gguf", "quest:budget=48" },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "quest:budget=64" },
+        { TD "tiny/tiny-llama-q4_k_m.gguf", "sentkv:budget=40" },
+    };
     static const char sha[] = "5555555555555555555555555555555555555555555555555555555555555555";
-    for (int fi = 0; fi < 2; fi++)
+    for (size_t fi = 0; fi < sizeof runs / sizeof *runs; fi++)
         for (int place = 0; place < 2; place++) {
+            const char *file = runs[fi].file, *spec = runs[fi].spec;
             char err[512];
             be_backend *b;
-            model *m = ck_open(files[fi], &b);
+            model *m = ck_open(file, &b);
             size_t n;
             int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p3.txt", &n);
             fwd_opts fo = { 2048, 40, 16 };
             fwd_ctx *f1 = fwd_create(m, b, &fo, err, sizeof err), *f2 = fwd_create(m, b, &fo, err, sizeof err);
             cr_assert(f1 && f2, "%s", err);
+            pol_set *ps1 = fwd_fixture_policy(f1, spec), *ps2 = fwd_fixture_policy(f2, spec);
             ck.kv = fwd_kv(f1);
             int nv = m->hp.n_vocab;
             float *l1 = malloc(sizeof(float) * (size_t)nv), *l2 = malloc(sizeof(float) * (size_t)nv);
@@ -466,37 +488,56 @@ Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next
             cr_assert(snap_restore(f2, s2, data, dlen, &id, &back, &nb, err, sizeof err) == 0, "%s", err);
             ck.kv = fwd_kv(f2);
             const uint64_t all = cache_rows(fwd_kv(f2)), r0 = ck.copies.rows_uploaded;
-            const int64_t appended0 = ck.appended, placed0 = ck.placed;
+            const int64_t appended0 = ck.appended, placed0 = ck.placed, bounds0 = ck.placed_bounds;
             if (place) fwd_place_pages(f2);
             const uint64_t r1 = ck.copies.rows_uploaded;
             const int L = m->hp.n_layer, H = m->hp.n_head_kv;
-            cr_expect_eq(ck.placed - placed0, place ? L : 0, "%s: %lld lists placed", files[fi],
+            cr_expect_eq(ck.placed - placed0, place ? L : 0, "%s: %lld lists placed", file,
                          (long long)(ck.placed - placed0));
-            cr_expect_eq(r1 - r0, place ? all : 0, "%s: placing sent %llu rows of the cache's %llu", files[fi],
+            cr_expect_eq(r1 - r0, place ? all : 0, "%s: placing sent %llu rows of the cache's %llu", file,
                          (unsigned long long)(r1 - r0), (unsigned long long)all);
-            const int64_t appended1 = ck.appended;
+            const int64_t appended1 = ck.appended, calls1 = ck.bound_calls, looked1 = ck.bound_looked,
+                          entries1 = ck.bound_entries;
             int32_t next = samp_argmax(l1, nv);
             cr_assert(fwd_decode(f2, next, l2, NULL, err, sizeof err) == 0, "%s", err);
+            const int64_t looked = ck.bound_looked - looked1, entries = ck.bound_entries - entries1;
+            if (spec) {
+                cr_expect_gt(ck.bound_calls - calls1, 0, "%s under %s: the step made no bounds call", file, spec);
+                cr_expect_eq(ck.placed_bounds - bounds0, place ? ck.bound_calls - calls1 : 0,
+                             "%s under %s: %lld summary lists placed for %lld bounds calls", file, spec,
+                             (long long)(ck.placed_bounds - bounds0), (long long)(ck.bound_calls - calls1));
+                if (place)
+                    cr_expect_lt(looked * 4, entries, "%s under %s: the step looked at %lld of %lld summaries", file,
+                                 spec, (long long)looked, (long long)entries);
+                else
+                    cr_expect_eq(looked, entries, "%s under %s: unplaced, the step looked at %lld of %lld", file, spec,
+                                 (long long)looked, (long long)entries);
+            }
             const uint64_t sent = ck.copies.rows_uploaded - r1;
-            cr_log_info("%s, %s: placing sent %llu rows, the next step %llu (the cache lists %llu)", files[fi],
+            cr_log_info("%s under %s, %s: placing sent %llu rows, the next step %llu (the cache lists %llu); its "
+                        "bounds looked at %lld of %lld summaries", file, spec ? spec : "no policy",
                         place ? "placed" : "not placed", (unsigned long long)(r1 - r0), (unsigned long long)sent,
-                        (unsigned long long)all);
+                        (unsigned long long)all, (long long)looked, (long long)entries);
             if (place) {
-                cr_expect_leq(sent, (uint64_t)(L * H), "%s: the step after placing sent %llu page rows", files[fi],
+                cr_expect_leq(sent, (uint64_t)(L * H), "%s: the step after placing sent %llu page rows", file,
                               (unsigned long long)sent);
                 cr_expect_eq(ck.appended - appended1, L, "%s: %lld of %d layers' calls kept the placed list's shape",
-                             files[fi], (long long)(ck.appended - appended1), L);
+                             file, (long long)(ck.appended - appended1), L);
             } else {
-                cr_expect_geq(sent, all, "%s: the step without placing sent %llu rows of %llu", files[fi],
+                cr_expect_geq(sent, all, "%s: the step without placing sent %llu rows of %llu", file,
                               (unsigned long long)sent, (unsigned long long)all);
                 cr_expect_eq(ck.appended - appended0, 0);
             }
             ck.kv = fwd_kv(f1);
             cr_assert(fwd_decode(f1, next, l1, NULL, err, sizeof err) == 0, "%s", err);
-            cr_expect(!memcmp(l1, l2, sizeof(float) * (size_t)nv), "%s: the restored sequence's step differs", files[fi]);
+            cr_expect(!memcmp(l1, l2, sizeof(float) * (size_t)nv), "%s: the restored sequence's step differs", file);
             cr_expect_eq(ck.bad, 0);
             free(data);
             free(back);
+            fwd_set_policy(f1, NULL);
+            fwd_set_policy(f2, NULL);
+            pol_set_free(ps1);
+            pol_set_free(ps2);
             samp_free(s1);
             samp_free(s2);
             fwd_free(f1);

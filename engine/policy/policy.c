@@ -505,6 +505,12 @@ void pol_set_chosen(pol_set *ps, int il, const uint64_t *bits, int64_t words)
         if (ps->spec.ops[i]->chosen) ps->spec.ops[i]->chosen(ps->st[i], &ps->env, il, bits, words);
 }
 
+void pol_set_place(pol_set *ps)
+{
+    for (int i = 0; i < ps->spec.n; i++)
+        if (ps->spec.ops[i]->place) ps->spec.ops[i]->place(ps->st[i], &ps->env);
+}
+
 void pol_set_reselect(pol_set *ps, int64_t pos, int64_t keep_from, pol_change *chg)
 {
     memset(chg, 0, sizeof *chg);

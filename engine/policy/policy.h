@@ -189,6 +189,10 @@ typedef struct pol_ops {
      * once it is on the host, after the step's layers and before the cache takes the step's row.
      * NULL: the policy never leaves one. */
     void (*chosen)(void *st, const pol_env *env, int il, const uint64_t *bits, int64_t words);
+    /* The cache was just restored from a snapshot (and its pages placed on a device backend): put
+     * what the policy's next step will read there too (be_place_bounds), as that step would, so it
+     * sends only what changed since. NULL: nothing of its own to place. */
+    void (*place)(void *st, const pol_env *env);
     /* Rebuild the selection now from the cache as it is (pos: the next position) and keep it for
      * a regeneration that restarts at keep_from; record what changed in chg. NULL: the policy has no
      * standing selection (it selects afresh every step). */
@@ -301,6 +305,8 @@ const pol_sel *pol_set_select(pol_set *ps, int il, const float *q);
 /* A choice of tokens the selection left with the backend for layer il (pol_sel.bits), now on the
  * host: handed to the policies (pol_ops.chosen). */
 void pol_set_chosen(pol_set *ps, int il, const uint64_t *bits, int64_t words);
+/* After a restore: each policy's place (pol_ops.place). */
+void pol_set_place(pol_set *ps);
 /* An uncertainty event: the decode policy rebuilds its selection (see pol_ops.reselect). */
 void pol_set_reselect(pol_set *ps, int64_t pos, int64_t keep_from, pol_change *chg);
 /* 1 when the decode policy keeps a selection that reselect rebuilds (CHESS). */

@@ -110,41 +110,80 @@ static int cur_page_listed(const st_quest *s, const pol_env *env, int il, int g)
     return (p->n > 0 && p->pos[p->n - 1] == s->cur) || !kv_next_row_opens_page(env->kv, il, g);
 }
 
-static int q_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
+/* The per-layer lists and the step's arrays, made at the first use. -1: out of memory. */
+static int make_lists(st_quest *s, const pol_env *env)
 {
-    st_quest *s = st;
-    int P = kv_page_size(env->kv), Hkv = env->n_head_kv;
-    int64_t budget = pol_budget_tokens(s->budget, s->cur + 1);
-    int k = (int)((budget + P - 1) / P);
-    int gl = 0;
-    while (gl < env->n_global && env->global[gl] != il) gl++;
-    if (gl == env->n_global) return 0;   /* a sliding-window layer: every page */
-    if (!s->lists) {
-        s->lists = calloc((size_t)env->n_global, sizeof *s->lists);
-        s->from = malloc(sizeof(int64_t) * (size_t)Hkv);
-        s->best = malloc(sizeof(int32_t) * (size_t)Hkv * BE_PICK_MAX);
-        s->n_best = malloc(sizeof(int32_t) * (size_t)Hkv);
-        if (!s->lists || !s->from || !s->best || !s->n_best) {
-            free(s->lists);
-            free(s->from);
-            free(s->best);
-            free(s->n_best);
-            s->lists = NULL, s->from = NULL, s->best = s->n_best = NULL;
-            return 0;
-        }
-        s->n_lists = env->n_global;
+    if (s->lists) return 0;
+    int Hkv = env->n_head_kv;
+    s->lists = calloc((size_t)env->n_global, sizeof *s->lists);
+    s->from = malloc(sizeof(int64_t) * (size_t)Hkv);
+    s->best = malloc(sizeof(int32_t) * (size_t)Hkv * BE_PICK_MAX);
+    s->n_best = malloc(sizeof(int32_t) * (size_t)Hkv);
+    if (!s->lists || !s->from || !s->best || !s->n_best) {
+        free(s->lists);
+        free(s->from);
+        free(s->best);
+        free(s->n_best);
+        s->lists = NULL, s->from = NULL, s->best = s->n_best = NULL;
+        return -1;
     }
-    int np_max = 0, all = 1;
-    int64_t total = 0;
-    /* each head's pages but its current one (from[g], the ones bounded), and counted with it,
-     * whether its table lists it yet or not */
-    for (int g = 0; g < Hkv; g++) {
+    s->n_lists = env->n_global;
+    return 0;
+}
+
+/* The pages a head's bounds cover (from[g]: each head's pages but its current one, whether its
+ * table lists it yet or not) and k, the pages a head attends with its current one. Returns the
+ * most pages a head has, current one counted; *all: every head's fit in k (nothing to bound). */
+static int heads_from(st_quest *s, const pol_env *env, int il, int *k, int *all, int64_t *total)
+{
+    int P = kv_page_size(env->kv), np_max = 0;
+    *k = (int)((pol_budget_tokens(s->budget, s->cur + 1) + P - 1) / P);
+    *all = 1;
+    *total = 0;
+    for (int g = 0; g < env->n_head_kv; g++) {
         s->from[g] = kv_n_pages(env->kv, il, g) - cur_page_listed(s, env, il, g);
         int np = (int)s->from[g] + 1;
         if (np > np_max) np_max = np;
-        if (k < np) all = 0;
-        total += s->from[g];
+        if (*k < np) *all = 0;
+        *total += s->from[g];
     }
+    return np_max;
+}
+
+/* The name global layer il's summaries go by on the backend (be_bounds.table). */
+static uint64_t layer_table(const st_quest *s, int il) { return ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1); }
+
+/* After a restore: every global layer's summaries that a step would bound put on the device now,
+ * so the first step after sends only what changed since (be_place_bounds). */
+static void q_place(void *st, const pol_env *env)
+{
+    st_quest *s = st;
+    if (make_lists(s, env)) return;
+    for (int gl = 0; gl < env->n_global; gl++) {
+        int il = env->global[gl], k, all;
+        int64_t total;
+        heads_from(s, env, il, &k, &all, &total);
+        if (all || total <= 0) continue;   /* a step would bound nothing */
+        page_sums *L = &s->lists[gl];
+        if (page_sums_update(L, env->kv, il, s->from)) return;
+        be_bounds r = { .n_head_kv = env->n_head_kv, .group = env->n_head / env->n_head_kv, .dim = env->head_dim,
+                        .sum = L->sums, .off = L->at.off, .table = layer_table(s, il),
+                        .shape = kv_layer_shape(env->kv, il) };
+        be_place_bounds(env->b, &r);
+    }
+}
+
+static int q_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
+{
+    st_quest *s = st;
+    int Hkv = env->n_head_kv;
+    int gl = 0;
+    while (gl < env->n_global && env->global[gl] != il) gl++;
+    if (gl == env->n_global) return 0;   /* a sliding-window layer: every page */
+    if (make_lists(s, env)) return 0;
+    int k, all;
+    int64_t total;
+    int np_max = heads_from(s, env, il, &k, &all, &total);
     s->pages_avail = np_max;
     if (all) {
         s->pages_last = np_max;
@@ -168,7 +207,7 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     int on_host = env->trace || k - 1 > BE_PICK_MAX;
     int kept = !on_host && k - 1 > 0 && env->sel_buf;
     be_bounds r = { .q = q, .n_head_kv = Hkv, .group = env->n_head / Hkv, .dim = env->head_dim, .sum = L->sums,
-                    .off = L->at.off, .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1),
+                    .off = L->at.off, .table = layer_table(s, il),
                     .shape = kv_layer_shape(env->kv, il), .k = on_host ? 0 : k - 1, .best = s->best,
                     .n_best = s->n_best, .u = on_host ? s->score : NULL };
     if (kept) {
@@ -223,6 +262,7 @@ const pol_ops pol_quest = {
     .destroy = q_destroy,
     .begin = q_begin,
     .select = q_select,
+    .place = q_place,
     .check = q_check,
     .describe = q_describe,
 };

@@ -358,6 +358,69 @@ static void count_choice(st_sent *s, const pol_env *env, int gl, const uint64_t 
     s->tokens_last = total_tokens / (env->n_head_kv > 0 ? env->n_head_kv : 1);
 }
 
+/* The per-layer spans and lists, made at the first use. -1: out of memory. */
+static int make_lists(st_sent *s, const pol_env *env)
+{
+    if (s->spans) return 0;
+    s->spans = calloc((size_t)env->n_global, sizeof *s->spans);
+    s->lists = calloc((size_t)env->n_global, sizeof *s->lists);
+    if (!s->spans || !s->lists) {
+        free(s->spans);
+        free(s->lists);
+        s->spans = NULL, s->lists = NULL;
+        return -1;
+    }
+    s->n_spans = env->n_global;
+    return 0;
+}
+
+/* Global layer gl's summaries of every segment a head (s->lists[gl]) as they are now, and the heads'
+ * offsets into them (s->off). -1: out of memory. */
+static int layer_list(st_sent *s, const pol_env *env, int gl)
+{
+    int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
+    int64_t n_all = s->n_summ * env->n_head_kv;
+    seg_sums *L = &s->lists[gl];
+    if (L->n != s->n_summ || L->mm != s->mm || L->shape != s->shape) {
+        if (n_all > L->cap) {
+            be_summary *nsum = realloc(L->sum, sizeof *nsum * (size_t)(n_all * 2));
+            if (!nsum) return -1;
+            L->sum = nsum;
+            L->cap = n_all * 2;
+        }
+        for (int g = 0; g < env->n_head_kv; g++)
+            for (int64_t sg = 0; sg < s->n_summ; sg++) {
+                const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
+                int64_t seg_len = s->seg_end[sg] - (sg ? s->seg_end[sg - 1] : 0);
+                L->sum[g * s->n_summ + sg] = (be_summary){ mm, mm + D, s->sgen[sg], seg_len };
+            }
+        L->n = s->n_summ;
+        L->mm = s->mm;
+        L->shape = s->shape;
+    }
+    for (int g = 0; g <= env->n_head_kv; g++) s->off[g] = g * s->n_summ;
+    return 0;
+}
+
+/* The name global layer il's segments go by on the backend (be_bounds.table). */
+static uint64_t layer_table(const st_sent *s, int il) { return ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1); }
+
+/* After a restore: every global layer's segment summaries put on the device now, as a step would
+ * send them, so the first step after sends only what changed since (be_place_bounds). */
+static void se_place(void *st, const pol_env *env)
+{
+    st_sent *s = st;
+    int64_t len = s->cur + 1;
+    if (pol_budget_tokens(s->budget, len) >= len || s->n_summ == 0 || make_lists(s, env)) return;
+    for (int gl = 0; gl < env->n_global; gl++) {
+        if (layer_list(s, env, gl)) return;
+        be_bounds r = { .n_head_kv = env->n_head_kv, .group = env->n_head / env->n_head_kv, .dim = kv_head_dim(env->kv),
+                        .sum = s->lists[gl].sum, .off = s->off, .table = layer_table(s, env->global[gl]),
+                        .shape = s->shape };
+        be_place_bounds(env->b, &r);
+    }
+}
+
 static int se_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
 {
     st_sent *s = st;
@@ -368,20 +431,10 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     for (int i = 0; i < env->n_global; i++)
         if (env->global[i] == il) gl = i;
     if (gl < 0) return 0;
-    if (!s->spans) {
-        s->spans = calloc((size_t)env->n_global, sizeof *s->spans);
-        s->lists = calloc((size_t)env->n_global, sizeof *s->lists);
-        if (!s->spans || !s->lists) {
-            free(s->spans);
-            free(s->lists);
-            s->spans = NULL, s->lists = NULL;
-            return 0;
-        }
-        s->n_spans = env->n_global;
-    }
+    if (make_lists(s, env)) return 0;
     const page_spans *sp = &s->spans[gl];
     if (page_spans_update(&s->spans[gl], env->kv, il)) return 0;
-    int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
+    int64_t D = kv_head_dim(env->kv);
     int G = env->n_head / env->n_head_kv;
     int64_t words = (len + 63) / 64;
     int64_t n_all = s->n_summ * env->n_head_kv;
@@ -412,28 +465,11 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
         }
     }
     /* every head's segment bounds against its queries and its choice, in one call */
-    seg_sums *L = &s->lists[gl];
-    if (L->n != s->n_summ || L->mm != s->mm || L->shape != s->shape) {
-        if (n_all > L->cap) {
-            be_summary *nsum = realloc(L->sum, sizeof *nsum * (size_t)(n_all * 2));
-            if (!nsum) return 0;
-            L->sum = nsum;
-            L->cap = n_all * 2;
-        }
-        for (int g = 0; g < env->n_head_kv; g++)
-            for (int64_t sg = 0; sg < s->n_summ; sg++) {
-                const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
-                int64_t seg_len = s->seg_end[sg] - (sg ? s->seg_end[sg - 1] : 0);
-                L->sum[g * s->n_summ + sg] = (be_summary){ mm, mm + D, s->sgen[sg], seg_len };
-            }
-        L->n = s->n_summ;
-        L->mm = s->mm;
-        L->shape = s->shape;
-    }
-    for (int g = 0; g <= env->n_head_kv; g++) s->off[g] = g * s->n_summ;
+    if (layer_list(s, env, gl)) return 0;
+    const seg_sums *L = &s->lists[gl];
     uint64_t *bits = kept ? env->bits_buf + (int64_t)gl * env->n_head_kv * words : s->now;
     be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = L->sum, .off = s->off,
-                    .table = ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1), .shape = s->shape,
+                    .table = layer_table(s, il), .shape = s->shape,
                     .u = env->trace ? s->score : NULL, .bits = bits, .words = words, .budget = budget,
                     .sinks = s->sinks, .len = len };
     env->b->ops->bound_pages(env->b, &r);
@@ -590,6 +626,7 @@ const pol_ops pol_sentkv = {
     .layer_done = se_layer_done,
     .select = se_select,
     .chosen = se_chosen,
+    .place = se_place,
     .check = se_check,
     .describe = se_describe,
     .save = se_save,

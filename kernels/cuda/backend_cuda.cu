@@ -842,6 +842,7 @@ static const be_ops cuda_ops = {
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
     cuda_key_means, cuda_bind_blank, cuda_attn_mass, cuda_attention_seqs, cuda_host_pool, cuda_page_rows,
     cuda_page_moves, cuda_lsh_hits, NULL, cuda_merge_heads, cuda_place_pages,
+    cuda_place_bounds,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -850,7 +851,7 @@ static const be_ops cuda_ops_staged = {
     "cuda", cuda_matmul, cuda_rmsnorm, cuda_qk_rope, cuda_glu, cuda_get_rows, cuda_attention, cuda_scores,
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
     cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means, NULL, cuda_attn_mass,
-    cuda_attention_seqs, cuda_host_pool, NULL, NULL, cuda_lsh_hits, NULL, cuda_merge_heads, NULL,
+    cuda_attention_seqs, cuda_host_pool, NULL, NULL, cuda_lsh_hits, NULL, cuda_merge_heads, NULL, NULL,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)

@@ -288,6 +288,7 @@ void cuda_matmul(be_backend *b, const be_mm *mms, int n_mm, const float *x, int6
 void cuda_attention(be_backend *b, const be_attn *a);
 void cuda_attention_seqs(be_backend *b, const be_attn *a, int n);
 void cuda_place_pages(be_backend *b, const be_attn *a, int n);
+void cuda_place_bounds(be_backend *b, const be_bounds *r);
 void cuda_pick(be_backend *b, be_pick *p);
 void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps);
 void cuda_qk_rope(be_backend *b, const be_qk *r);

@@ -303,3 +303,20 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
         r->n_best[h] = n;
     }
 }
+
+/* A selection's summaries put on the device now (be_ops.place_bounds), as bound_pages would before
+ * its kernels: the list under r's name brought up to date and sent, nothing waited for. No room
+ * for them is not an error here (the list is then forgotten, and the bounds call meets it). */
+void cuda_place_bounds(be_backend *b, const be_bounds *r)
+{
+    cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_EAGER);
+    if (ci->failed || r->off[r->n_head_kv] <= 0) return;
+    if (ci->batch.n && send_batch(ci)) return;
+    char err[160];
+    if (!sl_update(&ci->sums, r, err, sizeof err)) {
+        if (!ci->failed) ub_clear(&ci->batch, 0);
+        return;
+    }
+    send_batch(ci);
+}

@@ -3374,14 +3374,17 @@ static uint64_t bytes_up_of(be_backend *b)
 /* A snapshot restored into a second sequence and placed on the device (fwd_place_pages, as
  * run_restore does): placing sends the cache (at least its keys and values), the next step then
  * sends at least that much less than the same step without placing, and it gives the logits of
- * the sequence the snapshot was taken from, bit for bit, placed or not. */
+ * the sequence the snapshot was taken from, bit for bit, placed or not; with no policy and under
+ * Quest (whose summaries are placed too). */
 Test(cuda, a_restored_cache_placed_on_the_device_is_not_sent_again_at_the_next_step)
 {
     cr_assert(gpu->ops->counters && gpu->ops->place_pages);
     static const char sha[] = "5555555555555555555555555555555555555555555555555555555555555555";
     char err[512], ppath[300];
     snprintf(ppath, sizeof ppath, "%s/prompts/p3.txt", testdata());
-    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+    for (size_t ri = 0; ri < 2 * sizeof files / sizeof *files; ri++) {
+        const size_t fi = ri / 2;
+        const char *spec = ri % 2 ? "quest:budget=48" : NULL;
         model *m = load_tiny(fi);
         if (!m) continue;
         uint64_t step_up[2] = { 0, 0 };
@@ -3391,6 +3394,7 @@ Test(cuda, a_restored_cache_placed_on_the_device_is_not_sent_again_at_the_next_s
             fwd_opts fo = { 2048, 40, 16 };
             fwd_ctx *f1 = fwd_create(m, gpu, &fo, err, sizeof err), *f2 = fwd_create(m, gpu, &fo, err, sizeof err);
             cr_assert(f1 && f2, "%s", err);
+            pol_set *ps1 = fwd_fixture_policy(f1, spec), *ps2 = fwd_fixture_policy(f2, spec);
             int nv = m->hp.n_vocab;
             float *l1 = (float *)malloc(sizeof(float) * (size_t)nv), *l2 = (float *)malloc(sizeof(float) * (size_t)nv);
             int32_t *seq = (int32_t *)malloc(sizeof(int32_t) * (n + 8));
@@ -3429,15 +3433,20 @@ Test(cuda, a_restored_cache_placed_on_the_device_is_not_sent_again_at_the_next_s
             cr_assert(fwd_decode(f2, next, l2, NULL, err, sizeof err) == 0, "%s", err);
             step_up[place] = bytes_up_of(gpu) - u1;
             cr_assert(fwd_decode(f1, next, l1, NULL, err, sizeof err) == 0, "%s", err);
-            cr_expect(!memcmp(l1, l2, sizeof(float) * (size_t)nv), "%s (%s): the restored sequence's step differs",
-                      files[fi], place ? "placed" : "not placed");
-            cr_log_info("%s: cache %llu bytes; placing sent %llu; the next step %llu", files[fi],
+            const char *pol = spec ? spec : "no policy";
+            cr_expect(!memcmp(l1, l2, sizeof(float) * (size_t)nv), "%s under %s (%s): the restored sequence's step differs",
+                      files[fi], pol, place ? "placed" : "not placed");
+            cr_log_info("%s under %s: cache %llu bytes; placing sent %llu; the next step %llu", files[fi], pol,
                         (unsigned long long)kv_bytes, (unsigned long long)(u1 - u0), (unsigned long long)step_up[place]);
             if (place)
-                cr_expect_geq(step_up[0], step_up[1] + kv_bytes, "%s: the step sent %llu bytes placed, %llu not",
-                              files[fi], (unsigned long long)step_up[1], (unsigned long long)step_up[0]);
+                cr_expect_geq(step_up[0], step_up[1] + kv_bytes, "%s under %s: the step sent %llu bytes placed, %llu not",
+                              files[fi], pol, (unsigned long long)step_up[1], (unsigned long long)step_up[0]);
             free(data);
             free(back);
+            fwd_set_policy(f1, NULL);
+            fwd_set_policy(f2, NULL);
+            pol_set_free(ps1);
+            pol_set_free(ps2);
             samp_free(s1);
             samp_free(s2);
             fwd_free(f1);
