@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "engine/sampler.h"
+#include "engine/snapshot.h"
 #include "engine/tokenizer.h"
 
 pol_set *fwd_fixture_policy_make(fwd_ctx *f, const char *spec)
@@ -39,6 +42,65 @@ int32_t *fwd_fixture_prompt(const model *m, const char *path, size_t *n)
     char err[256];
     cr_assert(tok_encode(m->vocab, buf, len, tok_add_bos(m->vocab), 0, &ids, n, err, sizeof err) == 0, "%s", err);
     return ids;
+}
+
+void fwd_fixture_pair_open(fwd_pair *p, const model *m, be_backend *b, const char *spec)
+{
+    char err[512];
+    memset(p, 0, sizeof *p);
+    fwd_opts fo = { 2048, 40, 16 };
+    p->f1 = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(p->f1, "%s", err);
+    p->f2 = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(p->f2, "%s", err);
+    p->ps1 = fwd_fixture_policy(p->f1, spec);
+    p->ps2 = fwd_fixture_policy(p->f2, spec);
+    p->n_vocab = m->hp.n_vocab;
+    p->l1 = malloc(sizeof(float) * (size_t)p->n_vocab);
+    cr_assert(p->l1);
+}
+
+void fwd_fixture_pair_restore(fwd_pair *p, const int32_t *ids, size_t n, int steps)
+{
+    static const char sha[] = "5555555555555555555555555555555555555555555555555555555555555555";
+    char err[512];
+    int32_t *seq = malloc(sizeof(int32_t) * (n + (size_t)steps + 1));
+    cr_assert(seq);
+    memcpy(seq, ids, sizeof(int32_t) * n);
+    cr_assert(fwd_eval(p->f1, ids, (int64_t)n, p->l1, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    size_t len = n;
+    for (int s = 0; s < steps; s++) {
+        seq[len++] = samp_argmax(p->l1, p->n_vocab);
+        cr_assert(fwd_decode(p->f1, seq[len - 1], p->l1, NULL, err, sizeof err) == 0, "%s", err);
+    }
+    samp_params sp = samp_params_default();
+    samp *s1 = samp_create(&sp, p->n_vocab), *s2 = samp_create(&sp, p->n_vocab);
+    snap_identity id;
+    cr_assert(s1 && s2 && snap_identity_of(p->f1, sha, &id) == 0);
+    void *data = NULL;
+    size_t dlen = 0;
+    cr_assert(snap_save(p->f1, s1, &id, seq, (int64_t)len, &data, &dlen, err, sizeof err) == 0, "%s", err);
+    int32_t *back = NULL;
+    int64_t nb = 0;
+    cr_assert(snap_restore(p->f2, s2, data, dlen, &id, &back, &nb, err, sizeof err) == 0, "%s", err);
+    cr_assert_eq(nb, (int64_t)len);
+    free(back);
+    free(data);
+    free(seq);
+    samp_free(s1);
+    samp_free(s2);
+}
+
+void fwd_fixture_pair_free(fwd_pair *p)
+{
+    fwd_set_policy(p->f1, NULL);
+    fwd_set_policy(p->f2, NULL);
+    pol_set_free(p->ps1);
+    pol_set_free(p->ps2);
+    fwd_free(p->f1);
+    fwd_free(p->f2);
+    free(p->l1);
+    memset(p, 0, sizeof *p);
 }
 
 static void rec_token(void *ud, int32_t id)

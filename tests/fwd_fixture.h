@@ -1,5 +1,5 @@
 /* fwd_fixture.h - what the forward-pass and policy tests share (tests/test_residency.c, test_policy.c,
- * test_uncertainty.c, test_attn_lists.c, test_faults.c). */
+ * test_uncertainty.c, test_attn_lists.c, test_faults.c, gpu/test_cuda.c). */
 #ifndef KVCHAT_TESTS_FWD_FIXTURE_H
 #define KVCHAT_TESTS_FWD_FIXTURE_H
 
@@ -18,6 +18,20 @@ pol_set *fwd_fixture_policy_make(fwd_ctx *f, const char *spec);
 pol_set *fwd_fixture_policy(fwd_ctx *f, const char *spec);
 /* The tokens of a prompt file (with m's BOS when it adds one), asserted; *n their count. */
 int32_t *fwd_fixture_prompt(const model *m, const char *path, size_t *n);
+
+/* Two sequences of one model on one backend under one policy spec (NULL: none), the second
+ * restored from a snapshot of the first: fwd_fixture_pair_open makes them (pages of 16, chunks of
+ * 40), fwd_fixture_pair_restore feeds the first ids and `steps` greedy steps (l1: its last logits)
+ * and restores its snapshot into the second. Everything asserted. */
+typedef struct fwd_pair {
+    fwd_ctx *f1, *f2;
+    pol_set *ps1, *ps2;
+    float *l1;
+    int n_vocab;
+} fwd_pair;
+void fwd_fixture_pair_open(fwd_pair *p, const model *m, be_backend *b, const char *spec);
+void fwd_fixture_pair_restore(fwd_pair *p, const int32_t *ids, size_t n, int steps);
+void fwd_fixture_pair_free(fwd_pair *p);
 
 /* n tokens of random keys in [-1, 1) (values 0) appended at kv_len to layers 0 .. n_layer - 1, the
  * same keys in each, and committed; *r is the generator's state (a 64-bit LCG), asserted. */

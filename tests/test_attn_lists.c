@@ -28,7 +28,6 @@
 #include "engine/model.h"
 #include "engine/policy/policy.h"
 #include "engine/sampler.h"
-#include "engine/snapshot.h"
 #include "kernels/backend.h"
 #include "kernels/page_tables.h"
 #include "kernels/summary_lists.h"
@@ -450,7 +449,6 @@ Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next
         { TD "tiny/tiny-gemma3-q4_k_m.gguf", "quest:budget=64" },
         { TD "tiny/tiny-llama-q4_k_m.gguf", "sentkv:budget=40" },
     };
-    static const char sha[] = "5555555555555555555555555555555555555555555555555555555555555555";
     for (size_t fi = 0; fi < sizeof runs / sizeof *runs; fi++)
         for (int place = 0; place < 2; place++) {
             const char *file = runs[fi].file, *spec = runs[fi].spec;
@@ -459,47 +457,26 @@ Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next
             model *m = ck_open(file, &b);
             size_t n;
             int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p3.txt", &n);
-            fwd_opts fo = { 2048, 40, 16 };
-            fwd_ctx *f1 = fwd_create(m, b, &fo, err, sizeof err), *f2 = fwd_create(m, b, &fo, err, sizeof err);
-            cr_assert(f1 && f2, "%s", err);
-            pol_set *ps1 = fwd_fixture_policy(f1, spec), *ps2 = fwd_fixture_policy(f2, spec);
-            ck.kv = fwd_kv(f1);
-            int nv = m->hp.n_vocab;
-            float *l1 = malloc(sizeof(float) * (size_t)nv), *l2 = malloc(sizeof(float) * (size_t)nv);
-            int32_t *seq = malloc(sizeof(int32_t) * (n + 8));
-            cr_assert(l1 && l2 && seq);
-            memcpy(seq, ids, sizeof(int32_t) * n);
-            cr_assert(fwd_eval(f1, ids, (int64_t)n, l1, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
-            size_t len = n;
-            for (int s = 0; s < 5; s++) {
-                seq[len++] = samp_argmax(l1, nv);
-                cr_assert(fwd_decode(f1, seq[len - 1], l1, NULL, err, sizeof err) == 0, "%s", err);
-            }
-            samp_params sp = samp_params_default();
-            samp *s1 = samp_create(&sp, nv), *s2 = samp_create(&sp, nv);
-            cr_assert(s1 && s2);
-            snap_identity id;
-            cr_assert(snap_identity_of(f1, sha, &id) == 0);
-            void *data = NULL;
-            size_t dlen = 0;
-            cr_assert(snap_save(f1, s1, &id, seq, (int64_t)len, &data, &dlen, err, sizeof err) == 0, "%s", err);
-            int32_t *back = NULL;
-            int64_t nb = 0;
-            cr_assert(snap_restore(f2, s2, data, dlen, &id, &back, &nb, err, sizeof err) == 0, "%s", err);
-            ck.kv = fwd_kv(f2);
-            const uint64_t all = cache_rows(fwd_kv(f2)), r0 = ck.copies.rows_uploaded;
+            fwd_pair pr;
+            fwd_fixture_pair_open(&pr, m, b, spec);
+            ck.kv = fwd_kv(pr.f1);
+            fwd_fixture_pair_restore(&pr, ids, n, 5);
+            ck.kv = fwd_kv(pr.f2);
+            const uint64_t all = cache_rows(fwd_kv(pr.f2)), r0 = ck.copies.rows_uploaded;
             const int64_t appended0 = ck.appended, placed0 = ck.placed, bounds0 = ck.placed_bounds;
-            if (place) fwd_place_pages(f2);
+            if (place) fwd_place_pages(pr.f2);
             const uint64_t r1 = ck.copies.rows_uploaded;
-            const int L = m->hp.n_layer, H = m->hp.n_head_kv;
+            const int L = m->hp.n_layer, H = m->hp.n_head_kv, nv = m->hp.n_vocab;
             cr_expect_eq(ck.placed - placed0, place ? L : 0, "%s: %lld lists placed", file,
                          (long long)(ck.placed - placed0));
             cr_expect_eq(r1 - r0, place ? all : 0, "%s: placing sent %llu rows of the cache's %llu", file,
                          (unsigned long long)(r1 - r0), (unsigned long long)all);
             const int64_t appended1 = ck.appended, calls1 = ck.bound_calls, looked1 = ck.bound_looked,
                           entries1 = ck.bound_entries;
-            int32_t next = samp_argmax(l1, nv);
-            cr_assert(fwd_decode(f2, next, l2, NULL, err, sizeof err) == 0, "%s", err);
+            int32_t next = samp_argmax(pr.l1, nv);
+            float *l2 = malloc(sizeof(float) * (size_t)nv);
+            cr_assert(l2);
+            cr_assert(fwd_decode(pr.f2, next, l2, NULL, err, sizeof err) == 0, "%s", err);
             const int64_t looked = ck.bound_looked - looked1, entries = ck.bound_entries - entries1;
             if (spec) {
                 cr_expect_gt(ck.bound_calls - calls1, 0, "%s under %s: the step made no bounds call", file, spec);
@@ -528,23 +505,12 @@ Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next
                               (unsigned long long)sent, (unsigned long long)all);
                 cr_expect_eq(ck.appended - appended0, 0);
             }
-            ck.kv = fwd_kv(f1);
-            cr_assert(fwd_decode(f1, next, l1, NULL, err, sizeof err) == 0, "%s", err);
-            cr_expect(!memcmp(l1, l2, sizeof(float) * (size_t)nv), "%s: the restored sequence's step differs", file);
+            ck.kv = fwd_kv(pr.f1);
+            cr_assert(fwd_decode(pr.f1, next, pr.l1, NULL, err, sizeof err) == 0, "%s", err);
+            cr_expect(!memcmp(pr.l1, l2, sizeof(float) * (size_t)nv), "%s: the restored sequence's step differs", file);
             cr_expect_eq(ck.bad, 0);
-            free(data);
-            free(back);
-            fwd_set_policy(f1, NULL);
-            fwd_set_policy(f2, NULL);
-            pol_set_free(ps1);
-            pol_set_free(ps2);
-            samp_free(s1);
-            samp_free(s2);
-            fwd_free(f1);
-            fwd_free(f2);
+            fwd_fixture_pair_free(&pr);
             free(ids);
-            free(seq);
-            free(l1);
             free(l2);
             ck_close(m, b);
         }

@@ -31,8 +31,6 @@
 #include "kernels/lsh_kernels.h"
 #include "engine/generate.h"
 #include "engine/run.h"
-#include "engine/sampler.h"
-#include "engine/snapshot.h"
 #include "engine/tokenizer.h"
 
 #include "tests/fwd_fixture.h"
@@ -3379,82 +3377,51 @@ static uint64_t bytes_up_of(be_backend *b)
 Test(cuda, a_restored_cache_placed_on_the_device_is_not_sent_again_at_the_next_step)
 {
     cr_assert(gpu->ops->counters && gpu->ops->place_pages);
-    static const char sha[] = "5555555555555555555555555555555555555555555555555555555555555555";
     char err[512], ppath[300];
     snprintf(ppath, sizeof ppath, "%s/prompts/p3.txt", testdata());
     for (size_t ri = 0; ri < 2 * sizeof files / sizeof *files; ri++) {
         const size_t fi = ri / 2;
-        const char *spec = ri % 2 ? "quest:budget=48" : NULL;
+        const char *spec = ri % 2 ? "quest:budget=48" : NULL, *pol = spec ? spec : "no policy";
         model *m = load_tiny(fi);
         if (!m) continue;
         uint64_t step_up[2] = { 0, 0 };
         size_t n;
         int32_t *ids = fwd_fixture_prompt(m, ppath, &n);
+        const int nv = m->hp.n_vocab;
+        float *l2 = (float *)malloc(sizeof(float) * (size_t)nv);
+        cr_assert(l2);
         for (int place = 0; place < 2; place++) {
-            fwd_opts fo = { 2048, 40, 16 };
-            fwd_ctx *f1 = fwd_create(m, gpu, &fo, err, sizeof err), *f2 = fwd_create(m, gpu, &fo, err, sizeof err);
-            cr_assert(f1 && f2, "%s", err);
-            pol_set *ps1 = fwd_fixture_policy(f1, spec), *ps2 = fwd_fixture_policy(f2, spec);
-            int nv = m->hp.n_vocab;
-            float *l1 = (float *)malloc(sizeof(float) * (size_t)nv), *l2 = (float *)malloc(sizeof(float) * (size_t)nv);
-            int32_t *seq = (int32_t *)malloc(sizeof(int32_t) * (n + 8));
-            cr_assert(l1 && l2 && seq);
-            memcpy(seq, ids, sizeof(int32_t) * n);
-            cr_assert(fwd_eval(f1, ids, (int64_t)n, l1, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
-            size_t len = n;
-            for (int s = 0; s < 5; s++) {
-                seq[len++] = samp_argmax(l1, nv);
-                cr_assert(fwd_decode(f1, seq[len - 1], l1, NULL, err, sizeof err) == 0, "%s", err);
-            }
-            samp_params sp = samp_params_default();
-            samp *s1 = samp_create(&sp, nv), *s2 = samp_create(&sp, nv);
-            snap_identity id;
-            cr_assert(s1 && s2 && snap_identity_of(f1, sha, &id) == 0);
-            void *data = NULL;
-            size_t dlen = 0;
-            cr_assert(snap_save(f1, s1, &id, seq, (int64_t)len, &data, &dlen, err, sizeof err) == 0, "%s", err);
-            int32_t *back = NULL;
-            int64_t nb = 0;
-            cr_assert(snap_restore(f2, s2, data, dlen, &id, &back, &nb, err, sizeof err) == 0, "%s", err);
-            const kv_cache *kv = fwd_kv(f2);
+            fwd_pair pr;
+            fwd_fixture_pair_open(&pr, m, gpu, spec);
+            fwd_fixture_pair_restore(&pr, ids, n, 5);
+            const kv_cache *kv = fwd_kv(pr.f2);
             uint64_t rows = 0;
             for (int il = 0; il < kv_n_layer(kv); il++)
                 for (int h = 0; h < kv_n_head_kv(kv); h++)
                     for (int j = 0; j < kv_n_pages(kv, il, h); j++) rows += (uint64_t)kv_layer_page(kv, il, h, j)->n;
             const uint64_t kv_bytes = rows * 2 * sizeof(uint16_t) * (uint64_t)m->hp.head_dim;
             const uint64_t u0 = bytes_up_of(gpu);
-            if (place) fwd_place_pages(f2);
+            if (place) fwd_place_pages(pr.f2);
             const uint64_t u1 = bytes_up_of(gpu);
             cr_assert_eq(be_failed(gpu, err, sizeof err), 0, "%s", err);
             if (place)
-                cr_expect_geq(u1 - u0, kv_bytes, "%s: placing sent %llu bytes for a cache of %llu", files[fi],
-                              (unsigned long long)(u1 - u0), (unsigned long long)kv_bytes);
-            int32_t next = samp_argmax(l1, nv);
-            cr_assert(fwd_decode(f2, next, l2, NULL, err, sizeof err) == 0, "%s", err);
+                cr_expect_geq(u1 - u0, kv_bytes, "%s under %s: placing sent %llu bytes for a cache of %llu", files[fi],
+                              pol, (unsigned long long)(u1 - u0), (unsigned long long)kv_bytes);
+            int32_t next = samp_argmax(pr.l1, nv);
+            cr_assert(fwd_decode(pr.f2, next, l2, NULL, err, sizeof err) == 0, "%s", err);
             step_up[place] = bytes_up_of(gpu) - u1;
-            cr_assert(fwd_decode(f1, next, l1, NULL, err, sizeof err) == 0, "%s", err);
-            const char *pol = spec ? spec : "no policy";
-            cr_expect(!memcmp(l1, l2, sizeof(float) * (size_t)nv), "%s under %s (%s): the restored sequence's step differs",
-                      files[fi], pol, place ? "placed" : "not placed");
+            cr_assert(fwd_decode(pr.f1, next, pr.l1, NULL, err, sizeof err) == 0, "%s", err);
+            cr_expect(!memcmp(pr.l1, l2, sizeof(float) * (size_t)nv),
+                      "%s under %s (%s): the restored sequence's step differs", files[fi], pol,
+                      place ? "placed" : "not placed");
             cr_log_info("%s under %s: cache %llu bytes; placing sent %llu; the next step %llu", files[fi], pol,
                         (unsigned long long)kv_bytes, (unsigned long long)(u1 - u0), (unsigned long long)step_up[place]);
             if (place)
                 cr_expect_geq(step_up[0], step_up[1] + kv_bytes, "%s under %s: the step sent %llu bytes placed, %llu not",
                               files[fi], pol, (unsigned long long)step_up[1], (unsigned long long)step_up[0]);
-            free(data);
-            free(back);
-            fwd_set_policy(f1, NULL);
-            fwd_set_policy(f2, NULL);
-            pol_set_free(ps1);
-            pol_set_free(ps2);
-            samp_free(s1);
-            samp_free(s2);
-            fwd_free(f1);
-            fwd_free(f2);
-            free(seq);
-            free(l1);
-            free(l2);
+            fwd_fixture_pair_free(&pr);
         }
+        free(l2);
         free(ids);
         model_free(m);
     }
