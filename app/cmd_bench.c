@@ -426,6 +426,7 @@ static int bench_snapshots(run *r, const char *budget, char specs[][256], int n_
                 }
                 t4 = cli_now();
                 if (!bad) bad = run_restore(r2, back, blen, sha, err, sizeof err);
+                if (!bad) run_place(r2);   /* a resume's cost on a GPU: the cache placed there */
                 t5 = cli_now();
                 /* the next step from both sequences must agree exactly: the waiting token evaluated */
                 if (!bad) {

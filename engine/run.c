@@ -789,12 +789,13 @@ int run_restore(run *r, const void *data, size_t len, const char *model_sha, cha
     int32_t *ids = NULL;
     int64_t n = 0;
     if (snap_restore(r->f, r->s, data, len, &id, &ids, &n, err, errlen)) return RUN_EFAIL;
-    fwd_place_pages(r->f);   /* a device's copies of the pages made now, not at the next question */
     free(r->ids);
     r->ids = ids;
     r->n_ids = r->cap_ids = n;
     return RUN_OK;
 }
+
+void run_place(run *r) { fwd_place_pages(r->f); }
 
 /* ---- reading */
 

@@ -171,6 +171,11 @@ int run_check_snapshot(const run *r, const void *data, size_t len, const char *m
 /* Restore snapshot bytes (a cache of the snapshot's page size when none was configured). On a
  * failure the sequence is as it was, or empty when the cache had changed its page size for it. */
 int run_restore(run *r, const void *data, size_t len, const char *model_sha, char *err, size_t errlen);
+/* A restored cache kept: on a device backend its pages (and the policies' summaries) go to the
+ * device now, without waiting (fwd_place_pages), so the next question sends none of it. Called
+ * once a restore is kept, not for one that is checked and thrown away; without it the next
+ * question sends them. Nothing to do on the CPU. */
+void run_place(run *r);
 
 /* ---- what the run holds, read-only */
 

@@ -98,6 +98,7 @@ static int keep_conversation(session *s, kept_conv *k)
 static int restore_conversation(session *s, kept_conv *k)
 {
     if (!k->snap || run_restore(s->r, k->snap, k->snap_len, s->msha, s->err, sizeof s->err)) return -1;
+    run_place(s->r);
     memcpy(s->doc_path, k->doc_path, sizeof k->doc_path);
     memcpy(s->doc_title, k->doc_title, sizeof k->doc_title);
     memcpy(s->doc_sha, k->doc_sha, sizeof k->doc_sha);

@@ -92,6 +92,7 @@ static int resume_from_older(session *s, int64_t sid, const sess_message *path, 
         int bad = run_restore(s->r, data, len, s->msha, s->err, sizeof s->err);
         free(data);
         if (bad) continue;
+        run_place(s->r);
         int64_t n = sess_seq_len(s), from = run_pos(s->r);
         int rc = append_turns(s, path, j + 1, n_path);
         sess_note(s, "session %lld: the snapshot after the last answer is unusable (%.300s); restored the one after "
@@ -223,6 +224,7 @@ static int restore_stored(session *s, const sess_stored *st, const void *data, s
     double t0 = run_clock_s();
     if (!data) snprintf(s->err, sizeof s->err, "%s", read_err);
     else if (run_restore(s->r, data, len, s->msha, s->err, sizeof s->err) == 0) {
+        run_place(s->r);   /* kept: on a GPU, the cache goes there now, not with the question */
         s->resumed = 1;
         s->restore_ms = (run_clock_s() - t0) * 1e3;
         /* the positions the cache holds, as the status bar counts the context */

@@ -50,6 +50,7 @@ int sess_restore_doc_snapshot(session *s, const int32_t *ids, int64_t n, double 
     int ok = run_restore(s->r, data, len, s->msha, e, sizeof e) == 0;
     free(data);
     if (ok && holds_prefix(s, ids, n, n) && run_pos(s->r) == n) {
+        run_place(s->r);   /* kept: on a GPU, the cache goes there now */
         *ms = (run_clock_s() - t0) * 1e3;
         return 0;
     }
@@ -98,6 +99,7 @@ int sess_rebuild_from_stored(session *s, int64_t leaf, const int32_t *want, int6
         free(data);
         if (bad) sess_note(s, "the snapshot after answer %d under %s is not usable (%.600s)", (j + 1) / 2, key, e);
         if (bad || !holds_prefix(s, want, n_want, pos)) continue;
+        run_place(s->r);
         rb->answer = (j + 1) / 2;
         rb->bytes = len;
         rb->at_leaf = path[j].id == leaf;

@@ -267,6 +267,7 @@ int sess_set_policy(session *s, const char *spec_in, const char *budget)
             sess_fail(s, SESS_EFAIL, "%.500s; could not go back to %s (%.300s): open the document again", e, old, s->err);
             sess_drop_document(s);
         } else {
+            run_place(s->r);
             snprintf(s->err, sizeof s->err, "%s", e);
         }
     }

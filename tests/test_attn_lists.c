@@ -439,7 +439,8 @@ static uint64_t cache_rows(const kv_cache *kv)
  * step sends no page rows but its own (none, where it defers them) and gives the logits of the
  * sequence the snapshot was taken from. Without placing, the step sends the whole cache. Under a
  * selection by bounds (Quest, SentKV) the summaries are placed too: the step's bounds calls then
- * look at a few entries a head, where unplaced they compare every one. */
+ * look at a few entries a head, where unplaced they compare every one. The next step is a decode
+ * step, or a chunk of three tokens (a question's prefill, what usually follows a resume). */
 Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next_step)
 {
     static const struct { const char *file, *spec; } runs[] = {
@@ -450,7 +451,8 @@ Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next
         { TD "tiny/tiny-llama-q4_k_m.gguf", "sentkv:budget=40" },
     };
     for (size_t fi = 0; fi < sizeof runs / sizeof *runs; fi++)
-        for (int place = 0; place < 2; place++) {
+        for (int mode = 0; mode < 4; mode++) {
+            const int place = mode & 1, chunk = mode >> 1;   /* the next step: a decode step or a chunk */
             const char *file = runs[fi].file, *spec = runs[fi].spec;
             char err[512];
             be_backend *b;
@@ -473,12 +475,15 @@ Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next
                          (unsigned long long)(r1 - r0), (unsigned long long)all);
             const int64_t appended1 = ck.appended, calls1 = ck.bound_calls, looked1 = ck.bound_looked,
                           entries1 = ck.bound_entries;
-            int32_t next = samp_argmax(pr.l1, nv);
+            const int32_t next[3] = { samp_argmax(pr.l1, nv), 7, 11 };
+            const int n_next = chunk ? 3 : 1;
             float *l2 = malloc(sizeof(float) * (size_t)nv);
             cr_assert(l2);
-            cr_assert(fwd_decode(pr.f2, next, l2, NULL, err, sizeof err) == 0, "%s", err);
+            cr_assert((chunk ? fwd_eval(pr.f2, next, 3, l2, NULL, NULL, NULL, NULL, NULL, err, sizeof err)
+                             : fwd_decode(pr.f2, next[0], l2, NULL, err, sizeof err)) == 0,
+                      "%s", err);
             const int64_t looked = ck.bound_looked - looked1, entries = ck.bound_entries - entries1;
-            if (spec) {
+            if (spec && !chunk) {   /* a selection selects in decode */
                 cr_expect_gt(ck.bound_calls - calls1, 0, "%s under %s: the step made no bounds call", file, spec);
                 cr_expect_eq(ck.placed_bounds - bounds0, place ? ck.bound_calls - calls1 : 0,
                              "%s under %s: %lld summary lists placed for %lld bounds calls", file, spec,
@@ -491,12 +496,13 @@ Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next
                                  (long long)looked, (long long)entries);
             }
             const uint64_t sent = ck.copies.rows_uploaded - r1;
-            cr_log_info("%s under %s, %s: placing sent %llu rows, the next step %llu (the cache lists %llu); its "
-                        "bounds looked at %lld of %lld summaries", file, spec ? spec : "no policy",
-                        place ? "placed" : "not placed", (unsigned long long)(r1 - r0), (unsigned long long)sent,
-                        (unsigned long long)all, (long long)looked, (long long)entries);
+            cr_log_info("%s under %s, %s, then %s: placing sent %llu rows, the next step %llu (the cache lists %llu); "
+                        "its bounds looked at %lld of %lld summaries", file, spec ? spec : "no policy",
+                        place ? "placed" : "not placed", chunk ? "a chunk" : "a decode step",
+                        (unsigned long long)(r1 - r0), (unsigned long long)sent, (unsigned long long)all,
+                        (long long)looked, (long long)entries);
             if (place) {
-                cr_expect_leq(sent, (uint64_t)(L * H), "%s: the step after placing sent %llu page rows", file,
+                cr_expect_leq(sent, (uint64_t)(n_next * L * H), "%s: the step after placing sent %llu page rows", file,
                               (unsigned long long)sent);
                 cr_expect_eq(ck.appended - appended1, L, "%s: %lld of %d layers' calls kept the placed list's shape",
                              file, (long long)(ck.appended - appended1), L);
@@ -506,7 +512,9 @@ Test(attn_lists, a_restored_cache_placed_on_the_device_sends_no_rows_at_the_next
                 cr_expect_eq(ck.appended - appended0, 0);
             }
             ck.kv = fwd_kv(pr.f1);
-            cr_assert(fwd_decode(pr.f1, next, pr.l1, NULL, err, sizeof err) == 0, "%s", err);
+            cr_assert((chunk ? fwd_eval(pr.f1, next, 3, pr.l1, NULL, NULL, NULL, NULL, NULL, err, sizeof err)
+                             : fwd_decode(pr.f1, next[0], pr.l1, NULL, err, sizeof err)) == 0,
+                      "%s", err);
             cr_expect(!memcmp(pr.l1, l2, sizeof(float) * (size_t)nv), "%s: the restored sequence's step differs", file);
             cr_expect_eq(ck.bad, 0);
             fwd_fixture_pair_free(&pr);

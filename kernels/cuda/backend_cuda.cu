@@ -763,6 +763,9 @@ static int cuda_failed(be_backend *b, char *err, size_t errlen)
         return 1;
     }
     snprintf(err, errlen, "%s", ci->fail_msg);
+    /* what a failed op left queued never goes: its page rows are read from the host's pages when a
+     * batch is packed (ub_add_ref), and the engine may change those pages before the next op */
+    if (ci->batch.n) lose_batch(ci);
     ci->failed = 0;
     (void)cudaGetLastError();
     ci->arena_off = 0;
@@ -941,7 +944,7 @@ extern "C" void be_cuda_warmed_up(be_backend *b)
 {
     if (!b || !b->ops || b->ops->attention != cuda_attention) return;
     cuda_impl *ci = impl_of(b);
-    if (ci->batch.n > 0) return;   /* rows still queued for the copies: the idle sweep frees them later */
+    if (ci->batch.n > 0) return;   /* a failed op's queue not asked about yet: the idle sweep frees them later */
     pt_release_all(&ci->tables);
 }
 
