@@ -423,4 +423,5 @@ bench: model $(KVCHAT)
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz build-cuda $(KVCHAT) $(KVCHAT).kind
 
--include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(MODEL_T_OBJ:.o=.d) $(GPU_T_OBJ:.o=.d) $(BUILD)/tests/gpu/bench_kernels.d
+-include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(MODEL_T_OBJ:.o=.d) $(GPU_T_OBJ:.o=.d) $(BUILD)/tests/gpu/bench_kernels.d \
+         $(wildcard $(OBJ)/bench/*.d)

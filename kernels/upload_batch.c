@@ -10,10 +10,8 @@ static int grow_pieces(ub_batch *b)
     ub_piece *np = realloc(b->pieces, sizeof *np * (size_t)cap);
     if (np) b->pieces = np;
     const void **nr = np ? realloc(b->ref, sizeof *nr * (size_t)cap) : NULL;
-    if (nr) b->ref = nr;
-    size_t *na = nr ? realloc(b->at, sizeof *na * (size_t)cap) : NULL;
-    if (!na) return -1;
-    b->at = na;
+    if (!nr) return -1;
+    b->ref = nr;
     b->cap_pieces = cap;
     return 0;
 }
@@ -36,7 +34,6 @@ static int add_piece(ub_batch *b, unsigned char *dst, const unsigned char *src, 
     }
     if (b->n == b->cap_pieces && grow_pieces(b)) return -1;
     b->ref[b->n] = by_ref ? src : NULL;
-    b->at[b->n] = b->held;
     if (!by_ref) {
         memcpy(b->data + b->held, src, bytes);
         b->held += bytes;
@@ -75,15 +72,18 @@ void ub_free(ub_batch *b)
     free(b->data);
     free(b->pieces);
     free(b->ref);
-    free(b->at);
     memset(b, 0, sizeof *b);
 }
 
 void ub_pack(const ub_batch *b, void *out)
 {
     unsigned char *o = out;
-    for (int64_t i = 0; i < b->n; i++)
-        memcpy(o + b->pieces[i].off, b->ref[i] ? b->ref[i] : b->data + b->at[i], (size_t)b->pieces[i].bytes);
+    size_t held = 0;   /* the copied pieces' bytes, in queue order */
+    for (int64_t i = 0; i < b->n; i++) {
+        size_t n = (size_t)b->pieces[i].bytes;
+        memcpy(o + b->pieces[i].off, b->ref[i] ? b->ref[i] : b->data + held, n);
+        if (!b->ref[i]) held += n;
+    }
     memset(o + b->len, 0, ub_table_offset(b) - b->len);
     if (b->n) memcpy(o + ub_table_offset(b), b->pieces, sizeof(ub_piece) * (size_t)b->n);
 }

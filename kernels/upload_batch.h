@@ -28,8 +28,8 @@ typedef struct ub_batch {
     size_t held, cap;     /* bytes of data in use, and room */
     size_t len;           /* the packed data's length: every piece at its 16-byte aligned offset */
     ub_piece *pieces;
-    const void **ref;     /* [cap_pieces] piece i's bytes: the caller's (ub_add_ref), or NULL: data + at[i] */
-    size_t *at;
+    const void **ref;     /* [cap_pieces] piece i's bytes: the caller's (ub_add_ref), or NULL: the next
+                             copied bytes of data (copies are held in the order they were queued) */
     int64_t n, cap_pieces;
     uint64_t sent_bytes, sent_pieces, sends;   /* totals over every ub_clear after a send (figures) */
     /* When the queued bytes would pass limit (0: no limit), ub_add first calls flush(flush_ud) to

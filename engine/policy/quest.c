@@ -150,9 +150,6 @@ static int heads_from(st_quest *s, const pol_env *env, int il, int *k, int *all,
     return np_max;
 }
 
-/* The name global layer il's summaries go by on the backend (be_bounds.table). */
-static uint64_t layer_table(const st_quest *s, int il) { return ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1); }
-
 /* After a restore: every global layer's summaries that a step would bound put on the device now,
  * so the first step after sends only what changed since (be_place_bounds). */
 static void q_place(void *st, const pol_env *env)
@@ -167,7 +164,7 @@ static void q_place(void *st, const pol_env *env)
         page_sums *L = &s->lists[gl];
         if (page_sums_update(L, env->kv, il, s->from)) return;
         be_bounds r = { .n_head_kv = env->n_head_kv, .group = env->n_head / env->n_head_kv, .dim = env->head_dim,
-                        .sum = L->sums, .off = L->at.off, .table = layer_table(s, il),
+                        .sum = L->sums, .off = L->at.off, .table = pol_bounds_table(s, il),
                         .shape = kv_layer_shape(env->kv, il) };
         be_place_bounds(env->b, &r);
     }
@@ -207,7 +204,7 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     int on_host = env->trace || k - 1 > BE_PICK_MAX;
     int kept = !on_host && k - 1 > 0 && env->sel_buf;
     be_bounds r = { .q = q, .n_head_kv = Hkv, .group = env->n_head / Hkv, .dim = env->head_dim, .sum = L->sums,
-                    .off = L->at.off, .table = layer_table(s, il),
+                    .off = L->at.off, .table = pol_bounds_table(s, il),
                     .shape = kv_layer_shape(env->kv, il), .k = on_host ? 0 : k - 1, .best = s->best,
                     .n_best = s->n_best, .u = on_host ? s->score : NULL };
     if (kept) {

@@ -402,9 +402,6 @@ static int layer_list(st_sent *s, const pol_env *env, int gl)
     return 0;
 }
 
-/* The name global layer il's segments go by on the backend (be_bounds.table). */
-static uint64_t layer_table(const st_sent *s, int il) { return ((uint64_t)(uintptr_t)s << 8) ^ (uint64_t)(il + 1); }
-
 /* After a restore: every global layer's segment summaries put on the device now, as a step would
  * send them, so the first step after sends only what changed since (be_place_bounds). */
 static void se_place(void *st, const pol_env *env)
@@ -415,7 +412,7 @@ static void se_place(void *st, const pol_env *env)
     for (int gl = 0; gl < env->n_global; gl++) {
         if (layer_list(s, env, gl)) return;
         be_bounds r = { .n_head_kv = env->n_head_kv, .group = env->n_head / env->n_head_kv, .dim = kv_head_dim(env->kv),
-                        .sum = s->lists[gl].sum, .off = s->off, .table = layer_table(s, env->global[gl]),
+                        .sum = s->lists[gl].sum, .off = s->off, .table = pol_bounds_table(s, env->global[gl]),
                         .shape = s->shape };
         be_place_bounds(env->b, &r);
     }
@@ -469,7 +466,7 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     const seg_sums *L = &s->lists[gl];
     uint64_t *bits = kept ? env->bits_buf + (int64_t)gl * env->n_head_kv * words : s->now;
     be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = L->sum, .off = s->off,
-                    .table = layer_table(s, il), .shape = s->shape,
+                    .table = pol_bounds_table(s, il), .shape = s->shape,
                     .u = env->trace ? s->score : NULL, .bits = bits, .words = words, .budget = budget,
                     .sinks = s->sinks, .len = len };
     env->b->ops->bound_pages(env->b, &r);
