@@ -460,11 +460,11 @@ static int kept_list(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int fir
     a->sel_from = sel->from;
     a->sel_k = sel->k;
     struct dsel *d = &f->dsel[f->n_dsel++];
+    memset(d, 0, sizeof *d);   /* the slot may hold an earlier step's choice of tokens (kept_bits) */
     d->il = il;
     d->best = sel->best;
     d->n_best = sel->n_best;
     d->k = sel->k;
-    d->row = 0;
     memcpy(d->from, sel->from, sizeof(int64_t) * (size_t)Hkv);
     return 0;
 }

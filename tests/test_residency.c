@@ -713,6 +713,76 @@ Test(residency, a_decode_step_under_a_selection_defers_its_rows)
     compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "snapkv:budget=0.3+quest:budget=40", CMP_DEFERRED);
 }
 
+/* Prefill, STEPS decode steps under spec1, then the policy swapped for spec2 (the first set freed,
+ * as a live /policy switch does) and STEPS more: spec2's statistics and the logits of its steps. */
+static float *run_switched(const model *m, be_backend *b, const char *spec1, const char *spec2, pol_step_stats *st)
+{
+    char err[512];
+    size_t n;
+    int32_t *ids = prompt(m, &n);
+    fwd_opts fo = { 2048, 48, run_page };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    pol_set *ps = fwd_fixture_policy(f, spec1);
+    int nv = m->hp.n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)nv), *all = malloc(sizeof(float) * (size_t)nv * STEPS);
+    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    for (int s = 0; s < STEPS; s++)
+        cr_assert(fwd_decode(f, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps2 = fwd_fixture_policy_make(f, spec2);
+    fwd_set_policy(f, ps2);
+    pol_set_free(ps);
+    for (int s = 0; s < STEPS; s++) {
+        cr_assert(fwd_decode(f, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
+        memcpy(all + (size_t)s * nv, l, sizeof(float) * (size_t)nv);
+    }
+    *st = *pol_set_stats(ps2);
+    pol_set_free(ps2);
+    fwd_free(f);
+    free(ids);
+    free(l);
+    return all;
+}
+
+/* A policy switched in after SentKV counts only its own selections: the forward pass's record of a
+ * step's kept selections (its slots reused from step to step) once kept SentKV's choice of tokens
+ * in a slot Quest's best then filled, so Quest's steps were counted through SentKV's freed page
+ * spans (found by ASan under the stand-in CUDA runtime, bench/standin/). On the shadow backend
+ * both choices stay on the device, as on a GPU; the CPU's counts are the reference. */
+Test(residency, a_policy_switched_in_after_sentkv_counts_only_its_own_pages)
+{
+    static const char *const files[] = { TD "tiny/tiny-gemma3-q4_k_m.gguf", TD "tiny/tiny-llama-q4_k_m.gguf" };
+    static const char *const pairs[][2] = { { "sentkv:budget=60,len=6,delta=3", "quest:budget=24" },
+                                            { "sentkv:budget=50,len=5,delta=2", "chess:preset=aggressive,window=1" },
+                                            { "quest:budget=24", "sentkv:budget=60,len=6,delta=3" } };
+    for (int fi = 0; fi < 2; fi++) {
+        char err[512];
+        model *m;
+        cr_assert(model_load(&m, files[fi], NULL, err, sizeof err) == 0, "%s", err);
+        for (int pi = 0; pi < 3; pi++) {
+            be_backend *cpu = be_cpu_create(2, err, sizeof err), *shd = shadow_create();
+            pol_step_stats sa, sb;
+            float *a = run_switched(m, cpu, pairs[pi][0], pairs[pi][1], &sa);
+            float *b = run_switched(m, shd, pairs[pi][0], pairs[pi][1], &sb);
+            cr_expect(sa.steps == sb.steps && sa.pages_sum == sb.pages_sum && sa.pages_total_sum == sb.pages_total_sum &&
+                          sa.bytes_touched_total == sb.bytes_touched_total && sa.tokens_last == sb.tokens_last,
+                      "%s, %s then %s: step statistics differ (pages %lld vs %lld of %lld vs %lld, tokens %lld vs %lld)",
+                      files[fi], pairs[pi][0], pairs[pi][1], (long long)sa.pages_sum, (long long)sb.pages_sum,
+                      (long long)sa.pages_total_sum, (long long)sb.pages_total_sum, (long long)sa.tokens_last,
+                      (long long)sb.tokens_last);
+            int nv = m->hp.n_vocab;
+            for (int s = 0; s < STEPS; s++)
+                cr_expect_eq(samp_argmax(a + (size_t)s * nv, nv), samp_argmax(b + (size_t)s * nv, nv),
+                             "%s, %s then %s: step %d's top token differs", files[fi], pairs[pi][0], pairs[pi][1], s);
+            free(a);
+            free(b);
+            be_free(cpu);
+            be_free(shd);
+        }
+        model_free(m);
+    }
+}
+
 Test(residency, policies_that_read_queries_on_the_host_see_them)
 {
     /* TAKE reads probe rows after each chunk; H2O and SnapKV score queries in layer_done; Chelsea
