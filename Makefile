@@ -41,9 +41,12 @@ NVCC      := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bi
 endif
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 # sm_80 (A100) and sm_90 (H100/H200) code, and PTX for newer devices
-NVFLAGS   = -std=c++17 -O2 -g -I. -gencode arch=compute_80,code=sm_80 \
-            -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
-            -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror
+NVARCH    = -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+            -gencode arch=compute_90,code=compute_90
+# NVHOST: more flags for the host compiler behind nvcc (the sanitizers of cuda-asan-build)
+NVHOST    =
+NVFLAGS   = -std=c++17 $(OPT) -g -I. $(NVARCH) \
+            -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror$(NVHOST)
 ifeq ($(CUDA),1)
 LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
@@ -89,7 +92,7 @@ endif
 DEFAULT_MODEL  ?= $(KVCHAT_CACHE)/models/gemma-3-270m-q4_k_m.gguf
 export KVCHAT_CACHE DEFAULT_MODEL
 
-.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-tables bench-pick bench-bounds bench-chess bench-mass bench-lsh bench-links clean cuda-build test-gpu \
+.PHONY: all help run test unit-tests model-tests asan fuzz model bootstrap bench bench-host-cost test-standin cuda-asan-build bench-tables bench-pick bench-bounds bench-chess bench-mass bench-lsh bench-links clean cuda-build test-gpu \
         test-model-first test-model-rest test-cuda-build test-fuzz-smoke
 
 all: $(KVCHAT)
@@ -214,6 +217,27 @@ $(GPU_BENCH): $(BUILD)/tests/gpu/bench_kernels.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $< $(LIB) $(LDLIBS_ALL)
 
+# The stand-in CUDA runtime and cuBLAS (bench/standin/): libraries of the real ones' names and symbol
+# versions that answer every call at once and run no kernel. A CUDA kvchat run with them first on
+# LD_LIBRARY_PATH does all of its own host work without a GPU: make bench-host-cost times and counts
+# it, and make test runs the CUDA backend's host code under ASan and UBSan with them
+# (scripts/standin_check.sh). Never linked into a program.
+CUDART_MAJOR := $(shell sed -n 's/^\#define CUDART_VERSION *\([0-9]*\).*/\1/p' $(CUDA_HOME)/include/cuda_runtime_api.h 2>/dev/null | awk '{ print int($$1 / 1000) }')
+STANDIN      := build-cuda/standin
+STANDIN_LIBS := $(STANDIN)/libcudart.so.$(CUDART_MAJOR) $(STANDIN)/libcublas.so.$(CUDART_MAJOR)
+STANDIN_CC    = $(CC) -std=c11 -O2 -g $(CWARN) -D_GNU_SOURCE -fPIC -shared -I$(CUDA_HOME)/include
+$(STANDIN)/libcudart.so.%: bench/standin/cudart.c
+	@mkdir -p $(dir $@)
+	printf 'libcudart.so.%s { global: cuda*; __cuda*; local: *; };\n' $* > $@.map
+	$(STANDIN_CC) -Wl,-soname,libcudart.so.$* -Wl,--version-script=$@.map $< -o $@
+$(STANDIN)/libcublas.so.%: bench/standin/cublas.c
+	@mkdir -p $(dir $@)
+	printf 'libcublas.so.%s { global: cublas*; local: *; };\n' $* > $@.map
+	$(STANDIN_CC) -Wl,-soname,libcublas.so.$* -Wl,--version-script=$@.map $< -o $@
+
+bench-host-cost: cuda-build $(STANDIN_LIBS) model
+	bash bench/host_cost.sh build-cuda/kvchat $(STANDIN) $(DEFAULT_MODEL)
+
 # The host's share of a CUDA attention call (page descriptors and row uploads), timed without a GPU
 TABLES_BENCH := $(BUILD)/bench/page_tables_bench
 $(TABLES_BENCH): $(OBJ)/bench/page_tables_bench.o $(LIB)
@@ -336,8 +360,25 @@ model-tests: model $(MODEL_BIN)
 	@$(MAKE) --no-print-directory $(TEST_JOBS) test-model-first test-model-rest
 
 test-cuda-build:
-	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory cuda-build; \
+	@if command -v $(NVCC) >/dev/null 2>&1; then $(MAKE) --no-print-directory cuda-build && \
+	    $(MAKE) --no-print-directory test-standin; \
 	 else echo "nvcc not found: the CUDA backend was not built (make CUDA=1 needs the CUDA toolkit)"; fi
+
+# The CUDA backend's host code under ASan and UBSan without a GPU: a CUDA build with the sanitizers
+# (its C objects those of make asan, its CUDA objects with code for one architecture only: the
+# stand-in runs no kernel) run over the stand-in runtime (scripts/standin_check.sh).
+# (spelt without commas: nvcc's -Xcompiler splits its argument at them)
+SAN_FLAGS := -fsanitize=address -fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+comma := ,
+empty :=
+space := $(empty) $(empty)
+cuda-asan-build:
+	@$(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda-asan OBJ=build-asan KVCHAT=build-cuda-asan/kvchat OPT=-O1 \
+		SAN="$(SAN_FLAGS)" NVARCH="-gencode arch=compute_90,code=sm_90" \
+		NVHOST=",$(subst $(space),$(comma),$(SAN_FLAGS))" build-cuda-asan/kvchat
+
+test-standin: cuda-asan-build $(STANDIN_LIBS)
+	bash scripts/standin_check.sh build-cuda-asan/kvchat $(STANDIN)
 
 # The CUDA backend and its GPU tests compile and link (no GPU needed); test-gpu also runs them. The
 # C and C++ objects are the CPU build's (see OBJ): only kernels/cuda/*.cu and the GPU tests compile

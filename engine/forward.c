@@ -40,6 +40,8 @@ struct fwd_ctx {
     int64_t head_off[65];
     unsigned char last_listed[64];   /* the layer's list has KV head h's last page (defer_stats) */
     page_list *lists;          /* [n_layer] each layer's list of every page, kept from call to call */
+    page_spans *spans;         /* [n_layer] their pages' positions, kept likewise where a decode step
+                                * observes a whole list (the page map), so it touches no page */
     uint64_t serial;           /* this context's share of the attention lists' names (be_attn.table) */
     int decoding;              /* the current eval is one decode step */
     int last_chunk;            /* the chunk being run is the eval's last */
@@ -212,12 +214,13 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->pos = malloc(B * sizeof(int32_t));
     f->tok = malloc(B * sizeof(int32_t));
     f->lists = calloc((size_t)hp->n_layer, sizeof *f->lists);
+    f->spans = calloc((size_t)hp->n_layer, sizeof *f->spans);
     f->pend.at = -1;
     static _Atomic uint64_t contexts;
     f->serial = ++contexts;
     if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall[0] || !f->vall[0] || !f->kall[1] ||
         !f->vall[1] || !f->gate || !f->up ||
-        !f->logits || !f->row || !f->sel_buf || !f->bits_buf || !f->dsel || !f->pos || !f->tok || !f->lists) {
+        !f->logits || !f->row || !f->sel_buf || !f->bits_buf || !f->dsel || !f->pos || !f->tok || !f->lists || !f->spans) {
         fwd_free(f);
         snprintf(err, errlen, "out of memory allocating forward buffers");
         return NULL;
@@ -277,6 +280,9 @@ void fwd_free(fwd_ctx *f)
     if (f->lists)
         for (int il = 0; il < f->m->hp.n_layer; il++) page_list_free(&f->lists[il]);
     free(f->lists);
+    if (f->spans)
+        for (int il = 0; il < f->m->hp.n_layer; il++) page_spans_free(&f->spans[il]);
+    free(f->spans);
     free(f);
 }
 
@@ -407,15 +413,18 @@ static void observe_page(fwd_ctx *f, int32_t pos0, int h, int first_global, int 
 static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, int first_global, int is_global)
 {
     const model_hparams *hp = &f->m->hp;
-    int Hkv = hp->n_head_kv, P = kv_page_size(f->kv);
+    int Hkv = hp->n_head_kv;
     page_list *L = &f->lists[il];
     if (page_list_update(L, f->kv, il)) return -1;
     int64_t tokens = 0;
     for (int h = 0; h < Hkv; h++) tokens += kv_head_tokens(f->kv, il, h);
     int64_t e = L->at.off[Hkv];
-    if (stats && observe)
+    if (stats && observe) {   /* every page attended: the page map's hits from the kept spans */
+        page_spans *S = &f->spans[il];
+        if (page_spans_update(S, f->kv, il)) return -1;
         for (int h = 0; h < Hkv; h++)
-            for (int64_t i = L->at.off[h]; i < L->at.off[h + 1]; i++) observe_page(f, L->refs[i].pos[0], h, first_global, P);
+            pol_set_hit_spans(f->pol, S->spans + S->at.off[h], S->at.off[h + 1] - S->at.off[h], first_global && h == 0);
+    }
     a->pages = L->refs;
     a->n_pages = e;
     a->head_pages = L->at.off;

@@ -1348,3 +1348,60 @@ Test(policy, task_aware_methods_report_what_their_probe_is)
     }
     unbuild(&fx);
 }
+
+/* A whole list's hits counted from its kept spans (pol_set_hit_spans: no page touched, a shift for
+ * pages of a power-of-two size) give the page map and this step's pages that counting each page
+ * by its first position does (pol_set_hit_page, pol_set_last_add), for page sizes that are and are
+ * not powers of two, empty pages (attended by nothing: left out) and maps that must grow. */
+Test(policy, a_whole_lists_hits_count_as_page_by_page)
+{
+    static const int sizes[] = { 1, 3, 16, 32, 48, 4096 };
+    uint64_t r = 12345;
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        int PG = sizes[si];
+        char err[256];
+        kv_cache *kv = kv_create(1, 1 << 20, 1, 8, PG, NULL, err, sizeof err);
+        cr_assert(kv, "%s", err);
+        int global[] = { 0 };
+        pol_env env = { kv, NULL, 1, 1, 8, global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+        pol_spec spec;
+        cr_assert(pol_parse(&spec, "full", NULL, err, sizeof err) == 0, "%s", err);
+        pol_set *a = pol_set_create(&spec, &env, err, sizeof err), *b = pol_set_create(&spec, &env, err, sizeof err);
+        cr_assert(a && b, "%s", err);
+        for (int round = 0; round < 40; round++) {
+            page_span span[300];
+            int n = (int)((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 300;
+            int32_t at = 0;
+            for (int j = 0; j < n; j++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                int32_t len = (int32_t)((r >> 40) % (uint64_t)(2 * PG)) + 1, skip = (int32_t)((r >> 20) % 7);
+                int empty = (r >> 10) % 9 == 0;
+                at += skip * (round % 3 == 0 ? PG : 1);   /* evicted tokens; every third round whole pages */
+                span[j] = empty ? (page_span){ 0, -1, 0 } : (page_span){ at, at + len - 1, len };
+                if (!empty) at += len;
+            }
+            int last = round & 1;
+            pol_set_last_reset(a);
+            pol_set_last_reset(b);
+            pol_set_hit_spans(a, span, n, last);
+            for (int j = 0; j < n; j++) {
+                if (!span[j].n) continue;
+                pol_set_hit_page(b, span[j].first);
+                if (last) pol_set_last_add(b, span[j].first / PG);
+            }
+            int64_t na, nb;
+            const int64_t *ma = pol_set_page_map(a, &na), *mb = pol_set_page_map(b, &nb);
+            cr_assert_eq(na, nb, "pages %d, round %d: a map of %lld pages against %lld", PG, round, (long long)na,
+                         (long long)nb);
+            cr_assert(na == 0 || !memcmp(ma, mb, sizeof *ma * (size_t)na), "pages %d, round %d: the maps differ", PG,
+                      round);
+            int la, lb;
+            const int *pa = pol_set_last_pages(a, &la), *pb = pol_set_last_pages(b, &lb);
+            cr_assert(la == lb && (la == 0 || !memcmp(pa, pb, sizeof *pa * (size_t)la)),
+                      "pages %d, round %d: this step's pages differ (%d against %d)", PG, round, la, lb);
+        }
+        pol_set_free(a);
+        pol_set_free(b);
+        kv_free(kv);
+    }
+}

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/page_list.h"
 #include "engine/policy/chelsea.h"
 #include "engine/policy/trace.h"
 
@@ -547,20 +548,43 @@ void pol_set_record_step(pol_set *ps, int64_t pages, int64_t tokens, uint64_t by
     s->pages_total_sum += pages_total;
 }
 
+/* Room in the page map for logical page i. 0, or -1 out of memory (the hit is not counted). */
+static int map_room(pol_set *ps, int64_t i)
+{
+    if (i < ps->cap_map) return 0;
+    int64_t nc = (i + 1) * 2;
+    int64_t *nm = realloc(ps->page_map, sizeof *nm * (size_t)nc);
+    if (!nm) return -1;
+    memset(nm + ps->cap_map, 0, sizeof *nm * (size_t)(nc - ps->cap_map));
+    ps->page_map = nm;
+    ps->cap_map = nc;
+    return 0;
+}
+
 void pol_set_hit_page(pol_set *ps, int64_t first_pos)
 {
     int64_t i = first_pos / kv_page_size(ps->env.kv);
-    if (i < 0) return;
-    if (i >= ps->cap_map) {
-        int64_t nc = (i + 1) * 2;
-        int64_t *nm = realloc(ps->page_map, sizeof *nm * (size_t)nc);
-        if (!nm) return;
-        memset(nm + ps->cap_map, 0, sizeof *nm * (size_t)(nc - ps->cap_map));
-        ps->page_map = nm;
-        ps->cap_map = nc;
-    }
+    if (i < 0 || map_room(ps, i)) return;
     ps->page_map[i]++;
     if (i + 1 > ps->n_map) ps->n_map = i + 1;
+}
+
+void pol_set_hit_spans(pol_set *ps, const page_span *span, int64_t n, int last)
+{
+    int64_t P = kv_page_size(ps->env.kv), hi = -1;
+    int shift = (P & (P - 1)) == 0 ? __builtin_ctzll((unsigned long long)P) : -1;
+    for (int64_t j = 0; j < n; j++)
+        if (span[j].n && span[j].first > hi) hi = span[j].first;
+    if (hi < 0) return;
+    int64_t top = shift >= 0 ? hi >> shift : hi / P;
+    if (map_room(ps, top)) return;
+    for (int64_t j = 0; j < n; j++) {
+        if (!span[j].n || span[j].first < 0) continue;   /* an empty page attends to nothing */
+        int64_t i = shift >= 0 ? span[j].first >> shift : span[j].first / P;
+        ps->page_map[i]++;
+        if (last) pol_set_last_add(ps, (int)i);
+    }
+    if (top + 1 > ps->n_map) ps->n_map = top + 1;
 }
 
 void pol_set_last_reset(pol_set *ps) { ps->n_last = 0; }

@@ -40,6 +40,8 @@
 #include "engine/bytes.h"
 #include "engine/kvcache.h"
 
+struct page_span;
+
 #define POL_MAX_PARAMS 16
 /* Entries of a static array (a parameter table, checked against its enum). */
 #define POL_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -318,6 +320,10 @@ void pol_set_last_reset(pol_set *ps);
 void pol_set_last_add(pol_set *ps, int logical_page);
 /* Count one attendance of the page starting at position first_pos (the page map). */
 void pol_set_hit_page(pol_set *ps, int64_t first_pos);
+/* Count one attendance of each nonempty page of span[0, n) (a head's whole list, as kept in a
+ * page_spans: no page touched, no division where the page size is a power of two); with last,
+ * each also in this step's pages (pol_set_last_add). */
+void pol_set_hit_spans(pol_set *ps, const struct page_span *span, int64_t n, int last);
 
 /* Read side (UI, CLI). */
 const pol_step_stats *pol_set_stats(const pol_set *ps);

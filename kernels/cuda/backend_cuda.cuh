@@ -101,8 +101,11 @@ typedef struct cuda_impl {
     be_backend *cpu;
     cublasHandle_t blas;
     cudaStream_t stream;
-    dev_weight *w;
+    dev_weight **w;           /* the weights' device copies, each allocated once (callers keep pointers) */
     int n_w, cap_w;
+    int *w_slots;             /* found by host address: an index into w plus one, 0 empty (open
+                               * addressing, a power of two, at most half full) */
+    int cap_w_slots;
     uint64_t weight_bytes;
     pc_table copies;          /* device copies of the KV pages */
     pt_set tables;            /* attention's page descriptors on the device, per named list */
