@@ -26,23 +26,42 @@ int64_t be_attn_rows_len(const be_attn *a)
     return n;
 }
 
-int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
-                          be_kv_page *out, int64_t *hp)
+int64_t be_attn_rows_heads(const be_attn *a, int64_t *hp)
 {
-    int64_t e = 0, kvd = (int64_t)a->n_head_kv * a->head_dim, np = pieces(a);
+    int64_t e = 0, np = pieces(a);
     for (int g = 0; g < a->n_head_kv; g++) {
         int64_t p0, p1;
         list_of(a, g, &p0, &p1);
         hp[g] = e;
-        if (p1 > p0) memcpy(out + e, a->pages + p0, sizeof(be_kv_page) * (size_t)(p1 - p0));
-        e += p1 - p0;
+        e += p1 - p0 + np;
+    }
+    hp[a->n_head_kv] = e;
+    return e;
+}
+
+void be_attn_rows_fill(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
+                       be_kv_page *out, const int64_t *hp, const int64_t *from)
+{
+    int64_t kvd = (int64_t)a->n_head_kv * a->head_dim, np = pieces(a);
+    for (int g = 0; g < a->n_head_kv; g++) {
+        int64_t p0, p1;
+        list_of(a, g, &p0, &p1);
+        int64_t skip = from ? from[g] - hp[g] : 0, e = hp[g] + (p1 - p0);
+        if (skip < 0) skip = 0;
+        if (p1 - p0 > skip) memcpy(out + hp[g] + skip, a->pages + p0 + skip, sizeof(be_kv_page) * (size_t)(p1 - p0 - skip));
         for (int64_t j = 0; j < np; j++) {
             int64_t r0 = j * BE_CUR_ROWS, n = a->n_cur - r0 < BE_CUR_ROWS ? a->n_cur - r0 : BE_CUR_ROWS;
             out[e++] = (be_kv_page){ .k = k16 + r0 * kvd, .v = v16 + r0 * kvd, .pos = pos + r0, .n = (int32_t)n,
                                      .stride = (int32_t)kvd, .head_step = a->head_dim };
         }
     }
-    hp[a->n_head_kv] = e;
+}
+
+int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
+                          be_kv_page *out, int64_t *hp)
+{
+    int64_t e = be_attn_rows_heads(a, hp);
+    be_attn_rows_fill(a, k16, v16, pos, out, hp, NULL);
     return e;
 }
 

@@ -647,6 +647,12 @@ static inline int be_merge_heads(be_backend *b, const be_merge *m)
 int64_t be_attn_rows_len(const be_attn *a);
 int64_t be_attn_rows_list(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
                           be_kv_page *out, int64_t *hp);
+/* The same in two steps, for a caller that needs only each head's last entries written: the
+ * offsets (hp, as be_attn_rows_list gives them; returns the count), then the entries, head g's
+ * from index from[g] on (from NULL: every entry; those before it are left as they are). */
+int64_t be_attn_rows_heads(const be_attn *a, int64_t *hp);
+void be_attn_rows_fill(const be_attn *a, const uint16_t *k16, const uint16_t *v16, const int32_t *pos,
+                       be_kv_page *out, const int64_t *hp, const int64_t *from);
 /* The most calls one joined attention launch serves (a batch's sequences, FWD_BATCH_MAX). */
 #define BE_ATTN_SEQS_MAX 8
 /* 1 when calls a[0 .. n) can run as one launch: 2 <= n <= BE_ATTN_SEQS_MAX, each one query with

@@ -277,6 +277,42 @@ static int do_range(pt_set *s, pt_list *l, const be_kv_page *list, int64_t i0, i
     return run0 >= 0 ? send_run(s, l, run0, i1) : PT_OK;
 }
 
+/* Whether a call under shape with offsets hp only appends to l as l stands (the same name and
+ * shape; a list whose array must grow is built whole): stable[g], head g's entries that are as
+ * the last call left them (its pages before its last one). *moved: the offsets changed, so the
+ * entries move and every one is looked at. */
+static int appends(const pt_list *l, uint64_t shape, const int64_t *hp, int n_heads, int64_t *stable, int *moved)
+{
+    int heads_same = hp && l->n_hp == n_heads + 1 && l->n > 0;
+    int appended = shape != 0 && shape == l->shape && heads_same;
+    *moved = heads_same && memcmp(l->hp, hp, sizeof(int64_t) * (size_t)(n_heads + 1)) != 0;
+    if (appended)
+        for (int g = 0; g < n_heads; g++) {
+            stable[g] = l->pages_of[g] - 1;   /* the last page may have grown */
+            if (stable[g] > hp[g + 1] - hp[g]) appended = 0;   /* not an append after all */
+        }
+    return appended;
+}
+
+static const pt_list *peek_list(const pt_set *s, uint64_t name)
+{
+    if (!s->cap_lists) return NULL;
+    uint64_t mask = (uint64_t)(s->cap_lists - 1), h = bits_hash(name) & mask;
+    for (; s->lists[h].used; h = (h + 1) & mask)
+        if (s->lists[h].name == name) return &s->lists[h];
+    return NULL;
+}
+
+int pt_reads_from(const pt_set *s, uint64_t name, uint64_t shape, const int64_t *hp, int n_heads, int64_t *from)
+{
+    const pt_list *l = n_heads <= PT_MAX_HEADS && hp ? peek_list(s, name) : NULL;
+    int64_t stable[PT_MAX_HEADS];
+    int moved;
+    if (!l || hp[n_heads] > l->cap || !appends(l, shape, hp, n_heads, stable, &moved) || moved) return 0;
+    for (int g = 0; g < n_heads; g++) from[g] = hp[g] + (stable[g] > 0 ? stable[g] : 0);
+    return 1;
+}
+
 /* The list named `name`, made when there is none (NULL when the host is out of memory). */
 static pt_list *find_list(pt_set *s, uint64_t name)
 {
@@ -321,15 +357,8 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
     /* Only appended to since the last call (the same name and shape): each head's pages before its
      * last one are the same. Entries are matched head by head: when the offsets moved, so do the
      * entries (and every entry is looked at). */
-    int heads_same = hp && l->n_hp == n_heads + 1 && l->n > 0;
-    int appended = shape != 0 && shape == l->shape && heads_same;
-    int moved = heads_same && memcmp(l->hp, hp, sizeof(int64_t) * (size_t)(n_heads + 1)) != 0;
     int64_t stable[PT_MAX_HEADS];
-    if (appended)
-        for (int g = 0; g < n_heads; g++) {
-            stable[g] = l->pages_of[g] - 1;   /* the last page may have grown */
-            if (stable[g] > hp[g + 1] - hp[g]) appended = 0;   /* not an append after all */
-        }
+    int moved, appended = appends(l, shape, hp, n_heads, stable, &moved);
     if (moved) remap(l, hp, n_heads, e);
     size_t w = 0;
     if (appended && !moved) {

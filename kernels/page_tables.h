@@ -105,6 +105,12 @@ void pt_free(pt_set *s);
  * drops the batch and calls pt_forget. */
 int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, int64_t e, const int64_t *hp,
              int n_heads, const pt_direct *direct, pt_call *out);
+/* 1 when pt_build(s, name, shape, list, hp[n_heads], hp, n_heads, ...) would read only head g's
+ * entries from[g] on (from[g] an index into list, hp[g] <= from[g] <= hp[g + 1]) and the entries
+ * before it may hold anything: the call only appends to the list as it stands, its offsets the
+ * same. 0: it would read every entry. For a caller that builds each call's list afresh (a
+ * deferred step's rows after each head's pages) and need not copy what would not be read. */
+int pt_reads_from(const pt_set *s, uint64_t name, uint64_t shape, const int64_t *hp, int n_heads, int64_t *from);
 /* Start an attention call: pc_begin_call, and before the copies' idle sweep the lists unused for
  * `idle` calls are freed and the copies the others hold count as used (their earlier pages are not
  * looked at by appended calls, so they would otherwise look idle). */

@@ -48,12 +48,14 @@ typedef struct checker {
     const kv_cache *kv;       /* the forward context's cache */
     seen_list last[MAX_LAYERS];
     int64_t calls, shaped, appended, moved, bad, deferred, entries;
+    int64_t tails;            /* deferred calls whose list was written only where pt_build reads it */
     int64_t max_cur;          /* the most rows a call gave that the cache takes later */
     /* the CUDA backend's bookkeeping, host memory standing in for the device */
     ub_batch batch;
     pc_table copies;
     pt_set tables;
-    be_kv_page *rows;
+    be_kv_page *rows;         /* a deferred call's whole list, to check against */
+    be_kv_page *part;         /* the list as the CUDA backend writes it: junk where pt_build does not read */
     int64_t cap_rows;
     /* the selection policies' summaries as the CUDA backend keeps them (kernels/summary_lists.c) */
     ub_batch sbatch;
@@ -96,10 +98,11 @@ static void scatter(ub_batch *ub)
  * checked against the entry it stands for. */
 static void through_tables(const be_attn *a)
 {
-    const be_kv_page *list = a->pages;
+    const be_kv_page *list = a->pages, *built = a->pages;
     const int64_t *hp = a->head_pages;
-    int64_t e = a->n_pages, hp_rows[65];
+    int64_t e = a->n_pages, hp_rows[65], hp_part[65], from[64];
     const uint16_t *cur = NULL;
+    pt_begin_call(&ck.tables, 64);
     if (a->n_cur > 0) {
         ck.deferred++;
         int64_t len = be_attn_rows_len(a), kvd = (int64_t)a->n_head_kv * a->head_dim;
@@ -107,18 +110,27 @@ static void through_tables(const be_attn *a)
         ck.max_cur = a->n_cur > ck.max_cur ? a->n_cur : ck.max_cur;
         if (len > ck.cap_rows) {
             ck.rows = realloc(ck.rows, sizeof *ck.rows * (size_t)len);
-            cr_assert(ck.rows);
+            ck.part = realloc(ck.part, sizeof *ck.part * (size_t)len);
+            cr_assert(ck.rows && ck.part);
             ck.cap_rows = len;
         }
         cur = cur16;
         e = be_attn_rows_list(a, cur, cur + a->n_cur * kvd, cur_pos, ck.rows, hp_rows);
         list = ck.rows;
         hp = hp_rows;
+        /* what the backend builds on: only what pt_build reads written, junk (pointers that lead
+         * nowhere) elsewhere, so reading it would fail the checks below */
+        cr_assert_eq(be_attn_rows_heads(a, hp_part), e);
+        cr_assert(!memcmp(hp_part, hp_rows, sizeof(int64_t) * (size_t)(a->n_head_kv + 1)));
+        memset(ck.part, 0xa5, sizeof *ck.part * (size_t)len);
+        int tail = pt_reads_from(&ck.tables, a->table, a->shape, hp_part, a->n_head_kv, from);
+        ck.tails += tail;
+        be_attn_rows_fill(a, cur, cur + a->n_cur * kvd, cur_pos, ck.part, hp_part, tail ? from : NULL);
+        built = ck.part;
     }
-    pt_begin_call(&ck.tables, 64);
     pt_call out;
     pt_direct rows = { cur, sizeof(uint16_t) * 2 * (size_t)(a->n_cur * a->n_head_kv * a->head_dim) };
-    cr_assert_eq(pt_build(&ck.tables, a->table, a->shape, list, e, hp, a->n_head_kv, cur ? &rows : NULL, &out), PT_OK);
+    cr_assert_eq(pt_build(&ck.tables, a->table, a->shape, built, e, hp, a->n_head_kv, cur ? &rows : NULL, &out), PT_OK);
     scatter(&ck.batch);
     for (int g = 0; hp && g <= a->n_head_kv; g++) cr_assert_eq(out.head_pages[g], hp[g]);
     for (int64_t i = 0; i < e; i++) {
@@ -334,6 +346,7 @@ static void ck_close(model *m, be_backend *b)
     sl_free(&ck.sums);
     ub_free(&ck.sbatch);
     free(ck.rows);
+    free(ck.part);
     be_free(ck.cpu);
     be_free(b);
     model_free(m);
@@ -370,6 +383,9 @@ static void run_with(const char *file, const char *spec, int deferred, int stric
         cr_expect_gt(ck.moved, 0, "%s under %s: no head's entries moved", file, spec ? spec : "no policy");
     cr_expect_eq(ck.bad, 0);
     if (deferred) cr_expect_gt(ck.deferred, 0, "%s under %s: no step deferred", file, spec ? spec : "no policy");
+    if (deferred && strict)
+        cr_expect_gt(ck.tails, 0, "%s under %s: no deferred step's list was written only where it is read", file,
+                     spec ? spec : "no policy");
     cr_expect_gt(ck.entries, 500, "%s: %lld descriptors checked", file, (long long)ck.entries);
     pol_set_free(ps);
     fwd_free(f);

@@ -472,8 +472,13 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
         c->hp = a[i].head_pages;
         c->e = a[i].n_pages;
         if (n_cur > 0) {   /* call i's rows: keys then values, each every call's in order (cur16's layout) */
-            c->e = be_attn_rows_list(&a[i], cur16 + i * kvd, cur16 + (n_cur + i) * kvd, ci->cur_pos + i,
-                                     ci->rows_list + at, c->rows);
+            /* only the entries pt_build will read: a decode step's list that only grew, each head's
+             * last pages and rows (copying every page was most of a long context's host work) */
+            int64_t from[PT_MAX_HEADS];
+            c->e = be_attn_rows_heads(&a[i], c->rows);
+            int tail = pt_reads_from(&ci->tables, a[i].table, a[i].shape, c->rows, a->n_head_kv, from);
+            be_attn_rows_fill(&a[i], cur16 + i * kvd, cur16 + (n_cur + i) * kvd, ci->cur_pos + i, ci->rows_list + at,
+                              c->rows, tail ? from : NULL);
             list = ci->rows_list + at;
             c->hp = c->rows;
             at += (size_t)c->e;
