@@ -1405,3 +1405,85 @@ Test(policy, a_whole_lists_hits_count_as_page_by_page)
         kv_free(kv);
     }
 }
+
+/* StreamingLLM's choice from its kept page spans (a page's tokens looked at only where it
+ * straddles the sinks' or the window's end) is the token-by-token choice over every page: heads
+ * evicted differently (pages with gaps in their positions), pages of 3, 8 and 16 tokens, sinks and
+ * windows of every size, the cache growing and evicted again between steps. */
+Test(policy, streaming_chooses_from_its_spans_as_token_by_token)
+{
+    static const int sizes[] = { 3, 8, 16 };
+    enum { H = 3, DH = 8 };
+    uint64_t r = 777;
+#define RND() ((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 33)
+    for (size_t si = 0; si < 3; si++) {
+        int PG = sizes[si];
+        char err[256];
+        kv_cache *kv = kv_create(1, 8192, H, DH, PG, NULL, err, sizeof err);
+        cr_assert(kv, "%s", err);
+        int global[] = { 0 };
+        pol_env env = { kv, NULL, H, H, DH, global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+        float k[H * DH], v[H * DH];
+        for (int i = 0; i < H * DH; i++) k[i] = v[i] = (float)i / 7.0f;
+        int64_t len = 0;
+        for (int round = 0; round < 12; round++) {
+            int64_t add = 20 + (int64_t)(RND() % 300);
+            for (int64_t t = 0; t < add; t++, len++) cr_assert_eq(kv_append(kv, 0, k, v, 1, len), 0);
+            kv_commit(kv, len);
+            if (round % 3 != 2)
+                for (int h = 0; h < H; h++) {   /* evict: keep a random subset, the last token always */
+                    int64_t n = kv_head_tokens(kv, 0, h), nk = 0;
+                    int64_t *keep = malloc(sizeof *keep * (size_t)n);
+                    for (int64_t i = 0; i < n; i++)
+                        if (i == n - 1 || RND() % 4 != 0) keep[nk++] = i;
+                    cr_assert_eq(kv_keep_tokens(kv, 0, h, keep, nk), 0);
+                    free(keep);
+                }
+            int64_t sinks = (int64_t)(RND() % 6), budget = sinks + 1 + (int64_t)(RND() % (uint64_t)(len / 2 + 1));
+            char spec[96];
+            snprintf(spec, sizeof spec, "streaming:sinks=%lld,budget=%lld", (long long)sinks, (long long)budget);
+            pol_spec ps_spec;
+            cr_assert(pol_parse(&ps_spec, spec, NULL, err, sizeof err) == 0, "%s", err);
+            pol_set *ps = pol_set_create(&ps_spec, &env, err, sizeof err);
+            cr_assert(ps, "%s", err);
+            for (int step = 0; step < 2; step++) {   /* twice: the second from the kept spans */
+                int32_t tok = 0;
+                pol_set_begin(ps, &tok, 1, len - 1, 1);
+                const pol_sel *sel = pol_set_select(ps, 0, NULL);
+                int64_t recent_from = len - (budget - sinks);
+                if (budget >= len) {
+                    cr_expect_null(sel, "%s at %lld tokens: a selection where everything fits", spec, (long long)len);
+                    continue;
+                }
+                cr_assert(sel && sel->per_head, "%s: no per-head selection", spec);
+                for (int h = 0; h < H; h++) {
+                    int64_t j = sel->off[h];
+                    for (int i = 0; i < kv_n_pages(kv, 0, h); i++) {
+                        const kv_page *p = kv_layer_page(kv, 0, h, i);
+                        uint64_t want[8] = { 0 };
+                        int32_t on = 0;
+                        for (int32_t t = 0; t < p->n; t++)
+                            if (p->pos[t] < sinks || p->pos[t] >= recent_from) {
+                                want[t >> 6] |= 1ull << (t & 63);
+                                on++;
+                            }
+                        if (!on) continue;
+                        cr_assert(j < sel->off[h + 1] && sel->idx[j] == i,
+                                  "%s, pages of %d, round %d: head %d's page %d is not chosen", spec, PG, round, h, i);
+                        if (on == p->n)
+                            cr_assert_null(sel->mask[j], "%s: head %d's page %d masked, wholly kept", spec, h, i);
+                        else
+                            cr_assert(sel->mask[j] && !memcmp(sel->mask[j], want, sizeof(uint64_t) * (size_t)((PG + 63) / 64)),
+                                      "%s, pages of %d, round %d: head %d's page %d has the wrong mask", spec, PG,
+                                      round, h, i);
+                        j++;
+                    }
+                    cr_assert_eq(j, sel->off[h + 1], "%s: head %d has pages chosen that keep nothing", spec, h);
+                }
+            }
+            pol_set_free(ps);
+        }
+        kv_free(kv);
+    }
+#undef RND
+}

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/page_list.h"
 #include "engine/policy/trace.h"
 
 enum { P_SINKS, P_BUDGET, P_COUNT };
@@ -24,21 +25,31 @@ typedef struct st_streaming {
     uint64_t *masks;          /* scratch masks for partially kept pages */
     size_t mask_cap;          /* in words */
     int64_t kept_last, ctx_last;
+    /* each global layer's pages' first and last positions, kept from step to step
+     * (engine/page_list.h): a step looks at a page's tokens only where it straddles the kept
+     * ranges' ends, not at every token of the cache (18 ms a step at 16K at the 7B shape) */
+    page_spans *spans;
+    int n_spans;
 } st_streaming;
 
 static int s_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
 {
-    (void)env;
     st_streaming *s = calloc(1, sizeof *s);
+    if (s && env->n_global > 0 && !(s->spans = calloc((size_t)env->n_global, sizeof *s->spans))) {
+        free(s);
+        s = NULL;
+    }
     if (!s) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    s->n_spans = env->n_global;
     s->sinks = (int64_t)vals[P_SINKS];
     s->budget = vals[P_BUDGET];
     if (s->budget >= 1 && (int64_t)s->budget <= s->sinks) {
         snprintf(err, errlen, "streaming: budget %g tokens leaves no recent window after %lld sink tokens", s->budget,
                  (long long)s->sinks);
+        free(s->spans);
         free(s);
         return -1;
     }
@@ -49,6 +60,8 @@ static int s_create(void **out, const pol_env *env, const double *vals, char *er
 static void s_destroy(void *st)
 {
     st_streaming *s = st;
+    for (int i = 0; i < s->n_spans; i++) page_spans_free(&s->spans[i]);
+    free(s->spans);
     free(s->masks);
     free(s);
 }
@@ -98,24 +111,45 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
     }
     int64_t recent_from = len - (budget - s->sinks);
     if (env->trace && il == env->global[0]) trace_spans(env->trace, s->sinks, recent_from, len);
+    int gl = 0;
+    while (gl < env->n_global && env->global[gl] != il) gl++;
+    if (gl == env->n_global) return 0;   /* never: only global layers select */
+    page_spans *sp = &s->spans[gl];
+    if (page_spans_update(sp, env->kv, il)) return 0;   /* out of memory: attend to everything, always correct */
     int P = kv_page_size(env->kv);
     size_t words = ((size_t)P + 63) / 64;
-    size_t total = 0;
-    for (int h = 0; h < env->n_head_kv; h++) total += (size_t)kv_n_pages(env->kv, il, h) * words;
-    if (total > s->mask_cap) {
-        size_t nc = total * 2;
+    /* a mask for each page that straddles a kept range's end: at most two a head where the
+     * positions ascend from page to page (as the cache keeps them), more where they do not */
+    size_t straddling = 0;
+    for (int64_t i = 0; i < sp->at.off[env->n_head_kv]; i++) {
+        page_span a = sp->spans[i];
+        straddling += a.n > 0 && !(a.last < s->sinks || a.first >= recent_from) &&
+                      !(a.first >= s->sinks && a.last < recent_from);
+    }
+    if (straddling * words > s->mask_cap) {
+        size_t nc = straddling * words * 2;
         uint64_t *m = realloc(s->masks, nc * sizeof *m);
-        if (!m) return 0;   /* attend to everything rather than fail */
+        if (!m) return 0;
         s->masks = m;
         s->mask_cap = nc;
     }
-    /* per KV head: a prefill policy may have left the heads' tables different */
+    /* per KV head: a prefill policy may have left the heads' tables different. A page's positions
+     * ascend, so its first and last say whether it is wholly kept or wholly dropped; only a page
+     * that straddles a kept range's end has its tokens looked at. */
     int64_t kept = 0;
     uint64_t *m = s->masks;
     for (int h = 0; h < env->n_head_kv; h++) {
         pol_sel_head(sel, h);
-        int np = kv_n_pages(env->kv, il, h);
-        for (int i = 0; i < np; i++, m += words) {
+        const page_span *span = sp->spans + sp->at.off[h];
+        int np = (int)(sp->at.off[h + 1] - sp->at.off[h]);
+        for (int i = 0; i < np; i++) {
+            page_span a = span[i];
+            if (a.n == 0 || (a.first >= s->sinks && a.last < recent_from)) continue;
+            if (a.last < s->sinks || a.first >= recent_from) {
+                pol_sel_add(sel, i, NULL);
+                if (h == 0) kept += a.n;
+                continue;
+            }
             const kv_page *p = kv_layer_page(env->kv, il, h, i);
             memset(m, 0, words * sizeof *m);
             int32_t on = 0;
@@ -127,6 +161,7 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
             }
             if (on == 0) continue;
             pol_sel_add(sel, i, on == p->n ? NULL : m);
+            if (on != p->n) m += words;
             if (h == 0) kept += on;
         }
     }
