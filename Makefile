@@ -110,6 +110,8 @@ help:
 	@echo "make model      fetch and verify the default model (Gemma 3 270M Q4_K_M) into $(KVCHAT_CACHE)"
 	@echo "make bootstrap  install the Debian packages kvchat needs (apt-get when root)"
 	@echo "make bench      kvchat bench on the default model, appended to bench/results.csv"
+	@echo "make bench-host-cost  a decode step's host work on the CUDA backend, timed and counted without a GPU (bench/host_cost.sh)"
+	@echo "make test-standin the CUDA build's host code under ASan and UBSan without a GPU (scripts/standin_check.sh; part of make test)"
 	@echo "make bench-tables  the host's share of a CUDA attention call, timed without a GPU (bench/page_tables_bench.c)"
 	@echo "make bench-pick    the host's share of choosing a token, with and without the backend's pick (bench/pick_bench.c)"
 	@echo "make bench-chess   the host's share of CHESS's reconstruction a decode step, 7B shape (bench/chess_bench.c;"
