@@ -44,6 +44,17 @@ int32_t *fwd_fixture_prompt(const model *m, const char *path, size_t *n)
     return ids;
 }
 
+fwd_ctx *fwd_fixture_start(const model *m, be_backend *b, const fwd_opts *fo, const char *spec, pol_set **ps,
+                           const int32_t *ids, size_t n, float *logits)
+{
+    char err[512];
+    fwd_ctx *f = fwd_create(m, b, fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    *ps = fwd_fixture_policy(f, spec);
+    cr_assert(fwd_eval(f, ids, (int64_t)n, logits, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    return f;
+}
+
 void fwd_fixture_pair_open(fwd_pair *p, const model *m, be_backend *b, const char *spec)
 {
     char err[512];

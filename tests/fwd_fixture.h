@@ -18,6 +18,10 @@ pol_set *fwd_fixture_policy_make(fwd_ctx *f, const char *spec);
 pol_set *fwd_fixture_policy(fwd_ctx *f, const char *spec);
 /* The tokens of a prompt file (with m's BOS when it adds one), asserted; *n their count. */
 int32_t *fwd_fixture_prompt(const model *m, const char *path, size_t *n);
+/* A forward context of m on b made with fo, spec's policy set on it (*ps; NULL spec: none) and the
+ * prompt `ids` (n tokens) evaluated, its last logits in logits; asserted. */
+fwd_ctx *fwd_fixture_start(const model *m, be_backend *b, const fwd_opts *fo, const char *spec, pol_set **ps,
+                           const int32_t *ids, size_t n, float *logits);
 
 /* Two sequences of one model on one backend under one policy spec (NULL: none), the second
  * restored from a snapshot of the first: fwd_fixture_pair_open makes them (pages of 16, chunks of

@@ -481,12 +481,10 @@ static float *run(const model *m, be_backend *b, const char *spec, int page_size
     size_t n;
     int32_t *ids = prompt(m, &n);
     fwd_opts fo = { 2048, 64, page_size };
-    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
-    cr_assert(f, "%s", err);
-    pol_set *ps = fwd_fixture_policy(f, spec);
     int nv = m->hp.n_vocab;
     float *all = malloc(sizeof(float) * (size_t)nv * 13);
-    cr_assert(fwd_eval(f, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps;
+    fwd_ctx *f = fwd_fixture_start(m, b, &fo, spec, &ps, ids, n, all);
     for (int s = 1; s <= 12; s++) {
         const float *l = all + (size_t)(s - 1) * nv;
         int32_t best = 0;

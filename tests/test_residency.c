@@ -534,12 +534,10 @@ static float *run(const model *m, be_backend *b, const char *spec)
     size_t n;
     int32_t *ids = prompt(m, &n);
     fwd_opts fo = { 2048, 48, run_page };
-    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
-    cr_assert(f, "%s", err);
-    pol_set *ps = fwd_fixture_policy(f, spec);
     int nv = m->hp.n_vocab;
     float *all = malloc(sizeof(float) * (size_t)nv * (STEPS + 1));
-    cr_assert(fwd_eval(f, ids, (int64_t)n, all, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps;
+    fwd_ctx *f = fwd_fixture_start(m, b, &fo, spec, &ps, ids, n, all);
     for (int s = 1; s <= STEPS; s++) {
         const float *l = all + (size_t)(s - 1) * nv;
         int32_t best = samp_argmax(l, nv);
@@ -721,12 +719,10 @@ static float *run_switched(const model *m, be_backend *b, const char *spec1, con
     size_t n;
     int32_t *ids = prompt(m, &n);
     fwd_opts fo = { 2048, 48, run_page };
-    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
-    cr_assert(f, "%s", err);
-    pol_set *ps = fwd_fixture_policy(f, spec1);
     int nv = m->hp.n_vocab;
     float *l = malloc(sizeof(float) * (size_t)nv), *all = malloc(sizeof(float) * (size_t)nv * STEPS);
-    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps;
+    fwd_ctx *f = fwd_fixture_start(m, b, &fo, spec1, &ps, ids, n, l);
     for (int s = 0; s < STEPS; s++)
         cr_assert(fwd_decode(f, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
     pol_set *ps2 = fwd_fixture_policy_make(f, spec2);
