@@ -48,7 +48,8 @@ NVHOST    =
 NVFLAGS   = -std=c++17 $(OPT) -g -I. $(NVARCH) \
             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror$(NVHOST)
 ifeq ($(CUDA),1)
-LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+# (the path as RUNPATH, which LD_LIBRARY_PATH overrides: how the stand-in runtime replaces the real one)
+LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,--enable-new-dtags,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
 
 ENGINE_C  := $(wildcard common/*.c) $(wildcard engine/*.c) $(wildcard engine/policy/*.c) $(wildcard store/*.c)
@@ -379,8 +380,13 @@ cuda-asan-build:
 		SAN="$(SAN_FLAGS)" NVARCH="-gencode arch=compute_90,code=sm_90" \
 		NVHOST=",$(subst $(space),$(comma),$(SAN_FLAGS))" build-cuda-asan/kvchat
 
+ifeq ($(CUDART_MAJOR),)
+test-standin:
+	@echo "test-standin: no CUDART_VERSION in $(CUDA_HOME)/include/cuda_runtime_api.h: the stand-in runtime was not built (set CUDA_HOME)"
+else
 test-standin: cuda-asan-build $(STANDIN_LIBS)
 	bash scripts/standin_check.sh build-cuda-asan/kvchat $(STANDIN)
+endif
 
 # The CUDA backend and its GPU tests compile and link (no GPU needed); test-gpu also runs them. The
 # C and C++ objects are the CPU build's (see OBJ): only kernels/cuda/*.cu and the GPU tests compile
@@ -464,7 +470,7 @@ bench: model $(KVCHAT)
 	./$(KVCHAT) bench -m $(DEFAULT_MODEL)
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz build-cuda $(KVCHAT) $(KVCHAT).kind
+	rm -rf $(BUILD) build-asan build-fuzz build-cuda build-cuda-asan $(KVCHAT) $(KVCHAT).kind
 
 -include $(LIB_OBJ:.o=.d) $(APP_OBJ:.o=.d) $(UNIT_OBJ:.o=.d) $(MODEL_T_OBJ:.o=.d) $(GPU_T_OBJ:.o=.d) $(BUILD)/tests/gpu/bench_kernels.d \
          $(wildcard $(OBJ)/bench/*.d)

@@ -127,6 +127,8 @@ if [ -s "$work/d24.txt" ] && [ -s "$work/g24.txt" ]; then
         fail "a decode step recorded as graphs still launches kernels directly:"
         head -n 20 "$work/direct_on"
     fi
+else
+    fail "the stand-in wrote no census (KVCHAT_STANDIN_REPORT)"
 fi
 
 echo "standin_check: $runs runs of $(basename "$K") over the stand-in CUDA runtime, $fails failed"

@@ -1407,7 +1407,8 @@ Test(policy, a_whole_lists_hits_count_as_page_by_page)
 /* StreamingLLM's choice from its kept page spans (a page's tokens looked at only where it
  * straddles the sinks' or the window's end) is the token-by-token choice over every page: heads
  * evicted differently (pages with gaps in their positions), pages of 3, 8 and 16 tokens, sinks and
- * windows of every size, the cache growing and evicted again between steps. */
+ * windows of every size, each policy's second step after the cache grew (its spans updated, not
+ * built afresh), the cache evicted again between policies. */
 Test(policy, streaming_chooses_from_its_spans_as_token_by_token)
 {
     static const int sizes[] = { 3, 8, 16 };
@@ -1444,7 +1445,12 @@ Test(policy, streaming_chooses_from_its_spans_as_token_by_token)
             cr_assert(pol_parse(&ps_spec, spec, NULL, err, sizeof err) == 0, "%s", err);
             pol_set *ps = pol_set_create(&ps_spec, &env, err, sizeof err);
             cr_assert(ps, "%s", err);
-            for (int step = 0; step < 2; step++) {   /* twice: the second from the kept spans */
+            for (int step = 0; step < 2; step++) {   /* twice: the second from the kept spans, updated */
+                if (step == 1) {   /* more tokens, none evicted: the spans updated at each head's end */
+                    int64_t more = 1 + (int64_t)(RND() % (uint64_t)(2 * PG + 3));
+                    for (int64_t t = 0; t < more; t++, len++) cr_assert_eq(kv_append(kv, 0, k, v, 1, len), 0);
+                    kv_commit(kv, len);
+                }
                 int32_t tok = 0;
                 pol_set_begin(ps, &tok, 1, len - 1, 1);
                 const pol_sel *sel = pol_set_select(ps, 0, NULL);
@@ -1484,4 +1490,56 @@ Test(policy, streaming_chooses_from_its_spans_as_token_by_token)
         kv_free(kv);
     }
 #undef RND
+}
+
+/* A decode step that attends a layer's whole list counts every page of it in the page map (from
+ * the forward pass's kept page spans): on the CPU backend, whose step's row is in the cache when
+ * attention runs, each step adds one for each page of each KV head of each global layer, counted
+ * here page by page from the cache after the step. */
+Test(policy, the_page_map_counts_every_page_a_whole_list_attends)
+{
+    static const char *const files[] = { TD "tiny/tiny-gemma3-q4_k_m.gguf", TD "tiny/tiny-llama-q4_k_m.gguf" };
+    for (int fi = 0; fi < 2; fi++) {
+        char err[512];
+        model *m;
+        cr_assert(model_load(&m, files[fi], NULL, err, sizeof err) == 0, "%s", err);
+        be_backend *b = be_cpu_create(2, err, sizeof err);
+        cr_assert(b, "%s", err);
+        size_t n;
+        int32_t *ids = prompt(m, &n);
+        fwd_opts fo = { 2048, 64, 16 };
+        int nv = m->hp.n_vocab;
+        float *l = malloc(sizeof(float) * (size_t)nv);
+        pol_set *ps;
+        fwd_ctx *f = fwd_fixture_start(m, b, &fo, "full", &ps, ids, n, l);
+        pol_env env;
+        fwd_policy_env(f, &env);
+        const kv_cache *kv = fwd_kv(f);
+        int64_t want[512] = { 0 };
+        for (int s = 0; s < 40; s++) {   /* across page boundaries (16 tokens) */
+            cr_assert(fwd_decode(f, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
+            for (int gl = 0; gl < env.n_global; gl++)
+                for (int h = 0; h < env.n_head_kv; h++)
+                    for (int j = 0; j < kv_n_pages(kv, env.global[gl], h); j++) {
+                        const kv_page *p = kv_layer_page(kv, env.global[gl], h, j);
+                        cr_assert_lt(p->pos[0] / 16, 512);
+                        if (p->n) want[p->pos[0] / 16]++;
+                    }
+        }
+        int64_t nm;
+        const int64_t *map = pol_set_page_map(ps, &nm);
+        int64_t last = 0;
+        for (int64_t i = 0; i < 512; i++)
+            if (want[i]) last = i + 1;
+        cr_assert_eq(nm, last, "%s: a map of %lld pages, %lld attended", files[fi], (long long)nm, (long long)last);
+        for (int64_t i = 0; i < nm; i++)
+            cr_expect_eq(map[i], want[i], "%s: page %lld attended %lld times, counted %lld", files[fi], (long long)i,
+                         (long long)want[i], (long long)map[i]);
+        pol_set_free(ps);
+        fwd_free(f);
+        free(ids);
+        free(l);
+        be_free(b);
+        model_free(m);
+    }
 }

@@ -454,13 +454,26 @@ cudaError_t __cudaGetKernel(cudaKernel_t *k, const void *fun)
     return cudaSuccess;
 }
 
+/* A launch counted under its kernel: the stub's address (what __cudaRegisterFunction keyed). */
+static void count_launch(const void *fun)
+{
+    if (!census_on()) return;
+    size_t at = kernel_slot(fun);
+    if (at != SIZE_MAX && si_kernels[at].fun)
+        atomic_fetch_add(atomic_load(&si_capturing) ? &si_kernels[at].recorded : &si_kernels[at].direct, 1);
+}
+
+/* Where an older toolkit's stubs (or CUDA 13's legacy path) launch: by the stub's address. */
+cudaError_t cudaLaunchKernel(const void *fun, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s)
+{
+    (void)grid, (void)block, (void)args, (void)shmem, (void)s;
+    count_launch(fun);
+    return cudaSuccess;
+}
+
 cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s)
 {
     (void)grid, (void)block, (void)args, (void)shmem, (void)s;
-    if (census_on()) {
-        size_t at = kernel_slot((const void *)k);
-        if (at != SIZE_MAX && si_kernels[at].fun)
-            atomic_fetch_add(atomic_load(&si_capturing) ? &si_kernels[at].recorded : &si_kernels[at].direct, 1);
-    }
+    count_launch((const void *)k);
     return cudaSuccess;
 }
