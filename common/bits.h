@@ -13,13 +13,17 @@
 #define BM_HD static inline
 #endif
 
-/* Set bits of a word. */
+/* Set bits of a word. On the host in registers (the build targets every x86-64, so the builtin
+ * would be a call into libgcc for each word: a third of SentKV's count of its choice a step). */
 BM_HD int bm_popcount(uint64_t x)
 {
 #ifdef __CUDA_ARCH__
     return __popcll(x);
 #else
-    return __builtin_popcountll(x);
+    x -= (x >> 1) & 0x5555555555555555ull;
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+    return (int)((x * 0x0101010101010101ull) >> 56);
 #endif
 }
 

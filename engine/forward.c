@@ -382,7 +382,7 @@ static int64_t tokens_of(const kv_page *p, const uint64_t *mask)
     for (int32_t w = 0; w < (p->n + 63) / 64; w++) {
         uint64_t m = mask[w];
         if (w == (p->n - 1) / 64 && (p->n & 63)) m &= (1ull << (p->n & 63)) - 1;
-        c += __builtin_popcountll(m);
+        c += bm_popcount(m);
     }
     return c;
 }

@@ -305,3 +305,26 @@ Test(segments, a_page_mask_from_a_bitmap_is_its_tokens_bits)
                      (long long)b);
     }
 }
+
+/* A word's set bits as the host counts them (bm_popcount: in registers, not libgcc's call) are its
+ * bits counted one by one: every single bit, every run from either end, and random words. */
+Test(segments, a_words_set_bits_are_counted_bit_by_bit)
+{
+    uint64_t r = 99;
+    for (int i = 0; i < 20000; i++) {
+        uint64_t x;
+        if (i < 64)
+            x = 1ull << i;
+        else if (i < 129)
+            x = i == 128 ? ~0ull : (1ull << (i - 64)) - 1;
+        else if (i < 193)
+            x = ~0ull << (i - 129);
+        else {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            x = r ^ (r << 17) ^ (i % 3 ? 0 : r >> 9);
+        }
+        int want = 0;
+        for (int b = 0; b < 64; b++) want += (int)((x >> b) & 1);
+        cr_assert_eq(bm_popcount(x), want, "word %016llx", (unsigned long long)x);
+    }
+}

@@ -86,7 +86,8 @@ typedef struct st_sent {
     int64_t cur;
     /* per global layer x KV head: last step's selection bitmap over positions (reuse rate) */
     uint64_t **prev;
-    int64_t *prev_words;
+    int64_t *prev_words;      /* each slot's room, in words */
+    int64_t *prev_len;        /* the words of it the last step wrote */
     uint64_t *now;
     int64_t now_words;
     uint64_t *masks;
@@ -118,8 +119,9 @@ static int se_create(void **out, const pol_env *env, const double *vals, char *e
     s->summ_per = (int64_t)slots * 2 * kv_head_dim(env->kv);
     s->prev = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev);
     s->prev_words = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_words);
+    s->prev_len = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_len);
     s->off = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
-    if (!s->prev || !s->prev_words || !s->off) goto oom;
+    if (!s->prev || !s->prev_words || !s->prev_len || !s->off) goto oom;
     s->shape = kv_next_gen();
     *out = s;
     return 0;
@@ -128,6 +130,7 @@ oom:
         free(s->off);
         free(s->prev);
         free(s->prev_words);
+        free(s->prev_len);
         free(s);
     }
     snprintf(err, errlen, "out of memory");
@@ -144,6 +147,7 @@ static void se_destroy(void *st)
     for (int i = 0; s->prev && i < s->n_slots; i++) free(s->prev[i]);
     free(s->prev);
     free(s->prev_words);
+    free(s->prev_len);
     free(s->now);
     free(s->masks);
     free(s->score);
@@ -334,11 +338,15 @@ static void count_choice(st_sent *s, const pol_env *env, int gl, const uint64_t 
     for (int g = 0; g < env->n_head_kv; g++) {
         const uint64_t *now = bits + (int64_t)g * words;
         int slot = gl * env->n_head_kv + g;
-        int64_t picked = 0, reused = 0;
-        for (int64_t w = 0; w < words; w++) {
-            picked += __builtin_popcountll(now[w]);
-            if (w < s->prev_words[slot]) reused += __builtin_popcountll(now[w] & s->prev[slot][w]);
+        /* one pass: this step's bits counted, those the last step had counted again, and kept for
+         * the next (the words past the last step's length were not its: not compared) */
+        int64_t seen = s->prev_len[slot] < words ? s->prev_len[slot] : words, picked = 0, reused = 0, w = 0;
+        const uint64_t *last = s->prev[slot];
+        for (; w < seen; w++) {
+            picked += bm_popcount(now[w]);
+            reused += bm_popcount(now[w] & last[w]);
         }
+        for (; w < words; w++) picked += bm_popcount(now[w]);
         s->reused += (double)reused;
         s->gathered += (double)picked;
         total_tokens += picked;
@@ -346,14 +354,12 @@ static void count_choice(st_sent *s, const pol_env *env, int gl, const uint64_t 
             uint64_t *np = realloc(s->prev[slot], sizeof(uint64_t) * (size_t)(words * 2));
             if (np) {
                 s->prev[slot] = np;
-                memset(np + s->prev_words[slot], 0, sizeof(uint64_t) * (size_t)(words * 2 - s->prev_words[slot]));
                 s->prev_words[slot] = words * 2;
             }
         }
-        if (s->prev[slot] && s->prev_words[slot] >= words) {
-            memcpy(s->prev[slot], now, sizeof(uint64_t) * (size_t)words);
-            memset(s->prev[slot] + words, 0, sizeof(uint64_t) * (size_t)(s->prev_words[slot] - words));
-        }
+        int kept = s->prev[slot] && s->prev_words[slot] >= words;
+        if (kept) memcpy(s->prev[slot], now, sizeof(uint64_t) * (size_t)words);
+        s->prev_len[slot] = kept ? words : 0;   /* out of memory: the next step compares with nothing */
     }
     s->tokens_last = total_tokens / (env->n_head_kv > 0 ? env->n_head_kv : 1);
 }
@@ -495,7 +501,7 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
             int32_t on = 0;
             if ((int64_t)at.last - at.first == at.n - 1 && at.last < len) {
                 bm_bits_at(now, words, at.first, at.n, m, pw);
-                for (size_t w = 0; w < pw; w++) on += __builtin_popcountll(m[w]);
+                for (size_t w = 0; w < pw; w++) on += bm_popcount(m[w]);
             } else {
                 const kv_page *p = kv_layer_page(env->kv, il, g, i);
                 memset(m, 0, pw * sizeof *m);
