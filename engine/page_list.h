@@ -7,9 +7,10 @@
  * pages after it are new, so an update rewrites a few entries a head instead of every page: the
  * host's work a decode step does not grow with the context, nor does it touch every page (at 8K
  * tokens on the 7B shape, 2,000 pages a layer whose headers are each a cache and TLB miss). The
- * forward pass keeps a page_list a layer for attention, CHESS one a global layer for its summaries,
- * Quest a page_sums a global layer for its bounds, and SentKV a page_spans a global layer for its
- * token masks. */
+ * forward pass keeps a page_list a layer for attention and a page_spans a global layer for the page
+ * map of a step that attends every page, CHESS a page_list a global layer for its summaries, Quest
+ * a page_sums a global layer for its bounds, and SentKV and StreamingLLM a page_spans a global layer
+ * for their token masks. */
 #ifndef KVCHAT_PAGE_LIST_H
 #define KVCHAT_PAGE_LIST_H
 
