@@ -27,6 +27,7 @@ M=$3
 shift 3
 depths=${*:-2048 8192}
 case $SI in /*) ;; *) SI=$PWD/$SI ;; esac
+here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export LD_LIBRARY_PATH="$SI${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -45,8 +46,7 @@ bench() {
 }
 # per_step A B: every census line's count a step ("KIND NAME COUNT"), B less A
 per_step() {
-    awk -v steps=$steps 'FNR == 1 { f++ } { n[$1 " " $2] += (f == 2 ? $3 : -$3) }
-        END { for (k in n) if (n[k]) printf "%s %g\n", k, n[k] / steps }' "$work/$1.txt" "$work/$2.txt"
+    awk -v steps=$steps -f "$here/standin/census_step.awk" "$work/$1.txt" "$work/$2.txt"
 }
 # sum KIND [NAME ...] < per_step: the count a step of those lines
 sum() {

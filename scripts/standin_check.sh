@@ -110,8 +110,8 @@ census d24 24 KVCHAT_CUDA_GRAPH=off
 census g8 8 KVCHAT_CUDA_GRAPH=on
 census g24 24 KVCHAT_CUDA_GRAPH=on
 per_step() {   # per_step KIND A B: "KERNEL COUNT" a step, of the lines of kind KIND in B less those in A
-    awk -v kind="$1" -v steps=16 'FNR == 1 { f++ } $1 == kind { n[$2] += (f == 2 ? $3 : -$3) }
-        END { for (k in n) if (n[k]) printf "%s %g\n", k, n[k] / steps }' "$work/$2.txt" "$work/$3.txt" | sort
+    awk -v steps=16 -f bench/standin/census_step.awk "$work/$2.txt" "$work/$3.txt" |
+        awk -v kind="$1" '$1 == kind { print $2, $3 }' | sort
 }
 if [ -s "$work/d24.txt" ] && [ -s "$work/g24.txt" ]; then
     per_step launch d8 d24 > "$work/direct_off"

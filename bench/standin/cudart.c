@@ -37,7 +37,7 @@
 static atomic_size_t si_used;
 
 /* The census: calls by name, and launches by kernel (registered once at load, looked up by the
- * host stub's address in an open-addressed table). Counted only when a report is asked for. */
+ * launching function's address in an open-addressed table). Counted only when a report is asked for. */
 enum { SI_CALLS = 64, SI_KERNELS = 1024 };
 static int si_census = -1;   /* -1: not yet looked up */
 static struct {
@@ -390,8 +390,9 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x)
     return cudaSuccess;
 }
 
-/* What nvcc's host stubs call (crt/host_runtime.h, crt/device_functions.h): the fat binary and
- * its kernels registered, and a launch's configuration pushed by <<<...>>> and popped by the stub. */
+/* What the host functions nvcc writes for each kernel call (crt/host_runtime.h,
+ * crt/device_functions.h): the fat binary and its kernels registered, and a launch's configuration
+ * pushed by <<<...>>> and popped by the kernel's host function. */
 void **__cudaRegisterFatBinary(void *fat);
 void __cudaRegisterFatBinaryEnd(void **handle);
 void __cudaUnregisterFatBinary(void **handle);
@@ -454,7 +455,7 @@ cudaError_t __cudaGetKernel(cudaKernel_t *k, const void *fun)
     return cudaSuccess;
 }
 
-/* A launch counted under its kernel: the stub's address (what __cudaRegisterFunction keyed). */
+/* A launch counted under its kernel: its host function's address (what __cudaRegisterFunction keyed). */
 static void count_launch(const void *fun)
 {
     if (!census_on()) return;
@@ -463,7 +464,7 @@ static void count_launch(const void *fun)
         atomic_fetch_add(atomic_load(&si_capturing) ? &si_kernels[at].recorded : &si_kernels[at].direct, 1);
 }
 
-/* Where an older toolkit's stubs (or CUDA 13's legacy path) launch: by the stub's address. */
+/* Where an older toolkit's kernel calls (or CUDA 13's legacy path) launch: by the host function's address. */
 cudaError_t cudaLaunchKernel(const void *fun, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s)
 {
     (void)grid, (void)block, (void)args, (void)shmem, (void)s;

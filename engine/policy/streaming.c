@@ -98,6 +98,16 @@ static void trace_spans(pol_trace *t, int64_t sinks, int64_t recent_from, int64_
                    !dropped ? "kept" : kept ? "partly kept, partly DROP" : "DROP");
 }
 
+/* How a page of positions [a.first, a.last] (ascending) stands to the kept ranges [0, sinks) and
+ * [recent_from, ...): wholly kept, wholly dropped (or empty), or straddling an end. */
+enum { SPAN_KEPT, SPAN_DROPPED, SPAN_STRADDLES };
+static int span_fate(page_span a, int64_t sinks, int64_t recent_from)
+{
+    if (a.n == 0 || (a.first >= sinks && a.last < recent_from)) return SPAN_DROPPED;
+    if (a.last < sinks || a.first >= recent_from) return SPAN_KEPT;
+    return SPAN_STRADDLES;
+}
+
 static int s_select(void *st, const pol_env *env, int il, const float *q, pol_sel *sel)
 {
     (void)q;
@@ -121,11 +131,8 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
     /* a mask for each page that straddles a kept range's end: at most two a head where the
      * positions ascend from page to page (as the cache keeps them), more where they do not */
     size_t straddling = 0;
-    for (int64_t i = 0; i < sp->at.off[env->n_head_kv]; i++) {
-        page_span a = sp->spans[i];
-        straddling += a.n > 0 && !(a.last < s->sinks || a.first >= recent_from) &&
-                      !(a.first >= s->sinks && a.last < recent_from);
-    }
+    for (int64_t i = 0; i < sp->at.off[env->n_head_kv]; i++)
+        straddling += span_fate(sp->spans[i], s->sinks, recent_from) == SPAN_STRADDLES;
     if (straddling * words > s->mask_cap) {
         size_t nc = straddling * words * 2;
         uint64_t *m = realloc(s->masks, nc * sizeof *m);
@@ -143,11 +150,11 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
         const page_span *span = sp->spans + sp->at.off[h];
         int np = (int)(sp->at.off[h + 1] - sp->at.off[h]);
         for (int i = 0; i < np; i++) {
-            page_span a = span[i];
-            if (a.n == 0 || (a.first >= s->sinks && a.last < recent_from)) continue;
-            if (a.last < s->sinks || a.first >= recent_from) {
+            int fate = span_fate(span[i], s->sinks, recent_from);
+            if (fate == SPAN_DROPPED) continue;
+            if (fate == SPAN_KEPT) {
                 pol_sel_add(sel, i, NULL);
-                if (h == 0) kept += a.n;
+                if (h == 0) kept += span[i].n;
                 continue;
             }
             const kv_page *p = kv_layer_page(env->kv, il, h, i);
