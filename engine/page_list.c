@@ -89,10 +89,11 @@ static void fill_ref(void *e, const kv_page *p, const kv_cache *kv)
     page_list_ref(e, p, NULL, (int)kv_head_dim(kv), kv_page_size(kv));
 }
 
+/* The page's summary, and its key rows: a device holding a copy of the page folds it there. */
 static void fill_sum(void *e, const kv_page *p, const kv_cache *kv)
 {
     (void)kv;
-    *(be_summary *)e = (be_summary){ p->kmin, p->kmax, p->gen, p->n };
+    *(be_summary *)e = (be_summary){ .mn = p->kmin, .mx = p->kmax, .gen = p->gen, .n = p->n, .k = p->k };
 }
 
 static void fill_span(void *e, const kv_page *p, const kv_cache *kv)

@@ -48,7 +48,8 @@ typedef struct page_sums {
 } page_sums;
 
 /* L brought up to date with layer il of kv for the first count[h] pages of each head h (at most
- * kv_n_pages), entry j of head h being page j's { kmin, kmax, gen, n }: built whole when the
+ * kv_n_pages), entry j of head h being page j's { kmin, kmax, gen, n, k } (a device holding a copy
+ * of the page folds the summary there): built whole when the
  * layer's shape changed or a head's count fell, else each head's last entry and those after it.
  * 0, or -1 when out of memory (or more than PAGE_LIST_MAX_HEADS heads), L then empty. */
 int page_sums_update(page_sums *L, const kv_cache *kv, int il, const int64_t *count);

@@ -138,11 +138,17 @@ typedef struct be_range {
 /* A summary the selection policies score (Quest's pages, SentKV's segments): an element-wise key
  * minimum mn and maximum mx, [dim] each. While mn, gen and n stay the same, neither array changes
  * (a device backend keeps a copy and sends only the summaries that changed); gen 0: unknown, sent
- * every call. */
+ * every call. k, where set (Quest's): the key rows of the page the summary is of, as attention
+ * names the page (be_kv_page.k, with gen and n the page's generation and rows; rows of dim halves,
+ * one after another), mn and mx being the cache's fold of those n rows in order (from FLT_MAX and
+ * -FLT_MAX, each f16 value kept where it is below the minimum or above the maximum so far: NaN
+ * never, the first of equal ones), so a device backend holding a current copy of the page computes
+ * them from it instead of receiving them (kernels/bound_kernels.h, bd_fold_elem). */
 typedef struct be_summary {
     const float *mn, *mx;
     uint64_t gen;
     int64_t n;
+    const uint16_t *k;
 } be_summary;
 
 /* Quest's upper bound of the attention logit of each KV head's group of queries over that head's
@@ -529,6 +535,10 @@ uint64_t be_cuda_input_quantizations(be_backend *b);
  * computed (be_ops.page_rows), copied between its page copies for an eviction's fresh pages
  * (be_ops.page_moves), and sent up from the host's pages; all 0 for any other backend. */
 void be_cuda_page_rows(be_backend *b, uint64_t *written, uint64_t *moved, uint64_t *uploaded);
+/* Of the selection policies' summaries a CUDA backend has put on the device so far (each new or
+ * changed one, be_ops.bound_pages and place_bounds), those it folded from its copies of the pages
+ * (be_summary.page) and those sent from the host; both 0 for any other backend. */
+void be_cuda_summaries(be_backend *b, uint64_t *folded, uint64_t *sent);
 /* A CUDA backend's warm-up (be_warming_up) is over: the page lists and page copies its throwaway
  * cache left are freed now, their blocks back in the pool for the run's pages, instead of after
  * thousands of idle calls. Nothing for any other backend. */

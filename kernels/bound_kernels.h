@@ -13,6 +13,7 @@
 #ifndef KVCHAT_BOUND_KERNELS_H
 #define KVCHAT_BOUND_KERNELS_H
 
+#include <float.h>
 #include <stdint.h>
 
 #include "common/logit_pick.h"
@@ -62,6 +63,33 @@ QB_HD int64_t bd_query_at(int h, int group, int j, int64_t dim) { return ((int64
 
 /* Where head h's bound i goes: a row of stride bounds a head. */
 QB_HD int64_t bd_out_at(int h, int64_t stride, int64_t i) { return (int64_t)h * stride + i; }
+
+/* A summary computed where its page is (be_summary.page): entry `at` of a list (its minimum at
+ * bd_summary_at's floats, at * 2 * dim from the list's start, its n at len[at]) from the first n key
+ * rows of the device's copy of the page (rows of dim halves, one after another). */
+typedef struct bd_fold {
+    const uint16_t *k;
+    int32_t at, n;
+} bd_fold;
+
+#define BD_FOLD_THREADS 128   /* a block a fold: element i to thread i % BD_FOLD_THREADS */
+
+/* Element i of fold f: the rows' values in row order, each kept where it is below the minimum (above
+ * the maximum) so far, from FLT_MAX (-FLT_MAX): the cache's fold (vd_key_summary), so NaN is never
+ * kept and of equal values (zeros of either sign) the first stays, the host's bits. */
+QB_HD void bd_fold_elem(const bd_fold *f, int64_t dim, int64_t i, float *sums, int64_t *len)
+{
+    float lo = FLT_MAX, hi = -FLT_MAX;
+    for (int32_t r = 0; r < f->n; r++) {
+        float t = qb_half(f->k[(int64_t)r * dim + i]);
+        lo = t < lo ? t : lo;
+        hi = t > hi ? t : hi;
+    }
+    float *mn = sums + (int64_t)f->at * 2 * dim;
+    mn[i] = lo;
+    mn[dim + i] = hi;
+    if (i == 0) len[f->at] = f->n;
+}
 
 /* Where a head's k best keys (the pick's order: larger first; 0 past the last chosen) go as
  * ascending page indices, for the one thread a key of the kernel that leaves them on the device

@@ -36,6 +36,12 @@ void be_cuda_page_rows(be_backend *b, uint64_t *written, uint64_t *moved, uint64
     *written = *moved = *uploaded = 0;
 }
 
+void be_cuda_summaries(be_backend *b, uint64_t *folded, uint64_t *sent)
+{
+    (void)b;
+    *folded = *sent = 0;
+}
+
 void be_cuda_warmed_up(be_backend *b) { (void)b; }
 
 void be_cuda_settings(be_backend *b, char *buf, size_t cap)

@@ -1,6 +1,7 @@
 /* summary_lists.c - the selection policies' summaries kept on the device (see summary_lists.h). */
 #include "kernels/summary_lists.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,7 +85,7 @@ static int make_room(sl_table *t, sl_list *L, int n_heads, int64_t dim, int64_t 
     return 0;
 }
 
-static int same(const be_summary *a, const be_summary *b)
+static int same(const sl_seen *a, const be_summary *b)
 {
     return a->gen && a->gen == b->gen && a->n == b->n && a->mn == b->mn && a->mx == b->mx;
 }
@@ -94,6 +95,12 @@ void sl_tick(sl_table *t)
     if (++t->ticks % SL_IDLE) return;
     for (int i = 0; i < t->n_lists; i++)
         if (t->lists[i].name && t->ticks - t->lists[i].last_use > SL_IDLE) drop(t, &t->lists[i]);
+}
+
+/* Summary s (entry at) is of a page's rows, which the device may hold. */
+static int foldable(const sl_table *t, const be_summary *s, int64_t at)
+{
+    return t->dev.fold && s->k && s->n > 0 && s->n <= INT32_MAX && at <= INT32_MAX;
 }
 
 const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errlen)
@@ -133,18 +140,23 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
         if (kept && n >= L->n_of[h]) from = L->n_of[h] > 0 ? L->n_of[h] - 1 : 0;
         for (int64_t i = from; i < n; i++) {
             const be_summary *s = &r->sum[r->off[h] + i];
-            be_summary *seen = &L->seen[(int64_t)h * L->cap + i];
+            sl_seen *seen = &L->seen[(int64_t)h * L->cap + i];
             t->looked++;
             if (same(seen, s)) continue;
+            *seen = (sl_seen){ s->mn, s->mx, s->gen, s->n };
+            t->sent++;
+            int64_t at = (int64_t)h * L->cap + i;
+            if (foldable(t, s, at) && t->dev.fold(t->dev.ud, (int32_t)at, s->k, s->gen, (int32_t)s->n, r->dim) == 0) {
+                t->folded++;
+                continue;
+            }
             float *d = L->dev + bd_summary_at(h, L->cap, i, r->dim);
             if (ub_add(t->batch, d, s->mn, half) || ub_add(t->batch, d + r->dim, s->mx, half) ||
-                ub_add(t->batch, L->dev_n + (int64_t)h * L->cap + i, &s->n, sizeof s->n)) {
+                ub_add(t->batch, L->dev_n + at, &s->n, sizeof s->n)) {
                 drop(t, L);   /* part of it queued: the caller drops the batch, and this list with it */
                 snprintf(err, errlen, "out of memory");
                 return NULL;
             }
-            *seen = *s;
-            t->sent++;
         }
         L->n_of[h] = n;
     }

@@ -7,7 +7,10 @@
  * region of `cap` entries, mn then mx, 2 * dim floats an entry, and each entry's n beside them
  * (dev_n: SentKV's segment lengths, be_bounds.bits), with a host record of what every entry holds
  * (its mn, mx, gen and n). A call sends only the entries whose record differs, through
- * the upload batch (kernels/upload_batch.h); under the shape promise (be_bounds.shape) it looks
+ * the upload batch (kernels/upload_batch.h), or, for a summary of a page (be_summary.k) whose rows
+ * the device holds (sl_device.fold), has the device fold it from its copy of the page (a prompt's
+ * pages are there after its prefill: 0.5 GiB of Quest's summaries not sent for a 32K prompt at the
+ * 7B shape); under the shape promise (be_bounds.shape) it looks
  * only at each head's entries from its previous last one on, so a decode step's host work does
  * not grow with the context. The device is reached through two functions, so this is plain C,
  * tested on the host with host memory standing in for the device (tests/test_bounds.c). */
@@ -27,7 +30,20 @@ typedef struct sl_device {
     void *ud;
     void *(*alloc)(void *ud, size_t bytes);   /* NULL when out of memory */
     void (*release)(void *ud, void *p);
+    /* NULL, or: entry `at` of the list sl_update is bringing up to date (at = head * cap + index:
+     * bd_fold's) to be computed from the device's copy of the page whose key rows are k (n rows of
+     * dim halves under generation gen: be_summary's), instead of sent. 0: queued (the caller runs
+     * the folds sl_update queued once the batch is sent, before anything reads the list); -1: not,
+     * the device holding no current copy of those rows (the summary is then sent). */
+    int (*fold)(void *ud, int32_t at, const uint16_t *k, uint64_t gen, int32_t n, int64_t dim);
 } sl_device;
+
+/* What an entry on the device holds (a be_summary's identity: its arrays, generation and n). */
+typedef struct sl_seen {
+    const float *mn, *mx;
+    uint64_t gen;
+    int64_t n;
+} sl_seen;
 
 typedef struct sl_list {
     uint64_t name;        /* 0: a free slot */
@@ -36,7 +52,7 @@ typedef struct sl_list {
     int n_heads;
     int64_t dim, cap;     /* entries a head's region holds */
     int64_t n_of[SL_MAX_HEADS];   /* each head's entries at the last call */
-    be_summary *seen;     /* [n_heads * cap] what each entry on the device holds (gen 0: nothing) */
+    sl_seen *seen;        /* [n_heads * cap] what each entry on the device holds (gen 0: nothing) */
     float *dev;           /* [n_heads * cap][2 * dim] on the device */
     int64_t *dev_n;       /* [n_heads * cap] each entry's n on the device (SentKV's segment lengths) */
 } sl_list;
@@ -49,6 +65,7 @@ typedef struct sl_table {
     uint64_t ticks;
     uint64_t bytes;       /* device bytes held */
     uint64_t sent;        /* entries queued so far (tests and figures) */
+    uint64_t folded;      /* of them, entries left to the device to fold from its page copies */
     uint64_t looked;      /* entries compared with their record so far (tests and figures) */
 } sl_table;
 

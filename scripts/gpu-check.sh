@@ -143,15 +143,17 @@ profile_steps() {
 }
 
 # policy_steps NAME MODEL DEPTH GEN: kvchat bench --policy under the op profiler, one policy a run
-# (Quest bounds pages on the device, CHESS scores its kept summaries there, H2O scores a layer's
-# heads by the attention mass on the device and evicts a token a head every decode step, its fresh
-# pages built on the device; then again with them sent up from the host, KVCHAT_CUDA_PAGE_ROWS=0),
+# (Quest bounds pages on the device, its page summaries folded there from the page copies; then
+# again with them sent up from the host, KVCHAT_CUDA_PAGE_ROWS=0; CHESS scores its kept summaries
+# there, H2O scores a layer's heads by the attention mass on the device and evicts a token a head
+# every decode step, its fresh pages built on the device; then again with them sent up from the host),
 # so that each one's waits a decode step show; its table and profile go to the summary
 policy_steps() {
     local name=$1 model=$2 depth=$3 gen=$4 pol
     local set
-    # the last: H2O's evicted pages sent up from the host, as before page_moves, beside the run before it
-    for pol in quest chess:preset=aggressive h2o:budget=0.25 h2o:budget=0.25/sent; do
+    # NAME/sent: Quest's summaries and H2O's evicted pages sent up from the host, as before
+    # fold_from_copy and page_moves, beside the run before it
+    for pol in quest quest/sent chess:preset=aggressive h2o:budget=0.25 h2o:budget=0.25/sent; do
         set=KVCHAT_PROFILE=1
         [ "${pol%/sent}" != "$pol" ] && set="KVCHAT_PROFILE=1 KVCHAT_CUDA_PAGE_ROWS=0"
         # shellcheck disable=SC2086  # $set: the settings, split on purpose
@@ -244,7 +246,7 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 if command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, merge, selection, SentKV's choice, a restored cache placed)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*|a_restored_cache*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|page_summaries_folded*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*|a_restored_cache*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # a prompt's rows written into the page copies on the device: whole tiny-model runs, so a step
     # of its own (a timeout here leaves the others' results)

@@ -17,7 +17,9 @@
  * descriptor must lead to its page's rows, positions, biases and masks. Every bounds call (Quest,
  * SentKV) likewise goes through the device's summary lists (kernels/summary_lists.c), and every
  * summary it names must be what the "device" holds: the (gen, n) contract and the shapes the
- * policies promise, checked through real decodes and rewinds. */
+ * policies promise, checked through real decodes and rewinds; Quest's summaries are folded, as the
+ * CUDA backend does, from the "device's" page copies (bd_fold_elem over every thread), so each must
+ * equal the cache's summary of its page at that moment. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,7 @@
 #include "engine/policy/policy.h"
 #include "engine/sampler.h"
 #include "kernels/backend.h"
+#include "kernels/bound_kernels.h"
 #include "kernels/page_tables.h"
 #include "kernels/summary_lists.h"
 #include "tests/fwd_fixture.h"
@@ -63,6 +66,8 @@ typedef struct checker {
     int64_t bound_calls, bound_looked, bound_entries;
     int64_t placed;           /* lists placed ahead of attention */
     int64_t placed_bounds;    /* summary lists placed ahead of bounds calls */
+    bd_fold *folds;           /* the summaries the lists leave to the "device" to fold from its page copies */
+    int64_t n_folds, cap_folds;
 } checker;
 
 static checker ck;
@@ -239,6 +244,21 @@ static void c_attention(be_backend *b, const be_attn *a)
     through_tables(a);
     ck.cpu->ops->attention(ck.cpu, a);
 }
+/* sl_device.fold as the CUDA backend's (fold_from_copy): where the "device's" copy of the page
+ * holds its rows, the fold of entry `at` from them queued. */
+static int ck_fold(void *ud, int32_t at, const uint16_t *k, uint64_t gen, int32_t n, int64_t dim)
+{
+    be_kv_page pg = { .k = k, .gen = gen, .n = n, .stride = (int32_t)dim };
+    const pc_copy *c = pc_find(&ck.copies, &pg, n);
+    if (!c) return -1;
+    if (ck.n_folds == ck.cap_folds) {
+        ck.cap_folds = ck.cap_folds ? 2 * ck.cap_folds : 256;
+        ck.folds = realloc(ck.folds, sizeof *ck.folds * (size_t)ck.cap_folds);
+        cr_assert(ck.folds);
+    }
+    ck.folds[ck.n_folds++] = (bd_fold){ c->k, at, n };
+    return 0;
+}
 /* A list placed ahead of attention (fwd_place_pages) is checked as a call's and goes through the
  * same bookkeeping, so the next call under its name builds on what it left. */
 static void c_place_pages(be_backend *b, const be_attn *a, int n)
@@ -260,9 +280,15 @@ static void c_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim,
 static void through_sums(const be_bounds *r)
 {
     char err[128];
+    ck.n_folds = 0;
     const sl_list *L = sl_update(&ck.sums, r, err, sizeof err);
     cr_assert(L, "%s", err);
+    /* the CUDA backend's order: the summaries sent, then the fold kernel, its every thread, from
+     * the page copies */
     scatter(&ck.sbatch);
+    for (int64_t j = 0; j < ck.n_folds; j++)
+        for (int tid = 0; tid < BD_FOLD_THREADS; tid++)
+            for (int64_t e = tid; e < r->dim; e += BD_FOLD_THREADS) bd_fold_elem(&ck.folds[j], r->dim, e, L->dev, L->dev_n);
     size_t half = sizeof(float) * (size_t)r->dim;
     for (int h = 0; h < r->n_head_kv; h++)
         for (int64_t i = 0; i < r->off[h + 1] - r->off[h]; i++) {
@@ -326,7 +352,7 @@ static model *ck_open(const char *file, be_backend **b)
     pc_init(&ck.copies, &pd, 64);
     pt_device td = { NULL, junk_alloc, dev_release };
     pt_init(&ck.tables, &td, &ck.copies, &ck.batch);
-    sl_device sd = { NULL, junk_alloc, dev_release };
+    sl_device sd = { NULL, junk_alloc, dev_release, ck_fold };
     sl_init(&ck.sums, &sd, &ck.sbatch);
     ck.cpu = be_cpu_create(2, err, sizeof err);
     cr_assert(ck.cpu, "%s", err);
@@ -344,6 +370,7 @@ static void ck_close(model *m, be_backend *b)
     pc_free(&ck.copies);
     ub_free(&ck.batch);
     sl_free(&ck.sums);
+    free(ck.folds);
     ub_free(&ck.sbatch);
     free(ck.rows);
     free(ck.part);
@@ -428,6 +455,21 @@ Test(attn_lists, the_device_summaries_follow_quest_and_sentkv)
         if (!strncmp(runs[i].spec, "quest", 5))   /* alone: the shape holds but where pages open or go */
             cr_expect_lt(ck.bound_looked * 4, ck.bound_entries, "%s under %s: %lld of %lld summaries looked at",
                          runs[i].file, runs[i].spec, (long long)ck.bound_looked, (long long)ck.bound_entries);
+        /* Quest's summaries are of pages, folded where the "device" holds the pages' rows: alone,
+         * all but those of the pages a decode step closed (their last row deferred) and a rewind's;
+         * after an eviction or a merge, those the merged pages' next attention call has not sent
+         * yet are sent. SentKV's, of segments, are sent. */
+        cr_log_info("%s under %s: %llu of %llu summaries folded", runs[i].file, runs[i].spec,
+                    (unsigned long long)ck.sums.folded, (unsigned long long)ck.sums.sent);
+        if (!strncmp(runs[i].spec, "quest", 5))
+            cr_expect(ck.sums.folded * 2 > ck.sums.sent, "%s under %s: %llu of %llu summaries folded", runs[i].file,
+                      runs[i].spec, (unsigned long long)ck.sums.folded, (unsigned long long)ck.sums.sent);
+        else if (strstr(runs[i].spec, "quest"))
+            cr_expect(ck.sums.folded > 0, "%s under %s: none of %llu summaries folded", runs[i].file, runs[i].spec,
+                      (unsigned long long)ck.sums.sent);
+        else
+            cr_expect(ck.sums.folded == 0 && ck.sums.sent > 0, "%s under %s: %llu of %llu summaries folded",
+                      runs[i].file, runs[i].spec, (unsigned long long)ck.sums.folded, (unsigned long long)ck.sums.sent);
     }
 }
 

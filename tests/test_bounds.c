@@ -4,6 +4,7 @@
  * the summaries a device keeps per named list (kernels/summary_lists.c) with host memory standing
  * in for the device (junk in fresh allocations). */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +51,7 @@ static void rig_make(rig *r, int H, int G, int64_t dim, const int64_t *cnt)
             mx[d] = a < c ? c : a;
             if (rnd() % 64 == 0) mn[d] = -0.0f;
         }
-        r->sum[i] = (be_summary){ mn, mx, (uint64_t)i + 1, 1 };
+        r->sum[i] = (be_summary){ .mn = mn, .mx = mx, .gen = (uint64_t)i + 1, .n = 1 };
         if (i > 0 && rnd() % 8 == 0) r->sum[i] = r->sum[i - 1 - rnd() % (uint32_t)(i < 5 ? i : 5)];
     }
     for (int64_t i = 0; i < H * G * dim; i++) r->q[i] = rnd() % 16 == 0 ? 0.0f : frand(-1, 1);
@@ -325,7 +326,7 @@ Test(bounds, the_device_lists_hold_every_summary_named_through_a_random_history)
     enum { H = 3, D = 20, MAXN = 400, NAMES = 2 };
     ub_batch ub = { 0 };
     sl_table t;
-    sl_device dev = { NULL, h_alloc, h_release };
+    sl_device dev = { NULL, h_alloc, h_release, NULL };
     sl_init(&t, &dev, &ub);
     static float pool[NAMES][H][MAXN][2][D];
     static be_summary sum[NAMES][H * MAXN];
@@ -347,7 +348,7 @@ Test(bounds, the_device_lists_hold_every_summary_named_through_a_random_history)
                 if (cnt[nm][h] < MAXN && (cnt[nm][h] == 0 || rnd() % 3 == 0)) {
                     int64_t i = cnt[nm][h]++;
                     for (int d = 0; d < D; d++) pool[nm][h][i][0][d] = frand(-1, 0), pool[nm][h][i][1][d] = frand(0, 1);
-                    sum[nm][h * MAXN + i] = (be_summary){ pool[nm][h][i][0], pool[nm][h][i][1], ++gen, 1 };
+                    sum[nm][h * MAXN + i] = (be_summary){ .mn = pool[nm][h][i][0], .mx = pool[nm][h][i][1], .gen = ++gen, .n = 1 };
                 }
             } else {   /* a shape break: entries rewritten in place (new gens), some dropped */
                 for (int64_t i = 0; i < cnt[nm][h]; i++)
@@ -360,7 +361,7 @@ Test(bounds, the_device_lists_hold_every_summary_named_through_a_random_history)
             }
         }
         /* the call's list: each head's entries side by side */
-        be_summary flat[H * MAXN];
+        static be_summary flat[H * MAXN];
         int64_t off[H + 1] = { 0 };
         for (int h = 0; h < H; h++) {
             memcpy(flat + off[h], &sum[nm][h * MAXN], sizeof *flat * (size_t)cnt[nm][h]);
@@ -392,6 +393,137 @@ Test(bounds, the_device_lists_hold_every_summary_named_through_a_random_history)
     cr_expect_eq(live, 0, "every device allocation released");
 }
 
+/* A random half: mostly ordinary values, and zeros of both signs, infinities, NaNs and subnormals. */
+static uint16_t odd_half(void)
+{
+    static const uint16_t special[] = { 0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0xfe01, 0x0001, 0x83ff, 0x7bff, 0xfbff };
+    uint32_t c = rnd() % 16;
+    if (c < 3) return special[rnd() % (sizeof special / sizeof *special)];
+    if (c < 5) return (uint16_t)(rnd() & 0xffff);   /* any bits: NaN payloads, subnormals */
+    return (uint16_t)((rnd() % 2 ? 0x8000 : 0) | (0x3800 + rnd() % 0x800));   /* 0.5 to 1, either sign */
+}
+
+/* A fold's threads (bd_fold_elem, every element of a block) give the cache's fold of the same rows
+ * bit for bit (be_host_key_summary_rows: the vector kernel the cache runs, from FLT_MAX and
+ * -FLT_MAX), NaNs and the signs of zeros included, for every count of rows up to a page's. */
+Test(bounds, a_folds_threads_give_the_caches_summary_bit_for_bit)
+{
+    seed_rng("a_folds_threads_give_the_caches_summary_bit_for_bit");
+    static const int64_t dims[] = { 64, 128, 256, 80, 200 };
+    for (int round = 0; round < 40; round++) {
+        int64_t D = dims[round % 5];
+        int32_t n = 1 + (int32_t)(rnd() % 48);
+        uint16_t *k = malloc(sizeof *k * (size_t)(n * D));
+        float *ref = malloc(sizeof(float) * (size_t)(3 * D)), *dev = malloc(sizeof(float) * (size_t)(3 * 2 * D));
+        cr_assert(k && ref && dev);
+        for (int64_t i = 0; i < n * D; i++) k[i] = odd_half();
+        if (round % 4 == 0)   /* equal values of either sign in one element: the first must stay */
+            for (int32_t r = 0; r < n; r++) k[(int64_t)r * D] = rnd() % 2 ? 0x8000 : 0x0000;
+        float *sum = ref, *mn = ref + D, *mx = ref + 2 * D;
+        for (int64_t d = 0; d < D; d++) sum[d] = 0, mn[d] = FLT_MAX, mx[d] = -FLT_MAX;
+        be_host_key_summary_rows(D, n, k, D, sum, mn, mx);
+        int64_t len[3] = { -1, -1, -1 };
+        for (int64_t i = 0; i < 3 * 2 * D; i++) dev[i] = NAN;
+        bd_fold f = { k, 1, n };   /* entry 1 of a list of three */
+        for (int t = 0; t < BD_FOLD_THREADS; t++)
+            for (int64_t i = t; i < D; i += BD_FOLD_THREADS) bd_fold_elem(&f, D, i, dev, len);
+        cr_assert(!memcmp(dev + 2 * D, mn, sizeof(float) * (size_t)D) && !memcmp(dev + 3 * D, mx, sizeof(float) * (size_t)D),
+                  "round %d (dim %lld, %d rows): the fold differs from the cache's", round, (long long)D, n);
+        cr_assert(len[1] == n && len[0] == -1 && len[2] == -1, "round %d: the entry's n alone written", round);
+        for (int64_t i = 0; i < 2 * D; i++)
+            cr_assert(isnan(dev[i]) && isnan(dev[4 * D + i]), "round %d: only the entry's floats written", round);
+        free(k);
+        free(ref);
+        free(dev);
+    }
+}
+
+/* The folds a list leaves to the device (sl_device.fold) as a test device records them. */
+typedef struct fold_rec {
+    bd_fold f[4096];
+    int n;
+    int refuse;          /* every refuse-th call says no (0: never) */
+    int calls;
+} fold_rec;
+static fold_rec folds;
+
+static int rec_fold(void *ud, int32_t at, const uint16_t *k, uint64_t gen, int32_t n, int64_t dim)
+{
+    (void)ud;
+    cr_assert(k && n > 0 && gen > 0 && dim == 24, "the rows of a page folded");
+    if (folds.refuse && ++folds.calls % folds.refuse == 0) return -1;   /* no current copy */
+    cr_assert(folds.n < 4096);
+    folds.f[folds.n++] = (bd_fold){ k, at, n };   /* the test's "copy" is the page itself */
+    return 0;
+}
+
+/* Summaries of pages (be_summary.k) are folded by the device and not sent; those of no page, or
+ * refused by the device (no current copy), are sent. Through a history of pages taking rows
+ * (refolded), new pages and a shape break, the list then holds every summary bit for bit and its
+ * n, and the batch carried no summary the device folded. */
+Test(bounds, summaries_of_pages_are_folded_where_the_pages_are_and_the_rest_sent)
+{
+    seed_rng("summaries_of_pages_are_folded_where_the_pages_are_and_the_rest_sent");
+    enum { H = 2, D = 24, P = 8, MAXN = 60 };
+    ub_batch ub = { 0 };
+    sl_table t;
+    sl_device dev = { NULL, h_alloc, h_release, rec_fold };
+    sl_init(&t, &dev, &ub);
+    static uint16_t rows[H][MAXN][P][D];
+    static float mm[H][MAXN][3][D];        /* each page's sum (unused), minimum and maximum */
+    static be_summary sum[H][MAXN];
+    int64_t cnt[H] = { 0 };
+    uint64_t gen = 1, shape = 5;
+    for (int step = 0; step < 400; step++) {
+        folds.n = 0;
+        folds.refuse = step % 5 == 4 ? 3 : 0;
+        for (int h = 0; h < H; h++) {
+            /* the last page takes a row, or a page opens */
+            int64_t i = cnt[h] - 1;
+            if (i < 0 || sum[h][i].n == P || rnd() % 4 == 0) {
+                if (cnt[h] == MAXN) continue;
+                i = cnt[h]++;
+                for (int d = 0; d < D; d++) mm[h][i][0][d] = 0, mm[h][i][1][d] = FLT_MAX, mm[h][i][2][d] = -FLT_MAX;
+                int plain = rnd() % 5 == 0;   /* a summary of no page (SentKV's kind) */
+                sum[h][i] = (be_summary){ .mn = mm[h][i][1], .mx = mm[h][i][2], .gen = ++gen, .n = 0,
+                                          .k = plain ? NULL : &rows[h][i][0][0] };
+            }
+            be_summary *s = &sum[h][i];
+            if (s->n == P) continue;
+            uint16_t *row = rows[h][i][s->n];
+            for (int d = 0; d < D; d++) row[d] = odd_half();
+            be_host_key_summary_rows(D, 1, row, D, mm[h][i][0], mm[h][i][1], mm[h][i][2]);
+            s->n++;
+        }
+        if (step % 97 == 96) shape++;   /* a shape break: every entry looked at again */
+        static be_summary flat[H * MAXN];
+        int64_t off[H + 1] = { 0 };
+        for (int h = 0; h < H; h++) {
+            memcpy(flat + off[h], sum[h], sizeof *flat * (size_t)cnt[h]);
+            off[h + 1] = off[h] + cnt[h];
+        }
+        be_bounds r = { .n_head_kv = H, .group = 1, .dim = D, .sum = flat, .off = off, .table = 3, .shape = shape };
+        char err[128];
+        uint64_t sent0 = t.sent, folded0 = t.folded;
+        const sl_list *L = sl_update(&t, &r, err, sizeof err);
+        cr_assert(L, "step %d: %s", step, err);
+        cr_assert_eq(t.folded - folded0, (uint64_t)folds.n, "step %d: every fold counted", step);
+        uint64_t pieces = (uint64_t)ub.n, sent = t.sent - sent0 - (uint64_t)folds.n;
+        cr_assert_eq(pieces, 3 * sent, "step %d: %llu pieces for %llu summaries sent (%d folded)", step,
+                     (unsigned long long)pieces, (unsigned long long)sent, folds.n);
+        send(&ub);
+        for (int j = 0; j < folds.n; j++)   /* the fold kernel, after the batch */
+            for (int tid = 0; tid < BD_FOLD_THREADS; tid++)
+                for (int64_t e = tid; e < D; e += BD_FOLD_THREADS) bd_fold_elem(&folds.f[j], D, e, L->dev, L->dev_n);
+        cr_assert_eq(check_list(L, &r), 0, "step %d: the device's entries differ from the summaries named", step);
+    }
+    cr_assert(t.folded > 200 && t.sent - t.folded > 50, "both ways taken: %llu folded, %llu sent",
+              (unsigned long long)t.folded, (unsigned long long)(t.sent - t.folded));
+    sl_free(&t);
+    ub_free(&ub);
+    cr_expect_eq(live, 0, "every device allocation released");
+}
+
 /* A list unused for SL_IDLE ticks is freed (its device memory released), one in use is kept, and
  * one regrown just before the sweep is not taken for idle. */
 Test(bounds, idle_device_lists_are_freed_and_used_ones_kept)
@@ -399,11 +531,11 @@ Test(bounds, idle_device_lists_are_freed_and_used_ones_kept)
     enum { D = 8 };
     ub_batch ub = { 0 };
     sl_table t;
-    sl_device dev = { NULL, h_alloc, h_release };
+    sl_device dev = { NULL, h_alloc, h_release, NULL };
     sl_init(&t, &dev, &ub);
     static float mm[300][2][D];
     static be_summary sum[300];
-    for (int i = 0; i < 300; i++) sum[i] = (be_summary){ mm[i][0], mm[i][1], (uint64_t)i + 1, 1 };
+    for (int i = 0; i < 300; i++) sum[i] = (be_summary){ .mn = mm[i][0], .mx = mm[i][1], .gen = (uint64_t)i + 1, .n = 1 };
     int64_t off_small[2] = { 0, 10 }, off_big[2] = { 0, 300 };
     char err[128];
     be_bounds used = { .n_head_kv = 1, .group = 1, .dim = D, .sum = sum, .off = off_small, .table = 1 };

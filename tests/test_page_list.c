@@ -1,12 +1,14 @@
 /* A layer's lists kept from call to call (engine/page_list.h): after every change a decode, a rewind,
  * an eviction or a merge makes to the cache, the kept page_list, page_sums and page_spans equal
- * lists built afresh, entry by entry. */
+ * lists built afresh, entry by entry, and each page's summary is the fold of its rows that a device
+ * computes from its copy of the page (bd_fold_elem). */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/kvcache.h"
 #include "engine/page_list.h"
+#include "kernels/bound_kernels.h"
 #include "tests/fwd_fixture.h"
 
 enum { LAYERS = 3, H = 3, D = 4, P = 4 };
@@ -42,6 +44,16 @@ static void same_sums(const page_sums *a, const page_sums *b, int step, int il)
         cr_assert(x->mn == y->mn && x->mx == y->mx && x->gen == y->gen && x->n == y->n,
                   "step %d, layer %d: summary %lld differs from the one built afresh (n %lld and %lld)", step, il,
                   (long long)e, (long long)x->n, (long long)y->n);
+        cr_assert(x->k && x->k == y->k, "step %d, layer %d: summary %lld names other rows than the one built afresh", step,
+                  il, (long long)e);
+        /* the summary is the fold of its page's rows, as a device folds it from its copy */
+        float dev[2 * D];
+        int64_t n_dev = -1;
+        bd_fold f = { x->k, 0, (int32_t)x->n };
+        for (int64_t i = 0; i < D; i++) bd_fold_elem(&f, D, i, dev, &n_dev);
+        cr_assert(!memcmp(dev, x->mn, sizeof(float) * D) && !memcmp(dev + D, x->mx, sizeof(float) * D) && n_dev == x->n,
+                  "step %d, layer %d: summary %lld is not the fold of its page's %lld rows", step, il, (long long)e,
+                  (long long)x->n);
     }
 }
 

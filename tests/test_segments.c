@@ -221,7 +221,7 @@ Test(segments, the_cpu_choice_is_the_walk_over_every_key_sorted)
                 float *s = mm + 2 * D * (off[h] + i);
                 memset(s, 0, sizeof(float) * 2 * D);
                 s[0] = s[D] = c[h].u[i];
-                sum[off[h] + i] = (be_summary){ s, s + D, 0, c[h].ln[i] };
+                sum[off[h] + i] = (be_summary){ .mn = s, .mx = s + D, .n = c[h].ln[i] };
             }
         }
         uint64_t *bits = malloc(sizeof(uint64_t) * (size_t)(H * words)), *want = malloc(sizeof(uint64_t) * (size_t)words);

@@ -72,7 +72,7 @@ static void reference(kv_cache *kv, be_backend *b, int il, const float *q, const
         }
         for (int64_t sg = 0; sg < n_seg; sg++) {
             const float *o = mm + (h * n_seg + sg) * 2 * D;
-            sum[h * n_seg + sg] = (be_summary){ o, o + D, 0, 0 };
+            sum[h * n_seg + sg] = (be_summary){ .mn = o, .mx = o + D };
         }
     }
     off[H] = H * n_seg;

@@ -398,7 +398,7 @@ static int layer_list(st_sent *s, const pol_env *env, int gl)
             for (int64_t sg = 0; sg < s->n_summ; sg++) {
                 const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
                 int64_t seg_len = s->seg_end[sg] - (sg ? s->seg_end[sg - 1] : 0);
-                L->sum[g * s->n_summ + sg] = (be_summary){ mm, mm + D, s->sgen[sg], seg_len };
+                L->sum[g * s->n_summ + sg] = (be_summary){ .mn = mm, .mx = mm + D, .gen = s->sgen[sg], .n = seg_len };
             }
         L->n = s->n_summ;
         L->mm = s->mm;

@@ -844,6 +844,7 @@ static void cuda_destroy(be_backend *b)
         free(ci->w_slots);
         pt_free(&ci->tables);
         sl_free(&ci->sums);
+        free(ci->folds);
         pc_free(&ci->copies);
         bp_free(&ci->blocks);
         ub_free(&ci->batch);
@@ -971,6 +972,13 @@ extern "C" void be_cuda_page_rows(be_backend *b, uint64_t *written, uint64_t *mo
     *written = ours ? impl_of(b)->rows_written : 0;
     *moved = ours ? impl_of(b)->rows_moved : 0;
     *uploaded = ours ? impl_of(b)->copies.rows_uploaded : 0;
+}
+
+extern "C" void be_cuda_summaries(be_backend *b, uint64_t *folded, uint64_t *sent)
+{
+    const int ours = b && b->ops && b->ops->attention == cuda_attention;
+    *folded = ours ? impl_of(b)->sums.folded : 0;
+    *sent = ours ? impl_of(b)->sums.sent - impl_of(b)->sums.folded : 0;
 }
 
 extern "C" void be_cuda_warmed_up(be_backend *b)
@@ -1117,7 +1125,7 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     pc_init(&ci->copies, &dev, COPY_IDLE);
     pt_device tdev = { ci, dev_malloc, dev_free };
     pt_init(&ci->tables, &tdev, &ci->copies, &ci->batch);
-    sl_device sdev = { ci, dev_malloc, dev_free };
+    sl_device sdev = { ci, dev_malloc, dev_free, fold_from_copy };
     sl_init(&ci->sums, &sdev, &ci->batch);
     ci->batch.limit = (size_t)32 << 20;   /* well within the staging arena's 256 MiB */
     ci->batch.flush = flush_batch;

@@ -161,6 +161,71 @@ __global__ void __launch_bounds__(SG_THREADS) seg_choose_kernel(const float *u, 
     }
 }
 
+/* sl_device.fold: the fold of entry `at` queued for run_folds where the device's copy of the page
+ * holds its n rows under its generation (a prompt's pages after its prefill, a restored cache's
+ * once placed; not a decode step's last page, whose deferred row goes up with the next attention
+ * call). -1: not queued (no such copy, out of memory, or the summaries sent from the host:
+ * KVCHAT_CUDA_PAGE_ROWS=0). */
+int fold_from_copy(void *ud, int32_t at, const uint16_t *k, uint64_t gen, int32_t n, int64_t dim)
+{
+    cuda_impl *ci = (cuda_impl *)ud;
+    if (ci->page_rows_off || dim > INT32_MAX) return -1;
+    be_kv_page pg = {};
+    pg.k = k;
+    pg.gen = gen;
+    pg.n = n;
+    pg.stride = (int32_t)dim;
+    const pc_copy *c = pc_find(&ci->copies, &pg, n);
+    if (!c) return -1;
+    if (ci->n_folds == ci->cap_folds) {
+        int64_t cap = ci->cap_folds ? 2 * ci->cap_folds : 1024;
+        bd_fold *f = (bd_fold *)realloc(ci->folds, sizeof *f * (size_t)cap);
+        if (!f) return -1;
+        ci->folds = f;
+        ci->cap_folds = cap;
+    }
+    ci->folds[ci->n_folds++] = bd_fold{ c->k, at, n };
+    return 0;
+}
+
+/* A block a fold (kernels/bound_kernels.h), a thread every BD_FOLD_THREADS-th element. */
+__global__ void __launch_bounds__(BD_FOLD_THREADS) fold_kernel(const bd_fold *f, int64_t dim, float *sums,
+                                                               int64_t *len)
+{
+    const bd_fold fj = f[blockIdx.x];
+    for (int64_t i = threadIdx.x; i < dim; i += BD_FOLD_THREADS) bd_fold_elem(&fj, dim, i, sums, len);
+}
+
+/* The folds sl_update queued for list L run, after the batch with the summaries it sent (sent by
+ * the caller). 0, or -1 (recorded). */
+static int run_folds(cuda_impl *ci, const sl_list *L)
+{
+    const int64_t n = ci->n_folds;
+    ci->n_folds = 0;
+    if (n == 0) return 0;
+    const size_t bytes = sizeof(bd_fold) * (size_t)n;
+    const bd_fold *d = stage_reserve(ci, stage_size(bytes)) ? NULL : (const bd_fold *)stage(ci, ci->folds, bytes);
+    if (!d) return -1;
+    fold_kernel<<<(unsigned)n, BD_FOLD_THREADS, 0, ci->stream>>>(d, L->dim, L->dev, L->dev_n);
+    return ck(ci, cudaGetLastError(), "summary fold kernel");
+}
+
+/* The list named r->table brought up to date (sl_update) on the device: the summaries it sends,
+ * then the folds. NULL when it could not be (the batch dropped: part of the list may be queued). */
+static const sl_list *update_sums(cuda_impl *ci, const be_bounds *r)
+{
+    char err[160];
+    ci->n_folds = 0;
+    const sl_list *L = sl_update(&ci->sums, r, err, sizeof err);
+    if (!L) {
+        ci->n_folds = 0;
+        if (!ci->failed) ub_clear(&ci->batch, 0);
+        return NULL;
+    }
+    if (send_batch(ci) || run_folds(ci, L)) return NULL;
+    return L;
+}
+
 /* The summaries stay on the device between calls (kernels/summary_lists.h); the bounds and each
  * head's best are found there, and the best (or every bound, when asked) come back in one copy,
  * or, where the call's best and n_best are bound, stay there for attention without a wait. */
@@ -211,13 +276,11 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
     }
     if (n_all <= 0 || (k <= 0 && !segs && !r->u)) return;
     if (ci->batch.n && send_batch(ci)) return;   /* the batch holds this call's entries alone */
-    char err[160];
-    const sl_list *L = sl_update(&ci->sums, r, err, sizeof err);
+    const sl_list *L = update_sums(ci, r);
     if (!L) {
         if (ci->failed) return;   /* a round of the batch failed on its way (recorded) */
         /* no room on the device for the summaries (or too many heads): they are on the host, and
          * so are the CPU backend's threads (whose best, if kept, go up when attention reads them) */
-        ub_clear(&ci->batch, 0);
         host_in(ci, r->q, qbytes);
         if (keep) {
             am_host_write(&ci->act, r->best, ids_bytes);
@@ -227,7 +290,6 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
         ci->cpu->ops->bound_pages(ci->cpu, r);
         return;
     }
-    if (send_batch(ci)) return;
     bd_counts cnt;
     for (int h = 0; h < H; h++) cnt.n[h] = r->off[h + 1] - r->off[h];
     const float *dq = bound(ci, r->q, qbytes) ? (const float *)am_dev_in(&ci->act, r->q, qbytes)
@@ -313,10 +375,5 @@ void cuda_place_bounds(be_backend *b, const be_bounds *r)
     seg_op(ci, SEG_EAGER);
     if (ci->failed || r->off[r->n_head_kv] <= 0) return;
     if (ci->batch.n && send_batch(ci)) return;
-    char err[160];
-    if (!sl_update(&ci->sums, r, err, sizeof err)) {
-        if (!ci->failed) ub_clear(&ci->batch, 0);
-        return;
-    }
-    send_batch(ci);
+    update_sums(ci, r);
 }

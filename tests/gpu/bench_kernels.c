@@ -649,7 +649,7 @@ int main(int argc, char **argv)
             for (int64_t i = 0; i < n * 2 * D; i++) mm[i] = frand() - 0.5f;
             int64_t off[H + 1];
             for (int h = 0; h <= H; h++) off[h] = h * per;
-            for (int64_t i = 0; i < n; i++) sum[i] = (be_summary){ mm + i * 2 * D, mm + i * 2 * D + D, (uint64_t)i + 1, 32 };
+            for (int64_t i = 0; i < n; i++) sum[i] = (be_summary){ .mn = mm + i * 2 * D, .mx = mm + i * 2 * D + D, .gen = (uint64_t)i + 1, .n = 32 };
             int32_t best[H * 32], nb[H];
             static float unbound;
             be_bounds r = { q, H, G, D, sum, off, 1 + ci, 1, 32, best, nb, NULL, NULL, 0, 0, 0, 0 };   /* a list a context */

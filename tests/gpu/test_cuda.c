@@ -1211,7 +1211,7 @@ Test(cuda, sentkv_s_choice_on_the_device_is_the_cpus)
                 memset(x, 0, sizeof(float) * 2 * D);
                 x[0] = x[D] = u;
                 int64_t n = kind == 2 ? 14 : 1 + (int64_t)(rnd() % 40);
-                sum[i] = (be_summary){ x, x + D, ++gen_counter, n };
+                sum[i] = (be_summary){ .mn = x, .mx = x + D, .gen = ++gen_counter, .n = n };
                 covered += n;
             }
             if (covered > len) len = covered;
@@ -2528,7 +2528,7 @@ Test(cuda, the_bounds_on_the_device_are_the_cpus_bit_for_bit)
             for (int h = 0; h < H; h++)
                 for (int64_t i = 0; i < cnt[h]; i++) {
                     float *mn = mm + ((int64_t)h * (MAXN + 40) + i) * 2 * dim;
-                    sum[off[h] + i] = (be_summary){ mn, mn + dim, (uint64_t)(h * 100000 + i + 1), 1 };
+                    sum[off[h] + i] = (be_summary){ .mn = mn, .mx = mn + dim, .gen = (uint64_t)(h * 100000 + i + 1), .n = 1 };
                 }
             if (step > 0) {   /* the last summary of each head took a row */
                 for (int h = 0; h < H; h++) {
@@ -2806,6 +2806,8 @@ Test(cuda, selection_policies_decode_the_same_with_the_bounds_on_the_device)
                 fwd_opts fo = { 4096, 128, 16 };
                 fwd_ctx *fw = fwd_create(m, gpu, &fo, err, sizeof err);
                 cr_assert(fw, "%s", err);
+                uint64_t folded0, sent0, folded1, sent1;
+                be_cuda_summaries(gpu, &folded0, &sent0);
                 pol_spec spec;
                 cr_assert(pol_parse(&spec, specs[si], NULL, err, sizeof err) == 0, "%s", err);
                 pol_env env;
@@ -2832,6 +2834,15 @@ Test(cuda, selection_policies_decode_the_same_with_the_bounds_on_the_device)
                         cr_expect_leq(w1 - w0, si < 2 ? 2 : 3, "%s under %s, step %d: %llu waits", files[fi], specs[si], s,
                                       (unsigned long long)(w1 - w0));
                 }
+                be_cuda_summaries(gpu, &folded1, &sent1);
+                if (on_device && si == 0)   /* Quest's summaries of pages folded from the device's copies */
+                    cr_expect(folded1 > folded0 && sent1 == sent0, "%s under %s: %llu summaries folded, %llu sent",
+                              files[fi], specs[si], (unsigned long long)(folded1 - folded0),
+                              (unsigned long long)(sent1 - sent0));
+                if (on_device && si == 1)   /* SentKV's of segments sent */
+                    cr_expect(folded1 == folded0 && sent1 > sent0, "%s under %s: %llu summaries folded, %llu sent",
+                              files[fi], specs[si], (unsigned long long)(folded1 - folded0),
+                              (unsigned long long)(sent1 - sent0));
                 fwd_set_policy(fw, NULL);
                 pol_set_free(ps);
                 fwd_free(fw);
@@ -2869,6 +2880,76 @@ static void keep_every_third(kv_cache *kv, int H)
         cr_assert(kv_keep_tokens(kv, 0, g, keep, nk) == 0);
         free(keep);
     }
+}
+
+/* Quest's summaries of pages (be_summary.k) folded on the device from its copies of the pages
+ * where they hold the pages' rows (placed, be_ops.place_pages, as attention or a restore leaves
+ * them), sent where they do not: the bounds over them are the CPU's over the cache's summaries bit
+ * for bit, through a cache whose pages are then rewritten (new generations) and grown (the last
+ * pages refolded, or sent when their new rows are not on the device yet). */
+Test(cuda, page_summaries_folded_on_the_device_give_the_cpus_bounds_bit_for_bit)
+{
+    enum { H = 4, D = 128, P = 16, G = 2, K = 9 };
+    seed_rng("page_summaries_folded");
+    char err[512];
+    uint64_t r;
+    kv_cache *kv = wide_cache(H, D, P, &r);
+    page_sums S = { 0 };
+    page_list PL = { 0 };
+    float q[H * G * D];
+    for (int i = 0; i < H * G * D; i++) q[i] = frand(-1, 1);
+    for (int round = 0; round < 5; round++) {
+        if (round == 1) keep_every_third(kv, H);
+        if (round >= 2) fwd_fixture_wide_keys(kv, 1, round == 2 ? 300 : 5, &r);
+        const int placed = round != 4;   /* the last round's new rows not on the device */
+        if (placed) {
+            cr_assert(page_list_update(&PL, kv, 0) == 0);
+            be_attn a = { 0 };
+            a.n_head_kv = H;
+            a.head_dim = D;
+            a.pages = PL.refs;
+            a.n_pages = PL.at.off[H];
+            a.head_pages = PL.at.off;
+            a.table = 0xF01E;
+            a.shape = kv_layer_shape(kv, 0);
+            gpu->ops->place_pages(gpu, &a, 1);
+        }
+        cr_assert(page_sums_update(&S, kv, 0, NULL) == 0);
+        const int64_t n = S.at.off[H];
+        float *u1 = malloc(sizeof(float) * (size_t)n), *u2 = malloc(sizeof(float) * (size_t)n);
+        int32_t b1[H * K], b2[H * K], n1[H], n2[H];
+        cr_assert(u1 && u2);
+        be_bounds a = { .q = q, .n_head_kv = H, .group = G, .dim = D, .sum = S.sums, .off = S.at.off, .table = 0xF01D,
+                        .shape = kv_layer_shape(kv, 0), .k = K, .best = b1, .n_best = n1, .u = u1 };
+        be_bounds b = a;
+        b.best = b2, b.n_best = n2, b.u = u2;
+        uint64_t f0, s0, f1, s1;
+        be_cuda_summaries(gpu, &f0, &s0);
+        gpu->ops->bound_pages(gpu, &b);
+        cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
+        be_cuda_summaries(gpu, &f1, &s1);
+        cpu->ops->bound_pages(cpu, &a);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += memcmp(&u1[i], &u2[i], sizeof(float)) != 0;
+        cr_assert_eq(bad, 0, "round %d: %d of %lld bounds differ", round, bad, (long long)n);
+        for (int h = 0; h < H; h++) {
+            cr_assert_eq(n1[h], n2[h], "round %d head %d", round, h);
+            cr_assert(!memcmp(b1 + h * K, b2 + h * K, sizeof(int32_t) * (size_t)n1[h]), "round %d head %d: best", round, h);
+        }
+        cr_log_info("round %d: %llu summaries folded, %llu sent", round, (unsigned long long)(f1 - f0),
+                    (unsigned long long)(s1 - s0));
+        if (placed)
+            cr_assert(f1 > f0 && s1 == s0, "round %d: %llu summaries folded, %llu sent", round,
+                      (unsigned long long)(f1 - f0), (unsigned long long)(s1 - s0));
+        else   /* five rows: the heads' last pages, or the pages they opened, sent */
+            cr_assert(f1 == f0 && s1 > s0 && s1 - s0 <= 2 * H, "round %d: %llu summaries folded, %llu sent", round,
+                      (unsigned long long)(f1 - f0), (unsigned long long)(s1 - s0));
+        free(u1);
+        free(u2);
+    }
+    page_sums_free(&S);
+    page_list_free(&PL);
+    kv_free(kv);
 }
 
 /* Layer 0's pages of KV heads g .. g + nk - 1 as one list, head h's from hp[h] (hp: nk + 1
