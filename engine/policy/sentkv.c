@@ -80,8 +80,6 @@ typedef struct st_sent {
     int64_t n_seg, cap_seg;
     float *mm;               /* per segment: [n_global][n_head_kv][2][D] min then max */
     int64_t cap_mm;          /* segments mm has room for */
-    float *scratch;          /* [head_dim] */
-    int64_t cap_scratch;
     int64_t n_summ;          /* segments summarized */
     int64_t cur;
     /* per global layer x KV head: last step's selection bitmap over positions (reuse rate) */
@@ -143,7 +141,6 @@ static void se_destroy(void *st)
     free(s->tok);
     free(s->seg_end);
     free(s->mm);
-    free(s->scratch);
     for (int i = 0; s->prev && i < s->n_slots; i++) free(s->prev[i]);
     free(s->prev);
     free(s->prev_words);
@@ -223,16 +220,66 @@ static int stamp(st_sent *s, int64_t from, int64_t to)
     return 0;
 }
 
+/* One summarize call's new segments, (n_summ, n_to), and where they lie: positions [first, last). */
+typedef struct summ_job {
+    const st_sent *s;
+    const pol_env *env;
+    int64_t n_to, first, last;
+} summ_job;
+
+/* Global layer task / n_head_kv and KV head task % n_head_kv's part of summarize: a walk over the
+ * head's pages in position order from the last one holding a token before the new segments (a
+ * decode step reads two or three pages a head, not the head's every page), each run of rows in one
+ * segment folded into its summary in row order (the cache's fold of a page's summary, NaN changing
+ * nothing): each task writes only its own (layer, head) rows of the summaries, so the tasks run
+ * side by side on the backend's host threads, with the bits of one thread. */
+static void summarize_head(void *ctx, int64_t task, int thread)
+{
+    (void)thread;
+    const summ_job *j = ctx;
+    const st_sent *s = j->s;
+    const pol_env *env = j->env;
+    const int64_t D = kv_head_dim(env->kv), per = s->summ_per;
+    const int gl = (int)(task / env->n_head_kv), g = (int)(task % env->n_head_kv), il = env->global[gl];
+    const int64_t off = ((int64_t)gl * env->n_head_kv + g) * 2 * D;
+    float sum[1024];   /* the fold's sums, unused (head_dim <= 1024: the model loader's limit) */
+    memset(sum, 0, sizeof sum);
+    int np = kv_n_pages(env->kv, il, g), i0 = np;
+    while (i0 > 0) {
+        const kv_page *p = kv_layer_page(env->kv, il, g, i0 - 1);
+        if (p->n > 0 && p->pos[p->n - 1] < j->first) break;
+        i0--;
+    }
+    int64_t sg = s->n_summ;
+    for (int i = i0; i < np && sg < j->n_to; i++) {
+        const kv_page *p = kv_layer_page(env->kv, il, g, i);
+        if (p->n == 0 || p->pos[0] >= j->last) continue;
+        int32_t t = 0;
+        while (t < p->n && p->pos[t] < j->first) t++;
+        while (t < p->n && sg < j->n_to) {
+            if (p->pos[t] >= j->last) break;
+            while (sg < j->n_to && p->pos[t] >= s->seg_end[sg]) sg++;
+            if (sg >= j->n_to) break;
+            int32_t e = t + 1;   /* the run of rows in segment sg (positions ascend in a page) */
+            while (e < p->n && p->pos[e] < s->seg_end[sg]) e++;
+            float *o = s->mm + sg * per + off;
+            be_host_key_summary_rows(D, e - t, p->k + (size_t)t * (size_t)D, D, sum, o, o + D);
+            t = e;
+        }
+    }
+}
+
 /* Min/max keys of the new finished segments that end at or before `held` (the cache holds every
  * key before it: a decode step's own key goes in after its layers, so a segment that ends with it
- * waits for the next step, attended meanwhile as part of the tail). One walk over each head's pages
- * in position order, moving a segment cursor along: linear in tokens. */
+ * waits for the next step, attended meanwhile as part of the tail), a (global layer, KV head) a
+ * task on the backend's host threads (summarize_head): linear in the new segments' tokens. */
 static int summarize(st_sent *s, const pol_env *env, int64_t held)
 {
     int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
     int64_t n_to = s->n_seg;
     while (n_to > s->n_summ && s->seg_end[n_to - 1] > held) n_to--;
     if (s->n_summ >= n_to) return 0;
+    if (D > 1024) return -1;
     if (n_to > s->cap_mm) {   /* room for more: the summaries' addresses, which the bounds lists hold, move seldom */
         int64_t nc = n_to * 2 > 64 ? n_to * 2 : 64;
         float *nm = realloc(s->mm, sizeof(float) * (size_t)(nc * per));
@@ -250,41 +297,8 @@ static int summarize(st_sent *s, const pol_env *env, int64_t held)
                 o[i + D + d] = -FLT_MAX;
             }
     }
-    int64_t first = s->n_summ ? s->seg_end[s->n_summ - 1] : 0, last = s->seg_end[n_to - 1];
-    if (D > s->cap_scratch) {
-        float *ns = realloc(s->scratch, sizeof(float) * (size_t)D);
-        if (!ns) return -1;
-        s->scratch = ns;
-        s->cap_scratch = D;
-    }
-    for (int gl = 0; gl < env->n_global; gl++) {
-        int il = env->global[gl];
-        for (int g = 0; g < env->n_head_kv; g++) {
-            int64_t off = ((int64_t)gl * env->n_head_kv + g) * 2 * D, sg = s->n_summ;
-            int np = kv_n_pages(env->kv, il, g), i0 = np;
-            /* the new segments are at the end: the pages from the last one holding a token before
-             * them on (a decode step reads two or three pages a head, not the head's every page) */
-            while (i0 > 0) {
-                const kv_page *p = kv_layer_page(env->kv, il, g, i0 - 1);
-                if (p->n > 0 && p->pos[p->n - 1] < first) break;
-                i0--;
-            }
-            for (int i = i0; i < np; i++) {
-                const kv_page *p = kv_layer_page(env->kv, il, g, i);
-                if (p->n == 0 || p->pos[0] >= last) continue;
-                for (int32_t t = 0; t < p->n; t++) {
-                    int64_t ps = p->pos[t];
-                    if (ps < first || ps >= last) continue;
-                    while (sg < n_to && ps >= s->seg_end[sg]) sg++;
-                    if (sg >= n_to) break;
-                    float *o = s->mm + sg * per + off;
-                    /* the cache's fold of a key row into a page's summary: its sum (into scratch,
-                     * unused) and its bounds, NaN changing neither */
-                    be_host_key_summary(D, p->k + (size_t)t * (size_t)D, s->scratch, o, o + D);
-                }
-            }
-        }
-    }
+    summ_job j = { s, env, n_to, s->n_summ ? s->seg_end[s->n_summ - 1] : 0, s->seg_end[n_to - 1] };
+    be_host_run(env->b, summarize_head, &j, (int64_t)env->n_global * env->n_head_kv);
     s->n_summ = n_to;
     return 0;
 }
