@@ -91,6 +91,14 @@ QB_HD void bd_fold_elem(const bd_fold *f, int64_t dim, int64_t i, float *sums, i
     if (i == 0) len[f->at] = f->n;
 }
 
+/* Summary i's place among a head's for the k best, bound u: the pick's key (lp_key's order of the
+ * value, NaN as -inf), 0 (never chosen) for -inf. */
+QB_HD uint64_t bd_best_key(float u, int64_t i)
+{
+    const float v = lp_value(u);
+    return v > -INFINITY ? lp_key(v, (int32_t)i) : 0;
+}
+
 /* Where a head's k best keys (the pick's order: larger first; 0 past the last chosen) go as
  * ascending page indices, for the one thread a key of the kernel that leaves them on the device
  * (be_bounds.best bound): key i's rank among the chosen by index, -1 for an empty slot. */

@@ -143,23 +143,30 @@ profile_steps() {
 }
 
 # policy_steps NAME MODEL DEPTH GEN: kvchat bench --policy under the op profiler, one policy a run
-# (Quest bounds pages on the device, its page summaries folded there from the page copies; then
-# again with them sent up from the host, KVCHAT_CUDA_PAGE_ROWS=0; CHESS scores its kept summaries
-# there, H2O scores a layer's heads by the attention mass on the device and evicts a token a head
-# every decode step, its fresh pages built on the device; then again with them sent up from the host),
-# so that each one's waits a decode step show; its table and profile go to the summary
+# (Quest bounds pages on the device and picks each head's best in the same launch, its page
+# summaries folded there from the page copies; then again with its bounds, best and indices in
+# three launches, KVCHAT_CUDA_BOUNDS=split, and with its summaries sent up from the host,
+# KVCHAT_CUDA_PAGE_ROWS=0; CHESS scores its kept summaries there, H2O scores a layer's heads by the
+# attention mass on the device and evicts a token a head every decode step, its fresh pages built
+# on the device; then again with them sent up from the host), so that each one's waits a decode
+# step show; its table and profile go to the summary
 policy_steps() {
-    local name=$1 model=$2 depth=$3 gen=$4 pol
+    local name=$1 model=$2 depth=$3 gen=$4 pol spec
     local set
-    # NAME/sent: Quest's summaries and H2O's evicted pages sent up from the host, as before
-    # fold_from_copy and page_moves, beside the run before it
-    for pol in quest quest/sent chess:preset=aggressive h2o:budget=0.25 h2o:budget=0.25/sent; do
+    # NAME/split: three launches for Quest's choice, as before bound_best_kernel; NAME/sent: Quest's
+    # summaries and H2O's evicted pages sent up from the host, as before fold_from_copy and
+    # page_moves; each beside the run before it
+    for pol in quest quest/split quest/sent chess:preset=aggressive h2o:budget=0.25 h2o:budget=0.25/sent; do
+        spec=${pol%/*}
         set=KVCHAT_PROFILE=1
-        [ "${pol%/sent}" != "$pol" ] && set="KVCHAT_PROFILE=1 KVCHAT_CUDA_PAGE_ROWS=0"
+        case $pol in
+            */sent) set="KVCHAT_PROFILE=1 KVCHAT_CUDA_PAGE_ROWS=0" ;;
+            */split) set="KVCHAT_PROFILE=1 KVCHAT_CUDA_BOUNDS=split" ;;
+        esac
         # shellcheck disable=SC2086  # $set: the settings, split on purpose
-        if step "policy $name ${pol%/sent} $set" 60 env $set "$kv" bench -m "$model" --device cuda \
-            --ctx "$depth" --gen "$gen" --policy "${pol%/sent}" --csv "$out/policy_results.csv"; then
-            say "  ${pol%/sent}, depth $depth, $gen tokens decoded ($set):"
+        if step "policy $name $spec $set" 60 env $set "$kv" bench -m "$model" --device cuda \
+            --ctx "$depth" --gen "$gen" --policy "$spec" --csv "$out/policy_results.csv"; then
+            say "  $spec, depth $depth, $gen tokens decoded ($set):"
             awk '/^ +ctx +policy/ || /^kvchat profile/ { on = 1 } on && NF { print "    " $0 } /^between ops/ { on = 0 }' \
                 "$tmp/last" >>"$summary"
         fi
@@ -246,7 +253,7 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 if command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, merge, selection, SentKV's choice, a restored cache placed)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|page_summaries_folded*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*|a_restored_cache*)'
+        --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|page_summaries_folded*|quest_s_bounds_and_best*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*|a_restored_cache*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # a prompt's rows written into the page copies on the device: whole tiny-model runs, so a step
     # of its own (a timeout here leaves the others' results)
@@ -259,13 +266,13 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     # SimHash recall's codes and counts, or'ed and added in shared memory) and barriers (those, the
     # key means' row then its sum of squares, and the attention mass's shuffles within half-warps
     # and its row sums)
-    step "compute-sanitizer racecheck (flash attention, fused ops, SimHash recall, merge, SentKV's choice)" 120 \
+    step "compute-sanitizer racecheck (flash attention, fused ops, SimHash recall, merge, SentKV's choice, Quest's best)" 120 \
         compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(flash_attention*|fused_ops*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*)'
+        --filter 'cuda/@(flash_attention*|fused_ops*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|quest_s_bounds_and_best*)'
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
-    step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall, merge, SentKV's choice)" 90 \
+    step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall, merge, SentKV's choice, Quest's best)" 90 \
         compute-sanitizer --tool synccheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(grouped_attention*|joined_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|a_choice_of_tokens*)'
+        --filter 'cuda/@(grouped_attention*|joined_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|a_choice_of_tokens*|quest_s_bounds_and_best*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
     say "- compute-sanitizer: not installed here"

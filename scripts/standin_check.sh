@@ -77,6 +77,14 @@ for m in $tiny; do
     run "graphs on $(basename "$m")" env KVCHAT_CUDA_GRAPH=on "$K" bench -m "$m" --device cuda --ctx 300 \
         --gen 12 --policy "$decode_time,h2o" --budget 0.3 --no-csv
 done
+# the older paths the settings keep, to compare: Quest's choice in three launches, summaries and
+# evicted pages sent up from the host
+run "the paths kept to compare" env KVCHAT_CUDA_BOUNDS=split KVCHAT_CUDA_PAGE_ROWS=0 "$K" bench -m "$llama" \
+    --device cuda --ctx 300 --gen 12 --policy quest,sentkv,h2o --budget 0.3 --page-size 16 --no-csv
+if KVCHAT_CUDA_BOUNDS=both "$K" bench -m "$llama" --device cuda --ctx 64 --gen 2 --no-csv > "$work/out" 2>&1 ||
+    ! grep -q 'KVCHAT_CUDA_BOUNDS must be' "$work/out"; then
+    fail "a bad KVCHAT_CUDA_BOUNDS was not refused with its message"
+fi
 run "a batch of forks" "$K" bench -m "$gemma" --device cuda --ctx 300 --gen 6 --seqs 3 --policy "$decode_time" \
     --budget 0.3 --no-csv
 run "a batch of forks under graphs" env KVCHAT_CUDA_GRAPH=on "$K" bench -m "$llama" --device cuda --ctx 300 \

@@ -14,6 +14,7 @@
 #include "common/logit_pick.h"
 #include "kernels/backend.h"
 #include "kernels/bound_kernels.h"
+#include "kernels/segment_kernels.h"
 #include "kernels/score_kernels.h"
 #include "kernels/cpu/vec_dot.h"
 #include "kernels/summary_lists.h"
@@ -609,6 +610,89 @@ Test(bounds, the_ids_kernels_ranks_on_the_host_give_the_sorted_indices)
             }
         cr_assert(!memcmp(got, want, sizeof(int32_t) * (size_t)n), "round %d: the indices differ", round);
     }
+}
+
+/* The last block of bound_best_kernel, every thread of it on the host: a head's keys (bd_best_key)
+ * sorted by sg_sort_step's steps, the first k ranked by bd_rank; the count and ascending indices the
+ * pick gives (ref_best: every key sorted on the host). */
+static int32_t fused_best(const float *u, int64_t n, int32_t k, int32_t *best)
+{
+    const int32_t size = sg_sort_size(n), kk = k < size ? k : size;
+    uint64_t *keys = malloc(sizeof *keys * (size_t)size);
+    cr_assert(keys);
+    for (int32_t i = 0; i < size; i++) keys[i] = i < n ? bd_best_key(u[i], i) : 0;
+    for (int32_t w = 2; w <= size; w <<= 1)
+        for (int32_t j = w >> 1; j > 0; j >>= 1)
+            for (int32_t i = 0; i < size; i++) sg_sort_step(keys, w, j, i);   /* the block's threads, a barrier after */
+    int32_t chosen = 0;
+    for (int32_t t = 0; t < BD_THREADS; t++) {
+        const int32_t r = t < kk ? bd_rank(keys, kk, t) : -1;
+        if (r < 0) continue;
+        cr_assert(r < k, "rank %d of %d", r, k);
+        best[r] = lp_key_id(keys[t]);
+        chosen++;
+    }
+    free(keys);
+    return chosen;
+}
+
+/* Quest's bounds and best in one launch (bound_best_kernel): its last block's work, run on the
+ * host, chooses the pick's set: rows of bounds with ties, zeros of both signs, NaNs, infinities
+ * (-inf never chosen), fewer choosable than k, 1 to 8,192 summaries, k 1 to BE_PICK_MAX; and over
+ * the bound kernel's bounds (its threads on the host) it gives the CPU backend's best. */
+Test(bounds, the_fused_kernels_last_block_on_the_host_chooses_the_picks_best)
+{
+    seed_rng("the_fused_kernels_last_block_on_the_host_chooses_the_picks_best");
+    static const int64_t ns[] = { 1, 2, 3, 31, 64, 255, 1000, 2047, 4096, 8192 };
+    int32_t got[BE_PICK_MAX], want[BE_PICK_MAX];
+    for (int round = 0; round < 60; round++) {
+        const int64_t n = ns[round % 10];
+        const int32_t k = round % 4 == 0 ? BE_PICK_MAX : 1 + (int32_t)(rnd() % BE_PICK_MAX);
+        float *u = malloc(sizeof(float) * (size_t)n);
+        cr_assert(u);
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t c = rnd() % 20;
+            u[i] = c == 0 ? NAN : c == 1 ? -INFINITY : c == 2 ? INFINITY : c == 3 ? -0.0f : c == 4 ? 0.0f
+                 : c < 9 ? (float)(int)(rnd() % 5)   /* ties */
+                         : frand(-4, 4);
+            if (round % 7 == 6) u[i] = i % 3 ? -INFINITY : u[i];   /* fewer choosable than k */
+        }
+        int32_t nw = ref_best(u, n, k, want), ng = fused_best(u, n, k, got);
+        cr_assert_eq(ng, nw, "round %d (n %lld, k %d): %d chosen, the pick %d", round, (long long)n, k, ng, nw);
+        cr_assert(!memcmp(got, want, sizeof(int32_t) * (size_t)nw), "round %d (n %lld, k %d): the indices differ",
+                  round, (long long)n, k);
+        free(u);
+    }
+    /* over real bounds: the bound kernel's threads, then the last block, against the CPU backend */
+    char err[256];
+    be_backend *b = be_cpu_create(1, err, sizeof err);
+    cr_assert(b, "%s", err);
+    for (int round = 0; round < 6; round++) {
+        int64_t cnt[4] = { 1 + (int64_t)(rnd() % 900), 1 + (int64_t)(rnd() % 900), 1 + (int64_t)(rnd() % 900), 5 };
+        rig r;
+        rig_make(&r, 4, 1 + (int)(rnd() % 4), round % 2 ? 128 : 80, cnt);
+        int64_t stride = 1;
+        for (int h = 0; h < r.H; h++) stride = cnt[h] > stride ? cnt[h] : stride;
+        const int64_t cap = stride + 3;
+        float *dev = device_layout(&r, cap), *u = malloc(sizeof(float) * (size_t)(r.H * stride));
+        cr_assert(u);
+        run_bound_kernel(&r, dev, cap, stride, u);
+        const int32_t k = 1 + (int32_t)(rnd() % 64);
+        int32_t best[4 * 64], n_best[4];
+        be_bounds q = { .q = r.q, .n_head_kv = r.H, .group = r.G, .dim = r.dim, .sum = r.sum, .off = r.off, .k = k,
+                        .best = best, .n_best = n_best };
+        b->ops->bound_pages(b, &q);
+        for (int h = 0; h < r.H; h++) {
+            int32_t ng = fused_best(u + bd_out_at(h, stride, 0), cnt[h], k, got);
+            cr_assert_eq(ng, n_best[h], "round %d head %d: %d chosen, the CPU %d", round, h, ng, n_best[h]);
+            cr_assert(!memcmp(got, best + h * k, sizeof(int32_t) * (size_t)ng), "round %d head %d: the indices differ",
+                      round, h);
+        }
+        free(dev);
+        free(u);
+        rig_free(&r);
+    }
+    be_free(b);
 }
 
 Test(bounds, the_score_kernels_lanes_on_the_host_give_the_cpus_scores_bit_for_bit)

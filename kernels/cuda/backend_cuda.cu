@@ -856,7 +856,7 @@ static void cuda_destroy(be_backend *b)
                         ci->cur16, ci->wtile, ci->xal, ci->xq,     ci->xd,      ci->xs,  ci->cur_pos,
                         ci->pick_keys, ci->pick_max, ci->pick_sums, ci->pick_res, ci->bd_u, ci->bd_keys,
                         ci->sel_pages, ci->sel_hp, ci->km_sq, ci->ms_e, ci->ms_factor, ci->ms_acc, ci->lsh_hits,
-                        ci->mg_buf, ci->seg_at, ci->seg_bits, ci->sel_masks };
+                        ci->mg_buf, ci->seg_at, ci->seg_bits, ci->sel_masks, ci->bd_done };
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
         free(ci->ms_host);
         void *host[] = { ci->h_y, ci->h_out, ci->h_arena, ci->h_wstage, ci->h_pick, ci->h_bd, ci->h_ms, ci->h_lsh, ci->h_mg };
@@ -909,7 +909,7 @@ static void note_settings(cuda_impl *ci)
     const char *names[] = { "KVCHAT_CUDA_GRAPH",   "KVCHAT_CUDA_GRAPH_SPLIT", "KVCHAT_CUDA_LAUNCHES",
                             "KVCHAT_CUDA_ATTN",    "KVCHAT_CUDA_ATTN_SPLITS", "KVCHAT_CUDA_MMV",
                             "KVCHAT_CUDA_MMV_MAX", "KVCHAT_CUDA_MMV_ROWS",    "KVCHAT_CUDA_MMV_INFLIGHT",
-                            "KVCHAT_CUDA_RESIDENT", "KVCHAT_CUDA_PAGE_ROWS" };
+                            "KVCHAT_CUDA_RESIDENT", "KVCHAT_CUDA_PAGE_ROWS",   "KVCHAT_CUDA_BOUNDS" };
     char *buf = ci->settings;
     const size_t cap = sizeof ci->settings;
     size_t n = 0;
@@ -920,6 +920,7 @@ static void note_settings(cuda_impl *ci)
         if (i == 0 && strcmp(v, "on")) continue;   /* off: the default */
         if (i == 1 && !ci->graphs.on) continue;    /* a split with recording off changes nothing */
         if (i == 10 && !ci->page_rows_off) continue;   /* 1: the default */
+        if (i == 11 && !ci->bounds_split) continue;    /* fused: the default */
         char val[25];
         size_t k = 0;
         for (; k + 1 < sizeof val && v[k]; k++) {
@@ -1087,6 +1088,14 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
         return NULL;
     }
     ci->page_rows_off = rows_fill_env && !strcmp(rows_fill_env, "0");
+    const char *bounds_env = getenv("KVCHAT_CUDA_BOUNDS");
+    if (bounds_env && *bounds_env && strcmp(bounds_env, "fused") && strcmp(bounds_env, "split")) {
+        snprintf(err, errlen, "KVCHAT_CUDA_BOUNDS must be fused (the default) or split");
+        free(b);
+        free(ci);
+        return NULL;
+    }
+    ci->bounds_split = bounds_env && !strcmp(bounds_env, "split");
     /* prefill chunks on the tensor cores unless asked otherwise (measured on an H200: docs/gpu.md) */
     ci->attn_flash = !ci->attn_scalar && !(attn_env && !strcmp(attn_env, "grouped"));
     const char *splits_env = getenv("KVCHAT_CUDA_ATTN_SPLITS");

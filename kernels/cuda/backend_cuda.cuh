@@ -168,6 +168,11 @@ typedef struct cuda_impl {
     uint64_t *seg_bits;        /* the choice's bitmaps when they come back (the call's bits not bound) */
     size_t cap_seg_at, cap_seg_bits;
     size_t seg_smem_set;       /* the choice kernel's shared memory limit as raised so far */
+    unsigned *bd_done;         /* bound_best_kernel's tickets, a KV head's (0 between launches) */
+    size_t cap_bd_done;
+    size_t best_smem_set;      /* bound_best_kernel's shared memory limit as raised so far */
+    int bounds_split;          /* KVCHAT_CUDA_BOUNDS=split: Quest's bounds, best and ids in three launches,
+                                * as before bound_best_kernel, to compare */
     uint64_t *sel_masks;       /* a choice of tokens' page masks, built on the device (bits_list_kernel) */
     size_t cap_sel_masks;
     ag_page *sel_pages;        /* a selection by bounds as its list, built on the device (sel_gather_kernel) */

@@ -10,8 +10,8 @@ typedef struct bd_counts {
 
 /* Sixteen threads a summary (kernels/bound_kernels.h); KV head blockIdx.y's bounds to its row of u
  * (stride floats; -inf past its count, which the pick's keys leave out). */
-__global__ void __launch_bounds__(BD_THREADS) bound_kernel(const float *q, int group, int64_t dim, const float *sum,
-                                                           int64_t cap, bd_counts cnt, int64_t stride, float *u)
+__device__ __forceinline__ void bound_block(const float *q, int group, int64_t dim, const float *sum, int64_t cap,
+                                            const bd_counts &cnt, int64_t stride, float *u)
 {
     const int h = blockIdx.y, lane = threadIdx.x % BD_LANES;
     const int64_t i = bd_entry(blockIdx.x, threadIdx.x), n = cnt.n[h];
@@ -27,6 +27,51 @@ __global__ void __launch_bounds__(BD_THREADS) bound_kernel(const float *q, int g
         if (lane == 0 && i < n) acc += bd_tail(qj, mn, mx, dim, v);
     }
     if (lane == 0 && i < stride) u[bd_out_at(h, stride, i)] = i < n ? acc : -INFINITY;
+}
+
+__global__ void __launch_bounds__(BD_THREADS) bound_kernel(const float *q, int group, int64_t dim, const float *sum,
+                                                           int64_t cap, bd_counts cnt, int64_t stride, float *u)
+{
+    bound_block(q, group, dim, sum, cap, cnt, stride, u);
+}
+
+/* The bounds and each KV head's k best in one launch, where the call's best stay on the device and
+ * a head's summaries fit a block's sort (bd_best_fits): every block bounds its summaries as
+ * bound_kernel does; the last of a head's blocks to finish (done[h], a ticket a block, set back to
+ * 0 by that block for the next launch) reads the head's bounds, sorts their keys in shared memory
+ * larger first (bd_best_key, sg_sort_step) and writes the first k that are not empty as ascending
+ * indices, and their count (bd_rank: bd_ids_kernel's). The same set as the pick's (lp_key's order). */
+__global__ void __launch_bounds__(BD_THREADS) bound_best_kernel(const float *q, int group, int64_t dim,
+                                                                const float *sum, int64_t cap, bd_counts cnt,
+                                                                int64_t stride, float *u, unsigned *done, int32_t k,
+                                                                int32_t *best, int32_t *n_best)
+{
+    extern __shared__ uint64_t keys[];
+    __shared__ unsigned ticket;
+    bound_block(q, group, dim, sum, cap, cnt, stride, u);
+    __threadfence();   /* this block's bounds visible to the head's last block */
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(&done[blockIdx.y], 1u);
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    const int h = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    const int64_t n = cnt.n[h];
+    const int32_t size = sg_sort_size(n), kk = k < size ? k : size;
+    for (int32_t i = tid; i < size; i += nt)   /* past L1: the other blocks' bounds */
+        keys[i] = i < n ? bd_best_key(__ldcg(u + bd_out_at(h, stride, i)), i) : 0;
+    __syncthreads();
+    for (int32_t w = 2; w <= size; w <<= 1)
+        for (int32_t j = w >> 1; j > 0; j >>= 1) {
+            for (int32_t i = tid; i < size; i += nt) sg_sort_step(keys, w, j, i);
+            __syncthreads();
+        }
+    const int32_t r = tid < kk ? bd_rank(keys, kk, tid) : -1;
+    const int chosen = __syncthreads_count(r >= 0);
+    if (r >= 0) best[(int64_t)h * k + r] = lp_key_id(keys[tid]);
+    if (tid == 0) {
+        n_best[h] = chosen;
+        done[h] = 0;
+    }
 }
 
 /* Each head's k best keys (bd_keys) as ascending indices and their count, where the call's best and
@@ -226,6 +271,23 @@ static const sl_list *update_sums(cuda_impl *ci, const be_bounds *r)
     return L;
 }
 
+/* Room for `dyn` bytes of dynamic shared memory in a block of `kernel` (beside `fixed` bytes of
+ * static), the kernel's limit raised past the default once as far as needed (*set: as raised so
+ * far): 1, or 0 when the device cannot (not sticky: the caller takes another path). */
+static int smem_allowed(const void *kernel, size_t dyn, size_t fixed, size_t *set)
+{
+    if (dyn <= *set) return 1;
+    int allowed = 0;
+    cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+    if ((size_t)allowed < dyn + fixed ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    *set = dyn;
+    return 1;
+}
+
 /* The summaries stay on the device between calls (kernels/summary_lists.h); the bounds and each
  * head's best are found there, and the best (or every bound, when asked) come back in one copy,
  * or, where the call's best and n_best are bound, stay there for attention without a wait. */
@@ -251,18 +313,12 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
         if (r->off[h + 1] - r->off[h] > stride) stride = r->off[h + 1] - r->off[h];
     const size_t seg_smem = sizeof(uint64_t) * (size_t)sg_sort_size(stride);
     int seg_host = segs && (n_all <= 0 || stride > SG_SORT_MAX || H > SL_MAX_HEADS);
-    if (segs && !seg_host && seg_smem > ci->seg_smem_set) {
-        int allowed = 0;
-        cudaDeviceGetAttribute(&allowed, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
-        if ((size_t)allowed < seg_smem + sizeof(int64_t) * (SG_THREADS + 2) ||
-            cudaFuncSetAttribute(seg_choose_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)seg_smem) !=
-                cudaSuccess) {
-            cudaGetLastError();   /* not sticky: the host chooses */
-            seg_host = 1;
-        } else {
-            ci->seg_smem_set = seg_smem;
-        }
-    }
+    if (segs && !seg_host &&
+        !smem_allowed((const void *)seg_choose_kernel, seg_smem, sizeof(int64_t) * (SG_THREADS + 2), &ci->seg_smem_set))
+        seg_host = 1;   /* the host chooses */
+    /* Quest's bounds and best in one launch where its best stay on the device (bound_best_kernel) */
+    const int fused = keep && !r->u && !ci->bounds_split && stride <= SG_SORT_MAX && H <= SL_MAX_HEADS &&
+                      smem_allowed((const void *)bound_best_kernel, seg_smem, sizeof(unsigned), &ci->best_smem_set);
     if (seg_host) {   /* no segments, or more than a block sorts: the bounds and the choice on the host */
         host_in(ci, r->q, qbytes);
         if (keep_bits) am_host_write(&ci->act, r->bits, bits_bytes);
@@ -302,7 +358,7 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
     size_t first_bytes = keep ? 0 : segs ? (keep_bits ? 0 : bits_bytes) : best_bytes;   /* what comes back first */
     size_t back = first_bytes + (r->u ? u_bytes : 0);
     if (!dq || grow_dev(ci, (void **)&ci->bd_u, &ci->cap_bd_u, u_bytes) ||
-        (k > 0 && (grow_dev(ci, (void **)&ci->bd_keys, &ci->cap_bd_keys, 2 * keys_bytes + best_bytes) ||
+        (k > 0 && !fused && (grow_dev(ci, (void **)&ci->bd_keys, &ci->cap_bd_keys, 2 * keys_bytes + best_bytes) ||
                    grow_dev(ci, (void **)&ci->pick_max, &ci->cap_pick_max, sizeof(float) * (size_t)(H * blocks[0])))) ||
         (segs && grow_dev(ci, (void **)&ci->seg_at, &ci->cap_seg_at, sizeof(int64_t) * 2 * SG_SORT_MAX * (size_t)H)) ||
         (segs && !keep_bits && grow_dev(ci, (void **)&ci->seg_bits, &ci->cap_seg_bits, bits_bytes)) ||
@@ -310,6 +366,18 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
         return;
     cudaStream_t s = ci->stream;
     dim3 grid((unsigned)((stride + BD_PER_BLOCK - 1) / BD_PER_BLOCK), (unsigned)H);
+    if (fused) {   /* one launch; the heads' tickets start at 0 (set once, and back to 0 by each launch) */
+        const size_t done_bytes = sizeof(unsigned) * SL_MAX_HEADS;
+        if (!ci->bd_done && (grow_dev(ci, (void **)&ci->bd_done, &ci->cap_bd_done, done_bytes) ||
+                             ck(ci, cudaMemsetAsync(ci->bd_done, 0, ci->cap_bd_done, s), "bound tickets")))
+            return;
+        int32_t *d_ids = (int32_t *)am_dev_out(&ci->act, r->best, ids_bytes);
+        int32_t *d_cnt = (int32_t *)am_dev_out(&ci->act, r->n_best, cnt_bytes);
+        bound_best_kernel<<<grid, BD_THREADS, seg_smem, s>>>(dq, r->group, r->dim, L->dev, L->cap, cnt, stride,
+                                                             ci->bd_u, ci->bd_done, k, d_ids, d_cnt);
+        ck(ci, cudaGetLastError(), "bound best kernel");
+        return;
+    }
     bound_kernel<<<grid, BD_THREADS, 0, s>>>(dq, r->group, r->dim, L->dev, L->cap, cnt, stride, ci->bd_u);
     if (ck(ci, cudaGetLastError(), "bound kernel")) return;
     uint64_t *best = ci->bd_keys + 2 * (keys_bytes / sizeof(uint64_t));

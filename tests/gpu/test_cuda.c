@@ -2580,6 +2580,64 @@ Test(cuda, the_bounds_on_the_device_are_the_cpus_bit_for_bit)
     }
 }
 
+/* Quest's bounds and each head's best in one launch (bound_best_kernel: the call's best bound, no
+ * bounds asked back): the best and their counts are the CPU backend's, for 1 to 8 heads of 1 to
+ * 8,192 summaries (a sort past the default shared memory), k 1 to BE_PICK_MAX, the same list called
+ * three times (each launch leaves the heads' tickets at 0 for the next), and nothing waited for
+ * until they are read. */
+Test(cuda, quest_s_bounds_and_best_in_one_launch_are_the_cpus)
+{
+    seed_rng("bounds and best in one launch");
+    char err[512];
+    static const int64_t ns[] = { 1, 300, 2048, 5000, 8192 };
+    static const int32_t ks[] = { 1, 63, BE_PICK_MAX };
+    for (int round = 0; round < 10; round++) {
+        const int H = 1 + (int)(rnd() % 8), G = 1 + (int)(rnd() % 4);
+        const int64_t dim = round % 2 ? 128 : 64;
+        const int32_t k = ks[round % 3];
+        int64_t off[9] = { 0 };
+        for (int h = 0; h < H; h++) off[h + 1] = off[h] + (h == 0 ? ns[round % 5] : 1 + (int64_t)(rnd() % ns[round % 5]));
+        float *mm = malloc(sizeof(float) * (size_t)(off[H] * 2 * dim));
+        be_summary *sum = malloc(sizeof *sum * (size_t)off[H]);
+        const size_t qbytes = sizeof(float) * (size_t)(H * G * dim), bbytes = sizeof(int32_t) * (size_t)(H * k + H);
+        float *q = malloc(qbytes);
+        int32_t *dbest = malloc(bbytes), b1[8 * BE_PICK_MAX], n1[8];
+        cr_assert(mm && sum && q && dbest);
+        random_summaries(mm, off[H], dim);
+        for (int64_t i = 0; i < off[H]; i++)
+            sum[i] = (be_summary){ .mn = mm + i * 2 * dim, .mx = mm + i * 2 * dim + dim, .gen = (uint64_t)i + 1, .n = 1 };
+        cr_assert(be_bind(gpu, dbest, bbytes, err, sizeof err) == 0, "%s", err);
+        for (int call = 0; call < 3; call++) {
+            be_host_write(gpu, q, qbytes);
+            for (int64_t i = 0; i < H * G * dim; i++) q[i] = frand(-1, 1);
+            be_bounds a = { .q = q, .n_head_kv = H, .group = G, .dim = dim, .sum = sum, .off = off, .table = 0xB0B0,
+                            .shape = 9 + (uint64_t)round, .k = k, .best = b1, .n_best = n1 };
+            be_bounds b = a;
+            b.best = dbest, b.n_best = dbest + H * k;
+            uint64_t w0, w1, up, down;
+            gpu->ops->counters(gpu, &w0, &up, &down);
+            gpu->ops->bound_pages(gpu, &b);
+            gpu->ops->counters(gpu, &w1, &up, &down);
+            cr_assert(!be_failed(gpu, err, sizeof err), "%s", err);
+            if (call > 0) cr_expect_eq(w1, w0, "round %d call %d: the bounds waited", round, call);
+            be_range rb = { dbest, bbytes };
+            be_host_read(gpu, &rb, 1);
+            cpu->ops->bound_pages(cpu, &a);
+            for (int h = 0; h < H; h++) {
+                cr_assert_eq(n1[h], b.n_best[h], "round %d call %d head %d (%lld summaries, k %d): %d best on the CPU, %d",
+                             round, call, h, (long long)(off[h + 1] - off[h]), k, n1[h], b.n_best[h]);
+                cr_assert(!memcmp(b1 + h * k, dbest + h * k, sizeof(int32_t) * (size_t)n1[h]),
+                          "round %d call %d head %d: the best differ", round, call, h);
+            }
+        }
+        be_unbind(gpu, dbest);
+        free(dbest);
+        free(q);
+        free(sum);
+        free(mm);
+    }
+}
+
 /* CHESS's scores (be_ops.scores) on the device, matrix and scores bound (as CHESS binds them), the
  * anchor bound or not: every row's score is the CPU backend's bit for bit (kernels/score_kernels.h
  * adds in vd_dot_f32's order); rows the host rewrites and announces are scored anew; with all
