@@ -62,7 +62,8 @@ int main(void)
         for (int64_t i = 0; i < n * 2 * D; i++) mm[i] = bench_frand();
         int64_t off[H + 1];
         for (int h = 0; h <= H; h++) off[h] = h * per;
-        for (int64_t i = 0; i < n; i++) sum[i] = (be_summary){ mm + i * 2 * D, mm + i * 2 * D + D, (uint64_t)i + 1, 32 };
+        for (int64_t i = 0; i < n; i++)
+            sum[i] = (be_summary){ .mn = mm + i * 2 * D, .mx = mm + i * 2 * D + D, .gen = (uint64_t)i + 1, .n = 32 };
         double t_old[CALLS], t_new[CALLS], t_keep[CALLS], t_none[CALLS];
         int32_t best[H * K], nb[H];
         int same = 1;
@@ -95,7 +96,7 @@ int main(void)
         for (int mode = 0; mode < 2; mode++) {
             ub_batch ub = { 0 };
             sl_table t;
-            sl_device dev = { NULL, h_alloc, h_release };
+            sl_device dev = { NULL, h_alloc, h_release, NULL };
             sl_init(&t, &dev, &ub);
             for (int c = -3; c < CALLS; c++) {
                 for (int h = 0; h < H; h++) sum[off[h + 1] - 1].n = 1 + (c + 3) % 32;   /* the last page took a row */

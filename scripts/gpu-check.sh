@@ -142,7 +142,7 @@ profile_steps() {
     done
 }
 
-# policy_steps NAME MODEL DEPTH GEN: kvchat bench --policy under the op profiler, one policy a run
+# policy_steps NAME MODEL DEPTH GEN [compare]: kvchat bench --policy under the op profiler, one policy a run
 # (Quest bounds pages on the device and picks each head's best in the same launch, its page
 # summaries folded there from the page copies; then again with its bounds, best and indices in
 # three launches, KVCHAT_CUDA_BOUNDS=split, and with its summaries sent up from the host,
@@ -152,11 +152,13 @@ profile_steps() {
 # step show; its table and profile go to the summary
 policy_steps() {
     local name=$1 model=$2 depth=$3 gen=$4 pol spec
-    local set
+    local set quest_too=
     # NAME/split: three launches for Quest's choice, as before bound_best_kernel; NAME/sent: Quest's
     # summaries and H2O's evicted pages sent up from the host, as before fold_from_copy and
-    # page_moves; each beside the run before it
-    for pol in quest quest/split quest/sent chess:preset=aggressive h2o:budget=0.25 h2o:budget=0.25/sent; do
+    # page_moves; each beside the run before it (Quest's two where a fifth argument asks for them:
+    # the 7B shape's, where its selection is a step's larger share)
+    [ -n "${5:-}" ] && quest_too="quest/split quest/sent"
+    for pol in quest $quest_too chess:preset=aggressive h2o:budget=0.25 h2o:budget=0.25/sent; do
         spec=${pol%/*}
         set=KVCHAT_PROFILE=1
         case $pol in
@@ -373,7 +375,7 @@ for type in q4_k_m f16; do
                 env KVCHAT_CUDA_ATTN=grouped "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
                 --csv "$tmp/bench.csv" && bench_table
             profile_steps mistral-7b-q4_k_m "$m" 2048 16
-            policy_steps mistral-7b-q4_k_m "$m" 2048 16
+            policy_steps mistral-7b-q4_k_m "$m" 2048 16 compare
             compare_step mistral-7b-q4_k_m "$m" 2048 16
             # the CHESS, Quest and SentKV targets at 32K: one prefill, then each policy's
             # decode from it
