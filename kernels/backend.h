@@ -537,7 +537,7 @@ uint64_t be_cuda_input_quantizations(be_backend *b);
 void be_cuda_page_rows(be_backend *b, uint64_t *written, uint64_t *moved, uint64_t *uploaded);
 /* Of the selection policies' summaries a CUDA backend has put on the device so far (each new or
  * changed one, be_ops.bound_pages and place_bounds), those it folded from its copies of the pages
- * (be_summary.page) and those sent from the host; both 0 for any other backend. */
+ * (be_summary.k) and those sent from the host; both 0 for any other backend. */
 void be_cuda_summaries(be_backend *b, uint64_t *folded, uint64_t *sent);
 /* A CUDA backend's warm-up (be_warming_up) is over: the page lists and page copies its throwaway
  * cache left are freed now, their blocks back in the pool for the run's pages, instead of after

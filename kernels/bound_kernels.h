@@ -64,7 +64,7 @@ QB_HD int64_t bd_query_at(int h, int group, int j, int64_t dim) { return ((int64
 /* Where head h's bound i goes: a row of stride bounds a head. */
 QB_HD int64_t bd_out_at(int h, int64_t stride, int64_t i) { return (int64_t)h * stride + i; }
 
-/* A summary computed where its page is (be_summary.page): entry `at` of a list (its minimum at
+/* A summary computed where its page is (be_summary.k): entry `at` of a list (its minimum at
  * bd_summary_at's floats, at * 2 * dim from the list's start, its n at len[at]) from the first n key
  * rows of the device's copy of the page (rows of dim halves, one after another). */
 typedef struct bd_fold {

@@ -242,7 +242,7 @@ static void summarize_head(void *ctx, int64_t task, int thread)
     const int64_t D = kv_head_dim(env->kv), per = s->summ_per;
     const int gl = (int)(task / env->n_head_kv), g = (int)(task % env->n_head_kv), il = env->global[gl];
     const int64_t off = ((int64_t)gl * env->n_head_kv + g) * 2 * D;
-    float sum[1024];   /* the fold's sums, unused (head_dim <= 1024: the model loader's limit) */
+    float sum[256];   /* the fold's sums, unused: the columns go in blocks of 256 */
     memset(sum, 0, sizeof sum);
     int np = kv_n_pages(env->kv, il, g), i0 = np;
     while (i0 > 0) {
@@ -263,7 +263,10 @@ static void summarize_head(void *ctx, int64_t task, int thread)
             int32_t e = t + 1;   /* the run of rows in segment sg (positions ascend in a page) */
             while (e < p->n && p->pos[e] < s->seg_end[sg]) e++;
             float *o = s->mm + sg * per + off;
-            be_host_key_summary_rows(D, e - t, p->k + (size_t)t * (size_t)D, D, sum, o, o + D);
+            for (int64_t c = 0; c < D; c += 256) {   /* each column's rows in order, as one call folds them */
+                const int64_t w = D - c < 256 ? D - c : 256;
+                be_host_key_summary_rows(w, e - t, p->k + (size_t)t * (size_t)D + (size_t)c, D, sum, o + c, o + D + c);
+            }
             t = e;
         }
     }
@@ -279,7 +282,6 @@ static int summarize(st_sent *s, const pol_env *env, int64_t held)
     int64_t n_to = s->n_seg;
     while (n_to > s->n_summ && s->seg_end[n_to - 1] > held) n_to--;
     if (s->n_summ >= n_to) return 0;
-    if (D > 1024) return -1;
     if (n_to > s->cap_mm) {   /* room for more: the summaries' addresses, which the bounds lists hold, move seldom */
         int64_t nc = n_to * 2 > 64 ? n_to * 2 : 64;
         float *nm = realloc(s->mm, sizeof(float) * (size_t)(nc * per));

@@ -795,6 +795,7 @@ static int cuda_failed(be_backend *b, char *err, size_t errlen)
     /* what a failed op left queued never goes: its page rows are read from the host's pages when a
      * batch is packed (ub_add_ref), and the engine may change those pages before the next op */
     if (ci->batch.n) lose_batch(ci);
+    ci->bd_done_zeroed = 0;   /* a fused bounds launch cut short may have left tickets taken */
     ci->failed = 0;
     (void)cudaGetLastError();
     ci->arena_off = 0;

@@ -169,6 +169,7 @@ typedef struct cuda_impl {
     size_t cap_seg_at, cap_seg_bits;
     size_t seg_smem_set;       /* the choice kernel's shared memory limit as raised so far */
     unsigned *bd_done;         /* bound_best_kernel's tickets, a KV head's (0 between launches) */
+    int bd_done_zeroed;        /* they were set to 0 since the last failure (a launch cut short may leave them) */
     size_t cap_bd_done;
     size_t best_smem_set;      /* bound_best_kernel's shared memory limit as raised so far */
     int bounds_split;          /* KVCHAT_CUDA_BOUNDS=split: Quest's bounds, best and ids in three launches,

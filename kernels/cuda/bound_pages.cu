@@ -36,11 +36,12 @@ __global__ void __launch_bounds__(BD_THREADS) bound_kernel(const float *q, int g
 }
 
 /* The bounds and each KV head's k best in one launch, where the call's best stay on the device and
- * a head's summaries fit a block's sort (bd_best_fits): every block bounds its summaries as
+ * a head's summaries fit a block's sort (SG_SORT_MAX): every block bounds its summaries as
  * bound_kernel does; the last of a head's blocks to finish (done[h], a ticket a block, set back to
  * 0 by that block for the next launch) reads the head's bounds, sorts their keys in shared memory
  * larger first (bd_best_key, sg_sort_step) and writes the first k that are not empty as ascending
  * indices, and their count (bd_rank: bd_ids_kernel's). The same set as the pick's (lp_key's order). */
+static_assert(BE_PICK_MAX <= BD_THREADS, "bound_best_kernel ranks a key a thread");
 __global__ void __launch_bounds__(BD_THREADS) bound_best_kernel(const float *q, int group, int64_t dim,
                                                                 const float *sum, int64_t cap, bd_counts cnt,
                                                                 int64_t stride, float *u, unsigned *done, int32_t k,
@@ -54,6 +55,7 @@ __global__ void __launch_bounds__(BD_THREADS) bound_best_kernel(const float *q, 
     if (threadIdx.x == 0) ticket = atomicAdd(&done[blockIdx.y], 1u);
     __syncthreads();
     if (ticket != gridDim.x - 1) return;
+    __threadfence();   /* the ticket seen before the bounds read */
     const int h = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
     const int64_t n = cnt.n[h];
     const int32_t size = sg_sort_size(n), kk = k < size ? k : size;
@@ -256,7 +258,8 @@ static int run_folds(cuda_impl *ci, const sl_list *L)
 }
 
 /* The list named r->table brought up to date (sl_update) on the device: the summaries it sends,
- * then the folds. NULL when it could not be (the batch dropped: part of the list may be queued). */
+ * then the folds. NULL when it could not be (the batch dropped: part of the list may be queued;
+ * folds that did not run: every list forgotten, since each counts its folded entries as there). */
 static const sl_list *update_sums(cuda_impl *ci, const be_bounds *r)
 {
     char err[160];
@@ -267,7 +270,11 @@ static const sl_list *update_sums(cuda_impl *ci, const be_bounds *r)
         if (!ci->failed) ub_clear(&ci->batch, 0);
         return NULL;
     }
-    if (send_batch(ci) || run_folds(ci, L)) return NULL;
+    if (send_batch(ci)) return NULL;
+    if (run_folds(ci, L)) {
+        sl_forget(&ci->sums);
+        return NULL;
+    }
     return L;
 }
 
@@ -366,11 +373,14 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
         return;
     cudaStream_t s = ci->stream;
     dim3 grid((unsigned)((stride + BD_PER_BLOCK - 1) / BD_PER_BLOCK), (unsigned)H);
-    if (fused) {   /* one launch; the heads' tickets start at 0 (set once, and back to 0 by each launch) */
+    if (fused) {   /* one launch; the heads' tickets start at 0 (set once, again after a failure; each launch leaves them at 0) */
         const size_t done_bytes = sizeof(unsigned) * SL_MAX_HEADS;
-        if (!ci->bd_done && (grow_dev(ci, (void **)&ci->bd_done, &ci->cap_bd_done, done_bytes) ||
-                             ck(ci, cudaMemsetAsync(ci->bd_done, 0, ci->cap_bd_done, s), "bound tickets")))
-            return;
+        if (!ci->bd_done_zeroed) {
+            if (grow_dev(ci, (void **)&ci->bd_done, &ci->cap_bd_done, done_bytes) ||
+                ck(ci, cudaMemsetAsync(ci->bd_done, 0, ci->cap_bd_done, s), "bound tickets"))
+                return;
+            ci->bd_done_zeroed = 1;
+        }
         int32_t *d_ids = (int32_t *)am_dev_out(&ci->act, r->best, ids_bytes);
         int32_t *d_cnt = (int32_t *)am_dev_out(&ci->act, r->n_best, cnt_bytes);
         bound_best_kernel<<<grid, BD_THREADS, seg_smem, s>>>(dq, r->group, r->dim, L->dev, L->cap, cnt, stride,

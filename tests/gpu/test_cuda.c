@@ -2581,7 +2581,7 @@ Test(cuda, the_bounds_on_the_device_are_the_cpus_bit_for_bit)
 }
 
 /* Quest's bounds and each head's best in one launch (bound_best_kernel: the call's best bound, no
- * bounds asked back): the best and their counts are the CPU backend's, for 1 to 8 heads of 1 to
+ * bounds asked back): the best and their counts are the CPU backend's, for 1 to 8 heads of 0 to
  * 8,192 summaries (a sort past the default shared memory), k 1 to BE_PICK_MAX, the same list called
  * three times (each launch leaves the heads' tickets at 0 for the next), and nothing waited for
  * until they are read. */
@@ -2596,7 +2596,8 @@ Test(cuda, quest_s_bounds_and_best_in_one_launch_are_the_cpus)
         const int64_t dim = round % 2 ? 128 : 64;
         const int32_t k = ks[round % 3];
         int64_t off[9] = { 0 };
-        for (int h = 0; h < H; h++) off[h + 1] = off[h] + (h == 0 ? ns[round % 5] : 1 + (int64_t)(rnd() % ns[round % 5]));
+        for (int h = 0; h < H; h++)   /* now and then a last head with none */
+            off[h + 1] = off[h] + (h == 0 ? ns[round % 5] : h == H - 1 && round % 4 == 3 ? 0 : 1 + (int64_t)(rnd() % ns[round % 5]));
         float *mm = malloc(sizeof(float) * (size_t)(off[H] * 2 * dim));
         be_summary *sum = malloc(sizeof *sum * (size_t)off[H]);
         const size_t qbytes = sizeof(float) * (size_t)(H * G * dim), bbytes = sizeof(int32_t) * (size_t)(H * k + H);
@@ -2893,8 +2894,10 @@ Test(cuda, selection_policies_decode_the_same_with_the_bounds_on_the_device)
                                       (unsigned long long)(w1 - w0));
                 }
                 be_cuda_summaries(gpu, &folded1, &sent1);
-                if (on_device && si == 0)   /* Quest's summaries of pages folded from the device's copies */
-                    cr_expect(folded1 > folded0 && sent1 == sent0, "%s under %s: %llu summaries folded, %llu sent",
+                /* Quest's summaries of pages folded from the device's copies, but those of the pages a
+                 * decode step closed (their last row deferred to the next attention call): sent */
+                if (on_device && si == 0)
+                    cr_expect(folded1 - folded0 > sent1 - sent0, "%s under %s: %llu summaries folded, %llu sent",
                               files[fi], specs[si], (unsigned long long)(folded1 - folded0),
                               (unsigned long long)(sent1 - sent0));
                 if (on_device && si == 1)   /* SentKV's of segments sent */
