@@ -85,7 +85,7 @@ static int make_room(sl_table *t, sl_list *L, int n_heads, int64_t dim, int64_t 
     return 0;
 }
 
-static int same(const sl_seen *a, const be_summary *b)
+static int same(const be_summary *a, const be_summary *b)
 {
     return a->gen && a->gen == b->gen && a->n == b->n && a->mn == b->mn && a->mx == b->mx;
 }
@@ -140,10 +140,10 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
         if (kept && n >= L->n_of[h]) from = L->n_of[h] > 0 ? L->n_of[h] - 1 : 0;
         for (int64_t i = from; i < n; i++) {
             const be_summary *s = &r->sum[r->off[h] + i];
-            sl_seen *seen = &L->seen[(int64_t)h * L->cap + i];
+            be_summary *seen = &L->seen[(int64_t)h * L->cap + i];
             t->looked++;
             if (same(seen, s)) continue;
-            *seen = (sl_seen){ s->mn, s->mx, s->gen, s->n };
+            *seen = *s;
             t->sent++;
             int64_t at = (int64_t)h * L->cap + i;
             if (foldable(t, s, at) && t->dev.fold(t->dev.ud, (int32_t)at, s->k, s->gen, (int32_t)s->n, r->dim) == 0) {

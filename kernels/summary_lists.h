@@ -38,13 +38,6 @@ typedef struct sl_device {
     int (*fold)(void *ud, int32_t at, const uint16_t *k, uint64_t gen, int32_t n, int64_t dim);
 } sl_device;
 
-/* What an entry on the device holds (a be_summary's identity: its arrays, generation and n). */
-typedef struct sl_seen {
-    const float *mn, *mx;
-    uint64_t gen;
-    int64_t n;
-} sl_seen;
-
 typedef struct sl_list {
     uint64_t name;        /* 0: a free slot */
     uint64_t shape;       /* the shape the last call gave, 0: none */
@@ -52,7 +45,7 @@ typedef struct sl_list {
     int n_heads;
     int64_t dim, cap;     /* entries a head's region holds */
     int64_t n_of[SL_MAX_HEADS];   /* each head's entries at the last call */
-    sl_seen *seen;        /* [n_heads * cap] what each entry on the device holds (gen 0: nothing) */
+    be_summary *seen;     /* [n_heads * cap] what each entry on the device holds (gen 0: nothing) */
     float *dev;           /* [n_heads * cap][2 * dim] on the device */
     int64_t *dev_n;       /* [n_heads * cap] each entry's n on the device (SentKV's segment lengths) */
 } sl_list;
