@@ -112,7 +112,7 @@ help:
 	@echo "make bootstrap  install the Debian packages kvchat needs (apt-get when root)"
 	@echo "make bench      kvchat bench on the default model, appended to bench/results.csv"
 	@echo "make bench-host-cost  a decode step's host work on the CUDA backend, timed and counted without a GPU (bench/host_cost.sh)"
-	@echo "make test-standin the CUDA build's host code under ASan and UBSan without a GPU (scripts/standin_check.sh; part of make test)"
+	@echo "make test-standin the CUDA build's host code under ASan and UBSan without a GPU, and its failures (scripts/standin_check.sh, standin_faults.sh; part of make test)"
 	@echo "make bench-tables  the host's share of a CUDA attention call, timed without a GPU (bench/page_tables_bench.c)"
 	@echo "make bench-pick    the host's share of choosing a token, with and without the backend's pick (bench/pick_bench.c)"
 	@echo "make bench-chess   the host's share of CHESS's reconstruction a decode step, 7B shape (bench/chess_bench.c;"
@@ -369,7 +369,8 @@ test-cuda-build:
 
 # The CUDA backend's host code under ASan and UBSan without a GPU: a CUDA build with the sanitizers
 # (its C objects those of make asan, its CUDA objects with code for one architecture only: the
-# stand-in runs no kernel) run over the stand-in runtime (scripts/standin_check.sh).
+# stand-in runs no kernel) run over the stand-in runtime (scripts/standin_check.sh), then failed
+# at every place the runtime is called from (scripts/standin_faults.sh).
 # (spelt without commas: nvcc's -Xcompiler splits its argument at them)
 SAN_FLAGS := -fsanitize=address -fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 comma := ,
@@ -386,6 +387,7 @@ test-standin:
 else
 test-standin: cuda-asan-build $(STANDIN_LIBS)
 	bash scripts/standin_check.sh build-cuda-asan/kvchat $(STANDIN)
+	bash scripts/standin_faults.sh build-cuda-asan/kvchat $(STANDIN)
 endif
 
 # The CUDA backend and its GPU tests compile and link (no GPU needed); test-gpu also runs them. The

@@ -1,6 +1,8 @@
 /* cublas.c - a cuBLAS that runs nothing, beside the stand-in CUDA runtime (cudart.c): built as
  * libcublas.so.13, it answers the backend's handle, stream and GemmEx calls at once, for timing
- * the CUDA backend's host work without a GPU (make bench-host-cost). */
+ * the CUDA backend's host work without a GPU (make bench-host-cost). A product launches one kernel
+ * through the stand-in runtime, as the real library's launch through the real one: a launch failure
+ * or fault the runtime is asked for (KVCHAT_STANDIN_FAIL, cudart.c) fails the product too. */
 #include <cublas_v2.h>
 #include <stdlib.h>
 
@@ -29,5 +31,10 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 {
     (void)h, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)A, (void)Atype, (void)lda;
     (void)B, (void)Btype, (void)ldb, (void)beta, (void)C, (void)Ctype, (void)ldc, (void)ctype, (void)algo;
+    const dim3 one = {1, 1, 1};
+    if (cudaLaunchKernel((const void *)cublasGemmEx, one, one, NULL, 0, NULL) != cudaSuccess) {
+        (void)cudaGetLastError();   /* the library reports its own status */
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -16,7 +16,28 @@
  *   call NAME COUNT       every runtime call by name
  *   launch KERNEL COUNT   kernels launched one at a time, by the kernel's mangled name (c++filt)
  *   recorded KERNEL COUNT kernels launched while a stream was being captured into a graph
- * (bench/host_cost.sh takes two runs' difference to get a decode step's share.) */
+ *   count KIND COUNT      the calls of each kind below that a failure can be put in
+ *   failed KIND N         the failure KVCHAT_STANDIN_FAIL asked for, where it was answered
+ * (bench/host_cost.sh takes two runs' difference to get a decode step's share.)
+ *
+ * Failures on demand, for the backend's error paths (scripts/standin_faults.sh): with
+ * KVCHAT_STANDIN_FAIL=KIND:N the Nth call of one kind fails as a real runtime's would:
+ *   malloc         cudaMalloc answers cudaErrorMemoryAllocation (the device full at that moment)
+ *   host-alloc     cudaHostAlloc answers cudaErrorMemoryAllocation
+ *   host-register  cudaHostRegister answers cudaErrorMemoryAllocation (the locked-memory limit)
+ *   launch         a kernel launch answers cudaErrorLaunchOutOfResources (recorded into a graph: its
+ *                  capture ends invalidated)
+ *   fault          a stream or event synchronization answers cudaErrorIllegalAddress, and so does
+ *                  every call after it (a kernel's bad access ends a real context for good)
+ * Each failure is also the runtime's last error (cudaGetLastError answers it once; a fault's, for
+ * good). With KVCHAT_STANDIN_ARM=FILE too, N counts only the calls made while FILE exists (a test
+ * of the interface fails a chosen question's). KVCHAT_STANDIN_MEMORY=MIB makes the device that size
+ * (80 GiB otherwise). With
+ * KVCHAT_STANDIN_SITES=FILE it also writes, at exit, where in the program the calls of each kind
+ * came from (its callers' four return addresses, hashed), a line a place:
+ *   site KIND HASH FIRST LAST COUNT   the kind's call numbers of its first and last call there
+ * so a sweep can fail each place's first and last call rather than every call. A malformed setting
+ * stops the program at load with a line saying so. */
 #include <cuda_runtime_api.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -24,17 +45,130 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <execinfo.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The H100 80GB's figures, where the backend sizes its work by them. */
-#define SI_TOTAL ((size_t)80 << 30)
+/* The H100 80GB's figures, where the backend sizes its work by them (the memory unless
+ * KVCHAT_STANDIN_MEMORY says otherwise). */
 #define SI_SMS 132
 #define SI_SMEM_OPTIN (227 * 1024)
 
+static size_t si_total = (size_t)80 << 30;
 static atomic_size_t si_used;
+
+/* The failure asked for (KVCHAT_STANDIN_FAIL), the calls of each kind so far, and the errors a
+ * real runtime would keep: the last one (answered once by cudaGetLastError) and a fault's. */
+enum { SF_MALLOC, SF_HOST_ALLOC, SF_HOST_REGISTER, SF_LAUNCH, SF_FAULT, SF_KINDS };
+static const char *const sf_names[SF_KINDS] = {"malloc", "host-alloc", "host-register", "launch", "fault"};
+static int sf_kind = -1;
+static long long sf_at;
+static atomic_llong sf_seen[SF_KINDS];
+static atomic_int sf_failed;   /* the failure was answered */
+static const char *sf_arm;     /* KVCHAT_STANDIN_ARM: N counts the kind's calls made while this file exists */
+static atomic_llong sf_armed;
+static atomic_int si_last, si_sticky, si_capture_broken;
+
+static void si_settings_refused(const char *name, const char *value, const char *want)
+{
+    fprintf(stderr, "stand-in CUDA runtime: %s=%s is not %s\n", name, value, want);
+    exit(2);
+}
+
+__attribute__((constructor)) static void read_settings(void)
+{
+    const char *mem = getenv("KVCHAT_STANDIN_MEMORY");
+    if (mem && *mem) {
+        char *end;
+        errno = 0;
+        unsigned long long mib = strtoull(mem, &end, 10);
+        if (errno || *end || mib == 0 || mib > ((unsigned long long)1 << 30) || *mem == '-')
+            si_settings_refused("KVCHAT_STANDIN_MEMORY", mem, "a size in MiB (1 or more)");
+        si_total = (size_t)mib << 20;
+    }
+    sf_arm = getenv("KVCHAT_STANDIN_ARM");
+    if (sf_arm && !*sf_arm) sf_arm = NULL;
+    const char *f = getenv("KVCHAT_STANDIN_FAIL");
+    if (!f || !*f) return;
+    const char *colon = strchr(f, ':');
+    for (int k = 0; colon && k < SF_KINDS; k++)
+        if (strlen(sf_names[k]) == (size_t)(colon - f) && !strncmp(f, sf_names[k], (size_t)(colon - f))) sf_kind = k;
+    char *end = NULL;
+    errno = 0;
+    if (sf_kind >= 0) sf_at = strtoll(colon + 1, &end, 10);
+    if (sf_kind < 0 || errno || !end || *end || sf_at < 1 || colon[1] == '-' || colon[1] == '+')
+        si_settings_refused("KVCHAT_STANDIN_FAIL", f,
+                            "KIND:N (KIND malloc, host-alloc, host-register, launch or fault; N from 1)");
+}
+
+/* The places calls come from (KVCHAT_STANDIN_SITES): open addressing on the callers' hash. */
+enum { SF_SITES = 8192 };
+static struct {
+    uint64_t hash;
+    int kind;
+    long long first, last, n;
+} sf_sites[SF_SITES];
+static int sf_sites_on = -1;
+static pthread_mutex_t sf_sites_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Call n of a kind, made from the caller's callers: frames 0 to 2 are this file's and the API
+ * function's (a launch: also nvcc's stub), so the four after them place the call in the program. */
+__attribute__((noinline)) static void note_site(int kind, long long n)
+{
+    if (sf_sites_on < 0) sf_sites_on = getenv("KVCHAT_STANDIN_SITES") && *getenv("KVCHAT_STANDIN_SITES");
+    if (!sf_sites_on) return;
+    void *fr[7];
+    int depth = backtrace(fr, 7);
+    uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)kind;
+    for (int i = 3; i < depth; i++) h = (h ^ (uint64_t)(uintptr_t)fr[i]) * 0x100000001b3ull;
+    pthread_mutex_lock(&sf_sites_lock);
+    for (size_t i = 0; i < SF_SITES; i++) {
+        size_t at = (h + i) % SF_SITES;
+        if (sf_sites[at].n && (sf_sites[at].hash != h || sf_sites[at].kind != kind)) continue;
+        if (!sf_sites[at].n) {
+            sf_sites[at].hash = h;
+            sf_sites[at].kind = kind;
+            sf_sites[at].first = n;
+        }
+        sf_sites[at].last = n;
+        sf_sites[at].n++;
+        break;
+    }
+    pthread_mutex_unlock(&sf_sites_lock);
+}
+
+/* 1 when this call of a kind is the one asked to fail (every call is counted). */
+__attribute__((noinline)) static int fails_now(int kind)
+{
+    long long n = atomic_fetch_add(&sf_seen[kind], 1) + 1;
+    note_site(kind, n);
+    if (kind != sf_kind) return 0;
+    if (sf_arm) {   /* counted from when the file is there */
+        if (access(sf_arm, F_OK) != 0) return 0;
+        n = atomic_fetch_add(&sf_armed, 1) + 1;
+    }
+    if (n != sf_at) return 0;
+    atomic_store(&sf_failed, 1);
+    return 1;
+}
+
+/* A call's error, kept as the last one as the runtime keeps it. */
+static cudaError_t si_error(cudaError_t e)
+{
+    atomic_store(&si_last, (int)e);
+    return e;
+}
+
+/* A fault answers every call after it (the calls that free still free: a real context's memory
+ * goes with it). */
+#define STICKY()                                                   \
+    do {                                                           \
+        int e_ = atomic_load(&si_sticky);                          \
+        if (e_) return (cudaError_t)e_;                            \
+    } while (0)
 
 /* The census: calls by name, and launches by kernel (registered once at load, looked up by the
  * launching function's address in an open-addressed table). Counted only when a report is asked for. */
@@ -84,24 +218,40 @@ static size_t kernel_slot(const void *fun)
     return SIZE_MAX;
 }
 
-/* Written where the report was asked for: created, or a regular file replaced; never a link. */
-__attribute__((destructor)) static void write_report(void)
+/* A report's file (the setting names it): created, or a regular file replaced; never a link. NULL
+ * when not asked for or not writable (said). */
+static FILE *open_report(const char *setting)
 {
-    const char *path = getenv("KVCHAT_STANDIN_REPORT");
-    if (!path || !*path) return;
+    const char *path = getenv(setting);
+    if (!path || !*path) return NULL;
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
         fprintf(stderr, "stand-in CUDA runtime: cannot write its report to %s: %s\n", path,
                 fd < 0 ? strerror(errno) : "not a regular file");
         if (fd >= 0) close(fd);
-        return;
+        return NULL;
     }
     FILE *f = fdopen(fd, "w");
-    if (!f) {
-        close(fd);
-        return;
-    }
+    if (!f) close(fd);
+    return f;
+}
+
+__attribute__((destructor)) static void write_sites(void)
+{
+    FILE *f = open_report("KVCHAT_STANDIN_SITES");
+    if (!f) return;
+    for (size_t i = 0; i < SF_SITES; i++)
+        if (sf_sites[i].n)
+            fprintf(f, "site %s %016llx %lld %lld %lld\n", sf_names[sf_sites[i].kind],
+                    (unsigned long long)sf_sites[i].hash, sf_sites[i].first, sf_sites[i].last, sf_sites[i].n);
+    fclose(f);
+}
+
+__attribute__((destructor)) static void write_report(void)
+{
+    FILE *f = open_report("KVCHAT_STANDIN_REPORT");
+    if (!f) return;
     for (int i = 0; i < SI_CALLS && atomic_load(&si_calls[i].name); i++)
         fprintf(f, "call %s %lld\n", atomic_load(&si_calls[i].name), (long long)atomic_load(&si_calls[i].n));
     for (size_t i = 0; i < SI_KERNELS; i++) {
@@ -110,6 +260,8 @@ __attribute__((destructor)) static void write_report(void)
         if (d) fprintf(f, "launch %s %lld\n", si_kernels[i].name, d);
         if (r) fprintf(f, "recorded %s %lld\n", si_kernels[i].name, r);
     }
+    for (int k = 0; k < SF_KINDS; k++) fprintf(f, "count %s %lld\n", sf_names[k], (long long)atomic_load(&sf_seen[k]));
+    if (atomic_load(&sf_failed)) fprintf(f, "failed %s %lld\n", sf_names[sf_kind], sf_at);
     fclose(f);
 }
 
@@ -120,9 +272,11 @@ enum { SI_HEAD = 4096 };
 cudaError_t cudaMalloc(void **p, size_t size)
 {
     COUNT();
+    STICKY();
     if (!p) return cudaErrorInvalidValue;
+    if (fails_now(SF_MALLOC)) return si_error(cudaErrorMemoryAllocation);
     size_t used = atomic_load(&si_used);
-    if (size > SI_TOTAL - used) return cudaErrorMemoryAllocation;
+    if (size > si_total - used) return si_error(cudaErrorMemoryAllocation);
     void *m = mmap(NULL, size + SI_HEAD, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) return cudaErrorMemoryAllocation;
     memcpy(m, &size, sizeof size);
@@ -140,14 +294,16 @@ cudaError_t cudaFree(void *p)
     memcpy(&size, m, sizeof size);
     atomic_fetch_sub(&si_used, size);
     munmap(m, size + SI_HEAD);
+    STICKY();
     return cudaSuccess;
 }
 
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot)
 {
     COUNT();
-    if (fr) *fr = SI_TOTAL - atomic_load(&si_used);
-    if (tot) *tot = SI_TOTAL;
+    STICKY();
+    if (fr) *fr = si_total - atomic_load(&si_used);
+    if (tot) *tot = si_total;
     return cudaSuccess;
 }
 
@@ -158,7 +314,9 @@ cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags)
 {
     COUNT();
     (void)flags;
+    STICKY();
     if (!p) return cudaErrorInvalidValue;
+    if (fails_now(SF_HOST_ALLOC)) return si_error(cudaErrorMemoryAllocation);
     *p = calloc(1, size ? size : 1);
     if (!*p) return cudaErrorMemoryAllocation;
     for (size_t i = 0; i < size; i += 4096) ((volatile char *)*p)[i] = 0;   /* a store a page: faulted in now */
@@ -169,6 +327,7 @@ cudaError_t cudaFreeHost(void *p)
 {
     COUNT();
     free(p);
+    STICKY();
     return cudaSuccess;
 }
 
@@ -176,6 +335,8 @@ cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags)
 {
     COUNT();
     (void)p, (void)size, (void)flags;
+    STICKY();
+    if (fails_now(SF_HOST_REGISTER)) return si_error(cudaErrorMemoryAllocation);
     return cudaSuccess;
 }
 
@@ -183,6 +344,7 @@ cudaError_t cudaHostUnregister(void *p)
 {
     COUNT();
     (void)p;
+    STICKY();
     return cudaSuccess;
 }
 
@@ -190,6 +352,7 @@ cudaError_t cudaHostUnregister(void *p)
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t s)
 {
     COUNT();
+    STICKY();
     (void)dst, (void)src, (void)count, (void)kind, (void)s;
     return cudaSuccess;
 }
@@ -198,6 +361,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                               enum cudaMemcpyKind kind, cudaStream_t s)
 {
     COUNT();
+    STICKY();
     (void)dst, (void)dpitch, (void)src, (void)spitch, (void)width, (void)height, (void)kind, (void)s;
     return cudaSuccess;
 }
@@ -205,6 +369,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t count, cudaStream_t s)
 {
     COUNT();
+    STICKY();
     (void)p, (void)value, (void)count, (void)s;
     return cudaSuccess;
 }
@@ -227,6 +392,7 @@ cudaError_t cudaRuntimeGetVersion(int *v)
 cudaError_t cudaGetDeviceCount(int *n)
 {
     COUNT();
+    STICKY();
     *n = 1;
     return cudaSuccess;
 }
@@ -234,16 +400,18 @@ cudaError_t cudaGetDeviceCount(int *n)
 cudaError_t cudaSetDevice(int d)
 {
     COUNT();
+    STICKY();
     return d == 0 ? cudaSuccess : cudaErrorInvalidDevice;
 }
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int d)
 {
     COUNT();
+    STICKY();
     if (d != 0) return cudaErrorInvalidDevice;
     memset(prop, 0, sizeof *prop);
     snprintf(prop->name, sizeof prop->name, "stand-in (no GPU: kernels not run)");
-    prop->totalGlobalMem = SI_TOTAL;
+    prop->totalGlobalMem = si_total;
     prop->major = 9;
     prop->minor = 0;
     prop->multiProcessorCount = SI_SMS;
@@ -256,6 +424,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int d)
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d)
 {
     COUNT();
+    STICKY();
     if (d != 0) return cudaErrorInvalidDevice;
     switch (attr) {
     case cudaDevAttrMultiProcessorCount: *v = SI_SMS; break;
@@ -271,6 +440,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d)
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute attr, int value)
 {
     COUNT();
+    STICKY();
     (void)f, (void)attr, (void)value;
     return cudaSuccess;
 }
@@ -278,10 +448,21 @@ cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute attr, int
 cudaError_t cudaGetLastError(void)
 {
     COUNT();
-    return cudaSuccess;
+    STICKY();
+    return (cudaError_t)atomic_exchange(&si_last, 0);
 }
 
-const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "stand-in runtime error"; }
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory (stand-in)";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch (stand-in)";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered (stand-in)";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture (stand-in)";
+    default: return "stand-in runtime error";
+    }
+}
 
 /* Streams, events and graphs: tokens (distinct non-null pointers). */
 static void *si_token(void) { return calloc(1, 16); }
@@ -289,6 +470,7 @@ static void *si_token(void) { return calloc(1, 16); }
 cudaError_t cudaStreamCreate(cudaStream_t *s)
 {
     COUNT();
+    STICKY();
     *s = si_token();
     return *s ? cudaSuccess : cudaErrorMemoryAllocation;
 }
@@ -297,19 +479,26 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
     COUNT();
     free(s);
+    STICKY();
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     COUNT();
+    STICKY();
     (void)s;
+    if (fails_now(SF_FAULT)) {
+        atomic_store(&si_sticky, (int)cudaErrorIllegalAddress);
+        return si_error(cudaErrorIllegalAddress);
+    }
     return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
 {
     COUNT();
+    STICKY();
     (void)flags;
     *e = si_token();
     return *e ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -319,12 +508,14 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
     COUNT();
     free(e);
+    STICKY();
     return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     COUNT();
+    STICKY();
     (void)e, (void)s;
     return cudaSuccess;
 }
@@ -332,23 +523,35 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     COUNT();
+    STICKY();
     (void)e;
+    if (fails_now(SF_FAULT)) {
+        atomic_store(&si_sticky, (int)cudaErrorIllegalAddress);
+        return si_error(cudaErrorIllegalAddress);
+    }
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
 {
     COUNT();
+    STICKY();
     (void)s, (void)mode;
     atomic_store(&si_capturing, 1);
+    atomic_store(&si_capture_broken, 0);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
 {
     COUNT();
+    STICKY();
     (void)s;
     atomic_store(&si_capturing, 0);
+    if (atomic_exchange(&si_capture_broken, 0)) {
+        *g = NULL;
+        return si_error(cudaErrorStreamCaptureInvalidated);
+    }
     *g = si_token();
     return *g ? cudaSuccess : cudaErrorMemoryAllocation;
 }
@@ -356,6 +559,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags)
 {
     COUNT();
+    STICKY();
     (void)g, (void)flags;
     *x = si_token();
     return *x ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -364,6 +568,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned lon
 cudaError_t cudaGraphExecUpdate(cudaGraphExec_t x, cudaGraph_t g, cudaGraphExecUpdateResultInfo *info)
 {
     COUNT();
+    STICKY();
     (void)x, (void)g;
     if (info) memset(info, 0, sizeof *info);
     return cudaSuccess;
@@ -372,6 +577,7 @@ cudaError_t cudaGraphExecUpdate(cudaGraphExec_t x, cudaGraph_t g, cudaGraphExecU
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s)
 {
     COUNT();
+    STICKY();
     (void)x, (void)s;
     return cudaSuccess;
 }
@@ -380,6 +586,7 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g)
 {
     COUNT();
     free(g);
+    STICKY();
     return cudaSuccess;
 }
 
@@ -387,6 +594,7 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x)
 {
     COUNT();
     free(x);
+    STICKY();
     return cudaSuccess;
 }
 
@@ -464,17 +672,26 @@ static void count_launch(const void *fun)
         atomic_fetch_add(atomic_load(&si_capturing) ? &si_kernels[at].recorded : &si_kernels[at].direct, 1);
 }
 
+/* A launch's answer: the failure asked for (into a graph, the capture is then invalidated), or
+ * a fault's. */
+static cudaError_t launch(const void *fun)
+{
+    count_launch(fun);
+    STICKY();
+    if (!fails_now(SF_LAUNCH)) return cudaSuccess;
+    if (atomic_load(&si_capturing)) atomic_store(&si_capture_broken, 1);
+    return si_error(cudaErrorLaunchOutOfResources);
+}
+
 /* Where an older toolkit's kernel calls (or CUDA 13's legacy path) launch: by the host function's address. */
 cudaError_t cudaLaunchKernel(const void *fun, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s)
 {
     (void)grid, (void)block, (void)args, (void)shmem, (void)s;
-    count_launch(fun);
-    return cudaSuccess;
+    return launch(fun);
 }
 
 cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s)
 {
     (void)grid, (void)block, (void)args, (void)shmem, (void)s;
-    count_launch((const void *)k);
-    return cudaSuccess;
+    return launch((const void *)k);
 }

@@ -36,16 +36,43 @@
 #include "kernels/addr_hash.h"
 #include "kernels/cuda/backend_cuda.cuh"
 
-int fail(cuda_impl *ci, const char *fmt, ...)
+static int vfail(cuda_impl *ci, const char *fmt, va_list ap)
 {
     if (!ci->failed) {
-        va_list ap;
-        va_start(ap, fmt);
         vsnprintf(ci->fail_msg, sizeof ci->fail_msg, fmt, ap);
-        va_end(ap);
         ci->failed = 1;
     }
     return -1;
+}
+
+int fail(cuda_impl *ci, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(ci, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int fail_alloc(cuda_impl *ci, cudaError_t e, const char *what, const char *fmt, ...)
+{   /* e may be cudaSuccess where what failed was not a device call (a pool's limit): the shortage */
+    (void)cudaGetLastError();
+    if (e != cudaSuccess && e != cudaErrorMemoryAllocation)
+        return fail(ci, "CUDA %s failed: %s", what, cudaGetErrorString(e));
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(ci, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+const char *bytes_text(char *buf, double bytes)
+{
+    if (bytes < 1024) snprintf(buf, 32, "%.0f bytes", bytes);
+    else if (bytes < 1024.0 * 1024) snprintf(buf, 32, "%.1f KiB", bytes / 1024);
+    else if (bytes < 1024.0 * 1024 * 1024) snprintf(buf, 32, "%.1f MiB", bytes / (1024.0 * 1024));
+    else snprintf(buf, 32, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+    return buf;
 }
 
 int ck(cuda_impl *ci, cudaError_t e, const char *what)
@@ -81,11 +108,12 @@ int grow_dev(cuda_impl *ci, void **p, size_t *cap, size_t need)
     }
     *p = NULL;
     *cap = 0;
-    if (cudaMalloc(p, sz) != cudaSuccess) {
-        (void)cudaGetLastError();
+    cudaError_t e = cudaMalloc(p, sz);
+    if (e != cudaSuccess) {
         *p = NULL;
-        return fail(ci, "out of GPU memory: %.1f MiB of scratch needed, %.1f MiB free", (double)sz / (1 << 20),
-                    free_mib());
+        char need[32];
+        return fail_alloc(ci, e, "scratch allocation", "out of GPU memory: %s of scratch needed, %.1f MiB free",
+                          bytes_text(need, (double)sz), free_mib());
     }
     *cap = sz;
     ci->scratch_bytes += sz;
@@ -102,10 +130,12 @@ int grow_host(cuda_impl *ci, void **p, size_t *cap, size_t need)
     if (*p) cudaFreeHost(*p);
     *p = NULL;
     *cap = 0;
-    if (cudaHostAlloc(p, sz, cudaHostAllocDefault) != cudaSuccess) {
-        (void)cudaGetLastError();
+    cudaError_t e = cudaHostAlloc(p, sz, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
         *p = NULL;
-        return fail(ci, "out of page-locked host memory: %.1f MiB needed", (double)sz / (1 << 20));
+        char need[32];
+        return fail_alloc(ci, e, "page-locked allocation", "out of page-locked host memory: %s needed",
+                          bytes_text(need, (double)sz));
     }
     *cap = sz;
     return 0;
@@ -144,18 +174,19 @@ int stage_reserve(cuda_impl *ci, size_t total)
     ci->scratch_bytes -= ci->arena_cap;
     ci->h_arena = ci->d_arena = NULL;
     ci->arena_cap = 0;
-    if (cudaHostAlloc((void **)&ci->h_arena, cap, cudaHostAllocDefault) != cudaSuccess) {
-        (void)cudaGetLastError();
+    char need[32];
+    cudaError_t e = cudaHostAlloc((void **)&ci->h_arena, cap, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
         ci->h_arena = NULL;
-        return fail(ci, "out of page-locked host memory: %.1f MiB of staging needed", (double)cap / (1 << 20));
+        return fail_alloc(ci, e, "page-locked allocation", "out of page-locked host memory: %s of staging needed",
+                          bytes_text(need, (double)cap));
     }
-    if (cudaMalloc((void **)&ci->d_arena, cap) != cudaSuccess) {
-        (void)cudaGetLastError();
+    if ((e = cudaMalloc((void **)&ci->d_arena, cap)) != cudaSuccess) {
         cudaFreeHost(ci->h_arena);
         ci->h_arena = NULL;
         ci->d_arena = NULL;
-        return fail(ci, "out of GPU memory: %.1f MiB of staging needed, %.1f MiB free", (double)cap / (1 << 20),
-                    free_mib());
+        return fail_alloc(ci, e, "staging allocation", "out of GPU memory: %s of staging needed, %.1f MiB free",
+                          bytes_text(need, (double)cap), free_mib());
     }
     ci->arena_cap = cap;
     ci->scratch_bytes += cap;
@@ -325,8 +356,11 @@ const void *const_get(cuda_impl *ci, const void *host, size_t bytes)
     enum cc_status st;
     const void *d = cc_get(&ci->consts, host, bytes, &st);
     if (st == CC_NO_HOST_MEMORY) fail(ci, "out of memory");
-    if (st == CC_NO_DEVICE_MEMORY)
-        fail(ci, "out of GPU memory: %zu bytes of constants needed, %.1f MiB free", bytes, free_mib());
+    if (st == CC_NO_DEVICE_MEMORY) {
+        char need[32];
+        fail_alloc(ci, ci->alloc_error, "allocation for constants", "out of GPU memory: %s of constants needed, %.1f MiB free",
+                   bytes_text(need, (double)bytes), free_mib());
+    }
     return d;
 }
 
@@ -338,7 +372,8 @@ static void *dev_malloc(void *ud, size_t bytes)
 {
     if (seg_end((cuda_impl *)ud)) return NULL;   /* nothing allocates while recording (rare: a table or pool grows) */
     void *p = NULL;
-    if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
+    cuda_impl *ci = (cuda_impl *)ud;
+    if ((ci->alloc_error = cudaMalloc(&p, bytes)) == cudaSuccess) return p;
     (void)cudaGetLastError();
     return NULL;
 }
@@ -388,11 +423,18 @@ static int bind_as(be_backend *b, void *host, size_t bytes, char *err, size_t er
         snprintf(err, errlen, "internal error: an activation buffer bound twice or empty");
         return -1;
     }
+    ci->alloc_error = cudaSuccess;
     if (how(&ci->act, host, bytes) == 0) return 0;
+    if (ci->alloc_error != cudaSuccess && ci->alloc_error != cudaErrorMemoryAllocation) {   /* the device's own error, not a shortage */
+        snprintf(err, errlen, "an activation buffer could not be placed on the GPU: %s",
+                 cudaGetErrorString(ci->alloc_error));
+        return -1;
+    }
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
-    snprintf(err, errlen, "out of GPU memory: an activation buffer needs %.1f MiB, %.1f MiB of %.1f MiB are free",
-             (double)bytes / (1 << 20), (double)fr / (1 << 20), (double)tot / (1 << 20));
+    char need[32];
+    snprintf(err, errlen, "out of GPU memory: an activation buffer needs %s, %.1f MiB of %.1f MiB are free",
+             bytes_text(need, (double)bytes), (double)fr / (1 << 20), (double)tot / (1 << 20));
     return -1;
 }
 
@@ -529,13 +571,19 @@ int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, char *err
     cudaError_t e = cudaMalloc((void **)&d, bytes);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
+        if (e != cudaErrorMemoryAllocation) {   /* the device's own error, not a shortage */
+            snprintf(err, errlen, "a %lld x %lld %s weight could not be placed on the GPU: %s", (long long)w->n_out,
+                     (long long)w->n_in, quant_type_name(w->type), cudaGetErrorString(e));
+            return -1;
+        }
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
+        char need[32], held[32];
         snprintf(err, errlen,
-                 "out of GPU memory: a %lld x %lld %s weight needs %.1f MiB, %.1f MiB of %.1f MiB are free "
-                 "(%.1f MiB of weights already there)",
-                 (long long)w->n_out, (long long)w->n_in, quant_type_name(w->type), (double)bytes / (1 << 20),
-                 (double)fr / (1 << 20), (double)tot / (1 << 20), (double)ci->weight_bytes / (1 << 20));
+                 "out of GPU memory: a %lld x %lld %s weight needs %s, %.1f MiB of %.1f MiB are free "
+                 "(%s of weights already there)",
+                 (long long)w->n_out, (long long)w->n_in, quant_type_name(w->type), bytes_text(need, (double)bytes),
+                 (double)fr / (1 << 20), (double)tot / (1 << 20), bytes_text(held, (double)ci->weight_bytes));
         return -1;
     }
     const size_t half_bytes = (size_t)16 << 20;
@@ -547,12 +595,17 @@ int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, char *err
         if (ci->h_wstage) cudaFreeHost(ci->h_wstage);
         ci->h_wstage = NULL;
         ci->cap_wstage = 0;
-        if (cudaHostAlloc((void **)&ci->h_wstage, 2 * blk_bytes, cudaHostAllocDefault) != cudaSuccess) {
+        if ((e = cudaHostAlloc((void **)&ci->h_wstage, 2 * blk_bytes, cudaHostAllocDefault)) != cudaSuccess) {
             (void)cudaGetLastError();
             ci->h_wstage = NULL;
             cudaFree(d);
-            snprintf(err, errlen, "out of page-locked host memory copying weights (%.1f MiB)",
-                     2.0 * (double)blk_bytes / (1 << 20));
+            char need[32];
+            if (e != cudaErrorMemoryAllocation)
+                snprintf(err, errlen, "page-locked memory for copying weights could not be had: %s",
+                         cudaGetErrorString(e));
+            else
+                snprintf(err, errlen, "out of page-locked host memory copying weights (%s)",
+                         bytes_text(need, 2.0 * (double)blk_bytes));
             return -1;
         }
         ci->cap_wstage = 2 * blk_bytes;
@@ -729,11 +782,14 @@ void tables_failed(cuda_impl *ci, int rc)
     } else if (rc == PT_BAD_LIST) {
         fail(ci, "internal error: a page list whose head offsets do not span it");
     } else if (rc == PT_NO_DEVICE_MEMORY) {
-        fail(ci, "out of GPU memory for the KV page tables (%.1f MiB free)", free_mib());
+        fail_alloc(ci, ci->alloc_error, "allocation for the KV page tables",
+                   "out of GPU memory for the KV page tables (%.1f MiB free)", free_mib());
     } else {
-        fail(ci, "out of GPU memory for the KV cache: %.1f MiB more needed, %.1f MiB free, %.1f MiB of page "
-                 "copies held (a shorter --ctx or a policy that evicts holds less)",
-             (double)ci->blocks.failed_bytes / (1 << 20), free_mib(), (double)ci->blocks.bytes / (1 << 20));
+        char need[32];
+        fail_alloc(ci, ci->alloc_error, "allocation for the KV cache",
+                   "out of GPU memory for the KV cache: %s more needed, %.1f MiB free, %.1f MiB of page "
+                   "copies held (a shorter --ctx or a policy that evicts holds less)",
+                   bytes_text(need, (double)ci->blocks.failed_bytes), free_mib(), (double)ci->blocks.bytes / (1 << 20));
     }
     lose_batch(ci);
 }

@@ -218,6 +218,7 @@ typedef struct cuda_impl {
     int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
     int dead;                  /* the failure was a device error that no wait clears */
     char fail_msg[320];
+    cudaError_t alloc_error;   /* the last device allocation's answer (dev_malloc): what its callers' messages say */
 } cuda_impl;
 static inline cuda_impl *impl_of(be_backend *b) { return (cuda_impl *)b->impl; }
 
@@ -240,6 +241,14 @@ static inline cuda_impl *impl_of(be_backend *b) { return (cuda_impl *)b->impl; }
  * Every launch, copy and wait is checked by ck (cuBLAS calls by ckb), which also counts it: the
  * profile's runtime calls an op. */
 int fail(cuda_impl *ci, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* An allocation of `what` that answered e, recorded: out of memory in the caller's words (fmt: what
+ * was needed and what is free; cudaSuccess too: no device call failed, a pool was short), or any
+ * other error as the device's own (a fault that ended the context answers every later call with
+ * its error: no shortage of memory). -1. */
+int fail_alloc(cuda_impl *ci, cudaError_t e, const char *what, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* bytes as a person reads them: "512 bytes", "36.0 KiB", "1.5 MiB", "2.25 GiB" (buf: 32 bytes). */
+const char *bytes_text(char *buf, double bytes);
 int ck(cuda_impl *ci, cudaError_t e, const char *what);
 int ckb(cuda_impl *ci, cublasStatus_t s, const char *what);
 int grow_dev(cuda_impl *ci, void **p, size_t *cap, size_t need);
