@@ -25,20 +25,8 @@ if [ $# -ne 2 ]; then
 fi
 K=$1
 SI=$2
-TD=../shared/testdata
-for f in "$K" "$SI"/libcudart.so.* "$TD/tiny/tiny-llama-q4_k_m.gguf"; do
-    if [ ! -e "$f" ]; then
-        echo "standin_check: $f is missing" >&2
-        exit 2
-    fi
-done
-case $K in /*) ;; *) K=$PWD/$K ;; esac
-case $SI in /*) ;; *) SI=$PWD/$SI ;; esac
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export LD_LIBRARY_PATH="$SI${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" HOME="$work" XDG_DATA_HOME="$work"
-export ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp
-unset KVCHAT_CUDA_GRAPH KVCHAT_STANDIN_REPORT KVCHAT_PROFILE
+who=standin_check
+. "$(dirname "$0")/standin_env.sh" ../shared/testdata/tiny/tiny-llama-q4_k_m.gguf
 
 fails=0
 runs=0

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # gpu_failure.sh - the interface on the CUDA backend when the GPU fails mid-conversation, over the
-# stand-in runtime (bench/standin/), which fails the first call of a kind made after a file appears:
+# stand-in runtime (bench/standin/), which fails the first call of a kind (made after a file
+# appears: KVCHAT_STANDIN_ARM):
 #   - out of GPU memory in a question is one line in the conversation, and the next question is
 #     answered;
 #   - a fault that ends the device's context is one line naming it and asking for a restart, every
 #     later question gets the same line, and the interface stays up and quits normally;
-# and in both the conversation is saved with every answered turn (kvchat sessions show), with no
-# memory error, leak or undefined behaviour where the build has the sanitizers.
+#   - under --device auto, a GPU out of memory as the weights go up leaves the model to the CPU,
+#     with a note saying why, and the questions are answered there;
+# in the first two the conversation is saved with every answered turn (kvchat sessions export), and
+# none leaves a memory error, leak or undefined behaviour where the build has the sanitizers.
 # usage: tests/tui/gpu_failure.sh KVCHAT_CUDA STANDIN_DIR MODEL DOCUMENT
 set -euo pipefail
 name=gpu_failure
@@ -76,4 +79,16 @@ wait_below '^you> And item 6\?' '^!! .*the GPU cannot go on'
 wait_for '\| ready \|'
 quit_tui
 turns_saved "$work/f.db" 1
+
+# --device auto, the GPU out of memory while the weights go up: the CPU runs it, and says why
+T new-session -d -s "$s" -x 150 -y 45 -c "$work" "HOME=$work LD_LIBRARY_PATH=$si KVCHAT_STANDIN_FAIL=malloc:1 \
+$bin tui -t 1 --device auto -m $model -d $doc -n 4 --no-db 2> $work/stderr"
+wait_for '^-- note: the GPU was not used \(out of GPU memory: a [0-9]+ x [0-9]+ [A-Z0-9_]+ weight needs'
+wait_for '│ device   CPU \(1 thread\)$'
+wait_for '\| ready \|'
+T send-keys -t "$s" 'What is it about?' Enter
+wait_for '^-- [0-9]+ tokens, '
+wait_for '\| ready \|'
+absent '^!! ' "an error while running on the CPU after the GPU was given up"
+quit_tui
 echo "tui test gpu_failure: ok"
