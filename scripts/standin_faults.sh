@@ -42,6 +42,7 @@ printf '%s\n' "Which box holds item 3?" "And item 4?" "And item 6?" "/quit" > "$
 
 fails=0
 runs=0
+skipped=0
 fail() {
     echo "standin_faults: FAILED: $*"
     fails=$((fails + 1))
@@ -86,7 +87,7 @@ run_in() {   # run_in DIR SCENARIO [ENV...]: the scenario's command in DIR's hom
 cause_of() {
     case $1 in
     malloc) echo 'out of GPU memory' ;;
-    host-alloc | host-register) echo 'out of page-locked (host )?memory|out of GPU memory' ;;
+    host-alloc | host-register) echo 'out of page-locked (host )?memory' ;;
     launch) echo 'too many resources requested for launch|cuBLAS' ;;
     fault) echo 'an illegal memory access was encountered' ;;
     esac
@@ -110,7 +111,22 @@ judge() {
         return
     fi
     if ! grep -qx "failed $kind $n" "$dir/report"; then
-        fail "$what: the stand-in did not fail that call (the run took another path than the clean one)"
+        # never reached: over the stand-in what the device computes is whatever its buffers held,
+        # so a policy that decides from it (Chelsea's merges) may take another path than the clean
+        # run's; counted, and too many fail the check
+        echo "standin_faults: skipped: $what (the call was not made)"
+        return
+    fi
+    # a failed launch is never absorbed: the run fails or says so (an allocation's may be: a
+    # policy's scratch short lets the CPU answer; a fault answers every later call, so only one at
+    # the last waits, as the program closes after its answer, goes unsaid)
+    if [ "$kind" = launch ] && [ "$rc" -eq 0 ] && [ "$errs" -eq 0 ]; then
+        fail "$what: exit 0 and no message, as if the call had not failed"
+        return
+    fi
+    if [ "$rc" -eq 1 ] && [ "$errs" -ne 1 ] && [ "$name" != chat ]; then
+        fail "$what: exit 1 with $errs messages on stderr"
+        head -n 3 "$dir/err"
         return
     fi
     local cause
@@ -129,10 +145,14 @@ judge() {
     fi
     case $name in
     chat)
-        # a failure that leaves the context whole fails at most the turn it happened in
-        if [ "$kind" != fault ] && [ "$rc" -eq 0 ] && [ "$errs" -gt 1 ]; then
+        # a failure that leaves the context whole fails at most the turn it happened in (a turn
+        # fails only with a message, so the others were answered); one before the first turn (at
+        # load) ends the chat with exit 1 and one message
+        if [ "$kind" != fault ] && [ "$errs" -gt 1 ]; then
             fail "$what: the turns after the failure failed too:"
             head -n 3 "$dir/err"
+        elif [ "$rc" -eq 1 ] && [ "$errs" -ne 1 ]; then
+            fail "$what: exit 1 with $errs messages on stderr"
         fi
         ;;
     auto)
@@ -143,15 +163,17 @@ judge() {
                 fail "$what: the CPU's answer after the GPU was given up is not the CPU's own:"
                 diff <(grep -v '^policy ' "$dir/out") "$work/cpu_answer" | head -n 6
             fi
-        elif [ "$rc" -eq 1 ] && [ "$errs" -ne 1 ]; then
-            fail "$what: exit 1 with $errs lines on stderr"
+        elif [ "$rc" -eq 0 ] && [ "$errs" -ne 0 ]; then
+            fail "$what: exit 0 with a message but no note of the CPU:"
+            head -n 3 "$dir/err"
+        fi
+        if [ "$errs" -gt 1 ]; then
+            fail "$what: $errs messages on stderr"
+            head -n 3 "$dir/err"
         fi
         ;;
     *)
-        if [ "$rc" -eq 1 ] && [ "$errs" -ne 1 ]; then
-            fail "$what: exit 1 with $errs lines on stderr"
-            head -n 3 "$dir/err"
-        elif [ "$rc" -eq 0 ] && [ "$errs" -ne 0 ]; then
+        if [ "$rc" -eq 0 ] && [ "$errs" -ne 0 ]; then
             fail "$what: exit 0 with a message:"
             head -n 3 "$dir/err"
         fi
@@ -180,15 +202,19 @@ one() {
 
 # The CPU's own answer, for --device auto's fallbacks.
 mkdir -p "$work/cpu"
-HOME="$work/cpu" XDG_DATA_HOME="$work/cpu" "$K" ask -m "$gemma" --device cpu -d "$short" -q "Which box holds item 5?" \
-    -n 8 2> /dev/null | grep -v '^policy ' > "$work/cpu_answer"
+if ! HOME="$work/cpu" XDG_DATA_HOME="$work/cpu" timeout 120 "$K" ask -m "$gemma" --device cpu -d "$short" \
+    -q "Which box holds item 5?" -n 8 > "$work/cpu/out" 2> "$work/cpu/err"; then
+    fail "the CPU's own answer (for --device auto's fallbacks) could not be had:"
+    head -n 3 "$work/cpu/err"
+fi
+grep -v '^policy ' "$work/cpu/out" > "$work/cpu_answer"
 
 total_sites=0
 for name in $scenarios; do
     rm -rf "$work/saved"
     if [ "$name" = resume ]; then   # a session saved under another policy, restored by every run
         mkdir -p "$work/saved"
-        HOME="$work/saved" XDG_DATA_HOME="$work/saved" "$K" ask -m "$llama" --device cuda -d "$doc" \
+        HOME="$work/saved" XDG_DATA_HOME="$work/saved" timeout 120 "$K" ask -m "$llama" --device cuda -d "$doc" \
             -q "Which box holds item 5?" -n 8 --session faults --policy quest --budget 0.3 --page-size 16 \
             > "$work/saved.out" 2>&1 || { fail "resume: the session could not be saved"; cat "$work/saved.out"; continue; }
     fi
@@ -212,15 +238,16 @@ for name in $scenarios; do
     while read -r kind n; do
         i=$((i + 1))
         while [ "$(jobs -rp | wc -l)" -ge "$jobs_at_once" ]; do wait -n; done
-        one "$work/$name-$i" "$name" "$kind" "$n" &
+        one "$work/$name-$i" "$name" "$kind" "$n" < /dev/null &
         runs=$((runs + 1))
     done < "$work/todo"
     wait
     for v in "$work/$name"-*/verdict; do
         [ -e "$v" ] || continue
         if [ -s "$v" ]; then
-            cat "$v"
+            grep -v '^standin_faults: skipped' "$v"
             fails=$((fails + $(grep -c '^standin_faults: FAILED' "$v")))
+            skipped=$((skipped + $(grep -c '^standin_faults: skipped' "$v")))
         fi
         rm -rf "$(dirname "$v")"
     done
@@ -228,7 +255,7 @@ done
 
 # A failure the stand-in cannot give is refused at load, not ignored.
 runs=$((runs + 1))
-if KVCHAT_STANDIN_FAIL=free:3 "$K" info --device cuda > "$work/out" 2>&1 || ! grep -q 'KVCHAT_STANDIN_FAIL=free:3 is not' "$work/out"; then
+if KVCHAT_STANDIN_FAIL=free:3 timeout 120 "$K" info --device cuda > "$work/out" 2>&1 || ! grep -q 'KVCHAT_STANDIN_FAIL=free:3 is not' "$work/out"; then
     fail "a failure the stand-in does not know was not refused"
     head -n 3 "$work/out"
 fi
@@ -236,13 +263,15 @@ fi
 # Too little GPU memory: the weights refused naming what did not fit, or the CPU used instead.
 mkdir -p "$work/small"
 runs=$((runs + 2))
-HOME="$work/small" XDG_DATA_HOME="$work/small" KVCHAT_STANDIN_MEMORY=1 "$K" ask -m "$llama" --device cuda -d "$doc" -q "Hello?" -n 2 > "$work/small/out" 2>&1
+HOME="$work/small" XDG_DATA_HOME="$work/small" KVCHAT_STANDIN_MEMORY=1 timeout 120 "$K" ask -m "$llama" --device cuda \
+    -d "$doc" -q "Hello?" -n 2 > "$work/small/out" 2>&1
 rc=$?
 if [ "$rc" -ne 1 ] || [ "$(grep -c . "$work/small/out")" -ne 1 ] || ! grep -q '^kvchat: out of GPU memory: a .* weight needs' "$work/small/out"; then
     fail "a GPU too small for the weights: not one line naming the weight (exit $rc)"
     head -n 5 "$work/small/out"
 fi
-HOME="$work/small" XDG_DATA_HOME="$work/small" KVCHAT_STANDIN_MEMORY=1 "$K" ask -m "$llama" --device auto -d "$doc" -q "Hello?" -n 2 > "$work/small/out" 2> "$work/small/err"
+HOME="$work/small" XDG_DATA_HOME="$work/small" KVCHAT_STANDIN_MEMORY=1 timeout 120 "$K" ask -m "$llama" --device auto \
+    -d "$doc" -q "Hello?" -n 2 > "$work/small/out" 2> "$work/small/err"
 rc=$?
 if [ "$rc" -ne 0 ] || ! grep -q 'note: the GPU was not used (out of GPU memory' "$work/small/err"; then
     fail "a GPU too small for the weights under --device auto: not run on the CPU with a note (exit $rc)"
@@ -256,5 +285,8 @@ if ! bash tests/tui/gpu_failure.sh "$K" "$SI" "$gemma" "$TD/prompts/p2.txt"; the
     fail "the interface when the GPU fails (tests/tui/gpu_failure.sh, its output above)"
 fi
 
-echo "standin_faults: $runs runs of $(basename "$K") over the stand-in CUDA runtime (failures at the first and last call of $total_sites places), $fails failed"
+if [ $((skipped * 20)) -gt "$runs" ]; then
+    fail "$skipped of $runs runs did not make the call they were to fail (more than 1 in 20): the sweep tests little"
+fi
+echo "standin_faults: $runs runs of $(basename "$K") over the stand-in CUDA runtime (failures at the first and last call of $total_sites places; $skipped never made that call), $fails failed"
 [ "$fails" -eq 0 ]

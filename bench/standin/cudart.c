@@ -28,11 +28,12 @@
  *   launch         a kernel launch answers cudaErrorLaunchOutOfResources (recorded into a graph: its
  *                  capture ends invalidated)
  *   fault          a stream or event synchronization answers cudaErrorIllegalAddress, and so does
- *                  every call after it (a kernel's bad access ends a real context for good)
+ *                  every call after it but the device queries, which need no context (a kernel's
+ *                  bad access ends a real context for good)
  * Each failure is also the runtime's last error (cudaGetLastError answers it once; a fault's, for
  * good). With KVCHAT_STANDIN_ARM=FILE too, N counts only the calls made while FILE exists (a test
  * of the interface fails a chosen question's). KVCHAT_STANDIN_MEMORY=MIB makes the device that size
- * (80 GiB otherwise). With
+ * (80 GiB otherwise); KVCHAT_STANDIN_TRACE=1 writes the failed call's backtrace to stderr. With
  * KVCHAT_STANDIN_SITES=FILE it also writes, at exit, where in the program the calls of each kind
  * came from (its callers' four return addresses, hashed), a line a place:
  *   site KIND HASH FIRST LAST COUNT   the kind's call numbers of its first and last call there
@@ -114,8 +115,10 @@ static struct {
 static int sf_sites_on = -1;
 static pthread_mutex_t sf_sites_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Call n of a kind, made from the caller's callers: frames 0 to 2 are this file's and the API
- * function's (a launch: also nvcc's stub), so the four after them place the call in the program. */
+/* Call n of a kind, placed by the four return addresses above frames 0 to 2 (this function,
+ * fails_now, the API function; a launch's: launch(), so its four are the entry point, nvcc's stub
+ * of the kernel and two of the program's). Addresses differ from run to run; a sweep takes the call
+ * numbers, which do not. */
 __attribute__((noinline)) static void note_site(int kind, long long n)
 {
     if (sf_sites_on < 0) sf_sites_on = getenv("KVCHAT_STANDIN_SITES") && *getenv("KVCHAT_STANDIN_SITES");
@@ -152,6 +155,11 @@ __attribute__((noinline)) static int fails_now(int kind)
     }
     if (n != sf_at) return 0;
     atomic_store(&sf_failed, 1);
+    if (getenv("KVCHAT_STANDIN_TRACE")) {   /* where the failure was put, for whoever reads a failed sweep's run */
+        void *fr[32];
+        fprintf(stderr, "stand-in CUDA runtime: failing %s call %lld here:\n", sf_names[kind], sf_at);
+        backtrace_symbols_fd(fr, backtrace(fr, 32), 2);
+    }
     return 1;
 }
 
@@ -392,7 +400,6 @@ cudaError_t cudaRuntimeGetVersion(int *v)
 cudaError_t cudaGetDeviceCount(int *n)
 {
     COUNT();
-    STICKY();
     *n = 1;
     return cudaSuccess;
 }
@@ -400,14 +407,12 @@ cudaError_t cudaGetDeviceCount(int *n)
 cudaError_t cudaSetDevice(int d)
 {
     COUNT();
-    STICKY();
     return d == 0 ? cudaSuccess : cudaErrorInvalidDevice;
 }
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int d)
 {
     COUNT();
-    STICKY();
     if (d != 0) return cudaErrorInvalidDevice;
     memset(prop, 0, sizeof *prop);
     snprintf(prop->name, sizeof prop->name, "stand-in (no GPU: kernels not run)");
@@ -424,7 +429,6 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int d)
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d)
 {
     COUNT();
-    STICKY();
     if (d != 0) return cudaErrorInvalidDevice;
     switch (attr) {
     case cudaDevAttrMultiProcessorCount: *v = SI_SMS; break;
@@ -545,9 +549,9 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mo
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
 {
     COUNT();
-    STICKY();
     (void)s;
     atomic_store(&si_capturing, 0);
+    STICKY();
     if (atomic_exchange(&si_capture_broken, 0)) {
         *g = NULL;
         return si_error(cudaErrorStreamCaptureInvalidated);
@@ -674,7 +678,7 @@ static void count_launch(const void *fun)
 
 /* A launch's answer: the failure asked for (into a graph, the capture is then invalidated), or
  * a fault's. */
-static cudaError_t launch(const void *fun)
+__attribute__((noinline)) static cudaError_t launch(const void *fun)
 {
     count_launch(fun);
     STICKY();

@@ -41,6 +41,7 @@ static int vfail(cuda_impl *ci, const char *fmt, va_list ap)
     if (!ci->failed) {
         vsnprintf(ci->fail_msg, sizeof ci->fail_msg, fmt, ap);
         ci->failed = 1;
+        ci->fail_short = 0;
     }
     return -1;
 }
@@ -56,21 +57,24 @@ int fail(cuda_impl *ci, const char *fmt, ...)
 
 int fail_alloc(cuda_impl *ci, cudaError_t e, const char *what, const char *fmt, ...)
 {   /* e may be cudaSuccess where what failed was not a device call (a pool's limit): the shortage */
-    (void)cudaGetLastError();
-    if (e != cudaSuccess && e != cudaErrorMemoryAllocation)
-        return fail(ci, "CUDA %s failed: %s", what, cudaGetErrorString(e));
+    ci->alloc_error = e;
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    if (device_error(e)) return fail(ci, "CUDA %s failed: %s", what, cudaGetErrorString(e));
+    const int first = !ci->failed;
     va_list ap;
     va_start(ap, fmt);
     vfail(ci, fmt, ap);
     va_end(ap);
+    if (first) ci->fail_short = 1;
     return -1;
 }
 
 const char *bytes_text(char *buf, double bytes)
 {
+    /* each unit up to where its figure would round to 1024.0 */
     if (bytes < 1024) snprintf(buf, 32, "%.0f bytes", bytes);
-    else if (bytes < 1024.0 * 1024) snprintf(buf, 32, "%.1f KiB", bytes / 1024);
-    else if (bytes < 1024.0 * 1024 * 1024) snprintf(buf, 32, "%.1f MiB", bytes / (1024.0 * 1024));
+    else if (bytes < 1023.95 * 1024) snprintf(buf, 32, "%.1f KiB", bytes / 1024);
+    else if (bytes < 1023.95 * 1024 * 1024) snprintf(buf, 32, "%.1f MiB", bytes / (1024.0 * 1024));
     else snprintf(buf, 32, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
     return buf;
 }
@@ -425,7 +429,7 @@ static int bind_as(be_backend *b, void *host, size_t bytes, char *err, size_t er
     }
     ci->alloc_error = cudaSuccess;
     if (how(&ci->act, host, bytes) == 0) return 0;
-    if (ci->alloc_error != cudaSuccess && ci->alloc_error != cudaErrorMemoryAllocation) {   /* the device's own error, not a shortage */
+    if (device_error(ci->alloc_error)) {   /* the device's own error, not a shortage */
         snprintf(err, errlen, "an activation buffer could not be placed on the GPU: %s",
                  cudaGetErrorString(ci->alloc_error));
         return -1;
@@ -571,7 +575,7 @@ int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, char *err
     cudaError_t e = cudaMalloc((void **)&d, bytes);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        if (e != cudaErrorMemoryAllocation) {   /* the device's own error, not a shortage */
+        if (device_error(e)) {   /* the device's own error, not a shortage */
             snprintf(err, errlen, "a %lld x %lld %s weight could not be placed on the GPU: %s", (long long)w->n_out,
                      (long long)w->n_in, quant_type_name(w->type), cudaGetErrorString(e));
             return -1;
@@ -600,7 +604,7 @@ int upload_weight(cuda_impl *ci, const be_weight *w, dev_weight **out, char *err
             ci->h_wstage = NULL;
             cudaFree(d);
             char need[32];
-            if (e != cudaErrorMemoryAllocation)
+            if (device_error(e))
                 snprintf(err, errlen, "page-locked memory for copying weights could not be had: %s",
                          cudaGetErrorString(e));
             else
@@ -805,7 +809,9 @@ int policy_list(cuda_impl *ci, uint64_t table, uint64_t shape, const be_kv_page 
     if (ci->batch.n && send_batch(ci)) return -1;
     int rc = pt_build(&ci->tables, table, shape, pages, np, hp, H, NULL, pl);
     if (rc != PT_OK) {
-        if (ci->failed || rc == PT_BAD_LIST) {   /* an upload that could not be queued, or a bad list */
+        /* an upload that could not be queued, a bad list, or the device's error met allocating */
+        const int lost = (rc == PT_NO_DEVICE_MEMORY || rc == PT_NO_COPY) && device_error(ci->alloc_error);
+        if (ci->failed || rc == PT_BAD_LIST || lost) {
             tables_failed(ci, rc);
             return -1;
         }
@@ -820,7 +826,9 @@ int policy_list(cuda_impl *ci, uint64_t table, uint64_t shape, const be_kv_page 
  * on. Only for a call that began with no failure recorded. Returns 1. */
 int scratch_short(cuda_impl *ci)
 {
+    if (!ci->fail_short) return -1;   /* the device's error (or a recording's): kept, and reported */
     ci->failed = 0;
+    ci->fail_short = 0;
     ci->fail_msg[0] = 0;
     return 1;
 }

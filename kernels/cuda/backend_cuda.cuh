@@ -218,7 +218,9 @@ typedef struct cuda_impl {
     int failed;                /* an op failed: ops do nothing until cuda_failed reports it */
     int dead;                  /* the failure was a device error that no wait clears */
     char fail_msg[320];
-    cudaError_t alloc_error;   /* the last device allocation's answer (dev_malloc): what its callers' messages say */
+    cudaError_t alloc_error;   /* the last allocation's answer (dev_malloc, grow_dev, grow_host): what its callers say */
+    int fail_short;            /* the failure recorded is a shortage of memory (fail_alloc), which a policy's
+                                * op may take back to let the CPU answer (scratch_short) */
 } cuda_impl;
 static inline cuda_impl *impl_of(be_backend *b) { return (cuda_impl *)b->impl; }
 
@@ -282,11 +284,14 @@ int send_batch(cuda_impl *ci);
 int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, int64_t n);
 void tables_failed(cuda_impl *ci, int rc);
 /* A page list read whole (a policy's, or one placed ahead of attention) on the device under its
- * name and shape (0: none): 0; 1: memory short, nothing recorded; -1: failed. And the failure a
- * scratch allocation recorded taken back (returns 1), the CPU then answering. */
+ * name and shape (0: none): 0; 1: memory short, nothing recorded; -1: failed (a device error met
+ * allocating included). And the failure a scratch allocation recorded taken back (returns 1), the
+ * CPU then answering, when it was a shortage of memory; any other is kept (returns -1). */
 int policy_list(cuda_impl *ci, uint64_t table, uint64_t shape, const be_kv_page *pages, int64_t np,
                 const int64_t *hp, int H, pt_call *pl);
 int scratch_short(cuda_impl *ci);
+/* An allocation's answer that is the device's own error, not a shortage of memory. */
+static inline int device_error(cudaError_t e) { return e != cudaSuccess && e != cudaErrorMemoryAllocation; }
 
 /* vec_dot.cu: where a producer of n floats at the twin dx in `rows` rows (-1: not known) writes
  * their 8-bit codes (scales into *xd, block sums into *xs), or NULL when no decode product would
