@@ -232,7 +232,7 @@ for name in $scenarios; do
         awk '$1 == "count" { for (i = 1; i <= $3; i++) print $2, i }' "$clean/report"
     else
         awk '$1 == "site" { print $2, $4; if ($5 != $4) print $2, $5 }' "$clean/sites"
-    fi | sort -u > "$work/todo"
+    fi | sort -u > "$work/calls"
     total_sites=$((total_sites + $(grep -c '^site' "$clean/sites")))
     i=0
     while read -r kind n; do
@@ -240,7 +240,7 @@ for name in $scenarios; do
         while [ "$(jobs -rp | wc -l)" -ge "$jobs_at_once" ]; do wait -n; done
         one "$work/$name-$i" "$name" "$kind" "$n" < /dev/null &
         runs=$((runs + 1))
-    done < "$work/todo"
+    done < "$work/calls"
     wait
     for v in "$work/$name"-*/verdict; do
         [ -e "$v" ] || continue

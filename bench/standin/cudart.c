@@ -116,8 +116,8 @@ static int sf_sites_on = -1;
 static pthread_mutex_t sf_sites_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Call n of a kind, placed by the four return addresses above frames 0 to 2 (this function,
- * fails_now, the API function; a launch's: launch(), so its four are the entry point, nvcc's stub
- * of the kernel and two of the program's). Addresses differ from run to run; a sweep takes the call
+ * fails_now, the API function; a launch's: launch(), so its four are the entry point, the host
+ * function nvcc wrote for the kernel and two of the program's). Addresses differ from run to run; a sweep takes the call
  * numbers, which do not. */
 __attribute__((noinline)) static void note_site(int kind, long long n)
 {
@@ -487,16 +487,21 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
     return cudaSuccess;
 }
 
+/* A wait's answer: the fault asked for starts here (inlined, so the places a sweep sees are the
+ * callers' of the API function, as for every other kind). */
+__attribute__((always_inline)) static inline cudaError_t wait_answer(void)
+{
+    if (!fails_now(SF_FAULT)) return cudaSuccess;
+    atomic_store(&si_sticky, (int)cudaErrorIllegalAddress);
+    return si_error(cudaErrorIllegalAddress);
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     COUNT();
     STICKY();
     (void)s;
-    if (fails_now(SF_FAULT)) {
-        atomic_store(&si_sticky, (int)cudaErrorIllegalAddress);
-        return si_error(cudaErrorIllegalAddress);
-    }
-    return cudaSuccess;
+    return wait_answer();
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
@@ -529,11 +534,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
     COUNT();
     STICKY();
     (void)e;
-    if (fails_now(SF_FAULT)) {
-        atomic_store(&si_sticky, (int)cudaErrorIllegalAddress);
-        return si_error(cudaErrorIllegalAddress);
-    }
-    return cudaSuccess;
+    return wait_answer();
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)

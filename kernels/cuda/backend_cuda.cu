@@ -1110,6 +1110,20 @@ extern "C" int be_cuda_gpu(be_gpu *g, char *why, size_t whylen)
     return 0;
 }
 
+/* The environment setting `name` in *value (NULL when unset or empty: its default), or -1 with
+ * "NAME must be USAGE" in err when it is none of `allowed` (NULL-terminated). */
+static int env_choice(const char *name, const char *const *allowed, const char *usage, const char **value, char *err,
+                      size_t errlen)
+{
+    const char *v = getenv(name);
+    *value = v && *v ? v : NULL;
+    if (!*value) return 0;
+    for (const char *const *a = allowed; *a; a++)
+        if (!strcmp(v, *a)) return 0;
+    snprintf(err, errlen, "%s must be %s", name, usage);
+    return -1;
+}
+
 extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
 {
     be_gpu gpu;
@@ -1137,29 +1151,20 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     ci->mmv_inflight = inflight_env && !strcmp(inflight_env, "1") ? 1 : 2;
     const char *rows_env = getenv("KVCHAT_CUDA_MMV_ROWS");
     ci->mmv_rows = rows_env && !strcmp(rows_env, "1") ? 1 : rows_env && !strcmp(rows_env, "2") ? 2 : 0;
-    const char *attn_env = getenv("KVCHAT_CUDA_ATTN");
-    if (attn_env && *attn_env && strcmp(attn_env, "flash") && strcmp(attn_env, "grouped") && strcmp(attn_env, "scalar")) {
-        snprintf(err, errlen, "KVCHAT_CUDA_ATTN must be flash (the default), grouped or scalar");
+    /* the settings kept to compare: one of the values named, or refused */
+    static const char *const attn_vals[] = { "flash", "grouped", "scalar", NULL };
+    static const char *const rows_vals[] = { "1", "0", NULL };
+    static const char *const bounds_vals[] = { "fused", "split", NULL };
+    const char *attn_env, *rows_fill_env, *bounds_env;
+    if (env_choice("KVCHAT_CUDA_ATTN", attn_vals, "flash (the default), grouped or scalar", &attn_env, err, errlen) ||
+        env_choice("KVCHAT_CUDA_PAGE_ROWS", rows_vals, "1 (the default) or 0", &rows_fill_env, err, errlen) ||
+        env_choice("KVCHAT_CUDA_BOUNDS", bounds_vals, "fused (the default) or split", &bounds_env, err, errlen)) {
         free(b);
         free(ci);
         return NULL;
     }
     ci->attn_scalar = attn_env && !strcmp(attn_env, "scalar");
-    const char *rows_fill_env = getenv("KVCHAT_CUDA_PAGE_ROWS");
-    if (rows_fill_env && *rows_fill_env && strcmp(rows_fill_env, "0") && strcmp(rows_fill_env, "1")) {
-        snprintf(err, errlen, "KVCHAT_CUDA_PAGE_ROWS must be 1 (the default) or 0");
-        free(b);
-        free(ci);
-        return NULL;
-    }
     ci->page_rows_off = rows_fill_env && !strcmp(rows_fill_env, "0");
-    const char *bounds_env = getenv("KVCHAT_CUDA_BOUNDS");
-    if (bounds_env && *bounds_env && strcmp(bounds_env, "fused") && strcmp(bounds_env, "split")) {
-        snprintf(err, errlen, "KVCHAT_CUDA_BOUNDS must be fused (the default) or split");
-        free(b);
-        free(ci);
-        return NULL;
-    }
     ci->bounds_split = bounds_env && !strcmp(bounds_env, "split");
     /* prefill chunks on the tensor cores unless asked otherwise (measured on an H200: docs/gpu.md) */
     ci->attn_flash = !ci->attn_scalar && !(attn_env && !strcmp(attn_env, "grouped"));
