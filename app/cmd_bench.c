@@ -31,13 +31,33 @@ static void bench_commit(char *commit, size_t cap)
 /* Open csv for appending, writing header first when the file is new or empty (an interrupted run);
  * never through a link, never a FIFO or device (common/files.h). NULL after a message: the caller
  * measures nothing (a benchmark whose rows cannot be kept is not run). */
+/* The CSV to append rows to (header "": only checked): its header written when it is new, and
+ * refused when it has another one (rows of other columns would be misread under it). */
 static FILE *open_csv(const char *csv, const char *header)
 {
     char err[1200];
     int fresh;
     FILE *out = files_append(csv, &fresh, err, sizeof err);
-    if (!out) cli_err("bench: %s (--no-csv measures without it)", err);
-    else if (fresh) fputs(header, out);
+    if (!out) {
+        cli_err("bench: %s (--no-csv measures without it)", err);
+        return NULL;
+    }
+    if (fresh) {
+        fputs(header, out);
+        return out;
+    }
+    if (!header[0]) return out;
+    char first[1024] = "";
+    FILE *in = fopen(csv, "r");
+    if (!in || !fgets(first, sizeof first, in) || strcmp(first, header) != 0) {
+        cli_err("bench: %s has other columns than this version writes (its first line is not \"%.*s\"); move it "
+                "aside or name another with --csv",
+                csv, (int)strcspn(header, "\n"), header);
+        if (in) fclose(in);
+        fclose(out);
+        return NULL;
+    }
+    fclose(in);
     return out;
 }
 
@@ -101,14 +121,16 @@ static int bench_policies(run *r, const char *budget, char specs[][256], int n_s
     }
     FILE *out = csv ? open_csv(csv, "date,commit,machine,threads,model,ctx,policy,prefill_tok_s,decode_tok_s,"
                                     "attn_ms_per_step,select_ms_per_step,pages_per_step,pages_total,"
-                                    "kv_read_mib_per_step,n_gen,ttft_s,kv_peak_prefill_mib,kv_after_prefill_mib\n")
+                                    "kv_read_mib_per_step,n_gen,ttft_s,kv_peak_prefill_mib,kv_after_prefill_mib,"
+                                    "decode_rest_tok_s,select_first_ms,select_rest_ms\n")
                     : NULL;
     if (csv && !out) {
         free(after_prefill);
         return 1;
     }
-    printf("%8s %-36s %9s %9s %9s %9s %12s %9s %9s %10s %10s\n", "ctx", "policy", "prefill/s", "decode/s", "attn ms",
-           "select ms", "pages/step", "KV MiB rd", "TTFT s", "KV pk MiB", "KV aft MiB");
+    printf("%8s %-36s %9s %9s %9s %9s %12s %9s %9s %10s %10s %10s %10s %11s\n", "ctx", "policy", "prefill/s",
+           "decode/s", "attn ms", "select ms", "pages/step", "KV MiB rd", "TTFT s", "KV pk MiB", "KV aft MiB", "dec rest/s",
+           "sel 1st ms", "sel rest ms");
     int rc = 0;
     double mib = 1024.0 * 1024.0;
     for (int di = 0; di < nd && !cli_interrupted && rc == 0; di++) {
@@ -152,15 +174,19 @@ static int bench_policies(run *r, const char *budget, char specs[][256], int n_s
             run_get_figures(r, &fg);
             double ttft = pre.prefill_s, kv_peak = (double)pre.kv_peak / mib, kv_after = (double)pre.kv_held / mib;
             double rd = fg.kv_read_per_step / mib;
-            printf("%8lld %-36s %9.1f %9.1f %9.3f %9.3f %7.1f/%-4.0f %9.2f %9.2f %10.2f %10.2f\n", (long long)d,
-                   ps[pi].text, pre.prefill_tok_s, fg.decode_tok_s, fg.attn_ms_per_step, fg.select_ms_per_step,
-                   fg.pages_per_step, fg.pages_avail_per_step, rd, ttft, kv_peak, kv_after);
+            printf("%8lld %-36s %9.1f %9.1f %9.3f %9.3f %7.1f/%-4.0f %9.2f %9.2f %10.2f %10.2f %10.1f %10.3f %11.4f\n",
+                   (long long)d, ps[pi].text, pre.prefill_tok_s, fg.decode_tok_s, fg.attn_ms_per_step,
+                   fg.select_ms_per_step, fg.pages_per_step, fg.pages_avail_per_step, rd, ttft, kv_peak, kv_after,
+                   fg.decode_rest_tok_s, fg.select_ms_first, fg.select_ms_rest);
             fflush(stdout);
             if (out)
-                fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%.2f,%.2f,%.4f,%.4f,%.2f,%.1f,%.3f,%lld,%.3f,%.2f,%.2f\n",
+                fprintf(out,
+                        "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%.2f,%.2f,%.4f,%.4f,%.2f,%.1f,%.3f,%lld,%.3f,%.2f,%.2f,%.2f,%.4f,"
+                        "%.5f\n",
                         date, commit, machine, run_threads(r), base, (long long)d, ps[pi].text, pre.prefill_tok_s,
                         fg.decode_tok_s, fg.attn_ms_per_step, fg.select_ms_per_step, fg.pages_per_step,
-                        fg.pages_avail_per_step, rd, (long long)n_gen, ttft, kv_peak, kv_after);
+                        fg.pages_avail_per_step, rd, (long long)n_gen, ttft, kv_peak, kv_after, fg.decode_rest_tok_s,
+                        fg.select_ms_first, fg.select_ms_rest);
             if (out) fflush(out);
         }
     }

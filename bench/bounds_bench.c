@@ -72,19 +72,19 @@ int main(void)
             double t0 = bench_now_us();
             for (int h = 0; h < H; h++) {
                 int64_t o1[2] = { 0, per };
-                be_bounds r = { q + h * G * D, 1, G, D, sum + off[h], o1, 0, 0, 0, NULL, NULL, u + off[h], NULL, 0, 0, 0, 0 };
+                be_bounds r = { q + h * G * D, 1, G, D, sum + off[h], o1, 0, 0, 0, NULL, NULL, u + off[h], NULL, 0, 0, 0, 0, NULL };
                 cpu->ops->bound_pages(cpu, &r);
                 for (int i = 0; i < per; i++) idx[i] = i;
                 int got = pol_top_k(idx, (int)per, u + off[h], K);
                 if (c == 0 && h == 0) {   /* checked against the new path below */
-                    be_bounds r2 = { q, H, G, D, sum, off, 0, 0, K, best, nb, NULL, NULL, 0, 0, 0, 0 };
+                    be_bounds r2 = { q, H, G, D, sum, off, 0, 0, K, best, nb, NULL, NULL, 0, 0, 0, 0, NULL };
                     cpu->ops->bound_pages(cpu, &r2);
                     same = got == nb[0];
                     for (int i = 0; same && i < got; i++) same = idx[i] == best[i];
                 }
             }
             double t1 = bench_now_us();
-            be_bounds r = { q, H, G, D, sum, off, 0, 0, K, best, nb, NULL, NULL, 0, 0, 0, 0 };
+            be_bounds r = { q, H, G, D, sum, off, 0, 0, K, best, nb, NULL, NULL, 0, 0, 0, 0, NULL };
             cpu->ops->bound_pages(cpu, &r);
             double t2 = bench_now_us();
             if (c >= 0) t_old[c] = t1 - t0, t_new[c] = t2 - t1;
@@ -100,7 +100,7 @@ int main(void)
             sl_init(&t, &dev, &ub);
             for (int c = -3; c < CALLS; c++) {
                 for (int h = 0; h < H; h++) sum[off[h + 1] - 1].n = 1 + (c + 3) % 32;   /* the last page took a row */
-                be_bounds r = { q, H, G, D, sum, off, 9, mode == 0 ? 5 : 0, K, best, nb, NULL, NULL, 0, 0, 0, 0 };
+                be_bounds r = { q, H, G, D, sum, off, 9, mode == 0 ? 5 : 0, K, best, nb, NULL, NULL, 0, 0, 0, 0, NULL };
                 double t0 = bench_now_us();
                 if (!sl_update(&t, &r, err, sizeof err)) {
                     fprintf(stderr, "bounds_bench: %s\n", err);

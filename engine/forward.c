@@ -423,7 +423,8 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, in
         page_spans *S = &f->spans[il];
         if (page_spans_update(S, f->kv, il)) return -1;
         for (int h = 0; h < Hkv; h++)
-            pol_set_hit_spans(f->pol, S->spans + S->at.off[h], S->at.off[h + 1] - S->at.off[h], first_global && h == 0);
+            pol_set_hit_spans(f->pol, S->spans + S->at.off[h], S->at.end[h] - S->at.off[h], S->seq[h],
+                              first_global && h == 0);
     }
     a->pages = L->refs;
     a->n_pages = e;
@@ -615,7 +616,7 @@ static void bits_stats(fwd_ctx *f, const struct dsel *d, int first_global, int64
     for (int h = 0; h < Hkv; h++) {
         const uint64_t *bm = d->bits + (int64_t)h * d->words;
         const page_span *span = sp->spans + sp->at.off[h];
-        int np = (int)(sp->at.off[h + 1] - sp->at.off[h]);
+        int np = (int)(sp->at.end[h] - sp->at.off[h]);
         pages_total += np;
         last_listed[h] = 0;
         int64_t a = 0;

@@ -22,26 +22,31 @@ void page_list_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int he
 }
 
 /* Room in *ent for count[h] entries of elem bytes a head of layer il (NULL: every page), placed by
- * at. Where the layer's shape is the one the entries were written under and no head has fewer,
- * they are kept (moved up where a head before them grew) and first[h] is the first entry head h
- * must write: its last one, whose page may have taken rows since, and those after it. Else
- * first[h] = 0. -1 when out of memory or past PAGE_LIST_MAX_HEADS heads, the list then empty.
- * cnt receives the counts. */
+ * at, side by side or (room) in regions of at->stride entries a head. Where the layer's shape is the
+ * one the entries were written under and no head has fewer, they are kept (moved where the heads'
+ * places changed: side by side, a head before them grew; with room, a head outgrew its region) and
+ * first[h] is the first entry head h must write: its last one, whose page may have taken rows since,
+ * and those after it. Else first[h] = 0. -1 when out of memory or past PAGE_LIST_MAX_HEADS heads, the
+ * list then empty. cnt receives the counts. */
 static int fit_heads(void **ent, size_t elem, page_heads *at, const kv_cache *kv, int il, const int64_t *count,
-                     int64_t *cnt, int64_t *first)
+                     int room, int64_t *cnt, int64_t *first)
 {
     int H = kv_n_head_kv(kv);
     uint64_t shape = kv_layer_shape(kv, il);
     if (H > PAGE_LIST_MAX_HEADS) goto fail;
-    int64_t need = 0;
+    int64_t need = 0, most = 0;
     int keep = at->shape == shape;
     for (int h = 0; h < H; h++) {
         cnt[h] = count ? count[h] : kv_n_pages(kv, il, h);
         need += cnt[h];
-        if (cnt[h] < at->off[h + 1] - at->off[h]) keep = 0;   /* cannot be while the shape holds */
+        most = cnt[h] > most ? cnt[h] : most;
+        if (cnt[h] < at->end[h] - at->off[h]) keep = 0;   /* cannot be while the shape holds */
     }
+    int64_t stride = at->stride;
+    if (room && most > stride) stride = most + most / 4 + 64;   /* a quarter more: moved once in many pages */
+    if (room) need = stride * H;
     if (need > at->cap) {
-        int64_t nc = need * 2 > 64 ? need * 2 : 64;
+        int64_t nc = room ? need : need * 2 > 64 ? need * 2 : 64;
         void *e = realloc(*ent, elem * (size_t)nc);   /* the entries stay */
         if (!e) goto fail;
         *ent = e;
@@ -49,21 +54,24 @@ static int fit_heads(void **ent, size_t elem, page_heads *at, const kv_cache *kv
     }
     int64_t no[PAGE_LIST_MAX_HEADS + 1];
     no[0] = 0;
-    for (int h = 0; h < H; h++) no[h + 1] = no[h] + cnt[h];
+    for (int h = 0; h < H; h++) no[h + 1] = room ? no[h] + stride : no[h] + cnt[h];
     char *base = *ent;
     for (int h = H - 1; keep && h >= 0; h--)   /* offsets only grow: the last head first, none overwritten */
         if (no[h] != at->off[h]) memmove(base + elem * (size_t)no[h], base + elem * (size_t)at->off[h],
-                                         elem * (size_t)(at->off[h + 1] - at->off[h]));
+                                         elem * (size_t)(at->end[h] - at->off[h]));
     for (int h = 0; h < H; h++) {
-        int64_t had = at->off[h + 1] - at->off[h];
+        int64_t had = at->end[h] - at->off[h];
         first[h] = keep && had > 0 ? had - 1 : 0;
+        at->end[h] = no[h] + cnt[h];
     }
     memcpy(at->off, no, sizeof(int64_t) * (size_t)(H + 1));
+    at->stride = room ? stride : 0;
     at->shape = shape;
     return 0;
 fail:
     at->shape = 0;
     memset(at->off, 0, sizeof at->off);
+    memset(at->end, 0, sizeof at->end);
     return -1;
 }
 
@@ -73,10 +81,10 @@ typedef void (*entry_fn)(void *entry, const kv_page *p, const kv_cache *kv);
 /* The list brought up to date: fit_heads, then each head's entries from its first to write on,
  * written by fill. */
 static int update_heads(void **ent, size_t elem, page_heads *at, const kv_cache *kv, int il, const int64_t *count,
-                        entry_fn fill)
+                        int room, entry_fn fill, int64_t *first)
 {
-    int64_t cnt[PAGE_LIST_MAX_HEADS], first[PAGE_LIST_MAX_HEADS];
-    if (fit_heads(ent, elem, at, kv, il, count, cnt, first)) return -1;
+    int64_t cnt[PAGE_LIST_MAX_HEADS];
+    if (fit_heads(ent, elem, at, kv, il, count, room, cnt, first)) return -1;
     char *base = *ent;
     for (int h = 0; h < kv_n_head_kv(kv); h++)
         for (int64_t j = first[h]; j < cnt[h]; j++)
@@ -105,7 +113,8 @@ static void fill_span(void *e, const kv_page *p, const kv_cache *kv)
 int page_list_update(page_list *L, const kv_cache *kv, int il)
 {
     void *ent = L->refs;
-    int rc = update_heads(&ent, sizeof *L->refs, &L->at, kv, il, NULL, fill_ref);
+    int64_t first[PAGE_LIST_MAX_HEADS];
+    int rc = update_heads(&ent, sizeof *L->refs, &L->at, kv, il, NULL, 0, fill_ref, first);
     L->refs = ent;
     return rc;
 }
@@ -119,7 +128,8 @@ void page_list_free(page_list *L)
 int page_sums_update(page_sums *L, const kv_cache *kv, int il, const int64_t *count)
 {
     void *ent = L->sums;
-    int rc = update_heads(&ent, sizeof *L->sums, &L->at, kv, il, count, fill_sum);
+    int64_t first[PAGE_LIST_MAX_HEADS];
+    int rc = update_heads(&ent, sizeof *L->sums, &L->at, kv, il, count, 1, fill_sum, first);
     L->sums = ent;
     return rc;
 }
@@ -133,9 +143,23 @@ void page_sums_free(page_sums *L)
 int page_spans_update(page_spans *L, const kv_cache *kv, int il)
 {
     void *ent = L->spans;
-    int rc = update_heads(&ent, sizeof *L->spans, &L->at, kv, il, NULL, fill_span);
+    int64_t first[PAGE_LIST_MAX_HEADS];
+    int rc = update_heads(&ent, sizeof *L->spans, &L->at, kv, il, NULL, 1, fill_span, first);
     L->spans = ent;
-    return rc;
+    if (rc) {
+        memset(L->seq, 0, sizeof L->seq);
+        return rc;
+    }
+    const int64_t P = kv_page_size(kv);
+    for (int h = 0; h < kv_n_head_kv(kv); h++) {
+        /* the spans before first[h] are as they were: a run that ended before it stays so */
+        if (L->seq[h] < first[h]) continue;
+        const page_span *sp = L->spans + L->at.off[h];
+        int64_t n = L->at.end[h] - L->at.off[h], j = first[h];
+        while (j < n && sp[j].n > 0 && sp[j].first >= 0 && sp[j].first / P == j) j++;
+        L->seq[h] = j;
+    }
+    return 0;
 }
 
 int page_spans_next_chosen(const page_span *span, int np, int i, const uint64_t *bm, int64_t words, int64_t *a)

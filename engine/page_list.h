@@ -21,11 +21,14 @@
 
 #define PAGE_LIST_MAX_HEADS 64
 
-/* Where each kept list's entries are: head h's at [off[h], off[h + 1]) of cap, written under the
- * layer shape `shape` (0: nothing built). */
+/* Where each kept list's entries are: head h's at [off[h], end[h]) of cap, written under the layer
+ * shape `shape` (0: nothing built). A list with room between its heads (page_sums, for a bounds
+ * call's be_bounds.end, and page_spans) keeps `stride` entries a head, so that a head's new pages
+ * move nothing; a page_list's heads are side by side (end[h] = off[h + 1]), as be_attn reads them. */
 typedef struct page_heads {
-    int64_t cap;
+    int64_t cap, stride;
     int64_t off[PAGE_LIST_MAX_HEADS + 1];
+    int64_t end[PAGE_LIST_MAX_HEADS];
     uint64_t shape;
 } page_heads;
 
@@ -49,8 +52,8 @@ typedef struct page_sums {
 
 /* L brought up to date with layer il of kv for the first count[h] pages of each head h (at most
  * kv_n_pages), entry j of head h being page j's { kmin, kmax, gen, n, k } (a device holding a copy
- * of the page folds the summary there): built whole when the
- * layer's shape changed or a head's count fell, else each head's last entry and those after it.
+ * of the page folds the summary there), with room between the heads (page_heads): built whole when
+ * the layer's shape changed or a head's count fell, else each head's last entry and those after it.
  * 0, or -1 when out of memory (or more than PAGE_LIST_MAX_HEADS heads), L then empty. */
 int page_sums_update(page_sums *L, const kv_cache *kv, int il, const int64_t *count);
 void page_sums_free(page_sums *L);
@@ -64,9 +67,14 @@ typedef struct page_span {
 typedef struct page_spans {
     page_span *spans;
     page_heads at;
+    /* head h's first seq[h] spans are pages 0 .. seq[h] - 1 of the sequence in order (span j holds
+     * tokens and its first position / the page size is j: a cache no eviction touched), so a reader
+     * that counts pages by their first position can take them as one run */
+    int64_t seq[PAGE_LIST_MAX_HEADS];
 } page_spans;
 
-/* L brought up to date with every page of layer il of kv, as page_list_update. */
+/* L brought up to date with every page of layer il of kv, as page_list_update but with room between
+ * the heads (page_heads), seq with it (from the first span rewritten on). */
 int page_spans_update(page_spans *L, const kv_cache *kv, int il);
 /* A walk over a head's pages span[0 .. np) to those that may hold a chosen position (a bit set in
  * bm, words long) without touching the pages: from page i on, the first that ends at or after the

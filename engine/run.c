@@ -35,6 +35,7 @@ struct run {
     int64_t prefill_tokens, decoded;
     int64_t replayed;            /* positions rewinds evaluated again (sliding-window layers) */
     double prefill_s, decode_s;
+    double decode_first_s;   /* the first decode step's time since decode_s began (0: not timed step by step) */
     double warm_up_s;            /* loading's warm-up (0: none ran) */
 };
 
@@ -381,6 +382,7 @@ static int prefill_ids(run *r, int64_t n, int timed, fwd_logits_fn each, void *u
         r->prefill_s = run_clock_s() - t0;
         r->decoded = 0;
         r->decode_s = 0;
+        r->decode_first_s = 0;
     }
     return RUN_OK;
 }
@@ -466,8 +468,9 @@ static int decode_one(run *r, int32_t id, be_pick *pick, char *err, size_t errle
         r->n_ids--;
         return eval_failed(r, err, errlen);
     }
-    r->decoded++;
-    r->decode_s += run_clock_s() - t0;
+    double secs = run_clock_s() - t0;
+    if (r->decoded++ == 0) r->decode_first_s = secs;
+    r->decode_s += secs;
     return RUN_OK;
 }
 
@@ -512,7 +515,7 @@ int run_decode_greedy_batch(run *lead, run *const *rs, int n, int32_t *ids, char
             r->n_ids--;
             continue;
         }
-        r->decoded++;
+        if (r->decoded++ == 0) r->decode_first_s = secs;
         r->decode_s += secs;   /* the batch's time: its steps ran together */
         ids[j] = greedy_next(r, pick, &picks[j], best[j]);
     }
@@ -615,6 +618,7 @@ int run_answer(run *r, const run_answer_opts *o, const gen_callbacks *cb, gen_re
     int bad = gen_answer(&g, &go, &wrap, res, err, errlen);
     r->decoded = res->n_decoded;
     r->decode_s = run_clock_s() - t0;
+    r->decode_first_s = 0;
     return answer_close(r, &a, bad, err, errlen);
 }
 
@@ -645,6 +649,7 @@ int run_answer_batch(run *lead, run *const *rs, int n, const run_answer_opts *os
     for (int s = 0; s < n; s++) {
         rs[s]->decoded = res[s].n_decoded;
         rs[s]->decode_s = secs;   /* the batch's time: its answers were decoded together */
+        rs[s]->decode_first_s = 0;
         int cr = answer_close(rs[s], &a[s], bad, err, errlen);
         if (!rc) rc = cr;
     }
@@ -696,6 +701,7 @@ pol_set *run_swap_policies(run *r, pol_set *ps)
     if (ps) pol_set_question(ps, r->question);
     r->decoded = 0;   /* the decoding figures follow the policies attached */
     r->decode_s = 0;
+    r->decode_first_s = 0;
     return old;
 }
 
@@ -894,6 +900,8 @@ void run_get_figures(const run *r, run_figures *o)
             o->kv_read_per_step = (double)st->bytes_touched_total / steps;
             o->attn_ms_per_step = st->attn_ms_total / steps;
             o->select_ms_per_step = st->select_ms_total / steps;
+            o->select_ms_first = st->select_ms_first;
+            if (steps > 1) o->select_ms_rest = (st->select_ms_total - st->select_ms_first) / (steps - 1);
         }
     }
     o->prefill_tokens = r->prefill_tokens;
@@ -903,6 +911,8 @@ void run_get_figures(const run *r, run_figures *o)
     o->decoded = r->decoded;
     o->decode_s = r->decode_s;
     o->decode_tok_s = r->decode_s > 0 ? (double)r->decoded / r->decode_s : 0;
+    double rest = r->decode_s - r->decode_first_s;
+    o->decode_rest_tok_s = r->decoded > 1 && r->decode_first_s > 0 && rest > 0 ? (double)(r->decoded - 1) / rest : 0;
     o->warm_up_s = r->warm_up_s;
     if (r->b->ops->counters) {
         o->has_counters = 1;

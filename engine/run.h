@@ -218,10 +218,14 @@ typedef struct run_figures {
     double pages_per_step, pages_avail_per_step;   /* per global layer and KV head */
     double kv_read_per_step;     /* bytes of K and V attention read */
     double attn_ms_per_step, select_ms_per_step;
+    /* the first step's selection time, and the steps' after it (a short run's average carries the
+     * first step's one-off costs: at 32K, hundreds of milliseconds) */
+    double select_ms_first, select_ms_rest;
     /* the last prefill, and the decoding since it (or since the last answer began) */
     int64_t prefill_tokens, decoded;
     int64_t replayed;            /* positions rewinds had to evaluate again, since the run began */
     double prefill_s, decode_s, prefill_tok_s, decode_tok_s;
+    double decode_rest_tok_s;    /* the decode steps' after the first (0: fewer than two, or an answer's) */
     /* the device backend's traffic so far (has_counters 0: none) */
     int has_counters;
     uint64_t dev_waits, dev_bytes_up, dev_bytes_down;

@@ -173,7 +173,7 @@ typedef struct be_bounds {
      * an attention call's selection (be_attn.sel_best) and a be_host_read after. */
     int32_t k;
     int32_t *best, *n_best;
-    float *u;                 /* NULL, or every bound: [off[n_head_kv]] */
+    float *u;                 /* NULL, or every bound: [off[n_head_kv]] (those past a head's end not written) */
     /* bits non-NULL (k 0): SentKV's choice instead of the k best. Head h's summaries are segments
      * of its positions, in order: summary i covers the sum[i].n (>= 1) positions after those of the
      * summaries before it, the first from 0. Of `budget` tokens a head, the first `sinks` positions
@@ -185,7 +185,14 @@ typedef struct be_bounds {
      * tokens (be_attn.sel_bits) and a be_host_read after. */
     uint64_t *bits;
     int64_t words, budget, sinks, len;
+    /* NULL, or [n_head_kv]: head h's summaries end at sum[end[h]] instead (off[h] <= end[h] <=
+     * off[h + 1]), the entries up to off[h + 1] not read: room for a list to grow at each head's end
+     * without moving the heads after it (be_bounds_count) */
+    const int64_t *end;
 } be_bounds;
+
+/* Head h's summaries in r. */
+static inline int64_t be_bounds_count(const be_bounds *r, int h) { return (r->end ? r->end[h] : r->off[h + 1]) - r->off[h]; }
 
 /* The best candidates of one row of logits, for the sampler (engine/sampler.h), so that a device
  * backend sends back a few hundred bytes instead of the row. With softcap > 0 the row is first
@@ -699,6 +706,9 @@ void be_host_key_summary(int64_t n, const uint16_t *k, float *sum, float *mn, fl
 void be_host_key_summary_rows(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn,
                               float *mx);
 float be_host_dot_f32_f16(int64_t n, const float *a, const uint16_t *b);
+/* The bits set in now[0 .. words) (*set), of them those set in last too (*shared), and now copied
+ * into last, in one pass (a selection's reuse from one step to the next). */
+void be_host_bits_overlap(int64_t words, const uint64_t *now, uint64_t *last, int64_t *set, int64_t *shared);
 /* 1 if this backend can multiply weights of this type. */
 int be_supports_weight(const be_backend *b, uint32_t type);
 /* How the CUDA backend holds a weight type, in either build (kernels/gpu_weights.c): 1 when its

@@ -76,7 +76,9 @@ void pc_begin_call(pc_table *t)
             kept++;
         }
     }
+    int dropped = kept < t->n;
     t->n = kept;
+    if (!dropped && t->holes == 0) return;   /* no record freed: the hash is as it was (a long decode's every sweep) */
     /* on failure the holes stay: lookups skip freed records and still end at an empty slot */
     if (rehash(t, t->cap)) {
         for (int i = 0; i < t->cap; i++)

@@ -21,13 +21,13 @@ static void drop_list(pt_set *s, pt_list *l)
         s->dev.release(s->dev.ud, l->dev);
         s->bytes -= dev_bytes(l->cap);
     }
+    if (l->dev_alt) {
+        s->dev.release(s->dev.ud, l->dev_alt);
+        s->bytes -= dev_bytes(l->cap);
+    }
     free(l->seen);
     free(l->rec);
     free(l->host);
-    free(l->seen2);
-    free(l->rec2);
-    free(l->host2);
-    free(l->moved);
     memset(l, 0, sizeof *l);
 }
 
@@ -83,43 +83,67 @@ void pt_trim(pt_set *s, uint64_t idle)
     s->lists = nl;
 }
 
-/* p reallocated to bytes, or p as it was with *ok cleared when the host is out of memory. */
-static void *grow_array(void *p, size_t bytes, int *ok)
-{
-    void *n = realloc(p, bytes);
-    if (n) return n;
-    *ok = 0;
-    return p;
-}
-
-/* Room for e entries: a larger device array (the old one released; what it held is sent again). */
+/* Room for e entries on the device: a larger array (the old ones released; what they held is sent
+ * again). */
 static int grow_list(pt_set *s, pt_list *l, int64_t e)
 {
     if (e <= l->cap) return PT_OK;
     int64_t cap = l->cap ? l->cap : 64;
     while (cap < e) cap *= 2;
-    /* the host arrays (on failure those grown stay so, and the device array as it was) */
-    int ok = 1;
-    size_t c = (size_t)cap;
-    l->seen = grow_array(l->seen, sizeof *l->seen * c, &ok);
-    l->rec = grow_array(l->rec, sizeof *l->rec * c, &ok);
-    l->host = grow_array(l->host, sizeof *l->host * c, &ok);
-    l->seen2 = grow_array(l->seen2, sizeof *l->seen2 * c, &ok);
-    l->rec2 = grow_array(l->rec2, sizeof *l->rec2 * c, &ok);
-    l->host2 = grow_array(l->host2, sizeof *l->host2 * c, &ok);
-    l->moved = grow_array(l->moved, sizeof *l->moved * c, &ok);
-    if (!ok) return PT_NO_HOST_MEMORY;
     void *dev = s->dev.alloc(s->dev.ud, dev_bytes(cap));
     if (!dev) return PT_NO_DEVICE_MEMORY;
     if (l->dev) {
         s->dev.release(s->dev.ud, l->dev);
         s->bytes -= dev_bytes(l->cap);
     }
+    if (l->dev_alt) {
+        s->dev.release(s->dev.ud, l->dev_alt);
+        s->bytes -= dev_bytes(l->cap);
+        l->dev_alt = NULL;
+    }
     l->dev = dev;
     s->bytes += dev_bytes(cap);
     l->cap = cap;
     l->n = 0;   /* nothing of the new array is on the device yet */
     l->n_hp = -1;
+    return PT_OK;
+}
+
+/* The host's record laid out for n_reg regions of at least `most` entries each: kept as it is where
+ * it has the room, else moved into larger regions (a quarter more than asked: a head's growth
+ * moves the record once in many pages). A record of another region count is forgotten. */
+static int fit_record(pt_list *l, int n_reg, int64_t most)
+{
+    if (n_reg != l->n_reg) {
+        for (int g = 0; g < PT_MAX_HEADS; g++) l->cnt[g] = 0;
+        l->n = 0;
+    }
+    if (n_reg == l->n_reg && most <= l->stride) return PT_OK;
+    int64_t stride = most + most / 4 + 16;
+    size_t c = (size_t)n_reg * (size_t)stride;
+    be_kv_page *seen = malloc(sizeof *seen * c);
+    int32_t *rec = malloc(sizeof *rec * c);
+    ag_page *host = malloc(sizeof *host * c);
+    if (!seen || !rec || !host) {
+        free(seen);
+        free(rec);
+        free(host);
+        return PT_NO_HOST_MEMORY;
+    }
+    for (int g = 0; g < n_reg && n_reg == l->n_reg; g++) {
+        int64_t from = (int64_t)g * l->stride, to = (int64_t)g * stride, k = l->cnt[g];
+        memcpy(seen + to, l->seen + from, sizeof *seen * (size_t)k);
+        memcpy(rec + to, l->rec + from, sizeof *rec * (size_t)k);
+        memcpy(host + to, l->host + from, sizeof *host * (size_t)k);
+    }
+    free(l->seen);
+    free(l->rec);
+    free(l->host);
+    l->seen = seen;
+    l->rec = rec;
+    l->host = host;
+    l->stride = stride;
+    l->n_reg = n_reg;
     return PT_OK;
 }
 
@@ -142,45 +166,14 @@ static int whole_loads(const ag_page *d)
                          ((uintptr_t)d->k | (uintptr_t)d->v) % (AG_DL * sizeof(uint16_t)) == 0);
 }
 
-/* The heads' offsets changed (a head's list grew or shrank): entry j of head g moves from its old
- * index to hp[g] + j, and the mirror follows it (a moved descriptor is sent again, not rebuilt);
- * an entry the head did not have before is built. */
-static void remap(pt_list *l, const int64_t *hp, int n_heads, int64_t e)
+/* Queue region g's entries [j0, j1) of the host descriptors for the device, at their offset hp_g. */
+static int send_run(pt_set *s, pt_list *l, int g, int64_t hp_g, int64_t j0, int64_t j1)
 {
-    int old_heads = l->n_hp - 1;
-    for (int g = 0; g < n_heads; g++) {
-        int64_t n_old = g < old_heads ? l->hp[g + 1] - l->hp[g] : 0;
-        for (int64_t j = 0; j < hp[g + 1] - hp[g]; j++) {
-            int64_t i = hp[g] + j, oi = g < old_heads ? l->hp[g] + j : -1;
-            if (j < n_old && oi < l->n) {
-                l->seen2[i] = l->seen[oi];
-                l->rec2[i] = l->rec[oi];
-                l->host2[i] = l->host[oi];
-                l->moved[i] = i != oi;
-            } else {
-                l->rec2[i] = PT_REBUILD;
-                l->moved[i] = 1;
-            }
-        }
-    }
-    be_kv_page *ts = l->seen;
-    l->seen = l->seen2;
-    l->seen2 = ts;
-    int32_t *tr = l->rec;
-    l->rec = l->rec2;
-    l->rec2 = tr;
-    ag_page *th = l->host;
-    l->host = l->host2;
-    l->host2 = th;
-    l->n = e;
-}
-
-/* Queue entries [i0, i1) of the host descriptors for the device. */
-static int send_run(pt_set *s, pt_list *l, int64_t i0, int64_t i1)
-{
-    if (i1 <= i0) return PT_OK;
-    return ub_add(s->batch, l->dev + i0, l->host + i0, sizeof(ag_page) * (size_t)(i1 - i0)) ? PT_NO_HOST_MEMORY
-                                                                                               : PT_OK;
+    if (j1 <= j0) return PT_OK;
+    return ub_add(s->batch, l->dev + hp_g + j0, l->host + (int64_t)g * l->stride + j0,
+                  sizeof(ag_page) * (size_t)(j1 - j0))
+               ? PT_NO_HOST_MEMORY
+               : PT_OK;
 }
 
 /* This call's mask words: room for nw more. -1 when the host is out of memory. */
@@ -208,13 +201,14 @@ static int is_direct(const be_kv_page *pg, const pt_direct *direct)
     return p && k >= p && k < p + direct->bytes;
 }
 
-/* Entry i of the list is pg: left as it is when its descriptor still holds, else built (pc_get
- * sends the page's new rows). *send: its descriptor must go to the device. */
-static int do_entry(pt_set *s, pt_list *l, int64_t i, const be_kv_page *pg, const pt_direct *direct, size_t *w,
+/* Record entry m (region g's entry j, j < cnt[g] when it holds one) is to be pg: left as it is when
+ * its descriptor still holds, else built (pc_get sends the page's new rows). *send: its
+ * descriptor differs from the one the record had, and must go to the device. */
+static int do_entry(pt_set *s, pt_list *l, int64_t m, int had, const be_kv_page *pg, const pt_direct *direct, size_t *w,
                     int *send)
 {
-    int keep = i < l->n && l->rec[i] != PT_REBUILD && same_page(pg, &l->seen[i]) &&
-               (l->rec[i] == PT_DIRECT || pg->n <= 0 || pc_current(s->copies, l->rec[i], pg, l->host[i].k));
+    int keep = had && l->rec[m] != PT_REBUILD && same_page(pg, &l->seen[m]) &&
+               (l->rec[m] == PT_DIRECT || pg->n <= 0 || pc_current(s->copies, l->rec[m], pg, l->host[m].k));
     if (keep) {
         s->kept++;
         return PT_OK;
@@ -246,52 +240,79 @@ static int do_entry(pt_set *s, pt_list *l, int64_t i, const be_kv_page *pg, cons
         }
     }
     s->built++;
-    l->seen[i] = *pg;
-    l->rec[i] = rec;
-    if (i >= l->n || !same_desc(&d, &l->host[i])) {
-        if (i < l->n) count_entry(l, &l->host[i], -1);
+    l->seen[m] = *pg;
+    l->rec[m] = rec;
+    if (!had || !same_desc(&d, &l->host[m])) {
+        if (had) count_entry(l, &l->host[m], -1);
         count_entry(l, &d, 1);
-        l->host[i] = d;
+        l->host[m] = d;
         *send = 1;
     }
     return PT_OK;
 }
 
-/* Entries [i0, i1) through do_entry, the descriptors that must go to the device queued in runs. */
-static int do_range(pt_set *s, pt_list *l, const be_kv_page *list, int64_t i0, int64_t i1, int moved,
-                    const pt_direct *direct, size_t *w)
+/* Region g's entries [j0, j1) (list[hp_g + j], the device's entry hp_g + j) through do_entry: the
+ * record held its first had of them, and the device holds the descriptors of its first on_dev
+ * there; the descriptors that must go to the device are queued in runs. */
+static int do_range(pt_set *s, pt_list *l, int g, const be_kv_page *list, int64_t hp_g, int64_t j0, int64_t j1,
+                    int64_t had, int64_t on_dev, const pt_direct *direct, size_t *w)
 {
     int64_t run0 = -1;   /* the first entry of the run of descriptors to send, -1: none open */
-    for (int64_t i = i0; i < i1; i++) {
-        int send = moved && l->moved[i];   /* the device's entry i is another page's descriptor */
-        int rc = do_entry(s, l, i, &list[i], direct, w, &send);
+    for (int64_t j = j0; j < j1; j++) {
+        int send = j >= on_dev;   /* the device's entry holds some other descriptor */
+        int rc = do_entry(s, l, (int64_t)g * l->stride + j, j < had, &list[hp_g + j], direct, w, &send);
         if (rc != PT_OK) return rc;
         if (send) {
-            if (run0 < 0) run0 = i;
+            if (run0 < 0) run0 = j;
             continue;
         }
-        /* entry i is on the device as it should be: the open run ends before it */
-        if (run0 >= 0 && (rc = send_run(s, l, run0, i)) != PT_OK) return rc;
+        /* entry j is on the device as it should be: the open run ends before it */
+        if (run0 >= 0 && (rc = send_run(s, l, g, hp_g, run0, j)) != PT_OK) return rc;
         run0 = -1;
     }
-    return run0 >= 0 ? send_run(s, l, run0, i1) : PT_OK;
+    return run0 >= 0 ? send_run(s, l, g, hp_g, run0, j1) : PT_OK;
 }
 
-/* Whether a call under shape with offsets hp only appends to l as l stands (the same name and
- * shape; a list whose array must grow is built whole): stable[g], head g's entries that are as
- * the last call left them (its pages before its last one). *moved: the offsets changed, so the
- * entries move and every one is looked at. */
-static int appends(const pt_list *l, uint64_t shape, const int64_t *hp, int n_heads, int64_t *stable, int *moved)
+/* Whether a call under shape with offsets hp only appends to l as l stands (the same name, shape
+ * and heads; a list whose array must grow is built whole): stable[g], head g's entries that are as
+ * the last call left them (its pages before its last one), wherever the offsets put them now. */
+static int appends(const pt_list *l, uint64_t shape, const int64_t *hp, int n_heads, int64_t *stable)
 {
-    int heads_same = hp && l->n_hp == n_heads + 1 && l->n > 0;
-    int appended = shape != 0 && shape == l->shape && heads_same;
-    *moved = heads_same && memcmp(l->hp, hp, sizeof(int64_t) * (size_t)(n_heads + 1)) != 0;
-    if (appended)
-        for (int g = 0; g < n_heads; g++) {
-            stable[g] = l->pages_of[g] - 1;   /* the last page may have grown */
-            if (stable[g] > hp[g + 1] - hp[g]) appended = 0;   /* not an append after all */
-        }
+    int appended = shape != 0 && shape == l->shape && hp && l->n_hp == n_heads + 1 && l->n > 0 &&
+                   hp[n_heads] <= l->cap;
+    for (int g = 0; appended && g < n_heads; g++) {
+        stable[g] = l->pages_of[g] - 1;   /* the last page may have grown */
+        if (stable[g] > hp[g + 1] - hp[g]) appended = 0;   /* not an append after all */
+    }
     return appended;
+}
+
+/* The heads' descriptors moved on the device from the offsets it has (l->hp) to hp: head g's first
+ * keep[g] from the list's array into its other one, which becomes the list's. What the batch held
+ * is sent first (the moves read the array it may write), and, unless `alone_after` is 0 (nothing
+ * queued after the moves writes where they do), the moves too. on_dev[g]: the descriptors head g
+ * then has in place. */
+static int move_heads(pt_set *s, pt_list *l, const int64_t *hp, int n_heads, const int64_t *keep, int alone_after,
+                      int64_t *on_dev)
+{
+    if (!l->dev_alt) {
+        l->dev_alt = s->dev.alloc(s->dev.ud, dev_bytes(l->cap));
+        if (!l->dev_alt) return PT_NO_DEVICE_MEMORY;
+        s->bytes += dev_bytes(l->cap);
+    }
+    if (ub_flush(s->batch)) return PT_NO_HOST_MEMORY;
+    for (int g = 0; g < n_heads; g++) {
+        on_dev[g] = keep[g] > 0 ? keep[g] : 0;
+        if (on_dev[g] && ub_add_dev(s->batch, l->dev_alt + hp[g], l->dev + l->hp[g], sizeof(ag_page) * (size_t)on_dev[g]))
+            return PT_NO_HOST_MEMORY;
+        s->moved += (uint64_t)on_dev[g];
+    }
+    if (alone_after && ub_flush(s->batch)) return PT_NO_HOST_MEMORY;
+    ag_page *t = l->dev;
+    l->dev = l->dev_alt;
+    l->dev_alt = t;
+    l->n_hp = -1;   /* the offsets are not in the new array */
+    return PT_OK;
 }
 
 static const pt_list *peek_list(const pt_set *s, uint64_t name)
@@ -307,8 +328,7 @@ int pt_reads_from(const pt_set *s, uint64_t name, uint64_t shape, const int64_t 
 {
     const pt_list *l = n_heads <= PT_MAX_HEADS && hp ? peek_list(s, name) : NULL;
     int64_t stable[PT_MAX_HEADS];
-    int moved;
-    if (!l || hp[n_heads] > l->cap || !appends(l, shape, hp, n_heads, stable, &moved) || moved) return 0;
+    if (!l || !appends(l, shape, hp, n_heads, stable)) return 0;
     for (int g = 0; g < n_heads; g++) from[g] = hp[g] + (stable[g] > 0 ? stable[g] : 0);
     return 1;
 }
@@ -347,33 +367,58 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
              int n_heads, const pt_direct *direct, pt_call *out)
 {
     memset(out, 0, sizeof *out);
-    if (n_heads > PT_MAX_HEADS || (hp && (hp[0] != 0 || hp[n_heads] != e))) return PT_BAD_LIST;
+    if (n_heads < 0 || n_heads > PT_MAX_HEADS || (hp && (n_heads < 1 || hp[0] != 0 || hp[n_heads] != e)))
+        return PT_BAD_LIST;
+    for (int g = 0; hp && g < n_heads; g++)
+        if (hp[g + 1] < hp[g]) return PT_BAD_LIST;
     s->calls++;
     pt_list *l = find_list(s, name);
     if (!l) return PT_NO_HOST_MEMORY;
     l->last_use = s->calls;
+    /* the regions: a head each, or the whole list as one */
+    const int n_reg = hp ? n_heads : 1;
+    const int64_t whole[2] = { 0, e };
+    const int64_t *at = hp ? hp : whole;
+    int64_t most = 1;
+    for (int g = 0; g < n_reg; g++)
+        if (at[g + 1] - at[g] > most) most = at[g + 1] - at[g];
+    int64_t stable[PT_MAX_HEADS], on_dev[PT_MAX_HEADS];
+    int appended = appends(l, shape, hp, n_heads, stable);
     int rc = grow_list(s, l, e > 0 ? e : 1);
+    if (rc == PT_OK) rc = fit_record(l, n_reg, most);
     if (rc != PT_OK) return rc;
-    /* Only appended to since the last call (the same name and shape): each head's pages before its
-     * last one are the same. Entries are matched head by head: when the offsets moved, so do the
-     * entries (and every entry is looked at). */
-    int64_t stable[PT_MAX_HEADS];
-    int moved, appended = appends(l, shape, hp, n_heads, stable, &moved);
-    if (moved) remap(l, hp, n_heads, e);
-    size_t w = 0;
-    if (appended && !moved) {
-        for (int g = 0; g < n_heads && rc == PT_OK; g++) {
-            s->kept += (uint64_t)(stable[g] > 0 ? stable[g] : 0);
-            rc = do_range(s, l, list, hp[g] + (stable[g] > 0 ? stable[g] : 0), hp[g + 1], 0, direct, &w);
+    /* what the device holds where this call's offsets put it: where they moved, the heads'
+     * descriptors are moved there (only the stable ones of an append, so that nothing queued after
+     * writes where a move does; else as many as both calls have, the moves then sent alone) */
+    const int valid = l->n > 0 && (hp ? l->n_hp == n_heads + 1 : l->n_hp == -1);
+    for (int g = 0; g < n_reg; g++) on_dev[g] = valid ? l->cnt[g] : 0;
+    if (valid && hp && memcmp(l->hp, hp, sizeof(int64_t) * (size_t)(n_heads + 1)) != 0) {
+        int64_t keep[PT_MAX_HEADS];
+        for (int g = 0; g < n_heads; g++) {
+            int64_t now = hp[g + 1] - hp[g];
+            keep[g] = appended ? stable[g] : l->cnt[g] < now ? l->cnt[g] : now;
         }
-    } else {
-        rc = do_range(s, l, list, 0, e, moved, direct, &w);
-        if (rc == PT_OK) {   /* counted afresh, the entries past e gone */
-            l->n_bias = l->n_unaligned = 0;
-            for (int64_t i = 0; i < e; i++) count_entry(l, &l->host[i], 1);
-        }
+        rc = move_heads(s, l, hp, n_heads, keep, !appended, on_dev);
+        if (rc != PT_OK) return rc;
     }
-    if (rc != PT_OK) return rc;
+    size_t w = 0;
+    for (int g = 0; g < n_reg && rc == PT_OK; g++) {
+        int64_t j0 = appended && stable[g] > 0 ? stable[g] : 0, had = l->n > 0 ? l->cnt[g] : 0, now = at[g + 1] - at[g];
+        s->kept += (uint64_t)j0;
+        for (int64_t j = now; appended && j < had; j++)   /* entries gone from the head's end (rows taken since) */
+            count_entry(l, &l->host[(int64_t)g * l->stride + j], -1);
+        rc = do_range(s, l, g, list, at[g], j0, now, had, on_dev[g], direct, &w);
+    }
+    if (rc == PT_OK && !appended) {   /* counted afresh, the entries past each region's end gone */
+        l->n_bias = l->n_unaligned = 0;
+        for (int g = 0; g < n_reg; g++)
+            for (int64_t j = 0; j < at[g + 1] - at[g]; j++) count_entry(l, &l->host[(int64_t)g * l->stride + j], 1);
+    }
+    if (rc != PT_OK) {
+        l->n = 0;   /* the record is part-built: nothing of it is trusted */
+        return rc;
+    }
+    for (int g = 0; g < n_reg; g++) l->cnt[g] = at[g + 1] - at[g];
     l->n = e;
     l->shape = shape;
     /* each head's entries that are pages (not rows the cache takes later), for the next append */
@@ -411,11 +456,12 @@ void pt_begin_call(pt_set *s, uint64_t idle)
         for (int li = 0; li < s->cap_lists; li++) {
             pt_list *l = &s->lists[li];
             if (!l->used) continue;
-            for (int64_t i = 0; i < l->n; i++)
-                if (l->rec[i] >= 0 && !pc_current(c, l->rec[i], &l->seen[i], l->host[i].k)) {
-                    l->n = 0;   /* cannot be: built whole next time */
-                    break;
-                }
+            for (int g = 0; l->n > 0 && g < l->n_reg; g++)
+                for (int64_t m = (int64_t)g * l->stride; m < (int64_t)g * l->stride + l->cnt[g]; m++)
+                    if (l->rec[m] >= 0 && !pc_current(c, l->rec[m], &l->seen[m], l->host[m].k)) {
+                        l->n = 0;   /* cannot be: built whole next time */
+                        break;
+                    }
         }
     }
     pc_begin_call(c);

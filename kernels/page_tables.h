@@ -11,11 +11,14 @@
  * that differ are sent, through the upload batch. A decode step thus sends one descriptor per KV
  * head and layer, for the page its token went to. With the forward pass's promise that a list
  * only grew at each head's end (be_attn.shape), only each head's last pages are looked at.
- * Entries are matched head by head: when a head's
- * list grows by a page, the heads after it shift in the array, and their descriptors are moved and
- * sent again, but not rebuilt (once a page, every 32 tokens by default). Entries with a token mask
- * are built every call (a policy's masks change every step). Any name is correct: a list unlike
- * the last one under its name only sends more.
+ * Entries are matched head by head. When a head's list grows by a page, the heads after it shift
+ * in the device's array: their descriptors are moved there, from one of the list's two device
+ * arrays into the other (copies on the device riding in the batch, ub_add_dev), neither rebuilt
+ * nor sent again, and the host's record of them does not move at all (a region of `stride` entries
+ * a head), so a page boundary costs the host a few entries a head, as any step does (at 32K on
+ * the 7B shape it rebuilt and sent 2,000 descriptors a layer every 16 tokens). Entries with a
+ * token mask are built every call (a policy's masks change every step). Any name is correct: a
+ * list unlike the last one under its name only sends more.
  *
  * Plain C, reaching the device through two functions and the batch, tested on the host
  * (tests/test_page_tables.c) with host memory standing in for the device. */
@@ -43,17 +46,19 @@ typedef struct pt_list {
     int used;
     int64_t pages_of[PT_MAX_HEADS];   /* each head's entries that are pages, at the last call */
     int64_t n_bias, n_unaligned;      /* entries with a bias; entries not whole 16-byte loads */
-    be_kv_page *seen;     /* [cap] entry i as its descriptor was last built */
-    int32_t *rec;         /* [cap] the page copy it came from (pc_index); PT_DIRECT; PT_REBUILD */
-    ag_page *host;        /* [cap] the descriptors as the device has them */
+    /* The host's record, a region a head (one when the call gives no offsets): head g's entry j as
+     * its descriptor was last built at [g * stride + j], cnt[g] of them. */
+    be_kv_page *seen;     /* the entry */
+    int32_t *rec;         /* the page copy it came from (pc_index); PT_DIRECT; PT_REBUILD */
+    ag_page *host;        /* the descriptor as the device has it */
+    int64_t stride;
+    int n_reg;
+    int64_t cnt[PT_MAX_HEADS];
     ag_page *dev;         /* [cap] descriptors, then PT_MAX_HEADS + 1 offsets, on the device */
-    be_kv_page *seen2;    /* [cap] scratch for the three above when entries move */
-    int32_t *rec2;
-    ag_page *host2;
-    uint8_t *moved;       /* [cap] entry i's descriptor moved here this call: it is sent again */
+    ag_page *dev_alt;     /* the same room, where moved heads go (made at the first move) */
     int64_t hp[PT_MAX_HEADS + 1];   /* the offsets as the device has them */
     int n_hp;             /* how many of them are there (-1: none sent) */
-    int64_t n, cap;
+    int64_t n, cap;       /* n: entries the device holds as the record says (0: none to trust) */
     uint64_t last_use;
 } pt_list;
 
@@ -69,6 +74,7 @@ typedef struct pt_set {
     uint64_t *masks;      /* this call's token masks, words (the caller sends them) */
     size_t cap_masks;
     uint64_t built, kept;   /* entries built / left as they were on the device, so far (figures) */
+    uint64_t moved;         /* descriptors moved on the device, so far (figures) */
     uint64_t bytes;       /* device bytes the lists hold */
 } pt_set;
 
@@ -98,8 +104,10 @@ void pt_free(pt_set *s);
  * decode step's or prefill chunk's, entries at the end of each head) and are taken as they are. A nonzero shape equal to the last call's under this name promises that
  * since that call each head's list only grew at its end (its last page took rows, pages were added
  * after it): the pages before each head's last one are then not looked at, so a decode step costs
- * the host a few entries a head rather than every page. PT_OK, or
- * PT_NO_HOST_MEMORY, PT_NO_DEVICE_MEMORY (for a list's descriptors), PT_NO_COPY (pc_get gave none:
+ * the host a few entries a head rather than every page. When the offsets differ from the last
+ * call's, the heads' descriptors are moved on the device (the batch is sent first, through its
+ * flush, if it holds anything, since the moves read what it writes). PT_OK, or
+ * PT_NO_HOST_MEMORY (or a flush that failed), PT_NO_DEVICE_MEMORY (for a list's descriptors), PT_NO_COPY (pc_get gave none:
  * out of device memory for a page copy, or its rows could not be queued), PT_BAD_LIST (more than
  * PT_MAX_HEADS heads, offsets that do not span the list); on failure the caller
  * drops the batch and calls pt_forget. */
@@ -107,8 +115,8 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
              int n_heads, const pt_direct *direct, pt_call *out);
 /* 1 when pt_build(s, name, shape, list, hp[n_heads], hp, n_heads, ...) would read only head g's
  * entries from[g] on (from[g] an index into list, hp[g] <= from[g] <= hp[g + 1]) and the entries
- * before it may hold anything: the call only appends to the list as it stands, its offsets the
- * same. 0: it would read every entry. For a caller that builds each call's list afresh (a
+ * before it may hold anything: the call only appends to the list as it stands (its offsets may
+ * have moved). 0: it would read every entry. For a caller that builds each call's list afresh (a
  * deferred step's rows after each head's pages) and need not copy what would not be read. */
 int pt_reads_from(const pt_set *s, uint64_t name, uint64_t shape, const int64_t *hp, int n_heads, int64_t *from);
 /* Start an attention call: pc_begin_call, and before the copies' idle sweep the lists unused for

@@ -33,8 +33,11 @@ void sl_free(sl_table *t)
 {
     for (int i = 0; i < t->n_lists; i++) drop(t, &t->lists[i]);
     free(t->lists);
+    free(t->ns);
     t->lists = NULL;
+    t->ns = NULL;
     t->n_lists = 0;
+    t->cap_ns = 0;
 }
 
 void sl_forget(sl_table *t)
@@ -119,7 +122,7 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
     }
     int64_t need = 1;
     for (int h = 0; h < H; h++)
-        if (r->off[h + 1] - r->off[h] > need) need = r->off[h + 1] - r->off[h];
+        if (be_bounds_count(r, h) > need) need = be_bounds_count(r, h);
     if (H != L->n_heads || r->dim != L->dim || need > L->cap) {
         /* room for a decode's new pages: a regrowth sends the whole list again */
         int64_t cap = need + need / 4 + 64;
@@ -135,31 +138,56 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
     L->last_use = t->ticks;
     int kept = r->shape && r->shape == L->shape;
     size_t half = sizeof(float) * (size_t)r->dim;
+    int64_t most = 0;
+    for (int h = 0; h < H; h++) most = be_bounds_count(r, h) > most ? be_bounds_count(r, h) : most;
+    if (most > t->cap_ns) {   /* a run of lengths, copied into the batch at its end */
+        int64_t *nn = realloc(t->ns, sizeof *nn * (size_t)most);
+        if (!nn) goto oom;
+        t->ns = nn;
+        t->cap_ns = most;
+    }
     for (int h = 0; h < H; h++) {
-        int64_t n = r->off[h + 1] - r->off[h], from = 0;
+        int64_t n = be_bounds_count(r, h), from = 0, run0 = -1;
         if (kept && n >= L->n_of[h]) from = L->n_of[h] > 0 ? L->n_of[h] - 1 : 0;
-        for (int64_t i = from; i < n; i++) {
-            const be_summary *s = &r->sum[r->off[h] + i];
-            be_summary *seen = &L->seen[(int64_t)h * L->cap + i];
-            t->looked++;
-            if (same(seen, s)) continue;
-            *seen = *s;
-            t->sent++;
+        for (int64_t i = from; i <= n; i++) {
+            int send = 0;
+            const be_summary *s = i < n ? &r->sum[r->off[h] + i] : NULL;
             int64_t at = (int64_t)h * L->cap + i;
-            if (foldable(t, s, at) && t->dev.fold(t->dev.ud, (int32_t)at, s->k, s->gen, (int32_t)s->n, r->dim) == 0) {
-                t->folded++;
+            if (s) {
+                be_summary *seen = &L->seen[at];
+                t->looked++;
+                if (!same(seen, s)) {
+                    *seen = *s;
+                    t->sent++;
+                    send = !foldable(t, s, at) ||
+                           t->dev.fold(t->dev.ud, (int32_t)at, s->k, s->gen, (int32_t)s->n, r->dim) != 0;
+                    t->folded += !send;
+                }
+            }
+            if (send) {
+                /* read where they are when the batch goes (before the call returns: a prompt's every
+                 * SentKV summary is half a gigabyte at 32K on the 7B shape), the minimum and maximum
+                 * in one piece where they lie side by side */
+                float *d = L->dev + bd_summary_at(h, L->cap, i, r->dim);
+                int both = s->mx == s->mn + r->dim;
+                if (ub_add_ref(t->batch, d, s->mn, both ? 2 * half : half) ||
+                    (!both && ub_add_ref(t->batch, d + r->dim, s->mx, half)))
+                    goto oom;
+                if (run0 < 0) run0 = i;
+                t->ns[i - run0] = s->n;
                 continue;
             }
-            float *d = L->dev + bd_summary_at(h, L->cap, i, r->dim);
-            if (ub_add(t->batch, d, s->mn, half) || ub_add(t->batch, d + r->dim, s->mx, half) ||
-                ub_add(t->batch, L->dev_n + at, &s->n, sizeof s->n)) {
-                drop(t, L);   /* part of it queued: the caller drops the batch, and this list with it */
-                snprintf(err, errlen, "out of memory");
-                return NULL;
-            }
+            /* the run of lengths ends before entry i */
+            if (run0 >= 0 && ub_add(t->batch, L->dev_n + (int64_t)h * L->cap + run0, t->ns, sizeof *t->ns * (size_t)(i - run0)))
+                goto oom;
+            run0 = -1;
         }
         L->n_of[h] = n;
     }
     L->shape = r->shape;
     return L;
+oom:
+    drop(t, L);   /* part of it may be queued: the caller drops the batch, and this list with it */
+    snprintf(err, errlen, "out of memory");
+    return NULL;
 }

@@ -60,11 +60,15 @@ typedef struct sl_table {
     uint64_t sent;        /* entries queued so far (tests and figures) */
     uint64_t folded;      /* of them, entries left to the device to fold from its page copies */
     uint64_t looked;      /* entries compared with their record so far (tests and figures) */
+    int64_t *ns;          /* a run of entries' n, sent as one piece */
+    int64_t cap_ns;
 } sl_table;
 
 void sl_init(sl_table *t, const sl_device *dev, ub_batch *batch);
 void sl_free(sl_table *t);
-/* The list named r->table brought up to date for r: the entries that changed queued into the batch.
+/* The list named r->table brought up to date for r: the entries that changed queued into the batch,
+ * read from r's summaries (and their n) when it is sent (ub_add_ref): the caller sends it before r's
+ * summaries or r->sum change.
  * NULL with a message when the host or the device is out of memory, or r has more than
  * SL_MAX_HEADS heads (the list is then forgotten, so nothing stale is ever read). */
 const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errlen);

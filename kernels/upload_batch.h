@@ -19,6 +19,7 @@ typedef struct ub_piece {
     uint64_t dst;     /* the device address it goes to */
     uint64_t off;     /* where its bytes start in the packed data (a multiple of 16) */
     uint64_t bytes;
+    uint64_t src;     /* 0, or the device address its bytes are copied from instead (ub_add_dev) */
 } ub_piece;
 
 #define UB_CHUNK 16384   /* bytes a piece holds at most: a longer copy is cut (a block of the scatter each) */
@@ -49,6 +50,13 @@ int ub_add(ub_batch *b, void *dst, const void *src, size_t bytes);
  * as they are until the batch is sent (or a flush sends them) or dropped. Large rows (a restored
  * cache's pages) then cross the host's memory once, into the staging buffer, instead of twice. */
 int ub_add_ref(ub_batch *b, void *dst, const void *src, size_t bytes);
+/* Queue a copy on the device, from device bytes src to dst (nothing crosses from the host; the
+ * pieces of one send run side by side, so src must not be written by anything queued with it, nor
+ * dst by anything else queued with it: ub_flush between them). 0, or -1 as ub_add. */
+int ub_add_dev(ub_batch *b, void *dst, const void *src, size_t bytes);
+/* Send what is queued now, through flush: 0 (also when nothing is queued), -1 when there is no
+ * flush or it failed. */
+int ub_flush(ub_batch *b);
 /* Drop what is queued; `sent` adds it to the totals. */
 void ub_clear(ub_batch *b, int sent);
 void ub_free(ub_batch *b);
@@ -64,17 +72,18 @@ typedef struct __attribute__((aligned(16))) ub_v16 {
     uint32_t w[4];
 } ub_v16;
 
-/* Thread tid of nt copies its share of piece p from the packed bytes at base: 16 bytes at a time
- * where the destination and the length allow it (the source always does), else 4, else 1. */
+/* Thread tid of nt copies its share of piece p from the packed bytes at base (or the device bytes
+ * at p->src): 16 bytes at a time where the addresses and the length allow it (a packed source
+ * always does), else 4, else 1. */
 QB_HD void ub_scatter_piece(const unsigned char *base, const ub_piece *p, int tid, int nt)
 {
     unsigned char *dst = (unsigned char *)(uintptr_t)p->dst;
-    const unsigned char *src = base + p->off;
-    uint64_t n = p->bytes;
-    if (((p->dst | n) & 15) == 0) {
+    const unsigned char *src = p->src ? (const unsigned char *)(uintptr_t)p->src : base + p->off;
+    uint64_t n = p->bytes, at = p->dst | p->src;
+    if (((at | n) & 15) == 0) {
         for (uint64_t i = (uint64_t)tid; i < n / 16; i += (uint64_t)nt)
             ((ub_v16 *)dst)[i] = ((const ub_v16 *)src)[i];
-    } else if (((p->dst | n) & 3) == 0) {
+    } else if (((at | n) & 3) == 0) {
         for (uint64_t i = (uint64_t)tid; i < n / 4; i += (uint64_t)nt)
             ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i];
     } else {

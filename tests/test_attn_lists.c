@@ -99,6 +99,13 @@ static void scatter(ub_batch *ub)
     free(buf);
 }
 
+/* The batch's flush: a list whose descriptors move on the device sends what was queued first. */
+static int ck_flush(void *ud)
+{
+    scatter(ud);
+    return 0;
+}
+
 /* What the CUDA backend does with the call before its kernels, on the host; then every descriptor
  * checked against the entry it stands for. */
 static void through_tables(const be_attn *a)
@@ -291,7 +298,7 @@ static void through_sums(const be_bounds *r)
             for (int64_t e = tid; e < r->dim; e += BD_FOLD_THREADS) bd_fold_elem(&ck.folds[j], r->dim, e, L->dev, L->dev_n);
     size_t half = sizeof(float) * (size_t)r->dim;
     for (int h = 0; h < r->n_head_kv; h++)
-        for (int64_t i = 0; i < r->off[h + 1] - r->off[h]; i++) {
+        for (int64_t i = 0; i < be_bounds_count(r, h); i++) {
             const be_summary *sm = &r->sum[r->off[h] + i];
             const float *d = L->dev + ((int64_t)h * L->cap + i) * 2 * r->dim;
             cr_assert(!memcmp(d, sm->mn, half) && !memcmp(d + r->dim, sm->mx, half),
@@ -305,7 +312,7 @@ static void c_bound_pages(be_backend *b, be_bounds *r)
     through_sums(r);
     ck.bound_calls++;
     ck.bound_looked += (int64_t)(ck.sums.looked - looked);
-    ck.bound_entries += r->off[r->n_head_kv];
+    for (int h = 0; h < r->n_head_kv; h++) ck.bound_entries += be_bounds_count(r, h);
     ck.cpu->ops->bound_pages(ck.cpu, r);
 }
 /* A selection's summaries placed ahead of its bounds calls: through the same lists and checks. */
@@ -352,6 +359,8 @@ static model *ck_open(const char *file, be_backend **b)
     pc_init(&ck.copies, &pd, 64);
     pt_device td = { NULL, junk_alloc, dev_release };
     pt_init(&ck.tables, &td, &ck.copies, &ck.batch);
+    ck.batch.flush = ck_flush;
+    ck.batch.flush_ud = &ck.batch;
     sl_device sd = { NULL, junk_alloc, dev_release, ck_fold };
     sl_init(&ck.sums, &sd, &ck.sbatch);
     ck.cpu = be_cpu_create(2, err, sizeof err);

@@ -209,6 +209,73 @@ static void run_bound_kernel(const rig *r, const float *dev, int64_t cap, int64_
             }
 }
 
+/* Room between the heads (be_bounds.end, as SentKV's lists leave for their next segments): the same
+ * bounds, best and segment choice as the heads side by side, and nothing in the room read (its
+ * entries lead nowhere: reading one crashes). */
+Test(bounds, heads_with_room_between_them_bound_and_choose_as_side_by_side)
+{
+    seed_rng("heads_with_room_between_them_bound_and_choose_as_side_by_side");
+    char err[256];
+    be_backend *b = be_cpu_create(3, err, sizeof err);
+    cr_assert(b, "%s", err);
+    for (int round = 0; round < 40; round++) {
+        int H = 1 + (int)(rnd() % 8), G = 1 + (int)(rnd() % 4);
+        int64_t cnt[8], dim = 1 + (int64_t)(rnd() % 130);
+        for (int h = 0; h < H; h++) cnt[h] = rnd() % 5 == 0 ? (int64_t)(rnd() % 3) : (int64_t)(rnd() % 700);
+        rig r;
+        rig_make(&r, H, G, dim, cnt);
+        int64_t off[9], end[8], len = 0;
+        off[0] = 0;
+        for (int h = 0; h < H; h++) {
+            end[h] = off[h] + cnt[h];
+            off[h + 1] = end[h] + (int64_t)(rnd() % 50);
+            len = cnt[h] > len ? cnt[h] : len;
+        }
+        be_summary *gap = malloc(sizeof *gap * (size_t)(off[H] + 1));
+        cr_assert(gap);
+        for (int64_t i = 0; i < off[H]; i++) gap[i] = (be_summary){ .n = 1 };   /* mn, mx NULL */
+        for (int h = 0; h < H; h++)
+            for (int64_t i = 0; i < cnt[h]; i++) gap[off[h] + i] = r.sum[r.off[h] + i];
+        int64_t words = (len + 63) / 64 + 1;
+        float *u1 = malloc(sizeof(float) * (size_t)(r.off[H] + 1)), *u2 = malloc(sizeof(float) * (size_t)(off[H] + 1));
+        uint64_t *bits1 = calloc((size_t)(H * words), sizeof(uint64_t)), *bits2 = calloc((size_t)(H * words), sizeof(uint64_t));
+        cr_assert(u1 && u2 && bits1 && bits2);
+        int32_t best1[8 * 64], nb1[8], best2[8 * 64], nb2[8];
+        int segs = round % 2;
+        be_bounds q1 = { .q = r.q, .n_head_kv = H, .group = G, .dim = dim, .sum = r.sum, .off = r.off, .u = u1 };
+        if (segs) {   /* every summary a segment of one position */
+            q1.bits = bits1, q1.words = words, q1.len = len, q1.budget = 1 + (int64_t)(rnd() % (uint32_t)(len + 1));
+            q1.sinks = (int64_t)(rnd() % 3);
+        } else {
+            q1.k = 1 + (int)(rnd() % 64), q1.best = best1, q1.n_best = nb1;
+        }
+        be_bounds q2 = q1;
+        q2.sum = gap, q2.off = off, q2.end = end, q2.u = u2, q2.bits = segs ? bits2 : NULL, q2.best = best2;
+        q2.n_best = nb2;
+        b->ops->bound_pages(b, &q1);
+        b->ops->bound_pages(b, &q2);
+        for (int h = 0; h < H; h++) {
+            cr_assert_eq(be_bounds_count(&q2, h), cnt[h]);
+            cr_expect(!memcmp(u1 + r.off[h], u2 + off[h], sizeof(float) * (size_t)cnt[h]), "round %d head %d: the bounds",
+                      round, h);
+            if (segs) {
+                cr_expect(!memcmp(bits1 + h * words, bits2 + h * words, sizeof(uint64_t) * (size_t)words),
+                          "round %d head %d: the segments chosen", round, h);
+            } else {
+                cr_expect(nb1[h] == nb2[h] && !memcmp(best1 + h * q1.k, best2 + h * q1.k, sizeof(int32_t) * (size_t)nb1[h]),
+                          "round %d head %d: the best", round, h);
+            }
+        }
+        free(gap);
+        free(u1);
+        free(u2);
+        free(bits1);
+        free(bits2);
+        rig_free(&r);
+    }
+    be_free(b);
+}
+
 Test(bounds, the_bound_kernels_threads_on_the_host_give_the_cpus_bounds_bit_for_bit)
 {
     seed_rng("the_bound_kernels_threads_on_the_host_give_the_cpus_bounds_bit_for_bit");
@@ -330,6 +397,8 @@ Test(bounds, the_device_lists_hold_every_summary_named_through_a_random_history)
     sl_device dev = { NULL, h_alloc, h_release, NULL };
     sl_init(&t, &dev, &ub);
     static float pool[NAMES][H][MAXN][2][D];
+    static float apart[NAMES][H][MAXN][D];   /* a third of the maxima apart from their minima */
+#define MX_OF(nm, h, i) ((i) % 3 == 0 ? apart[nm][h][i] : pool[nm][h][i][1])
     static be_summary sum[NAMES][H * MAXN];
     int64_t cnt[NAMES][H] = { { 0 } };
     uint64_t shape[NAMES] = { 11, 21 }, gen = 100;
@@ -342,14 +411,14 @@ Test(bounds, the_device_lists_hold_every_summary_named_through_a_random_history)
         for (int h = 0; h < H; h++) {
             if (event < 15) {   /* a decode step: the last entry grows, now and then a new one */
                 if (cnt[nm][h] > 0 && rnd() % 2) {
-                    float *mx = pool[nm][h][cnt[nm][h] - 1][1];
+                    float *mx = MX_OF(nm, h, cnt[nm][h] - 1);
                     mx[rnd() % D] += 1.0f;
                     sum[nm][h * MAXN + cnt[nm][h] - 1].n++;
                 }
                 if (cnt[nm][h] < MAXN && (cnt[nm][h] == 0 || rnd() % 3 == 0)) {
                     int64_t i = cnt[nm][h]++;
-                    for (int d = 0; d < D; d++) pool[nm][h][i][0][d] = frand(-1, 0), pool[nm][h][i][1][d] = frand(0, 1);
-                    sum[nm][h * MAXN + i] = (be_summary){ .mn = pool[nm][h][i][0], .mx = pool[nm][h][i][1], .gen = ++gen, .n = 1 };
+                    for (int d = 0; d < D; d++) pool[nm][h][i][0][d] = frand(-1, 0), MX_OF(nm, h, i)[d] = frand(0, 1);
+                    sum[nm][h * MAXN + i] = (be_summary){ .mn = pool[nm][h][i][0], .mx = MX_OF(nm, h, i), .gen = ++gen, .n = 1 };
                 }
             } else {   /* a shape break: entries rewritten in place (new gens), some dropped */
                 for (int64_t i = 0; i < cnt[nm][h]; i++)
@@ -392,6 +461,7 @@ Test(bounds, the_device_lists_hold_every_summary_named_through_a_random_history)
     sl_free(&t);
     ub_free(&ub);
     cr_expect_eq(live, 0, "every device allocation released");
+#undef MX_OF
 }
 
 /* A random half: mostly ordinary values, and zeros of both signs, infinities, NaNs and subnormals. */
@@ -509,9 +579,11 @@ Test(bounds, summaries_of_pages_are_folded_where_the_pages_are_and_the_rest_sent
         const sl_list *L = sl_update(&t, &r, err, sizeof err);
         cr_assert(L, "step %d: %s", step, err);
         cr_assert_eq(t.folded - folded0, (uint64_t)folds.n, "step %d: every fold counted", step);
+        /* a piece a summary sent (its minimum and maximum side by side), and one a run of their lengths */
         uint64_t pieces = (uint64_t)ub.n, sent = t.sent - sent0 - (uint64_t)folds.n;
-        cr_assert_eq(pieces, 3 * sent, "step %d: %llu pieces for %llu summaries sent (%d folded)", step,
-                     (unsigned long long)pieces, (unsigned long long)sent, folds.n);
+        cr_assert((pieces > sent && pieces <= 2 * sent) || (pieces == 0 && sent == 0),
+                  "step %d: %llu pieces for %llu summaries sent (%d folded)", step, (unsigned long long)pieces,
+                  (unsigned long long)sent, folds.n);
         send(&ub);
         for (int j = 0; j < folds.n; j++)   /* the fold kernel, after the batch */
             for (int tid = 0; tid < BD_FOLD_THREADS; tid++)

@@ -405,6 +405,65 @@ Test(cli, kvchat_warm_up_takes_0_or_1)
     unsetenv("KVCHAT_WARM_UP");
 }
 
+/* bench --policy's rows: every column of its header filled, the first step's selection time and the
+ * steps' after it beside the average (which lies between them), rows appended under the same
+ * header; a CSV whose first line is another header is refused in one line, and left as it was. */
+Test(cli, bench_policy_rows_hold_the_first_step_and_the_rest_and_keep_to_their_header)
+{
+    static char out[1 << 16], errb[1 << 16];
+    char dir[] = "/tmp/kvchat_polcsv_XXXXXX", args[1024], path[256];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/p.csv", dir);
+    snprintf(args, sizeof args,
+             "bench -t 2 -m " TD "tiny/tiny-llama-q4_k_m.gguf --policy quest:budget=16 --page-size 8 --ctx 96 --gen 12 --csv %s",
+             path);
+    for (int pass = 0; pass < 2; pass++) {
+        int st = run(args, out, sizeof out, errb, sizeof errb);
+        cr_assert_eq(st, 0, "stderr: %s", errb);
+    }
+    cr_expect(strstr(out, "sel 1st ms") && strstr(out, "sel rest ms") && strstr(out, "dec rest/s"), "%s", out);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no CSV at %s", path);
+    char line[2048];
+    cr_assert(fgets(line, sizeof line, f));
+    int cols = 1;
+    for (const char *c = line; *c; c++) cols += *c == ',';
+    cr_expect(strstr(line, ",decode_rest_tok_s,select_first_ms,select_rest_ms\n") != NULL, "header: %s", line);
+    int rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        rows++;
+        char *field[64];
+        int n = 0;
+        line[strcspn(line, "\n")] = 0;
+        for (char *p = line, *q; n < 64 && (q = strsep(&p, ",")) != NULL;) field[n++] = q;
+        cr_assert_geq(n, cols, "row: %s", line);
+        for (int i = 0; i < n; i++) cr_expect(field[i][0], "column %d of a row is empty", i);
+        /* counted from the end: the machine's name may hold a comma */
+        double avg = atof(field[n - (cols - 10)]), first = atof(field[n - 2]), rest = atof(field[n - 1]);
+        double lo = first < rest ? first : rest, hi = first < rest ? rest : first;
+        cr_expect(first > 0 && rest > 0 && atof(field[n - 3]) > 0, "row: %s", line);
+        cr_expect(avg >= lo * 0.999 && avg <= hi * 1.001, "the average %g is not between %g and %g", avg, first, rest);
+    }
+    fclose(f);
+    cr_expect_eq(rows, 2);
+    /* a CSV of other columns */
+    f = fopen(path, "w");
+    cr_assert(f);
+    fputs("date,commit,machine,threads,model,ctx,policy,prefill_tok_s,decode_tok_s\n", f);
+    fclose(f);
+    char want[512];
+    snprintf(want, sizeof want, "%s has other columns than this version writes", path);
+    expect_one_line_error(args, want);
+    f = fopen(path, "r");
+    cr_assert(f);
+    int lines = 0;
+    while (fgets(line, sizeof line, f)) lines++;
+    fclose(f);
+    cr_expect_eq(lines, 1, "the other CSV was written to");
+    unlink(path);
+    rmdir(dir);
+}
+
 /* `kvchat bench OPTS` on the tiny Llama model with its rows in a CSV of a temporary folder: the
  * table says every batch chose the tokens its sequences chose alone, and every row holds `in_row` and ends with
  * same_tokens 1; *n_some counts the rows that hold `some` too. The number of rows. */

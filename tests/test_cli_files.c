@@ -424,6 +424,7 @@ Test(cli_files, bench_fails_when_its_csv_cannot_be_written, .timeout = 120)
     cr_expect_eq(kind_of(fifo), S_IFIFO);
     FILE *f = fopen(big, "w");
     cr_assert(f);
+    fputs("date,commit,machine,threads,model,depth,prefill_tok_s,decode_tok_s,n_gen\n", f);   /* bench's columns */
     for (int i = 0; i < 4096; i++) fputc('x', f);   /* beyond the limit below: any append fails */
     fclose(f);
     static char out[1 << 16], errb[1 << 16];

@@ -513,3 +513,38 @@ Test(kernels, key_summaries_fold_like_a_plain_loop_on_every_isa)
     }
     cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
 }
+
+/* A selection's bits against the last step's: the set bits and the shared ones counted bit by bit,
+ * and the bits copied, at every instruction set, for lengths around the loops' steps. */
+Test(kernels, bits_overlap_counts_and_copies_at_every_isa)
+{
+    char err[128];
+    vd_isa was = vd_isa_active();
+    uint64_t rng = 99;
+    for (int64_t words = 0; words < 70; words += 1 + words / 8) {
+        uint64_t now[70], last[70], orig[70];
+        for (int64_t w = 0; w < words; w++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            now[w] = w % 5 == 0 ? ~0ull : rng;
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            orig[w] = w % 7 == 0 ? 0 : rng;
+        }
+        int64_t set = 0, shared = 0;
+        for (int64_t w = 0; w < words; w++)
+            for (int b = 0; b < 64; b++) {
+                set += (now[w] >> b) & 1;
+                shared += (now[w] >> b) & (orig[w] >> b) & 1;
+            }
+        for (int isa = VD_ISA_SCALAR; isa < VD_ISA_COUNT; isa++) {
+            if (!vd_isa_supported((vd_isa)isa)) continue;
+            cr_assert_eq(vd_set_isa((vd_isa)isa, err, sizeof err), 0, "%s", err);
+            memcpy(last, orig, sizeof last);
+            int64_t s = -1, b = -1;
+            vd_bits_overlap(words, now, last, &s, &b);
+            cr_assert(s == set && b == shared, "%s, %lld words: %lld and %lld, not %lld and %lld", vd_isa_name((vd_isa)isa),
+                      (long long)words, (long long)s, (long long)b, (long long)set, (long long)shared);
+            cr_assert(!memcmp(last, now, sizeof(uint64_t) * (size_t)words), "the bits were not copied");
+        }
+    }
+    cr_assert_eq(vd_set_isa(was, err, sizeof err), 0, "%s", err);
+}

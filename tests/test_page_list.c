@@ -34,37 +34,53 @@ static void same_refs(const page_list *a, const page_list *b, int step, int il)
     }
 }
 
-static void same_sums(const page_sums *a, const page_sums *b, int step, int il)
+static void same_sum(const be_summary *x, const be_summary *y, int step, int il, int64_t e)
 {
-    for (int h = 0; h <= H; h++)
-        cr_assert_eq(a->at.off[h], b->at.off[h], "step %d, layer %d: head %d's offset %lld, afresh %lld", step, il, h,
-                     (long long)a->at.off[h], (long long)b->at.off[h]);
-    for (int64_t e = 0; e < a->at.off[H]; e++) {
-        const be_summary *x = &a->sums[e], *y = &b->sums[e];
-        cr_assert(x->mn == y->mn && x->mx == y->mx && x->gen == y->gen && x->n == y->n,
-                  "step %d, layer %d: summary %lld differs from the one built afresh (n %lld and %lld)", step, il,
-                  (long long)e, (long long)x->n, (long long)y->n);
-        cr_assert(x->k && x->k == y->k, "step %d, layer %d: summary %lld names other rows than the one built afresh", step,
-                  il, (long long)e);
-        /* the summary is the fold of its page's rows, as a device folds it from its copy */
-        float dev[2 * D];
-        int64_t n_dev = -1;
-        bd_fold f = { x->k, 0, (int32_t)x->n };
-        for (int64_t i = 0; i < D; i++) bd_fold_elem(&f, D, i, dev, &n_dev);
-        cr_assert(!memcmp(dev, x->mn, sizeof(float) * D) && !memcmp(dev + D, x->mx, sizeof(float) * D) && n_dev == x->n,
-                  "step %d, layer %d: summary %lld is not the fold of its page's %lld rows", step, il, (long long)e,
-                  (long long)x->n);
-    }
+    cr_assert(x->mn == y->mn && x->mx == y->mx && x->gen == y->gen && x->n == y->n,
+              "step %d, layer %d: summary %lld differs from the one built afresh (n %lld and %lld)", step, il,
+              (long long)e, (long long)x->n, (long long)y->n);
+    cr_assert(x->k && x->k == y->k, "step %d, layer %d: summary %lld names other rows than the one built afresh", step, il,
+              (long long)e);
+    /* the summary is the fold of its page's rows, as a device folds it from its copy */
+    float dev[2 * D];
+    int64_t n_dev = -1;
+    bd_fold f = { x->k, 0, (int32_t)x->n };
+    for (int64_t i = 0; i < D; i++) bd_fold_elem(&f, D, i, dev, &n_dev);
+    cr_assert(!memcmp(dev, x->mn, sizeof(float) * D) && !memcmp(dev + D, x->mx, sizeof(float) * D) && n_dev == x->n,
+              "step %d, layer %d: summary %lld is not the fold of its page's %lld rows", step, il, (long long)e,
+              (long long)x->n);
 }
 
+/* Head by head (the room between the heads may differ: the kept list's grew over its history). */
+static void same_sums(const page_sums *a, const page_sums *b, int step, int il)
+{
+    for (int h = 0; h < H; h++) {
+        cr_assert_eq(a->at.end[h] - a->at.off[h], b->at.end[h] - b->at.off[h], "step %d, layer %d: head %d's summaries",
+                     step, il, h);
+        cr_assert(a->at.end[h] <= a->at.off[h + 1] && a->at.off[H] <= a->at.cap, "step %d: a head past its room", step);
+    }
+    for (int h = 0; h < H; h++)
+        for (int64_t j = 0; j < a->at.end[h] - a->at.off[h]; j++)
+            same_sum(&a->sums[a->at.off[h] + j], &b->sums[b->at.off[h] + j], step, il, a->at.off[h] + j);
+}
+
+/* Head by head, as same_sums. */
 static void same_spans(const page_spans *a, const page_spans *b, int step, int il)
 {
-    for (int h = 0; h <= H; h++) cr_assert_eq(a->at.off[h], b->at.off[h], "step %d, layer %d: head %d's offset", step, il, h);
-    for (int64_t e = 0; e < a->at.off[H]; e++) {
-        const page_span *x = &a->spans[e], *y = &b->spans[e];
-        cr_assert(x->first == y->first && x->last == y->last && x->n == y->n,
-                  "step %d, layer %d: span %lld is %d..%d (%d), afresh %d..%d (%d)", step, il, (long long)e, x->first,
-                  x->last, x->n, y->first, y->last, y->n);
+    for (int h = 0; h < H; h++) {
+        int64_t n = a->at.end[h] - a->at.off[h];
+        cr_assert_eq(n, b->at.end[h] - b->at.off[h], "step %d, layer %d: head %d's spans", step, il, h);
+        cr_assert(a->at.end[h] <= a->at.off[h + 1] && a->at.off[H] <= a->at.cap, "step %d: a head past its room", step);
+        int64_t j = 0;   /* the run of pages 0, 1, ... in order, as counted afresh */
+        while (j < n && a->spans[a->at.off[h] + j].n > 0 && a->spans[a->at.off[h] + j].first / P == j) j++;
+        cr_assert_eq(a->seq[h], j, "step %d, layer %d: head %d's run of pages in order", step, il, h);
+        cr_assert_eq(b->seq[h], j);
+        for (int64_t i = 0; i < n; i++) {
+            const page_span *x = &a->spans[a->at.off[h] + i], *y = &b->spans[b->at.off[h] + i];
+            cr_assert(x->first == y->first && x->last == y->last && x->n == y->n,
+                      "step %d, layer %d: head %d's span %lld is %d..%d (%d), afresh %d..%d (%d)", step, il, h,
+                      (long long)i, x->first, x->last, x->n, y->first, y->last, y->n);
+        }
     }
 }
 

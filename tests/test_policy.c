@@ -1355,6 +1355,7 @@ Test(policy, a_whole_lists_hits_count_as_page_by_page)
 {
     static const int sizes[] = { 1, 3, 16, 32, 48, 4096 };
     uint64_t r = 12345;
+    int runs = 0;
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
         int PG = sizes[si];
         char err[256];
@@ -1370,7 +1371,10 @@ Test(policy, a_whole_lists_hits_count_as_page_by_page)
             page_span span[300];
             int n = (int)((r = r * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 300;
             int32_t at = 0;
-            for (int j = 0; j < n; j++) {
+            /* every other round begins with whole pages in order, as a cache no eviction touched */
+            int whole = round % 2 ? (int)((r >> 21) % (uint64_t)(n + 1)) : 0;
+            for (int j = 0; j < whole; j++, at += PG) span[j] = (page_span){ at, at + PG - 1, PG };
+            for (int j = whole; j < n; j++) {
                 r = r * 6364136223846793005ull + 1442695040888963407ull;
                 int32_t len = (int32_t)((r >> 40) % (uint64_t)(2 * PG)) + 1, skip = (int32_t)((r >> 20) % 7);
                 int empty = (r >> 10) % 9 == 0;
@@ -1378,10 +1382,15 @@ Test(policy, a_whole_lists_hits_count_as_page_by_page)
                 span[j] = empty ? (page_span){ 0, -1, 0 } : (page_span){ at, at + len - 1, len };
                 if (!empty) at += len;
             }
+            /* the run of pages 0, 1, ... in order at its start (page_spans.seq), or any part of it */
+            int seq = 0;
+            while (seq < n && span[seq].n && span[seq].first / PG == seq) seq++;
+            if (round % 4 == 3) seq = (int)((r >> 17) % (uint64_t)(seq + 1));
+            runs += seq > 0;
             int last = round & 1;
             pol_set_last_reset(a);
             pol_set_last_reset(b);
-            pol_set_hit_spans(a, span, n, last);
+            pol_set_hit_spans(a, span, n, seq, last);
             for (int j = 0; j < n; j++) {
                 if (!span[j].n) continue;
                 pol_set_hit_page(b, span[j].first);
@@ -1402,6 +1411,7 @@ Test(policy, a_whole_lists_hits_count_as_page_by_page)
         pol_set_free(b);
         kv_free(kv);
     }
+    cr_expect_gt(runs, 60, "lists that start with a run of pages in order: %d", runs);
 }
 
 /* StreamingLLM's choice from its kept page spans (a page's tokens looked at only where it

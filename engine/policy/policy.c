@@ -312,7 +312,9 @@ struct pol_set {
     void *st[2];
     pol_sel sel;
     pol_step_stats stats;
-    int64_t *page_map;
+    /* The page map: page i's count is hits[i], plus runs[k] for every k > i (a step that attended
+     * pages 0 .. k - 1 of a head in one run counts once in runs[k]), summed into view when read. */
+    int64_t *hits, *runs, *view;
     int64_t n_map, cap_map;
     int *last_pages;
     int n_last, cap_last;
@@ -360,7 +362,9 @@ void pol_set_free(pol_set *ps)
     free(ps->sel.off);
     free(ps->sel.idx);
     free(ps->sel.mask);
-    free(ps->page_map);
+    free(ps->hits);
+    free(ps->runs);
+    free(ps->view);
     free(ps->last_pages);
     pol_trace_free(ps->env.trace);
     free(ps);
@@ -535,6 +539,7 @@ void pol_set_record_step(pol_set *ps, int64_t pages, int64_t tokens, uint64_t by
                          double attn_ms, int64_t pages_total)
 {
     pol_step_stats *s = &ps->stats;
+    if (s->steps == 0) s->select_ms_first = select_ms;
     s->steps++;
     s->pages_last = pages;
     s->tokens_last = tokens;
@@ -549,14 +554,23 @@ void pol_set_record_step(pol_set *ps, int64_t pages, int64_t tokens, uint64_t by
 }
 
 /* Room in the page map for logical page i. 0, or -1 out of memory (the hit is not counted). */
+/* Room in the map for page i (and a run of i + 1 pages). -1 when out of memory. */
 static int map_room(pol_set *ps, int64_t i)
 {
     if (i < ps->cap_map) return 0;
     int64_t nc = (i + 1) * 2;
-    int64_t *nm = realloc(ps->page_map, sizeof *nm * (size_t)nc);
-    if (!nm) return -1;
-    memset(nm + ps->cap_map, 0, sizeof *nm * (size_t)(nc - ps->cap_map));
-    ps->page_map = nm;
+    int64_t *arr[3] = { ps->hits, ps->runs, ps->view };
+    for (int a = 0; a < 3; a++) {
+        int64_t *nm = realloc(arr[a], sizeof *nm * (size_t)(nc + 1));
+        if (!nm) {   /* those grown so far stay grown, the room as it was */
+            ps->hits = arr[0], ps->runs = arr[1], ps->view = arr[2];
+            return -1;
+        }
+        memset(nm + (ps->cap_map ? ps->cap_map + 1 : 0), 0,
+               sizeof *nm * (size_t)(nc + 1 - (ps->cap_map ? ps->cap_map + 1 : 0)));
+        arr[a] = nm;
+    }
+    ps->hits = arr[0], ps->runs = arr[1], ps->view = arr[2];
     ps->cap_map = nc;
     return 0;
 }
@@ -565,23 +579,26 @@ void pol_set_hit_page(pol_set *ps, int64_t first_pos)
 {
     int64_t i = first_pos / kv_page_size(ps->env.kv);
     if (i < 0 || map_room(ps, i)) return;
-    ps->page_map[i]++;
+    ps->hits[i]++;
     if (i + 1 > ps->n_map) ps->n_map = i + 1;
 }
 
-void pol_set_hit_spans(pol_set *ps, const page_span *span, int64_t n, int last)
+void pol_set_hit_spans(pol_set *ps, const page_span *span, int64_t n, int64_t seq, int last)
 {
     int64_t P = kv_page_size(ps->env.kv), hi = -1;
     int shift = (P & (P - 1)) == 0 ? __builtin_ctzll((unsigned long long)P) : -1;
-    for (int64_t j = 0; j < n; j++)
+    if (seq > n) seq = n;
+    for (int64_t j = seq; j < n; j++)
         if (span[j].n && span[j].first > hi) hi = span[j].first;
-    if (hi < 0) return;
-    int64_t top = shift >= 0 ? hi >> shift : hi / P;
-    if (map_room(ps, top)) return;
-    for (int64_t j = 0; j < n; j++) {
+    int64_t top = hi < 0 ? -1 : shift >= 0 ? hi >> shift : hi / P;
+    if (seq - 1 > top) top = seq - 1;
+    if (top < 0 || map_room(ps, top)) return;
+    if (seq > 0) ps->runs[seq]++;   /* pages 0 .. seq - 1, one each */
+    for (int64_t j = 0; last && j < seq; j++) pol_set_last_add(ps, (int)j);
+    for (int64_t j = seq; j < n; j++) {
         if (!span[j].n || span[j].first < 0) continue;   /* an empty page attends to nothing */
         int64_t i = shift >= 0 ? span[j].first >> shift : span[j].first / P;
-        ps->page_map[i]++;
+        ps->hits[i]++;
         if (last) pol_set_last_add(ps, (int)i);
     }
     if (top + 1 > ps->n_map) ps->n_map = top + 1;
@@ -604,7 +621,12 @@ void pol_set_last_add(pol_set *ps, int logical_page)
 const int64_t *pol_set_page_map(const pol_set *ps, int64_t *n_pages)
 {
     *n_pages = ps->n_map;
-    return ps->page_map;
+    int64_t acc = 0;   /* the runs that reach past page i */
+    for (int64_t i = ps->n_map - 1; i >= 0; i--) {
+        acc += ps->runs[i + 1];
+        ps->view[i] = ps->hits[i] + acc;
+    }
+    return ps->view;
 }
 
 const int *pol_set_last_pages(const pol_set *ps, int *n)

@@ -266,6 +266,7 @@ typedef struct pol_step_stats {
     uint64_t bytes_touched_last;    /* K+V bytes read by attention, last step */
     uint64_t bytes_touched_total;
     double select_ms_last, select_ms_total;
+    double select_ms_first;         /* the first step's (one-off costs: summaries built, lists sent) */
     double attn_ms_total;           /* decode attention time, all layers */
     int64_t pages_total_last;       /* pages available in the global layers, last step */
     int64_t pages_sum, pages_total_sum;   /* the same two summed over all steps */
@@ -321,13 +322,16 @@ void pol_set_last_add(pol_set *ps, int logical_page);
 /* Count one attendance of the page starting at position first_pos (the page map). */
 void pol_set_hit_page(pol_set *ps, int64_t first_pos);
 /* Count one attendance of each nonempty page of span[0, n) (a head's whole list, as kept in a
- * page_spans: no page touched, no division where the page size is a power of two); with last,
- * each also in this step's pages (pol_set_last_add). */
-void pol_set_hit_spans(pol_set *ps, const struct page_span *span, int64_t n, int last);
+ * page_spans: no page touched, no division where the page size is a power of two); its first seq
+ * are pages 0 .. seq - 1 in order (page_spans.seq, or fewer), counted as one run in O(1); with
+ * last, each also in this step's pages (pol_set_last_add). */
+void pol_set_hit_spans(pol_set *ps, const struct page_span *span, int64_t n, int64_t seq, int last);
 
 /* Read side (UI, CLI). */
 const pol_step_stats *pol_set_stats(const pol_set *ps);
-/* Attendance counts per document page (page i covers positions [i*P, (i+1)*P)). */
+/* Attendance counts per document page (page i covers positions [i*P, (i+1)*P)), summed when read
+ * (O(pages): the runs of pol_set_hit_spans are added here) into a buffer the set keeps, valid until
+ * the next hit or read. */
 const int64_t *pol_set_page_map(const pol_set *ps, int64_t *n_pages);
 /* Pages the first global layer attended at the last step (KV head 0), ascending logical indices. */
 const int *pol_set_last_pages(const pol_set *ps, int *n);

@@ -164,7 +164,7 @@ static void q_place(void *st, const pol_env *env)
         page_sums *L = &s->lists[gl];
         if (page_sums_update(L, env->kv, il, s->from)) return;
         be_bounds r = { .n_head_kv = env->n_head_kv, .group = env->n_head / env->n_head_kv, .dim = env->head_dim,
-                        .sum = L->sums, .off = L->at.off, .table = pol_bounds_table(s, il),
+                        .sum = L->sums, .off = L->at.off, .end = L->at.end, .table = pol_bounds_table(s, il),
                         .shape = kv_layer_shape(env->kv, il) };
         be_place_bounds(env->b, &r);
     }
@@ -186,8 +186,12 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         s->pages_last = np_max;
         return 0;
     }
-    if (total > s->cap) {
-        int64_t cap = total * 2;
+    /* every head's pages but its current one: the bound of the head's G queries over each */
+    page_sums *L = &s->lists[gl];
+    if (page_sums_update(L, env->kv, il, s->from)) return 0;
+    int64_t room = L->at.off[Hkv] > total ? L->at.off[Hkv] : total;   /* the bounds' (and the ids') */
+    if (room > s->cap) {
+        int64_t cap = room * 2;
         float *ns = realloc(s->score, sizeof(float) * (size_t)cap);
         if (ns) s->score = ns;
         int *ni = realloc(s->idx, sizeof(int) * (size_t)cap);
@@ -195,16 +199,13 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
         if (!ns || !ni) return 0;
         s->cap = cap;
     }
-    /* every head's pages but its current one: the bound of the head's G queries over each */
-    page_sums *L = &s->lists[gl];
-    if (page_sums_update(L, env->kv, il, s->from)) return 0;
     /* the backend picks each head's k - 1 best, unless the bounds must come back (a trace, or more
      * pages than a backend picks); where it can keep them for attention (a device backend), they
      * stay there: attention reads the chosen pages and then each head's current one, if listed */
     int on_host = env->trace || k - 1 > BE_PICK_MAX;
     int kept = !on_host && k - 1 > 0 && env->sel_buf;
     be_bounds r = { .q = q, .n_head_kv = Hkv, .group = env->n_head / Hkv, .dim = env->head_dim, .sum = L->sums,
-                    .off = L->at.off, .table = pol_bounds_table(s, il),
+                    .off = L->at.off, .end = L->at.end, .table = pol_bounds_table(s, il),
                     .shape = kv_layer_shape(env->kv, il), .k = on_host ? 0 : k - 1, .best = s->best,
                     .n_best = s->n_best, .u = on_host ? s->score : NULL };
     if (kept) {

@@ -61,12 +61,13 @@ int64_t sentkv_split(const float *weight, const int32_t *tok, int64_t n, int64_t
     return k;
 }
 
-/* A global layer's summaries of every segment a head, [n_head_kv][n] (head g's at g * n), for a
- * bounds call: kept while the segments, their storage and SentKV's shape are those it was written
- * from, so a step writes them only when a segment has finished (every len tokens or so). */
+/* A global layer's summaries of every segment a head for a bounds call, head g's n at g * stride
+ * (be_bounds.end: room for more after each head's): kept while the segments' storage and SentKV's
+ * shape are those they were written from, so a step writes only the segments finished since, a
+ * summary a head (every len tokens or so), instead of every one. */
 typedef struct seg_sums {
     be_summary *sum;
-    int64_t n, cap;
+    int64_t n, stride;
     const float *mm;
     uint64_t shape;
 } seg_sums;
@@ -90,10 +91,10 @@ typedef struct st_sent {
     int64_t now_words;
     uint64_t *masks;
     size_t mask_cap;
-    float *score;            /* [n_head_kv][n_summ]: each head's segment bounds */
+    float *score;            /* [n_head_kv][stride]: each head's segment bounds (the trace's) */
     page_spans *spans;       /* [n_global] where each global layer's pages are, kept from step to step */
     seg_sums *lists;         /* [n_global] each global layer's segment summaries, for the backend */
-    int64_t *off;            /* [n_head_kv + 1] */
+    int64_t *off, *end;      /* [n_head_kv + 1], [n_head_kv]: the bounds call's heads (be_bounds) */
     int64_t score_cap;
     uint64_t *sgen;          /* per summarized segment: its summaries' generation (be_summary.gen) */
     int64_t cap_sgen;
@@ -119,13 +120,15 @@ static int se_create(void **out, const pol_env *env, const double *vals, char *e
     s->prev_words = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_words);
     s->prev_len = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_len);
     s->off = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
-    if (!s->prev || !s->prev_words || !s->prev_len || !s->off) goto oom;
+    s->end = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
+    if (!s->prev || !s->prev_words || !s->prev_len || !s->off || !s->end) goto oom;
     s->shape = kv_next_gen();
     *out = s;
     return 0;
 oom:
     if (s) {
         free(s->off);
+        free(s->end);
         free(s->prev);
         free(s->prev_words);
         free(s->prev_len);
@@ -151,6 +154,7 @@ static void se_destroy(void *st)
     for (int i = 0; s->lists && i < s->n_spans; i++) free(s->lists[i].sum);
     free(s->lists);
     free(s->off);
+    free(s->end);
     free(s->sgen);
     for (int i = 0; s->spans && i < s->n_spans; i++) page_spans_free(&s->spans[i]);
     free(s->spans);
@@ -354,18 +358,6 @@ static void count_choice(st_sent *s, const pol_env *env, int gl, const uint64_t 
     for (int g = 0; g < env->n_head_kv; g++) {
         const uint64_t *now = bits + (int64_t)g * words;
         int slot = gl * env->n_head_kv + g;
-        /* one pass: this step's bits counted, those the last step had counted again, and kept for
-         * the next (the words past the last step's length were not its: not compared) */
-        int64_t seen = s->prev_len[slot] < words ? s->prev_len[slot] : words, picked = 0, reused = 0, w = 0;
-        const uint64_t *last = s->prev[slot];
-        for (; w < seen; w++) {
-            picked += bm_popcount(now[w]);
-            reused += bm_popcount(now[w] & last[w]);
-        }
-        for (; w < words; w++) picked += bm_popcount(now[w]);
-        s->reused += (double)reused;
-        s->gathered += (double)picked;
-        total_tokens += picked;
         if (s->prev_words[slot] < words) {
             uint64_t *np = realloc(s->prev[slot], sizeof(uint64_t) * (size_t)(words * 2));
             if (np) {
@@ -373,9 +365,21 @@ static void count_choice(st_sent *s, const pol_env *env, int gl, const uint64_t 
                 s->prev_words[slot] = words * 2;
             }
         }
-        int kept = s->prev[slot] && s->prev_words[slot] >= words;
-        if (kept) memcpy(s->prev[slot], now, sizeof(uint64_t) * (size_t)words);
-        s->prev_len[slot] = kept ? words : 0;   /* out of memory: the next step compares with nothing */
+        int64_t picked = 0, reused = 0;
+        if (s->prev[slot] && s->prev_words[slot] >= words) {
+            /* one pass: this step's bits counted, those the last step had counted again, and kept
+             * for the next (the words past the last step's length were not its: compared as 0) */
+            if (s->prev_len[slot] < words)
+                memset(s->prev[slot] + s->prev_len[slot], 0, sizeof(uint64_t) * (size_t)(words - s->prev_len[slot]));
+            be_host_bits_overlap(words, now, s->prev[slot], &picked, &reused);
+            s->prev_len[slot] = words;
+        } else {   /* out of memory: counted, and the next step compares with nothing */
+            for (int64_t w = 0; w < words; w++) picked += bm_popcount(now[w]);
+            s->prev_len[slot] = 0;
+        }
+        s->reused += (double)reused;
+        s->gathered += (double)picked;
+        total_tokens += picked;
     }
     s->tokens_last = total_tokens / (env->n_head_kv > 0 ? env->n_head_kv : 1);
 }
@@ -397,30 +401,33 @@ static int make_lists(st_sent *s, const pol_env *env)
 }
 
 /* Global layer gl's summaries of every segment a head (s->lists[gl]) as they are now, and the heads'
- * offsets into them (s->off). -1: out of memory. */
+ * places in them (s->off, s->end). -1: out of memory. */
 static int layer_list(st_sent *s, const pol_env *env, int gl)
 {
     int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
-    int64_t n_all = s->n_summ * env->n_head_kv;
     seg_sums *L = &s->lists[gl];
-    if (L->n != s->n_summ || L->mm != s->mm || L->shape != s->shape) {
-        if (n_all > L->cap) {
-            be_summary *nsum = realloc(L->sum, sizeof *nsum * (size_t)(n_all * 2));
+    int64_t from = L->n;   /* the segments each head's list has */
+    if (L->mm != s->mm || L->shape != s->shape || s->n_summ < L->n || s->n_summ > L->stride) {
+        from = 0;   /* written afresh, with room for a quarter more */
+        int64_t stride = s->n_summ > L->stride ? s->n_summ + s->n_summ / 4 + 64 : L->stride;
+        if (stride != L->stride) {
+            be_summary *nsum = realloc(L->sum, sizeof *nsum * (size_t)(stride * env->n_head_kv));
             if (!nsum) return -1;
             L->sum = nsum;
-            L->cap = n_all * 2;
+            L->stride = stride;
         }
-        for (int g = 0; g < env->n_head_kv; g++)
-            for (int64_t sg = 0; sg < s->n_summ; sg++) {
-                const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
-                int64_t seg_len = s->seg_end[sg] - (sg ? s->seg_end[sg - 1] : 0);
-                L->sum[g * s->n_summ + sg] = (be_summary){ .mn = mm, .mx = mm + D, .gen = s->sgen[sg], .n = seg_len };
-            }
-        L->n = s->n_summ;
-        L->mm = s->mm;
-        L->shape = s->shape;
     }
-    for (int g = 0; g <= env->n_head_kv; g++) s->off[g] = g * s->n_summ;
+    for (int g = 0; g < env->n_head_kv; g++)
+        for (int64_t sg = from; sg < s->n_summ; sg++) {
+            const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
+            int64_t seg_len = s->seg_end[sg] - (sg ? s->seg_end[sg - 1] : 0);
+            L->sum[g * L->stride + sg] = (be_summary){ .mn = mm, .mx = mm + D, .gen = s->sgen[sg], .n = seg_len };
+        }
+    L->n = s->n_summ;
+    L->mm = s->mm;
+    L->shape = s->shape;
+    for (int g = 0; g <= env->n_head_kv; g++) s->off[g] = g * L->stride;
+    for (int g = 0; g < env->n_head_kv; g++) s->end[g] = g * L->stride + s->n_summ;
     return 0;
 }
 
@@ -434,8 +441,8 @@ static void se_place(void *st, const pol_env *env)
     for (int gl = 0; gl < env->n_global; gl++) {
         if (layer_list(s, env, gl)) return;
         be_bounds r = { .n_head_kv = env->n_head_kv, .group = env->n_head / env->n_head_kv, .dim = kv_head_dim(env->kv),
-                        .sum = s->lists[gl].sum, .off = s->off, .table = pol_bounds_table(s, env->global[gl]),
-                        .shape = s->shape };
+                        .sum = s->lists[gl].sum, .off = s->off, .end = s->end,
+                        .table = pol_bounds_table(s, env->global[gl]), .shape = s->shape };
         be_place_bounds(env->b, &r);
     }
 }
@@ -456,13 +463,6 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     int64_t D = kv_head_dim(env->kv);
     int G = env->n_head / env->n_head_kv;
     int64_t words = (len + 63) / 64;
-    int64_t n_all = s->n_summ * env->n_head_kv;
-    if (s->score_cap < n_all) {
-        float *ns = realloc(s->score, sizeof(float) * (size_t)n_all);
-        if (!ns) return 0;
-        s->score = ns;
-        s->score_cap = n_all;
-    }
     /* on a device, the choice stays there for attention (one wait a step, not one a layer); on the
      * host, the bitmaps and the pages' masks are the policy's */
     int kept = !env->trace && env->bits_buf && words <= env->bits_words;
@@ -474,8 +474,7 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
             s->now = nw;
             s->now_words = words * env->n_head_kv;
         }
-        size_t need = 0;
-        for (int g = 0; g < env->n_head_kv; g++) need += (size_t)kv_n_pages(env->kv, il, g) * pw;
+        size_t need = (size_t)sp->at.off[env->n_head_kv] * pw;   /* a page's mask at its span's place */
         if (need > s->mask_cap) {
             uint64_t *nm = realloc(s->masks, sizeof(uint64_t) * need * 2);
             if (!nm) return 0;
@@ -486,9 +485,16 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     /* every head's segment bounds against its queries and its choice, in one call */
     if (layer_list(s, env, gl)) return 0;
     const seg_sums *L = &s->lists[gl];
+    int64_t n_all = L->stride * env->n_head_kv;   /* the bounds' room (the trace's) */
+    if (env->trace && s->score_cap < n_all) {
+        float *ns = realloc(s->score, sizeof(float) * (size_t)n_all);
+        if (!ns) return 0;
+        s->score = ns;
+        s->score_cap = n_all;
+    }
     uint64_t *bits = kept ? env->bits_buf + (int64_t)gl * env->n_head_kv * words : s->now;
     be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = L->sum, .off = s->off,
-                    .table = pol_bounds_table(s, il), .shape = s->shape,
+                    .end = s->end, .table = pol_bounds_table(s, il), .shape = s->shape,
                     .u = env->trace ? s->score : NULL, .bits = bits, .words = words, .budget = budget,
                     .sinks = s->sinks, .len = len };
     env->b->ops->bound_pages(env->b, &r);
@@ -509,7 +515,7 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
          * token by token. */
         pol_sel_head(sel, g);
         const page_span *span = sp->spans + sp->at.off[g];
-        int np = (int)(sp->at.off[g + 1] - sp->at.off[g]);
+        int np = (int)(sp->at.end[g] - sp->at.off[g]);
         int64_t a = 0;
         for (int i = 0; (i = page_spans_next_chosen(span, np, i, now, words, &a)) >= 0; i++) {
             page_span at = span[i];

@@ -131,8 +131,9 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
     /* a mask for each page that straddles a kept range's end: at most two a head where the
      * positions ascend from page to page (as the cache keeps them), more where they do not */
     size_t straddling = 0;
-    for (int64_t i = 0; i < sp->at.off[env->n_head_kv]; i++)
-        straddling += span_fate(sp->spans[i], s->sinks, recent_from) == SPAN_STRADDLES;
+    for (int h = 0; h < env->n_head_kv; h++)
+        for (int64_t i = sp->at.off[h]; i < sp->at.end[h]; i++)
+            straddling += span_fate(sp->spans[i], s->sinks, recent_from) == SPAN_STRADDLES;
     if (straddling * words > s->mask_cap) {
         size_t nc = straddling * words * 2;
         uint64_t *m = realloc(s->masks, nc * sizeof *m);
@@ -148,7 +149,7 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
     for (int h = 0; h < env->n_head_kv; h++) {
         pol_sel_head(sel, h);
         const page_span *span = sp->spans + sp->at.off[h];
-        int np = (int)(sp->at.off[h + 1] - sp->at.off[h]);
+        int np = (int)(sp->at.end[h] - sp->at.off[h]);
         for (int i = 0; i < np; i++) {
             int fate = span_fate(span[i], s->sinks, recent_from);
             if (fate == SPAN_DROPPED) continue;

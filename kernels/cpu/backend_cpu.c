@@ -778,6 +778,7 @@ static void bound_task(void *ctx, int64_t t, int thread)
     int h = 0;
     for (int64_t i = i0; i < i1; i++) {
         while (i >= r->off[h + 1]) h++;
+        if (r->end && i >= r->end[h]) continue;   /* room between heads: nothing there */
         const float *q = r->q + (int64_t)h * r->group * r->dim;
         float u = 0;   /* the group's queries in order, as one loop would add them */
         for (int g = 0; g < r->group; g++) u += vd_bound_f32(r->dim, q + (int64_t)g * r->dim, r->sum[i].mn, r->sum[i].mx);
@@ -797,8 +798,7 @@ static void cpu_bound_best(be_bounds *r, float *u)
     float val[BE_PICK_MAX];
     for (int h = 0; h < r->n_head_kv; h++) {
         int32_t *best = r->best + (int64_t)h * r->k;
-        be_pick p = { .logits = u + r->off[h], .n = (int32_t)(r->off[h + 1] - r->off[h]), .k = r->k, .val = val,
-                      .id = best };
+        be_pick p = { .logits = u + r->off[h], .n = (int32_t)be_bounds_count(r, h), .k = r->k, .val = val, .id = best };
         r->n_best[h] = 0;
         if (p.n <= 0) continue;
         cpu_pick_row(&p);
@@ -812,7 +812,7 @@ static void cpu_bound_segments(cpu_impl *ci, be_bounds *r, const float *u)
 {
     int64_t most = 1;
     for (int h = 0; h < r->n_head_kv; h++)
-        if (r->off[h + 1] - r->off[h] > most) most = r->off[h + 1] - r->off[h];
+        if (be_bounds_count(r, h) > most) most = be_bounds_count(r, h);
     if (grow((void **)&ci->seg_at, &ci->seg_at_cap, sizeof(int64_t) * 2 * (size_t)most) ||
         grow((void **)&ci->seg_heap, &ci->seg_heap_cap, sizeof(uint64_t) * (size_t)most)) {
         /* no room to rank: every position attended, which is always correct */
@@ -821,7 +821,7 @@ static void cpu_bound_segments(cpu_impl *ci, be_bounds *r, const float *u)
         return;
     }
     for (int h = 0; h < r->n_head_kv; h++) {
-        const int64_t n = r->off[h + 1] - r->off[h];
+        const int64_t n = be_bounds_count(r, h);
         int64_t *n_of = ci->seg_at, *at = ci->seg_at + most, p = 0;
         for (int64_t i = 0; i < n; i++) {
             n_of[i] = r->sum[r->off[h] + i].n;
@@ -1214,6 +1214,11 @@ void be_host_key_summary_rows(int64_t n, int64_t rows, const uint16_t *k, int64_
     vd_key_summary(n, rows, k, stride, sum, mn, mx);
 }
 float be_host_dot_f32_f16(int64_t n, const float *a, const uint16_t *b) { return vd_dot_f32_f16(n, a, b); }
+
+void be_host_bits_overlap(int64_t words, const uint64_t *now, uint64_t *last, int64_t *set, int64_t *shared)
+{
+    vd_bits_overlap(words, now, last, set, shared);
+}
 
 int be_supports_weight(const be_backend *b, uint32_t type)
 {

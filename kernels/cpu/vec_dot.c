@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bits.h"
 #include "common/quant.h"
 #include "kernels/cpu/vec_dot_impl.h"
 #include "kernels/exp_poly.h"
@@ -766,6 +767,25 @@ void vd_pair_dots_f64(int64_t n, int64_t P, const double *pt, int64_t rows, cons
             for (int64_t p = 0; p < P; p++) o[p] += xi * row[p];
         }
     }
+}
+
+void vd_bits_overlap(int64_t words, const uint64_t *now, uint64_t *last, int64_t *set, int64_t *shared)
+{
+#if VD_HAVE_AVX2_BUILD
+    if (use_simd()) {
+        vd_bits_overlap_avx2(words, now, last, set, shared);
+        return;
+    }
+#endif
+    int64_t s = 0, b = 0;
+    for (int64_t w = 0; w < words; w++) {
+        uint64_t x = now[w];
+        s += bm_popcount(x);
+        b += bm_popcount(x & last[w]);
+        last[w] = x;
+    }
+    *set = s;
+    *shared = b;
 }
 
 void vd_key_summary(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx)

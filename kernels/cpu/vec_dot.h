@@ -106,6 +106,10 @@ void vd_f32_to_f16(int64_t n, const float *x, uint16_t *y);
  * the floats are those of one row at a time. */
 void vd_key_summary(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx);
 
+/* The bits set in now[0 .. words) (*set) and of them those set in last too (*shared), now then
+ * copied into last: one pass, the CPU's popcount where it has one. */
+void vd_bits_overlap(int64_t words, const uint64_t *now, uint64_t *last, int64_t *set, int64_t *shared);
+
 /* P dot products of one vector x[0 .. n) side by side: out[p] = x[0] * pt[p] + x[1] * pt[P + p] + ...
  * added in element order, each product rounded before it is added (no fused multiply-add): the
  * floats of a plain loop over one plane at a time. pt holds the planes transposed ([n][P]: plane

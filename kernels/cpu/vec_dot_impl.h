@@ -151,6 +151,7 @@ void vd_pair_dots_f64_avx2(int64_t n, int64_t P, const double *pt, int64_t rows,
 void vd_pair_dots_f64_avx512(int64_t n, int64_t P, const double *pt, int64_t rows, const double *x, int64_t ldx,
                              double *out);
 void vd_key_summary_avx2(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx);
+void vd_bits_overlap_avx2(int64_t words, const uint64_t *now, uint64_t *last, int64_t *set, int64_t *shared);
 
 void vd_quantize_q8_0_avx2(const float *x, void *dst, int64_t n);
 void vd_quantize_q8_1_avx2(const float *x, void *dst, int64_t n);

@@ -448,14 +448,15 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
         if (grow_dev(ci, (void **)&ci->cur16, &ci->cap_cur16, sizeof(__half) * 2 * (size_t)(n_cur * kvd)) ||
             grow_dev(ci, (void **)&ci->cur_pos, &ci->cap_cur_pos, sizeof(int32_t) * (size_t)n_cur))
             return;
-        if (len > ci->cap_rows_list) {
-            be_kv_page *nl = (be_kv_page *)realloc(ci->rows_list, sizeof *nl * len);
+        if (len > ci->cap_rows_list) {   /* with room: a decode step's list grows by a page a head now and then */
+            size_t cap = len + len / 4 + 64;
+            be_kv_page *nl = (be_kv_page *)realloc(ci->rows_list, sizeof *nl * cap);
             if (!nl) {
                 fail(ci, "out of memory");
                 return;
             }
             ci->rows_list = nl;
-            ci->cap_rows_list = len;
+            ci->cap_rows_list = cap;
         }
         cur16 = (const uint16_t *)ci->cur16;
     }

@@ -313,11 +313,12 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
     const int keep_bits = segs && bound(ci, r->bits, bits_bytes);
     for (int h = 0; k > 0 && !keep && h < H; h++) r->n_best[h] = 0;
     if (ci->failed) return;
-    const int64_t n_all = r->off[H];
+    int64_t n_all = 0;   /* summaries to bound */
+    for (int h = 0; h < H; h++) n_all += be_bounds_count(r, h);
     size_t qbytes = sizeof(float) * (size_t)H * (size_t)r->group * (size_t)r->dim;
     int64_t stride = 1;
     for (int h = 0; h < H; h++)
-        if (r->off[h + 1] - r->off[h] > stride) stride = r->off[h + 1] - r->off[h];
+        if (be_bounds_count(r, h) > stride) stride = be_bounds_count(r, h);
     const size_t seg_smem = sizeof(uint64_t) * (size_t)sg_sort_size(stride);
     int seg_host = segs && (n_all <= 0 || stride > SG_SORT_MAX || H > SL_MAX_HEADS);
     if (segs && !seg_host &&
@@ -354,7 +355,7 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
         return;
     }
     bd_counts cnt;
-    for (int h = 0; h < H; h++) cnt.n[h] = r->off[h + 1] - r->off[h];
+    for (int h = 0; h < H; h++) cnt.n[h] = be_bounds_count(r, h);
     const float *dq = bound(ci, r->q, qbytes) ? (const float *)am_dev_in(&ci->act, r->q, qbytes)
                                               : (const float *)stage(ci, r->q, qbytes);
     int64_t blocks[9];
@@ -451,7 +452,9 @@ void cuda_place_bounds(be_backend *b, const be_bounds *r)
 {
     cuda_impl *ci = impl_of(b);
     seg_op(ci, SEG_EAGER);
-    if (ci->failed || r->off[r->n_head_kv] <= 0) return;
+    int64_t n_all = 0;
+    for (int h = 0; h < r->n_head_kv; h++) n_all += be_bounds_count(r, h);
+    if (ci->failed || n_all <= 0) return;
     if (ci->batch.n && send_batch(ci)) return;
     update_sums(ci, r);
 }

@@ -652,7 +652,7 @@ int main(int argc, char **argv)
             for (int64_t i = 0; i < n; i++) sum[i] = (be_summary){ .mn = mm + i * 2 * D, .mx = mm + i * 2 * D + D, .gen = (uint64_t)i + 1, .n = 32 };
             int32_t best[H * 32], nb[H];
             static float unbound;
-            be_bounds r = { q, H, G, D, sum, off, 1 + ci, 1, 32, best, nb, NULL, NULL, 0, 0, 0, 0 };   /* a list a context */
+            be_bounds r = { q, H, G, D, sum, off, 1 + ci, 1, 32, best, nb, NULL, NULL, 0, 0, 0, 0, NULL };   /* a list a context */
             char config[64];
             be_backend *on[3] = { dflt, host1, hostn };
             static const char *const names[3] = { "device", "host 1 thread", "host all threads" };

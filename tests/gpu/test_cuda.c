@@ -2539,7 +2539,7 @@ Test(cuda, the_bounds_on_the_device_are_the_cpus_bit_for_bit)
             }
             float *u1 = malloc(sizeof(float) * (size_t)off[H]), *u2 = malloc(sizeof(float) * (size_t)off[H]);
             int32_t b1[8 * BE_PICK_MAX], b2[8 * BE_PICK_MAX], n1[8], n2[8];
-            be_bounds a = { q, H, G, dim, sum, off, 5, shape, k, b1, n1, u1, NULL, 0, 0, 0, 0 };
+            be_bounds a = { q, H, G, dim, sum, off, 5, shape, k, b1, n1, u1, NULL, 0, 0, 0, 0, NULL };
             be_bounds b = a;
             b.best = b2, b.n_best = n2, b.u = step % 4 == 3 ? NULL : u2;
             uint64_t w0, up0, down0, w1, up1, down1;
