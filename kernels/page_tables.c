@@ -289,11 +289,10 @@ static int appends(const pt_list *l, uint64_t shape, const int64_t *hp, int n_he
 
 /* The heads' descriptors moved on the device from the offsets it has (l->hp) to hp: head g's first
  * keep[g] from the list's array into its other one, which becomes the list's. What the batch held
- * is sent first (the moves read the array it may write), and, unless `alone_after` is 0 (nothing
- * queued after the moves writes where they do), the moves too. on_dev[g]: the descriptors head g
+ * is sent first (the moves read the array it may write); what is queued after them must not write
+ * where they do (an append's: each head's entries past keep[g]). on_dev[g]: the descriptors head g
  * then has in place. */
-static int move_heads(pt_set *s, pt_list *l, const int64_t *hp, int n_heads, const int64_t *keep, int alone_after,
-                      int64_t *on_dev)
+static int move_heads(pt_set *s, pt_list *l, const int64_t *hp, int n_heads, const int64_t *keep, int64_t *on_dev)
 {
     if (!l->dev_alt) {
         l->dev_alt = s->dev.alloc(s->dev.ud, dev_bytes(l->cap));
@@ -307,7 +306,6 @@ static int move_heads(pt_set *s, pt_list *l, const int64_t *hp, int n_heads, con
             return PT_NO_HOST_MEMORY;
         s->moved += (uint64_t)on_dev[g];
     }
-    if (alone_after && ub_flush(s->batch)) return PT_NO_HOST_MEMORY;
     ag_page *t = l->dev;
     l->dev = l->dev_alt;
     l->dev_alt = t;
@@ -387,19 +385,20 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
     int rc = grow_list(s, l, e > 0 ? e : 1);
     if (rc == PT_OK) rc = fit_record(l, n_reg, most);
     if (rc != PT_OK) return rc;
-    /* what the device holds where this call's offsets put it: where they moved, the heads'
-     * descriptors are moved there (only the stable ones of an append, so that nothing queued after
-     * writes where a move does; else as many as both calls have, the moves then sent alone) */
+    /* what the device holds where this call's offsets put it. Where they moved under an append,
+     * the heads' stable descriptors are moved there (nothing queued after them writes where they
+     * do); a list that is not an append (a selection's, rebuilt every step: tens of entries a head)
+     * sends the descriptors of every head whose offset moved instead of two more sends a call */
     const int valid = l->n > 0 && (hp ? l->n_hp == n_heads + 1 : l->n_hp == -1);
     for (int g = 0; g < n_reg; g++) on_dev[g] = valid ? l->cnt[g] : 0;
     if (valid && hp && memcmp(l->hp, hp, sizeof(int64_t) * (size_t)(n_heads + 1)) != 0) {
-        int64_t keep[PT_MAX_HEADS];
-        for (int g = 0; g < n_heads; g++) {
-            int64_t now = hp[g + 1] - hp[g];
-            keep[g] = appended ? stable[g] : l->cnt[g] < now ? l->cnt[g] : now;
+        if (appended) {
+            rc = move_heads(s, l, hp, n_heads, stable, on_dev);
+            if (rc != PT_OK) return rc;
+        } else {
+            for (int g = 0; g < n_heads; g++)
+                if (l->hp[g] != hp[g]) on_dev[g] = 0;
         }
-        rc = move_heads(s, l, hp, n_heads, keep, !appended, on_dev);
-        if (rc != PT_OK) return rc;
     }
     size_t w = 0;
     for (int g = 0; g < n_reg && rc == PT_OK; g++) {

@@ -11,8 +11,8 @@
  * that differ are sent, through the upload batch. A decode step thus sends one descriptor per KV
  * head and layer, for the page its token went to. With the forward pass's promise that a list
  * only grew at each head's end (be_attn.shape), only each head's last pages are looked at.
- * Entries are matched head by head. When a head's list grows by a page, the heads after it shift
- * in the device's array: their descriptors are moved there, from one of the list's two device
+ * Entries are matched head by head. When a head's list grows by a page under that promise, the
+ * heads after it shift in the device's array: their descriptors are moved there, from one of the list's two device
  * arrays into the other (copies on the device riding in the batch, ub_add_dev), neither rebuilt
  * nor sent again, and the host's record of them does not move at all (a region of `stride` entries
  * a head), so a page boundary costs the host a few entries a head, as any step does (at 32K on
@@ -104,9 +104,10 @@ void pt_free(pt_set *s);
  * decode step's or prefill chunk's, entries at the end of each head) and are taken as they are. A nonzero shape equal to the last call's under this name promises that
  * since that call each head's list only grew at its end (its last page took rows, pages were added
  * after it): the pages before each head's last one are then not looked at, so a decode step costs
- * the host a few entries a head rather than every page. When the offsets differ from the last
- * call's, the heads' descriptors are moved on the device (the batch is sent first, through its
- * flush, if it holds anything, since the moves read what it writes). PT_OK, or
+ * the host a few entries a head rather than every page. When such a call's offsets differ from the
+ * last call's, the heads' descriptors are moved on the device (the batch is sent first, through its
+ * flush, if it holds anything, since the moves read what it writes); a call without the promise
+ * sends the descriptors of the heads whose offsets moved instead. PT_OK, or
  * PT_NO_HOST_MEMORY (or a flush that failed), PT_NO_DEVICE_MEMORY (for a list's descriptors), PT_NO_COPY (pc_get gave none:
  * out of device memory for a page copy, or its rows could not be queued), PT_BAD_LIST (more than
  * PT_MAX_HEADS heads, offsets that do not span the list); on failure the caller

@@ -371,7 +371,7 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
     cr_expect_gt(failed, 3, "copies refused part-way: %ld times", (long)failed);
     cr_expect_gt(flushes, 100, "batches went in rounds");
     cr_expect_gt(swapped, 10);
-    cr_expect_gt(r.tables.moved, 20000, "descriptors moved on the device: %lu", (unsigned long)r.tables.moved);
+    cr_expect_gt(r.tables.moved, 5000, "descriptors moved on the device: %lu", (unsigned long)r.tables.moved);
     /* a third of the steps evict, truncate, mask or swap the lists, so many entries are built; the
      * rest stay (the decode test below counts them exactly) */
     cr_expect_gt(2 * r.tables.kept, r.tables.built, "entries kept: %lu, built: %lu",
