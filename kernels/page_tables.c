@@ -291,13 +291,18 @@ static int appends(const pt_list *l, uint64_t shape, const int64_t *hp, int n_he
  * keep[g] from the list's array into its other one, which becomes the list's. What the batch held
  * is sent first (the moves read the array it may write); what is queued after them must not write
  * where they do (an append's: each head's entries past keep[g]). on_dev[g]: the descriptors head g
- * then has in place. */
+ * then has in place. No room on the device for the second array: the moved heads' descriptors are
+ * sent from the host's record instead, into the list's array at their new places. */
 static int move_heads(pt_set *s, pt_list *l, const int64_t *hp, int n_heads, const int64_t *keep, int64_t *on_dev)
 {
+    if (!l->dev_alt && (l->dev_alt = s->dev.alloc(s->dev.ud, dev_bytes(l->cap))) != NULL) s->bytes += dev_bytes(l->cap);
     if (!l->dev_alt) {
-        l->dev_alt = s->dev.alloc(s->dev.ud, dev_bytes(l->cap));
-        if (!l->dev_alt) return PT_NO_DEVICE_MEMORY;
-        s->bytes += dev_bytes(l->cap);
+        for (int g = 0; g < n_heads; g++) {
+            on_dev[g] = keep[g] > 0 ? keep[g] : 0;
+            if (l->hp[g] != hp[g] && send_run(s, l, g, hp[g], 0, on_dev[g]) != PT_OK) return PT_NO_HOST_MEMORY;
+        }
+        l->n_hp = -1;   /* the offsets go again */
+        return PT_OK;
     }
     if (ub_flush(s->batch)) return PT_NO_HOST_MEMORY;
     for (int g = 0; g < n_heads; g++) {

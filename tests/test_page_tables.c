@@ -446,6 +446,39 @@ Test(page_tables, a_list_moved_before_its_last_build_was_sent_moves_what_that_bu
     cr_expect_eq(live_blocks, 0);
 }
 
+/* No device memory for a list's second array at its first move: the moved heads' descriptors are
+ * sent from the host's record instead, every descriptor right, nothing moved on the device. */
+Test(page_tables, a_list_without_room_for_its_second_array_sends_its_moved_heads)
+{
+    static cache c;
+    memset(&c, 0, sizeof c);
+    static rig r;
+    rig_init(&r, 4096);
+    for (int h = 0; h < H; h++) append(&c, h, 5 * P);
+    static call cl;
+    pt_call out;
+    make_call(&c, &cl, 0, NULL, NULL, 0);
+    call_ok(&r, 4, 13, &cl, &out);
+    r.fail_alloc = 1;   /* the page copies come from their own allocator: only the list's arrays fail */
+    for (int step = 0; step < 3 * P; step++) {
+        for (int h = 0; h < H; h++) append(&c, h, 1);
+        c.next_pos++;
+        make_call(&c, &cl, 0, NULL, NULL, 0);
+        call_ok(&r, 4, 13, &cl, &out);
+    }
+    cr_expect_eq(r.tables.moved, 0, "nothing could be moved on the device");
+    r.fail_alloc = 0;
+    for (int step = 0; step < 2 * P; step++) {   /* with room again, the moves go on the device */
+        for (int h = 0; h < H; h++) append(&c, h, 1);
+        c.next_pos++;
+        make_call(&c, &cl, 0, NULL, NULL, 0);
+        call_ok(&r, 4, 13, &cl, &out);
+    }
+    cr_expect_gt(r.tables.moved, 0);
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0);
+}
+
 Test(page_tables, out_of_device_memory_for_a_list_is_reported_and_recovers)
 {
     static cache c;
