@@ -156,7 +156,7 @@ int page_spans_update(page_spans *L, const kv_cache *kv, int il)
         if (L->seq[h] < first[h]) continue;
         const page_span *sp = L->spans + L->at.off[h];
         int64_t n = L->at.end[h] - L->at.off[h], j = first[h];
-        while (j < n && sp[j].n > 0 && sp[j].first >= 0 && sp[j].first / P == j) j++;
+        while (j < n && sp[j].n > 0 && sp[j].first >= 0 && sp[j].first / P == j && sp[j].last < (j + 1) * P) j++;
         L->seq[h] = j;
     }
     return 0;

@@ -68,8 +68,9 @@ typedef struct page_spans {
     page_span *spans;
     page_heads at;
     /* head h's first seq[h] spans are pages 0 .. seq[h] - 1 of the sequence in order (span j holds
-     * tokens and its first position / the page size is j: a cache no eviction touched), so a reader
-     * that counts pages by their first position can take them as one run */
+     * tokens, all of them at positions [j * P, (j + 1) * P): a cache no eviction touched), so a
+     * reader that counts pages by their first position can take them as one run, and one that
+     * keeps ranges of positions can find the pages they cover without looking at the others */
     int64_t seq[PAGE_LIST_MAX_HEADS];
 } page_spans;
 

@@ -30,8 +30,9 @@
  *   fault          a stream or event synchronization answers cudaErrorIllegalAddress, and so does
  *                  every call after it but the device queries, which need no context (a kernel's
  *                  bad access ends a real context for good)
- * Each failure is also the runtime's last error (cudaGetLastError answers it once; a fault's, for
- * good). With KVCHAT_STANDIN_ARM=FILE too, N counts only the calls made while FILE exists (a test
+ * KIND:N+ fails the Nth call and every later one of the kind (a device that stays full: the backend's
+ * fallbacks, which allocate again, fail too). Each failure is also the runtime's last error
+ * (cudaGetLastError answers it once; a fault's, for good). With KVCHAT_STANDIN_ARM=FILE too, N counts only the calls made while FILE exists (a test
  * of the interface fails a chosen question's). KVCHAT_STANDIN_MEMORY=MIB makes the device that size
  * (80 GiB otherwise); KVCHAT_STANDIN_TRACE=1 writes the failed call's backtrace to stderr. With
  * KVCHAT_STANDIN_SITES=FILE it also writes, at exit, where in the program the calls of each kind
@@ -67,6 +68,7 @@ enum { SF_MALLOC, SF_HOST_ALLOC, SF_HOST_REGISTER, SF_LAUNCH, SF_FAULT, SF_KINDS
 static const char *const sf_names[SF_KINDS] = {"malloc", "host-alloc", "host-register", "launch", "fault"};
 static int sf_kind = -1;
 static long long sf_at;
+static int sf_on;              /* KIND:N+: every call from the Nth on fails */
 static atomic_llong sf_seen[SF_KINDS];
 static atomic_int sf_failed;   /* the failure was answered */
 static const char *sf_arm;     /* KVCHAT_STANDIN_ARM: N counts the kind's calls made while this file exists */
@@ -100,9 +102,10 @@ __attribute__((constructor)) static void read_settings(void)
     char *end = NULL;
     errno = 0;
     if (sf_kind >= 0) sf_at = strtoll(colon + 1, &end, 10);
+    if (end && *end == '+' && !end[1]) sf_on = 1, end++;
     if (sf_kind < 0 || errno || !end || *end || sf_at < 1 || colon[1] == '-' || colon[1] == '+')
         si_settings_refused("KVCHAT_STANDIN_FAIL", f,
-                            "KIND:N (KIND malloc, host-alloc, host-register, launch or fault; N from 1)");
+                            "KIND:N or KIND:N+ (KIND malloc, host-alloc, host-register, launch or fault; N from 1)");
 }
 
 /* The places calls come from (KVCHAT_STANDIN_SITES): open addressing on the callers' hash. */
@@ -153,7 +156,7 @@ __attribute__((noinline)) static int fails_now(int kind)
         if (access(sf_arm, F_OK) != 0) return 0;
         n = atomic_fetch_add(&sf_armed, 1) + 1;
     }
-    if (n != sf_at) return 0;
+    if (sf_on ? n < sf_at : n != sf_at) return 0;
     atomic_store(&sf_failed, 1);
     if (getenv("KVCHAT_STANDIN_TRACE")) {   /* where the failure was put, for whoever reads a failed sweep's run */
         void *fr[32];

@@ -128,12 +128,28 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
     if (page_spans_update(sp, env->kv, il)) return 0;   /* out of memory: attend to everything, always correct */
     int P = kv_page_size(env->kv);
     size_t words = ((size_t)P + 63) / 64;
+    /* Each head's pages that may hold a kept position: of its leading run of whole pages in order
+     * (page_spans.seq: page j's positions within [j * P, (j + 1) * P)), those that reach below the
+     * sinks' end or at or past the window's start, the pages between them wholly dropped and
+     * never looked at; then every page after the run. */
+    int64_t ranges[PAGE_LIST_MAX_HEADS][3][2];
+    for (int h = 0; h < env->n_head_kv; h++) {
+        int64_t np = sp->at.end[h] - sp->at.off[h], run = sp->seq[h];
+        int64_t lo = (s->sinks + P - 1) / P, hi = recent_from / P;   /* pages [lo, hi) of the run: dropped */
+        if (lo > run) lo = run;
+        if (hi < lo) hi = lo;
+        if (hi > run) hi = run;
+        ranges[h][0][0] = 0, ranges[h][0][1] = lo;
+        ranges[h][1][0] = hi, ranges[h][1][1] = run;
+        ranges[h][2][0] = run, ranges[h][2][1] = np;
+    }
     /* a mask for each page that straddles a kept range's end: at most two a head where the
      * positions ascend from page to page (as the cache keeps them), more where they do not */
     size_t straddling = 0;
     for (int h = 0; h < env->n_head_kv; h++)
-        for (int64_t i = sp->at.off[h]; i < sp->at.end[h]; i++)
-            straddling += span_fate(sp->spans[i], s->sinks, recent_from) == SPAN_STRADDLES;
+        for (int r = 0; r < 3; r++)
+            for (int64_t i = ranges[h][r][0]; i < ranges[h][r][1]; i++)
+                straddling += span_fate(sp->spans[sp->at.off[h] + i], s->sinks, recent_from) == SPAN_STRADDLES;
     if (straddling * words > s->mask_cap) {
         size_t nc = straddling * words * 2;
         uint64_t *m = realloc(s->masks, nc * sizeof *m);
@@ -149,28 +165,29 @@ static int s_select(void *st, const pol_env *env, int il, const float *q, pol_se
     for (int h = 0; h < env->n_head_kv; h++) {
         pol_sel_head(sel, h);
         const page_span *span = sp->spans + sp->at.off[h];
-        int np = (int)(sp->at.end[h] - sp->at.off[h]);
-        for (int i = 0; i < np; i++) {
-            int fate = span_fate(span[i], s->sinks, recent_from);
-            if (fate == SPAN_DROPPED) continue;
-            if (fate == SPAN_KEPT) {
-                pol_sel_add(sel, i, NULL);
-                if (h == 0) kept += span[i].n;
-                continue;
-            }
-            const kv_page *p = kv_layer_page(env->kv, il, h, i);
-            memset(m, 0, words * sizeof *m);
-            int32_t on = 0;
-            for (int32_t t = 0; t < p->n; t++) {
-                if (p->pos[t] < s->sinks || p->pos[t] >= recent_from) {
-                    m[t >> 6] |= 1ull << (t & 63);
-                    on++;
+        for (int r = 0; r < 3; r++) {
+            for (int i = (int)ranges[h][r][0]; i < (int)ranges[h][r][1]; i++) {
+                int fate = span_fate(span[i], s->sinks, recent_from);
+                if (fate == SPAN_DROPPED) continue;
+                if (fate == SPAN_KEPT) {
+                    pol_sel_add(sel, i, NULL);
+                    if (h == 0) kept += span[i].n;
+                    continue;
                 }
+                const kv_page *p = kv_layer_page(env->kv, il, h, i);
+                memset(m, 0, words * sizeof *m);
+                int32_t on = 0;
+                for (int32_t t = 0; t < p->n; t++) {
+                    if (p->pos[t] < s->sinks || p->pos[t] >= recent_from) {
+                        m[t >> 6] |= 1ull << (t & 63);
+                        on++;
+                    }
+                }
+                if (on == 0) continue;
+                pol_sel_add(sel, i, on == p->n ? NULL : m);
+                if (on != p->n) m += words;
+                if (h == 0) kept += on;
             }
-            if (on == 0) continue;
-            pol_sel_add(sel, i, on == p->n ? NULL : m);
-            if (on != p->n) m += words;
-            if (h == 0) kept += on;
         }
     }
     /* the step's own token, attended always, where the cache takes it after the layers (a device's

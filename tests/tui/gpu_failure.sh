@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu_failure.sh - the interface on the CUDA backend when the GPU fails mid-conversation, over the
-# stand-in runtime (bench/standin/), which fails the first call of a kind (made after a file
-# appears: KVCHAT_STANDIN_ARM):
-#   - out of GPU memory in a question is one line in the conversation, and the next question is
+# stand-in runtime (bench/standin/), which fails the first call of a kind, or every one, made after a
+# file appears (KVCHAT_STANDIN_ARM):
+#   - out of GPU memory in a question (every allocation failing while it runs, so that no fallback
+#     that allocates again gets round it) is one line in the conversation, and the next question is
 #     answered;
 #   - a fault that ends the device's context is one line naming it and asking for a restart, every
 #     later question gets the same line, and the interface stays up and quits normally;
@@ -22,9 +23,9 @@ trap 'T kill-server 2>/dev/null || true; rm -rf "$work" "$cfg"' EXIT
 # a question long enough to need more of the device than the one before it (its own pages)
 long=$(for i in $(seq 1 300); do printf 'Tell me about item %d and its box. ' "$i"; done)
 
-run_tui() {   # run_tui KIND DB: the interface, the KIND's first call after $work/arm appears failing
+run_tui() {   # run_tui FAIL DB: the interface, KVCHAT_STANDIN_FAIL=FAIL counting from when $work/arm appears
     rm -f "$work/arm"
-    T new-session -d -s "$s" -x 150 -y 45 -c "$work" "HOME=$work LD_LIBRARY_PATH=$si KVCHAT_STANDIN_FAIL=$1:1 \
+    T new-session -d -s "$s" -x 150 -y 45 -c "$work" "HOME=$work LD_LIBRARY_PATH=$si KVCHAT_STANDIN_FAIL=$1 \
 KVCHAT_STANDIN_ARM=$work/arm $bin tui -t 1 --device cuda -m $model -d $doc -n 4 --db $2 2> $work/stderr"
     wait_for '\| ready \|'
     T send-keys -t "$s" 'What is it about?' Enter
@@ -58,7 +59,7 @@ turns_saved() {   # turns_saved DB N: the session holds N answers and the questi
 }
 
 # out of GPU memory in the second question; the third is answered
-run_tui malloc "$work/m.db"
+run_tui malloc:1+ "$work/m.db"
 touch "$work/arm"
 T send-keys -t "$s" "$long" Enter
 wait_for '^!! .*out of GPU memory'
@@ -71,7 +72,7 @@ quit_tui
 turns_saved "$work/m.db" 2
 
 # a fault in the second question: the device is gone for good, the interface is not
-run_tui fault "$work/f.db"
+run_tui fault:1 "$work/f.db"
 touch "$work/arm"
 T send-keys -t "$s" 'And item 4?' Enter
 wait_for '^!! .*the GPU cannot go on \(an illegal memory access was encountered'
