@@ -48,7 +48,7 @@ static FILE *open_csv(const char *csv, const char *header)
     }
     if (!header[0]) return out;
     char first[1024] = "";
-    FILE *in = fopen(csv, "r");
+    FILE *in = files_open_read(csv, UINT64_MAX, "bench CSV", err, sizeof err);
     if (!in || !fgets(first, sizeof first, in) || strcmp(first, header) != 0) {
         cli_err("bench: %s has other columns than this version writes (its first line is not \"%.*s\"); move it "
                 "aside or name another with --csv",

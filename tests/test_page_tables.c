@@ -416,28 +416,38 @@ Test(page_tables, a_decode_step_sends_only_the_pages_that_grew)
 /* A list built again before the batch went (a step's lists built one after another and sent
  * together), its offsets moved in between: the moves read the descriptors the first build queued,
  * so those go first. */
+/* A cache of 5 pages a head and its list under `name` and `shape`, built and sent once. */
+static void first_call(cache *c, rig *r, call *cl, pt_call *out, uint64_t name, uint64_t shape)
+{
+    memset(c, 0, sizeof *c);
+    rig_init(r, 4096);
+    for (int h = 0; h < H; h++) append(c, h, 5 * P);
+    make_call(c, cl, 0, NULL, NULL, 0);
+    call_ok(r, name, shape, cl, out);
+}
+
+/* rows more to every head (a decode step's, or a chunk's), the list made from the cache again. */
+static void grow_heads(cache *c, call *cl, int rows)
+{
+    for (int h = 0; h < H; h++) append(c, h, rows);
+    c->next_pos++;
+    make_call(c, cl, 0, NULL, NULL, 0);
+}
+
 Test(page_tables, a_list_moved_before_its_last_build_was_sent_moves_what_that_build_queued)
 {
     static cache c;
-    memset(&c, 0, sizeof c);
     static rig r;
-    rig_init(&r, 4096);
-    for (int h = 0; h < H; h++) append(&c, h, 5 * P);
     static call cl;
     pt_call out;
-    make_call(&c, &cl, 0, NULL, NULL, 0);
-    call_ok(&r, 3, 11, &cl, &out);
+    first_call(&c, &r, &cl, &out, 3, 11);
     for (int round = 0; round < 6; round++) {
-        for (int h = 0; h < H; h++) append(&c, h, P / 2);   /* the last pages take rows */
-        c.next_pos++;
-        make_call(&c, &cl, 0, NULL, NULL, 0);
+        grow_heads(&c, &cl, P / 2);   /* the last pages take rows */
         pt_begin_call(&r.tables, 4096);
         cr_assert_eq(pt_build(&r.tables, 3, 11, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);   /* not sent */
         int64_t sends = flushes;
         uint64_t moved = r.tables.moved;
-        for (int h = 0; h < H; h++) append(&c, h, P);   /* every head opens a page: the offsets move */
-        c.next_pos++;
-        make_call(&c, &cl, 0, NULL, NULL, 0);
+        grow_heads(&c, &cl, P);   /* every head opens a page: the offsets move */
         call_ok(&r, 3, 11, &cl, &out);
         cr_expect_eq(flushes - sends, 1, "the first build's pieces went before the moves");
         cr_expect_gt(r.tables.moved, moved);
@@ -451,27 +461,19 @@ Test(page_tables, a_list_moved_before_its_last_build_was_sent_moves_what_that_bu
 Test(page_tables, a_list_without_room_for_its_second_array_sends_its_moved_heads)
 {
     static cache c;
-    memset(&c, 0, sizeof c);
     static rig r;
-    rig_init(&r, 4096);
-    for (int h = 0; h < H; h++) append(&c, h, 5 * P);
     static call cl;
     pt_call out;
-    make_call(&c, &cl, 0, NULL, NULL, 0);
-    call_ok(&r, 4, 13, &cl, &out);
+    first_call(&c, &r, &cl, &out, 4, 13);
     r.fail_alloc = 1;   /* the page copies come from their own allocator: only the list's arrays fail */
     for (int step = 0; step < 3 * P; step++) {
-        for (int h = 0; h < H; h++) append(&c, h, 1);
-        c.next_pos++;
-        make_call(&c, &cl, 0, NULL, NULL, 0);
+        grow_heads(&c, &cl, 1);
         call_ok(&r, 4, 13, &cl, &out);
     }
     cr_expect_eq(r.tables.moved, 0, "nothing could be moved on the device");
     r.fail_alloc = 0;
     for (int step = 0; step < 2 * P; step++) {   /* with room again, the moves go on the device */
-        for (int h = 0; h < H; h++) append(&c, h, 1);
-        c.next_pos++;
-        make_call(&c, &cl, 0, NULL, NULL, 0);
+        grow_heads(&c, &cl, 1);
         call_ok(&r, 4, 13, &cl, &out);
     }
     cr_expect_gt(r.tables.moved, 0);

@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/bits.h"
 #include "common/quant.h"
 #include "kernels/cpu/vec_dot_impl.h"
 #include "kernels/exp_poly.h"
@@ -777,15 +776,7 @@ void vd_bits_overlap(int64_t words, const uint64_t *now, uint64_t *last, int64_t
         return;
     }
 #endif
-    int64_t s = 0, b = 0;
-    for (int64_t w = 0; w < words; w++) {
-        uint64_t x = now[w];
-        s += bm_popcount(x);
-        b += bm_popcount(x & last[w]);
-        last[w] = x;
-    }
-    *set = s;
-    *shared = b;
+    vd_bits_overlap_loop(words, now, last, set, shared);
 }
 
 void vd_key_summary(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx)

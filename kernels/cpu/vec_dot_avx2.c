@@ -117,18 +117,9 @@ void vd_f32_to_f16_avx2(int64_t n, const float *x, uint16_t *y)
     for (; i < n; i++) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
-/* The portable loop's counts, with the popcnt instruction (every AVX2 CPU has it). */
 void vd_bits_overlap_avx2(int64_t words, const uint64_t *now, uint64_t *last, int64_t *set, int64_t *shared)
 {
-    int64_t s = 0, b = 0;
-    for (int64_t w = 0; w < words; w++) {
-        uint64_t x = now[w];
-        s += __builtin_popcountll(x);
-        b += __builtin_popcountll(x & last[w]);
-        last[w] = x;
-    }
-    *set = s;
-    *shared = b;
+    vd_bits_overlap_loop(words, now, last, set, shared);
 }
 
 /* _mm256_min_ps(a, b) is a < b ? a : b lane by lane and max a > b ? a : b: the portable fold's

@@ -153,6 +153,22 @@ void vd_pair_dots_f64_avx512(int64_t n, int64_t P, const double *pt, int64_t row
 void vd_key_summary_avx2(int64_t n, int64_t rows, const uint16_t *k, int64_t stride, float *sum, float *mn, float *mx);
 void vd_bits_overlap_avx2(int64_t words, const uint64_t *now, uint64_t *last, int64_t *set, int64_t *shared);
 
+/* vd_bits_overlap's loop: the popcount is the instruction where the file is built for AVX2 (every
+ * AVX2 CPU has popcnt), the compiler's portable one elsewhere. */
+static inline void vd_bits_overlap_loop(int64_t words, const uint64_t *now, uint64_t *last, int64_t *set,
+                                        int64_t *shared)
+{
+    int64_t s = 0, b = 0;
+    for (int64_t w = 0; w < words; w++) {
+        uint64_t x = now[w];
+        s += __builtin_popcountll(x);
+        b += __builtin_popcountll(x & last[w]);
+        last[w] = x;
+    }
+    *set = s;
+    *shared = b;
+}
+
 void vd_quantize_q8_0_avx2(const float *x, void *dst, int64_t n);
 void vd_quantize_q8_1_avx2(const float *x, void *dst, int64_t n);
 void vd_quantize_q8_k_avx2(const float *x, void *dst, int64_t n);
