@@ -49,11 +49,16 @@ static FILE *open_csv(const char *csv, const char *header)
     if (!header[0]) return out;
     char first[1024] = "";
     FILE *in = files_open_read(csv, UINT64_MAX, "bench CSV", err, sizeof err);
-    if (!in || !fgets(first, sizeof first, in) || strcmp(first, header) != 0) {
+    if (!in) {
+        cli_err("bench: %s", err);
+        fclose(out);
+        return NULL;
+    }
+    if (!fgets(first, sizeof first, in) || strcmp(first, header) != 0) {
         cli_err("bench: %s has other columns than this version writes (its first line is not \"%.*s\"); move it "
                 "aside or name another with --csv",
                 csv, (int)strcspn(header, "\n"), header);
-        if (in) fclose(in);
+        fclose(in);
         fclose(out);
         return NULL;
     }

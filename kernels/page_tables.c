@@ -296,6 +296,7 @@ static int appends(const pt_list *l, uint64_t shape, const int64_t *hp, int n_he
 static int move_heads(pt_set *s, pt_list *l, const int64_t *hp, int n_heads, const int64_t *keep, int64_t *on_dev)
 {
     if (!l->dev_alt && (l->dev_alt = s->dev.alloc(s->dev.ud, dev_bytes(l->cap))) != NULL) s->bytes += dev_bytes(l->cap);
+    if (ub_flush(s->batch)) return PT_NO_HOST_MEMORY;   /* what it queued lands before anything below */
     if (!l->dev_alt) {
         for (int g = 0; g < n_heads; g++) {
             on_dev[g] = keep[g] > 0 ? keep[g] : 0;
@@ -304,7 +305,6 @@ static int move_heads(pt_set *s, pt_list *l, const int64_t *hp, int n_heads, con
         l->n_hp = -1;   /* the offsets go again */
         return PT_OK;
     }
-    if (ub_flush(s->batch)) return PT_NO_HOST_MEMORY;
     for (int g = 0; g < n_heads; g++) {
         on_dev[g] = keep[g] > 0 ? keep[g] : 0;
         if (on_dev[g] && ub_add_dev(s->batch, l->dev_alt + hp[g], l->dev + l->hp[g], sizeof(ag_page) * (size_t)on_dev[g]))

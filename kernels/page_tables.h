@@ -111,7 +111,9 @@ void pt_free(pt_set *s);
  * PT_NO_HOST_MEMORY (or a flush that failed), PT_NO_DEVICE_MEMORY (for a list's descriptors), PT_NO_COPY (pc_get gave none:
  * out of device memory for a page copy, or its rows could not be queued), PT_BAD_LIST (more than
  * PT_MAX_HEADS heads, offsets that do not span the list); on failure the caller
- * drops the batch and calls pt_forget. */
+ * drops the batch and calls pt_forget. A list built twice with the batch unsent between (its
+ * pieces run side by side on the device) is right only where its offsets moved under the promise
+ * (the batch is then sent first); callers send the batch between two builds of one list. */
 int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, int64_t e, const int64_t *hp,
              int n_heads, const pt_direct *direct, pt_call *out);
 /* 1 when pt_build(s, name, shape, list, hp[n_heads], hp, n_heads, ...) would read only head g's

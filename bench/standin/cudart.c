@@ -160,7 +160,7 @@ __attribute__((noinline)) static int fails_now(int kind)
     atomic_store(&sf_failed, 1);
     if (getenv("KVCHAT_STANDIN_TRACE")) {   /* where the failure was put, for whoever reads a failed sweep's run */
         void *fr[32];
-        fprintf(stderr, "stand-in CUDA runtime: failing %s call %lld here:\n", sf_names[kind], sf_at);
+        fprintf(stderr, "stand-in CUDA runtime: failing %s call %lld here:\n", sf_names[kind], n);
         backtrace_symbols_fd(fr, backtrace(fr, 32), 2);
     }
     return 1;
