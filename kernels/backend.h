@@ -193,6 +193,17 @@ typedef struct be_bounds {
 
 /* Head h's summaries in r. */
 static inline int64_t be_bounds_count(const be_bounds *r, int h) { return (r->end ? r->end[h] : r->off[h + 1]) - r->off[h]; }
+/* The summaries of every head in r (*most: the most of any one head, at least 1). */
+static inline int64_t be_bounds_total(const be_bounds *r, int64_t *most)
+{
+    int64_t n = 0, m = 1;
+    for (int h = 0; h < r->n_head_kv; h++) {
+        n += be_bounds_count(r, h);
+        m = be_bounds_count(r, h) > m ? be_bounds_count(r, h) : m;
+    }
+    if (most) *most = m;
+    return n;
+}
 
 /* The best candidates of one row of logits, for the sampler (engine/sampler.h), so that a device
  * backend sends back a few hundred bytes instead of the row. With softcap > 0 the row is first

@@ -297,24 +297,21 @@ static int move_heads(pt_set *s, pt_list *l, const int64_t *hp, int n_heads, con
 {
     if (!l->dev_alt && (l->dev_alt = s->dev.alloc(s->dev.ud, dev_bytes(l->cap))) != NULL) s->bytes += dev_bytes(l->cap);
     if (ub_flush(s->batch)) return PT_NO_HOST_MEMORY;   /* what it queued lands before anything below */
-    if (!l->dev_alt) {
-        for (int g = 0; g < n_heads; g++) {
-            on_dev[g] = keep[g] > 0 ? keep[g] : 0;
-            if (l->hp[g] != hp[g] && send_run(s, l, g, hp[g], 0, on_dev[g]) != PT_OK) return PT_NO_HOST_MEMORY;
-        }
-        l->n_hp = -1;   /* the offsets go again */
-        return PT_OK;
-    }
+    l->n_hp = -1;   /* the offsets go again (into the new array) */
     for (int g = 0; g < n_heads; g++) {
         on_dev[g] = keep[g] > 0 ? keep[g] : 0;
+        if (!l->dev_alt) {
+            if (l->hp[g] != hp[g] && send_run(s, l, g, hp[g], 0, on_dev[g]) != PT_OK) return PT_NO_HOST_MEMORY;
+            continue;
+        }
         if (on_dev[g] && ub_add_dev(s->batch, l->dev_alt + hp[g], l->dev + l->hp[g], sizeof(ag_page) * (size_t)on_dev[g]))
             return PT_NO_HOST_MEMORY;
         s->moved += (uint64_t)on_dev[g];
     }
+    if (!l->dev_alt) return PT_OK;
     ag_page *t = l->dev;
     l->dev = l->dev_alt;
     l->dev_alt = t;
-    l->n_hp = -1;   /* the offsets are not in the new array */
     return PT_OK;
 }
 

@@ -120,9 +120,8 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
         snprintf(err, errlen, "%d KV heads to bound (1 to %d)", H, SL_MAX_HEADS);
         return NULL;
     }
-    int64_t need = 1;
-    for (int h = 0; h < H; h++)
-        if (be_bounds_count(r, h) > need) need = be_bounds_count(r, h);
+    int64_t need;   /* the most entries of any head */
+    be_bounds_total(r, &need);
     if (H != L->n_heads || r->dim != L->dim || need > L->cap) {
         /* room for a decode's new pages: a regrowth sends the whole list again */
         int64_t cap = need + need / 4 + 64;
@@ -138,13 +137,11 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
     L->last_use = t->ticks;
     int kept = r->shape && r->shape == L->shape;
     size_t half = sizeof(float) * (size_t)r->dim;
-    int64_t most = 0;
-    for (int h = 0; h < H; h++) most = be_bounds_count(r, h) > most ? be_bounds_count(r, h) : most;
-    if (most > t->cap_ns) {   /* a run of lengths, copied into the batch at its end */
-        int64_t *nn = realloc(t->ns, sizeof *nn * (size_t)most);
+    if (need > t->cap_ns) {   /* a run of lengths, copied into the batch at its end */
+        int64_t *nn = realloc(t->ns, sizeof *nn * (size_t)need);
         if (!nn) goto oom;
         t->ns = nn;
-        t->cap_ns = most;
+        t->cap_ns = need;
     }
     for (int h = 0; h < H; h++) {
         int64_t n = be_bounds_count(r, h), from = 0, run0 = -1;

@@ -312,7 +312,7 @@ static void c_bound_pages(be_backend *b, be_bounds *r)
     through_sums(r);
     ck.bound_calls++;
     ck.bound_looked += (int64_t)(ck.sums.looked - looked);
-    for (int h = 0; h < r->n_head_kv; h++) ck.bound_entries += be_bounds_count(r, h);
+    ck.bound_entries += be_bounds_total(r, NULL);
     ck.cpu->ops->bound_pages(ck.cpu, r);
 }
 /* A selection's summaries placed ahead of its bounds calls: through the same lists and checks. */

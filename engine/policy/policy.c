@@ -560,14 +560,14 @@ static int map_room(pol_set *ps, int64_t i)
     if (i < ps->cap_map) return 0;
     int64_t nc = (i + 1) * 2;
     int64_t *arr[3] = { ps->hits, ps->runs, ps->view };
+    const int64_t had = ps->cap_map ? ps->cap_map + 1 : 0;   /* entries each array holds */
     for (int a = 0; a < 3; a++) {
         int64_t *nm = realloc(arr[a], sizeof *nm * (size_t)(nc + 1));
         if (!nm) {   /* those grown so far stay grown, the room as it was */
             ps->hits = arr[0], ps->runs = arr[1], ps->view = arr[2];
             return -1;
         }
-        memset(nm + (ps->cap_map ? ps->cap_map + 1 : 0), 0,
-               sizeof *nm * (size_t)(nc + 1 - (ps->cap_map ? ps->cap_map + 1 : 0)));
+        memset(nm + had, 0, sizeof *nm * (size_t)(nc + 1 - had));
         arr[a] = nm;
     }
     ps->hits = arr[0], ps->runs = arr[1], ps->view = arr[2];

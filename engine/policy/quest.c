@@ -189,7 +189,7 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     /* every head's pages but its current one: the bound of the head's G queries over each */
     page_sums *L = &s->lists[gl];
     if (page_sums_update(L, env->kv, il, s->from)) return 0;
-    int64_t room = L->at.off[Hkv] > total ? L->at.off[Hkv] : total;   /* the bounds' (and the ids') */
+    int64_t room = L->at.off[Hkv];   /* the bounds' (and the ids'): a region of at least its pages a head */
     if (room > s->cap) {
         int64_t cap = room * 2;
         float *ns = realloc(s->score, sizeof(float) * (size_t)cap);

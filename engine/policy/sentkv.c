@@ -120,7 +120,7 @@ static int se_create(void **out, const pol_env *env, const double *vals, char *e
     s->prev_words = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_words);
     s->prev_len = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_len);
     s->off = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
-    s->end = malloc(sizeof(int64_t) * (size_t)(env->n_head_kv + 1));
+    s->end = malloc(sizeof(int64_t) * (size_t)env->n_head_kv);
     if (!s->prev || !s->prev_words || !s->prev_len || !s->off || !s->end) goto oom;
     s->shape = kv_next_gen();
     *out = s;

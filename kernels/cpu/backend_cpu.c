@@ -810,9 +810,8 @@ static void cpu_bound_best(be_bounds *r, float *u)
 /* SentKV's choice (be_bounds.bits): each head's segments ranked lazily (kernels/segment_kernels.h). */
 static void cpu_bound_segments(cpu_impl *ci, be_bounds *r, const float *u)
 {
-    int64_t most = 1;
-    for (int h = 0; h < r->n_head_kv; h++)
-        if (be_bounds_count(r, h) > most) most = be_bounds_count(r, h);
+    int64_t most;
+    be_bounds_total(r, &most);
     if (grow((void **)&ci->seg_at, &ci->seg_at_cap, sizeof(int64_t) * 2 * (size_t)most) ||
         grow((void **)&ci->seg_heap, &ci->seg_heap_cap, sizeof(uint64_t) * (size_t)most)) {
         /* no room to rank: every position attended, which is always correct */

@@ -313,12 +313,9 @@ void cuda_bound_pages(be_backend *b, be_bounds *r)
     const int keep_bits = segs && bound(ci, r->bits, bits_bytes);
     for (int h = 0; k > 0 && !keep && h < H; h++) r->n_best[h] = 0;
     if (ci->failed) return;
-    int64_t n_all = 0;   /* summaries to bound */
-    for (int h = 0; h < H; h++) n_all += be_bounds_count(r, h);
+    int64_t stride;   /* a head's bounds: the most of any head's summaries */
+    const int64_t n_all = be_bounds_total(r, &stride);
     size_t qbytes = sizeof(float) * (size_t)H * (size_t)r->group * (size_t)r->dim;
-    int64_t stride = 1;
-    for (int h = 0; h < H; h++)
-        if (be_bounds_count(r, h) > stride) stride = be_bounds_count(r, h);
     const size_t seg_smem = sizeof(uint64_t) * (size_t)sg_sort_size(stride);
     int seg_host = segs && (n_all <= 0 || stride > SG_SORT_MAX || H > SL_MAX_HEADS);
     if (segs && !seg_host &&
@@ -452,9 +449,7 @@ void cuda_place_bounds(be_backend *b, const be_bounds *r)
 {
     cuda_impl *ci = impl_of(b);
     seg_op(ci, SEG_EAGER);
-    int64_t n_all = 0;
-    for (int h = 0; h < r->n_head_kv; h++) n_all += be_bounds_count(r, h);
-    if (ci->failed || n_all <= 0) return;
+    if (ci->failed || be_bounds_total(r, NULL) <= 0) return;
     if (ci->batch.n && send_batch(ci)) return;
     update_sums(ci, r);
 }
