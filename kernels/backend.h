@@ -144,12 +144,27 @@ typedef struct be_range {
  * -FLT_MAX, each f16 value kept where it is below the minimum or above the maximum so far: NaN
  * never, the first of equal ones), so a device backend holding a current copy of the page computes
  * them from it instead of receiving them (kernels/bound_kernels.h, bd_fold_elem). */
+typedef struct be_summary_run be_summary_run;
 typedef struct be_summary {
     const float *mn, *mx;
     uint64_t gen;
     int64_t n;
     const uint16_t *k;
+    /* Or (k NULL, n_runs > 0; SentKV's segments, which span pages): mn and mx are the same fold of
+     * the rows of runs[0 .. n_runs) one after another, each run rows of one page, so a device backend
+     * holding current copies of all those pages folds the summary from them (n staying the summary's
+     * own count, which the runs' rows need not add up to). */
+    const be_summary_run *runs;
+    int32_t n_runs;
 } be_summary;
+
+/* Rows [r0, r0 + n) of the page whose key rows are k (be_kv_page.k) under its generation gen: what
+ * the policy folded, a device's copy holding them while the page keeps that generation. */
+struct be_summary_run {
+    const uint16_t *k;
+    uint64_t gen;
+    int32_t r0, n;
+};
 
 /* Quest's upper bound of the attention logit of each KV head's group of queries over that head's
  * summaries: for summary i of head h, u = sum over the group's queries j, in order, of

@@ -64,31 +64,37 @@ QB_HD int64_t bd_query_at(int h, int group, int j, int64_t dim) { return ((int64
 /* Where head h's bound i goes: a row of stride bounds a head. */
 QB_HD int64_t bd_out_at(int h, int64_t stride, int64_t i) { return (int64_t)h * stride + i; }
 
-/* A summary computed where its page is (be_summary.k): entry `at` of a list (its minimum at
- * bd_summary_at's floats, at * 2 * dim from the list's start, its n at len[at]) from the first n key
- * rows of the device's copy of the page (rows of dim halves, one after another). */
+/* A summary computed where its rows are (be_summary.k or .runs): entry `at` of a list (its minimum
+ * at bd_summary_at's floats, at * 2 * dim from the list's start, its count at len[at]) from rows of
+ * the device's copies of pages (dim halves a row, one after another), one record a run of rows: a
+ * fold's first record has runs (>= 1: its records, itself and those right after it) and len (the
+ * entry's count); the others 0 in both. */
 typedef struct bd_fold {
-    const uint16_t *k;
-    int32_t at, n;
+    const uint16_t *k;   /* the run's first row */
+    int32_t at, n;       /* the entry; the run's rows */
+    int32_t runs, len;
 } bd_fold;
 
-#define BD_FOLD_THREADS 128   /* a block a fold: element i to thread i % BD_FOLD_THREADS */
+#define BD_FOLD_THREADS 128   /* a block a record, the fold's first: element i to thread i % BD_FOLD_THREADS */
 
-/* Element i of fold f: the rows' values in row order, each kept where it is below the minimum (above
- * the maximum) so far, from FLT_MAX (-FLT_MAX): the cache's fold (vd_key_summary), so NaN is never
- * kept and of equal values (zeros of either sign) the first stays, the host's bits. */
+/* Element i of the fold whose first record is f (nothing for a record after a fold's first): its
+ * runs' values in order, each kept where it is below the minimum (above the maximum) so far, from
+ * FLT_MAX (-FLT_MAX): the cache's fold (vd_key_summary), so NaN is never kept and of equal values
+ * (zeros of either sign) the first stays, the host's bits. */
 QB_HD void bd_fold_elem(const bd_fold *f, int64_t dim, int64_t i, float *sums, int64_t *len)
 {
+    if (f->runs < 1) return;
     float lo = FLT_MAX, hi = -FLT_MAX;
-    for (int32_t r = 0; r < f->n; r++) {
-        float t = qb_half(f->k[(int64_t)r * dim + i]);
-        lo = t < lo ? t : lo;
-        hi = t > hi ? t : hi;
-    }
+    for (int32_t j = 0; j < f->runs; j++)
+        for (int32_t r = 0; r < f[j].n; r++) {
+            float t = qb_half(f[j].k[(int64_t)r * dim + i]);
+            lo = t < lo ? t : lo;
+            hi = t > hi ? t : hi;
+        }
     float *mn = sums + (int64_t)f->at * 2 * dim;
     mn[i] = lo;
     mn[dim + i] = hi;
-    if (i == 0) len[f->at] = f->n;
+    if (i == 0) len[f->at] = f->len;
 }
 
 /* Summary i's place among a head's for the k best, bound u: the pick's key (lp_key's order of the

@@ -34,14 +34,18 @@ void sl_free(sl_table *t)
     for (int i = 0; i < t->n_lists; i++) drop(t, &t->lists[i]);
     free(t->lists);
     free(t->ns);
+    free(t->folds);
     t->lists = NULL;
     t->ns = NULL;
+    t->folds = NULL;
     t->n_lists = 0;
     t->cap_ns = 0;
+    t->n_folds = t->cap_folds = 0;
 }
 
 void sl_forget(sl_table *t)
 {
+    t->n_folds = 0;
     for (int i = 0; i < t->n_lists; i++) {
         sl_list *L = &t->lists[i];
         if (L->seen) memset(L->seen, 0, sizeof *L->seen * (size_t)(L->n_heads * L->cap));
@@ -75,7 +79,8 @@ static int make_room(sl_table *t, sl_list *L, int n_heads, int64_t dim, int64_t 
     drop(t, L);
     L->name = name;
     size_t n = (size_t)n_heads * (size_t)cap;
-    L->seen = calloc(n, sizeof *L->seen);
+    L->seen = malloc(sizeof *L->seen * n);   /* written before it is read: fresh pages faulted in once */
+    if (L->seen) memset(L->seen, 0, sizeof *L->seen * n);
     L->n_heads = n_heads;
     L->dim = dim;
     L->cap = cap;
@@ -88,7 +93,7 @@ static int make_room(sl_table *t, sl_list *L, int n_heads, int64_t dim, int64_t 
     return 0;
 }
 
-static int same(const be_summary *a, const be_summary *b)
+static int same(const sl_seen *a, const be_summary *b)
 {
     return a->gen && a->gen == b->gen && a->n == b->n && a->mn == b->mn && a->mx == b->mx;
 }
@@ -100,14 +105,41 @@ void sl_tick(sl_table *t)
         if (t->lists[i].name && t->ticks - t->lists[i].last_use > SL_IDLE) drop(t, &t->lists[i]);
 }
 
-/* Summary s (entry at) is of a page's rows, which the device may hold. */
-static int foldable(const sl_table *t, const be_summary *s, int64_t at)
+/* Summary s of entry `at` queued as a fold (its runs' records) where the device holds every run's
+ * rows: 1, else 0 (nothing queued: it is sent). */
+static int queue_fold(sl_table *t, const be_summary *s, int64_t at, int64_t dim)
 {
-    return t->dev.fold && s->k && s->n > 0 && s->n <= INT32_MAX && at <= INT32_MAX;
+    if (!t->dev.copy_rows || s->n <= 0 || s->n > INT32_MAX || at > INT32_MAX) return 0;
+    const be_summary_run page = { s->k, s->gen, 0, (int32_t)s->n };
+    const be_summary_run *run = s->k ? &page : s->runs;
+    const int32_t n = s->k ? 1 : s->n_runs;
+    if (!run || n < 1) return 0;
+    if (t->n_folds + n > t->cap_folds) {
+        int64_t cap = 2 * (t->n_folds + n) > 1024 ? 2 * (t->n_folds + n) : 1024;
+        bd_fold *f = realloc(t->folds, sizeof *f * (size_t)cap);
+        if (!f) return 0;
+        t->folds = f;
+        t->cap_folds = cap;
+    }
+    const int64_t first = t->n_folds;
+    for (int32_t j = 0; j < n; j++) {
+        const be_summary_run *u = &run[j];
+        const uint16_t *d = u->k && u->n > 0 && u->r0 >= 0 && u->r0 <= INT32_MAX - u->n
+                                ? t->dev.copy_rows(t->dev.ud, u->k, u->gen, u->r0 + u->n, dim)
+                                : NULL;
+        if (!d) {
+            t->n_folds = first;
+            return 0;
+        }
+        t->folds[t->n_folds++] = (bd_fold){ .k = d + (int64_t)u->r0 * dim, .at = (int32_t)at, .n = u->n,
+                                            .runs = j ? 0 : n, .len = j ? 0 : (int32_t)s->n };
+    }
+    return 1;
 }
 
 const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errlen)
 {
+    t->n_folds = 0;
     sl_list *L = find(t, r->table ? r->table : 1);
     if (!L) {
         snprintf(err, errlen, "out of memory");
@@ -151,13 +183,12 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
             const be_summary *s = i < n ? &r->sum[r->off[h] + i] : NULL;
             int64_t at = (int64_t)h * L->cap + i;
             if (s) {
-                be_summary *seen = &L->seen[at];
+                sl_seen *seen = &L->seen[at];
                 t->looked++;
                 if (!same(seen, s)) {
-                    *seen = *s;
+                    *seen = (sl_seen){ s->mn, s->mx, s->gen, s->n };
                     t->sent++;
-                    send = !foldable(t, s, at) ||
-                           t->dev.fold(t->dev.ud, (int32_t)at, s->k, s->gen, (int32_t)s->n, r->dim) != 0;
+                    send = !queue_fold(t, s, at, r->dim);
                     t->folded += !send;
                 }
             }
@@ -185,6 +216,7 @@ const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errl
     return L;
 oom:
     drop(t, L);   /* part of it may be queued: the caller drops the batch, and this list with it */
+    t->n_folds = 0;
     snprintf(err, errlen, "out of memory");
     return NULL;
 }

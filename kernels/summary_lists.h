@@ -6,14 +6,15 @@
  * each named list (be_bounds.table) on the device: each KV head's summaries side by side in a
  * region of `cap` entries, mn then mx, 2 * dim floats an entry, and each entry's n beside them
  * (dev_n: SentKV's segment lengths, be_bounds.bits), with a host record of what every entry holds
- * (its mn, mx, gen and n). A call sends only the entries whose record differs, through
- * the upload batch (kernels/upload_batch.h), or, for a summary of a page (be_summary.k) whose rows
- * the device holds (sl_device.fold), has the device fold it from its copy of the page (a prompt's
- * pages are there after its prefill: 0.5 GiB of Quest's summaries not sent for a 32K prompt at the
- * 7B shape); under the shape promise (be_bounds.shape) it looks
- * only at each head's entries from its previous last one on, so a decode step's host work does
- * not grow with the context. The device is reached through two functions, so this is plain C,
- * tested on the host with host memory standing in for the device (tests/test_bounds.c). */
+ * (its mn, mx, gen and n). A call sends only the entries whose record differs, through the upload
+ * batch (kernels/upload_batch.h), or, for a summary of rows the device holds (a page's,
+ * be_summary.k, or a segment's runs of rows in several pages, be_summary.runs), queues a fold of it
+ * from the device's copies of the pages (sl_table.folds; a prompt's pages are there after its
+ * prefill: 0.5 GiB of Quest's summaries and as much of SentKV's not sent for a 30,000-token prompt
+ * at the 7B shape); under the shape promise (be_bounds.shape) it looks only at each head's entries
+ * from its previous last one on, so a decode step's host work does not grow with the context. The
+ * device is reached through sl_device's functions, so this is plain C, tested on the host with
+ * host memory standing in for the device (tests/test_bounds.c). */
 #ifndef KVCHAT_SUMMARY_LISTS_H
 #define KVCHAT_SUMMARY_LISTS_H
 
@@ -21,6 +22,7 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
+#include "kernels/bound_kernels.h"
 #include "kernels/upload_batch.h"
 
 #define SL_MAX_HEADS 64   /* KV heads a list may have */
@@ -30,13 +32,19 @@ typedef struct sl_device {
     void *ud;
     void *(*alloc)(void *ud, size_t bytes);   /* NULL when out of memory */
     void (*release)(void *ud, void *p);
-    /* NULL, or: entry `at` of the list sl_update is bringing up to date (at = head * cap + index:
-     * bd_fold's) to be computed from the device's copy of the page whose key rows are k (n rows of
-     * dim halves under generation gen: be_summary's), instead of sent. 0: queued (the caller runs
-     * the folds sl_update queued once the batch is sent, before anything reads the list); -1: not,
-     * the device holding no current copy of those rows (the summary is then sent). */
-    int (*fold)(void *ud, int32_t at, const uint16_t *k, uint64_t gen, int32_t n, int64_t dim);
+    /* NULL, or: the device's copy of rows [0, rows) of the page whose key rows are k (be_kv_page.k:
+     * rows of dim halves) under generation gen, where it holds them (its first row's address on the
+     * device), else NULL (the summary is then sent). */
+    const uint16_t *(*copy_rows)(void *ud, const uint16_t *k, uint64_t gen, int32_t rows, int64_t dim);
 } sl_device;
+
+/* What an entry on the device holds: the summary it was last brought up to date from (gen 0:
+ * nothing), as be_summary names it (the rest of a be_summary says where to read it from). */
+typedef struct sl_seen {
+    const float *mn, *mx;
+    uint64_t gen;
+    int64_t n;
+} sl_seen;
 
 typedef struct sl_list {
     uint64_t name;        /* 0: a free slot */
@@ -45,7 +53,7 @@ typedef struct sl_list {
     int n_heads;
     int64_t dim, cap;     /* entries a head's region holds */
     int64_t n_of[SL_MAX_HEADS];   /* each head's entries at the last call */
-    be_summary *seen;     /* [n_heads * cap] what each entry on the device holds (gen 0: nothing) */
+    sl_seen *seen;        /* [n_heads * cap] what each entry on the device holds */
     float *dev;           /* [n_heads * cap][2 * dim] on the device */
     int64_t *dev_n;       /* [n_heads * cap] each entry's n on the device (SentKV's segment lengths) */
 } sl_list;
@@ -62,13 +70,18 @@ typedef struct sl_table {
     uint64_t looked;      /* entries compared with their record so far (tests and figures) */
     int64_t *ns;          /* a run of entries' n, sent as one piece */
     int64_t cap_ns;
+    /* The folds the last sl_update queued (kernels/bound_kernels.h): the caller runs them
+     * (bd_fold_elem) after sending the batch, before anything reads the list. */
+    bd_fold *folds;
+    int64_t n_folds, cap_folds;
 } sl_table;
 
 void sl_init(sl_table *t, const sl_device *dev, ub_batch *batch);
 void sl_free(sl_table *t);
 /* The list named r->table brought up to date for r: the entries that changed queued into the batch,
  * read from r's summaries (and their n) when it is sent (ub_add_ref): the caller sends it before r's
- * summaries or r->sum change.
+ * summaries or r->sum change; or, for those the device can compute, into t->folds (what the last
+ * call left there is dropped).
  * NULL with a message when the host or the device is out of memory, or r has more than
  * SL_MAX_HEADS heads (the list is then forgotten, so nothing stale is ever read). */
 const sl_list *sl_update(sl_table *t, const be_bounds *r, char *err, size_t errlen);

@@ -495,37 +495,75 @@ Test(bounds, a_folds_threads_give_the_caches_summary_bit_for_bit)
         be_host_key_summary_rows(D, n, k, D, sum, mn, mx);
         int64_t len[3] = { -1, -1, -1 };
         for (int64_t i = 0; i < 3 * 2 * D; i++) dev[i] = NAN;
-        bd_fold f = { k, 1, n };   /* entry 1 of a list of three */
+        /* the rows as one run (a page's), or cut into up to four runs, each copied elsewhere (a
+         * segment's rows in several pages), the entry's count its own (not the runs' rows) */
+        bd_fold f[4];
+        uint16_t *part[4] = { NULL };
+        int32_t runs = round % 3 == 0 ? 1 : 1 + (int32_t)(rnd() % 4), at = 0;
+        if (runs > n) runs = n;
+        for (int32_t j = 0; j < runs; j++) {
+            int32_t rows = j == runs - 1 ? n - at : 1 + (int32_t)(rnd() % (uint32_t)(n - at - (runs - 1 - j)));
+            part[j] = malloc(sizeof *part[j] * (size_t)(rows * D));
+            cr_assert(part[j]);
+            memcpy(part[j], k + (int64_t)at * D, sizeof *k * (size_t)(rows * D));
+            f[j] = (bd_fold){ .k = part[j], .at = j ? 0 : 1, .n = rows, .runs = j ? 0 : runs, .len = j ? 0 : n + round };
+            at += rows;   /* entry 1 of a list of three */
+        }
+        cr_assert_eq(at, n);
         for (int t = 0; t < BD_FOLD_THREADS; t++)
-            for (int64_t i = t; i < D; i += BD_FOLD_THREADS) bd_fold_elem(&f, D, i, dev, len);
+            for (int32_t j = 0; j < runs; j++)   /* the kernel's block a record: the others do nothing */
+                for (int64_t i = t; i < D; i += BD_FOLD_THREADS) bd_fold_elem(&f[j], D, i, dev, len);
         cr_assert(!memcmp(dev + 2 * D, mn, sizeof(float) * (size_t)D) && !memcmp(dev + 3 * D, mx, sizeof(float) * (size_t)D),
-                  "round %d (dim %lld, %d rows): the fold differs from the cache's", round, (long long)D, n);
-        cr_assert(len[1] == n && len[0] == -1 && len[2] == -1, "round %d: the entry's n alone written", round);
+                  "round %d (dim %lld, %d rows in %d runs): the fold differs from the cache's", round, (long long)D, n,
+                  runs);
+        cr_assert(len[1] == n + round && len[0] == -1 && len[2] == -1, "round %d: the entry's n alone written", round);
         for (int64_t i = 0; i < 2 * D; i++)
             cr_assert(isnan(dev[i]) && isnan(dev[4 * D + i]), "round %d: only the entry's floats written", round);
+        for (int32_t j = 0; j < runs; j++) free(part[j]);
         free(k);
         free(ref);
         free(dev);
     }
 }
 
-/* The folds a list leaves to the device (sl_device.fold) as a test device records them. */
-typedef struct fold_rec {
-    bd_fold f[4096];
-    int n;
-    int refuse;          /* every refuse-th call says no (0: never) */
-    int calls;
-} fold_rec;
-static fold_rec folds;
+/* sl_device.copy_rows of a test device whose "copies" are the pages themselves: every refuse-th
+ * call says it holds none (0: never), and none of a page marked stale. */
+static struct {
+    int refuse, calls;
+    const uint16_t *stale[64];
+    int n_stale;
+} copies;
 
-static int rec_fold(void *ud, int32_t at, const uint16_t *k, uint64_t gen, int32_t n, int64_t dim)
+static const uint16_t *test_copy(void *ud, const uint16_t *k, uint64_t gen, int32_t rows, int64_t dim)
 {
     (void)ud;
-    cr_assert(k && n > 0 && gen > 0 && dim == 24, "the rows of a page folded");
-    if (folds.refuse && ++folds.calls % folds.refuse == 0) return -1;   /* no current copy */
-    cr_assert(folds.n < 4096);
-    folds.f[folds.n++] = (bd_fold){ k, at, n };   /* the test's "copy" is the page itself */
-    return 0;
+    cr_assert(k && rows > 0 && gen > 0 && dim == 24, "the rows of a page folded");
+    if (copies.refuse && ++copies.calls % copies.refuse == 0) return NULL;
+    for (int i = 0; i < copies.n_stale; i++)
+        if (copies.stale[i] == k) return NULL;
+    return k;
+}
+
+/* The folds t holds, run as the fold kernel runs them (a block a record, every thread), after the
+ * batch; each first record's runs must be followed by as many records of the same entry. The
+ * folds, by their first records. */
+static int run_folds(const sl_table *t, const sl_list *L, int64_t D)
+{
+    int n = 0;
+    int64_t covered = 0;
+    for (int64_t j = 0; j < t->n_folds; j++) {
+        const bd_fold *f = &t->folds[j];
+        if (f->runs < 1) continue;
+        n++;
+        covered += f->runs;
+        cr_assert(j + f->runs <= t->n_folds, "a fold of %d runs past the records' end", f->runs);
+        for (int32_t r = 1; r < f->runs; r++)
+            cr_assert(f[r].runs == 0 && f[r].at == f->at, "record %lld: a fold's runs interleaved", (long long)(j + r));
+        for (int tid = 0; tid < BD_FOLD_THREADS; tid++)
+            for (int64_t e = tid; e < D; e += BD_FOLD_THREADS) bd_fold_elem(f, D, e, L->dev, L->dev_n);
+    }
+    cr_assert_eq(covered, t->n_folds, "%lld records, %lld of them in folds", (long long)t->n_folds, (long long)covered);
+    return n;
 }
 
 /* Summaries of pages (be_summary.k) are folded by the device and not sent; those of no page, or
@@ -538,16 +576,16 @@ Test(bounds, summaries_of_pages_are_folded_where_the_pages_are_and_the_rest_sent
     enum { H = 2, D = 24, P = 8, MAXN = 60 };
     ub_batch ub = { 0 };
     sl_table t;
-    sl_device dev = { NULL, h_alloc, h_release, rec_fold };
+    sl_device dev = { NULL, h_alloc, h_release, test_copy };
     sl_init(&t, &dev, &ub);
+    memset(&copies, 0, sizeof copies);
     static uint16_t rows[H][MAXN][P][D];
     static float mm[H][MAXN][3][D];        /* each page's sum (unused), minimum and maximum */
     static be_summary sum[H][MAXN];
     int64_t cnt[H] = { 0 };
     uint64_t gen = 1, shape = 5;
     for (int step = 0; step < 400; step++) {
-        folds.n = 0;
-        folds.refuse = step % 5 == 4 ? 3 : 0;
+        copies.refuse = step % 5 == 4 ? 3 : 0;
         for (int h = 0; h < H; h++) {
             /* the last page takes a row, or a page opens */
             int64_t i = cnt[h] - 1;
@@ -578,20 +616,116 @@ Test(bounds, summaries_of_pages_are_folded_where_the_pages_are_and_the_rest_sent
         uint64_t sent0 = t.sent, folded0 = t.folded;
         const sl_list *L = sl_update(&t, &r, err, sizeof err);
         cr_assert(L, "step %d: %s", step, err);
-        cr_assert_eq(t.folded - folded0, (uint64_t)folds.n, "step %d: every fold counted", step);
+        cr_assert_eq((int64_t)(t.folded - folded0), t.n_folds, "step %d: every fold counted, a record each", step);
         /* a piece a summary sent (its minimum and maximum side by side), and one a run of their lengths */
-        uint64_t pieces = (uint64_t)ub.n, sent = t.sent - sent0 - (uint64_t)folds.n;
+        uint64_t pieces = (uint64_t)ub.n, sent = t.sent - sent0 - (uint64_t)t.n_folds;
         cr_assert((pieces > sent && pieces <= 2 * sent) || (pieces == 0 && sent == 0),
-                  "step %d: %llu pieces for %llu summaries sent (%d folded)", step, (unsigned long long)pieces,
-                  (unsigned long long)sent, folds.n);
+                  "step %d: %llu pieces for %llu summaries sent (%lld folded)", step, (unsigned long long)pieces,
+                  (unsigned long long)sent, (long long)t.n_folds);
         send(&ub);
-        for (int j = 0; j < folds.n; j++)   /* the fold kernel, after the batch */
-            for (int tid = 0; tid < BD_FOLD_THREADS; tid++)
-                for (int64_t e = tid; e < D; e += BD_FOLD_THREADS) bd_fold_elem(&folds.f[j], D, e, L->dev, L->dev_n);
+        run_folds(&t, L, D);
         cr_assert_eq(check_list(L, &r), 0, "step %d: the device's entries differ from the summaries named", step);
     }
     cr_assert(t.folded > 200 && t.sent - t.folded > 50, "both ways taken: %llu folded, %llu sent",
               (unsigned long long)t.folded, (unsigned long long)(t.sent - t.folded));
+    sl_free(&t);
+    ub_free(&ub);
+    cr_expect_eq(live, 0, "every device allocation released");
+}
+
+/* Summaries of runs of rows in several pages (be_summary.runs: SentKV's segments) are folded from
+ * every run's copy, the runs in order, the entry's count its own (not the runs' rows); one whose
+ * pages the device does not all hold (a page stale, or the device saying no partway through its
+ * runs) is sent whole, no record of it left among the folds. Through lists growing under one shape,
+ * shape breaks and regrowths, every fold is checked against the runs of the summary it names, and
+ * the list then holds every summary bit for bit. */
+Test(bounds, summaries_of_runs_in_several_pages_fold_from_every_runs_copy_or_are_sent)
+{
+    seed_rng("summaries_of_runs_in_several_pages_fold_from_every_runs_copy_or_are_sent");
+    enum { H = 2, D = 24, P = 8, NP = 12, MAXN = 150, R = 4 };
+    ub_batch ub = { 0 };
+    sl_table t;
+    sl_device dev = { NULL, h_alloc, h_release, test_copy };
+    sl_init(&t, &dev, &ub);
+    memset(&copies, 0, sizeof copies);
+    static uint16_t rows[H][NP][P][D];
+    static uint64_t page_gen[H][NP];
+    static float mm[H][MAXN][3][D];
+    static be_summary_run run[H][MAXN][R];
+    static be_summary sum[H][MAXN];
+    uint64_t gen = 1, shape = 9;
+    for (int h = 0; h < H; h++)
+        for (int p = 0; p < NP; p++) {
+            page_gen[h][p] = ++gen;
+            for (int r = 0; r < P; r++)
+                for (int d = 0; d < D; d++) rows[h][p][r][d] = odd_half();
+        }
+    int64_t cnt[H] = { 0 };
+    uint64_t groups = 0, runs_folded = 0;
+    for (int step = 0; step < 300; step++) {
+        copies.refuse = step % 7 == 6 ? 2 : 0;   /* no partway through a summary's runs */
+        copies.calls = 0;
+        copies.n_stale = (int)(rnd() % 4);
+        for (int i = 0; i < copies.n_stale; i++) copies.stale[i] = &rows[rnd() % H][rnd() % NP][0][0];
+        for (int h = 0; h < H; h++) {
+            if (cnt[h] == MAXN || rnd() % 3 == 0) continue;
+            int64_t i = cnt[h]++;
+            int32_t n_runs = rnd() % 8 == 0 ? 0 : 1 + (int32_t)(rnd() % R);   /* 0: of no rows the device holds */
+            float *sm = mm[h][i][0], *mn = mm[h][i][1], *mx = mm[h][i][2];
+            for (int d = 0; d < D; d++) sm[d] = 0, mn[d] = FLT_MAX, mx[d] = -FLT_MAX;
+            int64_t total = 0;
+            for (int32_t j = 0; j < n_runs; j++) {
+                int p = (int)(rnd() % NP), r0 = (int)(rnd() % P), n = 1 + (int)(rnd() % (uint32_t)(P - r0));
+                run[h][i][j] = (be_summary_run){ &rows[h][p][0][0], page_gen[h][p], r0, n };
+                be_host_key_summary_rows(D, n, &rows[h][p][r0][0], D, sm, mn, mx);
+                total += n;
+            }
+            if (!n_runs)
+                for (int d = 0; d < D; d++) mn[d] = (float)(rnd() % 100), mx[d] = mn[d] + 1;
+            sum[h][i] = (be_summary){ .mn = mn, .mx = mx, .gen = ++gen, .n = total + 1 + (int64_t)(rnd() % 3),
+                                      .runs = n_runs ? run[h][i] : NULL, .n_runs = n_runs };
+        }
+        if (step % 50 == 49) shape++;   /* every entry looked at again */
+        static be_summary flat[H * MAXN];
+        int64_t off[H + 1] = { 0 };
+        for (int h = 0; h < H; h++) {
+            memcpy(flat + off[h], sum[h], sizeof *flat * (size_t)cnt[h]);
+            off[h + 1] = off[h] + cnt[h];
+        }
+        be_bounds r = { .n_head_kv = H, .group = 1, .dim = D, .sum = flat, .off = off, .table = 4, .shape = shape };
+        char err[128];
+        uint64_t folded0 = t.folded;
+        const sl_list *L = sl_update(&t, &r, err, sizeof err);
+        cr_assert(L, "step %d: %s", step, err);
+        /* each fold the runs of the summary it names, none of them in a stale page */
+        for (int64_t j = 0; j < t.n_folds; j++) {
+            const bd_fold *f = &t.folds[j];
+            if (f->runs < 1) continue;
+            int h = (int)(f->at / L->cap);
+            int64_t i = f->at % L->cap;
+            cr_assert(h < H && i < cnt[h], "step %d: a fold of entry %d past the list", step, f->at);
+            const be_summary *sm = &flat[off[h] + i];
+            cr_assert(sm->runs && f->runs == sm->n_runs && f->len == sm->n,
+                      "step %d, head %d, entry %lld: a fold of %d runs, count %d, for %d runs and %lld", step, h,
+                      (long long)i, f->runs, f->len, sm->n_runs, (long long)sm->n);
+            for (int32_t u = 0; u < f->runs; u++) {
+                const be_summary_run *w = &sm->runs[u];
+                cr_assert(f[u].k == w->k + (int64_t)w->r0 * D && f[u].n == w->n,
+                          "step %d, head %d, entry %lld: run %d folds other rows", step, h, (long long)i, u);
+                for (int x = 0; x < copies.n_stale; x++)
+                    cr_assert(copies.stale[x] != w->k, "step %d: a run of a stale page folded", step);
+            }
+            runs_folded += (uint64_t)f->runs;
+        }
+        send(&ub);
+        int n = run_folds(&t, L, D);
+        cr_assert_eq(t.folded - folded0, (uint64_t)n, "step %d: every fold counted", step);
+        groups += (uint64_t)n;
+        cr_assert_eq(check_list(L, &r), 0, "step %d: the device's entries differ from the summaries named", step);
+    }
+    cr_assert(groups > 60 && runs_folded > 2 * groups && t.sent - t.folded > 30,
+              "both ways taken: %llu folded (%llu runs), %llu sent", (unsigned long long)groups,
+              (unsigned long long)runs_folded, (unsigned long long)(t.sent - t.folded));
     sl_free(&t);
     ub_free(&ub);
     cr_expect_eq(live, 0, "every device allocation released");

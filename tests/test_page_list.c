@@ -44,7 +44,7 @@ static void same_sum(const be_summary *x, const be_summary *y, int step, int il,
     /* the summary is the fold of its page's rows, as a device folds it from its copy */
     float dev[2 * D];
     int64_t n_dev = -1;
-    bd_fold f = { x->k, 0, (int32_t)x->n };
+    bd_fold f = { .k = x->k, .at = 0, .n = (int32_t)x->n, .runs = 1, .len = (int32_t)x->n };
     for (int64_t i = 0; i < D; i++) bd_fold_elem(&f, D, i, dev, &n_dev);
     cr_assert(!memcmp(dev, x->mn, sizeof(float) * D) && !memcmp(dev + D, x->mx, sizeof(float) * D) && n_dev == x->n,
               "step %d, layer %d: summary %lld is not the fold of its page's %lld rows", step, il, (long long)e,

@@ -69,6 +69,7 @@ typedef struct seg_sums {
     be_summary *sum;
     int64_t n, stride;
     const float *mm;
+    const be_summary_run *runs;
     uint64_t shape;
 } seg_sums;
 
@@ -80,7 +81,14 @@ typedef struct st_sent {
     int64_t *seg_end;        /* finished segments: [seg_start, seg_end) with seg_start = previous end */
     int64_t n_seg, cap_seg;
     float *mm;               /* per segment: [n_global][n_head_kv][2][D] min then max */
-    int64_t cap_mm;          /* segments mm has room for */
+    int64_t cap_mm;          /* segments mm (and runs, n_runs) have room for */
+    /* On a device backend (one that binds: it keeps copies of the pages), where each summary's rows
+     * are, so that the device folds it from its copies instead of receiving it (be_summary.runs):
+     * per segment and (global layer, KV head) up to runs_per runs, n_runs of them (0: none known,
+     * as after a restore, or more than runs_per: the summary is sent). runs_per 0: not kept. */
+    be_summary_run *runs;
+    int32_t *n_runs;
+    int runs_per;
     int64_t n_summ;          /* segments summarized */
     int64_t cur;
     /* per global layer x KV head: last step's selection bitmap over positions (reuse rate) */
@@ -116,6 +124,10 @@ static int se_create(void **out, const pol_env *env, const double *vals, char *e
     int slots = env->n_global * env->n_head_kv;
     s->n_slots = slots;
     s->summ_per = (int64_t)slots * 2 * kv_head_dim(env->kv);
+    if (env->b && env->b->ops->bind) {   /* a segment's rows: within len + delta consecutive positions */
+        int page = kv_page_size(env->kv);
+        s->runs_per = (s->len + s->delta + page - 1) / page + 1;
+    }
     s->prev = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev);
     s->prev_words = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_words);
     s->prev_len = calloc((size_t)(slots > 0 ? slots : 1), sizeof *s->prev_len);
@@ -144,6 +156,8 @@ static void se_destroy(void *st)
     free(s->tok);
     free(s->seg_end);
     free(s->mm);
+    free(s->runs);
+    free(s->n_runs);
     for (int i = 0; s->prev && i < s->n_slots; i++) free(s->prev[i]);
     free(s->prev);
     free(s->prev_words);
@@ -271,6 +285,14 @@ static void summarize_head(void *ctx, int64_t task, int thread)
                 const int64_t w = D - c < 256 ? D - c : 256;
                 be_host_key_summary_rows(w, e - t, p->k + (size_t)t * (size_t)D + (size_t)c, D, sum, o + c, o + D + c);
             }
+            if (s->runs_per) {   /* where the rows are, for a device's fold of the same rows */
+                const int64_t at = sg * s->n_slots + task;
+                int32_t *n = &s->n_runs[at];
+                if (*n >= 0 && *n < s->runs_per)
+                    s->runs[at * s->runs_per + (*n)++] = (be_summary_run){ .k = p->k, .gen = p->gen, .r0 = t, .n = e - t };
+                else
+                    *n = -1;   /* more runs than kept: sent */
+            }
             t = e;
         }
     }
@@ -292,6 +314,15 @@ static int summarize(st_sent *s, const pol_env *env, int64_t held)
         if (!nm) return -1;
         pol_huge_pages(nm, sizeof(float) * (size_t)(nc * per));   /* 600 MiB at 32K on the 7B shape */
         s->mm = nm;
+        if (s->runs_per) {
+            size_t n = (size_t)nc * (size_t)s->n_slots;
+            be_summary_run *nr = realloc(s->runs, sizeof *nr * n * (size_t)s->runs_per);
+            if (!nr) return -1;
+            s->runs = nr;
+            int32_t *nn = realloc(s->n_runs, sizeof *nn * n);
+            if (!nn) return -1;
+            s->n_runs = nn;
+        }
         s->cap_mm = nc;
     }
     if (stamp(s, s->n_summ, n_to)) return -1;
@@ -303,6 +334,8 @@ static int summarize(st_sent *s, const pol_env *env, int64_t held)
                 o[i + D + d] = -FLT_MAX;
             }
     }
+    if (s->runs_per)
+        memset(s->n_runs + s->n_summ * s->n_slots, 0, sizeof *s->n_runs * (size_t)((n_to - s->n_summ) * s->n_slots));
     summ_job j = { s, env, n_to, s->n_summ ? s->seg_end[s->n_summ - 1] : 0, s->seg_end[n_to - 1] };
     be_host_run(env->b, summarize_head, &j, (int64_t)env->n_global * env->n_head_kv);
     s->n_summ = n_to;
@@ -407,7 +440,7 @@ static int layer_list(st_sent *s, const pol_env *env, int gl)
     int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
     seg_sums *L = &s->lists[gl];
     int64_t from = L->n;   /* the segments each head's list has */
-    if (L->mm != s->mm || L->shape != s->shape || s->n_summ < L->n || s->n_summ > L->stride) {
+    if (L->mm != s->mm || L->runs != s->runs || L->shape != s->shape || s->n_summ < L->n || s->n_summ > L->stride) {
         from = 0;   /* written afresh, with room for a quarter more */
         int64_t stride = s->n_summ > L->stride ? s->n_summ + s->n_summ / 4 + 64 : L->stride;
         if (stride != L->stride) {
@@ -421,10 +454,15 @@ static int layer_list(st_sent *s, const pol_env *env, int gl)
         for (int64_t sg = from; sg < s->n_summ; sg++) {
             const float *mm = s->mm + sg * per + ((int64_t)gl * env->n_head_kv + g) * 2 * D;
             int64_t seg_len = s->seg_end[sg] - (sg ? s->seg_end[sg - 1] : 0);
-            L->sum[g * L->stride + sg] = (be_summary){ .mn = mm, .mx = mm + D, .gen = s->sgen[sg], .n = seg_len };
+            const int64_t at = sg * s->n_slots + (int64_t)gl * env->n_head_kv + g;
+            const int32_t n_runs = s->runs_per && s->n_runs[at] > 0 ? s->n_runs[at] : 0;
+            L->sum[g * L->stride + sg] = (be_summary){ .mn = mm, .mx = mm + D, .gen = s->sgen[sg], .n = seg_len,
+                                                       .runs = n_runs ? s->runs + at * s->runs_per : NULL,
+                                                       .n_runs = n_runs };
         }
     L->n = s->n_summ;
     L->mm = s->mm;
+    L->runs = s->runs;
     L->shape = s->shape;
     for (int g = 0; g <= env->n_head_kv; g++) s->off[g] = g * L->stride;
     for (int g = 0; g < env->n_head_kv; g++) s->end[g] = g * L->stride + s->n_summ;
@@ -588,6 +626,16 @@ static int se_load(void *st, const pol_env *env, bytes_r *r)
     }
     float *nmm = malloc(sizeof(float) * (size_t)(n_summ > 0 ? n_summ * per : 1));
     if (!nmm) return -1;
+    /* where the restored summaries' rows are is not known (the keys may have changed): sent */
+    size_t n_at = (size_t)(n_summ > 0 ? n_summ : 1) * (size_t)s->n_slots;
+    be_summary_run *nr = s->runs_per ? malloc(sizeof *nr * n_at * (size_t)s->runs_per) : NULL;
+    int32_t *nn = s->runs_per ? calloc(n_at, sizeof *nn) : NULL;
+    if (s->runs_per && (!nr || !nn)) {
+        free(nr);
+        free(nn);
+        free(nmm);
+        return -1;
+    }
     memcpy(nmm, mm, sizeof(float) * (size_t)(n_summ > 0 ? n_summ * per : 0));
     int32_t *nt = malloc(sizeof(int32_t) * (size_t)(n_tok > 0 ? n_tok * 2 : 1));
     int64_t *ns = malloc(sizeof(int64_t) * (size_t)(n_seg > 0 ? n_seg * 2 : 1));
@@ -595,6 +643,8 @@ static int se_load(void *st, const pol_env *env, bytes_r *r)
         free(nt);
         free(ns);
         free(nmm);
+        free(nr);
+        free(nn);
         return -1;
     }
     memcpy(nt, tok, sizeof(int32_t) * (size_t)n_tok);
@@ -606,12 +656,16 @@ static int se_load(void *st, const pol_env *env, bytes_r *r)
             free(nt);
             free(ns);
             free(nmm);
+            free(nr);
+            free(nn);
             return -1;
         }
     if (stamp(s, 0, n_summ)) {   /* the restored summaries are new to a device */
         free(nt);
         free(ns);
         free(nmm);
+        free(nr);
+        free(nn);
         return -1;
     }
     s->shape = kv_next_gen();
@@ -625,7 +679,11 @@ static int se_load(void *st, const pol_env *env, bytes_r *r)
     s->n_seg = n_seg;
     s->cur = cur;
     free(s->mm);
+    free(s->runs);
+    free(s->n_runs);
     s->mm = nmm;
+    s->runs = nr;
+    s->n_runs = nn;
     s->cap_mm = n_summ;
     s->n_summ = n_summ;
     return 0;

@@ -909,7 +909,6 @@ static void cuda_destroy(be_backend *b)
         free(ci->w_slots);
         pt_free(&ci->tables);
         sl_free(&ci->sums);
-        free(ci->folds);
         pc_free(&ci->copies);
         bp_free(&ci->blocks);
         ub_free(&ci->batch);
@@ -1204,7 +1203,7 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     pc_init(&ci->copies, &dev, COPY_IDLE);
     pt_device tdev = { ci, dev_malloc, dev_free };
     pt_init(&ci->tables, &tdev, &ci->copies, &ci->batch);
-    sl_device sdev = { ci, dev_malloc, dev_free, fold_from_copy };
+    sl_device sdev = { ci, dev_malloc, dev_free, summary_copy_rows };
     sl_init(&ci->sums, &sdev, &ci->batch);
     ci->batch.limit = (size_t)32 << 20;   /* well within the staging arena's 256 MiB */
     ci->batch.flush = flush_batch;

@@ -145,8 +145,8 @@ typedef struct cuda_impl {
     uint64_t rows_moved;       /* rows page_moves copied between page copies (launched) */
     int page_rows_off;         /* KVCHAT_CUDA_PAGE_ROWS=0: a prompt's K/V rows and an eviction's fresh
                                 * pages go up from the host to the page copies, as before page_rows and
-                                * page_moves (issue 25, stages 2 and 5), and Quest's page summaries
-                                * too, as before fold_from_copy, to compare */
+                                * page_moves (issue 25, stages 2 and 5), and the selections' summaries
+                                * too, as before summary_copy_rows, to compare */
     int launch_apart;          /* KVCHAT_CUDA_LAUNCHES=apart: a launch a product, each product quantizes
                                 * its input, attention converts its keys and values apart and sends
                                 * positions and masks on their own (stage 4's third part), to compare */
@@ -158,8 +158,6 @@ typedef struct cuda_impl {
     uint8_t *pick_res, *h_pick;   /* the answer: entropy, varentropy, then the k best keys */
     size_t cap_pick_keys, cap_pick_max, cap_pick_sums, cap_pick_res, cap_h_pick;
     sl_table sums;             /* the selection policies' summaries on the device, per named list */
-    bd_fold *folds;            /* the summaries sl_update left to fold from page copies (fold_from_copy) */
-    int64_t n_folds, cap_folds;
     float *bd_u;               /* the bounds, a row of `stride` a KV head (-inf past a head's count) */
     uint64_t *bd_keys;         /* each head's k best keys (the last merge round's) */
     uint8_t *h_bd;             /* page-locked: the keys, then the bounds, on their way back */
@@ -326,7 +324,7 @@ void cuda_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim, con
 void cuda_key_means(be_backend *b, const be_key_means *m);
 void cuda_attn_mass(be_backend *b, const be_mass *m);
 void cuda_bound_pages(be_backend *b, be_bounds *r);
-int fold_from_copy(void *ud, int32_t at, const uint16_t *k, uint64_t gen, int32_t n, int64_t dim);   /* sl_device.fold */
+const uint16_t *summary_copy_rows(void *ud, const uint16_t *k, uint64_t gen, int32_t rows, int64_t dim);   /* sl_device.copy_rows */
 void cuda_page_rows(be_backend *b, const be_page_rows *r, int n);
 void cuda_page_moves(be_backend *b, const be_page_move *m, int n);
 void cuda_lsh_hits(be_backend *b, const be_lsh *l);

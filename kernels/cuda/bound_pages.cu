@@ -208,50 +208,42 @@ __global__ void __launch_bounds__(SG_THREADS) seg_choose_kernel(const float *u, 
     }
 }
 
-/* sl_device.fold: the fold of entry `at` queued for run_folds where the device's copy of the page
- * holds its n rows under its generation (a prompt's pages after its prefill, a restored cache's
- * once placed; not a decode step's last page, whose deferred row goes up with the next attention
- * call). -1: not queued (no such copy, out of memory, or the summaries sent from the host:
- * KVCHAT_CUDA_PAGE_ROWS=0). */
-int fold_from_copy(void *ud, int32_t at, const uint16_t *k, uint64_t gen, int32_t n, int64_t dim)
+/* sl_device.copy_rows: where the device's copy of the page holds its first `rows` rows under its
+ * generation (a prompt's pages after its prefill, a restored cache's once placed; not a decode
+ * step's last page, whose deferred row goes up with the next attention call). NULL: no such copy,
+ * or the summaries sent from the host (KVCHAT_CUDA_PAGE_ROWS=0). */
+const uint16_t *summary_copy_rows(void *ud, const uint16_t *k, uint64_t gen, int32_t rows, int64_t dim)
 {
     cuda_impl *ci = (cuda_impl *)ud;
-    if (ci->page_rows_off || dim > INT32_MAX) return -1;
+    if (ci->page_rows_off || dim > INT32_MAX) return NULL;
     be_kv_page pg = {};
     pg.k = k;
     pg.gen = gen;
-    pg.n = n;
+    pg.n = rows;
     pg.stride = (int32_t)dim;
-    const pc_copy *c = pc_find(&ci->copies, &pg, n);
-    if (!c) return -1;
-    if (ci->n_folds == ci->cap_folds) {
-        int64_t cap = ci->cap_folds ? 2 * ci->cap_folds : 1024;
-        bd_fold *f = (bd_fold *)realloc(ci->folds, sizeof *f * (size_t)cap);
-        if (!f) return -1;
-        ci->folds = f;
-        ci->cap_folds = cap;
-    }
-    ci->folds[ci->n_folds++] = bd_fold{ c->k, at, n };
-    return 0;
+    const pc_copy *c = pc_find(&ci->copies, &pg, rows);
+    return c ? c->k : NULL;
 }
 
-/* A block a fold (kernels/bound_kernels.h), a thread every BD_FOLD_THREADS-th element. */
+/* A block a record (kernels/bound_kernels.h): a fold's first record's block folds it, a thread
+ * every BD_FOLD_THREADS-th element; the others' return. */
 __global__ void __launch_bounds__(BD_FOLD_THREADS) fold_kernel(const bd_fold *f, int64_t dim, float *sums,
                                                                int64_t *len)
 {
-    const bd_fold fj = f[blockIdx.x];
-    for (int64_t i = threadIdx.x; i < dim; i += BD_FOLD_THREADS) bd_fold_elem(&fj, dim, i, sums, len);
+    const bd_fold *fj = &f[blockIdx.x];
+    if (fj->runs < 1) return;
+    for (int64_t i = threadIdx.x; i < dim; i += BD_FOLD_THREADS) bd_fold_elem(fj, dim, i, sums, len);
 }
 
 /* The folds sl_update queued for list L run, after the batch with the summaries it sent (sent by
  * the caller). 0, or -1 (recorded). */
 static int run_folds(cuda_impl *ci, const sl_list *L)
 {
-    const int64_t n = ci->n_folds;
-    ci->n_folds = 0;
+    const int64_t n = ci->sums.n_folds;
+    ci->sums.n_folds = 0;
     if (n == 0) return 0;
     const size_t bytes = sizeof(bd_fold) * (size_t)n;
-    const bd_fold *d = stage_reserve(ci, stage_size(bytes)) ? NULL : (const bd_fold *)stage(ci, ci->folds, bytes);
+    const bd_fold *d = stage_reserve(ci, stage_size(bytes)) ? NULL : (const bd_fold *)stage(ci, ci->sums.folds, bytes);
     if (!d) return -1;
     fold_kernel<<<(unsigned)n, BD_FOLD_THREADS, 0, ci->stream>>>(d, L->dim, L->dev, L->dev_n);
     return ck(ci, cudaGetLastError(), "summary fold kernel");
@@ -263,10 +255,8 @@ static int run_folds(cuda_impl *ci, const sl_list *L)
 static const sl_list *update_sums(cuda_impl *ci, const be_bounds *r)
 {
     char err[160];
-    ci->n_folds = 0;
     const sl_list *L = sl_update(&ci->sums, r, err, sizeof err);
     if (!L) {
-        ci->n_folds = 0;
         if (!ci->failed) ub_clear(&ci->batch, 0);
         return NULL;
     }
