@@ -292,7 +292,8 @@ static void through_sums(const be_bounds *r)
         for (int64_t i = 0; i < be_bounds_count(r, h); i++) {
             const be_summary *sm = &r->sum[r->off[h] + i];
             const float *d = L->dev + ((int64_t)h * L->cap + i) * 2 * r->dim;
-            cr_assert(!memcmp(d, sm->mn, half) && !memcmp(d + r->dim, sm->mx, half),
+            cr_assert(!memcmp(d, sm->mn, half) && !memcmp(d + r->dim, sm->mx, half) &&
+                          L->dev_n[(int64_t)h * L->cap + i] == sm->n,
                       "bounds call %lld, head %d, summary %lld: the device holds another", (long long)ck.bound_calls, h,
                       (long long)i);
         }

@@ -532,6 +532,13 @@ static struct {
     int refuse, calls;
     const uint16_t *stale[64];
     int n_stale;
+    /* where set: pages of page_elems halves from base, the device's copy of page i holding rows
+     * [0, held[i]) under generation dev_gen[i] */
+    const uint16_t *base;
+    size_t page_elems;
+    int n_pages;
+    const int32_t *held;
+    const uint64_t *dev_gen;
 } copies;
 
 static const uint16_t *test_copy(void *ud, const uint16_t *k, uint64_t gen, int32_t rows, int64_t dim)
@@ -541,6 +548,11 @@ static const uint16_t *test_copy(void *ud, const uint16_t *k, uint64_t gen, int3
     if (copies.refuse && ++copies.calls % copies.refuse == 0) return NULL;
     for (int i = 0; i < copies.n_stale; i++)
         if (copies.stale[i] == k) return NULL;
+    if (copies.base) {
+        size_t i = (size_t)(k - copies.base) / copies.page_elems;
+        cr_assert(k >= copies.base && i < (size_t)copies.n_pages && k == copies.base + i * copies.page_elems);
+        if (copies.dev_gen[i] != gen || copies.held[i] < rows) return NULL;
+    }
     return k;
 }
 
@@ -662,7 +674,21 @@ Test(bounds, summaries_of_runs_in_several_pages_fold_from_every_runs_copy_or_are
         }
     int64_t cnt[H] = { 0 };
     uint64_t groups = 0, runs_folded = 0;
+    static int32_t held[H * NP];
+    static uint64_t dev_gen[H * NP];
+    copies.base = &rows[0][0][0][0];
+    copies.page_elems = (size_t)P * D;
+    copies.n_pages = H * NP;
+    copies.held = held;
+    copies.dev_gen = dev_gen;
     for (int step = 0; step < 300; step++) {
+        /* the device's copies: most whole and current, some short of the last rows (a deferred
+         * row), some of another generation */
+        for (int i = 0; i < H * NP; i++) {
+            uint32_t c = rnd() % 8;
+            held[i] = c == 0 ? (int32_t)(rnd() % P) : P;
+            dev_gen[i] = c == 1 ? 0x7777 : page_gen[i / NP][i % NP];
+        }
         copies.refuse = step % 7 == 6 ? 2 : 0;   /* no partway through a summary's runs */
         copies.calls = 0;
         copies.n_stale = (int)(rnd() % 4);
@@ -714,6 +740,10 @@ Test(bounds, summaries_of_runs_in_several_pages_fold_from_every_runs_copy_or_are
                           "step %d, head %d, entry %lld: run %d folds other rows", step, h, (long long)i, u);
                 for (int x = 0; x < copies.n_stale; x++)
                     cr_assert(copies.stale[x] != w->k, "step %d: a run of a stale page folded", step);
+                const size_t pi = (size_t)(w->k - copies.base) / copies.page_elems;
+                cr_assert(w->r0 + w->n <= held[pi] && dev_gen[pi] == w->gen,
+                          "step %d: a run folded from a copy without its rows (%d + %d of %d held)", step, w->r0,
+                          w->n, held[pi]);
             }
             runs_folded += (uint64_t)f->runs;
         }
@@ -723,6 +753,7 @@ Test(bounds, summaries_of_runs_in_several_pages_fold_from_every_runs_copy_or_are
         groups += (uint64_t)n;
         cr_assert_eq(check_list(L, &r), 0, "step %d: the device's entries differ from the summaries named", step);
     }
+    memset(&copies, 0, sizeof copies);
     cr_assert(groups > 60 && runs_folded > 2 * groups && t.sent - t.folded > 30,
               "both ways taken: %llu folded (%llu runs), %llu sent", (unsigned long long)groups,
               (unsigned long long)runs_folded, (unsigned long long)(t.sent - t.folded));

@@ -85,7 +85,8 @@ typedef struct st_sent {
     /* On a device backend (one that binds: it keeps copies of the pages), where each summary's rows
      * are, so that the device folds it from its copies instead of receiving it (be_summary.runs):
      * per segment and (global layer, KV head) up to runs_per runs, n_runs of them (0: none known,
-     * as after a restore, or more than runs_per: the summary is sent). runs_per 0: not kept. */
+     * as after a restore; -1: more than runs_per; either way the summary is sent). runs_per 0: not
+     * kept. */
     be_summary_run *runs;
     int32_t *n_runs;
     int runs_per;
@@ -440,6 +441,7 @@ static int layer_list(st_sent *s, const pol_env *env, int gl)
     int64_t D = kv_head_dim(env->kv), per = (int64_t)env->n_global * env->n_head_kv * 2 * D;
     seg_sums *L = &s->lists[gl];
     int64_t from = L->n;   /* the segments each head's list has */
+    /* (runs may move while mm stays: a list naming the old runs would send a device to freed memory) */
     if (L->mm != s->mm || L->runs != s->runs || L->shape != s->shape || s->n_summ < L->n || s->n_summ > L->stride) {
         from = 0;   /* written afresh, with room for a quarter more */
         int64_t stride = s->n_summ > L->stride ? s->n_summ + s->n_summ / 4 + 64 : L->stride;
