@@ -384,6 +384,16 @@ static int check_list(const sl_list *L, const be_bounds *r)
     return bad;
 }
 
+/* Heads' summaries side by side for a bounds call: head h's cnt[h] from sum + h * maxn. */
+static void flatten(const be_summary *sum, int64_t maxn, const int64_t *cnt, int H, be_summary *flat, int64_t *off)
+{
+    off[0] = 0;
+    for (int h = 0; h < H; h++) {
+        memcpy(flat + off[h], sum + h * maxn, sizeof *flat * (size_t)cnt[h]);
+        off[h + 1] = off[h] + cnt[h];
+    }
+}
+
 /* A cache-like history under two names: heads gain summaries at their ends (the last one's
  * contents changing with a new n), a shape break rewrites entries in the middle, drops some and
  * reuses memory, the batch is sometimes lost, the device sometimes out of memory. After every call
@@ -432,11 +442,8 @@ Test(bounds, the_device_lists_hold_every_summary_named_through_a_random_history)
         }
         /* the call's list: each head's entries side by side */
         static be_summary flat[H * MAXN];
-        int64_t off[H + 1] = { 0 };
-        for (int h = 0; h < H; h++) {
-            memcpy(flat + off[h], &sum[nm][h * MAXN], sizeof *flat * (size_t)cnt[nm][h]);
-            off[h + 1] = off[h] + cnt[nm][h];
-        }
+        int64_t off[H + 1];
+        flatten(sum[nm], MAXN, cnt[nm], H, flat, off);
         be_bounds r = { .n_head_kv = H, .group = 1, .dim = D, .sum = flat, .off = off, .table = (uint64_t)nm + 7,
                         .shape = rnd() % 10 ? shape[nm] : 0 };
         alloc_fails = rnd() % 200 == 0;
@@ -618,11 +625,8 @@ Test(bounds, summaries_of_pages_are_folded_where_the_pages_are_and_the_rest_sent
         }
         if (step % 97 == 96) shape++;   /* a shape break: every entry looked at again */
         static be_summary flat[H * MAXN];
-        int64_t off[H + 1] = { 0 };
-        for (int h = 0; h < H; h++) {
-            memcpy(flat + off[h], sum[h], sizeof *flat * (size_t)cnt[h]);
-            off[h + 1] = off[h] + cnt[h];
-        }
+        int64_t off[H + 1];
+        flatten(&sum[0][0], MAXN, cnt, H, flat, off);
         be_bounds r = { .n_head_kv = H, .group = 1, .dim = D, .sum = flat, .off = off, .table = 3, .shape = shape };
         char err[128];
         uint64_t sent0 = t.sent, folded0 = t.folded;
@@ -713,11 +717,8 @@ Test(bounds, summaries_of_runs_in_several_pages_fold_from_every_runs_copy_or_are
         }
         if (step % 50 == 49) shape++;   /* every entry looked at again */
         static be_summary flat[H * MAXN];
-        int64_t off[H + 1] = { 0 };
-        for (int h = 0; h < H; h++) {
-            memcpy(flat + off[h], sum[h], sizeof *flat * (size_t)cnt[h]);
-            off[h + 1] = off[h] + cnt[h];
-        }
+        int64_t off[H + 1];
+        flatten(&sum[0][0], MAXN, cnt, H, flat, off);
         be_bounds r = { .n_head_kv = H, .group = 1, .dim = D, .sum = flat, .off = off, .table = 4, .shape = shape };
         char err[128];
         uint64_t folded0 = t.folded;

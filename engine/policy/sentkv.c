@@ -81,7 +81,7 @@ typedef struct st_sent {
     int64_t *seg_end;        /* finished segments: [seg_start, seg_end) with seg_start = previous end */
     int64_t n_seg, cap_seg;
     float *mm;               /* per segment: [n_global][n_head_kv][2][D] min then max */
-    int64_t cap_mm;          /* segments mm (and runs, n_runs) have room for */
+    int64_t cap_mm;          /* segments mm, n_runs and runs have room for (runs NULL after a restore) */
     /* On a device backend (one that binds: it keeps copies of the pages), where each summary's rows
      * are, so that the device folds it from its copies instead of receiving it (be_summary.runs):
      * per segment and (global layer, KV head) up to runs_per runs, n_runs of them (0: none known,
@@ -627,49 +627,20 @@ static int se_load(void *st, const pol_env *env, bytes_r *r)
         if (!isfinite(x)) return -1;
     }
     float *nmm = malloc(sizeof(float) * (size_t)(n_summ > 0 ? n_summ * per : 1));
-    if (!nmm) return -1;
-    /* where the restored summaries' rows are is not known (the keys may have changed): sent */
-    size_t n_at = (size_t)(n_summ > 0 ? n_summ : 1) * (size_t)s->n_slots;
-    be_summary_run *nr = s->runs_per ? malloc(sizeof *nr * n_at * (size_t)s->runs_per) : NULL;
-    int32_t *nn = s->runs_per ? calloc(n_at, sizeof *nn) : NULL;
-    if (s->runs_per && (!nr || !nn)) {
-        free(nr);
-        free(nn);
-        free(nmm);
-        return -1;
-    }
-    memcpy(nmm, mm, sizeof(float) * (size_t)(n_summ > 0 ? n_summ * per : 0));
     int32_t *nt = malloc(sizeof(int32_t) * (size_t)(n_tok > 0 ? n_tok * 2 : 1));
     int64_t *ns = malloc(sizeof(int64_t) * (size_t)(n_seg > 0 ? n_seg * 2 : 1));
-    if (!nt || !ns) {
-        free(nt);
-        free(ns);
-        free(nmm);
-        free(nr);
-        free(nn);
-        return -1;
-    }
+    /* where the restored summaries' rows are is not known (the keys may have changed): none, so
+     * they are sent (the runs themselves come with the next segments' room) */
+    int32_t *nn = s->runs_per ? calloc((size_t)(n_summ > 0 ? n_summ : 1) * (size_t)s->n_slots, sizeof *nn) : NULL;
+    if (!nmm || !nt || !ns || (s->runs_per && !nn)) goto fail;
+    memcpy(nmm, mm, sizeof(float) * (size_t)(n_summ > 0 ? n_summ * per : 0));
     memcpy(nt, tok, sizeof(int32_t) * (size_t)n_tok);
     memcpy(ns, seg, sizeof(int64_t) * (size_t)n_seg);
     for (int64_t i = 0; i < n_tok; i++)
         if (nt[i] < -1 || nt[i] >= env->n_vocab) nt[i] = -1;
     for (int64_t i = 0; i < n_seg; i++)
-        if (ns[i] <= (i ? ns[i - 1] : 0) || ns[i] > n_tok) {
-            free(nt);
-            free(ns);
-            free(nmm);
-            free(nr);
-            free(nn);
-            return -1;
-        }
-    if (stamp(s, 0, n_summ)) {   /* the restored summaries are new to a device */
-        free(nt);
-        free(ns);
-        free(nmm);
-        free(nr);
-        free(nn);
-        return -1;
-    }
+        if (ns[i] <= (i ? ns[i - 1] : 0) || ns[i] > n_tok) goto fail;
+    if (stamp(s, 0, n_summ)) goto fail;   /* the restored summaries are new to a device */
     s->shape = kv_next_gen();
     free(s->tok);
     free(s->seg_end);
@@ -684,11 +655,17 @@ static int se_load(void *st, const pol_env *env, bytes_r *r)
     free(s->runs);
     free(s->n_runs);
     s->mm = nmm;
-    s->runs = nr;
+    s->runs = NULL;
     s->n_runs = nn;
     s->cap_mm = n_summ;
     s->n_summ = n_summ;
     return 0;
+fail:
+    free(nmm);
+    free(nt);
+    free(ns);
+    free(nn);
+    return -1;
 }
 
 static void se_describe(void *st, char *buf, size_t len)
