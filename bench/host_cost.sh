@@ -12,7 +12,7 @@
 #               average of a short run, left out);
 #   calls       what a decode step asks of the runtime, from the stand-in's census
 #               (KVCHAT_STANDIN_REPORT) of the same two runs, the longer less the shorter: kernels launched
-#               directly and recorded into graphs, copies, memsets, waits (stream and event
+#               directly and recorded into graphs, copies (and of them, those host to device: up), memsets, waits (stream and event
 #               synchronizations), graph launches and recordings;
 # then the kernels a step launches (graphs off, at the first depth), and the op profiler's table
 # (KVCHAT_PROFILE=1) of the host time in each op at the first depth. Nothing is written but stdout.
@@ -58,16 +58,17 @@ rev=$("$K" --version 2>/dev/null | head -n 1)
 echo "kvchat's host work a decode step on the CUDA backend, over the stand-in runtime (no GPU, no kernel run)"
 echo "model $(basename "$M"); $rev; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) threads"
 echo
-printf '%6s %7s %9s %9s %9s %7s %8s %6s %7s %9s\n' depth graphs "host us" launched recorded copies memsets waits "graph" recordings
+printf '%6s %7s %9s %9s %9s %7s %4s %8s %6s %7s %9s\n' depth graphs "host us" launched recorded copies up memsets waits "graph" recordings
 for d in $depths; do
     for g in off on; do
         ts=$(bench "s$d$g" "$d" $short $g)
         tl=$(bench "l$d$g" "$d" $long $g)
         per_step "s$d$g" "l$d$g" > "$work/p$d$g"
         us=$(awk -v ts="$ts" -v tl="$tl" -v s=$short -v l=$long 'BEGIN { print 1e6 * (l / tl - s / ts) / (l - s) }')
-        printf '%6s %7s %9.1f %9s %9s %7s %8s %6s %7s %9s\n' "$d" "$g" "$us" \
+        printf '%6s %7s %9.1f %9s %9s %7s %4s %8s %6s %7s %9s\n' "$d" "$g" "$us" \
             "$(sum launch < "$work/p$d$g")" "$(sum recorded < "$work/p$d$g")" \
-            "$(sum call cudaMemcpyAsync cudaMemcpy2DAsync < "$work/p$d$g")" "$(sum call cudaMemsetAsync < "$work/p$d$g")" \
+            "$(sum call cudaMemcpyAsync cudaMemcpy2DAsync < "$work/p$d$g")" "$(sum call copy_up < "$work/p$d$g")" \
+            "$(sum call cudaMemsetAsync < "$work/p$d$g")" \
             "$(sum call cudaStreamSynchronize cudaEventSynchronize < "$work/p$d$g")" \
             "$(sum call cudaGraphLaunch < "$work/p$d$g")" "$(sum call cudaStreamBeginCapture < "$work/p$d$g")"
     done

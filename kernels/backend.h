@@ -547,6 +547,10 @@ uint64_t be_cuda_flash_calls(be_backend *b);
  * copies, waits: each a few microseconds of the host's time, what bounds a small model's decode
  * step); the op profiler reports them an op. 0 for any other backend. */
 uint64_t be_cuda_runtime_calls(be_backend *b);
+/* Upload batches a CUDA backend sent in its scatter launch's parameters instead of a copy
+ * (kernels/upload_batch.h, ub_inline_size; none under KVCHAT_CUDA_INLINE=off). 0 for any other
+ * backend. */
+uint64_t be_cuda_inline_sends(be_backend *b);
 /* The KVCHAT_CUDA_* settings a CUDA backend was made with that are not its defaults, as
  * "NAME=value, ..." ("" when none, and for any other backend): benchmarks and the device's name
  * say them, so figures taken under them are told apart. */

@@ -24,6 +24,12 @@ uint64_t be_cuda_runtime_calls(be_backend *b)
     return 0;
 }
 
+uint64_t be_cuda_inline_sends(be_backend *b)
+{
+    (void)b;
+    return 0;
+}
+
 uint64_t be_cuda_input_quantizations(be_backend *b)
 {
     (void)b;

@@ -5,8 +5,9 @@
  * 7B-shaped model touches a page per KV head per layer, about a thousand such copies a token, each
  * a few microseconds of the driver's time. The batch gathers them: their bytes packed in one host
  * buffer (each piece 16-byte aligned) and a table of pieces saying where each goes. The CUDA backend
- * sends the packed bytes and the table with one copy and runs one scatter kernel, in which block i
- * puts piece i in place with ub_scatter_piece; the tests run that function on the host. */
+ * sends the packed bytes and the table with one copy (or, when they are small, in the launch's own
+ * parameters: ub_inline_size) and runs one scatter kernel, in which block i puts piece i in place
+ * with ub_scatter_piece; the tests run that function on the host. */
 #ifndef KVCHAT_UPLOAD_BATCH_H
 #define KVCHAT_UPLOAD_BATCH_H
 
@@ -66,6 +67,25 @@ static inline size_t ub_packed_bytes(const ub_batch *b) { return ub_table_offset
 /* Write the packed form (ub_packed_bytes) to out (16-byte aligned): every piece's bytes at its
  * offset (the gaps between them are not written), then the table. */
 void ub_pack(const ub_batch *b, void *out);
+
+/* A small batch needs no copy at all: its packed form rides in the scatter launch's own parameters
+ * (a kernel takes up to 32,764 bytes of them since CUDA 12.1, and kvchat's CUDA build needs CUDA 13),
+ * which the launch carries to the device with the kernel, so no copy waits for the copy engine
+ * before the kernel starts, and no staging buffer is taken. A decode step's batch a layer is 1-2 KiB
+ * on the default model and 4-8 KiB on a 7B-shaped one (about 2 KiB more at a page boundary). The
+ * launch carries its parameters' whole declared size, so there are three sizes, and a batch takes
+ * the smallest that holds its packed form: */
+#define UB_INLINE_SMALL 2048
+#define UB_INLINE_MEDIUM 8192
+#define UB_INLINE_LARGE 24576   /* a batch of 8 sequences' steps on the default model; more goes by copy */
+/* The parameter size whose launch carries a packed form of `packed` bytes, or 0: copy it. */
+static inline size_t ub_inline_size(size_t packed)
+{
+    return packed <= UB_INLINE_SMALL    ? UB_INLINE_SMALL
+           : packed <= UB_INLINE_MEDIUM ? UB_INLINE_MEDIUM
+           : packed <= UB_INLINE_LARGE  ? UB_INLINE_LARGE
+                                        : 0;
+}
 
 /* 16 bytes moved as one load and one store on the device. */
 typedef struct __attribute__((aligned(16))) ub_v16 {

@@ -12,7 +12,8 @@
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
 #      vocabulary from the pack): the GPU, the GPU with its decode steps recorded and replayed as
-#      graphs (KVCHAT_CUDA_GRAPH=on, in segments of 64 calls and whole), with a launch a product and each product
+#      graphs (KVCHAT_CUDA_GRAPH=on, in segments of 64 calls and whole), with every layer's upload batch
+#      copied instead of carried in its scatter launch (KVCHAT_CUDA_INLINE=off), with a launch a product and each product
 #      quantizing its input (KVCHAT_CUDA_LAUNCHES=apart), without the warm-up at load (KVCHAT_WARM_UP=0:
 #      the first prompt pays the one-off costs), the GPU with prefill chunks on the grouped attention
 #      kernel (KVCHAT_CUDA_ATTN=grouped), with every product through cuBLAS (KVCHAT_CUDA_MMV=0),
@@ -23,6 +24,7 @@
 #   6. kvchat bench on Mistral-7B-shaped f16 and Q4_K_M models written there (Q4_K_M also without
 #      the warm-up, with the narrow decode items (KVCHAT_CUDA_MMV=narrow), with a launch a product
 #      (KVCHAT_CUDA_LAUNCHES=apart), with a prompt's rows sent up from the host (KVCHAT_CUDA_PAGE_ROWS=0),
+#      with the upload batches copied (KVCHAT_CUDA_INLINE=off),
 #      recorded as graphs (KVCHAT_CUDA_GRAPH=on), with the grouped kernel for prefill chunks, under the profiler, with
 #      and without Quest and CHESS, /compare's batch, full against CHESS aggressive at 32K, and
 #      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8; TAKE and LASER-KV at
@@ -257,11 +259,12 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|page_summaries_folded*|quest_s_bounds_and_best*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*|a_restored_cache*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
-    # a prompt's rows written into the page copies on the device: whole tiny-model runs, so a step
-    # of its own (a timeout here leaves the others' results)
-    step "compute-sanitizer memcheck (page rows)" 60 \
+    # a prompt's rows written into the page copies on the device, and the upload batches read from
+    # their launches' parameters: whole tiny-model runs, so a step of its own (a timeout here leaves
+    # the others' results)
+    step "compute-sanitizer memcheck (page rows, batches in launches)" 90 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/a_prompts_rows_written*'
+        --filter 'cuda/@(a_prompts_rows_written*|batches_in_launch*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
     # stages; racecheck is slow, so that test alone, the fused ops' shared block sums and the
@@ -300,7 +303,7 @@ elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m 
         -o "$gm" -t "$threads"; then
     # (the scalar attention kernel and stage 0's f32 decode kernel, end to end until 2026-11-28,
     # are left to gpu_bench's rows: the budget goes to what changed since)
-    for run in cuda cuda-graph cuda-graph-whole cuda-apart cuda-cold cuda-grouped cuda-cublas cpu; do
+    for run in cuda cuda-graph cuda-graph-whole cuda-copied cuda-apart cuda-cold cuda-grouped cuda-cublas cpu; do
         case $run in
         cuda) env=() dev=(--device cuda) config=cuda ;;
         # the decode step recorded and replayed as graphs (stage 4's fourth part), in segments of
@@ -309,6 +312,8 @@ elif step "gen-model gemma3-270m q4_k_m" 60 "$kv" gen-model --shape gemma3-270m 
         cuda-graph-whole) env=(KVCHAT_CUDA_GRAPH=on KVCHAT_CUDA_GRAPH_SPLIT=0) dev=(--device cuda)
             config="cuda KVCHAT_CUDA_GRAPH=on KVCHAT_CUDA_GRAPH_SPLIT=0" ;;
         cuda-apart) env=(KVCHAT_CUDA_LAUNCHES=apart) dev=(--device cuda) config="cuda KVCHAT_CUDA_LAUNCHES=apart" ;;
+        # every layer's upload batch copied, as before they rode in their scatter launches (stage 4's fifth part)
+        cuda-copied) env=(KVCHAT_CUDA_INLINE=off) dev=(--device cuda) config="cuda KVCHAT_CUDA_INLINE=off" ;;
         cuda-cold) env=(KVCHAT_WARM_UP=0) dev=(--device cuda) config="cuda KVCHAT_WARM_UP=0" ;;
         cuda-grouped) env=(KVCHAT_CUDA_ATTN=grouped) dev=(--device cuda) config="cuda KVCHAT_CUDA_ATTN=grouped" ;;
         cuda-cublas) env=(KVCHAT_CUDA_MMV=0) dev=(--device cuda) config="cuda KVCHAT_CUDA_MMV=0" ;;
@@ -367,6 +372,10 @@ for type in q4_k_m f16; do
             # a prompt's K/V rows sent up from the host's pages, as before page_rows (stage 2's third part)
             bench_step "bench mistral-7b $type rows sent up" "cuda KVCHAT_CUDA_PAGE_ROWS=0" 100 \
                 env KVCHAT_CUDA_PAGE_ROWS=0 "$kv" bench -m "$m" --device cuda --ctx 2048 --gen 16 \
+                --csv "$tmp/bench.csv" && bench_table
+            # every layer's upload batch copied, as before they rode in their scatter launches
+            bench_step "bench mistral-7b $type batches copied" "cuda KVCHAT_CUDA_INLINE=off" 100 \
+                env KVCHAT_CUDA_INLINE=off "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \
                 --csv "$tmp/bench.csv" && bench_table
             bench_step "bench mistral-7b $type recorded as graphs" "cuda KVCHAT_CUDA_GRAPH=on" 100 \
                 env KVCHAT_CUDA_GRAPH=on "$kv" bench -m "$m" --device cuda --ctx 512,2048 --gen 16 \

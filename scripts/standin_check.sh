@@ -17,7 +17,8 @@
 #   - a session saved and resumed under other policies, a chat of several turns;
 # and the census the stand-in keeps of the calls it answered (KVCHAT_STANDIN_REPORT) shows a decode
 # step recorded as graphs launching the same kernels, as many times, as a step launched directly,
-# and none directly. Prints a line per failure and a summary; exit 1 if anything failed.
+# and none directly, and copying up to the device only its token and positions (its layers' upload
+# batches in their launches' parameters; a copy a layer with KVCHAT_CUDA_INLINE=off). Prints a line per failure and a summary; exit 1 if anything failed.
 set -u
 if [ $# -ne 2 ]; then
     echo "usage: scripts/standin_check.sh KVCHAT STANDIN_DIR" >&2
@@ -122,6 +123,21 @@ if [ -s "$work/d24.txt" ] && [ -s "$work/g24.txt" ]; then
     if [ -s "$work/direct_on" ]; then
         fail "a decode step recorded as graphs still launches kernels directly:"
         head -n 20 "$work/direct_on"
+    fi
+    # a layer's upload batch rides in its scatter launch: what goes up a step by copy is the
+    # step's token and positions, not a copy a layer (KVCHAT_CUDA_INLINE=off shows the difference)
+    for c in d g; do
+        up=$(per_step call ${c}8 ${c}24 | awk '$1 == "copy_up" { print $2 }')
+        if awk -v u="${up:-0}" 'BEGIN { exit !(u > 2) }'; then
+            fail "a decode step (graphs $([ $c = g ] && echo on || echo off)) copies ${up} times up to the device, more than its token and positions"
+        fi
+    done
+    census i8 8 KVCHAT_CUDA_GRAPH=off KVCHAT_CUDA_INLINE=off
+    census i24 24 KVCHAT_CUDA_GRAPH=off KVCHAT_CUDA_INLINE=off
+    up_off=$(per_step call i8 i24 | awk '$1 == "copy_up" { print $2 }')
+    layers=$("$K" info -m "$llama" 2>/dev/null | awk '$1 == "layers" { print $2; exit }')
+    if ! awk -v u="${up_off:-0}" -v l="${layers:-0}" 'BEGIN { exit !(l > 0 && u >= l) }'; then
+        fail "with KVCHAT_CUDA_INLINE=off a decode step copies ${up_off:-no} times up, not one a layer or more (${layers:-?} layers)"
     fi
 else
     fail "the stand-in wrote no census (KVCHAT_STANDIN_REPORT)"

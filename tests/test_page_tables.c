@@ -623,6 +623,73 @@ Test(upload_batch, pieces_of_any_alignment_land_where_they_should)
     ub_free(&b);
 }
 
+/* A batch rides in the scatter launch's parameters (ub_inline_size) when its packed form fits one of
+ * the three sizes, the smallest that holds it; packed into a parameter block of exactly that size
+ * (the rest of it left as the launch finds it), the pieces land as from a copied batch. Sizes near
+ * each boundary, a decode step's layer on the default model (a head: two rows of 512 bytes, a
+ * position, a descriptor) and on the 7B shape (eight heads, rows of 256 bytes), 18 heads' worth,
+ * and one too large for any. */
+Test(upload_batch, a_small_batch_rides_in_the_smallest_parameter_size_that_holds_it)
+{
+    cr_expect_eq(ub_inline_size(0), UB_INLINE_SMALL);
+    cr_expect_eq(ub_inline_size(UB_INLINE_SMALL), UB_INLINE_SMALL);
+    cr_expect_eq(ub_inline_size(UB_INLINE_SMALL + 1), UB_INLINE_MEDIUM);
+    cr_expect_eq(ub_inline_size(UB_INLINE_MEDIUM), UB_INLINE_MEDIUM);
+    cr_expect_eq(ub_inline_size(UB_INLINE_MEDIUM + 1), UB_INLINE_LARGE);
+    cr_expect_eq(ub_inline_size(UB_INLINE_LARGE), UB_INLINE_LARGE);
+    cr_expect_eq(ub_inline_size(UB_INLINE_LARGE + 1), 0, "too large: copied");
+    cr_expect_leq(UB_INLINE_LARGE + 64, 32764, "a kernel's parameters are at most 32,764 bytes, the scatter's own among them");
+    enum { N = 70000 };
+    static unsigned char dst[N], want[N], src[N];
+    const int heads[] = { 1, 8, 18, 40 };
+    const size_t row[] = { 512, 256, 512, 512 }, expect[] = { UB_INLINE_SMALL, UB_INLINE_MEDIUM, UB_INLINE_LARGE, 0 };
+    for (int c = 0; c < 4; c++) {
+        ub_batch b;
+        memset(&b, 0, sizeof b);
+        memset(dst, 0, sizeof dst);
+        memset(want, 0, sizeof want);
+        for (int i = 0; i < N; i++) src[i] = (unsigned char)rnd();
+        for (int h = 0; h < heads[c]; h++) {   /* a head's key and value rows, position, descriptor */
+            const size_t at = (size_t)h * 1200, len[] = { row[c], row[c], 4, 48 },
+                         off[] = { 0, row[c], 2 * row[c], 2 * row[c] + 16 };
+            for (int k = 0; k < 4; k++) {
+                cr_assert_eq(k % 2 ? ub_add_ref(&b, dst + at + off[k], src + at + off[k], len[k])
+                                   : ub_add(&b, dst + at + off[k], src + at + off[k], len[k]),
+                             0);
+                memcpy(want + at + off[k], src + at + off[k], len[k]);
+            }
+        }
+        /* a descriptor moved on the device: read from dst itself, where nothing else in the batch writes */
+        memcpy(dst + 60000, src + 60000, 96);
+        memcpy(want + 61000, src + 60000, 96);
+        memcpy(want + 60000, src + 60000, 96);
+        cr_assert_eq(ub_add_dev(&b, dst + 61000, dst + 60000, 96), 0);
+        const size_t bytes = ub_packed_bytes(&b), size = ub_inline_size(bytes);
+        cr_expect_eq(size, expect[c], "%d heads: %zu bytes packed ride in %zu", heads[c], bytes, size);
+        if (!size) {
+            ub_free(&b);
+            continue;
+        }
+        cr_expect_leq(bytes, size);
+        /* the launch's parameter block, then guard bytes: packing writes nothing past `bytes` */
+        unsigned char *param = aligned_alloc(16, size + 256);
+        cr_assert(param);
+        memset(param, 0xee, size + 256);
+        ub_pack(&b, param);
+        for (size_t i = bytes; i < size + 256; i++)
+            if (param[i] != 0xee) {
+                cr_expect_fail("%d heads: byte %zu past the packed %zu was written", heads[c], i, bytes);
+                break;
+            }
+        const ub_piece *tab = (const ub_piece *)(param + ub_table_offset(&b));
+        for (int64_t i = 0; i < b.n; i++)
+            for (int tid = 0; tid < 4; tid++) ub_scatter_piece(param, &tab[i], tid, 4);
+        cr_expect(!memcmp(dst, want, sizeof dst), "%d heads: the pieces differ from what was queued", heads[c]);
+        free(param);
+        ub_free(&b);
+    }
+}
+
 typedef struct rounds {
     ub_batch b;
     int flushes;

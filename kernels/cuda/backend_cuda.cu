@@ -709,8 +709,8 @@ static int dev_upload(void *ud, void *dst, const void *src, size_t bytes)
 /* Block i < n_pieces puts piece i of a batch in place (kernels/upload_batch.h); the blocks after
  * them round a and b (n values each) to f16 into y[0, n) and y[n, 2n) (a deferred decode step's
  * keys and values for attention, in the same launch). */
-__global__ void scatter_kernel(const unsigned char *base, const ub_piece *pieces, int64_t n_pieces, const float *a,
-                               const float *b, __half *y, int64_t n)
+static __device__ __forceinline__ void scatter_block(const unsigned char *base, const ub_piece *pieces, int64_t n_pieces,
+                                                     const float *a, const float *b, __half *y, int64_t n)
 {
     if ((int64_t)blockIdx.x < n_pieces) {
         ub_scatter_piece(base, &pieces[blockIdx.x], (int)threadIdx.x, (int)blockDim.x);
@@ -719,6 +719,37 @@ __global__ void scatter_kernel(const unsigned char *base, const ub_piece *pieces
     const int64_t i = ((int64_t)blockIdx.x - n_pieces) * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __float2half_rn(qb_f16_range(a[i]));
     else if (i < 2 * n) y[i] = __float2half_rn(qb_f16_range(b[i - n]));
+}
+
+/* A batch copied to the device: its packed form at base, the table at pieces. */
+__global__ void scatter_kernel(const unsigned char *base, const ub_piece *pieces, int64_t n_pieces, const float *a,
+                               const float *b, __half *y, int64_t n)
+{
+    scatter_block(base, pieces, n_pieces, a, b, y, n);
+}
+
+/* A batch in the launch's parameters (ub_inline_size): its packed form is the parameter p, read
+ * where the launch left it (__grid_constant__: by address, no copy of it a thread). */
+template <int CAP> struct __align__(16) ub_inline {
+    unsigned char b[CAP];
+};
+
+template <int CAP>
+__global__ void scatter_inline_kernel(const __grid_constant__ ub_inline<CAP> p, uint32_t table_off, int64_t n_pieces,
+                                      const float *a, const float *b, __half *y, int64_t n)
+{
+    scatter_block(p.b, (const ub_piece *)(p.b + table_off), n_pieces, a, b, y, n);
+}
+
+/* The batch packed into a launch's parameters of CAP bytes (the host's stack holds them until the
+ * launch has taken them) and scattered by `blocks` blocks. */
+template <int CAP>
+static void launch_inline(cuda_impl *ci, const ub_batch *ub, unsigned blocks, const float *a, const float *b, __half *y,
+                          int64_t n)
+{
+    ub_inline<CAP> p;
+    ub_pack(ub, p.b);
+    scatter_inline_kernel<CAP><<<blocks, 128, 0, ci->stream>>>(p, (uint32_t)ub_table_offset(ub), ub->n, a, b, y, n);
 }
 
 /* A lost batch: what the page copies and descriptor lists count as sent never arrived, so both
@@ -733,8 +764,9 @@ void lose_batch(cuda_impl *ci)
 
 int send_batch(cuda_impl *ci) { return send_batch_halves(ci, NULL, NULL, NULL, 0); }
 
-/* Send the queued pieces: packed into the staging arena, one copy, one scatter kernel, which also
- * rounds a and b to f16 into y when n > 0 (the kernel runs for that alone when nothing is queued).
+/* Send the queued pieces: packed into the launch's parameters where they fit (ub_inline_size), else
+ * into the staging arena and one copy; one scatter kernel, which also rounds a and b to f16 into y
+ * when n > 0 (the kernel runs for that alone when nothing is queued).
  * 0, or -1 (recorded, and the batch lost). */
 int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, int64_t n)
 {
@@ -750,6 +782,21 @@ int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, 
         return ck(ci, cudaGetLastError(), "f16 rows kernel");
     }
     size_t bytes = ub_packed_bytes(ub);
+    const unsigned blocks = (unsigned)ub->n + (n > 0 ? halves : 0u);
+    const size_t in_params = ci->inline_off ? 0 : ub_inline_size(bytes);
+    if (in_params) {   /* no copy: the launch carries it */
+        if (in_params == UB_INLINE_SMALL) launch_inline<UB_INLINE_SMALL>(ci, ub, blocks, a, b, y, n > 0 ? n : 0);
+        else if (in_params == UB_INLINE_MEDIUM) launch_inline<UB_INLINE_MEDIUM>(ci, ub, blocks, a, b, y, n > 0 ? n : 0);
+        else launch_inline<UB_INLINE_LARGE>(ci, ub, blocks, a, b, y, n > 0 ? n : 0);
+        ci->bytes_up += bytes;
+        ci->inline_sends++;
+        if (ck(ci, cudaGetLastError(), "scatter kernel")) {
+            lose_batch(ci);
+            return -1;
+        }
+        ub_clear(ub, 1);
+        return 0;
+    }
     if (stage_reserve(ci, stage_size(bytes))) {
         lose_batch(ci);
         return -1;
@@ -763,8 +810,8 @@ int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, 
         return -1;
     }
     ci->arena_off = off + stage_size(bytes);
-    scatter_kernel<<<(unsigned)ub->n + (n > 0 ? halves : 0u), 128, 0, ci->stream>>>(
-        d, (const ub_piece *)(d + ub_table_offset(ub)), ub->n, a, b, y, n > 0 ? n : 0);
+    scatter_kernel<<<blocks, 128, 0, ci->stream>>>(d, (const ub_piece *)(d + ub_table_offset(ub)), ub->n, a, b, y,
+                                                   n > 0 ? n : 0);
     if (ck(ci, cudaGetLastError(), "scatter kernel")) {
         lose_batch(ci);
         return -1;
@@ -965,6 +1012,11 @@ extern "C" uint64_t be_cuda_runtime_calls(be_backend *b)
     return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->runtime_calls : 0;
 }
 
+extern "C" uint64_t be_cuda_inline_sends(be_backend *b)
+{
+    return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->inline_sends : 0;
+}
+
 /* The KVCHAT_CUDA_* variables set when the backend was made that change what runs, as
  * "NAME=value, ..." (be_cuda_settings): the user's bytes, shown on terminals and written into CSV,
  * keep letters, digits, '.', '-' and '_' (anything else becomes '?'). */
@@ -973,7 +1025,8 @@ static void note_settings(cuda_impl *ci)
     const char *names[] = { "KVCHAT_CUDA_GRAPH",   "KVCHAT_CUDA_GRAPH_SPLIT", "KVCHAT_CUDA_LAUNCHES",
                             "KVCHAT_CUDA_ATTN",    "KVCHAT_CUDA_ATTN_SPLITS", "KVCHAT_CUDA_MMV",
                             "KVCHAT_CUDA_MMV_MAX", "KVCHAT_CUDA_MMV_ROWS",    "KVCHAT_CUDA_MMV_INFLIGHT",
-                            "KVCHAT_CUDA_RESIDENT", "KVCHAT_CUDA_PAGE_ROWS",   "KVCHAT_CUDA_BOUNDS" };
+                            "KVCHAT_CUDA_RESIDENT", "KVCHAT_CUDA_PAGE_ROWS",   "KVCHAT_CUDA_BOUNDS",
+                            "KVCHAT_CUDA_INLINE" };
     char *buf = ci->settings;
     const size_t cap = sizeof ci->settings;
     size_t n = 0;
@@ -985,6 +1038,7 @@ static void note_settings(cuda_impl *ci)
         if (i == 1 && !ci->graphs.on) continue;    /* a split with recording off changes nothing */
         if (i == 10 && !ci->page_rows_off) continue;   /* 1: the default */
         if (i == 11 && !ci->bounds_split) continue;    /* fused: the default */
+        if (i == 12 && !ci->inline_off) continue;      /* on: the default */
         char val[25];
         size_t k = 0;
         for (; k + 1 < sizeof val && v[k]; k++) {
@@ -1154,10 +1208,12 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     static const char *const attn_vals[] = { "flash", "grouped", "scalar", NULL };
     static const char *const rows_vals[] = { "1", "0", NULL };
     static const char *const bounds_vals[] = { "fused", "split", NULL };
-    const char *attn_env, *rows_fill_env, *bounds_env;
+    static const char *const inline_vals[] = { "on", "off", NULL };
+    const char *attn_env, *rows_fill_env, *bounds_env, *inline_env;
     if (env_choice("KVCHAT_CUDA_ATTN", attn_vals, "flash (the default), grouped or scalar", &attn_env, err, errlen) ||
         env_choice("KVCHAT_CUDA_PAGE_ROWS", rows_vals, "1 (the default) or 0", &rows_fill_env, err, errlen) ||
-        env_choice("KVCHAT_CUDA_BOUNDS", bounds_vals, "fused (the default) or split", &bounds_env, err, errlen)) {
+        env_choice("KVCHAT_CUDA_BOUNDS", bounds_vals, "fused (the default) or split", &bounds_env, err, errlen) ||
+        env_choice("KVCHAT_CUDA_INLINE", inline_vals, "on (the default) or off", &inline_env, err, errlen)) {
         free(b);
         free(ci);
         return NULL;
@@ -1165,6 +1221,7 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     ci->attn_scalar = attn_env && !strcmp(attn_env, "scalar");
     ci->page_rows_off = rows_fill_env && !strcmp(rows_fill_env, "0");
     ci->bounds_split = bounds_env && !strcmp(bounds_env, "split");
+    ci->inline_off = inline_env && !strcmp(inline_env, "off");
     /* prefill chunks on the tensor cores unless asked otherwise (measured on an H200: docs/gpu.md) */
     ci->attn_flash = !ci->attn_scalar && !(attn_env && !strcmp(attn_env, "grouped"));
     const char *splits_env = getenv("KVCHAT_CUDA_ATTN_SPLITS");

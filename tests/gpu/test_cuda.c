@@ -3432,6 +3432,58 @@ Test(cuda, a_bad_graph_setting_is_refused)
     }
 }
 
+/* Upload batches in their scatter launch's parameters (kernels/upload_batch.h, ub_inline_size) change
+ * no bit: every tiny model's prompt and 20 greedy steps (pages of 16, so page boundaries are
+ * crossed) with every page attended and under Quest, SentKV and TAKE give the logits of a backend
+ * that copies every batch (KVCHAT_CUDA_INLINE=off); batches rode in launches (none on the copying
+ * backend), and the runtime calls were fewer by at least one a layer a step. A bad setting is
+ * refused with a message naming it. */
+Test(cuda, batches_in_launch_parameters_give_the_bits_of_copied_ones)
+{
+    be_backend *copied = gpu_with("KVCHAT_CUDA_INLINE", "off");
+    const char *policies[] = { NULL, "quest:budget=24", "sentkv:budget=0.3", "take:budget=0.5" };
+    enum { STEPS = 20 };
+    int ran = 0;
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        model *m = load_tiny(fi);
+        if (!m) continue;
+        const int64_t nv = m->hp.n_vocab;
+        for (int pi = 0; pi < 4; pi++) {
+            const char *pol = policies[pi] ? policies[pi] : "no policy";
+            int32_t t0[STEPS + 1], t1[STEPS + 1];
+            const uint64_t s0 = be_cuda_inline_sends(gpu), r0 = be_cuda_runtime_calls(gpu);
+            float *a = steps_under(m, gpu, t0, STEPS, NULL, policies[pi]);
+            const uint64_t s1 = be_cuda_inline_sends(gpu), r1 = be_cuda_runtime_calls(gpu);
+            const uint64_t c0 = be_cuda_runtime_calls(copied);
+            float *b = steps_under(m, copied, t1, STEPS, t0, policies[pi]);
+            const uint64_t c1 = be_cuda_runtime_calls(copied);
+            for (int st = 0; st <= STEPS; st++)
+                cr_expect(!memcmp(a + st * nv, b + st * nv, sizeof(float) * (size_t)nv),
+                          "%s, %s: step %d's logits differ from the copied batches'", files[fi], pol, st);
+            cr_expect_gt(s1 - s0, 0, "%s, %s: no batch rode in a launch", files[fi], pol);
+            cr_expect_geq(c1 - c0, r1 - r0 + (uint64_t)STEPS * (uint64_t)m->hp.n_layer,
+                          "%s, %s: %llu runtime calls with the batches in launches, %llu copied", files[fi], pol,
+                          (unsigned long long)(r1 - r0), (unsigned long long)(c1 - c0));
+            cr_log_info("%s, %s: %llu batches in launches; runtime calls %llu, copied %llu", files[fi], pol,
+                        (unsigned long long)(s1 - s0), (unsigned long long)(r1 - r0), (unsigned long long)(c1 - c0));
+            free(a);
+            free(b);
+            ran++;
+        }
+        model_free(m);
+    }
+    cr_expect_gt(ran, 0, "no tiny model here");
+    cr_expect_eq(be_cuda_inline_sends(copied), 0, "KVCHAT_CUDA_INLINE=off sent a batch in a launch");
+    be_free(copied);
+    char err[512] = "";
+    setenv("KVCHAT_CUDA_INLINE", "maybe", 1);
+    be_backend *bad = be_cuda_create(2, err, sizeof err);
+    unsetenv("KVCHAT_CUDA_INLINE");
+    cr_expect_null(bad, "KVCHAT_CUDA_INLINE=maybe accepted");
+    if (bad) be_free(bad);
+    cr_expect(strstr(err, "KVCHAT_CUDA_INLINE must be"), "%s", err);
+}
+
 /* Chelsea's merge of a layer's heads (be_ops.merge_heads) on the device: two heads of one count
  * side by side and a third of another, at once and replayed, at the 7B shape's head dimension
  * and the default model's; every row, position and degree the CPU backend's, bit for bit. A head
