@@ -41,9 +41,20 @@ static int grow(cc_table *t)
     return 0;
 }
 
-const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *status)
+/* The slot of host, or -1. */
+static int64_t find(const cc_table *t, const void *host)
+{
+    if (!t->cap) return -1;
+    uint64_t m = (uint64_t)(t->cap - 1), h = addr_hash(host) & m;
+    while (t->slots[h].host && t->slots[h].host != host) h = (h + 1) & m;
+    return t->slots[h].host ? (int64_t)h : -1;
+}
+
+/* cc_get (write NULL: new or changed bytes uploaded) and cc_claim (*write: the caller writes them). */
+static const void *get(cc_table *t, const void *host, size_t bytes, int *write, enum cc_status *status)
 {
     *status = CC_OK;
+    if (write) *write = 0;
     if ((t->n + 1) * 2 > t->cap && grow(t)) {
         *status = CC_NO_HOST_MEMORY;
         return NULL;
@@ -77,6 +88,12 @@ const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *
     }
     c->bytes = bytes;
     /* new or changed: later device work sees the new bytes, earlier work the old (one stream) */
+    if (write) {
+        *write = 1;
+        memcpy(c->seen, host, bytes);
+        c->stale = 0;
+        return c->dev;
+    }
     if (t->dev.upload(t->dev.ud, c->dev, host, bytes)) {
         c->stale = 1;   /* the device may hold neither the old bytes nor the new: send them next time */
         *status = CC_NOT_SENT;
@@ -86,4 +103,20 @@ const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *
     c->stale = 0;
     t->uploads++;
     return c->dev;
+}
+
+const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *status)
+{
+    return get(t, host, bytes, NULL, status);
+}
+
+const void *cc_claim(cc_table *t, const void *host, size_t bytes, int *write, enum cc_status *status)
+{
+    return get(t, host, bytes, write, status);
+}
+
+void cc_unwritten(cc_table *t, const void *host)
+{
+    const int64_t at = find(t, host);
+    if (at >= 0) t->slots[at].stale = 1;
 }

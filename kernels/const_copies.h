@@ -3,7 +3,8 @@
  * CUDA backend (kernels/cuda/backend_cuda.cu).
  *
  * A copy is keyed by the host address and kept with the host bytes it holds, so a call costs a
- * comparison instead of a copy while those bytes stay the same; new or changed bytes are sent again.
+ * comparison instead of a copy while those bytes stay the same; new or changed bytes are sent again
+ * (or written on the device by the caller: cc_claim).
  * The device is reached through three functions, so the table is plain C and is tested on the host
  * (tests/test_const_copies.c) with host memory standing in for the device. */
 #ifndef KVCHAT_CONST_COPIES_H
@@ -47,5 +48,13 @@ void cc_free(cc_table *t);
  * now is ordered before later device work by the upload function (one stream). A copy of more
  * bytes under the same key whose first `bytes` are the same serves as it is. */
 const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *status);
+/* As cc_get, but new or changed bytes are not sent: *write is then 1, the copy counts as holding
+ * host[0, bytes) and the caller writes them into it on the device itself (from a launch's
+ * parameters: a decode step's positions, which qk_rope carries) before later device work reads it
+ * (one stream); 0 when the copy holds them already. A caller whose write did not happen (its launch
+ * failed) calls cc_unwritten. */
+const void *cc_claim(cc_table *t, const void *host, size_t bytes, int *write, enum cc_status *status);
+/* The copy of host that cc_claim asked the caller to write was not written: sent at its next use. */
+void cc_unwritten(cc_table *t, const void *host);
 
 #endif

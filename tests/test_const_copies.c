@@ -184,3 +184,49 @@ Test(const_copies, out_of_device_memory_and_refused_uploads_are_mended_next_time
     cc_free(&t);
     cr_expect_eq(d.n_live, 0);
 }
+
+/* cc_claim: new or changed bytes are the caller's to write on the device (a decode step's positions,
+ * which qk_rope's launch carries and writes): nothing is sent, the copy counts as holding them, so a
+ * cc_get of the same bytes after it (attention's) sends nothing; unchanged bytes ask for no write; a
+ * claim whose write did not happen (cc_unwritten) is sent by the next cc_get, or asked of the next
+ * claim again. */
+Test(const_copies, claimed_bytes_are_written_by_the_caller_and_not_sent)
+{
+    fake_dev d = { .fail_after = -1 };
+    int32_t pos[4] = { 100, 101, 102, 103 };
+    cc_table t = table_on(&d);
+    enum cc_status st;
+    int write = -1;
+    int32_t *c = (int32_t *)cc_claim(&t, pos, sizeof pos, &write, &st);
+    cr_assert(c && st == CC_OK);
+    cr_expect_eq(write, 1, "a new copy is the caller's to write");
+    cr_expect_eq(t.uploads, 0, "a claim sent its bytes");
+    memcpy(c, pos, sizeof pos);   /* the caller's launch writes them */
+    cr_expect_eq(cc_get(&t, pos, sizeof pos, &st), c);
+    cr_expect_eq(t.uploads, 0, "the claimed bytes were sent again by cc_get");
+    cr_expect_eq(cc_claim(&t, pos, sizeof pos, &write, &st), c);
+    cr_expect_eq(write, 0, "unchanged bytes asked for a write");
+    /* the next step: one position, changed */
+    pos[0] = 104;
+    cr_expect_eq(cc_claim(&t, pos, sizeof pos[0], &write, &st), c);
+    cr_expect_eq(write, 1);
+    c[0] = 104;
+    cr_expect_eq(cc_get(&t, pos, sizeof pos[0], &st), c);
+    cr_expect_eq(t.uploads, 0);
+    /* a claim whose launch failed: the next cc_get sends, the next claim asks again */
+    pos[0] = 105;
+    cr_expect_eq(cc_claim(&t, pos, sizeof pos[0], &write, &st), c);
+    cr_expect_eq(write, 1);
+    cc_unwritten(&t, pos);
+    cr_expect_eq(cc_claim(&t, pos, sizeof pos[0], &write, &st), c);
+    cr_expect_eq(write, 1, "an unwritten claim was taken as written");
+    cc_unwritten(&t, pos);
+    cr_expect_eq(cc_get(&t, pos, sizeof pos[0], &st), c);
+    cr_expect_eq(t.uploads, 1, "an unwritten claim was not sent by the next cc_get");
+    cr_expect_eq(c[0], 105);
+    cc_unwritten(&t, &write);   /* a key never claimed: nothing */
+    cr_expect_eq(cc_get(&t, pos, sizeof pos[0], &st), c);
+    cr_expect_eq(t.uploads, 1);
+    cc_free(&t);
+    cr_expect_eq(d.n_live, 0);
+}

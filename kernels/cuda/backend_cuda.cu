@@ -353,18 +353,34 @@ static int const_upload(void *ud, void *dst, const void *src, size_t bytes)
     return send_to((cuda_impl *)ud, dst, src, bytes);
 }
 
-/* The device copy of host[0, bytes) (kernels/const_copies.c), brought up to date; NULL
- * (recorded) when out of memory or not sent. */
-const void *const_get(cuda_impl *ci, const void *host, size_t bytes)
+/* The constant table's answer for `bytes`, recorded when it is a shortage of memory (a copy not
+ * sent is recorded by the upload). */
+static void const_said(cuda_impl *ci, enum cc_status st, size_t bytes)
 {
-    enum cc_status st;
-    const void *d = cc_get(&ci->consts, host, bytes, &st);
     if (st == CC_NO_HOST_MEMORY) fail(ci, "out of memory");
     if (st == CC_NO_DEVICE_MEMORY) {
         char need[32];
         fail_alloc(ci, ci->alloc_error, "allocation for constants", "out of GPU memory: %s of constants needed, %.1f MiB free",
                    bytes_text(need, (double)bytes), free_mib());
     }
+}
+
+/* The device copy of host[0, bytes) (kernels/const_copies.c), brought up to date; NULL
+ * (recorded) when out of memory or not sent. */
+const void *const_get(cuda_impl *ci, const void *host, size_t bytes)
+{
+    enum cc_status st;
+    const void *d = cc_get(&ci->consts, host, bytes, &st);
+    const_said(ci, st, bytes);
+    return d;
+}
+
+/* As const_get, but changed bytes are the caller's to write on the device (*write 1; cc_claim). */
+const void *const_claim(cuda_impl *ci, const void *host, size_t bytes, int *write)
+{
+    enum cc_status st;
+    const void *d = cc_claim(&ci->consts, host, bytes, write, &st);
+    const_said(ci, st, bytes);
     return d;
 }
 

@@ -151,7 +151,8 @@ typedef struct cuda_impl {
                                 * its input, attention converts its keys and values apart and sends
                                 * positions and masks on their own (stage 4's third part), to compare */
     int inline_off;            /* KVCHAT_CUDA_INLINE=off: every upload batch copied through the staging
-                                * arena, as before small ones rode in the scatter launch, to compare */
+                                * arena, and a decode step's token and positions staged, as before they
+                                * rode in their launches, to compare */
     uint64_t inline_sends;     /* batches that rode in a launch's parameters (be_cuda_inline_sends) */
     unsigned mmv_smem_set;     /* bit per type slot: the decode kernel's shared memory limit raised */
     float *part_o, *part_ml;   /* attention's per-split partial results */
@@ -275,6 +276,7 @@ int stage_reserve(cuda_impl *ci, size_t total);
 void *stage(cuda_impl *ci, const void *src, size_t bytes);
 int send_to(cuda_impl *ci, void *dst, const void *src, size_t bytes);
 const void *const_get(cuda_impl *ci, const void *host, size_t bytes);
+const void *const_claim(cuda_impl *ci, const void *host, size_t bytes, int *write);
 void host_in(cuda_impl *ci, const void *p, size_t bytes);
 int bound(cuda_impl *ci, const void *p, size_t bytes);
 dev_weight *find_weight(cuda_impl *ci, const void *host);

@@ -46,18 +46,31 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
     if (q) row_codes(yr, blockIdx.x, dim, EW_THREADS, q, qd, qs);
 }
 
+/* A decode step's few values (its tokens' ids, their positions) carried in a launch's parameters
+ * instead of copied up (docs/gpu.md, stage 4's fifth part); `write`: where the kernel also puts the
+ * values on the device (the constant table's copy of the positions, which attention reads), or NULL. */
+#define STEP_INLINE 8   /* a batch's sequences at most (BE_ATTN_SEQS_MAX) */
+typedef struct step_vals {
+    int32_t v[STEP_INLINE];
+    int32_t *write;
+} step_vals;
+
 /* qk_rope (kernels/fused_kernels.h): a block a token, a warp a head row. The angles are built by
- * one thread as the CPU backend builds them, so the floats are the same. */
-__global__ void __launch_bounds__(FK_QK_THREADS) qk_rope_kernel(float *q, float *k, const int32_t *pos, int n_head,
-                                                                int n_head_kv, int head_dim, const float *q_norm,
-                                                                const float *k_norm, float eps, float theta_scale,
-                                                                float freq_scale, int neox, float q_scale)
+ * one thread as the CPU backend builds them, so the floats are the same. The positions at pos, or
+ * (pos NULL) in P. */
+__global__ void __launch_bounds__(FK_QK_THREADS) qk_rope_kernel(float *q, float *k, const int32_t *pos, const step_vals P,
+                                                                int n_head, int n_head_kv, int head_dim,
+                                                                const float *q_norm, const float *k_norm, float eps,
+                                                                float theta_scale, float freq_scale, int neox,
+                                                                float q_scale)
 {
     extern __shared__ float cs[];
     int half = head_dim / 2;
     float *sn = cs + half;
     int64_t t = blockIdx.x;
-    if (threadIdx.x == 0) fk_angles((float)pos[t] * freq_scale, theta_scale, half, cs);
+    const int32_t pt = pos ? pos[t] : P.v[t];
+    if (P.write && threadIdx.x == 0) P.write[t] = pt;
+    if (threadIdx.x == 0) fk_angles((float)pt * freq_scale, theta_scale, half, cs);
     __syncthreads();
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float th = cs[i];
@@ -144,17 +157,29 @@ void cuda_qk_rope(be_backend *b, const be_qk *r)
          * was staged before it */
         const float *dqn = r->q_norm ? (const float *)const_get(ci, r->q_norm, wb) : NULL;
         const float *dkn = r->k_norm ? (const float *)const_get(ci, r->k_norm, wb) : NULL;
-        /* the positions: every layer of a step has the same (and attention reads them too) */
+        if ((r->q_norm && !dqn) || (r->k_norm && !dkn)) return;
+        /* the positions: every layer of a step has the same (and attention reads them too), kept
+         * in the constant table; a decode step's carried in the launch, which writes them there
+         * when they changed (the first layer's) */
         const size_t pb = sizeof(int32_t) * (size_t)r->n_tok;
-        const int32_t *dp = (const int32_t *)(ci->launch_apart ? stage(ci, r->pos, pb) : const_get(ci, r->pos, pb));
-        if (!dp || (r->q_norm && !dqn) || (r->k_norm && !dkn)) return;
+        step_vals P = {};
+        const int carry = !ci->launch_apart && !ci->inline_off && r->n_tok <= STEP_INLINE;
+        int write = 0;
+        const int32_t *dp = (const int32_t *)(ci->launch_apart ? stage(ci, r->pos, pb)
+                                              : carry          ? const_claim(ci, r->pos, pb, &write)
+                                                               : const_get(ci, r->pos, pb));
+        if (!dp) return;   /* (nothing claimed: a claim that must be written is launched below) */
+        if (carry) {
+            memcpy(P.v, r->pos, pb);
+            if (write) P.write = (int32_t *)dp;
+        }
         float *dq = (float *)am_dev_out(&ci->act, r->q, bq), *dk = (float *)am_dev_out(&ci->act, r->k, bk);
         /* the same powf as the CPU backend, on the host */
         float theta_scale = powf(r->freq_base, -2.0f / (float)r->head_dim);
         qk_rope_kernel<<<(unsigned)r->n_tok, FK_QK_THREADS, sizeof(float) * (size_t)r->head_dim, ci->stream>>>(
-            dq, dk, dp, r->n_head, r->n_head_kv, r->head_dim, dqn, dkn, r->eps, theta_scale, r->freq_scale, r->neox,
-            r->q_scale);
-        ck(ci, cudaGetLastError(), "qk_rope");
+            dq, dk, carry ? NULL : dp, P, r->n_head, r->n_head_kv, r->head_dim, dqn, dkn, r->eps, theta_scale,
+            r->freq_scale, r->neox, r->q_scale);
+        if (ck(ci, cudaGetLastError(), "qk_rope") && write) cc_unwritten(&ci->consts, r->pos);
         return;
     }
     am_range rd[2] = { { r->q, bq }, { r->k, bk } };
@@ -217,14 +242,14 @@ void cuda_add_norm(be_backend *b, float *x, float *o, const float *post, const f
 /* Embedding rows of a weight the device holds as the file stores it: thread (token, group of 32)
  * decodes its values exactly as the reference dequantizer (kernels/quant_blocks.h), then scales them
  * as the CPU backend does. */
-__global__ void get_rows_kernel(const uint8_t *w, uint32_t type, size_t stride, const int32_t *ids, int64_t n,
-                                int64_t n_in, float scale, float *out)
+__global__ void get_rows_kernel(const uint8_t *w, uint32_t type, size_t stride, const int32_t *ids, const step_vals I,
+                                int64_t n, int64_t n_in, float scale, float *out)
 {
     const int64_t groups = n_in / 32, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * groups) return;
     const int64_t t = i / groups, g = i % groups;
     float y[32];
-    qb_row_group(type, w + (size_t)ids[t] * stride, g, y);
+    qb_row_group(type, w + (size_t)(ids ? ids[t] : I.v[t]) * stride, g, y);
     float *o = out + t * n_in + g * 32;
     for (int j = 0; j < 32; j++) o[j] = scale != 1.0f ? __fmul_rn(y[j], scale) : y[j];
 }
@@ -239,12 +264,16 @@ void cuda_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_
     size_t bytes = sizeof(float) * (size_t)(n * w->n_in);
     dev_weight *dw = ci->failed || n <= 0 ? NULL : find_weight(ci, w->data);
     if (dw && dw->type == w->type && qb_native(w->type) && w->n_in % 32 == 0 && bound(ci, out, bytes)) {
-        const int32_t *d_ids = (const int32_t *)stage(ci, ids, sizeof(int32_t) * (size_t)n);
-        if (!d_ids) return;
+        /* a decode step's ids carried in the launch, a prompt's staged */
+        step_vals I = {};
+        const int carry = !ci->launch_apart && !ci->inline_off && n <= STEP_INLINE;
+        const int32_t *d_ids = NULL;
+        if (carry) memcpy(I.v, ids, sizeof(int32_t) * (size_t)n);
+        else if (!(d_ids = (const int32_t *)stage(ci, ids, sizeof(int32_t) * (size_t)n))) return;
         float *d_out = (float *)am_dev_out(&ci->act, out, bytes);
         int64_t threads = n * (w->n_in / 32);
         get_rows_kernel<<<(unsigned)((threads + EW_THREADS - 1) / EW_THREADS), EW_THREADS, 0, ci->stream>>>(
-            dw->d, dw->type, dw->stride, d_ids, n, w->n_in, scale, d_out);
+            dw->d, dw->type, dw->stride, d_ids, I, n, w->n_in, scale, d_out);
         ck(ci, cudaGetLastError(), "embedding kernel");
         return;
     }
