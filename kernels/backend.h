@@ -551,6 +551,17 @@ uint64_t be_cuda_runtime_calls(be_backend *b);
  * (kernels/upload_batch.h, ub_inline_size; none under KVCHAT_CUDA_INLINE=off). 0 for any other
  * backend. */
 uint64_t be_cuda_inline_sends(be_backend *b);
+/* A piece of be_cuda_test_batch: bytes [from, from + len) of the source (dev: of the buffer's own
+ * device bytes, copied on the device) to bytes [at, at + len) of the buffer. */
+typedef struct be_test_piece {
+    size_t at, from, len;
+    int dev;
+} be_test_piece;
+/* For tests: the pieces queued for the device bytes of host buffer dst (bound, `bytes` long) and
+ * sent as one upload batch, as an attention call sends its own (the host reads them back with
+ * be_host_read). The parameter size the batch rode in (ub_inline_size), 0 when it was copied, -1
+ * when not sent (not a CUDA backend, dst not bound, out of memory). */
+int64_t be_cuda_test_batch(be_backend *b, void *dst, size_t bytes, const void *src, const be_test_piece *p, int n);
 /* The KVCHAT_CUDA_* settings a CUDA backend was made with that are not its defaults, as
  * "NAME=value, ..." ("" when none, and for any other backend): benchmarks and the device's name
  * say them, so figures taken under them are told apart. */

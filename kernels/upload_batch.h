@@ -72,7 +72,8 @@ void ub_pack(const ub_batch *b, void *out);
  * (a kernel takes up to 32,764 bytes of them since CUDA 12.1, and kvchat's CUDA build needs CUDA 13),
  * which the launch carries to the device with the kernel, so no copy waits for the copy engine
  * before the kernel starts, and no staging buffer is taken. A decode step's batch a layer is 1-2 KiB
- * on the default model and 4-8 KiB on a 7B-shaped one (about 2 KiB more at a page boundary). The
+ * on the default model and 4-8 KiB on a 7B-shaped one (up to twice that at a page boundary; a batch
+ * of sequences decoded together, all of theirs). The
  * launch carries its parameters' whole declared size, so there are three sizes, and a batch takes
  * the smallest that holds its packed form: */
 #define UB_INLINE_SMALL 2048

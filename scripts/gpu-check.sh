@@ -259,12 +259,12 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(paged_attention*|grouped_attention*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|page_summaries_folded*|quest_s_bounds_and_best*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*|a_restored_cache*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
-    # a prompt's rows written into the page copies on the device, and the upload batches read from
-    # their launches' parameters: whole tiny-model runs, so a step of its own (a timeout here leaves
-    # the others' results)
+    # a prompt's rows written into the page copies on the device (whole tiny-model runs, so a step
+    # of its own: a timeout here leaves the others' results), and upload batches read from their
+    # launches' parameters in each size
     step "compute-sanitizer memcheck (page rows, batches in launches)" 90 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(a_prompts_rows_written*|batches_in_launch*)'
+        --filter 'cuda/@(a_prompts_rows_written*|an_upload_batch*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
     # stages; racecheck is slow, so that test alone, the fused ops' shared block sums and the

@@ -750,6 +750,9 @@ template <int CAP> struct __align__(16) ub_inline {
     unsigned char b[CAP];
 };
 
+/* CUDA's limit on a kernel's parameters (since 12.1), the block's and the kernel's others together */
+static_assert(sizeof(ub_inline<UB_INLINE_LARGE>) + 64 <= 32764, "the largest batch block fits a launch's parameters");
+
 template <int CAP>
 __global__ void scatter_inline_kernel(const __grid_constant__ ub_inline<CAP> p, uint32_t table_off, int64_t n_pieces,
                                       const float *a, const float *b, __half *y, int64_t n)
@@ -764,8 +767,17 @@ static void launch_inline(cuda_impl *ci, const ub_batch *ub, unsigned blocks, co
                           int64_t n)
 {
     ub_inline<CAP> p;
+    memset(&p, 0, sizeof p);   /* the gaps between pieces and past them: no stale host bytes go with it */
     ub_pack(ub, p.b);
     scatter_inline_kernel<CAP><<<blocks, 128, 0, ci->stream>>>(p, (uint32_t)ub_table_offset(ub), ub->n, a, b, y, n);
+}
+
+/* The parameter size send_batch_halves sends a batch of `packed` bytes in (ub_inline_size), 0: it is
+ * copied (KVCHAT_CUDA_INLINE=off; KVCHAT_CUDA_LAUNCHES=apart, which keeps stage 4's third part's
+ * paths to compare, copies too). */
+static size_t inline_size_of(const cuda_impl *ci, size_t packed)
+{
+    return ci->inline_off || ci->launch_apart ? 0 : ub_inline_size(packed);
 }
 
 /* A lost batch: what the page copies and descriptor lists count as sent never arrived, so both
@@ -799,17 +811,17 @@ int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, 
     }
     size_t bytes = ub_packed_bytes(ub);
     const unsigned blocks = (unsigned)ub->n + (n > 0 ? halves : 0u);
-    const size_t in_params = ci->inline_off ? 0 : ub_inline_size(bytes);
+    const size_t in_params = inline_size_of(ci, bytes);
     if (in_params) {   /* no copy: the launch carries it */
         if (in_params == UB_INLINE_SMALL) launch_inline<UB_INLINE_SMALL>(ci, ub, blocks, a, b, y, n > 0 ? n : 0);
         else if (in_params == UB_INLINE_MEDIUM) launch_inline<UB_INLINE_MEDIUM>(ci, ub, blocks, a, b, y, n > 0 ? n : 0);
         else launch_inline<UB_INLINE_LARGE>(ci, ub, blocks, a, b, y, n > 0 ? n : 0);
-        ci->bytes_up += bytes;
-        ci->inline_sends++;
         if (ck(ci, cudaGetLastError(), "scatter kernel")) {
             lose_batch(ci);
             return -1;
         }
+        ci->bytes_up += bytes;
+        ci->inline_sends++;
         ub_clear(ub, 1);
         return 0;
     }
@@ -1031,6 +1043,26 @@ extern "C" uint64_t be_cuda_runtime_calls(be_backend *b)
 extern "C" uint64_t be_cuda_inline_sends(be_backend *b)
 {
     return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->inline_sends : 0;
+}
+
+extern "C" int64_t be_cuda_test_batch(be_backend *b, void *dst, size_t bytes, const void *src, const be_test_piece *p,
+                                      int n)
+{
+    if (!b || !b->ops || b->ops->attention != cuda_attention) return -1;
+    cuda_impl *ci = impl_of(b);
+    if (ci->failed || !bound(ci, dst, bytes)) return -1;
+    unsigned char *d = (unsigned char *)am_dev_out(&ci->act, dst, bytes);
+    if (ci->batch.n && send_batch(ci)) return -1;
+    for (int i = 0; i < n; i++) {
+        const int rc = p[i].dev ? ub_add_dev(&ci->batch, d + p[i].at, d + p[i].from, p[i].len)
+                                : ub_add(&ci->batch, d + p[i].at, (const unsigned char *)src + p[i].from, p[i].len);
+        if (rc) {
+            lose_batch(ci);
+            return -1;
+        }
+    }
+    const int64_t size = (int64_t)inline_size_of(ci, ub_packed_bytes(&ci->batch));
+    return send_batch(ci) ? -1 : size;
 }
 
 /* The KVCHAT_CUDA_* variables set when the backend was made that change what runs, as

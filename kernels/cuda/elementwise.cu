@@ -50,6 +50,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
  * instead of copied up (docs/gpu.md, stage 4's fifth part); `write`: where the kernel also puts the
  * values on the device (the constant table's copy of the positions, which attention reads), or NULL. */
 #define STEP_INLINE 8   /* a batch's sequences at most (BE_ATTN_SEQS_MAX) */
+static_assert(STEP_INLINE >= BE_ATTN_SEQS_MAX, "a batched decode step's ids and positions ride in one launch");
 typedef struct step_vals {
     int32_t v[STEP_INLINE];
     int32_t *write;
@@ -58,7 +59,8 @@ typedef struct step_vals {
 /* qk_rope (kernels/fused_kernels.h): a block a token, a warp a head row. The angles are built by
  * one thread as the CPU backend builds them, so the floats are the same. The positions at pos, or
  * (pos NULL) in P. */
-__global__ void __launch_bounds__(FK_QK_THREADS) qk_rope_kernel(float *q, float *k, const int32_t *pos, const step_vals P,
+__global__ void __launch_bounds__(FK_QK_THREADS) qk_rope_kernel(float *q, float *k, const int32_t *pos,
+                                                                const __grid_constant__ step_vals P,
                                                                 int n_head, int n_head_kv, int head_dim,
                                                                 const float *q_norm, const float *k_norm, float eps,
                                                                 float theta_scale, float freq_scale, int neox,
@@ -242,7 +244,8 @@ void cuda_add_norm(be_backend *b, float *x, float *o, const float *post, const f
 /* Embedding rows of a weight the device holds as the file stores it: thread (token, group of 32)
  * decodes its values exactly as the reference dequantizer (kernels/quant_blocks.h), then scales them
  * as the CPU backend does. */
-__global__ void get_rows_kernel(const uint8_t *w, uint32_t type, size_t stride, const int32_t *ids, const step_vals I,
+__global__ void get_rows_kernel(const uint8_t *w, uint32_t type, size_t stride, const int32_t *ids,
+                                const __grid_constant__ step_vals I,
                                 int64_t n, int64_t n_in, float scale, float *out)
 {
     const int64_t groups = n_in / 32, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -3432,13 +3432,102 @@ Test(cuda, a_bad_graph_setting_is_refused)
     }
 }
 
+/* An upload batch sent in each of the three parameter sizes and copied (be_cuda_test_batch): pieces
+ * of 16-byte rows, of odd lengths at odd offsets, 4-byte ones and copies on the device, about 1.5,
+ * 6 and 20 KiB and 40 KiB packed, land in a bound buffer as the host applies them, on a backend that
+ * carries them and on one that copies them (KVCHAT_CUDA_INLINE=off), each sent in the size
+ * expected. */
+Test(cuda, an_upload_batch_lands_the_same_in_every_parameter_size_and_copied)
+{
+    be_backend *copied = gpu_with("KVCHAT_CUDA_INLINE", "off");
+    be_backend *both[2] = { gpu, copied };
+    enum { BYTES = 96 * 1024, MAXP = 200 };
+    unsigned char *buf = malloc(BYTES), *src = malloc(BYTES), *want = malloc(BYTES);
+    cr_assert(buf && src && want);
+    seed_rng("upload_batch");
+    const int units[] = { 1, 9, 30, 60 };   /* a unit: a 512-byte row, an odd piece, a 4-byte one */
+    const int64_t sizes[] = { 2048, 8192, 24576, 0 };
+    char err[512];
+    for (int k = 0; k < 2; k++) {
+        be_backend *b = both[k];
+        for (int c = 0; c < 4; c++) {
+            for (int i = 0; i < BYTES; i++) buf[i] = (unsigned char)rnd(), src[i] = (unsigned char)rnd();
+            memcpy(want, buf, BYTES);
+            cr_assert(be_bind(b, buf, BYTES, err, sizeof err) == 0, "%s", err);
+            be_test_piece p[MAXP];
+            int n = 0;
+            for (int u = 0; u < units[c] && n + 3 < MAXP; u++) {
+                const size_t at = (size_t)u * 1024;
+                p[n++] = (be_test_piece){ .at = at, .from = at + 7 * 16, .len = 512 };
+                p[n++] = (be_test_piece){ .at = at + 515, .from = at + 1, .len = 33 };
+                p[n++] = (be_test_piece){ .at = at + 600, .from = at + 40, .len = 4 };
+            }
+            /* copies on the device from a region nothing in the batch writes */
+            p[n++] = (be_test_piece){ .at = 80 * 1024, .from = 90 * 1024, .len = 96, .dev = 1 };
+            p[n++] = (be_test_piece){ .at = 80 * 1024 + 203, .from = 90 * 1024 + 5, .len = 21, .dev = 1 };
+            for (int i = 0; i < n; i++)
+                memcpy(want + p[i].at, (p[i].dev ? buf : src) + p[i].from, p[i].len);
+            const int64_t got = be_cuda_test_batch(b, buf, BYTES, src, p, n);
+            const int64_t expect = k == 0 ? sizes[c] : 0;
+            cr_expect_eq(got, expect, "%s, %d units: sent in %lld, expected %lld", k ? "copied" : "carried", units[c],
+                         (long long)got, (long long)expect);
+            const be_range r = { buf, BYTES };
+            be_host_read(b, &r, 1);
+            cr_expect_eq(be_failed(b, err, sizeof err), 0, "%s", err);
+            size_t first = BYTES;
+            for (size_t i = 0; i < BYTES && first == BYTES; i++)
+                if (buf[i] != want[i]) first = i;
+            cr_expect_eq(first, (size_t)BYTES, "%s, %d units: byte %zu differs from the pieces applied on the host",
+                         k ? "copied" : "carried", units[c], first);
+            b->ops->unbind(b, buf);
+        }
+    }
+    free(buf);
+    free(src);
+    free(want);
+    be_free(copied);
+}
+
 /* Upload batches in their scatter launch's parameters (kernels/upload_batch.h, ub_inline_size), and a
  * decode step's token and positions in their kernels' (the positions written on the device by the
  * first qk_rope for attention), change no bit: every tiny model's prompt and 20 greedy steps (pages
  * of 16, so page boundaries are crossed) with every page attended and under Quest, SentKV and TAKE
  * give the logits of a backend that copies every batch and value (KVCHAT_CUDA_INLINE=off); batches
  * rode in launches (none on the copying backend), and the runtime calls were fewer by at least one a
- * layer and one more (the positions) a step. A bad setting is refused with a message naming it. */
+ * layer and one more (the positions) a step; and eight forks decoded together (their batches and
+ * values larger, across a page boundary) pick the same tokens and values both ways, with at least
+ * one call fewer a layer a step. A bad setting is refused with a message naming it. */
+/* Eight forks of a 90-token prompt on b (pages of 16) decoded greedily together for `steps` steps
+ * (fwd_decode_batch: one batch a layer for all of them, the ids and positions of eight tokens):
+ * each step's picked tokens and values, fork by fork. */
+enum { BATCH_FORKS = 8 };
+static void batch_steps(model *m, be_backend *b, int steps, int32_t (*tok)[BATCH_FORKS], float (*val)[BATCH_FORKS])
+{
+    char err[512];
+    const int nv = m->hp.n_vocab;
+    fwd_opts fo = { 2048, 64, 16 };
+    fwd_ctx *base = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(base, "%s", err);
+    int32_t ids[90], cur[BATCH_FORKS];
+    for (int i = 0; i < 90; i++) ids[i] = 3 + (int32_t)((i * 53) % (nv - 3));
+    float *l = malloc(sizeof(float) * (size_t)nv);
+    cr_assert(l && fwd_eval(base, ids, 90, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    fwd_ctx *fs[BATCH_FORKS];
+    for (int s = 0; s < BATCH_FORKS; s++) {
+        cr_assert(fs[s] = fwd_fork(base, 1, err, sizeof err), "%s", err);
+        cur[s] = 3 + (int32_t)((s * 977) % (nv - 3));   /* each fork its own first token */
+    }
+    for (int t = 0; t < steps; t++) {
+        be_pick p[BATCH_FORKS];
+        for (int s = 0; s < BATCH_FORKS; s++) p[s] = (be_pick){ .penalty = 1.0f, .k = 1, .val = &val[t][s], .id = &tok[t][s] };
+        cr_assert(fwd_decode_batch(base, fs, BATCH_FORKS, cur, NULL, p, NULL, err, sizeof err) == 0, "%s", err);
+        for (int s = 0; s < BATCH_FORKS; s++) cur[s] = tok[t][s];
+    }
+    for (int s = 0; s < BATCH_FORKS; s++) fwd_free(fs[s]);
+    free(l);
+    fwd_free(base);
+}
+
 Test(cuda, batches_in_launch_parameters_give_the_bits_of_copied_ones)
 {
     be_backend *copied = gpu_with("KVCHAT_CUDA_INLINE", "off");
@@ -3471,6 +3560,25 @@ Test(cuda, batches_in_launch_parameters_give_the_bits_of_copied_ones)
             free(b);
             ran++;
         }
+        /* a batch of eight forks: larger batches, eight tokens' ids and positions in their launches */
+        enum { BSTEPS = 12 };
+        int32_t ta[BSTEPS][BATCH_FORKS], tb[BSTEPS][BATCH_FORKS];
+        float va[BSTEPS][BATCH_FORKS], vb[BSTEPS][BATCH_FORKS];
+        const uint64_t s0 = be_cuda_inline_sends(gpu), r0 = be_cuda_runtime_calls(gpu);
+        batch_steps(m, gpu, BSTEPS, ta, va);
+        const uint64_t s1 = be_cuda_inline_sends(gpu), r1 = be_cuda_runtime_calls(gpu);
+        const uint64_t c0 = be_cuda_runtime_calls(copied);
+        batch_steps(m, copied, BSTEPS, tb, vb);
+        const uint64_t c1 = be_cuda_runtime_calls(copied);
+        for (int t = 0; t < BSTEPS; t++)
+            for (int f = 0; f < BATCH_FORKS; f++)
+                cr_expect(ta[t][f] == tb[t][f] && !memcmp(&va[t][f], &vb[t][f], sizeof(float)),
+                          "%s, a batch of forks, step %d, fork %d: %d (%g) carried, %d (%g) copied", files[fi], t, f,
+                          ta[t][f], va[t][f], tb[t][f], vb[t][f]);
+        cr_expect_gt(s1 - s0, 0, "%s, a batch of forks: no batch rode in a launch", files[fi]);
+        cr_expect_geq(c1 - c0, r1 - r0 + (uint64_t)BSTEPS * (uint64_t)m->hp.n_layer,
+                      "%s, a batch of forks: %llu runtime calls carried, %llu copied", files[fi],
+                      (unsigned long long)(r1 - r0), (unsigned long long)(c1 - c0));
         model_free(m);
     }
     cr_expect_gt(ran, 0, "no tiny model here");
