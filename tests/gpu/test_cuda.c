@@ -1900,6 +1900,15 @@ static float *steps_of(model *m, be_backend *b, int32_t *top, int steps, const i
     return steps_under(m, b, top, steps, feed, "snapkv:budget=0.5");
 }
 
+/* Every step's logits from two runs of steps_under (steps + 1 rows of nv) the same bits; `what`
+ * names the case and `than` the second run. */
+static void expect_same_steps(const float *a, const float *b, int64_t nv, int steps, const char *what, const char *than)
+{
+    for (int st = 0; st <= steps; st++)
+        cr_expect(!memcmp(a + st * nv, b + st * nv, sizeof(float) * (size_t)nv), "%s, step %d: the logits differ from %s",
+                  what, st, than);
+}
+
 /* As steps_of, under the policy `policy` (NULL: none, every page attended). */
 static float *steps_under(model *m, be_backend *b, int32_t *top, int steps, const int32_t *feed, const char *policy)
 {
@@ -2021,9 +2030,9 @@ Test(cuda, a_prompts_rows_written_into_the_page_copies_on_the_device_give_the_se
             float *b = steps_under(m, sent, t1, 8, t0, policies[pi]);
             be_cuda_page_rows(gpu, &f1, &m1, &u1);
             be_cuda_page_rows(sent, &sf1, &sm1, &su1);
-            for (int st = 0; st <= 8; st++)
-                cr_expect(!memcmp(a + st * nv, b + st * nv, sizeof(float) * (size_t)nv),
-                          "%s, %s, step %d: the logits differ from the rows sent up", files[fi], what, st);
+            char named[200];
+            snprintf(named, sizeof named, "%s, %s", files[fi], what);
+            expect_same_steps(a, b, nv, 8, named, "the rows sent up");
             cr_expect_gt(f1 - f0, 0, "%s, %s: no row written on the device", files[fi], what);
             cr_expect(sf1 - sf0 == 0 && sm1 - sm0 == 0, "%s, %s: rows written or moved on the device with "
                       "KVCHAT_CUDA_PAGE_ROWS=0", files[fi], what);
@@ -3355,10 +3364,10 @@ Test(cuda, recorded_decode_steps_give_the_bits_of_issued_ones)
                 be_cuda_graphs(both[k], &g0);
                 float *b = steps_under(m, both[k], t1, 8, t0, policies[pi]);
                 be_cuda_graphs(both[k], &g1);
-                for (int st = 0; st <= 8; st++)
-                    cr_expect(!memcmp(a + st * nv, b + st * nv, sizeof(float) * (size_t)nv),
-                              "%s, %s, %s: step %d's logits differ from the calls issued one by one", files[fi],
-                              policies[pi] ? policies[pi] : "no policy", k ? "split every 5 calls" : "whole segments", st);
+                char named[200];
+                snprintf(named, sizeof named, "%s, %s, %s", files[fi], policies[pi] ? policies[pi] : "no policy",
+                         k ? "split every 5 calls" : "whole segments");
+                expect_same_steps(a, b, nv, 8, named, "the calls issued one by one");
                 if (k == 0)   /* whole segments; split ones may give up (many shapes), which is logged */
                     cr_expect_gt(g1.segments - g0.segments, 0, "%s, %s: nothing recorded", files[fi],
                                  policies[pi] ? policies[pi] : "no policy");
@@ -3547,9 +3556,9 @@ Test(cuda, batches_in_launch_parameters_give_the_bits_of_copied_ones)
             const uint64_t c0 = be_cuda_runtime_calls(copied);
             float *b = steps_under(m, copied, t1, STEPS, t0, policies[pi]);
             const uint64_t c1 = be_cuda_runtime_calls(copied);
-            for (int st = 0; st <= STEPS; st++)
-                cr_expect(!memcmp(a + st * nv, b + st * nv, sizeof(float) * (size_t)nv),
-                          "%s, %s: step %d's logits differ from the copied batches'", files[fi], pol, st);
+            char named[200];
+            snprintf(named, sizeof named, "%s, %s", files[fi], pol);
+            expect_same_steps(a, b, nv, STEPS, named, "the copied batches'");
             cr_expect_gt(s1 - s0, 0, "%s, %s: no batch rode in a launch", files[fi], pol);
             cr_expect_geq(c1 - c0, r1 - r0 + (uint64_t)STEPS * (uint64_t)(m->hp.n_layer + 1),
                           "%s, %s: %llu runtime calls with the batches in launches, %llu copied", files[fi], pol,
