@@ -41,13 +41,12 @@ static int grow(cc_table *t)
     return 0;
 }
 
-/* The slot of host, or -1. */
-static int64_t find(const cc_table *t, const void *host)
+/* The slot holding host, or the empty one where it would go (the table has slots). */
+static cc_copy *slot_of(const cc_table *t, const void *host)
 {
-    if (!t->cap) return -1;
     uint64_t m = (uint64_t)(t->cap - 1), h = addr_hash(host) & m;
     while (t->slots[h].host && t->slots[h].host != host) h = (h + 1) & m;
-    return t->slots[h].host ? (int64_t)h : -1;
+    return &t->slots[h];
 }
 
 /* cc_get (write NULL: new or changed bytes uploaded) and cc_claim (*write: the caller writes them). */
@@ -59,9 +58,7 @@ static const void *get(cc_table *t, const void *host, size_t bytes, int *write, 
         *status = CC_NO_HOST_MEMORY;
         return NULL;
     }
-    uint64_t m = (uint64_t)(t->cap - 1), h = addr_hash(host) & m;
-    while (t->slots[h].host && t->slots[h].host != host) h = (h + 1) & m;
-    cc_copy *c = &t->slots[h];
+    cc_copy *c = slot_of(t, host);
     /* the same bytes, or the first bytes of the copy (a batch's positions: qk_rope sends every
      * row's, each sequence's attention asks for its own, the first under the same key) */
     if (c->host && c->bytes >= bytes && c->seen && !c->stale && !memcmp(c->seen, host, bytes)) return c->dev;
@@ -117,6 +114,6 @@ const void *cc_claim(cc_table *t, const void *host, size_t bytes, int *write, en
 
 void cc_unwritten(cc_table *t, const void *host)
 {
-    const int64_t at = find(t, host);
-    if (at >= 0) t->slots[at].stale = 1;
+    cc_copy *c = t->cap ? slot_of(t, host) : NULL;
+    if (c && c->host == host) c->stale = 1;
 }

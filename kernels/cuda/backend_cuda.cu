@@ -773,11 +773,10 @@ static void launch_inline(cuda_impl *ci, const ub_batch *ub, unsigned blocks, co
 }
 
 /* The parameter size send_batch_halves sends a batch of `packed` bytes in (ub_inline_size), 0: it is
- * copied (KVCHAT_CUDA_INLINE=off; KVCHAT_CUDA_LAUNCHES=apart, which keeps stage 4's third part's
- * paths to compare, copies too). */
+ * copied (KVCHAT_CUDA_INLINE=off). */
 static size_t inline_size_of(const cuda_impl *ci, size_t packed)
 {
-    return ci->inline_off || ci->launch_apart ? 0 : ub_inline_size(packed);
+    return ci->inline_off ? 0 : ub_inline_size(packed);
 }
 
 /* A lost batch: what the page copies and descriptor lists count as sent never arrived, so both
@@ -811,11 +810,12 @@ int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, 
     }
     size_t bytes = ub_packed_bytes(ub);
     const unsigned blocks = (unsigned)ub->n + (n > 0 ? halves : 0u);
+    const int64_t nh = n > 0 ? n : 0;
     const size_t in_params = inline_size_of(ci, bytes);
     if (in_params) {   /* no copy: the launch carries it */
-        if (in_params == UB_INLINE_SMALL) launch_inline<UB_INLINE_SMALL>(ci, ub, blocks, a, b, y, n > 0 ? n : 0);
-        else if (in_params == UB_INLINE_MEDIUM) launch_inline<UB_INLINE_MEDIUM>(ci, ub, blocks, a, b, y, n > 0 ? n : 0);
-        else launch_inline<UB_INLINE_LARGE>(ci, ub, blocks, a, b, y, n > 0 ? n : 0);
+        if (in_params == UB_INLINE_SMALL) launch_inline<UB_INLINE_SMALL>(ci, ub, blocks, a, b, y, nh);
+        else if (in_params == UB_INLINE_MEDIUM) launch_inline<UB_INLINE_MEDIUM>(ci, ub, blocks, a, b, y, nh);
+        else launch_inline<UB_INLINE_LARGE>(ci, ub, blocks, a, b, y, nh);
         if (ck(ci, cudaGetLastError(), "scatter kernel")) {
             lose_batch(ci);
             return -1;
@@ -838,8 +838,7 @@ int send_batch_halves(cuda_impl *ci, const float *a, const float *b, __half *y, 
         return -1;
     }
     ci->arena_off = off + stage_size(bytes);
-    scatter_kernel<<<blocks, 128, 0, ci->stream>>>(d, (const ub_piece *)(d + ub_table_offset(ub)), ub->n, a, b, y,
-                                                   n > 0 ? n : 0);
+    scatter_kernel<<<blocks, 128, 0, ci->stream>>>(d, (const ub_piece *)(d + ub_table_offset(ub)), ub->n, a, b, y, nh);
     if (ck(ci, cudaGetLastError(), "scatter kernel")) {
         lose_batch(ci);
         return -1;
@@ -1287,6 +1286,7 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
         return NULL;
     }
     ci->launch_apart = launch_env && !strcmp(launch_env, "apart");
+    ci->inline_off |= ci->launch_apart;   /* stage 4's third part's paths copied their uploads too */
     const char *graph_env = getenv("KVCHAT_CUDA_GRAPH");
     const char *split_env = getenv("KVCHAT_CUDA_GRAPH_SPLIT");
     long split = SEG_SPLIT;

@@ -150,9 +150,9 @@ typedef struct cuda_impl {
     int launch_apart;          /* KVCHAT_CUDA_LAUNCHES=apart: a launch a product, each product quantizes
                                 * its input, attention converts its keys and values apart and sends
                                 * positions and masks on their own (stage 4's third part), to compare */
-    int inline_off;            /* KVCHAT_CUDA_INLINE=off: every upload batch copied through the staging
-                                * arena, and a decode step's token and positions staged, as before they
-                                * rode in their launches, to compare */
+    int inline_off;            /* KVCHAT_CUDA_INLINE=off (or KVCHAT_CUDA_LAUNCHES=apart): every upload
+                                * batch copied through the staging arena, and a decode step's token and
+                                * positions staged, as before they rode in their launches, to compare */
     uint64_t inline_sends;     /* batches that rode in a launch's parameters (be_cuda_inline_sends) */
     unsigned mmv_smem_set;     /* bit per type slot: the decode kernel's shared memory limit raised */
     float *part_o, *part_ml;   /* attention's per-split partial results */

@@ -56,6 +56,9 @@ typedef struct step_vals {
     int32_t *write;
 } step_vals;
 
+/* 1 when a step of n tokens carries its ids and positions in its launches. */
+static int carried(const cuda_impl *ci, int64_t n) { return !ci->inline_off && n <= STEP_INLINE; }
+
 /* qk_rope (kernels/fused_kernels.h): a block a token, a warp a head row. The angles are built by
  * one thread as the CPU backend builds them, so the floats are the same. The positions at pos, or
  * (pos NULL) in P. */
@@ -165,7 +168,7 @@ void cuda_qk_rope(be_backend *b, const be_qk *r)
          * when they changed (the first layer's) */
         const size_t pb = sizeof(int32_t) * (size_t)r->n_tok;
         step_vals P = {};
-        const int carry = !ci->launch_apart && !ci->inline_off && r->n_tok <= STEP_INLINE;
+        const int carry = carried(ci, r->n_tok);
         int write = 0;
         const int32_t *dp = (const int32_t *)(ci->launch_apart ? stage(ci, r->pos, pb)
                                               : carry          ? const_claim(ci, r->pos, pb, &write)
@@ -269,7 +272,7 @@ void cuda_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, int64_
     if (dw && dw->type == w->type && qb_native(w->type) && w->n_in % 32 == 0 && bound(ci, out, bytes)) {
         /* a decode step's ids carried in the launch, a prompt's staged */
         step_vals I = {};
-        const int carry = !ci->launch_apart && !ci->inline_off && n <= STEP_INLINE;
+        const int carry = carried(ci, n);
         const int32_t *d_ids = NULL;
         if (carry) memcpy(I.v, ids, sizeof(int32_t) * (size_t)n);
         else if (!(d_ids = (const int32_t *)stage(ci, ids, sizeof(int32_t) * (size_t)n))) return;
