@@ -310,6 +310,24 @@ int model_matmul_weights(const model *m, const be_weight **out, int cap)
     return n + 1;
 }
 
+int model_constants(const model *m, be_range *out, int cap)
+{
+    const size_t e = sizeof(float) * (size_t)m->hp.n_embd, d = sizeof(float) * (size_t)m->hp.head_dim;
+    int n = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const model_layer *L = &m->layers[il];
+        const be_range lv[] = { { L->attn_norm, e }, { L->ffn_norm, e }, { L->q_norm, d },
+                                { L->k_norm, d },    { L->post_attn_norm, e }, { L->post_ffw_norm, e } };
+        for (int i = 0; i < 6; i++)
+            if (lv[i].p) {
+                if (n < cap) out[n] = lv[i];
+                n++;
+            }
+    }
+    if (n < cap) out[n] = (be_range){ m->output_norm, e };
+    return n + 1;
+}
+
 void model_free(model *m)
 {
     if (!m) return;

@@ -73,6 +73,9 @@ void model_free(model *m);
 /* The weights the forward pass multiplies (seven a layer and the output), what a device backend
  * copies at load: up to cap of them into out; returns how many there are (7 * n_layer + 1). */
 int model_matmul_weights(const model *m, const be_weight **out, int cap);
+/* The vectors the forward pass gives the norms (be_ops.constants: unchanged while the model is
+ * loaded): up to cap of them into out; returns how many there are. */
+int model_constants(const model *m, be_range *out, int cap);
 
 /* A quick identity of a model file (16 hex digits): FNV-1a over its size and its first and last
  * MiB, which hold the header, the tokenizer and tensor data. Names calibration files; snapshots

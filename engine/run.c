@@ -113,7 +113,16 @@ static int prepare_weights(run *r, char *err, size_t errlen)
     model_matmul_weights(r->m, w, n);
     int rc = be_prepare_weights(r->b, w, n, r->load_note, sizeof r->load_note, err, errlen);
     free(w);
-    return rc ? RUN_EFAIL : RUN_OK;
+    if (rc) return RUN_EFAIL;
+    /* the norms' weights: a device keeps them without comparing them at every call (a failure to
+     * copy them is the backend's, said at its next question) */
+    int nc = model_constants(r->m, NULL, 0);
+    be_range *c = malloc(sizeof *c * (size_t)nc);
+    if (!c) return oom(err, errlen);
+    model_constants(r->m, c, nc);
+    be_constants(r->b, c, nc);
+    free(c);
+    return RUN_OK;
 }
 
 /* A device's first prompt would pay one-off costs: kernels load on first use (cuBLAS's first

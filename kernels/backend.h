@@ -129,7 +129,7 @@ typedef struct be_attn {
     int32_t sel_page_tokens;
 } be_attn;
 
-/* A range of host bytes the host is about to read. */
+/* A range of host bytes (the host is about to read them; or a model's constants). */
 typedef struct be_range {
     const void *p;
     size_t bytes;
@@ -513,6 +513,12 @@ typedef struct be_ops {
      * waiting, so that the next bound_pages under the name sends only what changed since. NULL:
      * nothing to do. */
     void (*place_bounds)(be_backend *b, const be_bounds *r);
+    /* A model's constant vectors, the weights its norms are given (rmsnorm's w, add_norm's post and
+     * w, be_qk's q_norm and k_norm): unchanged at these addresses for the life of the backend, as a
+     * be_weight's bytes. A device backend copies them now and uses its copy of one without looking
+     * at the host's bytes again; any other address given to those ops is compared with its copy at
+     * every call. NULL: nothing to do. */
+    void (*constants)(be_backend *b, const be_range *r, int n);
 } be_ops;
 
 struct be_backend {
@@ -663,6 +669,10 @@ static inline void be_place_pages(be_backend *b, const be_attn *a, int n)
 static inline void be_place_bounds(be_backend *b, const be_bounds *r)
 {
     if (b->ops->place_bounds) b->ops->place_bounds(b, r);
+}
+static inline void be_constants(be_backend *b, const be_range *r, int n)
+{
+    if (b->ops->constants) b->ops->constants(b, r, n);
 }
 static inline int be_failed(be_backend *b, char *err, size_t errlen)
 {

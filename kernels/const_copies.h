@@ -4,7 +4,8 @@
  *
  * A copy is keyed by the host address and kept with the host bytes it holds, so a call costs a
  * comparison instead of a copy while those bytes stay the same; new or changed bytes are sent again
- * (or written on the device by the caller: cc_claim).
+ * (or written on the device by the caller: cc_claim). Bytes the caller says never change (cc_fix)
+ * are not compared either: 16 KiB a norm, twice a layer, at the 7B shape.
  * The device is reached through three functions, so the table is plain C and is tested on the host
  * (tests/test_const_copies.c) with host memory standing in for the device. */
 #ifndef KVCHAT_CONST_COPIES_H
@@ -29,6 +30,7 @@ typedef struct cc_copy {
     void *seen;         /* the host bytes the device copy holds */
     void *dev;
     int stale;          /* the last upload failed: the device may hold neither bytes */
+    int fixed;          /* the caller's bytes never change (cc_fix): not compared again */
 } cc_copy;
 
 typedef struct cc_table {
@@ -56,5 +58,9 @@ const void *cc_get(cc_table *t, const void *host, size_t bytes, enum cc_status *
 const void *cc_claim(cc_table *t, const void *host, size_t bytes, int *write, enum cc_status *status);
 /* The copy of host that cc_claim asked the caller to write was not written: sent at its next use. */
 void cc_unwritten(cc_table *t, const void *host);
+/* As cc_get, for bytes that stay the same at host for the life of the table (a model's norm
+ * weights): later calls under host are answered without comparing them (by more bytes: compared
+ * and sent as cc_get's). */
+const void *cc_fix(cc_table *t, const void *host, size_t bytes, enum cc_status *status);
 
 #endif

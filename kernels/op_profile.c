@@ -237,6 +237,13 @@ static void t_place_pages(be_backend *b, const be_attn *a, int n)
 
 static void t_place_bounds(be_backend *b, const be_bounds *r) { TIMED(R_PLACE_BOUNDS, in_->ops->place_bounds(in_, r)); }
 
+/* load time, as prepare: outside the profile's window */
+static void t_constants(be_backend *b, const be_range *r, int n)
+{
+    be_backend *in = prof_of(b)->inner;
+    in->ops->constants(in, r, n);
+}
+
 static void t_finish(be_backend *b)
 {
     be_backend *in = prof_of(b)->inner;
@@ -296,6 +303,7 @@ be_backend *op_profile_wrap(be_backend *in, int mode, FILE *report)
     TWIN(merge_heads);
     TWIN(place_pages);
     TWIN(place_bounds);
+    TWIN(constants);
     p->outer.ops = &p->ops;
     p->outer.n_threads = in->n_threads;
     p->outer.impl = p;

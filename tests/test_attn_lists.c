@@ -331,7 +331,7 @@ static const be_ops check_ops = {
     "check", c_matmul, c_rmsnorm, c_qk_rope, c_glu, c_get_rows, c_attention, c_scores, c_bound_pages, NULL, NULL,
     c_destroy, c_add_norm, c_bind, c_unbind, NULL, NULL, NULL, NULL, NULL, NULL, NULL, c_key_means, NULL,
     c_attn_mass, NULL, c_host_pool, NULL, NULL, NULL, NULL, NULL, c_place_pages,
-    c_place_bounds,
+    c_place_bounds, NULL,
 };
 
 /* Prefill in chunks of 40, 40 greedy steps (pages of 16: the steps cross page boundaries), a

@@ -230,3 +230,44 @@ Test(const_copies, claimed_bytes_are_written_by_the_caller_and_not_sent)
     cc_free(&t);
     cr_expect_eq(d.n_live, 0);
 }
+
+Test(const_copies, fixed_bytes_are_not_compared_and_other_keys_still_are)
+{
+    static fake_dev d = { .fail_after = -1 };
+    static float w[DIM], x[DIM];
+    for (int j = 0; j < DIM; j++) w[j] = x[j] = (float)j;
+    cc_table t = table_on(&d);
+    enum cc_status st;
+    const float *dw = cc_fix(&t, w, sizeof w, &st), *dx = cc_get(&t, x, sizeof x, &st);
+    cr_assert(dw && dx && t.uploads == 2);
+    cr_expect(!memcmp(dw, w, sizeof w), "fixed bytes are sent once");
+    /* a caller that broke its word: the fixed copy is not looked at again, the other is */
+    w[3] = x[3] = -1.0f;
+    cr_expect_eq(cc_get(&t, w, sizeof w, &st), dw);
+    cr_expect_eq(t.uploads, 2, "fixed bytes are not compared");
+    cr_expect_eq(dw[3], 3.0f);
+    cr_expect_eq(cc_get(&t, x, sizeof x, &st), dx);
+    cr_expect_eq(t.uploads, 3, "bytes not fixed are compared and sent");
+    cr_expect_eq(dx[3], -1.0f);
+    /* fewer bytes of a fixed copy serve as they are; more are compared and sent (and stay fixed) */
+    cr_expect_eq(cc_get(&t, w, sizeof w / 2, &st), dw);
+    cr_expect_eq(t.uploads, 3);
+    static float big[2 * DIM];
+    memcpy(big, w, sizeof w);
+    const float *db = cc_fix(&t, big, sizeof big, &st);
+    cr_assert(db && cc_get(&t, big, sizeof big, &st) == db && t.uploads == 4);
+    /* a refused upload leaves a fixed copy stale: sent again at its next use */
+    static float z[DIM];
+    d.fail_uploads = 1;
+    cr_expect_null(cc_fix(&t, z, sizeof z, &st));
+    cr_expect_eq(st, CC_NOT_SENT);
+    d.fail_uploads = 0;
+    z[0] = 5.0f;
+    const float *dz = cc_get(&t, z, sizeof z, &st);
+    cr_assert(dz && st == CC_OK && dz[0] == 5.0f && t.uploads == 5, "a stale copy is sent");
+    z[1] = 6.0f;
+    cr_expect_eq(cc_get(&t, z, sizeof z, &st), dz);
+    cr_expect(t.uploads == 6 && dz[1] == 6.0f, "not fixed: its cc_fix was not sent, so it never was");
+    cc_free(&t);
+    cr_expect_eq(d.n_live, 0);
+}

@@ -701,6 +701,17 @@ static int cuda_prepare(be_backend *b, const be_weight *const *w, int n, char *e
     return 0;
 }
 
+/* A model's norm weights (be_ops.constants): copied now and, being the model's, never compared
+ * with their host bytes again (16 KiB a norm, twice a layer, at the 7B shape). */
+static void cuda_constants(be_backend *b, const be_range *r, int n)
+{
+    cuda_impl *ci = impl_of(b);
+    for (int i = 0; i < n && !ci->failed; i++) {
+        enum cc_status st;
+        if (r[i].p && r[i].bytes) const_said(ci, (cc_fix(&ci->consts, r[i].p, r[i].bytes, &st), st), r[i].bytes);
+    }
+}
+
 /* ---------------------------------------------------------------- KV page copies */
 
 /* The device behind page_copies.c: blocks from the pool (kernels/block_pool.c; a block given back
@@ -1017,7 +1028,7 @@ static const be_ops cuda_ops = {
     cuda_host_read, cuda_host_write, cuda_failed, cuda_counters, cuda_pick, cuda_host_prefetch, cuda_finish,
     cuda_key_means, cuda_bind_blank, cuda_attn_mass, cuda_attention_seqs, cuda_host_pool, cuda_page_rows,
     cuda_page_moves, cuda_lsh_hits, NULL, cuda_merge_heads, cuda_place_pages,
-    cuda_place_bounds,
+    cuda_place_bounds, cuda_constants,
 };
 
 /* KVCHAT_CUDA_RESIDENT=0: no residency at all (every op stages its host arrays and waits, and the
@@ -1027,6 +1038,7 @@ static const be_ops cuda_ops_staged = {
     cuda_bound_pages, cuda_prepare, cuda_memory, cuda_destroy, cuda_add_norm, NULL, NULL, NULL, NULL,
     cuda_failed, cuda_counters, cuda_pick, NULL, cuda_finish, cuda_key_means, NULL, cuda_attn_mass,
     cuda_attention_seqs, cuda_host_pool, NULL, NULL, cuda_lsh_hits, NULL, cuda_merge_heads, NULL, NULL,
+    cuda_constants,
 };
 
 extern "C" uint64_t be_cuda_flash_calls(be_backend *b)

@@ -1506,6 +1506,76 @@ Test(cuda, element_wise_ops_equal_the_cpu_on_bound_and_unbound_buffers)
         }
 }
 
+/* A model's norm weights declared to a backend (be_ops.constants, as engine/run.c does at load)
+ * are copied then and used from that copy: add_norm, rmsnorm and qk_rope give the bits of a backend
+ * that compares them at every call, and never look at the host's bytes again (a weight changed
+ * behind the backend's back, which a model's never are, is not seen; the comparing backend sees
+ * it). */
+Test(cuda, declared_constants_give_the_compared_copies_bits_and_are_not_looked_at_again)
+{
+    seed_rng("declared constants");
+    enum { ROWS = 2, DIM = 4096, HEADS = 4, HD = 128 };
+    char err[256];
+    static float w[DIM], post[DIM], qn[HD], kn[HD];
+    for (int i = 0; i < DIM; i++) w[i] = frand(0.5f, 1.5f), post[i] = frand(0.5f, 1.5f);
+    for (int i = 0; i < HD; i++) qn[i] = frand(0.5f, 1.5f), kn[i] = frand(0.5f, 1.5f);
+    be_backend *bes[2] = { be_cuda_create(2, err, sizeof err), NULL };
+    cr_assert(bes[0], "%s", err);
+    bes[1] = be_cuda_create(2, err, sizeof err);
+    cr_assert(bes[1], "%s", err);
+    const be_range cs[4] = { { w, sizeof w }, { post, sizeof post }, { qn, sizeof qn }, { kn, sizeof kn } };
+    be_constants(bes[0], cs, 4);
+    float *x0 = malloc(sizeof(float) * ROWS * DIM), *o0 = malloc(sizeof(float) * ROWS * DIM);
+    for (int i = 0; i < ROWS * DIM; i++) x0[i] = frand(-2, 2), o0[i] = frand(-2, 2);
+    int32_t pos[ROWS] = { 17, 4000 };
+    float *out[2][2];   /* [backend][before, after the weights change] : h, rmsnorm's y, q and k side by side */
+    const size_t nh = ROWS * DIM, nq = ROWS * HEADS * HD, nk = ROWS * HD, nout = 2 * nh + nq + nk;
+    for (int round = 0; round < 2; round++) {
+        if (round) w[5] += 1.0f, post[7] += 1.0f, qn[3] += 1.0f, kn[9] += 1.0f;   /* behind the backends' backs */
+        for (int k = 0; k < 2; k++) {
+            be_backend *b = bes[k];
+            float *x = malloc(sizeof(float) * nh), *o = malloc(sizeof(float) * nh), *h = malloc(sizeof(float) * nh);
+            float *y = malloc(sizeof(float) * nh), *qk = malloc(sizeof(float) * (nq + nk));
+            memcpy(x, x0, sizeof(float) * nh);
+            memcpy(o, o0, sizeof(float) * nh);
+            for (size_t i = 0; i < nq + nk; i++) qk[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+            float *bufs[5] = { x, o, h, y, qk };
+            const size_t sizes[5] = { nh, nh, nh, nh, nq + nk };
+            for (int i = 0; i < 5; i++)
+                cr_assert(be_bind(b, bufs[i], sizeof(float) * sizes[i], err, sizeof err) == 0, "%s", err);
+            b->ops->add_norm(b, x, o, post, w, h, ROWS, DIM, 1e-6f);
+            b->ops->rmsnorm(b, x, w, y, ROWS, DIM, 1e-6f);
+            be_qk r = { .q = qk, .k = qk + nq, .n_tok = ROWS, .n_head = HEADS, .n_head_kv = 1, .head_dim = HD,
+                        .q_norm = qn, .k_norm = kn, .eps = 1e-6f, .pos = pos, .freq_base = 10000.0f,
+                        .freq_scale = 1.0f, .neox = 1, .q_scale = 1.0f };
+            b->ops->qk_rope(b, &r);
+            be_range rd[3] = { { h, sizeof(float) * nh }, { y, sizeof(float) * nh }, { qk, sizeof(float) * (nq + nk) } };
+            be_host_read(b, rd, 3);
+            cr_assert(!be_failed(b, err, sizeof err), "%s", err);
+            out[k][round] = malloc(sizeof(float) * nout);
+            memcpy(out[k][round], h, sizeof(float) * nh);
+            memcpy(out[k][round] + nh, y, sizeof(float) * nh);
+            memcpy(out[k][round] + 2 * nh, qk, sizeof(float) * (nq + nk));
+            for (int i = 0; i < 5; i++) {
+                be_unbind(b, bufs[i]);
+                free(bufs[i]);
+            }
+        }
+    }
+    cr_expect(!memcmp(out[0][0], out[1][0], sizeof(float) * nout), "declared constants: not the compared copies' bits");
+    cr_expect(!memcmp(out[0][1], out[0][0], sizeof(float) * nout), "a declared constant was looked at again");
+    cr_expect(memcmp(out[1][1], out[1][0], sizeof(float) * nh) && memcmp(out[1][1] + nh, out[1][0] + nh, sizeof(float) * nh) &&
+                  memcmp(out[1][1] + 2 * nh, out[1][0] + 2 * nh, sizeof(float) * (nq + nk)),
+              "the comparing backend missed a changed weight");
+    for (int k = 0; k < 2; k++) {
+        free(out[k][0]);
+        free(out[k][1]);
+        be_free(bes[k]);
+    }
+    free(x0);
+    free(o0);
+}
+
 /* The fused ops (kernels/fused_kernels.h) against the CPU, bound and unbound: add_norm with and
  * without each norm (a plain add to the bit), q and k made ready for head sizes of the models and
  * odd ones, GQA groups, both pairings, with and without the norms, positions up to 100000. */
