@@ -255,6 +255,10 @@ QB_HD void ag_slot_run(const ag_page *pages, const uint64_t *masks, int64_t p0, 
     }
 }
 
+/* A merged element from its row's sum L and unnormalised output o: 0 where nothing was visible, NaN
+ * where a NaN came in. */
+QB_HD float ag_combine_out(float L, float o) { return L > 0.0f || L != L ? QB_DIV(o, L) : 0.0f; }
+
 /* The combined output element d of row r (query t, head h: r = t * n_head + h) from its n_split
  * partials (part_ml[(r * stride + z) * 2 ..] maximum and sum, part_o[(r * stride + z) * D ..]
  * unnormalised output), in split order; 0 where nothing was visible, NaN where a NaN came in. */
@@ -273,8 +277,79 @@ QB_HD float ag_combine_one(const float *part_o, const float *part_ml, int64_t r,
         L = QB_ADD(L, QB_MUL(part_ml[(r0 + z) * 2 + 1], f));
         o = QB_ADD(o, QB_MUL(part_o[(r0 + z) * D + d], f));
     }
-    return L > 0.0f || L != L ? QB_DIV(o, L) : 0.0f;   /* a NaN stays one */
+    return ag_combine_out(L, o);
 }
+
+/* The combine kernel's way to the same bits (ag_combine_tiled below runs it on the host). Each
+ * split's maximum, sum and exponential are independent of the others', so a block computes them
+ * side by side, a tile of AG_CTILE splits at a time into shared memory (the largest maximum first,
+ * by a reduction: a maximum is the same in any order); only the sums need split order, and those
+ * read each split's output with AG_CLOADS loads in flight, not one load's latency a split (a
+ * decode step of the default model's shape has 256 splits at 8K, which took the serial merge
+ * about 0.1 ms). */
+#define AG_CTILE 256   /* splits a tile */
+#define AG_CLOADS 8    /* partial outputs in flight a thread */
+
+/* The larger of a running maximum and a split's (a NaN never is: as ag_combine_one compares). */
+QB_HD float ag_combine_max(float M, float m) { return m > M ? m : M; }
+
+/* Split z's weight in the merge under the largest maximum M: *skip 1 for a split that saw nothing
+ * (maximum -inf; it adds nothing), else its exponential. */
+QB_HD float ag_combine_weight(float m, float M, unsigned char *skip)
+{
+    *skip = m == -INFINITY;
+    return *skip ? 0.0f : ag_exp(QB_SUB(m, M));
+}
+
+/* A tile's nt splits added into *L and *o in split order: split j's sum l[j] and output po[j * D]
+ * (element d's, po pointing at the tile's first) under weight f[j]. */
+QB_HD void ag_combine_tile(const float *f, const float *l, const unsigned char *skip, int nt, const float *po,
+                           int D, float *L, float *o)
+{
+    for (int j = 0; j < nt; j += AG_CLOADS) {
+        float v[AG_CLOADS];
+        QB_UNROLL
+        for (int k = 0; k < AG_CLOADS; k++) v[k] = j + k < nt ? po[(int64_t)(j + k) * D] : 0.0f;
+        QB_UNROLL
+        for (int k = 0; k < AG_CLOADS; k++) {
+            if (j + k >= nt || skip[j + k]) continue;
+            *L = QB_ADD(*L, QB_MUL(l[j + k], f[j + k]));
+            *o = QB_ADD(*o, QB_MUL(v[k], f[j + k]));
+        }
+    }
+}
+
+#ifndef __CUDA_ARCH__
+/* ag_combine_one as the combine kernel computes it: the largest maximum by threads each over every
+ * nth split (nth = the block's threads) merged pairwise, then tile by tile the weights and the sums
+ * in split order. Gives ag_combine_one's bits (tests/test_attn_kernels.c). */
+static inline float ag_combine_tiled(const float *part_o, const float *part_ml, int64_t r, int stride, int n_split,
+                                     int D, int d, int nth)
+{
+    const int64_t r0 = r * stride;
+    float part[256];
+    if (nth > 256) nth = 256;
+    for (int t = 0; t < nth; t++) {
+        part[t] = -INFINITY;
+        for (int z = t; z < n_split; z += nth) part[t] = ag_combine_max(part[t], part_ml[(r0 + z) * 2]);
+    }
+    for (int w = 1; w < nth; w <<= 1)   /* a tree, as shuffles and shared memory meet them */
+        for (int t = 0; t + w < nth; t += 2 * w) part[t] = ag_combine_max(part[t], part[t + w]);
+    const float M = part[0];
+    float L = 0.0f, o = 0.0f;
+    float f[AG_CTILE], l[AG_CTILE];
+    unsigned char skip[AG_CTILE];
+    for (int t0 = 0; t0 < n_split; t0 += AG_CTILE) {
+        const int nt = n_split - t0 < AG_CTILE ? n_split - t0 : AG_CTILE;
+        for (int j = 0; j < nt; j++) {
+            f[j] = ag_combine_weight(part_ml[(r0 + t0 + j) * 2], M, &skip[j]);
+            l[j] = part_ml[(r0 + t0 + j) * 2 + 1];
+        }
+        ag_combine_tile(f, l, skip, nt, part_o + (r0 + t0) * D + d, D, &L, &o);
+    }
+    return ag_combine_out(L, o);
+}
+#endif
 
 /* The blocks of a launch: KV heads times batches of AG_HEADS query heads. */
 QB_HD int ag_head_batches(int group) { return (group + AG_HEADS - 1) / AG_HEADS; }

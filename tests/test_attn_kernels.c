@@ -506,6 +506,57 @@ Test(attn_group, a_nan_query_stays_nan)
     free_pageset(&ps);
 }
 
+/* The combine kernel's way (ag_combine_tiled: the largest maximum by a tree over the block's
+ * threads, each split's weight side by side, the sums in split order with AG_CLOADS loads in flight)
+ * gives ag_combine_one's bits: split counts around a tile (1 to 2.3 tiles) and a load batch, blocks
+ * of 1 to 256 threads, head sizes of 37 to 256, splits that saw nothing (-inf), NaN in a maximum,
+ * a sum or an output, and maxima hundreds apart (weights that underflow). */
+Test(attn_group, the_tiled_combine_gives_the_serial_merges_bits)
+{
+    seed_rng("tiled combine");
+    const int splits[] = { 1, 2, 7, 8, 9, 63, 255, 256, 257, 600 }, threads[] = { 1, 37, 64, 256 }, dims[] = { 37, 128, 256 };
+    enum { ROWS = 3, STRIDE = 640 };
+    float *po = malloc(sizeof(float) * ROWS * STRIDE * 256), *pml = malloc(sizeof(float) * ROWS * STRIDE * 2);
+    cr_assert(po && pml);
+    long checked = 0, nan_seen = 0, zero_seen = 0;
+    for (size_t si = 0; si < sizeof splits / sizeof *splits; si++)
+        for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+            for (int kind = 0; kind < 4; kind++) {
+                const int ns = splits[si], D = dims[di];
+                for (int64_t i = 0; i < (int64_t)ROWS * STRIDE; i++) {
+                    const float spread = kind == 2 ? 300.0f : 8.0f;
+                    pml[i * 2] = frand(-spread, spread);
+                    pml[i * 2 + 1] = frand(0.5f, 40.0f);
+                    if (rnd() % 5 == 0) pml[i * 2] = -INFINITY;   /* a split that saw nothing */
+                    for (int d = 0; d < D; d++) po[i * D + d] = frand(-20.0f, 20.0f);
+                }
+                if (kind == 1) {   /* NaN in a maximum, a sum, an output */
+                    pml[(0 * STRIDE + (int)(rnd() % (unsigned)ns)) * 2] = NAN;
+                    pml[(1 * STRIDE + (int)(rnd() % (unsigned)ns)) * 2 + 1] = NAN;
+                    po[(2 * STRIDE + (int)(rnd() % (unsigned)ns)) * D + 5] = NAN;
+                }
+                if (kind == 3)   /* row 1 saw nothing at all */
+                    for (int z = 0; z < ns; z++) pml[(STRIDE + z) * 2] = -INFINITY;
+                for (int r = 0; r < ROWS; r++)
+                    for (int d = 0; d < D; d++) {
+                        const float want = ag_combine_one(po, pml, r, STRIDE, ns, D, d);
+                        for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
+                            const float got = ag_combine_tiled(po, pml, r, STRIDE, ns, D, d, threads[ti]);
+                            cr_assert(!memcmp(&got, &want, sizeof got),
+                                      "%d splits, D %d, kind %d, row %d, element %d, %d threads: %a, serially %a", ns,
+                                      D, kind, r, d, threads[ti], (double)got, (double)want);
+                            checked++;
+                        }
+                        nan_seen += isnan(want);
+                        zero_seen += want == 0.0f;
+                    }
+            }
+    cr_expect(nan_seen > 0 && zero_seen > 0, "NaN %ld and nothing-seen %ld cases", nan_seen, zero_seen);
+    cr_log_info("the tiled combine: %ld elements, each the serial merge's bits", checked);
+    free(po);
+    free(pml);
+}
+
 /* The flash kernel's simulation (every warp's lanes, the products emulated from the fragment
  * layout; head dimension 192 leaves its second warp's dimensions part-filled) against exact
  * attention (its f16 weights: 8192 units) and the CPU: prefill-like chunks (the chunk's own keys in

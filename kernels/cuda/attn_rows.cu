@@ -107,19 +107,45 @@ __global__ void attn_kernel(const float *q, const int32_t *q_pos, const dev_page
     if (tid == 0) part_ml[row * 2] = m, part_ml[row * 2 + 1] = l;
 }
 
-/* Every attention kernel's splits merged (ag_combine_one; row r = t * n_head + h, query t's list's
- * splits, L.stride apart). grid (n_head, n_q), threads over D. */
+/* Every attention kernel's splits merged (row r = t * n_head + h, query t's list's splits, L.stride
+ * apart) with ag_combine_one's bits, the way ag_combine_tiled runs on the host: the largest maximum
+ * by a tree over the block, then tile by tile every split's weight side by side and the sums in
+ * split order, a thread an element d. grid (n_head, n_q), threads min(D, 256). */
 __global__ void attn_combine(const float *part_o, const float *part_ml, const __grid_constant__ ag_lists L, int n_head,
                              int D, float *out, int8_t *q, float *qd, float *qs)
 {
-    const int64_t r = (int64_t)blockIdx.y * n_head + blockIdx.x;
-    const int n_split = ag_list_of(&L, blockIdx.y).n_split;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        const float v = ag_combine_one(part_o, part_ml, r, L.stride, n_split, D, d);
+    __shared__ float f[AG_CTILE], l[AG_CTILE], red[256];
+    __shared__ unsigned char skip[AG_CTILE];
+    const int64_t r = (int64_t)blockIdx.y * n_head + blockIdx.x, r0 = r * L.stride;
+    const int n_split = ag_list_of(&L, blockIdx.y).n_split, tid = (int)threadIdx.x, nth = (int)blockDim.x;
+    float M = -INFINITY;
+    for (int z = tid; z < n_split; z += nth) M = ag_combine_max(M, part_ml[(r0 + z) * 2]);
+    red[tid] = M;
+    __syncthreads();
+    for (int w = 1; w < nth; w <<= 1) {   /* a maximum is the same in any order */
+        if (tid % (2 * w) == 0 && tid + w < nth) red[tid] = ag_combine_max(red[tid], red[tid + w]);
+        __syncthreads();
+    }
+    M = red[0];
+    for (int d0 = 0; d0 < D; d0 += nth) {   /* one pass when D <= 256, as every head size kvchat runs */
+        const int d = d0 + tid;
+        float Ls = 0.0f, o = 0.0f;
+        for (int t0 = 0; t0 < n_split; t0 += AG_CTILE) {
+            const int nt = n_split - t0 < AG_CTILE ? n_split - t0 : AG_CTILE;
+            __syncthreads();   /* every thread done with the tile before */
+            for (int j = tid; j < nt; j += nth) {
+                f[j] = ag_combine_weight(part_ml[(r0 + t0 + j) * 2], M, &skip[j]);
+                l[j] = part_ml[(r0 + t0 + j) * 2 + 1];
+            }
+            __syncthreads();
+            if (d < D) ag_combine_tile(f, l, skip, nt, part_o + (r0 + t0) * D + d, D, &Ls, &o);
+        }
+        if (d >= D) continue;   /* a whole warp when D % 32 == 0, as q needs */
+        const float v = ag_combine_out(Ls, o);
         out[r * D + d] = v;
         /* with q (D % 32 == 0, blockDim a multiple of 32): the output product's input codes, a
          * warp's 32 consecutive values one block */
-        if (q) quantize_warp_block(v, (int)(threadIdx.x & 31), (r * D + d) / DD_QBLOCK, q, qd, qs);
+        if (q) quantize_warp_block(v, tid & 31, (r * D + d) / DD_QBLOCK, q, qd, qs);
     }
 }
 

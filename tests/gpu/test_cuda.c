@@ -1340,6 +1340,45 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
     for (int k = 0; k < 3; k++) be_free(bes[k]);
 }
 
+/* The split merge takes its splits' weights a tile of AG_CTILE at a time and their partials
+ * AG_CLOADS at a time (attn_combine): more splits than a tile (257 and 300 forced, over 300 pages a
+ * head: a split a page and a few empty), at the default model's shape (4 query heads on a KV head of
+ * 256) and the 7B's (32 on 8 of 128), still give the host's serial merge's bits. */
+Test(cuda, a_merge_of_more_splits_than_a_tile_gives_the_hosts_bits)
+{
+    seed_rng("many splits");
+    const char *splits[] = { "257", "300" };
+    const int shapes[][3] = { { 256, 4, 1 }, { 128, 32, 8 } };
+    char err[256];
+    for (int k = 0; k < 2; k++) {
+        be_backend *b = gpu_with("KVCHAT_CUDA_ATTN_SPLITS", splits[k]);
+        for (int si = 0; si < 2; si++)
+            for (int bind = 0; bind < 2; bind++) {
+                const int D = shapes[si][0], nh = shapes[si][1], nkv = shapes[si][2];
+                page_set ps;
+                make_pages(&ps, nkv, 300, D, bind, 0);
+                const size_t n = (size_t)nh * (size_t)D;
+                float *q = malloc(sizeof(float) * n), *o = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+                for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
+                int32_t qp = ps.max_pos;
+                be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o,
+                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+                ag_attention_sim(&a, atoi(splits[k]), want);
+                attend_on(b, &a, q, n, bind);
+                cr_assert(!be_failed(b, err, sizeof err), "%s", err);
+                size_t bad = 0;
+                for (size_t i = 0; i < n; i++) bad += memcmp(&o[i], &want[i], sizeof(float)) != 0;
+                cr_expect(bad == 0, "D %d, %d heads / %d KV, %s splits (bound %d): %zu of %zu outputs differ from the host",
+                          D, nh, nkv, splits[k], bind, bad, n);
+                free(q);
+                free(o);
+                free(want);
+                free_pages(&ps);
+            }
+        be_free(b);
+    }
+}
+
 /* The tensor-core flash kernel (KVCHAT_CUDA_ATTN=flash, calls of AF_MIN_Q queries or more) against its
  * host simulation (af_attention_sim: the same tiles, lanes, fragment layouts and splits; the device
  * sums its products in its own order and uses its fast exponential, and a weight near an f16
