@@ -114,15 +114,15 @@ static int prepare_weights(run *r, char *err, size_t errlen)
     int rc = be_prepare_weights(r->b, w, n, r->load_note, sizeof r->load_note, err, errlen);
     free(w);
     if (rc) return RUN_EFAIL;
-    /* the norms' weights: a device keeps them without comparing them at every call (a failure to
-     * copy them is the backend's, said at its next question) */
+    /* the norms' weights: a device keeps them without comparing them at every call (copied now:
+     * a device that could not is a failure at load, as the weights') */
     int nc = model_constants(r->m, NULL, 0);
     be_range *c = malloc(sizeof *c * (size_t)nc);
     if (!c) return oom(err, errlen);
     model_constants(r->m, c, nc);
     be_constants(r->b, c, nc);
     free(c);
-    return RUN_OK;
+    return be_failed(r->b, err, errlen) ? RUN_EFAIL : RUN_OK;
 }
 
 /* A device's first prompt would pay one-off costs: kernels load on first use (cuBLAS's first

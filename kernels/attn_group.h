@@ -328,7 +328,7 @@ static inline float ag_combine_tiled(const float *part_o, const float *part_ml, 
 {
     const int64_t r0 = r * stride;
     float part[256];
-    if (nth > 256) nth = 256;
+    nth = nth < 1 ? 1 : nth > 256 ? 256 : nth;
     for (int t = 0; t < nth; t++) {
         part[t] = -INFINITY;
         for (int z = t; z < n_split; z += nth) part[t] = ag_combine_max(part[t], part_ml[(r0 + z) * 2]);

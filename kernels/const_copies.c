@@ -59,7 +59,7 @@ static const void *get(cc_table *t, const void *host, size_t bytes, int *write, 
         return NULL;
     }
     cc_copy *c = slot_of(t, host);
-    if (c->host && c->fixed && c->bytes >= bytes && !c->stale) return c->dev;
+    if (c->host && bytes <= c->fixed && c->bytes >= bytes && !c->stale) return c->dev;
     /* the same bytes, or the first bytes of the copy (a batch's positions: qk_rope sends every
      * row's, each sequence's attention asks for its own, the first under the same key) */
     if (c->host && c->bytes >= bytes && c->seen && !c->stale && !memcmp(c->seen, host, bytes)) return c->dev;
@@ -122,6 +122,7 @@ void cc_unwritten(cc_table *t, const void *host)
 const void *cc_fix(cc_table *t, const void *host, size_t bytes, enum cc_status *status)
 {
     const void *d = get(t, host, bytes, NULL, status);
-    if (d) slot_of(t, host)->fixed = 1;
+    cc_copy *c = d ? slot_of(t, host) : NULL;
+    if (c && bytes > c->fixed) c->fixed = bytes;
     return d;
 }

@@ -30,7 +30,7 @@ typedef struct cc_copy {
     void *seen;         /* the host bytes the device copy holds */
     void *dev;
     int stale;          /* the last upload failed: the device may hold neither bytes */
-    int fixed;          /* the caller's bytes never change (cc_fix): not compared again */
+    size_t fixed;       /* bytes the caller said never change (cc_fix; 0: none): not compared again */
 } cc_copy;
 
 typedef struct cc_table {
@@ -59,8 +59,8 @@ const void *cc_claim(cc_table *t, const void *host, size_t bytes, int *write, en
 /* The copy of host that cc_claim asked the caller to write was not written: sent at its next use. */
 void cc_unwritten(cc_table *t, const void *host);
 /* As cc_get, for bytes that stay the same at host for the life of the table (a model's norm
- * weights): later calls under host are answered without comparing them (by more bytes: compared
- * and sent as cc_get's). */
+ * weights): later calls under host for at most those bytes are answered without comparing them
+ * (calls for more are compared and sent as cc_get's). */
 const void *cc_fix(cc_table *t, const void *host, size_t bytes, enum cc_status *status);
 
 #endif

@@ -255,7 +255,7 @@ grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' 
 
 # 3. memcheck
 if command -v compute-sanitizer >/dev/null 2>&1; then
-    step "compute-sanitizer memcheck (attention, element-wise, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, merge, selection, SentKV's choice, a restored cache placed)" 120 \
+    step "compute-sanitizer memcheck (attention, the split merge, element-wise, declared constants, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, merge, selection, SentKV's choice, a restored cache placed)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(paged_attention*|grouped_attention*|a_merge_of_more*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|declared_constants*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|page_summaries_folded*|quest_s_bounds_and_best*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*|a_restored_cache*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
@@ -267,13 +267,14 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         --filter 'cuda/@(a_prompts_rows_written*|an_upload_batch*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
-    # stages; racecheck is slow, so that test alone, the split merge's tile of weights, the fused
-    # ops' shared block sums and the SimHash recall's codes and counts, or'ed and added in shared
-    # memory) and barriers (those, the key means' row then its sum of squares, and the attention
-    # mass's shuffles within half-warps and its row sums)
-    step "compute-sanitizer racecheck (flash attention, the split merge, fused ops, SimHash recall, merge, SentKV's choice, Quest's best)" 120 \
+    # stages; racecheck is slow, so that test alone (not the grouped kernel's, nor the split merge's
+    # hundreds of blocks), the fused ops' shared block sums and the SimHash recall's codes and
+    # counts, or'ed and added in shared memory) and barriers (those, the split merge's tiles, the
+    # key means' row then its sum of squares, and the attention mass's shuffles within half-warps
+    # and its row sums)
+    step "compute-sanitizer racecheck (flash attention, fused ops, SimHash recall, merge, SentKV's choice, Quest's best)" 120 \
         compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(flash_attention*|a_merge_of_more*|fused_ops*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|quest_s_bounds_and_best*)'
+        --filter 'cuda/@(flash_attention*|fused_ops*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|quest_s_bounds_and_best*)'
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
     step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall, merge, SentKV's choice, Quest's best)" 90 \
         compute-sanitizer --tool synccheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \

@@ -249,14 +249,47 @@ Test(const_copies, fixed_bytes_are_not_compared_and_other_keys_still_are)
     cr_expect_eq(cc_get(&t, x, sizeof x, &st), dx);
     cr_expect_eq(t.uploads, 3, "bytes not fixed are compared and sent");
     cr_expect_eq(dx[3], -1.0f);
-    /* fewer bytes of a fixed copy serve as they are; more are compared and sent (and stay fixed) */
     cr_expect_eq(cc_get(&t, w, sizeof w / 2, &st), dw);
-    cr_expect_eq(t.uploads, 3);
-    static float big[2 * DIM];
-    memcpy(big, w, sizeof w);
-    const float *db = cc_fix(&t, big, sizeof big, &st);
-    cr_assert(db && cc_get(&t, big, sizeof big, &st) == db && t.uploads == 4);
-    /* a refused upload leaves a fixed copy stale: sent again at its next use */
+    cr_expect_eq(t.uploads, 3, "fewer bytes of a fixed copy serve as they are");
+    cc_free(&t);
+    cr_expect_eq(d.n_live, 0);
+}
+
+/* Only the bytes cc_fix was given are taken on trust: a longer call under the key, a fix of fewer
+ * bytes than a copy already holds, and a fixed copy a failed upload left stale are all compared
+ * (and sent) as cc_get's. */
+Test(const_copies, only_the_fixed_bytes_go_uncompared)
+{
+    static fake_dev d = { .fail_after = -1 };
+    static float a[2 * DIM], b[2 * DIM];
+    for (int j = 0; j < 2 * DIM; j++) a[j] = b[j] = (float)j;
+    cc_table t = table_on(&d);
+    enum cc_status st;
+    /* fixed on its first half, then asked for the whole: the tail is compared at every call */
+    cr_assert(cc_fix(&t, a, sizeof a / 2, &st) && t.uploads == 1);
+    const float *da = cc_get(&t, a, sizeof a, &st);
+    cr_assert(da && t.uploads == 2, "more bytes than fixed are sent");
+    a[DIM + 3] = -5.0f;
+    cr_expect(cc_get(&t, a, sizeof a, &st) == da && t.uploads == 3 && da[DIM + 3] == -5.0f,
+              "a change past the fixed bytes is sent");
+    a[1] = -7.0f;   /* inside the fixed bytes: not looked at by a call for them */
+    cr_expect(cc_get(&t, a, sizeof a / 2, &st) == da && t.uploads == 3 && da[1] == 1.0f);
+    /* a copy of the whole, then a fix of its first quarter: the rest is still compared */
+    const float *db = cc_get(&t, b, sizeof b, &st);
+    cr_assert(db && t.uploads == 4);
+    cr_assert(cc_fix(&t, b, sizeof b / 4, &st) == db && t.uploads == 4);
+    b[DIM + 1] = -9.0f;
+    cr_expect(cc_get(&t, b, sizeof b, &st) == db && t.uploads == 5 && db[DIM + 1] == -9.0f,
+              "a fix of fewer bytes does not cover the rest of the copy");
+    /* a longer call whose upload fails leaves the copy stale: the fixed bytes are sent again too */
+    d.fail_uploads = 1;
+    b[DIM + 2] = -11.0f;
+    cr_expect_null(cc_get(&t, b, sizeof b, &st));
+    cr_expect_eq(st, CC_NOT_SENT);
+    d.fail_uploads = 0;
+    cr_expect(cc_get(&t, b, sizeof b / 4, &st) == db && st == CC_OK && t.uploads == 6,
+              "a stale fixed copy is sent at its next use");
+    /* a cc_fix whose upload failed fixed nothing: the key is compared later */
     static float z[DIM];
     d.fail_uploads = 1;
     cr_expect_null(cc_fix(&t, z, sizeof z, &st));
@@ -264,10 +297,10 @@ Test(const_copies, fixed_bytes_are_not_compared_and_other_keys_still_are)
     d.fail_uploads = 0;
     z[0] = 5.0f;
     const float *dz = cc_get(&t, z, sizeof z, &st);
-    cr_assert(dz && st == CC_OK && dz[0] == 5.0f && t.uploads == 5, "a stale copy is sent");
+    cr_assert(dz && st == CC_OK && dz[0] == 5.0f && t.uploads == 7, "a stale copy is sent");
     z[1] = 6.0f;
     cr_expect_eq(cc_get(&t, z, sizeof z, &st), dz);
-    cr_expect(t.uploads == 6 && dz[1] == 6.0f, "not fixed: its cc_fix was not sent, so it never was");
+    cr_expect(t.uploads == 8 && dz[1] == 6.0f, "not fixed: its cc_fix was not sent, so it never was");
     cc_free(&t);
     cr_expect_eq(d.n_live, 0);
 }

@@ -127,7 +127,8 @@ __global__ void attn_combine(const float *part_o, const float *part_ml, const __
         __syncthreads();
     }
     M = red[0];
-    for (int d0 = 0; d0 < D; d0 += nth) {   /* one pass when D <= 256, as every head size kvchat runs */
+    /* one pass for D <= 256 (the grouped and flash kernels'); the scalar kernel's larger heads take more */
+    for (int d0 = 0; d0 < D; d0 += nth) {
         const int d = d0 + tid;
         float Ls = 0.0f, o = 0.0f;
         for (int t0 = 0; t0 < n_split; t0 += AG_CTILE) {

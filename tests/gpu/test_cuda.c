@@ -1341,9 +1341,10 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
 }
 
 /* The split merge takes its splits' weights a tile of AG_CTILE at a time and their partials
- * AG_CLOADS at a time (attn_combine): more splits than a tile (257 and 300 forced, over 300 pages a
- * head: a split a page and a few empty), at the default model's shape (4 query heads on a KV head of
- * 256) and the 7B's (32 on 8 of 128), still give the host's serial merge's bits. */
+ * AG_CLOADS at a time (attn_combine): more splits than a tile (257 and 300 forced, over as many
+ * pages a head: a split a page), at the default model's shape (4 query heads on a KV head of 256)
+ * and the 7B's (32 on 8 of 128), still give the host's serial merge's bits. The bound runs also
+ * mask tokens (some pages then see nothing: splits of -inf). */
 Test(cuda, a_merge_of_more_splits_than_a_tile_gives_the_hosts_bits)
 {
     seed_rng("many splits");
@@ -1356,7 +1357,7 @@ Test(cuda, a_merge_of_more_splits_than_a_tile_gives_the_hosts_bits)
             for (int bind = 0; bind < 2; bind++) {
                 const int D = shapes[si][0], nh = shapes[si][1], nkv = shapes[si][2];
                 page_set ps;
-                make_pages(&ps, nkv, 300, D, bind, 0);
+                make_pages(&ps, nkv, atoi(splits[k]), D, bind, 0);
                 const size_t n = (size_t)nh * (size_t)D;
                 float *q = malloc(sizeof(float) * n), *o = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
                 for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
