@@ -707,8 +707,10 @@ static void cuda_constants(be_backend *b, const be_range *r, int n)
 {
     cuda_impl *ci = impl_of(b);
     for (int i = 0; i < n && !ci->failed; i++) {
+        if (!r[i].p || !r[i].bytes) continue;
         enum cc_status st;
-        if (r[i].p && r[i].bytes) const_said(ci, (cc_fix(&ci->consts, r[i].p, r[i].bytes, &st), st), r[i].bytes);
+        cc_fix(&ci->consts, r[i].p, r[i].bytes, &st);
+        const_said(ci, st, r[i].bytes);
     }
 }
 
