@@ -68,7 +68,7 @@ void pc_begin_call(pc_table *t)
     for (int i = 0; i < t->n_recs; i++) {
         pc_copy *c = &t->recs[i];
         if (!c->used) continue;
-        if (t->calls - c->last_use > t->idle) {
+        if (c->held <= 0 && t->calls - c->last_use > t->idle) {
             drop_storage(t, c);
             memset(c, 0, sizeof *c);
             t->free_recs[t->n_free++] = i;   /* room for every record was made with it */
@@ -221,6 +221,11 @@ const pc_copy *pc_find(pc_table *t, const be_kv_page *pg, int32_t rows)
 }
 
 int32_t pc_index(const pc_table *t, const pc_copy *c) { return (int32_t)(c - t->recs); }
+
+void pc_hold(pc_table *t, int32_t idx, int delta)
+{
+    if (idx >= 0 && idx < t->n_recs) t->recs[idx].held += delta;
+}
 
 int pc_current(pc_table *t, int32_t idx, const be_kv_page *pg, const void *dev_k)
 {

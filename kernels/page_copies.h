@@ -4,8 +4,8 @@
  * backend keeps a copy of each page it attends to and brings it up to date before use: while a page's
  * content generation (be_kv_page.gen) stays the same only the rows appended since the last use are
  * copied (keys, values, positions and biases: the generation covers them all); a new generation
- * copies the page whole. Copies that no call has used for `idle` calls are
- * freed (their host pages may be gone). The device is reached through three functions, so this
+ * copies the page whole. Copies that no call has used for `idle` calls and no descriptor list
+ * holds (pc_hold) are freed (their host pages may be gone). The device is reached through three functions, so this
  * bookkeeping is plain C and is tested on the host (tests/test_page_copies.c) with host memory
  * standing in for the device. */
 #ifndef KVCHAT_PAGE_COPIES_H
@@ -38,6 +38,10 @@ typedef struct pc_copy {
     float *bias;
     uint64_t last_use;
     int used;
+    /* Descriptor lists' entries naming this copy (kernels/page_tables.c: pc_hold): a held copy is
+     * never idle, since an appended list's earlier entries are read by the device without the
+     * host looking at them each call. */
+    int32_t held;
 } pc_copy;
 
 typedef struct pc_table {
@@ -61,8 +65,11 @@ void pc_init(pc_table *t, const pc_device *dev, uint64_t idle);
 /* Frees every copy; the table stays usable (empty; its counters and idle setting kept). */
 void pc_free(pc_table *t);
 /* Start an attention call (copies used from now on count as used by it); every `idle` calls the
- * idle copies are freed. */
+ * idle copies no list holds are freed. */
 void pc_begin_call(pc_table *t);
+/* One more (delta 1) or one fewer (-1) list entry naming record idx, a copy pc_get gave (idx < 0:
+ * none, nothing done). */
+void pc_hold(pc_table *t, int32_t idx, int delta);
 /* The up-to-date copy of page pg (pg->n > 0), or NULL when the device is out of memory or an upload
  * failed (the copy then counts no rows as sent, so the next call sends them again). The pointer is valid until the next pc_get or pc_begin_call. */
 const pc_copy *pc_get(pc_table *t, const be_kv_page *pg);

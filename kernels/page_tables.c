@@ -15,8 +15,25 @@ void pt_init(pt_set *s, const pt_device *dev, pc_table *copies, ub_batch *batch)
 
 static size_t dev_bytes(int64_t cap) { return sizeof(ag_page) * (size_t)cap + sizeof(int64_t) * (PT_MAX_HEADS + 1); }
 
+/* Region g's counted entries [j0, j1) of the record (those below cnt[g]) hold (delta 1) or let go
+ * of (-1) the copies they name. */
+static void hold_range(pt_set *s, const pt_list *l, int g, int64_t j0, int64_t j1, int delta)
+{
+    for (int64_t j = j0; j < j1; j++) pc_hold(s->copies, l->rec[(int64_t)g * l->stride + j], delta);
+}
+
+/* Every counted entry lets go of its copy, and none is counted (the record forgotten). */
+static void release_record(pt_set *s, pt_list *l)
+{
+    for (int g = 0; g < l->n_reg; g++) {
+        hold_range(s, l, g, 0, l->cnt[g], -1);
+        l->cnt[g] = 0;
+    }
+}
+
 static void drop_list(pt_set *s, pt_list *l)
 {
+    release_record(s, l);
     if (l->dev) {
         s->dev.release(s->dev.ud, l->dev);
         s->bytes -= dev_bytes(l->cap);
@@ -112,10 +129,10 @@ static int grow_list(pt_set *s, pt_list *l, int64_t e)
 /* The host's record laid out for n_reg regions of at least `most` entries each: kept as it is where
  * it has the room, else moved into larger regions (a quarter more than asked: a head's growth
  * moves the record once in many pages). A record of another region count is forgotten. */
-static int fit_record(pt_list *l, int n_reg, int64_t most)
+static int fit_record(pt_set *s, pt_list *l, int n_reg, int64_t most)
 {
     if (n_reg != l->n_reg) {
-        for (int g = 0; g < PT_MAX_HEADS; g++) l->cnt[g] = 0;
+        release_record(s, l);
         l->n = 0;
     }
     if (n_reg == l->n_reg && most <= l->stride) return PT_OK;
@@ -202,10 +219,12 @@ static int is_direct(const be_kv_page *pg, const pt_direct *direct)
 }
 
 /* Record entry m (region g's entry j, j < cnt[g] when it holds one) is to be pg: left as it is when
- * its descriptor still holds, else built (pc_get sends the page's new rows). *send: its
- * descriptor differs from the one the record had, and must go to the device. */
-static int do_entry(pt_set *s, pt_list *l, int64_t m, int had, const be_kv_page *pg, const pt_direct *direct, size_t *w,
-                    int *send)
+ * its descriptor still holds, else built (pc_get sends the page's new rows). counted: j < cnt[g],
+ * the entry holds the copy it names (pc_hold), whether or not the record is trusted (had); an entry
+ * past cnt[g] holds its copy once the call ends (pt_build). *send: its descriptor differs from the
+ * one the record had, and must go to the device. */
+static int do_entry(pt_set *s, pt_list *l, int64_t m, int had, int counted, const be_kv_page *pg,
+                    const pt_direct *direct, size_t *w, int *send)
 {
     int keep = had && l->rec[m] != PT_REBUILD && same_page(pg, &l->seen[m]) &&
                (l->rec[m] == PT_DIRECT || pg->n <= 0 || pc_current(s->copies, l->rec[m], pg, l->host[m].k));
@@ -241,6 +260,10 @@ static int do_entry(pt_set *s, pt_list *l, int64_t m, int had, const be_kv_page 
     }
     s->built++;
     l->seen[m] = *pg;
+    if (counted) {   /* the new copy held before the old one is let go: a copy both name stays held */
+        pc_hold(s->copies, rec, 1);
+        pc_hold(s->copies, l->rec[m], -1);
+    }
     l->rec[m] = rec;
     if (!had || !same_desc(&d, &l->host[m])) {
         if (had) count_entry(l, &l->host[m], -1);
@@ -260,7 +283,7 @@ static int do_range(pt_set *s, pt_list *l, int g, const be_kv_page *list, int64_
     int64_t run0 = -1;   /* the first entry of the run of descriptors to send, -1: none open */
     for (int64_t j = j0; j < j1; j++) {
         int send = j >= on_dev;   /* the device's entry holds some other descriptor */
-        int rc = do_entry(s, l, (int64_t)g * l->stride + j, j < had, &list[hp_g + j], direct, w, &send);
+        int rc = do_entry(s, l, (int64_t)g * l->stride + j, j < had, j < l->cnt[g], &list[hp_g + j], direct, w, &send);
         if (rc != PT_OK) return rc;
         if (send) {
             if (run0 < 0) run0 = j;
@@ -385,7 +408,7 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
     int64_t stable[PT_MAX_HEADS], on_dev[PT_MAX_HEADS];
     int appended = appends(l, shape, hp, n_heads, stable);
     int rc = grow_list(s, l, e > 0 ? e : 1);
-    if (rc == PT_OK) rc = fit_record(l, n_reg, most);
+    if (rc == PT_OK) rc = fit_record(s, l, n_reg, most);
     if (rc != PT_OK) return rc;
     /* what the device holds where this call's offsets put it. Where they moved under an append,
      * the heads' stable descriptors are moved there (nothing queued after them writes where they
@@ -419,7 +442,12 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
         l->n = 0;   /* the record is part-built: nothing of it is trusted */
         return rc;
     }
-    for (int g = 0; g < n_reg; g++) l->cnt[g] = at[g + 1] - at[g];
+    for (int g = 0; g < n_reg; g++) {   /* entries past the old count now hold, those past the new let go */
+        const int64_t now = at[g + 1] - at[g];
+        if (now > l->cnt[g]) hold_range(s, l, g, l->cnt[g], now, 1);
+        else hold_range(s, l, g, now, l->cnt[g], -1);
+        l->cnt[g] = now;
+    }
     l->n = e;
     l->shape = shape;
     /* each head's entries that are pages (not rows the cache takes later), for the next append */
@@ -450,20 +478,8 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
 void pt_begin_call(pt_set *s, uint64_t idle)
 {
     pc_table *c = s->copies;
-    if ((c->calls + 1) % c->idle == 0) {
-        /* the copies' idle sweep is next: lists unused as long go first, and every copy a live list
-         * holds counts as used (an appended list's earlier pages are not looked at each call) */
-        pt_trim(s, idle);
-        for (int li = 0; li < s->cap_lists; li++) {
-            pt_list *l = &s->lists[li];
-            if (!l->used) continue;
-            for (int g = 0; l->n > 0 && g < l->n_reg; g++)
-                for (int64_t m = (int64_t)g * l->stride; m < (int64_t)g * l->stride + l->cnt[g]; m++)
-                    if (l->rec[m] >= 0 && !pc_current(c, l->rec[m], &l->seen[m], l->host[m].k)) {
-                        l->n = 0;   /* cannot be: built whole next time */
-                        break;
-                    }
-        }
-    }
+    /* the copies' idle sweep is next: lists unused as long go first, letting go of their copies
+     * (the copies a live list holds are kept without a look at its entries: pc_hold) */
+    if ((c->calls + 1) % c->idle == 0) pt_trim(s, idle);
     pc_begin_call(c);
 }

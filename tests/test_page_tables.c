@@ -198,13 +198,18 @@ static void append(cache *c, int h, int rows)
     }
 }
 
-static void evict(cache *c, int h)
+/* Page j of head h leaves the cache (its memory free for another page). */
+static void evict_page(cache *c, int h, int j)
 {
-    if (c->n[h] < 2) return;
-    int j = (int)(rnd() % (unsigned)(c->n[h] - 1));
     c->pool[c->list[h][j]].used = 0;
     memmove(&c->list[h][j], &c->list[h][j + 1], sizeof(int) * (size_t)(c->n[h] - j - 1));
     c->n[h]--;
+}
+
+static void evict(cache *c, int h)
+{
+    if (c->n[h] < 2) return;
+    evict_page(c, h, (int)(rnd() % (unsigned)(c->n[h] - 1)));
 }
 
 static void truncate_last(cache *c, int h)
@@ -293,6 +298,26 @@ static void expect_device_matches(const call *cl, const pt_call *out, const uint
     cr_assert_eq(out->aligned, all_aligned, "the call's 16-byte flag");
 }
 
+/* Every live copy is held once for each counted entry naming it, in every list's record (the
+ * entries below each region's count, trusted or not), and no free record is held: what keeps the
+ * copies of an appended list's earlier pages from the idle sweep. */
+static void expect_holds_counted(const rig *r)
+{
+    const pc_table *t = &r->copies;
+    for (int i = 0; i < t->n_recs; i++) {
+        int64_t want = 0;
+        for (int li = 0; li < r->tables.cap_lists; li++) {
+            const pt_list *l = &r->tables.lists[li];
+            if (!l->used) continue;
+            for (int g = 0; g < l->n_reg; g++)
+                for (int64_t j = 0; j < l->cnt[g]; j++) want += l->rec[(int64_t)g * l->stride + j] == i;
+        }
+        cr_assert_eq(t->recs[i].held, want, "record %d: held %d, named by %ld counted entries", i, t->recs[i].held,
+                     (long)want);
+        cr_assert(t->recs[i].used || want == 0, "record %d is free and named", i);
+    }
+}
+
 /* One call that must succeed: started, built, sent, and every descriptor checked. */
 static void call_ok(rig *r, uint64_t name, uint64_t shape, const call *cl, pt_call *out)
 {
@@ -353,6 +378,7 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
         int rc = pt_build(&r.tables, (uint64_t)name, masked ? 0 : c->shape, cl.list, cl.e, cl.hp, H,
                           deferred ? &rows : NULL, &out);
         copy_allocs_left = -1;
+        expect_holds_counted(&r);
         if (rc == PT_NO_COPY) {
             lose_batch(&r);
             failed++;
@@ -509,6 +535,62 @@ Test(page_tables, out_of_device_memory_for_a_list_is_reported_and_recovers)
     lose_batch(&r);
     r.fail_alloc = 0;
     call_ok(&r, 1, 0, &cl, &out);
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0);
+}
+
+/* The copies of an appended list's earlier pages, which its calls do not look at, are held by its
+ * record and outlive the copies' idle sweeps; entries the list no longer has let go of theirs,
+ * which then go at the next sweep, and a freed list lets go of all of its own. */
+Test(page_tables, copies_a_list_holds_outlive_idle_sweeps_and_go_once_let_go)
+{
+    static cache c;
+    memset(&c, 0, sizeof c);
+    static rig r;
+    rig_init(&r, 4);   /* a copy unused for 4 calls, and held by no list, is freed */
+    for (int h = 0; h < H; h++) append(&c, h, 3 * P);   /* three full pages a head */
+    static call cl;
+    pt_call out;
+    make_call(&c, &cl, 0, NULL, NULL, 0);
+    call_ok(&r, 1, 42, &cl, &out);
+    cr_assert_eq(r.copies.n, 3 * H);
+    for (int step = 0; step < 3 * P; step++) {   /* 24 calls, each looking at each head's last pages only */
+        for (int h = 0; h < H; h++) append(&c, h, 1);
+        c.next_pos++;
+        make_call(&c, &cl, 0, NULL, NULL, 0);
+        pt_begin_call(&r.tables, 1000);
+        cr_assert_eq(pt_build(&r.tables, 1, 42, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
+        send_batch(&r);
+        expect_device_matches(&cl, &out, NULL, 0);
+        expect_holds_counted(&r);
+    }
+    cr_expect_eq(r.copies.n, 6 * H, "every page's copy is kept, the first ones unused for 24 calls");
+    /* head 0's first two pages leave the list: their entries let go, and a sweep frees them */
+    for (int i = 0; i < 2; i++) evict_page(&c, 0, 0);
+    c.shape = 43;
+    make_call(&c, &cl, 0, NULL, NULL, 0);
+    for (int i = 0; i < 6; i++) {
+        pt_begin_call(&r.tables, 1000);
+        cr_assert_eq(pt_build(&r.tables, 1, 43, cl.list, cl.e, cl.hp, H, NULL, &out), PT_OK);
+        send_batch(&r);
+        expect_device_matches(&cl, &out, NULL, 0);
+        expect_holds_counted(&r);
+    }
+    cr_expect_eq(r.copies.n, 6 * H - 2, "the two pages no list names went at the sweep");
+    /* another list is called, then the first is freed: every copy it held goes at the next sweeps,
+     * those the other holds stay */
+    static cache c2;
+    memset(&c2, 0, sizeof c2);
+    for (int h = 0; h < H; h++) append(&c2, h, 2);
+    static call cl2;
+    make_call(&c2, &cl2, 0, NULL, NULL, 0);
+    call_ok(&r, 2, 7, &cl2, &out);
+    pt_trim(&r.tables, 0);
+    cr_assert_eq(r.tables.n_lists, 1);
+    expect_holds_counted(&r);
+    for (int i = 0; i < 10; i++) pt_begin_call(&r.tables, 1000);
+    cr_expect_eq(r.copies.n, H, "copies left after their list went: %d", r.copies.n);
+    expect_holds_counted(&r);
     rig_free(&r);
     cr_expect_eq(live_blocks, 0);
 }
