@@ -91,7 +91,7 @@ struct fwd_ctx {
         int64_t from[64];
         const uint64_t *bits;          /* a choice of tokens instead (pol_sel.bits), words a head */
         int64_t words;
-        const page_spans *spans;
+        const page_spans *spans;       /* what the statistics read: the policy's (bits), the layer's (best) */
     } *dsel;
     int n_dsel;
     int row_valid;             /* row holds the logits of the cache's last token */
@@ -465,6 +465,9 @@ static int kept_list(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int fir
 {
     int Hkv = f->m->hp.n_head_kv;
     if (plain_list(f, il, a, 0, 0, first_global, 1)) return -1;
+    /* the pages' spans for the statistics (kept from step to step: a few entries a head), which
+     * then read no page (out of memory: they read the pages) */
+    const page_spans *spans = page_spans_update(&f->spans[il], f->kv, il) ? NULL : &f->spans[il];
     a->sel_best = sel->best;
     a->sel_n_best = sel->n_best;
     a->sel_from = sel->from;
@@ -475,6 +478,7 @@ static int kept_list(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int fir
     d->best = sel->best;
     d->n_best = sel->n_best;
     d->k = sel->k;
+    d->spans = spans;
     memcpy(d->from, sel->from, sizeof(int64_t) * (size_t)Hkv);
     return 0;
 }
@@ -595,9 +599,17 @@ static void defer_stats(fwd_ctx *f, int il, int is_global, int64_t p0, const uns
 }
 
 /* One page of a kept selection, for the step's statistics (the page map, as build_page_list
- * observes a selection's pages); its tokens. */
-static int64_t sel_page(fwd_ctx *f, int il, int h, int64_t idx, int first_global)
+ * observes a selection's pages); its tokens. S: the layer's spans as the selection was made, read
+ * instead of the page (a header a page: a cache miss each, thousands a step at 32K); NULL: the
+ * page. */
+static int64_t sel_page(fwd_ctx *f, int il, int h, int64_t idx, int first_global, const page_spans *S)
 {
+    if (S) {   /* the layer's spans, as the selection was made: no page looked at */
+        if (idx < 0 || idx >= S->at.end[h] - S->at.off[h]) return -1;
+        const page_span *sp = &S->spans[S->at.off[h] + idx];
+        observe_page(f, sp->first, h, first_global, kv_page_size(f->kv));
+        return sp->n;
+    }
     if (idx < 0 || idx >= kv_n_pages(f->kv, il, h)) return -1;   /* never, from a working backend */
     const kv_page *p = kv_layer_page(f->kv, il, h, (int)idx);
     observe_page(f, p->pos[0], h, first_global, kv_page_size(f->kv));
@@ -663,12 +675,12 @@ static void sel_stats(fwd_ctx *f, int64_t p0)
             last_listed[h] = d->from[h] < np;
             int64_t got;
             for (int32_t j = 0; j < d->n_best[h] && j < d->k; j++)
-                if ((got = sel_page(f, d->il, h, d->best[(int64_t)h * d->k + j], first_global)) >= 0) {
+                if ((got = sel_page(f, d->il, h, d->best[(int64_t)h * d->k + j], first_global, d->spans)) >= 0) {
                     tokens += got;
                     entries++;
                 }
             for (int64_t idx = d->from[h]; idx < np; idx++)
-                if ((got = sel_page(f, d->il, h, idx, first_global)) >= 0) {
+                if ((got = sel_page(f, d->il, h, idx, first_global, d->spans)) >= 0) {
                     tokens += got;
                     entries++;
                 }

@@ -66,6 +66,7 @@ typedef struct checker {
     int64_t bound_calls, bound_looked, bound_entries;
     int64_t placed;           /* lists placed ahead of attention */
     int64_t placed_bounds;    /* summary lists placed ahead of bounds calls */
+    int64_t by_index;         /* calls whose selection came as indices into the list (be_attn.sel_best) */
 } checker;
 
 static checker ck;
@@ -245,6 +246,7 @@ static void c_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, in
 }
 static void c_attention(be_backend *b, const be_attn *a)
 {
+    ck.by_index += a->sel_best != NULL;
     check_list(a);
     through_tables(a);
     ck.cpu->ops->attention(ck.cpu, a);
@@ -477,6 +479,105 @@ Test(attn_lists, under_policies_that_evict_merge_and_select)
     run(TD "tiny/tiny-llama-q4_k_m.gguf", "h2o:budget=0.3", 0);
     run(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea", 0);
     run(TD "tiny/tiny-gemma3-q4_k_m.gguf", "chess:preset=aggressive,window=1", 0);
+}
+
+/* One run of a_selection_kept_... on the checking "device": prefill, 60 greedy steps with a rewind
+ * after 40 (each step's token the first run's choice, feed, or its own where feed is NULL), every
+ * step's logits and statistics into logits, stats and maps (the first global layer's page map:
+ * MAP_MAX entries a step, -1 after its own). traced: a trace of the choices on, so the policy lists
+ * its pages itself. */
+enum { SEL_STEPS = 60, MAP_MAX = 64 };
+
+static void selection_run(const char *file, const char *spec, int traced, const int32_t *feed, int32_t *tokens,
+                          float *logits, pol_step_stats *stats, int *maps)
+{
+    char err[512];
+    be_backend *b;
+    model *m = ck_open(file, &b);
+    size_t n;
+    int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p3.txt", &n);
+    fwd_opts fo = { 2048, 40, 16 };
+    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(f, "%s", err);
+    ck.kv = fwd_kv(f);
+    pol_set *ps = fwd_fixture_policy(f, spec);
+    if (traced) cr_assert(pol_set_trace(ps, 0, (int64_t)1 << 30) == 0);
+    const int nv = m->hp.n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)nv);
+    cr_assert(l);
+    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    for (int step = 0; step < SEL_STEPS; step++) {
+        if (step == 40) {   /* back into the decoded tokens, and a token of another choice */
+            fwd_rewind(f, fwd_pos(f) - 13);
+            int32_t t = 7;
+            cr_assert(fwd_eval(f, &t, 1, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        }
+        tokens[step] = feed ? feed[step] : samp_argmax(l, nv);
+        cr_assert(fwd_decode(f, tokens[step], l, NULL, err, sizeof err) == 0, "%s", err);
+        memcpy(logits + (size_t)step * (size_t)nv, l, sizeof(float) * (size_t)nv);
+        stats[step] = *pol_set_stats(ps);
+        int nm;
+        const int *pm = pol_set_last_pages(ps, &nm);
+        cr_assert(nm < MAP_MAX);
+        for (int i = 0; i < MAP_MAX; i++) maps[step * MAP_MAX + i] = i < nm ? pm[i] : -1;
+    }
+    pol_set_free(ps);
+    fwd_free(f);
+    free(ids);
+    free(l);
+    ck_close(m, b);
+}
+
+/* Quest's choice on a device goes to attention as indices into each layer's list of every page,
+ * where its bounds left them (be_attn.sel_best), and the step's statistics are counted when the
+ * step ends, from the layer's page spans rather than its pages. With a trace on, Quest brings the
+ * bounds back and lists its pages itself. Both give each decode step's logits and statistics (pages
+ * and tokens attended, pages held, the first global layer's page map) bit for bit, through
+ * prefill, decode across page boundaries, a rewind and more steps, with one and several KV heads
+ * and after an eviction. */
+Test(attn_lists, a_selection_kept_on_the_device_attends_and_counts_as_the_list_of_its_pages)
+{
+    static const struct { const char *file, *spec; } runs[] = {
+        { TD "tiny/tiny-llama-q4_k_m.gguf", "quest:budget=48" },
+        { TD "tiny/tiny-gemma3-q4_k_m.gguf", "quest:budget=64" },
+        { TD "tiny/tiny-llama-q4_k_m.gguf", "take:budget=0.6+quest:budget=64" },
+    };
+    for (size_t ri = 0; ri < sizeof runs / sizeof *runs; ri++) {
+        char err[512];
+        model *m;
+        cr_assert(model_load(&m, runs[ri].file, NULL, err, sizeof err) == 0, "%s", err);
+        const size_t nv = (size_t)m->hp.n_vocab;
+        model_free(m);
+        int32_t tokens[2][SEL_STEPS];
+        float *logits[2];
+        pol_step_stats stats[2][SEL_STEPS];
+        static int maps[2][SEL_STEPS * MAP_MAX];
+        int64_t by_index[2];
+        for (int traced = 0; traced < 2; traced++) {
+            logits[traced] = malloc(sizeof(float) * nv * SEL_STEPS);
+            cr_assert(logits[traced]);
+            selection_run(runs[ri].file, runs[ri].spec, traced, traced ? tokens[0] : NULL, tokens[traced],
+                          logits[traced], stats[traced], maps[traced]);
+            by_index[traced] = ck.by_index;
+        }
+        cr_expect_geq(by_index[0], 40, "%s: %lld calls took the choice as indices", runs[ri].spec, (long long)by_index[0]);
+        cr_expect_eq(by_index[1], 0, "%s: the traced run's calls took %lld choices as indices", runs[ri].spec,
+                     (long long)by_index[1]);
+        for (int step = 0; step < SEL_STEPS; step++) {
+            cr_assert(!memcmp(logits[0] + step * nv, logits[1] + step * nv, sizeof(float) * nv),
+                      "%s, step %d: the logits differ", runs[ri].spec, step);
+            const pol_step_stats *a = &stats[0][step], *c = &stats[1][step];
+            cr_assert(a->pages_last == c->pages_last && a->tokens_last == c->tokens_last &&
+                          a->pages_total_last == c->pages_total_last,
+                      "%s, step %d: pages %lld / %lld, tokens %lld / %lld, held %lld / %lld", runs[ri].spec, step,
+                      (long long)a->pages_last, (long long)c->pages_last, (long long)a->tokens_last,
+                      (long long)c->tokens_last, (long long)a->pages_total_last, (long long)c->pages_total_last);
+            cr_assert(!memcmp(maps[0] + step * MAP_MAX, maps[1] + step * MAP_MAX, sizeof(int) * MAP_MAX),
+                      "%s, step %d: the page maps differ", runs[ri].spec, step);
+        }
+        free(logits[0]);
+        free(logits[1]);
+    }
 }
 
 /* Rows of every page the cache's layers list. */
