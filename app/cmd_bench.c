@@ -216,51 +216,57 @@ static void best_tokens(const float *logits, int32_t nv, int n, int32_t *ids)
 
 /* n_gen greedy steps of each fork from its first token first[s], its tokens into ids[s][...]:
  * alone (one fork after another, as a comparison ran before its steps were batched) or as one
- * batch. The seconds, or -1 after a message. */
+ * batch. The seconds, or -1 after a message; *first_s (NULL: not wanted) the seconds of the first
+ * steps among them (each fork's alone, the batch's first): what a fork costs once (its lists of
+ * every page built and sent, its shared last pages copied), apart from the steps that follow. */
 static double compare_steps(run *r, run *const *fk, int n, int batch, const int32_t *first, int64_t n_gen,
-                            int32_t *ids, char *err, size_t errlen)
+                            int32_t *ids, double *first_s, char *err, size_t errlen)
 {
     int32_t cur[FWD_BATCH_MAX];
     for (int s = 0; s < n; s++) cur[s] = first[s];
-    double t0 = run_clock_s();
+    double t0 = run_clock_s(), firsts = 0;
     for (int s = 0; s < (batch ? 1 : n); s++)
         for (int64_t g = 0; g < n_gen; g++) {
             if (cli_interrupted) {
                 snprintf(err, errlen, "interrupted");
                 return -1;
             }
+            double ts = g == 0 ? run_clock_s() : 0;
             int rc = batch ? run_decode_greedy_batch(r, fk, n, cur, err, errlen)
                            : run_decode_greedy(fk[s], cur[s], &cur[s], err, errlen);
             if (rc) return -1;
+            if (g == 0) firsts += run_clock_s() - ts;
             for (int j = 0; j < n; j++)
                 if (batch || j == s) ids[j * n_gen + g] = cur[j];
         }
+    if (first_s) *first_s = firsts;
     return run_clock_s() - t0;
 }
 
 /* n forks of r, fork s under specs[s] from first[s], each taking n_gen greedy steps alone or in one
  * batch (compare_steps), then freed. The seconds, or -1 with err. */
 static double forked_steps(run *r, const pol_spec *const *specs, int n, int batch, const int32_t *first,
-                           int64_t n_gen, int32_t *ids, char *err, size_t errlen)
+                           int64_t n_gen, int32_t *ids, double *first_s, char *err, size_t errlen)
 {
     run *fk[FWD_BATCH_MAX] = { 0 };
     double t = -1;
     int s = 0;
     while (s < n && (fk[s] = run_fork(r, specs[s], err, errlen))) s++;
-    if (s == n) t = compare_steps(r, fk, n, batch, first, n_gen, ids, err, errlen);
+    if (s == n) t = compare_steps(r, fk, n, batch, first, n_gen, ids, first_s, err, errlen);
     for (s = 0; s < n; s++) run_free(fk[s]);
     return t;
 }
 
 /* The forks' steps alone, then as one batch (forked_steps twice, tokens into alone and both): the
- * seconds of each in t, and whether every fork chose the same tokens both ways in *same. 0, or 1
- * after a message. */
+ * seconds of each in t, of their first steps in t1 (NULL: not wanted), and whether every fork
+ * chose the same tokens both ways in *same. 0, or 1 after a message. */
 static int alone_then_batch(run *r, const pol_spec *const *each, int n, const int32_t *first, int64_t n_gen,
-                            int32_t *alone, int32_t *both, double t[2], int *same)
+                            int32_t *alone, int32_t *both, double t[2], double *t1, int *same)
 {
     char err[512];
     for (int batch = 0; batch < 2; batch++)
-        if ((t[batch] = forked_steps(r, each, n, batch, first, n_gen, batch ? both : alone, err, sizeof err)) < 0) {
+        if ((t[batch] = forked_steps(r, each, n, batch, first, n_gen, batch ? both : alone, t1 ? &t1[batch] : NULL, err,
+                                     sizeof err)) < 0) {
             cli_err("bench: %s", err);
             return 1;
         }
@@ -313,7 +319,7 @@ static int bench_compare(run *r, const char *budget, char specs[][256], int n_sp
         for (int s = 0; s < n_spec; s++) first[s] = top;   /* every policy answers the same question */
         double t[2];
         int same;
-        if ((rc = alone_then_batch(r, each, n_spec, first, n_gen, alone, both, t, &same))) break;
+        if ((rc = alone_then_batch(r, each, n_spec, first, n_gen, alone, both, t, NULL, &same))) break;
         double one = t[0] / n_spec;
         printf("%8lld %3d %12.3f %12.3f %12.3f %14.2f %6s   %s\n", (long long)d, n_spec, one, t[0], t[1], t[1] / one,
                same ? "yes" : "NO", names);
@@ -352,12 +358,12 @@ static int bench_seqs(run *r, const char *budget, char specs[][256], int n_spec,
             *both = malloc(sizeof(int32_t) * (size_t)(n_seq * n_gen));
     FILE *out = alone && both && csv ? open_csv(csv, "date,commit,machine,threads,model,ctx,policy,seqs,n_gen,"
                                                       "alone_tok_s,batch_tok_s,batch_step_ms,batch_over_alone,"
-                                                      "same_tokens\n")
+                                                      "alone_rest_tok_s,batch_rest_tok_s,batch_first_ms,same_tokens\n")
                                      : NULL;
     int rc = !alone || !both ? (cli_err("bench: out of memory"), 1) : csv && !out ? 1 : 0;
     if (!rc)
-        printf("%8s %4s %14s %14s %14s %12s %6s   %s\n", "ctx", "seqs", "alone tok/s", "batch tok/s", "batch step ms",
-               "batch/alone", "same", "policy");
+        printf("%8s %4s %14s %14s %14s %12s %14s %14s %14s %6s   %s\n", "ctx", "seqs", "alone tok/s", "batch tok/s",
+               "batch step ms", "batch/alone", "alone rest/s", "batch rest/s", "batch 1st ms", "same", "policy");
     for (int di = 0; di < nd && !cli_interrupted && !rc; di++) {
         int64_t d = depths[di];
         if ((rc = prefill_to(r, toks, d))) break;
@@ -366,17 +372,20 @@ static int bench_seqs(run *r, const char *budget, char specs[][256], int n_spec,
         for (int i = 0; i < n_spec && !cli_interrupted && !rc; i++) {
             const pol_spec *each[FWD_BATCH_MAX];
             for (int s = 0; s < n_seq; s++) each[s] = &ps[i];
-            double t[2];
+            double t[2], t1[2];
             int same;
-            if ((rc = alone_then_batch(r, each, n_seq, first, n_gen, alone, both, t, &same))) break;
+            if ((rc = alone_then_batch(r, each, n_seq, first, n_gen, alone, both, t, t1, &same))) break;
             double one = (double)(n_seq * n_gen) / t[0], all = (double)(n_seq * n_gen) / t[1];
-            printf("%8lld %4d %14.1f %14.1f %14.3f %12.2f %6s   %s\n", (long long)d, n_seq, one, all,
-                   1e3 * t[1] / (double)n_gen, all / one, same ? "yes" : "NO", ps[i].text);
+            /* the steps after each fork's first: a batch's decode rate, without what a fork costs once */
+            double rest = (double)(n_seq * (n_gen - 1)), one_r = n_gen > 1 ? rest / (t[0] - t1[0]) : one,
+                   all_r = n_gen > 1 ? rest / (t[1] - t1[1]) : all;
+            printf("%8lld %4d %14.1f %14.1f %14.3f %12.2f %14.1f %14.1f %14.3f %6s   %s\n", (long long)d, n_seq, one, all,
+                   1e3 * t[1] / (double)n_gen, all / one, one_r, all_r, 1e3 * t1[1], same ? "yes" : "NO", ps[i].text);
             fflush(stdout);
             if (out) {
-                fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%d,%lld,%.2f,%.2f,%.4f,%.3f,%d\n", date, commit, machine,
-                        run_threads(r), base, (long long)d, ps[i].text, n_seq, (long long)n_gen, one, all,
-                        1e3 * t[1] / (double)n_gen, all / one, same);
+                fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%d,%lld,%.2f,%.2f,%.4f,%.3f,%.2f,%.2f,%.3f,%d\n", date, commit,
+                        machine, run_threads(r), base, (long long)d, ps[i].text, n_seq, (long long)n_gen, one, all,
+                        1e3 * t[1] / (double)n_gen, all / one, one_r, all_r, 1e3 * t1[1], same);
                 fflush(out);
             }
         }

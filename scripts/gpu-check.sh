@@ -406,7 +406,7 @@ for type in q4_k_m f16; do
             if step "batch mistral-7b-q4_k_m full and chess:preset=aggressive, 8 sequences at 32K" 100 "$kv" bench \
                 -m "$m" --device cuda --ctx 32752 --gen 16 --seqs 8 --policy full,chess:preset=aggressive \
                 --csv "$out/batch_results.csv"; then
-                say "  8 sequences together at depth 32752, 16 tokens each; target: CHESS's batch tok/s at least 4x full's:"
+                say "  8 sequences together at depth 32752, 16 tokens each; target: CHESS's batch tok/s at least 4x full's (rest/s: the steps after the forks' first, whose time is 1st ms):"
                 awk '/^ +ctx +seqs/ { on = 1 } /^peak RSS/ { on = 0 } on && NF { print "    " $0 }' "$tmp/last" >>"$summary"
             fi
             # full, CHESS and Quest at 32K recorded as graphs (stage 4's fourth part; Quest's bounds
