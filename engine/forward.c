@@ -35,9 +35,7 @@ struct fwd_ctx {
     float *boundary;           /* per token id: sentence-boundary weight (for the policies) */
     int n_global;
     pol_set *pol;              /* NULL: attend to everything */
-    be_kv_page *refs;          /* page list handed to attention: a policy's selection */
-    int64_t refs_cap;
-    int64_t head_off[65];
+    sel_list *sels;            /* [n_layer] each global layer's list of a policy's selection, kept from step to step */
     unsigned char last_listed[64];   /* the layer's list has KV head h's last page (defer_stats) */
     page_list *lists;          /* [n_layer] each layer's list of every page, kept from call to call */
     page_spans *spans;         /* [n_layer] their pages' positions, kept likewise where a decode step
@@ -215,12 +213,14 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->tok = malloc(B * sizeof(int32_t));
     f->lists = calloc((size_t)hp->n_layer, sizeof *f->lists);
     f->spans = calloc((size_t)hp->n_layer, sizeof *f->spans);
+    f->sels = calloc((size_t)hp->n_layer, sizeof *f->sels);
     f->pend.at = -1;
     static _Atomic uint64_t contexts;
     f->serial = ++contexts;
     if (!f->x || !f->h || !f->o || !f->q || !f->att || !f->k || !f->v || !f->kall[0] || !f->vall[0] || !f->kall[1] ||
         !f->vall[1] || !f->gate || !f->up ||
-        !f->logits || !f->row || !f->sel_buf || !f->bits_buf || !f->dsel || !f->pos || !f->tok || !f->lists || !f->spans) {
+        !f->logits || !f->row || !f->sel_buf || !f->bits_buf || !f->dsel || !f->pos || !f->tok || !f->lists || !f->spans ||
+        !f->sels) {
         fwd_free(f);
         snprintf(err, errlen, "out of memory allocating forward buffers");
         return NULL;
@@ -275,7 +275,9 @@ void fwd_free(fwd_ctx *f)
     free(f->tok);
     free(f->global);
     free(f->boundary);
-    free(f->refs);
+    if (f->sels)
+        for (int il = 0; il < f->m->hp.n_layer; il++) sel_list_free(&f->sels[il]);
+    free(f->sels);
     free(f->page_rows);
     if (f->lists)
         for (int il = 0; il < f->m->hp.n_layer; il++) page_list_free(&f->lists[il]);
@@ -364,24 +366,14 @@ int64_t fwd_rewind(fwd_ctx *f, int64_t pos)
     return kv_rewind(f->kv, pos);
 }
 
-static int grow_refs(fwd_ctx *f, int64_t n)
+/* The tokens an entry attends: its rows, or those of them its mask has. */
+static int64_t tokens_of(const be_kv_page *r)
 {
-    if (n <= f->refs_cap) return 0;
-    int64_t nc = n * 2;
-    be_kv_page *r = realloc(f->refs, sizeof *r * (size_t)nc);
-    if (!r) return -1;
-    f->refs = r;
-    f->refs_cap = nc;
-    return 0;
-}
-
-static int64_t tokens_of(const kv_page *p, const uint64_t *mask)
-{
-    if (!mask) return p->n;
+    if (!r->mask) return r->n;
     int64_t c = 0;
-    for (int32_t w = 0; w < (p->n + 63) / 64; w++) {
-        uint64_t m = mask[w];
-        if (w == (p->n - 1) / 64 && (p->n & 63)) m &= (1ull << (p->n & 63)) - 1;
+    for (int32_t w = 0; w < (r->n + 63) / 64; w++) {
+        uint64_t m = r->mask[w];
+        if (w == (r->n - 1) / 64 && (r->n & 63)) m &= (1ull << (r->n & 63)) - 1;
         c += bm_popcount(m);
     }
     return c;
@@ -531,7 +523,7 @@ static int sel_ranges(const fwd_ctx *f, be_range *out)
 static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int is_global)
 {
     const model_hparams *hp = &f->m->hp;
-    int Hkv = hp->n_head_kv, P = kv_page_size(f->kv), D = hp->head_dim;
+    int Hkv = hp->n_head_kv, P = kv_page_size(f->kv);
     const pol_sel *sel = NULL;
     int observe = f->decoding && is_global && f->pol;
     if (observe) {
@@ -545,31 +537,27 @@ static int build_page_list(fwd_ctx *f, int il, const float *q, be_attn *a, int i
     if (!sel) return plain_list(f, il, a, 1, observe, first_global, is_global);
     if (sel->best) return kept_list(f, il, sel, a, first_global);
     if (sel->bits) return kept_bits(f, il, sel, a, first_global);
-    /* the selection: observed, since only a decode step on a global layer under a policy selects */
-    int64_t need = 0;
-    for (int h = 0; h < Hkv; h++) need += sel->per_head ? sel->off[h + 1] - sel->off[h] : sel->off[1];
-    if (grow_refs(f, need)) return -1;
-    int64_t e = 0, tokens = 0, pages_total = 0;
+    /* the selection: observed, since only a decode step on a global layer under a policy selects;
+     * its list kept from the last step's, whose entries of the same pages are copied (a selection
+     * that keeps most of its pages reads few of them), under a shape of its own that says where it
+     * only grew at each head's end (a device then looks at the heads' last entries only) */
+    sel_list *S = &f->sels[il];
+    if (sel_list_update(S, f->kv, il, sel->per_head, sel->off, sel->idx, sel->mask)) return -1;
+    int64_t e = S->hp[Hkv], tokens = 0, pages_total = 0;
     for (int h = 0; h < Hkv; h++) {
-        f->head_off[h] = e;
-        int np = kv_n_pages(f->kv, il, h);
+        const int np = kv_n_pages(f->kv, il, h);
         pages_total += np;
-        int64_t s0 = sel->per_head ? sel->off[h] : 0, s1 = sel->per_head ? sel->off[h + 1] : sel->off[1];
         f->last_listed[h] = 0;
-        for (int64_t j = s0; j < s1; j++) {
-            int idx = sel->idx[j];
-            if (idx < 0 || idx >= np) continue;   /* shared indices past a shorter head's table */
-            if (idx == np - 1) f->last_listed[h] = 1;
-            const kv_page *p = kv_layer_page(f->kv, il, h, idx);
-            page_list_ref(&f->refs[e++], p, sel->mask[j], D, P);
-            tokens += tokens_of(p, sel->mask[j]);
-            observe_page(f, p->pos[0], h, first_global, P);
+        for (int64_t j = S->hp[h]; j < S->hp[h + 1]; j++) {
+            if (S->idx[j] == np - 1) f->last_listed[h] = 1;
+            tokens += tokens_of(&S->refs[j]);
+            observe_page(f, S->first[j], h, first_global, P);
         }
     }
-    f->head_off[Hkv] = e;
-    a->pages = f->refs;
+    a->pages = S->refs;
     a->n_pages = e;
-    a->head_pages = f->head_off;
+    a->head_pages = S->hp;
+    a->shape = S->shape;
     list_stats(f, is_global, tokens, e, pages_total);
     return 0;
 }

@@ -176,3 +176,105 @@ void page_spans_free(page_spans *L)
     free(L->spans);
     memset(L, 0, sizeof *L);
 }
+
+/* Room for n entries in L's list (the last one kept as it is). -1: out of memory. */
+static int sel_room(sel_list *L, int64_t n)
+{
+    if (n <= L->cap) return 0;
+    int64_t nc = n * 2 > 64 ? n * 2 : 64;
+    be_kv_page *r = realloc(L->refs, sizeof *r * (size_t)nc);
+    if (r) L->refs = r;
+    int32_t *x = realloc(L->idx, sizeof *x * (size_t)nc);
+    if (x) L->idx = x;
+    int32_t *f = realloc(L->first, sizeof *f * (size_t)nc);
+    if (f) L->first = f;
+    if (!r || !x || !f) return -1;
+    L->cap = nc;
+    return 0;
+}
+
+static void sel_swap(sel_list *L)
+{
+    be_kv_page *r = L->refs;
+    L->refs = L->old_refs;
+    L->old_refs = r;
+    int32_t *x = L->idx;
+    L->idx = L->old_idx;
+    L->old_idx = x;
+    int32_t *f = L->first;
+    L->first = L->old_first;
+    L->old_first = f;
+    int64_t c = L->cap;
+    L->cap = L->old_cap;
+    L->old_cap = c;
+    memcpy(L->old_hp, L->hp, sizeof L->hp);
+}
+
+/* L emptied, nothing of the last list kept (a failed update). */
+static int sel_fail(sel_list *L)
+{
+    memset(L->hp, 0, sizeof L->hp);
+    memset(L->old_hp, 0, sizeof L->old_hp);
+    L->layer_shape = 0;
+    L->shape = kv_next_gen();
+    return -1;
+}
+
+int sel_list_update(sel_list *L, const kv_cache *kv, int il, int per_head, const int64_t *off, const int *idx,
+                    const uint64_t *const *mask)
+{
+    const int H = kv_n_head_kv(kv), D = (int)kv_head_dim(kv), P = kv_page_size(kv);
+    if (H > PAGE_LIST_MAX_HEADS) return sel_fail(L);
+    int64_t need = 0;
+    for (int h = 0; h < H; h++) need += per_head ? off[h + 1] - off[h] : off[1];
+    sel_swap(L);
+    if (sel_room(L, need)) return sel_fail(L);
+    const uint64_t layer = kv_layer_shape(kv, il);
+    const int same_layer = L->layer_shape != 0 && L->layer_shape == layer;
+    int grew = same_layer;   /* every head's list only grew at its end (the shape promise) */
+    int64_t e = 0;
+    for (int h = 0; h < H; h++) {
+        const int np = kv_n_pages(kv, il, h);
+        const int64_t s0 = per_head ? off[h] : 0, s1 = per_head ? off[h + 1] : off[1];
+        const int64_t o0 = L->old_hp[h], o1 = L->old_hp[h + 1];
+        int64_t o = o0;
+        L->hp[h] = e;
+        for (int64_t j = s0; j < s1; j++) {
+            const int x = idx[j];
+            if (x < 0 || x >= np) continue;   /* shared indices past a shorter head's table */
+            const uint64_t *m = mask ? mask[j] : NULL;
+            while (o < o1 && L->old_idx[o] < x) o++;
+            if (same_layer && !m && o < o1 && L->old_idx[o] == x && x < L->np[h] - 1 && !L->old_refs[o].mask) {
+                L->refs[e] = L->old_refs[o];   /* the same page, unchanged under the same shape */
+                L->first[e] = L->old_first[o];
+                L->copied++;
+                if (o - o0 != e - L->hp[h]) grew = 0;   /* not in place: entries before it left or came */
+            } else {
+                const kv_page *p = kv_layer_page(kv, il, h, x);
+                page_list_ref(&L->refs[e], p, m, D, P);
+                L->first[e] = p->pos[0];   /* as the statistics read it (a page in a table holds rows) */
+                L->read++;
+                /* only the head's last entry then, or one past the end, may be built again */
+                if (m || e - L->hp[h] < o1 - o0 - 1) grew = 0;
+            }
+            L->idx[e++] = x;
+        }
+        if (e - L->hp[h] < o1 - o0) grew = 0;   /* the head's list shrank */
+        L->np[h] = np;
+    }
+    L->hp[H] = e;
+    L->layer_shape = layer;
+    if (!grew) L->shape = kv_next_gen();
+    return 0;
+}
+
+void sel_list_free(sel_list *L)
+{
+    free(L->refs);
+    free(L->idx);
+    free(L->first);
+    free(L->old_refs);
+    free(L->old_idx);
+    free(L->old_first);
+    memset(L, 0, sizeof *L);
+}

@@ -8,9 +8,9 @@
  * host's work a decode step does not grow with the context, nor does it touch every page (at 8K
  * tokens on the 7B shape, 2,000 pages a layer whose headers are each a cache and TLB miss). The
  * forward pass keeps a page_list a layer for attention and a page_spans a global layer for the page
- * map of a step that attends every page, CHESS a page_list a global layer for its summaries, Quest
- * a page_sums a global layer for its bounds, and SentKV and StreamingLLM a page_spans a global layer
- * for their token masks. */
+ * map of a step that attends every page and a sel_list a global layer for a policy's selection of
+ * pages, CHESS a page_list a global layer for its summaries, Quest a page_sums a global layer for
+ * its bounds, and SentKV and StreamingLLM a page_spans a global layer for their token masks. */
 #ifndef KVCHAT_PAGE_LIST_H
 #define KVCHAT_PAGE_LIST_H
 
@@ -83,5 +83,38 @@ int page_spans_update(page_spans *L, const kv_cache *kv, int il);
  * when no chosen position or page is left. From i = 0 and *a = 0, then i + 1 after each. */
 int page_spans_next_chosen(const page_span *span, int np, int i, const uint64_t *bm, int64_t words, int64_t *a);
 void page_spans_free(page_spans *L);
+
+/* A policy's selection of a layer's pages as attention reads it (entries of chosen pages, with
+ * their token masks), kept from one decode step to the next: a selection that keeps most of its
+ * pages from step to step (CHESS's) copies their entries from the last list instead of reading each
+ * page again (at 32K on the 7B shape, thousands of pages' headers a step, each a cache miss). */
+typedef struct sel_list {
+    be_kv_page *refs;                 /* head h's entries at [hp[h], hp[h + 1]) */
+    int32_t *idx, *first;             /* each entry's page index, and its page's first position */
+    int64_t hp[PAGE_LIST_MAX_HEADS + 1];
+    int64_t cap;
+    be_kv_page *old_refs;             /* the list before the last update (its entries are copied) */
+    int32_t *old_idx, *old_first;
+    int64_t old_hp[PAGE_LIST_MAX_HEADS + 1];
+    int64_t old_cap;
+    int np[PAGE_LIST_MAX_HEADS];      /* each head's pages at the last update */
+    uint64_t layer_shape;             /* the layer's shape then (kv_layer_shape; 0: none) */
+    /* The list's own shape, as be_attn.shape promises it: the same as at the last update when
+     * every head's list has since only grown at its end (the entries before its last one copied
+     * in place, no token mask anywhere); new otherwise. */
+    uint64_t shape;
+    int64_t copied, read;             /* entries copied from the last list / built from their pages, so far */
+} sel_list;
+
+/* L brought to the selection of layer il of kv given as pol_sel gives it: per_head, head h's page
+ * indices idx[off[h] .. off[h + 1]) (shared: idx[0 .. off[1]) for every head, those past a head's
+ * pages left out), each with its token mask mask[j] (NULL: every token). An entry is copied from
+ * the last list where that head listed the same page there, unmasked both times, the layer's shape
+ * is unchanged and the page was not the head's last then (its rows may have grown since); else it
+ * is built from the page (page_list_ref). 0, or -1 when out of memory (or more than
+ * PAGE_LIST_MAX_HEADS heads), L then empty. */
+int sel_list_update(sel_list *L, const kv_cache *kv, int il, int per_head, const int64_t *off, const int *idx,
+                    const uint64_t *const *mask);
+void sel_list_free(sel_list *L);
 
 #endif

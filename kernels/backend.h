@@ -106,8 +106,9 @@ typedef struct be_attn {
     /* Nonzero: a promise that, if the last call under this name gave the same shape, each KV
      * head's list has since only grown at its end (its last page took rows, pages came after it)
      * and no entry has a token mask, so a backend need not look at the earlier pages again. The
-     * forward pass gives its cache's layer shape (kv_layer_shape) for lists of every page, 0 for a
-     * policy's selection. */
+     * forward pass gives its cache's layer shape (kv_layer_shape) for lists of every page, and for
+     * a policy's selection the shape of the list it keeps from step to step (engine/page_list.h
+     * sel_list: new whenever the list changed other than at a head's end, or has a token mask). */
     uint64_t shape;
     /* A selection a bound_pages call made (be_bounds.best), read where that call left it: KV head g
      * reads, of its first sel_from[g] entries (the candidates the call bounded), those at the

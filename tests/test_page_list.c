@@ -171,6 +171,172 @@ Test(page_list, the_kept_lists_equal_lists_built_afresh_after_every_change)
     kv_free(kv);
 }
 
+/* The cache changed as a random step of the histories below (decode steps, heads of different
+ * lengths, rewinds, page evictions, token evictions, truncations). */
+static void change_cache(kv_cache *kv, uint64_t *r)
+{
+    float k[H * D], v[H * D];
+    for (int i = 0; i < H * D; i++) v[i] = 0;
+    uint64_t op = next(r) % 100;
+    int il = (int)(next(r) % LAYERS), h = (int)(next(r) % H);
+    int64_t len = kv_len(kv);
+    if (op < 70) {
+        fwd_fixture_random_keys(kv, LAYERS, 1 + (int64_t)(next(r) % (op < 60 ? 2 : 11)), r);
+    } else if (op < 76) {
+        for (int i = 0; i < H * D; i++) k[i] = (float)(next(r) % 64) / 16.0f - 2.0f;
+        cr_assert(kv_append_head(kv, il, h, k, v, D, 1, len) == 0);
+    } else if (op < 82 && len > 0) {
+        kv_rewind(kv, len - 1 - (int64_t)(next(r) % (len < 9 ? len : 9)));
+    } else if (op < 86) {
+        int np = kv_n_pages(kv, il, h), m = 0;
+        int *keep = malloc(sizeof(int) * (size_t)(np > 0 ? np : 1));
+        cr_assert(keep);
+        for (int i = 0; i < np; i++)
+            if (next(r) % 3) keep[m++] = i;
+        kv_keep_pages(kv, il, h, keep, m);
+        free(keep);
+    } else if (op < 89) {
+        evict_every_other(kv, il, h);
+    } else if (op < 92 && len > 0) {
+        kv_truncate_layer(kv, il, len - 1 - (int64_t)(next(r) % (len < 5 ? len : 5)));
+    }
+    if (kv_len(kv) > 3000) kv_rewind(kv, 0);
+}
+
+/* A policy's selection kept from step to step (sel_list): after every change to the cache and to
+ * the selection (the same pages again, the last page added, a page or two swapped, a new choice,
+ * shared or per head, some masked), the list equals one built afresh from the pages, entry by
+ * entry (with each page's first position), and where its shape stays the same, each head's
+ * entries before its last one are those of the last list: the promise a device relies on to look
+ * at each head's last entries only. */
+Test(page_list, a_selection_kept_from_step_to_step_equals_one_built_afresh_and_keeps_its_promise)
+{
+    char err[256];
+    uint64_t r = 99;
+    kv_cache *kv = kv_create(LAYERS, 4096, H, D, P, NULL, err, sizeof err);
+    cr_assert(kv, "%s", err);
+    enum { MAXSEL = 1200 };
+    static int idx[LAYERS][MAXSEL];
+    static int64_t off[LAYERS][H + 1];
+    static const uint64_t *mask[LAYERS][MAXSEL];
+    static const uint64_t words[2] = { 0x5ull, 0xf0ull };
+    int per_head[LAYERS] = { 0 };
+    sel_list L[LAYERS];
+    memset(L, 0, sizeof L);
+    static be_kv_page prev[LAYERS][MAXSEL];
+    int64_t prev_hp[LAYERS][H + 1];
+    uint64_t prev_shape[LAYERS] = { 0 };
+    int promised = 0, broken = 0;
+    memset(off, 0, sizeof off);
+    for (int step = 0; step < 3000; step++) {
+        if (next(&r) % 3 == 0) change_cache(kv, &r);
+        else fwd_fixture_random_keys(kv, LAYERS, 1, &r);   /* a decode step */
+        for (int l = 0; l < LAYERS; l++) {
+            int np = 0;
+            for (int g = 0; g < H; g++)
+                if (kv_n_pages(kv, l, g) > np) np = kv_n_pages(kv, l, g);
+            uint64_t how = next(&r) % 100;
+            if (how >= 45 && how < 55 && off[l][1] > 2) {   /* a page of the first head's list dropped */
+                int nh = per_head[l] ? H : 1;
+                int64_t n = off[l][nh], j = (int64_t)(next(&r) % (uint64_t)(off[l][1] - 1));
+                memmove(&idx[l][j], &idx[l][j + 1], sizeof(int) * (size_t)(n - j - 1));
+                memmove(&mask[l][j], &mask[l][j + 1], sizeof mask[l][0] * (size_t)(n - j - 1));
+                for (int q = 1; q <= nh; q++) off[l][q]--;
+                how = 60;   /* and, where it is new, the last page added */
+            }
+            if (how >= 55 || off[l][per_head[l] ? H : 1] == 0) {   /* not the same pages again */
+                if (how >= 90 || off[l][per_head[l] ? H : 1] == 0) {   /* a new choice */
+                    per_head[l] = next(&r) % 3 == 0;
+                    const int masked = next(&r) % 5 == 0;   /* a choice of tokens (SentKV's on the host) */
+                    int64_t n = 0;
+                    for (int g = 0; g < (per_head[l] ? H : 1); g++) {
+                        off[l][g] = n;
+                        for (int i = 0; i < np && n < MAXSEL / H; i++)
+                            if (next(&r) % 3 == 0 || i == np - 1) {
+                                idx[l][n] = i;
+                                mask[l][n++] = masked && next(&r) % 2 ? &words[next(&r) % 2] : NULL;
+                            }
+                    }
+                    off[l][per_head[l] ? H : 1] = n;
+                } else if (how >= 75) {   /* a page swapped for another (the first head's list) */
+                    int64_t n = off[l][1];
+                    if (n > 1) {
+                        int64_t j = (int64_t)(next(&r) % (uint64_t)(n - 1));
+                        int lo = j > 0 ? idx[l][j - 1] + 1 : 0, hi = idx[l][j + 1];
+                        if (hi > lo) idx[l][j] = lo + (int)(next(&r) % (uint64_t)(hi - lo));
+                    }
+                } else {   /* the last page added where it is new (a page opened) */
+                    int nh = per_head[l] ? H : 1;
+                    int64_t n = off[l][nh];
+                    if (n < MAXSEL - H && np > 0 && idx[l][off[l][1] - 1] < np - 1) {
+                        for (int g = nh - 1; g >= 0; g--) {   /* each head's list gets np - 1 at its end */
+                            int64_t at = off[l][g + 1];
+                            memmove(&idx[l][at + 1], &idx[l][at], sizeof(int) * (size_t)(n - at));
+                            memmove(&mask[l][at + 1], &mask[l][at], sizeof mask[l][0] * (size_t)(n - at));
+                            idx[l][at] = np - 1;
+                            mask[l][at] = NULL;
+                            n++;
+                            for (int q = g + 1; q <= nh; q++) off[l][q]++;
+                        }
+                    }
+                }
+            }
+            cr_assert(sel_list_update(&L[l], kv, l, per_head[l], off[l], idx[l], (const uint64_t *const *)mask[l]) == 0);
+            /* afresh */
+            int64_t e = 0;
+            for (int g = 0; g < H; g++) {
+                cr_assert_eq(L[l].hp[g], e, "step %d, layer %d: head %d's offset", step, l, g);
+                int ng = kv_n_pages(kv, l, g);
+                int64_t s0 = per_head[l] ? off[l][g] : 0, s1 = per_head[l] ? off[l][g + 1] : off[l][1];
+                for (int64_t j = s0; j < s1; j++) {
+                    if (idx[l][j] >= ng) continue;
+                    const kv_page *p = kv_layer_page(kv, l, g, idx[l][j]);
+                    be_kv_page want;
+                    page_list_ref(&want, p, mask[l][j], D, P);
+                    const be_kv_page *x = &L[l].refs[e];
+                    cr_assert(x->k == want.k && x->v == want.v && x->pos == want.pos && x->bias == want.bias &&
+                                  x->mask == want.mask && x->n == want.n && x->gen == want.gen && x->cap == want.cap &&
+                                  x->stride == want.stride && x->ksum == want.ksum,
+                              "step %d, layer %d, head %d: entry %lld is not its page's", step, l, g, (long long)e);
+                    cr_assert_eq(L[l].first[e], p->pos[0]);
+                    cr_assert_eq(L[l].idx[e], idx[l][j]);
+                    e++;
+                }
+            }
+            cr_assert_eq(L[l].hp[H], e);
+            /* the promise, against the last list */
+            if (L[l].shape == prev_shape[l]) {
+                promised++;
+                for (int g = 0; g < H; g++) {
+                    int64_t was = prev_hp[l][g + 1] - prev_hp[l][g], now = L[l].hp[g + 1] - L[l].hp[g];
+                    cr_assert_geq(now, was, "step %d, layer %d: head %d shrank under one shape", step, l, g);
+                    for (int64_t j = 0; j + 1 < was; j++) {
+                        const be_kv_page *a = &L[l].refs[L[l].hp[g] + j], *b = &prev[l][prev_hp[l][g] + j];
+                        cr_assert(!a->mask && a->k == b->k && a->gen == b->gen && a->n == b->n && a->pos == b->pos &&
+                                      a->bias == b->bias,
+                                  "step %d, layer %d, head %d: entry %lld changed under one shape", step, l, g, (long long)j);
+                    }
+                }
+            } else {
+                broken++;
+            }
+            prev_shape[l] = L[l].shape;
+            memcpy(prev_hp[l], L[l].hp, sizeof prev_hp[l]);
+            memcpy(prev[l], L[l].refs, sizeof(be_kv_page) * (size_t)L[l].hp[H]);
+        }
+    }
+    int64_t copied = 0, read = 0;
+    for (int l = 0; l < LAYERS; l++) {
+        copied += L[l].copied;
+        read += L[l].read;
+        sel_list_free(&L[l]);
+    }
+    cr_expect(copied > 2 * read, "entries copied %lld, read %lld", (long long)copied, (long long)read);
+    cr_log_info("the shape kept %d times, new %d times; entries copied %lld, read %lld", promised, broken, (long long)copied, (long long)read);
+    cr_expect(promised > 3000 && broken > 1000, "the shape kept %d times, new %d times", promised, broken);
+    kv_free(kv);
+}
+
 Test(page_list, more_heads_than_a_list_holds_is_an_error_that_leaves_it_empty)
 {
     char err[256];
