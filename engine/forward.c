@@ -41,6 +41,11 @@ struct fwd_ctx {
     page_spans *spans;         /* [n_layer] their pages' positions, kept likewise where a decode step
                                 * observes a whole list (the page map), so it touches no page */
     uint64_t serial;           /* this context's share of the attention lists' names (be_attn.table) */
+    /* A fork's source while both live (fwd_fork), whose lists a list of the fork's that was never
+     * built starts as (fork_lists); the source's live forks, which it unlinks when freed. */
+    struct fwd_ctx *origin;
+    struct fwd_ctx **forks;
+    int n_forks, cap_forks;
     int decoding;              /* the current eval is one decode step */
     int last_chunk;            /* the chunk being run is the eval's last */
     char pol_err[256];
@@ -245,6 +250,13 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
 void fwd_free(fwd_ctx *f)
 {
     if (!f) return;
+    for (int i = 0; i < f->n_forks; i++) f->forks[i]->origin = NULL;
+    free(f->forks);
+    if (f->origin) {   /* off its source's list of forks */
+        fwd_ctx *o = f->origin;
+        for (int i = 0; i < o->n_forks; i++)
+            if (o->forks[i] == f) o->forks[i] = o->forks[--o->n_forks];
+    }
     float *bufs[N_BOUND];
     bound_bufs(f, bufs);
     for (int i = 0; i < f->n_bound; i++) be_unbind(f->b, bufs[i]);
@@ -399,6 +411,19 @@ static void observe_page(fwd_ctx *f, int32_t pos0, int h, int first_global, int 
     if (first_global && h == 0) pol_set_last_add(f->pol, pos0 / P);
 }
 
+/* A fork's lists of layer il that were never built start as its source's (kv_fork gave its tables
+ * the source's shapes, so they hold for the fork's): its first step there rewrites each head's last
+ * entries instead of reading every page. Only where the fork uses them (a fork whose policy lists
+ * its own pages never does), and while the source lives. Out of memory: built whole. */
+static void fork_lists(fwd_ctx *f, int il, int spans)
+{
+    if (!f->origin) return;
+    if (f->lists[il].at.shape == 0 && f->origin->lists[il].at.shape != 0)
+        page_list_copy(&f->lists[il], &f->origin->lists[il]);
+    if (spans && f->spans[il].at.shape == 0 && f->origin->spans[il].at.shape != 0)
+        page_spans_copy(&f->spans[il], &f->origin->spans[il]);
+}
+
 /* Layer il's list of every page (f->lists[il], engine/page_list.h) brought up to date for
  * attention. With stats, records the step's statistics (observed: also the page map). -1: out of
  * memory. */
@@ -407,6 +432,7 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, in
     const model_hparams *hp = &f->m->hp;
     int Hkv = hp->n_head_kv;
     page_list *L = &f->lists[il];
+    fork_lists(f, il, stats && observe);
     if (page_list_update(L, f->kv, il)) return -1;
     int64_t tokens = 0;
     for (int h = 0; h < Hkv; h++) tokens += kv_head_tokens(f->kv, il, h);
@@ -459,6 +485,7 @@ static int kept_list(fwd_ctx *f, int il, const pol_sel *sel, be_attn *a, int fir
     if (plain_list(f, il, a, 0, 0, first_global, 1)) return -1;
     /* the pages' spans for the statistics (kept from step to step: a few entries a head), which
      * then read no page (out of memory: they read the pages) */
+    fork_lists(f, il, 1);
     const page_spans *spans = page_spans_update(&f->spans[il], f->kv, il) ? NULL : &f->spans[il];
     a->sel_best = sel->best;
     a->sel_n_best = sel->n_best;
@@ -1247,6 +1274,16 @@ fwd_ctx *fwd_fork(fwd_ctx *src, int n_batch, char *err, size_t errlen)
     }
     kv_free(f->kv);
     f->kv = kv;
+    /* linked to its source, whose lists its own start as where it uses them (fork_lists) */
+    if (src->n_forks == src->cap_forks) {
+        int nc = src->cap_forks ? src->cap_forks * 2 : 8;
+        fwd_ctx **nf = realloc(src->forks, sizeof *nf * (size_t)nc);
+        if (!nf) return f;   /* out of memory: its lists are built whole */
+        src->forks = nf;
+        src->cap_forks = nc;
+    }
+    src->forks[src->n_forks++] = f;
+    f->origin = src;
     return f;
 }
 

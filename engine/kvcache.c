@@ -250,16 +250,22 @@ kv_cache *kv_fork(const kv_cache *src, char *err, size_t errlen)
             }
         }
     }
+    for (int il = 0; il < src->n_layer; il++)   /* the same tables: lists kept of the source's hold for the fork */
+        kv->layers[il].shape = src->layers[il].shape;
     kv->peak = src->peak > kv->bytes ? src->peak : kv->bytes;
     return kv;
 }
 
-/* Page i of head h's table, this cache's alone before it changes in place: a page a fork shares is
- * copied (rows, positions, log-degrees, summaries) into one of its own first. NULL when out of
- * memory (the table is unchanged). */
-static kv_page *own_page(kv_cache *kv, int il, int h, int i)
+/* The last page of head h's table (the only page a cache writes in place: appends, a truncation),
+ * this cache's alone before it changes: a page a fork shares is copied (rows, positions,
+ * log-degrees, summaries) into one of its own first. The copy takes the place of the table's last
+ * page with the same rows, so the layer keeps its shape (kv_layer_shape): whoever keeps lists of
+ * the table rewrites its last entry anyway, and the copy's new generation tells a device it is
+ * another page. NULL when out of memory (the table is unchanged). */
+static kv_page *own_page(kv_cache *kv, int il, int h)
 {
     kv_stream *L = &kv->layers[il].heads[h];
+    const int i = L->n - 1;
     kv_page *p = L->pages[i];
     if (p->holders == 1) return p;
     /* the copy takes the shared page's place in this cache's figures (no peak of both) */
@@ -279,8 +285,7 @@ static kv_page *own_page(kv_cache *kv, int il, int h, int i)
     memcpy(c->kmax, p->kmax, R * sizeof(float));
     c->n = p->n;
     c->merged = p->merged;
-    L->pages[i] = c;   /* same tokens, another page: the table's shape changes */
-    reshape(kv, il);
+    L->pages[i] = c;
     p->holders--;   /* another cache still holds it; this one no longer counts it */
     return c;
 }
@@ -397,7 +402,7 @@ int kv_append_on(kv_cache *kv, be_backend *b, int il, const float *k, const floa
         kept[h] = L->n;
         kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
         if (p && p->n < P) {
-            if (!(p = own_page(kv, il, h, L->n - 1))) break;   /* a copy in the shared page's place */
+            if (!(p = own_page(kv, il, h))) break;   /* a copy in the shared page's place */
             int32_t run = P - p->n < n ? P - p->n : (int32_t)n;
             tasks[nt++] = (append_task){ p, 0, p->n, run, h };
             t = run;
@@ -438,7 +443,7 @@ int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, 
     kv_stream *L = &kv->layers[il].heads[h];
     for (int64_t t = 0; t < n;) {   /* the rows that go into the table's last page, at a time */
         kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
-        if (p && p->n < kv->page_size && !(p = own_page(kv, il, h, L->n - 1))) return -1;
+        if (p && p->n < kv->page_size && !(p = own_page(kv, il, h))) return -1;
         if (!p || p->n == kv->page_size) {
             p = kv_page_new(kv);
             if (!p || push_page(kv, il, h, p) != 0) {
@@ -474,7 +479,7 @@ static int stream_truncate(kv_cache *kv, int il, int h, int64_t pos)
             page_release(kv, p);
             continue;
         }
-        kv_page *own = own_page(kv, il, h, L->n - 1);
+        kv_page *own = own_page(kv, il, h);
         if (!own) {   /* a shared page, and no memory to copy it: the caller starts again from 0 */
             L->tokens += p->n - keep;
             return -1;

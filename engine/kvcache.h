@@ -41,9 +41,11 @@ void kv_free(kv_cache *kv);
  * cache would change it in place (an append into a shared last page, a rewind into one), so each
  * goes on as if it had its own copy and neither sees the other's changes. Each cache's figures
  * count every page its tables hold, shared ones too (a fork's are a copy's, its peak beginning at
- * its source's; the process holds a shared page once). Either may be freed first. What answering
- * several policies from one cache uses (sess_compare, kvchat eval --together). NULL with a message
- * when out of memory. */
+ * its source's; the process holds a shared page once). Either may be freed first. Its layers have
+ * src's shapes (kv_layer_shape): lists kept of src's tables hold for the fork's (engine/page_list.h),
+ * and copying a shared last page keeps a layer's shape in both. What answering several policies
+ * from one cache uses (sess_compare, kvchat eval --together). NULL with a message when out of
+ * memory. */
 kv_cache *kv_fork(const kv_cache *src, char *err, size_t errlen);
 
 int kv_n_layer(const kv_cache *kv);

@@ -119,6 +119,34 @@ int page_list_update(page_list *L, const kv_cache *kv, int il)
     return rc;
 }
 
+/* The entries a kept list's heads use: [0, the largest end). */
+static int64_t used_entries(const page_heads *at)
+{
+    int64_t n = 0;
+    for (int h = 0; h < PAGE_LIST_MAX_HEADS; h++) n = at->end[h] > n ? at->end[h] : n;
+    return n;
+}
+
+/* *dst (cap entries of elem bytes, src's room) holding src's used entries. -1: out of memory. */
+static int copy_entries(void **dst, const void *src, size_t elem, const page_heads *at)
+{
+    *dst = malloc(elem * (size_t)(at->cap > 0 ? at->cap : 1));
+    if (!*dst) return -1;
+    memcpy(*dst, src, elem * (size_t)used_entries(at));
+    return 0;
+}
+
+int page_list_copy(page_list *dst, const page_list *src)
+{
+    memset(dst, 0, sizeof *dst);
+    if (src->at.shape == 0) return 0;   /* nothing built */
+    void *e;
+    if (copy_entries(&e, src->refs, sizeof *src->refs, &src->at)) return -1;
+    dst->refs = e;
+    dst->at = src->at;
+    return 0;
+}
+
 void page_list_free(page_list *L)
 {
     free(L->refs);
@@ -159,6 +187,18 @@ int page_spans_update(page_spans *L, const kv_cache *kv, int il)
         while (j < n && sp[j].n > 0 && sp[j].first >= 0 && sp[j].first / P == j && sp[j].last < (j + 1) * P) j++;
         L->seq[h] = j;
     }
+    return 0;
+}
+
+int page_spans_copy(page_spans *dst, const page_spans *src)
+{
+    memset(dst, 0, sizeof *dst);
+    if (src->at.shape == 0) return 0;
+    void *e;
+    if (copy_entries(&e, src->spans, sizeof *src->spans, &src->at)) return -1;
+    dst->spans = e;
+    dst->at = src->at;
+    memcpy(dst->seq, src->seq, sizeof dst->seq);
     return 0;
 }
 

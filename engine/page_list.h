@@ -43,6 +43,10 @@ void page_list_ref(be_kv_page *r, const kv_page *p, const uint64_t *mask, int he
  * head's last page and those after it (the heads' entries moved up where a head gained pages). 0,
  * or -1 when out of memory (or more than PAGE_LIST_MAX_HEADS heads), L then empty. */
 int page_list_update(page_list *L, const kv_cache *kv, int il);
+/* dst (empty) made a copy of src, as kept of a cache that kv_fork then forked, so that the fork's
+ * first update rewrites each head's last entries rather than building the list whole. 0, or -1
+ * when out of memory (dst left empty: built whole at its first update). */
+int page_list_copy(page_list *dst, const page_list *src);
 void page_list_free(page_list *L);
 
 typedef struct page_sums {
@@ -77,6 +81,8 @@ typedef struct page_spans {
 /* L brought up to date with every page of layer il of kv, as page_list_update but with room between
  * the heads (page_heads), seq with it (from the first span rewritten on). */
 int page_spans_update(page_spans *L, const kv_cache *kv, int il);
+/* dst (empty) made a copy of src, as page_list_copy. */
+int page_spans_copy(page_spans *dst, const page_spans *src);
 /* A walk over a head's pages span[0 .. np) to those that may hold a chosen position (a bit set in
  * bm, words long) without touching the pages: from page i on, the first that ends at or after the
  * next chosen position at or after *a (the pages passed over hold none), *a then moved past it; -1

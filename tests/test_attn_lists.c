@@ -608,6 +608,67 @@ Test(attn_lists, a_selection_kept_on_the_device_attends_and_counts_as_the_list_o
     }
 }
 
+/* Forks of a sequence (fwd_fork) start their lists of every page as their source's, whose shapes
+ * their caches have: each fork's decode steps, alone and after its source's, its source freed
+ * before it, list exactly their own cache's pages (checked before every call), and the source's
+ * steps after the forks copied their shared last pages too; with no policy and under Quest. */
+Test(attn_lists, forks_start_their_lists_as_their_sources_and_list_their_own_pages)
+{
+    static const char *const specs[] = { NULL, "quest:budget=48" };
+    for (int si = 0; si < 2; si++) {
+        char err[512];
+        be_backend *b;
+        model *m = ck_open(TD "tiny/tiny-llama-q4_k_m.gguf", &b);
+        size_t n;
+        int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p3.txt", &n);
+        fwd_opts fo = { 2048, 40, 16 };
+        fwd_ctx *lead = fwd_create(m, b, &fo, err, sizeof err);
+        cr_assert(lead, "%s", err);
+        ck.kv = fwd_kv(lead);
+        pol_set *pl = fwd_fixture_policy(lead, specs[si]);
+        const int nv = m->hp.n_vocab;
+        float *l = malloc(sizeof(float) * (size_t)nv);
+        cr_assert(l);
+        cr_assert(fwd_eval(lead, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        for (int st = 0; st < 3; st++)
+            cr_assert(fwd_decode(lead, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
+        const int32_t t0 = samp_argmax(l, nv);
+        fwd_ctx *fk[2];
+        pol_set *pf[2];
+        for (int k = 0; k < 2; k++) {
+            fk[k] = fwd_fork(lead, 4, err, sizeof err);
+            cr_assert(fk[k], "%s", err);
+            pf[k] = fwd_fixture_policy(fk[k], specs[si]);
+        }
+        int64_t calls = ck.calls;
+        for (int k = 0; k < 2; k++) {   /* each fork 20 steps (across a page boundary), then the source 10 */
+            ck.kv = fwd_kv(fk[k]);
+            int32_t t = t0 + k;
+            for (int st = 0; st < 20; st++) {
+                cr_assert(fwd_decode(fk[k], t, l, NULL, err, sizeof err) == 0, "%s", err);
+                t = samp_argmax(l, nv);
+            }
+        }
+        ck.kv = fwd_kv(lead);
+        for (int st = 0; st < 10; st++)
+            cr_assert(fwd_decode(lead, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
+        pol_set_free(pl);
+        fwd_free(lead);   /* the forks outlive their source */
+        ck.kv = fwd_kv(fk[0]);
+        for (int st = 0; st < 5; st++)
+            cr_assert(fwd_decode(fk[0], samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
+        cr_expect_gt(ck.calls - calls, 100, "%lld calls checked", (long long)(ck.calls - calls));
+        cr_expect_eq(ck.bad, 0);
+        for (int k = 0; k < 2; k++) {
+            pol_set_free(pf[k]);
+            fwd_free(fk[k]);
+        }
+        free(ids);
+        free(l);
+        ck_close(m, b);
+    }
+}
+
 /* Rows of every page the cache's layers list. */
 static uint64_t cache_rows(const kv_cache *kv)
 {

@@ -337,6 +337,75 @@ Test(page_list, a_selection_kept_from_step_to_step_equals_one_built_afresh_and_k
     kv_free(kv);
 }
 
+/* A fork's lists start as copies of its source's (page_list_copy, page_spans_copy): kv_fork gives
+ * its tables the source's shapes, and copying a shared last page keeps a layer's shape in both, so
+ * after each cache appends (each copying its shared last pages), each list's update rewrites only
+ * its heads' last entries (an entry before them, spoiled on purpose, stays spoiled) and then equals
+ * a list built afresh of its own cache. */
+Test(page_list, a_forks_lists_start_as_its_sources_and_keep_up_with_its_own_pages)
+{
+    char err[256];
+    uint64_t r = 5;
+    kv_cache *kv = kv_create(LAYERS, 4096, H, D, P, NULL, err, sizeof err);
+    cr_assert(kv, "%s", err);
+    fwd_fixture_random_keys(kv, LAYERS, 4 * P + 2, &r);   /* each head's last page part-filled */
+    page_list src[LAYERS] = { 0 }, fork[LAYERS] = { 0 };
+    page_spans ssrc[LAYERS] = { 0 }, sfork[LAYERS] = { 0 };
+    for (int l = 0; l < LAYERS; l++) {
+        cr_assert(page_list_update(&src[l], kv, l) == 0);
+        cr_assert(page_spans_update(&ssrc[l], kv, l) == 0);
+    }
+    kv_cache *fk = kv_fork(kv, err, sizeof err);
+    cr_assert(fk, "%s", err);
+    uint64_t shape[LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        shape[l] = kv_layer_shape(kv, l);
+        cr_assert_eq(kv_layer_shape(fk, l), shape[l], "layer %d: the fork has another shape", l);
+        cr_assert(page_list_copy(&fork[l], &src[l]) == 0);
+        cr_assert(page_spans_copy(&sfork[l], &ssrc[l]) == 0);
+    }
+    for (int round = 0; round < 2 * P; round++) {
+        fwd_fixture_random_keys(fk, LAYERS, 1, &r);   /* both append: their shared last pages copied, then new ones */
+        fwd_fixture_random_keys(kv, LAYERS, 1 + (int64_t)(next(&r) % 2), &r);
+        for (int l = 0; l < LAYERS; l++) {
+            cr_assert_eq(kv_layer_shape(fk, l), shape[l], "round %d, layer %d: the fork's shape changed", round, l);
+            cr_assert_eq(kv_layer_shape(kv, l), shape[l], "round %d, layer %d: the source's shape changed", round, l);
+            if (round == 0) {   /* spoil an entry before the last: an update that only appends leaves it */
+                fork[l].refs[0].cap = -7;
+                sfork[l].spans[0].n = -7;
+            }
+            cr_assert(page_list_update(&fork[l], fk, l) == 0);
+            cr_assert(page_spans_update(&sfork[l], fk, l) == 0);
+            cr_assert(page_list_update(&src[l], kv, l) == 0);
+            if (round == 0) {
+                cr_assert_eq(fork[l].refs[0].cap, -7, "layer %d: the fork's list was built whole", l);
+                cr_assert_eq(sfork[l].spans[0].n, -7, "layer %d: the fork's spans were built whole", l);
+                fork[l].refs[0].cap = P;
+                sfork[l].spans[0].n = P;
+            }
+            page_list fresh = { 0 }, fsrc = { 0 };
+            page_spans fspan = { 0 };
+            cr_assert(page_list_update(&fresh, fk, l) == 0);
+            cr_assert(page_spans_update(&fspan, fk, l) == 0);
+            cr_assert(page_list_update(&fsrc, kv, l) == 0);
+            same_refs(&fork[l], &fresh, round, l);
+            same_spans(&sfork[l], &fspan, round, l);
+            same_refs(&src[l], &fsrc, round, l);
+            page_list_free(&fresh);
+            page_list_free(&fsrc);
+            page_spans_free(&fspan);
+        }
+    }
+    for (int l = 0; l < LAYERS; l++) {
+        page_list_free(&src[l]);
+        page_list_free(&fork[l]);
+        page_spans_free(&ssrc[l]);
+        page_spans_free(&sfork[l]);
+    }
+    kv_free(fk);
+    kv_free(kv);
+}
+
 Test(page_list, more_heads_than_a_list_holds_is_an_error_that_leaves_it_empty)
 {
     char err[256];
