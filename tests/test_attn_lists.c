@@ -402,23 +402,58 @@ static void ck_close(model *m, be_backend *b)
     model_free(m);
 }
 
+/* A sequence on the checking backend: the model and backend (ck_open), a forward context of
+ * pages of 16 and chunks of 40 whose lists are checked as it runs, spec's policy on it (traced: a
+ * trace of its choices on) and prompt p3 prefilled, its logits in l. */
+typedef struct ck_seq {
+    model *m;
+    be_backend *b;
+    fwd_ctx *f;
+    pol_set *ps;
+    float *l;
+    int nv;
+} ck_seq;
+
+static void ck_seq_open(ck_seq *q, const char *file, const char *spec, int traced)
+{
+    char err[512];
+    q->m = ck_open(file, &q->b);
+    size_t n;
+    int32_t *ids = fwd_fixture_prompt(q->m, TD "prompts/p3.txt", &n);
+    fwd_opts fo = { 2048, 40, 16 };
+    q->f = fwd_create(q->m, q->b, &fo, err, sizeof err);
+    cr_assert(q->f, "%s", err);
+    ck.kv = fwd_kv(q->f);
+    q->ps = fwd_fixture_policy(q->f, spec);
+    if (traced) cr_assert(pol_set_trace(q->ps, 0, (int64_t)1 << 30) == 0);
+    q->nv = q->m->hp.n_vocab;
+    q->l = malloc(sizeof(float) * (size_t)q->nv);
+    cr_assert(q->l);
+    cr_assert(fwd_eval(q->f, ids, (int64_t)n, q->l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    free(ids);
+}
+
+/* Its context freed (unless it was already: f NULL), then the rest. */
+static void ck_seq_close(ck_seq *q)
+{
+    if (q->f) {
+        pol_set_free(q->ps);
+        fwd_free(q->f);
+    }
+    free(q->l);
+    ck_close(q->m, q->b);
+}
+
 /* strict: the run must have kept a shape, moved entries, and (deferred) deferred a step. */
 static void run_with(const char *file, const char *spec, int deferred, int strict)
 {
     char err[512];
-    be_backend *b;
-    model *m = ck_open(file, &b);
-    size_t n;
-    int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p3.txt", &n);
-    fwd_opts fo = { 2048, 40, 16 };
-    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
-    cr_assert(f, "%s", err);
-    ck.kv = fwd_kv(f);
-    pol_set *ps = fwd_fixture_policy(f, spec);
-    int nv = m->hp.n_vocab;
-    float *l = malloc(sizeof(float) * (size_t)nv);
-    cr_assert(l);
-    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    ck_seq q;
+    ck_seq_open(&q, file, spec, 0);
+    model *m = q.m;
+    fwd_ctx *f = q.f;
+    float *l = q.l;
+    const int nv = q.nv;
     for (int round = 0; round < 2; round++) {
         for (int s = 0; s < (round ? 20 : 40); s++)
             cr_assert(fwd_decode(f, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
@@ -437,11 +472,7 @@ static void run_with(const char *file, const char *spec, int deferred, int stric
         cr_expect_gt(ck.tails, 0, "%s under %s: no deferred step's list was written only where it is read", file,
                      spec ? spec : "no policy");
     cr_expect_gt(ck.entries, 500, "%s: %lld descriptors checked", file, (long long)ck.entries);
-    pol_set_free(ps);
-    fwd_free(f);
-    free(ids);
-    free(l);
-    ck_close(m, b);
+    ck_seq_close(&q);
 }
 
 /* With no policy the prompt's chunks defer their rows too: whole chunks of 40 come as rows the
@@ -520,20 +551,12 @@ static void selection_run(const char *file, const char *spec, int traced, const 
                           float *logits, pol_step_stats *stats, int *maps)
 {
     char err[512];
-    be_backend *b;
-    model *m = ck_open(file, &b);
-    size_t n;
-    int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p3.txt", &n);
-    fwd_opts fo = { 2048, 40, 16 };
-    fwd_ctx *f = fwd_create(m, b, &fo, err, sizeof err);
-    cr_assert(f, "%s", err);
-    ck.kv = fwd_kv(f);
-    pol_set *ps = fwd_fixture_policy(f, spec);
-    if (traced) cr_assert(pol_set_trace(ps, 0, (int64_t)1 << 30) == 0);
-    const int nv = m->hp.n_vocab;
-    float *l = malloc(sizeof(float) * (size_t)nv);
-    cr_assert(l);
-    cr_assert(fwd_eval(f, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    ck_seq q;
+    ck_seq_open(&q, file, spec, traced);
+    fwd_ctx *f = q.f;
+    pol_set *ps = q.ps;
+    float *l = q.l;
+    const int nv = q.nv;
     for (int step = 0; step < SEL_STEPS; step++) {
         if (step == 40) {   /* back into the decoded tokens, and a token of another choice */
             fwd_rewind(f, fwd_pos(f) - 13);
@@ -549,11 +572,7 @@ static void selection_run(const char *file, const char *spec, int traced, const 
         cr_assert(nm < MAP_MAX);
         for (int i = 0; i < MAP_MAX; i++) maps[step * MAP_MAX + i] = i < nm ? pm[i] : -1;
     }
-    pol_set_free(ps);
-    fwd_free(f);
-    free(ids);
-    free(l);
-    ck_close(m, b);
+    ck_seq_close(&q);
 }
 
 /* Quest's choice on a device goes to attention as indices into each layer's list of every page,
@@ -617,19 +636,11 @@ Test(attn_lists, forks_start_their_lists_as_their_sources_and_list_their_own_pag
     static const char *const specs[] = { NULL, "quest:budget=48" };
     for (int si = 0; si < 2; si++) {
         char err[512];
-        be_backend *b;
-        model *m = ck_open(TD "tiny/tiny-llama-q4_k_m.gguf", &b);
-        size_t n;
-        int32_t *ids = fwd_fixture_prompt(m, TD "prompts/p3.txt", &n);
-        fwd_opts fo = { 2048, 40, 16 };
-        fwd_ctx *lead = fwd_create(m, b, &fo, err, sizeof err);
-        cr_assert(lead, "%s", err);
-        ck.kv = fwd_kv(lead);
-        pol_set *pl = fwd_fixture_policy(lead, specs[si]);
-        const int nv = m->hp.n_vocab;
-        float *l = malloc(sizeof(float) * (size_t)nv);
-        cr_assert(l);
-        cr_assert(fwd_eval(lead, ids, (int64_t)n, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        ck_seq q;
+        ck_seq_open(&q, TD "tiny/tiny-llama-q4_k_m.gguf", specs[si], 0);
+        fwd_ctx *lead = q.f;
+        float *l = q.l;
+        const int nv = q.nv;
         for (int st = 0; st < 3; st++)
             cr_assert(fwd_decode(lead, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
         const int32_t t0 = samp_argmax(l, nv);
@@ -652,8 +663,9 @@ Test(attn_lists, forks_start_their_lists_as_their_sources_and_list_their_own_pag
         ck.kv = fwd_kv(lead);
         for (int st = 0; st < 10; st++)
             cr_assert(fwd_decode(lead, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
-        pol_set_free(pl);
+        pol_set_free(q.ps);
         fwd_free(lead);   /* the forks outlive their source */
+        q.f = NULL;
         ck.kv = fwd_kv(fk[0]);
         for (int st = 0; st < 5; st++)
             cr_assert(fwd_decode(fk[0], samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
@@ -663,9 +675,7 @@ Test(attn_lists, forks_start_their_lists_as_their_sources_and_list_their_own_pag
             pol_set_free(pf[k]);
             fwd_free(fk[k]);
         }
-        free(ids);
-        free(l);
-        ck_close(m, b);
+        ck_seq_close(&q);
     }
 }
 

@@ -327,6 +327,17 @@ static void call_ok(rig *r, uint64_t name, uint64_t shape, const call *cl, pt_ca
     expect_device_matches(cl, out, NULL, 0);
 }
 
+/* A list of another cache's pages (rows rows a head) called under name and shape: call_ok. */
+static void other_pages_called(rig *r, int rows, uint64_t name, uint64_t shape, pt_call *out)
+{
+    static cache c2;
+    memset(&c2, 0, sizeof c2);
+    for (int h = 0; h < H; h++) append(&c2, h, rows);
+    static call cl2;
+    make_call(&c2, &cl2, 0, NULL, NULL, 0);
+    call_ok(r, name, shape, &cl2, out);
+}
+
 Test(page_tables, random_histories_keep_every_descriptor_right)
 {
     static cache cs[2];
@@ -579,12 +590,7 @@ Test(page_tables, copies_a_list_holds_outlive_idle_sweeps_and_go_once_let_go)
     cr_expect_eq(r.copies.n, 6 * H - 2, "the two pages no list names went at the sweep");
     /* another list is called, then the first is freed: every copy it held goes at the next sweeps,
      * those the other holds stay */
-    static cache c2;
-    memset(&c2, 0, sizeof c2);
-    for (int h = 0; h < H; h++) append(&c2, h, 2);
-    static call cl2;
-    make_call(&c2, &cl2, 0, NULL, NULL, 0);
-    call_ok(&r, 2, 7, &cl2, &out);
+    other_pages_called(&r, 2, 2, 7, &out);
     pt_trim(&r.tables, 0);
     cr_assert_eq(r.tables.n_lists, 1);
     expect_holds_counted(&r);
@@ -649,12 +655,7 @@ Test(page_tables, releasing_everything_frees_every_list_and_copy_and_both_work_o
         call_ok(&r, 1, 7, &cl, &out);
     }
     /* other pages under a name the released set had */
-    static cache c2;
-    memset(&c2, 0, sizeof c2);
-    for (int h = 0; h < H; h++) append(&c2, h, 11);
-    static call cl2;
-    make_call(&c2, &cl2, 0, NULL, NULL, 0);
-    call_ok(&r, 2, 9, &cl2, &out);
+    other_pages_called(&r, 11, 2, 9, &out);
     pt_release_all(&r.tables);
     pt_release_all(&r.tables);   /* twice: nothing left to free */
     cr_expect_eq(live_blocks, 0);
