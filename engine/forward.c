@@ -42,8 +42,11 @@ struct fwd_ctx {
                                 * observes a whole list (the page map), so it touches no page */
     uint64_t serial;           /* this context's share of the attention lists' names (be_attn.table) */
     /* A fork's source while both live (fwd_fork), whose lists a list of the fork's that was never
-     * built starts as (fork_lists); the source's live forks, which it unlinks when freed. */
+     * built starts as (fork_lists), where they name no page the source added after the fork:
+     * fork_np[il * n_head_kv + h], head h's pages at the fork; the source's live forks, which it
+     * unlinks when freed. */
     struct fwd_ctx *origin;
+    int32_t *fork_np;
     struct fwd_ctx **forks;
     int n_forks, cap_forks;
     int decoding;              /* the current eval is one decode step */
@@ -252,6 +255,7 @@ void fwd_free(fwd_ctx *f)
     if (!f) return;
     for (int i = 0; i < f->n_forks; i++) f->forks[i]->origin = NULL;
     free(f->forks);
+    free(f->fork_np);
     if (f->origin) {   /* off its source's list of forks */
         fwd_ctx *o = f->origin;
         for (int i = 0; i < o->n_forks; i++)
@@ -411,17 +415,32 @@ static void observe_page(fwd_ctx *f, int32_t pos0, int h, int first_global, int 
     if (first_global && h == 0) pol_set_last_add(f->pol, pos0 / P);
 }
 
-/* A fork's lists of layer il that were never built start as its source's (kv_fork gave its tables
- * the source's shapes, so they hold for the fork's): its first step there rewrites each head's last
- * entries instead of reading every page. Only where the fork uses them (a fork whose policy lists
- * its own pages never does), and while the source lives. Out of memory: built whole. */
+/* 1 when a list of the source's kept with heads at `at` names only pages both tables had at the
+ * fork, but its heads' last entries (which the fork's update writes again): no head's list is
+ * longer than the head was then. Pages the source added since, or its copy of the shared last
+ * page, are in a longer list or at its last entry. */
+static int from_before_fork(const fwd_ctx *f, int il, const page_heads *at)
+{
+    const int H = f->m->hp.n_head_kv;
+    for (int h = 0; h < H; h++)
+        if (at->end[h] - at->off[h] > f->fork_np[il * H + h]) return 0;
+    return 1;
+}
+
+/* A fork's lists of layer il that were never built start as its source's, where those name no page
+ * the source added after the fork (kv_fork gave the fork's tables the source's shapes, and the
+ * pages before each head's last are then the same pages): its first step there rewrites each
+ * head's last entries instead of reading every page. Only where the fork uses them (a fork whose
+ * policy lists its own pages never does), and while the source lives. Out of memory: built whole. */
 static void fork_lists(fwd_ctx *f, int il, int spans)
 {
     if (!f->origin) return;
-    if (f->lists[il].at.shape == 0 && f->origin->lists[il].at.shape != 0)
-        page_list_copy(&f->lists[il], &f->origin->lists[il]);
-    if (spans && f->spans[il].at.shape == 0 && f->origin->spans[il].at.shape != 0)
-        page_spans_copy(&f->spans[il], &f->origin->spans[il]);
+    const page_list *ol = &f->origin->lists[il];
+    if (f->lists[il].at.shape == 0 && ol->at.shape != 0 && from_before_fork(f, il, &ol->at))
+        page_list_copy(&f->lists[il], ol);
+    const page_spans *os = &f->origin->spans[il];
+    if (spans && f->spans[il].at.shape == 0 && os->at.shape != 0 && from_before_fork(f, il, &os->at))
+        page_spans_copy(&f->spans[il], os);
 }
 
 /* Layer il's list of every page (f->lists[il], engine/page_list.h) brought up to date for
@@ -1275,6 +1294,7 @@ fwd_ctx *fwd_fork(fwd_ctx *src, int n_batch, char *err, size_t errlen)
     kv_free(f->kv);
     f->kv = kv;
     /* linked to its source, whose lists its own start as where it uses them (fork_lists) */
+    const int L = src->m->hp.n_layer, H = src->m->hp.n_head_kv;
     if (src->n_forks == src->cap_forks) {
         int nc = src->cap_forks ? src->cap_forks * 2 : 8;
         fwd_ctx **nf = realloc(src->forks, sizeof *nf * (size_t)nc);
@@ -1282,6 +1302,9 @@ fwd_ctx *fwd_fork(fwd_ctx *src, int n_batch, char *err, size_t errlen)
         src->forks = nf;
         src->cap_forks = nc;
     }
+    if (!(f->fork_np = malloc(sizeof *f->fork_np * (size_t)L * (size_t)H))) return f;
+    for (int il = 0; il < L; il++)
+        for (int h = 0; h < H; h++) f->fork_np[il * H + h] = kv_n_pages(kv, il, h);
     src->forks[src->n_forks++] = f;
     f->origin = src;
     return f;

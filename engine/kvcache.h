@@ -42,8 +42,9 @@ void kv_free(kv_cache *kv);
  * goes on as if it had its own copy and neither sees the other's changes. Each cache's figures
  * count every page its tables hold, shared ones too (a fork's are a copy's, its peak beginning at
  * its source's; the process holds a shared page once). Either may be freed first. Its layers have
- * src's shapes (kv_layer_shape): lists kept of src's tables hold for the fork's (engine/page_list.h),
- * and copying a shared last page keeps a layer's shape in both. What answering several policies
+ * src's shapes (kv_layer_shape), and copying a shared last page keeps a layer's shape in both: a
+ * list kept of src's tables that names no page src added after the fork holds for the fork's (but
+ * for each head's last entry, which an update writes again; engine/forward.c fork_lists). What answering several policies
  * from one cache uses (sess_compare, kvchat eval --together). NULL with a message when out of
  * memory. */
 kv_cache *kv_fork(const kv_cache *src, char *err, size_t errlen);

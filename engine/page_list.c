@@ -132,7 +132,8 @@ static int copy_entries(void **dst, const void *src, size_t elem, const page_hea
 {
     *dst = malloc(elem * (size_t)(at->cap > 0 ? at->cap : 1));
     if (!*dst) return -1;
-    memcpy(*dst, src, elem * (size_t)used_entries(at));
+    const int64_t n = used_entries(at);
+    if (n > 0) memcpy(*dst, src, elem * (size_t)n);   /* a list of no pages may have no array */
     return 0;
 }
 

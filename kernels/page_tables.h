@@ -123,10 +123,11 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
  * deferred step's rows after each head's pages) and need not copy what would not be read. */
 int pt_reads_from(const pt_set *s, uint64_t name, uint64_t shape, const int64_t *hp, int n_heads, int64_t *from);
 /* Start an attention call: pc_begin_call, and before the copies' idle sweep the lists unused for
- * `idle` calls are freed. Every entry of a list's record holds the copy it names (pc_hold), so the
- * sweep keeps the copies of an appended list's earlier pages, which its calls do not look at,
- * without a look at any list's entries (at 32K on the 7B shape, a batch of 8 sequences' lists hold
- * millions). */
+ * `idle` calls are freed. Every counted entry of a list's record (below its region's count) that
+ * names a page copy holds it (pc_hold; masked entries, built every call, and rows read where they
+ * are hold none), so the sweep keeps the copies of an appended list's earlier pages, which its
+ * calls do not look at, without a look at any list's entries (at 32K on the 7B shape, a batch of 8
+ * sequences' lists hold millions). */
 void pt_begin_call(pt_set *s, uint64_t idle);
 /* Forget what every list has on the device (after a batch was lost): each is built whole next time. */
 void pt_forget(pt_set *s);

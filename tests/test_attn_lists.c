@@ -68,6 +68,8 @@ typedef struct checker {
     int64_t placed_bounds;    /* summary lists placed ahead of bounds calls */
     int64_t by_index;         /* calls whose selection came as indices into the list (be_attn.sel_best) */
     int64_t sel_shaped, sel_appended;   /* selections' lists with a shape of their own; of them, kept ones */
+    uint64_t *layer_shapes;   /* every layer shape a list of every page has carried */
+    int64_t n_layer_shapes, cap_layer_shapes;
 } checker;
 
 static checker ck;
@@ -206,8 +208,20 @@ static void check_list(const be_attn *a)
     cr_assert(il >= 0 && il < kv_n_layer(ck.kv) && il < MAX_LAYERS, "a list named %llx", (unsigned long long)a->table);
     cr_assert(a->head_pages, "layer %d: a list with a shape has per-head offsets", il);
     int Hkv = kv_n_head_kv(ck.kv);
-    /* (1) exactly the cache's pages, or for a selection's list, some of them */
-    if (a->shape != kv_layer_shape(ck.kv, il)) check_selection(a, il);
+    /* (1) exactly the cache's pages under the layer's shape, or under a shape of a selection's own
+     * (never a layer's, now or before), some of them */
+    if (a->shape != kv_layer_shape(ck.kv, il)) {
+        for (int64_t i = 0; i < ck.n_layer_shapes; i++)
+            cr_assert_neq(ck.layer_shapes[i], a->shape, "layer %d: a list under an old layer shape", il);
+        check_selection(a, il);
+    } else if (!ck.n_layer_shapes || ck.layer_shapes[ck.n_layer_shapes - 1] != a->shape) {
+        if (ck.n_layer_shapes == ck.cap_layer_shapes) {
+            ck.cap_layer_shapes = ck.cap_layer_shapes ? 2 * ck.cap_layer_shapes : 256;
+            ck.layer_shapes = realloc(ck.layer_shapes, sizeof *ck.layer_shapes * (size_t)ck.cap_layer_shapes);
+            cr_assert(ck.layer_shapes);
+        }
+        ck.layer_shapes[ck.n_layer_shapes++] = a->shape;
+    }
     for (int h = 0; h < Hkv && a->shape == kv_layer_shape(ck.kv, il); h++) {
         int np = kv_n_pages(ck.kv, il, h);
         cr_assert_eq(a->head_pages[h + 1] - a->head_pages[h], np, "layer %d head %d: %lld entries for %d pages", il, h,
@@ -390,6 +404,7 @@ static model *ck_open(const char *file, be_backend **b)
 static void ck_close(model *m, be_backend *b)
 {
     for (int i = 0; i < MAX_LAYERS; i++) free(ck.last[i].pages);
+    free(ck.layer_shapes);
     pt_free(&ck.tables);
     pc_free(&ck.copies);
     ub_free(&ck.batch);
@@ -628,9 +643,11 @@ Test(attn_lists, a_selection_kept_on_the_device_attends_and_counts_as_the_list_o
 }
 
 /* Forks of a sequence (fwd_fork) start their lists of every page as their source's, whose shapes
- * their caches have: each fork's decode steps, alone and after its source's, its source freed
- * before it, list exactly their own cache's pages (checked before every call), and the source's
- * steps after the forks copied their shared last pages too; with no policy and under Quest. */
+ * their caches have, where those name no page the source added since: a fork's decode steps
+ * before its source's, its source's after them (past a page boundary), a second fork's first steps
+ * after those (its source's lists now name the source's own pages), and a fork's steps after its
+ * source was freed, each list exactly its own cache's pages (checked before every call); with no
+ * policy and under Quest. */
 Test(attn_lists, forks_start_their_lists_as_their_sources_and_list_their_own_pages)
 {
     static const char *const specs[] = { NULL, "quest:budget=48" };
@@ -644,25 +661,34 @@ Test(attn_lists, forks_start_their_lists_as_their_sources_and_list_their_own_pag
         for (int st = 0; st < 3; st++)
             cr_assert(fwd_decode(lead, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
         const int32_t t0 = samp_argmax(l, nv);
-        fwd_ctx *fk[2];
-        pol_set *pf[2];
-        for (int k = 0; k < 2; k++) {
+        fwd_ctx *fk[3];
+        pol_set *pf[3];
+        for (int k = 0; k < 3; k++) {   /* the third under CHESS: its decode steps list its own pages */
             fk[k] = fwd_fork(lead, 4, err, sizeof err);
             cr_assert(fk[k], "%s", err);
-            pf[k] = fwd_fixture_policy(fk[k], specs[si]);
+            pf[k] = fwd_fixture_policy(fk[k], k < 2 ? specs[si] : "chess:preset=aggressive,window=1");
         }
         int64_t calls = ck.calls;
-        for (int k = 0; k < 2; k++) {   /* each fork 20 steps (across a page boundary), then the source 10 */
-            ck.kv = fwd_kv(fk[k]);
-            int32_t t = t0 + k;
+        for (int k = 0; k < 2; k++) {   /* a fork 20 steps (across a page boundary), then the source 20 */
+            ck.kv = fwd_kv(k ? lead : fk[0]);
+            int32_t t = t0;
             for (int st = 0; st < 20; st++) {
-                cr_assert(fwd_decode(fk[k], t, l, NULL, err, sizeof err) == 0, "%s", err);
+                cr_assert(fwd_decode(k ? lead : fk[0], t, l, NULL, err, sizeof err) == 0, "%s", err);
                 t = samp_argmax(l, nv);
             }
         }
-        ck.kv = fwd_kv(lead);
-        for (int st = 0; st < 10; st++)
-            cr_assert(fwd_decode(lead, samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
+        for (int k = 1; k < 3; k++) {   /* the other forks' first steps, after their source moved on */
+            ck.kv = fwd_kv(fk[k]);
+            int32_t t1 = t0 + k;
+            for (int st = 0; st < 20; st++) {
+                cr_assert(fwd_decode(fk[k], t1, l, NULL, err, sizeof err) == 0, "%s", err);
+                t1 = samp_argmax(l, nv);
+            }
+        }
+        /* the CHESS fork's first list of every page, now that it has as many pages as its source's
+         * lists name: a follow-up's chunk */
+        const int32_t more[3] = { 5, 6, 7 };
+        cr_assert(fwd_eval(fk[2], more, 3, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
         pol_set_free(q.ps);
         fwd_free(lead);   /* the forks outlive their source */
         q.f = NULL;
@@ -671,7 +697,7 @@ Test(attn_lists, forks_start_their_lists_as_their_sources_and_list_their_own_pag
             cr_assert(fwd_decode(fk[0], samp_argmax(l, nv), l, NULL, err, sizeof err) == 0, "%s", err);
         cr_expect_gt(ck.calls - calls, 100, "%lld calls checked", (long long)(ck.calls - calls));
         cr_expect_eq(ck.bad, 0);
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             pol_set_free(pf[k]);
             fwd_free(fk[k]);
         }

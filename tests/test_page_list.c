@@ -339,7 +339,7 @@ Test(page_list, a_selection_kept_from_step_to_step_equals_one_built_afresh_and_k
 
 /* A fork's lists start as copies of its source's (page_list_copy, page_spans_copy): kv_fork gives
  * its tables the source's shapes, and copying a shared last page keeps a layer's shape in both, so
- * after each cache appends (each copying its shared last pages), each list's update rewrites only
+ * after each cache appends (the first to append copying the shared last pages), each list's update rewrites only
  * its heads' last entries (an entry before them, spoiled on purpose, stays spoiled) and then equals
  * a list built afresh of its own cache. */
 Test(page_list, a_forks_lists_start_as_its_sources_and_keep_up_with_its_own_pages)
@@ -348,9 +348,17 @@ Test(page_list, a_forks_lists_start_as_its_sources_and_keep_up_with_its_own_page
     uint64_t r = 5;
     kv_cache *kv = kv_create(LAYERS, 4096, H, D, P, NULL, err, sizeof err);
     cr_assert(kv, "%s", err);
-    fwd_fixture_random_keys(kv, LAYERS, 4 * P + 2, &r);   /* each head's last page part-filled */
     page_list src[LAYERS] = { 0 }, fork[LAYERS] = { 0 };
     page_spans ssrc[LAYERS] = { 0 }, sfork[LAYERS] = { 0 };
+    /* lists of a layer of no pages (built, with no array) copy as lists of no pages */
+    cr_assert(page_list_update(&src[0], kv, 0) == 0 && page_spans_update(&ssrc[0], kv, 0) == 0);
+    cr_assert(page_list_copy(&fork[0], &src[0]) == 0 && page_spans_copy(&sfork[0], &ssrc[0]) == 0);
+    cr_assert(fork[0].at.shape == src[0].at.shape && fork[0].at.off[H] == 0);
+    page_list_free(&src[0]);
+    page_list_free(&fork[0]);
+    page_spans_free(&ssrc[0]);
+    page_spans_free(&sfork[0]);
+    fwd_fixture_random_keys(kv, LAYERS, 4 * P + 2, &r);   /* each head's last page part-filled */
     for (int l = 0; l < LAYERS; l++) {
         cr_assert(page_list_update(&src[l], kv, l) == 0);
         cr_assert(page_spans_update(&ssrc[l], kv, l) == 0);
@@ -365,7 +373,7 @@ Test(page_list, a_forks_lists_start_as_its_sources_and_keep_up_with_its_own_page
         cr_assert(page_spans_copy(&sfork[l], &ssrc[l]) == 0);
     }
     for (int round = 0; round < 2 * P; round++) {
-        fwd_fixture_random_keys(fk, LAYERS, 1, &r);   /* both append: their shared last pages copied, then new ones */
+        fwd_fixture_random_keys(fk, LAYERS, 1, &r);   /* the fork copies the shared last pages; the source then owns them */
         fwd_fixture_random_keys(kv, LAYERS, 1 + (int64_t)(next(&r) % 2), &r);
         for (int l = 0; l < LAYERS; l++) {
             cr_assert_eq(kv_layer_shape(fk, l), shape[l], "round %d, layer %d: the fork's shape changed", round, l);

@@ -10,9 +10,10 @@
 /* Reorder idx[0..n) so its first k entries are those with the highest score[idx[i]] (ties: lower
  * index first), and sort those k ascending by index. Returns min(k, n). */
 int pol_top_k(int *idx, int n, const float *score, int k);
-/* The name a policy state st gives global layer il's summaries on the backend (be_bounds.table):
- * its own, so two sequences' lists never meet. */
-static inline uint64_t pol_bounds_table(const void *st, int il) { return ((uint64_t)(uintptr_t)st << 8) ^ (uint64_t)(il + 1); }
+/* The name a policy state gives global layer il's summaries on the backend (be_bounds.table), from
+ * its own serial (kv_next_gen at its creation): two states' lists never meet, not even a state made
+ * where a freed one was, whose fork of the same cache has the same layer shapes (kv_fork). */
+static inline uint64_t pol_bounds_table(uint64_t serial, int il) { return (serial << 20) ^ (uint64_t)(il + 1); }
 
 /* Layer il's pages as a backend reads them, every KV head's in order: pages[hp[g] .. hp[g + 1]) head
  * g's, tok0[g] the tokens of the heads before head g (tok0[n_head_kv]: all), most the most tokens a

@@ -34,6 +34,7 @@ typedef struct st_quest {
     int n_lists;
     int64_t cap;
     int64_t pages_last, pages_avail;
+    uint64_t serial;          /* its lists' share of the backend's names (pol_bounds_table) */
 } st_quest;
 
 static int q_create(void **out, const pol_env *env, const double *vals, char *err, size_t errlen)
@@ -45,6 +46,7 @@ static int q_create(void **out, const pol_env *env, const double *vals, char *er
         return -1;
     }
     s->budget = vals[P_BUDGET];
+    s->serial = kv_next_gen();
     *out = s;
     return 0;
 }
@@ -164,7 +166,7 @@ static void q_place(void *st, const pol_env *env)
         page_sums *L = &s->lists[gl];
         if (page_sums_update(L, env->kv, il, s->from)) return;
         be_bounds r = { .n_head_kv = env->n_head_kv, .group = env->n_head / env->n_head_kv, .dim = env->head_dim,
-                        .sum = L->sums, .off = L->at.off, .end = L->at.end, .table = pol_bounds_table(s, il),
+                        .sum = L->sums, .off = L->at.off, .end = L->at.end, .table = pol_bounds_table(s->serial, il),
                         .shape = kv_layer_shape(env->kv, il) };
         be_place_bounds(env->b, &r);
     }
@@ -205,7 +207,7 @@ static int q_select(void *st, const pol_env *env, int il, const float *q, pol_se
     int on_host = env->trace || k - 1 > BE_PICK_MAX;
     int kept = !on_host && k - 1 > 0 && env->sel_buf;
     be_bounds r = { .q = q, .n_head_kv = Hkv, .group = env->n_head / Hkv, .dim = env->head_dim, .sum = L->sums,
-                    .off = L->at.off, .end = L->at.end, .table = pol_bounds_table(s, il),
+                    .off = L->at.off, .end = L->at.end, .table = pol_bounds_table(s->serial, il),
                     .shape = kv_layer_shape(env->kv, il), .k = on_host ? 0 : k - 1, .best = s->best,
                     .n_best = s->n_best, .u = on_host ? s->score : NULL };
     if (kept) {

@@ -108,6 +108,7 @@ typedef struct st_sent {
     uint64_t *sgen;          /* per summarized segment: its summaries' generation (be_summary.gen) */
     int64_t cap_sgen;
     uint64_t shape;          /* new whenever segments are forgotten (be_bounds.shape) */
+    uint64_t serial;         /* its lists' share of the backend's names (pol_bounds_table) */
     double reused, gathered;
     int64_t tokens_last;
     int n_slots, n_spans;
@@ -136,6 +137,7 @@ static int se_create(void **out, const pol_env *env, const double *vals, char *e
     s->end = malloc(sizeof(int64_t) * (size_t)env->n_head_kv);
     if (!s->prev || !s->prev_words || !s->prev_len || !s->off || !s->end) goto oom;
     s->shape = kv_next_gen();
+    s->serial = kv_next_gen();
     *out = s;
     return 0;
 oom:
@@ -482,7 +484,7 @@ static void se_place(void *st, const pol_env *env)
         if (layer_list(s, env, gl)) return;
         be_bounds r = { .n_head_kv = env->n_head_kv, .group = env->n_head / env->n_head_kv, .dim = kv_head_dim(env->kv),
                         .sum = s->lists[gl].sum, .off = s->off, .end = s->end,
-                        .table = pol_bounds_table(s, env->global[gl]), .shape = s->shape };
+                        .table = pol_bounds_table(s->serial, env->global[gl]), .shape = s->shape };
         be_place_bounds(env->b, &r);
     }
 }
@@ -534,7 +536,7 @@ static int se_select(void *st, const pol_env *env, int il, const float *q, pol_s
     }
     uint64_t *bits = kept ? env->bits_buf + (int64_t)gl * env->n_head_kv * words : s->now;
     be_bounds r = { .q = q, .n_head_kv = env->n_head_kv, .group = G, .dim = D, .sum = L->sum, .off = s->off,
-                    .end = s->end, .table = pol_bounds_table(s, il), .shape = s->shape,
+                    .end = s->end, .table = pol_bounds_table(s->serial, il), .shape = s->shape,
                     .u = env->trace ? s->score : NULL, .bits = bits, .words = words, .budget = budget,
                     .sinks = s->sinks, .len = len };
     env->b->ops->bound_pages(env->b, &r);
