@@ -86,6 +86,21 @@ static void same_spans(const page_spans *a, const page_spans *b, int step, int i
     }
 }
 
+/* L (and S, unless NULL) equal to layer l's lists built afresh of kv. */
+static void same_as_afresh(const page_list *L, const page_spans *S, const kv_cache *kv, int l, int step)
+{
+    page_list fresh = { 0 };
+    page_spans fspan = { 0 };
+    cr_assert(page_list_update(&fresh, kv, l) == 0);
+    same_refs(L, &fresh, step, l);
+    if (S) {
+        cr_assert(page_spans_update(&fspan, kv, l) == 0);
+        same_spans(S, &fspan, step, l);
+    }
+    page_list_free(&fresh);
+    page_spans_free(&fspan);
+}
+
 /* Tokens of one head: every other one kept (an eviction), through kv_keep_tokens. */
 static void evict_every_other(kv_cache *kv, int il, int h)
 {
@@ -97,6 +112,42 @@ static void evict_every_other(kv_cache *kv, int il, int h)
     free(keep);
 }
 
+/* The cache changed as one random step of a history, by the shares `cut` gives (cumulative
+ * percentages): rows to every head of every layer (cut[0]; below cut[1] one or two, else up to 11),
+ * a row to one head (heads of different lengths), a rewind, pages dropped (a page eviction), every
+ * other token of a head kept (a token eviction), a layer truncated; else nothing. */
+typedef struct cache_ops { int rows, few_rows, one_head, rewind, drop_pages, keep_tokens, truncate; } cache_ops;
+
+static void change_cache(kv_cache *kv, uint64_t *r, const cache_ops *cut)
+{
+    float k[H * D], v[H * D];
+    for (int i = 0; i < H * D; i++) v[i] = 0;
+    uint64_t op = next(r) % 100;
+    int il = (int)(next(r) % LAYERS), h = (int)(next(r) % H);
+    int64_t len = kv_len(kv);
+    if (op < (uint64_t)cut->rows) {
+        fwd_fixture_random_keys(kv, LAYERS, 1 + (int64_t)(next(r) % (op < (uint64_t)cut->few_rows ? 2 : 11)), r);
+    } else if (op < (uint64_t)cut->one_head) {
+        for (int i = 0; i < H * D; i++) k[i] = (float)(next(r) % 64) / 16.0f - 2.0f;
+        cr_assert(kv_append_head(kv, il, h, k, v, D, 1, len) == 0);
+    } else if (op < (uint64_t)cut->rewind && len > 0) {
+        kv_rewind(kv, len - 1 - (int64_t)(next(r) % (len < 9 ? len : 9)));
+    } else if (op < (uint64_t)cut->drop_pages) {
+        int np = kv_n_pages(kv, il, h), m = 0;
+        int *keep = malloc(sizeof(int) * (size_t)(np > 0 ? np : 1));
+        cr_assert(keep);
+        for (int i = 0; i < np; i++)
+            if (next(r) % 3) keep[m++] = i;
+        kv_keep_pages(kv, il, h, keep, m);
+        free(keep);
+    } else if (op < (uint64_t)cut->keep_tokens) {
+        evict_every_other(kv, il, h);
+    } else if (op < (uint64_t)cut->truncate && len > 0) {
+        kv_truncate_layer(kv, il, len - 1 - (int64_t)(next(r) % (len < 5 ? len : 5)));
+    }
+    if (kv_len(kv) > 3000) kv_rewind(kv, 0);
+}
+
 Test(page_list, the_kept_lists_equal_lists_built_afresh_after_every_change)
 {
     char err[256];
@@ -106,34 +157,10 @@ Test(page_list, the_kept_lists_equal_lists_built_afresh_after_every_change)
     page_list kept[LAYERS] = { 0 };
     page_sums ksum[LAYERS] = { 0 };
     page_spans kspan[LAYERS] = { 0 };
-    float k[H * D], v[H * D];
-    for (int i = 0; i < H * D; i++) v[i] = 0;
     int kept_calls = 0, rebuilt = 0;
+    static const cache_ops cut = { 55, 45, 65, 75, 82, 88, 92 };
     for (int step = 0; step < 3000; step++) {
-        uint64_t op = next(&r) % 100;
-        int il = (int)(next(&r) % LAYERS), h = (int)(next(&r) % H);
-        int64_t len = kv_len(kv);
-        if (op < 55) {   /* a decode step or a prompt's chunk: rows to every head of every layer */
-            fwd_fixture_random_keys(kv, LAYERS, 1 + (int64_t)(next(&r) % (op < 45 ? 2 : 11)), &r);
-        } else if (op < 65) {   /* one head takes a row the others do not (heads of different lengths) */
-            for (int i = 0; i < H * D; i++) k[i] = (float)(next(&r) % 64) / 16.0f - 2.0f;
-            cr_assert(kv_append_head(kv, il, h, k, v, D, 1, len) == 0);
-        } else if (op < 75 && len > 0) {   /* a rewind */
-            kv_rewind(kv, len - 1 - (int64_t)(next(&r) % (len < 9 ? len : 9)));
-        } else if (op < 82) {   /* pages dropped (a page eviction) */
-            int np = kv_n_pages(kv, il, h), m = 0;
-            int *keep = malloc(sizeof(int) * (size_t)(np > 0 ? np : 1));
-            cr_assert(keep);
-            for (int i = 0; i < np; i++)
-                if (next(&r) % 3) keep[m++] = i;
-            kv_keep_pages(kv, il, h, keep, m);
-            free(keep);
-        } else if (op < 88) {
-            evict_every_other(kv, il, h);
-        } else if (op < 92 && len > 0) {
-            kv_truncate_layer(kv, il, len - 1 - (int64_t)(next(&r) % (len < 5 ? len : 5)));
-        }
-        if (kv_len(kv) > 3000) kv_rewind(kv, 0);
+        change_cache(kv, &r, &cut);
         for (int l = 0; l < LAYERS; l++) {
             /* Quest's counts: every page, or all but the last (its current page), now and then */
             int64_t count[H];
@@ -147,18 +174,11 @@ Test(page_list, the_kept_lists_equal_lists_built_afresh_after_every_change)
             cr_assert(page_list_update(&kept[l], kv, l) == 0);
             cr_assert(page_sums_update(&ksum[l], kv, l, count) == 0);
             cr_assert(page_spans_update(&kspan[l], kv, l) == 0);
-            page_list fresh = { 0 };
             page_sums fsum = { 0 };
-            page_spans fspan = { 0 };
-            cr_assert(page_list_update(&fresh, kv, l) == 0);
             cr_assert(page_sums_update(&fsum, kv, l, count) == 0);
-            cr_assert(page_spans_update(&fspan, kv, l) == 0);
-            same_refs(&kept[l], &fresh, step, l);
+            same_as_afresh(&kept[l], &kspan[l], kv, l, step);
             same_sums(&ksum[l], &fsum, step, l);
-            same_spans(&kspan[l], &fspan, step, l);
-            page_list_free(&fresh);
             page_sums_free(&fsum);
-            page_spans_free(&fspan);
         }
     }
     /* both paths taken, the kept one most */
@@ -169,38 +189,6 @@ Test(page_list, the_kept_lists_equal_lists_built_afresh_after_every_change)
         page_spans_free(&kspan[l]);
     }
     kv_free(kv);
-}
-
-/* The cache changed as a random step of the histories below (decode steps, heads of different
- * lengths, rewinds, page evictions, token evictions, truncations). */
-static void change_cache(kv_cache *kv, uint64_t *r)
-{
-    float k[H * D], v[H * D];
-    for (int i = 0; i < H * D; i++) v[i] = 0;
-    uint64_t op = next(r) % 100;
-    int il = (int)(next(r) % LAYERS), h = (int)(next(r) % H);
-    int64_t len = kv_len(kv);
-    if (op < 70) {
-        fwd_fixture_random_keys(kv, LAYERS, 1 + (int64_t)(next(r) % (op < 60 ? 2 : 11)), r);
-    } else if (op < 76) {
-        for (int i = 0; i < H * D; i++) k[i] = (float)(next(r) % 64) / 16.0f - 2.0f;
-        cr_assert(kv_append_head(kv, il, h, k, v, D, 1, len) == 0);
-    } else if (op < 82 && len > 0) {
-        kv_rewind(kv, len - 1 - (int64_t)(next(r) % (len < 9 ? len : 9)));
-    } else if (op < 86) {
-        int np = kv_n_pages(kv, il, h), m = 0;
-        int *keep = malloc(sizeof(int) * (size_t)(np > 0 ? np : 1));
-        cr_assert(keep);
-        for (int i = 0; i < np; i++)
-            if (next(r) % 3) keep[m++] = i;
-        kv_keep_pages(kv, il, h, keep, m);
-        free(keep);
-    } else if (op < 89) {
-        evict_every_other(kv, il, h);
-    } else if (op < 92 && len > 0) {
-        kv_truncate_layer(kv, il, len - 1 - (int64_t)(next(r) % (len < 5 ? len : 5)));
-    }
-    if (kv_len(kv) > 3000) kv_rewind(kv, 0);
 }
 
 /* A policy's selection kept from step to step (sel_list): after every change to the cache and to
@@ -229,7 +217,8 @@ Test(page_list, a_selection_kept_from_step_to_step_equals_one_built_afresh_and_k
     int promised = 0, broken = 0;
     memset(off, 0, sizeof off);
     for (int step = 0; step < 3000; step++) {
-        if (next(&r) % 3 == 0) change_cache(kv, &r);
+        static const cache_ops cut = { 70, 60, 76, 82, 86, 89, 92 };
+        if (next(&r) % 3 == 0) change_cache(kv, &r, &cut);
         else fwd_fixture_random_keys(kv, LAYERS, 1, &r);   /* a decode step */
         for (int l = 0; l < LAYERS; l++) {
             int np = 0;
@@ -391,17 +380,8 @@ Test(page_list, a_forks_lists_start_as_its_sources_and_keep_up_with_its_own_page
                 fork[l].refs[0].cap = P;
                 sfork[l].spans[0].n = P;
             }
-            page_list fresh = { 0 }, fsrc = { 0 };
-            page_spans fspan = { 0 };
-            cr_assert(page_list_update(&fresh, fk, l) == 0);
-            cr_assert(page_spans_update(&fspan, fk, l) == 0);
-            cr_assert(page_list_update(&fsrc, kv, l) == 0);
-            same_refs(&fork[l], &fresh, round, l);
-            same_spans(&sfork[l], &fspan, round, l);
-            same_refs(&src[l], &fsrc, round, l);
-            page_list_free(&fresh);
-            page_list_free(&fsrc);
-            page_spans_free(&fspan);
+            same_as_afresh(&fork[l], &sfork[l], fk, l, round);
+            same_as_afresh(&src[l], NULL, kv, l, round);
         }
     }
     for (int l = 0; l < LAYERS; l++) {
