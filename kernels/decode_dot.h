@@ -272,13 +272,15 @@ QB_HD float dd_item_dot(uint32_t type, const dd_item *it, const int *u, float xa
 /* One lane's share of n_rows (<= DD_MAX_ROWS) quantized rows, `stride` bytes apart, of n_in values
  * (a multiple of 256 for the K-quants, of 32 otherwise) times n_tok (<= QB_MAX_TOK) tokens: items
  * lane, lane + lanes, ..., each added to acc[r][t] in that order. Token t's codes are xq[t * n_in
- * ...], its scales xd[t * n_in / 32 ...], loaded once for all the rows. inflight (1 or 2) items of
- * every row are loaded before any is used, so that a lane has that many reads of each row in flight
- * (a warp per row leaves few warps to hide the memory's latency otherwise; more in flight takes
- * more registers, so fewer warps: the GPU measures which wins; 4 took 72-123 registers and was left
- * out). A row's sums are the same bits for every inflight and n_rows. The loops run to constants so
- * that the items and acc stay in registers on the device. */
-#define DD_MAX_INFLIGHT 2
+ * ...], its scales xd[t * n_in / 32 ...], loaded once for all the rows. inflight (1 to
+ * DD_MAX_INFLIGHT) items of every row are loaded before any is used, so that a lane has that many
+ * reads of each row in flight (a warp per row leaves few warps to hide the memory's latency
+ * otherwise; more in flight takes more registers, so fewer warps: the GPU measures which wins; 4
+ * took 72-123 registers in a kernel for up to 8 tokens, so only the one-token kernels, whose
+ * accumulators and activations for tokens 1-7 compile away, take 4). A row's sums are the same bits
+ * for every inflight and n_rows. The loops run to constants so that the items and acc stay in
+ * registers on the device. */
+#define DD_MAX_INFLIGHT 4
 #define DD_MAX_ROWS 2
 QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, size_t stride, int n_rows, int64_t n_in, const int8_t *xq,
                          const float *xd, int n_tok, int lane, int lanes, int inflight, float (*acc)[QB_MAX_TOK])
@@ -386,7 +388,7 @@ QB_HD float dd_wide_dot(const dd_witem *it, const uint32_t *u, float xa, float x
 
 /* One lane's share of n_rows (<= DD_MAX_ROWS) Q4_K/Q5_K rows, `stride` bytes apart, of n_in values
  * (a multiple of 256) times n_tok (<= QB_MAX_TOK) tokens: items lane, lane + lanes, ..., each added
- * to acc[r][t] in that order; inflight (1 or 2) items of every row are loaded before any is used.
+ * to acc[r][t] in that order; inflight (1 to DD_MAX_INFLIGHT) items of every row are loaded before any is used.
  * Token t's codes are xq[t * n_in ...], its scales xd[t * n_in / 32 ...] and block sums xs[t * n_in /
  * 32 ...]. A row's sums do not depend on n_rows or inflight. */
 QB_HD void dd_lane_dot_w(uint32_t type, const uint8_t *row, size_t stride, int n_rows, int64_t n_in,
@@ -442,34 +444,46 @@ QB_HD void dd_load_h(uint32_t type, const uint8_t *p, float *w)
 /* One lane's share of n_rows (<= DD_MAX_ROWS) F16/BF16 rows, `stride` bytes apart, of n_in values (a
  * multiple of 8; the rows 16-byte aligned) times n_tok f32 token rows x[t * n_in ...] (16-byte
  * aligned): 8 values lane, lane + lanes, ..., each multiplied and added into acc[r][t] in order by
- * fused multiply-adds, each token's 8 activations loaded once for all the rows. */
+ * fused multiply-adds, each token's 8 activations loaded once for all the rows. inflight (1 to
+ * DD_MAX_INFLIGHT) items of every row are loaded before any is used: with one, a lane waited for
+ * each 16 bytes before asking for the next, and the H200's times fit that chain of round trips
+ * (docs/gpu.md, stage 1's third part). A row's sums do not depend on inflight. */
 QB_HD void dd_lane_dot_h(uint32_t type, const uint8_t *row, size_t stride, int n_rows, int64_t n_in, const float *x,
-                         int n_tok, int lane, int lanes, float (*acc)[QB_MAX_TOK])
+                         int n_tok, int lane, int lanes, int inflight, float (*acc)[QB_MAX_TOK])
 {
     const int n_items = (int)(n_in / DD_HITEM);
-    for (int i = lane; i < n_items; i += lanes) {
-        float w[DD_MAX_ROWS][8];
+    for (int i0 = lane; i0 < n_items; i0 += inflight * lanes) {
+        float w[DD_MAX_INFLIGHT][DD_MAX_ROWS][8];
         QB_UNROLL
-        for (int r = 0; r < DD_MAX_ROWS; r++)
-            if (r < n_rows) dd_load_h(type, row + (size_t)r * stride + (size_t)i * 16, w[r]);
+        for (int u = 0; u < DD_MAX_INFLIGHT; u++)
+            if (u < inflight && i0 + u * lanes < n_items) {
+                QB_UNROLL
+                for (int r = 0; r < DD_MAX_ROWS; r++)
+                    if (r < n_rows) dd_load_h(type, row + (size_t)r * stride + (size_t)(i0 + u * lanes) * 16, w[u][r]);
+            }
         QB_UNROLL
-        for (int t = 0; t < QB_MAX_TOK; t++) {
-            if (t >= n_tok) continue;
-            float xv[8];
-            const float *xt = x + (int64_t)t * n_in + (int64_t)i * DD_HITEM;
-#ifdef __CUDA_ARCH__
-            const float4 p = *(const float4 *)xt, q = *(const float4 *)(xt + 4);
-            xv[0] = p.x; xv[1] = p.y; xv[2] = p.z; xv[3] = p.w;
-            xv[4] = q.x; xv[5] = q.y; xv[6] = q.z; xv[7] = q.w;
-#else
-            memcpy(xv, xt, sizeof xv);
-#endif
+        for (int u = 0; u < DD_MAX_INFLIGHT; u++) {
+            if (u >= inflight || i0 + u * lanes >= n_items) break;
+            const int i = i0 + u * lanes;
             QB_UNROLL
-            for (int r = 0; r < DD_MAX_ROWS; r++) {
-                if (r >= n_rows) continue;
-                float a = acc[r][t];
-                for (int j = 0; j < 8; j++) a = fmaf(w[r][j], xv[j], a);
-                acc[r][t] = a;
+            for (int t = 0; t < QB_MAX_TOK; t++) {
+                if (t >= n_tok) continue;
+                float xv[8];
+                const float *xt = x + (int64_t)t * n_in + (int64_t)i * DD_HITEM;
+#ifdef __CUDA_ARCH__
+                const float4 p = *(const float4 *)xt, q = *(const float4 *)(xt + 4);
+                xv[0] = p.x; xv[1] = p.y; xv[2] = p.z; xv[3] = p.w;
+                xv[4] = q.x; xv[5] = q.y; xv[6] = q.z; xv[7] = q.w;
+#else
+                memcpy(xv, xt, sizeof xv);
+#endif
+                QB_UNROLL
+                for (int r = 0; r < DD_MAX_ROWS; r++) {
+                    if (r >= n_rows) continue;
+                    float a = acc[r][t];
+                    for (int j = 0; j < 8; j++) a = fmaf(w[u][r][j], xv[j], a);
+                    acc[r][t] = a;
+                }
             }
         }
     }
@@ -478,7 +492,7 @@ QB_HD void dd_lane_dot_h(uint32_t type, const uint8_t *row, size_t stride, int n
 /* One lane's share of n_rows (<= DD_MAX_ROWS) rows of any type the decode kernel reads, as the
  * kernel dispatches it: Q4_K/Q5_K with `wide` by dd_lane_dot_w (the tokens' codes xq, scales xd and
  * block sums xs), the other quantized types by dd_lane_dot_q (xq, xd), F16/BF16 by dd_lane_dot_h
- * (the f32 tokens x; one read in flight whatever inflight says). */
+ * (the f32 tokens x); inflight reads of each row in flight a lane. */
 QB_HD void dd_lane_dot(uint32_t type, int wide, const uint8_t *row, size_t stride, int n_rows, int64_t n_in,
                        const float *x, const int8_t *xq, const float *xd, const float *xs, int n_tok, int lane,
                        int lanes, int inflight, float (*acc)[QB_MAX_TOK])
@@ -488,7 +502,7 @@ QB_HD void dd_lane_dot(uint32_t type, int wide, const uint8_t *row, size_t strid
     else if (dd_integer_type(type))
         dd_lane_dot_q(type, row, stride, n_rows, n_in, xq, xd, n_tok, lane, lanes, inflight, acc);
     else
-        dd_lane_dot_h(type, row, stride, n_rows, n_in, x, n_tok, lane, lanes, acc);
+        dd_lane_dot_h(type, row, stride, n_rows, n_in, x, n_tok, lane, lanes, inflight, acc);
 }
 
 /* A decode kernel's warp over one row, run on the host: every lane's share (dd_lane_dot, inflight

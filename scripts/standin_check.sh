@@ -68,13 +68,16 @@ for m in $tiny; do
         --gen 12 --policy "$decode_time,h2o" --budget 0.3 --no-csv
 done
 # the older paths the settings keep, to compare: Quest's choice in three launches, summaries and
-# evicted pages sent up from the host
-run "the paths kept to compare" env KVCHAT_CUDA_BOUNDS=split KVCHAT_CUDA_PAGE_ROWS=0 "$K" bench -m "$llama" \
-    --device cuda --ctx 300 --gen 12 --policy quest,sentkv,h2o --budget 0.3 --page-size 16 --no-csv
-if KVCHAT_CUDA_BOUNDS=both "$K" bench -m "$llama" --device cuda --ctx 64 --gen 2 --no-csv > "$work/out" 2>&1 ||
-    ! grep -q 'KVCHAT_CUDA_BOUNDS must be' "$work/out"; then
-    fail "a bad KVCHAT_CUDA_BOUNDS was not refused with its message"
-fi
+# evicted pages sent up from the host, and a product's reads in flight set for every type
+run "the paths kept to compare" env KVCHAT_CUDA_BOUNDS=split KVCHAT_CUDA_PAGE_ROWS=0 KVCHAT_CUDA_MMV_INFLIGHT=4 \
+    "$K" bench -m "$llama" --device cuda --ctx 300 --gen 12 --policy quest,sentkv,h2o --budget 0.3 --page-size 16 \
+    --no-csv
+for bad in KVCHAT_CUDA_BOUNDS=both KVCHAT_CUDA_MMV_INFLIGHT=3; do
+    if env "$bad" "$K" bench -m "$llama" --device cuda --ctx 64 --gen 2 --no-csv > "$work/out" 2>&1 ||
+        ! grep -q "${bad%%=*} must be" "$work/out"; then
+        fail "a bad ${bad%%=*} was not refused with its message"
+    fi
+done
 run "a batch of forks" "$K" bench -m "$gemma" --device cuda --ctx 300 --gen 6 --seqs 3 --policy "$decode_time" \
     --budget 0.3 --no-csv
 run "a batch of forks under graphs" env KVCHAT_CUDA_GRAPH=on "$K" bench -m "$llama" --device cuda --ctx 300 \

@@ -401,7 +401,7 @@ Test(quant_blocks, the_wide_items_unpack_to_the_reference_values)
  * times scales), and within the coding bound (each activation at most half its block's step away:
  * sum |w_i| d_b / 2) of the product with the f32 activations themselves. F16/BF16: within f32
  * rounding of the f32 product. Each token's result also equals, bit for bit, that token multiplied
- * alone, 2 reads in flight give the bits of 1, and a warp over two rows (the row and its blocks
+ * alone, 2 and 4 reads in flight give the bits of 1 (every type, F16/BF16 too), and a warp over two rows (the row and its blocks
  * reversed) gives each row's bits of one row alone. Q4_K and Q5_K: both paths (narrow items and
  * the wide path) are held to all of this. */
 static void check_one_path(uint32_t type, const uint8_t *row, const float *w, const float *x, int64_t n, int n_tok,

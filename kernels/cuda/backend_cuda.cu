@@ -1261,8 +1261,6 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     ci->no_mmv = mmv_env && !strcmp(mmv_env, "0");
     ci->mmv_f32 = mmv_env && !strcmp(mmv_env, "f32");
     ci->mmv_wide = !(mmv_env && !strcmp(mmv_env, "narrow"));
-    const char *inflight_env = getenv("KVCHAT_CUDA_MMV_INFLIGHT");
-    ci->mmv_inflight = inflight_env && !strcmp(inflight_env, "1") ? 1 : 2;
     const char *rows_env = getenv("KVCHAT_CUDA_MMV_ROWS");
     ci->mmv_rows = rows_env && !strcmp(rows_env, "1") ? 1 : rows_env && !strcmp(rows_env, "2") ? 2 : 0;
     /* the settings kept to compare: one of the values named, or refused */
@@ -1270,11 +1268,14 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     static const char *const rows_vals[] = { "1", "0", NULL };
     static const char *const bounds_vals[] = { "fused", "split", NULL };
     static const char *const inline_vals[] = { "on", "off", NULL };
-    const char *attn_env, *rows_fill_env, *bounds_env, *inline_env;
+    static const char *const inflight_vals[] = { "1", "2", "4", NULL };
+    const char *attn_env, *rows_fill_env, *bounds_env, *inline_env, *inflight_env;
     if (env_choice("KVCHAT_CUDA_ATTN", attn_vals, "flash (the default), grouped or scalar", &attn_env, err, errlen) ||
         env_choice("KVCHAT_CUDA_PAGE_ROWS", rows_vals, "1 (the default) or 0", &rows_fill_env, err, errlen) ||
         env_choice("KVCHAT_CUDA_BOUNDS", bounds_vals, "fused (the default) or split", &bounds_env, err, errlen) ||
-        env_choice("KVCHAT_CUDA_INLINE", inline_vals, "on (the default) or off", &inline_env, err, errlen)) {
+        env_choice("KVCHAT_CUDA_INLINE", inline_vals, "on (the default) or off", &inline_env, err, errlen) ||
+        env_choice("KVCHAT_CUDA_MMV_INFLIGHT", inflight_vals, "1, 2 or 4 (unset: by the weight's type)", &inflight_env,
+                   err, errlen)) {
         free(b);
         free(ci);
         return NULL;
@@ -1283,6 +1284,7 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     ci->page_rows_off = rows_fill_env && !strcmp(rows_fill_env, "0");
     ci->bounds_split = bounds_env && !strcmp(bounds_env, "split");
     ci->inline_off = inline_env && !strcmp(inline_env, "off");
+    ci->mmv_inflight = inflight_env ? atoi(inflight_env) : 0;
     /* prefill chunks on the tensor cores unless asked otherwise (measured on an H200: docs/gpu.md) */
     ci->attn_flash = !ci->attn_scalar && !(attn_env && !strcmp(attn_env, "grouped"));
     const char *splits_env = getenv("KVCHAT_CUDA_ATTN_SPLITS");

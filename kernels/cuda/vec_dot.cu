@@ -8,7 +8,8 @@
  * multiplies 16 values at a time in integers (dp4a); Q4_K and Q5_K by the kernel's wide path
  * instead, 32 values a lane in 16-byte loads (KVCHAT_CUDA_MMV=narrow: the 16-value items, to
  * compare). F16/BF16: 16-byte loads of 8 values times the f32 input. The lanes' sums meet by a
- * butterfly of shuffles. KVCHAT_CUDA_MMV=f32 runs stage 0's
+ * butterfly of shuffles. A decode step's products (one token, one row a warp) run instances made for
+ * one token, whose other tokens' registers compile away, with more reads in flight a lane. KVCHAT_CUDA_MMV=f32 runs stage 0's
  * kernel instead (mmv_kernel: exact weights times f32 activations through shared memory; a block of
  * MMV_WARPS warps computes MMV_ROWS rows a warp, the row read in chunks of QB_CHUNK values, the
  * lanes decoding groups of 32 with qb_lane_dot), to compare the two on a GPU. More tokens than the
@@ -93,6 +94,14 @@ static size_t mmv_smem(uint32_t type, int n_tok)
  * Left to themselves, once the activations were loaded apart from the items, ptxas gave Q6_K's
  * one-row kernel 72-76 registers on sm_80 and the two-row kernels 79-87 on sm_90. */
 #define DD_MIN_BLOCKS(rows) ((rows) == 1 ? 8 : 6)
+/* A token's kernel with 4 reads in flight on the wide path holds four 32-value items a lane: held to
+ * 64 registers it spills, so it gets 80 (6 blocks). */
+#define DD_MIN_BLOCKS_OF(type, inflight, rows, wide) \
+    ((inflight) == 4 && (wide) && ((type) == GGML_TYPE_Q4_K || (type) == GGML_TYPE_Q5_K) ? 6 : DD_MIN_BLOCKS(rows))
+/* Reads in flight a lane of the kernels for several tokens on one row a warp (KVCHAT_CUDA_MMV_INFLIGHT=1:
+ * one): two for the quantized types; one for F16/BF16, which with eight tokens' activations held to
+ * 64 registers spill with two. */
+#define DD_MANY_INFLIGHT(type) ((type) == GGML_TYPE_F16 || (type) == GGML_TYPE_BF16 ? 1 : 2)
 
 /* n_blocks blocks of 32 activations (over all tokens: rows of n_in % 32 == 0 values are whole
  * blocks) rounded to 8-bit codes q, scales d and block sums bs (decode_dot.h's dd_quantize): a warp
@@ -114,13 +123,15 @@ __global__ void __launch_bounds__(256)
  * (KVCHAT_CUDA_MMV_INFLIGHT); with WIDE, a Q4_K/Q5_K W by decode_dot.h's wide path, which also reads
  * the blocks' sums xs [n_tok][n_in / 32] (its rows 16-byte aligned: blocks of 144 and 176 bytes);
  * for F16/BF16 from the f32 tokens x [n_tok][n_in] (16-byte aligned). Each token's activations are
- * loaded once for the warp's rows. */
-template <uint32_t TYPE, int INFLIGHT, int ROWS, int WIDE>
-__global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
+ * loaded once for the warp's rows. ONE: the kernel of a decode step's products, one token (n_tok
+ * must be 1), one row a warp. */
+template <uint32_t TYPE, int INFLIGHT, int ROWS, int WIDE, int ONE>
+__global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS_OF(TYPE, INFLIGHT, ROWS, WIDE))
     decode_dot_kernel(const dd_outs o, size_t stride, int64_t n_in, const float *__restrict__ x,
                       const int8_t *__restrict__ xq, const float *__restrict__ xd, const float *__restrict__ xs,
                       int n_tok)
 {
+    if (ONE) n_tok = 1;   /* a constant: tokens 1 .. QB_MAX_TOK - 1's registers and loads compile away */
     const uint8_t *W;
     int32_t n_out, local;
     dd_outs_block(&o, (int32_t)blockIdx.x, &W, &n_out, &local);
@@ -145,12 +156,23 @@ __global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS(ROWS))
 /* Rows a warp of the decode kernels for n_tok tokens: KVCHAT_CUDA_MMV_ROWS, else one for a token
  * (more warps to hide the memory's latency) and DD_MAX_ROWS for more (each token's activations
  * loaded once for both rows; the activation loads grow with the tokens, the weight's do not). A
- * lane of a quantized product keeps two items in flight either way: two of its row
- * (KVCHAT_CUDA_MMV_INFLIGHT=1: one), or one of each row (two of each took 107-109 registers on
- * sm_90 on the wide path, a quarter of the warps a multiprocessor holds). */
+ * lane of a quantized product for several tokens keeps two items in flight either way: two of its
+ * row (KVCHAT_CUDA_MMV_INFLIGHT=1: one), or one of each row (two of each took 107-109 registers on
+ * sm_90 on the wide path, a quarter of the warps a multiprocessor holds); a token's product runs
+ * the kernel made for one (one_token_inflight). */
 static int decode_rows(const cuda_impl *ci, int n_tok)
 {
     return ci->mmv_rows ? ci->mmv_rows : n_tok > 1 ? DD_MAX_ROWS : 1;
+}
+
+/* Reads of its row a lane of a one-token product has in flight, unless KVCHAT_CUDA_MMV_INFLIGHT says:
+ * four 16-byte loads for F16/BF16 (their kernel waited for each before asking for the next, and the
+ * H200's times fit that chain: docs/gpu.md, stage 1's third part); two items for the quantized
+ * types, as before (on the H200 two were no faster than one, which the chain does not explain: a
+ * profiler's counters are to say why). */
+static int one_token_inflight(uint32_t type)
+{
+    return type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 ? 4 : 2;
 }
 
 /* The type's slot in ci->mmv_smem_set. */
@@ -190,23 +212,28 @@ static int mmv(cuda_impl *ci, const dev_weight *const *dw, float *const *dy, int
         const unsigned grid = (unsigned)dd_outs_layout(&o, DD_WARPS * rows);
         const size_t stride = dw[0]->stride;
         const int64_t n_in = dw[0]->n_in;
-#define LAUNCH_QI(T, I, R, WD) \
-    decode_dot_kernel<T, I, R, WD><<<grid, DD_WARPS * 32, 0, ci->stream>>>(o, stride, n_in, dx, xq, xd, xs, n_tok)
-#define LAUNCH_Q(T, WD)                                        \
-    do {                                                       \
-        if (rows == 2) LAUNCH_QI(T, 1, 2, WD);                 \
-        else if (ci->mmv_inflight == 1) LAUNCH_QI(T, 1, 1, WD); \
-        else LAUNCH_QI(T, 2, 1, WD);                           \
+#define LAUNCH_QI(T, I, R, WD, ONE)                                                                           \
+    decode_dot_kernel<T, I, R, WD, ONE><<<grid, DD_WARPS * 32, 0, ci->stream>>>(o, stride, n_in, dx, xq, xd, xs, \
+                                                                                 n_tok)
+        /* a decode step's one token on one row a warp: reads in flight by type (below) */
+#define LAUNCH_ONE(T, WD)                                                             \
+    do {                                                                              \
+        const int in = ci->mmv_inflight ? ci->mmv_inflight : one_token_inflight(T);   \
+        if (in == 4) LAUNCH_QI(T, 4, 1, WD, 1);                                       \
+        else if (in == 2) LAUNCH_QI(T, 2, 1, WD, 1);                                  \
+        else LAUNCH_QI(T, 1, 1, WD, 1);                                               \
+    } while (0)
+#define LAUNCH_Q(T, WD)                                            \
+    do {                                                           \
+        if (n_tok == 1 && rows == 1) LAUNCH_ONE(T, WD);            \
+        else if (rows == 2) LAUNCH_QI(T, 1, 2, WD, 0);             \
+        else if (ci->mmv_inflight == 1) LAUNCH_QI(T, 1, 1, WD, 0); \
+        else LAUNCH_QI(T, DD_MANY_INFLIGHT(T), 1, WD, 0);          \
     } while (0)
 #define LAUNCH_K(T)                          \
     do {                                     \
         if (ci->mmv_wide) LAUNCH_Q(T, 1);    \
         else LAUNCH_Q(T, 0);                 \
-    } while (0)
-#define LAUNCH_H(T)                           \
-    do {                                      \
-        if (rows == 2) LAUNCH_QI(T, 1, 2, 0); \
-        else LAUNCH_QI(T, 1, 1, 0);           \
     } while (0)
         switch (type) {
         case GGML_TYPE_Q4_0: LAUNCH_Q(GGML_TYPE_Q4_0, 0); break;
@@ -215,13 +242,13 @@ static int mmv(cuda_impl *ci, const dev_weight *const *dw, float *const *dy, int
         case GGML_TYPE_Q4_K: LAUNCH_K(GGML_TYPE_Q4_K); break;
         case GGML_TYPE_Q5_K: LAUNCH_K(GGML_TYPE_Q5_K); break;
         case GGML_TYPE_Q6_K: LAUNCH_Q(GGML_TYPE_Q6_K, 0); break;
-        case GGML_TYPE_F16: LAUNCH_H(GGML_TYPE_F16); break;   /* INFLIGHT is for codes */
-        default: LAUNCH_H(GGML_TYPE_BF16); break;
+        case GGML_TYPE_F16: LAUNCH_Q(GGML_TYPE_F16, 0); break;
+        default: LAUNCH_Q(GGML_TYPE_BF16, 0); break;
         }
 #undef LAUNCH_QI
+#undef LAUNCH_ONE
 #undef LAUNCH_Q
 #undef LAUNCH_K
-#undef LAUNCH_H
         return ck(ci, cudaGetLastError(), "decode product");
     }
     const size_t smem = mmv_smem(type, n_tok);

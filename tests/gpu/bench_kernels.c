@@ -7,8 +7,9 @@
  * - copy: a device-to-device copy of 1 GiB (bytes read plus written): the ceiling for what follows;
  * - products of every weight type the device reads as stored, at the 7B shapes (4096 x 4096,
  *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernels, beside stage 0's f32
- *   kernel, KVCHAT_CUDA_MMV=f32, and for quantized types with 1 read in flight a lane instead of
- *   2 on one row a warp, KVCHAT_CUDA_MMV_INFLIGHT=1 KVCHAT_CUDA_MMV_ROWS=1; the other number of
+ *   kernel, KVCHAT_CUDA_MMV=f32; with 1 read of its row in flight a lane on one row a warp,
+ *   KVCHAT_CUDA_MMV_INFLIGHT=1 KVCHAT_CUDA_MMV_ROWS=1, and for a token with 2 and 4 (the default:
+ *   2 for more tokens, and for a token 2 on the quantized types and 4 on F16/BF16); the other number of
  *   rows a warp, KVCHAT_CUDA_MMV_ROWS=2 for a token and 1 for more; for Q4_K and Q5_K the narrow
  *   items the wide path replaced, KVCHAT_CUDA_MMV=narrow, two rows a warp for 2-8 tokens since
  *   2f66bdf, one before), 9, 16, 32, 64 tokens
@@ -303,10 +304,14 @@ int main(int argc, char **argv)
     setenv("KVCHAT_CUDA_MMV_INFLIGHT", "1", 1);   /* one row a warp: two rows ignore it */
     setenv("KVCHAT_CUDA_MMV_ROWS", "1", 1);
     be_backend *in1 = f32k ? be_cuda_create(4, err, sizeof err) : NULL;
+    setenv("KVCHAT_CUDA_MMV_INFLIGHT", "2", 1);   /* a token's: the default by type is 2 or 4 */
+    be_backend *in2 = in1 ? be_cuda_create(4, err, sizeof err) : NULL;
+    setenv("KVCHAT_CUDA_MMV_INFLIGHT", "4", 1);
+    be_backend *in4 = in2 ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV_INFLIGHT");
     unsetenv("KVCHAT_CUDA_MMV_ROWS");
     setenv("KVCHAT_CUDA_MMV", "narrow", 1);
-    be_backend *narrow = in1 ? be_cuda_create(4, err, sizeof err) : NULL;
+    be_backend *narrow = in4 ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV");
     setenv("KVCHAT_CUDA_MMV_ROWS", "1", 1);
     be_backend *rows1 = narrow ? be_cuda_create(4, err, sizeof err) : NULL;
@@ -320,7 +325,7 @@ int main(int argc, char **argv)
     setenv("KVCHAT_CUDA_ATTN", "flash", 1);
     be_backend *flsh = grp ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_ATTN");
-    if (!tiles || !passes || !f32k || !in1 || !narrow || !rows1 || !rows2 || !scal || !grp || !flsh) {
+    if (!tiles || !passes || !f32k || !in1 || !in2 || !in4 || !narrow || !rows1 || !rows2 || !scal || !grp || !flsh) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
@@ -342,9 +347,9 @@ int main(int argc, char **argv)
     memset(y2, 0, xbytes);
     memset(y3, 0, xbytes);
     memset(y4, 0, xbytes);
-    be_backend *bes[8] = { dflt, tiles, passes, f32k, in1, narrow, rows1, rows2 };
-    float *ys[8] = { y, y2, y3, y4, y4, y4, y4, y4 };
-    for (int k = 0; k < 8; k++) {
+    be_backend *bes[10] = { dflt, tiles, passes, f32k, in1, narrow, rows1, rows2, in2, in4 };
+    float *ys[10] = { y, y2, y3, y4, y4, y4, y4, y4, y4, y4 };
+    for (int k = 0; k < 10; k++) {
         if (be_bind(bes[k], x, xbytes, err, sizeof err) || be_bind(bes[k], ys[k], xbytes, err, sizeof err)) {
             fprintf(stderr, "gpu_bench: %s\n", err);
             return 1;
@@ -367,7 +372,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             const be_weight *wp = &w;
-            for (int k = 0; k < 8; k++)
+            for (int k = 0; k < 10; k++)
                 if (bes[k]->ops->prepare && bes[k]->ops->prepare(bes[k], &wp, 1, err, sizeof err)) {
                     fprintf(stderr, "gpu_bench: %s\n", err);
                     return 1;
@@ -381,16 +386,17 @@ int main(int argc, char **argv)
                 if (failed(dflt, "product")) return 1;
                 row("product", tn, n_out, n_in, a.n_tok, "decode kernel", ms,
                     wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
-                /* stage 0's kernel, stage 1's with 1 read in flight a lane (the default: 2), the other
-                 * number of rows a warp (the default: 1 for a token, 2 for more), and for Q4_K/Q5_K
-                 * the narrow items the wide path replaced */
-                be_backend *alt[4] = { f32k, in1, a.n_tok > 1 ? rows1 : rows2, narrow };
-                const char *alt_name[4] = { "f32 decode kernel", "decode kernel 1 in flight",
+                /* stage 0's kernel; stage 1's with 1 read in flight a lane (the default: 2 for more
+                 * tokens, and for a token 2 on the quantized types and 4 on F16/BF16) and for a token
+                 * with 2 and 4; the other number of rows a warp (the default: 1 for a token, 2 for
+                 * more); for Q4_K/Q5_K the narrow items the wide path replaced */
+                be_backend *alt[6] = { f32k, in1, a.n_tok > 1 ? rows1 : rows2, narrow, in2, in4 };
+                const char *alt_name[6] = { "f32 decode kernel", "decode kernel 1 in flight",
                                             a.n_tok > 1 ? "decode kernel 1 row a warp" : "decode kernel 2 rows a warp",
-                                            "narrow decode kernel" };
-                for (int v = 0; v < 4; v++) {
-                    if (v == 1 && !dd_integer_type(types[ti])) continue;   /* F16/BF16: no items in flight */
+                                            "narrow decode kernel", "decode kernel 2 in flight", "decode kernel 4 in flight" };
+                for (int v = 0; v < 6; v++) {
                     if (v == 3 && !dd_wide_type(types[ti])) continue;
+                    if (v >= 4 && a.n_tok > 1) continue;   /* 2 and 4 in flight: a token's kernel */
                     mm_arg e = { { &w, y4 }, x, a.n_tok };
                     ms = time_calls(alt[v], call_mm, &e, y4);
                     if (failed(alt[v], "product")) return 1;
@@ -732,6 +738,8 @@ int main(int argc, char **argv)
     be_free(passes);
     be_free(f32k);
     be_free(in1);
+    be_free(in2);
+    be_free(in4);
     be_free(narrow);
     be_free(rows1);
     be_free(rows2);
