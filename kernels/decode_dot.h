@@ -87,17 +87,14 @@ static inline void dd_quantize(const float *x, int64_t n, int8_t *q, float *d, f
     }
 }
 
-/* Loads of 4 and 8 bytes: from a 2-byte aligned address (Q4_0, Q5_0, Q8_0 and Q6_K blocks are 18,
+/* Loads of 2, 4 and 8 bytes: from a 2-byte aligned address (Q4_0, Q5_0, Q8_0 and Q6_K blocks are 18,
  * 22, 34 and 210 bytes long), from a 4- and an 8-byte aligned one. */
-QB_HD int dd_ld_a2(const uint8_t *p)
+QB_HD uint32_t dd_ld_u16(const uint8_t *p)
 {
 #ifdef __CUDA_ARCH__
-    const uint16_t *h = (const uint16_t *)p;
-    return (int)((uint32_t)h[0] | ((uint32_t)h[1] << 16));
+    return *(const uint16_t *)p;
 #else
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return (int)v;
+    return qb_u16(p);
 #endif
 }
 
@@ -124,6 +121,9 @@ QB_HD void dd_ld_a8(const void *p, int *a, int *b)
 #endif
 }
 
+/* The word of two halves loaded apart (from a 2-byte aligned address). */
+QB_HD int dd_join(uint32_t lo, uint32_t hi) { return (int)(lo | (hi << 16)); }
+
 /* Four bytes of codes 0..2^k-1 minus 2^(k-1), each byte on its own (no borrow crosses a byte: each
  * is raised by 128 first), as signed bytes. */
 QB_HD int dd_centre(int v, uint32_t half)
@@ -146,8 +146,77 @@ typedef struct {
     float s[2], m[2];
 } dd_item;
 
-/* Item i of a row (values [16 i, 16 i + 16) in the blocks' own order: see each case). */
-QB_HD void dd_load(uint32_t type, const uint8_t *row, int i, dd_item *it)
+/* An item's bytes as loaded (dd_fetch), not yet used: each 2-byte aligned word as its two halves.
+ * A lane asks for every item it keeps in flight before it unpacks any (dd_unpack): the device
+ * issues a warp's instructions in order, so an unpacking placed after an item's loads held the
+ * next item's loads back until the first item's bytes came (on the H200 two items in flight were
+ * no faster than one: docs/gpu.md, stage 1's third part). */
+typedef struct {
+    uint32_t w[11];
+} dd_raw;
+
+/* Item i of a row (values [16 i, 16 i + 16) in the blocks' own order: see each case of dd_unpack):
+ * its loads only. */
+QB_HD void dd_fetch(uint32_t type, const uint8_t *row, int i, dd_raw *r)
+{
+    switch (type) {
+    case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: {
+        const int five = type == GGML_TYPE_Q5_0, k = i & 1;
+        const uint8_t *b = row + (size_t)(i >> 1) * (five ? 22 : 18);
+        const uint8_t *qs = b + (five ? 6 : 2) + 8 * k;
+        QB_UNROLL
+        for (int j = 0; j < 4; j++) r->w[j] = dd_ld_u16(qs + 2 * j);
+        if (five) {
+            r->w[4] = dd_ld_u16(b + 2);
+            r->w[5] = dd_ld_u16(b + 4);
+        }
+        r->w[6] = dd_ld_u16(b);
+        break;
+    }
+    case GGML_TYPE_Q8_0: {
+        const uint8_t *b = row + (size_t)(i >> 1) * 34, *qs = b + 2 + 16 * (i & 1);
+        QB_UNROLL
+        for (int j = 0; j < 8; j++) r->w[j] = dd_ld_u16(qs + 2 * j);
+        r->w[8] = dd_ld_u16(b);
+        break;
+    }
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: {
+        const int five = type == GGML_TYPE_Q5_K, k = i & 15, p = k >> 2, l0 = 8 * (k & 3);
+        const uint8_t *b = row + (size_t)(i >> 4) * (five ? 176 : 144);
+        int a0, a1;
+        dd_ld_a8(b + (five ? 48 : 16) + 32 * p + l0, &a0, &a1);
+        r->w[0] = (uint32_t)a0;
+        r->w[1] = (uint32_t)a1;
+        if (five) {
+            dd_ld_a8(b + 16 + l0, &a0, &a1);
+            r->w[2] = (uint32_t)a0;
+            r->w[3] = (uint32_t)a1;
+        }
+        /* the header in four 4-byte loads (blocks of 144 and 176 bytes stay 16-byte aligned) */
+        QB_UNROLL
+        for (int j = 0; j < 4; j++) r->w[4 + j] = (uint32_t)dd_ld_a4(b + 4 * j);
+        break;
+    }
+    default: {   /* GGML_TYPE_Q6_K */
+        const int k = i & 15, h = k >> 3, a = (k >> 2) & 1, l0 = 8 * (k & 3);
+        const uint8_t *b = row + (size_t)(i >> 4) * 210;
+        const uint8_t *ql = b + 64 * h + 32 * a + l0, *qh = b + 128 + 32 * h + l0;
+        QB_UNROLL
+        for (int j = 0; j < 4; j++) {
+            r->w[j] = dd_ld_u16(ql + 2 * j);
+            r->w[4 + j] = dd_ld_u16(qh + 2 * j);
+        }
+        r->w[8] = dd_ld_u16(b + 208);
+        const int8_t *S = (const int8_t *)(b + 192 + 8 * h + (l0 >= 16));
+        r->w[9] = (uint32_t)(int)S[2 * a];
+        r->w[10] = (uint32_t)(int)S[2 * a + 4];
+        break;
+    }
+    }
+}
+
+/* Item i unpacked from its bytes r (dd_fetch's): no loads. */
+QB_HD void dd_unpack(uint32_t type, const dd_raw *r, int i, dd_item *it)
 {
     it->m[0] = it->m[1] = 0.0f;
     switch (type) {
@@ -155,12 +224,10 @@ QB_HD void dd_load(uint32_t type, const uint8_t *row, int i, dd_item *it)
         /* block i / 2; item k = i % 2 holds code bytes 8k..8k+7: values 8k.. (low nibbles) and
          * 16 + 8k.. (high nibbles) */
         const int five = type == GGML_TYPE_Q5_0, k = i & 1;
-        const uint8_t *b = row + (size_t)(i >> 1) * (five ? 22 : 18);
-        const uint8_t *qs = b + (five ? 6 : 2) + 8 * k;
-        const int a0 = dd_ld_a2(qs), a1 = dd_ld_a2(qs + 4);
+        const int a0 = dd_join(r->w[0], r->w[1]), a1 = dd_join(r->w[2], r->w[3]);
         int v0 = a0 & 0x0F0F0F0F, v1 = a1 & 0x0F0F0F0F, v2 = (a0 >> 4) & 0x0F0F0F0F, v3 = (a1 >> 4) & 0x0F0F0F0F;
         if (five) {
-            const uint32_t qh = (uint32_t)dd_ld_a2(b + 2) >> (8 * k);
+            const uint32_t qh = (uint32_t)dd_join(r->w[4], r->w[5]) >> (8 * k);
             v0 |= dd_bits_to_byte4(qh & 15u);
             v1 |= dd_bits_to_byte4((qh >> 4) & 15u);
             v2 |= dd_bits_to_byte4((qh >> 16) & 15u);
@@ -173,45 +240,40 @@ QB_HD void dd_load(uint32_t type, const uint8_t *row, int i, dd_item *it)
         it->v[3] = dd_centre(v3, half);
         it->pos[0] = 32 * (i >> 1) + 8 * k;
         it->pos[1] = it->pos[0] + 16;
-        it->s[0] = it->s[1] = qb_half(qb_u16(b));
+        it->s[0] = it->s[1] = qb_half(r->w[6]);
         break;
     }
     case GGML_TYPE_Q8_0: {
         /* block i / 2; item k: values 16k..16k+15 */
-        const uint8_t *b = row + (size_t)(i >> 1) * 34, *qs = b + 2 + 16 * (i & 1);
-        for (int j = 0; j < 4; j++) it->v[j] = dd_ld_a2(qs + 4 * j);
+        QB_UNROLL
+        for (int j = 0; j < 4; j++) it->v[j] = dd_join(r->w[2 * j], r->w[2 * j + 1]);
         it->pos[0] = 16 * i;
         it->pos[1] = 16 * i + 8;
-        it->s[0] = it->s[1] = qb_half(qb_u16(b));
+        it->s[0] = it->s[1] = qb_half(r->w[8]);
         break;
     }
     case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: {
         /* super-block i / 16; item k = i % 16: pair p = k / 4 of sub-blocks, positions l0 = 8 (k % 4)
          * .. l0 + 7 of sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles) */
         const int five = type == GGML_TYPE_Q5_K, k = i & 15, p = k >> 2, l0 = 8 * (k & 3);
-        const uint8_t *b = row + (size_t)(i >> 4) * (five ? 176 : 144);
-        int a0, a1;
-        dd_ld_a8(b + (five ? 48 : 16) + 32 * p + l0, &a0, &a1);
+        const int a0 = (int)r->w[0], a1 = (int)r->w[1];
         int v0 = a0 & 0x0F0F0F0F, v1 = a1 & 0x0F0F0F0F, v2 = (a0 >> 4) & 0x0F0F0F0F, v3 = (a1 >> 4) & 0x0F0F0F0F;
         if (five) {
-            int h0, h1;
-            dd_ld_a8(b + 16 + l0, &h0, &h1);
-            v0 |= (int)((((uint32_t)h0 >> (2 * p)) & 0x01010101u) << 4);
-            v1 |= (int)((((uint32_t)h1 >> (2 * p)) & 0x01010101u) << 4);
-            v2 |= (int)((((uint32_t)h0 >> (2 * p + 1)) & 0x01010101u) << 4);
-            v3 |= (int)((((uint32_t)h1 >> (2 * p + 1)) & 0x01010101u) << 4);
+            const uint32_t h0 = r->w[2], h1 = r->w[3];
+            v0 |= (int)(((h0 >> (2 * p)) & 0x01010101u) << 4);
+            v1 |= (int)(((h1 >> (2 * p)) & 0x01010101u) << 4);
+            v2 |= (int)(((h0 >> (2 * p + 1)) & 0x01010101u) << 4);
+            v3 |= (int)(((h1 >> (2 * p + 1)) & 0x01010101u) << 4);
         }
         it->v[0] = v0;
         it->v[1] = v1;
         it->v[2] = v2;
         it->v[3] = v3;
-        /* the header in four 4-byte loads (blocks of 144 and 176 bytes stay 16-byte aligned) */
-        const uint32_t dm = (uint32_t)dd_ld_a4(b), w0 = (uint32_t)dd_ld_a4(b + 4), w1 = (uint32_t)dd_ld_a4(b + 8),
-                       w2 = (uint32_t)dd_ld_a4(b + 12);
+        const uint32_t dm = r->w[4];
         const float d = qb_half(dm & 0xFFFFu), dmin = qb_half(dm >> 16);
         for (int g = 0; g < 2; g++) {
             int sc, mn;
-            qb_scale_min_w(w0, w1, w2, 2 * p + g, &sc, &mn);
+            qb_scale_min_w(r->w[5], r->w[6], r->w[7], 2 * p + g, &sc, &mn);
             it->s[g] = QB_MUL(d, (float)sc);
             it->m[g] = QB_MUL(dmin, (float)mn);
             it->pos[g] = 256 * (i >> 4) + 32 * (2 * p + g) + l0;
@@ -223,23 +285,28 @@ QB_HD void dd_load(uint32_t type, const uint8_t *row, int i, dd_item *it)
          * 4) .. l0 + 7 of sub-blocks 4h + a (low nibbles of ql, qh bits 2a) and 4h + a + 2 (high
          * nibbles, qh bits 2a + 4) */
         const int k = i & 15, h = k >> 3, a = (k >> 2) & 1, l0 = 8 * (k & 3);
-        const uint8_t *b = row + (size_t)(i >> 4) * 210;
-        const uint8_t *ql = b + 64 * h + 32 * a + l0, *qh = b + 128 + 32 * h + l0;
-        const int a0 = dd_ld_a2(ql), a1 = dd_ld_a2(ql + 4);
-        const uint32_t h0 = (uint32_t)dd_ld_a2(qh), h1 = (uint32_t)dd_ld_a2(qh + 4);
+        const int a0 = dd_join(r->w[0], r->w[1]), a1 = dd_join(r->w[2], r->w[3]);
+        const uint32_t h0 = (uint32_t)dd_join(r->w[4], r->w[5]), h1 = (uint32_t)dd_join(r->w[6], r->w[7]);
         it->v[0] = dd_centre((a0 & 0x0F0F0F0F) | (int)(((h0 >> (2 * a)) & 0x03030303u) << 4), 32u);
         it->v[1] = dd_centre((a1 & 0x0F0F0F0F) | (int)(((h1 >> (2 * a)) & 0x03030303u) << 4), 32u);
         it->v[2] = dd_centre(((a0 >> 4) & 0x0F0F0F0F) | (int)(((h0 >> (2 * a + 4)) & 0x03030303u) << 4), 32u);
         it->v[3] = dd_centre(((a1 >> 4) & 0x0F0F0F0F) | (int)(((h1 >> (2 * a + 4)) & 0x03030303u) << 4), 32u);
-        const float d = qb_half(qb_u16(b + 208));
-        const int8_t *S = (const int8_t *)(b + 192 + 8 * h + (l0 >= 16));
-        it->s[0] = QB_MUL(d, (float)S[2 * a]);
-        it->s[1] = QB_MUL(d, (float)S[2 * a + 4]);
+        const float d = qb_half(r->w[8]);
+        it->s[0] = QB_MUL(d, (float)(int)r->w[9]);
+        it->s[1] = QB_MUL(d, (float)(int)r->w[10]);
         it->pos[0] = 256 * (i >> 4) + 32 * (4 * h + a) + l0;
         it->pos[1] = it->pos[0] + 64;
         break;
     }
     }
+}
+
+/* Item i of a row, loaded and unpacked. */
+QB_HD void dd_load(uint32_t type, const uint8_t *row, int i, dd_item *it)
+{
+    dd_raw r;
+    dd_fetch(type, row, i, &r);
+    dd_unpack(type, &r, i, it);
 }
 
 /* A token's 16 codes for an item (from the whole row's codes xq): u[0], u[1] group 0's, u[2], u[3]
@@ -288,27 +355,40 @@ QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, size_t stride, int n
     const int n_items = (int)(n_in / DD_ITEM);
     const int64_t nb = n_in / DD_QBLOCK;
     for (int i0 = lane; i0 < n_items; i0 += inflight * lanes) {
-        dd_item it[DD_MAX_INFLIGHT][DD_MAX_ROWS];
+        /* every item's loads first (an item past the row's end loads item i0 again, unused, so that
+         * no branch stands between the loads), then each item unpacked and used */
+        dd_raw raw[DD_MAX_INFLIGHT][DD_MAX_ROWS];
         QB_UNROLL
         for (int u = 0; u < DD_MAX_INFLIGHT; u++)
-            if (u < inflight && i0 + u * lanes < n_items) {
+            if (u < inflight) {
+                const int i = i0 + u * lanes < n_items ? i0 + u * lanes : i0;
                 QB_UNROLL
                 for (int r = 0; r < DD_MAX_ROWS; r++)
-                    if (r < n_rows) dd_load(type, row + (size_t)r * stride, i0 + u * lanes, &it[u][r]);
+                    if (r < n_rows) dd_fetch(type, row + (size_t)r * stride, i, &raw[u][r]);
             }
+        /* every item is used, one past the end (item i0 again) added to nothing: a use only some
+         * lanes reach would let the compiler move that item's loads after the others' use */
         QB_UNROLL
         for (int u = 0; u < DD_MAX_INFLIGHT; u++) {
-            if (u >= inflight || i0 + u * lanes >= n_items) break;
+            if (u >= inflight) break;
+            const int in_row = i0 + u * lanes < n_items, i = in_row ? i0 + u * lanes : i0;
+            dd_item it[DD_MAX_ROWS];
+            QB_UNROLL
+            for (int r = 0; r < DD_MAX_ROWS; r++)
+                if (r < n_rows) dd_unpack(type, &raw[u][r], i, &it[r]);
             QB_UNROLL
             for (int t = 0; t < QB_MAX_TOK; t++) {
                 if (t >= n_tok) continue;
                 int c[4];
-                dd_icodes(&it[u][0], xq + (int64_t)t * n_in, c);
+                dd_icodes(&it[0], xq + (int64_t)t * n_in, c);
                 const float *dt = xd + (int64_t)t * nb;
-                const float xa = dt[it[u][0].pos[0] >> 5], xb = dt[it[u][0].pos[1] >> 5];
+                const float xa = dt[it[0].pos[0] >> 5], xb = dt[it[0].pos[1] >> 5];
                 QB_UNROLL
-                for (int r = 0; r < DD_MAX_ROWS; r++)
-                    if (r < n_rows) acc[r][t] = QB_ADD(acc[r][t], dd_item_dot(type, &it[u][r], c, xa, xb));
+                for (int r = 0; r < DD_MAX_ROWS; r++) {
+                    if (r >= n_rows) continue;
+                    const float sum = QB_ADD(acc[r][t], dd_item_dot(type, &it[r], c, xa, xb));
+                    acc[r][t] = in_row ? sum : acc[r][t];
+                }
             }
         }
     }
@@ -317,7 +397,7 @@ QB_HD void dd_lane_dot_q(uint32_t type, const uint8_t *row, size_t stride, int n
 /* The wide path of Q4_K and Q5_K (their blocks of 144 and 176 bytes keep every row 16-byte
  * aligned): a lane takes 32 values at a time, 16 of sub-block 2p and the 16 at the same places of
  * sub-block 2p + 1 (one 16-byte load of the codes they share, one of the header, and for Q5_K one of
- * the high bits), against the 16 + 8 values and four header loads of dd_load. A token's codes come
+ * the high bits), against the 16 + 8 values and four header loads of dd_fetch. A token's codes come
  * in two 16-byte loads for any number of rows (dd_lane_dot_w multiplies up to DD_MAX_ROWS rows of a
  * warp by each), and the minimums' terms use the block sums of the activations (dd_quantize's s)
  * instead of a dot product with ones: the lane holding the first half of the two sub-blocks adds
@@ -334,34 +414,54 @@ typedef struct {
     int first;       /* l0 == 0: this lane adds the two sub-blocks' minimum terms */
 } dd_witem;
 
-QB_HD void dd_wload(uint32_t type, const uint8_t *row, int i, dd_witem *it)
+/* A wide item's bytes as loaded (dd_wfetch), not yet used: the codes, the header, the high bits. */
+typedef struct {
+    uint32_t q[4], hd[4], h[4];
+} dd_wraw;
+
+/* Wide item i of a row: its loads only (dd_raw says why apart). */
+QB_HD void dd_wfetch(uint32_t type, const uint8_t *row, int i, dd_wraw *r)
 {
     const int five = type == GGML_TYPE_Q5_K, k = i & 7, p = k >> 1, l0 = 16 * (k & 1);
     const uint8_t *b = row + (size_t)(i >> 3) * (five ? 176 : 144);
-    uint32_t q[4], hd[4], h[4] = { 0, 0, 0, 0 };
-    qb_load16(b + (five ? 48 : 16) + 32 * p + l0, q);
-    qb_load16(b, hd);
-    if (five) qb_load16(b + 16 + l0, h);
+    qb_load16(b + (five ? 48 : 16) + 32 * p + l0, r->q);
+    qb_load16(b, r->hd);
+    if (five) qb_load16(b + 16 + l0, r->h);
+    else r->h[0] = r->h[1] = r->h[2] = r->h[3] = 0;
+}
+
+/* Wide item i unpacked from its bytes r (dd_wfetch's): no loads. */
+QB_HD void dd_wunpack(uint32_t type, const dd_wraw *r, int i, dd_witem *it)
+{
+    const int five = type == GGML_TYPE_Q5_K, k = i & 7, p = k >> 1, l0 = 16 * (k & 1);
     QB_UNROLL
     for (int j = 0; j < 4; j++) {
-        uint32_t lo = q[j] & 0x0F0F0F0Fu, hi = (q[j] >> 4) & 0x0F0F0F0Fu;
+        uint32_t lo = r->q[j] & 0x0F0F0F0Fu, hi = (r->q[j] >> 4) & 0x0F0F0F0Fu;
         if (five) {
-            lo |= ((h[j] >> (2 * p)) & 0x01010101u) << 4;
-            hi |= ((h[j] >> (2 * p + 1)) & 0x01010101u) << 4;
+            lo |= ((r->h[j] >> (2 * p)) & 0x01010101u) << 4;
+            hi |= ((r->h[j] >> (2 * p + 1)) & 0x01010101u) << 4;
         }
         it->v[j] = (int)lo;
         it->v[4 + j] = (int)hi;
     }
-    const float d = qb_half(hd[0] & 0xFFFFu), dmin = qb_half(hd[0] >> 16);
+    const float d = qb_half(r->hd[0] & 0xFFFFu), dmin = qb_half(r->hd[0] >> 16);
     QB_UNROLL
     for (int g = 0; g < 2; g++) {
         int sc, mn;
-        qb_scale_min_w(hd[1], hd[2], hd[3], 2 * p + g, &sc, &mn);
+        qb_scale_min_w(r->hd[1], r->hd[2], r->hd[3], 2 * p + g, &sc, &mn);
         it->s[g] = QB_MUL(d, (float)sc);
         it->m[g] = QB_MUL(dmin, (float)mn);
     }
     it->pos = 256 * (i >> 3) + 64 * p + l0;
     it->first = l0 == 0;
+}
+
+/* Wide item i of a row, loaded and unpacked. */
+QB_HD void dd_wload(uint32_t type, const uint8_t *row, int i, dd_witem *it)
+{
+    dd_wraw r;
+    dd_wfetch(type, row, i, &r);
+    dd_wunpack(type, &r, i, it);
 }
 
 /* A token's 32 codes for items at pos (u[0..3] sub-block A's, u[4..7] B's). */
@@ -398,18 +498,25 @@ QB_HD void dd_lane_dot_w(uint32_t type, const uint8_t *row, size_t stride, int n
     const int n_items = (int)(n_in / DD_WITEM);
     const int64_t nb = n_in / DD_QBLOCK;
     for (int i0 = lane; i0 < n_items; i0 += inflight * lanes) {
-        dd_witem it[DD_MAX_INFLIGHT][DD_MAX_ROWS];
+        /* every item's loads first, then each unpacked and used (as dd_lane_dot_q) */
+        dd_wraw raw[DD_MAX_INFLIGHT][DD_MAX_ROWS];
         QB_UNROLL
         for (int u = 0; u < DD_MAX_INFLIGHT; u++)
-            if (u < inflight && i0 + u * lanes < n_items) {
+            if (u < inflight) {
+                const int i = i0 + u * lanes < n_items ? i0 + u * lanes : i0;
                 QB_UNROLL
                 for (int r = 0; r < DD_MAX_ROWS; r++)
-                    if (r < n_rows) dd_wload(type, row + (size_t)r * stride, i0 + u * lanes, &it[u][r]);
+                    if (r < n_rows) dd_wfetch(type, row + (size_t)r * stride, i, &raw[u][r]);
             }
         QB_UNROLL
-        for (int u = 0; u < DD_MAX_INFLIGHT; u++) {
-            if (u >= inflight || i0 + u * lanes >= n_items) break;
-            const int pos = it[u][0].pos, b = pos >> 5;
+        for (int u = 0; u < DD_MAX_INFLIGHT; u++) {   /* every item used, as in dd_lane_dot_q */
+            if (u >= inflight) break;
+            const int in_row = i0 + u * lanes < n_items, i = in_row ? i0 + u * lanes : i0;
+            dd_witem it[DD_MAX_ROWS];
+            QB_UNROLL
+            for (int r = 0; r < DD_MAX_ROWS; r++)
+                if (r < n_rows) dd_wunpack(type, &raw[u][r], i, &it[r]);
+            const int pos = it[0].pos, b = pos >> 5;
             QB_UNROLL
             for (int t = 0; t < QB_MAX_TOK; t++) {
                 if (t >= n_tok) continue;
@@ -418,13 +525,16 @@ QB_HD void dd_lane_dot_w(uint32_t type, const uint8_t *row, size_t stride, int n
                 const float *dt = xd + (int64_t)t * nb, *st = xs + (int64_t)t * nb;
                 const float xa = dt[b], xb = dt[b + 1];
                 float sa = 0.0f, sb = 0.0f;
-                if (it[u][0].first) {
+                if (it[0].first) {
                     sa = st[b];
                     sb = st[b + 1];
                 }
                 QB_UNROLL
-                for (int r = 0; r < DD_MAX_ROWS; r++)
-                    if (r < n_rows) acc[r][t] = QB_ADD(acc[r][t], dd_wide_dot(&it[u][r], c, xa, xb, sa, sb));
+                for (int r = 0; r < DD_MAX_ROWS; r++) {
+                    if (r >= n_rows) continue;
+                    const float sum = QB_ADD(acc[r][t], dd_wide_dot(&it[r], c, xa, xb, sa, sb));
+                    acc[r][t] = in_row ? sum : acc[r][t];
+                }
             }
         }
     }

@@ -94,10 +94,21 @@ static size_t mmv_smem(uint32_t type, int n_tok)
  * Left to themselves, once the activations were loaded apart from the items, ptxas gave Q6_K's
  * one-row kernel 72-76 registers on sm_80 and the two-row kernels 79-87 on sm_90. */
 #define DD_MIN_BLOCKS(rows) ((rows) == 1 ? 8 : 6)
-/* A token's kernel with 4 reads in flight on the wide path holds four 32-value items a lane: held to
- * 64 registers it spills, so it gets 80 (6 blocks). */
-#define DD_MIN_BLOCKS_OF(type, inflight, rows, wide) \
-    ((inflight) == 4 && (wide) && ((type) == GGML_TYPE_Q4_K || (type) == GGML_TYPE_Q5_K) ? 6 : DD_MIN_BLOCKS(rows))
+/* Every item's loads come before any is unpacked (decode_dot.h dd_raw), so a kernel holds its items
+ * as loaded, and ptxas held to too few registers unpacks an item before the next item's loads are
+ * issued (the warp then waits for the first item's bytes before it asks for the next: what made
+ * two items in flight no faster than one on the H200). Blocks a multiprocessor, by instance, the
+ * most that leave every item's loads ahead of the first unpacking in the sm_90 code (cuobjdump;
+ * docs/gpu.md, stage 1's third part): */
+static constexpr int dd_min_blocks(uint32_t type, int inflight, int rows, int wide, int one)
+{
+    return (wide && (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K))
+               ? (rows == 2 ? 5 : inflight == 4 ? 5 : inflight == 2 && (type == GGML_TYPE_Q5_K || !one) ? 6 : 8)
+               : inflight == 4 ? (type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 || type == GGML_TYPE_Q4_0 ? 8
+                                  : type == GGML_TYPE_Q6_K                                             ? 5
+                                                                                                        : 6)
+                               : DD_MIN_BLOCKS(rows);
+}
 /* Reads in flight a lane of the kernels for several tokens on one row a warp (KVCHAT_CUDA_MMV_INFLIGHT=1:
  * one): two for the quantized types; one for F16/BF16, which with eight tokens' activations held to
  * 64 registers spill with two. */
@@ -126,7 +137,7 @@ __global__ void __launch_bounds__(256)
  * loaded once for the warp's rows. ONE: the kernel of a decode step's products, one token (n_tok
  * must be 1), one row a warp. */
 template <uint32_t TYPE, int INFLIGHT, int ROWS, int WIDE, int ONE>
-__global__ void __launch_bounds__(DD_WARPS * 32, DD_MIN_BLOCKS_OF(TYPE, INFLIGHT, ROWS, WIDE))
+__global__ void __launch_bounds__(DD_WARPS * 32, dd_min_blocks(TYPE, INFLIGHT, ROWS, WIDE, ONE))
     decode_dot_kernel(const dd_outs o, size_t stride, int64_t n_in, const float *__restrict__ x,
                       const int8_t *__restrict__ xq, const float *__restrict__ xd, const float *__restrict__ xs,
                       int n_tok)
@@ -166,13 +177,14 @@ static int decode_rows(const cuda_impl *ci, int n_tok)
 }
 
 /* Reads of its row a lane of a one-token product has in flight, unless KVCHAT_CUDA_MMV_INFLIGHT says:
- * four 16-byte loads for F16/BF16 (their kernel waited for each before asking for the next, and the
- * H200's times fit that chain: docs/gpu.md, stage 1's third part); two items for the quantized
- * types, as before (on the H200 two were no faster than one, which the chain does not explain: a
- * profiler's counters are to say why). */
-static int one_token_inflight(uint32_t type)
+ * the most a multiprocessor holds with every item's loads ahead of the first unpacking
+ * (dd_min_blocks): 4 (24 warps a multiprocessor, 32 for F16/BF16 and Q4_0, 20 for Q6_K), but 2 on the wide
+ * path (32 warps for Q4_K, 24 for Q5_K), whose 4 ptxas unpacks one item of before asking for the
+ * others. The H200's times fit one round trip a read in flight (docs/gpu.md, stage 1's third part);
+ * gpu_bench times 1, 2 and 4 to choose from. */
+static int one_token_inflight(uint32_t type, int wide)
 {
-    return type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 ? 4 : 2;
+    return wide && dd_wide_type(type) ? 2 : 4;
 }
 
 /* The type's slot in ci->mmv_smem_set. */
@@ -218,7 +230,7 @@ static int mmv(cuda_impl *ci, const dev_weight *const *dw, float *const *dy, int
         /* a decode step's one token on one row a warp: reads in flight by type (below) */
 #define LAUNCH_ONE(T, WD)                                                             \
     do {                                                                              \
-        const int in = ci->mmv_inflight ? ci->mmv_inflight : one_token_inflight(T);   \
+        const int in = ci->mmv_inflight ? ci->mmv_inflight : one_token_inflight(T, WD); \
         if (in == 4) LAUNCH_QI(T, 4, 1, WD, 1);                                       \
         else if (in == 2) LAUNCH_QI(T, 2, 1, WD, 1);                                  \
         else LAUNCH_QI(T, 1, 1, WD, 1);                                               \
