@@ -2,7 +2,7 @@
  * shapes of a 7B model, against the device's own copy bandwidth (scripts/gpu-check.sh runs it on a
  * lent GPU; docs/gpu.md has the results).
  *
- *   gpu_bench [--csv FILE] [--quick]
+ *   gpu_bench [--csv FILE] [--quick] [--profile]
  *
  * - copy: a device-to-device copy of 1 GiB (bytes read plus written): the ceiling for what follows;
  * - products of every weight type the device reads as stored, at the 7B shapes (4096 x 4096,
@@ -270,9 +270,76 @@ static void *make_weight(uint32_t type, int64_t n_in, int64_t n_out, be_weight *
     return d;
 }
 
+/* --profile: each launch a profiler is to read the counters of, once (scripts/gpu-check.sh runs it
+ * under ncu): a token's product at 14336 x 4096 of Q4_K (the wide path), Q6_K, Q8_0 and F16 with
+ * the defaults' reads in flight, Q6_K and Q8_0 with 2 and Q4_K with 1 besides; and decode attention
+ * at the 7B shape over 32768 tokens (the grouped kernel and its split merge). 0, or 1 on a failure. */
+static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, be_backend *grp)
+{
+    static const uint32_t types[] = { GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_F16 };
+    const int64_t n_out = 14336, n_in = 4096;
+    char err[512];
+    float *x = malloc(sizeof(float) * (size_t)n_in), *y = malloc(sizeof(float) * (size_t)n_out);
+    if (!x || !y) return 1;
+    for (int64_t i = 0; i < n_in; i++) x[i] = frand();
+    be_backend *bes[3] = { dflt, in1, in2 };
+    for (int k = 0; k < 3; k++)
+        if (be_bind(bes[k], x, sizeof(float) * (size_t)n_in, err, sizeof err) ||
+            be_bind(bes[k], y, sizeof(float) * (size_t)n_out, err, sizeof err)) {
+            fprintf(stderr, "gpu_bench: %s\n", err);
+            return 1;
+        }
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        be_weight w;
+        void *keep = make_weight(types[ti], n_in, n_out, &w);
+        if (!keep) return 1;
+        const be_weight *wp = &w;
+        for (int k = 0; k < 3; k++) {
+            if (k == 1 && types[ti] != GGML_TYPE_Q4_K) continue;
+            if (k == 2 && types[ti] != GGML_TYPE_Q6_K && types[ti] != GGML_TYPE_Q8_0) continue;
+            if (bes[k]->ops->prepare && bes[k]->ops->prepare(bes[k], &wp, 1, err, sizeof err)) {
+                fprintf(stderr, "gpu_bench: %s\n", err);
+                return 1;
+            }
+            be_host_write(bes[k], x, sizeof(float) * (size_t)n_in);
+            mm_arg a = { { &w, y }, x, 1 };
+            call_mm(bes[k], &a);
+            wait_for(bes[k], y);
+            if (failed(bes[k], "product")) return 1;
+            printf("profiled: %s %lld x %lld, a token, %s\n", quant_type_name(types[ti]), (long long)n_out,
+                   (long long)n_in, k == 0 ? "the defaults" : k == 1 ? "1 in flight" : "2 in flight");
+        }
+        /* the backends keep the weight by its address: kept until the end, as main's are */
+    }
+    int64_t n_pages;
+    be_kv_page *pages;
+    uint16_t *kv;
+    int32_t *pos;
+    int64_t *hp;
+    const int nh = 32, nkv = 8, D = 128;
+    const int64_t ctx = 32768;
+    if (context_pages(nkv, D, ctx, &pages, &n_pages, &kv, &pos, &hp)) return 1;
+    const size_t qbytes = sizeof(float) * (size_t)(nh * D);
+    float *q = malloc(qbytes), *o = malloc(qbytes);
+    if (!q || !o) return 1;
+    for (int64_t i = 0; i < nh * D; i++) q[i] = 0.1f * frand(), o[i] = 0;
+    int32_t qp = (int32_t)(ctx - 1);
+    if (be_bind(grp, q, qbytes, err, sizeof err) || be_bind(grp, o, qbytes, err, sizeof err)) {
+        fprintf(stderr, "gpu_bench: %s\n", err);
+        return 1;
+    }
+    be_host_write(grp, q, qbytes);
+    be_attn a = { q, 1, &qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+    call_attn(grp, &a);
+    wait_for(grp, o);
+    if (failed(grp, "attention")) return 1;
+    printf("profiled: decode attention, 32 query heads, 8 KV heads of 128, 32768 tokens\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    int quick = 0;
+    int quick = 0, profile = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--csv") && i + 1 < argc) {
             csv = fopen(argv[++i], "w");
@@ -282,8 +349,10 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
+        } else if (!strcmp(argv[i], "--profile")) {
+            profile = 1;
         } else {
-            fprintf(stderr, "usage: gpu_bench [--csv FILE] [--quick]\n");
+            fprintf(stderr, "usage: gpu_bench [--csv FILE] [--quick] [--profile]\n");
             return 1;
         }
     }
@@ -329,6 +398,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
+    if (profile) return profile_launches(dflt, in1, in2, grp);
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
         printf("device: %s, %d multiprocessors, %.0f MiB, L2 %d MiB\n\n", prop.name, prop.multiProcessorCount,
