@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# check_sass_loads.sh OBJECT - the decode products' reads in flight, checked in the code the GPU runs.
+#
+# A lane of decode_dot_kernel keeps INFLIGHT items of each of its ROWS rows in flight only if the
+# loads of all of them are issued before the first instruction that reads what one of them loaded:
+# a warp issues in order, so that instruction waits for its item's bytes and holds back every load
+# after it (docs/gpu.md, stage 1's third part: two items in flight had been one). Whether that holds
+# is decided by ptxas's schedule, not by the source, so this reads the sm_90 code of OBJECT
+# (build-cuda/kernels/cuda/vec_dot.o) with cuobjdump and, for every instance with two items or more
+# in flight, counts the weight's loads (LDG without .CONSTANT: the activations are read through the
+# constant path) issued before the first use of a register one of them wrote. The last item's loads
+# must at least have begun: (items - 1) x loads an item + 1. The wide path's instances with 4 in
+# flight are left out (ptxas unpacks their first item's header early; not a default). Exit 1 with a
+# line per instance that fails, or when no instance was found (the check would check nothing).
+#
+# cuobjdump and nvdisasm: CUDA_HOME's when it has them, else CUDA's own wheels from the package
+# index installed into the project's private Python environment (scripts/sass_tools.sh).
+set -euo pipefail
+obj=$1
+tools=$(bash "$(dirname "$0")/sass_tools.sh")
+sass=$(mktemp)
+trap 'rm -f "$sass"' EXIT
+PATH="$tools:$PATH" cuobjdump -sass -arch sm_90 "$obj" >"$sass"
+awk '
+# loads an item: the type (ggml id), then narrow / wide
+function per_item(t, wide) {
+    if (t == 2) return 5          # Q4_0: 4 halves of codes, the scale
+    if (t == 6) return 7          # Q5_0: 4 halves, 2 of high bits, the scale
+    if (t == 8) return 9          # Q8_0: 8 halves, the scale
+    if (t == 12) return wide ? 2 : 5   # Q4_K: codes and header / 8 bytes and 4 header words
+    if (t == 13) return wide ? 3 : 6   # Q5_K: with the high bits
+    if (t == 14) return 11        # Q6_K: 4 + 4 halves, the scale, 2 sub-block scales
+    if (t == 1 || t == 30) return 1    # F16, BF16: 16 bytes
+    return -1
+}
+function finish() {
+    if (name == "") return
+    n_inst++
+    if (items < 2 || skip) { name = ""; return }
+    need = (items - 1) * per + 1
+    if (before < need) {
+        printf "check_sass_loads: %s: %d of the weight loads before the first use, at least %d wanted (%d items of %d loads)\n", label, before, need, items, per
+        bad++
+    } else checked++
+    name = ""
+}
+/Function : _Z17decode_dot_kernelI/ {
+    finish()
+    name = $3
+    if (!match(name, /ILj[0-9]+ELi[0-9]+ELi[0-9]+ELi[0-9]+ELi[0-9]+E/)) { name = ""; next }
+    spec = substr(name, RSTART + 3, RLENGTH - 4)
+    gsub(/ELi/, " ", spec)
+    split(spec, v, " ")
+    t = v[1] + 0; inflight = v[2] + 0; rows = v[3] + 0; wide = v[4] + 0; one = v[5] + 0
+    wide = wide && (t == 12 || t == 13)
+    per = per_item(t, wide)
+    items = inflight * rows
+    skip = wide && inflight == 4
+    label = sprintf("decode_dot_kernel<type %d, %d in flight, %d rows, %s, %s>", t, inflight, rows, wide ? "wide" : "narrow", one ? "a token" : "up to 8 tokens")
+    if (per < 0) { printf "check_sass_loads: %s: unknown type\n", label; bad++; name = ""; next }
+    before = 0; used = 0
+    delete loaded
+    next
+}
+/Function : / { finish(); next }
+name != "" && !used && /\/\*[0-9a-f]+\*\// {
+    line = $0
+    sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]*/, "", line)    # the address
+    sub(/[ \t]*;.*$/, "", line)
+    sub(/^@!?U?P[0-9T]+[ \t]+/, "", line) # a predicate
+    op = line; sub(/[ \t].*$/, "", op)
+    args = line; sub(/^[^ \t]+[ \t]*/, "", args)
+    n = 0
+    s = args
+    while (match(s, /(^|[^A-Za-z0-9_])R[0-9]+/)) {
+        r = substr(s, RSTART, RLENGTH); sub(/^[^R]*R/, "", r)
+        reg[++n] = r + 0
+        s = substr(s, RSTART + RLENGTH)
+    }
+    if (op ~ /^LDG/) {
+        # sources: the address registers after the destination
+        for (k = 2; k <= n; k++) if (reg[k] in loaded) { used = 1; next }
+        if (op ~ /CONSTANT/) next
+        w = op ~ /\.128/ ? 4 : op ~ /\.64/ ? 2 : 1
+        for (k = 0; k < w; k++) loaded[reg[1] + k] = 1
+        before++
+        next
+    }
+    first = op ~ /^(ST|BRA|RED|ATOM|EXIT|BAR|BSYNC|BSSY|CALL|RET)/ ? 1 : 2
+    for (k = first; k <= n; k++) if (reg[k] in loaded) { used = 1; next }
+    if (first == 2 && n >= 1 && (reg[1] in loaded)) delete loaded[reg[1]]   # written over unread
+    next
+}
+END {
+    finish()
+    if (n_inst == 0) { print "check_sass_loads: no decode_dot_kernel in the sm_90 code"; exit 1 }
+    if (bad) exit 1
+    printf "check_sass_loads: %d decode kernel instances with every item in flight (of %d)\n", checked, n_inst
+}
+' "$sass"
