@@ -9,8 +9,7 @@
 #      rows' test, racecheck over the attention kernels', the fused ops' and the SimHash recall's
 #      tests, and synccheck over those, the key means' and the attention mass's;
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
-#      chunks) with each attention kernel, against a device-to-device copy; then ncu's counters over
-#      a token's products and decode attention (gpu_bench --profile; OUTDIR/ncu.txt);
+#      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
 #      vocabulary from the pack): the GPU, the GPU with its decode steps recorded and replayed as
 #      graphs (KVCHAT_CUDA_GRAPH=on, in segments of 64 calls and whole), with every layer's upload batch
@@ -29,7 +28,9 @@
 #      recorded as graphs (KVCHAT_CUDA_GRAPH=on), with the grouped kernel for prefill chunks, under the profiler, with
 #      and without Quest and CHESS, /compare's batch, full against CHESS aggressive at 32K, and
 #      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8; TAKE and LASER-KV at
-#      32K under the profiler).
+#      32K under the profiler);
+#   7. ncu's counters over a token's decode products and decode attention (gpu_bench --profile;
+#      OUTDIR/ncu.txt), on what the budget left.
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
@@ -291,21 +292,6 @@ say "## Kernels (gpu_bench)"
 say ""
 step "gpu_bench" 180 "$bin/gpu_bench" --csv "$out/kernels.csv" && grep '^|\|^device' "$tmp/last" >>"$summary"
 [ -s "$out/kernels.csv" ] && bash "$fig_tool" kernels "$out/kernels.csv" >>"$figures"
-# the hardware counters of the decode products and decode attention (gpu_bench --profile: a launch
-# each), to say what bounds them: throughput against the device's peaks, occupancy, and where the
-# warps stall (a read's round trip, the load pipes, ...); the whole report in ncu.txt. The clocks
-# are left as they are (--clock-control none).
-if [ $gpu -eq 1 ] && command -v ncu >/dev/null 2>&1; then
-    step "ncu (decode products, decode attention)" 120 ncu --clock-control none \
-        --kernel-name regex:'decode_dot_kernel|attn_group_kernel|attn_combine' --section SpeedOfLight \
-        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \
-        --section SchedulerStats "$bin/gpu_bench" --profile
-    cp "$tmp/last" "$out/ncu.txt"
-    grep -E '^  [a-z_]+.*\(|profiled:|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Warp Cycles Per Issued|Issued Ipc' "$tmp/last" |
-        sed 's/^/    /' >>"$summary"
-else
-    say "- ncu: no GPU, or not installed here"
-fi
 
 # 5. the default model's shape
 say ""
@@ -446,6 +432,25 @@ for type in q4_k_m f16; do
     rm -f "$m"
 done
 
+say ""
+say "## Counters (ncu)"
+say ""
+# 7. the hardware counters of the decode products and decode attention (gpu_bench --profile: a
+# launch each), to say what bounds them: throughput against the device's peaks, occupancy, and where
+# the warps stall (a read's round trip, the load pipes, ...); the whole report in ncu.txt. The
+# clocks are left as they are (--clock-control none). Last, on what the budget left: the figures
+# above come first.
+if [ $gpu -eq 1 ] && command -v ncu >/dev/null 2>&1; then
+    step "ncu (decode products, decode attention)" 120 ncu --clock-control none \
+        --kernel-name regex:'decode_dot_kernel|attn_group_kernel|attn_combine' --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats "$bin/gpu_bench" --profile
+    cp "$tmp/last" "$out/ncu.txt"
+    grep -E '^  [a-z_]+.*\(|profiled:|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Warp Cycles Per Issued|Issued Ipc|being stalled' "$tmp/last" |
+        sed 's/^/    /' >>"$summary"
+else
+    say "- ncu: no GPU, or not installed here"
+fi
 say ""
 say "## kvchat beside the peer (llama.cpp CUDA, flash attention; peer measured on another H100 80GB HBM3 on 2026-11-24)"
 say ""
