@@ -25,8 +25,12 @@ if find_bin; then exit 0; fi
 if [[ ! -x "$venv/bin/python" ]]; then
   python3 -m venv "$venv" >&2 || { echo "sass_tools: cannot make a Python environment in $venv" >&2; exit 1; }
 fi
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  "$venv/bin/python" -m ensurepip >&2 ||
+    { echo "sass_tools: $venv has no pip and ensurepip cannot add it (Debian: python3-venv)" >&2; exit 1; }
+fi
 echo "kvchat: installing CUDA's disassembler (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm $version) into $venv" >&2
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --timeout 30 --retries 2 \
   "nvidia-cuda-cuobjdump==$version" "nvidia-cuda-nvdisasm==$version" >&2 ||
-  { echo "sass_tools: cannot install CUDA's disassembler from the package index" >&2; exit 1; }
+  { echo "sass_tools: cannot install CUDA's disassembler from the package index (offline? KVCHAT_SASS_CHECK=0 skips the check that needs it)" >&2; exit 1; }
 find_bin || { echo "sass_tools: the disassembler's wheels hold no cuobjdump and nvdisasm" >&2; exit 1; }

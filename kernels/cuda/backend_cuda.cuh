@@ -137,8 +137,8 @@ typedef struct cuda_impl {
     int any_integer;           /* one of them is multiplied in integers (its products read codes) */
     int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
     int mmv_f32;               /* KVCHAT_CUDA_MMV=f32: decode products by the f32 kernel (stage 0's) */
-    int mmv_inflight;          /* KVCHAT_CUDA_MMV_INFLIGHT: reads of a row each lane has in flight (1, 2, 4;
-                                * 0: by type for one token, two for more) */
+    int mmv_inflight;          /* KVCHAT_CUDA_MMV_INFLIGHT: reads of a row each lane has in flight for a token
+                                * (1, 2, 4; 0: by type); for more, 1 or the kernels' own (vec_dot.cu) */
     int mmv_wide;              /* Q4_K/Q5_K by the wide path (decode_dot.h; KVCHAT_CUDA_MMV=narrow: not) */
     int mmv_rows;              /* KVCHAT_CUDA_MMV_ROWS: rows a warp of the decode kernel (0: by tokens) */
     int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */

@@ -177,14 +177,14 @@ static int decode_rows(const cuda_impl *ci, int n_tok)
 }
 
 /* Reads of its row a lane of a one-token product has in flight, unless KVCHAT_CUDA_MMV_INFLIGHT says:
- * the most a multiprocessor holds with every item's loads ahead of the first unpacking
- * (dd_min_blocks): 4 (24 warps a multiprocessor, 32 for F16/BF16 and Q4_0, 20 for Q6_K), but 2 on the wide
- * path (32 warps for Q4_K, 24 for Q5_K), whose 4 ptxas unpacks one item of before asking for the
- * others. The H200's times fit one round trip a read in flight (docs/gpu.md, stage 1's third part);
- * gpu_bench times 1, 2 and 4 to choose from. */
+ * 4, with every item's loads ahead of the first unpacking (dd_min_blocks: at least 20 to 32 warps a
+ * multiprocessor by type), but 2 on Q4_K's wide path, whose 4 ptxas unpacks one item of before
+ * asking for the others. The H200's times fit one round trip a read in flight (docs/gpu.md, stage
+ * 1's third part); gpu_bench times 1, 2 and 4 to choose from. Products of several tokens take
+ * DD_MANY_INFLIGHT whatever the setting but 1, and two rows a warp one item of each row. */
 static int one_token_inflight(uint32_t type, int wide)
 {
-    return wide && dd_wide_type(type) ? 2 : 4;
+    return wide && type == GGML_TYPE_Q4_K ? 2 : 4;
 }
 
 /* The type's slot in ci->mmv_smem_set. */

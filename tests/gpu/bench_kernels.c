@@ -9,7 +9,7 @@
  *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernels, beside stage 0's f32
  *   kernel, KVCHAT_CUDA_MMV=f32; with 1 read of its row in flight a lane on one row a warp,
  *   KVCHAT_CUDA_MMV_INFLIGHT=1 KVCHAT_CUDA_MMV_ROWS=1, and for a token with 2 and 4 (the default:
- *   2 for more tokens, and for a token 2 on the quantized types and 4 on F16/BF16); the other number of
+ *   for a token 4, 2 on Q4_K's wide path; for more 2, 1 on F16/BF16); the other number of
  *   rows a warp, KVCHAT_CUDA_MMV_ROWS=2 for a token and 1 for more; for Q4_K and Q5_K the narrow
  *   items the wide path replaced, KVCHAT_CUDA_MMV=narrow, two rows a warp for 2-8 tokens since
  *   2f66bdf, one before), 9, 16, 32, 64 tokens
@@ -457,7 +457,7 @@ int main(int argc, char **argv)
                 row("product", tn, n_out, n_in, a.n_tok, "decode kernel", ms,
                     wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
                 /* stage 0's kernel; stage 1's with 1 read in flight a lane (the default: 2 for more
-                 * tokens, and for a token 2 on the quantized types and 4 on F16/BF16) and for a token
+                 * tokens (1 on F16/BF16), and for a token 4, 2 on Q4_K's wide path) and for a token
                  * with 2 and 4; the other number of rows a warp (the default: 1 for a token, 2 for
                  * more); for Q4_K/Q5_K the narrow items the wide path replaced */
                 be_backend *alt[6] = { f32k, in1, a.n_tok > 1 ? rows1 : rows2, narrow, in2, in4 };

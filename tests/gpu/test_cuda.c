@@ -431,10 +431,11 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
  * part empty (1, 3, 6 rows; 1 and 3 also leave a warp of two rows with one), rows of one and of
  * several blocks (2304 values: a second item in flight and a pass a lane leaves part filled on
  * the wide path too), 1 to 8 tokens and 11 in passes, on every variant: the defaults (Q4_K/Q5_K by the
- * wide path, one row a warp for a token and two for more, 2 items in flight, 4 on F16/BF16 for a
- * token), 1, 2 and 4 items in flight (4: a token's kernel only), one and two rows a warp whatever
- * the tokens, 1 in flight with one row, and for Q4_K/Q5_K the narrow items
- * (KVCHAT_CUDA_MMV=narrow) with 2, 1 and 4 in flight: the host simulation's bits. */
+ * wide path, one row a warp for a token and two for more; for a token 4 items in flight, 2 on
+ * Q4_K's wide path; for more 2, 1 on F16/BF16), 1, 2 and 4 items in flight (4: a token's kernel
+ * only), one and two rows a warp whatever the tokens, 1 in flight with one row, and for Q4_K/Q5_K
+ * the narrow items (KVCHAT_CUDA_MMV=narrow) by default and with 1, 2 and 4 in flight: the host
+ * simulation's bits. */
 Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
 {
     seed_rng("small decode products");
@@ -450,15 +451,17 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
     be_backend *narrow = gpu_with("KVCHAT_CUDA_MMV", "narrow");
     setenv("KVCHAT_CUDA_MMV", "narrow", 1);
     be_backend *narrow_one = gpu_with("KVCHAT_CUDA_MMV_INFLIGHT", "1");
+    be_backend *narrow_two = gpu_with("KVCHAT_CUDA_MMV_INFLIGHT", "2");
     be_backend *narrow_four = gpu_with("KVCHAT_CUDA_MMV_INFLIGHT", "4");
     unsetenv("KVCHAT_CUDA_MMV");
-    unsetenv("KVCHAT_CUDA_MMV_MAX");
     be_backend *two = gpu_with("KVCHAT_CUDA_MMV_INFLIGHT", "2");
     be_backend *four = gpu_with("KVCHAT_CUDA_MMV_INFLIGHT", "4");
-    be_backend *variants[] = { dflt, one, rows1, rows2, one_row1, narrow, narrow_one, two, four, narrow_four };
+    unsetenv("KVCHAT_CUDA_MMV_MAX");
+    be_backend *variants[] = { dflt, one, rows1, rows2, one_row1, narrow, narrow_one, two, four, narrow_two, narrow_four };
     const char *names[] = { "defaults", "1 in flight", "one row a warp", "two rows a warp",
                             "1 in flight, one row a warp", "narrow items", "narrow items, 1 in flight",
-                            "2 in flight", "4 in flight (a token's)", "narrow items, 4 in flight" };
+                            "2 in flight", "4 in flight (a token's)", "narrow items, 2 in flight",
+                            "narrow items, 4 in flight" };
     enum { N_VARIANTS = sizeof variants / sizeof *variants };
     const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
                                GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16 };
@@ -474,7 +477,7 @@ Test(cuda, the_decode_kernels_give_the_hosts_bits_on_small_weights)
                     const int64_t nt = toks[k % 5];
                     const size_t v = k / 5;
                     be_backend *be = variants[v];
-                    const int narrowed = be == narrow || be == narrow_one || be == narrow_four;
+                    const int narrowed = be == narrow || be == narrow_one || be == narrow_two || be == narrow_four;
                     if (narrowed && !dd_wide_type(types[ti])) continue;   /* the same kernels as the defaults */
                     float *x = malloc(sizeof(float) * (size_t)(nt * n_in));
                     float *y = malloc(sizeof(float) * (size_t)(nt * n_out));
