@@ -569,7 +569,8 @@ QB_HD void dd_lane_dot_h(uint32_t type, const uint8_t *row, size_t stride, int n
             if (u < inflight && i0 + u * lanes < n_items) {
                 QB_UNROLL
                 for (int r = 0; r < DD_MAX_ROWS; r++)
-                    if (r < n_rows) dd_load_h(type, row + (size_t)r * stride + (size_t)(i0 + u * lanes) * 16, w[u][r]);
+                    if (r < n_rows)
+                        dd_load_h(type, row + (size_t)r * stride + (size_t)(i0 + u * lanes) * 16, w[u][r]);
             }
         QB_UNROLL
         for (int u = 0; u < DD_MAX_INFLIGHT; u++) {

@@ -9,11 +9,12 @@
  * instead, 32 values a lane in 16-byte loads (KVCHAT_CUDA_MMV=narrow: the 16-value items, to
  * compare). F16/BF16: 16-byte loads of 8 values times the f32 input. The lanes' sums meet by a
  * butterfly of shuffles. A decode step's products (one token, one row a warp) run instances made for
- * one token, whose other tokens' registers compile away, with more reads in flight a lane. KVCHAT_CUDA_MMV=f32 runs stage 0's
- * kernel instead (mmv_kernel: exact weights times f32 activations through shared memory; a block of
- * MMV_WARPS warps computes MMV_ROWS rows a warp, the row read in chunks of QB_CHUNK values, the
- * lanes decoding groups of 32 with qb_lane_dot), to compare the two on a GPU. More tokens than the
- * decode kernels take go to vec_gemm.cu (cuBLAS). */
+ * one token, whose other tokens' registers compile away, with more reads in flight a lane (every
+ * item's loads issued before any is unpacked: make cuda-build checks it in the sm_90 code).
+ * KVCHAT_CUDA_MMV=f32 runs stage 0's kernel instead (mmv_kernel: exact weights times f32
+ * activations through shared memory; a block of MMV_WARPS warps computes MMV_ROWS rows a warp, the
+ * row read in chunks of QB_CHUNK values, the lanes decoding groups of 32 with qb_lane_dot), to
+ * compare the two on a GPU. More tokens than the decode kernels take go to vec_gemm.cu (cuBLAS). */
 #include "kernels/cuda/backend_cuda.cuh"
 
 #define MMV_WARPS 8
@@ -227,7 +228,7 @@ static int mmv(cuda_impl *ci, const dev_weight *const *dw, float *const *dy, int
 #define LAUNCH_QI(T, I, R, WD, ONE)                                                                           \
     decode_dot_kernel<T, I, R, WD, ONE><<<grid, DD_WARPS * 32, 0, ci->stream>>>(o, stride, n_in, dx, xq, xd, xs, \
                                                                                  n_tok)
-        /* a decode step's one token on one row a warp: reads in flight by type (below) */
+        /* a decode step's one token on one row a warp: reads in flight by type (one_token_inflight) */
 #define LAUNCH_ONE(T, WD)                                                             \
     do {                                                                              \
         const int in = ci->mmv_inflight ? ci->mmv_inflight : one_token_inflight(T, WD); \
