@@ -391,9 +391,9 @@ test-standin: cuda-asan-build $(STANDIN_LIBS)
 endif
 
 # The CUDA backend and its GPU tests compile and link (no GPU needed), within their register limits
-# and with the decode products' reads in flight in the sm_90 code (scripts/check_sass_loads.sh,
-# which fetches CUDA's disassembler into the private Python environment where the toolkit lacks
-# it); test-gpu also runs them. The
+# and with the decode products' and decode attention's reads in flight in the sm_90 code
+# (scripts/check_sass_loads.sh, which fetches CUDA's disassembler into the private Python
+# environment where the toolkit lacks it); test-gpu also runs them. The
 # C and C++ objects are the CPU build's (see OBJ): only kernels/cuda/*.cu and the GPU tests compile
 # here, and a C source that reads KVCHAT_CUDA (outside tests/gpu/) is refused, since the shared
 # objects are compiled without it.
@@ -405,7 +405,7 @@ cuda-build:
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda OBJ=$(OBJ) KVCHAT=build-cuda/kvchat build-cuda/kvchat \
 		build-cuda/tests/gpu_tests build-cuda/tests/gpu_bench
 	@bash scripts/check_ptxas.sh kernels/cuda/ptxas_limits.txt $(patsubst %.cu,build-cuda/%.o.ptxas,$(wildcard kernels/cuda/*.cu))
-	@bash scripts/check_sass_loads.sh build-cuda/kernels/cuda/vec_dot.o
+	@bash scripts/check_sass_loads.sh build-cuda/kernels/cuda/vec_dot.o build-cuda/kernels/cuda/attn_rows.o
 	@echo "CUDA build: build-cuda/kvchat, build-cuda/tests/gpu_tests and gpu_bench linked; kernels within kernels/cuda/ptxas_limits.txt"
 
 test-gpu: cuda-build

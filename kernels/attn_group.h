@@ -5,10 +5,12 @@
  * AG_HEADS), so each page is read once per group rather than once per query head, and one slice of
  * that head's pages (the splits give a decode step enough blocks to fill the device; ag_combine_one
  * below merges them, for every attention kernel of the backend):
+ * - The block stages its pages' descriptors in shared memory, AG_PCHUNK at a time (ag_stage), so
+ *   that no row's load waits for its page's descriptor to arrive from memory.
  * - A key row is shared by `lk` lanes (a "slot"), each holding AG_DL consecutive dimensions: one
  *   16-byte load of f16 for the key and one for the value. A block has AG_THREADS / lk slots; in
- *   each page slot s takes rows s, s + slots, ... (two at a time, both loaded before either is
- *   used, to keep more bytes in flight).
+ *   each page slot s takes rows s, s + slots, ..., `rows` of them a round (ag_slot_run), all
+ *   fetched before any is used: a lane waits for memory once a round, not three times a row.
  * - Each lane multiplies its dimensions by the block's query heads, the slot's lanes add their
  *   shares by a butterfly of shuffles (ag_slot_sum), and every lane of the slot updates its own
  *   online softmax (running maximum, sum and output, per head) with the same score.
@@ -35,6 +37,16 @@
 #define AG_HEADS 4       /* query heads a block serves at most (a larger group takes several blocks) */
 #define AG_DL 8          /* dimensions a lane holds: 16 bytes of f16 */
 #define AG_MAX_D 256     /* head dimensions up to 32 lanes of AG_DL */
+#define AG_PCHUNK 32     /* page descriptors a block stages at a time */
+#define AG_MAX_ROWS 8    /* rows a slot fetches a round, at most */
+#define AG_ROWS 4        /* ... by default (KVCHAT_CUDA_ATTN_ROWS): a 7B page's rows in one round */
+#define AG_ROWS_LISTS 2  /* ... in joined calls' kernel, whose 4 and 8 ptxas issues one row's loads
+                          * apart from the rest's (scripts/check_sass_loads.sh) */
+
+/* Blocks a multiprocessor holds of the grouped kernel fetching `rows` rows a round: its launch
+ * bounds, and what a call's splits are counted against (call_splits) so that they fill the device
+ * in one wave. */
+#define AG_MIN_BLOCKS(rows) ((rows) <= 2 ? 4 : (rows) <= 4 ? 3 : 2)
 
 #ifdef __CUDA_ARCH__
 #define AG_NL 1          /* lanes one call of ag_slot_run works for: the thread's own */
@@ -136,13 +148,44 @@ QB_HD void ag_split_range(const int64_t *head_pages, int64_t n_pages, int g, int
     *p1 = a + per < h1 ? a + per : h1;
 }
 
-/* Row i of pg is seen by a query at qp (causal, sliding window, token mask). */
-QB_HD int ag_visible(const ag_page *pg, const uint64_t *masks, int32_t i, int32_t qp, int32_t window)
+/* Page *src as a block stages it for a query at qp (into shared memory on the device): as it is,
+ * but with n 0 when none of its rows can be seen (none, or its first position past qp: positions
+ * ascend within a page), so that no row of it is read. */
+QB_HD ag_page ag_stage(const ag_page *src, int32_t qp)
 {
-    if (i >= pg->n) return 0;
-    const int32_t kp = pg->pos[i];
-    if (kp > qp || (window > 0 && qp - kp >= window)) return 0;
-    return pg->mask_off < 0 || (int)((masks[pg->mask_off + (i >> 6)] >> (i & 63)) & 1u);
+    ag_page pg = *src;
+    if (pg.n > 0 && pg.pos[0] > qp) pg.n = 0;
+    return pg;
+}
+
+/* Row i of a page of n rows, at position kp and with mask word mw (bit i & 63; all ones without a
+ * mask), is seen by a query at qp (causal, sliding window, token mask). */
+QB_HD int ag_row_seen(int32_t i, int32_t n, int32_t kp, uint64_t mw, int32_t qp, int32_t window)
+{
+    if (i >= n || kp > qp || (window > 0 && qp - kp >= window)) return 0;
+    return (int)((mw >> (i & 63)) & 1u);
+}
+
+/* A read of a page's rows (keys, values, positions, masks, bias): on the device through the
+ * read-only path, as nothing writes them while a kernel reads them. */
+#ifdef __CUDA_ARCH__
+#define AG_READ(p) __ldg(p)
+#else
+#define AG_READ(p) (*(p))
+#endif
+
+/* A lane's 16 bytes of a key or value row. */
+QB_HD void ag_load16(const uint16_t *p, uint32_t *u)
+{
+#ifdef __CUDA_ARCH__
+    const uint4 v = __ldg((const uint4 *)p);
+    u[0] = v.x;
+    u[1] = v.y;
+    u[2] = v.z;
+    u[3] = v.w;
+#else
+    qb_load16(p, u);
+#endif
 }
 
 QB_HD void ag_unpack(const uint32_t *u, float *f)
@@ -199,42 +242,59 @@ QB_HD void ag_update(ag_state *st, const float *score, const uint32_t *vraw, int
     }
 }
 
-/* Slot `slot` of `slots` over pages [p0, p1) of KV head g for a query at qp: lanes lane0 ..
- * lane0 + nl of the slot (the device: its own lane, nl = 1; the host: all lk), each with its query
- * dimensions q[l][h][..] (AG_DL of head h, zero past D) and its state st[l]. The loops over pages
- * and rounds are the same for every lane of a block, so every lane reaches every shuffle. */
-QB_HD void ag_slot_run(const ag_page *pages, const uint64_t *masks, int64_t p0, int64_t p1, int g, int32_t qp,
-                       int32_t window, int slot, int slots, int lk, int lane0, int nl, int D, int hb,
+/* Slot `slot` of `slots` over the n_pages staged pages (ag_stage) of KV head g for a query at qp:
+ * lanes lane0 .. lane0 + nl of the slot (the device: its own lane, nl = 1; the host: all lk), each
+ * with its query dimensions q[l][h][..] (AG_DL of head h, zero past D) and its state st[l]. A round
+ * takes `rows` rows of a page (1 to AG_MAX_ROWS: s, s + slots, ...): every row's key and value
+ * dimensions, position, mask word and bias are fetched before any is used, so a lane waits one
+ * round trip a round rather than one for each of them a row. A row past the page's end fetches its
+ * last row again and is not seen, and a lane past D fetches its row's first dimensions and scores
+ * zero (its output is never written), so that no load waits behind a branch or a select. Every row is used in slot order whatever `rows` is:
+ * the same bits for any. The loops over pages, rounds and rows are the same for every lane of a
+ * block, so every lane reaches every shuffle. */
+QB_HD void ag_slot_run(const ag_page *pages, int64_t n_pages, const uint64_t *masks, int g, int32_t qp,
+                       int32_t window, int slot, int slots, int lk, int lane0, int nl, int D, int hb, int rows,
                        const float (*q)[AG_HEADS][AG_DL], ag_state *st)
 {
-    for (int64_t ip = p0; ip < p1; ip++) {
+    for (int64_t ip = 0; ip < n_pages; ip++) {
         const ag_page pg = pages[ip];
-        if (pg.n <= 0 || pg.pos[0] > qp) continue;   /* positions ascend within a page */
+        if (pg.n <= 0) continue;
         const uint16_t *kb = pg.k + (int64_t)g * pg.head_step, *vb = pg.v + (int64_t)g * pg.head_step;
-        for (int32_t r = 0; r < pg.n; r += 2 * slots) {
-            int32_t ik[2] = { r + slot, r + slot + slots };
-            int vis[2];
-            uint32_t kr[AG_NL][2][4], vr[AG_NL][2][4];
+        for (int32_t r = 0; r < pg.n; r += rows * slots) {
+            uint32_t kr[AG_NL][AG_MAX_ROWS][4], vr[AG_NL][AG_MAX_ROWS][4];
+            int32_t kp[AG_MAX_ROWS];
+            uint64_t mw[AG_MAX_ROWS];
+            float bias[AG_MAX_ROWS];
             QB_UNROLL
-            for (int u = 0; u < 2; u++) {
-                vis[u] = ag_visible(&pg, masks, ik[u], qp, window);
+            for (int u = 0; u < AG_MAX_ROWS; u++) {   /* the fetches: the rows' keys and values first */
+                if (u >= rows) continue;
+                const int32_t i = r + slot + u * slots, ic = i < pg.n ? i : pg.n - 1;
                 for (int l = 0; l < nl; l++) {
-                    const int d0 = (lane0 + l) * AG_DL;
-                    if (vis[u] && d0 < D) {
-                        qb_load16(kb + (int64_t)ik[u] * pg.stride + d0, kr[l][u]);
-                        qb_load16(vb + (int64_t)ik[u] * pg.stride + d0, vr[l][u]);
-                    } else {
-                        for (int w = 0; w < 4; w++) kr[l][u][w] = vr[l][u][w] = 0u;
-                    }
+                    const int d0 = (lane0 + l) * AG_DL, dc = d0 < D ? d0 : 0;
+                    ag_load16(kb + (int64_t)ic * pg.stride + dc, kr[l][u]);
+                    ag_load16(vb + (int64_t)ic * pg.stride + dc, vr[l][u]);
                 }
             }
             QB_UNROLL
-            for (int u = 0; u < 2; u++) {
-                if (r + u * slots >= pg.n) continue;   /* the same for the whole block */
+            for (int u = 0; u < AG_MAX_ROWS; u++) {
+                if (u >= rows) continue;
+                const int32_t i = r + slot + u * slots, ic = i < pg.n ? i : pg.n - 1;
+                kp[u] = AG_READ(&pg.pos[ic]);
+                mw[u] = pg.mask_off < 0 ? ~(uint64_t)0 : AG_READ(&masks[pg.mask_off + (ic >> 6)]);
+                bias[u] = pg.bias ? AG_READ(&pg.bias[ic]) : 0.0f;
+            }
+            QB_UNROLL
+            for (int u = 0; u < AG_MAX_ROWS; u++) {   /* the uses, in row order */
+                /* a round's rows past the page's end on every slot (the same for the whole block;
+                 * never its first, which the round's start r < n keeps on the page) */
+                if (u >= rows || (u > 0 && r + u * slots >= pg.n)) continue;
+                const int32_t i = r + slot + u * slots;
                 float part[AG_NL][AG_HEADS];
                 for (int l = 0; l < nl; l++) {
                     float k[AG_DL];
                     ag_unpack(kr[l][u], k);
+                    if ((lane0 + l) * AG_DL >= D)   /* a lane past D: its score 0 whatever it read */
+                        for (int j = 0; j < AG_DL; j++) k[j] = 0.0f;
                     QB_UNROLL
                     for (int h = 0; h < AG_HEADS; h++) {
                         float a = QB_MUL(q[l][h][0], k[0]);
@@ -243,11 +303,10 @@ QB_HD void ag_slot_run(const ag_page *pages, const uint64_t *masks, int64_t p0, 
                     }
                 }
                 ag_slot_sum(part, nl, lk, hb);
-                if (!vis[u]) continue;
-                const float bias = pg.bias ? pg.bias[ik[u]] : 0.0f;
+                if (!ag_row_seen(i, pg.n, kp[u], mw[u], qp, window)) continue;
                 for (int l = 0; l < nl; l++) {
                     float s[AG_HEADS];
-                    for (int h = 0; h < AG_HEADS; h++) s[h] = pg.bias ? QB_ADD(part[l][h], bias) : part[l][h];
+                    for (int h = 0; h < AG_HEADS; h++) s[h] = pg.bias ? QB_ADD(part[l][h], bias[u]) : part[l][h];
                     ag_update(&st[l], s, vr[l][u], hb);
                 }
             }
@@ -397,9 +456,11 @@ static inline void ag_combine_all(const float *po, const float *pml, int64_t n_r
 /* One block (KV head g, its query heads h0 .. h0 + hb, one query at qp whose rows of those heads
  * are q[h * D ..], pages [p0, p1)) run on the host as the device runs it: every slot's lanes, the
  * butterfly of the warp's slots (lane l merges lane l ^ o's state, o = lk .. 16), then warps 1 ..
- * 3 merged into warp 0 in order. po[h * D + d] and pml[h * 2 ..] get the partial of head h0 + h. */
+ * 3 merged into warp 0 in order; `rows` rows a round (ag_slot_run). po[h * D + d] and pml[h * 2 ..]
+ * get the partial of head h0 + h. */
 static inline void ag_block_sim(const ag_page *pages, const uint64_t *masks, int64_t p0, int64_t p1, int g,
-                                const float *q, int D, int hb, int32_t qp, int32_t window, float *po, float *pml)
+                                const float *q, int D, int hb, int32_t qp, int32_t window, int rows, float *po,
+                                float *pml)
 {
     const int lk = ag_lanes_per_key(D), slots = AG_THREADS / lk;
     ag_state *st = (ag_state *)malloc(sizeof(ag_state) * AG_THREADS);
@@ -413,9 +474,14 @@ static inline void ag_block_sim(const ag_page *pages, const uint64_t *masks, int
                 qv[t][h][j] = h < hb && d < D ? q[h * D + d] : 0.0f;
             }
     }
-    for (int s = 0; s < slots; s++)
-        ag_slot_run(pages, masks, p0, p1, g, qp, window, s, slots, lk, 0, lk, D, hb,
-                    (const float (*)[AG_HEADS][AG_DL])(qv + s * lk), st + s * lk);
+    for (int64_t c = p0; c < p1; c += AG_PCHUNK) {   /* the staged chunks, as the device takes them */
+        ag_page staged[AG_PCHUNK];
+        const int nc = p1 - c < AG_PCHUNK ? (int)(p1 - c) : AG_PCHUNK;
+        for (int i = 0; i < nc; i++) staged[i] = ag_stage(&pages[c + i], qp);
+        for (int s = 0; s < slots; s++)
+            ag_slot_run(staged, nc, masks, g, qp, window, s, slots, lk, 0, lk, D, hb, rows,
+                        (const float (*)[AG_HEADS][AG_DL])(qv + s * lk), st + s * lk);
+    }
     for (int w = 0; w < AG_THREADS / 32; w++)
         for (int o = lk; o < 32; o <<= 1) {
             ag_state nw[32];
@@ -445,9 +511,9 @@ static inline void ag_block_sim(const ag_page *pages, const uint64_t *masks, int
 
 /* Calls a[0 .. n) (n_cur 0; pages with their mask pointers) in one launch, call i's list with
  * n_split[i] splits, as the device computes it (n 1: a's queries read one list; n > 1: joined calls
- * of one query each, be_attn_seqs_joined, their queries and outputs one call's of n queries): out
- * gets the device's bits, query after query. */
-static inline void ag_lists_sim(const be_attn *a, int n, const int *n_split, float *out)
+ * of one query each, be_attn_seqs_joined, their queries and outputs one call's of n queries), `rows`
+ * rows a slot's round: out gets the device's bits, query after query (the same for any `rows`). */
+static inline void ag_lists_sim(const be_attn *a, int n, const int *n_split, int rows, float *out)
 {
     const int D = a->head_dim, H = a->n_head, group = H / a->n_head_kv, nhb = ag_head_batches(group);
     ag_page *pages[AG_MAX_LISTS];
@@ -474,7 +540,7 @@ static inline void ag_lists_sim(const be_attn *a, int n, const int *n_split, flo
                     ag_split_range(l.head_pages, l.n_pages, g, l.n_split, z, &p0, &p1);
                     float bpo[AG_HEADS * AG_MAX_D], bpml[AG_HEADS * 2];
                     const float *qt = a->q + ((size_t)t * (size_t)H + (size_t)h0) * (size_t)D;
-                    ag_block_sim(l.pages, l.masks, p0, p1, g, qt, D, hb, a->q_pos[t], a->window, bpo, bpml);
+                    ag_block_sim(l.pages, l.masks, p0, p1, g, qt, D, hb, a->q_pos[t], a->window, rows, bpo, bpml);
                     for (int h = 0; h < hb; h++) {
                         const size_t row = ((size_t)t * (size_t)H + (size_t)(h0 + h)) * (size_t)L.stride + (size_t)z;
                         memcpy(po + row * (size_t)D, bpo + h * D, sizeof(float) * (size_t)D);
@@ -498,7 +564,10 @@ static inline void ag_lists_sim(const be_attn *a, int n, const int *n_split, flo
 
 /* Attention a (n_cur 0; pages with their mask pointers) with n_split splits as the device computes
  * it: out gets the device's bits. */
-static inline void ag_attention_sim(const be_attn *a, int n_split, float *out) { ag_lists_sim(a, 1, &n_split, out); }
+static inline void ag_attention_sim(const be_attn *a, int n_split, float *out)
+{
+    ag_lists_sim(a, 1, &n_split, AG_ROWS, out);
+}
 #endif
 
 #endif

@@ -3,8 +3,9 @@
 # saved by the build beside each object as OBJECT.ptxas) against recorded limits.
 #
 # Every kernel: no spill stores or loads (a spill is local memory traffic in the hottest loop).
-# Each kernel LIMITS names (its name without template arguments, per architecture): at most that many
-# registers and no stack frame. A kernel that needs more registers after a change fails here, so the
+# Each kernel LIMITS names (its name without template arguments, per architecture; or one instance,
+# named with its arguments as c++filt shows them, which then holds that instance instead): at most
+# that many registers and no stack frame. A kernel that needs more registers after a change fails here, so the
 # occupancy it costs is a decision (raise the limit in the same commit, with the measurement that
 # justifies it), not an accident. A kernel LIMITS names that no report has also fails: the table
 # would be checking nothing. Exit 1 with one line per problem. (The reports are demangled in one
@@ -46,6 +47,7 @@ BEGIN {
 }
 /Used [0-9]+ registers/ && kernel != "" {
     for (i = 1; i <= NF; i++) if ($i == "Used") regs = $(i + 1) + 0
+    if (shown in max) { stack[shown] = stack[kernel]; kernel = shown }   # the instance named itself
     if (kernel in max) {
         seen[kernel] = 1
         if (regs > max[kernel]) { printf "ptxas: %s uses %d registers, its recorded limit is %d\n", shown, regs, max[kernel]; bad = 1 }

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# check_sass_loads.sh OBJECT - the decode products' reads in flight, checked in the code the GPU runs.
+# check_sass_loads.sh PRODUCTS ATTENTION - the decode products' and decode attention's reads in
+# flight, checked in the code the GPU runs.
 #
 # A lane of decode_dot_kernel keeps INFLIGHT items of each of its ROWS rows in flight only if the
 # loads of all of them are issued before the first instruction that reads what one of them loaded:
 # a warp issues in order, so that instruction waits for its item's bytes and holds back every load
 # after it (docs/gpu.md, stage 1's third part: two items in flight had been one). Whether that holds
-# is decided by ptxas's schedule, not by the source, so this reads the sm_90 code of OBJECT
+# is decided by ptxas's schedule, not by the source, so this reads the sm_90 code of PRODUCTS
 # (build-cuda/kernels/cuda/vec_dot.o) with cuobjdump and, for every instance with two items or more
 # in flight, counts the weight's loads (LDG without .CONSTANT: the activations are read through the
 # constant path) issued before the first use of a register one of them wrote. The last item's loads
 # must at least have begun: (items - 1) x loads an item + 1. Q4_K's wide path with 4 in flight is
-# left out (ptxas unpacks its first item's header early; not a default). Exit 1 with a line per
-# instance that fails, or when a token's kernel with 4 in flight of a type is missing (the check
-# would check less than it says).
+# left out (ptxas unpacks its first item's header early; not a default).
+#
+# Likewise a slot of the grouped attention kernels (ATTENTION: build-cuda/kernels/cuda/attn_rows.o,
+# attn_group_kernel<ROWS> and attn_group_lists_kernel<ROWS>) fetches ROWS key and value rows a round
+# (kernels/attn_group.h ag_slot_run): every run of 16-byte loads must issue all 2 x ROWS before the
+# first use of one (docs/gpu.md, stage 3's third part). Joined calls' kernel with 4 and 8 rows is
+# left out: ptxas issues one row's loads, uses them, then the rest's (not a default: 2 rows there).
+#
+# Exit 1 with a line per instance that fails, or when a kernel the defaults run is missing (the
+# check would check less than it says).
 #
 # cuobjdump and nvdisasm: CUDA_HOME's when it has them, else CUDA's own wheels from the package
 # index installed into the project's private Python environment (scripts/sass_tools.sh).
@@ -20,14 +28,17 @@
 # KVCHAT_SASS_CHECK=0 skips it, saying so (a machine that can have neither).
 set -euo pipefail
 obj=$1
+attn_obj=$2
 if [[ "${KVCHAT_SASS_CHECK:-1}" == 0 ]]; then
-  echo "check_sass_loads: SKIPPED (KVCHAT_SASS_CHECK=0): the decode products' reads in flight were not checked"
+  echo "check_sass_loads: SKIPPED (KVCHAT_SASS_CHECK=0): the decode products' and attention's reads in flight were not checked"
   exit 0
 fi
 tools=$(bash "$(dirname "$0")/sass_tools.sh")
 sass=$(mktemp)
-trap 'rm -f "$sass"' EXIT
+attn_sass=$(mktemp)
+trap 'rm -f "$sass" "$attn_sass"' EXIT
 PATH="$tools:$PATH" cuobjdump -sass -arch sm_90 "$obj" >"$sass"
+PATH="$tools:$PATH" cuobjdump -sass -arch sm_90 "$attn_obj" >"$attn_sass"
 awk '
 # loads an item: the type (ggml id), then narrow / wide
 function per_item(t, wide) {
@@ -115,3 +126,74 @@ END {
     printf "check_sass_loads: %d decode kernel instances with every item in flight (of %d)\n", checked, n_inst
 }
 ' "$sass"
+awk '
+# an instance of a grouped attention kernel and its rows a round
+function finish() {
+    if (name == "") return
+    n_inst++
+    if (counting) end_run()
+    if (skip) { name = ""; return }
+    if (runs == 0) { printf "check_sass_loads: %s: no key or value loads\n", label; bad++ }
+    else if (worst < 2 * rows) {
+        printf "check_sass_loads: %s: %d of the key and value loads before the first use, %d wanted (%d rows)\n", label, worst, 2 * rows, rows
+        bad++
+    } else checked++
+    name = ""
+}
+function end_run() {
+    runs++
+    if (before < worst) worst = before
+    counting = 0
+}
+/Function : _Z[0-9]+attn_group(_lists)?_kernelILi[0-9]+EE/ {
+    finish()
+    name = $3
+    match(name, /ILi[0-9]+EE/)
+    rows = substr(name, RSTART + 3, RLENGTH - 5) + 0
+    lists = name ~ /lists/
+    label = sprintf("%s<%d>", lists ? "attn_group_lists_kernel" : "attn_group_kernel", rows)
+    have[label] = 1
+    skip = lists && rows > 2
+    counting = 0; runs = 0; worst = 1e9
+    delete loaded
+    next
+}
+/Function : / { finish(); next }
+name != "" && /\/\*[0-9a-f]+\*\// {
+    line = $0
+    sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]*/, "", line)
+    sub(/[ \t]*;.*$/, "", line)
+    sub(/^@!?U?P[0-9T]+[ \t]+/, "", line)
+    op = line; sub(/[ \t].*$/, "", op)
+    args = line; sub(/^[^ \t]+[ \t]*/, "", args)
+    n = 0
+    s = args
+    dest = args ~ /^R[0-9]+/
+    while (match(s, /(^|[^A-Za-z0-9_])R[0-9]+(\.64)?/)) {
+        r = substr(s, RSTART, RLENGTH); sub(/^[^R]*R/, "", r)
+        reg[++n] = r + 0
+        if (r ~ /\.64$/) reg[++n] = r + 1
+        s = substr(s, RSTART + RLENGTH)
+    }
+    predicated = $0 ~ /\*\/[ \t]*@/
+    if (op ~ /^LDG?\.E\.128/) {   # a key or value row: a run begins at the first
+        for (k = 2; k <= n; k++) if (counting && (reg[k] in loaded)) end_run()
+        if (!counting) { counting = 1; before = 0; delete loaded }
+        for (k = 0; k < 4; k++) loaded[reg[1] + k] = 1
+        before++
+        next
+    }
+    if (!counting) next
+    first = dest && op !~ /^(ST|BRA|RED|ATOM|EXIT|BAR|BSYNC|BSSY|CALL|RET)/ ? 2 : 1
+    for (k = first; k <= n; k++) if (reg[k] in loaded) { end_run(); next }
+    if (first == 2 && !predicated && (reg[1] in loaded)) delete loaded[reg[1]]
+    next
+}
+END {
+    finish()
+    split("attn_group_kernel<2> attn_group_kernel<4> attn_group_kernel<8> attn_group_lists_kernel<2>", want, " ")
+    for (k in want) if (!(want[k] in have)) { printf "check_sass_loads: no %s in the sm_90 code\n", want[k]; bad++ }
+    if (bad) exit 1
+    printf "check_sass_loads: %d grouped attention kernels with every row of a round in flight (of %d)\n", checked, n_inst
+}
+' "$attn_sass"

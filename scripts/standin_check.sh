@@ -68,11 +68,14 @@ for m in $tiny; do
         --gen 12 --policy "$decode_time,h2o" --budget 0.3 --no-csv
 done
 # the older paths the settings keep, to compare: Quest's choice in three launches, summaries and
-# evicted pages sent up from the host, and a product's reads in flight set for every type
+# evicted pages sent up from the host, a product's reads in flight set for every type, and decode
+# attention's rows a round (8, joined calls' too under /compare)
 run "the paths kept to compare" env KVCHAT_CUDA_BOUNDS=split KVCHAT_CUDA_PAGE_ROWS=0 KVCHAT_CUDA_MMV_INFLIGHT=4 \
-    "$K" bench -m "$llama" --device cuda --ctx 300 --gen 12 --policy quest,sentkv,h2o --budget 0.3 --page-size 16 \
-    --no-csv
-for bad in KVCHAT_CUDA_BOUNDS=both KVCHAT_CUDA_MMV_INFLIGHT=3; do
+    KVCHAT_CUDA_ATTN_ROWS=8 "$K" bench -m "$llama" --device cuda --ctx 300 --gen 12 --policy quest,sentkv,h2o \
+    --budget 0.3 --page-size 16 --no-csv
+run "joined attention with 8 rows a round" env KVCHAT_CUDA_ATTN_ROWS=8 "$K" bench -m "$llama" --device cuda \
+    --ctx 300 --gen 6 --compare --policy full,quest --budget 0.3 --no-csv
+for bad in KVCHAT_CUDA_BOUNDS=both KVCHAT_CUDA_MMV_INFLIGHT=3 KVCHAT_CUDA_ATTN_ROWS=3; do
     if env "$bad" "$K" bench -m "$llama" --device cuda --ctx 64 --gen 2 --no-csv > "$work/out" 2>&1 ||
         ! grep -q "${bad%%=*} must be" "$work/out"; then
         fail "a bad ${bad%%=*} was not refused with its message"

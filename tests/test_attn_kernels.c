@@ -418,7 +418,7 @@ Test(attn_group, joined_calls_give_each_call_its_own_bits, .timeout = 120)
                                   .table = 100 + (uint64_t)i };
             }
             cr_assert(be_attn_seqs_joined(a, n), "%d calls laid out as one launch's are refused", n);
-            ag_lists_sim(a, n, splits, joined);
+            ag_lists_sim(a, n, splits, AG_ROWS, joined);
             for (int i = 0; i < n; i++) {
                 be_attn one = a[i];
                 one.out = alone;
@@ -432,6 +432,57 @@ Test(attn_group, joined_calls_give_each_call_its_own_bits, .timeout = 120)
             free(joined);
             free(alone);
         }
+}
+
+/* A slot's rows are fetched `rows` at a time (1 to AG_MAX_ROWS), and a block stages its pages
+ * AG_PCHUNK at a time: neither may change a bit. Lists of up to 80 pages (a split of 1 crosses two
+ * chunk boundaries) of 0 to 64 rows (rounds that end past a page's end, on some slots or all),
+ * masks, bias, windows, rows of all heads side by side, queries before a page (staged away) and
+ * before every key; each result also within the f32 bound of exact attention. */
+Test(attn_group, the_rows_a_round_and_the_staged_chunks_change_no_bit, .timeout = 120)
+{
+    seed_rng("rows a round");
+    const int dims[] = { 16, 64, 80, 128, 256 }, rows[] = { 1, 2, 3, 8 };
+    double worst = 0;
+    for (int di = 0; di < 5; di++)
+        for (int variant = 0; variant < 6; variant++) {
+            const int D = dims[di], nkv = 1 + variant % 3, nh = nkv * (1 + (int)(rnd() % 5));
+            const int side = variant == 4, per = variant < 2 ? 33 + (int)(rnd() % 48) : 1 + (int)(rnd() % 12);
+            pageset ps;
+            make_pageset(&ps, nkv, per, D, side, variant & 1, variant >= 2);
+            const int64_t nq = 3;
+            const size_t n_out = (size_t)(nq * nh * D);
+            float *q = malloc(sizeof(float) * n_out), *want = malloc(sizeof(float) * n_out);
+            float *got = malloc(sizeof(float) * n_out);
+            cr_assert(q && want && got);
+            for (size_t i = 0; i < n_out; i++) q[i] = frand(-0.5f, 0.5f);
+            int32_t qp[3] = { ps.max_pos, ps.min_pos + (ps.max_pos - ps.min_pos) / 3, ps.min_pos - 1 };
+            be_attn a = { .q = q, .n_q = nq, .q_pos = qp, .n_head = nh, .n_head_kv = nkv, .head_dim = D,
+                          .pages = ps.pages, .n_pages = ps.n_pages, .head_pages = side ? NULL : ps.head_pages,
+                          .window = variant == 3 ? 50 : 0, .out = want };
+            const int ns = variant == 0 ? 1 : 1 + (int)(rnd() % 4);
+            ag_lists_sim(&a, 1, &ns, AG_ROWS, want);
+            int64_t n_nan = 0;
+            const double ex = check_exact(&a, want, 0.0, &n_nan);
+            cr_expect(n_nan == 0 && ex <= 1.0, "D %d, variant %d, %d pages a list: %.2f of the bound from exact, %lld NaN",
+                      D, variant, per, ex, (long long)n_nan);
+            if (ex > worst) worst = ex;
+            for (int r = 0; r < 4; r++) {
+                for (size_t i = 0; i < n_out; i++) got[i] = NAN;
+                ag_lists_sim(&a, 1, &ns, rows[r], got);
+                size_t bad = 0;
+                for (size_t i = 0; i < n_out; i++) bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+                cr_expect(bad == 0, "D %d, variant %d, %d pages a list, %d splits: %d rows a round, %zu of %zu outputs "
+                          "differ from %d rows'", D, variant, per, ns, rows[r], bad, n_out, AG_ROWS);
+            }
+            for (int h = 0; h < nh * D; h++)
+                cr_expect(want[(size_t)(2 * nh * D + h)] == 0.0f, "a query before every key gives 0");
+            free(q);
+            free(want);
+            free(got);
+            free_pageset(&ps);
+        }
+    cr_log_info("rows a round: worst %.3f of the bound from exact", worst);
 }
 
 /* Calls not laid out as one launch's are refused (each then launches alone). */

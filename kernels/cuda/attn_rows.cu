@@ -154,6 +154,7 @@ __global__ void attn_combine(const float *part_o, const float *part_ml, const __
  * AG_HEADS of its query heads, query, split of the head's pages in its query's list: `pages` ..,
  * n_split splits, partials `stride` apart). grid (n_head_kv * batches, n_q, stride), AG_THREADS
  * threads. Each page is read once for the batch's heads. */
+template <int ROWS>
 static __device__ __forceinline__ void attn_group_block(const float *q, const int32_t *q_pos, const ag_page *pages,
                                                         int64_t n_pages, const int64_t *head_pages,
                                                         const uint64_t *masks, int n_split, int stride, int n_head,
@@ -161,6 +162,7 @@ static __device__ __forceinline__ void attn_group_block(const float *q, const in
                                                         float *part_ml)
 {
     __shared__ ag_state sw[AG_THREADS / 32 - 1][32];   /* warps 1.. : their slot 0's lanes */
+    __shared__ ag_page staged[AG_PCHUNK];
     const int nhb = ag_head_batches(group), g = blockIdx.x / nhb, bt = blockIdx.x % nhb;
     const int h0 = g * group + bt * AG_HEADS, hb = ag_batch_heads(group, bt);
     const int64_t t = blockIdx.y;
@@ -179,8 +181,14 @@ static __device__ __forceinline__ void attn_group_block(const float *q, const in
     ag_state_init(&st[0]);
     int64_t p0, p1;
     ag_split_range(head_pages, n_pages, g, n_split, (int)blockIdx.z, &p0, &p1);
-    ag_slot_run(pages, masks, p0, p1, g, qp, window, tid / lk, slots, lk, ls, 1, D, hb,
-                (const float(*)[AG_HEADS][AG_DL])qv, st);
+    for (int64_t c = p0; c < p1; c += AG_PCHUNK) {
+        const int nc = p1 - c < AG_PCHUNK ? (int)(p1 - c) : AG_PCHUNK;
+        __syncthreads();   /* the last chunk's pages read by every slot */
+        if (tid < nc) staged[tid] = ag_stage(&pages[c + tid], qp);
+        __syncthreads();
+        ag_slot_run(staged, nc, masks, g, qp, window, tid / lk, slots, lk, ls, 1, D, hb, ROWS,
+                    (const float(*)[AG_HEADS][AG_DL])qv, st);
+    }
     /* the warp's slots: lane l merges lane l ^ o's state (ag_block_sim's order) */
     for (int o = lk; o < 32; o <<= 1) {
         QB_UNROLL
@@ -212,28 +220,31 @@ static __device__ __forceinline__ void attn_group_block(const float *q, const in
     }
 }
 
-/* The grouped kernel: every query reads one list (a call's), n_split splits. */
-__global__ void __launch_bounds__(AG_THREADS) attn_group_kernel(const float *q, const int32_t *q_pos,
+/* The grouped kernel: every query reads one list (a call's), n_split splits; ROWS rows a slot's
+ * round (KVCHAT_CUDA_ATTN_ROWS). */
+template <int ROWS>
+__global__ void __launch_bounds__(AG_THREADS, AG_MIN_BLOCKS(ROWS)) attn_group_kernel(const float *q, const int32_t *q_pos,
                                                                 const ag_page *pages, int64_t n_pages,
                                                                 const int64_t *head_pages, const uint64_t *masks,
                                                                 int n_head, int group, int D, int32_t window,
                                                                 int n_split, float *part_o, float *part_ml)
 {
-    attn_group_block(q, q_pos, pages, n_pages, head_pages, masks, n_split, n_split, n_head, group, D, window, part_o,
-                     part_ml);
+    attn_group_block<ROWS>(q, q_pos, pages, n_pages, head_pages, masks, n_split, n_split, n_head, group, D, window,
+                           part_o, part_ml);
 }
 
 /* Joined calls' (cuda_attention_seqs): query t reads list t (ag_list_of, L.n > 1), indexed where
  * the parameter is (__grid_constant__); a kernel of its own, since the list's fields found at run
  * time hold registers the one-list kernel keeps in the parameter bank. */
-__global__ void __launch_bounds__(AG_THREADS) attn_group_lists_kernel(const float *q, const int32_t *q_pos,
+template <int ROWS>
+__global__ void __launch_bounds__(AG_THREADS, AG_MIN_BLOCKS(ROWS)) attn_group_lists_kernel(const float *q, const int32_t *q_pos,
                                                                       const __grid_constant__ ag_lists L, int n_head,
                                                                       int group, int D, int32_t window,
                                                                       float *part_o, float *part_ml)
 {
     const ag_list &l = L.l[blockIdx.y];
-    attn_group_block(q, q_pos, l.pages, l.n_pages, l.head_pages, l.masks, l.n_split, L.stride, n_head, group, D,
-                     window, part_o, part_ml);
+    attn_group_block<ROWS>(q, q_pos, l.pages, l.n_pages, l.head_pages, l.masks, l.n_split, L.stride, n_head, group,
+                           D, window, part_o, part_ml);
 }
 
 /* A prefill chunk's attention on the tensor cores (kernels/attn_flash.h): one block per (rt * 16
@@ -425,13 +436,17 @@ typedef struct call_list {
     size_t mask_at;                 /* its first word of the launch's staged masks */
 } call_list;
 
-/* The splits a call alone gets (so that a joined launch gives each call its bits): about four
- * blocks a multiprocessor in all for `blocks` blocks of one split (two for the flash kernel's
- * larger blocks), at least one page each of the longest head's `most`; KVCHAT_CUDA_ATTN_SPLITS
- * forces a count for the grouped kernels (a test knob: empty splits allowed, up to most + 64). */
+/* The splits a call alone gets (so that a joined launch gives each call its bits): as many blocks
+ * in all for `blocks` blocks of one split as the device holds at once (the one-list grouped
+ * kernel's AG_MIN_BLOCKS a multiprocessor for its rows a round, counted so for joined calls too;
+ * two for the flash kernel's larger blocks, four for the scalar kernel's), at least one page each
+ * of the longest head's `most`;
+ * KVCHAT_CUDA_ATTN_SPLITS forces a count for the grouped kernels (a test knob: empty splits
+ * allowed, up to most + 64). */
 static int call_splits(const cuda_impl *ci, int64_t blocks, int flash, int grouped, int64_t most)
 {
-    const int64_t want = ((flash ? 2 : 4) * (int64_t)ci->n_sm + blocks - 1) / blocks;
+    const int per_sm = flash ? 2 : grouped ? AG_MIN_BLOCKS(ci->attn_rows ? ci->attn_rows : AG_ROWS) : 4;
+    const int64_t want = (per_sm * (int64_t)ci->n_sm + blocks - 1) / blocks;
     int n_split = (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
     if (grouped && ci->attn_splits > 0) n_split = (int)(ci->attn_splits < most + 64 ? ci->attn_splits : most + 64);
     return n_split;
@@ -781,13 +796,26 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
         ci->flash_calls++;
     } else if (grouped) {
         dim3 grid((unsigned)(a->n_head_kv * nhb), (unsigned)n_q, (unsigned)L.stride);
-        if (n > 1)
-            attn_group_lists_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, L, a->n_head, group, D, a->window,
-                                                                ci->part_o, ci->part_ml);
-        else
-            attn_group_kernel<<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, l0->pages, l0->n_pages, l0->head_pages,
-                                                          l0->masks, a->n_head, group, D, a->window, n_split,
-                                                          ci->part_o, ci->part_ml);
+#define LISTS(R)                                                                                                \
+    attn_group_lists_kernel<R><<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, L, a->n_head, group, D, a->window,          \
+                                                           ci->part_o, ci->part_ml)
+#define ONE_LIST(R)                                                                                             \
+    attn_group_kernel<R><<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, l0->pages, l0->n_pages, l0->head_pages, l0->masks, \
+                                                     a->n_head, group, D, a->window, n_split, ci->part_o,          \
+                                                     ci->part_ml)
+        /* rows a slot fetches a round: KVCHAT_CUDA_ATTN_ROWS, else each kernel's default */
+        const int rows = ci->attn_rows ? ci->attn_rows : n > 1 ? AG_ROWS_LISTS : AG_ROWS;
+        if (n > 1) {
+            if (rows == 2) LISTS(2);
+            else if (rows == 4) LISTS(4);
+            else LISTS(8);
+        } else {
+            if (rows == 2) ONE_LIST(2);
+            else if (rows == 4) ONE_LIST(4);
+            else ONE_LIST(8);
+        }
+#undef LISTS
+#undef ONE_LIST
         if (ck(ci, cudaGetLastError(), "attention kernel")) return;
     } else {
         dim3 grid((unsigned)a->n_head, (unsigned)a->n_q, (unsigned)n_split);

@@ -1087,7 +1087,7 @@ static void note_settings(cuda_impl *ci)
                             "KVCHAT_CUDA_ATTN",    "KVCHAT_CUDA_ATTN_SPLITS", "KVCHAT_CUDA_MMV",
                             "KVCHAT_CUDA_MMV_MAX", "KVCHAT_CUDA_MMV_ROWS",    "KVCHAT_CUDA_MMV_INFLIGHT",
                             "KVCHAT_CUDA_RESIDENT", "KVCHAT_CUDA_PAGE_ROWS",   "KVCHAT_CUDA_BOUNDS",
-                            "KVCHAT_CUDA_INLINE" };
+                            "KVCHAT_CUDA_INLINE", "KVCHAT_CUDA_ATTN_ROWS" };
     char *buf = ci->settings;
     const size_t cap = sizeof ci->settings;
     size_t n = 0;
@@ -1269,13 +1269,16 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     static const char *const bounds_vals[] = { "fused", "split", NULL };
     static const char *const inline_vals[] = { "on", "off", NULL };
     static const char *const inflight_vals[] = { "1", "2", "4", NULL };
-    const char *attn_env, *rows_fill_env, *bounds_env, *inline_env, *inflight_env;
+    static const char *const attn_rows_vals[] = { "2", "4", "8", NULL };
+    const char *attn_env, *rows_fill_env, *bounds_env, *inline_env, *inflight_env, *attn_rows_env;
     if (env_choice("KVCHAT_CUDA_ATTN", attn_vals, "flash (the default), grouped or scalar", &attn_env, err, errlen) ||
         env_choice("KVCHAT_CUDA_PAGE_ROWS", rows_vals, "1 (the default) or 0", &rows_fill_env, err, errlen) ||
         env_choice("KVCHAT_CUDA_BOUNDS", bounds_vals, "fused (the default) or split", &bounds_env, err, errlen) ||
         env_choice("KVCHAT_CUDA_INLINE", inline_vals, "on (the default) or off", &inline_env, err, errlen) ||
         env_choice("KVCHAT_CUDA_MMV_INFLIGHT", inflight_vals, "1, 2 or 4 (unset: by the weight's type)", &inflight_env,
-                   err, errlen)) {
+                   err, errlen) ||
+        env_choice("KVCHAT_CUDA_ATTN_ROWS", attn_rows_vals, "2, 4 (the default) or 8", &attn_rows_env, err,
+                   errlen)) {
         free(b);
         free(ci);
         return NULL;
@@ -1285,6 +1288,7 @@ extern "C" be_backend *be_cuda_create(int n_threads, char *err, size_t errlen)
     ci->bounds_split = bounds_env && !strcmp(bounds_env, "split");
     ci->inline_off = inline_env && !strcmp(inline_env, "off");
     ci->mmv_inflight = inflight_env ? atoi(inflight_env) : 0;
+    ci->attn_rows = attn_rows_env ? atoi(attn_rows_env) : 0;
     /* prefill chunks on the tensor cores unless asked otherwise (measured on an H200: docs/gpu.md) */
     ci->attn_flash = !ci->attn_scalar && !(attn_env && !strcmp(attn_env, "grouped"));
     const char *splits_env = getenv("KVCHAT_CUDA_ATTN_SPLITS");

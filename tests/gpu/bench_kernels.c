@@ -28,7 +28,8 @@
  *   1 KV head of 256) at 8192; a prefill chunk's (512 queries at the end of 8192 tokens, 7B shape);
  *   and the default model's (512 queries at 8192); each with the grouped kernel (decode's default;
  *   KVCHAT_CUDA_ATTN=grouped for the chunks), the scalar one (KVCHAT_CUDA_ATTN=scalar) and for the
- *   chunks the tensor-core flash kernel (their default);
+ *   chunks the tensor-core flash kernel (their default); for one query also the grouped kernel
+ *   fetching 2 and 8 rows a round a slot (KVCHAT_CUDA_ATTN_ROWS; 4 the default);
  *   bytes = the keys and values read once (a decode step's least traffic); and a batch's decode
  *   attention, 8 sequences each over 4096 tokens of its own at both shapes, joined in one launch
  *   (attention_seqs) and a call each (bytes: every sequence's keys and values);
@@ -273,8 +274,9 @@ static void *make_weight(uint32_t type, int64_t n_in, int64_t n_out, be_weight *
 /* --profile: each launch a profiler is to read the counters of, once (scripts/gpu-check.sh runs it
  * under ncu): a token's product at 14336 x 4096 of Q4_K (the wide path), Q6_K, Q8_0 and F16 with
  * the defaults' reads in flight, Q6_K and Q8_0 with 2 and Q4_K with 1 besides; and decode attention
- * at the 7B shape over 32768 tokens (the grouped kernel and its split merge). 0, or 1 on a failure. */
-static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, be_backend *grp)
+ * at the 7B shape over 32768 tokens (the grouped kernel with 4 rows a round and with 2, and its split
+ * merge). 0, or 1 on a failure. */
+static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, be_backend *grp, be_backend *grp2)
 {
     static const uint32_t types[] = { GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_F16 };
     const int64_t n_out = 14336, n_in = 4096;
@@ -324,16 +326,22 @@ static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, 
     if (!q || !o) return 1;
     for (int64_t i = 0; i < nh * D; i++) q[i] = 0.1f * frand(), o[i] = 0;
     int32_t qp = (int32_t)(ctx - 1);
-    if (be_bind(grp, q, qbytes, err, sizeof err) || be_bind(grp, o, qbytes, err, sizeof err)) {
-        fprintf(stderr, "gpu_bench: %s\n", err);
-        return 1;
+    be_backend *att[2] = { grp, grp2 };
+    for (int k = 0; k < 2; k++) {
+        if (be_bind(att[k], q, qbytes, err, sizeof err) || be_bind(att[k], o, qbytes, err, sizeof err)) {
+            fprintf(stderr, "gpu_bench: %s\n", err);
+            return 1;
+        }
+        be_host_write(att[k], q, qbytes);
+        be_attn a = { q, 1, &qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+        call_attn(att[k], &a);
+        wait_for(att[k], o);
+        if (failed(att[k], "attention")) return 1;
+        be_unbind(att[k], q);
+        be_unbind(att[k], o);
+        printf("profiled: decode attention, 32 query heads, 8 KV heads of 128, 32768 tokens, %s rows a round\n",
+               k ? "2" : "4 (the default)");
     }
-    be_host_write(grp, q, qbytes);
-    be_attn a = { q, 1, &qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
-    call_attn(grp, &a);
-    wait_for(grp, o);
-    if (failed(grp, "attention")) return 1;
-    printf("profiled: decode attention, 32 query heads, 8 KV heads of 128, 32768 tokens\n");
     return 0;
 }
 
@@ -391,14 +399,20 @@ int main(int argc, char **argv)
     be_backend *scal = rows2 ? be_cuda_create(4, err, sizeof err) : NULL;
     setenv("KVCHAT_CUDA_ATTN", "grouped", 1);
     be_backend *grp = scal ? be_cuda_create(4, err, sizeof err) : NULL;
+    setenv("KVCHAT_CUDA_ATTN_ROWS", "2", 1);   /* the grouped kernel's rows a slot fetches a round (default 4) */
+    be_backend *grp2 = grp ? be_cuda_create(4, err, sizeof err) : NULL;
+    setenv("KVCHAT_CUDA_ATTN_ROWS", "8", 1);
+    be_backend *grp8 = grp2 ? be_cuda_create(4, err, sizeof err) : NULL;
+    unsetenv("KVCHAT_CUDA_ATTN_ROWS");
     setenv("KVCHAT_CUDA_ATTN", "flash", 1);
-    be_backend *flsh = grp ? be_cuda_create(4, err, sizeof err) : NULL;
+    be_backend *flsh = grp8 ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_ATTN");
-    if (!tiles || !passes || !f32k || !in1 || !in2 || !in4 || !narrow || !rows1 || !rows2 || !scal || !grp || !flsh) {
+    if (!tiles || !passes || !f32k || !in1 || !in2 || !in4 || !narrow || !rows1 || !rows2 || !scal || !grp || !grp2 ||
+        !grp8 || !flsh) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
-    if (profile) return profile_launches(dflt, in1, in2, grp);
+    if (profile) return profile_launches(dflt, in1, in2, grp, grp2);
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
         printf("device: %s, %d multiprocessors, %.0f MiB, L2 %d MiB\n\n", prop.name, prop.multiProcessorCount,
@@ -572,10 +586,12 @@ int main(int argc, char **argv)
         if (!q || !o || !qp) return 1;
         for (int64_t i = 0; i < nq * nh * D; i++) q[i] = 0.1f * frand(), o[i] = 0;
         for (int64_t t = 0; t < nq; t++) qp[t] = (int32_t)(ctx - nq + t);
-        be_backend *kern[3] = { grp, scal, flsh };
-        static const char *const kname[3] = { "grouped", "scalar", "flash" };
-        for (int k = 0; k < 3; k++) {
+        be_backend *kern[5] = { grp, scal, flsh, grp2, grp8 };
+        static const char *const kname[5] = { "grouped", "scalar", "flash", "grouped", "grouped" };
+        static const char *const kmore[5] = { "", "", "", " (2 rows a round)", " (8 rows a round)" };
+        for (int k = 0; k < 5; k++) {
             if (k == 2 && nq < AF_MIN_Q) continue;   /* the flash kernel takes prefill chunks only */
+            if (k >= 3 && nq > 1) continue;          /* rows a round: decode's */
             if (be_bind(kern[k], q, qbytes, err, sizeof err) || be_bind(kern[k], o, qbytes, err, sizeof err)) {
                 fprintf(stderr, "gpu_bench: %s\n", err);
                 return 1;
@@ -594,8 +610,8 @@ int main(int argc, char **argv)
             }
             char shape[64], config[64];
             snprintf(shape, sizeof shape, "attention %s", att[ai].name);
-            snprintf(config, sizeof config, "%s %lld %s", kname[k], (long long)nq,
-                     nq > 1 ? "queries" : "query");
+            snprintf(config, sizeof config, "%s %lld %s%s", kname[k], (long long)nq,
+                     nq > 1 ? "queries" : "query", kmore[k]);
             row(shape, "f16", nh, D, ctx, config, ms, 4.0 * (double)(ctx * nkv * D));
             be_unbind(kern[k], q);
             be_unbind(kern[k], o);
@@ -815,6 +831,8 @@ int main(int argc, char **argv)
     be_free(rows2);
     be_free(scal);
     be_free(grp);
+    be_free(grp2);
+    be_free(grp8);
     be_free(flsh);
     for (size_t i = 0; i < n_types * n_shapes; i++) free(keep[i]);
     free(keep);

@@ -1348,6 +1348,82 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
     for (int k = 0; k < 3; k++) be_free(bes[k]);
 }
 
+/* A slot's rows fetched 2, 4 (the one-list kernel's default) or 8 a round (KVCHAT_CUDA_ATTN_ROWS;
+ * joined calls' kernel: 2 by default) and a block's pages staged AG_PCHUNK at a time: 3 calls of
+ * 33 to 80 pages a head (one split crosses two chunks) or of 1 to 9, at the 7B's shape, the default
+ * model's and two more, masks, bias, a window, queries at the last position or before some pages
+ * (staged away), each alone and all joined: every output the host simulation's bits. */
+Test(cuda, the_rows_a_round_and_the_staged_chunks_give_the_hosts_bits)
+{
+    seed_rng("rows a round");
+    const char *rows[] = { "2", "4", "8" }, *splits[] = { "1", "5" };
+    be_backend *bes[3][2];
+    for (int r = 0; r < 3; r++)
+        for (int k = 0; k < 2; k++) {
+            setenv("KVCHAT_CUDA_ATTN_SPLITS", splits[k], 1);
+            bes[r][k] = gpu_with("KVCHAT_CUDA_ATTN_ROWS", rows[r]);
+            unsetenv("KVCHAT_CUDA_ATTN_SPLITS");
+        }
+    const int shapes[][3] = { { 32, 8, 128 }, { 4, 1, 256 }, { 8, 2, 64 }, { 6, 3, 80 } };
+    char err[256];
+    enum { N = 3 };
+    for (int si = 0; si < 4; si++)
+        for (int variant = 0; variant < 4; variant++) {
+            const int nh = shapes[si][0], nkv = shapes[si][1], D = shapes[si][2], k = variant & 1;
+            const int64_t HD = (int64_t)nh * D;
+            const size_t nq = (size_t)(N * HD);
+            page_set ps[N];
+            be_attn a[N];
+            int32_t qp[N];
+            float *q = malloc(sizeof(float) * nq), *want = malloc(sizeof(float) * nq), *got = malloc(sizeof(float) * nq);
+            cr_assert(q && want && got);
+            for (size_t i = 0; i < nq; i++) q[i] = frand(-0.5f, 0.5f);
+            for (int i = 0; i < N; i++) {
+                const int per = variant < 2 ? 33 + (int)(rnd() % 48) : 1 + (int)(rnd() % 9);
+                make_pages(&ps[i], nkv, per, D, variant >= 1, variant >= 2);
+                qp[i] = i == 1 ? ps[i].max_pos / 2 : ps[i].max_pos;
+                a[i] = (be_attn){ .q = q + i * HD, .n_q = 1, .q_pos = &qp[i], .n_head = nh, .n_head_kv = nkv,
+                                  .head_dim = D, .pages = ps[i].pages, .n_pages = ps[i].n_pages,
+                                  .head_pages = ps[i].head_pages, .window = variant == 3 ? 40 : 0,
+                                  .out = want + i * HD, .table = ++gen_counter };
+                ag_attention_sim(&a[i], atoi(splits[k]), want + i * HD);
+            }
+            cr_assert(be_attn_seqs_joined(a, N));
+            for (int r = 0; r < 3; r++)
+                for (int joined = 0; joined < 2; joined++) {
+                    for (size_t i = 0; i < nq; i++) got[i] = NAN;
+                    for (int i = 0; i < N; i++) a[i].out = got + i * HD;
+                    if (joined) bes[r][k]->ops->attention_seqs(bes[r][k], a, N);
+                    else
+                        for (int i = 0; i < N; i++) bes[r][k]->ops->attention(bes[r][k], &a[i]);
+                    cr_assert(!be_failed(bes[r][k], err, sizeof err), "%s", err);
+                    size_t bad = 0;
+                    for (size_t i = 0; i < nq; i++) bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+                    cr_expect(bad == 0, "%d heads / %d KV of %d, variant %d, %s rows a round, %s splits, %s: %zu of %zu "
+                              "outputs differ from the host", nh, nkv, D, variant, rows[r], splits[k],
+                              joined ? "joined" : "alone", bad, nq);
+                }
+            for (int i = 0; i < N; i++) free_pages(&ps[i]);
+            free(q);
+            free(want);
+            free(got);
+        }
+    for (int r = 0; r < 3; r++)
+        for (int k = 0; k < 2; k++) be_free(bes[r][k]);
+}
+
+/* A bad rows-a-round setting is refused in one line, naming the values it takes. */
+Test(cuda, a_bad_rows_a_round_setting_is_refused)
+{
+    char err[256] = "";
+    setenv("KVCHAT_CUDA_ATTN_ROWS", "3", 1);
+    be_backend *b = be_cuda_create(2, err, sizeof err);
+    unsetenv("KVCHAT_CUDA_ATTN_ROWS");
+    cr_expect_null(b);
+    cr_expect(strstr(err, "KVCHAT_CUDA_ATTN_ROWS must be 2, 4 (the default) or 8"), "%s", err);
+    if (b) be_free(b);
+}
+
 /* The split merge takes its splits' weights a tile of AG_CTILE at a time and their partials
  * AG_CLOADS at a time (attn_combine): more splits than a tile (257 and 300 forced, over as many
  * pages a head: a split a page), at the default model's shape (4 query heads on a KV head of 256)
