@@ -39,7 +39,31 @@ attn_sass=$(mktemp)
 trap 'rm -f "$sass" "$attn_sass"' EXIT
 PATH="$tools:$PATH" cuobjdump -sass -arch sm_90 "$obj" >"$sass"
 PATH="$tools:$PATH" cuobjdump -sass -arch sm_90 "$attn_obj" >"$attn_sass"
-awk '
+# insn: the instruction on this line (its address, a predicate and the trailing encoding
+# dropped): op, its registers reg[1..n] in order (a pair, Rn.64, names n and n + 1), dest (the first
+# operand a register the instruction writes: not a predicate, a uniform register or a store
+# address) and predicated (a predicated write may leave its register as it was). Both checks below.
+insn_awk='
+function insn(    line, args, s, r) {
+    line = $0
+    sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]*/, "", line)
+    sub(/[ \t]*;.*$/, "", line)
+    sub(/^@!?U?P[0-9T]+[ \t]+/, "", line)
+    op = line; sub(/[ \t].*$/, "", op)
+    args = line; sub(/^[^ \t]+[ \t]*/, "", args)
+    n = 0
+    s = args
+    dest = args ~ /^R[0-9]+/
+    while (match(s, /(^|[^A-Za-z0-9_])R[0-9]+(\.64)?/)) {
+        r = substr(s, RSTART, RLENGTH); sub(/^[^R]*R/, "", r)
+        reg[++n] = r + 0
+        if (r ~ /\.64$/) reg[++n] = r + 1
+        s = substr(s, RSTART + RLENGTH)
+    }
+    predicated = $0 ~ /\*\/[ \t]*@/
+}
+'
+awk "$insn_awk"'
 # loads an item: the type (ggml id), then narrow / wide
 function per_item(t, wide) {
     if (t == 2) return 5          # Q4_0: 4 halves of codes, the scale
@@ -83,24 +107,7 @@ function finish() {
 }
 /Function : / { finish(); next }
 name != "" && !used && /\/\*[0-9a-f]+\*\// {
-    line = $0
-    sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]*/, "", line)    # the address
-    sub(/[ \t]*;.*$/, "", line)
-    sub(/^@!?U?P[0-9T]+[ \t]+/, "", line) # a predicate
-    op = line; sub(/[ \t].*$/, "", op)
-    args = line; sub(/^[^ \t]+[ \t]*/, "", args)
-    # the registers named, in order; a pair (Rn.64) names n and n + 1. dest: the first operand is
-    # a register the instruction writes (not a predicate, a uniform register or a store address)
-    n = 0
-    s = args
-    dest = args ~ /^R[0-9]+/
-    while (match(s, /(^|[^A-Za-z0-9_])R[0-9]+(\.64)?/)) {
-        r = substr(s, RSTART, RLENGTH); sub(/^[^R]*R/, "", r)
-        reg[++n] = r + 0
-        if (r ~ /\.64$/) reg[++n] = r + 1
-        s = substr(s, RSTART + RLENGTH)
-    }
-    predicated = $0 ~ /\*\/[ \t]*@/
+    insn()
     if (op ~ /^LDG/) {
         # sources: the address registers after the destination
         for (k = 2; k <= n; k++) if (reg[k] in loaded) { used = 1; next }
@@ -126,7 +133,7 @@ END {
     printf "check_sass_loads: %d decode kernel instances with every item in flight (of %d)\n", checked, n_inst
 }
 ' "$sass"
-awk '
+awk "$insn_awk"'
 # an instance of a grouped attention kernel and its rows a round
 function finish() {
     if (name == "") return
@@ -160,22 +167,7 @@ function end_run() {
 }
 /Function : / { finish(); next }
 name != "" && /\/\*[0-9a-f]+\*\// {
-    line = $0
-    sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]*/, "", line)
-    sub(/[ \t]*;.*$/, "", line)
-    sub(/^@!?U?P[0-9T]+[ \t]+/, "", line)
-    op = line; sub(/[ \t].*$/, "", op)
-    args = line; sub(/^[^ \t]+[ \t]*/, "", args)
-    n = 0
-    s = args
-    dest = args ~ /^R[0-9]+/
-    while (match(s, /(^|[^A-Za-z0-9_])R[0-9]+(\.64)?/)) {
-        r = substr(s, RSTART, RLENGTH); sub(/^[^R]*R/, "", r)
-        reg[++n] = r + 0
-        if (r ~ /\.64$/) reg[++n] = r + 1
-        s = substr(s, RSTART + RLENGTH)
-    }
-    predicated = $0 ~ /\*\/[ \t]*@/
+    insn()
     if (op ~ /^LDG?\.E\.128/) {   # a key or value row: a run begins at the first
         for (k = 2; k <= n; k++) if (counting && (reg[k] in loaded)) end_run()
         if (!counting) { counting = 1; before = 0; delete loaded }
