@@ -40,8 +40,6 @@
 #define AG_PCHUNK 32     /* page descriptors a block stages at a time */
 #define AG_MAX_ROWS 8    /* rows a slot fetches a round, at most */
 #define AG_ROWS 4        /* ... by default (KVCHAT_CUDA_ATTN_ROWS): a 7B page's rows in one round */
-#define AG_ROWS_LISTS 2  /* ... in joined calls' kernel, whose 4 and 8 ptxas issues one row's loads
-                          * apart from the rest's (scripts/check_sass_loads.sh) */
 
 /* Blocks a multiprocessor holds of the grouped kernel fetching `rows` rows a round: its launch
  * bounds, and what a call's splits are counted against (call_splits) so that they fill the device
@@ -207,7 +205,9 @@ QB_HD void ag_slot_sum(float (*part)[AG_HEADS], int nl, int lk, int hb)
     for (int h = 0; h < AG_HEADS; h++) {
         if (h >= hb) continue;
         float x = part[0][h];
-        for (int o = lk >> 1; o > 0; o >>= 1) x = QB_ADD(x, __shfl_xor_sync(0xffffffffu, x, o));
+        QB_UNROLL   /* the stages below lk (the same for the whole block): no loop kept a row */
+        for (int o = 16; o > 0; o >>= 1)
+            if (o < lk) x = QB_ADD(x, __shfl_xor_sync(0xffffffffu, x, o));
         part[0][h] = x;
     }
 #else
@@ -242,6 +242,27 @@ QB_HD void ag_update(ag_state *st, const float *score, const uint32_t *vraw, int
     }
 }
 
+/* The first use of a round's fetches made to wait for every one of them: what they loaded OR'ed
+ * into the first key row's first word under `hold`, a zero that comes from the launch, so that the
+ * compiler cannot see it is one and ptxas cannot schedule a use ahead of a later row's loads. Left
+ * to itself it did, in some instances: row 0's loads issued, unpacked and used, and only then the
+ * other rows' (scripts/check_sass_loads.sh). Bits unchanged: hold is zero. */
+QB_HD void ag_hold_for_every_fetch(uint32_t hold, const uint32_t (*kr)[AG_MAX_ROWS][4],
+                                   const uint32_t (*vr)[AG_MAX_ROWS][4], const int32_t *kp, const uint64_t *mw,
+                                   const float *bias, int rows, uint32_t *first)
+{
+    uint32_t all = 0;
+    QB_UNROLL
+    for (int u = 0; u < AG_MAX_ROWS; u++) {
+        if (u >= rows) continue;
+        for (int w = 0; w < 4; w++) all |= kr[0][u][w] | vr[0][u][w];
+        uint32_t b;
+        memcpy(&b, &bias[u], sizeof b);
+        all |= (uint32_t)kp[u] | (uint32_t)mw[u] | (uint32_t)(mw[u] >> 32) | b;
+    }
+    *first |= all & hold;
+}
+
 /* Slot `slot` of `slots` over the n_pages staged pages (ag_stage) of KV head g for a query at qp:
  * lanes lane0 .. lane0 + nl of the slot (the device: its own lane, nl = 1; the host: all lk), each
  * with its query dimensions q[l][h][..] (AG_DL of head h, zero past D) and its state st[l]. A round
@@ -250,11 +271,11 @@ QB_HD void ag_update(ag_state *st, const float *score, const uint32_t *vraw, int
  * round trip a round rather than one for each of them a row. A row past the page's end fetches its
  * last row again and is not seen, and a lane past D fetches its row's first dimensions and scores
  * zero (its output is never written), so that no load waits behind a branch or a select. Every row is used in slot order whatever `rows` is:
- * the same bits for any. The loops over pages, rounds and rows are the same for every lane of a
- * block, so every lane reaches every shuffle. */
+ * the same bits for any. hold: 0, from the launch (ag_hold_for_every_fetch). The loops over pages,
+ * rounds and rows are the same for every lane of a block, so every lane reaches every shuffle. */
 QB_HD void ag_slot_run(const ag_page *pages, int64_t n_pages, const uint64_t *masks, int g, int32_t qp,
                        int32_t window, int slot, int slots, int lk, int lane0, int nl, int D, int hb, int rows,
-                       const float (*q)[AG_HEADS][AG_DL], ag_state *st)
+                       uint32_t hold, const float (*q)[AG_HEADS][AG_DL], ag_state *st)
 {
     for (int64_t ip = 0; ip < n_pages; ip++) {
         const ag_page pg = pages[ip];
@@ -283,6 +304,8 @@ QB_HD void ag_slot_run(const ag_page *pages, int64_t n_pages, const uint64_t *ma
                 mw[u] = pg.mask_off < 0 ? ~(uint64_t)0 : AG_READ(&masks[pg.mask_off + (ic >> 6)]);
                 bias[u] = pg.bias ? AG_READ(&pg.bias[ic]) : 0.0f;
             }
+            ag_hold_for_every_fetch(hold, (const uint32_t(*)[AG_MAX_ROWS][4])kr,
+                                    (const uint32_t(*)[AG_MAX_ROWS][4])vr, kp, mw, bias, rows, &kr[0][0][0]);
             QB_UNROLL
             for (int u = 0; u < AG_MAX_ROWS; u++) {   /* the uses, in row order */
                 /* a round's rows past the page's end on every slot (the same for the whole block;
@@ -479,7 +502,7 @@ static inline void ag_block_sim(const ag_page *pages, const uint64_t *masks, int
         const int nc = p1 - c < AG_PCHUNK ? (int)(p1 - c) : AG_PCHUNK;
         for (int i = 0; i < nc; i++) staged[i] = ag_stage(&pages[c + i], qp);
         for (int s = 0; s < slots; s++)
-            ag_slot_run(staged, nc, masks, g, qp, window, s, slots, lk, 0, lk, D, hb, rows,
+            ag_slot_run(staged, nc, masks, g, qp, window, s, slots, lk, 0, lk, D, hb, rows, 0u,
                         (const float (*)[AG_HEADS][AG_DL])(qv + s * lk), st + s * lk);
     }
     for (int w = 0; w < AG_THREADS / 32; w++)

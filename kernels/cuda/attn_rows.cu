@@ -153,13 +153,13 @@ __global__ void attn_combine(const float *part_o, const float *part_ml, const __
 /* The grouped kernel's block (kernels/attn_group.h): one block per (KV head and a batch of up to
  * AG_HEADS of its query heads, query, split of the head's pages in its query's list: `pages` ..,
  * n_split splits, partials `stride` apart). grid (n_head_kv * batches, n_q, stride), AG_THREADS
- * threads. Each page is read once for the batch's heads. */
+ * threads. Each page is read once for the batch's heads. hold: 0 (ag_hold_for_every_fetch). */
 template <int ROWS>
 static __device__ __forceinline__ void attn_group_block(const float *q, const int32_t *q_pos, const ag_page *pages,
                                                         int64_t n_pages, const int64_t *head_pages,
                                                         const uint64_t *masks, int n_split, int stride, int n_head,
-                                                        int group, int D, int32_t window, float *part_o,
-                                                        float *part_ml)
+                                                        int group, int D, int32_t window, uint32_t hold,
+                                                        float *part_o, float *part_ml)
 {
     __shared__ ag_state sw[AG_THREADS / 32 - 1][32];   /* warps 1.. : their slot 0's lanes */
     __shared__ ag_page staged[AG_PCHUNK];
@@ -186,7 +186,7 @@ static __device__ __forceinline__ void attn_group_block(const float *q, const in
         __syncthreads();   /* the last chunk's pages read by every slot */
         if (tid < nc) staged[tid] = ag_stage(&pages[c + tid], qp);
         __syncthreads();
-        ag_slot_run(staged, nc, masks, g, qp, window, tid / lk, slots, lk, ls, 1, D, hb, ROWS,
+        ag_slot_run(staged, nc, masks, g, qp, window, tid / lk, slots, lk, ls, 1, D, hb, ROWS, hold,
                     (const float(*)[AG_HEADS][AG_DL])qv, st);
     }
     /* the warp's slots: lane l merges lane l ^ o's state (ag_block_sim's order) */
@@ -227,10 +227,11 @@ __global__ void __launch_bounds__(AG_THREADS, AG_MIN_BLOCKS(ROWS)) attn_group_ke
                                                                 const ag_page *pages, int64_t n_pages,
                                                                 const int64_t *head_pages, const uint64_t *masks,
                                                                 int n_head, int group, int D, int32_t window,
-                                                                int n_split, float *part_o, float *part_ml)
+                                                                int n_split, uint32_t hold, float *part_o,
+                                                                float *part_ml)
 {
     attn_group_block<ROWS>(q, q_pos, pages, n_pages, head_pages, masks, n_split, n_split, n_head, group, D, window,
-                           part_o, part_ml);
+                           hold, part_o, part_ml);
 }
 
 /* Joined calls' (cuda_attention_seqs): query t reads list t (ag_list_of, L.n > 1), indexed where
@@ -240,11 +241,11 @@ template <int ROWS>
 __global__ void __launch_bounds__(AG_THREADS, AG_MIN_BLOCKS(ROWS)) attn_group_lists_kernel(const float *q, const int32_t *q_pos,
                                                                       const __grid_constant__ ag_lists L, int n_head,
                                                                       int group, int D, int32_t window,
-                                                                      float *part_o, float *part_ml)
+                                                                      uint32_t hold, float *part_o, float *part_ml)
 {
     const ag_list &l = L.l[blockIdx.y];
     attn_group_block<ROWS>(q, q_pos, l.pages, l.n_pages, l.head_pages, l.masks, l.n_split, L.stride, n_head, group,
-                           D, window, part_o, part_ml);
+                           D, window, hold, part_o, part_ml);
 }
 
 /* A prefill chunk's attention on the tensor cores (kernels/attn_flash.h): one block per (rt * 16
@@ -437,10 +438,9 @@ typedef struct call_list {
 } call_list;
 
 /* The splits a call alone gets (so that a joined launch gives each call its bits): as many blocks
- * in all for `blocks` blocks of one split as the device holds at once (the one-list grouped
- * kernel's AG_MIN_BLOCKS a multiprocessor for its rows a round, counted so for joined calls too;
- * two for the flash kernel's larger blocks, four for the scalar kernel's), at least one page each
- * of the longest head's `most`;
+ * in all for `blocks` blocks of one split as the device holds at once (the grouped kernel's
+ * AG_MIN_BLOCKS a multiprocessor for its rows a round, two for the flash kernel's larger blocks,
+ * four for the scalar kernel's), at least one page each of the longest head's `most`;
  * KVCHAT_CUDA_ATTN_SPLITS forces a count for the grouped kernels (a test knob: empty splits
  * allowed, up to most + 64). */
 static int call_splits(const cuda_impl *ci, int64_t blocks, int flash, int grouped, int64_t most)
@@ -797,14 +797,14 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
     } else if (grouped) {
         dim3 grid((unsigned)(a->n_head_kv * nhb), (unsigned)n_q, (unsigned)L.stride);
 #define LISTS(R)                                                                                                \
-    attn_group_lists_kernel<R><<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, L, a->n_head, group, D, a->window,          \
+    attn_group_lists_kernel<R><<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, L, a->n_head, group, D, a->window, 0u,      \
                                                            ci->part_o, ci->part_ml)
 #define ONE_LIST(R)                                                                                             \
     attn_group_kernel<R><<<grid, AG_THREADS, 0, s>>>(d_q, d_qpos, l0->pages, l0->n_pages, l0->head_pages, l0->masks, \
-                                                     a->n_head, group, D, a->window, n_split, ci->part_o,          \
+                                                     a->n_head, group, D, a->window, n_split, 0u, ci->part_o,      \
                                                      ci->part_ml)
-        /* rows a slot fetches a round: KVCHAT_CUDA_ATTN_ROWS, else each kernel's default */
-        const int rows = ci->attn_rows ? ci->attn_rows : n > 1 ? AG_ROWS_LISTS : AG_ROWS;
+        /* rows a slot fetches a round: KVCHAT_CUDA_ATTN_ROWS, else AG_ROWS */
+        const int rows = ci->attn_rows ? ci->attn_rows : AG_ROWS;
         if (n > 1) {
             if (rows == 2) LISTS(2);
             else if (rows == 4) LISTS(4);

@@ -1348,8 +1348,8 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
     for (int k = 0; k < 3; k++) be_free(bes[k]);
 }
 
-/* A slot's rows fetched 2, 4 (the one-list kernel's default) or 8 a round (KVCHAT_CUDA_ATTN_ROWS;
- * joined calls' kernel: 2 by default) and a block's pages staged AG_PCHUNK at a time: 3 calls of
+/* A slot's rows fetched 2, 4 (the default) or 8 a round (KVCHAT_CUDA_ATTN_ROWS) by both grouped
+ * kernels (one list, joined calls') and a block's pages staged AG_PCHUNK at a time: 3 calls of
  * 33 to 80 pages a head (one split crosses two chunks) or of 1 to 9, at the 7B's shape, the default
  * model's and two more, masks, bias, a window, queries at the last position or before some pages
  * (staged away), each alone and all joined: every output the host simulation's bits. */
