@@ -44,7 +44,7 @@
 /* Blocks a multiprocessor holds of the grouped kernel fetching `rows` rows a round: its launch
  * bounds, and what a call's splits are counted against (call_splits) so that they fill the device
  * in one wave. */
-#define AG_MIN_BLOCKS(rows) ((rows) <= 2 ? 4 : (rows) <= 4 ? 3 : 2)
+#define AG_MIN_BLOCKS(rows) ((rows) <= 4 ? 3 : 2)
 
 #ifdef __CUDA_ARCH__
 #define AG_NL 1          /* lanes one call of ag_slot_run works for: the thread's own */
@@ -220,25 +220,63 @@ QB_HD void ag_slot_sum(float (*part)[AG_HEADS], int nl, int lk, int hb)
 #endif
 }
 
-/* One key's scores (already summed) and value row folded into a lane's state. */
-QB_HD void ag_update(ag_state *st, const float *score, const uint32_t *vraw, int hb)
+/* A key's scores (already summed, the same bits on every lane of the slot) folded into a lane's
+ * state and value row in three steps, each head as one step would: ag_rescale (a new maximum: what
+ * came before rescaled to it), ag_weights (each head's weight e^(s - m)), ag_accumulate (the sum
+ * and the value row weighted). Apart so that the weights, which every lane of a slot would compute
+ * alike, are computed once a slot on the device: by lanes 0 .. hb - 1 of the slot, one head each,
+ * and passed to the others by shuffles. */
+QB_HD void ag_rescale(ag_state *st, const float *score, int hb)
 {
-    float v[AG_DL];
-    ag_unpack(vraw, v);
     QB_UNROLL
     for (int h = 0; h < AG_HEADS; h++) {
         if (h >= hb) continue;
         const float s = score[h];
         if (s == -INFINITY) continue;   /* weighs nothing */
-        if (s > st->m[h] || s != s) {   /* a new maximum: what came before is rescaled to it (a NaN spreads) */
+        if (s > st->m[h] || s != s) {   /* a NaN spreads */
             const float c = st->m[h] == -INFINITY ? 0.0f : ag_exp(QB_SUB(st->m[h], s));
             st->l[h] = QB_MUL(st->l[h], c);
             for (int j = 0; j < AG_DL; j++) st->o[h][j] = QB_MUL(st->o[h][j], c);
             st->m[h] = s;
         }
-        const float p = ag_exp(QB_SUB(s, st->m[h]));
-        st->l[h] = QB_ADD(st->l[h], p);
-        for (int j = 0; j < AG_DL; j++) st->o[h][j] = fmaf(p, v[j], st->o[h][j]);
+    }
+}
+
+/* w[h] = e^(score[h] - m[h]) for the slot's heads. On the device every lane of the warp must call
+ * it (it shuffles); `ls` is the lane's place in its slot of lk lanes. Where a slot has fewer lanes
+ * than heads (head dimensions of 16 and less), each lane computes every head's. */
+QB_HD void ag_weights(const ag_state *st, const float *score, int hb, int lk, int ls, float *w)
+{
+#ifdef __CUDA_ARCH__
+    if (lk >= AG_HEADS) {   /* the same for the whole block */
+        const int mine = ls < hb ? ls : 0, base = ((int)threadIdx.x & 31) - ls;
+        float s = score[0], m = st->m[0];
+        QB_UNROLL
+        for (int h = 1; h < AG_HEADS; h++)   /* selected, not indexed: registers stay registers */
+            if (h == mine) s = score[h], m = st->m[h];
+        const float own = ag_exp(QB_SUB(s, m));
+        QB_UNROLL
+        for (int h = 0; h < AG_HEADS; h++)
+            if (h < hb) w[h] = __shfl_sync(0xffffffffu, own, base + h);
+        return;
+    }
+#else
+    (void)lk, (void)ls;
+#endif
+    QB_UNROLL
+    for (int h = 0; h < AG_HEADS; h++)
+        if (h < hb) w[h] = ag_exp(QB_SUB(score[h], st->m[h]));
+}
+
+QB_HD void ag_accumulate(ag_state *st, const float *score, const float *w, const uint32_t *vraw, int hb)
+{
+    float v[AG_DL];
+    ag_unpack(vraw, v);
+    QB_UNROLL
+    for (int h = 0; h < AG_HEADS; h++) {
+        if (h >= hb || score[h] == -INFINITY) continue;
+        st->l[h] = QB_ADD(st->l[h], w[h]);
+        for (int j = 0; j < AG_DL; j++) st->o[h][j] = fmaf(w[h], v[j], st->o[h][j]);
     }
 }
 
@@ -326,11 +364,13 @@ QB_HD void ag_slot_run(const ag_page *pages, int64_t n_pages, const uint64_t *ma
                     }
                 }
                 ag_slot_sum(part, nl, lk, hb);
-                if (!ag_row_seen(i, pg.n, kp[u], mw[u], qp, window)) continue;
+                const int seen = ag_row_seen(i, pg.n, kp[u], mw[u], qp, window);
                 for (int l = 0; l < nl; l++) {
-                    float s[AG_HEADS];
+                    float s[AG_HEADS], w[AG_HEADS];
                     for (int h = 0; h < AG_HEADS; h++) s[h] = pg.bias ? QB_ADD(part[l][h], bias[u]) : part[l][h];
-                    ag_update(&st[l], s, vr[l][u], hb);
+                    if (seen) ag_rescale(&st[l], s, hb);
+                    ag_weights(&st[l], s, hb, lk, lane0 + l, w);   /* every lane: it shuffles */
+                    if (seen) ag_accumulate(&st[l], s, w, vr[l][u], hb);
                 }
             }
         }
