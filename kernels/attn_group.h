@@ -308,9 +308,10 @@ QB_HD void ag_hold_for_every_fetch(uint32_t hold, const uint32_t (*kr)[AG_MAX_RO
  * dimensions, position, mask word and bias are fetched before any is used, so a lane waits one
  * round trip a round rather than one for each of them a row. A row past the page's end fetches its
  * last row again and is not seen, and a lane past D fetches its row's first dimensions and scores
- * zero (its output is never written), so that no load waits behind a branch or a select. Every row is used in slot order whatever `rows` is:
- * the same bits for any. hold: 0, from the launch (ag_hold_for_every_fetch). The loops over pages,
- * rounds and rows are the same for every lane of a block, so every lane reaches every shuffle. */
+ * zero (its output is never written), so that no load waits behind a branch or a select. Every
+ * row is used in slot order whatever `rows` is: the same bits for any (at a given split count).
+ * hold: 0, from the launch (ag_hold_for_every_fetch). The loops over pages, rounds and rows are
+ * the same for every lane of a block, so every lane reaches every shuffle. */
 QB_HD void ag_slot_run(const ag_page *pages, int64_t n_pages, const uint64_t *masks, int g, int32_t qp,
                        int32_t window, int slot, int slots, int lk, int lane0, int nl, int D, int hb, int rows,
                        uint32_t hold, const float (*q)[AG_HEADS][AG_DL], ag_state *st)

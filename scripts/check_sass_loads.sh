@@ -182,7 +182,8 @@ name != "" && /\/\*[0-9a-f]+\*\// {
 }
 END {
     finish()
-    split("attn_group_kernel<2> attn_group_kernel<4> attn_group_kernel<8> attn_group_lists_kernel<2> attn_group_lists_kernel<4> attn_group_lists_kernel<8>", want, " ")
+    split("attn_group_kernel<2> attn_group_kernel<4> attn_group_kernel<8> " \
+          "attn_group_lists_kernel<2> attn_group_lists_kernel<4> attn_group_lists_kernel<8>", want, " ")
     for (k in want) if (!(want[k] in have)) { printf "check_sass_loads: no %s in the sm_90 code\n", want[k]; bad++ }
     if (bad) exit 1
     printf "check_sass_loads: %d grouped attention kernels with every row of a round in flight (of %d)\n", checked, n_inst

@@ -88,7 +88,9 @@ Test(attn_group, the_merges_and_the_slot_sums_are_symmetric)
 }
 
 /* A set of pages for n_kv KV heads: per-head lists (stride D) or, with side_by_side, one list whose
- * rows hold every head (stride n_kv * D, head_step D). */
+ * rows hold every head (stride n_kv * D, head_step D); pages of 0 to max_rows rows (masks of as
+ * many words as that takes), each allocated for exactly its rows (one for none), so that under
+ * ASan a read past a page's last row fails. */
 typedef struct pageset {
     be_kv_page *pages;
     int64_t n_pages, head_pages[17];
@@ -105,7 +107,8 @@ static void *keep(pageset *ps, size_t bytes)
     return p;
 }
 
-static void make_pageset(pageset *ps, int n_kv, int per_list, int D, int side_by_side, int with_mask, int with_bias)
+static void make_pageset(pageset *ps, int n_kv, int per_list, int D, int side_by_side, int with_mask, int with_bias,
+                         int max_rows)
 {
     const int lists = side_by_side ? 1 : n_kv, heads_in_row = side_by_side ? n_kv : 1;
     ps->n_pages = (int64_t)lists * per_list;
@@ -119,7 +122,7 @@ static void make_pageset(pageset *ps, int n_kv, int per_list, int D, int side_by
         int32_t p = (int32_t)(rnd() % 5);
         for (int j = 0; j < per_list; j++) {
             be_kv_page *pg = &ps->pages[(int64_t)g * per_list + j];
-            const int32_t cap = 64, n = rnd() % 9 == 0 ? 0 : 1 + (int32_t)(rnd() % cap);
+            const int32_t n = rnd() % 9 == 0 ? 0 : 1 + (int32_t)(rnd() % (uint32_t)max_rows), cap = n > 0 ? n : 1;
             const int32_t stride = heads_in_row * D;
             uint16_t *k = keep(ps, sizeof(uint16_t) * (size_t)cap * (size_t)stride);
             uint16_t *v = keep(ps, sizeof(uint16_t) * (size_t)cap * (size_t)stride);
@@ -138,13 +141,14 @@ static void make_pageset(pageset *ps, int n_kv, int per_list, int D, int side_by
             }
             uint64_t *mask = NULL;
             if (with_mask && rnd() % 2) {
-                mask = keep(ps, sizeof(uint64_t));
-                mask[0] = 0;
+                const int32_t words = (cap + 63) / 64;
+                mask = keep(ps, sizeof(uint64_t) * (size_t)words);
+                memset(mask, 0, sizeof(uint64_t) * (size_t)words);
                 for (int32_t t = 0; t < n; t++)
-                    if (rnd() % 4) mask[0] |= 1ull << t;
+                    if (rnd() % 4) mask[t >> 6] |= 1ull << (t & 63);
             }
             *pg = (be_kv_page){ .k = k, .v = v, .pos = pos, .bias = bias, .mask = mask, .n = n, .stride = stride,
-                                .head_step = side_by_side ? D : 0, .gen = 0, .cap = cap };
+                                .head_step = side_by_side ? D : 0, .gen = 0, .cap = n };
         }
         if (p > ps->max_pos) ps->max_pos = p;
     }
@@ -273,7 +277,7 @@ static void run_cases(const case_set *cs)
                 const int D = cs->dims[di], nh = heads[hi][0], nkv = heads[hi][1];
                 const int side = variant == 4, with_mask = variant & 1, with_bias = (variant & 2) != 0;
                 pageset ps;
-                make_pageset(&ps, nkv, 1 + (int)(rnd() % 9), D, side, with_mask, with_bias);
+                make_pageset(&ps, nkv, 1 + (int)(rnd() % 9), D, side, with_mask, with_bias, 64);
                 const int64_t nq = cs->chunk || variant >= 3 ? 1 + (int64_t)(rnd() % (uint32_t)cs->max_q) : 1;
                 const int32_t window = variant == 2 || variant == 5 ? 20 + (int32_t)(rnd() % 60) : 0;
                 const size_t n_out = (size_t)(nq * nh * D);
@@ -409,8 +413,9 @@ Test(attn_group, joined_calls_give_each_call_its_own_bits, .timeout = 120)
             cr_assert(q && joined && alone);
             for (int i = 0; i < n * HD; i++) q[i] = frand(-0.6f, 0.6f);
             for (int i = 0; i < n; i++) {
-                make_pageset(&ps[i], nkv, 1 + (int)(rnd() % 6), D, 0, (int)(rnd() % 2), (int)(rnd() % 2));
-                qp[i] = ps[i].max_pos - (int32_t)(rnd() % 3) * (ps[i].max_pos - ps[i].min_pos) / 3;
+                make_pageset(&ps[i], nkv, 1 + (int)(rnd() % 6), D, 0, (int)(rnd() % 2), (int)(rnd() % 2), 64);
+                const int32_t lo = ps[i].min_pos < ps[i].max_pos ? ps[i].min_pos : ps[i].max_pos;   /* no rows: none */
+                qp[i] = ps[i].max_pos - (int32_t)(rnd() % 3) * (ps[i].max_pos - lo) / 3;
                 splits[i] = 1 + (int)(rnd() % (uint64_t)(ps[i].n_pages / nkv + 2));
                 a[i] = (be_attn){ .q = q + i * HD, .n_q = 1, .q_pos = &qp[i], .n_head = nh, .n_head_kv = nkv,
                                   .head_dim = D, .pages = ps[i].pages, .n_pages = ps[i].n_pages,
@@ -436,7 +441,8 @@ Test(attn_group, joined_calls_give_each_call_its_own_bits, .timeout = 120)
 
 /* A slot's rows are fetched `rows` at a time (1 to AG_MAX_ROWS), and a block stages its pages
  * AG_PCHUNK at a time: neither may change a bit. Lists of up to 80 pages (a split of 1 crosses two
- * chunk boundaries) of 0 to 64 rows (rounds that end past a page's end, on some slots or all),
+ * chunk boundaries) of 0 to 64 or 150 rows (rounds that end past a page's end, on some slots or
+ * all; masks of up to 3 words),
  * masks, bias, windows, rows of all heads side by side, queries before a page (staged away) and
  * before every key; each result also within the f32 bound of exact attention. */
 Test(attn_group, the_rows_a_round_and_the_staged_chunks_change_no_bit, .timeout = 120)
@@ -449,7 +455,7 @@ Test(attn_group, the_rows_a_round_and_the_staged_chunks_change_no_bit, .timeout 
             const int D = dims[di], nkv = 1 + variant % 3, nh = nkv * (1 + (int)(rnd() % 5));
             const int side = variant == 4, per = variant < 2 ? 33 + (int)(rnd() % 48) : 1 + (int)(rnd() % 12);
             pageset ps;
-            make_pageset(&ps, nkv, per, D, side, variant & 1, variant >= 2);
+            make_pageset(&ps, nkv, per, D, side, variant & 1, variant >= 2, variant % 2 ? 150 : 64);
             const int64_t nq = 3;
             const size_t n_out = (size_t)(nq * nh * D);
             float *q = malloc(sizeof(float) * n_out), *want = malloc(sizeof(float) * n_out);
@@ -540,7 +546,7 @@ Test(attn_group, a_nan_query_stays_nan)
 {
     seed_rng("nan");
     pageset ps;
-    make_pageset(&ps, 1, 4, 64, 0, 0, 0);
+    make_pageset(&ps, 1, 4, 64, 0, 0, 0, 64);
     float q[4 * 64], o[4 * 64];
     for (int i = 0; i < 4 * 64; i++) q[i] = frand(-0.5f, 0.5f);
     q[64 + 3] = NAN;
@@ -658,7 +664,7 @@ Test(attn_flash, a_nan_query_stays_nan_and_rows_that_see_nothing_give_zero)
 {
     seed_rng("flash nan");
     pageset ps;
-    make_pageset(&ps, 1, 4, 64, 0, 0, 0);
+    make_pageset(&ps, 1, 4, 64, 0, 0, 0, 64);
     enum { NQ = 20 };
     float q[NQ * 4 * 64], o[NQ * 4 * 64];
     int32_t qp[NQ];

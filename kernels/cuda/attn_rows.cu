@@ -223,12 +223,10 @@ static __device__ __forceinline__ void attn_group_block(const float *q, const in
 /* The grouped kernel: every query reads one list (a call's), n_split splits; ROWS rows a slot's
  * round (KVCHAT_CUDA_ATTN_ROWS). */
 template <int ROWS>
-__global__ void __launch_bounds__(AG_THREADS, AG_MIN_BLOCKS(ROWS)) attn_group_kernel(const float *q, const int32_t *q_pos,
-                                                                const ag_page *pages, int64_t n_pages,
-                                                                const int64_t *head_pages, const uint64_t *masks,
-                                                                int n_head, int group, int D, int32_t window,
-                                                                int n_split, uint32_t hold, float *part_o,
-                                                                float *part_ml)
+__global__ void __launch_bounds__(AG_THREADS, AG_MIN_BLOCKS(ROWS))
+    attn_group_kernel(const float *q, const int32_t *q_pos, const ag_page *pages, int64_t n_pages,
+                      const int64_t *head_pages, const uint64_t *masks, int n_head, int group, int D, int32_t window,
+                      int n_split, uint32_t hold, float *part_o, float *part_ml)
 {
     attn_group_block<ROWS>(q, q_pos, pages, n_pages, head_pages, masks, n_split, n_split, n_head, group, D, window,
                            hold, part_o, part_ml);
@@ -238,10 +236,9 @@ __global__ void __launch_bounds__(AG_THREADS, AG_MIN_BLOCKS(ROWS)) attn_group_ke
  * the parameter is (__grid_constant__); a kernel of its own, since the list's fields found at run
  * time hold registers the one-list kernel keeps in the parameter bank. */
 template <int ROWS>
-__global__ void __launch_bounds__(AG_THREADS, AG_MIN_BLOCKS(ROWS)) attn_group_lists_kernel(const float *q, const int32_t *q_pos,
-                                                                      const __grid_constant__ ag_lists L, int n_head,
-                                                                      int group, int D, int32_t window,
-                                                                      uint32_t hold, float *part_o, float *part_ml)
+__global__ void __launch_bounds__(AG_THREADS, AG_MIN_BLOCKS(ROWS))
+    attn_group_lists_kernel(const float *q, const int32_t *q_pos, const __grid_constant__ ag_lists L, int n_head,
+                            int group, int D, int32_t window, uint32_t hold, float *part_o, float *part_ml)
 {
     const ag_list &l = L.l[blockIdx.y];
     attn_group_block<ROWS>(q, q_pos, l.pages, l.n_pages, l.head_pages, l.masks, l.n_split, L.stride, n_head, group,

@@ -197,7 +197,8 @@ typedef struct cuda_impl {
     int n_sm;                  /* multiprocessors: how finely decode attention splits its pages */
     int attn_scalar;           /* KVCHAT_CUDA_ATTN=scalar: a block per query head (attn_kernel), to compare */
     int attn_splits;           /* KVCHAT_CUDA_ATTN_SPLITS: the grouped and flash kernels' splits (0: by the device) */
-    int attn_rows;             /* KVCHAT_CUDA_ATTN_ROWS: rows a slot of the grouped kernel fetches a round (0: AG_ROWS) */
+    int attn_rows;             /* KVCHAT_CUDA_ATTN_ROWS: rows a slot of the grouped kernels fetches a round
+                                * (0: AG_ROWS) */
     int attn_flash;            /* prefill chunks on the tensor cores (attn_flash_kernel); KVCHAT_CUDA_ATTN=grouped:
                                 * on the grouped kernel, to compare */
     size_t flash_smem_set;     /* the flash kernel's shared memory limit as raised so far */

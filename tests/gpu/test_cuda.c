@@ -1369,7 +1369,9 @@ Test(cuda, the_rows_a_round_and_the_staged_chunks_give_the_hosts_bits)
     enum { N = 3 };
     for (int si = 0; si < 4; si++)
         for (int variant = 0; variant < 4; variant++) {
-            const int nh = shapes[si][0], nkv = shapes[si][1], D = shapes[si][2], k = variant & 1;
+            /* variants: 0 plain, 1 masks (both over 1 split: a split crossing chunks), 2 bias, 3 masks,
+             * bias and a window (over 5 splits; 3 of 1 to 9 pages a head) */
+            const int nh = shapes[si][0], nkv = shapes[si][1], D = shapes[si][2], k = variant >> 1;
             const int64_t HD = (int64_t)nh * D;
             const size_t nq = (size_t)(N * HD);
             page_set ps[N];
@@ -1379,8 +1381,8 @@ Test(cuda, the_rows_a_round_and_the_staged_chunks_give_the_hosts_bits)
             cr_assert(q && want && got);
             for (size_t i = 0; i < nq; i++) q[i] = frand(-0.5f, 0.5f);
             for (int i = 0; i < N; i++) {
-                const int per = variant < 2 ? 33 + (int)(rnd() % 48) : 1 + (int)(rnd() % 9);
-                make_pages(&ps[i], nkv, per, D, variant >= 1, variant >= 2);
+                const int per = variant < 3 ? 33 + (int)(rnd() % 48) : 1 + (int)(rnd() % 9);
+                make_pages(&ps[i], nkv, per, D, variant & 1, variant >= 2);
                 qp[i] = i == 1 ? ps[i].max_pos / 2 : ps[i].max_pos;
                 a[i] = (be_attn){ .q = q + i * HD, .n_q = 1, .q_pos = &qp[i], .n_head = nh, .n_head_kv = nkv,
                                   .head_dim = D, .pages = ps[i].pages, .n_pages = ps[i].n_pages,
