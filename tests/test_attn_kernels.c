@@ -167,14 +167,20 @@ static void free_pageset(pageset *ps)
  * each weight is off by the score's error (a lane's 8 fused products and 5 sums: 14 S, S the largest
  * sum of |q_d k_d| + |bias| of a row) plus its exponential's (a few), counted twice (the output and
  * its normaliser), plus the depth of the sums (8 + 4 log2 n), plus w_units for weights rounded
- * further (the flash kernel's f16 weights: 2^-11 of each, on |v - o| <= 2 max |v|: 8192). Returns
- * the largest |got - exact| over that bound (1: at the bound). */
+ * further (the flash kernel's f16 weights: 2^-11 of each, on |v - o| <= 2 max |v|: 8192). Weights
+ * rounded to f16 also lose their relative precision below f16's least normal (2^-14): with
+ * w_units, each is off by up to half the least subnormal (2^-25, a weight being at most 1 before
+ * its tile's rescaling), which adds 2^-25 sum |v_i - exact| / L, bounded by 2^-25 (sum |v_i| +
+ * n |exact|) / L, to the bound (what a row of tiny weights against one large one, a peaked softmax
+ * over near-zero values, exceeded: 4.23 of the relative bound alone). Returns the largest
+ * |got - exact| over that bound (1: at the bound). */
 static double check_exact(const be_attn *a, const float *got, double w_units, int64_t *n_nan)
 {
     const int D = a->head_dim, group = a->n_head / a->n_head_kv;
     double worst = 0;
     *n_nan = 0;
     double *acc = malloc(sizeof(double) * (size_t)D), *mag = malloc(sizeof(double) * (size_t)D);
+    double *absv = malloc(sizeof(double) * (size_t)D);   /* sum |v_i| of the visible rows */
     for (int64_t t = 0; t < a->n_q; t++)
         for (int h = 0; h < a->n_head; h++) {
             const int g = h / group;
@@ -184,7 +190,7 @@ static double check_exact(const be_attn *a, const float *got, double w_units, in
             int64_t n_vis = 0;
             for (int pass = 0; pass < 2; pass++) {
                 double L = 0;
-                for (int d = 0; d < D; d++) acc[d] = mag[d] = 0;
+                for (int d = 0; d < D; d++) acc[d] = mag[d] = absv[d] = 0;
                 for (int64_t ip = p0; ip < p1; ip++) {
                     const be_kv_page *pg = &a->pages[ip];
                     for (int32_t i = 0; i < pg->n; i++) {
@@ -210,6 +216,7 @@ static double check_exact(const be_attn *a, const float *got, double w_units, in
                         for (int d = 0; d < D; d++) {
                             acc[d] += w * quant_fp16_to_f32(vr[d]);
                             mag[d] += w * fabs(quant_fp16_to_f32(vr[d]));
+                            absv[d] += fabs(quant_fp16_to_f32(vr[d]));
                         }
                     }
                 }
@@ -222,7 +229,9 @@ static double check_exact(const be_attn *a, const float *got, double w_units, in
                     }
                     const double exact = n_vis ? acc[d] / L : 0.0;
                     const double units = w_units + 2.0 * (14.0 * S + 4.0) + 8.0 + 4.0 * log2((double)n_vis + 1);
-                    const double scale = n_vis ? ldexp(1.0, -23) * units * (mag[d] / L + 1e-30) : 1e-30;
+                    const double f16_floor =
+                        w_units > 0 && n_vis ? ldexp(1.0, -25) * (absv[d] + (double)n_vis * fabs(exact)) / L : 0.0;
+                    const double scale = n_vis ? ldexp(1.0, -23) * units * (mag[d] / L + 1e-30) + f16_floor : 1e-30;
                     const double e = fabs((double)o[d] - exact) / scale;
                     if (e > worst) worst = e;
                 }
@@ -230,6 +239,7 @@ static double check_exact(const be_attn *a, const float *got, double w_units, in
         }
     free(acc);
     free(mag);
+    free(absv);
     return worst;
 }
 
