@@ -201,14 +201,14 @@ QB_HD void ag_slot_sum(float (*part)[AG_HEADS], int nl, int lk, int hb)
 {
 #ifdef __CUDA_ARCH__
     (void)nl;
+    /* unrolled, the stages below lk taken (the same for the whole block), each stage's heads side
+     * by side: their shuffles in flight together, each head's sums in the loop's order */
     QB_UNROLL
-    for (int h = 0; h < AG_HEADS; h++) {
-        if (h >= hb) continue;
-        float x = part[0][h];
-        QB_UNROLL   /* the stages below lk (the same for the whole block): no loop kept a row */
-        for (int o = 16; o > 0; o >>= 1)
-            if (o < lk) x = QB_ADD(x, __shfl_xor_sync(0xffffffffu, x, o));
-        part[0][h] = x;
+    for (int o = 16; o > 0; o >>= 1) {
+        if (o >= lk) continue;
+        QB_UNROLL
+        for (int h = 0; h < AG_HEADS; h++)
+            if (h < hb) part[0][h] = QB_ADD(part[0][h], __shfl_xor_sync(0xffffffffu, part[0][h], o));
     }
 #else
     for (int h = 0; h < hb; h++)
@@ -242,14 +242,15 @@ QB_HD void ag_rescale(ag_state *st, const float *score, int hb)
     }
 }
 
-/* w[h] = e^(score[h] - m[h]) for the slot's heads. On the device every lane of the warp must call
- * it (it shuffles); `ls` is the lane's place in its slot of lk lanes. Where a slot has fewer lanes
- * than heads (head dimensions of 16 and less), each lane computes every head's. */
-QB_HD void ag_weights(const ag_state *st, const float *score, int hb, int lk, int ls, float *w)
+/* w[h] = e^(score[h] - m[h]) for the slot's heads, of a row that is `seen` (else nothing that is
+ * read). On the device every lane of the warp must call it (it shuffles); `ls` is the lane's place
+ * in its slot of lk lanes. Where a slot has fewer lanes than heads (head dimensions of 16 and
+ * less), each lane computes every head's. */
+QB_HD void ag_weights(const ag_state *st, const float *score, int hb, int lk, int ls, int seen, float *w)
 {
 #ifdef __CUDA_ARCH__
     if (lk >= AG_HEADS) {   /* the same for the whole block */
-        const int mine = ls < hb ? ls : 0, base = ((int)threadIdx.x & 31) - ls;
+        const int mine = ls < hb ? ls : 0;
         float s = score[0], m = st->m[0];
         QB_UNROLL
         for (int h = 1; h < AG_HEADS; h++)   /* selected, not indexed: registers stay registers */
@@ -257,12 +258,13 @@ QB_HD void ag_weights(const ag_state *st, const float *score, int hb, int lk, in
         const float own = ag_exp(QB_SUB(s, m));
         QB_UNROLL
         for (int h = 0; h < AG_HEADS; h++)
-            if (h < hb) w[h] = __shfl_sync(0xffffffffu, own, base + h);
+            if (h < hb) w[h] = __shfl_sync(0xffffffffu, own, h, lk);   /* lane h of the slot */
         return;
     }
 #else
     (void)lk, (void)ls;
 #endif
+    if (!seen) return;
     QB_UNROLL
     for (int h = 0; h < AG_HEADS; h++)
         if (h < hb) w[h] = ag_exp(QB_SUB(score[h], st->m[h]));
@@ -280,7 +282,7 @@ QB_HD void ag_accumulate(ag_state *st, const float *score, const float *w, const
     }
 }
 
-/* The first use of a round's fetches made to wait for every one of them: what they loaded OR'ed
+/* The first use of a round's fetches made to wait for every one of them: what they loaded XOR'ed
  * into the first key row's first word under `hold`, a zero that comes from the launch, so that the
  * compiler cannot see it is one and ptxas cannot schedule a use ahead of a later row's loads. Left
  * to itself it did, in some instances: row 0's loads issued, unpacked and used, and only then the
@@ -289,16 +291,16 @@ QB_HD void ag_hold_for_every_fetch(uint32_t hold, const uint32_t (*kr)[AG_MAX_RO
                                    const uint32_t (*vr)[AG_MAX_ROWS][4], const int32_t *kp, const uint64_t *mw,
                                    const float *bias, int rows, uint32_t *first)
 {
-    uint32_t all = 0;
+    uint32_t all = 0;   /* by XOR, which no operand absorbs (an OR with a mask of all ones would) */
     QB_UNROLL
     for (int u = 0; u < AG_MAX_ROWS; u++) {
         if (u >= rows) continue;
-        for (int w = 0; w < 4; w++) all |= kr[0][u][w] | vr[0][u][w];
+        for (int w = 0; w < 4; w++) all ^= kr[0][u][w] ^ vr[0][u][w];
         uint32_t b;
         memcpy(&b, &bias[u], sizeof b);
-        all |= (uint32_t)kp[u] | (uint32_t)mw[u] | (uint32_t)(mw[u] >> 32) | b;
+        all ^= (uint32_t)kp[u] ^ (uint32_t)mw[u] ^ (uint32_t)(mw[u] >> 32) ^ b;
     }
-    *first |= all & hold;
+    *first ^= all & hold;
 }
 
 /* Slot `slot` of `slots` over the n_pages staged pages (ag_stage) of KV head g for a query at qp:
@@ -370,7 +372,7 @@ QB_HD void ag_slot_run(const ag_page *pages, int64_t n_pages, const uint64_t *ma
                     float s[AG_HEADS], w[AG_HEADS];
                     for (int h = 0; h < AG_HEADS; h++) s[h] = pg.bias ? QB_ADD(part[l][h], bias[u]) : part[l][h];
                     if (seen) ag_rescale(&st[l], s, hb);
-                    ag_weights(&st[l], s, hb, lk, lane0 + l, w);   /* every lane: it shuffles */
+                    ag_weights(&st[l], s, hb, lk, lane0 + l, seen, w);   /* every lane: it shuffles */
                     if (seen) ag_accumulate(&st[l], s, w, vr[l][u], hb);
                 }
             }
