@@ -284,9 +284,9 @@ QB_HD void ag_accumulate(ag_state *st, const float *score, const float *w, const
 
 /* The first use of a round's fetches made to wait for every one of them: what they loaded XOR'ed
  * into the first key row's first word under `hold`, a zero that comes from the launch, so that the
- * compiler cannot see it is one and ptxas cannot schedule a use ahead of a later row's loads. Left
- * to itself it did, in some instances: row 0's loads issued, unpacked and used, and only then the
- * other rows' (scripts/check_sass_loads.sh). Bits unchanged: hold is zero. */
+ * compiler cannot know it is zero and ptxas cannot schedule a use ahead of a later row's loads.
+ * Left to itself it did, in some instances: row 0's loads issued, unpacked and used, and only then
+ * the other rows' (scripts/check_sass_loads.sh). Bits unchanged: hold is zero. */
 QB_HD void ag_hold_for_every_fetch(uint32_t hold, const uint32_t (*kr)[AG_MAX_ROWS][4],
                                    const uint32_t (*vr)[AG_MAX_ROWS][4], const int32_t *kp, const uint64_t *mw,
                                    const float *bias, int rows, uint32_t *first)
