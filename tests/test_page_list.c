@@ -328,9 +328,9 @@ Test(page_list, a_selection_kept_from_step_to_step_equals_one_built_afresh_and_k
 
 /* A fork's lists start as copies of its source's (page_list_copy, page_spans_copy): kv_fork gives
  * its tables the source's shapes, and copying a shared last page keeps a layer's shape in both, so
- * after each cache appends (the first to append copying the shared last pages), each list's update rewrites only
- * its heads' last entries (an entry before them, spoiled on purpose, stays spoiled) and then equals
- * a list built afresh of its own cache. */
+ * after each cache appends (the first to append copying the shared last pages), each list's update
+ * rewrites only its heads' last entries (an entry before them, spoiled on purpose, stays spoiled)
+ * and then equals a list built afresh of its own cache. */
 Test(page_list, a_forks_lists_start_as_its_sources_and_keep_up_with_its_own_pages)
 {
     char err[256];
