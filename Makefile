@@ -379,7 +379,7 @@ space := $(empty) $(empty)
 cuda-asan-build:
 	@$(MAKE) --no-print-directory CUDA=1 BUILD=build-cuda-asan OBJ=build-asan KVCHAT=build-cuda-asan/kvchat OPT=-O1 \
 		SAN="$(SAN_FLAGS)" NVARCH="-gencode arch=compute_90,code=sm_90" \
-		NVHOST=",$(subst $(space),$(comma),$(SAN_FLAGS))" build-cuda-asan/kvchat
+		NVHOST=",$(subst $(space),$(comma),$(SAN_FLAGS))" build-cuda-asan/kvchat build-cuda-asan/tests/gpu_bench
 
 ifeq ($(CUDART_MAJOR),)
 test-standin:

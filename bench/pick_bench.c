@@ -85,7 +85,7 @@ int main(int argc, char **argv)
             int32_t id[BE_PICK_MAX];
             int32_t n_pen = samp_pick_request(b, BE_PICK_MAX, pen, &penalty, &k);
             be_pick p = { row, nv, 0, pen, n_pen, penalty, k, set[si].monitor, sp.temperature, val, id, 0, 0, 0 };
-            cpu->ops->pick(cpu, &p);
+            cpu->ops->pick(cpu, &p, 1);
             int32_t got = samp_sample_top(b, val, id, p.n_out, k);
             if (got < 0) {
                 memcpy(work, row, sizeof(float) * (size_t)nv);

@@ -1087,8 +1087,8 @@ static int output_rows(fwd_ctx *f, int64_t r0, int64_t nr, be_pick *picks, float
         picks[i].logits = rows + i * hp->n_vocab;
         picks[i].n = hp->n_vocab;
         picks[i].softcap = hp->final_softcap;
-        f->b->ops->pick(f->b, &picks[i]);
     }
+    if (picks) f->b->ops->pick(f->b, picks, (int)nr);   /* a batch's rows: one wait */
     if (be_failed(f->b, f->dev_err, sizeof f->dev_err)) return -1;
     if (!picks) soft_cap(hp, f->logits, nr * hp->n_vocab);
     return 0;

@@ -454,9 +454,10 @@ typedef struct be_ops {
     int (*failed)(be_backend *b, char *err, size_t errlen);
     /* A device backend's traffic so far: waits for the device and bytes copied each way (NULL: none). */
     void (*counters)(be_backend *b, uint64_t *waits, uint64_t *bytes_up, uint64_t *bytes_down);
-    /* The best candidates of a row of logits (be_pick above; the answer is on the host when this
-     * returns). NULL: the caller reads the row and chooses itself. */
-    void (*pick)(be_backend *b, be_pick *p);
+    /* The best candidates of each of n rows of logits, a be_pick each (above; the answers are on
+     * the host when this returns: a device waits once for all of them). NULL: the caller reads the
+     * rows and chooses itself. */
+    void (*pick)(be_backend *b, be_pick *p, int n);
     /* The host will read these ranges after the device's next wait: their newer bytes are copied
      * back now without waiting, so that the wait some op makes anyway (a pick's) brings them in and
      * the be_host_read after it waits for nothing. NULL: nothing to do ahead. */

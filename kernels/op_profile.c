@@ -204,7 +204,7 @@ static struct tp_pool *t_host_pool(be_backend *b)
     return in->ops->host_pool(in);
 }
 
-static void t_pick(be_backend *b, be_pick *pk) { TIMED(R_PICK, in_->ops->pick(in_, pk)); }
+static void t_pick(be_backend *b, be_pick *pk, int n) { TIMED(R_PICK, in_->ops->pick(in_, pk, n)); }
 
 static void t_host_prefetch(be_backend *b, const be_range *r, int n)
 {

@@ -6,8 +6,8 @@
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
 #   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds, scores,
 #      key-means, attention-mass, SimHash-recall, selection and SentKV-choice tests and (a step of its own) the page
-#      rows' test, racecheck over the attention kernels', the fused ops' and the SimHash recall's
-#      tests, and synccheck over those, the key means' and the attention mass's;
+#      rows' test (racecheck and synccheck come after the figures, 6b; GPU_CHECK_SANITIZERS=0 skips
+#      all three, for a short second run);
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
@@ -29,6 +29,8 @@
 #      and without Quest and CHESS, /compare's batch, full against CHESS aggressive at 32K, and
 #      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8; TAKE and LASER-KV at
 #      32K under the profiler);
+#   6b. racecheck over the attention kernels', the fused ops' and the policies' kernels' tests, and
+#      synccheck over those and the key means' and attention mass's, each in two steps;
 #   7. ncu's counters over a token's decode products and decode attention (gpu_bench --profile;
 #      OUTDIR/ncu.txt), on what the budget left.
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
@@ -40,7 +42,8 @@
 # bench/policy_results.csv), OUTDIR/compare_results.csv (kvchat bench --compare's rows, for
 # bench/compare_results.csv), OUTDIR/batch_results.csv (kvchat bench --seqs's rows, for
 # bench/batch_results.csv), OUTDIR/kernels.csv (gpu_bench's own rows), OUTDIR/log.txt (every step's
-# whole output). A step that fails or runs out of time is recorded and the next one runs. Without a GPU
+# whole output). A step that fails or runs out of time is recorded, what it left running is killed
+# (it would share the GPU with the next) and the next one runs. Without a GPU
 # (nvidia-smi finds none) the steps that write and time models are skipped: on the CPU they would
 # only spend the budget. Exit status: 0 when every step passed, 1 otherwise.
 set -uo pipefail
@@ -79,6 +82,22 @@ left() { echo $((budget - ($(date +%s) - start))); }
 # fig STEP WHAT CONFIG VALUE UNIT: one row of figures.csv
 fig() { bash "$fig_tool" row "$@" >>"$figures"; }
 
+# what a step left running (a timed-out sanitizer's target, criterion's workers: timeout's signals
+# reach its own process group only) is killed before the next step, which would share the GPU with
+# it: on 2026-11-30 a timed-out racecheck left so halved every later figure (the copy at 2,057 GB/s)
+reaped=""
+reap() {
+    local left
+    reaped=""
+    left=$(pgrep -f -- "$bin/|compute-sanitizer" || true)
+    [ -n "$left" ] || return 0
+    reaped="(killed $(echo "$left" | wc -l) processes the step left running)"
+    echo "$reaped" >>"$log"
+    # shellcheck disable=SC2086
+    kill -9 $left 2>/dev/null
+    sleep 1
+}
+
 # step NAME TIMEOUT CMD...: run CMD with its output in log.txt and in $tmp/last; records the result
 step() {
     local name=$1 limit=$2
@@ -98,6 +117,7 @@ step() {
     timeout --kill-after=5 "$limit" "$@" >"$tmp/last" 2>&1
     rc=$?
     cat "$tmp/last" >>"$log"
+    reap
     local took=$(($(date +%s) - t0))
     fig "$name" seconds - "$took" s
     if [ $rc -eq 0 ]; then
@@ -115,6 +135,7 @@ step() {
         say '```'
         failures=$((failures + 1))
     fi
+    [ -z "$reaped" ] || say "    $reaped"
     return $rc
 }
 
@@ -255,8 +276,11 @@ grep '^device' "$tmp/info" | sed 's/^/    /' >>"$summary"
 step "gpu_tests" 240 "$bin/gpu_tests" -j1 --ignore-warnings
 grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' >>"$summary"
 
-# 3. memcheck
-if command -v compute-sanitizer >/dev/null 2>&1; then
+# 3. memcheck (racecheck and synccheck, slower, come after the figures: see race_and_sync_steps)
+sanitizers=${GPU_CHECK_SANITIZERS:-1}
+if [ "$sanitizers" = 0 ]; then
+    say "- compute-sanitizer: not run (GPU_CHECK_SANITIZERS=0)"
+elif command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (attention, the split merge, element-wise, declared constants, decode products, pick, gather, bounds, scores, key means, attention mass, SimHash recall, merge, selection, SentKV's choice, a restored cache placed)" 120 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(paged_attention*|grouped_attention*|the_rows_a_round*|a_merge_of_more*|flash_attention*|attention_with*|joined_attention*|element_wise*|fused_ops*|norm_weights*|declared_constants*|the_decode_kernel*|several_products*|products_read_the_codes*|device_page_copies*|a_named_page_list*|the_pick_on*|the_embedding_gather*|the_bounds_on*|page_summaries_folded*|quest_s_bounds_and_best*|the_scores_on*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|a_selection_by_bounds*|a_choice_of_tokens*|sentkv_s_choice_on*|a_restored_cache*)'
@@ -267,20 +291,6 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     step "compute-sanitizer memcheck (page rows, batches in launches)" 90 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
         --filter 'cuda/@(a_prompts_rows_written*|an_upload_batch*)'
-    grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
-    # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
-    # stages; racecheck is slow, so that test alone (not the grouped kernel's, nor the split merge's
-    # hundreds of blocks), the fused ops' shared block sums and the SimHash recall's codes and
-    # counts, or'ed and added in shared memory) and barriers (those, the split merge's tiles, the
-    # key means' row then its sum of squares, and the attention mass's shuffles within half-warps
-    # and its row sums)
-    step "compute-sanitizer racecheck (flash attention, fused ops, SimHash recall, merge, SentKV's choice, Quest's best)" 120 \
-        compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(flash_attention*|fused_ops*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|quest_s_bounds_and_best*)'
-    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
-    step "compute-sanitizer synccheck (attention kernels, fused ops, key means, attention mass, SimHash recall, merge, SentKV's choice, Quest's best)" 90 \
-        compute-sanitizer --tool synccheck --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
-        --filter 'cuda/@(grouped_attention*|the_rows_a_round*|a_merge_of_more*|joined_attention*|flash_attention*|fused_ops*|the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|a_choice_of_tokens*|quest_s_bounds_and_best*)'
     grep -E 'ERROR SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
 else
     say "- compute-sanitizer: not installed here"
@@ -431,6 +441,41 @@ for type in q4_k_m f16; do
     fi
     rm -f "$m"
 done
+
+# racecheck and synccheck over the attention kernels, the fused ops and the policies' kernels: run
+# after the figures (racecheck once ran past its limit and, before reap, left its target sharing the
+# GPU with every later step)
+race_and_sync_steps() {
+    [ "$sanitizers" != 0 ] && command -v compute-sanitizer >/dev/null 2>&1 || return 0
+    say ""
+    say "## Races and barriers (compute-sanitizer)"
+    say ""
+    # the attention kernels' shared-memory pipelines and merges: races (the flash kernel's cp.async
+    # stages; racecheck is slow, so that test alone (not the grouped kernel's, nor the split merge's
+    # hundreds of blocks), the fused ops' shared block sums and the SimHash recall's codes and
+    # counts, or'ed and added in shared memory) and barriers (those, the split merge's tiles, the
+    # key means' row then its sum of squares, and the attention mass's shuffles within half-warps
+    # and its row sums)
+    # each in two steps, attention's and the rest, so that one slow test costs only its half (on
+    # 2026-11-30 both whole steps ran past their limits without a line of output)
+    local tool group filter
+    for tool in racecheck synccheck; do
+        for group in attention others; do
+            case $tool/$group in
+            racecheck/attention) filter='flash_attention*|fused_ops*' ;;
+            racecheck/others) filter='lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|quest_s_bounds_and_best*' ;;
+            synccheck/attention) filter='grouped_attention*|the_rows_a_round*|a_merge_of_more*|joined_attention*|flash_attention*|fused_ops*' ;;
+            synccheck/others) filter='the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|a_choice_of_tokens*|quest_s_bounds_and_best*' ;;
+            esac
+            step "compute-sanitizer $tool ($filter)" 90 \
+                compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
+                --filter "cuda/@($filter)"
+            grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"
+        done
+    done
+}
+
+race_and_sync_steps
 
 say ""
 say "## Counters (ncu)"

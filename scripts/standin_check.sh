@@ -8,6 +8,7 @@
 # tables, upload batches, policies' device paths, graphs, batches, snapshots placed on the device.
 # On the tiny models (../shared/testdata/tiny), each of these must succeed, and under the
 # sanitizers any memory error, leak or undefined behaviour fails it:
+#   - gpu_bench (from beside KVCHAT: tests/gpu_bench), whole and --profile;
 #   - the device as the backend probes it (kvchat info);
 #   - every policy, prefill and decode, two depths, pages of 16 tokens, each decode-time policy
 #     swapped in after the one before in one forward context (a swap from SentKV to Quest once
@@ -55,6 +56,17 @@ llama=$TD/tiny/tiny-llama-q4_k_m.gguf
 gemma=$TD/tiny/tiny-gemma3-q4_k_m.gguf
 every="full,streaming,quest,chess:budget=0.5,sentkv,take,laser,chelsea,snapkv,h2o"
 decode_time="full,streaming,quest,sentkv,chess:budget=0.5"
+
+# the kernel micro-benchmark beside KVCHAT (its rows' names, its flow; no figure means anything
+# here): what gpu-check.sh runs on a GPU must not stop on the host's side (a config name with a
+# comma once stopped it there, its attention rows unmeasured)
+gb="$(dirname "$K")/tests/gpu_bench"
+if [ -x "$gb" ]; then
+    run "gpu_bench" "$gb" --csv "$work/kernels.csv"
+    run "gpu_bench --profile" "$gb" --profile
+else
+    fail "$gb is missing (make cuda-asan-build builds it)"
+fi
 
 if run "info" "$K" info -m "$llama" --device cuda && ! grep -q 'stand-in' "$work/out"; then
     fail "kvchat info does not name the stand-in device"

@@ -317,8 +317,8 @@ Test(bounds, the_bound_kernels_threads_on_the_host_give_the_cpus_bounds_bit_for_
             be_pick pa = { .logits = u + (int64_t)h * most, .n = (int32_t)cnt[h], .k = 40, .val = val, .id = id_a };
             be_pick pb = pa;
             pb.n = (int32_t)most, pb.id = id_b;
-            if (cnt[h] > 0) b->ops->pick(b, &pa);
-            b->ops->pick(b, &pb);
+            if (cnt[h] > 0) b->ops->pick(b, &pa, 1);
+            b->ops->pick(b, &pb, 1);
             cr_expect(pa.n_out == pb.n_out && !memcmp(id_a, id_b, sizeof(int32_t) * (size_t)pa.n_out),
                       "round %d head %d: the padded row's best differ", round, h);
         }

@@ -76,7 +76,7 @@ Test(pick, the_cpu_pick_is_the_best_of_a_sort_of_every_key_and_its_entropy_the_s
         float val[256];
         int32_t id[256];
         be_pick p = { row, n, cap, pen, n_pen, penalty, k, 1, round % 2 ? 0.8f : 0.0f, val, id, -1, -1, -1 };
-        b->ops->pick(b, &p);
+        b->ops->pick(b, &p, 1);
         /* the row is soft-capped in place, as the forward pass capped a row it read */
         for (int32_t i = 0; i < n; i++) capped[i] = cap > 0 ? lp_cap(orig[i], cap) : orig[i];
         cr_assert(!memcmp(row, capped, sizeof(float) * (size_t)n), "round %d: the row after the pick", round);
@@ -159,7 +159,7 @@ Test(pick, choosing_from_the_candidates_is_samp_sample)
             float val[BE_PICK_MAX];
             int32_t id[BE_PICK_MAX];
             be_pick p = { row, n, 0, pen, n_pen, penalty, k, 0, 0, val, id, 0, 0, 0 };
-            b->ops->pick(b, &p);
+            b->ops->pick(b, &p, 1);
             int32_t got = samp_sample_top(s1, val, id, p.n_out, k);
             if (got < 0) {
                 memcpy(a, row, sizeof(float) * n);

@@ -115,7 +115,7 @@ Test(pick_kernels, the_launches_give_the_cpu_picks_candidates_and_its_entropy_wi
         /* the launches after pick_softcap_kernel, on the row it leaves */
         for (int64_t i = 0; i < n; i++) capped[i] = cap > 0 ? lp_cap(row[i], cap) : row[i];
         be_pick p = { row, (int32_t)n, cap, pen, n_pen, penalty, k, 1, temp, val, id, 0, 0, 0 };
-        cpu->ops->pick(cpu, &p);
+        cpu->ops->pick(cpu, &p, 1);
         uint64_t best[BE_PICK_MAX];
         double h, vh;
         simulate(capped, n, pen, n_pen, penalty, k, 1, temp, best, &h, &vh);

@@ -1121,10 +1121,10 @@ static void cpu_add_norm(be_backend *b, float *x, float *o, const float *post, c
     run_rows(b, &j);
 }
 
-static void cpu_pick(be_backend *b, be_pick *p)
+static void cpu_pick(be_backend *b, be_pick *p, int n)
 {
     (void)b;
-    cpu_pick_row(p);
+    for (int i = 0; i < n; i++) cpu_pick_row(&p[i]);
 }
 
 struct tp_pool *be_cpu_pool(be_backend *cpu) { return impl_of(cpu)->pool; }

@@ -321,7 +321,7 @@ void cuda_attention(be_backend *b, const be_attn *a);
 void cuda_attention_seqs(be_backend *b, const be_attn *a, int n);
 void cuda_place_pages(be_backend *b, const be_attn *a, int n);
 void cuda_place_bounds(be_backend *b, const be_bounds *r);
-void cuda_pick(be_backend *b, be_pick *p);
+void cuda_pick(be_backend *b, be_pick *p, int n);
 void cuda_rmsnorm(be_backend *b, const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps);
 void cuda_qk_rope(be_backend *b, const be_qk *r);
 void cuda_glu(be_backend *b, float *gate, const float *up, int64_t n, int gelu);

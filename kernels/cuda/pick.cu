@@ -146,64 +146,97 @@ __global__ void pick_entropy_finish(const double *sums, const float *slice_max, 
     if (isfinite(mx)) lp_entropy_finish(acc, &out[0], &out[1]);
 }
 
-void cuda_pick(be_backend *b, be_pick *p)
+/* One row's candidates launched, its answer (entropy, varentropy, then the k best keys) into the
+ * device's answer area at res; 0, or -1 when a launch failed (ci->failed). */
+static int pick_issue(cuda_impl *ci, be_pick *p, uint8_t *res)
 {
-    cuda_impl *ci = impl_of(b);
-    seg_op(ci, SEG_JOIN);   /* a decode step's last op: its wait runs the recording */
-    size_t bytes = sizeof(float) * (size_t)p->n;
-    p->n_out = 0;
-    p->h = p->vh = 0;
-    if (ci->failed || p->n <= 0) return;
-    if (!bound(ci, p->logits, bytes)) {   /* host logits: the CPU's pick */
-        am_range r = { p->logits, bytes };
-        am_host_read(&ci->act, &r, 1);
-        ci->cpu->ops->pick(ci->cpu, p);
-        return;
-    }
-    int32_t k = p->k < 1 ? 1 : p->k > BE_PICK_MAX ? BE_PICK_MAX : p->k;
-    p->k = k;
     int64_t blocks[9];
-    int rounds = pk_plan(p->n, k, blocks);
-    size_t keys_bytes = sizeof(uint64_t) * (size_t)(blocks[0] * k), res_bytes = 16 + sizeof(uint64_t) * (size_t)k;
-    if (grow_dev(ci, (void **)&ci->pick_keys, &ci->cap_pick_keys, 2 * keys_bytes) ||
-        grow_dev(ci, (void **)&ci->pick_max, &ci->cap_pick_max, sizeof(float) * (size_t)blocks[0]) ||
-        grow_dev(ci, (void **)&ci->pick_sums, &ci->cap_pick_sums, sizeof(double) * 3 * (size_t)blocks[0]) ||
-        grow_dev(ci, (void **)&ci->pick_res, &ci->cap_pick_res, res_bytes) ||
-        grow_host(ci, (void **)&ci->h_pick, &ci->cap_h_pick, res_bytes))
-        return;
+    int rounds = pk_plan(p->n, p->k, blocks);
     int32_t n_pen = p->n_pen < 0 ? 0 : p->n_pen < 4096 ? p->n_pen : 4096;
     const int32_t *d_pen = NULL;
-    if (n_pen > 0 && !(d_pen = (const int32_t *)stage(ci, p->pen_ids, sizeof(int32_t) * (size_t)n_pen))) return;
-    float *dl = (float *)am_dev_out(&ci->act, p->logits, bytes);   /* read, and capped in place */
+    if (n_pen > 0 && !(d_pen = (const int32_t *)stage(ci, p->pen_ids, sizeof(int32_t) * (size_t)n_pen))) return -1;
+    float *dl = (float *)am_dev_out(&ci->act, p->logits, sizeof(float) * (size_t)p->n);   /* read, and capped in place */
     cudaStream_t s = ci->stream;
     if (p->softcap > 0) {
         pick_softcap_kernel<<<(unsigned)((p->n + EW_THREADS - 1) / EW_THREADS), EW_THREADS, 0, s>>>(dl, p->n, p->softcap);
-        if (ck(ci, cudaGetLastError(), "soft cap kernel")) return;
+        if (ck(ci, cudaGetLastError(), "soft cap kernel")) return -1;
     }
-    if (pick_k_best(ci, dl, p->n, 0, 1, d_pen, n_pen, p->penalty, k, blocks, rounds, ci->pick_keys, ci->pick_max,
-                    (uint64_t *)(ci->pick_res + 16), ""))
-        return;
+    if (pick_k_best(ci, dl, p->n, 0, 1, d_pen, n_pen, p->penalty, p->k, blocks, rounds, ci->pick_keys, ci->pick_max,
+                    (uint64_t *)(res + 16), ""))
+        return -1;
     if (p->entropy) {
         float temp = p->temp > 0 ? p->temp : 1.0f;
         pick_entropy_kernel<<<(unsigned)blocks[0], PK_THREADS, 0, s>>>(dl, p->n, ci->pick_max, blocks[0], 1.0f / temp,
                                                                        ci->pick_sums);
-        pick_entropy_finish<<<1, 1, 0, s>>>(ci->pick_sums, ci->pick_max, blocks[0], (double *)ci->pick_res);
-        if (ck(ci, cudaGetLastError(), "pick entropy kernel")) return;
+        pick_entropy_finish<<<1, 1, 0, s>>>(ci->pick_sums, ci->pick_max, blocks[0], (double *)res);
+        if (ck(ci, cudaGetLastError(), "pick entropy kernel")) return -1;
     }
-    ci->bytes_down += res_bytes;
-    if (ck(ci, cudaMemcpyAsync(ci->h_pick, ci->pick_res, res_bytes, cudaMemcpyDeviceToHost, s), "pick download") ||
-        sync_stream(ci, "pick"))
-        return;
+    return 0;
+}
+
+/* A row's answer as it came back (h: its slot of the host's copy of the answer area). */
+static void pick_answer(be_pick *p, const uint8_t *h)
+{
     if (p->entropy) {
-        memcpy(&p->h, ci->h_pick, sizeof p->h);
-        memcpy(&p->vh, ci->h_pick + 8, sizeof p->vh);
+        memcpy(&p->h, h, sizeof p->h);
+        memcpy(&p->vh, h + 8, sizeof p->vh);
     }
-    for (int32_t i = 0; i < k; i++) {
+    for (int32_t i = 0; i < p->k; i++) {
         uint64_t key;
-        memcpy(&key, ci->h_pick + 16 + sizeof key * (size_t)i, sizeof key);
+        memcpy(&key, h + 16 + sizeof key * (size_t)i, sizeof key);
         if (key == 0) break;
         p->val[i] = lp_key_value(key);
         p->id[i] = lp_key_id(key);
         p->n_out = i + 1;
     }
+}
+
+/* n rows' picks with one wait for all of them (a batch's decode step): every row's kernels run one
+ * after another on the stream, sharing the scratch, each answer into its own slot of the answer
+ * area, which comes back in one copy. */
+void cuda_pick(be_backend *b, be_pick *ps, int n)
+{
+    cuda_impl *ci = impl_of(b);
+    seg_op(ci, SEG_JOIN);   /* a decode step's last op: its wait runs the recording */
+    const size_t slot = 16 + sizeof(uint64_t) * BE_PICK_MAX;
+    int64_t most_keys = 0, most_slices = 0;
+    int last = -1;   /* the last row the device answers */
+    for (int i = 0; i < n; i++) {
+        be_pick *p = &ps[i];
+        p->n_out = 0;
+        p->h = p->vh = 0;
+        if (ci->failed || p->n <= 0) continue;
+        if (!bound(ci, p->logits, sizeof(float) * (size_t)p->n)) {   /* host logits: the CPU's pick */
+            am_range r = { p->logits, sizeof(float) * (size_t)p->n };
+            am_host_read(&ci->act, &r, 1);
+            ci->cpu->ops->pick(ci->cpu, p, 1);
+            continue;
+        }
+        p->k = p->k < 1 ? 1 : p->k > BE_PICK_MAX ? BE_PICK_MAX : p->k;
+        int64_t blocks[9];
+        pk_plan(p->n, p->k, blocks);
+        const int64_t keys = blocks[0] * p->k;   /* the first round's, the most a round holds */
+        most_keys = keys > most_keys ? keys : most_keys;
+        most_slices = blocks[0] > most_slices ? blocks[0] : most_slices;
+        last = i;
+    }
+    if (last < 0 || ci->failed) return;
+    /* the scratch for the largest row, grown before any launch (growing frees what earlier launches use) */
+    const size_t res_bytes = slot * (size_t)(last + 1);
+    if (grow_dev(ci, (void **)&ci->pick_keys, &ci->cap_pick_keys, 2 * sizeof(uint64_t) * (size_t)most_keys) ||
+        grow_dev(ci, (void **)&ci->pick_max, &ci->cap_pick_max, sizeof(float) * (size_t)most_slices) ||
+        grow_dev(ci, (void **)&ci->pick_sums, &ci->cap_pick_sums, sizeof(double) * 3 * (size_t)most_slices) ||
+        grow_dev(ci, (void **)&ci->pick_res, &ci->cap_pick_res, res_bytes) ||
+        grow_host(ci, (void **)&ci->h_pick, &ci->cap_h_pick, res_bytes))
+        return;
+    for (int i = 0; i <= last; i++)
+        if (!ci->failed && ps[i].n > 0 && bound(ci, ps[i].logits, sizeof(float) * (size_t)ps[i].n) &&
+            pick_issue(ci, &ps[i], ci->pick_res + slot * (size_t)i))
+            return;
+    ci->bytes_down += res_bytes;
+    if (ck(ci, cudaMemcpyAsync(ci->h_pick, ci->pick_res, res_bytes, cudaMemcpyDeviceToHost, ci->stream), "pick download") ||
+        sync_stream(ci, "pick"))
+        return;
+    for (int i = 0; i <= last; i++)
+        if (ps[i].n > 0 && bound(ci, ps[i].logits, sizeof(float) * (size_t)ps[i].n)) pick_answer(&ps[i], ci->h_pick + slot * (size_t)i);
 }

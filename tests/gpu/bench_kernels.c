@@ -223,7 +223,7 @@ static int context_pages(int nkv, int D, int64_t ctx, be_kv_page **pages, int64_
     (*hp)[nkv] = *n_pages;
     return 0;
 }
-static void call_pick(be_backend *b, void *arg) { b->ops->pick(b, (be_pick *)arg); }
+static void call_pick(be_backend *b, void *arg) { b->ops->pick(b, (be_pick *)arg, 1); }
 static void call_bounds(be_backend *b, void *arg) { b->ops->bound_pages(b, (be_bounds *)arg); }
 static void call_mass(be_backend *b, void *arg) { b->ops->attn_mass(b, (const be_mass *)arg); }
 
@@ -524,8 +524,8 @@ int main(int argc, char **argv)
         const char *name;
         uint32_t type;
         int64_t n_in, n_out[3];
-    } qkv[] = { { "7B q,k,v", GGML_TYPE_Q4_K, 4096, { 4096, 1024, 1024 } },
-                { "gemma3-270m q,k,v", GGML_TYPE_Q8_0, 640, { 1024, 256, 256 } } };
+    } qkv[] = { { "7B q/k/v", GGML_TYPE_Q4_K, 4096, { 4096, 1024, 1024 } },
+                { "gemma3-270m q/k/v", GGML_TYPE_Q8_0, 640, { 1024, 256, 256 } } };
     void *qkv_keep[2][3];
     for (size_t qi = 0; qi < (quick ? 1u : 2u); qi++) {
         be_weight w3[3];
@@ -543,7 +543,7 @@ int main(int argc, char **argv)
         for (int64_t nt = 1; nt <= 8; nt *= 8) {
             be_backend *two[2] = { dflt, apart };
             float *in[2] = { x, xa }, *out[2] = { y, ya };
-            const char *cfg[2] = { "one launch, codes read", "a launch each, quantizing" };
+            const char *cfg[2] = { "one launch reading codes", "a launch each quantizing" };
             for (int k = 0; k < 2; k++) {
                 be_mm3_arg a3 = { { { &w3[0], out[k] }, { &w3[1], out[k] + 8 * 4096 }, { &w3[2], out[k] + 16 * 4096 } },
                                   in[k], nt };
