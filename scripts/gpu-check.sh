@@ -6,10 +6,12 @@
 #   2. gpu_tests (every GPU test against the CPU backend; the pack's tiny models);
 #   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds, scores,
 #      key-means, attention-mass, SimHash-recall, selection and SentKV-choice tests and (a step of its own) the page
-#      rows' test (racecheck and synccheck come after the figures, 6b; GPU_CHECK_SANITIZERS=0 skips
+#      rows' test (racecheck and synccheck come after the figures, 7; GPU_CHECK_SANITIZERS=0 skips
 #      all three, for a short second run);
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
+#   4b. ncu's counters over a token's decode products and decode attention (gpu_bench --profile;
+#      OUTDIR/ncu.txt);
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
 #      vocabulary from the pack): the GPU, the GPU with its decode steps recorded and replayed as
 #      graphs (KVCHAT_CUDA_GRAPH=on, in segments of 64 calls and whole), with every layer's upload batch
@@ -29,10 +31,9 @@
 #      and without Quest and CHESS, /compare's batch, full against CHESS aggressive at 32K, and
 #      both with 8 sequences decoded together at 32K: kvchat bench --seqs 8; TAKE and LASER-KV at
 #      32K under the profiler);
-#   6b. racecheck over the attention kernels', the fused ops' and the policies' kernels' tests, and
-#      synccheck over those and the key means' and attention mass's, each in two steps;
-#   7. ncu's counters over a token's decode products and decode attention (gpu_bench --profile;
-#      OUTDIR/ncu.txt), on what the budget left.
+#   7. racecheck over the attention kernels', the fused ops' and the policies' kernels' tests, and
+#      synccheck over those and the key means' and attention mass's, each in two steps, on what
+#      the budget left.
 # Every step runs under its own timeout, cut to what is left of the whole budget (GPU_CHECK_BUDGET
 # seconds, default 480), and its result is written as it comes: OUTDIR/summary.md (markdown),
 # OUTDIR/figures.csv (every figure, one CSV: step,what,config,value,unit; each step's result and
@@ -303,6 +304,38 @@ say ""
 step "gpu_bench" 180 "$bin/gpu_bench" --csv "$out/kernels.csv" && grep '^|\|^device' "$tmp/last" >>"$summary"
 [ -s "$out/kernels.csv" ] && bash "$fig_tool" kernels "$out/kernels.csv" >>"$figures"
 
+ncu_step() {
+    say ""
+    say "## Counters (ncu)"
+    say ""
+    # 7. the hardware counters of the decode products and decode attention (gpu_bench --profile: a
+    # launch each), to say what bounds them: throughput against the device's peaks, occupancy, and where
+    # the warps stall (a read's round trip, the load pipes, ...); the whole report in ncu.txt. The
+    # clocks are left as they are (--clock-control none). Right after gpu_bench: on 2026-11-30 it came
+    # last and neither run reached it, when the kernels' figures needed it most.
+    # A diagnostic: where it cannot run (no counters allowed here) it is said and not counted as a failure.
+    ncu_bin=$(command -v ncu 2>/dev/null || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+    if [ $gpu -eq 1 ] && [ -n "$ncu_bin" ]; then
+        : >"$tmp/last"
+        counted=$failures
+        step "ncu (decode products, decode attention)" 120 "$ncu_bin" --clock-control none \
+            --kernel-name regex:'decode_dot_kernel|attn_group_kernel|attn_combine' --section SpeedOfLight \
+            --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \
+            --section SchedulerStats "$bin/gpu_bench" --profile
+        if [ $failures -gt $counted ]; then
+            failures=$counted
+            say "  (a diagnostic: not counted as a failure)"
+        fi
+        [ -s "$tmp/last" ] && cp "$tmp/last" "$out/ncu.txt"
+        grep -E '^  [a-z_]+.*\(|profiled:|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Warp Cycles Per Issued|Issued Ipc|being stalled' "$tmp/last" |
+            sed 's/^/    /' >>"$summary"
+    else
+        say "- ncu: no GPU, or not installed here"
+    fi
+}
+
+ncu_step
+
 # 5. the default model's shape
 say ""
 say "## kvchat bench, the default model's shape (Gemma 3 270M, Q4_K_M, random weights)"
@@ -477,33 +510,6 @@ race_and_sync_steps() {
 
 race_and_sync_steps
 
-say ""
-say "## Counters (ncu)"
-say ""
-# 7. the hardware counters of the decode products and decode attention (gpu_bench --profile: a
-# launch each), to say what bounds them: throughput against the device's peaks, occupancy, and where
-# the warps stall (a read's round trip, the load pipes, ...); the whole report in ncu.txt. The
-# clocks are left as they are (--clock-control none). Last, on what the budget left: the figures
-# above come first.
-# A diagnostic: where it cannot run (no counters allowed here) it is said and not counted as a failure.
-ncu_bin=$(command -v ncu 2>/dev/null || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
-if [ $gpu -eq 1 ] && [ -n "$ncu_bin" ]; then
-    : >"$tmp/last"
-    counted=$failures
-    step "ncu (decode products, decode attention)" 120 "$ncu_bin" --clock-control none \
-        --kernel-name regex:'decode_dot_kernel|attn_group_kernel|attn_combine' --section SpeedOfLight \
-        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \
-        --section SchedulerStats "$bin/gpu_bench" --profile
-    if [ $failures -gt $counted ]; then
-        failures=$counted
-        say "  (a diagnostic: not counted as a failure)"
-    fi
-    [ -s "$tmp/last" ] && cp "$tmp/last" "$out/ncu.txt"
-    grep -E '^  [a-z_]+.*\(|profiled:|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Warp Cycles Per Issued|Issued Ipc|being stalled' "$tmp/last" |
-        sed 's/^/    /' >>"$summary"
-else
-    say "- ncu: no GPU, or not installed here"
-fi
 say ""
 say "## kvchat beside the peer (llama.cpp CUDA, flash attention; peer measured on another H100 80GB HBM3 on 2026-11-24)"
 say ""
