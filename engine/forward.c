@@ -987,8 +987,15 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
     if (rc) return rc;
     if (grow && grow_defer(f)) defer = 0;
     const int set = f->next_set;
-    int read_q = 0;   /* a policy reads the queries of global layers */
-    for (int s = 0; s < n_seq; s++) read_q |= seqs[s]->pol && pol_set_reads_queries(seqs[s]->pol, seqs[s]->decoding);
+    /* the rows of the queries a policy reads on global layers, [q_r0, q_r1): only those come back
+     * from a device (TAKE's probe: 32 of a 544-row chunk); a batch's, every row */
+    int64_t q_r0 = 0, q_r1 = 0;
+    if (!batch && f->pol) {
+        pol_chunk qc = { NULL, n_chunk, p0, n_probe, probe_p0, pol_set_probe_tokens(f->pol), f->last_chunk, f->decoding };
+        pol_set_query_rows(f->pol, &qc, &q_r0, &q_r1);
+    }
+    for (int s = 0; batch && s < n_seq; s++)
+        if (seqs[s]->pol && pol_set_reads_queries(seqs[s]->pol, seqs[s]->decoding)) q_r1 = n;
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
     /* each layer's attention norm comes with the residual add before it (add_norm), but the first's */
     op->rmsnorm(b, f->x, m->layers[0].attn_norm, f->h, n, E, hp->norm_eps);
@@ -1010,8 +1017,8 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
              * reads the queries on global layers gets them (one wait for a device backend; a 7B
              * prefill's queries are twice its K/V rows, so they stay where no policy reads them) */
             be_range rd[3] = { { K, sizeof(float) * (size_t)(n * kvd) }, { V, sizeof(float) * (size_t)(n * kvd) },
-                               { f->q, sizeof(float) * (size_t)(n * H * D) } };
-            be_host_read(b, rd, read_q && !ly->is_swa ? 3 : 2);
+                               { f->q + q_r0 * H * D, sizeof(float) * (size_t)((q_r1 - q_r0) * H * D) } };
+            be_host_read(b, rd, q_r1 > q_r0 && !ly->is_swa ? 3 : 2);
             /* that waited for the device: a failed op shows now, before the cache or a policy acts
              * on what it left */
             if (be_failed(b, f->dev_err, sizeof f->dev_err)) return -4;

@@ -136,6 +136,18 @@ QB_HD int64_t ag_sel_at(const int32_t *best, int32_t n_best, int64_t from, int64
     return j < n_best ? (int64_t)best[j] : from + (j - n_best);
 }
 
+/* The splits a call of `blocks` blocks a split gets: as many as the device holds at once (per_sm
+ * blocks on each of n_sm multiprocessors) with none left for a second wave, at least 1 and at most
+ * `most` (a page each of the longest head's). A few blocks past a wave cost as long as a whole
+ * wave: rounded up, 8 KV heads at 3 blocks on the H200's 132 took 50 splits, 400 blocks for 396
+ * places (at 32K the last split of each head was empty, ag_split_range's rounding; from 64K on it
+ * is not). */
+QB_HD int ag_call_splits(int per_sm, int n_sm, int64_t blocks, int64_t most)
+{
+    const int64_t want = blocks > 0 ? (int64_t)per_sm * n_sm / blocks : 1;
+    return (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
+}
+
 /* Pages [*p0, *p1) of KV head g's list that split z of n_split takes (head_pages as in be_attn). */
 QB_HD void ag_split_range(const int64_t *head_pages, int64_t n_pages, int g, int n_split, int z, int64_t *p0,
                           int64_t *p1)

@@ -552,6 +552,37 @@ Test(attn_group, calls_not_laid_out_as_one_launch_are_not_joined)
 
 /* A NaN in one head's query gives that head NaN (not a plausible 0 or a finite average) and leaves
  * the other heads alone; as the CPU. */
+/* A call's splits fill the device in one wave: never more blocks than it holds at once (a few
+ * blocks past a wave cost a whole wave's time), and no room left for another split; at least one
+ * split, at most one a page. The 7B shape on an H200 (8 KV heads, 3 blocks on each of 132
+ * multiprocessors) gets 49 splits, 392 blocks; rounded up it got 50, 400 (at 64K and more, 4 of
+ * them with pages after the 396 the device holds). */
+Test(attn_group, a_calls_splits_fill_the_device_in_one_wave)
+{
+    cr_expect_eq(ag_call_splits(3, 132, 8, 1024), 49);
+    cr_expect_eq(ag_call_splits(3, 132, 1, 256), 256);   /* the default model's one KV head at 8K */
+    cr_expect_eq(ag_call_splits(3, 132, 1, 0), 1);
+    cr_expect_eq(ag_call_splits(2, 132, 600, 64), 1);   /* more blocks than a wave: one split */
+    const int sms[] = { 1, 8, 84, 108, 114, 132 };
+    const int64_t mosts[] = { 0, 1, 5, 64, 1024 };
+    int bad = 0;
+    for (size_t si = 0; si < sizeof sms / sizeof *sms; si++)
+        for (int per_sm = 1; per_sm <= 4; per_sm++)
+            for (int64_t blocks = 1; blocks <= 700; blocks++)
+                for (size_t mi = 0; mi < sizeof mosts / sizeof *mosts; mi++) {
+                    const int64_t most = mosts[mi], held = (int64_t)per_sm * sms[si];
+                    const int n = ag_call_splits(per_sm, sms[si], blocks, most);
+                    const int64_t top = most > 0 ? most : 1;
+                    int ok = n >= 1 && n <= top;
+                    if (blocks <= held) ok = ok && n * blocks <= held && (n == top || (n + 1) * blocks > held);
+                    else ok = ok && n == 1;
+                    if (!ok && bad++ < 5)
+                        cr_log_error("%d a multiprocessor, %d of them, %lld blocks a split, at most %lld: %d splits",
+                                     per_sm, sms[si], (long long)blocks, (long long)most, n);
+                }
+    cr_expect_eq(bad, 0, "%d split counts out of one wave", bad);
+}
+
 Test(attn_group, a_nan_query_stays_nan)
 {
     seed_rng("nan");

@@ -709,6 +709,80 @@ Test(policy, take_probe_scoring_keeps_the_planted_tokens)
     unbuild(&fx);
 }
 
+/* The rows of a chunk's queries each prefill policy says its layer_done reads (what a device sends
+ * back: pol_set_query_rows), and that it reads no other: the same tokens kept with every other row
+ * NaN. TAKE and LASER-KV read their probe (a chunk's appended rows, the last chunk's own last
+ * probe_len rows), SnapKV its observation window, H2O every row, SentKV and Chelsea none. */
+Test(policy, a_prefill_policy_reads_only_the_query_rows_it_asks_for)
+{
+    char err[512];
+    fixture fx;
+    build_planted(&fx);
+    static const struct {
+        const char *spec;
+        int64_t probe_chunk[2], last_chunk[2], middle_chunk[2];   /* 64 rows (+4 probe), 64, 64 */
+    } want[] = {
+        { "take:budget=4,kernel=1,delay=0,probe=4", { 64, 68 }, { 60, 64 }, { 0, 0 } },
+        { "laser:probe=4", { 64, 68 }, { 60, 64 }, { 0, 0 } },
+        { "snapkv:window=4,kernel=1,budget=6", { 60, 64 }, { 60, 64 }, { 60, 64 } },
+        { "snapkv:window=100,budget=200", { 0, 64 }, { 0, 64 }, { 0, 64 } },
+        { "h2o:budget=6", { 0, 68 }, { 0, 64 }, { 0, 64 } },
+        { "sentkv", { 0, 0 }, { 0, 0 }, { 0, 0 } },
+        { "chelsea", { 0, 0 }, { 0, 0 }, { 0, 0 } },
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        pol_spec s;
+        cr_assert(pol_parse(&s, want[i].spec, NULL, err, sizeof err) == 0, "%s", err);
+        pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+        cr_assert(ps, "%s: %s", want[i].spec, err);
+        const int pl = pol_set_probe_tokens(ps);
+        const pol_chunk cs[3] = { { NULL, 64, 0, 4, 100, pl, 0, 0 }, { NULL, 64, 0, 0, 0, pl, 1, 0 },
+                                  { NULL, 64, 0, 0, 0, pl, 0, 0 } };
+        const int64_t *w[3] = { want[i].probe_chunk, want[i].last_chunk, want[i].middle_chunk };
+        for (int k = 0; k < 3; k++) {
+            int64_t r0 = -1, r1 = -1;
+            const int some = pol_set_query_rows(ps, &cs[k], &r0, &r1);
+            cr_expect(r0 == w[k][0] && r1 == w[k][1] && some == (w[k][1] > w[k][0]),
+                      "%s, chunk %d: rows [%lld, %lld) (%d), want [%lld, %lld)", want[i].spec, k, (long long)r0,
+                      (long long)r1, some, (long long)w[k][0], (long long)w[k][1]);
+        }
+        const pol_chunk decode = { NULL, 1, 64, 0, 0, pl, 0, 1 };
+        int64_t r0, r1;
+        pol_set_query_rows(ps, &decode, &r0, &r1);
+        cr_expect(strncmp(want[i].spec, "h2o", 3) ? r1 == r0 : r0 == 0 && r1 == 1, "%s decoding: rows [%lld, %lld)",
+                  want[i].spec, (long long)r0, (long long)r1);
+        pol_set_free(ps);
+    }
+    unbuild(&fx);
+    /* TAKE and SnapKV keep the same tokens with every row they do not ask for NaN */
+    static const char *const poisoned[] = { "take:budget=4,kernel=1,delay=0,probe=4", "snapkv:window=4,kernel=1,budget=6" };
+    for (int i = 0; i < 2; i++) {
+        char got[2][512];
+        for (int poison = 0; poison < 2; poison++) {
+            float q[68 * D];
+            memset(q, 0, sizeof q);
+            for (int t = 60; t < 68; t++) q[t * D] = 1;   /* the window's and the probe's rows look for e_0 */
+            build_planted(&fx);
+            pol_spec s;
+            cr_assert(pol_parse(&s, poisoned[i], NULL, err, sizeof err) == 0, "%s", err);
+            pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
+            cr_assert(ps, "%s", err);
+            const int take = i == 0;
+            pol_chunk c = { q, 64, 0, take ? 4 : 0, 100, pol_set_probe_tokens(ps), !take, 0 };
+            int64_t r0, r1;
+            pol_set_query_rows(ps, &c, &r0, &r1);
+            for (int64_t t = 0; poison && t < 68; t++)
+                if (t < r0 || t >= r1)
+                    for (int d = 0; d < D; d++) q[t * D + d] = NAN;
+            cr_assert(pol_set_layer_done(ps, 0, &c, err, sizeof err) == 0, "%s", err);
+            kept_positions(&fx, got[poison], sizeof got[poison]);
+            pol_set_free(ps);
+            unbuild(&fx);
+        }
+        cr_expect_str_eq(got[1], got[0], "%s: other rows NaN kept %s, not %s", poisoned[i], got[1], got[0]);
+    }
+}
+
 Test(policy, take_average_pools_the_probe_scores_as_eq_11_does)
 {
     /* one key at 10 (logit 5) against two neighbours at 30 and 31 (4.5 each): pooled over 3 tokens,

@@ -790,10 +790,12 @@ Test(residency, policies_that_read_queries_on_the_host_see_them)
     compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "h2o:budget=0.3", CMP_EXACT);
     compare(TD "tiny/tiny-gemma3-q4_k_m.gguf", "snapkv:budget=0.3", CMP_DEFERRED);
     compare(TD "tiny/tiny-llama-q4_k_m.gguf", "chelsea", CMP_EXACT);
+    compare(TD "tiny/tiny-llama-q4_k_m.gguf", "laser:budget=0.5", CMP_DEFERRED);   /* its probe's rows only */
 }
 
 /* A prefill's queries come back to the host only for a policy that reads them there: under "full"
- * (no layer_done, no selection) the host reads what it reads with no policy at all, the K/V rows;
+ * (no layer_done, no selection) the host reads what it reads with no policy at all, the K/V rows,
+ * and so it does under SentKV and Chelsea, whose layer_done reads keys only (pol_ops.query_rows);
  * H2O scores queries after each layer and reads more. (That every policy that reads them gets them
  * is policies_that_read_queries_on_the_host_see_them.) */
 Test(residency, queries_come_back_only_where_a_policy_reads_them)
@@ -802,9 +804,9 @@ Test(residency, queries_come_back_only_where_a_policy_reads_them)
     model *m;
     cr_assert(model_load(&m, TD "tiny/tiny-llama-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
     be_backend *shd = shadow_create();
-    static const char *const specs[] = { NULL, "full", "h2o:budget=0.3" };
-    uint64_t bytes[3];
-    for (int i = 0; i < 3; i++) {
+    static const char *const specs[] = { NULL, "full", "h2o:budget=0.3", "sentkv", "chelsea" };
+    uint64_t bytes[5];
+    for (int i = 0; i < 5; i++) {
         sh(shd)->bytes_read = 0;
         free(run(m, shd, specs[i]));
         bytes[i] = sh(shd)->bytes_read;
@@ -813,6 +815,9 @@ Test(residency, queries_come_back_only_where_a_policy_reads_them)
     cr_expect_eq(bytes[1], bytes[0], "under full the host read %llu bytes, with no policy %llu",
                  (unsigned long long)bytes[1], (unsigned long long)bytes[0]);
     cr_expect_gt(bytes[2], bytes[0], "H2O's queries were not read");
+    for (int i = 3; i < 5; i++)   /* a layer_done that reads no query: the rows, a layer at a time */
+        cr_expect_eq(bytes[i], bytes[0], "under %s the host read %llu bytes, with no policy %llu", specs[i],
+                     (unsigned long long)bytes[i], (unsigned long long)bytes[0]);
     be_free(shd);
     model_free(m);
 }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "engine/policy/chelsea.h"
+#include "engine/policy/pol_util.h"
 #include "engine/policy/trace.h"
 #include "common/quant.h"
 
@@ -380,6 +381,7 @@ const pol_ops pol_chelsea = {
     .destroy = ch_destroy,
     .begin = ch_begin,
     .layer_done = ch_layer_done,
+    .query_rows = pol_no_query_rows,   /* it merges keys and values */
     .check = ch_check,
     .describe = ch_describe,
     .save = ch_save,

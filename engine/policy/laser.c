@@ -343,6 +343,7 @@ const pol_ops pol_laser = {
     .destroy = la_destroy,
     .prefill_shape = la_prefill_shape,
     .layer_done = la_layer_done,
+    .query_rows = pol_probe_query_rows,   /* read only where a block is scored: a superset */
     .describe = la_describe,
     .save = la_save,
     .load = la_load,

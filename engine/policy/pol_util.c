@@ -229,3 +229,23 @@ void pol_huge_pages(void *p, size_t bytes)
     (void)bytes;
 #endif
 }
+
+void pol_probe_query_rows(void *st, const pol_chunk *c, int64_t *r0, int64_t *r1)
+{
+    (void)st;
+    *r0 = *r1 = 0;
+    if (c->decoding) return;
+    if (c->n_probe > 0) {
+        *r0 = c->n;
+        *r1 = c->n + c->n_probe;
+    } else if (c->last) {
+        *r0 = c->n - (c->n < c->probe_len ? c->n : c->probe_len);
+        *r1 = c->n;
+    }
+}
+
+void pol_no_query_rows(void *st, const pol_chunk *c, int64_t *r0, int64_t *r1)
+{
+    (void)st, (void)c;
+    *r0 = *r1 = 0;
+}

@@ -10,6 +10,13 @@
 /* Reorder idx[0..n) so its first k entries are those with the highest score[idx[i]] (ties: lower
  * index first), and sort those k ascending by index. Returns min(k, n). */
 int pol_top_k(int *idx, int n, const float *score, int k);
+
+/* pol_ops.query_rows for a policy that reads the probe's queries (TAKE, LASER-KV): a chunk's
+ * appended probe rows, or on the last chunk its own last probe_len rows; none while decoding or on
+ * a chunk without a probe. */
+void pol_probe_query_rows(void *st, const pol_chunk *c, int64_t *r0, int64_t *r1);
+/* pol_ops.query_rows for a layer_done that reads no query (SentKV, Chelsea). */
+void pol_no_query_rows(void *st, const pol_chunk *c, int64_t *r0, int64_t *r1);
 /* The name a policy state gives global layer il's summaries on the backend (be_bounds.table), from
  * its own serial (kv_next_gen at its creation): two states' lists never meet, not even a state made
  * where a freed one was, whose fork of the same cache has the same layer shapes (kv_fork). */

@@ -474,6 +474,23 @@ int pol_set_reads_queries(const pol_set *ps, int decoding)
     return 0;
 }
 
+int pol_set_query_rows(const pol_set *ps, const pol_chunk *c, int64_t *r0, int64_t *r1)
+{
+    int64_t lo = 0, hi = 0;
+    for (int i = 0; i < ps->spec.n; i++) {
+        const pol_ops *p = ps->spec.ops[i];
+        if (!p->layer_done || (c->decoding && p->prefill_only)) continue;
+        int64_t a = 0, z = c->n + c->n_probe;
+        if (p->query_rows) p->query_rows(ps->st[i], c, &a, &z);
+        if (z <= a) continue;
+        if (hi <= lo) lo = a, hi = z;
+        else lo = a < lo ? a : lo, hi = z > hi ? z : hi;
+    }
+    *r0 = hi > lo ? lo : 0;
+    *r1 = hi > lo ? hi : 0;
+    return hi > lo;
+}
+
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q)
 {
     int k = -1;

@@ -8,7 +8,9 @@
  *   - prepare      before a batch's begins, each sequence's: device work a begin will read
  *                  started for every sequence first (CHESS's scores), so the batch waits once;
  *   - layer_done   after each global layer's attention, in prefill and in decode (a prefill policy
- *                  evicts or merges there; prefill_only says it does nothing while decoding);
+ *                  evicts or merges there; prefill_only says it does nothing while decoding), with
+ *                  the rows of the chunk's queries query_rows named (a device sends back only
+ *                  those);
  *   - select       per global layer of a decode step, once that layer's query is known: the pages
  *                  (optionally per KV head, optionally with a token mask) the layer attends to;
  *   - reselect     when the uncertainty monitor fires (backtracking): rebuild the selection now;
@@ -181,6 +183,10 @@ typedef struct pol_ops {
      * tokens (never the probe rows); after the last global layer of a chunk every global layer
      * does. A policy may evict from layer il here. */
     int (*layer_done)(void *st, const pol_env *env, int il, const pol_chunk *c, char *err, size_t errlen);
+    /* The rows of a chunk's queries (of its n + n_probe) that layer_done will read, as [*r0, *r1)
+     * (empty: none), asked before the chunk runs (c->q not yet valid): a device backend sends back
+     * only those. NULL with a layer_done: every row. */
+    void (*query_rows)(void *st, const pol_chunk *c, int64_t *r0, int64_t *r1);
     /* Fill sel for global layer il; q is the layer's query [n_head][head_dim], already scaled.
      * Return 0 to attend to every page instead. The step's own row may not be in the layer's
      * cache yet (on a device backend the cache takes it after the last layer, and attention reads
@@ -303,6 +309,10 @@ int pol_set_prefill_layer_free(const pol_set *ps);
  * then; a selection reads them through backend ops): only then does a device backend send them
  * back. */
 int pol_set_reads_queries(const pol_set *ps, int decoding);
+/* The rows of chunk c's queries (c->q unused) that the set's layer_done hooks will read, as the
+ * span [*r0, *r1) covering every policy's (pol_ops.query_rows); 0 (and an empty span) when none
+ * reads any. */
+int pol_set_query_rows(const pol_set *ps, const pol_chunk *c, int64_t *r0, int64_t *r1);
 /* The selection for global layer il, or NULL: attend to everything. */
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q);
 /* A choice of tokens the selection left with the backend for layer il (pol_sel.bits), now on the

@@ -688,6 +688,7 @@ const pol_ops pol_sentkv = {
     .destroy = se_destroy,
     .begin = se_begin,
     .layer_done = se_layer_done,
+    .query_rows = pol_no_query_rows,   /* it folds keys */
     .select = se_select,
     .chosen = se_chosen,
     .place = se_place,

@@ -149,12 +149,13 @@ static int sn_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
     int last = c->last, decoding = c->decoding;
     st_snap *s = st;
     if (decoding || !s->ring[il]) return 0;
-    /* keep the last `window` query rows of this eval */
-    for (int64_t t = 0; t < n; t++) {
-        int64_t slot = s->ring_n[il] % s->window;
+    /* keep the last `window` query rows of this eval: the chunk's last `window` at most (an
+     * earlier row's slot is a later row's; sn_query_rows asks for no more) */
+    for (int64_t t = n > s->window ? n - s->window : 0; t < n; t++) {
+        int64_t slot = (s->ring_n[il] + t) % s->window;
         memcpy(s->ring[il] + slot * s->row, q + t * s->row, sizeof(float) * (size_t)s->row);
-        s->ring_n[il]++;
     }
+    s->ring_n[il] += n;
     if (!last) return 0;
     int64_t pushed = s->ring_n[il];
     int64_t nw = pushed < s->window ? pushed : s->window;
@@ -189,6 +190,16 @@ static int sn_layer_done(void *st, const pol_env *env, int il, const pol_chunk *
     return rc;
 }
 
+/* The chunk's last `window` query rows (the observation window is the prompt's last rows). */
+static void sn_query_rows(void *st, const pol_chunk *c, int64_t *r0, int64_t *r1)
+{
+    const st_snap *s = st;
+    *r0 = *r1 = 0;
+    if (c->decoding) return;
+    *r0 = c->n > s->window ? c->n - s->window : 0;
+    *r1 = c->n;
+}
+
 static void sn_describe(void *st, char *buf, size_t len)
 {
     st_snap *s = st;
@@ -206,6 +217,7 @@ const pol_ops pol_snapkv = {
     .create = sn_create,
     .destroy = sn_destroy,
     .layer_done = sn_layer_done,
+    .query_rows = sn_query_rows,
     .check = sn_check,
     .describe = sn_describe,
 };

@@ -360,6 +360,7 @@ const pol_ops pol_take = {
     .destroy = t_destroy,
     .prefill_shape = t_prefill_shape,
     .layer_done = t_layer_done,
+    .query_rows = pol_probe_query_rows,
     .check = t_check,
     .describe = t_describe,
 };

@@ -435,16 +435,15 @@ typedef struct call_list {
 } call_list;
 
 /* The splits a call alone gets (so that a joined launch gives each call its bits): as many blocks
- * in all for `blocks` blocks of one split as the device holds at once (the grouped kernel's
- * AG_MIN_BLOCKS a multiprocessor for its rows a round, two for the flash kernel's larger blocks,
- * four for the scalar kernel's), at least one page each of the longest head's `most`;
- * KVCHAT_CUDA_ATTN_SPLITS forces a count for the grouped kernels (a test knob: empty splits
- * allowed, up to most + 64). */
+ * in all for `blocks` blocks of one split as the device holds at once, in one wave (ag_call_splits:
+ * the grouped kernel's AG_MIN_BLOCKS a multiprocessor for its rows a round, two for the flash
+ * kernel's larger blocks, four for the scalar kernel's), at least one page each of the longest
+ * head's `most`; KVCHAT_CUDA_ATTN_SPLITS forces a count for the grouped kernels (a test knob:
+ * empty splits allowed, up to most + 64). */
 static int call_splits(const cuda_impl *ci, int64_t blocks, int flash, int grouped, int64_t most)
 {
     const int per_sm = flash ? 2 : grouped ? AG_MIN_BLOCKS(ci->attn_rows ? ci->attn_rows : AG_ROWS) : 4;
-    const int64_t want = (per_sm * (int64_t)ci->n_sm + blocks - 1) / blocks;
-    int n_split = (int)(want < 1 ? 1 : want > most ? (most > 0 ? most : 1) : want);
+    int n_split = ag_call_splits(per_sm, ci->n_sm, blocks, most);
     if (grouped && ci->attn_splits > 0) n_split = (int)(ci->attn_splits < most + 64 ? ci->attn_splits : most + 64);
     return n_split;
 }
