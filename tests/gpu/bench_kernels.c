@@ -291,10 +291,10 @@ static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, 
             fprintf(stderr, "gpu_bench: %s\n", err);
             return 1;
         }
+    void *keep[sizeof types / sizeof *types] = { NULL };
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
         be_weight w;
-        void *keep = make_weight(types[ti], n_in, n_out, &w);
-        if (!keep) return 1;
+        if (!(keep[ti] = make_weight(types[ti], n_in, n_out, &w))) return 1;
         const be_weight *wp = &w;
         for (int k = 0; k < 3; k++) {
             if (k == 1 && types[ti] != GGML_TYPE_Q4_K) continue;
@@ -312,6 +312,10 @@ static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, 
                    (long long)n_in, k == 0 ? "the defaults" : k == 1 ? "1 in flight" : "2 in flight");
         }
         /* the backends keep the weight by its address: kept until the end, as main's are */
+    }
+    for (int k = 0; k < 3; k++) {
+        be_unbind(bes[k], x);
+        be_unbind(bes[k], y);
     }
     int64_t n_pages;
     be_kv_page *pages;
@@ -342,6 +346,15 @@ static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, 
         printf("profiled: decode attention, 32 query heads, 8 KV heads of 128, 32768 tokens, %s rows a round\n",
                k ? "2" : "4 (the default)");
     }
+    free(q);
+    free(o);
+    free(pages);
+    free(kv);
+    free(pos);
+    free(hp);
+    free(x);
+    free(y);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) free(keep[ti]);
     return 0;
 }
 
@@ -412,7 +425,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
-    if (profile) return profile_launches(dflt, in1, in2, grp, grp2);
+    if (profile) {
+        const int rc = profile_launches(dflt, in1, in2, grp, grp2);
+        be_backend *all[] = { dflt, tiles, passes, f32k, in1, in2, in4, narrow, rows1, rows2, scal, grp, grp2, grp8, flsh };
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) be_free(all[i]);
+        return rc;
+    }
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
         printf("device: %s, %d multiprocessors, %.0f MiB, L2 %d MiB\n\n", prop.name, prop.multiProcessorCount,
