@@ -7,7 +7,8 @@
 #   3. compute-sanitizer memcheck over the attention, element-wise, decode-product, pick, gather, bounds, scores,
 #      key-means, attention-mass, SimHash-recall, selection and SentKV-choice tests and (a step of its own) the page
 #      rows' test (racecheck and synccheck come after the figures, 7; GPU_CHECK_SANITIZERS=0 skips
-#      all three, for a short second run);
+#      all three, and =only runs them alone, without gpu_tests and the figures: a session's whole
+#      check in two calls);
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
 #   4b. ncu's counters over a token's decode products and decode attention (gpu_bench --profile;
@@ -53,6 +54,14 @@ if [ $# -ne 1 ]; then
     exit 2
 fi
 out=$1
+# GPU_CHECK_SANITIZERS: 1 (the default) every step; 0 none of compute-sanitizer's; only: the
+# sanitizers alone (a second call of a session, after one with 0)
+sanitizers=${GPU_CHECK_SANITIZERS:-1}
+case $sanitizers in
+0 | 1 | only) ;;
+*) echo "gpu-check.sh: GPU_CHECK_SANITIZERS must be 0, 1 or only, not $sanitizers" >&2; exit 2 ;;
+esac
+
 pack=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out" || exit 2
 tmp=$(mktemp -d /tmp/gpu-check.XXXXXX) || exit 2
@@ -87,12 +96,20 @@ fig() { bash "$fig_tool" row "$@" >>"$figures"; }
 # reach its own process group only) is killed before the next step, which would share the GPU with
 # it: on 2026-11-30 a timed-out racecheck left so halved every later figure (the copy at 2,057 GB/s)
 reaped=""
+# A process is the step's by what it runs (/proc/PID/exe: criterion's workers rename themselves),
+# never by its command line, which this script's own may match.
+reaped=""
 reap() {
-    local left
+    local p exe left=""
     reaped=""
-    left=$(pgrep -f -- "$bin/|compute-sanitizer" || true)
+    for p in /proc/[0-9]*; do
+        exe=$(readlink "$p/exe" 2>/dev/null) || continue
+        case $exe in
+        "$bin"/gpu_tests | "$bin"/gpu_bench | "$bin"/kvchat | */compute-sanitizer) left="$left ${p#/proc/}" ;;
+        esac
+    done
     [ -n "$left" ] || return 0
-    reaped="(killed $(echo "$left" | wc -l) processes the step left running)"
+    reaped="(killed$left: processes the step left running)"
     echo "$reaped" >>"$log"
     # shellcheck disable=SC2086
     kill -9 $left 2>/dev/null
@@ -274,11 +291,12 @@ grep '^device' "$tmp/info" | sed 's/^/    /' >>"$summary"
 # 2. the GPU tests
 # (a tiny model the pack lacks is skipped with a warning, listed below; criterion would make any
 # warning a non-zero exit)
-step "gpu_tests" 240 "$bin/gpu_tests" -j1 --ignore-warnings
-grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' >>"$summary"
+if [ "$sanitizers" != only ]; then
+    step "gpu_tests" 240 "$bin/gpu_tests" -j1 --ignore-warnings
+    grep -E 'Synthesis|\[FAIL\]|skipped' "$tmp/last" | head -n 20 | sed 's/^/    /' >>"$summary"
+fi
 
 # 3. memcheck (racecheck and synccheck, slower, come after the figures: see race_and_sync_steps)
-sanitizers=${GPU_CHECK_SANITIZERS:-1}
 if [ "$sanitizers" = 0 ]; then
     say "- compute-sanitizer: not run (GPU_CHECK_SANITIZERS=0)"
 elif command -v compute-sanitizer >/dev/null 2>&1; then
@@ -297,6 +315,8 @@ else
     say "- compute-sanitizer: not installed here"
 fi
 
+# 4-6, the figures (not taken with GPU_CHECK_SANITIZERS=only; the blocks keep their indentation)
+if [ "$sanitizers" != only ]; then
 # 4. the kernel micro-benchmark
 say ""
 say "## Kernels (gpu_bench)"
@@ -308,7 +328,7 @@ ncu_step() {
     say ""
     say "## Counters (ncu)"
     say ""
-    # 7. the hardware counters of the decode products and decode attention (gpu_bench --profile: a
+    # 4b. the hardware counters of the decode products and decode attention (gpu_bench --profile: a
     # launch each), to say what bounds them: throughput against the device's peaks, occupancy, and where
     # the warps stall (a read's round trip, the load pipes, ...); the whole report in ncu.txt. The
     # clocks are left as they are (--clock-control none). Right after gpu_bench: on 2026-11-30 it came
@@ -475,7 +495,12 @@ for type in q4_k_m f16; do
     rm -f "$m"
 done
 
-# racecheck and synccheck over the attention kernels, the fused ops and the policies' kernels: run
+else
+    say ""
+    say "- the figures: not taken (GPU_CHECK_SANITIZERS=only)"
+fi
+
+# 7. racecheck and synccheck over the attention kernels, the fused ops and the policies' kernels: run
 # after the figures (racecheck once ran past its limit and, before reap, left its target sharing the
 # GPU with every later step)
 race_and_sync_steps() {
@@ -491,16 +516,18 @@ race_and_sync_steps() {
     # and its row sums)
     # each in two steps, attention's and the rest, so that one slow test costs only its half (on
     # 2026-11-30 both whole steps ran past their limits without a line of output)
-    local tool group filter
+    local tool group filter what
     for tool in racecheck synccheck; do
         for group in attention others; do
+            what="the attention kernels' and fused ops' tests"
+            [ $group = others ] && what="the policies' kernels' tests"
             case $tool/$group in
             racecheck/attention) filter='flash_attention*|fused_ops*' ;;
             racecheck/others) filter='lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|quest_s_bounds_and_best*' ;;
             synccheck/attention) filter='grouped_attention*|the_rows_a_round*|a_merge_of_more*|joined_attention*|flash_attention*|fused_ops*' ;;
             synccheck/others) filter='the_key_means_on*|the_attention_mass_on*|lsh_hits_on*|chelsea_s_merge_on*|sentkv_s_choice_on*|a_choice_of_tokens*|quest_s_bounds_and_best*' ;;
             esac
-            step "compute-sanitizer $tool ($filter)" 90 \
+            step "compute-sanitizer $tool ($what)" 90 \
                 compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin/gpu_tests" -j1 --ignore-warnings \
                 --filter "cuda/@($filter)"
             grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Synthesis' "$tmp/last" | sed 's/^/    /' >>"$summary"

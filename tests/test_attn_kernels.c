@@ -550,8 +550,6 @@ Test(attn_group, calls_not_laid_out_as_one_launch_are_not_joined)
     cr_expect(be_attn_seqs_joined(b, N), "calls without rows of their own are refused");
 }
 
-/* A NaN in one head's query gives that head NaN (not a plausible 0 or a finite average) and leaves
- * the other heads alone; as the CPU. */
 /* A call's splits fill the device in one wave: never more blocks than it holds at once (a few
  * blocks past a wave cost a whole wave's time), and no room left for another split; at least one
  * split, at most one a page. The 7B shape on an H200 (8 KV heads, 3 blocks on each of 132
@@ -583,6 +581,8 @@ Test(attn_group, a_calls_splits_fill_the_device_in_one_wave)
     cr_expect_eq(bad, 0, "%d split counts out of one wave", bad);
 }
 
+/* A NaN in one head's query gives that head NaN (not a plausible 0 or a finite average) and leaves
+ * the other heads alone; as the CPU. */
 Test(attn_group, a_nan_query_stays_nan)
 {
     seed_rng("nan");

@@ -332,6 +332,23 @@ static int la_load(void *st, const pol_env *env, bytes_r *r)
     return 0;
 }
 
+/* The probe's rows la_layer_done may read: the appended probe, else (a block filled, or the last
+ * chunk) the chunk's own last probe_len rows; asked before the chunk, so a superset of what a
+ * chunk that fills no block reads. */
+static void la_query_rows(void *st, const pol_chunk *c, int64_t *r0, int64_t *r1)
+{
+    (void)st;
+    *r0 = *r1 = 0;
+    if (c->decoding) return;
+    if (c->n_probe > 0) {
+        *r0 = c->n;
+        *r1 = c->n + c->n_probe;
+    } else {
+        *r0 = c->n - (c->n < c->probe_len ? c->n : c->probe_len);
+        *r1 = c->n;
+    }
+}
+
 const pol_ops pol_laser = {
     .name = "laser",
     .summary = "LASER-KV: per-block sinks + recent + Exact/LSH recall of a question probe, append-only",
@@ -343,7 +360,7 @@ const pol_ops pol_laser = {
     .destroy = la_destroy,
     .prefill_shape = la_prefill_shape,
     .layer_done = la_layer_done,
-    .query_rows = pol_probe_query_rows,   /* read only where a block is scored: a superset */
+    .query_rows = la_query_rows,
     .describe = la_describe,
     .save = la_save,
     .load = la_load,

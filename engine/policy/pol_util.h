@@ -11,7 +11,7 @@
  * index first), and sort those k ascending by index. Returns min(k, n). */
 int pol_top_k(int *idx, int n, const float *score, int k);
 
-/* pol_ops.query_rows for a policy that reads the probe's queries (TAKE, LASER-KV): a chunk's
+/* pol_ops.query_rows for a policy that reads the probe's queries (TAKE): a chunk's
  * appended probe rows, or on the last chunk its own last probe_len rows; none while decoding or on
  * a chunk without a probe. */
 void pol_probe_query_rows(void *st, const pol_chunk *c, int64_t *r0, int64_t *r1);

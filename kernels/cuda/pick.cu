@@ -200,6 +200,7 @@ void cuda_pick(be_backend *b, be_pick *ps, int n)
     seg_op(ci, SEG_JOIN);   /* a decode step's last op: its wait runs the recording */
     const size_t slot = 16 + sizeof(uint64_t) * BE_PICK_MAX;
     int64_t most_keys = 0, most_slices = 0;
+    size_t staged = 0;   /* the rows' penalty ids, staged together */
     int last = -1;   /* the last row the device answers */
     for (int i = 0; i < n; i++) {
         be_pick *p = &ps[i];
@@ -218,21 +219,26 @@ void cuda_pick(be_backend *b, be_pick *ps, int n)
         const int64_t keys = blocks[0] * p->k;   /* the first round's, the most a round holds */
         most_keys = keys > most_keys ? keys : most_keys;
         most_slices = blocks[0] > most_slices ? blocks[0] : most_slices;
+        if (p->n_pen > 0) staged += stage_size(sizeof(int32_t) * (size_t)(p->n_pen < 4096 ? p->n_pen : 4096));
         last = i;
     }
     if (last < 0 || ci->failed) return;
-    /* the scratch for the largest row, grown before any launch (growing frees what earlier launches use) */
-    const size_t res_bytes = slot * (size_t)(last + 1);
+    /* the scratch for the largest row, grown before any launch (growing frees what earlier launches
+     * use), and the staging for every row's penalty ids (making room waits: once, here, if at all);
+     * the answers back up to the last row's k keys */
+    const size_t res_bytes = slot * (size_t)last + 16 + sizeof(uint64_t) * (size_t)ps[last].k;
     if (grow_dev(ci, (void **)&ci->pick_keys, &ci->cap_pick_keys, 2 * sizeof(uint64_t) * (size_t)most_keys) ||
         grow_dev(ci, (void **)&ci->pick_max, &ci->cap_pick_max, sizeof(float) * (size_t)most_slices) ||
         grow_dev(ci, (void **)&ci->pick_sums, &ci->cap_pick_sums, sizeof(double) * 3 * (size_t)most_slices) ||
-        grow_dev(ci, (void **)&ci->pick_res, &ci->cap_pick_res, res_bytes) ||
-        grow_host(ci, (void **)&ci->h_pick, &ci->cap_h_pick, res_bytes))
+        grow_dev(ci, (void **)&ci->pick_res, &ci->cap_pick_res, slot * (size_t)(last + 1)) ||
+        grow_host(ci, (void **)&ci->h_pick, &ci->cap_h_pick, slot * (size_t)(last + 1)) ||
+        (staged && stage_reserve(ci, staged)))
         return;
     for (int i = 0; i <= last; i++)
         if (!ci->failed && ps[i].n > 0 && bound(ci, ps[i].logits, sizeof(float) * (size_t)ps[i].n) &&
             pick_issue(ci, &ps[i], ci->pick_res + slot * (size_t)i))
             return;
+    if (ci->failed) return;   /* a row's inputs failed to go up: no answer is read */
     ci->bytes_down += res_bytes;
     if (ck(ci, cudaMemcpyAsync(ci->h_pick, ci->pick_res, res_bytes, cudaMemcpyDeviceToHost, ci->stream), "pick download") ||
         sync_stream(ci, "pick"))
