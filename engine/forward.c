@@ -885,6 +885,14 @@ static int attend_call(fwd_ctx *f, int il, float *q, const int32_t *pos, int64_t
     return 0;
 }
 
+/* Sequence f's chunk as its policies see it (f->pol set): n rows from p0, then n_probe probe rows
+ * from probe_p0, their queries q (NULL before the layers have run). */
+static pol_chunk policy_chunk(const fwd_ctx *f, const float *q, int64_t n, int64_t p0, int64_t n_probe,
+                              int64_t probe_p0)
+{
+    return (pol_chunk){ q, n, p0, n_probe, probe_p0, pol_set_probe_tokens(f->pol), f->last_chunk, f->decoding };
+}
+
 /* What follows sequence f's attention call of layer il (attend_call's arguments): the probe rows'
  * K/V dropped, a prefill policy told the layer is done. 0, -2 or -3 (as forward_rows). */
 static int attend_done(fwd_ctx *f, int il, float *q, int64_t n_chunk, int64_t p0, int64_t n_probe,
@@ -892,7 +900,7 @@ static int attend_done(fwd_ctx *f, int il, float *q, int64_t n_chunk, int64_t p0
 {
     if (n_probe && kv_truncate_layer(f->kv, il, probe_p0)) return -2;
     if (f->pol && !f->m->layers[il].is_swa && !defer) {
-        pol_chunk c = { q, n_chunk, p0, n_probe, probe_p0, pol_set_probe_tokens(f->pol), f->last_chunk, f->decoding };
+        pol_chunk c = policy_chunk(f, q, n_chunk, p0, n_probe, probe_p0);
         if (pol_set_layer_done(f->pol, il, &c, f->pol_err, sizeof f->pol_err)) return -3;
     }
     return 0;
@@ -988,14 +996,18 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
     if (grow && grow_defer(f)) defer = 0;
     const int set = f->next_set;
     /* the rows of the queries a policy reads on global layers, [q_r0, q_r1): only those come back
-     * from a device (TAKE's probe: 32 of a 544-row chunk); a batch's, every row */
+     * from a device (TAKE's probe: 32 of a 544-row chunk); a batch's, every row if one reads its own */
     int64_t q_r0 = 0, q_r1 = 0;
     if (!batch && f->pol) {
-        pol_chunk qc = { NULL, n_chunk, p0, n_probe, probe_p0, pol_set_probe_tokens(f->pol), f->last_chunk, f->decoding };
+        pol_chunk qc = policy_chunk(f, NULL, n_chunk, p0, n_probe, probe_p0);
         pol_set_query_rows(f->pol, &qc, &q_r0, &q_r1);
     }
-    for (int s = 0; batch && s < n_seq; s++)
-        if (seqs[s]->pol && pol_set_reads_queries(seqs[s]->pol, seqs[s]->decoding)) q_r1 = n;
+    for (int s = 0; batch && s < n_seq; s++) {
+        if (!seqs[s]->pol) continue;
+        int64_t r0, r1;
+        pol_chunk qc = policy_chunk(seqs[s], NULL, 1, seqs[s]->eval_start, 0, 0);
+        if (pol_set_query_rows(seqs[s]->pol, &qc, &r0, &r1)) q_r0 = 0, q_r1 = n;
+    }
     op->get_rows(b, &m->tok_embd, tokens, n, hp->embd_scale, f->x);
     /* each layer's attention norm comes with the residual add before it (add_norm), but the first's */
     op->rmsnorm(b, f->x, m->layers[0].attn_norm, f->h, n, E, hp->norm_eps);

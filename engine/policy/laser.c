@@ -332,21 +332,14 @@ static int la_load(void *st, const pol_env *env, bytes_r *r)
     return 0;
 }
 
-/* The probe's rows la_layer_done may read: the appended probe, else (a block filled, or the last
- * chunk) the chunk's own last probe_len rows; asked before the chunk, so a superset of what a
- * chunk that fills no block reads. */
+/* The probe's rows la_layer_done may read: TAKE's, but on any chunk without a probe its own last
+ * rows, as on a last chunk (a block may fill there); asked before the chunk, so a superset of what
+ * a chunk that fills no block reads. */
 static void la_query_rows(void *st, const pol_chunk *c, int64_t *r0, int64_t *r1)
 {
-    (void)st;
-    *r0 = *r1 = 0;
-    if (c->decoding) return;
-    if (c->n_probe > 0) {
-        *r0 = c->n;
-        *r1 = c->n + c->n_probe;
-    } else {
-        *r0 = c->n - (c->n < c->probe_len ? c->n : c->probe_len);
-        *r1 = c->n;
-    }
+    pol_chunk as_last = *c;
+    as_last.last = 1;
+    pol_probe_query_rows(st, &as_last, r0, r1);
 }
 
 const pol_ops pol_laser = {

@@ -465,15 +465,6 @@ int pol_set_prefill_layer_free(const pol_set *ps)
 /* A selection reads its query only through backend ops (bound_pages, scores), which take the
  * device's copy; a layer_done reads the chunk's queries in host memory. (The residency tests fail
  * a policy that reads them on the host unannounced: they see NaN there.) */
-int pol_set_reads_queries(const pol_set *ps, int decoding)
-{
-    for (int i = 0; i < ps->spec.n; i++) {
-        const pol_ops *p = ps->spec.ops[i];
-        if (p->layer_done && !(decoding && p->prefill_only)) return 1;
-    }
-    return 0;
-}
-
 int pol_set_query_rows(const pol_set *ps, const pol_chunk *c, int64_t *r0, int64_t *r1)
 {
     int64_t lo = 0, hi = 0;

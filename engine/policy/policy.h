@@ -305,13 +305,10 @@ int pol_set_decode_can_defer(const pol_set *ps);
  * selection acts in decode only): the chunk may run its layers without the host, the cache taking
  * its rows after the last layer. */
 int pol_set_prefill_layer_free(const pol_set *ps);
-/* 1 when some policy of the set reads a global layer's queries on the host (a layer_done that acts
- * then; a selection reads them through backend ops): only then does a device backend send them
- * back. */
-int pol_set_reads_queries(const pol_set *ps, int decoding);
-/* The rows of chunk c's queries (c->q unused) that the set's layer_done hooks will read, as the
- * span [*r0, *r1) covering every policy's (pol_ops.query_rows); 0 (and an empty span) when none
- * reads any. */
+/* The rows of chunk c's queries (c->q unused) that the set's layer_done hooks will read on the
+ * host (a selection reads them through backend ops), as the span [*r0, *r1) covering every
+ * policy's (pol_ops.query_rows): only those does a device backend send back. 0 (and an empty
+ * span) when none reads any. */
 int pol_set_query_rows(const pol_set *ps, const pol_chunk *c, int64_t *r0, int64_t *r1);
 /* The selection for global layer il, or NULL: attend to everything. */
 const pol_sel *pol_set_select(pol_set *ps, int il, const float *q);

@@ -88,7 +88,18 @@ static be_backend *gpu_with(const char *var, const char *value)
     return b;
 }
 
-/* largest |a - b| over n, relative to the largest |b| */
+/* The GPU backend refuses var=value in one line whose text holds `says`. */
+static void gpu_refuses(const char *var, const char *value, const char *says)
+{
+    char err[512] = "";
+    setenv(var, value, 1);
+    be_backend *b = be_cuda_create(2, err, sizeof err);
+    unsetenv(var);
+    cr_expect_null(b, "%s=%s accepted", var, value);
+    cr_expect(strstr(err, says), "%s", err);
+    if (b) be_free(b);
+}
+
 /* largest |a - b| (infinite when either is NaN) */
 static double max_abs_diff(const float *a, const float *b, int64_t n)
 {
@@ -936,21 +947,15 @@ static double compare_attention(page_set *ps, int n_head, int n_kv, int D, int64
     return compare_attention_on(gpu, ps, n_head, n_kv, D, n_q, window, bind);
 }
 
-/* Both attention kernels: the grouped one (the default, head dimensions that are multiples of 8 up
- * to 256) and the one with a block per query head (KVCHAT_CUDA_ATTN=scalar; also every head
- * dimension the grouped one does not take: 36, 512). */
 /* A kernel choice it does not know is refused in one line, not read as the default. */
 Test(cuda, an_unknown_attention_kernel_is_refused)
 {
-    char err[256] = "";
-    setenv("KVCHAT_CUDA_ATTN", "fast", 1);
-    be_backend *b = be_cuda_create(2, err, sizeof err);
-    unsetenv("KVCHAT_CUDA_ATTN");
-    cr_expect_null(b);
-    cr_expect(strstr(err, "KVCHAT_CUDA_ATTN must be flash"), "%s", err);
-    if (b) be_free(b);
+    gpu_refuses("KVCHAT_CUDA_ATTN", "fast", "KVCHAT_CUDA_ATTN must be flash");
 }
 
+/* Both attention kernels: the grouped one (the default, head dimensions that are multiples of 8 up
+ * to 256) and the one with a block per query head (KVCHAT_CUDA_ATTN=scalar; also every head
+ * dimension the grouped one does not take: 36, 512). */
 Test(cuda, paged_attention_equals_the_cpu)
 {
     seed_rng("attention");
@@ -1419,13 +1424,7 @@ Test(cuda, the_rows_a_round_and_the_staged_chunks_give_the_hosts_bits)
 /* A bad rows-a-round setting is refused in one line, naming the values it takes. */
 Test(cuda, a_bad_rows_a_round_setting_is_refused)
 {
-    char err[256] = "";
-    setenv("KVCHAT_CUDA_ATTN_ROWS", "3", 1);
-    be_backend *b = be_cuda_create(2, err, sizeof err);
-    unsetenv("KVCHAT_CUDA_ATTN_ROWS");
-    cr_expect_null(b);
-    cr_expect(strstr(err, "KVCHAT_CUDA_ATTN_ROWS must be 2, 4 (the default) or 8"), "%s", err);
-    if (b) be_free(b);
+    gpu_refuses("KVCHAT_CUDA_ATTN_ROWS", "3", "KVCHAT_CUDA_ATTN_ROWS must be 2, 4 (the default) or 8");
 }
 
 /* The split merge takes its splits' weights a tile of AG_CTILE at a time and their partials
@@ -2251,13 +2250,7 @@ Test(cuda, a_prompts_rows_written_into_the_page_copies_on_the_device_give_the_se
     }
     cr_expect_gt(ran, 0, "no tiny model here");
     be_free(sent);
-    char err[512];
-    setenv("KVCHAT_CUDA_PAGE_ROWS", "yes", 1);
-    be_backend *bad = be_cuda_create(2, err, sizeof err);
-    unsetenv("KVCHAT_CUDA_PAGE_ROWS");
-    cr_expect_null(bad);
-    cr_expect(strstr(err, "KVCHAT_CUDA_PAGE_ROWS"), "%s", err);
-    be_free(bad);
+    gpu_refuses("KVCHAT_CUDA_PAGE_ROWS", "yes", "KVCHAT_CUDA_PAGE_ROWS");
 }
 
 /* The average calls into the runtime of row `row` in profiled backend p's report (its last
@@ -3789,13 +3782,7 @@ Test(cuda, batches_in_launch_parameters_give_the_bits_of_copied_ones)
     cr_expect_gt(ran, 0, "no tiny model here");
     cr_expect_eq(be_cuda_inline_sends(copied), 0, "KVCHAT_CUDA_INLINE=off sent a batch in a launch");
     be_free(copied);
-    char err[512] = "";
-    setenv("KVCHAT_CUDA_INLINE", "maybe", 1);
-    be_backend *bad = be_cuda_create(2, err, sizeof err);
-    unsetenv("KVCHAT_CUDA_INLINE");
-    cr_expect_null(bad, "KVCHAT_CUDA_INLINE=maybe accepted");
-    if (bad) be_free(bad);
-    cr_expect(strstr(err, "KVCHAT_CUDA_INLINE must be"), "%s", err);
+    gpu_refuses("KVCHAT_CUDA_INLINE", "maybe", "KVCHAT_CUDA_INLINE must be");
 }
 
 /* Chelsea's merge of a layer's heads (be_ops.merge_heads) on the device: two heads of one count
