@@ -599,7 +599,8 @@ static int bench_speed(run *r, const int64_t *depths, int nd, int64_t n_gen, con
     char err[512];
     for (int di = 0; di < nd && !cli_interrupted; di++) {
         int64_t d = depths[di];
-        run_figures before, fg;
+        run_figures start, before, fg;
+        run_get_figures(r, &start);
         if ((rc = prefill_to(r, toks, d))) break;
         run_get_figures(r, &before);
         if (decode_greedy(r, n_gen, err, sizeof err)) {
@@ -609,6 +610,11 @@ static int bench_speed(run *r, const int64_t *depths, int nd, int64_t n_gen, con
         }
         run_get_figures(r, &fg);
         printf("%8lld %14.1f %14.1f", (long long)d, fg.prefill_tok_s, fg.decode_tok_s);
+        if (fg.has_counters)   /* what the prompt asked of the device (the first prompt's one-off costs show) */
+            printf("   prefill: %llu waits, %.1f MiB up, %.1f MiB down",
+                   (unsigned long long)(before.dev_waits - start.dev_waits),
+                   (double)(before.dev_bytes_up - start.dev_bytes_up) / 1048576.0,
+                   (double)(before.dev_bytes_down - start.dev_bytes_down) / 1048576.0);
         if (fg.has_counters && n_gen > 0)   /* what each decode step asked of the device: waits and copies */
             printf("   per step: %.1f waits, %.1f KiB up, %.1f KiB down",
                    (double)(fg.dev_waits - before.dev_waits) / (double)n_gen,

@@ -63,8 +63,8 @@ struct fwd_ctx {
      * last layer (deferred). Two sets: while a prompt's chunk runs on the device in one, the host
      * takes the previous chunk's rows from the other into the cache, a layer at a time. */
     float *kall[2], *vall[2];
-    int64_t defer_cap;         /* rows a layer they hold: 1 (a decode step), grown for a prompt */
-    int defer_refused;         /* growing them failed once (out of device memory): chunks wait a layer */
+    int64_t defer_cap;         /* rows a layer they hold: n_batch, or 1 (a decode step's) where a
+                                  chunk's do not fit (grow_defer) */
     int next_set;              /* the set the next deferred chunk writes */
     struct {
         int64_t at, n;         /* first position (-1: none) and rows a layer */
@@ -136,6 +136,18 @@ static float *alloc_f(fwd_ctx *f, size_t n)
     return p;
 }
 
+/* Bind n floats at p to the backend. Rows only ops write (every scratch buffer but the selections'
+ * and their bitmaps, which start zeroed) are bound blank: without, a fresh buffer's host bytes
+ * count, and an op's first write of a chunk's rows sends the rest of it up (a 7B's first prompt:
+ * some 370 MiB of nothing). Page-locked either way: the host reads them back a chunk at a time. */
+static int bind_f(fwd_ctx *f, float *p, size_t n, int blank, char *err, size_t errlen)
+{
+    size_t bytes = n * sizeof(float);
+    return blank ? be_bind_blank(f->b, p, bytes, 1, err, errlen) : be_bind(f->b, p, bytes, err, errlen);
+}
+
+static int grow_defer(fwd_ctx *f);
+
 /* A buffer of n floats from alloc_f, given back (NULL: none). */
 static void free_f(fwd_ctx *f, float *p, size_t n)
 {
@@ -193,7 +205,7 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     f->att = alloc_f(f, B * HD);
     f->k = alloc_f(f, B * (size_t)kvd);
     f->v = alloc_f(f, B * (size_t)kvd);
-    /* a decode step's rows; a prompt's chunk grows them (grow_defer) */
+    /* a decode step's rows; grown for a chunk's once bound (grow_defer) */
     f->defer_cap = 1;
     size_t all = (size_t)hp->n_layer * (size_t)kvd;
     for (int i = 0; i < 2; i++) {
@@ -241,12 +253,17 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     float *bufs[N_BOUND];
     bound_bufs(f, bufs);
     for (int i = 0; i < N_BOUND; i++) {
-        if (be_bind(b, bufs[i], sz[i] * sizeof(float), err, errlen)) {
+        if (bind_f(f, bufs[i], sz[i], bufs[i] != (float *)f->sel_buf && bufs[i] != (float *)f->bits_buf, err, errlen)) {
             fwd_free(f);
             return NULL;
         }
         f->n_bound = i + 1;
     }
+    /* A prompt's chunks run their layers without the host in buffers of a chunk's rows, grown now:
+     * page-locking them at a prompt's first chunk cost that prompt about 17 ms on the default model
+     * and 120 ms on a 7B (256 MiB) on an H200 (docs/gpu.md). Where they do not fit, chunks wait a
+     * layer at a time and decode steps use the one-row buffers. */
+    if (b->ops->bind && f->n_batch > 1) (void)grow_defer(f);
     return f;
 }
 
@@ -725,37 +742,33 @@ static void sel_stats(fwd_ctx *f, int64_t p0)
     f->n_dsel = 0;
 }
 
-/* Most bytes one of the four deferred-row buffers may take when a prompt's chunk grows them (each
+/* Most bytes one of the four deferred-row buffers may take when they grow to a chunk's rows (each
  * is page-locked on the host and has a twin on the device); a chunk that would need more waits a
  * layer at a time instead. */
 #define DEFER_MAX_BYTES ((size_t)256 << 20)
 
 /* Room for n_batch deferred rows a layer in both sets, allocated and bound before the 1-row ones
- * go (nothing may be pending). 0, or -1 when they do not fit (DEFER_MAX_BYTES, or memory: said
- * never, the chunks then wait a layer at a time, as before; a device's failed bind is not an op
+ * go (at creation: nothing is pending). 0, or -1 when they do not fit (DEFER_MAX_BYTES, or memory:
+ * said never, the chunks then wait a layer at a time; a device's failed bind is not an op
  * failure). */
 static int grow_defer(fwd_ctx *f)
 {
     const model_hparams *hp = &f->m->hp;
     size_t kvd = (size_t)hp->n_head_kv * (size_t)hp->head_dim, rows = (size_t)f->n_batch;
     size_t all = (size_t)hp->n_layer * rows * kvd, bytes = all * sizeof(float);
-    if (f->defer_refused || bytes > DEFER_MAX_BYTES) {
-        f->defer_refused = 1;
-        return -1;
-    }
+    if (bytes > DEFER_MAX_BYTES) return -1;
     float *nb[4] = { 0 };
     int bound = 0;
     char err[256];
     for (; bound < 4; bound++) {
         nb[bound] = alloc_f(f, all);
-        if (!nb[bound] || be_bind(f->b, nb[bound], bytes, err, sizeof err)) break;
+        if (!nb[bound] || bind_f(f, nb[bound], all, 1, err, sizeof err)) break;
     }
     if (bound < 4) {
         for (int i = 0; i <= bound; i++) {
             if (i < bound) be_unbind(f->b, nb[i]);
             free_f(f, nb[i], all);
         }
-        f->defer_refused = 1;
         return -1;
     }
     size_t old = (size_t)hp->n_layer * (size_t)f->defer_cap * kvd;
@@ -986,14 +999,13 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
         defer = q->decoding ? (batch || n == 1) && (!q->pol || pol_set_decode_can_defer(q->pol))
                             : !q->pol || pol_set_prefill_layer_free(q->pol);
     }
+    /* rows past the buffers' (grown at creation where they fit, grow_defer): a layer at a time */
+    if (defer && n > f->defer_cap) defer = 0;
     /* The previous chunk's rows, if still pending: a chunk that defers takes them into the cache a
      * layer at a time, just before that layer's attention (the host's work overlapping the
-     * device's on earlier layers); one that does not, all of them now (and one that finds the
-     * buffers too small, before they grow: a prompt's first chunk, where nothing is pending). */
-    int grow = defer && n > f->defer_cap;
-    int rc = f->pend.at >= 0 && (!defer || grow) ? take_pending(f, hp->n_layer) : 0;
+     * device's on earlier layers); one that does not, all of them now. */
+    int rc = f->pend.at >= 0 && !defer ? take_pending(f, hp->n_layer) : 0;
     if (rc) return rc;
-    if (grow && grow_defer(f)) defer = 0;
     const int set = f->next_set;
     /* the rows of the queries a policy reads on global layers, [q_r0, q_r1): only those come back
      * from a device (TAKE's probe: 32 of a 544-row chunk); a batch's, every row if one reads its own */
@@ -1367,7 +1379,7 @@ int fwd_decode_batch(fwd_ctx *lead, fwd_ctx *const *seqs, int n, const int32_t *
     if (check_batch(lead, seqs, n, ids, picks, err, errlen)) return -1;
     if (picks && !lead->batch_rows) {   /* the picked rows stay with the backend, bound */
         float *rows = alloc_f(lead, FWD_BATCH_MAX * nv);
-        if (!rows || be_bind(lead->b, rows, FWD_BATCH_MAX * nv * sizeof(float), err, errlen)) {
+        if (!rows || bind_f(lead, rows, FWD_BATCH_MAX * nv, 1, err, errlen)) {
             if (rows) free_f(lead, rows, FWD_BATCH_MAX * nv);
             else snprintf(err, errlen, "out of memory allocating a batch's logits");
             return -1;

@@ -59,7 +59,7 @@ static am_buf *find(const am_table *t, const void *p, size_t bytes)
     return NULL;
 }
 
-static int bind(am_table *t, void *host, size_t bytes, int blank)
+static int bind(am_table *t, void *host, size_t bytes, int blank, int pin)
 {
     if (bytes == 0 || find(t, host, bytes)) return -1;
     if (t->n == t->cap) {
@@ -77,13 +77,13 @@ static int bind(am_table *t, void *host, size_t bytes, int blank)
                              .pinned = 0 };
     t->bytes += bytes;
     t->dev_changes++;
-    if (!blank && t->dev.pin) t->b[t->n - 1].pinned = t->dev.pin(t->dev.ud, host, bytes, 1) == 0;
+    if (pin && t->dev.pin) t->b[t->n - 1].pinned = t->dev.pin(t->dev.ud, host, bytes, 1) == 0;
     return 0;
 }
 
-int am_bind(am_table *t, void *host, size_t bytes) { return bind(t, host, bytes, 0); }
+int am_bind(am_table *t, void *host, size_t bytes) { return bind(t, host, bytes, 0, 1); }
 
-int am_bind_blank(am_table *t, void *host, size_t bytes) { return bind(t, host, bytes, 1); }
+int am_bind_blank(am_table *t, void *host, size_t bytes, int pin) { return bind(t, host, bytes, 1, pin); }
 
 void am_unbind(am_table *t, void *host)
 {

@@ -77,10 +77,11 @@ void am_free(am_table *t);
  * 0, or -1 when the device (or the host) is out of memory. Binding a bound buffer again is an error. */
 int am_bind(am_table *t, void *host, size_t bytes);
 /* As am_bind, for a buffer whose bytes mean nothing until an op writes them (rows that only ops
- * compute): neither copy counts as newer, so nothing goes up at first use, and the host copy is
- * not page-locked (the host reads a little of it, or writes it, now and then: those copies go
- * through the driver's bounce buffer). */
-int am_bind_blank(am_table *t, void *host, size_t bytes);
+ * compute): neither copy counts as newer, so nothing goes up at first use (nor at an op's first
+ * write of part of it, which would otherwise send the rest). The host copy is page-locked with pin
+ * (the host reads large parts of it: the forward pass's activations); without, its copies go
+ * through the driver's bounce buffer (the host reads a little of it now and then: CHESS's rows). */
+int am_bind_blank(am_table *t, void *host, size_t bytes, int pin);
 /* Forget the twin (the host copy is NOT brought up to date: the owner is freeing the buffer). */
 void am_unbind(am_table *t, void *host);
 /* 1 when [p, p + bytes) lies in a bound buffer this table page-locked (am_device.pin succeeded at

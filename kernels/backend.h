@@ -468,9 +468,11 @@ typedef struct be_ops {
     /* CHESS's summary rows and anchor (be_key_means above). */
     void (*key_means)(be_backend *b, const be_key_means *m);
     /* As bind, for a buffer whose bytes mean nothing until ops write them (rows that only ops
-     * compute, as CHESS's): nothing is sent at its first use, and a device backend need not
-     * page-lock its host copy. NULL: bind. */
-    int (*bind_blank)(be_backend *b, void *host, size_t bytes, char *err, size_t errlen);
+     * compute: the forward pass's activations, CHESS's rows): nothing is sent at its first use, nor
+     * the rest of it when an op first writes part of it. pin: page-lock its host copy (the host
+     * reads large parts of it, and the copies back overlap the device's work only from locked
+     * memory); 0: the host touches a little of it now and then (CHESS's). NULL: bind. */
+    int (*bind_blank)(be_backend *b, void *host, size_t bytes, int pin, char *err, size_t errlen);
     /* The eviction policies' attention mass (be_mass above), read from host pages; the answer is on
      * the host when this returns, computed even after a device op failed (a policy evicts by it). */
     void (*attn_mass)(be_backend *b, const be_mass *m);
@@ -636,9 +638,10 @@ static inline int be_bind(be_backend *b, void *host, size_t bytes, char *err, si
 {
     return b->ops->bind ? b->ops->bind(b, host, bytes, err, errlen) : 0;
 }
-static inline int be_bind_blank(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+static inline int be_bind_blank(be_backend *b, void *host, size_t bytes, int pin, char *err, size_t errlen)
 {
-    return b->ops->bind_blank ? b->ops->bind_blank(b, host, bytes, err, errlen) : be_bind(b, host, bytes, err, errlen);
+    return b->ops->bind_blank ? b->ops->bind_blank(b, host, bytes, pin, err, errlen)
+                              : be_bind(b, host, bytes, err, errlen);
 }
 static inline void be_unbind(be_backend *b, void *host)
 {

@@ -169,10 +169,10 @@ static int t_bind(be_backend *b, void *host, size_t bytes, char *err, size_t err
     return rc;
 }
 
-static int t_bind_blank(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+static int t_bind_blank(be_backend *b, void *host, size_t bytes, int pin, char *err, size_t errlen)
 {
     int rc = 0;
-    TIMED(R_BIND, rc = in_->ops->bind_blank(in_, host, bytes, err, errlen));
+    TIMED(R_BIND, rc = in_->ops->bind_blank(in_, host, bytes, pin, err, errlen));
     return rc;
 }
 

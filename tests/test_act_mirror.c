@@ -101,7 +101,7 @@ Test(act_mirror, a_blank_buffer_sends_nothing_until_the_host_writes_it)
     setup(&t, &fk);
     float x[128];
     for (int i = 0; i < 128; i++) x[i] = -1.0f;
-    cr_assert(am_bind_blank(&t, x, sizeof x) == 0);
+    cr_assert(am_bind_blank(&t, x, sizeof x, 0) == 0);
     cr_expect_eq(fk.pins, 0, "a blank buffer was page-locked");
     float *d = am_dev_out(&t, x + 32, 16 * sizeof(float));
     cr_assert(d);
@@ -117,9 +117,36 @@ Test(act_mirror, a_blank_buffer_sends_nothing_until_the_host_writes_it)
     const float *di = am_dev_in(&t, x + 100, 2 * sizeof(float));
     cr_expect_eq(di[1], 6.0f);
     cr_expect_eq(t.up_bytes, 2 * sizeof(float));
-    cr_expect_eq(am_bind_blank(&t, x + 8, 4), -1, "a range inside a bound buffer was bound again");
+    cr_expect_eq(am_bind_blank(&t, x + 8, 4, 0), -1, "a range inside a bound buffer was bound again");
     am_unbind(&t, x);
     cr_expect_eq(fk.pins, 0, "a buffer never page-locked was unlocked");
+    am_free(&t);
+    cr_expect_eq(fk.allocs, 0);
+}
+
+Test(act_mirror, a_locked_blank_buffer_sends_nothing_when_an_op_first_writes_part_of_it)
+{
+    /* The forward pass's activations: page-locked, and an op's first write of a few rows sends
+     * neither them nor the rest up (bound plainly, the whole buffer would go: the host's bytes
+     * counted until then); the rows come back to the host when it reads them. */
+    am_table t;
+    fake fk;
+    setup(&t, &fk);
+    float x[256], y[256];
+    cr_assert(am_bind_blank(&t, x, sizeof x, 1) == 0);
+    cr_assert(am_bind(&t, y, sizeof y) == 0);
+    cr_expect_eq(fk.pins, 2, "%d buffers page-locked of 2", fk.pins);
+    float *dx = am_dev_out(&t, x, 8 * sizeof(float)), *dy = am_dev_out(&t, y, 8 * sizeof(float));
+    cr_assert(dx && dy);
+    cr_expect_eq(t.up_bytes, sizeof y, "%llu bytes sent: the plain buffer's %zu alone expected",
+                 (unsigned long long)t.up_bytes, sizeof y);
+    for (int i = 0; i < 8; i++) dx[i] = (float)(i + 1);
+    am_range r = { x, 8 * sizeof(float) };
+    am_host_read(&t, &r, 1);
+    cr_expect_eq(x[7], 8.0f);
+    am_unbind(&t, x);
+    am_unbind(&t, y);
+    cr_expect_eq(fk.pins, 0, "a page-locked buffer was left locked");
     am_free(&t);
     cr_expect_eq(fk.allocs, 0);
 }
@@ -445,7 +472,7 @@ Test(act_mirror, every_change_of_device_bytes_is_counted)
     am_unbind(&t, x);
     cr_expect_gt(t.dev_changes, c, "an unbind was not counted");
     c = t.dev_changes;
-    cr_assert(am_bind_blank(&t, y, sizeof y) == 0);
+    cr_assert(am_bind_blank(&t, y, sizeof y, 0) == 0);
     cr_expect_gt(t.dev_changes, c, "a blank bind was not counted");
     am_free(&t);
 }
@@ -480,7 +507,7 @@ Test(act_mirror, pinned_names_only_the_buffers_this_table_locked)
     setup(&t, &fk);
     float a[64], b[64], c[64], d[64];
     cr_assert(am_bind(&t, a, sizeof a) == 0);
-    cr_assert(am_bind_blank(&t, b, sizeof b) == 0);
+    cr_assert(am_bind_blank(&t, b, sizeof b, 0) == 0);
     fk.refuse_pins = 1;
     cr_assert(am_bind(&t, c, sizeof c) == 0);
     fk.refuse_pins = 0;

@@ -283,7 +283,7 @@ static int bm_reserve(st_chess *s, bound_mat *m, int rows, size_t width, int mos
     m->cap = cap;
     char err[256];
     /* blank: its rows are the ops' (key_means, scores) but for an anchor=0 anchor, written whole */
-    m->bound = be_bind_blank(s->b, m->p, sizeof(float) * (size_t)cap * width, err, sizeof err) == 0;
+    m->bound = be_bind_blank(s->b, m->p, sizeof(float) * (size_t)cap * width, 0, err, sizeof err) == 0;
     return 1;
 }
 

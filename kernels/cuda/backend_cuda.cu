@@ -434,8 +434,7 @@ static int act_pin(void *ud, void *host, size_t bytes, int pin)
     return -1;
 }
 
-static int bind_as(be_backend *b, void *host, size_t bytes, char *err, size_t errlen,
-                   int (*how)(am_table *, void *, size_t))
+static int bind_as(be_backend *b, void *host, size_t bytes, char *err, size_t errlen, int blank, int pin)
 {
     cuda_impl *ci = impl_of(b);
     seg_op(ci, SEG_EAGER);   /* page-locking is not recorded */
@@ -444,7 +443,7 @@ static int bind_as(be_backend *b, void *host, size_t bytes, char *err, size_t er
         return -1;
     }
     ci->alloc_error = cudaSuccess;
-    if (how(&ci->act, host, bytes) == 0) return 0;
+    if ((blank ? am_bind_blank(&ci->act, host, bytes, pin) : am_bind(&ci->act, host, bytes)) == 0) return 0;
     if (device_error(ci->alloc_error)) {   /* the device's own error, not a shortage */
         snprintf(err, errlen, "an activation buffer could not be placed on the GPU: %s",
                  cudaGetErrorString(ci->alloc_error));
@@ -460,13 +459,14 @@ static int bind_as(be_backend *b, void *host, size_t bytes, char *err, size_t er
 
 static int cuda_bind(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
 {
-    return bind_as(b, host, bytes, err, errlen, am_bind);
+    return bind_as(b, host, bytes, err, errlen, 0, 1);
 }
 
-/* Rows only ops write (CHESS's): no upload at first use, no page-locking of the host copy. */
-static int cuda_bind_blank(be_backend *b, void *host, size_t bytes, char *err, size_t errlen)
+/* Rows only ops write (the forward pass's activations, CHESS's): no upload at first use; the host
+ * copy page-locked with pin. */
+static int cuda_bind_blank(be_backend *b, void *host, size_t bytes, int pin, char *err, size_t errlen)
 {
-    return bind_as(b, host, bytes, err, errlen, am_bind_blank);
+    return bind_as(b, host, bytes, err, errlen, 1, pin);
 }
 
 static void cuda_unbind(be_backend *b, void *host)

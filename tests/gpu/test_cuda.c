@@ -2941,7 +2941,7 @@ Test(cuda, the_key_means_on_the_device_are_the_cpus_bit_for_bit)
         dev[i] = malloc(bytes);
         want[i] = malloc(bytes);
         cr_assert(dev[i] && want[i]);
-        if (i < 3) cr_assert(be_bind_blank(gpu, dev[i], bytes, err, sizeof err) == 0, "%s", err);   /* as CHESS */
+        if (i < 3) cr_assert(be_bind_blank(gpu, dev[i], bytes, 0, err, sizeof err) == 0, "%s", err);   /* as CHESS */
     }
     cr_assert(be_bind(gpu, dev[3], sizeof(float) * DIM, err, sizeof err) == 0, "%s", err);
     for (int round = 0; round < 3; round++) {
