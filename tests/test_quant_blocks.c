@@ -580,3 +580,66 @@ Test(quant_blocks, several_products_a_launch_cover_each_row_once)
             free(seen);
         }
 }
+
+/* dd_many_shape against the H200 table it was drawn from (bench/gpu_kernels.csv, commit 8261283, 132
+ * multiprocessors): on every product of 2, 4 and 8 tokens at the 7B's shapes, its choice among one
+ * row a warp with 1 or 2 reads in flight and two rows is within 1.12x of the fastest of the three,
+ * and over all of them within 1.03x of the fastest each time (two rows everywhere, the rule before,
+ * was 1.21x). */
+Test(quant_blocks, the_decode_kernels_shape_for_several_tokens_follows_the_h200_table)
+{
+    FILE *f = fopen("bench/gpu_kernels.csv", "r");
+    cr_assert(f, "bench/gpu_kernels.csv: cannot open");
+    static const uint32_t types[] = { GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K,
+                                      GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16 };
+    enum { NT = 8, NS = 3, NK = 3 };
+    static const int64_t outs[NS] = { 4096, 14336, 4096 }, ins[NS] = { 4096, 4096, 14336 };
+    static const int toks[NK] = { 2, 4, 8 };
+    /* ms[type][shape][tokens][config]: two rows (the default then), one row 1 in flight, one row
+     * the kernels' own (2; 1 on F16/BF16) */
+    double ms[NT][NS][NK][3];
+    for (int i = 0; i < NT * NS * NK * 3; i++) (&ms[0][0][0][0])[i] = -1;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char date[32], commit[64], gpu[64], what[32], type[16], config[64];
+        long long n_out, n_in;
+        int n_tok;
+        double t;
+        if (sscanf(line, "%31[^,],%63[^,],%63[^,],%31[^,],%15[^,],%lld,%lld,%d,%63[^,],%lf", date, commit, gpu, what,
+                   type, &n_out, &n_in, &n_tok, config, &t) != 10 ||
+            strcmp(commit, "8261283") || strcmp(what, "product"))
+            continue;
+        int c = !strcmp(config, "decode kernel") ? 0 : !strcmp(config, "decode kernel 1 in flight") ? 1
+                : !strcmp(config, "decode kernel 1 row a warp") ? 2 : -1;
+        int ti = -1, si = -1, ki = -1;
+        for (int i = 0; i < NT; i++)
+            if (!strcmp(type, quant_type_name(types[i]))) ti = i;
+        for (int i = 0; i < NS; i++)
+            if (n_out == outs[i] && n_in == ins[i]) si = i;
+        for (int i = 0; i < NK; i++)
+            if (n_tok == toks[i]) ki = i;
+        if (c >= 0 && ti >= 0 && si >= 0 && ki >= 0) ms[ti][si][ki][c] = t;
+    }
+    fclose(f);
+    double sum_rule = 0, sum_best = 0, sum_two = 0;
+    for (int ti = 0; ti < NT; ti++)
+        for (int si = 0; si < NS; si++)
+            for (int ki = 0; ki < NK; ki++) {
+                const double *m = ms[ti][si][ki];
+                cr_assert(m[0] > 0 && m[1] > 0 && m[2] > 0, "%s %lld x %lld at %d tokens: not in the table",
+                          quant_type_name(types[ti]), (long long)outs[si], (long long)ins[si], toks[ki]);
+                dd_many s = dd_many_shape(types[ti], 1, outs[si], toks[ki], 132);
+                cr_assert(s.rows == 1 || (s.rows == 2 && s.inflight == 1));
+                double pick = s.rows == 2 ? m[0] : s.inflight == 1 ? m[1] : m[2];
+                double best = fmin(m[0], fmin(m[1], m[2]));
+                cr_expect_leq(pick, 1.12 * best, "%s %lld x %lld at %d tokens: %d rows, %d in flight, %.4f ms against %.4f",
+                              quant_type_name(types[ti]), (long long)outs[si], (long long)ins[si], toks[ki], s.rows,
+                              s.inflight, pick, best);
+                sum_rule += pick;
+                sum_best += best;
+                sum_two += m[0];
+            }
+    cr_expect_leq(sum_rule, 1.03 * sum_best, "the rule's products take %.4f ms, the fastest %.4f", sum_rule, sum_best);
+    cr_expect_gt(sum_two, 1.15 * sum_best, "two rows everywhere took %.4f ms against %.4f: the table changed", sum_two,
+                 sum_best);
+}

@@ -138,9 +138,10 @@ typedef struct cuda_impl {
     int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
     int mmv_f32;               /* KVCHAT_CUDA_MMV=f32: decode products by the f32 kernel (stage 0's) */
     int mmv_inflight;          /* KVCHAT_CUDA_MMV_INFLIGHT: reads of a row each lane has in flight for a token
-                                * (1, 2, 4; 0: by type); for more, 1 or the kernels' own (vec_dot.cu) */
+                                * (1, 2, 4; 0: by type); for more, 1 or 2 (0: dd_many_shape) */
     int mmv_wide;              /* Q4_K/Q5_K by the wide path (decode_dot.h; KVCHAT_CUDA_MMV=narrow: not) */
-    int mmv_rows;              /* KVCHAT_CUDA_MMV_ROWS: rows a warp of the decode kernel (0: by tokens) */
+    int mmv_rows;              /* KVCHAT_CUDA_MMV_ROWS: rows a warp of the decode kernel (0: by tokens and
+                                * shape, decode_shape) */
     int64_t mmv_max;           /* KVCHAT_CUDA_MMV_MAX: most tokens through the decode kernel (-1: by type) */
     uint64_t rows_written;     /* rows page_rows wrote into page copies (launched), be_cuda_page_rows */
     uint64_t rows_moved;       /* rows page_moves copied between page copies (launched) */

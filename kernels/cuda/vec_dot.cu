@@ -2,8 +2,9 @@
  * choice between them and the many-token path of vec_gemm.cu.
  *
  * Decode (at most QB_MAX_TOK tokens), kernels/decode_dot.h: decode_dot_kernel, a warp per row for
- * one token and per two rows for more (each token's activations loaded once for both), reading the
- * weight straight from global memory. Quantized types: the input is first rounded to 8-bit
+ * one token and for more one or two rows by the launch's shape (dd_many_shape: two load each
+ * token's activations once for both, but leave fewer warps), reading the weight straight from
+ * global memory. Quantized types: the input is first rounded to 8-bit
  * codes in blocks of 32 (quantize_act, once for all the products that share it), then each lane
  * multiplies 16 values at a time in integers (dp4a); Q4_K and Q5_K by the kernel's wide path
  * instead, 32 values a lane in 16-byte loads (KVCHAT_CUDA_MMV=narrow: the 16-value items, to
@@ -110,9 +111,9 @@ static constexpr int dd_min_blocks(uint32_t type, int inflight, int rows, int wi
                                                                                                         : 6)
                                : DD_MIN_BLOCKS(rows);
 }
-/* Reads in flight a lane of the kernels for several tokens on one row a warp (KVCHAT_CUDA_MMV_INFLIGHT=1:
- * one): two for the quantized types; one for F16/BF16, which with eight tokens' activations held to
- * 64 registers spill with two. */
+/* The most reads in flight a lane of the kernels for several tokens on one row a warp has (made with
+ * this many; dd_many_shape chooses it or one): two for the quantized types; one for F16/BF16, which
+ * with eight tokens' activations held to 64 registers spill with two. */
 #define DD_MANY_INFLIGHT(type) ((type) == GGML_TYPE_F16 || (type) == GGML_TYPE_BF16 ? 1 : 2)
 
 /* n_blocks blocks of 32 activations (over all tokens: rows of n_in % 32 == 0 values are whole
@@ -165,16 +166,18 @@ __global__ void __launch_bounds__(DD_WARPS * 32, dd_min_blocks(TYPE, INFLIGHT, R
         if (r < nr) warp_sums_out(acc[r], n_tok, lane, y + row0 + r, n_out);
 }
 
-/* Rows a warp of the decode kernels for n_tok tokens: KVCHAT_CUDA_MMV_ROWS, else one for a token
- * (more warps to hide the memory's latency) and DD_MAX_ROWS for more (each token's activations
- * loaded once for both rows; the activation loads grow with the tokens, the weight's do not). A
- * lane of a quantized product for several tokens keeps two items in flight either way: two of its
- * row (KVCHAT_CUDA_MMV_INFLIGHT=1: one), or one of each row (two of each took 107-109 registers on
- * sm_90 on the wide path, a quarter of the warps a multiprocessor holds); a token's product runs
- * the kernel made for one (one_token_inflight). */
-static int decode_rows(const cuda_impl *ci, int n_tok)
+/* The decode kernels' shape for a launch of n_tok tokens over n_out rows in all: one row a warp
+ * for a token (more warps to hide the memory's latency; its kernel made for one, one_token_inflight),
+ * dd_many_shape's for more (two rows a warp hold one item of each in flight: two of each took
+ * 107-109 registers on sm_90 on the wide path, a quarter of the warps a multiprocessor holds);
+ * KVCHAT_CUDA_MMV_ROWS and KVCHAT_CUDA_MMV_INFLIGHT=1|2 override them, to compare. */
+static dd_many decode_shape(const cuda_impl *ci, uint32_t type, int64_t n_out, int n_tok)
 {
-    return ci->mmv_rows ? ci->mmv_rows : n_tok > 1 ? DD_MAX_ROWS : 1;
+    dd_many s = { 1, 1 };
+    if (n_tok > 1) s = dd_many_shape(type, ci->mmv_wide, n_out, n_tok, ci->n_sm);
+    if (ci->mmv_rows) s.rows = ci->mmv_rows;
+    if (ci->mmv_inflight == 1 || ci->mmv_inflight == 2) s.inflight = ci->mmv_inflight;
+    return s;
 }
 
 /* Reads of its row a lane of a one-token product has in flight, unless KVCHAT_CUDA_MMV_INFLIGHT says:
@@ -182,7 +185,7 @@ static int decode_rows(const cuda_impl *ci, int n_tok)
  * multiprocessor by type), but 2 on Q4_K's wide path, whose 4 ptxas unpacks one item of before
  * asking for the others. The H200's times fit one round trip a read in flight (docs/gpu.md, stage
  * 1's third part); gpu_bench times 1, 2 and 4 to choose from. Products of several tokens take
- * DD_MANY_INFLIGHT whatever the setting but 1, and two rows a warp one item of each row. */
+ * decode_shape's. */
 static int one_token_inflight(uint32_t type, int wide)
 {
     return wide && type == GGML_TYPE_Q4_K ? 2 : 4;
@@ -214,14 +217,17 @@ static int mmv(cuda_impl *ci, const dev_weight *const *dw, float *const *dy, int
 {
     const uint32_t type = dw[0]->type;
     if (!ci->mmv_f32) {
-        const int rows = decode_rows(ci, n_tok);
         dd_outs o = {};   /* the slots past n unread, but not left undefined */
         o.n = n;
+        int64_t n_out = 0;
         for (int i = 0; i < n; i++) {
             o.w[i] = dw[i]->d;
             o.y[i] = dy[i];
             o.n_out[i] = (int32_t)dw[i]->n_out;
+            n_out += dw[i]->n_out;
         }
+        const dd_many shape = decode_shape(ci, type, n_out, n_tok);
+        const int rows = shape.rows;
         const unsigned grid = (unsigned)dd_outs_layout(&o, DD_WARPS * rows);
         const size_t stride = dw[0]->stride;
         const int64_t n_in = dw[0]->n_in;
@@ -236,12 +242,12 @@ static int mmv(cuda_impl *ci, const dev_weight *const *dw, float *const *dy, int
         else if (in == 2) LAUNCH_QI(T, 2, 1, WD, 1);                                  \
         else LAUNCH_QI(T, 1, 1, WD, 1);                                               \
     } while (0)
-#define LAUNCH_Q(T, WD)                                            \
-    do {                                                           \
-        if (n_tok == 1 && rows == 1) LAUNCH_ONE(T, WD);            \
-        else if (rows == 2) LAUNCH_QI(T, 1, 2, WD, 0);             \
-        else if (ci->mmv_inflight == 1) LAUNCH_QI(T, 1, 1, WD, 0); \
-        else LAUNCH_QI(T, DD_MANY_INFLIGHT(T), 1, WD, 0);          \
+#define LAUNCH_Q(T, WD)                                          \
+    do {                                                         \
+        if (n_tok == 1 && rows == 1) LAUNCH_ONE(T, WD);          \
+        else if (rows == 2) LAUNCH_QI(T, 1, 2, WD, 0);           \
+        else if (shape.inflight == 1) LAUNCH_QI(T, 1, 1, WD, 0); \
+        else LAUNCH_QI(T, DD_MANY_INFLIGHT(T), 1, WD, 0);        \
     } while (0)
 #define LAUNCH_K(T)                          \
     do {                                     \

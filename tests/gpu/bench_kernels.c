@@ -7,12 +7,12 @@
  * - copy: a device-to-device copy of 1 GiB (bytes read plus written): the ceiling for what follows;
  * - products of every weight type the device reads as stored, at the 7B shapes (4096 x 4096,
  *   14336 x 4096, 4096 x 14336), for 1, 2, 4, 8 tokens (the decode kernels, beside stage 0's f32
- *   kernel, KVCHAT_CUDA_MMV=f32; with 1 read of its row in flight a lane on one row a warp,
- *   KVCHAT_CUDA_MMV_INFLIGHT=1 KVCHAT_CUDA_MMV_ROWS=1, and for a token with 2 and 4 (the default:
- *   for a token 4, 2 on Q4_K's wide path; for more 2, 1 on F16/BF16); the other number of
- *   rows a warp, KVCHAT_CUDA_MMV_ROWS=2 for a token and 1 for more; for Q4_K and Q5_K the narrow
- *   items the wide path replaced, KVCHAT_CUDA_MMV=narrow, two rows a warp for 2-8 tokens since
- *   2f66bdf, one before), 9, 16, 32, 64 tokens
+ *   kernel, KVCHAT_CUDA_MMV=f32; on one row a warp with 1 read of its row in flight a lane,
+ *   KVCHAT_CUDA_MMV_INFLIGHT=1 KVCHAT_CUDA_MMV_ROWS=1, and with 2 (1 on F16/BF16 for more
+ *   tokens) and for a token 4 (the default: for a token 4, 2 on Q4_K's wide path; for more,
+ *   dd_many_shape's since 2026-11-30, two rows a warp for 2-8 tokens since 2f66bdf); on two rows a
+ *   warp, KVCHAT_CUDA_MMV_ROWS=2; for Q4_K and Q5_K the narrow items the wide path replaced,
+ *   KVCHAT_CUDA_MMV=narrow), 9, 16, 32, 64 tokens
  *   (the decode kernel in passes of 8, KVCHAT_CUDA_MMV_MAX=64, beside the tile + cuBLAS path,
  *   KVCHAT_CUDA_MMV_MAX=8, the default) and 512 tokens (prefill); bytes = the weight's device bytes
  *   plus the activations in and out;
@@ -403,10 +403,8 @@ int main(int argc, char **argv)
     setenv("KVCHAT_CUDA_MMV", "narrow", 1);
     be_backend *narrow = in4 ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV");
-    setenv("KVCHAT_CUDA_MMV_ROWS", "1", 1);
-    be_backend *rows1 = narrow ? be_cuda_create(4, err, sizeof err) : NULL;
     setenv("KVCHAT_CUDA_MMV_ROWS", "2", 1);
-    be_backend *rows2 = rows1 ? be_cuda_create(4, err, sizeof err) : NULL;
+    be_backend *rows2 = narrow ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_MMV_ROWS");
     setenv("KVCHAT_CUDA_ATTN", "scalar", 1);
     be_backend *scal = rows2 ? be_cuda_create(4, err, sizeof err) : NULL;
@@ -420,14 +418,14 @@ int main(int argc, char **argv)
     setenv("KVCHAT_CUDA_ATTN", "flash", 1);
     be_backend *flsh = grp8 ? be_cuda_create(4, err, sizeof err) : NULL;
     unsetenv("KVCHAT_CUDA_ATTN");
-    if (!tiles || !passes || !f32k || !in1 || !in2 || !in4 || !narrow || !rows1 || !rows2 || !scal || !grp || !grp2 ||
+    if (!tiles || !passes || !f32k || !in1 || !in2 || !in4 || !narrow || !rows2 || !scal || !grp || !grp2 ||
         !grp8 || !flsh) {
         fprintf(stderr, "gpu_bench: %s\n", err);
         return 1;
     }
     if (profile) {
         const int rc = profile_launches(dflt, in1, in2, grp, grp2);
-        be_backend *all[] = { dflt, tiles, passes, f32k, in1, in2, in4, narrow, rows1, rows2, scal, grp, grp2, grp8, flsh };
+        be_backend *all[] = { dflt, tiles, passes, f32k, in1, in2, in4, narrow, rows2, scal, grp, grp2, grp8, flsh };
         for (size_t i = 0; i < sizeof all / sizeof *all; i++) be_free(all[i]);
         return rc;
     }
@@ -449,9 +447,9 @@ int main(int argc, char **argv)
     memset(y2, 0, xbytes);
     memset(y3, 0, xbytes);
     memset(y4, 0, xbytes);
-    be_backend *bes[10] = { dflt, tiles, passes, f32k, in1, narrow, rows1, rows2, in2, in4 };
-    float *ys[10] = { y, y2, y3, y4, y4, y4, y4, y4, y4, y4 };
-    for (int k = 0; k < 10; k++) {
+    be_backend *bes[9] = { dflt, tiles, passes, f32k, in1, narrow, rows2, in2, in4 };
+    float *ys[9] = { y, y2, y3, y4, y4, y4, y4, y4, y4 };
+    for (int k = 0; k < 9; k++) {
         if (be_bind(bes[k], x, xbytes, err, sizeof err) || be_bind(bes[k], ys[k], xbytes, err, sizeof err)) {
             fprintf(stderr, "gpu_bench: %s\n", err);
             return 1;
@@ -474,7 +472,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             const be_weight *wp = &w;
-            for (int k = 0; k < 10; k++)
+            for (int k = 0; k < (int)(sizeof bes / sizeof *bes); k++)
                 if (bes[k]->ops->prepare && bes[k]->ops->prepare(bes[k], &wp, 1, err, sizeof err)) {
                     fprintf(stderr, "gpu_bench: %s\n", err);
                     return 1;
@@ -488,17 +486,21 @@ int main(int argc, char **argv)
                 if (failed(dflt, "product")) return 1;
                 row("product", tn, n_out, n_in, a.n_tok, "decode kernel", ms,
                     wbytes + 4.0 * (double)(a.n_tok * (n_in + n_out)));
-                /* stage 0's kernel; stage 1's with 1 read in flight a lane (the default: 2 for more
-                 * tokens (1 on F16/BF16), and for a token 4, 2 on Q4_K's wide path) and for a token
-                 * with 2 and 4; the other number of rows a warp (the default: 1 for a token, 2 for
-                 * more); for Q4_K/Q5_K the narrow items the wide path replaced */
-                be_backend *alt[6] = { f32k, in1, a.n_tok > 1 ? rows1 : rows2, narrow, in2, in4 };
+                /* stage 0's kernel; stage 1's on one row a warp with 1 read in flight a lane, and
+                 * for a token with 2 and 4 (the default: 4, 2 on Q4_K's wide path) and on two rows
+                 * a warp; for more tokens (the default: dd_many_shape's) one row with 2 in flight
+                 * (1 on F16/BF16) and two rows; for Q4_K/Q5_K the narrow items the wide path
+                 * replaced */
+                const int many = a.n_tok > 1;
+                be_backend *alt[6] = { f32k, in1, many ? in2 : rows2, narrow, many ? rows2 : in2, in4 };
                 const char *alt_name[6] = { "f32 decode kernel", "decode kernel 1 in flight",
-                                            a.n_tok > 1 ? "decode kernel 1 row a warp" : "decode kernel 2 rows a warp",
-                                            "narrow decode kernel", "decode kernel 2 in flight", "decode kernel 4 in flight" };
+                                            many ? "decode kernel 1 row a warp" : "decode kernel 2 rows a warp",
+                                            "narrow decode kernel",
+                                            many ? "decode kernel 2 rows a warp" : "decode kernel 2 in flight",
+                                            "decode kernel 4 in flight" };
                 for (int v = 0; v < 6; v++) {
                     if (v == 3 && !dd_wide_type(types[ti])) continue;
-                    if (v >= 4 && a.n_tok > 1) continue;   /* 2 and 4 in flight: a token's kernel */
+                    if (v == 5 && many) continue;   /* 4 in flight: a token's kernel */
                     mm_arg e = { { &w, y4 }, x, a.n_tok };
                     ms = time_calls(alt[v], call_mm, &e, y4);
                     if (failed(alt[v], "product")) return 1;
@@ -845,7 +847,6 @@ int main(int argc, char **argv)
     be_free(in2);
     be_free(in4);
     be_free(narrow);
-    be_free(rows1);
     be_free(rows2);
     be_free(scal);
     be_free(grp);
