@@ -11,7 +11,7 @@
 #      check in two calls);
 #   4. gpu_bench: products per weight type at 7B shapes, attention at 512 / 8K / 32K (and prefill
 #      chunks) with each attention kernel, against a device-to-device copy;
-#   4b. ncu's counters over a token's decode products and decode attention (gpu_bench --profile;
+#   4b. ncu's counters over decode products (a token's and 8 tokens') and decode attention (gpu_bench --profile;
 #      OUTDIR/ncu.txt);
 #   5. kvchat bench on a model of the default model's shape (gen-model, the default model's
 #      vocabulary from the pack): the GPU, the GPU with its decode steps recorded and replayed as
@@ -328,8 +328,8 @@ ncu_step() {
     say ""
     say "## Counters (ncu)"
     say ""
-    # 4b. the hardware counters of the decode products and decode attention (gpu_bench --profile: a
-    # launch each), to say what bounds them: throughput against the device's peaks, occupancy, and where
+    # 4b. the hardware counters of the decode products (a token's, and 8 tokens') and decode attention
+    # (gpu_bench --profile: a launch each), to say what bounds them: throughput against the device's peaks, occupancy, and where
     # the warps stall (a read's round trip, the load pipes, ...); the whole report in ncu.txt. The
     # clocks are left as they are (--clock-control none). Right after gpu_bench: on 2026-11-30 it came
     # last and neither run reached it, when the kernels' figures needed it most.

@@ -273,21 +273,22 @@ static void *make_weight(uint32_t type, int64_t n_in, int64_t n_out, be_weight *
 
 /* --profile: each launch a profiler is to read the counters of, once (scripts/gpu-check.sh runs it
  * under ncu): a token's product at 14336 x 4096 of Q4_K (the wide path), Q6_K, Q8_0 and F16 with
- * the defaults' reads in flight, Q6_K and Q8_0 with 2 and Q4_K with 1 besides; and decode attention
+ * the defaults' reads in flight, Q6_K and Q8_0 with 2 and Q4_K with 1 besides, and each with 8
+ * tokens (a batch's step; the defaults); and decode attention
  * at the 7B shape over 32768 tokens (the grouped kernel with 4 rows a round and with 2, and its split
  * merge). 0, or 1 on a failure. */
 static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, be_backend *grp, be_backend *grp2)
 {
     static const uint32_t types[] = { GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_F16 };
-    const int64_t n_out = 14336, n_in = 4096;
+    const int64_t n_out = 14336, n_in = 4096, many = 8;   /* many: the tokens of a batch's step */
     char err[512];
-    float *x = malloc(sizeof(float) * (size_t)n_in), *y = malloc(sizeof(float) * (size_t)n_out);
+    float *x = malloc(sizeof(float) * (size_t)(many * n_in)), *y = malloc(sizeof(float) * (size_t)(many * n_out));
     if (!x || !y) return 1;
-    for (int64_t i = 0; i < n_in; i++) x[i] = frand();
+    for (int64_t i = 0; i < many * n_in; i++) x[i] = frand();
     be_backend *bes[3] = { dflt, in1, in2 };
     for (int k = 0; k < 3; k++)
-        if (be_bind(bes[k], x, sizeof(float) * (size_t)n_in, err, sizeof err) ||
-            be_bind(bes[k], y, sizeof(float) * (size_t)n_out, err, sizeof err)) {
+        if (be_bind(bes[k], x, sizeof(float) * (size_t)(many * n_in), err, sizeof err) ||
+            be_bind(bes[k], y, sizeof(float) * (size_t)(many * n_out), err, sizeof err)) {
             fprintf(stderr, "gpu_bench: %s\n", err);
             return 1;
         }
@@ -303,7 +304,7 @@ static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, 
                 fprintf(stderr, "gpu_bench: %s\n", err);
                 return 1;
             }
-            be_host_write(bes[k], x, sizeof(float) * (size_t)n_in);
+            be_host_write(bes[k], x, sizeof(float) * (size_t)(many * n_in));
             mm_arg a = { { &w, y }, x, 1 };
             call_mm(bes[k], &a);
             wait_for(bes[k], y);
@@ -311,6 +312,14 @@ static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, 
             printf("profiled: %s %lld x %lld, a token, %s\n", quant_type_name(types[ti]), (long long)n_out,
                    (long long)n_in, k == 0 ? "the defaults" : k == 1 ? "1 in flight" : "2 in flight");
         }
+        /* a batch's 8 tokens: where their time goes (every row re-reads each token's codes: from
+         * L1 or from L2, which the memory sections say) */
+        mm_arg a8 = { { &w, y }, x, many };
+        call_mm(dflt, &a8);
+        wait_for(dflt, y);
+        if (failed(dflt, "product")) return 1;
+        printf("profiled: %s %lld x %lld, %lld tokens, the defaults\n", quant_type_name(types[ti]), (long long)n_out,
+               (long long)n_in, (long long)many);
         /* the backends keep the weight by its address: kept until the end, as main's are */
     }
     for (int k = 0; k < 3; k++) {
