@@ -65,6 +65,7 @@ struct fwd_ctx {
     float *kall[2], *vall[2];
     int64_t defer_cap;         /* rows a layer they hold: n_batch, or 1 (a decode step's) where a
                                   chunk's do not fit (grow_defer) */
+    int grow_retry;            /* growing them at creation found no room: tried once more at a chunk */
     int next_set;              /* the set the next deferred chunk writes */
     struct {
         int64_t at, n;         /* first position (-1: none) and rows a layer */
@@ -262,8 +263,9 @@ fwd_ctx *fwd_create(const model *m, be_backend *b, const fwd_opts *o, char *err,
     /* A prompt's chunks run their layers without the host in buffers of a chunk's rows, grown now:
      * page-locking them at a prompt's first chunk cost that prompt about 17 ms on the default model
      * and 120 ms on a 7B (256 MiB) on an H200 (docs/gpu.md). Where they do not fit, chunks wait a
-     * layer at a time and decode steps use the one-row buffers. */
-    if (b->ops->bind && f->n_batch > 1) (void)grow_defer(f);
+     * layer at a time and decode steps use the one-row buffers (without room now, the first chunk
+     * tries again). */
+    if (b->ops->bind && f->n_batch > 1) f->grow_retry = grow_defer(f) == -1;
     return f;
 }
 
@@ -748,15 +750,15 @@ static void sel_stats(fwd_ctx *f, int64_t p0)
 #define DEFER_MAX_BYTES ((size_t)256 << 20)
 
 /* Room for n_batch deferred rows a layer in both sets, allocated and bound before the 1-row ones
- * go (at creation: nothing is pending). 0, or -1 when they do not fit (DEFER_MAX_BYTES, or memory:
- * said never, the chunks then wait a layer at a time; a device's failed bind is not an op
- * failure). */
+ * go (nothing may be pending). 0; -1 when there is no room for them (host or device memory, said
+ * never: the chunks then wait a layer at a time; a device's failed bind is not an op failure); -2
+ * when they would pass DEFER_MAX_BYTES. */
 static int grow_defer(fwd_ctx *f)
 {
     const model_hparams *hp = &f->m->hp;
     size_t kvd = (size_t)hp->n_head_kv * (size_t)hp->head_dim, rows = (size_t)f->n_batch;
     size_t all = (size_t)hp->n_layer * rows * kvd, bytes = all * sizeof(float);
-    if (bytes > DEFER_MAX_BYTES) return -1;
+    if (bytes > DEFER_MAX_BYTES) return -2;
     float *nb[4] = { 0 };
     int bound = 0;
     char err[256];
@@ -999,13 +1001,18 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
         defer = q->decoding ? (batch || n == 1) && (!q->pol || pol_set_decode_can_defer(q->pol))
                             : !q->pol || pol_set_prefill_layer_free(q->pol);
     }
-    /* rows past the buffers' (grown at creation where they fit, grow_defer): a layer at a time */
-    if (defer && n > f->defer_cap) defer = 0;
-    /* The previous chunk's rows, if still pending: a chunk that defers takes them into the cache a
-     * layer at a time, just before that layer's attention (the host's work overlapping the
-     * device's on earlier layers); one that does not, all of them now. */
-    int rc = f->pend.at >= 0 && !defer ? take_pending(f, hp->n_layer) : 0;
+    /* Rows past the buffers' (grown at creation where they fit, grow_defer) go a layer at a time;
+     * where the device had no room then (a context made beside the one it replaces, reopen_fwd),
+     * the first such chunk tries once more. The previous chunk's rows, if still pending: a chunk
+     * that defers takes them into the cache a layer at a time, just before that layer's attention
+     * (the host's work overlapping the device's on earlier layers); one that does not, all of them
+     * now (and one that grows the buffers, before they go). */
+    int grow = defer && n > f->defer_cap && f->grow_retry;
+    if (grow) f->grow_retry = 0;
+    int rc = f->pend.at >= 0 && (!defer || grow) ? take_pending(f, hp->n_layer) : 0;
     if (rc) return rc;
+    if (grow && grow_defer(f)) defer = 0;
+    if (defer && n > f->defer_cap) defer = 0;
     const int set = f->next_set;
     /* the rows of the queries a policy reads on global layers, [q_r0, q_r1): only those come back
      * from a device (TAKE's probe: 32 of a 544-row chunk); a batch's, every row if one reads its own */

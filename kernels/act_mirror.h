@@ -49,7 +49,8 @@ typedef struct am_buf {
     int down_pending;  /* a fetch's download into the host copy may still be in flight */
     size_t clo, chi;   /* [clo, chi): inside [dlo, dhi) but current on the host too (a fetch that
                           landed in its middle, which [dlo, dhi) cannot leave out) */
-    int pinned;        /* the host copy was page-locked at bind by this table (am_bind, where the device can) */
+    int pinned;        /* the host copy was page-locked at bind by this table (am_bind, am_bind_blank with
+                          pin, where the device can) */
 } am_buf;
 
 typedef struct am_table {
@@ -85,7 +86,7 @@ int am_bind_blank(am_table *t, void *host, size_t bytes, int pin);
 /* Forget the twin (the host copy is NOT brought up to date: the owner is freeing the buffer). */
 void am_unbind(am_table *t, void *host);
 /* 1 when [p, p + bytes) lies in a bound buffer this table page-locked (am_device.pin succeeded at
- * bind), 0 otherwise (unbound, blank, or locked by no one or by another table). */
+ * bind), 0 otherwise (unbound, blank without pin, or locked by no one or by another table). */
 int am_pinned(const am_table *t, const void *p, size_t bytes);
 /* 1 if [p, p + bytes) lies in a bound buffer. A range that straddles a buffer's end is a bug in the
  * caller and aborts with a message. */

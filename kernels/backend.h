@@ -6,7 +6,8 @@
  * [rows][cols] named by host addresses; weights stay in their GGUF encoding (be_weight points into
  * the mapped file) and a device backend keeps its own copies.
  *
- * Residency: the forward pass binds its scratch buffers (be_bind). A device backend keeps a twin of
+ * Residency: the forward pass binds its scratch buffers (be_bind_blank where only ops write them,
+ * be_bind where their host bytes count). A device backend keeps a twin of
  * each on the device and leaves op outputs there, so the host copy of a bound buffer is current only
  * after be_host_read of the range; before the host writes a bound range it calls be_host_write. Ops
  * given unbound addresses read and write host memory, as their callers expect. On the CPU backend

@@ -695,7 +695,7 @@ QB_HD float *dd_outs_y(const dd_outs *o, int32_t block)
 
 /* The decode kernels' shape for a launch of several tokens (2 to QB_MAX_TOK) over n_out rows in
  * all (its products' together) on a device of n_sm multiprocessors: rows a warp, and on one row the
- * reads of it a lane keeps in flight (two rows: one item of each). From the H200's table of
+ * reads of it a lane keeps in flight on one row (two rows hold one item of each). From the H200's table of
  * 2026-11-30 (bench/gpu_kernels.csv, docs/gpu.md; tests/test_quant_blocks.c holds the rule to it):
  * two rows (each token's activations loaded once for both) won from 4 tokens where half the rows
  * still give every multiprocessor 32 warps (a 7B's 14336-row products), but not on Q8_0, whose
@@ -711,8 +711,9 @@ QB_HD dd_many dd_many_shape(uint32_t type, int wide, int64_t n_out, int n_tok, i
 {
     dd_many s;
     s.rows = n_tok >= 4 && type != GGML_TYPE_Q8_0 && n_out / 2 >= (int64_t)32 * n_sm ? 2 : 1;
-    s.inflight = s.rows == 2 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 || type == GGML_TYPE_Q4_0 ||
-                         (wide && dd_wide_type(type))
+    /* one row's (two rows hold one item of each whatever it says, and KVCHAT_CUDA_MMV_ROWS=1 may
+     * turn them into one) */
+    s.inflight = type == GGML_TYPE_F16 || type == GGML_TYPE_BF16 || type == GGML_TYPE_Q4_0 || (wide && dd_wide_type(type))
                      ? 1
                      : 2;
     return s;

@@ -35,7 +35,6 @@ typedef struct shadow {
     volatile sig_atomic_t *cancel_too;   /* raised as the op fails: a Ctrl-C right after a failure */
     int reads;          /* host reads announced since the last embedding (in the last step) */
     int reads_all;      /* host reads announced (the whole run) */
-    int refuse_binds;   /* every bind fails, as on a device out of memory */
     size_t refuse_bytes;   /* binds of this size fail (0: none): a device without room for buffers that big */
     int binds;          /* binds made (the whole run) */
     uint64_t bytes_read;   /* bytes of every host read announced (the whole run) */
@@ -346,11 +345,11 @@ static void s_bound_pages(be_backend *b, be_bounds *r)
     r->k = c.k;
 }
 
-/* 1 when a bind of that many bytes is refused (refuse_binds, refuse_bytes); else counted. */
+/* 1 when a bind of that many bytes is refused (refuse_bytes); else counted. */
 static int refused(be_backend *b, size_t bytes)
 {
     shadow *s = sh(b);
-    if (s->refuse_binds || (s->refuse_bytes && bytes == s->refuse_bytes)) return 1;
+    if (s->refuse_bytes && bytes == s->refuse_bytes) return 1;
     s->binds++;
     return 0;
 }
@@ -992,6 +991,35 @@ Test(residency, a_prompt_whose_row_buffers_do_not_fit_waits_a_layer_at_a_time)
     /* decode steps still defer, in the one-row buffers bound at creation */
     cr_assert(fwd_decode(o.f, samp_argmax(o.l, m->hp.n_vocab), o.l, NULL, err, sizeof err) == 0, "%s", err);
     cr_expect_eq(sh(o.shd)->reads, 1, "the decode step read %d times", sh(o.shd)->reads);
+    shadow_close(&o);
+    free(want);
+    be_free(cpu);
+    model_free(m);
+}
+
+/* A context made where the device had no room for its row buffers (beside the one it replaces)
+ * grows them at its first chunk once there is: that prompt defers (a read a chunk, not a layer),
+ * with the CPU's answer; where there is still none, it waits a layer at a time, as above. */
+Test(residency, row_buffers_without_room_at_creation_grow_at_the_first_chunk)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, TD "tiny/tiny-llama-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *cpu = be_cpu_create(2, err, sizeof err);
+    cr_assert(cpu, "%s", err);
+    float *want = run(m, cpu, NULL);
+    size_t rows_bytes = sizeof(float) * (size_t)m->hp.n_layer * 48 * (size_t)m->hp.n_head_kv * (size_t)m->hp.head_dim;
+    on_shadow o;
+    shadow_open_refusing(&o, m, NULL, 48, rows_bytes);
+    shadow *s = sh(o.shd);
+    s->refuse_bytes = 0;   /* the room is there now */
+    s->reads_all = 0;
+    int binds = s->binds;
+    cr_assert(fwd_eval(o.f, o.ids, (int64_t)o.n, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    cr_expect_eq(s->binds - binds, 4, "%d buffers bound at the first chunk, 4 expected", s->binds - binds);
+    cr_expect_lt(s->reads_all, m->hp.n_layer, "%d reads for a prompt of two chunks: it waited a layer at a time",
+                 s->reads_all);
+    cr_expect(!memcmp(o.l, want, sizeof(float) * (size_t)m->hp.n_vocab), "the prefill's logits differ");
     shadow_close(&o);
     free(want);
     be_free(cpu);

@@ -138,7 +138,7 @@ typedef struct cuda_impl {
     int no_mmv;                /* KVCHAT_CUDA_MMV=0: every product through cuBLAS, to compare */
     int mmv_f32;               /* KVCHAT_CUDA_MMV=f32: decode products by the f32 kernel (stage 0's) */
     int mmv_inflight;          /* KVCHAT_CUDA_MMV_INFLIGHT: reads of a row each lane has in flight for a token
-                                * (1, 2, 4; 0: by type); for more, 1 or 2 (0: dd_many_shape) */
+                                * (1, 2, 4; 0: by type); for more, 1 or 2 (0 or 4: dd_many_shape) */
     int mmv_wide;              /* Q4_K/Q5_K by the wide path (decode_dot.h; KVCHAT_CUDA_MMV=narrow: not) */
     int mmv_rows;              /* KVCHAT_CUDA_MMV_ROWS: rows a warp of the decode kernel (0: by tokens and
                                 * shape, decode_shape) */

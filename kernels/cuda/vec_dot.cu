@@ -169,8 +169,9 @@ __global__ void __launch_bounds__(DD_WARPS * 32, dd_min_blocks(TYPE, INFLIGHT, R
 /* The decode kernels' shape for a launch of n_tok tokens over n_out rows in all: one row a warp
  * for a token (more warps to hide the memory's latency; its kernel made for one, one_token_inflight),
  * dd_many_shape's for more (two rows a warp hold one item of each in flight: two of each took
- * 107-109 registers on sm_90 on the wide path, a quarter of the warps a multiprocessor holds);
- * KVCHAT_CUDA_MMV_ROWS and KVCHAT_CUDA_MMV_INFLIGHT=1|2 override them, to compare. */
+ * 107-109 registers on sm_90 on the wide path, a quarter of the warps a multiprocessor holds;
+ * its reads in flight are one row's); KVCHAT_CUDA_MMV_ROWS and KVCHAT_CUDA_MMV_INFLIGHT=1|2
+ * override them, to compare (4 is a token's kernel's only). */
 static dd_many decode_shape(const cuda_impl *ci, uint32_t type, int64_t n_out, int n_tok)
 {
     dd_many s = { 1, 1 };

@@ -274,7 +274,7 @@ static void *make_weight(uint32_t type, int64_t n_in, int64_t n_out, be_weight *
 /* --profile: each launch a profiler is to read the counters of, once (scripts/gpu-check.sh runs it
  * under ncu): a token's product at 14336 x 4096 of Q4_K (the wide path), Q6_K, Q8_0 and F16 with
  * the defaults' reads in flight, Q6_K and Q8_0 with 2 and Q4_K with 1 besides, and each with 8
- * tokens (a batch's step; the defaults); and decode attention
+ * tokens (a batch's step; the defaults and one row a warp); and decode attention
  * at the 7B shape over 32768 tokens (the grouped kernel with 4 rows a round and with 2, and its split
  * merge). 0, or 1 on a failure. */
 static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, be_backend *grp, be_backend *grp2)
@@ -313,13 +313,22 @@ static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, 
                    (long long)n_in, k == 0 ? "the defaults" : k == 1 ? "1 in flight" : "2 in flight");
         }
         /* a batch's 8 tokens: where their time goes (every row re-reads each token's codes: from
-         * L1 or from L2, which the memory sections say) */
-        mm_arg a8 = { { &w, y }, x, many };
-        call_mm(dflt, &a8);
-        wait_for(dflt, y);
-        if (failed(dflt, "product")) return 1;
-        printf("profiled: %s %lld x %lld, %lld tokens, the defaults\n", quant_type_name(types[ti]), (long long)n_out,
-               (long long)n_in, (long long)many);
+         * L1 or from L2, which the memory sections say), with the defaults (two rows a warp at this
+         * shape but on Q8_0) and on one row a warp (KVCHAT_CUDA_MMV_ROWS=1, 2 in flight) */
+        if (!(types[ti] == GGML_TYPE_Q6_K || types[ti] == GGML_TYPE_Q8_0) && in2->ops->prepare &&
+            in2->ops->prepare(in2, &wp, 1, err, sizeof err)) {
+            fprintf(stderr, "gpu_bench: %s\n", err);
+            return 1;
+        }
+        for (int k = 0; k < 2; k++) {
+            be_backend *b = k ? in2 : dflt;
+            mm_arg a8 = { { &w, y }, x, many };
+            call_mm(b, &a8);
+            wait_for(b, y);
+            if (failed(b, "product")) return 1;
+            printf("profiled: %s %lld x %lld, %lld tokens, %s\n", quant_type_name(types[ti]), (long long)n_out,
+                   (long long)n_in, (long long)many, k ? "one row a warp" : "the defaults");
+        }
         /* the backends keep the weight by its address: kept until the end, as main's are */
     }
     for (int k = 0; k < 3; k++) {

@@ -442,8 +442,9 @@ Test(cuda, matmul_of_every_weight_type_equals_the_exact_product)
  * part empty (1, 3, 6 rows; 1 and 3 also leave a warp of two rows with one), rows of one and of
  * several blocks (2304 values: a second item in flight and a pass a lane leaves part filled on
  * the wide path too), 1 to 8 tokens and 11 in passes, on every variant: the defaults (Q4_K/Q5_K by the
- * wide path, one row a warp for a token and two for more; for a token 4 items in flight, 2 on
- * Q4_K's wide path; for more 2, 1 on F16/BF16), 1, 2 and 4 items in flight (4: a token's kernel
+ * wide path, one row a warp for a token and for more dd_many_shape's: on these row counts one row,
+ * 1 in flight on Q4_0, the wide path and F16/BF16 and 2 on the others; for a token 4 items in flight,
+ * 2 on Q4_K's wide path), 1, 2 and 4 items in flight (4: a token's kernel
  * only), one and two rows a warp whatever the tokens, 1 in flight with one row, and for Q4_K/Q5_K
  * the narrow items (KVCHAT_CUDA_MMV=narrow) by default and with 1, 2 and 4 in flight: the host
  * simulation's bits. */
