@@ -970,6 +970,13 @@ Test(residency, a_prompts_rows_are_named_to_the_device_page_by_page)
     }
 }
 
+/* A chunk's rows of every layer (chunks of batch tokens), as one of the four buffers a context's
+ * deferred rows wait in holds them: the size a shadow refuses to leave the context without them. */
+static size_t row_buffer_bytes(const model *m, int batch)
+{
+    return sizeof(float) * (size_t)m->hp.n_layer * (size_t)batch * (size_t)m->hp.n_head_kv * (size_t)m->hp.head_dim;
+}
+
 /* A context grows the buffers a chunk's rows wait in as it is made; where the device has no room for
  * them the chunks wait a layer at a time, with the same answer, and nothing is said. */
 Test(residency, a_prompt_whose_row_buffers_do_not_fit_waits_a_layer_at_a_time)
@@ -981,9 +988,7 @@ Test(residency, a_prompt_whose_row_buffers_do_not_fit_waits_a_layer_at_a_time)
     cr_assert(cpu, "%s", err);
     float *want = run(m, cpu, NULL);
     on_shadow o;
-    /* a chunk's rows of every layer, as one of the four buffers holds them */
-    size_t rows_bytes = sizeof(float) * (size_t)m->hp.n_layer * 48 * (size_t)m->hp.n_head_kv * (size_t)m->hp.head_dim;
-    shadow_open_refusing(&o, m, NULL, 48, rows_bytes);
+    shadow_open_refusing(&o, m, NULL, 48, row_buffer_bytes(m, 48));
     sh(o.shd)->reads_all = 0;
     cr_assert(fwd_eval(o.f, o.ids, (int64_t)o.n, o.l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
     cr_expect_geq(sh(o.shd)->reads_all, 2 * m->hp.n_layer, "%d reads for a prompt of two chunks", sh(o.shd)->reads_all);
@@ -1008,9 +1013,8 @@ Test(residency, row_buffers_without_room_at_creation_grow_at_the_first_chunk)
     be_backend *cpu = be_cpu_create(2, err, sizeof err);
     cr_assert(cpu, "%s", err);
     float *want = run(m, cpu, NULL);
-    size_t rows_bytes = sizeof(float) * (size_t)m->hp.n_layer * 48 * (size_t)m->hp.n_head_kv * (size_t)m->hp.head_dim;
     on_shadow o;
-    shadow_open_refusing(&o, m, NULL, 48, rows_bytes);
+    shadow_open_refusing(&o, m, NULL, 48, row_buffer_bytes(m, 48));
     shadow *s = sh(o.shd);
     s->refuse_bytes = 0;   /* the room is there now */
     s->reads_all = 0;
