@@ -214,17 +214,26 @@ static void best_tokens(const float *logits, int32_t nv, int n, int32_t *ids)
     }
 }
 
+/* What the first steps of a set of forks asked of the device (run_figures' counters). */
+typedef struct first_traffic {
+    int has;
+    uint64_t waits, up;
+} first_traffic;
+
 /* n_gen greedy steps of each fork from its first token first[s], its tokens into ids[s][...]:
  * alone (one fork after another, as a comparison ran before its steps were batched) or as one
  * batch. The seconds, or -1 after a message; *first_s (NULL: not wanted) the seconds of the first
  * steps among them (each fork's alone, the batch's first): what a fork costs once (its lists of
- * every page built and sent, its shared last pages copied), apart from the steps that follow. */
+ * every page, its shared last pages copied), apart from the steps that follow; *ft (NULL: not
+ * wanted) what those steps asked of the device. */
+
 static double compare_steps(run *r, run *const *fk, int n, int batch, const int32_t *first, int64_t n_gen,
-                            int32_t *ids, double *first_s, char *err, size_t errlen)
+                            int32_t *ids, double *first_s, first_traffic *ft, char *err, size_t errlen)
 {
     int32_t cur[FWD_BATCH_MAX];
     for (int s = 0; s < n; s++) cur[s] = first[s];
     double t0 = run_clock_s(), firsts = 0;
+    if (ft) memset(ft, 0, sizeof *ft);
     for (int s = 0; s < (batch ? 1 : n); s++)
         for (int64_t g = 0; g < n_gen; g++) {
             if (cli_interrupted) {
@@ -232,10 +241,18 @@ static double compare_steps(run *r, run *const *fk, int n, int batch, const int3
                 return -1;
             }
             double ts = g == 0 ? run_clock_s() : 0;
+            run_figures f0, f1;
+            if (ft && g == 0) run_get_figures(r, &f0);
             int rc = batch ? run_decode_greedy_batch(r, fk, n, cur, err, errlen)
                            : run_decode_greedy(fk[s], cur[s], &cur[s], err, errlen);
             if (rc) return -1;
             if (g == 0) firsts += run_clock_s() - ts;
+            if (ft && g == 0) {   /* the forks share r's backend: its counters are theirs */
+                run_get_figures(r, &f1);
+                ft->has = f1.has_counters;
+                ft->waits += f1.dev_waits - f0.dev_waits;
+                ft->up += f1.dev_bytes_up - f0.dev_bytes_up;
+            }
             for (int j = 0; j < n; j++)
                 if (batch || j == s) ids[j * n_gen + g] = cur[j];
         }
@@ -246,13 +263,13 @@ static double compare_steps(run *r, run *const *fk, int n, int batch, const int3
 /* n forks of r, fork s under specs[s] from first[s], each taking n_gen greedy steps alone or in one
  * batch (compare_steps), then freed. The seconds, or -1 with err. */
 static double forked_steps(run *r, const pol_spec *const *specs, int n, int batch, const int32_t *first,
-                           int64_t n_gen, int32_t *ids, double *first_s, char *err, size_t errlen)
+                           int64_t n_gen, int32_t *ids, double *first_s, first_traffic *ft, char *err, size_t errlen)
 {
     run *fk[FWD_BATCH_MAX] = { 0 };
     double t = -1;
     int s = 0;
     while (s < n && (fk[s] = run_fork(r, specs[s], err, errlen))) s++;
-    if (s == n) t = compare_steps(r, fk, n, batch, first, n_gen, ids, first_s, err, errlen);
+    if (s == n) t = compare_steps(r, fk, n, batch, first, n_gen, ids, first_s, ft, err, errlen);
     for (s = 0; s < n; s++) run_free(fk[s]);
     return t;
 }
@@ -261,12 +278,12 @@ static double forked_steps(run *r, const pol_spec *const *specs, int n, int batc
  * seconds of each in t, of their first steps in t1 (NULL: not wanted), and whether every fork
  * chose the same tokens both ways in *same. 0, or 1 after a message. */
 static int alone_then_batch(run *r, const pol_spec *const *each, int n, const int32_t *first, int64_t n_gen,
-                            int32_t *alone, int32_t *both, double t[2], double *t1, int *same)
+                            int32_t *alone, int32_t *both, double t[2], double *t1, first_traffic *ft, int *same)
 {
     char err[512];
     for (int batch = 0; batch < 2; batch++)
-        if ((t[batch] = forked_steps(r, each, n, batch, first, n_gen, batch ? both : alone, t1 ? &t1[batch] : NULL, err,
-                                     sizeof err)) < 0) {
+        if ((t[batch] = forked_steps(r, each, n, batch, first, n_gen, batch ? both : alone, t1 ? &t1[batch] : NULL,
+                                     batch ? ft : NULL, err, sizeof err)) < 0) {
             cli_err("bench: %s", err);
             return 1;
         }
@@ -319,7 +336,7 @@ static int bench_compare(run *r, const char *budget, char specs[][256], int n_sp
         for (int s = 0; s < n_spec; s++) first[s] = top;   /* every policy answers the same question */
         double t[2];
         int same;
-        if ((rc = alone_then_batch(r, each, n_spec, first, n_gen, alone, both, t, NULL, &same))) break;
+        if ((rc = alone_then_batch(r, each, n_spec, first, n_gen, alone, both, t, NULL, NULL, &same))) break;
         double one = t[0] / n_spec;
         printf("%8lld %3d %12.3f %12.3f %12.3f %14.2f %6s   %s\n", (long long)d, n_spec, one, t[0], t[1], t[1] / one,
                same ? "yes" : "NO", names);
@@ -373,14 +390,18 @@ static int bench_seqs(run *r, const char *budget, char specs[][256], int n_spec,
             const pol_spec *each[FWD_BATCH_MAX];
             for (int s = 0; s < n_seq; s++) each[s] = &ps[i];
             double t[2], t1[2];
+            first_traffic ft;
             int same;
-            if ((rc = alone_then_batch(r, each, n_seq, first, n_gen, alone, both, t, t1, &same))) break;
+            if ((rc = alone_then_batch(r, each, n_seq, first, n_gen, alone, both, t, t1, &ft, &same))) break;
             double one = (double)(n_seq * n_gen) / t[0], all = (double)(n_seq * n_gen) / t[1];
             /* the steps after each fork's first: a batch's decode rate, without what a fork costs once */
             double rest = (double)(n_seq * (n_gen - 1)), one_r = n_gen > 1 ? rest / (t[0] - t1[0]) : one,
                    all_r = n_gen > 1 ? rest / (t[1] - t1[1]) : all;
             printf("%8lld %4d %14.1f %14.1f %14.3f %12.2f %14.1f %14.1f %14.3f %6s   %s\n", (long long)d, n_seq, one, all,
                    1e3 * t[1] / (double)n_gen, all / one, one_r, all_r, 1e3 * t1[1], same ? "yes" : "NO", ps[i].text);
+            if (ft.has)   /* what the forks' first step asked of the device (their lists, their first pages) */
+                printf("%8s batch's first step: %llu waits, %.1f MiB up\n", "", (unsigned long long)ft.waits,
+                       (double)ft.up / 1048576.0);
             fflush(stdout);
             if (out) {
                 fprintf(out, "%s,%s,\"%s\",%d,%s,%lld,\"%s\",%d,%lld,%.2f,%.2f,%.4f,%.3f,%.2f,%.2f,%.3f,%d\n", date, commit,

@@ -87,7 +87,7 @@ int main(int argc, char **argv)
             return 1;
         }
         static const float no_boundary[1] = { 0 };   /* token 0 ends no sentence: SentKV cuts at the ideal end */
-        pol_env env = { kv, b, H * 4, H, D, global, L, no_boundary, 1, NULL, NULL, NULL, NULL, 0 };
+        pol_env env = { kv, b, H * 4, H, D, global, L, no_boundary, 1, NULL, NULL, NULL, NULL, 0, NULL, NULL };
         pol_spec spec;
         if (pol_parse(&spec, policy, NULL, err, sizeof err) != 0) {
             fprintf(stderr, "chess_bench: %s\n", err);

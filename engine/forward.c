@@ -372,6 +372,8 @@ static float *boundary_weights(const model *m)
     return w;
 }
 
+static const page_list *fork_source(const pol_env *env, int il, uint64_t *table);
+
 void fwd_policy_env(fwd_ctx *f, pol_env *env)
 {
     const model_hparams *hp = &f->m->hp;
@@ -392,6 +394,8 @@ void fwd_policy_env(fwd_ctx *f, pol_env *env)
     env->sel_buf = f->b->ops->bind ? f->sel_buf : NULL;
     env->bits_buf = f->b->ops->bind ? f->bits_buf : NULL;   /* SentKV's: global layer gl's at gl * n_head_kv * words */
     env->bits_words = f->bits_words;
+    env->fork_source = fork_source;
+    env->fork_ud = f;
 }
 
 int64_t fwd_rewind(fwd_ctx *f, int64_t pos)
@@ -434,6 +438,9 @@ static void observe_page(fwd_ctx *f, int32_t pos0, int h, int first_global, int 
     if (first_global && h == 0) pol_set_last_add(f->pol, pos0 / P);
 }
 
+/* The name layer il's attention lists go by on the backend (be_attn.table). */
+static uint64_t layer_table(const fwd_ctx *f, int il) { return (f->serial << 20) | (uint64_t)(il + 1); }
+
 /* 1 when a list of the source's kept with heads at `at` names only pages both tables had at the
  * fork, but its heads' last entries (which the fork's update writes again): no head's list is
  * longer than the head was then. Pages the source added since, or its copy of the shared last
@@ -446,20 +453,40 @@ static int from_before_fork(const fwd_ctx *f, int il, const page_heads *at)
     return 1;
 }
 
+/* pol_env.fork_source: the source's list of every page of layer il, where fork_lists would start a
+ * list of the fork's as it. */
+static const page_list *fork_source(const pol_env *env, int il, uint64_t *table)
+{
+    const fwd_ctx *f = env->fork_ud;
+    const page_list *ol = f && f->origin ? &f->origin->lists[il] : NULL;
+    if (!ol || ol->at.shape == 0 || !from_before_fork(f, il, &ol->at)) return NULL;
+    *table = layer_table(f->origin, il);
+    return ol;
+}
+
 /* A fork's lists of layer il that were never built start as its source's, where those name no page
  * the source added after the fork (kv_fork gave the fork's tables the source's shapes, and the
  * pages before each head's last are then the same pages): its first step there rewrites each
  * head's last entries instead of reading every page. Only where the fork uses them (a fork whose
- * policy lists its own pages never does), and while the source lives. Out of memory: built whole. */
-static void fork_lists(fwd_ctx *f, int il, int spans)
+ * policy lists its own pages never does), and while the source lives. Out of memory: built whole.
+ * Returns the name of the source's attention list when the list of every page was copied now, for
+ * the call's be_attn.from_table (a device backend starts its list as the source's too), else 0. */
+static uint64_t fork_lists(fwd_ctx *f, int il, int spans)
 {
-    if (!f->origin) return;
+    if (!f->origin) return 0;
+    uint64_t from = 0;
     const page_list *ol = &f->origin->lists[il];
-    if (f->lists[il].at.shape == 0 && ol->at.shape != 0 && from_before_fork(f, il, &ol->at))
-        page_list_copy(&f->lists[il], ol);
-    const page_spans *os = &f->origin->spans[il];
-    if (spans && f->spans[il].at.shape == 0 && os->at.shape != 0 && from_before_fork(f, il, &os->at))
-        page_spans_copy(&f->spans[il], os);
+    if (f->lists[il].at.shape == 0 && ol->at.shape != 0 && from_before_fork(f, il, &ol->at) &&
+        page_list_copy(&f->lists[il], ol) == 0)
+        from = layer_table(f->origin, il);
+    /* the page map's spans too, built on the source first where it kept none (a prompt's context
+     * that never decoded): built once for every fork instead of once a fork */
+    page_spans *os = &f->origin->spans[il];
+    if (spans && f->spans[il].at.shape == 0) {
+        if (os->at.shape == 0 && page_spans_update(os, f->origin->kv, il)) return from;
+        if (from_before_fork(f, il, &os->at)) page_spans_copy(&f->spans[il], os);
+    }
+    return from;
 }
 
 /* Layer il's list of every page (f->lists[il], engine/page_list.h) brought up to date for
@@ -470,7 +497,7 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, in
     const model_hparams *hp = &f->m->hp;
     int Hkv = hp->n_head_kv;
     page_list *L = &f->lists[il];
-    fork_lists(f, il, stats && observe);
+    const uint64_t from = fork_lists(f, il, stats && observe);
     if (page_list_update(L, f->kv, il)) return -1;
     int64_t tokens = 0;
     for (int h = 0; h < Hkv; h++) tokens += kv_head_tokens(f->kv, il, h);
@@ -486,13 +513,11 @@ static int plain_list(fwd_ctx *f, int il, be_attn *a, int stats, int observe, in
     a->n_pages = e;
     a->head_pages = L->at.off;
     a->shape = L->at.shape;
+    a->from_table = from;
     memset(f->last_listed, 1, sizeof f->last_listed);
     if (stats) list_stats(f, is_global, tokens, e, e);
     return 0;
 }
-
-/* The name layer il's attention lists go by on the backend (be_attn.table). */
-static uint64_t layer_table(const fwd_ctx *f, int il) { return (f->serial << 20) | (uint64_t)(il + 1); }
 
 void fwd_place_pages(fwd_ctx *f)
 {
@@ -862,7 +887,8 @@ static int take_pending(fwd_ctx *f, int upto)
             continue;
         }
         for (int s = 0; s < n_seq; s++)
-            if (kv_append(seqs[s]->kv, f->pend.layers, K + off + s * kvd, V + off + s * kvd, 1, seqs[s]->eval_start))
+            if (kv_append_on(seqs[s]->kv, f->b, f->pend.layers, K + off + s * kvd, V + off + s * kvd, 1,
+                             seqs[s]->eval_start))
                 return -2;
     }
     if (f->pend.layers == hp->n_layer) f->pend.at = -1;
@@ -1060,7 +1086,7 @@ static int forward_rows(fwd_ctx *f, fwd_ctx *const *seqs, int n_seq, const int32
                     return -2;
             } else {
                 for (int s = 0; s < n_seq; s++)
-                    if (kv_append(seqs[s]->kv, il, K + s * kvd, V + s * kvd, 1, f->pos[s]) != 0) return -2;
+                    if (kv_append_on(seqs[s]->kv, b, il, K + s * kvd, V + s * kvd, 1, f->pos[s]) != 0) return -2;
             }
         } else if (f->pend.at >= 0 && (rc = take_pending(f, il + 1)) != 0) {
             return rc;   /* the previous chunk's rows of this layer (the first waits for the device) */

@@ -47,6 +47,8 @@ struct kv_cache {
     uint64_t peak;
     be_page_move *moves;   /* an eviction's runs, named to a device backend (name_moves) */
     int64_t cap_moves;
+    be_page_move *cow;     /* an append's copies of shared pages, named likewise (own_page) */
+    int n_cow, cap_cow;
 };
 
 
@@ -113,6 +115,7 @@ void kv_free(kv_cache *kv)
     for (int i = 0; i < kv->n_free; i++) free(kv->free_list[i]);
     free(kv->free_list);
     free(kv->moves);
+    free(kv->cow);
     free(kv->layers);
     free(kv);
 }
@@ -256,13 +259,43 @@ kv_cache *kv_fork(const kv_cache *src, char *err, size_t errlen)
     return kv;
 }
 
+/* A copy own_page made of page p for a device backend that builds its copy of the copy from its
+ * copy of p (be_ops.page_moves), instead of receiving it whole at the next call that reads it: a
+ * fork's first append copies each head's shared last page (at 32K on the 7B shape, 8 forks' first
+ * steps copied 2,048 pages a step, 32 MiB sent up). Held in kv->cow until send_cow; a page with
+ * merged tokens is left to be sent whole (its biases), as an eviction's is. */
+static void name_cow(kv_cache *kv, be_backend *b, const kv_page *c, const kv_page *p)
+{
+    if (!b || !b->ops->page_moves || p->merged || p->n <= 0) return;
+    if (kv->n_cow == kv->cap_cow) {
+        int nc = kv->cap_cow ? 2 * kv->cap_cow : 16;
+        be_page_move *nm = realloc(kv->cow, sizeof *nm * (size_t)nc);
+        if (!nm) return;   /* sent whole instead */
+        kv->cow = nm;
+        kv->cap_cow = nc;
+    }
+    be_page_move *e = &kv->cow[kv->n_cow++];
+    page_list_ref(&e->dst, c, NULL, (int)kv->row_dim, kv->page_size);   /* its rows as copied, before any append */
+    page_list_ref(&e->src, p, NULL, (int)kv->row_dim, kv->page_size);
+    e->dst_row = e->src_row = 0;
+    e->n = p->n;
+}
+
+/* The copies named since the last send, to b (while their sources are held: within the append). */
+static void send_cow(kv_cache *kv, be_backend *b)
+{
+    if (kv->n_cow) b->ops->page_moves(b, kv->cow, kv->n_cow);
+    kv->n_cow = 0;
+}
+
 /* The last page of head h's table (the only page a cache writes in place: appends, a truncation),
  * this cache's alone before it changes: a page a fork shares is copied (rows, positions,
- * log-degrees, summaries) into one of its own first. The copy takes the place of the table's last
- * page with the same rows, so the layer keeps its shape (kv_layer_shape): whoever keeps lists of
- * the table rewrites its last entry anyway, and the copy's new generation tells a device it is
- * another page. NULL when out of memory (the table is unchanged). */
-static kv_page *own_page(kv_cache *kv, int il, int h)
+ * log-degrees, summaries) into one of its own first (named to b, if not NULL: name_cow). The copy
+ * takes the place of the table's last page with the same rows, so the layer keeps its shape
+ * (kv_layer_shape): whoever keeps lists of the table rewrites its last entry anyway, and the copy's
+ * new generation tells a device it is another page. NULL when out of memory (the table is
+ * unchanged). */
+static kv_page *own_page(kv_cache *kv, be_backend *b, int il, int h)
 {
     kv_stream *L = &kv->layers[il].heads[h];
     const int i = L->n - 1;
@@ -286,6 +319,7 @@ static kv_page *own_page(kv_cache *kv, int il, int h)
     c->n = p->n;
     c->merged = p->merged;
     L->pages[i] = c;
+    name_cow(kv, b, c, p);
     p->holders--;   /* another cache still holds it; this one no longer counts it */
     return c;
 }
@@ -340,13 +374,23 @@ static void fill_rows(const kv_cache *kv, kv_page *p, int32_t from, int32_t run,
     summarize_rows(kv, p, from);
 }
 
+static int append_head(kv_cache *kv, be_backend *b, int il, int h, const float *k, const float *v, int64_t stride,
+                       int64_t n, int64_t p0);
+
+/* kv_append, the shared pages it copies named to b (NULL: none). */
+static int append_rows(kv_cache *kv, be_backend *b, int il, const float *k, const float *v, int64_t n, int64_t p0)
+{
+    int rc = 0;
+    for (int h = 0; h < kv->n_head_kv && !rc; h++)
+        rc = append_head(kv, b, il, h, k + (size_t)h * (size_t)kv->row_dim, v + (size_t)h * (size_t)kv->row_dim,
+                         (int64_t)kv->n_head_kv * kv->row_dim, n, p0);
+    if (b) send_cow(kv, b);
+    return rc;
+}
+
 int kv_append(kv_cache *kv, int il, const float *k, const float *v, int64_t n, int64_t p0)
 {
-    for (int h = 0; h < kv->n_head_kv; h++)
-        if (kv_append_head(kv, il, h, k + (size_t)h * (size_t)kv->row_dim, v + (size_t)h * (size_t)kv->row_dim,
-                           (int64_t)kv->n_head_kv * kv->row_dim, n, p0) != 0)
-            return -1;
-    return 0;
+    return append_rows(kv, NULL, il, k, v, n, p0);
 }
 
 /* Below this many values an append stays on the calling thread (a decode step's row: waking the
@@ -382,7 +426,7 @@ static void append_task_run(void *ctx, int64_t i, int thread)
 int kv_append_on(kv_cache *kv, be_backend *b, int il, const float *k, const float *v, int64_t n, int64_t p0)
 {
     const int H = kv->n_head_kv, P = kv->page_size;
-    if (!b || n <= 0 || n * H * kv->row_dim < APPEND_SPREAD_MIN) return kv_append(kv, il, k, v, n, p0);
+    if (!b || n <= 0 || n * H * kv->row_dim < APPEND_SPREAD_MIN) return append_rows(kv, b, il, k, v, n, p0);
     int64_t cap = (int64_t)H * (n / P + 2);
     append_task *tasks = malloc(sizeof *tasks * (size_t)cap);
     int *kept = malloc(sizeof *kept * (size_t)H);
@@ -402,7 +446,7 @@ int kv_append_on(kv_cache *kv, be_backend *b, int il, const float *k, const floa
         kept[h] = L->n;
         kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
         if (p && p->n < P) {
-            if (!(p = own_page(kv, il, h))) break;   /* a copy in the shared page's place */
+            if (!(p = own_page(kv, b, il, h))) break;   /* a copy in the shared page's place */
             int32_t run = P - p->n < n ? P - p->n : (int32_t)n;
             tasks[nt++] = (append_task){ p, 0, p->n, run, h };
             t = run;
@@ -417,6 +461,7 @@ int kv_append_on(kv_cache *kv, be_backend *b, int il, const float *k, const floa
         }
         if (t < n) break;
     }
+    send_cow(kv, b);   /* the copies stay in the tables either way; their rows as copied */
     if (h < H) {   /* out of memory: the fresh pages go back, the table as it was */
         for (int g = 0; g <= h; g++) {
             kv_stream *L = &kv->layers[il].heads[g];
@@ -440,10 +485,16 @@ int kv_append_on(kv_cache *kv, be_backend *b, int il, const float *k, const floa
 
 int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, int64_t stride, int64_t n, int64_t p0)
 {
+    return append_head(kv, NULL, il, h, k, v, stride, n, p0);
+}
+
+static int append_head(kv_cache *kv, be_backend *b, int il, int h, const float *k, const float *v, int64_t stride,
+                       int64_t n, int64_t p0)
+{
     kv_stream *L = &kv->layers[il].heads[h];
     for (int64_t t = 0; t < n;) {   /* the rows that go into the table's last page, at a time */
         kv_page *p = L->n ? L->pages[L->n - 1] : NULL;
-        if (p && p->n < kv->page_size && !(p = own_page(kv, il, h))) return -1;
+        if (p && p->n < kv->page_size && !(p = own_page(kv, b, il, h))) return -1;
         if (!p || p->n == kv->page_size) {
             p = kv_page_new(kv);
             if (!p || push_page(kv, il, h, p) != 0) {
@@ -479,7 +530,7 @@ static int stream_truncate(kv_cache *kv, int il, int h, int64_t pos)
             page_release(kv, p);
             continue;
         }
-        kv_page *own = own_page(kv, il, h);
+        kv_page *own = own_page(kv, NULL, il, h);
         if (!own) {   /* a shared page, and no memory to copy it: the caller starts again from 0 */
             L->tokens += p->n - keep;
             return -1;

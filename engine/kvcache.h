@@ -64,7 +64,9 @@ int kv_append(kv_cache *kv, int il, const float *k, const float *v, int64_t n, i
  * made ready on the calling thread, then each page's rows converted and folded into its summary on
  * any thread; -1 when out of memory, the tables then as they were. An append too small to gain
  * from it (a decode step's row), or b NULL, is kv_append's on the calling thread (out of memory:
- * the heads before the one that failed appended). Between ops only. */
+ * the heads before the one that failed appended). A shared page the append copies first (a fork's
+ * last page) is named to b's page_moves, which may build its copy from its copy of the shared
+ * page. Between ops only. */
 int kv_append_on(kv_cache *kv, struct be_backend *b, int il, const float *k, const float *v, int64_t n, int64_t p0);
 /* The same for one KV head; row t starts stride floats after row t-1. */
 int kv_append_head(kv_cache *kv, int il, int h, const float *k, const float *v, int64_t stride, int64_t n, int64_t p0);

@@ -111,6 +111,12 @@ typedef struct be_attn {
      * a policy's selection the shape of the list it keeps from step to step (engine/page_list.h
      * sel_list: new whenever the list changed other than at a head's end, or has a token mask). */
     uint64_t shape;
+    /* 0, or the name of a list this call's list started as a copy of (the forward pass: a fork's
+     * list of every page, copied from its source's at the fork's first call, engine/page_list.h):
+     * a device backend that keeps no list under `table` may start it as a copy of the one it keeps
+     * under from_table, as that list's last call left it, and `shape`'s promise then holds from
+     * that call; so a fork's first step sends each head's last pages, not every page. */
+    uint64_t from_table;
     /* A selection a bound_pages call made (be_bounds.best), read where that call left it: KV head g
      * reads, of its first sel_from[g] entries (the candidates the call bounded), those at the
      * ascending indices sel_best[g * sel_k ..] (sel_n_best[g] of them), then every entry from
@@ -267,11 +273,12 @@ typedef struct be_qk {
 } be_qk;
 
 /* A layer's list of every page its KV heads hold, as be_attn gives one (pages, head_pages, table,
- * shape): KV head h's pages are pages[head_pages[h] .. head_pages[h + 1]). */
+ * shape, from_table): KV head h's pages are pages[head_pages[h] .. head_pages[h + 1]). */
 typedef struct be_page_list {
     const be_kv_page *pages;
     const int64_t *head_pages;   /* [n_head_kv + 1] */
     uint64_t table, shape;       /* as be_attn's; a device backend keeps the list under the name */
+    uint64_t from_table;         /* as be_attn's: a fork's list that started as its source's */
 } be_page_list;
 
 /* CHESS's summary rows and anchor (engine/policy/chess.c), computed where the keys are. A row has
@@ -594,6 +601,9 @@ uint64_t be_cuda_input_quantizations(be_backend *b);
  * computed (be_ops.page_rows), copied between its page copies for an eviction's fresh pages
  * (be_ops.page_moves), and sent up from the host's pages; all 0 for any other backend. */
 void be_cuda_page_rows(be_backend *b, uint64_t *written, uint64_t *moved, uint64_t *uploaded);
+/* Page descriptors a CUDA backend has, so far, copied on the device into a fork's lists from its
+ * source's (be_attn.from_table) instead of building and sending them; 0 for any other backend. */
+uint64_t be_cuda_cloned_entries(be_backend *b);
 /* Of the selection policies' summaries a CUDA backend has put on the device so far (each new or
  * changed one, be_ops.bound_pages and place_bounds), those it folded from its copies of the pages
  * (be_summary.k) and those sent from the host; both 0 for any other backend. */

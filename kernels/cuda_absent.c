@@ -48,6 +48,12 @@ void be_cuda_page_rows(be_backend *b, uint64_t *written, uint64_t *moved, uint64
     *written = *moved = *uploaded = 0;
 }
 
+uint64_t be_cuda_cloned_entries(be_backend *b)
+{
+    (void)b;
+    return 0;
+}
+
 void be_cuda_summaries(be_backend *b, uint64_t *folded, uint64_t *sent)
 {
     (void)b;

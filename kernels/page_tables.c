@@ -28,7 +28,15 @@ static void release_record(pt_set *s, pt_list *l)
     for (int g = 0; g < l->n_reg; g++) {
         hold_range(s, l, g, 0, l->cnt[g], -1);
         l->cnt[g] = 0;
+        l->blind[g] = 0;
     }
+}
+
+static int has_blind(const pt_list *l)
+{
+    for (int g = 0; g < l->n_reg; g++)
+        if (l->blind[g] > 0) return 1;
+    return 0;
 }
 
 static void drop_list(pt_set *s, pt_list *l)
@@ -76,6 +84,7 @@ void pt_forget(pt_set *s)
 
 void pt_trim(pt_set *s, uint64_t idle)
 {
+    if (s->clone_unsent) return;   /* a list the unsent copy reads may be idle: the next sweep */
     int dropped = 0;
     for (int i = 0; i < s->cap_lists; i++)
         if (s->lists[i].used && s->calls - s->lists[i].last_use > idle) {
@@ -148,10 +157,10 @@ static int fit_record(pt_set *s, pt_list *l, int n_reg, int64_t most)
         return PT_NO_HOST_MEMORY;
     }
     for (int g = 0; g < n_reg && n_reg == l->n_reg; g++) {
-        int64_t from = (int64_t)g * l->stride, to = (int64_t)g * stride, k = l->cnt[g];
-        memcpy(seen + to, l->seen + from, sizeof *seen * (size_t)k);
+        int64_t from = (int64_t)g * l->stride, to = (int64_t)g * stride, k = l->cnt[g], b = l->blind[g];
         memcpy(rec + to, l->rec + from, sizeof *rec * (size_t)k);
-        memcpy(host + to, l->host + from, sizeof *host * (size_t)k);
+        memcpy(seen + to + b, l->seen + from + b, sizeof *seen * (size_t)(k - b));   /* blind entries hold nothing */
+        memcpy(host + to + b, l->host + from + b, sizeof *host * (size_t)(k - b));
     }
     free(l->seen);
     free(l->rec);
@@ -306,6 +315,7 @@ static int appends(const pt_list *l, uint64_t shape, const int64_t *hp, int n_he
     for (int g = 0; appended && g < n_heads; g++) {
         stable[g] = l->pages_of[g] - 1;   /* the last page may have grown */
         if (stable[g] > hp[g + 1] - hp[g]) appended = 0;   /* not an append after all */
+        if (stable[g] < l->blind[g]) appended = 0;          /* it would read what a clone did not copy */
     }
     return appended;
 }
@@ -338,7 +348,7 @@ static int move_heads(pt_set *s, pt_list *l, const int64_t *hp, int n_heads, con
     return PT_OK;
 }
 
-static const pt_list *peek_list(const pt_set *s, uint64_t name)
+static pt_list *peek_list(const pt_set *s, uint64_t name)
 {
     if (!s->cap_lists) return NULL;
     uint64_t mask = (uint64_t)(s->cap_lists - 1), h = bits_hash(name) & mask;
@@ -386,6 +396,72 @@ static pt_list *find_list(pt_set *s, uint64_t name)
     return l;
 }
 
+int pt_clone(pt_set *s, uint64_t name, uint64_t from)
+{
+    pt_list *src = peek_list(s, from);
+    if (name == from || !src || src->n <= 0 || src->n_hp < 2 || src->n_reg != src->n_hp - 1 || peek_list(s, name))
+        return PT_OK;
+    pt_list *l = find_list(s, name);   /* may move every list: src found again */
+    if (!l) return PT_OK;
+    src = peek_list(s, from);
+    const int n_reg = src->n_reg;
+    const size_t c = (size_t)n_reg * (size_t)src->stride;
+    /* room past the source's entries: its array may be full, and a fork's first call adds its own
+     * rows (and maybe a page) to every head; an array that grows is sent whole */
+    const int64_t cap = src->cap > src->n + src->n / 4 + 64 ? src->cap : src->n + src->n / 4 + 64;
+    ag_page *dev = s->dev.alloc(s->dev.ud, dev_bytes(cap));
+    be_kv_page *seen = malloc(sizeof *seen * c);   /* written only past each head's blind entries */
+    int32_t *rec = malloc(sizeof *rec * c);
+    ag_page *host = malloc(sizeof *host * c);
+    int rc = PT_OK;
+    if (dev && seen && rec && host) {
+        /* what the batch holds may write the source's array: sent before the copy reads it */
+        if ((s->batch->n && ub_flush(s->batch)) ||
+            ub_add_dev(s->batch, dev, src->dev, sizeof(ag_page) * (size_t)src->n) ||
+            ub_add_dev(s->batch, dev + cap, src->dev + src->cap, sizeof(int64_t) * (size_t)src->n_hp))
+            rc = PT_NO_HOST_MEMORY;
+        else {
+            l->dev = dev;
+            l->cap = cap;
+            s->bytes += dev_bytes(l->cap);
+            l->seen = seen;
+            l->rec = rec;
+            l->host = host;
+            l->stride = src->stride;
+            l->n_reg = n_reg;
+            l->shape = src->shape;
+            l->n = src->n;
+            l->n_hp = src->n_hp;
+            l->n_bias = src->n_bias;
+            l->n_unaligned = src->n_unaligned;
+            memcpy(l->hp, src->hp, sizeof l->hp);
+            memcpy(l->pages_of, src->pages_of, sizeof l->pages_of);
+            for (int g = 0; g < n_reg; g++) {
+                const int64_t at = (int64_t)g * l->stride, k = src->cnt[g];
+                int64_t b = src->pages_of[g] - 1;   /* what an append reads from on */
+                b = b < src->blind[g] ? src->blind[g] : b;
+                b = b < 0 ? 0 : b > k ? k : b;
+                memcpy(rec + at, src->rec + at, sizeof *rec * (size_t)k);
+                memcpy(seen + at + b, src->seen + at + b, sizeof *seen * (size_t)(k - b));
+                memcpy(host + at + b, src->host + at + b, sizeof *host * (size_t)(k - b));
+                l->cnt[g] = k;
+                l->blind[g] = b;
+                hold_range(s, l, g, 0, k, 1);
+            }
+            l->last_use = s->calls;
+            src->last_use = s->calls;   /* a source forks still copy stays as a used list */
+            s->cloned += (uint64_t)l->n;
+            s->clone_unsent = 1;
+            return PT_OK;
+        }
+    }
+    if (dev) s->dev.release(s->dev.ud, dev);
+    free(seen);
+    free(rec);
+    free(host);
+    return rc;   /* the list stays as find_list made it: empty, built whole at its first call */
+}
+
 int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, int64_t e, const int64_t *hp,
              int n_heads, const pt_direct *direct, pt_call *out)
 {
@@ -394,6 +470,10 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
         return PT_BAD_LIST;
     for (int g = 0; hp && g < n_heads; g++)
         if (hp[g + 1] < hp[g]) return PT_BAD_LIST;
+    if (s->clone_unsent) {   /* a clone's copy lands before any list is written */
+        s->clone_unsent = 0;
+        if (ub_flush(s->batch)) return PT_NO_HOST_MEMORY;
+    }
     s->calls++;
     pt_list *l = find_list(s, name);
     if (!l) return PT_NO_HOST_MEMORY;
@@ -407,6 +487,19 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
         if (at[g + 1] - at[g] > most) most = at[g + 1] - at[g];
     int64_t stable[PT_MAX_HEADS], on_dev[PT_MAX_HEADS];
     int appended = appends(l, shape, hp, n_heads, stable);
+    if (has_blind(l)) {
+        /* a clone's record lacks its heads' early entries: a call that reads them builds it whole,
+         * and so does an append whose heads move without room for the second array (the moved
+         * descriptors would be sent from that record) */
+        const int moves = appended && l->n_hp == n_heads + 1 && memcmp(l->hp, hp, sizeof(int64_t) * (size_t)(n_heads + 1));
+        if (moves && !l->dev_alt && (l->dev_alt = s->dev.alloc(s->dev.ud, dev_bytes(l->cap))) != NULL)
+            s->bytes += dev_bytes(l->cap);
+        if (!appended || (moves && !l->dev_alt)) {
+            release_record(s, l);
+            l->n = 0;
+            appended = 0;
+        }
+    }
     int rc = grow_list(s, l, e > 0 ? e : 1);
     if (rc == PT_OK) rc = fit_record(s, l, n_reg, most);
     if (rc != PT_OK) return rc;

@@ -54,6 +54,10 @@ typedef struct pt_list {
     int64_t stride;
     int n_reg;
     int64_t cnt[PT_MAX_HEADS];
+    /* A list made as a copy of another (pt_clone) keeps of region g's first blind[g] entries only
+     * the copy each names (rec), not seen nor host: an append does not read them, and a call that
+     * would (one that is not an append) forgets the record and builds the list whole. */
+    int64_t blind[PT_MAX_HEADS];
     ag_page *dev;         /* [cap] descriptors, then PT_MAX_HEADS + 1 offsets, on the device */
     ag_page *dev_alt;     /* the same room, where moved heads go (made at the first move) */
     int64_t hp[PT_MAX_HEADS + 1];   /* the offsets as the device has them */
@@ -75,6 +79,8 @@ typedef struct pt_set {
     size_t cap_masks;
     uint64_t built, kept;   /* entries built / left as they were on the device, so far (figures) */
     uint64_t moved;         /* descriptors moved on the device, so far (figures) */
+    uint64_t cloned;        /* descriptors copied on the device into lists made by pt_clone (figures) */
+    int clone_unsent;       /* a clone's copy is queued: the batch goes before a build writes a list */
     uint64_t bytes;       /* device bytes the lists hold */
 } pt_set;
 
@@ -116,6 +122,20 @@ void pt_free(pt_set *s);
  * (the batch is then sent first); callers send the batch between two builds of one list. */
 int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, int64_t e, const int64_t *hp,
              int n_heads, const pt_direct *direct, pt_call *out);
+/* List `name` made, where there is none, a copy of list `from` as the last call under `from` left
+ * it (its descriptors copied on the device, riding in the batch; the host's record of each head's
+ * entries before its last page not copied, since an append does not read them): a sequence forked
+ * from another starts with its source's list, so that its first call under the source's shape
+ * builds and sends each head's last pages instead of every page (at 32K on the 7B shape 8,192
+ * descriptors a layer a fork). The caller promises what the shape promises for the calls under
+ * `name` as if `from`'s last call had been under `name`. Nothing is done where `name` exists, `from`
+ * does not, is not trusted (a failed call) or has no per-head offsets, or host or device memory is
+ * short (the next call builds the list whole). The copy is sent before anything written under
+ * `name` (pt_build sends the batch first); what the batch held before the copy is sent first too.
+ * `from` counts as used by the call (forks made one after another keep finding it). Until the copy
+ * is sent, no list is freed as idle.
+ * PT_OK, or PT_NO_HOST_MEMORY when the batch could not be sent or queued (the caller drops it). */
+int pt_clone(pt_set *s, uint64_t name, uint64_t from);
 /* 1 when pt_build(s, name, shape, list, hp[n_heads], hp, n_heads, ...) would read only head g's
  * entries from[g] on (from[g] an index into list, hp[g] <= from[g] <= hp[g + 1]) and the entries
  * before it may hold anything: the call only appends to the list as it stands (its offsets may

@@ -437,7 +437,7 @@ Test(faults, every_allocation_failure_in_chess_s_reconstruction_leaves_the_next_
         reached_any = 0;
         kv_cache *kv = kv_create(2, 4096, 2, 8, 4, NULL, err, sizeof err);
         cr_assert(kv, "%s", err);
-        pol_env env = { kv, b, 2, 2, 8, global, 2, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+        pol_env env = { kv, b, 2, 2, 8, global, 2, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL };
         uint64_t r = 0x5EED + (uint64_t)n;
         fwd_fixture_random_keys(kv, 2, 60, &r);
         pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);
@@ -574,7 +574,7 @@ static void layer_done_under_faults(layer_faults *lf)
     for (n = 0; n < 600 && reached; n++) {   /* n = 0: no failure, what the others must keep */
         kv_cache *kv = kv_create(lf->n_layer, 4096, H, D, lf->page, NULL, err, sizeof err);
         cr_assert(kv, "%s", err);
-        pol_env env = { kv, b, NH, H, D, global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+        pol_env env = { kv, b, NH, H, D, global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL };
         uint64_t r = lf->seed;
         fwd_fixture_random_keys(kv, lf->n_layer, lf->T, &r);
         pol_set *ps = pol_set_create(&spec, &env, err, sizeof err);

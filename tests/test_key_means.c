@@ -38,7 +38,7 @@ static void build(fixture *fx, int n_layer, const int *layers, int n_lists, int 
     fx->dim = (int64_t)n_lists * H * D;
     for (int l = 0; l < n_lists; l++) {
         cr_assert(page_list_update(&fx->pl[l], fx->kv, layers[l]) == 0);
-        fx->lists[l] = (be_page_list){ fx->pl[l].refs, fx->pl[l].at.off, (uint64_t)l + 1, fx->pl[l].at.shape };
+        fx->lists[l] = (be_page_list){ fx->pl[l].refs, fx->pl[l].at.off, (uint64_t)l + 1, fx->pl[l].at.shape, 0 };
     }
 }
 
@@ -266,7 +266,7 @@ static void sums_and_keys(be_backend *cpu, fixture *fx, const shape *sh, size_t 
     cr_assert(kv_keep_tokens(fx->kv, sh->layers[0], 0, keep, nk) == 0);
     for (int l = 0; l < fx->n_lists; l++) {
         cr_assert(page_list_update(&fx->pl[l], fx->kv, sh->layers[l]) == 0);
-        fx->lists[l] = (be_page_list){ fx->pl[l].refs, fx->pl[l].at.off, (uint64_t)l + 1, fx->pl[l].at.shape };
+        fx->lists[l] = (be_page_list){ fx->pl[l].refs, fx->pl[l].at.off, (uint64_t)l + 1, fx->pl[l].at.shape, 0 };
     }
     int np = kv_n_pages(fx->kv, sh->layers[0], 0);
     for (int l = 1; l < fx->n_lists; l++)

@@ -271,13 +271,13 @@ Test(kvcache, attention_over_any_page_list_equals_the_reference)
     for (int t = 0; t < n_q; t++) qpos[t] = n_tok - n_q + t;
     for (int window = 0; window <= 100; window += 100) {
         /* prefill-shaped: 11 causal queries */
-        be_attn a = { q, n_q, qpos, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+        be_attn a = { q, n_q, qpos, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out, NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
         check_attention(b, &a);
         /* decode-shaped: one query, split over pages */
-        be_attn d = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+        be_attn d = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages, n0 + np, head_pages, window, out, NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
         check_attention(b, &d);
         /* one shared list */
-        be_attn s = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages + n0, np, NULL, window, out, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+        be_attn s = { q, 1, qpos + n_q - 1, Hkv * G, Hkv, D, pages + n0, np, NULL, window, out, NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
         check_attention(b, &s);
     }
     free(q);
@@ -354,7 +354,7 @@ Test(kvcache, blocked_prefill_attention_equals_the_reference_on_every_isa)
             for (int window = 0; window <= 41; window += 41) {
                 for (size_t i = 0; i < nqf; i++) out[i] = NAN;
                 be_attn a = { q, n_q, qpos, Hkv * G, Hkv, D, pages, n0, Hkv == 2 ? head_pages : NULL, window, out,
-                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
                 check_attention(b, &a);
             }
             free(q); free(out); free(qpos); free(bias); free(masks); free(pages);
@@ -562,9 +562,9 @@ Test(kvcache, rows_not_in_the_cache_yet_attend_like_cached_rows)
     for (int i = 0; i < Hkv * G * D; i++) q[i] = frand() * 0.3f;
     int32_t qp = n_tok - 1;
     for (int window = 0; window <= 40; window += 40) {
-        be_attn a = { q, 1, &qp, Hkv * G, Hkv, D, pa, na, NULL, window, o1, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+        be_attn a = { q, 1, &qp, Hkv * G, Hkv, D, pa, na, NULL, window, o1, NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
         b->ops->attention(b, &a);
-        be_attn c = { q, 1, &qp, Hkv * G, Hkv, D, pb, nb, NULL, window, o2, k + (n_tok - 1) * R, v + (n_tok - 1) * R, &qp, 1, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+        be_attn c = { q, 1, &qp, Hkv * G, Hkv, D, pb, nb, NULL, window, o2, k + (n_tok - 1) * R, v + (n_tok - 1) * R, &qp, 1, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
         b->ops->attention(b, &c);
         double worst = 0;
         for (int i = 0; i < Hkv * G * D; i++) worst = fmax(worst, fabs((double)o1[i] - o2[i]));
@@ -634,7 +634,7 @@ static void sel_rig_check(sel_rig *r, int64_t e, const int64_t *hp, int cur, con
     int32_t qp = SR_NTOK - 1;
     const float *ck = r->k + (SR_NTOK - 1) * SR_R, *cv = r->v + (SR_NTOK - 1) * SR_R;
     be_attn a = { q, 1, &qp, SR_HKV * SR_G, SR_HKV, SR_D, r->list, e, hp, 0, o1, cur ? ck : NULL, cur ? cv : NULL,
-                  cur ? &qp : NULL, cur, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+                  cur ? &qp : NULL, cur, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
     r->b->ops->attention(r->b, &a);
     be_attn s = a;
     s.pages = r->all;

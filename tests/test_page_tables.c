@@ -355,7 +355,8 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
     int32_t cur_pos[NCUR] = { 0 };
     int64_t failed = 0;
     static call cl;
-    int64_t forgotten = 0, swapped = 0;
+    int64_t forgotten = 0, swapped = 0, clones = 0;
+    uint64_t names[2] = { 1, 2 }, next_name = 100;
     for (int step = 0; step < 3000; step++) {
         int which = rnd() % 5 == 0;   /* cache 1 is used less: its copies go idle */
         cache *c = &cs[which];
@@ -377,16 +378,24 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
         for (int i = 0; i < n_cur; i++) cur_pos[i] = c->next_pos + i;
         int masked = rnd() % 3 == 0;
         make_call(c, &cl, masked, deferred ? cur : NULL, cur_pos, n_cur);
-        int name = 1 + which;
+        uint64_t name = names[which];
         if (rnd() % 50 == 0) {
-            name = 2 - which;   /* the other cache's list: everything differs, still right */
+            name = names[1 - which];   /* the other cache's list: everything differs, still right */
             swapped++;
         }
         pt_begin_call(&r.tables, 7);
+        if (name == names[which] && rnd() % 40 == 0) {
+            /* the sequence goes on under a new name, its list a copy of its last (a fork that
+             * takes over): the shape's promise holds from that list's last call */
+            const uint64_t from = names[which];
+            name = names[which] = next_name++;
+            cr_assert_eq(pt_clone(&r.tables, name, from), PT_OK);
+            clones++;
+        }
         pt_call out;
         if (rnd() % 23 == 0) copy_allocs_left = rnd() % 3;   /* the device fills up part-way */
         pt_direct rows = { cur, sizeof(uint16_t) * 2 * (size_t)(n_cur * H * D) };
-        int rc = pt_build(&r.tables, (uint64_t)name, masked ? 0 : c->shape, cl.list, cl.e, cl.hp, H,
+        int rc = pt_build(&r.tables, name, masked ? 0 : c->shape, cl.list, cl.e, cl.hp, H,
                           deferred ? &rows : NULL, &out);
         copy_allocs_left = -1;
         expect_holds_counted(&r);
@@ -408,6 +417,8 @@ Test(page_tables, random_histories_keep_every_descriptor_right)
     cr_expect_gt(failed, 3, "copies refused part-way: %ld times", (long)failed);
     cr_expect_gt(flushes, 100, "batches went in rounds");
     cr_expect_gt(swapped, 10);
+    cr_expect_gt(clones, 20);
+    cr_expect_gt(r.tables.cloned, 0, "some lists were copied on the device");
     cr_expect_gt(r.tables.moved, 5000, "descriptors moved on the device: %lu", (unsigned long)r.tables.moved);
     /* a third of the steps evict, truncate, mask or swap the lists, so many entries are built; the
      * rest stay (the decode test below counts them exactly) */
@@ -526,6 +537,196 @@ Test(page_tables, a_list_without_room_for_its_second_array_sends_its_moved_heads
         call_ok(&r, 4, 13, &cl, &out);
     }
     cr_expect_gt(r.tables.moved, 0);
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0);
+}
+
+/* A fork of c (kv_fork): the same pages, each head's last copied on write into a page of its own
+ * (the same rows, a new generation), its lists in fl/fn; c's lists as they were. */
+static void fork_cache(cache *c, int fl[H][POOL], int fn[H])
+{
+    for (int h = 0; h < H; h++) {
+        memcpy(fl[h], c->list[h], sizeof fl[h]);
+        fn[h] = c->n[h];
+        if (!fn[h]) continue;
+        const hpage *last = &c->pool[c->list[h][c->n[h] - 1]];
+        int i = new_page(c);
+        cr_assert_geq(i, 0);
+        hpage *own = &c->pool[i];
+        memcpy(own->k, last->k, sizeof own->k);
+        memcpy(own->v, last->v, sizeof own->v);
+        memcpy(own->pos, last->pos, sizeof own->pos);
+        memcpy(own->bias, last->bias, sizeof own->bias);
+        own->n = last->n;
+        own->has_bias = last->has_bias;
+        fl[h][fn[h] - 1] = i;
+    }
+}
+
+/* c's lists swapped with fl/fn (the fork's made c's, or back). */
+static void swap_lists(cache *c, int fl[H][POOL], int fn[H])
+{
+    for (int h = 0; h < H; h++) {
+        int t[POOL];
+        memcpy(t, c->list[h], sizeof t);
+        memcpy(c->list[h], fl[h], sizeof t);
+        memcpy(fl[h], t, sizeof t);
+        int tn = c->n[h];
+        c->n[h] = fn[h];
+        fn[h] = tn;
+    }
+}
+
+/* The fork's rows more in every head, and its call made. */
+static void fork_grows(cache *c, int fl[H][POOL], int fn[H], int rows, call *cl)
+{
+    swap_lists(c, fl, fn);
+    for (int h = 0; h < H; h++) append(c, h, rows);
+    make_call(c, cl, 0, NULL, NULL, 0);
+    swap_lists(c, fl, fn);
+}
+
+/* A forked sequence's list made a copy of its source's (pt_clone): its first call under the
+ * source's shape builds each head's entries from its last page on and nothing before them, every
+ * descriptor right, the copies held as counted; the source goes on as before; later appends as any
+ * list's; and a call that is not an append (a page evicted) builds it whole, right. */
+Test(page_tables, a_clone_starts_as_its_source_and_builds_only_each_heads_last_pages)
+{
+    static cache c;
+    static rig r;
+    static call cl, fcl;
+    pt_call out;
+    first_call(&c, &r, &cl, &out, 3, 11);   /* 5 pages a head */
+    static int fl[H][POOL], fn[H];
+    fork_cache(&c, fl, fn);
+    cr_assert_eq(pt_clone(&r.tables, 9, 3), PT_OK);
+    cr_expect_eq(r.tables.cloned, (uint64_t)cl.e);
+    expect_holds_counted(&r);
+    fork_grows(&c, fl, fn, P / 2 + (int)(rnd() % P), &fcl);   /* some heads open a page */
+    uint64_t built = r.tables.built;
+    int64_t from_last = 0;
+    for (int h = 0; h < H; h++) from_last += fn[h] - (c.n[h] - 1);
+    call_ok(&r, 9, 11, &fcl, &out);
+    cr_expect_eq(r.tables.built - built, (uint64_t)from_last, "built %lu, each head's last pages on: %ld",
+                 (unsigned long)(r.tables.built - built), (long)from_last);
+    expect_holds_counted(&r);
+    for (int step = 0; step < 2 * P; step++) {   /* both go on, each under its own name */
+        grow_heads(&c, &cl, 1);
+        call_ok(&r, 3, 11, &cl, &out);
+        fork_grows(&c, fl, fn, 1, &fcl);
+        built = r.tables.built;
+        call_ok(&r, 9, 11, &fcl, &out);
+        cr_expect_eq(r.tables.built - built, H, "a decode step's entry a head");
+        expect_holds_counted(&r);
+    }
+    swap_lists(&c, fl, fn);   /* the fork evicts a page: a new shape, the list built whole */
+    evict_page(&c, 1, 0);
+    make_call(&c, &fcl, 0, NULL, NULL, 0);
+    swap_lists(&c, fl, fn);
+    built = r.tables.built;
+    call_ok(&r, 9, 12, &fcl, &out);
+    cr_expect_eq(r.tables.built - built, (uint64_t)fcl.e, "built whole");
+    expect_holds_counted(&r);
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0);
+}
+
+/* A clone whose heads move at its first call without device room for its second array: the moved
+ * descriptors cannot come from its record (it has not copied them), so the list is built whole. */
+Test(page_tables, a_clone_without_room_to_move_its_heads_is_built_whole)
+{
+    static cache c;
+    static rig r;
+    static call cl, fcl;
+    pt_call out;
+    first_call(&c, &r, &cl, &out, 3, 11);
+    static int fl[H][POOL], fn[H];
+    fork_cache(&c, fl, fn);
+    cr_assert_eq(pt_clone(&r.tables, 9, 3), PT_OK);
+    fork_grows(&c, fl, fn, P, &fcl);   /* every head opens a page: the offsets move */
+    r.fail_alloc = 1;
+    uint64_t built = r.tables.built, moved = r.tables.moved;
+    call_ok(&r, 9, 11, &fcl, &out);
+    cr_expect_eq(r.tables.built - built, (uint64_t)fcl.e, "built whole");
+    cr_expect_eq(r.tables.moved, moved);
+    expect_holds_counted(&r);
+    r.fail_alloc = 0;
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0);
+}
+
+/* A fork of a fork: the second clone's record lacks what the first lacked, and its first call
+ * still reads each head's last pages only, every descriptor right. Nothing is cloned onto a name
+ * that has a list, from a name that has none, from a list whose last call failed, or onto itself;
+ * and without device memory the clone is not made (the call builds the list whole). */
+Test(page_tables, a_clone_of_a_clone_and_the_clones_not_made)
+{
+    static cache c;
+    static rig r;
+    static call cl, fcl;
+    pt_call out;
+    first_call(&c, &r, &cl, &out, 3, 11);
+    static int fl[H][POOL], fn[H], gl[H][POOL], gn[H];
+    fork_cache(&c, fl, fn);
+    cr_assert_eq(pt_clone(&r.tables, 9, 3), PT_OK);
+    fork_grows(&c, fl, fn, 3 * P, &fcl);
+    call_ok(&r, 9, 11, &fcl, &out);
+    swap_lists(&c, fl, fn);
+    fork_cache(&c, gl, gn);   /* forked from the fork */
+    swap_lists(&c, fl, fn);
+    cr_assert_eq(pt_clone(&r.tables, 10, 9), PT_OK);
+    fork_grows(&c, gl, gn, 2, &fcl);
+    uint64_t built = r.tables.built;
+    int64_t from_last = 0;
+    for (int h = 0; h < H; h++) from_last += gn[h] - (fn[h] - 1);
+    call_ok(&r, 10, 11, &fcl, &out);
+    cr_expect_eq(r.tables.built - built, (uint64_t)from_last);
+    expect_holds_counted(&r);
+    /* the clones not made */
+    uint64_t cloned = r.tables.cloned;
+    int n_lists = r.tables.n_lists;
+    cr_expect_eq(pt_clone(&r.tables, 10, 3), PT_OK);   /* 10 has a list */
+    cr_expect_eq(pt_clone(&r.tables, 11, 77), PT_OK);  /* 77 has none */
+    cr_expect_eq(pt_clone(&r.tables, 3, 3), PT_OK);
+    cr_expect_eq(r.tables.cloned, cloned);
+    cr_expect_eq(r.tables.n_lists, n_lists);
+    lose_batch(&r);   /* every list's last call lost: none trusted */
+    cr_expect_eq(pt_clone(&r.tables, 12, 3), PT_OK);
+    cr_expect_eq(r.tables.cloned, cloned);
+    call_ok(&r, 3, 11, &cl, &out);   /* trusted again */
+    r.fail_alloc = 1;
+    cr_expect_eq(pt_clone(&r.tables, 13, 3), PT_OK);
+    r.fail_alloc = 0;
+    cr_expect_eq(r.tables.cloned, cloned, "no device memory: no clone");
+    built = r.tables.built;
+    call_ok(&r, 13, 11, &cl, &out);
+    cr_expect_eq(r.tables.built - built, (uint64_t)cl.e, "built whole");
+    expect_holds_counted(&r);
+    rig_free(&r);
+    cr_expect_eq(live_blocks, 0);
+}
+
+/* A source list that forks keep copying counts as used each time, so the idle sweep leaves it while
+ * other lists' calls go on (forks answered one after another, then a batch of them); one nobody
+ * copies goes. */
+Test(page_tables, a_list_forks_keep_copying_is_not_idle)
+{
+    static cache c;
+    static rig r;
+    static call cl;
+    pt_call out;
+    first_call(&c, &r, &cl, &out, 3, 11);
+    call_ok(&r, 4, 11, &cl, &out);   /* the same pages under a name nobody copies */
+    uint64_t cloned = r.tables.cloned;
+    for (int i = 0; i < 12; i++) {
+        cr_assert_eq(pt_clone(&r.tables, 100 + (uint64_t)i, 3), PT_OK);
+        other_pages_called(&r, 9, 100 + (uint64_t)i, 12, &out);   /* the fork's own calls */
+        pt_trim(&r.tables, 3);
+    }
+    cr_expect_eq(r.tables.cloned - cloned, 12 * (uint64_t)cl.e, "every fork found its source");
+    cloned = r.tables.cloned;
+    cr_assert_eq(pt_clone(&r.tables, 200, 4), PT_OK);
+    cr_expect_eq(r.tables.cloned, cloned, "the list nobody copied went idle and was freed");
     rig_free(&r);
     cr_expect_eq(live_blocks, 0);
 }

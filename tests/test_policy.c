@@ -183,7 +183,7 @@ static void build(fixture *fx, const float *dir, int n_pages)
     }
     kv_commit(fx->kv, (int64_t)n_pages * P);
     fx->global[0] = 0;
-    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL };
 }
 
 static void unbuild(fixture *fx)
@@ -327,7 +327,7 @@ Test(policy, chess_keeping_its_summaries_chooses_as_a_fresh_reconstruction_does)
         be_backend *b = be_cpu_create(1, err, sizeof err);
         cr_assert(b, "%s", err);
         int global[NL] = { 0, 1 };
-        pol_env env = { kv, b, HK, HK, D, global, NL, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+        pol_env env = { kv, b, HK, HK, D, global, NL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL };
         pol_spec spec;
         cr_assert(pol_parse(&spec, specs[si], NULL, err, sizeof err) == 0, "%s", err);
         pol_set *kept = pol_set_create(&spec, &env, err, sizeof err);
@@ -553,7 +553,7 @@ static void build_keyed(fixture *fx, const float *e0)
     cr_assert(kv_append(fx->kv, 0, k, v, 64, 0) == 0);
     kv_commit(fx->kv, 64);
     fx->global[0] = 0;
-    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+    fx->env = (pol_env){ fx->kv, fx->b, 1, 1, D, fx->global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL };
 }
 
 static void build_planted(fixture *fx) { build_keyed(fx, NULL); }
@@ -1121,7 +1121,7 @@ Test(policy, laser_s_lsh_scores_are_each_kv_heads_hits_of_its_own_query_heads)
         cr_assert_eq(n, g == 1 ? T / 2 : T);
     }
     int global[1] = { 0 };
-    pol_env env = { kv, b, H * G, H, DH, global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+    pol_env env = { kv, b, H * G, H, DH, global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL };
     pol_spec s;
     cr_assert(pol_parse(&s, "laser:block=64,budget=0.25,protect=4,alpha=0.5,seed=9,rounds=4,bits=6", NULL, err,
                         sizeof err) == 0, "%s", err);
@@ -1269,7 +1269,7 @@ Test(policy, chelsea_merges_filler_before_a_dissimilar_needle)
     cr_assert(fx.kv, "%s", err);
     fx.b = be_cpu_create(1, err, sizeof err);
     fx.global[0] = 0;
-    fx.env = (pol_env){ fx.kv, fx.b, 1, 1, D, fx.global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+    fx.env = (pol_env){ fx.kv, fx.b, 1, 1, D, fx.global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL };
     pol_spec s;
     cr_assert(pol_parse(&s, "chelsea:budget=0.25,gap=8,sinks=4,recent=8,chunk=16,first=0", NULL, err, sizeof err) == 0, "%s", err);
     pol_set *ps = pol_set_create(&s, &fx.env, err, sizeof err);
@@ -1436,7 +1436,7 @@ Test(policy, a_whole_lists_hits_count_as_page_by_page)
         kv_cache *kv = kv_create(1, 1 << 20, 1, 8, PG, NULL, err, sizeof err);
         cr_assert(kv, "%s", err);
         int global[] = { 0 };
-        pol_env env = { kv, NULL, 1, 1, 8, global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+        pol_env env = { kv, NULL, 1, 1, 8, global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL };
         pol_spec spec;
         cr_assert(pol_parse(&spec, "full", NULL, err, sizeof err) == 0, "%s", err);
         pol_set *a = pol_set_create(&spec, &env, err, sizeof err), *b = pol_set_create(&spec, &env, err, sizeof err);
@@ -1506,7 +1506,7 @@ Test(policy, streaming_chooses_from_its_spans_as_token_by_token)
         kv_cache *kv = kv_create(1, 8192, H, DH, PG, NULL, err, sizeof err);
         cr_assert(kv, "%s", err);
         int global[] = { 0 };
-        pol_env env = { kv, NULL, H, H, DH, global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0 };
+        pol_env env = { kv, NULL, H, H, DH, global, 1, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL };
         float k[H * DH], v[H * DH];
         for (int i = 0; i < H * DH; i++) k[i] = v[i] = (float)i / 7.0f;
         int64_t len = 0;

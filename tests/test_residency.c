@@ -48,6 +48,8 @@ typedef struct shadow {
     int gather_on_twin; /* embedding rows written on the twin (the CUDA backend's gather of a weight it
                            holds) instead of on the host */
     int joined;         /* attention_seqs calls of more than one sequence */
+    int attn_from;      /* attention calls whose list started as another's (be_attn.from_table) */
+    int means_from;     /* key_means lists likewise (be_page_list.from_table) */
     int64_t rows_named; /* rows page_rows named, each checked against its page (s_page_rows) */
     int64_t rows_moved; /* rows page_moves named, each checked against both pages (s_page_moves) */
     int64_t pages_moved;   /* fresh pages those rows filled */
@@ -202,6 +204,7 @@ static void s_get_rows(be_backend *b, const be_weight *w, const int32_t *ids, in
 
 static void s_attention(be_backend *b, const be_attn *a)
 {
+    sh(b)->attn_from += a->from_table != 0;
     if (skip(b)) return;
     be_attn c = *a;
     size_t nq = (size_t)(a->n_q * a->n_head * a->head_dim);
@@ -250,6 +253,7 @@ static void s_scores(be_backend *b, const float *m, int64_t n_rows, int64_t dim,
  * Never skipped: CHESS counts the rows as computed. */
 static void s_key_means(be_backend *b, const be_key_means *m)
 {
+    for (int l = 0; l < m->n_lists; l++) sh(b)->means_from += m->lists[l].from_table != 0;
     be_key_means c = *m;
     size_t dim = (size_t)m->n_lists * (size_t)m->n_head_kv * (size_t)m->head_dim;
     float *const rows[4] = { m->p1 > m->p0 ? m->page_rows : NULL, m->c1 > m->c0 ? m->chunk_rows : NULL,
@@ -1078,7 +1082,7 @@ Test(residency, chess_scores_its_kept_summaries_on_the_twins)
     kv_cache *kv = kv_create(NL, 4096, HK, DIM, 4, NULL, err, sizeof err);
     cr_assert(kv, "%s", err);
     int global[NL] = { 0, 1 };
-    pol_env on_dev = { kv, dev, HK, HK, DIM, global, NL, NULL, 0, NULL, NULL, NULL, NULL, 0 }, on_cpu = on_dev;
+    pol_env on_dev = { kv, dev, HK, HK, DIM, global, NL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, NULL }, on_cpu = on_dev;
     on_cpu.b = cpu;
     pol_spec spec;
     cr_assert(pol_parse(&spec, "chess:sink=1,window=1,anchor=4,chunk=2,grid=2,rho_g=0.5,rho_c=0.5,rho_p=0.5", NULL, err,
@@ -1290,6 +1294,63 @@ static fwd_ctx *fork_under(fwd_ctx *base, const char *spec, const int32_t *ids, 
     return f;
 }
 
+/* A fork decoded alone gives, step by step, the bits of a context that read its prompt itself and
+ * adopted the same policy (NULL: none): that its lists of every page (the engine's and CHESS's)
+ * started as its source's, and that its shared last pages were copied on write, change nothing a
+ * step computes. The steps cross a page boundary in every head. */
+static void fork_vs_fresh(const char *file, int device, const char *spec)
+{
+    char err[512];
+    model *m;
+    cr_assert(model_load(&m, file, NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *b = device ? shadow_create() : be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    size_t np;
+    int32_t *ids = prompt(m, &np);
+    fwd_opts fo = { 2048, 48, run_page };
+    const int nv = m->hp.n_vocab;
+    float *la = malloc(sizeof(float) * (size_t)nv), *lb = malloc(sizeof(float) * (size_t)nv);
+    fwd_ctx *base = fwd_create(m, b, &fo, err, sizeof err), *fresh = fwd_create(m, b, &fo, err, sizeof err);
+    cr_assert(base && fresh && la && lb, "%s", err);
+    cr_assert(fwd_eval(base, ids, (int64_t)np, la, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    cr_assert(fwd_eval(fresh, ids, (int64_t)np, lb, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    pol_set *ps, *pf = spec ? fwd_fixture_policy_make(fresh, spec) : NULL;
+    fwd_ctx *f = fork_under(base, spec, ids, np, 0, 0, &ps);
+    cr_assert(fwd_adopt_policy(fresh, pf, ids, (int64_t)np, err, sizeof err) == 0, "%s", err);
+    for (int t = 0; t < run_page + 3; t++) {
+        const int32_t id = 3 + (int32_t)((t * 71 + 5) % (nv - 3));
+        cr_assert(fwd_decode(f, id, la, NULL, err, sizeof err) == 0, "%s", err);
+        cr_assert(fwd_decode(fresh, id, lb, NULL, err, sizeof err) == 0, "%s", err);
+        cr_expect(!memcmp(la, lb, sizeof(float) * (size_t)nv), "%s (%s, %s) step %d: the fork's logits differ", file,
+                  spec ? spec : "none", device ? "twins" : "cpu", t);
+    }
+    /* the fork's lists did start as its source's: the engine's (read by attention) with no policy
+     * or Quest's (which attends its pages from that list), CHESS's own */
+    if (device && spec && !strncmp(spec, "chess", 5))
+        cr_expect_gt(sh(b)->means_from, 0, "%s: CHESS's lists of the fork were built whole", file);
+    else if (device)
+        cr_expect_gt(sh(b)->attn_from, 0, "%s (%s): the fork's lists were built whole", file, spec ? spec : "none");
+    fwd_free(f);
+    pol_set_free(ps);
+    fwd_free(fresh);
+    pol_set_free(pf);
+    fwd_free(base);
+    free(la);
+    free(lb);
+    free(ids);
+    be_free(b);
+    model_free(m);
+}
+
+Test(residency, a_fork_decodes_the_bits_of_a_context_that_read_its_prompt_alone)
+{
+    const char *specs[] = { NULL, "chess:preset=aggressive,window=1", "quest:budget=24" };
+    const char *files[] = { TD "tiny/tiny-gemma3-q4_k_m.gguf", TD "tiny/tiny-llama-q4_k_m.gguf" };
+    for (int fi = 0; fi < 2; fi++)
+        for (int device = 0; device < 2; device++)
+            for (int s = 0; s < 3; s++) fork_vs_fresh(files[fi], device, specs[s]);
+}
+
 /* n forks of one prefilled context, each under its spec (NULL: none), fork s decoded s steps alone
  * and then STEPS - s greedy steps alone (fwd_decode_pick, one fork at a time) and as one batch
  * (fwd_decode_batch: the forks at positions of their own, leaving it at their own steps): every
@@ -1338,7 +1399,8 @@ static void batch_vs_alone(const char *file, int device, const char *const *spec
         fwd_free(f);
         pol_set_free(ps);
     }
-    /* together */
+    /* together (fork s's first s steps alone) */
+    const int64_t moved0 = device ? sh(b)->pages_moved : 0;
     fwd_ctx *fs[FWD_BATCH_MAX];
     pol_set *pss[FWD_BATCH_MAX];
     int32_t cur[FWD_BATCH_MAX];
@@ -1379,10 +1441,24 @@ static void batch_vs_alone(const char *file, int device, const char *const *spec
             }
         }
     }
-    /* every layer of every step of two or more sequences: one call for the batch */
-    if (device)
+    /* every layer of every step of two or more sequences: one call for the batch; and each fork's
+     * first append (alone or in the batch) copied each head's shared last page where that page had
+     * room, every copy named to the device (page_moves), which builds it from its copy of the
+     * shared page */
+    if (device) {
         cr_expect_eq(sh(b)->joined - joined0, (STEPS - 1) * fwd_model(base)->hp.n_layer,
                      "%s: %d joined attention calls", file, sh(b)->joined - joined0);
+        const kv_cache *kv = fwd_kv(base);
+        int64_t shared = 0;
+        for (int il = 0; il < kv_n_layer(kv); il++)
+            for (int h = 0; h < kv_n_head_kv(kv); h++) {
+                const int np_ = kv_n_pages(kv, il, h);
+                shared += np_ > 0 && kv_layer_page(kv, il, h, np_ - 1)->n < kv_page_size(kv);
+            }
+        cr_expect_gt(shared, 0, "%s: the prompt's last pages are full: nothing to copy", file);
+        cr_expect_eq(sh(b)->pages_moved - moved0, n * shared, "%s: %ld copies named, %d forks of %ld shared pages",
+                     file, (long)(sh(b)->pages_moved - moved0), n, (long)shared);
+    }
     for (int s = 0; s < n; s++) {
         cr_expect_eq(fwd_pos(fs[s]), len0 + STEPS);
         if (pss[s]) {

@@ -163,7 +163,7 @@ static void run_case(int page, uint64_t seed)
     kv_cache *kv = kv_create(LAYERS, MAXT + 8, H, D, page, NULL, err, sizeof err);
     cr_assert(kv, "%s", err);
     int global[LAYERS] = { 0, 1 };
-    pol_env env = { kv, b, H * G, H, D, global, LAYERS, boundary, VOCAB, NULL, NULL, NULL, NULL, 0 };
+    pol_env env = { kv, b, H * G, H, D, global, LAYERS, boundary, VOCAB, NULL, NULL, NULL, NULL, 0, NULL, NULL };
     int len = 4 + (int)(next(&r) % 12), delta = 1 + (int)(next(&r) % 6), sinks = (int)(next(&r) % 6);
     char spec[128];
     snprintf(spec, sizeof spec, "sentkv:len=%d,delta=%d,sinks=%d,budget=%d", len, delta, sinks,

@@ -326,9 +326,15 @@ static int update_lists(st_chess *s, const pol_env *env, be_key_means *m)
     }
     for (int gl = 0; gl < env->n_global; gl++) {
         page_list *L = &s->lists[gl];
+        /* a fork's list starts as its source's (on a device too: from_table), where that names
+         * only pages from before the fork: its first step rewrites each head's last entries */
+        uint64_t from = 0;
+        const page_list *src = L->at.shape == 0 && env->fork_source ? env->fork_source(env, env->global[gl], &from) : NULL;
+        if (!src || page_list_copy(L, src)) from = 0;
         if (page_list_update(L, env->kv, env->global[gl])) return -1;
         /* the top bit keeps the names apart from the forward pass's (engine/forward.c) */
-        s->blists[gl] = (be_page_list){ L->refs, L->at.off, (1ull << 63) | (s->name << 20) | (uint64_t)(gl + 1), L->at.shape };
+        s->blists[gl] = (be_page_list){ L->refs, L->at.off, (1ull << 63) | (s->name << 20) | (uint64_t)(gl + 1),
+                                        L->at.shape, from };
     }
     *m = (be_key_means){ .lists = s->blists, .n_lists = env->n_global, .n_head_kv = env->n_head_kv,
                          .head_dim = (int)kv_head_dim(env->kv), .chunk = s->chunk, .grid = s->grid, .unit = s->cosine };

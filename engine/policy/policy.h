@@ -95,6 +95,12 @@ typedef struct pol_env {
      * the gl-th global layer's at bits_buf + gl * n_head_kv * words. NULL as sel_buf. */
     uint64_t *bits_buf;
     int64_t bits_words;
+    /* Where the cache is a fork (kv_fork) of a source whose engine keeps a list of every page of
+     * layer il (engine/page_list.h) naming only pages from before the fork: that list, and its
+     * name on the backend (for be_page_list.from_table), which a policy's own list of every page
+     * may start as (page_list_copy) instead of reading every page. NULL otherwise; NULL: none. */
+    const struct page_list *(*fork_source)(const struct pol_env *env, int il, uint64_t *table);
+    const void *fork_ud;
 } pol_env;
 
 /* A decode-time selection for one layer: page indices into the layer's page table (ascending),

@@ -506,6 +506,15 @@ static void attend_calls(cuda_impl *ci, const be_attn *a, int n, int begun)
     int aligned = 1, has_bias = 0;
     for (int i = 0; i < n; i++) {
         if (!begun) begin_call(ci);
+        /* a fork's first call: its list starts as its source's (sent by the build below), so that
+         * only each head's last pages are read and sent */
+        if (a[i].from_table) {
+            int crc = pt_clone(&ci->tables, a[i].table, a[i].from_table);
+            if (crc != PT_OK) {
+                tables_failed(ci, crc);
+                return;
+            }
+        }
         call_list *c = &cl[i];
         const be_kv_page *list = a[i].pages;
         c->hp = a[i].head_pages;

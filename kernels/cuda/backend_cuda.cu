@@ -1154,6 +1154,11 @@ extern "C" void be_cuda_page_rows(be_backend *b, uint64_t *written, uint64_t *mo
     *uploaded = ours ? impl_of(b)->copies.rows_uploaded : 0;
 }
 
+extern "C" uint64_t be_cuda_cloned_entries(be_backend *b)
+{
+    return b && b->ops && b->ops->attention == cuda_attention ? impl_of(b)->tables.cloned : 0;
+}
+
 extern "C" void be_cuda_summaries(be_backend *b, uint64_t *folded, uint64_t *sent)
 {
     const int ours = b && b->ops && b->ops->attention == cuda_attention;

@@ -355,7 +355,7 @@ static int profile_launches(be_backend *dflt, be_backend *in1, be_backend *in2, 
             return 1;
         }
         be_host_write(att[k], q, qbytes);
-        be_attn a = { q, 1, &qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+        be_attn a = { q, 1, &qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
         call_attn(att[k], &a);
         wait_for(att[k], o);
         if (failed(att[k], "attention")) return 1;
@@ -635,7 +635,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             be_host_write(kern[k], q, qbytes);
-            be_attn a = { q, nq, qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+            be_attn a = { q, nq, qp, nh, nkv, D, pages, n_pages, hp, 0, o, NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
             const uint64_t flash0 = be_cuda_flash_calls(kern[k]);
             double ms = time_calls(kern[k], call_attn, &a, o);
             if (failed(kern[k], "attention")) return 1;

@@ -931,7 +931,7 @@ static double compare_attention_on(be_backend *dev, page_set *ps, int n_head, in
         o1[i] = NAN;
     }
     for (int64_t t = 0; t < n_q; t++) qp[t] = t == n_q - 1 ? ps->max_pos : (int32_t)(rnd() % (uint32_t)(ps->max_pos + 1));
-    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+    be_attn a = { q, n_q, qp, n_head, n_kv, D, ps->pages, ps->n_pages, ps->head_pages, window, o0, NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     attend_on(dev, &a, q, (size_t)(n_q * n_head * D), bind);
@@ -1006,7 +1006,7 @@ static void attend_list(const page_set *ps, const uint8_t *dropped, int nh, int 
         cv[i] = frand(-1, 1);
     }
     be_attn a = { q, 1, qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
-                  with_cur ? qp : NULL, with_cur ? 1 : 0, name, shape, NULL, NULL, NULL, 0, NULL, 0, 0 };
+                  with_cur ? qp : NULL, with_cur ? 1 : 0, name, shape, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
     gpu->ops->attention(gpu, &a);
@@ -1036,7 +1036,7 @@ static void selection_against_list(const page_set *ps, int nh, int nkv, int D, c
         cv[i] = frand(-1, 1);
     }
     be_attn a = { q, 1, &qp, nh, nkv, D, list, e, hp, 0, o0, with_cur ? ck : NULL, with_cur ? cv : NULL,
-                  with_cur ? &qp : NULL, with_cur ? 1 : 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+                  with_cur ? &qp : NULL, with_cur ? 1 : 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
     cpu->ops->attention(cpu, &a);
     be_attn s = a;
     s.pages = ps->pages;
@@ -1337,7 +1337,7 @@ Test(cuda, grouped_attention_gives_the_hosts_bits)
                 for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
                 for (int64_t t = 0; t < nq; t++) qp[t] = t == 0 ? ps.max_pos : (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1));
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o,
-                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
                 ag_attention_sim(&a, atoi(splits[k]), want);
                 attend_on(bes[k], &a, q, n, (int)(rnd() & 1));
                 cr_assert(!be_failed(bes[k], err, sizeof err), "%s", err);
@@ -1451,7 +1451,7 @@ Test(cuda, a_merge_of_more_splits_than_a_tile_gives_the_hosts_bits)
                 for (size_t i = 0; i < n; i++) q[i] = frand(-0.5f, 0.5f), o[i] = NAN;
                 int32_t qp = ps.max_pos;
                 be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o,
-                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
                 ag_attention_sim(&a, atoi(splits[k]), want);
                 attend_on(b, &a, q, n, bind);
                 cr_assert(!be_failed(b, err, sizeof err), "%s", err);
@@ -1507,7 +1507,7 @@ Test(cuda, flash_attention_equals_its_host_simulation_and_the_cpu)
                     qp[t] = variant == 3 || back < 0 ? (int32_t)(rnd() % (uint32_t)(ps.max_pos + 1)) : back;
                 }
                 be_attn a = { q, nq, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant == 2 ? 40 : 0, o_cpu,
-                              NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+                              NULL, NULL, NULL, 0, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
                 cpu->ops->attention(cpu, &a);
                 af_attention_sim(&a, k == 1 ? 3 : 1, want);
                 a.out = o;
@@ -1779,7 +1779,7 @@ Test(cuda, attention_with_the_steps_own_rows_equals_the_cpu)
             int32_t qp = ps.max_pos + 1;
             /* variant 3: one shared list for every head */
             be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, variant == 3 ? ps.head_pages[1] : ps.n_pages,
-                          variant == 3 ? NULL : ps.head_pages, variant == 2 ? 40 : 0, o0, ck, cv, &qp, 1, 0, 0,
+                          variant == 3 ? NULL : ps.head_pages, variant == 2 ? 40 : 0, o0, ck, cv, &qp, 1, 0, 0, 0,
                           NULL, NULL, NULL, 0, NULL, 0, 0 };
             cpu->ops->attention(cpu, &a);
             a.out = o1;
@@ -1972,7 +1972,7 @@ Test(cuda, attention_with_a_chunks_own_rows_equals_the_cpu)
                     for (int64_t i = 0; i < n * kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
                     for (int t = 0; t < n; t++) qp[t] = ps.max_pos + 1 + t;
                     be_attn a = { q, n, qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, variant & 2 ? 40 : 0,
-                                  o0, ck, cv, qp, n, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
+                                  o0, ck, cv, qp, n, 0, 0, 0, NULL, NULL, NULL, 0, NULL, 0, 0 };
                     cpu->ops->attention(cpu, &a);
                     be_backend *dev = rnd() % 2 ? gpu : grouped;
                     int bind = (int)(rnd() & 1);
@@ -2033,7 +2033,7 @@ Test(cuda, norm_weights_past_the_constant_tables_growth_leave_the_steps_page_lis
     for (int64_t i = 0; i < nq; i++) q[i] = frand(-0.5f, 0.5f);
     for (int64_t i = 0; i < kvd; i++) ck[i] = frand(-1, 1), cv[i] = frand(-1, 1);
     int32_t qp = ps.max_pos + 1;
-    be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o0, ck, cv, &qp, 1, 0, 0,
+    be_attn a = { q, 1, &qp, nh, nkv, D, ps.pages, ps.n_pages, ps.head_pages, 0, o0, ck, cv, &qp, 1, 0, 0, 0,
                   NULL, NULL, NULL, 0, NULL, 0, 0 };
     cpu->ops->attention(cpu, &a);
     a.out = o1;
@@ -2916,7 +2916,7 @@ static void km_lists(km_fixture *fx)
 {
     for (int l = 0; l < 3; l++) {
         cr_assert(page_list_update(&fx->pl[l], fx->kv, l) == 0);
-        fx->lists[l] = (be_page_list){ fx->pl[l].refs, fx->pl[l].at.off, 0x7E570000u + (uint64_t)l, fx->pl[l].at.shape };
+        fx->lists[l] = (be_page_list){ fx->pl[l].refs, fx->pl[l].at.off, 0x7E570000u + (uint64_t)l, fx->pl[l].at.shape, 0 };
     }
 }
 
@@ -3412,6 +3412,85 @@ Test(cuda, lsh_hits_on_the_device_are_the_cpus)
     lsh_rounds(128, 8, 8, 32);
     lsh_rounds(256, 64, 3, 4);
     lsh_rounds(320, 4, 8, 8);
+}
+
+/* A fork's first steps on the GPU start from its source's lists and pages on the device: its lists
+ * of every page copied there from the source's (be_attn.from_table) and each head's shared last page
+ * copied there from the source's copy of it (page_moves). Over the same tokens every step's logits
+ * are the bits of the source's own steps afterwards, whose lists and pages went the usual way; three
+ * forks decoded as one batch (fwd_decode_batch) end within 1e-5 of the largest logit of the same
+ * (the products of several rows may sum in another order). The prompt's last pages have room (90
+ * tokens, pages of 16), and the 20 steps open a page in every head (the lists' heads move). */
+Test(cuda, a_forks_lists_and_last_pages_start_as_its_sources_on_the_device)
+{
+    char err[512];
+    enum { STEPS = 20, NB = 3 };
+    for (size_t fi = 0; fi < sizeof files / sizeof *files; fi++) {
+        model *m = load_tiny(fi);
+        if (!m) continue;
+        const int nv = m->hp.n_vocab;
+        fwd_opts fo = { 2048, 64, 16 };
+        fwd_ctx *base = fwd_create(m, gpu, &fo, err, sizeof err);
+        cr_assert(base, "%s", err);
+        int32_t ids[90], tok[STEPS];
+        for (int i = 0; i < 90; i++) ids[i] = 3 + (int32_t)((i * 53) % (nv - 3));
+        for (int t = 0; t < STEPS; t++) tok[t] = 3 + (int32_t)((t * 71 + 5) % (nv - 3));
+        float *l = malloc(sizeof(float) * (size_t)nv * (STEPS + 1));
+        float *row = malloc(sizeof(float) * (size_t)nv);
+        cr_assert(l && row);
+        cr_assert(fwd_eval(base, ids, 90, l, NULL, NULL, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+        /* one fork alone */
+        uint64_t cloned = be_cuda_cloned_entries(gpu), written, moved, up, moved2;
+        be_cuda_page_rows(gpu, &written, &moved, &up);
+        fwd_ctx *f = fwd_fork(base, 1, err, sizeof err);
+        cr_assert(f, "%s", err);
+        for (int t = 0; t < STEPS; t++)
+            cr_assert(fwd_decode(f, tok[t], l + (size_t)t * nv, NULL, err, sizeof err) == 0, "%s", err);
+        cr_expect_gt(be_cuda_cloned_entries(gpu), cloned, "%s: no list started as its source's", files[fi]);
+        be_cuda_page_rows(gpu, &written, &moved2, &up);
+        cr_expect_gt(moved2, moved, "%s: no shared page was copied on the device", files[fi]);
+        fwd_free(f);
+        /* three forks together, the same tokens */
+        fwd_ctx *fs[NB];
+        for (int s = 0; s < NB; s++) cr_assert(fs[s] = fwd_fork(base, 1, err, sizeof err), "%s", err);
+        for (int t = 0; t < STEPS; t++) {
+            int32_t cur[NB], top[NB];
+            float val[NB];
+            be_pick p[NB];
+            for (int s = 0; s < NB; s++) {
+                cur[s] = tok[t];
+                p[s] = (be_pick){ .penalty = 1.0f, .k = 1, .val = &val[s], .id = &top[s] };
+            }
+            cr_assert(fwd_decode_batch(base, fs, NB, cur, NULL, p, NULL, err, sizeof err) == 0, "%s", err);
+        }
+        float *last = malloc(sizeof(float) * (size_t)nv * NB);
+        cr_assert(last);
+        for (int s = 0; s < NB; s++) {
+            cr_assert(fwd_picked_logits(fs[s], last + (size_t)s * nv, err, sizeof err) == 0, "%s", err);
+            fwd_free(fs[s]);
+        }
+        /* the source over the same tokens, its own lists and pages */
+        for (int t = 0; t < STEPS; t++) {
+            cr_assert(fwd_decode(base, tok[t], row, NULL, err, sizeof err) == 0, "%s", err);
+            cr_expect(!memcmp(row, l + (size_t)t * nv, sizeof(float) * (size_t)nv),
+                      "%s step %d: the fork's logits are not the source's", files[fi], t);
+        }
+        for (int s = 0; s < NB; s++) {
+            double worst = 0, big = 0;
+            for (int i = 0; i < nv; i++) {
+                double d = fabs((double)row[i] - last[(size_t)s * nv + i]);
+                worst = d > worst ? d : worst;
+                big = fabs(row[i]) > big ? fabs(row[i]) : big;
+            }
+            cr_expect(worst <= 1e-5 * big, "%s batched fork %d: its last row differs by %g of the largest", files[fi], s,
+                      worst / big);
+        }
+        free(last);
+        free(l);
+        free(row);
+        fwd_free(base);
+        model_free(m);
+    }
 }
 
 /* Forks of one prefilled context on the GPU decoded alone and as one batch (fwd_decode_batch): each
