@@ -586,6 +586,17 @@ static void fork_grows(cache *c, int fl[H][POOL], int fn[H], int rows, call *cl)
     swap_lists(c, fl, fn);
 }
 
+/* A call under name and shape that must build its list whole (call_ok), every copy held as counted. */
+static void built_whole(rig *r, uint64_t name, uint64_t shape, const call *cl)
+{
+    pt_call out;
+    uint64_t built = r->tables.built;
+    call_ok(r, name, shape, cl, &out);
+    cr_expect_eq(r->tables.built - built, (uint64_t)cl->e, "built whole: %lu of %ld", (unsigned long)(r->tables.built - built),
+                 (long)cl->e);
+    expect_holds_counted(r);
+}
+
 /* A forked sequence's list made a copy of its source's (pt_clone): its first call under the
  * source's shape builds each head's entries from its last page on and nothing before them, every
  * descriptor right, the copies held as counted; the source goes on as before; later appends as any
@@ -623,10 +634,7 @@ Test(page_tables, a_clone_starts_as_its_source_and_builds_only_each_heads_last_p
     evict_page(&c, 1, 0);
     make_call(&c, &fcl, 0, NULL, NULL, 0);
     swap_lists(&c, fl, fn);
-    built = r.tables.built;
-    call_ok(&r, 9, 12, &fcl, &out);
-    cr_expect_eq(r.tables.built - built, (uint64_t)fcl.e, "built whole");
-    expect_holds_counted(&r);
+    built_whole(&r, 9, 12, &fcl);
     rig_free(&r);
     cr_expect_eq(live_blocks, 0);
 }
@@ -645,11 +653,9 @@ Test(page_tables, a_clone_without_room_to_move_its_heads_is_built_whole)
     cr_assert_eq(pt_clone(&r.tables, 9, 3), PT_OK);
     fork_grows(&c, fl, fn, P, &fcl);   /* every head opens a page: the offsets move */
     r.fail_alloc = 1;
-    uint64_t built = r.tables.built, moved = r.tables.moved;
-    call_ok(&r, 9, 11, &fcl, &out);
-    cr_expect_eq(r.tables.built - built, (uint64_t)fcl.e, "built whole");
+    uint64_t moved = r.tables.moved;
+    built_whole(&r, 9, 11, &fcl);
     cr_expect_eq(r.tables.moved, moved);
-    expect_holds_counted(&r);
     r.fail_alloc = 0;
     rig_free(&r);
     cr_expect_eq(live_blocks, 0);
@@ -698,10 +704,7 @@ Test(page_tables, a_clone_of_a_clone_and_the_clones_not_made)
     cr_expect_eq(pt_clone(&r.tables, 13, 3), PT_OK);
     r.fail_alloc = 0;
     cr_expect_eq(r.tables.cloned, cloned, "no device memory: no clone");
-    built = r.tables.built;
-    call_ok(&r, 13, 11, &cl, &out);
-    cr_expect_eq(r.tables.built - built, (uint64_t)cl.e, "built whole");
-    expect_holds_counted(&r);
+    built_whole(&r, 13, 11, &cl);
     rig_free(&r);
     cr_expect_eq(live_blocks, 0);
 }

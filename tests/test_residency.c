@@ -1278,6 +1278,16 @@ Test(residency, a_picked_decode_step_waits_for_the_device_once)
 
 /* ---- batched decode steps (fwd_decode_batch) */
 
+/* Model file loaded into *m, and the backend it runs on: the shadow device, or the CPU's (2 threads). */
+static be_backend *model_on(const char *file, int device, model **m)
+{
+    char err[512];
+    cr_assert(model_load(m, file, NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *b = device ? shadow_create() : be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    return b;
+}
+
 /* Fork s of a prefilled context under spec (adopting the prompt, as sess_compare's do), s steps
  * of id decoded into it alone: the forks of a batch stand at positions of their own. */
 static fwd_ctx *fork_under(fwd_ctx *base, const char *spec, const int32_t *ids, size_t n, int s, int32_t id,
@@ -1302,9 +1312,7 @@ static void fork_vs_fresh(const char *file, int device, const char *spec)
 {
     char err[512];
     model *m;
-    cr_assert(model_load(&m, file, NULL, err, sizeof err) == 0, "%s", err);
-    be_backend *b = device ? shadow_create() : be_cpu_create(2, err, sizeof err);
-    cr_assert(b, "%s", err);
+    be_backend *b = model_on(file, device, &m);
     size_t np;
     int32_t *ids = prompt(m, &np);
     fwd_opts fo = { 2048, 48, run_page };
@@ -1362,9 +1370,7 @@ static void batch_vs_alone(const char *file, int device, const char *const *spec
 {
     char err[512];
     model *m;
-    cr_assert(model_load(&m, file, NULL, err, sizeof err) == 0, "%s", err);
-    be_backend *b = device ? shadow_create() : be_cpu_create(2, err, sizeof err);
-    cr_assert(b, "%s", err);
+    be_backend *b = model_on(file, device, &m);
     size_t np;
     int32_t *ids = prompt(m, &np);
     fwd_opts fo = { 2048, 48, run_page };

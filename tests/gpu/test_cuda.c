@@ -3476,14 +3476,8 @@ Test(cuda, a_forks_lists_and_last_pages_start_as_its_sources_on_the_device)
                       "%s step %d: the fork's logits are not the source's", files[fi], t);
         }
         for (int s = 0; s < NB; s++) {
-            double worst = 0, big = 0;
-            for (int i = 0; i < nv; i++) {
-                double d = fabs((double)row[i] - last[(size_t)s * nv + i]);
-                worst = d > worst ? d : worst;
-                big = fabs(row[i]) > big ? fabs(row[i]) : big;
-            }
-            cr_expect(worst <= 1e-5 * big, "%s batched fork %d: its last row differs by %g of the largest", files[fi], s,
-                      worst / big);
+            const double rd = rel_diff(last + (size_t)s * nv, row, nv);
+            cr_expect(rd <= 1e-5, "%s batched fork %d: its last row differs by %g of the largest", files[fi], s, rd);
         }
         free(last);
         free(l);
@@ -3554,14 +3548,8 @@ Test(cuda, a_batch_of_forks_decodes_each_as_alone_and_waits_for_the_batch)
             for (int s = 0; s < NF; s++) {
                 cr_assert(fwd_picked_logits(fs[s], pass ? row : alone_row + (size_t)s * nv, err, sizeof err) == 0, "%s", err);
                 if (pass) {
-                    double worst = 0, big = 0;
-                    for (int i = 0; i < nv; i++) {
-                        double d = fabs((double)row[i] - alone_row[(size_t)s * nv + i]);
-                        worst = d > worst ? d : worst;
-                        big = fabs(row[i]) > big ? fabs(row[i]) : big;
-                    }
-                    cr_expect(worst <= 1e-5 * big, "%s fork %d: the last row differs by %g of the largest", files[fi], s,
-                              worst / big);
+                    const double rd = rel_diff(alone_row + (size_t)s * nv, row, nv);
+                    cr_expect(rd <= 1e-5, "%s fork %d: the last row differs by %g of the largest", files[fi], s, rd);
                     cr_log_info("%s fork %d: the last row %s", files[fi], s,
                                 memcmp(row, alone_row + (size_t)s * nv, sizeof(float) * (size_t)nv) ? "within 1e-5" : "bit for bit");
                 }
