@@ -513,8 +513,8 @@ typedef struct be_ops {
      * returns: 0, or -1 when memory ran out (the heads' rows are then not to be used). NULL: the
      * host's threads merge (be_merge_heads). */
     int (*merge_heads)(be_backend *b, const be_merge *m);
-    /* Page lists the next calls under their names will read (a[i]'s table, shape, pages, n_pages,
-     * head_pages and n_head_kv; nothing else is read): a device backend brings its copies of the
+    /* Page lists the next calls under their names will read (a[i]'s table, shape, from_table,
+     * pages, n_pages, head_pages and n_head_kv; nothing else is read): a device backend brings its copies of the
      * pages up to date and keeps each list's descriptors under its name now, without waiting, so
      * that the next call under the name sends only what changed since (a restored snapshot's cache
      * goes to the device when it is restored, not with the first question). Device memory found

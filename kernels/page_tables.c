@@ -315,8 +315,12 @@ static int appends(const pt_list *l, uint64_t shape, const int64_t *hp, int n_he
     for (int g = 0; appended && g < n_heads; g++) {
         stable[g] = l->pages_of[g] - 1;   /* the last page may have grown */
         if (stable[g] > hp[g + 1] - hp[g]) appended = 0;   /* not an append after all */
-        if (stable[g] < l->blind[g]) appended = 0;          /* it would read what a clone did not copy */
+        if (l->blind[g] > 0 && stable[g] < l->blind[g]) appended = 0;   /* it would read what a clone did not copy */
     }
+    /* a clone's moved heads go from array to array on the device (pt_clone made the second): from
+     * its record they could not (pt_reads_from and pt_build must agree on what a call reads) */
+    if (appended && !l->dev_alt && has_blind(l) && memcmp(l->hp, hp, sizeof(int64_t) * (size_t)(n_heads + 1)))
+        appended = 0;
     return appended;
 }
 
@@ -409,12 +413,14 @@ int pt_clone(pt_set *s, uint64_t name, uint64_t from)
     /* room past the source's entries: its array may be full, and a fork's first call adds its own
      * rows (and maybe a page) to every head; an array that grows is sent whole */
     const int64_t cap = src->cap > src->n + src->n / 4 + 64 ? src->cap : src->n + src->n / 4 + 64;
-    ag_page *dev = s->dev.alloc(s->dev.ud, dev_bytes(cap));
+    /* and its second array now: a fork's first call moves its heads (its own rows after each head's
+     * pages, fewer than a prompt chunk's), which a clone's record cannot send */
+    ag_page *dev = s->dev.alloc(s->dev.ud, dev_bytes(cap)), *alt = dev ? s->dev.alloc(s->dev.ud, dev_bytes(cap)) : NULL;
     be_kv_page *seen = malloc(sizeof *seen * c);   /* written only past each head's blind entries */
     int32_t *rec = malloc(sizeof *rec * c);
     ag_page *host = malloc(sizeof *host * c);
     int rc = PT_OK;
-    if (dev && seen && rec && host) {
+    if (dev && alt && seen && rec && host) {
         /* what the batch holds may write the source's array: sent before the copy reads it */
         if ((s->batch->n && ub_flush(s->batch)) ||
             ub_add_dev(s->batch, dev, src->dev, sizeof(ag_page) * (size_t)src->n) ||
@@ -422,8 +428,9 @@ int pt_clone(pt_set *s, uint64_t name, uint64_t from)
             rc = PT_NO_HOST_MEMORY;
         else {
             l->dev = dev;
+            l->dev_alt = alt;
             l->cap = cap;
-            s->bytes += dev_bytes(l->cap);
+            s->bytes += 2 * dev_bytes(l->cap);
             l->seen = seen;
             l->rec = rec;
             l->host = host;
@@ -456,6 +463,7 @@ int pt_clone(pt_set *s, uint64_t name, uint64_t from)
         }
     }
     if (dev) s->dev.release(s->dev.ud, dev);
+    if (alt) s->dev.release(s->dev.ud, alt);
     free(seen);
     free(rec);
     free(host);
@@ -487,18 +495,9 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
         if (at[g + 1] - at[g] > most) most = at[g + 1] - at[g];
     int64_t stable[PT_MAX_HEADS], on_dev[PT_MAX_HEADS];
     int appended = appends(l, shape, hp, n_heads, stable);
-    if (has_blind(l)) {
-        /* a clone's record lacks its heads' early entries: a call that reads them builds it whole,
-         * and so does an append whose heads move without room for the second array (the moved
-         * descriptors would be sent from that record) */
-        const int moves = appended && l->n_hp == n_heads + 1 && memcmp(l->hp, hp, sizeof(int64_t) * (size_t)(n_heads + 1));
-        if (moves && !l->dev_alt && (l->dev_alt = s->dev.alloc(s->dev.ud, dev_bytes(l->cap))) != NULL)
-            s->bytes += dev_bytes(l->cap);
-        if (!appended || (moves && !l->dev_alt)) {
-            release_record(s, l);
-            l->n = 0;
-            appended = 0;
-        }
+    if (!appended && has_blind(l)) {   /* a clone's record lacks its heads' early entries: built whole */
+        release_record(s, l);
+        l->n = 0;
     }
     int rc = grow_list(s, l, e > 0 ? e : 1);
     if (rc == PT_OK) rc = fit_record(s, l, n_reg, most);

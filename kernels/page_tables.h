@@ -55,8 +55,9 @@ typedef struct pt_list {
     int n_reg;
     int64_t cnt[PT_MAX_HEADS];
     /* A list made as a copy of another (pt_clone) keeps of region g's first blind[g] entries only
-     * the copy each names (rec), not seen nor host: an append does not read them, and a call that
-     * would (one that is not an append) forgets the record and builds the list whole. */
+     * the copy each names (rec), not seen nor host: an append does not read them (its moved heads go
+     * between its two arrays on the device), and a call that would (one that is not an append)
+     * forgets the record and builds the list whole. */
     int64_t blind[PT_MAX_HEADS];
     ag_page *dev;         /* [cap] descriptors, then PT_MAX_HEADS + 1 offsets, on the device */
     ag_page *dev_alt;     /* the same room, where moved heads go (made at the first move) */
@@ -133,7 +134,8 @@ int pt_build(pt_set *s, uint64_t name, uint64_t shape, const be_kv_page *list, i
  * short (the next call builds the list whole). The copy is sent before anything written under
  * `name` (pt_build sends the batch first); what the batch held before the copy is sent first too.
  * `from` counts as used by the call (forks made one after another keep finding it). Until the copy
- * is sent, no list is freed as idle.
+ * is sent, no list is freed as idle. The list's second array is made with it (a fork's first call
+ * moves its heads), so a call that pt_reads_from says appends does. 
  * PT_OK, or PT_NO_HOST_MEMORY when the batch could not be sent or queued (the caller drops it). */
 int pt_clone(pt_set *s, uint64_t name, uint64_t from);
 /* 1 when pt_build(s, name, shape, list, hp[n_heads], hp, n_heads, ...) would read only head g's

@@ -639,24 +639,40 @@ Test(page_tables, a_clone_starts_as_its_source_and_builds_only_each_heads_last_p
     cr_expect_eq(live_blocks, 0);
 }
 
-/* A clone whose heads move at its first call without device room for its second array: the moved
- * descriptors cannot come from its record (it has not copied them), so the list is built whole. */
-Test(page_tables, a_clone_without_room_to_move_its_heads_is_built_whole)
+/* A clone's first call whose heads move (every head opens a page) appends: pt_reads_from says only
+ * each head's entries from its last page on are read, and pt_build reads no other, even with the
+ * device full at that call (the clone made its second array; the moved descriptors go there on the
+ * device). The entries before those hold other pages, as a caller that fills only the tail leaves
+ * them (the CUDA backend's deferred steps), and every descriptor is still right. */
+Test(page_tables, a_clones_first_call_reads_only_each_heads_tail_with_the_device_full)
 {
     static cache c;
     static rig r;
-    static call cl, fcl;
+    static call cl, fcl, left;
     pt_call out;
     first_call(&c, &r, &cl, &out, 3, 11);
     static int fl[H][POOL], fn[H];
     fork_cache(&c, fl, fn);
     cr_assert_eq(pt_clone(&r.tables, 9, 3), PT_OK);
-    fork_grows(&c, fl, fn, P, &fcl);   /* every head opens a page: the offsets move */
+    fork_grows(&c, fl, fn, P, &fcl);
+    int64_t from[H];
+    cr_assert(pt_reads_from(&r.tables, 9, 11, fcl.hp, H, from), "the clone's first call is an append");
+    left = fcl;
+    for (int g = 0; g < H; g++)
+        for (int64_t j = fcl.hp[g]; j < from[g]; j++) left.list[j] = cl.list[(j + 1) % cl.e];
     r.fail_alloc = 1;
-    uint64_t moved = r.tables.moved;
-    built_whole(&r, 9, 11, &fcl);
-    cr_expect_eq(r.tables.moved, moved);
+    uint64_t built = r.tables.built, moved = r.tables.moved;
+    pt_begin_call(&r.tables, 4096);
+    cr_assert_eq(pt_build(&r.tables, 9, 11, left.list, left.e, left.hp, H, NULL, &out), PT_OK);
+    send_batch(&r);
     r.fail_alloc = 0;
+    expect_device_matches(&fcl, &out, NULL, 0);
+    int64_t tail = 0;
+    for (int g = 0; g < H; g++) tail += fcl.hp[g + 1] - from[g];
+    cr_expect_eq(r.tables.built - built, (uint64_t)tail, "built %lu entries, the tails' %ld",
+                 (unsigned long)(r.tables.built - built), (long)tail);
+    cr_expect_gt(r.tables.moved, moved, "the heads moved on the device");
+    expect_holds_counted(&r);
     rig_free(&r);
     cr_expect_eq(live_blocks, 0);
 }

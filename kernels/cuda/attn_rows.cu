@@ -880,6 +880,11 @@ void cuda_place_pages(be_backend *b, const be_attn *a, int n)
     for (int i = 0; i < n && !ci->failed; i++) {
         begin_call(ci);
         pt_call pl;
+        const int rc = a[i].from_table ? pt_clone(&ci->tables, a[i].table, a[i].from_table) : PT_OK;   /* a fork's */
+        if (rc != PT_OK) {
+            tables_failed(ci, rc);
+            return;
+        }
         if (policy_list(ci, a[i].table, a[i].shape, a[i].pages, a[i].n_pages, a[i].head_pages, a[i].n_head_kv, &pl))
             return;
     }
