@@ -226,7 +226,6 @@ typedef struct first_traffic {
  * steps among them (each fork's alone, the batch's first): what a fork costs once (its lists of
  * every page, its shared last pages copied), apart from the steps that follow; *ft (NULL: not
  * wanted) what those steps asked of the device. */
-
 static double compare_steps(run *r, run *const *fk, int n, int batch, const int32_t *first, int64_t n_gen,
                             int32_t *ids, double *first_s, first_traffic *ft, char *err, size_t errlen)
 {

@@ -514,11 +514,12 @@ typedef struct be_ops {
      * host's threads merge (be_merge_heads). */
     int (*merge_heads)(be_backend *b, const be_merge *m);
     /* Page lists the next calls under their names will read (a[i]'s table, shape, from_table,
-     * pages, n_pages, head_pages and n_head_kv; nothing else is read): a device backend brings its copies of the
-     * pages up to date and keeps each list's descriptors under its name now, without waiting, so
-     * that the next call under the name sends only what changed since (a restored snapshot's cache
-     * goes to the device when it is restored, not with the first question). Device memory found
-     * short is not an error here (the call that reads the pages says it). NULL: nothing to do. */
+     * pages, n_pages, head_pages and n_head_kv; nothing else is read): a device backend brings its
+     * copies of the pages up to date and keeps each list's descriptors under its name now, without
+     * waiting, so that the next call under the name sends only what changed since (a restored
+     * snapshot's cache goes to the device when it is restored, not with the first question).
+     * Device memory found short is not an error here (the call that reads the pages says it).
+     * NULL: nothing to do. */
     void (*place_pages)(be_backend *b, const be_attn *a, int n);
     /* As place_pages for a selection's summaries: r's table, shape, n_head_kv, dim, sum and off (as
      * bound_pages reads them; nothing else is read) kept on the device under r's name now, without

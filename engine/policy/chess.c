@@ -329,7 +329,8 @@ static int update_lists(st_chess *s, const pol_env *env, be_key_means *m)
         /* a fork's list starts as its source's (on a device too: from_table), where that names
          * only pages from before the fork: its first step rewrites each head's last entries */
         uint64_t from = 0;
-        const page_list *src = L->at.shape == 0 && env->fork_source ? env->fork_source(env, env->global[gl], &from) : NULL;
+        const page_list *src =
+            L->at.shape == 0 && env->fork_source ? env->fork_source(env, env->global[gl], &from) : NULL;
         if (!src || page_list_copy(L, src)) from = 0;
         if (page_list_update(L, env->kv, env->global[gl])) return -1;
         /* the top bit keeps the names apart from the forward pass's (engine/forward.c) */

@@ -39,7 +39,8 @@ static int key_means_dev(cuda_impl *ci, const be_key_means *m, const km_req *q, 
         const be_page_list *L = &m->lists[l];
         pt_call pl;
         int rc = L->from_table ? pt_clone(&ci->tables, L->table, L->from_table) : PT_OK;   /* a fork's first call */
-        if (rc == PT_OK) rc = pt_build(&ci->tables, L->table, L->shape, L->pages, L->head_pages[m->n_head_kv], L->head_pages,
+        if (rc == PT_OK)
+            rc = pt_build(&ci->tables, L->table, L->shape, L->pages, L->head_pages[m->n_head_kv], L->head_pages,
                           m->n_head_kv, NULL, &pl);
         if (rc != PT_OK) {
             tables_failed(ci, rc);
