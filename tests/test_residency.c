@@ -974,6 +974,16 @@ Test(residency, a_prompts_rows_are_named_to_the_device_page_by_page)
     }
 }
 
+/* Model file loaded into *m, and the backend it runs on: the shadow device, or the CPU's (2 threads). */
+static be_backend *model_on(const char *file, int device, model **m)
+{
+    char err[512];
+    cr_assert(model_load(m, file, NULL, err, sizeof err) == 0, "%s", err);
+    be_backend *b = device ? shadow_create() : be_cpu_create(2, err, sizeof err);
+    cr_assert(b, "%s", err);
+    return b;
+}
+
 /* A chunk's rows of every layer (chunks of batch tokens), as one of the four buffers a context's
  * deferred rows wait in holds them: the size a shadow refuses to leave the context without them. */
 static size_t row_buffer_bytes(const model *m, int batch)
@@ -987,9 +997,7 @@ Test(residency, a_prompt_whose_row_buffers_do_not_fit_waits_a_layer_at_a_time)
 {
     char err[512];
     model *m;
-    cr_assert(model_load(&m, TD "tiny/tiny-gemma3-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
-    be_backend *cpu = be_cpu_create(2, err, sizeof err);
-    cr_assert(cpu, "%s", err);
+    be_backend *cpu = model_on(TD "tiny/tiny-gemma3-q4_k_m.gguf", 0, &m);
     float *want = run(m, cpu, NULL);
     on_shadow o;
     shadow_open_refusing(&o, m, NULL, 48, row_buffer_bytes(m, 48));
@@ -1013,9 +1021,7 @@ Test(residency, row_buffers_without_room_at_creation_grow_at_the_first_chunk)
 {
     char err[512];
     model *m;
-    cr_assert(model_load(&m, TD "tiny/tiny-llama-q4_k_m.gguf", NULL, err, sizeof err) == 0, "%s", err);
-    be_backend *cpu = be_cpu_create(2, err, sizeof err);
-    cr_assert(cpu, "%s", err);
+    be_backend *cpu = model_on(TD "tiny/tiny-llama-q4_k_m.gguf", 0, &m);
     float *want = run(m, cpu, NULL);
     on_shadow o;
     shadow_open_refusing(&o, m, NULL, 48, row_buffer_bytes(m, 48));
@@ -1277,16 +1283,6 @@ Test(residency, a_picked_decode_step_waits_for_the_device_once)
 }
 
 /* ---- batched decode steps (fwd_decode_batch) */
-
-/* Model file loaded into *m, and the backend it runs on: the shadow device, or the CPU's (2 threads). */
-static be_backend *model_on(const char *file, int device, model **m)
-{
-    char err[512];
-    cr_assert(model_load(m, file, NULL, err, sizeof err) == 0, "%s", err);
-    be_backend *b = device ? shadow_create() : be_cpu_create(2, err, sizeof err);
-    cr_assert(b, "%s", err);
-    return b;
-}
 
 /* Fork s of a prefilled context under spec (adopting the prompt, as sess_compare's do), s steps
  * of id decoded into it alone: the forks of a batch stand at positions of their own. */
